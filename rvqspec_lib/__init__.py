@@ -1,0 +1,17 @@
+"""rvqspec: lossless speculative decoding of the RVQ inner loop of Qwen3-TTS.
+
+Public API:
+    decode_frame, AR, Chain, Tree, FrameResult  (the inner-loop decoders, rvqspec_lib.decode)
+    Sampling                                    (transformers-identical warpers, rvqspec_lib.sampling)
+    load_model, LoadedModel                     (checkpoints, tiny-random, real-size random, rvqspec_lib.models)
+    DraftTree, parse_paths                      (trees as data, rvqspec_lib.trees)
+"""
+
+from .decode import AR, Chain, FrameResult, Tree, decode_frame
+from .models import LoadedModel, ModelNotFoundError, load_model
+from .sampling import Sampling
+from .trees import DraftTree, parse_paths
+
+__all__ = ["AR", "Chain", "Tree", "FrameResult", "decode_frame", "Sampling", "load_model", "LoadedModel",
+           "ModelNotFoundError", "DraftTree", "parse_paths"]
+__version__ = "0.1.0"

@@ -1,0 +1,259 @@
+"""The inner loop: one frame's codes 1..15 from the code predictor, autoregressively or speculatively.
+
+``decode_frame(code_predictor, context, decoder=AR() | Chain(window) | Tree(paths), sampling, generator)``
+
+Every decoder runs the same round, the four calls of Medusa's loop (STYLE.md):
+
+1. draft: the drafter turns H_s (the hidden state that produced the last committed code s) into draft
+   distributions q for depths s+1.. ; Chain SAMPLES one draft per depth from q, Tree takes the top-ranked codes;
+2. verify: ONE code-predictor call over [code s] + the drafted nodes, each node attending only to its ancestors;
+3. accept: :func:`rvqspec_lib.verify.walk_tree`, the lossless rule (pure function of p, q and the generator);
+4. commit: keep the accepted nodes' KV slots; the hidden state of the last accepted node drafts the next round.
+
+AR is the same round with an empty tree (one code per call). The first call of every frame is the 2-position
+prefill (context) that gives code 1. "Tokens per call" counts every call of the frame, the prefill included, as
+the paper's toks/step. Drafts never run past the last depth: nodes beyond it are masked, the window shrinks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from . import predictor as P
+from . import verify
+from .drafters import ReusedHeads
+from .sampling import Sampling, sample
+from .trees import DraftTree
+
+MAX_WINDOW = 8
+
+
+@dataclass(frozen=True)
+class AR:
+    """Autoregressive decoding: one code-predictor call per code (15 per frame), 1.00 token per call."""
+
+    def tree(self, n_codes: int) -> DraftTree:
+        return DraftTree.from_paths([])
+
+    sampled_drafts = False
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Chain speculation with sampled drafts (TensorRT-Edge-LLM ``--cpSpecVerifySize N``; seed 003).
+
+    ``window`` N = the committed code plus N-1 drafts, each SAMPLED from the drafter's q for its depth; accepted with
+    ``min(1, p/q)``, residual resample on the first rejection, bonus code when all are accepted: 1..N codes per call.
+
+    Raises:
+        ValueError: window outside 2..8.
+    """
+
+    window: int = 4
+
+    def __post_init__(self):
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or not 2 <= self.window <= MAX_WINDOW:
+            raise ValueError(f"Chain window must be an integer in 2..{MAX_WINDOW} (the committed code plus 1..7 "
+                             f"drafts), got {self.window!r}")
+
+    def tree(self, n_codes: int) -> DraftTree:
+        return DraftTree.chain(self.window - 1)
+
+    sampled_drafts = True
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Sparse-tree speculation with point-mass drafts (paper §2.2): the top-ranked codes of the drafter's q, as rank
+    paths, verified in one masked call; accept child x with probability p(x), else zero it and try the next child.
+
+    Args:
+        paths: rank paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]`` (see :mod:`rvqspec_lib.trees`).
+
+    Raises:
+        ValueError: an empty tree, a path with a gap, a negative rank, a repeated path.
+    """
+
+    paths: Sequence[Sequence[int]] = ((0,), (1,), (0, 0), (0, 0, 0))
+    _compiled: DraftTree = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.paths is None or len(list(self.paths)) == 0:
+            raise ValueError("Tree needs at least one rank path, e.g. Tree(paths=[(0,), (1,), (0, 0)])")
+        object.__setattr__(self, "paths", tuple(tuple(p) if not isinstance(p, int) else (p,) for p in self.paths))
+        object.__setattr__(self, "_compiled", DraftTree.from_paths(self.paths))
+
+    def tree(self, n_codes: int) -> DraftTree:
+        if self._compiled.max_depth > n_codes - 1:
+            raise ValueError(f"tree depth {self._compiled.max_depth} exceeds the {n_codes - 1} depths that can be "
+                             "drafted after code 1")
+        return self._compiled
+
+    sampled_drafts = False
+
+
+def sample_drafts(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Sample Chain drafts from q. ``q``: ``(N, V)`` warped draft probabilities; returns ``(N,)`` int64.
+
+    A module-level function so that tests can substitute a deliberately broken sampler (a negative control: drafts
+    drawn at another temperature than the q handed to the verifier must be caught by the losslessness test).
+    """
+    return sample(q, generator)
+
+
+@dataclass
+class FrameResult:
+    """Codes of one frame and what it cost.
+
+    Attributes:
+        codes: ``(B, n_codes)`` int64, codes 1..n_codes of the frame (n_codes = n_code_groups - 1 = 15).
+        calls: ``(B,)`` int64, code-predictor calls the row used (the prefill included).
+        committed: ``(B, n_calls)`` int64, codes committed by each call (0 once the row is done).
+        accepted: ``(B, n_calls)`` int64, drafts accepted by each call.
+        start_depth: ``(B, n_calls)`` int64, depth of the last committed code before each call (0 for the prefill).
+    """
+
+    codes: torch.Tensor
+    calls: torch.Tensor
+    committed: torch.Tensor
+    accepted: torch.Tensor
+    start_depth: torch.Tensor
+
+    @property
+    def tokens_per_call(self) -> torch.Tensor:
+        """``(B,)`` float: codes per code-predictor call (n_codes / calls)."""
+        return self.codes.shape[1] / self.calls.to(torch.float64)
+
+    @property
+    def n_model_calls(self) -> int:
+        """Model invocations for the whole batch (the longest row)."""
+        return int(self.calls.max())
+
+
+def _check_context(code_predictor, context: torch.Tensor) -> None:
+    h = P.talker_hidden_size(code_predictor)
+    if not isinstance(context, torch.Tensor) or context.dim() != 3 or context.shape[1] != 2 or context.shape[2] != h:
+        shape = tuple(context.shape) if isinstance(context, torch.Tensor) else type(context).__name__
+        raise ValueError(f"context must be a float tensor of shape (B, 2, {h}) = [talker hidden state that emitted "
+                         f"code 0, talker embedding of code 0]; got {shape}")
+    if context.shape[0] < 1 or not context.is_floating_point():
+        raise ValueError("context must be a non-empty floating-point tensor")
+
+
+@torch.inference_mode()
+def decode_frame(
+    code_predictor,
+    context: torch.Tensor,
+    *,
+    decoder=None,
+    sampling: Sampling | None = None,
+    generator: torch.Generator | None = None,
+    drafter=None,
+) -> FrameResult:
+    """Decode codes 1..n_codes of one frame.
+
+    Args:
+        code_predictor: the official module (``model.talker.code_predictor``), any config, any dtype (its dtype is
+            followed; probabilities are computed in float32 as transformers does).
+        context: ``(B, 2, talker_hidden)`` float = [talker hidden state that emitted code 0 (after the final norm),
+            talker embedding of code 0].
+        decoder: :class:`AR` (default), :class:`Chain` or :class:`Tree`.
+        sampling: :class:`~rvqspec_lib.sampling.Sampling` (default: temperature 0.9, top-k 50, top-p 1.0, the
+            checkpoints' generation config).
+        generator: explicit ``torch.Generator`` (the global RNG is never used; ``None`` makes a fresh unseeded one).
+        drafter: where q comes from (default :class:`~rvqspec_lib.drafters.ReusedHeads`).
+
+    Returns:
+        :class:`FrameResult`. Rows of a batch are decoded together and may accept different lengths.
+
+    Raises:
+        ValueError: a context of the wrong shape, an invalid decoder.
+    """
+    decoder = AR() if decoder is None else decoder
+    if not hasattr(decoder, "tree"):
+        raise ValueError(f"decoder must be AR(), Chain(window=N) or Tree(paths=...), got {decoder!r}")
+    sampling = Sampling() if sampling is None else sampling
+    drafter = ReusedHeads() if drafter is None else drafter
+    if generator is None:
+        generator = torch.Generator(device=context.device)
+        generator.seed()
+    _check_context(code_predictor, context)
+    cp = code_predictor
+    n = P.n_codes(cp)
+    tree = decoder.tree(n)
+    dtype, dev = P.param_dtype(cp), context.device
+    b = context.shape[0]
+    rows = torch.arange(b, device=dev)
+    cache = P.SlotCache(cp.config.num_hidden_layers)
+
+    # --- prefill: [context] at positions 0, 1 gives code 1 (one call, no drafts) ---------------------------------
+    x = cp.small_to_mtp_projection(context.to(dtype))
+    causal = torch.tril(torch.ones(2, 2, dtype=torch.bool, device=dev)).expand(b, 2, 2)
+    hid = P.forward(cp, x, torch.arange(2, device=dev).expand(b, 2), None, causal, cache)
+    valid = torch.ones(b, 2, dtype=torch.bool, device=dev)
+    h = hid[:, 1]
+    p1 = sampling.probs(cp.lm_head[0](h))
+    codes = torch.zeros(b, n, dtype=torch.long, device=dev)
+    codes[:, 0] = sample(p1, generator)
+    s = torch.ones(b, dtype=torch.long, device=dev)  # depth of the last committed code
+    calls = torch.ones(b, dtype=torch.long, device=dev)
+    log_committed, log_accepted, log_start = [torch.ones_like(s)], [torch.zeros_like(s)], [torch.zeros_like(s)]
+
+    # --- rounds: draft -> verify -> accept -> commit -------------------------------------------------------------
+    m1 = tree.n_nodes + 1
+    t_depth = tree.depth.to(dev)  # (M+1,) offset of each node, 0 = root
+    anc = tree.ancestors.to(dev)
+    k_max = tree.max_depth
+    while bool((s < n).any()):
+        active = s < n
+        abs_depth = s[:, None] + t_depth[None, :]  # (B, M+1) depth of each node's code
+        node_valid = active[:, None] & (abs_depth <= n)
+        fed = node_valid & (abs_depth < n)  # a code remains after the node: its hidden state is needed
+        node_codes = torch.zeros(b, m1, dtype=torch.long, device=dev)
+        node_codes[:, 0] = codes[rows, (s - 1).clamp(max=n - 1)]
+        q_nodes = None
+        if k_max > 0:
+            d_logits = drafter.draft_logits(cp, h, s, k_max)  # (B, K, V)
+            if decoder.sampled_drafts:
+                q = sampling.probs(d_logits)  # same warpers as p
+                drafts = sample_drafts(q.reshape(b * k_max, -1), generator).reshape(b, k_max)
+                node_codes[:, 1:] = drafts[:, t_depth[1:] - 1]
+                q_nodes = torch.cat([torch.zeros_like(q[:, :1]), q[:, t_depth[1:] - 1]], 1)  # (B, M+1, V)
+            else:
+                top = torch.topk(d_logits, tree.max_rank + 1, dim=-1).indices  # (B, K, R)
+                node_codes[:, 1:] = top[:, t_depth[1:] - 1, tree.rank[1:].to(dev)]
+        embeds = P.embed_codes(cp, node_codes, abs_depth)  # (B, M+1, H)
+        self_mask = anc[None] & fed[:, None, :]
+        self_mask = self_mask | torch.eye(m1, dtype=torch.bool, device=dev)[None]  # never an empty row
+        hid = P.forward(cp, embeds, abs_depth + 1, valid, self_mask, cache)  # (B, M+1, H)
+        # p after each fed node: lm_head[d] predicts code d+1
+        p = torch.zeros(b, m1, cp.lm_head[0].out_features, dtype=torch.float32, device=dev)
+        if bool(fed.any()):
+            p[fed] = sampling.probs(P.head_logits(cp, hid[fed], abs_depth[fed]))
+        walk = verify.walk_tree(p, node_codes, tree.children.to(dev), node_valid, fed, generator, q_nodes)
+        # commit accepted drafts, then the residual / bonus code
+        for k in range(walk.path.shape[1]):
+            on = walk.path[:, k] >= 0
+            if bool(on.any()):
+                codes[rows[on], (s + k)[on]] = node_codes[rows[on], walk.path[on, k]]
+        has_next = walk.next_code >= 0
+        col = (s + walk.n_accepted).clamp(max=n - 1)
+        codes[rows[has_next & active], col[has_next & active]] = walk.next_code[has_next & active]
+        keep = torch.zeros(b, m1, dtype=torch.bool, device=dev)
+        keep[:, 0] = fed[:, 0]
+        for k in range(walk.path.shape[1]):
+            on = walk.path[:, k] >= 0
+            keep[rows[on], walk.path[on, k]] = fed[rows[on], walk.path[on, k]]
+        valid = cache.keep(torch.cat([valid, keep], 1))
+        h = torch.where(active[:, None], hid[rows, walk.last_node], h)
+        committed = torch.where(active, walk.n_accepted + has_next.long(), torch.zeros_like(s))
+        log_committed.append(committed)
+        log_accepted.append(torch.where(active, walk.n_accepted, torch.zeros_like(s)))
+        log_start.append(torch.where(active, s, torch.zeros_like(s)))
+        s = s + committed
+        calls = calls + active.long()
+    return FrameResult(codes, calls, torch.stack(log_committed, 1), torch.stack(log_accepted, 1),
+                       torch.stack(log_start, 1))

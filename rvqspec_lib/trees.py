@@ -1,0 +1,132 @@
+"""A draft tree as data: rank paths compiled once into buffers (Medusa's "tree as data", paper §2.2).
+
+A tree is a list of rank paths. The path ``(r1, r2, ..., rt)`` is the node that drafts, for offset t past the
+committed depth, the code of rank ``r_t`` in the drafter's distribution for that offset, below the node
+``(r1, ..., r_{t-1})``. ``[(0,), (1,), (0, 0), (0, 0, 0)]`` drafts the top-2 codes one step ahead, and the top code
+two and three steps ahead below the first. Node 0 is the root: the last committed code, which every verify call
+re-feeds at the head of the tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+
+def parse_paths(text: str) -> list[tuple[int, ...]]:
+    """Parse the CLI form ``"0;1;0,0;0,0,0"`` (paths separated by ``;``, ranks by ``,``).
+
+    Raises:
+        ValueError: on anything that is not non-negative integers in that form.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("empty tree: give rank paths like '0;1;0,0;0,0,0'")
+    out = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            out.append(tuple(int(x) for x in part.split(",")))
+        except ValueError:
+            raise ValueError(f"bad tree path {part!r}: ranks are integers separated by ',' e.g. '0;1;0,0'") from None
+    return out
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A compiled draft tree.
+
+    Attributes:
+        paths: the non-root nodes' rank paths, in node order (by length, then lexicographic).
+        parent: ``(M+1,)`` int64, parent node index (-1 for the root).
+        depth: ``(M+1,)`` int64, draft offset t of each node (0 for the root).
+        rank: ``(M+1,)`` int64, rank of each node's code in its offset's draft distribution (-1 for the root).
+        children: ``(M+1, C)`` int64, children in rank order, padded with -1.
+        ancestors: ``(M+1, M+1)`` bool, ``[i, j]`` true when node j is node i or one of its ancestors
+            (the tree attention mask: each node sees only its ancestors).
+    """
+
+    paths: tuple[tuple[int, ...], ...]
+    parent: torch.Tensor
+    depth: torch.Tensor
+    rank: torch.Tensor
+    children: torch.Tensor
+    ancestors: torch.Tensor
+
+    @property
+    def n_nodes(self) -> int:
+        """Non-root nodes M (the node budget N of a verify call is M + 1 with the root)."""
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max()) if self.n_nodes else 0
+
+    @property
+    def max_rank(self) -> int:
+        return int(self.rank.max()) if self.n_nodes else -1
+
+    @classmethod
+    def from_paths(cls, paths: Iterable[Sequence[int]], *, max_depth: int | None = None) -> "DraftTree":
+        """Compile rank paths.
+
+        Raises:
+            ValueError: a path that is empty, has a negative or non-integer rank, is repeated, has a gap
+                (a prefix that is not itself a node), or is deeper than ``max_depth``.
+        """
+        norm: list[tuple[int, ...]] = []
+        for p in paths:
+            if isinstance(p, int):
+                p = (p,)
+            try:
+                t = tuple(int(r) for r in p)
+            except (TypeError, ValueError):
+                raise ValueError(f"tree path {p!r} is not a sequence of integer ranks") from None
+            if not t:
+                raise ValueError("empty tree path: every path names at least one rank, e.g. (0,)")
+            if any(r < 0 for r in t) or any(int(r) != r for r in p):
+                raise ValueError(f"tree path {p!r} has a negative or non-integer rank")
+            norm.append(t)
+        if len(set(norm)) != len(norm):
+            dup = sorted({p for p in norm if norm.count(p) > 1})
+            raise ValueError(f"tree paths repeated: {dup}")
+        s = set(norm)
+        for p in norm:
+            if len(p) > 1 and p[:-1] not in s:
+                raise ValueError(f"tree path {p} has a gap: its prefix {p[:-1]} is not in the tree; add it")
+            if max_depth is not None and len(p) > max_depth:
+                raise ValueError(f"tree path {p} is deeper ({len(p)}) than the {max_depth} depths that can be drafted")
+        order = sorted(norm, key=lambda p: (len(p), p))
+        index = {(): 0}
+        for i, p in enumerate(order, start=1):
+            index[p] = i
+        m = len(order)
+        parent = torch.full((m + 1,), -1, dtype=torch.long)
+        depth = torch.zeros(m + 1, dtype=torch.long)
+        rank = torch.full((m + 1,), -1, dtype=torch.long)
+        kids: list[list[int]] = [[] for _ in range(m + 1)]
+        for p in order:
+            i = index[p]
+            parent[i] = index[p[:-1]]
+            depth[i] = len(p)
+            rank[i] = p[-1]
+            kids[index[p[:-1]]].append(i)  # order is lexicographic, so children arrive in rank order
+        c = max((len(k) for k in kids), default=0)
+        children = torch.full((m + 1, max(c, 1)), -1, dtype=torch.long)
+        for i, k in enumerate(kids):
+            children[i, : len(k)] = torch.tensor(k, dtype=torch.long)
+        anc = torch.zeros(m + 1, m + 1, dtype=torch.bool)
+        for i in range(m + 1):
+            j = i
+            while j >= 0:
+                anc[i, j] = True
+                j = int(parent[j])
+        return cls(tuple(order), parent, depth, rank, children, anc)
+
+    @classmethod
+    def chain(cls, n_drafts: int) -> "DraftTree":
+        """A single path of ``n_drafts`` nodes (rank 0 at every offset); the shape of a Chain verify call."""
+        return cls.from_paths([(0,) * t for t in range(1, n_drafts + 1)])

@@ -81,8 +81,23 @@ def install_import_shim() -> bool:
     return True
 
 
-def _qwen_classes():
+def import_qwen_tts():
+    """Import ``qwen_tts`` quietly: the shim, the ``sox`` package's missing-binary warning and the 25 Hz
+    tokenizer's flash-attn banner (neither concerns the 12 Hz path) are kept off the console."""
+    if "qwen_tts" in sys.modules:
+        return sys.modules["qwen_tts"]
     install_import_shim()
+    import contextlib
+    import io
+    import logging
+
+    logging.getLogger("sox").setLevel(logging.ERROR)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return importlib.import_module("qwen_tts")
+
+
+def _qwen_classes():
+    import_qwen_tts()
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
 
     return Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
@@ -351,7 +366,7 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
 
 
 def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implementation) -> LoadedModel:
-    install_import_shim()
+    import_qwen_tts()
     try:
         from qwen_tts import Qwen3TTSModel
 

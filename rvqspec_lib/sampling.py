@@ -104,15 +104,14 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
 
 
-def code0_processors(talker_config, *, n_generated: int, repetition_penalty: float) -> LogitsProcessorList:
+def code0_processors(talker_config, *, repetition_penalty: float) -> LogitsProcessorList:
     """The non-warper processors the official talker ``generate`` applies to code 0 (in transformers' order).
 
     Repetition penalty over the code-0 history (``repetition_penalty`` != 1), end-of-speech masked until 2 codes
-    were generated (``min_new_tokens=2``), and the 1024 special ids 2048..3071 suppressed except end-of-speech.
+    were generated (``min_new_tokens=2``; the history passed as ``input_ids`` holds only generated codes), and the 1024 special ids 2048..3071 suppressed except end-of-speech.
 
     Args:
         talker_config: ``model.config.talker_config``.
-        n_generated: unused placeholder for symmetry (the history length is read from ``input_ids``).
         repetition_penalty: the checkpoint's value (1.05).
     """
     vocab = int(talker_config.vocab_size)

@@ -87,9 +87,7 @@ class Tree:
         object.__setattr__(self, "_compiled", DraftTree.from_paths(self.paths))
 
     def tree(self, n_codes: int) -> DraftTree:
-        if self._compiled.max_depth > n_codes - 1:
-            raise ValueError(f"tree depth {self._compiled.max_depth} exceeds the {n_codes - 1} depths that can be "
-                             "drafted after code 1")
+        # A tree deeper than the depths left is fine: nodes past the last depth are masked (the tree shrinks).
         return self._compiled
 
     sampled_drafts = False
@@ -184,6 +182,10 @@ def decode_frame(
     cp = code_predictor
     n = P.n_codes(cp)
     tree = decoder.tree(n)
+    vocab = int(cp.config.vocab_size)
+    if tree.max_rank >= vocab:
+        raise ValueError(f"tree rank {tree.max_rank} is out of range for a codebook of {vocab} codes: "
+                         f"use ranks 0..{vocab - 1}")
     dtype, dev = P.param_dtype(cp), context.device
     b = context.shape[0]
     rows = torch.arange(b, device=dev)

@@ -112,7 +112,7 @@ def walk_tree(
     n_children = children.shape[1]
     max_levels = m1  # a path cannot be longer than the number of nodes
     for _ in range(max_levels):
-        if not bool(alive.any()) or not bool((children[cur] >= 0).any()):
+        if not bool((alive & (children[cur, 0] >= 0)).any()):
             break
         moved = torch.zeros(b, dtype=torch.bool, device=dev)
         for i in range(n_children):
@@ -133,8 +133,10 @@ def walk_tree(
                 cur = torch.where(acc, c, cur)
                 resid = torch.where(acc[:, None], p[rows, cc], resid)
                 moved |= acc
-        path.append(torch.where(moved, cur, torch.full_like(cur, -1)))
         alive &= moved
+        if not bool(moved.any()):
+            break
+        path.append(torch.where(moved, cur, torch.full_like(cur, -1)))
     # the code after the accepted path: residual (after rejections) or bonus (leaf / all accepted)
     nxt = has_next[rows, cur]
     safe = torch.where(nxt[:, None], resid, torch.ones_like(resid))

@@ -106,6 +106,33 @@ def _percentile(xs: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def _cpu_snapshot() -> tuple[float, float, float] | None:
+    """(busy CPU seconds of the whole machine, wall CPU seconds of all cores, CPU seconds of this process), from
+    ``/proc/stat`` and ``os.times``; ``None`` where ``/proc/stat`` is missing (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    t = os.times()
+    return (total - idle) / tick, total / tick, t.user + t.system
+
+
+def other_cpu_fraction(before, after) -> float | None:
+    """Share of the machine's CPU time used by OTHER processes between two :func:`_cpu_snapshot` calls (0..1).
+
+    Near 0: the timing had the cores to itself. Clearly above 0 on a CPU benchmark: other processes (even niced ones)
+    competed for the cores and multi-threaded timings are pessimistic, sometimes several-fold.
+    """
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    busy, total, own = (a - b for a, b in zip(after, before))
+    return max(0.0, min(1.0, (busy - own) / total))
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Model calls
 # ----------------------------------------------------------------------------------------------------------------------
@@ -117,7 +144,7 @@ def _model_device_dtype(module: torch.nn.Module) -> tuple[torch.device, torch.dt
 def _progress(iterable, *, total: int, desc: str, enabled: bool):
     if not enabled:
         return iterable
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain text bar: no ipywidgets needed in notebooks
 
     return tqdm(iterable, total=total, desc=desc, leave=False)
 
@@ -228,7 +255,9 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         JSON-able dict:
         ``model`` (``loaded.describe()``), ``random_weights`` / ``timing_only`` (True for random models: the times are
         real, the outputs meaningless), ``device``, ``device_name``, ``dtype``, ``threads`` (``torch.get_num_threads()``),
-        ``load_avg_1m_before`` (1-minute load average before timing: above ~0 on a CPU, other processes compete),
+        ``load_avg_1m_before`` / ``load_avg_1m_after`` (1-minute load average around the timing: well above 0 on a
+        CPU means other processes competed for the cores and the times are pessimistic), ``other_cpu_frac``
+        (share of the machine's CPU time other processes used during the timing, :func:`other_cpu_fraction`),
         ``torch``, ``transformers``, the settings, ``talker_step`` (:func:`time_call` stats), ``code_predictor`` (list of
         per-``Q`` rows, see :func:`bench_code_predictor`) and ``derived`` (:func:`derived_from_bench`).
     """
@@ -239,10 +268,11 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
     device, dtype = _model_device_dtype(loaded.model)
     desc = loaded.describe()
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    cpu_before = _cpu_snapshot()
     query_sizes = list(query_sizes)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # plain text bar: no ipywidgets needed in notebooks
 
         bar = tqdm(total=1 + len(query_sizes), desc=f"bench {loaded.name}", unit="call type")
     talker = bench_talker_step(loaded, talker_context=talker_context, warmup=warmup, repeats=repeats, seed=seed)
@@ -262,6 +292,8 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         "dtype": str(dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "load_avg_1m_before": load_before,
+        "load_avg_1m_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "other_cpu_frac": other_cpu_fraction(cpu_before, _cpu_snapshot()),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "prefix_len": prefix_len,
@@ -404,9 +436,14 @@ def format_table(result: dict) -> str:
             f"device {result['device']} ({result['device_name']}) | dtype {result['dtype']} | "
             f"threads {result['threads']} | torch {result['torch']} | warmup {result['warmup']}, "
             f"repeats {result['repeats']}")
-    load = result.get("load_avg_1m_before")
-    if load is not None and result["device"] == "cpu":
-        head += f" | load avg {load:.2f} before timing"
+    load0, load1 = result.get("load_avg_1m_before"), result.get("load_avg_1m_after")
+    if load0 is not None and load1 is not None and result["device"] == "cpu":
+        head += f" | load avg {load0:.2f} before, {load1:.2f} after"
+    other = result.get("other_cpu_frac")
+    if other is not None and result["device"] == "cpu":
+        head += f" | other processes used {100 * other:.0f}% of the CPU meanwhile"
+        if other > 0.1:
+            head += " (TIMES ARE PESSIMISTIC: rerun on an idle machine)"
     lines = [head, f"{'call':<30} {'Q':>4} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} {'t/t_cp(1)':>10}"]
     for r in latency_rows(result):
         ratio = "" if r["ratio_to_1"] is None else f"{r['ratio_to_1']:.2f}"

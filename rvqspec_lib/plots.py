@@ -28,6 +28,7 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
         KeyError: ``result`` is not a bench result.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     rows = sorted(result["code_predictor"], key=lambda r: r["n_queries"])
     q = [r["n_queries"] for r in rows]
@@ -43,7 +44,7 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
     ax0.set_xticks(q, [str(v) for v in q])
     ax0.set_xlabel("query positions per call, Q")
     ax0.set_ylabel("median latency per call (ms)")
-    ax0.set_ylim(bottom=0)
+    ax0.set_ylim(0, 1.25 * max(max(r["p90_ms"] for r in rows), t["median_ms"]))  # room for the legend
     ax0.legend(fontsize=8, loc="upper left")
     ax0.grid(alpha=0.3)
 
@@ -53,6 +54,7 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
         ax1.axhline(1.0, color="k", lw=0.8)
         ax1.set_xscale("log", base=2)
         ax1.set_yscale("log", base=2)
+        ax1.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax1.set_xticks(q, [str(v) for v in q])
         ax1.set_xlabel("query positions per call, Q")
         ax1.set_ylabel("cost relative to one AR call")

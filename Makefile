@@ -1,0 +1,88 @@
+# rvqspec: build the environment, run the tests, execute the paper notebooks, benchmark.
+#
+#   make env                      create .venv (torch first, then requirements.txt, qwen-tts --no-deps, the project)
+#   make test                     pytest on tests/
+#   make paper                    execute every notebooks/NN_*.py -> build/executed/full/, refresh figures/
+#   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
+#   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
+#   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call (JSON in build/)
+#   make clean                    remove build/ (figures/ holds committed results and is kept)
+#
+# Rules have real prerequisites: editing a notebook, the library or requirements.txt rebuilds what depends on it.
+
+SHELL := /bin/bash
+.DELETE_ON_ERROR:
+
+VENV          := .venv
+PY            := $(VENV)/bin/python
+PIP           := $(PY) -m pip
+STAMP         := $(VENV)/.installed
+PYTHON3       ?= python3
+# torch is pinned and installed FIRST: an unpinned torch (or one pulled by a dependency) is a multi-GB CUDA build.
+# Elsewhere, pick the wheel flavour with e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu".
+TORCH_VERSION ?= 2.13.0
+TORCH_PIP_ARGS ?=
+QWEN_TTS      := qwen-tts==0.1.1
+
+LIB           := $(wildcard rvqspec_lib/*.py)
+NB_SRC        := $(wildcard notebooks/[0-9][0-9]_*.py)
+NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
+
+# Notebook parameters passed by papermill (the first code cell of each notebook is tagged "parameters").
+MODEL_TAG     := $(subst /,_,$(MODEL))
+RUN_TAG       := $(if $(SMOKE),smoke,full)$(if $(MODEL),-$(MODEL_TAG))
+EXEC_DIR      := build/executed/$(RUN_TAG)
+NB_EXEC       := $(patsubst notebooks/%.py,$(EXEC_DIR)/%.ipynb,$(NB_SRC))
+FIG_DIR       ?= $(if $(SMOKE),build/smoke_figures$(if $(MODEL),/$(MODEL_TAG)),figures$(if $(MODEL),/$(MODEL_TAG)))
+PM_PARAMS     := $(if $(SMOKE),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) -p out_dir $(abspath $(FIG_DIR))
+
+BENCH_MODEL   ?= qwen3-tts-0.6b-random
+BENCH_ARGS    ?=
+
+.PHONY: all env test paper notebooks bench clean
+
+all: test paper
+
+# ---- environment ------------------------------------------------------------------------------------------------
+env: $(STAMP)
+
+# qwen-tts goes in with --no-deps: it declares gradio (demo only) and torchaudio (no wheel loads against the pinned
+# CPU torch; rvqspec_lib.models shims the import). Its other dependencies are in requirements.txt.
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
+	$(PIP) install $(TORCH_PIP_ARGS) torch==$(TORCH_VERSION)
+	$(PIP) install -r requirements.txt
+	$(PIP) install --no-deps $(QWEN_TTS)
+	$(PIP) install --no-deps -e .
+	touch $@
+
+# ---- tests ------------------------------------------------------------------------------------------------------
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+# ---- paper notebooks --------------------------------------------------------------------------------------------
+notebooks: $(NB_BUILD)
+
+paper: $(NB_EXEC)
+	@echo "executed notebooks in $(EXEC_DIR)/, figures and tables in $(FIG_DIR)/"
+
+build/%.ipynb: notebooks/%.py $(STAMP)
+	@mkdir -p $(@D)
+	$(VENV)/bin/jupytext --to ipynb -o $@ $<
+
+$(EXEC_DIR)/%.ipynb: build/%.ipynb $(LIB) $(STAMP)
+	@mkdir -p $(@D) $(FIG_DIR)
+	$(VENV)/bin/papermill $< $@ -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
+
+# ---- benchmark ----------------------------------------------------------------------------------------------------
+bench: $(STAMP)
+	@mkdir -p build
+	@if [ -f rvqspec_lib/cli.py ]; then \
+	  $(VENV)/bin/rvqspec bench --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS); \
+	else \
+	  $(PY) -m rvqspec_lib.bench --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS); \
+	fi
+
+clean:
+	rm -rf build .pytest_cache
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print -exec rm -rf {} +

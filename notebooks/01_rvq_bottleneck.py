@@ -1,0 +1,170 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 — The RVQ bottleneck: 200 calls a second
+#
+# Qwen3-TTS (12 Hz models) generates speech with **two nested autoregressive loops**:
+#
+# * **Outer loop, the talker** (28 layers): one call per codec frame, at `frame_rate_hz` = 12.5 frames a second
+#   (one frame = 80 ms of audio). Each call emits **code 0** of the frame (the first of 16 residual codebooks).
+# * **Inner loop, the code predictor** (5 layers): emits **codes 1..15** of the same frame, **one sequential call
+#   each** (a 2-position prefill gives code 1, then 14 single steps). Its KV cache restarts every frame.
+#
+# So one frame costs `1 + (n_code_groups - 1)` model calls, and real time needs
+# `frame_rate_hz × n_code_groups` calls a second. The inner loop makes 15 of every 16 calls: it is the target of the
+# lossless speculative decoding in this project, which drafts several codes and checks them in **one** verify call over
+# `Q` query positions. Whether that pays depends on how the cost of a call grows with `Q` on a given device: the
+# **verify cost curve** `t(Q) / t(1)` measured below.
+#
+# Everything here is computed by `rvqspec_lib` (`bench`, `plots`, `provenance`); the notebook only calls it and shows
+# the results. Numbers are read from the model config, never typed in.
+
+# %% tags=["parameters"]
+model = "qwen3-tts-0.6b-random"  # real-size 0.6B architecture, RANDOM weights (timing only)
+seed = 0  # seed of the random weights and of the random input embeddings
+smoke = False  # True: tiny-random model, 2 repeats, Q up to 16 (headless test, < 60 s)
+out_dir = "figures"  # relative paths resolve against the repository root; absolute paths are kept
+repeats = 20  # timed calls per measurement (median reported)
+warmup = 3  # untimed calls before each measurement
+threads = 0  # torch.set_num_threads; 0 keeps torch's default
+prefix_len = 8  # KV positions already in the code-predictor cache (a mid-frame verify)
+talker_context = 64  # KV positions already in the talker cache (about 5 s of speech plus the text prompt)
+
+# %%
+import json
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from IPython.display import Markdown, display
+
+from rvqspec_lib import bench, plots
+from rvqspec_lib.models import load_model
+from rvqspec_lib.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
+
+# smoke: the tiny model (unless another model was asked for), few repeats, Q up to 16
+run_model = "tiny-random" if smoke and model == "qwen3-tts-0.6b-random" else model
+run_repeats = min(int(repeats), 2) if smoke else int(repeats)
+run_warmup = min(int(warmup), 1) if smoke else int(warmup)
+query_sizes = (1, 2, 4, 8, 16) if smoke else bench.DEFAULT_QUERY_SIZES
+if threads:
+    torch.set_num_threads(int(threads))
+out = resolve_out_dir(out_dir)
+params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), repeats=run_repeats,
+              warmup=run_warmup, threads=torch.get_num_threads(), prefix_len=prefix_len,
+              talker_context=talker_context, query_sizes=list(query_sizes), notebook="01_rvq_bottleneck")
+print(f"model {run_model}, outputs -> {out}")
+
+# %% [markdown]
+# ## The model and its config
+# The real-size architecture is built from the released `config.json` (shipped in `data/configs/`) with random
+# weights: latencies depend on the architecture, not on the weights, so they are real; its outputs mean nothing.
+
+# %%
+loaded = load_model(run_model, seed=seed)
+info = loaded.describe()
+pd.Series(info, name="value").to_frame()
+
+# %% [markdown]
+# ## Calls per second for real time (from the config)
+
+# %%
+frame_rate_hz = loaded.frame_rate_hz  # from speech_tokenizer/config.json: output_sample_rate / decode_upsample_rate
+n_code_groups = loaded.n_code_groups  # talker_config.num_code_groups
+ar = bench.call_budget(frame_rate_hz, n_code_groups)
+display(Markdown(
+    f"`frame_rate_hz` = {frame_rate_hz:g}, `n_code_groups` = {n_code_groups}: one frame = 1 talker call + "
+    f"{n_code_groups - 1} code-predictor calls = {ar['calls_per_frame']:g} calls, so real time needs "
+    f"**{ar['calls_per_s']:g} model calls a second** ({frame_rate_hz:g} × {n_code_groups}), "
+    f"one every {1000 / ar['calls_per_s']:.1f} ms."))
+
+# %% [markdown]
+# A speculative inner loop that emits `tpc` codes per inner call on average (tokens per call, the prefill counted)
+# needs `frame_rate_hz × (1 + (n_code_groups − 1) / tpc)` calls a second. 2.47 is the paper's reported value.
+
+# %%
+budget = pd.DataFrame(bench.budget_table(frame_rate_hz, n_code_groups, bench.DEFAULT_TOKENS_PER_CALL))
+prov = provenance(params, seed=seed)
+save_table(budget, out / "01_call_budget", prov)
+budget
+
+# %% [markdown]
+# ## Measured latency: talker step vs code-predictor call with `Q` query positions
+# One talker step (one new position after `talker_context` cached positions, plus `codec_head`) and one
+# code-predictor call with `Q` query positions after a KV prefix of `prefix_len` positions (projection, 5 layers,
+# one `lm_head` over the `Q` positions). Median of `repeats` calls after `warmup`; p10/p90 show the spread.
+
+# %%
+result = bench.bench_model(loaded, prefix_len=prefix_len, query_sizes=query_sizes, talker_context=talker_context,
+                           warmup=run_warmup, repeats=run_repeats, seed=seed, progress=True)
+prov = provenance(params, seed=seed)  # after the run: the load average recorded is the one it ran under
+latency = pd.DataFrame(bench.latency_rows(result))
+save_table(latency, out / "01_latency", prov)
+other = result["other_cpu_frac"]
+display(Markdown("**" + plots.bench_title(result).replace("\n", " — ") + "**" + (
+    f". Other processes used {100 * other:.0f}% of the machine's CPU time during the timing"
+    + (": **the times are pessimistic, rerun on an idle machine**." if other > 0.1 else ".")
+    if result["device"] == "cpu" and other is not None else "")))
+latency
+
+# %% [markdown]
+# ## Inner-loop share of a frame (plain autoregressive decoding)
+
+# %%
+d = result["derived"]
+display(Markdown(
+    f"Per frame: talker step {d['t_talker_ms']:.1f} ms + {d['inner_calls_per_frame']} × "
+    f"{d['t_inner_ms']:.1f} ms code-predictor calls = **{d['frame_ms_ar']:.1f} ms** for "
+    f"{d['frame_budget_ms']:.0f} ms of audio (real-time factor {d['rtf_ar']:.2f}). "
+    f"The inner loop takes **{100 * d['inner_share_ar']:.1f}%** of the frame's model time."))
+
+# %% [markdown]
+# ## The verify cost curve `t(Q) / t(1)`
+# A verify call over `Q` nodes replaces up to `Q` sequential calls only if it costs much less than `Q` calls. The
+# dotted line `y = Q` is a device with no parallelism left; the measured curve is what the node budget of a draft
+# tree must be chosen against, per device.
+
+# %%
+fig = plots.plot_verify_cost(result)
+save_figure(fig, out / "01_verify_cost", prov)
+plt.show()
+
+# %%
+ratios = {str(r["n_queries"]): r["ratio_to_1"] for r in result["code_predictor"]}
+metrics = {
+    "model": run_model,
+    "random_weights": result["random_weights"],
+    "frame_rate_hz": frame_rate_hz,
+    "n_code_groups": n_code_groups,
+    "calls_per_s_realtime": ar["calls_per_s"],
+    "calls_per_s_at_paper_tpc": bench.call_budget(frame_rate_hz, n_code_groups,
+                                                  bench.PAPER_TOKENS_PER_CALL)["calls_per_s"],
+    "paper_tokens_per_call": bench.PAPER_TOKENS_PER_CALL,
+    "t_talker_ms": d["t_talker_ms"],
+    "t_inner_ms": d["t_inner_ms"],
+    "frame_ms_ar": d["frame_ms_ar"],
+    "rtf_ar": d["rtf_ar"],
+    "inner_share": d["inner_share_ar"],
+    "verify_cost_ratio": ratios,
+    "device": result["device"],
+    "device_name": result["device_name"],
+    "dtype": result["dtype"],
+    "threads": result["threads"],
+    "load_avg_1m_before": result["load_avg_1m_before"],
+    "load_avg_1m_after": result["load_avg_1m_after"],
+    "other_cpu_frac": result["other_cpu_frac"],
+}
+save_json(metrics, out / "01_metrics.json", prov)
+save_json(result, out / "01_bench.json", prov)
+print(json.dumps({k: v for k, v in metrics.items() if k != "verify_cost_ratio"}, indent=1))

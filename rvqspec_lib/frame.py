@@ -14,6 +14,7 @@ seed for the AR decoder; tests/test_frame.py), while letting the inner loop be A
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -53,13 +54,16 @@ def default_speaker(lm: LoadedModel) -> str | None:
 
 
 def build_prompt(lm: LoadedModel, texts: list[str], *, language: str = "auto", speaker: str | None = None,
-                 non_streaming_mode: bool = True) -> Prompt:
+                 non_streaming_mode: bool = True, grad: bool = False) -> Prompt:
     """Build the talker prompt with the official code (``generate`` with ``talker.generate`` intercepted).
 
     Args:
         texts: sentences to speak (batch). language: ``"auto"`` or a language the checkpoint lists
             (``english``, ``german``, ...). speaker: a CustomVoice speaker (default: the first one).
         non_streaming_mode: the official wrapper's default (whole text in the prompt).
+        grad: build the embeddings with autograd on, for training (rvqspec_lib.train). The official ``generate``
+            is decorated with ``@torch.no_grad()``; with ``grad=True`` its undecorated function (``__wrapped__``,
+            set by torch's decorator) runs under ``torch.enable_grad()``: the same code, with gradients.
 
     Raises:
         ValueError: empty text, unknown language or speaker (with the supported values).
@@ -83,10 +87,13 @@ def build_prompt(lm: LoadedModel, texts: list[str], *, language: str = "auto", s
 
     talker = lm.model.talker
     talker.generate = _capture  # instance attribute shadows the method for this call only
+    generate = lm.model.generate
+    if grad:
+        generate = functools.partial(type(lm.model).generate.__wrapped__, lm.model)
     try:
-        with torch.inference_mode():
-            lm.model.generate(input_ids=ids, languages=[language] * len(ids), speakers=[speaker] * len(ids),
-                              non_streaming_mode=non_streaming_mode)
+        with torch.enable_grad() if grad else torch.inference_mode():
+            generate(input_ids=ids, languages=[language] * len(ids), speakers=[speaker] * len(ids),
+                     non_streaming_mode=non_streaming_mode)
     except _PromptCaptured as c:
         kw = c.args[0]
     else:  # pragma: no cover - the official generate always calls talker.generate

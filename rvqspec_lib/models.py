@@ -4,6 +4,9 @@ Every model here is the OFFICIAL ``qwen_tts`` class ``Qwen3TTSForConditionalGene
 
 * a hub id (``Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice``) or a local checkpoint directory: loaded with the
   official ``Qwen3TTSModel.from_pretrained`` (weights, processor and 12 Hz speech tokenizer);
+* a directory written by ``rvqspec_lib.train.save_checkpoint`` (marker file ``rvqspec_model.json``): our own small
+  model, built from its ``config.json`` with weights from ``model.safetensors`` and the text front end (bytes or
+  espeak-ng phonemes, ``rvqspec_lib.frontend``) named in the marker; no processor, no speech tokenizer;
 * ``tiny-random``: a tiny config of the same classes (2 talker layers, 2 code-predictor layers, 16 code groups,
   a projection between talker and code predictor), seeded random weights, a byte-level text tokenizer. For tests;
 * ``qwen3-tts-0.6b-random`` / ``qwen3-tts-1.7b-random``: the real-size architectures built from the released
@@ -354,6 +357,8 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         return LoadedModel(name, "random-size", model, tok, _default_generation(d), None, fr, sr)
     path = Path(name).expanduser()
     if path.exists():
+        if (path / OWN_MODEL_MARKER).exists():  # a small model trained by rvqspec_lib.train
+            return _load_own_model(name, path, dtype, device, attn_implementation)
         if not (path / "config.json").exists():
             raise ModelNotFoundError(f"{path} has no config.json: point --model at a Qwen3-TTS checkpoint directory")
         return _load_checkpoint(str(path), path, dtype, device, attn_implementation)
@@ -363,6 +368,30 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         f"unknown model {name!r}: use one of {', '.join(TINY_MODELS + tuple(RANDOM_MODELS))}, a local checkpoint "
         "directory, or a hub id such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
     )
+
+
+#: Marker file of a checkpoint written by :func:`rvqspec_lib.train.save_checkpoint` (no processor, no codec):
+#: ``{"format": "rvqspec-model", "version": 1, "tokenizer": {"kind": "bytes" | "phonemes", ...}, ...}``.
+OWN_MODEL_MARKER = "rvqspec_model.json"
+
+
+def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -> LoadedModel:
+    """Our own small model: the official class built from ``config.json``, weights from ``model.safetensors``,
+    the text front end named in ``rvqspec_model.json`` (bytes or espeak-ng phonemes, see rvqspec_lib.frontend)."""
+    from safetensors.torch import load_model as load_weights
+
+    from .frontend import tokenizer_from_spec
+
+    marker = json.loads((path / OWN_MODEL_MARKER).read_text())
+    cfg = json.loads((path / "config.json").read_text())
+    weights = path / "model.safetensors"
+    if not weights.exists():
+        raise ModelNotFoundError(f"{path} has {OWN_MODEL_MARKER} but no model.safetensors")
+    model = build_from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)
+    load_weights(model, str(weights), strict=True)
+    tok = tokenizer_from_spec(marker.get("tokenizer", {"kind": "bytes"}), cfg)
+    fr, sr = float(marker.get("frame_rate_hz", 12.5)), int(marker.get("sample_rate_hz", 24000))
+    return LoadedModel(name, "checkpoint", model.to(device).eval(), tok, _default_generation(path), None, fr, sr)
 
 
 def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implementation) -> LoadedModel:

@@ -1,0 +1,559 @@
+"""Training a small Qwen3-TTS-class model: teacher forcing in exactly the layout of non-streaming inference.
+
+The model is the OFFICIAL ``Qwen3TTSForConditionalGeneration`` (talker + code predictor), unchanged. One training
+sequence is what ``generate(non_streaming_mode=True)`` feeds the talker, with the frames teacher-forced::
+
+    position:  [left pad] prompt[0 .. L-1] | frame 0 feed | ... | frame F-1 feed
+    predicts:                  ... code0[0] |   code0[1]   | ... |   end of speech (2150)
+
+* prompt: built by the official ``generate`` itself (:func:`rvqspec_lib.frame.build_prompt` with ``grad=True``, the
+  same code as inference with autograd on; ``tests/test_train.py`` checks it equals the inference prompt bit for bit).
+  Batches are left-padded exactly as the official batch ``generate`` pads them (one forward a batch: on a CPU a batch
+  is far cheaper than per-utterance passes with gradient accumulation, and the padding IS the inference layout).
+* frame t's feed = talker ``codec_embedding(code 0)`` + sum of code-predictor ``codec_embedding[j-1](code j)``,
+  j = 1..15, + the text track (``tts_pad_embed`` in non-streaming mode), as the official loop and our
+  :func:`rvqspec_lib.frame.synthesize` feed it. The talker's last-layer hidden (after the final norm) at the position
+  that emitted code 0 of frame t starts that frame's code-predictor sequence.
+* talker loss: cross-entropy of the official forward's ``codec_head`` logits against code 0 of every frame and
+  end-of-speech after the last frame (no shift: position i is already aligned with its label).
+* code-predictor loss: the logits of the official ``talker.forward_sub_talker_finetune(codes, hidden)`` (16 positions
+  ``[hidden, emb(code 0), emb(code 1) .. emb(code 14)]``, ``lm_head[j-1]`` at position j predicts code j) against codes
+  1..15, computed HERE: the loss that method returns is double-shifted (QwenLM/Qwen3-TTS #179/#337/#371, PR #278):
+  its logits are already aligned, and transformers' causal-LM loss shifts the labels once more, so it scores the head
+  of code j against code j+1 and drops code 15
+  (``tests/test_train.py::test_official_code_predictor_loss_is_double_shifted``).
+* total = talker loss + 0.3 x code-predictor loss (the official finetuning script's weighting).
+
+References: Qwen3-TTS (QwenLM/Qwen3-TTS, ``finetuning/sft_12hz.py`` for the weighting), nanoGPT (AdamW groups,
+warmup + cosine schedule).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .frame import Prompt, build_prompt, default_speaker
+from .models import CONFIG_DIR, OWN_MODEL_MARKER, LoadedModel, tiny_config_dict
+
+#: Weight of the code-predictor loss in the total (the official finetuning script's value).
+CP_LOSS_WEIGHT = 0.3
+IGNORE = -100
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------------------------
+@dataclass
+class Utterance:
+    """One training pair.
+
+    Attributes:
+        text: the sentence spoken.
+        codes: ``(frames, n_code_groups)`` int64 codec codes (12.5 Hz frames; code 0 first).
+        speaker: a speaker of the model's config (``None``: the model's default speaker).
+        language: ``"auto"`` or a language of the config.
+    """
+
+    text: str
+    codes: torch.Tensor
+    speaker: str | None = None
+    language: str = "auto"
+
+
+def as_utterance(item) -> Utterance:
+    """Accept an ``Utterance``, ``(text, codes[, speaker[, language]])``, a dict or an object with those fields."""
+    if isinstance(item, Utterance):
+        u = item
+    elif isinstance(item, dict):
+        u = Utterance(item["text"], item["codes"], item.get("speaker"), item.get("language", "auto"))
+    elif isinstance(item, (tuple, list)):
+        u = Utterance(*item)
+    else:
+        u = Utterance(item.text, item.codes, getattr(item, "speaker", None), getattr(item, "language", "auto"))
+    codes = torch.as_tensor(u.codes, dtype=torch.long)
+    if codes.dim() != 2 or codes.shape[0] < 1:
+        raise ValueError(f"codes must be (frames >= 1, n_code_groups), got shape {tuple(codes.shape)} for {u.text!r}")
+    return Utterance(u.text, codes, u.speaker, u.language or "auto")
+
+
+TOY_WORDS = ("the cat sat on a mat while two dogs ran far away from old red barns near green hills "
+             "and blue lakes under bright warm sun every quiet morning").split()
+
+
+def toy_corpus(n: int, *, seed: int = 0, n_code_groups: int = 16, codebook_size: int = 2048,
+               words: Sequence[str] = TOY_WORDS, min_words: int = 3, max_words: int = 8) -> list[Utterance]:
+    """A learnable stand-in for speech codes, for smoke runs of the trainer (no audio, no codec).
+
+    Each text is random words; frame t "speaks" character ``2t`` of the text (two characters a frame, plus two
+    silent frames), so the talker must learn a monotonic text-to-frame alignment, as in TTS:
+    ``code0[t] = (7 * byte(text[2t]) + 13 * (t % 3)) mod K``; the residual codes are a fixed function of code 0
+    (``code_j = (code0 * (2j + 1) + 31 j) mod K``), so the code predictor has something to learn. Held-out texts
+    follow the same rules, so held-out accuracy measures generalisation.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    k = codebook_size
+    out = []
+    for _ in range(n):
+        m = int(torch.randint(min_words, max_words + 1, (1,), generator=gen))
+        text = " ".join(words[int(i)] for i in torch.randint(0, len(words), (m,), generator=gen)) + "."
+        b = text.encode("utf-8")
+        frames = len(b) // 2 + 2
+        t = torch.arange(frames)
+        chars = torch.tensor([b[min(2 * i, len(b) - 1)] if 2 * i < len(b) else 32 for i in range(frames)])
+        code0 = (7 * chars + 13 * (t % 3)) % k
+        j = torch.arange(n_code_groups)
+        codes = (code0[:, None] * (2 * j + 1) + 31 * j) % k
+        out.append(Utterance(text, codes.long()))
+    return out
+
+
+def bucket_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
+                   bucket_batches_n: int = 50) -> list[list[int]]:
+    """One epoch of batches of similar length (little padding), in random order.
+
+    Shuffle, cut into buckets of ``batch_size * bucket_batches_n`` utterances, sort each bucket by length, cut it
+    into batches, shuffle the batches. Deterministic given ``generator``.
+
+    Returns:
+        list of batches, each a list of dataset indices (the last batch of a bucket may be smaller).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    span = batch_size * bucket_batches_n
+    batches = []
+    for s in range(0, len(order), span):
+        bucket = sorted(order[s:s + span], key=lambda i: lengths[i])
+        batches += [bucket[b:b + batch_size] for b in range(0, len(bucket), batch_size)]
+    perm = torch.randperm(len(batches), generator=generator).tolist()
+    return [batches[i] for i in perm]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Teacher forcing
+# --------------------------------------------------------------------------------------------------------------------
+@dataclass
+class TeacherForced:
+    """Outputs of one teacher-forced pass.
+
+    Attributes:
+        talker_logits: ``(B, F+1, vocab)`` codec-head logits at the positions that emit code 0 of frames 0..F-1 and,
+            at index ``frames[b]``, end of speech (F = longest utterance).
+        talker_labels: ``(B, F+1)`` int64: code 0 of each frame, end-of-speech after the last one, -100 beyond.
+        talker_hidden: ``(N, talker_hidden)`` hidden state that starts each frame's code-predictor sequence
+            (N = total frames of the batch, row-major; fewer with ``cp_fraction < 1``).
+        cp_logits: ``(N, G-1, codebook_size)`` code-predictor logits for codes 1..G-1.
+        cp_labels: ``(N, G-1)`` int64 codes 1..G-1.
+        frames: ``(B,)`` frames per utterance.
+        official_cp_loss: the loss ``forward_sub_talker_finetune`` returns (double-shifted; for the tests only).
+    """
+
+    talker_logits: torch.Tensor
+    talker_labels: torch.Tensor
+    talker_hidden: torch.Tensor
+    cp_logits: torch.Tensor
+    cp_labels: torch.Tensor
+    frames: torch.Tensor
+    official_cp_loss: torch.Tensor | None = None
+
+
+def frame_embeddings(lm: LoadedModel, codes: torch.Tensor) -> torch.Tensor:
+    """The talker's feedback for frames: sum of the G code embeddings.
+
+    Args:
+        codes: ``(..., G)`` int64.
+
+    Returns:
+        ``(..., talker_hidden)``: talker ``codec_embedding(code 0)``
+        + sum over j of code-predictor ``codec_embedding[j-1](code j)``.
+    """
+    emb = lm.model.talker.get_input_embeddings()(codes[..., 0])
+    tables = lm.code_predictor.get_input_embeddings()
+    for j in range(1, codes.shape[-1]):
+        emb = emb + tables[j - 1](codes[..., j])
+    return emb
+
+
+def _left_pad(t: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero-pad dim 1 on the left to ``length`` (as the official batch ``generate`` pads prompts)."""
+    return F.pad(t, (0, 0) * (t.dim() - 2) + (length - t.shape[1], 0))
+
+
+def batch_prompt(lm: LoadedModel, utts: Sequence[Utterance], *, grad: bool) -> Prompt:
+    """The official prompt of a batch, left-padded like the official batch ``generate``.
+
+    Utterances sharing (language, speaker) go through one official call; groups are then left-padded to a common
+    length (extra zero columns with mask 0 on the left, which is what one official call over the whole batch gives).
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, u in enumerate(utts):
+        groups.setdefault((u.language, u.speaker), []).append(i)
+    parts = []
+    for (language, speaker), idx in groups.items():
+        parts.append((idx, build_prompt(lm, [utts[i].text for i in idx], language=language, speaker=speaker,
+                                        grad=grad)))
+    if len(parts) == 1:
+        return parts[0][1]
+    length = max(p.inputs_embeds.shape[1] for _, p in parts)
+    text_len = max(p.trailing_text_hidden.shape[1] for _, p in parts)
+    pad = parts[0][1].tts_pad_embed
+    emb, mask, text, order = [], [], [], []
+    for idx, p in parts:
+        emb.append(_left_pad(p.inputs_embeds, length))
+        mask.append(F.pad(p.attention_mask, (length - p.attention_mask.shape[1], 0)))
+        t = p.trailing_text_hidden
+        text.append(torch.cat([t, pad.expand(t.shape[0], text_len - t.shape[1], -1)], 1))
+        order += idx
+    inv = torch.argsort(torch.tensor(order))
+    return Prompt(torch.cat(emb)[inv], torch.cat(mask)[inv], torch.cat(text)[inv], pad)
+
+
+def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
+                  cp_fraction: float = 1.0, generator: torch.Generator | None = None) -> TeacherForced:
+    """One teacher-forced pass of the official talker and code predictor over a batch.
+
+    Autograd follows the ambient grad mode (``torch.no_grad()`` for evaluation).
+
+    Args:
+        utts: the batch (:class:`Utterance`; see :func:`as_utterance`).
+        feedback_noise: probability that a frame fed back to the talker is replaced by uniformly random codes
+            (labels and code-predictor inputs keep the true codes); 0 = exact teacher forcing.
+        cp_fraction: fraction of the batch's frames (a random subset, at least one) that go through the code
+            predictor. Its 16-position pass per frame is about 90% of a step's compute at 4 x 256 / 5 x 256, so
+            training it on a subset of frames (Sesame CSM trains its audio decoder on 1/16 of the frames) buys
+            several times more talker steps; the talker still sees every frame. 1.0 = every frame.
+        generator: RNG of the noise and of the frame subset.
+    """
+    utts = [as_utterance(u) for u in utts]
+    if (feedback_noise > 0 or cp_fraction < 1.0) and generator is None:
+        raise ValueError("feedback_noise and cp_fraction < 1 draw random numbers: pass generator=torch.Generator()")
+    for u in utts:
+        if u.codes.shape[1] != lm.n_code_groups or int(u.codes.min()) < 0 or int(u.codes.max()) >= lm.codebook_size:
+            raise ValueError(f"codes of {u.text!r} must be (frames, {lm.n_code_groups}) in 0..{lm.codebook_size - 1}, "
+                             f"got shape {tuple(u.codes.shape)}, range {int(u.codes.min())}..{int(u.codes.max())}")
+    model, talker = lm.model, lm.model.talker
+    dev = next(model.parameters()).device
+    eos = int(model.config.talker_config.codec_eos_token_id)
+    speaker = default_speaker(lm)
+    utts = [Utterance(u.text, u.codes, u.speaker if u.speaker is not None else speaker, u.language) for u in utts]
+    prompt = batch_prompt(lm, utts, grad=torch.is_grad_enabled())
+    emb, mask = prompt.inputs_embeds, prompt.attention_mask  # (B, L, H), (B, L)
+    b, length = mask.shape
+    frames = torch.tensor([u.codes.shape[0] for u in utts])
+    n_max = int(frames.max())
+    g = utts[0].codes.shape[1]
+    codes = torch.zeros(b, n_max, g, dtype=torch.long)
+    for i, u in enumerate(utts):
+        codes[i, : u.codes.shape[0]] = u.codes
+    codes = codes.to(dev)
+    valid = (torch.arange(n_max)[None] < frames[:, None]).to(dev)  # (B, F)
+
+    fed = codes
+    if feedback_noise > 0:
+        hit = torch.rand(b, n_max, 1, generator=generator) < feedback_noise
+        noise = torch.randint(0, lm.codebook_size, (b, n_max, g), generator=generator)
+        fed = torch.where(hit.to(dev), noise.to(dev), codes)
+    feed = frame_embeddings(lm, fed)  # (B, F, H): frame t is the input at position L + t
+    text = prompt.trailing_text_hidden  # (B, T, H): step t uses text[:, t] while t < T, then tts_pad_embed
+    track = torch.cat([text[:, :n_max], prompt.tts_pad_embed.expand(b, max(0, n_max - text.shape[1]), -1)], 1)
+    x = torch.cat([emb, feed + track.to(feed.dtype)], 1)  # (B, L + F, H)
+    attn = torch.cat([mask, valid.to(mask.dtype)], 1)
+    # the official forward: codec_head logits, and position ids from the mask (get_rope_index) as in its prefill
+    out = talker(inputs_embeds=x, attention_mask=attn, use_cache=False, output_hidden_states=True)
+    hidden = out.hidden_states[0][-1]  # (B, L + F, H), last layer after the final norm (= inference's past_hidden)
+    talker_logits = out.logits[:, length - 1:]  # (B, F + 1, V): position L-1+t emits code 0 of frame t
+    labels = torch.full((b, n_max + 1), IGNORE, dtype=torch.long, device=dev)
+    labels[:, :n_max] = torch.where(valid, codes[..., 0], torch.full_like(codes[..., 0], IGNORE))
+    labels[torch.arange(b, device=dev), frames.to(dev)] = eos
+    sel = valid
+    if cp_fraction < 1.0:
+        if not 0.0 < cp_fraction:
+            raise ValueError(f"cp_fraction must be in (0, 1], got {cp_fraction}")
+        where = valid.flatten().nonzero().flatten()
+        k = max(1, math.ceil(cp_fraction * where.numel()))
+        pick = where[torch.randperm(where.numel(), generator=generator)[:k].to(dev)]
+        sel = torch.zeros_like(valid).flatten().index_fill(0, pick, True).view_as(valid)
+    h = hidden[:, length - 1: length - 1 + n_max][sel]  # (N, H): row-major over (utterance, frame)
+    c = codes[sel]  # (N, G)
+    cp_logits, official_loss = talker.forward_sub_talker_finetune(c, h)  # (N, G-1, Vc)
+    return TeacherForced(talker_logits, labels, h, cp_logits, c[:, 1:], frames, official_loss)
+
+
+def losses(tf: TeacherForced, *, cp_weight: float = CP_LOSS_WEIGHT) -> dict:
+    """Losses and accuracies of a teacher-forced pass.
+
+    Returns:
+        dict with ``loss`` (tensor, for backward) and floats ``talker_loss``, ``cp_loss``, ``code0_acc`` (argmax
+        over the talker vocabulary vs code 0 / end of speech), ``cp_acc`` (codes 1..15), and counts ``n_talker``
+        (frames + one end of speech per utterance) and ``n_cp`` (frames x 15).
+    """
+    vocab = tf.talker_logits.shape[-1]
+    talker_loss = F.cross_entropy(tf.talker_logits.reshape(-1, vocab).float(), tf.talker_labels.reshape(-1),
+                                  ignore_index=IGNORE)
+    cp_loss = F.cross_entropy(tf.cp_logits.reshape(-1, tf.cp_logits.shape[-1]).float(), tf.cp_labels.reshape(-1))
+    with torch.no_grad():
+        ok = tf.talker_labels != IGNORE
+        code0_acc = (tf.talker_logits.argmax(-1) == tf.talker_labels)[ok].float().mean()
+        cp_acc = (tf.cp_logits.argmax(-1) == tf.cp_labels).float().mean()
+    return {"loss": talker_loss + cp_weight * cp_loss,
+            "talker_loss": float(talker_loss.detach()), "cp_loss": float(cp_loss.detach()),
+            "code0_acc": float(code0_acc), "cp_acc": float(cp_acc), "n_talker": int(ok.sum()),
+            "n_cp": int(tf.cp_labels.numel())}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Model configs and checkpoints
+# --------------------------------------------------------------------------------------------------------------------
+def small_config_dict(*, talker_layers: int = 4, talker_hidden: int = 256, code_predictor_layers: int = 5,
+                      code_predictor_hidden: int = 256, n_heads: int = 4, n_kv_heads: int = 2, head_dim: int = 64,
+                      text_hidden: int = 256, speakers: Sequence[str] = ("slt",), n_code_groups: int = 16,
+                      codebook_size: int = 2048) -> dict:
+    """Config of a small model of the official classes for training from scratch (byte or phoneme text).
+
+    Defaults: the 4 x 256 talker / 5 x 256 code predictor of the offline feasibility run (OFFLINE.md). SwiGLU width
+    3x hidden as in the releases (1024 -> 3072); MRoPE sections scaled from the releases' [24, 20, 20] of 64;
+    one CustomVoice speaker id (3000 + i) per voice of the corpus; text ids as in :func:`tiny_config_dict`
+    (bytes 0..255, specials 256..261).
+    """
+    cfg = tiny_config_dict(n_code_groups=n_code_groups, codebook_size=codebook_size, talker_hidden=talker_hidden,
+                           code_predictor_hidden=code_predictor_hidden, talker_layers=talker_layers,
+                           code_predictor_layers=code_predictor_layers)
+    if head_dim % 2 or n_heads % n_kv_heads:
+        raise ValueError("head_dim must be even and n_heads a multiple of n_kv_heads")
+    if not 1 <= len(speakers) <= 72:
+        raise ValueError("need 1..72 speakers (ids 3000..3071)")
+    half = head_dim // 2
+    side = round(half * 20 / 64)
+    t, cp = cfg["talker_config"], cfg["talker_config"]["code_predictor_config"]
+    cfg["tts_model_size"] = f"small-{talker_layers}x{talker_hidden}"
+    for c, hid in ((t, talker_hidden), (cp, code_predictor_hidden)):
+        c.update(intermediate_size=3 * hid, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
+                 head_dim=head_dim)
+    t["text_hidden_size"] = text_hidden
+    t["rope_scaling"] = {"interleaved": True, "mrope_section": [half - 2 * side, side, side], "rope_type": "default"}
+    t["spk_id"] = {s.lower(): 3000 + i for i, s in enumerate(speakers)}
+    t["spk_is_dialect"] = {s.lower(): False for s in speakers}
+    return cfg
+
+
+def config_dict(model) -> dict:
+    """A ``config.json`` dict that :func:`rvqspec_lib.models.build_from_config` rebuilds the model from.
+
+    ``to_diff_dict`` alone does not round-trip: the speaker-encoder sub-config carries a ``model_type`` key that its
+    own constructor rejects.
+    """
+    d = model.config.to_diff_dict()
+    if isinstance(d.get("speaker_encoder_config"), dict):
+        d["speaker_encoder_config"].pop("model_type", None)
+    d.pop("_attn_implementation_autoset", None)
+    return d
+
+
+def save_checkpoint(lm: LoadedModel, out_dir: str | Path, *, extra: dict | None = None) -> Path:
+    """Write a directory that ``rvqspec_lib.models.load_model(out_dir)`` loads.
+
+    Files: ``model.safetensors`` (weights), ``config.json``, ``generation_config.json`` (sampling defaults),
+    ``rvqspec_model.json`` (marker: text front end, frame rate, ``extra`` training metadata).
+    """
+    from safetensors.torch import save_model
+
+    from .frontend import tokenizer_spec
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    marker = {"format": "rvqspec-model", "version": 1, "tokenizer": tokenizer_spec(lm.tokenizer),
+              "frame_rate_hz": lm.frame_rate_hz, "sample_rate_hz": lm.sample_rate_hz, "training": extra or {}}
+    gen = lm.generation or json.loads(
+        (CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice" / "generation_config.json").read_text())
+    save_model(lm.model, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config_dict(lm.model), indent=2))
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    (out / OWN_MODEL_MARKER).write_text(json.dumps(marker, indent=2))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Training loop
+# --------------------------------------------------------------------------------------------------------------------
+def lr_at(step: int, frac: float, *, lr: float, warmup_steps: int, min_lr_ratio: float) -> float:
+    """Linear warmup over ``warmup_steps``, then cosine decay to ``lr * min_lr_ratio`` as ``frac`` goes 0 -> 1
+    (``frac``: fraction of the step or time budget spent)."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, frac))))
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * cos)
+
+
+def set_dropout(model, p: float) -> None:
+    """Attention dropout of every talker and code-predictor layer (Qwen3 layers have no other dropout)."""
+    for m in model.modules():
+        if hasattr(m, "attention_dropout"):
+            m.attention_dropout = float(p)
+
+
+@torch.no_grad()
+def evaluate(lm: LoadedModel, utts: Sequence[Utterance], *, batch_size: int = 16,
+             cp_weight: float = CP_LOSS_WEIGHT) -> dict:
+    """Teacher-forced loss and accuracies over utterances (eval mode, token-weighted means)."""
+    was = lm.model.training
+    lm.model.eval()
+    tot = {"talker_loss": 0.0, "cp_loss": 0.0, "code0_acc": 0.0, "cp_acc": 0.0, "n_talker": 0, "n_cp": 0}
+    order = sorted(range(len(utts)), key=lambda i: utts[i].codes.shape[0])
+    for s in range(0, len(order), batch_size):
+        r = losses(teacher_force(lm, [utts[i] for i in order[s:s + batch_size]]), cp_weight=cp_weight)
+        for k, n in (("talker_loss", "n_talker"), ("code0_acc", "n_talker"), ("cp_loss", "n_cp"), ("cp_acc", "n_cp")):
+            tot[k] += r[k] * r[n]
+        tot["n_talker"] += r["n_talker"]
+        tot["n_cp"] += r["n_cp"]
+    lm.model.train(was)
+    out = {k: tot[k] / max(1, tot["n_talker" if k in ("talker_loss", "code0_acc") else "n_cp"])
+           for k in ("talker_loss", "cp_loss", "code0_acc", "cp_acc")}
+    out["loss"] = out["talker_loss"] + cp_weight * out["cp_loss"]
+    return out
+
+
+def _param_groups(model, weight_decay: float):
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minutes: float | None = None,
+          lr: float = 1e-3, batch_size: int = 16, dropout: float = 0.0, feedback_noise: float = 0.0,
+          cp_fraction: float = 1.0, seed: int = 0,
+          eval_every: int = 200, val_dataset: Iterable | None = None, out_dir: str | Path | None = None,
+          warmup_steps: int = 100, min_lr_ratio: float = 0.1, weight_decay: float = 0.01, grad_clip: float = 1.0,
+          cp_weight: float = CP_LOSS_WEIGHT, max_eval_utterances: int = 64, progress: bool = True) -> dict:
+    """Train ``lm.model`` in place with AdamW on (text, codes) pairs; write the curve and a loadable checkpoint.
+
+    Args:
+        lm: the model to train (e.g. ``LoadedModel`` around ``build_from_config(small_config_dict())`` with a byte or
+            phoneme tokenizer); its ``tokenizer`` is the text front end stored with the checkpoint.
+        dataset, val_dataset: utterances (anything :func:`as_utterance` accepts).
+        steps / minutes: the budget (exactly one). With ``minutes`` the cosine follows elapsed time.
+        lr: peak learning rate (after ``warmup_steps`` linear warmup; cosine down to ``lr * min_lr_ratio``).
+        dropout: attention dropout while training. feedback_noise, cp_fraction: see :func:`teacher_force`
+            (evaluation always uses every frame and no noise).
+        seed: seeds batching and noise (explicit generator; the global RNG is not used, except by attention
+            dropout, which draws from torch's global RNG inside SDPA).
+        eval_every: steps between evaluations (train subset and held-out set, eval mode); also at the end.
+        out_dir: where ``curve.json`` (after every evaluation) and the final checkpoint go (and ``best/``, the
+            checkpoint with the lowest held-out loss, when ``val_dataset`` is given).
+        max_eval_utterances: size of the train and held-out subsets evaluated (first utterances, fixed).
+
+    Returns:
+        dict: ``curve`` (list of evaluation records), ``steps``, ``wall_s``, ``steps_per_s``, ``frames_per_s``,
+        ``out_dir``.
+    """
+    if (steps is None) == (minutes is None):
+        raise ValueError("give exactly one budget: steps=... or minutes=...")
+    if steps is not None and steps < 1 or minutes is not None and minutes <= 0:
+        raise ValueError("the budget must be positive")
+    data = [as_utterance(u) for u in dataset]
+    val = [as_utterance(u) for u in val_dataset] if val_dataset is not None else []
+    if not data:
+        raise ValueError("the training set is empty")
+    if hasattr(lm.tokenizer, "prefetch"):  # phonemise the corpus once, in parallel
+        lm.tokenizer.prefetch([u.text for u in data + val])
+    lengths = [u.codes.shape[0] + lm.tokenizer(u.text).shape[1] for u in data]
+    gen = torch.Generator().manual_seed(seed)
+    model = lm.model
+    model.train()
+    set_dropout(model, dropout)
+    opt = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95))
+    out = Path(out_dir) if out_dir is not None else None
+    budget_s = minutes * 60 if minutes is not None else None
+    curve: list[dict] = []
+    run = {"talker_loss": 0.0, "cp_loss": 0.0, "code0_acc": 0.0, "cp_acc": 0.0, "n": 0}
+    best = math.inf
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps if steps is not None else None, desc="train", unit="step")
+    t0 = time.perf_counter()
+    train_s, n_frames, step = 0.0, 0, 0
+    batches: list[list[int]] = []
+    meta = {"lr": lr, "batch_size": batch_size, "dropout": dropout, "feedback_noise": feedback_noise,
+            "cp_fraction": cp_fraction, "seed": seed,
+            "warmup_steps": warmup_steps, "weight_decay": weight_decay, "cp_weight": cp_weight,
+            "n_train": len(data), "n_val": len(val)}
+
+    def record():
+        nonlocal best
+        rec = {"step": step, "elapsed_s": round(time.perf_counter() - t0, 2), "lr": opt.param_groups[0]["lr"],
+               "frames_seen": n_frames}
+        n = max(1, run["n"])
+        rec.update({f"train_run_{k}": run[k] / n for k in ("talker_loss", "cp_loss", "code0_acc", "cp_acc")})
+        rec.update({f"train_{k}": v for k, v in evaluate(lm, data[:max_eval_utterances], batch_size=batch_size,
+                                                         cp_weight=cp_weight).items()})
+        if val:
+            rec.update({f"val_{k}": v for k, v in evaluate(lm, val[:max_eval_utterances], batch_size=batch_size,
+                                                           cp_weight=cp_weight).items()})
+        curve.append(rec)
+        for k in run:
+            run[k] = 0 if k == "n" else 0.0
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "curve.json").write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
+            if val and rec["val_loss"] < best:
+                best = rec["val_loss"]
+                save_checkpoint(lm, out / "best", extra={**meta, "step": step, "val_loss": best})
+        if bar is not None:
+            bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
+
+    while True:
+        elapsed = time.perf_counter() - t0
+        if steps is not None and step >= steps or budget_s is not None and elapsed >= budget_s:
+            break
+        if not batches:
+            batches = bucket_batches(lengths, batch_size, gen)
+        idx = batches.pop()
+        frac = step / steps if steps is not None else elapsed / budget_s
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, frac, lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
+        ts = time.perf_counter()
+        r = losses(teacher_force(lm, [data[i] for i in idx], feedback_noise=feedback_noise,
+                                 cp_fraction=cp_fraction, generator=gen),
+                   cp_weight=cp_weight)
+        opt.zero_grad(set_to_none=True)
+        r["loss"].backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        train_s += time.perf_counter() - ts
+        n_frames += sum(data[i].codes.shape[0] for i in idx)
+        step += 1
+        for k in ("talker_loss", "cp_loss", "code0_acc", "cp_acc"):
+            run[k] += r[k]
+        run["n"] += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(r['loss']):.3f}", acc0=f"{r['code0_acc']:.2f}")
+        if eval_every and step % eval_every == 0:
+            model.eval()
+            record()
+            model.train()
+    if not curve or curve[-1]["step"] != step:
+        model.eval()
+        record()
+    if bar is not None:
+        bar.close()
+    set_dropout(model, 0.0)
+    model.eval()
+    wall = time.perf_counter() - t0
+    meta.update(steps=step, wall_s=round(wall, 2), train_s=round(train_s, 2))
+    if out is not None:
+        save_checkpoint(lm, out, extra=meta)
+        (out / "curve.json").write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
+    return {"curve": curve, "steps": step, "wall_s": wall, "train_s": train_s,
+            "steps_per_s": step / max(train_s, 1e-9), "frames_per_s": n_frames / max(train_s, 1e-9),
+            "out_dir": str(out) if out is not None else None}

@@ -1,10 +1,13 @@
-"""Command line: ``rvqspec synth`` (speak a text with any inner-loop decoder) and ``rvqspec bench`` (per-call latency).
+"""Command line: ``rvqspec synth`` (speak a text with any inner-loop decoder), ``rvqspec bench`` (per-call latency),
+``rvqspec train-drafter`` and ``rvqspec eval-acceptance`` (drafters of paper Table 2).
 
 Examples::
 
     rvqspec synth --model tiny-random --text "Hello world." --out out.wav --decoder tree --tree "0;1;0,0;0,0,0"
     rvqspec synth --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --text "Hello." --out hello.wav --decoder chain --window 4
     rvqspec bench --model qwen3-tts-0.6b-random --json bench.json
+    rvqspec train-drafter --model ./Qwen3-TTS-12Hz-0.6B-CustomVoice --drafter offsets --frames-file train.safetensors
+    rvqspec eval-acceptance --model ./Qwen3-TTS-12Hz-0.6B-CustomVoice --drafter offsets --json acceptance.json
 """
 
 from __future__ import annotations
@@ -122,6 +125,176 @@ def run_synth(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# drafters: train-drafter, eval-acceptance
+# --------------------------------------------------------------------------------------------------------------------
+def _add_frame_source_args(p: argparse.ArgumentParser, default_frames: int) -> None:
+    p.add_argument("--frames-file", help="frames saved by Frames.save (.safetensors); default: the model speaks texts")
+    p.add_argument("--dataset", help="a local datasets folder (save_to_disk) of audio + text, VoxPopuli schema")
+    p.add_argument("--codec", help="with --dataset: codec file or folder (rvqspec_lib.codec.load_codec)")
+    p.add_argument("--language", default="auto", help="with --dataset: prompt language (auto, english, ...)")
+    p.add_argument("--texts-file", help="texts to speak, one a line (default: a few built-in sentences)")
+    p.add_argument("--frames", type=int, default=default_frames, help="number of frames to use")
+    p.add_argument("--seed", type=int, default=0, help="seed of every explicit generator")
+
+
+def _frames_from_args(args, lm):
+    """Frames from --frames-file, --dataset + --codec, else the model speaking texts; the first --frames of them."""
+    import torch
+
+    from .train_drafters import DEFAULT_TEXTS, Frames, frames_from_model
+
+    if args.frames < 1:
+        raise ValueError(f"--frames must be >= 1, got {args.frames}")
+    if args.frames_file:
+        fr = Frames.load(args.frames_file)
+    elif args.dataset:
+        from .codec import load_codec
+        from .train_drafters import frames_from_dataset
+
+        if not args.codec:
+            raise ValueError("--dataset needs --codec (the codec that turns its audio into codes)")
+        fr = frames_from_dataset(args.dataset, lm, load_codec(args.codec), language=args.language,
+                                 max_frames=args.frames, progress=sys.stderr.isatty())
+    else:
+        if args.texts_file:
+            path = Path(args.texts_file)
+            if not path.is_file():
+                raise ValueError(f"--texts-file {path} does not exist")
+            texts = [t.strip() for t in path.read_text().splitlines() if t.strip()]
+        else:
+            texts = list(DEFAULT_TEXTS)
+        parts, have, i = [], 0, 0
+        while have < args.frames:
+            text = texts[i % len(texts)]
+            fr = frames_from_model(lm, [text], seed=args.seed + i, max_frames=min(200, args.frames - have))
+            fr.utterance[:] = i
+            parts.append(fr)
+            have += len(fr)
+            i += 1
+        fr = Frames.cat(parts)
+    if len(fr) > args.frames:
+        fr = fr.subset(torch.arange(args.frames))
+    return fr
+
+
+def _drafter_model_dir(model: str) -> Path | None:
+    p = Path(model).expanduser()
+    return p if p.is_dir() else None
+
+
+def add_train_drafter_args(p: argparse.ArgumentParser) -> None:
+    from .drafters import DEFAULT_K
+
+    p.add_argument("--model", required=True, help="tiny-random, a checkpoint dir or a hub id")
+    p.add_argument("--drafter", required=True, choices=["offsets", "medusa"], help="what to train")
+    p.add_argument("--out", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors)")
+    p.add_argument("--loss", choices=["ce", "kl"], default="ce",
+                   help="ce: ground-truth codes (paper); kl: the verifier's warped distribution (T 0.9, top-k 50)")
+    p.add_argument("--K", type=int, default=DEFAULT_K, help="offsets drafted (paper: 3)")
+    p.add_argument("--epochs", type=int, default=20, help="maximum epochs (early stopping on validation loss)")
+    p.add_argument("--patience", type=int, default=3, help="epochs without validation improvement before stopping")
+    p.add_argument("--batch-size", type=int, default=64, help="frames per step")
+    p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default per drafter)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="utterances held out for early stopping")
+    p.add_argument("--curve-json", help="training curve (default: the drafter file with .curve.json)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    _add_frame_source_args(p, default_frames=2000)
+
+
+def run_train_drafter(args) -> int:
+    from .drafters import drafter_path, make_drafter, save_drafter
+    from .models import load_model
+    from .train_drafters import train_drafter
+
+    try:
+        lm = load_model(args.model, dtype=args.dtype)
+        out = Path(args.out) if args.out else None
+        if out is None:
+            d = _drafter_model_dir(args.model)
+            if d is None:
+                return _die("--out is required when --model is not a local checkpoint directory")
+            out = drafter_path(d, args.drafter)
+        if out.suffix != ".safetensors":
+            return _die(f"--out must end in .safetensors, got {out}")
+        if lm.is_random:
+            print(f"note: {args.model} has RANDOM weights: the drafter learns nothing meaningful", file=sys.stderr)
+        frames = _frames_from_args(args, lm)
+        drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=args.K)
+        curve = Path(args.curve_json) if args.curve_json else out.with_suffix(".curve.json")
+        res = train_drafter(drafter, lm.code_predictor, frames, loss=args.loss, lr=args.lr, batch_size=args.batch_size,
+                            max_epochs=args.epochs, patience=args.patience, val_fraction=args.val_fraction,
+                            seed=args.seed, progress=sys.stderr.isatty(), curve_path=curve)
+    except (ValueError, FileNotFoundError) as e:
+        return _die(str(e))
+    res.drafter.provenance["model"] = args.model
+    save_drafter(res.drafter, out)
+    c0, cb = res.curve[0], res.curve[res.best_epoch]
+    print(f"{args.drafter} ({res.drafter.params_added:,} parameters, loss {args.loss}): validation loss "
+          f"{c0['val_loss']:.4f} -> {cb['val_loss']:.4f}, exact acceptance by offset "
+          f"{[round(a, 3) for a in c0['val_acceptance_by_offset']]} -> "
+          f"{[round(a, 3) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch})")
+    print(f"wrote {out}, {out.with_suffix('.json')} and {curve}")
+    return 0
+
+
+def add_eval_acceptance_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="tiny-random, a checkpoint dir or a hub id")
+    p.add_argument("--drafter", default="heads", choices=["heads", "offsets", "medusa"], help="drafter to evaluate")
+    p.add_argument("--drafter-path", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors)")
+    p.add_argument("--decoder", choices=["chain", "tree"], help="one decoder (default: chain windows 2..8 and tree)")
+    p.add_argument("--window", type=int, default=4, help="chain window N (2..8), with --decoder chain")
+    p.add_argument("--tree", default="0;1;0,0;0,0,0", help="tree rank paths (';' between paths, ',' between ranks)")
+    p.add_argument("--max-rank", type=int, default=8, help="ranks tabulated for the tree calibration")
+    p.add_argument("--teacher-codes", choices=["decoded", "frames"], default="decoded",
+                   help="codes the exact tables teacher-force: decoded (samples of p) or the frames' own")
+    p.add_argument("--json", help="write every statistic here")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    _add_frame_source_args(p, default_frames=200)
+
+
+def run_eval_acceptance(args) -> int:
+    from .acceptance import evaluate_acceptance
+    from .decode import Chain, Tree
+    from .drafters import make_drafter
+    from .models import load_model
+    from .provenance import provenance
+    from .sampling import Sampling
+    from .trees import parse_paths
+
+    try:
+        if args.decoder == "chain":
+            decoders = [Chain(window=args.window)]
+        elif args.decoder == "tree":
+            decoders = [Tree(paths=parse_paths(args.tree))]
+        else:
+            decoders = [Chain(w) for w in range(2, 9)] + [Tree(paths=parse_paths(args.tree))]
+        lm = load_model(args.model, dtype=args.dtype)
+        path = args.drafter_path or _drafter_model_dir(args.model)
+        drafter = make_drafter(args.drafter, lm.code_predictor, path)
+        frames = _frames_from_args(args, lm)
+        sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
+        res = evaluate_acceptance(lm.code_predictor, drafter, frames, decoders=decoders, sampling=sampling,
+                                  seed=args.seed, max_rank=args.max_rank, teacher_codes=args.teacher_codes)
+    except (ValueError, FileNotFoundError) as e:
+        return _die(str(e))
+    if lm.is_random:
+        print(f"note: {args.model} has RANDOM weights: acceptance rates mean nothing", file=sys.stderr)
+    res = {"model": args.model, "random_weights": lm.is_random, **res,
+           "provenance": provenance(vars(args), seed=args.seed)}
+    print(f"drafter {args.drafter}: {res['params_added']:,} parameters added, {res['n_frames']} frames")
+    for label, tpc in res["tokens_per_call"].items():
+        pred = res["predicted_tokens_per_call"][label]
+        print(f"  {label:7s} {tpc:.3f} tokens/call (predicted from the exact tables {pred:.3f})")
+    alpha = res["exact"]["alpha_by_offset"]
+    shown = ", ".join(f"j={j + 1} {a:.3f}" for j, a in enumerate(alpha) if a is not None)
+    print(f"  exact acceptance by offset: {shown}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rvqspec`` console script. Returns the exit status (2 on bad input)."""
     from . import bench
@@ -130,9 +303,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_synth_args(sub.add_parser("synth", help="speak a text with a chosen inner-loop decoder"))
     bench.add_bench_args(sub.add_parser("bench", help="per-call latency of the talker and the code predictor"))
+    add_train_drafter_args(sub.add_parser("train-drafter", help="train position-aware offsets or Medusa heads"))
+    add_eval_acceptance_args(sub.add_parser("eval-acceptance", help="tokens per call and acceptance of a drafter"))
     args = parser.parse_args(argv)
     if args.cmd == "synth":
         return run_synth(args)
+    if args.cmd == "train-drafter":
+        return run_train_drafter(args)
+    if args.cmd == "eval-acceptance":
+        return run_eval_acceptance(args)
     try:
         return bench.run_bench(args)
     except ValueError as e:

@@ -1,0 +1,439 @@
+"""Drafters (paper Table 2): reused heads, Medusa heads, position-aware offsets; their training and statistics.
+
+* offsets at zero ARE the reused heads (bit-exact), fresh Medusa heads equal them up to rounding;
+* exact parameter counts for the released 0.6B / 1.7B code predictors, counted on the meta device;
+* training on a tiny model built so that offsets CAN help ("drift" model below) lowers the loss and raises the
+  measured acceptance on held-out frames; the negative control (targets shuffled, inputs unchanged) does not;
+* save / load round trip, loading by name from beside a model, clear errors;
+* losslessness does not depend on the drafter: greedy AR == Chain == Tree, and the G-test of tests/test_lossless.py
+  (its helpers imported) with random non-zero offsets and Medusa heads on Chain and Tree;
+* the teacher-forced passes match the official ``forward_finetune`` and the frame loop's contexts; the dataset path
+  on a tiny local dataset in the VoxPopuli schema with a stub codec; ``rvqspec eval-acceptance`` / ``train-drafter``.
+
+The drift model. A tiny code predictor of the official classes (V=32, 15 codes a frame) with its heads x20 (peaked
+targets) and two changes that give the hidden states a depth-dependent component, as a trained model's have:
+code-predictor input table t gets (t+1) * 0.3 * u added (u a fixed unit vector), and every head gets a rank-one read-out
+3 * r_d s^T of the direction s along which the mean teacher-forced hidden state moves with depth (r_d random per head).
+A draft for depth k+j from H_k then misplaces that component by about j steps, which a shared offset b_j can undo:
+reused heads accept ~0.85 per offset, trained offsets ~0.91. The shuffled-targets control must NOT improve: with the
+depth/code relation destroyed there is nothing for the offsets to learn (measured: acceptance falls to ~0.4).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rvqspec_lib import load_model
+from rvqspec_lib import frame as frame_mod
+from rvqspec_lib.acceptance import evaluate_acceptance, exact_statistics, predicted_tokens_per_call
+from rvqspec_lib.cli import main as cli_main
+from rvqspec_lib.decode import AR, Chain, Tree, decode_frame
+from rvqspec_lib.drafters import (MedusaHeads, PositionOffsets, ReusedHeads, drafter_path, load_drafter, make_drafter,
+                                  params_added_for, params_added_for_config, read_description, save_drafter)
+from rvqspec_lib.models import CONFIG_DIR, build_from_config, tiny_config_dict
+from rvqspec_lib.sampling import Sampling
+from rvqspec_lib.train_drafters import (Frames, frames_from_contexts, frames_from_dataset, teacher_forced_contexts,
+                                        teacher_forced_hidden, train_drafter, verifier_logits)
+from test_lossless import ALPHA, DEFAULT, MIN_POWER, TREE_SMALL, exact_pmf, frames_needed, g_test, power, variant
+
+GREEDY = Sampling(greedy=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-random")
+
+
+def _randomised(drafter, seed: int, scale: float):
+    """The drafter with random non-zero parameters (so that its drafts differ from the reused heads')."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return drafter
+
+
+def _ctx(cp, b, seed=0):
+    h = cp.model.codec_embedding[0].embedding_dim
+    return torch.randn(b, 2, h, generator=torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# equalities at initialisation, parameter counts
+# ----------------------------------------------------------------------------------------------------------------
+def test_offsets_at_zero_are_reused_heads_exactly(tiny):
+    cp = tiny.code_predictor
+    hidden = torch.randn(6, cp.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    depth = torch.tensor([1, 5, 12, 13, 14, 15])  # drafts running past depth 15 included
+    off, med = make_drafter("offsets", cp, fresh=True), make_drafter("medusa", cp, fresh=True)
+    with torch.no_grad():
+        for n_ahead in (1, 3, 7):  # 7 > K: offsets past K are the reused heads
+            ref = ReusedHeads().draft_logits(cp, hidden, depth, n_ahead)
+            assert torch.equal(off.draft_logits(cp, hidden, depth, n_ahead), ref)
+            torch.testing.assert_close(med.draft_logits(cp, hidden, depth, n_ahead), ref, rtol=1e-5, atol=1e-5)
+    # and the whole sampled decode is identical with zero offsets
+    ctx = _ctx(cp, 4, seed=3)
+    for dec in (Chain(4), Tree()):
+        a = decode_frame(cp, ctx, decoder=dec, generator=torch.Generator().manual_seed(7))
+        b = decode_frame(cp, ctx, decoder=dec, generator=torch.Generator().manual_seed(7), drafter=off)
+        assert torch.equal(a.codes, b.codes) and torch.equal(a.committed, b.committed)
+
+
+@pytest.mark.parametrize("release", ["0.6B", "1.7B"])
+def test_params_added_for_the_released_code_predictors(release):
+    """K=3: offsets 3 x 1024 = 3,072; Medusa 39 plain heads (k + j <= 15) x 2048 x 1024 = 81,788,928; the paper's
+    45 heads (15 positions x 3, "~94 M") = 94,371,840. Counted on the meta device from config.json alone."""
+    cfg = json.loads((CONFIG_DIR / f"Qwen3-TTS-12Hz-{release}-CustomVoice" / "config.json").read_text())
+    assert params_added_for_config("heads", cfg) == 0
+    assert params_added_for_config("offsets", cfg) == 3072
+    medusa = params_added_for_config("medusa", cfg)
+    per_head = 2048 * 1024
+    assert medusa == 39 * per_head == 81_788_928
+    assert abs(45 * per_head - 94e6) / 94e6 < 0.005  # the paper's "~94 M" is 45 plain linear heads
+    assert params_added_for_config("medusa", cfg, residual_block=True) == 39 * (per_head + 1024 * 1024 + 1024)
+    with torch.device("meta"):
+        assert len(MedusaHeads(3, 15, 1024, 2048).heads) == 39
+
+
+def test_params_added_of_built_drafters_match_the_count(tiny):
+    cp = tiny.code_predictor
+    h, v = cp.config.hidden_size, cp.config.vocab_size
+    off, med = make_drafter("offsets", cp, fresh=True, K=4), make_drafter("medusa", cp, fresh=True)
+    assert off.params_added == 4 * h == params_added_for("offsets", K=4, hidden_size=h)
+    assert med.params_added == params_added_for("medusa", n_codes=15, hidden_size=h, vocab_size=v) == 39 * h * v
+    assert ReusedHeads().params_added == 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# teacher-forced passes
+# ----------------------------------------------------------------------------------------------------------------
+def test_teacher_forced_hidden_is_forward_finetune(tiny):
+    cp = tiny.code_predictor
+    ctx = _ctx(cp, 3)
+    codes = torch.randint(0, cp.config.vocab_size, (3, 15), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = verifier_logits(cp, teacher_forced_hidden(cp, ctx, codes))
+        emb = torch.stack([cp.model.codec_embedding[j](codes[:, j]) for j in range(14)], 1)
+        official = cp.forward_finetune(inputs_embeds=torch.cat([ctx, emb], 1)).logits
+    assert torch.equal(ours, official)
+    # and H_1 is the prefill's hidden state: lm_head[0](H_1) gives decode_frame's greedy code 1
+    res = decode_frame(cp, ctx, sampling=GREEDY)
+    assert torch.equal(ours[:, 0].argmax(-1), res.codes[:, 0])
+
+
+def test_teacher_forced_contexts_equal_the_frame_loops(tiny, monkeypatch):
+    seen = []
+    real = frame_mod.decode_frame
+
+    def spy(cp, context, **kw):
+        seen.append(context.clone())
+        return real(cp, context, **kw)
+
+    monkeypatch.setattr(frame_mod, "decode_frame", spy)
+    text = "Teacher forcing, please."
+    res = frame_mod.synthesize(tiny, [text], generator=torch.Generator().manual_seed(0), max_frames=12)
+    monkeypatch.undo()
+    codes = res.codes[0]
+    got = teacher_forced_contexts(tiny, text, codes)
+    assert got.shape == (codes.shape[0], 2, 64)
+    torch.testing.assert_close(got, torch.cat(seen)[: codes.shape[0]], rtol=1e-4, atol=1e-5)
+
+
+def test_frames_split_by_utterance_and_round_trip(tmp_path):
+    fr = Frames(torch.randn(20, 2, 8), torch.randint(0, 5, (20, 3)), torch.arange(20) // 4, None, {"kind": "t"})
+    tr, va = fr.split(0.4, seed=1)
+    assert len(tr) + len(va) == 20 and len(va) == 8
+    assert not set(tr.utterance.tolist()) & set(va.utterance.tolist())
+    back = Frames.load(fr.save(tmp_path / "f.safetensors"))
+    assert torch.equal(back.context, fr.context) and back.source == {"kind": "t"}
+    with pytest.raises(ValueError, match="utterance"):
+        Frames(torch.randn(3, 2, 8), torch.zeros(3, 3, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(FileNotFoundError, match="frames_from_model"):
+        Frames.load(tmp_path / "missing.safetensors")
+
+
+def test_frames_from_dataset_voxpopuli_schema_with_a_stub_codec(tiny, tmp_path):
+    """A local dataset with VoxPopuli's columns (16 kHz audio, raw_text, ...), saved with save_to_disk and read back
+    through the real path (Audio column decoded with soundfile, resampled to the codec's 24 kHz)."""
+    datasets = pytest.importorskip("datasets")
+    sf = pytest.importorskip("soundfile")
+    rng = np.random.default_rng(0)
+    rows = {"audio_id": [], "language": [], "audio": [], "raw_text": [], "normalized_text": [], "gender": [],
+            "speaker_id": [], "is_gold_transcript": [], "accent": []}
+    for i, (secs, text) in enumerate([(0.5, "Hello there."), (0.3, ""), (0.8, "A second sentence.")]):
+        p = tmp_path / f"u{i}.wav"
+        sf.write(p, (0.1 * rng.standard_normal(int(16000 * secs))).astype(np.float32), 16000)
+        for k, v in dict(audio_id=f"u{i}", language=0, audio=str(p), raw_text=text, normalized_text=text.lower(),
+                         gender="female", speaker_id="s1", is_gold_transcript=True, accent="None").items():
+            rows[k].append(v)
+    ds = datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio(sampling_rate=16000))
+    ds.save_to_disk(str(tmp_path / "vox"))
+
+    class StubCodec:
+        sample_rate = 24000
+        lengths: list = []
+
+        def encode(self, wav):
+            self.lengths.append(len(wav))
+            t = math.ceil(len(wav) / 1920)
+            return np.random.default_rng(len(wav)).integers(0, 2048, size=(t, 16))
+
+    codec = StubCodec()
+    fr = frames_from_dataset(tmp_path / "vox", tiny, codec, language="english")
+    assert codec.lengths == [12000, 19200]  # 0.5 s and 0.8 s at 24 kHz; the empty-text row skipped
+    assert len(fr) == 7 + 10 and fr.codes.shape == (17, 15) and fr.context.shape == (17, 2, 64)
+    assert fr.utterance.tolist() == [0] * 7 + [2] * 10 and fr.source["skipped"] == 1
+    codes0 = torch.as_tensor(codec.encode(np.zeros(12000)))
+    torch.testing.assert_close(fr.context[:7], teacher_forced_contexts(tiny, "Hello there.", codes0,
+                                                                       language="english"))
+    assert torch.equal(fr.codes[:7], codes0[:, 1:])
+    assert len(frames_from_dataset(ds, tiny, codec, language="english", max_frames=5)) == 7  # stops after row 0
+    with pytest.raises(ValueError, match="no 'words' column"):
+        frames_from_dataset(ds, tiny, codec, text_column="words")
+    with pytest.raises(FileNotFoundError, match="save_to_disk"):
+        frames_from_dataset(tmp_path / "nope", tiny, codec)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# training on the drift model
+# ----------------------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def drift_model():
+    """The drift model of the module docstring and its frames: ``(cp, train, held_out)``."""
+    cfg = tiny_config_dict(n_code_groups=16, codebook_size=32)
+    cp = build_from_config(cfg, seed=0).talker.code_predictor
+    g = torch.Generator().manual_seed(100)
+    n, h = 15, cfg["talker_config"]["hidden_size"]
+    with torch.no_grad():
+        for head in cp.lm_head:
+            head.weight.mul_(20.0)
+        u = torch.randn(h, generator=g)
+        u /= u.norm()
+        for t, table in enumerate(cp.model.codec_embedding):
+            table.weight.add_(0.3 * (t + 1) * u)
+        hm = teacher_forced_hidden(cp, torch.randn(256, 2, h, generator=g),
+                                   torch.randint(0, 32, (256, n), generator=g)).mean(0)  # (n, H) mean H_d
+        pc = torch.arange(n, dtype=torch.float32) - (n - 1) / 2
+        s = (pc[:, None] * (hm - hm.mean(0))).sum(0)  # least-squares slope of the mean hidden state over depth
+        s /= s.norm()
+        for head in cp.lm_head:
+            head.weight.add_(3.0 * torch.randn(32, 1, generator=g) * s[None, :])
+    frames = frames_from_contexts(cp, torch.randn(1200, 2, h, generator=torch.Generator().manual_seed(0)), seed=0,
+                                  frames_per_utterance=10)
+    train, held_out = frames.split(0.25, seed=0)
+    return cp, train, held_out
+
+
+def _held_out(cp, drafter, held_out):
+    """(exact acceptance by offset, Chain(4) tokens per call) on held-out frames."""
+    ex = exact_statistics(cp, drafter, held_out.context, held_out.codes, n_ahead=3)
+    res = decode_frame(cp, held_out.context, decoder=Chain(4), generator=torch.Generator().manual_seed(1),
+                       drafter=drafter)
+    return ex["alpha_by_offset"], float(15 / res.calls.double().mean())
+
+
+def test_training_offsets_raises_acceptance_and_shuffled_targets_do_not(tmp_path):
+    cp, train, held_out = drift_model()
+    before = {k: v.clone() for k, v in cp.state_dict().items()}
+    base_alpha, base_tpc = _held_out(cp, ReusedHeads(), held_out)
+    results = {}
+    for loss in ("ce", "kl"):
+        off = make_drafter("offsets", cp, fresh=True)
+        res = train_drafter(off, cp, train, loss=loss, max_epochs=8, batch_size=64, patience=2,
+                            curve_path=tmp_path / f"{loss}.json")
+        losses = [c["val_loss"] for c in res.curve]
+        assert losses[res.best_epoch] < 0.8 * losses[0], (loss, losses)
+        assert res.curve[0]["train_loss"] is None and all(c["train_loss"] > 0 for c in res.curve[1:])
+        assert json.loads((tmp_path / f"{loss}.json").read_text())["best_epoch"] == res.best_epoch
+        results[loss] = _held_out(cp, off, held_out)
+    for loss, (alpha, tpc) in results.items():
+        assert (alpha - base_alpha).min() > 0.03, (loss, alpha, base_alpha)
+        assert tpc > base_tpc + 0.1, (loss, tpc, base_tpc)
+    # negative control: the same training with targets shuffled across frames and depths (inputs unchanged)
+    g = torch.Generator().manual_seed(5)
+    flat = train.codes.flatten()
+    shuffled = Frames(train.context, train.codes, train.utterance,
+                      flat[torch.randperm(flat.numel(), generator=g)].reshape(train.codes.shape))
+    ctl = make_drafter("offsets", cp, fresh=True)
+    train_drafter(ctl, cp, shuffled, loss="ce", max_epochs=8, batch_size=64, patience=2)
+    alpha, tpc = _held_out(cp, ctl, held_out)
+    assert alpha.max() < base_alpha.min() and tpc < base_tpc, (alpha, base_alpha, tpc, base_tpc)
+    # the code predictor was frozen and is unchanged; its parameters still require grad as before
+    assert all(torch.equal(v, before[k]) for k, v in cp.state_dict().items())
+    assert all(p.requires_grad for p in cp.parameters())
+
+
+def test_training_medusa_heads_raises_acceptance():
+    cp, train, held_out = drift_model()
+    base_alpha, _ = _held_out(cp, ReusedHeads(), held_out)
+    med = make_drafter("medusa", cp, fresh=True)
+    res = train_drafter(med, cp, train, loss="ce", lr=3e-3, max_epochs=4, batch_size=64)
+    assert res.curve[res.best_epoch]["val_loss"] < res.curve[0]["val_loss"]
+    alpha, _ = _held_out(cp, med, held_out)
+    assert (alpha - base_alpha).min() > 0.01, (alpha, base_alpha)
+    prov = med.provenance
+    assert prov["loss"] == "ce" and prov["n_train_frames"] + prov["n_val_frames"] == len(train)  # val split inside
+
+
+def test_acceptance_statistics_exact_and_empirical_agree():
+    """On the drift model: predicted tokens per call from the exact tables vs measured; empirical offset-1 acceptance
+    of Chain(2) vs exact alpha (exact for j = 1); empirical rank hits vs exact rank masses (same event)."""
+    cp, _, held_out = drift_model()
+    ctx = held_out.context[:200]
+    rep = evaluate_acceptance(cp, ReusedHeads(), ctx, decoders=[Chain(2), Chain(4), Tree(((0,), (1,), (0, 0)))])
+    json.dumps(rep)
+    assert set(rep["tokens_per_call"]) == {"chain2", "chain4", "tree"}
+    for label, tpc in rep["tokens_per_call"].items():
+        pred = rep["predicted_tokens_per_call"][label]
+        assert abs(pred - tpc) < 0.06 * tpc, (label, pred, tpc)
+    # offset 1, start depths weighted as the decoder met them (acceptance varies a lot with the start depth)
+    tried = np.array(rep["decoders"]["chain2"]["tried_by_start_offset"])[:, 0]
+    exact = float((tried * np.array(rep["exact"]["alpha"], dtype=float)[:, 0]).sum() / tried.sum())
+    emp = rep["decoders"]["chain2"]["acceptance_by_offset"][0]
+    assert abs(emp - exact) < 4 * math.sqrt(exact * (1 - exact) / tried.sum()), (emp, exact)
+    mass, hit = np.array(rep["exact"]["rank_mass_by_offset"]), np.array(rep["exact"]["rank_hit_by_offset"])
+    assert np.abs(mass - hit).max() < 0.03 and mass[0, 0] > mass[0, 1] > mass[0, 2]
+    assert rep["per_depth_acceptance"][0] is None and rep["per_depth_acceptance"][1] is None  # nothing drafts 0, 1
+    st = rep["decoders"]["chain4"]
+    assert sum(c * k for k, c in enumerate(st["committed_hist"], start=1)) == 200 * 14  # prefill commits code 1
+    assert predicted_tokens_per_call({}, AR(), 15) == 1.0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# losslessness does not depend on the drafter
+# ----------------------------------------------------------------------------------------------------------------
+def test_greedy_ar_equals_chain_and_tree_with_any_drafter(tiny):
+    cp = tiny.code_predictor
+    ctx = _ctx(cp, 3, seed=11)
+    ar = decode_frame(cp, ctx, decoder=AR(), sampling=GREEDY)
+    drafters = {"offsets": _randomised(make_drafter("offsets", cp, fresh=True), 1, 2.0),
+                "medusa": _randomised(make_drafter("medusa", cp, fresh=True), 2, 0.05)}
+    for name, d in drafters.items():
+        for dec in (Chain(2), Chain(4), Chain(8), Tree(), Tree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0)))):
+            res = decode_frame(cp, ctx, decoder=dec, sampling=GREEDY, drafter=d)
+            assert torch.equal(res.codes, ar.codes), (name, dec)
+            assert int(res.calls.max()) <= 15
+
+
+G_CASES = [("offsets", Chain(4)), ("offsets", TREE_SMALL), ("medusa", Chain(4)), ("medusa", TREE_SMALL)]
+
+
+@pytest.mark.parametrize("name,decoder", G_CASES, ids=[f"{n}-{d!r}".replace(" ", "") for n, d in G_CASES])
+def test_joint_distribution_is_exact_with_trained_style_drafters(name, decoder):
+    """tests/test_lossless.py's G-test ("sharp" model: drafts far from p, residuals exercised) with random non-zero
+    drafter parameters; the drafts must really differ from the reused heads' (else this would repeat that file)."""
+    cp, context = variant("sharp")
+    d = make_drafter(name, cp, fresh=True)
+    _randomised(d, 3, 1.0 if name == "offsets" else 0.5)
+    pmf = exact_pmf(cp, context, DEFAULT)
+    n = frames_needed(pmf)
+    res = decode_frame(cp, context.expand(n, 2, context.shape[-1]), decoder=decoder, sampling=DEFAULT,
+                       generator=torch.Generator().manual_seed(4321), drafter=d)
+    pval, df, g = g_test(pmf, res.codes)
+    assert power(n, df) >= MIN_POWER
+    assert pval >= ALPHA, f"G={g:.1f} df={df} p={pval:.2e} N={n}: {name} drafts changed the sampled distribution"
+    assert float(res.tokens_per_call.mean()) > 1.0
+    with torch.no_grad():
+        h = torch.randn(4, cp.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        dep = torch.tensor([1, 1, 2, 2])
+        assert not torch.allclose(d.draft_logits(cp, h, dep, 2), ReusedHeads().draft_logits(cp, h, dep, 2), atol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# files, factory, errors
+# ----------------------------------------------------------------------------------------------------------------
+def test_save_load_round_trip_and_loading_beside_a_model(tiny, tmp_path):
+    cp = tiny.code_predictor
+    hidden = torch.randn(5, cp.config.hidden_size, generator=torch.Generator().manual_seed(4))
+    depth = torch.tensor([1, 3, 9, 13, 14])
+    for name, scale in (("offsets", 1.0), ("medusa", 0.05)):
+        d = _randomised(make_drafter(name, cp, fresh=True), 9, scale)
+        d.provenance = {"loss": "ce", "data": {"kind": "test"}}
+        path = save_drafter(d, drafter_path(tmp_path / "model", name))
+        assert path == tmp_path / "model" / "drafters" / f"{name}.safetensors"
+        side = json.loads(path.with_suffix(".json").read_text())
+        assert side == read_description(path)
+        assert side["name"] == name and side["params_added"] == d.params_added and side["config"]["K"] == 3
+        assert side["provenance"]["data"] == {"kind": "test"}
+        assert all(isinstance(s, list) for s in side["tensors"].values())
+        for back in (load_drafter(path, cp), make_drafter(name, cp, tmp_path / "model"), make_drafter(name, cp, path)):
+            assert type(back) is type(d) and back.provenance == d.provenance
+            for (k1, v1), (k2, v2) in zip(d.state_dict().items(), back.state_dict().items()):
+                assert k1 == k2 and torch.equal(v1, v2)
+            with torch.no_grad():
+                assert torch.equal(back.draft_logits(cp, hidden, depth, 3), d.draft_logits(cp, hidden, depth, 3))
+    with pytest.raises(ValueError, match="holds a 'offsets' drafter"):
+        make_drafter("medusa", cp, tmp_path / "model" / "drafters" / "offsets.safetensors")
+    other = build_from_config(tiny_config_dict(code_predictor_hidden=32)).talker.code_predictor
+    with pytest.raises(ValueError, match="hidden_size 48 .file. vs 32"):
+        load_drafter(tmp_path / "model" / "drafters" / "offsets.safetensors", other)
+
+
+def test_bad_names_and_missing_files_raise_clear_errors(tiny, tmp_path):
+    cp = tiny.code_predictor
+    with pytest.raises(ValueError, match="unknown drafter 'eagle'.*heads, offsets, medusa"):
+        make_drafter("eagle", cp)
+    with pytest.raises(FileNotFoundError, match="rvqspec train-drafter .*--drafter offsets"):
+        make_drafter("offsets", cp)
+    with pytest.raises(FileNotFoundError, match=r"drafters/medusa.safetensors.*train-drafter"):
+        make_drafter("medusa", cp, tmp_path)
+    assert isinstance(make_drafter("heads", cp), ReusedHeads)
+    with pytest.raises(ValueError, match="has no parameters"):
+        save_drafter(ReusedHeads(), tmp_path / "h.safetensors")
+    with pytest.raises(ValueError, match=r"\.safetensors"):
+        save_drafter(make_drafter("offsets", cp, fresh=True), tmp_path / "o.pt")
+    with pytest.raises(ValueError, match="positive integer"):
+        PositionOffsets(K=0)
+    fr = frames_from_contexts(cp, _ctx(cp, 4), seed=0)
+    with pytest.raises(ValueError, match="nothing to train"):
+        train_drafter(ReusedHeads(), cp, fr)
+    with pytest.raises(ValueError, match="unknown loss 'mse'"):
+        train_drafter(make_drafter("offsets", cp, fresh=True), cp, fr, loss="mse")
+    with pytest.raises(ValueError, match="not an rvqspec drafter"):
+        from safetensors.torch import save_file
+
+        save_file({"x": torch.zeros(1)}, str(tmp_path / "x.safetensors"))
+        load_drafter(tmp_path / "x.safetensors", cp)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# command line
+# ----------------------------------------------------------------------------------------------------------------
+def test_cli_train_drafter_then_eval_acceptance_writes_the_json(tmp_path, capsys):
+    out = tmp_path / "m" / "offsets.safetensors"
+    assert cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "24",
+                     "--epochs", "1", "--out", str(out)]) == 0
+    assert out.is_file() and out.with_suffix(".json").is_file() and out.with_suffix(".curve.json").is_file()
+    js = tmp_path / "acc.json"
+    assert cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "offsets", "--drafter-path", str(out),
+                     "--frames", "12", "--decoder", "tree", "--tree", "0;1;0,0", "--json", str(js)]) == 0
+    rep = json.loads(js.read_text())
+    for key in ("tokens_per_call", "params_added", "per_depth_acceptance", "predicted_tokens_per_call", "decoders",
+                "exact", "drafter", "provenance", "random_weights"):
+        assert key in rep, key
+    assert rep["params_added"] == 3 * 48 and set(rep["tokens_per_call"]) == {"tree"} and rep["n_frames"] == 12
+    assert len(rep["per_depth_acceptance"]) == 16 and rep["exact"]["rank_mass_by_offset"]
+    js2 = tmp_path / "heads.json"
+    assert cli_main(["eval-acceptance", "--model", "tiny-random", "--frames", "12", "--decoder", "chain",
+                     "--window", "3", "--json", str(js2)]) == 0
+    rep2 = json.loads(js2.read_text())
+    assert rep2["params_added"] == 0 and set(rep2["tokens_per_call"]) == {"chain3"}
+    assert "tokens/call" in capsys.readouterr().out
+
+
+def test_cli_errors(capsys):
+    assert cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "offsets", "--frames", "4"]) == 2
+    assert "train-drafter" in capsys.readouterr().err
+    assert cli_main(["eval-acceptance", "--model", "tiny-random", "--decoder", "chain", "--window", "9"]) == 2
+    assert "window" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "eagle"])
+    assert "invalid choice" in capsys.readouterr().err
+    assert cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "4"]) == 2
+    assert "--out is required" in capsys.readouterr().err

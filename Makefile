@@ -5,6 +5,7 @@
 #   make paper                    execute every notebooks/NN_*.py -> build/executed/full/, refresh figures/
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
+#   make paper THREADS=1          pin torch's thread count in the timing notebooks
 #   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call (JSON in build/)
 #   make clean                    remove build/ (figures/ holds committed results and is kept)
 #
@@ -30,11 +31,13 @@ NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
 
 # Notebook parameters passed by papermill (the first code cell of each notebook is tagged "parameters").
 MODEL_TAG     := $(subst /,_,$(MODEL))
-RUN_TAG       := $(if $(SMOKE),smoke,full)$(if $(MODEL),-$(MODEL_TAG))
+RUN_TAG       := $(if $(SMOKE),smoke,full)$(if $(MODEL),-$(MODEL_TAG))$(if $(THREADS),-t$(THREADS))
 EXEC_DIR      := build/executed/$(RUN_TAG)
 NB_EXEC       := $(patsubst notebooks/%.py,$(EXEC_DIR)/%.ipynb,$(NB_SRC))
 FIG_DIR       ?= $(if $(SMOKE),build/smoke_figures$(if $(MODEL),/$(MODEL_TAG)),figures$(if $(MODEL),/$(MODEL_TAG)))
-PM_PARAMS     := $(if $(SMOKE),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) -p out_dir $(abspath $(FIG_DIR))
+# THREADS=N pins torch's thread count (e.g. THREADS=1 when other jobs keep a core busy; the tables say so).
+PM_PARAMS     := $(if $(SMOKE),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) $(if $(THREADS),-p threads $(THREADS)) \
+                 -p out_dir $(abspath $(FIG_DIR))
 
 BENCH_MODEL   ?= qwen3-tts-0.6b-random
 BENCH_ARGS    ?=

@@ -113,8 +113,9 @@ latency = pd.DataFrame(bench.latency_rows(result))
 save_table(latency, out / "01_latency", prov)
 other = result["other_cpu_frac"]
 display(Markdown("**" + plots.bench_title(result).replace("\n", " — ") + "**" + (
-    f". Other processes used {100 * other:.0f}% of the machine's CPU time during the timing"
-    + (": **the times are pessimistic, rerun on an idle machine**." if other > 0.1 else ".")
+    f". Other processes used {100 * other:.0f}% of the machine's {result['cpu_count']} CPUs during the timing"
+    + (": **oversubscribed, the times are pessimistic; rerun on an idle machine or with fewer threads**."
+       if result["cpu_oversubscribed"] else " (not oversubscribed).")
     if result["device"] == "cpu" and other is not None else "")))
 latency
 
@@ -164,6 +165,7 @@ metrics = {
     "load_avg_1m_before": result["load_avg_1m_before"],
     "load_avg_1m_after": result["load_avg_1m_after"],
     "other_cpu_frac": result["other_cpu_frac"],
+    "cpu_oversubscribed": result["cpu_oversubscribed"],
 }
 save_json(metrics, out / "01_metrics.json", prov)
 save_json(result, out / "01_bench.json", prov)

@@ -121,6 +121,19 @@ def _cpu_snapshot() -> tuple[float, float, float] | None:
     return (total - idle) / tick, total / tick, t.user + t.system
 
 
+def cpu_oversubscribed(result: dict) -> bool | None:
+    """True when, during a CPU benchmark, other processes plus the benchmark's threads wanted more cores than exist.
+
+    ``other_cpu_frac * cpu_count + threads > cpu_count + 0.1``: then torch's threads were descheduled (even by niced
+    processes, since Linux autogroups scope ``nice`` to a session) and the times are pessimistic, often several-fold.
+    ``None`` when unknown (not Linux) or not a CPU benchmark. One thread beside one busy core is NOT oversubscribed.
+    """
+    other, n_cpu = result.get("other_cpu_frac"), result.get("cpu_count")
+    if result.get("device") != "cpu" or other is None or not n_cpu:
+        return None
+    return bool(other * n_cpu + result["threads"] > n_cpu + 0.1)
+
+
 def other_cpu_fraction(before, after) -> float | None:
     """Share of the machine's CPU time used by OTHER processes between two :func:`_cpu_snapshot` calls (0..1).
 
@@ -258,6 +271,7 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         ``load_avg_1m_before`` / ``load_avg_1m_after`` (1-minute load average around the timing: well above 0 on a
         CPU means other processes competed for the cores and the times are pessimistic), ``other_cpu_frac``
         (share of the machine's CPU time other processes used during the timing, :func:`other_cpu_fraction`),
+        ``cpu_count``, ``cpu_oversubscribed`` (:func:`cpu_oversubscribed`: if True the times are pessimistic),
         ``torch``, ``transformers``, the settings, ``talker_step`` (:func:`time_call` stats), ``code_predictor`` (list of
         per-``Q`` rows, see :func:`bench_code_predictor`) and ``derived`` (:func:`derived_from_bench`).
     """
@@ -294,6 +308,7 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         "load_avg_1m_before": load_before,
         "load_avg_1m_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "other_cpu_frac": other_cpu_fraction(cpu_before, _cpu_snapshot()),
+        "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "prefix_len": prefix_len,
@@ -304,6 +319,7 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         "talker_step": talker,
         "code_predictor": cp_rows,
     }
+    result["cpu_oversubscribed"] = cpu_oversubscribed(result)
     result["derived"] = derived_from_bench(result, frame_rate_hz=loaded.frame_rate_hz,
                                            n_code_groups=loaded.n_code_groups)
     return result
@@ -441,9 +457,9 @@ def format_table(result: dict) -> str:
         head += f" | load avg {load0:.2f} before, {load1:.2f} after"
     other = result.get("other_cpu_frac")
     if other is not None and result["device"] == "cpu":
-        head += f" | other processes used {100 * other:.0f}% of the CPU meanwhile"
-        if other > 0.1:
-            head += " (TIMES ARE PESSIMISTIC: rerun on an idle machine)"
+        head += f" | other processes used {100 * other:.0f}% of {result.get('cpu_count')} CPUs meanwhile"
+        if result.get("cpu_oversubscribed"):
+            head += " (OVERSUBSCRIBED, TIMES ARE PESSIMISTIC: rerun idle or with fewer --threads)"
     lines = [head, f"{'call':<30} {'Q':>4} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} {'t/t_cp(1)':>10}"]
     for r in latency_rows(result):
         ratio = "" if r["ratio_to_1"] is None else f"{r['ratio_to_1']:.2f}"

@@ -12,7 +12,7 @@ def bench_title(result: dict) -> str:
     m = result["model"]
     rnd = " (random weights: timing only)" if result.get("random_weights") else ""
     return (f"{m['name']}{rnd}\n{result['device']} {result['device_name']}, {result['dtype']}, "
-            f"{result['threads']} threads, torch {result['torch']}")
+            f"{result['threads']} thread{'s' if result['threads'] != 1 else ''}, torch {result['torch']}")
 
 
 def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6)):

@@ -73,6 +73,10 @@ def test_other_cpu_fraction():
     assert bench.other_cpu_fraction((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)) is None  # no time elapsed
     assert bench.other_cpu_fraction((0.0, 0.0, 0.0), (3.0, 4.0, 1.0)) == pytest.approx(0.5)  # 2 of 4 cpu-s by others
     assert bench.other_cpu_fraction((0.0, 0.0, 0.0), (1.0, 4.0, 2.0)) == 0.0  # clipped (tick rounding)
+    r = {"device": "cpu", "cpu_count": 2, "threads": 1, "other_cpu_frac": 0.5}
+    assert bench.cpu_oversubscribed(r) is False  # one thread beside one busy core
+    assert bench.cpu_oversubscribed({**r, "threads": 2}) is True
+    assert bench.cpu_oversubscribed({**r, "device": "cuda"}) is None
     snap = bench._cpu_snapshot()
     if snap is not None:  # Linux
         busy, total, own = snap
@@ -102,7 +106,7 @@ def test_bench_model_tiny_keys_and_positive_times(tiny):
     r = bench.bench_model(tiny, query_sizes=qs, warmup=1, repeats=2, progress=False)
     for key in ("model", "random_weights", "timing_only", "device", "device_name", "dtype", "threads", "torch",
                 "transformers", "prefix_len", "talker_context", "talker_step", "code_predictor", "derived",
-                "load_avg_1m_before", "load_avg_1m_after", "other_cpu_frac"):
+                "load_avg_1m_before", "load_avg_1m_after", "other_cpu_frac", "cpu_oversubscribed"):
         assert key in r, key
     assert r["random_weights"] is True and r["timing_only"] is True
     assert r["device"] == "cpu" and r["dtype"] == "float32" and r["threads"] == torch.get_num_threads()

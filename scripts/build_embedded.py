@@ -1,0 +1,392 @@
+"""Build the embedded model from scratch: texts -> audio -> codec -> codes -> training -> evaluation -> model dir.
+
+    nice -n 19 .venv/bin/python scripts/build_embedded.py --scale smoke --out build/embedded-smoke   # < 3 min
+    nice -n 19 .venv/bin/python scripts/build_embedded.py --scale full                              # 2-3 h, CPU
+
+Every stage skips when its output exists, so an interrupted run resumes where it stopped (``--redo STAGE,...``
+reruns stages; a stage's output is written under its final name only when complete). Stages and outputs
+(``--work`` holds the bulky intermediates, ``--out`` the deliverable):
+
+  1. texts   <work>/texts.tsv          English sentences (rvqspec_lib.corpus): ``--n-train`` of the ``training``
+                                        split and ``--n-val`` of ``validation`` from ``--sources``, ``--n-eval`` of
+                                        the shipped held-out ``evaluation`` sentences (data/eval_texts)
+  2. render  <work>/corpus/manifest.jsonl   each sentence with one of ``--voices`` (24 kHz wav)
+  3. codec   <out>/codec.safetensors   RVQCodec (``--n-codebooks`` x ``--codebook-size``) fitted on training audio
+  4. codes   <work>/codes.safetensors  every utterance encoded
+  5. train   <work>/train/model.safetensors   rvqspec_lib.train.train (``--minutes`` or ``--steps``); curve.json
+  6. model   <out>/model/              the checkpoint (``load_model(<out>/model)``) + a copy of the codec
+  7. eval    <out>/eval.json           held-out WER of original / codec / inner loop only / free running
+                                        (PocketSphinx, default LM), free-running utterances that never ended,
+                                        train vs held-out teacher-forced accuracies
+  8. card    <out>/MODEL_CARD.md (also copied into <out>/model/)
+
+Presets (``--scale``; any flag given explicitly wins):
+
+* ``smoke``: 34 + 4 + 2 sentences from the standard-library docstrings, flite slt, a 16 x 32 codec, a 1 x 64 / 1 x 32
+  model, 40 steps: under 3 minutes on one core (the test suite runs it).
+* ``full``: the documented CPU recipe (2-3 h on 2 cores, one torch thread, measured figures in brackets):
+  15,000 training sentences (fortunes + stdlib + /usr/share/doc, all gathered offline) rendered with the four flite
+  English voices (about 15 h of audio, ~7 min); a 16 x 2048 codec (the real tokenizer's geometry) fitted on 60k
+  vectors (448 s, scripts/measure_codec.py); encoding (~0.01 s per audio second, ~9 min); the 4 x 256 talker /
+  5 x 256 code predictor (OFFLINE.md) trained 100 minutes at batch 16 with cp_fraction 1/8 (~0.65 steps/s: ~3,900
+  steps, ~4 epochs) on espeak-ng phonemes; evaluation on 100 held-out sentences (~25 min: PocketSphinx takes 5-10 s on unintelligible audio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rvqspec_lib import corpus  # noqa: E402
+from rvqspec_lib import embedded as E  # noqa: E402
+
+STAGES = ("texts", "render", "codec", "codes", "train", "model", "eval", "card")
+
+PRESETS = {
+    "smoke": dict(sources="stdlib", max_source_files=80, n_train=34, n_val=4, n_eval=2, voices="slt",
+                  n_codebooks=16, codebook_size=32, max_vectors=20_000, kmeans_iters=5,
+                  talker_layers=1, talker_hidden=64, cp_layers=1, cp_hidden=32, n_heads=2, n_kv_heads=1,
+                  head_dim=32, text_hidden=64, frontend="phonemes", steps=40, minutes=None, batch_size=8, lr=3e-3,
+                  warmup_steps=5, cp_fraction=0.5, eval_every=0, max_frames=80, processes=2),
+    "full": dict(sources="fortunes,stdlib,doc", max_source_files=None, n_train=15_000, n_val=200, n_eval=100,
+                 voices="slt,kal16,awb,rms", n_codebooks=16, codebook_size=2048, max_vectors=60_000,
+                 kmeans_iters=10, talker_layers=4, talker_hidden=256, cp_layers=5, cp_hidden=256, n_heads=4,
+                 n_kv_heads=2, head_dim=64, text_hidden=256, frontend="phonemes", steps=None, minutes=100.0,
+                 batch_size=16, lr=1e-3, warmup_steps=100, cp_fraction=0.125, eval_every=500, max_frames=300,
+                 processes=2),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", choices=sorted(PRESETS), default="smoke")
+    ap.add_argument("--out", default=None, help="deliverable dir (default data/embedded; smoke: build/embedded-smoke)")
+    ap.add_argument("--work", default=None, help="intermediates (default <out>/work for smoke, build/embedded for "
+                                                 "full)")
+    ap.add_argument("--redo", default="", help=f"comma-separated stages to rerun ({','.join(STAGES)})")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    g = ap.add_argument_group("preset overrides")
+    g.add_argument("--sources", help="text sources: fortunes,stdlib,doc")
+    g.add_argument("--max-source-files", type=int)
+    g.add_argument("--n-train", type=int)
+    g.add_argument("--n-val", type=int)
+    g.add_argument("--n-eval", type=int)
+    g.add_argument("--voices", help=f"comma-separated English voices of {sorted(corpus.VOICES)}")
+    g.add_argument("--processes", type=int, help="synthesiser processes")
+    g.add_argument("--n-codebooks", type=int)
+    g.add_argument("--codebook-size", type=int)
+    g.add_argument("--max-vectors", type=int)
+    g.add_argument("--kmeans-iters", type=int)
+    for name in ("talker-layers", "talker-hidden", "cp-layers", "cp-hidden", "n-heads", "n-kv-heads", "head-dim",
+                 "text-hidden"):
+        g.add_argument(f"--{name}", type=int)
+    g.add_argument("--frontend", choices=["bytes", "phonemes"])
+    g.add_argument("--steps", type=int, help="training budget in steps (clears --minutes)")
+    g.add_argument("--minutes", type=float, help="training budget in minutes (clears --steps)")
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--lr", type=float)
+    g.add_argument("--warmup-steps", type=int)
+    g.add_argument("--cp-fraction", type=float)
+    g.add_argument("--eval-every", type=int)
+    g.add_argument("--max-frames", type=int, help="free-running frame cap")
+    args = ap.parse_args(argv)
+    preset = dict(PRESETS[args.scale])
+    if args.steps is not None:
+        preset["minutes"] = None
+    if args.minutes is not None:
+        preset["steps"] = None
+    for k, v in preset.items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
+    if args.out is None:
+        args.out = "data/embedded" if args.scale == "full" else "build/embedded-smoke"
+    if args.work is None:
+        args.work = "build/embedded" if args.scale == "full" else str(Path(args.out) / "work")
+    args.redo = {s for s in args.redo.split(",") if s}
+    if args.redo - set(STAGES):
+        ap.error(f"unknown stage(s) {sorted(args.redo - set(STAGES))}: choose from {','.join(STAGES)}")
+    return args
+
+
+class Builder:
+    """The stages; each returns quickly when its output exists (unless named in ``--redo``)."""
+
+    def __init__(self, args):
+        from rvqspec_lib.provenance import resolve_out_dir
+
+        self.a = args
+        self.out = resolve_out_dir(args.out)
+        self.work = resolve_out_dir(args.work)
+        self.progress = not args.quiet
+        self.voices = [v for v in args.voices.split(",") if v]
+        self.timings: dict[str, float] = {}
+        self.skipped: set[str] = set()
+        self.t0 = time.perf_counter()
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.perf_counter() - self.t0:7.1f} s] {msg}", flush=True)
+
+    def done(self, stage: str, path: Path) -> bool:
+        if path.exists() and stage not in self.a.redo:
+            self.log(f"{stage}: exists, skipped ({path})")
+            self.skipped.add(stage)
+            return True
+        return False
+
+    def timed(self, stage: str, fn):
+        t = time.perf_counter()
+        r = fn()
+        if stage in self.skipped:
+            return r
+        self.timings[stage] = round(time.perf_counter() - t, 2)
+        tp = self.work / "timings.json"
+        old = json.loads(tp.read_text()) if tp.is_file() else {}
+        tp.write_text(json.dumps({**old, **self.timings}, indent=1))
+        return r
+
+    # ------------------------------------------------------------------ 1. texts
+    def texts(self) -> Path:
+        p = self.work / "texts.tsv"
+        if self.done("texts", p):
+            return p
+        a = self.a
+        sources = [s for s in a.sources.split(",") if s]
+        pool: list[corpus.Sentence] = []
+        for name in sources:
+            if name == "fortunes":
+                pool += corpus.fortune_sentences()
+            elif name == "stdlib":
+                pool += corpus.stdlib_sentences(max_files=a.max_source_files)
+            elif name == "doc":
+                pool += corpus.doc_sentences(max_files=a.max_source_files)
+            else:
+                raise SystemExit(f"unknown source {name!r}: choose from fortunes, stdlib, doc")
+        pool = corpus.dedupe(pool)
+        rng = random.Random(a.seed)
+        by_split = corpus.assign_splits(pool)
+        train = rng.sample(by_split["training"], min(a.n_train, len(by_split["training"])))
+        val = rng.sample(by_split["validation"], min(a.n_val, len(by_split["validation"])))
+        evals = corpus.shipped_sentences("evaluation", language="en")
+        evals = random.Random(a.seed + 1).sample(evals, min(a.n_eval, len(evals)))
+        keys = {corpus.sentence_key(s.text) for s in train}
+        assert not keys & {corpus.sentence_key(s.text) for s in evals + val}, "held-out sentence in training"
+        corpus.save_sentences(train + val + evals, p.with_suffix(".tmp"))
+        os.replace(p.with_suffix(".tmp"), p)
+        self.log(f"texts: {len(train)} training, {len(val)} validation, {len(evals)} evaluation sentences "
+                 f"(pool {len(pool)} from {','.join(sources)})")
+        return p
+
+    # ------------------------------------------------------------------ 2. render
+    def render(self) -> Path:
+        p = self.work / "corpus" / "manifest.jsonl"
+        if self.done("render", p):
+            return p
+        sents = corpus.load_sentences(self.work / "texts.tsv")
+        rows = corpus.render_corpus(sents, self.work / "corpus", voices=self.voices, one_voice_each=True,
+                                    processes=self.a.processes, progress=self.progress)
+        hours = sum(r["seconds"] for r in rows) / 3600
+        self.log(f"render: {len(rows)} utterances, {hours:.3f} h with {','.join(self.voices)}")
+        return p
+
+    def rows(self) -> list[dict]:
+        return corpus.read_manifest(self.work / "corpus")
+
+    # ------------------------------------------------------------------ 3. codec
+    def codec(self) -> Path:
+        from rvqspec_lib.codec import RVQCodec
+
+        p = self.out / "codec.safetensors"
+        if self.done("codec", p):
+            return p
+        a = self.a
+        paths = [r["path"] for r in self.rows() if r["split"] == "training"]
+        codec = RVQCodec.fit(paths, n_codebooks=a.n_codebooks, codebook_size=a.codebook_size,
+                             max_vectors=a.max_vectors, n_iter=a.kmeans_iters, seed=a.seed, progress=self.progress)
+        tmp = codec.save(self.work / "codec.tmp.safetensors")
+        shutil.move(str(tmp.with_suffix(".json")), str(p.with_suffix(".json")))
+        os.replace(tmp, p)
+        self.log(f"codec: {a.n_codebooks} x {a.codebook_size} fitted on {len(paths)} training utterances")
+        return p
+
+    # ------------------------------------------------------------------ 4. codes
+    def codes(self) -> Path:
+        from rvqspec_lib.codec import RVQCodec
+
+        p = self.work / "codes.safetensors"
+        if self.done("codes", p):
+            return p
+        codes = E.encode_manifest(self.rows(), RVQCodec.load(self.out / "codec.safetensors"), progress=self.progress)
+        E.save_codes(codes, p)
+        self.log(f"codes: {len(codes)} utterances, {sum(len(c) for c in codes.values())} frames")
+        return p
+
+    # ------------------------------------------------------------------ 5. train
+    def build_lm(self):
+        from rvqspec_lib.codec import RVQCodec
+        from rvqspec_lib.frontend import PhonemeTokenizer
+        from rvqspec_lib.models import ByteTokenizer, LoadedModel, build_from_config
+        from rvqspec_lib.train import small_config_dict
+
+        a = self.a
+        cc = RVQCodec.load(self.out / "codec.safetensors").config
+        cfg = small_config_dict(talker_layers=a.talker_layers, talker_hidden=a.talker_hidden,
+                                code_predictor_layers=a.cp_layers, code_predictor_hidden=a.cp_hidden,
+                                n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
+                                text_hidden=a.text_hidden, speakers=self.voices, n_code_groups=cc.n_codebooks,
+                                codebook_size=cc.codebook_size)
+        ids = (cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
+        tok = PhonemeTokenizer(*ids, voice="en-us") if a.frontend == "phonemes" else ByteTokenizer(*ids)
+        return LoadedModel(f"embedded-{a.scale}", "checkpoint", build_from_config(cfg, seed=a.seed), tok)
+
+    def utterances(self, splits):
+        return E.utterances_from_manifest(self.rows(), E.load_codes(self.work / "codes.safetensors"), splits=splits)
+
+    def train(self) -> Path:
+        from rvqspec_lib.train import train
+
+        p = self.work / "train" / "model.safetensors"
+        if self.done("train", p):
+            return p
+        a = self.a
+        lm = self.build_lm()
+        data, val = self.utterances(["training"]), self.utterances(["validation"])
+        budget = f"{a.steps} steps" if a.steps is not None else f"{a.minutes} min"
+        self.log(f"train: {len(data)} utterances ({len(val)} validation), {budget}, batch {a.batch_size}")
+        r = train(lm, data, val_dataset=val or None, steps=a.steps, minutes=a.minutes, lr=a.lr,
+                  batch_size=a.batch_size, cp_fraction=a.cp_fraction, seed=a.seed, eval_every=a.eval_every,
+                  warmup_steps=a.warmup_steps, out_dir=self.work / "train", progress=self.progress)
+        last = r["curve"][-1]
+        self.log(f"train: {r['steps']} steps in {r['wall_s']:.0f} s ({r['steps_per_s']:.2f} steps/s); "
+                 f"train code-0 acc {last['train_code0_acc']:.3f}"
+                 + (f", validation {last['val_code0_acc']:.3f}" if val else ""))
+        return p
+
+    # ------------------------------------------------------------------ 6. model dir
+    def model(self) -> Path:
+        d = self.out / "model"
+        if self.done("model", d / "rvqspec_model.json"):
+            return d
+        src = self.work / "train"
+        tmp = self.out / "model.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for f in ("model.safetensors", "config.json", "generation_config.json", "curve.json"):
+            shutil.copy2(src / f, tmp / f)
+        for f in ("codec.safetensors", "codec.json"):
+            shutil.copy2(self.out / f, tmp / f)
+        shutil.copy2(src / "rvqspec_model.json", tmp / "rvqspec_model.json")  # the marker last: it means complete
+        shutil.rmtree(d, ignore_errors=True)
+        os.replace(tmp, d)
+        self.log(f"model: {d}")
+        return d
+
+    # ------------------------------------------------------------------ 7. eval
+    def eval(self) -> Path:
+        from rvqspec_lib import load_model
+        from rvqspec_lib.asr import PocketSphinxASR
+        from rvqspec_lib.codec import RVQCodec, load_wav
+        from rvqspec_lib.provenance import provenance, save_json
+        from rvqspec_lib.train import evaluate
+
+        p = self.out / "eval.json"
+        if self.done("eval", p):
+            return p
+        a = self.a
+        codec = RVQCodec.load(self.out / "codec.safetensors")
+        lm = load_model(str(self.out / "model"))
+        rows = self.rows()
+        codes = E.load_codes(self.work / "codes.safetensors")
+        ev_rows = [r for r in rows if r["split"] == "evaluation" and r["id"] in codes]
+        ev = E.utterances_from_manifest(ev_rows, codes)
+        tr = self.utterances(["training"])[:64]
+        refs = [r["text"] for r in ev_rows]
+        self.log(f"eval: {len(ev)} held-out utterances")
+        acc = {"train": evaluate(lm, tr, batch_size=a.batch_size), "held_out": evaluate(lm, ev, batch_size=a.batch_size)}
+        gen = torch.Generator().manual_seed(a.seed)
+        audio = {"original": [], "codec": [], "inner_loop": [], "free_running": []}
+        from tqdm.auto import tqdm
+
+        for r, u in tqdm(list(zip(ev_rows, ev)), desc="inner loop", unit="utt", disable=not self.progress):
+            wav = load_wav(r["path"])
+            audio["original"].append(wav)
+            audio["codec"].append(E.decode_audio(codec, u.codes.numpy())[: wav.size])
+            audio["inner_loop"].append(E.decode_audio(codec, E.inner_loop_codes(lm, u, generator=gen).numpy()))
+        fr = E.free_running_codes(lm, ev, max_frames=a.max_frames, seed=a.seed, progress=self.progress)
+        audio["free_running"] = [E.decode_audio(codec, f["codes"].numpy()) for f in fr]
+        scores = E.score_conditions(audio, refs, PocketSphinxASR(), progress=self.progress)
+        t = json.loads((self.work / "train" / "curve.json").read_text())["meta"]
+        desc = lm.describe()
+        marker = json.loads((self.out / "model" / "rvqspec_model.json").read_text())
+        train_hours = sum(r["seconds"] for r in rows if r["split"] == "training") / 3600
+        params = {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(a).items()}
+        params["sources"] = a.sources.split(",")
+        params["voices"] = self.voices
+        result = {
+            "params": params,
+            "model": {**desc, "tokenizer": marker.get("tokenizer"), "speakers": self.voices},
+            "codec": {"n_codebooks": codec.config.n_codebooks, "codebook_size": codec.config.codebook_size,
+                      "vectors": a.max_vectors},
+            "corpus": {"n_train": sum(r["split"] == "training" for r in rows),
+                       "n_val": sum(r["split"] == "validation" for r in rows), "n_eval": len(ev),
+                       "hours_train": train_hours, "table": corpus.corpus_table(rows)},
+            "training": {"steps": t.get("steps"), "wall_s": t.get("wall_s"), "train_s": t.get("train_s"),
+                         "steps_per_s": (t.get("steps") or 0) / max(1e-9, t.get("train_s") or 0)},
+            "accuracy": acc,
+            "asr": "pocketsphinx default LM",
+            "wer": scores,
+            "free_running": {"n": len(fr), "not_ended": sum(not f["ended"] for f in fr),
+                             "frames": [f["frames"] for f in fr], "true_frames": [len(u.codes) for u in ev],
+                             "max_frames": a.max_frames, "frame_factor": 2.0},
+            "references": refs,
+            "timings_s": {**(json.loads((self.work / "timings.json").read_text())
+                             if (self.work / "timings.json").is_file() else {})},
+        }
+        save_json(result, p.with_suffix(".tmp"), provenance(params=params, seed=a.seed))
+        os.replace(p.with_suffix(".tmp"), p)
+        self.log("eval: code-0 accuracy train {:.3f} / held-out {:.3f}".format(
+            acc["train"]["code0_acc"], acc["held_out"]["code0_acc"]))
+        for name, s in scores.items():
+            self.log(f"eval: WER {name:13s} {s['wer']:.3f}")
+        self.log(f"eval: free running, {result['free_running']['not_ended']} of {len(fr)} did not end by themselves")
+        return p
+
+    # ------------------------------------------------------------------ 8. card
+    def card(self) -> Path:
+        p = self.out / "MODEL_CARD.md"
+        if self.done("card", p):
+            return p
+        text = E.model_card(json.loads((self.out / "eval.json").read_text()))
+        p.write_text(text)
+        (self.out / "model" / "MODEL_CARD.md").write_text(text)
+        self.log(f"card: {p}")
+        return p
+
+    def run(self) -> dict:
+        for stage in STAGES:
+            self.timed(stage, getattr(self, stage))
+        self.log(f"done: {self.out}")
+        return json.loads((self.out / "eval.json").read_text())
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    np.random.seed(args.seed)
+    return Builder(args).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,8 @@
 #   make paper                    execute every notebooks/NN_*.py -> build/executed/full/, refresh figures/
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
-#   make paper THREADS=1          pin torch's thread count in the timing notebooks
+#   make paper THREADS=2          torch threads in the timing notebooks (default 1, as the committed figures:
+#                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call (JSON in build/)
 #   make clean                    remove build/ (figures/ holds committed results and is kept)
 #
@@ -31,10 +32,12 @@ NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
 
 # Notebook parameters passed by papermill (the first code cell of each notebook is tagged "parameters").
 MODEL_TAG     := $(subst /,_,$(MODEL))
+THREADS       ?= 1
 RUN_TAG       := $(if $(SMOKE),smoke,full)$(if $(MODEL),-$(MODEL_TAG))$(if $(THREADS),-t$(THREADS))
 EXEC_DIR      := build/executed/$(RUN_TAG)
-NB_EXEC       := $(patsubst notebooks/%.py,$(EXEC_DIR)/%.ipynb,$(NB_SRC))
 FIG_DIR       ?= $(if $(SMOKE),build/smoke_figures$(if $(MODEL),/$(MODEL_TAG)),figures$(if $(MODEL),/$(MODEL_TAG)))
+# one stamp per notebook IN the figures folder: deleting the folder (or its outputs' stamp) re-runs the notebook
+NB_EXEC       := $(patsubst notebooks/%.py,$(FIG_DIR)/.%.done,$(NB_SRC))
 # THREADS=N pins torch's thread count (e.g. THREADS=1 when other jobs keep a core busy; the tables say so).
 PM_PARAMS     := $(if $(SMOKE),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) $(if $(THREADS),-p threads $(THREADS)) \
                  -p out_dir $(abspath $(FIG_DIR))
@@ -73,9 +76,10 @@ build/%.ipynb: notebooks/%.py $(STAMP)
 	@mkdir -p $(@D)
 	$(VENV)/bin/jupytext --to ipynb -o $@ $<
 
-$(EXEC_DIR)/%.ipynb: build/%.ipynb $(LIB) $(STAMP)
-	@mkdir -p $(@D) $(FIG_DIR)
-	$(VENV)/bin/papermill $< $@ -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
+$(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP)
+	@mkdir -p $(EXEC_DIR) $(FIG_DIR)
+	$(VENV)/bin/papermill $< $(EXEC_DIR)/$*.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
+	@touch $@
 
 # ---- benchmark ----------------------------------------------------------------------------------------------------
 bench: $(STAMP)

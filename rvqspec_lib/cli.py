@@ -26,15 +26,50 @@ def _die(msg: str) -> int:
     return 2
 
 
+OUTPUT_FLAGS = {"out": "--out", "json": "--json", "json_path": "--json", "curve_json": "--curve-json"}
+
+
+def check_output_path(path: str, flag: str) -> str | None:
+    """Why an output path cannot be written, or ``None`` if it can. Checked BEFORE any work, so no run is lost."""
+    import os
+
+    if path is None:
+        return None
+    if not str(path).strip():
+        return f"{flag} is an empty path: give a file name"
+    p = Path(path)
+    if p.is_dir() or not p.name or p.name in (".", ".."):
+        return f"{flag} {path} is a folder: give a file name inside it"
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.exists():
+        return f"output folder {parent} does not exist: create it or choose another {flag}"
+    existed = p.exists()
+    try:  # a real probe: permissions, read-only mounts and pseudo file systems all show up here
+        with open(p, "a"):
+            pass
+    except OSError as e:
+        return f"{flag} {path} is not writable ({e.strerror}): choose another location"
+    if not existed:
+        os.remove(p)
+    return None
+
+
 def _decoder_from_args(args):
     from .decode import AR, Chain, Tree
     from .trees import parse_paths
 
+    if args.decoder != "chain" and args.window is not None:
+        raise ValueError("--window is for --decoder chain; drop it or add --decoder chain")
+    if args.decoder != "tree" and args.tree is not None:
+        raise ValueError("--tree is for --decoder tree; drop it or add --decoder tree")
     if args.decoder == "ar":
         return AR()
     if args.decoder == "chain":
-        return Chain(window=args.window)
-    return Tree(paths=parse_paths(args.tree))
+        return Chain(window=4 if args.window is None else args.window)
+    return Tree(paths=parse_paths(DEFAULT_TREE if args.tree is None else args.tree))
+
+
+DEFAULT_TREE = "0;1;0,0;0,0,0"
 
 
 def add_synth_args(p: argparse.ArgumentParser) -> None:
@@ -42,8 +77,10 @@ def add_synth_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", required=True, help="sentence to speak")
     p.add_argument("--out", required=True, help="output .wav (codes go to .npy beside it when there is no codec)")
     p.add_argument("--decoder", choices=["ar", "chain", "tree"], default="ar", help="inner-loop decoder")
-    p.add_argument("--window", type=int, default=4, help="chain window N (2..8): committed code + N-1 drafts")
-    p.add_argument("--tree", default="0;1;0,0;0,0,0", help="tree rank paths: ';' between paths, ',' between ranks")
+    p.add_argument("--window", type=int, default=None,
+                   help="chain window N (2..8, default 4): committed code + N-1 drafts")
+    p.add_argument("--tree", default=None,
+                   help="tree rank paths: ';' between paths, ',' between ranks (default 0;1;0,0;0,0,0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the explicit generator")
     p.add_argument("--greedy", action="store_true", help="argmax decoding in both loops")
     p.add_argument("--json", help="write statistics (frames, calls, tokens per call, wall time, codes) here")
@@ -63,8 +100,6 @@ def run_synth(args) -> int:
     if not args.text or not args.text.strip():
         return _die("--text is empty: give the sentence to speak")
     out = Path(args.out)
-    if not out.parent.exists():
-        return _die(f"output folder {out.parent} does not exist: create it or choose another --out")
     try:
         decoder = _decoder_from_args(args)
         lm = load_model(args.model, dtype=args.dtype)
@@ -299,13 +334,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rvqspec`` console script. Returns the exit status (2 on bad input)."""
     from . import bench
 
-    parser = argparse.ArgumentParser(prog="rvqspec", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="rvqspec", description="rvqspec: lossless speculative decoding of the "
+                                     "RVQ inner loop of Qwen3-TTS (synth, bench, train-drafter, eval-acceptance)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_synth_args(sub.add_parser("synth", help="speak a text with a chosen inner-loop decoder"))
     bench.add_bench_args(sub.add_parser("bench", help="per-call latency of the talker and the code predictor"))
     add_train_drafter_args(sub.add_parser("train-drafter", help="train position-aware offsets or Medusa heads"))
     add_eval_acceptance_args(sub.add_parser("eval-acceptance", help="tokens per call and acceptance of a drafter"))
     args = parser.parse_args(argv)
+    for attr, flag in OUTPUT_FLAGS.items():
+        if args.cmd == "train-drafter" and attr == "out":
+            continue  # a drafter file may go into a new drafters/ folder beside the model: train-drafter makes it
+        problem = check_output_path(getattr(args, attr, None), flag)
+        if problem:
+            return _die(problem)
     if args.cmd == "synth":
         return run_synth(args)
     if args.cmd == "train-drafter":

@@ -132,6 +132,11 @@ class FrameResult:
 
 
 def _check_context(code_predictor, context: torch.Tensor) -> None:
+    if not (hasattr(code_predictor, "lm_head") and hasattr(code_predictor, "small_to_mtp_projection")):
+        hint = " (pass lm.code_predictor)" if hasattr(code_predictor, "code_predictor") or hasattr(
+            code_predictor, "talker") else ""
+        raise ValueError(f"code_predictor must be the official code predictor module, model.talker.code_predictor; "
+                         f"got {type(code_predictor).__name__}{hint}")
     h = P.talker_hidden_size(code_predictor)
     if not isinstance(context, torch.Tensor) or context.dim() != 3 or context.shape[1] != 2 or context.shape[2] != h:
         shape = tuple(context.shape) if isinstance(context, torch.Tensor) else type(context).__name__

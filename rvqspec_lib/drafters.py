@@ -334,8 +334,8 @@ def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = Non
     if fresh:
         return fresh_drafter(name, code_predictor, K=K)
     if path is None:
-        raise FileNotFoundError(f"no trained {name!r} drafter given: pass its .safetensors file or a model directory "
-                                f"holding drafters/{name}.safetensors; {_how_to_train(name, '<file>.safetensors')}")
+        raise FileNotFoundError(f"no trained {name!r} drafter given: pass --drafter-path <file>.safetensors (or a model "
+                                f"directory holding drafters/{name}.safetensors); {_how_to_train(name, '<file>.safetensors')}")
     p = Path(path).expanduser()
     if p.is_dir():
         p = drafter_path(p, name)

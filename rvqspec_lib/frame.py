@@ -78,7 +78,7 @@ def build_prompt(lm: LoadedModel, texts: list[str], *, language: str = "auto", s
     speaker = default_speaker(lm) if speaker is None else speaker
     spk = dict(lm.model.config.talker_config.spk_id or {})
     if speaker is not None and speaker.lower() not in spk:
-        raise ValueError(f"unknown speaker {speaker!r}: this model has {', '.join(sorted(spk)) or 'no speakers'}")
+        raise ValueError(f"unknown speaker {speaker!r}: this model's speakers are {', '.join(sorted(spk)) or '(none)'}")
     dev = next(lm.model.parameters()).device
     ids = [lm.tokenizer(t).to(dev) for t in texts]
 

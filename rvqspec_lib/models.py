@@ -394,7 +394,38 @@ def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -
     return LoadedModel(name, "checkpoint", model.to(device).eval(), tok, _default_generation(path), None, fr, sr)
 
 
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """One quick TCP connection to the hub endpoint (no retries), so an offline machine fails in seconds."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    u = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+def _check_hub_id(name: str) -> None:
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "config.json")
+    if isinstance(cached, str) or constants.HF_HUB_OFFLINE:
+        return  # in the local cache (or offline mode asked for: transformers reports what is missing)
+    if not _hub_reachable():
+        raise ModelNotFoundError(
+            f"{name!r} is not in the local Hugging Face cache and the hub cannot be reached from this machine. "
+            "Download it where there is a network (huggingface-cli download ...) and pass the local directory, or "
+            "use --model tiny-random / qwen3-tts-0.6b-random for timing."
+        )
+
+
 def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implementation) -> LoadedModel:
+    if path is None:
+        _check_hub_id(name)
     import_qwen_tts()
     try:
         from qwen_tts import Qwen3TTSModel

@@ -55,10 +55,11 @@ def git_revision() -> dict:
     Returns:
         ``{"revision": <40-hex sha or None>, "dirty": <bool or None>}``. ``revision`` is ``None`` outside a git
         checkout or before the first commit; ``dirty`` is ``True`` when tracked or untracked (non-ignored) files
-        differ from the revision, ``None`` when git is unavailable.
+        differ from the revision, ``None`` when git is unavailable. Results folders (``figures/``, ``build/``) are
+        left out: a run rewrites them, and the code that produced them is what the flag is about.
     """
     rev = _git("rev-parse", "--verify", "-q", "HEAD")
-    status = _git("status", "--porcelain")
+    status = _git("status", "--porcelain", "--", ".", ":(exclude)figures", ":(exclude)build")
     return {"revision": rev or None, "dirty": None if status is None else bool(status)}
 
 

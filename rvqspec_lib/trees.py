@@ -24,10 +24,11 @@ def parse_paths(text: str) -> list[tuple[int, ...]]:
     if not isinstance(text, str) or not text.strip():
         raise ValueError("empty tree: give rank paths like '0;1;0,0;0,0,0'")
     out = []
-    for part in text.split(";"):
+    parts = text.strip().rstrip(";").split(";")
+    for part in parts:
         part = part.strip()
         if not part:
-            continue
+            raise ValueError(f"empty path in tree {text!r}: separate paths with single ';', e.g. '0;1;0,0'")
         try:
             out.append(tuple(int(x) for x in part.split(",")))
         except ValueError:
@@ -82,6 +83,8 @@ class DraftTree:
             if isinstance(p, int):
                 p = (p,)
             try:
+                if any(isinstance(r, bool) for r in p):
+                    raise TypeError
                 t = tuple(int(r) for r in p)
             except (TypeError, ValueError):
                 raise ValueError(f"tree path {p!r} is not a sequence of integer ranks") from None

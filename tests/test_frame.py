@@ -123,3 +123,30 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, capsys, argv, msg):
 def test_cli_missing_output_folder(tmp_path, capsys):
     rc = main(["synth", "--model", "tiny-random", "--text", "hi", "--out", str(tmp_path / "nope" / "x.wav")])
     assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--json", "/proc/rvqspec-test.json"], "not writable"),
+    (["--json", ""], "empty path"),
+    (["--decoder", "tree", "--tree", "0;;1"], "empty path in tree"),
+    (["--window", "3"], "--window is for --decoder chain"),
+    (["--decoder", "chain", "--tree", "0;1"], "--tree is for --decoder tree"),
+])
+def test_cli_output_and_flag_checks_happen_before_any_work(tmp_path, capsys, extra, msg):
+    rc = main(["synth", "--model", "tiny-random", "--text", "hi", "--out", str(tmp_path / "x.wav"), *extra])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
+    assert not (tmp_path / "x.npy").exists()  # nothing ran
+
+
+def test_cli_out_is_a_folder(tmp_path, capsys):
+    assert main(["synth", "--model", "tiny-random", "--text", "hi", "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+def test_decode_frame_names_the_module_to_pass(lm):
+    from rvqspec_lib import decode_frame
+
+    with pytest.raises(ValueError, match="lm.code_predictor"):
+        decode_frame(lm.model, torch.zeros(1, 2, 64))

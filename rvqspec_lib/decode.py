@@ -214,6 +214,9 @@ def decode_frame(
     t_depth = tree.depth.to(dev)  # (M+1,) offset of each node, 0 = root
     anc = tree.ancestors.to(dev)
     k_max = tree.max_depth
+    t_rank = tree.rank[1:].to(dev)
+    eye = torch.eye(m1, dtype=torch.bool, device=dev)[None]  # every query sees itself: never an empty mask row
+    children = tree.children.to(dev)
     while bool((s < n).any()):
         active = s < n
         abs_depth = s[:, None] + t_depth[None, :]  # (B, M+1) depth of each node's code
@@ -231,16 +234,15 @@ def decode_frame(
                 q_nodes = torch.cat([torch.zeros_like(q[:, :1]), q[:, t_depth[1:] - 1]], 1)  # (B, M+1, V)
             else:
                 top = torch.topk(d_logits, tree.max_rank + 1, dim=-1).indices  # (B, K, R)
-                node_codes[:, 1:] = top[:, t_depth[1:] - 1, tree.rank[1:].to(dev)]
+                node_codes[:, 1:] = top[:, t_depth[1:] - 1, t_rank]
         embeds = P.embed_codes(cp, node_codes, abs_depth)  # (B, M+1, H)
-        self_mask = anc[None] & fed[:, None, :]
-        self_mask = self_mask | torch.eye(m1, dtype=torch.bool, device=dev)[None]  # never an empty row
+        self_mask = (anc[None] & fed[:, None, :]) | eye
         hid = P.forward(cp, embeds, abs_depth + 1, valid, self_mask, cache)  # (B, M+1, H)
         # p after each fed node: lm_head[d] predicts code d+1
         p = torch.zeros(b, m1, cp.lm_head[0].out_features, dtype=torch.float32, device=dev)
         if bool(fed.any()):
             p[fed] = sampling.probs(P.head_logits(cp, hid[fed], abs_depth[fed]))
-        walk = verify.walk_tree(p, node_codes, tree.children.to(dev), node_valid, fed, generator, q_nodes)
+        walk = verify.walk_tree(p, node_codes, children, node_valid, fed, generator, q_nodes)
         # commit accepted drafts, then the residual / bonus code
         for k in range(walk.path.shape[1]):
             on = walk.path[:, k] >= 0

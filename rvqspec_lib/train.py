@@ -216,6 +216,47 @@ def batch_prompt(lm: LoadedModel, utts: Sequence[Utterance], *, grad: bool) -> P
     return Prompt(torch.cat(emb)[inv], torch.cat(mask)[inv], torch.cat(text)[inv], pad)
 
 
+def talker_pass(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
+                generator: torch.Generator | None = None):
+    """The official talker over [prompt | frames 0..F-1], teacher-forced, in the exact inference layout.
+
+    Frame t's input is the sum of its 16 code embeddings plus the text track (the text while it lasts, then
+    ``tts_pad_embed``); position ids come from the mask as in the official prefill. Shared by :func:`teacher_force`
+    (training) and :func:`rvqspec_lib.train_drafters.teacher_forced_contexts` (inner-loop contexts).
+
+    Returns:
+        ``(out, L, codes (B, F, G), valid (B, F) bool, frames (B,))``: ``out`` is the talker's output with hidden
+        states; position ``L-1+t`` is the one that emits code 0 of frame t.
+    """
+    talker = lm.model.talker
+    dev = next(lm.model.parameters()).device
+    speaker = default_speaker(lm)
+    utts = [Utterance(u.text, u.codes, u.speaker if u.speaker is not None else speaker, u.language) for u in utts]
+    prompt = batch_prompt(lm, utts, grad=torch.is_grad_enabled())
+    emb, mask = prompt.inputs_embeds, prompt.attention_mask  # (B, L, H), (B, L)
+    b, length = mask.shape
+    frames = torch.tensor([u.codes.shape[0] for u in utts])
+    n_max = int(frames.max())
+    g = utts[0].codes.shape[1]
+    codes = torch.zeros(b, n_max, g, dtype=torch.long)
+    for i, u in enumerate(utts):
+        codes[i, : u.codes.shape[0]] = u.codes
+    codes = codes.to(dev)
+    valid = (torch.arange(n_max)[None] < frames[:, None]).to(dev)  # (B, F)
+    fed = codes
+    if feedback_noise > 0:
+        hit = torch.rand(b, n_max, 1, generator=generator) < feedback_noise
+        noise = torch.randint(0, lm.codebook_size, (b, n_max, g), generator=generator)
+        fed = torch.where(hit.to(dev), noise.to(dev), codes)
+    feed = frame_embeddings(lm, fed)  # (B, F, H): frame t is the input at position L + t
+    text = prompt.trailing_text_hidden  # (B, T, H): step t uses text[:, t] while t < T, then tts_pad_embed
+    track = torch.cat([text[:, :n_max], prompt.tts_pad_embed.expand(b, max(0, n_max - text.shape[1]), -1)], 1)
+    x = torch.cat([emb, feed + track.to(feed.dtype)], 1)  # (B, L + F, H)
+    attn = torch.cat([mask, valid.to(mask.dtype)], 1)
+    out = talker(inputs_embeds=x, attention_mask=attn, use_cache=False, output_hidden_states=True)
+    return out, length, codes, valid, frames
+
+
 def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
                   cp_fraction: float = 1.0, generator: torch.Generator | None = None) -> TeacherForced:
     """One teacher-forced pass of the official talker and code predictor over a batch.
@@ -240,34 +281,10 @@ def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise:
             raise ValueError(f"codes of {u.text!r} must be (frames, {lm.n_code_groups}) in 0..{lm.codebook_size - 1}, "
                              f"got shape {tuple(u.codes.shape)}, range {int(u.codes.min())}..{int(u.codes.max())}")
     model, talker = lm.model, lm.model.talker
-    dev = next(model.parameters()).device
     eos = int(model.config.talker_config.codec_eos_token_id)
-    speaker = default_speaker(lm)
-    utts = [Utterance(u.text, u.codes, u.speaker if u.speaker is not None else speaker, u.language) for u in utts]
-    prompt = batch_prompt(lm, utts, grad=torch.is_grad_enabled())
-    emb, mask = prompt.inputs_embeds, prompt.attention_mask  # (B, L, H), (B, L)
-    b, length = mask.shape
-    frames = torch.tensor([u.codes.shape[0] for u in utts])
-    n_max = int(frames.max())
-    g = utts[0].codes.shape[1]
-    codes = torch.zeros(b, n_max, g, dtype=torch.long)
-    for i, u in enumerate(utts):
-        codes[i, : u.codes.shape[0]] = u.codes
-    codes = codes.to(dev)
-    valid = (torch.arange(n_max)[None] < frames[:, None]).to(dev)  # (B, F)
-
-    fed = codes
-    if feedback_noise > 0:
-        hit = torch.rand(b, n_max, 1, generator=generator) < feedback_noise
-        noise = torch.randint(0, lm.codebook_size, (b, n_max, g), generator=generator)
-        fed = torch.where(hit.to(dev), noise.to(dev), codes)
-    feed = frame_embeddings(lm, fed)  # (B, F, H): frame t is the input at position L + t
-    text = prompt.trailing_text_hidden  # (B, T, H): step t uses text[:, t] while t < T, then tts_pad_embed
-    track = torch.cat([text[:, :n_max], prompt.tts_pad_embed.expand(b, max(0, n_max - text.shape[1]), -1)], 1)
-    x = torch.cat([emb, feed + track.to(feed.dtype)], 1)  # (B, L + F, H)
-    attn = torch.cat([mask, valid.to(mask.dtype)], 1)
-    # the official forward: codec_head logits, and position ids from the mask (get_rope_index) as in its prefill
-    out = talker(inputs_embeds=x, attention_mask=attn, use_cache=False, output_hidden_states=True)
+    out, length, codes, valid, frames = talker_pass(lm, utts, feedback_noise=feedback_noise, generator=generator)
+    b, n_max = valid.shape
+    dev = codes.device
     hidden = out.hidden_states[0][-1]  # (B, L + F, H), last layer after the final norm (= inference's past_hidden)
     talker_logits = out.logits[:, length - 1:]  # (B, F + 1, V): position L-1+t emits code 0 of frame t
     labels = torch.full((b, n_max + 1), IGNORE, dtype=torch.long, device=dev)

@@ -221,10 +221,9 @@ def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str
                             speaker: str | None = None) -> torch.Tensor:
     """Inner-loop contexts of every frame of one utterance, from ONE teacher-forced talker pass.
 
-    The prompt is the official one (:func:`rvqspec_lib.frame.build_prompt`); frame t feeds the talker the sum of its 16
-    code embeddings (talker table for code 0, code-predictor tables for 1..15) plus the text track, exactly as
-    :func:`rvqspec_lib.frame.synthesize` does step by step, so the hidden state that emits code 0 of frame t is the
-    talker's last hidden state at prompt position L-1+t (positions as the official MRoPE: cumulative over the mask).
+    The talker pass is :func:`rvqspec_lib.train.talker_pass` (the official prompt, then frame t fed as the sum of its
+    16 code embeddings plus the text track, exactly as :func:`rvqspec_lib.frame.synthesize` does step by step), so the
+    hidden state that emits code 0 of frame t is the talker's last hidden state at prompt position L-1+t.
 
     Args:
         lm: :class:`rvqspec_lib.models.LoadedModel`. text: the utterance's text.
@@ -236,7 +235,7 @@ def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str
     Raises:
         ValueError: codes of the wrong shape or out of the codebook.
     """
-    from .frame import build_prompt
+    from .train import Utterance, talker_pass
 
     g = lm.n_code_groups
     codes = torch.as_tensor(codes, dtype=torch.long)
@@ -245,25 +244,10 @@ def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str
     if int(codes.min()) < 0 or int(codes[:, 1:].max()) >= lm.codebook_size or int(codes[:, 0].max()) >= 2048:
         raise ValueError(f"codes must lie in [0, {lm.codebook_size}) (code 0 in [0, 2048)); got "
                          f"[{int(codes.min())}, {int(codes.max())}]")
-    prompt = build_prompt(lm, [text], language=language, speaker=speaker)
-    talker, cp = lm.model.talker, lm.code_predictor
-    dev = prompt.inputs_embeds.device
-    codes = codes.to(dev)
-    t = codes.shape[0]
-    code0_emb = talker.get_input_embeddings()(codes[:, 0])  # (T, Ht)
-    feed = code0_emb + sum(cp.get_input_embeddings()[i](codes[:, i + 1]) for i in range(g - 1))
-    text_track = prompt.trailing_text_hidden[0]  # (Tt, Ht)
-    n_text = min(t, text_track.shape[0])
-    track = prompt.tts_pad_embed[0].expand(t, -1).clone()
-    track[:n_text] = text_track[:n_text]
-    feed = (feed + track)[: t - 1]  # frame T-1's feed is never needed
-    x = torch.cat([prompt.inputs_embeds, feed[None].to(prompt.inputs_embeds.dtype)], 1)  # (1, L+T-1, Ht)
-    mask = torch.cat([prompt.attention_mask, torch.ones(1, t - 1, dtype=prompt.attention_mask.dtype, device=dev)], 1)
-    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as the talker's get_rope_index
-    hs = talker.model(inputs_embeds=x, attention_mask=mask, position_ids=pos[None].expand(3, -1, -1),
-                      use_cache=False).last_hidden_state  # (1, L+T-1, Ht)
-    length = prompt.inputs_embeds.shape[1]
-    past_hidden = hs[0, length - 1: length - 1 + t]  # (T, Ht)
+    out, length, codes, _, _ = talker_pass(lm, [Utterance(text, codes, speaker, language)])
+    t = codes.shape[1]
+    past_hidden = out.hidden_states[0][-1][0, length - 1: length - 1 + t]  # (T, Ht): emits code 0 of each frame
+    code0_emb = lm.model.talker.get_input_embeddings()(codes[0, :, 0])  # (T, Ht)
     return torch.stack([past_hidden, code0_emb], 1).float().cpu()
 
 

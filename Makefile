@@ -7,6 +7,8 @@
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
 #   make paper THREADS=2          torch threads in the timing notebooks (default 1, as the committed figures:
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
+#   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,
+#                                 codec, training, evaluation, model card): about 2 h on 2 CPU cores, resumable
 #   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call (JSON in build/)
 #   make clean                    remove build/ (figures/ holds committed results and is kept)
 #
@@ -45,7 +47,10 @@ PM_PARAMS     := $(if $(SMOKE),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) $(if
 BENCH_MODEL   ?= qwen3-tts-0.6b-random
 BENCH_ARGS    ?=
 
-.PHONY: all env test paper notebooks bench clean
+EMBEDDED_WORK ?= build/embedded
+EMBEDDED_ARGS ?=
+
+.PHONY: all env test paper notebooks bench clean embedded
 
 all: test paper
 
@@ -80,6 +85,18 @@ $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP)
 	@mkdir -p $(EXEC_DIR) $(FIG_DIR)
 	$(VENV)/bin/papermill $< $(EXEC_DIR)/$*.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
 	@touch $@
+
+# ---- the embedded model ------------------------------------------------------------------------------------------
+# Built into build/embedded-out (every stage resumes when re-run), then swapped into data/embedded in one move, so
+# an interrupted build never leaves a half-written shipped model. EMBEDDED_ARGS passes flags, e.g. "--minutes 100".
+embedded: $(STAMP)
+	bash scripts/apt-voices.sh
+	nice -n 5 $(PY) scripts/build_embedded.py --scale full --threads 1 --out build/embedded-out \
+	  --work $(EMBEDDED_WORK) $(EMBEDDED_ARGS)
+	rm -rf data/embedded.new && cp -r build/embedded-out data/embedded.new
+	rm -rf data/embedded.old && if [ -d data/embedded ]; then mv data/embedded data/embedded.old; fi
+	mv data/embedded.new data/embedded && rm -rf data/embedded.old
+	@echo "data/embedded rebuilt: see data/embedded/MODEL_CARD.md"
 
 # ---- benchmark ----------------------------------------------------------------------------------------------------
 bench: $(STAMP)

@@ -40,6 +40,7 @@ warmup = 3  # untimed calls before each measurement
 threads = 0  # torch.set_num_threads; 0 keeps torch's default
 prefix_len = 8  # KV positions already in the code-predictor cache (a mid-frame verify)
 talker_context = 64  # KV positions already in the talker cache (about 5 s of speech plus the text prompt)
+compare_model = "embedded"  # timed the same way beside `model` ("" skips): the small trained model shipped here
 
 # %%
 import json
@@ -63,7 +64,8 @@ if threads:
 out = resolve_out_dir(out_dir)
 params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), repeats=run_repeats,
               warmup=run_warmup, threads=torch.get_num_threads(), prefix_len=prefix_len,
-              talker_context=talker_context, query_sizes=list(query_sizes), notebook="01_rvq_bottleneck")
+              talker_context=talker_context, query_sizes=list(query_sizes), compare_model=compare_model,
+              notebook="01_rvq_bottleneck")
 print(f"model {run_model}, outputs -> {out}")
 
 # %% [markdown]
@@ -141,6 +143,39 @@ fig = plots.plot_verify_cost(result)
 save_figure(fig, out / "01_verify_cost", prov)
 plt.show()
 
+# %% [markdown]
+# ## The embedded model's call budget beside the real-size architecture
+# The later notebooks measure acceptance on `compare_model`, the small Qwen3-TTS-class model trained here
+# (`data/embedded`, see its MODEL_CARD.md): same two loops, same 12.5 Hz × 16 codebooks, so the same **calls per
+# second**, but much smaller layers, so each call is cheaper and the verify cost curve is flatter or steeper. Tokens
+# per call transfer between the two (they count calls, not milliseconds); speed-ups in milliseconds do not.
+
+# %%
+compared = []
+if compare_model:
+    small = load_model(compare_model, seed=seed)
+    small_result = bench.bench_model(small, prefix_len=prefix_len, query_sizes=query_sizes,
+                                     talker_context=talker_context, warmup=run_warmup, repeats=run_repeats,
+                                     seed=seed, progress=True)
+    for lm_, res_ in ((loaded, result), (small, small_result)):
+        desc, der = lm_.describe(), res_["derived"]
+        rq = {r["n_queries"]: r["ratio_to_1"] for r in res_["code_predictor"]}
+        qmax = max(q for q in rq if q <= 16)
+        compared.append({
+            "model": lm_.name, "random_weights": lm_.is_random,
+            "talker_layers": desc["talker_layers"], "talker_hidden": desc["talker_hidden"],
+            "code_predictor_layers": desc["code_predictor_layers"],
+            "code_predictor_hidden": desc["code_predictor_hidden"],
+            "params_talker_total": desc["params_talker_total"], "params_code_predictor": desc["params_code_predictor"],
+            "frame_rate_hz": lm_.frame_rate_hz, "n_code_groups": lm_.n_code_groups,
+            "calls_per_s_realtime": bench.call_budget(lm_.frame_rate_hz, lm_.n_code_groups)["calls_per_s"],
+            "t_talker_ms": der["t_talker_ms"], "t_inner_ms": der["t_inner_ms"], "frame_ms_ar": der["frame_ms_ar"],
+            "rtf_ar": der["rtf_ar"], "inner_share_ar": der["inner_share_ar"], f"t({qmax})/t(1)": rq[qmax],
+        })
+    compared_df = pd.DataFrame(compared)
+    save_table(compared_df, out / "01_models_compared", provenance(params, seed=seed))
+    display(compared_df.set_index("model").T)
+
 # %%
 ratios = {str(r["n_queries"]): r["ratio_to_1"] for r in result["code_predictor"]}
 metrics = {
@@ -166,6 +201,7 @@ metrics = {
     "load_avg_1m_after": result["load_avg_1m_after"],
     "other_cpu_frac": result["other_cpu_frac"],
     "cpu_oversubscribed": result["cpu_oversubscribed"],
+    "compared": compared,
 }
 save_json(metrics, out / "01_metrics.json", prov)
 save_json(result, out / "01_bench.json", prov)

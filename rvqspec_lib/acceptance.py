@@ -190,6 +190,70 @@ def predicted_tokens_per_call(exact: dict, decoder, n_codes: int) -> float:
     return n / (1.0 + calls[1])
 
 
+def acceptance_by_depth(alpha, max_offset: int | None = None) -> np.ndarray:
+    """Acceptance by drafted depth d from a start-depth x offset table, pooling the pairs with k + j = d.
+
+    Args:
+        alpha: ``(n-1, K)`` table, row k-1 = start depth k, column j-1 = offset j (``exact_statistics()["alpha"]``,
+            or its JSON form from :func:`evaluate_acceptance` with ``None`` for NaN).
+        max_offset: pool offsets j <= max_offset only (e.g. the K a drafter was trained for); ``None``: all.
+
+    Returns:
+        ``(n+1,)`` float64, index d = drafted depth (NaN at d = 0, 1 and where no pair exists): the unweighted mean of
+        ``alpha[k-1, j-1]`` over k + j = d (every start depth is equally likely in a frame's tables).
+
+    Raises:
+        ValueError: ``alpha`` not two-dimensional, or ``max_offset < 1``.
+    """
+    a = np.array(alpha, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"alpha must be (n-1, K), got shape {a.shape}")
+    if max_offset is not None:
+        if max_offset < 1:
+            raise ValueError(f"max_offset must be >= 1, got {max_offset}")
+        a = a[:, :max_offset]
+    n = a.shape[0] + 1
+    out = np.full(n + 1, np.nan)
+    k = np.arange(1, n)[:, None]
+    j = np.arange(1, a.shape[1] + 1)[None, :]
+    for d in range(2, n + 1):
+        vals = a[((k + j) == d) & ~np.isnan(a)]
+        if vals.size:
+            out[d] = vals.mean()
+    return out
+
+
+def saturation_window(tokens_per_call: dict, *, rel_tol: float = 0.02) -> int:
+    """The smallest chain window whose tokens per call is within ``rel_tol`` of the best window's (seed 003: "acceptance
+    saturates once the window passes four depths").
+
+    Args:
+        tokens_per_call: ``{window (int) or label "chainN": tokens per call}``, e.g. ``evaluate_acceptance(...)
+            ["tokens_per_call"]`` (non-chain labels such as ``"tree"`` are ignored).
+        rel_tol: relative shortfall from the maximum still counted as saturated (0.02 = 2%).
+
+    Returns:
+        the window N (int).
+
+    Raises:
+        ValueError: no chain window among the keys, or ``rel_tol`` negative.
+    """
+    if rel_tol < 0:
+        raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
+    by_w = {}
+    for k, v in tokens_per_call.items():
+        if isinstance(k, str):
+            if not k.startswith("chain") or not k[5:].isdigit():
+                continue
+            k = int(k[5:])
+        if v is not None:
+            by_w[int(k)] = float(v)
+    if not by_w:
+        raise ValueError(f"no chain window among {sorted(map(str, tokens_per_call))}")
+    best = max(by_w.values())
+    return min(w for w, v in by_w.items() if v >= best * (1 - rel_tol))
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # empirical statistics from decode runs
 # --------------------------------------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ Examples::
     rvqspec bench --model qwen3-tts-0.6b-random --json bench.json
     rvqspec train-drafter --model ./Qwen3-TTS-12Hz-0.6B-CustomVoice --drafter offsets --frames-file train.safetensors
     rvqspec eval-acceptance --model ./Qwen3-TTS-12Hz-0.6B-CustomVoice --drafter offsets --json acceptance.json
+    rvqspec train-drafter --model embedded --drafter offsets     # shipped training / validation utterances,
+    rvqspec eval-acceptance --model embedded --drafter offsets   # -> data/embedded/model/drafters/; evaluation split
 """
 
 from __future__ import annotations
@@ -164,7 +166,8 @@ def run_synth(args) -> int:
 # drafters: train-drafter, eval-acceptance
 # --------------------------------------------------------------------------------------------------------------------
 def _add_frame_source_args(p: argparse.ArgumentParser, default_frames: int) -> None:
-    p.add_argument("--frames-file", help="frames saved by Frames.save (.safetensors); default: the model speaks texts")
+    p.add_argument("--frames-file", help="frames saved by Frames.save (.safetensors); default: the utterances that "
+                                         "ship with the model (the embedded model), else the model speaks texts")
     p.add_argument("--dataset", help="a local datasets folder (save_to_disk) of audio + text, VoxPopuli schema")
     p.add_argument("--codec", help="with --dataset: codec file or folder (rvqspec_lib.codec.load_codec)")
     p.add_argument("--language", default="auto", help="with --dataset: prompt language (auto, english, ...)")
@@ -173,14 +176,36 @@ def _add_frame_source_args(p: argparse.ArgumentParser, default_frames: int) -> N
     p.add_argument("--seed", type=int, default=0, help="seed of every explicit generator")
 
 
-def _frames_from_args(args, lm):
-    """Frames from --frames-file, --dataset + --codec, else the model speaking texts; the first --frames of them."""
+def _shipped_root(model: str) -> Path | None:
+    """Where the model's shipped utterances are (``embedded``, or a local folder written by build_embedded.py),
+    ``None`` for models without them (tiny-random, hub ids, checkpoints without utterances.safetensors)."""
+    from .drafters import model_drafter_dir
+    from .embedded import embedded_root
+
+    if model_drafter_dir(model) is None:
+        return None
+    try:
+        return embedded_root(model)
+    except FileNotFoundError:
+        return None
+
+
+def _uses_shipped(args) -> bool:
+    """No other frame source was given and the model ships utterances."""
+    return not (args.frames_file or args.dataset or args.texts_file) and _shipped_root(args.model) is not None
+
+
+def _frames_from_args(args, lm, split: str = "training", max_frames: int | None = None):
+    """Frames from --frames-file, --dataset + --codec, --texts-file, else the model's shipped utterances (split
+    ``split``: training for train-drafter, evaluation for eval-acceptance), else the model speaking built-in texts;
+    the first ``max_frames`` (default --frames) of them."""
     import torch
 
-    from .train_drafters import DEFAULT_TEXTS, Frames, frames_from_model
+    from .train_drafters import DEFAULT_TEXTS, Frames, frames_from_model, frames_from_shipped
 
-    if args.frames < 1:
-        raise ValueError(f"--frames must be >= 1, got {args.frames}")
+    limit = args.frames if max_frames is None else max_frames
+    if limit < 1:
+        raise ValueError(f"--frames must be >= 1, got {limit}")
     if args.frames_file:
         fr = Frames.load(args.frames_file)
     elif args.dataset:
@@ -190,7 +215,10 @@ def _frames_from_args(args, lm):
         if not args.codec:
             raise ValueError("--dataset needs --codec (the codec that turns its audio into codes)")
         fr = frames_from_dataset(args.dataset, lm, load_codec(args.codec), language=args.language,
-                                 max_frames=args.frames, progress=sys.stderr.isatty())
+                                 max_frames=limit, progress=sys.stderr.isatty())
+    elif _uses_shipped(args):
+        fr = frames_from_shipped(lm, args.model, split, max_frames=limit, seed=args.seed,
+                                 progress=sys.stderr.isatty())
     else:
         if args.texts_file:
             path = Path(args.texts_file)
@@ -200,30 +228,32 @@ def _frames_from_args(args, lm):
         else:
             texts = list(DEFAULT_TEXTS)
         parts, have, i = [], 0, 0
-        while have < args.frames:
+        while have < limit:
             text = texts[i % len(texts)]
-            fr = frames_from_model(lm, [text], seed=args.seed + i, max_frames=min(200, args.frames - have))
+            fr = frames_from_model(lm, [text], seed=args.seed + i, max_frames=min(200, limit - have))
             fr.utterance[:] = i
             parts.append(fr)
             have += len(fr)
             i += 1
         fr = Frames.cat(parts)
-    if len(fr) > args.frames:
-        fr = fr.subset(torch.arange(args.frames))
+    if len(fr) > limit:
+        fr = fr.subset(torch.arange(limit))
     return fr
 
 
 def _drafter_model_dir(model: str) -> Path | None:
-    p = Path(model).expanduser()
-    return p if p.is_dir() else None
+    from .drafters import model_drafter_dir
+
+    return model_drafter_dir(model)
 
 
 def add_train_drafter_args(p: argparse.ArgumentParser) -> None:
     from .drafters import DEFAULT_K
 
-    p.add_argument("--model", required=True, help="tiny-random, a checkpoint dir or a hub id")
+    p.add_argument("--model", required=True, help="embedded, tiny-random, a checkpoint dir or a hub id")
     p.add_argument("--drafter", required=True, choices=["offsets", "medusa"], help="what to train")
-    p.add_argument("--out", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors)")
+    p.add_argument("--out", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors; embedded: "
+                                 "data/embedded/model/drafters/)")
     p.add_argument("--loss", choices=["ce", "kl"], default="ce",
                    help="ce: ground-truth codes (paper); kl: the verifier's warped distribution (T 0.9, top-k 50)")
     p.add_argument("--K", type=int, default=DEFAULT_K, help="offsets drafted (paper: 3)")
@@ -231,7 +261,10 @@ def add_train_drafter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--patience", type=int, default=3, help="epochs without validation improvement before stopping")
     p.add_argument("--batch-size", type=int, default=64, help="frames per step")
     p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default per drafter)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="utterances held out for early stopping")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="utterances held out for early stopping (models without a shipped validation split)")
+    p.add_argument("--val-frames", type=int, default=500,
+                   help="validation frames for early stopping, from the shipped validation split (embedded models)")
     p.add_argument("--curve-json", help="training curve (default: the drafter file with .curve.json)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
     _add_frame_source_args(p, default_frames=2000)
@@ -240,6 +273,7 @@ def add_train_drafter_args(p: argparse.ArgumentParser) -> None:
 def run_train_drafter(args) -> int:
     from .drafters import drafter_path, make_drafter, save_drafter
     from .models import load_model
+    from .sampling import Sampling
     from .train_drafters import train_drafter
 
     try:
@@ -254,10 +288,13 @@ def run_train_drafter(args) -> int:
             return _die(f"--out must end in .safetensors, got {out}")
         if lm.is_random:
             print(f"note: {args.model} has RANDOM weights: the drafter learns nothing meaningful", file=sys.stderr)
-        frames = _frames_from_args(args, lm)
+        frames = _frames_from_args(args, lm, "training")
+        val = _frames_from_args(args, lm, "validation", args.val_frames) if _uses_shipped(args) else None
         drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=args.K)
         curve = Path(args.curve_json) if args.curve_json else out.with_suffix(".curve.json")
-        res = train_drafter(drafter, lm.code_predictor, frames, loss=args.loss, lr=args.lr, batch_size=args.batch_size,
+        sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
+        res = train_drafter(drafter, lm.code_predictor, frames, val, loss=args.loss, sampling=sampling, lr=args.lr,
+                            batch_size=args.batch_size,
                             max_epochs=args.epochs, patience=args.patience, val_fraction=args.val_fraction,
                             seed=args.seed, progress=sys.stderr.isatty(), curve_path=curve)
     except (ValueError, FileNotFoundError) as e:
@@ -274,9 +311,10 @@ def run_train_drafter(args) -> int:
 
 
 def add_eval_acceptance_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="tiny-random, a checkpoint dir or a hub id")
+    p.add_argument("--model", required=True, help="embedded, tiny-random, a checkpoint dir or a hub id")
     p.add_argument("--drafter", default="heads", choices=["heads", "offsets", "medusa"], help="drafter to evaluate")
-    p.add_argument("--drafter-path", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors)")
+    p.add_argument("--drafter-path", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors; "
+                                          "embedded: data/embedded/model/drafters/)")
     p.add_argument("--decoder", choices=["chain", "tree"], help="one decoder (default: chain windows 2..8 and tree)")
     p.add_argument("--window", type=int, default=4, help="chain window N (2..8), with --decoder chain")
     p.add_argument("--tree", default="0;1;0,0;0,0,0", help="tree rank paths (';' between paths, ',' between ranks)")
@@ -307,7 +345,7 @@ def run_eval_acceptance(args) -> int:
         lm = load_model(args.model, dtype=args.dtype)
         path = args.drafter_path or _drafter_model_dir(args.model)
         drafter = make_drafter(args.drafter, lm.code_predictor, path)
-        frames = _frames_from_args(args, lm)
+        frames = _frames_from_args(args, lm, "evaluation")
         sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
         res = evaluate_acceptance(lm.code_predictor, drafter, frames, decoders=decoders, sampling=sampling,
                                   seed=args.seed, max_rank=args.max_rank, teacher_codes=args.teacher_codes)
@@ -315,7 +353,7 @@ def run_eval_acceptance(args) -> int:
         return _die(str(e))
     if lm.is_random:
         print(f"note: {args.model} has RANDOM weights: acceptance rates mean nothing", file=sys.stderr)
-    res = {"model": args.model, "random_weights": lm.is_random, **res,
+    res = {"model": args.model, "random_weights": lm.is_random, **res, "frames": frames.source,
            "provenance": provenance(vars(args), seed=args.seed)}
     print(f"drafter {args.drafter}: {res['params_added']:,} parameters added, {res['n_frames']} frames")
     for label, tpc in res["tokens_per_call"].items():

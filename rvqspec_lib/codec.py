@@ -433,6 +433,87 @@ class RVQCodec:
         out = self.decode(self.encode(wav, sample_rate), n_codebooks)
         return out[: np.asarray(wav).reshape(-1).shape[0]]
 
+    # ---------------------------------------------------------------- analysis (notebook 00)
+    def unstack(self, vectors: np.ndarray) -> np.ndarray:
+        """Frame vectors back to a log-mel spectrogram.
+
+        Args:
+            vectors: `(frames, dim)` float (from :meth:`features` or :meth:`dequantize`).
+        Returns:
+            `(n_mels, frames * stack)` float32: natural log of mel power, one column per 20 ms mel hop
+            (multiply by ``10 / ln 10`` for dB).
+        Raises:
+            ValueError: ``vectors`` is not `(frames, dim)`.
+        """
+        v = np.asarray(vectors, dtype=np.float32)
+        c = self.config
+        if v.ndim != 2 or v.shape[1] != c.dim:
+            raise ValueError(f"expected frame vectors of shape (frames, {c.dim}), got {v.shape}")
+        return np.ascontiguousarray(v.reshape(v.shape[0] * c.stack, c.n_mels).T)
+
+    def log_spectral_distance(self, a: np.ndarray, b: np.ndarray) -> float:
+        """Mean log-spectral distance between two sets of frame vectors, in dB, on the codec's mel scale.
+
+        For every 20 ms mel frame: the RMS over the ``n_mels`` bands of ``10 log10(P_a / P_b)``; then the mean over
+        mel frames. 0 means equal spectra; about 1 dB is hard to hear, several dB is audible.
+
+        Args:
+            a, b: `(frames, dim)` float log-mel frame vectors of the same shape (e.g. ``features(wav)`` and
+                ``dequantize(codes, k)``, or the features of two equally long waveforms).
+        Returns:
+            The distance in dB (float, >= 0; 0.0 when there are no frames).
+        Raises:
+            ValueError: the shapes differ or are not `(frames, dim)`.
+        """
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            raise ValueError(f"frame vectors of different shapes {a.shape} and {b.shape}: trim both to the same "
+                             "number of frames")
+        la, lb = self.unstack(a), self.unstack(b)  # (n_mels, t)
+        if la.shape[1] == 0:
+            return 0.0
+        db = (10.0 / np.log(10.0)) * (la.astype(np.float64) - lb)
+        return float(np.sqrt((db ** 2).mean(0)).mean())
+
+    def codebook_sweep(self, wav: np.ndarray, n_codebooks: Iterable[int] = (1, 2, 4, 8, 16), *,
+                       sample_rate: int = SAMPLE_RATE, unquantised: bool = True) -> list[dict]:
+        """One utterance resynthesised with the first k codebooks, for each k: what each RVQ stage adds.
+
+        Args:
+            wav: `(samples,)` float audio in [-1, 1] at ``sample_rate``.
+            n_codebooks: the k to decode with (each in ``[1, n_codebooks]``), in the order wanted.
+            sample_rate: must equal the codec's (24000).
+            unquantised: also invert the UNQUANTISED features (the mel inversion and Griffin-Lim alone, no codes):
+                the ceiling of any k.
+        Returns:
+            One dict per condition, ``"original"`` first, then ``"unquantised"`` (if asked), then ``"k=<k>"``:
+            ``condition`` (str), ``k`` (int, or ``None`` for the first two), ``audio`` (`(samples,)` float32, the
+            input's length), ``feature_lsd_db`` (:meth:`log_spectral_distance` of the vectors the decoder was
+            given vs the unquantised features: the quantisation error alone; 0 for ``original`` and
+            ``unquantised``) and ``audio_lsd_db`` (the same distance between the features of the output audio and
+            of the input: quantisation plus inversion; 0 for ``original``).
+        Raises:
+            ValueError: a k outside ``[1, n_codebooks]``, or bad audio (see :meth:`encode`).
+        """
+        x = _check_wav(wav, sample_rate, self.config.sample_rate)
+        ks = [self._check_k(k) for k in n_codebooks]
+        feats = self.features(x)
+        codes = self.quantize(feats)
+
+        def row(condition, k, vectors):
+            if vectors is None:
+                return {"condition": condition, "k": k, "audio": x, "feature_lsd_db": 0.0, "audio_lsd_db": 0.0}
+            y = self.vectors_to_audio(vectors)[: x.shape[0]]
+            return {"condition": condition, "k": k, "audio": y,
+                    "feature_lsd_db": self.log_spectral_distance(vectors, feats),
+                    "audio_lsd_db": self.log_spectral_distance(self.features(y), feats)}
+
+        out = [row("original", None, None)]
+        if unquantised:
+            out.append(row("unquantised", None, feats))
+        out += [row(f"k={k}", k, self.dequantize(codes, k)) for k in ks]
+        return out
+
     def _check_k(self, n_codebooks):
         if n_codebooks is None:
             return self.config.n_codebooks

@@ -55,6 +55,20 @@ APT_HINT = "run `sudo bash scripts/apt-voices.sh` (apt-get install flite festiva
 
 #: The paper's Table 1 roles, in table order.
 SPLITS = ("training", "validation", "calibration", "evaluation")
+#: What each split is used for in this project (the "role" column of the Table 1 analogue, notebook 00).
+SPLIT_ROLES = {
+    "training": "fit the codec; train the embedded model and the drafters",
+    "validation": "held out from training: loss and teacher-forced accuracy",
+    "calibration": "choose the draft tree (acceptance by rank and offset)",
+    "evaluation": "held out everywhere: acceptance, WER, codec quality",
+}
+#: Where the text of each ``Sentence.source`` comes from (for tables).
+SOURCE_DESCRIPTIONS = {
+    "fortunes": "Debian fortunes / fortunes-min (apt-get download, dpkg -x)",
+    "stdlib": "Python standard-library docstrings (parsed with ast)",
+    "doc": "plain-text docs under /usr/share/doc",
+    "written": "written for this project (data/eval_texts/multilingual.tsv)",
+}
 #: Fractions of English sentences per split. Table 1 has 88% / 10% / 1% / 0.7% of utterances; calibration and
 #: evaluation get more here (3% each, about 1,000 sentences of a 37k-sentence gather) so that both are large
 #: enough to measure acceptance and WER on.
@@ -620,7 +634,8 @@ def corpus_table(manifest: str | os.PathLike | Iterable[Mapping]) -> list[dict]:
              "sources": ",".join(sorted(x for x in groups[(s, lang)]["sources"] if x))} for s, lang in keys]
 
 
-__all__ = ["Sentence", "SPLITS", "DEFAULT_FRACTIONS", "VOICES", "DEFAULT_VOICES", "Voice", "MissingVoiceError",
+__all__ = ["Sentence", "SPLITS", "SPLIT_ROLES", "SOURCE_DESCRIPTIONS", "DEFAULT_FRACTIONS", "VOICES",
+           "DEFAULT_VOICES", "Voice", "MissingVoiceError",
            "clean_sentences", "is_clean", "split_sentences", "sentence_key", "dedupe", "fetch_debian_package",
            "fortune_sentences", "stdlib_sentences", "doc_sentences", "multilingual_sentences", "gather_sentences",
            "split_of", "assign_splits", "save_sentences", "load_sentences", "shipped_sentences", "check_voice",

@@ -298,6 +298,21 @@ def drafter_path(model_dir: str | os.PathLike, name: str) -> Path:
     return Path(model_dir) / "drafters" / f"{name}.safetensors"
 
 
+def model_drafter_dir(model: str | os.PathLike) -> Path | None:
+    """The model folder whose ``drafters/`` holds a model's trained drafters, or ``None`` when there is none.
+
+    ``"embedded"`` (:data:`rvqspec_lib.models.EMBEDDED_MODEL`) -> ``data/embedded/model`` (whether or not it exists
+    yet); an existing local directory -> itself; anything else (``tiny-random``, a hub id) -> ``None``. With
+    :func:`drafter_path`, this is where ``--drafter offsets`` looks and ``rvqspec train-drafter`` writes by default.
+    """
+    from .models import EMBEDDED_DIR, EMBEDDED_MODEL
+
+    if str(model) == EMBEDDED_MODEL:
+        return EMBEDDED_DIR / "model"
+    p = Path(model).expanduser()
+    return p if p.is_dir() else None
+
+
 def _how_to_train(name: str, where: str) -> str:
     return (f"train one with `rvqspec train-drafter --model <model> --drafter {name} --out {where}` "
             f"(or rvqspec_lib.train_drafters.train_drafter), or use --drafter heads (no training)")

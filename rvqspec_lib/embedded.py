@@ -77,6 +77,82 @@ def load_codes(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in load_file(str(path)).items()}
 
 
+def embedded_root(model: str | os.PathLike = "embedded") -> Path:
+    """The folder that holds a trained small model's shipped data (``codec.safetensors``, ``utterances.safetensors``,
+    ``eval.json``): ``data/embedded`` for ``"embedded"``; for a path, the folder itself or its parent (so both
+    ``build/embedded-smoke`` and ``build/embedded-smoke/model`` work).
+
+    Raises:
+        FileNotFoundError: no ``utterances.safetensors`` there (names ``make embedded``).
+    """
+    from .models import EMBEDDED_DIR, EMBEDDED_MODEL
+
+    p = EMBEDDED_DIR if str(model) == EMBEDDED_MODEL else Path(model).expanduser()
+    for d in (p, p.parent):
+        if (d / "utterances.safetensors").is_file():
+            return d
+    raise FileNotFoundError(f"no utterances.safetensors in {p} or {p.parent}: the embedded model's data is written by "
+                            "`make embedded` (scripts/build_embedded.py --out DIR writes DIR/utterances.safetensors)")
+
+
+SHIPPED_FIELDS = ("id", "split", "language", "voice", "text", "source", "seconds", "frames")
+
+
+def write_shipped_utterances(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray],
+                             path: str | os.PathLike) -> Path:
+    """Write the codes and texts that ship beside a model: ``path`` (safetensors ``{id: (frames, G) int16}``) and
+    ``path`` with suffix ``.jsonl`` (one row per utterance: ``SHIPPED_FIELDS``, no audio path).
+
+    Read back with :func:`load_shipped_utterances`. Codes are stored as int16 (codebook sizes up to 32768).
+    """
+    rows = [{k: r[k] for k in SHIPPED_FIELDS if k in r} for r in rows]
+    p = Path(path)
+    sub = {r["id"]: np.asarray(codes[r["id"]]).astype(np.int16) for r in rows}
+    save_codes(sub, p)
+    j = p.with_suffix(".jsonl")
+    tmp = j.with_name(j.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    os.replace(tmp, j)
+    return p
+
+
+def load_shipped_utterances(path: str | os.PathLike, *, splits: Sequence[str] | None = None,
+                            limit: int | None = None) -> tuple[list[dict], list[Utterance]]:
+    """Read what :func:`write_shipped_utterances` wrote (e.g. ``data/embedded/utterances.safetensors``).
+
+    Args:
+        path: the ``.safetensors`` file (its ``.jsonl`` sibling holds the rows).
+        splits: keep only these splits (``"training"``, ``"validation"``, ``"evaluation"``); ``None``: all.
+        limit: at most this many utterances per call (in file order), ``None``: all.
+    Returns:
+        ``(rows, utterances)``: manifest-like dicts and :class:`~rvqspec_lib.train.Utterance` objects (codes
+        ``(frames, G)`` int64), index-aligned.
+    Raises:
+        FileNotFoundError: the file or its ``.jsonl`` sibling is missing (names ``make embedded``).
+    """
+    p = Path(path)
+    j = p.with_suffix(".jsonl")
+    for f in (p, j):
+        if not f.is_file():
+            raise FileNotFoundError(f"{f} not found: the embedded model's shipped utterances are written by "
+                                    "`make embedded` (scripts/build_embedded.py, stage 'ship')")
+    rows = [json.loads(line) for line in j.read_text().splitlines() if line.strip()]
+    if splits is not None:
+        unknown = set(splits) - {r["split"] for r in rows}
+        if unknown == set(splits):
+            raise ValueError(f"no utterances of split(s) {sorted(unknown)} in {j}; it has "
+                             f"{sorted({r['split'] for r in rows})}")
+        rows = [r for r in rows if r["split"] in splits]
+    if limit is not None:
+        rows = rows[:limit]
+    codes = load_codes(p)
+    missing = [r["id"] for r in rows if r["id"] not in codes]
+    if missing:
+        raise ValueError(f"{p} lacks the codes of {len(missing)} row(s) of {j} (e.g. {missing[0]}): rebuild with "
+                         "`make embedded`")
+    return rows, utterances_from_manifest(rows, codes)
+
+
 def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray], *,
                              splits: Sequence[str] | None = None, speaker_key: str | None = "voice",
                              language: str = "auto") -> list[Utterance]:
@@ -220,6 +296,10 @@ def score_conditions(audio: Mapping[str, Sequence[np.ndarray]], refs: Sequence[s
     return out
 
 
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def model_card(result: Mapping) -> str:
     """A MODEL_CARD.md for the built model, from the ``eval.json`` dict :func:`scripts.build_embedded` writes."""
     p = result.get("params", {})
@@ -237,7 +317,9 @@ def model_card(result: Mapping) -> str:
         "trained from scratch, offline, on synthetic speech encoded by an offline residual-k-means codec "
         "(`rvqspec_lib.codec.RVQCodec`, Griffin-Lim decoder). Built by `scripts/build_embedded.py`; load it with "
         "`rvqspec_lib.load_model(\"<this dir>\")`, decode its codes with "
-        "`rvqspec_lib.codec.RVQCodec.load(\"<this dir>/codec.safetensors\")`.",
+        "`rvqspec_lib.codec.RVQCodec.load(\"<this dir>/codec.safetensors\")`. The copy shipped in the "
+        "repository's `data/embedded/` is `load_model(\"embedded\")` / `rvqspec synth --model embedded`. Weights "
+        "are stored in float16 (loaded into float32); every figure below was measured on the stored weights.",
         "",
         "**Not a real TTS.** It exists so that the inner-loop speculation of this project can be measured on "
         "weights that were trained (not random) where no Qwen3-TTS checkpoint can be downloaded. Its acceptance "
@@ -266,6 +348,23 @@ def model_card(result: Mapping) -> str:
         f"- {t.get('steps')} steps in {t.get('wall_s', 0) / 60:.1f} min ({t.get('steps_per_s', 0):.2f} steps/s), "
         f"batch {p.get('batch_size')}, lr {p.get('lr')}, cp_fraction {p.get('cp_fraction')}, "
         f"torch threads {p.get('threads')}",
+    ]
+    curve = result.get("curve") or []
+    if curve:
+        lines += ["", "Learning curve (teacher-forced argmax accuracy on a training subset and on the validation "
+                  "split; `curve.json` beside the weights has every field):", "",
+                  "| step | minutes | train code-0 acc | validation code-0 acc | train codes 1.. acc | "
+                  "validation codes 1.. acc |", "|---:|---:|---:|---:|---:|---:|"]
+        nan = float("nan")
+        for r in curve:
+            lines.append(f"| {r.get('step')} | {(r.get('elapsed_s') or nan) / 60:.1f} | "
+                         f"{_num(r.get('train_code0_acc'))} | {_num(r.get('val_code0_acc'))} | "
+                         f"{_num(r.get('train_cp_acc'))} | {_num(r.get('val_cp_acc'))} |")
+    tim = result.get("timings_s") or {}
+    if tim:
+        lines += ["", "Build time by stage (seconds, this machine; stages skipped on a resumed run are absent): "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in tim.items()) + "."]
+    lines += [
         "",
         "## Evaluation (held-out evaluation sentences)",
         "",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import types
 from dataclasses import dataclass, field
@@ -158,7 +159,8 @@ class LoadedModel:
         model: the official ``Qwen3TTSForConditionalGeneration``.
         tokenizer: ``text -> (1, L) int64`` ids in the official chat layout.
         generation: the checkpoint's ``generation_config.json`` values (dict).
-        speech_tokenizer: the official 12 Hz codec wrapper, or ``None`` (random models: codes are written as .npy).
+        speech_tokenizer: the official 12 Hz codec wrapper, a :class:`CodecSpeechTokenizer` over our RVQ codec (own
+            models with ``codec.safetensors`` beside the weights), or ``None`` (random models: codes go to .npy).
         frame_rate_hz: codec frames per second (output sample rate / samples per frame), 12.5 for 12 Hz models.
         sample_rate_hz: audio sample rate.
     """
@@ -215,6 +217,26 @@ class LoadedModel:
             "params_talker_total": n(m.talker),
             "params_code_predictor": n(cp),
         }
+
+
+class CodecSpeechTokenizer:
+    """The official speech tokenizer's ``decode`` interface over an :class:`rvqspec_lib.codec.RVQCodec`, so the
+    frame loop and ``rvqspec synth`` turn codes into audio the same way for our own models as for real checkpoints.
+
+    ``decode([{"audio_codes": (frames, n_codebooks) int64}, ...]) -> ([float32 waveform at sample_rate], sample_rate)``.
+    """
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.sample_rate = int(codec.config.sample_rate)
+
+    def decode(self, items) -> tuple[list, int]:
+        wavs = []
+        for it in items:
+            codes = it["audio_codes"] if isinstance(it, dict) else it
+            codes = codes.detach().cpu().numpy() if isinstance(codes, torch.Tensor) else codes
+            wavs.append(self.codec.decode(codes))
+        return wavs, self.sample_rate
 
 
 def _frame_rate_from_dir(cfg_dir: Path) -> tuple[float, int]:
@@ -322,7 +344,8 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
     """Load a Qwen3-TTS model by name.
 
     Args:
-        name: ``"tiny-random"``, ``"qwen3-tts-0.6b-random"``, ``"qwen3-tts-1.7b-random"``, a local checkpoint
+        name: ``"embedded"`` (the small trained model shipped in ``data/embedded/model``, see its MODEL_CARD.md),
+            ``"tiny-random"``, ``"qwen3-tts-0.6b-random"``, ``"qwen3-tts-1.7b-random"``, a local checkpoint
             directory, or a hub id such as ``"Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"`` (needs the network or the HF cache).
         dtype: ``torch.float32`` (default), ``torch.float64``, ``torch.bfloat16`` or their names.
         seed: seed of the random weights (random models only; the global RNG is left as it was).
@@ -347,6 +370,13 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
         tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
         return LoadedModel(name, "tiny-random", model, tok, _default_generation(None))
+    if name == EMBEDDED_MODEL:
+        d = EMBEDDED_DIR / "model"
+        if not (d / OWN_MODEL_MARKER).is_file():
+            raise ModelNotFoundError(
+                f"the embedded model is missing ({d / OWN_MODEL_MARKER} not found): it ships with the repository "
+                "(git checkout data/embedded) or is rebuilt by `make embedded` (scripts/build_embedded.py)")
+        return _load_own_model(name, d, dtype, device, attn_implementation)
     if name in RANDOM_MODELS:
         d = CONFIG_DIR / RANDOM_MODELS[name]
         cfg = json.loads((d / "config.json").read_text())
@@ -365,10 +395,19 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
     if "/" in name and not name.startswith((".", "/")):
         return _load_checkpoint(name, None, dtype, device, attn_implementation)
     raise ModelNotFoundError(
-        f"unknown model {name!r}: use one of {', '.join(TINY_MODELS + tuple(RANDOM_MODELS))}, a local checkpoint "
+        f"unknown model {name!r}: use one of {', '.join((EMBEDDED_MODEL,) + TINY_MODELS + tuple(RANDOM_MODELS))}, "
+        "a local checkpoint "
         "directory, or a hub id such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
     )
 
+
+#: Name of the small trained model that ships with the repository (``load_model("embedded")``).
+EMBEDDED_MODEL = "embedded"
+#: Where it lives: ``model/`` (the checkpoint), ``codec.safetensors``, ``utterances.safetensors`` (+ ``.jsonl``),
+#: ``eval.json`` and ``MODEL_CARD.md``, all written by ``make embedded``.
+#: ``RVQSPEC_EMBEDDED_DIR`` points it at another build (e.g. ``build/embedded-smoke``).
+EMBEDDED_DIR = Path(os.environ.get("RVQSPEC_EMBEDDED_DIR") or
+                    Path(__file__).resolve().parent.parent / "data" / "embedded").expanduser()
 
 #: Marker file of a checkpoint written by :func:`rvqspec_lib.train.save_checkpoint` (no processor, no codec):
 #: ``{"format": "rvqspec-model", "version": 1, "tokenizer": {"kind": "bytes" | "phonemes", ...}, ...}``.
@@ -387,11 +426,20 @@ def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -
     weights = path / "model.safetensors"
     if not weights.exists():
         raise ModelNotFoundError(f"{path} has {OWN_MODEL_MARKER} but no model.safetensors")
+    langs = marker.get("languages")  # the languages it was trained on: others are refused by the prompt builder
+    if langs:
+        ids = cfg["talker_config"].get("codec_language_id") or {}
+        cfg["talker_config"]["codec_language_id"] = {k: v for k, v in ids.items() if k in langs}
     model = build_from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)
     load_weights(model, str(weights), strict=True)
     tok = tokenizer_from_spec(marker.get("tokenizer", {"kind": "bytes"}), cfg)
     fr, sr = float(marker.get("frame_rate_hz", 12.5)), int(marker.get("sample_rate_hz", 24000))
-    return LoadedModel(name, "checkpoint", model.to(device).eval(), tok, _default_generation(path), None, fr, sr)
+    speech = None
+    if (path / "codec.safetensors").is_file():  # written beside the weights by scripts/build_embedded.py
+        from .codec import RVQCodec
+
+        speech = CodecSpeechTokenizer(RVQCodec.load(path / "codec.safetensors"))
+    return LoadedModel(name, "checkpoint", model.to(device).eval(), tok, _default_generation(path), speech, fr, sr)
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:

@@ -1,15 +1,18 @@
 """Training data and training loop for the drafters of :mod:`rvqspec_lib.drafters` (paper §2.2, Table 2).
 
 Data: a "frame" is what the inner loop sees, ``context (2, talker_hidden)`` = [talker hidden state that emitted code
-0, talker embedding of code 0], and the frame's ``codes`` 1..15 (:class:`Frames`). Two sources:
+0, talker embedding of code 0], and the frame's ``codes`` 1..15 (:class:`Frames`). Sources:
 
 * :func:`frames_from_model`: the model speaks texts with the frame loop (:func:`rvqspec_lib.frame.synthesize`), so
   the codes are samples of its own distribution p (what the decoder will meet);
 * :func:`frames_from_dataset`: a local Hugging Face ``datasets`` dataset of audio + text (VoxPopuli schema, the
   paper's training set) encoded by a codec (``encode(wav) -> (frames, 16)``);
+* :func:`frames_from_utterances` / :func:`frames_from_shipped`: given utterances (text + ground-truth codes), e.g.
+  the codes and texts that ship with the embedded model (``data/embedded/utterances.safetensors``, splits
+  ``training`` / ``validation`` / ``evaluation``);
 * :func:`frames_from_contexts`: given contexts, the inner loop samples the codes itself (no talker; tests).
 
-The first two compute the contexts by ONE teacher-forced talker pass over the prompt and the codes' feedback
+All but the last compute the contexts by ONE teacher-forced talker pass over the prompt and the codes' feedback
 (:func:`teacher_forced_contexts`; the same sum of 16 embeddings + text track the frame loop feeds).
 
 Training (paper: "teacher-forced hidden states and subsequent ground-truth codes; the verifier stream never consumes
@@ -415,6 +418,138 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
     return out
 
 
+@torch.no_grad()
+def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None = None, batch_size: int = 8,
+                           progress: bool = False, source: dict | None = None) -> Frames:
+    """Teacher-forced frames of given utterances (text + ground-truth codes), e.g. the embedded model's shipped ones.
+
+    For every utterance, ONE teacher-forced talker pass (:func:`rvqspec_lib.train.talker_pass`, the exact inference
+    layout: prompt, then each true frame fed back as the sum of its 16 code embeddings plus the text track) gives the
+    inner-loop context of each frame, ``[talker hidden state that emitted code 0, talker embedding of the TRUE code
+    0]`` (what :func:`teacher_forced_contexts` computes for one utterance); the targets are the true codes 1..G-1.
+    Utterances are batched by (speaker, language) and similar length (left-padded prompts, as the official batch
+    ``generate``); the result keeps the input order.
+
+    Args:
+        lm: :class:`rvqspec_lib.models.LoadedModel` whose talker gives the contexts.
+        utterances: :class:`rvqspec_lib.train.Utterance` objects (or anything :func:`rvqspec_lib.train.as_utterance`
+            takes), codes ``(frames, n_code_groups)`` int, code 0 first; e.g. the second element of
+            :func:`rvqspec_lib.embedded.load_shipped_utterances`.
+        max_frames: stop once this many frames are collected: utterances are taken in input order and the last one
+            is cut (a causal talker pass over its first frames gives the same contexts); ``None``: all.
+        batch_size: utterances per talker pass.
+        progress: show a tqdm bar (utterances).
+        source: extra JSON-able description merged into ``Frames.source``.
+
+    Returns:
+        :class:`Frames`: ``context`` ``(N, 2, talker_hidden)`` float32, ``codes`` ``(N, n_code_groups - 1)`` int64,
+        ``utterance`` ``(N,)`` int64 = index of the utterance in ``utterances``.
+
+    Raises:
+        ValueError: no utterances, ``max_frames < 1`` or ``batch_size < 1``, codes of the wrong shape or out of the
+            codebook (the message names the utterance).
+    """
+    from .train import Utterance, as_utterance, talker_pass
+
+    utts = [as_utterance(u) for u in utterances]
+    if not utts:
+        raise ValueError("no utterances given")
+    if max_frames is not None and max_frames < 1:
+        raise ValueError(f"max_frames must be >= 1 (or None), got {max_frames}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    g = lm.n_code_groups
+    for i, u in enumerate(utts):
+        c = u.codes
+        if c.shape[1] != g:
+            raise ValueError(f"utterance {i} ({u.text!r}): codes must be (frames, {g}), got {tuple(c.shape)}")
+        if int(c.min()) < 0 or int(c[:, 1:].max()) >= lm.codebook_size or int(c[:, 0].max()) >= 2048:
+            raise ValueError(f"utterance {i} ({u.text!r}): codes must lie in [0, {lm.codebook_size}) (code 0 in "
+                             f"[0, 2048)), got [{int(c.min())}, {int(c.max())}]: codes of another codec?")
+    chosen: list[tuple[int, Utterance]] = []  # (input index, utterance, the last one possibly cut)
+    have = 0
+    for i, u in enumerate(utts):
+        if max_frames is not None and have >= max_frames:
+            break
+        t = u.codes.shape[0] if max_frames is None else min(u.codes.shape[0], max_frames - have)
+        chosen.append((i, u if t == u.codes.shape[0] else Utterance(u.text, u.codes[:t], u.speaker, u.language)))
+        have += t
+    order = sorted(range(len(chosen)), key=lambda a: (str(chosen[a][1].speaker), chosen[a][1].language,
+                                                      chosen[a][1].codes.shape[0]))
+    batches = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+    got: dict[int, torch.Tensor] = {}
+    was = lm.model.training
+    lm.model.eval()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(chosen), desc="teacher-forced contexts", unit="utt", leave=False)
+    try:
+        for b in batches:
+            out, length, codes, _, frames = talker_pass(lm, [chosen[a][1] for a in b])
+            hidden = out.hidden_states[0][-1]  # (B, L + F, Ht), last layer after the final norm
+            emb = lm.model.talker.get_input_embeddings()(codes[..., 0])  # (B, F, Ht)
+            for r, a in enumerate(b):
+                t = int(frames[r])
+                got[a] = torch.stack([hidden[r, length - 1: length - 1 + t], emb[r, :t]], 1).float().cpu()
+            if bar is not None:
+                bar.update(len(b))
+    finally:
+        lm.model.train(was)
+        if bar is not None:
+            bar.close()
+    parts = [Frames(got[a], chosen[a][1].codes[:, 1:].clone(),
+                    torch.full((chosen[a][1].codes.shape[0],), chosen[a][0], dtype=torch.long))
+             for a in range(len(chosen))]
+    out_frames = Frames.cat(parts)
+    out_frames.utterance = torch.cat([p.utterance for p in parts])  # the input index as utterance id
+    out_frames.source = {"kind": "utterances", "model": getattr(lm, "name", None), "n_utterances": len(chosen),
+                         "n_given": len(utts), "max_frames": max_frames, "cut_last": bool(
+                             max_frames is not None and chosen and
+                             chosen[-1][1].codes.shape[0] < utts[chosen[-1][0]].codes.shape[0]),
+                         **(source or {})}
+    return out_frames
+
+
+def frames_from_shipped(lm, model: str | os.PathLike, split: str, *, max_frames: int | None = None,
+                        seed: int | None = 0, batch_size: int = 8, progress: bool = False) -> Frames:
+    """Teacher-forced frames of one split of the utterances that ship beside a model (the embedded model's
+    ``utterances.safetensors``): :func:`rvqspec_lib.embedded.load_shipped_utterances` then
+    :func:`frames_from_utterances`.
+
+    Args:
+        lm: the loaded model. model: its name or folder (``"embedded"``, ``build/embedded-smoke/model``), as
+            :func:`rvqspec_lib.embedded.embedded_root` takes it.
+        split: ``"training"``, ``"validation"`` or ``"evaluation"``.
+        max_frames: frame limit (see :func:`frames_from_utterances`); ``None``: every frame of the split.
+        seed: the utterances are taken in a seeded random order (so that a frame limit samples the whole split, not
+            its first sentences); ``None``: file order.
+        batch_size, progress: as :func:`frames_from_utterances`.
+
+    Returns:
+        :class:`Frames`; ``utterance`` is the utterance's index in the split (file order); ``source`` names the file,
+        the split and the seed.
+
+    Raises:
+        FileNotFoundError: the model ships no utterances. ValueError: a split it does not have, bad codes.
+    """
+    from .embedded import embedded_root, load_shipped_utterances
+
+    root = embedded_root(model)
+    path = root / "utterances.safetensors"
+    rows, utts = load_shipped_utterances(path, splits=[split])
+    if not utts:
+        raise ValueError(f"{path} has no usable {split!r} utterance")
+    order = torch.arange(len(utts)) if seed is None else \
+        torch.randperm(len(utts), generator=torch.Generator().manual_seed(seed))
+    fr = frames_from_utterances(lm, [utts[int(i)] for i in order], max_frames=max_frames, batch_size=batch_size,
+                                progress=progress, source={"kind": "shipped", "file": str(path), "split": split,
+                                                           "seed": seed, "n_split_utterances": len(utts)})
+    fr.utterance = order[fr.utterance]  # back to the index in the split
+    return fr
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Loss
 # --------------------------------------------------------------------------------------------------------------------
@@ -543,7 +678,7 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
                   sampling: Sampling | None = None, lr: float | None = None, batch_size: int = 64,
                   max_epochs: int = 20, patience: int = 3, min_delta: float = 1e-4, val_fraction: float = 0.1,
                   seed: int = 0, cache_mb: float = 1024, progress: bool = False,
-                  curve_path: str | os.PathLike | None = None) -> TrainResult:
+                  curve_path: str | os.PathLike | None = None, select: str = "acceptance") -> TrainResult:
     """Train a drafter's own parameters with Adam; the code predictor stays frozen and unchanged.
 
     Args:
@@ -554,7 +689,10 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         sampling: the deployed warpers (temperature 0.9, top-k 50) for the KL target and the acceptance.
         lr: Adam learning rate (default :data:`DEFAULT_LR` for the drafter).
         batch_size: frames per step (each frame gives (n-1) start depths x K offsets).
-        max_epochs, patience, min_delta: early stopping on the validation loss.
+        max_epochs, patience, min_delta: early stopping on the validation split: the epoch kept is the best by
+            ``select``, and training stops after ``patience`` epochs without an improvement above ``min_delta``.
+        select: ``"acceptance"`` (default: the mean exact acceptance rate over the K offsets under ``sampling``,
+            what decoding pays for; a lower loss can come with lower acceptance) or ``"loss"`` (the training loss).
         seed: seeds the batch order (the only randomness). cache_mb: keep hidden states in memory up to this size.
         curve_path: also write :meth:`TrainResult.to_json` here.
 
@@ -565,6 +703,10 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
 
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}: choose one of {LOSSES}")
+    if select not in ("acceptance", "loss"):
+        raise ValueError(f"unknown select {select!r}: choose 'acceptance' or 'loss'")
+    score = (lambda v_loss, v_acc: -float(np.mean(v_acc))) if select == "acceptance" else \
+        (lambda v_loss, v_acc: v_loss)  # lower is better
     params = [p for p in getattr(drafter, "parameters", lambda: [])()]
     if not params:
         raise ValueError(f"{getattr(drafter, 'name', drafter)!r} has nothing to train: use offsets or medusa")
@@ -591,7 +733,7 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         v_loss, v_acc = _evaluate(drafter, cp, va_src, loss=loss, sampling=sampling, batch_size=batch_size)
         curve = [{"epoch": 0, "steps": 0, "train_loss": None, "val_loss": v_loss, "val_acceptance_by_offset": v_acc,
                   "val_acceptance": float(np.mean(v_acc)), "wall_s": time.perf_counter() - t0}]
-        best, best_epoch, bad, steps, stopped = v_loss, 0, 0, 0, False
+        best, best_epoch, bad, steps, stopped = score(v_loss, v_acc), 0, 0, 0, False
         best_state = copy.deepcopy(drafter.state_dict())
         bar = _progress(range(1, max_epochs + 1), total=max_epochs, desc=f"training {drafter.name} ({loss})",
                         enabled=progress)
@@ -616,8 +758,8 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
                           "wall_s": time.perf_counter() - t0})
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(train=f"{tot / seen:.3f}", val=f"{v_loss:.3f}", acc=f"{np.mean(v_acc):.3f}")
-            if v_loss < best - min_delta:
-                best, best_epoch, bad = v_loss, epoch, 0
+            if score(v_loss, v_acc) < best - min_delta:
+                best, best_epoch, bad = score(v_loss, v_acc), epoch, 0
                 best_state = copy.deepcopy(drafter.state_dict())
             else:
                 bad += 1
@@ -635,7 +777,8 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         "loss": loss, "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
                                    "top_p": sampling.top_p, "greedy": sampling.greedy},
         "optimizer": "adam", "lr": lr, "batch_size": batch_size, "max_epochs": max_epochs, "patience": patience,
-        "epochs_run": curve[-1]["epoch"], "best_epoch": best_epoch, "stopped_early": stopped, "seed": seed,
+        "select": select, "epochs_run": curve[-1]["epoch"], "best_epoch": best_epoch, "stopped_early": stopped,
+        "seed": seed,
         "val_loss": kept["val_loss"], "val_acceptance_by_offset": kept["val_acceptance_by_offset"],
         "val_acceptance_at_init": curve[0]["val_acceptance_by_offset"],
         "n_train_frames": len(train), "n_val_frames": len(val), "data": train.source,

@@ -13,6 +13,9 @@ reruns stages; a stage's output is written under its final name only when comple
   2. render  <work>/corpus/manifest.jsonl   each sentence with one of ``--voices`` (24 kHz wav)
   3. codec   <out>/codec.safetensors   RVQCodec (``--n-codebooks`` x ``--codebook-size``) fitted on training audio
   4. codes   <work>/codes.safetensors  every utterance encoded
+  4b. ship   <out>/utterances.safetensors + utterances.jsonl   the codes and texts that ship with the model (a
+                                        seeded ``--ship-train`` of the training split, all validation and evaluation
+                                        utterances): drafter training and acceptance notebooks run on them offline
   5. train   <work>/train/model.safetensors   rvqspec_lib.train.train (``--minutes`` or ``--steps``); curve.json
   6. model   <out>/model/              the checkpoint (``load_model(<out>/model)``) + a copy of the codec
   7. eval    <out>/eval.json           held-out WER of original / codec / inner loop only / free running
@@ -28,8 +31,8 @@ Presets (``--scale``; any flag given explicitly wins):
   15,000 training sentences (fortunes + stdlib + /usr/share/doc, all gathered offline) rendered with the four flite
   English voices (about 15 h of audio, ~7 min); a 16 x 2048 codec (the real tokenizer's geometry) fitted on 60k
   vectors (448 s, scripts/measure_codec.py); encoding (~0.01 s per audio second, ~9 min); the 4 x 256 talker /
-  5 x 256 code predictor (OFFLINE.md) trained 100 minutes at batch 16 with cp_fraction 1/8 (~0.65 steps/s: ~3,900
-  steps, ~4 epochs) on espeak-ng phonemes; evaluation on 100 held-out sentences (~25 min: PocketSphinx takes 5-10 s on unintelligible audio).
+  5 x 256 code predictor (OFFLINE.md) trained 35 minutes at batch 16 with cp_fraction 1/8 (~0.65 steps/s: ~1,350
+  steps, ~1.5 epochs) on espeak-ng phonemes; evaluation on 100 held-out sentences (~25 min: PocketSphinx takes 5-10 s on unintelligible audio).
 """
 
 from __future__ import annotations
@@ -51,20 +54,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rvqspec_lib import corpus  # noqa: E402
 from rvqspec_lib import embedded as E  # noqa: E402
 
-STAGES = ("texts", "render", "codec", "codes", "train", "model", "eval", "card")
+STAGES = ("texts", "render", "codec", "codes", "ship", "train", "model", "eval", "card")
 
 PRESETS = {
     "smoke": dict(sources="stdlib", max_source_files=80, n_train=34, n_val=4, n_eval=2, voices="slt",
                   n_codebooks=16, codebook_size=32, max_vectors=20_000, kmeans_iters=5,
                   talker_layers=1, talker_hidden=64, cp_layers=1, cp_hidden=32, n_heads=2, n_kv_heads=1,
                   head_dim=32, text_hidden=64, frontend="phonemes", steps=40, minutes=None, batch_size=8, lr=3e-3,
-                  warmup_steps=5, cp_fraction=0.5, eval_every=0, max_frames=80, processes=2),
+                  warmup_steps=5, cp_fraction=0.5, eval_every=0, max_frames=80, processes=2, ship_train=30),
     "full": dict(sources="fortunes,stdlib,doc", max_source_files=None, n_train=15_000, n_val=200, n_eval=100,
                  voices="slt,kal16,awb,rms", n_codebooks=16, codebook_size=2048, max_vectors=60_000,
                  kmeans_iters=10, talker_layers=4, talker_hidden=256, cp_layers=5, cp_hidden=256, n_heads=4,
-                 n_kv_heads=2, head_dim=64, text_hidden=256, frontend="phonemes", steps=None, minutes=100.0,
+                 n_kv_heads=2, head_dim=64, text_hidden=256, frontend="phonemes", steps=None, minutes=35.0,
                  batch_size=16, lr=1e-3, warmup_steps=100, cp_fraction=0.125, eval_every=500, max_frames=300,
-                 processes=2),
+                 processes=2, ship_train=1500),
 }
 
 
@@ -102,6 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--cp-fraction", type=float)
     g.add_argument("--eval-every", type=int)
     g.add_argument("--max-frames", type=int, help="free-running frame cap")
+    g.add_argument("--ship-train", type=int, help="training utterances whose codes ship under <out> (drafters)")
     args = ap.parse_args(argv)
     preset = dict(PRESETS[args.scale])
     if args.steps is not None:
@@ -233,6 +237,21 @@ class Builder:
         self.log(f"codes: {len(codes)} utterances, {sum(len(c) for c in codes.values())} frames")
         return p
 
+    # ------------------------------------------------------------------ 4b. ship
+    def ship(self) -> Path:
+        p = self.out / "utterances.safetensors"
+        if self.done("ship", p):
+            return p
+        rows = self.rows()
+        codes = E.load_codes(self.work / "codes.safetensors")
+        rows = [r for r in rows if r["id"] in codes and len(codes[r["id"]])]
+        train = [r for r in rows if r["split"] == "training"]
+        keep = random.Random(self.a.seed + 2).sample(train, min(self.a.ship_train, len(train)))
+        keep += [r for r in rows if r["split"] != "training"]
+        E.write_shipped_utterances(keep, codes, p)
+        self.log(f"ship: {len(keep)} utterances' codes and texts -> {p.name} + {p.with_suffix('.jsonl').name}")
+        return p
+
     # ------------------------------------------------------------------ 5. train
     def build_lm(self):
         from rvqspec_lib.codec import RVQCodec
@@ -283,11 +302,21 @@ class Builder:
         tmp = self.out / "model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        for f in ("model.safetensors", "config.json", "generation_config.json", "curve.json"):
+        for f in ("config.json", "generation_config.json", "curve.json"):
             shutil.copy2(src / f, tmp / f)
+        # shipped in float16 (half the bytes; the repository stays lean); evaluated below as shipped, loaded in fp32
+        from safetensors.torch import load_file, save_file
+
+        w = load_file(str(src / "model.safetensors"))
+        save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in w.items()},
+                  str(tmp / "model.safetensors"), metadata={"format": "pt", "stored_dtype": "float16"})
         for f in ("codec.safetensors", "codec.json"):
             shutil.copy2(self.out / f, tmp / f)
-        shutil.copy2(src / "rvqspec_model.json", tmp / "rvqspec_model.json")  # the marker last: it means complete
+        marker = json.loads((src / "rvqspec_model.json").read_text())
+        marker["languages"] = ["english"]  # trained on English only: --language german etc. are refused
+        marker["codec"] = "codec.safetensors"
+        # the marker last: it means complete
+        (tmp / "rvqspec_model.json").write_text(json.dumps(marker, indent=1) + "\n")
         shutil.rmtree(d, ignore_errors=True)
         os.replace(tmp, d)
         self.log(f"model: {d}")
@@ -345,6 +374,9 @@ class Builder:
             "training": {"steps": t.get("steps"), "wall_s": t.get("wall_s"), "train_s": t.get("train_s"),
                          "steps_per_s": (t.get("steps") or 0) / max(1e-9, t.get("train_s") or 0)},
             "accuracy": acc,
+            "curve": [{k: r.get(k) for k in ("step", "elapsed_s", "train_code0_acc", "val_code0_acc", "train_cp_acc",
+                                             "val_cp_acc", "train_loss", "val_loss")}
+                      for r in json.loads((self.work / "train" / "curve.json").read_text())["curve"]],
             "asr": "pocketsphinx default LM",
             "wer": scores,
             "free_running": {"n": len(fr), "not_ended": sum(not f["ended"] for f in fr),

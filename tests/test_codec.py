@@ -174,3 +174,39 @@ def test_qwen_codec_wraps_a_tiny_random_official_tokenizer(tmp_path, wav):
         q.encode(wav, sample_rate=16000)
     with pytest.raises(ValueError, match=r"\[0, 2048\)"):
         q.decode(codes + 2048)
+
+
+def test_unstack_and_log_spectral_distance(codec, wav):
+    x = codec.features(wav)
+    mel = codec.unstack(x)
+    assert mel.dtype == np.float32 and mel.shape == (80, x.shape[0] * 4)
+    np.testing.assert_array_equal(mel[:, :4].T.reshape(-1), x[0])  # frame 0 = mel frames 0..3, stacked
+    assert codec.log_spectral_distance(x, x) == 0.0
+    # a uniform gain of g dB in power moves every band by g dB: the distance is exactly g
+    g = 3.0
+    assert codec.log_spectral_distance(x + g * np.log(10) / 10, x) == pytest.approx(g, rel=1e-5)
+    assert codec.log_spectral_distance(x[:0], x[:0]) == 0.0
+    with pytest.raises(ValueError, match="different shapes"):
+        codec.log_spectral_distance(x, x[:-1])
+    with pytest.raises(ValueError, match=r"\(frames, 320\)"):
+        codec.unstack(x[:, :10])
+
+
+def test_codebook_sweep_conditions_and_errors(wav):
+    c = RVQCodec.fit([wav], seed=0, max_vectors=10**6, **TINY)
+    rows = c.codebook_sweep(wav, (1, 2, 4))
+    assert [r["condition"] for r in rows] == ["original", "unquantised", "k=1", "k=2", "k=4"]
+    assert [r["k"] for r in rows] == [None, None, 1, 2, 4]
+    for r in rows:
+        assert r["audio"].dtype == np.float32 and r["audio"].shape == wav.shape
+        assert r["feature_lsd_db"] >= 0 and r["audio_lsd_db"] >= 0
+    assert rows[0]["audio_lsd_db"] == rows[0]["feature_lsd_db"] == rows[1]["feature_lsd_db"] == 0.0
+    assert rows[1]["audio_lsd_db"] > 0  # Griffin-Lim is not exact
+    # on its own training audio, more stages quantise better; k = all decodes exactly as decode(encode(wav))
+    assert rows[4]["feature_lsd_db"] < rows[2]["feature_lsd_db"]
+    np.testing.assert_array_equal(rows[4]["audio"], c.resynthesize(wav))
+    np.testing.assert_array_equal(c.codebook_sweep(wav, (2,), unquantised=False)[1]["audio"], rows[3]["audio"])
+    with pytest.raises(ValueError, match="n_codebooks"):
+        c.codebook_sweep(wav, (5,))
+    with pytest.raises(ValueError, match="resample"):
+        c.codebook_sweep(wav, (1,), sample_rate=16000)

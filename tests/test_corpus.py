@@ -169,3 +169,9 @@ def test_apt_download_failure_says_apt_get_update(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(bin_dir))
     with pytest.raises(RuntimeError, match="apt-get update"):
         corpus.fetch_debian_package("fortunes", tmp_path / "cache")
+
+
+def test_every_split_has_a_role_and_every_source_a_description():
+    assert tuple(corpus.SPLIT_ROLES) == SPLITS and all(corpus.SPLIT_ROLES.values())
+    sources = {s.source for split in ("calibration", "evaluation") for s in corpus.shipped_sentences(split)}
+    assert sources <= set(corpus.SOURCE_DESCRIPTIONS) and set(corpus.SOURCES) < set(corpus.SOURCE_DESCRIPTIONS)

@@ -201,6 +201,146 @@ def test_frames_from_dataset_voxpopuli_schema_with_a_stub_codec(tiny, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# frames from utterances (the embedded model's shipped codes and texts)
+# ----------------------------------------------------------------------------------------------------------------
+def _utterances(n: int, seed: int = 0, lengths=(5, 9, 3, 7, 4, 6)):
+    from rvqspec_lib.train import Utterance
+
+    g = torch.Generator().manual_seed(seed)
+    texts = ("Hello there.", "A longer second sentence, with a comma.", "Three.", "Four words in here.")
+    return [Utterance(texts[i % len(texts)], torch.randint(0, 2048, (lengths[i % len(lengths)], 16), generator=g))
+            for i in range(n)]
+
+
+def test_frames_from_utterances_are_the_per_utterance_teacher_forced_contexts(tiny):
+    """Batched over utterances of different lengths (left-padded prompts), in input order, with the true codes as
+    targets; the same contexts as one teacher-forced pass per utterance; a frame limit cuts the last utterance."""
+    from rvqspec_lib.train_drafters import frames_from_utterances
+
+    utts = _utterances(5)
+    fr = frames_from_utterances(tiny, utts, batch_size=3)
+    n = sum(u.codes.shape[0] for u in utts)
+    assert fr.context.shape == (n, 2, 64) and fr.context.dtype == torch.float32
+    assert fr.codes.shape == (n, 15) and fr.codes.dtype == torch.int64
+    assert fr.utterance.tolist() == [i for i, u in enumerate(utts) for _ in range(u.codes.shape[0])]
+    for i, u in enumerate(utts):
+        sel = fr.utterance == i
+        torch.testing.assert_close(fr.context[sel], teacher_forced_contexts(tiny, u.text, u.codes),
+                                   rtol=1e-4, atol=1e-5)
+        assert torch.equal(fr.codes[sel], u.codes[:, 1:])
+    cut = frames_from_utterances(tiny, utts, max_frames=12, batch_size=1)  # 5 + 7 of the second's 9 frames
+    assert len(cut) == 12 and cut.utterance.tolist() == [0] * 5 + [1] * 7 and cut.source["cut_last"]
+    torch.testing.assert_close(cut.context, fr.context[:12], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="codes must be"):
+        frames_from_utterances(tiny, [(utts[0].text, utts[0].codes[:, :8])])
+    with pytest.raises(ValueError, match="max_frames"):
+        frames_from_utterances(tiny, utts, max_frames=0)
+    with pytest.raises(ValueError, match="no utterances"):
+        frames_from_utterances(tiny, [])
+
+
+def test_frames_from_utterances_hidden_states_are_what_decode_frame_sees(tiny):
+    """Teacher forcing the codes that greedy decode_frame commits from these contexts reproduces them at every depth:
+    the hidden states the drafters train on are the ones decoding meets."""
+    from rvqspec_lib.train_drafters import frames_from_utterances
+
+    fr = frames_from_utterances(tiny, _utterances(2, seed=1))
+    cp = tiny.code_predictor
+    greedy = decode_frame(cp, fr.context, sampling=GREEDY).codes
+    with torch.no_grad():
+        again = verifier_logits(cp, teacher_forced_hidden(cp, fr.context, greedy)).argmax(-1)
+    assert torch.equal(again, greedy)
+
+
+def _shipped_tiny(tmp_path):
+    """A folder laid out as build_embedded.py writes one: ``model/`` (tiny-random saved as a checkpoint) and
+    ``utterances.safetensors`` + ``.jsonl`` with training / validation / evaluation splits."""
+    from rvqspec_lib.embedded import write_shipped_utterances
+    from rvqspec_lib.train import save_checkpoint
+
+    lm = load_model("tiny-random")
+    save_checkpoint(lm, tmp_path / "model")
+    rows, codes = [], {}
+    for split, n in (("training", 6), ("validation", 3), ("evaluation", 3)):
+        for i, u in enumerate(_utterances(n, seed=len(rows))):
+            uid = f"{split}-{i}"
+            rows.append({"id": uid, "split": split, "language": "en", "voice": "tiny", "text": u.text,
+                         "source": "test", "seconds": u.codes.shape[0] / 12.5, "frames": u.codes.shape[0]})
+            codes[uid] = u.codes.numpy()
+    write_shipped_utterances(rows, codes, tmp_path / "utterances.safetensors")
+    return tmp_path / "model"
+
+
+def test_frames_from_shipped_splits_and_seeded_order(tmp_path):
+    from rvqspec_lib.embedded import load_shipped_utterances
+    from rvqspec_lib.train_drafters import frames_from_shipped
+
+    model = _shipped_tiny(tmp_path)
+    lm = load_model(str(model))
+    _, utts = load_shipped_utterances(tmp_path / "utterances.safetensors", splits=["evaluation"])
+    fr = frames_from_shipped(lm, model, "evaluation", seed=None)
+    assert len(fr) == sum(u.codes.shape[0] for u in utts) and fr.source["split"] == "evaluation"
+    assert fr.utterance.tolist() == [i for i, u in enumerate(utts) for _ in range(u.codes.shape[0])]
+    shuffled = frames_from_shipped(lm, tmp_path, "evaluation", seed=3)  # the folder itself works too
+    for i, u in enumerate(utts):  # same frames, utterance ids still the index in the split
+        assert torch.equal(shuffled.codes[shuffled.utterance == i], u.codes[:, 1:])
+    limited = frames_from_shipped(lm, model, "training", max_frames=10, seed=0)
+    assert len(limited) == 10 and limited.source["seed"] == 0
+    with pytest.raises(ValueError, match="no utterances of split"):
+        frames_from_shipped(lm, model, "calibration")
+    with pytest.raises(FileNotFoundError, match="utterances.safetensors"):
+        frames_from_shipped(lm, tmp_path / "no" / "model", "training")
+
+
+def test_cli_defaults_to_the_shipped_utterances_and_the_model_folder(tmp_path, capsys):
+    """train-drafter on a model with shipped utterances: training split, validation split for early stopping, the
+    drafter written to <model>/drafters/; eval-acceptance finds it there and measures on the evaluation split."""
+    model = _shipped_tiny(tmp_path)
+    assert cli_main(["train-drafter", "--model", str(model), "--drafter", "offsets", "--frames", "20",
+                     "--val-frames", "8", "--epochs", "1"]) == 0
+    path = drafter_path(model, "offsets")
+    assert path.is_file()
+    prov = read_description(path)["provenance"]
+    assert prov["data"]["kind"] == "shipped" and prov["data"]["split"] == "training"
+    assert prov["n_train_frames"] == 20 and prov["n_val_frames"] == 8
+    js = tmp_path / "acc.json"
+    assert cli_main(["eval-acceptance", "--model", str(model), "--drafter", "offsets", "--frames", "6",
+                     "--decoder", "chain", "--window", "3", "--json", str(js)]) == 0
+    rep = json.loads(js.read_text())
+    assert rep["frames"]["split"] == "evaluation" and rep["n_frames"] == 6 and rep["params_added"] == 3 * 48
+    capsys.readouterr()
+
+
+def test_embedded_drafters_live_beside_the_embedded_model(tmp_path):
+    from rvqspec_lib.drafters import model_drafter_dir
+    from rvqspec_lib.models import EMBEDDED_DIR
+
+    assert model_drafter_dir("embedded") == EMBEDDED_DIR / "model"
+    assert drafter_path(model_drafter_dir("embedded"), "offsets") == \
+        EMBEDDED_DIR / "model" / "drafters" / "offsets.safetensors"
+    assert model_drafter_dir(tmp_path) == tmp_path
+    assert model_drafter_dir("tiny-random") is None
+    assert model_drafter_dir("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice") is None
+
+
+def test_saturation_window_and_acceptance_by_depth():
+    from rvqspec_lib.acceptance import acceptance_by_depth, saturation_window
+
+    tpc = {"chain2": 1.5, "chain3": 1.9, "chain4": 2.0, "chain5": 2.01, "chain6": 1.99, "tree": 9.0}
+    assert saturation_window(tpc) == 4 and saturation_window(tpc, rel_tol=0) == 5
+    assert saturation_window({2: 1.0, 3: 1.2}) == 3
+    with pytest.raises(ValueError, match="no chain window"):
+        saturation_window({"tree": 2.0})
+    alpha = np.array([[0.9, 0.8], [0.7, np.nan], [np.nan, np.nan]])  # n = 4 codes: start depths 1..3, offsets 1..2
+    d = acceptance_by_depth(alpha)
+    assert d.shape == (5,) and np.isnan(d[:2]).all()
+    assert d[2] == pytest.approx(0.9) and d[3] == pytest.approx((0.8 + 0.7) / 2) and np.isnan(d[4])
+    assert acceptance_by_depth(alpha, max_offset=1)[3] == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="max_offset"):
+        acceptance_by_depth(alpha, max_offset=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # training on the drift model
 # ----------------------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)

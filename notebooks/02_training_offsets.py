@@ -1,0 +1,432 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 — Drafters: reused heads, Medusa heads and position-aware offsets (paper Table 2)
+#
+# Speculative decoding of the inner loop needs **drafts**: guesses of the codes at depths `k+1 .. k+K` made from the
+# hidden state `H_k` that produced code `k`, *before* the code predictor has seen codes `k+1, ...`. One verify call
+# then checks them all, and the committed codes follow the target distribution `p` whatever the drafts were
+# (losslessness does not depend on the drafter; `tests/test_drafters.py` checks it with a G-test). A better drafter
+# only means **more accepted codes per call**. The paper compares three drafters on a frozen code predictor:
+#
+# 1. **Reused LM heads** (row (i); also TensorRT-Edge-LLM's chain, seed 003): the code predictor owns one head per
+#    depth, all reading the same residual stream, so `lm_head[k+j-1](H_k)` is a draft for depth `k+j`. **No new
+#    parameters.** Its weakness: `H_k` is the state *for depth k*; the head for depth `k+j` was trained on `H_{k+j}`.
+# 2. **Medusa heads** (row (ii), Cai et al. 2024): a fresh `Linear(hidden, vocab)` per (start depth, offset),
+#    initialised from the reused head and trained. Flexible, but each head is as large as an LM head.
+# 3. **Position-aware offsets** (row (iii), the paper's method): `K` learned vectors `b_1..b_K` of the hidden size,
+#    shared by every start depth: draft for depth `k+j` = `lm_head[k+j-1](H_k + b_j)`. The offset moves `H_k` toward
+#    where the head for depth `k+j` expects its input, "`j` steps later" in the residual stream. `K × hidden`
+#    parameters; the unoffset path that emits the accepted code is untouched, so the verifier is unchanged.
+#
+# The offsets are trained two ways: **CE** (cross-entropy to the ground-truth codes, the paper's) and **KL** (to the
+# verifier's *warped* distribution at the deployed temperature and top-k, which is what acceptance depends on).
+#
+# **Data.** The embedded model (`data/embedded`, see its MODEL_CARD.md) ships codes and texts of real utterances in
+# three disjoint splits: drafters train on `training` with early stopping on `validation`, and every number below is
+# measured on `evaluation`. Contexts come from ONE teacher-forced talker pass per utterance (true code 0, true
+# feedback), targets are the true codes 1..15 (`rvqspec_lib.train_drafters.frames_from_shipped`).
+#
+# **Caveat.** The embedded model is a small model trained offline on synthetic speech and a k-means codec, not the
+# released Qwen3-TTS: its acceptance rates are its own. The paper's values appear only in a separate, labelled
+# column.
+
+# %% tags=["parameters"]
+model = "embedded"  # the small trained model shipped in data/embedded (or a folder written by build_embedded.py)
+seed = 0  # utterance order, batch order, decode generators
+smoke = False  # True: ~100 frames, 2 epochs, no Medusa file (headless test, < 90 s)
+out_dir = "figures"  # relative paths resolve against the repository root; absolute paths are kept
+threads = 0  # torch.set_num_threads; 0 keeps torch's default (smoke: 1)
+n_train_frames = 3000  # teacher-forced training frames (shipped training split, utterances in seeded random order)
+n_val_frames = 600  # validation frames for early stopping (shipped validation split)
+n_eval_frames = 320  # evaluation frames (sampled across the whole shipped evaluation split)
+epochs = 5  # maximum epochs (early stopping on the validation loss, best state kept)
+patience = 2  # epochs without validation improvement before stopping
+batch_size = 64  # frames per optimiser step (each frame gives 14 start depths x K offsets)
+K = 3  # offsets drafted by the trained drafters (paper: 3)
+train_kl = True  # also train offsets with the KL loss
+train_medusa = True  # also train Medusa heads (CE)
+medusa_lr = None  # Adam learning rate of the Medusa heads (None: the library default, Medusa-1's 1e-3)
+tree = "0;1;0,0;0,0,0"  # the Tree decoder's rank paths (notebook 03 calibrates a better one)
+save_to_model = True  # not smoke: also write the offsets beside the model (data/embedded/model/drafters/)
+medusa_dir = "build/drafters"  # Medusa heads are large (vocab x hidden per head): written here, not into git
+
+# %%
+import json
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+from IPython.display import Markdown, display
+from tqdm.auto import tqdm
+
+from rvqspec_lib import acceptance as A
+from rvqspec_lib.decode import Chain, Tree
+from rvqspec_lib.drafters import (drafter_path, make_drafter, model_drafter_dir, params_added_for_config,
+                                  save_drafter)
+from rvqspec_lib.embedded import default_sampling, embedded_root
+from rvqspec_lib.models import CONFIG_DIR, EMBEDDED_MODEL, OWN_MODEL_MARKER, load_model
+from rvqspec_lib.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
+from rvqspec_lib.train_drafters import frames_from_shipped, train_drafter
+from rvqspec_lib.trees import parse_paths
+
+t_start = time.perf_counter()
+if smoke:
+    n_train_frames, n_val_frames = min(n_train_frames, 128), min(n_val_frames, 32)
+    n_eval_frames = min(n_eval_frames, 16)
+    epochs, patience = min(epochs, 2), 1
+if threads or smoke:  # smoke (the test suite): one thread unless told otherwise; two on a busy 2-core machine spin
+    torch.set_num_threads(int(threads) or 1)
+torch.manual_seed(seed)  # nothing below draws from the global RNG; set for any library default that might
+out = resolve_out_dir(out_dir)
+params = dict(model=model, seed=seed, smoke=bool(smoke), out_dir=str(out), threads=torch.get_num_threads(),
+              n_train_frames=n_train_frames, n_val_frames=n_val_frames, n_eval_frames=n_eval_frames, epochs=epochs,
+              patience=patience, batch_size=batch_size, K=K, train_kl=bool(train_kl),
+              train_medusa=bool(train_medusa), medusa_lr=medusa_lr, tree=tree, save_to_model=bool(save_to_model),
+              medusa_dir=medusa_dir,
+              notebook="02_training_offsets")
+timings = {}
+# the model: "embedded", a model folder, or a build folder holding model/ and utterances.safetensors
+root = embedded_root(model)
+run_model = model if model == EMBEDDED_MODEL or (Path(model) / OWN_MODEL_MARKER).is_file() else str(root / "model")
+params["run_model"] = run_model
+print(f"model {run_model} (shipped utterances in {root}), outputs -> {out}")
+
+# %% [markdown]
+# ## The model, its sampling, and the frames
+# The deployed sampling of the inner loop is read from the model's `generation_config.json` (`subtalker_*` keys).
+# Each split's contexts come from one teacher-forced talker pass per utterance.
+
+# %%
+lm = load_model(run_model)
+cp = lm.code_predictor
+info = lm.describe()
+sampling = default_sampling(lm)
+n_codes = lm.n_code_groups - 1
+params_model = int(sum(p.numel() for p in lm.model.parameters()))
+display(pd.Series({**info, "params_model_total": params_model, "sampling": repr(sampling)}, name="value").to_frame())
+if lm.is_random:
+    display(Markdown("**This model has RANDOM weights: the acceptance rates below mean nothing.**"))
+
+# %%
+t0 = time.perf_counter()
+train_frames = frames_from_shipped(lm, run_model, "training", max_frames=n_train_frames, seed=seed, progress=True)
+val_frames = frames_from_shipped(lm, run_model, "validation", max_frames=n_val_frames, seed=seed, progress=True)
+eval_all = frames_from_shipped(lm, run_model, "evaluation", max_frames=8 * n_eval_frames if smoke else None, seed=seed,
+                               progress=True)
+pick = torch.randperm(len(eval_all), generator=torch.Generator().manual_seed(seed))[:n_eval_frames].sort().values
+eval_frames = eval_all.subset(pick)  # frames sampled across every evaluation utterance
+timings["frames_s"] = time.perf_counter() - t0
+data_table = pd.DataFrame([
+    {"split": name, "utterances": int(torch.unique(fr.utterance).numel()), "frames": len(fr),
+     "of_split_utterances": fr.source.get("n_split_utterances")}
+    for name, fr in (("training", train_frames), ("validation", val_frames), ("evaluation", eval_frames))])
+prov = provenance(params, seed=seed)
+save_table(data_table, out / "02_data", prov)
+data_table
+
+# %% [markdown]
+# ## Training
+# Only the drafter's own parameters move (Adam; code predictor frozen). Each epoch is followed by the validation
+# loss and the **exact** one-step acceptance `E[Σ_x min(p(x), q(x))]` of the drafts per offset `j` (both `p` and `q`
+# warped by the deployed sampling). Epoch 0 is the untrained drafter, which equals the reused heads (zero offsets,
+# Medusa heads copied from the LM heads). Early stopping keeps the epoch with the lowest validation loss.
+
+# %%
+to_train = [("offsets-ce", "offsets", "ce")]
+if train_kl:
+    to_train.append(("offsets-kl", "offsets", "kl"))
+if train_medusa:
+    to_train.append(("medusa", "medusa", "ce"))
+trained, curves = {}, {}
+for label, name, loss in to_train:
+    t0 = time.perf_counter()
+    d = make_drafter(name, cp, fresh=True, K=K)
+    res = train_drafter(d, cp, train_frames, val_frames, loss=loss, sampling=sampling, batch_size=batch_size,
+                        lr=medusa_lr if name == "medusa" else None, max_epochs=epochs, patience=patience, seed=seed,
+                        progress=True)
+    res.drafter.provenance["model"] = run_model
+    trained[label], curves[label] = res.drafter, res
+    timings[f"train_{label}_s"] = time.perf_counter() - t0
+    c0, cb = res.curve[0], res.curve[res.best_epoch]
+    print(f"{label}: {res.drafter.params_added:,} parameters, best epoch {res.best_epoch} of {res.curve[-1]['epoch']}, "
+          f"validation acceptance {np.round(c0['val_acceptance_by_offset'], 3)} -> "
+          f"{np.round(cb['val_acceptance_by_offset'], 3)}")
+
+# %% [markdown]
+# ### Training curves
+# Top: training loss (mean over the epoch) and validation loss. Bottom: exact validation acceptance per offset `j`
+# (dashed: the same at epoch 0, i.e. the reused heads). CE and KL losses are on different scales; compare shapes,
+# and compare drafters by acceptance.
+
+# %%
+fig, axes = plt.subplots(2, len(curves), figsize=(4.2 * len(curves), 6.5), squeeze=False, sharex="col")
+for col, (label, res) in enumerate(curves.items()):
+    ep = [c["epoch"] for c in res.curve]
+    ax = axes[0, col]
+    ax.plot(ep[1:], [c["train_loss"] for c in res.curve[1:]], "o-", label="training")
+    ax.plot(ep, [c["val_loss"] for c in res.curve], "s-", label="validation")
+    ax.axvline(res.best_epoch, color="grey", lw=0.8, ls=":")
+    ax.set_title(f"{label} ({res.drafter.provenance['loss']} loss)")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8)
+    ax = axes[1, col]
+    acc = np.array([c["val_acceptance_by_offset"] for c in res.curve])
+    for j in range(acc.shape[1]):
+        line, = ax.plot(ep, acc[:, j], "o-", label=f"j={j + 1}")
+        ax.axhline(acc[0, j], color=line.get_color(), lw=0.8, ls="--")
+    ax.axvline(res.best_epoch, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("exact acceptance (validation)")
+    ax.legend(fontsize=8)
+fig.suptitle(f"Drafter training on {run_model} ({len(train_frames)} training / {len(val_frames)} validation frames)")
+fig.tight_layout()
+prov = provenance(params, seed=seed)
+save_figure(fig, out / "02_training_curves", prov)
+plt.show()
+curve_rows = [{"drafter": label, "epoch": c["epoch"], "train_loss": c["train_loss"], "val_loss": c["val_loss"],
+               **{f"val_acceptance_j{j + 1}": a for j, a in enumerate(c["val_acceptance_by_offset"])},
+               "wall_s": c["wall_s"]} for label, res in curves.items() for c in res.curve]
+save_table(curve_rows, out / "02_training_curves", prov)
+
+# %% [markdown]
+# ### Saving the drafters
+# Offsets are tiny and saved into the output folder and (full runs) beside the model, where
+# `rvqspec eval-acceptance --model embedded --drafter offsets` and the later notebooks find them
+# (`<model>/drafters/offsets.safetensors`). Which loss is deployed there is decided on the **validation** acceptance
+# (mean over offsets at the kept epoch), never on the evaluation split. Medusa heads hold one LM-head-sized matrix
+# per (start depth, offset), so they go to `medusa_dir` (git-ignored), not into the repository.
+
+# %%
+files = {}
+for label, d in trained.items():
+    if d.name == "offsets":
+        files[label] = save_drafter(d, out / "02_drafters" / f"{label}.safetensors")
+    elif not smoke:  # Medusa heads: large, git-ignored folder; a smoke run does not write them
+        files[label] = save_drafter(d, resolve_out_dir(medusa_dir) / str(run_model).strip("/").replace("/", "_")
+                                    / f"{label}.safetensors")
+offset_labels = [lab for lab in trained if trained[lab].name == "offsets"]
+val_acc = {lab: float(np.mean(trained[lab].provenance["val_acceptance_by_offset"])) for lab in offset_labels}
+deployed = max(offset_labels, key=lambda lab: val_acc[lab])
+model_dir = model_drafter_dir(run_model)
+if not smoke and save_to_model and model_dir is not None:
+    files["deployed_offsets"] = save_drafter(trained[deployed], drafter_path(model_dir, "offsets"))
+    for lab in offset_labels:
+        files[f"model_{lab}"] = save_drafter(trained[lab], model_dir / "drafters" / f"{lab}.safetensors")
+display(Markdown(f"Deployed offsets (highest validation acceptance): **{deployed}**. Files: "
+                 + ", ".join(f"`{p}`" for p in files.values())))
+
+# %% [markdown]
+# ## Evaluation under the deployed sampling
+# Every drafter is run on the same evaluation frames with `decode_frame` for each decoder: `Chain(N)` for windows
+# 2..8 (N-1 **sampled** drafts, `min(1, p/q)` acceptance, residual resample, bonus code) and the `Tree` (top-ranked
+# drafts as rank paths, one masked verify call per round). **Tokens per call** = codes committed / code-predictor
+# calls, the prefill call included (the paper's toks/step). The exact tables come from one teacher-forced pass over
+# the codes the decoder committed (samples of `p`): acceptance per (start depth, offset) and the target mass of the
+# rank-`r` draft, the inputs of the tree calibration.
+
+# %%
+tree_paths = parse_paths(tree)
+decoders = [Chain(w) for w in A.CHAIN_WINDOWS] + [Tree(tree_paths)]
+drafters = {"heads": make_drafter("heads", cp), **trained}
+results = {}
+t0 = time.perf_counter()
+for label in tqdm(list(drafters), desc="evaluating drafters"):
+    results[label] = A.evaluate_acceptance(cp, drafters[label], eval_frames, decoders=decoders, sampling=sampling,
+                                           seed=seed)
+timings["evaluate_s"] = time.perf_counter() - t0
+prov = provenance(params, seed=seed)
+save_json({label: r for label, r in results.items()}, out / "02_acceptance.json", prov)
+
+# %% [markdown]
+# ## Table 2: tokens per call against added parameters
+# `tokens_per_call_tree` / `tokens_per_call_chain4`: measured here on the evaluation frames. `added_params`: what
+# the drafter adds to this model; `pct_code_predictor` / `pct_model`: as a share of the code predictor's and of the
+# whole model's parameters. `added_params_at_0.6B`: the same drafter sized for the released 0.6B code predictor
+# (counted from its `config.json`; our Medusa has 39 heads, one per (start depth, offset) with `k + j <= 15`, the
+# paper counts 45). The column **`paper_reported`** holds the paper's own toks/step (Table 2 and §3.3 of the paper,
+# measured on Qwen3-TTS-0.6B with its sparse tree): the only typed numbers in this notebook, for reference only.
+#
+# How to read it: a drafter is better if it commits more codes per call for fewer added parameters. Offsets cost a
+# vanishing share of the model; Medusa heads cost a large one. Our Tree here is the small default tree, and this model
+# is not the released one, so compare rows with each other, not with the paper's column.
+
+# %%
+PAPER_REPORTED_TOKS_PER_STEP = {"heads": 1.70, "medusa": 2.60, "offsets-ce": 2.47}  # paper Table 2 / §3.3
+PAPER_SOURCE = "paper Table 2 (§3.3): Qwen3-TTS-0.6B, sparse tree, toks/step"
+cfg06 = CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice" / "config.json"
+names = {"heads": "reused LM heads (i)", "medusa": "Medusa heads (ii)",
+         "offsets-ce": "position-aware offsets, CE (iii, paper's loss)",
+         "offsets-kl": "position-aware offsets, KL to warped verifier"}
+params_cp = info["params_code_predictor"]
+table2 = []
+for label, r in results.items():
+    kind = drafters[label].name
+    table2.append({
+        "drafter": names.get(label, label),
+        "label": label,
+        "tokens_per_call_tree": r["tokens_per_call"]["tree"],
+        "tokens_per_call_chain4": r["tokens_per_call"]["chain4"],
+        "predicted_tree": r["predicted_tokens_per_call"]["tree"],
+        "added_params": r["params_added"],
+        "pct_code_predictor": 100 * r["params_added"] / params_cp,
+        "pct_model": 100 * r["params_added"] / params_model,
+        "added_params_at_0.6B": params_added_for_config(kind, cfg06, K=K),
+        "paper_reported": PAPER_REPORTED_TOKS_PER_STEP.get(label),
+    })
+prov = provenance(params, seed=seed)
+save_table(table2, out / "02_table2", prov)  # a list of dicts: no paper value stays an empty cell, not NaN
+display(Markdown(f"`paper_reported`: {PAPER_SOURCE}; every other column measured or counted on `{run_model}`."))
+pd.DataFrame(table2)
+
+# %% [markdown]
+# ## Acceptance by depth
+# Exact acceptance of a sampled draft, `E[Σ_x min(p, q)]`, for the draft of depth `k + j` made from `H_k`, one panel
+# per offset `j` (x axis: the drafted depth `k + j`). Where offsets help, the gain should show at every depth, since
+# one vector per offset is shared by all start depths.
+
+# %%
+shown = [lab for lab in ("heads", "offsets-ce", "offsets-kl", "medusa") if lab in results]
+# distinct markers and widths: drafters that coincide (e.g. offsets that learned little) stay visible
+style = {"heads": dict(marker="o", lw=3.0, alpha=0.6), "offsets-ce": dict(marker="s", lw=1.8),
+         "offsets-kl": dict(marker="^", lw=1.2, ls="--"), "medusa": dict(marker="D", lw=1.0)}
+fig, axes = plt.subplots(1, K, figsize=(4.2 * K, 3.6), squeeze=False, sharey=True)
+for j in range(1, K + 1):
+    ax = axes[0, j - 1]
+    for lab in shown:
+        alpha = np.array(results[lab]["exact"]["alpha"], dtype=float)  # (n-1, K_eval), NaN past the last depth
+        k = np.arange(1, alpha.shape[0] + 1)
+        ok = ~np.isnan(alpha[:, j - 1])
+        ax.plot((k + j)[ok], alpha[ok, j - 1], ms=4, mfc="none", label=lab, **style[lab])
+    ax.set_title(f"offset j = {j}")
+    ax.set_xlabel("drafted depth k + j")
+    ax.grid(alpha=0.3)
+axes[0, 0].set_ylabel("exact acceptance")
+axes[0, 0].legend(fontsize=8)
+fig.suptitle(f"Acceptance by depth and offset ({run_model}, {len(eval_frames)} evaluation frames, {sampling!r})")
+fig.tight_layout()
+prov = provenance(params, seed=seed)
+save_figure(fig, out / "02_acceptance_by_depth", prov)
+plt.show()
+
+# %% [markdown]
+# Per drafted depth (offsets `j <= K` pooled) and per offset (all start depths pooled; offsets past `K` use the
+# reused head for every drafter, so they coincide), exact acceptance:
+
+# %%
+by_depth = pd.DataFrame({lab: A.acceptance_by_depth(results[lab]["exact"]["alpha"], max_offset=K)[2:]
+                         for lab in shown}, index=pd.Index(range(2, n_codes + 1), name="depth")).reset_index()
+by_offset = pd.DataFrame({lab: np.array(results[lab]["exact"]["alpha_by_offset"], dtype=float) for lab in shown},
+                         index=pd.Index(range(1, len(results["heads"]["exact"]["alpha_by_offset"]) + 1),
+                                        name="offset_j")).reset_index()
+prov = provenance(params, seed=seed)
+save_table(by_depth, out / "02_acceptance_by_depth", prov)
+save_table(by_offset, out / "02_acceptance_by_offset", prov)
+display(by_depth)
+by_offset
+
+# %% [markdown]
+# ### Rank-`r` acceptance (tree calibration input)
+# `E[p(x_r)]`, the target probability of the draft's rank-`r` code at offset `j` (start depths pooled): the chance
+# that a point-mass draft of rank `r` is the verified code. A tree's expected tokens per call is `1 +` the sum over
+# its nodes of the product of these along the node's rank path (independence model), so this table is what
+# notebook 03 calibrates trees from.
+
+# %%
+rank_rows = []
+for lab in shown:
+    mass = np.array(results[lab]["exact"]["rank_mass_by_offset"], dtype=float)  # (K_eval, R)
+    for j in range(1, K + 1):
+        rank_rows.append({"drafter": lab, "offset_j": j, **{f"rank{r}": mass[j - 1, r] for r in range(mass.shape[1])},
+                          "top8_total": float(np.nansum(mass[j - 1]))})
+rank_table = pd.DataFrame(rank_rows)
+prov = provenance(params, seed=seed)
+save_table(rank_table, out / "02_rank_acceptance", prov)
+rank_table
+
+# %% [markdown]
+# ## Seed 003: a chain with sampled drafts, across windows
+# TensorRT-Edge-LLM's `--cpSpecVerifySize N` drafts `N-1` codes **sampled** from the reused heads and verifies them
+# in one call; its documentation says acceptance saturates once the window passes four depths. Below: tokens per
+# call against the window for each drafter (solid: measured; dotted: predicted from the exact tables), and the
+# smallest window within 2% of the best (`rvqspec_lib.acceptance.saturation_window`). Tokens per call is not the
+# speed-up: a wider verify call costs more (notebook 01's verify cost curve).
+
+# %%
+windows = list(A.CHAIN_WINDOWS)
+chain_rows, saturation = [], {}
+for lab in shown:
+    tpc = results[lab]["tokens_per_call"]
+    pred = results[lab]["predicted_tokens_per_call"]
+    saturation[lab] = A.saturation_window(tpc)
+    for w in windows:
+        chain_rows.append({"drafter": lab, "window": w, "tokens_per_call": tpc[f"chain{w}"],
+                           "predicted": pred[f"chain{w}"]})
+chain_table = pd.DataFrame(chain_rows)
+fig, ax = plt.subplots(figsize=(6.4, 4.2))
+for lab in shown:
+    sub = chain_table[chain_table.drafter == lab]
+    line, = ax.plot(sub.window, sub.tokens_per_call, ms=6, mfc="none",
+                    label=f"{lab} (saturates at N={saturation[lab]})", **style[lab])
+    ax.plot(sub.window, sub.predicted, ":", color=line.get_color())
+    ax.axvline(saturation[lab], color=line.get_color(), lw=0.6, ls="--")
+ax.set_xlabel("chain window N (1 committed + N-1 sampled drafts)")
+ax.set_ylabel("tokens per code-predictor call")
+ax.set_title(f"Chain with sampled drafts ({run_model}, {len(eval_frames)} evaluation frames)")
+ax.grid(alpha=0.3)
+ax.legend(fontsize=8)
+prov = provenance(params, seed=seed)
+save_figure(fig, out / "02_chain_windows", prov)
+save_table(chain_table, out / "02_chain_windows", prov)
+plt.show()
+display(Markdown("Saturation window (within 2% of the best): " + ", ".join(
+    f"{lab} N={w}" for lab, w in saturation.items()) + "."))
+
+# %%
+timings["total_s"] = time.perf_counter() - t_start
+metrics = {
+    "model": model,
+    "run_model": run_model,
+    "random_weights": lm.is_random,
+    "model_info": info,
+    "params_model_total": params_model,
+    "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                 "greedy": sampling.greedy},
+    "n_train_frames": len(train_frames),
+    "n_val_frames": len(val_frames),
+    "n_eval_frames": len(eval_frames),
+    "n_eval_utterances": int(torch.unique(eval_frames.utterance).numel()),
+    "tokens_per_call": {lab: r["tokens_per_call"] for lab, r in results.items()},
+    "predicted_tokens_per_call": {lab: r["predicted_tokens_per_call"] for lab, r in results.items()},
+    "params_added": {lab: r["params_added"] for lab, r in results.items()},
+    "acceptance_by_offset": {lab: r["exact"]["alpha_by_offset"] for lab, r in results.items()},
+    "saturation_window": saturation,
+    "training": {lab: {"best_epoch": res.best_epoch, "epochs_run": res.curve[-1]["epoch"],
+                       "stopped_early": res.stopped_early, "loss": res.drafter.provenance["loss"],
+                       "val_acceptance_by_offset_init": res.curve[0]["val_acceptance_by_offset"],
+                       "val_acceptance_by_offset_best": res.curve[res.best_epoch]["val_acceptance_by_offset"]}
+                 for lab, res in curves.items()},
+    "deployed_offsets": deployed,
+    "drafter_files": {k: str(v) for k, v in files.items()},
+    "paper_reported_toks_per_step": PAPER_REPORTED_TOKS_PER_STEP,
+    "paper_source": PAPER_SOURCE,
+    "timings_s": timings,
+}
+prov = provenance(params, seed=seed)
+save_json(metrics, out / "02_metrics.json", prov)
+print(json.dumps({k: metrics[k] for k in ("tokens_per_call", "saturation_window", "deployed_offsets", "timings_s")},
+                 indent=1))

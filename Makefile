@@ -5,6 +5,7 @@
 #   make paper                    execute every notebooks/NN_*.py -> build/executed/full/, refresh figures/
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
+#   make paper MODEL=<checkpoint> DATASET=<saved dataset> CODEC=<12 Hz tokenizer>   drafters on a real checkpoint
 #   make paper THREADS=2          torch threads in the timing notebooks (default 1, as the committed figures:
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,
@@ -41,7 +42,9 @@ FIG_DIR       ?= $(if $(SMOKE),build/smoke_figures$(if $(MODEL),/$(MODEL_TAG)),f
 # one stamp per notebook IN the figures folder: deleting the folder (or its outputs' stamp) re-runs the notebook
 NB_EXEC       := $(patsubst notebooks/%.py,$(FIG_DIR)/.%.done,$(NB_SRC))
 # THREADS=N pins torch's thread count (e.g. THREADS=1 when other jobs keep a core busy; the tables say so).
+# DATASET= / CODEC=: frames of real speech for a real checkpoint's drafters (notebook 02; VoxPopuli schema)
 PM_PARAMS     := $(if $(SMOKE),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) $(if $(THREADS),-p threads $(THREADS)) \
+                 $(if $(DATASET),-p dataset $(DATASET)) $(if $(CODEC),-p codec $(CODEC)) \
                  -p out_dir $(abspath $(FIG_DIR))
 
 BENCH_MODEL   ?= qwen3-tts-0.6b-random

@@ -51,7 +51,7 @@ threads = 0  # torch.set_num_threads; 0 keeps torch's default (smoke: 1)
 n_train_frames = 3000  # teacher-forced training frames (shipped training split, utterances in seeded random order)
 n_val_frames = 600  # validation frames for early stopping (shipped validation split)
 n_eval_frames = 320  # evaluation frames (sampled across the whole shipped evaluation split)
-epochs = 5  # maximum epochs (early stopping on the validation loss, best state kept)
+epochs = 5  # maximum epochs (early stopping on validation acceptance, best epoch kept)
 patience = 2  # epochs without validation improvement before stopping
 batch_size = 64  # frames per optimiser step (each frame gives 14 start depths x K offsets)
 K = 3  # offsets drafted by the trained drafters (paper: 3)
@@ -61,6 +61,9 @@ medusa_lr = None  # Adam learning rate of the Medusa heads (None: the library de
 tree = "0;1;0,0;0,0,0"  # the Tree decoder's rank paths (notebook 03 calibrates a better one)
 save_to_model = True  # not smoke: also write the offsets beside the model (data/embedded/model/drafters/)
 medusa_dir = "build/drafters"  # Medusa heads are large (vocab x hidden per head): written here, not into git
+dataset = ""  # real checkpoints: a local `datasets` folder (save_to_disk, VoxPopuli schema: audio + raw_text)
+codec = ""  # with dataset: the codec that turns its audio into codes (e.g. the Qwen3-TTS-Tokenizer-12Hz folder)
+dataset_splits = ("train", "validation", "test")  # its training / validation / evaluation splits
 
 # %%
 import json
@@ -100,11 +103,25 @@ params = dict(model=model, seed=seed, smoke=bool(smoke), out_dir=str(out), threa
               medusa_dir=medusa_dir,
               notebook="02_training_offsets")
 timings = {}
-# the model: "embedded", a model folder, or a build folder holding model/ and utterances.safetensors
-root = embedded_root(model)
-run_model = model if model == EMBEDDED_MODEL or (Path(model) / OWN_MODEL_MARKER).is_file() else str(root / "model")
+# the model: "embedded", a model folder, or a build folder holding model/ and utterances.safetensors; a real
+# checkpoint with `dataset` (+ `codec`); anything else (a random-weight timing model, a checkpoint without data)
+# falls back to the embedded model, because acceptance needs trained weights and frames of real speech
+params.update(dataset=dataset, codec=codec, dataset_splits=list(dataset_splits))
+if dataset:
+    if not codec:
+        raise ValueError("dataset needs codec: the codec that encodes its audio (a folder or RVQ codec file)")
+    root, run_model = None, model
+else:
+    try:
+        root = embedded_root(model)
+    except FileNotFoundError:
+        display(Markdown(f"**`{model}` ships no utterances and no `dataset` was given: this notebook measures the "
+                         "embedded model instead** (pass `-p dataset DIR -p codec C` for a real checkpoint)."))
+        root = embedded_root(EMBEDDED_MODEL)
+        model = EMBEDDED_MODEL
+    run_model = model if model == EMBEDDED_MODEL or (Path(model) / OWN_MODEL_MARKER).is_file() else str(root / "model")
 params["run_model"] = run_model
-print(f"model {run_model} (shipped utterances in {root}), outputs -> {out}")
+print(f"model {run_model} (frames from {root or dataset}), outputs -> {out}")
 
 # %% [markdown]
 # ## The model, its sampling, and the frames
@@ -124,10 +141,21 @@ if lm.is_random:
 
 # %%
 t0 = time.perf_counter()
-train_frames = frames_from_shipped(lm, run_model, "training", max_frames=n_train_frames, seed=seed, progress=True)
-val_frames = frames_from_shipped(lm, run_model, "validation", max_frames=n_val_frames, seed=seed, progress=True)
-eval_all = frames_from_shipped(lm, run_model, "evaluation", max_frames=8 * n_eval_frames if smoke else None, seed=seed,
-                               progress=True)
+if dataset:
+    from rvqspec_lib.codec import load_codec
+    from rvqspec_lib.train_drafters import frames_from_dataset
+
+    the_codec = load_codec(codec)
+    tr_split, va_split, ev_split = dataset_splits
+    train_frames = frames_from_dataset(dataset, lm, the_codec, split=tr_split, max_frames=n_train_frames, progress=True)
+    val_frames = frames_from_dataset(dataset, lm, the_codec, split=va_split, max_frames=n_val_frames, progress=True)
+    eval_all = frames_from_dataset(dataset, lm, the_codec, split=ev_split, max_frames=8 * n_eval_frames,
+                                   progress=True)
+else:
+    train_frames = frames_from_shipped(lm, run_model, "training", max_frames=n_train_frames, seed=seed, progress=True)
+    val_frames = frames_from_shipped(lm, run_model, "validation", max_frames=n_val_frames, seed=seed, progress=True)
+    eval_all = frames_from_shipped(lm, run_model, "evaluation", max_frames=8 * n_eval_frames if smoke else None,
+                                   seed=seed, progress=True)
 pick = torch.randperm(len(eval_all), generator=torch.Generator().manual_seed(seed))[:n_eval_frames].sort().values
 eval_frames = eval_all.subset(pick)  # frames sampled across every evaluation utterance
 timings["frames_s"] = time.perf_counter() - t0
@@ -144,7 +172,9 @@ data_table
 # Only the drafter's own parameters move (Adam; code predictor frozen). Each epoch is followed by the validation
 # loss and the **exact** one-step acceptance `E[Σ_x min(p(x), q(x))]` of the drafts per offset `j` (both `p` and `q`
 # warped by the deployed sampling). Epoch 0 is the untrained drafter, which equals the reused heads (zero offsets,
-# Medusa heads copied from the LM heads). Early stopping keeps the epoch with the lowest validation loss.
+# Medusa heads copied from the LM heads). Early stopping keeps the epoch with the highest mean validation acceptance
+# (`train_drafter(select="acceptance")`: a lower loss does not always mean more accepted drafts; `select="loss"` is the
+# alternative).
 
 # %%
 to_train = [("offsets-ce", "offsets", "ce")]

@@ -401,9 +401,13 @@ def test_training_offsets_raises_acceptance_and_shuffled_targets_do_not(tmp_path
     shuffled = Frames(train.context, train.codes, train.utterance,
                       flat[torch.randperm(flat.numel(), generator=g)].reshape(train.codes.shape))
     ctl = make_drafter("offsets", cp, fresh=True)
-    train_drafter(ctl, cp, shuffled, loss="ce", max_epochs=8, batch_size=64, patience=2)
+    train_drafter(ctl, cp, shuffled, loss="ce", max_epochs=8, batch_size=64, patience=2, select="loss")
     alpha, tpc = _held_out(cp, ctl, held_out)
     assert alpha.max() < base_alpha.min() and tpc < base_tpc, (alpha, base_alpha, tpc, base_tpc)
+    # selecting the epoch by validation acceptance (the default) keeps the untrained offsets instead
+    ctl = make_drafter("offsets", cp, fresh=True)
+    res = train_drafter(ctl, cp, shuffled, loss="ce", max_epochs=8, batch_size=64, patience=2)
+    assert res.best_epoch == 0 and not ctl.offsets.detach().abs().sum()
     # the code predictor was frozen and is unchanged; its parameters still require grad as before
     assert all(torch.equal(v, before[k]) for k, v in cp.state_dict().items())
     assert all(p.requires_grad for p in cp.parameters())

@@ -254,10 +254,11 @@ def add_train_drafter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", required=True, choices=["offsets", "medusa"], help="what to train")
     p.add_argument("--out", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors; embedded: "
                                  "data/embedded/model/drafters/)")
-    p.add_argument("--loss", choices=["ce", "kl"], default="ce",
-                   help="ce: ground-truth codes (paper); kl: the verifier's warped distribution (T 0.9, top-k 50)")
+    p.add_argument("--loss", choices=["ce", "kl", "tv"], default="ce",
+                   help="ce: ground-truth codes (paper); kl: the verifier's warped distribution (T 0.9, top-k 50); "
+                        "tv: one minus the exact acceptance rate, q warped as deployed")
     p.add_argument("--K", type=int, default=DEFAULT_K, help="offsets drafted (paper: 3)")
-    p.add_argument("--epochs", type=int, default=20, help="maximum epochs (early stopping on validation loss)")
+    p.add_argument("--epochs", type=int, default=20, help="maximum epochs (early stopping on validation acceptance)")
     p.add_argument("--patience", type=int, default=3, help="epochs without validation improvement before stopping")
     p.add_argument("--batch-size", type=int, default=64, help="frames per step")
     p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default per drafter)")
@@ -374,12 +375,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="rvqspec", description="rvqspec: lossless speculative decoding of the "
                                      "RVQ inner loop of Qwen3-TTS (synth, bench, train-drafter, eval-acceptance)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: on a small shared machine more threads spin-wait and run "
+                             "several times slower; 0 keeps torch's default)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_synth_args(sub.add_parser("synth", help="speak a text with a chosen inner-loop decoder"))
     bench.add_bench_args(sub.add_parser("bench", help="per-call latency of the talker and the code predictor"))
     add_train_drafter_args(sub.add_parser("train-drafter", help="train position-aware offsets or Medusa heads"))
     add_eval_acceptance_args(sub.add_parser("eval-acceptance", help="tokens per call and acceptance of a drafter"))
     args = parser.parse_args(argv)
+    if args.threads < 0:
+        return _die(f"--threads must be >= 0, got {args.threads}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     for attr, flag in OUTPUT_FLAGS.items():
         if args.cmd == "train-drafter" and attr == "out":
             continue  # a drafter file may go into a new drafters/ folder beside the model: train-drafter makes it

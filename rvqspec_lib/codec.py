@@ -522,11 +522,13 @@ class RVQCodec:
         return int(n_codebooks)
 
     # ---------------------------------------------------------------- files
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
         """Write ``<path>`` (safetensors: ``codebooks`` + the config in its metadata) and ``<path>.json`` (config).
 
         Args:
             path: a ``.safetensors`` file name, or a folder (then ``<folder>/codec.safetensors``).
+            dtype: storage dtype of the codebooks (``torch.float16`` halves the file; :meth:`load` always returns
+                float32 codebooks, and this object keeps its own).
         Returns:
             The safetensors path.
         """
@@ -535,9 +537,21 @@ class RVQCodec:
         p = _codec_file(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         cfg_json = json.dumps(asdict(self.config), indent=1)
-        save_file({"codebooks": self.codebooks}, str(p), metadata={"config": cfg_json, "format": "rvqspec-rvq-codec"})
+        tmp = p.with_name(p.name + ".tmp")
+        save_file({"codebooks": self.codebooks.to(dtype).contiguous()}, str(tmp),
+                  metadata={"config": cfg_json, "format": "rvqspec-rvq-codec"})
+        os.replace(tmp, p)
         p.with_suffix(".json").write_text(cfg_json + "\n")
         return p
+
+    @staticmethod
+    def config_stored_dtype(path: str | os.PathLike) -> str:
+        """The dtype the codebooks are stored in at ``path`` (``"float32"``, ``"float16"``), without loading them."""
+        from safetensors import safe_open
+
+        with safe_open(str(_codec_file(path)), framework="pt") as f:
+            return str(f.get_slice("codebooks").get_dtype()).lower().replace("f16", "float16").replace(
+                "f32", "float32")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "RVQCodec":

@@ -435,10 +435,11 @@ def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -
     tok = tokenizer_from_spec(marker.get("tokenizer", {"kind": "bytes"}), cfg)
     fr, sr = float(marker.get("frame_rate_hz", 12.5)), int(marker.get("sample_rate_hz", 24000))
     speech = None
-    if (path / "codec.safetensors").is_file():  # written beside the weights by scripts/build_embedded.py
+    codec_file = path / marker.get("codec", "codec.safetensors")  # the embedded model's is ../codec.safetensors
+    if codec_file.is_file():
         from .codec import RVQCodec
 
-        speech = CodecSpeechTokenizer(RVQCodec.load(path / "codec.safetensors"))
+        speech = CodecSpeechTokenizer(RVQCodec.load(codec_file))
     return LoadedModel(name, "checkpoint", model.to(device).eval(), tok, _default_generation(path), speech, fr, sr)
 
 

@@ -49,7 +49,7 @@ import torch
 from . import predictor as P
 from .sampling import Sampling
 
-LOSSES = ("ce", "kl")
+LOSSES = ("ce", "kl", "tv")
 #: Adam learning rates by drafter: offsets are a few vectors on the scale of a normed hidden state (large steps are
 #: safe); Medusa heads start from the LM heads (Medusa-1 trains its heads at 1e-3).
 DEFAULT_LR = {"offsets": 1e-2, "medusa": 1e-3}
@@ -576,7 +576,10 @@ def drafter_loss(drafter, code_predictor, hidden: torch.Tensor, targets: torch.T
 
     Args:
         hidden: ``(N, n, H)`` H_1..H_n. targets: ``(N, n)`` codes 1..n (the ``"ce"`` targets).
-        loss: ``"ce"`` (ground-truth codes) or ``"kl"`` (KL(p || softmax(logits / T)) to the warped verifier p).
+        loss: ``"ce"`` (ground-truth codes, the paper), ``"kl"`` (KL(p || softmax(logits / T)) to the warped
+            verifier p) or ``"tv"`` (the total-variation distance between p and q warped as deployed, i.e. one minus
+            the exact acceptance rate sum_x min(p(x), q(x)) that the chain rule pays out; DistillSpec's observation
+            that TVD is what acceptance depends on).
         sampling: the deployed warpers (default temperature 0.9, top-k 50).
         p_all: ``(N, n, V)`` warped verifier probabilities (computed from ``hidden`` when ``None``).
 
@@ -599,6 +602,11 @@ def drafter_loss(drafter, code_predictor, hidden: torch.Tensor, targets: torch.T
     if loss == "ce":
         tgt = targets[f, dd]
         value = torch.nn.functional.cross_entropy(logits[valid], tgt[valid])
+    elif loss == "tv":  # 1 - sum_x min(p, q) with q warped as deployed: exactly one minus the acceptance rate
+        if sampling.greedy:
+            raise ValueError("loss 'tv' needs sampled decoding (a greedy q is a point mass with no gradient)")
+        q = sampling.probs(logits[valid])  # temperature and top-k are differentiable in the kept logits
+        value = 1.0 - torch.minimum(p[valid], q).sum(-1).mean()
     else:
         temp = 1.0 if sampling.greedy else float(sampling.temperature)
         log_q = torch.log_softmax(logits[valid] / temp, -1)

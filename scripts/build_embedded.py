@@ -27,12 +27,14 @@ Presets (``--scale``; any flag given explicitly wins):
 
 * ``smoke``: 34 + 4 + 2 sentences from the standard-library docstrings, flite slt, a 16 x 32 codec, a 1 x 64 / 1 x 32
   model, 40 steps: under 3 minutes on one core (the test suite runs it).
-* ``full``: the documented CPU recipe (2-3 h on 2 cores, one torch thread, measured figures in brackets):
+* ``full``: the documented CPU recipe (about 2.5 h on 2 cores, one torch thread; figures in brackets measured on
+  2026-11-30 on a 2-core AMD EPYC that other jobs shared, so an idle machine is faster):
   15,000 training sentences (fortunes + stdlib + /usr/share/doc, all gathered offline) rendered with the four flite
-  English voices (about 15 h of audio, ~7 min); a 16 x 2048 codec (the real tokenizer's geometry) fitted on 60k
-  vectors (448 s, scripts/measure_codec.py); encoding (~0.01 s per audio second, ~9 min); the 4 x 256 talker /
-  5 x 256 code predictor (OFFLINE.md) trained 35 minutes at batch 16 with cp_fraction 1/8 (~0.65 steps/s: ~1,350
-  steps, ~1.5 epochs) on espeak-ng phonemes; evaluation on 100 held-out sentences (~25 min: PocketSphinx takes 5-10 s on unintelligible audio).
+  English voices (15.0 h of audio, 598 s); a 16 x 2048 codec (the real tokenizer's geometry) fitted on 60k vectors
+  (812 s); encoding 15,300 utterances (682,855 frames, 46 min with the other core busy); shipping 1,800 utterances'
+  codes (2.7 MB); the 4 x 256 talker / 5 x 256 code predictor (OFFLINE.md) trained 35 minutes at batch 16 with
+  cp_fraction 1/8 (0.60 steps/s: 1,236 steps, 1.3 epochs) on espeak-ng phonemes; weights stored in float16 (47 MB),
+  the codec in float16 (21 MB); evaluation on 100 held-out sentences (see eval.json's timings).
 """
 
 from __future__ import annotations
@@ -295,6 +297,8 @@ class Builder:
 
     # ------------------------------------------------------------------ 6. model dir
     def model(self) -> Path:
+        from rvqspec_lib.codec import RVQCodec
+
         d = self.out / "model"
         if self.done("model", d / "rvqspec_model.json"):
             return d
@@ -310,11 +314,13 @@ class Builder:
         w = load_file(str(src / "model.safetensors"))
         save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in w.items()},
                   str(tmp / "model.safetensors"), metadata={"format": "pt", "stored_dtype": "float16"})
-        for f in ("codec.safetensors", "codec.json"):
-            shutil.copy2(self.out / f, tmp / f)
+        # the codec ships once, beside model/, in float16 (half of 16 x 2048 x 320 float32); the marker points at it
+        codec = RVQCodec.load(self.out / "codec.safetensors")
+        if codec.config_stored_dtype(self.out / "codec.safetensors") != "float16":
+            codec.save(self.out / "codec.safetensors", dtype=torch.float16)
         marker = json.loads((src / "rvqspec_model.json").read_text())
         marker["languages"] = ["english"]  # trained on English only: --language german etc. are refused
-        marker["codec"] = "codec.safetensors"
+        marker["codec"] = "../codec.safetensors"  # relative to the model folder
         # the marker last: it means complete
         (tmp / "rvqspec_model.json").write_text(json.dumps(marker, indent=1) + "\n")
         shutil.rmtree(d, ignore_errors=True)

@@ -581,3 +581,16 @@ def test_cli_errors(capsys):
     assert "invalid choice" in capsys.readouterr().err
     assert cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "4"]) == 2
     assert "--out is required" in capsys.readouterr().err
+
+
+def test_training_offsets_on_total_variation_raises_acceptance():
+    """loss="tv" descends one minus the exact acceptance rate (q warped as deployed): acceptance must go up."""
+    cp, train, held_out = drift_model()
+    base_alpha, base_tpc = _held_out(cp, ReusedHeads(), held_out)
+    off = make_drafter("offsets", cp, fresh=True)
+    res = train_drafter(off, cp, train, loss="tv", max_epochs=8, batch_size=64, patience=2)
+    assert res.best_epoch > 0 and res.curve[res.best_epoch]["val_loss"] < res.curve[0]["val_loss"]
+    alpha, tpc = _held_out(cp, off, held_out)
+    assert (alpha - base_alpha).min() > 0.03 and tpc > base_tpc + 0.1, (alpha, base_alpha, tpc, base_tpc)
+    with pytest.raises(ValueError, match="sampled decoding"):
+        train_drafter(make_drafter("offsets", cp, fresh=True), cp, train, loss="tv", sampling=Sampling(greedy=True))

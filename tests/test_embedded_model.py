@@ -28,7 +28,7 @@ def lm():
 
 
 def test_shipped_files_are_present_and_lean():
-    for rel in ("model/rvqspec_model.json", "model/model.safetensors", "model/config.json", "model/codec.safetensors",
+    for rel in ("model/rvqspec_model.json", "model/model.safetensors", "model/config.json",
                 "codec.safetensors", "utterances.safetensors", "utterances.jsonl", "eval.json", "MODEL_CARD.md"):
         assert (EMBEDDED_DIR / rel).is_file(), rel
     total = sum(f.stat().st_size for f in EMBEDDED_DIR.rglob("*") if f.is_file() and "drafters" not in f.parts)

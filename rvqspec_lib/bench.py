@@ -524,6 +524,17 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.prefix_len < 1 or args.talker_context < 1:
+        raise ValueError(f"--prefix-len and --talker-context must be >= 1, got {args.prefix_len} and "
+                         f"{args.talker_context}")
+    if max(args.queries) > 1024:
+        raise ValueError(f"--queries up to 1024 (a verify call over more nodes is not a draft tree), got "
+                         f"{max(args.queries)}")
+    dev = str(args.device)
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {dev}: this torch has no CUDA device; use --device cpu")
+    if not (dev == "cpu" or dev.startswith(("cuda", "mps"))):
+        raise ValueError(f"--device {dev!r}: use cpu, cuda[:N] or mps")
     loaded = load_model(args.model, dtype=args.dtype, seed=args.seed, device=args.device)
     result = bench_model(loaded, prefix_len=args.prefix_len, query_sizes=args.queries,
                          talker_context=args.talker_context, warmup=args.warmup, repeats=args.repeats,

@@ -182,11 +182,15 @@ def _shipped_root(model: str) -> Path | None:
     from .drafters import model_drafter_dir
     from .embedded import embedded_root
 
+    from .models import EMBEDDED_MODEL
+
     if model_drafter_dir(model) is None:
         return None
     try:
         return embedded_root(model)
     except FileNotFoundError:
+        if str(model) == EMBEDDED_MODEL:  # the shipped model must have its data: never fall back silently
+            raise
         return None
 
 
@@ -225,6 +229,8 @@ def _frames_from_args(args, lm, split: str = "training", max_frames: int | None 
             if not path.is_file():
                 raise ValueError(f"--texts-file {path} does not exist")
             texts = [t.strip() for t in path.read_text().splitlines() if t.strip()]
+            if not texts:
+                raise ValueError(f"--texts-file {path} has no text: one sentence a line")
         else:
             texts = list(DEFAULT_TEXTS)
         parts, have, i = [], 0, 0
@@ -384,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_train_drafter_args(sub.add_parser("train-drafter", help="train position-aware offsets or Medusa heads"))
     add_eval_acceptance_args(sub.add_parser("eval-acceptance", help="tokens per call and acceptance of a drafter"))
     args = parser.parse_args(argv)
+    if args.threads is None:  # `bench --threads` defaults to None: one thread here too, as the README's tables
+        args.threads = 1
     if args.threads < 0:
         return _die(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
@@ -391,20 +399,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     for attr, flag in OUTPUT_FLAGS.items():
-        if args.cmd == "train-drafter" and attr == "out":
-            continue  # a drafter file may go into a new drafters/ folder beside the model: train-drafter makes it
+        if args.cmd == "train-drafter" and attr == "out" and args.out is None:
+            continue  # the default file may go into a new drafters/ folder beside the model: train-drafter makes it
         problem = check_output_path(getattr(args, attr, None), flag)
         if problem:
             return _die(problem)
-    if args.cmd == "synth":
-        return run_synth(args)
-    if args.cmd == "train-drafter":
-        return run_train_drafter(args)
-    if args.cmd == "eval-acceptance":
-        return run_eval_acceptance(args)
+    from safetensors import SafetensorError
+
     try:
+        if args.cmd == "synth":
+            return run_synth(args)
+        if args.cmd == "train-drafter":
+            return run_train_drafter(args)
+        if args.cmd == "eval-acceptance":
+            return run_eval_acceptance(args)
         return bench.run_bench(args)
-    except ValueError as e:
+    except SafetensorError as e:  # a file that is not safetensors (or truncated): name it, no traceback
+        return _die(f"cannot read a .safetensors file ({e}): check the --model / --drafter-path / --frames-file "
+                    "files, or rebuild them (make embedded, rvqspec train-drafter)")
+    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         return _die(str(e))
 
 

@@ -436,6 +436,9 @@ def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -
     fr, sr = float(marker.get("frame_rate_hz", 12.5)), int(marker.get("sample_rate_hz", 24000))
     speech = None
     codec_file = path / marker.get("codec", "codec.safetensors")  # the embedded model's is ../codec.safetensors
+    if "codec" in marker and not codec_file.is_file():
+        raise ModelNotFoundError(f"{path / OWN_MODEL_MARKER} names its codec {marker['codec']!r}, but {codec_file} is "
+                                 "missing: restore it (git checkout data/embedded) or rebuild with `make embedded`")
     if codec_file.is_file():
         from .codec import RVQCodec
 

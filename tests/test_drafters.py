@@ -551,6 +551,11 @@ def test_bad_names_and_missing_files_raise_clear_errors(tiny, tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 def test_cli_train_drafter_then_eval_acceptance_writes_the_json(tmp_path, capsys):
     out = tmp_path / "m" / "offsets.safetensors"
+    # an explicit --out into a missing folder is refused before any work (as synth and eval-acceptance do)
+    assert cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "24",
+                     "--epochs", "1", "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err and not out.parent.exists()
+    out.parent.mkdir()
     assert cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "24",
                      "--epochs", "1", "--out", str(out)]) == 0
     assert out.is_file() and out.with_suffix(".json").is_file() and out.with_suffix(".curve.json").is_file()

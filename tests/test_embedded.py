@@ -32,7 +32,7 @@ def test_smoke_build_end_to_end_and_resume(tmp_path, capsys):
     build = _script()
     result = build.main(["--scale", "smoke", "--out", str(out), "--voices", "slt", "--quiet"])
     for f in ("codec.safetensors", "eval.json", "MODEL_CARD.md", "model/model.safetensors", "model/config.json",
-              "model/rvqspec_model.json", "model/codec.safetensors", "model/MODEL_CARD.md",
+              "model/rvqspec_model.json", "model/MODEL_CARD.md",
               "work/texts.tsv", "work/corpus/manifest.jsonl", "work/codes.safetensors", "work/train/curve.json"):
         assert (out / f).is_file(), f
     ev = json.loads((out / "eval.json").read_text())

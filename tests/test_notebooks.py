@@ -116,7 +116,7 @@ def _check_02(metrics: dict, out: Path) -> None:
     from rvqspec_lib.drafters import load_drafter
     from rvqspec_lib.models import load_model
 
-    labels = {"heads", "offsets-ce", "offsets-kl", "medusa"}
+    labels = {"heads", "offsets-ce", "offsets-kl", "offsets-tv", "medusa"}
     windows = {f"chain{w}" for w in range(2, 9)}
     assert set(metrics["tokens_per_call"]) == labels and not metrics["random_weights"]
     for lab, tpc in metrics["tokens_per_call"].items():
@@ -125,7 +125,7 @@ def _check_02(metrics: dict, out: Path) -> None:
         assert 2 <= metrics["saturation_window"][lab] <= 8
     hidden = metrics["model_info"]["code_predictor_hidden"]
     added = metrics["params_added"]
-    assert added["heads"] == 0 and added["offsets-ce"] == added["offsets-kl"] == 3 * hidden
+    assert added["heads"] == 0 and added["offsets-ce"] == added["offsets-kl"] == added["offsets-tv"] == 3 * hidden
     assert added["medusa"] > 100 * added["offsets-ce"]
     assert 0 < metrics["n_train_frames"] <= 128 and 0 < metrics["n_val_frames"] <= 32
     assert 0 < metrics["n_eval_frames"] <= 16
@@ -140,7 +140,8 @@ def _check_02(metrics: dict, out: Path) -> None:
         assert float(r["tokens_per_call_chain4"]) == metrics["tokens_per_call"][lab]["chain4"]
         assert int(r["added_params"]) == added[lab]
     assert {lab: r["paper_reported"] for lab, r in rows.items()} == \
-        {"heads": "1.7", "medusa": "2.6", "offsets-ce": "2.47", "offsets-kl": ""}
+        {"heads": "1.7", "medusa": "2.6", "offsets-ce": "2.47", "offsets-kl": "", "offsets-tv": ""}
+    assert rows["heads"]["kept_epoch"] == "" and all(int(rows[lab]["kept_epoch"]) >= 0 for lab in labels - {"heads"})
     assert int(rows["offsets-ce"]["added_params_at_0.6B"]) == 3072
     for stem in ("02_table2", "02_data", "02_training_curves", "02_acceptance_by_depth", "02_acceptance_by_offset",
                  "02_rank_acceptance", "02_chain_windows"):
@@ -151,9 +152,9 @@ def _check_02(metrics: dict, out: Path) -> None:
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
     # the trained offsets are saved and load back; a smoke run writes nothing beside the model
     lm = load_model(metrics["run_model"])
-    for lab in ("offsets-ce", "offsets-kl"):
+    for lab in ("offsets-ce", "offsets-kl", "offsets-tv"):
         d = load_drafter(metrics["drafter_files"][lab], lm.code_predictor)
         assert d.name == "offsets" and d.provenance["loss"] == lab[-2:]
-    assert metrics["deployed_offsets"] in ("offsets-ce", "offsets-kl")
+    assert metrics["deployed_offsets"] in ("offsets-ce", "offsets-kl", "offsets-tv")
     assert not any(k.startswith(("model_", "deployed")) for k in metrics["drafter_files"])
     assert "medusa" not in metrics["drafter_files"]

@@ -95,7 +95,7 @@ def walk_tree(
         children: ``(M+1, C)`` int64 children of each node in the order they are tried, -1 padded.
         node_valid: ``(B, M+1)`` bool, whether the node exists for the row (drafts never run past the last depth).
         has_next: ``(B, M+1)`` bool, whether a code remains to be sampled after the node.
-        generator: explicit RNG.
+        generator: explicit RNG; ``None`` draws a fresh unseeded generator (never the global RNG).
         q: ``(B, M+1, V)`` draft distribution each node's code was SAMPLED from, or ``None`` for point-mass
             (top-ranked) drafts.
 
@@ -104,6 +104,9 @@ def walk_tree(
     """
     b, m1, v = p.shape
     dev = p.device
+    if generator is None:
+        generator = torch.Generator(device=dev)
+        generator.seed()
     rows = torch.arange(b, device=dev)
     cur = torch.zeros(b, dtype=torch.long, device=dev)
     alive = torch.ones(b, dtype=torch.bool, device=dev)

@@ -44,7 +44,8 @@ def test_smoke_build_end_to_end_and_resume(tmp_path, capsys):
     assert "free_running" in (out / "MODEL_CARD.md").read_text()
 
     lm = load_model(str(out / "model"))
-    codec = RVQCodec.load(out / "model")
+    codec = RVQCodec.load(out / "codec.safetensors")  # shipped once, beside model/, named by its marker
+    assert lm.speech_tokenizer is not None and lm.speech_tokenizer.codec.config == codec.config
     assert lm.codebook_size == codec.config.codebook_size == 32 and lm.n_code_groups == 16
     r = synthesize(lm, "A short test sentence.", speaker="slt", max_frames=6, generator=torch.Generator().manual_seed(0))
     assert r.codes[0].shape[1] == 16 and r.codes[0].shape[0] >= 1

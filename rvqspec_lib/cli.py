@@ -323,8 +323,9 @@ def add_eval_acceptance_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-path", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors; "
                                           "embedded: data/embedded/model/drafters/)")
     p.add_argument("--decoder", choices=["chain", "tree"], help="one decoder (default: chain windows 2..8 and tree)")
-    p.add_argument("--window", type=int, default=4, help="chain window N (2..8), with --decoder chain")
-    p.add_argument("--tree", default="0;1;0,0;0,0,0", help="tree rank paths (';' between paths, ',' between ranks)")
+    p.add_argument("--window", type=int, default=None, help="chain window N (2..8, default 4), with --decoder chain")
+    p.add_argument("--tree", default=None, help="tree rank paths (';' between paths, ',' between ranks; default "
+                                                "0;1;0,0;0,0,0); with --decoder tree or no --decoder")
     p.add_argument("--max-rank", type=int, default=8, help="ranks tabulated for the tree calibration")
     p.add_argument("--teacher-codes", choices=["decoded", "frames"], default="decoded",
                    help="codes the exact tables teacher-force: decoded (samples of p) or the frames' own")
@@ -343,12 +344,21 @@ def run_eval_acceptance(args) -> int:
     from .trees import parse_paths
 
     try:
+        if args.window is not None and args.decoder != "chain":
+            raise ValueError("--window is used only with --decoder chain (without --decoder, windows 2..8 are all run)")
+        if args.tree is not None and args.decoder == "chain":
+            raise ValueError("--tree is not used with --decoder chain: drop it, or use --decoder tree")
+        if args.drafter == "heads" and args.drafter_path:
+            raise ValueError("--drafter-path is not used with --drafter heads (reused heads have no file)")
+        if args.max_rank < 1:
+            raise ValueError(f"--max-rank must be >= 1, got {args.max_rank}")
+        tree = parse_paths(args.tree if args.tree is not None else "0;1;0,0;0,0,0")
         if args.decoder == "chain":
-            decoders = [Chain(window=args.window)]
+            decoders = [Chain(window=4 if args.window is None else args.window)]
         elif args.decoder == "tree":
-            decoders = [Tree(paths=parse_paths(args.tree))]
+            decoders = [Tree(paths=tree)]
         else:
-            decoders = [Chain(w) for w in range(2, 9)] + [Tree(paths=parse_paths(args.tree))]
+            decoders = [Chain(w) for w in range(2, 9)] + [Tree(paths=tree)]
         lm = load_model(args.model, dtype=args.dtype)
         path = args.drafter_path or _drafter_model_dir(args.model)
         drafter = make_drafter(args.drafter, lm.code_predictor, path)

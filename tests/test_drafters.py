@@ -599,3 +599,16 @@ def test_training_offsets_on_total_variation_raises_acceptance():
     assert (alpha - base_alpha).min() > 0.03 and tpc > base_tpc + 0.1, (alpha, base_alpha, tpc, base_tpc)
     with pytest.raises(ValueError, match="sampled decoding"):
         train_drafter(make_drafter("offsets", cp, fresh=True), cp, train, loss="tv", sampling=Sampling(greedy=True))
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--window", "4"], "--window is used only with --decoder chain"),
+    (["--decoder", "tree", "--window", "4"], "--window is used only"),
+    (["--decoder", "chain", "--tree", "0;1"], "--tree is not used"),
+    (["--drafter-path", "x.safetensors"], "--drafter-path is not used"),
+    (["--max-rank", "0"], "--max-rank"),
+])
+def test_cli_eval_acceptance_rejects_unused_or_bad_flags(capsys, argv, needle):
+    rc = cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "heads", "--frames", "4", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err

@@ -325,7 +325,7 @@ def add_eval_acceptance_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoder", choices=["chain", "tree"], help="one decoder (default: chain windows 2..8 and tree)")
     p.add_argument("--window", type=int, default=None, help="chain window N (2..8, default 4), with --decoder chain")
     p.add_argument("--tree", default=None, help="tree rank paths (';' between paths, ',' between ranks; default "
-                                                "0;1;0,0;0,0,0); with --decoder tree or no --decoder")
+                                                f"{DEFAULT_TREE}); with --decoder tree or no --decoder")
     p.add_argument("--max-rank", type=int, default=8, help="ranks tabulated for the tree calibration")
     p.add_argument("--teacher-codes", choices=["decoded", "frames"], default="decoded",
                    help="codes the exact tables teacher-force: decoded (samples of p) or the frames' own")
@@ -352,7 +352,7 @@ def run_eval_acceptance(args) -> int:
             raise ValueError("--drafter-path is not used with --drafter heads (reused heads have no file)")
         if args.max_rank < 1:
             raise ValueError(f"--max-rank must be >= 1, got {args.max_rank}")
-        tree = parse_paths(args.tree if args.tree is not None else "0;1;0,0;0,0,0")
+        tree = parse_paths(DEFAULT_TREE if args.tree is None else args.tree)
         if args.decoder == "chain":
             decoders = [Chain(window=4 if args.window is None else args.window)]
         elif args.decoder == "tree":

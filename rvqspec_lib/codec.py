@@ -544,15 +544,6 @@ class RVQCodec:
         p.with_suffix(".json").write_text(cfg_json + "\n")
         return p
 
-    @staticmethod
-    def config_stored_dtype(path: str | os.PathLike) -> str:
-        """The dtype the codebooks are stored in at ``path`` (``"float32"``, ``"float16"``), without loading them."""
-        from safetensors import safe_open
-
-        with safe_open(str(_codec_file(path)), framework="pt") as f:
-            return str(f.get_slice("codebooks").get_dtype()).lower().replace("f16", "float16").replace(
-                "f32", "float32")
-
     @classmethod
     def load(cls, path: str | os.PathLike) -> "RVQCodec":
         """Read a codec written by :meth:`save` (a ``.safetensors`` file or the folder holding ``codec.safetensors``).

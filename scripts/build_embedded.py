@@ -315,9 +315,7 @@ class Builder:
         save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in w.items()},
                   str(tmp / "model.safetensors"), metadata={"format": "pt", "stored_dtype": "float16"})
         # the codec ships once, beside model/, in float16 (half of 16 x 2048 x 320 float32); the marker points at it
-        codec = RVQCodec.load(self.out / "codec.safetensors")
-        if codec.config_stored_dtype(self.out / "codec.safetensors") != "float16":
-            codec.save(self.out / "codec.safetensors", dtype=torch.float16)
+        RVQCodec.load(self.out / "codec.safetensors").save(self.out / "codec.safetensors", dtype=torch.float16)
         marker = json.loads((src / "rvqspec_model.json").read_text())
         marker["languages"] = ["english"]  # trained on English only: --language german etc. are refused
         marker["codec"] = "../codec.safetensors"  # relative to the model folder

@@ -133,6 +133,83 @@ def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torc
             "rank_mass_by_offset": pool(mass).numpy(), "rank_hit_by_offset": pool(hit).numpy(), "n_frames": count}
 
 
+@torch.no_grad()
+def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torch.Tensor, *, n_ahead: int = 3,
+                     sampling: Sampling | None = None, batch_size: int = 256) -> torch.Tensor:
+    """Exact acceptance of a sampled draft, frame by frame: ``alpha[i, k-1, j-1] = sum_x min(p(x), q(x))`` for the
+    draft of depth k+j from H_k in frame i (the quantity :func:`exact_statistics` averages over frames).
+
+    Args:
+        context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` codes 1..n teacher-forced (samples of p, ideally).
+        n_ahead: offsets j = 1..n_ahead. sampling: the deployed warpers, for p and q alike.
+    Returns:
+        ``(N, n-1, n_ahead)`` float64, NaN where k + j > n.
+    """
+    sampling = Sampling() if sampling is None else sampling
+    cp = code_predictor
+    n = P.n_codes(cp)
+    dev = next(cp.parameters()).device
+    out = []
+    for i in range(0, context.shape[0], batch_size):
+        ctx, cod = context[i: i + batch_size].to(dev), codes[i: i + batch_size].to(dev)
+        hidden = teacher_forced_hidden(cp, ctx, cod)
+        p_all = sampling.probs(verifier_logits(cp, hidden))
+        logits, d, _ = draft_batch(drafter, cp, hidden, n_ahead)
+        f = torch.arange(hidden.shape[0], device=dev)[:, None, None].expand_as(d)
+        p = p_all[f, (d - 1).clamp(max=n - 1)]
+        out.append(torch.minimum(p, sampling.probs(logits)).sum(-1).double().cpu())
+    alpha = torch.cat(out)
+    valid = (torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]) <= n
+    return torch.where(valid, alpha, torch.tensor(float("nan"), dtype=torch.float64))
+
+
+def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: Frames, *, n_ahead: int = 3,
+                                 sampling: Sampling | None = None, confidence: float = 0.95,
+                                 batch_size: int = 256) -> dict:
+    """Is drafter B's acceptance higher than drafter A's? A paired comparison on the same frames, with a confidence
+    interval that treats UTTERANCES as the independent units (frames of one utterance are correlated).
+
+    For each frame, the exact acceptance (:func:`frame_acceptance`) averaged over every (start depth k, offset j) with
+    k + j <= n; the per-frame difference B - A is averaged within each utterance, and a Student t interval is taken
+    over utterances (the paired t-test's two-sided p-value beside it). Sampling noise is absent: acceptance is
+    computed from the probabilities, so the interval only reflects which frames were drawn.
+
+    Args:
+        frames: :class:`~rvqspec_lib.train_drafters.Frames` (its ``utterance`` field groups frames).
+        confidence: of the interval, in (0, 1).
+    Returns:
+        ``{"mean_a", "mean_b", "difference", "ci_low", "ci_high", "confidence", "p_value", "n_frames",
+        "n_utterances", "difference_by_offset" [n_ahead floats]}``.
+    Raises:
+        ValueError: fewer than 2 utterances, or ``confidence`` outside (0, 1).
+    """
+    from scipy import stats
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    utt = frames.utterance
+    ids = torch.unique(utt)
+    if ids.numel() < 2:
+        raise ValueError("a paired interval over utterances needs frames of at least 2 utterances")
+    a = frame_acceptance(code_predictor, drafter_a, frames.context, frames.codes, n_ahead=n_ahead, sampling=sampling,
+                         batch_size=batch_size)
+    b = frame_acceptance(code_predictor, drafter_b, frames.context, frames.codes, n_ahead=n_ahead, sampling=sampling,
+                         batch_size=batch_size)
+    fa, fb = a.nanmean((1, 2)), b.nanmean((1, 2))  # (N,)
+    per_utt = torch.stack([(fb - fa)[utt == u].mean() for u in ids]).numpy()
+    m = len(per_utt)
+    mean = float(per_utt.mean())
+    se = float(per_utt.std(ddof=1) / np.sqrt(m))
+    if se > 0:
+        half = float(stats.t.ppf(0.5 + confidence / 2, m - 1)) * se
+        p_value = float(2 * stats.t.sf(abs(mean) / se, m - 1))
+    else:
+        half, p_value = 0.0, (1.0 if mean == 0 else 0.0)
+    return {"mean_a": float(fa.mean()), "mean_b": float(fb.mean()), "difference": mean, "ci_low": mean - half,
+            "ci_high": mean + half, "confidence": confidence, "p_value": p_value, "n_frames": int(len(fa)),
+            "n_utterances": m, "difference_by_offset": (b - a).nanmean((0, 1)).tolist()}
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # predicted tokens per call (independence model)
 # --------------------------------------------------------------------------------------------------------------------

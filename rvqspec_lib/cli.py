@@ -125,7 +125,11 @@ def run_synth(args) -> int:
         import soundfile as sf
 
         wavs, sr = lm.speech_tokenizer.decode([{"audio_codes": res.codes[0]}])
-        sf.write(out, np.asarray(wavs[0]), sr)
+        wav = np.asarray(wavs[0], dtype=np.float32)
+        peak = float(np.abs(wav).max()) if wav.size else 0.0
+        if peak > 0.99:  # a 16-bit wav clips at full scale: scale down instead of distorting (reported below)
+            wav = wav * (0.99 / peak)
+        sf.write(out, wav, sr)
         audio_path = str(out)
     npy = out.with_suffix(".npy")
     np.save(npy, codes)
@@ -133,6 +137,7 @@ def run_synth(args) -> int:
         "model": args.model,
         "random_weights": lm.is_random,
         "decoder": repr(decoder),
+        "audio_scaled_by": round(0.99 / peak, 4) if audio_path and peak > 0.99 else 1.0,
         "text": args.text,
         "seed": args.seed,
         "greedy": args.greedy,
@@ -174,6 +179,19 @@ def _add_frame_source_args(p: argparse.ArgumentParser, default_frames: int) -> N
     p.add_argument("--texts-file", help="texts to speak, one a line (default: a few built-in sentences)")
     p.add_argument("--frames", type=int, default=default_frames, help="number of frames to use")
     p.add_argument("--seed", type=int, default=0, help="seed of every explicit generator")
+
+
+def _check_frame_source_args(args) -> None:
+    """One frame source at most, and no flag that the chosen source does not read (a silently ignored flag would
+    make a user believe a run used data it did not)."""
+    given = [f"--{n.replace('_', '-')}" for n in ("frames_file", "dataset", "texts_file") if getattr(args, n)]
+    if len(given) > 1:
+        raise ValueError(f"give one frame source, not {' and '.join(given)}")
+    if not args.dataset:
+        if args.codec:
+            raise ValueError("--codec is used only with --dataset (it turns the dataset's audio into codes)")
+        if args.language != "auto":
+            raise ValueError("--language is used only with --dataset (the prompt language of its utterances)")
 
 
 def _shipped_root(model: str) -> Path | None:
@@ -268,10 +286,12 @@ def add_train_drafter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--patience", type=int, default=3, help="epochs without validation improvement before stopping")
     p.add_argument("--batch-size", type=int, default=64, help="frames per step")
     p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default per drafter)")
-    p.add_argument("--val-fraction", type=float, default=0.1,
-                   help="utterances held out for early stopping (models without a shipped validation split)")
-    p.add_argument("--val-frames", type=int, default=500,
-                   help="validation frames for early stopping, from the shipped validation split (embedded models)")
+    p.add_argument("--val-fraction", type=float, default=None,
+                   help="utterances held out for early stopping (default 0.1; models without a shipped validation "
+                        "split)")
+    p.add_argument("--val-frames", type=int, default=None,
+                   help="validation frames for early stopping, from the shipped validation split (default 500; "
+                        "embedded models)")
     p.add_argument("--curve-json", help="training curve (default: the drafter file with .curve.json)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
     _add_frame_source_args(p, default_frames=2000)
@@ -284,6 +304,18 @@ def run_train_drafter(args) -> int:
     from .train_drafters import train_drafter
 
     try:
+        _check_frame_source_args(args)
+        if args.lr is not None and args.lr <= 0 or args.epochs < 1 or args.patience < 0:
+            raise ValueError("--lr must be > 0, --epochs >= 1 and --patience >= 0")
+        shipped = _uses_shipped(args)
+        if shipped and args.val_fraction is not None:
+            raise ValueError("--val-fraction is not used here: validation frames come from the shipped validation "
+                             "split (set their number with --val-frames)")
+        if not shipped and args.val_frames is not None:
+            raise ValueError("--val-frames is used only with the shipped utterances of an embedded model; here "
+                             "validation is --val-fraction of the utterances")
+        val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
+        val_frames = 500 if args.val_frames is None else args.val_frames
         lm = load_model(args.model, dtype=args.dtype)
         out = Path(args.out) if args.out else None
         if out is None:
@@ -296,13 +328,13 @@ def run_train_drafter(args) -> int:
         if lm.is_random:
             print(f"note: {args.model} has RANDOM weights: the drafter learns nothing meaningful", file=sys.stderr)
         frames = _frames_from_args(args, lm, "training")
-        val = _frames_from_args(args, lm, "validation", args.val_frames) if _uses_shipped(args) else None
+        val = _frames_from_args(args, lm, "validation", val_frames) if shipped else None
         drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=args.K)
         curve = Path(args.curve_json) if args.curve_json else out.with_suffix(".curve.json")
         sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
         res = train_drafter(drafter, lm.code_predictor, frames, val, loss=args.loss, sampling=sampling, lr=args.lr,
                             batch_size=args.batch_size,
-                            max_epochs=args.epochs, patience=args.patience, val_fraction=args.val_fraction,
+                            max_epochs=args.epochs, patience=args.patience, val_fraction=val_fraction,
                             seed=args.seed, progress=sys.stderr.isatty(), curve_path=curve)
     except (ValueError, FileNotFoundError) as e:
         return _die(str(e))
@@ -344,6 +376,7 @@ def run_eval_acceptance(args) -> int:
     from .trees import parse_paths
 
     try:
+        _check_frame_source_args(args)
         if args.window is not None and args.decoder != "chain":
             raise ValueError("--window is used only with --decoder chain (without --decoder, windows 2..8 are all run)")
         if args.tree is not None and args.decoder == "chain":

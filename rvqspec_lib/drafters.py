@@ -320,10 +320,19 @@ def _how_to_train(name: str, where: str) -> str:
 
 def fresh_drafter(name: str, code_predictor, *, K: int = DEFAULT_K, residual_block: bool = False):
     """An untrained drafter for ``code_predictor``: zero offsets, or Medusa heads copied from the LM heads (both equal
-    :class:`ReusedHeads` until trained)."""
+    :class:`ReusedHeads` until trained).
+
+    Raises:
+        ValueError: an unknown name; ``K`` outside ``1 .. n_codes - 1`` (from the hidden state of depth k a drafter
+            can reach at most code ``n_codes``, i.e. offsets ``1 .. n_codes - 1``; 14 for Qwen3-TTS's 15 codes).
+    """
     _check_name(name)
     if name == "heads":
         return ReusedHeads()
+    n = int(code_predictor.config.num_code_groups) - 1
+    if not 1 <= int(K) <= n - 1:
+        raise ValueError(f"K={K} is out of range for a code predictor of {n} codes: draft offsets 1..{n - 1} "
+                         f"(the paper uses K=3)")
     if name == "offsets":
         return PositionOffsets.for_code_predictor(code_predictor, K)
     return MedusaHeads.for_code_predictor(code_predictor, K, residual_block)

@@ -360,6 +360,22 @@ def model_card(result: Mapping) -> str:
             lines.append(f"| {r.get('step')} | {(r.get('elapsed_s') or nan) / 60:.1f} | "
                          f"{_num(r.get('train_code0_acc'))} | {_num(r.get('val_code0_acc'))} | "
                          f"{_num(r.get('train_cp_acc'))} | {_num(r.get('val_cp_acc'))} |")
+    cps = result.get("code_predictor_stage")
+    if cps:
+        cm = cps.get("meta", {})
+        lines += ["", "Then the code predictor alone (`rvqspec_lib.train.train_code_predictor`): the talker frozen and "
+                  "run once over the training split, the code predictor's layers, projection and heads trained on "
+                  f"every frame's teacher-forced state ({cm.get('train_frames')} frames; the code embedding tables "
+                  "stay fixed, the talker reads them), "
+                  f"{cm.get('steps')} steps of {cm.get('batch_frames')} frames in {(cm.get('wall_s') or 0) / 60:.1f} "
+                  f"min, lr {cm.get('lr')}, {cm.get('params_trained')} parameters trained; kept the step with the "
+                  f"lowest validation loss ({cm.get('best_step')}):", "",
+                  "| step | minutes | frames seen | validation codes 1.. loss | validation codes 1.. acc | "
+                  "validation code 1 acc |", "|---:|---:|---:|---:|---:|---:|"]
+        for r in cps.get("curve", []):
+            d = r.get("val_cp_acc_by_depth") or [None]
+            lines.append(f"| {r.get('step')} | {(r.get('elapsed_s') or 0) / 60:.1f} | {r.get('frames_seen')} | "
+                         f"{_num(r.get('val_cp_loss'))} | {_num(r.get('val_cp_acc'))} | {_num(d[0])} |")
     tim = result.get("timings_s") or {}
     if tim:
         lines += ["", "Build time by stage (seconds, this machine; stages skipped on a resumed run are absent): "

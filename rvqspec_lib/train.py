@@ -574,3 +574,227 @@ def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minut
     return {"curve": curve, "steps": step, "wall_s": wall, "train_s": train_s,
             "steps_per_s": step / max(train_s, 1e-9), "frames_per_s": n_frames / max(train_s, 1e-9),
             "out_dir": str(out) if out is not None else None}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Code predictor alone, on a frozen talker's states
+# --------------------------------------------------------------------------------------------------------------------
+@dataclass
+class CodePredictorStates:
+    """Teacher-forced inputs of the code predictor, one row per frame.
+
+    Attributes:
+        hidden: ``(N, talker_hidden)`` float32, the frozen talker's last hidden state (after the final norm) at the
+            position that emitted code 0 of the frame: exactly what starts the frame's inner loop at inference.
+        codes: ``(N, G)`` int64, the frame's true codes (code 0 first).
+    """
+
+    hidden: torch.Tensor
+    codes: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+
+@torch.no_grad()
+def code_predictor_states(lm: LoadedModel, dataset: Iterable, *, batch_size: int = 16,
+                          progress: bool = True) -> CodePredictorStates:
+    """One teacher-forced talker pass (:func:`talker_pass`, eval mode, no gradient) over utterances, keeping the
+    hidden state that starts each frame's code-predictor sequence.
+
+    Args:
+        dataset: utterances (anything :func:`as_utterance` accepts).
+        batch_size: utterances per talker pass (sorted by length: little padding).
+    Returns:
+        :class:`CodePredictorStates` with every frame of every utterance.
+    Raises:
+        ValueError: an empty dataset.
+    """
+    from tqdm.auto import tqdm
+
+    utts = [as_utterance(u) for u in dataset]
+    if not utts:
+        raise ValueError("no utterances to take code-predictor states from")
+    if hasattr(lm.tokenizer, "prefetch"):
+        lm.tokenizer.prefetch([u.text for u in utts])
+    was = lm.model.training
+    lm.model.eval()
+    order = sorted(range(len(utts)), key=lambda i: utts[i].codes.shape[0])
+    hs, cs = [], []
+    try:
+        for s in tqdm(range(0, len(order), batch_size), desc="talker states", unit="batch", disable=not progress):
+            batch = [utts[i] for i in order[s:s + batch_size]]
+            out, length, codes, valid, _ = talker_pass(lm, batch)
+            hidden = out.hidden_states[0][-1][:, length - 1: length - 1 + valid.shape[1]]
+            hs.append(hidden[valid].float().cpu())
+            cs.append(codes[valid].cpu())
+    finally:
+        lm.model.train(was)
+    return CodePredictorStates(torch.cat(hs), torch.cat(cs))
+
+
+def code_predictor_parameters(lm: LoadedModel) -> list[tuple[str, torch.nn.Parameter]]:
+    """The parameters :func:`train_code_predictor` trains: the code predictor's decoder layers, final norm, input
+    projection and per-depth heads. Its code embedding tables are NOT among them: the talker reads them too (frame
+    feedback = sum of the 16 code embeddings), so changing them would change the frozen talker's inputs."""
+    return [(n, p) for n, p in lm.code_predictor.named_parameters() if "codec_embedding" not in n]
+
+
+def code_predictor_metrics(lm: LoadedModel, states: CodePredictorStates, *, batch_frames: int = 1024) -> dict:
+    """Teacher-forced cross-entropy and argmax accuracy of codes 1..G-1 over frames (eval mode, no gradient).
+
+    Returns:
+        ``{"cp_loss", "cp_acc", "cp_acc_by_depth": [G-1 floats]}``.
+    """
+    was = lm.model.training
+    lm.model.eval()
+    talker = lm.model.talker
+    dtype = next(talker.parameters()).dtype
+    loss, correct, n = 0.0, None, 0
+    with torch.no_grad():
+        for s in range(0, len(states), batch_frames):
+            h = states.hidden[s:s + batch_frames].to(dtype)
+            c = states.codes[s:s + batch_frames]
+            logits, _ = talker.forward_sub_talker_finetune(c, h)  # (b, G-1, V)
+            loss += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), c[:, 1:].reshape(-1),
+                                          reduction="sum"))
+            ok = (logits.argmax(-1) == c[:, 1:]).float().sum(0)
+            correct = ok if correct is None else correct + ok
+            n += c.shape[0]
+    lm.model.train(was)
+    by_depth = (correct / max(1, n)).tolist()
+    return {"cp_loss": loss / max(1, n * len(by_depth)), "cp_acc": sum(by_depth) / len(by_depth),
+            "cp_acc_by_depth": by_depth}
+
+
+def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
+                         val_states: CodePredictorStates | None = None, *, steps: int | None = None,
+                         minutes: float | None = None, lr: float = 5e-4, batch_frames: int = 256,
+                         warmup_steps: int = 50, min_lr_ratio: float = 0.1, weight_decay: float = 0.01,
+                         grad_clip: float = 1.0, eval_every: int = 200, seed: int = 0,
+                         out_dir: str | Path | None = None, progress: bool = True) -> dict:
+    """Train the code predictor alone on a frozen talker's teacher-forced states (a second stage after :func:`train`).
+
+    Joint training (:func:`train`) sends a fraction of the frames through the code predictor; this stage gives it
+    every frame of the corpus, cheaply: the talker is run once (:func:`code_predictor_states`), then each step is a
+    16-position pass of ``batch_frames`` frames through ``talker.forward_sub_talker_finetune`` (the official method;
+    the loss is computed here, aligned: head j against code j). The talker and every code embedding table stay fixed
+    (:func:`code_predictor_parameters`), so the talker's behaviour, and free running's code 0, are unchanged.
+    With ``val_states`` the weights with the lowest validation loss are restored at the end.
+
+    Args:
+        train_states, val_states: from :func:`code_predictor_states`.
+        steps / minutes: the budget (exactly one); the cosine schedule follows it.
+        lr: peak AdamW learning rate (linear warmup, cosine to ``lr * min_lr_ratio``).
+        batch_frames: frames per step (random, without replacement within an epoch).
+        eval_every: steps between validation evaluations (and at the end).
+        out_dir: ``cp_curve.json`` goes there after each evaluation.
+    Returns:
+        dict: ``curve`` (evaluation records), ``steps``, ``wall_s``, ``frames_seen``, ``best_step``,
+        ``best`` (validation metrics of the kept weights), ``params_trained``.
+    Raises:
+        ValueError: no budget or two, an empty state set, batch_frames < 1.
+    """
+    if (steps is None) == (minutes is None):
+        raise ValueError("give exactly one budget: steps=... or minutes=...")
+    if steps is not None and steps < 1 or minutes is not None and minutes <= 0:
+        raise ValueError("the budget must be positive")
+    if len(train_states) == 0:
+        raise ValueError("no training frames")
+    if batch_frames < 1:
+        raise ValueError(f"batch_frames must be >= 1, got {batch_frames}")
+    named = code_predictor_parameters(lm)
+    for p in lm.model.parameters():
+        p.requires_grad_(False)
+    for _, p in named:
+        p.requires_grad_(True)
+    params = [p for _, p in named]
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95))
+    talker = lm.model.talker
+    dtype = next(talker.parameters()).dtype
+    gen = torch.Generator().manual_seed(seed)
+    out = Path(out_dir) if out_dir is not None else None
+    budget_s = minutes * 60 if minutes is not None else None
+    meta = {"lr": lr, "batch_frames": batch_frames, "warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio,
+            "weight_decay": weight_decay, "seed": seed, "train_frames": len(train_states),
+            "val_frames": len(val_states) if val_states is not None else 0,
+            "params_trained": sum(p.numel() for p in params), "steps_budget": steps, "minutes_budget": minutes}
+    curve: list[dict] = []
+    best, best_step, best_state, best_metrics = math.inf, 0, None, None
+    step, seen, run_loss, run_n = 0, 0, 0.0, 0
+    perm = torch.empty(0, dtype=torch.long)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc="code predictor", unit="step")
+    t0 = time.perf_counter()
+
+    def record():
+        nonlocal best, best_step, best_state, best_metrics
+        rec = {"step": step, "elapsed_s": round(time.perf_counter() - t0, 2), "frames_seen": seen,
+               "lr": opt.param_groups[0]["lr"], "train_run_cp_loss": run_loss / max(1, run_n)}
+        if val_states is not None:
+            m = code_predictor_metrics(lm, val_states)
+            rec.update({f"val_{k}": v for k, v in m.items()})
+            if m["cp_loss"] < best:
+                best, best_step, best_metrics = m["cp_loss"], step, m
+                best_state = {n: p.detach().clone() for n, p in named}
+        curve.append(rec)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "cp_curve.json").write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
+        if bar is not None:
+            bar.write(" ".join(f"{k}={v:.4g}" for k, v in rec.items() if isinstance(v, (int, float))))
+
+    lm.model.eval()  # no dropout; the code predictor has no batch statistics
+    try:
+        if val_states is not None:
+            record()  # step 0: the jointly trained weights
+        while True:
+            elapsed = time.perf_counter() - t0
+            if steps is not None and step >= steps or budget_s is not None and elapsed >= budget_s:
+                break
+            if perm.numel() < batch_frames:
+                perm = torch.cat([perm, torch.randperm(len(train_states), generator=gen)])
+            idx, perm = perm[:batch_frames], perm[batch_frames:]
+            frac = step / steps if steps is not None else elapsed / budget_s
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, frac, lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
+            c = train_states.codes[idx]
+            logits, _ = talker.forward_sub_talker_finetune(c, train_states.hidden[idx].to(dtype))
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), c[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            opt.step()
+            step += 1
+            seen += len(idx)
+            run_loss += float(loss.detach())
+            run_n += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+            if eval_every and step % eval_every == 0:
+                record()
+                run_loss, run_n = 0.0, 0
+        if not curve or curve[-1]["step"] != step:
+            record()
+    finally:
+        if bar is not None:
+            bar.close()
+        for p in lm.model.parameters():
+            p.requires_grad_(True)
+    if best_state is not None:
+        with torch.no_grad():
+            for n, p in named:
+                p.copy_(best_state[n])
+    meta.update(steps=step, wall_s=round(time.perf_counter() - t0, 2), best_step=best_step, frames_seen=seen)
+    if out is not None:
+        (out / "cp_curve.json").write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
+    return {"curve": curve, "steps": step, "wall_s": meta["wall_s"], "frames_seen": seen, "best_step": best_step,
+            "best": best_metrics, "params_trained": meta["params_trained"]}

@@ -56,20 +56,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rvqspec_lib import corpus  # noqa: E402
 from rvqspec_lib import embedded as E  # noqa: E402
 
-STAGES = ("texts", "render", "codec", "codes", "ship", "train", "model", "eval", "card")
+STAGES = ("texts", "render", "codec", "codes", "ship", "train", "cp", "model", "eval", "card")
 
 PRESETS = {
     "smoke": dict(sources="stdlib", max_source_files=80, n_train=34, n_val=4, n_eval=2, voices="slt",
                   n_codebooks=16, codebook_size=32, max_vectors=20_000, kmeans_iters=5,
                   talker_layers=1, talker_hidden=64, cp_layers=1, cp_hidden=32, n_heads=2, n_kv_heads=1,
                   head_dim=32, text_hidden=64, frontend="phonemes", steps=40, minutes=None, batch_size=8, lr=3e-3,
-                  warmup_steps=5, cp_fraction=0.5, eval_every=0, max_frames=80, processes=2, ship_train=30),
+                  warmup_steps=5, cp_fraction=0.5, eval_every=0, max_frames=80, processes=2, ship_train=30,
+                  cp_steps=5, cp_minutes=None, cp_batch_frames=64, cp_lr=1e-3, cp_eval_every=0),
     "full": dict(sources="fortunes,stdlib,doc", max_source_files=None, n_train=15_000, n_val=200, n_eval=100,
                  voices="slt,kal16,awb,rms", n_codebooks=16, codebook_size=2048, max_vectors=60_000,
                  kmeans_iters=10, talker_layers=4, talker_hidden=256, cp_layers=5, cp_hidden=256, n_heads=4,
                  n_kv_heads=2, head_dim=64, text_hidden=256, frontend="phonemes", steps=None, minutes=35.0,
                  batch_size=16, lr=1e-3, warmup_steps=100, cp_fraction=0.125, eval_every=500, max_frames=300,
-                 processes=2, ship_train=1500),
+                 processes=2, ship_train=1500,
+                 cp_steps=None, cp_minutes=50.0, cp_batch_frames=256, cp_lr=5e-4, cp_eval_every=300),
 }
 
 
@@ -108,12 +110,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--eval-every", type=int)
     g.add_argument("--max-frames", type=int, help="free-running frame cap")
     g.add_argument("--ship-train", type=int, help="training utterances whose codes ship under <out> (drafters)")
+    g.add_argument("--cp-steps", type=int, help="code-predictor stage budget in steps (clears --cp-minutes; 0 skips "
+                                                "the stage)")
+    g.add_argument("--cp-minutes", type=float, help="code-predictor stage budget in minutes (clears --cp-steps)")
+    g.add_argument("--cp-batch-frames", type=int, help="frames per code-predictor step")
+    g.add_argument("--cp-lr", type=float, help="code-predictor stage peak learning rate")
+    g.add_argument("--cp-eval-every", type=int, help="code-predictor steps between validation evaluations")
     args = ap.parse_args(argv)
     preset = dict(PRESETS[args.scale])
     if args.steps is not None:
         preset["minutes"] = None
     if args.minutes is not None:
         preset["steps"] = None
+    if args.cp_steps is not None:
+        preset["cp_minutes"] = None
+    if args.cp_minutes is not None:
+        preset["cp_steps"] = None
     for k, v in preset.items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
@@ -295,6 +307,50 @@ class Builder:
                  + (f", validation {last['val_code0_acc']:.3f}" if val else ""))
         return p
 
+    # ------------------------------------------------------------------ 5b. code predictor alone
+    def cp_enabled(self) -> bool:
+        return bool(self.a.cp_steps) or bool(self.a.cp_minutes)
+
+    def trained_dir(self) -> Path:
+        """The checkpoint the model stage ships: after the code-predictor stage when it runs, else the joint one."""
+        return self.work / ("cp" if self.cp_enabled() else "train")
+
+    def cp(self) -> Path | None:
+        from rvqspec_lib import load_model
+        from rvqspec_lib.train import code_predictor_states, save_checkpoint, train_code_predictor
+
+        if not self.cp_enabled():
+            self.log("cp: no budget (--cp-steps 0), the jointly trained code predictor ships")
+            self.skipped.add("cp")
+            return None
+        p = self.work / "cp" / "model.safetensors"
+        if self.done("cp", p):
+            return p
+        a = self.a
+        lm = load_model(str(self.work / "train"))
+        data, val = self.utterances(["training"]), self.utterances(["validation"])
+        self.log(f"cp: talker states of {len(data)} training and {len(val)} validation utterances")
+        tr_states = code_predictor_states(lm, data, batch_size=a.batch_size, progress=self.progress)
+        val_states = code_predictor_states(lm, val, batch_size=a.batch_size, progress=self.progress) if val else None
+        budget = f"{a.cp_steps} steps" if a.cp_steps else f"{a.cp_minutes} min"
+        self.log(f"cp: {len(tr_states)} frames, {budget}, {a.cp_batch_frames} frames a step")
+        tmp = self.work / "cp.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        r = train_code_predictor(lm, tr_states, val_states, steps=a.cp_steps or None, minutes=a.cp_minutes,
+                                 lr=a.cp_lr, batch_frames=a.cp_batch_frames, eval_every=a.cp_eval_every,
+                                 seed=a.seed, out_dir=tmp, progress=self.progress)
+        marker = json.loads((self.work / "train" / "rvqspec_model.json").read_text())
+        cp_meta = json.loads((tmp / "cp_curve.json").read_text())["meta"]
+        save_checkpoint(lm, tmp, extra={**marker.get("training", {}), "code_predictor_stage": cp_meta})
+        for f in ("curve.json", "generation_config.json"):
+            shutil.copy2(self.work / "train" / f, tmp / f)
+        shutil.rmtree(self.work / "cp", ignore_errors=True)
+        os.replace(tmp, self.work / "cp")
+        best = r["best"] or {}
+        self.log(f"cp: {r['steps']} steps, {r['frames_seen']} frames in {r['wall_s']:.0f} s; kept step "
+                 f"{r['best_step']}" + (f", validation code 1..15 accuracy {best['cp_acc']:.3f}" if best else ""))
+        return p
+
     # ------------------------------------------------------------------ 6. model dir
     def model(self) -> Path:
         from rvqspec_lib.codec import RVQCodec
@@ -302,12 +358,13 @@ class Builder:
         d = self.out / "model"
         if self.done("model", d / "rvqspec_model.json"):
             return d
-        src = self.work / "train"
+        src = self.trained_dir()
         tmp = self.out / "model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        for f in ("config.json", "generation_config.json", "curve.json"):
-            shutil.copy2(src / f, tmp / f)
+        for f in ("config.json", "generation_config.json", "curve.json", "cp_curve.json"):
+            if (src / f).is_file():
+                shutil.copy2(src / f, tmp / f)
         # shipped in float16 (half the bytes; the repository stays lean); evaluated below as shipped, loaded in fp32
         from safetensors.torch import load_file, save_file
 
@@ -381,6 +438,7 @@ class Builder:
             "curve": [{k: r.get(k) for k in ("step", "elapsed_s", "train_code0_acc", "val_code0_acc", "train_cp_acc",
                                              "val_cp_acc", "train_loss", "val_loss")}
                       for r in json.loads((self.work / "train" / "curve.json").read_text())["curve"]],
+            "code_predictor_stage": self.cp_summary(),
             "asr": "pocketsphinx default LM",
             "wer": scores,
             "free_running": {"n": len(fr), "not_ended": sum(not f["ended"] for f in fr),
@@ -398,6 +456,16 @@ class Builder:
             self.log(f"eval: WER {name:13s} {s['wer']:.3f}")
         self.log(f"eval: free running, {result['free_running']['not_ended']} of {len(fr)} did not end by themselves")
         return p
+
+    def cp_summary(self) -> dict | None:
+        """The code-predictor stage's budget, kept step and validation curve (None when it did not run)."""
+        f = self.trained_dir() / "cp_curve.json"
+        if not self.cp_enabled() or not f.is_file():
+            return None
+        d = json.loads(f.read_text())
+        keys = ("step", "elapsed_s", "frames_seen", "train_run_cp_loss", "val_cp_loss", "val_cp_acc",
+                "val_cp_acc_by_depth")
+        return {"meta": d["meta"], "curve": [{k: r.get(k) for k in keys} for r in d["curve"]]}
 
     # ------------------------------------------------------------------ 8. card
     def card(self) -> Path:

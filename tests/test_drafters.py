@@ -31,7 +31,8 @@ import torch
 
 from rvqspec_lib import load_model
 from rvqspec_lib import frame as frame_mod
-from rvqspec_lib.acceptance import evaluate_acceptance, exact_statistics, predicted_tokens_per_call
+from rvqspec_lib.acceptance import (evaluate_acceptance, exact_statistics, frame_acceptance,
+                                   paired_acceptance_difference, predicted_tokens_per_call)
 from rvqspec_lib.cli import main as cli_main
 from rvqspec_lib.decode import AR, Chain, Tree, decode_frame
 from rvqspec_lib.drafters import (MedusaHeads, PositionOffsets, ReusedHeads, drafter_path, load_drafter, make_drafter,
@@ -612,3 +613,50 @@ def test_cli_eval_acceptance_rejects_unused_or_bad_flags(capsys, argv, needle):
     rc = cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "heads", "--frames", "4", *argv])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--codec", "c.safetensors"], "--codec is used only with --dataset"),
+    (["--language", "german"], "--language is used only with --dataset"),
+    (["--frames-file", "a.safetensors", "--texts-file", "t.txt"], "one frame source"),
+    (["--val-frames", "100"], "--val-frames is used only"),
+    (["--K", "15"], "K=15 is out of range"),
+    (["--K", "0"], "K=0 is out of range"),
+    (["--epochs", "0"], "--epochs >= 1"),
+])
+def test_cli_train_drafter_rejects_unused_or_bad_flags(tmp_path, capsys, argv, needle):
+    rc = cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "4",
+                   "--out", str(tmp_path / "d.safetensors"), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err
+    assert not (tmp_path / "d.safetensors").exists()
+
+
+def test_cli_train_drafter_on_shipped_utterances_refuses_val_fraction(tmp_path, capsys):
+    model = _shipped_tiny(tmp_path)
+    rc = cli_main(["train-drafter", "--model", str(model), "--drafter", "offsets", "--frames", "8",
+                   "--val-fraction", "0.2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--val-fraction is not used here" in err
+
+
+def test_paired_acceptance_difference_finds_a_real_margin_and_not_a_fake_one():
+    """Trained offsets on the drift model beat the reused heads with a 95% interval above zero (over held-out
+    utterances); the same drafter against itself gives exactly zero (negative control: the interval cannot claim a
+    margin that is not there); frame_acceptance averages to exact_statistics' table."""
+    cp, train, held_out = drift_model()
+    heads = ReusedHeads()
+    off = make_drafter("offsets", cp, fresh=True)
+    train_drafter(off, cp, train, loss="tv", max_epochs=6, batch_size=64, patience=2)
+    r = paired_acceptance_difference(cp, heads, off, held_out)
+    assert r["ci_low"] > 0.01 and r["p_value"] < 1e-3 and r["mean_b"] > r["mean_a"], r
+    assert r["n_utterances"] == len(torch.unique(held_out.utterance)) and r["n_frames"] == len(held_out)
+    same = paired_acceptance_difference(cp, heads, heads, held_out)
+    assert same["difference"] == 0 and same["ci_low"] == same["ci_high"] == 0 and same["p_value"] == 1.0
+    fa = frame_acceptance(cp, heads, held_out.context, held_out.codes, n_ahead=3)
+    ex = exact_statistics(cp, heads, held_out.context, held_out.codes, n_ahead=3)
+    np.testing.assert_allclose(fa.nanmean(0).numpy(), ex["alpha"], rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="at least 2 utterances"):
+        paired_acceptance_difference(cp, heads, off, held_out.subset(held_out.utterance == held_out.utterance[0]))
+    with pytest.raises(ValueError, match="confidence"):
+        paired_acceptance_difference(cp, heads, off, held_out, confidence=1.0)

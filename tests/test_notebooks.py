@@ -143,8 +143,16 @@ def _check_02(metrics: dict, out: Path) -> None:
         {"heads": "1.7", "medusa": "2.6", "offsets-ce": "2.47", "offsets-kl": "", "offsets-tv": ""}
     assert rows["heads"]["kept_epoch"] == "" and all(int(rows[lab]["kept_epoch"]) >= 0 for lab in labels - {"heads"})
     assert int(rows["offsets-ce"]["added_params_at_0.6B"]) == 3072
+    # the paired margin: one row per trained drafter, an interval around its difference, from >= 2 utterances
+    with (out / "02_margin.csv").open() as f:
+        margin = {r["drafter"]: r for r in csv.DictReader(f)}
+    assert set(margin) == labels - {"heads"}
+    for lab, r in margin.items():
+        assert float(r["ci95_low"]) <= float(r["difference"]) <= float(r["ci95_high"]), lab
+        assert int(r["n_utterances"]) >= 2 and 0 <= float(r["p_value"]) <= 1
+        assert metrics["margin_vs_heads"][lab]["difference"] == float(r["difference"])
     for stem in ("02_table2", "02_data", "02_training_curves", "02_acceptance_by_depth", "02_acceptance_by_offset",
-                 "02_rank_acceptance", "02_chain_windows"):
+                 "02_rank_acceptance", "02_chain_windows", "02_margin"):
         for ext in (".csv", ".md", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
     for stem in ("02_training_curves", "02_acceptance_by_depth", "02_chain_windows"):

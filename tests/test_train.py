@@ -22,8 +22,9 @@ from rvqspec_lib.frame import _PromptCaptured, build_prompt, default_speaker, sy
 from rvqspec_lib.frontend import EspeakMissingError, PhonemeTokenizer, tokenizer_from_spec
 from rvqspec_lib.models import ByteTokenizer, LoadedModel, build_from_config, load_model
 from rvqspec_lib.sampling import Sampling, code0_processors
-from rvqspec_lib.train import (Utterance, batch_prompt, bucket_batches, config_dict, losses, lr_at, save_checkpoint,
-                               small_config_dict, teacher_force, toy_corpus, train)
+from rvqspec_lib.train import (Utterance, batch_prompt, bucket_batches, code_predictor_metrics, code_predictor_states,
+                               config_dict, losses, lr_at, save_checkpoint, small_config_dict, teacher_force,
+                               toy_corpus, train, train_code_predictor)
 
 GREEDY = Sampling(greedy=True)
 TEXTS = ["Hello world.", "A somewhat longer sentence, to pad the batch."]
@@ -286,3 +287,59 @@ def test_phoneme_tokenizer_layout_and_checkpoint(lm, tmp_path):
     assert torch.equal(back.tokenizer("Hello world."), tok("Hello world."))
     res = synthesize(back, "Hello world.", sampling=GREEDY, talker_sampling=GREEDY, max_frames=2)
     assert res.codes[0].shape == (2, 16)
+
+
+# ---------------------------------------------------------------------------------------------------------- cp stage
+def test_code_predictor_states_are_the_teacher_forced_hidden_states(lm, greedy_utts):
+    _, utts = greedy_utts
+    st = code_predictor_states(lm, utts, batch_size=1, progress=False)
+    with torch.no_grad():
+        tf = teacher_force(lm, utts)
+    assert len(st) == sum(u.codes.shape[0] for u in utts) == tf.talker_hidden.shape[0]
+    # batched by length (different padding), same states up to float noise; rows in length order
+    order = sorted(range(len(utts)), key=lambda i: utts[i].codes.shape[0])
+    codes = torch.cat([utts[i].codes for i in order])
+    assert torch.equal(st.codes, codes)
+    starts = {i: sum(utts[j].codes.shape[0] for j in range(i)) for i in range(len(utts))}
+    ref = torch.cat([tf.talker_hidden[starts[i]: starts[i] + utts[i].codes.shape[0]] for i in order])
+    assert torch.allclose(st.hidden, ref, atol=1e-4)
+    with pytest.raises(ValueError, match="no utterances"):
+        code_predictor_states(lm, [], progress=False)
+
+
+def test_code_predictor_stage_learns_and_leaves_the_talker_and_embeddings_alone(tmp_path):
+    """The stage lowers the code-predictor loss on frames it trains on, and changes no talker weight and no code
+    embedding (the talker reads those for frame feedback). Negative control: the code predictor's heads did change."""
+    lm = load_model("tiny-random", seed=3)
+    g = torch.Generator().manual_seed(0)
+    code0 = torch.randint(0, 2048, (24,), generator=g)
+    codes = torch.stack([(code0 * (2 * j + 1) + 31 * j) % 2048 for j in range(16)], 1)  # codes 1.. follow code 0
+    utts = [Utterance("Hello world.", codes[:12]), Utterance("Another one.", codes[12:])]
+    st = code_predictor_states(lm, utts, progress=False)
+    before = {k: v.clone() for k, v in lm.model.state_dict().items()}
+    m0 = code_predictor_metrics(lm, st)
+    r = train_code_predictor(lm, st, st, steps=40, lr=1e-2, batch_frames=24, warmup_steps=2, eval_every=20,
+                             out_dir=tmp_path, progress=False)
+    m1 = code_predictor_metrics(lm, st)
+    assert m1["cp_loss"] < m0["cp_loss"] - 1.0 and m1["cp_acc"] > m0["cp_acc"]
+    assert [c["step"] for c in r["curve"]] == [0, 20, 40] and r["frames_seen"] == 40 * 24
+    assert r["best"]["cp_loss"] == pytest.approx(m1["cp_loss"], rel=1e-5)  # the best weights are the ones left
+    after = lm.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed, "negative control: training changed nothing"
+    assert all(k.startswith("talker.code_predictor.") and "codec_embedding" not in k for k in changed)
+    assert any("lm_head" in k for k in changed)
+    assert all(p.requires_grad for p in lm.model.parameters())  # restored for later training
+    saved = json.loads((tmp_path / "cp_curve.json").read_text())
+    assert saved["meta"]["steps"] == 40 and saved["meta"]["params_trained"] == r["params_trained"] > 0
+
+
+def test_code_predictor_stage_errors(lm, greedy_utts):
+    _, utts = greedy_utts
+    st = code_predictor_states(lm, utts, progress=False)
+    with pytest.raises(ValueError, match="exactly one budget"):
+        train_code_predictor(lm, st)
+    with pytest.raises(ValueError, match="exactly one budget"):
+        train_code_predictor(lm, st, steps=1, minutes=1)
+    with pytest.raises(ValueError, match="batch_frames"):
+        train_code_predictor(lm, st, steps=1, batch_frames=0)

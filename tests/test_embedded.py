@@ -41,6 +41,13 @@ def test_smoke_build_end_to_end_and_resume(tmp_path, capsys):
     assert 0 <= ev["free_running"]["not_ended"] <= ev["free_running"]["n"]
     assert {"train", "held_out"} <= set(ev["accuracy"]) and 0 <= ev["accuracy"]["held_out"]["code0_acc"] <= 1
     assert result["training"]["steps"] == 40
+    # the code-predictor stage ran on top of the joint training and is what ships: its weights moved, the talker's not
+    assert ev["code_predictor_stage"]["meta"]["steps"] == 5 and (out / "work/cp/model.safetensors").is_file()
+    assert "the code predictor alone" in (out / "MODEL_CARD.md").read_text()
+    from safetensors.torch import load_file
+    joint, cp_only = load_file(out / "work/train/model.safetensors"), load_file(out / "work/cp/model.safetensors")
+    moved = {k for k in joint if not torch.equal(joint[k], cp_only[k])}
+    assert moved and all(k.startswith("talker.code_predictor.") and "codec_embedding" not in k for k in moved)
     assert "free_running" in (out / "MODEL_CARD.md").read_text()
 
     lm = load_model(str(out / "model"))

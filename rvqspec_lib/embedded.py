@@ -397,6 +397,21 @@ def model_card(result: Mapping) -> str:
               "| condition | WER | WER without repetition outliers |", "|---|---|---|"]
     for name, r in w.items():
         lines.append(f"| {name} | {r.get('wer', float('nan')):.3f} | {r.get('wer_without_outliers', float('nan')):.3f} |")
+    dg = result.get("wer_diagnostics") or {}
+    if dg:
+        lines += ["", "Where the inner loop loses intelligibility (same sentences, same ASR):", "",
+                  "| diagnostic | WER |", "|---|---|"]
+        for name, r in dg.items():
+            lines.append(f"| {name} | {r.get('wer', float('nan')):.3f} |")
+        lines += ["", "`codec_4_codebooks`: the true codes, decoded from their first 4 codebooks only; "
+                  "`inner_loop_4_codebooks`: true code 0 + generated codes 1..3, decoded from 4 codebooks (the "
+                  "code predictor's error on the shallow codes alone); `inner_loop_greedy`: codes 1..15 by argmax "
+                  "instead of the deployed sampling (T 0.9, top-k 50)."]
+    cph = result.get("cp_held_out") or {}
+    if cph.get("cp_acc_by_depth"):
+        lines += ["", "Teacher-forced argmax accuracy of the code predictor by depth on the held-out sentences "
+                  "(codes 1..15): " + ", ".join(f"{a:.3f}" for a in cph["cp_acc_by_depth"])
+                  + f" (loss {cph.get('cp_loss', float('nan')):.3f} nats a code; chance ln(codebook size))."]
     lines += [
         "",
         f"Free running: {fr.get('not_ended', '?')} of {fr.get('n', '?')} utterances did not end by themselves "

@@ -389,7 +389,8 @@ class Builder:
         from rvqspec_lib.asr import PocketSphinxASR
         from rvqspec_lib.codec import RVQCodec, load_wav
         from rvqspec_lib.provenance import provenance, save_json
-        from rvqspec_lib.train import evaluate
+        from rvqspec_lib.sampling import Sampling
+        from rvqspec_lib.train import code_predictor_metrics, code_predictor_states, evaluate
 
         p = self.out / "eval.json"
         if self.done("eval", p):
@@ -409,14 +410,26 @@ class Builder:
         audio = {"original": [], "codec": [], "inner_loop": [], "free_running": []}
         from tqdm.auto import tqdm
 
+        # diagnostics: where the inner loop loses intelligibility (same sentences, same ASR), reported apart
+        diag = {"codec_4_codebooks": [], "inner_loop_4_codebooks": [], "inner_loop_greedy": []}
+        k4 = min(4, codec.config.n_codebooks)
         for r, u in tqdm(list(zip(ev_rows, ev)), desc="inner loop", unit="utt", disable=not self.progress):
             wav = load_wav(r["path"])
             audio["original"].append(wav)
             audio["codec"].append(E.decode_audio(codec, u.codes.numpy())[: wav.size])
-            audio["inner_loop"].append(E.decode_audio(codec, E.inner_loop_codes(lm, u, generator=gen).numpy()))
+            inner = E.inner_loop_codes(lm, u, generator=gen).numpy()
+            audio["inner_loop"].append(E.decode_audio(codec, inner))
+            diag["codec_4_codebooks"].append(codec.decode(u.codes.numpy(), n_codebooks=k4)[: wav.size])
+            diag["inner_loop_4_codebooks"].append(codec.decode(inner, n_codebooks=k4))
+            greedy = E.inner_loop_codes(lm, u, sampling=Sampling(greedy=True)).numpy()
+            diag["inner_loop_greedy"].append(E.decode_audio(codec, greedy))
         fr = E.free_running_codes(lm, ev, max_frames=a.max_frames, seed=a.seed, progress=self.progress)
         audio["free_running"] = [E.decode_audio(codec, f["codes"].numpy()) for f in fr]
-        scores = E.score_conditions(audio, refs, PocketSphinxASR(), progress=self.progress)
+        asr = PocketSphinxASR()
+        scores = E.score_conditions(audio, refs, asr, progress=self.progress)
+        diag_scores = E.score_conditions(diag, refs, asr, progress=self.progress)
+        cp_held_out = code_predictor_metrics(lm, code_predictor_states(lm, ev, batch_size=a.batch_size,
+                                                                       progress=False))
         t = json.loads((self.work / "train" / "curve.json").read_text())["meta"]
         desc = lm.describe()
         marker = json.loads((self.out / "model" / "rvqspec_model.json").read_text())
@@ -441,6 +454,8 @@ class Builder:
             "code_predictor_stage": self.cp_summary(),
             "asr": "pocketsphinx default LM",
             "wer": scores,
+            "wer_diagnostics": diag_scores,
+            "cp_held_out": cp_held_out,
             "free_running": {"n": len(fr), "not_ended": sum(not f["ended"] for f in fr),
                              "frames": [f["frames"] for f in fr], "true_frames": [len(u.codes) for u in ev],
                              "max_frames": a.max_frames, "frame_factor": 2.0},
@@ -452,8 +467,8 @@ class Builder:
         os.replace(p.with_suffix(".tmp"), p)
         self.log("eval: code-0 accuracy train {:.3f} / held-out {:.3f}".format(
             acc["train"]["code0_acc"], acc["held_out"]["code0_acc"]))
-        for name, s in scores.items():
-            self.log(f"eval: WER {name:13s} {s['wer']:.3f}")
+        for name, s in {**scores, **diag_scores}.items():
+            self.log(f"eval: WER {name:22s} {s['wer']:.3f}")
         self.log(f"eval: free running, {result['free_running']['not_ended']} of {len(fr)} did not end by themselves")
         return p
 

@@ -37,6 +37,8 @@ def test_smoke_build_end_to_end_and_resume(tmp_path, capsys):
         assert (out / f).is_file(), f
     ev = json.loads((out / "eval.json").read_text())
     assert set(ev["wer"]) == {"original", "codec", "inner_loop", "free_running"}
+    assert set(ev["wer_diagnostics"]) == {"codec_4_codebooks", "inner_loop_4_codebooks", "inner_loop_greedy"}
+    assert len(ev["cp_held_out"]["cp_acc_by_depth"]) == 15
     assert ev["free_running"]["n"] == ev["corpus"]["n_eval"] >= 1
     assert 0 <= ev["free_running"]["not_ended"] <= ev["free_running"]["n"]
     assert {"train", "held_out"} <= set(ev["accuracy"]) and 0 <= ev["accuracy"]["held_out"]["code0_acc"] <= 1

@@ -498,12 +498,13 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--json", dest="json_path", default=None, help="write the full result (+ provenance) here")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls before each measurement")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default 1, as the committed tables; 0 keeps torch's choice)")
     parser.add_argument("--queries", type=_int_list, default=list(DEFAULT_QUERY_SIZES),
                         help="query positions per code-predictor call, comma-separated (default 1,2,4,8,16,32,64)")
     parser.add_argument("--prefix-len", type=int, default=8, help="KV prefix of the code-predictor call")
     parser.add_argument("--talker-context", type=int, default=64, help="KV prefix of the talker step")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float64")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
+                        help="weights and activations (float16 for GPUs)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")

@@ -72,12 +72,16 @@ def _decoder_from_args(args):
 
 
 DEFAULT_TREE = "0;1;0,0;0,0,0"
+#: Audio formats ``synth --out`` writes (soundfile, by extension).
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
 
 
 def add_synth_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="tiny-random, qwen3-tts-0.6b-random, a hub id or a checkpoint dir")
+    p.add_argument("--model", required=True, help="embedded, tiny-random, qwen3-tts-0.6b-random, "
+                                                  "qwen3-tts-1.7b-random, a hub id or a checkpoint dir")
     p.add_argument("--text", required=True, help="sentence to speak")
-    p.add_argument("--out", required=True, help="output .wav (codes go to .npy beside it when there is no codec)")
+    p.add_argument("--out", required=True, help="output audio: .wav, .flac or .ogg (the codes always go to "
+                                                "<out without its extension>.npy beside it)")
     p.add_argument("--decoder", choices=["ar", "chain", "tree"], default="ar", help="inner-loop decoder")
     p.add_argument("--window", type=int, default=None,
                    help="chain window N (2..8, default 4): committed code + N-1 drafts")
@@ -102,6 +106,11 @@ def run_synth(args) -> int:
     if not args.text or not args.text.strip():
         return _die("--text is empty: give the sentence to speak")
     out = Path(args.out)
+    if out.suffix.lower() not in AUDIO_SUFFIXES:
+        return _die(f"--out {out} must end in {', '.join(AUDIO_SUFFIXES)} (the audio file; the codes go to "
+                    f"{out.with_suffix('.npy').name} beside it)")
+    if args.json and Path(args.json).resolve() in (out.resolve(), out.with_suffix(".npy").resolve()):
+        return _die(f"--json {args.json} is the audio or codes file of --out: give it its own name")
     try:
         decoder = _decoder_from_args(args)
         lm = load_model(args.model, dtype=args.dtype)
@@ -113,6 +122,10 @@ def run_synth(args) -> int:
     if lm.is_random:
         print(f"note: {args.model} has RANDOM weights (timing only): the audio and acceptance mean nothing",
               file=sys.stderr)
+    langs = set(lm.model.config.talker_config.codec_language_id or {})
+    if langs == {"english"} and any(ch.isalpha() and ord(ch) > 0x24F for ch in args.text):
+        print(f"note: {args.model} was trained on English only: letters outside the Latin script go through its "
+              "English front end and will not sound like that language", file=sys.stderr)
     try:
         res = synthesize(lm, [args.text], decoder=decoder, sampling=sampling, talker_sampling=talker_sampling,
                          generator=torch.Generator().manual_seed(args.seed), max_frames=args.max_frames,
@@ -160,6 +173,9 @@ def run_synth(args) -> int:
     msg = (f"{stats['frames']} frames ({stats['audio_s']:.2f} s of audio), {stats['code_predictor_calls']} "
            f"code-predictor calls, {stats['tokens_per_call']:.2f} tokens/call, {res.wall_s:.2f} s wall")
     print(msg)
+    if not stats["ended_by_itself"]:
+        print(f"note: stopped at --max-frames {args.max_frames} before the model ended the utterance (raise "
+              "--max-frames for the rest)", file=sys.stderr)
     if audio_path is None:
         print(f"no codec weights for {args.model}: codes written to {npy} (frames x {codes.shape[1]})")
     else:
@@ -265,6 +281,11 @@ def _frames_from_args(args, lm, split: str = "training", max_frames: int | None 
     return fr
 
 
+def _note_fewer_frames(frames, asked: int) -> None:
+    if len(frames) < asked:
+        print(f"note: --frames {asked} asked, the source has {len(frames)}: using them all", file=sys.stderr)
+
+
 def _drafter_model_dir(model: str) -> Path | None:
     from .drafters import model_drafter_dir
 
@@ -293,6 +314,8 @@ def add_train_drafter_args(p: argparse.ArgumentParser) -> None:
                    help="validation frames for early stopping, from the shipped validation split (default 500; "
                         "embedded models)")
     p.add_argument("--curve-json", help="training curve (default: the drafter file with .curve.json)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing drafter file (e.g. the one shipped beside the embedded model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
     _add_frame_source_args(p, default_frames=2000)
 
@@ -305,8 +328,21 @@ def run_train_drafter(args) -> int:
 
     try:
         _check_frame_source_args(args)
-        if args.lr is not None and args.lr <= 0 or args.epochs < 1 or args.patience < 0:
-            raise ValueError("--lr must be > 0, --epochs >= 1 and --patience >= 0")
+        for flag, value, ok, need in (("--lr", args.lr, args.lr is None or args.lr > 0, "> 0"),
+                                      ("--epochs", args.epochs, args.epochs >= 1, ">= 1"),
+                                      ("--patience", args.patience, args.patience >= 0, ">= 0"),
+                                      ("--batch-size", args.batch_size, args.batch_size >= 1, ">= 1"),
+                                      ("--frames", args.frames, args.frames >= 1, ">= 1"),
+                                      ("--val-frames", args.val_frames, args.val_frames is None or args.val_frames >= 1,
+                                       ">= 1"),
+                                      ("--val-fraction", args.val_fraction,
+                                       args.val_fraction is None or 0 < args.val_fraction < 1, "in (0, 1)")):
+            if not ok:
+                raise ValueError(f"{flag} must be {need}, got {value}")
+        if args.out and Path(args.out).suffix != ".safetensors":
+            raise ValueError(f"--out must end in .safetensors, got {args.out}")
+        if args.out and Path(args.out).exists() and not args.force:
+            raise ValueError(f"--out {args.out} exists: pass --force to replace it, or choose another --out")
         shipped = _uses_shipped(args)
         if shipped and args.val_fraction is not None:
             raise ValueError("--val-fraction is not used here: validation frames come from the shipped validation "
@@ -323,12 +359,16 @@ def run_train_drafter(args) -> int:
             if d is None:
                 return _die("--out is required when --model is not a local checkpoint directory")
             out = drafter_path(d, args.drafter)
-        if out.suffix != ".safetensors":
-            return _die(f"--out must end in .safetensors, got {out}")
+            if out.exists() and not args.force:
+                return _die(f"{out} exists (the drafter shipped or trained before beside {args.model}): pass --force "
+                            "to replace it, or write elsewhere with --out new.safetensors")
         if lm.is_random:
             print(f"note: {args.model} has RANDOM weights: the drafter learns nothing meaningful", file=sys.stderr)
         frames = _frames_from_args(args, lm, "training")
+        _note_fewer_frames(frames, args.frames)
         val = _frames_from_args(args, lm, "validation", val_frames) if shipped else None
+        if val is not None:
+            _note_fewer_frames(val, val_frames)
         drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=args.K)
         curve = Path(args.curve_json) if args.curve_json else out.with_suffix(".curve.json")
         sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
@@ -351,7 +391,7 @@ def run_train_drafter(args) -> int:
 
 def add_eval_acceptance_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="embedded, tiny-random, a checkpoint dir or a hub id")
-    p.add_argument("--drafter", default="heads", choices=["heads", "offsets", "medusa"], help="drafter to evaluate")
+    p.add_argument("--drafter", default="heads", choices=["heads", "offsets", "medusa"], help="drafter to evaluate (default heads: the reused LM heads, nothing to load)")
     p.add_argument("--drafter-path", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors; "
                                           "embedded: data/embedded/model/drafters/)")
     p.add_argument("--decoder", choices=["chain", "tree"], help="one decoder (default: chain windows 2..8 and tree)")
@@ -393,9 +433,12 @@ def run_eval_acceptance(args) -> int:
         else:
             decoders = [Chain(w) for w in range(2, 9)] + [Tree(paths=tree)]
         lm = load_model(args.model, dtype=args.dtype)
+        if args.max_rank > lm.codebook_size:
+            raise ValueError(f"--max-rank {args.max_rank} exceeds the codebook ({lm.codebook_size} codes)")
         path = args.drafter_path or _drafter_model_dir(args.model)
         drafter = make_drafter(args.drafter, lm.code_predictor, path)
         frames = _frames_from_args(args, lm, "evaluation")
+        _note_fewer_frames(frames, args.frames)
         sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
         res = evaluate_acceptance(lm.code_predictor, drafter, frames, decoders=decoders, sampling=sampling,
                                   seed=args.seed, max_rank=args.max_rank, teacher_codes=args.teacher_codes)

@@ -362,9 +362,10 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
             dtype = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64,
                      "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16}[dtype]
         except KeyError:
-            raise ValueError(f"unknown dtype {dtype!r}: use float32, float64 or bfloat16") from None
+            raise ValueError(f"unknown dtype {dtype!r}: use float32, float64, bfloat16 or float16") from None
     if not isinstance(name, str) or not name:
-        raise ModelNotFoundError("no model given: use --model tiny-random, qwen3-tts-0.6b-random, a hub id or a path")
+        raise ModelNotFoundError("no model given: name one, e.g. 'embedded', 'tiny-random', "
+                                 "'qwen3-tts-0.6b-random', a hub id or a checkpoint folder")
     if name in TINY_MODELS:
         cfg = tiny_config_dict()
         model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)

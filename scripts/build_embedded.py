@@ -17,6 +17,9 @@ reruns stages; a stage's output is written under its final name only when comple
                                         seeded ``--ship-train`` of the training split, all validation and evaluation
                                         utterances): drafter training and acceptance notebooks run on them offline
   5. train   <work>/train/model.safetensors   rvqspec_lib.train.train (``--minutes`` or ``--steps``); curve.json
+  5b. cp     <work>/cp/model.safetensors      the code predictor alone on the frozen talker's teacher-forced states
+                                        of every training frame (rvqspec_lib.train.train_code_predictor,
+                                        ``--cp-minutes`` or ``--cp-steps``; ``--cp-steps 0`` skips it); cp_curve.json
   6. model   <out>/model/              the checkpoint (``load_model(<out>/model)``) + a copy of the codec
   7. eval    <out>/eval.json           held-out WER of original / codec / inner loop only / free running
                                         (PocketSphinx, default LM), free-running utterances that never ended,
@@ -34,7 +37,9 @@ Presets (``--scale``; any flag given explicitly wins):
   (812 s); encoding 15,300 utterances (682,855 frames, 46 min with the other core busy); shipping 1,800 utterances'
   codes (2.7 MB); the 4 x 256 talker / 5 x 256 code predictor (OFFLINE.md) trained 35 minutes at batch 16 with
   cp_fraction 1/8 (0.60 steps/s: 1,236 steps, 1.3 epochs) on espeak-ng phonemes; weights stored in float16 (47 MB),
-  the codec in float16 (21 MB); evaluation on 100 held-out sentences (see eval.json's timings).
+  the codec in float16 (21 MB); then the code predictor alone for 50 minutes on the talker states of all 669,804
+  training frames (256 frames a step); evaluation on 100 held-out sentences with three diagnostics of the inner
+  loop (see eval.json's timings).
 """
 
 from __future__ import annotations

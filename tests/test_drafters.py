@@ -560,6 +560,13 @@ def test_cli_train_drafter_then_eval_acceptance_writes_the_json(tmp_path, capsys
     assert cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "24",
                      "--epochs", "1", "--out", str(out)]) == 0
     assert out.is_file() and out.with_suffix(".json").is_file() and out.with_suffix(".curve.json").is_file()
+    # a second run never replaces a trained drafter silently: --force says so
+    before = out.read_bytes()
+    assert cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "24",
+                     "--epochs", "1", "--out", str(out)]) == 2
+    assert "pass --force" in capsys.readouterr().err and out.read_bytes() == before
+    assert cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "24",
+                     "--epochs", "1", "--out", str(out), "--force", "--seed", "1"]) == 0
     js = tmp_path / "acc.json"
     assert cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "offsets", "--drafter-path", str(out),
                      "--frames", "12", "--decoder", "tree", "--tree", "0;1;0,0", "--json", str(js)]) == 0
@@ -608,6 +615,8 @@ def test_training_offsets_on_total_variation_raises_acceptance():
     (["--decoder", "chain", "--tree", "0;1"], "--tree is not used"),
     (["--drafter-path", "x.safetensors"], "--drafter-path is not used"),
     (["--max-rank", "0"], "--max-rank"),
+    (["--max-rank", "100000"], "exceeds the codebook"),
+    (["--codec", "c.safetensors"], "--codec is used only with --dataset"),
 ])
 def test_cli_eval_acceptance_rejects_unused_or_bad_flags(capsys, argv, needle):
     rc = cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "heads", "--frames", "4", *argv])
@@ -622,7 +631,12 @@ def test_cli_eval_acceptance_rejects_unused_or_bad_flags(capsys, argv, needle):
     (["--val-frames", "100"], "--val-frames is used only"),
     (["--K", "15"], "K=15 is out of range"),
     (["--K", "0"], "K=0 is out of range"),
-    (["--epochs", "0"], "--epochs >= 1"),
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--batch-size", "-5"], "--batch-size must be >= 1"),
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--patience", "-1"], "--patience must be >= 0"),
+    (["--val-fraction", "1.5"], "--val-fraction must be in (0, 1)"),
 ])
 def test_cli_train_drafter_rejects_unused_or_bad_flags(tmp_path, capsys, argv, needle):
     rc = cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "4",
@@ -660,3 +674,23 @@ def test_paired_acceptance_difference_finds_a_real_margin_and_not_a_fake_one():
         paired_acceptance_difference(cp, heads, off, held_out.subset(held_out.utterance == held_out.utterance[0]))
     with pytest.raises(ValueError, match="confidence"):
         paired_acceptance_difference(cp, heads, off, held_out, confidence=1.0)
+
+
+def test_cli_train_drafter_refuses_a_wrong_out_suffix_before_loading(tmp_path, capsys, monkeypatch):
+    import rvqspec_lib.models as models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded before the check"))
+    rc = cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--out", str(tmp_path / "d.txt")])
+    assert rc == 2 and "--out must end in .safetensors" in capsys.readouterr().err
+
+
+def test_cli_shipped_drafter_is_not_overwritten_without_force(tmp_path, capsys):
+    model = _shipped_tiny(tmp_path)
+    args = ["train-drafter", "--model", str(model), "--drafter", "offsets", "--frames", "12", "--val-frames", "6",
+            "--epochs", "1"]
+    assert cli_main(args) == 0
+    target = model / "drafters" / "offsets.safetensors"
+    before = target.read_bytes()
+    assert cli_main(args) == 2
+    assert "pass --force" in capsys.readouterr().err and target.read_bytes() == before
+    assert cli_main(args + ["--force"]) == 0

@@ -85,6 +85,15 @@ def test_cli_synth_writes_a_wav(tmp_path, capsys):
     stats = json.loads(js.read_text())
     assert sr == 24000 and len(wav) == stats["frames"] * 1920 > 0
     assert stats["random_weights"] is False and stats["wav"] == str(out)
+    assert np.abs(wav).max() <= 0.99 + 1e-4 and 0 < stats["audio_scaled_by"] <= 1.0  # never clipped
+    if not stats["ended_by_itself"]:
+        assert "stopped at --max-frames 20" in capsys.readouterr().err
+
+
+def test_cli_synth_notes_text_outside_the_models_language(tmp_path, capsys):
+    rc = cli.main(["synth", "--model", "embedded", "--text", "你好，世界", "--out", str(tmp_path / "zh.wav"),
+                   "--max-frames", "3"])
+    assert rc == 0 and "trained on English only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, needle", [

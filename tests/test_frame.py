@@ -131,8 +131,13 @@ def test_cli_missing_output_folder(tmp_path, capsys):
     (["--decoder", "tree", "--tree", "0;;1"], "empty path in tree"),
     (["--window", "3"], "--window is for --decoder chain"),
     (["--decoder", "chain", "--tree", "0;1"], "--tree is for --decoder tree"),
+    (["--out", "OUT/x.txt"], "must end in .wav, .flac, .ogg"),
+    (["--out", "OUT/x"], "must end in .wav, .flac, .ogg"),
+    (["--json", "OUT/x.wav"], "is the audio or codes file of --out"),
+    (["--json", "OUT/x.npy"], "is the audio or codes file of --out"),
 ])
 def test_cli_output_and_flag_checks_happen_before_any_work(tmp_path, capsys, extra, msg):
+    extra = [a.replace("OUT", str(tmp_path)) for a in extra]
     rc = main(["synth", "--model", "tiny-random", "--text", "hi", "--out", str(tmp_path / "x.wav"), *extra])
     assert rc == 2
     err = capsys.readouterr().err

@@ -144,6 +144,9 @@ def _check_context(code_predictor, context: torch.Tensor) -> None:
                          f"code 0, talker embedding of code 0]; got {shape}")
     if context.shape[0] < 1 or not context.is_floating_point():
         raise ValueError("context must be a non-empty floating-point tensor")
+    if not bool(torch.isfinite(context).all()):
+        raise ValueError("context holds NaN or inf: check the talker's hidden states (a diverged or half-loaded "
+                         "checkpoint, or float16 overflow: load in float32)")
 
 
 @torch.inference_mode()
@@ -183,6 +186,9 @@ def decode_frame(
     if generator is None:
         generator = torch.Generator(device=context.device)
         generator.seed()
+    elif not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator (e.g. torch.Generator().manual_seed(0)) or None, got "
+                         f"{type(generator).__name__}")
     _check_context(code_predictor, context)
     cp = code_predictor
     n = P.n_codes(cp)

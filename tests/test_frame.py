@@ -155,3 +155,15 @@ def test_decode_frame_names_the_module_to_pass(lm):
 
     with pytest.raises(ValueError, match="lm.code_predictor"):
         decode_frame(lm.model, torch.zeros(1, 2, 64))
+
+
+def test_decode_frame_rejects_nan_context_and_a_non_generator(lm):
+    from rvqspec_lib import decode_frame
+
+    h = lm.model.config.talker_config.hidden_size
+    ctx = torch.zeros(1, 2, h)
+    with pytest.raises(ValueError, match="generator must be a torch.Generator"):
+        decode_frame(lm.code_predictor, ctx, generator=0)
+    ctx[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        decode_frame(lm.code_predictor, ctx)

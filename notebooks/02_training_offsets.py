@@ -59,6 +59,7 @@ train_kl = True  # also train offsets with the KL loss
 train_tv = True  # also train offsets on one minus the exact acceptance rate (total variation, q warped as deployed)
 train_medusa = True  # also train Medusa heads (CE)
 medusa_lr = None  # Adam learning rate of the Medusa heads (None: the library default, Medusa-1's 1e-3)
+offsets_lrs = (1e-2, 1e-3, 3e-4)  # Adam learning rates tried for each offsets loss; the validation acceptance picks one
 tree = "0;1;0,0;0,0,0"  # the Tree decoder's rank paths (notebook 03 calibrates a better one)
 save_to_model = True  # not smoke: also write the offsets beside the model (data/embedded/model/drafters/)
 medusa_dir = "build/drafters"  # Medusa heads are large (vocab x hidden per head): written here, not into git
@@ -101,7 +102,7 @@ params = dict(model=model, seed=seed, smoke=bool(smoke), out_dir=str(out), threa
               n_train_frames=n_train_frames, n_val_frames=n_val_frames, n_eval_frames=n_eval_frames, epochs=epochs,
               patience=patience, batch_size=batch_size, K=K, train_kl=bool(train_kl), train_tv=bool(train_tv),
               train_medusa=bool(train_medusa), medusa_lr=medusa_lr, tree=tree, save_to_model=bool(save_to_model),
-              medusa_dir=medusa_dir,
+              medusa_dir=medusa_dir, offsets_lrs=[float(x) for x in offsets_lrs],
               notebook="02_training_offsets")
 timings = {}
 # the model: "embedded", a model folder, or a build folder holding model/ and utterances.safetensors; a real
@@ -185,13 +186,22 @@ if train_tv:
     to_train.append(("offsets-tv", "offsets", "tv"))
 if train_medusa:
     to_train.append(("medusa", "medusa", "ce"))
-trained, curves = {}, {}
+trained, curves, lr_rows = {}, {}, []
+lrs_tried = list(offsets_lrs)[:1] if smoke else list(offsets_lrs)
 for label, name, loss in to_train:
     t0 = time.perf_counter()
-    d = make_drafter(name, cp, fresh=True, K=K)
-    res = train_drafter(d, cp, train_frames, val_frames, loss=loss, sampling=sampling, batch_size=batch_size,
-                        lr=medusa_lr if name == "medusa" else None, max_epochs=epochs, patience=patience, seed=seed,
-                        progress=True)
+    best_res, best_val = None, -1.0
+    for lr in (lrs_tried if name == "offsets" else [medusa_lr]):
+        d = make_drafter(name, cp, fresh=True, K=K)
+        r = train_drafter(d, cp, train_frames, val_frames, loss=loss, sampling=sampling, batch_size=batch_size,
+                          lr=lr, max_epochs=epochs, patience=patience, seed=seed, progress=True)
+        val = float(np.mean(r.curve[r.best_epoch]["val_acceptance_by_offset"]))
+        lr_rows.append({"drafter": label, "lr": r.drafter.provenance.get("lr", lr), "best_epoch": r.best_epoch,
+                        "val_acceptance_mean": val, "val_acceptance_init": float(np.mean(
+                            r.curve[0]["val_acceptance_by_offset"]))})
+        if val > best_val:
+            best_res, best_val = r, val
+    res = best_res
     res.drafter.provenance["model"] = run_model
     trained[label], curves[label] = res.drafter, res
     timings[f"train_{label}_s"] = time.perf_counter() - t0
@@ -199,6 +209,18 @@ for label, name, loss in to_train:
     print(f"{label}: {res.drafter.params_added:,} parameters, best epoch {res.best_epoch} of {res.curve[-1]['epoch']}, "
           f"validation acceptance {np.round(c0['val_acceptance_by_offset'], 3)} -> "
           f"{np.round(cb['val_acceptance_by_offset'], 3)}")
+
+# %% [markdown]
+# ### Learning rate, chosen on validation
+# Each offsets loss is trained at every rate of `offsets_lrs`; the run with the highest mean validation acceptance
+# (at its kept epoch) is the one kept. A too-large rate overshoots in the first epoch and early stopping then keeps
+# epoch 0 (the reused heads), which would wrongly read as "this loss cannot help".
+
+# %%
+lr_table = pd.DataFrame(lr_rows)
+prov = provenance(params, seed=seed)
+save_table(lr_table, out / "02_lr_selection", prov)
+lr_table
 
 # %% [markdown]
 # ### Training curves
@@ -321,6 +343,7 @@ for label, r in results.items():
         "pct_model": 100 * r["params_added"] / params_model,
         "added_params_at_0.6B": params_added_for_config(kind, cfg06, K=K),
         "kept_epoch": trained[label].provenance["best_epoch"] if label in trained else None,
+        "lr": trained[label].provenance.get("lr") if label in trained else None,
         "paper_reported": PAPER_REPORTED_TOKS_PER_STEP.get(label),
     })
 prov = provenance(params, seed=seed)

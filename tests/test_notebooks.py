@@ -152,7 +152,7 @@ def _check_02(metrics: dict, out: Path) -> None:
         assert int(r["n_utterances"]) >= 2 and 0 <= float(r["p_value"]) <= 1
         assert metrics["margin_vs_heads"][lab]["difference"] == float(r["difference"])
     for stem in ("02_table2", "02_data", "02_training_curves", "02_acceptance_by_depth", "02_acceptance_by_offset",
-                 "02_rank_acceptance", "02_chain_windows", "02_margin"):
+                 "02_rank_acceptance", "02_chain_windows", "02_margin", "02_lr_selection"):
         for ext in (".csv", ".md", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
     for stem in ("02_training_curves", "02_acceptance_by_depth", "02_chain_windows"):

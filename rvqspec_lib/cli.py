@@ -353,6 +353,10 @@ def run_train_drafter(args) -> int:
         val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
         val_frames = 500 if args.val_frames is None else args.val_frames
         lm = load_model(args.model, dtype=args.dtype)
+        n_codes = int(lm.code_predictor.config.num_code_groups) - 1
+        if not 1 <= args.K <= n_codes - 1:
+            raise ValueError(f"K={args.K} is out of range for a code predictor of {n_codes} codes: --K 1..{n_codes - 1} "
+                             "(the paper uses 3)")
         out = Path(args.out) if args.out else None
         if out is None:
             d = _drafter_model_dir(args.model)

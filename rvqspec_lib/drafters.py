@@ -323,14 +323,15 @@ def fresh_drafter(name: str, code_predictor, *, K: int = DEFAULT_K, residual_blo
     :class:`ReusedHeads` until trained).
 
     Raises:
-        ValueError: an unknown name; ``K`` outside ``1 .. n_codes - 1`` (from the hidden state of depth k a drafter
-            can reach at most code ``n_codes``, i.e. offsets ``1 .. n_codes - 1``; 14 for Qwen3-TTS's 15 codes).
+        ValueError: an unknown name; ``K`` outside ``1 .. n_codes`` (from the hidden state of depth k a drafter
+            reaches at most code ``n_codes``, so offsets past ``n_codes - 1`` are never used; ``train-drafter --K``
+            refuses them).
     """
     _check_name(name)
     if name == "heads":
         return ReusedHeads()
     n = int(code_predictor.config.num_code_groups) - 1
-    if not 1 <= int(K) <= n - 1:
+    if not 1 <= int(K) <= n:
         raise ValueError(f"K={K} is out of range for a code predictor of {n} codes: draft offsets 1..{n - 1} "
                          f"(the paper uses K=3)")
     if name == "offsets":

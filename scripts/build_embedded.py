@@ -1,7 +1,7 @@
 """Build the embedded model from scratch: texts -> audio -> codec -> codes -> training -> evaluation -> model dir.
 
     nice -n 19 .venv/bin/python scripts/build_embedded.py --scale smoke --out build/embedded-smoke   # < 3 min
-    nice -n 19 .venv/bin/python scripts/build_embedded.py --scale full                              # 2-3 h, CPU
+    nice -n 19 .venv/bin/python scripts/build_embedded.py --scale full                              # about 3 h, CPU
 
 Every stage skips when its output exists, so an interrupted run resumes where it stopped (``--redo STAGE,...``
 reruns stages; a stage's output is written under its final name only when complete). Stages and outputs
@@ -30,7 +30,7 @@ Presets (``--scale``; any flag given explicitly wins):
 
 * ``smoke``: 34 + 4 + 2 sentences from the standard-library docstrings, flite slt, a 16 x 32 codec, a 1 x 64 / 1 x 32
   model, 40 steps: under 3 minutes on one core (the test suite runs it).
-* ``full``: the documented CPU recipe (about 2.5 h on 2 cores, one torch thread; figures in brackets measured on
+* ``full``: the documented CPU recipe (about 3.2 h on 2 cores, one torch thread; figures in brackets measured on
   2026-11-30 on a 2-core AMD EPYC that other jobs shared, so an idle machine is faster):
   15,000 training sentences (fortunes + stdlib + /usr/share/doc, all gathered offline) rendered with the four flite
   English voices (15.0 h of audio, 598 s); a 16 x 2048 codec (the real tokenizer's geometry) fitted on 60k vectors
@@ -39,7 +39,7 @@ Presets (``--scale``; any flag given explicitly wins):
   cp_fraction 1/8 (0.60 steps/s: 1,236 steps, 1.3 epochs) on espeak-ng phonemes; weights stored in float16 (47 MB),
   the codec in float16 (21 MB); then the code predictor alone for 50 minutes on the talker states of all 669,804
   training frames (256 frames a step); evaluation on 100 held-out sentences with three diagnostics of the inner
-  loop (see eval.json's timings).
+  loop (29 min; the stages' times are in eval.json).
 """
 
 from __future__ import annotations

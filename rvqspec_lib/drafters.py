@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from .predictor import head_logits, n_codes
+from .provenance import usual_mode
 
 #: Drafter names accepted by :func:`make_drafter` (and ``--drafter`` on the command line).
 DRAFTERS = ("heads", "offsets", "medusa")
@@ -402,6 +403,7 @@ def save_drafter(drafter, path: str | os.PathLike) -> Path:
             "provenance": drafter.provenance}
     text = json.dumps(desc, indent=1, default=str)
     save_file(tensors, str(path), metadata={"rvqspec": text})
+    usual_mode(path)
     _sidecar(path).write_text(text + "\n")
     return path
 

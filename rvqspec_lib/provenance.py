@@ -41,6 +41,15 @@ def resolve_out_dir(out_dir: str | os.PathLike) -> Path:
     return p
 
 
+def usual_mode(path: str | os.PathLike) -> Path:
+    """Give a written file the permissions a plain ``open()`` would (0666 minus the umask). safetensors writes its
+    files 0600, so a model or drafter saved on a shared machine would be unreadable to the other users."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+    return Path(path)
+
+
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from .frame import Prompt, build_prompt, default_speaker
 from .models import CONFIG_DIR, OWN_MODEL_MARKER, LoadedModel, tiny_config_dict
+from .provenance import usual_mode
 
 #: Weight of the code-predictor loss in the total (the official finetuning script's value).
 CP_LOSS_WEIGHT = 0.3
@@ -391,6 +392,7 @@ def save_checkpoint(lm: LoadedModel, out_dir: str | Path, *, extra: dict | None 
     gen = lm.generation or json.loads(
         (CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice" / "generation_config.json").read_text())
     save_model(lm.model, str(out / "model.safetensors"))
+    usual_mode(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config_dict(lm.model), indent=2))
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
     (out / OWN_MODEL_MARKER).write_text(json.dumps(marker, indent=2))

@@ -694,3 +694,13 @@ def test_cli_shipped_drafter_is_not_overwritten_without_force(tmp_path, capsys):
     assert cli_main(args) == 2
     assert "pass --force" in capsys.readouterr().err and target.read_bytes() == before
     assert cli_main(args + ["--force"]) == 0
+
+
+def test_saved_drafter_is_readable_by_others_as_a_plain_file_would_be(tmp_path):
+    import os
+
+    cp = load_model("tiny-random").code_predictor
+    path = save_drafter(make_drafter("offsets", cp, fresh=True), tmp_path / "o.safetensors")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~mask  # safetensors alone writes 0600

@@ -67,6 +67,29 @@ def _json(a: np.ndarray):
 # --------------------------------------------------------------------------------------------------------------------
 # exact (teacher-forced) statistics
 # --------------------------------------------------------------------------------------------------------------------
+def _teacher_forced_batches(cp, context: torch.Tensor, codes: torch.Tensor, sampling: Sampling, batch_size: int):
+    """Yield ``(codes, hidden (B, n, H), p (B, n, V))`` batch by batch: ONE teacher-forced pass of the code predictor
+    and the warped verifier distribution of every depth, shared by every drafter evaluated on the batch."""
+    dev = next(cp.parameters()).device
+    for i in range(0, context.shape[0], batch_size):
+        ctx, cod = context[i: i + batch_size].to(dev), codes[i: i + batch_size].to(dev)
+        hidden = teacher_forced_hidden(cp, ctx, cod)
+        yield cod, hidden, sampling.probs(verifier_logits(cp, hidden))
+
+
+def _drafts_and_targets(cp, drafter, hidden: torch.Tensor, p_all: torch.Tensor, n_ahead: int):
+    """The drafter's logits from every start depth and the verifier distribution of the depth each one drafts.
+
+    Returns:
+        ``(logits (B, n-1, K, V), f (B, n-1, K) frame index, dd (B, n-1, K) drafted depth - 1, p (B, n-1, K, V))``.
+    """
+    n = P.n_codes(cp)
+    logits, d, _ = draft_batch(drafter, cp, hidden, n_ahead)
+    f = torch.arange(hidden.shape[0], device=hidden.device)[:, None, None].expand_as(d)
+    dd = (d - 1).clamp(max=n - 1)
+    return logits, f, dd, p_all[f, dd]
+
+
 @torch.no_grad()
 def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torch.Tensor, *, n_ahead: int = 3,
                      sampling: Sampling | None = None, max_rank: int = DEFAULT_MAX_RANK,
@@ -90,20 +113,13 @@ def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torc
     n = P.n_codes(cp)
     vocab = int(cp.config.vocab_size)
     r_max = min(max_rank, vocab)
-    dev = next(cp.parameters()).device
     s_alpha = torch.zeros(n - 1, n_ahead, dtype=torch.float64)
     s_mass = torch.zeros(n - 1, n_ahead, r_max, dtype=torch.float64)
     s_hit = torch.zeros(n - 1, n_ahead, r_max, dtype=torch.float64)
     count = 0
-    for i in range(0, context.shape[0], batch_size):
-        ctx, cod = context[i: i + batch_size].to(dev), codes[i: i + batch_size].to(dev)
-        hidden = teacher_forced_hidden(cp, ctx, cod)  # (B, n, H)
-        p_all = sampling.probs(verifier_logits(cp, hidden))  # (B, n, V)
-        logits, d, valid = draft_batch(drafter, cp, hidden, n_ahead)  # (B, n-1, K, V)
+    for cod, hidden, p_all in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
+        logits, f, dd, p = _drafts_and_targets(cp, drafter, hidden, p_all, n_ahead)  # (B, n-1, K, V)
         b = hidden.shape[0]
-        f = torch.arange(b, device=dev)[:, None, None].expand_as(d)
-        dd = (d - 1).clamp(max=n - 1)
-        p = p_all[f, dd]  # (B, n-1, K, V)
         alpha = torch.minimum(p, sampling.probs(logits)).sum(-1)  # (B, n-1, K)
         top = torch.topk(logits, r_max, dim=-1).indices  # (B, n-1, K, R)
         mass = p.gather(-1, top)
@@ -140,27 +156,25 @@ def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torc
     draft of depth k+j from H_k in frame i (the quantity :func:`exact_statistics` averages over frames).
 
     Args:
+        drafter: one drafter, or a list of drafters (then a list of tables, from one teacher-forced pass).
         context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` codes 1..n teacher-forced (samples of p, ideally).
         n_ahead: offsets j = 1..n_ahead. sampling: the deployed warpers, for p and q alike.
     Returns:
-        ``(N, n-1, n_ahead)`` float64, NaN where k + j > n.
+        ``(N, n-1, n_ahead)`` float64, NaN where k + j > n (a list of them for a list of drafters).
     """
     sampling = Sampling() if sampling is None else sampling
     cp = code_predictor
     n = P.n_codes(cp)
-    dev = next(cp.parameters()).device
-    out = []
-    for i in range(0, context.shape[0], batch_size):
-        ctx, cod = context[i: i + batch_size].to(dev), codes[i: i + batch_size].to(dev)
-        hidden = teacher_forced_hidden(cp, ctx, cod)
-        p_all = sampling.probs(verifier_logits(cp, hidden))
-        logits, d, _ = draft_batch(drafter, cp, hidden, n_ahead)
-        f = torch.arange(hidden.shape[0], device=dev)[:, None, None].expand_as(d)
-        p = p_all[f, (d - 1).clamp(max=n - 1)]
-        out.append(torch.minimum(p, sampling.probs(logits)).sum(-1).double().cpu())
-    alpha = torch.cat(out)
+    drafters = list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
+    out: list[list[torch.Tensor]] = [[] for _ in drafters]
+    for _, hidden, p_all in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
+        for acc, dr in zip(out, drafters):
+            logits, _, _, p = _drafts_and_targets(cp, dr, hidden, p_all, n_ahead)
+            acc.append(torch.minimum(p, sampling.probs(logits)).sum(-1).double().cpu())
     valid = (torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]) <= n
-    return torch.where(valid, alpha, torch.tensor(float("nan"), dtype=torch.float64))
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    tables = [torch.where(valid, torch.cat(acc), nan) for acc in out]
+    return tables if isinstance(drafter, (list, tuple)) else tables[0]
 
 
 def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: Frames, *, n_ahead: int = 3,
@@ -191,10 +205,8 @@ def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: F
     ids = torch.unique(utt)
     if ids.numel() < 2:
         raise ValueError("a paired interval over utterances needs frames of at least 2 utterances")
-    a = frame_acceptance(code_predictor, drafter_a, frames.context, frames.codes, n_ahead=n_ahead, sampling=sampling,
-                         batch_size=batch_size)
-    b = frame_acceptance(code_predictor, drafter_b, frames.context, frames.codes, n_ahead=n_ahead, sampling=sampling,
-                         batch_size=batch_size)
+    a, b = frame_acceptance(code_predictor, [drafter_a, drafter_b], frames.context, frames.codes, n_ahead=n_ahead,
+                            sampling=sampling, batch_size=batch_size)
     fa, fb = a.nanmean((1, 2)), b.nanmean((1, 2))  # (N,)
     per_utt = torch.stack([(fb - fa)[utt == u].mean() for u in ids]).numpy()
     m = len(per_utt)

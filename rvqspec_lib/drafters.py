@@ -333,8 +333,8 @@ def fresh_drafter(name: str, code_predictor, *, K: int = DEFAULT_K, residual_blo
         return ReusedHeads()
     n = int(code_predictor.config.num_code_groups) - 1
     if not 1 <= int(K) <= n:
-        raise ValueError(f"K={K} is out of range for a code predictor of {n} codes: draft offsets 1..{n - 1} "
-                         f"(the paper uses K=3)")
+        raise ValueError(f"K={K} is out of range for a code predictor of {n} codes: use 1..{n} (offsets past "
+                         f"{n - 1} are never drafted; the paper uses K=3)")
     if name == "offsets":
         return PositionOffsets.for_code_predictor(code_predictor, K)
     return MedusaHeads.for_code_predictor(code_predictor, K, residual_block)

@@ -439,6 +439,14 @@ def evaluate(lm: LoadedModel, utts: Sequence[Utterance], *, batch_size: int = 16
     return out
 
 
+def _check_budget(steps: int | None, minutes: float | None) -> None:
+    """Exactly one positive training budget (:func:`train`, :func:`train_code_predictor`)."""
+    if (steps is None) == (minutes is None):
+        raise ValueError("give exactly one budget: steps=... or minutes=...")
+    if steps is not None and steps < 1 or minutes is not None and minutes <= 0:
+        raise ValueError("the budget must be positive")
+
+
 def _param_groups(model, weight_decay: float):
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -472,10 +480,7 @@ def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minut
         dict: ``curve`` (list of evaluation records), ``steps``, ``wall_s``, ``steps_per_s``, ``frames_per_s``,
         ``out_dir``.
     """
-    if (steps is None) == (minutes is None):
-        raise ValueError("give exactly one budget: steps=... or minutes=...")
-    if steps is not None and steps < 1 or minutes is not None and minutes <= 0:
-        raise ValueError("the budget must be positive")
+    _check_budget(steps, minutes)
     data = [as_utterance(u) for u in dataset]
     val = [as_utterance(u) for u in val_dataset] if val_dataset is not None else []
     if not data:
@@ -642,6 +647,12 @@ def code_predictor_parameters(lm: LoadedModel) -> list[tuple[str, torch.nn.Param
     return [(n, p) for n, p in lm.code_predictor.named_parameters() if "codec_embedding" not in n]
 
 
+def _cp_cross_entropy(logits: torch.Tensor, codes: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of ``forward_sub_talker_finetune`` logits ``(N, G-1, V)`` (head j at position j, already
+    aligned) against codes 1..G-1 of ``codes (N, G)``, in float32."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), codes[:, 1:].reshape(-1), reduction=reduction)
+
+
 def code_predictor_metrics(lm: LoadedModel, states: CodePredictorStates, *, batch_frames: int = 1024) -> dict:
     """Teacher-forced cross-entropy and argmax accuracy of codes 1..G-1 over frames (eval mode, no gradient).
 
@@ -658,8 +669,7 @@ def code_predictor_metrics(lm: LoadedModel, states: CodePredictorStates, *, batc
             h = states.hidden[s:s + batch_frames].to(dtype)
             c = states.codes[s:s + batch_frames]
             logits, _ = talker.forward_sub_talker_finetune(c, h)  # (b, G-1, V)
-            loss += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), c[:, 1:].reshape(-1),
-                                          reduction="sum"))
+            loss += float(_cp_cross_entropy(logits, c, reduction="sum"))
             ok = (logits.argmax(-1) == c[:, 1:]).float().sum(0)
             correct = ok if correct is None else correct + ok
             n += c.shape[0]
@@ -697,24 +707,19 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
     Raises:
         ValueError: no budget or two, an empty state set, batch_frames < 1.
     """
-    if (steps is None) == (minutes is None):
-        raise ValueError("give exactly one budget: steps=... or minutes=...")
-    if steps is not None and steps < 1 or minutes is not None and minutes <= 0:
-        raise ValueError("the budget must be positive")
+    _check_budget(steps, minutes)
     if len(train_states) == 0:
         raise ValueError("no training frames")
     if batch_frames < 1:
         raise ValueError(f"batch_frames must be >= 1, got {batch_frames}")
     named = code_predictor_parameters(lm)
+    was_trainable = [(p, p.requires_grad) for p in lm.model.parameters()]
     for p in lm.model.parameters():
         p.requires_grad_(False)
     for _, p in named:
         p.requires_grad_(True)
     params = [p for _, p in named]
-    decay = [p for p in params if p.dim() >= 2]
-    rest = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(_param_groups(lm.model, weight_decay), lr=lr, betas=(0.9, 0.95))
     talker = lm.model.talker
     dtype = next(talker.parameters()).dtype
     gen = torch.Generator().manual_seed(seed)
@@ -768,7 +773,7 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
                 group["lr"] = lr_at(step, frac, lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
             c = train_states.codes[idx]
             logits, _ = talker.forward_sub_talker_finetune(c, train_states.hidden[idx].to(dtype))
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), c[:, 1:].reshape(-1))
+            loss = _cp_cross_entropy(logits, c)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if grad_clip:
@@ -789,8 +794,8 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
     finally:
         if bar is not None:
             bar.close()
-        for p in lm.model.parameters():
-            p.requires_grad_(True)
+        for p, flag in was_trainable:
+            p.requires_grad_(flag)
     if best_state is not None:
         with torch.no_grad():
             for n, p in named:

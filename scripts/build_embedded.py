@@ -347,8 +347,7 @@ class Builder:
         marker = json.loads((self.work / "train" / "rvqspec_model.json").read_text())
         cp_meta = json.loads((tmp / "cp_curve.json").read_text())["meta"]
         save_checkpoint(lm, tmp, extra={**marker.get("training", {}), "code_predictor_stage": cp_meta})
-        for f in ("curve.json", "generation_config.json"):
-            shutil.copy2(self.work / "train" / f, tmp / f)
+        shutil.copy2(self.work / "train" / "curve.json", tmp / "curve.json")  # the joint stage's curve
         shutil.rmtree(self.work / "cp", ignore_errors=True)
         os.replace(tmp, self.work / "cp")
         best = r["best"] or {}

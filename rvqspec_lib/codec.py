@@ -238,13 +238,35 @@ class RVQCodec:
         codebooks: `(n_codebooks, codebook_size, dim)` float32 tensor, stage-major.
     """
 
-    def __init__(self, config: CodecConfig, codebooks: torch.Tensor):
+    def __init__(self, config: CodecConfig, codebooks: torch.Tensor, code_decoder=None):
         expect = (config.n_codebooks, config.codebook_size, config.dim)
         if tuple(codebooks.shape) != expect:
             raise ValueError(f"codebooks of shape {tuple(codebooks.shape)} do not match the config {expect}")
         self.config = config
         self.codebooks = codebooks.to(torch.float32).contiguous()
+        self.code_decoder = code_decoder
         self._mel_basis = None
+
+    @property
+    def decoder_kind(self) -> str:
+        """``"neural"`` when a :class:`~rvqspec_lib.code_decoder.CodeDecoder` turns codes into frame vectors,
+        ``"table"`` when the selected centroids are summed (:meth:`dequantize`)."""
+        return "table" if self.code_decoder is None else "neural"
+
+    def with_decoder(self, code_decoder=None) -> "RVQCodec":
+        """The same codec (shared tables) decoding with ``code_decoder`` (``None``: the table decoder)."""
+        return RVQCodec(self.config, self.codebooks, code_decoder)
+
+    def decode_vectors(self, codes, n_codebooks: int | None = None) -> np.ndarray:
+        """Codes `(frames, n_codebooks)` -> frame vectors `(frames, dim)` float32 by this codec's decoder
+        (:attr:`decoder_kind`): the neural code decoder when one is attached, else :meth:`dequantize`."""
+        if self.code_decoder is None:
+            return self.dequantize(codes, n_codebooks)
+        codes = _check_codes(codes, self.config.n_codebooks, self.config.codebook_size)
+        k = self._check_k(n_codebooks)
+        if codes.shape[0] == 0:
+            return np.zeros((0, self.config.dim), dtype=np.float32)
+        return self.code_decoder.vectors(codes, k)
 
     # interface shared with Qwen12HzCodec
     sample_rate = property(lambda self: self.config.sample_rate)
@@ -376,10 +398,10 @@ class RVQCodec:
             codes: `(frames, n_codebooks)` integer ids in ``[0, codebook_size)``.
             n_codebooks: use only the first k stages (coarser audio); ``None``: all.
         Returns:
-            `(frames * frame_samples,)` float32 audio at ``sample_rate``.
+            `(frames * frame_samples,)` float32 audio at ``sample_rate``. The frame vectors come from
+            :meth:`decode_vectors` (the neural code decoder when one is attached, see :meth:`load`).
         """
-        v = self.dequantize(codes, n_codebooks)
-        return self.vectors_to_audio(v)
+        return self.vectors_to_audio(self.decode_vectors(codes, n_codebooks))
 
     def vectors_to_audio(self, vectors: np.ndarray) -> np.ndarray:
         """Frame vectors `(frames, dim)` -> mel -> linear magnitude -> Griffin-Lim -> `(frames * 1920,)` float32."""
@@ -511,7 +533,7 @@ class RVQCodec:
         out = [row("original", None, None)]
         if unquantised:
             out.append(row("unquantised", None, feats))
-        out += [row(f"k={k}", k, self.dequantize(codes, k)) for k in ks]
+        out += [row(f"k={k}", k, self.decode_vectors(codes, k)) for k in ks]
         return out
 
     def _check_k(self, n_codebooks):
@@ -545,11 +567,17 @@ class RVQCodec:
         return p
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "RVQCodec":
+    def load(cls, path: str | os.PathLike, decoder: str | os.PathLike = "auto") -> "RVQCodec":
         """Read a codec written by :meth:`save` (a ``.safetensors`` file or the folder holding ``codec.safetensors``).
 
+        Args:
+            path: the codec file or its folder.
+            decoder: ``"auto"`` attaches the neural code decoder saved beside the codec
+                (``<stem>.decoder.safetensors``, e.g. ``codec.decoder.safetensors``) when there is one, else decodes
+                by table; ``"table"`` never attaches one; a path attaches that file.
         Raises:
-            FileNotFoundError: no such file (the message says how to make one).
+            FileNotFoundError: no such file (the message says how to make one), or no decoder file at a given path.
+            ValueError: an unknown ``decoder`` word, or a decoder trained for other codebooks.
         """
         from safetensors import safe_open
 
@@ -563,7 +591,22 @@ class RVQCodec:
         side = p.with_suffix(".json")
         raw = json.loads(side.read_text()) if side.is_file() else json.loads(meta.get("config", "{}"))
         known = {fl.name for fl in fields(CodecConfig)}
-        return cls(CodecConfig(**{k: v for k, v in raw.items() if k in known}), books)
+        codec = cls(CodecConfig(**{k: v for k, v in raw.items() if k in known}), books)
+        dec_path = decoder_file(p) if decoder in ("auto", "table") else Path(decoder).expanduser()
+        if str(decoder) not in ("auto", "table") and not dec_path.is_file():
+            raise FileNotFoundError(f"no code decoder at {dec_path}: pass decoder='auto' (the one beside the codec, "
+                                    "if any) or 'table' (sum of centroids)")
+        if decoder != "table" and dec_path.is_file():
+            from .code_decoder import CodeDecoder
+
+            codec.code_decoder = CodeDecoder.load(dec_path, codec.codebooks)
+        return codec
+
+
+def decoder_file(codec_path) -> Path:
+    """Where :meth:`RVQCodec.load` looks for a codec's neural code decoder: ``<stem>.decoder.safetensors``."""
+    p = _codec_file(codec_path)
+    return p.with_name(p.stem + ".decoder.safetensors")
 
 
 def _codec_file(path) -> Path:

@@ -225,6 +225,58 @@ def inner_loop_codes(lm: LoadedModel, utt, *, decoder=None, sampling: Sampling |
     return torch.cat([codes[:, :1], res.codes.to(dev)], 1).cpu()
 
 
+@torch.no_grad()
+def inner_loop_codes_batch(lm: LoadedModel, utts: Sequence, *, batch_size: int = 16,
+                           sampling: Sampling | None = None, generator: torch.Generator | None = None,
+                           progress: bool = False) -> list[torch.Tensor]:
+    """:func:`inner_loop_codes` for many utterances at once: batched teacher-forced talker passes (sorted by length),
+    then every frame of the batch through :func:`rvqspec_lib.decode_frame` (AR) as one batch.
+
+    Same distribution as :func:`inner_loop_codes` (the talker's contexts agree to float32 rounding; the random draws
+    differ because the frames are batched differently). Used to make the code decoder's training pairs
+    (:mod:`rvqspec_lib.code_decoder`), where thousands of utterances are needed.
+
+    Args:
+        lm: a trained model. utts: utterances (anything :func:`~rvqspec_lib.train.as_utterance` takes).
+        batch_size: utterances per talker pass.
+        sampling: code-predictor sampling (default: :func:`default_sampling`, temperature 0.9 / top-k 50).
+        generator: explicit RNG (default: seeded 0).
+    Returns:
+        One ``(frames, G)`` int64 tensor per utterance, in input order: column 0 the true code 0, columns 1..
+        generated.
+    Raises:
+        ValueError: no utterances.
+    """
+    from tqdm.auto import tqdm
+
+    from .train import talker_pass
+
+    us = [as_utterance(u) for u in utts]
+    if not us:
+        raise ValueError("no utterances to run the inner loop on")
+    dev = next(lm.model.parameters()).device
+    generator = generator if generator is not None else torch.Generator(device=dev).manual_seed(0)
+    sampling = sampling or default_sampling(lm)
+    order = sorted(range(len(us)), key=lambda i: us[i].codes.shape[0])
+    out: list[torch.Tensor | None] = [None] * len(us)
+    was = lm.model.training
+    lm.model.eval()
+    try:
+        for s in tqdm(range(0, len(order), batch_size), desc="inner loop", unit="batch", disable=not progress):
+            idx = order[s:s + batch_size]
+            res, length, codes, valid, _ = talker_pass(lm, [us[i] for i in idx])
+            hidden = res.hidden_states[0][-1][:, length - 1: length - 1 + valid.shape[1]]  # (B, F, H)
+            code0 = lm.model.talker.get_input_embeddings()(codes[:, :, 0])  # (B, F, H)
+            context = torch.stack([hidden[valid], code0[valid]], 1).float()  # (N, 2, H)
+            gen = decode_frame(lm.code_predictor, context, decoder=AR(), sampling=sampling, generator=generator)
+            full = torch.cat([codes[valid][:, :1], gen.codes.to(dev)], 1).cpu()  # (N, G)
+            for i, part in zip(idx, torch.split(full, valid.sum(1).tolist())):
+                out[i] = part
+    finally:
+        lm.model.train(was)
+    return out  # type: ignore[return-value]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Free running
 # --------------------------------------------------------------------------------------------------------------------
@@ -334,7 +386,10 @@ def model_card(result: Mapping) -> str:
         f"- parameters: talker (with code predictor) {m.get('params_talker_total')}, code predictor "
         f"{m.get('params_code_predictor')}",
         f"- codec: {c.get('n_codebooks')} x {c.get('codebook_size')} residual k-means on log-mel "
-        f"(12.5 Hz frames), fitted on {c.get('vectors', '?')} frame vectors",
+        f"(12.5 Hz frames), fitted on {c.get('vectors', '?')} frame vectors; decoder: "
+        + ("neural code decoder (`codec.decoder.safetensors`, " + f"{c.get('decoder_params')} parameters, see below)"
+           if c.get("decoder") == "neural" else "sum of the selected centroids (table)")
+        + ", then mel inversion and Griffin-Lim",
         "",
         "## Data",
         "",
@@ -376,6 +431,23 @@ def model_card(result: Mapping) -> str:
             d = r.get("val_cp_acc_by_depth") or [None]
             lines.append(f"| {r.get('step')} | {(r.get('elapsed_s') or 0) / 60:.1f} | {r.get('frames_seen')} | "
                          f"{_num(r.get('val_cp_loss'))} | {_num(r.get('val_cp_acc'))} | {_num(d[0])} |")
+    cd = result.get("code_decoder")
+    if cd:
+        dm = cd.get("meta", {})
+        lines += ["", "Then the neural code decoder (`rvqspec_lib.code_decoder`): codes -> log-mel frames, trained "
+                  f"on {dm.get('train_utterances')} training utterances ({dm.get('train_frames')} frames), each with "
+                  "its true codes and its inner-loop codes (true code 0, codes 1..15 sampled by the code predictor "
+                  f"at T 0.9 / top-k 50), input drawn from either with probability {dm.get('generated_p')}, "
+                  f"codebook dropout {dm.get('dropout_p')}; {dm.get('steps')} steps of {dm.get('batch')} x "
+                  f"{dm.get('chunk')} frames in {(dm.get('wall_s') or 0) / 60:.1f} min, "
+                  f"{dm.get('params')} parameters; kept step {dm.get('best_step')} (lowest mean validation L1):", "",
+                  "| step | minutes | train L1 | validation L1, true codes | validation L1, inner-loop codes | "
+                  "table decoder, true codes |", "|---:|---:|---:|---:|---:|---:|"]
+        for r in cd.get("curve", []):
+            lines.append(f"| {r.get('step')} | {(r.get('elapsed_s') or 0) / 60:.1f} | {_num(r.get('train_l1'))} | "
+                         f"{_num(r.get('val_true_l1'))} | {_num(r.get('val_generated_l1'))} | "
+                         f"{_num(r.get('val_table_l1'))} |")
+        lines += ["", "(L1: mean absolute error of natural-log mel power against the unquantised features.)"]
     tim = result.get("timings_s") or {}
     if tim:
         lines += ["", "Build time by stage (seconds, this machine; stages skipped on a resumed run are absent): "
@@ -406,7 +478,9 @@ def model_card(result: Mapping) -> str:
         lines += ["", "`codec_4_codebooks`: the true codes, decoded from their first 4 codebooks only; "
                   "`inner_loop_4_codebooks`: true code 0 + generated codes 1..3, decoded from 4 codebooks (the "
                   "code predictor's error on the shallow codes alone); `inner_loop_greedy`: codes 1..15 by argmax "
-                  "instead of the deployed sampling (T 0.9, top-k 50)."]
+                  "instead of the deployed sampling (T 0.9, top-k 50)."
+                  + (" `*_table_decoder`: the same codes decoded by summing centroids instead of the neural code "
+                     "decoder." if "codec_table_decoder" in dg else "")]
     cph = result.get("cp_held_out") or {}
     if cph.get("cp_acc_by_depth"):
         lines += ["", "Teacher-forced argmax accuracy of the code predictor by depth on the held-out sentences "
@@ -433,5 +507,5 @@ def model_card(result: Mapping) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["encode_manifest", "save_codes", "load_codes", "utterances_from_manifest", "default_sampling",
+__all__ = ["encode_manifest", "inner_loop_codes_batch", "save_codes", "load_codes", "utterances_from_manifest", "default_sampling",
            "inner_loop_codes", "free_running_codes", "decode_audio", "score_conditions", "model_card"]

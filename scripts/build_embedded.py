@@ -21,6 +21,10 @@ reruns stages; a stage's output is written under its final name only when comple
                                         of every training frame (rvqspec_lib.train.train_code_predictor,
                                         ``--cp-minutes`` or ``--cp-steps``; ``--cp-steps 0`` skips it); cp_curve.json
   6. model   <out>/model/              the checkpoint (``load_model(<out>/model)``) + a copy of the codec
+  6b. decoder <out>/codec.decoder.safetensors   the neural code decoder (rvqspec_lib.code_decoder) trained on the
+                                        true and the inner-loop codes of ``--decoder-n-train`` training utterances
+                                        (``--decoder-minutes`` or ``--decoder-steps``; ``--decoder-steps 0`` skips
+                                        it and the codec decodes by table); pairs cached in <work>/decoder/
   7. eval    <out>/eval.json           held-out WER of original / codec / inner loop only / free running
                                         (PocketSphinx, default LM), free-running utterances that never ended,
                                         train vs held-out teacher-forced accuracies
@@ -61,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rvqspec_lib import corpus  # noqa: E402
 from rvqspec_lib import embedded as E  # noqa: E402
 
-STAGES = ("texts", "render", "codec", "codes", "ship", "train", "cp", "model", "eval", "card")
+STAGES = ("texts", "render", "codec", "codes", "ship", "train", "cp", "model", "decoder", "eval", "card")
 
 PRESETS = {
     "smoke": dict(sources="stdlib", max_source_files=80, n_train=34, n_val=4, n_eval=2, voices="slt",
@@ -69,14 +73,16 @@ PRESETS = {
                   talker_layers=1, talker_hidden=64, cp_layers=1, cp_hidden=32, n_heads=2, n_kv_heads=1,
                   head_dim=32, text_hidden=64, frontend="phonemes", steps=40, minutes=None, batch_size=8, lr=3e-3,
                   warmup_steps=5, cp_fraction=0.5, eval_every=0, max_frames=80, processes=2, ship_train=30,
-                  cp_steps=5, cp_minutes=None, cp_batch_frames=64, cp_lr=1e-3, cp_eval_every=0),
+                  cp_steps=5, cp_minutes=None, cp_batch_frames=64, cp_lr=1e-3, cp_eval_every=0,
+                  decoder_n_train=20, decoder_steps=6, decoder_minutes=None, decoder_eval_every=3),
     "full": dict(sources="fortunes,stdlib,doc", max_source_files=None, n_train=15_000, n_val=200, n_eval=100,
                  voices="slt,kal16,awb,rms", n_codebooks=16, codebook_size=2048, max_vectors=60_000,
                  kmeans_iters=10, talker_layers=4, talker_hidden=256, cp_layers=5, cp_hidden=256, n_heads=4,
                  n_kv_heads=2, head_dim=64, text_hidden=256, frontend="phonemes", steps=None, minutes=35.0,
                  batch_size=16, lr=1e-3, warmup_steps=100, cp_fraction=0.125, eval_every=500, max_frames=300,
                  processes=2, ship_train=1500,
-                 cp_steps=None, cp_minutes=50.0, cp_batch_frames=256, cp_lr=5e-4, cp_eval_every=300),
+                 cp_steps=None, cp_minutes=50.0, cp_batch_frames=256, cp_lr=5e-4, cp_eval_every=300,
+                 decoder_n_train=3000, decoder_steps=None, decoder_minutes=20.0, decoder_eval_every=200),
 }
 
 
@@ -121,8 +127,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--cp-batch-frames", type=int, help="frames per code-predictor step")
     g.add_argument("--cp-lr", type=float, help="code-predictor stage peak learning rate")
     g.add_argument("--cp-eval-every", type=int, help="code-predictor steps between validation evaluations")
+    g.add_argument("--decoder-n-train", type=int, help="training utterances the neural code decoder learns from")
+    g.add_argument("--decoder-steps", type=int, help="code-decoder budget in steps (clears --decoder-minutes; 0 "
+                                                     "skips the stage: the codec decodes by table)")
+    g.add_argument("--decoder-minutes", type=float, help="code-decoder budget in minutes (clears --decoder-steps)")
+    g.add_argument("--decoder-eval-every", type=int, help="code-decoder steps between validation evaluations")
     args = ap.parse_args(argv)
     preset = dict(PRESETS[args.scale])
+    if args.decoder_steps is not None:
+        preset["decoder_minutes"] = None
+    if args.decoder_minutes is not None:
+        preset["decoder_steps"] = None
     if args.steps is not None:
         preset["minutes"] = None
     if args.minutes is not None:
@@ -387,6 +402,56 @@ class Builder:
         self.log(f"model: {d}")
         return d
 
+    # ------------------------------------------------------------------ 6b. decoder
+    def decoder_enabled(self) -> bool:
+        return bool(self.a.decoder_steps) or bool(self.a.decoder_minutes)
+
+    def decoder(self) -> Path | None:
+        """The neural code decoder (rvqspec_lib.code_decoder) trained on true and inner-loop codes of
+        ``--decoder-n-train`` training utterances -> <out>/codec.decoder.safetensors (RVQCodec.load attaches it)."""
+        from rvqspec_lib import load_model
+        from rvqspec_lib.code_decoder import DecoderPairs, decoder_pairs, decoder_rows, train_code_decoder
+        from rvqspec_lib.codec import RVQCodec, decoder_file
+
+        p = decoder_file(self.out / "codec.safetensors")
+        if not self.decoder_enabled():
+            self.log("decoder: no budget (--decoder-steps 0), the codec decodes by table")
+            self.skipped.add("decoder")
+            return None
+        if self.done("decoder", p):
+            return p
+        a = self.a
+        codec = RVQCodec.load(self.out / "codec.safetensors", decoder="table")  # as shipped (float16 tables)
+        lm = load_model(str(self.out / "model"))
+        codes = E.load_codes(self.work / "codes.safetensors")
+        tr_rows, va_rows = decoder_rows(self.rows(), a.decoder_n_train, seed=a.seed)
+        pairs = {}
+        for name, rows, seed in (("val", va_rows, a.seed + 1), ("train", tr_rows, a.seed)):
+            f = self.work / "decoder" / f"pairs_{name}.safetensors"  # the inner-loop codes are the slow part: kept
+            if "decoder" in a.redo or not f.is_file() or DecoderPairs.load(f).ids != [r["id"] for r in rows]:
+                self.log(f"decoder: features and inner-loop codes of {len(rows)} {name} utterances")
+                decoder_pairs(lm, codec, rows, codes, generator=torch.Generator().manual_seed(seed),
+                              progress=self.progress).save(f)
+            pairs[name] = DecoderPairs.load(f)
+        budget = f"{a.decoder_steps} steps" if a.decoder_steps else f"{a.decoder_minutes} min"
+        self.log(f"decoder: training on {len(pairs['train'])} utterances, {budget}")
+        dec, log = train_code_decoder(codec.codebooks, pairs["train"], pairs["val"], steps=a.decoder_steps or None,
+                                      minutes=a.decoder_minutes, eval_every=a.decoder_eval_every, seed=a.seed,
+                                      progress=self.progress)
+        (self.work / "decoder" / "curve.json").write_text(json.dumps(log, indent=1) + "\n")
+        dec.save(p, meta=log["meta"], dtype=torch.float16)  # stored like the model and the codec; eval uses it
+        last = log["curve"][-1]
+        self.log(f"decoder: {log['meta']['steps']} steps, kept {log['meta']['best_step']}; validation L1 true codes "
+                 f"{last['val_true_l1']:.3f} (table {last['val_table_l1']:.3f}), inner-loop codes "
+                 f"{last['val_generated_l1']:.3f}")
+        return p
+
+    def decoder_summary(self) -> dict | None:
+        f = self.work / "decoder" / "curve.json"
+        if not self.decoder_enabled() or not f.is_file():
+            return None
+        return json.loads(f.read_text())
+
     # ------------------------------------------------------------------ 7. eval
     def eval(self) -> Path:
         from rvqspec_lib import load_model
@@ -400,7 +465,8 @@ class Builder:
         if self.done("eval", p):
             return p
         a = self.a
-        codec = RVQCodec.load(self.out / "codec.safetensors")
+        codec = RVQCodec.load(self.out / "codec.safetensors")  # with the neural code decoder when the stage ran
+        table = codec.with_decoder(None)
         lm = load_model(str(self.out / "model"))
         rows = self.rows()
         codes = E.load_codes(self.work / "codes.safetensors")
@@ -416,6 +482,8 @@ class Builder:
 
         # diagnostics: where the inner loop loses intelligibility (same sentences, same ASR), reported apart
         diag = {"codec_4_codebooks": [], "inner_loop_4_codebooks": [], "inner_loop_greedy": []}
+        if codec.decoder_kind != "table":  # the same codes through the table decoder (sum of centroids)
+            diag.update({"codec_table_decoder": [], "inner_loop_table_decoder": [], "free_running_table_decoder": []})
         k4 = min(4, codec.config.n_codebooks)
         for r, u in tqdm(list(zip(ev_rows, ev)), desc="inner loop", unit="utt", disable=not self.progress):
             wav = load_wav(r["path"])
@@ -427,8 +495,13 @@ class Builder:
             diag["inner_loop_4_codebooks"].append(codec.decode(inner, n_codebooks=k4))
             greedy = E.inner_loop_codes(lm, u, sampling=Sampling(greedy=True)).numpy()
             diag["inner_loop_greedy"].append(E.decode_audio(codec, greedy))
+            if "codec_table_decoder" in diag:
+                diag["codec_table_decoder"].append(E.decode_audio(table, u.codes.numpy())[: wav.size])
+                diag["inner_loop_table_decoder"].append(E.decode_audio(table, inner))
         fr = E.free_running_codes(lm, ev, max_frames=a.max_frames, seed=a.seed, progress=self.progress)
         audio["free_running"] = [E.decode_audio(codec, f["codes"].numpy()) for f in fr]
+        if "free_running_table_decoder" in diag:
+            diag["free_running_table_decoder"] = [E.decode_audio(table, f["codes"].numpy()) for f in fr]
         asr = PocketSphinxASR()
         scores = E.score_conditions(audio, refs, asr, progress=self.progress)
         diag_scores = E.score_conditions(diag, refs, asr, progress=self.progress)
@@ -445,7 +518,9 @@ class Builder:
             "params": params,
             "model": {**desc, "tokenizer": marker.get("tokenizer"), "speakers": self.voices},
             "codec": {"n_codebooks": codec.config.n_codebooks, "codebook_size": codec.config.codebook_size,
-                      "vectors": a.max_vectors},
+                      "vectors": a.max_vectors, "decoder": codec.decoder_kind,
+                      "decoder_params": (codec.code_decoder.n_parameters() if codec.code_decoder else 0)},
+            "code_decoder": self.decoder_summary(),
             "corpus": {"n_train": sum(r["split"] == "training" for r in rows),
                        "n_val": sum(r["split"] == "validation" for r in rows), "n_eval": len(ev),
                        "hours_train": train_hours, "table": corpus.corpus_table(rows)},

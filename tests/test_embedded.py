@@ -37,7 +37,12 @@ def test_smoke_build_end_to_end_and_resume(tmp_path, capsys):
         assert (out / f).is_file(), f
     ev = json.loads((out / "eval.json").read_text())
     assert set(ev["wer"]) == {"original", "codec", "inner_loop", "free_running"}
-    assert set(ev["wer_diagnostics"]) == {"codec_4_codebooks", "inner_loop_4_codebooks", "inner_loop_greedy"}
+    assert set(ev["wer_diagnostics"]) == {"codec_4_codebooks", "inner_loop_4_codebooks", "inner_loop_greedy",
+                                          "codec_table_decoder", "inner_loop_table_decoder",
+                                          "free_running_table_decoder"}
+    # the neural code decoder stage ran and the codec beside the model attaches it
+    assert (out / "codec.decoder.safetensors").is_file() and ev["codec"]["decoder"] == "neural"
+    assert ev["code_decoder"]["meta"]["steps"] == 6 and "neural code decoder" in (out / "MODEL_CARD.md").read_text()
     assert len(ev["cp_held_out"]["cp_acc_by_depth"]) == 15
     assert ev["free_running"]["n"] == ev["corpus"]["n_eval"] >= 1
     assert 0 <= ev["free_running"]["not_ended"] <= ev["free_running"]["n"]
@@ -54,6 +59,7 @@ def test_smoke_build_end_to_end_and_resume(tmp_path, capsys):
 
     lm = load_model(str(out / "model"))
     codec = RVQCodec.load(out / "codec.safetensors")  # shipped once, beside model/, named by its marker
+    assert codec.decoder_kind == "neural" and lm.speech_tokenizer.codec.decoder_kind == "neural"
     assert lm.speech_tokenizer is not None and lm.speech_tokenizer.codec.config == codec.config
     assert lm.codebook_size == codec.config.codebook_size == 32 and lm.n_code_groups == 16
     r = synthesize(lm, "A short test sentence.", speaker="slt", max_frames=6, generator=torch.Generator().manual_seed(0))

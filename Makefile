@@ -9,7 +9,7 @@
 #   make paper THREADS=2          torch threads in the timing notebooks (default 1, as the committed figures:
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,
-#                                 codec, training, evaluation, model card): about 3 h on 2 CPU cores, resumable
+#                                 codec, training, code decoder, evaluation, model card): about 3.8 h on 2 CPU cores, resumable
 #   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call (JSON in build/)
 #   make clean                    remove build/ (figures/ holds committed results and is kept)
 #

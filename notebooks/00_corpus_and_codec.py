@@ -185,16 +185,28 @@ src_counts
 # **The stand-in.** `RVQCodec`: frame vectors are 4 stacked 20 ms log-mel frames (80 mel bands); 16 stages of
 # k-means fitted on the build's training audio; decoding inverts the mel filter bank (non-negative least squares)
 # and estimates the phase with Griffin-Lim. It is not a neural codec: its audio is buzzy, and its deep stages carry
-# little structure. Its geometry, as loaded:
+# little structure.
+#
+# **Two decoders.** Adding the chosen entries (the *table* decoder) is the best a frame can do with its TRUE codes,
+# but the codes the code predictor samples are plausible and wrong, and their entries add up to spectral noise. The
+# build therefore also trains a small **neural code decoder** (`rvqspec_lib.code_decoder`, stage `decoder` of
+# `make embedded`): each codebook's entry through its own linear map, four dilated convolutions over about a second
+# of frames, and a correction added to a learned weighting of the entries, trained on both true codes and the model's
+# own inner-loop codes (as vocoders are fine-tuned on an acoustic model's predictions). When the build shipped one
+# (`codec.decoder.safetensors` beside the codec), `RVQCodec.load` attaches it and the codec decodes with it; the
+# table decoder is measured beside it below. Its geometry, as loaded:
 
 # %%
-codec = RVQCodec.load(root / "codec.safetensors")
+codec = RVQCodec.load(root / "codec.safetensors")  # with the neural code decoder when one ships beside it
+table_codec = codec.with_decoder(None)  # the same codebooks, decoded by adding the chosen entries
 cfg = codec.config
 bits = np.log2(cfg.codebook_size)
 geometry = {"sample_rate_hz": cfg.sample_rate, "frame_rate_hz": cfg.frame_rate_hz, "frame_samples": cfg.frame_samples,
             "n_codebooks": cfg.n_codebooks, "codebook_size": cfg.codebook_size, "frame_vector_dim": cfg.dim,
             "n_mels": cfg.n_mels, "mel_frames_per_frame": cfg.stack, "griffin_lim_iters": cfg.griffin_lim_iters,
-            "bits_per_code": bits, "bitrate_bps": cfg.frame_rate_hz * cfg.n_codebooks * bits}
+            "bits_per_code": bits, "bitrate_bps": cfg.frame_rate_hz * cfg.n_codebooks * bits,
+            "decoder": codec.decoder_kind,
+            "decoder_params": codec.code_decoder.n_parameters() if codec.code_decoder is not None else 0}
 run_codebooks = tuple(k for k in run_codebooks if 1 <= k <= cfg.n_codebooks)
 if not run_codebooks:
     raise ValueError(f"none of codebooks={codebooks} lies in [1, {cfg.n_codebooks}] for this codec")
@@ -243,7 +255,8 @@ hop_s = cfg.hop_samples / cfg.sample_rate
 for ax, (name, db, lsd) in zip(np.atleast_1d(axes), panels):
     im = ax.imshow(db, origin="lower", aspect="auto", cmap="magma", vmin=vmin, vmax=vmax,
                    extent=(0, db.shape[1] * hop_s, 0, db.shape[0]))
-    label = {"original": "original", "unquantised": "inversion only"}.get(name, f"codec, {name}")
+    label = {"original": "original", "unquantised": "inversion only"}.get(
+        name, f"codec ({codec.decoder_kind} decoder), {name}")
     ax.set_ylabel("mel band", fontsize=8)
     ax.set_title(f"{label}" + ("" if name == "original" else f"   (log-spectral distance {lsd:.1f} dB)"),
                  fontsize=9, loc="left")
@@ -269,14 +282,22 @@ plt.show()
 #
 # The difference between the `k` = 16 line and the inversion-only line is what quantisation costs; the difference
 # between inversion only and the original is what the Griffin-Lim vocoder costs. Bits per second: `k` codes of
-# log2(codebook size) bits, 12.5 times a second.
+# log2(codebook size) bits, 12.5 times a second. With a neural code decoder, the `k` rows use it (codebooks past `k`
+# marked absent, as in its training) and the `table k` rows add the entries as before.
 
 # %%
 conditions = ["original", "unquantised"] + [f"k={k}" for k in run_codebooks]
+if codec.decoder_kind != "table":
+    conditions += [f"table k={k}" for k in run_codebooks]
 audio = {c: [] for c in conditions}
 lsd = {c: {"feature_lsd_db": [], "audio_lsd_db": []} for c in conditions}
 for i, (s, v, p) in enumerate(tqdm(eval_items, desc="codec sweep", unit="utt")):
     rows = sweep0 if i == 0 else codec.codebook_sweep(load_wav(p, cfg.sample_rate), run_codebooks)
+    if codec.decoder_kind != "table":
+        rows = rows + [{**r, "condition": f"table {r['condition']}"}
+                       for r in table_codec.codebook_sweep(load_wav(p, cfg.sample_rate), run_codebooks,
+                                                           unquantised=False)
+                       if r["condition"] != "original"]
     for r in rows:
         audio[r["condition"]].append(r["audio"])
         lsd[r["condition"]]["feature_lsd_db"].append(r["feature_lsd_db"])
@@ -286,8 +307,9 @@ scores = score_conditions(audio, refs, recogniser, sample_rate=cfg.sample_rate, 
 cers = {c: asr_mod.cer(refs, scores[c]["hypotheses"]) for c in conditions}
 quality = []
 for c in conditions:
-    k = int(c[2:]) if c.startswith("k=") else None
+    k = int(c.split("k=")[1]) if "k=" in c else None
     quality.append({"condition": {"original": "original", "unquantised": "inversion only"}.get(c, f"codec {c}"),
+                    "decoder": ("table" if c.startswith("table") else codec.decoder_kind) if k else None,
                     "k": k, "bits_per_s": cfg.frame_rate_hz * k * bits if k else None,
                     "wer": scores[c]["wer"], "wer_without_outliers": scores[c]["wer_without_outliers"],
                     "outliers": scores[c]["outliers"], "cer": cers[c].rate,
@@ -302,7 +324,10 @@ pd.DataFrame(quality)
 ks = list(run_codebooks)
 wer_k = [scores[f"k={k}"]["wer"] for k in ks]
 fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.0, 3.4), constrained_layout=True)
-ax0.plot(ks, wer_k, "o-", color="C0", label="codec, first k codebooks")
+ax0.plot(ks, wer_k, "o-", color="C0", label=f"codec, first k codebooks ({codec.decoder_kind} decoder)")
+if codec.decoder_kind != "table":
+    ax0.plot(ks, [scores[f"table k={k}"]["wer"] for k in ks], "^--", color="C3", label="codec, table decoder")
+    wer_k = wer_k + [scores[f"table k={k}"]["wer"] for k in ks]
 ax0.axhline(scores["original"]["wer"], color="k", ls="--", label="original audio")
 ax0.axhline(scores["unquantised"]["wer"], color="C2", ls=":", label="inversion only (unquantised)")
 ax0.set_xscale("log", base=2)

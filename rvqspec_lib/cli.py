@@ -94,6 +94,9 @@ def add_synth_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--language", default="auto", help="auto, english, german, ...")
     p.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the model's first)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    p.add_argument("--codes-to-audio", default="auto", choices=["auto", "table"],
+                   help="offline codec only: 'auto' decodes with the neural code decoder shipped beside the codec "
+                        "(codec.decoder.safetensors) when there is one, 'table' sums the codebook entries")
 
 
 def run_synth(args) -> int:
@@ -137,7 +140,11 @@ def run_synth(args) -> int:
     if lm.speech_tokenizer is not None and codes.shape[0] > 0:
         import soundfile as sf
 
-        wavs, sr = lm.speech_tokenizer.decode([{"audio_codes": res.codes[0]}])
+        tokenizer = lm.speech_tokenizer
+        codec = getattr(tokenizer, "codec", None)
+        if args.codes_to_audio == "table" and getattr(codec, "code_decoder", None) is not None:
+            tokenizer = type(tokenizer)(codec.with_decoder(None))
+        wavs, sr = tokenizer.decode([{"audio_codes": res.codes[0]}])
         wav = np.asarray(wavs[0], dtype=np.float32)
         peak = float(np.abs(wav).max()) if wav.size else 0.0
         if peak > 0.99:  # a 16-bit wav clips at full scale: scale down instead of distorting (reported below)
@@ -151,6 +158,8 @@ def run_synth(args) -> int:
         "random_weights": lm.is_random,
         "decoder": repr(decoder),
         "audio_scaled_by": round(0.99 / peak, 4) if audio_path and peak > 0.99 else 1.0,
+        "codes_to_audio": (getattr(getattr(tokenizer, "codec", None), "decoder_kind", "official")
+                           if audio_path else None),
         "text": args.text,
         "seed": args.seed,
         "greedy": args.greedy,

@@ -475,7 +475,8 @@ def model_card(result: Mapping) -> str:
                   "| diagnostic | WER |", "|---|---|"]
         for name, r in dg.items():
             lines.append(f"| {name} | {r.get('wer', float('nan')):.3f} |")
-        lines += ["", "`codec_4_codebooks`: the true codes, decoded from their first 4 codebooks only; "
+        lines += ["", "`codec_1_codebook`: the true code 0 alone (what the talker decides); "
+                  "`codec_4_codebooks`: the true codes, decoded from their first 4 codebooks only; "
                   "`inner_loop_4_codebooks`: true code 0 + generated codes 1..3, decoded from 4 codebooks (the "
                   "code predictor's error on the shallow codes alone); `inner_loop_greedy`: codes 1..15 by argmax "
                   "instead of the deployed sampling (T 0.9, top-k 50)."
@@ -507,5 +508,6 @@ def model_card(result: Mapping) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["encode_manifest", "inner_loop_codes_batch", "save_codes", "load_codes", "utterances_from_manifest", "default_sampling",
+__all__ = ["encode_manifest", "inner_loop_codes_batch", "save_codes", "load_codes", "utterances_from_manifest",
+           "default_sampling",
            "inner_loop_codes", "free_running_codes", "decode_audio", "score_conditions", "model_card"]

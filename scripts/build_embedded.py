@@ -1,7 +1,7 @@
 """Build the embedded model from scratch: texts -> audio -> codec -> codes -> training -> evaluation -> model dir.
 
     nice -n 19 .venv/bin/python scripts/build_embedded.py --scale smoke --out build/embedded-smoke   # < 3 min
-    nice -n 19 .venv/bin/python scripts/build_embedded.py --scale full                              # about 3 h, CPU
+    nice -n 19 .venv/bin/python scripts/build_embedded.py --scale full                              # about 3.8 h, CPU
 
 Every stage skips when its output exists, so an interrupted run resumes where it stopped (``--redo STAGE,...``
 reruns stages; a stage's output is written under its final name only when complete). Stages and outputs
@@ -34,7 +34,7 @@ Presets (``--scale``; any flag given explicitly wins):
 
 * ``smoke``: 34 + 4 + 2 sentences from the standard-library docstrings, flite slt, a 16 x 32 codec, a 1 x 64 / 1 x 32
   model, 40 steps: under 3 minutes on one core (the test suite runs it).
-* ``full``: the documented CPU recipe (about 3.2 h on 2 cores, one torch thread; figures in brackets measured on
+* ``full``: the documented CPU recipe (about 3.8 h on 2 cores, one torch thread; figures in brackets measured on
   2026-11-30 on a 2-core AMD EPYC that other jobs shared, so an idle machine is faster):
   15,000 training sentences (fortunes + stdlib + /usr/share/doc, all gathered offline) rendered with the four flite
   English voices (15.0 h of audio, 598 s); a 16 x 2048 codec (the real tokenizer's geometry) fitted on 60k vectors
@@ -42,8 +42,10 @@ Presets (``--scale``; any flag given explicitly wins):
   codes (2.7 MB); the 4 x 256 talker / 5 x 256 code predictor (OFFLINE.md) trained 35 minutes at batch 16 with
   cp_fraction 1/8 (0.60 steps/s: 1,236 steps, 1.3 epochs) on espeak-ng phonemes; weights stored in float16 (47 MB),
   the codec in float16 (21 MB); then the code predictor alone for 50 minutes on the talker states of all 669,804
-  training frames (256 frames a step); evaluation on 100 held-out sentences with three diagnostics of the inner
-  loop (29 min; the stages' times are in eval.json).
+  training frames (256 frames a step); the neural code decoder: features and inner-loop codes of 3,000 training
+  utterances (132,746 frames, about 11 min) then 20 minutes of training (1,908 steps of 32 x 64 frames, 6 MB in
+  float16); evaluation on 100 held-out sentences with the inner-loop diagnostics and the table decoder beside the
+  neural one (the stages' times are in eval.json).
 """
 
 from __future__ import annotations
@@ -481,7 +483,7 @@ class Builder:
         from tqdm.auto import tqdm
 
         # diagnostics: where the inner loop loses intelligibility (same sentences, same ASR), reported apart
-        diag = {"codec_4_codebooks": [], "inner_loop_4_codebooks": [], "inner_loop_greedy": []}
+        diag = {"codec_1_codebook": [], "codec_4_codebooks": [], "inner_loop_4_codebooks": [], "inner_loop_greedy": []}
         if codec.decoder_kind != "table":  # the same codes through the table decoder (sum of centroids)
             diag.update({"codec_table_decoder": [], "inner_loop_table_decoder": [], "free_running_table_decoder": []})
         k4 = min(4, codec.config.n_codebooks)
@@ -491,6 +493,7 @@ class Builder:
             audio["codec"].append(E.decode_audio(codec, u.codes.numpy())[: wav.size])
             inner = E.inner_loop_codes(lm, u, generator=gen).numpy()
             audio["inner_loop"].append(E.decode_audio(codec, inner))
+            diag["codec_1_codebook"].append(codec.decode(u.codes.numpy(), n_codebooks=1)[: wav.size])
             diag["codec_4_codebooks"].append(codec.decode(u.codes.numpy(), n_codebooks=k4)[: wav.size])
             diag["inner_loop_4_codebooks"].append(codec.decode(inner, n_codebooks=k4))
             greedy = E.inner_loop_codes(lm, u, sampling=Sampling(greedy=True)).numpy()

@@ -704,3 +704,64 @@ def test_saved_drafter_is_readable_by_others_as_a_plain_file_would_be(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~mask  # safetensors alone writes 0600
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# headroom: the best any H_k-only drafter could do
+# ----------------------------------------------------------------------------------------------------------------
+def test_optimal_overlap_matches_a_linear_program():
+    # max_q (1/S) sum_s sum_x min(p_s(x), q(x)) solved exactly by scipy's LP on random instances, plus the
+    # closed cases: equal distributions give 1, S disjoint point masses give 1/S
+    from scipy.optimize import linprog
+
+    from rvqspec_lib.acceptance import optimal_overlap
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        s, v = 2 + trial % 4, 3 + trial % 5
+        p = torch.softmax(3 * torch.randn(s, v, generator=g), -1).double()
+        p[0, 0] = 0.0
+        p = p / p.sum(-1, keepdim=True)
+        # variables: q (v), t (s*v); maximise sum t / s; t_sx <= p_sx, t_sx <= q_x, sum q = 1
+        c = np.concatenate([np.zeros(v), -np.ones(s * v) / s])
+        a_ub = np.zeros((s * v, v + s * v))
+        for i in range(s):
+            for x in range(v):
+                a_ub[i * v + x, x] = -1.0
+                a_ub[i * v + x, v + i * v + x] = 1.0
+        bounds = [(0, None)] * v + [(0, float(p[i, x])) for i in range(s) for x in range(v)]
+        lp = linprog(c, A_ub=a_ub, b_ub=np.zeros(s * v), A_eq=np.r_[np.ones(v), np.zeros(s * v)][None], b_eq=[1.0],
+                     bounds=bounds, method="highs")
+        assert lp.status == 0
+        assert float(optimal_overlap(p)) == pytest.approx(-lp.fun, abs=1e-9), trial
+    same = torch.softmax(torch.randn(1, 7, generator=g), -1).expand(4, 7)
+    assert float(optimal_overlap(same)) == pytest.approx(1.0, abs=1e-12)
+    assert float(optimal_overlap(torch.eye(4))) == pytest.approx(0.25, abs=1e-12)
+    assert optimal_overlap(torch.eye(4).expand(3, 2, 4, 4)).shape == (3, 2)
+
+
+def test_headroom_ceiling_bounds_every_drafter_and_trained_offsets_close_the_gap():
+    from rvqspec_lib.acceptance import drafter_headroom
+
+    cp, train, held_out = drift_model()
+    off = make_drafter("offsets", cp, fresh=True)
+    train_drafter(off, cp, train, loss="ce", max_epochs=8, batch_size=64, patience=2)
+    off.name = "trained"
+    ctx, codes = held_out.context[:64], held_out.codes[:64]
+    r = drafter_headroom(cp, ctx, codes, [ReusedHeads(), off], samples=8, generator=torch.Generator().manual_seed(0))
+    heads, trained = np.array(r["drafters"]["heads"]), np.array(r["drafters"]["trained"])
+    ceiling, marginal = np.array(r["ceiling"]), np.array(r["marginal"])
+    assert r["offsets"] == [1, 2, 3] and r["samples"] == 8 and r["n_frames"] == 64
+    # in-sample optimum over all q: above every drafter scored on the same continuations (exact, per group)
+    assert (ceiling >= heads - 1e-12).all() and (ceiling >= trained - 1e-12).all() and (ceiling <= 1).all()
+    # on the drift model the reused heads leave room, and trained offsets take part of it
+    assert (marginal - heads).min() > 0.03 and (trained - heads).min() > 0.03, (marginal, heads, trained)
+    # the drafters' acceptance on sampled continuations agrees with the exact teacher-forced tables (same frames)
+    ex = exact_statistics(cp, ReusedHeads(), ctx, codes, n_ahead=3)["alpha_by_offset"]
+    assert np.abs(ex - heads).max() < 0.05, (ex, heads)
+    same = drafter_headroom(cp, ctx, codes, [ReusedHeads()], samples=8, generator=torch.Generator().manual_seed(0))
+    assert same["ceiling"] == r["ceiling"] and same["drafters"]["heads"] == r["drafters"]["heads"]  # seeded
+    with pytest.raises(ValueError, match="samples must be even"):
+        drafter_headroom(cp, ctx, codes, samples=3)
+    with pytest.raises(ValueError, match="n_ahead must be in"):
+        drafter_headroom(cp, ctx, codes, n_ahead=15)

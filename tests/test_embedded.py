@@ -37,7 +37,8 @@ def test_smoke_build_end_to_end_and_resume(tmp_path, capsys):
         assert (out / f).is_file(), f
     ev = json.loads((out / "eval.json").read_text())
     assert set(ev["wer"]) == {"original", "codec", "inner_loop", "free_running"}
-    assert set(ev["wer_diagnostics"]) == {"codec_4_codebooks", "inner_loop_4_codebooks", "inner_loop_greedy",
+    assert set(ev["wer_diagnostics"]) == {"codec_1_codebook", "codec_4_codebooks", "inner_loop_4_codebooks",
+                                          "inner_loop_greedy",
                                           "codec_table_decoder", "inner_loop_table_decoder",
                                           "free_running_table_decoder"}
     # the neural code decoder stage ran and the codec beside the model attaches it

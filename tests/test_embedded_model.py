@@ -88,6 +88,16 @@ def test_cli_synth_writes_a_wav(tmp_path, capsys):
     assert np.abs(wav).max() <= 0.99 + 1e-4 and 0 < stats["audio_scaled_by"] <= 1.0  # never clipped
     if not stats["ended_by_itself"]:
         assert "stopped at --max-frames 20" in capsys.readouterr().err
+    # the shipped codec decodes with its neural code decoder; --codes-to-audio table sums the entries instead: same
+    # codes (same seed), different audio
+    assert stats["codes_to_audio"] == "neural"
+    out2, js2 = tmp_path / "t.wav", tmp_path / "t.json"
+    assert cli.main(["synth", "--model", "embedded", "--text", SENTENCE, "--out", str(out2), "--max-frames", "20",
+                     "--json", str(js2), "--codes-to-audio", "table"]) == 0
+    table = json.loads(js2.read_text())
+    assert table["codes_to_audio"] == "table" and table["codes"] == stats["codes"]
+    wav2, _ = sf.read(out2)
+    assert wav2.shape == wav.shape and not np.allclose(wav2, wav)
 
 
 def test_cli_synth_notes_text_outside_the_models_language(tmp_path, capsys):

@@ -56,6 +56,8 @@ def _check_00(metrics: dict, out: Path) -> None:
     # smoke mode: 3 held-out sentences, the original, the inversion of unquantised features, k = 1 and 16
     assert metrics["n_sentences"] == 3 and metrics["codebooks"] == [1, 16]
     conditions = {"original", "unquantised", "k=1", "k=16"}
+    if metrics["codec"]["decoder"] == "neural":  # the table decoder measured beside the shipped neural one
+        conditions |= {"table k=1", "table k=16"}
     for key in ("wer", "wer_without_outliers", "cer", "feature_lsd_db", "audio_lsd_db"):
         assert set(metrics[key]) == conditions, key
         assert all(v is not None and 0 <= v < math.inf for v in metrics[key].values()), (key, metrics[key])
@@ -116,7 +118,7 @@ def _check_02(metrics: dict, out: Path) -> None:
     from rvqspec_lib.drafters import load_drafter
     from rvqspec_lib.models import load_model
 
-    labels = {"heads", "offsets-ce", "offsets-kl", "offsets-tv", "medusa"}
+    labels = {"heads", "offsets-ce", "offsets-kl", "offsets-tv", "medusa", "medusa-tv"}
     windows = {f"chain{w}" for w in range(2, 9)}
     assert set(metrics["tokens_per_call"]) == labels and not metrics["random_weights"]
     for lab, tpc in metrics["tokens_per_call"].items():
@@ -126,7 +128,7 @@ def _check_02(metrics: dict, out: Path) -> None:
     hidden = metrics["model_info"]["code_predictor_hidden"]
     added = metrics["params_added"]
     assert added["heads"] == 0 and added["offsets-ce"] == added["offsets-kl"] == added["offsets-tv"] == 3 * hidden
-    assert added["medusa"] > 100 * added["offsets-ce"]
+    assert added["medusa"] == added["medusa-tv"] > 100 * added["offsets-ce"]
     assert 0 < metrics["n_train_frames"] <= 128 and 0 < metrics["n_val_frames"] <= 32
     assert 0 < metrics["n_eval_frames"] <= 16
     for lab, tr in metrics["training"].items():  # epoch 0 is the untrained drafter: the reused heads
@@ -140,7 +142,7 @@ def _check_02(metrics: dict, out: Path) -> None:
         assert float(r["tokens_per_call_chain4"]) == metrics["tokens_per_call"][lab]["chain4"]
         assert int(r["added_params"]) == added[lab]
     assert {lab: r["paper_reported"] for lab, r in rows.items()} == \
-        {"heads": "1.7", "medusa": "2.6", "offsets-ce": "2.47", "offsets-kl": "", "offsets-tv": ""}
+        {"heads": "1.7", "medusa": "2.6", "offsets-ce": "2.47", "offsets-kl": "", "offsets-tv": "", "medusa-tv": ""}
     assert rows["heads"]["kept_epoch"] == "" and all(int(rows[lab]["kept_epoch"]) >= 0 for lab in labels - {"heads"})
     assert int(rows["offsets-ce"]["added_params_at_0.6B"]) == 3072
     # the paired margin: one row per trained drafter, an interval around its difference, from >= 2 utterances
@@ -151,6 +153,12 @@ def _check_02(metrics: dict, out: Path) -> None:
         assert float(r["ci95_low"]) <= float(r["difference"]) <= float(r["ci95_high"]), lab
         assert int(r["n_utterances"]) >= 2 and 0 <= float(r["p_value"]) <= 1
         assert metrics["margin_vs_heads"][lab]["difference"] == float(r["difference"])
+    # headroom: every drafter scored on the same sampled continuations, under the exact ceiling
+    hr = metrics["headroom"]
+    assert set(hr["drafters"]) == labels and hr["offsets"] == [1, 2, 3] and hr["samples"] == 4
+    for lab, acc in hr["drafters"].items():
+        assert all(a <= c + 1e-9 for a, c in zip(acc, hr["ceiling"])), lab
+    assert (out / "02_headroom.csv").stat().st_size > 0
     for stem in ("02_table2", "02_data", "02_training_curves", "02_acceptance_by_depth", "02_acceptance_by_offset",
                  "02_rank_acceptance", "02_chain_windows", "02_margin", "02_lr_selection"):
         for ext in (".csv", ".md", ".provenance.json"):

@@ -500,7 +500,9 @@ def model_card(result: Mapping) -> str:
         "",
         "- Synthetic voices only (flite/festival): no human speech, English only.",
         "- Griffin-Lim vocoding and a k-means codec: the deep codebooks carry little structure, so the code "
-        "predictor's distributions are flat (acceptance is lower than on a neural codec).",
+        "predictor's distributions are flat (acceptance is lower than on a neural codec). Its samples of codes "
+        "1..15 carry almost no information about the true residual: a decoder can learn to ignore them (compare "
+        "`inner_loop` with `codec_1_codebook` when the neural code decoder is used), not recover it.",
         "- The default-LM WER of PocketSphinx is itself 0.2-0.35 on clean synthetic speech: compare conditions, "
         "not absolute values.",
         "",

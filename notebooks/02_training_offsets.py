@@ -59,8 +59,12 @@ train_kl = True  # also train offsets with the KL loss
 train_tv = True  # also train offsets on one minus the exact acceptance rate (total variation, q warped as deployed)
 train_medusa = True  # also train Medusa heads (CE)
 medusa_lr = None  # Adam learning rate of the Medusa heads (None: the library default, Medusa-1's 1e-3)
+train_medusa_tv = True  # also train Medusa heads on total variation (1 - acceptance), like offsets-tv
+medusa_tv_lr = 1e-4  # its Adam learning rate (1e-3 overshoots 20 M parameters from 6,000 frames)
 offsets_lrs = (1e-2, 1e-3, 3e-4)  # Adam learning rates tried for each offsets loss; the validation acceptance picks one
 tree = "0;1;0,0;0,0,0"  # the Tree decoder's rank paths (notebook 03 calibrates a better one)
+headroom_frames = 200  # evaluation frames for the headroom of H_k-only drafters (Monte Carlo over continuations)
+headroom_samples = 8  # sampled continuations per (frame, start depth)
 save_to_model = True  # not smoke: also write the offsets beside the model (data/embedded/model/drafters/)
 medusa_dir = "build/drafters"  # Medusa heads are large (vocab x hidden per head): written here, not into git
 dataset = ""  # real checkpoints: a local `datasets` folder (save_to_disk, VoxPopuli schema: audio + raw_text)
@@ -101,7 +105,9 @@ out = resolve_out_dir(out_dir)
 params = dict(model=model, seed=seed, smoke=bool(smoke), out_dir=str(out), threads=torch.get_num_threads(),
               n_train_frames=n_train_frames, n_val_frames=n_val_frames, n_eval_frames=n_eval_frames, epochs=epochs,
               patience=patience, batch_size=batch_size, K=K, train_kl=bool(train_kl), train_tv=bool(train_tv),
-              train_medusa=bool(train_medusa), medusa_lr=medusa_lr, tree=tree, save_to_model=bool(save_to_model),
+              train_medusa=bool(train_medusa), medusa_lr=medusa_lr, train_medusa_tv=bool(train_medusa_tv),
+              medusa_tv_lr=medusa_tv_lr, headroom_frames=headroom_frames, headroom_samples=headroom_samples, tree=tree,
+              save_to_model=bool(save_to_model),
               medusa_dir=medusa_dir, offsets_lrs=[float(x) for x in offsets_lrs],
               notebook="02_training_offsets")
 timings = {}
@@ -186,12 +192,14 @@ if train_tv:
     to_train.append(("offsets-tv", "offsets", "tv"))
 if train_medusa:
     to_train.append(("medusa", "medusa", "ce"))
+if train_medusa_tv:
+    to_train.append(("medusa-tv", "medusa", "tv"))
 trained, curves, lr_rows = {}, {}, []
 lrs_tried = list(offsets_lrs)[:1] if smoke else list(offsets_lrs)
 for label, name, loss in to_train:
     t0 = time.perf_counter()
     best_res, best_val = None, -1.0
-    for lr in (lrs_tried if name == "offsets" else [medusa_lr]):
+    for lr in (lrs_tried if name == "offsets" else [medusa_tv_lr if loss == "tv" else medusa_lr]):
         d = make_drafter(name, cp, fresh=True, K=K)
         r = train_drafter(d, cp, train_frames, val_frames, loss=loss, sampling=sampling, batch_size=batch_size,
                           lr=lr, max_epochs=epochs, patience=patience, seed=seed, progress=True)
@@ -327,7 +335,8 @@ cfg06 = CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice" / "config.json"
 names = {"heads": "reused LM heads (i)", "medusa": "Medusa heads (ii)",
          "offsets-ce": "position-aware offsets, CE (iii, paper's loss)",
          "offsets-kl": "position-aware offsets, KL to warped verifier",
-         "offsets-tv": "position-aware offsets, total variation (1 - acceptance)"}
+         "offsets-tv": "position-aware offsets, total variation (1 - acceptance)",
+         "medusa-tv": "Medusa heads, total variation (1 - acceptance)"}
 params_cp = info["params_code_predictor"]
 table2 = []
 for label, r in results.items():
@@ -380,17 +389,55 @@ save_table(margin, out / "02_margin", prov)
 margin
 
 # %% [markdown]
+# ## How much room is there? The best any drafter from `H_k` could do
+# Every drafter here (reused heads, offsets, Medusa heads, the paper's three) drafts depth `k + j` from `H_k` alone,
+# before the codes `k .. k+j-1` are known. Its acceptance is therefore limited by how much the verifier's
+# distribution for depth `k + j` changes with those codes. `rvqspec_lib.acceptance.drafter_headroom` measures it on
+# the model itself: for each frame and start depth it samples continuations of the frame from the verifier (the
+# deployed warping), keeps each one's `p` for depth `k + j`, and reports
+#
+# * **ceiling**: the acceptance of the best possible `q` for those continuations (exact maximisation of
+#   `mean_s Σ_x min(p_s(x), q(x))`; an upper bound, slightly optimistic with few samples);
+# * **marginal**: `q` = the mean of half the continuations' `p`, scored on the other half (what a drafter that had
+#   learnt the marginal perfectly would get: an achievable value);
+# * each drafter's acceptance on the same continuations.
+#
+# `captured` = (drafter - heads) / (marginal - heads): the share of the achievable gain a drafter realises.
+
+# %%
+t0 = time.perf_counter()
+n_head = min(len(eval_frames), 16 if smoke else headroom_frames)
+pick = torch.randperm(len(eval_frames), generator=torch.Generator().manual_seed(seed))[:n_head]
+headroom = A.drafter_headroom(cp, eval_frames.context[pick], eval_frames.codes[pick], drafters, n_ahead=K,
+                              samples=4 if smoke else headroom_samples, sampling=sampling,
+                              generator=torch.Generator().manual_seed(seed))
+timings["headroom_s"] = time.perf_counter() - t0
+head_rows = []
+for j in range(K):
+    base, gain = headroom["drafters"]["heads"][j], headroom["marginal"][j] - headroom["drafters"]["heads"][j]
+    row = {"offset_j": j + 1, "ceiling": headroom["ceiling"][j], "marginal": headroom["marginal"][j]}
+    for lab, acc in headroom["drafters"].items():
+        row[lab] = acc[j]
+        if lab != "heads":
+            row[f"{lab}_captured"] = (acc[j] - base) / gain if gain > 0 else float("nan")
+    head_rows.append(row)
+headroom_table = pd.DataFrame(head_rows)
+prov = provenance(params, seed=seed)
+save_table(headroom_table, out / "02_headroom", {**prov, "frames": n_head, "samples": headroom["samples"]})
+headroom_table
+
+# %% [markdown]
 # ## Acceptance by depth
 # Exact acceptance of a sampled draft, `E[Σ_x min(p, q)]`, for the draft of depth `k + j` made from `H_k`, one panel
 # per offset `j` (x axis: the drafted depth `k + j`). Where offsets help, the gain should show at every depth, since
 # one vector per offset is shared by all start depths.
 
 # %%
-shown = [lab for lab in ("heads", "offsets-ce", "offsets-kl", "offsets-tv", "medusa") if lab in results]
+shown = [lab for lab in ("heads", "offsets-ce", "offsets-kl", "offsets-tv", "medusa", "medusa-tv") if lab in results]
 # distinct markers and widths: drafters that coincide (e.g. offsets that learned little) stay visible
 style = {"heads": dict(marker="o", lw=3.0, alpha=0.6), "offsets-ce": dict(marker="s", lw=1.8),
          "offsets-kl": dict(marker="^", lw=1.2, ls="--"), "offsets-tv": dict(marker="v", lw=1.2, ls=":"),
-         "medusa": dict(marker="D", lw=1.0)}
+         "medusa": dict(marker="D", lw=1.0), "medusa-tv": dict(marker="P", lw=1.6, ls="-.")}
 fig, axes = plt.subplots(1, K, figsize=(4.2 * K, 3.6), squeeze=False, sharey=True)
 for j in range(1, K + 1):
     ax = axes[0, j - 1]
@@ -503,6 +550,7 @@ metrics = {
     "acceptance_by_offset": {lab: r["exact"]["alpha_by_offset"] for lab, r in results.items()},
     "saturation_window": saturation,
     "margin_vs_heads": {r["drafter"]: {k: v for k, v in r.items() if k != "drafter"} for r in margin_rows},
+    "headroom": headroom,
     "training": {lab: {"best_epoch": res.best_epoch, "epochs_run": res.curve[-1]["epoch"],
                        "stopped_early": res.stopped_early, "loss": res.drafter.provenance["loss"],
                        "val_acceptance_by_offset_init": res.curve[0]["val_acceptance_by_offset"],

@@ -234,10 +234,19 @@ def optimal_overlap(p: torch.Tensor) -> torch.Tensor:
     concave objective).
 
     Args:
-        p: ``(..., S, V)`` distributions (rows sum to 1).
+        p: ``(..., S, V)`` distributions (rows sum to 1), a tensor or an array.
     Returns:
         ``(...)`` float64, in [1/S, 1]: 1 when the S distributions are equal.
+    Raises:
+        ValueError: fewer than 2 dimensions, negative entries, or rows that do not sum to 1 (to 1e-4).
     """
+    p = torch.as_tensor(p)
+    if p.dim() < 2 or p.shape[-1] < 1 or p.shape[-2] < 1:
+        raise ValueError(f"p must be (..., S, V) with S, V >= 1 (S distributions over V codes), got {tuple(p.shape)}")
+    sums = p.double().sum(-1)
+    if bool((p < 0).any()) or not bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-4)):
+        raise ValueError("every row of p must be a distribution (non-negative, summing to 1): pass probabilities, "
+                         "e.g. Sampling().probs(logits), not logits")
     s = p.shape[-2]
     srt = torch.sort(p.double(), dim=-2).values  # (..., S, V) ascending over samples
     step = torch.diff(srt, dim=-2, prepend=torch.zeros_like(srt[..., :1, :]))  # level i adds sorted_i - sorted_{i-1}
@@ -249,7 +258,7 @@ def optimal_overlap(p: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def drafter_headroom(code_predictor, context: torch.Tensor, codes: torch.Tensor, drafters: Sequence | dict = (), *,
+def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None, drafters: Sequence | dict = (), *,
                      n_ahead: int = 3, samples: int = 8, sampling: Sampling | None = None,
                      generator: torch.Generator | None = None, batch_size: int = 16) -> dict:
     """How much acceptance ANY drafter that sees only H_k (reused heads, offsets, Medusa heads: all of the paper's)
@@ -269,7 +278,11 @@ def drafter_headroom(code_predictor, context: torch.Tensor, codes: torch.Tensor,
       drafters labelled by their ``name``, numbered when names repeat), its q warped like p.
 
     Args:
-        context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` codes 1..n (teacher-forced before each start depth).
+        context: ``(N, 2, talker_hidden)``, or a :class:`~rvqspec_lib.train_drafters.Frames` (then ``codes`` is
+            taken from it). codes: ``(N, n)`` codes 1..n, teacher-forced before each start depth. Which codes fill
+            that prefix matters: the data's codes (``frames_from_shipped``) or samples of p (codes a decoder
+            committed, as ``evaluate_acceptance`` uses) give slightly different acceptances (0.83 vs 0.85 for the
+            reused heads at j = 1 on 16 embedded-model frames); compare drafters on the same codes, as here.
         drafters: drafters to score beside the ceiling.
         samples: continuations per (frame, start depth), even, >= 2.
         sampling: the deployed warpers (default temperature 0.9, top-k 50).
@@ -282,12 +295,28 @@ def drafter_headroom(code_predictor, context: torch.Tensor, codes: torch.Tensor,
     """
     from .sampling import sample as draw
 
-    if samples < 2 or samples % 2:
+    if isinstance(context, Frames):
+        context, codes = context.context, context.codes
+    if codes is None:
+        raise ValueError("give the frames' codes (N, n), or pass a Frames object as context")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2 or samples % 2:
         raise ValueError(f"samples must be even and >= 2 (half fit the marginal, half score it), got {samples}")
     cp = code_predictor
     n = P.n_codes(cp)
     if not 1 <= n_ahead <= n - 1:
         raise ValueError(f"n_ahead must be in [1, {n - 1}], got {n_ahead}")
+    codes = torch.as_tensor(codes)
+    vocab = int(cp.config.vocab_size)
+    if codes.dim() != 2 or codes.shape != (context.shape[0], n) or context.dim() != 3:
+        raise ValueError(f"need context (N, 2, hidden) and codes (N, {n}) for the same N frames, got "
+                         f"{tuple(context.shape)} and {tuple(codes.shape)}")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= vocab):
+        raise ValueError(f"codes must lie in [0, {vocab}), got [{int(codes.min())}, {int(codes.max())}]")
+    bad = [k for k, d in (drafters.items() if isinstance(drafters, dict) else enumerate(drafters))
+           if not hasattr(d, "draft_logits")]
+    if bad:
+        raise ValueError(f"drafters {bad} are not drafters (objects with draft_logits): build them with "
+                         "rvqspec_lib.drafters.make_drafter")
     sampling = Sampling() if sampling is None else sampling
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     dev = next(cp.parameters()).device

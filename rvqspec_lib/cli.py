@@ -94,9 +94,10 @@ def add_synth_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--language", default="auto", help="auto, english, german, ...")
     p.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the model's first)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
-    p.add_argument("--codes-to-audio", default="auto", choices=["auto", "table"],
-                   help="offline codec only: 'auto' decodes with the neural code decoder shipped beside the codec "
-                        "(codec.decoder.safetensors) when there is one, 'table' sums the codebook entries")
+    p.add_argument("--codes-to-audio", default="auto", choices=["auto", "neural", "table"],
+                   help="models with the offline codec (embedded): 'auto' decodes with the neural code decoder shipped "
+                        "beside the codec (codec.decoder.safetensors) when there is one, 'neural' requires it, "
+                        "'table' sums the codebook entries")
 
 
 def run_synth(args) -> int:
@@ -119,6 +120,14 @@ def run_synth(args) -> int:
         lm = load_model(args.model, dtype=args.dtype)
     except ValueError as e:
         return _die(str(e))
+    codec = getattr(lm.speech_tokenizer, "codec", None)
+    if args.codes_to_audio != "auto":
+        if codec is None or not hasattr(codec, "decoder_kind"):
+            return _die(f"--codes-to-audio {args.codes_to_audio}: {args.model} has no offline codec to choose a "
+                        "decoder for (only models built by `make embedded` do); leave it at auto")
+        if args.codes_to_audio == "neural" and codec.code_decoder is None:
+            return _die(f"--codes-to-audio neural: {args.model}'s codec has no neural code decoder beside it "
+                        "(codec.decoder.safetensors); use auto or table, or train one (`make embedded`)")
     gen = lm.generation or {}
     sampling = Sampling.from_generation_config(gen, loop="code_predictor", greedy=args.greedy)
     talker_sampling = Sampling.from_generation_config(gen, loop="talker", greedy=args.greedy)
@@ -141,7 +150,6 @@ def run_synth(args) -> int:
         import soundfile as sf
 
         tokenizer = lm.speech_tokenizer
-        codec = getattr(tokenizer, "codec", None)
         if args.codes_to_audio == "table" and getattr(codec, "code_decoder", None) is not None:
             tokenizer = type(tokenizer)(codec.with_decoder(None))
         wavs, sr = tokenizer.decode([{"audio_codes": res.codes[0]}])

@@ -170,9 +170,12 @@ class CodeDecoder(nn.Module):
         if not p.is_file():
             raise FileNotFoundError(f"no code decoder at {p}: train one with `make embedded` (stage 'decoder') or "
                                     "rvqspec_lib.code_decoder.train_code_decoder")
-        with safe_open(str(p), framework="pt") as f:
-            md = f.metadata() or {}
-            state = {k: f.get_tensor(k) for k in f.keys()}
+        try:
+            with safe_open(str(p), framework="pt") as f:
+                md = f.metadata() or {}
+                state = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as e:  # safetensors' own error types: a file of another format
+            raise ValueError(f"{p} is not a code-decoder file (not readable as safetensors: {e})") from None
         if md.get("format") != FORMAT:
             raise ValueError(f"{p} is not a code-decoder file (format {md.get('format')!r})")
         raw = json.loads(md.get("config", "{}"))

@@ -134,7 +134,8 @@ def _check_codes(codes, n_codebooks: int, codebook_size: int) -> np.ndarray:
     codes = np.asarray(codes)
     if codes.ndim != 2 or codes.shape[1] != n_codebooks:
         raise ValueError(f"codes must have shape (frames, {n_codebooks}), got {codes.shape}: pass one row per frame "
-                         f"with all {n_codebooks} codebooks (use decode(codes, n_codebooks=k) to use only the first k)")
+                         f"with all {n_codebooks} codebooks (decode(codes, n_codebooks=k) uses only the first k and "
+                         "ignores the other columns: pad them with 0)")
     if codes.size and not np.issubdtype(codes.dtype, np.integer):
         raise ValueError(f"codes must be integers, got dtype {codes.dtype}")
     if codes.size and (codes.min() < 0 or codes.max() >= codebook_size):
@@ -567,17 +568,20 @@ class RVQCodec:
         return p
 
     @classmethod
-    def load(cls, path: str | os.PathLike, decoder: str | os.PathLike = "auto") -> "RVQCodec":
+    def load(cls, path: str | os.PathLike, decoder: str | os.PathLike | None = "auto") -> "RVQCodec":
         """Read a codec written by :meth:`save` (a ``.safetensors`` file or the folder holding ``codec.safetensors``).
 
         Args:
             path: the codec file or its folder.
             decoder: ``"auto"`` attaches the neural code decoder saved beside the codec
                 (``<stem>.decoder.safetensors``, e.g. ``codec.decoder.safetensors``) when there is one, else decodes
-                by table; ``"table"`` never attaches one; a path attaches that file.
+                by table; ``"neural"`` requires that file; ``"table"`` (or ``None``) never attaches one; a path
+                (ending in ``.safetensors``) attaches that file.
         Raises:
-            FileNotFoundError: no such file (the message says how to make one), or no decoder file at a given path.
-            ValueError: an unknown ``decoder`` word, or a decoder trained for other codebooks.
+            FileNotFoundError: no such codec file (the message says how to make one), or no decoder file where one is
+                required.
+            ValueError: an unknown ``decoder`` word, or a decoder file that is not one or was trained for other
+                codebooks.
         """
         from safetensors import safe_open
 
@@ -592,11 +596,19 @@ class RVQCodec:
         raw = json.loads(side.read_text()) if side.is_file() else json.loads(meta.get("config", "{}"))
         known = {fl.name for fl in fields(CodecConfig)}
         codec = cls(CodecConfig(**{k: v for k, v in raw.items() if k in known}), books)
-        dec_path = decoder_file(p) if decoder in ("auto", "table") else Path(decoder).expanduser()
-        if str(decoder) not in ("auto", "table") and not dec_path.is_file():
+        if decoder is None or decoder == "table":
+            return codec
+        if decoder in ("auto", "neural"):
+            dec_path = decoder_file(p)
+        elif isinstance(decoder, (str, os.PathLike)) and Path(decoder).suffix == ".safetensors":
+            dec_path = Path(decoder).expanduser()
+        else:
+            raise ValueError(f"decoder must be 'auto', 'neural', 'table' or a .safetensors file, got {decoder!r}")
+        if decoder != "auto" and not dec_path.is_file():
             raise FileNotFoundError(f"no code decoder at {dec_path}: pass decoder='auto' (the one beside the codec, "
-                                    "if any) or 'table' (sum of centroids)")
-        if decoder != "table" and dec_path.is_file():
+                                    "if any) or 'table' (sum of centroids), or train one (`make embedded`, stage "
+                                    "'decoder')")
+        if dec_path.is_file():
             from .code_decoder import CodeDecoder
 
             codec.code_decoder = CodeDecoder.load(dec_path, codec.codebooks)

@@ -79,14 +79,26 @@ def test_save_load_and_codec_attaches_the_decoder_beside_it(tmp_path):
     codes = torch.randint(0, 8, (6, 4), generator=torch.Generator().manual_seed(2)).numpy()
     assert np.allclose(auto.decode_vectors(codes), dec.vectors(codes), atol=1e-6)
     assert auto.code_decoder.meta == {"steps": 3}
+    assert RVQCodec.load(p, decoder="neural").decoder_kind == "neural"
+    assert RVQCodec.load(p, decoder=None).decoder_kind == "table"
     with pytest.raises(FileNotFoundError, match="no code decoder"):
         RVQCodec.load(p, decoder=tmp_path / "missing.safetensors")
+    for word in ("Table", "nerual", 3):
+        with pytest.raises(ValueError, match="decoder must be 'auto', 'neural', 'table'"):
+            RVQCodec.load(p, decoder=word)
+    (tmp_path / "junk.safetensors").write_text("not a safetensors file")
+    with pytest.raises(ValueError, match="not a code-decoder file"):
+        RVQCodec.load(p, decoder=tmp_path / "junk.safetensors")
     with pytest.raises(ValueError, match="trained for codebooks"):
         CodeDecoder.load(decoder_file(p), torch.zeros(3, 8, codec.config.dim))
     with pytest.raises(ValueError, match="not a code-decoder file"):
         CodeDecoder.load(p, codec.codebooks)
     with pytest.raises(FileNotFoundError, match="make embedded"):
         CodeDecoder.load(tmp_path / "nope.safetensors", codec.codebooks)
+    decoder_file(p).unlink()
+    with pytest.raises(FileNotFoundError, match="no code decoder"):
+        RVQCodec.load(p, decoder="neural")
+    assert RVQCodec.load(p).decoder_kind == "table"
 
 
 def test_pairs_round_trip(tmp_path):

@@ -738,6 +738,10 @@ def test_optimal_overlap_matches_a_linear_program():
     assert float(optimal_overlap(same)) == pytest.approx(1.0, abs=1e-12)
     assert float(optimal_overlap(torch.eye(4))) == pytest.approx(0.25, abs=1e-12)
     assert optimal_overlap(torch.eye(4).expand(3, 2, 4, 4)).shape == (3, 2)
+    assert float(optimal_overlap(np.eye(3))) == pytest.approx(1 / 3)  # arrays too
+    for bad in (torch.tensor([0.5, 0.5]), torch.rand(4, 10, generator=g) + 0.1, -torch.eye(3)):
+        with pytest.raises(ValueError):
+            optimal_overlap(bad)
 
 
 def test_headroom_ceiling_bounds_every_drafter_and_trained_offsets_close_the_gap():
@@ -761,7 +765,18 @@ def test_headroom_ceiling_bounds_every_drafter_and_trained_offsets_close_the_gap
     assert np.abs(ex - heads).max() < 0.05, (ex, heads)
     same = drafter_headroom(cp, ctx, codes, [ReusedHeads()], samples=8, generator=torch.Generator().manual_seed(0))
     assert same["ceiling"] == r["ceiling"] and same["drafters"]["heads"] == r["drafters"]["heads"]  # seeded
-    with pytest.raises(ValueError, match="samples must be even"):
-        drafter_headroom(cp, ctx, codes, samples=3)
+    frames = Frames(ctx, codes, torch.zeros(len(codes), dtype=torch.long))
+    from_frames = drafter_headroom(cp, frames, drafters={"heads": ReusedHeads()}, samples=8,
+                                   generator=torch.Generator().manual_seed(0))
+    assert from_frames["ceiling"] == r["ceiling"]  # a Frames object is taken apart into context and codes
+    for bad_samples in (3, 0, 2.0, True):
+        with pytest.raises(ValueError, match="samples must be even"):
+            drafter_headroom(cp, ctx, codes, samples=bad_samples)
+    with pytest.raises(ValueError, match="codes must lie in"):
+        drafter_headroom(cp, ctx, codes + 32, samples=2)
+    with pytest.raises(ValueError, match="need context"):
+        drafter_headroom(cp, ctx, codes[:, :5], samples=2)
+    with pytest.raises(ValueError, match="not drafters"):
+        drafter_headroom(cp, ctx, codes, {"x": "heads"}, samples=2)
     with pytest.raises(ValueError, match="n_ahead must be in"):
         drafter_headroom(cp, ctx, codes, n_ahead=15)

@@ -98,6 +98,10 @@ def test_cli_synth_writes_a_wav(tmp_path, capsys):
     assert table["codes_to_audio"] == "table" and table["codes"] == stats["codes"]
     wav2, _ = sf.read(out2)
     assert wav2.shape == wav.shape and not np.allclose(wav2, wav)
+    # a decoder choice for a model without the offline codec is refused before any work
+    rc = cli.main(["synth", "--model", "tiny-random", "--text", SENTENCE, "--out", str(tmp_path / "r.wav"),
+                   "--codes-to-audio", "table"])
+    assert rc == 2 and "no offline codec" in capsys.readouterr().err and not (tmp_path / "r.wav").exists()
 
 
 def test_cli_synth_notes_text_outside_the_models_language(tmp_path, capsys):

@@ -68,13 +68,14 @@ def _json(a: np.ndarray):
 # exact (teacher-forced) statistics
 # --------------------------------------------------------------------------------------------------------------------
 def _teacher_forced_batches(cp, context: torch.Tensor, codes: torch.Tensor, sampling: Sampling, batch_size: int):
-    """Yield ``(codes, hidden (B, n, H), p (B, n, V))`` batch by batch: ONE teacher-forced pass of the code predictor
-    and the warped verifier distribution of every depth, shared by every drafter evaluated on the batch."""
+    """Yield ``(context (B, 2, Ht), codes (B, n), hidden (B, n, H), p (B, n, V))`` batch by batch, on the code
+    predictor's device: ONE teacher-forced pass of the code predictor and the warped verifier distribution of every
+    depth, shared by every drafter evaluated on the batch."""
     dev = next(cp.parameters()).device
     for i in range(0, context.shape[0], batch_size):
         ctx, cod = context[i: i + batch_size].to(dev), codes[i: i + batch_size].to(dev)
         hidden = teacher_forced_hidden(cp, ctx, cod)
-        yield cod, hidden, sampling.probs(verifier_logits(cp, hidden))
+        yield ctx, cod, hidden, sampling.probs(verifier_logits(cp, hidden))
 
 
 def _drafts_and_targets(cp, drafter, hidden: torch.Tensor, p_all: torch.Tensor, n_ahead: int):
@@ -117,7 +118,7 @@ def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torc
     s_mass = torch.zeros(n - 1, n_ahead, r_max, dtype=torch.float64)
     s_hit = torch.zeros(n - 1, n_ahead, r_max, dtype=torch.float64)
     count = 0
-    for cod, hidden, p_all in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
+    for _, cod, hidden, p_all in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
         logits, f, dd, p = _drafts_and_targets(cp, drafter, hidden, p_all, n_ahead)  # (B, n-1, K, V)
         b = hidden.shape[0]
         alpha = torch.minimum(p, sampling.probs(logits)).sum(-1)  # (B, n-1, K)
@@ -167,7 +168,7 @@ def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torc
     n = P.n_codes(cp)
     drafters = list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
     out: list[list[torch.Tensor]] = [[] for _ in drafters]
-    for _, hidden, p_all in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
+    for _, _, hidden, p_all in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
         for acc, dr in zip(out, drafters):
             logits, _, _, p = _drafts_and_targets(cp, dr, hidden, p_all, n_ahead)
             acc.append(torch.minimum(p, sampling.probs(logits)).sum(-1).double().cpu())
@@ -319,7 +320,6 @@ def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None,
                          "rvqspec_lib.drafters.make_drafter")
     sampling = Sampling() if sampling is None else sampling
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    dev = next(cp.parameters()).device
     if isinstance(drafters, dict):
         names, drafters = [str(k) for k in drafters], list(drafters.values())
     else:
@@ -329,11 +329,8 @@ def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None,
     sums = {key: torch.zeros(n_ahead, dtype=torch.float64) for key in ["ceiling", "marginal", *names]}
     count = torch.zeros(n_ahead, dtype=torch.float64)
     ks = torch.arange(1, n)  # start depths
-    for i in range(0, context.shape[0], batch_size):
-        ctx, cod = context[i: i + batch_size].to(dev), codes[i: i + batch_size].to(dev)
+    for ctx, cod, hidden, p_true in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
         b = ctx.shape[0]
-        hidden = teacher_forced_hidden(cp, ctx, cod)  # (b, n, H)
-        p_true = sampling.probs(verifier_logits(cp, hidden))  # (b, n, V)
         # one row per (frame, start depth k, sample): the frame's codes, continuations written in place
         rows = b * (n - 1) * samples
         f_idx = torch.arange(b).repeat_interleave((n - 1) * samples)
@@ -345,7 +342,7 @@ def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None,
         for j in range(n_ahead):
             d = (k_idx + j).clamp(max=n)  # depth being sampled (1-based)
             live = (k_idx + j) <= n
-            x = draw(p_next.float(), gen).to(dev)
+            x = draw(p_next.float(), gen).to(seq.device)
             seq[torch.arange(rows), d - 1] = torch.where(live, x, seq[torch.arange(rows), d - 1])
             h = teacher_forced_hidden(cp, ctx_rows, seq)  # (rows, n, H)
             nd = (k_idx + j + 1).clamp(max=n)  # the next depth

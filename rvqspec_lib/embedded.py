@@ -228,9 +228,10 @@ def inner_loop_codes(lm: LoadedModel, utt, *, decoder=None, sampling: Sampling |
 @torch.no_grad()
 def inner_loop_codes_batch(lm: LoadedModel, utts: Sequence, *, batch_size: int = 16,
                            sampling: Sampling | None = None, generator: torch.Generator | None = None,
-                           progress: bool = False) -> list[torch.Tensor]:
-    """:func:`inner_loop_codes` for many utterances at once: batched teacher-forced talker passes (sorted by length),
-    then every frame of the batch through :func:`rvqspec_lib.decode_frame` (AR) as one batch.
+                           progress: bool = False, chunk_frames: int = 2048) -> list[torch.Tensor]:
+    """:func:`inner_loop_codes` for many utterances at once: the batched teacher-forced contexts of
+    :func:`rvqspec_lib.train_drafters.frames_from_utterances`, then ``chunk_frames`` frames at a time through
+    :func:`rvqspec_lib.decode_frame` (AR).
 
     Same distribution as :func:`inner_loop_codes` (the talker's contexts agree to float32 rounding; the random draws
     differ because the frames are batched differently). Used to make the code decoder's training pairs
@@ -241,40 +242,36 @@ def inner_loop_codes_batch(lm: LoadedModel, utts: Sequence, *, batch_size: int =
         batch_size: utterances per talker pass.
         sampling: code-predictor sampling (default: :func:`default_sampling`, temperature 0.9 / top-k 50).
         generator: explicit RNG (default: seeded 0).
+        chunk_frames: frames per inner-loop batch (bounds the KV cache's memory).
     Returns:
         One ``(frames, G)`` int64 tensor per utterance, in input order: column 0 the true code 0, columns 1..
         generated.
     Raises:
-        ValueError: no utterances.
+        ValueError: no utterances (or codes that do not fit the model, from ``frames_from_utterances``).
     """
     from tqdm.auto import tqdm
 
-    from .train import talker_pass
+    from .train_drafters import frames_from_utterances
 
     us = [as_utterance(u) for u in utts]
     if not us:
         raise ValueError("no utterances to run the inner loop on")
+    frames = frames_from_utterances(lm, us, batch_size=batch_size, progress=progress)  # input order
     dev = next(lm.model.parameters()).device
     generator = generator if generator is not None else torch.Generator(device=dev).manual_seed(0)
     sampling = sampling or default_sampling(lm)
-    order = sorted(range(len(us)), key=lambda i: us[i].codes.shape[0])
-    out: list[torch.Tensor | None] = [None] * len(us)
+    parts = []
     was = lm.model.training
     lm.model.eval()
     try:
-        for s in tqdm(range(0, len(order), batch_size), desc="inner loop", unit="batch", disable=not progress):
-            idx = order[s:s + batch_size]
-            res, length, codes, valid, _ = talker_pass(lm, [us[i] for i in idx])
-            hidden = res.hidden_states[0][-1][:, length - 1: length - 1 + valid.shape[1]]  # (B, F, H)
-            code0 = lm.model.talker.get_input_embeddings()(codes[:, :, 0])  # (B, F, H)
-            context = torch.stack([hidden[valid], code0[valid]], 1).float()  # (N, 2, H)
-            gen = decode_frame(lm.code_predictor, context, decoder=AR(), sampling=sampling, generator=generator)
-            full = torch.cat([codes[valid][:, :1], gen.codes.to(dev)], 1).cpu()  # (N, G)
-            for i, part in zip(idx, torch.split(full, valid.sum(1).tolist())):
-                out[i] = part
+        for s in tqdm(range(0, len(frames), chunk_frames), desc="inner loop", unit="chunk", disable=not progress):
+            res = decode_frame(lm.code_predictor, frames.context[s:s + chunk_frames].to(dev), decoder=AR(),
+                               sampling=sampling, generator=generator)
+            parts.append(res.codes.cpu())
     finally:
         lm.model.train(was)
-    return out  # type: ignore[return-value]
+    generated = torch.split(torch.cat(parts), [u.codes.shape[0] for u in us])
+    return [torch.cat([u.codes[:, :1].long(), g], 1) for u, g in zip(us, generated)]
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -430,11 +430,13 @@ class Builder:
         pairs = {}
         for name, rows, seed in (("val", va_rows, a.seed + 1), ("train", tr_rows, a.seed)):
             f = self.work / "decoder" / f"pairs_{name}.safetensors"  # the inner-loop codes are the slow part: kept
-            if "decoder" in a.redo or not f.is_file() or DecoderPairs.load(f).ids != [r["id"] for r in rows]:
+            kept = DecoderPairs.load(f) if f.is_file() and "decoder" not in a.redo else None
+            if kept is None or kept.ids != [r["id"] for r in rows]:
                 self.log(f"decoder: features and inner-loop codes of {len(rows)} {name} utterances")
-                decoder_pairs(lm, codec, rows, codes, generator=torch.Generator().manual_seed(seed),
-                              progress=self.progress).save(f)
-            pairs[name] = DecoderPairs.load(f)
+                kept = decoder_pairs(lm, codec, rows, codes, generator=torch.Generator().manual_seed(seed),
+                                     progress=self.progress)
+                kept.save(f)
+            pairs[name] = kept
         budget = f"{a.decoder_steps} steps" if a.decoder_steps else f"{a.decoder_minutes} min"
         self.log(f"decoder: training on {len(pairs['train'])} utterances, {budget}")
         dec, log = train_code_decoder(codec.codebooks, pairs["train"], pairs["val"], steps=a.decoder_steps or None,

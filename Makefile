@@ -29,7 +29,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_PIP_ARGS ?=
 QWEN_TTS      := qwen-tts==0.1.1
 
-LIB           := $(wildcard rvqspec_lib/*.py)
+LIB           := $(wildcard rvqspec_lib/*.py rvqspec_lib/*/*.py)
 NB_SRC        := $(wildcard notebooks/[0-9][0-9]_*.py)
 NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
 
@@ -104,11 +104,7 @@ embedded: $(STAMP)
 # ---- benchmark ----------------------------------------------------------------------------------------------------
 bench: $(STAMP)
 	@mkdir -p build
-	@if [ -f rvqspec_lib/cli.py ]; then \
-	  $(VENV)/bin/rvqspec bench --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS); \
-	else \
-	  $(PY) -m rvqspec_lib.bench --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS); \
-	fi
+	$(VENV)/bin/rvqspec bench --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

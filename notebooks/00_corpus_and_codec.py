@@ -21,7 +21,7 @@
 # (24 kHz audio, 12.5 frames a second, **16 codebooks × 2048 entries** per frame). This notebook shows both inputs:
 #
 # 1. **the corpus**, as an analogue of the paper's Table 1 (which split is used for what, how much audio);
-# 2. **the codec** (`rvqspec_lib.codec.RVQCodec`), what its residual codebooks carry, and how intelligible its
+# 2. **the codec** (`rvqspec_lib.models.rvq_codec.RVQCodec`), what its residual codebooks carry, and how intelligible its
 #    output is when only the first `k` of the 16 codebooks are used.
 #
 # All numbers are read from files or measured when the notebook runs; none is typed in.
@@ -53,11 +53,13 @@ import torch
 from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 
-from rvqspec_lib import asr as asr_mod
-from rvqspec_lib import corpus
-from rvqspec_lib.codec import RVQCodec, load_wav
-from rvqspec_lib.embedded import embedded_root, score_conditions
-from rvqspec_lib.provenance import REPO_ROOT, provenance, resolve_out_dir, save_figure, save_json, save_table
+from rvqspec_lib.eval import asr as asr_mod
+from rvqspec_lib.embedded import corpus
+from rvqspec_lib.models.rvq_codec import RVQCodec
+from rvqspec_lib.models.audio import load_wav
+from rvqspec_lib.models.utterances import embedded_root
+from rvqspec_lib.eval.inner_loop import score_conditions
+from rvqspec_lib.common.provenance import REPO_ROOT, provenance, resolve_out_dir, save_figure, save_json, save_table
 
 t_start = time.perf_counter()
 if threads:
@@ -88,7 +90,7 @@ print(f"model data {root}\noutputs -> {out}\nrendered audio -> {work}")
 # ## 1. The corpus: a Table 1 analogue
 #
 # **Text.** Every English sentence comes from text that installs with Debian or Python packages, and every sentence
-# records the file it came from (`rvqspec_lib.corpus.Sentence.origin`):
+# records the file it came from (`rvqspec_lib.embedded.corpus.Sentence.origin`):
 #
 # * `fortunes`: Debian's `fortunes` and `fortunes-min` packages (fetched with `apt-get download`, unpacked, not
 #   installed; ASCII art and stereotype-based joke files are left out);

@@ -50,9 +50,10 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-from rvqspec_lib import bench, plots
-from rvqspec_lib.models import load_model
-from rvqspec_lib.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
+from rvqspec_lib.eval import bench
+from rvqspec_lib.eval import plots
+from rvqspec_lib.models.loader import load_model
+from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 
 # smoke: the tiny model (unless another model was asked for), few repeats, Q up to 16
 run_model = "tiny-random" if smoke and model == "qwen3-tts-0.6b-random" else model

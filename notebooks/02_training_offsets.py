@@ -36,7 +36,7 @@
 # **Data.** The embedded model (`data/embedded`, see its MODEL_CARD.md) ships codes and texts of real utterances in
 # three disjoint splits: drafters train on `training` with early stopping on `validation`, and every number below is
 # measured on `evaluation`. Contexts come from ONE teacher-forced talker pass per utterance (true code 0, true
-# feedback), targets are the true codes 1..15 (`rvqspec_lib.train_drafters.frames_from_shipped`).
+# feedback), targets are the true codes 1..15 (`rvqspec_lib.eval.frame_sources.frames_from_shipped`).
 #
 # **Caveat.** The embedded model is a small model trained offline on synthetic speech and a k-means codec, not the
 # released Qwen3-TTS: its acceptance rates are its own. The paper's values appear only in a separate, labelled
@@ -83,15 +83,24 @@ import torch
 from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 
-from rvqspec_lib import acceptance as A
-from rvqspec_lib.decode import Chain, Tree
-from rvqspec_lib.drafters import (drafter_path, make_drafter, model_drafter_dir, params_added_for_config,
-                                  save_drafter)
-from rvqspec_lib.embedded import default_sampling, embedded_root
-from rvqspec_lib.models import CONFIG_DIR, EMBEDDED_MODEL, OWN_MODEL_MARKER, load_model
-from rvqspec_lib.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
-from rvqspec_lib.train_drafters import frames_from_shipped, train_drafter
-from rvqspec_lib.trees import parse_paths
+from rvqspec_lib.eval import acceptance as A
+from rvqspec_lib.eval import headroom as H
+from rvqspec_lib.spec.decoders import CHAIN_WINDOWS, Chain, Tree
+from rvqspec_lib.models.drafter_files import (
+    drafter_path,
+    make_drafter,
+    model_drafter_dir,
+    params_added_for_config,
+    save_drafter,
+)
+from rvqspec_lib.eval.inner_loop import default_sampling
+from rvqspec_lib.models.utterances import embedded_root
+from rvqspec_lib.models.configs import CONFIG_DIR
+from rvqspec_lib.models.loader import EMBEDDED_MODEL, OWN_MODEL_MARKER, load_model
+from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
+from rvqspec_lib.eval.frame_sources import frames_from_shipped
+from rvqspec_lib.training.drafters import train_drafter
+from rvqspec_lib.spec.trees import parse_paths
 
 t_start = time.perf_counter()
 if smoke:
@@ -150,8 +159,8 @@ if lm.is_random:
 # %%
 t0 = time.perf_counter()
 if dataset:
-    from rvqspec_lib.codec import load_codec
-    from rvqspec_lib.train_drafters import frames_from_dataset
+    from rvqspec_lib.models.speech_tokenizers import load_codec
+    from rvqspec_lib.eval.frame_sources import frames_from_dataset
 
     the_codec = load_codec(codec)
     tr_split, va_split, ev_split = dataset_splits
@@ -304,7 +313,7 @@ display(Markdown(f"Deployed offsets (highest validation acceptance): **{deployed
 
 # %%
 tree_paths = parse_paths(tree)
-decoders = [Chain(w) for w in A.CHAIN_WINDOWS] + [Tree(tree_paths)]
+decoders = [Chain(w) for w in CHAIN_WINDOWS] + [Tree(tree_paths)]
 drafters = {"heads": make_drafter("heads", cp), **trained}
 results = {}
 t0 = time.perf_counter()
@@ -368,7 +377,7 @@ pd.DataFrame(table2)
 # Each trained drafter against the reused heads on the SAME evaluation frames: per frame, the exact acceptance of a
 # sampled draft averaged over every (start depth `k`, offset `j <= K`); the difference is averaged within each
 # utterance and a 95% Student-t interval is taken over utterances (frames of one utterance are not independent;
-# `rvqspec_lib.acceptance.paired_acceptance_difference`). No sampling noise enters: acceptance is computed from the
+# `rvqspec_lib.eval.acceptance.paired_acceptance_difference`). No sampling noise enters: acceptance is computed from the
 # probabilities. An interval that excludes 0 says the drafter's gain is not an accident of which frames were drawn;
 # its size says whether the gain matters (0.01 of acceptance per draft is worth about 0.01-0.03 tokens per call).
 
@@ -392,7 +401,7 @@ margin
 # ## How much room is there? The best any drafter from `H_k` could do
 # Every drafter here (reused heads, offsets, Medusa heads, the paper's three) drafts depth `k + j` from `H_k` alone,
 # before the codes `k .. k+j-1` are known. Its acceptance is therefore limited by how much the verifier's
-# distribution for depth `k + j` changes with those codes. `rvqspec_lib.acceptance.drafter_headroom` measures it on
+# distribution for depth `k + j` changes with those codes. `rvqspec_lib.eval.headroom.drafter_headroom` measures it on
 # the model itself: for each frame and start depth it samples continuations of the frame from the verifier (the
 # deployed warping), keeps each one's `p` for depth `k + j`, and reports
 #
@@ -408,7 +417,7 @@ margin
 t0 = time.perf_counter()
 n_head = min(len(eval_frames), 16 if smoke else headroom_frames)
 pick = torch.randperm(len(eval_frames), generator=torch.Generator().manual_seed(seed))[:n_head]
-headroom = A.drafter_headroom(cp, eval_frames.context[pick], eval_frames.codes[pick], drafters, n_ahead=K,
+headroom = H.drafter_headroom(cp, eval_frames.context[pick], eval_frames.codes[pick], drafters, n_ahead=K,
                               samples=4 if smoke else headroom_samples, sampling=sampling,
                               generator=torch.Generator().manual_seed(seed))
 timings["headroom_s"] = time.perf_counter() - t0
@@ -497,11 +506,11 @@ rank_table
 # TensorRT-Edge-LLM's `--cpSpecVerifySize N` drafts `N-1` codes **sampled** from the reused heads and verifies them
 # in one call; its documentation says acceptance saturates once the window passes four depths. Below: tokens per
 # call against the window for each drafter (solid: measured; dotted: predicted from the exact tables), and the
-# smallest window within 2% of the best (`rvqspec_lib.acceptance.saturation_window`). Tokens per call is not the
+# smallest window within 2% of the best (`rvqspec_lib.eval.acceptance.saturation_window`). Tokens per call is not the
 # speed-up: a wider verify call costs more (notebook 01's verify cost curve).
 
 # %%
-windows = list(A.CHAIN_WINDOWS)
+windows = list(CHAIN_WINDOWS)
 chain_rows, saturation = [], {}
 for lab in shown:
     tpc = results[lab]["tokens_per_call"]

@@ -7,10 +7,11 @@ Public API:
     DraftTree, parse_paths                      (trees as data, rvqspec_lib.trees)
 """
 
-from .decode import AR, Chain, FrameResult, Tree, decode_frame
-from .models import LoadedModel, ModelNotFoundError, load_model
-from .sampling import Sampling
-from .trees import DraftTree, parse_paths
+from rvqspec_lib.models.loader import LoadedModel, ModelNotFoundError, load_model
+from rvqspec_lib.spec.decode import FrameResult, decode_frame
+from rvqspec_lib.spec.decoders import AR, Chain, Tree
+from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.spec.trees import DraftTree, parse_paths
 
 __all__ = ["AR", "Chain", "Tree", "FrameResult", "decode_frame", "Sampling", "load_model", "LoadedModel",
            "ModelNotFoundError", "DraftTree", "parse_paths"]

@@ -16,9 +16,9 @@ reruns stages; a stage's output is written under its final name only when comple
   4b. ship   <out>/utterances.safetensors + utterances.jsonl   the codes and texts that ship with the model (a
                                         seeded ``--ship-train`` of the training split, all validation and evaluation
                                         utterances): drafter training and acceptance notebooks run on them offline
-  5. train   <work>/train/model.safetensors   rvqspec_lib.train.train (``--minutes`` or ``--steps``); curve.json
+  5. train   <work>/train/model.safetensors   rvqspec_lib.embedded.train.train (``--minutes`` or ``--steps``); curve.json
   5b. cp     <work>/cp/model.safetensors      the code predictor alone on the frozen talker's teacher-forced states
-                                        of every training frame (rvqspec_lib.train.train_code_predictor,
+                                        of every training frame (rvqspec_lib.embedded.train.train_code_predictor,
                                         ``--cp-minutes`` or ``--cp-steps``; ``--cp-steps 0`` skips it); cp_curve.json
   6. model   <out>/model/              the checkpoint (``load_model(<out>/model)``) + a copy of the codec
   6b. decoder <out>/codec.decoder.safetensors   the neural code decoder (rvqspec_lib.code_decoder) trained on the
@@ -39,7 +39,7 @@ Presets (``--scale``; any flag given explicitly wins):
   15,000 training sentences (fortunes + stdlib + /usr/share/doc, all gathered offline) rendered with the four flite
   English voices (15.0 h of audio, 598 s); a 16 x 2048 codec (the real tokenizer's geometry) fitted on 60k vectors
   (812 s); encoding 15,300 utterances (682,855 frames, 46 min with the other core busy); shipping 1,800 utterances'
-  codes (2.7 MB); the 4 x 256 talker / 5 x 256 code predictor (OFFLINE.md) trained 35 minutes at batch 16 with
+  codes (2.7 MB); the 4 x 256 talker / 5 x 256 code predictor (docs/offline.md#template-sentences) trained 35 minutes at batch 16 with
   cp_fraction 1/8 (0.60 steps/s: 1,236 steps, 1.3 epochs) on espeak-ng phonemes; weights stored in float16 (47 MB),
   the codec in float16 (21 MB); then the code predictor alone for 50 minutes on the talker states of all 669,804
   training frames (256 frames a step); the neural code decoder: features and inner-loop codes of 3,000 training
@@ -64,8 +64,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rvqspec_lib import corpus  # noqa: E402
-from rvqspec_lib import embedded as E  # noqa: E402
+from rvqspec_lib.embedded import corpus  # noqa: E402
+from rvqspec_lib.embedded.codes import encode_manifest  # noqa: E402
+from rvqspec_lib.embedded.model_card import model_card  # noqa: E402
+from rvqspec_lib.eval.inner_loop import (  # noqa: E402
+    decode_audio,
+    free_running_codes,
+    inner_loop_codes,
+    score_conditions,
+)
+from rvqspec_lib.models.utterances import (  # noqa: E402
+    load_codes,
+    save_codes,
+    utterances_from_manifest,
+    write_shipped_utterances,
+)
 
 STAGES = ("texts", "render", "codec", "codes", "ship", "train", "cp", "model", "decoder", "eval", "card")
 
@@ -165,7 +178,7 @@ class Builder:
     """The stages; each returns quickly when its output exists (unless named in ``--redo``)."""
 
     def __init__(self, args):
-        from rvqspec_lib.provenance import resolve_out_dir
+        from rvqspec_lib.common.provenance import resolve_out_dir
 
         self.a = args
         self.out = resolve_out_dir(args.out)
@@ -246,14 +259,14 @@ class Builder:
 
     # ------------------------------------------------------------------ 3. codec
     def codec(self) -> Path:
-        from rvqspec_lib.codec import RVQCodec
+        from rvqspec_lib.embedded.codec_fit import fit_codec
 
         p = self.out / "codec.safetensors"
         if self.done("codec", p):
             return p
         a = self.a
         paths = [r["path"] for r in self.rows() if r["split"] == "training"]
-        codec = RVQCodec.fit(paths, n_codebooks=a.n_codebooks, codebook_size=a.codebook_size,
+        codec = fit_codec(paths, n_codebooks=a.n_codebooks, codebook_size=a.codebook_size,
                              max_vectors=a.max_vectors, n_iter=a.kmeans_iters, seed=a.seed, progress=self.progress)
         tmp = codec.save(self.work / "codec.tmp.safetensors")
         shutil.move(str(tmp.with_suffix(".json")), str(p.with_suffix(".json")))
@@ -263,13 +276,13 @@ class Builder:
 
     # ------------------------------------------------------------------ 4. codes
     def codes(self) -> Path:
-        from rvqspec_lib.codec import RVQCodec
+        from rvqspec_lib.models.rvq_codec import RVQCodec
 
         p = self.work / "codes.safetensors"
         if self.done("codes", p):
             return p
-        codes = E.encode_manifest(self.rows(), RVQCodec.load(self.out / "codec.safetensors"), progress=self.progress)
-        E.save_codes(codes, p)
+        codes = encode_manifest(self.rows(), RVQCodec.load(self.out / "codec.safetensors"), progress=self.progress)
+        save_codes(codes, p)
         self.log(f"codes: {len(codes)} utterances, {sum(len(c) for c in codes.values())} frames")
         return p
 
@@ -279,21 +292,22 @@ class Builder:
         if self.done("ship", p):
             return p
         rows = self.rows()
-        codes = E.load_codes(self.work / "codes.safetensors")
+        codes = load_codes(self.work / "codes.safetensors")
         rows = [r for r in rows if r["id"] in codes and len(codes[r["id"]])]
         train = [r for r in rows if r["split"] == "training"]
         keep = random.Random(self.a.seed + 2).sample(train, min(self.a.ship_train, len(train)))
         keep += [r for r in rows if r["split"] != "training"]
-        E.write_shipped_utterances(keep, codes, p)
+        write_shipped_utterances(keep, codes, p)
         self.log(f"ship: {len(keep)} utterances' codes and texts -> {p.name} + {p.with_suffix('.jsonl').name}")
         return p
 
     # ------------------------------------------------------------------ 5. train
     def build_lm(self):
-        from rvqspec_lib.codec import RVQCodec
-        from rvqspec_lib.frontend import PhonemeTokenizer
-        from rvqspec_lib.models import ByteTokenizer, LoadedModel, build_from_config
-        from rvqspec_lib.train import small_config_dict
+        from rvqspec_lib.models.configs import build_from_config, small_config_dict
+        from rvqspec_lib.models.frontend import PhonemeTokenizer
+        from rvqspec_lib.models.loader import LoadedModel
+        from rvqspec_lib.models.rvq_codec import RVQCodec
+        from rvqspec_lib.models.tokenizers import ByteTokenizer
 
         a = self.a
         cc = RVQCodec.load(self.out / "codec.safetensors").config
@@ -307,10 +321,10 @@ class Builder:
         return LoadedModel(f"embedded-{a.scale}", "checkpoint", build_from_config(cfg, seed=a.seed), tok)
 
     def utterances(self, splits):
-        return E.utterances_from_manifest(self.rows(), E.load_codes(self.work / "codes.safetensors"), splits=splits)
+        return utterances_from_manifest(self.rows(), load_codes(self.work / "codes.safetensors"), splits=splits)
 
     def train(self) -> Path:
-        from rvqspec_lib.train import train
+        from rvqspec_lib.embedded.train import train
 
         p = self.work / "train" / "model.safetensors"
         if self.done("train", p):
@@ -338,8 +352,11 @@ class Builder:
         return self.work / ("cp" if self.cp_enabled() else "train")
 
     def cp(self) -> Path | None:
-        from rvqspec_lib import load_model
-        from rvqspec_lib.train import code_predictor_states, save_checkpoint, train_code_predictor
+        from rvqspec_lib.embedded.train import (
+            code_predictor_states,
+            train_code_predictor,
+        )
+        from rvqspec_lib.models.loader import load_model, save_checkpoint
 
         if not self.cp_enabled():
             self.log("cp: no budget (--cp-steps 0), the jointly trained code predictor ships")
@@ -374,7 +391,7 @@ class Builder:
 
     # ------------------------------------------------------------------ 6. model dir
     def model(self) -> Path:
-        from rvqspec_lib.codec import RVQCodec
+        from rvqspec_lib.models.rvq_codec import RVQCodec
 
         d = self.out / "model"
         if self.done("model", d / "rvqspec_model.json"):
@@ -411,9 +428,14 @@ class Builder:
     def decoder(self) -> Path | None:
         """The neural code decoder (rvqspec_lib.code_decoder) trained on true and inner-loop codes of
         ``--decoder-n-train`` training utterances -> <out>/codec.decoder.safetensors (RVQCodec.load attaches it)."""
-        from rvqspec_lib import load_model
-        from rvqspec_lib.code_decoder import DecoderPairs, decoder_pairs, decoder_rows, train_code_decoder
-        from rvqspec_lib.codec import RVQCodec, decoder_file
+        from rvqspec_lib.embedded.code_decoder_training import (
+            DecoderPairs,
+            decoder_pairs,
+            decoder_rows,
+            train_code_decoder,
+        )
+        from rvqspec_lib.models.loader import load_model
+        from rvqspec_lib.models.rvq_codec import RVQCodec, decoder_file
 
         p = decoder_file(self.out / "codec.safetensors")
         if not self.decoder_enabled():
@@ -425,7 +447,7 @@ class Builder:
         a = self.a
         codec = RVQCodec.load(self.out / "codec.safetensors", decoder="table")  # as shipped (float16 tables)
         lm = load_model(str(self.out / "model"))
-        codes = E.load_codes(self.work / "codes.safetensors")
+        codes = load_codes(self.work / "codes.safetensors")
         tr_rows, va_rows = decoder_rows(self.rows(), a.decoder_n_train, seed=a.seed)
         pairs = {}
         for name, rows, seed in (("val", va_rows, a.seed + 1), ("train", tr_rows, a.seed)):
@@ -458,12 +480,17 @@ class Builder:
 
     # ------------------------------------------------------------------ 7. eval
     def eval(self) -> Path:
-        from rvqspec_lib import load_model
-        from rvqspec_lib.asr import PocketSphinxASR
-        from rvqspec_lib.codec import RVQCodec, load_wav
-        from rvqspec_lib.provenance import provenance, save_json
-        from rvqspec_lib.sampling import Sampling
-        from rvqspec_lib.train import code_predictor_metrics, code_predictor_states, evaluate
+        from rvqspec_lib.common.provenance import provenance, save_json
+        from rvqspec_lib.embedded.train import (
+            code_predictor_metrics,
+            code_predictor_states,
+            evaluate,
+        )
+        from rvqspec_lib.eval.asr import PocketSphinxASR
+        from rvqspec_lib.models.audio import load_wav
+        from rvqspec_lib.models.loader import load_model
+        from rvqspec_lib.models.rvq_codec import RVQCodec
+        from rvqspec_lib.spec.sampling import Sampling
 
         p = self.out / "eval.json"
         if self.done("eval", p):
@@ -473,9 +500,9 @@ class Builder:
         table = codec.with_decoder(None)
         lm = load_model(str(self.out / "model"))
         rows = self.rows()
-        codes = E.load_codes(self.work / "codes.safetensors")
+        codes = load_codes(self.work / "codes.safetensors")
         ev_rows = [r for r in rows if r["split"] == "evaluation" and r["id"] in codes]
-        ev = E.utterances_from_manifest(ev_rows, codes)
+        ev = utterances_from_manifest(ev_rows, codes)
         tr = self.utterances(["training"])[:64]
         refs = [r["text"] for r in ev_rows]
         self.log(f"eval: {len(ev)} held-out utterances")
@@ -492,24 +519,24 @@ class Builder:
         for r, u in tqdm(list(zip(ev_rows, ev)), desc="inner loop", unit="utt", disable=not self.progress):
             wav = load_wav(r["path"])
             audio["original"].append(wav)
-            audio["codec"].append(E.decode_audio(codec, u.codes.numpy())[: wav.size])
-            inner = E.inner_loop_codes(lm, u, generator=gen).numpy()
-            audio["inner_loop"].append(E.decode_audio(codec, inner))
+            audio["codec"].append(decode_audio(codec, u.codes.numpy())[: wav.size])
+            inner = inner_loop_codes(lm, u, generator=gen).numpy()
+            audio["inner_loop"].append(decode_audio(codec, inner))
             diag["codec_1_codebook"].append(codec.decode(u.codes.numpy(), n_codebooks=1)[: wav.size])
             diag["codec_4_codebooks"].append(codec.decode(u.codes.numpy(), n_codebooks=k4)[: wav.size])
             diag["inner_loop_4_codebooks"].append(codec.decode(inner, n_codebooks=k4))
-            greedy = E.inner_loop_codes(lm, u, sampling=Sampling(greedy=True)).numpy()
-            diag["inner_loop_greedy"].append(E.decode_audio(codec, greedy))
+            greedy = inner_loop_codes(lm, u, sampling=Sampling(greedy=True)).numpy()
+            diag["inner_loop_greedy"].append(decode_audio(codec, greedy))
             if "codec_table_decoder" in diag:
-                diag["codec_table_decoder"].append(E.decode_audio(table, u.codes.numpy())[: wav.size])
-                diag["inner_loop_table_decoder"].append(E.decode_audio(table, inner))
-        fr = E.free_running_codes(lm, ev, max_frames=a.max_frames, seed=a.seed, progress=self.progress)
-        audio["free_running"] = [E.decode_audio(codec, f["codes"].numpy()) for f in fr]
+                diag["codec_table_decoder"].append(decode_audio(table, u.codes.numpy())[: wav.size])
+                diag["inner_loop_table_decoder"].append(decode_audio(table, inner))
+        fr = free_running_codes(lm, ev, max_frames=a.max_frames, seed=a.seed, progress=self.progress)
+        audio["free_running"] = [decode_audio(codec, f["codes"].numpy()) for f in fr]
         if "free_running_table_decoder" in diag:
-            diag["free_running_table_decoder"] = [E.decode_audio(table, f["codes"].numpy()) for f in fr]
+            diag["free_running_table_decoder"] = [decode_audio(table, f["codes"].numpy()) for f in fr]
         asr = PocketSphinxASR()
-        scores = E.score_conditions(audio, refs, asr, progress=self.progress)
-        diag_scores = E.score_conditions(diag, refs, asr, progress=self.progress)
+        scores = score_conditions(audio, refs, asr, progress=self.progress)
+        diag_scores = score_conditions(diag, refs, asr, progress=self.progress)
         cp_held_out = code_predictor_metrics(lm, code_predictor_states(lm, ev, batch_size=a.batch_size,
                                                                        progress=False))
         t = json.loads((self.work / "train" / "curve.json").read_text())["meta"]
@@ -571,7 +598,7 @@ class Builder:
         p = self.out / "MODEL_CARD.md"
         if self.done("card", p):
             return p
-        text = E.model_card(json.loads((self.out / "eval.json").read_text()))
+        text = model_card(json.loads((self.out / "eval.json").read_text()))
         p.write_text(text)
         (self.out / "model" / "MODEL_CARD.md").write_text(text)
         self.log(f"card: {p}")

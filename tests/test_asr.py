@@ -6,10 +6,17 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from rvqspec_lib.asr import (PocketSphinxASR, TransformersASR, bigram_arpa, cer, find_repetition, normalize_text,
-                             wer)
-from rvqspec_lib.codec import load_wav
-from rvqspec_lib.corpus import render_one
+from rvqspec_lib.embedded.corpus import render_one
+from rvqspec_lib.eval.asr import (
+    PocketSphinxASR,
+    TransformersASR,
+    bigram_arpa,
+    cer,
+    find_repetition,
+    normalize_text,
+    wer,
+)
+from rvqspec_lib.models.audio import load_wav
 
 
 @pytest.mark.parametrize("raw, norm", [

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rvqspec_lib import bench
-from rvqspec_lib.provenance import provenance, save_figure, save_json, save_table
+from rvqspec_lib.common.provenance import provenance, save_figure, save_json, save_table
+from rvqspec_lib.eval import bench
 
 REPO = Path(__file__).resolve().parent.parent
 CFG_06B = REPO / "data" / "configs" / "Qwen3-TTS-12Hz-0.6B-CustomVoice"
@@ -96,7 +96,7 @@ def test_time_call_excludes_warmup_and_resets_outside():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from rvqspec_lib.models import load_model
+    from rvqspec_lib.models.loader import load_model
 
     return load_model("tiny-random")
 

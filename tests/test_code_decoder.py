@@ -4,8 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from rvqspec_lib.code_decoder import CodeDecoder, CodeDecoderConfig, DecoderPairs, decoder_loss, train_code_decoder
-from rvqspec_lib.codec import CodecConfig, RVQCodec, decoder_file
+from rvqspec_lib.embedded.code_decoder_training import (
+    DecoderPairs,
+    decoder_loss,
+    train_code_decoder,
+)
+from rvqspec_lib.models.code_decoder import CodeDecoder, CodeDecoderConfig
+from rvqspec_lib.models.rvq_codec import CodecConfig, RVQCodec, decoder_file
 
 SMALL = CodeDecoderConfig(hidden=32, n_blocks=2, kernel=3, dilations=(1, 2))
 
@@ -111,10 +116,10 @@ def test_pairs_round_trip(tmp_path):
 
 def test_batched_inner_loop_matches_per_utterance_by_argmax():
     # greedy codes depend only on the contexts, which agree to float rounding: batched == one at a time, exactly
-    from rvqspec_lib import load_model
-    from rvqspec_lib.embedded import inner_loop_codes, inner_loop_codes_batch
-    from rvqspec_lib.sampling import Sampling
-    from rvqspec_lib.train import Utterance
+    from rvqspec_lib.eval.inner_loop import inner_loop_codes, inner_loop_codes_batch
+    from rvqspec_lib.models.loader import load_model
+    from rvqspec_lib.models.teacher import Utterance
+    from rvqspec_lib.spec.sampling import Sampling
 
     lm = load_model("tiny-random")
     g = torch.Generator().manual_seed(0)

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from rvqspec_lib.codec import (FRAME_SAMPLES, SAMPLE_RATE, CodecConfig, Qwen12HzCodec, RVQCodec, kmeans,
-                               load_codec, n_frames)
+from rvqspec_lib.embedded.codec_fit import fit_codec, kmeans
+from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, n_frames
+from rvqspec_lib.models.rvq_codec import CodecConfig, RVQCodec
+from rvqspec_lib.models.speech_tokenizers import Qwen12HzCodec, load_codec
 
 TINY = dict(n_codebooks=4, codebook_size=16, n_iter=4)
 
@@ -31,7 +33,7 @@ def wav():
 
 @pytest.fixture(scope="module")
 def codec(wav):
-    return RVQCodec.fit([wav], seed=0, **TINY)
+    return fit_codec([wav], seed=0, **TINY)
 
 
 def test_roundtrip_shapes_and_dtypes(codec, wav):
@@ -55,16 +57,16 @@ def test_decode_gives_1920_samples_per_frame(codec, frames):
 
 
 def test_same_seed_same_codebooks_same_codes(codec, wav):
-    again = RVQCodec.fit([wav], seed=0, **TINY)
+    again = fit_codec([wav], seed=0, **TINY)
     assert torch.equal(again.codebooks, codec.codebooks)
     np.testing.assert_array_equal(again.encode(wav), codec.encode(wav))
     np.testing.assert_array_equal(again.decode(again.encode(wav)), codec.decode(codec.encode(wav)))  # decode too
-    other = RVQCodec.fit([wav], seed=1, **TINY)
+    other = fit_codec([wav], seed=1, **TINY)
     assert not torch.equal(other.codebooks, codec.codebooks)
 
 
 def test_each_stage_reduces_training_error(wav):
-    c = RVQCodec.fit([wav], seed=0, max_vectors=10**6, **TINY)
+    c = fit_codec([wav], seed=0, max_vectors=10**6, **TINY)
     x = c.features(wav)
     codes = c.quantize(x)
     errs = [float(((c.dequantize(codes, k) - x) ** 2).mean()) for k in range(1, 5)]
@@ -122,14 +124,14 @@ def test_bad_codes_raise_with_the_fix(codec):
 
 
 def test_missing_files_and_too_little_audio(tmp_path, wav):
-    with pytest.raises(FileNotFoundError, match="RVQCodec.fit"):
+    with pytest.raises(FileNotFoundError, match="fit_codec"):
         RVQCodec.load(tmp_path / "nope.safetensors")
-    with pytest.raises(FileNotFoundError, match="RVQCodec.fit"):
+    with pytest.raises(FileNotFoundError, match="fit_codec"):
         load_codec(tmp_path / "missing.safetensors")
     with pytest.raises(ValueError, match="smaller codebook_size"):
-        RVQCodec.fit([wav[:19200]], n_codebooks=2, codebook_size=64)
+        fit_codec([wav[:19200]], n_codebooks=2, codebook_size=64)
     with pytest.raises(ValueError, match="no audio"):
-        RVQCodec.fit([], **TINY)
+        fit_codec([], **TINY)
     with pytest.raises(ValueError, match="multiple of hop"):
         CodecConfig(hop_samples=500)
 
@@ -144,11 +146,16 @@ def test_qwen_codec_missing_path_names_the_download(tmp_path):
 def test_qwen_codec_wraps_a_tiny_random_official_tokenizer(tmp_path, wav):
     """The wrapper's plumbing on the OFFICIAL 12 Hz tokenizer class, built from the shipped released config shrunk
     to 0.9M random parameters (no weights exist offline): shapes, dtypes and errors, not audio quality."""
-    from rvqspec_lib.models import CONFIG_DIR, import_qwen_tts
+    from rvqspec_lib.models.configs import CONFIG_DIR
+    from rvqspec_lib.models.shim import import_qwen_tts
 
     import_qwen_tts()
-    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
-    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (
+        Qwen3TTSTokenizerV2Config,
+    )
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
+        Qwen3TTSTokenizerV2Model,
+    )
 
     cfg = json.loads((CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice" / "speech_tokenizer" / "config.json").read_text())
     small = dict(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=2,
@@ -193,7 +200,7 @@ def test_unstack_and_log_spectral_distance(codec, wav):
 
 
 def test_codebook_sweep_conditions_and_errors(wav):
-    c = RVQCodec.fit([wav], seed=0, max_vectors=10**6, **TINY)
+    c = fit_codec([wav], seed=0, max_vectors=10**6, **TINY)
     rows = c.codebook_sweep(wav, (1, 2, 4))
     assert [r["condition"] for r in rows] == ["original", "unquantised", "k=1", "k=2", "k=4"]
     assert [r["k"] for r in rows] == [None, None, 1, 2, 4]

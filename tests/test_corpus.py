@@ -6,12 +6,31 @@ import os
 import pytest
 import soundfile as sf
 
-from rvqspec_lib import corpus
-from rvqspec_lib.corpus import (SPLITS, VOICES, MissingVoiceError, Sentence, assign_splits, check_voice,
-                                clean_sentences, corpus_table, dedupe, is_clean, load_sentences,
-                                multilingual_sentences, parse_fortune_file, plan_renders, read_manifest,
-                                render_corpus, render_one, save_sentences, sentence_key, shipped_sentences, split_of,
-                                stdlib_sentences)
+from rvqspec_lib.embedded import corpus
+from rvqspec_lib.embedded.corpus import (
+    SPLITS,
+    VOICES,
+    MissingVoiceError,
+    Sentence,
+    assign_splits,
+    check_voice,
+    clean_sentences,
+    corpus_table,
+    dedupe,
+    is_clean,
+    load_sentences,
+    multilingual_sentences,
+    parse_fortune_file,
+    plan_renders,
+    read_manifest,
+    render_corpus,
+    render_one,
+    save_sentences,
+    sentence_key,
+    shipped_sentences,
+    split_of,
+    stdlib_sentences,
+)
 
 
 def en(text, source="written", origin="test"):

@@ -8,12 +8,13 @@ import warnings
 import pytest
 import torch
 
-from rvqspec_lib import load_model
-from rvqspec_lib.decode import AR, Chain, FrameResult, Tree, decode_frame
-from rvqspec_lib.models import build_from_config, tiny_config_dict
-from rvqspec_lib.sampling import Sampling
-from rvqspec_lib.trees import DraftTree, parse_paths
-from rvqspec_lib.verify import walk_tree
+from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
+from rvqspec_lib.models.loader import load_model
+from rvqspec_lib.spec.decode import FrameResult, decode_frame
+from rvqspec_lib.spec.decoders import AR, Chain, Tree
+from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.spec.trees import DraftTree, parse_paths
+from rvqspec_lib.spec.verify import walk_tree
 
 GREEDY = Sampling(greedy=True)
 TREES = {

@@ -28,20 +28,54 @@ import math
 import numpy as np
 import pytest
 import torch
+from rvqspec_lib.cli.main import main as cli_main
+from test_lossless import (
+    ALPHA,
+    DEFAULT,
+    MIN_POWER,
+    TREE_SMALL,
+    exact_pmf,
+    frames_needed,
+    g_test,
+    power,
+    variant,
+)
 
-from rvqspec_lib import load_model
-from rvqspec_lib import frame as frame_mod
-from rvqspec_lib.acceptance import (evaluate_acceptance, exact_statistics, frame_acceptance,
-                                   paired_acceptance_difference, predicted_tokens_per_call)
-from rvqspec_lib.cli import main as cli_main
-from rvqspec_lib.decode import AR, Chain, Tree, decode_frame
-from rvqspec_lib.drafters import (MedusaHeads, PositionOffsets, ReusedHeads, drafter_path, load_drafter, make_drafter,
-                                  params_added_for, params_added_for_config, read_description, save_drafter)
-from rvqspec_lib.models import CONFIG_DIR, build_from_config, tiny_config_dict
-from rvqspec_lib.sampling import Sampling
-from rvqspec_lib.train_drafters import (Frames, frames_from_contexts, frames_from_dataset, teacher_forced_contexts,
-                                        teacher_forced_hidden, train_drafter, verifier_logits)
-from test_lossless import ALPHA, DEFAULT, MIN_POWER, TREE_SMALL, exact_pmf, frames_needed, g_test, power, variant
+from rvqspec_lib.eval.acceptance import (
+    evaluate_acceptance,
+    exact_statistics,
+    frame_acceptance,
+    paired_acceptance_difference,
+    predicted_tokens_per_call,
+)
+from rvqspec_lib.eval.frame_sources import frames_from_contexts, frames_from_dataset
+from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.models import frame as frame_mod
+from rvqspec_lib.models.configs import CONFIG_DIR, build_from_config, tiny_config_dict
+from rvqspec_lib.models.drafter_files import (
+    drafter_path,
+    load_drafter,
+    make_drafter,
+    params_added_for_config,
+    read_description,
+    save_drafter,
+)
+from rvqspec_lib.models.loader import load_model
+from rvqspec_lib.models.teacher import (
+    teacher_forced_contexts,
+    teacher_forced_hidden,
+    verifier_logits,
+)
+from rvqspec_lib.spec.decode import decode_frame
+from rvqspec_lib.spec.decoders import AR, Chain, Tree
+from rvqspec_lib.spec.drafters import (
+    MedusaHeads,
+    PositionOffsets,
+    ReusedHeads,
+    params_added_for,
+)
+from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.training.drafters import train_drafter
 
 GREEDY = Sampling(greedy=True)
 
@@ -205,7 +239,7 @@ def test_frames_from_dataset_voxpopuli_schema_with_a_stub_codec(tiny, tmp_path):
 # frames from utterances (the embedded model's shipped codes and texts)
 # ----------------------------------------------------------------------------------------------------------------
 def _utterances(n: int, seed: int = 0, lengths=(5, 9, 3, 7, 4, 6)):
-    from rvqspec_lib.train import Utterance
+    from rvqspec_lib.models.teacher import Utterance
 
     g = torch.Generator().manual_seed(seed)
     texts = ("Hello there.", "A longer second sentence, with a comma.", "Three.", "Four words in here.")
@@ -216,7 +250,7 @@ def _utterances(n: int, seed: int = 0, lengths=(5, 9, 3, 7, 4, 6)):
 def test_frames_from_utterances_are_the_per_utterance_teacher_forced_contexts(tiny):
     """Batched over utterances of different lengths (left-padded prompts), in input order, with the true codes as
     targets; the same contexts as one teacher-forced pass per utterance; a frame limit cuts the last utterance."""
-    from rvqspec_lib.train_drafters import frames_from_utterances
+    from rvqspec_lib.eval.frame_sources import frames_from_utterances
 
     utts = _utterances(5)
     fr = frames_from_utterances(tiny, utts, batch_size=3)
@@ -243,7 +277,7 @@ def test_frames_from_utterances_are_the_per_utterance_teacher_forced_contexts(ti
 def test_frames_from_utterances_hidden_states_are_what_decode_frame_sees(tiny):
     """Teacher forcing the codes that greedy decode_frame commits from these contexts reproduces them at every depth:
     the hidden states the drafters train on are the ones decoding meets."""
-    from rvqspec_lib.train_drafters import frames_from_utterances
+    from rvqspec_lib.eval.frame_sources import frames_from_utterances
 
     fr = frames_from_utterances(tiny, _utterances(2, seed=1))
     cp = tiny.code_predictor
@@ -256,8 +290,8 @@ def test_frames_from_utterances_hidden_states_are_what_decode_frame_sees(tiny):
 def _shipped_tiny(tmp_path):
     """A folder laid out as build_embedded.py writes one: ``model/`` (tiny-random saved as a checkpoint) and
     ``utterances.safetensors`` + ``.jsonl`` with training / validation / evaluation splits."""
-    from rvqspec_lib.embedded import write_shipped_utterances
-    from rvqspec_lib.train import save_checkpoint
+    from rvqspec_lib.models.loader import save_checkpoint
+    from rvqspec_lib.models.utterances import write_shipped_utterances
 
     lm = load_model("tiny-random")
     save_checkpoint(lm, tmp_path / "model")
@@ -273,8 +307,8 @@ def _shipped_tiny(tmp_path):
 
 
 def test_frames_from_shipped_splits_and_seeded_order(tmp_path):
-    from rvqspec_lib.embedded import load_shipped_utterances
-    from rvqspec_lib.train_drafters import frames_from_shipped
+    from rvqspec_lib.eval.frame_sources import frames_from_shipped
+    from rvqspec_lib.models.utterances import load_shipped_utterances
 
     model = _shipped_tiny(tmp_path)
     lm = load_model(str(model))
@@ -313,8 +347,8 @@ def test_cli_defaults_to_the_shipped_utterances_and_the_model_folder(tmp_path, c
 
 
 def test_embedded_drafters_live_beside_the_embedded_model(tmp_path):
-    from rvqspec_lib.drafters import model_drafter_dir
-    from rvqspec_lib.models import EMBEDDED_DIR
+    from rvqspec_lib.models.drafter_files import model_drafter_dir
+    from rvqspec_lib.models.loader import EMBEDDED_DIR
 
     assert model_drafter_dir("embedded") == EMBEDDED_DIR / "model"
     assert drafter_path(model_drafter_dir("embedded"), "offsets") == \
@@ -325,7 +359,7 @@ def test_embedded_drafters_live_beside_the_embedded_model(tmp_path):
 
 
 def test_saturation_window_and_acceptance_by_depth():
-    from rvqspec_lib.acceptance import acceptance_by_depth, saturation_window
+    from rvqspec_lib.eval.acceptance import acceptance_by_depth, saturation_window
 
     tpc = {"chain2": 1.5, "chain3": 1.9, "chain4": 2.0, "chain5": 2.01, "chain6": 1.99, "tree": 9.0}
     assert saturation_window(tpc) == 4 and saturation_window(tpc, rel_tol=0) == 5
@@ -677,7 +711,7 @@ def test_paired_acceptance_difference_finds_a_real_margin_and_not_a_fake_one():
 
 
 def test_cli_train_drafter_refuses_a_wrong_out_suffix_before_loading(tmp_path, capsys, monkeypatch):
-    import rvqspec_lib.models as models
+    import rvqspec_lib.models.loader as models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded before the check"))
     rc = cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--out", str(tmp_path / "d.txt")])
@@ -714,7 +748,7 @@ def test_optimal_overlap_matches_a_linear_program():
     # closed cases: equal distributions give 1, S disjoint point masses give 1/S
     from scipy.optimize import linprog
 
-    from rvqspec_lib.acceptance import optimal_overlap
+    from rvqspec_lib.eval.headroom import optimal_overlap
 
     g = torch.Generator().manual_seed(0)
     for trial in range(20):
@@ -745,7 +779,7 @@ def test_optimal_overlap_matches_a_linear_program():
 
 
 def test_headroom_ceiling_bounds_every_drafter_and_trained_offsets_close_the_gap():
-    from rvqspec_lib.acceptance import drafter_headroom
+    from rvqspec_lib.eval.headroom import drafter_headroom
 
     cp, train, held_out = drift_model()
     off = make_drafter("offsets", cp, fresh=True)

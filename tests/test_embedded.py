@@ -24,9 +24,9 @@ def _script():
 @needs_voices
 def test_smoke_build_end_to_end_and_resume(tmp_path, capsys):
     pytest.importorskip("pocketsphinx")
-    from rvqspec_lib import load_model
-    from rvqspec_lib.codec import RVQCodec
-    from rvqspec_lib.frame import synthesize
+    from rvqspec_lib.models.frame import synthesize
+    from rvqspec_lib.models.loader import load_model
+    from rvqspec_lib.models.rvq_codec import RVQCodec
 
     out = tmp_path / "embedded"
     build = _script()
@@ -74,8 +74,9 @@ def test_smoke_build_end_to_end_and_resume(tmp_path, capsys):
 
 
 def test_inner_loop_codes_keep_code0_and_stay_in_range():
-    from rvqspec_lib import load_model
-    from rvqspec_lib.embedded import inner_loop_codes, utterances_from_manifest
+    from rvqspec_lib.eval.inner_loop import inner_loop_codes
+    from rvqspec_lib.models.loader import load_model
+    from rvqspec_lib.models.utterances import utterances_from_manifest
 
     lm = load_model("tiny-random")
     g = torch.Generator().manual_seed(0)

@@ -10,14 +10,15 @@ import json
 
 import numpy as np
 import pytest
+import rvqspec_lib.cli.main as cli
 import torch
 
-from rvqspec_lib import AR, Tree, load_model
-from rvqspec_lib import cli
-from rvqspec_lib.embedded import embedded_root, load_shipped_utterances
-from rvqspec_lib.frame import synthesize
-from rvqspec_lib.models import EMBEDDED_DIR, CodecSpeechTokenizer, ModelNotFoundError
-from rvqspec_lib.sampling import Sampling
+from rvqspec_lib.models.frame import synthesize
+from rvqspec_lib.models.loader import EMBEDDED_DIR, ModelNotFoundError, load_model
+from rvqspec_lib.models.speech_tokenizers import CodecSpeechTokenizer
+from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances
+from rvqspec_lib.spec.decoders import AR, Tree
+from rvqspec_lib.spec.sampling import Sampling
 
 SENTENCE = "Good morning."
 
@@ -123,7 +124,7 @@ def test_cli_synth_bad_input_is_a_clear_error(tmp_path, capsys, argv, needle):
 
 
 def test_missing_embedded_model_names_the_fix(tmp_path, monkeypatch):
-    from rvqspec_lib import models
+    import rvqspec_lib.models.loader as models
 
     monkeypatch.setattr(models, "EMBEDDED_DIR", tmp_path / "nowhere")
     with pytest.raises(ModelNotFoundError, match="make embedded"):

@@ -1,6 +1,6 @@
 """Statistical proof that Chain and Tree speculation sample exactly the autoregressive distribution.
 
-Set-up (METHODS.md, "How to test losslessness"). A code predictor of the OFFICIAL classes with 4 code groups and
+Set-up (docs/methods.md#testing-losslessness). A code predictor of the OFFICIAL classes with 4 code groups and
 8 codes per codebook (3 codes a frame, 8**3 = 512 joint outcomes) is built from a seeded tiny config. The EXACT
 target pmf of the 3 codes is enumerated: one teacher-forced pass of the official ``forward_finetune`` over all 64
 prefixes (c1, c2), the same :meth:`Sampling.probs` warpers at each depth, the product of the three conditionals.
@@ -47,11 +47,12 @@ import pytest
 import torch
 from scipy import stats
 
-import rvqspec_lib.decode as D
-import rvqspec_lib.verify as verify
-from rvqspec_lib.decode import AR, Chain, Tree, decode_frame
-from rvqspec_lib.models import build_from_config, tiny_config_dict
-from rvqspec_lib.sampling import Sampling
+import rvqspec_lib.spec.decode as D
+import rvqspec_lib.spec.verify as verify
+from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
+from rvqspec_lib.spec.decode import decode_frame
+from rvqspec_lib.spec.decoders import AR, Chain, Tree
+from rvqspec_lib.spec.sampling import Sampling
 
 ALPHA = 1e-3
 TV_SHIFT = 0.03

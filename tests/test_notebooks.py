@@ -1,4 +1,4 @@
-"""Every paper notebook runs headless in smoke mode and records what it measured (STYLE.md: notebooks are tested).
+"""Every paper notebook runs headless in smoke mode and records what it measured (docs/style.md#notebooks: notebooks are tested).
 
 Each ``notebooks/NN_*.py`` (jupytext percent format) is converted in memory, executed with papermill with
 ``smoke=True`` and ``out_dir=<tmp>`` (so ``figures/`` is never overwritten), and must write ``NN_metrics.json``.
@@ -51,7 +51,7 @@ def test_notebook_runs_in_smoke_mode(src, tmp_path):
 def _check_00(metrics: dict, out: Path) -> None:
     import math
 
-    from rvqspec_lib.corpus import SPLITS, multilingual_sentences
+    from rvqspec_lib.embedded.corpus import SPLITS, multilingual_sentences
 
     # smoke mode: 3 held-out sentences, the original, the inversion of unquantised features, k = 1 and 16
     assert metrics["n_sentences"] == 3 and metrics["codebooks"] == [1, 16]
@@ -88,8 +88,8 @@ def _check_00(metrics: dict, out: Path) -> None:
 
 
 def _check_01(metrics: dict, out: Path) -> None:
-    from rvqspec_lib.bench import call_budget
-    from rvqspec_lib.models import tiny_config_dict
+    from rvqspec_lib.eval.bench import call_budget
+    from rvqspec_lib.models.configs import tiny_config_dict
 
     # smoke mode runs tiny-random: its code groups come from its config, its frame rate is the 12 Hz codec's
     assert metrics["model"] == "tiny-random" and metrics["random_weights"] is True
@@ -115,8 +115,8 @@ def _check_01(metrics: dict, out: Path) -> None:
 def _check_02(metrics: dict, out: Path) -> None:
     import csv
 
-    from rvqspec_lib.drafters import load_drafter
-    from rvqspec_lib.models import load_model
+    from rvqspec_lib.models.drafter_files import load_drafter
+    from rvqspec_lib.models.loader import load_model
 
     labels = {"heads", "offsets-ce", "offsets-kl", "offsets-tv", "medusa", "medusa-tv"}
     windows = {f"chain{w}" for w in range(2, 9)}

@@ -18,13 +18,32 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rvqspec_lib.frame import _PromptCaptured, build_prompt, default_speaker, synthesize
-from rvqspec_lib.frontend import EspeakMissingError, PhonemeTokenizer, tokenizer_from_spec
-from rvqspec_lib.models import ByteTokenizer, LoadedModel, build_from_config, load_model
-from rvqspec_lib.sampling import Sampling, code0_processors
-from rvqspec_lib.train import (Utterance, batch_prompt, bucket_batches, code_predictor_metrics, code_predictor_states,
-                               config_dict, losses, lr_at, save_checkpoint, small_config_dict, teacher_force,
-                               toy_corpus, train, train_code_predictor)
+from rvqspec_lib.embedded.train import (
+    bucket_batches,
+    code_predictor_metrics,
+    code_predictor_states,
+    losses,
+    lr_at,
+    toy_corpus,
+    train,
+    train_code_predictor,
+)
+from rvqspec_lib.models.configs import build_from_config, config_dict, small_config_dict
+from rvqspec_lib.models.frame import (
+    _PromptCaptured,
+    build_prompt,
+    default_speaker,
+    synthesize,
+)
+from rvqspec_lib.models.frontend import (
+    EspeakMissingError,
+    PhonemeTokenizer,
+    tokenizer_from_spec,
+)
+from rvqspec_lib.models.loader import LoadedModel, load_model, save_checkpoint
+from rvqspec_lib.models.teacher import Utterance, batch_prompt, teacher_force
+from rvqspec_lib.models.tokenizers import ByteTokenizer
+from rvqspec_lib.spec.sampling import Sampling, code0_processors
 
 GREEDY = Sampling(greedy=True)
 TEXTS = ["Hello world.", "A somewhat longer sentence, to pad the batch."]

@@ -1,0 +1,271 @@
+"""Provenance of every result file: which code, which parameters, which machine made it.
+
+Every figure and table the project writes gets a sidecar ``<stem>.provenance.json`` (docs/style.md#results-and-provenance, "a good paper
+companion"), so a number in the paper can be traced to a git revision, a seed and the hardware that measured it.
+The record is hostname-free on purpose: result files are committed and shared.
+
+Public functions:
+
+* :func:`provenance`   -- the record itself (a JSON-able dict).
+* :func:`save_table`   -- a table as ``.csv`` + ``.md`` + sidecar.
+* :func:`save_figure`  -- a matplotlib figure as ``.png`` + ``.pdf`` + sidecar.
+* :func:`save_json`    -- a metrics dict as ``.json`` with the provenance embedded (read back by tests).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from rvqspec_lib.common.paths import REPO_ROOT
+
+
+def resolve_out_dir(out_dir: str | os.PathLike) -> Path:
+    """Resolve an output folder: absolute paths are kept, relative ones are taken from the repository root.
+
+    So ``"figures"`` means ``<repo>/figures`` whatever the working directory of the notebook kernel is.
+    The folder is created if missing.
+    """
+    p = Path(out_dir).expanduser()
+    if not p.is_absolute():
+        p = REPO_ROOT / p
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def usual_mode(path: str | os.PathLike) -> Path:
+    """Give a written file the permissions a plain ``open()`` would (0666 minus the umask). safetensors writes its
+    files 0600, so a model or drafter saved on a shared machine would be unreadable to the other users."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+    return Path(path)
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_revision() -> dict:
+    """Git state of the repository.
+
+    Returns:
+        ``{"revision": <40-hex sha or None>, "dirty": <bool or None>}``. ``revision`` is ``None`` outside a git
+        checkout or before the first commit; ``dirty`` is ``True`` when tracked or untracked (non-ignored) files
+        differ from the revision, ``None`` when git is unavailable. Results folders (``figures/``, ``build/``) are
+        left out: a run rewrites them, and the code that produced them is what the flag is about.
+    """
+    rev = _git("rev-parse", "--verify", "-q", "HEAD")
+    status = _git("status", "--porcelain", "--", ".", ":(exclude)figures", ":(exclude)build")
+    return {"revision": rev or None, "dirty": None if status is None else bool(status)}
+
+
+def cpu_model() -> str:
+    """Human-readable CPU model (``/proc/cpuinfo`` "model name" on Linux, else ``platform.processor()``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def hardware() -> dict:
+    """Device summary: CPU model and core count, torch thread count, 1-minute load average (other processes
+    competing for the cores distort CPU timings), accelerator name (if any). No hostname."""
+    import torch
+
+    info = {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "accelerator": None,
+        "platform": platform.platform(terse=True),
+    }
+    if torch.cuda.is_available():
+        info["accelerator"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _versions() -> dict:
+    import torch
+
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    for mod in ("transformers", "qwen_tts", "numpy", "pandas", "matplotlib"):
+        try:
+            m = __import__(mod)
+            v[mod] = getattr(m, "__version__", None)
+        except Exception:  # a missing optional package is recorded as None, never an error
+            v[mod] = None
+    if v.get("qwen_tts") is None:
+        try:
+            from importlib.metadata import version
+
+            v["qwen_tts"] = version("qwen-tts")
+        except Exception:
+            pass
+    return v
+
+
+def _jsonable(x: Any) -> Any:
+    """Best-effort conversion to JSON types (numpy scalars, tensors of one element, paths, tuples, NaN -> None)."""
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else x
+    if isinstance(x, (str, int, bool)) or x is None:
+        return x
+    if isinstance(x, os.PathLike):
+        return str(x)
+    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:  # numpy / torch scalar
+        return _jsonable(x.item())
+    if hasattr(x, "tolist"):
+        return _jsonable(x.tolist())
+    return str(x)
+
+
+def provenance(params: Mapping[str, Any] | None = None, seed: int | None = None) -> dict:
+    """Provenance record for a result.
+
+    Args:
+        params: the parameters that produced the result (notebook parameters, CLI arguments). Values are converted
+            to JSON types (tuples -> lists, numpy scalars -> Python, other objects -> ``str``).
+        seed: the seed used, or ``None`` when nothing random was drawn.
+
+    Returns:
+        JSON-able dict with keys ``git`` (``revision``, ``dirty``), ``created_utc`` (ISO 8601, seconds),
+        ``params``, ``seed``, ``hardware`` (CPU model, cores, torch threads, accelerator), ``versions``
+        (python, torch, transformers, qwen_tts, ...) and ``argv``. No hostname or user name.
+    """
+    return {
+        "git": git_revision(),
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "params": _jsonable(dict(params or {})),
+        "seed": seed,
+        "hardware": hardware(),
+        "versions": _versions(),
+        "argv": [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv else [],
+    }
+
+
+def _write_sidecar(stem: Path, prov: Mapping, files: Iterable[Path]) -> Path:
+    side = stem.with_name(stem.name + ".provenance.json")
+    record = dict(prov)
+    record["files"] = [p.name for p in files]
+    side.write_text(json.dumps(_jsonable(record), indent=2) + "\n")
+    return side
+
+
+def _records(table) -> tuple[list[str], list[list[Any]]]:
+    """(columns, rows) from a pandas DataFrame or a list of dicts (columns in first-seen order)."""
+    if hasattr(table, "to_dict") and hasattr(table, "columns"):  # pandas DataFrame
+        cols = [str(c) for c in table.columns]
+        rows = [list(r) for r in table.itertuples(index=False, name=None)]
+        return cols, rows
+    recs = list(table)
+    if not recs or not all(isinstance(r, Mapping) for r in recs):
+        raise TypeError("save_table expects a pandas DataFrame or a non-empty list of dicts")
+    cols: list[str] = []
+    for r in recs:
+        cols += [str(k) for k in r if str(k) not in cols]
+    return cols, [[r.get(c) for c in cols] for r in recs]
+
+
+def _fmt_cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return ""
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.0f}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """GitHub-flavoured markdown table (no ``tabulate`` needed). Floats are shown with 4 significant digits."""
+    head = "| " + " | ".join(_fmt_cell(c) for c in columns) + " |"
+    sep = "|" + "|".join(" ---: " if rows and isinstance(rows[0][i], (int, float)) and not isinstance(rows[0][i], bool)
+                         else " --- " for i in range(len(columns))) + "|"
+    body = ["| " + " | ".join(_fmt_cell(v) for v in r) + " |" for r in rows]
+    return "\n".join([head, sep, *body]) + "\n"
+
+
+def save_table(table, path_stem: str | os.PathLike, prov: Mapping) -> dict:
+    """Write a table as ``<stem>.csv`` (full precision), ``<stem>.md`` (4 significant digits) and the sidecar.
+
+    Args:
+        table: a pandas DataFrame or a non-empty list of dicts (one dict per row).
+        path_stem: output path without extension, e.g. ``figures/01_latency``; parent folders are created.
+        prov: a record from :func:`provenance`.
+
+    Returns:
+        ``{"csv": Path, "md": Path, "provenance": Path}``.
+
+    Raises:
+        TypeError: ``table`` is neither a DataFrame nor a list of dicts.
+    """
+    import csv
+
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    cols, rows = _records(table)
+    csv_path, md_path = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".md")
+    with csv_path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        w.writerows([["" if v is None else v for v in r] for r in rows])
+    md_path.write_text(markdown_table(cols, rows))
+    side = _write_sidecar(stem, prov, [csv_path, md_path])
+    return {"csv": csv_path, "md": md_path, "provenance": side}
+
+
+def save_figure(fig, path_stem: str | os.PathLike, prov: Mapping, *, dpi: int = 150) -> dict:
+    """Write a matplotlib figure as ``<stem>.png`` (``dpi``) and ``<stem>.pdf`` plus the provenance sidecar.
+
+    The PDF/PNG metadata carry no creation date, so re-running with the same numbers gives the same files
+    (the date lives in the sidecar).
+
+    Returns:
+        ``{"png": Path, "pdf": Path, "provenance": Path}``.
+    """
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png, pdf = stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")
+    fig.savefig(png, dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None, "Creator": None, "Producer": None})
+    side = _write_sidecar(stem, prov, [png, pdf])
+    return {"png": png, "pdf": pdf, "provenance": side}
+
+
+def save_json(obj: Mapping, path: str | os.PathLike, prov: Mapping) -> Path:
+    """Write a metrics dict as JSON with its provenance under the key ``"provenance"``.
+
+    Args:
+        obj: JSON-able metrics (numpy/torch scalars are converted; NaN/inf become ``null``).
+        path: output file (``.json``); parent folders are created.
+        prov: a record from :func:`provenance`.
+
+    Returns:
+        the path written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = dict(_jsonable(obj))
+    record["provenance"] = _jsonable(prov)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path

@@ -1,0 +1,249 @@
+"""Training the neural code decoder (:class:`rvqspec_lib.models.code_decoder.CodeDecoder`) of the offline codec.
+
+Training pairs (:func:`decoder_pairs`): for each utterance its true codes, its inner-loop codes (true code 0,
+codes 1..15 sampled by the code predictor at the deployed temperature 0.9 / top-k 50, teacher-forced talker) and the
+unquantised stacked log-mel features the codec encoded. :func:`train_code_decoder` minimises the L1 distance to those
+features (natural-log mel power) on random 64-frame chunks, the input drawn from the true or the generated codes with
+probability 1/2, then codebooks past a uniformly drawn k dropped with probability ``dropout_p``. This is the vocoder
+practice of fine-tuning on the acoustic model's own predictions (HiFi-GAN, Kong et al., 2020, section 4.4).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from rvqspec_lib.models.code_decoder import CodeDecoder, CodeDecoderConfig
+
+
+@dataclass
+class DecoderPairs:
+    """Per utterance: ``true (F, G)`` int64 codes, ``generated (F, G)`` int64 (true code 0, sampled codes 1..) and
+    ``features (F, dim)`` float32 unquantised log-mel frame vectors, plus the utterance ids."""
+
+    ids: list
+    true: list
+    generated: list
+    features: list
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        from safetensors.torch import save_file
+
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        lens = torch.tensor([t.shape[0] for t in self.true])
+        t = {"lengths": lens, "true": torch.cat(self.true), "generated": torch.cat(self.generated),
+             "features": torch.cat([torch.as_tensor(f) for f in self.features])}
+        tmp = p.with_name(p.name + ".tmp")
+        save_file(t, str(tmp), metadata={"ids": json.dumps(list(self.ids))})
+        os.replace(tmp, p)
+        return p
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "DecoderPairs":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            ids = json.loads(f.metadata()["ids"])
+            t = {k: f.get_tensor(k) for k in f.keys()}
+        lens = t["lengths"].tolist()
+        return cls(ids, list(t["true"].split(lens)), list(t["generated"].split(lens)),
+                   list(t["features"].split(lens)))
+
+
+def decoder_rows(rows: Sequence[dict], n_train: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """The utterances the code decoder learns from: ``n_train`` training rows drawn without replacement (seeded) and
+    every validation row. Evaluation rows are never used."""
+    tr = [r for r in rows if r["split"] == "training"]
+    va = [r for r in rows if r["split"] == "validation"]
+    if not tr or not va:
+        raise ValueError("the manifest needs training and validation rows")
+    pick = torch.randperm(len(tr), generator=torch.Generator().manual_seed(seed))[: min(n_train, len(tr))]
+    return [tr[i] for i in sorted(pick.tolist())], va
+
+
+def decoder_pairs(lm, codec, rows: Sequence[dict], codes: dict, *, batch_size: int = 32,
+                  generator: torch.Generator | None = None, progress: bool = True) -> DecoderPairs:
+    """Training pairs for :func:`train_code_decoder` from manifest rows with audio and codes.
+
+    Args:
+        lm: the trained model (its talker is teacher-forced, its code predictor samples codes 1..G-1).
+        codec: the :class:`~rvqspec_lib.models.rvq_codec.RVQCodec` that made ``codes``.
+        rows: manifest rows (``id``, ``path``, ``text``, ``voice``, ``language``).
+        codes: ``{id: (F, G) int}`` as :func:`rvqspec_lib.models.utterances.load_codes` returns.
+    Raises:
+        ValueError: a row without codes, or features whose frame count differs from its codes.
+    """
+    from tqdm.auto import tqdm
+
+    from rvqspec_lib.eval.inner_loop import inner_loop_codes_batch
+    from rvqspec_lib.models.audio import load_wav
+    from rvqspec_lib.models.utterances import utterances_from_manifest
+
+    missing = [r["id"] for r in rows if r["id"] not in codes]
+    if missing:
+        raise ValueError(f"{len(missing)} row(s) have no codes (e.g. {missing[0]}): run the 'codes' stage first")
+    utts = utterances_from_manifest(rows, codes)
+    feats = []
+    for r, u in tqdm(list(zip(rows, utts)), desc="features", unit="utt", disable=not progress):
+        f = codec.features(load_wav(r["path"]))
+        if f.shape[0] != u.codes.shape[0]:
+            raise ValueError(f"{r['id']}: {f.shape[0]} feature frames but {u.codes.shape[0]} code frames")
+        feats.append(torch.from_numpy(np.ascontiguousarray(f, dtype=np.float32)))
+    gen = inner_loop_codes_batch(lm, utts, batch_size=batch_size, generator=generator, progress=progress)
+    return DecoderPairs([r["id"] for r in rows], [u.codes.long() for u in utts], gen, feats)
+
+
+def _batch(pairs: DecoderPairs, idx: Sequence[int], chunk: int, gen: torch.Generator, *, use_generated: torch.Tensor,
+           dropout_p: float, n_codebooks: int):
+    """Random ``chunk``-frame windows of utterances ``idx``: (codes (B, C, G), present (B, G), target (B, C, dim),
+    valid (B, C))."""
+    b = len(idx)
+    dim = pairs.features[0].shape[1]
+    codes = torch.zeros(b, chunk, n_codebooks, dtype=torch.long)
+    target = torch.zeros(b, chunk, dim)
+    valid = torch.zeros(b, chunk, dtype=torch.bool)
+    for j, i in enumerate(idx):
+        n = pairs.true[i].shape[0]
+        s = int(torch.randint(0, max(1, n - chunk + 1), (1,), generator=gen))
+        e = min(n, s + chunk)
+        src = pairs.generated[i] if bool(use_generated[j]) else pairs.true[i]
+        codes[j, : e - s] = src[s:e]
+        target[j, : e - s] = pairs.features[i][s:e]
+        valid[j, : e - s] = True
+    present = torch.ones(b, n_codebooks, dtype=torch.bool)
+    drop = torch.rand(b, generator=gen) < dropout_p
+    k = torch.randint(1, n_codebooks + 1, (b,), generator=gen)
+    present &= ~(drop[:, None] & (torch.arange(n_codebooks)[None] >= k[:, None]))
+    return codes, present, target, valid
+
+
+@torch.no_grad()
+def decoder_loss(dec: CodeDecoder, pairs: DecoderPairs, *, source: str = "true", batch: int = 16) -> float:
+    """Mean L1 distance (natural-log mel power) between the decoded and the unquantised features over every frame of
+    ``pairs``, decoding the ``source`` codes ("true", "generated" or "table": the summed centroids of the true
+    codes, the decoder not used)."""
+    was = dec.training
+    dec.eval()
+    tot, n = 0.0, 0
+    try:
+        for s in range(0, len(pairs), batch):
+            idx = list(range(s, min(len(pairs), s + batch)))
+            f = max(pairs.true[i].shape[0] for i in idx)
+            g = pairs.true[idx[0]].shape[1]
+            codes = torch.zeros(len(idx), f, g, dtype=torch.long)
+            tgt = torch.zeros(len(idx), f, pairs.features[0].shape[1])
+            valid = torch.zeros(len(idx), f, dtype=torch.bool)
+            for j, i in enumerate(idx):
+                n_i = pairs.true[i].shape[0]
+                codes[j, :n_i] = pairs.generated[i] if source == "generated" else pairs.true[i]
+                tgt[j, :n_i] = pairs.features[i]
+                valid[j, :n_i] = True
+            if source == "table":
+                y = dec.codebooks[torch.arange(g)[None, None], codes].sum(2)
+            else:
+                y = dec(codes)
+            tot += float((y - tgt).abs().mean(-1)[valid].sum())
+            n += int(valid.sum())
+    finally:
+        dec.train(was)
+    return tot / max(1, n)
+
+
+def train_code_decoder(codebooks: torch.Tensor, train: DecoderPairs, val: DecoderPairs, *,
+                       config: CodeDecoderConfig | None = None, minutes: float | None = 20.0,
+                       steps: int | None = None, batch: int = 32, chunk: int = 64, lr: float = 1e-3,
+                       generated_p: float = 0.5, dropout_p: float = 0.3, eval_every: int = 200, seed: int = 0,
+                       progress: bool = True) -> tuple[CodeDecoder, dict]:
+    """Train a :class:`CodeDecoder` (AdamW, cosine decay to 0.1 x lr after 100 warm-up steps) for ``steps`` or
+    ``minutes`` of wall time, whichever comes first; keep the parameters with the lowest validation loss
+    (mean of the true-code and generated-code L1, :func:`decoder_loss`).
+
+    Returns:
+        ``(decoder, log)``; ``log`` has ``meta`` (budget, steps, wall time, parameters) and ``curve`` (per
+        evaluation: step, seconds, running train L1, validation L1 for true / generated codes, and the table
+        decoder's L1 for reference).
+    Raises:
+        ValueError: no budget, or empty pairs.
+    """
+    from tqdm.auto import tqdm
+
+    if minutes is None and steps is None:
+        raise ValueError("give steps= or minutes= (a training budget)")
+    if not len(train) or not len(val):
+        raise ValueError("no training or validation pairs")
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    dec = CodeDecoder(codebooks, config)
+    opt = torch.optim.AdamW(dec.parameters(), lr=lr, weight_decay=0.01)
+    total = steps if steps is not None else 10 ** 9
+    est_total = steps if steps is not None else None
+    g = codebooks.shape[0]
+    table_val = decoder_loss(dec, val, source="table")
+    curve = [{"step": 0, "elapsed_s": 0.0, "train_l1": None, "val_true_l1": decoder_loss(dec, val, source="true"),
+              "val_generated_l1": decoder_loss(dec, val, source="generated"), "val_table_l1": table_val}]
+    best = (0.5 * (curve[0]["val_true_l1"] + curve[0]["val_generated_l1"]), 0,
+            {k: v.clone() for k, v in dec.state_dict().items()})
+    t0 = time.time()
+    run, run_n = 0.0, 0
+    step = 0
+    bar = tqdm(total=steps, desc="code decoder", unit="step", disable=not progress)
+    while step < total:
+        elapsed = time.time() - t0
+        if minutes is not None and elapsed > 60 * minutes:
+            break
+        if est_total is None and step > 20:  # cosine schedule on the time budget: estimate the steps it allows
+            est = int(step * 60 * minutes / max(elapsed, 1e-6))
+        else:
+            est = est_total or 10 ** 6
+        warm = min(1.0, (step + 1) / 100)
+        frac = min(1.0, step / max(1, est))
+        for pg in opt.param_groups:
+            pg["lr"] = lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        idx = torch.randint(0, len(train), (batch,), generator=gen).tolist()
+        use_gen = torch.rand(batch, generator=gen) < generated_p
+        codes, present, tgt, valid = _batch(train, idx, chunk, gen, use_generated=use_gen, dropout_p=dropout_p,
+                                            n_codebooks=g)
+        y = dec(codes, present)
+        loss = (y - tgt).abs().mean(-1)[valid].mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(dec.parameters(), 1.0)
+        opt.step()
+        run += loss.item()
+        run_n += 1
+        step += 1
+        bar.update(1)
+        if step % eval_every == 0:
+            vt, vg = decoder_loss(dec, val, source="true"), decoder_loss(dec, val, source="generated")
+            curve.append({"step": step, "elapsed_s": round(time.time() - t0, 2), "train_l1": run / run_n,
+                          "val_true_l1": vt, "val_generated_l1": vg, "val_table_l1": table_val})
+            bar.set_postfix(train=f"{run / run_n:.3f}", val_true=f"{vt:.3f}", val_gen=f"{vg:.3f}")
+            run, run_n = 0.0, 0
+            if 0.5 * (vt + vg) < best[0]:
+                best = (0.5 * (vt + vg), step, {k: v.clone() for k, v in dec.state_dict().items()})
+    bar.close()
+    if step % eval_every:
+        vt, vg = decoder_loss(dec, val, source="true"), decoder_loss(dec, val, source="generated")
+        curve.append({"step": step, "elapsed_s": round(time.time() - t0, 2), "train_l1": run / max(1, run_n),
+                      "val_true_l1": vt, "val_generated_l1": vg, "val_table_l1": table_val})
+        if 0.5 * (vt + vg) < best[0]:
+            best = (0.5 * (vt + vg), step, {k: v.clone() for k, v in dec.state_dict().items()})
+    dec.load_state_dict(best[2])
+    dec.eval()
+    meta = {"steps": step, "best_step": best[1], "wall_s": round(time.time() - t0, 2), "minutes_budget": minutes,
+            "steps_budget": steps, "batch": batch, "chunk": chunk, "lr": lr, "generated_p": generated_p,
+            "dropout_p": dropout_p, "seed": seed, "params": dec.n_parameters(), "train_utterances": len(train),
+            "train_frames": int(sum(t.shape[0] for t in train.true)), "val_utterances": len(val)}
+    return dec, {"meta": meta, "curve": curve}

@@ -1,0 +1,642 @@
+"""An offline speech corpus: English text that ships in packages, rendered by local synthesisers.
+
+Nothing here downloads a data set (docs/offline.md#speech-audio: no LibriSpeech, VoxPopuli or Fleurs is reachable). Instead:
+
+* **Text.** Plain English sentences from three sources that install with packages, each sentence recorded with
+  where it came from (:class:`Sentence` ``source`` / ``origin``):
+
+  - ``fortunes``: Debian's ``fortunes`` and ``fortunes-min`` packages, fetched with ``apt-get download`` and
+    unpacked with ``dpkg -x`` into a cache folder (no root needed, nothing installed). A few files are left out
+    (:data:`FORTUNE_EXCLUDE`: ASCII art, and joke files built on stereotypes);
+  - ``stdlib``: docstrings of the Python standard library, read with ``ast`` (nothing imported);
+  - ``doc``: the plain-text documentation Debian packages install under ``/usr/share/doc`` (READMEs, ``*.txt``).
+
+  :func:`clean_sentences` keeps sentences of 4-15 words made of ASCII letters and ``, ; : ' -`` ending in
+  ``. ! ?``, with no acronyms or identifiers (a synthesiser spells them, the ASR reference would not match), and
+  duplicates are dropped (case and punctuation ignored). A small multilingual set (German, Spanish, Russian,
+  Japanese, Mandarin) written for this project ships in ``data/eval_texts/multilingual.tsv``.
+* **Splits.** :func:`split_of` assigns every sentence to one of the paper's Table 1 roles -- ``training``
+  (drafter training), ``validation``, ``calibration`` (tree selection), ``evaluation`` (acceptance and WER) --
+  by a hash of its normalised text, so the assignment never depends on what else was gathered and the same
+  sentence can never land in two splits. As in Table 1 (Fleurs), the non-English set is evaluation only.
+* **Audio.** :func:`render_corpus` renders sentences with several voices -- flite (``slt``, ``kal16``, ``awb``,
+  ``rms``), festival (``slt-hts``, ``kal-diphone``), espeak-ng (``espeak-de`` ...) -- to 24 kHz mono 16-bit wav
+  (resampled by ``sox``), in parallel, resumable, and writes a ``manifest.jsonl`` (id, split, language, voice,
+  text, path, seconds, frames at 12.5 Hz ...). :func:`corpus_table` summarises a manifest like Table 1.
+
+The synthesisers come from Debian packages: ``sudo bash scripts/apt-voices.sh``.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from rvqspec_lib.common.paths import DATA_DIR
+from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, n_frames
+
+EVAL_TEXT_DIR = DATA_DIR / "eval_texts"
+APT_HINT = "run `sudo bash scripts/apt-voices.sh` (apt-get install flite festival festvox-us-slt-hts " \
+           "festvox-kallpc16k espeak-ng sox)"
+
+#: The paper's Table 1 roles, in table order.
+SPLITS = ("training", "validation", "calibration", "evaluation")
+#: What each split is used for in this project (the "role" column of the Table 1 analogue, notebook 00).
+SPLIT_ROLES = {
+    "training": "fit the codec; train the embedded model and the drafters",
+    "validation": "held out from training: loss and teacher-forced accuracy",
+    "calibration": "choose the draft tree (acceptance by rank and offset)",
+    "evaluation": "held out everywhere: acceptance, WER, codec quality",
+}
+#: Where the text of each ``Sentence.source`` comes from (for tables).
+SOURCE_DESCRIPTIONS = {
+    "fortunes": "Debian fortunes / fortunes-min (apt-get download, dpkg -x)",
+    "stdlib": "Python standard-library docstrings (parsed with ast)",
+    "doc": "plain-text docs under /usr/share/doc",
+    "written": "written for this project (data/eval_texts/multilingual.tsv)",
+}
+#: Fractions of English sentences per split. Table 1 has 88% / 10% / 1% / 0.7% of utterances; calibration and
+#: evaluation get more here (3% each, about 1,000 sentences of a 37k-sentence gather) so that both are large
+#: enough to measure acceptance and WER on.
+DEFAULT_FRACTIONS = {"training": 0.86, "validation": 0.08, "calibration": 0.03, "evaluation": 0.03}
+#: Salt of the split hash: changing it reshuffles every split (never do that silently).
+SPLIT_SALT = "rvqspec-split-v1"
+
+#: fortunes files left out: ASCII art (not sentences), and files of jokes built on ethnic or gender stereotypes.
+FORTUNE_EXCLUDE = ("ascii-art", "ethnic", "men-women", "translate-me")
+FORTUNE_PACKAGES = ("fortunes", "fortunes-min")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sentences
+# --------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sentence:
+    """One sentence and where it came from.
+
+    Attributes:
+        text: the sentence as it will be spoken (and used as the ASR reference).
+        language: ISO 639-1 code (``en``, ``de``, ``es``, ``ru``, ``ja``, ``zh``).
+        source: ``fortunes``, ``stdlib``, ``doc`` or ``written`` (composed for this project).
+        origin: the file it came from (``fortunes-min:usr/share/games/fortunes/fortunes``,
+            ``python3.11:json/__init__.py``, ``/usr/share/doc/bash/README``, ``data/eval_texts/multilingual.tsv``).
+    """
+
+    text: str
+    language: str
+    source: str
+    origin: str
+
+    @property
+    def split(self) -> str:
+        return split_of(self)
+
+
+_WORD = re.compile(r"^[A-Za-z]+(?:['-][A-Za-z]+)*$")
+_SENTENCE_CHARS = re.compile(r"^[A-Z][A-Za-z ,;:'-]*[A-Za-z][.!?]$")
+_SPLITTER = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z])")
+
+
+def sentence_key(text: str) -> str:
+    """What makes two sentences the same: lowercase letters and digits of any script, single-spaced."""
+    return " ".join(re.sub(r"[\W_]+", " ", text.lower()).split())
+
+
+def is_clean(sentence: str, min_words: int = 4, max_words: int = 15) -> bool:
+    """Whether ``sentence`` is speakable English of ``min_words``..``max_words`` words (see the module docstring)."""
+    if not _SENTENCE_CHARS.match(sentence) or "  " in sentence or "--" in sentence:
+        return False
+    words = sentence[:-1].split(" ")
+    if not min_words <= len(words) <= max_words:
+        return False
+    for w in words:
+        core = w[:-1] if w[-1:] in ",;:" else w  # one punctuation mark may end a word
+        if not _WORD.match(core):
+            return False
+        if any(ch.isupper() for ch in core[1:]):  # acronyms (HTTP), identifiers (TypeError)
+            return False
+        if len(core) == 1 and core not in ("a", "A", "I"):  # variables ("if x is")
+            return False
+    return True
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Split a paragraph (lines already joined) into candidate sentences at ``. ! ?`` before a capital."""
+    return [s.strip() for s in _SPLITTER.split(paragraph) if s.strip()]
+
+
+def clean_sentences(text: str, min_words: int = 4, max_words: int = 15) -> list[str]:
+    """All clean sentences of a plain-text document, in order (duplicates kept; see :func:`dedupe`).
+
+    Paragraphs are separated by blank lines; lines inside one are joined. Overstrike (``_\\b``), surrounding
+    quotes and brackets are removed before :func:`is_clean` judges each sentence.
+    """
+    text = re.sub(r".\x08", "", text).replace("\t", " ")
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        lines = [ln.strip() for ln in para.splitlines()]
+        lines = [ln for ln in lines if ln and not ln.startswith(("--", ">>>", "..."))]
+        joined = " ".join(" ".join(lines).split())
+        for s in split_sentences(joined):
+            s = s.replace('"', "").strip("()[]'` ")
+            s = " ".join(s.split())
+            if is_clean(s, min_words, max_words):
+                out.append(s)
+    return out
+
+
+def dedupe(sentences: Iterable[Sentence]) -> list[Sentence]:
+    """First occurrence of each :func:`sentence_key`, order kept."""
+    seen, out = set(), []
+    for s in sentences:
+        k = (s.language, sentence_key(s.text))
+        if k not in seen:
+            seen.add(k)
+            out.append(s)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------------------------------------------------
+def default_cache_dir() -> Path:
+    """``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``."""
+    return Path(os.environ.get("RVQSPEC_CACHE", Path.home() / ".cache" / "rvqspec")).expanduser()
+
+
+def fetch_debian_package(package: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Unpack a Debian package's files into ``<cache>/debian/<package>/`` without installing it.
+
+    Uses ``apt-get download`` (no root needed; needs the package lists, ``apt-get update``) and ``dpkg -x``.
+    Returns the unpacked root (reused on later calls).
+    """
+    root = Path(cache_dir or default_cache_dir()) / "debian"
+    dest = root / package
+    if (dest / ".complete").is_file():
+        return dest
+    for tool in ("apt-get", "dpkg"):
+        if shutil.which(tool) is None:
+            raise FileNotFoundError(f"{tool} not found: fetching {package} needs a Debian-based system")
+    debs = root / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["apt-get", "download", package], cwd=debs, capture_output=True, text=True)
+    found = sorted(debs.glob(f"{package}_*.deb"))
+    if r.returncode != 0 or not found:
+        raise RuntimeError(f"apt-get download {package} failed ({r.stderr.strip()[-300:]}): run `apt-get update` "
+                           "first (the package lists are needed), or check the network to the Debian mirror")
+    if dest.exists():
+        shutil.rmtree(dest)
+    subprocess.run(["dpkg", "-x", str(found[-1]), str(dest)], check=True, capture_output=True)
+    (dest / ".complete").write_text(found[-1].name + "\n")
+    return dest
+
+
+def parse_fortune_file(path: str | os.PathLike) -> list[str]:
+    """The fortunes of a strfile source file (entries separated by lines holding ``%``)."""
+    raw = Path(path).read_bytes().decode("latin-1")
+    return [e.strip("\n") for e in re.split(r"^%\s*$", raw, flags=re.M) if e.strip()]
+
+
+def fortune_sentences(cache_dir: str | os.PathLike | None = None, packages: Sequence[str] = FORTUNE_PACKAGES,
+                      exclude: Sequence[str] = FORTUNE_EXCLUDE) -> list[Sentence]:
+    """Clean sentences of Debian's fortune packages (fetched with :func:`fetch_debian_package`)."""
+    out = []
+    for pkg in packages:
+        root = fetch_debian_package(pkg, cache_dir)
+        d = root / "usr" / "share" / "games" / "fortunes"
+        for f in sorted(d.glob("*")) if d.is_dir() else []:
+            if f.suffix in (".dat", ".u8") or f.is_symlink() or not f.is_file() or f.name in exclude:
+                continue
+            origin = f"{pkg}:{f.relative_to(root).as_posix()}"
+            for fortune in parse_fortune_file(f):
+                out += [Sentence(s, "en", "fortunes", origin) for s in clean_sentences(fortune)]
+    return out
+
+
+_STDLIB_SKIP = {"test", "tests", "idlelib", "lib2to3", "ensurepip", "turtledemo", "site-packages", "__pycache__",
+                "pydoc_data", "config-3"}
+
+
+def stdlib_sentences(max_files: int | None = None, stdlib_dir: str | os.PathLike | None = None) -> list[Sentence]:
+    """Clean sentences of the docstrings of the running Python's standard library (parsed, never imported)."""
+    root = Path(stdlib_dir or sysconfig.get_paths()["stdlib"])
+    tag = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP and not d.startswith("config-"))
+        files += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
+    out = []
+    for f in files[:max_files]:
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8", errors="replace"))
+        except (SyntaxError, ValueError):
+            continue
+        origin = f"{tag}:{f.relative_to(root).as_posix()}"
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=True)
+                if doc:
+                    out += [Sentence(s, "en", "stdlib", origin) for s in clean_sentences(doc)]
+    return out
+
+
+def _is_doc_text(name: str) -> bool:
+    low = name.lower()
+    if low.startswith(("copyright", "changelog", "license", "copying")) or "debian" in low:
+        return False
+    base = low[:-3] if low.endswith(".gz") else low
+    return base.startswith(("readme", "news", "todo", "faq", "usage")) or base.endswith((".txt", ".md", ".rst"))
+
+
+def doc_sentences(root: str | os.PathLike = "/usr/share/doc", max_files: int | None = None,
+                  max_bytes: int = 1_000_000) -> list[Sentence]:
+    """Clean sentences of plain-text package documentation (README, NEWS, TODO, FAQ, ``*.txt``, ``*.md``,
+    ``*.rst``, gzipped or not; changelogs, copyright and Debian-specific files skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        files += [Path(dirpath) / f for f in sorted(filenames) if _is_doc_text(f)]
+    out = []
+    for f in files[:max_files]:
+        try:
+            if f.is_symlink() or not f.is_file():
+                continue
+            data = gzip.open(f).read(max_bytes) if f.suffix == ".gz" else f.open("rb").read(max_bytes)
+        except (OSError, EOFError):
+            continue
+        if b"\x00" in data[:4096]:
+            continue
+        out += [Sentence(s, "en", "doc", f.as_posix()) for s in clean_sentences(data.decode("utf-8", "replace"))]
+    return out
+
+
+def multilingual_sentences(path: str | os.PathLike | None = None) -> list[Sentence]:
+    """The shipped non-English evaluation sentences (``data/eval_texts/multilingual.tsv``)."""
+    p = Path(path) if path else EVAL_TEXT_DIR / "multilingual.tsv"
+    out = []
+    for line in p.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            lang, text = line.split("\t", 1)
+            out.append(Sentence(text.strip(), lang.strip(), "written", "data/eval_texts/multilingual.tsv"))
+    return out
+
+
+SOURCES = {"fortunes": fortune_sentences, "stdlib": stdlib_sentences, "doc": doc_sentences}
+
+
+def gather_sentences(sources: Sequence[str] = ("fortunes", "stdlib", "doc"), cache_dir=None,
+                     multilingual: bool = True) -> list[Sentence]:
+    """All clean sentences of the chosen sources (in that order), deduplicated, plus the multilingual set.
+
+    The result depends on the installed package versions; the splits of the sentences it shares with another
+    machine do not (:func:`split_of`).
+    """
+    out: list[Sentence] = []
+    for name in sources:
+        if name not in SOURCES:
+            raise ValueError(f"unknown source {name!r}: choose from {sorted(SOURCES)}")
+        out += SOURCES[name](cache_dir) if name == "fortunes" else SOURCES[name]()
+    if multilingual:
+        out += multilingual_sentences()
+    return dedupe(out)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Splits
+# --------------------------------------------------------------------------------------------------------------------
+def split_of(sentence: Sentence | str, fractions: Mapping[str, float] | None = None, language: str = "en") -> str:
+    """The Table 1 role of a sentence: a pure function of its normalised text (and language).
+
+    Args:
+        sentence: a :class:`Sentence` or a text (then ``language`` applies).
+        fractions: split -> fraction, summing to 1 (default :data:`DEFAULT_FRACTIONS`).
+    Returns:
+        One of :data:`SPLITS`. Non-English sentences are always ``evaluation`` (Table 1: the multilingual
+        Fleurs sets are evaluation only).
+    """
+    text, lang = (sentence.text, sentence.language) if isinstance(sentence, Sentence) else (sentence, language)
+    if lang != "en":
+        return "evaluation"
+    fr = dict(fractions or DEFAULT_FRACTIONS)
+    if set(fr) - set(SPLITS) or abs(sum(fr.values()) - 1) > 1e-9 or min(fr.values()) < 0:
+        raise ValueError(f"fractions must map some of {SPLITS} to non-negative numbers summing to 1, got {fr}")
+    h = hashlib.sha256(f"{SPLIT_SALT}:{sentence_key(text)}".encode()).digest()
+    u = int.from_bytes(h[:8], "big") / 2 ** 64  # uniform in [0, 1)
+    acc = 0.0
+    for name in SPLITS:
+        acc += fr.get(name, 0.0)
+        if u < acc:
+            return name
+    return [s for s in SPLITS if fr.get(s, 0) > 0][-1]
+
+
+def assign_splits(sentences: Iterable[Sentence], fractions: Mapping[str, float] | None = None
+                  ) -> dict[str, list[Sentence]]:
+    """Group sentences by :func:`split_of`; every split key present (possibly empty)."""
+    out: dict[str, list[Sentence]] = {s: [] for s in SPLITS}
+    for s in sentences:
+        out[split_of(s, fractions)].append(s)
+    return out
+
+
+def save_sentences(sentences: Iterable[Sentence], path: str | os.PathLike) -> Path:
+    """Write sentences as TSV (``text language source origin``, with a header)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+        w.writerow(["text", "language", "source", "origin"])
+        for s in sentences:
+            w.writerow([s.text, s.language, s.source, s.origin])
+    return p
+
+
+def load_sentences(path: str | os.PathLike) -> list[Sentence]:
+    """Read a TSV written by :func:`save_sentences`."""
+    with open(path, encoding="utf-8", newline="") as f:
+        return [Sentence(r["text"], r["language"], r["source"], r["origin"])
+                for r in csv.DictReader(f, delimiter="\t")]
+
+
+def shipped_sentences(split: str = "evaluation", language: str | None = None) -> list[Sentence]:
+    """Sentences shipped in ``data/eval_texts/``: English ``calibration`` / ``evaluation`` picks of the gather made
+    when the files were written (``en_<split>.tsv``), plus the multilingual set for ``evaluation``."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}: choose from {SPLITS}")
+    out = []
+    p = EVAL_TEXT_DIR / f"en_{split}.tsv"
+    if p.is_file():
+        out += load_sentences(p)
+    if split == "evaluation":
+        out += multilingual_sentences()
+    return [s for s in out if language is None or s.language == language]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Voices and rendering
+# --------------------------------------------------------------------------------------------------------------------
+class MissingVoiceError(FileNotFoundError):
+    """A synthesiser (or one of its voices) is not installed; the message names the apt command."""
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A synthesiser voice.
+
+    Attributes:
+        name: the name used in manifests and ``render_corpus(voices=...)``.
+        language: ISO 639-1 code of the text it reads.
+        engine: ``flite``, ``festival`` or ``espeak-ng``.
+        arg: the engine's voice argument (``slt``; ``(voice_cmu_us_slt_arctic_hts)``; ``de``).
+        package: the Debian package that provides it.
+        data_dir: a folder that must exist for the voice to work (festival voices), or ``""``.
+    """
+
+    name: str
+    language: str
+    engine: str
+    arg: str
+    package: str
+    data_dir: str = ""
+
+    def command(self, text_file: str, out_wav: str) -> list[str]:
+        """The command line that renders the UTF-8 text in ``text_file`` to ``out_wav`` at the engine's rate."""
+        if self.engine == "flite":
+            return ["flite", "-voice", self.arg, "-f", text_file, "-o", out_wav]
+        if self.engine == "festival":
+            return ["text2wave", "-eval", self.arg, "-o", out_wav, text_file]
+        if self.engine == "espeak-ng":
+            return ["espeak-ng", "-v", self.arg, "-b", "1", "-f", text_file, "-w", out_wav]
+        raise ValueError(f"unknown engine {self.engine!r}")
+
+    @property
+    def binary(self) -> str:
+        return {"flite": "flite", "festival": "text2wave", "espeak-ng": "espeak-ng"}[self.engine]
+
+
+VOICES: dict[str, Voice] = {v.name: v for v in [
+    Voice("slt", "en", "flite", "slt", "flite"),
+    Voice("kal16", "en", "flite", "kal16", "flite"),
+    Voice("awb", "en", "flite", "awb", "flite"),
+    Voice("rms", "en", "flite", "rms", "flite"),
+    Voice("slt-hts", "en", "festival", "(voice_cmu_us_slt_arctic_hts)", "festvox-us-slt-hts",
+          "/usr/share/festival/voices/us/cmu_us_slt_arctic_hts"),
+    Voice("kal-diphone", "en", "festival", "(voice_kal_diphone)", "festvox-kallpc16k",
+          "/usr/share/festival/voices/english/kal_diphone"),
+    Voice("espeak-en", "en", "espeak-ng", "en-us", "espeak-ng"),
+    Voice("espeak-de", "de", "espeak-ng", "de", "espeak-ng"),
+    Voice("espeak-es", "es", "espeak-ng", "es", "espeak-ng"),
+    Voice("espeak-ru", "ru", "espeak-ng", "ru", "espeak-ng"),
+    Voice("espeak-ja", "ja", "espeak-ng", "ja", "espeak-ng"),
+    Voice("espeak-zh", "zh", "espeak-ng", "cmn", "espeak-ng"),
+]}
+#: Default voices: the four flite English voices and one espeak-ng voice per multilingual language.
+DEFAULT_VOICES = ("slt", "kal16", "awb", "rms", "espeak-de", "espeak-es", "espeak-ru", "espeak-ja", "espeak-zh")
+
+
+def get_voice(voice: str | Voice) -> Voice:
+    if isinstance(voice, Voice):
+        return voice
+    if voice not in VOICES:
+        raise ValueError(f"unknown voice {voice!r}: choose from {sorted(VOICES)}")
+    return VOICES[voice]
+
+
+def check_voice(voice: str | Voice) -> Voice:
+    """The :class:`Voice`, after checking that its synthesiser, its data and ``sox`` are installed.
+
+    Raises:
+        MissingVoiceError: naming the missing piece and the apt command (``scripts/apt-voices.sh``).
+    """
+    v = get_voice(voice)
+    for binary, pkg in ((v.binary, v.package if v.engine != "festival" else "festival"), ("sox", "sox")):
+        if shutil.which(binary) is None:
+            raise MissingVoiceError(f"voice {v.name!r} needs `{binary}` (Debian package {pkg}), which is not "
+                                    f"installed: {APT_HINT}")
+    if v.data_dir and not Path(v.data_dir).is_dir():
+        raise MissingVoiceError(f"voice {v.name!r} needs the Debian package {v.package} ({v.data_dir} is missing): "
+                                f"{APT_HINT}")
+    return v
+
+
+def utterance_id(sentence: Sentence, voice: str) -> str:
+    """``<voice>-<12 hex digits of the sentence's hash>``: stable across runs and machines."""
+    h = hashlib.sha1(f"{sentence.language}:{sentence.text}".encode()).hexdigest()[:12]
+    return f"{voice}-{h}"
+
+
+def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> int:
+    """Render one text to a mono 16-bit wav at ``sample_rate``; returns its length in samples.
+
+    The synthesiser writes at its own rate (flite 8/16 kHz, festival HTS 48 kHz, espeak-ng 22.05 kHz) into a
+    temporary file; ``sox`` resamples it. The output appears atomically (renamed into place when complete).
+
+    Raises:
+        MissingVoiceError: the synthesiser is missing. RuntimeError: it failed (its stderr is quoted).
+    """
+    import soundfile as sf
+
+    v = check_voice(voice)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rvqspec-tts-", dir=out.parent) as tmp:
+        txt, raw, res = Path(tmp) / "text.txt", Path(tmp) / "raw.wav", Path(tmp) / "out.wav"
+        txt.write_text(text.strip() + "\n", encoding="utf-8")
+        for cmd in (v.command(str(txt), str(raw)),
+                    ["sox", "-q", str(raw), "-r", str(sample_rate), "-c", "1", "-b", "16", str(res)]):
+            r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+            if r.returncode != 0 or not Path(cmd[-1] if cmd[0] == "sox" else raw).is_file():
+                raise RuntimeError(f"{cmd[0]} failed for voice {v.name!r} (exit {r.returncode}): "
+                                   f"{(r.stderr or r.stdout).strip()[-400:]}")
+        os.replace(res, out)
+    return sf.info(str(out)).frames
+
+
+def _render_job(job: tuple) -> dict:
+    row, out_dir, sample_rate = job
+    import soundfile as sf
+
+    path = Path(out_dir) / row["path"]
+    if path.is_file():
+        samples = sf.info(str(path)).frames  # resume: keep what an earlier run rendered
+    else:
+        samples = render_one(row["text"], row["voice"], path, sample_rate)
+    return {**row, "samples": samples, "seconds": round(samples / sample_rate, 4),
+            "frames": n_frames(samples, FRAME_SAMPLES * sample_rate // SAMPLE_RATE)}
+
+
+def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_VOICES, one_voice_each: bool = False,
+                 fractions: Mapping[str, float] | None = None) -> list[dict]:
+    """Manifest rows (without audio lengths) for rendering ``sentences`` with the ``voices`` of their language.
+
+    Args:
+        one_voice_each: ``False``: every sentence with every voice of its language; ``True``: one voice per
+            sentence, chosen by a hash of the sentence (deterministic, balanced across voices).
+    Raises:
+        ValueError: a sentence whose language no chosen voice speaks.
+    """
+    vs = [get_voice(v) for v in voices]
+    rows = []
+    for s in sentences:
+        mine = [v for v in vs if v.language == s.language]
+        if not mine:
+            raise ValueError(f"no voice for language {s.language!r} among {list(voices)}: add one of "
+                             f"{sorted(n for n, v in VOICES.items() if v.language == s.language)}")
+        if one_voice_each:
+            h = int(hashlib.sha1(sentence_key(s.text).encode()).hexdigest()[:8], 16)
+            mine = [mine[h % len(mine)]]
+        for v in mine:
+            uid = utterance_id(s, v.name)
+            rows.append({"id": uid, "split": split_of(s, fractions), "language": s.language, "voice": v.name,
+                         "text": s.text, "source": s.source, "origin": s.origin,
+                         "path": f"wav/{v.name}/{uid}.wav"})
+    return rows
+
+
+def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voices: Sequence[str] = DEFAULT_VOICES,
+                  one_voice_each: bool = False, processes: int = 2, sample_rate: int = SAMPLE_RATE,
+                  fractions: Mapping[str, float] | None = None, progress: bool = True) -> list[dict]:
+    """Render sentences to ``<out_dir>/wav/<voice>/<id>.wav`` and write ``<out_dir>/manifest.jsonl``.
+
+    Args:
+        sentences: what to say (their languages pick the voices, see :func:`plan_renders`).
+        out_dir: corpus folder; files already there are kept (a rerun resumes).
+        voices: voice names (:data:`VOICES`); all are checked before anything is rendered.
+        processes: synthesiser processes run at once (threads that each wait on a subprocess).
+        sample_rate: output rate (24 kHz: the codec's).
+    Returns:
+        The manifest rows: ``id, split, language, voice, text, source, origin, path`` (relative to ``out_dir``),
+        ``samples, seconds, frames`` (12.5 Hz frames, ``ceil(samples / 1920)``), ``sample_rate``.
+    Raises:
+        MissingVoiceError: a chosen voice is not installed (the message names ``scripts/apt-voices.sh``).
+    """
+    from tqdm.auto import tqdm
+
+    rows = plan_renders(sentences, voices, one_voice_each, fractions)
+    for v in sorted({r["voice"] for r in rows}):
+        check_voice(v)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [({**r, "sample_rate": sample_rate}, str(out), sample_rate) for r in rows]
+    with ThreadPoolExecutor(max_workers=max(1, processes)) as ex:
+        done = list(tqdm(ex.map(_render_job, jobs), total=len(jobs), desc="render", unit="utt",
+                         disable=not progress))
+    write_manifest(done, out / "manifest.jsonl")
+    return done
+
+
+def write_manifest(rows: Iterable[Mapping], path: str | os.PathLike) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(dict(r), ensure_ascii=False) + "\n")
+    return p
+
+
+def read_manifest(path: str | os.PathLike) -> list[dict]:
+    """Rows of a ``manifest.jsonl`` with ``path`` made absolute (relative to the manifest's folder)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "manifest.jsonl"
+    if not p.is_file():
+        raise FileNotFoundError(f"no manifest at {p}: render a corpus first (rvqspec_lib.embedded.corpus.render_corpus)")
+    rows = []
+    for line in p.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            r["path"] = str((p.parent / r["path"]).resolve())
+            rows.append(r)
+    return rows
+
+
+def corpus_table(manifest: str | os.PathLike | Iterable[Mapping]) -> list[dict]:
+    """Table 1 analogue: one row per (split, language).
+
+    Args:
+        manifest: a manifest path (or its folder), or its rows.
+    Returns:
+        Rows ``{"split", "language", "samples", "hours", "frames", "voices", "sources"}`` in Table 1 order
+        (splits as :data:`SPLITS`, English first); ``samples`` counts utterances, ``frames`` 12.5 Hz code frames.
+    """
+    rows = read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        g = groups.setdefault((r["split"], r["language"]), {"samples": 0, "seconds": 0.0, "frames": 0,
+                                                            "voices": set(), "sources": set()})
+        g["samples"] += 1
+        g["seconds"] += float(r["seconds"])
+        g["frames"] += int(r["frames"])
+        g["voices"].add(r["voice"])
+        g["sources"].add(r.get("source", ""))
+    order = {s: i for i, s in enumerate(SPLITS)}
+    keys = sorted(groups, key=lambda k: (order.get(k[0], 99), k[1] != "en", k[1]))
+    return [{"split": s, "language": lang, "samples": groups[(s, lang)]["samples"],
+             "hours": round(groups[(s, lang)]["seconds"] / 3600, 4), "frames": groups[(s, lang)]["frames"],
+             "voices": ",".join(sorted(groups[(s, lang)]["voices"])),
+             "sources": ",".join(sorted(x for x in groups[(s, lang)]["sources"] if x))} for s, lang in keys]
+
+
+__all__ = ["Sentence", "SPLITS", "SPLIT_ROLES", "SOURCE_DESCRIPTIONS", "DEFAULT_FRACTIONS", "VOICES",
+           "DEFAULT_VOICES", "Voice", "MissingVoiceError",
+           "clean_sentences", "is_clean", "split_sentences", "sentence_key", "dedupe", "fetch_debian_package",
+           "fortune_sentences", "stdlib_sentences", "doc_sentences", "multilingual_sentences", "gather_sentences",
+           "split_of", "assign_splits", "save_sentences", "load_sentences", "shipped_sentences", "check_voice",
+           "render_one", "plan_renders", "render_corpus", "read_manifest", "write_manifest", "corpus_table"]

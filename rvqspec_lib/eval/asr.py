@@ -1,0 +1,362 @@
+"""Speech recognition and WER / CER: the last box of the data flow (codes -> codec -> waveform -> ASR -> WER).
+
+* :class:`ASR` -- the interface: ``transcribe(wav, sample_rate) -> str``.
+* :class:`PocketSphinxASR` -- the one English recogniser that works offline here (PyPI ``pocketsphinx`` 5.x bundles
+  the CMU US English acoustic model, a 3-gram LM and a dictionary). Its default LM gives WER 0.2-0.35 on clean
+  synthetic speech (docs/offline.md#asr-for-wer). :meth:`PocketSphinxASR.from_texts` swaps in a bigram LM written from the prompt
+  texts themselves (:func:`bigram_arpa`): a PROMPT-INFORMED LM that knows the reference word sequences, so its WER
+  (near 0 on flite) measures acoustic intelligibility relative to a known text, not open-vocabulary recognition.
+  Report which LM a figure used.
+* :class:`TransformersASR` -- Whisper, Parakeet ... through a ``transformers`` pipeline, for users who have the
+  network or a local copy (the paper measured WER with Whisper). Nothing here can download them.
+* :func:`wer` / :func:`cer` -- jiwer with text normalisation (lowercase, punctuation stripped), per utterance and
+  corpus-level, with repetition outliers flagged and reported apart (docs/methods.md#reporting-wer: repetition outliers dominate WER on
+  short sets).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+class ASR:
+    """Speech recognition interface: one method."""
+
+    #: a short label for tables (which recogniser and which LM produced a WER figure).
+    name: str = "asr"
+
+    def transcribe(self, wav: np.ndarray, sample_rate: int) -> str:
+        """Transcribe mono float audio `(samples,)` at ``sample_rate`` Hz; returns the text (may be empty)."""
+        raise NotImplementedError
+
+    def transcribe_many(self, wavs: Iterable[np.ndarray], sample_rate: int) -> list[str]:
+        return [self.transcribe(w, sample_rate) for w in wavs]
+
+
+def _mono_float(wav) -> np.ndarray:
+    wav = np.asarray(wav)
+    if wav.ndim == 2:
+        wav = wav.mean(axis=1) if wav.shape[1] <= 8 else wav.mean(axis=0)
+    if wav.ndim != 1:
+        raise ValueError(f"expected mono audio of shape (samples,), got {wav.shape}")
+    if np.issubdtype(wav.dtype, np.integer):
+        wav = wav.astype(np.float32) / 32768.0
+    return wav.astype(np.float32, copy=False)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# PocketSphinx
+# --------------------------------------------------------------------------------------------------------------------
+class PocketSphinxASR(ASR):
+    """CMU PocketSphinx 5 with its bundled US English model (16 kHz; other rates are resampled).
+
+    Args:
+        lm: an ARPA or binary LM file; ``None``: the bundled general English 3-gram (``en-us.lm.bin``).
+        dictionary: a pronunciation dictionary; ``None``: the bundled CMUdict.
+        label: name for tables; default ``"pocketsphinx"`` or ``"pocketsphinx+prompt-bigram"``.
+    Raises:
+        ImportError: pocketsphinx is not installed (it is pinned in requirements.txt).
+    """
+
+    sample_rate = 16000
+
+    def __init__(self, lm: str | os.PathLike | None = None, dictionary: str | os.PathLike | None = None,
+                 label: str | None = None):
+        try:
+            from pocketsphinx import Decoder
+        except ImportError as e:
+            raise ImportError("pocketsphinx is not installed: pip install -r requirements.txt "
+                              "(pocketsphinx 5.x bundles the English model)") from e
+        kw = {"samprate": self.sample_rate, "loglevel": "FATAL"}
+        if lm is not None:
+            if not Path(lm).is_file():
+                raise FileNotFoundError(f"no language model at {lm}")
+            kw["lm"] = str(lm)
+        if dictionary is not None:
+            kw["dict"] = str(dictionary)
+        self._decoder = Decoder(**kw)
+        self.name = label or ("pocketsphinx" if lm is None else "pocketsphinx+lm")
+
+    @staticmethod
+    def dictionary_path() -> Path:
+        """The bundled CMU pronunciation dictionary."""
+        from pocketsphinx import get_model_path
+
+        return Path(get_model_path()) / "en-us" / "cmudict-en-us.dict"
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str], workdir: str | os.PathLike | None = None) -> "PocketSphinxASR":
+        """A recogniser whose LM is a bigram of ``texts`` (PROMPT-INFORMED: see the module docstring).
+
+        Writes ``prompt-bigram.arpa`` and ``prompt.dict`` (the bundled CMUdict cut down to the LM's words: with the
+        full 126k-word dictionary the decoder takes about 12 s to start, with the cut one well under a second).
+        Words absent from the bundled dictionary are left out of the LM (the recogniser cannot say them anyway);
+        they stay in the references, so they count as errors.
+        """
+        entries = _dictionary_entries(cls.dictionary_path())
+        arpa = bigram_arpa(texts, vocabulary=set(entries))
+        words = {ln.split("\t")[1] for ln in arpa.split("\\2-grams:")[0].splitlines() if ln.count("\t") >= 1}
+        d = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="rvqspec-lm-"))
+        d.mkdir(parents=True, exist_ok=True)
+        lm_path, dict_path = d / "prompt-bigram.arpa", d / "prompt.dict"
+        lm_path.write_text(arpa)
+        dict_path.write_text("".join(line for w in sorted(words - {"<s>", "</s>"}) for line in entries[w]))
+        return cls(lm=lm_path, dictionary=dict_path, label="pocketsphinx+prompt-bigram")
+
+    def transcribe(self, wav: np.ndarray, sample_rate: int) -> str:
+        wav = _mono_float(wav)
+        if wav.size == 0:
+            return ""
+        if int(sample_rate) != self.sample_rate:
+            import librosa
+
+            wav = librosa.resample(wav, orig_sr=int(sample_rate), target_sr=self.sample_rate)
+        pcm = (np.clip(wav, -1.0, 1.0) * 32767.0).astype(np.int16)
+        d = self._decoder
+        d.start_utt()
+        d.process_raw(pcm.tobytes(), no_search=False, full_utt=True)
+        d.end_utt()
+        hyp = d.hyp()
+        return hyp.hypstr if hyp is not None else ""
+
+
+def _dictionary_entries(path: Path) -> dict[str, list[str]]:
+    """CMUdict lines by word (alternate pronunciations ``read(2)`` grouped under ``read``)."""
+    entries: dict[str, list[str]] = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            w = re.sub(r"\(\d+\)$", "", line.split(" ", 1)[0])
+            entries.setdefault(w, []).append(line if line.endswith("\n") else line + "\n")
+    return entries
+
+
+def bigram_arpa(texts: Iterable[str], vocabulary: set[str] | None = None, discount: float = 0.5) -> str:
+    """A bigram language model of ``texts`` in ARPA format (absolute discounting, backoff to unigrams).
+
+    Args:
+        texts: sentences; normalised with :func:`normalize_text` and wrapped in ``<s> ... </s>``.
+        vocabulary: if given, words outside it are dropped (for a recogniser whose dictionary lacks them).
+        discount: absolute discount D in (0, 1) taken from every seen bigram count and given to the backoff.
+    Returns:
+        The ARPA text. ``p(w | h) = (c(h, w) - D) / c(h)`` for seen pairs; otherwise ``alpha(h) p(w)`` with
+        ``alpha(h)`` so that each history's distribution sums to 1; unigrams are maximum likelihood.
+    """
+    if not 0 < discount < 1:
+        raise ValueError(f"discount must be in (0, 1), got {discount}")
+    uni: Counter = Counter()
+    bi: Counter = Counter()
+    for t in texts:
+        words = [w for w in normalize_text(t).split() if vocabulary is None or w in vocabulary]
+        if not words:
+            continue
+        seq = ["<s>", *words, "</s>"]
+        uni.update(seq)
+        bi.update(zip(seq[:-1], seq[1:]))
+    if not bi:
+        raise ValueError("no usable words in the texts for a language model")
+    n_tokens = sum(c for w, c in uni.items() if w != "<s>")
+    p_uni = {w: (c / n_tokens if w != "<s>" else 0.0) for w, c in uni.items()}
+    hist: Counter = Counter()
+    followers: dict[str, list[str]] = {}
+    for (h, w), c in bi.items():
+        hist[h] += c
+        followers.setdefault(h, []).append(w)
+    lines = ["\\data\\", f"ngram 1={len(uni)}", f"ngram 2={len(bi)}", "", "\\1-grams:"]
+    for w in sorted(uni):
+        lp = -99.0 if p_uni[w] == 0 else math.log10(p_uni[w])
+        if w in followers:
+            left = discount * len(followers[w]) / hist[w]
+            covered = sum(p_uni[v] for v in followers[w])
+            alpha = left / max(1.0 - covered, 1e-12) if covered < 1 - 1e-9 else 1e-12
+            lines.append(f"{lp:.6f}\t{w}\t{math.log10(alpha):.6f}")
+        else:
+            lines.append(f"{lp:.6f}\t{w}")
+    lines += ["", "\\2-grams:"]
+    for (h, w), c in sorted(bi.items()):
+        lines.append(f"{math.log10((c - discount) / hist[h]):.6f}\t{h} {w}")
+    lines += ["", "\\end\\", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# transformers pipelines (Whisper, Parakeet, ...): need the network or a local copy
+# --------------------------------------------------------------------------------------------------------------------
+class TransformersASR(ASR):
+    """Any ``transformers`` automatic-speech-recognition model (``openai/whisper-large-v3``, ...).
+
+    Args:
+        model_id: hub id or local folder.
+        device: ``"cpu"``, ``"cuda:0"`` ...
+        language: forwarded to Whisper's ``generate_kwargs`` (e.g. ``"german"``); ``None``: detect.
+        **pipeline_kwargs: forwarded to ``transformers.pipeline``.
+    Raises:
+        FileNotFoundError: a local path that does not exist, or a model that cannot be fetched (offline).
+    """
+
+    def __init__(self, model_id: str, device: str = "cpu", language: str | None = None, **pipeline_kwargs):
+        p = Path(model_id).expanduser()
+        if model_id.startswith((".", "/", "~")) and not p.exists():
+            raise FileNotFoundError(f"no ASR model at {model_id}: download it where the network is reachable "
+                                    "(huggingface-cli download MODEL --local-dir DIR) and pass DIR. "
+                                    "Offline, use PocketSphinxASR.")
+        from transformers import pipeline
+
+        try:
+            self._pipe = pipeline("automatic-speech-recognition", model=str(p) if p.exists() else model_id,
+                                  device=device, **pipeline_kwargs)
+        except OSError as e:  # hub unreachable / offline mode / missing files
+            raise FileNotFoundError(
+                f"could not load ASR model {model_id!r} ({e.__class__.__name__}: "
+                f"{(str(e).splitlines() or [''])[0][:200]}). It needs the network or a local copy; offline, use "
+                "PocketSphinxASR.") from e
+        self.language = language
+        self.name = f"transformers:{model_id}"
+
+    def transcribe(self, wav: np.ndarray, sample_rate: int) -> str:
+        wav = _mono_float(wav)
+        if wav.size == 0:
+            return ""
+        kw = {"generate_kwargs": {"language": self.language}} if self.language else {}
+        out = self._pipe({"raw": wav, "sampling_rate": int(sample_rate)}, **kw)
+        return str(out["text"]).strip()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# WER / CER
+# --------------------------------------------------------------------------------------------------------------------
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "`": "'"})
+
+
+def normalize_text(text: str) -> str:
+    """Lowercase, strip punctuation (apostrophes inside words kept: ``don't``), hyphens and slashes to spaces,
+    collapse whitespace. Works on any script (Unicode punctuation categories)."""
+    t = unicodedata.normalize("NFKC", text).translate(_APOSTROPHES).lower()
+    t = re.sub(r"[-/]", " ", t)
+    out = []
+    for i, ch in enumerate(t):
+        if ch == "'":
+            keep = 0 < i < len(t) - 1 and t[i - 1].isalnum() and t[i + 1].isalnum()
+            out.append("'" if keep else " ")
+        elif unicodedata.category(ch).startswith(("P", "S")):
+            out.append(" ")
+        else:
+            out.append(ch)
+    return " ".join("".join(out).split())
+
+
+def find_repetition(words: Sequence[str], max_ngram: int = 4, min_repeats: int = 3) -> tuple[str, int] | None:
+    """The first n-gram (n <= ``max_ngram``) repeated back to back at least ``min_repeats`` times, as
+    ``(ngram, repeats)``, or ``None``. The signature of a TTS loop ("the the the the ...")."""
+    n_words = len(words)
+    for n in range(1, max_ngram + 1):
+        for i in range(0, n_words - n * min_repeats + 1):
+            gram = tuple(words[i:i + n])
+            r = 1
+            while tuple(words[i + r * n:i + (r + 1) * n]) == gram:
+                r += 1
+            if r >= min_repeats:
+                return " ".join(gram), r
+    return None
+
+
+@dataclass
+class ErrorRates:
+    """Corpus and per-utterance error rates.
+
+    Attributes:
+        unit: ``"word"`` (WER) or ``"char"`` (CER).
+        rate: corpus figure, ``(S + D + I) / N`` summed over all utterances.
+        rate_without_outliers: the same over the utterances not flagged as outliers.
+        errors, ref_units: totals behind ``rate``.
+        utterances: one dict per pair: ``ref``, ``hyp`` (normalised), ``rate``, ``substitutions``, ``deletions``,
+            ``insertions``, ``ref_units``, ``outlier`` (bool), ``why`` (reason or ``""``).
+        outliers: indices of flagged utterances.
+    """
+
+    unit: str
+    rate: float
+    rate_without_outliers: float
+    errors: int
+    ref_units: int
+    utterances: list[dict] = field(default_factory=list)
+    outliers: list[int] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        name = "wer" if self.unit == "word" else "cer"
+        return {name: self.rate, f"{name}_without_outliers": self.rate_without_outliers, "errors": self.errors,
+                f"ref_{self.unit}s": self.ref_units, "utterances": len(self.utterances),
+                "outliers": len(self.outliers)}
+
+
+def _units(text: str, unit: str) -> list[str]:
+    norm = normalize_text(text)
+    return norm.split() if unit == "word" else list(norm.replace(" ", ""))
+
+
+def _error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str, max_len_ratio: float) -> ErrorRates:
+    import jiwer
+
+    refs, hyps = list(refs), list(hyps)
+    if len(refs) != len(hyps):
+        raise ValueError(f"{len(refs)} references but {len(hyps)} hypotheses")
+    utts, outliers = [], []
+    tot_err = tot_n = ok_err = ok_n = 0
+    for i, (r, h) in enumerate(zip(refs, hyps)):
+        ru, hu = _units(r, unit), _units(h, unit)
+        if ru and hu:
+            o = jiwer.process_words(" ".join(ru), " ".join(hu))
+            s, d, ins = o.substitutions, o.deletions, o.insertions
+        else:  # jiwer refuses empty strings: all deletions or all insertions
+            s, d, ins = 0, len(ru), len(hu)
+        err = s + d + ins
+        why = ""
+        rep = find_repetition(hu) if unit == "word" else None
+        if rep is not None and find_repetition(ru) is None:
+            why = f"repetition: {rep[0]!r} x{rep[1]}"
+        elif len(hu) > max_len_ratio * max(len(ru), 1) + 2:
+            why = f"hypothesis {len(hu)} {unit}s for {len(ru)} in the reference"
+        utts.append({"ref": " ".join(ru) if unit == "word" else "".join(ru),
+                     "hyp": " ".join(hu) if unit == "word" else "".join(hu),
+                     "rate": err / len(ru) if ru else float(err > 0), "substitutions": s, "deletions": d,
+                     "insertions": ins, "ref_units": len(ru), "outlier": bool(why), "why": why})
+        tot_err += err
+        tot_n += len(ru)
+        if why:
+            outliers.append(i)
+        else:
+            ok_err += err
+            ok_n += len(ru)
+    return ErrorRates(unit, tot_err / tot_n if tot_n else 0.0, ok_err / ok_n if ok_n else 0.0, tot_err, tot_n,
+                      utts, outliers)
+
+
+def wer(refs: Sequence[str], hyps: Sequence[str], max_len_ratio: float = 2.0) -> ErrorRates:
+    """Word error rate of hypotheses against references, after :func:`normalize_text`.
+
+    Args:
+        refs, hyps: equal-length lists of strings (an empty hypothesis counts as all deletions).
+        max_len_ratio: a hypothesis longer than ``max_len_ratio * len(ref) + 2`` words is an outlier, as is one
+            with a back-to-back repeated n-gram (:func:`find_repetition`) that the reference lacks.
+    Returns:
+        :class:`ErrorRates` (``.rate`` corpus WER, ``.utterances`` per pair, ``.outliers`` flagged apart).
+    """
+    return _error_rates(refs, hyps, "word", max_len_ratio)
+
+
+def cer(refs: Sequence[str], hyps: Sequence[str], max_len_ratio: float = 2.0) -> ErrorRates:
+    """Character error rate (spaces removed after normalisation): the figure for Chinese and Japanese."""
+    return _error_rates(refs, hyps, "char", max_len_ratio)
+
+
+__all__ = ["ASR", "PocketSphinxASR", "TransformersASR", "bigram_arpa", "normalize_text", "find_repetition",
+           "ErrorRates", "wer", "cer"]

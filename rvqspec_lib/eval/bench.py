@@ -1,0 +1,554 @@
+"""Latency of the two loops of Qwen3-TTS, and the call budget derived from the config.
+
+Qwen3-TTS runs two nested autoregressive loops (docs/model.md#two-nested-loops): the talker makes one call per frame
+(``frame_rate_hz`` = 12.5) and emits code 0; the code predictor then makes ``n_code_groups - 1`` = 15 sequential
+calls, one per code 1..15. Real time therefore needs ``frame_rate_hz * n_code_groups`` = 200 model calls a second.
+Speculative decoding replaces several inner-loop calls by one verify call over ``Q`` query positions, so what matters
+is how the cost of one call grows with ``Q`` (the "verify cost curve" ``t(Q) / t(1)``) on the target device.
+
+What is timed (:func:`bench_model`):
+
+* talker step: ``talker.model`` on ONE new position after a KV prefix of ``talker_context`` positions
+  (MRoPE position ids of shape ``(3, 1, 1)``), then ``codec_head`` -> ``(1, 3072)`` logits;
+* code-predictor call: ``small_to_mtp_projection`` + ``code_predictor.model`` on ``Q`` query positions after a
+  KV prefix of ``prefix_len`` positions, then one ``lm_head`` on all ``Q`` positions -> ``(1, Q, 2048)`` logits.
+  A verify call of a real decoder applies a different head per depth; the matmul cost is the same.
+
+The KV cache is built once and cropped back (``DynamicCache.crop``) after each timed call, outside the timer.
+Timing depends on the architecture, not on the weights: the real-size random models give real latencies but their
+outputs mean nothing (``random_weights`` is reported beside every figure).
+
+Method (docs/style.md#benchmarks, after gpt-fast): warm up, synchronise the device before reading the clock, report the median and
+the 10th/90th percentiles, and print device, dtype and thread count beside every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from rvqspec_lib.common.progress import progress_bar
+
+#: Query sizes timed by default: powers of two up to 64 (a 16-position frame never needs more than 15 nodes per call
+#: in a chain, but trees of 32-64 nodes are the interesting trade-off on fast devices).
+DEFAULT_QUERY_SIZES = (1, 2, 4, 8, 16, 32, 64)
+#: Tokens-per-call values tabulated by default; 2.47 is the paper's reported value.
+DEFAULT_TOKENS_PER_CALL = (1.0, 1.5, 2.0, 2.47, 3.0)
+PAPER_TOKENS_PER_CALL = 2.47
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------------------------------------------------
+def _sync_for(device: torch.device) -> Callable[[], None] | None:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize
+    return None
+
+
+def time_call(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
+              reset: Callable[[], None] | None = None, sync: Callable[[], None] | None = None) -> dict:
+    """Wall-clock latency of ``fn()`` under ``torch.inference_mode``.
+
+    Args:
+        fn: the call to time (its result is discarded).
+        warmup: untimed calls first (allocator, kernels, caches).
+        repeats: timed calls (``>= 1``).
+        reset: called after every call (warm-up included), OUTSIDE the timer, e.g. to crop a KV cache back.
+        sync: device synchronisation (e.g. ``torch.cuda.synchronize``), called before starting and before stopping
+            the clock, so that asynchronous devices are timed correctly. ``None`` on CPU.
+
+    Returns:
+        ``{"median_ms", "p10_ms", "p90_ms", "min_ms", "mean_ms", "n"}``: milliseconds per call over the ``n = repeats``
+        timed calls (warm-up excluded). Percentiles interpolate linearly between order statistics.
+
+    Raises:
+        ValueError: ``repeats < 1`` or ``warmup < 0``.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    times_ms: list[float] = []
+    with torch.inference_mode():
+        for i in range(warmup + repeats):
+            if sync is not None:
+                sync()
+            t0 = time.perf_counter()
+            fn()
+            if sync is not None:
+                sync()
+            dt = (time.perf_counter() - t0) * 1e3
+            if i >= warmup:
+                times_ms.append(dt)
+            if reset is not None:
+                reset()
+    return {
+        "median_ms": statistics.median(times_ms),
+        "p10_ms": _percentile(times_ms, 10),
+        "p90_ms": _percentile(times_ms, 90),
+        "min_ms": min(times_ms),
+        "mean_ms": statistics.fmean(times_ms),
+        "n": len(times_ms),
+    }
+
+
+def _percentile(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    if len(s) == 1:
+        return s[0]
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _cpu_snapshot() -> tuple[float, float, float] | None:
+    """(busy CPU seconds of the whole machine, wall CPU seconds of all cores, CPU seconds of this process), from
+    ``/proc/stat`` and ``os.times``; ``None`` where ``/proc/stat`` is missing (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    t = os.times()
+    return (total - idle) / tick, total / tick, t.user + t.system
+
+
+def cpu_oversubscribed(result: dict) -> bool | None:
+    """True when, during a CPU benchmark, other processes plus the benchmark's threads wanted more cores than exist.
+
+    ``other_cpu_frac * cpu_count + threads > cpu_count + 0.1``: then torch's threads were descheduled (even by niced
+    processes, since Linux autogroups scope ``nice`` to a session) and the times are pessimistic, often several-fold.
+    ``None`` when unknown (not Linux) or not a CPU benchmark. One thread beside one busy core is NOT oversubscribed.
+    """
+    other, n_cpu = result.get("other_cpu_frac"), result.get("cpu_count")
+    if result.get("device") != "cpu" or other is None or not n_cpu:
+        return None
+    return bool(other * n_cpu + result["threads"] > n_cpu + 0.1)
+
+
+def other_cpu_fraction(before, after) -> float | None:
+    """Share of the machine's CPU time used by OTHER processes between two :func:`_cpu_snapshot` calls (0..1).
+
+    Near 0: the timing had the cores to itself. Clearly above 0 on a CPU benchmark: other processes (even niced ones)
+    competed for the cores and multi-threaded timings are pessimistic, sometimes several-fold.
+    """
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    busy, total, own = (a - b for a, b in zip(after, before))
+    return max(0.0, min(1.0, (busy - own) / total))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Model calls
+# ----------------------------------------------------------------------------------------------------------------------
+def _model_device_dtype(module: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
+    p = next(module.parameters())
+    return p.device, p.dtype
+
+
+
+
+def bench_talker_step(loaded, *, talker_context: int = 64, warmup: int = 3, repeats: int = 20, seed: int = 0) -> dict:
+    """Time one talker step: one new position after a KV prefix of ``talker_context`` positions, plus ``codec_head``.
+
+    Inputs are random embeddings ``(1, L, talker_hidden)`` from a seeded ``torch.Generator`` (timing only).
+    The MRoPE position ids have shape ``(3, 1, L)`` with the same ids on all three axes, as for speech positions.
+
+    Returns:
+        :func:`time_call` statistics plus ``"talker_context"``.
+    """
+    talker = loaded.talker
+    device, dtype = _model_device_dtype(talker)
+    hidden = int(talker.config.hidden_size)
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(seed)
+    ctx = (torch.randn(1, talker_context, hidden, generator=gen) * 0.02).to(device, dtype)  # (1, C, H)
+    step = (torch.randn(1, 1, hidden, generator=gen) * 0.02).to(device, dtype)  # (1, 1, H)
+    cache = DynamicCache()
+    pos_ctx = torch.arange(talker_context, device=device).view(1, 1, -1).expand(3, 1, -1)  # (3, 1, C)
+    pos_step = torch.full((3, 1, 1), talker_context, dtype=torch.long, device=device)  # (3, 1, 1)
+    mask = torch.ones(1, talker_context + 1, dtype=torch.long, device=device)  # (1, C + 1)
+    with torch.inference_mode():
+        talker.model(inputs_embeds=ctx, past_key_values=cache, use_cache=True,
+                     attention_mask=mask[:, :talker_context], position_ids=pos_ctx)
+
+    def call():
+        out = talker.model(inputs_embeds=step, past_key_values=cache, use_cache=True,
+                           attention_mask=mask, position_ids=pos_step)
+        return talker.codec_head(out.last_hidden_state[:, -1])  # (1, vocab)
+
+    stats = time_call(call, warmup=warmup, repeats=repeats, reset=lambda: cache.crop(talker_context),
+                      sync=_sync_for(device))
+    return {**stats, "talker_context": talker_context}
+
+
+def bench_code_predictor(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
+                         warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
+                         on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Time one code-predictor call with ``Q`` query positions after a KV prefix of ``prefix_len`` positions.
+
+    Each call: ``small_to_mtp_projection`` of ``(1, Q, talker_hidden)`` random embeddings -> ``code_predictor.model``
+    (causal mask, 1-D positions ``prefix_len .. prefix_len + Q - 1``) -> ``lm_head[0]`` on all ``Q`` positions,
+    giving ``(1, Q, codebook_size)`` logits. The cache is cropped back to ``prefix_len`` after every call.
+    ``prefix_len + Q`` may exceed the 16 positions of a real frame: that is fine for timing.
+    ``progress`` shows a tqdm bar over ``query_sizes``; ``on_row(row)`` is called after each ``Q`` is timed.
+
+    Returns:
+        one dict per ``Q`` (in the given order): ``{"n_queries": Q, **time_call stats, "ratio_to_1": t(Q) / t(1)}``.
+        ``ratio_to_1`` uses medians and is ``None`` when ``1`` is not among ``query_sizes``.
+
+    Raises:
+        ValueError: an empty ``query_sizes`` or a ``Q < 1``.
+    """
+    query_sizes = [int(q) for q in query_sizes]
+    if not query_sizes or min(query_sizes) < 1:
+        raise ValueError(f"query_sizes must be non-empty positive integers, got {query_sizes}")
+    cp = loaded.code_predictor
+    device, dtype = _model_device_dtype(cp)
+    in_hidden = int(loaded.talker.config.hidden_size)  # inputs are in the talker's width, projected by the module
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(seed)
+    prefix = (torch.randn(1, prefix_len, in_hidden, generator=gen) * 0.02).to(device, dtype)  # (1, P, Ht)
+    cache = DynamicCache()
+    with torch.inference_mode():
+        cp.model(inputs_embeds=cp.small_to_mtp_projection(prefix), past_key_values=cache, use_cache=True,
+                 position_ids=torch.arange(prefix_len, device=device).unsqueeze(0))
+    rows = []
+    for q in progress_bar(query_sizes, total=len(query_sizes), desc="code predictor Q", enabled=progress):
+        x = (torch.randn(1, q, in_hidden, generator=gen) * 0.02).to(device, dtype)  # (1, Q, Ht)
+        pos = torch.arange(prefix_len, prefix_len + q, device=device).unsqueeze(0)  # (1, Q)
+
+        def call(x=x, pos=pos):
+            h = cp.model(inputs_embeds=cp.small_to_mtp_projection(x), past_key_values=cache, use_cache=True,
+                         position_ids=pos).last_hidden_state  # (1, Q, Hc)
+            return cp.lm_head[0](h)  # (1, Q, codebook_size)
+
+        stats = time_call(call, warmup=warmup, repeats=repeats, reset=lambda: cache.crop(prefix_len),
+                          sync=_sync_for(device))
+        rows.append({"n_queries": q, **stats})
+        if on_row is not None:
+            on_row(rows[-1])
+    base = next((r["median_ms"] for r in rows if r["n_queries"] == 1), None)
+    for r in rows:
+        r["ratio_to_1"] = r["median_ms"] / base if base else None
+    return rows
+
+
+def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
+                talker_context: int = 64, warmup: int = 3, repeats: int = 20, seed: int = 0,
+                progress: bool = True) -> dict:
+    """Per-call latency of a talker step and of code-predictor calls with ``Q`` queries, plus derived quantities.
+
+    Args:
+        loaded: a :class:`rvqspec_lib.models.loader.LoadedModel` (any device / dtype; the model is not modified).
+        prefix_len: KV positions already in the code-predictor cache (a realistic mid-frame prefix; at most 16 in use).
+        query_sizes: numbers of query positions ``Q`` per code-predictor call.
+        talker_context: KV positions already in the talker cache.
+        warmup, repeats: see :func:`time_call`.
+        seed: seed of the random input embeddings (the global RNG is not touched).
+        progress: show a tqdm progress bar over the calls timed.
+
+    Returns:
+        JSON-able dict:
+        ``model`` (``loaded.describe()``), ``random_weights`` / ``timing_only`` (True for random models: the times are
+        real, the outputs meaningless), ``device``, ``device_name``, ``dtype``, ``threads`` (``torch.get_num_threads()``),
+        ``load_avg_1m_before`` / ``load_avg_1m_after`` (1-minute load average around the timing: well above 0 on a
+        CPU means other processes competed for the cores and the times are pessimistic), ``other_cpu_frac``
+        (share of the machine's CPU time other processes used during the timing, :func:`other_cpu_fraction`),
+        ``cpu_count``, ``cpu_oversubscribed`` (:func:`cpu_oversubscribed`: if True the times are pessimistic),
+        ``torch``, ``transformers``, the settings, ``talker_step`` (:func:`time_call` stats), ``code_predictor`` (list of
+        per-``Q`` rows, see :func:`bench_code_predictor`) and ``derived`` (:func:`derived_from_bench`).
+    """
+    import transformers
+
+    from rvqspec_lib.common.provenance import cpu_model
+
+    device, dtype = _model_device_dtype(loaded.model)
+    desc = loaded.describe()
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    cpu_before = _cpu_snapshot()
+    query_sizes = list(query_sizes)
+    bar = None
+    if progress:
+        from tqdm import tqdm  # plain text bar: no ipywidgets needed in notebooks
+
+        bar = tqdm(total=1 + len(query_sizes), desc=f"bench {loaded.name}", unit="call type")
+    talker = bench_talker_step(loaded, talker_context=talker_context, warmup=warmup, repeats=repeats, seed=seed)
+    if bar is not None:
+        bar.update(1)
+    cp_rows = bench_code_predictor(loaded, prefix_len=prefix_len, query_sizes=query_sizes, warmup=warmup,
+                                   repeats=repeats, seed=seed, progress=False,
+                                   on_row=(lambda _r: bar.update(1)) if bar is not None else None)
+    if bar is not None:
+        bar.close()
+    result = {
+        "model": desc,
+        "random_weights": bool(loaded.is_random),
+        "timing_only": bool(loaded.is_random),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
+        "dtype": str(dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "load_avg_1m_before": load_before,
+        "load_avg_1m_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "other_cpu_frac": other_cpu_fraction(cpu_before, _cpu_snapshot()),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "prefix_len": prefix_len,
+        "talker_context": talker_context,
+        "warmup": warmup,
+        "repeats": repeats,
+        "seed": seed,
+        "talker_step": talker,
+        "code_predictor": cp_rows,
+    }
+    result["cpu_oversubscribed"] = cpu_oversubscribed(result)
+    result["derived"] = derived_from_bench(result, frame_rate_hz=loaded.frame_rate_hz,
+                                           n_code_groups=loaded.n_code_groups)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Derived quantities (from the config, never typed in)
+# ----------------------------------------------------------------------------------------------------------------------
+def call_budget(frame_rate_hz: float, n_code_groups: int, tokens_per_call: float | None = None) -> dict:
+    """Model calls per second needed for real time.
+
+    One frame = 1 talker call (code 0) + ``n_code_groups - 1`` inner-loop codes. Plain AR decoding makes one inner
+    call per code; a speculative decoder emitting ``tokens_per_call`` codes per inner call on average (the paper's
+    toks/step, the prefill counted as a call) needs ``(n_code_groups - 1) / tokens_per_call`` inner calls.
+
+    Args:
+        frame_rate_hz: codec frames per second (12.5 for the 12 Hz models; ``LoadedModel.frame_rate_hz``).
+        n_code_groups: codebooks per frame (16; ``LoadedModel.n_code_groups``).
+        tokens_per_call: mean inner-loop codes per inner call; ``None`` means plain AR (1.0).
+
+    Returns:
+        ``{"frame_rate_hz", "n_code_groups", "tokens_per_call", "inner_calls_per_frame", "calls_per_frame",
+        "calls_per_s", "calls_per_s_ar", "reduction"}`` where ``calls_per_s = frame_rate_hz * (1 + (G - 1) / tpc)``
+        (200 for 12.5 Hz / 16 groups at tpc 1; 88.4 at tpc 2.47) and ``reduction = calls_per_s_ar / calls_per_s``.
+
+    Raises:
+        ValueError: ``frame_rate_hz <= 0``, ``n_code_groups < 2`` or ``tokens_per_call <= 0``.
+    """
+    tpc = 1.0 if tokens_per_call is None else float(tokens_per_call)
+    if frame_rate_hz <= 0 or n_code_groups < 2 or tpc <= 0:
+        raise ValueError(f"need frame_rate_hz > 0, n_code_groups >= 2, tokens_per_call > 0; got "
+                         f"{frame_rate_hz}, {n_code_groups}, {tokens_per_call}")
+    inner = (n_code_groups - 1) / tpc
+    ar = frame_rate_hz * n_code_groups
+    cps = frame_rate_hz * (1.0 + inner)
+    return {
+        "frame_rate_hz": float(frame_rate_hz),
+        "n_code_groups": int(n_code_groups),
+        "tokens_per_call": tpc,
+        "inner_calls_per_frame": inner,
+        "calls_per_frame": 1.0 + inner,
+        "calls_per_s": cps,
+        "calls_per_s_ar": ar,
+        "reduction": ar / cps,
+    }
+
+
+def budget_table(frame_rate_hz: float, n_code_groups: int,
+                 tokens_per_call: Iterable[float] = DEFAULT_TOKENS_PER_CALL) -> list[dict]:
+    """:func:`call_budget` for several tokens-per-call values, one row each, with a ``note`` column
+    ("plain AR" at 1, "paper's reported value" at :data:`PAPER_TOKENS_PER_CALL`)."""
+    rows = []
+    for tpc in tokens_per_call:
+        b = call_budget(frame_rate_hz, n_code_groups, tpc)
+        note = "plain AR" if tpc == 1 else ("paper's reported value" if abs(tpc - PAPER_TOKENS_PER_CALL) < 1e-9 else "")
+        rows.append({"tokens_per_call": b["tokens_per_call"], "inner_calls_per_frame": b["inner_calls_per_frame"],
+                     "calls_per_s": b["calls_per_s"], "reduction": b["reduction"], "note": note})
+    return rows
+
+
+def inner_share(t_talker_ms: float, t_inner_ms: float, n_inner_calls: float = 15) -> float:
+    """Share of a frame's model time spent in the inner loop: ``n * t_inner / (t_talker + n * t_inner)``.
+
+    Args:
+        t_talker_ms: one talker step (ms).
+        t_inner_ms: one code-predictor call (ms).
+        n_inner_calls: inner calls per frame (``n_code_groups - 1`` = 15 for plain AR).
+
+    Raises:
+        ValueError: negative times or a zero total.
+    """
+    if t_talker_ms < 0 or t_inner_ms < 0 or n_inner_calls < 0:
+        raise ValueError("times and call counts must be non-negative")
+    total = t_talker_ms + n_inner_calls * t_inner_ms
+    if total <= 0:
+        raise ValueError("total frame time is zero")
+    return n_inner_calls * t_inner_ms / total
+
+
+def derived_from_bench(result: dict, *, frame_rate_hz: float, n_code_groups: int) -> dict:
+    """Frame-level quantities from a :func:`bench_model` result (plain AR decoding, one inner call per code).
+
+    Returns:
+        ``{"inner_calls_per_frame", "frame_ms_ar", "frame_budget_ms", "rtf_ar", "inner_share_ar",
+        "calls_per_s_realtime", "calls_per_s_at_paper_tpc"}``: ``frame_ms_ar = t_talker + (G - 1) * t_cp(1)``,
+        ``frame_budget_ms = 1000 / frame_rate_hz`` (80 ms), ``rtf_ar = frame_ms_ar / frame_budget_ms`` (< 1 is faster
+        than real time). ``t_cp(1)`` is the Q = 1 median; without a Q = 1 row the smallest Q is used.
+    """
+    rows = sorted(result["code_predictor"], key=lambda r: r["n_queries"])
+    t_inner = rows[0]["median_ms"]
+    t_talker = result["talker_step"]["median_ms"]
+    n_inner = n_code_groups - 1
+    frame_ms = t_talker + n_inner * t_inner
+    budget_ms = 1000.0 / frame_rate_hz
+    return {
+        "inner_calls_per_frame": n_inner,
+        "t_talker_ms": t_talker,
+        "t_inner_ms": t_inner,
+        "frame_ms_ar": frame_ms,
+        "frame_budget_ms": budget_ms,
+        "rtf_ar": frame_ms / budget_ms,
+        "inner_share_ar": inner_share(t_talker, t_inner, n_inner),
+        "calls_per_s_realtime": call_budget(frame_rate_hz, n_code_groups)["calls_per_s"],
+        "calls_per_s_at_paper_tpc": call_budget(frame_rate_hz, n_code_groups, PAPER_TOKENS_PER_CALL)["calls_per_s"],
+    }
+
+
+def latency_rows(result: dict) -> list[dict]:
+    """Flat table of a :func:`bench_model` result: the talker step first, then one row per code-predictor ``Q``.
+
+    Columns: ``call``, ``n_queries``, ``median_ms``, ``p10_ms``, ``p90_ms``, ``min_ms``, ``ratio_to_1``
+    (code-predictor rows: ``t(Q) / t_cp(1)``; talker row: ``t_talker / t_cp(1)``), ``n``.
+    """
+    cp = result["code_predictor"]
+    base = next((r["median_ms"] for r in cp if r["n_queries"] == 1), None)
+    t = result["talker_step"]
+    keys = ("median_ms", "p10_ms", "p90_ms", "min_ms")
+    rows = [{"call": f"talker step (ctx {result['talker_context']})", "n_queries": 1, **{k: t[k] for k in keys},
+             "ratio_to_1": t["median_ms"] / base if base else None, "n": t["n"]}]
+    for r in cp:
+        rows.append({"call": f"code predictor (prefix {result['prefix_len']})", "n_queries": r["n_queries"],
+                     **{k: r[k] for k in keys}, "ratio_to_1": r["ratio_to_1"], "n": r["n"]})
+    return rows
+
+
+def format_table(result: dict) -> str:
+    """Plain-text latency table with the device / dtype / threads header (what ``rvqspec bench`` prints)."""
+    m = result["model"]
+    head = (f"model {m['name']} ({m['kind']}{', RANDOM weights: timing only' if result['random_weights'] else ''}) | "
+            f"device {result['device']} ({result['device_name']}) | dtype {result['dtype']} | "
+            f"threads {result['threads']} | torch {result['torch']} | warmup {result['warmup']}, "
+            f"repeats {result['repeats']}")
+    load0, load1 = result.get("load_avg_1m_before"), result.get("load_avg_1m_after")
+    if load0 is not None and load1 is not None and result["device"] == "cpu":
+        head += f" | load avg {load0:.2f} before, {load1:.2f} after"
+    other = result.get("other_cpu_frac")
+    if other is not None and result["device"] == "cpu":
+        head += f" | other processes used {100 * other:.0f}% of {result.get('cpu_count')} CPUs meanwhile"
+        if result.get("cpu_oversubscribed"):
+            head += " (OVERSUBSCRIBED, TIMES ARE PESSIMISTIC: rerun idle or with fewer --threads)"
+    lines = [head, f"{'call':<30} {'Q':>4} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} {'t/t_cp(1)':>10}"]
+    for r in latency_rows(result):
+        ratio = "" if r["ratio_to_1"] is None else f"{r['ratio_to_1']:.2f}"
+        lines.append(f"{r['call']:<30} {r['n_queries']:>4} {r['median_ms']:>10.2f} {r['p10_ms']:>9.2f} "
+                     f"{r['p90_ms']:>9.2f} {ratio:>10}")
+    d = result["derived"]
+    lines.append(f"frame (AR): {d['frame_ms_ar']:.1f} ms of a {d['frame_budget_ms']:.0f} ms budget "
+                 f"(RTF {d['rtf_ar']:.2f}); inner-loop share {100 * d['inner_share_ar']:.1f}%; "
+                 f"real time needs {d['calls_per_s_realtime']:.0f} calls/s "
+                 f"({d['calls_per_s_at_paper_tpc']:.1f} at {PAPER_TOKENS_PER_CALL} tokens/call)")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Command line (wired into ``rvqspec bench`` by cli.py)
+# ----------------------------------------------------------------------------------------------------------------------
+def _int_list(s: str) -> list[int]:
+    try:
+        vals = [int(v) for v in s.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+    return vals
+
+
+def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``bench`` options to ``parser`` (a sub-parser of ``rvqspec``, or a stand-alone parser).
+
+    Options: ``--model`` (default ``qwen3-tts-0.6b-random``), ``--json PATH``, ``--repeats``, ``--warmup``,
+    ``--threads``, ``--queries 1,2,4,...``, ``--prefix-len``, ``--talker-context``, ``--dtype``, ``--device``,
+    ``--seed``, ``--no-progress``. Returns the parser.
+    """
+    parser.add_argument("--model", default="qwen3-tts-0.6b-random",
+                        help="tiny-random, qwen3-tts-0.6b-random, qwen3-tts-1.7b-random, a checkpoint dir or hub id")
+    parser.add_argument("--json", dest="json_path", default=None, help="write the full result (+ provenance) here")
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median reported)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before each measurement")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default 1, as the committed tables; 0 keeps torch's choice)")
+    parser.add_argument("--queries", type=_int_list, default=list(DEFAULT_QUERY_SIZES),
+                        help="query positions per code-predictor call, comma-separated (default 1,2,4,8,16,32,64)")
+    parser.add_argument("--prefix-len", type=int, default=8, help="KV prefix of the code-predictor call")
+    parser.add_argument("--talker-context", type=int, default=64, help="KV prefix of the talker step")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
+                        help="weights and activations (float16 for GPUs)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    return parser
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark described by parsed :func:`add_bench_args` options; print the table; return exit code 0.
+
+    Raises:
+        rvqspec_lib.models.loader.ModelNotFoundError: unknown ``--model``.
+        ValueError: non-positive ``--repeats`` / ``--threads``.
+    """
+    from rvqspec_lib.common.provenance import provenance, save_json
+    from rvqspec_lib.models.loader import load_model
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.prefix_len < 1 or args.talker_context < 1:
+        raise ValueError(f"--prefix-len and --talker-context must be >= 1, got {args.prefix_len} and "
+                         f"{args.talker_context}")
+    if max(args.queries) > 1024:
+        raise ValueError(f"--queries up to 1024 (a verify call over more nodes is not a draft tree), got "
+                         f"{max(args.queries)}")
+    dev = str(args.device)
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {dev}: this torch has no CUDA device; use --device cpu")
+    if not (dev == "cpu" or dev.startswith(("cuda", "mps"))):
+        raise ValueError(f"--device {dev!r}: use cpu, cuda[:N] or mps")
+    loaded = load_model(args.model, dtype=args.dtype, seed=args.seed, device=args.device)
+    result = bench_model(loaded, prefix_len=args.prefix_len, query_sizes=args.queries,
+                         talker_context=args.talker_context, warmup=args.warmup, repeats=args.repeats,
+                         seed=args.seed, progress=not args.no_progress)
+    print(format_table(result))
+    if args.json_path:
+        params = {k: v for k, v in vars(args).items() if not callable(v)}
+        path = save_json(result, args.json_path, provenance(params, seed=args.seed))
+        print(f"wrote {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point: ``python -m rvqspec_lib.bench [options]`` (same options as ``rvqspec bench``)."""
+    parser = add_bench_args(argparse.ArgumentParser(prog="rvqspec bench", description=__doc__.split("\n")[0]))
+    return run_bench(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

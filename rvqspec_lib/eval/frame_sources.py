@@ -1,0 +1,320 @@
+"""Where frames come from (a frame = an inner-loop context and the frame's codes 1..15, :class:`~rvqspec_lib.eval.frames.Frames`).
+
+* :func:`frames_from_model`: the model speaks texts with the frame loop (:func:`rvqspec_lib.models.frame.synthesize`),
+  so the codes are samples of its own distribution p (what the decoder will meet);
+* :func:`frames_from_dataset`: a local Hugging Face ``datasets`` dataset of audio + text (VoxPopuli schema, the
+  paper's training set) encoded by a codec (``encode(wav) -> (frames, 16)``);
+* :func:`frames_from_utterances` / :func:`frames_from_shipped`: given utterances (text + ground-truth codes), e.g.
+  the codes and texts that ship with the embedded model (``data/embedded/utterances.safetensors``, splits
+  ``training`` / ``validation`` / ``calibration`` / ``evaluation``);
+* :func:`frames_from_contexts`: given contexts, the inner loop samples the codes itself (no talker; tests).
+
+All but the last compute the contexts by ONE teacher-forced talker pass over the prompt and the codes' feedback
+(:func:`rvqspec_lib.models.teacher.teacher_forced_contexts`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.models.audio import _decode_audio, resample
+from rvqspec_lib.models.teacher import teacher_forced_contexts
+from rvqspec_lib.spec.sampling import Sampling
+
+#: Texts spoken by :func:`frames_from_model` when none are given (short, varied English sentences).
+DEFAULT_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call Stella and ask her to bring these things with her from the store.",
+    "It was the best of times, it was the worst of times.",
+    "How much wood would a woodchuck chuck if a woodchuck could chuck wood?",
+    "A journey of a thousand miles begins with a single step.",
+    "She sells seashells by the seashore, and the shells she sells are surely seashells.",
+    "The meeting has been moved to Thursday afternoon at three o'clock.",
+    "Numbers like 1,234 and dates like March 5th are hard to read aloud.",
+)
+
+
+
+
+def frames_from_model(lm, texts: Iterable[str] | None = None, *, decoder=None, sampling: Sampling | None = None,
+                      talker_sampling: Sampling | None = None, seed: int = 0, max_frames: int = 200,
+                      language: str = "auto", speaker: str | None = None, batch_size: int = 1,
+                      progress: bool = False) -> Frames:
+    """Frames of the model's own speech: the frame loop speaks each text, then :func:`teacher_forced_contexts`.
+
+    Args:
+        lm: a loaded model. texts: sentences (default :data:`DEFAULT_TEXTS`).
+        decoder: inner-loop decoder (default AR; any lossless decoder samples the same distribution).
+        sampling, talker_sampling: default the checkpoint's (temperature 0.9, top-k 50).
+        seed: one explicit generator for everything. max_frames: cap per utterance.
+        batch_size: texts spoken together by :func:`~rvqspec_lib.models.frame.synthesize`.
+
+    Returns:
+        :class:`Frames` (one utterance per text; texts that produced no frame are skipped).
+    """
+    from rvqspec_lib.models.frame import synthesize
+
+    texts = list(DEFAULT_TEXTS if texts is None else texts)
+    if not texts:
+        raise ValueError("no texts given")
+    gen = torch.Generator().manual_seed(seed)
+    parts, n_frames = [], []
+    batches = [texts[i: i + batch_size] for i in range(0, len(texts), batch_size)]
+    for bi, batch in enumerate(progress_bar(batches, total=len(batches), desc="speaking", enabled=progress)):
+        res = synthesize(lm, batch, decoder=decoder, sampling=sampling, talker_sampling=talker_sampling,
+                         generator=gen, max_frames=max_frames, language=language, speaker=speaker)
+        for i, (text, codes) in enumerate(zip(batch, res.codes)):
+            n_frames.append(int(codes.shape[0]))
+            if codes.shape[0] == 0:
+                continue
+            ctx = teacher_forced_contexts(lm, text, codes, language=language, speaker=speaker)
+            u = bi * batch_size + i
+            parts.append(Frames(ctx, codes[:, 1:].cpu(), torch.full((codes.shape[0],), u, dtype=torch.long)))
+    if not parts:
+        raise ValueError("the model produced no frame for any text (end of speech at once): check the model")
+    out = Frames.cat(parts)
+    out.utterance = torch.cat([p.utterance for p in parts])  # keep the text index as utterance id
+    out.source = {"kind": "model", "model": lm.name, "random_weights": lm.is_random, "n_texts": len(texts),
+                  "frames_per_text": n_frames, "seed": seed, "max_frames": max_frames, "decoder": repr(decoder),
+                  "language": language, "speaker": speaker}
+    return out
+
+
+TEXT_COLUMNS = ("raw_text", "text", "normalized_text", "transcription", "sentence")
+
+
+def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_column: str | None = None,
+                        audio_column: str = "audio", language: str = "auto", speaker: str | None = None,
+                        max_items: int | None = None, max_frames: int | None = None,
+                        progress: bool = False) -> Frames:
+    """Frames of real speech: each row's audio encoded by ``codec``, contexts by :func:`teacher_forced_contexts`.
+
+    Args:
+        dataset: a ``datasets.Dataset`` / ``DatasetDict``, or a folder written by ``save_to_disk`` (VoxPopuli schema:
+            an ``audio`` column and a text column; nothing is downloaded).
+        lm: the model whose talker gives the contexts. codec: ``encode(wav) -> (frames, n_code_groups)`` at
+            ``codec.sample_rate`` (24 kHz if absent); audio at another rate is resampled first.
+        split: which split of a ``DatasetDict`` (default ``train``, else the first).
+        text_column: default the first of :data:`TEXT_COLUMNS` present (VoxPopuli: ``raw_text``).
+        language, speaker: prompt settings (see :func:`rvqspec_lib.models.frame.build_prompt`).
+        max_items: first rows only. max_frames: stop once this many frames are collected.
+
+    Returns:
+        :class:`Frames` (rows with empty text or no frames are skipped and counted in ``source``).
+
+    Raises:
+        FileNotFoundError: a path that is not a saved dataset. ValueError: missing columns, codes of the wrong shape.
+    """
+    import datasets as hf
+
+    if isinstance(dataset, (str, os.PathLike)):
+        p = Path(dataset).expanduser()
+        if not p.exists():
+            raise FileNotFoundError(f"no dataset folder {p}: write one with datasets' save_to_disk (nothing is "
+                                    "downloaded here)")
+        dataset = hf.load_from_disk(str(p))
+    if isinstance(dataset, hf.DatasetDict):
+        keys = list(dataset)
+        dataset = dataset[split or ("train" if "train" in dataset else keys[0])]
+    cols = dataset.column_names
+    if audio_column not in cols:
+        raise ValueError(f"dataset has no {audio_column!r} column (columns: {', '.join(cols)})")
+    if text_column is None:
+        text_column = next((c for c in TEXT_COLUMNS if c in cols), None)
+        if text_column is None:
+            raise ValueError(f"no text column among {TEXT_COLUMNS} (columns: {', '.join(cols)}): pass text_column=")
+    elif text_column not in cols:
+        raise ValueError(f"dataset has no {text_column!r} column (columns: {', '.join(cols)})")
+    feat = dataset.features.get(audio_column)
+    if isinstance(feat, hf.Audio) and feat.decode:  # decode with soundfile ourselves (no torchcodec needed)
+        dataset = dataset.cast_column(audio_column, hf.Audio(decode=False))
+    rows = len(dataset) if max_items is None else min(max_items, len(dataset))
+    sr_codec = int(getattr(codec, "sample_rate", 24000))
+    parts, skipped, have = [], 0, 0
+    for i in progress_bar(range(rows), total=rows, desc="encoding", enabled=progress):
+        if max_frames is not None and have >= max_frames:
+            break
+        row = dataset[i]
+        text = row[text_column] or ""
+        if not text.strip() and text_column == "raw_text" and "normalized_text" in cols:
+            text = row["normalized_text"] or ""
+        if not text.strip():
+            skipped += 1
+            continue
+        wav, sr = _decode_audio(row[audio_column])
+        codes = torch.as_tensor(np.asarray(codec.encode(resample(wav, sr, sr_codec))), dtype=torch.long)
+        if codes.dim() != 2 or codes.shape[1] != lm.n_code_groups:
+            raise ValueError(f"codec returned codes of shape {tuple(codes.shape)}, expected (frames, "
+                             f"{lm.n_code_groups})")
+        if codes.shape[0] == 0:
+            skipped += 1
+            continue
+        ctx = teacher_forced_contexts(lm, text, codes, language=language, speaker=speaker)
+        parts.append(Frames(ctx, codes[:, 1:], torch.full((codes.shape[0],), i, dtype=torch.long)))
+        have += codes.shape[0]
+    if not parts:
+        raise ValueError("no usable row (every row had empty text or no audio frames)")
+    out = Frames.cat(parts)
+    out.utterance = torch.cat([p.utterance for p in parts])  # row index as utterance id
+    out.source = {"kind": "dataset", "model": lm.name, "rows": rows, "skipped": skipped, "text_column": text_column,
+                  "codec": type(codec).__name__, "codec_sample_rate": sr_codec, "language": language}
+    return out
+
+
+@torch.no_grad()
+def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None = None, batch_size: int = 8,
+                           progress: bool = False, source: dict | None = None) -> Frames:
+    """Teacher-forced frames of given utterances (text + ground-truth codes), e.g. the embedded model's shipped ones.
+
+    For every utterance, ONE teacher-forced talker pass (:func:`rvqspec_lib.models.teacher.talker_pass`, the exact inference
+    layout: prompt, then each true frame fed back as the sum of its 16 code embeddings plus the text track) gives the
+    inner-loop context of each frame, ``[talker hidden state that emitted code 0, talker embedding of the TRUE code
+    0]`` (what :func:`teacher_forced_contexts` computes for one utterance); the targets are the true codes 1..G-1.
+    Utterances are batched by (speaker, language) and similar length (left-padded prompts, as the official batch
+    ``generate``); the result keeps the input order.
+
+    Args:
+        lm: :class:`rvqspec_lib.models.loader.LoadedModel` whose talker gives the contexts.
+        utterances: :class:`rvqspec_lib.models.teacher.Utterance` objects (or anything :func:`rvqspec_lib.models.teacher.as_utterance`
+            takes), codes ``(frames, n_code_groups)`` int, code 0 first; e.g. the second element of
+            :func:`rvqspec_lib.models.utterances.load_shipped_utterances`.
+        max_frames: stop once this many frames are collected: utterances are taken in input order and the last one
+            is cut (a causal talker pass over its first frames gives the same contexts); ``None``: all.
+        batch_size: utterances per talker pass.
+        progress: show a tqdm bar (utterances).
+        source: extra JSON-able description merged into ``Frames.source``.
+
+    Returns:
+        :class:`Frames`: ``context`` ``(N, 2, talker_hidden)`` float32, ``codes`` ``(N, n_code_groups - 1)`` int64,
+        ``utterance`` ``(N,)`` int64 = index of the utterance in ``utterances``.
+
+    Raises:
+        ValueError: no utterances, ``max_frames < 1`` or ``batch_size < 1``, codes of the wrong shape or out of the
+            codebook (the message names the utterance).
+    """
+    from rvqspec_lib.models.teacher import Utterance, as_utterance, talker_pass
+
+    utts = [as_utterance(u) for u in utterances]
+    if not utts:
+        raise ValueError("no utterances given")
+    if max_frames is not None and max_frames < 1:
+        raise ValueError(f"max_frames must be >= 1 (or None), got {max_frames}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    g = lm.n_code_groups
+    for i, u in enumerate(utts):
+        c = u.codes
+        if c.shape[1] != g:
+            raise ValueError(f"utterance {i} ({u.text!r}): codes must be (frames, {g}), got {tuple(c.shape)}")
+        if int(c.min()) < 0 or int(c[:, 1:].max()) >= lm.codebook_size or int(c[:, 0].max()) >= 2048:
+            raise ValueError(f"utterance {i} ({u.text!r}): codes must lie in [0, {lm.codebook_size}) (code 0 in "
+                             f"[0, 2048)), got [{int(c.min())}, {int(c.max())}]: codes of another codec?")
+    chosen: list[tuple[int, Utterance]] = []  # (input index, utterance, the last one possibly cut)
+    have = 0
+    for i, u in enumerate(utts):
+        if max_frames is not None and have >= max_frames:
+            break
+        t = u.codes.shape[0] if max_frames is None else min(u.codes.shape[0], max_frames - have)
+        chosen.append((i, u if t == u.codes.shape[0] else Utterance(u.text, u.codes[:t], u.speaker, u.language)))
+        have += t
+    order = sorted(range(len(chosen)), key=lambda a: (str(chosen[a][1].speaker), chosen[a][1].language,
+                                                      chosen[a][1].codes.shape[0]))
+    batches = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+    got: dict[int, torch.Tensor] = {}
+    was = lm.model.training
+    lm.model.eval()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(chosen), desc="teacher-forced contexts", unit="utt", leave=False)
+    try:
+        for b in batches:
+            out, length, codes, _, frames = talker_pass(lm, [chosen[a][1] for a in b])
+            hidden = out.hidden_states[0][-1]  # (B, L + F, Ht), last layer after the final norm
+            emb = lm.model.talker.get_input_embeddings()(codes[..., 0])  # (B, F, Ht)
+            for r, a in enumerate(b):
+                t = int(frames[r])
+                got[a] = torch.stack([hidden[r, length - 1: length - 1 + t], emb[r, :t]], 1).float().cpu()
+            if bar is not None:
+                bar.update(len(b))
+    finally:
+        lm.model.train(was)
+        if bar is not None:
+            bar.close()
+    parts = [Frames(got[a], chosen[a][1].codes[:, 1:].clone(),
+                    torch.full((chosen[a][1].codes.shape[0],), chosen[a][0], dtype=torch.long))
+             for a in range(len(chosen))]
+    out_frames = Frames.cat(parts)
+    out_frames.utterance = torch.cat([p.utterance for p in parts])  # the input index as utterance id
+    out_frames.source = {"kind": "utterances", "model": getattr(lm, "name", None), "n_utterances": len(chosen),
+                         "n_given": len(utts), "max_frames": max_frames, "cut_last": bool(
+                             max_frames is not None and chosen and
+                             chosen[-1][1].codes.shape[0] < utts[chosen[-1][0]].codes.shape[0]),
+                         **(source or {})}
+    return out_frames
+
+
+def frames_from_shipped(lm, model: str | os.PathLike, split: str, *, max_frames: int | None = None,
+                        seed: int | None = 0, batch_size: int = 8, progress: bool = False) -> Frames:
+    """Teacher-forced frames of one split of the utterances that ship beside a model (the embedded model's
+    ``utterances.safetensors``): :func:`rvqspec_lib.models.utterances.load_shipped_utterances` then
+    :func:`frames_from_utterances`.
+
+    Args:
+        lm: the loaded model. model: its name or folder (``"embedded"``, ``build/embedded-smoke/model``), as
+            :func:`rvqspec_lib.models.utterances.embedded_root` takes it.
+        split: ``"training"``, ``"validation"`` or ``"evaluation"``.
+        max_frames: frame limit (see :func:`frames_from_utterances`); ``None``: every frame of the split.
+        seed: the utterances are taken in a seeded random order (so that a frame limit samples the whole split, not
+            its first sentences); ``None``: file order.
+        batch_size, progress: as :func:`frames_from_utterances`.
+
+    Returns:
+        :class:`Frames`; ``utterance`` is the utterance's index in the split (file order); ``source`` names the file,
+        the split and the seed.
+
+    Raises:
+        FileNotFoundError: the model ships no utterances. ValueError: a split it does not have, bad codes.
+    """
+    from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances
+
+    root = embedded_root(model)
+    path = root / "utterances.safetensors"
+    rows, utts = load_shipped_utterances(path, splits=[split])
+    if not utts:
+        raise ValueError(f"{path} has no usable {split!r} utterance")
+    order = torch.arange(len(utts)) if seed is None else \
+        torch.randperm(len(utts), generator=torch.Generator().manual_seed(seed))
+    fr = frames_from_utterances(lm, [utts[int(i)] for i in order], max_frames=max_frames, batch_size=batch_size,
+                                progress=progress, source={"kind": "shipped", "file": str(path), "split": split,
+                                                           "seed": seed, "n_split_utterances": len(utts)})
+    fr.utterance = order[fr.utterance]  # back to the index in the split
+    return fr
+
+
+@torch.no_grad()
+def frames_from_contexts(code_predictor, context: torch.Tensor, *, sampling: Sampling | None = None, seed: int = 0,
+                         batch_size: int = 4096, frames_per_utterance: int = 1) -> Frames:
+    """Frames whose codes the inner loop samples itself (AR, the deployed warpers) from given contexts.
+
+    A cheap source without the talker: contexts from a dataset pass (self-distillation of the code predictor's p), or
+    random contexts for tests. ``frames_per_utterance`` groups consecutive frames into one utterance id for splits.
+    """
+    from rvqspec_lib.spec.decode import decode_frame
+    from rvqspec_lib.spec.decoders import AR
+
+    gen = torch.Generator(device=context.device).manual_seed(seed)
+    codes = torch.cat([decode_frame(code_predictor, context[i: i + batch_size], decoder=AR(), sampling=sampling,
+                                    generator=gen).codes for i in range(0, context.shape[0], batch_size)])
+    utt = torch.arange(context.shape[0]) // max(1, frames_per_utterance)
+    return Frames(context.float().cpu(), codes.cpu(), utt, None,
+                  {"kind": "contexts", "n": int(context.shape[0]), "seed": seed,
+                   "sampling": repr(sampling or Sampling())})

@@ -1,0 +1,155 @@
+"""The headroom of drafters that see only H_k: the best acceptance any such drafter could reach, measured by sampling
+the frame's continuations from the verifier (notebook 02), and the share of it each drafter captures.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from rvqspec_lib.eval.acceptance import _teacher_forced_batches
+from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.models.teacher import teacher_forced_hidden
+from rvqspec_lib.spec import predictor as P
+from rvqspec_lib.spec.drafters import draft_batch
+from rvqspec_lib.spec.sampling import Sampling
+
+
+def optimal_overlap(p: torch.Tensor) -> torch.Tensor:
+    """``max_q (1/S) sum_s sum_x min(p_s(x), q(x))`` over distributions q, for each group of S target distributions.
+
+    The objective is separable and concave in q: for code x it rises with slope ``#{s: p_s(x) > q(x)} / S``, so
+    filling q level by level (all codes' stretch below their smallest p_s(x) first, at slope 1, then the stretch up
+    to the second smallest at slope (S-1)/S, ...) until q holds mass 1 is optimal (greedy allocation for a separable
+    concave objective).
+
+    Args:
+        p: ``(..., S, V)`` distributions (rows sum to 1), a tensor or an array.
+    Returns:
+        ``(...)`` float64, in [1/S, 1]: 1 when the S distributions are equal.
+    Raises:
+        ValueError: fewer than 2 dimensions, negative entries, or rows that do not sum to 1 (to 1e-4).
+    """
+    p = torch.as_tensor(p)
+    if p.dim() < 2 or p.shape[-1] < 1 or p.shape[-2] < 1:
+        raise ValueError(f"p must be (..., S, V) with S, V >= 1 (S distributions over V codes), got {tuple(p.shape)}")
+    sums = p.double().sum(-1)
+    if bool((p < 0).any()) or not bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-4)):
+        raise ValueError("every row of p must be a distribution (non-negative, summing to 1): pass probabilities, "
+                         "e.g. Sampling().probs(logits), not logits")
+    s = p.shape[-2]
+    srt = torch.sort(p.double(), dim=-2).values  # (..., S, V) ascending over samples
+    step = torch.diff(srt, dim=-2, prepend=torch.zeros_like(srt[..., :1, :]))  # level i adds sorted_i - sorted_{i-1}
+    level_mass = step.sum(-1)  # (..., S): mass that level i can take
+    slope = (s - torch.arange(s, dtype=torch.float64)) / s  # (S,) level i's slope
+    before = torch.cumsum(level_mass, -1) - level_mass
+    take = (1.0 - before).clamp(min=0.0).minimum(level_mass)  # mass put at each level
+    return (take * slope).sum(-1)
+
+
+@torch.no_grad()
+def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None, drafters: Sequence | dict = (), *,
+                     n_ahead: int = 3, samples: int = 8, sampling: Sampling | None = None,
+                     generator: torch.Generator | None = None, batch_size: int = 16) -> dict:
+    """How much acceptance ANY drafter that sees only H_k (reused heads, offsets, Medusa heads: all of the paper's)
+    could gain, measured by Monte Carlo on the model itself.
+
+    For each frame and start depth k, ``samples`` continuations of the frame are drawn from the verifier (codes
+    k..k+n_ahead-1, autoregressively, at the deployed warping, after the frame's teacher-forced codes before k), and
+    each gives the verifier's distribution p_s of depth k+j. A drafter's q of depth k+j depends on H_k only, i.e. not
+    on which continuation happens, so its sampled-draft acceptance is ``(1/S) sum_s sum_x min(p_s(x), q(x))``.
+    Reported by offset j, averaged over frames and start depths:
+
+    * ``ceiling``: that acceptance maximised over every distribution q (:func:`optimal_overlap`), per frame and start
+      depth: an upper bound on any H_k-only drafter (biased upward by the finite ``samples``: E[max] >= max E);
+    * ``marginal``: q = the average of half the samples' p_s (the marginal a perfect drafter would learn), scored on
+      the other half (an unbiased estimate of an achievable drafter's acceptance);
+    * each drafter's acceptance on the same continuations (``drafters``: ``{label: drafter}``, or a sequence of
+      drafters labelled by their ``name``, numbered when names repeat), its q warped like p.
+
+    Args:
+        context: ``(N, 2, talker_hidden)``, or a :class:`~rvqspec_lib.eval.frames.Frames` (then ``codes`` is
+            taken from it). codes: ``(N, n)`` codes 1..n, teacher-forced before each start depth. Which codes fill
+            that prefix matters: the data's codes (``frames_from_shipped``) or samples of p (codes a decoder
+            committed, as ``evaluate_acceptance`` uses) give slightly different acceptances (0.83 vs 0.85 for the
+            reused heads at j = 1 on 16 embedded-model frames); compare drafters on the same codes, as here.
+        drafters: drafters to score beside the ceiling.
+        samples: continuations per (frame, start depth), even, >= 2.
+        sampling: the deployed warpers (default temperature 0.9, top-k 50).
+        generator: explicit RNG (default seeded 0).
+    Returns:
+        ``{"offsets": [1..n_ahead], "ceiling": [...], "marginal": [...], "drafters": {name: [...]}, "samples",
+        "n_frames"}`` (lists of floats by offset, start depths with k + j <= n pooled).
+    Raises:
+        ValueError: ``samples`` odd or < 2, or ``n_ahead`` outside [1, n-1].
+    """
+    from rvqspec_lib.spec.sampling import sample as draw
+
+    if isinstance(context, Frames):
+        context, codes = context.context, context.codes
+    if codes is None:
+        raise ValueError("give the frames' codes (N, n), or pass a Frames object as context")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2 or samples % 2:
+        raise ValueError(f"samples must be even and >= 2 (half fit the marginal, half score it), got {samples}")
+    cp = code_predictor
+    n = P.n_codes(cp)
+    if not 1 <= n_ahead <= n - 1:
+        raise ValueError(f"n_ahead must be in [1, {n - 1}], got {n_ahead}")
+    codes = torch.as_tensor(codes)
+    vocab = int(cp.config.vocab_size)
+    if codes.dim() != 2 or codes.shape != (context.shape[0], n) or context.dim() != 3:
+        raise ValueError(f"need context (N, 2, hidden) and codes (N, {n}) for the same N frames, got "
+                         f"{tuple(context.shape)} and {tuple(codes.shape)}")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= vocab):
+        raise ValueError(f"codes must lie in [0, {vocab}), got [{int(codes.min())}, {int(codes.max())}]")
+    bad = [k for k, d in (drafters.items() if isinstance(drafters, dict) else enumerate(drafters))
+           if not hasattr(d, "draft_logits")]
+    if bad:
+        raise ValueError(f"drafters {bad} are not drafters (objects with draft_logits): build them with "
+                         "rvqspec_lib.models.drafter_files.make_drafter")
+    sampling = Sampling() if sampling is None else sampling
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    if isinstance(drafters, dict):
+        names, drafters = [str(k) for k in drafters], list(drafters.values())
+    else:
+        drafters = list(drafters)
+        names = [getattr(d, "name", type(d).__name__) for d in drafters]
+        names = [nm if names.count(nm) == 1 else f"{nm}-{i}" for i, nm in enumerate(names)]
+    sums = {key: torch.zeros(n_ahead, dtype=torch.float64) for key in ["ceiling", "marginal", *names]}
+    count = torch.zeros(n_ahead, dtype=torch.float64)
+    ks = torch.arange(1, n)  # start depths
+    for ctx, cod, hidden, p_true in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
+        b = ctx.shape[0]
+        # one row per (frame, start depth k, sample): the frame's codes, continuations written in place
+        rows = b * (n - 1) * samples
+        f_idx = torch.arange(b).repeat_interleave((n - 1) * samples)
+        k_idx = ks.repeat_interleave(samples).repeat(b)  # (rows,)
+        seq = cod[f_idx].clone()
+        ctx_rows = ctx[f_idx]
+        p_next = p_true[f_idx, k_idx - 1]  # p of depth k given the true prefix
+        targets = []  # p_s of depth k+j, j = 1..n_ahead: (rows, V) each
+        for j in range(n_ahead):
+            d = (k_idx + j).clamp(max=n)  # depth being sampled (1-based)
+            live = (k_idx + j) <= n
+            x = draw(p_next.float(), gen).to(seq.device)
+            seq[torch.arange(rows), d - 1] = torch.where(live, x, seq[torch.arange(rows), d - 1])
+            h = teacher_forced_hidden(cp, ctx_rows, seq)  # (rows, n, H)
+            nd = (k_idx + j + 1).clamp(max=n)  # the next depth
+            p_next = sampling.probs(P.head_logits(cp, h[torch.arange(rows), nd - 1], nd - 1))
+            targets.append(p_next)
+        p_s = torch.stack(targets, 1).reshape(b, n - 1, samples, n_ahead, -1).transpose(2, 3)  # (b, n-1, K, S, V)
+        valid = (ks[:, None] + torch.arange(1, n_ahead + 1)[None]) <= n  # (n-1, K)
+        w = valid.double()
+        sums["ceiling"] += (optimal_overlap(p_s) * w).sum((0, 1)).cpu()
+        half = samples // 2
+        q_m = p_s[..., :half, :].mean(-2, keepdim=True)
+        sums["marginal"] += (torch.minimum(p_s[..., half:, :], q_m).sum(-1).double().mean(-1) * w).sum((0, 1)).cpu()
+        for name, dr in zip(names, drafters):
+            logits, _, _ = draft_batch(dr, cp, hidden, n_ahead)  # (b, n-1, K, V), from H_k
+            q = sampling.probs(logits)[..., None, :]
+            sums[name] += (torch.minimum(p_s, q).sum(-1).double().mean(-1) * w).sum((0, 1)).cpu()
+        count += w.sum(0) * b
+    out = {key: (v / count.clamp_min(1)).tolist() for key, v in sums.items()}
+    return {"offsets": list(range(1, n_ahead + 1)), "ceiling": out["ceiling"], "marginal": out["marginal"],
+            "drafters": {name: out[name] for name in names}, "samples": samples, "n_frames": int(context.shape[0])}

@@ -1,0 +1,171 @@
+"""Model configs: the released real-size configs shipped in ``data/configs/``, tiny and small configs of the official
+classes, and building the official ``Qwen3TTSForConditionalGeneration`` with seeded random weights from a config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from rvqspec_lib.common.paths import DATA_DIR
+from rvqspec_lib.models.shim import _qwen_classes
+
+CONFIG_DIR = DATA_DIR / "configs"
+
+
+#: Names accepted by :func:`load_model` besides hub ids and local paths.
+RANDOM_MODELS = {
+    "qwen3-tts-0.6b-random": "Qwen3-TTS-12Hz-0.6B-CustomVoice",
+    "qwen3-tts-1.7b-random": "Qwen3-TTS-12Hz-1.7B-CustomVoice",
+}
+
+
+TINY_MODELS = ("tiny-random",)
+
+
+def tiny_config_dict(
+    *,
+    n_code_groups: int = 16,
+    codebook_size: int = 2048,
+    talker_hidden: int = 64,
+    code_predictor_hidden: int = 48,
+    talker_layers: int = 2,
+    code_predictor_layers: int = 2,
+) -> dict:
+    """Config of a tiny model of the official classes (same structure as a release, small sizes).
+
+    ``code_predictor_hidden != talker_hidden`` exercises ``small_to_mtp_projection`` (as the 1.7B model does).
+    Special codec ids are those of the released checkpoints, so ``codebook_size`` must stay below 2048 + 1
+    (code ids 0..codebook_size-1 never collide with specials at 2048+). Text special ids are remapped to 256..
+    so that a byte tokenizer fits a 264-entry text vocabulary.
+    """
+    if not 2 <= n_code_groups <= 32:
+        raise ValueError(f"n_code_groups must be in 2..32, got {n_code_groups}")
+    if not 2 <= codebook_size <= 2048:
+        raise ValueError(f"codebook_size must be in 2..2048, got {codebook_size}")
+    head_dim = 16
+    return {
+        "tts_model_type": "custom_voice",
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+        "tts_model_size": "tiny",
+        "im_start_token_id": 256,
+        "im_end_token_id": 257,
+        "assistant_token_id": 258,
+        "tts_pad_token_id": 259,
+        "tts_bos_token_id": 260,
+        "tts_eos_token_id": 261,
+        "talker_config": {
+            "vocab_size": 3072,
+            "hidden_size": talker_hidden,
+            "intermediate_size": 2 * talker_hidden,
+            "num_hidden_layers": talker_layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": head_dim,
+            "num_code_groups": n_code_groups,
+            "text_hidden_size": 32,
+            "text_vocab_size": 264,
+            "rope_theta": 1000000,
+            "rope_scaling": {"interleaved": True, "mrope_section": [4, 2, 2], "rope_type": "default"},
+            "codec_eos_token_id": 2150, "codec_think_id": 2154, "codec_nothink_id": 2155,
+            "codec_think_bos_id": 2156, "codec_think_eos_id": 2157, "codec_pad_id": 2148, "codec_bos_id": 2149,
+            "codec_language_id": {"english": 2050, "german": 2053, "spanish": 2054, "chinese": 2055,
+                                  "japanese": 2058, "russian": 2069},
+            "spk_id": {"tiny": 3000},
+            "spk_is_dialect": {"tiny": False},
+            "code_predictor_config": {
+                "vocab_size": codebook_size,
+                "hidden_size": code_predictor_hidden,
+                "intermediate_size": 2 * code_predictor_hidden,
+                "num_hidden_layers": code_predictor_layers,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": head_dim,
+                "num_code_groups": n_code_groups,
+                "rope_theta": 1000000,
+                "layer_types": ["full_attention"] * code_predictor_layers,
+            },
+        },
+    }
+
+
+def build_from_config(config: dict, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                      attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """Instantiate the official ``Qwen3TTSForConditionalGeneration`` with seeded random weights.
+
+    The global RNG is saved and restored around the initialisation, so the caller's random state is untouched.
+    """
+    Qwen3TTSConfig, Qwen3TTSForConditionalGeneration = _qwen_classes()
+    cfg = Qwen3TTSConfig(**{k: v for k, v in config.items() if k not in ("architectures", "transformers_version")})
+    cfg._attn_implementation = attn_implementation
+    cfg.talker_config._attn_implementation = attn_implementation
+    cfg.talker_config.code_predictor_config._attn_implementation = attn_implementation
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = Qwen3TTSForConditionalGeneration(cfg)
+    finally:
+        torch.random.set_rng_state(state)
+    return model.to(dtype).eval()
+
+
+def _default_generation(path: Path | None) -> dict:
+    src = path / "generation_config.json" if path else CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice" / "generation_config.json"
+    return json.loads(src.read_text()) if src.exists() else {}
+
+
+def _frame_rate_from_dir(cfg_dir: Path) -> tuple[float, int]:
+    st = cfg_dir / "speech_tokenizer" / "config.json"
+    if st.exists():
+        c = json.loads(st.read_text())
+        sr = int(c.get("output_sample_rate", 24000))
+        return sr / float(c.get("decode_upsample_rate", 1920)), sr
+    return 12.5, 24000
+
+
+def small_config_dict(*, talker_layers: int = 4, talker_hidden: int = 256, code_predictor_layers: int = 5,
+                      code_predictor_hidden: int = 256, n_heads: int = 4, n_kv_heads: int = 2, head_dim: int = 64,
+                      text_hidden: int = 256, speakers: Sequence[str] = ("slt",), n_code_groups: int = 16,
+                      codebook_size: int = 2048) -> dict:
+    """Config of a small model of the official classes for training from scratch (byte or phoneme text).
+
+    Defaults: the 4 x 256 talker / 5 x 256 code predictor of the offline feasibility run (docs/offline.md#template-sentences). SwiGLU width
+    3x hidden as in the releases (1024 -> 3072); MRoPE sections scaled from the releases' [24, 20, 20] of 64;
+    one CustomVoice speaker id (3000 + i) per voice of the corpus; text ids as in :func:`tiny_config_dict`
+    (bytes 0..255, specials 256..261).
+    """
+    cfg = tiny_config_dict(n_code_groups=n_code_groups, codebook_size=codebook_size, talker_hidden=talker_hidden,
+                           code_predictor_hidden=code_predictor_hidden, talker_layers=talker_layers,
+                           code_predictor_layers=code_predictor_layers)
+    if head_dim % 2 or n_heads % n_kv_heads:
+        raise ValueError("head_dim must be even and n_heads a multiple of n_kv_heads")
+    if not 1 <= len(speakers) <= 72:
+        raise ValueError("need 1..72 speakers (ids 3000..3071)")
+    half = head_dim // 2
+    side = round(half * 20 / 64)
+    t, cp = cfg["talker_config"], cfg["talker_config"]["code_predictor_config"]
+    cfg["tts_model_size"] = f"small-{talker_layers}x{talker_hidden}"
+    for c, hid in ((t, talker_hidden), (cp, code_predictor_hidden)):
+        c.update(intermediate_size=3 * hid, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
+                 head_dim=head_dim)
+    t["text_hidden_size"] = text_hidden
+    t["rope_scaling"] = {"interleaved": True, "mrope_section": [half - 2 * side, side, side], "rope_type": "default"}
+    t["spk_id"] = {s.lower(): 3000 + i for i, s in enumerate(speakers)}
+    t["spk_is_dialect"] = {s.lower(): False for s in speakers}
+    return cfg
+
+
+def config_dict(model) -> dict:
+    """A ``config.json`` dict that :func:`rvqspec_lib.models.configs.build_from_config` rebuilds the model from.
+
+    ``to_diff_dict`` alone does not round-trip: the speaker-encoder sub-config carries a ``model_type`` key that its
+    own constructor rejects.
+    """
+    d = model.config.to_diff_dict()
+    if isinstance(d.get("speaker_encoder_config"), dict):
+        d["speaker_encoder_config"].pop("model_type", None)
+    d.pop("_attn_implementation_autoset", None)
+    return d

@@ -1,0 +1,172 @@
+"""Drafters on disk: ``<name>.safetensors`` (the tensors; the header metadata holds the JSON description) and
+``<name>.json`` beside it (the same description, for people and Makefiles). :func:`make_drafter` builds one by name
+from a file or from beside a model (``<model_dir>/drafters/<name>.safetensors``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rvqspec_lib.common.provenance import usual_mode
+from rvqspec_lib.spec.drafters import (
+    DEFAULT_K,
+    DRAFTERS,
+    MedusaHeads,
+    PositionOffsets,
+    ReusedHeads,
+    _check_name,
+    fresh_drafter,
+    params_added_for,
+)
+from rvqspec_lib.spec.predictor import n_codes
+
+FORMAT = "rvqspec-drafter"
+
+
+FORMAT_VERSION = 1
+
+
+def params_added_for_config(name: str, config: dict | str | os.PathLike, **kw) -> int:
+    """:func:`params_added_for` with the sizes read from a released ``config.json`` (a dict or a path)."""
+    if not isinstance(config, dict):
+        config = json.loads(Path(config).read_text())
+    cp = config["talker_config"]["code_predictor_config"]
+    return params_added_for(name, n_codes=int(cp["num_code_groups"]) - 1, hidden_size=int(cp["hidden_size"]),
+                            vocab_size=int(cp["vocab_size"]), **kw)
+
+
+def drafter_path(model_dir: str | os.PathLike, name: str) -> Path:
+    """Where a trained drafter lives beside a model: ``<model_dir>/drafters/<name>.safetensors``."""
+    _check_name(name)
+    return Path(model_dir) / "drafters" / f"{name}.safetensors"
+
+
+def model_drafter_dir(model: str | os.PathLike) -> Path | None:
+    """The model folder whose ``drafters/`` holds a model's trained drafters, or ``None`` when there is none.
+
+    ``"embedded"`` (:data:`rvqspec_lib.models.loader.EMBEDDED_MODEL`) -> ``data/embedded/model`` (whether or not it exists
+    yet); an existing local directory -> itself; anything else (``tiny-random``, a hub id) -> ``None``. With
+    :func:`drafter_path`, this is where ``--drafter offsets`` looks and ``rvqspec train-drafter`` writes by default.
+    """
+    from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL
+
+    if str(model) == EMBEDDED_MODEL:
+        return EMBEDDED_DIR / "model"
+    p = Path(model).expanduser()
+    return p if p.is_dir() else None
+
+
+def _how_to_train(name: str, where: str) -> str:
+    return (f"train one with `rvqspec train-drafter --model <model> --drafter {name} --out {where}` "
+            f"(or rvqspec_lib.training.drafters.train_drafter), or use --drafter heads (no training)")
+
+
+def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = None, *, fresh: bool = False,
+                 K: int = DEFAULT_K):
+    """A drafter by name.
+
+    Args:
+        name: ``"heads"`` (:class:`ReusedHeads`, nothing to load), ``"offsets"`` or ``"medusa"``.
+        code_predictor: the module the drafter will serve (sizes are checked against a loaded file).
+        path: a ``.safetensors`` drafter file, or a model directory holding ``drafters/<name>.safetensors``.
+        fresh: build an untrained drafter instead of loading one (``K`` offsets), e.g. to train it.
+
+    Raises:
+        ValueError: an unknown name; a file for another drafter or another code predictor size.
+        FileNotFoundError: no trained drafter where asked (the message says how to train one).
+    """
+    _check_name(name)
+    if name == "heads":
+        return ReusedHeads()
+    if fresh:
+        return fresh_drafter(name, code_predictor, K=K)
+    if path is None:
+        raise FileNotFoundError(f"no trained {name!r} drafter given: pass --drafter-path <file>.safetensors (or a model "
+                                f"directory holding drafters/{name}.safetensors); {_how_to_train(name, '<file>.safetensors')}")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = drafter_path(p, name)
+    if not p.is_file():
+        raise FileNotFoundError(f"no trained {name!r} drafter at {p}: {_how_to_train(name, str(p))}")
+    d = load_drafter(p, code_predictor)
+    if d.name != name:
+        raise ValueError(f"{p} holds a {d.name!r} drafter, not {name!r}")
+    return d
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def save_drafter(drafter, path: str | os.PathLike) -> Path:
+    """Write a trained drafter: ``path`` (safetensors; the JSON description in its header metadata under
+    ``"rvqspec"``) and the same description in ``path.with_suffix(".json")``.
+
+    The description holds the name, the constructor arguments (K, sizes), each tensor's shape, ``params_added`` and
+    the drafter's ``provenance`` dict (training data, loss, epochs, git revision: filled by
+    :func:`rvqspec_lib.training.drafters.train_drafter`).
+
+    Raises:
+        ValueError: :class:`ReusedHeads` (nothing to save), or a path not ending in ``.safetensors``.
+    """
+    from safetensors.torch import save_file
+
+    if not isinstance(drafter, (PositionOffsets, MedusaHeads)):
+        raise ValueError(f"only trained drafters (offsets, medusa) are saved; {type(drafter).__name__} has no "
+                         "parameters: use make_drafter('heads', ...)")
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"drafter files end in .safetensors, got {path.name}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in drafter.state_dict().items()}
+    desc = {"format": FORMAT, "version": FORMAT_VERSION, "name": drafter.name, "config": drafter.config(),
+            "params_added": drafter.params_added, "tensors": {k: list(v.shape) for k, v in tensors.items()},
+            "provenance": drafter.provenance}
+    text = json.dumps(desc, indent=1, default=str)
+    save_file(tensors, str(path), metadata={"rvqspec": text})
+    usual_mode(path)
+    _sidecar(path).write_text(text + "\n")
+    return path
+
+
+def read_description(path: str | os.PathLike) -> dict:
+    """The JSON description stored in a drafter file's header (no tensors are read)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if "rvqspec" not in meta:
+        raise ValueError(f"{path} is not an rvqspec drafter file (no 'rvqspec' header metadata)")
+    desc = json.loads(meta["rvqspec"])
+    if desc.get("format") != FORMAT or desc.get("name") not in DRAFTERS[1:]:
+        raise ValueError(f"{path}: unexpected drafter description {desc.get('format')!r} / {desc.get('name')!r}")
+    return desc
+
+
+def load_drafter(path: str | os.PathLike, code_predictor):
+    """Load a drafter written by :func:`save_drafter`, on the code predictor's device.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not a drafter file, or sizes that do not match
+            ``code_predictor`` (hidden size, vocabulary, codes per frame).
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no drafter file {path}")
+    desc = read_description(path)
+    cfg = dict(desc["config"])
+    hidden, vocab, n = int(code_predictor.config.hidden_size), int(code_predictor.config.vocab_size), \
+        n_codes(code_predictor)
+    want = {"hidden_size": hidden, "vocab_size": vocab, "n_codes": n}
+    bad = {k: (cfg[k], v) for k, v in want.items() if k in cfg and int(cfg[k]) != v}
+    if bad:
+        raise ValueError(f"{path} was trained for another code predictor: " +
+                         ", ".join(f"{k} {a} (file) vs {b} (model)" for k, (a, b) in bad.items()))
+    drafter = PositionOffsets(**cfg) if desc["name"] == "offsets" else MedusaHeads(**cfg)
+    drafter.load_state_dict(load_file(str(path)))
+    drafter.provenance = dict(desc.get("provenance") or {})
+    return drafter.to(next(code_predictor.parameters()).device).eval()

@@ -1,0 +1,118 @@
+"""Text front ends of our own small models: UTF-8 bytes, or espeak-ng phonemes written as bytes.
+
+A model trained here stores its front end in ``rvqspec_model.json`` (``{"kind": "bytes"}`` or
+``{"kind": "phonemes", "voice": "en-us", "alphabet": "ascii"}``); :func:`tokenizer_from_spec` rebuilds it at load
+time, so synthesis needs nothing but the checkpoint directory (and, for phonemes, the ``espeak-ng`` program).
+
+Phonemes: ``espeak-ng -q -x`` (ASCII phoneme mnemonics, ``h@l'oU w'3:ld``) or ``--ipa`` (``həlˈoʊ wˈɜːld``). Both are
+fed to the model as UTF-8 bytes, so a phoneme model has the same 256-entry text vocabulary (and the same config) as a
+byte model; ASCII mnemonics are one byte a symbol character, IPA mostly two. espeak-ng prints one line per clause and
+drops punctuation: clause lines are joined with ``" | "`` and the text's final ``.``, ``?`` or ``!`` is appended, so
+pauses and the sentence type survive.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from rvqspec_lib.models.tokenizers import ByteTokenizer
+
+#: espeak-ng flags per alphabet.
+ALPHABETS = {"ascii": ["-x"], "ipa": ["--ipa"]}
+CLAUSE_BREAK = " | "
+
+
+class EspeakMissingError(RuntimeError):
+    """espeak-ng is not installed (or not where the tokenizer was told to find it)."""
+
+
+class PhonemeTokenizer(ByteTokenizer):
+    """Text -> espeak-ng phonemes -> UTF-8 bytes, in the official chat layout (like :class:`ByteTokenizer`).
+
+    Args:
+        im_start, im_end, assistant: the config's special text ids.
+        voice: an espeak-ng voice (``en-us``, ``de``, ``es`` ...; ``espeak-ng --voices`` lists them).
+        alphabet: ``"ascii"`` (espeak's ``-x`` mnemonics) or ``"ipa"``.
+        espeak: the espeak-ng program (name on PATH or a path).
+
+    Phonemisation costs one process (about 30 ms); results are cached per text, and :meth:`prefetch` fills the
+    cache for a whole corpus with a few processes at once.
+    """
+
+    def __init__(self, im_start: int, im_end: int, assistant: int, *, voice: str = "en-us",
+                 alphabet: str = "ascii", espeak: str = "espeak-ng"):
+        super().__init__(im_start, im_end, assistant)
+        if alphabet not in ALPHABETS:
+            raise ValueError(f"unknown phoneme alphabet {alphabet!r}: use one of {', '.join(ALPHABETS)}")
+        self.voice, self.alphabet, self.espeak = voice, alphabet, espeak
+        self._cache: dict[str, str] = {}
+
+    def spec(self) -> dict:
+        """What ``rvqspec_model.json`` stores to rebuild this tokenizer."""
+        return {"kind": "phonemes", "voice": self.voice, "alphabet": self.alphabet}
+
+    def _program(self) -> str:
+        exe = shutil.which(self.espeak)
+        if exe is None:
+            raise EspeakMissingError(
+                f"espeak-ng not found ({self.espeak!r}): this model reads phonemes made by espeak-ng. Install it "
+                "(Debian/Ubuntu: apt-get install -y espeak-ng; macOS: brew install espeak-ng) or pass espeak=PATH.")
+        return exe
+
+    def phonemize(self, text: str) -> str:
+        """Phoneme string of one text (cached). Raises ``ValueError`` on empty text or an unknown voice."""
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("text is empty: pass the sentence to speak, e.g. --text 'Hello world.'")
+        if text in self._cache:
+            return self._cache[text]
+        flat = " ".join(text.split())  # newlines would end clauses
+        proc = subprocess.run([self._program(), "-q", "-v", self.voice, *ALPHABETS[self.alphabet], "--stdin"],
+                              input=flat.encode("utf-8"), capture_output=True, timeout=60)
+        if proc.returncode != 0:
+            err = proc.stderr.decode("utf-8", "replace").strip()
+            raise ValueError(f"espeak-ng failed for voice {self.voice!r}: {err or 'exit ' + str(proc.returncode)}")
+        lines = [ln.strip() for ln in proc.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
+        out = CLAUSE_BREAK.join(lines)
+        end = re.search(r"[.?!]+[\"')\]]*\s*$", flat)
+        if end:
+            out += end.group(0).strip()[0]
+        if not out.strip():  # a text of punctuation only: keep something speakable rather than nothing
+            out = flat
+        self._cache[text] = out
+        return out
+
+    def prefetch(self, texts, workers: int = 4) -> None:
+        """Phonemise many texts in parallel processes and cache them (for a training corpus)."""
+        todo = sorted({t for t in texts if t not in self._cache})
+        self._program()
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            list(pool.map(self.phonemize, todo))
+
+    def __call__(self, text: str) -> torch.Tensor:
+        """Encode one text. Returns ``(1, L)`` int64 ids (phoneme bytes in the chat layout)."""
+        return super().__call__(self.phonemize(text))
+
+
+def tokenizer_spec(tokenizer) -> dict:
+    """The ``rvqspec_model.json`` entry of a tokenizer. Raises ``ValueError`` for a tokenizer we cannot store."""
+    if isinstance(tokenizer, PhonemeTokenizer):
+        return tokenizer.spec()
+    if isinstance(tokenizer, ByteTokenizer):
+        return {"kind": "bytes"}
+    raise ValueError(f"cannot store a {type(tokenizer).__name__} in rvqspec_model.json: use bytes or phonemes")
+
+
+def tokenizer_from_spec(spec: dict, config: dict) -> ByteTokenizer:
+    """Rebuild a tokenizer from its ``rvqspec_model.json`` entry and the model's ``config.json`` (special ids)."""
+    ids = (int(config["im_start_token_id"]), int(config["im_end_token_id"]), int(config["assistant_token_id"]))
+    kind = (spec or {}).get("kind", "bytes")
+    if kind == "bytes":
+        return ByteTokenizer(*ids)
+    if kind == "phonemes":
+        return PhonemeTokenizer(*ids, voice=spec.get("voice", "en-us"), alphabet=spec.get("alphabet", "ascii"))
+    raise ValueError(f"unknown tokenizer kind {kind!r} in rvqspec_model.json: use 'bytes' or 'phonemes'")

@@ -1,0 +1,307 @@
+"""Model access: real Qwen3-TTS checkpoints, tiny random models, real-size random architectures.
+
+Every model here is the OFFICIAL ``qwen_tts`` class ``Qwen3TTSForConditionalGeneration``, unchanged:
+
+* a hub id (``Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice``) or a local checkpoint directory: loaded with the
+  official ``Qwen3TTSModel.from_pretrained`` (weights, processor and 12 Hz speech tokenizer);
+* a directory written by ``:func:`save_checkpoint``` (marker file ``rvqspec_model.json``): our own small
+  model, built from its ``config.json`` with weights from ``model.safetensors`` and the text front end (bytes or
+  espeak-ng phonemes, ``rvqspec_lib.models.frontend``) named in the marker; no processor, no speech tokenizer;
+* ``tiny-random``: a tiny config of the same classes (2 talker layers, 2 code-predictor layers, 16 code groups,
+  a projection between talker and code predictor), seeded random weights, a byte-level text tokenizer. For tests;
+* ``qwen3-tts-0.6b-random`` / ``qwen3-tts-1.7b-random``: the real-size architectures built from the released
+  ``config.json`` files shipped in ``data/configs/``, with RANDOM weights. Timing depends on the architecture, not on
+  the weights, so these are for timing only: their acceptance rates and audio mean nothing.
+
+The import shim that lets ``qwen_tts`` import without torchaudio is :mod:`rvqspec_lib.models.shim`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from rvqspec_lib.common.paths import DATA_DIR
+from rvqspec_lib.common.provenance import usual_mode
+from rvqspec_lib.models.configs import (
+    CONFIG_DIR,
+    RANDOM_MODELS,
+    TINY_MODELS,
+    _default_generation,
+    _frame_rate_from_dir,
+    build_from_config,
+    config_dict,
+    tiny_config_dict,
+)
+from rvqspec_lib.models.shim import import_qwen_tts
+from rvqspec_lib.models.speech_tokenizers import CodecSpeechTokenizer
+from rvqspec_lib.models.tokenizers import ByteTokenizer, ProcessorTokenizer
+
+
+class ModelNotFoundError(ValueError):
+    """Raised for a model name that is neither a known offline model, a local checkpoint nor a reachable hub id."""
+
+
+@dataclass
+class LoadedModel:
+    """A Qwen3-TTS model plus what the frame loop needs around it.
+
+    Attributes:
+        name: what the user asked for (hub id, path or offline name).
+        kind: ``"checkpoint"`` (trained weights), ``"tiny-random"`` or ``"random-size"`` (timing only).
+        model: the official ``Qwen3TTSForConditionalGeneration``.
+        tokenizer: ``text -> (1, L) int64`` ids in the official chat layout.
+        generation: the checkpoint's ``generation_config.json`` values (dict).
+        speech_tokenizer: the official 12 Hz codec wrapper, a :class:`CodecSpeechTokenizer` over our RVQ codec (own
+            models with ``codec.safetensors`` beside the weights), or ``None`` (random models: codes go to .npy).
+        frame_rate_hz: codec frames per second (output sample rate / samples per frame), 12.5 for 12 Hz models.
+        sample_rate_hz: audio sample rate.
+    """
+
+    name: str
+    kind: str
+    model: torch.nn.Module
+    tokenizer: Callable[[str], torch.Tensor]
+    generation: dict = field(default_factory=dict)
+    speech_tokenizer: object | None = None
+    frame_rate_hz: float = 12.5
+    sample_rate_hz: int = 24000
+
+    @property
+    def talker(self):
+        return self.model.talker
+
+    @property
+    def code_predictor(self):
+        """The inner-loop module (``model.talker.code_predictor``, the "MultiCodeDecoder")."""
+        return self.model.talker.code_predictor
+
+    @property
+    def n_code_groups(self) -> int:
+        """Codebooks per frame (16 on released checkpoints): code 0 from the talker, the rest from the code predictor."""
+        return int(self.model.config.talker_config.num_code_groups)
+
+    @property
+    def codebook_size(self) -> int:
+        return int(self.model.config.talker_config.code_predictor_config.vocab_size)
+
+    @property
+    def is_random(self) -> bool:
+        """True when weights are random: use for timing only, never for acceptance or audio."""
+        return self.kind != "checkpoint"
+
+    def describe(self) -> dict:
+        """JSON-able summary: parameters per part, sizes, dtype."""
+        m = self.model
+        n = lambda mod: int(sum(p.numel() for p in mod.parameters()))  # noqa: E731
+        cp = self.code_predictor
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "random_weights": self.is_random,
+            "dtype": str(next(m.parameters()).dtype).replace("torch.", ""),
+            "talker_layers": int(m.config.talker_config.num_hidden_layers),
+            "talker_hidden": int(m.config.talker_config.hidden_size),
+            "code_predictor_layers": int(cp.config.num_hidden_layers),
+            "code_predictor_hidden": int(cp.config.hidden_size),
+            "n_code_groups": self.n_code_groups,
+            "codebook_size": self.codebook_size,
+            "frame_rate_hz": self.frame_rate_hz,
+            "params_talker_total": n(m.talker),
+            "params_code_predictor": n(cp),
+        }
+
+
+def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int = 0, device: str = "cpu",
+               attn_implementation: str = "sdpa") -> LoadedModel:
+    """Load a Qwen3-TTS model by name.
+
+    Args:
+        name: ``"embedded"`` (the small trained model shipped in ``data/embedded/model``, see its MODEL_CARD.md),
+            ``"tiny-random"``, ``"qwen3-tts-0.6b-random"``, ``"qwen3-tts-1.7b-random"``, a local checkpoint
+            directory, or a hub id such as ``"Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"`` (needs the network or the HF cache).
+        dtype: ``torch.float32`` (default), ``torch.float64``, ``torch.bfloat16`` or their names.
+        seed: seed of the random weights (random models only; the global RNG is left as it was).
+        device: torch device string.
+
+    Returns:
+        :class:`LoadedModel`.
+
+    Raises:
+        ModelNotFoundError: unknown name, or a hub id that cannot be fetched (message names the offline choices).
+    """
+    if isinstance(dtype, str):
+        try:
+            dtype = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64,
+                     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16}[dtype]
+        except KeyError:
+            raise ValueError(f"unknown dtype {dtype!r}: use float32, float64, bfloat16 or float16") from None
+    if not isinstance(name, str) or not name:
+        raise ModelNotFoundError("no model given: name one, e.g. 'embedded', 'tiny-random', "
+                                 "'qwen3-tts-0.6b-random', a hub id or a checkpoint folder")
+    if name in TINY_MODELS:
+        cfg = tiny_config_dict()
+        model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
+        tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
+        return LoadedModel(name, "tiny-random", model, tok, _default_generation(None))
+    if name == EMBEDDED_MODEL:
+        d = EMBEDDED_DIR / "model"
+        if not (d / OWN_MODEL_MARKER).is_file():
+            raise ModelNotFoundError(
+                f"the embedded model is missing ({d / OWN_MODEL_MARKER} not found): it ships with the repository "
+                "(git checkout data/embedded) or is rebuilt by `make embedded` (scripts/build_embedded.py)")
+        return _load_own_model(name, d, dtype, device, attn_implementation)
+    if name in RANDOM_MODELS:
+        d = CONFIG_DIR / RANDOM_MODELS[name]
+        cfg = json.loads((d / "config.json").read_text())
+        model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
+        # a real-size text vocab: bytes are valid ids, special ids are the real ones
+        tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
+        fr, sr = _frame_rate_from_dir(d)
+        return LoadedModel(name, "random-size", model, tok, _default_generation(d), None, fr, sr)
+    path = Path(name).expanduser()
+    if path.exists():
+        if (path / OWN_MODEL_MARKER).exists():  # a small model trained by rvqspec_lib.train
+            return _load_own_model(name, path, dtype, device, attn_implementation)
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(f"{path} has no config.json: point --model at a Qwen3-TTS checkpoint directory")
+        return _load_checkpoint(str(path), path, dtype, device, attn_implementation)
+    if "/" in name and not name.startswith((".", "/")):
+        return _load_checkpoint(name, None, dtype, device, attn_implementation)
+    raise ModelNotFoundError(
+        f"unknown model {name!r}: use one of {', '.join((EMBEDDED_MODEL,) + TINY_MODELS + tuple(RANDOM_MODELS))}, "
+        "a local checkpoint "
+        "directory, or a hub id such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    )
+
+
+#: Name of the small trained model that ships with the repository (``load_model("embedded")``).
+EMBEDDED_MODEL = "embedded"
+
+
+#: Where it lives: ``model/`` (the checkpoint), ``codec.safetensors``, ``utterances.safetensors`` (+ ``.jsonl``),
+#: ``eval.json`` and ``MODEL_CARD.md``, all written by ``make embedded``.
+#: ``RVQSPEC_EMBEDDED_DIR`` points it at another build (e.g. ``build/embedded-smoke``).
+EMBEDDED_DIR = Path(os.environ.get("RVQSPEC_EMBEDDED_DIR") or
+                    DATA_DIR / "embedded").expanduser()
+
+
+#: Marker file of a checkpoint written by :func:`rvqspec_lib.models.loader.save_checkpoint` (no processor, no codec):
+#: ``{"format": "rvqspec-model", "version": 1, "tokenizer": {"kind": "bytes" | "phonemes", ...}, ...}``.
+OWN_MODEL_MARKER = "rvqspec_model.json"
+
+
+def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -> LoadedModel:
+    """Our own small model: the official class built from ``config.json``, weights from ``model.safetensors``,
+    the text front end named in ``rvqspec_model.json`` (bytes or espeak-ng phonemes, see rvqspec_lib.frontend)."""
+    from safetensors.torch import load_model as load_weights
+
+    from rvqspec_lib.models.frontend import tokenizer_from_spec
+
+    marker = json.loads((path / OWN_MODEL_MARKER).read_text())
+    cfg = json.loads((path / "config.json").read_text())
+    weights = path / "model.safetensors"
+    if not weights.exists():
+        raise ModelNotFoundError(f"{path} has {OWN_MODEL_MARKER} but no model.safetensors")
+    langs = marker.get("languages")  # the languages it was trained on: others are refused by the prompt builder
+    if langs:
+        ids = cfg["talker_config"].get("codec_language_id") or {}
+        cfg["talker_config"]["codec_language_id"] = {k: v for k, v in ids.items() if k in langs}
+    model = build_from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)
+    load_weights(model, str(weights), strict=True)
+    tok = tokenizer_from_spec(marker.get("tokenizer", {"kind": "bytes"}), cfg)
+    fr, sr = float(marker.get("frame_rate_hz", 12.5)), int(marker.get("sample_rate_hz", 24000))
+    speech = None
+    codec_file = path / marker.get("codec", "codec.safetensors")  # the embedded model's is ../codec.safetensors
+    if "codec" in marker and not codec_file.is_file():
+        raise ModelNotFoundError(f"{path / OWN_MODEL_MARKER} names its codec {marker['codec']!r}, but {codec_file} is "
+                                 "missing: restore it (git checkout data/embedded) or rebuild with `make embedded`")
+    if codec_file.is_file():
+        from rvqspec_lib.models.rvq_codec import RVQCodec
+
+        speech = CodecSpeechTokenizer(RVQCodec.load(codec_file))
+    return LoadedModel(name, "checkpoint", model.to(device).eval(), tok, _default_generation(path), speech, fr, sr)
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """One quick TCP connection to the hub endpoint (no retries), so an offline machine fails in seconds."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    u = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+def _check_hub_id(name: str) -> None:
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "config.json")
+    if isinstance(cached, str) or constants.HF_HUB_OFFLINE:
+        return  # in the local cache (or offline mode asked for: transformers reports what is missing)
+    if not _hub_reachable():
+        raise ModelNotFoundError(
+            f"{name!r} is not in the local Hugging Face cache and the hub cannot be reached from this machine. "
+            "Download it where there is a network (huggingface-cli download ...) and pass the local directory, or "
+            "use --model tiny-random / qwen3-tts-0.6b-random for timing."
+        )
+
+
+def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implementation) -> LoadedModel:
+    if path is None:
+        _check_hub_id(name)
+    import_qwen_tts()
+    try:
+        from qwen_tts import Qwen3TTSModel
+
+        wrapper = Qwen3TTSModel.from_pretrained(name, torch_dtype=dtype, device_map=device,
+                                                attn_implementation=attn_implementation)
+    except OSError as e:  # hub unreachable, missing files
+        raise ModelNotFoundError(
+            f"could not load checkpoint {name!r} ({e.__class__.__name__}: {str(e).splitlines()[0][:200]}). "
+            "Offline, download it first (huggingface-cli download ...) and pass the local directory, or use "
+            "--model tiny-random / qwen3-tts-0.6b-random for timing."
+        ) from e
+    model = wrapper.model.eval()
+    gen = dict(getattr(wrapper, "generate_defaults", None) or {})
+    if path is not None and (path / "generation_config.json").exists():
+        gen = json.loads((path / "generation_config.json").read_text())
+    st = getattr(model, "speech_tokenizer", None)
+    fr, sr = 12.5, 24000
+    if path is not None:
+        fr, sr = _frame_rate_from_dir(path)
+    return LoadedModel(name, "checkpoint", model, ProcessorTokenizer(wrapper.processor), gen, st, fr, sr)
+
+
+def save_checkpoint(lm: LoadedModel, out_dir: str | Path, *, extra: dict | None = None) -> Path:
+    """Write a directory that ``rvqspec_lib.models.loader.load_model(out_dir)`` loads.
+
+    Files: ``model.safetensors`` (weights), ``config.json``, ``generation_config.json`` (sampling defaults),
+    ``rvqspec_model.json`` (marker: text front end, frame rate, ``extra`` training metadata).
+    """
+    from safetensors.torch import save_model
+
+    from rvqspec_lib.models.frontend import tokenizer_spec
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    marker = {"format": "rvqspec-model", "version": 1, "tokenizer": tokenizer_spec(lm.tokenizer),
+              "frame_rate_hz": lm.frame_rate_hz, "sample_rate_hz": lm.sample_rate_hz, "training": extra or {}}
+    gen = lm.generation or json.loads(
+        (CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice" / "generation_config.json").read_text())
+    save_model(lm.model, str(out / "model.safetensors"))
+    usual_mode(out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(config_dict(lm.model), indent=2))
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    (out / OWN_MODEL_MARKER).write_text(json.dumps(marker, indent=2))
+    return out

@@ -1,0 +1,118 @@
+"""Speech tokenizers (codes <-> audio) behind one interface: the official 12 Hz tokenizer and our offline codec.
+
+* :class:`Qwen12HzCodec`: a thin wrapper around the official ``qwen_tts`` 12 Hz speech tokenizer
+  (``Qwen3TTSTokenizer.from_pretrained``), for users who have its weights (``Qwen/Qwen3-TTS-Tokenizer-12Hz`` on the
+  hub, or the ``speech_tokenizer/`` folder of a checkpoint);
+* :class:`CodecSpeechTokenizer`: the official speech tokenizer's ``decode`` interface over the offline
+  :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`, so our own models turn codes into audio like real checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rvqspec_lib.models.audio import (
+    FRAME_RATE_HZ,
+    FRAME_SAMPLES,
+    SAMPLE_RATE,
+    _check_wav,
+)
+from rvqspec_lib.models.rvq_codec import RVQCodec, _check_codes
+
+
+class CodecSpeechTokenizer:
+    """The official speech tokenizer's ``decode`` interface over an :class:`rvqspec_lib.models.rvq_codec.RVQCodec`, so the
+    frame loop and ``rvqspec synth`` turn codes into audio the same way for our own models as for real checkpoints.
+
+    ``decode([{"audio_codes": (frames, n_codebooks) int64}, ...]) -> ([float32 waveform at sample_rate], sample_rate)``.
+    """
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.sample_rate = int(codec.config.sample_rate)
+
+    def decode(self, items) -> tuple[list, int]:
+        wavs = []
+        for it in items:
+            codes = it["audio_codes"] if isinstance(it, dict) else it
+            codes = codes.detach().cpu().numpy() if isinstance(codes, torch.Tensor) else codes
+            wavs.append(self.codec.decode(codes))
+        return wavs, self.sample_rate
+
+
+class Qwen12HzCodec:
+    """The official Qwen3-TTS 12 Hz speech tokenizer behind the :class:`RVQCodec` interface.
+
+    Args:
+        path: a local folder with the tokenizer (``Qwen/Qwen3-TTS-Tokenizer-12Hz`` downloaded, or the
+            ``speech_tokenizer/`` folder of a Qwen3-TTS checkpoint), or a hub id (needs the network or the HF cache).
+        device: torch device (``"cpu"``, ``"cuda:0"``).
+        **kwargs: forwarded to ``Qwen3TTSTokenizer.from_pretrained`` (e.g. ``dtype=torch.bfloat16``).
+    Raises:
+        FileNotFoundError: a local path that does not exist, or a hub id that cannot be fetched.
+
+    Its decoder needs all 16 codebooks, so ``decode(codes, n_codebooks=k)`` with k < 16 raises.
+    """
+
+    sample_rate = SAMPLE_RATE
+    frame_samples = FRAME_SAMPLES
+    frame_rate_hz = FRAME_RATE_HZ
+    n_codebooks = 16
+    codebook_size = 2048
+
+    def __init__(self, path: str | os.PathLike, device: str = "cpu", **kwargs):
+        name = str(path)
+        p = Path(name).expanduser()
+        hub_like = not p.exists() and name.count("/") == 1 and not name.startswith((".", "/", "~"))
+        if not p.exists() and not hub_like:
+            raise FileNotFoundError(
+                f"no speech tokenizer at {name}: download it where the network is reachable "
+                "(huggingface-cli download Qwen/Qwen3-TTS-Tokenizer-12Hz --local-dir DIR) and pass DIR, or pass the "
+                "speech_tokenizer/ folder of a Qwen3-TTS checkpoint. Offline, use rvqspec_lib.models.rvq_codec.RVQCodec.")
+        from rvqspec_lib.models.shim import import_qwen_tts
+
+        qwen_tts = import_qwen_tts()
+        try:
+            self.tokenizer = qwen_tts.Qwen3TTSTokenizer.from_pretrained(str(p) if p.exists() else name,
+                                                                         device_map=device, **kwargs)
+        except OSError as e:
+            raise FileNotFoundError(
+                f"could not load the speech tokenizer {name!r} ({e.__class__.__name__}: "
+                f"{str(e).splitlines()[0][:200] if str(e) else ''}). Offline, download it first and pass the local "
+                "folder, or use rvqspec_lib.models.rvq_codec.RVQCodec.") from e
+        self.sample_rate = int(self.tokenizer.get_input_sample_rate())
+        self.frame_samples = int(self.tokenizer.get_encode_downsample_rate())
+        self.frame_rate_hz = self.sample_rate / self.frame_samples
+        cfg = self.tokenizer.config
+        self.n_codebooks = int(getattr(cfg, "encoder_valid_num_quantizers", None) or self.n_codebooks)
+        dec = getattr(cfg, "decoder_config", None)
+        size = dec.get("codebook_size") if isinstance(dec, dict) else getattr(dec, "codebook_size", None)
+        self.codebook_size = int(size or self.codebook_size)
+
+    def encode(self, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+        """`(samples,)` float audio at ``sample_rate`` -> `(frames, 16)` int64 codes."""
+        wav = _check_wav(wav, sample_rate, self.sample_rate)
+        enc = self.tokenizer.encode(wav, sr=self.sample_rate)
+        return enc.audio_codes[0].detach().cpu().numpy().astype(np.int64)
+
+    def decode(self, codes, n_codebooks: int | None = None) -> np.ndarray:
+        """`(frames, 16)` codes -> `(samples,)` float32 audio at 24 kHz."""
+        codes = _check_codes(codes, self.n_codebooks, self.codebook_size)
+        if n_codebooks not in (None, self.n_codebooks):
+            raise ValueError(f"the official 12 Hz decoder needs all {self.n_codebooks} codebooks, got "
+                             f"n_codebooks={n_codebooks}")
+        wavs, _ = self.tokenizer.decode({"audio_codes": [torch.from_numpy(codes)]})
+        return np.asarray(wavs[0], dtype=np.float32).reshape(-1)
+
+
+def load_codec(name_or_path: str | os.PathLike, device: str = "cpu"):
+    """An :class:`RVQCodec` for a ``.safetensors`` file or a folder holding ``codec.safetensors``; a
+    :class:`Qwen12HzCodec` for anything else (a tokenizer folder or a hub id)."""
+    p = Path(name_or_path).expanduser()
+    if p.suffix == ".safetensors" or (p / "codec.safetensors").is_file():
+        return RVQCodec.load(p)
+    return Qwen12HzCodec(name_or_path, device=device)

@@ -1,0 +1,289 @@
+"""Teacher forcing: the official model run over known codes in ONE pass, exactly in the layout of inference.
+
+* :func:`batch_prompt` / :func:`talker_pass` / :func:`teacher_force`: the prompt built by the official ``generate``
+  (:func:`rvqspec_lib.models.frame.build_prompt`), then frame t fed as the sum of its 16 code embeddings plus the
+  text track, as :func:`rvqspec_lib.models.frame.synthesize` feeds it step by step (docs/model.md#feedback-to-the-talker);
+* :func:`teacher_forced_contexts`: the inner-loop context of every frame of an utterance from that one talker pass;
+* :func:`teacher_forced_hidden` / :func:`verifier_logits`: the code predictor over a whole frame in one causal pass
+  (``forward_finetune``'s), the shape of a verify call and the input of drafter training and acceptance statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from rvqspec_lib.models.frame import Prompt, build_prompt, default_speaker
+from rvqspec_lib.models.loader import LoadedModel
+from rvqspec_lib.spec import predictor as P
+
+IGNORE = -100
+
+
+@dataclass
+class Utterance:
+    """One training pair.
+
+    Attributes:
+        text: the sentence spoken.
+        codes: ``(frames, n_code_groups)`` int64 codec codes (12.5 Hz frames; code 0 first).
+        speaker: a speaker of the model's config (``None``: the model's default speaker).
+        language: ``"auto"`` or a language of the config.
+    """
+
+    text: str
+    codes: torch.Tensor
+    speaker: str | None = None
+    language: str = "auto"
+
+
+def as_utterance(item) -> Utterance:
+    """Accept an ``Utterance``, ``(text, codes[, speaker[, language]])``, a dict or an object with those fields."""
+    if isinstance(item, Utterance):
+        u = item
+    elif isinstance(item, dict):
+        u = Utterance(item["text"], item["codes"], item.get("speaker"), item.get("language", "auto"))
+    elif isinstance(item, (tuple, list)):
+        u = Utterance(*item)
+    else:
+        u = Utterance(item.text, item.codes, getattr(item, "speaker", None), getattr(item, "language", "auto"))
+    codes = torch.as_tensor(u.codes, dtype=torch.long)
+    if codes.dim() != 2 or codes.shape[0] < 1:
+        raise ValueError(f"codes must be (frames >= 1, n_code_groups), got shape {tuple(codes.shape)} for {u.text!r}")
+    return Utterance(u.text, codes, u.speaker, u.language or "auto")
+
+
+@dataclass
+class TeacherForced:
+    """Outputs of one teacher-forced pass.
+
+    Attributes:
+        talker_logits: ``(B, F+1, vocab)`` codec-head logits at the positions that emit code 0 of frames 0..F-1 and,
+            at index ``frames[b]``, end of speech (F = longest utterance).
+        talker_labels: ``(B, F+1)`` int64: code 0 of each frame, end-of-speech after the last one, -100 beyond.
+        talker_hidden: ``(N, talker_hidden)`` hidden state that starts each frame's code-predictor sequence
+            (N = total frames of the batch, row-major; fewer with ``cp_fraction < 1``).
+        cp_logits: ``(N, G-1, codebook_size)`` code-predictor logits for codes 1..G-1.
+        cp_labels: ``(N, G-1)`` int64 codes 1..G-1.
+        frames: ``(B,)`` frames per utterance.
+        official_cp_loss: the loss ``forward_sub_talker_finetune`` returns (double-shifted; for the tests only).
+    """
+
+    talker_logits: torch.Tensor
+    talker_labels: torch.Tensor
+    talker_hidden: torch.Tensor
+    cp_logits: torch.Tensor
+    cp_labels: torch.Tensor
+    frames: torch.Tensor
+    official_cp_loss: torch.Tensor | None = None
+
+
+def frame_embeddings(lm: LoadedModel, codes: torch.Tensor) -> torch.Tensor:
+    """The talker's feedback for frames: sum of the G code embeddings.
+
+    Args:
+        codes: ``(..., G)`` int64.
+
+    Returns:
+        ``(..., talker_hidden)``: talker ``codec_embedding(code 0)``
+        + sum over j of code-predictor ``codec_embedding[j-1](code j)``.
+    """
+    emb = lm.model.talker.get_input_embeddings()(codes[..., 0])
+    tables = lm.code_predictor.get_input_embeddings()
+    for j in range(1, codes.shape[-1]):
+        emb = emb + tables[j - 1](codes[..., j])
+    return emb
+
+
+def _left_pad(t: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero-pad dim 1 on the left to ``length`` (as the official batch ``generate`` pads prompts)."""
+    return F.pad(t, (0, 0) * (t.dim() - 2) + (length - t.shape[1], 0))
+
+
+def batch_prompt(lm: LoadedModel, utts: Sequence[Utterance], *, grad: bool) -> Prompt:
+    """The official prompt of a batch, left-padded like the official batch ``generate``.
+
+    Utterances sharing (language, speaker) go through one official call; groups are then left-padded to a common
+    length (extra zero columns with mask 0 on the left, which is what one official call over the whole batch gives).
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, u in enumerate(utts):
+        groups.setdefault((u.language, u.speaker), []).append(i)
+    parts = []
+    for (language, speaker), idx in groups.items():
+        parts.append((idx, build_prompt(lm, [utts[i].text for i in idx], language=language, speaker=speaker,
+                                        grad=grad)))
+    if len(parts) == 1:
+        return parts[0][1]
+    length = max(p.inputs_embeds.shape[1] for _, p in parts)
+    text_len = max(p.trailing_text_hidden.shape[1] for _, p in parts)
+    pad = parts[0][1].tts_pad_embed
+    emb, mask, text, order = [], [], [], []
+    for idx, p in parts:
+        emb.append(_left_pad(p.inputs_embeds, length))
+        mask.append(F.pad(p.attention_mask, (length - p.attention_mask.shape[1], 0)))
+        t = p.trailing_text_hidden
+        text.append(torch.cat([t, pad.expand(t.shape[0], text_len - t.shape[1], -1)], 1))
+        order += idx
+    inv = torch.argsort(torch.tensor(order))
+    return Prompt(torch.cat(emb)[inv], torch.cat(mask)[inv], torch.cat(text)[inv], pad)
+
+
+def talker_pass(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
+                generator: torch.Generator | None = None):
+    """The official talker over [prompt | frames 0..F-1], teacher-forced, in the exact inference layout.
+
+    Frame t's input is the sum of its 16 code embeddings plus the text track (the text while it lasts, then
+    ``tts_pad_embed``); position ids come from the mask as in the official prefill. Shared by :func:`teacher_force`
+    (training) and :func:`rvqspec_lib.models.teacher.teacher_forced_contexts` (inner-loop contexts).
+
+    Returns:
+        ``(out, L, codes (B, F, G), valid (B, F) bool, frames (B,))``: ``out`` is the talker's output with hidden
+        states; position ``L-1+t`` is the one that emits code 0 of frame t.
+    """
+    talker = lm.model.talker
+    dev = next(lm.model.parameters()).device
+    speaker = default_speaker(lm)
+    utts = [Utterance(u.text, u.codes, u.speaker if u.speaker is not None else speaker, u.language) for u in utts]
+    prompt = batch_prompt(lm, utts, grad=torch.is_grad_enabled())
+    emb, mask = prompt.inputs_embeds, prompt.attention_mask  # (B, L, H), (B, L)
+    b, length = mask.shape
+    frames = torch.tensor([u.codes.shape[0] for u in utts])
+    n_max = int(frames.max())
+    g = utts[0].codes.shape[1]
+    codes = torch.zeros(b, n_max, g, dtype=torch.long)
+    for i, u in enumerate(utts):
+        codes[i, : u.codes.shape[0]] = u.codes
+    codes = codes.to(dev)
+    valid = (torch.arange(n_max)[None] < frames[:, None]).to(dev)  # (B, F)
+    fed = codes
+    if feedback_noise > 0:
+        hit = torch.rand(b, n_max, 1, generator=generator) < feedback_noise
+        noise = torch.randint(0, lm.codebook_size, (b, n_max, g), generator=generator)
+        fed = torch.where(hit.to(dev), noise.to(dev), codes)
+    feed = frame_embeddings(lm, fed)  # (B, F, H): frame t is the input at position L + t
+    text = prompt.trailing_text_hidden  # (B, T, H): step t uses text[:, t] while t < T, then tts_pad_embed
+    track = torch.cat([text[:, :n_max], prompt.tts_pad_embed.expand(b, max(0, n_max - text.shape[1]), -1)], 1)
+    x = torch.cat([emb, feed + track.to(feed.dtype)], 1)  # (B, L + F, H)
+    attn = torch.cat([mask, valid.to(mask.dtype)], 1)
+    out = talker(inputs_embeds=x, attention_mask=attn, use_cache=False, output_hidden_states=True)
+    return out, length, codes, valid, frames
+
+
+def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
+                  cp_fraction: float = 1.0, generator: torch.Generator | None = None) -> TeacherForced:
+    """One teacher-forced pass of the official talker and code predictor over a batch.
+
+    Autograd follows the ambient grad mode (``torch.no_grad()`` for evaluation).
+
+    Args:
+        utts: the batch (:class:`Utterance`; see :func:`as_utterance`).
+        feedback_noise: probability that a frame fed back to the talker is replaced by uniformly random codes
+            (labels and code-predictor inputs keep the true codes); 0 = exact teacher forcing.
+        cp_fraction: fraction of the batch's frames (a random subset, at least one) that go through the code
+            predictor. Its 16-position pass per frame is about 90% of a step's compute at 4 x 256 / 5 x 256, so
+            training it on a subset of frames (Sesame CSM trains its audio decoder on 1/16 of the frames) buys
+            several times more talker steps; the talker still sees every frame. 1.0 = every frame.
+        generator: RNG of the noise and of the frame subset.
+    """
+    utts = [as_utterance(u) for u in utts]
+    if (feedback_noise > 0 or cp_fraction < 1.0) and generator is None:
+        raise ValueError("feedback_noise and cp_fraction < 1 draw random numbers: pass generator=torch.Generator()")
+    for u in utts:
+        if u.codes.shape[1] != lm.n_code_groups or int(u.codes.min()) < 0 or int(u.codes.max()) >= lm.codebook_size:
+            raise ValueError(f"codes of {u.text!r} must be (frames, {lm.n_code_groups}) in 0..{lm.codebook_size - 1}, "
+                             f"got shape {tuple(u.codes.shape)}, range {int(u.codes.min())}..{int(u.codes.max())}")
+    model, talker = lm.model, lm.model.talker
+    eos = int(model.config.talker_config.codec_eos_token_id)
+    out, length, codes, valid, frames = talker_pass(lm, utts, feedback_noise=feedback_noise, generator=generator)
+    b, n_max = valid.shape
+    dev = codes.device
+    hidden = out.hidden_states[0][-1]  # (B, L + F, H), last layer after the final norm (= inference's past_hidden)
+    talker_logits = out.logits[:, length - 1:]  # (B, F + 1, V): position L-1+t emits code 0 of frame t
+    labels = torch.full((b, n_max + 1), IGNORE, dtype=torch.long, device=dev)
+    labels[:, :n_max] = torch.where(valid, codes[..., 0], torch.full_like(codes[..., 0], IGNORE))
+    labels[torch.arange(b, device=dev), frames.to(dev)] = eos
+    sel = valid
+    if cp_fraction < 1.0:
+        if not 0.0 < cp_fraction:
+            raise ValueError(f"cp_fraction must be in (0, 1], got {cp_fraction}")
+        where = valid.flatten().nonzero().flatten()
+        k = max(1, math.ceil(cp_fraction * where.numel()))
+        pick = where[torch.randperm(where.numel(), generator=generator)[:k].to(dev)]
+        sel = torch.zeros_like(valid).flatten().index_fill(0, pick, True).view_as(valid)
+    h = hidden[:, length - 1: length - 1 + n_max][sel]  # (N, H): row-major over (utterance, frame)
+    c = codes[sel]  # (N, G)
+    cp_logits, official_loss = talker.forward_sub_talker_finetune(c, h)  # (N, G-1, Vc)
+    return TeacherForced(talker_logits, labels, h, cp_logits, c[:, 1:], frames, official_loss)
+
+
+def teacher_forced_hidden(code_predictor, context: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """Hidden states H_1..H_n of the code predictor over a whole frame in ONE causal pass (``forward_finetune``'s).
+
+    Inputs, as in the inner loop: positions 0, 1 = ``small_to_mtp_projection(context)``, position j+1 =
+    ``small_to_mtp_projection(codec_embedding[j-1](code j))`` for j = 1..n-1; the official decoder stack
+    (``code_predictor.model``) with its default causal mask. ``lm_head[d-1](H_d)`` is the verifier's logits for
+    code d given the frame's codes before d.
+
+    Args:
+        context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` int64 codes 1..n (code n is not fed).
+
+    Returns:
+        ``(N, n, hidden)`` in the module's dtype: entry d-1 is H_d, the hidden state that produces code d.
+    """
+    cp = code_predictor
+    n = P.n_codes(cp)
+    if codes.shape[-1] != n or codes.shape[0] != context.shape[0]:
+        raise ValueError(f"codes must be (N, {n}) for N={context.shape[0]} contexts, got {tuple(codes.shape)}")
+    dtype = P.param_dtype(cp)
+    x_ctx = cp.small_to_mtp_projection(context.to(dtype))  # (N, 2, H)
+    depth = torch.arange(1, n, device=codes.device).expand(codes.shape[0], n - 1)
+    x_codes = P.embed_codes(cp, codes[:, : n - 1], depth)  # (N, n-1, H), projected
+    out = cp.model(inputs_embeds=torch.cat([x_ctx, x_codes], 1), use_cache=False)
+    return out.last_hidden_state[:, 1:]  # (N, n, H): positions 1..n
+
+
+def verifier_logits(code_predictor, hidden: torch.Tensor) -> torch.Tensor:
+    """``(N, n, V)`` verifier logits for codes 1..n, ``lm_head[d-1](H_d)``, from :func:`teacher_forced_hidden`."""
+    nb, n, h = hidden.shape
+    head = torch.arange(n, device=hidden.device).repeat(nb)
+    return P.head_logits(code_predictor, hidden.reshape(nb * n, h), head).reshape(nb, n, -1)
+
+
+@torch.no_grad()
+def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str = "auto",
+                            speaker: str | None = None) -> torch.Tensor:
+    """Inner-loop contexts of every frame of one utterance, from ONE teacher-forced talker pass.
+
+    The talker pass is :func:`rvqspec_lib.models.teacher.talker_pass` (the official prompt, then frame t fed as the sum of its
+    16 code embeddings plus the text track, exactly as :func:`rvqspec_lib.models.frame.synthesize` does step by step), so the
+    hidden state that emits code 0 of frame t is the talker's last hidden state at prompt position L-1+t.
+
+    Args:
+        lm: :class:`rvqspec_lib.models.loader.LoadedModel`. text: the utterance's text.
+        codes: ``(T, n_code_groups)`` int64, code 0 first (the codec's layout).
+
+    Returns:
+        ``(T, 2, talker_hidden)`` float32 contexts = [talker hidden that emitted code 0, talker embedding of code 0].
+
+    Raises:
+        ValueError: codes of the wrong shape or out of the codebook.
+    """
+    from rvqspec_lib.models.teacher import Utterance, talker_pass
+
+    g = lm.n_code_groups
+    codes = torch.as_tensor(codes, dtype=torch.long)
+    if codes.dim() != 2 or codes.shape[1] != g or codes.shape[0] < 1:
+        raise ValueError(f"codes must be (frames >= 1, {g}), got {tuple(codes.shape)}")
+    if int(codes.min()) < 0 or int(codes[:, 1:].max()) >= lm.codebook_size or int(codes[:, 0].max()) >= 2048:
+        raise ValueError(f"codes must lie in [0, {lm.codebook_size}) (code 0 in [0, 2048)); got "
+                         f"[{int(codes.min())}, {int(codes.max())}]")
+    out, length, codes, _, _ = talker_pass(lm, [Utterance(text, codes, speaker, language)])
+    t = codes.shape[1]
+    past_hidden = out.hidden_states[0][-1][0, length - 1: length - 1 + t]  # (T, Ht): emits code 0 of each frame
+    code0_emb = lm.model.talker.get_input_embeddings()(codes[0, :, 0])  # (T, Ht)
+    return torch.stack([past_hidden, code0_emb], 1).float().cpu()

@@ -1,0 +1,138 @@
+"""Utterance files: codes per utterance (``codes.safetensors``) and the utterances shipped with the embedded model
+(``utterances.safetensors`` + ``utterances.jsonl``: text, split, voice and ground-truth codes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from rvqspec_lib.models.teacher import Utterance
+
+
+def embedded_root(model: str | os.PathLike = "embedded") -> Path:
+    """The folder that holds a trained small model's shipped data (``codec.safetensors``, ``utterances.safetensors``,
+    ``eval.json``): ``data/embedded`` for ``"embedded"``; for a path, the folder itself or its parent (so both
+    ``build/embedded-smoke`` and ``build/embedded-smoke/model`` work).
+
+    Raises:
+        FileNotFoundError: no ``utterances.safetensors`` there (names ``make embedded``).
+    """
+    from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL
+
+    p = EMBEDDED_DIR if str(model) == EMBEDDED_MODEL else Path(model).expanduser()
+    for d in (p, p.parent):
+        if (d / "utterances.safetensors").is_file():
+            return d
+    raise FileNotFoundError(f"no utterances.safetensors in {p} or {p.parent}: the embedded model's data is written by "
+                            "`make embedded` (scripts/build_embedded.py --out DIR writes DIR/utterances.safetensors)")
+
+
+SHIPPED_FIELDS = ("id", "split", "language", "voice", "text", "source", "seconds", "frames")
+
+
+def write_shipped_utterances(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray],
+                             path: str | os.PathLike) -> Path:
+    """Write the codes and texts that ship beside a model: ``path`` (safetensors ``{id: (frames, G) int16}``) and
+    ``path`` with suffix ``.jsonl`` (one row per utterance: ``SHIPPED_FIELDS``, no audio path).
+
+    Read back with :func:`load_shipped_utterances`. Codes are stored as int16 (codebook sizes up to 32768).
+    """
+    rows = [{k: r[k] for k in SHIPPED_FIELDS if k in r} for r in rows]
+    p = Path(path)
+    sub = {r["id"]: np.asarray(codes[r["id"]]).astype(np.int16) for r in rows}
+    save_codes(sub, p)
+    j = p.with_suffix(".jsonl")
+    tmp = j.with_name(j.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    os.replace(tmp, j)
+    return p
+
+
+def load_shipped_utterances(path: str | os.PathLike, *, splits: Sequence[str] | None = None,
+                            limit: int | None = None) -> tuple[list[dict], list[Utterance]]:
+    """Read what :func:`write_shipped_utterances` wrote (e.g. ``data/embedded/utterances.safetensors``).
+
+    Args:
+        path: the ``.safetensors`` file (its ``.jsonl`` sibling holds the rows).
+        splits: keep only these splits (``"training"``, ``"validation"``, ``"evaluation"``); ``None``: all.
+        limit: at most this many utterances per call (in file order), ``None``: all.
+    Returns:
+        ``(rows, utterances)``: manifest-like dicts and :class:`~rvqspec_lib.models.teacher.Utterance` objects (codes
+        ``(frames, G)`` int64), index-aligned.
+    Raises:
+        FileNotFoundError: the file or its ``.jsonl`` sibling is missing (names ``make embedded``).
+    """
+    p = Path(path)
+    j = p.with_suffix(".jsonl")
+    for f in (p, j):
+        if not f.is_file():
+            raise FileNotFoundError(f"{f} not found: the embedded model's shipped utterances are written by "
+                                    "`make embedded` (scripts/build_embedded.py, stage 'ship')")
+    rows = [json.loads(line) for line in j.read_text().splitlines() if line.strip()]
+    if splits is not None:
+        unknown = set(splits) - {r["split"] for r in rows}
+        if unknown == set(splits):
+            raise ValueError(f"no utterances of split(s) {sorted(unknown)} in {j}; it has "
+                             f"{sorted({r['split'] for r in rows})}")
+        rows = [r for r in rows if r["split"] in splits]
+    if limit is not None:
+        rows = rows[:limit]
+    codes = load_codes(p)
+    missing = [r["id"] for r in rows if r["id"] not in codes]
+    if missing:
+        raise ValueError(f"{p} lacks the codes of {len(missing)} row(s) of {j} (e.g. {missing[0]}): rebuild with "
+                         "`make embedded`")
+    return rows, utterances_from_manifest(rows, codes)
+
+
+def save_codes(codes: Mapping[str, np.ndarray], path: str | os.PathLike) -> Path:
+    """Write ``{id: codes}`` to one safetensors file, atomically (a partial file never has the final name)."""
+    from safetensors.torch import save_file
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    save_file({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in codes.items()}, str(tmp),
+              metadata={"format": "rvqspec-codes"})
+    os.replace(tmp, p)
+    return p
+
+
+def load_codes(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read a file written by :func:`save_codes`."""
+    from safetensors.torch import load_file
+
+    return {k: v.numpy() for k, v in load_file(str(path)).items()}
+
+
+def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray], *,
+                             splits: Sequence[str] | None = None, speaker_key: str | None = "voice",
+                             language: str = "auto") -> list[Utterance]:
+    """Training pairs: one :class:`~rvqspec_lib.models.teacher.Utterance` per manifest row that has codes.
+
+    Args:
+        rows: manifest rows (``id``, ``text``, ``split``, ``voice``).
+        codes: ``{id: (frames, G)}`` from :func:`encode_manifest` / :func:`load_codes`.
+        splits: keep only rows of these splits (``None``: all).
+        speaker_key: the row field that names the speaker (``"voice"``: one speaker id per synthesiser voice, as
+            :func:`rvqspec_lib.models.configs.small_config_dict` ``speakers=`` assigns them); ``None``: the default speaker.
+        language: the prompt language (``"auto"``).
+    Returns:
+        Utterances in manifest order (rows without codes, or with zero frames, are skipped).
+    """
+    out = []
+    for r in rows:
+        if splits is not None and r.get("split") not in splits:
+            continue
+        c = codes.get(r["id"])
+        if c is None or len(c) == 0:
+            continue
+        spk = str(r[speaker_key]).lower() if speaker_key else None
+        out.append(Utterance(r["text"], torch.as_tensor(np.asarray(c), dtype=torch.long), spk, language))
+    return out

@@ -1,0 +1,85 @@
+"""The inner-loop decoders as strategies: :class:`AR`, :class:`Chain` and :class:`Tree` (docs/methods.md).
+
+A decoder says which draft tree one verify call checks (``tree(n_codes)``) and whether drafts are SAMPLED from q
+(Chain; the ``min(1, p/q)`` rule) or the top-ranked codes of q (Tree with point-mass drafts; accept x with p(x)).
+:func:`rvqspec_lib.spec.decode.decode_frame` runs any of them. Shared constants live here, once: the chain windows
+swept by evaluations (:data:`CHAIN_WINDOWS`) and the paper-style small default tree (:data:`DEFAULT_TREE`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from rvqspec_lib.spec.trees import DraftTree
+
+MAX_WINDOW = 8
+
+
+@dataclass(frozen=True)
+class AR:
+    """Autoregressive decoding: one code-predictor call per code (15 per frame), 1.00 token per call."""
+
+    def tree(self, n_codes: int) -> DraftTree:
+        return DraftTree.from_paths([])
+
+    sampled_drafts = False
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Chain speculation with sampled drafts (TensorRT-Edge-LLM ``--cpSpecVerifySize N``; seed 003).
+
+    ``window`` N = the committed code plus N-1 drafts, each SAMPLED from the drafter's q for its depth; accepted with
+    ``min(1, p/q)``, residual resample on the first rejection, bonus code when all are accepted: 1..N codes per call.
+
+    Raises:
+        ValueError: window outside 2..8.
+    """
+
+    window: int = 4
+
+    def __post_init__(self):
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or not 2 <= self.window <= MAX_WINDOW:
+            raise ValueError(f"Chain window must be an integer in 2..{MAX_WINDOW} (the committed code plus 1..7 "
+                             f"drafts), got {self.window!r}")
+
+    def tree(self, n_codes: int) -> DraftTree:
+        return DraftTree.chain(self.window - 1)
+
+    sampled_drafts = True
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Sparse-tree speculation with point-mass drafts (paper §2.2): the top-ranked codes of the drafter's q, as rank
+    paths, verified in one masked call; accept child x with probability p(x), else zero it and try the next child.
+
+    Args:
+        paths: rank paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]`` (see :mod:`rvqspec_lib.trees`).
+
+    Raises:
+        ValueError: an empty tree, a path with a gap, a negative rank, a repeated path.
+    """
+
+    paths: Sequence[Sequence[int]] = ((0,), (1,), (0, 0), (0, 0, 0))
+    _compiled: DraftTree = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.paths is None or len(list(self.paths)) == 0:
+            raise ValueError("Tree needs at least one rank path, e.g. Tree(paths=[(0,), (1,), (0, 0)])")
+        object.__setattr__(self, "paths", tuple(tuple(p) if not isinstance(p, int) else (p,) for p in self.paths))
+        object.__setattr__(self, "_compiled", DraftTree.from_paths(self.paths))
+
+    def tree(self, n_codes: int) -> DraftTree:
+        # A tree deeper than the depths left is fine: nodes past the last depth are masked (the tree shrinks).
+        return self._compiled
+
+    sampled_drafts = False
+
+
+CHAIN_WINDOWS = tuple(range(2, 9))
+
+
+#: Default sparse tree (decode.Tree's default): top-2 one step ahead, the top code two and three steps ahead.
+DEFAULT_TREE = ((0,), (1,), (0, 0), (0, 0, 0))

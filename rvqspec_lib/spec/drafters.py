@@ -1,0 +1,309 @@
+"""Drafters: where the draft distributions q for the next depths come from (paper Table 2, §2.2).
+
+Interface (used by the Chain and Tree decoders): ``draft_logits(code_predictor, hidden, depth, n_ahead)`` returns the
+draft logits for depths ``depth + 1 .. depth + n_ahead`` from the hidden state H_k that produced the code at
+``depth`` = k. The verifier never sees what a drafter computes: it re-runs the code predictor on the drafted codes,
+so the committed codes follow p whatever the drafter (losslessness does not depend on the drafter;
+docs/methods.md#decoding-methods).
+
+* :class:`ReusedHeads` (row (i); TensorRT-Edge-LLM's chain, seed 003): ``lm_head[k+j-1](H_k)``, no new parameters.
+* :class:`MedusaHeads` (row (ii), Medusa, Cai et al. 2024): a fresh head for every (start depth k, offset j),
+  ``head[k, j](H_k)``.
+* :class:`PositionOffsets` (row (iii), the paper's method): ``lm_head[k+j-1](H_k + b_j)``, K learned vectors shared by
+  every start depth; backbone and heads frozen.
+
+Trained drafters of K offsets draft only offsets j <= K themselves; a window that asks for more (``Chain(8)`` drafts
+7 ahead) gets the reused head ``lm_head[k+j-1](H_k)`` for j > K (no trained parameters exist for those offsets).
+Saving and loading drafters (files, model folders) is model access: :mod:`rvqspec_lib.models.drafter_files`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rvqspec_lib.spec.predictor import head_logits, n_codes
+
+#: Drafter names accepted by :func:`make_drafter` (and ``--drafter`` on the command line).
+DRAFTERS = ("heads", "offsets", "medusa")
+
+
+#: The paper's number of drafted offsets (Table 2: K=3 for every drafter).
+DEFAULT_K = 3
+
+
+def _offsets(n_ahead: int, device) -> torch.Tensor:
+    return torch.arange(1, n_ahead + 1, device=device)
+
+
+class ReusedHeads:
+    """Draft depth k+j with the code predictor's own head for that depth applied to H_k (no new parameters).
+
+    Paper §2.1 / Table 2 (i): "the K=3 neighbouring codebook heads LMH_{k+1..k+3} draft from the position-k
+    hidden state". Any number of offsets can be drafted (``K`` is ``None``: no limit).
+    """
+
+    name = "heads"
+    K = None
+    params_added = 0
+
+    def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int) -> torch.Tensor:
+        """Draft logits.
+
+        Args:
+            hidden: ``(B, H)`` hidden state H_k that produced code k. depth: ``(B,)`` int64 k (1..n_codes).
+            n_ahead: number of depths to draft.
+
+        Returns:
+            ``(B, n_ahead, V)`` logits; entry j-1 drafts depth k+j with ``lm_head[k+j-1]``. Entries past the last
+            depth hold clamped-head logits that callers must ignore.
+        """
+        b = hidden.shape[0]
+        j = _offsets(n_ahead, hidden.device)
+        head = (depth[:, None] + j[None, :] - 1).reshape(-1)  # (B*K,)
+        h = hidden[:, None, :].expand(b, n_ahead, hidden.shape[-1]).reshape(b * n_ahead, -1)
+        return head_logits(code_predictor, h, head).reshape(b, n_ahead, -1)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "K": None, "params_added": 0}
+
+
+class PositionOffsets(nn.Module):
+    """The paper's drafter: ``lm_head[k+j-1](H_k + b_j)``, K learned vectors shared across start depths k.
+
+    Paper §2.2: "frozen LMH_{k+j} heads draft from h_k + b_j, while the unoffset LMH_k path emits the accepted code".
+    ``b_j`` is initialised to zero, where the drafter equals :class:`ReusedHeads` exactly; training moves only the
+    ``K x hidden_size`` offsets (3,072 parameters for K=3 on the 0.6B code predictor). Offsets j > K: no offset
+    (the reused head).
+
+    Args:
+        K: offsets learned (drafts for depths k+1..k+K).
+        hidden_size: the code predictor's hidden size (1024 on released checkpoints).
+    """
+
+    name = "offsets"
+
+    def __init__(self, K: int = DEFAULT_K, hidden_size: int = 1024):
+        super().__init__()
+        _check_k(K)
+        self.offsets = nn.Parameter(torch.zeros(K, hidden_size))  # (K, H): b_1..b_K
+        self.provenance: dict = {}
+
+    @classmethod
+    def for_code_predictor(cls, code_predictor, K: int = DEFAULT_K) -> "PositionOffsets":
+        """Zero offsets sized for ``code_predictor``, on its device (float32 parameters whatever its dtype)."""
+        dev = next(code_predictor.parameters()).device
+        return cls(K, int(code_predictor.config.hidden_size)).to(dev)
+
+    @property
+    def K(self) -> int:
+        return int(self.offsets.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.offsets.shape[1])
+
+    @property
+    def params_added(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int) -> torch.Tensor:
+        """Draft logits, as :meth:`ReusedHeads.draft_logits` with ``H_k + b_j`` in place of ``H_k``.
+
+        Differentiable in the offsets (the heads are the code predictor's; freeze them to train).
+
+        Returns:
+            ``(B, n_ahead, V)`` logits in the hidden states' dtype.
+        """
+        b, hs = hidden.shape
+        if hs != self.hidden_size:
+            raise ValueError(f"offsets are for hidden size {self.hidden_size}, the code predictor's is {hs}")
+        n_off = min(self.K, n_ahead)
+        off = self.offsets[:n_off].to(hidden.dtype)
+        if n_ahead > n_off:  # offsets past K: none (the reused head)
+            off = torch.cat([off, off.new_zeros(n_ahead - n_off, hs)], 0)
+        h = hidden[:, None, :] + off[None]  # (B, n_ahead, H)
+        head = (depth[:, None] + _offsets(n_ahead, hidden.device)[None, :] - 1).reshape(-1)
+        return head_logits(code_predictor, h.reshape(b * n_ahead, hs), head).reshape(b, n_ahead, -1)
+
+    def config(self) -> dict:
+        return {"K": self.K, "hidden_size": self.hidden_size}
+
+    def describe(self) -> dict:
+        return {"name": self.name, **self.config(), "params_added": self.params_added}
+
+
+class MedusaHead(nn.Module):
+    """One Medusa head: ``Linear(hidden, vocab)`` after an optional residual block ``h + SiLU(W h + c)``.
+
+    Medusa (Cai et al. 2024, ``medusa_model.py``) uses the residual block with W zero-initialised and the final linear
+    copied from the base model's head, so a fresh head equals the base head. The paper's "~94 M" for 45 heads is
+    exactly 45 x 2048 x 1024, i.e. plain linear heads without the block: the default here.
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, residual_block: bool = False):
+        super().__init__()
+        self.block = nn.Linear(hidden_size, hidden_size) if residual_block else None
+        if self.block is not None:
+            nn.init.zeros_(self.block.weight)
+            nn.init.zeros_(self.block.bias)
+        self.linear = nn.Linear(hidden_size, vocab_size, bias=False)
+
+    @property
+    def out_features(self) -> int:  # what predictor.head_logits reads
+        return self.linear.out_features
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.block is not None:
+            h = h + nn.functional.silu(self.block(h))
+        return self.linear(h)
+
+
+class MedusaHeads(nn.Module):
+    """Fresh heads per (start depth k, offset j): Medusa adapted to the depth axis (paper Table 2 (ii)).
+
+    A draft for depth k+j from H_k exists for ``1 <= k <= n_codes - 1``, ``1 <= j <= K`` and ``k + j <= n_codes``
+    (no code past the last depth): ``(n_codes - 1) K - K (K - 1) / 2`` heads, 39 for n_codes = 15, K = 3. The paper's
+    "45 heads" is 15 positions x 3 (6 of them would draft past depth 15, or start from the talker state that never
+    drafts here). Heads are plain ``Linear(hidden, vocab)`` initialised from ``lm_head[k+j-1]``, so an untrained
+    MedusaHeads equals :class:`ReusedHeads` and training starts from the reused-heads baseline (``residual_block=True``
+    adds Medusa's zero-initialised residual SiLU block, still equal at init).
+
+    Args:
+        K: offsets drafted. n_codes: codes per frame (15). hidden_size, vocab_size: the code predictor's (1024, 2048).
+        residual_block: add Medusa's residual block before each head.
+    """
+
+    name = "medusa"
+
+    def __init__(self, K: int = DEFAULT_K, n_codes: int = 15, hidden_size: int = 1024, vocab_size: int = 2048,
+                 residual_block: bool = False):
+        super().__init__()
+        _check_k(K)
+        if n_codes < 2:
+            raise ValueError(f"n_codes must be >= 2 (a frame with one code has nothing to draft), got {n_codes}")
+        self.pairs = [(k, j) for k in range(1, n_codes) for j in range(1, K + 1) if k + j <= n_codes]
+        index = torch.full((n_codes + 1, K + 1), -1, dtype=torch.long)  # [k, j] -> head, -1: none
+        for i, (k, j) in enumerate(self.pairs):
+            index[k, j] = i
+        self.register_buffer("index", index, persistent=False)
+        self.heads = nn.ModuleList(MedusaHead(hidden_size, vocab_size, residual_block) for _ in self.pairs)
+        self._K, self.n_codes, self.residual_block = K, n_codes, residual_block
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        self.provenance: dict = {}
+
+    @classmethod
+    def for_code_predictor(cls, code_predictor, K: int = DEFAULT_K, residual_block: bool = False,
+                           init_from_heads: bool = True) -> "MedusaHeads":
+        """Heads sized for ``code_predictor`` (float32, on its device), each a copy of ``lm_head[k+j-1]``."""
+        cfg = code_predictor.config
+        dev = next(code_predictor.parameters()).device
+        m = cls(K, n_codes(code_predictor), int(cfg.hidden_size), int(cfg.vocab_size), residual_block).to(dev)
+        if init_from_heads:
+            with torch.no_grad():
+                for (k, j), head in zip(m.pairs, m.heads):
+                    head.linear.weight.copy_(code_predictor.lm_head[k + j - 1].weight.float())
+        return m
+
+    @property
+    def K(self) -> int:
+        return self._K
+
+    @property
+    def params_added(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int) -> torch.Tensor:
+        """Draft logits: ``head[k, j](H_k)`` where the head exists, the reused head ``lm_head[k+j-1](H_k)`` for
+        offsets past K, clamped-head logits (to be ignored) past the last depth.
+
+        Returns:
+            ``(B, n_ahead, V)`` logits in the hidden states' dtype.
+        """
+        b, hs = hidden.shape
+        if hs != self.hidden_size:
+            raise ValueError(f"Medusa heads are for hidden size {self.hidden_size}, the code predictor's is {hs}")
+        dev = hidden.device
+        j = _offsets(n_ahead, dev)[None, :].expand(b, n_ahead)
+        k = depth[:, None].expand(b, n_ahead)
+        idx = torch.full((b, n_ahead), -1, dtype=torch.long, device=dev)
+        ok = (k >= 1) & (k <= self.n_codes) & (j <= self.K)
+        idx[ok] = self.index.to(dev)[k[ok], j[ok]]
+        h = hidden[:, None, :].expand(b, n_ahead, hs)
+        own = idx >= 0
+        out = torch.empty(b, n_ahead, self.vocab_size, dtype=hidden.dtype, device=dev)
+        if bool(own.any()):
+            w_dtype = self.heads[0].linear.weight.dtype
+            out[own] = head_logits(code_predictor, h[own].to(w_dtype), idx[own], heads=self.heads).to(hidden.dtype)
+        if not bool(own.all()):
+            out[~own] = head_logits(code_predictor, h[~own], (k + j - 1)[~own])
+        return out
+
+    def config(self) -> dict:
+        return {"K": self.K, "n_codes": self.n_codes, "hidden_size": self.hidden_size,
+                "vocab_size": self.vocab_size, "residual_block": self.residual_block}
+
+    def describe(self) -> dict:
+        return {"name": self.name, **self.config(), "n_heads": len(self.heads), "params_added": self.params_added}
+
+
+def _check_k(K) -> None:
+    if not isinstance(K, int) or isinstance(K, bool) or K < 1:
+        raise ValueError(f"K (offsets drafted) must be a positive integer, got {K!r}")
+
+
+def params_added_for(name: str, *, K: int = DEFAULT_K, n_codes: int = 15, hidden_size: int = 1024,
+                     vocab_size: int = 2048, residual_block: bool = False) -> int:
+    """Exact parameters a drafter adds for a code predictor of the given sizes, counted on the ``meta`` device from
+    the same classes (no memory is allocated: the real-size Medusa heads would be 327 MB in float32)."""
+    _check_name(name)
+    if name == "heads":
+        return 0
+    with torch.device("meta"):
+        if name == "offsets":
+            return PositionOffsets(K, hidden_size).params_added
+        return MedusaHeads(K, n_codes, hidden_size, vocab_size, residual_block).params_added
+
+
+def _check_name(name) -> None:
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)} (heads = reused LM heads, "
+                         "offsets = position-aware offsets, medusa = fresh Medusa heads)")
+
+
+def fresh_drafter(name: str, code_predictor, *, K: int = DEFAULT_K, residual_block: bool = False):
+    """An untrained drafter for ``code_predictor``: zero offsets, or Medusa heads copied from the LM heads (both equal
+    :class:`ReusedHeads` until trained).
+
+    Raises:
+        ValueError: an unknown name; ``K`` outside ``1 .. n_codes`` (from the hidden state of depth k a drafter
+            reaches at most code ``n_codes``, so offsets past ``n_codes - 1`` are never used; ``train-drafter --K``
+            refuses them).
+    """
+    _check_name(name)
+    if name == "heads":
+        return ReusedHeads()
+    n = int(code_predictor.config.num_code_groups) - 1
+    if not 1 <= int(K) <= n:
+        raise ValueError(f"K={K} is out of range for a code predictor of {n} codes: use 1..{n} (offsets past "
+                         f"{n - 1} are never drafted; the paper uses K=3)")
+    if name == "offsets":
+        return PositionOffsets.for_code_predictor(code_predictor, K)
+    return MedusaHeads.for_code_predictor(code_predictor, K, residual_block)
+
+
+def draft_batch(drafter, code_predictor, hidden: torch.Tensor, K: int):
+    """Draft logits from every start depth of every frame.
+
+    Args:
+        hidden: ``(N, n, H)`` from :func:`teacher_forced_hidden`. K: offsets drafted.
+
+    Returns:
+        ``(logits (N, n-1, K, V) float32, depth (N, n-1, K) int64 = k + j, valid (N, n-1, K) bool = k + j <= n)``;
+        start depths k = 1..n-1 (H_n has nothing left to draft).
+    """
+    nb, n, h = hidden.shape
+    k = torch.arange(1, n, device=hidden.device)
+    logits = drafter.draft_logits(code_predictor, hidden[:, : n - 1].reshape(nb * (n - 1), h), k.repeat(nb), K)
+    d = (k[:, None] + torch.arange(1, K + 1, device=hidden.device)[None, :]).expand(nb, n - 1, K)
+    return logits.reshape(nb, n - 1, K, -1).float(), d, d <= n

@@ -1,0 +1,149 @@
+"""Lossless accept/reject rules: pure functions of probabilities and an explicit ``torch.Generator``.
+
+No model calls, no caches, no I/O, so they can be tested exhaustively and statistically (tests/test_lossless.py).
+Letters: p = target (verifier), q = draft, both after the same warpers.
+
+One walk covers both verifiers (docs/methods.md#accept-and-reject-rules):
+
+* sampled children (Chain, TensorRT-Edge-LLM rule; SpecInfer multi-step rule for several children): accept child x
+  with probability ``min(1, p(x) / q(x))``; on rejection ``p <- norm(max(p - q, 0))`` and try the next child;
+* point-mass children (Tree of top-ranked drafts; EAGLE / SpecInfer with deterministic drafts): q is a point mass on
+  x, so the same rule reads: accept with probability ``p(x)``; on rejection set ``p(x) = 0``, renormalise.
+
+When a node's children are exhausted (or it has none), the next code is sampled from the remaining p and the walk
+stops; a node that reached the last depth of the frame stops with no further code. Every accepted draft and the
+final sample are distributed exactly as autoregressive sampling from p (Leviathan et al. 2023; Miao et al. 2024).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class WalkResult:
+    """Outcome of verifying one tree per row.
+
+    Attributes:
+        path: ``(B, D)`` int64 accepted node indices in order (root excluded), padded with -1.
+        n_accepted: ``(B,)`` int64 drafts accepted.
+        last_node: ``(B,)`` int64 the deepest accepted node (0 = root): its hidden state produced ``next_code``.
+        next_code: ``(B,)`` int64 the code sampled after the accepted path (residual or bonus), -1 if the walk ended
+            at the frame's last depth (no code left to sample).
+    """
+
+    path: torch.Tensor
+    n_accepted: torch.Tensor
+    last_node: torch.Tensor
+    next_code: torch.Tensor
+
+
+def acceptance_ratio(p_resid: torch.Tensor, x: torch.Tensor, q_x: torch.Tensor | None) -> torch.Tensor:
+    """Probability of accepting draft x: ``min(1, p(x)/q(x))`` with p the normalised residual.
+
+    Args:
+        p_resid: ``(B, V)`` float, unnormalised remaining target mass.
+        x: ``(B,)`` int64 draft codes.
+        q_x: ``(B,)`` draft probability of x, or ``None`` for a point-mass draft (q(x) = 1).
+    """
+    total = p_resid.sum(-1).clamp_min(1e-30)
+    p_x = p_resid.gather(1, x[:, None]).squeeze(1) / total
+    if q_x is None:
+        return p_x
+    return torch.clamp(p_x / q_x.clamp_min(1e-30), max=1.0)
+
+
+def residual(p_resid: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
+    """Target mass left after rejecting draft x: ``max(norm(p) - q, 0)``, or p with x zeroed for a point mass.
+
+    Args:
+        p_resid: ``(B, V)`` remaining target mass. x: ``(B,)``. q: ``(B, V)`` draft distribution or ``None``.
+
+    Returns:
+        ``(B, V)`` unnormalised (renormalised where it is used). A row left with no mass (only possible by
+        rounding when p == q) falls back to p, which is the exact answer in that case.
+    """
+    if q is None:
+        out = p_resid.clone()
+        out.scatter_(1, x[:, None], 0.0)
+    else:
+        pn = p_resid / p_resid.sum(-1, keepdim=True).clamp_min(1e-30)
+        out = torch.clamp(pn - q, min=0.0)
+    empty = out.sum(-1) <= 0
+    if empty.any():
+        out[empty] = p_resid[empty]
+    return out
+
+
+def walk_tree(
+    p: torch.Tensor,
+    node_codes: torch.Tensor,
+    children: torch.Tensor,
+    node_valid: torch.Tensor,
+    has_next: torch.Tensor,
+    generator: torch.Generator | None,
+    q: torch.Tensor | None = None,
+) -> WalkResult:
+    """Verify a draft tree per row (the lossless multi-child rule), vectorised over rows.
+
+    Args:
+        p: ``(B, M+1, V)`` float target distribution after each node (index 0 = root). Rows of nodes that are
+            never reached may hold anything.
+        node_codes: ``(B, M+1)`` int64 the drafted code of each node (root entry ignored).
+        children: ``(M+1, C)`` int64 children of each node in the order they are tried, -1 padded.
+        node_valid: ``(B, M+1)`` bool, whether the node exists for the row (drafts never run past the last depth).
+        has_next: ``(B, M+1)`` bool, whether a code remains to be sampled after the node.
+        generator: explicit RNG; ``None`` draws a fresh unseeded generator (never the global RNG).
+        q: ``(B, M+1, V)`` draft distribution each node's code was SAMPLED from, or ``None`` for point-mass
+            (top-ranked) drafts.
+
+    Returns:
+        :class:`WalkResult`.
+    """
+    b, m1, v = p.shape
+    dev = p.device
+    if generator is None:
+        generator = torch.Generator(device=dev)
+        generator.seed()
+    rows = torch.arange(b, device=dev)
+    cur = torch.zeros(b, dtype=torch.long, device=dev)
+    alive = torch.ones(b, dtype=torch.bool, device=dev)
+    resid = p[:, 0].clone()
+    path = []
+    n_children = children.shape[1]
+    max_levels = m1  # a path cannot be longer than the number of nodes
+    for _ in range(max_levels):
+        if not bool((alive & (children[cur, 0] >= 0)).any()):
+            break
+        moved = torch.zeros(b, dtype=torch.bool, device=dev)
+        for i in range(n_children):
+            c = children[cur, i]
+            cc = c.clamp_min(0)
+            ok = alive & ~moved & (c >= 0) & node_valid[rows, cc]
+            if not bool(ok.any()):
+                continue
+            x = node_codes[rows, cc]
+            q_c = q[rows, cc] if q is not None else None
+            ratio = acceptance_ratio(resid, x, None if q_c is None else q_c.gather(1, x[:, None]).squeeze(1))
+            u = torch.rand(b, generator=generator, device=dev)
+            acc = ok & (u < ratio)
+            rej = ok & ~acc
+            if bool(rej.any()):
+                resid = torch.where(rej[:, None], residual(resid, x, q_c), resid)
+            if bool(acc.any()):
+                cur = torch.where(acc, c, cur)
+                resid = torch.where(acc[:, None], p[rows, cc], resid)
+                moved |= acc
+        alive &= moved
+        if not bool(moved.any()):
+            break
+        path.append(torch.where(moved, cur, torch.full_like(cur, -1)))
+    # the code after the accepted path: residual (after rejections) or bonus (leaf / all accepted)
+    nxt = has_next[rows, cur]
+    safe = torch.where(nxt[:, None], resid, torch.ones_like(resid))
+    code = torch.multinomial(safe, 1, generator=generator).squeeze(1)
+    code = torch.where(nxt, code, torch.full_like(code, -1))
+    path_t = torch.stack(path, 1) if path else torch.full((b, 0), -1, dtype=torch.long, device=dev)
+    return WalkResult(path_t, (path_t >= 0).sum(1), cur, code)

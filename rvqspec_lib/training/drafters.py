@@ -1,0 +1,271 @@
+"""Training the drafters of :mod:`rvqspec_lib.spec.drafters` on teacher-forced hidden states (paper §2.2, Table 2).
+
+Paper: "teacher-forced hidden states and subsequent ground-truth codes; the verifier stream never consumes offset
+states". One parallel pass of the frozen code predictor per frame
+(:func:`rvqspec_lib.models.teacher.teacher_forced_hidden`, the pass of ``forward_finetune``) gives H_1..H_15; the
+drafter maps H_k to logits for depths k+1..k+K; the loss (:func:`drafter_loss`) is
+
+* ``"ce"``: cross-entropy to the ground-truth codes (the paper's);
+* ``"kl"``: KL(p || q_T) to the verifier's WARPED distribution p = ``Sampling.probs(lm_head[d-1](H_d))`` for depth d
+  (temperature 0.9, top-k 50: what the verifier actually samples from), with q_T = softmax(draft logits / T). The
+  draft side is tempered but not top-k truncated: a truncated q would make the KL infinite wherever p keeps a code q
+  cut, and minimising KL(p || q_T) already drives q's top-k set onto p's;
+* ``"tv"``: one minus the exact one-step acceptance ``sum_x min(p, q)`` with q warped as deployed.
+
+The exact one-step acceptance E[sum_x min(p, q)] (q warped like p) is tracked on the validation split at every epoch;
+the epoch with the highest validation acceptance is kept (epoch 0 is the untrained drafter).
+Frames come from :mod:`rvqspec_lib.eval.frame_sources`.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.models.teacher import teacher_forced_hidden, verifier_logits
+from rvqspec_lib.spec import predictor as P
+from rvqspec_lib.spec.drafters import draft_batch
+from rvqspec_lib.spec.sampling import Sampling
+
+LOSSES = ("ce", "kl", "tv")
+
+
+#: Adam learning rates by drafter: offsets are a few vectors on the scale of a normed hidden state (large steps are
+#: safe); Medusa heads start from the LM heads (Medusa-1 trains its heads at 1e-3).
+DEFAULT_LR = {"offsets": 1e-2, "medusa": 1e-3}
+
+
+def drafter_loss(drafter, code_predictor, hidden: torch.Tensor, targets: torch.Tensor, *, loss: str = "ce",
+                 sampling: Sampling | None = None, p_all: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """Loss of a drafter on teacher-forced hidden states, and the exact one-step acceptance of its drafts.
+
+    Args:
+        hidden: ``(N, n, H)`` H_1..H_n. targets: ``(N, n)`` codes 1..n (the ``"ce"`` targets).
+        loss: ``"ce"`` (ground-truth codes, the paper), ``"kl"`` (KL(p || softmax(logits / T)) to the warped
+            verifier p) or ``"tv"`` (the total-variation distance between p and q warped as deployed, i.e. one minus
+            the exact acceptance rate sum_x min(p(x), q(x)) that the chain rule pays out; DistillSpec's observation
+            that TVD is what acceptance depends on).
+        sampling: the deployed warpers (default temperature 0.9, top-k 50).
+        p_all: ``(N, n, V)`` warped verifier probabilities (computed from ``hidden`` when ``None``).
+
+    Returns:
+        ``(loss, stats)``; loss is the mean over valid (frame, k, j); stats has ``acceptance_by_offset``
+        (``(K,)`` mean over valid k of sum_x min(p, q), q warped as p, no gradient).
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}: choose one of {LOSSES}")
+    sampling = Sampling() if sampling is None else sampling
+    K = drafter.K
+    logits, d, valid = draft_batch(drafter, code_predictor, hidden, K)
+    nb, n = targets.shape
+    f = torch.arange(nb, device=hidden.device)[:, None, None].expand_as(d)
+    dd = (d - 1).clamp(max=n - 1)
+    if p_all is None:
+        with torch.no_grad():
+            p_all = sampling.probs(verifier_logits(code_predictor, hidden))  # (N, n, V)
+    p = p_all[f, dd]  # (N, n-1, K, V)
+    if loss == "ce":
+        tgt = targets[f, dd]
+        value = torch.nn.functional.cross_entropy(logits[valid], tgt[valid])
+    elif loss == "tv":  # 1 - sum_x min(p, q) with q warped as deployed: exactly one minus the acceptance rate
+        if sampling.greedy:
+            raise ValueError("loss 'tv' needs sampled decoding (a greedy q is a point mass with no gradient)")
+        q = sampling.probs(logits[valid])  # temperature and top-k are differentiable in the kept logits
+        value = 1.0 - torch.minimum(p[valid], q).sum(-1).mean()
+    else:
+        temp = 1.0 if sampling.greedy else float(sampling.temperature)
+        log_q = torch.log_softmax(logits[valid] / temp, -1)
+        pv = p[valid]
+        value = (torch.special.xlogy(pv, pv) - pv * log_q).sum(-1).mean()
+    with torch.no_grad():
+        acc = torch.minimum(p, sampling.probs(logits.detach())).sum(-1)  # (N, n-1, K)
+        w = valid.float()
+        by_j = (acc * w).sum((0, 1)) / w.sum((0, 1)).clamp_min(1)
+    return value, {"acceptance_by_offset": by_j}
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train_drafter` returns.
+
+    Attributes:
+        drafter: the drafter with its best state (lowest validation loss) loaded and ``provenance`` filled.
+        curve: one dict per epoch (epoch 0 = before training): ``train_loss`` (mean over the epoch's batches,
+            ``None`` at epoch 0), ``val_loss``, ``val_acceptance_by_offset`` (exact, per offset j),
+            ``val_acceptance`` (their mean), ``steps``, ``wall_s``.
+        best_epoch: epoch whose state was kept. stopped_early: patience ran out before ``max_epochs``.
+    """
+
+    drafter: object
+    curve: list[dict]
+    best_epoch: int
+    stopped_early: bool
+
+    def to_json(self) -> dict:
+        return {"drafter": self.drafter.describe(), "best_epoch": self.best_epoch, "stopped_early": self.stopped_early,
+                "curve": self.curve, "provenance": self.drafter.provenance}
+
+
+class _HiddenSource:
+    """Teacher-forced hidden states of a frame set: computed once if they fit in ``cache_mb``, else per batch."""
+
+    def __init__(self, cp, frames: Frames, chunk: int, cache_mb: float):
+        self.cp, self.frames, self.chunk = cp, frames, chunk
+        dev = next(cp.parameters()).device
+        self.dev = dev
+        size = len(frames) * frames.n_codes * int(cp.config.hidden_size) * P.param_dtype(cp).itemsize
+        self.cache = None
+        if size <= cache_mb * 2 ** 20:
+            with torch.no_grad():
+                self.cache = torch.cat([self._compute(torch.arange(i, min(i + chunk, len(frames))))
+                                        for i in range(0, len(frames), chunk)])
+
+    def _compute(self, idx):
+        fr = self.frames
+        return teacher_forced_hidden(self.cp, fr.context[idx].to(self.dev), fr.codes[idx].to(self.dev))
+
+    @torch.no_grad()
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.cache[idx] if self.cache is not None else self._compute(idx)
+
+
+@torch.no_grad()
+def _evaluate(drafter, cp, src: _HiddenSource, *, loss, sampling, batch_size) -> tuple[float, list[float]]:
+    tot, acc, count = 0.0, None, 0
+    frames = src.frames
+    for i in range(0, len(frames), batch_size):
+        idx = torch.arange(i, min(i + batch_size, len(frames)))
+        value, st = drafter_loss(drafter, cp, src(idx), frames.ce_targets[idx].to(src.dev), loss=loss,
+                                 sampling=sampling)
+        tot += float(value.detach()) * len(idx)
+        a = st["acceptance_by_offset"].double() * len(idx)
+        acc = a if acc is None else acc + a
+        count += len(idx)
+    return tot / count, (acc / count).tolist()
+
+
+def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = None, *, loss: str = "ce",
+                  sampling: Sampling | None = None, lr: float | None = None, batch_size: int = 64,
+                  max_epochs: int = 20, patience: int = 3, min_delta: float = 1e-4, val_fraction: float = 0.1,
+                  seed: int = 0, cache_mb: float = 1024, progress: bool = False,
+                  curve_path: str | os.PathLike | None = None, select: str = "acceptance") -> TrainResult:
+    """Train a drafter's own parameters with Adam; the code predictor stays frozen and unchanged.
+
+    Args:
+        drafter: :class:`~rvqspec_lib.spec.drafters.PositionOffsets` or :class:`~rvqspec_lib.spec.drafters.MedusaHeads`
+            (e.g. from ``make_drafter(name, cp, fresh=True)``); trained in place.
+        train, val: frames; ``val`` defaults to ``val_fraction`` of ``train``'s utterances.
+        loss: ``"ce"`` (paper) or ``"kl"`` (to the warped verifier distribution, see the module docstring).
+        sampling: the deployed warpers (temperature 0.9, top-k 50) for the KL target and the acceptance.
+        lr: Adam learning rate (default :data:`DEFAULT_LR` for the drafter).
+        batch_size: frames per step (each frame gives (n-1) start depths x K offsets).
+        max_epochs, patience, min_delta: early stopping on the validation split: the epoch kept is the best by
+            ``select``, and training stops after ``patience`` epochs without an improvement above ``min_delta``.
+        select: ``"acceptance"`` (default: the mean exact acceptance rate over the K offsets under ``sampling``,
+            what decoding pays for; a lower loss can come with lower acceptance) or ``"loss"`` (the training loss).
+        seed: seeds the batch order (the only randomness). cache_mb: keep hidden states in memory up to this size.
+        curve_path: also write :meth:`TrainResult.to_json` here.
+
+    Raises:
+        ValueError: a drafter without parameters (heads), an unknown loss, frames of another code predictor.
+    """
+    from rvqspec_lib.common.provenance import git_revision
+
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}: choose one of {LOSSES}")
+    if select not in ("acceptance", "loss"):
+        raise ValueError(f"unknown select {select!r}: choose 'acceptance' or 'loss'")
+    score = (lambda v_loss, v_acc: -float(np.mean(v_acc))) if select == "acceptance" else \
+        (lambda v_loss, v_acc: v_loss)  # lower is better
+    params = [p for p in getattr(drafter, "parameters", lambda: [])()]
+    if not params:
+        raise ValueError(f"{getattr(drafter, 'name', drafter)!r} has nothing to train: use offsets or medusa")
+    cp = code_predictor
+    n = P.n_codes(cp)
+    if train.n_codes != n or (val is not None and val.n_codes != n):
+        raise ValueError(f"frames have {train.n_codes} codes a frame, the code predictor {n}")
+    sampling = Sampling() if sampling is None else sampling
+    if val is None:
+        train, val = train.split(val_fraction, seed)
+    lr = DEFAULT_LR.get(drafter.name, 1e-3) if lr is None else lr
+    frozen = {p: p.requires_grad for p in cp.parameters()}
+    was_training = cp.training
+    t0 = time.perf_counter()
+    try:
+        for p in cp.parameters():
+            p.requires_grad_(False)
+        cp.eval()
+        tr_src = _HiddenSource(cp, train, batch_size, cache_mb)
+        va_src = _HiddenSource(cp, val, batch_size, cache_mb)
+        opt = torch.optim.Adam(params, lr=lr)
+        gen = torch.Generator().manual_seed(seed)
+        drafter.eval()
+        v_loss, v_acc = _evaluate(drafter, cp, va_src, loss=loss, sampling=sampling, batch_size=batch_size)
+        curve = [{"epoch": 0, "steps": 0, "train_loss": None, "val_loss": v_loss, "val_acceptance_by_offset": v_acc,
+                  "val_acceptance": float(np.mean(v_acc)), "wall_s": time.perf_counter() - t0}]
+        best, best_epoch, bad, steps, stopped = score(v_loss, v_acc), 0, 0, 0, False
+        best_state = copy.deepcopy(drafter.state_dict())
+        bar = progress_bar(range(1, max_epochs + 1), total=max_epochs, desc=f"training {drafter.name} ({loss})",
+                        enabled=progress)
+        for epoch in bar:
+            drafter.train()
+            order = torch.randperm(len(train), generator=gen)
+            tot, seen = 0.0, 0
+            for i in range(0, len(train), batch_size):
+                idx = order[i: i + batch_size]
+                value, _ = drafter_loss(drafter, cp, tr_src(idx), train.ce_targets[idx].to(tr_src.dev), loss=loss,
+                                        sampling=sampling)
+                opt.zero_grad(set_to_none=True)
+                value.backward()
+                opt.step()
+                tot += float(value.detach()) * len(idx)
+                seen += len(idx)
+                steps += 1
+            drafter.eval()
+            v_loss, v_acc = _evaluate(drafter, cp, va_src, loss=loss, sampling=sampling, batch_size=batch_size)
+            curve.append({"epoch": epoch, "steps": steps, "train_loss": tot / seen, "val_loss": v_loss,
+                          "val_acceptance_by_offset": v_acc, "val_acceptance": float(np.mean(v_acc)),
+                          "wall_s": time.perf_counter() - t0})
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(train=f"{tot / seen:.3f}", val=f"{v_loss:.3f}", acc=f"{np.mean(v_acc):.3f}")
+            if score(v_loss, v_acc) < best - min_delta:
+                best, best_epoch, bad = score(v_loss, v_acc), epoch, 0
+                best_state = copy.deepcopy(drafter.state_dict())
+            else:
+                bad += 1
+                if bad >= patience:
+                    stopped = epoch < max_epochs
+                    break
+        drafter.load_state_dict(best_state)
+        drafter.eval()
+    finally:
+        for p, flag in frozen.items():
+            p.requires_grad_(flag)
+        cp.train(was_training)
+    kept = curve[best_epoch]
+    drafter.provenance = {
+        "loss": loss, "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
+                                   "top_p": sampling.top_p, "greedy": sampling.greedy},
+        "optimizer": "adam", "lr": lr, "batch_size": batch_size, "max_epochs": max_epochs, "patience": patience,
+        "select": select, "epochs_run": curve[-1]["epoch"], "best_epoch": best_epoch, "stopped_early": stopped,
+        "seed": seed,
+        "val_loss": kept["val_loss"], "val_acceptance_by_offset": kept["val_acceptance_by_offset"],
+        "val_acceptance_at_init": curve[0]["val_acceptance_by_offset"],
+        "n_train_frames": len(train), "n_val_frames": len(val), "data": train.source,
+        "git": git_revision(), "created_utc": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+    }
+    result = TrainResult(drafter, curve, best_epoch, stopped)
+    if curve_path is not None:
+        Path(curve_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(curve_path).write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
+    return result

@@ -17,15 +17,16 @@ the paper's toks/step. Drafts never run past the last depth: nodes beyond it are
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec import verify
+from rvqspec_lib.spec import verify as verify_rules
 from rvqspec_lib.spec.decoders import AR
 from rvqspec_lib.spec.drafters import ReusedHeads
 from rvqspec_lib.spec.sampling import Sampling, sample
+from rvqspec_lib.spec.trees import DraftTree
 
 
 def sample_drafts(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -84,6 +85,214 @@ def _check_context(code_predictor, context: torch.Tensor) -> None:
                          "checkpoint, or float16 overflow: load in float32)")
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# The round, step by step
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class RoundPlan:
+    """One tree's constants for a frame, on the decode device (built once per frame, not per round).
+
+    Attributes:
+        tree: the compiled :class:`~rvqspec_lib.spec.trees.DraftTree` (node 0 = root = the last committed code).
+        depth: ``(M+1,)`` draft offset of each node. ancestors: ``(M+1, M+1)`` bool tree mask.
+        children: ``(M+1, C)`` children in the order they are tried. rank: ``(M,)`` rank of each non-root node.
+        eye: ``(1, M+1, M+1)`` bool: every query sees itself (never an empty attention row).
+        sampled: drafts are SAMPLED from q (Chain) rather than the top-ranked codes (Tree).
+        slots: KV slots of the frame's :class:`~rvqspec_lib.spec.predictor.StaticSlotCache` (``n_codes + M + 1``).
+    """
+
+    tree: DraftTree
+    depth: torch.Tensor
+    ancestors: torch.Tensor
+    children: torch.Tensor
+    rank: torch.Tensor
+    eye: torch.Tensor
+    sampled: bool
+    slots: int
+
+    @property
+    def n_query(self) -> int:
+        """Query positions of a verify call: the root plus the tree's nodes (the node budget N)."""
+        return self.tree.n_nodes + 1
+
+    @classmethod
+    def build(cls, tree: DraftTree, n_codes: int, *, sampled: bool, device) -> "RoundPlan":
+        m1 = tree.n_nodes + 1
+        return cls(tree, tree.depth.to(device), tree.ancestors.to(device), tree.children.to(device),
+                   tree.rank[1:].to(device), torch.eye(m1, dtype=torch.bool, device=device)[None], sampled,
+                   n_codes + m1)
+
+
+@dataclass
+class FrameState:
+    """Where a batch of frames stands between rounds.
+
+    Attributes:
+        codes: ``(B, n_codes)`` int64 codes committed so far (zeros beyond ``s``).
+        s: ``(B,)`` int64 depth of the last committed code (``n_codes`` = the row is done).
+        h: ``(B, H)`` hidden state that produced code ``s`` (it drafts the next round).
+        n_slots: ``(B,)`` int64 committed KV slots (valid slots sit at the front of the cache).
+        cache: the frame's :class:`~rvqspec_lib.spec.predictor.StaticSlotCache`.
+        calls: ``(B,)`` int64 code-predictor calls so far (the prefill included).
+        log_committed, log_accepted, log_start: per-call logs, see :class:`FrameResult`.
+    """
+
+    codes: torch.Tensor
+    s: torch.Tensor
+    h: torch.Tensor
+    n_slots: torch.Tensor
+    cache: P.StaticSlotCache
+    calls: torch.Tensor
+    log_committed: list = field(default_factory=list)
+    log_accepted: list = field(default_factory=list)
+    log_start: list = field(default_factory=list)
+
+    @property
+    def n_codes(self) -> int:
+        return int(self.codes.shape[1])
+
+    @property
+    def active(self) -> torch.Tensor:
+        """``(B,)`` bool: rows with codes left to decode."""
+        return self.s < self.n_codes
+
+    def result(self) -> FrameResult:
+        return FrameResult(self.codes, self.calls, torch.stack(self.log_committed, 1),
+                           torch.stack(self.log_accepted, 1), torch.stack(self.log_start, 1))
+
+
+@dataclass
+class Draft:
+    """A round's draft: ``node_codes`` ``(B, M+1)`` int64 (entry 0 = the root, the last committed code) and ``q``
+    ``(B, M+1, V)`` float32, the distribution each node's code was SAMPLED from (``None`` for point-mass drafts)."""
+
+    node_codes: torch.Tensor
+    q: torch.Tensor | None
+
+
+@dataclass
+class Verified:
+    """A verify call's outcome: ``hidden`` ``(B, M+1, H)``, ``p`` ``(B, M+1, V)`` float32 target distribution after
+    each node, ``node_valid`` ``(B, M+1)`` bool (the node exists: drafts never run past the last depth), ``fed``
+    ``(B, M+1)`` bool (a code remains after the node), ``write_slots`` ``(B, M+1)`` the cache slots it wrote."""
+
+    hidden: torch.Tensor
+    p: torch.Tensor
+    node_valid: torch.Tensor
+    fed: torch.Tensor
+    write_slots: torch.Tensor
+
+
+def prefill(code_predictor, context: torch.Tensor, plan: RoundPlan, sampling: Sampling,
+            generator: torch.Generator) -> FrameState:
+    """The frame's first call: positions 0, 1 = the projected context, which gives code 1 (one call, no drafts).
+
+    Args:
+        context: ``(B, 2, talker_hidden)``. plan: the round plan (sizes the cache). Returns the :class:`FrameState`.
+    """
+    cp = code_predictor
+    n, dev = P.n_codes(cp), context.device
+    b = context.shape[0]
+    cache = P.StaticSlotCache(cp, b, plan.slots, device=dev)
+    x = cp.small_to_mtp_projection(context.to(P.param_dtype(cp)))
+    slot = torch.arange(plan.slots, device=dev)
+    allow = (slot[None, :] <= torch.arange(2, device=dev)[:, None]).expand(b, 2, plan.slots)  # causal over slots 0, 1
+    hid = P.verify_forward(cp, x, torch.arange(2, device=dev).expand(b, 2), allow, cache,
+                           torch.arange(2, device=dev).expand(b, 2))
+    h = hid[:, 1]
+    codes = torch.zeros(b, n, dtype=torch.long, device=dev)
+    codes[:, 0] = sample(sampling.probs(cp.lm_head[0](h)), generator)
+    one = torch.ones(b, dtype=torch.long, device=dev)
+    return FrameState(codes, one.clone(), h, 2 * one, cache, one.clone(), [one.clone()], [torch.zeros_like(one)],
+                      [torch.zeros_like(one)])
+
+
+def draft(code_predictor, drafter, plan: RoundPlan, state: FrameState, sampling: Sampling,
+          generator: torch.Generator) -> Draft:
+    """Step 1, draft: q for depths s+1..s+K from H_s, then the nodes' codes (sampled for Chain, top-ranked for Tree).
+
+    Random numbers drawn here (Chain only): one draft per offset, in offset order, before any acceptance draw.
+    """
+    cp, b, k_max = code_predictor, state.codes.shape[0], plan.tree.max_depth
+    rows = torch.arange(b, device=state.codes.device)
+    node_codes = torch.zeros(b, plan.n_query, dtype=torch.long, device=state.codes.device)
+    node_codes[:, 0] = state.codes[rows, (state.s - 1).clamp(max=state.n_codes - 1)]
+    if k_max == 0:
+        return Draft(node_codes, None)
+    d_logits = drafter.draft_logits(cp, state.h, state.s, k_max)  # (B, K, V)
+    if plan.sampled:
+        q = sampling.probs(d_logits)  # the same warpers as p
+        drafts = sample_drafts(q.reshape(b * k_max, -1), generator).reshape(b, k_max)
+        node_codes[:, 1:] = drafts[:, plan.depth[1:] - 1]
+        return Draft(node_codes, torch.cat([torch.zeros_like(q[:, :1]), q[:, plan.depth[1:] - 1]], 1))
+    top = torch.topk(d_logits, plan.tree.max_rank + 1, dim=-1).indices  # (B, K, R)
+    node_codes[:, 1:] = top[:, plan.depth[1:] - 1, plan.rank]
+    return Draft(node_codes, None)
+
+
+def verify(code_predictor, plan: RoundPlan, state: FrameState, drafted: Draft, sampling: Sampling) -> Verified:
+    """Step 2, verify: ONE code-predictor call over the root and the drafted nodes, each node attending only to the
+    committed slots and its own ancestors (:func:`rvqspec_lib.spec.predictor.verify_forward`: shapes fixed by the
+    tree), then p after every node that has a code after it (``lm_head[d]`` predicts code d+1)."""
+    cp, n = code_predictor, state.n_codes
+    b, m1, dev = state.codes.shape[0], plan.n_query, state.codes.device
+    abs_depth = state.s[:, None] + plan.depth[None, :]  # (B, M+1) depth of each node's code
+    node_valid = state.active[:, None] & (abs_depth <= n)
+    fed = node_valid & (abs_depth < n)
+    embeds = P.embed_codes(cp, drafted.node_codes, abs_depth)  # (B, M+1, H)
+    # new positions go right after the committed slots (a finished row rewrites its own tail: its output is unused)
+    write = state.n_slots.clamp(max=plan.slots - m1)[:, None] + torch.arange(m1, device=dev)[None, :]
+    slot = torch.arange(plan.slots, device=dev)
+    allow = (slot[None, None, :] < state.n_slots[:, None, None]).expand(b, m1, plan.slots).clone()
+    self_mask = (plan.ancestors[None] & fed[:, None, :]) | plan.eye  # (B, M+1, M+1)
+    allow.scatter_(2, write[:, None, :].expand(b, m1, m1), self_mask)
+    hid = P.verify_forward(cp, embeds, abs_depth + 1, allow, state.cache, write)  # (B, M+1, H)
+    p = torch.zeros(b, m1, cp.lm_head[0].out_features, dtype=torch.float32, device=dev)
+    if bool(fed.any()):
+        p[fed] = sampling.probs(P.head_logits(cp, hid[fed], abs_depth[fed]))
+    return Verified(hid, p, node_valid, fed, write)
+
+
+def accept(plan: RoundPlan, drafted: Draft, verified: Verified, generator: torch.Generator) -> verify_rules.WalkResult:
+    """Step 3, accept: the lossless walk (:func:`rvqspec_lib.spec.verify.walk_tree`), a pure function of p, q and
+    the generator."""
+    return verify_rules.walk_tree(verified.p, drafted.node_codes, plan.children, verified.node_valid, verified.fed,
+                                  generator, drafted.q)
+
+
+def commit(plan: RoundPlan, state: FrameState, drafted: Draft, verified: Verified,
+           walk: verify_rules.WalkResult) -> None:
+    """Step 4, commit: write the accepted drafts and the residual / bonus code, keep the accepted nodes' KV slots
+    (compacted to the front of the cache), and take the last accepted node's hidden state to draft the next round."""
+    b, dev = state.codes.shape[0], state.codes.device
+    n, active, s = state.n_codes, state.active, state.s
+    rows = torch.arange(b, device=dev)
+    for k in range(walk.path.shape[1]):
+        on = walk.path[:, k] >= 0
+        if bool(on.any()):
+            state.codes[rows[on], (s + k)[on]] = drafted.node_codes[rows[on], walk.path[on, k]]
+    has_next = walk.next_code >= 0
+    col = (s + walk.n_accepted).clamp(max=n - 1)
+    state.codes[rows[has_next & active], col[has_next & active]] = walk.next_code[has_next & active]
+    keep = torch.zeros(b, plan.n_query, dtype=torch.bool, device=dev)  # nodes whose KV stays: fed root + path
+    keep[:, 0] = verified.fed[:, 0]
+    for k in range(walk.path.shape[1]):
+        on = walk.path[:, k] >= 0
+        keep[rows[on], walk.path[on, k]] = verified.fed[rows[on], walk.path[on, k]]
+    keep &= active[:, None]
+    kept = torch.arange(plan.slots, device=dev)[None, :] < state.n_slots[:, None]
+    kept.scatter_(1, verified.write_slots, keep | (kept.gather(1, verified.write_slots) & ~active[:, None]))
+    state.cache.compact(torch.sort((~kept).to(torch.int8), dim=1, stable=True).indices)  # kept slots first
+    state.n_slots = state.n_slots + keep.sum(1)
+    state.h = torch.where(active[:, None], verified.hidden[rows, walk.last_node], state.h)
+    committed = torch.where(active, walk.n_accepted + has_next.long(), torch.zeros_like(s))
+    state.log_committed.append(committed)
+    state.log_accepted.append(torch.where(active, walk.n_accepted, torch.zeros_like(s)))
+    state.log_start.append(torch.where(active, s, torch.zeros_like(s)))
+    state.s = s + committed
+    state.calls = state.calls + active.long()
+
+
 @torch.inference_mode()
 def decode_frame(
     code_predictor,
@@ -94,14 +303,15 @@ def decode_frame(
     generator: torch.Generator | None = None,
     drafter=None,
 ) -> FrameResult:
-    """Decode codes 1..n_codes of one frame.
+    """Decode codes 1..n_codes of one frame: :func:`prefill`, then rounds of :func:`draft` -> :func:`verify` ->
+    :func:`accept` -> :func:`commit` until every row is done.
 
     Args:
         code_predictor: the official module (``model.talker.code_predictor``), any config, any dtype (its dtype is
             followed; probabilities are computed in float32 as transformers does).
         context: ``(B, 2, talker_hidden)`` float = [talker hidden state that emitted code 0 (after the final norm),
             talker embedding of code 0].
-        decoder: :class:`AR` (default), :class:`Chain` or :class:`Tree`.
+        decoder: :class:`~rvqspec_lib.spec.decoders.AR` (default), ``Chain`` or ``Tree``.
         sampling: :class:`~rvqspec_lib.spec.sampling.Sampling` (default: temperature 0.9, top-k 50, top-p 1.0, the
             checkpoints' generation config).
         generator: explicit ``torch.Generator`` (the global RNG is never used; ``None`` makes a fresh unseeded one).
@@ -111,7 +321,7 @@ def decode_frame(
         :class:`FrameResult`. Rows of a batch are decoded together and may accept different lengths.
 
     Raises:
-        ValueError: a context of the wrong shape, an invalid decoder.
+        ValueError: a context of the wrong shape, an invalid decoder, a tree rank outside the codebook.
     """
     decoder = AR() if decoder is None else decoder
     if not hasattr(decoder, "tree"):
@@ -132,78 +342,11 @@ def decode_frame(
     if tree.max_rank >= vocab:
         raise ValueError(f"tree rank {tree.max_rank} is out of range for a codebook of {vocab} codes: "
                          f"use ranks 0..{vocab - 1}")
-    dtype, dev = P.param_dtype(cp), context.device
-    b = context.shape[0]
-    rows = torch.arange(b, device=dev)
-    cache = P.SlotCache(cp.config.num_hidden_layers)
-
-    # --- prefill: [context] at positions 0, 1 gives code 1 (one call, no drafts) ---------------------------------
-    x = cp.small_to_mtp_projection(context.to(dtype))
-    causal = torch.tril(torch.ones(2, 2, dtype=torch.bool, device=dev)).expand(b, 2, 2)
-    hid = P.forward(cp, x, torch.arange(2, device=dev).expand(b, 2), None, causal, cache)
-    valid = torch.ones(b, 2, dtype=torch.bool, device=dev)
-    h = hid[:, 1]
-    p1 = sampling.probs(cp.lm_head[0](h))
-    codes = torch.zeros(b, n, dtype=torch.long, device=dev)
-    codes[:, 0] = sample(p1, generator)
-    s = torch.ones(b, dtype=torch.long, device=dev)  # depth of the last committed code
-    calls = torch.ones(b, dtype=torch.long, device=dev)
-    log_committed, log_accepted, log_start = [torch.ones_like(s)], [torch.zeros_like(s)], [torch.zeros_like(s)]
-
-    # --- rounds: draft -> verify -> accept -> commit -------------------------------------------------------------
-    m1 = tree.n_nodes + 1
-    t_depth = tree.depth.to(dev)  # (M+1,) offset of each node, 0 = root
-    anc = tree.ancestors.to(dev)
-    k_max = tree.max_depth
-    t_rank = tree.rank[1:].to(dev)
-    eye = torch.eye(m1, dtype=torch.bool, device=dev)[None]  # every query sees itself: never an empty mask row
-    children = tree.children.to(dev)
-    while bool((s < n).any()):
-        active = s < n
-        abs_depth = s[:, None] + t_depth[None, :]  # (B, M+1) depth of each node's code
-        node_valid = active[:, None] & (abs_depth <= n)
-        fed = node_valid & (abs_depth < n)  # a code remains after the node: its hidden state is needed
-        node_codes = torch.zeros(b, m1, dtype=torch.long, device=dev)
-        node_codes[:, 0] = codes[rows, (s - 1).clamp(max=n - 1)]
-        q_nodes = None
-        if k_max > 0:
-            d_logits = drafter.draft_logits(cp, h, s, k_max)  # (B, K, V)
-            if decoder.sampled_drafts:
-                q = sampling.probs(d_logits)  # same warpers as p
-                drafts = sample_drafts(q.reshape(b * k_max, -1), generator).reshape(b, k_max)
-                node_codes[:, 1:] = drafts[:, t_depth[1:] - 1]
-                q_nodes = torch.cat([torch.zeros_like(q[:, :1]), q[:, t_depth[1:] - 1]], 1)  # (B, M+1, V)
-            else:
-                top = torch.topk(d_logits, tree.max_rank + 1, dim=-1).indices  # (B, K, R)
-                node_codes[:, 1:] = top[:, t_depth[1:] - 1, t_rank]
-        embeds = P.embed_codes(cp, node_codes, abs_depth)  # (B, M+1, H)
-        self_mask = (anc[None] & fed[:, None, :]) | eye
-        hid = P.forward(cp, embeds, abs_depth + 1, valid, self_mask, cache)  # (B, M+1, H)
-        # p after each fed node: lm_head[d] predicts code d+1
-        p = torch.zeros(b, m1, cp.lm_head[0].out_features, dtype=torch.float32, device=dev)
-        if bool(fed.any()):
-            p[fed] = sampling.probs(P.head_logits(cp, hid[fed], abs_depth[fed]))
-        walk = verify.walk_tree(p, node_codes, children, node_valid, fed, generator, q_nodes)
-        # commit accepted drafts, then the residual / bonus code
-        for k in range(walk.path.shape[1]):
-            on = walk.path[:, k] >= 0
-            if bool(on.any()):
-                codes[rows[on], (s + k)[on]] = node_codes[rows[on], walk.path[on, k]]
-        has_next = walk.next_code >= 0
-        col = (s + walk.n_accepted).clamp(max=n - 1)
-        codes[rows[has_next & active], col[has_next & active]] = walk.next_code[has_next & active]
-        keep = torch.zeros(b, m1, dtype=torch.bool, device=dev)
-        keep[:, 0] = fed[:, 0]
-        for k in range(walk.path.shape[1]):
-            on = walk.path[:, k] >= 0
-            keep[rows[on], walk.path[on, k]] = fed[rows[on], walk.path[on, k]]
-        valid = cache.keep(torch.cat([valid, keep], 1))
-        h = torch.where(active[:, None], hid[rows, walk.last_node], h)
-        committed = torch.where(active, walk.n_accepted + has_next.long(), torch.zeros_like(s))
-        log_committed.append(committed)
-        log_accepted.append(torch.where(active, walk.n_accepted, torch.zeros_like(s)))
-        log_start.append(torch.where(active, s, torch.zeros_like(s)))
-        s = s + committed
-        calls = calls + active.long()
-    return FrameResult(codes, calls, torch.stack(log_committed, 1), torch.stack(log_accepted, 1),
-                       torch.stack(log_start, 1))
+    plan = RoundPlan.build(tree, n, sampled=decoder.sampled_drafts, device=context.device)
+    state = prefill(cp, context, plan, sampling, generator)
+    while bool(state.active.any()):
+        drafted = draft(cp, drafter, plan, state, sampling, generator)
+        verified = verify(cp, plan, state, drafted, sampling)
+        walk = accept(plan, drafted, verified, generator)
+        commit(plan, state, drafted, verified, walk)
+    return state.result()

@@ -5,53 +5,13 @@ of code 0, pos j+1 = projected ``codec_embedding[j-1](code j)``; the hidden stat
 ``lm_head[j-1]`` to give code j. Every call here goes through the official modules (``model.codec_embedding``,
 ``small_to_mtp_projection``, ``model`` = the decoder stack, ``lm_head``); only the attention mask, the position ids
 and the cache are ours, so that a packed tree of drafts can be verified in ONE call where each node sees only its
-ancestors (paper §2.2, Fig. 2).
+ancestors (paper §2.2, Fig. 2), with shapes fixed by the tree (:class:`StaticSlotCache`, :func:`verify_forward`).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import DynamicCache
-
-
-class SlotCache(DynamicCache):
-    """A KV cache of "slots" with a per-row validity mask instead of a length.
-
-    RoPE is applied before keys are cached, so attention does not depend on the order of the slots: a verify call
-    appends all its nodes, and rejected nodes are simply marked invalid (then compacted away by :meth:`keep`).
-    Rows of a batch may hold different numbers of valid slots (rows accept different lengths).
-    """
-
-    def __init__(self, n_layers: int):
-        super().__init__()
-        self._k: list[torch.Tensor | None] = [None] * n_layers
-        self._v: list[torch.Tensor | None] = [None] * n_layers
-
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):  # noqa: D102 (transformers API)
-        if self._k[layer_idx] is None:
-            self._k[layer_idx], self._v[layer_idx] = key_states, value_states
-        else:
-            self._k[layer_idx] = torch.cat([self._k[layer_idx], key_states], dim=-2)
-            self._v[layer_idx] = torch.cat([self._v[layer_idx], value_states], dim=-2)
-        return self._k[layer_idx], self._v[layer_idx]
-
-    def get_seq_length(self, layer_idx: int | None = 0) -> int:  # noqa: D102
-        k = self._k[layer_idx or 0]
-        return 0 if k is None else int(k.shape[-2])
-
-    def keep(self, valid: torch.Tensor) -> torch.Tensor:
-        """Drop invalid slots. ``valid``: ``(B, L)`` bool. Returns the new ``(B, L')`` validity (valid slots first)."""
-        n = int(valid.sum(1).max())
-        if n == valid.shape[1] and bool(valid.all()):
-            return valid
-        order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices[:, :n]  # (B, L') valid first
-        for i, k in enumerate(self._k):
-            if k is None:
-                continue
-            idx = order[:, None, :, None].expand(k.shape[0], k.shape[1], n, k.shape[3])
-            self._k[i] = k.gather(2, idx)
-            self._v[i] = self._v[i].gather(2, idx)
-        return valid.gather(1, order)
 
 
 def n_codes(code_predictor) -> int:
@@ -108,32 +68,78 @@ def head_logits(code_predictor, hidden: torch.Tensor, head: torch.Tensor, *, hea
     return out
 
 
-def forward(code_predictor, embeds: torch.Tensor, positions: torch.Tensor, valid_old: torch.Tensor | None,
-            self_mask: torch.Tensor, cache: SlotCache) -> torch.Tensor:
-    """One code-predictor call: ``Q`` new positions attend to the valid cached slots and to the new positions allowed
-    by ``self_mask``.
+class StaticSlotCache(DynamicCache):
+    """A KV cache of a FIXED number of slots, so every call of a frame has fixed shapes (compile or export it once).
+
+    Per layer, keys and values are ``(B, kv_heads, slots, head_dim)`` tensors allocated up front. Before each call
+    :attr:`write_slots` ``(B, Q)`` says where the call's Q new positions go; the call then attends over ALL slots, and
+    an attention mask of shape ``(B, 1, Q, slots)`` says which it may see. A frame needs at most
+    ``2 + (n_codes - 1)`` committed slots (the prefill's two positions and codes 1..n_codes-1; the last code is never
+    fed) plus the ``Q`` nodes of one verify call: ``slots = n_codes + 1 + Q_max``.
+
+    RoPE is applied before keys are cached, so attention does not depend on where a slot sits: after a verify call,
+    :meth:`compact` moves the kept slots (committed ones first, then the accepted nodes) to the front, in one gather
+    of fixed shape.
+    """
+
+    def __init__(self, code_predictor, batch: int, slots: int, *, device=None):
+        super().__init__()
+        cfg = code_predictor.config
+        dtype = param_dtype(code_predictor)
+        device = device or next(code_predictor.parameters()).device
+        kv, hd = int(cfg.num_key_value_heads), int(getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads))
+        shape = (batch, kv, slots, hd)
+        self.n_slots = int(slots)
+        self._k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self._v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.write_slots: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):  # noqa: D102 (transformers API)
+        idx = self.write_slots[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
+        self._k[layer_idx].scatter_(2, idx, key_states)
+        self._v[layer_idx].scatter_(2, idx, value_states)
+        return self._k[layer_idx], self._v[layer_idx]
+
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:  # noqa: D102
+        return self.n_slots
+
+    def compact(self, order: torch.Tensor) -> None:
+        """Reorder slots: ``order`` ``(B, slots)`` int64, slot ``order[b, i]`` moves to position i."""
+        for i, k in enumerate(self._k):
+            idx = order[:, None, :, None].expand(k.shape[0], k.shape[1], -1, k.shape[3])
+            self._k[i] = k.gather(2, idx)
+            self._v[i] = self._v[i].gather(2, idx)
+
+
+def verify_forward(code_predictor, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor,
+                   cache: StaticSlotCache, write_slots: torch.Tensor) -> torch.Tensor:
+    """THE code-predictor call of a decode round, with shapes fixed by the tree: ``Q`` query positions attend to the
+    cache's slots that ``allow`` permits (docs/methods.md#the-tree-as-data).
+
+    Every tensor's shape depends only on the batch, the tree's node count and the cache size, never on how far the
+    frame has got, so one compiled or exported graph serves every round of every frame.
 
     Args:
-        embeds: ``(B, Q, H)`` projected inputs. positions: ``(B, Q)`` int64 RoPE positions (restart at 0 each frame).
-        valid_old: ``(B, L)`` bool cached slots each row may attend to (``None`` when the cache is empty).
-        self_mask: ``(B, Q, Q)`` bool, ``[b, i, j]`` true when new position i may attend to new position j.
-        cache: appended with the Q new slots.
+        embeds: ``(B, Q, H)`` projected inputs (the root's code and the drafted nodes' codes).
+        positions: ``(B, Q)`` int64 RoPE positions (restart at 0 each frame; depth + 1 of each node's code).
+        allow: ``(B, Q, S)`` bool, ``[b, i, j]`` true when query i may attend to slot j (every query must allow at
+            least its own slot).
+        cache: a :class:`StaticSlotCache` of ``S`` slots; the call writes its Q positions at ``write_slots``.
+        write_slots: ``(B, Q)`` int64 distinct slot indices, in ``[0, S)``.
 
     Returns:
         ``(B, Q, H)`` last hidden states (after the final norm).
     """
-    b, q, _ = embeds.shape
-    allow = self_mask if valid_old is None else torch.cat([valid_old[:, None, :].expand(b, q, -1), self_mask], 2)
+    cache.write_slots = write_slots
     mask = torch.zeros(allow.shape, dtype=embeds.dtype, device=embeds.device)
     mask.masked_fill_(~allow, torch.finfo(embeds.dtype).min)
-    mask = mask[:, None]  # (B, 1, Q, L + Q)
-    start = cache.get_seq_length()
+    mask = mask[:, None]  # (B, 1, Q, S)
     out = code_predictor.model(
         inputs_embeds=embeds,
         attention_mask={"full_attention": mask, "sliding_attention": mask},
         position_ids=positions,
         past_key_values=cache,
         use_cache=True,
-        cache_position=torch.arange(start, start + q, device=embeds.device),
+        cache_position=torch.arange(embeds.shape[1], device=embeds.device),
     )
     return out.last_hidden_state

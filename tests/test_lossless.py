@@ -67,6 +67,10 @@ NUCLEUS = Sampling(temperature=1.0, top_k=0, top_p=0.8)
 
 TREE_SMALL = Tree([(0,), (1,), (0, 0)])
 TREE_WIDE = Tree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
+#: Sampled trees (children drawn from q without replacement, Sequoia's rule). The wide one has 4 children at the root:
+#: under top-k 3 the fourth cannot exist (q's support is 3), which exercises children that do not exist.
+SAMPLED_SMALL = Tree([(0,), (1,), (0, 0)], sampled=True)
+SAMPLED_WIDE = Tree([(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0)], sampled=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -247,6 +251,10 @@ CASES = [
     ("flat", TREE_WIDE, DEFAULT),
     ("sharp", TREE_WIDE, HOT_TOPK3),
     ("peaked", TREE_WIDE, NUCLEUS),
+    ("sharp", SAMPLED_SMALL, DEFAULT),
+    ("flat", SAMPLED_SMALL, NUCLEUS),
+    ("sharp", SAMPLED_WIDE, HOT_TOPK3),
+    ("peaked", SAMPLED_WIDE, DEFAULT),
 ]
 
 
@@ -289,6 +297,36 @@ def _drafts_at_temperature_1_5(q, generator):
     return torch.multinomial(q2 / q2.sum(-1, keepdim=True), 1, generator=generator).squeeze(1)
 
 
+def _broken_tree_sampler(kind: str):
+    """Sampled-tree drafts broken in one way each (negative controls of Sequoia's without-replacement rule).
+
+    ``with-replacement``: siblings drawn i.i.d. from q, but handed to the verifier as if drawn without replacement
+    (q_i = q minus the earlier siblings' codes, renormalised); ``not-renormalised``: drawn correctly without
+    replacement, but q_i handed over without renormalising after removing the earlier codes."""
+
+    def sampler(q, plan, node_codes, generator):
+        b, _, v = q.shape
+        m1 = node_codes.shape[1]
+        q_nodes = torch.zeros(b, m1, v)
+        for t_off, parents, children in plan.sibling_groups:
+            n_par, k = children.shape
+            qt = q[:, t_off - 1][:, None, :].expand(b, n_par, v)
+            flat = qt.reshape(b * n_par, v)
+            codes = torch.multinomial(flat, k, replacement=(kind == "with-replacement"), generator=generator)
+            codes = codes.reshape(b, n_par, k)
+            node_codes[:, children] = codes
+            removed = torch.zeros(b, n_par, v, dtype=torch.bool)
+            for i in range(k):
+                qi = qt.masked_fill(removed, 0.0)
+                if kind != "not-renormalised":
+                    qi = qi / qi.sum(-1, keepdim=True).clamp_min(1e-30)
+                q_nodes[:, children[:, i]] = qi
+                removed.scatter_(2, codes[:, :, i:i + 1], True)
+        return D.Draft(node_codes, q_nodes, None)
+
+    return sampler
+
+
 NEGATIVE = [
     ("always-accept-chain", Chain(4), verify, "acceptance_ratio", _always_accept),
     ("always-accept-tree", TREE_WIDE, verify, "acceptance_ratio", _always_accept),
@@ -296,6 +334,9 @@ NEGATIVE = [
     ("residual-from-p-chain", Chain(4), verify, "residual", _residual_is_p),
     ("rejected-code-kept-tree", TREE_SMALL, verify, "residual", _residual_is_p),
     ("drafts-at-T1.5-chain", Chain(4), D, "sample_drafts", _drafts_at_temperature_1_5),
+    ("with-replacement-sampled-tree", SAMPLED_SMALL, D, "sample_tree_drafts", _broken_tree_sampler("with-replacement")),
+    ("not-renormalised-sampled-tree", SAMPLED_SMALL, D, "sample_tree_drafts", _broken_tree_sampler("not-renormalised")),
+    ("residual-from-p-sampled-tree", SAMPLED_SMALL, verify, "residual", _residual_is_p),
 ]
 
 
@@ -491,3 +532,60 @@ def test_walk_tree_point_mass_target_never_leaves_its_support():
     walk = verify.walk_tree(p, codes2, children, torch.ones(n, 3, dtype=torch.bool),
                             torch.ones(n, 3, dtype=torch.bool), gen, q2)
     assert bool((walk.n_accepted == 2).all()) and bool((walk.next_code == 1).all())
+
+
+def test_broken_tree_samplers_draw_what_they_say():
+    """The negative controls' samplers are wired as described: with replacement repeats siblings, the other does not
+    (so a pass of the G-test on them could not be blamed on a sampler that never ran)."""
+    cp, context = variant("flat")
+    n = 4000
+    seen = {}
+    for kind in ("with-replacement", "not-renormalised"):
+        calls = []
+        real = _broken_tree_sampler(kind)
+
+        def spy(q, plan, node_codes, generator, real=real, calls=calls):
+            d = real(q, plan, node_codes, generator)
+            calls.append(d.node_codes[:, 1:3].clone())  # the two root children of SAMPLED_SMALL
+            return d
+
+        mp = pytest.MonkeyPatch()
+        mp.setattr(D, "sample_tree_drafts", spy)
+        try:
+            decode_frame(cp, context.expand(n, 2, context.shape[-1]), decoder=SAMPLED_SMALL,
+                         generator=torch.Generator().manual_seed(3))
+        finally:
+            mp.undo()
+        kids = torch.cat(calls)
+        seen[kind] = float((kids[:, 0] == kids[:, 1]).float().mean())
+    assert seen["with-replacement"] > 0.05 and seen["not-renormalised"] == 0.0, seen
+
+
+def test_sampled_chain_shaped_tree_is_chain_draw_for_draw():
+    """With one child per node a sampled Tree is exactly Chain: same seed, same codes, same calls."""
+    cp, context = variant("sharp")
+    ctx = context.expand(500, 2, context.shape[-1])
+    a = decode_frame(cp, ctx, decoder=Chain(3), generator=torch.Generator().manual_seed(5))
+    b = decode_frame(cp, ctx, decoder=Tree([(0,), (0, 0)], sampled=True), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a.codes, b.codes) and torch.equal(a.calls, b.calls)
+
+
+def test_sampled_tree_commits_at_least_as_many_codes_as_its_chain():
+    """Extra sampled children only recover residual mass: a sampled tree whose first-child path is Chain(N)'s chain
+    commits at least as many codes per call in expectation. 20,000 frames each; the tree's mean must not fall below
+    the chain's by more than 4 standard errors of the difference (false-failure rate < 1e-4 if the claim holds)."""
+    cp, context = variant("sharp")
+    n = 20_000
+    ctx = context.expand(n, 2, context.shape[-1])
+    chain = decode_frame(cp, ctx, decoder=Chain(3), generator=torch.Generator().manual_seed(1)).tokens_per_call
+    tree = decode_frame(cp, ctx, decoder=Tree([(0,), (1,), (2,), (0, 0), (0, 1)], sampled=True),
+                        generator=torch.Generator().manual_seed(2)).tokens_per_call
+    se = math.sqrt(float(chain.var()) / n + float(tree.var()) / n)
+    assert float(tree.mean()) > float(chain.mean()) - 4 * se
+    assert float(tree.mean()) > float(chain.mean()) + 2 * se  # and here (drafts far from p) strictly more
+
+
+def test_sampled_tree_path_needs_its_earlier_siblings():
+    with pytest.raises(ValueError, match="needs its sibling"):
+        Tree([(0,), (2,)], sampled=True)
+    Tree([(0,), (2,)])  # fine for point-mass ranks: try rank 0, then rank 2

@@ -38,6 +38,46 @@ def sample_drafts(q: torch.Tensor, generator: torch.Generator | None) -> torch.T
     return sample(q, generator)
 
 
+def sample_tree_drafts(q: torch.Tensor, plan: "RoundPlan", node_codes: torch.Tensor,
+                       generator: torch.Generator) -> "Draft":
+    """Children SAMPLED from q without replacement, per node (Sequoia; docs/methods.md#sampled-children-without-replacement).
+
+    The k children of a node at offset t-1 are an ordered sample without replacement from ``q[:, t-1]`` (the
+    drafter's distribution for offset t, shared by every node at that offset: drafts come from H_s alone), drawn by
+    the Gumbel-top-k trick (keys ``log q + Gumbel``; the k largest in order are distributed as k sequential draws
+    without replacement; Kool et al. 2019). Child i's draft distribution, handed to the verifier, is
+    ``q_i = q`` with the codes of children 0..i-1 removed and renormalised. A child for which q has no code left
+    (q's support smaller than k, e.g. greedy) does not exist, nor does its subtree.
+
+    Args:
+        q: ``(B, K, V)`` float32 warped draft probabilities for offsets 1..K. plan: the round plan (sibling groups).
+        node_codes: ``(B, M+1)`` with the root's code filled in; the children's codes are written in place.
+        generator: explicit RNG; one ``(B * parents, V)`` uniform draw per sibling group, in offset order.
+
+    Returns:
+        :class:`Draft` with ``q`` ``(B, M+1, V)`` and ``exists`` ``(B, M+1)``.
+    """
+    b, _, v = q.shape
+    m1 = node_codes.shape[1]
+    q_nodes = torch.zeros(b, m1, v, dtype=q.dtype, device=q.device)
+    exists = torch.ones(b, m1, dtype=torch.bool, device=q.device)
+    for t, parents, children in plan.sibling_groups:
+        n_par, k = children.shape
+        qt = q[:, t - 1][:, None, :].expand(b, n_par, v)  # (B, P, V)
+        u = torch.rand(b, n_par, v, generator=generator, device=q.device, dtype=torch.float32)
+        keys = torch.log(qt) - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))  # -inf where q = 0
+        top = torch.topk(keys, k, dim=-1)  # (B, P, k) in key order = the order of sequential draws
+        codes = top.indices
+        node_codes[:, children] = codes
+        exists[:, children] = exists[:, parents][:, :, None] & torch.isfinite(top.values)
+        removed = torch.zeros(b, n_par, v, dtype=torch.bool, device=q.device)
+        for i in range(k):
+            qi = qt.masked_fill(removed, 0.0)
+            q_nodes[:, children[:, i]] = qi / qi.sum(-1, keepdim=True).clamp_min(1e-30)
+            removed.scatter_(2, codes[:, :, i:i + 1], True)
+    return Draft(node_codes, q_nodes, exists)
+
+
 @dataclass
 class FrameResult:
     """Codes of one frame and what it cost.
@@ -97,8 +137,12 @@ class RoundPlan:
         depth: ``(M+1,)`` draft offset of each node. ancestors: ``(M+1, M+1)`` bool tree mask.
         children: ``(M+1, C)`` children in the order they are tried. rank: ``(M,)`` rank of each non-root node.
         eye: ``(1, M+1, M+1)`` bool: every query sees itself (never an empty attention row).
-        sampled: drafts are SAMPLED from q (Chain) rather than the top-ranked codes (Tree).
+        sampled: drafts are SAMPLED from q (Chain, sampled Tree) rather than the top-ranked codes (Tree).
         slots: KV slots of the frame's :class:`~rvqspec_lib.spec.predictor.StaticSlotCache` (``n_codes + M + 1``).
+        chain_shaped: every node has at most one child (sampled drafts then use the Chain sampler, so a sampled
+            chain-shaped Tree IS :class:`~rvqspec_lib.spec.decoders.Chain`, draw for draw).
+        sibling_groups: for sampled trees, ``(offset, parents (P,), children (P, k))`` for each offset and number of
+            children k: the parents whose k children are drawn together without replacement.
     """
 
     tree: DraftTree
@@ -109,6 +153,8 @@ class RoundPlan:
     eye: torch.Tensor
     sampled: bool
     slots: int
+    chain_shaped: bool = True
+    sibling_groups: tuple = ()
 
     @property
     def n_query(self) -> int:
@@ -118,9 +164,17 @@ class RoundPlan:
     @classmethod
     def build(cls, tree: DraftTree, n_codes: int, *, sampled: bool, device) -> "RoundPlan":
         m1 = tree.n_nodes + 1
+        kids = [[int(c) for c in row if c >= 0] for row in tree.children]
+        groups: dict[tuple[int, int], list[int]] = {}
+        for v, ch in enumerate(kids):
+            if ch:
+                groups.setdefault((int(tree.depth[v]) + 1, len(ch)), []).append(v)
+        sibling_groups = tuple(
+            (t, torch.tensor(parents, device=device), torch.tensor([kids[v] for v in parents], device=device))
+            for (t, _), parents in sorted(groups.items()))
         return cls(tree, tree.depth.to(device), tree.ancestors.to(device), tree.children.to(device),
                    tree.rank[1:].to(device), torch.eye(m1, dtype=torch.bool, device=device)[None], sampled,
-                   n_codes + m1)
+                   n_codes + m1, all(len(ch) <= 1 for ch in kids), sibling_groups)
 
 
 @dataclass
@@ -163,11 +217,14 @@ class FrameState:
 
 @dataclass
 class Draft:
-    """A round's draft: ``node_codes`` ``(B, M+1)`` int64 (entry 0 = the root, the last committed code) and ``q``
-    ``(B, M+1, V)`` float32, the distribution each node's code was SAMPLED from (``None`` for point-mass drafts)."""
+    """A round's draft: ``node_codes`` ``(B, M+1)`` int64 (entry 0 = the root, the last committed code), ``q``
+    ``(B, M+1, V)`` float32, the distribution each node's code was SAMPLED from (``None`` for point-mass drafts), and
+    ``exists`` ``(B, M+1)`` bool (``None`` = all): a sampled child for which q had no code left, and its subtree,
+    does not exist."""
 
     node_codes: torch.Tensor
     q: torch.Tensor | None
+    exists: torch.Tensor | None = None
 
 
 @dataclass
@@ -211,7 +268,8 @@ def draft(code_predictor, drafter, plan: RoundPlan, state: FrameState, sampling:
           generator: torch.Generator) -> Draft:
     """Step 1, draft: q for depths s+1..s+K from H_s, then the nodes' codes (sampled for Chain, top-ranked for Tree).
 
-    Random numbers drawn here (Chain only): one draft per offset, in offset order, before any acceptance draw.
+    Random numbers drawn here (sampled drafts only): Chain, one draft per offset in offset order; a sampled Tree,
+    :func:`sample_tree_drafts`. All before any acceptance draw.
     """
     cp, b, k_max = code_predictor, state.codes.shape[0], plan.tree.max_depth
     rows = torch.arange(b, device=state.codes.device)
@@ -220,6 +278,8 @@ def draft(code_predictor, drafter, plan: RoundPlan, state: FrameState, sampling:
     if k_max == 0:
         return Draft(node_codes, None)
     d_logits = drafter.draft_logits(cp, state.h, state.s, k_max)  # (B, K, V)
+    if plan.sampled and not plan.chain_shaped:
+        return sample_tree_drafts(sampling.probs(d_logits), plan, node_codes, generator)
     if plan.sampled:
         q = sampling.probs(d_logits)  # the same warpers as p
         drafts = sample_drafts(q.reshape(b * k_max, -1), generator).reshape(b, k_max)
@@ -238,6 +298,8 @@ def verify(code_predictor, plan: RoundPlan, state: FrameState, drafted: Draft, s
     b, m1, dev = state.codes.shape[0], plan.n_query, state.codes.device
     abs_depth = state.s[:, None] + plan.depth[None, :]  # (B, M+1) depth of each node's code
     node_valid = state.active[:, None] & (abs_depth <= n)
+    if drafted.exists is not None:
+        node_valid &= drafted.exists
     fed = node_valid & (abs_depth < n)
     embeds = P.embed_codes(cp, drafted.node_codes, abs_depth)  # (B, M+1, H)
     # new positions go right after the committed slots (a finished row rewrites its own tail: its output is unused)

@@ -52,17 +52,30 @@ class Chain:
 
 @dataclass(frozen=True)
 class Tree:
-    """Sparse-tree speculation with point-mass drafts (paper §2.2): the top-ranked codes of the drafter's q, as rank
-    paths, verified in one masked call; accept child x with probability p(x), else zero it and try the next child.
+    """Sparse-tree speculation: draft paths verified in ONE masked call (paper §2.2; docs/methods.md#sampled-trees).
+
+    Two kinds of children (docs/methods.md#accept-and-reject-rules):
+
+    * ``sampled=False`` (the paper's): point-mass drafts, the top-ranked codes of the drafter's q. A path
+      ``(r1, .., rt)`` drafts the rank-``rt`` code at offset t below ``(r1, .., r(t-1))``. Accept child x with
+      probability p(x), else zero it and try the next child.
+    * ``sampled=True``: the children of a node are SAMPLED from q without replacement (Sequoia; Recursive
+      Speculative Decoding). A path's entries are child indices: ``(0, 1)`` is the second child sampled below the
+      first child of the root. Child i is drawn from q_i = q with the earlier siblings' codes removed and
+      renormalised, accepted with ``min(1, p_i(x)/q_i(x))``; on rejection ``p_{i+1} = norm(max(p_i - q_i, 0))``.
+      With one child per node this is exactly :class:`Chain`.
 
     Args:
-        paths: rank paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]`` (see :mod:`rvqspec_lib.trees`).
+        paths: rank (or child-index) paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]`` (see :mod:`rvqspec_lib.spec.trees`).
+        sampled: sampled children instead of top-ranked ones.
 
     Raises:
-        ValueError: an empty tree, a path with a gap, a negative rank, a repeated path.
+        ValueError: an empty tree, a path with a gap, a negative rank, a repeated path; for a sampled tree, a child
+            index i without the siblings 0..i-1 (children are drawn in order).
     """
 
     paths: Sequence[Sequence[int]] = ((0,), (1,), (0, 0), (0, 0, 0))
+    sampled: bool = False
     _compiled: DraftTree = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -70,12 +83,20 @@ class Tree:
             raise ValueError("Tree needs at least one rank path, e.g. Tree(paths=[(0,), (1,), (0, 0)])")
         object.__setattr__(self, "paths", tuple(tuple(p) if not isinstance(p, int) else (p,) for p in self.paths))
         object.__setattr__(self, "_compiled", DraftTree.from_paths(self.paths))
+        if self.sampled:
+            have = set(self._compiled.paths)
+            for path in self._compiled.paths:
+                if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in have:
+                    raise ValueError(f"sampled tree path {path}: child {path[-1]} needs its sibling "
+                                     f"{path[:-1] + (path[-1] - 1,)} (children are sampled in order); add it")
 
     def tree(self, n_codes: int) -> DraftTree:
         # A tree deeper than the depths left is fine: nodes past the last depth are masked (the tree shrinks).
         return self._compiled
 
-    sampled_drafts = False
+    @property
+    def sampled_drafts(self) -> bool:
+        return self.sampled
 
 
 CHAIN_WINDOWS = tuple(range(2, 9))

@@ -80,17 +80,24 @@ from rvqspec_lib.models.utterances import (  # noqa: E402
     write_shipped_utterances,
 )
 
+def calibration_sentences(n: int, seed: int) -> list:
+    """The calibration split (tree calibration, notebook 03): a seeded sample of ``data/eval_texts/en_calibration.tsv``
+    (scripts/ship_calibration.py adds the same sentences to an existing build)."""
+    pool = corpus.shipped_sentences("calibration", language="en")
+    return random.Random(seed + 3).sample(pool, min(n, len(pool)))
+
+
 STAGES = ("texts", "render", "codec", "codes", "ship", "train", "cp", "model", "decoder", "eval", "card")
 
 PRESETS = {
-    "smoke": dict(sources="stdlib", max_source_files=80, n_train=34, n_val=4, n_eval=2, voices="slt",
+    "smoke": dict(sources="stdlib", max_source_files=80, n_train=34, n_val=4, n_eval=2, n_calib=2, voices="slt",
                   n_codebooks=16, codebook_size=32, max_vectors=20_000, kmeans_iters=5,
                   talker_layers=1, talker_hidden=64, cp_layers=1, cp_hidden=32, n_heads=2, n_kv_heads=1,
                   head_dim=32, text_hidden=64, frontend="phonemes", steps=40, minutes=None, batch_size=8, lr=3e-3,
                   warmup_steps=5, cp_fraction=0.5, eval_every=0, max_frames=80, processes=2, ship_train=30,
                   cp_steps=5, cp_minutes=None, cp_batch_frames=64, cp_lr=1e-3, cp_eval_every=0,
                   decoder_n_train=20, decoder_steps=6, decoder_minutes=None, decoder_eval_every=3),
-    "full": dict(sources="fortunes,stdlib,doc", max_source_files=None, n_train=15_000, n_val=200, n_eval=100,
+    "full": dict(sources="fortunes,stdlib,doc", max_source_files=None, n_train=15_000, n_val=200, n_eval=100, n_calib=100,
                  voices="slt,kal16,awb,rms", n_codebooks=16, codebook_size=2048, max_vectors=60_000,
                  kmeans_iters=10, talker_layers=4, talker_hidden=256, cp_layers=5, cp_hidden=256, n_heads=4,
                  n_kv_heads=2, head_dim=64, text_hidden=256, frontend="phonemes", steps=None, minutes=35.0,
@@ -117,6 +124,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--n-train", type=int)
     g.add_argument("--n-val", type=int)
     g.add_argument("--n-eval", type=int)
+    g.add_argument("--n-calib", type=int, help="calibration sentences (tree calibration, notebook 03)")
     g.add_argument("--voices", help=f"comma-separated English voices of {sorted(corpus.VOICES)}")
     g.add_argument("--processes", type=int, help="synthesiser processes")
     g.add_argument("--n-codebooks", type=int)
@@ -234,12 +242,13 @@ class Builder:
         val = rng.sample(by_split["validation"], min(a.n_val, len(by_split["validation"])))
         evals = corpus.shipped_sentences("evaluation", language="en")
         evals = random.Random(a.seed + 1).sample(evals, min(a.n_eval, len(evals)))
+        calib = calibration_sentences(a.n_calib, a.seed)
         keys = {corpus.sentence_key(s.text) for s in train}
-        assert not keys & {corpus.sentence_key(s.text) for s in evals + val}, "held-out sentence in training"
-        corpus.save_sentences(train + val + evals, p.with_suffix(".tmp"))
+        assert not keys & {corpus.sentence_key(s.text) for s in evals + val + calib}, "held-out sentence in training"
+        corpus.save_sentences(train + val + calib + evals, p.with_suffix(".tmp"))
         os.replace(p.with_suffix(".tmp"), p)
-        self.log(f"texts: {len(train)} training, {len(val)} validation, {len(evals)} evaluation sentences "
-                 f"(pool {len(pool)} from {','.join(sources)})")
+        self.log(f"texts: {len(train)} training, {len(val)} validation, {len(calib)} calibration, {len(evals)} "
+                 f"evaluation sentences (pool {len(pool)} from {','.join(sources)})")
         return p
 
     # ------------------------------------------------------------------ 2. render

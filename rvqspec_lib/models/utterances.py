@@ -12,6 +12,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
+from rvqspec_lib.common.provenance import usual_mode
 from rvqspec_lib.models.teacher import Utterance
 
 
@@ -100,6 +101,7 @@ def save_codes(codes: Mapping[str, np.ndarray], path: str | os.PathLike) -> Path
     tmp = p.with_name(p.name + ".tmp")
     save_file({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in codes.items()}, str(tmp),
               metadata={"format": "rvqspec-codes"})
+    usual_mode(tmp)  # safetensors writes 0600
     os.replace(tmp, p)
     return p
 

@@ -243,8 +243,8 @@ def predicted_tokens_per_call(exact: dict, decoder, n_codes: int) -> float:
     """Expected tokens per call of ``decoder`` from :func:`exact_statistics` tables.
 
     Per call from start depth s: P(at least i drafts accepted) is prod_{j<=i} alpha[s, j] for a Chain, and the sum
-    over tree nodes at offset i of the product of ``rank_mass`` along the node's rank path for a Tree (offsets
-    independent, the model the tree calibration uses); a call commits the accepted drafts plus one code unless the
+    over tree nodes at offset i of the product of ``rank_mass`` (point-mass Tree) or ``child_accept`` (sampled Tree)
+    along the node's path (offsets independent, the model the tree calibration uses); a call commits the accepted drafts plus one code unless the
     drafts reached the last depth. A dynamic programme over s gives the expected calls per frame (prefill included).
 
     Raises:
@@ -255,9 +255,14 @@ def predicted_tokens_per_call(exact: dict, decoder, n_codes: int) -> float:
         return 1.0
     tree = decoder.tree(n)
     k_max = tree.max_depth
-    alpha, mass = exact["alpha"], exact["rank_mass"]
-    if alpha.shape[1] < k_max:
-        raise ValueError(f"tables cover {alpha.shape[1]} offsets, the decoder drafts {k_max}")
+    alpha = exact["alpha"]
+    sampled_tree = isinstance(decoder, Tree) and decoder.sampled
+    if sampled_tree and "child_accept" not in exact:
+        raise ValueError("a sampled tree needs the per-child acceptance table 'child_accept' "
+                         "(rvqspec_lib.eval.calibration.sampled_child_acceptance)")
+    mass = exact["child_accept"] if sampled_tree else exact["rank_mass"]
+    if alpha.shape[1] < k_max or (isinstance(decoder, Tree) and mass.shape[1] < k_max):
+        raise ValueError(f"tables cover {min(alpha.shape[1], mass.shape[1])} offsets, the decoder drafts {k_max}")
     if isinstance(decoder, Tree) and mass.shape[2] <= tree.max_rank:
         raise ValueError(f"tables cover ranks < {mass.shape[2]}, the tree uses rank {tree.max_rank}")
     calls = [0.0] * (n + 1)  # calls[s]: expected calls to finish from last committed depth s

@@ -133,3 +133,71 @@ class DraftTree:
     def chain(cls, n_drafts: int) -> "DraftTree":
         """A single path of ``n_drafts`` nodes (rank 0 at every offset); the shape of a Chain verify call."""
         return cls.from_paths([(0,) * t for t in range(1, n_drafts + 1)])
+
+
+def grow_tree(values, n_nodes: int, *, sampled: bool) -> list[tuple[int, ...]]:
+    """The draft tree of ``n_nodes`` nodes that maximises expected tokens per call under the calibration model
+    (docs/methods.md#building-a-tree): greedy on expected mass, as Medusa's and Sequoia's builders.
+
+    A node's value is the product, along its path ``(i1, .., it)``, of ``values[j-1][i_j]``: the probability that the
+    draft of index ``i_j`` at offset j is the one accepted once its parent was reached (point-mass trees: the target
+    mass of the rank-``i`` draft; sampled trees: the acceptance of the i-th sampled child). The expected tokens of a
+    call is 1 + the sum of the values of the tree's nodes (offsets independent), so adding, one at a time, the most
+    valuable node whose parent is in the tree is optimal when values never grow along a path; ties go to the shorter,
+    then lexicographically smaller path (deterministic).
+
+    Args:
+        values: ``(K, C)`` nested sequence of floats in [0, 1]: offsets 1..K (rows), ranks / child indices 0..C-1.
+        n_nodes: nodes besides the root (the node budget N of a verify call is ``n_nodes + 1``).
+        sampled: child indices of a sampled tree must be drawn in order, so child i becomes available only once
+            child i-1 of the same parent is in the tree; point-mass ranks may be skipped.
+
+    Returns:
+        The rank paths, in the order they were added (every prefix of the list is itself a valid tree).
+
+    Raises:
+        ValueError: an empty or ragged table, values outside [0, 1] or NaN, ``n_nodes < 1``.
+    """
+    import heapq
+    import math
+
+    rows = [list(map(float, r)) for r in values]
+    if not rows or not rows[0] or any(len(r) != len(rows[0]) for r in rows):
+        raise ValueError("values must be a non-empty (offsets, ranks) table with rows of equal length")
+    if any(not (0.0 <= v <= 1.0) or math.isnan(v) for r in rows for v in r):
+        raise ValueError("values must be probabilities in [0, 1] (no NaN): pool the calibration tables first")
+    if not isinstance(n_nodes, int) or n_nodes < 1:
+        raise ValueError(f"n_nodes must be an integer >= 1, got {n_nodes!r}")
+    k_max, c_max = len(rows), len(rows[0])
+    heap: list = []
+
+    def offer(parent: tuple[int, ...], parent_value: float, index: int) -> None:
+        t = len(parent) + 1
+        if t <= k_max and index < c_max:
+            path = parent + (index,)
+            heapq.heappush(heap, (-parent_value * rows[t - 1][index], len(path), path))
+
+    def open_children(path: tuple[int, ...], value: float) -> None:
+        for i in ([0] if sampled else range(c_max)):
+            offer(path, value, i)
+
+    open_children((), 1.0)
+    out: list[tuple[int, ...]] = []
+    while heap and len(out) < n_nodes:
+        neg, _, path = heapq.heappop(heap)
+        out.append(path)
+        open_children(path, -neg)
+        if sampled:  # the next sibling becomes available
+            parent = path[:-1]
+            pv = math.prod(rows[j][i] for j, i in enumerate(parent))
+            offer(parent, pv, path[-1] + 1)
+    return out
+
+
+def expected_tokens(paths, values) -> float:
+    """1 + the sum over the tree's nodes of the product of ``values`` along each node's path: the expected tokens of
+    one call under the calibration model of :func:`grow_tree` (frame end ignored)."""
+    import math
+
+    rows = [list(map(float, r)) for r in values]
+    return 1.0 + sum(math.prod(rows[j][i] for j, i in enumerate(p)) for p in paths)

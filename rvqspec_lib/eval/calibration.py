@@ -1,0 +1,191 @@
+"""Calibrating draft trees from data (paper §2.2 "calibrated sparse tree"; docs/methods.md#building-a-tree).
+
+From frames of the calibration split (contexts from real speech, codes sampled from p by the inner loop itself):
+
+* point-mass trees: ``rank_mass[s, t, r]`` = E[p(x_r)], the target mass of the rank-r draft at offset t from start
+  depth s (:func:`rvqspec_lib.eval.acceptance.exact_statistics`, exact given the teacher-forced prefix);
+* sampled trees: ``child_accept[s, t, i]`` = the probability that the i-th child sampled without replacement is the
+  one accepted, once its parent was reached (:func:`sampled_child_acceptance`: Monte Carlo over the children drawn,
+  Rao-Blackwellised: the acceptance probabilities of Sequoia's rule are computed exactly for every draw).
+
+Pooled over start depths, each table drives :func:`rvqspec_lib.spec.trees.grow_tree` to the best tree of every node
+budget N = 2..64 (N counts the root: the query positions of one verify call). The expected tokens per call of each
+tree, over whole frames (:func:`rvqspec_lib.eval.acceptance.predicted_tokens_per_call`), is stored beside it so that
+the prediction can be checked against the tokens per call measured on the evaluation split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from rvqspec_lib.eval.acceptance import (
+    _drafts_and_targets,
+    _json,
+    _teacher_forced_batches,
+    exact_statistics,
+    predicted_tokens_per_call,
+)
+from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.spec import predictor as P
+from rvqspec_lib.spec import verify as rules
+from rvqspec_lib.spec.decoders import Tree
+from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.spec.trees import expected_tokens, grow_tree
+
+#: Node budgets N (query positions of a verify call, the root included) the calibration builds a tree for.
+BUDGETS = tuple(range(2, 65))
+#: The two kinds of calibrated tree: top-ranked (point-mass) children, and children sampled without replacement.
+KINDS = ("point-mass", "sampled")
+FORMAT = "rvqspec-trees"
+FORMAT_VERSION = 1
+
+
+@torch.no_grad()
+def sampled_child_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torch.Tensor, *,
+                             n_ahead: int, max_children: int, sampling: Sampling | None = None, draws: int = 2,
+                             seed: int = 0, batch_size: int = 16) -> np.ndarray:
+    """Per (start depth, offset, child index) acceptance of children sampled from q without replacement.
+
+    For each frame and start depth s, the target p for depth s+t (teacher-forced prefix, as
+    :func:`~rvqspec_lib.eval.acceptance.exact_statistics`) and the draft q from H_s; ``max_children`` children are
+    drawn without replacement (Gumbel-top-k, as the decoder draws them) and walked with the decoder's own rule
+    (:func:`rvqspec_lib.spec.verify.acceptance_ratio` and :func:`~rvqspec_lib.spec.verify.residual`):
+    child i is reached with probability ``prod_{j<i} (1 - r_j)`` and accepted with ``r_i``. The average of
+    ``reach_i * r_i`` over frames and draws estimates the table; child 0's entry equals ``alpha = sum min(p, q)``
+    in expectation.
+
+    Args:
+        context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` codes 1..n, samples of p given the context.
+        n_ahead: offsets t = 1..n_ahead. max_children: child indices i = 0..max_children-1.
+        sampling: the deployed warpers for p and q. draws: Monte Carlo draws of the children per row.
+        seed: seed of the draws (explicit generator). batch_size: frames per teacher-forced batch.
+
+    Returns:
+        ``(n-1, n_ahead, max_children)`` float64, NaN where s + t > n.
+    """
+    sampling = Sampling() if sampling is None else sampling
+    cp = code_predictor
+    n = P.n_codes(cp)
+    gen = torch.Generator().manual_seed(seed)
+    total = torch.zeros(n - 1, n_ahead, max_children, dtype=torch.float64)
+    count = 0
+    for _, _, hidden, p_all in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
+        logits, _, _, p = _drafts_and_targets(cp, drafter, hidden, p_all, n_ahead)  # (B, n-1, K, V)
+        q = sampling.probs(logits).cpu()
+        p = p.cpu()
+        shape, v = q.shape[:-1], q.shape[-1]
+        qf, pf = q.reshape(-1, v), p.reshape(-1, v)
+        for _ in range(draws):
+            u = torch.rand(qf.shape, generator=gen)
+            keys = torch.log(qf) - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+            top = torch.topk(keys, max_children, dim=-1)
+            resid, qi = pf.clone(), qf.clone()
+            reach = torch.ones(qf.shape[0], dtype=torch.float64)
+            for i in range(max_children):
+                x, exists = top.indices[:, i], torch.isfinite(top.values[:, i])
+                qn = qi / qi.sum(-1, keepdim=True).clamp_min(1e-30)
+                r = rules.acceptance_ratio(resid, x, qn.gather(1, x[:, None]).squeeze(1))
+                r = torch.where(exists, r, torch.zeros_like(r)).double()
+                total[..., i] += (reach * r).reshape(shape).sum(0)
+                reach = reach * (1.0 - r)
+                resid = torch.where(exists[:, None], rules.residual(resid, x, qn), resid)
+                qi = qi.scatter(1, x[:, None], 0.0)
+        count += hidden.shape[0] * draws
+    valid = (torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]) <= n
+    out = torch.where(valid[..., None], total / max(count, 1), torch.tensor(float("nan"), dtype=torch.float64))
+    return out.numpy()
+
+
+def pool_by_offset(table: np.ndarray) -> np.ndarray:
+    """``(n-1, K, C)`` per start depth -> ``(K, C)``: the unweighted mean over the start depths where offset t
+    exists (every start depth is met once per frame by a walk over it; NaN entries skipped)."""
+    with np.errstate(invalid="ignore"):
+        out = np.nanmean(np.asarray(table, dtype=np.float64), axis=0)
+    return np.nan_to_num(np.clip(out, 0.0, 1.0), nan=0.0)
+
+
+@torch.no_grad()
+def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | None = None,
+              budgets: Sequence[int] = BUDGETS, max_offset: int | None = None, max_rank: int = 16,
+              max_children: int = 8, draws: int = 2, seed: int = 0, batch_size: int = 16) -> dict:
+    """Calibrate point-mass and sampled trees for every node budget, from calibration frames.
+
+    Args:
+        code_predictor: the official module. drafter: where q comes from (the trees are calibrated for it).
+        frames: calibration :class:`~rvqspec_lib.eval.frames.Frames` (codes: samples of p given the contexts).
+        sampling: the deployed warpers. budgets: node budgets N (root included), each in 2..64.
+        max_offset: deepest offset tabulated (default ``n_codes - 1``: a tree may reach the frame's end).
+        max_rank: ranks tabulated for point-mass trees. max_children: children per node for sampled trees.
+        draws, seed: Monte Carlo draws of the sampled children and their seed. batch_size: frames per batch.
+
+    Returns:
+        JSON-able dict: ``format``, ``version``, ``n_codes``, ``codebook_size``, ``drafter``, ``sampling``,
+        ``n_frames``, ``budgets``, and per kind (``"point-mass"``, ``"sampled"``): ``table`` (pooled ``(K, C)``),
+        ``trees`` ``{N: paths}``, ``predicted_tokens_per_call`` ``{N: E(N)}`` over whole frames and
+        ``call_expected_tokens`` ``{N: 1 + sum of node values}`` (one call, frame end ignored); and
+        ``best_kind`` ``{N: kind}`` (the larger E(N)).
+
+    Raises:
+        ValueError: a budget outside 2..64, an empty frame set.
+    """
+    sampling = Sampling() if sampling is None else sampling
+    budgets = sorted({int(b) for b in budgets})
+    if not budgets or budgets[0] < 2 or budgets[-1] > 64:
+        raise ValueError(f"node budgets must lie in 2..64 (the root plus 1..63 drafts), got {budgets}")
+    if len(frames) == 0:
+        raise ValueError("no calibration frames")
+    cp = code_predictor
+    n = P.n_codes(cp)
+    k = n - 1 if max_offset is None else max(1, min(int(max_offset), n - 1))
+    vocab = int(cp.config.vocab_size)
+    exact = exact_statistics(cp, drafter, frames.context, frames.codes, n_ahead=k, sampling=sampling,
+                             max_rank=min(max_rank, vocab), batch_size=batch_size)
+    exact["child_accept"] = sampled_child_acceptance(cp, drafter, frames.context, frames.codes, n_ahead=k,
+                                                     max_children=min(max_children, vocab), sampling=sampling,
+                                                     draws=draws, seed=seed, batch_size=batch_size)
+    out = {"format": FORMAT, "version": FORMAT_VERSION, "n_codes": n, "codebook_size": vocab,
+           "drafter": getattr(drafter, "name", type(drafter).__name__), "sampling": dataclasses.asdict(sampling),
+           "n_frames": len(frames), "source": dict(frames.source), "budgets": budgets,
+           "alpha_by_offset": _json(exact["alpha_by_offset"])}
+    for kind, table in (("point-mass", exact["rank_mass"]), ("sampled", exact["child_accept"])):
+        pooled = pool_by_offset(table)
+        paths = grow_tree(pooled, budgets[-1] - 1, sampled=kind == "sampled")
+        trees, e_frame, e_call = {}, {}, {}
+        for b in budgets:
+            sub = paths[: b - 1]
+            trees[str(b)] = [list(x) for x in sub]
+            e_call[str(b)] = expected_tokens(sub, pooled)
+            e_frame[str(b)] = predicted_tokens_per_call(exact, Tree(sub, sampled=kind == "sampled"), n)
+        out[kind] = {"table": _json(pooled), "by_start_depth": _json(table), "trees": trees,
+                     "predicted_tokens_per_call": e_frame, "call_expected_tokens": e_call}
+    out["best_kind"] = {str(b): max(KINDS, key=lambda kd: out[kd]["predicted_tokens_per_call"][str(b)])
+                        for b in budgets}
+    return out
+
+
+def calibrated_tree(calibration: dict, budget: int, kind: str | None = None) -> Tree:
+    """The calibrated :class:`~rvqspec_lib.spec.decoders.Tree` of node budget ``budget`` (``kind`` ``None``: the kind
+    with the larger predicted tokens per call at that budget).
+
+    Raises:
+        ValueError: a budget the calibration did not build, an unknown kind.
+    """
+    if kind is None:
+        kind = calibration["best_kind"].get(str(budget)) if str(budget) in calibration.get("best_kind", {}) else None
+    if kind not in KINDS:
+        raise ValueError(f"tree kind must be one of {KINDS}, got {kind!r}")
+    trees = calibration[kind]["trees"]
+    if str(budget) not in trees:
+        raise ValueError(f"no calibrated tree of node budget {budget}: this calibration has N in "
+                         f"{min(map(int, trees))}..{max(map(int, trees))}")
+    return Tree([tuple(p) for p in trees[str(budget)]], sampled=kind == "sampled")
+
+
+def prediction_error(predicted: float, measured: float) -> float:
+    """Relative error of a predicted tokens per call, ``predicted / measured - 1`` (NaN when nothing was measured)."""
+    return predicted / measured - 1.0 if measured and not math.isnan(measured) else float("nan")

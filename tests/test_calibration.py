@@ -11,12 +11,12 @@ import torch
 from rvqspec_lib.eval.acceptance import decoder_statistics, exact_statistics
 from rvqspec_lib.eval.calibration import (
     calibrate,
-    calibrated_tree,
     pool_by_offset,
     sampled_child_acceptance,
 )
 from rvqspec_lib.eval.frame_sources import frames_from_contexts
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
+from rvqspec_lib.models.tree_files import tree_from_calibration
 from rvqspec_lib.spec.drafters import ReusedHeads
 from rvqspec_lib.spec.trees import DraftTree, expected_tokens, grow_tree
 
@@ -87,7 +87,7 @@ def test_predicted_tokens_per_call_matches_measured(small):
     ctx = frames.context.repeat(64, 1, 1)
     for kind in ("point-mass", "sampled"):
         for b in (2, 4, 8):
-            tree = calibrated_tree(cal, b, kind)
+            tree = tree_from_calibration(cal, kind, b)
             assert tree.tree(3).n_nodes == b - 1 and tree.sampled == (kind == "sampled")
             got = decoder_statistics(cp, ReusedHeads(), ctx, tree, seed=3)["tokens_per_call"]
             pred = cal[kind]["predicted_tokens_per_call"][str(b)]
@@ -101,11 +101,39 @@ def test_calibration_errors(small):
         calibrate(cp, ReusedHeads(), frames, budgets=(1, 4))
     cal = calibrate(cp, ReusedHeads(), frames, budgets=(2, 3), draws=1)
     with pytest.raises(ValueError, match="node budget 16"):
-        calibrated_tree(cal, 16, "sampled")
-    with pytest.raises(ValueError, match="kind"):
-        calibrated_tree(cal, 2, "beam")
+        tree_from_calibration(cal, "sampled", 16)
+    with pytest.raises(ValueError, match="kind beam"):
+        tree_from_calibration(cal, "beam", 2)
 
 
 def test_pool_by_offset_skips_missing_start_depths():
     t = np.array([[[0.5, 0.1]], [[np.nan, np.nan]], [[0.3, 0.1]]])
     assert np.allclose(pool_by_offset(t), [[0.4, 0.1]])
+
+
+def test_calibration_file_round_trip_and_names(small, tmp_path):
+    from rvqspec_lib.models.tree_files import load_calibration, load_named_tree, parse_tree_name, save_calibration
+
+    cp, frames = small
+    cal = calibrate(cp, ReusedHeads(), frames, budgets=(2, 4, 8), draws=1)
+    path = save_calibration(cal, tmp_path / "trees" / "heads.json")
+    assert not list(path.parent.glob("*.tmp"))
+    assert load_calibration(path, n_codes=3, codebook_size=16) == cal
+    t = load_named_tree("calibrated-sampled:8", "unused", cp, path=path)
+    assert t.sampled and t.tree(3).n_nodes == 7
+    best = load_named_tree("calibrated:4", "unused", cp, path=path)
+    assert best.sampled == (cal["best_kind"]["4"] == "sampled")
+    assert parse_tree_name("calibrated-point-mass:64") == ("point-mass", 64)
+    for bad, word in (("calibrated:1", "outside 2..64"), ("calibrated:65", "outside 2..64"),
+                      ("calibrated-beam:4", "unknown tree name"), ("best:4", "unknown tree name")):
+        with pytest.raises(ValueError, match=word):
+            parse_tree_name(bad)
+    with pytest.raises(ValueError, match="codebook_size = 16, this model has 2048"):
+        load_calibration(path, n_codes=3, codebook_size=2048)
+    with pytest.raises(ValueError, match="n_codes = 3, this model has 15"):
+        load_calibration(path, n_codes=15)
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a calibration file"):
+        load_calibration(tmp_path / "junk.json")
+    with pytest.raises(FileNotFoundError, match="calibrate first"):
+        load_calibration(tmp_path / "missing.json")

@@ -168,24 +168,6 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
     return out
 
 
-def calibrated_tree(calibration: dict, budget: int, kind: str | None = None) -> Tree:
-    """The calibrated :class:`~rvqspec_lib.spec.decoders.Tree` of node budget ``budget`` (``kind`` ``None``: the kind
-    with the larger predicted tokens per call at that budget).
-
-    Raises:
-        ValueError: a budget the calibration did not build, an unknown kind.
-    """
-    if kind is None:
-        kind = calibration["best_kind"].get(str(budget)) if str(budget) in calibration.get("best_kind", {}) else None
-    if kind not in KINDS:
-        raise ValueError(f"tree kind must be one of {KINDS}, got {kind!r}")
-    trees = calibration[kind]["trees"]
-    if str(budget) not in trees:
-        raise ValueError(f"no calibrated tree of node budget {budget}: this calibration has N in "
-                         f"{min(map(int, trees))}..{max(map(int, trees))}")
-    return Tree([tuple(p) for p in trees[str(budget)]], sampled=kind == "sampled")
-
-
 def prediction_error(predicted: float, measured: float) -> float:
     """Relative error of a predicted tokens per call, ``predicted / measured - 1`` (NaN when nothing was measured)."""
     return predicted / measured - 1.0 if measured and not math.isnan(measured) else float("nan")

@@ -1,0 +1,270 @@
+"""A node budget per device: ``--decoder auto`` (the paper chose N by hand per device and left automatic choice as
+future work; Sequoia and EAGLE-2 choose from measured verify costs; docs/methods.md#choosing-the-node-budget).
+
+:func:`choose_decoder` times, on the running device and dtype,
+
+1. the real verify call (:func:`rvqspec_lib.spec.predictor.verify_forward`, the shapes of each candidate tree) for
+   every node budget N, giving the cost curve t(N)/t(1) and the predicted speedup ``E(N) t(1) / t(N)`` from the
+   calibrated tokens per call E(N) (the check the paper's per-device tables imply);
+2. then, for the most promising candidates and AR, whole frames decoded one at a time (the streaming case),
+   interleaved, and picks the decoder with the least measured time per committed code.
+
+:func:`auto_decoder` caches the choice per device, model, dtype, drafter, thread count and calibration in a small
+JSON file (``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``), so the timing runs once per machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
+from rvqspec_lib.eval.bench import time_call
+from rvqspec_lib.models.tree_files import tree_from_calibration
+from rvqspec_lib.spec import predictor as P
+from rvqspec_lib.spec.decode import decode_frame
+from rvqspec_lib.spec.decoders import AR, CHAIN_WINDOWS, Chain
+from rvqspec_lib.spec.sampling import Sampling
+
+#: Node budgets N (root included) considered for calibrated trees.
+AUTO_BUDGETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class AutoChoice:
+    """What :func:`choose_decoder` chose and why.
+
+    Attributes:
+        label: the decoder's name (``ar``, ``chain:4``, ``calibrated-sampled:16`` ...), usable on the command line.
+        decoder: the decoder object. reason: one line saying why (measured time per code against AR and the rest).
+        table: one row per candidate: ``label``, ``nodes`` (N), ``predicted_tokens_per_call``, ``verify_ms``,
+            ``verify_ratio`` t(N)/t(1), ``predicted_speedup`` E(N) t(1)/t(N), and for the measured candidates
+            ``ms_per_code`` and ``speedup`` (vs AR's measured time per code).
+        key: the cache key (device, model, dtype, drafter, threads, calibration digest).
+    """
+
+    label: str
+    decoder: object
+    reason: str
+    table: list = field(default_factory=list)
+    key: dict = field(default_factory=dict)
+
+
+def device_name(device: torch.device) -> str:
+    """A stable name of the device being timed: the GPU's name, or the CPU model and core count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from rvqspec_lib.common.provenance import cpu_model
+
+    return f"{cpu_model() or platform.processor() or 'cpu'} ({os.cpu_count()} cores)"
+
+
+def _check_device(device: torch.device) -> None:
+    if device.type == "meta":
+        raise ValueError("auto cannot time a model on the meta device: load it on cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"auto cannot time on {device}: CUDA is not available here; use --device cpu")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"auto does not know how to time on {device.type}: use cpu or cuda, or pick a decoder")
+
+
+def tables_from_calibration(calibration: dict) -> dict:
+    """The per-start-depth tables :func:`~rvqspec_lib.eval.acceptance.predicted_tokens_per_call` needs, from a
+    calibration file: ``alpha`` (the first sampled child = a chain's draft), ``rank_mass``, ``child_accept``."""
+    nan = lambda x: np.array([[np.nan if v is None else v for v in r] for r in x], dtype=np.float64)  # noqa: E731
+    pm = np.stack([nan(r) for r in calibration["point-mass"]["by_start_depth"]])
+    ch = np.stack([nan(r) for r in calibration["sampled"]["by_start_depth"]])
+    return {"alpha": ch[..., 0], "rank_mass": pm, "child_accept": ch}
+
+
+def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS) -> list[tuple[str, object, int, float]]:
+    """``(label, decoder, N, predicted tokens per call)`` for AR, every chain window and every calibrated tree."""
+    n = int(calibration["n_codes"])
+    tables = tables_from_calibration(calibration)
+    out = [("ar", AR(), 1, 1.0)]
+    k_tab = tables["alpha"].shape[1]
+    for w in CHAIN_WINDOWS:
+        if w - 1 <= k_tab:
+            out.append((f"chain:{w}", Chain(w), w, predicted_tokens_per_call(tables, Chain(w), n)))
+    have = {int(b) for b in calibration["point-mass"]["trees"]}
+    for kind in ("point-mass", "sampled"):
+        for b in budgets:
+            if b in have:
+                tree = tree_from_calibration(calibration, kind, b)
+                out.append((f"calibrated-{kind}:{b}", tree, b, float(calibration[kind]["predicted_tokens_per_call"][str(b)])))
+    return out
+
+
+@torch.inference_mode()
+def verify_costs(code_predictor, sizes: Sequence[int], *, prefix: int = 8, warmup: int = 2, repeats: int = 5,
+                 progress: bool = False) -> dict[int, float]:
+    """Median ms of ONE verify call with N query positions (the root and N-1 drafts) after ``prefix`` committed slots,
+    through :func:`~rvqspec_lib.spec.predictor.verify_forward` and a :class:`~rvqspec_lib.spec.predictor.StaticSlotCache`
+    sized as the decoder sizes it, so each N is timed with exactly the shapes a round of that tree uses."""
+    cp = code_predictor
+    dev = next(cp.parameters()).device
+    n = P.n_codes(cp)
+    hidden = int(cp.config.hidden_size)
+    dtype = P.param_dtype(cp)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+    prefix = min(prefix, n)  # a frame never holds more than n committed slots
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for q in progress_bar(sorted(set(sizes)), desc="verify call N", enabled=progress):
+        slots = n + q
+        cache = P.StaticSlotCache(cp, 1, slots, device=dev)
+        embeds = torch.randn(1, q, hidden, generator=gen).to(dev, dtype)
+        positions = torch.arange(prefix, prefix + q, device=dev)[None].clamp(max=n)
+        write = torch.arange(prefix, prefix + q, device=dev)[None]
+        slot = torch.arange(slots, device=dev)
+        allow = (slot[None, None, :] <= write[:, :, None]).clone()  # a chain-shaped mask: cost does not depend on it
+        out[q] = time_call(lambda: P.verify_forward(cp, embeds, positions, allow, cache, write), warmup=warmup,
+                           repeats=repeats, sync=sync)["median_ms"]
+    return out
+
+
+@torch.inference_mode()
+def measure_time_per_code(code_predictor, contexts: torch.Tensor, decoders: dict, *, drafter=None,
+                          sampling: Sampling | None = None, repeats: int = 3, seed: int = 0,
+                          progress: bool = False, **decode_kwargs) -> dict[str, dict]:
+    """Decode each context ALONE (batch 1, as streaming synthesis does) with every decoder, interleaved: repeat r
+    runs the decoders in a rotated order. Returns ``{label: {"ms_per_code", "ms_per_frame", "tokens_per_call"}}``
+    (medians over the repeats of the mean over the contexts)."""
+    cp = code_predictor
+    n = P.n_codes(cp)
+    labels = list(decoders)
+    per = {k: [] for k in labels}
+    tpc = {k: [] for k in labels}
+    dev = next(cp.parameters()).device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    steps = [(r, labels[(i + r) % len(labels)]) for r in range(repeats) for i in range(len(labels))]
+    for r, lab in progress_bar(steps, desc="decoding frames", enabled=progress):
+        gen = torch.Generator(device=dev).manual_seed(seed + r)
+        calls = 0
+        sync()
+        t0 = time.perf_counter()
+        for i in range(contexts.shape[0]):
+            res = decode_frame(cp, contexts[i: i + 1].to(dev), decoder=decoders[lab], sampling=sampling,
+                               generator=gen, drafter=drafter, **decode_kwargs)
+            calls += int(res.calls.sum())
+        sync()
+        dt = (time.perf_counter() - t0) * 1e3
+        per[lab].append(dt / contexts.shape[0])
+        tpc[lab].append(contexts.shape[0] * n / calls)
+    return {k: {"ms_per_frame": statistics.median(per[k]), "ms_per_code": statistics.median(per[k]) / n,
+                "tokens_per_call": statistics.fmean(tpc[k])} for k in labels}
+
+
+def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *, drafter=None,
+                   sampling: Sampling | None = None, budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5,
+                   frames: int = 16, repeats: int = 3, seed: int = 0, progress: bool = False,
+                   **decode_kwargs) -> AutoChoice:
+    """Choose the decoder with the least measured time per committed code on this device (module docstring).
+
+    Args:
+        code_predictor: the official module, on the device and in the dtype to be used.
+        calibration: a calibration of trees for this model and drafter (:mod:`rvqspec_lib.models.tree_files`).
+        contexts: ``(N, 2, talker_hidden)`` inner-loop contexts (e.g. the calibration split's); the first ``frames``
+            are decoded. drafter, sampling: as deployed. budgets: node budgets of calibrated trees considered.
+        shortlist: candidates (besides AR) decoded, the best by predicted speedup ``E(N) t(1)/t(N)``.
+        repeats: interleaved repeats of the decoding. decode_kwargs: passed to ``decode_frame``.
+
+    Returns:
+        :class:`AutoChoice`.
+
+    Raises:
+        ValueError: a device that cannot be timed, a calibration for another model, no contexts.
+    """
+    cp = code_predictor
+    dev = next(cp.parameters()).device
+    _check_device(dev)
+    n = P.n_codes(cp)
+    if int(calibration.get("n_codes", -1)) != n or int(calibration.get("codebook_size", -1)) != int(cp.config.vocab_size):
+        raise ValueError("the calibration was made for another model (codes or codebook size differ): recalibrate")
+    if contexts.shape[0] < 1:
+        raise ValueError("no contexts to time the decoders on")
+    cands = candidates(calibration, budgets)
+    costs = verify_costs(cp, sorted({c[2] for c in cands}), progress=progress)
+    t1 = costs[1]
+    rows = []
+    for label, dec, nodes, e in cands:
+        rows.append({"label": label, "nodes": nodes, "predicted_tokens_per_call": e, "verify_ms": costs[nodes],
+                     "verify_ratio": costs[nodes] / t1, "predicted_speedup": e * t1 / costs[nodes]})
+    ranked = sorted((r for r in rows if r["label"] != "ar"), key=lambda r: -r["predicted_speedup"])
+    chosen = ["ar"] + [r["label"] for r in ranked[:shortlist]]
+    by_label = {c[0]: c[1] for c in cands}
+    measured = measure_time_per_code(cp, contexts[:frames], {k: by_label[k] for k in chosen}, drafter=drafter,
+                                     sampling=sampling, repeats=repeats, seed=seed, progress=progress,
+                                     **decode_kwargs)
+    ar_ms = measured["ar"]["ms_per_code"]
+    for r in rows:
+        m = measured.get(r["label"])
+        r["ms_per_code"] = m["ms_per_code"] if m else None
+        r["measured_tokens_per_call"] = m["tokens_per_call"] if m else None
+        r["speedup"] = ar_ms / m["ms_per_code"] if m else None
+    best = min(measured, key=lambda k: measured[k]["ms_per_code"])
+    b = next(r for r in rows if r["label"] == best)
+    reason = (f"{best}: {b['ms_per_code']:.3f} ms per code measured ({b['speedup']:.2f}x AR's {ar_ms:.3f}), "
+              f"{b['measured_tokens_per_call']:.2f} tokens per call, verify call t({b['nodes']})/t(1) = "
+              f"{b['verify_ratio']:.2f}, predicted speedup E(N) t(1)/t(N) = {b['predicted_speedup']:.2f}x; "
+              f"{len(chosen)} of {len(rows)} candidates decoded ({frames} frames x {repeats} repeats)")
+    return AutoChoice(best, by_label[best], reason, rows)
+
+
+def cache_file() -> Path:
+    """Where choices are cached: ``$RVQSPEC_CACHE/auto.json`` or ``~/.cache/rvqspec/auto.json``."""
+    root = os.environ.get("RVQSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rvqspec")
+    return Path(root) / "auto.json"
+
+
+def cache_key(model: str, code_predictor, calibration: dict, drafter_name: str) -> dict:
+    """The facts a choice depends on: device, model, dtype, drafter, torch threads and the calibration's digest."""
+    dev = next(code_predictor.parameters()).device
+    digest = hashlib.sha1(json.dumps({k: calibration.get(k) for k in ("point-mass", "sampled")},
+                                     sort_keys=True).encode()).hexdigest()[:12]
+    return {"device": device_name(dev), "model": str(model), "dtype": str(P.param_dtype(code_predictor)),
+            "drafter": drafter_name, "threads": torch.get_num_threads(), "calibration": digest}
+
+
+def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.Tensor, *, drafter=None,
+                 drafter_name: str = "heads", refresh: bool = False, cache: str | os.PathLike | None = None,
+                 **kwargs) -> AutoChoice:
+    """:func:`choose_decoder`, cached per device, model, dtype, drafter, threads and calibration.
+
+    A cached choice is reused (``reason`` says so) unless ``refresh``; a new one is written atomically.
+    """
+    path = Path(cache) if cache is not None else cache_file()
+    key = cache_key(model, code_predictor, calibration, drafter_name)
+    kid = json.dumps(key, sort_keys=True)
+    store = {}
+    if path.is_file():
+        try:
+            store = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            store = {}
+    if not refresh and kid in store:
+        hit = store[kid]
+        label = hit["label"]
+        dec = {c[0]: c[1] for c in candidates(calibration)}.get(label)
+        if dec is not None:
+            return AutoChoice(label, dec, f"cached choice ({path}): {hit['reason']}", hit.get("table", []), key)
+    choice = choose_decoder(code_predictor, calibration, contexts, drafter=drafter, **kwargs)
+    choice.key = key
+    store[kid] = {"label": choice.label, "reason": choice.reason, "table": choice.table, "key": key,
+                  "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(store, indent=1))
+    os.replace(tmp, path)
+    return choice

@@ -1,0 +1,74 @@
+"""--decoder auto: the node budget chosen from this device's own measured costs, cached per device/model/dtype."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rvqspec_lib.eval.budget import auto_decoder, cache_key, candidates, choose_decoder, verify_costs
+from rvqspec_lib.eval.calibration import calibrate
+from rvqspec_lib.eval.frame_sources import frames_from_contexts
+from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
+from rvqspec_lib.spec.drafters import ReusedHeads
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = tiny_config_dict(n_code_groups=6, codebook_size=32)
+    cp = build_from_config(cfg, seed=0).talker.code_predictor
+    with torch.no_grad():
+        for head in cp.lm_head:
+            head.weight.mul_(10.0)
+    ctx = torch.randn(24, 2, cfg["talker_config"]["hidden_size"], generator=torch.Generator().manual_seed(0))
+    frames = frames_from_contexts(cp, ctx, seed=1)
+    cal = calibrate(cp, ReusedHeads(), frames, budgets=(2, 3, 4, 8), draws=2)
+    return cp, cal, ctx
+
+
+def test_candidates_cover_ar_chains_and_both_tree_kinds(setup):
+    _, cal, _ = setup
+    labels = [c[0] for c in candidates(cal, budgets=(2, 4, 8))]
+    assert labels[0] == "ar" and "chain:4" in labels
+    assert {"calibrated-point-mass:4", "calibrated-sampled:8"} <= set(labels)
+    assert all(c[3] >= 1.0 for c in candidates(cal, budgets=(2, 4, 8)))
+
+
+def test_verify_costs_time_every_size(setup):
+    cp, _, _ = setup
+    costs = verify_costs(cp, [1, 2, 4], repeats=2, warmup=1)
+    assert sorted(costs) == [1, 2, 4] and all(v > 0 for v in costs.values())
+
+
+def test_choose_decoder_measures_and_picks_the_fastest(setup):
+    cp, cal, ctx = setup
+    ch = choose_decoder(cp, cal, ctx, budgets=(2, 4, 8), frames=4, repeats=2, shortlist=3)
+    measured = [r for r in ch.table if r["ms_per_code"] is not None]
+    assert {r["label"] for r in measured} >= {"ar"} and len(measured) == 4
+    best = min(measured, key=lambda r: r["ms_per_code"])
+    assert ch.label == best["label"] and ch.label in ch.reason and "ms per code" in ch.reason
+
+
+def test_auto_decoder_caches_per_key(setup, tmp_path):
+    cp, cal, ctx = setup
+    path = tmp_path / "auto.json"
+    a = auto_decoder("tiny", cp, cal, ctx, cache=path, budgets=(2, 4), frames=2, repeats=1, shortlist=2)
+    store = json.loads(path.read_text())
+    assert len(store) == 1 and next(iter(store.values()))["label"] == a.label
+    b = auto_decoder("tiny", cp, cal, ctx, cache=path, budgets=(2, 4), frames=2, repeats=1, shortlist=2)
+    assert b.label == a.label and b.reason.startswith("cached choice")
+    auto_decoder("other-model", cp, cal, ctx, cache=path, budgets=(2, 4), frames=2, repeats=1, shortlist=2)
+    assert len(json.loads(path.read_text())) == 2  # another key: timed again, stored beside
+    key = cache_key("tiny", cp, cal, "heads")
+    assert key["dtype"] == "torch.float32" and key["threads"] == torch.get_num_threads()
+
+
+def test_auto_refuses_what_it_cannot_time(setup):
+    cp, cal, ctx = setup
+    bad = dict(cal, codebook_size=2048)
+    with pytest.raises(ValueError, match="another model"):
+        choose_decoder(cp, bad, ctx)
+    meta = build_from_config(tiny_config_dict(n_code_groups=6, codebook_size=32)).talker.code_predictor.to("meta")
+    with pytest.raises(ValueError, match="meta device"):
+        choose_decoder(meta, cal, ctx)

@@ -136,7 +136,7 @@ def test_budget_errors():
     assert Budget.one_of(3, None) == Budget(steps=3)
     model, x, y = regression()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    step = lambda b: mse(model, *b)  # noqa: E731
+    step = lambda b: mse(model, *b)
     with pytest.raises(ValueError, match="select must be"):
         fit(step, batches_of(x, y, 4), optimizer=opt, budget=Budget(steps=1), select="best")
     with pytest.raises(ValueError, match="eval_every"):
@@ -286,8 +286,8 @@ def test_gradient_clipping_bounds_the_step():
     for clip, expect_norm in ((None, None), (0.5, 0.5)):
         model, x, y = regression()
         before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
-        fit(lambda b: 100.0 * mse(model, *b), batches_of(x, y, 32), optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
-            budget=Budget(steps=1), clip_parameters=list(model.parameters()), grad_clip=clip)
+        fit(lambda b: 100.0 * mse(model, *b), batches_of(x, y, 32),
+            optimizer=torch.optim.SGD(model.parameters(), lr=1.0), budget=Budget(steps=1), clip_parameters=list(model.parameters()), grad_clip=clip)
         moved = float((torch.cat([p.detach().flatten() for p in model.parameters()]) - before).norm())
         if expect_norm is None:
             assert moved > 10  # negative control: the unclipped gradient is large

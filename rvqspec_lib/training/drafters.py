@@ -254,3 +254,128 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         Path(curve_path).parent.mkdir(parents=True, exist_ok=True)
         Path(curve_path).write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
     return result
+
+
+def validation_acceptance(drafter) -> float:
+    """Mean over offsets of the exact validation acceptance at the epoch :func:`train_drafter` kept (from the
+    drafter's ``provenance``): the number every choice below is made on.
+
+    Raises:
+        ValueError: a drafter without that provenance (not trained by :func:`train_drafter`).
+    """
+    acc = (getattr(drafter, "provenance", None) or {}).get("val_acceptance_by_offset")
+    if not acc:
+        raise ValueError(f"{getattr(drafter, 'name', drafter)!r} has no validation acceptance in its provenance: "
+                         "train it with rvqspec_lib.training.drafters.train_drafter")
+    return float(np.mean(acc))
+
+
+@dataclass
+class LearningRateSweep:
+    """What :func:`sweep_learning_rates` returns.
+
+    Attributes:
+        rows: one dict per rate tried, in order: ``drafter`` (the label), ``lr`` (the rate used, the default
+            resolved), ``best_epoch``, ``val_acceptance_mean`` (mean validation acceptance at the kept epoch),
+            ``val_acceptance_init`` (the same at epoch 0, the untrained drafter), ``chosen`` (bool).
+        chosen: the :class:`TrainResult` of the chosen rate (its drafter trained and restored to its kept epoch).
+    """
+
+    rows: list[dict]
+    chosen: TrainResult
+
+    @property
+    def lr(self) -> float:
+        """The chosen learning rate."""
+        return self.chosen.drafter.provenance["lr"]
+
+
+def sweep_learning_rates(new_drafter, code_predictor, train: Frames, val: Frames, *, lrs, label: str | None = None,
+                         **train_kwargs) -> LearningRateSweep:
+    """Train a fresh drafter at each learning rate and keep the run with the highest validation acceptance.
+
+    A rate that is too large overshoots in the first epoch, and early stopping then keeps epoch 0 (the reused
+    heads), which would wrongly read as "this loss cannot help"; the rate is therefore a choice made on the
+    validation split, never on the evaluation split (notebook 02, "Learning rate, chosen on validation"). The
+    score of a run is :func:`validation_acceptance` (mean exact acceptance over offsets at its kept epoch); ties
+    keep the earlier rate in ``lrs``.
+
+    Args:
+        new_drafter: ``() -> drafter``, a fresh untrained drafter per run (e.g.
+            ``lambda: make_drafter("offsets", cp, fresh=True, K=3)``).
+        code_predictor, train, val: as :func:`train_drafter` (``val`` is required: the choice is made on it).
+        lrs: the rates to try, in order (``None`` is the drafter's :data:`DEFAULT_LR`).
+        label: the ``drafter`` column of the rows (default: the drafter's name).
+        **train_kwargs: passed to :func:`train_drafter` (loss, sampling, batch_size, max_epochs, patience, seed, ...).
+    Returns:
+        :class:`LearningRateSweep`.
+    Raises:
+        ValueError: no rate, a rate that is not positive, no validation frames, ``lr`` among ``train_kwargs``.
+    """
+    lrs = list(lrs)
+    if not lrs:
+        raise ValueError("give at least one learning rate to try (lrs=[...])")
+    bad = [lr for lr in lrs if lr is not None and not lr > 0]
+    if bad:
+        raise ValueError(f"learning rates must be > 0 (or None for the default), got {bad}")
+    if val is None or len(val) == 0:
+        raise ValueError("the learning rate is chosen on validation frames: pass val (e.g. the shipped validation "
+                         "split)")
+    if "lr" in train_kwargs:
+        raise ValueError("pass the rates as lrs=[...], not lr=")
+    rows, best, best_score = [], None, None
+    for lr in lrs:
+        res = train_drafter(new_drafter(), code_predictor, train, val, lr=lr, **train_kwargs)
+        score = validation_acceptance(res.drafter)
+        rows.append({"drafter": label or res.drafter.name, "lr": res.drafter.provenance["lr"],
+                     "best_epoch": res.best_epoch, "val_acceptance_mean": score,
+                     "val_acceptance_init": float(np.mean(res.curve[0]["val_acceptance_by_offset"]))})
+        if best_score is None or score > best_score:
+            best, best_score = (len(rows) - 1, res), score
+    for i, row in enumerate(rows):
+        row["chosen"] = i == best[0]
+    return LearningRateSweep(rows, best[1])
+
+
+def select_deployed(drafters: dict, kind: str = "offsets") -> str:
+    """Which trained drafter of ``kind`` to deploy beside the model: the one with the highest
+    :func:`validation_acceptance` (the validation split decides, never the evaluation split; ties keep the first).
+
+    Args:
+        drafters: ``{label: drafter}`` (e.g. ``{"offsets-ce": ..., "offsets-kl": ..., "medusa": ...}``); only those
+            whose ``name`` is ``kind`` compete.
+    Returns:
+        the chosen label.
+    Raises:
+        ValueError: no drafter of that kind, or one without validation provenance.
+    """
+    labels = [lab for lab, d in drafters.items() if getattr(d, "name", None) == kind]
+    if not labels:
+        raise ValueError(f"no {kind!r} drafter among {list(drafters)}: train one first")
+    scores = {lab: validation_acceptance(drafters[lab]) for lab in labels}
+    return max(labels, key=lambda lab: scores[lab])  # max keeps the first of equal scores
+
+
+def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike, kind: str = "offsets") -> dict:
+    """Write the drafters of ``kind`` beside a model: the ``deployed`` one as
+    ``<model_dir>/drafters/<kind>.safetensors`` (what ``--drafter offsets`` and the notebooks load), and every one of
+    that kind under its label (``<model_dir>/drafters/<label>.safetensors``), each with its JSON description.
+
+    Args:
+        drafters: ``{label: drafter}``; deployed: a label of ``kind`` (e.g. from :func:`select_deployed`).
+        model_dir: the model folder (``rvqspec_lib.models.drafter_files.model_drafter_dir(model)``).
+    Returns:
+        ``{"deployed_<kind>": path, "model_<label>": path, ...}``.
+    Raises:
+        ValueError: ``deployed`` is not a drafter of ``kind`` among ``drafters``.
+    """
+    from rvqspec_lib.models.drafter_files import drafter_path, save_drafter
+
+    if deployed not in drafters or getattr(drafters[deployed], "name", None) != kind:
+        raise ValueError(f"{deployed!r} is not a {kind!r} drafter among {list(drafters)}: pick one with "
+                         "select_deployed")
+    files = {f"deployed_{kind}": save_drafter(drafters[deployed], drafter_path(model_dir, kind))}
+    for lab, d in drafters.items():
+        if getattr(d, "name", None) == kind:
+            files[f"model_{lab}"] = save_drafter(d, Path(model_dir) / "drafters" / f"{lab}.safetensors")
+    return files

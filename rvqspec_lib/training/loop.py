@@ -206,7 +206,7 @@ class FitResult:
 
 
 def _improves(value: float, best: float | None, select: str, min_delta: float) -> bool:
-    if value is None or value != value:  # NaN never improves
+    if value is None or math.isnan(value):  # NaN never improves
         return False
     if best is None:
         return True

@@ -219,8 +219,9 @@ def train_code_decoder(codebooks: torch.Tensor, train: DecoderPairs, val: Decode
               eval_every=eval_every, eval_at_start=True, metric="val_l1", select="min", keep_best=dec.state_dict(),
               running=("l1",), running_prefix="train_", progress=progress, desc="code decoder")
     dec.eval()
-    meta = {"steps": res.steps, "best_step": res.best_step, "wall_s": round(res.wall_s, 2), "stopped_by": res.stopped_by,
-            "minutes_budget": minutes, "steps_budget": steps, "batch": batch, "chunk": chunk, "lr": lr,
+    meta = {"steps": res.steps, "best_step": res.best_step, "wall_s": round(res.wall_s, 2),
+            "stopped_by": res.stopped_by, "minutes_budget": minutes, "steps_budget": steps, "batch": batch,
+            "chunk": chunk, "lr": lr,
             "warmup_steps": WARMUP_STEPS, "generated_p": generated_p, "dropout_p": dropout_p, "seed": seed,
             "params": dec.n_parameters(), "train_utterances": len(train),
             "train_frames": int(sum(t.shape[0] for t in train.true)), "val_utterances": len(val)}

@@ -87,7 +87,6 @@ from rvqspec_lib.eval import acceptance as A
 from rvqspec_lib.eval import headroom as H
 from rvqspec_lib.spec.decoders import CHAIN_WINDOWS, Chain, Tree
 from rvqspec_lib.models.drafter_files import (
-    drafter_path,
     make_drafter,
     model_drafter_dir,
     params_added_for_config,
@@ -99,7 +98,7 @@ from rvqspec_lib.models.configs import CONFIG_DIR
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, OWN_MODEL_MARKER, load_model
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 from rvqspec_lib.eval.frame_sources import frames_from_shipped
-from rvqspec_lib.training.drafters import train_drafter
+from rvqspec_lib.training.drafters import deploy_drafters, select_deployed, sweep_learning_rates
 from rvqspec_lib.spec.trees import parse_paths
 
 t_start = time.perf_counter()
@@ -207,31 +206,26 @@ trained, curves, lr_rows = {}, {}, []
 lrs_tried = list(offsets_lrs)[:1] if smoke else list(offsets_lrs)
 for label, name, loss in to_train:
     t0 = time.perf_counter()
-    best_res, best_val = None, -1.0
-    for lr in (lrs_tried if name == "offsets" else [medusa_tv_lr if loss == "tv" else medusa_lr]):
-        d = make_drafter(name, cp, fresh=True, K=K)
-        r = train_drafter(d, cp, train_frames, val_frames, loss=loss, sampling=sampling, batch_size=batch_size,
-                          lr=lr, max_epochs=epochs, patience=patience, seed=seed, progress=True)
-        val = float(np.mean(r.curve[r.best_epoch]["val_acceptance_by_offset"]))
-        lr_rows.append({"drafter": label, "lr": r.drafter.provenance.get("lr", lr), "best_epoch": r.best_epoch,
-                        "val_acceptance_mean": val, "val_acceptance_init": float(np.mean(
-                            r.curve[0]["val_acceptance_by_offset"]))})
-        if val > best_val:
-            best_res, best_val = r, val
-    res = best_res
+    lrs = lrs_tried if name == "offsets" else [medusa_tv_lr if loss == "tv" else medusa_lr]
+    sweep = sweep_learning_rates(lambda name=name: make_drafter(name, cp, fresh=True, K=K), cp, train_frames,
+                                 val_frames, lrs=lrs, label=label, loss=loss, sampling=sampling,
+                                 batch_size=batch_size, max_epochs=epochs, patience=patience, seed=seed, progress=True)
+    lr_rows += sweep.rows
+    res = sweep.chosen
     res.drafter.provenance["model"] = run_model
     trained[label], curves[label] = res.drafter, res
     timings[f"train_{label}_s"] = time.perf_counter() - t0
     c0, cb = res.curve[0], res.curve[res.best_epoch]
-    print(f"{label}: {res.drafter.params_added:,} parameters, best epoch {res.best_epoch} of {res.curve[-1]['epoch']}, "
-          f"validation acceptance {np.round(c0['val_acceptance_by_offset'], 3)} -> "
+    print(f"{label}: {res.drafter.params_added:,} parameters, lr {sweep.lr:g}, best epoch {res.best_epoch} of "
+          f"{res.curve[-1]['epoch']}, validation acceptance {np.round(c0['val_acceptance_by_offset'], 3)} -> "
           f"{np.round(cb['val_acceptance_by_offset'], 3)}")
 
 # %% [markdown]
 # ### Learning rate, chosen on validation
 # Each offsets loss is trained at every rate of `offsets_lrs`; the run with the highest mean validation acceptance
-# (at its kept epoch) is the one kept. A too-large rate overshoots in the first epoch and early stopping then keeps
-# epoch 0 (the reused heads), which would wrongly read as "this loss cannot help".
+# (at its kept epoch) is the one kept (`rvqspec_lib.training.drafters.sweep_learning_rates`; `chosen` marks it). A
+# too-large rate overshoots in the first epoch and early stopping then keeps epoch 0 (the reused heads), which would
+# wrongly read as "this loss cannot help".
 
 # %%
 lr_table = pd.DataFrame(lr_rows)
@@ -272,7 +266,7 @@ save_figure(fig, out / "02_training_curves", prov)
 plt.show()
 curve_rows = [{"drafter": label, "epoch": c["epoch"], "train_loss": c["train_loss"], "val_loss": c["val_loss"],
                **{f"val_acceptance_j{j + 1}": a for j, a in enumerate(c["val_acceptance_by_offset"])},
-               "wall_s": c["wall_s"]} for label, res in curves.items() for c in res.curve]
+               "wall_s": c["elapsed_s"]} for label, res in curves.items() for c in res.curve]
 save_table(curve_rows, out / "02_training_curves", prov)
 
 # %% [markdown]
@@ -280,8 +274,9 @@ save_table(curve_rows, out / "02_training_curves", prov)
 # Offsets are tiny and saved into the output folder and (full runs) beside the model, where
 # `rvqspec eval-acceptance --model embedded --drafter offsets` and the later notebooks find them
 # (`<model>/drafters/offsets.safetensors`). Which loss is deployed there is decided on the **validation** acceptance
-# (mean over offsets at the kept epoch), never on the evaluation split. Medusa heads hold one LM-head-sized matrix
-# per (start depth, offset), so they go to `medusa_dir` (git-ignored), not into the repository.
+# (mean over offsets at the kept epoch), never on the evaluation split (`select_deployed`, written by
+# `deploy_drafters`). Medusa heads hold one LM-head-sized matrix per (start depth, offset), so they go to
+# `medusa_dir` (git-ignored), not into the repository.
 
 # %%
 files = {}
@@ -291,14 +286,10 @@ for label, d in trained.items():
     elif not smoke:  # Medusa heads: large, git-ignored folder; a smoke run does not write them
         files[label] = save_drafter(d, resolve_out_dir(medusa_dir) / str(run_model).strip("/").replace("/", "_")
                                     / f"{label}.safetensors")
-offset_labels = [lab for lab in trained if trained[lab].name == "offsets"]
-val_acc = {lab: float(np.mean(trained[lab].provenance["val_acceptance_by_offset"])) for lab in offset_labels}
-deployed = max(offset_labels, key=lambda lab: val_acc[lab])
+deployed = select_deployed(trained, kind="offsets")  # the highest validation acceptance
 model_dir = model_drafter_dir(run_model)
 if not smoke and save_to_model and model_dir is not None:
-    files["deployed_offsets"] = save_drafter(trained[deployed], drafter_path(model_dir, "offsets"))
-    for lab in offset_labels:
-        files[f"model_{lab}"] = save_drafter(trained[lab], model_dir / "drafters" / f"{lab}.safetensors")
+    files.update(deploy_drafters(trained, deployed, model_dir, kind="offsets"))
 display(Markdown(f"Deployed offsets (highest validation acceptance): **{deployed}**. Files: "
                  + ", ".join(f"`{p}`" for p in files.values())))
 
@@ -411,7 +402,8 @@ margin
 #   learnt the marginal perfectly would get: an achievable value);
 # * each drafter's acceptance on the same continuations.
 #
-# `captured` = (drafter - heads) / (marginal - heads): the share of the achievable gain a drafter realises.
+# `captured` = (drafter - heads) / (marginal - heads): the share of the achievable gain a drafter realises
+# (`rvqspec_lib.eval.headroom.captured_share`).
 
 # %%
 t0 = time.perf_counter()
@@ -421,16 +413,7 @@ headroom = H.drafter_headroom(cp, eval_frames.context[pick], eval_frames.codes[p
                               samples=4 if smoke else headroom_samples, sampling=sampling,
                               generator=torch.Generator().manual_seed(seed))
 timings["headroom_s"] = time.perf_counter() - t0
-head_rows = []
-for j in range(K):
-    base, gain = headroom["drafters"]["heads"][j], headroom["marginal"][j] - headroom["drafters"]["heads"][j]
-    row = {"offset_j": j + 1, "ceiling": headroom["ceiling"][j], "marginal": headroom["marginal"][j]}
-    for lab, acc in headroom["drafters"].items():
-        row[lab] = acc[j]
-        if lab != "heads":
-            row[f"{lab}_captured"] = (acc[j] - base) / gain if gain > 0 else float("nan")
-    head_rows.append(row)
-headroom_table = pd.DataFrame(head_rows)
+headroom_table = pd.DataFrame(H.headroom_table(headroom, baseline="heads"))
 prov = provenance(params, seed=seed)
 save_table(headroom_table, out / "02_headroom", {**prov, "frames": n_head, "samples": headroom["samples"]})
 headroom_table

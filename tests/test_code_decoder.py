@@ -135,3 +135,14 @@ def test_batched_inner_loop_matches_per_utterance_by_argmax():
     assert all(torch.equal(a, b) for a, b in zip(sampled, again))
     with pytest.raises(ValueError, match="no utterances"):
         inner_loop_codes_batch(lm, [])
+
+
+def test_training_is_seeded_and_leaves_the_global_rng_alone():
+    codec = _codec()
+    tr, va = _pairs(codec, 8, 0), _pairs(codec, 4, 1)
+    state = torch.get_rng_state()
+    runs = [train_code_decoder(codec.codebooks, tr, va, config=SMALL, steps=3, minutes=None, batch=4, chunk=8,
+                               eval_every=2, seed=s, progress=False)[0].state_dict() for s in (0, 0, 1)]
+    assert torch.equal(torch.get_rng_state(), state)  # the seeded initialisation ran inside fork_rng
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+    assert not all(torch.equal(runs[0][k], runs[2][k]) for k in runs[0])  # control: the seed matters

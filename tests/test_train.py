@@ -23,7 +23,6 @@ from rvqspec_lib.embedded.train import (
     code_predictor_metrics,
     code_predictor_states,
     losses,
-    lr_at,
     toy_corpus,
     train,
     train_code_predictor,
@@ -44,6 +43,7 @@ from rvqspec_lib.models.loader import LoadedModel, load_model, save_checkpoint
 from rvqspec_lib.models.teacher import Utterance, batch_prompt, teacher_force
 from rvqspec_lib.models.tokenizers import ByteTokenizer
 from rvqspec_lib.spec.sampling import Sampling, code0_processors
+from rvqspec_lib.training.loop import lr_at
 
 GREEDY = Sampling(greedy=True)
 TEXTS = ["Hello world.", "A somewhat longer sentence, to pad the batch."]

@@ -11,9 +11,7 @@ practice of fine-tuning on the acoustic model's own predictions (HiFi-GAN, Kong 
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -22,6 +20,10 @@ import numpy as np
 import torch
 
 from rvqspec_lib.models.code_decoder import CodeDecoder, CodeDecoderConfig
+from rvqspec_lib.training.loop import GRAD_CLIP, WARMUP_STEPS, WEIGHT_DECAY, Budget, WarmupCosine, fit
+
+#: Peak AdamW learning rate of the code decoder.
+LR = 1e-3
 
 
 @dataclass
@@ -163,87 +165,64 @@ def decoder_loss(dec: CodeDecoder, pairs: DecoderPairs, *, source: str = "true",
 
 def train_code_decoder(codebooks: torch.Tensor, train: DecoderPairs, val: DecoderPairs, *,
                        config: CodeDecoderConfig | None = None, minutes: float | None = 20.0,
-                       steps: int | None = None, batch: int = 32, chunk: int = 64, lr: float = 1e-3,
+                       steps: int | None = None, batch: int = 32, chunk: int = 64, lr: float = LR,
                        generated_p: float = 0.5, dropout_p: float = 0.3, eval_every: int = 200, seed: int = 0,
                        progress: bool = True) -> tuple[CodeDecoder, dict]:
-    """Train a :class:`CodeDecoder` (AdamW, cosine decay to 0.1 x lr after 100 warm-up steps) for ``steps`` or
-    ``minutes`` of wall time, whichever comes first; keep the parameters with the lowest validation loss
-    (mean of the true-code and generated-code L1, :func:`decoder_loss`).
+    """Train a :class:`CodeDecoder` (AdamW, :class:`~rvqspec_lib.training.loop.WarmupCosine`: linear warmup over
+    ``WARMUP_STEPS``, cosine decay to ``MIN_LR_RATIO`` x lr) for ``steps`` or ``minutes`` of wall time, whichever
+    comes first; keep the parameters with the lowest validation loss (mean of the true-code and generated-code L1,
+    :func:`decoder_loss`; step 0, the table decoder, is a candidate). The loop is
+    :func:`rvqspec_lib.training.loop.fit`.
+
+    The initial weights are drawn from torch's global RNG seeded with ``seed`` inside ``torch.random.fork_rng``
+    (the caller's global RNG state is left as it was); batches come from an explicit generator seeded with ``seed``.
 
     Returns:
         ``(decoder, log)``; ``log`` has ``meta`` (budget, steps, wall time, parameters) and ``curve`` (per
-        evaluation: step, seconds, running train L1, validation L1 for true / generated codes, and the table
-        decoder's L1 for reference).
+        evaluation: step, seconds, running train L1, validation L1 for true / generated codes and their mean
+        ``val_l1`` (selected on), and the table decoder's L1 for reference).
     Raises:
         ValueError: no budget, or empty pairs.
     """
-    from tqdm.auto import tqdm
-
     if minutes is None and steps is None:
         raise ValueError("give steps= or minutes= (a training budget)")
+    budget = Budget(steps=steps, minutes=minutes)
     if not len(train) or not len(val):
         raise ValueError("no training or validation pairs")
     gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    dec = CodeDecoder(codebooks, config)
-    opt = torch.optim.AdamW(dec.parameters(), lr=lr, weight_decay=0.01)
-    total = steps if steps is not None else 10 ** 9
-    est_total = steps if steps is not None else None
+    with torch.random.fork_rng(devices=[]):  # seeded initial weights, the caller's global RNG untouched
+        torch.manual_seed(seed)
+        dec = CodeDecoder(codebooks, config)
+    opt = torch.optim.AdamW(dec.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)  # torch's default betas
     g = codebooks.shape[0]
     table_val = decoder_loss(dec, val, source="table")
-    curve = [{"step": 0, "elapsed_s": 0.0, "train_l1": None, "val_true_l1": decoder_loss(dec, val, source="true"),
-              "val_generated_l1": decoder_loss(dec, val, source="generated"), "val_table_l1": table_val}]
-    best = (0.5 * (curve[0]["val_true_l1"] + curve[0]["val_generated_l1"]), 0,
-            {k: v.clone() for k, v in dec.state_dict().items()})
-    t0 = time.time()
-    run, run_n = 0.0, 0
-    step = 0
-    bar = tqdm(total=steps, desc="code decoder", unit="step", disable=not progress)
-    while step < total:
-        elapsed = time.time() - t0
-        if minutes is not None and elapsed > 60 * minutes:
-            break
-        if est_total is None and step > 20:  # cosine schedule on the time budget: estimate the steps it allows
-            est = int(step * 60 * minutes / max(elapsed, 1e-6))
-        else:
-            est = est_total or 10 ** 6
-        warm = min(1.0, (step + 1) / 100)
-        frac = min(1.0, step / max(1, est))
-        for pg in opt.param_groups:
-            pg["lr"] = lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-        idx = torch.randint(0, len(train), (batch,), generator=gen).tolist()
-        use_gen = torch.rand(batch, generator=gen) < generated_p
-        codes, present, tgt, valid = _batch(train, idx, chunk, gen, use_generated=use_gen, dropout_p=dropout_p,
-                                            n_codebooks=g)
+
+    def random_chunks(epoch: int):
+        """Endless: ``batch`` random utterances (with replacement), true or generated codes, random chunks."""
+        while True:
+            idx = torch.randint(0, len(train), (batch,), generator=gen).tolist()
+            use_gen = torch.rand(batch, generator=gen) < generated_p
+            yield _batch(train, idx, chunk, gen, use_generated=use_gen, dropout_p=dropout_p, n_codebooks=g)
+
+    def step(b):
+        codes, present, tgt, valid = b
         y = dec(codes, present)
         loss = (y - tgt).abs().mean(-1)[valid].mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(dec.parameters(), 1.0)
-        opt.step()
-        run += loss.item()
-        run_n += 1
-        step += 1
-        bar.update(1)
-        if step % eval_every == 0:
-            vt, vg = decoder_loss(dec, val, source="true"), decoder_loss(dec, val, source="generated")
-            curve.append({"step": step, "elapsed_s": round(time.time() - t0, 2), "train_l1": run / run_n,
-                          "val_true_l1": vt, "val_generated_l1": vg, "val_table_l1": table_val})
-            bar.set_postfix(train=f"{run / run_n:.3f}", val_true=f"{vt:.3f}", val_gen=f"{vg:.3f}")
-            run, run_n = 0.0, 0
-            if 0.5 * (vt + vg) < best[0]:
-                best = (0.5 * (vt + vg), step, {k: v.clone() for k, v in dec.state_dict().items()})
-    bar.close()
-    if step % eval_every:
+        return loss, {"l1": loss.item()}
+
+    def evaluation():
         vt, vg = decoder_loss(dec, val, source="true"), decoder_loss(dec, val, source="generated")
-        curve.append({"step": step, "elapsed_s": round(time.time() - t0, 2), "train_l1": run / max(1, run_n),
-                      "val_true_l1": vt, "val_generated_l1": vg, "val_table_l1": table_val})
-        if 0.5 * (vt + vg) < best[0]:
-            best = (0.5 * (vt + vg), step, {k: v.clone() for k, v in dec.state_dict().items()})
-    dec.load_state_dict(best[2])
+        return {"val_true_l1": vt, "val_generated_l1": vg, "val_l1": 0.5 * (vt + vg), "val_table_l1": table_val}
+
+    res = fit(step, random_chunks, optimizer=opt, budget=budget, schedule=WarmupCosine(lr),
+              clip_parameters=list(dec.parameters()), grad_clip=GRAD_CLIP, evaluate=evaluation,
+              eval_every=eval_every, eval_at_start=True, metric="val_l1", select="min", keep_best=dec.state_dict(),
+              running=("l1",), running_prefix="train_", progress=progress, desc="code decoder")
     dec.eval()
-    meta = {"steps": step, "best_step": best[1], "wall_s": round(time.time() - t0, 2), "minutes_budget": minutes,
-            "steps_budget": steps, "batch": batch, "chunk": chunk, "lr": lr, "generated_p": generated_p,
-            "dropout_p": dropout_p, "seed": seed, "params": dec.n_parameters(), "train_utterances": len(train),
+    meta = {"steps": res.steps, "best_step": res.best_step, "wall_s": round(res.wall_s, 2),
+            "stopped_by": res.stopped_by, "minutes_budget": minutes, "steps_budget": steps, "batch": batch,
+            "chunk": chunk, "lr": lr,
+            "warmup_steps": WARMUP_STEPS, "generated_p": generated_p, "dropout_p": dropout_p, "seed": seed,
+            "params": dec.n_parameters(), "train_utterances": len(train),
             "train_frames": int(sum(t.shape[0] for t in train.true)), "val_utterances": len(val)}
-    return dec, {"meta": meta, "curve": curve}
+    return dec, {"meta": meta, "curve": res.curve}

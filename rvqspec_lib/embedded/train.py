@@ -28,14 +28,13 @@ References: Qwen3-TTS (QwenLM/Qwen3-TTS, ``finetuning/sft_12hz.py`` for the weig
 warmup + cosine schedule).
 
 The teacher-forced passes themselves (prompt batches, talker pass, code-predictor states) are model access:
-:mod:`rvqspec_lib.models.teacher`. This module holds the losses and the training runs of the embedded model.
+:mod:`rvqspec_lib.models.teacher`. This module holds the losses, batches and evaluations of the embedded model's
+training runs; the loop itself (budget, schedule, evaluation, best state, curve) is
+:func:`rvqspec_lib.training.loop.fit`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -52,9 +51,27 @@ from rvqspec_lib.models.teacher import (
     talker_pass,
     teacher_force,
 )
+from rvqspec_lib.training.loop import (
+    ADAMW_BETAS,
+    GRAD_CLIP,
+    MIN_LR_RATIO,
+    WARMUP_STEPS,
+    WEIGHT_DECAY,
+    Budget,
+    WarmupCosine,
+    decay_groups,
+    fit,
+    write_curve,
+)
 
 #: Weight of the code-predictor loss in the total (the official finetuning script's value).
 CP_LOSS_WEIGHT = 0.3
+#: Peak AdamW learning rate of the joint training (talker + code predictor, from random weights).
+LR = 1e-3
+#: Peak learning rate and warmup of the code-predictor stage (it starts from the jointly trained weights: a lower
+#: peak, half the warmup).
+CP_LR = 5e-4
+CP_WARMUP_STEPS = WARMUP_STEPS // 2
 
 
 TOY_WORDS = ("the cat sat on a mat while two dogs ran far away from old red barns near green hills "
@@ -132,15 +149,6 @@ def losses(tf: TeacherForced, *, cp_weight: float = CP_LOSS_WEIGHT) -> dict:
             "n_cp": int(tf.cp_labels.numel())}
 
 
-def lr_at(step: int, frac: float, *, lr: float, warmup_steps: int, min_lr_ratio: float) -> float:
-    """Linear warmup over ``warmup_steps``, then cosine decay to ``lr * min_lr_ratio`` as ``frac`` goes 0 -> 1
-    (``frac``: fraction of the step or time budget spent)."""
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, frac))))
-    return lr * (min_lr_ratio + (1 - min_lr_ratio) * cos)
-
-
 def set_dropout(model, p: float) -> None:
     """Attention dropout of every talker and code-predictor layer (Qwen3 layers have no other dropout)."""
     for m in model.modules():
@@ -169,27 +177,19 @@ def evaluate(lm: LoadedModel, utts: Sequence[Utterance], *, batch_size: int = 16
     return out
 
 
-def _check_budget(steps: int | None, minutes: float | None) -> None:
-    """Exactly one positive training budget (:func:`train`, :func:`train_code_predictor`)."""
-    if (steps is None) == (minutes is None):
-        raise ValueError("give exactly one budget: steps=... or minutes=...")
-    if steps is not None and steps < 1 or minutes is not None and minutes <= 0:
-        raise ValueError("the budget must be positive")
-
-
-def _param_groups(model, weight_decay: float):
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-
-
 def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minutes: float | None = None,
-          lr: float = 1e-3, batch_size: int = 16, dropout: float = 0.0, feedback_noise: float = 0.0,
+          lr: float = LR, batch_size: int = 16, dropout: float = 0.0, feedback_noise: float = 0.0,
           cp_fraction: float = 1.0, seed: int = 0,
           eval_every: int = 200, val_dataset: Iterable | None = None, out_dir: str | Path | None = None,
-          warmup_steps: int = 100, min_lr_ratio: float = 0.1, weight_decay: float = 0.01, grad_clip: float = 1.0,
-          cp_weight: float = CP_LOSS_WEIGHT, max_eval_utterances: int = 64, progress: bool = True) -> dict:
+          warmup_steps: int = WARMUP_STEPS, min_lr_ratio: float = MIN_LR_RATIO, weight_decay: float = WEIGHT_DECAY,
+          grad_clip: float = GRAD_CLIP, cp_weight: float = CP_LOSS_WEIGHT, max_eval_utterances: int = 64,
+          progress: bool = True) -> dict:
     """Train ``lm.model`` in place with AdamW on (text, codes) pairs; write the curve and a loadable checkpoint.
+
+    The loop (budget, schedule, evaluations, curve, progress) is :func:`rvqspec_lib.training.loop.fit`; this function
+    supplies the batches (:func:`bucket_batches`), the loss (:func:`losses` of :func:`teacher_force`) and the
+    evaluation (:func:`evaluate` on a training subset and the held-out set). The weights left in ``lm`` are the
+    last step's; the best held-out ones are saved to ``out_dir/best``.
 
     Args:
         lm: the model to train (e.g. ``LoadedModel`` around ``build_from_config(small_config_dict())`` with a byte or
@@ -207,10 +207,12 @@ def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minut
         max_eval_utterances: size of the train and held-out subsets evaluated (first utterances, fixed).
 
     Returns:
-        dict: ``curve`` (list of evaluation records), ``steps``, ``wall_s``, ``steps_per_s``, ``frames_per_s``,
-        ``out_dir``.
+        dict: ``curve`` (list of evaluation records), ``steps``, ``wall_s``, ``train_s``, ``steps_per_s``,
+        ``frames_per_s``, ``out_dir``.
+    Raises:
+        ValueError: no budget or two, a budget that is not positive, an empty training set.
     """
-    _check_budget(steps, minutes)
+    budget = Budget.one_of(steps, minutes)
     data = [as_utterance(u) for u in dataset]
     val = [as_utterance(u) for u in val_dataset] if val_dataset is not None else []
     if not data:
@@ -222,94 +224,54 @@ def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minut
     model = lm.model
     model.train()
     set_dropout(model, dropout)
-    opt = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(decay_groups(model.parameters(), weight_decay), lr=lr, betas=ADAMW_BETAS)
     out = Path(out_dir) if out_dir is not None else None
-    budget_s = minutes * 60 if minutes is not None else None
-    curve: list[dict] = []
-    run = {"talker_loss": 0.0, "cp_loss": 0.0, "code0_acc": 0.0, "cp_acc": 0.0, "n": 0}
-    best = math.inf
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps if steps is not None else None, desc="train", unit="step")
-    t0 = time.perf_counter()
-    train_s, n_frames, step = 0.0, 0, 0
-    batches: list[list[int]] = []
     meta = {"lr": lr, "batch_size": batch_size, "dropout": dropout, "feedback_noise": feedback_noise,
             "cp_fraction": cp_fraction, "seed": seed,
             "warmup_steps": warmup_steps, "weight_decay": weight_decay, "cp_weight": cp_weight,
             "n_train": len(data), "n_val": len(val)}
+    seen = {"frames": 0}
 
-    def record():
-        nonlocal best
-        rec = {"step": step, "elapsed_s": round(time.perf_counter() - t0, 2), "lr": opt.param_groups[0]["lr"],
-               "frames_seen": n_frames}
-        n = max(1, run["n"])
-        rec.update({f"train_run_{k}": run[k] / n for k in ("talker_loss", "cp_loss", "code0_acc", "cp_acc")})
+    def epoch_batches(epoch: int):
+        # popped from the end, as the batches of one bucket_batches call always were
+        return [[data[i] for i in idx] for idx in reversed(bucket_batches(lengths, batch_size, gen))]
+
+    def step(batch):
+        r = losses(teacher_force(lm, batch, feedback_noise=feedback_noise, cp_fraction=cp_fraction, generator=gen),
+                   cp_weight=cp_weight)
+        seen["frames"] += sum(u.codes.shape[0] for u in batch)
+        return r["loss"], r
+
+    def evaluation():
+        model.eval()
+        rec = {"frames_seen": seen["frames"]}
         rec.update({f"train_{k}": v for k, v in evaluate(lm, data[:max_eval_utterances], batch_size=batch_size,
                                                          cp_weight=cp_weight).items()})
         if val:
             rec.update({f"val_{k}": v for k, v in evaluate(lm, val[:max_eval_utterances], batch_size=batch_size,
                                                            cp_weight=cp_weight).items()})
-        curve.append(rec)
-        for k in run:
-            run[k] = 0 if k == "n" else 0.0
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "curve.json").write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
-            if val and rec["val_loss"] < best:
-                best = rec["val_loss"]
-                save_checkpoint(lm, out / "best", extra={**meta, "step": step, "val_loss": best})
-        if bar is not None:
-            bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
+        model.train()
+        return rec
 
-    while True:
-        elapsed = time.perf_counter() - t0
-        if steps is not None and step >= steps or budget_s is not None and elapsed >= budget_s:
-            break
-        if not batches:
-            batches = bucket_batches(lengths, batch_size, gen)
-        idx = batches.pop()
-        frac = step / steps if steps is not None else elapsed / budget_s
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, frac, lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
-        ts = time.perf_counter()
-        r = losses(teacher_force(lm, [data[i] for i in idx], feedback_noise=feedback_noise,
-                                 cp_fraction=cp_fraction, generator=gen),
-                   cp_weight=cp_weight)
-        opt.zero_grad(set_to_none=True)
-        r["loss"].backward()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        opt.step()
-        train_s += time.perf_counter() - ts
-        n_frames += sum(data[i].codes.shape[0] for i in idx)
-        step += 1
-        for k in ("talker_loss", "cp_loss", "code0_acc", "cp_acc"):
-            run[k] += r[k]
-        run["n"] += 1
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{float(r['loss']):.3f}", acc0=f"{r['code0_acc']:.2f}")
-        if eval_every and step % eval_every == 0:
-            model.eval()
-            record()
-            model.train()
-    if not curve or curve[-1]["step"] != step:
-        model.eval()
-        record()
-    if bar is not None:
-        bar.close()
+    def save_best(rec, improved):
+        if out is not None and improved:
+            save_checkpoint(lm, out / "best", extra={**meta, "step": rec["step"], "val_loss": rec["val_loss"]})
+
+    res = fit(step, epoch_batches, optimizer=opt, budget=budget,
+              schedule=WarmupCosine(lr, warmup_steps, min_lr_ratio), clip_parameters=list(model.parameters()),
+              grad_clip=grad_clip, evaluate=evaluation, eval_every=eval_every,
+              metric="val_loss" if val else None, select="min", on_record=save_best,
+              running=("talker_loss", "cp_loss", "code0_acc", "cp_acc"), running_prefix="train_run_",
+              curve_path=out / "curve.json" if out is not None else None, curve_meta=meta,
+              progress=progress, desc="train", log_records=True)
     set_dropout(model, 0.0)
     model.eval()
-    wall = time.perf_counter() - t0
-    meta.update(steps=step, wall_s=round(wall, 2), train_s=round(train_s, 2))
+    meta.update(steps=res.steps, wall_s=round(res.wall_s, 2), train_s=round(res.train_s, 2))
     if out is not None:
         save_checkpoint(lm, out, extra=meta)
-        (out / "curve.json").write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
-    return {"curve": curve, "steps": step, "wall_s": wall, "train_s": train_s,
-            "steps_per_s": step / max(train_s, 1e-9), "frames_per_s": n_frames / max(train_s, 1e-9),
+        write_curve(out / "curve.json", res.curve, meta)
+    return {"curve": res.curve, "steps": res.steps, "wall_s": res.wall_s, "train_s": res.train_s,
+            "steps_per_s": res.steps / max(res.train_s, 1e-9), "frames_per_s": seen["frames"] / max(res.train_s, 1e-9),
             "out_dir": str(out) if out is not None else None}
 
 
@@ -408,10 +370,10 @@ def code_predictor_metrics(lm: LoadedModel, states: CodePredictorStates, *, batc
 
 def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
                          val_states: CodePredictorStates | None = None, *, steps: int | None = None,
-                         minutes: float | None = None, lr: float = 5e-4, batch_frames: int = 256,
-                         warmup_steps: int = 50, min_lr_ratio: float = 0.1, weight_decay: float = 0.01,
-                         grad_clip: float = 1.0, eval_every: int = 200, seed: int = 0,
-                         out_dir: str | Path | None = None, progress: bool = True) -> dict:
+                         minutes: float | None = None, lr: float = CP_LR, batch_frames: int = 256,
+                         warmup_steps: int = CP_WARMUP_STEPS, min_lr_ratio: float = MIN_LR_RATIO,
+                         weight_decay: float = WEIGHT_DECAY, grad_clip: float = GRAD_CLIP, eval_every: int = 200,
+                         seed: int = 0, out_dir: str | Path | None = None, progress: bool = True) -> dict:
     """Train the code predictor alone on a frozen talker's teacher-forced states (a second stage after :func:`train`).
 
     Joint training (:func:`train`) sends a fraction of the frames through the code predictor; this stage gives it
@@ -419,7 +381,8 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
     16-position pass of ``batch_frames`` frames through ``talker.forward_sub_talker_finetune`` (the official method;
     the loss is computed here, aligned: head j against code j). The talker and every code embedding table stay fixed
     (:func:`code_predictor_parameters`), so the talker's behaviour, and free running's code 0, are unchanged.
-    With ``val_states`` the weights with the lowest validation loss are restored at the end.
+    With ``val_states`` the weights with the lowest validation loss are restored at the end (step 0, the jointly
+    trained weights, is a candidate). The loop is :func:`rvqspec_lib.training.loop.fit`.
 
     Args:
         train_states, val_states: from :func:`code_predictor_states`.
@@ -434,7 +397,7 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
     Raises:
         ValueError: no budget or two, an empty state set, batch_frames < 1.
     """
-    _check_budget(steps, minutes)
+    budget = Budget.one_of(steps, minutes)
     if len(train_states) == 0:
         raise ValueError("no training frames")
     if batch_frames < 1:
@@ -446,89 +409,56 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
     for _, p in named:
         p.requires_grad_(True)
     params = [p for _, p in named]
-    opt = torch.optim.AdamW(_param_groups(lm.model, weight_decay), lr=lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(decay_groups(lm.model.parameters(), weight_decay), lr=lr, betas=ADAMW_BETAS)
     talker = lm.model.talker
     dtype = next(talker.parameters()).dtype
     gen = torch.Generator().manual_seed(seed)
     out = Path(out_dir) if out_dir is not None else None
-    budget_s = minutes * 60 if minutes is not None else None
     meta = {"lr": lr, "batch_frames": batch_frames, "warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio,
             "weight_decay": weight_decay, "seed": seed, "train_frames": len(train_states),
             "val_frames": len(val_states) if val_states is not None else 0,
             "params_trained": sum(p.numel() for p in params), "steps_budget": steps, "minutes_budget": minutes}
-    curve: list[dict] = []
-    best, best_step, best_state, best_metrics = math.inf, 0, None, None
-    step, seen, run_loss, run_n = 0, 0, 0.0, 0
-    perm = torch.empty(0, dtype=torch.long)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    seen = {"frames": 0}
 
-        bar = tqdm(total=steps, desc="code predictor", unit="step")
-    t0 = time.perf_counter()
-
-    def record():
-        nonlocal best, best_step, best_state, best_metrics
-        rec = {"step": step, "elapsed_s": round(time.perf_counter() - t0, 2), "frames_seen": seen,
-               "lr": opt.param_groups[0]["lr"], "train_run_cp_loss": run_loss / max(1, run_n)}
-        if val_states is not None:
-            m = code_predictor_metrics(lm, val_states)
-            rec.update({f"val_{k}": v for k, v in m.items()})
-            if m["cp_loss"] < best:
-                best, best_step, best_metrics = m["cp_loss"], step, m
-                best_state = {n: p.detach().clone() for n, p in named}
-        curve.append(rec)
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "cp_curve.json").write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
-        if bar is not None:
-            bar.write(" ".join(f"{k}={v:.4g}" for k, v in rec.items() if isinstance(v, (int, float))))
-
-    lm.model.eval()  # no dropout; the code predictor has no batch statistics
-    try:
-        if val_states is not None:
-            record()  # step 0: the jointly trained weights
+    def frame_batches(epoch: int):
+        """Endless: random frames without replacement, a fresh permutation appended when fewer than a batch remain."""
+        perm = torch.empty(0, dtype=torch.long)
         while True:
-            elapsed = time.perf_counter() - t0
-            if steps is not None and step >= steps or budget_s is not None and elapsed >= budget_s:
-                break
             if perm.numel() < batch_frames:
                 perm = torch.cat([perm, torch.randperm(len(train_states), generator=gen)])
             idx, perm = perm[:batch_frames], perm[batch_frames:]
-            frac = step / steps if steps is not None else elapsed / budget_s
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, frac, lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
-            c = train_states.codes[idx]
-            logits, _ = talker.forward_sub_talker_finetune(c, train_states.hidden[idx].to(dtype))
-            loss = _cp_cross_entropy(logits, c)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            opt.step()
-            step += 1
-            seen += len(idx)
-            run_loss += float(loss.detach())
-            run_n += 1
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
-            if eval_every and step % eval_every == 0:
-                record()
-                run_loss, run_n = 0.0, 0
-        if not curve or curve[-1]["step"] != step:
-            record()
+            yield idx
+
+    def step(idx):
+        c = train_states.codes[idx]
+        logits, _ = talker.forward_sub_talker_finetune(c, train_states.hidden[idx].to(dtype))
+        loss = _cp_cross_entropy(logits, c)
+        seen["frames"] += len(idx)
+        return loss, {"cp_loss": float(loss.detach())}
+
+    def evaluation():
+        rec = {"frames_seen": seen["frames"]}
+        if val_states is not None:
+            rec.update({f"val_{k}": v for k, v in code_predictor_metrics(lm, val_states).items()})
+        return rec
+
+    lm.model.eval()  # no dropout; the code predictor has no batch statistics
+    try:
+        res = fit(step, frame_batches, optimizer=opt, budget=budget,
+                  schedule=WarmupCosine(lr, warmup_steps, min_lr_ratio), clip_parameters=params, grad_clip=grad_clip,
+                  evaluate=evaluation, eval_every=eval_every, eval_at_start=val_states is not None,
+                  metric="val_cp_loss" if val_states is not None else None, select="min", keep_best=dict(named),
+                  running=("cp_loss",), running_prefix="train_run_",
+                  curve_path=out / "cp_curve.json" if out is not None else None, curve_meta=meta,
+                  progress=progress, desc="code predictor", log_records=True)
     finally:
-        if bar is not None:
-            bar.close()
         for p, flag in was_trainable:
             p.requires_grad_(flag)
-    if best_state is not None:
-        with torch.no_grad():
-            for n, p in named:
-                p.copy_(best_state[n])
-    meta.update(steps=step, wall_s=round(time.perf_counter() - t0, 2), best_step=best_step, frames_seen=seen)
+    best = res.best_record
+    best_metrics = {k[len("val_"):]: v for k, v in best.items() if k.startswith("val_")} if best else None
+    meta.update(steps=res.steps, wall_s=round(res.wall_s, 2), best_step=res.best_step or 0,
+                frames_seen=seen["frames"])
     if out is not None:
-        (out / "cp_curve.json").write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
-    return {"curve": curve, "steps": step, "wall_s": meta["wall_s"], "frames_seen": seen, "best_step": best_step,
-            "best": best_metrics, "params_trained": meta["params_trained"]}
+        write_curve(out / "cp_curve.json", res.curve, meta)
+    return {"curve": res.curve, "steps": res.steps, "wall_s": meta["wall_s"], "frames_seen": seen["frames"],
+            "best_step": meta["best_step"], "best": best_metrics, "params_trained": meta["params_trained"]}

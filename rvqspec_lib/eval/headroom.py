@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from rvqspec_lib.eval.acceptance import _teacher_forced_batches
@@ -153,3 +154,53 @@ def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None,
     out = {key: (v / count.clamp_min(1)).tolist() for key, v in sums.items()}
     return {"offsets": list(range(1, n_ahead + 1)), "ceiling": out["ceiling"], "marginal": out["marginal"],
             "drafters": {name: out[name] for name in names}, "samples": samples, "n_frames": int(context.shape[0])}
+
+
+def captured_share(drafter, heads, marginal):
+    """The share of the achievable gain a drafter realises: ``(drafter - heads) / (marginal - heads)``.
+
+    ``heads`` is the reused heads' acceptance (no training), ``marginal`` the marginal drafter's (the achievable
+    value of :func:`drafter_headroom`): 0 means no gain over the reused heads, 1 all of the gain a drafter that saw
+    only H_k could get; negative, worse than the reused heads. Where ``marginal <= heads`` there is no gain to
+    capture and the share is NaN.
+
+    Args:
+        drafter, heads, marginal: acceptances (floats or equal-length sequences, e.g. by offset j).
+    Returns:
+        float64 ndarray of the broadcast shape (a 0-d array for floats).
+    Raises:
+        ValueError: shapes that do not broadcast.
+    """
+    d, h, m = (np.asarray(v, dtype=np.float64) for v in (drafter, heads, marginal))
+    try:
+        d, h, m = np.broadcast_arrays(d, h, m)
+    except ValueError:
+        raise ValueError(f"drafter, heads and marginal must have the same length, got {d.shape}, {h.shape}, "
+                         f"{m.shape}") from None
+    gain = m - h
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(gain > 0, (d - h) / np.where(gain > 0, gain, 1.0), np.nan)
+
+
+def headroom_table(headroom: dict, baseline: str = "heads") -> list[dict]:
+    """:func:`drafter_headroom`'s result as one row per offset j: ``offset_j``, ``ceiling``, ``marginal``, each
+    drafter's acceptance, and ``<label>_captured`` (:func:`captured_share` against ``baseline``) for the others.
+
+    Raises:
+        ValueError: ``baseline`` is not among the headroom's drafters.
+    """
+    accs = headroom["drafters"]
+    if baseline not in accs:
+        raise ValueError(f"the baseline {baseline!r} is not among the headroom's drafters {list(accs)}: pass "
+                         f"drafters={{'{baseline}': ReusedHeads(), ...}} to drafter_headroom")
+    shares = {lab: captured_share(acc, accs[baseline], headroom["marginal"]) for lab, acc in accs.items()
+              if lab != baseline}
+    rows = []
+    for j, off in enumerate(headroom["offsets"]):
+        row = {"offset_j": off, "ceiling": headroom["ceiling"][j], "marginal": headroom["marginal"][j]}
+        for lab, acc in accs.items():
+            row[lab] = acc[j]
+            if lab != baseline:
+                row[f"{lab}_captured"] = float(shares[lab][j])
+        rows.append(row)
+    return rows

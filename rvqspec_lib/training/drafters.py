@@ -19,23 +19,21 @@ Frames come from :mod:`rvqspec_lib.eval.frame_sources`.
 
 from __future__ import annotations
 
-import copy
 import datetime as _dt
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval.frames import Frames
 from rvqspec_lib.models.teacher import teacher_forced_hidden, verifier_logits
 from rvqspec_lib.spec import predictor as P
 from rvqspec_lib.spec.drafters import draft_batch
 from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.training.loop import Budget, fit
 
 LOSSES = ("ce", "kl", "tv")
 
@@ -99,10 +97,11 @@ class TrainResult:
     """What :func:`train_drafter` returns.
 
     Attributes:
-        drafter: the drafter with its best state (lowest validation loss) loaded and ``provenance`` filled.
-        curve: one dict per epoch (epoch 0 = before training): ``train_loss`` (mean over the epoch's batches,
-            ``None`` at epoch 0), ``val_loss``, ``val_acceptance_by_offset`` (exact, per offset j),
-            ``val_acceptance`` (their mean), ``steps``, ``wall_s``.
+        drafter: the drafter with its best state (by ``select``) loaded and ``provenance`` filled.
+        curve: one dict per epoch (epoch 0 = before training), the records of
+            :func:`rvqspec_lib.training.loop.fit`: ``step`` (optimiser steps so far), ``epoch``, ``elapsed_s``,
+            ``lr``, ``train_loss`` (mean over the epoch's frames, ``None`` at epoch 0), ``val_loss``,
+            ``val_acceptance_by_offset`` (exact, per offset j), ``val_acceptance`` (their mean).
         best_epoch: epoch whose state was kept. stopped_early: patience ran out before ``max_epochs``.
     """
 
@@ -161,13 +160,17 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
                   curve_path: str | os.PathLike | None = None, select: str = "acceptance") -> TrainResult:
     """Train a drafter's own parameters with Adam; the code predictor stays frozen and unchanged.
 
+    The loop (epochs, evaluation after each, early stopping, best state) is :func:`rvqspec_lib.training.loop.fit`;
+    this function supplies the batches (a seeded permutation of the training frames per epoch), the loss
+    (:func:`drafter_loss`) and the validation metrics.
+
     Args:
         drafter: :class:`~rvqspec_lib.spec.drafters.PositionOffsets` or :class:`~rvqspec_lib.spec.drafters.MedusaHeads`
             (e.g. from ``make_drafter(name, cp, fresh=True)``); trained in place.
         train, val: frames; ``val`` defaults to ``val_fraction`` of ``train``'s utterances.
         loss: ``"ce"`` (paper) or ``"kl"`` (to the warped verifier distribution, see the module docstring).
         sampling: the deployed warpers (temperature 0.9, top-k 50) for the KL target and the acceptance.
-        lr: Adam learning rate (default :data:`DEFAULT_LR` for the drafter).
+        lr: Adam learning rate, constant (default :data:`DEFAULT_LR` for the drafter).
         batch_size: frames per step (each frame gives (n-1) start depths x K offsets).
         max_epochs, patience, min_delta: early stopping on the validation split: the epoch kept is the best by
             ``select``, and training stops after ``patience`` epochs without an improvement above ``min_delta``.
@@ -185,8 +188,6 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         raise ValueError(f"unknown loss {loss!r}: choose one of {LOSSES}")
     if select not in ("acceptance", "loss"):
         raise ValueError(f"unknown select {select!r}: choose 'acceptance' or 'loss'")
-    score = (lambda v_loss, v_acc: -float(np.mean(v_acc))) if select == "acceptance" else \
-        (lambda v_loss, v_acc: v_loss)  # lower is better
     params = [p for p in getattr(drafter, "parameters", lambda: [])()]
     if not params:
         raise ValueError(f"{getattr(drafter, 'name', drafter)!r} has nothing to train: use offsets or medusa")
@@ -200,7 +201,6 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
     lr = DEFAULT_LR.get(drafter.name, 1e-3) if lr is None else lr
     frozen = {p: p.requires_grad for p in cp.parameters()}
     was_training = cp.training
-    t0 = time.perf_counter()
     try:
         for p in cp.parameters():
             p.requires_grad_(False)
@@ -209,50 +209,35 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         va_src = _HiddenSource(cp, val, batch_size, cache_mb)
         opt = torch.optim.Adam(params, lr=lr)
         gen = torch.Generator().manual_seed(seed)
-        drafter.eval()
-        v_loss, v_acc = _evaluate(drafter, cp, va_src, loss=loss, sampling=sampling, batch_size=batch_size)
-        curve = [{"epoch": 0, "steps": 0, "train_loss": None, "val_loss": v_loss, "val_acceptance_by_offset": v_acc,
-                  "val_acceptance": float(np.mean(v_acc)), "wall_s": time.perf_counter() - t0}]
-        best, best_epoch, bad, steps, stopped = score(v_loss, v_acc), 0, 0, 0, False
-        best_state = copy.deepcopy(drafter.state_dict())
-        bar = progress_bar(range(1, max_epochs + 1), total=max_epochs, desc=f"training {drafter.name} ({loss})",
-                        enabled=progress)
-        for epoch in bar:
-            drafter.train()
+
+        def epoch_batches(epoch: int):
             order = torch.randperm(len(train), generator=gen)
-            tot, seen = 0.0, 0
-            for i in range(0, len(train), batch_size):
-                idx = order[i: i + batch_size]
-                value, _ = drafter_loss(drafter, cp, tr_src(idx), train.ce_targets[idx].to(tr_src.dev), loss=loss,
-                                        sampling=sampling)
-                opt.zero_grad(set_to_none=True)
-                value.backward()
-                opt.step()
-                tot += float(value.detach()) * len(idx)
-                seen += len(idx)
-                steps += 1
+            return [order[i: i + batch_size] for i in range(0, len(train), batch_size)]
+
+        def step(idx):
+            value, _ = drafter_loss(drafter, cp, tr_src(idx), train.ce_targets[idx].to(tr_src.dev), loss=loss,
+                                    sampling=sampling)
+            return value
+
+        def evaluation():
             drafter.eval()
             v_loss, v_acc = _evaluate(drafter, cp, va_src, loss=loss, sampling=sampling, batch_size=batch_size)
-            curve.append({"epoch": epoch, "steps": steps, "train_loss": tot / seen, "val_loss": v_loss,
-                          "val_acceptance_by_offset": v_acc, "val_acceptance": float(np.mean(v_acc)),
-                          "wall_s": time.perf_counter() - t0})
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(train=f"{tot / seen:.3f}", val=f"{v_loss:.3f}", acc=f"{np.mean(v_acc):.3f}")
-            if score(v_loss, v_acc) < best - min_delta:
-                best, best_epoch, bad = score(v_loss, v_acc), epoch, 0
-                best_state = copy.deepcopy(drafter.state_dict())
-            else:
-                bad += 1
-                if bad >= patience:
-                    stopped = epoch < max_epochs
-                    break
-        drafter.load_state_dict(best_state)
+            drafter.train()
+            return {"val_loss": v_loss, "val_acceptance_by_offset": v_acc, "val_acceptance": float(np.mean(v_acc))}
+
+        res = fit(step, epoch_batches, optimizer=opt, budget=Budget(epochs=max_epochs), evaluate=evaluation,
+                  eval_every="epoch", eval_at_start=True,
+                  metric="val_acceptance" if select == "acceptance" else "val_loss",
+                  select="max" if select == "acceptance" else "min", min_delta=min_delta, patience=patience,
+                  keep_best=drafter.state_dict(), batch_weight=len, progress=progress,
+                  desc=f"training {drafter.name} ({loss})")
         drafter.eval()
     finally:
         for p, flag in frozen.items():
             p.requires_grad_(flag)
         cp.train(was_training)
-    kept = curve[best_epoch]
+    curve, best_epoch, stopped = res.curve, res.best_epoch, res.stopped_by == "patience"
+    kept = res.best_record
     drafter.provenance = {
         "loss": loss, "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
                                    "top_p": sampling.top_p, "greedy": sampling.greedy},
@@ -269,3 +254,128 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         Path(curve_path).parent.mkdir(parents=True, exist_ok=True)
         Path(curve_path).write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
     return result
+
+
+def validation_acceptance(drafter) -> float:
+    """Mean over offsets of the exact validation acceptance at the epoch :func:`train_drafter` kept (from the
+    drafter's ``provenance``): the number every choice below is made on.
+
+    Raises:
+        ValueError: a drafter without that provenance (not trained by :func:`train_drafter`).
+    """
+    acc = (getattr(drafter, "provenance", None) or {}).get("val_acceptance_by_offset")
+    if not acc:
+        raise ValueError(f"{getattr(drafter, 'name', drafter)!r} has no validation acceptance in its provenance: "
+                         "train it with rvqspec_lib.training.drafters.train_drafter")
+    return float(np.mean(acc))
+
+
+@dataclass
+class LearningRateSweep:
+    """What :func:`sweep_learning_rates` returns.
+
+    Attributes:
+        rows: one dict per rate tried, in order: ``drafter`` (the label), ``lr`` (the rate used, the default
+            resolved), ``best_epoch``, ``val_acceptance_mean`` (mean validation acceptance at the kept epoch),
+            ``val_acceptance_init`` (the same at epoch 0, the untrained drafter), ``chosen`` (bool).
+        chosen: the :class:`TrainResult` of the chosen rate (its drafter trained and restored to its kept epoch).
+    """
+
+    rows: list[dict]
+    chosen: TrainResult
+
+    @property
+    def lr(self) -> float:
+        """The chosen learning rate."""
+        return self.chosen.drafter.provenance["lr"]
+
+
+def sweep_learning_rates(new_drafter, code_predictor, train: Frames, val: Frames, *, lrs, label: str | None = None,
+                         **train_kwargs) -> LearningRateSweep:
+    """Train a fresh drafter at each learning rate and keep the run with the highest validation acceptance.
+
+    A rate that is too large overshoots in the first epoch, and early stopping then keeps epoch 0 (the reused
+    heads), which would wrongly read as "this loss cannot help"; the rate is therefore a choice made on the
+    validation split, never on the evaluation split (notebook 02, "Learning rate, chosen on validation"). The
+    score of a run is :func:`validation_acceptance` (mean exact acceptance over offsets at its kept epoch); ties
+    keep the earlier rate in ``lrs``.
+
+    Args:
+        new_drafter: ``() -> drafter``, a fresh untrained drafter per run (e.g.
+            ``lambda: make_drafter("offsets", cp, fresh=True, K=3)``).
+        code_predictor, train, val: as :func:`train_drafter` (``val`` is required: the choice is made on it).
+        lrs: the rates to try, in order (``None`` is the drafter's :data:`DEFAULT_LR`).
+        label: the ``drafter`` column of the rows (default: the drafter's name).
+        **train_kwargs: passed to :func:`train_drafter` (loss, sampling, batch_size, max_epochs, patience, seed, ...).
+    Returns:
+        :class:`LearningRateSweep`.
+    Raises:
+        ValueError: no rate, a rate that is not positive, no validation frames, ``lr`` among ``train_kwargs``.
+    """
+    lrs = list(lrs)
+    if not lrs:
+        raise ValueError("give at least one learning rate to try (lrs=[...])")
+    bad = [lr for lr in lrs if lr is not None and not lr > 0]
+    if bad:
+        raise ValueError(f"learning rates must be > 0 (or None for the default), got {bad}")
+    if val is None or len(val) == 0:
+        raise ValueError("the learning rate is chosen on validation frames: pass val (e.g. the shipped validation "
+                         "split)")
+    if "lr" in train_kwargs:
+        raise ValueError("pass the rates as lrs=[...], not lr=")
+    rows, best, best_score = [], None, None
+    for lr in lrs:
+        res = train_drafter(new_drafter(), code_predictor, train, val, lr=lr, **train_kwargs)
+        score = validation_acceptance(res.drafter)
+        rows.append({"drafter": label or res.drafter.name, "lr": res.drafter.provenance["lr"],
+                     "best_epoch": res.best_epoch, "val_acceptance_mean": score,
+                     "val_acceptance_init": float(np.mean(res.curve[0]["val_acceptance_by_offset"]))})
+        if best_score is None or score > best_score:
+            best, best_score = (len(rows) - 1, res), score
+    for i, row in enumerate(rows):
+        row["chosen"] = i == best[0]
+    return LearningRateSweep(rows, best[1])
+
+
+def select_deployed(drafters: dict, kind: str = "offsets") -> str:
+    """Which trained drafter of ``kind`` to deploy beside the model: the one with the highest
+    :func:`validation_acceptance` (the validation split decides, never the evaluation split; ties keep the first).
+
+    Args:
+        drafters: ``{label: drafter}`` (e.g. ``{"offsets-ce": ..., "offsets-kl": ..., "medusa": ...}``); only those
+            whose ``name`` is ``kind`` compete.
+    Returns:
+        the chosen label.
+    Raises:
+        ValueError: no drafter of that kind, or one without validation provenance.
+    """
+    labels = [lab for lab, d in drafters.items() if getattr(d, "name", None) == kind]
+    if not labels:
+        raise ValueError(f"no {kind!r} drafter among {list(drafters)}: train one first")
+    scores = {lab: validation_acceptance(drafters[lab]) for lab in labels}
+    return max(labels, key=lambda lab: scores[lab])  # max keeps the first of equal scores
+
+
+def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike, kind: str = "offsets") -> dict:
+    """Write the drafters of ``kind`` beside a model: the ``deployed`` one as
+    ``<model_dir>/drafters/<kind>.safetensors`` (what ``--drafter offsets`` and the notebooks load), and every one of
+    that kind under its label (``<model_dir>/drafters/<label>.safetensors``), each with its JSON description.
+
+    Args:
+        drafters: ``{label: drafter}``; deployed: a label of ``kind`` (e.g. from :func:`select_deployed`).
+        model_dir: the model folder (``rvqspec_lib.models.drafter_files.model_drafter_dir(model)``).
+    Returns:
+        ``{"deployed_<kind>": path, "model_<label>": path, ...}``.
+    Raises:
+        ValueError: ``deployed`` is not a drafter of ``kind`` among ``drafters``.
+    """
+    from rvqspec_lib.models.drafter_files import drafter_path, save_drafter
+
+    if deployed not in drafters or getattr(drafters[deployed], "name", None) != kind:
+        raise ValueError(f"{deployed!r} is not a {kind!r} drafter among {list(drafters)}: pick one with "
+                         "select_deployed")
+    files = {f"deployed_{kind}": save_drafter(drafters[deployed], drafter_path(model_dir, kind))}
+    for lab, d in drafters.items():
+        if getattr(d, "name", None) == kind:
+            files[f"model_{lab}"] = save_drafter(d, Path(model_dir) / "drafters" / f"{lab}.safetensors")
+    return files

@@ -1,0 +1,398 @@
+"""The one training loop of the project: budget, learning-rate schedule, evaluation, early stopping, best state,
+training curve and progress bar, shared by every trainer.
+
+A trainer supplies only what is its own: the batches, a step function (batch -> loss), the optimiser over its
+parameters and an evaluation (-> validation metrics). :func:`fit` does the rest, the same way for all of them:
+
+* :class:`Budget`: optimiser steps, minutes of wall time and/or passes over the data (epochs); several may be given,
+  the first one spent stops training;
+* :class:`WarmupCosine`: linear warmup, then cosine decay to ``MIN_LR_RATIO`` of the peak, following the budget
+  spent (steps, or elapsed time; nanoGPT's schedule);
+* evaluation every ``eval_every`` steps or after every epoch, optionally before the first step, and always after the
+  last one; each evaluation is one record of the curve;
+* selection on one validation metric (``select="min"`` or ``"max"``, improvements must beat ``min_delta``), early
+  stopping after ``patience`` evaluations without one, and ``keep_best``: the tensors restored to their values at
+  the best evaluation;
+* the curve (one dict per evaluation, also written to ``curve_path`` as JSON after each one) and a progress bar.
+
+Per step the loop runs, in this order: the budget check, the learning rate from the schedule, the step function,
+``zero_grad``, ``backward``, gradient clipping, ``optimizer.step()``. Batches are drawn lazily, one per step, from a
+fresh iterable per epoch, so a trainer that draws its batches and its noise from one generator sees the same random
+stream as a hand-written loop would.
+
+Users: :func:`rvqspec_lib.embedded.train.train` (talker and code predictor), ``train_code_predictor``,
+:func:`rvqspec_lib.embedded.code_decoder_training.train_code_decoder` and
+:func:`rvqspec_lib.training.drafters.train_drafter`.
+
+References: nanoGPT (Karpathy; AdamW groups, warmup + cosine decay to a tenth of the peak), docs/style.md
+("Randomness": the loop draws no random number itself).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence, Sized
+
+import torch
+
+#: Cosine decay ends at this fraction of the peak learning rate (nanoGPT: ``min_lr = lr / 10``).
+MIN_LR_RATIO = 0.1
+#: Linear warmup steps before the cosine decay (the joint trainer's and the code decoder's; the code-predictor
+#: stage, which starts from trained weights, uses half).
+WARMUP_STEPS = 100
+#: AdamW weight decay of matrices (nanoGPT's groups: no decay on vectors, see :func:`decay_groups`).
+WEIGHT_DECAY = 0.01
+#: Largest global gradient norm (clipped above it).
+GRAD_CLIP = 1.0
+#: AdamW betas of the transformer trainers (nanoGPT's; beta2 0.95 for short, noisy runs).
+ADAMW_BETAS = (0.9, 0.95)
+
+SELECT = ("min", "max")
+
+
+def lr_at(step: int, frac: float, *, lr: float, warmup_steps: int = WARMUP_STEPS,
+          min_lr_ratio: float = MIN_LR_RATIO) -> float:
+    """Learning rate at optimiser step ``step`` (0-based): linear warmup over ``warmup_steps``, then cosine decay to
+    ``lr * min_lr_ratio`` as ``frac`` (the fraction of the budget spent, clipped to [0, 1]) goes 0 -> 1.
+
+    Returns:
+        float: ``lr * (step + 1) / warmup_steps`` during warmup, else
+        ``lr * (min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * frac)) / 2)``.
+    """
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, frac))))
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * cos)
+
+
+@dataclass(frozen=True)
+class WarmupCosine:
+    """The schedule of :func:`lr_at` as a callable ``(step, frac) -> lr`` for :func:`fit`.
+
+    Attributes:
+        lr: peak learning rate. warmup_steps: linear warmup steps. min_lr_ratio: the decay's floor, as a fraction.
+    """
+
+    lr: float
+    warmup_steps: int = WARMUP_STEPS
+    min_lr_ratio: float = MIN_LR_RATIO
+
+    def __call__(self, step: int, frac: float) -> float:
+        return lr_at(step, frac, lr=self.lr, warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long :func:`fit` trains: ``steps`` optimiser steps, ``minutes`` of wall time (measured by the loop's
+    clock from the start of :func:`fit`, evaluations included) and/or ``epochs`` passes over the batches. At least
+    one; when several are given, the first one spent stops training.
+
+    Raises:
+        ValueError: no budget, or one that is not positive (steps and epochs must be integers).
+    """
+
+    steps: int | None = None
+    minutes: float | None = None
+    epochs: int | None = None
+
+    def __post_init__(self):
+        if self.steps is None and self.minutes is None and self.epochs is None:
+            raise ValueError("give a training budget: steps=..., minutes=... or epochs=...")
+        for name in ("steps", "epochs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"the budget must be positive: {name} must be an integer >= 1, got {v!r}")
+        if self.minutes is not None and not self.minutes > 0:
+            raise ValueError(f"the budget must be positive: minutes must be > 0, got {self.minutes!r}")
+
+    @classmethod
+    def one_of(cls, steps: int | None = None, minutes: float | None = None) -> "Budget":
+        """Exactly one of ``steps`` and ``minutes`` (the transformer trainers' rule).
+
+        Raises:
+            ValueError: both or neither given, or a budget that is not positive.
+        """
+        if (steps is None) == (minutes is None):
+            raise ValueError("give exactly one budget: steps=... or minutes=...")
+        return cls(steps=steps, minutes=minutes)
+
+    def spent(self, step: int, epoch: int, elapsed_s: float) -> str | None:
+        """Which budget is spent (``"steps"``, ``"minutes"`` or ``"epochs"``) after ``step`` steps, ``epoch``
+        complete epochs and ``elapsed_s`` seconds, or ``None`` while training may go on."""
+        if self.steps is not None and step >= self.steps:
+            return "steps"
+        if self.minutes is not None and elapsed_s >= self.minutes * 60:
+            return "minutes"
+        if self.epochs is not None and epoch >= self.epochs:
+            return "epochs"
+        return None
+
+    def fraction(self, step: int, epoch: int, elapsed_s: float) -> float:
+        """The largest fraction spent of the budgets given (what the cosine follows): ``step / steps``,
+        ``elapsed_s / (60 minutes)``, ``epoch / epochs`` (complete epochs only)."""
+        fr = []
+        if self.steps is not None:
+            fr.append(step / self.steps)
+        if self.minutes is not None:
+            fr.append(elapsed_s / (self.minutes * 60))
+        if self.epochs is not None:
+            fr.append(epoch / self.epochs)
+        return max(fr)
+
+
+def decay_groups(parameters: Iterable[torch.nn.Parameter], weight_decay: float = WEIGHT_DECAY) -> list[dict]:
+    """AdamW parameter groups: weight decay on matrices (``dim >= 2``), none on vectors and scalars (norms, biases).
+
+    Only parameters with ``requires_grad`` are kept. Returns two groups ``[{"params", "weight_decay"}, ...]``.
+    """
+    params = [p for p in parameters if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def write_curve(path: str | os.PathLike, curve: Sequence[dict], meta: Mapping | None = None) -> Path:
+    """Write ``{"meta": meta, "curve": curve}`` as JSON to ``path`` (through a temporary file: a reader never sees
+    half a file). Returns the path."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps({"meta": dict(meta or {}), "curve": list(curve)}, indent=1, default=str))
+    os.replace(tmp, p)
+    return p
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns.
+
+    Attributes:
+        curve: one dict per evaluation: ``step`` (optimiser steps taken), ``epoch`` (epochs completed), ``elapsed_s``
+            (seconds since the start), ``lr`` (of the last step; the optimiser's initial one before any step), the
+            running means of the step statistics since the previous record (``<running_prefix><name>``, ``None``
+            when no step was taken since), then whatever ``evaluate`` returned.
+        steps: optimiser steps taken. epochs: epochs completed.
+        stopped_by: ``"steps"``, ``"minutes"``, ``"epochs"`` (a budget spent) or ``"patience"`` (early stopping).
+        best_index: index in ``curve`` of the best record (``None`` without a metric).
+        best_metric: its metric. restored: whether ``keep_best`` was restored to it.
+        wall_s: seconds in :func:`fit`. train_s: seconds in training steps (evaluations excluded).
+    """
+
+    curve: list[dict]
+    steps: int
+    epochs: int
+    stopped_by: str
+    best_index: int | None
+    best_metric: float | None
+    restored: bool
+    wall_s: float
+    train_s: float
+
+    @property
+    def best_record(self) -> dict | None:
+        return None if self.best_index is None else self.curve[self.best_index]
+
+    @property
+    def best_step(self) -> int | None:
+        return None if self.best_index is None else self.curve[self.best_index]["step"]
+
+    @property
+    def best_epoch(self) -> int | None:
+        return None if self.best_index is None else self.curve[self.best_index]["epoch"]
+
+
+def _improves(value: float, best: float | None, select: str, min_delta: float) -> bool:
+    if value is None or math.isnan(value):  # NaN never improves
+        return False
+    if best is None:
+        return True
+    return value < best - min_delta if select == "min" else value > best + min_delta
+
+
+def fit(step_fn: Callable[[Any], torch.Tensor | tuple[torch.Tensor, Mapping[str, float]]],
+        batches: Callable[[int], Iterable], *, optimizer: torch.optim.Optimizer, budget: Budget,
+        schedule: Callable[[int, float], float] | None = None,
+        clip_parameters: Iterable[torch.Tensor] | None = None, grad_clip: float | None = None,
+        evaluate: Callable[[], Mapping[str, Any]] | None = None, eval_every: int | str | None = None,
+        eval_at_start: bool = False, metric: str | Callable[[dict], float] | None = None, select: str = "min",
+        min_delta: float = 0.0, patience: int | None = None, keep_best: Mapping[str, torch.Tensor] | None = None,
+        running: Sequence[str] = ("loss",), running_prefix: str = "train_",
+        batch_weight: Callable[[Any], float] | None = None,
+        on_record: Callable[[dict, bool], None] | None = None, curve_path: str | os.PathLike | None = None,
+        curve_meta: Mapping | None = None, progress: bool = False, desc: str = "train", log_records: bool = False,
+        clock: Callable[[], float] = time.perf_counter) -> FitResult:
+    """Train until the budget is spent or patience runs out; evaluate, select and keep the best state.
+
+    Args:
+        step_fn: ``batch -> loss`` (a scalar tensor with a graph) or ``(loss, stats)`` with ``stats`` a dict of
+            floats; a bare loss counts as ``{"loss": float(loss)}``. It only computes the loss: the loop calls
+            ``zero_grad(set_to_none=True)``, ``backward``, clipping and ``optimizer.step()`` after it.
+        batches: ``epoch -> iterable of batches`` for epoch 0, 1, ...; called when the previous epoch ended. Batches
+            are drawn one per step, just before it and after the budget check (a generator drawing random batches
+            draws exactly one per step). An epoch ends after ``len()`` batches when the iterable has a length
+            (a list), else when it is exhausted; an endless iterable is one endless epoch.
+        optimizer: over the trained parameters; its groups' ``lr`` are set from ``schedule`` before every step.
+        budget: :class:`Budget`.
+        schedule: ``(step, frac) -> lr`` (e.g. :class:`WarmupCosine`), ``frac`` from :meth:`Budget.fraction`;
+            ``None`` keeps the optimiser's learning rate.
+        clip_parameters, grad_clip: clip the global gradient norm of these parameters to ``grad_clip`` (none when
+            either is ``None`` or ``grad_clip`` is 0).
+        evaluate: ``() -> dict`` of metrics merged into each record (sets and restores train/eval modes itself).
+        eval_every: records every this many steps (an int; 0 or ``None``: none in between), or ``"epoch"`` (after
+            each epoch). A record is also made after the last step, unless the last record was at that step.
+        eval_at_start: also record before the first step (step 0: the untrained state, a selectable candidate).
+        metric: record key (or ``record -> float``) selected on; ``None``: no selection, no early stopping.
+        select: ``"min"`` or ``"max"``: better is lower or higher. A record improves only if it beats the best by
+            more than ``min_delta``; ties keep the earlier record. NaN never improves.
+        patience: stop after this many records in a row without improvement (``None``: never stop early; 0 stops
+            at the first record that does not improve, as 1 does).
+        keep_best: named tensors (``dict(module.named_parameters())``, ``module.state_dict()``) snapshot at each
+            improvement and restored in place to the best record's values at the end (needs ``metric``).
+        running, running_prefix: names of the step statistics averaged between records, reported as
+            ``running_prefix + name``. batch_weight: ``batch -> weight`` of a step in those means (default 1).
+        on_record: ``(record, improved) -> None``, called after each record (e.g. to save a checkpoint).
+        curve_path, curve_meta: write ``{"meta", "curve"}`` there after each record (:func:`write_curve`).
+        progress, desc, log_records: a tqdm bar over steps; ``log_records`` also prints each record as a line.
+        clock: seconds, monotonic (inject a fake clock to test the minutes budget).
+
+    Returns:
+        :class:`FitResult`.
+    Raises:
+        ValueError: an unknown ``select``, a bad ``eval_every`` or ``patience``, or an epoch without batches.
+    """
+    if select not in SELECT:
+        raise ValueError(f"select must be one of {SELECT}, got {select!r}")
+    if eval_every == "epoch":
+        per_epoch, every = True, 0
+    elif eval_every is None or (isinstance(eval_every, int) and not isinstance(eval_every, bool) and eval_every >= 0):
+        per_epoch, every = False, int(eval_every or 0)
+    else:
+        raise ValueError(f"eval_every must be a number of steps >= 0, None or 'epoch', got {eval_every!r}")
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 0):
+        raise ValueError(f"patience must be an integer >= 0 or None, got {patience!r}")
+    from tqdm import tqdm
+
+    curve: list[dict] = []
+    sums = {k: 0.0 for k in running}
+    weight_sum = 0
+    best_value, best_index, best_state, bad = None, None, None, 0
+    step, epoch, train_s = 0, 0, 0.0
+    bar = tqdm(total=budget.steps, desc=desc, unit="step", disable=not progress, leave=False)
+    t0 = clock()
+
+    def value_of(rec):
+        if metric is None:
+            return None
+        v = metric(rec) if callable(metric) else rec.get(metric)
+        return None if v is None else float(v)
+
+    def record() -> bool:
+        """Append a record; update the best; return True when patience has run out."""
+        nonlocal best_value, best_index, best_state, bad, weight_sum
+        rec = {"step": step, "epoch": epoch, "elapsed_s": round(clock() - t0, 2),
+               "lr": optimizer.param_groups[0]["lr"]}
+        rec.update({running_prefix + k: (sums[k] / weight_sum if weight_sum else None) for k in running})
+        if evaluate is not None:
+            rec.update(evaluate())
+        for k in sums:
+            sums[k] = 0.0
+        weight_sum = 0
+        curve.append(rec)
+        v = value_of(rec)
+        improved = metric is not None and _improves(v, best_value, select, min_delta)
+        if improved:
+            best_value, best_index, bad = v, len(curve) - 1, 0
+            if keep_best is not None:
+                best_state = {k: t.detach().clone() for k, t in keep_best.items()}
+        elif metric is not None:
+            bad += 1
+        if curve_path is not None:
+            write_curve(curve_path, curve, curve_meta)
+        if on_record is not None:
+            on_record(rec, improved)
+        if progress:
+            if v is not None:
+                bar.set_postfix({metric if isinstance(metric, str) else "metric": f"{v:.4g}"})
+            if log_records:
+                bar.write(" ".join(f"{k}={x:.4g}" if isinstance(x, float) else f"{k}={x}" for k, x in rec.items()
+                                   if isinstance(x, (int, float, str)) or x is None))
+        return patience is not None and not improved and bad >= patience
+
+    stopped_by = None
+    try:
+        if eval_at_start and record():
+            stopped_by = "patience"
+        while stopped_by is None:
+            stopped_by = budget.spent(step, epoch, clock() - t0)
+            if stopped_by is not None:
+                break
+            src = batches(epoch)
+            size = len(src) if isinstance(src, Sized) else None  # known length: the epoch ends with its last step
+            if size == 0:
+                raise ValueError(f"epoch {epoch} has no batches: is the training set empty?")
+            it, n_batches = iter(src), 0
+            while size is None or n_batches < size:
+                elapsed = clock() - t0
+                stopped_by = budget.spent(step, epoch, elapsed)  # before the batch is drawn: no draw is wasted
+                if stopped_by is not None:
+                    break
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    if n_batches == 0:
+                        raise ValueError(f"epoch {epoch} has no batches: is the training set empty?") from None
+                    break
+                if schedule is not None:
+                    lr = schedule(step, budget.fraction(step, epoch, elapsed))
+                    for group in optimizer.param_groups:
+                        group["lr"] = lr
+                ts = clock()
+                out = step_fn(batch)
+                loss, stats = out if isinstance(out, tuple) else (out, None)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if grad_clip and clip_parameters is not None:
+                    torch.nn.utils.clip_grad_norm_(clip_parameters, grad_clip)
+                optimizer.step()
+                train_s += clock() - ts
+                if stats is None:
+                    stats = {"loss": float(loss.detach())}
+                missing = [k for k in sums if k not in stats]
+                if missing:
+                    raise ValueError(f"the step function returned no {missing}: return (loss, stats) with them, or "
+                                     f"pass running= the names it returns ({sorted(stats)})")
+                w = 1 if batch_weight is None else batch_weight(batch)
+                for k in sums:
+                    sums[k] += float(stats[k]) * w
+                weight_sum += w
+                step += 1
+                n_batches += 1
+                bar.update(1)
+                if progress:
+                    bar.set_postfix({k: f"{float(v):.3f}" for k, v in stats.items()}, refresh=False)
+                if every and step % every == 0 and record():
+                    stopped_by = "patience"
+                    break
+            if stopped_by is not None:
+                break
+            epoch += 1
+            if per_epoch and record():
+                stopped_by = "patience"
+        if stopped_by == "patience":  # patience ran out just as a budget was spent: the budget stopped it
+            stopped_by = budget.spent(step, epoch, clock() - t0) or "patience"
+        if not curve or curve[-1]["step"] != step:
+            record()
+    finally:
+        bar.close()
+    restored = False
+    if best_state is not None:
+        with torch.no_grad():
+            for k, t in keep_best.items():
+                t.copy_(best_state[k])
+        restored = True
+    return FitResult(curve=curve, steps=step, epochs=epoch, stopped_by=stopped_by, best_index=best_index,
+                     best_metric=best_value, restored=restored, wall_s=clock() - t0, train_s=train_s)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rvqspec_lib.common.files import write_text_atomic
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval.frames import Frames
 from rvqspec_lib.models.teacher import teacher_forced_hidden, verifier_logits
@@ -254,8 +255,7 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         cp.train(was_training)
     kept = curve[best_epoch]
     drafter.provenance = {
-        "loss": loss, "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
-                                   "top_p": sampling.top_p, "greedy": sampling.greedy},
+        "loss": loss, "sampling": sampling.describe(),
         "optimizer": "adam", "lr": lr, "batch_size": batch_size, "max_epochs": max_epochs, "patience": patience,
         "select": select, "epochs_run": curve[-1]["epoch"], "best_epoch": best_epoch, "stopped_early": stopped,
         "seed": seed,
@@ -267,5 +267,5 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
     result = TrainResult(drafter, curve, best_epoch, stopped)
     if curve_path is not None:
         Path(curve_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(curve_path).write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
+        write_text_atomic(curve_path, json.dumps(result.to_json(), indent=1, default=str) + "\n")
     return result

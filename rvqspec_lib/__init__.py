@@ -1,18 +1,46 @@
 """rvqspec: lossless speculative decoding of the RVQ inner loop of Qwen3-TTS.
 
 Public API:
-    decode_frame, AR, Chain, Tree, FrameResult  (the inner-loop decoders, rvqspec_lib.decode)
-    Sampling                                    (transformers-identical warpers, rvqspec_lib.sampling)
-    load_model, LoadedModel                     (checkpoints, tiny-random, real-size random, rvqspec_lib.models)
-    DraftTree, parse_paths                      (trees as data, rvqspec_lib.trees)
+    decode_frame, AR, Chain, Tree, FrameResult  (the inner-loop decoders, rvqspec_lib.spec.decode / .decoders)
+    Sampling                                    (transformers-identical warpers, rvqspec_lib.spec.sampling)
+    load_model, LoadedModel, ModelNotFoundError (checkpoints, tiny-random, real-size random, rvqspec_lib.models.loader)
+    DraftTree, parse_paths                      (trees as data, rvqspec_lib.spec.trees)
+
+The names are resolved lazily (PEP 562 module ``__getattr__``): ``import rvqspec_lib`` (and so the ``rvqspec``
+command's ``--help``) does not import torch or transformers; the first use of a name imports its module.
 """
 
-from rvqspec_lib.models.loader import LoadedModel, ModelNotFoundError, load_model
-from rvqspec_lib.spec.decode import FrameResult, decode_frame
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.sampling import Sampling
-from rvqspec_lib.spec.trees import DraftTree, parse_paths
+from __future__ import annotations
 
-__all__ = ["AR", "Chain", "Tree", "FrameResult", "decode_frame", "Sampling", "load_model", "LoadedModel",
-           "ModelNotFoundError", "DraftTree", "parse_paths"]
+import importlib
+
+#: public name -> module that defines it
+_API = {
+    "AR": "rvqspec_lib.spec.decoders",
+    "Chain": "rvqspec_lib.spec.decoders",
+    "Tree": "rvqspec_lib.spec.decoders",
+    "FrameResult": "rvqspec_lib.spec.decode",
+    "decode_frame": "rvqspec_lib.spec.decode",
+    "Sampling": "rvqspec_lib.spec.sampling",
+    "load_model": "rvqspec_lib.models.loader",
+    "LoadedModel": "rvqspec_lib.models.loader",
+    "ModelNotFoundError": "rvqspec_lib.models.loader",
+    "DraftTree": "rvqspec_lib.spec.trees",
+    "parse_paths": "rvqspec_lib.spec.trees",
+}
+
+__all__ = list(_API)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rvqspec_lib' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rvqspec_lib.cli.main import main as cli_main
 from rvqspec_lib.common.provenance import provenance, save_figure, save_json, save_table
 from rvqspec_lib.eval import bench
 
@@ -139,8 +140,8 @@ def test_bench_leaves_model_usable(tiny):
 
 def test_cli_main_writes_json(tmp_path, capsys):
     out = tmp_path / "b.json"
-    rc = bench.main(["--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--queries", "1,2",
-                     "--no-progress", "--json", str(out)])
+    rc = cli_main(["bench", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--queries", "1,2",
+                   "--no-progress", "--json", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "code predictor" in printed and "talker step" in printed
@@ -152,7 +153,9 @@ def test_cli_main_writes_json(tmp_path, capsys):
 def test_cli_rejects_bad_queries():
     import argparse
 
-    parser = bench.add_bench_args(argparse.ArgumentParser())
+    from rvqspec_lib.cli.bench import add_args
+
+    parser = add_args(argparse.ArgumentParser())
     with pytest.raises(SystemExit):
         parser.parse_args(["--queries", "0,2"])
 

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from rvqspec_lib.common.files import usual_mode, write_text_atomic  # noqa: F401  (usual_mode: re-exported)
 from rvqspec_lib.common.paths import REPO_ROOT
 
 
@@ -38,15 +39,6 @@ def resolve_out_dir(out_dir: str | os.PathLike) -> Path:
         p = REPO_ROOT / p
     p.mkdir(parents=True, exist_ok=True)
     return p
-
-
-def usual_mode(path: str | os.PathLike) -> Path:
-    """Give a written file the permissions a plain ``open()`` would (0666 minus the umask). safetensors writes its
-    files 0600, so a model or drafter saved on a shared machine would be unreadable to the other users."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-    return Path(path)
 
 
 def _git(*args: str) -> str | None:
@@ -257,7 +249,8 @@ def save_json(obj: Mapping, path: str | os.PathLike, prov: Mapping) -> Path:
 
     Args:
         obj: JSON-able metrics (numpy/torch scalars are converted; NaN/inf become ``null``).
-        path: output file (``.json``); parent folders are created.
+        path: output file (``.json``); parent folders are created. Written atomically
+            (:func:`rvqspec_lib.common.files.write_text_atomic`): a failure leaves no half-written file.
         prov: a record from :func:`provenance`.
 
     Returns:
@@ -267,5 +260,5 @@ def save_json(obj: Mapping, path: str | os.PathLike, prov: Mapping) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     record = dict(_jsonable(obj))
     record["provenance"] = _jsonable(prov)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(record, indent=2) + "\n")  # whole or absent, even on Ctrl-C
     return path

@@ -20,20 +20,22 @@ outputs mean nothing (``random_weights`` is reported beside every figure).
 
 Method (docs/style.md#benchmarks, after gpt-fast): warm up, synchronise the device before reading the clock, report the median and
 the 10th/90th percentiles, and print device, dtype and thread count beside every number.
+
+The command line (``rvqspec bench``: options, printing, the JSON file) is :mod:`rvqspec_lib.cli.bench`. torch is
+imported inside the timing functions only, so reading this module's constants (the command's help) stays fast.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
 import time
-from typing import Callable, Iterable, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from rvqspec_lib.common.progress import progress_bar
+
+if TYPE_CHECKING:
+    import torch
 
 #: Query sizes timed by default: powers of two up to 64 (a 16-position frame never needs more than 15 nodes per call
 #: in a chain, but trees of 32-64 nodes are the interesting trade-off on fast devices).
@@ -47,6 +49,8 @@ PAPER_TOKENS_PER_CALL = 2.47
 # Timing
 # ----------------------------------------------------------------------------------------------------------------------
 def _sync_for(device: torch.device) -> Callable[[], None] | None:
+    import torch
+
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
     if device.type == "mps":
@@ -73,6 +77,8 @@ def time_call(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
     Raises:
         ValueError: ``repeats < 1`` or ``warmup < 0``.
     """
+    import torch
+
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     times_ms: list[float] = []
@@ -167,6 +173,8 @@ def bench_talker_step(loaded, *, talker_context: int = 64, warmup: int = 3, repe
     Returns:
         :func:`time_call` statistics plus ``"talker_context"``.
     """
+    import torch
+
     talker = loaded.talker
     device, dtype = _model_device_dtype(talker)
     hidden = int(talker.config.hidden_size)
@@ -211,6 +219,8 @@ def bench_code_predictor(loaded, *, prefix_len: int = 8, query_sizes: Iterable[i
     Raises:
         ValueError: an empty ``query_sizes`` or a ``Q < 1``.
     """
+    import torch
+
     query_sizes = [int(q) for q in query_sizes]
     if not query_sizes or min(query_sizes) < 1:
         raise ValueError(f"query_sizes must be non-empty positive integers, got {query_sizes}")
@@ -271,6 +281,7 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         ``torch``, ``transformers``, the settings, ``talker_step`` (:func:`time_call` stats), ``code_predictor`` (list of
         per-``Q`` rows, see :func:`bench_code_predictor`) and ``derived`` (:func:`derived_from_bench`).
     """
+    import torch
     import transformers
 
     from rvqspec_lib.common.provenance import cpu_model
@@ -285,14 +296,16 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         from tqdm import tqdm  # plain text bar: no ipywidgets needed in notebooks
 
         bar = tqdm(total=1 + len(query_sizes), desc=f"bench {loaded.name}", unit="call type")
-    talker = bench_talker_step(loaded, talker_context=talker_context, warmup=warmup, repeats=repeats, seed=seed)
-    if bar is not None:
-        bar.update(1)
-    cp_rows = bench_code_predictor(loaded, prefix_len=prefix_len, query_sizes=query_sizes, warmup=warmup,
-                                   repeats=repeats, seed=seed, progress=False,
-                                   on_row=(lambda _r: bar.update(1)) if bar is not None else None)
-    if bar is not None:
-        bar.close()
+    try:
+        talker = bench_talker_step(loaded, talker_context=talker_context, warmup=warmup, repeats=repeats, seed=seed)
+        if bar is not None:
+            bar.update(1)
+        cp_rows = bench_code_predictor(loaded, prefix_len=prefix_len, query_sizes=query_sizes, warmup=warmup,
+                                       repeats=repeats, seed=seed, progress=False,
+                                       on_row=(lambda _r: bar.update(1)) if bar is not None else None)
+    finally:  # also on Ctrl-C: the bar is finished before the caller reports anything
+        if bar is not None:
+            bar.close()
     result = {
         "model": desc,
         "random_weights": bool(loaded.is_random),
@@ -467,88 +480,3 @@ def format_table(result: dict) -> str:
                  f"real time needs {d['calls_per_s_realtime']:.0f} calls/s "
                  f"({d['calls_per_s_at_paper_tpc']:.1f} at {PAPER_TOKENS_PER_CALL} tokens/call)")
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Command line (wired into ``rvqspec bench`` by cli.py)
-# ----------------------------------------------------------------------------------------------------------------------
-def _int_list(s: str) -> list[int]:
-    try:
-        vals = [int(v) for v in s.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
-    return vals
-
-
-def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``bench`` options to ``parser`` (a sub-parser of ``rvqspec``, or a stand-alone parser).
-
-    Options: ``--model`` (default ``qwen3-tts-0.6b-random``), ``--json PATH``, ``--repeats``, ``--warmup``,
-    ``--threads``, ``--queries 1,2,4,...``, ``--prefix-len``, ``--talker-context``, ``--dtype``, ``--device``,
-    ``--seed``, ``--no-progress``. Returns the parser.
-    """
-    parser.add_argument("--model", default="qwen3-tts-0.6b-random",
-                        help="tiny-random, qwen3-tts-0.6b-random, qwen3-tts-1.7b-random, a checkpoint dir or hub id")
-    parser.add_argument("--json", dest="json_path", default=None, help="write the full result (+ provenance) here")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median reported)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before each measurement")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default 1, as the committed tables; 0 keeps torch's choice)")
-    parser.add_argument("--queries", type=_int_list, default=list(DEFAULT_QUERY_SIZES),
-                        help="query positions per code-predictor call, comma-separated (default 1,2,4,8,16,32,64)")
-    parser.add_argument("--prefix-len", type=int, default=8, help="KV prefix of the code-predictor call")
-    parser.add_argument("--talker-context", type=int, default=64, help="KV prefix of the talker step")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
-                        help="weights and activations (float16 for GPUs)")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
-    parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
-    return parser
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    """Run the benchmark described by parsed :func:`add_bench_args` options; print the table; return exit code 0.
-
-    Raises:
-        rvqspec_lib.models.loader.ModelNotFoundError: unknown ``--model``.
-        ValueError: non-positive ``--repeats`` / ``--threads``.
-    """
-    from rvqspec_lib.common.provenance import provenance, save_json
-    from rvqspec_lib.models.loader import load_model
-
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    if args.prefix_len < 1 or args.talker_context < 1:
-        raise ValueError(f"--prefix-len and --talker-context must be >= 1, got {args.prefix_len} and "
-                         f"{args.talker_context}")
-    if max(args.queries) > 1024:
-        raise ValueError(f"--queries up to 1024 (a verify call over more nodes is not a draft tree), got "
-                         f"{max(args.queries)}")
-    dev = str(args.device)
-    if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {dev}: this torch has no CUDA device; use --device cpu")
-    if not (dev == "cpu" or dev.startswith(("cuda", "mps"))):
-        raise ValueError(f"--device {dev!r}: use cpu, cuda[:N] or mps")
-    loaded = load_model(args.model, dtype=args.dtype, seed=args.seed, device=args.device)
-    result = bench_model(loaded, prefix_len=args.prefix_len, query_sizes=args.queries,
-                         talker_context=args.talker_context, warmup=args.warmup, repeats=args.repeats,
-                         seed=args.seed, progress=not args.no_progress)
-    print(format_table(result))
-    if args.json_path:
-        params = {k: v for k, v in vars(args).items() if not callable(v)}
-        path = save_json(result, args.json_path, provenance(params, seed=args.seed))
-        print(f"wrote {path}")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry point: ``python -m rvqspec_lib.bench [options]`` (same options as ``rvqspec bench``)."""
-    parser = add_bench_args(argparse.ArgumentParser(prog="rvqspec bench", description=__doc__.split("\n")[0]))
-    return run_bench(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

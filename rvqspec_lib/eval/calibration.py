@@ -16,7 +16,6 @@ the prediction can be checked against the tokens per call measured on the evalua
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Sequence
 
@@ -149,7 +148,7 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
                                                      max_children=min(max_children, vocab), sampling=sampling,
                                                      draws=draws, seed=seed, batch_size=batch_size)
     out = {"format": FORMAT, "version": FORMAT_VERSION, "n_codes": n, "codebook_size": vocab,
-           "drafter": getattr(drafter, "name", type(drafter).__name__), "sampling": dataclasses.asdict(sampling),
+           "drafter": getattr(drafter, "name", type(drafter).__name__), "sampling": sampling.describe(),
            "n_frames": len(frames), "source": dict(frames.source), "budgets": budgets,
            "alpha_by_offset": _json(exact["alpha_by_offset"])}
     for kind, table in (("point-mass", exact["rank_mass"]), ("sampled", exact["child_accept"])):

@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from rvqspec_lib.common.provenance import usual_mode
+from rvqspec_lib.common.files import atomic_outputs
 from rvqspec_lib.spec.drafters import (
     DEFAULT_K,
     DRAFTERS,
@@ -108,6 +108,9 @@ def save_drafter(drafter, path: str | os.PathLike) -> Path:
     the drafter's ``provenance`` dict (training data, loss, epochs, git revision: filled by
     :func:`rvqspec_lib.training.drafters.train_drafter`).
 
+    Both files are written atomically (:func:`rvqspec_lib.common.files.atomic_outputs`): an interrupted save leaves
+    the previous files (or none), never half a drafter.
+
     Raises:
         ValueError: :class:`ReusedHeads` (nothing to save), or a path not ending in ``.safetensors``.
     """
@@ -125,9 +128,9 @@ def save_drafter(drafter, path: str | os.PathLike) -> Path:
             "params_added": drafter.params_added, "tensors": {k: list(v.shape) for k, v in tensors.items()},
             "provenance": drafter.provenance}
     text = json.dumps(desc, indent=1, default=str)
-    save_file(tensors, str(path), metadata={"rvqspec": text})
-    usual_mode(path)
-    _sidecar(path).write_text(text + "\n")
+    with atomic_outputs([path, _sidecar(path)]) as (tmp, tmp_side):  # both files or neither, even on Ctrl-C
+        save_file(tensors, str(tmp), metadata={"rvqspec": text})
+        tmp_side.write_text(text + "\n")
     return path
 
 

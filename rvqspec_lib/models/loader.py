@@ -124,7 +124,7 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
     Args:
         name: ``"embedded"`` (the small trained model shipped in ``data/embedded/model``, see its MODEL_CARD.md),
             ``"tiny-random"``, ``"qwen3-tts-0.6b-random"``, ``"qwen3-tts-1.7b-random"``, a local checkpoint
-            directory, or a hub id such as ``"Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"`` (needs the network or the HF cache).
+            directory (str or path), or a hub id such as ``"Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"`` (needs the network or the HF cache).
         dtype: ``torch.float32`` (default), ``torch.float64``, ``torch.bfloat16`` or their names.
         seed: seed of the random weights (random models only; the global RNG is left as it was).
         device: torch device string.
@@ -133,7 +133,8 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         :class:`LoadedModel`.
 
     Raises:
-        ModelNotFoundError: unknown name, or a hub id that cannot be fetched (message names the offline choices).
+        ModelNotFoundError: unknown name, or a hub id that cannot be fetched (message names the offline choices); a
+            config that is not Qwen3-TTS or has one code group (:func:`check_config`), in one line.
     """
     if isinstance(dtype, str):
         try:
@@ -141,42 +142,186 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
                      "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16}[dtype]
         except KeyError:
             raise ValueError(f"unknown dtype {dtype!r}: use float32, float64, bfloat16 or float16") from None
-    if not isinstance(name, str) or not name:
-        raise ModelNotFoundError("no model given: name one, e.g. 'embedded', 'tiny-random', "
-                                 "'qwen3-tts-0.6b-random', a hub id or a checkpoint folder")
-    if name in TINY_MODELS:
+    kind, path = _resolve(name)
+    name = str(name)  # a path given as a Path is named by its text, as a str path would be
+    if kind == "tiny":
         cfg = tiny_config_dict()
         model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
         tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
         return LoadedModel(name, "tiny-random", model, tok, _default_generation(None))
+    if kind == "own":  # the embedded model, or a small model trained by rvqspec_lib.embedded
+        return _load_own_model(name, path, dtype, device, attn_implementation)
+    if kind == "random":
+        cfg = json.loads((path / "config.json").read_text())
+        model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
+        # a real-size text vocab: bytes are valid ids, special ids are the real ones
+        tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
+        fr, sr = _frame_rate_from_dir(path)
+        return LoadedModel(name, "random-size", model, tok, _default_generation(path), None, fr, sr)
+    if kind == "checkpoint":
+        _read_config(path / "config.json")  # a folder that is not a Qwen3-TTS checkpoint: one line, before loading
+        return _check_loaded(_load_checkpoint(str(path), path, dtype, device, attn_implementation))
+    return _check_loaded(_load_checkpoint(name, None, dtype, device, attn_implementation))
+
+
+def _resolve(name) -> tuple[str, Path | None]:
+    """What a model name is: ``("tiny", None)``, ``("own", folder)`` (embedded or written by
+    :func:`save_checkpoint`), ``("random", config folder)``, ``("checkpoint", folder)`` or ``("hub", None)``.
+
+    Raises:
+        ModelNotFoundError: no name, an unknown name, a missing embedded model, a folder without config.json.
+    """
+    if not isinstance(name, (str, os.PathLike)) or not str(name):
+        raise ModelNotFoundError("no model given: name one, e.g. 'embedded', 'tiny-random', "
+                                 "'qwen3-tts-0.6b-random', a hub id or a checkpoint folder")
+    name = str(name)
+    if name in TINY_MODELS:
+        return "tiny", None
     if name == EMBEDDED_MODEL:
         d = EMBEDDED_DIR / "model"
         if not (d / OWN_MODEL_MARKER).is_file():
             raise ModelNotFoundError(
                 f"the embedded model is missing ({d / OWN_MODEL_MARKER} not found): it ships with the repository "
                 "(git checkout data/embedded) or is rebuilt by `make embedded` (scripts/build_embedded.py)")
-        return _load_own_model(name, d, dtype, device, attn_implementation)
+        return "own", d
     if name in RANDOM_MODELS:
-        d = CONFIG_DIR / RANDOM_MODELS[name]
-        cfg = json.loads((d / "config.json").read_text())
-        model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
-        # a real-size text vocab: bytes are valid ids, special ids are the real ones
-        tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
-        fr, sr = _frame_rate_from_dir(d)
-        return LoadedModel(name, "random-size", model, tok, _default_generation(d), None, fr, sr)
+        return "random", CONFIG_DIR / RANDOM_MODELS[name]
     path = Path(name).expanduser()
     if path.exists():
-        if (path / OWN_MODEL_MARKER).exists():  # a small model trained by rvqspec_lib.train
-            return _load_own_model(name, path, dtype, device, attn_implementation)
+        if (path / OWN_MODEL_MARKER).exists():  # a small model trained by rvqspec_lib.embedded
+            return "own", path
         if not (path / "config.json").exists():
             raise ModelNotFoundError(f"{path} has no config.json: point --model at a Qwen3-TTS checkpoint directory")
-        return _load_checkpoint(str(path), path, dtype, device, attn_implementation)
+        return "checkpoint", path
     if "/" in name and not name.startswith((".", "/")):
-        return _load_checkpoint(name, None, dtype, device, attn_implementation)
+        return "hub", None
     raise ModelNotFoundError(
         f"unknown model {name!r}: use one of {', '.join((EMBEDDED_MODEL,) + TINY_MODELS + tuple(RANDOM_MODELS))}, "
         "a local checkpoint "
         "directory, or a hub id such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    )
+
+
+#: ``model_type`` of a Qwen3-TTS ``config.json`` (what ``from_pretrained`` dispatches on).
+QWEN3_TTS_MODEL_TYPE = "qwen3_tts"
+
+
+def check_config(cfg, where: str, *, own: bool = False) -> dict:
+    """Check that a ``config.json`` dict is a Qwen3-TTS config this library can run; return it.
+
+    A checkpoint's config must say ``"model_type": "qwen3_tts"`` (transformers dispatches on it; without this check
+    its error lists every model type it knows); our own models (:func:`save_checkpoint`) are built from the dict
+    directly, so for them ``model_type`` may be absent but not another type. Both need ``talker_config`` with a
+    ``code_predictor_config``, and at least 2 code groups: with one, the talker emits every code and the inner loop
+    (docs/model.md#two-nested-loops) has nothing to decode.
+
+    Raises:
+        ModelNotFoundError: one line naming ``where``, what it has and what is expected.
+    """
+    expected = f"expected a Qwen3-TTS config (model_type {QWEN3_TTS_MODEL_TYPE!r} with a talker_config)"
+    if not isinstance(cfg, dict):
+        raise ModelNotFoundError(f"{where} is not a JSON object: {expected}")
+    mt = cfg.get("model_type")
+    if mt is None and not own:
+        raise ModelNotFoundError(f"{where} has no model_type: {expected}; point --model at a Qwen3-TTS checkpoint")
+    if mt is not None and mt != QWEN3_TTS_MODEL_TYPE:
+        raise ModelNotFoundError(f"{where} is a {mt!r} config, not Qwen3-TTS: {expected}; point --model at a "
+                                 "Qwen3-TTS checkpoint")
+    talker = cfg.get("talker_config")
+    cp = talker.get("code_predictor_config") if isinstance(talker, dict) else None
+    if not isinstance(cp, dict):
+        raise ModelNotFoundError(f"{where} has no talker_config.code_predictor_config: {expected}")
+    groups = talker.get("num_code_groups", cp.get("num_code_groups"))
+    if groups is not None and int(groups) < 2:
+        raise ModelNotFoundError(_one_group_message(where, int(groups)))
+    return cfg
+
+
+def _one_group_message(where: str, groups: int) -> str:
+    return (f"{where} has num_code_groups {groups}: the talker emits every code of a frame and the inner loop has "
+            "nothing to decode (rvqspec needs num_code_groups >= 2)")
+
+
+def _read_config(file: Path, *, own: bool = False) -> dict:
+    """``config.json`` read and checked (:func:`check_config`); a file that is not JSON is a one-line error."""
+    try:
+        cfg = json.loads(Path(file).read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelNotFoundError(f"{file} is not valid JSON ({e}): expected a Qwen3-TTS config.json") from None
+    return check_config(cfg, str(file), own=own)
+
+
+def _check_loaded(lm: LoadedModel) -> LoadedModel:
+    """The config checks of :func:`check_config` that only a loaded model can answer (hub ids not in the cache)."""
+    if lm.n_code_groups < 2:
+        raise ModelNotFoundError(_one_group_message(str(lm.name), lm.n_code_groups))
+    return lm
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a model's config says, read WITHOUT loading weights (:func:`model_facts`): enough to check the command
+    line's flags (language, speaker, tree ranks, drafted offsets) before the seconds a load takes.
+
+    Attributes:
+        name: as given. kind: ``"checkpoint"``, ``"tiny-random"`` or ``"random-size"`` (as :class:`LoadedModel`).
+        n_code_groups: codebooks per frame (16 on released checkpoints). codebook_size: codes per codebook (2048).
+        languages: what ``language=`` accepts besides ``"auto"`` (lower case, sorted; for our own models only the
+            languages they were trained on). speakers: CustomVoice speakers (lower case, sorted; may be empty).
+        offline_codec: the model has an RVQ codec file beside it (``--codes-to-audio`` has a choice to make).
+    """
+
+    name: str
+    kind: str
+    n_code_groups: int
+    codebook_size: int
+    languages: tuple[str, ...]
+    speakers: tuple[str, ...]
+    offline_codec: bool = False
+
+
+def model_facts(name: str) -> ModelFacts | None:
+    """:class:`ModelFacts` of a model from its ``config.json`` (milliseconds; no weights, no network).
+
+    Returns:
+        the facts, or ``None`` for a hub id whose config is not in the local Hugging Face cache (then only loading
+        tells).
+
+    Raises:
+        ModelNotFoundError: the same one-line errors :func:`load_model` gives for unknown names, missing files and
+            configs that are not Qwen3-TTS (:func:`check_config`).
+    """
+    kind, path = _resolve(name)
+    codec = False
+    if kind == "tiny":
+        cfg, lm_kind = tiny_config_dict(), "tiny-random"
+    elif kind == "random":
+        cfg, lm_kind = _read_config(path / "config.json"), "random-size"
+    elif kind == "own":
+        cfg, lm_kind = _read_config(path / "config.json", own=True), "checkpoint"
+        marker = json.loads((path / OWN_MODEL_MARKER).read_text())
+        if marker.get("languages"):
+            ids = cfg["talker_config"].get("codec_language_id") or {}
+            cfg["talker_config"]["codec_language_id"] = {k: v for k, v in ids.items() if k in marker["languages"]}
+        codec = (path / marker.get("codec", "codec.safetensors")).is_file()
+    elif kind == "checkpoint":
+        cfg, lm_kind = _read_config(path / "config.json"), "checkpoint"
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(str(name), "config.json")
+        if not isinstance(cached, str):
+            return None
+        cfg, lm_kind = _read_config(Path(cached)), "checkpoint"
+    talker = cfg["talker_config"]
+    cp = talker["code_predictor_config"]
+    return ModelFacts(
+        name=str(name), kind=lm_kind,
+        n_code_groups=int(talker.get("num_code_groups", cp.get("num_code_groups", 16))),
+        codebook_size=int(cp.get("vocab_size", 2048)),
+        languages=tuple(sorted(k.lower() for k in (talker.get("codec_language_id") or {}))),
+        speakers=tuple(sorted(k.lower() for k in (talker.get("spk_id") or {}))),
+        offline_codec=codec,
     )
 
 
@@ -204,7 +349,7 @@ def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -
     from rvqspec_lib.models.frontend import tokenizer_from_spec
 
     marker = json.loads((path / OWN_MODEL_MARKER).read_text())
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = _read_config(path / "config.json", own=True)
     weights = path / "model.safetensors"
     if not weights.exists():
         raise ModelNotFoundError(f"{path} has {OWN_MODEL_MARKER} but no model.safetensors")

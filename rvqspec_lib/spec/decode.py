@@ -113,6 +113,10 @@ def _check_context(code_predictor, context: torch.Tensor) -> None:
             code_predictor, "talker") else ""
         raise ValueError(f"code_predictor must be the official code predictor module, model.talker.code_predictor; "
                          f"got {type(code_predictor).__name__}{hint}")
+    if P.n_codes(code_predictor) < 1:
+        raise ValueError(f"this code predictor has num_code_groups {P.n_codes(code_predictor) + 1}: with one code group "
+                         "per frame the talker emits every code and the inner loop has nothing to decode (it needs "
+                         "num_code_groups >= 2)")
     h = P.talker_hidden_size(code_predictor)
     if not isinstance(context, torch.Tensor) or context.dim() != 3 or context.shape[1] != 2 or context.shape[2] != h:
         shape = tuple(context.shape) if isinstance(context, torch.Tensor) else type(context).__name__
@@ -383,7 +387,8 @@ def decode_frame(
         :class:`FrameResult`. Rows of a batch are decoded together and may accept different lengths.
 
     Raises:
-        ValueError: a context of the wrong shape, an invalid decoder, a tree rank outside the codebook.
+        ValueError: a context of the wrong shape, an invalid decoder, a code predictor with one code group (nothing
+            to decode), a tree rank outside the codebook.
     """
     decoder = AR() if decoder is None else decoder
     if not hasattr(decoder, "tree"):

@@ -3,17 +3,30 @@
 A decoder says which draft tree one verify call checks (``tree(n_codes)``) and whether drafts are SAMPLED from q
 (Chain; the ``min(1, p/q)`` rule) or the top-ranked codes of q (Tree with point-mass drafts; accept x with p(x)).
 :func:`rvqspec_lib.spec.decode.decode_frame` runs any of them. Shared constants live here, once: the chain windows
-swept by evaluations (:data:`CHAIN_WINDOWS`) and the paper-style small default tree (:data:`DEFAULT_TREE`).
+swept by evaluations (:data:`CHAIN_WINDOWS`, up to :data:`MAX_WINDOW`), the default window
+(:data:`DEFAULT_WINDOW`) and the paper-style small default tree (:data:`DEFAULT_TREE`).
+
+This module imports torch only when a tree is compiled (:mod:`rvqspec_lib.spec.trees`), so the command line can
+read these constants for its help text without loading torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from rvqspec_lib.spec.trees import DraftTree
+if TYPE_CHECKING:
+    from rvqspec_lib.spec.trees import DraftTree
 
+#: Largest chain window: the committed code plus up to 7 drafts.
 MAX_WINDOW = 8
+#: Chain windows swept by evaluations (eval-acceptance without --decoder, notebook 02): 2..MAX_WINDOW.
+CHAIN_WINDOWS = tuple(range(2, MAX_WINDOW + 1))
+#: Window of ``Chain()`` and of ``--decoder chain`` without ``--window``.
+DEFAULT_WINDOW = 4
+#: Default sparse tree (``Tree()``'s and the command line's): top-2 one step ahead, the top code two and three steps
+#: ahead below the first.
+DEFAULT_TREE = ((0,), (1,), (0, 0), (0, 0, 0))
 
 
 @dataclass(frozen=True)
@@ -21,6 +34,8 @@ class AR:
     """Autoregressive decoding: one code-predictor call per code (15 per frame), 1.00 token per call."""
 
     def tree(self, n_codes: int) -> DraftTree:
+        from rvqspec_lib.spec.trees import DraftTree
+
         return DraftTree.from_paths([])
 
     sampled_drafts = False
@@ -34,17 +49,19 @@ class Chain:
     ``min(1, p/q)``, residual resample on the first rejection, bonus code when all are accepted: 1..N codes per call.
 
     Raises:
-        ValueError: window outside 2..8.
+        ValueError: window outside 2..:data:`MAX_WINDOW` (8).
     """
 
-    window: int = 4
+    window: int = DEFAULT_WINDOW
 
     def __post_init__(self):
         if not isinstance(self.window, int) or isinstance(self.window, bool) or not 2 <= self.window <= MAX_WINDOW:
-            raise ValueError(f"Chain window must be an integer in 2..{MAX_WINDOW} (the committed code plus 1..7 "
-                             f"drafts), got {self.window!r}")
+            raise ValueError(f"Chain window must be an integer in 2..{MAX_WINDOW} (the committed code plus "
+                             f"1..{MAX_WINDOW - 1} drafts), got {self.window!r}")
 
     def tree(self, n_codes: int) -> DraftTree:
+        from rvqspec_lib.spec.trees import DraftTree
+
         return DraftTree.chain(self.window - 1)
 
     sampled_drafts = True
@@ -74,11 +91,13 @@ class Tree:
             index i without the siblings 0..i-1 (children are drawn in order).
     """
 
-    paths: Sequence[Sequence[int]] = ((0,), (1,), (0, 0), (0, 0, 0))
+    paths: Sequence[Sequence[int]] = DEFAULT_TREE
     sampled: bool = False
     _compiled: DraftTree = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        from rvqspec_lib.spec.trees import DraftTree
+
         if self.paths is None or len(list(self.paths)) == 0:
             raise ValueError("Tree needs at least one rank path, e.g. Tree(paths=[(0,), (1,), (0, 0)])")
         object.__setattr__(self, "paths", tuple(tuple(p) if not isinstance(p, int) else (p,) for p in self.paths))
@@ -98,9 +117,3 @@ class Tree:
     def sampled_drafts(self) -> bool:
         return self.sampled
 
-
-CHAIN_WINDOWS = tuple(range(2, 9))
-
-
-#: Default sparse tree (decode.Tree's default): top-2 one step ahead, the top code two and three steps ahead.
-DEFAULT_TREE = ((0,), (1,), (0, 0), (0, 0, 0))

@@ -60,6 +60,12 @@ class Sampling:
             greedy=greedy or not bool(gen.get(pre + "dosample" if pre else "do_sample", True)),
         )
 
+    def describe(self) -> dict:
+        """JSON-able knobs, the one form every result file records: ``{"temperature": float, "top_k": int,
+        "top_p": float, "greedy": bool}`` (the values as given, also when ``greedy`` ignores them)."""
+        return {"temperature": float(self.temperature), "top_k": int(self.top_k), "top_p": float(self.top_p),
+                "greedy": bool(self.greedy)}
+
     def warpers(self) -> LogitsProcessorList:
         """The transformers warpers ``generate(do_sample=True, ...)`` would build for these knobs."""
         out = LogitsProcessorList()

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rvqspec_lib.common.files import write_text_atomic
 from rvqspec_lib.eval.frames import Frames
 from rvqspec_lib.models.teacher import teacher_forced_hidden, verifier_logits
 from rvqspec_lib.spec import predictor as P
@@ -239,8 +240,7 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
     curve, best_epoch, stopped = res.curve, res.best_epoch, res.stopped_by == "patience"
     kept = res.best_record
     drafter.provenance = {
-        "loss": loss, "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
-                                   "top_p": sampling.top_p, "greedy": sampling.greedy},
+        "loss": loss, "sampling": sampling.describe(),
         "optimizer": "adam", "lr": lr, "batch_size": batch_size, "max_epochs": max_epochs, "patience": patience,
         "select": select, "epochs_run": curve[-1]["epoch"], "best_epoch": best_epoch, "stopped_early": stopped,
         "seed": seed,
@@ -252,7 +252,7 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
     result = TrainResult(drafter, curve, best_epoch, stopped)
     if curve_path is not None:
         Path(curve_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(curve_path).write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
+        write_text_atomic(curve_path, json.dumps(result.to_json(), indent=1, default=str) + "\n")
     return result
 
 

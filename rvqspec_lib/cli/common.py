@@ -1,0 +1,214 @@
+"""Helpers every ``rvqspec`` command shares: one-line errors, output-path checks and atomic writes, the thread
+count, seeds, and the decoder flags (``--decoder``, ``--window``, ``--tree``).
+
+Nothing here imports torch at module level: ``rvqspec --help`` builds every command's parser from this module and
+stays fast (tests/test_cli.py checks that torch is not imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from rvqspec_lib.spec.decoders import (
+    CHAIN_WINDOWS,
+    DEFAULT_TREE,
+    DEFAULT_WINDOW,
+    MAX_WINDOW,
+)
+
+
+def _die(msg: str) -> int:
+    """Print ``rvqspec: error: <msg>`` on stderr, on ONE line (a message from a library with several lines is joined
+    with " | "); return exit status 2 (bad input, as argparse)."""
+    one = " | ".join(line.strip() for line in str(msg).splitlines() if line.strip())
+    print(f"rvqspec: error: {one}", file=sys.stderr)
+    return 2
+
+
+def note(msg: str) -> None:
+    """A one-line ``note: ...`` on stderr (something the user should know; not an error)."""
+    print(f"note: {msg}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# output files
+# --------------------------------------------------------------------------------------------------------------------
+#: argparse destinations that name an output file, and their flags: checked by ``main`` before any command runs.
+OUTPUT_FLAGS = {"out": "--out", "json": "--json", "json_path": "--json", "curve_json": "--curve-json"}
+
+
+def check_output_path(path: str | os.PathLike | None, flag: str) -> str | None:
+    """Why an output path cannot be written, or ``None`` if it can (``None`` path: nothing to check).
+
+    Checked BEFORE any work, so no run is lost: an empty path, a folder, a missing folder, a file that exists but is
+    read-only, and a folder where no file can be created (the atomic write puts a temporary file beside the target,
+    :func:`rvqspec_lib.common.files.atomic_outputs`). The probes leave nothing behind.
+    """
+    from rvqspec_lib.common.files import temp_beside
+
+    if path is None:
+        return None
+    if not str(path).strip():
+        return f"{flag} is an empty path: give a file name"
+    p = Path(path)
+    if p.is_dir() or not p.name or p.name in (".", ".."):
+        return f"{flag} {path} is a folder: give a file name inside it"
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.exists():
+        return f"output folder {parent} does not exist: create it or choose another {flag}"
+    if not parent.is_dir():
+        return f"{flag} {path}: {parent} is not a folder"
+    try:  # real probes: permissions, read-only mounts and pseudo file systems all show up here
+        if p.exists():
+            with open(p, "a"):
+                pass
+        temp_beside(p).unlink()
+    except OSError as e:
+        return f"{flag} {path} is not writable ({e.strerror}): choose another location"
+    return None
+
+
+def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]]) -> None:
+    """:func:`check_output_path` on ``(path, flag)`` pairs; also refuses two outputs that are the same file.
+
+    Raises:
+        ValueError: the first problem, in one line.
+    """
+    seen: dict[Path, str] = {}
+    for path, flag in paths:
+        problem = check_output_path(path, flag)
+        if problem:
+            raise ValueError(problem)
+        if path is None:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            raise ValueError(f"{flag} {path} is also the {seen[key]} file: give each output its own name")
+        seen[key] = flag
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# threads
+# --------------------------------------------------------------------------------------------------------------------
+THREADS_HELP = ("torch CPU threads: default 1 (on a small shared machine more threads spin-wait and run several "
+                "times slower), 0 keeps torch's choice, N uses N. Given after the command it wins over `rvqspec "
+                "--threads N <command>`")
+
+
+def add_threads_arg(parser: argparse.ArgumentParser, *, dest: str = "threads") -> None:
+    """``--threads`` (default ``None`` = not given; :func:`resolve_threads` picks the value)."""
+    parser.add_argument("--threads", dest=dest, type=int, default=None, metavar="N", help=THREADS_HELP)
+
+
+def resolve_threads(command_flag: int | None, global_flag: int | None) -> int:
+    """The one ``--threads`` rule of every command: the command's own flag if given, else the global one, else 1.
+    0 means "keep torch's choice".
+
+    Raises:
+        ValueError: a negative count.
+    """
+    n = command_flag if command_flag is not None else global_flag if global_flag is not None else 1
+    if n < 0:
+        raise ValueError(f"--threads must be >= 0 (0 keeps torch's choice), got {n}")
+    return n
+
+
+def apply_threads(n: int) -> int:
+    """``torch.set_num_threads(n)`` unless ``n == 0``; returns the thread count torch now uses."""
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+    return int(torch.get_num_threads())
+
+
+def threads_text(n: int) -> str:
+    return f"{n} thread{'s' if n != 1 else ''}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# seeds, text
+# --------------------------------------------------------------------------------------------------------------------
+#: Largest seed: seeds go to ``torch.Generator.manual_seed`` (64 bits), some plus a small offset per utterance.
+SEED_MAX = 2**63 - 1
+
+
+def check_seed(seed: int, flag: str = "--seed") -> None:
+    """Raises ValueError (one line) unless ``0 <= seed <= SEED_MAX``."""
+    if not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"{flag} must be in 0..{SEED_MAX} (2**63 - 1), got {seed}")
+
+
+def check_utf8(text: str, flag: str) -> None:
+    """Raises ValueError (one line) when ``text`` holds bytes that are not UTF-8 (Python keeps them in argv as lone
+    surrogates, e.g. from a Latin-1 terminal or file)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"character U+{ord(bad):04X}"
+        raise ValueError(f"{flag} is not valid UTF-8 ({byte} at character {e.start}): convert it to UTF-8 (e.g. "
+                         "iconv -f latin1 -t utf-8)") from None
+
+
+def read_text_file(path: str | os.PathLike, flag: str) -> str:
+    """A UTF-8 text file's content; one-line errors for a missing file or other bytes."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{flag} {p} does not exist")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{flag} {p} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
+                         "convert it (iconv -t utf-8)") from None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# decoder flags
+# --------------------------------------------------------------------------------------------------------------------
+def format_paths(paths: Sequence[Sequence[int]]) -> str:
+    """The command-line form of rank paths, the inverse of :func:`rvqspec_lib.spec.trees.parse_paths`:
+    ``((0,), (1,), (0, 0))`` -> ``"0;1;0,0"``."""
+    return ";".join(",".join(str(int(r)) for r in p) for p in paths)
+
+
+#: ``--tree`` default, formatted from the one constant :data:`rvqspec_lib.spec.decoders.DEFAULT_TREE`.
+DEFAULT_TREE_TEXT = format_paths(DEFAULT_TREE)
+WINDOW_HELP = (f"chain window N ({CHAIN_WINDOWS[0]}..{MAX_WINDOW}, default {DEFAULT_WINDOW}): committed code + N-1 "
+               "drafts")
+TREE_HELP = f"tree rank paths: ';' between paths, ',' between ranks (default {DEFAULT_TREE_TEXT})"
+
+
+def tree_from_flag(text: str | None):
+    """``--tree`` parsed (the default tree when not given) into a ``Tree`` decoder.
+
+    Raises:
+        ValueError: a malformed path, a gap, a repeated path (one line, from the library).
+    """
+    from rvqspec_lib.spec.decoders import Tree
+    from rvqspec_lib.spec.trees import parse_paths
+
+    return Tree(paths=DEFAULT_TREE if text is None else parse_paths(text))
+
+
+def chain_from_flag(window: int | None):
+    """``--window`` (the default window when not given) into a ``Chain`` decoder; ValueError outside the range."""
+    from rvqspec_lib.spec.decoders import Chain
+
+    return Chain(window=DEFAULT_WINDOW if window is None else window)
+
+
+def check_tree_ranks(decoders, codebook_size: int) -> None:
+    """Raises ValueError (one line) when a tree drafts a rank the codebook does not have (ranks 0..size-1)."""
+    for d in decoders:
+        paths = getattr(d, "paths", None)
+        if not paths:
+            continue
+        top = max(max(p) for p in paths)
+        if top >= codebook_size:
+            raise ValueError(f"--tree rank {top} is out of range for this model's codebook of {codebook_size} codes: "
+                             f"use ranks 0..{codebook_size - 1}")

@@ -1,0 +1,138 @@
+"""Frame-source flags of ``train-drafter`` and ``eval-acceptance``: where the teacher-forced frames come from
+(--frames-file, --dataset + --codec, --texts-file, the model's shipped utterances, or the model speaking built-in
+sentences), checked before the model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rvqspec_lib.cli.common import check_seed, note, read_text_file
+
+
+def texts_from_file(path: str) -> list[str]:
+    """The non-empty lines of a UTF-8 --texts-file. Raises ValueError (one line): missing, not UTF-8, no text."""
+    texts = [t.strip() for t in read_text_file(path, "--texts-file").splitlines() if t.strip()]
+    if not texts:
+        raise ValueError(f"--texts-file {path} has no text: one sentence a line")
+    return texts
+
+
+def add_frame_source_args(p: argparse.ArgumentParser, default_frames: int) -> None:
+    """--frames-file, --dataset, --codec, --language, --texts-file, --frames (default ``default_frames``), --seed."""
+    p.add_argument("--frames-file", help="frames saved by Frames.save (.safetensors); default: the utterances that "
+                                         "ship with the model (the embedded model), else the model speaks texts")
+    p.add_argument("--dataset", help="a local datasets folder (save_to_disk) of audio + text, VoxPopuli schema")
+    p.add_argument("--codec", help="with --dataset: codec file or folder (rvqspec_lib.models.speech_tokenizers.load_codec)")
+    p.add_argument("--language", default="auto", help="with --dataset: prompt language (auto, english, ...)")
+    p.add_argument("--texts-file", help="texts to speak, one a line (default: a few built-in sentences)")
+    p.add_argument("--frames", type=int, default=default_frames, help="number of frames to use")
+    p.add_argument("--seed", type=int, default=0, help="seed of every explicit generator")
+
+
+def check_frame_source_args(args) -> None:
+    """One frame source at most, no flag that the chosen source does not read (a silently ignored flag would make a
+    user believe a run used data it did not), a valid --seed, --frames >= 1, a readable --texts-file; all before
+    the model loads.
+
+    Raises:
+        ValueError: one line naming the flag.
+    """
+    check_seed(args.seed)
+    if args.frames < 1:
+        raise ValueError(f"--frames must be >= 1, got {args.frames}")
+    given = [f"--{n.replace('_', '-')}" for n in ("frames_file", "dataset", "texts_file") if getattr(args, n)]
+    if len(given) > 1:
+        raise ValueError(f"give one frame source, not {' and '.join(given)}")
+    if not args.dataset:
+        if args.codec:
+            raise ValueError("--codec is used only with --dataset (it turns the dataset's audio into codes)")
+        if args.language != "auto":
+            raise ValueError("--language is used only with --dataset (the prompt language of its utterances)")
+    if args.texts_file:
+        texts_from_file(args.texts_file)
+
+
+def shipped_root(model: str) -> Path | None:
+    """Where the model's shipped utterances are (``embedded``, or a local folder written by build_embedded.py),
+    ``None`` for models without them (tiny-random, hub ids, checkpoints without utterances.safetensors)."""
+    from rvqspec_lib.models.drafter_files import model_drafter_dir
+    from rvqspec_lib.models.loader import EMBEDDED_MODEL
+    from rvqspec_lib.models.utterances import embedded_root
+
+    if model_drafter_dir(model) is None:
+        return None
+    try:
+        return embedded_root(model)
+    except FileNotFoundError:
+        if str(model) == EMBEDDED_MODEL:  # the shipped model must have its data: never fall back silently
+            raise
+        return None
+
+
+def uses_shipped(args) -> bool:
+    """No other frame source was given and the model ships utterances."""
+    return not (args.frames_file or args.dataset or args.texts_file) and shipped_root(args.model) is not None
+
+
+def frames_from_args(args, lm, split: str = "training", max_frames: int | None = None):
+    """Frames from --frames-file, --dataset + --codec, --texts-file, else the model's shipped utterances (split
+    ``split``: training for train-drafter, evaluation for eval-acceptance), else the model speaking built-in texts;
+    the first ``max_frames`` (default --frames) of them."""
+    import torch
+
+    from rvqspec_lib.eval.frame_sources import (
+        DEFAULT_TEXTS,
+        frames_from_model,
+        frames_from_shipped,
+    )
+    from rvqspec_lib.eval.frames import Frames
+
+    limit = args.frames if max_frames is None else max_frames
+    if limit < 1:
+        raise ValueError(f"--frames must be >= 1, got {limit}")
+    if args.frames_file:
+        fr = Frames.load(args.frames_file)
+    elif args.dataset:
+        from rvqspec_lib.eval.frame_sources import frames_from_dataset
+        from rvqspec_lib.models.speech_tokenizers import load_codec
+
+        if not args.codec:
+            raise ValueError("--dataset needs --codec (the codec that turns its audio into codes)")
+        fr = frames_from_dataset(args.dataset, lm, load_codec(args.codec), language=args.language,
+                                 max_frames=limit, progress=sys.stderr.isatty())
+    elif uses_shipped(args):
+        fr = frames_from_shipped(lm, args.model, split, max_frames=limit, seed=args.seed,
+                                 progress=sys.stderr.isatty())
+    else:
+        if args.texts_file:
+            texts = texts_from_file(args.texts_file)
+        else:
+            texts = list(DEFAULT_TEXTS)
+        parts, have, i = [], 0, 0
+        while have < limit:
+            text = texts[i % len(texts)]
+            fr = frames_from_model(lm, [text], seed=args.seed + i, max_frames=min(200, limit - have))
+            fr.utterance[:] = i
+            parts.append(fr)
+            have += len(fr)
+            i += 1
+        fr = Frames.cat(parts)
+    if len(fr) > limit:
+        fr = fr.subset(torch.arange(limit))
+    return fr
+
+
+def note_fewer_frames(frames, asked: int) -> None:
+    """A note when the frame source has fewer frames than --frames asked for."""
+    if len(frames) < asked:
+        note(f"--frames {asked} asked, the source has {len(frames)}: using them all")
+
+
+def drafter_model_dir(model: str) -> Path | None:
+    """The folder whose ``drafters/`` holds the model's drafter files, ``None`` for models without a local folder."""
+    from rvqspec_lib.models.drafter_files import model_drafter_dir
+
+    return model_drafter_dir(model)

@@ -1,0 +1,162 @@
+"""``rvqspec train-drafter``: train position-aware offsets or Medusa heads on teacher-forced frames (paper Table 2;
+docs/methods.md). Flags, frame source, --K and the output files are checked before the model loads; the drafter,
+its ``.json`` description and its ``.curve.json`` training curve are written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rvqspec_lib.cli.common import (
+    add_threads_arg,
+    apply_threads,
+    check_outputs,
+    note,
+    threads_text,
+)
+from rvqspec_lib.cli.frames import (
+    add_frame_source_args,
+    check_frame_source_args,
+    drafter_model_dir,
+    frames_from_args,
+    note_fewer_frames,
+    uses_shipped,
+)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """The ``train-drafter`` flags."""
+    p.add_argument("--model", required=True, help="embedded, tiny-random, a checkpoint dir or a hub id")
+    p.add_argument("--drafter", required=True, choices=["offsets", "medusa"], help="what to train")
+    p.add_argument("--out", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors; embedded: "
+                                 "data/embedded/model/drafters/)")
+    p.add_argument("--loss", choices=["ce", "kl", "tv"], default="ce",
+                   help="ce: ground-truth codes (paper); kl: the verifier's warped distribution (T 0.9, top-k 50); "
+                        "tv: one minus the exact acceptance rate, q warped as deployed")
+    p.add_argument("--K", type=int, default=None,
+                   help="offsets drafted, 1..(code groups - 2) (default: the paper's K, "
+                        "rvqspec_lib.spec.drafters.DEFAULT_K)")
+    p.add_argument("--epochs", type=int, default=20, help="maximum epochs (early stopping on validation acceptance)")
+    p.add_argument("--patience", type=int, default=3, help="epochs without validation improvement before stopping")
+    p.add_argument("--batch-size", type=int, default=64, help="frames per step")
+    p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default per drafter)")
+    p.add_argument("--val-fraction", type=float, default=None,
+                   help="utterances held out for early stopping (default 0.1; models without a shipped validation "
+                        "split)")
+    p.add_argument("--val-frames", type=int, default=None,
+                   help="validation frames for early stopping, from the shipped validation split (default 500; "
+                        "embedded models)")
+    p.add_argument("--curve-json", help="training curve (default: the drafter file with .curve.json)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing drafter file (e.g. the one shipped beside the embedded model)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    add_frame_source_args(p, default_frames=2000)
+    add_threads_arg(p)
+
+
+def _check_k(k: int, n_code_groups: int) -> None:
+    n_codes = n_code_groups - 1
+    if not 1 <= k <= n_codes - 1:
+        raise ValueError(f"K={k} is out of range for a code predictor of {n_codes} codes: --K 1..{n_codes - 1} "
+                         "(the paper uses 3)")
+
+
+def run(args, threads: int) -> int:
+    """Run ``train-drafter`` on parsed flags. Returns the exit status.
+
+    Raises:
+        ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
+    """
+    started = getattr(args, "_started", None) or time.perf_counter()
+    check_frame_source_args(args)
+    for flag, value, ok, need in (("--lr", args.lr, args.lr is None or args.lr > 0, "> 0"),
+                                  ("--epochs", args.epochs, args.epochs >= 1, ">= 1"),
+                                  ("--patience", args.patience, args.patience >= 0, ">= 0"),
+                                  ("--batch-size", args.batch_size, args.batch_size >= 1, ">= 1"),
+                                  ("--val-frames", args.val_frames, args.val_frames is None or args.val_frames >= 1,
+                                   ">= 1"),
+                                  ("--val-fraction", args.val_fraction,
+                                   args.val_fraction is None or 0 < args.val_fraction < 1, "in (0, 1)")):
+        if not ok:
+            raise ValueError(f"{flag} must be {need}, got {value}")
+    if args.out and Path(args.out).suffix != ".safetensors":
+        raise ValueError(f"--out must end in .safetensors, got {args.out}")
+    if args.out and Path(args.out).exists() and not args.force:
+        raise ValueError(f"--out {args.out} exists: pass --force to replace it, or choose another --out")
+    shipped = uses_shipped(args)
+    if shipped and args.val_fraction is not None:
+        raise ValueError("--val-fraction is not used here: validation frames come from the shipped validation "
+                         "split (set their number with --val-frames)")
+    if not shipped and args.val_frames is not None:
+        raise ValueError("--val-frames is used only with the shipped utterances of an embedded model; here "
+                         "validation is --val-fraction of the utterances")
+    val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
+    val_frames = 500 if args.val_frames is None else args.val_frames
+
+    from rvqspec_lib.models.drafter_files import (
+        drafter_path,
+        make_drafter,
+        save_drafter,
+    )
+    from rvqspec_lib.models.loader import load_model, model_facts
+    from rvqspec_lib.spec.drafters import DEFAULT_K
+
+    k = DEFAULT_K if args.K is None else args.K
+    out = Path(args.out) if args.out else None
+    if out is None:
+        d = drafter_model_dir(args.model)
+        if d is None:
+            raise ValueError("--out is required when --model is not a local checkpoint directory")
+        out = drafter_path(d, args.drafter)
+        if out.exists() and not args.force:
+            raise ValueError(f"{out} exists (the drafter shipped or trained before beside {args.model}): pass --force "
+                             "to replace it, or write elsewhere with --out new.safetensors")
+    curve = Path(args.curve_json) if args.curve_json else out.with_suffix(".curve.json")
+    # the default file may go into a new drafters/ folder beside the model: save_drafter makes it
+    if out.parent.exists():
+        check_outputs([(out, "--out"), (out.with_suffix(".json"), "--out (its .json description)"),
+                       (curve, "--curve-json")])
+    facts = model_facts(args.model)
+    if facts is not None:
+        _check_k(k, facts.n_code_groups)
+
+    threads = apply_threads(threads)  # after the cheap checks: torch loads here
+    from rvqspec_lib.common.files import write_text_atomic
+    from rvqspec_lib.spec.sampling import Sampling
+    from rvqspec_lib.training.drafters import train_drafter
+
+    t = time.perf_counter()
+    lm = load_model(args.model, dtype=args.dtype)
+    load_s = time.perf_counter() - t
+    _check_k(k, lm.n_code_groups)
+    if lm.is_random:
+        note(f"{args.model} has RANDOM weights: the drafter learns nothing meaningful")
+    frames = frames_from_args(args, lm, "training")
+    note_fewer_frames(frames, args.frames)
+    val = frames_from_args(args, lm, "validation", val_frames) if shipped else None
+    if val is not None:
+        note_fewer_frames(val, val_frames)
+    drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=k)
+    sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
+    t = time.perf_counter()
+    res = train_drafter(drafter, lm.code_predictor, frames, val, loss=args.loss, sampling=sampling, lr=args.lr,
+                        batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
+                        val_fraction=val_fraction, seed=args.seed, progress=sys.stderr.isatty())
+    train_s = time.perf_counter() - t
+    res.drafter.provenance["model"] = args.model
+    res.drafter.provenance["threads"] = threads
+    save_drafter(res.drafter, out)  # the drafter and its .json, atomically; then its curve
+    write_text_atomic(curve, json.dumps(res.to_json(), indent=1, default=str) + "\n")
+    total_s = time.perf_counter() - started
+    c0, cb = res.curve[0], res.curve[res.best_epoch]
+    print(f"{args.drafter} ({res.drafter.params_added:,} parameters, loss {args.loss}): validation loss "
+          f"{c0['val_loss']:.4f} -> {cb['val_loss']:.4f}, exact acceptance by offset "
+          f"{[round(a, 3) for a in c0['val_acceptance_by_offset']]} -> "
+          f"{[round(a, 3) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}) | load {load_s:.1f} s, "
+          f"train {train_s:.1f} s, total {total_s:.1f} s | {threads_text(threads)}")
+    print(f"wrote {out}, {out.with_suffix('.json')} and {curve}")
+    return 0

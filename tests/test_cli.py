@@ -1,0 +1,492 @@
+"""The ``rvqspec`` command line (rvqspec_lib/cli/): one module per command, fast --help, one --threads rule,
+checks before the model loads, atomic outputs, timing fields, Ctrl-C, model-config errors.
+
+Other CLI tests: tests/test_frame.py (synth), tests/test_drafters.py (train-drafter, eval-acceptance),
+tests/test_embedded_model.py (synth on the embedded model), tests/test_bench.py (bench).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import rvqspec_lib.models.loader as loader
+from rvqspec_lib.cli import common
+from rvqspec_lib.cli.main import main
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+HEAVY = ("torch", "transformers")
+
+
+def _no_load(*a, **k):
+    pytest.fail("the model was loaded before the check")
+
+
+def _listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# --help is fast: no torch, no transformers
+# ---------------------------------------------------------------------------------------------------------------------
+_PROBE = """
+import json, sys
+from rvqspec_lib.cli.main import main
+try:
+    main({argv!r})
+except SystemExit:
+    pass
+{extra}
+print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})), file=sys.stderr)
+"""
+
+
+def _heavy_modules_after(argv: list[str], extra: str = "") -> list[str]:
+    code = _PROBE.format(argv=argv, extra=extra, heavy=HEAVY)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=REPO, timeout=120)
+    return json.loads(r.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["synth", "--help"], ["bench", "--help"], ["train-drafter", "--help"],
+                                  ["eval-acceptance", "--help"]])
+def test_help_does_not_import_torch(argv):
+    assert _heavy_modules_after(argv) == []
+
+
+def test_help_probe_sees_torch_when_it_is_imported():
+    """Negative control: the same probe reports torch once a public name is used (the lazy API imports it)."""
+    found = _heavy_modules_after(["--help"], extra="import rvqspec_lib; rvqspec_lib.Tree().tree(15)")
+    assert "torch" in found
+
+
+def test_public_api_resolves_lazily():
+    import rvqspec_lib
+
+    for name in rvqspec_lib.__all__:
+        assert getattr(rvqspec_lib, name) is not None
+    assert set(rvqspec_lib.__all__) <= set(dir(rvqspec_lib))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        rvqspec_lib.nope  # noqa: B018
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# constants defined once
+# ---------------------------------------------------------------------------------------------------------------------
+def test_default_tree_and_windows_come_from_one_place():
+    from rvqspec_lib.cli.eval_acceptance import decoders_from_args
+    from rvqspec_lib.spec.decoders import (
+        CHAIN_WINDOWS,
+        DEFAULT_TREE,
+        DEFAULT_WINDOW,
+        MAX_WINDOW,
+        Chain,
+        Tree,
+    )
+    from rvqspec_lib.spec.trees import parse_paths
+
+    assert tuple(parse_paths(common.DEFAULT_TREE_TEXT)) == DEFAULT_TREE == Tree().paths
+    assert common.DEFAULT_TREE_TEXT == "0;1;0,0;0,0,0"
+    assert CHAIN_WINDOWS == tuple(range(2, MAX_WINDOW + 1)) and Chain().window == DEFAULT_WINDOW
+    Chain(MAX_WINDOW)
+    with pytest.raises(ValueError, match=f"2..{MAX_WINDOW}"):
+        Chain(MAX_WINDOW + 1)
+    args = type("A", (), {"window": None, "tree": None, "decoder": None})()
+    sweep = decoders_from_args(args)
+    assert [d.window for d in sweep[:-1]] == list(CHAIN_WINDOWS) and sweep[-1] == Tree(DEFAULT_TREE)
+    # no second copy of the literals in the library
+    lib = {p: p.read_text() for p in (REPO / "rvqspec_lib").rglob("*.py")}
+    assert [p.name for p, s in lib.items() if "((0,), (1,), (0, 0), (0, 0, 0))" in s] == ["decoders.py"]
+    cli = [p.name for p, s in lib.items() if p.parent.name == "cli" and "0;1;0,0;0,0,0" in s]
+    assert cli == ["main.py"]  # its docstring's example only; the flags' default and help come from DEFAULT_TREE
+    assert not [p.name for p, s in lib.items() if "range(2, 9)" in s]
+
+
+def test_sampling_describe_is_the_one_dict():
+    from rvqspec_lib.spec.sampling import Sampling
+
+    assert Sampling(temperature=0.7, top_k=5, top_p=0.5).describe() == {
+        "temperature": 0.7, "top_k": 5, "top_p": 0.5, "greedy": False}
+    assert Sampling(greedy=True).describe()["greedy"] is True
+    copies = [p for p in list((REPO / "rvqspec_lib").rglob("*.py")) + list((REPO / "notebooks").glob("*.py"))
+              if '"temperature": sampling' in p.read_text() or "'temperature': sampling" in p.read_text()]
+    assert copies == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# --threads: default 1, 0 = torch's choice, the command's flag wins over the global one
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("glob, sub, expected", [(None, None, 1), (2, None, 2), (None, 3, 3), (2, 3, 3), (0, None, 0),
+                                                 (2, 0, 0), (0, 2, 2)])
+def test_resolve_threads(glob, sub, expected):
+    assert common.resolve_threads(sub, glob) == expected
+
+
+def test_negative_threads_is_a_one_line_error(capsys):
+    assert main(["--threads", "-1", "bench", "--model", "tiny-random"]) == 2
+    assert capsys.readouterr().err == "rvqspec: error: --threads must be >= 0 (0 keeps torch's choice), got -1\n"
+
+
+@pytest.fixture
+def fake_threads(monkeypatch):
+    """torch.set_num_threads recorded instead of applied (the test process keeps its one thread)."""
+    calls: list[int] = []
+    real = torch.get_num_threads()
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: calls[-1] if calls else real)
+    return calls
+
+
+@pytest.mark.parametrize("before, after, set_calls, shown", [
+    ([], [], [1], 1),
+    (["--threads", "2"], [], [2], 2),  # the global flag is no longer overridden by the command's default
+    ([], ["--threads", "0"], [], "torch"),  # 0 was refused by bench before
+    (["--threads", "2"], ["--threads", "3"], [3], 3),
+])
+def test_bench_threads(tmp_path, capsys, fake_threads, before, after, set_calls, shown):
+    out = tmp_path / "b.json"
+    assert main([*before, "bench", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--queries", "1",
+                 "--no-progress", "--json", str(out), *after]) == 0
+    assert fake_threads == set_calls
+    want = torch.get_num_threads() if shown == "torch" else shown
+    assert json.loads(out.read_text())["threads"] == want
+    assert f"threads {want} " in capsys.readouterr().out
+
+
+def test_every_command_reports_its_threads(tmp_path, capsys, fake_threads):
+    assert main(["--threads", "2", "synth", "--model", "tiny-random", "--text", "Hi there.", "--out",
+                 str(tmp_path / "a.wav"), "--max-frames", "2", "--json", str(tmp_path / "a.json")]) == 0
+    assert json.loads((tmp_path / "a.json").read_text())["threads"] == 2
+    assert "| 2 threads" in capsys.readouterr().out
+    assert main(["eval-acceptance", "--model", "tiny-random", "--frames", "4", "--decoder", "chain", "--json",
+                 str(tmp_path / "e.json"), "--threads", "3"]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["threads"] == 3
+    assert "| 3 threads" in capsys.readouterr().out
+    out = tmp_path / "d.safetensors"
+    assert main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "8", "--epochs", "1",
+                 "--out", str(out)]) == 0
+    assert json.loads(out.with_suffix(".json").read_text())["provenance"]["threads"] == 1
+    assert "| 1 thread" in capsys.readouterr().out
+    assert fake_threads == [2, 3, 1]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# synth: checks before any work (and before the model loads)
+# ---------------------------------------------------------------------------------------------------------------------
+def _synth(tmp_path, *extra, text="Hi there."):
+    return main(["synth", "--model", "tiny-random", "--text", text, "--out", str(tmp_path / "x.wav"), *extra])
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--seed", str(2**64)], "--seed must be in 0..9223372036854775807"),
+    (["--seed", "-1"], "--seed must be in 0.."),
+    (["--max-frames", "0"], "--max-frames must be >= 1"),
+    (["--language", "klingon"], "unsupported language 'klingon': use 'auto' or one of chinese, english"),
+    (["--speaker", "nobody"], "unknown speaker 'nobody': this model's speakers are tiny"),
+    (["--decoder", "tree", "--tree", "0;2048"], "--tree rank 2048 is out of range for this model's codebook of 2048"),
+    (["--decoder", "chain", "--window", "9"], "Chain window must be an integer in 2..8"),
+    (["--codes-to-audio", "table"], "no offline codec"),
+])
+def test_synth_bad_flags_fail_before_loading(tmp_path, capsys, monkeypatch, extra, needle):
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    assert _synth(tmp_path, *extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rvqspec: error: ") and err.count("\n") == 1 and needle in err, err
+    assert "max_frames" not in err and _listing(tmp_path) == []
+
+
+def test_synth_text_that_is_not_utf8(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    assert _synth(tmp_path, text="caf\udce9 au lait") == 2  # how Python passes the byte 0xE9 of a Latin-1 argv
+    err = capsys.readouterr().err
+    assert "--text is not valid UTF-8 (byte 0xe9 at character 3)" in err and err.count("\n") == 1
+
+
+def test_synth_text_that_is_not_utf8_from_a_real_argv(tmp_path):
+    """The same through a real process: argv bytes that are not UTF-8, refused before torch is even imported."""
+    r = subprocess.run([sys.executable, "-m", "rvqspec_lib.cli.main", "synth", "--model", "tiny-random", "--text",
+                        b"caf\xe9", "--out", str(tmp_path / "x.wav")], capture_output=True, env=ENV, cwd=REPO,
+                       timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.decode() == ("rvqspec: error: --text is not valid UTF-8 (byte 0xe9 at character 3): convert it "
+                                 "to UTF-8 (e.g. iconv -f latin1 -t utf-8)\n")
+
+
+def test_synth_refuses_an_unwritable_codes_file_before_any_work(tmp_path, capsys, monkeypatch):
+    """The codes file beside the audio (a folder here) is checked with the audio and the JSON, before any work."""
+    (tmp_path / "x.npy").mkdir()
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    assert _synth(tmp_path, "--json", str(tmp_path / "x.json")) == 2
+    err = capsys.readouterr().err
+    assert f"--out (its codes file) {tmp_path / 'x.npy'} is a folder" in err and err.count("\n") == 1
+    assert _listing(tmp_path) == ["x.npy"]  # no wav, no json, no temporary file
+
+
+def test_synth_refuses_a_folder_where_no_file_can_be_created(tmp_path, capsys, monkeypatch):
+    """/proc takes no new files, whoever runs the test (root included)."""
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    assert main(["synth", "--model", "tiny-random", "--text", "hi", "--out", "/proc/rvqspec-test.wav"]) == 2
+    assert "--out /proc/rvqspec-test.wav is not writable" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# synth: outputs are atomic; timings; the note for audio far shorter than the text
+# ---------------------------------------------------------------------------------------------------------------------
+class _SineTokenizer:
+    """A speech tokenizer stand-in: 1920 samples of a quiet sine per frame at 24 kHz (tiny-random has no codec)."""
+
+    def decode(self, items):
+        n = items[0]["audio_codes"].shape[0] * 1920
+        return [0.1 * np.sin(np.arange(n, dtype=np.float32) / 10)], 24000
+
+
+@pytest.fixture
+def tiny_with_audio(monkeypatch):
+    real = loader.load_model
+
+    def load(name, **kw):
+        lm = real(name, **kw)
+        lm.speech_tokenizer = _SineTokenizer()
+        return lm
+
+    monkeypatch.setattr(loader, "load_model", load)
+
+
+def test_synth_writes_audio_codes_and_json_with_timings(tmp_path, capsys, tiny_with_audio):
+    import soundfile as sf
+
+    js = tmp_path / "x.json"
+    assert _synth(tmp_path, "--max-frames", "3", "--json", str(js)) == 0
+    assert _listing(tmp_path) == ["x.json", "x.npy", "x.wav"]  # and no temporary file left
+    stats = json.loads(js.read_text())
+    wav, sr = sf.read(tmp_path / "x.wav")
+    assert sr == 24000 and len(wav) == stats["frames"] * 1920 and stats["codes_to_audio"] == "official"
+    assert stats["audio_s"] == stats["frames"] / 12.5 and stats["rtf"] == stats["total_s"] / stats["audio_s"]
+    parts = stats["startup_s"] + stats["load_s"] + stats["synth_s"] + stats["decode_s"]
+    assert min(stats["load_s"], stats["synth_s"], stats["decode_s"]) > 0 and stats["total_s"] >= parts
+    assert stats["wall_s"] == stats["total_s"]
+    out = capsys.readouterr().out
+    assert f"total {stats['total_s']:.2f} s, RTF {stats['rtf']:.2f}" in out and f"load {stats['load_s']:.2f} s" in out
+
+
+@pytest.mark.parametrize("exc, rc, msg", [(OSError(28, "No space left on device", "x.npy"), 2,
+                                           "rvqspec: error: x.npy: No space left on device\n"),
+                                          (KeyboardInterrupt(), 130, "rvqspec: interrupted\n")])
+def test_synth_failure_while_writing_leaves_no_file(tmp_path, capsys, monkeypatch, tiny_with_audio, exc, rc, msg):
+    """The wav is written first; a failure (full disk, Ctrl-C) while the codes are written leaves NO file behind:
+    neither the wav nor a half-written or temporary file."""
+    def broken_save(path, arr):
+        Path(path).write_bytes(b"half")
+        raise exc
+
+    monkeypatch.setattr(np, "save", broken_save)
+    (tmp_path / "keep.txt").write_text("unrelated")
+    assert _synth(tmp_path, "--max-frames", "2", "--json", str(tmp_path / "x.json")) == rc
+    assert capsys.readouterr().err.endswith(msg)
+    assert _listing(tmp_path) == ["keep.txt"]
+
+
+def test_synth_keeps_the_old_outputs_when_a_rerun_fails(tmp_path, capsys, monkeypatch, tiny_with_audio):
+    assert _synth(tmp_path, "--max-frames", "2") == 0
+    before = {p: (tmp_path / p).read_bytes() for p in ("x.wav", "x.npy")}
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    import soundfile as sf
+
+    monkeypatch.setattr(sf, "write", interrupted)
+    assert _synth(tmp_path, "--max-frames", "3", "--seed", "1") == 130
+    assert {p: (tmp_path / p).read_bytes() for p in ("x.wav", "x.npy")} == before
+    assert _listing(tmp_path) == ["x.npy", "x.wav"]
+
+
+def _force_ended(monkeypatch):
+    """synthesize as usual, but the utterance reports that it ended by itself (a trained model's end-of-speech)."""
+    import rvqspec_lib.models.frame as frame
+
+    real = frame.synthesize
+
+    def ended(*a, **k):
+        res = real(*a, **k)
+        res.ended = torch.ones(res.ended.shape, dtype=torch.bool)
+        return res
+
+    monkeypatch.setattr(frame, "synthesize", ended)
+
+
+@pytest.mark.parametrize("words, frames, noted", [(40, 3, True), (2, 4, False), (20, 37, True), (20, 38, False)])
+def test_synth_notes_audio_far_shorter_than_the_text(tmp_path, capsys, monkeypatch, words, frames, noted):
+    """Under MIN_AUDIO_S_PER_WORD (0.15 s) of audio per word, an utterance that ended by itself gets a note and
+    ``text_likely_cut_short``; at or above it, none (20 words need 3.0 s = 37.5 frames: 37 is short, 38 is not)."""
+    from rvqspec_lib.cli.synth import MIN_AUDIO_S_PER_WORD
+
+    assert MIN_AUDIO_S_PER_WORD == 0.15
+    _force_ended(monkeypatch)
+    js = tmp_path / "x.json"
+    text = " ".join(["word"] * words)
+    assert _synth(tmp_path, "--max-frames", str(frames), "--json", str(js), text=text) == 0
+    stats = json.loads(js.read_text())
+    assert stats["frames"] == frames and stats["ended_by_itself"] and stats["words"] == words
+    assert stats["text_likely_cut_short"] is noted
+    err = capsys.readouterr().err
+    assert ("most of the text was probably not spoken; split it into sentences" in err) is noted
+    assert (len([n for n in stats["notes"] if "split it into sentences" in n]) == 1) is noted
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# train-drafter, eval-acceptance: checks before the model loads
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, needle", [
+    (["eval-acceptance", "--model", "tiny-random", "--decoder", "tree", "--tree", "0;5000"], "--tree rank 5000"),
+    (["eval-acceptance", "--model", "tiny-random", "--max-rank", "4096"], "exceeds the codebook (2048 codes)"),
+    (["eval-acceptance", "--model", "tiny-random", "--seed", str(2**70)], "--seed must be in"),
+    (["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--K", "15", "--out", "OUT/d.safetensors"],
+     "K=15 is out of range"),
+    (["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--texts-file", "OUT/latin1.txt", "--out",
+      "OUT/d.safetensors"], "is not UTF-8 text (byte 0xe9 at offset 3)"),
+    (["train-drafter", "--model", "OUT/notqwen", "--drafter", "offsets", "--out", "OUT/d.safetensors"],
+     "is a 'bert' config, not Qwen3-TTS"),
+])
+def test_drafter_commands_check_before_loading(tmp_path, capsys, monkeypatch, argv, needle):
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
+    (tmp_path / "notqwen").mkdir()
+    (tmp_path / "notqwen" / "config.json").write_text('{"model_type": "bert"}')
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    assert main([a.replace("OUT", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
+    assert not (tmp_path / "d.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Ctrl-C: one line, status 130, no partial output
+# ---------------------------------------------------------------------------------------------------------------------
+def _interrupt(*a, **k):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("argv, target", [
+    (["synth", "--model", "tiny-random", "--text", "Hi.", "--out", "OUT/x.wav", "--json", "OUT/x.json"],
+     "rvqspec_lib.models.frame.synthesize"),
+    (["bench", "--model", "tiny-random", "--json", "OUT/b.json", "--no-progress"], "rvqspec_lib.eval.bench.bench_model"),
+    (["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "8", "--out",
+      "OUT/d.safetensors"], "rvqspec_lib.training.drafters.train_drafter"),
+    (["eval-acceptance", "--model", "tiny-random", "--frames", "4", "--json", "OUT/e.json"],
+     "rvqspec_lib.eval.acceptance.evaluate_acceptance"),
+    (["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "8", "--epochs", "1", "--out",
+      "OUT/d.safetensors"], "safetensors.torch.save_file"),  # while the drafter file is being written
+])
+def test_ctrl_c_is_one_line_and_leaves_no_output(tmp_path, capsys, monkeypatch, argv, target):
+    module, _, name = target.rpartition(".")
+    if name == "save_file":
+        def _interrupt_mid_write(tensors, path, metadata=None):
+            Path(path).write_bytes(b"half a drafter")
+            raise KeyboardInterrupt
+        monkeypatch.setattr(module + "." + name, _interrupt_mid_write)
+    else:
+        monkeypatch.setattr(module + "." + name, _interrupt)
+    assert main([a.replace("OUT", str(tmp_path)) for a in argv]) == 130
+    assert capsys.readouterr().err.splitlines()[-1:] == ["rvqspec: interrupted"]
+    assert _listing(tmp_path) == []
+
+
+def test_ctrl_c_from_a_real_signal(tmp_path):
+    """SIGINT to a running `rvqspec bench` (sent once its progress bar shows): status 130, the one line, no
+    traceback, no JSON."""
+    out = tmp_path / "b.json"
+    p = subprocess.Popen([sys.executable, "-m", "rvqspec_lib.cli.main", "bench", "--model", "tiny-random",
+                          "--repeats", "1000000", "--warmup", "0", "--queries", "1", "--json", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=REPO)
+    seen, deadline = b"", time.monotonic() + 120
+    try:
+        while b"bench tiny-random" not in seen and time.monotonic() < deadline:
+            chunk = os.read(p.stderr.fileno(), 256)
+            if not chunk:
+                break
+            seen += chunk
+        assert b"bench tiny-random" in seen, seen
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        rest = p.communicate(timeout=60)[1]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = (seen + rest).decode()
+    assert p.returncode == 130, err
+    assert err.endswith("\nrvqspec: interrupted\n") and "Traceback" not in err
+    assert _listing(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# model configs: one-line errors; one code group
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("config, needle", [
+    ({}, "has no model_type: expected a Qwen3-TTS config (model_type 'qwen3_tts'"),
+    ({"model_type": "bert"}, "is a 'bert' config, not Qwen3-TTS"),
+    ({"model_type": "qwen3_tts"}, "has no talker_config.code_predictor_config"),
+    ([1, 2], "is not a JSON object"),
+])
+def test_a_folder_that_is_not_qwen3_tts_is_one_line(tmp_path, capsys, config, needle):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    for fn in (loader.load_model, loader.model_facts):
+        with pytest.raises(loader.ModelNotFoundError, match="expected a Qwen3-TTS config") as e:
+            fn(str(tmp_path / "m"))
+        assert needle in str(e.value) and "\n" not in str(e.value) and "aimv2" not in str(e.value)
+    assert main(["synth", "--model", str(tmp_path / "m"), "--text", "hi", "--out", str(tmp_path / "x.wav")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and len(err) < 300
+
+
+def _one_group_config() -> dict:
+    from rvqspec_lib.models.configs import tiny_config_dict
+
+    cfg = tiny_config_dict()
+    cfg["talker_config"]["num_code_groups"] = 1
+    cfg["talker_config"]["code_predictor_config"]["num_code_groups"] = 1
+    return cfg
+
+
+def test_one_code_group_is_a_clear_error_at_load_and_at_decode(tmp_path, capsys):
+    from rvqspec_lib.models.configs import build_from_config
+    from rvqspec_lib.spec.decode import decode_frame
+
+    cfg = _one_group_config()
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "qwen3_tts", **cfg}))
+    with pytest.raises(loader.ModelNotFoundError, match="num_code_groups 1: .* nothing to decode"):
+        loader.load_model(str(tmp_path / "m"))
+    assert main(["synth", "--model", str(tmp_path / "m"), "--text", "hi", "--out", str(tmp_path / "x.wav")]) == 2
+    assert "num_code_groups 1" in capsys.readouterr().err
+    # a model built in Python (no loader): decode_frame says so instead of an IndexError deep inside
+    cp = build_from_config(cfg).talker.code_predictor
+    with pytest.raises(ValueError, match="nothing to decode"):
+        decode_frame(cp, torch.zeros(1, 2, cfg["talker_config"]["hidden_size"]))
+    # negative control: the same call on two code groups decodes the one inner code
+    cfg2 = _one_group_config()
+    cfg2["talker_config"]["num_code_groups"] = cfg2["talker_config"]["code_predictor_config"]["num_code_groups"] = 2
+    res = decode_frame(build_from_config(cfg2).talker.code_predictor, torch.zeros(1, 2, 64),
+                       generator=torch.Generator().manual_seed(0))
+    assert res.codes.shape == (1, 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# README
+# ---------------------------------------------------------------------------------------------------------------------
+def test_readme_first_synth_uses_the_chain_and_documents_the_timings():
+    text = (REPO / "README.md").read_text()
+    first = next(line for line in text.splitlines() if line.lstrip().startswith("rvqspec synth"))
+    assert "--decoder chain --window 4" in first, first
+    assert "--decoder tree" in text  # the tree is still shown elsewhere
+    for field in ("load_s", "synth_s", "decode_s", "total_s", "rtf", "--threads 0", "interrupted"):
+        assert field in text, field

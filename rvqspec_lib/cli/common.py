@@ -183,16 +183,82 @@ WINDOW_HELP = (f"chain window N ({CHAIN_WINDOWS[0]}..{MAX_WINDOW}, default {DEFA
 TREE_HELP = f"tree rank paths: ';' between paths, ',' between ranks (default {DEFAULT_TREE_TEXT})"
 
 
+class PendingDecoder:
+    """A decoder that can only be made once the model is loaded: a calibrated tree (``--tree calibrated:16``, read
+    from the model's ``trees/heads.json``) or ``--decoder auto`` (chosen by timing this device). ``name`` is the flag's
+    text; :func:`resolve_decoder` turns it into a decoder."""
+
+    def __init__(self, kind: str, name: str):
+        self.kind, self.name = kind, name
+
+    def __repr__(self) -> str:
+        return f"PendingDecoder({self.kind!r}, {self.name!r})"
+
+
 def tree_from_flag(text: str | None):
-    """``--tree`` parsed (the default tree when not given) into a ``Tree`` decoder.
+    """``--tree`` parsed (the default tree when not given) into a ``Tree`` decoder, or a :class:`PendingDecoder` for a
+    calibrated tree's name (``calibrated:N``, ``calibrated-sampled:N``, ``calibrated-point-mass:N``).
 
     Raises:
-        ValueError: a malformed path, a gap, a repeated path (one line, from the library).
+        ValueError: a malformed path, a gap, a repeated path, a bad calibrated name (one line, from the library).
     """
+    from rvqspec_lib.models.tree_files import is_calibrated_name, parse_tree_name
     from rvqspec_lib.spec.decoders import Tree
     from rvqspec_lib.spec.trees import parse_paths
 
+    if text is not None and is_calibrated_name(text):
+        parse_tree_name(text)  # the name's syntax and budget, before any work
+        return PendingDecoder("calibrated", text.strip())
     return Tree(paths=DEFAULT_TREE if text is None else parse_paths(text))
+
+
+def check_calibration_exists(decoder, model: str) -> None:
+    """Before loading: a calibrated tree or ``auto`` needs the model's calibration file (FileNotFoundError naming how
+    to make one, ValueError for a model with no folder of its own)."""
+    if not isinstance(decoder, PendingDecoder):
+        return
+    from rvqspec_lib.models.tree_files import tree_file
+
+    path = tree_file(model, "heads")
+    what = "--decoder auto" if decoder.kind == "auto" else f"--tree {decoder.name}"
+    if path is None:
+        raise ValueError(f"{what} needs calibrated trees, and {model} has no folder to hold them: use a checkpoint "
+                         "folder or the embedded model, or give --tree rank paths")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: no calibrated trees at {path}: run notebook 03 on this model "
+                                f"(make paper MODEL={model}) to calibrate them, or give --tree rank paths")
+
+
+def resolve_decoder(decoder, model: str, lm, *, progress: bool = False):
+    """A :class:`PendingDecoder` made real once the model is loaded; other decoders are returned unchanged.
+
+    Returns ``(decoder, note)``: for ``auto``, the note says what was chosen and why (a cached choice says so).
+
+    Raises:
+        ValueError, FileNotFoundError: a calibration that does not fit the model, no calibration contexts.
+    """
+    if not isinstance(decoder, PendingDecoder):
+        return decoder, None
+    from rvqspec_lib.models.tree_files import (
+        load_calibration,
+        load_named_tree,
+        tree_file,
+    )
+
+    cp = lm.code_predictor
+    if decoder.kind == "calibrated":
+        return load_named_tree(decoder.name, model, cp), None
+    from rvqspec_lib.eval.budget import auto_decoder
+    from rvqspec_lib.eval.frame_sources import frames_from_shipped
+
+    cal = load_calibration(tree_file(model, "heads"), n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size)
+    try:
+        contexts = frames_from_shipped(lm, model, "calibration", max_frames=64).context
+    except (FileNotFoundError, ValueError) as e:
+        raise ValueError(f"--decoder auto times decoders on the model's calibration frames, and there are none "
+                         f"({str(e).splitlines()[0]}): choose a decoder instead") from None
+    choice = auto_decoder(model, cp, cal, contexts, drafter_name="heads", progress=progress)
+    return choice.decoder, f"--decoder auto chose {choice.reason}"
 
 
 def chain_from_flag(window: int | None):

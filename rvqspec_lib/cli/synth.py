@@ -22,14 +22,17 @@ from pathlib import Path
 from rvqspec_lib.cli.common import (
     TREE_HELP,
     WINDOW_HELP,
+    PendingDecoder,
     add_threads_arg,
     apply_threads,
     chain_from_flag,
+    check_calibration_exists,
     check_outputs,
     check_seed,
     check_tree_ranks,
     check_utf8,
     note,
+    resolve_decoder,
     threads_text,
     tree_from_flag,
 )
@@ -52,9 +55,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", required=True, help="sentence to speak (long texts: one sentence per call)")
     p.add_argument("--out", required=True, help="output audio: .wav, .flac or .ogg (the codes always go to "
                                                 "<out without its extension>.npy beside it)")
-    p.add_argument("--decoder", choices=["ar", "chain", "tree"], default="ar", help="inner-loop decoder")
+    p.add_argument("--decoder", choices=["ar", "chain", "tree", "auto"], default="ar",
+                   help="inner-loop decoder; auto: the fastest on this device among AR, chains and the model's "
+                        "calibrated trees, timed once and cached (needs the model's calibrated trees, notebook 03)")
     p.add_argument("--window", type=int, default=None, help=WINDOW_HELP + "; with --decoder chain")
-    p.add_argument("--tree", default=None, help=TREE_HELP + "; with --decoder tree")
+    p.add_argument("--tree", default=None, help=TREE_HELP + ", or calibrated:N / calibrated-sampled:N / "
+                   "calibrated-point-mass:N (N = 2..64 nodes, from the model's calibrated trees); with --decoder tree")
     p.add_argument("--seed", type=int, default=0, help="seed of the explicit generator (0..2**63-1)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding in both loops")
     p.add_argument("--json", help="write statistics (frames, calls, tokens per call, timings, RTF, codes) here")
@@ -81,6 +87,8 @@ def decoder_from_args(args):
         raise ValueError("--window is for --decoder chain; drop it or add --decoder chain")
     if args.decoder != "tree" and args.tree is not None:
         raise ValueError("--tree is for --decoder tree; drop it or add --decoder tree")
+    if args.decoder == "auto":
+        return PendingDecoder("auto", "auto")
     if args.decoder == "ar":
         return AR()
     if args.decoder == "chain":
@@ -125,6 +133,7 @@ def check_against_model(args, facts) -> None:
         raise ValueError(f"unknown speaker {args.speaker!r}: this model's speakers are "
                          f"{', '.join(facts.speakers) or '(none)'}")
     check_tree_ranks([args.decoder_obj], facts.codebook_size)
+    check_calibration_exists(args.decoder_obj, args.model)
     if args.codes_to_audio != "auto" and not facts.offline_codec:
         raise ValueError(f"--codes-to-audio {args.codes_to_audio}: {args.model} has no offline codec to choose a "
                          "decoder for (only models built by `make embedded` do); leave it at auto")
@@ -159,6 +168,8 @@ def run(args, threads: int) -> int:
     lm = load_model(args.model, dtype=args.dtype)
     load_s = time.perf_counter() - t
     check_tree_ranks([args.decoder_obj], lm.codebook_size)  # again for models whose config could not be read
+    check_calibration_exists(args.decoder_obj, args.model)
+    args.decoder_obj, chose = resolve_decoder(args.decoder_obj, args.model, lm, progress=sys.stderr.isatty())
     codec = getattr(lm.speech_tokenizer, "codec", None)
     if args.codes_to_audio != "auto":
         if codec is None or not hasattr(codec, "decoder_kind"):
@@ -176,6 +187,8 @@ def run(args, threads: int) -> int:
         notes.append(msg)
         note(msg)
 
+    if chose:
+        _note(chose)
     if lm.is_random:
         _note(f"{args.model} has RANDOM weights (timing only): the audio and acceptance mean nothing")
     langs = set(lm.model.config.talker_config.codec_language_id or {})

@@ -170,3 +170,20 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
 def prediction_error(predicted: float, measured: float) -> float:
     """Relative error of a predicted tokens per call, ``predicted / measured - 1`` (NaN when nothing was measured)."""
     return predicted / measured - 1.0 if measured and not math.isnan(measured) else float("nan")
+
+
+def calibration_frames(lm, model: str, *, max_frames: int | None = None, seed: int = 0,
+                       progress: bool = False) -> Frames:
+    """Frames to calibrate on: the contexts of the model's shipped ``calibration`` split (teacher-forced on real
+    speech), with codes 1..15 re-sampled from p by the inner loop itself (the codes a decoder will verify).
+
+    Raises:
+        FileNotFoundError: the model ships no utterances. ValueError: no calibration split.
+    """
+    from rvqspec_lib.eval.frame_sources import frames_from_contexts, frames_from_shipped
+
+    real = frames_from_shipped(lm, model, "calibration", max_frames=max_frames, seed=seed, progress=progress)
+    out = frames_from_contexts(lm.code_predictor, real.context, seed=seed)
+    out.utterance = real.utterance
+    out.source = {**real.source, "codes": "re-sampled from p (AR, deployed sampling)", "seed": seed}
+    return out

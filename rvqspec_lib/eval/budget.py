@@ -97,7 +97,7 @@ def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS) -> list
     for w in CHAIN_WINDOWS:
         if w - 1 <= k_tab:
             out.append((f"chain:{w}", Chain(w), w, predicted_tokens_per_call(tables, Chain(w), n)))
-    have = {int(b) for b in calibration["point-mass"]["trees"]}
+    have = {int(b) for b in calibration["budgets"]}
     for kind in ("point-mass", "sampled"):
         for b in budgets:
             if b in have:

@@ -125,7 +125,8 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
     Returns:
         JSON-able dict: ``format``, ``version``, ``n_codes``, ``codebook_size``, ``drafter``, ``sampling``,
         ``n_frames``, ``budgets``, and per kind (``"point-mass"``, ``"sampled"``): ``table`` (pooled ``(K, C)``),
-        ``trees`` ``{N: paths}``, ``predicted_tokens_per_call`` ``{N: E(N)}`` over whole frames and
+        ``order`` (the nodes in the order the greedy builder added them: the tree of budget N is the first N - 1),
+        ``predicted_tokens_per_call`` ``{N: E(N)}`` over whole frames and
         ``call_expected_tokens`` ``{N: 1 + sum of node values}`` (one call, frame end ignored); and
         ``best_kind`` ``{N: kind}`` (the larger E(N)).
 
@@ -154,13 +155,12 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
     for kind, table in (("point-mass", exact["rank_mass"]), ("sampled", exact["child_accept"])):
         pooled = pool_by_offset(table)
         paths = grow_tree(pooled, budgets[-1] - 1, sampled=kind == "sampled")
-        trees, e_frame, e_call = {}, {}, {}
+        e_frame, e_call = {}, {}
         for b in budgets:
-            sub = paths[: b - 1]
-            trees[str(b)] = [list(x) for x in sub]
+            sub = paths[: b - 1]  # greedy: the tree of budget b is the first b - 1 nodes added
             e_call[str(b)] = expected_tokens(sub, pooled)
             e_frame[str(b)] = predicted_tokens_per_call(exact, Tree(sub, sampled=kind == "sampled"), n)
-        out[kind] = {"table": _json(pooled), "by_start_depth": _json(table), "trees": trees,
+        out[kind] = {"table": _json(pooled), "by_start_depth": _json(table), "order": [list(x) for x in paths],
                      "predicted_tokens_per_call": e_frame, "call_expected_tokens": e_call}
     out["best_kind"] = {str(b): max(KINDS, key=lambda kd: out[kd]["predicted_tokens_per_call"][str(b)])
                         for b in budgets}

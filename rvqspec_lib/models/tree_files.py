@@ -99,12 +99,12 @@ def tree_from_calibration(calibration: dict, kind: str | None, budget: int) -> T
     kinds = ("point-mass", "sampled")
     if kind is None:
         kind = calibration.get("best_kind", {}).get(str(budget))
-    trees = calibration.get(kind, {}).get("trees", {}) if kind in kinds else {}
-    if str(budget) not in trees:
-        have = sorted(int(b) for b in calibration.get("point-mass", {}).get("trees", {}))
+    budgets = [int(b) for b in calibration.get("budgets", [])]
+    if kind not in kinds or budget not in budgets:
         raise ValueError(f"no calibrated tree of node budget {budget} (kind {kind}): this calibration holds N in "
-                         f"{have[0] if have else '-'}..{have[-1] if have else '-'}")
-    return Tree([tuple(x) for x in trees[str(budget)]], sampled=kind == "sampled")
+                         f"{min(budgets) if budgets else '-'}..{max(budgets) if budgets else '-'}")
+    order = calibration[kind]["order"]
+    return Tree([tuple(x) for x in order[: budget - 1]], sampled=kind == "sampled")
 
 
 def load_named_tree(name: str, model: str | os.PathLike, code_predictor, *, drafter: str = "heads",

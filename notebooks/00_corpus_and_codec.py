@@ -30,8 +30,8 @@
 model = "embedded"  # the shipped model (data/embedded); or a build folder such as build/embedded-smoke
 seed = 0  # seeds the choice of evaluation sentences (and nothing else: the codec decodes deterministically)
 smoke = False  # True: 3 short sentences, codebooks (1, 16), 3 calibration and 1 multilingual sentence per language
-out_dir = "figures"  # relative paths resolve against the repository root; absolute paths are kept
-threads = 0  # torch.set_num_threads; 0 keeps torch's default
+out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
+threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
 n_sentences = 40  # held-out evaluation sentences for the codec measurements (section 3)
 codebooks = (1, 2, 4, 8, 16)  # k: decode with the first k codebooks
 voices = ("slt", "kal16", "awb", "rms")  # flite English voices, used in turn
@@ -68,8 +68,8 @@ run_codebooks = tuple(int(k) for k in ((1, 16) if smoke else codebooks))
 run_n_sentences = min(int(n_sentences), 3) if smoke else int(n_sentences)
 run_n_calibration = 3 if smoke else int(n_calibration)
 run_n_multilingual = 1 if smoke else int(n_multilingual)
-out = resolve_out_dir(out_dir)
-work = resolve_out_dir(work_dir or (out / "00_work" if smoke else "build/00_corpus"))
+out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
+work = resolve_out_dir(work_dir or (out / "00_work" if smoke else "build/00_corpus"), smoke=smoke)
 try:
     root = embedded_root(model).resolve()
 except FileNotFoundError:

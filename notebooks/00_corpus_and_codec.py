@@ -73,11 +73,13 @@ work = resolve_out_dir(work_dir or (out / "00_work" if smoke else "build/00_corp
 try:
     root = embedded_root(model).resolve()
 except FileNotFoundError:
-    if Path(str(model)).expanduser().exists():
-        raise  # a folder that is not an embedded-model build: say so
-    # a timing model (make paper MODEL=qwen3-tts-1.7b-random, a hub id): the corpus and codec are the embedded one's
-    display(Markdown(f"**`{model}` is not an embedded-model build: this notebook shows the shipped embedded "
-                     "model's corpus and codec (data/embedded).**"))
+    p_model = Path(str(model)).expanduser()
+    if p_model.exists() and not (p_model / "config.json").is_file():
+        raise  # a folder that is neither an embedded-model build nor a checkpoint: say so
+    # a checkpoint folder (make paper MODEL=/path/to/Qwen3-TTS-12Hz-0.6B-CustomVoice), a hub id or a timing model
+    # (MODEL=qwen3-tts-1.7b-random): it ships no corpus and no offline codec, so the embedded model's are shown
+    display(Markdown(f"**`{model}` is not an embedded-model build (it ships no corpus and no offline codec): this "
+                     "notebook shows the shipped embedded model's corpus and codec (data/embedded).**"))
     root = embedded_root("embedded").resolve()
 root_name = str(root.relative_to(REPO_ROOT)) if root.is_relative_to(REPO_ROOT) else str(root)
 params = dict(model=str(model), root=root_name, seed=seed, smoke=bool(smoke), out_dir=str(out), work_dir=str(work),

@@ -112,8 +112,9 @@ def test_the_makefile_runs_the_script_for_test_paper_and_embedded():
     if make is None:
         pytest.skip("no make")
     for goal, next_cmd in (("test", "pytest"), ("paper", "papermill"), ("embedded", "build_embedded.py")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}  # not an outer make's flags
         r = subprocess.run([make, "-n", "-C", str(REPO), "-o", ".venv/.installed", goal, "FIG_DIR=build/_dry_run"],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, env=env)
         assert r.returncode == 0, r.stderr
         lines = [ln for ln in r.stdout.splitlines() if not ln.startswith("make")]
         first = next(i for i, ln in enumerate(lines) if "scripts/apt-voices.sh" in ln)

@@ -1,8 +1,11 @@
 # rvqspec: build the environment, run the tests, execute the paper notebooks, benchmark.
 #
+#   make voices                   the Debian packages (scripts/apt-voices.sh: flite, festival voices, espeak-ng, sox;
+#                                 as root or through sudo; a dpkg-query check and nothing else when installed)
 #   make env                      create .venv (torch first, then requirements.txt, qwen-tts --no-deps, the project)
-#   make test                     pytest on tests/
-#   make paper                    execute every notebooks/NN_*.py -> build/executed/full/, refresh figures/
+#   make test                     voices + env, then pytest on tests/
+#   make paper                    voices + env, then execute every notebooks/NN_*.py -> build/executed/full-t1/,
+#                                 refresh figures/
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
 #   make paper MODEL=<checkpoint> DATASET=<saved dataset> CODEC=<12 Hz tokenizer>   drafters on a real checkpoint
@@ -34,18 +37,30 @@ NB_SRC        := $(wildcard notebooks/[0-9][0-9]_*.py)
 NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
 
 # Notebook parameters passed by papermill (the first code cell of each notebook is tagged "parameters").
+# SMOKE=1 (not 0/false/no): small parameters; MODEL=: another model; THREADS=N pins torch's thread count (default 1,
+# as the committed figures; the tables say so); DATASET= / CODEC=: frames of real speech for a real checkpoint's
+# drafters (notebook 02; VoxPopuli schema).
+SMOKE_ON      := $(filter-out 0 false no,$(SMOKE))
 MODEL_TAG     := $(subst /,_,$(MODEL))
 THREADS       ?= 1
-RUN_TAG       := $(if $(SMOKE),smoke,full)$(if $(MODEL),-$(MODEL_TAG))$(if $(THREADS),-t$(THREADS))
+RUN_TAG       := $(if $(SMOKE_ON),smoke,full)$(if $(MODEL),-$(MODEL_TAG))$(if $(THREADS),-t$(THREADS))
 EXEC_DIR      := build/executed/$(RUN_TAG)
-FIG_DIR       ?= $(if $(SMOKE),build/smoke_figures$(if $(MODEL),/$(MODEL_TAG)),figures$(if $(MODEL),/$(MODEL_TAG)))
-# one stamp per notebook IN the figures folder: deleting the folder (or its outputs' stamp) re-runs the notebook
+FIG_DIR       ?= $(if $(SMOKE_ON),build/smoke_figures$(if $(MODEL),/$(MODEL_TAG)),figures$(if $(MODEL),/$(MODEL_TAG)))
+PM_PARAMS     := $(strip $(if $(SMOKE_ON),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) \
+                 $(if $(THREADS),-p threads $(THREADS)) $(if $(DATASET),-p dataset $(DATASET)) \
+                 $(if $(CODEC),-p codec $(CODEC)) -p out_dir $(abspath $(FIG_DIR)))
+# One stamp per notebook IN the figures folder (deleting the folder, or a stamp, re-runs the notebook), and the
+# parameters the folder's outputs were made with beside them (.paper-params): a run with other parameters (another
+# THREADS, DATASET, ...) rewrites that file, so every notebook of the folder runs again; never a stamp of another run.
 NB_EXEC       := $(patsubst notebooks/%.py,$(FIG_DIR)/.%.done,$(NB_SRC))
-# THREADS=N pins torch's thread count (e.g. THREADS=1 when other jobs keep a core busy; the tables say so).
-# DATASET= / CODEC=: frames of real speech for a real checkpoint's drafters (notebook 02; VoxPopuli schema)
-PM_PARAMS     := $(if $(SMOKE),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) $(if $(THREADS),-p threads $(THREADS)) \
-                 $(if $(DATASET),-p dataset $(DATASET)) $(if $(CODEC),-p codec $(CODEC)) \
-                 -p out_dir $(abspath $(FIG_DIR))
+PARAMS_FILE   := $(FIG_DIR)/.paper-params
+# this invocation of make, written into the stamps it makes, so that `make paper` can say which notebooks it ran
+RUN_ID        := $(shell date +%s%N)
+ifneq ($(SMOKE_ON),)
+ifneq ($(filter figures figures/%,$(patsubst $(CURDIR)/%,%,$(abspath $(FIG_DIR)))),)
+$(error SMOKE=1 writes under build/, never into the committed figures/: drop FIG_DIR=$(FIG_DIR) or point it under build/)
+endif
+endif
 
 BENCH_MODEL   ?= qwen3-tts-0.6b-random
 BENCH_ARGS    ?=
@@ -53,12 +68,18 @@ BENCH_ARGS    ?=
 EMBEDDED_WORK ?= build/embedded
 EMBEDDED_ARGS ?=
 
-.PHONY: all env test paper notebooks bench clean embedded
+.PHONY: all voices env test paper notebooks bench clean embedded FORCE
 
 all: test paper
 
 # ---- environment ------------------------------------------------------------------------------------------------
-env: $(STAMP)
+# The Debian packages are checked on every `make test` / `make paper` (phony: a stamp would go stale when a package
+# is removed); installed ones cost one dpkg-query each, no apt-get update. Without root or sudo the script prints
+# the one command to run as root and make stops.
+voices:
+	@bash scripts/apt-voices.sh
+
+env: voices $(STAMP)
 
 # qwen-tts goes in with --no-deps: it declares gradio (demo only) and torchaudio (no wheel loads against the pinned
 # CPU torch; rvqspec_lib.models shims the import). Its other dependencies are in requirements.txt.
@@ -71,29 +92,41 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $@
 
 # ---- tests ------------------------------------------------------------------------------------------------------
-test: $(STAMP)
+test: voices $(STAMP)
 	$(PY) -m pytest -q tests
 
 # ---- paper notebooks --------------------------------------------------------------------------------------------
 notebooks: $(NB_BUILD)
 
-paper: $(NB_EXEC)
-	@echo "executed notebooks in $(EXEC_DIR)/, figures and tables in $(FIG_DIR)/"
+paper: voices $(NB_EXEC)
+	@ran=""; kept=""; \
+	for s in $(NB_EXEC); do n=$$(basename "$$s" .done); n=$${n#.}; read -r id when path < "$$s" || true; \
+	  if [ "$$id" = "$(RUN_ID)" ]; then ran="$$ran $$n"; else kept="$$kept $$n (executed $$when: $$path)"; fi; \
+	done; \
+	echo "paper $(RUN_TAG): executed now:$${ran:- none}$${ran:+ -> $(EXEC_DIR)/}"; \
+	if [ -n "$$kept" ]; then echo "  up to date, not run again (same notebook, library and parameters):$$kept"; fi; \
+	echo "  figures and tables in $(FIG_DIR)/; parameters: $(PM_PARAMS)"
 
 build/%.ipynb: notebooks/%.py $(STAMP)
 	@mkdir -p $(@D)
 	$(VENV)/bin/jupytext --to ipynb -o $@ $<
 
-$(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP)
+# rewritten only when the parameters differ from those of the folder's last run (FORCE runs the check every time)
+$(PARAMS_FILE): FORCE
+	@mkdir -p $(@D)
+	@echo '$(PM_PARAMS)' | cmp -s - $@ || { echo '$(PM_PARAMS)' > $@; echo "paper: $(FIG_DIR)/ gets new parameters: $(PM_PARAMS)"; }
+
+$(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
 	@mkdir -p $(EXEC_DIR) $(FIG_DIR)
 	$(VENV)/bin/papermill $< $(EXEC_DIR)/$*.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
-	@touch $@
+	@echo "$(RUN_ID) $$(date -u +%Y-%m-%dT%H:%M:%SZ) $(EXEC_DIR)/$*.ipynb" > $@
+
+FORCE:
 
 # ---- the embedded model ------------------------------------------------------------------------------------------
 # Built into build/embedded-out (every stage resumes when re-run), then swapped into data/embedded in one move, so
 # an interrupted build never leaves a half-written shipped model. EMBEDDED_ARGS passes flags, e.g. "--minutes 100".
-embedded: $(STAMP)
-	bash scripts/apt-voices.sh
+embedded: voices $(STAMP)
 	nice -n 5 $(PY) scripts/build_embedded.py --scale full --threads 1 --out build/embedded-out \
 	  --work $(EMBEDDED_WORK) $(EMBEDDED_ARGS)
 	rm -rf data/embedded.new && cp -r build/embedded-out data/embedded.new

@@ -30,8 +30,8 @@
 model = "embedded"  # the shipped model (data/embedded); or a build folder such as build/embedded-smoke
 seed = 0  # seeds the choice of evaluation sentences (and nothing else: the codec decodes deterministically)
 smoke = False  # True: 3 short sentences, codebooks (1, 16), 3 calibration and 1 multilingual sentence per language
-out_dir = "figures"  # relative paths resolve against the repository root; absolute paths are kept
-threads = 0  # torch.set_num_threads; 0 keeps torch's default
+out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
+threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
 n_sentences = 40  # held-out evaluation sentences for the codec measurements (section 3)
 codebooks = (1, 2, 4, 8, 16)  # k: decode with the first k codebooks
 voices = ("slt", "kal16", "awb", "rms")  # flite English voices, used in turn
@@ -68,16 +68,18 @@ run_codebooks = tuple(int(k) for k in ((1, 16) if smoke else codebooks))
 run_n_sentences = min(int(n_sentences), 3) if smoke else int(n_sentences)
 run_n_calibration = 3 if smoke else int(n_calibration)
 run_n_multilingual = 1 if smoke else int(n_multilingual)
-out = resolve_out_dir(out_dir)
-work = resolve_out_dir(work_dir or (out / "00_work" if smoke else "build/00_corpus"))
+out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
+work = resolve_out_dir(work_dir or (out / "00_work" if smoke else "build/00_corpus"), smoke=smoke)
 try:
     root = embedded_root(model).resolve()
 except FileNotFoundError:
-    if Path(str(model)).expanduser().exists():
-        raise  # a folder that is not an embedded-model build: say so
-    # a timing model (make paper MODEL=qwen3-tts-1.7b-random, a hub id): the corpus and codec are the embedded one's
-    display(Markdown(f"**`{model}` is not an embedded-model build: this notebook shows the shipped embedded "
-                     "model's corpus and codec (data/embedded).**"))
+    p_model = Path(str(model)).expanduser()
+    if p_model.exists() and not (p_model / "config.json").is_file():
+        raise  # a folder that is neither an embedded-model build nor a checkpoint: say so
+    # a checkpoint folder (make paper MODEL=/path/to/Qwen3-TTS-12Hz-0.6B-CustomVoice), a hub id or a timing model
+    # (MODEL=qwen3-tts-1.7b-random): it ships no corpus and no offline codec, so the embedded model's are shown
+    display(Markdown(f"**`{model}` is not an embedded-model build (it ships no corpus and no offline codec): this "
+                     "notebook shows the shipped embedded model's corpus and codec (data/embedded).**"))
     root = embedded_root("embedded").resolve()
 root_name = str(root.relative_to(REPO_ROOT)) if root.is_relative_to(REPO_ROOT) else str(root)
 params = dict(model=str(model), root=root_name, seed=seed, smoke=bool(smoke), out_dir=str(out), work_dir=str(work),

@@ -34,10 +34,10 @@
 model = "qwen3-tts-0.6b-random"  # real-size 0.6B architecture, RANDOM weights (timing only)
 seed = 0  # seed of the random weights and of the random input embeddings
 smoke = False  # True: tiny-random model, 2 repeats, Q up to 16 (headless test, < 60 s)
-out_dir = "figures"  # relative paths resolve against the repository root; absolute paths are kept
+out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
 repeats = 20  # timed calls per measurement (median reported)
 warmup = 3  # untimed calls before each measurement
-threads = 0  # torch.set_num_threads; 0 keeps torch's default
+threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
 prefix_len = 8  # KV positions already in the code-predictor cache (a mid-frame verify)
 talker_context = 64  # KV positions already in the talker cache (about 5 s of speech plus the text prompt)
 compare_model = "embedded"  # timed the same way beside `model` ("" skips): the small trained model shipped here
@@ -62,7 +62,7 @@ run_warmup = min(int(warmup), 1) if smoke else int(warmup)
 query_sizes = (1, 2, 4, 8, 16) if smoke else bench.DEFAULT_QUERY_SIZES
 if threads:
     torch.set_num_threads(int(threads))
-out = resolve_out_dir(out_dir)
+out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), repeats=run_repeats,
               warmup=run_warmup, threads=torch.get_num_threads(), prefix_len=prefix_len,
               talker_context=talker_context, query_sizes=list(query_sizes), compare_model=compare_model,

@@ -46,8 +46,8 @@
 model = "embedded"  # the small trained model shipped in data/embedded (or a folder written by build_embedded.py)
 seed = 0  # utterance order, batch order, decode generators
 smoke = False  # True: ~100 frames, 2 epochs, no Medusa file (headless test, < 90 s)
-out_dir = "figures"  # relative paths resolve against the repository root; absolute paths are kept
-threads = 0  # torch.set_num_threads; 0 keeps torch's default (smoke: 1)
+out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
+threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
 n_train_frames = 6000  # teacher-forced training frames (shipped training split, utterances in seeded random order)
 n_val_frames = 600  # validation frames for early stopping (shipped validation split)
 n_eval_frames = 1000  # evaluation frames (sampled across the whole shipped evaluation split)
@@ -106,10 +106,10 @@ if smoke:
     n_train_frames, n_val_frames = min(n_train_frames, 128), min(n_val_frames, 32)
     n_eval_frames = min(n_eval_frames, 16)
     epochs, patience = min(epochs, 2), 1
-if threads or smoke:  # smoke (the test suite): one thread unless told otherwise; two on a busy 2-core machine spin
-    torch.set_num_threads(int(threads) or 1)
+if threads:  # two threads on a busy 2-core machine spin-wait
+    torch.set_num_threads(int(threads))
 torch.manual_seed(seed)  # nothing below draws from the global RNG; set for any library default that might
-out = resolve_out_dir(out_dir)
+out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 params = dict(model=model, seed=seed, smoke=bool(smoke), out_dir=str(out), threads=torch.get_num_threads(),
               n_train_frames=n_train_frames, n_val_frames=n_val_frames, n_eval_frames=n_eval_frames, epochs=epochs,
               patience=patience, batch_size=batch_size, K=K, train_kl=bool(train_kl), train_tv=bool(train_tv),
@@ -284,7 +284,7 @@ for label, d in trained.items():
     if d.name == "offsets":
         files[label] = save_drafter(d, out / "02_drafters" / f"{label}.safetensors")
     elif not smoke:  # Medusa heads: large, git-ignored folder; a smoke run does not write them
-        files[label] = save_drafter(d, resolve_out_dir(medusa_dir) / str(run_model).strip("/").replace("/", "_")
+        files[label] = save_drafter(d, resolve_out_dir(medusa_dir, smoke=smoke) / str(run_model).strip("/").replace("/", "_")
                                     / f"{label}.safetensors")
 deployed = select_deployed(trained, kind="offsets")  # the highest validation acceptance
 model_dir = model_drafter_dir(run_model)

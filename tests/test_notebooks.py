@@ -1,13 +1,17 @@
 """Every paper notebook runs headless in smoke mode and records what it measured (docs/style.md#notebooks: notebooks are tested).
 
-Each ``notebooks/NN_*.py`` (jupytext percent format) is converted in memory, executed with papermill with
-``smoke=True`` and ``out_dir=<tmp>`` (so ``figures/`` is never overwritten), and must write ``NN_metrics.json``.
-Notebook-specific checks read that file back.
+Each ``notebooks/NN_*.py`` (jupytext percent format) is converted in memory and executed with papermill with
+``smoke=True`` and ``out_dir="figures"``, as a user opening it in JupyterLab and ticking ``smoke`` would, but in a
+temporary view of the repository (a copy of ``rvqspec_lib``, ``data/`` linked, a ``figures/`` holding sentinel
+files), so that the library's ``REPO_ROOT`` is that view: the run must leave ``figures/`` exactly as it was and
+write ``NN_metrics.json`` under ``build/smoke_figures/`` instead (docs/style.md#results-and-provenance: smoke runs
+never write to ``figures/``). Notebook-specific checks read that file back.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,34 +22,67 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.py"))
 pytestmark = pytest.mark.slow
 
 
-def _execute(src: Path, out_dir: Path, parameters: dict | None = None) -> Path:
+def _execute(src: Path, out_dir: Path | str, parameters: dict | None = None, *, cwd: Path = REPO) -> Path:
+    """Run one notebook with papermill (smoke, ``out_dir``), the kernel in ``cwd``; returns the executed notebook,
+    written to ``out_dir`` when it is a folder given as a path, else beside ``cwd``."""
     jupytext = pytest.importorskip("jupytext")
     papermill = pytest.importorskip("papermill")
     nb = jupytext.read(src)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    ipynb = out_dir / (src.stem + ".ipynb")
+    work = Path(out_dir) if isinstance(out_dir, Path) else cwd / "build" / "notebooks"
+    work.mkdir(parents=True, exist_ok=True)
+    ipynb = work / (src.stem + ".ipynb")
     jupytext.write(nb, ipynb, fmt="ipynb")
-    executed = out_dir / (src.stem + ".executed.ipynb")
+    executed = work / (src.stem + ".executed.ipynb")
     params = {"smoke": True, "out_dir": str(out_dir), **(parameters or {})}
     papermill.execute_notebook(str(ipynb), str(executed), parameters=params,
-                               kernel_name="python3", language="python", cwd=str(REPO), progress_bar=False)
+                               kernel_name="python3", language="python", cwd=str(cwd), progress_bar=False)
     return executed
 
 
+#: Files planted in the temporary ``figures/``: a smoke run must leave them (and the folder) exactly as they are.
+SENTINELS = {f"{p.stem.split('_', 1)[0]}_metrics.json": '{"committed": true}\n' for p in NOTEBOOKS}
+
+
+def repo_view(tmp: Path) -> Path:
+    """A temporary stand-in for the repository: a copy of ``rvqspec_lib`` (so its ``REPO_ROOT`` is ``tmp/repo``),
+    ``data/`` linked (read only by smoke runs), ``figures/`` with :data:`SENTINELS`."""
+    root = tmp / "repo"
+    shutil.copytree(REPO / "rvqspec_lib", root / "rvqspec_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "data").symlink_to(REPO / "data", target_is_directory=True)
+    (root / "figures").mkdir()
+    for name, text in SENTINELS.items():
+        (root / "figures" / name).write_text(text)
+    return root
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))}
+
+
 @pytest.mark.parametrize("src", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_smoke_mode(src, tmp_path):
+def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
     prefix = src.stem.split("_", 1)[0]
     # notebooks on the embedded model use data/embedded, or the build RVQSPEC_EMBEDDED_DIR names (e.g.
     # build/embedded-smoke, written in under 3 minutes by scripts/build_embedded.py --scale smoke)
-    _execute(src, tmp_path)
-    metrics = json.loads((tmp_path / f"{prefix}_metrics.json").read_text())
+    root = repo_view(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(root))  # the kernel imports the copy, never the checkout's rvqspec_lib
+    before = _snapshot(root / "figures")
+    executed = _execute(src, "figures", cwd=root)
+    assert _snapshot(root / "figures") == before  # nothing written, nothing replaced under figures/
+    out = root / "build" / "smoke_figures"
+    metrics = json.loads((out / f"{prefix}_metrics.json").read_text())
     assert "provenance" in metrics and metrics["provenance"]["params"]["smoke"] is True
+    assert Path(metrics["provenance"]["params"]["out_dir"]) == out.resolve()
+    # a notebook started without a threads parameter (JupyterLab) runs on one thread, as `make paper`
+    assert metrics["provenance"]["params"]["threads"] == 1 == metrics["provenance"]["hardware"]["torch_threads"]
+    assert "smoke run: not writing into the committed" in executed.read_text()  # and it says so
     if prefix == "00":
-        _check_00(metrics, tmp_path)
+        _check_00(metrics, out)
     if prefix == "01":
-        _check_01(metrics, tmp_path)
+        _check_01(metrics, out)
     if prefix == "02":
-        _check_02(metrics, tmp_path)
+        _check_02(metrics, out)
 
 
 def _check_00(metrics: dict, out: Path) -> None:

@@ -6,6 +6,7 @@ The record is hostname-free on purpose: result files are committed and shared.
 
 Public functions:
 
+* :func:`resolve_out_dir` -- where a result goes (a smoke run aimed at ``figures/`` goes to ``build/smoke_figures/``).
 * :func:`provenance`   -- the record itself (a JSON-able dict).
 * :func:`save_table`   -- a table as ``.csv`` + ``.md`` + sidecar.
 * :func:`save_figure`  -- a matplotlib figure as ``.png`` + ``.pdf`` + sidecar.
@@ -28,15 +29,46 @@ from rvqspec_lib.common.files import usual_mode, write_text_atomic  # noqa: F401
 from rvqspec_lib.common.paths import REPO_ROOT
 
 
-def resolve_out_dir(out_dir: str | os.PathLike) -> Path:
-    """Resolve an output folder: absolute paths are kept, relative ones are taken from the repository root.
+#: The committed results folder (``make paper`` refreshes it) and where smoke runs aimed at it go instead, both
+#: relative to the repository root (docs/style.md#results-and-provenance).
+FIGURES_DIRNAME = "figures"
+SMOKE_FIGURES_DIRNAME = "build/smoke_figures"
 
-    So ``"figures"`` means ``<repo>/figures`` whatever the working directory of the notebook kernel is.
-    The folder is created if missing.
+
+def resolve_out_dir(out_dir: str | os.PathLike, *, smoke: bool = False, root: str | os.PathLike | None = None) -> Path:
+    """Resolve an output folder: absolute paths are kept, relative ones are taken from the repository root; a SMOKE
+    run never writes into the committed ``figures/``.
+
+    So ``"figures"`` means ``<repo>/figures`` whatever the working directory of the notebook kernel is (JupyterLab,
+    papermill, nbconvert or ``make paper``). With ``smoke=True`` a folder that is ``<repo>/figures`` or lies inside
+    it (relative or absolute, through ``..`` or symlinks) is replaced by the same place under
+    ``<repo>/build/smoke_figures`` (``figures/x`` -> ``build/smoke_figures/x``), and one line on stdout says so:
+    a smoke run's tiny-model numbers must never overwrite the committed results. The folder is created if missing.
+
+    Args:
+        out_dir: the folder asked for (a notebook's ``out_dir`` parameter, a script's ``--out``).
+        smoke: the run is a smoke run (small parameters, a tiny model): redirect as above.
+        root: the repository root the relative paths and ``figures/`` are taken from (default
+            :data:`rvqspec_lib.common.paths.REPO_ROOT`; tests point it at a temporary folder).
+
+    Returns:
+        the absolute folder to write to (existing).
+
+    Raises:
+        OSError: the folder cannot be created (a file in the way, no permission).
     """
+    base = Path(root).expanduser().resolve() if root is not None else REPO_ROOT
     p = Path(out_dir).expanduser()
     if not p.is_absolute():
-        p = REPO_ROOT / p
+        p = base / p
+    if smoke:
+        figures = (base / FIGURES_DIRNAME).resolve()
+        resolved = p.resolve()
+        if resolved == figures or resolved.is_relative_to(figures):
+            target = (base / SMOKE_FIGURES_DIRNAME / resolved.relative_to(figures)).resolve()
+            print(f"smoke run: not writing into the committed {figures} (results of `make paper`); "
+                  f"outputs go to {target}")
+            p = target
     p.mkdir(parents=True, exist_ok=True)
     return p
 

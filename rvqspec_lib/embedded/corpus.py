@@ -50,7 +50,7 @@ from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, n_frames
 
 EVAL_TEXT_DIR = DATA_DIR / "eval_texts"
-APT_HINT = "run `sudo bash scripts/apt-voices.sh` (apt-get install flite festival festvox-us-slt-hts " \
+APT_HINT = "run `make voices` (scripts/apt-voices.sh: apt-get install flite festival festvox-us-slt-hts " \
            "festvox-kallpc16k espeak-ng sox)"
 
 #: The paper's Table 1 roles, in table order.

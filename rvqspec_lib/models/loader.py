@@ -3,7 +3,8 @@
 Every model here is the OFFICIAL ``qwen_tts`` class ``Qwen3TTSForConditionalGeneration``, unchanged:
 
 * a hub id (``Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice``) or a local checkpoint directory: loaded with the
-  official ``Qwen3TTSModel.from_pretrained`` (weights, processor and 12 Hz speech tokenizer);
+  official ``Qwen3TTSModel.from_pretrained`` (weights, processor and 12 Hz speech tokenizer); a folder holding a
+  ``RANDOM_WEIGHTS`` marker (the tiny test checkpoint of :mod:`rvqspec_lib.models.fixtures`) is reported as random;
 * a directory written by ``:func:`save_checkpoint``` (marker file ``rvqspec_model.json``): our own small
   model, built from its ``config.json`` with weights from ``model.safetensors`` and the text front end (bytes or
   espeak-ng phonemes, ``rvqspec_lib.models.frontend``) named in the marker; no processor, no speech tokenizer;
@@ -53,7 +54,9 @@ class LoadedModel:
 
     Attributes:
         name: what the user asked for (hub id, path or offline name).
-        kind: ``"checkpoint"`` (trained weights), ``"tiny-random"`` or ``"random-size"`` (timing only).
+        kind: ``"checkpoint"`` (trained weights), ``"tiny-random"`` or ``"random-size"`` (timing only), or
+            ``"random-checkpoint"`` (a checkpoint folder with random weights, marked by a ``RANDOM_WEIGHTS`` file:
+            :func:`rvqspec_lib.models.fixtures.write_tiny_checkpoint`, for tests).
         model: the official ``Qwen3TTSForConditionalGeneration``.
         tokenizer: ``text -> (1, L) int64`` ids in the official chat layout.
         generation: the checkpoint's ``generation_config.json`` values (dict).
@@ -336,6 +339,11 @@ EMBEDDED_DIR = Path(os.environ.get("RVQSPEC_EMBEDDED_DIR") or
                     DATA_DIR / "embedded").expanduser()
 
 
+#: Marker file in a checkpoint folder whose weights are random (:func:`rvqspec_lib.models.fixtures.write_tiny_checkpoint`
+#: writes it; the official loader ignores it): ``load_model`` then reports kind ``"random-checkpoint"``.
+RANDOM_WEIGHTS_MARKER = "RANDOM_WEIGHTS"
+
+
 #: Marker file of a checkpoint written by :func:`rvqspec_lib.models.loader.save_checkpoint` (no processor, no codec):
 #: ``{"format": "rvqspec-model", "version": 1, "tokenizer": {"kind": "bytes" | "phonemes", ...}, ...}``.
 OWN_MODEL_MARKER = "rvqspec_model.json"
@@ -409,7 +417,7 @@ def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implement
     try:
         from qwen_tts import Qwen3TTSModel
 
-        wrapper = Qwen3TTSModel.from_pretrained(name, torch_dtype=dtype, device_map=device,
+        wrapper = Qwen3TTSModel.from_pretrained(name, dtype=dtype, device_map=device,
                                                 attn_implementation=attn_implementation)
     except OSError as e:  # hub unreachable, missing files
         raise ModelNotFoundError(
@@ -425,7 +433,8 @@ def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implement
     fr, sr = 12.5, 24000
     if path is not None:
         fr, sr = _frame_rate_from_dir(path)
-    return LoadedModel(name, "checkpoint", model, ProcessorTokenizer(wrapper.processor), gen, st, fr, sr)
+    kind = "random-checkpoint" if path is not None and (path / RANDOM_WEIGHTS_MARKER).is_file() else "checkpoint"
+    return LoadedModel(name, kind, model, ProcessorTokenizer(wrapper.processor), gen, st, fr, sr)
 
 
 def save_checkpoint(lm: LoadedModel, out_dir: str | Path, *, extra: dict | None = None) -> Path:

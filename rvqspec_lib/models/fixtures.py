@@ -1,0 +1,297 @@
+"""A TINY Qwen3-TTS checkpoint with RANDOM weights, in exactly the official on-disk layout: for tests only.
+
+No released Qwen3-TTS weights can be downloaded where this project is built, yet the path a user with a real
+checkpoint takes (``load_model(<folder>)`` -> the official ``Qwen3TTSModel.from_pretrained`` -> the official 12 Hz
+speech tokenizer; ``rvqspec synth --model <folder>``; ``make paper MODEL=<folder>``) must be tested as they would run
+it. :func:`write_tiny_checkpoint` writes, in under a second and about 12 MB, what ``from_pretrained`` loads from a
+release folder such as ``Qwen3-TTS-12Hz-0.6B-CustomVoice/``::
+
+    out_dir/
+      config.json               the release's (data/configs/Qwen3-TTS-12Hz-0.6B-CustomVoice/config.json) with a tiny
+                                talker (2 x 64) and code predictor (2 x 48), 16 code groups of 2048 codes, the
+                                release's codec special ids, speakers, languages and dialects; text ids of the
+                                tokenizer below
+      generation_config.json    the release's, verbatim
+      model.safetensors         Qwen3TTSForConditionalGeneration.save_pretrained, seeded RANDOM weights (bfloat16,
+                                as the release)
+      preprocessor_config.json  the release's (processor_class Qwen3TTSProcessor)
+      vocab.json, merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json, added_tokens.json
+                                a small byte-level BPE with Qwen2's normaliser, pre-tokenizer and decoder, trained
+                                offline with the `tokenizers` library on a few English sentences, saved as
+                                Qwen2TokenizerFast, with the 33 Qwen3 / Qwen3-TTS special tokens in the release's
+                                order right after the regular vocabulary
+      speech_tokenizer/         the official 12 Hz tokenizer classes (Qwen3TTSTokenizerV2Model, Mimi encoder
+                                included) with the release's rates (24 kHz, 1920 samples a frame, 16 x 2048 codes) and
+                                tiny widths; seeded RANDOM weights; config.json, model.safetensors,
+                                preprocessor_config.json
+      RANDOM_WEIGHTS            marker (ignored by the official loader): ``load_model`` reports such a folder as
+                                kind ``"random-checkpoint"`` (``is_random``), so every tool prints its random-weights
+                                note
+
+Its audio is noise and its acceptance rates mean nothing: it tests plumbing, never numbers. Only the official
+classes are used; nothing is downloaded. See README "Running on a real checkpoint" and tests/test_checkpoint_path.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from rvqspec_lib.common.provenance import usual_mode
+from rvqspec_lib.models.configs import CONFIG_DIR
+from rvqspec_lib.models.loader import RANDOM_WEIGHTS_MARKER
+from rvqspec_lib.models.shim import import_qwen_tts
+
+#: The release whose files the tiny checkpoint copies (config keys, generation config, speech tokenizer rates).
+RELEASE_DIR = CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice"
+
+#: The release's preprocessor_config.json (not shipped in data/configs: four keys).
+PREPROCESSOR_CONFIG = {"padding_side": "left", "padding_value": 0.0, "processor_class": "Qwen3TTSProcessor",
+                       "return_attention_mask": True}
+
+#: Qwen3 special tokens (151643..151668 in the release) then the Qwen3-TTS ones (151669..151675), in that order.
+SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+    "<think>", "</think>", "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
+    "<tts_text_bos_single>", "<|audio_pad|>",
+]
+#: Those Qwen3's tokenizer_config.json does not mark special (kept by ``decode(skip_special_tokens=True)``).
+_NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+                "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
+#: Qwen2's pre-tokenizer split pattern (transformers.convert_slow_tokenizer.Qwen2Converter).
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+#: What the BPE is trained on (the chat words the official prompt slices must stay single tokens: added below).
+_CORPUS = """\
+Hello world. This is a tiny text-to-speech checkpoint with random weights, for tests only.
+The quick brown fox jumps over the lazy dog. Speech is generated one frame at a time.
+A talker predicts the first code of every frame; a code predictor fills in the other fifteen codes.
+Numbers like 1, 2, 3 and 2048 are spelled digit by digit. She said: "It works!" and we laughed.
+Good morning, good evening, thank you, please, yes, no, maybe, today, tomorrow, speaker, voice, audio.
+"""
+
+#: Tiny sizes (the release's key structure kept): talker, code predictor, speech tokenizer decoder and encoder.
+TALKER_SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "text_hidden_size": 32}
+CODE_PREDICTOR_SIZES = {"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "head_dim": 16, "layer_types": ["full_attention"] * 2}
+ST_DECODER_SIZES = {"latent_dim": 16, "codebook_dim": 16, "decoder_dim": 32, "hidden_size": 16, "intermediate_size": 32,
+                    "head_dim": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "num_key_value_heads": 2,
+                    "vector_quantization_hidden_dimension": 16}
+ST_ENCODER_SIZES = {"codebook_dim": 8, "head_dim": 8, "hidden_size": 16, "intermediate_size": 32,
+                    "num_attention_heads": 2, "num_filters": 2, "num_hidden_layers": 1, "num_key_value_heads": 2,
+                    "upsample_groups": 16, "vector_quantization_hidden_dimension": 8}
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2 / Qwen2 byte-level alphabet in id order (byte "!" is id 0, "\\n" -> "Ċ" is id 198, as in Qwen2)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for c in cs]
+
+
+def build_text_tokenizer(n_merges: int = 256):
+    """A Qwen2-style text tokenizer trained offline: byte-level BPE with Qwen2's normaliser (NFC), pre-tokenizer
+    (Split on Qwen2's pattern + ByteLevel) and decoder, as ``Qwen2TokenizerFast``, then the 33 special tokens of
+    Qwen3 / Qwen3-TTS (:data:`SPECIAL_TOKENS`) appended in the release's order.
+
+    Ids 0..255 are the bytes in GPT-2 order, merged tokens follow in merge order; ``assistant``, ``user`` and
+    ``system`` are single tokens (the official prompt builder slices ``<|im_start|> assistant \\n`` as three ids).
+
+    Args:
+        n_merges: BPE merges learned (regular vocabulary 256 + at most ``n_merges``).
+
+    Returns:
+        ``(tokenizer, ids)``: the ``Qwen2TokenizerFast`` and a dict with ``im_start_token_id``, ``im_end_token_id``,
+        ``assistant_token_id``, ``tts_pad_token_id``, ``tts_bos_token_id``, ``tts_eos_token_id`` and ``n_regular``.
+
+    Raises:
+        RuntimeError: the trained BPE split a chat word or the special ids did not follow the vocabulary (a change
+            in the ``tokenizers`` library).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import AddedToken, Qwen2TokenizerFast
+
+    def _pipeline(t):
+        t.normalizer = normalizers.NFC()
+        t.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+        t.decoder = decoders.ByteLevel()
+        return t
+
+    alphabet = _bytes_to_unicode()
+    trainer = trainers.BpeTrainer(vocab_size=256 + n_merges, min_frequency=2, show_progress=False,
+                                  initial_alphabet=alphabet, special_tokens=[])
+    trained = _pipeline(Tokenizer(models.BPE(unk_token=None)))
+    trained.train_from_iterator([_CORPUS] * 4 + ["assistant\nuser\nsystem\n"] * 64, trainer=trainer)
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+              for m in json.loads(trained.to_str())["model"]["merges"]]
+    vocab = {ch: i for i, ch in enumerate(alphabet)}  # re-numbered: bytes in GPT-2 order, then merges in order
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    tok = _pipeline(Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False,
+                                         byte_fallback=False)))
+    n_regular = tok.get_vocab_size()
+    for word in ("assistant", "user", "system"):
+        if len(tok.encode(word).ids) != 1:
+            raise RuntimeError(f"the tiny BPE did not keep {word!r} whole: the tokenizers library changed")
+    fast = Qwen2TokenizerFast(tokenizer_object=tok, unk_token=None, bos_token=None, eos_token=None, pad_token=None,
+                              errors="replace", clean_up_tokenization_spaces=False, model_max_length=131072,
+                              split_special_tokens=False)
+    fast.add_tokens([AddedToken(t, special=t not in _NOT_SPECIAL, normalized=False) for t in SPECIAL_TOKENS])
+    fast.eos_token, fast.pad_token = "<|im_end|>", "<|endoftext|>"  # as Qwen3's tokenizer_config.json
+    ids = {t: fast.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    if [ids[t] for t in SPECIAL_TOKENS] != list(range(n_regular, n_regular + len(SPECIAL_TOKENS))):
+        raise RuntimeError(f"the special tokens did not land right after the vocabulary ({n_regular}): {ids}")
+    return fast, {
+        "im_start_token_id": ids["<|im_start|>"], "im_end_token_id": ids["<|im_end|>"],
+        "assistant_token_id": fast.convert_tokens_to_ids("assistant"), "tts_pad_token_id": ids["<tts_pad>"],
+        "tts_bos_token_id": ids["<tts_text_bos>"], "tts_eos_token_id": ids["<tts_text_eod>"],
+        "n_regular": n_regular,
+    }
+
+
+def tiny_model_config(text_ids: dict, *, text_vocab_size: int) -> dict:
+    """The release's ``config.json`` (:data:`RELEASE_DIR`) with the sizes of :data:`TALKER_SIZES` and
+    :data:`CODE_PREDICTOR_SIZES` (mrope sections scaled to ``head_dim`` 16) and the text ids of the tiny tokenizer;
+    every other key (codec special ids, speakers, languages, dialects, rope, 16 code groups of 2048) as released."""
+    cfg = json.loads((RELEASE_DIR / "config.json").read_text())
+    for k in ("assistant_token_id", "im_end_token_id", "im_start_token_id", "tts_bos_token_id", "tts_eos_token_id",
+              "tts_pad_token_id"):
+        cfg[k] = text_ids[k]
+    talker = cfg["talker_config"]
+    talker.update(TALKER_SIZES, text_vocab_size=text_vocab_size)
+    talker["rope_scaling"] = {**talker["rope_scaling"], "mrope_section": [4, 2, 2]}  # 2 * (4 + 2 + 2) == head_dim
+    talker["code_predictor_config"].update(CODE_PREDICTOR_SIZES)
+    return cfg
+
+
+def tiny_speech_tokenizer_config() -> dict:
+    """The release's ``speech_tokenizer/config.json`` with tiny widths and depths; its rates kept: 24 kHz in and out,
+    1920 samples a frame (decoder 8*5*4*3 x 2*2, encoder 8*6*5*4 x compress 2), 16 valid quantizers of 2048."""
+    cfg = json.loads((RELEASE_DIR / "speech_tokenizer" / "config.json").read_text())
+    cfg["decoder_config"].update(ST_DECODER_SIZES)
+    cfg["encoder_config"].update(ST_ENCODER_SIZES)
+    return cfg
+
+
+def _seeded(seed: int, build):
+    """``build()`` with torch's default generator seeded (the official classes initialise from it); the caller's
+    global random state is restored afterwards, as in :func:`rvqspec_lib.models.configs.build_from_config`."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write a tiny Qwen3-TTS CustomVoice checkpoint with seeded RANDOM weights in the official layout (module doc).
+
+    The folder is written beside ``out_dir`` first and moved into place at the end, so an interrupted call never
+    leaves a half-written checkpoint. Under a second, about 12 MB.
+
+    Args:
+        out_dir: the checkpoint folder to create; it must not exist, or be empty.
+        seed: seed of every random weight (model ``seed``, speech tokenizer ``seed + 1``); the same seed writes the
+            same weights. The caller's global random state is left as it was.
+        dtype: dtype of the model weights on disk (the release ships bfloat16; ``from_pretrained`` converts to the
+            dtype asked for). The speech tokenizer is float32, as released.
+
+    Returns:
+        ``Path(out_dir)``.
+
+    Raises:
+        FileExistsError: ``out_dir`` exists and is not empty (pick another folder, or remove it).
+    """
+    import_qwen_tts()
+    from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
+    from transformers import EncodecFeatureExtractor
+
+    out = Path(out_dir).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder: write the tiny checkpoint to a new folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        # 1. the text tokenizer (its ids go into config.json)
+        tokenizer, text_ids = build_text_tokenizer()
+        n_text = text_ids["n_regular"] + len(SPECIAL_TOKENS)
+        tokenizer.save_pretrained(tmp)
+
+        # 2. the model: weights as save_pretrained writes them, config.json and generation_config.json the release's
+        cfg_dict = tiny_model_config(text_ids, text_vocab_size=-(-n_text // 64) * 64)  # padded, as the release's
+        cfg = Qwen3TTSConfig(**{k: v for k, v in cfg_dict.items() if k not in ("architectures",
+                                                                                 "transformers_version")})
+        model = _seeded(seed, lambda: Qwen3TTSForConditionalGeneration(cfg)).to(dtype)
+        model.save_pretrained(tmp, safe_serialization=True)
+        (tmp / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
+        shutil.copyfile(RELEASE_DIR / "generation_config.json", tmp / "generation_config.json")
+        (tmp / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
+
+        # 3. the speech tokenizer: the official 12 Hz classes
+        st_cfg_dict = tiny_speech_tokenizer_config()
+        st_cfg = Qwen3TTSTokenizerV2Config(**{k: v for k, v in st_cfg_dict.items()
+                                              if k not in ("architectures", "transformers_version")})
+
+        def _build_st():
+            m = Qwen3TTSTokenizerV2Model(st_cfg)
+            # HF's init of the decoder (std 0.02, LayerScale 0.01, ConvNeXt gamma 1e-6) gives |audio| ~ 1e-9: torch's
+            # default init instead, so that the random waveform is audible (rms ~ 0.3)
+            for mod in m.decoder.modules():
+                if isinstance(mod, (torch.nn.Conv1d, torch.nn.ConvTranspose1d, torch.nn.Linear)):
+                    mod.reset_parameters()
+            # codebooks start as embedding_sum = 0 (every code would decode alike): random entries
+            with torch.no_grad():
+                for name, p in m.named_parameters():
+                    if name.endswith("embedding_sum"):
+                        p.normal_(0.0, 1.0)
+                for name, b in m.named_buffers():  # the Mimi encoder's codebooks are buffers
+                    if name.endswith("embed_sum"):
+                        b.normal_(0.0, 1.0)
+            return m
+
+        st_dir = tmp / "speech_tokenizer"
+        _seeded(seed + 1, _build_st).save_pretrained(st_dir, safe_serialization=True)
+        (st_dir / "config.json").write_text(json.dumps(st_cfg_dict, indent=2) + "\n")
+        (st_dir / "generation_config.json").unlink(missing_ok=True)  # not in the release's folder
+        EncodecFeatureExtractor(feature_size=1, sampling_rate=24000, padding_value=0.0, chunk_length_s=None,
+                                overlap=None, padding_side="right",
+                                return_attention_mask=True).save_pretrained(st_dir)
+
+        (tmp / RANDOM_WEIGHTS_MARKER).write_text(
+            f"Seeded RANDOM weights (seed {seed}), written by rvqspec_lib.models.fixtures.write_tiny_checkpoint for "
+            "tests: the audio and the acceptance rates of this checkpoint mean nothing.\n")
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                usual_mode(f)
+        tmp.chmod(0o777 & ~_umask())
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

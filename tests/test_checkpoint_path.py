@@ -1,0 +1,253 @@
+"""The real-checkpoint path, tested as a user would run it (README "Running on a real checkpoint").
+
+No released weights can be downloaded here, so :func:`rvqspec_lib.models.fixtures.write_tiny_checkpoint` writes a
+tiny checkpoint with RANDOM weights in the official on-disk layout (config.json, generation_config.json,
+model.safetensors, a Qwen2 BPE text tokenizer, preprocessor_config.json, speech_tokenizer/ with the official 12 Hz
+classes). Then, exactly as with a downloaded ``Qwen3-TTS-12Hz-0.6B-CustomVoice`` folder:
+
+* ``load_model(<folder>)`` goes through the official ``Qwen3TTSModel.from_pretrained`` (a spy proves it) and reports
+  the random weights (the ``RANDOM_WEIGHTS`` marker; without it, a plain checkpoint: the negative control);
+* ``synthesize`` a few frames and decode them through the official speech tokenizer: a finite float waveform of
+  1920 samples a frame at 24 kHz, which depends on the codes;
+* greedy frame-loop codes equal the official ``generate``'s; sampled AR equals it under the same seed, and another
+  seed differs;
+* ``rvqspec synth --model <folder> --decoder chain`` writes a wav;
+* every notebook runs with ``model=<folder>`` and ``smoke=True`` (what ``make paper MODEL=<folder> SMOKE=1``
+  passes): 01 times the checkpoint, 00 and 02 say they show the embedded model instead; and notebook 02 with
+  ``dataset=`` / ``codec=`` (a tiny saved dataset in VoxPopuli's schema, the checkpoint's own speech tokenizer)
+  trains and measures the drafters on the checkpoint itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rvqspec_lib.models.fixtures import RELEASE_DIR, write_tiny_checkpoint
+from rvqspec_lib.models.frame import synthesize
+from rvqspec_lib.models.loader import RANDOM_WEIGHTS_MARKER, load_model
+from rvqspec_lib.spec.decoders import AR, Chain, Tree
+from rvqspec_lib.spec.sampling import Sampling
+
+TEXT = "Hello world. The quick brown fox."
+FRAMES = 4
+SAMPLES_PER_FRAME, SAMPLE_RATE = 1920, 24000
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "Qwen3-TTS-12Hz-tiny-CustomVoice", seed=0)
+
+
+@pytest.fixture(scope="module")
+def lm(ckpt):
+    return load_model(str(ckpt))
+
+
+# ---- the writer ---------------------------------------------------------------------------------------------------
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_official_layout_and_release_keys(ckpt):
+    files = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "preprocessor_config.json", "vocab.json",
+            "merges.txt", "tokenizer.json", "tokenizer_config.json", RANDOM_WEIGHTS_MARKER,
+            "speech_tokenizer/config.json", "speech_tokenizer/model.safetensors",
+            "speech_tokenizer/preprocessor_config.json"} <= files
+    cfg, rel = json.loads((ckpt / "config.json").read_text()), json.loads((RELEASE_DIR / "config.json").read_text())
+    assert set(cfg) == set(rel) and set(cfg["talker_config"]) == set(rel["talker_config"])
+    for k in ("codec_language_id", "spk_id", "spk_is_dialect", "codec_eos_token_id", "num_code_groups"):
+        assert cfg["talker_config"][k] == rel["talker_config"][k], k
+    assert json.loads((ckpt / "generation_config.json").read_text()) == \
+        json.loads((RELEASE_DIR / "generation_config.json").read_text())
+    st = json.loads((ckpt / "speech_tokenizer" / "config.json").read_text())
+    assert (st["output_sample_rate"], st["decode_upsample_rate"], st["encoder_valid_num_quantizers"]) == \
+        (SAMPLE_RATE, SAMPLES_PER_FRAME, 16)
+    assert sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file()) < 20e6
+    assert not [p for p in ckpt.parent.iterdir() if p != ckpt]  # no temporary folder left beside it
+
+
+def test_seeded_and_refuses_a_non_empty_folder(ckpt, tmp_path):
+    state = torch.random.get_rng_state()
+    again = write_tiny_checkpoint(tmp_path / "same", seed=0)
+    other = write_tiny_checkpoint(tmp_path / "other", seed=1)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's global RNG untouched
+    for f in ("model.safetensors", "speech_tokenizer/model.safetensors"):
+        assert _digest(again / f) == _digest(ckpt / f), f  # same seed, same bytes
+        assert _digest(other / f) != _digest(ckpt / f), f  # the negative control
+    with pytest.raises(FileExistsError, match="not an empty folder"):
+        write_tiny_checkpoint(again)
+    assert _digest(again / "model.safetensors") == _digest(ckpt / "model.safetensors")  # left as it was
+
+
+# ---- the loader -----------------------------------------------------------------------------------------------------
+def test_load_model_goes_through_the_official_from_pretrained(ckpt, tmp_path, monkeypatch):
+    from qwen_tts import Qwen3TTSModel, Qwen3TTSTokenizer
+
+    calls = []
+    real = Qwen3TTSModel.from_pretrained.__func__
+
+    def spy(cls, name, **kw):
+        calls.append((name, kw))
+        return real(cls, name, **kw)
+
+    monkeypatch.setattr(Qwen3TTSModel, "from_pretrained", classmethod(spy))
+    lm = load_model(str(ckpt))
+    assert [c[0] for c in calls] == [str(ckpt)] and calls[0][1]["dtype"] is torch.float32
+    assert "torch_dtype" not in calls[0][1]  # deprecated in transformers
+    assert lm.kind == "random-checkpoint" and lm.is_random and lm.describe()["random_weights"] is True
+    assert isinstance(lm.speech_tokenizer, Qwen3TTSTokenizer)  # the official 12 Hz tokenizer, from the folder
+    assert (lm.frame_rate_hz, lm.sample_rate_hz, lm.n_code_groups, lm.codebook_size) == (12.5, SAMPLE_RATE, 16, 2048)
+    assert next(lm.model.parameters()).dtype == torch.float32  # bfloat16 on disk, converted as asked
+    # the negative control: the same folder without the marker is a (trained) checkpoint to the loader
+    plain = tmp_path / "plain"
+    shutil.copytree(ckpt, plain)
+    (plain / RANDOM_WEIGHTS_MARKER).unlink()
+    assert load_model(str(plain)).kind == "checkpoint" and not load_model(str(plain)).is_random
+
+
+# ---- frames and audio ------------------------------------------------------------------------------------------------
+def test_synthesize_and_decode_through_the_official_speech_tokenizer(lm):
+    res = synthesize(lm, TEXT, max_frames=FRAMES, generator=torch.Generator().manual_seed(0),
+                     language="english", speaker="vivian")
+    codes = res.codes[0]
+    assert codes.shape == (FRAMES, 16) and codes.dtype == torch.int64
+    assert int(codes.min()) >= 0 and int(codes.max()) < 2048
+    wavs, sr = lm.speech_tokenizer.decode([{"audio_codes": codes}])
+    wav = np.asarray(wavs[0])
+    assert sr == SAMPLE_RATE and wav.dtype in (np.float32, np.float64)
+    assert wav.shape == (FRAMES * SAMPLES_PER_FRAME,) and np.isfinite(wav).all()
+    assert np.sqrt(np.mean(wav.astype(np.float64) ** 2)) > 1e-3  # audible, not silence
+    other = codes.clone()
+    other[:, 5] = (other[:, 5] + 1) % 2048  # one codebook changed: the audio must change (the decoder reads codes)
+    assert np.abs(np.asarray(lm.speech_tokenizer.decode([{"audio_codes": other}])[0][0]) - wav).max() > 1e-4
+
+
+def _official(lm, *, greedy: bool, seed: int | None = None):
+    """The official ``generate`` (max_new_tokens = FRAMES + 1 gives FRAMES frames with codes, tests/test_frame.py)."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    kw = dict(do_sample=False, subtalker_dosample=False) if greedy else {}
+    with torch.inference_mode():
+        codes, _ = lm.model.generate(input_ids=[lm.tokenizer(TEXT)], languages=["english"], speakers=["vivian"],
+                                     non_streaming_mode=True, max_new_tokens=FRAMES + 1, **kw)
+    return codes[0]
+
+
+@pytest.mark.parametrize("decoder", [AR(), Chain(4), Tree()], ids=repr)
+def test_greedy_frame_loop_equals_official_generate(lm, decoder):
+    ref = _official(lm, greedy=True)
+    g = Sampling(greedy=True)
+    ours = synthesize(lm, TEXT, decoder=decoder, sampling=g, talker_sampling=g, max_frames=FRAMES,
+                      language="english", speaker="vivian").codes[0]
+    assert ours.shape == ref.shape == (FRAMES, 16) and torch.equal(ours, ref)
+
+
+def test_sampled_ar_equals_official_same_seed_and_not_another(lm):
+    ref = _official(lm, greedy=False, seed=5)
+    same = synthesize(lm, TEXT, decoder=AR(), max_frames=FRAMES, generator=torch.Generator().manual_seed(5),
+                      language="english", speaker="vivian").codes[0]
+    other = synthesize(lm, TEXT, decoder=AR(), max_frames=FRAMES, generator=torch.Generator().manual_seed(6),
+                       language="english", speaker="vivian").codes[0]
+    assert torch.equal(same, ref) and not torch.equal(other, ref)
+
+
+# ---- the command line ----------------------------------------------------------------------------------------------
+def test_cli_synth_chain_writes_a_wav(ckpt, tmp_path, capsys):
+    import soundfile as sf
+
+    from rvqspec_lib.cli.main import main
+
+    out = tmp_path / "hello.wav"
+    rc = main(["synth", "--model", str(ckpt), "--text", TEXT, "--out", str(out), "--decoder", "chain", "--window", "4",
+               "--max-frames", str(FRAMES), "--seed", "0", "--json", str(tmp_path / "stats.json")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    wav, sr = sf.read(out)
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert sr == SAMPLE_RATE and wav.shape == (stats["frames"] * SAMPLES_PER_FRAME,) and np.isfinite(wav).all()
+    assert 1 <= stats["frames"] <= FRAMES and np.load(tmp_path / "hello.npy").shape == (stats["frames"], 16)
+    assert "RANDOM weights" in err  # the random-weights note, from the marker
+
+
+# ---- the notebooks (make paper MODEL=<folder> SMOKE=1) ---------------------------------------------------------------
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.py"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("src", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_notebook_runs_on_the_checkpoint(src, ckpt, tmp_path):
+    from test_notebooks import _execute
+
+    prefix = src.stem.split("_", 1)[0]
+    extra = {}
+    if prefix == "02":  # it falls back to the embedded model in its first cell; the rest is test_notebooks' smoke
+        # run of the embedded model, so only the paper's drafter is trained here (half the time)
+        extra = dict(train_kl=False, train_tv=False, train_medusa=False, train_medusa_tv=False, offsets_lrs=[1e-2])
+    executed = _execute(src, tmp_path, {"model": str(ckpt), **extra})
+    metrics = json.loads((tmp_path / f"{prefix}_metrics.json").read_text())
+    assert metrics["provenance"]["params"]["smoke"] is True
+    text = executed.read_text()
+    if prefix == "01":  # the timing notebook times the checkpoint itself, and says its weights are random
+        assert metrics["model"] == str(ckpt) and metrics["random_weights"] is True
+        assert metrics["n_code_groups"] == 16 and metrics["frame_rate_hz"] == 12.5
+        assert metrics["compared"][0]["model"] == str(ckpt) and metrics["t_inner_ms"] > 0
+    elif prefix == "00":  # corpus and codec: the embedded model's, with a note
+        assert metrics["model"] == str(ckpt) and "is not an embedded-model build" in text
+        assert metrics["n_sentences"] == 3
+    elif prefix == "02":  # drafters need trained weights and real frames: the embedded model's, with a note
+        assert metrics["run_model"] == "embedded" and "ships no utterances and no `dataset` was given" in text
+    else:  # a new notebook: it must at least have run on the checkpoint's path
+        assert str(ckpt) in json.dumps(metrics["provenance"]["params"])
+
+
+def _voxpopuli_dataset(path: Path) -> Path:
+    """A tiny local dataset in VoxPopuli's schema (16 kHz audio, raw_text, normalized_text, ...), three splits of a
+    few seconds of tones, saved with save_to_disk as a user's downloaded VoxPopuli would be."""
+    datasets = pytest.importorskip("datasets")
+    sf = pytest.importorskip("soundfile")
+    rng = np.random.default_rng(0)
+    (path.parent / "wav").mkdir(parents=True, exist_ok=True)
+
+    def rows(n, seconds, start):
+        out = {"audio_id": [], "audio": [], "raw_text": [], "normalized_text": [], "speaker_id": []}
+        for i in range(start, start + n):
+            t = np.arange(int(16000 * seconds)) / 16000
+            wav = 0.3 * np.sin(2 * np.pi * (150 + 40 * i) * t) + 0.01 * rng.standard_normal(t.size)
+            f = path.parent / "wav" / f"utt{i}.wav"
+            sf.write(f, wav.astype(np.float32), 16000)
+            for k, v in dict(audio_id=f"utt{i}", audio=str(f), raw_text=f"Sentence number {i} of the tiny set.",
+                             normalized_text=f"sentence number {i} of the tiny set", speaker_id=str(i % 2)).items():
+                out[k].append(v)
+        return datasets.Dataset.from_dict(out).cast_column("audio", datasets.Audio(sampling_rate=16000))
+
+    dd = datasets.DatasetDict({"train": rows(3, 2.0, 0), "validation": rows(2, 1.0, 10), "test": rows(3, 1.5, 20)})
+    dd.save_to_disk(str(path))
+    return path
+
+
+@pytest.mark.slow
+def test_notebook_02_trains_drafters_on_the_checkpoint_with_a_dataset(ckpt, tmp_path):
+    """What `make paper MODEL=<folder> DATASET=<saved dataset> CODEC=<folder>/speech_tokenizer SMOKE=1` runs."""
+    from test_notebooks import _execute
+
+    src = next(p for p in NOTEBOOKS if p.stem.startswith("02_"))
+    ds = _voxpopuli_dataset(tmp_path / "vox")
+    out = tmp_path / "out"
+    out.mkdir()
+    executed = _execute(src, out, {"model": str(ckpt), "dataset": str(ds), "codec": str(ckpt / "speech_tokenizer")})
+    metrics = json.loads((out / "02_metrics.json").read_text())
+    assert metrics["run_model"] == str(ckpt) and metrics["random_weights"] is True
+    assert "RANDOM weights" in executed.read_text()
+    assert metrics["model_info"]["code_predictor_hidden"] == 48  # the checkpoint's code predictor, not embedded's
+    assert 0 < metrics["n_train_frames"] <= 128 and 0 < metrics["n_val_frames"] <= 32 and metrics["n_eval_frames"] > 0
+    for lab, tpc in metrics["tokens_per_call"].items():
+        assert all(1.0 <= v <= 15.0 for v in tpc.values()), (lab, tpc)
+    assert not (ckpt / "drafters").exists()  # a smoke run writes nothing beside the model

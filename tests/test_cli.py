@@ -490,3 +490,58 @@ def test_readme_first_synth_uses_the_chain_and_documents_the_timings():
     assert "--decoder tree" in text  # the tree is still shown elsewhere
     for field in ("load_s", "synth_s", "decode_s", "total_s", "rtf", "--threads 0", "interrupted"):
         assert field in text, field
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# calibrated trees and --decoder auto
+# --------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("extra,needle", [
+    (["--decoder", "tree", "--tree", "calibrated:65"], "outside 2..64"),
+    (["--decoder", "tree", "--tree", "calibrated-beam:8"], "unknown tree name"),
+])
+def test_synth_calibrated_tree_names_checked_before_loading(tmp_path, capsys, monkeypatch, extra, needle):
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    rc = main(["synth", "--model", "embedded", "--text", "Hi there.", "--out", str(tmp_path / "a.wav"), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_synth_calibrated_tree_needs_a_calibration(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    rc = main(["synth", "--model", "tiny-random", "--text", "Hi.", "--out", str(tmp_path / "a.wav"),
+               "--decoder", "tree", "--tree", "calibrated:8"])
+    assert rc == 2 and "no folder to hold them" in capsys.readouterr().err
+    rc = main(["synth", "--model", str(tmp_path), "--text", "Hi.", "--out", str(tmp_path / "a.wav"),
+               "--decoder", "auto"])
+    assert rc == 2
+
+
+def test_synth_with_the_embedded_calibrated_tree(tmp_path, capsys):
+    js = tmp_path / "s.json"
+    rc = main(["synth", "--model", "embedded", "--text", "The weather is fine today.", "--out",
+               str(tmp_path / "a.wav"), "--decoder", "tree", "--tree", "calibrated-sampled:8", "--max-frames", "6",
+               "--json", str(js)])
+    assert rc == 0, capsys.readouterr().err
+    stats = json.loads(js.read_text())
+    assert "sampled=True" in stats["decoder"] and stats["tokens_per_call"] > 1.0
+
+
+def test_synth_decoder_auto_uses_the_cached_choice(tmp_path, capsys, monkeypatch):
+    """--decoder auto on the embedded model: the choice is made by timing (here pre-made with a tiny budget, under
+    the same cache key the command computes) and the command says what it chose and that it came from the cache."""
+    from rvqspec_lib.eval.budget import auto_decoder
+    from rvqspec_lib.eval.frame_sources import frames_from_shipped
+    from rvqspec_lib.models.tree_files import load_calibration, tree_file
+
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))
+    lm = loader.load_model("embedded")
+    cal = load_calibration(tree_file("embedded", "heads"))
+    ctx = frames_from_shipped(lm, "embedded", "calibration", max_frames=4).context
+    made = auto_decoder("embedded", lm.code_predictor, cal, ctx, frames=2, repeats=1, shortlist=2, budgets=(4, 8))
+    js = tmp_path / "s.json"
+    rc = main(["synth", "--model", "embedded", "--text", "Good morning.", "--out", str(tmp_path / "a.wav"),
+               "--decoder", "auto", "--max-frames", "4", "--json", str(js)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "--decoder auto chose cached choice" in err and made.label in err
+    assert any("--decoder auto chose" in n for n in json.loads(js.read_text())["notes"])

@@ -6,6 +6,7 @@
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
 #   make paper MODEL=<checkpoint> DATASET=<saved dataset> CODEC=<12 Hz tokenizer>   drafters on a real checkpoint
+#        FLEURS=<saved Fleurs> LIBRISPEECH=<saved LibriSpeech> ASR=whisper:<dir>     WER parity (notebook 04) on it
 #   make paper THREADS=2          torch threads in the timing notebooks (default 1, as the committed figures:
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,
@@ -45,6 +46,8 @@ NB_EXEC       := $(patsubst notebooks/%.py,$(FIG_DIR)/.%.done,$(NB_SRC))
 # DATASET= / CODEC=: frames of real speech for a real checkpoint's drafters (notebook 02; VoxPopuli schema)
 PM_PARAMS     := $(if $(SMOKE),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) $(if $(THREADS),-p threads $(THREADS)) \
                  $(if $(DATASET),-p dataset $(DATASET)) $(if $(CODEC),-p codec $(CODEC)) \
+                 $(if $(FLEURS),-p fleurs $(FLEURS)) $(if $(LIBRISPEECH),-p librispeech $(LIBRISPEECH)) \
+                 $(if $(ASR),-p asr $(ASR)) \
                  -p out_dir $(abspath $(FIG_DIR))
 
 BENCH_MODEL   ?= qwen3-tts-0.6b-random

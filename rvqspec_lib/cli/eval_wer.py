@@ -101,6 +101,15 @@ def run(args) -> int:
         err = _check_out(args.json)
         if err:
             raise ValueError(err)
+        if not args.dataset:
+            from rvqspec_lib.models.utterances import embedded_root
+
+            try:
+                embedded_root(args.model)
+            except FileNotFoundError:
+                raise ValueError(f"no evaluation data for {', '.join(languages)} with model {args.model}: pass "
+                                 "--dataset (a Fleurs folder written by save_to_disk, one config per language) and "
+                                 "--codec") from None
     except ValueError as e:
         return _die(str(e))
     if args.threads:
@@ -123,8 +132,6 @@ def _run(args, names, needs, languages, progress) -> int:
     from rvqspec_lib.spec.drafters import ReusedHeads
 
     lm = load_model(args.model)
-    if lm.is_random:
-        print(f"note: {args.model} has RANDOM weights: its WER means nothing", file=sys.stderr)
     own = getattr(lm.speech_tokenizer, "codec", None)
     codec = load_codec(args.codec) if args.codec else own
     data = evaluation_data(args.model, languages, codec=codec, dataset=args.dataset, dataset_kind=args.dataset_kind,
@@ -132,6 +139,8 @@ def _run(args, names, needs, languages, progress) -> int:
                            work_dir=args.work_dir, progress=progress)
     if codec is None:
         raise ValueError(f"{args.model} has no offline codec: pass --dataset and --codec")
+    if lm.is_random:
+        print(f"note: {args.model} has RANDOM weights: its WER means nothing", file=sys.stderr)
     # codes -> audio that codes 1..15 change: the offline codec's table decoder (its neural one ignores them)
     audio_codec = codec.with_decoder(None) if hasattr(codec, "with_decoder") else codec
     drafter = ReusedHeads()

@@ -181,16 +181,17 @@ def load_speech_dataset(source: str | os.PathLike, kind: str, *, language: str |
     if missing:
         raise ValueError(f"{where} has no {' or '.join(repr(m) for m in missing)} column (columns: {', '.join(cols)})"
                          f": a {kind} dataset needs {schema.audio!r} and one of {', '.join(schema.text)}")
+    feat = ds.features.get(schema.audio)
+    if isinstance(feat, hf.Audio) and feat.decode:  # decoded by speech_items with soundfile (no torchcodec needed)
+        ds = ds.cast_column(schema.audio, hf.Audio(decode=False))
     if lang is not None and filter_language:
-        col = next((c for c in ("language", "lang_id") if c in cols and isinstance(ds[0][c], str)), None)
+        col = next((c for c in ("language", "lang_id") if c in cols and isinstance(ds.features[c], hf.Value)
+                    and ds.features[c].dtype == "string"), None)
         if col is not None:
             keep = {lang.code, lang.name, lang.fleurs, lang.fleurs.split("_")[0]}
-            ds = ds.filter(lambda r: str(r[col]).lower() in keep)
+            ds = ds.filter(lambda v: str(v).lower() in keep, input_columns=[col])
             if len(ds) == 0:
                 raise ValueError(f"{where} has no row of language {lang.code!r} (column {col!r})")
-    feat = ds.features.get(schema.audio)
-    if isinstance(feat, hf.Audio) and feat.decode:
-        ds = ds.cast_column(schema.audio, hf.Audio(decode=False))
     return ds
 
 

@@ -56,9 +56,16 @@ DECODER_FORMS = ("ar, chain:N (N in 2..8), chain:best, tree:calibrated[:N], tree
 # decoder names
 # ----------------------------------------------------------------------------------------------------------------
 def split_decoder_list(text: str) -> list[str]:
-    """``"ar,chain:4,tree:0;1;0,0,ssd-lossy"`` -> ``["ar", "chain:4", "tree:0;1;0,0", "ssd-lossy"]``: commas split
-    only where a decoder name starts (rank paths use commas too). Raises ``ValueError`` on an empty list."""
-    parts = [p.strip() for p in re.split(r",(?=\s*(?:ar|chain|tree|ssd)\b)", text or "") if p.strip()]
+    """``"ar,chain:4,tree:0;1;0,0,ssd-lossy"`` -> ``["ar", "chain:4", "tree:0;1;0,0", "ssd-lossy"]``: a piece that
+    starts with a digit continues the rank paths before it (paths use commas too). Raises ``ValueError`` on an empty
+    list."""
+    parts: list[str] = []
+    for piece in (text or "").split(","):
+        piece = piece.strip()
+        if parts and piece[:1].isdigit():
+            parts[-1] += "," + piece
+        elif piece:
+            parts.append(piece)
     if not parts:
         raise ValueError(f"no decoder given: use a comma-separated list of {DECODER_FORMS}")
     return parts

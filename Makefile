@@ -9,6 +9,7 @@
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
 #   make paper MODEL=<checkpoint> DATASET=<saved dataset> CODEC=<12 Hz tokenizer>   drafters on a real checkpoint
+#        FLEURS=<saved Fleurs> LIBRISPEECH=<saved LibriSpeech> ASR=whisper:<dir>     WER parity (notebook 04) on it
 #   make paper THREADS=2          torch threads in the timing notebooks (default 1, as the committed figures:
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,
@@ -39,7 +40,7 @@ NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
 # Notebook parameters passed by papermill (the first code cell of each notebook is tagged "parameters").
 # SMOKE=1 (not 0/false/no): small parameters; MODEL=: another model; THREADS=N pins torch's thread count (default 1,
 # as the committed figures; the tables say so); DATASET= / CODEC=: frames of real speech for a real checkpoint's
-# drafters (notebook 02; VoxPopuli schema).
+# drafters (notebook 02; VoxPopuli schema); FLEURS= / LIBRISPEECH= / ASR=: notebook 04's data sets and recogniser.
 SMOKE_ON      := $(filter-out 0 false no,$(SMOKE))
 MODEL_TAG     := $(subst /,_,$(MODEL))
 THREADS       ?= 1
@@ -48,7 +49,9 @@ EXEC_DIR      := build/executed/$(RUN_TAG)
 FIG_DIR       ?= $(if $(SMOKE_ON),build/smoke_figures$(if $(MODEL),/$(MODEL_TAG)),figures$(if $(MODEL),/$(MODEL_TAG)))
 PM_PARAMS     := $(strip $(if $(SMOKE_ON),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) \
                  $(if $(THREADS),-p threads $(THREADS)) $(if $(DATASET),-p dataset $(DATASET)) \
-                 $(if $(CODEC),-p codec $(CODEC)) -p out_dir $(abspath $(FIG_DIR)))
+                 $(if $(CODEC),-p codec $(CODEC)) $(if $(FLEURS),-p fleurs $(FLEURS)) \
+                 $(if $(LIBRISPEECH),-p librispeech $(LIBRISPEECH)) $(if $(ASR),-p asr $(ASR)) \
+                 -p out_dir $(abspath $(FIG_DIR)))
 # One stamp per notebook IN the figures folder (deleting the folder, or a stamp, re-runs the notebook), and the
 # parameters the folder's outputs were made with beside them (.paper-params): a run with other parameters (another
 # THREADS, DATASET, ...) rewrites that file, so every notebook of the folder runs again; never a stamp of another run.

@@ -83,6 +83,8 @@ def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
         _check_01(metrics, out)
     if prefix == "02":
         _check_02(metrics, out)
+    if prefix == "04":
+        _check_04(metrics, out)
 
 
 def _check_00(metrics: dict, out: Path) -> None:
@@ -211,3 +213,57 @@ def _check_02(metrics: dict, out: Path) -> None:
     assert metrics["deployed_offsets"] in ("offsets-ce", "offsets-kl", "offsets-tv")
     assert not any(k.startswith(("model_", "deployed")) for k in metrics["drafter_files"])
     assert "medusa" not in metrics["drafter_files"]
+
+
+def _check_04(metrics: dict, out: Path) -> None:
+    import csv
+
+    from rvqspec_lib.models.tree_files import load_calibration
+
+    # smoke: English (3 shipped evaluation utterances) and German (1 sentence rendered with espeak-ng), trees of N 4
+    params = metrics["provenance"]["params"]
+    assert metrics["languages"] == ["en", "de"] and metrics["n_utterances"] == {"en": 3, "de": 1}
+    assert Path(params["work_dir"]).is_relative_to(out)  # a smoke run writes only under its out_dir
+    decs = metrics["decoders"]
+    lossy = [k for k, d in decs.items() if not d["lossless"]]
+    assert lossy == ["ssd-lossy-b0.4-w4"] and "Lossy" in decs[lossy[0]]["repr"]
+    assert {"ar", "ar-seed2", "tree-pm-N4", "tree-sampled-N4"} <= set(decs)
+    assert any(k.startswith("chain") for k in decs) and metrics["best_chain"] == int(
+        next(k for k in decs if k.startswith("chain"))[5:])
+    for lang, tpc in metrics["tokens_per_call"].items():
+        assert tpc["ar"] == tpc["ar-seed2"] == 1.0 and all(v > 1.0 for k, v in tpc.items() if not k.startswith("ar"))
+    # Table 3: one row per language and decoder, values copied from the metrics, the lossy control labelled
+    with (out / "04_table3.csv").open() as f:
+        t3 = list(csv.DictReader(f))
+    assert len(t3) == 2 * len(decs)
+    for r in t3:
+        label = r["decoder"].replace(" (LOSSY control)", "")
+        assert float(r["tokens_per_call"]) == metrics["tokens_per_call"][r["language"]][label]
+        assert ("LOSSY" in r["decoder"]) == (label in lossy)
+        assert r["language"] == "en" or r["wer_note"] == "no offline recogniser"
+    # Table 1: the calibration frames used and every evaluation utterance, counted
+    t1 = {(r["split"], r["language"]): r for r in metrics["table1"]}
+    assert set(t1) == {("calibration", "en"), ("evaluation", "en"), ("evaluation", "de")}
+    assert t1[("calibration", "en")]["frames"] == metrics["calibration_frames"] == 48
+    assert t1[("evaluation", "en")]["samples"] == 3 and t1[("evaluation", "en")]["frames"] == metrics["n_frames"]["en"]
+    assert t1[("evaluation", "de")]["frames"] == metrics["n_frames"]["de"] and all(r["hours"] > 0 for r in t1.values())
+    # tests: every non-reference decoder of every language has a verdict and a stated power
+    for lang in metrics["languages"]:
+        summ = metrics["code_tests"][lang]
+        assert set(summ) == set(decs) - {"ar"}
+        assert all(0 <= s["power_rank"] <= 1 and 0 <= s["min_p_holm"] <= 1 for s in summ.values())
+    assert {(v["language"], v["decoder"]) for v in metrics["verdicts"]} == {
+        (lang, k) for lang in metrics["languages"] for k in decs if k != "ar"}
+    assert "prompt-bigram" in metrics["asr"]["en"] and metrics["asr"]["de"] is None
+    assert set(metrics["wer"]) == set(decs) and "vs_reference" in metrics["wer"][lossy[0]]
+    assert set(metrics["free_running"]) == {"ar", "ar-seed2", lossy[0]}
+    assert len(metrics["hypotheses"]["ar"]) == len(metrics["references"]) == 3
+    cal = load_calibration(out / "04_trees_heads.json", n_codes=15, codebook_size=2048)
+    assert cal["budgets"] == [4]
+    for stem in ("04_table1", "04_table3", "04_calibration", "04_wer_parity", "04_free_running", "04_outliers",
+                 "04_verdicts"):
+        for ext in (".csv", ".md", ".provenance.json"):
+            assert (out / (stem + ext)).stat().st_size > 0, stem + ext
+    for stem in ("04_code_tests", "04_wer_difference", "04_tokens_per_call_by_language"):
+        for ext in (".png", ".pdf", ".provenance.json"):
+            assert (out / (stem + ext)).stat().st_size > 0, stem + ext

@@ -28,7 +28,15 @@ import sys
 import time
 from typing import Sequence
 
-from rvqspec_lib.cli import bench, eval_acceptance, synth, train_drafter
+from rvqspec_lib.cli import (
+    bench,
+    eval_acceptance,
+    eval_wer,
+    extract_frames,
+    synth,
+    train_drafter,
+    train_drafter_parallel,
+)
 from rvqspec_lib.cli.common import (
     OUTPUT_FLAGS,
     _die,
@@ -44,13 +52,17 @@ COMMANDS = {
     "bench": (bench, "per-call latency of the talker and the code predictor"),
     "train-drafter": (train_drafter, "train position-aware offsets or Medusa heads"),
     "eval-acceptance": (eval_acceptance, "tokens per call and acceptance of a drafter"),
+    "eval-wer": (eval_wer, "WER parity and code-distribution tests of the decoders against AR (notebook 04)"),
+    "extract-frames": (extract_frames, "teacher-forced frames of a split, one shard per process (accelerate launch)"),
+    "train-drafter-parallel": (train_drafter_parallel, "train a drafter data-parallel over processes "
+                                                       "(accelerate launch -m rvqspec_lib.cli.train_drafter_parallel)"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``rvqspec`` parser: global ``--threads`` and one sub-parser per command."""
     parser = argparse.ArgumentParser(prog="rvqspec", description="rvqspec: lossless speculative decoding of the "
-                                     "RVQ inner loop of Qwen3-TTS (synth, bench, train-drafter, eval-acceptance)")
+                                     "RVQ inner loop of Qwen3-TTS")
     add_threads_arg(parser, dest="global_threads")
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, (module, help_line) in COMMANDS.items():

@@ -226,8 +226,13 @@ class TransformersASR(ASR):
         wav = _mono_float(wav)
         if wav.size == 0:
             return ""
+        target = int(getattr(getattr(self._pipe, "feature_extractor", None), "sampling_rate", 0) or sample_rate)
+        if int(sample_rate) != target:  # the pipeline resamples with torchaudio, which does not load here: librosa
+            import librosa
+
+            wav = librosa.resample(wav, orig_sr=int(sample_rate), target_sr=target)
         kw = {"generate_kwargs": {"language": self.language}} if self.language else {}
-        out = self._pipe({"raw": wav, "sampling_rate": int(sample_rate)}, **kw)
+        out = self._pipe({"raw": wav, "sampling_rate": target}, **kw)
         return str(out["text"]).strip()
 
 

@@ -147,6 +147,8 @@ class RoundPlan:
             chain-shaped Tree IS :class:`~rvqspec_lib.spec.decoders.Chain`, draw for draw).
         sibling_groups: for sampled trees, ``(offset, parents (P,), children (P, k))`` for each offset and number of
             children k: the parents whose k children are drawn together without replacement.
+        tolerance: 0.0 for every lossless decoder; SSD's LOSSY tolerance beta for the control
+            :class:`~rvqspec_lib.spec.decoders.LossySSD` (passed to :func:`~rvqspec_lib.spec.verify.walk_tree`).
     """
 
     tree: DraftTree
@@ -159,6 +161,7 @@ class RoundPlan:
     slots: int
     chain_shaped: bool = True
     sibling_groups: tuple = ()
+    tolerance: float = 0.0
 
     @property
     def n_query(self) -> int:
@@ -166,7 +169,7 @@ class RoundPlan:
         return self.tree.n_nodes + 1
 
     @classmethod
-    def build(cls, tree: DraftTree, n_codes: int, *, sampled: bool, device) -> "RoundPlan":
+    def build(cls, tree: DraftTree, n_codes: int, *, sampled: bool, device, tolerance: float = 0.0) -> "RoundPlan":
         m1 = tree.n_nodes + 1
         kids = [[int(c) for c in row if c >= 0] for row in tree.children]
         groups: dict[tuple[int, int], list[int]] = {}
@@ -178,7 +181,7 @@ class RoundPlan:
             for (t, _), parents in sorted(groups.items()))
         return cls(tree, tree.depth.to(device), tree.ancestors.to(device), tree.children.to(device),
                    tree.rank[1:].to(device), torch.eye(m1, dtype=torch.bool, device=device)[None], sampled,
-                   n_codes + m1, all(len(ch) <= 1 for ch in kids), sibling_groups)
+                   n_codes + m1, all(len(ch) <= 1 for ch in kids), sibling_groups, float(tolerance))
 
 
 @dataclass
@@ -323,7 +326,7 @@ def accept(plan: RoundPlan, drafted: Draft, verified: Verified, generator: torch
     """Step 3, accept: the lossless walk (:func:`rvqspec_lib.spec.verify.walk_tree`), a pure function of p, q and
     the generator."""
     return verify_rules.walk_tree(verified.p, drafted.node_codes, plan.children, verified.node_valid, verified.fed,
-                                  generator, drafted.q)
+                                  generator, drafted.q, tolerance=plan.tolerance)
 
 
 def commit(plan: RoundPlan, state: FrameState, drafted: Draft, verified: Verified,
@@ -409,7 +412,8 @@ def decode_frame(
     if tree.max_rank >= vocab:
         raise ValueError(f"tree rank {tree.max_rank} is out of range for a codebook of {vocab} codes: "
                          f"use ranks 0..{vocab - 1}")
-    plan = RoundPlan.build(tree, n, sampled=decoder.sampled_drafts, device=context.device)
+    plan = RoundPlan.build(tree, n, sampled=decoder.sampled_drafts, device=context.device,
+                           tolerance=getattr(decoder, "lossy_tolerance", 0.0))
     state = prefill(cp, context, plan, sampling, generator)
     while bool(state.active.any()):
         drafted = draft(cp, drafter, plan, state, sampling, generator)

@@ -1,4 +1,5 @@
-"""The inner-loop decoders as strategies: :class:`AR`, :class:`Chain` and :class:`Tree` (docs/methods.md).
+"""The inner-loop decoders as strategies: :class:`AR`, :class:`Chain` and :class:`Tree` (docs/methods.md), and
+:class:`LossySSD`, a deliberately LOSSY control (SSD's tolerance rule) that WER-parity tests must catch.
 
 A decoder says which draft tree one verify call checks (``tree(n_codes)``) and whether drafts are SAMPLED from q
 (Chain; the ``min(1, p/q)`` rule) or the top-ranked codes of q (Tree with point-mass drafts; accept x with p(x)).
@@ -116,4 +117,56 @@ class Tree:
     @property
     def sampled_drafts(self) -> bool:
         return self.sampled
+
+
+@dataclass(frozen=True)
+class LossySSD:
+    """LOSSY control, NOT distribution-preserving: SSD's tolerance rule (Lin et al., Interspeech 2025, seed 004;
+    docs/methods.md#ssd-tolerance-rule-a-lossy-control).
+
+    A :class:`Chain` of ``window - 1`` drafts sampled from q whose drafts are accepted when
+    ``u < min(1, p/q) + beta`` instead of ``u < min(1, p/q)``: any ``beta > 0`` keeps drafts more often than p
+    allows, so the committed codes drift toward q. The residual and bonus draws are the chain's. It exists only as a
+    negative control for WER parity and the code-distribution tests (:mod:`rvqspec_lib.eval.parity`), and its repr,
+    :attr:`label` and every table that shows it say "lossy".
+
+    Args:
+        window: the committed code plus ``window - 1`` drafts (SSD's main setting: draft length 3, i.e. 4).
+        beta: the tolerance (SSD's main setting 0.4), in (0, 1].
+
+    Raises:
+        ValueError: window outside 2..8, beta outside (0, 1].
+    """
+
+    window: int = 4
+    beta: float = 0.4
+
+    #: whether the decoder preserves the target distribution (False: the output is NOT distributed as p)
+    lossless = False
+    sampled_drafts = True
+
+    def __post_init__(self):
+        Chain(self.window)  # the same window check, the same message
+        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not 0 < float(self.beta) <= 1:
+            raise ValueError(f"LossySSD beta must be in (0, 1] (SSD uses 0.4; beta 0 is the lossless Chain), "
+                             f"got {self.beta!r}")
+        object.__setattr__(self, "beta", float(self.beta))
+
+    def tree(self, n_codes: int) -> DraftTree:
+        return DraftTree.chain(self.window - 1)
+
+    @property
+    def lossy_tolerance(self) -> float:
+        """The tolerance ``beta`` that :func:`rvqspec_lib.spec.verify.walk_tree` adds to the acceptance ratio."""
+        return self.beta
+
+    @property
+    def label(self) -> str:
+        """Short name for tables: ``ssd-lossy-b0.4-w4``."""
+        return f"ssd-lossy-b{self.beta:g}-w{self.window}"
+
+
+def is_lossless(decoder) -> bool:
+    """Whether a decoder preserves the target distribution (AR, Chain, Tree: yes; :class:`LossySSD`: no)."""
+    return bool(getattr(decoder, "lossless", True)) and not getattr(decoder, "lossy_tolerance", 0.0)
 

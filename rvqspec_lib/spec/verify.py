@@ -85,6 +85,7 @@ def walk_tree(
     has_next: torch.Tensor,
     generator: torch.Generator | None,
     q: torch.Tensor | None = None,
+    tolerance: float = 0.0,
 ) -> WalkResult:
     """Verify a draft tree per row (the lossless multi-child rule), vectorised over rows.
 
@@ -98,6 +99,10 @@ def walk_tree(
         generator: explicit RNG; ``None`` draws a fresh unseeded generator (never the global RNG).
         q: ``(B, M+1, V)`` draft distribution each node's code was SAMPLED from, or ``None`` for point-mass
             (top-ranked) drafts.
+        tolerance: ``0.0`` (every lossless decoder). A value beta > 0 is SSD's LOSSY tolerance rule (Lin et al.,
+            Interspeech 2025; docs/methods.md#ssd-tolerance-rule-a-lossy-control): a sampled draft is accepted when
+            ``u < min(1, p/q) + beta``, more often than p allows, so the output is NOT distributed as p. Only for
+            the lossy control of WER parity (:class:`rvqspec_lib.spec.decoders.LossySSD`); point-mass drafts ignore it.
 
     Returns:
         :class:`WalkResult`.
@@ -127,6 +132,8 @@ def walk_tree(
             x = node_codes[rows, cc]
             q_c = q[rows, cc] if q is not None else None
             ratio = acceptance_ratio(resid, x, None if q_c is None else q_c.gather(1, x[:, None]).squeeze(1))
+            if tolerance and q_c is not None:  # LOSSY (SSD): departs from the rule on purpose, a control only
+                ratio = ratio + tolerance
             u = torch.rand(b, generator=generator, device=dev)
             acc = ok & (u < ratio)
             rej = ok & ~acc

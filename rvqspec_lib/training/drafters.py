@@ -140,7 +140,9 @@ class _HiddenSource:
 
 
 @torch.no_grad()
-def _evaluate(drafter, cp, src: _HiddenSource, *, loss, sampling, batch_size) -> tuple[float, list[float]]:
+def _evaluate(drafter, cp, src: _HiddenSource, *, loss, sampling, batch_size, parallel=None) -> tuple[float, list[float]]:
+    """Validation loss and exact acceptance by offset, means over the frames of ``src``; with ``parallel``, the
+    sums of every process's frames are added before dividing (each process holds its block of the frames)."""
     tot, acc, count = 0.0, None, 0
     frames = src.frames
     for i in range(0, len(frames), batch_size):
@@ -151,6 +153,12 @@ def _evaluate(drafter, cp, src: _HiddenSource, *, loss, sampling, batch_size) ->
         a = st["acceptance_by_offset"].double() * len(idx)
         acc = a if acc is None else acc + a
         count += len(idx)
+    if parallel is not None and parallel.world > 1:
+        k = drafter.K
+        sums = torch.cat([torch.tensor([tot, float(count)], dtype=torch.float64),
+                          (acc.cpu() if acc is not None else torch.zeros(k, dtype=torch.float64))])
+        parallel.all_reduce_(sums)
+        tot, count, acc = float(sums[0]), int(sums[1]), sums[2:]
     return tot / count, (acc / count).tolist()
 
 
@@ -158,7 +166,8 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
                   sampling: Sampling | None = None, lr: float | None = None, batch_size: int = 64,
                   max_epochs: int = 20, patience: int = 3, min_delta: float = 1e-4, val_fraction: float = 0.1,
                   seed: int = 0, cache_mb: float = 1024, progress: bool = False,
-                  curve_path: str | os.PathLike | None = None, select: str = "acceptance") -> TrainResult:
+                  curve_path: str | os.PathLike | None = None, select: str = "acceptance",
+                  parallel=None) -> TrainResult:
     """Train a drafter's own parameters with Adam; the code predictor stays frozen and unchanged.
 
     The loop (epochs, evaluation after each, early stopping, best state) is :func:`rvqspec_lib.training.loop.fit`;
@@ -178,7 +187,12 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         select: ``"acceptance"`` (default: the mean exact acceptance rate over the K offsets under ``sampling``,
             what decoding pays for; a lower loss can come with lower acceptance) or ``"loss"`` (the training loss).
         seed: seeds the batch order (the only randomness). cache_mb: keep hidden states in memory up to this size.
-        curve_path: also write :meth:`TrainResult.to_json` here.
+        curve_path: also write :meth:`TrainResult.to_json` here (the main process only).
+        parallel: a :class:`rvqspec_lib.training.distributed.Parallel` of several processes (``accelerate launch``):
+            every process passes the SAME ``train`` / ``val`` frames and keeps only its block's hidden states; each
+            global batch's loss is computed on this process's part of it, weighted by its share of the batch, and the
+            gradients are summed over processes before each step, so every process takes the single-process step
+            (equal up to float32 rounding). ``None``: one process.
 
     Raises:
         ValueError: a drafter without parameters (heads), an unknown loss, frames of another code predictor.
@@ -206,9 +220,16 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         for p in cp.parameters():
             p.requires_grad_(False)
         cp.eval()
-        tr_src = _HiddenSource(cp, train, batch_size, cache_mb)
-        va_src = _HiddenSource(cp, val, batch_size, cache_mb)
+        par = parallel
+        world = 1 if par is None else par.world
+        t0, t1 = (0, len(train)) if world == 1 else par.block(len(train))
+        v0, v1 = (0, len(val)) if world == 1 else par.block(len(val))
+        train_mine = train if world == 1 else train.subset(torch.arange(t0, t1))
+        tr_src = _HiddenSource(cp, train_mine, batch_size, cache_mb)
+        va_src = _HiddenSource(cp, val if world == 1 else val.subset(torch.arange(v0, v1)), batch_size, cache_mb)
         opt = torch.optim.Adam(params, lr=lr)
+        if world > 1:
+            opt = par.summed_gradients(opt, params)
         gen = torch.Generator().manual_seed(seed)
 
         def epoch_batches(epoch: int):
@@ -216,13 +237,24 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
             return [order[i: i + batch_size] for i in range(0, len(train), batch_size)]
 
         def step(idx):
-            value, _ = drafter_loss(drafter, cp, tr_src(idx), train.ce_targets[idx].to(tr_src.dev), loss=loss,
-                                    sampling=sampling)
-            return value
+            if world == 1:
+                value, _ = drafter_loss(drafter, cp, tr_src(idx), train.ce_targets[idx].to(tr_src.dev), loss=loss,
+                                        sampling=sampling)
+                return value
+            mine = idx[(idx >= t0) & (idx < t1)] - t0  # this process's part of the global batch
+            if len(mine):
+                value, _ = drafter_loss(drafter, cp, tr_src(mine), train_mine.ce_targets[mine].to(tr_src.dev),
+                                        loss=loss, sampling=sampling)
+                value = value * (len(mine) / len(idx))  # its share of the global batch mean
+            else:  # nothing here: a zero loss that still takes part in the gradient sum
+                value = sum(p.sum() for p in params) * 0.0
+            total = par.all_reduce_(value.detach().double().reshape(1).clone())
+            return value, {"loss": float(total)}
 
         def evaluation():
             drafter.eval()
-            v_loss, v_acc = _evaluate(drafter, cp, va_src, loss=loss, sampling=sampling, batch_size=batch_size)
+            v_loss, v_acc = _evaluate(drafter, cp, va_src, loss=loss, sampling=sampling, batch_size=batch_size,
+                                      parallel=par)
             drafter.train()
             return {"val_loss": v_loss, "val_acceptance_by_offset": v_acc, "val_acceptance": float(np.mean(v_acc))}
 
@@ -247,10 +279,11 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         "val_loss": kept["val_loss"], "val_acceptance_by_offset": kept["val_acceptance_by_offset"],
         "val_acceptance_at_init": curve[0]["val_acceptance_by_offset"],
         "n_train_frames": len(train), "n_val_frames": len(val), "data": train.source,
+        "processes": 1 if parallel is None else parallel.world,
         "git": git_revision(), "created_utc": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
     }
     result = TrainResult(drafter, curve, best_epoch, stopped)
-    if curve_path is not None:
+    if curve_path is not None and (parallel is None or parallel.is_main):
         Path(curve_path).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(curve_path, json.dumps(result.to_json(), indent=1, default=str) + "\n")
     return result

@@ -1,0 +1,102 @@
+"""``rvqspec extract-frames``: teacher-forced frames of many utterances, data-parallel under ``accelerate launch``
+(:mod:`rvqspec_lib.training.distributed`).
+
+Examples::
+
+    rvqspec extract-frames --model embedded --split training --out build/frames/training
+    accelerate launch --multi_gpu --num_processes 8 -m rvqspec_lib.cli.extract_frames --model /ckpt \\
+        --dataset /data/voxpopuli_en --codec /ckpt/speech_tokenizer --out /data/frames/voxpopuli
+
+Every process writes its shard (``frames-<rank>-of-<world>.safetensors``); the main process writes ``index.json``;
+``rvqspec train-drafter-parallel --frames DIR`` (or :func:`rvqspec_lib.training.distributed.load_frame_shards`)
+reads them. Exposes ``add_args(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rvqspec_lib.cli.common import add_threads_arg, apply_threads, resolve_threads
+
+
+def _die(msg: str) -> int:
+    print(f"rvqspec: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """The flags of ``rvqspec extract-frames``."""
+    p.add_argument("--model", required=True, help="embedded, a checkpoint folder or a hub id")
+    p.add_argument("--out", required=True, help="folder for the shards and index.json")
+    p.add_argument("--split", default="training", help="the model's shipped split (embedded: training, validation, "
+                                                       "calibration, evaluation)")
+    p.add_argument("--dataset", help="a datasets folder (save_to_disk) of audio + text, VoxPopuli schema")
+    p.add_argument("--codec", help="with --dataset: the model's codec (file or folder)")
+    p.add_argument("--language", default="auto", help="with --dataset: prompt language")
+    p.add_argument("--max-utterances", type=int, default=None, help="the first utterances (rows) only")
+    p.add_argument("--batch-size", type=int, default=8, help="utterances per talker pass")
+    add_threads_arg(p)
+
+
+def run(args, threads: int | None = None) -> int:
+    """Run ``rvqspec extract-frames`` in this process (one of several under ``accelerate launch``)."""
+
+    from rvqspec_lib.models.loader import load_model
+    from rvqspec_lib.training.distributed import (
+        Parallel,
+        extract_dataset_frames,
+        extract_frames,
+    )
+
+    if args.codec and not args.dataset:
+        return _die("--codec is used only with --dataset")
+    if args.dataset and not args.codec:
+        return _die("--dataset needs --codec (the codec that turns its audio into codes)")
+    for flag, v in (("--max-utterances", args.max_utterances), ("--batch-size", args.batch_size)):
+        if v is not None and v < 1:
+            return _die(f"{flag} must be >= 1, got {v}")
+    if Path(args.out).is_file():
+        return _die(f"--out {args.out} is a file: give a folder")
+    apply_threads(resolve_threads(args.threads, None) if threads is None else threads)
+    par = Parallel.detect()
+    progress = sys.stderr.isatty() and par.is_main
+    try:
+        lm = load_model(args.model, device=par.device)
+        if args.dataset:
+            from rvqspec_lib.models.speech_tokenizers import load_codec
+
+            out = extract_dataset_frames(args.dataset, lm, load_codec(args.codec, device=par.device), args.out,
+                                         parallel=par, language=args.language, max_items=args.max_utterances,
+                                         progress=progress)
+        else:
+            from rvqspec_lib.models.utterances import (
+                embedded_root,
+                load_shipped_utterances,
+            )
+
+            try:
+                root = embedded_root(args.model)
+            except FileNotFoundError:
+                return _die(f"{args.model} ships no utterances: pass --dataset and --codec")
+            _, utts = load_shipped_utterances(root / "utterances.safetensors", splits=[args.split],
+                                              limit=args.max_utterances)
+            out = extract_frames(lm, utts, args.out, parallel=par, batch_size=args.batch_size, progress=progress,
+                                 source={"split": args.split, "model": args.model})
+    except (ValueError, FileNotFoundError) as e:
+        return _die(str(e).splitlines()[0])
+    if par.is_main:
+        print(f"wrote {par.world} shard(s) and index.json to {out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """``python -m rvqspec_lib.cli.extract_frames`` (what ``accelerate launch -m`` runs)."""
+    p = argparse.ArgumentParser(prog="rvqspec extract-frames")
+    add_args(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""``rvqspec train-drafter-parallel``: train a drafter on frame shards, data-parallel under ``accelerate launch``
+(:func:`rvqspec_lib.training.drafters.train_drafter` with ``parallel=``; :mod:`rvqspec_lib.training.distributed`).
+
+Examples::
+
+    rvqspec extract-frames --model embedded --split training --out build/frames/train
+    rvqspec extract-frames --model embedded --split validation --out build/frames/val
+    accelerate launch --multi_gpu --num_processes 2 -m rvqspec_lib.cli.train_drafter_parallel --model embedded \\
+        --frames build/frames/train --val-frames build/frames/val --drafter offsets --out my_offsets.safetensors
+
+Every process reads the frames, keeps its block, and takes the same optimiser steps as one process would (the
+gradients are summed over processes); the main process writes the drafter, its JSON and its training curve.
+Exposes ``add_args(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rvqspec_lib.cli.common import add_threads_arg, apply_threads, resolve_threads
+
+
+def _die(msg: str) -> int:
+    print(f"rvqspec: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """The flags of ``rvqspec train-drafter-parallel``."""
+    p.add_argument("--model", required=True, help="embedded, a checkpoint folder or a hub id")
+    p.add_argument("--frames", required=True, help="training frames: a folder of shards (extract-frames) or a "
+                                                   "frames file (.safetensors)")
+    p.add_argument("--val-frames", help="validation frames (same forms); default: --val-fraction of --frames")
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--drafter", required=True, choices=["offsets", "medusa"])
+    p.add_argument("--loss", choices=["ce", "kl", "tv"], default="ce")
+    p.add_argument("--K", type=int, default=3, help="offsets drafted (paper: 3)")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--patience", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=64, help="frames per GLOBAL batch (split over processes)")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="drafter file (.safetensors)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    add_threads_arg(p)
+
+
+def _frames(path: str):
+    from rvqspec_lib.eval.frames import Frames
+    from rvqspec_lib.training.distributed import load_frame_shards
+
+    p = Path(path)
+    return load_frame_shards(p) if p.is_dir() else Frames.load(p)
+
+
+def run(args, threads: int | None = None) -> int:
+    """Run ``rvqspec train-drafter-parallel`` in this process (one of several under ``accelerate launch``)."""
+
+    from rvqspec_lib.models.drafter_files import make_drafter, save_drafter
+    from rvqspec_lib.models.loader import load_model
+    from rvqspec_lib.spec.sampling import Sampling
+    from rvqspec_lib.training.distributed import Parallel
+    from rvqspec_lib.training.drafters import train_drafter
+
+    out = Path(args.out)
+    if out.suffix != ".safetensors":
+        return _die(f"--out must end in .safetensors, got {args.out}")
+    if out.exists() and not args.force:
+        return _die(f"--out {args.out} exists: pass --force to replace it, or choose another --out")
+    for flag, ok in (("--epochs", args.epochs >= 1), ("--batch-size", args.batch_size >= 1),
+                     ("--patience", args.patience >= 0), ("--val-fraction", 0 < args.val_fraction < 1)):
+        if not ok:
+            return _die(f"{flag} is out of range")
+    apply_threads(resolve_threads(args.threads, None) if threads is None else threads)
+    par = Parallel.detect()
+    try:
+        train = _frames(args.frames)
+        val = _frames(args.val_frames) if args.val_frames else None
+        lm = load_model(args.model, device=par.device)
+        drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=args.K).to(par.device)
+        sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
+        res = train_drafter(drafter, lm.code_predictor, train, val, loss=args.loss, sampling=sampling, lr=args.lr,
+                            batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
+                            val_fraction=args.val_fraction, seed=args.seed,
+                            progress=sys.stderr.isatty() and par.is_main,
+                            curve_path=out.with_suffix(".curve.json"), parallel=par)
+    except (ValueError, FileNotFoundError) as e:
+        return _die(str(e).splitlines()[0])
+    if par.is_main:
+        res.drafter.provenance["model"] = args.model
+        save_drafter(res.drafter, out)
+        c0, cb = res.curve[0], res.curve[res.best_epoch]
+        print(f"{args.drafter} on {par.world} process(es): validation acceptance "
+              f"{[round(a, 4) for a in c0['val_acceptance_by_offset']]} -> "
+              f"{[round(a, 4) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}); wrote {out}")
+    par.barrier()
+    return 0
+
+
+def main(argv=None) -> int:
+    """``python -m rvqspec_lib.cli.train_drafter_parallel`` (what ``accelerate launch -m`` runs)."""
+    p = argparse.ArgumentParser(prog="rvqspec train-drafter-parallel")
+    add_args(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The evaluation data of WER parity (notebook 04, ``rvqspec eval-wer``), per language, from whatever exists:
+
+* a user's data set (:func:`rvqspec_lib.eval.datasets.load_speech_dataset`: Fleurs per language, or any of the
+  paper's sets) encoded by the model's codec;
+* for the embedded model, offline: English = the shipped evaluation split (flite voices, their true codes), the
+  other languages = the multilingual sentences (``data/eval_texts/multilingual.tsv``) rendered here with espeak-ng
+  (:func:`rvqspec_lib.embedded.corpus.render_corpus`) and encoded by the shipped codec; the calibration split for
+  the trees.
+
+Every utterance comes with its Table 1 fields (``split``, ``role``, ``language``, ``seconds``, ``frames``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Sequence
+
+from rvqspec_lib.eval.datasets import LANGUAGES, encode_items, get_language, load_speech_dataset, speech_items
+from rvqspec_lib.models.audio import load_wav
+from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances
+
+
+def _shipped(model, split: str, n: int | None, seed: int, role: str):
+    root = embedded_root(model)
+    rows, utts = load_shipped_utterances(root / "utterances.safetensors", splits=[split])
+    idx = list(range(len(utts)))
+    if n is not None and n < len(idx):
+        idx = sorted(random.Random(seed).sample(idx, n))
+    meta = [{"split": split, "role": role, "language": "en", "seconds": float(rows[i]["seconds"]),
+             "frames": int(utts[i].codes.shape[0]), "id": rows[i]["id"], "voice": rows[i].get("voice")}
+            for i in idx]
+    return [utts[i] for i in idx], meta, {"kind": "shipped", "file": str(root / "utterances.safetensors"),
+                                          "split": split}
+
+
+def shipped_calibration(model: str | os.PathLike, *, n: int | None = None, seed: int = 0):
+    """``(utterances, meta, source)`` of the calibration split shipped beside an embedded model (``n``: a seeded
+    sample). Raises ``FileNotFoundError`` when the model ships no utterances."""
+    return _shipped(model, "calibration", n, seed, "tree calibration")
+
+
+def multilingual_evaluation(codec, work_dir: str | os.PathLike, languages: Sequence[str], *,
+                            n_per_language: int | None = None, progress: bool = False) -> dict:
+    """The multilingual sentences rendered with espeak-ng (one voice per language) and encoded by ``codec``.
+
+    Returns:
+        ``{lang: (utterances, meta, source)}`` for each requested non-English language with shipped sentences.
+    Raises:
+        MissingVoiceError: espeak-ng or sox is missing (the message names ``scripts/apt-voices.sh``).
+    """
+    from rvqspec_lib.embedded import corpus
+
+    wanted = [lang for lang in languages if lang != "en"]
+    if not wanted:
+        return {}
+    sents = [s for s in corpus.multilingual_sentences() if s.language in wanted]
+    if n_per_language is not None:
+        sents = [s for lang in wanted for s in [x for x in sents if x.language == lang][:n_per_language]]
+    voices = [v for v in corpus.DEFAULT_VOICES if corpus.VOICES[v].language in wanted]
+    rows = corpus.render_corpus(sents, Path(work_dir), voices=voices, progress=progress)
+    out = {}
+    for lang in wanted:
+        mine = [r for r in rows if r["language"] == lang]
+        if not mine:
+            continue
+        items = [{"id": r["id"], "text": r["text"], "wav": load_wav(Path(work_dir) / r["path"], codec.sample_rate),
+                  "sample_rate": codec.sample_rate} for r in mine]
+        utts, meta = encode_items(items, codec, n_code_groups=16)
+        out[lang] = (utts, [{**m, "split": "evaluation", "role": "WER parity, Table 3", "language": lang}
+                            for m in meta],
+                     {"kind": "rendered", "engine": "espeak-ng", "voices": sorted({r["voice"] for r in mine}),
+                      "texts": "data/eval_texts/multilingual.tsv", "folder": str(work_dir)})
+    return out
+
+
+def evaluation_data(model: str | os.PathLike, languages: Sequence[str], *, codec=None, dataset=None,
+                    dataset_kind: str = "fleurs", split: str | None = None, n_sentences: int | None = None,
+                    n_multilingual: int | None = None, seed: int = 0, work_dir: str | os.PathLike = "build/eval_wer",
+                    progress: bool = False) -> dict:
+    """The evaluation utterances of every language, with their Table 1 fields.
+
+    Args:
+        model: the model's name or folder (``"embedded"`` ships English evaluation utterances).
+        languages: ISO codes (:data:`rvqspec_lib.eval.datasets.LANGUAGES`).
+        codec: the model's codec (encodes rendered or dataset audio; for the embedded model, its shipped codec).
+        dataset: a local ``save_to_disk`` folder or hub id of ``dataset_kind`` (Fleurs: one config per language);
+            when given it is used for EVERY language.
+        n_sentences: at most this many utterances per language (a seeded sample of the shipped English split; the
+            first rows of a dataset). n_multilingual: at most this many rendered sentences per other language
+            (default ``n_sentences``). work_dir: where rendered audio goes (reruns reuse it).
+    Returns:
+        ``{lang: {"utterances", "meta", "source"}}`` in the order of ``languages``.
+    Raises:
+        ValueError: an unknown language; a language without data (one line naming ``--dataset``); a dataset without
+            the expected columns.
+    """
+    for lang in languages:
+        get_language(lang)
+    out: dict = {}
+    if dataset:
+        if codec is None:
+            raise ValueError("a dataset needs the codec that turns its audio into codes (--codec)")
+        for lang in languages:
+            ds = load_speech_dataset(dataset, dataset_kind, language=lang, split=split)
+            items = speech_items(ds, dataset_kind, max_items=n_sentences)
+            utts, meta = encode_items(items, codec, n_code_groups=16)
+            if not utts:
+                raise ValueError(f"{dataset} has no usable {lang} utterance (empty texts or audio)")
+            out[lang] = {"utterances": utts, "meta": [{**m, "split": split or "test", "role": "WER parity, Table 3",
+                                                       "language": lang} for m in meta],
+                         "source": {"kind": dataset_kind, "dataset": str(dataset), "language": lang}}
+        return out
+    try:
+        embedded_root(model)
+        shipped = True
+    except FileNotFoundError:
+        shipped = False
+    if not shipped:
+        raise ValueError(f"no evaluation data for {', '.join(languages)} with model {model}: pass --dataset (a "
+                         "Fleurs folder written by save_to_disk, one config per language) and --codec")
+    if "en" in languages:
+        utts, meta, src = _shipped(model, "evaluation", n_sentences, seed, "WER parity, Table 3")
+        out["en"] = {"utterances": utts, "meta": meta, "source": src}
+    others = [lang for lang in languages if lang != "en"]
+    if others:
+        if codec is None:
+            raise ValueError("rendering the multilingual sentences needs the model's codec")
+        from rvqspec_lib.embedded import corpus
+
+        have = {s.language for s in corpus.multilingual_sentences()}
+        missing = [lang for lang in others if lang not in have]
+        if missing:
+            raise ValueError(f"no evaluation sentences for {', '.join(missing)} offline (shipped: en, "
+                             f"{', '.join(sorted(have))}): pass --dataset with a Fleurs folder")
+        ml = multilingual_evaluation(codec, Path(work_dir) / "multilingual", others,
+                                     n_per_language=n_multilingual or n_sentences, progress=progress)
+        for lang in others:
+            utts, meta, src = ml[lang]
+            out[lang] = {"utterances": utts, "meta": meta, "source": src}
+    return {lang: out[lang] for lang in languages}
+
+
+def calibration_data(model: str | os.PathLike, *, codec=None, librispeech=None, split: str | None = None,
+                     n_sentences: int | None = None, seed: int = 0):
+    """``(utterances, meta, source)`` of the calibration set: a LibriSpeech folder or hub id when given (the paper's
+    calibration set, encoded by ``codec``), else the calibration split shipped beside the model.
+
+    Raises:
+        ValueError: neither exists (one line naming ``librispeech``); a dataset without the expected columns.
+    """
+    if librispeech:
+        if codec is None:
+            raise ValueError("LibriSpeech audio needs the model's codec to become codes")
+        ds = load_speech_dataset(librispeech, "librispeech", split=split)
+        utts, meta = encode_items(speech_items(ds, "librispeech", max_items=n_sentences), codec, n_code_groups=16)
+        return utts, [{**m, "split": split or "test", "role": "tree calibration", "language": "en"} for m in meta], \
+            {"kind": "librispeech", "dataset": str(librispeech)}
+    try:
+        return shipped_calibration(model, n=n_sentences, seed=seed)
+    except FileNotFoundError:
+        raise ValueError(f"{model} ships no calibration split: pass a LibriSpeech folder (save_to_disk) or a "
+                         "calibrated trees file, or use chain:N and explicit trees") from None
+
+
+def calibrate_decoders(lm, utterances: Sequence, *, needs, calibration_path: str | os.PathLike | None = None,
+                       max_frames: int = 1000, budgets: Sequence[int] | None = None, seed: int = 0,
+                       progress: bool = False) -> dict:
+    """What ``tree:calibrated...`` and ``chain:best`` need, from the calibration utterances.
+
+    Args:
+        utterances: calibration utterances (:func:`calibration_data`); their first ``max_frames`` frames are used.
+        needs: a subset of ``{"calibration", "best_chain"}``
+            (:func:`rvqspec_lib.eval.wer_parity.check_decoder_names`).
+        calibration_path: an existing calibration file to use instead of calibrating here.
+        budgets: node budgets calibrated here (default every budget 2..64).
+    Returns:
+        ``{"calibration": dict or None, "best_chain": int or None, "chain_predicted": {window: tpc},
+        "n_frames": frames used, "from_file": path or None}``.
+    """
+    from rvqspec_lib.eval.calibration import BUDGETS, calibrate
+    from rvqspec_lib.eval.frame_sources import frames_from_utterances
+    from rvqspec_lib.eval.wer_parity import best_chain_window
+    from rvqspec_lib.models.tree_files import load_calibration
+    from rvqspec_lib.spec.drafters import ReusedHeads
+
+    cp = lm.code_predictor
+    out = {"calibration": None, "best_chain": None, "chain_predicted": {}, "n_frames": 0, "from_file": None}
+    needs = set(needs)
+    if "calibration" in needs and calibration_path is not None and Path(calibration_path).is_file():
+        out["calibration"] = load_calibration(calibration_path, n_codes=int(cp.config.num_code_groups) - 1,
+                                              codebook_size=int(cp.config.vocab_size))
+        out["from_file"] = str(calibration_path)
+        needs.discard("calibration")
+    if not needs:
+        return out
+    frames = frames_from_utterances(lm, utterances, max_frames=max_frames, progress=progress)
+    out["n_frames"] = len(frames)
+    if "best_chain" in needs:
+        out["best_chain"], out["chain_predicted"] = best_chain_window(cp, ReusedHeads(), frames)
+    if "calibration" in needs:
+        out["calibration"] = calibrate(cp, ReusedHeads(), frames, budgets=budgets or BUDGETS, seed=seed)
+    return out
+
+
+__all__ = ["shipped_calibration", "multilingual_evaluation", "evaluation_data", "calibration_data",
+           "calibrate_decoders", "LANGUAGES"]

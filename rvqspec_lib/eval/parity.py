@@ -1,0 +1,445 @@
+"""Statistics of WER parity: is a decoder's output as good as autoregressive decoding, and could we tell if not?
+
+Pure functions of numbers (numpy / scipy; no model), read by notebook 04 and ``rvqspec eval-wer``
+(docs/methods.md#reporting-wer, docs/methods.md#testing-losslessness):
+
+* :func:`paired_wer_difference`: corpus WER of a decoder minus that of AR on the SAME utterances, with a percentile
+  bootstrap interval over utterances and a sign-flip permutation p-value (under losslessness the two error counts
+  of an utterance are exchangeable); outliers (repetition runaways, far-out WER or length) are left out of the
+  difference and counted apart (:func:`flag_outliers`); the smallest difference the design detects with 80% power
+  and the number of sentences a given difference would need (:func:`sentences_needed`);
+* :func:`two_sample_test`: chi-square test of homogeneity of two samples of a categorical variable (codes, or their
+  ranks under the verifier), rare categories pooled until every pooled bin expects >= 5 in both samples, the number
+  of bins capped by merging neighbours of equal pooled mass; :func:`power_two_sample` is its power against ANY shift
+  of total variation ``tv`` between the binned distributions (noncentrality >= n_h (2 tv)^2 by Cauchy-Schwarz, with
+  n_h = n_a n_b / (n_a + n_b); the one-sample version is the bound tests/test_lossless.py uses);
+* :func:`holm`: Holm's step-down adjustment of the per-depth p-values (family-wise level over the 15 depths);
+* :func:`bootstrap_mean`: mean over utterances of a per-utterance ratio with a bootstrap interval (tokens per call);
+* :func:`table1_rows`: the Table 1 analogue (split, role, language, samples, hours, frames) from the data used.
+
+Every random draw comes from an explicit ``numpy.random.Generator`` seeded by an argument (docs/style.md#randomness).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+#: Family-wise level of the code-distribution tests (over the depths of one decoder) and of the WER difference.
+ALPHA = 1e-3
+#: Bootstrap resamples of the intervals.
+N_BOOT = 10_000
+#: Sign-flip permutations of the paired WER test.
+N_PERM = 10_000
+#: The smallest expected count of a pooled bin in each sample (the chi-square approximation's rule of thumb).
+MIN_EXPECTED = 5.0
+#: Power reported at this shift of total variation (per depth, binned distribution).
+POWER_TV = 0.05
+#: An utterance whose WER exceeds Q3 + OUTLIER_IQR x IQR of its decoder's utterances is an outlier.
+OUTLIER_IQR = 3.0
+#: A free-running utterance longer than this many times its true length (or one that hit the frame cap) is one.
+OUTLIER_LENGTH_RATIO = 2.0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# outliers
+# ----------------------------------------------------------------------------------------------------------------
+def flag_outliers(utterances: Sequence[Mapping], *, lengths: Sequence[float] | None = None,
+                  ref_lengths: Sequence[float] | None = None, capped: Sequence[bool] | None = None,
+                  iqr_k: float = OUTLIER_IQR, length_ratio: float = OUTLIER_LENGTH_RATIO) -> list[str]:
+    """Why each utterance is an outlier (``""`` if it is not): far outside the rest in WER or length.
+
+    Args:
+        utterances: per-utterance dicts of :class:`rvqspec_lib.eval.asr.ErrorRates` (``rate``, ``outlier``, ``why``:
+            repetition runaways and over-long hypotheses are flagged there already).
+        lengths, ref_lengths: frames generated and true frames per utterance (free running); ``None``: not checked.
+        capped: per utterance, whether generation hit the frame cap without ending by itself.
+        iqr_k: a rate above ``Q3 + iqr_k * IQR`` of these utterances is flagged (when the IQR is positive).
+        length_ratio: ``lengths > length_ratio * ref_lengths`` is flagged.
+    Returns:
+        One reason string per utterance (docs/methods.md#reporting-wer: outliers are counted and shown apart).
+    Raises:
+        ValueError: lengths of a different count than the utterances.
+    """
+    n = len(utterances)
+    for name, x in (("lengths", lengths), ("ref_lengths", ref_lengths), ("capped", capped)):
+        if x is not None and len(x) != n:
+            raise ValueError(f"{name} has {len(x)} entries for {n} utterances")
+    why = [str(u.get("why", "")) if u.get("outlier") else "" for u in utterances]
+    rates = np.array([float(u["rate"]) for u in utterances], dtype=np.float64)
+    if n >= 4:
+        q1, q3 = np.percentile(rates, [25, 75])
+        iqr = q3 - q1
+        if iqr > 0:
+            top = q3 + iqr_k * iqr
+            for i in np.flatnonzero(rates > top):
+                why[i] = why[i] or f"WER {rates[i]:.2f} above Q3 + {iqr_k:g} IQR = {top:.2f}"
+    if lengths is not None and ref_lengths is not None:
+        for i, (a, b) in enumerate(zip(lengths, ref_lengths)):
+            if a > length_ratio * max(b, 1):
+                why[i] = why[i] or f"{a} frames for {b} true ({a / max(b, 1):.1f}x)"
+    if capped is not None:
+        for i, c in enumerate(capped):
+            if c:
+                why[i] = why[i] or "hit the frame cap without ending"
+    return why
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# paired WER difference
+# ----------------------------------------------------------------------------------------------------------------
+def _errors_and_words(utterances: Sequence[Mapping]) -> tuple[np.ndarray, np.ndarray]:
+    err = np.array([u["substitutions"] + u["deletions"] + u["insertions"] for u in utterances], dtype=np.float64)
+    words = np.array([u["ref_units"] for u in utterances], dtype=np.float64)
+    return err, words
+
+
+def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping], *,
+                          outliers_a: Sequence[str] | None = None, outliers_ref: Sequence[str] | None = None,
+                          confidence: float = 0.95, alpha: float = ALPHA, n_boot: int = N_BOOT,
+                          n_perm: int = N_PERM, seed: int = 0) -> dict:
+    """Corpus WER of decoder A minus that of the reference (AR) on the same utterances, with its uncertainty.
+
+    The difference is ``sum(e_a - e_ref) / sum(words)`` over the utterances that are outliers in NEITHER run
+    (outliers are counted apart and the difference with them kept is reported beside it). Its interval is the
+    percentile bootstrap over utterances (``n_boot`` resamples, seeded); its p-value a two-sided sign-flip
+    permutation test of the per-utterance differences ``e_a - e_ref`` (exact in distribution under the null that
+    the two decoders' error counts are exchangeable per utterance, which losslessness implies: same sentence,
+    same distribution of codes, independent draws). ``detected`` is ``p_value < alpha``.
+
+    Args:
+        utts_a, utts_ref: per-utterance dicts of :class:`rvqspec_lib.eval.asr.ErrorRates` (same references, same
+            order). outliers_a, outliers_ref: reasons from :func:`flag_outliers` (default: the ``why`` of flagged
+            ones).
+        confidence: of the bootstrap interval. alpha: level of ``detected``. seed: of the resamples and flips.
+    Returns:
+        ``{"wer_a", "wer_ref", "difference", "ci_low", "ci_high", "confidence", "p_value", "alpha", "detected",
+        "se", "mde80" (the difference detected with power 0.8 at level alpha, normal approximation), "n_utterances",
+        "n_words", "n_outliers_a", "n_outliers_ref", "n_outliers_either", "difference_with_outliers",
+        "wer_a_with_outliers", "wer_ref_with_outliers"}``.
+        With fewer than 2 utterances left after outliers the difference is reported without an interval (NaN) and
+        ``detected`` is False (``note`` says why).
+    Raises:
+        ValueError: different numbers of utterances, different references.
+    """
+    from scipy import stats
+
+    if len(utts_a) != len(utts_ref):
+        raise ValueError(f"paired comparison needs the same utterances: {len(utts_a)} vs {len(utts_ref)}")
+    if any(a["ref"] != b["ref"] for a, b in zip(utts_a, utts_ref)):
+        raise ValueError("paired comparison needs the same references in the same order")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    out_a = list(outliers_a) if outliers_a is not None else [u.get("why", "") if u.get("outlier") else ""
+                                                             for u in utts_a]
+    out_r = list(outliers_ref) if outliers_ref is not None else [u.get("why", "") if u.get("outlier") else ""
+                                                                 for u in utts_ref]
+    ea, words = _errors_and_words(utts_a)
+    er, _ = _errors_and_words(utts_ref)
+    keep = np.array([not (x or y) for x, y in zip(out_a, out_r)], dtype=bool)
+    base = {"n_outliers_a": sum(bool(x) for x in out_a), "n_outliers_ref": sum(bool(x) for x in out_r),
+            "n_outliers_either": int((~keep).sum()), "confidence": confidence, "alpha": alpha,
+            "difference_with_outliers": float((ea - er).sum() / max(words.sum(), 1)),
+            "wer_a_with_outliers": float(ea.sum() / max(words.sum(), 1)),
+            "wer_ref_with_outliers": float(er.sum() / max(words.sum(), 1))}
+    if keep.sum() < 2 or words[keep].sum() == 0:
+        nan = float("nan")
+        total = float(words[keep].sum())
+        return {**base, "wer_a": float(ea[keep].sum() / total) if total else nan,
+                "wer_ref": float(er[keep].sum() / total) if total else nan,
+                "difference": float((ea - er)[keep].sum() / total) if total else nan, "ci_low": nan, "ci_high": nan,
+                "p_value": nan, "detected": False, "se": nan, "mde80": nan, "n_utterances": int(keep.sum()),
+                "n_words": int(total), "note": f"{int(keep.sum())} utterance(s) without outliers: no interval"}
+    d, w = (ea - er)[keep], words[keep]
+    m, total = len(d), float(w.sum())
+    diff = float(d.sum() / total)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, m, size=(n_boot, m))
+    boot = d[idx].sum(1) / w[idx].sum(1)
+    lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
+    flips = rng.choice(np.array([-1.0, 1.0]), size=(n_perm, m))
+    perm = np.abs((flips * d).sum(1))
+    p_value = float((1 + np.sum(perm >= abs(d.sum()) - 1e-9)) / (n_perm + 1))
+    se = float(boot.std(ddof=1))
+    z = float(stats.norm.isf(alpha / 2)) + float(stats.norm.isf(0.2))
+    return {**base, "wer_a": float(ea[keep].sum() / total), "wer_ref": float(er[keep].sum() / total),
+            "difference": diff, "ci_low": float(lo), "ci_high": float(hi), "p_value": p_value,
+            "detected": bool(p_value < alpha), "se": se, "mde80": z * se, "n_utterances": m, "n_words": int(total),
+            "note": ""}
+
+
+def sentences_needed(difference: float, se: float, n: int, *, alpha: float = ALPHA, power: float = 0.8) -> float:
+    """Utterances needed to detect ``difference`` with ``power`` at level ``alpha`` (two-sided), scaling the
+    standard error ``se`` measured on ``n`` utterances as ``1/sqrt(n)``: ``n ((z_{alpha/2} + z_power) se / |d|)^2``.
+
+    Returns:
+        A float (``inf`` for a zero difference). Raises ``ValueError`` for ``n < 1`` or ``se < 0``.
+    """
+    from scipy import stats
+
+    if n < 1 or se < 0:
+        raise ValueError(f"need n >= 1 and se >= 0, got n={n}, se={se}")
+    if difference == 0:
+        return math.inf
+    z = float(stats.norm.isf(alpha / 2)) + float(stats.norm.isf(1 - power))
+    return float(n * (z * se / abs(difference)) ** 2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# two-sample test of a categorical distribution
+# ----------------------------------------------------------------------------------------------------------------
+def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | None = None,
+                min_expected: float = MIN_EXPECTED) -> np.ndarray:
+    """Bin index of every category: categories sorted by pooled count (ties by index), cut into bins of about
+    equal pooled mass (at most ``max_bins``), then the bins of the tail merged until each expects >= ``min_expected``
+    in both samples. Empty categories get bin -1.
+
+    Args:
+        counts_a, counts_b: ``(C,)`` non-negative counts of the two samples.
+    Returns:
+        ``(C,)`` int64 bin index (0..B-1, -1 for categories seen in neither sample).
+    """
+    a, b = np.asarray(counts_a, dtype=np.float64), np.asarray(counts_b, dtype=np.float64)
+    tot = a + b
+    na, nb = a.sum(), b.sum()
+    order = np.lexsort((np.arange(len(tot)), -tot))
+    order = order[tot[order] > 0]
+    bins = np.full(len(tot), -1, dtype=np.int64)
+    if len(order) == 0:
+        return bins
+    cum = np.cumsum(tot[order])
+    n_max = len(order) if max_bins is None else max(1, min(int(max_bins), len(order)))
+    raw = np.minimum(((cum - tot[order]) * n_max // cum[-1]).astype(np.int64), n_max - 1)
+    # merge consecutive bins (in order of decreasing frequency) until each expects >= min_expected in both samples
+    share = min(na, nb) / (na + nb) if na + nb > 0 else 0.0
+    new, acc, k = np.empty_like(raw), 0.0, 0
+    for i, r in enumerate(raw):
+        if i > 0 and r != raw[i - 1] and acc * share >= min_expected:
+            k += 1
+            acc = 0.0
+        new[i] = k
+        acc += tot[order[i]]
+    if acc * share < min_expected and k > 0:  # the last bin is too small: fold it into the one before
+        new[new == k] = k - 1
+    bins[order] = new
+    return bins
+
+
+def two_sample_test(sample_a: np.ndarray, sample_b: np.ndarray, *, n_categories: int | None = None,
+                    max_bins: int | None = None, min_expected: float = MIN_EXPECTED) -> dict:
+    """Chi-square test of homogeneity: do two samples of a categorical variable come from one distribution?
+
+    Categories are pooled by :func:`pooled_bins`, then Pearson's statistic of the 2 x B table is referred to
+    chi-square with B - 1 degrees of freedom. With samples drawn from the same contexts (same frames, fixed design),
+    the counts vary less than multinomially under the null, so the test is conservative (its level is at most alpha).
+
+    Args:
+        sample_a, sample_b: 1-D non-negative integer arrays (e.g. the codes of one depth, or their ranks).
+        n_categories: number of categories (default ``max + 1`` of both samples).
+        max_bins: cap on the number of bins (coarser bins: fewer degrees of freedom, more power against broad
+            shifts, none against shifts inside a bin).
+    Returns:
+        ``{"statistic", "df", "p_value", "n_a", "n_b", "bins", "tv"}``; ``tv`` is the observed total variation
+        between the two binned distributions. A test with a single bin has ``p_value`` 1 and ``df`` 0.
+    Raises:
+        ValueError: an empty sample, negative or non-integer values.
+    """
+    from scipy import stats
+
+    a = np.asarray(sample_a).ravel()
+    b = np.asarray(sample_b).ravel()
+    if a.size == 0 or b.size == 0:
+        raise ValueError("two_sample_test needs two non-empty samples")
+    for x in (a, b):
+        if not np.issubdtype(x.dtype, np.integer) or x.min() < 0:
+            raise ValueError("samples must be non-negative integers (category indices)")
+    c = int(max(a.max(), b.max()) + 1) if n_categories is None else int(n_categories)
+    ca, cb = np.bincount(a, minlength=c).astype(np.float64), np.bincount(b, minlength=c).astype(np.float64)
+    bins = pooled_bins(ca, cb, max_bins=max_bins, min_expected=min_expected)
+    nb_ = int(bins.max()) + 1
+    ta = np.bincount(bins[bins >= 0], weights=ca[bins >= 0], minlength=nb_)
+    tb = np.bincount(bins[bins >= 0], weights=cb[bins >= 0], minlength=nb_)
+    tv = 0.5 * float(np.abs(ta / a.size - tb / b.size).sum())
+    if nb_ < 2:
+        return {"statistic": 0.0, "df": 0, "p_value": 1.0, "n_a": int(a.size), "n_b": int(b.size), "bins": nb_,
+                "tv": tv}
+    table = np.stack([ta, tb])
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    stat = float(((table - expected) ** 2 / expected).sum())
+    df = nb_ - 1
+    return {"statistic": stat, "df": df, "p_value": float(stats.chi2.sf(stat, df)), "n_a": int(a.size),
+            "n_b": int(b.size), "bins": nb_, "tv": tv}
+
+
+def power_two_sample(n_a: int, n_b: int, df: int, *, tv: float = POWER_TV, level: float = ALPHA) -> float:
+    """Lower bound on the power of :func:`two_sample_test` (at ``level``, ``df`` degrees of freedom) against ANY
+    shift of total variation ``tv`` between the two binned distributions.
+
+    The statistic is asymptotically noncentral chi-square with noncentrality ``n_h sum (pi_a - pi_b)^2 / pi``,
+    ``n_h = n_a n_b / (n_a + n_b)``, ``pi`` the pooled distribution; Cauchy-Schwarz gives
+    ``sum |pi_a - pi_b| <= sqrt(sum (pi_a - pi_b)^2 / pi)``, so the noncentrality is at least ``n_h (2 tv)^2`` whatever
+    the direction of the shift (tests/test_lossless.py uses the one-sample form).
+
+    Returns:
+        Power in [0, 1] (``nan`` for ``df < 1``).
+    """
+    from scipy import stats
+
+    if df < 1:
+        return float("nan")
+    n_h = n_a * n_b / (n_a + n_b)
+    return float(stats.ncx2.sf(stats.chi2.isf(level, df), df, n_h * (2 * tv) ** 2))
+
+
+def detectable_tv(n_a: int, n_b: int, df: int, *, power: float = 0.9, level: float = ALPHA) -> float:
+    """The smallest total-variation shift detected with at least ``power`` by :func:`power_two_sample`'s bound
+    (bisection; ``nan`` for ``df < 1``)."""
+    if df < 1:
+        return float("nan")
+    lo, hi = 0.0, 1.0
+    if power_two_sample(n_a, n_b, df, tv=hi, level=level) < power:
+        return float("inf")
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if power_two_sample(n_a, n_b, df, tv=mid, level=level) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def samples_needed(tv: float, df: int, *, power: float = 0.9, level: float = ALPHA) -> int:
+    """Samples per group (equal groups) for :func:`power_two_sample`'s bound to reach ``power`` against a shift of
+    total variation ``tv`` (doubling, then bisection). ``inf`` for ``tv <= 0`` or ``df < 1``."""
+    if tv <= 0 or df < 1:
+        return math.inf
+    hi = 2
+    while power_two_sample(hi, hi, df, tv=tv, level=level) < power:
+        hi *= 2
+        if hi > 2 ** 40:
+            return math.inf
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if power_two_sample(mid, mid, df, tv=tv, level=level) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def holm(p_values: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error control; compare each with the family's level)."""
+    p = np.asarray(p_values, dtype=np.float64)
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    adj = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adj[i] = running
+    return adj
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# per-utterance means (tokens per call)
+# ----------------------------------------------------------------------------------------------------------------
+def bootstrap_mean(numerators: Sequence[float], denominators: Sequence[float] | None = None, *,
+                   confidence: float = 0.95, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """``sum(num) / sum(den)`` over utterances (a ratio of totals, e.g. codes / calls = tokens per call) with a
+    percentile bootstrap interval over utterances.
+
+    Returns:
+        ``{"value", "ci_low", "ci_high", "n"}``. Raises ``ValueError`` for no utterance.
+    """
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.ones_like(num) if denominators is None else np.asarray(denominators, dtype=np.float64)
+    if num.size == 0 or num.shape != den.shape:
+        raise ValueError("bootstrap_mean needs one numerator and denominator per utterance (at least one)")
+    value = float(num.sum() / den.sum())
+    if num.size < 2:
+        return {"value": value, "ci_low": value, "ci_high": value, "n": int(num.size)}
+    idx = np.random.default_rng(seed).integers(0, num.size, size=(n_boot, num.size))
+    boot = num[idx].sum(1) / den[idx].sum(1)
+    lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
+    return {"value": value, "ci_low": float(lo), "ci_high": float(hi), "n": int(num.size)}
+
+
+def bootstrap_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95, n_boot: int = N_BOOT,
+                         seed: int = 0) -> dict:
+    """Ratio of totals of group A minus that of an INDEPENDENT group B (e.g. tokens per call of German minus
+    English sentences), with a percentile bootstrap interval resampling each group's utterances.
+
+    Returns:
+        ``{"difference", "ci_low", "ci_high", "n_a", "n_b"}``. Raises ``ValueError`` for an empty group.
+    """
+    na_, da = np.asarray(num_a, dtype=np.float64), np.asarray(den_a, dtype=np.float64)
+    nb_, db = np.asarray(num_b, dtype=np.float64), np.asarray(den_b, dtype=np.float64)
+    if na_.size == 0 or nb_.size == 0:
+        raise ValueError("bootstrap_difference needs utterances in both groups")
+    diff = float(na_.sum() / da.sum() - nb_.sum() / db.sum())
+    rng = np.random.default_rng(seed)
+    ia = rng.integers(0, na_.size, size=(n_boot, na_.size))
+    ib = rng.integers(0, nb_.size, size=(n_boot, nb_.size))
+    boot = na_[ia].sum(1) / da[ia].sum(1) - nb_[ib].sum(1) / db[ib].sum(1)
+    lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
+    return {"difference": diff, "ci_low": float(lo), "ci_high": float(hi), "n_a": int(na_.size),
+            "n_b": int(nb_.size)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Table 1 analogue
+# ----------------------------------------------------------------------------------------------------------------
+TABLE1_COLUMNS = ("split", "role", "language", "samples", "hours", "frames")
+
+
+def entries_used(entries: Sequence[Mapping], max_frames: int) -> list[dict]:
+    """The Table 1 entries of the utterances a frame budget used, in order: the first utterances until
+    ``max_frames`` frames (the last one cut, its ``seconds`` scaled to the frames kept), as
+    :func:`rvqspec_lib.eval.frame_sources.frames_from_utterances` takes them."""
+    out, have = [], 0
+    for e in entries:
+        if have >= max_frames:
+            break
+        t = min(int(e["frames"]), max_frames - have)
+        out.append({**e, "frames": t, "seconds": float(e["seconds"]) * t / max(int(e["frames"]), 1)})
+        have += t
+    return out
+
+
+def table1_rows(entries: Sequence[Mapping]) -> list[dict]:
+    """The paper's Table 1 from the data a run used: one row per (split, role, language).
+
+    Args:
+        entries: one dict per utterance used, with ``split``, ``role``, ``language``, ``seconds`` (audio length)
+            and ``frames`` (12.5 Hz codec frames).
+    Returns:
+        Rows with :data:`TABLE1_COLUMNS` (``hours`` rounded to 4 decimals), in first-seen order of (split, role),
+        English first within them.
+    Raises:
+        ValueError: an entry without one of the fields.
+    """
+    groups: dict[tuple, dict] = {}
+    for e in entries:
+        missing = [k for k in ("split", "role", "language", "seconds", "frames") if k not in e]
+        if missing:
+            raise ValueError(f"Table 1 entry lacks {', '.join(missing)}: {dict(e)}")
+        g = groups.setdefault((e["split"], e["role"], e["language"]), {"samples": 0, "seconds": 0.0, "frames": 0})
+        g["samples"] += 1
+        g["seconds"] += float(e["seconds"])
+        g["frames"] += int(e["frames"])
+    first: dict[tuple, int] = {}
+    for k in groups:
+        first.setdefault(k[:2], len(first))
+    keys = sorted(groups, key=lambda k: (first[k[:2]], k[2] != "en", k[2]))
+    return [{"split": s, "role": r, "language": lang, "samples": groups[(s, r, lang)]["samples"],
+             "hours": round(groups[(s, r, lang)]["seconds"] / 3600, 4), "frames": groups[(s, r, lang)]["frames"]}
+            for s, r, lang in keys]
+
+
+__all__ = ["ALPHA", "POWER_TV", "flag_outliers", "paired_wer_difference", "sentences_needed", "pooled_bins",
+           "two_sample_test", "power_two_sample", "detectable_tv", "samples_needed", "holm", "bootstrap_mean",
+           "bootstrap_difference",
+           "entries_used", "table1_rows", "TABLE1_COLUMNS"]

@@ -1,0 +1,655 @@
+"""WER parity across decoders and languages (paper Table 3; notebook 04 and ``rvqspec eval-wer``).
+
+The paper's accuracy claim is that speculative decoding leaves WER where AR puts it. Here every decoder runs on the
+SAME utterances with the SAME seeds, and three questions are answered by tests rather than by eye
+(docs/methods.md#reporting-wer, #testing-losslessness, #ssd-tolerance-rule-a-lossy-control):
+
+1. **tokens per call** per decoder, with a bootstrap interval over utterances (:func:`decode_runs`);
+2. **the generated codes' distribution**, per depth, against AR's (:func:`code_distribution_tests`): two-sample
+   chi-square tests of (a) each code's rank under the verifier's warped p given the decoder's own prefix (a
+   context-aware statistic: the drift of a lossy rule toward its drafts shows in every frame, it does not average
+   out over contexts) and (b) the raw codes, Holm-adjusted over depths, with the power against any total-variation
+   shift stated (:func:`rvqspec_lib.eval.parity.power_two_sample`);
+3. **WER** through audio that codes 1..15 actually change: the inner-loop-only path (TRUE code 0 of every frame,
+   codes 1..15 generated from the teacher-forced context) decoded by a codec that depends on them (the embedded
+   model's TABLE decoder: its neural code decoder learned to ignore codes 1..15), paired differences against AR with
+   bootstrap intervals, outliers apart (:func:`wer_parity`); free running (:func:`free_running_parity`) beside it,
+   labelled.
+
+A deliberately LOSSY control (:class:`rvqspec_lib.spec.decoders.LossySSD`, SSD's tolerance rule) runs beside the
+lossless decoders: the tests must catch it, and must not flag AR against itself under another seed (the null control
+``ar-seed2``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.eval import parity as S
+from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.models.teacher import as_utterance, teacher_forced_hidden, verifier_logits
+from rvqspec_lib.spec import predictor as P
+from rvqspec_lib.spec.decode import decode_frame
+from rvqspec_lib.spec.decoders import AR, CHAIN_WINDOWS, Chain, LossySSD, Tree, is_lossless
+from rvqspec_lib.spec.sampling import Sampling
+
+#: The reference decoder's label, and the null control's (AR again, other seeds: nothing may be detected).
+REFERENCE = "ar"
+NULL_CONTROL = "ar-seed2"
+#: Node budget of ``tree:calibrated`` without ``:N`` (the paper's devices peak at N = 16 or 32).
+DEFAULT_TREE_BUDGET = 16
+#: Bins of the rank and code statistics (coarse bins: power against broad shifts at few degrees of freedom).
+RANK_BINS = 16
+CODE_BINS = 32
+DECODER_FORMS = ("ar, chain:N (N in 2..8), chain:best, tree:calibrated[:N], tree:calibrated-point-mass[:N], "
+                 "tree:calibrated-sampled[:N], tree:<rank paths e.g. 0;1;0,0>, tree-sampled:<paths>, "
+                 "ssd-lossy[:BETA] (LOSSY control)")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# decoder names
+# ----------------------------------------------------------------------------------------------------------------
+def split_decoder_list(text: str) -> list[str]:
+    """``"ar,chain:4,tree:0;1;0,0,ssd-lossy"`` -> ``["ar", "chain:4", "tree:0;1;0,0", "ssd-lossy"]``: a piece that
+    starts with a digit continues the rank paths before it (paths use commas too). Raises ``ValueError`` on an empty
+    list."""
+    parts: list[str] = []
+    for piece in (text or "").split(","):
+        piece = piece.strip()
+        if parts and piece[:1].isdigit():
+            parts[-1] += "," + piece
+        elif piece:
+            parts.append(piece)
+    if not parts:
+        raise ValueError(f"no decoder given: use a comma-separated list of {DECODER_FORMS}")
+    return parts
+
+
+def decoder_label(decoder) -> str:
+    """Short table label: ``ar``, ``chain4``, ``tree-pm-N16`` / ``tree-sampled-N16`` (N = query positions),
+    ``ssd-lossy-b0.4-w4``."""
+    if isinstance(decoder, LossySSD):
+        return decoder.label
+    if isinstance(decoder, AR):
+        return "ar"
+    if isinstance(decoder, Chain):
+        return f"chain{decoder.window}"
+    if isinstance(decoder, Tree):
+        return f"tree-{'sampled' if decoder.sampled else 'pm'}-N{len(decoder.paths) + 1}"
+    raise ValueError(f"not a decoder: {decoder!r}")
+
+
+def best_chain_window(code_predictor, drafter, frames: Frames, *, sampling: Sampling | None = None,
+                      windows: Sequence[int] = CHAIN_WINDOWS, batch_size: int = 256) -> tuple[int, dict]:
+    """The chain window with the highest tokens per call PREDICTED from exact acceptance tables on ``frames`` (the
+    calibration split, never the evaluation one; :func:`rvqspec_lib.eval.acceptance.predicted_tokens_per_call`);
+    ties keep the smaller window. Returns ``(window, {window: predicted})``."""
+    from rvqspec_lib.eval.acceptance import exact_statistics, predicted_tokens_per_call
+
+    n = P.n_codes(code_predictor)
+    exact = exact_statistics(code_predictor, drafter, frames.context, frames.codes, n_ahead=max(windows) - 1,
+                             sampling=sampling, max_rank=1, batch_size=batch_size)
+    pred = {int(w): predicted_tokens_per_call(exact, Chain(int(w)), n) for w in windows}
+    best = max(pred.values())
+    return min(w for w, v in pred.items() if v >= best - 1e-12), pred
+
+
+def parse_decoder(name: str, *, calibration: dict | None = None, best_chain: int | None = None):
+    """One decoder from its command-line name (:data:`DECODER_FORMS`).
+
+    Args:
+        name: e.g. ``"ar"``, ``"chain:4"``, ``"tree:calibrated-sampled:16"``, ``"tree:0;1;0,0"``, ``"ssd-lossy:0.4"``.
+        calibration: a calibration dict (:func:`rvqspec_lib.eval.calibration.calibrate` or
+            :func:`rvqspec_lib.models.tree_files.load_calibration`), needed by ``tree:calibrated...``.
+        best_chain: the window of ``chain:best`` (:func:`best_chain_window`).
+    Returns:
+        ``(label, decoder)``.
+    Raises:
+        ValueError: an unknown name, or a name that needs a calibration / best window not given (one line).
+    """
+    from rvqspec_lib.models.tree_files import parse_tree_name, tree_from_calibration
+    from rvqspec_lib.spec.trees import parse_paths
+
+    text = (name or "").strip()
+    kind, _, arg = text.partition(":")
+    try:
+        if kind == "ar" and not arg:
+            dec = AR()
+        elif kind == "chain" and arg == "best":
+            if best_chain is None:
+                raise ValueError("chain:best needs calibration frames to choose the window: give chain:N")
+            dec = Chain(int(best_chain))
+        elif kind == "chain" and arg.isdigit():
+            dec = Chain(int(arg))
+        elif kind == "tree" and arg.startswith("calibrated"):
+            if calibration is None:
+                raise ValueError(f"{text} needs a calibration of this model's trees (notebook 03, or "
+                                 "rvqspec_lib.eval.calibration.calibrate): none was found")
+            tree_name = arg if re.search(r":\d+$", arg) else f"{arg}:{DEFAULT_TREE_BUDGET}"
+            dec = tree_from_calibration(calibration, *parse_tree_name(tree_name))
+        elif kind in ("tree", "tree-sampled") and arg:
+            dec = Tree(parse_paths(arg), sampled=kind == "tree-sampled")
+        elif kind == "ssd-lossy":
+            dec = LossySSD(beta=float(arg)) if arg else LossySSD()
+        else:
+            raise ValueError(f"unknown decoder {text!r}: use {DECODER_FORMS}")
+    except ValueError as e:
+        msg = str(e)
+        raise ValueError(msg if text in msg or "decoder" in msg else f"decoder {text!r}: {msg}") from None
+    return decoder_label(dec), dec
+
+
+def check_decoder_names(names: Sequence[str]) -> set[str]:
+    """Validate decoder names BEFORE any work; returns what they need: ``"calibration"`` (``tree:calibrated...``)
+    and/or ``"best_chain"`` (``chain:best``). Raises ``ValueError`` (one line) for a bad name or value."""
+    from rvqspec_lib.models.tree_files import parse_tree_name
+
+    needs: set[str] = set()
+    for name in names:
+        kind, _, arg = (name or "").strip().partition(":")
+        if kind == "tree" and arg.startswith("calibrated"):
+            parse_tree_name(arg if re.search(r":\d+$", arg) else f"{arg}:{DEFAULT_TREE_BUDGET}")
+            needs.add("calibration")
+        elif kind == "chain" and arg == "best":
+            needs.add("best_chain")
+        else:
+            parse_decoder(name)
+    return needs
+
+
+def calibration_budgets(names: Sequence[str]) -> list[int]:
+    """Node budgets the ``tree:calibrated...`` names ask for (:data:`DEFAULT_TREE_BUDGET` without ``:N``)."""
+    out = set()
+    for name in names:
+        kind, _, arg = (name or "").strip().partition(":")
+        if kind == "tree" and arg.startswith("calibrated"):
+            m = re.search(r":(\d+)$", arg)
+            out.add(int(m.group(1)) if m else DEFAULT_TREE_BUDGET)
+    return sorted(out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# decoding runs
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class DecodeRun:
+    """What one decoder produced on a set of frames.
+
+    Attributes:
+        label: table label. decoder: the decoder. lossless: :func:`rvqspec_lib.spec.decoders.is_lossless`.
+        codes: ``(R, N, n)`` int64 codes 1..n of every frame in every replicate.
+        calls: ``(R, N)`` int64 code-predictor calls per frame (the prefill included).
+    """
+
+    label: str
+    decoder: object
+    lossless: bool
+    codes: torch.Tensor
+    calls: torch.Tensor
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+@torch.no_grad()
+def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], *, seed: int = 0,
+                replicates: int = 1, seeds: Mapping[str, int] | None = None, sampling: Sampling | None = None,
+                drafter=None, batch_size: int = 1024, progress: bool = False) -> dict[str, DecodeRun]:
+    """Every decoder over every frame's context, ``replicates`` times, with PAIRED seeds.
+
+    Chunk c of replicate r is decoded with a generator seeded by ``(seed, r, c)``, the same for every decoder (paired:
+    same frames, same seeds); ``seeds`` overrides ``seed`` per label (the null control ``ar-seed2``).
+
+    Args:
+        frames: contexts (and utterance ids) from e.g. :func:`rvqspec_lib.eval.frame_sources.frames_from_utterances`.
+        decoders: ``{label: decoder}``. replicates: independent draws per frame (more power for the code tests).
+        sampling: the deployed warpers (default temperature 0.9, top-k 50). drafter: default the reused heads.
+        batch_size: frames per :func:`~rvqspec_lib.spec.decode.decode_frame` call.
+    Returns:
+        ``{label: DecodeRun}``.
+    Raises:
+        ValueError: no decoder, ``replicates < 1``.
+    """
+    if not decoders:
+        raise ValueError("no decoder to run")
+    if replicates < 1:
+        raise ValueError(f"replicates must be >= 1, got {replicates}")
+    dev = next(code_predictor.parameters()).device
+    out = {}
+    for label, dec in decoders.items():
+        s0 = (seeds or {}).get(label, seed)
+        codes, calls = [], []
+        chunks = [(r, c) for r in range(replicates) for c in range(0, len(frames), batch_size)]
+        for r, c in progress_bar(chunks, desc=f"decode {label}", enabled=progress, unit="chunk"):
+            gen = torch.Generator(device=dev).manual_seed(_seed(s0, r, c // batch_size))
+            res = decode_frame(code_predictor, frames.context[c:c + batch_size].to(dev), decoder=dec,
+                               sampling=sampling, generator=gen, drafter=drafter)
+            codes.append(res.codes.cpu())
+            calls.append(res.calls.cpu())
+        r_codes = torch.cat(codes).reshape(replicates, len(frames), -1)
+        r_calls = torch.cat(calls).reshape(replicates, len(frames))
+        out[label] = DecodeRun(label, dec, is_lossless(dec), r_codes, r_calls)
+    return out
+
+
+def tokens_per_call(run: DecodeRun, utterance: torch.Tensor, *, seed: int = 0) -> dict:
+    """Tokens per call of a run (all codes / all calls, the prefill included) with a bootstrap interval over
+    utterances (:func:`rvqspec_lib.eval.parity.bootstrap_mean`); replicates pooled per utterance."""
+    ids, inv = torch.unique(utterance, return_inverse=True)
+    n = run.codes.shape[-1]
+    calls = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, run.calls.double().sum(0))
+    codes = torch.zeros(len(ids), dtype=torch.float64).index_add_(
+        0, inv, torch.full((len(utterance),), float(n * run.codes.shape[0]), dtype=torch.float64))
+    return S.bootstrap_mean(codes.numpy(), calls.numpy(), seed=seed)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# code-distribution tests
+# ----------------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def verifier_ranks(code_predictor, context: torch.Tensor, codes: torch.Tensor, *, sampling: Sampling | None = None,
+                   batch_size: int = 512) -> torch.Tensor:
+    """Rank of every generated code under the verifier's warped p GIVEN ITS OWN PREFIX (0 = the most probable code).
+
+    One teacher-forced pass per frame (:func:`rvqspec_lib.models.teacher.teacher_forced_hidden`). Under a lossless
+    decoder code j is a sample of p(. | context, codes < j), so the law of its rank is AR's.
+
+    Args:
+        context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` int64.
+    Returns:
+        ``(N, n)`` int64 ranks (number of codes with a strictly larger p).
+    """
+    sampling = Sampling() if sampling is None else sampling
+    dev = next(code_predictor.parameters()).device
+    out = []
+    for i in range(0, codes.shape[0], batch_size):
+        c = codes[i:i + batch_size].to(dev)
+        p = sampling.probs(verifier_logits(code_predictor, teacher_forced_hidden(
+            code_predictor, context[i:i + batch_size].to(dev), c)))
+        out.append((p > p.gather(2, c[..., None])).sum(-1).cpu())
+    return torch.cat(out)
+
+
+def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping[str, DecodeRun], *,
+                            reference: str = REFERENCE, sampling: Sampling | None = None, alpha: float = S.ALPHA,
+                            power_tv: float = S.POWER_TV, rank_bins: int = RANK_BINS, code_bins: int = CODE_BINS,
+                            batch_size: int = 512) -> dict:
+    """Per depth, is a decoder's output distributed as the reference's (AR)? Two statistics, both two-sample
+    chi-square tests (:func:`rvqspec_lib.eval.parity.two_sample_test`) on all replicates:
+
+    * ``rank``: the code's rank under the verifier's p given its own prefix (:func:`verifier_ranks`), ``rank_bins``
+      bins of about equal pooled mass;
+    * ``code``: the code itself, ``code_bins`` bins by pooled frequency.
+
+    The 2 x n p-values of a decoder are Holm-adjusted (:func:`rvqspec_lib.eval.parity.holm`); the decoder is
+    ``rejected`` when one adjusted p-value is below ``alpha`` (family-wise level alpha per decoder). Power: the bound
+    of :func:`rvqspec_lib.eval.parity.power_two_sample` for ONE depth's test at the Bonferroni level
+    ``alpha / (2 n)`` (Holm's first step), against any shift of total variation ``power_tv`` between the binned
+    distributions, at the median degrees of freedom; ``detectable_tv`` is the shift found with power 0.9.
+
+    Returns:
+        ``{"rows": [{decoder, statistic, depth, statistic_value, df, p_value, p_holm, tv, n}], "summary": {label:
+        {rejected, min_p_holm, at (statistic, depth), power_rank, power_code, detectable_tv_rank,
+        detectable_tv_code, df_rank, df_code, max_tv_rank, max_tv_code, power_tv, alpha, level (one test's),
+        n_per_sample, lossless}}}``.
+    Raises:
+        ValueError: the reference is not among the runs, or runs of different shapes.
+    """
+    if reference not in runs:
+        raise ValueError(f"reference decoder {reference!r} is not among the runs ({', '.join(runs)})")
+    ref = runs[reference]
+    n = ref.codes.shape[-1]
+    vocab = int(code_predictor.config.vocab_size)
+    ranks = {}
+    for label, run in runs.items():
+        if run.codes.shape != ref.codes.shape:
+            raise ValueError(f"run {label} has codes {tuple(run.codes.shape)}, the reference {tuple(ref.codes.shape)}")
+        ranks[label] = torch.cat([verifier_ranks(code_predictor, context, run.codes[r], sampling=sampling,
+                                                 batch_size=batch_size) for r in range(run.codes.shape[0])])
+    rows, summary = [], {}
+    level = alpha / (2 * n)
+    for label, run in runs.items():
+        if label == reference:
+            continue
+        mine = []
+        for stat, a_all, b_all, bins, cats in (
+                ("rank", ranks[reference], ranks[label], rank_bins, vocab),
+                ("code", ref.codes.reshape(-1, n), run.codes.reshape(-1, n), code_bins, vocab)):
+            for d in range(n):
+                t = S.two_sample_test(a_all[:, d].numpy(), b_all[:, d].numpy(), n_categories=cats, max_bins=bins)
+                mine.append({"decoder": label, "lossless": run.lossless, "statistic": stat, "depth": d + 1,
+                             "statistic_value": t["statistic"], "df": t["df"], "p_value": t["p_value"], "tv": t["tv"],
+                             "n": t["n_a"]})
+        adj = S.holm([r["p_value"] for r in mine])
+        for r, p in zip(mine, adj):
+            r["p_holm"] = float(p)
+        rows += mine
+        i_min = int(np.argmin(adj))
+        n_a = mine[0]["n"]
+        info = {"rejected": bool(adj[i_min] < alpha), "min_p_holm": float(adj[i_min]),
+                "at": f"{mine[i_min]['statistic']} depth {mine[i_min]['depth']}", "power_tv": power_tv,
+                "alpha": alpha, "level": level, "n_per_sample": n_a, "lossless": run.lossless,
+                "max_tv_rank": max(r["tv"] for r in mine if r["statistic"] == "rank"),
+                "max_tv_code": max(r["tv"] for r in mine if r["statistic"] == "code")}
+        for stat in ("rank", "code"):
+            dfs = [r["df"] for r in mine if r["statistic"] == stat and r["df"] > 0]
+            df = int(np.median(dfs)) if dfs else 0
+            info[f"df_{stat}"] = df
+            info[f"power_{stat}"] = S.power_two_sample(n_a, n_a, df, tv=power_tv, level=level)
+            info[f"detectable_tv_{stat}"] = S.detectable_tv(n_a, n_a, df, power=0.9, level=level)
+        summary[label] = info
+    return {"rows": rows, "summary": summary}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# audio and WER
+# ----------------------------------------------------------------------------------------------------------------
+def utterance_codes(code0: torch.Tensor, generated: torch.Tensor, utterance: torch.Tensor) -> list[torch.Tensor]:
+    """Per utterance, ``(frames, 1 + n)`` codes: the TRUE code 0 beside the generated codes 1..n (inner loop only).
+
+    Args:
+        code0: ``(N,)`` true code 0 of every frame. generated: ``(N, n)``. utterance: ``(N,)`` ids; the output
+            follows the sorted ids.
+    """
+    full = torch.cat([code0[:, None].long(), generated.long()], 1)
+    return [full[utterance == u] for u in torch.unique(utterance)]
+
+
+def codes_to_audio(codec, codes) -> np.ndarray:
+    """``(frames, G)`` codes -> float32 audio at ``codec.sample_rate``, with a codec
+    (:class:`~rvqspec_lib.models.rvq_codec.RVQCodec`, :class:`~rvqspec_lib.models.speech_tokenizers.Qwen12HzCodec`:
+    ``decode(codes)``) or a speech tokenizer (``decode([{"audio_codes": codes}]) -> (wavs, rate)``, as
+    ``lm.speech_tokenizer``); empty codes give empty audio."""
+    c = codes.cpu().numpy() if isinstance(codes, torch.Tensor) else np.asarray(codes)
+    if c.size == 0:
+        return np.zeros(0, dtype=np.float32)
+    if hasattr(codec, "encode"):  # the codec interface
+        return np.asarray(codec.decode(c), dtype=np.float32).reshape(-1)
+    wavs, _ = codec.decode([{"audio_codes": torch.as_tensor(c)}])
+    return np.asarray(wavs[0], dtype=np.float32).reshape(-1)
+
+
+def transcribe_all(asr, wavs: Sequence[np.ndarray], sample_rate: int, *, desc: str = "asr",
+                   progress: bool = False) -> list[str]:
+    """The ASR's transcript of every waveform (empty audio: empty text)."""
+    return [asr.transcribe(w, sample_rate) if len(w) else ""
+            for w in progress_bar(list(wavs), desc=desc, enabled=progress, unit="utt")]
+
+
+def error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str = "word"):
+    """:func:`rvqspec_lib.eval.asr.wer` (``unit="word"``) or :func:`~rvqspec_lib.eval.asr.cer` (``"char"``)."""
+    from rvqspec_lib.eval.asr import cer, wer
+
+    if unit not in ("word", "char"):
+        raise ValueError(f"unit must be 'word' or 'char', got {unit!r}")
+    return wer(refs, hyps) if unit == "word" else cer(refs, hyps)
+
+
+def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, reference: str = REFERENCE,
+               unit: str = "word", lengths: Mapping[str, Sequence[int]] | None = None,
+               ref_lengths: Sequence[int] | None = None, capped: Mapping[str, Sequence[bool]] | None = None,
+               alpha: float = S.ALPHA, seed: int = 0) -> dict:
+    """Error rate of every decoder's transcripts, outliers flagged (:func:`rvqspec_lib.eval.parity.flag_outliers`),
+    and the paired difference to the reference (:func:`rvqspec_lib.eval.parity.paired_wer_difference`).
+
+    Args:
+        hypotheses: ``{label: transcript per reference}``; must hold ``reference``.
+        unit: ``"word"`` (WER) or ``"char"`` (CER). lengths / ref_lengths / capped: free running only (frames made,
+            true frames, whether the frame cap stopped it), per label.
+    Returns:
+        ``{label: {"rate", "rate_without_outliers", "n_outliers", "outliers": [{index, why, ref, hyp}],
+        "vs_reference": paired dict (absent for the reference), "per_utterance": [rate]}}``.
+    Raises:
+        ValueError: the reference is missing; transcripts of another length than ``refs``.
+    """
+    if reference not in hypotheses:
+        raise ValueError(f"the reference {reference!r} has no transcripts")
+    rates, why = {}, {}
+    for label, hyps in hypotheses.items():
+        er = error_rates(refs, hyps, unit)
+        rates[label] = er
+        why[label] = S.flag_outliers(er.utterances, lengths=(lengths or {}).get(label), ref_lengths=ref_lengths,
+                                     capped=(capped or {}).get(label))
+    out = {}
+    for label, er in rates.items():
+        w = why[label]
+        kept = [u for u, x in zip(er.utterances, w) if not x]
+        n_words = sum(u["ref_units"] for u in kept)
+        entry = {"rate": er.rate, "rate_without_outliers": (sum(u["substitutions"] + u["deletions"] + u["insertions"]
+                                                                for u in kept) / n_words) if n_words else 0.0,
+                 "n_outliers": sum(bool(x) for x in w), "unit": unit,
+                 "outliers": [{"index": i, "why": x, "ref": er.utterances[i]["ref"], "hyp": er.utterances[i]["hyp"]}
+                              for i, x in enumerate(w) if x],
+                 "per_utterance": [float(u["rate"]) for u in er.utterances]}
+        if label != reference:
+            entry["vs_reference"] = S.paired_wer_difference(er.utterances, rates[reference].utterances,
+                                                            outliers_a=w, outliers_ref=why[reference], alpha=alpha,
+                                                            seed=seed)
+        out[label] = entry
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one language, end to end
+# ----------------------------------------------------------------------------------------------------------------
+def standard_decoders(*, calibration: dict | None, best_chain: int | None, budget: int = DEFAULT_TREE_BUDGET,
+                      null_control: bool = True, beta: float = 0.4) -> dict:
+    """``{label: decoder}``: AR, the null control (AR, other seeds), the best chain, the calibrated point-mass and
+    sampled trees of ``budget`` nodes (when a calibration is given), and the LOSSY control (SSD, ``beta``)."""
+    names = ["ar"] + ([f"chain:{best_chain}"] if best_chain else ["chain:4"])
+    if calibration is not None:
+        names += [f"tree:calibrated-point-mass:{budget}", f"tree:calibrated-sampled:{budget}"]
+    names.append(f"ssd-lossy:{beta}")
+    out = dict(parse_decoder(n, calibration=calibration, best_chain=best_chain) for n in names)
+    if null_control:
+        out = {"ar": out["ar"], NULL_CONTROL: AR(), **{k: v for k, v in out.items() if k != "ar"}}
+    return out
+
+
+def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], *, language: str = "en",
+                      codec=None, asr=None, unit: str | None = None, seed: int = 0, replicates: int = 1,
+                      sampling: Sampling | None = None, drafter=None, alpha: float = S.ALPHA,
+                      power_tv: float = S.POWER_TV, batch_size: int = 1024, progress: bool = False) -> dict:
+    """Tokens per call, code-distribution tests and (with ``codec`` and ``asr``) inner-loop WER of every decoder on
+    one language's utterances, against AR (``decoders`` must hold ``"ar"``; the label ``ar-seed2`` gets other seeds).
+
+    Contexts come from one teacher-forced talker pass per utterance over its TRUE codes, with the language's text
+    front end (:func:`rvqspec_lib.eval.datasets.speaking`); the inner loop then runs on every frame.
+
+    Args:
+        lm: the model. utterances: text + true codes (:class:`~rvqspec_lib.models.teacher.Utterance`).
+        decoders: ``{label: decoder}`` (e.g. :func:`standard_decoders`). language: ISO code.
+        codec: codes -> audio that depends on codes 1..n (embedded: ``codec.with_decoder(None)``, the table decoder).
+        asr: an :class:`~rvqspec_lib.eval.asr.ASR`; ``None``: no WER (the code tests still run).
+        unit: ``"word"`` / ``"char"`` (default the language's, :data:`rvqspec_lib.eval.datasets.LANGUAGES`).
+        replicates: draws per frame (the first one is turned into audio).
+    Returns:
+        JSON-able dict: ``language``, ``n_utterances``, ``n_frames``, ``replicates``, ``asr``, ``unit``,
+        ``tokens_per_call`` {label: {value, ci_low, ci_high, n}}, ``per_utterance`` {label: {codes, calls}} (sums over
+        the replicates),
+        ``distribution`` (:func:`code_distribution_tests`), ``wer`` (:func:`wer_parity` or ``None``),
+        ``decoders`` {label: {repr, lossless}}, ``references``, ``hypotheses`` {label: list}.
+    Raises:
+        ValueError: no utterance, no ``"ar"`` decoder, an unknown language.
+    """
+    from rvqspec_lib.eval.datasets import get_language, speaking
+    from rvqspec_lib.eval.frame_sources import frames_from_utterances
+
+    lang = get_language(language)
+    if REFERENCE not in decoders:
+        raise ValueError(f"decoders must include the reference {REFERENCE!r} (AR)")
+    utts = [as_utterance(u) for u in utterances]
+    if not utts:
+        raise ValueError(f"no utterance of language {language!r}")
+    with speaking(lm, language) as prompt_language:
+        utts = [type(u)(u.text, u.codes, u.speaker, prompt_language if u.language == "auto" else u.language)
+                for u in utts]
+        frames = frames_from_utterances(lm, utts, progress=progress)
+    code0 = torch.cat([u.codes[:, 0] for u in utts])
+    cp = lm.code_predictor
+    seeds = {NULL_CONTROL: seed + 1}
+    runs = decode_runs(cp, frames, decoders, seed=seed, replicates=replicates, seeds=seeds, sampling=sampling,
+                       drafter=drafter, batch_size=batch_size, progress=progress)
+    tpc, per_utt = {}, {}
+    ids, inv = torch.unique(frames.utterance, return_inverse=True)
+    for label, run in runs.items():
+        tpc[label] = tokens_per_call(run, frames.utterance, seed=seed)
+        calls = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, run.calls.double().sum(0))
+        per_utt[label] = {"codes": (torch.bincount(inv).double() * run.codes.shape[-1] * replicates).tolist(),
+                          "calls": calls.tolist()}
+    dist = code_distribution_tests(cp, frames.context, runs, sampling=sampling, alpha=alpha, power_tv=power_tv)
+    refs = [u.text for u in utts]
+    unit = unit or lang.unit
+    wer_out, hyps = None, {}
+    if codec is not None and asr is not None:
+        sr = int(codec.sample_rate)
+        for label, run in runs.items():
+            wavs = [codes_to_audio(codec, c) for c in utterance_codes(code0, run.codes[0], frames.utterance)]
+            hyps[label] = transcribe_all(asr, wavs, sr, desc=f"asr {label}", progress=progress)
+        wer_out = wer_parity(hyps, refs, unit=unit, alpha=alpha, seed=seed)
+    return {"language": language, "n_utterances": len(utts), "n_frames": len(frames), "replicates": replicates,
+            "seconds": float(sum(u.codes.shape[0] for u in utts) / lm.frame_rate_hz),
+            "asr": getattr(asr, "name", None) if asr is not None else None, "unit": unit,
+            "tokens_per_call": tpc, "per_utterance": per_utt, "distribution": dist, "wer": wer_out,
+            "decoders": {k: {"repr": repr(v), "lossless": is_lossless(v)} for k, v in decoders.items()},
+            "references": refs, "hypotheses": hyps}
+
+
+def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object], *, codec, asr,
+                        unit: str = "word", seed: int = 0, max_frames: int = 300, frame_factor: float = 2.0,
+                        batch_size: int = 8, alpha: float = S.ALPHA, progress: bool = False) -> dict:
+    """Free running (talker AND inner loop sampled, from the text alone): WER of every decoder with outliers by
+    length (more than twice the true length, or the frame cap hit) apart, paired against AR.
+
+    Every decoder speaks the same batches (utterances grouped by speaker, at most ``batch_size``) with the same
+    seed per batch. The frame cap of a batch is ``min(max_frames, frame_factor * longest true length + 10)``.
+
+    Returns:
+        ``{"wer": wer_parity(...), "frames": {label: [frames]}, "ended": {label: [bool]}, "true_frames": [...],
+        "hypotheses": {label: [...]}}``.
+    """
+    from rvqspec_lib.models.frame import synthesize
+
+    us = [as_utterance(u) for u in utterances]
+    if REFERENCE not in decoders:
+        raise ValueError(f"decoders must include the reference {REFERENCE!r} (AR)")
+    order = sorted(range(len(us)), key=lambda i: (str(us[i].speaker), us[i].codes.shape[0]))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and len(batches[-1]) < batch_size and us[batches[-1][0]].speaker == us[i].speaker:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    sr = int(codec.sample_rate)
+    frames, ended, hyps = {}, {}, {}
+    for label, dec in decoders.items():
+        s0 = seed + 1 if label == NULL_CONTROL else seed
+        codes: list = [None] * len(us)
+        fr, en = [0] * len(us), [True] * len(us)
+        for bi, b in enumerate(progress_bar(batches, desc=f"free-running {label}", enabled=progress, unit="batch")):
+            cap = int(min(max_frames, frame_factor * max(us[i].codes.shape[0] for i in b) + 10))
+            res = synthesize(lm, [us[i].text for i in b], decoder=dec, speaker=us[b[0]].speaker,
+                             language=us[b[0]].language, max_frames=cap,
+                             generator=torch.Generator().manual_seed(_seed(s0, bi)))
+            for j, i in enumerate(b):
+                codes[i], fr[i], en[i] = res.codes[j], int(res.frames[j]), bool(res.ended[j])
+        wavs = [codes_to_audio(codec, c) for c in codes]
+        hyps[label] = transcribe_all(asr, wavs, sr, desc=f"asr free {label}", progress=progress)
+        frames[label], ended[label] = fr, en
+    true = [int(u.codes.shape[0]) for u in us]
+    w = wer_parity(hyps, [u.text for u in us], unit=unit, lengths=frames, ref_lengths=true,
+                   capped={k: [not e for e in v] for k, v in ended.items()}, alpha=alpha, seed=seed)
+    return {"wer": w, "frames": frames, "ended": ended, "true_frames": true, "hypotheses": hyps}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tables
+# ----------------------------------------------------------------------------------------------------------------
+def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dict]:
+    """Table 3 analogue: one row per (language, decoder): tokens per call with its interval, the difference to the
+    same decoder on English sentences (bootstrap over utterances of both), the code-distribution verdict against AR,
+    and WER/CER (with the paired difference to AR) where a recogniser ran. Lossy decoders are labelled."""
+    rows = []
+    en = results.get(english)
+    for lang, res in results.items():
+        for label, tpc in res["tokens_per_call"].items():
+            lossless = res["decoders"][label]["lossless"]
+            row = {"language": lang, "decoder": label + ("" if lossless else " (LOSSY control)"),
+                   "lossless": lossless, "tokens_per_call": tpc["value"], "tpc_ci_low": tpc["ci_low"],
+                   "tpc_ci_high": tpc["ci_high"], "n_utterances": res["n_utterances"], "n_frames": res["n_frames"]}
+            if en is not None and lang != english and label in en["per_utterance"]:
+                a, b = res["per_utterance"][label], en["per_utterance"][label]
+                d = S.bootstrap_difference(a["codes"], a["calls"], b["codes"], b["calls"])
+                row.update({"tpc_minus_english": d["difference"], "tpc_minus_english_ci_low": d["ci_low"],
+                            "tpc_minus_english_ci_high": d["ci_high"]})
+            summ = res["distribution"]["summary"].get(label)
+            if summ is not None:
+                row.update({"codes_differ_from_ar": summ["rejected"], "code_test_min_p_holm": summ["min_p_holm"],
+                            "code_test_at": summ["at"], f"power_at_tv{summ['power_tv']:g}": summ["power_rank"]})
+            if res.get("wer"):
+                w = res["wer"][label]
+                metric = "cer" if res["unit"] == "char" else "wer"
+                row.update({metric: w["rate"], f"{metric}_without_outliers": w["rate_without_outliers"],
+                            "outliers": w["n_outliers"]})
+                vs = w.get("vs_reference")
+                if vs:
+                    row.update({"diff_vs_ar": vs["difference"], "diff_ci_low": vs["ci_low"],
+                                "diff_ci_high": vs["ci_high"], "diff_p_value": vs["p_value"]})
+            else:
+                row["wer_note"] = "no offline recogniser" if res.get("asr") is None else ""
+            rows.append(row)
+    return rows
+
+
+def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: float = 0.9) -> list[dict]:
+    """Which test flagged which decoder, per language: the code-distribution test, the inner-loop WER difference and
+    (English) the free-running WER difference. A lossless decoder should be flagged by none (a flag is a false alarm
+    at the stated level, or a bug); the lossy control should be caught by at least one. Where a decoder is not
+    flagged, the row says what the design could have detected: the WER difference found with power 0.8
+    (``wer_mde80``), the utterances needed for the difference observed (``sentences_needed``), the code shift found
+    with power 0.9 (``detectable_tv``) and the samples per decoder needed for the largest shift observed
+    (``samples_needed_code``)."""
+    rows = []
+    for lang, res in results.items():
+        for label, summ in res["distribution"]["summary"].items():
+            row = {"language": lang, "decoder": label, "lossless": summ["lossless"],
+                   "code_test": "flagged" if summ["rejected"] else "not flagged", "code_min_p_holm": summ["min_p_holm"],
+                   "code_at": summ["at"], "power_at_tv": summ["power_rank"], "power_tv": summ["power_tv"],
+                   "detectable_tv": summ["detectable_tv_rank"], "max_tv_observed": summ["max_tv_rank"]}
+            caught = ["code distribution (" + summ["at"] + ")"] if summ["rejected"] else []
+            vs = (res.get("wer") or {}).get(label, {}).get("vs_reference")
+            if vs:
+                row.update({"wer_test": "flagged" if vs["detected"] else "not flagged", "wer_diff": vs["difference"],
+                            "wer_ci_low": vs["ci_low"], "wer_ci_high": vs["ci_high"], "wer_p": vs["p_value"],
+                            "wer_mde80": vs["mde80"],
+                            "sentences_needed": S.sentences_needed(vs["difference"], vs["se"], vs["n_utterances"],
+                                                                   alpha=vs["alpha"])})
+                if vs["detected"]:
+                    caught.append("inner-loop WER")
+            fv = ((free or {}).get("wer") or {}).get(label, {}).get("vs_reference") if lang == "en" else None
+            if fv:
+                row.update({"free_wer_test": "flagged" if fv["detected"] else "not flagged",
+                            "free_wer_diff": fv["difference"], "free_wer_ci_low": fv["ci_low"],
+                            "free_wer_ci_high": fv["ci_high"]})
+                if fv["detected"]:
+                    caught.append("free-running WER")
+            if not summ["rejected"] and not summ["lossless"]:
+                row["samples_needed_code"] = S.samples_needed(summ["max_tv_rank"], summ["df_rank"], power=power,
+                                                              level=summ["level"])
+            row["flagged_by"] = ", ".join(caught) or "none"
+            rows.append(row)
+    return rows
+
+
+__all__ = ["verdicts", "REFERENCE", "NULL_CONTROL", "DEFAULT_TREE_BUDGET", "DECODER_FORMS", "split_decoder_list",
+           "decoder_label", "best_chain_window", "parse_decoder", "check_decoder_names", "calibration_budgets",
+           "DecodeRun", "decode_runs", "tokens_per_call", "verifier_ranks", "code_distribution_tests",
+           "utterance_codes", "codes_to_audio", "transcribe_all", "error_rates", "wer_parity", "standard_decoders",
+           "evaluate_language", "free_running_parity", "table3_rows"]

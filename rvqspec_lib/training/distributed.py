@@ -1,0 +1,245 @@
+"""Past one machine: teacher-forced frame extraction and drafter training, data-parallel over processes.
+
+The paper trains its offsets on English VoxPopuli (462 h, 20.8 M frames): the talker pass that makes the frames and
+the drafter's epochs over them need several GPUs. Launched with ``accelerate launch --multi_gpu --num_processes N``
+(on CPUs too: the processes then talk over gloo), every process takes a contiguous SHARD of the data:
+
+* :func:`extract_frames`: each process runs the teacher-forced talker pass
+  (:func:`rvqspec_lib.eval.frame_sources.frames_from_utterances`, or ``frames_from_dataset`` on its shard of a
+  ``datasets`` dataset) over its block of the utterances and writes ``frames-<rank>-of-<world>.safetensors``; the
+  main process writes ``index.json``. :func:`load_frame_shards` reads them back in order: the same frames, in the
+  same order with the same utterance ids, as one process would have made (exactly, with one utterance per talker
+  batch; up to float32 rounding of the batch's padding otherwise);
+* :func:`rvqspec_lib.training.drafters.train_drafter` with ``parallel=`` :class:`Parallel`: every process draws the
+  SAME global batches (same seed), computes the loss on its own block's part of each batch scaled to the global
+  mean, and the gradients are summed over processes before each step (as DistributedDataParallel does during
+  backward), so every process takes the single-process optimiser step; validation sums are reduced the same way. The trained drafter
+  equals the single-process one up to float32 rounding of the sums.
+
+:class:`Parallel` wraps ``accelerate.PartialState`` (rank, world size, device) and ``torch.distributed``; with one
+process it does nothing, so the same code runs unlaunched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from rvqspec_lib.eval.frames import Frames
+
+SHARD_PATTERN = "frames-{rank:05d}-of-{world:05d}.safetensors"
+INDEX = "index.json"
+
+
+@dataclass
+class Parallel:
+    """The processes of a data-parallel run.
+
+    Attributes:
+        rank: this process (0 = main). world: number of processes. device: this process's device.
+    """
+
+    rank: int = 0
+    world: int = 1
+    device: str = "cpu"
+
+    @classmethod
+    def detect(cls) -> "Parallel":
+        """The processes ``accelerate launch`` (or ``torchrun``) started this one among (``accelerate.PartialState``
+        initialises the process group); a plain run is one process."""
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return cls()
+        from accelerate import PartialState
+
+        s = PartialState()
+        return cls(int(s.process_index), int(s.num_processes), str(s.device))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def block(self, n: int) -> tuple[int, int]:
+        """This process's contiguous block ``[start, stop)`` of ``n`` items (:func:`shard_range`)."""
+        return shard_range(n, self.rank, self.world)
+
+    def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum ``t`` over processes, in place (nothing with one process; a CPU tensor goes through the device when
+        the backend needs it, as NCCL does)."""
+        if self.world > 1:
+            if t.device.type == "cpu" and torch.distributed.get_backend() == "nccl":
+                u = t.to(self.device)
+                torch.distributed.all_reduce(u)
+                t.copy_(u.cpu())
+            else:
+                torch.distributed.all_reduce(t)
+        return t
+
+    def gather(self, obj) -> list:
+        """Every process's ``obj``, in rank order, on every process."""
+        if self.world == 1:
+            return [obj]
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+    def summed_gradients(self, optimizer: torch.optim.Optimizer, parameters: Sequence[torch.Tensor]):
+        """``optimizer`` whose ``step()`` first sums the gradients of ``parameters`` over processes, in a fixed
+        order (a parameter without a gradient counts as zero): what DistributedDataParallel does during backward,
+        done before the step so that every process issues the same collectives whatever its graph was. The
+        optimiser itself with one process."""
+        return optimizer if self.world == 1 else _SummedGradients(optimizer, list(parameters), self)
+
+
+class _SummedGradients:
+    """An optimiser whose step is preceded by a sum of the gradients over processes (see
+    :meth:`Parallel.summed_gradients`); ``param_groups``, ``zero_grad`` and ``state_dict`` are the wrapped one's."""
+
+    def __init__(self, optimizer, parameters, parallel: Parallel):
+        self.optimizer, self.parameters, self.parallel = optimizer, parameters, parallel
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.parameters:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self.parallel.all_reduce_(p.grad)
+        return self.optimizer.step()
+
+
+def shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
+    """Contiguous block of ``n`` items for process ``rank`` of ``world``: sizes differ by at most one, the first
+    ``n % world`` blocks one larger; blocks tile ``[0, n)`` in rank order.
+
+    Raises:
+        ValueError: ``world < 1``, ``rank`` outside ``[0, world)``, ``n < 0``.
+    """
+    if world < 1 or not 0 <= rank < world or n < 0:
+        raise ValueError(f"need 0 <= rank < world and n >= 0, got rank={rank}, world={world}, n={n}")
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def _write_shard(fr: Frames, out_dir, par: Parallel, n_items: int) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fr.save(out / SHARD_PATTERN.format(rank=par.rank, world=par.world))
+    sizes = par.gather(len(fr))
+    par.barrier()
+    if par.is_main:
+        (out / INDEX).write_text(json.dumps({"format": "rvqspec-frame-shards", "world": par.world,
+                                             "n_utterances": n_items, "frames": sizes,
+                                             "shards": [SHARD_PATTERN.format(rank=r, world=par.world)
+                                                        for r in range(par.world)]}, indent=1))
+    par.barrier()
+    return out
+
+
+def extract_frames(lm, utterances: Sequence, out_dir: str | os.PathLike, *, parallel: Parallel | None = None,
+                   batch_size: int = 8, progress: bool = False, source: dict | None = None) -> Path:
+    """Teacher-forced frames of ``utterances``, made by every process on its block, written as shards.
+
+    Args:
+        lm: the model (on ``parallel.device``). utterances: text + true codes (every process passes the same list;
+            each reads only its block).
+        out_dir: gets ``frames-<rank>-of-<world>.safetensors`` per process and ``index.json`` (main process, after
+            every shard is written).
+        parallel: :class:`Parallel` (default :meth:`Parallel.detect`). batch_size: utterances per talker pass.
+    Returns:
+        ``out_dir``. Utterance ids are GLOBAL input indices (as one process would number them).
+    Raises:
+        ValueError: no utterances, or more processes than utterances.
+    """
+    from rvqspec_lib.eval.frame_sources import frames_from_utterances
+
+    par = parallel or Parallel.detect()
+    n = len(utterances)
+    if n < par.world:
+        raise ValueError(f"{n} utterance(s) for {par.world} processes: give at least one utterance per process")
+    start, stop = par.block(n)
+    fr = frames_from_utterances(lm, list(utterances[start:stop]), batch_size=batch_size, progress=progress,
+                                source=source)
+    fr.utterance = fr.utterance + start
+    fr.source = {**fr.source, "shard": par.rank, "shards": par.world, "utterances": [start, stop]}
+    return _write_shard(fr, out_dir, par, n)
+
+
+def extract_dataset_frames(dataset, lm, codec, out_dir: str | os.PathLike, *, parallel: Parallel | None = None,
+                           split: str | None = None, language: str = "auto", text_column: str | None = None,
+                           max_items: int | None = None, progress: bool = False) -> Path:
+    """:func:`extract_frames` for a ``datasets`` dataset of audio + text (VoxPopuli schema, the paper's training
+    set): every process encodes its block of rows with ``codec`` and runs the talker pass
+    (:func:`rvqspec_lib.eval.frame_sources.frames_from_dataset`); utterance ids are the GLOBAL row indices.
+
+    Args:
+        dataset: a ``Dataset`` / ``DatasetDict`` or a ``save_to_disk`` folder. max_items: the first rows only.
+        split, language, text_column: as ``frames_from_dataset``.
+    Raises:
+        FileNotFoundError: no such folder. ValueError: missing columns, fewer rows than processes, codes of another
+            codec.
+    """
+    import datasets as hf
+
+    from rvqspec_lib.eval.frame_sources import frames_from_dataset
+
+    par = parallel or Parallel.detect()
+    if isinstance(dataset, (str, os.PathLike)):
+        p = Path(dataset).expanduser()
+        if not p.exists():
+            raise FileNotFoundError(f"no dataset folder {p}: write one with datasets' save_to_disk")
+        dataset = hf.load_from_disk(str(p))
+    if isinstance(dataset, hf.DatasetDict):
+        dataset = dataset[split or ("train" if "train" in dataset else list(dataset)[0])]
+    n = len(dataset) if max_items is None else min(int(max_items), len(dataset))
+    if n < par.world:
+        raise ValueError(f"{n} row(s) for {par.world} processes: give at least one row per process")
+    start, stop = par.block(n)
+    fr = frames_from_dataset(dataset.select(range(start, stop)), lm, codec, language=language,
+                             text_column=text_column, progress=progress)
+    fr.utterance = fr.utterance + start
+    fr.source = {**fr.source, "shard": par.rank, "shards": par.world, "rows": [start, stop]}
+    return _write_shard(fr, out_dir, par, n)
+
+
+def load_frame_shards(out_dir: str | os.PathLike, *, rank: int | None = None) -> Frames:
+    """Frames written by :func:`extract_frames`: every shard in rank order (``rank=None``), or one shard.
+
+    Raises:
+        FileNotFoundError: no ``index.json`` (extraction did not finish) or a missing shard.
+    """
+    d = Path(out_dir)
+    idx = d / INDEX
+    if not idx.is_file():
+        raise FileNotFoundError(f"no {idx}: extract frames first (rvqspec_lib.training.distributed.extract_frames; "
+                                "the main process writes it when every shard is done)")
+    index = json.loads(idx.read_text())
+    names = index["shards"] if rank is None else [index["shards"][rank]]
+    parts = [Frames.load(d / nm) for nm in names]
+    out = Frames.cat(parts)
+    out.utterance = torch.cat([p.utterance for p in parts])  # the global ids, not Frames.cat's renumbering
+    out.source = {**parts[0].source, "shards": index["world"], "n_utterances": index["n_utterances"]}
+    out.source.pop("shard", None)
+    return out
+
+
+__all__ = ["Parallel", "shard_range", "extract_frames", "extract_dataset_frames", "load_frame_shards",
+           "SHARD_PATTERN", "INDEX"]

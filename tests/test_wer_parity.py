@@ -1,0 +1,250 @@
+"""WER parity's pipeline (rvqspec_lib.eval.wer_parity) and its lossy control (rvqspec_lib.spec.decoders.LossySSD).
+
+* the lossy control is labelled lossy everywhere, and the SAME G-test that proves Chain and Tree lossless
+  (tests/test_lossless.py) rejects it, while beta -> 0 gives back the chain draw for draw;
+* the code-distribution tests on a model whose drafts are far from p: lossless decoders pass, the lossy control is
+  caught (the test can fail), AR against itself under other seeds passes;
+* decoder names, paired seeds, verifier ranks (exact on argmax codes), the WER pairing, and the whole per-language
+  evaluation on tiny-random with a stub codec and recogniser (every decoder's audio goes through the recogniser; the
+  tables carry the lossy label).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rvqspec_lib.eval import wer_parity as W
+from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.models.loader import load_model
+from rvqspec_lib.models.teacher import Utterance
+from rvqspec_lib.spec import verify
+from rvqspec_lib.spec.decode import decode_frame
+from rvqspec_lib.spec.decoders import AR, Chain, LossySSD, Tree, is_lossless
+from rvqspec_lib.spec.sampling import Sampling
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-random")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the lossy control
+# ----------------------------------------------------------------------------------------------------------------
+def test_lossy_control_is_labelled_lossy():
+    d = LossySSD()
+    assert "Lossy" in repr(d) and "lossy" in d.label and "lossy" in W.decoder_label(d)
+    assert d.window == 4 and d.beta == 0.4 and d.lossy_tolerance == 0.4
+    assert not is_lossless(d) and all(is_lossless(x) for x in (AR(), Chain(4), Tree([(0,)]), Tree([(0,)], True)))
+    for bad in (0, -0.1, 1.5, True, "0.4"):
+        with pytest.raises(ValueError, match="beta"):
+            LossySSD(beta=bad)
+    with pytest.raises(ValueError, match="window"):
+        LossySSD(window=9)
+
+
+def test_lossy_control_is_rejected_by_the_losslessness_g_test():
+    """The G-test of tests/test_lossless.py (exact joint pmf, 512 outcomes, power >= 0.9 at TV 0.03) on the model
+    whose drafts are far from p: Chain(4) passes it (test_lossless.py), LossySSD (its chain with beta 0.4) fails."""
+    import test_lossless as L
+
+    pval, df, g, n, res = L.run_case("sharp", LossySSD(), L.DEFAULT)
+    assert pval < L.ALPHA, f"the lossy control passed the losslessness test (G={g:.1f}, df={df}, p={pval:.2e})"
+    assert float(res.tokens_per_call.mean()) > 1.0
+
+
+def test_tolerance_zero_is_the_lossless_walk_and_point_mass_drafts_ignore_it():
+    g = torch.Generator().manual_seed(0)
+    b, v = 64, 6
+    p = torch.softmax(torch.randn(b, 3, v, generator=g), -1)
+    q = torch.softmax(torch.randn(b, 3, v, generator=g), -1)
+    codes = torch.multinomial(q.reshape(-1, v), 1, generator=g).reshape(b, 3)
+    children = torch.tensor([[1], [2], [-1]])
+    valid = torch.ones(b, 3, dtype=torch.bool)
+    has = torch.tensor([True, True, False]).expand(b, 3)
+    runs = {}
+    for name, kw in (("plain", {}), ("zero", {"tolerance": 0.0}), ("lossy", {"tolerance": 0.4})):
+        runs[name] = verify.walk_tree(p, codes, children, valid, has, torch.Generator().manual_seed(1), q, **kw)
+    assert torch.equal(runs["plain"].path, runs["zero"].path) and torch.equal(runs["plain"].next_code,
+                                                                             runs["zero"].next_code)
+    assert int(runs["lossy"].n_accepted.sum()) > int(runs["plain"].n_accepted.sum())  # it accepts more
+    pm = [verify.walk_tree(p, codes, children, valid, has, torch.Generator().manual_seed(1), None, **kw)
+          for kw in ({}, {"tolerance": 0.4})]
+    assert torch.equal(pm[0].path, pm[1].path) and torch.equal(pm[0].next_code, pm[1].next_code)
+
+
+def test_lossy_decoder_drafts_like_the_chain(tiny):
+    """Same seed: the lossy control draws the chain's drafts and accepts at least as many of them (u < r + beta)."""
+    ctx = torch.randn(32, 2, 64, generator=torch.Generator().manual_seed(0))
+    cp = tiny.code_predictor
+    a = decode_frame(cp, ctx, decoder=Chain(4), generator=torch.Generator().manual_seed(3))
+    b = decode_frame(cp, ctx, decoder=LossySSD(), generator=torch.Generator().manual_seed(3))
+    assert float(b.tokens_per_call.mean()) >= float(a.tokens_per_call.mean())
+    assert torch.equal(a.codes[:, 0], b.codes[:, 0])  # code 1 comes from the prefill, before any draft
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# names
+# ----------------------------------------------------------------------------------------------------------------
+def test_decoder_names():
+    assert W.split_decoder_list("ar, chain:4,tree:0;1;0,0,tree-sampled:0;0,0,ssd-lossy:0.2") == \
+        ["ar", "chain:4", "tree:0;1;0,0", "tree-sampled:0;0,0", "ssd-lossy:0.2"]
+    assert W.parse_decoder("chain:3") == ("chain3", Chain(3))
+    assert W.parse_decoder("tree:0;1;0,0")[0] == "tree-pm-N4"
+    assert W.parse_decoder("tree-sampled:0;0,0")[1] == Tree([(0,), (0, 0)], sampled=True)
+    assert W.parse_decoder("ssd-lossy:0.2") == ("ssd-lossy-b0.2-w4", LossySSD(beta=0.2))
+    cal = {"best_kind": {"4": "sampled"}, "point-mass": {"trees": {"4": [[0], [1], [2]]}},
+           "sampled": {"trees": {"4": [[0], [0, 0], [1]]}}}
+    assert W.parse_decoder("tree:calibrated:4", calibration=cal)[1] == Tree([(0,), (0, 0), (1,)], sampled=True)
+    assert W.parse_decoder("tree:calibrated-point-mass:4", calibration=cal)[1] == Tree([(0,), (1,), (2,)])
+    assert W.parse_decoder("chain:best", best_chain=6)[1] == Chain(6)
+    assert W.check_decoder_names(["ar", "tree:calibrated", "chain:best"]) == {"calibration", "best_chain"}
+    assert W.calibration_budgets(["tree:calibrated", "tree:calibrated-sampled:8", "ar"]) == [8, 16]
+    for bad, match in (("beam", "unknown decoder"), ("chain:9", "window"), ("tree:calibrated:99", "outside"),
+                       ("ssd-lossy:2", "beta"), ("tree:0;;1", "empty path")):
+        with pytest.raises(ValueError, match=match) as e:
+            W.check_decoder_names([bad])
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="calibration"):
+        W.parse_decoder("tree:calibrated:16")
+    with pytest.raises(ValueError, match="chain:N"):
+        W.parse_decoder("chain:best")
+    with pytest.raises(ValueError, match="no decoder"):
+        W.split_decoder_list(" ")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# decoding runs, ranks, the code-distribution tests
+# ----------------------------------------------------------------------------------------------------------------
+def test_decode_runs_are_paired_and_replicated(tiny):
+    fr = Frames(torch.randn(10, 2, 64, generator=torch.Generator().manual_seed(0)),
+                torch.zeros(10, 15, dtype=torch.long), torch.arange(10) // 5)
+    runs = W.decode_runs(tiny.code_predictor, fr, {"ar": AR(), "same": AR(), "other": AR()}, seed=5, replicates=2,
+                         seeds={"other": 6}, batch_size=4)
+    assert runs["ar"].codes.shape == (2, 10, 15) and runs["ar"].calls.shape == (2, 10)
+    assert torch.equal(runs["ar"].codes, runs["same"].codes)  # paired: same seeds, same draws
+    assert not torch.equal(runs["ar"].codes, runs["other"].codes)  # the null control draws anew
+    assert not torch.equal(runs["ar"].codes[0], runs["ar"].codes[1])  # replicates are independent draws
+    assert (runs["ar"].calls == 15).all()
+    tpc = W.tokens_per_call(runs["ar"], fr.utterance)
+    assert tpc["value"] == tpc["ci_low"] == tpc["ci_high"] == 1.0 and tpc["n"] == 2
+
+
+def test_verifier_ranks_of_argmax_codes_are_zero(tiny):
+    cp = tiny.code_predictor
+    ctx = torch.randn(6, 2, 64, generator=torch.Generator().manual_seed(1))
+    greedy = decode_frame(cp, ctx, decoder=AR(), sampling=Sampling(greedy=True)).codes
+    assert (W.verifier_ranks(cp, ctx, greedy) == 0).all()
+    sampled = decode_frame(cp, ctx, decoder=AR(), generator=torch.Generator().manual_seed(0)).codes
+    r = W.verifier_ranks(cp, ctx, sampled, batch_size=4)
+    assert r.shape == (6, 15) and (r >= 0).all() and (r < 50).all() and (r > 0).any()  # top-k 50
+
+
+def test_code_tests_catch_the_lossy_control_and_pass_lossless_decoders():
+    """The model of tests/test_lossless.py whose drafts are far from p ("sharp": one-step acceptance ~0.45), 20,000
+    frames of one context: Chain, a sampled tree and AR under other seeds are not flagged (family-wise level 1e-3
+    each: false-failure rate 3e-3 for a random seed, the seeds are fixed); the lossy control is."""
+    import test_lossless as L
+
+    cp, context = L.variant("sharp")
+    n = 20_000
+    fr = Frames(context.expand(n, 2, context.shape[-1]).clone(), torch.zeros(n, 3, dtype=torch.long),
+                torch.arange(n) // 100)
+    decs = {"ar": AR(), W.NULL_CONTROL: AR(), "chain4": Chain(4), "tree": Tree([(0,), (1,), (0, 0)], sampled=True),
+            "lossy": LossySSD()}
+    runs = W.decode_runs(cp, fr, decs, seed=0, seeds={W.NULL_CONTROL: 1}, batch_size=n)
+    res = W.code_distribution_tests(cp, fr.context, runs, batch_size=n)
+    s = res["summary"]
+    assert not s[W.NULL_CONTROL]["rejected"] and not s["chain4"]["rejected"] and not s["tree"]["rejected"]
+    assert s["lossy"]["rejected"] and not s["lossy"]["lossless"]
+    assert len(res["rows"]) == 4 * 2 * 3 and {r["statistic"] for r in res["rows"]} == {"rank", "code"}
+    assert all(r["p_holm"] >= r["p_value"] for r in res["rows"])
+    assert s["chain4"]["power_rank"] > 0.9  # at TV 0.05 with 20,000 samples a side
+    # depth 1 comes from the prefill for every decoder: never flagged, lossy or not
+    assert all(r["p_holm"] > 1e-3 for r in res["rows"] if r["depth"] == 1)
+    with pytest.raises(ValueError, match="reference"):
+        W.code_distribution_tests(cp, fr.context, {"x": runs["ar"]})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# WER pairing and the whole language evaluation
+# ----------------------------------------------------------------------------------------------------------------
+def test_wer_parity_pairs_against_the_reference():
+    refs = ["the cat sat", "a dog ran far", "hello there world", "one two three four"]
+    hyps = {"ar": ["the cat sat", "a dog ran", "hello world", "one two three four"],
+            "same": ["the cat sat", "a dog ran", "hello world", "one two three four"],
+            "loop": ["the cat sat", "a dog ran far", "hello there world", "one one one one one one one one"]}
+    out = W.wer_parity(hyps, refs)
+    assert out["ar"]["rate"] == pytest.approx(2 / 14) and "vs_reference" not in out["ar"]
+    assert out["same"]["vs_reference"]["difference"] == 0
+    assert out["loop"]["n_outliers"] == 1 and out["loop"]["outliers"][0]["index"] == 3
+    assert out["loop"]["vs_reference"]["n_outliers_either"] == 1
+    assert W.wer_parity({"ar": ["ab"], "x": ["ab"]}, ["ab"], unit="char")["ar"]["unit"] == "char"
+    with pytest.raises(ValueError, match="reference"):
+        W.wer_parity({"x": refs}, refs)
+
+
+class _StubCodec:
+    """Codes -> a deterministic waveform that depends on every code (what a table decoder does)."""
+
+    sample_rate = 16000
+
+    def encode(self, wav):  # the codec interface (codes_to_audio checks for it)
+        raise NotImplementedError
+
+    def decode(self, codes):
+        c = np.asarray(codes, dtype=np.float64)
+        return np.sin(np.arange(len(c) * 160)[:, None] * (1 + c.sum(1)) * 1e-4).sum(1).astype(np.float32)
+
+
+class _StubASR:
+    """Hears 'the cat' for most audio, and a word that depends on the audio's checksum otherwise."""
+
+    name = "stub"
+
+    def __init__(self):
+        self.calls = 0
+
+    def transcribe(self, wav, sample_rate):
+        self.calls += 1
+        return "the cat" if int(abs(wav).sum() * 10) % 3 else "the dog"
+
+
+def test_evaluate_language_end_to_end_on_tiny_random(tiny):
+    g = torch.Generator().manual_seed(0)
+    utts = [Utterance(t, torch.randint(0, 2048, (f, 16), generator=g)) for t, f in
+            (("the cat", 6), ("the cat sat", 8), ("a cat", 5))]
+    decs = {"ar": AR(), W.NULL_CONTROL: AR(), "chain4": Chain(4), "lossy": LossySSD()}
+    asr = _StubASR()
+    res = W.evaluate_language(tiny, utts, decs, codec=_StubCodec(), asr=asr, replicates=2, batch_size=8)
+    assert res["n_utterances"] == 3 and res["n_frames"] == 19 and asr.calls == 3 * 4
+    assert set(res["tokens_per_call"]) == set(decs) and res["tokens_per_call"]["ar"]["value"] == 1.0
+    assert res["tokens_per_call"]["chain4"]["value"] > 1.0
+    assert set(res["wer"]) == set(decs) and "vs_reference" in res["wer"]["lossy"]
+    assert res["decoders"]["lossy"]["lossless"] is False
+    rows = W.table3_rows({"en": res, "de": res})
+    assert any(r["decoder"] == "lossy (LOSSY control)" for r in rows)
+    de_rows = [r for r in rows if r["language"] == "de"]
+    assert all(r["tpc_minus_english"] == 0 for r in de_rows)  # the same results: no difference, exactly
+    v = W.verdicts({"en": res})
+    assert {r["decoder"] for r in v} == {W.NULL_CONTROL, "chain4", "lossy"} and all("flagged_by" in r for r in v)
+    no_asr = W.evaluate_language(tiny, utts, {"ar": AR()}, language="de")
+    assert no_asr["wer"] is None and no_asr["unit"] == "word"
+    with pytest.raises(ValueError, match="reference"):
+        W.evaluate_language(tiny, utts, {"x": AR()})
+    with pytest.raises(ValueError, match="unknown language"):
+        W.evaluate_language(tiny, utts, decs, language="xx")
+
+
+def test_free_running_parity_on_tiny_random(tiny):
+    g = torch.Generator().manual_seed(0)
+    utts = [Utterance(t, torch.randint(0, 2048, (4, 16), generator=g)) for t in ("the cat", "a dog", "hi")]
+    out = W.free_running_parity(tiny, utts, {"ar": AR(), "lossy": LossySSD()}, codec=_StubCodec(), asr=_StubASR(),
+                                max_frames=6)
+    assert set(out["wer"]) == {"ar", "lossy"} and out["true_frames"] == [4, 4, 4]
+    assert all(1 <= f <= 6 for f in out["frames"]["ar"])
+    capped = [i for i, e in enumerate(out["ended"]["ar"]) if not e]
+    assert all(any("cap" in o["why"] or "frames" in o["why"] or "WER" in o["why"]
+                   for o in out["wer"]["ar"]["outliers"] if o["index"] == i) for i in capped)

@@ -56,10 +56,10 @@ def real():
     return real_size_code_predictor()
 
 
-def _calls(backend, cp, seed=0):
+def _calls(backend, cp, seed=0, n_calls=3):
     """Three verify calls through ``backend``: the 2-position prefill, a 4-node tree call (each node sees the
     committed slots and its ancestors), then, after compacting the cache (slots 0, 1, 2, 4 kept), a 3-node chain.
-    Returns the three hidden states and the final cache's first layer."""
+    Returns the hidden states and the final cache's first layer (``n_calls=2``: the first two calls only)."""
     g = torch.Generator().manual_seed(seed)
     h, hid = P.talker_hidden_size(cp), int(cp.config.hidden_size)
     slots = 12
@@ -77,6 +77,8 @@ def _calls(backend, cp, seed=0):
         x = torch.randn(2, 4, hid, generator=g)
         pos = torch.tensor([[2, 3, 3, 4], [2, 3, 3, 4]])
         outs.append(backend.forward(x, pos, allow, cache, torch.arange(2, 6).expand(2, 4)))
+        if n_calls == 2:
+            return outs, (cache._k[0] if hasattr(cache, "_k") else cache.k[0])
         order = torch.tensor([0, 1, 2, 4, 3] + list(range(5, slots))).expand(2, slots)
         backend.compact(cache, order)
         allow = (slot[None, None, :] < 4).expand(2, 3, slots).clone()
@@ -189,16 +191,17 @@ def test_decode_frame_through_the_lean_forward_equals_the_official_draw_for_draw
     assert torch.equal(ref.committed, got.committed) and torch.equal(ref.accepted, got.accepted)
 
 
+@pytest.mark.slow
 def test_compiled_lean_forward_one_graph_per_shape(tiny):
     eager = LeanCodePredictor(tiny)
     comp = LeanCodePredictor(tiny, compile=True)
-    ref, _ = _calls(eager, tiny)
-    got, _ = _calls(comp, tiny)
+    ref, _ = _calls(eager, tiny, n_calls=2)
+    got, _ = _calls(comp, tiny, n_calls=2)
     for a, b in zip(ref, got):
         assert float((a - b).abs().max()) <= COMPILE_REL_TOL * float(a.abs().max())
-    assert sorted(comp.compile_s) == [(2, 2, 12), (2, 3, 12), (2, 4, 12)]  # one compile per shape
+    assert sorted(comp.compile_s) == [(2, 2, 12), (2, 4, 12)]  # one compile per shape
     before = dict(comp.compile_s)
-    _calls(comp, tiny, seed=1)  # the same shapes again: no new graph
+    _calls(comp, tiny, seed=1, n_calls=2)  # the same shapes again: no new graph
     assert comp.compile_s == before
 
 

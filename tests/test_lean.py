@@ -179,10 +179,11 @@ DECODERS = [AR(), Chain(4), Chain(8), Tree(), Tree([(0,), (1,), (2,), (0, 0), (0
 
 
 @pytest.mark.parametrize("decoder", DECODERS, ids=repr)
-@pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
-def test_decode_frame_through_the_lean_forward_equals_the_official_draw_for_draw(tiny, decoder, greedy):
-    """Bit-identical hidden states + random numbers drawn in the same order = the same frames, even sampled."""
-    ctx = torch.randn(4, 2, P.talker_hidden_size(tiny), generator=torch.Generator().manual_seed(3))
+@pytest.mark.parametrize("greedy,batch", [(False, 4), (True, 4), (False, 1)], ids=["sampled", "greedy", "one-row"])
+def test_decode_frame_through_the_lean_forward_equals_the_official_draw_for_draw(tiny, decoder, greedy, batch):
+    """Bit-identical hidden states + random numbers drawn in the same order = the same frames, even sampled (one
+    row: the one-row walk and the one-row cache compaction)."""
+    ctx = torch.randn(batch, 2, P.talker_hidden_size(tiny), generator=torch.Generator().manual_seed(3))
     s = Sampling(greedy=greedy)
     ref = decode_frame(tiny, ctx, decoder=decoder, sampling=s, generator=torch.Generator().manual_seed(5))
     got = decode_frame(tiny, ctx, decoder=decoder, sampling=s, generator=torch.Generator().manual_seed(5),

@@ -193,6 +193,9 @@ class LeanCodePredictor:
 
     def compact(self, cache: LeanCache, order: torch.Tensor) -> None:
         """Reorder slots: slot ``order[b, i]`` moves to position i (``order`` ``(B, slots)`` int64)."""
+        if order.shape[0] == 1:  # one row: a plain slot selection, no index of the cache's full size
+            cache.k, cache.v = cache.k.index_select(3, order[0]), cache.v.index_select(3, order[0])
+            return
         idx = order[None, :, None, :, None].expand_as(cache.k)
         cache.k = cache.k.gather(3, idx)
         cache.v = cache.v.gather(3, idx)

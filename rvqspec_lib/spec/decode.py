@@ -56,25 +56,31 @@ def sample_tree_drafts(q: torch.Tensor, plan: "RoundPlan", node_codes: torch.Ten
 
     Returns:
         :class:`Draft` with ``q`` ``(B, M+1, V)`` and ``exists`` ``(B, M+1)``.
+
+    Every sibling group is handled at once (the plan's ``sample_*`` constants): the groups' uniform draws are ONE
+    ``torch.rand`` of their total size, split back in group order (the CPU generator fills a tensor element by
+    element, so this is the same stream as one draw per group); keys, top-k and the renormalised ``q_i`` are
+    computed for all parents and children together.
     """
     b, _, v = q.shape
-    m1 = node_codes.shape[1]
-    q_nodes = torch.zeros(b, m1, v, dtype=q.dtype, device=q.device)
-    exists = torch.ones(b, m1, dtype=torch.bool, device=q.device)
-    for t, parents, children in plan.sibling_groups:
-        n_par, k = children.shape
-        qt = q[:, t - 1][:, None, :].expand(b, n_par, v)  # (B, P, V)
-        u = torch.rand(b, n_par, v, generator=generator, device=q.device, dtype=torch.float32)
-        keys = torch.log(qt) - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))  # -inf where q = 0
-        top = torch.topk(keys, k, dim=-1)  # (B, P, k) in key order = the order of sequential draws
-        codes = top.indices
-        node_codes[:, children] = codes
-        exists[:, children] = exists[:, parents][:, :, None] & torch.isfinite(top.values)
-        removed = torch.zeros(b, n_par, v, dtype=torch.bool, device=q.device)
-        for i in range(k):
-            qi = qt.masked_fill(removed, 0.0)
-            q_nodes[:, children[:, i]] = qi / qi.sum(-1, keepdim=True).clamp_min(1e-30)
-            removed.scatter_(2, codes[:, :, i:i + 1], True)
+    dev = q.device
+    sizes = [b * n for n in plan.sample_parents_per_group]
+    u = torch.rand(sum(sizes) * v, generator=generator, device=dev, dtype=torch.float32)
+    if b > 1:  # back to one (B, P_g, V) block per group, then side by side: (B, R, V)
+        u = torch.cat([c.view(b, -1, v) for c in u.split([n * v for n in sizes])], 1)
+    u = u.view(b, -1, v)
+    keys = torch.log(q)[:, plan.sample_row_offset] - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))  # -inf: q=0
+    top = torch.topk(keys, plan.sample_max_children, dim=-1)  # (B, R, k) in key order = sequential draws' order
+    node_codes[:, 1:] = top.indices[:, plan.sample_node_row, plan.sample_node_sibling]
+    finite = torch.isfinite(top.values[:, plan.sample_node_row, plan.sample_node_sibling])  # (B, M)
+    finite = torch.cat([torch.ones_like(finite[:, :1]), finite], 1)
+    exists = (finite[:, None, :] | ~plan.ancestors).all(-1)  # a node and all its ancestors drawn
+    # q_i: q with the codes of the earlier siblings removed (sent to a spare column V when there are none)
+    sib = top.indices[:, plan.sample_node_row]  # (B, M, k)
+    removed = torch.zeros(b, plan.tree.n_nodes, v + 1, dtype=torch.bool, device=dev)
+    removed.scatter_(2, torch.where(plan.sample_earlier, sib, v), True)
+    qi = q[:, plan.draft_offset].masked_fill(removed[..., :v], 0.0)
+    q_nodes = torch.cat([torch.zeros_like(q[:, :1]), qi / qi.sum(-1, keepdim=True).clamp_min(1e-30)], 1)
     return Draft(node_codes, q_nodes, exists)
 
 
@@ -148,6 +154,10 @@ class RoundPlan:
         slot_index: ``(slots,)`` ``arange(slots)``. node_index: ``(M+1,)`` ``arange(M+1)``.
         draft_offset: ``(M,)`` ``depth[1:] - 1``: the row of the drafter's output each non-root node reads.
         nodes_in_offset_order: node m (m >= 1) drafts offset m (a chain): drafts need no gather.
+        sample_*: the sibling groups flattened for :func:`sample_tree_drafts`: ``sample_parents_per_group`` (P_g per
+            group, in group order), ``sample_row_offset`` ``(R,)`` offset - 1 of each parent row (R = sum P_g),
+            ``sample_max_children`` (the largest k), ``sample_node_row`` / ``sample_node_sibling`` ``(M,)`` each
+            non-root node's parent row and sibling index, ``sample_earlier`` ``(M, k)`` bool, sibling j < i.
     """
 
     tree: DraftTree
@@ -164,6 +174,12 @@ class RoundPlan:
     node_index: torch.Tensor | None = None
     draft_offset: torch.Tensor | None = None
     nodes_in_offset_order: bool = False
+    sample_parents_per_group: tuple = ()
+    sample_row_offset: torch.Tensor | None = None
+    sample_max_children: int = 0
+    sample_node_row: torch.Tensor | None = None
+    sample_node_sibling: torch.Tensor | None = None
+    sample_earlier: torch.Tensor | None = None
 
     @property
     def n_query(self) -> int:
@@ -182,11 +198,24 @@ class RoundPlan:
             (t, torch.tensor(parents, device=device), torch.tensor([kids[v] for v in parents], device=device))
             for (t, _), parents in sorted(groups.items()))
         depth = tree.depth.to(device)
+        # sibling groups flattened: parent rows in group order, and each node's (parent row, sibling index)
+        row_offset, node_row, node_sib = [], [0] * (m1 - 1), [0] * (m1 - 1)
+        for (t, _), parents in sorted(groups.items()):
+            for v in parents:
+                for i, c in enumerate(kids[v]):
+                    node_row[c - 1], node_sib[c - 1] = len(row_offset), i
+                row_offset.append(t - 1)
+        k_max = max((len(ch) for ch in kids), default=0)
+        lt = torch.arange(max(k_max, 1), device=device)[None, :] < torch.tensor(node_sib, device=device)[:, None]
         return cls(tree, depth, tree.ancestors.to(device), tree.children.to(device),
                    tree.rank[1:].to(device), torch.eye(m1, dtype=torch.bool, device=device)[None], sampled,
                    n_codes + m1, all(len(ch) <= 1 for ch in kids), sibling_groups,
                    torch.arange(n_codes + m1, device=device), torch.arange(m1, device=device), depth[1:] - 1,
-                   tree.depth[1:].tolist() == list(range(1, m1)))
+                   tree.depth[1:].tolist() == list(range(1, m1)),
+                   tuple(len(parents) for _, parents in sorted(groups.items())),
+                   torch.tensor(row_offset, dtype=torch.long, device=device), k_max,
+                   torch.tensor(node_row, dtype=torch.long, device=device),
+                   torch.tensor(node_sib, dtype=torch.long, device=device), lt)
 
 
 _PLANS: dict = {}

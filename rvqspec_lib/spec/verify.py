@@ -165,20 +165,32 @@ def walk_tree_one_row(p, node_codes, children, node_valid, has_next, generator, 
     """
     kids = children.tolist()
     valid = node_valid[0].tolist()
+    # the first child of a node is tried against the node's own p (no sibling rejected yet): its acceptance ratio
+    # is computed for every node at once, by the same function on the same rows (a row's result does not depend
+    # on the other rows); later children are computed when they are reached
+    first = {row[0]: v for v, row in enumerate(kids) if row[0] >= 0}
+    if first:
+        c_all = torch.tensor(list(first), device=p.device)
+        x_all = node_codes[0, c_all]
+        q_all = None if q is None else q[0, c_all].gather(1, x_all[:, None]).squeeze(1)
+        first = dict(zip(first, acceptance_ratio(p[0, list(first.values())], x_all, q_all).tolist()))
     resid = p[:, 0].clone()  # (1, V)
     cur, path = 0, []
     for _ in range(p.shape[1]):  # a path cannot be longer than the number of nodes
         moved = False
-        for c in kids[cur]:
+        for i, c in enumerate(kids[cur]):
             if c < 0:
                 break  # children are -1 padded
             if not valid[c]:
                 continue
             x = node_codes[:, c]  # (1,)
             q_c = q[:, c] if q is not None else None
-            ratio = acceptance_ratio(resid, x, None if q_c is None else q_c.gather(1, x[:, None]).squeeze(1))
-            u = torch.rand(1, generator=generator, device=p.device)
-            if bool(u < ratio):
+            if i == 0:  # float32 values compared exactly as Python floats
+                ratio = first[c]
+            else:
+                ratio = float(acceptance_ratio(resid, x, None if q_c is None else
+                                               q_c.gather(1, x[:, None]).squeeze(1)))
+            if float(torch.rand(1, generator=generator, device=p.device)) < ratio:
                 cur, resid, moved = c, p[:, c], True
                 break
             resid = residual(resid, x, q_c)

@@ -50,6 +50,9 @@ from scipy import stats
 import rvqspec_lib.spec.decode as D
 import rvqspec_lib.spec.verify as verify
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
+from rvqspec_lib.models.fused import FusedARFrame
+from rvqspec_lib.models.kernels import mgemv
+from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.spec.decode import decode_frame
 from rvqspec_lib.spec.decoders import AR, Chain, Tree
 from rvqspec_lib.spec.sampling import Sampling
@@ -273,6 +276,62 @@ def test_joint_distribution_matches_exact_pmf(case):
     # and it really speculated (committed more than one code per call on average) except AR
     tpc = float(res.tokens_per_call.mean())
     assert tpc == 1.0 if isinstance(decoder, AR) else tpc > 1.0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the same G-test through the lean forward with the AVX2 kernel (it rounds differently from the official module),
+# and for the fused AR frame (Gumbel-max sampling inside one call)
+# ----------------------------------------------------------------------------------------------------------------
+LEAN_CASES = [CASES[7], CASES[17]]  # Chain(4) and a wide sampled tree, both with residual resampling (sharp)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", LEAN_CASES, ids=[_id(c) for c in LEAN_CASES])
+def test_joint_distribution_matches_exact_pmf_through_the_mgemv_kernel(case):
+    if not mgemv.available():
+        pytest.skip(f"mgemv kernel unavailable here: {mgemv.unavailable_reason()}")
+    model, decoder, sampling = case
+    cp, context = variant(model)
+    pmf = exact_pmf(cp, context, sampling)
+    n = frames_needed(pmf)
+    backend = LeanCodePredictor(cp, matmul="mgemv")
+    gen = torch.Generator().manual_seed(4321)
+    batch = mgemv.MAX_ROWS // (decoder.tree(N_GROUPS - 1).n_nodes + 1)  # the kernel serves <= MAX_ROWS rows a call
+    ctx = context.expand(batch, 2, context.shape[-1])
+    codes = torch.cat([decode_frame(cp, ctx, decoder=decoder, sampling=sampling, generator=gen,
+                                    backend=backend).codes for _ in range(n // batch + 1)])[:n]
+    pval, df, g = g_test(pmf, codes)
+    assert power(n, df) >= MIN_POWER
+    assert pval >= ALPHA, f"G={g:.1f} df={df} p={pval:.2e} with N={n}: the lean decoder does not sample the target"
+
+
+FUSED_CASES = [("peaked", DEFAULT), ("flat", HOT_TOPK3), ("sharp", DEFAULT)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,sampling", FUSED_CASES, ids=[f"{m}-T{s.temperature}-k{s.top_k}" for m, s in FUSED_CASES])
+def test_fused_ar_frame_samples_the_exact_pmf(model, sampling):
+    """The fused frame (eager: the same function the compiled graph runs) samples the AR joint distribution."""
+    cp, context = variant(model)
+    pmf = exact_pmf(cp, context, sampling)
+    n = frames_needed(pmf)
+    codes = FusedARFrame(cp, sampling, compile=False).decode(context.expand(n, 2, context.shape[-1]),
+                                                             torch.Generator().manual_seed(2024))
+    pval, df, g = g_test(pmf, codes)
+    assert power(n, df) >= MIN_POWER
+    assert pval >= ALPHA, f"G={g:.1f} df={df} p={pval:.2e} with N={n}: the fused frame does not sample the target"
+
+
+@pytest.mark.slow
+def test_fused_ar_frame_negative_control_uniform_noise_is_rejected():
+    """Negative control: uniform noise in place of Gumbel noise (argmax of logits + U is not a softmax sample)."""
+    cp, context = variant("sharp")
+    pmf = exact_pmf(cp, context, DEFAULT)
+    n = frames_needed(pmf)
+    frame = FusedARFrame(cp, DEFAULT, compile=False)
+    noise = torch.rand(n, N_GROUPS - 1, V, generator=torch.Generator().manual_seed(2024))
+    pval, df, g = g_test(pmf, frame(context.expand(n, 2, context.shape[-1]), noise))
+    assert pval < ALPHA, f"uniform noise passed the G-test (G={g:.1f} df={df} p={pval:.2e})"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -589,3 +648,63 @@ def test_sampled_tree_path_needs_its_earlier_siblings():
     with pytest.raises(ValueError, match="needs its sibling"):
         Tree([(0,), (2,)], sampled=True)
     Tree([(0,), (2,)])  # fine for point-mass ranks: try rank 0, then rank 2
+
+
+def _random_walk_case(seed: int):
+    """A random tree (up to 12 nodes, up to 3 children), random p (some codes cut to 0), random q or point mass,
+    random valid / has_next masks: one row."""
+    import random as pyrandom
+
+    from rvqspec_lib.spec.trees import DraftTree
+
+    rnd = pyrandom.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    paths: list[tuple[int, ...]] = []
+    for _ in range(rnd.randint(1, 12)):
+        parent = rnd.choice([()] + paths) if paths else ()
+        if len(parent) < 4:
+            kids = [p for p in paths if p[:-1] == parent and len(p) == len(parent) + 1]
+            if len(kids) < 3:
+                paths.append(parent + (len(kids),))
+    tree = DraftTree.from_paths(paths)
+    m1, v = tree.n_nodes + 1, 6
+    p = _rand_pmf(gen, (1, m1), v)
+    p = p * (torch.rand(1, m1, v, generator=gen) > 0.2)  # a few codes of probability 0
+    p[..., 0] += 1e-3  # never an all-zero row
+    p = p / p.sum(-1, keepdim=True)
+    q = _rand_pmf(gen, (1, m1), v) if seed % 2 else None
+    codes = torch.randint(0, v, (1, m1), generator=gen)
+    valid = torch.rand(1, m1, generator=gen) > 0.15
+    valid[:, 0] = True
+    has_next = torch.rand(1, m1, generator=gen) > 0.2
+    return p, codes, tree.children, valid, has_next, q
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_row_walk_equals_the_batched_walk(seed):
+    """walk_tree on one row (Python control flow) returns exactly what the batched walk returns and leaves the
+    generator in the same state: the same rule, the same random numbers in the same order."""
+    p, codes, children, valid, has_next, q = _random_walk_case(seed)
+    g1, g2 = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    a = verify.walk_tree_batched(p, codes, children, valid, has_next, g1, q)
+    b = verify.walk_tree_one_row(p, codes, children, valid, has_next, g2, q)
+    for x, y in zip((a.path, a.n_accepted, a.last_node, a.next_code), (b.path, b.n_accepted, b.last_node,
+                                                                       b.next_code)):
+        assert x.dtype == y.dtype and torch.equal(x, y)
+    assert torch.equal(g1.get_state(), g2.get_state())
+
+
+def test_one_row_walk_comparison_can_fail():
+    """Negative control: a one-row walk that skips the rejected child's residual is caught on some case."""
+    differs = 0
+    for seed in range(40):
+        p, codes, children, valid, has_next, q = _random_walk_case(seed)
+        a = verify.walk_tree_batched(p, codes, children, valid, has_next, torch.Generator().manual_seed(seed), q)
+        mp = pytest.MonkeyPatch()
+        mp.setattr(verify, "residual", lambda p_resid, x, q: p_resid.clone())
+        try:
+            b = verify.walk_tree_one_row(p, codes, children, valid, has_next, torch.Generator().manual_seed(seed), q)
+        finally:
+            mp.undo()
+        differs += not (torch.equal(a.path, b.path) and torch.equal(a.next_code, b.next_code))
+    assert differs > 0

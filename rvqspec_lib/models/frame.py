@@ -147,6 +147,7 @@ def synthesize(
     speaker: str | None = None,
     progress: bool = False,
     drafter=None,
+    backend=None,
 ) -> SynthesisResult:
     """Speak texts: the official talker and code predictor, with our frame loop and any inner-loop decoder.
 
@@ -159,6 +160,10 @@ def synthesize(
         generator: explicit RNG for everything (default: unseeded).
         max_frames: frame cap (12.5 frames a second: 200 = 16 s). Greedy decoding may never emit end-of-speech.
         language, speaker: see :func:`build_prompt`.
+        drafter: where the drafts come from (default: reused heads).
+        backend: what runs the code-predictor calls (default: the official module; e.g.
+            ``rvqspec_lib.models.lean.LeanCodePredictor(lm.code_predictor)``), see
+            :func:`rvqspec_lib.spec.decode.decode_frame`.
 
     Returns:
         :class:`SynthesisResult`.
@@ -215,7 +220,7 @@ def synthesize(
         t1 = time.perf_counter()
         code0_emb = talker.get_input_embeddings()(code0[:, None])  # (B, 1, H)
         res = decode_frame(cp, torch.cat([past_hidden, code0_emb], 1), decoder=decoder, sampling=sampling,
-                           generator=generator, drafter=drafter)
+                           generator=generator, drafter=drafter, backend=backend)
         inner_s += time.perf_counter() - t1
         frame = torch.cat([code0[:, None], res.codes], 1)  # (B, G)
         frames_codes.append(frame)

@@ -56,25 +56,31 @@ def sample_tree_drafts(q: torch.Tensor, plan: "RoundPlan", node_codes: torch.Ten
 
     Returns:
         :class:`Draft` with ``q`` ``(B, M+1, V)`` and ``exists`` ``(B, M+1)``.
+
+    Every sibling group is handled at once (the plan's ``sample_*`` constants): the groups' uniform draws are ONE
+    ``torch.rand`` of their total size, split back in group order (the CPU generator fills a tensor element by
+    element, so this is the same stream as one draw per group); keys, top-k and the renormalised ``q_i`` are
+    computed for all parents and children together.
     """
     b, _, v = q.shape
-    m1 = node_codes.shape[1]
-    q_nodes = torch.zeros(b, m1, v, dtype=q.dtype, device=q.device)
-    exists = torch.ones(b, m1, dtype=torch.bool, device=q.device)
-    for t, parents, children in plan.sibling_groups:
-        n_par, k = children.shape
-        qt = q[:, t - 1][:, None, :].expand(b, n_par, v)  # (B, P, V)
-        u = torch.rand(b, n_par, v, generator=generator, device=q.device, dtype=torch.float32)
-        keys = torch.log(qt) - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))  # -inf where q = 0
-        top = torch.topk(keys, k, dim=-1)  # (B, P, k) in key order = the order of sequential draws
-        codes = top.indices
-        node_codes[:, children] = codes
-        exists[:, children] = exists[:, parents][:, :, None] & torch.isfinite(top.values)
-        removed = torch.zeros(b, n_par, v, dtype=torch.bool, device=q.device)
-        for i in range(k):
-            qi = qt.masked_fill(removed, 0.0)
-            q_nodes[:, children[:, i]] = qi / qi.sum(-1, keepdim=True).clamp_min(1e-30)
-            removed.scatter_(2, codes[:, :, i:i + 1], True)
+    dev = q.device
+    sizes = [b * n for n in plan.sample_parents_per_group]
+    u = torch.rand(sum(sizes) * v, generator=generator, device=dev, dtype=torch.float32)
+    if b > 1:  # back to one (B, P_g, V) block per group, then side by side: (B, R, V)
+        u = torch.cat([c.view(b, -1, v) for c in u.split([n * v for n in sizes])], 1)
+    u = u.view(b, -1, v)
+    keys = torch.log(q)[:, plan.sample_row_offset] - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))  # -inf: q=0
+    top = torch.topk(keys, plan.sample_max_children, dim=-1)  # (B, R, k) in key order = sequential draws' order
+    node_codes[:, 1:] = top.indices[:, plan.sample_node_row, plan.sample_node_sibling]
+    finite = torch.isfinite(top.values[:, plan.sample_node_row, plan.sample_node_sibling])  # (B, M)
+    finite = torch.cat([torch.ones_like(finite[:, :1]), finite], 1)
+    exists = (finite[:, None, :] | ~plan.ancestors).all(-1)  # a node and all its ancestors drawn
+    # q_i: q with the codes of the earlier siblings removed (sent to a spare column V when there are none)
+    sib = top.indices[:, plan.sample_node_row]  # (B, M, k)
+    removed = torch.zeros(b, plan.tree.n_nodes, v + 1, dtype=torch.bool, device=dev)
+    removed.scatter_(2, torch.where(plan.sample_earlier, sib, v), True)
+    qi = q[:, plan.draft_offset].masked_fill(removed[..., :v], 0.0)
+    q_nodes = torch.cat([torch.zeros_like(q[:, :1]), qi / qi.sum(-1, keepdim=True).clamp_min(1e-30)], 1)
     return Draft(node_codes, q_nodes, exists)
 
 
@@ -134,7 +140,8 @@ def _check_context(code_predictor, context: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 @dataclass
 class RoundPlan:
-    """One tree's constants for a frame, on the decode device (built once per frame, not per round).
+    """One tree's constants on the decode device, built once and reused by every round of every frame
+    (:func:`plan_for` caches them per decoder).
 
     Attributes:
         tree: the compiled :class:`~rvqspec_lib.spec.trees.DraftTree` (node 0 = root = the last committed code).
@@ -142,11 +149,19 @@ class RoundPlan:
         children: ``(M+1, C)`` children in the order they are tried. rank: ``(M,)`` rank of each non-root node.
         eye: ``(1, M+1, M+1)`` bool: every query sees itself (never an empty attention row).
         sampled: drafts are SAMPLED from q (Chain, sampled Tree) rather than the top-ranked codes (Tree).
-        slots: KV slots of the frame's :class:`~rvqspec_lib.spec.predictor.StaticSlotCache` (``n_codes + M + 1``).
+        slots: KV slots of the frame's cache (``n_codes + M + 1``).
         chain_shaped: every node has at most one child (sampled drafts then use the Chain sampler, so a sampled
-            chain-shaped Tree IS :class:`~rvqspec_lib.spec.decoders.Chain`, draw for draw).
+            chain-shaped Tree IS :class:`~rvqspec_lib.spec.decoders.Chain`, draw for draw). The accepted nodes of
+            a chain are then always the first written slots, so the cache never needs compacting.
         sibling_groups: for sampled trees, ``(offset, parents (P,), children (P, k))`` for each offset and number of
             children k: the parents whose k children are drawn together without replacement.
+        slot_index: ``(slots,)`` ``arange(slots)``. node_index: ``(M+1,)`` ``arange(M+1)``.
+        draft_offset: ``(M,)`` ``depth[1:] - 1``: the row of the drafter's output each non-root node reads.
+        nodes_in_offset_order: node m (m >= 1) drafts offset m (a chain): drafts need no gather.
+        sample_*: the sibling groups flattened for :func:`sample_tree_drafts`: ``sample_parents_per_group`` (P_g per
+            group, in group order), ``sample_row_offset`` ``(R,)`` offset - 1 of each parent row (R = sum P_g),
+            ``sample_max_children`` (the largest k), ``sample_node_row`` / ``sample_node_sibling`` ``(M,)`` each
+            non-root node's parent row and sibling index, ``sample_earlier`` ``(M, k)`` bool, sibling j < i.
         tolerance: 0.0 for every lossless decoder; SSD's LOSSY tolerance beta for the control
             :class:`~rvqspec_lib.spec.decoders.LossySSD` (passed to :func:`~rvqspec_lib.spec.verify.walk_tree`).
     """
@@ -161,6 +176,16 @@ class RoundPlan:
     slots: int
     chain_shaped: bool = True
     sibling_groups: tuple = ()
+    slot_index: torch.Tensor | None = None
+    node_index: torch.Tensor | None = None
+    draft_offset: torch.Tensor | None = None
+    nodes_in_offset_order: bool = False
+    sample_parents_per_group: tuple = ()
+    sample_row_offset: torch.Tensor | None = None
+    sample_max_children: int = 0
+    sample_node_row: torch.Tensor | None = None
+    sample_node_sibling: torch.Tensor | None = None
+    sample_earlier: torch.Tensor | None = None
     tolerance: float = 0.0
 
     @property
@@ -179,9 +204,47 @@ class RoundPlan:
         sibling_groups = tuple(
             (t, torch.tensor(parents, device=device), torch.tensor([kids[v] for v in parents], device=device))
             for (t, _), parents in sorted(groups.items()))
-        return cls(tree, tree.depth.to(device), tree.ancestors.to(device), tree.children.to(device),
+        depth = tree.depth.to(device)
+        # sibling groups flattened: parent rows in group order, and each node's (parent row, sibling index)
+        row_offset, node_row, node_sib = [], [0] * (m1 - 1), [0] * (m1 - 1)
+        for (t, _), parents in sorted(groups.items()):
+            for v in parents:
+                for i, c in enumerate(kids[v]):
+                    node_row[c - 1], node_sib[c - 1] = len(row_offset), i
+                row_offset.append(t - 1)
+        k_max = max((len(ch) for ch in kids), default=0)
+        lt = torch.arange(max(k_max, 1), device=device)[None, :] < torch.tensor(node_sib, device=device)[:, None]
+        return cls(tree, depth, tree.ancestors.to(device), tree.children.to(device),
                    tree.rank[1:].to(device), torch.eye(m1, dtype=torch.bool, device=device)[None], sampled,
-                   n_codes + m1, all(len(ch) <= 1 for ch in kids), sibling_groups, float(tolerance))
+                   n_codes + m1, all(len(ch) <= 1 for ch in kids), sibling_groups,
+                   torch.arange(n_codes + m1, device=device), torch.arange(m1, device=device), depth[1:] - 1,
+                   tree.depth[1:].tolist() == list(range(1, m1)),
+                   tuple(len(parents) for _, parents in sorted(groups.items())),
+                   torch.tensor(row_offset, dtype=torch.long, device=device), k_max,
+                   torch.tensor(node_row, dtype=torch.long, device=device),
+                   torch.tensor(node_sib, dtype=torch.long, device=device), lt, float(tolerance))
+
+
+_PLANS: dict = {}
+#: Plans kept by :func:`plan_for` (one per decoder, codes per frame and device met; a handful in practice).
+MAX_CACHED_PLANS = 256
+
+
+def plan_for(decoder, n_codes: int, device) -> RoundPlan:
+    """The :class:`RoundPlan` of ``decoder`` for frames of ``n_codes`` codes on ``device``, built once and cached
+    (decoders are frozen dataclasses: equal decoders share a plan; an unhashable decoder gets a fresh plan)."""
+    try:
+        key = (decoder, int(n_codes), str(torch.device(device)))
+        hash(key)
+    except TypeError:
+        key = None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = RoundPlan.build(decoder.tree(n_codes), n_codes, sampled=decoder.sampled_drafts, device=device,
+                               tolerance=getattr(decoder, "lossy_tolerance", 0.0))
+        if key is not None and len(_PLANS) < MAX_CACHED_PLANS:
+            _PLANS[key] = plan
+    return plan
 
 
 @dataclass
@@ -193,20 +256,25 @@ class FrameState:
         s: ``(B,)`` int64 depth of the last committed code (``n_codes`` = the row is done).
         h: ``(B, H)`` hidden state that produced code ``s`` (it drafts the next round).
         n_slots: ``(B,)`` int64 committed KV slots (valid slots sit at the front of the cache).
-        cache: the frame's :class:`~rvqspec_lib.spec.predictor.StaticSlotCache`.
+        cache: the frame's cache (made by ``backend.new_cache``: a
+            :class:`~rvqspec_lib.spec.predictor.StaticSlotCache` for the official backend).
         calls: ``(B,)`` int64 code-predictor calls so far (the prefill included).
         log_committed, log_accepted, log_start: per-call logs, see :class:`FrameResult`.
+        backend: the :class:`~rvqspec_lib.spec.predictor.VerifyBackend` every call of the frame goes through.
+        rows: ``(B,)`` ``arange(B)`` (a per-frame constant).
     """
 
     codes: torch.Tensor
     s: torch.Tensor
     h: torch.Tensor
     n_slots: torch.Tensor
-    cache: P.StaticSlotCache
+    cache: object
     calls: torch.Tensor
     log_committed: list = field(default_factory=list)
     log_accepted: list = field(default_factory=list)
     log_start: list = field(default_factory=list)
+    backend: P.VerifyBackend | None = None
+    rows: torch.Tensor | None = None
 
     @property
     def n_codes(self) -> int:
@@ -248,27 +316,33 @@ class Verified:
 
 
 def prefill(code_predictor, context: torch.Tensor, plan: RoundPlan, sampling: Sampling,
-            generator: torch.Generator) -> FrameState:
+            generator: torch.Generator, backend: P.VerifyBackend | None = None) -> FrameState:
     """The frame's first call: positions 0, 1 = the projected context, which gives code 1 (one call, no drafts).
 
     Args:
-        context: ``(B, 2, talker_hidden)``. plan: the round plan (sizes the cache). Returns the :class:`FrameState`.
+        context: ``(B, 2, talker_hidden)``. plan: the round plan (sizes the cache).
+        backend: the :class:`~rvqspec_lib.spec.predictor.VerifyBackend` of every call of the frame (kept in the
+            state); ``None``: the official module (:class:`~rvqspec_lib.spec.predictor.OfficialBackend`).
+
+    Returns:
+        the :class:`FrameState`.
     """
     cp = code_predictor
+    backend = P.OfficialBackend(cp) if backend is None else backend
     n, dev = P.n_codes(cp), context.device
     b = context.shape[0]
-    cache = P.StaticSlotCache(cp, b, plan.slots, device=dev)
+    cache = backend.new_cache(b, plan.slots)
     x = cp.small_to_mtp_projection(context.to(P.param_dtype(cp)))
-    slot = torch.arange(plan.slots, device=dev)
-    allow = (slot[None, :] <= torch.arange(2, device=dev)[:, None]).expand(b, 2, plan.slots)  # causal over slots 0, 1
-    hid = P.verify_forward(cp, x, torch.arange(2, device=dev).expand(b, 2), allow, cache,
-                           torch.arange(2, device=dev).expand(b, 2))
+    two = plan.slot_index[:2]
+    allow = (plan.slot_index[None, :] <= two[:, None]).expand(b, 2, plan.slots)  # causal over slots 0, 1
+    hid = backend.forward(x, two.expand(b, 2), allow, cache, two.expand(b, 2))
     h = hid[:, 1]
     codes = torch.zeros(b, n, dtype=torch.long, device=dev)
-    codes[:, 0] = sample(sampling.probs(cp.lm_head[0](h)), generator)
-    one = torch.ones(b, dtype=torch.long, device=dev)
-    return FrameState(codes, one.clone(), h, 2 * one, cache, one.clone(), [one.clone()], [torch.zeros_like(one)],
-                      [torch.zeros_like(one)])
+    zero = torch.zeros(b, dtype=torch.long, device=dev)
+    codes[:, 0] = sample(sampling.probs(backend.logits(h, zero)), generator)
+    one = zero + 1
+    return FrameState(codes, one, h, one + 1, cache, one, [one], [zero], [zero], backend,
+                      torch.arange(b, device=dev))
 
 
 def draft(code_predictor, drafter, plan: RoundPlan, state: FrameState, sampling: Sampling,
@@ -279,46 +353,50 @@ def draft(code_predictor, drafter, plan: RoundPlan, state: FrameState, sampling:
     :func:`sample_tree_drafts`. All before any acceptance draw.
     """
     cp, b, k_max = code_predictor, state.codes.shape[0], plan.tree.max_depth
-    rows = torch.arange(b, device=state.codes.device)
-    node_codes = torch.zeros(b, plan.n_query, dtype=torch.long, device=state.codes.device)
-    node_codes[:, 0] = state.codes[rows, (state.s - 1).clamp(max=state.n_codes - 1)]
+    root = state.codes.gather(1, (state.s - 1).clamp(max=state.n_codes - 1)[:, None])  # (B, 1) the last code
     if k_max == 0:
-        return Draft(node_codes, None)
+        return Draft(root, None)
     d_logits = drafter.draft_logits(cp, state.h, state.s, k_max)  # (B, K, V)
     if plan.sampled and not plan.chain_shaped:
+        node_codes = torch.zeros(b, plan.n_query, dtype=torch.long, device=root.device)
+        node_codes[:, :1] = root
         return sample_tree_drafts(sampling.probs(d_logits), plan, node_codes, generator)
     if plan.sampled:
         q = sampling.probs(d_logits)  # the same warpers as p
         drafts = sample_drafts(q.reshape(b * k_max, -1), generator).reshape(b, k_max)
-        node_codes[:, 1:] = drafts[:, plan.depth[1:] - 1]
-        return Draft(node_codes, torch.cat([torch.zeros_like(q[:, :1]), q[:, plan.depth[1:] - 1]], 1))
+        if not plan.nodes_in_offset_order:
+            drafts, q = drafts[:, plan.draft_offset], q[:, plan.draft_offset]
+        return Draft(torch.cat([root, drafts], 1), torch.cat([torch.zeros_like(q[:, :1]), q], 1))
     top = torch.topk(d_logits, plan.tree.max_rank + 1, dim=-1).indices  # (B, K, R)
-    node_codes[:, 1:] = top[:, plan.depth[1:] - 1, plan.rank]
-    return Draft(node_codes, None)
+    return Draft(torch.cat([root, top[:, plan.draft_offset, plan.rank]], 1), None)
 
 
 def verify(code_predictor, plan: RoundPlan, state: FrameState, drafted: Draft, sampling: Sampling) -> Verified:
     """Step 2, verify: ONE code-predictor call over the root and the drafted nodes, each node attending only to the
-    committed slots and its own ancestors (:func:`rvqspec_lib.spec.predictor.verify_forward`: shapes fixed by the
-    tree), then p after every node that has a code after it (``lm_head[d]`` predicts code d+1)."""
-    cp, n = code_predictor, state.n_codes
-    b, m1, dev = state.codes.shape[0], plan.n_query, state.codes.device
-    abs_depth = state.s[:, None] + plan.depth[None, :]  # (B, M+1) depth of each node's code
+    committed slots and its own ancestors (the backend's ``forward``, e.g.
+    :func:`rvqspec_lib.spec.predictor.verify_forward`: shapes fixed by the tree), then p after every node that has
+    a code after it (``lm_head[d]`` predicts code d+1)."""
+    n, backend = state.n_codes, state.backend
+    b, m1 = state.codes.shape[0], plan.n_query
+    abs_depth = state.s[:, None] + plan.depth  # (B, M+1) depth of each node's code
     node_valid = state.active[:, None] & (abs_depth <= n)
     if drafted.exists is not None:
         node_valid &= drafted.exists
     fed = node_valid & (abs_depth < n)
-    embeds = P.embed_codes(cp, drafted.node_codes, abs_depth)  # (B, M+1, H)
+    embeds = backend.embed(drafted.node_codes, abs_depth)  # (B, M+1, H)
     # new positions go right after the committed slots (a finished row rewrites its own tail: its output is unused)
-    write = state.n_slots.clamp(max=plan.slots - m1)[:, None] + torch.arange(m1, device=dev)[None, :]
-    slot = torch.arange(plan.slots, device=dev)
-    allow = (slot[None, None, :] < state.n_slots[:, None, None]).expand(b, m1, plan.slots).clone()
-    self_mask = (plan.ancestors[None] & fed[:, None, :]) | plan.eye  # (B, M+1, M+1)
+    write = state.n_slots.clamp(max=plan.slots - m1)[:, None] + plan.node_index  # (B, M+1)
+    allow = (plan.slot_index < state.n_slots[:, None, None]).expand(b, m1, plan.slots).clone()  # (B, M+1, S)
+    self_mask = (plan.ancestors & fed[:, None, :]) | plan.eye  # (B, M+1, M+1)
     allow.scatter_(2, write[:, None, :].expand(b, m1, m1), self_mask)
-    hid = P.verify_forward(cp, embeds, abs_depth + 1, allow, state.cache, write)  # (B, M+1, H)
-    p = torch.zeros(b, m1, cp.lm_head[0].out_features, dtype=torch.float32, device=dev)
-    if bool(fed.any()):
-        p[fed] = sampling.probs(P.head_logits(cp, hid[fed], abs_depth[fed]))
+    hid = backend.forward(embeds, abs_depth + 1, allow, state.cache, write)  # (B, M+1, H)
+    n_fed = int(fed.sum())
+    if n_fed == b * m1:  # every node has a code after it (mid-frame): no masked copies
+        p = sampling.probs(backend.logits(hid.reshape(b * m1, -1), abs_depth.reshape(-1))).reshape(b, m1, -1)
+    else:
+        p = torch.zeros(b, m1, int(code_predictor.config.vocab_size), dtype=torch.float32, device=hid.device)
+        if n_fed:
+            p[fed] = sampling.probs(backend.logits(hid[fed], abs_depth[fed]))
     return Verified(hid, p, node_valid, fed, write)
 
 
@@ -333,31 +411,31 @@ def commit(plan: RoundPlan, state: FrameState, drafted: Draft, verified: Verifie
            walk: verify_rules.WalkResult) -> None:
     """Step 4, commit: write the accepted drafts and the residual / bonus code, keep the accepted nodes' KV slots
     (compacted to the front of the cache), and take the last accepted node's hidden state to draft the next round."""
-    b, dev = state.codes.shape[0], state.codes.device
     n, active, s = state.n_codes, state.active, state.s
-    rows = torch.arange(b, device=dev)
-    for k in range(walk.path.shape[1]):
-        on = walk.path[:, k] >= 0
-        if bool(on.any()):
-            state.codes[rows[on], (s + k)[on]] = drafted.node_codes[rows[on], walk.path[on, k]]
-    has_next = walk.next_code >= 0
-    col = (s + walk.n_accepted).clamp(max=n - 1)
-    state.codes[rows[has_next & active], col[has_next & active]] = walk.next_code[has_next & active]
-    keep = torch.zeros(b, plan.n_query, dtype=torch.bool, device=dev)  # nodes whose KV stays: fed root + path
+    b, m1 = s.shape[0], plan.n_query
+    keep = torch.zeros(b, m1, dtype=torch.bool, device=s.device)  # nodes whose KV stays: fed root + accepted path
     keep[:, 0] = verified.fed[:, 0]
-    for k in range(walk.path.shape[1]):
-        on = walk.path[:, k] >= 0
-        keep[rows[on], walk.path[on, k]] = verified.fed[rows[on], walk.path[on, k]]
+    if walk.path.shape[1]:
+        r, k = (walk.path >= 0).nonzero(as_tuple=True)  # accepted drafts: row, offset - 1
+        node = walk.path[r, k]
+        state.codes[r, s[r] + k] = drafted.node_codes[r, node]
+        keep[r, node] = verified.fed[r, node]
+    has_next = walk.next_code >= 0
+    write_next = (has_next & active)[:, None]
+    col = (s + walk.n_accepted).clamp(max=n - 1)[:, None]
+    state.codes.scatter_(1, col, torch.where(write_next, walk.next_code[:, None], state.codes.gather(1, col)))
     keep &= active[:, None]
-    kept = torch.arange(plan.slots, device=dev)[None, :] < state.n_slots[:, None]
-    kept.scatter_(1, verified.write_slots, keep | (kept.gather(1, verified.write_slots) & ~active[:, None]))
-    state.cache.compact(torch.sort((~kept).to(torch.int8), dim=1, stable=True).indices)  # kept slots first
+    if not plan.chain_shaped:  # a tree's accepted path may skip slots: move the kept ones to the front
+        kept = plan.slot_index < state.n_slots[:, None]  # (B, S)
+        kept.scatter_(1, verified.write_slots, keep | (kept.gather(1, verified.write_slots) & ~active[:, None]))
+        state.backend.compact(state.cache, torch.sort((~kept).to(torch.int8), dim=1, stable=True).indices)
     state.n_slots = state.n_slots + keep.sum(1)
-    state.h = torch.where(active[:, None], verified.hidden[rows, walk.last_node], state.h)
-    committed = torch.where(active, walk.n_accepted + has_next.long(), torch.zeros_like(s))
+    state.h = torch.where(active[:, None], verified.hidden[state.rows, walk.last_node], state.h)
+    zero = torch.zeros_like(s)
+    committed = torch.where(active, walk.n_accepted + has_next.long(), zero)
     state.log_committed.append(committed)
-    state.log_accepted.append(torch.where(active, walk.n_accepted, torch.zeros_like(s)))
-    state.log_start.append(torch.where(active, s, torch.zeros_like(s)))
+    state.log_accepted.append(torch.where(active, walk.n_accepted, zero))
+    state.log_start.append(torch.where(active, s, zero))
     state.s = s + committed
     state.calls = state.calls + active.long()
 
@@ -371,6 +449,7 @@ def decode_frame(
     sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
     drafter=None,
+    backend: P.VerifyBackend | None = None,
 ) -> FrameResult:
     """Decode codes 1..n_codes of one frame: :func:`prefill`, then rounds of :func:`draft` -> :func:`verify` ->
     :func:`accept` -> :func:`commit` until every row is done.
@@ -385,6 +464,10 @@ def decode_frame(
             checkpoints' generation config).
         generator: explicit ``torch.Generator`` (the global RNG is never used; ``None`` makes a fresh unseeded one).
         drafter: where q comes from (default :class:`~rvqspec_lib.spec.drafters.ReusedHeads`).
+        backend: what runs the model calls, a :class:`~rvqspec_lib.spec.predictor.VerifyBackend` over
+            ``code_predictor``'s weights (default: the official module, :class:`~rvqspec_lib.spec.predictor.
+            OfficialBackend`; e.g. ``rvqspec_lib.models.lean.LeanCodePredictor(code_predictor)``). Random numbers are
+            drawn in the same order whatever the backend.
 
     Returns:
         :class:`FrameResult`. Rows of a batch are decoded together and may accept different lengths.
@@ -412,9 +495,8 @@ def decode_frame(
     if tree.max_rank >= vocab:
         raise ValueError(f"tree rank {tree.max_rank} is out of range for a codebook of {vocab} codes: "
                          f"use ranks 0..{vocab - 1}")
-    plan = RoundPlan.build(tree, n, sampled=decoder.sampled_drafts, device=context.device,
-                           tolerance=getattr(decoder, "lossy_tolerance", 0.0))
-    state = prefill(cp, context, plan, sampling, generator)
+    plan = plan_for(decoder, n, context.device)
+    state = prefill(cp, context, plan, sampling, generator, backend)
     while bool(state.active.any()):
         drafted = draft(cp, drafter, plan, state, sampling, generator)
         verified = verify(cp, plan, state, drafted, sampling)

@@ -6,9 +6,16 @@ of code 0, pos j+1 = projected ``codec_embedding[j-1](code j)``; the hidden stat
 ``small_to_mtp_projection``, ``model`` = the decoder stack, ``lm_head``); only the attention mask, the position ids
 and the cache are ours, so that a packed tree of drafts can be verified in ONE call where each node sees only its
 ancestors (paper §2.2, Fig. 2), with shapes fixed by the tree (:class:`StaticSlotCache`, :func:`verify_forward`).
+
+The decode loop reaches the model only through a small backend protocol (:class:`VerifyBackend`: a cache, the
+verify call, the cache compaction, input embeddings and head logits). :class:`OfficialBackend` implements it with the
+official module (the calls above); a faster forward over the same weights (``rvqspec_lib.models.lean``) implements
+it too, without this layer importing it.
 """
 
 from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -48,23 +55,26 @@ def embed_codes(code_predictor, codes: torch.Tensor, depth: torch.Tensor) -> tor
     return out.reshape(*codes.shape, -1)
 
 
-def head_logits(code_predictor, hidden: torch.Tensor, head: torch.Tensor, *, heads=None) -> torch.Tensor:
+def head_logits(code_predictor, hidden: torch.Tensor, head: torch.Tensor, *, heads=None, linear=None) -> torch.Tensor:
     """Logits of per-depth heads applied row by row.
 
     Args:
         hidden: ``(N, H)`` code-predictor hidden states. head: ``(N,)`` int64 head index (``lm_head[i]`` predicts
             code i+1); clamped to the valid range (callers mask out-of-range rows).
         heads: a ``ModuleList`` of heads to use instead of ``code_predictor.lm_head`` (Medusa-style drafters).
+        linear: ``linear(x, weight, bias)`` to apply a head with instead of calling it (a faster matmul over the same
+            weights, e.g. ``rvqspec_lib.models.kernels.mgemv.linear``); ``None`` calls the head module.
 
     Returns:
         ``(N, V)`` logits in the module's dtype.
     """
     heads = code_predictor.lm_head if heads is None else heads
     head = head.clamp(0, len(heads) - 1)
+    apply = (lambda m, x: m(x)) if linear is None else (lambda m, x: linear(x, m.weight, m.bias))
     out = torch.empty(hidden.shape[0], heads[0].out_features, dtype=hidden.dtype, device=hidden.device)
     for i in torch.unique(head).tolist():
         sel = head == i
-        out[sel] = heads[i](hidden[sel])
+        out[sel] = apply(heads[i], hidden[sel])
     return out
 
 
@@ -143,3 +153,59 @@ def verify_forward(code_predictor, embeds: torch.Tensor, positions: torch.Tensor
         cache_position=torch.arange(embeds.shape[1], device=embeds.device),
     )
     return out.last_hidden_state
+
+
+@runtime_checkable
+class VerifyBackend(Protocol):
+    """What the decode loop needs from the model (docs/style.md#the-decode-round): a fixed-size cache, THE verify
+    call, the cache compaction after a round, input embeddings and head logits.
+
+    ``forward`` takes and returns exactly what :func:`verify_forward` does (without the module argument); ``cache``
+    is whatever ``new_cache`` returned. Implementations: :class:`OfficialBackend` (the official module, the
+    reference) and ``rvqspec_lib.models.lean.LeanCodePredictor`` (a functional forward over the same weights).
+    """
+
+    name: str
+
+    def new_cache(self, batch: int, slots: int): ...
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache,
+                write_slots: torch.Tensor) -> torch.Tensor: ...
+
+    def compact(self, cache, order: torch.Tensor) -> None: ...
+
+    def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor: ...
+
+    def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor: ...
+
+
+class OfficialBackend:
+    """:class:`VerifyBackend` through the official module: :class:`StaticSlotCache`, :func:`verify_forward`,
+    :func:`embed_codes`, :func:`head_logits` (the reference every other backend is tested against).
+
+    Args:
+        code_predictor: the official module (``model.talker.code_predictor``).
+    """
+
+    name = "official"
+
+    def __init__(self, code_predictor):
+        self.code_predictor = code_predictor
+
+    def new_cache(self, batch: int, slots: int) -> StaticSlotCache:
+        return StaticSlotCache(self.code_predictor, batch, slots)
+
+    def forward(self, embeds, positions, allow, cache, write_slots):
+        return verify_forward(self.code_predictor, embeds, positions, allow, cache, write_slots)
+
+    def compact(self, cache: StaticSlotCache, order: torch.Tensor) -> None:
+        cache.compact(order)
+
+    def embed(self, codes, depth):
+        return embed_codes(self.code_predictor, codes, depth)
+
+    def logits(self, hidden, head):
+        return head_logits(self.code_predictor, hidden, head)
+
+    def __repr__(self) -> str:
+        return "OfficialBackend()"

@@ -8,6 +8,7 @@ draft (q) distributions (docs/methods.md#letters-and-indices; the order of the w
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -93,8 +94,14 @@ class Sampling:
         if self.greedy:
             return torch.nn.functional.one_hot(scores.argmax(-1), shape[-1]).to(torch.float32)
         flat = scores.reshape(-1, shape[-1]).clone()
-        flat = self.warpers()(None, flat)
+        for warper in self._warpers:  # LogitsProcessorList.__call__ without its per-call signature inspection
+            flat = warper(None, flat)
         return torch.softmax(flat, dim=-1).reshape(shape)
+
+    @functools.cached_property
+    def _warpers(self) -> LogitsProcessorList:
+        """:meth:`warpers`, built once (the dataclass is frozen, so they never change)."""
+        return self.warpers()
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

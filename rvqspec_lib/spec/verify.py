@@ -107,11 +107,20 @@ def walk_tree(
     Returns:
         :class:`WalkResult`.
     """
+    if generator is None:
+        generator = torch.Generator(device=p.device)
+        generator.seed()
+    walk = walk_tree_one_row if p.shape[0] == 1 else walk_tree_batched
+    return walk(p, node_codes, children, node_valid, has_next, generator, q, tolerance)
+
+
+def walk_tree_batched(p, node_codes, children, node_valid, has_next, generator, q=None,
+                      tolerance: float = 0.0) -> WalkResult:
+    """:func:`walk_tree` for any number of rows, vectorised: every row takes the same number of steps, a step
+    draws ``torch.rand(B)`` whenever at least one row tries a child there (rows that do not try one ignore it).
+    Arguments as :func:`walk_tree` (``generator`` must be given)."""
     b, m1, v = p.shape
     dev = p.device
-    if generator is None:
-        generator = torch.Generator(device=dev)
-        generator.seed()
     rows = torch.arange(b, device=dev)
     cur = torch.zeros(b, dtype=torch.long, device=dev)
     alive = torch.ones(b, dtype=torch.bool, device=dev)
@@ -154,3 +163,57 @@ def walk_tree(
     code = torch.where(nxt, code, torch.full_like(code, -1))
     path_t = torch.stack(path, 1) if path else torch.full((b, 0), -1, dtype=torch.long, device=dev)
     return WalkResult(path_t, (path_t >= 0).sum(1), cur, code)
+
+
+def walk_tree_one_row(p, node_codes, children, node_valid, has_next, generator, q=None,
+                      tolerance: float = 0.0) -> WalkResult:
+    """:func:`walk_tree` for ONE row (``B == 1``, the latency case), with Python control flow in place of the masked
+    tensor steps of :func:`walk_tree_batched`: the same rule, the same tensors in, the same random numbers drawn in
+    the same order (one ``torch.rand(1)`` per child tried, then one multinomial), so the same result bit for bit
+    (tests/test_lossless.py checks it on random trees). Arguments as :func:`walk_tree` (``generator`` must be given).
+    """
+    kids = children.tolist()
+    valid = node_valid[0].tolist()
+    # the first child of a node is tried against the node's own p (no sibling rejected yet): its acceptance ratio
+    # is computed for every node at once, by the same function on the same rows (a row's result does not depend
+    # on the other rows); later children are computed when they are reached
+    first = {row[0]: v for v, row in enumerate(kids) if row[0] >= 0}
+    if first:
+        c_all = torch.tensor(list(first), device=p.device)
+        x_all = node_codes[0, c_all]
+        q_all = None if q is None else q[0, c_all].gather(1, x_all[:, None]).squeeze(1)
+        first = dict(zip(first, acceptance_ratio(p[0, list(first.values())], x_all, q_all).tolist()))
+    resid = p[:, 0].clone()  # (1, V)
+    cur, path = 0, []
+    for _ in range(p.shape[1]):  # a path cannot be longer than the number of nodes
+        moved = False
+        for i, c in enumerate(kids[cur]):
+            if c < 0:
+                break  # children are -1 padded
+            if not valid[c]:
+                continue
+            x = node_codes[:, c]  # (1,)
+            q_c = q[:, c] if q is not None else None
+            if i == 0:  # float32 values compared exactly as Python floats
+                ratio = first[c]
+            else:
+                ratio = float(acceptance_ratio(resid, x, None if q_c is None else
+                                               q_c.gather(1, x[:, None]).squeeze(1)))
+            if tolerance and q_c is not None:  # LOSSY (SSD): departs from the rule on purpose, a control only
+                ratio = float(torch.tensor(ratio, dtype=p.dtype) + tolerance)
+            if float(torch.rand(1, generator=generator, device=p.device)) < ratio:
+                cur, resid, moved = c, p[:, c], True
+                break
+            resid = residual(resid, x, q_c)
+        if not moved:
+            break
+        path.append(cur)
+    dev = p.device
+    nxt = bool(has_next[0, cur])
+    # the code after the accepted path: residual (after rejections) or bonus (leaf / all accepted)
+    code = torch.multinomial(resid if nxt else torch.ones_like(resid), 1, generator=generator).squeeze(1)
+    if not nxt:
+        code = torch.full_like(code, -1)
+    path_t = torch.tensor([path], dtype=torch.long, device=dev) if path else \
+        torch.full((1, 0), -1, dtype=torch.long, device=dev)
+    return WalkResult(path_t, torch.tensor([len(path)], device=dev), torch.tensor([cur], device=dev), code)

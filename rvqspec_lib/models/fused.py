@@ -1,0 +1,134 @@
+"""The strongest AR baseline: a whole frame of the inner loop as ONE (compiled) call, sampling inside the graph.
+
+:class:`FusedARFrame` runs the 2-position prefill and the ``n_codes - 1`` single-position steps of autoregressive
+decoding (docs/methods.md#autoregressive-baseline) in one function over a static KV cache, with the lean layer
+stack (:mod:`rvqspec_lib.models.lean`: the official module's parameters, read in place) and the code predictor's
+warpers applied inside: temperature, then top-k (docs/model.md#warper-order), exactly as transformers'
+``TemperatureLogitsWarper`` and ``TopKLogitsWarper`` compute them. The code is drawn by the Gumbel-max trick,
+``argmax(warped logits + G)`` with ``G`` standard Gumbel noise given as an INPUT (:meth:`FusedARFrame.noise`, from an
+explicit generator): the argmax of logits plus Gumbel noise is distributed as the softmax of the logits (Gumbel
+1954; Maddison et al. 2014), so a frame follows the same distribution as :class:`rvqspec_lib.spec.decoders.AR`
+(tested with the G-test of tests/test_lossless.py), and the same noise gives the same codes. It does not reproduce
+``decode_frame``'s codes draw for draw: those come from ``torch.multinomial``, another use of the random stream.
+
+With no Python between the 15 codes, this is what an AR decoder costs when the loop overhead is gone: the baseline
+that speculative decoders must beat (rvqspec_lib.eval.speed). ``torch.compile`` of the whole frame takes minutes on
+the real-size model (one graph per batch size; :attr:`FusedARFrame.compile_s`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from rvqspec_lib.models.lean import RECOMPILE_LIMIT, LeanCodePredictor
+from rvqspec_lib.spec import predictor as P
+from rvqspec_lib.spec.sampling import Sampling
+
+
+class FusedARFrame:
+    """One frame of AR decoding as one call (see the module docstring).
+
+    Args:
+        code_predictor: the official module (its parameters are read in place).
+        sampling: the code predictor's sampling (default: temperature 0.9, top-k 50). ``top_p < 1`` is not
+            supported inside the graph.
+        matmul: ``"torch"`` or ``"mgemv"``, as :class:`~rvqspec_lib.models.lean.LeanCodePredictor`.
+        compile: compile the whole frame (``torch.compile(dynamic=False, fullgraph=True)``), one graph per batch size.
+        compile_options: ``options=`` for ``torch.compile``.
+
+    Raises:
+        ValueError: ``top_p < 1``; what :class:`~rvqspec_lib.models.lean.LeanCodePredictor` refuses.
+    """
+
+    def __init__(self, code_predictor, sampling: Sampling | None = None, *, matmul: str = "torch",
+                 compile: bool = True, compile_options: dict | None = None):
+        self.sampling = Sampling() if sampling is None else sampling
+        if not self.sampling.greedy and self.sampling.top_p < 1.0:
+            raise ValueError(f"the fused AR frame samples with temperature and top-k only; top_p="
+                             f"{self.sampling.top_p} needs decode_frame(decoder=AR())")
+        self.code_predictor = code_predictor
+        self.lean = LeanCodePredictor(code_predictor, matmul=matmul)
+        self.n_codes = P.n_codes(code_predictor)
+        self.vocab = int(code_predictor.config.vocab_size)
+        self.slots = self.n_codes + 1  # positions 0..n_codes (the last code is never fed)
+        self.compiled = bool(compile)
+        self.compile_s: dict[int, float] = {}
+        self._run = torch.compile(self.frame, dynamic=False, fullgraph=True, options=compile_options) \
+            if compile else self.frame
+        self.name = "fused-AR" + ("-mgemv" if matmul == "mgemv" else "") + ("-compiled" if compile else "")
+
+    def noise(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        """Standard Gumbel noise for ``batch`` frames: ``(B, n_codes, V)`` float32, ``-log(-log(U))`` with U drawn in
+        float64 (a float32 U is exactly 0 with probability 2^-24 per draw, which would forbid that code)."""
+        u = torch.rand(batch, self.n_codes, self.vocab, generator=generator, dtype=torch.float64,
+                       device=self.lean.device)
+        return (-torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float64).tiny)))).to(torch.float32)
+
+    def warp(self, logits: torch.Tensor) -> torch.Tensor:
+        """Warped float32 scores, as ``Sampling.probs`` computes them before its softmax (temperature, then top-k
+        keeping every code tied with the k-th, -inf elsewhere)."""
+        s = logits.to(torch.float32)
+        if self.sampling.greedy:
+            return s
+        if self.sampling.temperature != 1.0:
+            s = s / self.sampling.temperature
+        if self.sampling.top_k != 0:
+            kth = torch.topk(s, min(self.sampling.top_k, s.shape[-1]))[0][..., -1:]
+            s = s.masked_fill(s < kth, float("-inf"))
+        return s
+
+    def frame(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The frame as a pure function (what is compiled).
+
+        Args:
+            context: ``(B, 2, talker_hidden)``. noise: ``(B, n_codes, V)`` Gumbel noise (ignored when greedy).
+
+        Returns:
+            ``(B, n_codes)`` int64 codes 1..n_codes.
+        """
+        cp, lean = self.code_predictor, self.lean
+        b, dev = context.shape[0], context.device
+        cache = lean.new_cache(b, self.slots)
+        slot = torch.arange(self.slots, device=dev)
+        causal = slot[None, :] <= slot[:, None]  # (S, S): position i sees slots 0..i
+        x = cp.small_to_mtp_projection(context.to(lean.dtype))
+        pos = slot[:2].expand(b, 2)
+        h = lean.forward(x, pos, causal[None, :2].expand(b, 2, self.slots), cache, pos)[:, 1]
+        codes = []
+        for j in range(self.n_codes):
+            scores = self.warp(lean.linear(h, cp.lm_head[j].weight))
+            code = scores.argmax(-1) if self.sampling.greedy else (scores + noise[:, j]).argmax(-1)  # (B,)
+            codes.append(code)
+            if j == self.n_codes - 1:
+                break
+            e = cp.small_to_mtp_projection(F.embedding(code[:, None], cp.model.codec_embedding[j].weight))
+            p = slot[j + 2: j + 3].expand(b, 1)  # code j+1 sits at position j+2
+            h = lean.forward(e, p, causal[None, j + 2: j + 3].expand(b, 1, self.slots), cache, p)[:, 0]
+        return torch.stack(codes, 1)
+
+    def __call__(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Codes of ``B`` frames, ``(B, n_codes)`` int64, for given noise (compiled on the first call of a batch
+        size; the wall time is kept in :attr:`compile_s`)."""
+        with torch.inference_mode():
+            b = context.shape[0]
+            if not self.compiled:
+                return self._run(context, noise)
+            first = b not in self.compile_s
+            t0 = time.perf_counter()
+            with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT,
+                                                                torch._dynamo.config.recompile_limit)):
+                out = self._run(context, noise)
+            if first:
+                self.compile_s[b] = time.perf_counter() - t0
+            return out
+
+    def decode(self, context: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Noise from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
+        ``(B, n_codes)`` int64."""
+        if generator is None:
+            generator = torch.Generator(device=context.device)
+            generator.seed()
+        return self(context, self.noise(context.shape[0], generator))

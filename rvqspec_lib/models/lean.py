@@ -1,0 +1,215 @@
+"""A lean forward of the code predictor over the OFFICIAL module's own parameters (no copy of weights or code).
+
+The official call (:func:`rvqspec_lib.spec.predictor.verify_forward`) goes through transformers' decoder stack:
+keyword plumbing, mask mapping, a ``Cache`` object, per-layer module calls. On the real-size code predictor that
+machinery costs about 1.5 ms a call; on the small embedded model it is most of the call (docs/offline.md#verify-cost-on-this-cpu).
+:class:`LeanCodePredictor` is the same arithmetic written as plain tensor code from the architecture
+(docs/model.md#architecture: 5 pre-norm decoder layers, RMSNorm on q and k per head, RoPE, grouped-query attention
+through SDPA with an additive mask, SwiGLU MLP, final RMSNorm), reading ``code_predictor.model``'s parameters in
+place. It implements the verify backend protocol of :mod:`rvqspec_lib.spec.predictor` (``new_cache``, ``forward``,
+``compact``, ``embed``, ``logits``), so :func:`rvqspec_lib.spec.decode.decode_frame` runs any decoder through it
+with ``backend=LeanCodePredictor(cp)``.
+
+Options:
+
+* ``matmul="torch"`` (default): ``F.linear`` (MKL on CPU). Every operation is the one the official module performs,
+  in the same order, so the hidden states are BIT-IDENTICAL to the official call (tests/test_lean.py).
+* ``matmul="mgemv"``: the AVX2 multi-row GEMV kernel (:mod:`rvqspec_lib.models.kernels.mgemv`) for every linear
+  layer with at most ``MAX_ROWS`` rows; equal to the official call up to float32 summation order (tested to a
+  stated tolerance). Falls back to torch with a one-line warning where the kernel cannot be built.
+* ``compile=True``: the layer stack under ``torch.compile(dynamic=False, fullgraph=True)``: one graph per input
+  shape, i.e. per query count of a decoder (a frame's verify calls all have one shape). The first call of a shape
+  compiles; its wall time is kept in :attr:`LeanCodePredictor.compile_s`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rvqspec_lib.models.kernels import mgemv
+from rvqspec_lib.spec import predictor as P
+
+#: RoPE positions tabulated: a frame uses positions 0..n_codes, plus the offsets of nodes past the frame's last depth
+#: (never fed: their rows are masked); 256 covers any tree of the 64-node budget. Larger positions are clamped.
+ROPE_POSITIONS = 256
+#: ``matmul`` choices.
+MATMULS = ("torch", "mgemv")
+#: Graphs dynamo may keep for the layer stack: one per (batch, query count, slots) met by the decoders in use, over
+#: every compiled instance (they share one code object).
+RECOMPILE_LIMIT = 256
+
+
+class LeanCache:
+    """A fixed-size slot KV cache as two tensors, ``k`` and ``v`` of shape ``(layers, B, kv_heads, slots,
+    head_dim)`` (the lean twin of :class:`rvqspec_lib.spec.predictor.StaticSlotCache`)."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+        self.k, self.v = k, v
+
+    @property
+    def n_slots(self) -> int:
+        return int(self.k.shape[3])
+
+
+class _Stack(nn.Module):
+    """The decoder stack as one pure tensor function of (inputs, rotary tables, mask, cache): what is compiled.
+
+    Holds the official ``code_predictor.model`` as a submodule (a reference: its parameters are read in place)."""
+
+    def __init__(self, model: nn.Module, cfg, linear):
+        super().__init__()
+        self.model = model
+        self.n_heads, self.n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.eps = float(cfg.rms_norm_eps)
+        self.scaling = self.head_dim ** -0.5
+        self.linear = linear
+
+    def rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm as the official one: statistics in float32, scaled back in the input dtype."""
+        xf = x.to(torch.float32)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * xf.to(x.dtype)
+
+    @staticmethod
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    def forward(self, x, cos, sin, mask, write, k_cache, v_cache):
+        """Args: x ``(B, Q, H)``; cos, sin ``(B, 1, Q, D)``; mask ``(B, 1, Q, S)`` additive float; write
+        ``(B, kv, Q, D)`` int64 slot index; k_cache, v_cache ``(L, B, kv, S, D)`` (written in place).
+        Returns ``(B, Q, H)`` after the final norm."""
+        b, q_len, _ = x.shape
+        lin, rms = self.linear, self.rms
+        rep = self.n_heads // self.n_kv
+        for i, layer in enumerate(self.model.layers):
+            att, mlp = layer.self_attn, layer.mlp
+            h = rms(x, layer.input_layernorm.weight)
+            q = rms(lin(h, att.q_proj.weight, att.q_proj.bias).view(b, q_len, -1, self.head_dim),
+                    att.q_norm.weight).transpose(1, 2)  # (B, heads, Q, D)
+            k = rms(lin(h, att.k_proj.weight, att.k_proj.bias).view(b, q_len, -1, self.head_dim),
+                    att.k_norm.weight).transpose(1, 2)  # (B, kv, Q, D)
+            v = lin(h, att.v_proj.weight, att.v_proj.bias).view(b, q_len, -1, self.head_dim).transpose(1, 2)
+            q = q * cos + self.rotate_half(q) * sin
+            k = k * cos + self.rotate_half(k) * sin
+            k_all, v_all = k_cache[i], v_cache[i]
+            k_all.scatter_(2, write, k)
+            v_all.scatter_(2, write, v)
+            s = k_all.shape[2]
+            if rep > 1:  # grouped-query attention, expanded as the official SDPA path does when a mask is given
+                k_all = k_all[:, :, None].expand(b, self.n_kv, rep, s, self.head_dim).reshape(b, -1, s, self.head_dim)
+                v_all = v_all[:, :, None].expand(b, self.n_kv, rep, s, self.head_dim).reshape(b, -1, s, self.head_dim)
+            a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=self.scaling)
+            a = a.transpose(1, 2).contiguous().reshape(b, q_len, -1)  # (B, Q, heads * D)
+            x = x + lin(a, att.o_proj.weight, att.o_proj.bias)
+            h = rms(x, layer.post_attention_layernorm.weight)
+            x = x + lin(F.silu(lin(h, mlp.gate_proj.weight)) * lin(h, mlp.up_proj.weight), mlp.down_proj.weight)
+        return rms(x, self.model.norm.weight)
+
+
+def _torch_linear(x, w, b=None):
+    return F.linear(x, w, b)
+
+
+class LeanCodePredictor:
+    """The verify backend over the official code predictor's parameters (see the module docstring).
+
+    Args:
+        code_predictor: the official module (``model.talker.code_predictor``); its parameters are read in place, so
+            later changes to them (training, ``load_state_dict``) are seen.
+        matmul: ``"torch"`` (bit-identical to the official call) or ``"mgemv"`` (the AVX2 kernel).
+        compile: run the layer stack under ``torch.compile`` (one graph per input shape).
+        compile_options: ``options=`` for ``torch.compile`` (e.g. ``{"cpp_wrapper": True}``).
+
+    Raises:
+        ValueError: not the official code predictor, an unknown ``matmul``, a RoPE type other than the default
+            (the released configs use plain RoPE, docs/model.md#architecture).
+    """
+
+    def __init__(self, code_predictor, *, matmul: str = "torch", compile: bool = False,
+                 compile_options: dict | None = None):
+        if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
+                and hasattr(code_predictor.model, "layers")):
+            raise ValueError(f"LeanCodePredictor needs the official code predictor (lm.code_predictor), got "
+                             f"{type(code_predictor).__name__}")
+        if matmul not in MATMULS:
+            raise ValueError(f"matmul must be one of {MATMULS}, got {matmul!r}")
+        cfg = code_predictor.config
+        rope = getattr(cfg, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"the lean forward supports plain RoPE only, this config has rope_scaling={rope}")
+        self.code_predictor = code_predictor
+        self.matmul = matmul
+        self.linear = mgemv.linear if matmul == "mgemv" else _torch_linear
+        if matmul == "mgemv" and not mgemv.available():
+            mgemv.linear(torch.zeros(1, 8), torch.zeros(4, 8))  # emits the one-line fallback warning now
+        self.stack = _Stack(code_predictor.model, cfg, self.linear).eval()
+        self.n_layers, self.n_kv, self.head_dim = len(code_predictor.model.layers), self.stack.n_kv, \
+            self.stack.head_dim
+        p = next(code_predictor.parameters())
+        self.dtype, self.device = p.dtype, p.device
+        with torch.no_grad():  # the official rotary module's own tables, evaluated once for positions 0..255
+            cos, sin = code_predictor.model.rotary_emb(torch.zeros(1, dtype=self.dtype, device=self.device),
+                                                       torch.arange(ROPE_POSITIONS, device=self.device)[None])
+        self.cos, self.sin = cos[0], sin[0]  # (T, D)
+        self.mask_min = torch.finfo(self.dtype).min
+        self.compiled = bool(compile)
+        self.compile_s: dict[tuple, float] = {}
+        self._run = torch.compile(self.stack, dynamic=False, fullgraph=True, options=compile_options) \
+            if compile else self.stack
+        self.name = "lean" + ("-mgemv" if matmul == "mgemv" else "") + ("-compiled" if compile else "")
+
+    # -- the backend protocol (rvqspec_lib.spec.predictor.VerifyBackend) -----------------------------------------
+    def new_cache(self, batch: int, slots: int) -> LeanCache:
+        """An empty cache of ``slots`` slots for ``batch`` rows."""
+        shape = (self.n_layers, batch, self.n_kv, slots, self.head_dim)
+        return LeanCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                         torch.zeros(shape, dtype=self.dtype, device=self.device))
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache: LeanCache,
+                write_slots: torch.Tensor) -> torch.Tensor:
+        """The verify call; arguments and result as :func:`rvqspec_lib.spec.predictor.verify_forward`."""
+        b, q_len, _ = embeds.shape
+        pos = positions.clamp(max=ROPE_POSITIONS - 1)
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, Q, D)
+        mask = torch.zeros(allow.shape, dtype=embeds.dtype, device=embeds.device)
+        mask.masked_fill_(~allow, self.mask_min)
+        write = write_slots[:, None, :, None].expand(b, self.n_kv, q_len, self.head_dim)
+        args = (embeds, cos, sin, mask[:, None], write, cache.k, cache.v)
+        if not self.compiled:
+            return self.stack(*args)
+        # dynamo keeps its graphs per code object: every LeanCodePredictor shares _Stack.forward's, so the limit is
+        # raised for every call (a few microseconds), not only for a shape this instance has not met
+        key = (b, q_len, cache.n_slots)
+        first = key not in self.compile_s
+        t0 = time.perf_counter()
+        with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
+            out = self._run(*args)
+        if first:
+            self.compile_s[key] = time.perf_counter() - t0
+        return out
+
+    def compact(self, cache: LeanCache, order: torch.Tensor) -> None:
+        """Reorder slots: slot ``order[b, i]`` moves to position i (``order`` ``(B, slots)`` int64)."""
+        if order.shape[0] == 1:  # one row: a plain slot selection, no index of the cache's full size
+            cache.k, cache.v = cache.k.index_select(3, order[0]), cache.v.index_select(3, order[0])
+            return
+        idx = order[None, :, None, :, None].expand_as(cache.k)
+        cache.k = cache.k.gather(3, idx)
+        cache.v = cache.v.gather(3, idx)
+
+    def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """Projected input embeddings, as :func:`rvqspec_lib.spec.predictor.embed_codes` (the official tables)."""
+        return P.embed_codes(self.code_predictor, codes, depth)
+
+    def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """Head logits row by row, as :func:`rvqspec_lib.spec.predictor.head_logits`, through ``matmul``."""
+        return P.head_logits(self.code_predictor, hidden, head, linear=self.linear)
+
+    def __repr__(self) -> str:
+        return f"LeanCodePredictor(matmul={self.matmul!r}, compile={self.compiled})"

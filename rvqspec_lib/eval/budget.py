@@ -3,11 +3,12 @@ future work; Sequoia and EAGLE-2 choose from measured verify costs; docs/methods
 
 :func:`choose_decoder` times, on the running device and dtype,
 
-1. the real verify call (:func:`rvqspec_lib.spec.predictor.verify_forward`, the shapes of each candidate tree) for
-   every node budget N, giving the cost curve t(N)/t(1) and the predicted speedup ``E(N) t(1) / t(N)`` from the
+1. the real verify call (the backend's forward with the shapes of each candidate tree,
+   :func:`rvqspec_lib.eval.speed.verify_cost_curve`) for every node budget N, giving the cost curve t(N)/t(1) and the predicted speedup ``E(N) t(1) / t(N)`` from the
    calibrated tokens per call E(N) (the check the paper's per-device tables imply);
 2. then, for the most promising candidates and AR, whole frames decoded one at a time (the streaming case),
-   interleaved, and picks the decoder with the least measured time per committed code.
+   interleaved (:func:`rvqspec_lib.eval.speed.time_frames`), and picks the decoder with the least measured time per
+   committed code.
 
 :func:`auto_decoder` caches the choice per device, model, dtype, drafter, thread count and calibration in a small
 JSON file (``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``), so the timing runs once per machine.
@@ -19,7 +20,6 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +28,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
-from rvqspec_lib.eval.bench import time_call
+from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
 from rvqspec_lib.models.tree_files import tree_from_calibration
 from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.decode import decode_frame
 from rvqspec_lib.spec.decoders import AR, CHAIN_WINDOWS, Chain
+from rvqspec_lib.spec.predictor import OfficialBackend
 from rvqspec_lib.spec.sampling import Sampling
 
 #: Node budgets N (root included) considered for calibrated trees.
@@ -106,70 +105,14 @@ def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS) -> list
     return out
 
 
-@torch.inference_mode()
-def verify_costs(code_predictor, sizes: Sequence[int], *, prefix: int = 8, warmup: int = 2, repeats: int = 5,
-                 progress: bool = False) -> dict[int, float]:
-    """Median ms of ONE verify call with N query positions (the root and N-1 drafts) after ``prefix`` committed slots,
-    through :func:`~rvqspec_lib.spec.predictor.verify_forward` and a :class:`~rvqspec_lib.spec.predictor.StaticSlotCache`
-    sized as the decoder sizes it, so each N is timed with exactly the shapes a round of that tree uses."""
-    cp = code_predictor
-    dev = next(cp.parameters()).device
-    n = P.n_codes(cp)
-    hidden = int(cp.config.hidden_size)
-    dtype = P.param_dtype(cp)
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
-    prefix = min(prefix, n)  # a frame never holds more than n committed slots
-    gen = torch.Generator().manual_seed(0)
-    out = {}
-    for q in progress_bar(sorted(set(sizes)), desc="verify call N", enabled=progress):
-        slots = n + q
-        cache = P.StaticSlotCache(cp, 1, slots, device=dev)
-        embeds = torch.randn(1, q, hidden, generator=gen).to(dev, dtype)
-        positions = torch.arange(prefix, prefix + q, device=dev)[None].clamp(max=n)
-        write = torch.arange(prefix, prefix + q, device=dev)[None]
-        slot = torch.arange(slots, device=dev)
-        allow = (slot[None, None, :] <= write[:, :, None]).clone()  # a chain-shaped mask: cost does not depend on it
-        out[q] = time_call(lambda: P.verify_forward(cp, embeds, positions, allow, cache, write), warmup=warmup,
-                           repeats=repeats, sync=sync)["median_ms"]
-    return out
 
 
-@torch.inference_mode()
-def measure_time_per_code(code_predictor, contexts: torch.Tensor, decoders: dict, *, drafter=None,
-                          sampling: Sampling | None = None, repeats: int = 3, seed: int = 0,
-                          progress: bool = False, **decode_kwargs) -> dict[str, dict]:
-    """Decode each context ALONE (batch 1, as streaming synthesis does) with every decoder, interleaved: repeat r
-    runs the decoders in a rotated order. Returns ``{label: {"ms_per_code", "ms_per_frame", "tokens_per_call"}}``
-    (medians over the repeats of the mean over the contexts)."""
-    cp = code_predictor
-    n = P.n_codes(cp)
-    labels = list(decoders)
-    per = {k: [] for k in labels}
-    tpc = {k: [] for k in labels}
-    dev = next(cp.parameters()).device
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    steps = [(r, labels[(i + r) % len(labels)]) for r in range(repeats) for i in range(len(labels))]
-    for r, lab in progress_bar(steps, desc="decoding frames", enabled=progress):
-        gen = torch.Generator(device=dev).manual_seed(seed + r)
-        calls = 0
-        sync()
-        t0 = time.perf_counter()
-        for i in range(contexts.shape[0]):
-            res = decode_frame(cp, contexts[i: i + 1].to(dev), decoder=decoders[lab], sampling=sampling,
-                               generator=gen, drafter=drafter, **decode_kwargs)
-            calls += int(res.calls.sum())
-        sync()
-        dt = (time.perf_counter() - t0) * 1e3
-        per[lab].append(dt / contexts.shape[0])
-        tpc[lab].append(contexts.shape[0] * n / calls)
-    return {k: {"ms_per_frame": statistics.median(per[k]), "ms_per_code": statistics.median(per[k]) / n,
-                "tokens_per_call": statistics.fmean(tpc[k])} for k in labels}
 
 
 def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *, drafter=None,
                    sampling: Sampling | None = None, budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5,
-                   frames: int = 16, repeats: int = 3, seed: int = 0, progress: bool = False,
-                   **decode_kwargs) -> AutoChoice:
+                   frames: int = 16, repeats: int = 3, cost_repeats: int = 5, backend=None, seed: int = 0,
+                   progress: bool = False) -> AutoChoice:
     """Choose the decoder with the least measured time per committed code on this device (module docstring).
 
     Args:
@@ -178,7 +121,10 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
         contexts: ``(N, 2, talker_hidden)`` inner-loop contexts (e.g. the calibration split's); the first ``frames``
             are decoded. drafter, sampling: as deployed. budgets: node budgets of calibrated trees considered.
         shortlist: candidates (besides AR) decoded, the best by predicted speedup ``E(N) t(1)/t(N)``.
-        repeats: interleaved repeats of the decoding. decode_kwargs: passed to ``decode_frame``.
+        repeats: passes over the ``frames`` contexts, every candidate interleaved
+            (:func:`rvqspec_lib.eval.speed.time_frames`). cost_repeats: repeats of each verify-call timing
+            (:func:`rvqspec_lib.eval.speed.verify_cost_curve`). backend: the verify backend to time and use
+            (default the official module; e.g. :class:`rvqspec_lib.models.lean.LeanCodePredictor`).
 
     Returns:
         :class:`AutoChoice`.
@@ -195,7 +141,10 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
     if contexts.shape[0] < 1:
         raise ValueError("no contexts to time the decoders on")
     cands = candidates(calibration, budgets)
-    costs = verify_costs(cp, sorted({c[2] for c in cands}), progress=progress)
+    backend = OfficialBackend(cp) if backend is None else backend
+    curve = verify_cost_curve(cp, {"b": backend}, query_sizes=sorted({c[2] for c in cands}), repeats=cost_repeats,
+                              warmup=2, seed=seed, progress=progress)
+    costs = {r["query_positions"]: r["median_ms"] for r in curve["rows"]}
     t1 = costs[1]
     rows = []
     for label, dec, nodes, e in cands:
@@ -204,21 +153,24 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
     ranked = sorted((r for r in rows if r["label"] != "ar"), key=lambda r: -r["predicted_speedup"])
     chosen = ["ar"] + [r["label"] for r in ranked[:shortlist]]
     by_label = {c[0]: c[1] for c in cands}
-    measured = measure_time_per_code(cp, contexts[:frames], {k: by_label[k] for k in chosen}, drafter=drafter,
-                                     sampling=sampling, repeats=repeats, seed=seed, progress=progress,
-                                     **decode_kwargs)
-    ar_ms = measured["ar"]["ms_per_code"]
+    timed = time_frames(cp, contexts[:frames], {k: by_label[k] for k in chosen}, {"b": backend}, sampling=sampling,
+                        drafter=drafter, repeats=repeats * min(frames, contexts.shape[0]), warmup=1, seed=seed,
+                        progress=progress)
+    n = P.n_codes(cp)
+    measured = {r["decoder"]: r for r in timed["rows"]}
+    ar_ms = measured["ar"]["ms_per_frame"] / n
     for r in rows:
         m = measured.get(r["label"])
-        r["ms_per_code"] = m["ms_per_code"] if m else None
+        r["ms_per_code"] = m["ms_per_frame"] / n if m else None
         r["measured_tokens_per_call"] = m["tokens_per_call"] if m else None
-        r["speedup"] = ar_ms / m["ms_per_code"] if m else None
-    best = min(measured, key=lambda k: measured[k]["ms_per_code"])
+        r["speedup"] = ar_ms / r["ms_per_code"] if m else None
+    best = min(measured, key=lambda k: measured[k]["ms_per_frame"])
     b = next(r for r in rows if r["label"] == best)
     reason = (f"{best}: {b['ms_per_code']:.3f} ms per code measured ({b['speedup']:.2f}x AR's {ar_ms:.3f}), "
               f"{b['measured_tokens_per_call']:.2f} tokens per call, verify call t({b['nodes']})/t(1) = "
               f"{b['verify_ratio']:.2f}, predicted speedup E(N) t(1)/t(N) = {b['predicted_speedup']:.2f}x; "
-              f"{len(chosen)} of {len(rows)} candidates decoded ({frames} frames x {repeats} repeats)")
+              f"{len(chosen)} of {len(rows)} candidates decoded ({min(frames, contexts.shape[0])} frames x "
+              f"{repeats} repeats)")
     return AutoChoice(best, by_label[best], reason, rows)
 
 

@@ -83,6 +83,8 @@ def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
         _check_01(metrics, out)
     if prefix == "02":
         _check_02(metrics, out)
+    if prefix == "03":
+        _check_03(metrics, out)
     if prefix == "04":
         _check_04(metrics, out)
 
@@ -213,6 +215,37 @@ def _check_02(metrics: dict, out: Path) -> None:
     assert metrics["deployed_offsets"] in ("offsets-ce", "offsets-kl", "offsets-tv")
     assert not any(k.startswith(("model_", "deployed")) for k in metrics["drafter_files"])
     assert "medusa" not in metrics["drafter_files"]
+
+
+def _check_03(metrics: dict, out: Path) -> None:
+    import csv
+
+    from rvqspec_lib.models.tree_files import load_calibration, tree_from_calibration
+
+    # the calibration is written under the smoke run's out_dir (never beside the shipped model) and loads back
+    cal = load_calibration(out / "03_trees_heads.json", n_codes=15, codebook_size=2048)
+    assert cal["n_frames"] == metrics["calibration_frames"] == 48 and cal["budgets"] == [2, 4, 8]
+    assert tree_from_calibration(cal, "sampled", 8).sampled
+    kinds = {r["kind"] for r in metrics["predicted_vs_measured"]}
+    assert kinds == {"point-mass", "sampled", "chain"}
+    for r in metrics["predicted_vs_measured"]:
+        assert r["measured_tokens_per_call"] >= 1.0
+        if r["kind"] != "chain":  # 48 calibration frames and 32 evaluation frames: a loose check in smoke mode
+            assert abs(r["relative_error"]) < 0.25
+    # every decoder timed through both backends, AR at exactly 1.0x of itself, the fused frame beside them
+    speed = metrics["speed"]
+    assert {r["backend"] for r in speed} >= {"official", "lean-mgemv"}
+    assert all(r["speedup_vs_ar"] == 1.0 for r in speed if r["decoder"] == "ar")
+    assert any(r["decoder"] == "fused-AR" for r in speed)
+    assert metrics["auto"]["label"] in {r["label"] for r in csv.DictReader((out / "03_auto.csv").open())}
+    # the paper's numbers only in a labelled column; the 0.6B stand-in's speedups only as a labelled projection
+    paper = list(csv.DictReader((out / "03_paper_devices.csv").open()))
+    assert [r["source"].startswith("paper") for r in paper] == [True, True, True, False]
+    assert all(r["label"] == "PROJECTION" for r in metrics["projection"])
+    assert {r["temperature"] for r in metrics["temperature"]} == {0.9, 0.3}
+    for stem in ("03_acceptance_heatmap", "03_trees", "03_tokens_per_call_vs_N", "03_speedup_vs_N", "03_temperature"):
+        assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file()
+        assert (out / f"{stem}.provenance.json").is_file()
 
 
 def _check_04(metrics: dict, out: Path) -> None:

@@ -65,3 +65,34 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
         ax1.text(0.5, 0.5, "no Q = 1 measurement", ha="center", va="center")
     fig.suptitle(bench_title(result), fontsize=9)
     return fig
+
+
+def plot_tree(ax, paths, *, title: str = "", sampled: bool = False) -> None:
+    """Draw a draft tree on ``ax``: the root at the left, one column per draft offset, each node labelled with its
+    rank (point-mass) or child index (sampled), edges from parent to child.
+
+    Args:
+        ax: a matplotlib axes. paths: the tree's rank paths (e.g. ``Tree.paths``). title: axes title.
+        sampled: label children ``#i`` (sampled child index) instead of ``r`` (rank).
+    """
+    paths = [tuple(p) for p in paths]
+    by_depth: dict[int, list[tuple[int, ...]]] = {}
+    for p in sorted(paths):
+        by_depth.setdefault(len(p), []).append(p)
+    pos = {(): (0.0, 0.0)}
+    for d in sorted(by_depth):
+        nodes = by_depth[d]
+        for i, p in enumerate(nodes):
+            pos[p] = (float(d), (len(nodes) - 1) / 2.0 - i)
+    for p in paths:
+        (x0, y0), (x1, y1) = pos[p[:-1]], pos[p]
+        ax.plot([x0, x1], [y0, y1], color="0.6", lw=0.8, zorder=1)
+    for p, (x, y) in pos.items():
+        label = "root" if not p else (f"#{p[-1]}" if sampled else str(p[-1]))
+        ax.scatter([x], [y], s=60 if p else 90, color="C3" if not p else ("C0" if p[-1] == 0 else "C1"), zorder=2)
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("draft offset")
+    ax.set_yticks([])
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)

@@ -88,7 +88,7 @@ from rvqspec_lib.eval import wer_parity as W
 from rvqspec_lib.eval.asr_models import recogniser
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.speech_tokenizers import load_codec
-from rvqspec_lib.models.tree_files import save_calibration
+from rvqspec_lib.models.tree_files import save_calibration, tree_from_calibration
 from rvqspec_lib.models.utterances import embedded_root
 from rvqspec_lib.spec.decoders import is_lossless
 from rvqspec_lib.spec.drafters import ReusedHeads
@@ -99,9 +99,11 @@ if smoke:
     replicates, replicates_multilingual = 1, 2
     tree_budget, calibration_frames, n_free_running, free_running_all = 4, 48, 2, False
     free_running_max_frames = 40
-torch.set_num_threads(int(threads) or torch.get_num_threads())
-out = resolve_out_dir(out_dir)
-work = resolve_out_dir(work_dir or (out / "04_work" if smoke else "build/04_work"))
+if threads:  # two threads on a busy 2-core machine spin-wait
+    torch.set_num_threads(int(threads))
+out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
+work = resolve_out_dir(work_dir or (out / "04_work" if smoke else "build/04_work"), smoke=smoke)
+requested_model = str(model)  # kept in the provenance when the run falls back to the embedded model
 if not fleurs:
     try:
         embedded_root(model)
@@ -111,7 +113,7 @@ if not fleurs:
                          "checkpoint)."))
         model = EMBEDDED_MODEL
 languages = [str(x) for x in languages]
-params = dict(model=str(model), seed=seed, smoke=bool(smoke), out_dir=str(out), threads=torch.get_num_threads(),
+params = dict(model=str(model), requested_model=requested_model, seed=seed, smoke=bool(smoke), out_dir=str(out), threads=torch.get_num_threads(),
               n_sentences=n_sentences, n_multilingual=n_multilingual, languages=languages, replicates=replicates,
               replicates_multilingual=replicates_multilingual, tree_budget=tree_budget,
               calibration_frames=calibration_frames, beta=beta, alpha=alpha, power_tv=power_tv,
@@ -166,7 +168,7 @@ chain_pred = [{"window": w, "predicted_tokens_per_call": v, "chosen": w == cal["
               for w, v in cal["chain_predicted"].items()]
 trees_pred = [{"kind": kind, "node_budget": tree_budget,
                "predicted_tokens_per_call": cal["calibration"][kind]["predicted_tokens_per_call"][str(tree_budget)],
-               "paths": ";".join(",".join(map(str, p)) for p in cal["calibration"][kind]["trees"][str(tree_budget)])}
+               "paths": ";".join(",".join(map(str, p)) for p in tree_from_calibration(cal["calibration"], kind, tree_budget).paths)}
               for kind in ("point-mass", "sampled")]
 save_table(chain_pred + trees_pred, out / "04_calibration", prov)
 pd.DataFrame([{"label": k, "decoder": repr(v), "lossless": is_lossless(v)} for k, v in decoders.items()])

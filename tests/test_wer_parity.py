@@ -95,8 +95,8 @@ def test_decoder_names():
     assert W.parse_decoder("tree:0;1;0,0")[0] == "tree-pm-N4"
     assert W.parse_decoder("tree-sampled:0;0,0")[1] == Tree([(0,), (0, 0)], sampled=True)
     assert W.parse_decoder("ssd-lossy:0.2") == ("ssd-lossy-b0.2-w4", LossySSD(beta=0.2))
-    cal = {"best_kind": {"4": "sampled"}, "point-mass": {"trees": {"4": [[0], [1], [2]]}},
-           "sampled": {"trees": {"4": [[0], [0, 0], [1]]}}}
+    cal = {"best_kind": {"4": "sampled"}, "budgets": [4], "point-mass": {"order": [[0], [1], [2]]},
+           "sampled": {"order": [[0], [0, 0], [1]]}}
     assert W.parse_decoder("tree:calibrated:4", calibration=cal)[1] == Tree([(0,), (0, 0), (1,)], sampled=True)
     assert W.parse_decoder("tree:calibrated-point-mass:4", calibration=cal)[1] == Tree([(0,), (1,), (2,)])
     assert W.parse_decoder("chain:best", best_chain=6)[1] == Chain(6)

@@ -153,6 +153,8 @@ class LossySSD:
         object.__setattr__(self, "beta", float(self.beta))
 
     def tree(self, n_codes: int) -> DraftTree:
+        from rvqspec_lib.spec.trees import DraftTree
+
         return DraftTree.chain(self.window - 1)
 
     @property

@@ -329,8 +329,8 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         Others as :func:`rvqspec_lib.eval.speed.time_frames`.
 
     Returns:
-        ``{"rows", "meta", "absent": {name: reason}, "build_s": {name: seconds}}``; rows as ``time_frames``'s plus
-        ``nodes`` (N of the decoder, None for the fused frame).
+        ``{"rows", "meta", "absent": {name: reason}, "build_s": {name: seconds}, "built": {name: (backend, fused
+        frame)}}``; rows as ``time_frames``'s plus ``nodes`` (N of the decoder, None for the fused frame).
     """
     absent, be, fz, build_s = {}, {}, {}, {}
     for name in backends:
@@ -359,6 +359,7 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
     for r in res["rows"]:
         r["nodes"] = n_of.get(r["decoder"])
     res["absent"], res["build_s"] = absent, build_s
+    res["built"] = {name: (be[name], fz.get(name)) for name in be}  # reusable by verify_costs (built=)
     return res
 
 
@@ -593,6 +594,28 @@ def time_conditions(conditions: Mapping[str, Callable[[torch.Tensor, torch.Gener
     return res
 
 
+def device_verify_costs(code_predictor, backend, *, label: str = "cuda",
+                        query_sizes: Sequence[int] = speed.QUERY_SIZES, prefix_len: int = speed.PREFIX_LEN,
+                        repeats: int = 20, warmup: int = 3, seed: int = 0, progress: bool = True) -> dict:
+    """The verify cost curve t(N)/t(1) of ONE backend on the model's device, the device synchronised around each
+    call (the GPU leg of :func:`verify_costs`; the calls are :func:`rvqspec_lib.eval.speed.verify_cost_curve`'s).
+
+    Returns:
+        ``{"rows", "meta"}``, rows as ``verify_cost_curve``'s (``backend`` = ``label``).
+    """
+    qs = sorted({int(q) for q in query_sizes})
+    if 1 not in qs:
+        raise ValueError(f"query_sizes must include 1 (the ratio's reference), got {query_sizes}")
+    calls = {q: speed._verify_call(code_predictor, backend, q, prefix_len, seed) for q in qs}
+    ctx = torch.zeros(1, 1, device=next(code_predictor.parameters()).device)
+    t = time_conditions({q: (lambda c, g, f=f: (f(), None)[1]) for q, f in calls.items()}, ctx, repeats=repeats,
+                        warmup=warmup, seed=seed, progress=progress)
+    base = t[1]["median_ms"]
+    rows = [{"backend": label, "query_positions": q, "median_ms": t[q]["median_ms"], "p10_ms": t[q]["p10_ms"],
+             "p90_ms": t[q]["p90_ms"], "ratio_to_q1": t[q]["median_ms"] / base} for q in qs]
+    return {"rows": rows, "meta": {**speed.run_meta(code_predictor), "repeats": repeats, "prefix_len": prefix_len}}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # What `rvqspec bench --backend NAME` runs
 # ----------------------------------------------------------------------------------------------------------------
@@ -624,3 +647,50 @@ def bench_backend(name: str, code_predictor, contexts: torch.Tensor, *, decoders
                       threads=threads, work_dir=work_dir, random_weights=random_weights, progress=progress)
     return {"rows": res["rows"], "summary": summary_by_backend(res["rows"]), "meta": res["meta"],
             "build_s": res["build_s"]}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Figure
+# ----------------------------------------------------------------------------------------------------------------
+def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), *, fused: Sequence[dict] = (),
+                      paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, title: str = "", figsize=(7.5, 4.2)):
+    """Figure 4's analogue: speedup over AR of the same backend vs node budget N.
+
+    Args:
+        measured: :func:`speedup_vs_n` rows (solid lines, one per backend). projected: :func:`projected_speedup`
+            rows (dashed). fused: :func:`summary_by_backend` rows (the fused frame's speedup over AR as a dotted
+            horizontal line per backend). paper: the paper's device numbers (black markers, labelled as the
+            paper's). title: the figure title (device, dtype, threads, weights).
+
+    Returns:
+        the matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=figsize)
+    colors = {}
+    for i, b in enumerate(dict.fromkeys([r["backend"] for r in measured] + [r["backend"] for r in projected])):
+        colors[b] = f"C{i}"
+    for b in dict.fromkeys(r["backend"] for r in measured):
+        rs = sorted((r for r in measured if r["backend"] == b), key=lambda r: r["nodes"])
+        ax.plot([r["nodes"] for r in rs], [r["speedup_vs_ar"] for r in rs], "o-", color=colors[b],
+                label=f"{b}: measured frames")
+    for b in dict.fromkeys(r["backend"] for r in projected):
+        rs = sorted((r for r in projected if r["backend"] == b), key=lambda r: r["nodes"])
+        ax.plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], "s--", color=colors[b], alpha=0.7,
+                label=f"{b}: projected E(N) t(1)/t(N)")
+    for r in fused:
+        if r.get("fused_speedup_vs_ar"):
+            ax.axhline(r["fused_speedup_vs_ar"], color=colors.get(r["backend"], "grey"), ls=":", lw=1,
+                       label=f"{r['backend']}: fused AR frame")
+    for i, p in enumerate(paper):
+        ax.plot([p["nodes"]], [p["speedup"]], marker="*^vD"[i % 4], color="k", ls="none", ms=9,
+                label=f"{p['device']}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("node budget N (query positions of one verify call)")
+    ax.set_ylabel("speedup over AR (same backend)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="best", ncol=2)
+    fig.tight_layout()
+    return fig

@@ -82,17 +82,22 @@ class GraphedBackend:
         """THE cache of ``(batch, slots)``: allocated once, zeroed for each new frame (captured graphs write into
         its addresses)."""
         key = (int(batch), int(slots))
-        cache = self._caches.get(key)
-        if cache is None:
-            cache = self._caches[key] = self.lean.new_cache(batch, slots)
-        else:
-            cache.k.zero_()
-            cache.v.zero_()
+        with torch.inference_mode():  # every static tensor lives in inference mode (decode_frame runs there)
+            cache = self._caches.get(key)
+            if cache is None:
+                cache = self._caches[key] = self.lean.new_cache(batch, slots)
+            else:
+                cache.k.zero_()
+                cache.v.zero_()
         return cache
 
     def forward(self, embeds, positions, allow, cache: LeanCache, write_slots):
         """The verify call (arguments and result as :func:`rvqspec_lib.spec.predictor.verify_forward`): inputs
         copied into the shape's static buffers, the graph replayed, a copy of its output returned."""
+        with torch.inference_mode():
+            return self._forward(embeds, positions, allow, cache, write_slots)
+
+    def _forward(self, embeds, positions, allow, cache: LeanCache, write_slots):
         b, q = embeds.shape[:2]
         key = (int(b), int(q), cache.n_slots)
         if self._caches.get(key[::2]) is not cache:
@@ -124,13 +129,14 @@ class GraphedBackend:
 
     def compact(self, cache: LeanCache, order: torch.Tensor) -> None:
         """Reorder slots IN PLACE (the captured graphs keep the cache's addresses)."""
-        if order.shape[0] == 1:
-            cache.k.copy_(cache.k.index_select(3, order[0]))
-            cache.v.copy_(cache.v.index_select(3, order[0]))
-            return
-        idx = order[None, :, None, :, None].expand_as(cache.k)
-        cache.k.copy_(cache.k.gather(3, idx))
-        cache.v.copy_(cache.v.gather(3, idx))
+        with torch.inference_mode():
+            if order.shape[0] == 1:
+                cache.k.copy_(cache.k.index_select(3, order[0]))
+                cache.v.copy_(cache.v.index_select(3, order[0]))
+                return
+            idx = order[None, :, None, :, None].expand_as(cache.k)
+            cache.k.copy_(cache.k.gather(3, idx))
+            cache.v.copy_(cache.v.gather(3, idx))
 
     def embed(self, codes, depth):
         return self.lean.embed(codes, depth)

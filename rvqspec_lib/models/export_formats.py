@@ -319,7 +319,7 @@ class OrtGraph:
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def __call__(self, inputs: dict) -> dict:
-        feed = {n: (inputs[n].numpy() if isinstance(inputs[n], torch.Tensor) else inputs[n])
+        feed = {n: (inputs[n].detach().cpu().numpy() if isinstance(inputs[n], torch.Tensor) else inputs[n])
                 for n in self.input_names}
         return dict(zip(self.output_names, (torch.from_numpy(o) for o in self.session.run(None, feed))))
 
@@ -354,7 +354,8 @@ class CoreMLGraph:
             self.state = self.model.make_state()
 
     def __call__(self, inputs: dict) -> dict:
-        feed = {n: np.ascontiguousarray((inputs[n].numpy() if isinstance(inputs[n], torch.Tensor) else inputs[n])
+        feed = {n: np.ascontiguousarray((inputs[n].detach().cpu().numpy() if isinstance(inputs[n], torch.Tensor)
+                                         else inputs[n])
                                         .astype(np.int32 if np.issubdtype(np.asarray(inputs[n]).dtype, np.integer)
                                                 else np.float32)) for n in self.input_names}
         out = self.model.predict(feed, state=self.state) if self.has_state else self.model.predict(feed)

@@ -182,7 +182,8 @@ def export_coreml(graph, path, *, precision: str = "float16", target: str = "mac
     if precision not in DTYPES:
         raise ValueError(f"unknown precision {precision!r}: use float16 or float32")
     if target not in COREML_TARGETS:
-        raise ValueError(f"unknown Core ML target {target!r}: use one of {COREML_TARGETS}")
+        raise ValueError(f"unknown Core ML target {target!r}: use one of {', '.join(COREML_TARGETS)} (states need "
+                         "them)")
     if getattr(graph, "state", "none") == "inputs":
         raise ValueError("Core ML graphs hold their KV cache as states: build them with state='buffers'")
     inputs = G.example_inputs(graph)

@@ -87,6 +87,8 @@ def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
         _check_03(metrics, out)
     if prefix == "04":
         _check_04(metrics, out)
+    if prefix == "05":
+        _check_05(metrics, out)
 
 
 def _check_00(metrics: dict, out: Path) -> None:
@@ -300,3 +302,53 @@ def _check_04(metrics: dict, out: Path) -> None:
     for stem in ("04_code_tests", "04_wer_difference", "04_tokens_per_call_by_language"):
         for ext in (".png", ".pdf", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
+
+
+def _check_05(metrics: dict, out: Path) -> None:
+    import csv
+
+    from rvqspec_lib.eval.export_timing import PAPER_DEVICE_SPEEDUPS, RELATIVE_TOLERANCE
+
+    # smoke: tiny-random for acceptance and cost; compile skipped (said so), Core ML and CUDA absent with a reason
+    assert metrics["model"] == metrics["cost_model"] == "tiny-random" and metrics["random_weights"] is True
+    assert set(metrics["skipped"]) == {"compile"} and "smoke" in metrics["skipped"]["compile"]
+    assert metrics["absent"]["cuda"] and "CUDA" in metrics["absent"]["cuda"]
+    assert metrics["coreml_available"] is False and "macOS" in metrics["absent"]["coreml"]
+    # exported graphs: declared interface == written; ONNX run here within the float32 tolerance; Core ML built only
+    exported = metrics["exported"]
+    assert {(r["graph"], r["format"]) for r in exported} == {(g, f) for g in ("stepped", "verify")
+                                                             for f in ("onnx", "coreml")}
+    assert all(r["interface_ok"] and r["bytes"] > 0 for r in exported)
+    for r in exported:
+        if r["format"] == "onnx":
+            assert r["ran"] and r["runner"] == "onnxruntime-cpu" and r["within_tolerance"], r
+            assert r["relative_diff"] <= RELATIVE_TOLERANCE["float32"]
+        else:
+            assert not r["ran"] and "macOS" in r["note"]
+    # frame times: eager and onnx, each with AR, the fused frame and a tree of each budget; speedups over own AR
+    rows = metrics["frame_rows"]
+    assert {r["backend"] for r in rows} == {"eager", "onnx"}
+    for b in ("eager", "onnx"):
+        decs = {r["decoder"] for r in rows if r["backend"] == b}
+        assert {"AR", "fused-AR", "chain2", "tree2", "tree4"} <= decs, decs
+        ar = next(r for r in rows if r["backend"] == b and r["decoder"] == "AR")
+        assert ar["speedup_vs_ar"] == 1.0 and ar["nodes"] == 1 and ar["ms_per_frame"] > 0
+    assert {(r["backend"], r["nodes"]) for r in metrics["speedup_vs_n"]} == {(b, n) for b in ("eager", "onnx")
+                                                                            for n in (2, 4)}
+    assert metrics["onnx"]["ar_ms"] > 0 and metrics["onnx"]["fused_ms"] > 0 and metrics["onnx"]["best_ms"] > 0
+    assert {r["backend"] for r in metrics["projected"]} == {"eager", "onnx"}
+    # the paper's device numbers only in their own labelled column, copied from the constants
+    assert metrics["paper_devices"] == [dict(p) for p in PAPER_DEVICE_SPEEDUPS]
+    with (out / "05_speedup_vs_n.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [int(r["N"]) for r in table] == [2, 4]
+    assert all(r["paper (Core ML devices, quoted)"] == "" for r in table)  # the paper has no N = 2 or 4 number
+    assert metrics["gpu_json_present"] is False and metrics["gpu"] is None
+    for stem in ("05_backends", "05_exported_graphs", "05_frame_times", "05_summary", "05_speedup_vs_n",
+                 "05_verify_cost", "05_paper_devices"):
+        for ext in (".csv", ".md", ".provenance.json"):
+            assert (out / (stem + ext)).stat().st_size > 0, stem + ext
+    for ext in (".png", ".pdf", ".provenance.json"):
+        assert (out / ("05_speedup_vs_n" + ext)).stat().st_size > 0, ext
+    cal = json.loads((out / "05_calibration.json").read_text())
+    assert cal["budgets"] == [2, 4] and "provenance" in cal

@@ -30,7 +30,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     Options: ``--model`` (default ``qwen3-tts-0.6b-random``), ``--json PATH``, ``--repeats``, ``--warmup``,
     ``--threads``, ``--queries 1,2,4,...``, ``--prefix-len``, ``--talker-context``, ``--dtype``, ``--device``,
-    ``--seed``, ``--no-progress``.
+    ``--seed``, ``--no-progress``, ``--backend NAME``.
     """
     parser.add_argument("--model", default="qwen3-tts-0.6b-random",
                         help="tiny-random, qwen3-tts-0.6b-random, qwen3-tts-1.7b-random, a checkpoint dir or hub id")
@@ -48,6 +48,9 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    parser.add_argument("--backend", default=None, help="instead of call latencies: frame times of AR, the fused AR "
+                        "frame, Chain(4) and the default tree through one verify backend (eager, compile, onnx, "
+                        "cuda), one interleaved run (rvqspec_lib.eval.export_timing.bench_backend)")
     return parser
 
 
@@ -67,6 +70,9 @@ def check_args(args) -> None:
     dev = str(args.device)
     if not (dev == "cpu" or dev.startswith(("cuda", "mps"))):
         raise ValueError(f"--device {dev!r}: use cpu, cuda[:N] or mps")
+    backends = ("eager", "compile", "onnx", "coreml", "cuda")  # rvqspec_lib.eval.export_timing.BACKENDS
+    if args.backend is not None and args.backend not in backends:
+        raise ValueError(f"unknown --backend {args.backend!r}: use one of {', '.join(backends)}")
 
 
 def run(args: argparse.Namespace, threads: int) -> int:
@@ -79,6 +85,10 @@ def run(args: argparse.Namespace, threads: int) -> int:
     started = getattr(args, "_started", None) or time.perf_counter()
     check_args(args)
     threads = apply_threads(threads)  # after the cheap checks: torch loads here
+    if args.backend is not None:
+        from rvqspec_lib.cli.export import run_bench_backend
+
+        return run_bench_backend(args)
     import torch
 
     from rvqspec_lib.common.provenance import provenance, save_json

@@ -8,6 +8,8 @@ Examples::
     rvqspec synth --model embedded --text "The weather is fine today." --out out.wav --decoder chain --window 4
     rvqspec synth --model tiny-random --text "Hello world." --out out.wav --decoder tree --tree "0;1;0,0;0,0,0"
     rvqspec bench --model qwen3-tts-0.6b-random --json bench.json
+    rvqspec bench --model embedded --backend onnx        # frame times of AR, the fused frame, a chain and a tree
+    rvqspec export --model qwen3-tts-0.6b-random --format onnx --graph verify --nodes 8 --out build/export
     rvqspec train-drafter --model ./Qwen3-TTS-12Hz-0.6B-CustomVoice --drafter offsets --frames-file train.safetensors
     rvqspec eval-acceptance --model ./Qwen3-TTS-12Hz-0.6B-CustomVoice --drafter offsets --json acceptance.json
     rvqspec train-drafter --model embedded --drafter offsets     # shipped training / validation utterances,
@@ -32,6 +34,7 @@ from rvqspec_lib.cli import (
     bench,
     eval_acceptance,
     eval_wer,
+    export,
     extract_frames,
     synth,
     train_drafter,
@@ -52,6 +55,7 @@ COMMANDS = {
     "bench": (bench, "per-call latency of the talker and the code predictor"),
     "train-drafter": (train_drafter, "train position-aware offsets or Medusa heads"),
     "eval-acceptance": (eval_acceptance, "tokens per call and acceptance of a drafter"),
+    "export": (export, "one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 05)"),
     "eval-wer": (eval_wer, "WER parity and code-distribution tests of the decoders against AR (notebook 04)"),
     "extract-frames": (extract_frames, "teacher-forced frames of a split, one shard per process (accelerate launch)"),
     "train-drafter-parallel": (train_drafter_parallel, "train a drafter data-parallel over processes "
@@ -91,6 +95,8 @@ def _dispatch(args) -> int:
     for attr, flag in OUTPUT_FLAGS.items():
         if args.cmd == "train-drafter" and attr == "out" and args.out is None:
             continue  # the default file may go into a new drafters/ folder beside the model: train-drafter makes it
+        if args.cmd == "export" and attr == "out":
+            continue  # a folder here (export checks it itself)
         problem = check_output_path(getattr(args, attr, None), flag)
         if problem:
             return _die(problem)

@@ -1,0 +1,240 @@
+"""``rvqspec export``: one code-predictor graph to ONNX or Core ML, checked against eager PyTorch where it can run;
+and :func:`run_bench_backend`, what ``rvqspec bench --backend NAME`` calls.
+
+Examples::
+
+    rvqspec export --model qwen3-tts-0.6b-random --format onnx --graph verify --nodes 32 --out build/export
+    rvqspec export --model embedded --format coreml --graph frame --dtype float16 --out build/export
+
+Writes ``<out>/<graph>[-n<N>]-<dtype>.onnx|.mlpackage`` and ``<same stem>.json`` beside it: the declared inputs,
+outputs and states (the tree's paths for a verify graph), the file's size, the agreement with eager PyTorch and
+provenance. ONNX files are run with ONNX Runtime and compared here; Core ML packages are built anywhere and
+predicted, compared and timed per compute unit on macOS 15+ only (elsewhere the JSON says so; ``--predict`` makes
+that an error). Bad input (an unknown format or graph, N outside 2..64, a model whose code predictor cannot be
+exported, ``--predict`` off macOS) is a one-line error before any work (rvqspec_lib.models.export_graphs,
+rvqspec_lib.models.export_formats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+#: ``--format`` and ``--graph`` values (kept here so that the parser does not import torch).
+FORMATS = ("onnx", "coreml")
+GRAPHS = ("stepped", "verify", "frame")
+DTYPES = ("float32", "float16")
+TARGETS = ("macOS15", "iOS18")
+
+
+from rvqspec_lib.cli.common import _die, add_threads_arg
+
+
+def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``rvqspec export``'s options to ``p``; returns it. Values are checked by :func:`run` (one-line errors)."""
+    p.add_argument("--model", required=True, help="embedded, tiny-random, qwen3-tts-0.6b-random, a checkpoint dir "
+                   "or hub id")
+    p.add_argument("--format", dest="fmt", required=True, help="onnx (run and checked here) or coreml (.mlpackage; "
+                   "predicted on macOS 15+ only)")
+    p.add_argument("--graph", required=True, help="stepped (one position per call, logits of every head), verify "
+                   "(the fused verify call of N positions), frame (all codes of a frame, sampling inside)")
+    p.add_argument("--nodes", type=int, default=None, help="verify graph: node budget N, the root included (2..64; "
+                   "default 4, or the --tree's size)")
+    p.add_argument("--tree", default=None, help="verify graph: rank paths of the tree, e.g. '0;1;0,0' "
+                   "(default: a chain of N-1 drafts)")
+    p.add_argument("--dtype", default="float32", help="float32 or float16")
+    p.add_argument("--target", default="macOS15", help="Core ML deployment target: macOS15 or iOS18 (KV-cache "
+                   "states need 15/18)")
+    p.add_argument("--predict", action="store_true", help="Core ML: require prediction, comparison and timing "
+                   "(macOS 15+; without it a package is only built off macOS)")
+    p.add_argument("--out", required=True, help="output folder (created if its parent exists)")
+    p.add_argument("--repeats", type=int, default=20, help="Core ML on macOS: timed calls per compute unit")
+    add_threads_arg(p)
+    return p
+
+
+def check_args(args) -> str | None:
+    """Why the arguments cannot run (one line naming the fix), or ``None``; checked before any work."""
+    if args.fmt not in FORMATS:
+        return f"unknown --format {args.fmt!r}: use onnx or coreml"
+    if args.graph not in GRAPHS:
+        return f"unknown --graph {args.graph!r}: use stepped, verify or frame"
+    if args.dtype not in DTYPES:
+        return f"unknown --dtype {args.dtype!r}: use float32 or float16"
+    if args.target not in TARGETS:
+        return f"unknown --target {args.target!r}: use macOS15 or iOS18"
+    if args.graph != "verify" and (args.nodes is not None or args.tree is not None):
+        return f"--nodes and --tree are for --graph verify; the {args.graph} graph has none"
+    if args.nodes is not None and not 2 <= args.nodes <= 64:
+        return f"--nodes must be in 2..64 (query positions of one verify call, the root included), got {args.nodes}"
+    if args.repeats < 1:
+        return f"--repeats must be >= 1, got {args.repeats}"
+    if args.predict and args.fmt != "coreml":
+        return "--predict is for --format coreml (ONNX files are always run with ONNX Runtime here)"
+    if args.fmt == "coreml":
+        from rvqspec_lib.models.export_formats import coreml_available
+
+        ok, why = coreml_available()
+        if args.predict and not ok:
+            return f"--predict: {why}; drop --predict to build the package here"
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file: give a folder"
+    if not out.exists() and not out.parent.exists():
+        return f"the parent of --out {out} does not exist: create it or choose another folder"
+    return None
+
+
+def _tree_and_nodes(args):
+    from rvqspec_lib.spec.trees import DraftTree, parse_paths
+
+    if args.graph != "verify":
+        return None, None
+    tree = None
+    if args.tree is not None:
+        tree = DraftTree.from_paths(parse_paths(args.tree))
+        if args.nodes is not None and args.nodes != tree.n_nodes + 1:
+            raise ValueError(f"--tree has {tree.n_nodes} nodes, so N = {tree.n_nodes + 1}; --nodes {args.nodes} "
+                             "disagrees: drop --nodes or change the tree")
+        if tree.n_nodes + 1 > 64:
+            raise ValueError(f"--tree has {tree.n_nodes} nodes: a verify graph takes at most 63 (N <= 64)")
+    n = args.nodes if args.nodes is not None else (tree.n_nodes + 1 if tree is not None else 4)
+    return (tree if tree is not None else DraftTree.chain(n - 1)), n
+
+
+def run(args, threads: int = 1) -> int:
+    """Run ``rvqspec export`` from parsed :func:`add_args` options; returns the exit status (2 on bad input).
+    ``threads``: torch's CPU threads (0 keeps torch's choice), applied after the cheap checks."""
+    problem = check_args(args)
+    if problem:
+        return _die(problem)
+    try:
+        tree, nodes = _tree_and_nodes(args)
+    except ValueError as e:
+        return _die(str(e))
+    from rvqspec_lib.cli.common import apply_threads
+
+    apply_threads(threads)
+    import torch
+
+    from rvqspec_lib.common.provenance import provenance
+    from rvqspec_lib.eval import export_timing as T
+    from rvqspec_lib.models import export_formats as F
+    from rvqspec_lib.models import export_graphs as G
+    from rvqspec_lib.models.loader import load_model
+
+    try:
+        lm = load_model(args.model)
+        cp = lm.code_predictor.eval()
+        G.check_exportable(cp)
+    except ValueError as e:
+        return _die(str(e))
+    out = Path(args.out)
+    out.mkdir(exist_ok=True)
+    stem = f"{args.graph}" + (f"-n{nodes}" if nodes else "") + f"-{args.dtype}"
+    path = out / (stem + F.FORMATS[args.fmt])
+    if lm.is_random:
+        print(f"note: {args.model} has RANDOM weights: the graph's shapes and timing are real, its outputs mean "
+              "nothing", file=sys.stderr)
+    try:
+        res = F.export_graph(cp, args.graph, args.fmt, path, dtype=args.dtype, nodes=nodes, tree=tree,
+                             target=args.target)
+        agreement = [r for r in T.check_file(cp, args.graph, path, dtype=args.dtype, nodes=nodes, tree=tree)
+                     if r["ran"]]
+    except ValueError as e:
+        return _die(str(e))
+    timing = None
+    if args.fmt == "coreml" and F.coreml_available()[0]:
+        timing = T.coreml_call_times(cp, out / f".time-{stem}", nodes=[nodes] if nodes else [4],
+                                     repeats=args.repeats, progress=sys.stderr.isatty())["rows"]
+    info = {"model": args.model, "random_weights": lm.is_random, **{k: v for k, v in res.items() if k != "path"},
+            "file": path.name, "tree": [list(p) for p in tree.paths] if tree is not None else None,
+            "agreement": agreement, "coreml_timing": timing,
+            "ran": bool(agreement), "note": "" if agreement else F.coreml_available()[1],
+            "provenance": provenance({"model": args.model, "format": args.fmt, "graph": args.graph,
+                                      "dtype": args.dtype, "nodes": nodes, "threads": torch.get_num_threads()})}
+    (out / (stem + ".json")).write_text(json.dumps(info, indent=1, default=str) + "\n")
+    print(f"wrote {path} ({res['bytes'] / 1e6:.1f} MB, {res['export_s']:.0f} s; inputs "
+          f"{', '.join(r[0] for r in res['written']['inputs'])}; outputs "
+          f"{', '.join(r[0] for r in res['written']['outputs'])}"
+          + (f"; states {', '.join(r[0] for r in res['written']['states'])}" if res["written"]["states"] else "")
+          + ")")
+    if res["declared"] != res["written"]:
+        return _die(f"{path} does not declare the graph's inputs/outputs/states (see {stem}.json): an exporter "
+                    "problem, please report it")
+    for r in agreement:
+        if "max_abs_logit_diff" in r:
+            print(f"{r['runner']}: max abs logit difference {r['max_abs_logit_diff']:.2e} vs eager PyTorch "
+                  f"(relative {r['relative_diff']:.1e}, tolerance {r['tolerance']:.0e})")
+        else:
+            print(f"{r['runner']}: codes equal to eager PyTorch for {100 * r['codes_equal_frac']:.0f}% of codes")
+    if not agreement:
+        print(f"not run: {F.coreml_available()[1]}")
+    return 0
+
+
+def _bench_inputs(lm, model: str, *, seed: int = 0, n: int = 16):
+    """``(contexts (n, 2, H), {label: decoder}, source text)`` for the backend bench: the shipped evaluation split's
+    teacher-forced contexts and the model's calibrated tree of N = 4 when it ships them (the embedded model), random
+    contexts and the default tree otherwise (tokens per call then mean little: say so)."""
+    from rvqspec_lib.eval.frame_sources import frames_from_shipped
+    from rvqspec_lib.eval.speed import random_contexts
+    from rvqspec_lib.models.tree_files import load_named_tree
+    from rvqspec_lib.spec.decoders import AR, Chain, Tree
+
+    cp = lm.code_predictor
+    decoders = {"AR": AR(), "chain4": Chain(4), "tree": Tree()}
+    try:
+        decoders["calibrated:4"] = load_named_tree("calibrated:4", model, cp)
+    except (FileNotFoundError, ValueError):
+        pass
+    try:
+        frames = frames_from_shipped(lm, model, "evaluation", max_frames=n, seed=seed)
+        return frames.context, decoders, f"{len(frames)} frames of the shipped evaluation split"
+    except (FileNotFoundError, ValueError):
+        return random_contexts(cp, n, seed=seed), decoders, f"{n} random contexts (tokens per call mean little)"
+
+
+def run_bench_backend(args) -> int:
+    """What ``rvqspec bench --backend NAME`` runs: frame times of AR, the fused frame, ``Chain(4)``, the default tree
+    and the model's calibrated tree of N = 4 (when it ships one) through ONE backend (:func:`rvqspec_lib.eval.export_timing.bench_backend`), printed as a table.
+
+    Reads ``args.backend``, ``args.model``, ``args.repeats``, ``args.warmup``, ``args.seed``, ``args.json_path``
+    (optional) and ``args.no_progress`` (optional), as the bench parser defines them; ``--device cuda`` loads the
+    model on the GPU for ``--backend cuda``. Returns the exit status (2 and one line for an absent backend).
+    """
+    from rvqspec_lib.common.provenance import provenance, save_json
+    from rvqspec_lib.eval import export_timing as T
+    from rvqspec_lib.eval.speed import format_rows
+    from rvqspec_lib.models.loader import load_model
+
+    name = getattr(args, "backend", None)
+    if name not in T.BACKENDS:
+        return _die(f"unknown --backend {name!r}: use one of {', '.join(T.BACKENDS)}")
+    ok, why = T.backend_status(name)
+    if not ok:
+        return _die(f"--backend {name} is not available here: {why}")
+    device = "cuda" if name == "cuda" else getattr(args, "device", "cpu")
+    try:
+        lm = load_model(args.model, device=device, seed=getattr(args, "seed", 0))
+        cp = lm.code_predictor.eval()
+        contexts, decoders, source = _bench_inputs(lm, args.model, seed=getattr(args, "seed", 0))
+        contexts = contexts.to(device)
+        res = T.bench_backend(name, cp, contexts, decoders=decoders, repeats=args.repeats,
+                              warmup=getattr(args, "warmup", 2),
+                              seed=getattr(args, "seed", 0), random_weights=lm.is_random,
+                              progress=not getattr(args, "no_progress", False) and sys.stderr.isatty())
+    except ValueError as e:
+        return _die(str(e))
+    print(format_rows(res["rows"], ["decoder", "backend", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms",
+                                    "speedup_vs_ar", "speedup_vs_fused"]))
+    m = res["meta"]
+    print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m.get('device')}, {m.get('dtype')}, "
+          f"{m.get('threads')} thread(s), backend {name}; contexts: {source}")
+    if getattr(args, "json_path", None):
+        save_json({**res, "model": args.model, "backend": name, "contexts": source}, args.json_path,
+                  provenance({"model": args.model, "backend": name, "repeats": args.repeats}))
+        print(f"wrote {args.json_path}")
+    return 0

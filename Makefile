@@ -3,7 +3,7 @@
 #   make voices                   the Debian packages (scripts/apt-voices.sh: flite, festival voices, espeak-ng, sox;
 #                                 as root or through sudo; a dpkg-query check and nothing else when installed)
 #   make env                      create .venv (torch first, then requirements.txt, qwen-tts --no-deps, the project)
-#   make test                     voices + env, then pytest on tests/
+#   make test [TEST_JOBS=2]       voices + env, then pytest on tests/ in TEST_JOBS processes (pytest-xdist)
 #   make paper                    voices + env, then execute every notebooks/NN_*.py -> build/executed/full-t1/,
 #                                 refresh figures/
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
@@ -68,6 +68,7 @@ endif
 endif
 
 BENCH_MODEL   ?= qwen3-tts-0.6b-random
+TEST_JOBS     ?= 2
 BENCH_FRAMES_MODEL ?= embedded
 BENCH_BACKEND ?= eager
 BENCH_ARGS    ?=
@@ -100,7 +101,7 @@ $(STAMP): requirements.txt pyproject.toml
 
 # ---- tests ------------------------------------------------------------------------------------------------------
 test: voices $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
 # ---- paper notebooks --------------------------------------------------------------------------------------------
 notebooks: $(NB_BUILD)

@@ -406,7 +406,9 @@ def test_ctrl_c_from_a_real_signal(tmp_path):
     out = tmp_path / "b.json"
     p = subprocess.Popen([sys.executable, "-m", "rvqspec_lib.cli.main", "bench", "--model", "tiny-random",
                           "--repeats", "1000000", "--warmup", "0", "--queries", "1", "--json", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=REPO)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=REPO,
+                         # as from a shell: pytest-xdist's workers ignore SIGINT, and an ignored signal is inherited
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen, deadline = b"", time.monotonic() + 120
     try:
         while b"bench tiny-random" not in seen and time.monotonic() < deadline:

@@ -22,3 +22,20 @@ def pytest_runtest_makereport(item, call):
     if os.environ.get("CI", "").lower() in ("1", "true", "yes") and rep.skipped and not hasattr(rep, "wasxfail"):
         rep.outcome = "failed"
         rep.longrepr = f"skipped under CI (a dependency is missing from .ci/run / make env): {rep.longrepr}"
+
+
+# ---- code predictors shared by the export tests ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cp():
+    """The tiny-random model's code predictor (official classes, seeded random weights), in eval mode."""
+    from rvqspec_lib.models.loader import load_model
+
+    return load_model("tiny-random").code_predictor.eval()
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A code predictor of 4 code groups and 8 codes: the frame graph unrolls every code, so its export stays short."""
+    from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
+
+    return build_from_config(tiny_config_dict(n_code_groups=4, codebook_size=8), seed=0).talker.code_predictor.eval()

@@ -17,22 +17,10 @@ import pytest
 from rvqspec_lib.eval import export_timing as T
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models import export_graphs as G
-from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
-from rvqspec_lib.models.loader import load_model
 
 pytestmark = pytest.mark.slow
 #: Core ML specification version of macOS 15 / iOS 18 (the first with states).
 SPEC_VERSION_MACOS15 = 9
-
-
-@pytest.fixture(scope="module")
-def cp():
-    return load_model("tiny-random").code_predictor.eval()
-
-
-@pytest.fixture(scope="module")
-def small():
-    return build_from_config(tiny_config_dict(n_code_groups=4, codebook_size=8), seed=0).talker.code_predictor.eval()
 
 
 @pytest.mark.parametrize("graph", ["stepped", "verify", "frame"])

@@ -22,11 +22,6 @@ from rvqspec_lib.spec.trees import DraftTree
 TREE = DraftTree.from_paths([(0,), (1,), (0, 0), (0, 0, 0)])
 
 
-@pytest.fixture(scope="module")
-def cp():
-    return load_model("tiny-random").code_predictor.eval()
-
-
 def _ctx(cp, b, seed=0):
     return torch.randn(b, 2, P.talker_hidden_size(cp), generator=torch.Generator().manual_seed(seed))
 

@@ -17,8 +17,6 @@ import torch
 import rvqspec_lib.spec.predictor as P
 from rvqspec_lib.eval import export_timing as T
 from rvqspec_lib.models import export_formats as F
-from rvqspec_lib.models import export_graphs as G
-from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.fused import FusedARFrame
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.spec.decode import decode_frame
@@ -28,17 +26,6 @@ from rvqspec_lib.spec.trees import DraftTree
 
 pytestmark = pytest.mark.slow
 TREE = DraftTree.from_paths([(0,), (1,), (0, 0), (0, 0, 0)])
-
-
-@pytest.fixture(scope="module")
-def cp():
-    return load_model("tiny-random").code_predictor.eval()
-
-
-@pytest.fixture(scope="module")
-def small():
-    """4 code groups, 8 codes: the frame graph unrolls every code, so its export stays short."""
-    return build_from_config(tiny_config_dict(n_code_groups=4, codebook_size=8), seed=0).talker.code_predictor.eval()
 
 
 @pytest.fixture(scope="module")

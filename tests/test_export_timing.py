@@ -13,23 +13,10 @@ import torch
 import rvqspec_lib.spec.predictor as P
 from rvqspec_lib.eval import export_timing as T
 from rvqspec_lib.eval import speed
-from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.cuda_graphs import GraphedBackend, GraphedFrame
 from rvqspec_lib.models.fused import FusedARFrame
-from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.spec.decode import decode_frame
 from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.sampling import Sampling
-
-
-@pytest.fixture(scope="module")
-def cp():
-    return load_model("tiny-random").code_predictor.eval()
-
-
-@pytest.fixture(scope="module")
-def small():
-    return build_from_config(tiny_config_dict(n_code_groups=4, codebook_size=8), seed=0).talker.code_predictor.eval()
 
 
 def test_backend_status_names_what_is_absent_here():

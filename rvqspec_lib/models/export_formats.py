@@ -372,7 +372,21 @@ def open_graph(path, *, threads: int | None = None, compute_unit: str = "CPU_ONL
     raise ValueError(f"{path} is neither an .onnx file nor an .mlpackage")
 
 
-class ExportedBackend:
+class _WorkFolder:
+    """Where an exported backend writes its graph: ``work_dir`` (kept), or a temporary folder removed with it."""
+
+    _tmp = None
+
+    def _work_folder(self, work_dir) -> Path:
+        if work_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="rvqspec-ort-")
+            return Path(self._tmp.name)
+        folder = Path(work_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+
+class ExportedBackend(_WorkFolder):
     """The verify backend protocol (:class:`rvqspec_lib.spec.predictor.VerifyBackend`) over an exported
     hidden-state verify graph: ``decode_frame(..., backend=ExportedBackend(cp))`` runs every verify call of every
     decoder through ONNX Runtime.
@@ -406,9 +420,7 @@ class ExportedBackend:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         t0 = time.perf_counter()
         if path is None:
-            self._tmp = None if work_dir is not None else tempfile.TemporaryDirectory(prefix="rvqspec-ort-")
-            folder = Path(work_dir if work_dir is not None else self._tmp.name)
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = self._work_folder(work_dir)
             path = folder / f"verify-hidden-{dtype}.onnx"
             g = G.VerifyGraph(module_for_format(code_predictor, "onnx", dtype), 4, outputs="hidden").eval()
             export_onnx(g, path, dynamic=True)
@@ -449,7 +461,7 @@ class ExportedBackend:
         return f"ExportedBackend({self.path.name})"
 
 
-class ExportedFrame:
+class ExportedFrame(_WorkFolder):
     """The fused frame through an exported frame graph (ONNX Runtime, or Core ML on a Mac): the interface of
     :class:`~rvqspec_lib.models.fused.FusedARFrame` (``noise``, ``__call__``, ``decode``), so that
     :func:`rvqspec_lib.eval.speed.time_frames` times it as a fused condition.
@@ -467,9 +479,7 @@ class ExportedFrame:
         self.n_codes, self.vocab, self.batch = self._fused.n_codes, self._fused.vocab, int(batch)
         t0 = time.perf_counter()
         if path is None:
-            self._tmp = None if work_dir is not None else tempfile.TemporaryDirectory(prefix="rvqspec-ort-")
-            folder = Path(work_dir if work_dir is not None else self._tmp.name)
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = self._work_folder(work_dir)
             path = folder / f"frame-b{batch}-{dtype}.onnx"
             export_graph(code_predictor, "frame", "onnx", path, dtype=dtype, batch=batch, sampling=sampling)
         self.export_s = time.perf_counter() - t0

@@ -108,3 +108,24 @@ def test_gpu_bench_without_cuda_is_one_line(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "CUDA" in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert not (tmp_path / "g.json").exists()
+
+
+def test_bench_backend_coreml_times_the_packages_call_by_call(tmp_path, capsys, monkeypatch):
+    """The macOS path's wiring (Core ML does not run here): the call-by-call timing is what gets printed and saved."""
+    from rvqspec_lib.eval import export_timing as T
+
+    seen = {}
+
+    def fake_times(cp, work_dir, *, repeats, warmup, seed, progress):
+        seen.update(repeats=repeats, work_dir=work_dir)
+        return {"rows": [{"compute_unit": "CPU_AND_NE", "graph": "verify", "nodes": 32, "median_ms": 2.0,
+                          "p10_ms": 1.9, "p90_ms": 2.1, "ratio_to_stepped": 1.25}],
+                "meta": {"precision": "float16", "macos": "15.1", "machine": "arm64"}}
+
+    monkeypatch.setattr(T, "backend_status", lambda name: (True, ""))
+    monkeypatch.setattr(T, "coreml_call_times", fake_times)
+    out = tmp_path / "c.json"
+    assert main(["bench", "--model", "tiny-random", "--backend", "coreml", "--repeats", "3", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| CPU_AND_NE | verify | 32 |" in text and "Core ML float16, macOS 15.1 arm64" in text
+    assert seen["repeats"] == 3 and json.loads(out.read_text())["backend"] == "coreml"

@@ -49,8 +49,9 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     parser.add_argument("--backend", default=None, help="instead of call latencies: frame times of AR, the fused AR "
-                        "frame, Chain(4) and the default tree through one verify backend (eager, compile, onnx, "
-                        "cuda), one interleaved run (rvqspec_lib.eval.export_timing.bench_backend)")
+                        "frame, Chain(4) and the trees through one verify backend (eager, compile, onnx, cuda), "
+                        "one interleaved run (rvqspec_lib.eval.export_timing.bench_backend); coreml (macOS 15+): the "
+                        "exported packages timed call by call per compute unit")
     return parser
 
 

@@ -197,6 +197,34 @@ def _bench_inputs(lm, model: str, *, seed: int = 0, n: int = 16):
         return random_contexts(cp, n, seed=seed), decoders, f"{n} random contexts (tokens per call mean little)"
 
 
+def _bench_coreml(args) -> int:
+    """``bench --backend coreml`` on macOS 15+: the stepped graph, the fused verify graph at N = 2..64 and the fused
+    frame as Core ML packages, timed call by call per compute unit (:func:`rvqspec_lib.eval.export_timing.
+    coreml_call_times`); AR's frame is ``n_codes + 1`` stepped calls, so ``ratio_to_stepped`` is the verify cost
+    curve t(N)/t(1) of each compute unit."""
+    import tempfile
+
+    from rvqspec_lib.common.provenance import provenance, save_json
+    from rvqspec_lib.eval import export_timing as T
+    from rvqspec_lib.eval.speed import format_rows
+    from rvqspec_lib.models.loader import load_model
+
+    lm = load_model(args.model, seed=getattr(args, "seed", 0))
+    with tempfile.TemporaryDirectory(prefix="rvqspec-coreml-") as work:
+        res = T.coreml_call_times(lm.code_predictor.eval(), work, repeats=args.repeats,
+                                  warmup=getattr(args, "warmup", 3), seed=getattr(args, "seed", 0),
+                                  progress=not getattr(args, "no_progress", False) and sys.stderr.isatty())
+    print(format_rows(res["rows"], ["compute_unit", "graph", "nodes", "median_ms", "p10_ms", "p90_ms",
+                                    "ratio_to_stepped"]))
+    print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), Core ML {res['meta'].get('precision')}, "
+          f"macOS {res['meta'].get('macos')} {res['meta'].get('machine')}")
+    if getattr(args, "json_path", None):
+        save_json({**res, "model": args.model, "backend": "coreml"}, args.json_path,
+                  provenance({"model": args.model, "backend": "coreml", "repeats": args.repeats}))
+        print(f"wrote {args.json_path}")
+    return 0
+
+
 def run_bench_backend(args) -> int:
     """What ``rvqspec bench --backend NAME`` runs: frame times of AR, the fused frame, ``Chain(4)``, the default tree
     and the model's calibrated tree of N = 4 (when it ships one) through ONE backend (:func:`rvqspec_lib.eval.export_timing.bench_backend`), printed as a table.
@@ -216,6 +244,8 @@ def run_bench_backend(args) -> int:
     ok, why = T.backend_status(name)
     if not ok:
         return _die(f"--backend {name} is not available here: {why}")
+    if name == "coreml":  # macOS 15+ (checked above): the packages are timed call by call per compute unit
+        return _bench_coreml(args)
     device = "cuda" if name == "cuda" else getattr(args, "device", "cpu")
     try:
         lm = load_model(args.model, device=device, seed=getattr(args, "seed", 0))

@@ -40,6 +40,15 @@ def test_export_bad_input_is_one_line_before_loading(tmp_path, capsys, monkeypat
     assert rc == 2 and err.startswith("rvqspec: error: ") and needle in err and err.count("\n") == 1, err
 
 
+def test_export_tree_rank_outside_the_codebook_is_one_line(tmp_path, capsys):
+    out = tmp_path / "ex"
+    assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--tree", "0;5000",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--tree rank 5000 is out of range for this model's codebook of 2048 codes" in err and err.count("\n") == 1
+    assert not list(out.glob("*")) if out.exists() else True  # nothing written
+
+
 def test_export_out_must_be_a_folder_with_a_parent(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(loader, "load_model", _no_load)
     (tmp_path / "f").write_text("x")

@@ -29,7 +29,7 @@ DTYPES = ("float32", "float16")
 TARGETS = ("macOS15", "iOS18")
 
 
-from rvqspec_lib.cli.common import _die, add_threads_arg
+from rvqspec_lib.cli.common import _die, add_threads_arg, check_tree_ranks
 
 
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -129,6 +129,8 @@ def run(args, threads: int = 1) -> int:
         lm = load_model(args.model)
         cp = lm.code_predictor.eval()
         G.check_exportable(cp)
+        if tree is not None:
+            check_tree_ranks([tree], int(cp.config.vocab_size))
     except ValueError as e:
         return _die(str(e))
     out = Path(args.out)

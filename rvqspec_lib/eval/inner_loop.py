@@ -21,6 +21,19 @@ from rvqspec_lib.spec.decoders import AR
 from rvqspec_lib.spec.sampling import Sampling
 
 
+def speaker_batches(utterances: Sequence, batch_size: int) -> list[list[int]]:
+    """Indices of ``utterances`` (each with ``speaker`` and ``codes`` (frames, G)) grouped into batches of at most
+    ``batch_size`` that share one speaker, shortest first within a speaker (so a batch's frame caps are alike)."""
+    order = sorted(range(len(utterances)), key=lambda i: (str(utterances[i].speaker), utterances[i].codes.shape[0]))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and len(batches[-1]) < batch_size and utterances[batches[-1][0]].speaker == utterances[i].speaker:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 def default_sampling(lm: LoadedModel, loop: str = "code_predictor") -> Sampling:
     """The checkpoint's sampling knobs (``generation_config.json``; temperature 0.9, top-k 50 by default)."""
     return Sampling.from_generation_config(lm.generation or {}, loop=loop)
@@ -127,13 +140,7 @@ def free_running_codes(lm: LoadedModel, utts: Sequence, *, max_frames: int = 300
     from rvqspec_lib.models.frame import synthesize
 
     us = [as_utterance(u) for u in utts]
-    order = sorted(range(len(us)), key=lambda i: (str(us[i].speaker), us[i].codes.shape[0]))
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and len(batches[-1]) < batch_size and us[batches[-1][0]].speaker == us[i].speaker:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
+    batches = speaker_batches(us, batch_size)
     out: list[dict | None] = [None] * len(us)
     gen = torch.Generator().manual_seed(seed)
     for b in tqdm(batches, desc="free-running", unit="batch", disable=not progress):

@@ -33,6 +33,7 @@ import torch
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.eval.inner_loop import speaker_batches
 from rvqspec_lib.models.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.spec import predictor as P
 from rvqspec_lib.spec.decode import decode_frame
@@ -540,13 +541,7 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
     us = [as_utterance(u) for u in utterances]
     if REFERENCE not in decoders:
         raise ValueError(f"decoders must include the reference {REFERENCE!r} (AR)")
-    order = sorted(range(len(us)), key=lambda i: (str(us[i].speaker), us[i].codes.shape[0]))
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and len(batches[-1]) < batch_size and us[batches[-1][0]].speaker == us[i].speaker:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
+    batches = speaker_batches(us, batch_size)
     sr = int(codec.sample_rate)
     frames, ended, hyps = {}, {}, {}
     for label, dec in decoders.items():

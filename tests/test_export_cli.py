@@ -73,6 +73,16 @@ def test_export_onnx_verify_graph_writes_a_checked_file(tmp_path, capsys):
     assert info["provenance"]["params"]["threads"] == 1
 
 
+def test_the_parsers_copies_of_the_names_agree_with_the_library():
+    from rvqspec_lib.cli import bench, export
+    from rvqspec_lib.eval import export_timing as T
+    from rvqspec_lib.models import export_formats as F
+    from rvqspec_lib.models import export_graphs as G
+
+    assert bench.BACKENDS == T.BACKENDS
+    assert export.GRAPHS == tuple(G.GRAPHS) and set(export.FORMATS) == set(F.FORMATS)
+
+
 def test_bench_backend_refuses_unknown_and_absent_backends(capsys, monkeypatch):
     monkeypatch.setattr(loader, "load_model", _no_load)
     assert main(["bench", "--model", "tiny-random", "--backend", "tpu"]) == 2

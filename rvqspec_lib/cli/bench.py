@@ -11,6 +11,10 @@ import time
 from rvqspec_lib.cli.common import add_threads_arg, apply_threads
 from rvqspec_lib.eval.bench import DEFAULT_QUERY_SIZES
 
+#: ``--backend`` values: rvqspec_lib.eval.export_timing.BACKENDS, repeated here so that the parser does not import
+#: torch (tests/test_export_cli.py checks that the two agree).
+BACKENDS = ("eager", "compile", "onnx", "coreml", "cuda")
+
 #: Largest --queries value: a verify call over more nodes is not a draft tree.
 MAX_QUERIES = 1024
 
@@ -71,9 +75,8 @@ def check_args(args) -> None:
     dev = str(args.device)
     if not (dev == "cpu" or dev.startswith(("cuda", "mps"))):
         raise ValueError(f"--device {dev!r}: use cpu, cuda[:N] or mps")
-    backends = ("eager", "compile", "onnx", "coreml", "cuda")  # rvqspec_lib.eval.export_timing.BACKENDS
-    if args.backend is not None and args.backend not in backends:
-        raise ValueError(f"unknown --backend {args.backend!r}: use one of {', '.join(backends)}")
+    if args.backend is not None and args.backend not in BACKENDS:
+        raise ValueError(f"unknown --backend {args.backend!r}: use one of {', '.join(BACKENDS)}")
 
 
 def run(args: argparse.Namespace, threads: int) -> int:

@@ -33,11 +33,12 @@ smoke = False  # True: 3 short sentences, codebooks (1, 16), 3 calibration and 1
 out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
 threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
 n_sentences = 40  # held-out evaluation sentences for the codec measurements (section 3)
-codebooks = (1, 2, 4, 8, 16)  # k: decode with the first k codebooks
+codebooks = tuple(range(1, 17))  # k: decode with the first k codebooks (every k of 1..16)
 voices = ("slt", "kal16", "awb", "rms")  # flite English voices, used in turn
 n_calibration = 0  # calibration sentences rendered for the table; 0: all shipped ones
 n_multilingual = 0  # multilingual sentences per language rendered for the table; 0: all shipped ones
 work_dir = ""  # where rendered audio goes; "": build/00_corpus (smoke: <out_dir>/00_work). Reruns reuse it.
+asr = "auto"  # English recogniser: auto = whisper-tiny.en (Whisper offline); pocketsphinx, whisper:PATH, parakeet:PATH
 
 # %%
 import json
@@ -54,6 +55,7 @@ from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 
 from rvqspec_lib.eval import asr as asr_mod
+from rvqspec_lib.eval.asr_models import check_asr_name, recogniser as make_recogniser
 from rvqspec_lib.embedded import corpus
 from rvqspec_lib.models.rvq_codec import RVQCodec
 from rvqspec_lib.models.audio import load_wav
@@ -62,6 +64,9 @@ from rvqspec_lib.eval.inner_loop import score_conditions
 from rvqspec_lib.common.provenance import REPO_ROOT, provenance, resolve_out_dir, save_figure, save_json, save_table
 
 t_start = time.perf_counter()
+check_asr_name(asr)  # a bad recogniser name or model folder: one line, before any work
+if asr == "none":
+    raise ValueError("this notebook measures WER and CER: choose a recogniser (asr = \"auto\")")
 if threads:
     torch.set_num_threads(int(threads))
 run_codebooks = tuple(int(k) for k in ((1, 16) if smoke else codebooks))
@@ -85,7 +90,7 @@ root_name = str(root.relative_to(REPO_ROOT)) if root.is_relative_to(REPO_ROOT) e
 params = dict(model=str(model), root=root_name, seed=seed, smoke=bool(smoke), out_dir=str(out), work_dir=str(work),
               threads=torch.get_num_threads(), n_sentences=run_n_sentences, codebooks=list(run_codebooks),
               voices=list(voices), n_calibration=run_n_calibration, n_multilingual=run_n_multilingual,
-              notebook="00_corpus_and_codec")
+              asr=str(asr), notebook="00_corpus_and_codec")
 print(f"model data {root}\noutputs -> {out}\nrendered audio -> {work}")
 
 # %% [markdown]
@@ -306,7 +311,7 @@ for i, (s, v, p) in enumerate(tqdm(eval_items, desc="codec sweep", unit="utt")):
         audio[r["condition"]].append(r["audio"])
         lsd[r["condition"]]["feature_lsd_db"].append(r["feature_lsd_db"])
         lsd[r["condition"]]["audio_lsd_db"].append(r["audio_lsd_db"])
-recogniser = asr_mod.PocketSphinxASR()
+recogniser = make_recogniser(asr, "en", refs)  # default: Whisper tiny.en (open vocabulary, offline)
 scores = score_conditions(audio, refs, recogniser, sample_rate=cfg.sample_rate, progress=True)
 cers = {c: asr_mod.cer(refs, scores[c]["hypotheses"]) for c in conditions}
 quality = []
@@ -320,12 +325,13 @@ for c in conditions:
                     "feature_lsd_db": float(np.mean(lsd[c]["feature_lsd_db"])),
                     "audio_lsd_db": float(np.mean(lsd[c]["audio_lsd_db"])), "n": len(refs)})
 prov = provenance(params, seed=seed)  # after the measurement: the load recorded is the one it ran under
-prov_q = {**prov, "asr": recogniser.name + " (default LM)", "codec": f"{root_name}/codec.safetensors"}
+prov_q = {**prov, "asr": recogniser.name, "codec": f"{root_name}/codec.safetensors"}
 save_table(quality, out / "00_codec_quality", prov_q)
 pd.DataFrame(quality)
 
 # %%
 ks = list(run_codebooks)
+k_ticks = [k for k in ks if k & (k - 1) == 0] or ks  # powers of two on the log axis
 wer_k = [scores[f"k={k}"]["wer"] for k in ks]
 fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.0, 3.4), constrained_layout=True)
 ax0.plot(ks, wer_k, "o-", color="C0", label=f"codec, first k codebooks ({codec.decoder_kind} decoder)")
@@ -335,9 +341,9 @@ if codec.decoder_kind != "table":
 ax0.axhline(scores["original"]["wer"], color="k", ls="--", label="original audio")
 ax0.axhline(scores["unquantised"]["wer"], color="C2", ls=":", label="inversion only (unquantised)")
 ax0.set_xscale("log", base=2)
-ax0.set_xticks(ks, [str(k) for k in ks])
+ax0.set_xticks(k_ticks, [str(k) for k in k_ticks])
 ax0.set_xlabel("codebooks used, k")
-ax0.set_ylabel("WER (PocketSphinx, default LM)")
+ax0.set_ylabel(f"WER ({recogniser.name})")
 ax0.set_ylim(0, max(1.05 * max(wer_k + [scores["original"]["wer"], scores["unquantised"]["wer"]]), 0.1))
 ax0.legend(fontsize=8)
 ax0.grid(alpha=0.3)
@@ -347,7 +353,7 @@ ax1.plot(ks, [np.mean(lsd[f"k={k}"]["audio_lsd_db"]) for k in ks], "s-", color="
          label="output audio vs original")
 ax1.axhline(np.mean(lsd["unquantised"]["audio_lsd_db"]), color="C2", ls=":", label="inversion only")
 ax1.set_xscale("log", base=2)
-ax1.set_xticks(ks, [str(k) for k in ks])
+ax1.set_xticks(k_ticks, [str(k) for k in k_ticks])
 ax1.set_xlabel("codebooks used, k")
 ax1.set_ylabel("log-spectral distance (dB)")
 ax1.set_ylim(bottom=0)
@@ -374,7 +380,7 @@ metrics = {
     "n_sentences": len(refs),
     "codebooks": list(run_codebooks),
     "voices": sorted({v for _, v, _ in eval_items}),
-    "asr": recogniser.name + " (default LM)",
+    "asr": recogniser.name,
     "wer": {c: scores[c]["wer"] for c in conditions},
     "wer_without_outliers": {c: scores[c]["wer_without_outliers"] for c in conditions},
     "cer": {c: cers[c].rate for c in conditions},
@@ -389,5 +395,6 @@ metrics = {
     "wall_s": time.perf_counter() - t_start,
 }
 save_json(metrics, out / "00_metrics.json", prov_q)
-display(Markdown(f"WER by condition ({len(refs)} sentences, {recogniser.name}, default LM): " + ", ".join(
-    f"{c} {metrics['wer'][c]:.3f}" for c in conditions) + f". Run time {metrics['wall_s']:.0f} s."))
+display(Markdown(f"WER / CER by condition ({len(refs)} sentences, {recogniser.name}): " + ", ".join(
+    f"{c} {metrics['wer'][c]:.3f} / {metrics['cer'][c]:.3f}" for c in conditions)
+    + f". Run time {metrics['wall_s']:.0f} s."))

@@ -63,7 +63,7 @@ free_running = True  # also measure free running (English)
 n_free_running = 30  # utterances for free running
 free_running_all = True  # free running with every decoder (False: AR, its null control and the lossy control)
 free_running_max_frames = 300  # frame cap of free running (utterances that hit it are outliers)
-asr = "auto"  # auto (PocketSphinx + prompt bigram for English), none, pocketsphinx, whisper:PATH, parakeet:PATH
+asr = "auto"  # auto = whisper-tiny.en (Whisper offline) for English; pocketsphinx, pocketsphinx-prompt (prompt-informed), whisper:PATH, parakeet:PATH, none
 fleurs = ""  # real checkpoints: a Fleurs folder (save_to_disk, one folder per config: de_de, ...) or hub id
 librispeech = ""  # real checkpoints: a LibriSpeech folder for the tree calibration (the paper's)
 dataset = ""  # passed by the Makefile to every notebook (notebook 02's VoxPopuli); not used here
@@ -85,15 +85,18 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figu
 from rvqspec_lib.embedded.eval_sets import calibrate_decoders, calibration_data, evaluation_data
 from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval import wer_parity as W
-from rvqspec_lib.eval.asr_models import recogniser
+from rvqspec_lib.eval.asr import cer as cer_of, wer as wer_of
+from rvqspec_lib.eval.asr_models import check_asr_name, recogniser
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.speech_tokenizers import load_codec
+from rvqspec_lib.models.teacher import as_utterance
 from rvqspec_lib.models.tree_files import save_calibration, tree_from_calibration
 from rvqspec_lib.models.utterances import embedded_root
 from rvqspec_lib.spec.decoders import is_lossless
 from rvqspec_lib.spec.drafters import ReusedHeads
 
 t_start = time.perf_counter()
+check_asr_name(asr)  # a bad recogniser name or model folder: one line, before the model loads
 if smoke:
     n_sentences, n_multilingual, languages = 3, 1, ("en", "de")
     replicates, replicates_multilingual = 1, 2
@@ -191,15 +194,25 @@ asr_label = en["asr"] if en else None
 prov = provenance(params, seed=seed)
 prov_wer = {**prov, "asr": asr_label, "audio": "inner loop only: true code 0 + generated codes 1..15, "
                                               "table decoder"}
-wer_rows = []
+wer_rows, true_codes = [], None
+if en is not None and en["wer"] is not None:  # the floor: the TRUE codes through the same codec, no decoding
+    rec_en = recogniser(asr, "en", refs_en)
+    true_hyps = W.transcribe_all(rec_en, [W.codes_to_audio(audio_codec, as_utterance(u).codes)
+                                           for u in data["en"]["utterances"]],
+                                 int(audio_codec.sample_rate), desc="asr true codes", progress=True)
+    true_codes = {"wer": wer_of(refs_en, true_hyps).rate, "cer": cer_of(refs_en, true_hyps).rate,
+                  "hypotheses": true_hyps}
 for label, w in (en["wer"] or {}).items():
     vs = w.get("vs_reference") or {}
     wer_rows.append({"decoder": label + ("" if en["decoders"][label]["lossless"] else " (LOSSY control)"),
-                     "wer": w["rate"], "wer_without_outliers": w["rate_without_outliers"],
+                     "wer": w["rate"], "cer": w.get("cer"), "wer_without_outliers": w["rate_without_outliers"],
                      "outliers": w["n_outliers"], "diff_vs_ar": vs.get("difference"), "ci95_low": vs.get("ci_low"),
                      "ci95_high": vs.get("ci_high"), "p_value": vs.get("p_value"), "flagged": vs.get("detected"),
                      "mde80": vs.get("mde80"), "n_utterances": vs.get("n_utterances", len(refs_en)),
                      "tokens_per_call": en["tokens_per_call"][label]["value"]})
+if true_codes is not None:  # the row every decoder's WER is read against
+    wer_rows.append({"decoder": "true codes (codec resynthesis, no decoding)", "wer": true_codes["wer"],
+                     "cer": true_codes["cer"], "n_utterances": len(refs_en)})
 save_table(wer_rows, out / "04_wer_parity", prov_wer)
 pd.DataFrame(wer_rows)
 
@@ -243,11 +256,12 @@ if free_running and en is not None and en["wer"] is not None:
                                  asr=recogniser(asr, "en", [u.text for u in utts]), seed=seed,
                                  max_frames=free_running_max_frames, progress=True)
     free_rows = [{"decoder": label + ("" if en["decoders"][label]["lossless"] else " (LOSSY control)"),
-                  "wer": w["rate"], "wer_without_outliers": w["rate_without_outliers"], "outliers": w["n_outliers"],
-                  "diff_vs_ar": (w.get("vs_reference") or {}).get("difference"),
+                  "wer": w["rate"], "cer": w.get("cer"), "wer_without_outliers": w["rate_without_outliers"],
+                  "outliers": w["n_outliers"], "diff_vs_ar": (w.get("vs_reference") or {}).get("difference"),
                   "ci95_low": (w.get("vs_reference") or {}).get("ci_low"),
                   "ci95_high": (w.get("vs_reference") or {}).get("ci_high"),
-                  "p_value": (w.get("vs_reference") or {}).get("p_value"), "n_utterances": k,
+                  "p_value": (w.get("vs_reference") or {}).get("p_value"),
+                  "mde80": (w.get("vs_reference") or {}).get("mde80"), "n_utterances": k,
                   "ended_by_itself": sum(free["ended"][label])}
                  for label, w in free["wer"].items()]
     save_table(free_rows, out / "04_free_running", {**prov_wer, "audio": "free running (talker and inner loop "
@@ -332,6 +346,11 @@ if lossy is not None:
         lines.append(f"Its inner-loop WER difference {lossy['wer_diff']:+.3f} [{lossy['wer_ci_low']:+.3f}, "
                      f"{lossy['wer_ci_high']:+.3f}] is not significant: detecting it with power 0.8 would need about "
                      f"{lossy['sentences_needed']:.0f} sentences (this run: {en['n_utterances']}).")
+null_wer = ((en or {}).get("wer") or {}).get(W.NULL_CONTROL, {}).get("vs_reference")
+if null_wer:
+    lines.append(f"**Power of the WER test** (English, {asr_label}, {null_wer['n_utterances']} utterances paired "
+                 f"against AR, level {null_wer['alpha']:.1e}): a WER difference of {null_wer['mde80']:.3f} is found "
+                 "with power 0.8 (from the spread of AR under other seeds).")
 if summary is not None:
     lines.append(f"**Power of the code test** (English, {summary['n_per_sample']} codes per depth and decoder, one "
                  f"depth's test at level {summary['level']:.1e}): {summary['power_rank']:.3f} against any total-"
@@ -356,6 +375,7 @@ metrics = {
     "n_frames": {lang: results[lang]["n_frames"] for lang in languages},
     "wer": {k: {kk: vv for kk, vv in v.items() if kk != "per_utterance"} for k, v in (en["wer"] or {}).items()}
     if en else None,
+    "true_codes": None if true_codes is None else {k: v for k, v in true_codes.items() if k != "hypotheses"},
     "free_running": None if free is None else {k: {kk: vv for kk, vv in v.items() if kk != "per_utterance"}
                                                for k, v in free["wer"].items()},
     "code_tests": {lang: results[lang]["distribution"]["summary"] for lang in languages},

@@ -126,7 +126,7 @@ def main(argv=None) -> dict:
     # 5. WER
     refs = [r["text"] for r in eval_rows]
     recognisers = {"default-lm": asr_mod.PocketSphinxASR(),
-                   "prompt-bigram-lm": asr_mod.PocketSphinxASR.from_texts(refs, workdir=out / "lm")}
+                   "prompt-informed-bigram-lm": asr_mod.PocketSphinxASR.from_texts(refs, workdir=out / "lm")}
     result["wer"] = {}
     t0 = time.perf_counter()
     for lm_name, rec in recognisers.items():

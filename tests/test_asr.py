@@ -126,12 +126,12 @@ def test_pocketsphinx_transcribes_flite(sphinx, flite_wav):
 def test_pocketsphinx_prompt_bigram(flite_wav, tmp_path):
     asr = PocketSphinxASR.from_texts(["The quick brown fox jumps over the lazy dog.", "Hello world, this is a test."],
                                      workdir=tmp_path)
-    assert asr.name == "pocketsphinx+prompt-bigram" and (tmp_path / "prompt-bigram.arpa").is_file()
+    assert asr.name == "pocketsphinx+prompt-informed-bigram" and (tmp_path / "prompt-bigram.arpa").is_file()
     assert wer(["The quick brown fox jumps over the lazy dog."], [asr.transcribe(flite_wav, 24000)]).rate == 0
 
 
 def test_missing_models_raise_clearly(tmp_path):
-    with pytest.raises(FileNotFoundError, match="PocketSphinxASR"):
+    with pytest.raises(FileNotFoundError, match="whisper-tiny.en"):
         TransformersASR(str(tmp_path / "whisper-not-here"))
     with pytest.raises(FileNotFoundError, match="no language model"):
         PocketSphinxASR(lm=tmp_path / "none.arpa")

@@ -267,7 +267,8 @@ def test_recogniser_names():
 
     assert recogniser("none", "en") is None and recogniser("auto", "de") is None
     assert isinstance(recogniser("pocketsphinx", "en"), PocketSphinxASR)
-    assert "prompt-bigram" in recogniser("auto", "en", ["hello world"]).name
+    assert "prompt-informed" in recogniser("pocketsphinx-prompt", "en", ["hello world"]).name
+    assert recogniser("pocketsphinx-prompt", "de", ["hallo"]) is None
     with pytest.raises(ValueError, match="unknown recogniser"):
         recogniser("kaldi", "en")
     with pytest.raises(FileNotFoundError):

@@ -26,6 +26,8 @@ def _run(argv, capsys):
     (["--model", "embedded", "--decoders", "chain:12"], "window"),
     (["--model", "embedded", "--languages", "en,xx"], "unknown language 'xx'"),
     (["--model", "embedded", "--asr", "kaldi"], "unknown recogniser"),
+    (["--model", "embedded", "--asr", "whisper:/no/such/whisper"], "no Whisper model folder at /no/such/whisper"),
+    (["--model", "embedded", "--asr", "whisper:data"], "data is not a Whisper model"),  # a folder, no model in it
     (["--model", "embedded", "--codec", "c.safetensors"], "--codec is used only with --dataset"),
     (["--model", "embedded", "--json", "/no/such/dir/out.json"], "does not exist"),
     (["--model", "tiny-random", "--languages", "de", "--decoders", "ar"], "no evaluation data for de"),
@@ -62,5 +64,8 @@ def test_small_run_on_the_embedded_model(tmp_path, capsys):
     assert "LOSSY control" in out and "tokens/call" in out
     assert res["table1"] == [{"split": "evaluation", "role": "WER parity, Table 3", "language": "en", "samples": 2,
                               "hours": res["table1"][0]["hours"], "frames": res["results"]["en"]["n_frames"]}]
-    assert res["results"]["en"]["asr"] == "pocketsphinx+prompt-bigram"
+    assert res["results"]["en"]["asr"] == "whisper-tiny.en"  # the default English recogniser
     assert set(res["results"]["en"]["wer"]) == {"ar", "ar-seed2", "chain4", "ssd-lossy-b0.4-w4"}
+    # CER beside WER, in the results and in Table 3
+    assert all(0 <= w["cer"] < 10 for w in res["results"]["en"]["wer"].values())
+    assert all("cer" in r and "wer" in r for r in res["table3"]) and " CER " in out

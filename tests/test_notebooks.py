@@ -105,6 +105,7 @@ def _check_00(metrics: dict, out: Path) -> None:
         assert set(metrics[key]) == conditions, key
         assert all(v is not None and 0 <= v < math.inf for v in metrics[key].values()), (key, metrics[key])
     assert len(metrics["references"]) == 3 and all(len(h) == 3 for h in metrics["hypotheses"].values())
+    assert metrics["asr"] == "whisper-tiny.en"  # the default English recogniser
     lsd = metrics["feature_lsd_db"]
     assert lsd["original"] == lsd["unquantised"] == metrics["audio_lsd_db"]["original"] == 0
     assert lsd["k=1"] > 0 and lsd["k=16"] > 0 and metrics["audio_lsd_db"]["unquantised"] > 0
@@ -252,6 +253,7 @@ def _check_03(metrics: dict, out: Path) -> None:
 
 def _check_04(metrics: dict, out: Path) -> None:
     import csv
+    import math
 
     from rvqspec_lib.models.tree_files import load_calibration
 
@@ -289,7 +291,13 @@ def _check_04(metrics: dict, out: Path) -> None:
         assert all(0 <= s["power_rank"] <= 1 and 0 <= s["min_p_holm"] <= 1 for s in summ.values())
     assert {(v["language"], v["decoder"]) for v in metrics["verdicts"]} == {
         (lang, k) for lang in metrics["languages"] for k in decs if k != "ar"}
-    assert "prompt-bigram" in metrics["asr"]["en"] and metrics["asr"]["de"] is None
+    assert metrics["asr"]["en"] == "whisper-tiny.en" and metrics["asr"]["de"] is None
+    # CER beside WER, inner loop and free running, and the true codes' resynthesis as the reference row
+    assert all(0 <= w["cer"] < math.inf for w in [*metrics["wer"].values(), *metrics["free_running"].values()])
+    assert 0 <= metrics["true_codes"]["wer"] < math.inf and 0 <= metrics["true_codes"]["cer"] < math.inf
+    with (out / "04_wer_parity.csv").open() as f:
+        wer_table = list(csv.DictReader(f))
+    assert [r["decoder"] for r in wer_table][-1].startswith("true codes") and all(r["cer"] for r in wer_table)
     assert set(metrics["wer"]) == set(decs) and "vs_reference" in metrics["wer"][lossy[0]]
     assert set(metrics["free_running"]) == {"ar", "ar-seed2", lossy[0]}
     assert len(metrics["hypotheses"]["ar"]) == len(metrics["references"]) == 3

@@ -181,7 +181,10 @@ def test_wer_parity_pairs_against_the_reference():
     assert out["same"]["vs_reference"]["difference"] == 0
     assert out["loop"]["n_outliers"] == 1 and out["loop"]["outliers"][0]["index"] == 3
     assert out["loop"]["vs_reference"]["n_outliers_either"] == 1
+    # CER beside WER: "far" and "there" deleted, 8 of 49 characters (spaces removed)
+    assert out["ar"]["cer"] == pytest.approx(8 / 49) and out["same"]["cer"] == out["ar"]["cer"]
     assert W.wer_parity({"ar": ["ab"], "x": ["ab"]}, ["ab"], unit="char")["ar"]["unit"] == "char"
+    assert "cer" not in W.wer_parity({"ar": ["ab"], "x": ["ab"]}, ["ab"], unit="char")["ar"]  # the rate is CER
     with pytest.raises(ValueError, match="reference"):
         W.wer_parity({"x": refs}, refs)
 

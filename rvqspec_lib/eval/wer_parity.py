@@ -406,7 +406,8 @@ def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, 
             true frames, whether the frame cap stopped it), per label.
     Returns:
         ``{label: {"rate", "rate_without_outliers", "n_outliers", "outliers": [{index, why, ref, hyp}],
-        "vs_reference": paired dict (absent for the reference), "per_utterance": [rate]}}``.
+        "vs_reference": paired dict (absent for the reference), "per_utterance": [rate]}}``; with
+        ``unit="word"`` also ``"cer"`` (corpus character error rate of the same transcripts, outliers included).
     Raises:
         ValueError: the reference is missing; transcripts of another length than ``refs``.
     """
@@ -429,6 +430,8 @@ def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, 
                  "outliers": [{"index": i, "why": x, "ref": er.utterances[i]["ref"], "hyp": er.utterances[i]["hyp"]}
                               for i, x in enumerate(w) if x],
                  "per_utterance": [float(u["rate"]) for u in er.utterances]}
+        if unit == "word":  # CER beside WER: the same transcripts, characters (spaces removed) instead of words
+            entry["cer"] = error_rates(refs, hypotheses[label], "char").rate
         if label != reference:
             entry["vs_reference"] = S.paired_wer_difference(er.utterances, rates[reference].utterances,
                                                             outliers_a=w, outliers_ref=why[reference], alpha=alpha,
@@ -593,6 +596,8 @@ def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dic
                 metric = "cer" if res["unit"] == "char" else "wer"
                 row.update({metric: w["rate"], f"{metric}_without_outliers": w["rate_without_outliers"],
                             "outliers": w["n_outliers"]})
+                if metric == "wer" and w.get("cer") is not None:
+                    row["cer"] = w["cer"]
                 vs = w.get("vs_reference")
                 if vs:
                     row.update({"diff_vs_ar": vs["difference"], "diff_ci_low": vs["ci_low"],

@@ -1,0 +1,204 @@
+"""Precision as the user's choice: the code predictor in float32, bfloat16 or int8 weights, checked against the CPU.
+
+Precisions (docs/precision.md):
+
+* ``float32``: the official module as loaded (every CPU runs it natively).
+* ``bfloat16``: weights and activations in bfloat16 (``module.to(torch.bfloat16)``); needs AVX512-BF16 or AMX-BF16
+  on a CPU to run natively.
+* ``int8``: weight-only int8. Every ``nn.Linear`` of the code predictor (the decoder layers' projections, the
+  per-depth heads, ``small_to_mtp_projection``) becomes an :class:`Int8Linear`: int8 weights with one float scale per
+  output channel (symmetric, ``scale = max|w_row| / 127``); the rest of the module (embeddings, RMSNorms) and every
+  activation is bfloat16. The matmul is torch's own weight-only int8 kernel ``torch._weight_int8pack_mm`` (the
+  kernel torchao's and gpt-fast's int8 weight-only modes run on CPUs), which converts the int8 weights in registers
+  and multiplies in floating point. Activations are never quantised, so each row of a verify call is computed
+  from that row alone, as in an AR call: speculation stays lossless with respect to AR in this precision. (Dynamic
+  quantisation, ``torch.ao.quantization.quantize_dynamic``, quantises activations with one scale per TENSOR, i.e.
+  over all rows of a verify call at once: a row's result would then depend on the other nodes of the tree, and a
+  verify call would no longer compute what the AR call computes.) The kernel's float32-activation path is a scalar
+  loop about 10x slower than its bfloat16 path on this project's machines, hence bfloat16 activations; int8 therefore
+  needs what bfloat16 needs (AVX512-BF16 or AMX-BF16). The int8 dot-product instructions (AVX512-VNNI, AVX-VNNI,
+  AMX-INT8) are reported by :func:`cpu_features` but not used by a weight-only kernel.
+
+Capability comes from the CPU flags in ``/proc/cpuinfo`` (:func:`cpu_flags`); :func:`native_precisions` says which
+precisions the CPU runs natively, :func:`check_precision` raises the one-line error a command prints, and
+:func:`apply_precision` converts ``model.talker.code_predictor`` (the official module) in place and returns it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: The precisions a user can choose (``--dtype``), in the order tables show them.
+PRECISIONS = ("float32", "bfloat16", "int8")
+#: CPU flags (as /proc/cpuinfo spells them) that give native bfloat16 arithmetic.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+#: CPU flags that give int8 dot products (reported; the weight-only int8 kernel does not use them).
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+#: The float dtype each precision's activations (and non-linear weights) are held in.
+ACTIVATION_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.bfloat16}
+#: ``torch._weight_int8pack_mm`` needs the input width to be a multiple of this (measured on torch 2.13.0: other
+#: widths give wrong results or crash); other layers use the dequantised weight through ``F.linear``.
+INT8PACK_K_MULTIPLE = 16
+
+_NEEDS = {"bfloat16": "AVX512-BF16 or AMX-BF16",
+          "int8": "AVX512-BF16 or AMX-BF16 (its activations are bfloat16; its weights are read as int8)"}
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags, as the first ``flags`` line of ``/proc/cpuinfo`` lists them.
+
+    Returns:
+        a frozenset of lower-case flag names (e.g. ``"avx512_bf16"``); empty where the file is absent or has no
+        ``flags`` line (not Linux, or not x86).
+    """
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.lower().split())
+    return frozenset()
+
+
+def cpu_features(flags: frozenset[str] | None = None) -> dict:
+    """The flags that matter for the precisions, present or not.
+
+    Args:
+        flags: CPU flags (default :func:`cpu_flags` of this machine).
+
+    Returns:
+        ``{"bf16": [...], "int8_dot": [...], "avx512f": bool, "avx2": bool}``: the present flags of
+        :data:`BF16_FLAGS` and :data:`INT8_DOT_FLAGS`, and whether AVX512F / AVX2 are present.
+    """
+    flags = cpu_flags() if flags is None else frozenset(flags)
+    return {"bf16": [f for f in BF16_FLAGS if f in flags], "int8_dot": [f for f in INT8_DOT_FLAGS if f in flags],
+            "avx512f": "avx512f" in flags, "avx2": "avx2" in flags}
+
+
+def native_precisions(flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    """Which of :data:`PRECISIONS` this CPU runs natively: float32 always, bfloat16 and int8 where a flag of
+    :data:`BF16_FLAGS` is present (module docstring: why int8 needs it).
+
+    Args:
+        flags: CPU flags (default :func:`cpu_flags` of this machine).
+    """
+    flags = cpu_flags() if flags is None else frozenset(flags)
+    bf16 = any(f in flags for f in BF16_FLAGS)
+    return tuple(p for p in PRECISIONS if p == "float32" or bf16)
+
+
+def check_precision(precision: str, *, device: str = "cpu", flags: frozenset[str] | None = None) -> str:
+    """Check a precision name and, on a CPU, that the CPU runs it natively. Returns the name.
+
+    Raises:
+        ValueError: (one line naming the fix) an unknown precision, or one this CPU cannot run natively, e.g.
+            ``--dtype bfloat16 needs AVX512-BF16 or AMX-BF16; this CPU has avx2, avx512f: use float32``.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    if not str(device).startswith("cpu"):
+        return precision
+    flags = cpu_flags() if flags is None else frozenset(flags)
+    if precision not in native_precisions(flags):
+        have = [f for f in ("avx2", "avx512f", *BF16_FLAGS, *INT8_DOT_FLAGS) if f in flags]
+        raise ValueError(f"--dtype {precision} needs {_NEEDS[precision]}; this CPU has "
+                         f"{', '.join(have) or 'none of those flags'}: use float32")
+    return precision
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 weights, one scale per output channel, bfloat16 activations (weight-only int8).
+
+    ``y = x @ (w_int8 * scale[:, None]).T + bias``, through ``torch._weight_int8pack_mm`` where the input width is a
+    multiple of :data:`INT8PACK_K_MULTIPLE`, else through ``F.linear`` on the dequantised weight. Each output row
+    depends on its input row alone.
+
+    Args:
+        linear: the ``nn.Linear`` to quantise (any float dtype); its weight is rounded to
+            ``round(w / scale)`` clamped to [-127, 127] with ``scale = max|w_row| / 127`` (1 for an all-zero row).
+
+    Attributes: ``weight_int8`` ``(out, in)`` int8 buffer, ``scale`` ``(out,)`` bfloat16 buffer, ``bias``
+    ``(out,)`` bfloat16 parameter or None, ``in_features``, ``out_features``.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().to(torch.float32)
+        scale = (w.abs().amax(1) / 127.0).where(w.abs().amax(1) > 0, torch.ones(()))
+        self.in_features, self.out_features = int(w.shape[1]), int(w.shape[0])
+        self.register_buffer("weight_int8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(torch.bfloat16))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16),
+                                                                  requires_grad=False)
+        self.packed = self.in_features % INT8PACK_K_MULTIPLE == 0
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantised weight ``(out, in)`` bfloat16 (for code that reads ``.weight``; not the fast path)."""
+        return (self.weight_int8.to(torch.float32) * self.scale.to(torch.float32)[:, None]).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``(..., in)`` any float dtype -> ``(..., out)`` bfloat16."""
+        x = x.to(torch.bfloat16)
+        if self.packed:
+            y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight_int8, self.scale)
+            y = y.reshape(*x.shape[:-1], self.out_features)
+            return y if self.bias is None else y + self.bias
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, bfloat16 activations"
+
+
+def _quantise_linears(module: nn.Module) -> int:
+    n = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8Linear(child))
+            n += 1
+        else:
+            n += _quantise_linears(child)
+    return n
+
+
+def apply_precision(code_predictor: nn.Module, precision: str, *, require_native: bool = True,
+                    flags: frozenset[str] | None = None) -> nn.Module:
+    """Convert the code predictor (``model.talker.code_predictor``, the official module) to a precision, IN PLACE.
+
+    Args:
+        code_predictor: the official module, in any float dtype.
+        precision: one of :data:`PRECISIONS`.
+        require_native: check with :func:`check_precision` that the CPU runs it natively (``False``: convert
+            anyway, e.g. for correctness tests on any CPU; it then runs emulated, slowly).
+        flags: CPU flags for that check (default this machine's).
+
+    Returns:
+        the same module, converted: float32 / bfloat16 through ``.to(dtype)``; int8 in bfloat16 with every
+        ``nn.Linear`` replaced by an :class:`Int8Linear` (module docstring).
+
+    Raises:
+        ValueError: an unknown precision, or (``require_native``) one the CPU cannot run natively (one line).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    if require_native:
+        device = str(next(code_predictor.parameters()).device)
+        check_precision(precision, device=device, flags=flags)
+    code_predictor.to(ACTIVATION_DTYPE[precision])
+    if precision == "int8":
+        _quantise_linears(code_predictor)
+    return code_predictor
+
+
+def precision_of(code_predictor: nn.Module) -> str:
+    """The precision name of a code predictor: ``"int8"`` if it holds an :class:`Int8Linear`, else its parameters'
+    dtype name (``"float32"``, ``"bfloat16"``, ``"float64"``, ...)."""
+    if any(isinstance(m, Int8Linear) for m in code_predictor.modules()):
+        return "int8"
+    return str(next(code_predictor.parameters()).dtype).replace("torch.", "")

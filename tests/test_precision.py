@@ -236,3 +236,51 @@ def test_the_precision_pmf_is_not_the_float32_pmf():
     cp8, _ = _variant_in("sharp", "int8")
     a, b = exact_pmf(cp32, context, DEFAULT), exact_pmf(cp8, context, DEFAULT)
     assert float((a - b).abs().sum()) > 1e-4
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the commands: a precision the CPU cannot run is refused in one line, before any model loads
+# ----------------------------------------------------------------------------------------------------------------
+def _no_load(*a, **k):
+    pytest.fail("the model was loaded before the check")
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "--model", "tiny-random", "--dtype", "bfloat16"],
+    ["bench", "--model", "tiny-random", "--dtype", "float32,int8"],
+    ["synth", "--model", "tiny-random", "--text", "Hi.", "--out", "{tmp}/x.wav", "--dtype", "int8"],
+    ["synth", "--model", "tiny-random", "--text", "Hi.", "--out", "{tmp}/x.wav", "--dtype", "bfloat16"],
+])
+def test_commands_refuse_a_precision_the_cpu_cannot_run(tmp_path, capsys, monkeypatch, argv):
+    from rvqspec_lib.cli.main import main
+    from rvqspec_lib.models import loader
+
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    monkeypatch.setattr(PR, "cpu_flags", lambda *a: ZEN2)
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rvqspec: error: --dtype ") and err.count("\n") == 1, err
+    assert "needs AVX512-BF16 or AMX-BF16" in err and err.rstrip().endswith("use float32")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("dtype,needle", [("fp8", "unknown --dtype"), ("float32,float64", "compared as precisions"),
+                                          ("int8,int8", "each precision once")])
+def test_bench_refuses_bad_dtype_lists(capsys, monkeypatch, dtype, needle):
+    from rvqspec_lib.cli.main import main
+    from rvqspec_lib.models import loader
+
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    assert main(["bench", "--model", "tiny-random", "--dtype", dtype]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
+    assert main(["bench", "--model", "tiny-random", "--dtype", "int8", "--backend", "eager"]) == 2
+    assert "--backend times float32 frames" in capsys.readouterr().err
+
+
+def test_auto_choice_is_cached_per_precision():
+    """bfloat16 and int8 modules share a parameter dtype; the auto choice's cache key still tells them apart."""
+    from rvqspec_lib.eval.budget import cache_key
+
+    keys = {prec: cache_key("tiny-random", _converted(prec), {}, "heads")["dtype"] for prec in PR.PRECISIONS}
+    assert keys == {"float32": "torch.float32", "bfloat16": "torch.bfloat16", "int8": "int8"}

@@ -21,6 +21,10 @@ outputs mean nothing (``random_weights`` is reported beside every figure).
 Method (docs/style.md#benchmarks, after gpt-fast): warm up, synchronise the device before reading the clock, report the median and
 the 10th/90th percentiles, and print device, dtype and thread count beside every number.
 
+:func:`bench_precisions` times the code-predictor call in several precisions (float32, bfloat16, int8;
+:mod:`rvqspec_lib.models.precision`) interleaved, each against its weight-streaming floor
+(:mod:`rvqspec_lib.eval.floor`; docs/precision.md).
+
 The command line (``rvqspec bench``: options, printing, the JSON file) is :mod:`rvqspec_lib.cli.bench`. torch is
 imported inside the timing functions only, so reading this module's constants (the command's help) stays fast.
 """

@@ -29,10 +29,11 @@ def hand_bytes(prec: str, n_queries: int = 1) -> int:
     if prec in ("float32", "bfloat16"):
         e = 4 if prec == "float32" else 2
         return e * (L * (LINEAR_W + NORMS) + H + (HT * H + H) + H * V + n_queries * HT)
-    layers = L * (LINEAR_W * 1 + LINEAR_OUT * 2 + NORMS * 2)  # int8 weights, bf16 scales, bf16 norms
-    projection = HT * H + 2 * H + 2 * H  # int8 weight, bf16 scales, bf16 bias
-    head = H * V + 2 * V
-    return layers + 2 * H + projection + head + 2 * n_queries * HT
+    e = 2 if prec == "int8" else 4  # bytes of everything that is not an int8 weight: bf16 (int8), f32 (int8-dynamic)
+    layers = L * (LINEAR_W * 1 + LINEAR_OUT * e + NORMS * e)  # int8 weights, scales, norms
+    projection = HT * H + e * H + e * H  # int8 weight, scales, bias
+    head = H * V + e * V
+    return layers + e * H + projection + head + e * n_queries * HT
 
 
 @pytest.mark.parametrize("prec", PR.PRECISIONS)
@@ -43,8 +44,8 @@ def test_call_weight_bytes_equal_the_hand_count(prec, n_queries):
     wb = floor.call_weight_bytes(cp, n_queries=n_queries)
     assert wb["bytes"] == hand_bytes(prec, n_queries)
     assert sum(wb["parts"].values()) == wb["bytes"] == sum(wb["by_dtype"].values())
-    assert wb["parts"]["embedding_rows"] == n_queries * HT * (4 if prec == "float32" else 2)
-    if prec == "int8":
+    assert wb["parts"]["embedding_rows"] == n_queries * HT * (2 if prec in ("bfloat16", "int8") else 4)
+    if prec.startswith("int8"):
         assert wb["by_dtype"]["int8"] == L * LINEAR_W + HT * H + H * V
     with pytest.raises(ValueError):
         floor.call_weight_bytes(cp, n_queries=0)

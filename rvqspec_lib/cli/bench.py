@@ -49,7 +49,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--prefix-len", type=int, default=8, help="KV prefix of the code-predictor call")
     parser.add_argument("--talker-context", type=int, default=64, help="KV prefix of the talker step")
     parser.add_argument("--dtype", default="float32",
-                        help="float32, bfloat16, int8 (int8 weights, bfloat16 activations), float64, float16 (GPUs); "
+                        help="float32, bfloat16, int8 (int8 weights, bfloat16 activations), int8-dynamic (int8 weights and "
+                             "per-row int8 activations), float64, float16 (GPUs); "
                              "several comma-separated (e.g. float32,bfloat16,int8): code-predictor calls of every "
                              "precision timed interleaved against the weight-streaming floor (docs/precision.md)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace, threads: int) -> int:
     t = time.perf_counter()
     load_dtype = ACTIVATION_DTYPE[prec] if prec in PRECISIONS else prec
     loaded = load_model(args.model, dtype=load_dtype, seed=args.seed, device=args.device)
-    if prec == "int8":
+    if prec in ("int8", "int8-dynamic"):
         apply_precision(loaded.code_predictor, prec, require_native=False)  # checked in check_args
     load_s = time.perf_counter() - t
     result = bench_model(loaded, prefix_len=args.prefix_len, query_sizes=args.queries,

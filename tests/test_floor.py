@@ -148,6 +148,9 @@ def test_cli_bench_several_dtypes_prints_the_precision_table(tmp_path, capsys, m
     rec = json.loads(out.read_text())
     assert [p["precision"] for p in rec["precisions"]] == ["float32", "int8"]
     assert [r["n_queries"] for r in rec["precisions"][0]["rows"]] == list(bench.PRECISION_QUERY_SIZES)
+    bw = rec["bandwidth"]  # measured before and after the timing; the floor uses the faster
+    assert bw["buffer_bytes"] == 1 << 22 and bw["gb_per_s"] == max(bw["gb_per_s_before"], bw["gb_per_s_after"])
+    assert "before and" in printed and "after the timing" in printed
 
 
 def test_cli_bench_one_dtype_prints_the_floor_line(capsys, monkeypatch):

@@ -21,8 +21,9 @@ Precisions (docs/precision.md):
 Why not torch's stock dynamic quantisation (``torch.ao.quantization.quantize_dynamic``): it quantises activations
 with one scale per TENSOR, i.e. over all rows of a verify call at once, so a row's result would depend on the other
 nodes of the tree and a verify call would no longer compute what the AR call computes. In both schemes here each
-output row is a function of its own input row alone (the int32 accumulation of ``int8-dynamic`` is exact, so not
-even the summation order depends on the row count): speculation stays lossless with respect to AR in that precision.
+output row of an int8 layer is a function of its own input row alone (the int32 accumulation of ``int8-dynamic`` is
+exact, so not even the summation order depends on the row count): speculation stays lossless with respect to AR in
+that precision.
 
 Capability comes from the CPU flags in ``/proc/cpuinfo`` (:func:`cpu_flags`); :func:`native_precisions` says which
 precisions the CPU runs natively, :func:`check_precision` raises the one-line error a command prints, and

@@ -9,7 +9,7 @@ import argparse
 import time
 
 from rvqspec_lib.cli.common import add_threads_arg, apply_threads
-from rvqspec_lib.eval.bench import DEFAULT_QUERY_SIZES
+from rvqspec_lib.eval.bench import DEFAULT_QUERY_SIZES, PRECISION_QUERY_SIZES
 
 #: ``--backend`` values: rvqspec_lib.eval.export_timing.BACKENDS, repeated here so that the parser does not import
 #: torch (tests/test_export_cli.py checks that the two agree).
@@ -42,13 +42,17 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls before each measurement")
     add_threads_arg(parser)
-    parser.add_argument("--queries", type=_int_list, default=list(DEFAULT_QUERY_SIZES),
+    parser.add_argument("--queries", type=_int_list, default=None,
                         help="query positions per code-predictor call, comma-separated (default "
-                             f"{','.join(map(str, DEFAULT_QUERY_SIZES))}; at most {MAX_QUERIES})")
+                             f"{','.join(map(str, DEFAULT_QUERY_SIZES))}; with several --dtype "
+                             f"{','.join(map(str, PRECISION_QUERY_SIZES))}; at most {MAX_QUERIES})")
     parser.add_argument("--prefix-len", type=int, default=8, help="KV prefix of the code-predictor call")
     parser.add_argument("--talker-context", type=int, default=64, help="KV prefix of the talker step")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
-                        help="weights and activations (float16 for GPUs)")
+    parser.add_argument("--dtype", default="float32",
+                        help="float32, bfloat16, int8 (int8 weights, bfloat16 activations), int8-dynamic (int8 weights and "
+                             "per-row int8 activations), float64, float16 (GPUs); "
+                             "several comma-separated (e.g. float32,bfloat16,int8): code-predictor calls of every "
+                             "precision timed interleaved against the weight-streaming floor (docs/precision.md)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
@@ -69,6 +73,9 @@ def check_args(args) -> None:
     if args.prefix_len < 1 or args.talker_context < 1:
         raise ValueError(f"--prefix-len and --talker-context must be >= 1, got {args.prefix_len} and "
                          f"{args.talker_context}")
+    check_dtypes(args)
+    if args.queries is None:
+        args.queries = list(PRECISION_QUERY_SIZES if len(dtypes(args)) > 1 else DEFAULT_QUERY_SIZES)
     if max(args.queries) > MAX_QUERIES:
         raise ValueError(f"--queries up to {MAX_QUERIES} (a verify call over more nodes is not a draft tree), got "
                          f"{max(args.queries)}")
@@ -77,6 +84,34 @@ def check_args(args) -> None:
         raise ValueError(f"--device {dev!r}: use cpu, cuda[:N] or mps")
     if args.backend is not None and args.backend not in BACKENDS:
         raise ValueError(f"unknown --backend {args.backend!r}: use one of {', '.join(BACKENDS)}")
+
+
+def dtypes(args) -> list[str]:
+    """The ``--dtype`` names, in order (comma-separated)."""
+    return [d for d in str(args.dtype).replace(" ", "").split(",") if d]
+
+
+def check_dtypes(args) -> None:
+    """``--dtype``: known names, several only of the precisions, each one the CPU runs natively (on ``--device
+    cpu``), float32 only with ``--backend``. Raises ValueError (one line naming the fix); imports no torch model."""
+    from rvqspec_lib.models.precision import PRECISIONS, check_precision
+
+    names = dtypes(args)
+    known = (*PRECISIONS, "float64", "float16")
+    bad = [d for d in names if d not in known]
+    if not names or bad:
+        raise ValueError(f"unknown --dtype {','.join(bad) or args.dtype!r}: use {', '.join(known)}, or several of "
+                         f"{', '.join(PRECISIONS)} comma-separated")
+    if len(names) > 1 and any(d not in PRECISIONS for d in names):
+        raise ValueError(f"several --dtype values are compared as precisions: use some of {', '.join(PRECISIONS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--dtype {args.dtype}: each precision once")
+    if args.backend is not None and names != ["float32"]:
+        raise ValueError(f"--backend times float32 frames: drop --dtype {args.dtype} (per-precision call times: "
+                         "rvqspec bench --dtype float32,bfloat16,int8)")
+    for d in names:
+        if d in PRECISIONS:
+            check_precision(d, device=str(args.device))
 
 
 def run(args: argparse.Namespace, threads: int) -> int:
@@ -102,16 +137,51 @@ def run(args: argparse.Namespace, threads: int) -> int:
     dev = str(args.device)
     if dev.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {dev}: this torch has no CUDA device; use --device cpu")
+    from rvqspec_lib.models.precision import ACTIVATION_DTYPE, PRECISIONS, apply_precision
+
     model_facts(args.model)  # unknown names and configs that are not Qwen3-TTS: one line, before loading
+    names = dtypes(args)
+    if len(names) > 1:
+        return _run_precisions(args, names, started)
+    prec = names[0]
     t = time.perf_counter()
-    loaded = load_model(args.model, dtype=args.dtype, seed=args.seed, device=args.device)
+    load_dtype = ACTIVATION_DTYPE[prec] if prec in PRECISIONS else prec
+    loaded = load_model(args.model, dtype=load_dtype, seed=args.seed, device=args.device)
+    if prec in ("int8", "int8-dynamic"):
+        apply_precision(loaded.code_predictor, prec, require_native=False)  # checked in check_args
     load_s = time.perf_counter() - t
     result = bench_model(loaded, prefix_len=args.prefix_len, query_sizes=args.queries,
                          talker_context=args.talker_context, warmup=args.warmup, repeats=args.repeats,
                          seed=args.seed, progress=not args.no_progress)
     result["load_s"] = load_s
-    result["total_s"] = time.perf_counter() - started
     print(format_table(result))  # its header shows the thread count (result["threads"], torch's own count)
+    if dev == "cpu":
+        from rvqspec_lib.eval.bench import floor_line
+        from rvqspec_lib.eval.floor import call_weight_bytes, read_bandwidth
+
+        result["bandwidth"] = read_bandwidth()
+        result["weight_bytes"] = call_weight_bytes(loaded.code_predictor, n_queries=1)
+        print(floor_line(result, result["bandwidth"], result["weight_bytes"]))
+    result["total_s"] = time.perf_counter() - started
+    if args.json_path:
+        params = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
+        path = save_json(result, args.json_path, provenance(params, seed=args.seed))
+        print(f"wrote {path}")
+    return 0
+
+
+def _run_precisions(args, names: list[str], started: float) -> int:
+    """``--dtype a,b,...``: :func:`rvqspec_lib.eval.bench.bench_precisions` on the float32 model; print, write JSON."""
+    from rvqspec_lib.common.provenance import provenance, save_json
+    from rvqspec_lib.eval.bench import bench_precisions, format_precision_table
+    from rvqspec_lib.models.loader import load_model
+
+    loaded = load_model(args.model, dtype="float32", seed=args.seed, device=args.device)
+    result = bench_precisions(loaded, names, query_sizes=args.queries, prefix_len=args.prefix_len,
+                              warmup=args.warmup, repeats=args.repeats, seed=args.seed,
+                              progress=not args.no_progress)
+    result["total_s"] = time.perf_counter() - started
+    print(format_precision_table(result))
     if args.json_path:
         params = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
         path = save_json(result, args.json_path, provenance(params, seed=args.seed))

@@ -67,7 +67,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-frames", type=int, default=200, help="frame cap, >= 1 (12.5 frames = 1 s; default 200)")
     p.add_argument("--language", default="auto", help="auto, english, german, ... (the model's config lists them)")
     p.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the model's first)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "int8", "int8-dynamic"],
+                   help="int8: int8 weights in the code predictor, bfloat16 elsewhere; int8-dynamic: int8 weights and "
+                        "per-row int8 activations in the code predictor, float32 elsewhere (docs/precision.md); "
+                        "bfloat16 and int8 need AVX512-BF16 or AMX, int8-dynamic VNNI or AMX")
     p.add_argument("--codes-to-audio", default="auto", choices=["auto", "neural", "table"],
                    help="models with the offline codec (embedded): 'auto' decodes with the neural code decoder shipped "
                         "beside the codec (codec.decoder.safetensors) when there is one, 'neural' requires it, "
@@ -117,6 +120,10 @@ def check_args(args) -> Path:
         raise ValueError(f"--json {args.json} is the audio or codes file of --out: give it its own name")
     check_outputs([(out, "--out"), (npy, "--out (its codes file)"), (args.json, "--json")])
     args.decoder_obj = decoder_from_args(args)
+    if args.dtype in ("bfloat16", "int8", "int8-dynamic"):
+        from rvqspec_lib.models.precision import check_precision
+
+        check_precision(args.dtype)  # a precision this CPU cannot run natively: one line naming the fix
     return npy
 
 
@@ -165,7 +172,11 @@ def run(args, threads: int) -> int:
 
     t = time.perf_counter()
     startup_s = t - started  # interpreter imports (torch, transformers) and the checks
-    lm = load_model(args.model, dtype=args.dtype)
+    lm = load_model(args.model, dtype={"int8": "bfloat16", "int8-dynamic": "float32"}.get(args.dtype, args.dtype))
+    if args.dtype in ("int8", "int8-dynamic"):
+        from rvqspec_lib.models.precision import apply_precision
+
+        apply_precision(lm.code_predictor, args.dtype)  # AR and speculation alike run the int8 code predictor
     load_s = time.perf_counter() - t
     check_tree_ranks([args.decoder_obj], lm.codebook_size)  # again for models whose config could not be read
     check_calibration_exists(args.decoder_obj, args.model)

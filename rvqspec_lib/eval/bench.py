@@ -21,6 +21,10 @@ outputs mean nothing (``random_weights`` is reported beside every figure).
 Method (docs/style.md#benchmarks, after gpt-fast): warm up, synchronise the device before reading the clock, report the median and
 the 10th/90th percentiles, and print device, dtype and thread count beside every number.
 
+:func:`bench_precisions` times the code-predictor call in several precisions (float32, bfloat16, int8;
+:mod:`rvqspec_lib.models.precision`) interleaved, each against its weight-streaming floor
+(:mod:`rvqspec_lib.eval.floor`; docs/precision.md).
+
 The command line (``rvqspec bench``: options, printing, the JSON file) is :mod:`rvqspec_lib.cli.bench`. torch is
 imported inside the timing functions only, so reading this module's constants (the command's help) stays fast.
 """
@@ -201,6 +205,34 @@ def bench_talker_step(loaded, *, talker_context: int = 64, warmup: int = 3, repe
     return {**stats, "talker_context": talker_context}
 
 
+def _code_predictor_calls(cp, in_hidden: int, prefix_len: int, query_sizes: Sequence[int], seed: int) -> list:
+    """``[(Q, call, reset)]``: the timed call of :func:`bench_code_predictor` for each ``Q`` over one KV prefix of
+    ``prefix_len`` positions (random inputs ``(1, Q, in_hidden)`` from a generator seeded ``seed``, in the module's
+    dtype); ``reset`` crops the cache back to the prefix."""
+    import torch
+    from transformers import DynamicCache
+
+    device, dtype = _model_device_dtype(cp)
+    gen = torch.Generator().manual_seed(seed)
+    prefix = (torch.randn(1, prefix_len, in_hidden, generator=gen) * 0.02).to(device, dtype)  # (1, P, Ht)
+    cache = DynamicCache()
+    with torch.inference_mode():
+        cp.model(inputs_embeds=cp.small_to_mtp_projection(prefix), past_key_values=cache, use_cache=True,
+                 position_ids=torch.arange(prefix_len, device=device).unsqueeze(0))
+    out = []
+    for q in query_sizes:
+        x = (torch.randn(1, q, in_hidden, generator=gen) * 0.02).to(device, dtype)  # (1, Q, Ht)
+        pos = torch.arange(prefix_len, prefix_len + q, device=device).unsqueeze(0)  # (1, Q)
+
+        def call(x=x, pos=pos):
+            h = cp.model(inputs_embeds=cp.small_to_mtp_projection(x), past_key_values=cache, use_cache=True,
+                         position_ids=pos).last_hidden_state  # (1, Q, Hc)
+            return cp.lm_head[0](h)  # (1, Q, codebook_size)
+
+        out.append((q, call, lambda: cache.crop(prefix_len)))
+    return out
+
+
 def bench_code_predictor(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
                          warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
                          on_row: Callable[[dict], None] | None = None) -> list[dict]:
@@ -219,34 +251,15 @@ def bench_code_predictor(loaded, *, prefix_len: int = 8, query_sizes: Iterable[i
     Raises:
         ValueError: an empty ``query_sizes`` or a ``Q < 1``.
     """
-    import torch
-
     query_sizes = [int(q) for q in query_sizes]
     if not query_sizes or min(query_sizes) < 1:
         raise ValueError(f"query_sizes must be non-empty positive integers, got {query_sizes}")
     cp = loaded.code_predictor
-    device, dtype = _model_device_dtype(cp)
-    in_hidden = int(loaded.talker.config.hidden_size)  # inputs are in the talker's width, projected by the module
-    from transformers import DynamicCache
-
-    gen = torch.Generator().manual_seed(seed)
-    prefix = (torch.randn(1, prefix_len, in_hidden, generator=gen) * 0.02).to(device, dtype)  # (1, P, Ht)
-    cache = DynamicCache()
-    with torch.inference_mode():
-        cp.model(inputs_embeds=cp.small_to_mtp_projection(prefix), past_key_values=cache, use_cache=True,
-                 position_ids=torch.arange(prefix_len, device=device).unsqueeze(0))
+    device, _ = _model_device_dtype(cp)
+    calls = _code_predictor_calls(cp, int(loaded.talker.config.hidden_size), prefix_len, query_sizes, seed)
     rows = []
-    for q in progress_bar(query_sizes, total=len(query_sizes), desc="code predictor Q", enabled=progress):
-        x = (torch.randn(1, q, in_hidden, generator=gen) * 0.02).to(device, dtype)  # (1, Q, Ht)
-        pos = torch.arange(prefix_len, prefix_len + q, device=device).unsqueeze(0)  # (1, Q)
-
-        def call(x=x, pos=pos):
-            h = cp.model(inputs_embeds=cp.small_to_mtp_projection(x), past_key_values=cache, use_cache=True,
-                         position_ids=pos).last_hidden_state  # (1, Q, Hc)
-            return cp.lm_head[0](h)  # (1, Q, codebook_size)
-
-        stats = time_call(call, warmup=warmup, repeats=repeats, reset=lambda: cache.crop(prefix_len),
-                          sync=_sync_for(device))
+    for q, call, reset in progress_bar(calls, total=len(calls), desc="code predictor Q", enabled=progress):
+        stats = time_call(call, warmup=warmup, repeats=repeats, reset=reset, sync=_sync_for(device))
         rows.append({"n_queries": q, **stats})
         if on_row is not None:
             on_row(rows[-1])
@@ -285,6 +298,7 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
     import transformers
 
     from rvqspec_lib.common.provenance import cpu_model
+    from rvqspec_lib.models.precision import precision_of
 
     device, dtype = _model_device_dtype(loaded.model)
     desc = loaded.describe()
@@ -313,6 +327,7 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "dtype": str(dtype).replace("torch.", ""),
+        "code_predictor_precision": precision_of(loaded.code_predictor),
         "threads": torch.get_num_threads(),
         "load_avg_1m_before": load_before,
         "load_avg_1m_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
@@ -458,7 +473,8 @@ def format_table(result: dict) -> str:
     """Plain-text latency table with the device / dtype / threads header (what ``rvqspec bench`` prints)."""
     m = result["model"]
     head = (f"model {m['name']} ({m['kind']}{', RANDOM weights: timing only' if result['random_weights'] else ''}) | "
-            f"device {result['device']} ({result['device_name']}) | dtype {result['dtype']} | "
+            f"device {result['device']} ({result['device_name']}) | dtype {result['dtype']}"
+            f"{_cp_precision_note(result)} | "
             f"threads {result['threads']} | torch {result['torch']} | warmup {result['warmup']}, "
             f"repeats {result['repeats']}")
     load0, load1 = result.get("load_avg_1m_before"), result.get("load_avg_1m_after")
@@ -480,3 +496,165 @@ def format_table(result: dict) -> str:
                  f"real time needs {d['calls_per_s_realtime']:.0f} calls/s "
                  f"({d['calls_per_s_at_paper_tpc']:.1f} at {PAPER_TOKENS_PER_CALL} tokens/call)")
     return "\n".join(lines)
+
+
+def _cp_precision_note(result: dict) -> str:
+    prec = result.get("code_predictor_precision")
+    return "" if prec in (None, result["dtype"]) else f" (code predictor {prec})"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Precisions side by side, against the weight-streaming floor (docs/precision.md)
+# ----------------------------------------------------------------------------------------------------------------------
+#: Query sizes of the precision table: t(1) and t(Q)/t(1) for these Q.
+PRECISION_QUERY_SIZES = (1, 2, 4, 8, 16)
+
+
+def bench_precisions(loaded, precisions: Sequence[str], *, query_sizes: Iterable[int] = PRECISION_QUERY_SIZES,
+                     prefix_len: int = 8, warmup: int = 3, repeats: int = 20, seed: int = 0,
+                     bandwidth: dict | None = None, progress: bool = True) -> dict:
+    """Code-predictor calls of ``Q`` query positions in several precisions, timed INTERLEAVED, each against its
+    weight-streaming floor (:mod:`rvqspec_lib.eval.floor`).
+
+    For each precision a copy of ``loaded.code_predictor`` is converted
+    (:func:`rvqspec_lib.models.precision.apply_precision`, without the native check: callers check first); the
+    calls are those of :func:`bench_code_predictor`. Every round times one call of every (precision, Q) pair, in an
+    order rotated from round to round, so that a change of machine load hits all pairs alike; the first ``warmup``
+    rounds are dropped. The floor of a precision is :func:`rvqspec_lib.eval.floor.call_weight_bytes` (one query)
+    over the read bandwidth (``bandwidth``, a :func:`rvqspec_lib.eval.floor.read_bandwidth` result; when ``None``
+    it is measured before and after the timing and the faster of the two is used, both kept as ``gb_per_s_before``
+    and ``gb_per_s_after``).
+
+    Args:
+        loaded: a :class:`rvqspec_lib.models.loader.LoadedModel` whose code predictor is in float32 (not modified).
+        precisions: names of :data:`rvqspec_lib.models.precision.PRECISIONS`.
+        query_sizes: ``Q`` values (1 must be among them for the ratios).
+        prefix_len, warmup, repeats, seed: as :func:`bench_code_predictor`.
+
+    Returns:
+        JSON-able dict: ``model``, ``random_weights`` / ``timing_only``, ``device_name``, ``cpu_flags``
+        (:func:`rvqspec_lib.models.precision.cpu_features`), ``native_precisions``, ``threads``, ``bandwidth``,
+        ``other_cpu_frac``, ``cpu_count``, ``cpu_oversubscribed``, ``torch``, the settings, and ``precisions``: one
+        dict per precision with ``precision``, ``rows`` (per ``Q``: :func:`time_call` statistics and ``ratio_to_1``),
+        ``weight_bytes`` (:func:`~rvqspec_lib.eval.floor.call_weight_bytes`), ``floor_ms`` and ``t1_over_floor``.
+
+    Raises:
+        ValueError: an unknown precision, an empty ``precisions``, a ``Q < 1``.
+    """
+    import copy
+
+    import torch
+
+    from rvqspec_lib.common.provenance import cpu_model
+    from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms, read_bandwidth
+    from rvqspec_lib.models.precision import apply_precision, cpu_features, native_precisions
+
+    query_sizes = [int(q) for q in query_sizes]
+    if not precisions or not query_sizes or min(query_sizes) < 1:
+        raise ValueError(f"need precisions and positive query sizes, got {list(precisions)} and {query_sizes}")
+    base = loaded.code_predictor
+    device, _ = _model_device_dtype(base)
+    in_hidden = int(loaded.talker.config.hidden_size)
+    cps = {p: apply_precision(copy.deepcopy(base), p, require_native=False) for p in precisions}
+    pairs = [(p, q, call, reset) for p in precisions
+             for q, call, reset in _code_predictor_calls(cps[p], in_hidden, prefix_len, query_sizes, seed)]
+    measured = bandwidth is None
+    if measured:
+        bandwidth = read_bandwidth()
+    cpu_before = _cpu_snapshot()
+    times: dict[tuple[str, int], list[float]] = {(p, q): [] for p, q, _, _ in pairs}
+    sync = _sync_for(device)
+    with torch.inference_mode():
+        for r in progress_bar(range(warmup + repeats), total=warmup + repeats, desc="precision rounds",
+                              enabled=progress):
+            k = r % len(pairs)
+            for p, q, call, reset in pairs[k:] + pairs[:k]:
+                if sync is not None:
+                    sync()
+                t0 = time.perf_counter()
+                call()
+                if sync is not None:
+                    sync()
+                dt = (time.perf_counter() - t0) * 1e3
+                reset()
+                if r >= warmup:
+                    times[(p, q)].append(dt)
+    other = other_cpu_fraction(cpu_before, _cpu_snapshot())
+    if measured:  # measured again after the timing; the floor uses the faster of the two (other load varies)
+        after = read_bandwidth()
+        bandwidth = {**max(bandwidth, after, key=lambda b: b["gb_per_s"]),
+                     "gb_per_s_before": bandwidth["gb_per_s"], "gb_per_s_after": after["gb_per_s"]}
+    out = []
+    for p in precisions:
+        rows = []
+        for q in query_sizes:
+            ts = times[(p, q)]
+            rows.append({"n_queries": q, "median_ms": statistics.median(ts), "p10_ms": _percentile(ts, 10),
+                         "p90_ms": _percentile(ts, 90), "min_ms": min(ts), "n": len(ts)})
+        t1 = next((r["median_ms"] for r in rows if r["n_queries"] == 1), None)
+        for row in rows:
+            row["ratio_to_1"] = row["median_ms"] / t1 if t1 else None
+        wb = call_weight_bytes(cps[p], n_queries=1)
+        fl = floor_ms(wb["bytes"], bandwidth["gb_per_s"])
+        out.append({"precision": p, "rows": rows, "weight_bytes": wb, "floor_ms": fl,
+                    "t1_over_floor": t1 / fl if t1 else None})
+    result = {
+        "model": loaded.describe(), "random_weights": bool(loaded.is_random), "timing_only": bool(loaded.is_random),
+        "device": str(device), "device_name": cpu_model() if device.type == "cpu" else str(device),
+        "cpu_flags": cpu_features(), "native_precisions": list(native_precisions()),
+        "threads": torch.get_num_threads(), "bandwidth": bandwidth, "other_cpu_frac": other,
+        "cpu_count": os.cpu_count(), "torch": torch.__version__, "prefix_len": prefix_len, "warmup": warmup,
+        "repeats": repeats, "seed": seed, "interleaved": True, "precisions": out,
+    }
+    result["cpu_oversubscribed"] = cpu_oversubscribed(result)
+    return result
+
+
+def _ms(x: float) -> str:
+    return f"{x:.2f}" if x >= 1 else f"{x:.3g}"
+
+
+def format_precision_table(result: dict) -> str:
+    """Plain-text table of a :func:`bench_precisions` result: the CPU, its flags and bandwidth, then per precision
+    t(1), t(Q)/t(1), the weights one call reads, the floor and t(1) as a multiple of it."""
+    m, bw, fl = result["model"], result["bandwidth"], result["cpu_flags"]
+    other = result.get("other_cpu_frac")
+    lines = [
+        f"precisions of the code-predictor call: model {m['name']}"
+        f"{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads {result['threads']} | "
+        f"interleaved, warmup {result['warmup']}, repeats {result['repeats']}, prefix {result['prefix_len']}"
+        + ("" if other is None else f" | other processes used {100 * other:.0f}% of {result['cpu_count']} CPUs"
+           + (" (OVERSUBSCRIBED, TIMES ARE PESSIMISTIC)" if result.get("cpu_oversubscribed") else "")),
+        f"CPU {result['device_name']} | bf16 flags: {', '.join(fl['bf16']) or 'none'} | int8 dot-product flags: "
+        f"{', '.join(fl['int8_dot']) or 'none'} | native precisions: {', '.join(result['native_precisions'])}",
+        f"read bandwidth {bw['gb_per_s']:.1f} GB/s (torch.sum over {bw['buffer_bytes'] / 2 ** 20:.0f} MiB, median of "
+        f"{bw['repeats']}, {bw['threads']} thread{'s' if bw['threads'] != 1 else ''}"
+        + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
+           if "gb_per_s_after" in bw else "") + "); floor = weight bytes of one call / read bandwidth",
+    ]
+    qs = [r["n_queries"] for r in result["precisions"][0]["rows"]]
+    ratio_qs = [q for q in qs if q != 1]
+    lines.append(f"{'precision':<12} {'t(1) ms':>8} " + " ".join(f"{f't({q})/t(1)':>10}" for q in ratio_qs)
+                 + f" {'MB/call':>8} {'floor ms':>9} {'t(1)/floor':>10}")
+    for pr in result["precisions"]:
+        by_q = {r["n_queries"]: r for r in pr["rows"]}
+        t1 = by_q.get(1)
+        ratios = " ".join(f"{'' if by_q[q]['ratio_to_1'] is None else format(by_q[q]['ratio_to_1'], '.2f'):>10}"
+                          for q in ratio_qs)
+        lines.append(f"{pr['precision']:<12} {'' if t1 is None else format(t1['median_ms'], '.2f'):>8} {ratios} "
+                     f"{pr['weight_bytes']['bytes'] / 1e6:>8.1f} {_ms(pr['floor_ms']):>9} "
+                     f"{'' if pr['t1_over_floor'] is None else format(pr['t1_over_floor'], '.2f'):>10}")
+    return "\n".join(lines)
+
+
+def floor_line(result: dict, bandwidth: dict, weight_bytes: dict) -> str:
+    """One line under :func:`format_table`: the floor of the code-predictor call of a :func:`bench_model` result and
+    t_cp(1) as a multiple of it (``bandwidth``: :func:`rvqspec_lib.eval.floor.read_bandwidth`; ``weight_bytes``:
+    :func:`rvqspec_lib.eval.floor.call_weight_bytes`)."""
+    from rvqspec_lib.eval.floor import floor_ms
+
+    fl = floor_ms(weight_bytes["bytes"], bandwidth["gb_per_s"])
+    t1 = sorted(result["code_predictor"], key=lambda r: r["n_queries"])[0]
+    return (f"floor of a code-predictor call: {weight_bytes['bytes'] / 1e6:.1f} MB of weights / "
+            f"{bandwidth['gb_per_s']:.1f} GB/s read bandwidth = {_ms(fl)} ms; t_cp({t1['n_queries']}) = "
+            f"{t1['median_ms'] / fl:.2f} x floor")

@@ -181,11 +181,17 @@ def cache_file() -> Path:
 
 
 def cache_key(model: str, code_predictor, calibration: dict, drafter_name: str) -> dict:
-    """The facts a choice depends on: device, model, dtype, drafter, torch threads and the calibration's digest."""
+    """The facts a choice depends on: device, model, dtype, drafter, torch threads and the calibration's digest.
+    ``dtype`` is the parameters' dtype (``torch.float32``, ...), or ``int8`` / ``int8-dynamic`` for int8 weights
+    (:func:`rvqspec_lib.models.precision.precision_of`): a choice is made for the precision given, never across."""
+    from rvqspec_lib.models.precision import precision_of
+
     dev = next(code_predictor.parameters()).device
     digest = hashlib.sha1(json.dumps({k: calibration.get(k) for k in ("point-mass", "sampled")},
                                      sort_keys=True).encode()).hexdigest()[:12]
-    return {"device": device_name(dev), "model": str(model), "dtype": str(P.param_dtype(code_predictor)),
+    prec = precision_of(code_predictor)
+    dtype = prec if prec.startswith("int8") else str(P.param_dtype(code_predictor))
+    return {"device": device_name(dev), "model": str(model), "dtype": dtype,
             "drafter": drafter_name, "threads": torch.get_num_threads(), "calibration": digest}
 
 

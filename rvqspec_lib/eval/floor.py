@@ -1,0 +1,149 @@
+"""The weight-streaming floor of one code-predictor call, measured on the running machine (docs/precision.md#the-floor).
+
+A code-predictor call with a few query positions does little arithmetic per weight: on a CPU it is bound by reading
+its weights from memory once. Its floor is therefore
+
+    floor = (bytes of weights one call reads) / (read bandwidth of the running machine),
+
+and every measured call time is reported as a multiple of it (``t(1) / floor``; 1.0 would be a call that does
+nothing but stream its weights once).
+
+* Bytes (:func:`call_weight_bytes`): the tensors one call actually touches, at the size they are stored in (float32
+  4 bytes, bfloat16 2, int8 1 plus its per-channel scales): every parameter and weight buffer of the decoder layers
+  (attention and MLP projections, their norms), the final norm, ``small_to_mtp_projection`` where it is a linear
+  layer, ONE per-depth head (``lm_head[j]``; an AR call applies one), and of the per-depth embedding table only the
+  rows looked up (one per query position). Rotary tables (``inv_freq``) are computed, not weights, and are left out.
+* Bandwidth (:func:`read_bandwidth`): a streaming read with the thread count torch is set to (the command sets 1):
+  ``torch.sum`` over a float32 buffer much larger than the last-level cache (512 MiB by default; the sum reads every
+  byte once and writes nothing), once untimed to fault the pages in, then the median over ``repeats`` timed passes.
+
+torch is imported inside the functions, so reading this module's constants stays fast.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+#: Bytes of the buffer :func:`read_bandwidth` streams over by default: 512 MiB, far past any CPU's last-level cache.
+DEFAULT_BUFFER_BYTES = 512 * 2 ** 20
+#: Timed passes of :func:`read_bandwidth` (the median is reported).
+DEFAULT_REPEATS = 7
+
+
+def _tensors(module) -> list:
+    """Parameters and persistent buffers of ``module`` (non-persistent buffers such as rotary ``inv_freq`` are
+    derived tables, not weights)."""
+    out = [p for p in module.parameters()]
+    for mod in module.modules():
+        skip = getattr(mod, "_non_persistent_buffers_set", set())
+        out += [b for name, b in mod.named_buffers(recurse=False) if name not in skip and b is not None]
+    return out
+
+
+def _add(by_dtype: dict, tensors, rows_of=None) -> int:
+    total = 0
+    for t in tensors:
+        n = t.numel() if rows_of is None else rows_of * t.shape[-1]
+        b = n * t.element_size()
+        key = str(t.dtype).replace("torch.", "")
+        by_dtype[key] = by_dtype.get(key, 0) + b
+        total += b
+    return total
+
+
+def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
+    """Bytes of weights one code-predictor call with ``n_queries`` query positions reads (module docstring).
+
+    Args:
+        code_predictor: ``model.talker.code_predictor`` (the official module) in any precision
+            (:func:`rvqspec_lib.models.precision.apply_precision`).
+        n_queries: query positions of the call (embedding rows looked up); >= 1.
+
+    Returns:
+        ``{"bytes": total, "elements": tensor elements read (int8 scales included), "by_dtype": {dtype: bytes},
+        "parts": {"layers", "norm", "projection", "head", "embedding_rows"}: bytes}``. Works on the ``meta``
+        device too (no weights needed to count them).
+
+    Raises:
+        ValueError: ``n_queries < 1``.
+    """
+    if n_queries < 1:
+        raise ValueError(f"n_queries must be >= 1, got {n_queries}")
+    m = code_predictor.model
+    by_dtype: dict[str, int] = {}
+    parts = {
+        "layers": _add(by_dtype, _tensors(m.layers)),
+        "norm": _add(by_dtype, _tensors(m.norm)),
+        "projection": _add(by_dtype, _tensors(code_predictor.small_to_mtp_projection)),
+        "head": _add(by_dtype, _tensors(code_predictor.lm_head[0])),
+        "embedding_rows": _add(by_dtype, [m.codec_embedding[0].weight], rows_of=n_queries),
+    }
+    touched = (_tensors(m.layers) + _tensors(m.norm) + _tensors(code_predictor.small_to_mtp_projection)
+               + _tensors(code_predictor.lm_head[0]))
+    elements = sum(t.numel() for t in touched) + n_queries * int(m.codec_embedding[0].weight.shape[-1])
+    return {"bytes": sum(parts.values()), "elements": int(elements), "by_dtype": by_dtype, "parts": parts}
+
+
+def llc_bytes(cache_dir: str | Path = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """Size of the largest CPU cache of cpu0 in bytes, from sysfs (``index*/size`` such as ``32768K``); ``None``
+    where sysfs does not say (not Linux)."""
+    sizes = []
+    for f in Path(cache_dir).glob("index*/size"):
+        try:
+            s = f.read_text().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(s[-1:], 1)
+        digits = s[:-1] if s[-1:] in "KMG" else s
+        if digits.isdigit():
+            sizes.append(int(digits) * mult)
+    return max(sizes) if sizes else None
+
+
+def read_bandwidth(*, buffer_bytes: int | None = None, repeats: int = DEFAULT_REPEATS) -> dict:
+    """Streaming read bandwidth of this machine with torch's current thread count (module docstring: the method).
+
+    Args:
+        buffer_bytes: size of the float32 buffer summed (default :data:`DEFAULT_BUFFER_BYTES`, 512 MiB; keep it
+            several times the LLC).
+        repeats: timed passes (>= 1); the median is reported.
+
+    Returns:
+        ``{"gb_per_s": median (1e9 bytes per second), "gb_per_s_max", "buffer_bytes", "repeats", "threads",
+        "llc_bytes", "buffer_exceeds_llc"}``.
+
+    Raises:
+        ValueError: ``buffer_bytes < 4096`` or ``repeats < 1``.
+    """
+    import torch
+
+    buffer_bytes = DEFAULT_BUFFER_BYTES if buffer_bytes is None else int(buffer_bytes)
+    if buffer_bytes < 4096 or repeats < 1:
+        raise ValueError(f"need buffer_bytes >= 4096 and repeats >= 1, got {buffer_bytes} and {repeats}")
+    buf = torch.ones(int(buffer_bytes) // 4, dtype=torch.float32)  # pages faulted in here
+    n_bytes = buf.numel() * 4
+    rates = []
+    with torch.inference_mode():
+        torch.sum(buf)  # untimed pass
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.sum(buf)
+            rates.append(n_bytes / (time.perf_counter() - t0) / 1e9)
+    del buf
+    llc = llc_bytes()
+    return {"gb_per_s": statistics.median(rates), "gb_per_s_max": max(rates), "buffer_bytes": n_bytes,
+            "repeats": repeats, "threads": torch.get_num_threads(), "llc_bytes": llc,
+            "buffer_exceeds_llc": None if llc is None else n_bytes > 4 * llc}
+
+
+def floor_ms(n_bytes: int, gb_per_s: float) -> float:
+    """The floor of a call: ``n_bytes`` read at ``gb_per_s`` (1e9 bytes a second), in milliseconds.
+
+    Raises:
+        ValueError: ``gb_per_s <= 0`` or ``n_bytes < 0``.
+    """
+    if gb_per_s <= 0 or n_bytes < 0:
+        raise ValueError(f"need gb_per_s > 0 and n_bytes >= 0, got {gb_per_s} and {n_bytes}")
+    return n_bytes / (gb_per_s * 1e9) * 1e3

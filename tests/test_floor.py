@@ -1,0 +1,164 @@
+"""The weight-streaming floor (rvqspec_lib.eval.floor) and the per-precision table of ``rvqspec bench``.
+
+No timed assertions: byte counts against a hand count of the tiny config, the bandwidth measurement's contract, and
+the printed table's rows with the timing faked.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rvqspec_lib.cli.main import main as cli_main
+from rvqspec_lib.eval import bench, floor
+from rvqspec_lib.models import precision as PR
+from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
+
+# the tiny config (rvqspec_lib.models.configs.tiny_config_dict defaults): code predictor hidden 48, MLP 96, 2 layers,
+# 4 query heads and 2 KV heads of 16, codebook 2048; talker hidden 64 (so small_to_mtp_projection is 64 -> 48)
+H, I, L, QD, KVD, HD, V, HT = 48, 96, 2, 4 * 16, 2 * 16, 16, 2048, 64
+LINEAR_W = H * QD + 2 * H * KVD + QD * H + 3 * H * I  # q, k, v, o, gate, up, down weights of one layer
+LINEAR_OUT = QD + 2 * KVD + H + 2 * I + H  # their output channels (one int8 scale each)
+NORMS = 2 * H + 2 * HD  # input and post-attention RMSNorm, q_norm and k_norm
+
+
+def hand_bytes(prec: str, n_queries: int = 1) -> int:
+    """Bytes one call reads, counted by hand from the config (module docstring of rvqspec_lib.eval.floor)."""
+    if prec in ("float32", "bfloat16"):
+        e = 4 if prec == "float32" else 2
+        return e * (L * (LINEAR_W + NORMS) + H + (HT * H + H) + H * V + n_queries * HT)
+    e = 2 if prec == "int8" else 4  # bytes of everything that is not an int8 weight: bf16 (int8), f32 (int8-dynamic)
+    layers = L * (LINEAR_W * 1 + LINEAR_OUT * e + NORMS * e)  # int8 weights, scales, norms
+    projection = HT * H + e * H + e * H  # int8 weight, scales, bias
+    head = H * V + e * V
+    return layers + e * H + projection + head + e * n_queries * HT
+
+
+@pytest.mark.parametrize("prec", PR.PRECISIONS)
+@pytest.mark.parametrize("n_queries", [1, 8])
+def test_call_weight_bytes_equal_the_hand_count(prec, n_queries):
+    cp = PR.apply_precision(build_from_config(tiny_config_dict(), seed=0).talker.code_predictor, prec,
+                            require_native=False)
+    wb = floor.call_weight_bytes(cp, n_queries=n_queries)
+    assert wb["bytes"] == hand_bytes(prec, n_queries)
+    assert sum(wb["parts"].values()) == wb["bytes"] == sum(wb["by_dtype"].values())
+    assert wb["parts"]["embedding_rows"] == n_queries * HT * (2 if prec in ("bfloat16", "int8") else 4)
+    if prec.startswith("int8"):
+        assert wb["by_dtype"]["int8"] == L * LINEAR_W + HT * H + H * V
+    with pytest.raises(ValueError):
+        floor.call_weight_bytes(cp, n_queries=0)
+
+
+def test_call_weight_bytes_of_the_0_6b_architecture():
+    """The released 0.6B config (5 layers of 1024 wide, MLP 3072, 16 x 128 query and 8 x 128 KV heads, codebook
+    2048, no projection): 80.7 M weights a call, 4 / 2 bytes each in float32 / bfloat16."""
+    from pathlib import Path
+
+    cfg = json.loads((Path(__file__).resolve().parent.parent / "data" / "configs" / "Qwen3-TTS-12Hz-0.6B-CustomVoice"
+                      / "config.json").read_text())
+    with torch.device("meta"):  # shapes only, no memory
+        cp = build_from_config(cfg, dtype=torch.bfloat16).talker.code_predictor
+    wb = floor.call_weight_bytes(cp, n_queries=1)
+    h, i, qd, kvd = 1024, 3072, 16 * 128, 8 * 128
+    per_layer = h * qd + 2 * h * kvd + qd * h + 3 * h * i + 2 * h + 2 * 128
+    assert wb["elements"] == 5 * per_layer + h + h * 2048 + h
+    assert wb["bytes"] == 2 * wb["elements"]
+    assert 80.5e6 < wb["elements"] < 81e6
+
+
+def test_floor_ms_and_bandwidth_contract():
+    assert floor.floor_ms(2_000_000_000, 20.0) == pytest.approx(100.0)
+    for bad in ((1, 0.0), (-1, 1.0)):
+        with pytest.raises(ValueError):
+            floor.floor_ms(*bad)
+    bw = floor.read_bandwidth(buffer_bytes=1 << 20, repeats=3)
+    assert bw["gb_per_s"] > 0 and bw["gb_per_s_max"] >= bw["gb_per_s"] and bw["repeats"] == 3
+    assert bw["buffer_bytes"] == 1 << 20 and bw["threads"] == torch.get_num_threads()
+    with pytest.raises(ValueError):
+        floor.read_bandwidth(buffer_bytes=16)
+
+
+def test_llc_bytes_reads_sysfs(tmp_path):
+    for idx, size in ((0, "48K"), (2, "1024K"), (3, "32768K")):
+        (tmp_path / f"index{idx}").mkdir()
+        (tmp_path / f"index{idx}" / "size").write_text(size + "\n")
+    assert floor.llc_bytes(tmp_path) == 32 * 2 ** 20
+    assert floor.llc_bytes(tmp_path / "absent") is None
+
+
+def _fake_clock(monkeypatch, ms_of):
+    """Replace the wall clock of rvqspec_lib.eval.bench by one that advances ``ms_of()`` per timed call."""
+    t = [0.0]
+    state = {"start": True}
+
+    def perf_counter():
+        if state["start"]:
+            state["start"] = False
+        else:
+            t[0] += ms_of() / 1e3
+            state["start"] = True
+        return t[0]
+
+    monkeypatch.setattr(bench.time, "perf_counter", perf_counter)
+
+
+def test_bench_precisions_rows_and_ratios_with_a_fake_clock(monkeypatch):
+    from rvqspec_lib.models.loader import load_model
+
+    lm = load_model("tiny-random")
+    _fake_clock(monkeypatch, lambda: 2.0)  # every call 2 ms
+    bw = {"gb_per_s": 10.0, "gb_per_s_max": 11.0, "buffer_bytes": 1 << 29, "repeats": 7, "threads": 1,
+          "llc_bytes": None, "buffer_exceeds_llc": None}
+    r = bench.bench_precisions(lm, PR.PRECISIONS, warmup=1, repeats=3, bandwidth=bw, progress=False)
+    assert [p["precision"] for p in r["precisions"]] == list(PR.PRECISIONS)
+    for p in r["precisions"]:
+        assert [row["n_queries"] for row in p["rows"]] == list(bench.PRECISION_QUERY_SIZES)
+        assert all(row["median_ms"] == pytest.approx(2.0) and row["n"] == 3 for row in p["rows"])
+        assert all(row["ratio_to_1"] == pytest.approx(1.0) for row in p["rows"])
+        assert p["weight_bytes"]["bytes"] == hand_bytes(p["precision"])
+        assert p["floor_ms"] == pytest.approx(hand_bytes(p["precision"]) / 10e9 * 1e3)
+        assert p["t1_over_floor"] == pytest.approx(2.0 / p["floor_ms"])
+    assert r["timing_only"] is True and r["interleaved"] is True
+    assert PR.precision_of(lm.code_predictor) == "float32"  # the model itself is not converted
+    json.dumps(r)
+    text = bench.format_precision_table(r)
+    lines = text.splitlines()
+    assert "RANDOM weights: timing only" in lines[0] and "threads" in lines[0]
+    assert lines[1].startswith("CPU ") and "native precisions: float32" in lines[1] and "bf16 flags" in lines[1]
+    assert "read bandwidth 10.0 GB/s" in lines[2]
+    assert lines[3].split() == ["precision", "t(1)", "ms", "t(2)/t(1)", "t(4)/t(1)", "t(8)/t(1)", "t(16)/t(1)",
+                                "MB/call", "floor", "ms", "t(1)/floor"]
+    for line, prec in zip(lines[4:], PR.PRECISIONS):
+        cells = line.split()
+        assert cells[0] == prec and cells[1] == "2.00" and cells[2:6] == ["1.00"] * 4
+    assert len(lines) == 4 + len(PR.PRECISIONS)
+
+
+def test_cli_bench_several_dtypes_prints_the_precision_table(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(floor, "DEFAULT_BUFFER_BYTES", 1 << 22)
+    monkeypatch.setattr(PR, "cpu_flags", lambda *a: frozenset({"avx512_bf16"}))
+    out = tmp_path / "p.json"
+    rc = cli_main(["bench", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--no-progress",
+                   "--dtype", "float32,int8", "--json", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "t(1)/floor" in printed and "\nint8 " in printed and "\nfloat32 " in printed
+    rec = json.loads(out.read_text())
+    assert [p["precision"] for p in rec["precisions"]] == ["float32", "int8"]
+    assert [r["n_queries"] for r in rec["precisions"][0]["rows"]] == list(bench.PRECISION_QUERY_SIZES)
+    bw = rec["bandwidth"]  # measured before and after the timing; the floor uses the faster
+    assert bw["buffer_bytes"] == 1 << 22 and bw["gb_per_s"] == max(bw["gb_per_s_before"], bw["gb_per_s_after"])
+    assert "before and" in printed and "after the timing" in printed
+
+
+def test_cli_bench_one_dtype_prints_the_floor_line(capsys, monkeypatch):
+    monkeypatch.setattr(floor, "DEFAULT_BUFFER_BYTES", 1 << 22)
+    monkeypatch.setattr(PR, "cpu_flags", lambda *a: frozenset({"avx512_bf16"}))
+    rc = cli_main(["bench", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--no-progress",
+                   "--queries", "1,2", "--dtype", "int8"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "dtype bfloat16 (code predictor int8)" in printed
+    assert f"floor of a code-predictor call: {hand_bytes('int8') / 1e6:.1f} MB of weights" in printed

@@ -159,7 +159,8 @@ $(LAB_SETTINGS): jupyter/overrides.json $(STAMP)
 	install -D -m 644 $< $@
 
 lab: $(LAB_SETTINGS)
-	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=$(CURDIR)
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=$(CURDIR) \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # ---- the embedded model ------------------------------------------------------------------------------------------
 # Built into build/embedded-out (every stage resumes when re-run), then swapped into data/embedded in one move, so

@@ -114,7 +114,8 @@ notebooks: $(NB_BUILD)
 # One `make paper` at a time in a checkout: two at once would run every notebook twice into the same folders and
 # report each other's stamps. After the Debian packages and the environment are checked, the run holds a flock(1) on
 # build/.paper.lock (released when make exits: finished, failed or interrupted) and runs `paper-run` in a sub-make
-# (-o: the packages and .venv are not checked twice); a second run refuses with one line naming the lock.
+# (-o: the packages and .venv are not checked twice); a second run refuses with one line naming the lock. Where
+# flock(1) is missing (util-linux; macOS has none) no lock is taken.
 PAPER_LOCK    := build/.paper.lock
 
 paper: voices $(STAMP)

@@ -7,6 +7,8 @@
 #   make paper                    voices + env, then execute every notebooks/NN_*.py -> build/executed/full-t1/,
 #                                 refresh figures/
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
+#                                 (one `make paper` at a time per checkout: a second refuses, naming build/.paper.lock)
+#   make lab [LAB_PORT=8888]      JupyterLab from .venv on 127.0.0.1, the notebooks/*.py opening as notebooks
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
 #   make paper MODEL=<checkpoint> DATASET=<saved dataset> CODEC=<12 Hz tokenizer>   drafters on a real checkpoint
 #        FLEURS=<saved Fleurs> LIBRISPEECH=<saved LibriSpeech> ASR=whisper:<dir>     WER parity (notebook 04) on it
@@ -28,6 +30,9 @@ VENV          := .venv
 PY            := $(VENV)/bin/python
 PIP           := $(PY) -m pip
 STAMP         := $(VENV)/.installed
+# the JupyterLab setting that opens notebooks/*.py as notebooks, installed into .venv (see `lab` below)
+LAB_SETTINGS  := $(VENV)/share/jupyter/lab/settings/overrides.d/rvqspec.json
+LAB_PORT      ?= 8888
 PYTHON3       ?= python3
 # torch is pinned and installed FIRST: an unpinned torch (or one pulled by a dependency) is a multi-GB CUDA build.
 # Elsewhere, pick the wheel flavour with e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu".
@@ -76,7 +81,7 @@ BENCH_ARGS    ?=
 EMBEDDED_WORK ?= build/embedded
 EMBEDDED_ARGS ?=
 
-.PHONY: all voices env test paper notebooks bench clean embedded FORCE
+.PHONY: all voices env test paper paper-run notebooks lab bench clean embedded FORCE
 
 all: test paper
 
@@ -87,7 +92,7 @@ all: test paper
 voices:
 	@bash scripts/apt-voices.sh
 
-env: voices $(STAMP)
+env: voices $(STAMP) $(LAB_SETTINGS)
 
 # qwen-tts goes in with --no-deps: it declares gradio (demo only) and torchaudio (no wheel loads against the pinned
 # CPU torch; rvqspec_lib.models shims the import). Its other dependencies are in requirements.txt.
@@ -106,7 +111,22 @@ test: voices $(STAMP)
 # ---- paper notebooks --------------------------------------------------------------------------------------------
 notebooks: $(NB_BUILD)
 
-paper: voices $(NB_EXEC)
+# One `make paper` at a time in a checkout: two at once would run every notebook twice into the same folders and
+# report each other's stamps. After the Debian packages and the environment are checked, the run holds a flock(1) on
+# build/.paper.lock (released when make exits: finished, failed or interrupted) and runs `paper-run` in a sub-make
+# (-o: the packages and .venv are not checked twice); a second run refuses with one line naming the lock. Where
+# flock(1) is missing (util-linux; macOS has none) no lock is taken.
+PAPER_LOCK    := build/.paper.lock
+
+paper: voices $(STAMP)
+	@mkdir -p $(dir $(PAPER_LOCK)) && exec 9>$(PAPER_LOCK); \
+	if command -v flock >/dev/null && ! flock -n 9; then \
+	  echo "paper: another make paper is running in this checkout (it holds $(PAPER_LOCK)): wait for it to end, or stop it" >&2; \
+	  exit 1; fi; \
+	$(MAKE) --no-print-directory -o voices -o $(STAMP) paper-run
+
+# what `paper` runs under its lock (started alone it takes no lock)
+paper-run: $(NB_EXEC)
 	@ran=""; kept=""; \
 	for s in $(NB_EXEC); do n=$$(basename "$$s" .done); n=$${n#.}; read -r id when path < "$$s" || true; \
 	  if [ "$$id" = "$(RUN_ID)" ]; then ran="$$ran $$n"; else kept="$$kept $$n (executed $$when: $$path)"; fi; \
@@ -130,6 +150,18 @@ $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
 	@echo "$(RUN_ID) $$(date -u +%Y-%m-%dT%H:%M:%SZ) $(EXEC_DIR)/$*.ipynb" > $@
 
 FORCE:
+
+# ---- JupyterLab ---------------------------------------------------------------------------------------------------
+# jupyter/overrides.json sets the document manager's default viewer of Python files to jupytext's notebook, so the
+# paired notebooks/*.py open as notebooks on a double click (Open With -> Editor still shows the text). It is copied
+# into the overrides.d folder of the venv's JupyterLab application settings, which every `jupyter lab` started from
+# .venv reads (jupyterlab_server: <sys.prefix>/share/jupyter/lab/settings/overrides.d/*.json).
+$(LAB_SETTINGS): jupyter/overrides.json $(STAMP)
+	install -D -m 644 $< $@
+
+lab: $(LAB_SETTINGS)
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=$(CURDIR) \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # ---- the embedded model ------------------------------------------------------------------------------------------
 # Built into build/embedded-out (every stage resumes when re-run), then swapped into data/embedded in one move, so

@@ -179,3 +179,28 @@ def test_make_paper_smoke_refuses_figures(make_repo):
                               f"FIG_DIR={fig}"], capture_output=True, text=True, timeout=60)
         assert res.returncode != 0 and "never into the committed figures/" in res.stderr, res.stderr
     assert not (r / "figures").exists()
+
+
+def test_a_second_make_paper_refuses_while_one_holds_the_lock(make_repo):
+    """Two `make paper` in one checkout: the second refuses with one line naming build/.paper.lock, before any
+    notebook runs. The lock is held here with flock(2), as a running `make paper` holds it; released, the same command
+    runs (the negative control)."""
+    import fcntl
+
+    r, run = make_repo
+    if shutil.which("flock") is None:
+        pytest.skip("no flock(1): the Makefile then takes no lock")
+    (r / "build").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    with open(r / "build" / ".paper.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = subprocess.run([shutil.which("make"), "-C", str(r), "-o", ".venv/.installed", "paper", "SMOKE=1"],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert res.returncode != 0
+        ours = [ln for ln in res.stderr.splitlines() if not ln.startswith("make")]  # make adds its own "***" line
+        assert len(ours) == 1 and ours[0].startswith("paper: another make paper is running"), res.stderr
+        assert "build/.paper.lock" in ours[0] and "wait for it" in ours[0]
+        assert "papermill" not in res.stdout and not (r / "build" / "smoke_figures").exists(), res.stdout
+    out = run("paper", "SMOKE=1").stdout  # lock released
+    assert "paper smoke-t1: executed now: 90_probe" in out, out
+    assert _runs(r / "build" / "smoke_figures") == [{"smoke": 1, "threads": 1, "model": ""}]

@@ -91,6 +91,29 @@ def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]]) -> None
         seen[key] = flag
 
 
+def check_output_folder(path: str | os.PathLike, flag: str = "--out") -> str | None:
+    """Why an output FOLDER cannot be written, or ``None`` if it can: checked before any work (``rvqspec export``).
+
+    The folder must be a folder (not a file); if missing, its parent must exist (the command creates the folder);
+    and a file must be creatable in the folder, or in the parent when the folder is still to be made (a real probe,
+    left behind by nothing: permissions, read-only mounts and pseudo file systems show up here).
+    """
+    from rvqspec_lib.common.files import temp_beside
+
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        return f"{flag} {out} is a file: give a folder"
+    if not out.exists() and not out.parent.exists():
+        return f"the parent of {flag} {out} does not exist: create it or choose another folder"
+    where = out if out.exists() else out.parent
+    try:
+        temp_beside(where / ".rvqspec-probe").unlink()
+    except OSError as e:
+        return (f"{flag} {out}: no file can be written in {where} ({e.strerror}): choose a writable folder, or make "
+                f"this one writable (chmod u+w {where})")
+    return None
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # threads
 # --------------------------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ DTYPES = ("float32", "float16")
 TARGETS = ("macOS15", "iOS18")
 
 
-from rvqspec_lib.cli.common import _die, add_threads_arg, check_tree_ranks
+from rvqspec_lib.cli.common import _die, add_threads_arg, check_output_folder, check_tree_ranks, note
 
 
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -79,12 +79,7 @@ def check_args(args) -> str | None:
         ok, why = coreml_available()
         if args.predict and not ok:
             return f"--predict: {why}; drop --predict to build the package here"
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        return f"--out {out} is a file: give a folder"
-    if not out.exists() and not out.parent.exists():
-        return f"the parent of --out {out} does not exist: create it or choose another folder"
-    return None
+    return check_output_folder(args.out)  # a folder, writable, before the model loads (the export takes minutes)
 
 
 def _tree_and_nodes(args):
@@ -119,6 +114,7 @@ def run(args, threads: int = 1) -> int:
     apply_threads(threads)
     import torch
 
+    from rvqspec_lib.common.files import write_text_atomic
     from rvqspec_lib.common.provenance import provenance
     from rvqspec_lib.eval import export_timing as T
     from rvqspec_lib.models import export_formats as F
@@ -157,12 +153,16 @@ def run(args, threads: int = 1) -> int:
             "ran": bool(agreement), "note": "" if agreement else F.coreml_available()[1],
             "provenance": provenance({"model": args.model, "format": args.fmt, "graph": args.graph,
                                       "dtype": args.dtype, "nodes": nodes, "threads": torch.get_num_threads()})}
-    (out / (stem + ".json")).write_text(json.dumps(info, indent=1, default=str) + "\n")
+    write_text_atomic(out / (stem + ".json"), json.dumps(info, indent=1, default=str) + "\n")
     print(f"wrote {path} ({res['bytes'] / 1e6:.1f} MB, {res['export_s']:.0f} s; inputs "
           f"{', '.join(r[0] for r in res['written']['inputs'])}; outputs "
           f"{', '.join(r[0] for r in res['written']['outputs'])}"
           + (f"; states {', '.join(r[0] for r in res['written']['states'])}" if res["written"]["states"] else "")
           + ")")
+    if args.fmt == "coreml" and args.dtype == "float32" and res["written"]["states"]:
+        states = ", ".join(r[0] for r in res["written"]["states"])
+        note(f"--dtype float32 computes in float32, but the KV-cache states ({states}) stay float16: Core ML states "
+             "are float16 only (coremltools 9), so keys and values are rounded to float16 once, when written")
     if res["declared"] != res["written"]:
         return _die(f"{path} does not declare the graph's inputs/outputs/states (see {stem}.json): an exporter "
                     "problem, please report it")

@@ -168,6 +168,7 @@ def run(args, threads: int) -> int:
 
     from rvqspec_lib.common.files import atomic_outputs
     from rvqspec_lib.models.frame import synthesize
+    from rvqspec_lib.models.text_language import english_only_note
     from rvqspec_lib.spec.sampling import Sampling
 
     t = time.perf_counter()
@@ -203,9 +204,9 @@ def run(args, threads: int) -> int:
     if lm.is_random:
         _note(f"{args.model} has RANDOM weights (timing only): the audio and acceptance mean nothing")
     langs = set(lm.model.config.talker_config.codec_language_id or {})
-    if langs == {"english"} and any(ch.isalpha() and ord(ch) > 0x24F for ch in args.text):
-        _note(f"{args.model} was trained on English only: letters outside the Latin script go through its English "
-              "front end and will not sound like that language")
+    other = english_only_note(args.model, args.text) if langs == {"english"} else None  # a heuristic, see its doc
+    if other:
+        _note(other)
 
     t = time.perf_counter()
     res = synthesize(lm, [args.text], decoder=args.decoder_obj, sampling=sampling, talker_sampling=talker_sampling,

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from rvqspec_lib.common.files import usual_mode, write_text_atomic  # noqa: F401  (usual_mode: re-exported)
+from rvqspec_lib.common.files import atomic_outputs, usual_mode, write_text_atomic  # noqa: F401  (usual_mode)
 from rvqspec_lib.common.paths import REPO_ROOT
 
 
@@ -187,12 +187,15 @@ def provenance(params: Mapping[str, Any] | None = None, seed: int | None = None)
     }
 
 
-def _write_sidecar(stem: Path, prov: Mapping, files: Iterable[Path]) -> Path:
-    side = stem.with_name(stem.name + ".provenance.json")
+def _sidecar_path(stem: Path) -> Path:
+    return stem.with_name(stem.name + ".provenance.json")
+
+
+def _sidecar_text(prov: Mapping, files: Iterable[Path]) -> str:
+    """The sidecar's JSON: the record plus the names of the files it describes (final names, not temporary ones)."""
     record = dict(prov)
     record["files"] = [p.name for p in files]
-    side.write_text(json.dumps(_jsonable(record), indent=2) + "\n")
-    return side
+    return json.dumps(_jsonable(record), indent=2) + "\n"
 
 
 def _records(table) -> tuple[list[str], list[list[Any]]]:
@@ -232,6 +235,10 @@ def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
 def save_table(table, path_stem: str | os.PathLike, prov: Mapping) -> dict:
     """Write a table as ``<stem>.csv`` (full precision), ``<stem>.md`` (4 significant digits) and the sidecar.
 
+    The three files are written all-or-nothing (:func:`rvqspec_lib.common.files.atomic_outputs`: temporary files in
+    the same folder, then ``os.replace``, the sidecar last): an error or Ctrl-C while writing leaves the previous
+    files as they were (or none) and no temporary file.
+
     Args:
         table: a pandas DataFrame or a non-empty list of dicts (one dict per row).
         path_stem: output path without extension, e.g. ``figures/01_latency``; parent folders are created.
@@ -242,6 +249,7 @@ def save_table(table, path_stem: str | os.PathLike, prov: Mapping) -> dict:
 
     Raises:
         TypeError: ``table`` is neither a DataFrame nor a list of dicts.
+        OSError: the folder cannot be written (nothing is left behind).
     """
     import csv
 
@@ -249,12 +257,14 @@ def save_table(table, path_stem: str | os.PathLike, prov: Mapping) -> dict:
     stem.parent.mkdir(parents=True, exist_ok=True)
     cols, rows = _records(table)
     csv_path, md_path = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".md")
-    with csv_path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        w.writerows([["" if v is None else v for v in r] for r in rows])
-    md_path.write_text(markdown_table(cols, rows))
-    side = _write_sidecar(stem, prov, [csv_path, md_path])
+    side = _sidecar_path(stem)
+    with atomic_outputs([csv_path, md_path, side]) as (tmp_csv, tmp_md, tmp_side):
+        with tmp_csv.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(cols)
+            w.writerows([["" if v is None else v for v in r] for r in rows])
+        tmp_md.write_text(markdown_table(cols, rows))
+        tmp_side.write_text(_sidecar_text(prov, [csv_path, md_path]))
     return {"csv": csv_path, "md": md_path, "provenance": side}
 
 
@@ -262,17 +272,24 @@ def save_figure(fig, path_stem: str | os.PathLike, prov: Mapping, *, dpi: int = 
     """Write a matplotlib figure as ``<stem>.png`` (``dpi``) and ``<stem>.pdf`` plus the provenance sidecar.
 
     The PDF/PNG metadata carry no creation date, so re-running with the same numbers gives the same files
-    (the date lives in the sidecar).
+    (the date lives in the sidecar). The three files are written all-or-nothing, as :func:`save_table`'s: a Ctrl-C
+    during ``savefig`` leaves no truncated PDF and no figure without its provenance.
 
     Returns:
         ``{"png": Path, "pdf": Path, "provenance": Path}``.
+
+    Raises:
+        OSError: the folder cannot be written (nothing is left behind).
     """
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     png, pdf = stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")
-    fig.savefig(png, dpi=dpi, bbox_inches="tight", metadata={"Software": None})
-    fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None, "Creator": None, "Producer": None})
-    side = _write_sidecar(stem, prov, [png, pdf])
+    side = _sidecar_path(stem)
+    with atomic_outputs([png, pdf, side]) as (tmp_png, tmp_pdf, tmp_side):
+        fig.savefig(tmp_png, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+        fig.savefig(tmp_pdf, format="pdf", bbox_inches="tight",
+                    metadata={"CreationDate": None, "Creator": None, "Producer": None})
+        tmp_side.write_text(_sidecar_text(prov, [png, pdf]))
     return {"png": png, "pdf": pdf, "provenance": side}
 
 

@@ -130,6 +130,25 @@ def _pick_split(ds, split: str | None, where: str):
     return ds
 
 
+def damaged_arrow_file(folder: str | os.PathLike) -> tuple[Path, str] | None:
+    """The first ``*.arrow`` file under ``folder`` (a ``save_to_disk`` folder; sub-folders of a ``DatasetDict``
+    included) that pyarrow cannot read to its end, with pyarrow's reason; ``None`` when every one reads.
+
+    ``save_to_disk`` writes Arrow IPC streams; a copy cut short (an interrupted download or ``cp``) fails inside
+    ``load_from_disk`` with a pyarrow message that names neither the file nor the fix. Each file is read completely
+    (memory-mapped), so this is for the error path, not for every load.
+    """
+    import pyarrow as pa
+
+    for f in sorted(Path(folder).rglob("*.arrow")):
+        try:
+            with pa.memory_map(str(f)) as src:
+                pa.ipc.open_stream(src).read_all()
+        except (pa.ArrowException, OSError, ValueError) as e:
+            return f, str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+    return None
+
+
 def load_speech_dataset(source: str | os.PathLike, kind: str, *, language: str | None = None,
                         split: str | None = None):
     """One split of Fleurs, LibriSpeech or VoxPopuli, with its columns checked.
@@ -145,8 +164,9 @@ def load_speech_dataset(source: str | os.PathLike, kind: str, *, language: str |
     Returns:
         ``datasets.Dataset`` whose audio column is left undecoded (read by :func:`speech_items`).
     Raises:
-        ValueError: an unknown kind or language, a dataset without the expected columns, a missing split, or a hub
-            id that cannot be reached (all one line, naming the fix).
+        ValueError: an unknown kind or language, a dataset without the expected columns, a missing split, an Arrow
+            file cut short (naming the file, :func:`damaged_arrow_file`), or a hub id that cannot be reached (all one
+            line, naming the fix).
     """
     import datasets as hf
 
@@ -160,7 +180,15 @@ def load_speech_dataset(source: str | os.PathLike, kind: str, *, language: str |
         sub = p / config if config and (p / config).is_dir() else p
         try:
             ds = hf.load_from_disk(str(sub))
-        except (FileNotFoundError, ValueError) as e:
+        except (FileNotFoundError, ValueError, OSError) as e:  # pyarrow's errors are ValueError / OSError
+            damaged = damaged_arrow_file(sub)
+            if damaged is not None:
+                file, why = damaged
+                raise ValueError(f"{file} is cut short or damaged ({why}): copy that file again from where the "
+                                 f"dataset was saved, or save the {kind} split again with datasets' save_to_disk"
+                                 ) from None
+            if not isinstance(e, (FileNotFoundError, ValueError)):
+                raise
             raise ValueError(f"{sub} is not a dataset written by save_to_disk ({str(e).splitlines()[0][:120]}): "
                              f"save the {kind} split there with datasets' save_to_disk") from None
         where, filter_language = str(sub), sub == p

@@ -81,6 +81,39 @@ def _quiet():
             lg.setLevel(lv)
 
 
+#: What coremltools logs once, at import, that says nothing about the package being built: its native library (the
+#: ``_ML*Proxy`` classes) exists on macOS only, so every other system gets one "Failed to load" line per class; the
+#: scikit-learn converter (never used here) refuses the installed scikit-learn; and the torch version check names the
+#: newest torch coremltools' release tested, while this project pins the pair and its tests build packages with it.
+COREML_IMPORT_NOISE = ("Failed to load _ML", "Failed to load '_ML", "has not been tested with coremltools",
+                       "scikit-learn version")
+
+
+class _ImportNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(n in record.getMessage() for n in COREML_IMPORT_NOISE)
+
+
+def import_coremltools():
+    """``import coremltools``, without the import-time log lines of :data:`COREML_IMPORT_NOISE` (only those: any
+    other warning of coremltools' logger still shows). Returns the module.
+
+    Raises:
+        ImportError: coremltools is not installed (it is pinned in requirements.txt).
+    """
+    import sys
+
+    if "coremltools" in sys.modules:
+        return sys.modules["coremltools"]
+    lg, noise = logging.getLogger("coremltools"), _ImportNoise()
+    lg.addFilter(noise)
+    try:
+        import coremltools
+    finally:
+        lg.removeFilter(noise)
+    return coremltools
+
+
 def coreml_available() -> tuple[bool, str]:
     """Whether Core ML packages can be RUN here: ``(True, "")`` on macOS 15+ with coremltools' native library,
     else ``(False, why)``. Building packages needs only coremltools (any system)."""
@@ -177,7 +210,7 @@ def export_coreml(graph, path, *, precision: str = "float16", target: str = "mac
     Raises:
         ValueError: an unknown precision or target, a graph whose cache is not held in buffers.
     """
-    import coremltools as ct
+    ct = import_coremltools()
 
     if precision not in DTYPES:
         raise ValueError(f"unknown precision {precision!r}: use float16 or float32")
@@ -279,7 +312,7 @@ def file_interface(path) -> dict:
                      _ONNX_TYPES.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))] for v in vals]
         return {"inputs": rows(m.graph.input), "outputs": rows(m.graph.output), "states": []}
     if p.suffix == ".mlpackage":
-        import coremltools as ct
+        ct = import_coremltools()
 
         with _quiet():
             spec = ct.utils.load_spec(str(p))
@@ -337,7 +370,7 @@ class CoreMLGraph:
         ok, why = coreml_available()
         if not ok:
             raise RuntimeError(why)
-        import coremltools as ct
+        ct = import_coremltools()
 
         if compute_unit not in COREML_COMPUTE_UNITS + ("ALL",):
             raise ValueError(f"unknown compute unit {compute_unit!r}: use one of {COREML_COMPUTE_UNITS}")

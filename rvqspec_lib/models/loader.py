@@ -163,6 +163,7 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         return LoadedModel(name, "random-size", model, tok, _default_generation(path), None, fr, sr)
     if kind == "checkpoint":
         _read_config(path / "config.json")  # a folder that is not a Qwen3-TTS checkpoint: one line, before loading
+        check_speech_tokenizer(path)
         return _check_loaded(_load_checkpoint(str(path), path, dtype, device, attn_implementation))
     return _check_loaded(_load_checkpoint(name, None, dtype, device, attn_implementation))
 
@@ -254,6 +255,28 @@ def _read_config(file: Path, *, own: bool = False) -> dict:
     return check_config(cfg, str(file), own=own)
 
 
+#: The folder of a Qwen3-TTS checkpoint that holds its 12 Hz speech tokenizer (the codec that turns codes into audio),
+#: and the file the official ``from_pretrained`` looks for first.
+SPEECH_TOKENIZER_DIR = "speech_tokenizer"
+
+
+def check_speech_tokenizer(path: str | os.PathLike) -> None:
+    """A local checkpoint folder must hold ``speech_tokenizer/config.json``: the official ``from_pretrained`` loads
+    the speech tokenizer from there, and for a folder without it transformers' error advises a hub download, which
+    points the wrong way for a local copy that lost a folder.
+
+    Raises:
+        ModelNotFoundError: one line naming the missing folder and the fix.
+    """
+    st = Path(path) / SPEECH_TOKENIZER_DIR
+    if not (st / "config.json").is_file():
+        what = "has no config.json" if st.is_dir() else "is missing"
+        raise ModelNotFoundError(
+            f"{st}/ {what}: a Qwen3-TTS checkpoint folder keeps its 12 Hz speech tokenizer there (config.json, "
+            f"model.safetensors, preprocessor_config.json); copy the release's {SPEECH_TOKENIZER_DIR}/ folder into "
+            f"{Path(path)} (a complete copy of the checkpoint has it)")
+
+
 def _check_loaded(lm: LoadedModel) -> LoadedModel:
     """The config checks of :func:`check_config` that only a loaded model can answer (hub ids not in the cache)."""
     if lm.n_code_groups < 2:
@@ -309,6 +332,7 @@ def model_facts(name: str) -> ModelFacts | None:
         codec = (path / marker.get("codec", "codec.safetensors")).is_file()
     elif kind == "checkpoint":
         cfg, lm_kind = _read_config(path / "config.json"), "checkpoint"
+        check_speech_tokenizer(path)
     else:
         from huggingface_hub import try_to_load_from_cache
 

@@ -1,0 +1,209 @@
+"""Messages that pointed the wrong way (a new user's trial, issue 18), each with the failing input and a control:
+
+* a local checkpoint folder without ``speech_tokenizer/`` is named as such (it used to get hub download advice);
+* Latin-script text in another language (German) gets the "trained on English only" note that Chinese or Russian
+  text gets, and English text does not (:mod:`rvqspec_lib.models.text_language`, over the project's own English
+  and multilingual sentences);
+* ``rvqspec export`` into a folder where nothing can be written fails before the model loads, naming the folder;
+* a dataset folder whose Arrow file was cut short names that file and the fix;
+* ``rvqspec export --format coreml --dtype float32`` says that the KV-cache states stay float16, and importing
+  coremltools through the library prints none of its Linux loader lines.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rvqspec_lib.cli.main import main
+from rvqspec_lib.models import loader
+from rvqspec_lib.models.text_language import english_only_note, non_english_evidence
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _no_load(*a, **k):
+    raise AssertionError("the model was loaded before the arguments were checked")
+
+
+def _one_error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rvqspec: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+# ---- a checkpoint without speech_tokenizer/ -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from rvqspec_lib.models.fixtures import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "Qwen3-TTS-12Hz-tiny-CustomVoice", seed=0)
+
+
+def test_checkpoint_without_speech_tokenizer_names_the_folder(ckpt, tmp_path, capsys, monkeypatch):
+    assert loader.model_facts(str(ckpt)).kind == "checkpoint"  # control: the complete folder passes the check
+    broken = tmp_path / "ckpt"
+    shutil.copytree(ckpt, broken)
+    shutil.rmtree(broken / "speech_tokenizer")
+    for call in (loader.model_facts, loader.load_model):
+        with pytest.raises(loader.ModelNotFoundError) as e:
+            call(str(broken))
+        msg = str(e.value)
+        assert f"{broken / 'speech_tokenizer'}/ is missing" in msg and "copy the release's speech_tokenizer/" in msg
+        assert "download" not in msg.lower() and "\n" not in msg
+    (broken / "speech_tokenizer").mkdir()  # an empty folder: its config.json is what is missing
+    with pytest.raises(loader.ModelNotFoundError, match="speech_tokenizer/ has no config.json"):
+        loader.model_facts(str(broken))
+    # the command line: one line, before any load
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    assert main(["synth", "--model", str(broken), "--text", "Hello.", "--out", str(tmp_path / "x.wav")]) == 2
+    assert "speech_tokenizer/ has no config.json" in _one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "x.wav").exists()
+
+
+# ---- the "English only" note ------------------------------------------------------------------------------------------
+def _tsv_texts(name: str, column: int) -> list[tuple[str, ...]]:
+    lines = (REPO / "data" / "eval_texts" / name).read_text(encoding="utf-8").splitlines()
+    return [tuple(ln.split("\t")) for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+@pytest.mark.parametrize("text, flagged", [
+    ("Guten Morgen, wie geht es dir?", True),      # the user's German: no letter outside ASCII
+    ("Können Sie mir bitte helfen?", True),
+    ("¿Dónde está la estación?", True),
+    ("Danke.", True),                               # one word, and it is German
+    ("你好，世界", True), ("Привет, как дела?", True),  # outside the Latin script, as before
+    ("Good morning, how are you?", False),          # the negative controls
+    ("The weather is fine today.", False),
+    ("We had coffee at the café on Main Street.", False),  # one accented loanword in an English sentence
+    ("", False), ("123 456", False),
+])
+def test_non_english_text_is_noticed(text, flagged):
+    assert (non_english_evidence(text) is not None) == flagged, non_english_evidence(text)
+    note = english_only_note("embedded", text)
+    assert (note is not None) == flagged
+    if flagged:
+        assert note.startswith("embedded was trained on English only")
+
+
+def test_the_heuristic_on_the_projects_own_sentences():
+    """Every German and Spanish sentence of data/eval_texts/multilingual.tsv is flagged; of the 1,609 English
+    evaluation and calibration sentences exactly one is, the mock-German fortune (the module doc says so)."""
+    multi = [(lang, text) for lang, text in _tsv_texts("multilingual.tsv", 1) if lang in ("de", "es")]
+    assert len(multi) == 16 and all(non_english_evidence(t) for _, t in multi)
+    english = [row[0] for name in ("en_evaluation.tsv", "en_calibration.tsv") for row in _tsv_texts(name, 0)[1:]]
+    assert len(english) == 1609
+    assert [t for t in english if non_english_evidence(t)] == [
+        "Das machine is nicht fur gefingerpoken und mittengrabben."]
+
+
+def test_synth_notes_german_and_not_english(tmp_path, capsys):
+    for text, expected in (("Guten Morgen, wie geht es dir?", True), ("Good morning, how are you?", False)):
+        rc = main(["synth", "--model", "embedded", "--text", text, "--out", str(tmp_path / "x.wav"), "--max-frames",
+                   "2"])
+        err = capsys.readouterr().err
+        assert rc == 0, err
+        assert ("trained on English only" in err) == expected, err
+        if expected:
+            assert "words such as 'guten', 'morgen', 'wie'" in err
+
+
+# ---- export into a folder where nothing can be written ----------------------------------------------------------------
+@pytest.mark.parametrize("out", ["/proc", "/proc/rvqspec-export"])
+def test_export_into_an_unwritable_folder_fails_before_loading(out, capsys, monkeypatch):
+    """/proc takes no new files, whoever runs the test (root included): the existing folder, and a folder to be
+    created in it."""
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc")
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--out", out]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"--out {out}: no file can be written in /proc" in line and "choose a writable folder" in line, line
+    assert ".part" not in line and "tmp" not in line  # no temporary file is named
+
+
+def test_export_folder_check_passes_a_writable_folder(tmp_path):
+    from rvqspec_lib.cli.common import check_output_folder
+
+    assert check_output_folder(tmp_path) is None and check_output_folder(tmp_path / "new") is None
+    assert list(tmp_path.iterdir()) == []  # the probe leaves nothing
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder (the /proc test covers root)")
+def test_export_into_a_read_only_folder_fails_before_loading(tmp_path, capsys, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--out", str(ro)]) == 2
+    assert f"chmod u+w {ro}" in _one_error_line(capsys.readouterr().err)
+
+
+# ---- a truncated dataset file ------------------------------------------------------------------------------------------
+def test_truncated_arrow_file_is_named_with_the_fix(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from rvqspec_lib.eval.datasets import damaged_arrow_file, load_speech_dataset
+
+    rows = {"id": list(range(40)), "audio": ["x.wav"] * 40, "text": ["some words here " * 20] * 40}
+    folder = tmp_path / "librispeech"
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict(rows)}).save_to_disk(str(folder))
+    assert len(load_speech_dataset(folder, "librispeech")) == 40 and damaged_arrow_file(folder) is None  # control
+    (arrow,) = sorted(folder.rglob("*.arrow"))
+    size = arrow.stat().st_size
+    for cut in (size // 2, 100, 0):  # message body, metadata and schema cut short: pyarrow's three errors
+        with open(arrow, "r+b") as f:
+            f.truncate(cut)
+        with pytest.raises(ValueError) as e:
+            load_speech_dataset(folder, "librispeech")
+        msg = str(e.value)
+        assert msg.startswith(f"{arrow} is cut short or damaged (") and "\n" not in msg, msg
+        assert "copy that file again" in msg and "save_to_disk" in msg
+
+
+# ---- Core ML: float16 states said, loader noise silenced ----------------------------------------------------------------
+def _fake_export(states):
+    def export_graph(cp, graph, fmt, path, **kw):
+        Path(path).mkdir()
+        written = {"inputs": [["inputs_embeds", [1, 4, 8], "float32"]], "outputs": [["verify_logits", [1], "float32"]],
+                   "states": states}
+        return {"path": Path(path), "format": fmt, "graph": graph, "dtype": kw.get("dtype"), "nodes": kw.get("nodes"),
+                "bytes": 1, "export_s": 0.0, "declared": written, "written": written}
+    return export_graph
+
+
+@pytest.mark.parametrize("dtype, said", [("float32", True), ("float16", False)])
+def test_coreml_float32_export_says_the_states_stay_float16(tmp_path, capsys, monkeypatch, dtype, said):
+    """The command's output for a Core ML package (the conversion itself is tests/test_export_coreml.py's: here it is
+    replaced by its result, the states the package declares)."""
+    from rvqspec_lib.eval import export_timing as T
+    from rvqspec_lib.models import export_formats as F
+
+    states = [["k_cache", [2, 1, 2, 32, 8], "float16"], ["v_cache", [2, 1, 2, 32, 8], "float16"]]
+    monkeypatch.setattr(F, "export_graph", _fake_export(states))
+    monkeypatch.setattr(T, "check_file", lambda *a, **k: [])
+    assert main(["export", "--model", "tiny-random", "--format", "coreml", "--graph", "verify", "--dtype", dtype,
+                 "--out", str(tmp_path / "ex")]) == 0
+    cap = capsys.readouterr()
+    line = [ln for ln in cap.err.splitlines() if "stay float16" in ln]
+    assert len(line) == (1 if said else 0), cap.err
+    if said:
+        assert line[0].startswith("note: --dtype float32") and "KV-cache states (k_cache, v_cache)" in line[0]
+
+
+def test_importing_coremltools_through_the_library_prints_no_loader_lines():
+    pytest.importorskip("coremltools")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    ours = subprocess.run([sys.executable, "-c", "from rvqspec_lib.models.export_formats import import_coremltools; "
+                           "ct = import_coremltools(); import logging; "
+                           "logging.getLogger('coremltools').warning('a real warning still shows')"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert ours.returncode == 0, ours.stderr
+    assert ours.stderr.strip().splitlines() == ["a real warning still shows"], ours.stderr
+    plain = subprocess.run([sys.executable, "-c", "import coremltools"], capture_output=True, text=True, timeout=120,
+                           env=env)
+    if sys.platform != "darwin":  # the negative control: a plain import prints them here
+        assert "Failed to load _MLModelProxy" in plain.stderr, plain.stderr

@@ -161,7 +161,7 @@ def _check_01(metrics: dict, out: Path) -> None:
     assert len(own) == 6 and all(r["tokens_per_call"] >= 1.0 and r["model"] == "embedded" for r in own)
     assert all(r["calls_per_s"] == pytest.approx(call_budget(12.5, 16, r["tokens_per_call"])["calls_per_s"])
                for r in own)
-    assert {r["paper: calls per s"] for r in own} == {pytest.approx(call_budget(12.5, 16, 2.47)["calls_per_s"])}
+    assert all(r["paper: calls per s"] == pytest.approx(call_budget(12.5, 16, 2.47)["calls_per_s"]) for r in own)
     assert set(metrics["timing"]) == {"attempts", "oversubscribed", "note"} and 1 <= len(metrics["timing"]["attempts"]) <= 2
     side = json.loads((out / "01_verify_cost.provenance.json").read_text())
     assert side["params"]["model"] == "tiny-random" and "git" in side and "hardware" in side

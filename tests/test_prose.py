@@ -31,15 +31,15 @@ _NUMBER = re.compile(
     "|".join(re.escape(u) for u in MEASURED_UNITS) + r")(?![ \t]*[\d(]))?(?!\w|\.\d|,\d{3})")  # "2 x 15": a product
 #: Facts of the model config and parameters of a run, removed before scanning: they are not measurements.
 ALLOWED = [
-    r"12\.5\s?(?:Hz|frames|times|×|x\b)",          # the 12 Hz codec's frame rate (config)
+    r"12\.5\s*(?:Hz|frames|times|×|x\b)",          # the 12 Hz codec's frame rate (config)
     r"\b(?:80|40|20) ms\b",                         # one codec frame, two, one log-mel hop (config)
-    r"(?:torch|Python|transformers|qwen-tts|macOS|ONNX Runtime|onnxruntime)\s?[=v]*\s?\d+(?:\.\d+)+",  # versions
-    r"\b(?:T|temperature|temperatures|beta|top-k|top-p|lr|level|alpha|tolerance|TV|shift of|power|penalty|theta)"
-    r"\s?[=:]?\s?"
-    r"\d+(?:\.\d+)?(?:e[-+−]?\d+)?(?:\s?(?:/|,|and|to|-)\s?\d+(?:\.\d+)?(?:e[-+−]?\d+)?)*",  # run parameters
-    r"(?:<|>|≤|≥|<=|>=|below|above|at least|at most|under|over|within|up to)\s?[-+]?\d+(?:\.\d+)?"
-    r"(?:e[-+−]?\d+)?\s?(?:x|×|%)?",                # thresholds and tolerances, not results
-    r"\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?(?:min|minutes|h|hours)\b",  # how long a command runs
+    r"(?:torch|Python|transformers|qwen-tts|macOS|ONNX Runtime|onnxruntime)\s*[=v]*\s*\d+(?:\.\d+)+",  # versions
+    r"\b(?:T|temperature|temperatures|beta|top-k|top-p|lr|level|alpha|tolerance|TV|shift of|power|penalty|theta|rate|relative)"
+    r"\s*[=:]?\s*"
+    r"\d+(?:\.\d+)?(?:e[-+−]?\d+)?(?:\s*(?:/|,|and|to|-)\s*\d+(?:\.\d+)?(?:e[-+−]?\d+)?)*",  # run parameters
+    r"(?:<|>|≤|≥|<=|>=|below|above|at least|at most|under|over|within|up to)\s*[-+]?\d+(?:\.\d+)?"
+    r"(?:e[-+−]?\d+)?\s*(?:x|×|%)?",                # thresholds and tolerances, not results
+    r"\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s*(?:min|minutes|h|hours)\b",  # how long a command runs
     r"\b(?:90|95|99)%",                             # confidence levels
     r"\b(?:p10|p90)\b",
 ]

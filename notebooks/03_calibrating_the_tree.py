@@ -213,7 +213,7 @@ plt.show()
 # %% [markdown]
 # ## A calibrated tree and its verify attention mask (the paper's Figure 2, here)
 # The shipped calibration (`<model>/trees/heads.json`, read with `rvqspec_lib.models.tree_files`), its point-mass
-# tree (the paper's kind) at a node budget a figure can show, beside the attention mask of that tree's first verify
+# tree (the paper's kind) at the paper's node budget, beside the attention mask of that tree's first verify
 # call of a frame. The mask is not drawn from a formula: one evaluation frame is decoded through
 # `rvqspec_lib.spec.decode.decode_frame` and the `allow` mask the verify step passed to the model is recorded
 # (`rvqspec_lib.eval.verify_calls.record_verify_calls`). Rows: the call's query positions (root, then the nodes);
@@ -223,7 +223,7 @@ plt.show()
 from rvqspec_lib.eval.verify_calls import record_verify_calls
 from rvqspec_lib.models.tree_files import load_calibration
 
-fig2_budget = 16  # N of the drawn tree: every node and mask row stays legible
+fig2_budget = 32  # N of the drawn tree: the paper's node budget (its Figure 2 draws a sparse tree of that size)
 shipped_path = tree_file(run_model, "heads")
 shipped_cal = load_calibration(shipped_path, n_codes=n_codes, codebook_size=lm.codebook_size)
 fig2_tree = tree_from_calibration(shipped_cal, "point-mass", fig2_budget)

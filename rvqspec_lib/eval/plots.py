@@ -172,7 +172,7 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
 
 
 def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = False,
-                       figsize: tuple[float, float] = (12.0, 4.8)):
+                       figsize: tuple[float, float] = (12.0, 6.5)):
     """The paper's Figure 2: a draft tree beside the attention mask of its verify call.
 
     Args:

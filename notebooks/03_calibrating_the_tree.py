@@ -395,12 +395,13 @@ auto_tab.round(3)
 best_label = choice.label if choice.label != "ar" else "chain:4"
 best_dec = {**{c: d for c, d in decoders.items()}, **{choice.label: choice.decoder}}.get(best_label, Chain(4))
 t0 = time.perf_counter()
-batches = batch_throughput(cp, eval_frames.context, {"ar": AR(), best_label: best_dec},
-                           {"lean-mgemv": backends["lean-mgemv"]}, batch_sizes=batch_sizes, sampling=sampling,
-                           repeats=2 if smoke else 6, seed=seed)
+batches, batches_quiet = measure_quietly(lambda: batch_throughput(
+    cp, eval_frames.context, {"ar": AR(), best_label: best_dec}, {"lean-mgemv": backends["lean-mgemv"]},
+    batch_sizes=batch_sizes, sampling=sampling, repeats=2 if smoke else 6, seed=seed), meta=lambda r: r["meta"])
 timings["batches_s"] = time.perf_counter() - t0
 batch_tab = pd.DataFrame(batches["rows"])
-save_table(batch_tab, out / "03_batches", {**prov, "meta": batches["meta"]})
+save_table(batch_tab, out / "03_batches", {**prov, "meta": batches["meta"], "timing": batches_quiet},
+           caption=batches_quiet["note"] or None)
 batch_tab.pivot(index="batch", columns="decoder", values="frames_per_s").round(2)
 
 # %% [markdown]

@@ -230,3 +230,14 @@ def test_readme_number_absent_from_its_table_fails(tmp_path):
     assert "no committed table cited" in bad[1]
     assert "not a committed file" in bad[2]
     assert "1.9x is in none" in bad[3]  # a table row is checked against the tables its introduction cites
+
+
+def test_the_calibration_split_size_is_one_number_read_from_the_data():
+    """Notebooks 00, 03 and 04 print the shipped calibration split's size from this function, never typed."""
+    from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances, shipped_split_sizes
+
+    sizes = shipped_split_sizes("embedded")
+    _, utts = load_shipped_utterances(embedded_root("embedded") / "utterances.safetensors", splits=["calibration"])
+    assert sizes["calibration"]["utterances"] == len(utts) > 0
+    assert sizes["calibration"]["frames"] == sum(int(u.codes.shape[0]) for u in utts)
+    assert set(sizes) >= {"training", "validation", "evaluation", "calibration"}

@@ -157,6 +157,20 @@ prov_table = {**prov, "sources": {
 save_table(table, out / "00_corpus", prov_table)
 pd.DataFrame(table)
 
+# %%
+# the calibration split's size, read from the data that ships it (the same sentence in notebooks 00, 03 and 04)
+from rvqspec_lib.models.utterances import shipped_split_sizes
+
+try:
+    split = shipped_split_sizes(root)["calibration"]
+    display(Markdown(
+        f"The table's calibration row counts every calibration sentence of `data/eval_texts/en_calibration.tsv` "
+        f"rendered here ({len(rows_cal)} rendered). The calibration split that ships as codes beside the model "
+        f"(`{split['file']}`), which notebooks 03 and 04 calibrate the trees on: **{split['utterances']} utterances, "
+        f"{split['frames']} frames**."))
+except (FileNotFoundError, KeyError) as e:
+    print(f"no shipped calibration split beside {root}: {e}")
+
 # %% [markdown]
 # Where the text of each source comes from, and how the shipped calibration and evaluation sentences divide among
 # the sources (counted from `data/eval_texts/`):

@@ -30,8 +30,11 @@
 #    where the head for depth `k+j` expects its input, "`j` steps later" in the residual stream. `K × hidden`
 #    parameters; the unoffset path that emits the accepted code is untouched, so the verifier is unchanged.
 #
-# The offsets are trained two ways: **CE** (cross-entropy to the ground-truth codes, the paper's) and **KL** (to the
-# verifier's *warped* distribution at the deployed temperature and top-k, which is what acceptance depends on).
+# The offsets are trained with three losses: **CE** (cross-entropy to the ground-truth codes, the paper's), **KL** (to
+# the verifier's *warped* distribution at the deployed temperature and top-k, which is what acceptance depends on) and
+# **TV** (total variation to that warped distribution, i.e. one minus the exact acceptance of a sampled draft). Medusa
+# heads are trained with CE and with TV. Which loss does best is printed from the results after the paired interval
+# below, never typed here.
 #
 # **Data.** The embedded model (`data/embedded`, see its MODEL_CARD.md) ships codes and texts of real utterances in
 # three disjoint splits: drafters train on `training` with early stopping on `validation`, and every number below is
@@ -85,6 +88,7 @@ from tqdm.auto import tqdm
 
 from rvqspec_lib.eval import acceptance as A
 from rvqspec_lib.eval import headroom as H
+from rvqspec_lib.eval import plots
 from rvqspec_lib.spec.decoders import CHAIN_WINDOWS, Chain, Tree
 from rvqspec_lib.models.drafter_files import (
     make_drafter,
@@ -370,7 +374,7 @@ pd.DataFrame(table2)
 # utterance and a 95% Student-t interval is taken over utterances (frames of one utterance are not independent;
 # `rvqspec_lib.eval.acceptance.paired_acceptance_difference`). No sampling noise enters: acceptance is computed from the
 # probabilities. An interval that excludes 0 says the drafter's gain is not an accident of which frames were drawn;
-# its size says whether the gain matters (0.01 of acceptance per draft is worth about 0.01-0.03 tokens per call).
+# its size says whether the gain matters (the `chain4_gain` column converts it into tokens per call of a chain of 4).
 
 # %%
 margin_rows = []
@@ -387,6 +391,19 @@ margin = pd.DataFrame(margin_rows)
 prov = provenance(params, seed=seed)
 save_table(margin, out / "02_margin", prov)
 margin
+
+# %%
+# which loss does best, and by how much: written from the margin table (nothing typed)
+offsets_rows = margin[margin["drafter"].str.startswith("offsets")].sort_values("difference", ascending=False)
+best_off = offsets_rows.iloc[0]
+real = [r["drafter"] for _, r in margin.iterrows() if r["ci95_low"] > 0]
+display(Markdown(
+    f"Best offsets loss on these frames: **{best_off['drafter']}**, acceptance per draft "
+    f"{best_off['acceptance_heads']:.4f} (reused heads) -> {best_off['acceptance_drafter']:.4f}, difference "
+    f"{best_off['difference']:+.4f} [95% CI {best_off['ci95_low']:+.4f}, {best_off['ci95_high']:+.4f}], "
+    f"{best_off['chain4_gain']:+.3f} tokens per call at chain 4. Offsets losses by difference: "
+    + ", ".join(f"{r['drafter']} {r['difference']:+.4f}" for _, r in offsets_rows.iterrows())
+    + f". Gains whose interval excludes 0: {', '.join(real) or 'none'}."))
 
 # %% [markdown]
 # ## How much room is there? The best any drafter from `H_k` could do
@@ -464,6 +481,20 @@ save_table(by_depth, out / "02_acceptance_by_depth", prov)
 save_table(by_offset, out / "02_acceptance_by_offset", prov)
 display(by_depth)
 by_offset
+
+# %% [markdown]
+# ## The offsets' effect (the paper's Figure 3, here)
+# The paper's Figure 3 shows what an offset does: the draft for depth `k + j` made from `H_k + b_j` instead of `H_k`.
+# Here, from the table above: exact acceptance by draft offset `j` for the reused heads and each offsets loss (left),
+# and each one's gain over the reused heads (right). Past `K` every drafter falls back to the reused head.
+
+# %%
+fig = plots.plot_acceptance_by_offset(by_offset.to_dict("records"), max_offset=K,
+                                      drafters=[lab for lab in shown if lab == "heads" or lab.startswith("offsets")],
+                                      title=f"{run_model}: acceptance by draft offset, reused heads vs offsets "
+                                            f"({len(eval_frames)} evaluation frames, {sampling!r})")
+save_figure(fig, out / "02_offsets_effect", prov)
+plt.show()
 
 # %% [markdown]
 # ### Rank-`r` acceptance (tree calibration input)

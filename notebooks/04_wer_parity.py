@@ -32,8 +32,9 @@
 # **SSD's tolerance rule** (accept a draft when `u < min(1, p/q) + beta`, beta 0.4; Lin et al. 2025), a
 # deliberately **LOSSY** decoder that the tests must catch.
 #
-# **Which audio.** The embedded model's neural code decoder learned to ignore codes 1..15 (README: inner loop 0.667
-# vs code 0 alone 0.616), so a WER through it cannot see any decoder's codes 1..15. WER here is computed on the
+# **Which audio.** The embedded model's neural code decoder learned to ignore codes 1..15 (its inner-loop WER sits at
+# that of code 0 alone: `data/embedded/eval.json`, the README's table), so a WER through it cannot see any decoder's
+# codes 1..15. WER here is computed on the
 # **inner-loop-only** path: the TRUE code 0 of every frame, codes 1..15 generated from the teacher-forced context,
 # decoded by the codec's **table decoder** (the sum of the chosen codebook entries), which does depend on them.
 # Free running (talker and inner loop both sampled) is reported beside it, labelled.
@@ -155,6 +156,18 @@ prov = provenance(params, seed=seed)
 save_table(table1, out / "04_table1", {**prov, "sources": {"calibration": cal_source,
                                                            **{lang: data[lang]["source"] for lang in languages}}})
 pd.DataFrame(table1)
+
+# %%
+# the calibration split's size, read from the data that ships it (the same sentence in notebooks 00, 03 and 04)
+from rvqspec_lib.models.utterances import shipped_split_sizes
+
+if cal_source.get("kind") == "shipped":
+    split = shipped_split_sizes(model)["calibration"]
+    display(Markdown(f"The shipped calibration split (`{split['file']}`): **{split['utterances']} utterances, "
+                     f"{split['frames']} frames**; this notebook calibrates on {cal['n_frames']} of its frames "
+                     f"(`calibration_frames`)."))
+else:
+    display(Markdown(f"Calibration set: {cal_source}; this notebook calibrates on {cal['n_frames']} of its frames."))
 
 # %% [markdown]
 # ## The decoders

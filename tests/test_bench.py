@@ -75,13 +75,51 @@ def test_other_cpu_fraction():
     assert bench.other_cpu_fraction((0.0, 0.0, 0.0), (3.0, 4.0, 1.0)) == pytest.approx(0.5)  # 2 of 4 cpu-s by others
     assert bench.other_cpu_fraction((0.0, 0.0, 0.0), (1.0, 4.0, 2.0)) == 0.0  # clipped (tick rounding)
     r = {"device": "cpu", "cpu_count": 2, "threads": 1, "other_cpu_frac": 0.5}
-    assert bench.cpu_oversubscribed(r) is False  # one thread beside one busy core
-    assert bench.cpu_oversubscribed({**r, "threads": 2}) is True
+    assert bench.cpu_oversubscribed(r) is True  # one busy core of two: above OTHER_CPU_LIMIT
+    assert bench.cpu_oversubscribed({**r, "other_cpu_frac": bench.OTHER_CPU_LIMIT}) is False  # at the limit: quiet
+    assert bench.cpu_oversubscribed({**r, "other_cpu_frac": 0.1, "threads": 2}) is True  # threads wanting cores
+    assert bench.cpu_oversubscribed({**r, "other_cpu_frac": 0.02}) is False
     assert bench.cpu_oversubscribed({**r, "device": "cuda"}) is None
+    assert bench.cpu_oversubscribed({**r, "other_cpu_frac": None}) is None
     snap = bench._cpu_snapshot()
     if snap is not None:  # Linux
         busy, total, own = snap
         assert 0 <= busy <= total and own >= 0
+
+
+def test_oversubscribed_note_names_the_share():
+    assert bench.oversubscribed_note({"device": "cpu", "cpu_count": 2, "threads": 1, "other_cpu_frac": 0.634}) == \
+        "OVERSUBSCRIBED: other processes used 63% of the CPU"
+    assert bench.oversubscribed_note({"device": "cpu", "cpu_count": 2, "threads": 1, "other_cpu_frac": 0.05}) == ""
+
+
+@pytest.mark.parametrize("shares, runs, note", [
+    ([0.05], 1, ""),                      # quiet: measured once
+    ([0.63, 0.04], 2, ""),                # oversubscribed, then quiet: re-measured once, the quiet run kept
+    ([0.63, 0.45], 2, "OVERSUBSCRIBED: other processes used 45% of the CPU"),  # still: the quieter run, labelled
+    ([0.45, 0.63], 2, "OVERSUBSCRIBED: other processes used 45% of the CPU"),
+])
+def test_measure_quietly_remeasures_once_with_the_cpu_share_faked(shares, runs, note):
+    calls = []
+
+    def measure():  # a timing whose CPU share is faked: the i-th run reports shares[i]
+        calls.append(len(calls))
+        return {"meta": {"device": "cpu", "cpu_count": 2, "threads": 1, "other_cpu_frac": shares[len(calls) - 1]},
+                "run": len(calls) - 1}
+
+    result, info = bench.measure_quietly(measure, meta=lambda r: r["meta"])
+    assert len(calls) == runs and info["attempts"] == shares[:runs]
+    assert result["meta"]["other_cpu_frac"] == min(shares[:runs]) and info["note"] == note
+    assert info["oversubscribed"] is bool(note)
+
+
+def test_oversubscribed_bench_says_so_in_the_figure_title():
+    from rvqspec_lib.eval.plots import bench_title
+
+    r = {"model": {"name": "m"}, "random_weights": False, "device": "cpu", "device_name": "x", "dtype": "float32",
+         "threads": 1, "torch": "2", "cpu_count": 2, "other_cpu_frac": 0.63}
+    assert "OVERSUBSCRIBED: other processes used 63% of the CPU" in bench_title(r)
+    assert "OVERSUBSCRIBED" not in bench_title({**r, "other_cpu_frac": 0.01})  # the negative control
 
 
 def test_time_call_excludes_warmup_and_resets_outside():

@@ -147,11 +147,23 @@ def _check_01(metrics: dict, out: Path) -> None:
     small = metrics["compared"][1]
     assert small["model"] == "embedded" and small["random_weights"] is False
     assert small["calls_per_s_realtime"] == metrics["calls_per_s_realtime"] and small["t_inner_ms"] > 0
-    for stem in ("01_call_budget", "01_latency", "01_models_compared"):
+    for stem in ("01_call_budget", "01_latency", "01_models_compared", "01_two_loops", "01_calls_at_own_tpc"):
         for ext in (".csv", ".md", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
-    for ext in (".png", ".pdf", ".provenance.json"):
-        assert (out / ("01_verify_cost" + ext)).stat().st_size > 0, ext
+    for stem in ("01_verify_cost", "01_two_loops"):  # Figure 1's analogue beside the verify cost curve
+        for ext in (".png", ".pdf", ".provenance.json"):
+            assert (out / (stem + ext)).stat().st_size > 0, stem + ext
+    # the two loops of every shipped or buildable model, from their configs
+    assert {r["model"] for r in metrics["two_loops"]} == {"tiny-random", "embedded", "qwen3-tts-0.6b-random",
+                                                          "qwen3-tts-1.7b-random"}
+    assert all(r["calls_per_s"] == r["frame_rate_hz"] * r["n_code_groups"] for r in metrics["two_loops"])
+    # calls per second at this companion's own tokens per call, measured; the paper's only in its labelled columns
+    own = metrics["own_tokens_per_call"]
+    assert len(own) == 6 and all(r["tokens_per_call"] >= 1.0 and r["model"] == "embedded" for r in own)
+    assert all(r["calls_per_s"] == pytest.approx(call_budget(12.5, 16, r["tokens_per_call"])["calls_per_s"])
+               for r in own)
+    assert all(r["paper: calls per s"] == pytest.approx(call_budget(12.5, 16, 2.47)["calls_per_s"]) for r in own)
+    assert set(metrics["timing"]) == {"attempts", "oversubscribed", "note"} and 1 <= len(metrics["timing"]["attempts"]) <= 2
     side = json.loads((out / "01_verify_cost.provenance.json").read_text())
     assert side["params"]["model"] == "tiny-random" and "git" in side and "hardware" in side
 
@@ -207,7 +219,7 @@ def _check_02(metrics: dict, out: Path) -> None:
                  "02_rank_acceptance", "02_chain_windows", "02_margin", "02_lr_selection"):
         for ext in (".csv", ".md", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
-    for stem in ("02_training_curves", "02_acceptance_by_depth", "02_chain_windows"):
+    for stem in ("02_training_curves", "02_acceptance_by_depth", "02_chain_windows", "02_offsets_effect"):
         for ext in (".png", ".pdf", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
     # the trained offsets are saved and load back; a smoke run writes nothing beside the model
@@ -246,7 +258,15 @@ def _check_03(metrics: dict, out: Path) -> None:
     assert [r["source"].startswith("paper") for r in paper] == [True, True, True, False]
     assert all(r["label"] == "PROJECTION" for r in metrics["projection"])
     assert {r["temperature"] for r in metrics["temperature"]} == {0.9, 0.3}
-    for stem in ("03_acceptance_heatmap", "03_trees", "03_tokens_per_call_vs_N", "03_speedup_vs_N", "03_temperature"):
+    # Figure 2's analogue: the shipped calibration's tree beside the mask its verify call passed to the model
+    side = json.loads((out / "03_tree_and_mask.provenance.json").read_text())
+    assert side["calibration_file"].endswith("trees/heads.json")
+    # the 0.6B stand-in's random-weight frames show no speedup; its projection says what it is made of
+    with (out / "03_loop_share_compare_model.csv").open() as f:
+        assert "speedup_vs_ar" not in next(csv.reader(f))
+    assert "PROJECTION" in (out / "03_projection_compare_model.md").read_text().splitlines()[0]
+    for stem in ("03_acceptance_heatmap", "03_trees", "03_tokens_per_call_vs_N", "03_speedup_vs_N", "03_temperature",
+                 "03_tree_and_mask"):
         assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file()
         assert (out / f"{stem}.provenance.json").is_file()
 
@@ -350,6 +370,9 @@ def _check_05(metrics: dict, out: Path) -> None:
     with (out / "05_speedup_vs_n.csv").open() as f:
         table = list(csv.DictReader(f))
     assert [int(r["N"]) for r in table] == [2, 4]
+    assert any(c.startswith("onnx PROJECTION (E(N) of tiny-random, cost of tiny-random)") for c in table[0])
+    caption = (out / "05_speedup_vs_n.md").read_text().splitlines()[0]
+    assert "PROJECTION" in caption and "leave out the prefill" in caption
     assert all(r["paper (Core ML devices, quoted)"] == "" for r in table)  # the paper has no N = 2 or 4 number
     assert metrics["gpu_json_present"] is False and metrics["gpu"] is None
     for stem in ("05_backends", "05_exported_graphs", "05_frame_times", "05_summary", "05_speedup_vs_n",

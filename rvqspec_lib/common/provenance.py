@@ -232,7 +232,7 @@ def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
     return "\n".join([head, sep, *body]) + "\n"
 
 
-def save_table(table, path_stem: str | os.PathLike, prov: Mapping) -> dict:
+def save_table(table, path_stem: str | os.PathLike, prov: Mapping, *, caption: str | None = None) -> dict:
     """Write a table as ``<stem>.csv`` (full precision), ``<stem>.md`` (4 significant digits) and the sidecar.
 
     The three files are written all-or-nothing (:func:`rvqspec_lib.common.files.atomic_outputs`: temporary files in
@@ -243,6 +243,8 @@ def save_table(table, path_stem: str | os.PathLike, prov: Mapping) -> dict:
         table: a pandas DataFrame or a non-empty list of dicts (one dict per row).
         path_stem: output path without extension, e.g. ``figures/01_latency``; parent folders are created.
         prov: a record from :func:`provenance`.
+        caption: one line the Markdown table starts with and the sidecar keeps (``"caption"``): what a projection
+            is made of and leaves out, or an OVERSUBSCRIBED warning (docs/style.md#benchmarks). The CSV stays plain.
 
     Returns:
         ``{"csv": Path, "md": Path, "provenance": Path}``.
@@ -263,8 +265,8 @@ def save_table(table, path_stem: str | os.PathLike, prov: Mapping) -> dict:
             w = csv.writer(f)
             w.writerow(cols)
             w.writerows([["" if v is None else v for v in r] for r in rows])
-        tmp_md.write_text(markdown_table(cols, rows))
-        tmp_side.write_text(_sidecar_text(prov, [csv_path, md_path]))
+        tmp_md.write_text((f"*{caption}*\n\n" if caption else "") + markdown_table(cols, rows))
+        tmp_side.write_text(_sidecar_text({**prov, "caption": caption} if caption else prov, [csv_path, md_path]))
     return {"csv": csv_path, "md": md_path, "provenance": side}
 
 

@@ -2,17 +2,26 @@
 
 * :func:`plot_verify_cost` -- latency of a code-predictor call against its number of query positions ``Q``, and the
   verify cost curve ``t(Q) / t(1)``, from a :func:`rvqspec_lib.eval.bench.bench_model` result.
+* :func:`plot_two_loops`, :func:`plot_tree_and_mask`, :func:`plot_acceptance_by_offset` -- the paper's Figures 1-3
+  here: the two loops with call counts from the configs, a calibrated tree beside the attention mask its verify call
+  passed to the model, and acceptance by draft offset for the reused heads vs the offsets.
+* :func:`oversubscribed_note` -- the label a timing figure or table carries when the CPU was oversubscribed.
 """
 
 from __future__ import annotations
 
 
 def bench_title(result: dict) -> str:
-    """One-line figure title: model, whether weights are random, device, dtype and thread count."""
+    """Figure title: model, whether weights are random, device, dtype and thread count, and
+    :func:`rvqspec_lib.eval.bench.oversubscribed_note` on a line of its own when the CPU was oversubscribed."""
+    from rvqspec_lib.eval.bench import oversubscribed_note
+
     m = result["model"]
     rnd = " (random weights: timing only)" if result.get("random_weights") else ""
+    note = oversubscribed_note(result)
     return (f"{m['name']}{rnd}\n{result['device']} {result['device_name']}, {result['dtype']}, "
-            f"{result['threads']} thread{'s' if result['threads'] != 1 else ''}, torch {result['torch']}")
+            f"{result['threads']} thread{'s' if result['threads'] != 1 else ''}, torch {result['torch']}"
+            + (f"\n{note}: the times are pessimistic" if note else ""))
 
 
 def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6)):
@@ -96,3 +105,149 @@ def plot_tree(ax, paths, *, title: str = "", sampled: bool = False) -> None:
     ax.set_yticks([])
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
+
+
+def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.0, 3.8)):
+    """The paper's Figure 1, from the configs: the two nested loops and how many calls each makes per second.
+
+    Left: one frame of the first row's model as a sequence of calls (1 talker call emitting code 0, then the code
+    predictor's ``n_code_groups - 1`` sequential calls: a 2-position prefill for code 1 and one call per further
+    code; its KV cache restarts every frame). Right: calls per second for real time, per model, talker and code
+    predictor stacked (``frame_rate_hz`` and ``frame_rate_hz * (n_code_groups - 1)``).
+
+    Args:
+        rows: dicts with ``model``, ``talker_layers``, ``code_predictor_layers``, ``n_code_groups``,
+            ``frame_rate_hz`` (e.g. :func:`rvqspec_lib.models.configs.loop_facts` plus a ``model`` name).
+        title: the figure title.
+
+    Returns:
+        the matplotlib ``Figure`` (save it with :func:`rvqspec_lib.common.provenance.save_figure`).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    rows = list(rows)
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, gridspec_kw={"width_ratios": [1.7, 1.0]},
+                                   constrained_layout=True)
+    r0 = rows[0]
+    g, fr = int(r0["n_code_groups"]), float(r0["frame_rate_hz"])
+    # one frame: the talker call, then the inner loop's calls, left to right
+    ax0.add_patch(Rectangle((0, 1.2), 1.6, 0.8, color="C3", alpha=0.8))
+    ax0.text(0.8, 1.6, f"talker\n{r0['talker_layers']} layers", ha="center", va="center", fontsize=8, color="w")
+    ax0.text(0.8, 1.05, "code 0", ha="center", va="top", fontsize=7)
+    x = 2.0
+    width = 7.6 / (g - 1)
+    for j in range(1, g):
+        ax0.add_patch(Rectangle((x, 0.0), width * 0.85, 0.8, color="C0", alpha=0.35 + 0.6 * (j == 1)))
+        if j in (1, 2, g - 1):
+            ax0.text(x + width * 0.42, -0.08, f"code {j}", ha="center", va="top", fontsize=6, rotation=90)
+        x += width
+    ax0.text(2.0 + 3.8, 0.95, f"code predictor ({r0['code_predictor_layers']} layers): {g - 1} sequential calls "
+             f"(prefill for code 1, then one per code)", ha="center", va="bottom", fontsize=7)
+    ax0.add_patch(FancyArrowPatch((1.6, 1.4), (2.0, 0.6), arrowstyle="->", mutation_scale=8, color="0.3"))
+    ax0.add_patch(FancyArrowPatch((9.6, 0.9), (0.9, 2.1), connectionstyle="arc3,rad=0.35", arrowstyle="->",
+                                  mutation_scale=8, color="0.5", ls="--"))
+    ax0.text(5.3, 2.75, f"next frame: {g} codes fed back to the talker; {fr:g} frames a second, "
+             f"{1000 / fr:g} ms of audio each", ha="center", fontsize=7)
+    ax0.set_xlim(-0.2, 10.0)
+    ax0.set_ylim(-1.0, 3.2)
+    ax0.set_axis_off()
+    ax0.set_title(f"one frame of {r0['model']}: 1 + {g - 1} = {g} model calls", fontsize=9)
+
+    names = [r["model"] for r in rows]
+    talker = [float(r["frame_rate_hz"]) for r in rows]
+    inner = [float(r["frame_rate_hz"]) * (int(r["n_code_groups"]) - 1) for r in rows]
+    ax1.bar(names, talker, color="C3", alpha=0.8, label="talker calls / s")
+    ax1.bar(names, inner, bottom=talker, color="C0", alpha=0.6, label="code-predictor calls / s")
+    for i, (t, c) in enumerate(zip(talker, inner)):
+        ax1.text(i, t + c, f"{t + c:g}", ha="center", va="bottom", fontsize=8)
+    ax1.set_ylabel("model calls per second for real time")
+    ax1.set_ylim(0, 1.2 * max(t + c for t, c in zip(talker, inner)))
+    ax1.tick_params(axis="x", labelsize=7)
+    ax1.legend(fontsize=7, loc="lower right")
+    ax1.grid(alpha=0.3, axis="y")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = False,
+                       figsize: tuple[float, float] = (12.0, 6.5)):
+    """The paper's Figure 2: a draft tree beside the attention mask of its verify call.
+
+    Args:
+        paths: the tree's rank paths (``Tree.paths``), drawn with :func:`plot_tree`.
+        call: one verify call as recorded by :func:`rvqspec_lib.eval.verify_calls.record_verify_calls`:
+            ``allow`` ``(Q, S)`` bool, ``positions`` ``(Q,)``, ``write_slots`` ``(Q,)``. The mask is drawn exactly as
+            the decode loop passed it to the model: rows are the call's query positions (the root first, then the
+            nodes in tree order), columns the KV slots (committed codes of the frame, then the call's own slots).
+        title: figure title. sampled: label the tree's children as sampled child indices.
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    allow = np.asarray(call["allow"], dtype=bool)
+    write = [int(v) for v in call["write_slots"]]
+    pos = [int(v) for v in call["positions"]]
+    used = max(write) + 1  # slots past the call's own are never read: not drawn
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, gridspec_kw={"width_ratios": [1.0, 1.3]},
+                                   constrained_layout=True)
+    plot_tree(ax0, paths, title=f"draft tree: {len(paths)} nodes + root (N = {len(paths) + 1})", sampled=sampled)
+    ax1.imshow(allow[:, :used], cmap="Blues", vmin=0, vmax=1.4, aspect="auto", interpolation="nearest")
+    ax1.axvline(write[0] - 0.5, color="C3", lw=1.0)
+    ax1.set_xticks(range(used), [("c" if j < write[0] else "n") + str(j) for j in range(used)], fontsize=5,
+                   rotation=90)
+    ax1.set_yticks(range(len(pos)), [f"{'root' if i == 0 else 'node ' + str(i)} (pos {p})"
+                                     for i, p in enumerate(pos)], fontsize=5)
+    ax1.set_xlabel(f"KV slot (c: {write[0]} committed before this call | n: this call's query positions)")
+    ax1.set_title("attention mask of the verify call (blue: may attend), as passed to the model", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "",
+                              figsize: tuple[float, float] = (10.0, 3.8)):
+    """The paper's Figure 3 here: acceptance by draft offset for the reused heads and the offsets drafters.
+
+    Args:
+        rows: one dict per offset with ``offset_j`` and one acceptance column per drafter (the
+            ``02_acceptance_by_offset`` table). max_offset: ``K``, the offsets the drafters were trained for (past it
+            every drafter uses the reused head; shaded). drafters: the columns drawn, ``"heads"`` first.
+        title: figure title.
+
+    Returns:
+        the matplotlib ``Figure``: left, acceptance against offset; right, each drafter minus the reused heads.
+
+    Raises:
+        KeyError: a drafter column is missing from ``rows``.
+    """
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: r["offset_j"])
+    j = [int(r["offset_j"]) for r in rows]
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
+    for i, lab in enumerate(drafters):
+        acc = [float(r[lab]) for r in rows]
+        ax0.plot(j, acc, "o-" if lab == "heads" else "s--", lw=2.5 if lab == "heads" else 1.2, ms=4,
+                 color="k" if lab == "heads" else f"C{i}", label=lab)
+        if lab != "heads":
+            ax1.plot(j, [a - float(r["heads"]) for a, r in zip(acc, rows)], "s-", ms=4, color=f"C{i}", label=lab)
+    for ax in (ax0, ax1):
+        ax.axvspan(max_offset + 0.5, max(j) + 0.5, color="0.9", zorder=0)
+        ax.set_xlabel("draft offset j (depth drafted = start depth + j)")
+        ax.set_xticks(j)
+        ax.grid(alpha=0.3)
+    ax0.set_ylabel("exact acceptance of a sampled draft")
+    ax0.set_title(f"acceptance by offset (shaded: past K = {max_offset}, reused head for all)", fontsize=9)
+    ax1.axhline(0.0, color="k", lw=0.8)
+    ax1.set_ylabel("minus the reused heads' acceptance")
+    ax1.set_title("the offsets' gain over the reused heads", fontsize=9)
+    ax0.legend(fontsize=7)
+    ax1.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig

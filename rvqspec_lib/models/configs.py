@@ -5,6 +5,7 @@ classes, and building the official ``Qwen3TTSForConditionalGeneration`` with see
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -169,3 +170,32 @@ def config_dict(model) -> dict:
         d["speaker_encoder_config"].pop("model_type", None)
     d.pop("_attn_implementation_autoset", None)
     return d
+
+
+def loop_facts(folder: str | os.PathLike) -> dict:
+    """The two loops' geometry read from a model folder's ``config.json``, without building the model.
+
+    Args:
+        folder: a folder with ``config.json`` (a released config in ``data/configs/``, a checkpoint, the embedded
+            model's ``model/`` folder); the frame rate comes from ``rvqspec_model.json`` when present (models built
+            here), else from ``speech_tokenizer/config.json`` (output sample rate / decode upsample rate).
+
+    Returns:
+        ``{"folder", "talker_layers", "talker_hidden", "code_predictor_layers", "code_predictor_hidden",
+        "n_code_groups", "frame_rate_hz"}`` (ints; the frame rate in Hz).
+
+    Raises:
+        FileNotFoundError: no ``config.json`` in ``folder``.
+    """
+    p = Path(folder).expanduser()
+    cfg_path = p / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"no config.json in {p}: pass a model folder (e.g. data/configs/<name>)")
+    talker = json.loads(cfg_path.read_text())["talker_config"]
+    cp = talker.get("code_predictor_config", {})
+    marker = p / "rvqspec_model.json"
+    fr = float(json.loads(marker.read_text())["frame_rate_hz"]) if marker.is_file() else _frame_rate_from_dir(p)[0]
+    return {"folder": str(p), "talker_layers": int(talker["num_hidden_layers"]),
+            "talker_hidden": int(talker["hidden_size"]), "code_predictor_layers": int(cp.get("num_hidden_layers", 0)),
+            "code_predictor_hidden": int(cp.get("hidden_size", 0)), "n_code_groups": int(talker["num_code_groups"]),
+            "frame_rate_hz": fr}

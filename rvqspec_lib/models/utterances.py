@@ -138,3 +138,23 @@ def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.nda
         spk = str(r[speaker_key]).lower() if speaker_key else None
         out.append(Utterance(r["text"], torch.as_tensor(np.asarray(c), dtype=torch.long), spk, language))
     return out
+
+
+def shipped_split_sizes(model: str | os.PathLike = "embedded") -> dict[str, dict]:
+    """Utterances and frames of every split shipped beside a trained small model, read from its
+    ``utterances.jsonl`` (no codes loaded): ``{split: {"utterances": int, "frames": int, "file": str}}``.
+
+    One source for "the calibration split has U utterances, F frames" in every notebook (docs/style.md#numbers-in-prose).
+
+    Raises:
+        FileNotFoundError: the model ships no utterances (:func:`embedded_root`).
+    """
+    j = embedded_root(model) / "utterances.jsonl"
+    out: dict[str, dict] = {}
+    for line in j.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            d = out.setdefault(r["split"], {"utterances": 0, "frames": 0, "file": str(j)})
+            d["utterances"] += 1
+            d["frames"] += int(r["frames"])
+    return out

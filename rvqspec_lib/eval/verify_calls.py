@@ -1,0 +1,61 @@
+"""The inputs of the verify calls of one decoded frame, recorded as the decode loop passes them to the model.
+
+Figure 2 of the paper draws a tree beside its attention mask. Here the mask is never rebuilt by hand: a frame is
+decoded through :func:`rvqspec_lib.spec.decode.decode_frame` with a backend that delegates every call to the official
+module (:class:`rvqspec_lib.spec.predictor.OfficialBackend`) and keeps a copy of what
+:func:`rvqspec_lib.spec.decode.verify` (and the prefill) passed to it: the RoPE positions, the attention ``allow``
+mask over the cache's slots and the slots written (docs/methods.md#the-tree-as-data).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rvqspec_lib.spec.predictor import OfficialBackend
+
+
+class _RecordingBackend(OfficialBackend):
+    """:class:`OfficialBackend` that keeps ``(positions, allow, write_slots)`` of every ``forward`` call."""
+
+    name = "official-recording"
+
+    def __init__(self, code_predictor):
+        super().__init__(code_predictor)
+        self.calls: list[dict] = []
+
+    def forward(self, embeds, positions, allow, cache, write_slots):
+        self.calls.append({"positions": positions.detach().cpu().clone(), "allow": allow.detach().cpu().clone(),
+                           "write_slots": write_slots.detach().cpu().clone()})
+        return super().forward(embeds, positions, allow, cache, write_slots)
+
+
+def record_verify_calls(code_predictor, context: torch.Tensor, decoder, *, sampling=None, drafter=None,
+                        seed: int = 0) -> list[dict]:
+    """Decode one frame and return the inputs of each code-predictor call, in order (the prefill first).
+
+    Args:
+        code_predictor: the official module. context: ``(1, 2, talker_hidden)`` float, one frame's context (a
+            batch of 1: the mask of row 0 is what a figure shows). decoder: ``AR``, ``Chain`` or ``Tree``.
+        sampling, drafter: as :func:`rvqspec_lib.spec.decode.decode_frame`. seed: seed of the frame's generator.
+
+    Returns:
+        one dict per call: ``positions`` ``(Q,)`` int64 RoPE positions, ``allow`` ``(Q, S)`` bool (query i may attend
+        to slot j), ``write_slots`` ``(Q,)`` int64 (the slot each query's key and value go to), ``n_query`` Q,
+        ``kind`` (``"prefill"`` for the first call, ``"verify"`` after).
+
+    Raises:
+        ValueError: ``context`` is not a batch of one frame.
+    """
+    from rvqspec_lib.spec.decode import decode_frame
+
+    if not isinstance(context, torch.Tensor) or context.dim() != 3 or context.shape[0] != 1:
+        raise ValueError(f"context must be (1, 2, hidden), one frame; got {tuple(getattr(context, 'shape', ()))}: "
+                         "pass frames.context[:1]")
+    backend = _RecordingBackend(code_predictor)
+    gen = torch.Generator(device=context.device).manual_seed(int(seed))
+    with torch.no_grad():
+        decode_frame(code_predictor, context, decoder=decoder, sampling=sampling, generator=gen, drafter=drafter,
+                     backend=backend)
+    return [{"positions": c["positions"][0], "allow": c["allow"][0], "write_slots": c["write_slots"][0],
+             "n_query": int(c["positions"].shape[1]), "kind": "prefill" if i == 0 else "verify"}
+            for i, c in enumerate(backend.calls)]

@@ -58,6 +58,45 @@ def model_drafter_dir(model: str | os.PathLike) -> Path | None:
     return p if p.is_dir() else None
 
 
+def shipped_drafters(model: str | os.PathLike) -> list[str]:
+    """Names of the trained drafters shipped beside a model (``<model_dir>/drafters/*.safetensors``), sorted; ``[]``
+    for a model without a folder. ``heads`` (the reused heads) needs no file and is not listed."""
+    d = model_drafter_dir(model)
+    return sorted(p.stem for p in (d / "drafters").glob("*.safetensors")) if d is not None else []
+
+
+def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
+    """Before loading: a drafter named in a decoder (``@offsets``, ``paper``) must be shipped beside the model.
+
+    Raises:
+        ValueError: (one line naming the fix) a model without a folder, or no ``drafters/<name>.safetensors``.
+    """
+    if name == "heads":
+        return
+    d = model_drafter_dir(model)
+    if d is None:
+        raise ValueError(f"the {name!r} drafter is not shipped beside {model} (it has no folder of its own): use a "
+                         "checkpoint folder or the embedded model, or draft with the heads (drop @" + name + ")")
+    have = shipped_drafters(model)
+    if name not in have:
+        raise ValueError(f"the {name!r} drafter is not shipped beside {model} (no {d / 'drafters' / (name + '.safetensors')}"
+                         f"; shipped: {', '.join(have) or 'none'}): choose a shipped one or "
+                         + _how_to_train("offsets", str(d / "drafters" / (name + ".safetensors"))))
+
+
+def shipped_drafter(model: str | os.PathLike, name: str, code_predictor):
+    """The drafter ``name`` shipped beside a model (a file stem: ``offsets``, ``offsets-tv`` ...; ``heads`` is the
+    reused heads), on the code predictor's device.
+
+    Raises:
+        ValueError: not shipped (:func:`check_shipped_drafter`), a file for another code predictor.
+    """
+    if name == "heads":
+        return ReusedHeads()
+    check_shipped_drafter(model, name)
+    return load_drafter(model_drafter_dir(model) / "drafters" / f"{name}.safetensors", code_predictor)
+
+
 def _how_to_train(name: str, where: str) -> str:
     return (f"train one with `rvqspec train-drafter --model <model> --drafter {name} --out {where}` "
             f"(or rvqspec_lib.training.drafters.train_drafter), or use --drafter heads (no training)")

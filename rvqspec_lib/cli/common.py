@@ -247,12 +247,14 @@ def check_decoder_files(name, model: str, *, n_codes: int | None = None, codeboo
             raise ValueError(f"{what}: {e} ({path})") from None
 
 
-def build_decoder(name, model: str, lm, *, progress: bool = False):
-    """The decoder object of a parsed name, once the model is loaded: the drafter loaded from beside the model,
-    the calibrated tree read from that drafter's calibration, ``auto`` chosen by timing (or from its cache).
+def build_decoder(name, lm, *, progress: bool = False):
+    """The decoder object of a parsed name, once the model is loaded: the drafter loaded from the model's folder
+    (``lm.folder``), the calibrated tree read from that drafter's calibration, ``auto`` chosen by timing (or from its
+    cache).
 
     Returns ``(decoder, drafter, note)``: ``drafter`` is the module the decoder drafts with (``None``: the reused
-    heads); ``note`` says what ``auto`` chose and why (a cached choice says so), else ``None``.
+    heads; the decoder carries it too); ``note`` says what ``auto`` chose and why (a cached choice says so), else
+    ``None``.
 
     Raises:
         ValueError, FileNotFoundError: a calibration that does not fit the model, no calibration contexts.
@@ -261,11 +263,14 @@ def build_decoder(name, model: str, lm, *, progress: bool = False):
     from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
     cp = lm.code_predictor
-    drafter = None if name.drafter == "heads" or name.kind == "ar" else shipped_drafter(model, name.drafter, cp)
+    drafter = None if name.drafter == "heads" or name.kind == "ar" else shipped_drafter(lm, name.drafter, cp)
     cal = None
     if "calibration" in name.needs:
-        cal = load_calibration(tree_file(model, name.drafter), n_codes=lm.n_code_groups - 1,
-                               codebook_size=lm.codebook_size, model=model, drafter=name.drafter)
+        path = tree_file(lm, name.drafter)
+        if path is None:
+            raise ValueError(f"--decoder {name.text} needs calibrated trees, and {lm.name} has no folder to hold them")
+        cal = load_calibration(path, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size, model=lm.name,
+                               drafter=name.drafter)
     if name.kind != "auto":
         return name.decoder(calibration=cal, drafter=drafter), drafter, None
     from dataclasses import replace
@@ -274,11 +279,11 @@ def build_decoder(name, model: str, lm, *, progress: bool = False):
     from rvqspec_lib.eval.frame_sources import frames_from_shipped
 
     try:
-        contexts = frames_from_shipped(lm, model, "calibration", max_frames=64).context
+        contexts = frames_from_shipped(lm, None, "calibration", max_frames=64).context
     except (FileNotFoundError, ValueError) as e:
         raise ValueError(f"--decoder auto times decoders on the model's calibration frames, and there are none "
                          f"({str(e).splitlines()[0]}): choose a decoder instead") from None
-    choice = auto_decoder(model, cp, cal, contexts, drafter=drafter, drafter_name=name.drafter, progress=progress)
+    choice = auto_decoder(lm.name, cp, cal, contexts, drafter=drafter, drafter_name=name.drafter, progress=progress)
     dec = choice.decoder
     if drafter is not None and hasattr(dec, "drafter"):
         dec = replace(dec, drafter=drafter)

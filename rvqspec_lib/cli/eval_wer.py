@@ -201,10 +201,10 @@ def _run(args, names, needs, languages, progress) -> int:
     for name in names:
         d = parse_decoder_name(name)
         if d.kind != "ar" and d.drafter not in drafters:  # another drafter: shipped beside the model (checked)
-            drafters[d.drafter] = shipped_drafter(args.model, d.drafter, lm.code_predictor)
+            drafters[d.drafter] = shipped_drafter(lm, d.drafter, lm.code_predictor)
             if "calibration" in d.needs:
                 calibrations[d.drafter] = load_calibration(
-                    tree_file(args.model, d.drafter), n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size,
+                    tree_file(lm, d.drafter), n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size,
                     model=args.model, drafter=d.drafter)
         label, dec = parse_decoder(name, calibration=calibrations.get(d.drafter), best_chain=best_chain,
                                    drafter=drafters.get(d.drafter))

@@ -231,12 +231,12 @@ def _bench_inputs(lm, model: str, *, seed: int = 0, n: int = 16, names: str | No
                 check_decoder_files(name, model, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size)
             except (FileNotFoundError, ValueError):
                 continue
-            decoders[label] = build_decoder(name, model, lm)[0]
+            decoders[label] = build_decoder(name, lm)[0]
     else:
         decoders = {}
         for text in split_decoder_list(names):
             name = parse_decoder_name(text)
-            decoders["AR" if name.kind == "ar" else name.text] = build_decoder(name, model, lm)[0]
+            decoders["AR" if name.kind == "ar" else name.text] = build_decoder(name, lm)[0]
         decoders.setdefault("AR", AR())  # speedups are over AR
     try:
         frames = frames_from_shipped(lm, model, "evaluation", max_frames=n, seed=seed)

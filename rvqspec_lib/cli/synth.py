@@ -199,7 +199,7 @@ def run(args, threads: int) -> int:
     load_s = time.perf_counter() - t
     check_tree_ranks([args.decoder_name], lm.codebook_size)  # again for models whose config could not be read
     t = time.perf_counter()
-    decoder, drafter, chose = build_decoder(args.decoder_name, args.model, lm, progress=sys.stderr.isatty())
+    decoder, drafter, chose = build_decoder(args.decoder_name, lm, progress=sys.stderr.isatty())
     choose_s = time.perf_counter() - t
     codec = getattr(lm.speech_tokenizer, "codec", None)
     if args.codes_to_audio != "auto":

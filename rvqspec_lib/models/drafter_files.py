@@ -47,11 +47,14 @@ def model_drafter_dir(model: str | os.PathLike) -> Path | None:
     """The model folder whose ``drafters/`` holds a model's trained drafters, or ``None`` when there is none.
 
     ``"embedded"`` (:data:`rvqspec_lib.models.loader.EMBEDDED_MODEL`) -> ``data/embedded/model`` (whether or not it exists
-    yet); an existing local directory -> itself; anything else (``tiny-random``, a hub id) -> ``None``. With
+    yet); an existing local directory -> itself; a loaded model (:class:`~rvqspec_lib.models.loader.LoadedModel`) ->
+    its ``folder``; anything else (``tiny-random``, a hub id) -> ``None``. With
     :func:`drafter_path`, this is where ``--drafter offsets`` looks and ``rvqspec train-drafter`` writes by default.
     """
-    from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL
+    from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL, LoadedModel
 
+    if isinstance(model, LoadedModel):  # the loaded model knows its folder
+        return model.folder
     if str(model) == EMBEDDED_MODEL:
         return EMBEDDED_DIR / "model"
     p = Path(model).expanduser()
@@ -66,7 +69,8 @@ def shipped_drafters(model: str | os.PathLike) -> list[str]:
 
 
 def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
-    """Before loading: a drafter named in a decoder (``@offsets``, ``paper``) must be shipped beside the model.
+    """Before loading: a drafter named in a decoder (``@offsets``, ``paper``) must be shipped beside the model
+    (``model``: a name, a folder, or a loaded model).
 
     Raises:
         ValueError: (one line naming the fix) a model without a folder, or no ``drafters/<name>.safetensors``.
@@ -74,6 +78,7 @@ def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
     if name == "heads":
         return
     d = model_drafter_dir(model)
+    model = getattr(model, "name", model)  # a loaded model: named by its name
     if d is None:
         raise ValueError(f"the {name!r} drafter is not shipped beside {model} (it has no folder of its own): use a "
                          "checkpoint folder or the embedded model, or draft with the heads (drop @" + name + ")")

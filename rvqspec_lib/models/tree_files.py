@@ -28,16 +28,16 @@ from rvqspec_lib.spec.decoder_names import (
     MIN_BUDGET,
     TREE_KINDS,
     parse_decoder_name,
-    tree_from_calibration,
+    tree_from_calibration,  # noqa: F401 -- also offered here, beside the files it reads (notebooks import it so)
 )
 from rvqspec_lib.spec.decoders import Tree
 
 FORMAT = "rvqspec-trees"
 
 
-def tree_file(model: str | os.PathLike, drafter: str = "heads") -> Path | None:
-    """``<model_dir>/trees/<drafter>.json`` for a model folder or ``"embedded"``; ``None`` for models without a
-    folder of their own (``tiny-random``, random-size names, hub ids)."""
+def tree_file(model, drafter: str = "heads") -> Path | None:
+    """``<model_dir>/trees/<drafter>.json`` for a model folder, ``"embedded"`` or a loaded model (its ``folder``);
+    ``None`` for models without a folder of their own (``tiny-random``, random-size names, hub ids)."""
     d = model_drafter_dir(model)
     return None if d is None else d / "trees" / f"{drafter}.json"
 

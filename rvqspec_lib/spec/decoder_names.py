@@ -51,8 +51,6 @@ GRAMMAR = ("ar, chain[:N] (N in 2..8), chain:best, tree[:<rank paths e.g. 0;1;0,
            "tree:calibrated[-point-mass|-sampled][:N] (N in 2..64), ssd-lossy[:BETA] (LOSSY control), auto, "
            "paper[:N] (offsets + their calibrated point-mass tree, N default 32); add @DRAFTER for another drafter "
            "(e.g. tree:calibrated:16@offsets)")
-#: Kept for readers of the older name.
-DECODER_FORMS = GRAMMAR
 
 _DRAFTER = re.compile(r"^[a-z][a-z0-9_-]*$")
 _CALIBRATED = re.compile(r"^calibrated(?:-([a-z-]+))?(?::(.*))?$")

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     from rvqspec_lib.common.provenance import provenance
     from rvqspec_lib.eval.calibration import BUDGETS, calibrate, calibration_frames
     from rvqspec_lib.eval.inner_loop import default_sampling
-    from rvqspec_lib.models.drafter_files import make_drafter, model_drafter_dir
+    from rvqspec_lib.models.drafter_files import check_shipped_drafter, shipped_drafter
     from rvqspec_lib.models.loader import load_model
     from rvqspec_lib.models.tree_files import save_calibration, tree_file
 
@@ -48,12 +48,17 @@ def main(argv=None) -> int:
     if out is None:
         print(f"error: {a.model} has no folder to hold calibrated trees: give --out", file=sys.stderr)
         return 2
+    try:
+        check_shipped_drafter(a.model, a.drafter)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     lm = load_model(a.model)
     cp = lm.code_predictor
-    drafter = make_drafter(a.drafter, cp, model_drafter_dir(a.model))
+    drafter = shipped_drafter(lm, a.drafter, cp)
     sampling = default_sampling(lm)
     t0 = time.perf_counter()
-    frames = calibration_frames(lm, a.model, max_frames=a.frames, seed=a.seed)
+    frames = calibration_frames(lm, max_frames=a.frames, seed=a.seed)
     cal = calibrate(cp, drafter, frames, sampling=sampling, budgets=BUDGETS, draws=a.draws, seed=a.seed)
     secs = time.perf_counter() - t0
     params = dict(model=a.model, drafter=a.drafter, n_calibration_frames=a.frames, draws=a.draws, seed=a.seed,

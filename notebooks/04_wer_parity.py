@@ -93,6 +93,7 @@ from rvqspec_lib.models.speech_tokenizers import load_codec
 from rvqspec_lib.models.teacher import as_utterance
 from rvqspec_lib.models.tree_files import save_calibration, tree_from_calibration
 from rvqspec_lib.models.utterances import embedded_root
+from rvqspec_lib.spec.decoder_names import check_decoder_names
 from rvqspec_lib.spec.decoders import is_lossless
 from rvqspec_lib.spec.drafters import ReusedHeads
 
@@ -148,7 +149,7 @@ data = evaluation_data(model, languages, codec=the_codec, dataset=fleurs or None
 names = ["ar", "chain:best", f"tree:calibrated-point-mass:{tree_budget}", f"tree:calibrated-sampled:{tree_budget}",
          f"ssd-lossy:{beta}"]
 cal_utts, cal_meta, cal_source = calibration_data(model, codec=the_codec, librispeech=librispeech or None, seed=seed)
-cal = calibrate_decoders(lm, cal_utts, needs=W.check_decoder_names(names), max_frames=calibration_frames,
+cal = calibrate_decoders(lm, cal_utts, needs=check_decoder_names(names), max_frames=calibration_frames,
                          budgets=[tree_budget], seed=seed, progress=True)
 table1 = S.table1_rows(S.entries_used(cal_meta, cal["n_frames"]) + [m for lang in languages
                                                                    for m in data[lang]["meta"]])

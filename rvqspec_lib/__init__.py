@@ -5,6 +5,7 @@ Public API:
     Sampling                                    (transformers-identical warpers, rvqspec_lib.spec.sampling)
     load_model, LoadedModel, ModelNotFoundError (checkpoints, tiny-random, real-size random, rvqspec_lib.models.loader)
     DraftTree, parse_paths                      (trees as data, rvqspec_lib.spec.trees)
+    parse_decoder_name                          (the one grammar of decoder names, rvqspec_lib.spec.decoder_names)
 
 The names are resolved lazily (PEP 562 module ``__getattr__``): ``import rvqspec_lib`` (and so the ``rvqspec``
 command's ``--help``) does not import torch or transformers; the first use of a name imports its module.
@@ -27,6 +28,7 @@ _API = {
     "ModelNotFoundError": "rvqspec_lib.models.loader",
     "DraftTree": "rvqspec_lib.spec.trees",
     "parse_paths": "rvqspec_lib.spec.trees",
+    "parse_decoder_name": "rvqspec_lib.spec.decoder_names",
 }
 
 __all__ = list(_API)

@@ -67,3 +67,44 @@ def test_auto_refuses_what_it_cannot_time(setup):
     meta = build_from_config(tiny_config_dict(n_code_groups=6, codebook_size=32)).talker.code_predictor.to("meta")
     with pytest.raises(ValueError, match="meta device"):
         choose_decoder(meta, cal, ctx)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the cache: damaged files and unwritable folders are warnings, never tracebacks or lost choices (issue 18)
+# --------------------------------------------------------------------------------------------------------------------
+_FAST = dict(budgets=(2, 4), frames=2, repeats=1, shortlist=2)
+
+
+@pytest.mark.parametrize("content", [b"\x00\xff\xfe\x80 garbage", b'["a", "list"]', b'{"key": 3}',
+                                     b'{"key": {"reason": "no label"}}', b"{not json"])
+def test_a_damaged_cache_is_one_warning_then_timed_again(setup, tmp_path, capsys, content):
+    cp, cal, ctx = setup
+    path = tmp_path / "auto.json"
+    path.write_bytes(content)
+    a = auto_decoder("tiny", cp, cal, ctx, cache=path, **_FAST)
+    err = capsys.readouterr().err
+    assert not a.reason.startswith("cached") and a.label in {c[0] for c in candidates(cal)}
+    assert err.count("\n") == 1 and str(path) in err and "RVQSPEC_CACHE" in err, err
+    b = auto_decoder("tiny", cp, cal, ctx, cache=path, **_FAST)  # the damaged file was replaced by a sound one
+    assert b.reason.startswith("cached") and b.label == a.label and capsys.readouterr().err == ""
+
+
+def test_an_unwritable_cache_folder_still_gives_the_choice(setup, tmp_path, capsys, monkeypatch):
+    cp, cal, ctx = setup
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")  # unwritable for every user, root included
+    monkeypatch.setenv("RVQSPEC_CACHE", str(blocker))
+    a = auto_decoder("tiny", cp, cal, ctx, **_FAST)
+    err = capsys.readouterr().err
+    assert a.label in {c[0] for c in candidates(cal)} and a.decoder is not None
+    assert err.count("\n") == 1 and "RVQSPEC_CACHE" in err and "not cached" in err, err
+    assert blocker.read_text().startswith("a file")  # nothing written over it
+
+
+def test_a_sound_cache_gives_no_warning(setup, tmp_path, capsys, monkeypatch):
+    """Negative control of the two tests above."""
+    cp, cal, ctx = setup
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))
+    auto_decoder("tiny", cp, cal, ctx, **_FAST)
+    assert auto_decoder("tiny", cp, cal, ctx, **_FAST).reason.startswith("cached")
+    assert capsys.readouterr().err == ""

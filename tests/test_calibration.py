@@ -112,7 +112,8 @@ def test_pool_by_offset_skips_missing_start_depths():
 
 
 def test_calibration_file_round_trip_and_names(small, tmp_path):
-    from rvqspec_lib.models.tree_files import load_calibration, load_named_tree, parse_tree_name, save_calibration
+    from rvqspec_lib.models.tree_files import load_calibration, load_named_tree, save_calibration
+    from rvqspec_lib.spec.decoder_names import parse_tree_name
 
     cp, frames = small
     cal = calibrate(cp, ReusedHeads(), frames, budgets=(2, 4, 8), draws=1)

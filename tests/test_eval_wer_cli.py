@@ -69,3 +69,17 @@ def test_small_run_on_the_embedded_model(tmp_path, capsys):
     # CER beside WER, in the results and in Table 3
     assert all(0 <= w["cer"] < 10 for w in res["results"]["en"]["wer"].values())
     assert all("cer" in r and "wer" in r for r in res["table3"]) and " CER " in out
+
+
+@pytest.mark.slow
+def test_the_papers_decoder_beside_the_heads_tree(tmp_path, capsys):
+    """eval-wer runs ``paper`` (offsets + their own tree) beside the heads' calibrated tree of the same budget."""
+    out_json = tmp_path / "wer.json"
+    rc, out, err = _run(["--model", "embedded", "--languages", "en", "--sentences", "1", "--asr", "none",
+                         "--no-null-control", "--decoders", "ar,paper:8,tree:calibrated-point-mass:8",
+                         "--work-dir", str(tmp_path / "work"), "--json", str(out_json)], capsys)
+    assert rc == 0, err
+    res = json.loads(out_json.read_text())
+    assert set(res["decoders"]) == {"ar", "paper-N8", "tree-pm-N8"}
+    tpc = res["results"]["en"]["tokens_per_call"]
+    assert tpc["paper-N8"]["value"] > 1.0 and tpc["tree-pm-N8"]["value"] > 1.0

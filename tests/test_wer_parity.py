@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from rvqspec_lib.eval import wer_parity as W
+from rvqspec_lib.spec import decoder_names as N
 from rvqspec_lib.eval.frames import Frames
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.models.teacher import Utterance
@@ -35,7 +36,7 @@ def tiny():
 # ----------------------------------------------------------------------------------------------------------------
 def test_lossy_control_is_labelled_lossy():
     d = LossySSD()
-    assert "Lossy" in repr(d) and "lossy" in d.label and "lossy" in W.decoder_label(d)
+    assert "Lossy" in repr(d) and "lossy" in d.label and "lossy" in N.decoder_label(d)
     assert d.window == 4 and d.beta == 0.4 and d.lossy_tolerance == 0.4
     assert not is_lossless(d) and all(is_lossless(x) for x in (AR(), Chain(4), Tree([(0,)]), Tree([(0,)], True)))
     for bad in (0, -0.1, 1.5, True, "0.4"):
@@ -89,30 +90,30 @@ def test_lossy_decoder_drafts_like_the_chain(tiny):
 # names
 # ----------------------------------------------------------------------------------------------------------------
 def test_decoder_names():
-    assert W.split_decoder_list("ar, chain:4,tree:0;1;0,0,tree-sampled:0;0,0,ssd-lossy:0.2") == \
+    assert N.split_decoder_list("ar, chain:4,tree:0;1;0,0,tree-sampled:0;0,0,ssd-lossy:0.2") == \
         ["ar", "chain:4", "tree:0;1;0,0", "tree-sampled:0;0,0", "ssd-lossy:0.2"]
-    assert W.parse_decoder("chain:3") == ("chain3", Chain(3))
-    assert W.parse_decoder("tree:0;1;0,0")[0] == "tree-pm-N4"
-    assert W.parse_decoder("tree-sampled:0;0,0")[1] == Tree([(0,), (0, 0)], sampled=True)
-    assert W.parse_decoder("ssd-lossy:0.2") == ("ssd-lossy-b0.2-w4", LossySSD(beta=0.2))
+    assert N.parse_decoder("chain:3") == ("chain3", Chain(3))
+    assert N.parse_decoder("tree:0;1;0,0")[0] == "tree-pm-N4"
+    assert N.parse_decoder("tree-sampled:0;0,0")[1] == Tree([(0,), (0, 0)], sampled=True)
+    assert N.parse_decoder("ssd-lossy:0.2") == ("ssd-lossy-b0.2-w4", LossySSD(beta=0.2))
     cal = {"best_kind": {"4": "sampled"}, "budgets": [4], "point-mass": {"order": [[0], [1], [2]]},
            "sampled": {"order": [[0], [0, 0], [1]]}}
-    assert W.parse_decoder("tree:calibrated:4", calibration=cal)[1] == Tree([(0,), (0, 0), (1,)], sampled=True)
-    assert W.parse_decoder("tree:calibrated-point-mass:4", calibration=cal)[1] == Tree([(0,), (1,), (2,)])
-    assert W.parse_decoder("chain:best", best_chain=6)[1] == Chain(6)
-    assert W.check_decoder_names(["ar", "tree:calibrated", "chain:best"]) == {"calibration", "best_chain"}
-    assert W.calibration_budgets(["tree:calibrated", "tree:calibrated-sampled:8", "ar"]) == [8, 16]
+    assert N.parse_decoder("tree:calibrated:4", calibration=cal)[1] == Tree([(0,), (0, 0), (1,)], sampled=True)
+    assert N.parse_decoder("tree:calibrated-point-mass:4", calibration=cal)[1] == Tree([(0,), (1,), (2,)])
+    assert N.parse_decoder("chain:best", best_chain=6)[1] == Chain(6)
+    assert N.check_decoder_names(["ar", "tree:calibrated", "chain:best"]) == {"calibration", "best_chain"}
+    assert N.calibration_budgets(["tree:calibrated", "tree:calibrated-sampled:8", "ar"]) == [8, 16]
     for bad, match in (("beam", "unknown decoder"), ("chain:9", "window"), ("tree:calibrated:99", "outside"),
                        ("ssd-lossy:2", "beta"), ("tree:0;;1", "empty path")):
         with pytest.raises(ValueError, match=match) as e:
-            W.check_decoder_names([bad])
+            N.check_decoder_names([bad])
         assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="calibration"):
-        W.parse_decoder("tree:calibrated:16")
+        N.parse_decoder("tree:calibrated:16")
     with pytest.raises(ValueError, match="chain:N"):
-        W.parse_decoder("chain:best")
+        N.parse_decoder("chain:best")
     with pytest.raises(ValueError, match="no decoder"):
-        W.split_decoder_list(" ")
+        N.split_decoder_list(" ")
 
 
 # ----------------------------------------------------------------------------------------------------------------

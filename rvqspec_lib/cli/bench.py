@@ -56,6 +56,11 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    parser.add_argument("--decoders", default=None,
+                        help="with --backend: comma-separated decoder names (rvqspec synth --help lists them: ar, "
+                             "chain:N, tree[:PATHS], tree:calibrated[-point-mass|-sampled]:N[@DRAFTER], paper[:N], "
+                             "...; default AR, chain:4, the default tree, and when the model ships them "
+                             "tree:calibrated:4 and paper, the paper's decoder)")
     parser.add_argument("--backend", default=None, help="instead of call latencies: frame times of AR, the fused AR "
                         "frame, Chain(4) and the trees through one verify backend (eager, compile, onnx, cuda), "
                         "one interleaved run (rvqspec_lib.eval.export_timing.bench_backend); coreml (macOS 15+): the "
@@ -84,6 +89,17 @@ def check_args(args) -> None:
         raise ValueError(f"--device {dev!r}: use cpu, cuda[:N] or mps")
     if args.backend is not None and args.backend not in BACKENDS:
         raise ValueError(f"unknown --backend {args.backend!r}: use one of {', '.join(BACKENDS)}")
+    if getattr(args, "decoders", None) is not None:
+        from rvqspec_lib.cli.common import check_decoder_files
+        from rvqspec_lib.spec.decoder_names import parse_decoder_name, split_decoder_list
+
+        if args.backend is None:
+            raise ValueError("--decoders is for --backend (frame times per decoder); the call latencies take none")
+        for name in split_decoder_list(args.decoders):
+            d = parse_decoder_name(name)
+            if d.kind == "auto" or d.best_window:
+                raise ValueError(f"bench times named decoders: {d.text} is chosen elsewhere; give e.g. chain:4,paper")
+            check_decoder_files(d, args.model)  # the drafter and trees beside the model, before it loads
 
 
 def dtypes(args) -> list[str]:

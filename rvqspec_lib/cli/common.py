@@ -1,5 +1,6 @@
 """Helpers every ``rvqspec`` command shares: one-line errors, output-path checks and atomic writes, the thread
-count, seeds, and the decoder flags (``--decoder``, ``--window``, ``--tree``).
+count, seeds, and the decoder flags (``--decoder``, ``--window``, ``--tree``; the names themselves are parsed by
+:mod:`rvqspec_lib.spec.decoder_names`, the one grammar).
 
 Nothing here imports torch at module level: ``rvqspec --help`` builds every command's parser from this module and
 stays fast (tests/test_cli.py checks that torch is not imported).
@@ -206,89 +207,110 @@ WINDOW_HELP = (f"chain window N ({CHAIN_WINDOWS[0]}..{MAX_WINDOW}, default {DEFA
 TREE_HELP = f"tree rank paths: ';' between paths, ',' between ranks (default {DEFAULT_TREE_TEXT})"
 
 
-class PendingDecoder:
-    """A decoder that can only be made once the model is loaded: a calibrated tree (``--tree calibrated:16``, read
-    from the model's ``trees/heads.json``) or ``--decoder auto`` (chosen by timing this device). ``name`` is the flag's
-    text; :func:`resolve_decoder` turns it into a decoder."""
-
-    def __init__(self, kind: str, name: str):
-        self.kind, self.name = kind, name
-
-    def __repr__(self) -> str:
-        return f"PendingDecoder({self.kind!r}, {self.name!r})"
+DECODER_HELP = ("inner-loop decoder, one of: ar | chain[:N] | tree[:PATHS] | tree:calibrated[-point-mass|-sampled]:N "
+                "| auto | paper[:N] | ssd-lossy[:BETA] (LOSSY control). paper = the paper's decoder: the offsets "
+                "drafter shipped beside the model + ITS calibrated point-mass tree of N nodes (default 32, "
+                "<model>/trees/offsets.json); add @DRAFTER to draft with another shipped drafter and use its own "
+                "calibrated trees (e.g. tree:calibrated-point-mass:16@offsets); auto: the fastest on this device "
+                "among AR, chains and the calibrated trees, timed once and cached")
 
 
-def tree_from_flag(text: str | None):
-    """``--tree`` parsed (the default tree when not given) into a ``Tree`` decoder, or a :class:`PendingDecoder` for a
-    calibrated tree's name (``calibrated:N``, ``calibrated-sampled:N``, ``calibrated-point-mass:N``).
+def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree: str | None = None):
+    """``--decoder`` (with the older ``--window`` / ``--tree`` companions) as ONE name of the grammar
+    (:mod:`rvqspec_lib.spec.decoder_names`): ``--decoder chain --window 6`` is ``chain:6``, ``--decoder tree --tree
+    calibrated:16`` is ``tree:calibrated:16``. Returns a :class:`~rvqspec_lib.spec.decoder_names.DecoderName`.
 
     Raises:
-        ValueError: a malformed path, a gap, a repeated path, a bad calibrated name (one line, from the library).
+        ValueError: a flag the chosen decoder does not use, any bad name, window, budget or path (one line).
     """
-    from rvqspec_lib.models.tree_files import is_calibrated_name, parse_tree_name
-    from rvqspec_lib.spec.decoders import Tree
-    from rvqspec_lib.spec.trees import parse_paths
+    from rvqspec_lib.spec.decoder_names import parse_decoder_name
 
-    if text is not None and is_calibrated_name(text):
-        parse_tree_name(text)  # the name's syntax and budget, before any work
-        return PendingDecoder("calibrated", text.strip())
-    return Tree(paths=DEFAULT_TREE if text is None else parse_paths(text))
+    text = (decoder or "ar").strip()
+    if window is not None and text != "chain":
+        raise ValueError("--window is for --decoder chain; drop it or add --decoder chain (or write chain:N)")
+    if tree is not None and text != "tree":
+        raise ValueError("--tree is for --decoder tree; drop it or add --decoder tree (or write tree:PATHS)")
+    if window is not None:
+        text = f"chain:{window}"
+    elif tree is not None:
+        text = f"tree:{tree.strip()}"
+    return parse_decoder_name(text)
 
 
-def check_calibration_exists(decoder, model: str) -> None:
-    """Before loading: a calibrated tree or ``auto`` needs the model's calibration file (FileNotFoundError naming how
-    to make one, ValueError for a model with no folder of its own)."""
-    if not isinstance(decoder, PendingDecoder):
+def check_decoder_files(name, model: str, *, n_codes: int | None = None, codebook_size: int | None = None) -> None:
+    """Before loading: the files a decoder name reads beside the model exist and are sound: its drafter
+    (``@DRAFTER``, ``paper``: ``<model>/drafters/<drafter>.safetensors``) and, for calibrated trees, ``paper`` and
+    ``auto``, that drafter's calibration ``<model>/trees/<drafter>.json`` (shape checked, and against the model's
+    sizes when given).
+
+    Raises:
+        ValueError, FileNotFoundError: one line naming the file and the fix (the recalibrate command).
+    """
+    from rvqspec_lib.models.drafter_files import check_shipped_drafter
+    from rvqspec_lib.models.tree_files import load_calibration, recalibrate_command, tree_file
+
+    if name.kind == "ar":
         return
-    from rvqspec_lib.models.tree_files import tree_file
-
-    path = tree_file(model, "heads")
-    what = "--decoder auto" if decoder.kind == "auto" else f"--tree {decoder.name}"
+    check_shipped_drafter(model, name.drafter)
+    if "calibration" not in name.needs:
+        return
+    path = tree_file(model, name.drafter)
+    what = f"--decoder {name.text}"
     if path is None:
         raise ValueError(f"{what} needs calibrated trees, and {model} has no folder to hold them: use a checkpoint "
                          "folder or the embedded model, or give --tree rank paths")
     if not path.is_file():
-        raise FileNotFoundError(f"{what}: no calibrated trees at {path}: run notebook 03 on this model "
-                                f"(make paper MODEL={model}) to calibrate them, or give --tree rank paths")
+        raise FileNotFoundError(f"{what}: no calibrated trees at {path}: calibrate them with "
+                                f"`{recalibrate_command(model, name.drafter)}`, or give --tree rank paths")
+    cal = load_calibration(path, n_codes=n_codes, codebook_size=codebook_size, model=model, drafter=name.drafter)
+    if name.kind in ("calibrated", "paper"):
+        try:
+            name.calibrated_tree(cal)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e} ({path})") from None
 
 
-def resolve_decoder(decoder, model: str, lm, *, progress: bool = False):
-    """A :class:`PendingDecoder` made real once the model is loaded; other decoders are returned unchanged.
+def build_decoder(name, lm, *, progress: bool = False):
+    """The decoder object of a parsed name, once the model is loaded: the drafter loaded from the model's folder
+    (``lm.folder``), the calibrated tree read from that drafter's calibration, ``auto`` chosen by timing (or from its
+    cache).
 
-    Returns ``(decoder, note)``: for ``auto``, the note says what was chosen and why (a cached choice says so).
+    Returns ``(decoder, drafter, note)``: ``drafter`` is the module the decoder drafts with (``None``: the reused
+    heads; the decoder carries it too); ``note`` says what ``auto`` chose and why (a cached choice says so), else
+    ``None``.
 
     Raises:
         ValueError, FileNotFoundError: a calibration that does not fit the model, no calibration contexts.
     """
-    if not isinstance(decoder, PendingDecoder):
-        return decoder, None
-    from rvqspec_lib.models.tree_files import (
-        load_calibration,
-        load_named_tree,
-        tree_file,
-    )
+    from rvqspec_lib.models.drafter_files import shipped_drafter
+    from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
     cp = lm.code_predictor
-    if decoder.kind == "calibrated":
-        return load_named_tree(decoder.name, model, cp), None
+    drafter = None if name.drafter == "heads" or name.kind == "ar" else shipped_drafter(lm, name.drafter, cp)
+    cal = None
+    if "calibration" in name.needs:
+        path = tree_file(lm, name.drafter)
+        if path is None:
+            raise ValueError(f"--decoder {name.text} needs calibrated trees, and {lm.name} has no folder to hold them")
+        cal = load_calibration(path, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size, model=lm.name,
+                               drafter=name.drafter)
+    if name.kind != "auto":
+        return name.decoder(calibration=cal, drafter=drafter), drafter, None
+    from dataclasses import replace
+
     from rvqspec_lib.eval.budget import auto_decoder
     from rvqspec_lib.eval.frame_sources import frames_from_shipped
 
-    cal = load_calibration(tree_file(model, "heads"), n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size)
     try:
-        contexts = frames_from_shipped(lm, model, "calibration", max_frames=64).context
+        contexts = frames_from_shipped(lm, None, "calibration", max_frames=64).context
     except (FileNotFoundError, ValueError) as e:
         raise ValueError(f"--decoder auto times decoders on the model's calibration frames, and there are none "
                          f"({str(e).splitlines()[0]}): choose a decoder instead") from None
-    choice = auto_decoder(model, cp, cal, contexts, drafter_name="heads", progress=progress)
-    return choice.decoder, f"--decoder auto chose {choice.reason}"
-
-
-def chain_from_flag(window: int | None):
-    """``--window`` (the default window when not given) into a ``Chain`` decoder; ValueError outside the range."""
-    from rvqspec_lib.spec.decoders import Chain
-
-    return Chain(window=DEFAULT_WINDOW if window is None else window)
+    choice = auto_decoder(lm.name, cp, cal, contexts, drafter=drafter, drafter_name=name.drafter, progress=progress)
+    dec = choice.decoder
+    if drafter is not None and hasattr(dec, "drafter"):
+        dec = replace(dec, drafter=drafter)
+    return dec, drafter, f"--decoder auto chose {choice.reason}"
 
 
 def check_tree_ranks(decoders, codebook_size: int) -> None:

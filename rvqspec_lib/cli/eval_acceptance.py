@@ -14,11 +14,9 @@ from rvqspec_lib.cli.common import (
     WINDOW_HELP,
     add_threads_arg,
     apply_threads,
-    chain_from_flag,
     check_tree_ranks,
     note,
     threads_text,
-    tree_from_flag,
 )
 from rvqspec_lib.cli.frames import (
     add_frame_source_args,
@@ -63,12 +61,17 @@ def decoders_from_args(args) -> list:
                          "run)")
     if args.tree is not None and args.decoder == "chain":
         raise ValueError("--tree is not used with --decoder chain: drop it, or use --decoder tree")
+    from rvqspec_lib.spec.decoder_names import is_calibrated_name, parse_decoder_name
+
     if args.decoder == "chain":
-        return [chain_from_flag(args.window)]
-    tree = tree_from_flag(args.tree)
+        return [parse_decoder_name("chain" if args.window is None else f"chain:{args.window}").decoder()]
+    if is_calibrated_name(args.tree) or "@" in (args.tree or ""):
+        raise ValueError(f"--tree {args.tree}: eval-acceptance takes rank paths (e.g. '0;1;0,0'); calibrated trees "
+                         "are evaluated by notebook 03 and `rvqspec eval-wer`")
+    tree = parse_decoder_name("tree" if args.tree is None else f"tree:{args.tree}").decoder()
     if args.decoder == "tree":
         return [tree]
-    return [chain_from_flag(w) for w in CHAIN_WINDOWS] + [tree]
+    return [parse_decoder_name(f"chain:{w}").decoder() for w in CHAIN_WINDOWS] + [tree]
 
 
 def _check_ranks(args, decoders, codebook_size: int) -> None:

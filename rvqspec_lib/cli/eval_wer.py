@@ -23,6 +23,13 @@ from pathlib import Path
 from rvqspec_lib.cli.common import add_threads_arg, apply_threads, resolve_threads
 
 DEFAULT_DECODERS = "ar,chain:best,tree:calibrated-point-mass:16,tree:calibrated-sampled:16,ssd-lossy"
+#: ``--decoders`` help: the grammar's forms (rvqspec_lib.spec.decoder_names) that eval-wer runs.
+DECODERS_HELP = ("comma-separated: ar, chain:N, chain:best, tree:calibrated[-sampled|-point-mass][:N], "
+                 "tree:<rank paths>, tree-sampled:<paths>, ssd-lossy[:BETA] (a LOSSY control), paper[:N] (the "
+                 "paper's decoder: the offsets shipped beside the model + their calibrated point-mass tree, N "
+                 "default 32); @DRAFTER after a name drafts with another shipped drafter and its own calibrated "
+                 "trees (<model>/trees/DRAFTER.json), e.g. tree:calibrated-point-mass:16@offsets; AR is always "
+                 f"added as the reference (default {DEFAULT_DECODERS})")
 
 
 def _die(msg: str) -> int:
@@ -33,10 +40,7 @@ def _die(msg: str) -> int:
 def add_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``rvqspec eval-wer``."""
     p.add_argument("--model", required=True, help="embedded, a checkpoint folder or a hub id")
-    p.add_argument("--decoders", default=DEFAULT_DECODERS,
-                   help="comma-separated: ar, chain:N, chain:best, tree:calibrated[-sampled|-point-mass][:N], "
-                        "tree:<rank paths>, tree-sampled:<paths>, ssd-lossy[:BETA] (a LOSSY control); AR is always "
-                        f"added as the reference (default {DEFAULT_DECODERS})")
+    p.add_argument("--decoders", default=DEFAULT_DECODERS, help=DECODERS_HELP)
     p.add_argument("--languages", default="en", help="comma-separated ISO codes among en,de,es,ru,ja,zh")
     p.add_argument("--dataset", help="a Fleurs folder (save_to_disk; one config folder per language, e.g. de_de) or "
                                      "hub id; default for the embedded model: its shipped English evaluation split "
@@ -44,9 +48,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-kind", default="fleurs", choices=["fleurs", "librispeech", "voxpopuli"])
     p.add_argument("--split", default=None, help="the dataset's split (default test)")
     p.add_argument("--codec", help="with --dataset: the codec of the model (e.g. the 12 Hz tokenizer folder)")
-    p.add_argument("--calibration", help="calibrated trees (JSON of rvqspec_lib.eval.calibration); default "
-                                         "<model>/trees/heads.json, else calibrated here on the shipped "
-                                         "calibration split")
+    p.add_argument("--calibration", help="calibrated trees of the heads (JSON of rvqspec_lib.eval.calibration); "
+                                         "default <model>/trees/heads.json, else calibrated here on the shipped "
+                                         "calibration split (other drafters: always <model>/trees/DRAFTER.json)")
     p.add_argument("--calibration-frames", type=int, default=1000,
                    help="calibration frames when the trees are calibrated here (and for chain:best)")
     p.add_argument("--sentences", type=int, default=None, help="at most this many utterances per language")
@@ -76,16 +80,42 @@ def _check_out(path: str | None) -> str | None:
     return None
 
 
+def check_decoder_names(names, model: str) -> set[str]:
+    """Parse every ``--decoders`` name before any work, and check the files the names with another drafter than
+    the heads read beside the model (the drafter, its calibration). Returns what the HEADS' names need
+    (``calibration``, ``best_chain``: made here when the model ships none).
+
+    Raises:
+        ValueError, FileNotFoundError: one line naming the fix.
+    """
+    from rvqspec_lib.cli.common import check_decoder_files
+    from rvqspec_lib.spec.decoder_names import parse_decoder_name
+
+    needs: set[str] = set()
+    for name in names:
+        d = parse_decoder_name(name)
+        if d.kind == "auto":
+            raise ValueError("auto is chosen by timing (rvqspec synth --decoder auto): name decoders here, e.g. "
+                             "chain:4,paper")
+        if d.kind == "ar" or d.drafter == "heads":
+            needs |= d.needs
+            continue
+        if d.best_window:
+            raise ValueError(f"{d.text}: chain:best is chosen for the heads only: give chain:N@{d.drafter}")
+        check_decoder_files(d, model)
+    return needs
+
+
 def run(args, threads: int | None = None) -> int:
     """Run ``rvqspec eval-wer``; returns the exit status."""
 
-    from rvqspec_lib.eval import wer_parity as W
     from rvqspec_lib.eval.asr_models import check_asr_name
     from rvqspec_lib.eval.datasets import get_language
+    from rvqspec_lib.spec.decoder_names import split_decoder_list
 
     try:
-        names = W.split_decoder_list(args.decoders)
-        needs = W.check_decoder_names(names)
+        names = split_decoder_list(args.decoders)
+        needs = check_decoder_names(names, args.model)
         languages = [x.strip() for x in (args.languages or "").split(",") if x.strip()]
         if not languages:
             raise ValueError("--languages is empty: e.g. --languages en,de")
@@ -133,7 +163,10 @@ def _run(args, names, needs, languages, progress) -> int:
     from rvqspec_lib.eval import wer_parity as W
     from rvqspec_lib.eval.asr_models import recogniser
     from rvqspec_lib.eval.parity import entries_used, table1_rows
+    from rvqspec_lib.models.drafter_files import shipped_drafter
     from rvqspec_lib.models.loader import load_model
+    from rvqspec_lib.models.tree_files import load_calibration, tree_file
+    from rvqspec_lib.spec.decoder_names import calibration_budgets, parse_decoder, parse_decoder_name
     from rvqspec_lib.models.speech_tokenizers import load_codec
     from rvqspec_lib.spec.decoders import AR
     from rvqspec_lib.spec.drafters import ReusedHeads
@@ -150,7 +183,7 @@ def _run(args, names, needs, languages, progress) -> int:
         print(f"note: {args.model} has RANDOM weights: its WER means nothing", file=sys.stderr)
     # codes -> audio that codes 1..15 change: the offline codec's table decoder (its neural one ignores them)
     audio_codec = codec.with_decoder(None) if hasattr(codec, "with_decoder") else codec
-    drafter = ReusedHeads()
+    drafter = ReusedHeads()  # for decoders that carry no drafter of their own (the paper's carries its offsets)
     calibration, best_chain, cal_meta = None, None, []
     if needs:
         from rvqspec_lib.models.tree_files import tree_file
@@ -159,16 +192,26 @@ def _run(args, names, needs, languages, progress) -> int:
         cal_utts, cal_meta = [], []
         if not ("best_chain" not in needs and path is not None and path.is_file()):
             cal_utts, cal_meta, _ = calibration_data(args.model, seed=args.seed)
+        heads_names = [n for n in names if parse_decoder_name(n).drafter == "heads"]
         cal = calibrate_decoders(lm, cal_utts, needs=needs, calibration_path=path,
-                                 max_frames=args.calibration_frames, budgets=W.calibration_budgets(names),
+                                 max_frames=args.calibration_frames, budgets=calibration_budgets(heads_names) or None,
                                  seed=args.seed, progress=progress)
         calibration, best_chain = cal["calibration"], cal["best_chain"]
         cal_meta = entries_used(cal_meta, cal["n_frames"])
     decoders = {"ar": AR()}
     if not args.no_null_control:
         decoders[W.NULL_CONTROL] = AR()
+    drafters, calibrations = {"heads": None}, {"heads": calibration}
     for name in names:
-        label, dec = W.parse_decoder(name, calibration=calibration, best_chain=best_chain)
+        d = parse_decoder_name(name)
+        if d.kind != "ar" and d.drafter not in drafters:  # another drafter: shipped beside the model (checked)
+            drafters[d.drafter] = shipped_drafter(lm, d.drafter, lm.code_predictor)
+            if "calibration" in d.needs:
+                calibrations[d.drafter] = load_calibration(
+                    tree_file(lm, d.drafter), n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size,
+                    model=args.model, drafter=d.drafter)
+        label, dec = parse_decoder(name, calibration=calibrations.get(d.drafter), best_chain=best_chain,
+                                   drafter=drafters.get(d.drafter))
         decoders.setdefault(label, dec)
     results, free = {}, None
     for lang in languages:

@@ -44,6 +44,9 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "default 4, or the --tree's size)")
     p.add_argument("--tree", default=None, help="verify graph: rank paths of the tree, e.g. '0;1;0,0' "
                    "(default: a chain of N-1 drafts)")
+    p.add_argument("--decoder", default=None, help="verify graph: the tree of a decoder name instead of --tree: "
+                   "paper[:N] (the paper's decoder: the calibrated point-mass tree of the offsets shipped beside the "
+                   "model, N default 32), tree:calibrated[-point-mass|-sampled]:N[@DRAFTER], chain:N, tree:PATHS")
     p.add_argument("--dtype", default="float32", help="float32 or float16")
     p.add_argument("--target", default="macOS15", help="Core ML deployment target: macOS15 or iOS18 (KV-cache "
                    "states need 15/18)")
@@ -65,8 +68,11 @@ def check_args(args) -> str | None:
         return f"unknown --dtype {args.dtype!r}: use float32 or float16"
     if args.target not in TARGETS:
         return f"unknown --target {args.target!r}: use macOS15 or iOS18"
-    if args.graph != "verify" and (args.nodes is not None or args.tree is not None):
-        return f"--nodes and --tree are for --graph verify; the {args.graph} graph has none"
+    if args.graph != "verify" and (args.nodes is not None or args.tree is not None
+                                   or getattr(args, "decoder", None) is not None):
+        return f"--nodes and --tree are for --graph verify (and --decoder); the {args.graph} graph has none"
+    if args.tree is not None and getattr(args, "decoder", None) is not None:
+        return "--tree and --decoder both name the verify graph's tree: give one"
     if args.nodes is not None and not 2 <= args.nodes <= 64:
         return f"--nodes must be in 2..64 (query positions of one verify call, the root included), got {args.nodes}"
     if args.repeats < 1:
@@ -82,12 +88,38 @@ def check_args(args) -> str | None:
     return check_output_folder(args.out)  # a folder, writable, before the model loads (the export takes minutes)
 
 
+def _decoder_tree(args):
+    """The DraftTree of ``--decoder NAME`` (before the model loads: a calibrated tree is read from the model's
+    files, checked), or ``None`` without ``--decoder``."""
+    from rvqspec_lib.cli.common import check_decoder_files
+    from rvqspec_lib.models.tree_files import load_calibration, tree_file
+    from rvqspec_lib.spec.decoder_names import parse_decoder_name
+
+    text = getattr(args, "decoder", None)
+    if text is None:
+        return None
+    name = parse_decoder_name(text)
+    if name.kind in ("ar", "auto", "ssd-lossy") or name.best_window:
+        raise ValueError(f"--decoder {name.text}: a verify graph needs a tree: give paper[:N], "
+                         "tree:calibrated...:N, chain:N or tree:PATHS")
+    check_decoder_files(name, args.model)
+    if name.kind in ("calibrated", "paper"):
+        cal = load_calibration(tree_file(args.model, name.drafter), model=args.model, drafter=name.drafter)
+        return name.calibrated_tree(cal).tree(0)
+    from dataclasses import replace
+
+    return replace(name, drafter="heads").decoder().tree(0)  # the graph holds the tree, not the drafter
+
+
 def _tree_and_nodes(args):
     from rvqspec_lib.spec.trees import DraftTree, parse_paths
 
     if args.graph != "verify":
         return None, None
-    tree = None
+    tree = _decoder_tree(args)
+    if tree is not None and args.nodes is not None and args.nodes != tree.n_nodes + 1:
+        raise ValueError(f"--decoder {args.decoder}'s tree has {tree.n_nodes} nodes, so N = {tree.n_nodes + 1}; "
+                         f"--nodes {args.nodes} disagrees: drop --nodes")
     if args.tree is not None:
         tree = DraftTree.from_paths(parse_paths(args.tree))
         if args.nodes is not None and args.nodes != tree.n_nodes + 1:
@@ -107,7 +139,7 @@ def run(args, threads: int = 1) -> int:
         return _die(problem)
     try:
         tree, nodes = _tree_and_nodes(args)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         return _die(str(e))
     from rvqspec_lib.cli.common import apply_threads
 
@@ -149,6 +181,7 @@ def run(args, threads: int = 1) -> int:
                                      repeats=args.repeats, progress=sys.stderr.isatty())["rows"]
     info = {"model": args.model, "random_weights": lm.is_random, **{k: v for k, v in res.items() if k != "path"},
             "file": path.name, "tree": [list(p) for p in tree.paths] if tree is not None else None,
+            "decoder": getattr(args, "decoder", None),
             "agreement": agreement, "coreml_timing": timing,
             "ran": bool(agreement), "note": "" if agreement else F.coreml_available()[1],
             "provenance": provenance({"model": args.model, "format": args.fmt, "graph": args.graph,
@@ -177,21 +210,34 @@ def run(args, threads: int = 1) -> int:
     return 0
 
 
-def _bench_inputs(lm, model: str, *, seed: int = 0, n: int = 16):
+def _bench_inputs(lm, model: str, *, seed: int = 0, n: int = 16, names: str | None = None):
     """``(contexts (n, 2, H), {label: decoder}, source text)`` for the backend bench: the shipped evaluation split's
-    teacher-forced contexts and the model's calibrated tree of N = 4 when it ships them (the embedded model), random
-    contexts and the default tree otherwise (tokens per call then mean little: say so)."""
+    teacher-forced contexts and, without ``names``, AR, ``Chain(4)``, the default tree and, when the model ships
+    them, its calibrated tree of N = 4 and the paper's decoder (``paper``: offsets + their calibrated point-mass
+    tree); random contexts otherwise (tokens per call then mean little: say so). ``names``: comma-separated
+    decoder names of the grammar (:mod:`rvqspec_lib.spec.decoder_names`) instead, labelled as written."""
+    from rvqspec_lib.cli.common import build_decoder, check_decoder_files
     from rvqspec_lib.eval.frame_sources import frames_from_shipped
     from rvqspec_lib.eval.speed import random_contexts
-    from rvqspec_lib.models.tree_files import load_named_tree
+    from rvqspec_lib.spec.decoder_names import parse_decoder_name, split_decoder_list
     from rvqspec_lib.spec.decoders import AR, Chain, Tree
 
     cp = lm.code_predictor
-    decoders = {"AR": AR(), "chain4": Chain(4), "tree": Tree()}
-    try:
-        decoders["calibrated:4"] = load_named_tree("calibrated:4", model, cp)
-    except (FileNotFoundError, ValueError):
-        pass
+    if names is None:
+        decoders = {"AR": AR(), "chain4": Chain(4), "tree": Tree()}
+        for label in ("calibrated:4", "paper"):  # when shipped beside the model
+            name = parse_decoder_name(label)
+            try:
+                check_decoder_files(name, model, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size)
+            except (FileNotFoundError, ValueError):
+                continue
+            decoders[label] = build_decoder(name, lm)[0]
+    else:
+        decoders = {}
+        for text in split_decoder_list(names):
+            name = parse_decoder_name(text)
+            decoders["AR" if name.kind == "ar" else name.text] = build_decoder(name, lm)[0]
+        decoders.setdefault("AR", AR())  # speedups are over AR
     try:
         frames = frames_from_shipped(lm, model, "evaluation", max_frames=n, seed=seed)
         return frames.context, decoders, f"{len(frames)} frames of the shipped evaluation split"
@@ -228,8 +274,9 @@ def _bench_coreml(args) -> int:
 
 
 def run_bench_backend(args) -> int:
-    """What ``rvqspec bench --backend NAME`` runs: frame times of AR, the fused frame, ``Chain(4)``, the default tree
-    and the model's calibrated tree of N = 4 (when it ships one) through ONE backend (:func:`rvqspec_lib.eval.export_timing.bench_backend`), printed as a table.
+    """What ``rvqspec bench --backend NAME`` runs: frame times of AR, the fused frame, ``Chain(4)``, the default tree,
+    the model's calibrated tree of N = 4 and the paper's decoder (when it ships them), or ``--decoders``, through ONE
+    backend (:func:`rvqspec_lib.eval.export_timing.bench_backend`), printed as a table.
 
     Reads ``args.backend``, ``args.model``, ``args.repeats``, ``args.warmup``, ``args.seed``, ``args.json_path``
     (optional) and ``args.no_progress`` (optional), as the bench parser defines them; ``--device cuda`` loads the
@@ -252,13 +299,14 @@ def run_bench_backend(args) -> int:
     try:
         lm = load_model(args.model, device=device, seed=getattr(args, "seed", 0))
         cp = lm.code_predictor.eval()
-        contexts, decoders, source = _bench_inputs(lm, args.model, seed=getattr(args, "seed", 0))
+        contexts, decoders, source = _bench_inputs(lm, args.model, seed=getattr(args, "seed", 0),
+                                                   names=getattr(args, "decoders", None))
         contexts = contexts.to(device)
         res = T.bench_backend(name, cp, contexts, decoders=decoders, repeats=args.repeats,
                               warmup=getattr(args, "warmup", 2),
                               seed=getattr(args, "seed", 0), random_weights=lm.is_random,
                               progress=not getattr(args, "no_progress", False) and sys.stderr.isatty())
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         return _die(str(e))
     print(format_rows(res["rows"], ["decoder", "backend", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms",
                                     "speedup_vs_ar", "speedup_vs_fused"]))

@@ -1,14 +1,19 @@
-"""``rvqspec synth``: speak a text with a chosen inner-loop decoder; write the audio, the codes and statistics.
+"""``rvqspec synth``: speak a text (or every line of a file) with a chosen inner-loop decoder; write the audio, the
+codes and statistics.
 
-Order of work (README "Command line"): every flag, the text and every output path are checked first, the model's
-config is read without its weights (:func:`rvqspec_lib.models.loader.model_facts`: language, speaker, tree ranks),
-THEN the model loads (seconds), the frame loop runs (:func:`rvqspec_lib.models.frame.synthesize`), the codes become
-audio, and the outputs are written atomically (all of them or none, also on Ctrl-C).
+Order of work (README "Command line"): every flag, the text(s), every output path and the files the decoder reads
+beside the model (its drafter, its calibrated trees) are checked first, the model's config is read without its
+weights (:func:`rvqspec_lib.models.loader.model_facts`: language, speaker, tree ranks), THEN the model loads
+(seconds), the decoder is built (``auto``: chosen by timing once, then cached), the frame loop runs
+(:func:`rvqspec_lib.models.frame.synthesize`; the lines of ``--text-file`` in batches), the codes become audio, and
+the outputs are written atomically (all of them or none, also on Ctrl-C).
 
-Timing fields (JSON and the printed line): ``load_s`` (loading the model), ``synth_s`` (the frame loop: prompt,
-talker and inner loop), ``decode_s`` (codes to audio), ``startup_s`` (imports of torch and transformers, and the
-checks, before loading), ``total_s`` (from the command's start to the outputs being ready: startup + load + synth +
-decode + writing), ``audio_s`` and ``rtf = total_s / audio_s`` (below 1 is faster than real time).
+Timing fields (JSON and the printed line), each apart: ``startup_s`` (imports of torch and transformers, and the
+checks, before loading), ``load_s`` (loading the model), ``choose_s`` (building the decoder: loading its drafter and
+trees, and for ``auto`` the one-off timing, milliseconds when cached), ``synth_s`` (the frame loop: prompt, talker and
+inner loop), ``decode_s`` (codes to audio), ``total_s`` (from the command's start to the outputs being ready),
+``audio_s``, ``rtf = (synth_s + decode_s) / audio_s`` (synthesis alone; below 1 is faster than real time) and
+``rtf_total = total_s / audio_s`` (with start-up, load and the choice).
 """
 
 from __future__ import annotations
@@ -20,21 +25,21 @@ import time
 from pathlib import Path
 
 from rvqspec_lib.cli.common import (
+    DECODER_HELP,
     TREE_HELP,
     WINDOW_HELP,
-    PendingDecoder,
     add_threads_arg,
     apply_threads,
-    chain_from_flag,
-    check_calibration_exists,
+    build_decoder,
+    check_decoder_files,
     check_outputs,
     check_seed,
     check_tree_ranks,
     check_utf8,
+    decoder_name_from_flags,
     note,
-    resolve_decoder,
+    read_text_file,
     threads_text,
-    tree_from_flag,
 )
 
 #: Audio formats ``synth --out`` writes (soundfile, by extension).
@@ -52,18 +57,23 @@ def add_args(p: argparse.ArgumentParser) -> None:
     """The ``synth`` flags."""
     p.add_argument("--model", required=True, help="embedded, tiny-random, qwen3-tts-0.6b-random, "
                                                   "qwen3-tts-1.7b-random, a hub id or a checkpoint dir")
-    p.add_argument("--text", required=True, help="sentence to speak (long texts: one sentence per call)")
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="sentence to speak (long texts: one sentence per call, or --text-file)")
+    text.add_argument("--text-file", help="UTF-8 file, one sentence a line (blank lines skipped): one audio and codes "
+                                          "file each, named from --out with an index (out.wav -> out_000.wav, "
+                                          "out_000.npy, ...), decoded in batches of --batch-size")
     p.add_argument("--out", required=True, help="output audio: .wav, .flac or .ogg (the codes always go to "
                                                 "<out without its extension>.npy beside it)")
-    p.add_argument("--decoder", choices=["ar", "chain", "tree", "auto"], default="ar",
-                   help="inner-loop decoder; auto: the fastest on this device among AR, chains and the model's "
-                        "calibrated trees, timed once and cached (needs the model's calibrated trees, notebook 03)")
+    p.add_argument("--decoder", default="ar", help=DECODER_HELP)
     p.add_argument("--window", type=int, default=None, help=WINDOW_HELP + "; with --decoder chain")
     p.add_argument("--tree", default=None, help=TREE_HELP + ", or calibrated:N / calibrated-sampled:N / "
-                   "calibrated-point-mass:N (N = 2..64 nodes, from the model's calibrated trees); with --decoder tree")
+                   "calibrated-point-mass:N[@DRAFTER] (N = 2..64 nodes, from the model's calibrated trees); with "
+                   "--decoder tree")
+    p.add_argument("--batch-size", type=int, default=8, help="--text-file: lines decoded together (1..64, default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the explicit generator (0..2**63-1)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding in both loops")
-    p.add_argument("--json", help="write statistics (frames, calls, tokens per call, timings, RTF, codes) here")
+    p.add_argument("--json", help="write statistics (frames, calls, tokens per call, timings, RTF, codes) here; with "
+                                  "--text-file one file for all lines (their statistics under 'utterances')")
     p.add_argument("--max-frames", type=int, default=200, help="frame cap, >= 1 (12.5 frames = 1 s; default 200)")
     p.add_argument("--language", default="auto", help="auto, english, german, ... (the model's config lists them)")
     p.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the model's first)")
@@ -78,53 +88,70 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_threads_arg(p)
 
 
-def decoder_from_args(args):
-    """``AR()``, ``Chain(window)`` or ``Tree(paths)`` from --decoder / --window / --tree.
+#: Largest --batch-size of --text-file (rows decoded together by the frame loop).
+MAX_BATCH = 64
+
+
+def texts_from_args(args) -> list[str]:
+    """The sentence(s) to speak: ``--text``, or the non-blank lines of ``--text-file``.
 
     Raises:
-        ValueError: a flag the chosen decoder does not use, a window outside 2..8, a malformed tree.
+        ValueError: an empty text or file, a file that is missing or not UTF-8 (one line naming the flag).
     """
-    from rvqspec_lib.spec.decoders import AR
-
-    if args.decoder != "chain" and args.window is not None:
-        raise ValueError("--window is for --decoder chain; drop it or add --decoder chain")
-    if args.decoder != "tree" and args.tree is not None:
-        raise ValueError("--tree is for --decoder tree; drop it or add --decoder tree")
-    if args.decoder == "auto":
-        return PendingDecoder("auto", "auto")
-    if args.decoder == "ar":
-        return AR()
-    if args.decoder == "chain":
-        return chain_from_flag(args.window)
-    return tree_from_flag(args.tree)
+    if getattr(args, "text_file", None) is None:
+        if not args.text or not args.text.strip():
+            raise ValueError("--text is empty: give the sentence to speak")
+        check_utf8(args.text, "--text")
+        return [args.text]
+    lines = [line.strip() for line in read_text_file(args.text_file, "--text-file").splitlines()]
+    texts = [line for line in lines if line]
+    if not texts:
+        raise ValueError(f"--text-file {args.text_file} has no sentence (only blank lines): one sentence a line")
+    return texts
 
 
-def check_args(args) -> Path:
-    """Every check that needs no model: text, seed, frame cap, output paths, decoder flags. Returns the codes path.
+def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
+    """``(audio, codes)`` paths of ``n`` utterances: ``out`` and ``out.npy`` for one ``--text``, else
+    ``<out stem>_000<suffix>`` and ``<out stem>_000.npy`` ... (three digits, more when needed)."""
+    if n == 1:
+        return [(out, out.with_suffix(".npy"))]
+    width = max(3, len(str(n - 1)))
+    return [(out.with_name(f"{out.stem}_{i:0{width}d}{out.suffix}"),
+             out.with_name(f"{out.stem}_{i:0{width}d}.npy")) for i in range(n)]
+
+
+def check_args(args) -> list[tuple[Path, Path]]:
+    """Every check that needs no model: text(s), seed, frame cap, batch size, output paths, the decoder's name.
+    Sets ``args.texts`` and ``args.decoder_name``. Returns the ``(audio, codes)`` paths, one pair per text.
 
     Raises:
         ValueError: the first problem, in one line naming the flag.
     """
-    if not args.text or not args.text.strip():
-        raise ValueError("--text is empty: give the sentence to speak")
-    check_utf8(args.text, "--text")
+    args.texts = texts_from_args(args)
     check_seed(args.seed)
     if args.max_frames < 1:
         raise ValueError(f"--max-frames must be >= 1 (frames of 80 ms; 12.5 frames = 1 s), got {args.max_frames}")
+    batch = getattr(args, "batch_size", 8)
+    if not 1 <= batch <= MAX_BATCH:
+        raise ValueError(f"--batch-size must be in 1..{MAX_BATCH}, got {batch}")
     out = Path(args.out)
     if out.suffix.lower() not in AUDIO_SUFFIXES:
         raise ValueError(f"--out {out} must end in {', '.join(AUDIO_SUFFIXES)} (the audio file; the codes go to "
                          f"{out.with_suffix('.npy').name} beside it)")
-    npy = out.with_suffix(".npy")
-    if args.json and Path(args.json).resolve() in (out.resolve(), npy.resolve()):
-        raise ValueError(f"--json {args.json} is the audio or codes file of --out: give it its own name")
-    check_outputs([(out, "--out"), (npy, "--out (its codes file)"), (args.json, "--json")])
-    args.decoder_obj = decoder_from_args(args)
+    pairs = output_paths(out, len(args.texts))
+    files = [f for pair in pairs for f in pair]
+    if args.json and Path(args.json).resolve() in {f.resolve() for f in files}:
+        raise ValueError(f"--json {args.json} is an audio or codes file of --out: give it its own name")
+    check_outputs([(f, "--out" if f.suffix != ".npy" else "--out (its codes file)") for f in files]
+                  + [(args.json, "--json")])
+    args.decoder_name = decoder_name_from_flags(args.decoder, args.window, args.tree)
+    if args.decoder_name.best_window:
+        raise ValueError("chain:best is chosen on calibration frames by eval-wer: give chain:N here, or --decoder auto")
     if args.dtype in ("bfloat16", "int8", "int8-dynamic"):
         from rvqspec_lib.models.precision import check_precision
 
         check_precision(args.dtype)  # a precision this CPU cannot run natively: one line naming the fix
-    return npy
+    return pairs
 
 
 def check_against_model(args, facts) -> None:
@@ -139,8 +166,9 @@ def check_against_model(args, facts) -> None:
     if args.speaker is not None and args.speaker.lower() not in facts.speakers:
         raise ValueError(f"unknown speaker {args.speaker!r}: this model's speakers are "
                          f"{', '.join(facts.speakers) or '(none)'}")
-    check_tree_ranks([args.decoder_obj], facts.codebook_size)
-    check_calibration_exists(args.decoder_obj, args.model)
+    check_tree_ranks([args.decoder_name], facts.codebook_size)
+    check_decoder_files(args.decoder_name, args.model, n_codes=facts.n_code_groups - 1,
+                        codebook_size=facts.codebook_size)
     if args.codes_to_audio != "auto" and not facts.offline_codec:
         raise ValueError(f"--codes-to-audio {args.codes_to_audio}: {args.model} has no offline codec to choose a "
                          "decoder for (only models built by `make embedded` do); leave it at auto")
@@ -153,14 +181,16 @@ def run(args, threads: int) -> int:
         ValueError, FileNotFoundError: bad input (``main`` prints them in one line, exit status 2).
     """
     started = getattr(args, "_started", None) or time.perf_counter()
-    npy = check_args(args)
-    out = Path(args.out)
+    pairs = check_args(args)
+    texts = args.texts
 
     from rvqspec_lib.models.loader import load_model, model_facts
 
     facts = model_facts(args.model)  # config only: milliseconds; None for a hub id not in the cache
     if facts is not None:
         check_against_model(args, facts)
+    else:
+        check_decoder_files(args.decoder_name, args.model)
 
     threads = apply_threads(threads)  # after the cheap checks: torch loads here
     import numpy as np
@@ -179,9 +209,10 @@ def run(args, threads: int) -> int:
 
         apply_precision(lm.code_predictor, args.dtype)  # AR and speculation alike run the int8 code predictor
     load_s = time.perf_counter() - t
-    check_tree_ranks([args.decoder_obj], lm.codebook_size)  # again for models whose config could not be read
-    check_calibration_exists(args.decoder_obj, args.model)
-    args.decoder_obj, chose = resolve_decoder(args.decoder_obj, args.model, lm, progress=sys.stderr.isatty())
+    check_tree_ranks([args.decoder_name], lm.codebook_size)  # again for models whose config could not be read
+    t = time.perf_counter()
+    decoder, drafter, chose = build_decoder(args.decoder_name, lm, progress=sys.stderr.isatty())
+    choose_s = time.perf_counter() - t
     codec = getattr(lm.speech_tokenizer, "codec", None)
     if args.codes_to_audio != "auto":
         if codec is None or not hasattr(codec, "decoder_kind"):
@@ -204,98 +235,137 @@ def run(args, threads: int) -> int:
     if lm.is_random:
         _note(f"{args.model} has RANDOM weights (timing only): the audio and acceptance mean nothing")
     langs = set(lm.model.config.talker_config.codec_language_id or {})
-    other = english_only_note(args.model, args.text) if langs == {"english"} else None  # a heuristic, see its doc
-    if other:
-        _note(other)
+    for i, text in enumerate(texts):  # a heuristic, see english_only_note's doc
+        other = english_only_note(args.model, text) if langs == {"english"} else None
+        if other:
+            _note((f"line {i + 1}: " if len(texts) > 1 else "") + other)
 
+    generator = torch.Generator().manual_seed(args.seed)
+    batch = getattr(args, "batch_size", 8) if len(texts) > 1 else 1
+    rows: list[dict] = []
+    synth_s = 0.0
+    talker_calls, talker_s, inner_s = 0, 0.0, 0.0
     t = time.perf_counter()
-    res = synthesize(lm, [args.text], decoder=args.decoder_obj, sampling=sampling, talker_sampling=talker_sampling,
-                     generator=torch.Generator().manual_seed(args.seed), max_frames=args.max_frames,
-                     language=args.language, speaker=args.speaker, progress=sys.stderr.isatty())
+    for b0 in range(0, len(texts), batch):  # the frame loop decodes a batch of rows together
+        res = synthesize(lm, texts[b0:b0 + batch], decoder=decoder, sampling=sampling,
+                         talker_sampling=talker_sampling, generator=generator, max_frames=args.max_frames,
+                         language=args.language, speaker=args.speaker, progress=sys.stderr.isatty(), drafter=drafter)
+        talker_calls, talker_s, inner_s = talker_calls + int(res.talker_calls), talker_s + res.talker_s, \
+            inner_s + res.inner_s
+        for j in range(len(res.codes)):
+            rows.append({"codes": res.codes[j], "frames": int(res.frames[j]), "ended": bool(res.ended[j]),
+                         "calls": int(res.code_predictor_calls[j]), "tpc": float(res.tokens_per_call[j])})
     synth_s = time.perf_counter() - t
-    codes = res.codes[0].numpy().astype(np.int64)  # (frames, n_code_groups)
 
     t = time.perf_counter()
-    wav, sr, peak, tokenizer = None, None, 0.0, lm.speech_tokenizer
-    if lm.speech_tokenizer is not None and codes.shape[0] > 0:
-        if args.codes_to_audio == "table" and getattr(codec, "code_decoder", None) is not None:
-            tokenizer = type(tokenizer)(codec.with_decoder(None))
-        wavs, sr = tokenizer.decode([{"audio_codes": res.codes[0]}])
-        wav = np.asarray(wavs[0], dtype=np.float32)
-        peak = float(np.abs(wav).max()) if wav.size else 0.0
-        if peak > 0.99:  # a 16-bit wav clips at full scale: scale down instead of distorting (reported below)
-            wav = wav * (0.99 / peak)
-    decode_s = time.perf_counter() - t if wav is not None else 0.0
+    tokenizer = lm.speech_tokenizer
+    if tokenizer is not None and args.codes_to_audio == "table" and getattr(codec, "code_decoder", None) is not None:
+        tokenizer = type(tokenizer)(codec.with_decoder(None))
+    sr = None
+    for r in rows:
+        r["wav"], r["peak"] = None, 0.0
+        if tokenizer is not None and r["frames"] > 0:
+            wavs, sr = tokenizer.decode([{"audio_codes": r["codes"]}])
+            wav = np.asarray(wavs[0], dtype=np.float32)
+            r["peak"] = float(np.abs(wav).max()) if wav.size else 0.0
+            if r["peak"] > 0.99:  # a 16-bit wav clips at full scale: scale down instead of distorting (reported)
+                wav = wav * (0.99 / r["peak"])
+            r["wav"] = wav
+    decode_s = time.perf_counter() - t if any(r["wav"] is not None for r in rows) else 0.0
 
-    frames = int(res.frames[0])
+    for i, (text, r) in enumerate(zip(texts, rows)):
+        r["audio_s"] = r["frames"] / lm.frame_rate_hz
+        r["words"] = len(text.split())
+        which = f"line {i + 1}: " if len(texts) > 1 else ""
+        r["cut_short"] = r["ended"] and r["words"] > 0 and r["audio_s"] < MIN_AUDIO_S_PER_WORD * r["words"]
+        if r["cut_short"]:
+            _note(f"{which}the model ended after {r['audio_s']:.2f} s of audio for {r['words']} words (under "
+                  f"{MIN_AUDIO_S_PER_WORD} s a word): most of the text was probably not spoken; split it into "
+                  "sentences and synthesize each")
+        if not r["ended"]:
+            _note(f"{which}stopped at --max-frames {args.max_frames} before the model ended the utterance (raise "
+                  "--max-frames for the rest)")
+    targets = [f for (wav_p, npy_p), r in zip(pairs, rows) for f in ([wav_p] if r["wav"] is not None else []) + [npy_p]]
+    targets += [Path(args.json)] if args.json else []
+    frames = sum(r["frames"] for r in rows)
     audio_s = frames / lm.frame_rate_hz
-    words = len(args.text.split())
-    ended = bool(res.ended[0])
-    cut_short = ended and words > 0 and audio_s < MIN_AUDIO_S_PER_WORD * words
-    if cut_short:
-        _note(f"the model ended after {audio_s:.2f} s of audio for {words} words (under {MIN_AUDIO_S_PER_WORD} s a "
-              "word): most of the text was probably not spoken; split it into sentences and synthesize each")
-    if not ended:
-        _note(f"stopped at --max-frames {args.max_frames} before the model ended the utterance (raise --max-frames "
-              "for the rest)")
-    targets = ([out] if wav is not None else []) + [npy] + ([Path(args.json)] if args.json else [])
+    calls = sum(r["calls"] for r in rows)
+    n_inner = lm.n_code_groups - 1
+    tpc = frames * n_inner / calls if calls else float(rows[0]["tpc"])
     with atomic_outputs(targets) as temps:
         tmp = dict(zip(targets, temps))
-        if wav is not None:
-            import soundfile as sf
+        per = []
+        for (wav_p, npy_p), text, r in zip(pairs, texts, rows):
+            codes = r["codes"].numpy().astype(np.int64)  # (frames, n_code_groups)
+            if r["wav"] is not None:
+                import soundfile as sf
 
-            sf.write(tmp[out], wav, sr)
-        np.save(tmp[npy], codes)
+                sf.write(tmp[wav_p], r["wav"], sr)
+            np.save(tmp[npy_p], codes)
+            per.append({
+                "text": text, "words": r["words"], "frames": r["frames"], "audio_s": r["audio_s"],
+                "ended_by_itself": r["ended"], "text_likely_cut_short": r["cut_short"],
+                "audio_s_per_word": r["audio_s"] / r["words"] if r["words"] else None,
+                "code_predictor_calls": r["calls"], "tokens_per_call": r["tpc"],
+                "audio_scaled_by": round(0.99 / r["peak"], 4) if r["wav"] is not None and r["peak"] > 0.99 else 1.0,
+                "wav": str(wav_p) if r["wav"] is not None else None, "codes_npy": str(npy_p),
+                "codes": codes.tolist()})
         total_s = time.perf_counter() - started
+        speak_s = synth_s + decode_s
         stats = {
             "model": args.model,
             "random_weights": lm.is_random,
-            "decoder": repr(args.decoder_obj),
-            "audio_scaled_by": round(0.99 / peak, 4) if wav is not None and peak > 0.99 else 1.0,
+            "decoder": repr(decoder),
+            "decoder_name": args.decoder_name.text,
+            "drafter": args.decoder_name.drafter if args.decoder_name.kind != "ar" else None,
             "codes_to_audio": (getattr(getattr(tokenizer, "codec", None), "decoder_kind", "official")
-                               if wav is not None else None),
-            "text": args.text,
-            "words": words,
+                               if any(r["wav"] is not None for r in rows) else None),
             "seed": args.seed,
             "greedy": args.greedy,
             "sampling": sampling.describe(),
             "talker_sampling": talker_sampling.describe(),
             "threads": threads,
-            "frames": frames,
-            "ended_by_itself": ended,
-            "text_likely_cut_short": cut_short,
-            "audio_s_per_word": audio_s / words if words else None,
+            "batch_size": batch,
             "frame_rate_hz": lm.frame_rate_hz,
+            "n_utterances": len(texts),
+            "frames": frames,
             "audio_s": audio_s,
-            "code_predictor_calls": int(res.code_predictor_calls[0]),
-            "talker_calls": int(res.talker_calls),
-            "tokens_per_call": float(res.tokens_per_call[0]),
+            "code_predictor_calls": calls,
+            "talker_calls": talker_calls,
+            "tokens_per_call": tpc,
             "startup_s": startup_s,
             "load_s": load_s,
+            "choose_s": choose_s,
             "synth_s": synth_s,
             "decode_s": decode_s,
             "total_s": total_s,
-            "rtf": total_s / audio_s if audio_s > 0 else None,
+            "rtf": speak_s / audio_s if audio_s > 0 else None,
+            "rtf_total": total_s / audio_s if audio_s > 0 else None,
             "wall_s": total_s,  # the whole run, as total_s (kept for readers of older files)
-            "talker_s": res.talker_s,
-            "inner_loop_s": res.inner_s,
+            "talker_s": talker_s,
+            "inner_loop_s": inner_s,
             "notes": notes,
-            "wav": str(out) if wav is not None else None,
-            "codes_npy": str(npy),
-            "codes": codes.tolist(),
         }
+        if len(texts) == 1:
+            stats.update(per[0])  # one text: its fields at the top level, as before
+        else:
+            stats["utterances"] = per
         if args.json:
             tmp[Path(args.json)].write_text(json.dumps(stats, indent=1) + "\n")
-    rtf = f"RTF {stats['rtf']:.2f}" if stats["rtf"] is not None else "RTF n/a (no audio)"
-    print(f"{frames} frames ({audio_s:.2f} s of audio), {stats['code_predictor_calls']} code-predictor calls, "
-          f"{stats['tokens_per_call']:.2f} tokens/call | startup {startup_s:.2f} s, load {load_s:.2f} s, synth "
-          f"{synth_s:.2f} s, decode "
-          f"{decode_s:.2f} s, total {total_s:.2f} s, {rtf} | {threads_text(threads)}")
-    written = ", ".join(str(p) for p in targets)
-    if wav is None and lm.speech_tokenizer is None:
-        print(f"wrote {written} (no codec weights for {args.model}: codes only, frames x {codes.shape[1]})")
-    elif wav is None:
-        print(f"wrote {written} (the model ended before its first frame: no audio)")
+    rtf = (f"RTF {stats['rtf']:.2f} (synthesis alone; {stats['rtf_total']:.2f} with start-up, load and choice)"
+           if stats["rtf"] is not None else "RTF n/a (no audio)")
+    what = f"{len(texts)} texts, " if len(texts) > 1 else ""
+    print(f"{what}{frames} frames ({audio_s:.2f} s of audio), {calls} code-predictor calls, {tpc:.2f} tokens/call | "
+          f"startup {startup_s:.2f} s, load {load_s:.2f} s, {args.decoder_name.text} decoder {choose_s:.2f} s, "
+          f"synthesis {speak_s:.2f} s (frame loop {synth_s:.2f} s + codes to audio {decode_s:.2f} s), total "
+          f"{total_s:.2f} s | {rtf} | {threads_text(threads)}")
+    written = ", ".join(str(p) for p in targets) if len(targets) <= 4 else \
+        f"{len(targets)} files ({targets[0]} ... {targets[-1]})"
+    if not any(r["wav"] is not None for r in rows) and lm.speech_tokenizer is None:
+        print(f"wrote {written} (no codec weights for {args.model}: codes only, frames x {lm.n_code_groups})")
+    elif any(r["wav"] is None for r in rows):
+        print(f"wrote {written} (the model ended before its first frame for {sum(r['wav'] is None for r in rows)} "
+              "text(s): no audio for them)")
     else:
         print(f"wrote {written}")
     return 0

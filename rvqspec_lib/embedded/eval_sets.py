@@ -172,7 +172,7 @@ def calibrate_decoders(lm, utterances: Sequence, *, needs, calibration_path: str
     Args:
         utterances: calibration utterances (:func:`calibration_data`); their first ``max_frames`` frames are used.
         needs: a subset of ``{"calibration", "best_chain"}``
-            (:func:`rvqspec_lib.eval.wer_parity.check_decoder_names`).
+            (:func:`rvqspec_lib.spec.decoder_names.check_decoder_names`).
         calibration_path: an existing calibration file to use instead of calibrating here.
         budgets: node budgets calibrated here (default every budget 2..64).
     Returns:

@@ -195,34 +195,77 @@ def cache_key(model: str, code_predictor, calibration: dict, drafter_name: str) 
             "drafter": drafter_name, "threads": torch.get_num_threads(), "calibration": digest}
 
 
+def _warn(msg: str) -> None:
+    """One line on stderr: the cache is a convenience, never a reason to fail."""
+    import sys
+
+    print(f"warning: {msg}", file=sys.stderr)
+
+
+def read_cache(path: Path) -> dict:
+    """The cached choices in ``path``: ``{key: {"label", "reason", ...}}``; ``{}`` (with a one-line warning naming
+    the file and ``RVQSPEC_CACHE``) for a file that cannot be read, is not UTF-8 JSON, or has another shape; ``{}``
+    silently when there is no file."""
+    if not path.exists():
+        return {}
+    try:
+        store = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        _warn(f"the --decoder auto cache {path} cannot be read ({type(e).__name__}): timing again (delete it, or set "
+              "RVQSPEC_CACHE to another folder)")
+        return {}
+    ok = isinstance(store, dict) and all(isinstance(v, dict) and isinstance(v.get("label"), str)
+                                         and isinstance(v.get("reason", ""), str) for v in store.values())
+    if not ok:
+        _warn(f"the --decoder auto cache {path} is not a cache of choices (JSON of another shape): timing again "
+              "(delete it, or set RVQSPEC_CACHE to another folder)")
+        return {}
+    return store
+
+
+def write_cache(path: Path, store: dict) -> bool:
+    """Write the cache atomically; on failure (an unwritable folder, a full disk) warn in one line naming
+    ``RVQSPEC_CACHE`` and return ``False`` (the choice is still used)."""
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(store, indent=1))
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        _warn(f"the --decoder auto choice is used but not cached: {path} is not writable ({e.strerror}); set "
+              "RVQSPEC_CACHE to a writable folder to keep it")
+        return False
+
+
 def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.Tensor, *, drafter=None,
                  drafter_name: str = "heads", refresh: bool = False, cache: str | os.PathLike | None = None,
                  **kwargs) -> AutoChoice:
     """:func:`choose_decoder`, cached per device, model, dtype, drafter, threads and calibration.
 
-    A cached choice is reused (``reason`` says so) unless ``refresh``; a new one is written atomically.
+    A cached choice is reused (``reason`` says so) unless ``refresh``; a new one is written atomically. A damaged
+    cache (binary garbage, JSON of another shape) is a one-line warning and the decoders are timed again; an
+    unwritable cache folder is a one-line warning naming ``RVQSPEC_CACHE`` and the choice is still returned.
     """
     path = Path(cache) if cache is not None else cache_file()
     key = cache_key(model, code_predictor, calibration, drafter_name)
     kid = json.dumps(key, sort_keys=True)
-    store = {}
-    if path.is_file():
-        try:
-            store = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            store = {}
+    store = read_cache(path)
     if not refresh and kid in store:
         hit = store[kid]
         label = hit["label"]
         dec = {c[0]: c[1] for c in candidates(calibration)}.get(label)
         if dec is not None:
-            return AutoChoice(label, dec, f"cached choice ({path}): {hit['reason']}", hit.get("table", []), key)
+            table = hit.get("table", [])
+            return AutoChoice(label, dec, f"cached choice ({path}): {hit.get('reason', '')}",
+                              table if isinstance(table, list) else [], key)
     choice = choose_decoder(code_predictor, calibration, contexts, drafter=drafter, **kwargs)
     choice.key = key
     store[kid] = {"label": choice.label, "reason": choice.reason, "table": choice.table, "key": key,
                   "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(store, indent=1))
-    os.replace(tmp, path)
+    write_cache(path, store)
     return choice

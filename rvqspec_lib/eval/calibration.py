@@ -172,10 +172,11 @@ def prediction_error(predicted: float, measured: float) -> float:
     return predicted / measured - 1.0 if measured and not math.isnan(measured) else float("nan")
 
 
-def calibration_frames(lm, model: str, *, max_frames: int | None = None, seed: int = 0,
+def calibration_frames(lm, model: str | None = None, *, max_frames: int | None = None, seed: int = 0,
                        progress: bool = False) -> Frames:
     """Frames to calibrate on: the contexts of the model's shipped ``calibration`` split (teacher-forced on real
     speech), with codes 1..15 re-sampled from p by the inner loop itself (the codes a decoder will verify).
+    ``model``: its name or folder; ``None``: the loaded model's own folder (``lm.folder``).
 
     Raises:
         FileNotFoundError: the model ships no utterances. ValueError: no calibration split.

@@ -262,7 +262,7 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
     return out_frames
 
 
-def frames_from_shipped(lm, model: str | os.PathLike, split: str, *, max_frames: int | None = None,
+def frames_from_shipped(lm, model: str | os.PathLike | None, split: str, *, max_frames: int | None = None,
                         seed: int | None = 0, batch_size: int = 8, progress: bool = False) -> Frames:
     """Teacher-forced frames of one split of the utterances that ship beside a model (the embedded model's
     ``utterances.safetensors``): :func:`rvqspec_lib.models.utterances.load_shipped_utterances` then
@@ -270,7 +270,8 @@ def frames_from_shipped(lm, model: str | os.PathLike, split: str, *, max_frames:
 
     Args:
         lm: the loaded model. model: its name or folder (``"embedded"``, ``build/embedded-smoke/model``), as
-            :func:`rvqspec_lib.models.utterances.embedded_root` takes it.
+            :func:`rvqspec_lib.models.utterances.embedded_root` takes it; ``None``: the loaded model's own folder
+            (``lm.folder``).
         split: ``"training"``, ``"validation"`` or ``"evaluation"``.
         max_frames: frame limit (see :func:`frames_from_utterances`); ``None``: every frame of the split.
         seed: the utterances are taken in a seeded random order (so that a frame limit samples the whole split, not
@@ -286,7 +287,7 @@ def frames_from_shipped(lm, model: str | os.PathLike, split: str, *, max_frames:
     """
     from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances
 
-    root = embedded_root(model)
+    root = embedded_root(lm if model is None else model)
     path = root / "utterances.safetensors"
     rows, utts = load_shipped_utterances(path, splits=[split])
     if not utts:

@@ -19,6 +19,7 @@ and how loaded the machine was (load average, share of CPU time taken by other p
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import random
@@ -227,6 +228,9 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
     for bname, backend in backends.items():
         tb = TimedBackend(backend, clock)
         for dname, dec in decoders.items():
+            if getattr(dec, "drafter", None) is not None:  # a decoder with its own drafter (the paper's): time that
+                dec = dataclasses.replace(dec, drafter=TimedDrafter(dec.drafter, clock))
+
             def run(ctx, gen, dec=dec, tb=tb):
                 res = decode_frame(code_predictor, ctx, decoder=dec, sampling=sampling, generator=gen,
                                    drafter=timed_drafter, backend=tb)

@@ -23,7 +23,6 @@ lossless decoders: the tests must catch it, and must not flag AR against itself 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -37,55 +36,21 @@ from rvqspec_lib.eval.inner_loop import speaker_batches
 from rvqspec_lib.models.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.spec import predictor as P
 from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR, CHAIN_WINDOWS, Chain, LossySSD, Tree, is_lossless
+from rvqspec_lib.spec.decoder_names import DEFAULT_TREE_BUDGET, parse_decoder
+from rvqspec_lib.spec.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
 from rvqspec_lib.spec.sampling import Sampling
 
 #: The reference decoder's label, and the null control's (AR again, other seeds: nothing may be detected).
 REFERENCE = "ar"
 NULL_CONTROL = "ar-seed2"
-#: Node budget of ``tree:calibrated`` without ``:N`` (the paper's devices peak at N = 16 or 32).
-DEFAULT_TREE_BUDGET = 16
 #: Bins of the rank and code statistics (coarse bins: power against broad shifts at few degrees of freedom).
 RANK_BINS = 16
 CODE_BINS = 32
-DECODER_FORMS = ("ar, chain:N (N in 2..8), chain:best, tree:calibrated[:N], tree:calibrated-point-mass[:N], "
-                 "tree:calibrated-sampled[:N], tree:<rank paths e.g. 0;1;0,0>, tree-sampled:<paths>, "
-                 "ssd-lossy[:BETA] (LOSSY control)")
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# decoder names
+# the chain window of chain:best (decoder names: rvqspec_lib.spec.decoder_names, the one grammar)
 # ----------------------------------------------------------------------------------------------------------------
-def split_decoder_list(text: str) -> list[str]:
-    """``"ar,chain:4,tree:0;1;0,0,ssd-lossy"`` -> ``["ar", "chain:4", "tree:0;1;0,0", "ssd-lossy"]``: a piece that
-    starts with a digit continues the rank paths before it (paths use commas too). Raises ``ValueError`` on an empty
-    list."""
-    parts: list[str] = []
-    for piece in (text or "").split(","):
-        piece = piece.strip()
-        if parts and piece[:1].isdigit():
-            parts[-1] += "," + piece
-        elif piece:
-            parts.append(piece)
-    if not parts:
-        raise ValueError(f"no decoder given: use a comma-separated list of {DECODER_FORMS}")
-    return parts
-
-
-def decoder_label(decoder) -> str:
-    """Short table label: ``ar``, ``chain4``, ``tree-pm-N16`` / ``tree-sampled-N16`` (N = query positions),
-    ``ssd-lossy-b0.4-w4``."""
-    if isinstance(decoder, LossySSD):
-        return decoder.label
-    if isinstance(decoder, AR):
-        return "ar"
-    if isinstance(decoder, Chain):
-        return f"chain{decoder.window}"
-    if isinstance(decoder, Tree):
-        return f"tree-{'sampled' if decoder.sampled else 'pm'}-N{len(decoder.paths) + 1}"
-    raise ValueError(f"not a decoder: {decoder!r}")
-
-
 def best_chain_window(code_predictor, drafter, frames: Frames, *, sampling: Sampling | None = None,
                       windows: Sequence[int] = CHAIN_WINDOWS, batch_size: int = 256) -> tuple[int, dict]:
     """The chain window with the highest tokens per call PREDICTED from exact acceptance tables on ``frames`` (the
@@ -99,80 +64,6 @@ def best_chain_window(code_predictor, drafter, frames: Frames, *, sampling: Samp
     pred = {int(w): predicted_tokens_per_call(exact, Chain(int(w)), n) for w in windows}
     best = max(pred.values())
     return min(w for w, v in pred.items() if v >= best - 1e-12), pred
-
-
-def parse_decoder(name: str, *, calibration: dict | None = None, best_chain: int | None = None):
-    """One decoder from its command-line name (:data:`DECODER_FORMS`).
-
-    Args:
-        name: e.g. ``"ar"``, ``"chain:4"``, ``"tree:calibrated-sampled:16"``, ``"tree:0;1;0,0"``, ``"ssd-lossy:0.4"``.
-        calibration: a calibration dict (:func:`rvqspec_lib.eval.calibration.calibrate` or
-            :func:`rvqspec_lib.models.tree_files.load_calibration`), needed by ``tree:calibrated...``.
-        best_chain: the window of ``chain:best`` (:func:`best_chain_window`).
-    Returns:
-        ``(label, decoder)``.
-    Raises:
-        ValueError: an unknown name, or a name that needs a calibration / best window not given (one line).
-    """
-    from rvqspec_lib.models.tree_files import parse_tree_name, tree_from_calibration
-    from rvqspec_lib.spec.trees import parse_paths
-
-    text = (name or "").strip()
-    kind, _, arg = text.partition(":")
-    try:
-        if kind == "ar" and not arg:
-            dec = AR()
-        elif kind == "chain" and arg == "best":
-            if best_chain is None:
-                raise ValueError("chain:best needs calibration frames to choose the window: give chain:N")
-            dec = Chain(int(best_chain))
-        elif kind == "chain" and arg.isdigit():
-            dec = Chain(int(arg))
-        elif kind == "tree" and arg.startswith("calibrated"):
-            if calibration is None:
-                raise ValueError(f"{text} needs a calibration of this model's trees (notebook 03, or "
-                                 "rvqspec_lib.eval.calibration.calibrate): none was found")
-            tree_name = arg if re.search(r":\d+$", arg) else f"{arg}:{DEFAULT_TREE_BUDGET}"
-            dec = tree_from_calibration(calibration, *parse_tree_name(tree_name))
-        elif kind in ("tree", "tree-sampled") and arg:
-            dec = Tree(parse_paths(arg), sampled=kind == "tree-sampled")
-        elif kind == "ssd-lossy":
-            dec = LossySSD(beta=float(arg)) if arg else LossySSD()
-        else:
-            raise ValueError(f"unknown decoder {text!r}: use {DECODER_FORMS}")
-    except ValueError as e:
-        msg = str(e)
-        raise ValueError(msg if text in msg or "decoder" in msg else f"decoder {text!r}: {msg}") from None
-    return decoder_label(dec), dec
-
-
-def check_decoder_names(names: Sequence[str]) -> set[str]:
-    """Validate decoder names BEFORE any work; returns what they need: ``"calibration"`` (``tree:calibrated...``)
-    and/or ``"best_chain"`` (``chain:best``). Raises ``ValueError`` (one line) for a bad name or value."""
-    from rvqspec_lib.models.tree_files import parse_tree_name
-
-    needs: set[str] = set()
-    for name in names:
-        kind, _, arg = (name or "").strip().partition(":")
-        if kind == "tree" and arg.startswith("calibrated"):
-            parse_tree_name(arg if re.search(r":\d+$", arg) else f"{arg}:{DEFAULT_TREE_BUDGET}")
-            needs.add("calibration")
-        elif kind == "chain" and arg == "best":
-            needs.add("best_chain")
-        else:
-            parse_decoder(name)
-    return needs
-
-
-def calibration_budgets(names: Sequence[str]) -> list[int]:
-    """Node budgets the ``tree:calibrated...`` names ask for (:data:`DEFAULT_TREE_BUDGET` without ``:N``)."""
-    out = set()
-    for name in names:
-        kind, _, arg = (name or "").strip().partition(":")
-        if kind == "tree" and arg.startswith("calibrated"):
-            m = re.search(r":(\d+)$", arg)
-            out.add(int(m.group(1)) if m else DEFAULT_TREE_BUDGET)
-    return sorted(out)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -648,8 +539,7 @@ def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: fl
     return rows
 
 
-__all__ = ["verdicts", "REFERENCE", "NULL_CONTROL", "DEFAULT_TREE_BUDGET", "DECODER_FORMS", "split_decoder_list",
-           "decoder_label", "best_chain_window", "parse_decoder", "check_decoder_names", "calibration_budgets",
+__all__ = ["verdicts", "REFERENCE", "NULL_CONTROL", "best_chain_window",
            "DecodeRun", "decode_runs", "tokens_per_call", "verifier_ranks", "code_distribution_tests",
            "utterance_codes", "codes_to_audio", "transcribe_all", "error_rates", "wer_parity", "standard_decoders",
            "evaluate_language", "free_running_parity", "table3_rows"]

@@ -47,15 +47,59 @@ def model_drafter_dir(model: str | os.PathLike) -> Path | None:
     """The model folder whose ``drafters/`` holds a model's trained drafters, or ``None`` when there is none.
 
     ``"embedded"`` (:data:`rvqspec_lib.models.loader.EMBEDDED_MODEL`) -> ``data/embedded/model`` (whether or not it exists
-    yet); an existing local directory -> itself; anything else (``tiny-random``, a hub id) -> ``None``. With
+    yet); an existing local directory -> itself; a loaded model (:class:`~rvqspec_lib.models.loader.LoadedModel`) ->
+    its ``folder``; anything else (``tiny-random``, a hub id) -> ``None``. With
     :func:`drafter_path`, this is where ``--drafter offsets`` looks and ``rvqspec train-drafter`` writes by default.
     """
-    from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL
+    from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL, LoadedModel
 
+    if isinstance(model, LoadedModel):  # the loaded model knows its folder
+        return model.folder
     if str(model) == EMBEDDED_MODEL:
         return EMBEDDED_DIR / "model"
     p = Path(model).expanduser()
     return p if p.is_dir() else None
+
+
+def shipped_drafters(model: str | os.PathLike) -> list[str]:
+    """Names of the trained drafters shipped beside a model (``<model_dir>/drafters/*.safetensors``), sorted; ``[]``
+    for a model without a folder. ``heads`` (the reused heads) needs no file and is not listed."""
+    d = model_drafter_dir(model)
+    return sorted(p.stem for p in (d / "drafters").glob("*.safetensors")) if d is not None else []
+
+
+def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
+    """Before loading: a drafter named in a decoder (``@offsets``, ``paper``) must be shipped beside the model
+    (``model``: a name, a folder, or a loaded model).
+
+    Raises:
+        ValueError: (one line naming the fix) a model without a folder, or no ``drafters/<name>.safetensors``.
+    """
+    if name == "heads":
+        return
+    d = model_drafter_dir(model)
+    model = getattr(model, "name", model)  # a loaded model: named by its name
+    if d is None:
+        raise ValueError(f"the {name!r} drafter is not shipped beside {model} (it has no folder of its own): use a "
+                         "checkpoint folder or the embedded model, or draft with the heads (drop @" + name + ")")
+    have = shipped_drafters(model)
+    if name not in have:
+        raise ValueError(f"the {name!r} drafter is not shipped beside {model} (no {d / 'drafters' / (name + '.safetensors')}"
+                         f"; shipped: {', '.join(have) or 'none'}): choose a shipped one or "
+                         + _how_to_train("offsets", str(d / "drafters" / (name + ".safetensors"))))
+
+
+def shipped_drafter(model: str | os.PathLike, name: str, code_predictor):
+    """The drafter ``name`` shipped beside a model (a file stem: ``offsets``, ``offsets-tv`` ...; ``heads`` is the
+    reused heads), on the code predictor's device.
+
+    Raises:
+        ValueError: not shipped (:func:`check_shipped_drafter`), a file for another code predictor.
+    """
+    if name == "heads":
+        return ReusedHeads()
+    check_shipped_drafter(model, name)
+    return load_drafter(model_drafter_dir(model) / "drafters" / f"{name}.safetensors", code_predictor)
 
 
 def _how_to_train(name: str, where: str) -> str:

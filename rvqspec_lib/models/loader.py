@@ -64,6 +64,12 @@ class LoadedModel:
             models with ``codec.safetensors`` beside the weights), or ``None`` (random models: codes go to .npy).
         frame_rate_hz: codec frames per second (output sample rate / samples per frame), 12.5 for 12 Hz models.
         sample_rate_hz: audio sample rate.
+        folder: the model's own folder (``data/embedded/model`` for ``"embedded"``, a checkpoint folder), where the
+            files that belong to it live: ``drafters/``, ``trees/`` and, beside or above it, the shipped utterances;
+            ``None`` for random models and hub ids. Functions that read those files take the loaded model and use
+            this, instead of rebuilding the path from the name (:func:`rvqspec_lib.models.drafter_files.
+            model_drafter_dir`, :func:`rvqspec_lib.models.tree_files.tree_file`,
+            :func:`rvqspec_lib.models.utterances.embedded_root`).
     """
 
     name: str
@@ -74,6 +80,7 @@ class LoadedModel:
     speech_tokenizer: object | None = None
     frame_rate_hz: float = 12.5
     sample_rate_hz: int = 24000
+    folder: Path | None = None
 
     @property
     def talker(self):
@@ -153,7 +160,7 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
         return LoadedModel(name, "tiny-random", model, tok, _default_generation(None))
     if kind == "own":  # the embedded model, or a small model trained by rvqspec_lib.embedded
-        return _load_own_model(name, path, dtype, device, attn_implementation)
+        return _with_folder(_load_own_model(name, path, dtype, device, attn_implementation), path)
     if kind == "random":
         cfg = json.loads((path / "config.json").read_text())
         model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
@@ -164,8 +171,13 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
     if kind == "checkpoint":
         _read_config(path / "config.json")  # a folder that is not a Qwen3-TTS checkpoint: one line, before loading
         check_speech_tokenizer(path)
-        return _check_loaded(_load_checkpoint(str(path), path, dtype, device, attn_implementation))
+        return _with_folder(_check_loaded(_load_checkpoint(str(path), path, dtype, device, attn_implementation)), path)
     return _check_loaded(_load_checkpoint(name, None, dtype, device, attn_implementation))
+
+
+def _with_folder(lm: LoadedModel, path: Path | None) -> LoadedModel:
+    lm.folder = Path(path) if path is not None else None
+    return lm
 
 
 def _resolve(name) -> tuple[str, Path | None]:

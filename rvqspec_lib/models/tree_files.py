@@ -6,50 +6,38 @@ A calibration (:func:`rvqspec_lib.eval.calibration.calibrate`) is a small JSON f
 accepted wherever a tree is asked for (``rvqspec synth --tree calibrated:16``):
 
 * ``calibrated:N`` -- the kind with the larger predicted tokens per call at budget N;
-* ``calibrated-sampled:N`` / ``calibrated-point-mass:N`` -- that kind.
+* ``calibrated-sampled:N`` / ``calibrated-point-mass:N`` -- that kind;
+* ``...@offsets`` -- the trees calibrated for another drafter (``trees/offsets.json``); ``paper[:N]`` is
+  ``calibrated-point-mass:N@offsets`` (N default 32).
 
-N counts the root: it is the number of query positions of one verify call (docs/methods.md#the-tree-as-data).
+The names are parsed by :mod:`rvqspec_lib.spec.decoder_names` (the one grammar). N counts the root: it is the number
+of query positions of one verify call (docs/methods.md#the-tree-as-data). A file is made by
+``python scripts/calibrate_trees.py --model <model> --drafter <drafter>`` (:func:`recalibrate_command`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 from rvqspec_lib.common.provenance import usual_mode
 from rvqspec_lib.models.drafter_files import model_drafter_dir
+from rvqspec_lib.spec.decoder_names import (
+    MAX_BUDGET,
+    MIN_BUDGET,
+    TREE_KINDS,
+    parse_decoder_name,
+    tree_from_calibration,  # noqa: F401 -- also offered here, beside the files it reads (notebooks import it so)
+)
 from rvqspec_lib.spec.decoders import Tree
 
 FORMAT = "rvqspec-trees"
-_NAME = re.compile(r"^calibrated(?:-(sampled|point-mass))?:(\d+)$")
 
 
-def is_calibrated_name(text: str) -> bool:
-    """Whether ``text`` names a calibrated tree (``calibrated:16``, ``calibrated-sampled:32`` ...)."""
-    return isinstance(text, str) and text.strip().startswith("calibrated")
-
-
-def parse_tree_name(text: str) -> tuple[str | None, int]:
-    """``"calibrated-sampled:16"`` -> ``("sampled", 16)``; ``"calibrated:16"`` -> ``(None, 16)`` (best kind).
-
-    Raises:
-        ValueError: anything else, or a budget outside 2..64 (one line naming the accepted forms).
-    """
-    m = _NAME.match(text.strip()) if isinstance(text, str) else None
-    if not m:
-        raise ValueError(f"unknown tree name {text!r}: use calibrated:N, calibrated-sampled:N or "
-                         "calibrated-point-mass:N with N in 2..64, or rank paths like '0;1;0,0'")
-    n = int(m.group(2))
-    if not 2 <= n <= 64:
-        raise ValueError(f"node budget {n} is outside 2..64 (the root plus 1..63 drafts): e.g. calibrated:16")
-    return m.group(1), n
-
-
-def tree_file(model: str | os.PathLike, drafter: str = "heads") -> Path | None:
-    """``<model_dir>/trees/<drafter>.json`` for a model folder or ``"embedded"``; ``None`` for models without a
-    folder of their own (``tiny-random``, random-size names, hub ids)."""
+def tree_file(model, drafter: str = "heads") -> Path | None:
+    """``<model_dir>/trees/<drafter>.json`` for a model folder, ``"embedded"`` or a loaded model (its ``folder``);
+    ``None`` for models without a folder of their own (``tiny-random``, random-size names, hub ids)."""
     d = model_drafter_dir(model)
     return None if d is None else d / "trees" / f"{drafter}.json"
 
@@ -65,61 +53,101 @@ def save_calibration(calibration: dict, path: str | os.PathLike) -> Path:
     return p
 
 
-def load_calibration(path: str | os.PathLike, *, n_codes: int | None = None,
-                     codebook_size: int | None = None) -> dict:
-    """Read a calibration file and check it fits the model.
+def recalibrate_command(model: str | os.PathLike, drafter: str = "heads") -> str:
+    """The command that (re)makes ``<model>/trees/<drafter>.json``, for error messages."""
+    return f"python scripts/calibrate_trees.py --model {model} --drafter {drafter}"
+
+
+def _problem(cal) -> str | None:
+    """What is wrong with a calibration dict's shape (missing keys, wrong types, bad rank paths), or ``None``."""
+    if not isinstance(cal, dict) or cal.get("format") != FORMAT:
+        return f"not an rvqspec calibration file (format {FORMAT!r})"
+    for key in ("n_codes", "codebook_size"):
+        if not isinstance(cal.get(key), int) or isinstance(cal.get(key), bool) or cal[key] < 1:
+            return f"{key!r} is missing or not a positive integer"
+    budgets = cal.get("budgets")
+    if not isinstance(budgets, list) or not budgets or not all(
+            isinstance(b, int) and not isinstance(b, bool) and MIN_BUDGET <= b <= MAX_BUDGET for b in budgets):
+        return f"'budgets' is missing or not a list of node budgets in {MIN_BUDGET}..{MAX_BUDGET}"
+    best = cal.get("best_kind")
+    if not isinstance(best, dict) or any(best.get(str(b)) not in TREE_KINDS for b in budgets):
+        return "'best_kind' is missing or does not name point-mass or sampled for every budget"
+    for kind in TREE_KINDS:
+        k = cal.get(kind)
+        if not isinstance(k, dict):
+            return f"{kind!r} is missing or not an object"
+        order = k.get("order")
+        if not isinstance(order, list) or len(order) < max(budgets) - 1:
+            return f"{kind}.order is missing or holds fewer than {max(budgets) - 1} nodes"
+        seen: set = set()
+        for path in order:
+            if (not isinstance(path, list) or not path
+                    or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < cal["codebook_size"]
+                               for r in path)):
+                return f"{kind}.order holds a bad rank path {path!r} (non-negative ranks inside the codebook)"
+            t = tuple(path)
+            if t in seen or (len(t) > 1 and t[:-1] not in seen):
+                return f"{kind}.order holds the rank path {path!r} repeated or before its parent"
+            seen.add(t)
+        pred = k.get("predicted_tokens_per_call")
+        if not isinstance(pred, dict) or any(not isinstance(pred.get(str(b)), (int, float)) for b in budgets):
+            return f"{kind}.predicted_tokens_per_call is missing or not a number for every budget"
+        rows = k.get("by_start_depth")
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, list) for r in rows):
+            return f"{kind}.by_start_depth is missing or not a table"
+    return None
+
+
+def load_calibration(path: str | os.PathLike, *, n_codes: int | None = None, codebook_size: int | None = None,
+                     model: str | os.PathLike | None = None, drafter: str | None = None) -> dict:
+    """Read a calibration file, check its shape (keys, types, rank paths) and that it fits the model.
+
+    Every error names the file and the command that remakes it (:func:`recalibrate_command`; ``model`` and
+    ``drafter`` default to the file's folder and name).
 
     Raises:
         FileNotFoundError: no file (the message says how to make one).
-        ValueError: not a calibration file, or one made for another number of codes or codebook size.
+        ValueError: not JSON, not a calibration file, missing keys or wrong types, a bad rank path inside, or one made
+            for another number of codes or codebook size.
     """
     p = Path(path)
+    cmd = recalibrate_command(model if model is not None else p.parent.parent, drafter or p.stem)
     if not p.is_file():
-        raise FileNotFoundError(f"no calibrated trees at {p}: calibrate first (notebook 03, or "
-                                "rvqspec_lib.eval.calibration.calibrate + rvqspec_lib.models.tree_files.save_calibration)")
+        raise FileNotFoundError(f"no calibrated trees at {p}: calibrate first with `{cmd}`")
     try:
-        cal = json.loads(p.read_text())
+        cal = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{p} is not a calibration file ({e.__class__.__name__}): recalibrate") from None
-    if not isinstance(cal, dict) or cal.get("format") != FORMAT:
-        raise ValueError(f"{p} is not an rvqspec calibration file (format {FORMAT!r}): recalibrate")
+        raise ValueError(f"{p} is not a calibration file ({e.__class__.__name__}): recalibrate with `{cmd}`") from None
+    except OSError as e:
+        raise ValueError(f"{p} cannot be read ({e.strerror}): fix its permissions or recalibrate with `{cmd}`") from None
+    problem = _problem(cal)
+    if problem:
+        raise ValueError(f"{p} is damaged: {problem}: recalibrate with `{cmd}`")
     for key, want in (("n_codes", n_codes), ("codebook_size", codebook_size)):
-        if want is not None and int(cal.get(key, -1)) != int(want):
+        if want is not None and int(cal[key]) != int(want):
             raise ValueError(f"{p} was calibrated for {key} = {cal.get(key)}, this model has {want}: calibrate the "
-                             "trees for this model")
+                             f"trees for this model with `{cmd}`")
     return cal
 
 
-def tree_from_calibration(calibration: dict, kind: str | None, budget: int) -> Tree:
-    """The calibrated :class:`~rvqspec_lib.spec.decoders.Tree` of ``budget`` nodes (``kind`` ``None``: the better).
-
-    Raises:
-        ValueError: a budget or kind the calibration does not hold.
-    """
-    kinds = ("point-mass", "sampled")
-    if kind is None:
-        kind = calibration.get("best_kind", {}).get(str(budget))
-    budgets = [int(b) for b in calibration.get("budgets", [])]
-    if kind not in kinds or budget not in budgets:
-        raise ValueError(f"no calibrated tree of node budget {budget} (kind {kind}): this calibration holds N in "
-                         f"{min(budgets) if budgets else '-'}..{max(budgets) if budgets else '-'}")
-    order = calibration[kind]["order"]
-    return Tree([tuple(x) for x in order[: budget - 1]], sampled=kind == "sampled")
-
-
-def load_named_tree(name: str, model: str | os.PathLike, code_predictor, *, drafter: str = "heads",
+def load_named_tree(name: str, model: str | os.PathLike, code_predictor, *, drafter: str | None = None,
                     path: str | os.PathLike | None = None) -> Tree:
-    """Resolve ``calibrated[-kind]:N`` for a model: its ``trees/<drafter>.json`` (or ``path``), checked against the
-    code predictor's number of codes and codebook size.
+    """Resolve a calibrated tree's name (``calibrated[-kind][:N][@drafter]``, ``tree:calibrated...``, ``paper[:N]``;
+    :mod:`rvqspec_lib.spec.decoder_names`) for a model: its ``trees/<drafter>.json`` (or ``path``), checked against the
+    code predictor's number of codes and codebook size. The tree carries no drafter (pass it to the decoding).
 
     Raises:
-        ValueError: a bad name, a model with no folder for trees and no ``path``, a file for another model.
+        ValueError: a bad name, a model with no folder for trees and no ``path``, a damaged file or one for another
+            model.
         FileNotFoundError: the model has no calibration for this drafter.
     """
-    kind, budget = parse_tree_name(name)
+    spec = parse_decoder_name(name)
+    if spec.kind not in ("calibrated", "paper"):
+        raise ValueError(f"{name!r} is not a calibrated tree: use calibrated[-point-mass|-sampled]:N or paper[:N]")
+    drafter = drafter or spec.drafter
     p = Path(path) if path is not None else tree_file(model, drafter)
     if p is None:
         raise ValueError(f"{model} has no folder to hold calibrated trees: calibrate and pass the file's path")
     cal = load_calibration(p, n_codes=int(code_predictor.config.num_code_groups) - 1,
-                           codebook_size=int(code_predictor.config.vocab_size))
-    return tree_from_calibration(cal, kind, budget)
+                           codebook_size=int(code_predictor.config.vocab_size), model=model, drafter=drafter)
+    return spec.calibrated_tree(cal)

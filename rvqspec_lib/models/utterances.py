@@ -19,13 +19,18 @@ from rvqspec_lib.models.teacher import Utterance
 def embedded_root(model: str | os.PathLike = "embedded") -> Path:
     """The folder that holds a trained small model's shipped data (``codec.safetensors``, ``utterances.safetensors``,
     ``eval.json``): ``data/embedded`` for ``"embedded"``; for a path, the folder itself or its parent (so both
-    ``build/embedded-smoke`` and ``build/embedded-smoke/model`` work).
+    ``build/embedded-smoke`` and ``build/embedded-smoke/model`` work); for a loaded model, from its ``folder``.
 
     Raises:
         FileNotFoundError: no ``utterances.safetensors`` there (names ``make embedded``).
     """
-    from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL
+    from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL, LoadedModel
 
+    if isinstance(model, LoadedModel):  # the loaded model knows its folder
+        if model.folder is None:
+            raise FileNotFoundError(f"{model.name} has no folder of its own, so no shipped utterances: use the "
+                                    "embedded model or a folder built by `make embedded`")
+        model = model.folder
     p = EMBEDDED_DIR if str(model) == EMBEDDED_MODEL else Path(model).expanduser()
     for d in (p, p.parent):
         if (d / "utterances.safetensors").is_file():

@@ -463,7 +463,9 @@ def decode_frame(
         sampling: :class:`~rvqspec_lib.spec.sampling.Sampling` (default: temperature 0.9, top-k 50, top-p 1.0, the
             checkpoints' generation config).
         generator: explicit ``torch.Generator`` (the global RNG is never used; ``None`` makes a fresh unseeded one).
-        drafter: where q comes from (default :class:`~rvqspec_lib.spec.drafters.ReusedHeads`).
+        drafter: where q comes from (default :class:`~rvqspec_lib.spec.drafters.ReusedHeads`). A decoder that
+            carries its own drafter (``decoder.drafter``, e.g. the paper's: offsets + their calibrated tree) drafts
+            with that one, whatever is passed here: its tree was calibrated for it.
         backend: what runs the model calls, a :class:`~rvqspec_lib.spec.predictor.VerifyBackend` over
             ``code_predictor``'s weights (default: the official module, :class:`~rvqspec_lib.spec.predictor.
             OfficialBackend`; e.g. ``rvqspec_lib.models.lean.LeanCodePredictor(code_predictor)``). Random numbers are
@@ -480,7 +482,8 @@ def decode_frame(
     if not hasattr(decoder, "tree"):
         raise ValueError(f"decoder must be AR(), Chain(window=N) or Tree(paths=...), got {decoder!r}")
     sampling = Sampling() if sampling is None else sampling
-    drafter = ReusedHeads() if drafter is None else drafter
+    own = getattr(decoder, "drafter", None)
+    drafter = own if own is not None else ReusedHeads() if drafter is None else drafter
     if generator is None:
         generator = torch.Generator(device=context.device)
         generator.seed()

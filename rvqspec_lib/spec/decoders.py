@@ -49,11 +49,14 @@ class Chain:
     ``window`` N = the committed code plus N-1 drafts, each SAMPLED from the drafter's q for its depth; accepted with
     ``min(1, p/q)``, residual resample on the first rejection, bonus code when all are accepted: 1..N codes per call.
 
+    ``drafter`` (keyword only): as :class:`Tree`'s.
+
     Raises:
         ValueError: window outside 2..:data:`MAX_WINDOW` (8).
     """
 
     window: int = DEFAULT_WINDOW
+    drafter: object = field(default=None, repr=False, kw_only=True)
 
     def __post_init__(self):
         if not isinstance(self.window, int) or isinstance(self.window, bool) or not 2 <= self.window <= MAX_WINDOW:
@@ -86,6 +89,9 @@ class Tree:
     Args:
         paths: rank (or child-index) paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]`` (see :mod:`rvqspec_lib.spec.trees`).
         sampled: sampled children instead of top-ranked ones.
+        drafter: the drafter this tree drafts with (keyword only; ``None``: the caller's, by default the reused
+            heads). A calibrated tree is calibrated FOR a drafter, so the paper's decoder carries its offsets here
+            (:mod:`rvqspec_lib.spec.decoder_names`); :func:`rvqspec_lib.spec.decode.decode_frame` uses it.
 
     Raises:
         ValueError: an empty tree, a path with a gap, a negative rank, a repeated path; for a sampled tree, a child
@@ -94,6 +100,7 @@ class Tree:
 
     paths: Sequence[Sequence[int]] = DEFAULT_TREE
     sampled: bool = False
+    drafter: object = field(default=None, repr=False, kw_only=True)
     _compiled: DraftTree = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -140,6 +147,7 @@ class LossySSD:
 
     window: int = 4
     beta: float = 0.4
+    drafter: object = field(default=None, repr=False, kw_only=True)
 
     #: whether the decoder preserves the target distribution (False: the output is NOT distributed as p)
     lossless = False

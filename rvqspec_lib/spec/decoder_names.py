@@ -1,0 +1,351 @@
+"""The ONE grammar of decoder names, used by every command and evaluation (``synth``, ``bench``, ``eval-wer``,
+``export``, ``eval-acceptance``, WER parity, the calibrated-tree files). Pure: no files, no torch at import.
+
+Names (:data:`GRAMMAR`)::
+
+    ar                                   autoregressive: one code-predictor call per code
+    chain[:N]                            a chain of N-1 sampled drafts, N in 2..8 (default 4)
+    chain:best                           the window with the best predicted tokens per call (eval-wer)
+    tree[:PATHS]                         a point-mass tree of rank paths, e.g. tree:0;1;0,0 (default the small tree)
+    tree-sampled:PATHS                   a tree with sampled children
+    tree:calibrated[-KIND][:N]           the model's calibrated tree of N nodes (2..64, default 16); KIND
+                                         point-mass or sampled (default: the better one at N); also written
+                                         calibrated[-KIND][:N], the ``--tree`` form
+    ssd-lossy[:BETA]                     SSD's tolerance rule, a LOSSY control (BETA in (0, 1], default 0.4)
+    auto                                 the fastest on this device, timed once and cached (needs calibrated trees)
+    paper[:N]                            THE PAPER'S DECODER: the position-aware offsets drafter shipped beside the
+                                         model + its own calibrated point-mass tree of N nodes (default 32, the
+                                         paper's node budget, capped to the largest calibrated budget)
+
+Every name except ``ar`` and ``paper`` takes a drafter qualifier ``@DRAFTER`` (default ``heads``, the reused LM
+heads): the drafts come from ``<model>/drafters/DRAFTER.safetensors`` and a calibrated tree from that drafter's own
+calibration, ``<model>/trees/DRAFTER.json`` (e.g. ``tree:calibrated-point-mass:16@offsets``). ``paper`` is
+``tree:calibrated-point-mass:32@offsets``, under its own label.
+
+:func:`parse_decoder_name` turns a name into a :class:`DecoderName` (what drafter, what kind of tree, budget,
+window ...); :meth:`DecoderName.decoder` builds the :mod:`rvqspec_lib.spec.decoders` object once the calibration
+(a dict) and the drafter (a module) are at hand. Errors are one-line ``ValueError`` s naming the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from rvqspec_lib.spec.decoders import DEFAULT_TREE, DEFAULT_WINDOW, MAX_WINDOW
+
+#: Node budget of a calibrated tree named without ``:N`` (the paper's devices peak at N = 16 or 32).
+DEFAULT_TREE_BUDGET = 16
+#: Node budget of ``paper`` without ``:N``: the paper's (N = 32).
+PAPER_BUDGET = 32
+#: The drafter of the paper's decoder (a file ``<model>/drafters/offsets.safetensors``) and of names without ``@``.
+PAPER_DRAFTER = "offsets"
+DEFAULT_DRAFTER = "heads"
+#: Node budgets a calibration holds (the root plus 1..63 drafts).
+MIN_BUDGET, MAX_BUDGET = 2, 64
+#: Tree kinds of a calibration file.
+TREE_KINDS = ("point-mass", "sampled")
+#: One line listing every accepted form (error messages and help texts).
+GRAMMAR = ("ar, chain[:N] (N in 2..8), chain:best, tree[:<rank paths e.g. 0;1;0,0>], tree-sampled:<paths>, "
+           "tree:calibrated[-point-mass|-sampled][:N] (N in 2..64), ssd-lossy[:BETA] (LOSSY control), auto, "
+           "paper[:N] (offsets + their calibrated point-mass tree, N default 32); add @DRAFTER for another drafter "
+           "(e.g. tree:calibrated:16@offsets)")
+
+_DRAFTER = re.compile(r"^[a-z][a-z0-9_-]*$")
+_CALIBRATED = re.compile(r"^calibrated(?:-([a-z-]+))?(?::(.*))?$")
+
+
+@dataclass(frozen=True)
+class DecoderName:
+    """A parsed decoder name.
+
+    Attributes:
+        text: the name as accepted (stripped). kind: ``ar``, ``chain``, ``tree``, ``calibrated``, ``ssd-lossy``,
+            ``auto`` or ``paper``. drafter: the drafter's file name beside the model (``heads``: the reused heads,
+            nothing to load). window: chain / ssd-lossy window (``None`` with ``best_window``). best_window:
+            ``chain:best``. paths: rank paths of ``tree:PATHS``. sampled: sampled children (``tree-sampled`` or a
+            calibrated ``sampled`` tree). tree_kind: a calibrated tree's kind (``None``: the better one at the
+            budget). budget: a calibrated tree's node budget N (root included). budget_given: whether ``:N`` was
+            written (``paper`` without it takes the largest calibrated budget up to 32). beta: ssd-lossy's tolerance.
+    """
+
+    text: str
+    kind: str
+    drafter: str = DEFAULT_DRAFTER
+    window: int | None = None
+    best_window: bool = False
+    paths: tuple | None = None
+    sampled: bool = False
+    tree_kind: str | None = None
+    budget: int | None = None
+    budget_given: bool = True
+    beta: float | None = None
+
+    @property
+    def needs(self) -> set[str]:
+        """What building it needs besides the model: ``"calibration"`` (a calibrated tree, ``paper``, ``auto``),
+        ``"best_chain"`` (``chain:best``)."""
+        if self.kind in ("calibrated", "paper", "auto"):
+            return {"calibration"}
+        return {"best_chain"} if self.best_window else set()
+
+    @property
+    def label(self) -> str:
+        """A short table label that tells decoders apart: ``ar``, ``chain4``, ``tree-pm-N16``, ``paper-N32``,
+        ``ssd-lossy-b0.4-w4``, ``auto``; another drafter than the heads adds ``@offsets``. Labels of ``chain:best``
+        and calibrated trees are only final once built (:func:`decoder_label`)."""
+        if self.kind == "paper":
+            return f"paper-N{self.budget}"
+        return self.kind if self.kind == "auto" else self.text
+
+    def decoder(self, *, calibration: dict | None = None, best_chain: int | None = None, drafter=None):
+        """The decoder object (:mod:`rvqspec_lib.spec.decoders`).
+
+        Args:
+            calibration: the calibration dict of THIS name's drafter (``calibrated``, ``paper``).
+            best_chain: the window of ``chain:best``.
+            drafter: the drafter module the decoder carries (``None``: the caller's, default the reused heads);
+                ``paper`` and ``@DRAFTER`` names need it.
+
+        Raises:
+            ValueError: ``auto`` (chosen by timing: :mod:`rvqspec_lib.eval.budget`), a missing calibration or
+                best window, a budget the calibration does not hold (one line).
+        """
+        from rvqspec_lib.spec.decoders import AR, Chain, LossySSD, Tree
+
+        if self.kind == "ar":
+            return AR()
+        if self.kind == "auto":
+            raise ValueError("auto is chosen by timing this device (rvqspec_lib.eval.budget.auto_decoder), not built")
+        if self.drafter != DEFAULT_DRAFTER and drafter is None:
+            raise ValueError(f"{self.text} drafts with the {self.drafter!r} drafter: load it first "
+                             "(rvqspec_lib.models.drafter_files.shipped_drafter)")
+        if self.kind == "chain":
+            if self.best_window and best_chain is None:
+                raise ValueError("chain:best needs calibration frames to choose the window: give chain:N")
+            return Chain(int(best_chain) if self.best_window else self.window, drafter=drafter)
+        if self.kind == "tree":
+            return Tree(self.paths, sampled=self.sampled, drafter=drafter)
+        if self.kind == "ssd-lossy":
+            return LossySSD(window=self.window, beta=self.beta, drafter=drafter)
+        tree = self.calibrated_tree(calibration)
+        return replace(tree, drafter=drafter) if drafter is not None else tree
+
+    def calibrated_tree(self, calibration: dict | None):
+        """The calibrated :class:`~rvqspec_lib.spec.decoders.Tree` this name picks from its drafter's calibration,
+        carrying no drafter (``paper`` without ``:N``: the largest calibrated budget up to 32).
+
+        Raises:
+            ValueError: not a calibrated name, no calibration, a budget it does not hold.
+        """
+        if self.kind not in ("calibrated", "paper"):
+            raise ValueError(f"{self.text} is not a calibrated tree")
+        if calibration is None:
+            raise ValueError(f"{self.text} needs a calibration of this model's trees for the {self.drafter} drafter "
+                             f"(<model>/trees/{self.drafter}.json): none was found")
+        budget = self.budget
+        if not self.budget_given:  # paper without :N: the paper's 32, capped to what is calibrated
+            have = [int(b) for b in calibration.get("budgets", []) if int(b) <= self.budget]
+            budget = max(have) if have else self.budget
+        return tree_from_calibration(calibration, self.tree_kind, budget)
+
+
+def _budget(text: str, what: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"node budget {text!r} of {what} is not a whole number: give N in {MIN_BUDGET}..{MAX_BUDGET}"
+                         f", e.g. {what.split(':')[0]}:16")
+    n = int(text)
+    if not MIN_BUDGET <= n <= MAX_BUDGET:
+        raise ValueError(f"node budget {n} is outside {MIN_BUDGET}..{MAX_BUDGET} (the root plus 1..63 drafts): "
+                         f"e.g. {what.split(':')[0]}:16")
+    return n
+
+
+def _window(text: str) -> int:
+    if not text.isdigit() or not 2 <= int(text) <= MAX_WINDOW:
+        raise ValueError(f"Chain window must be an integer in 2..{MAX_WINDOW} (the committed code plus "
+                         f"1..{MAX_WINDOW - 1} drafts), got {text!r}: e.g. chain:{DEFAULT_WINDOW}")
+    return int(text)
+
+
+def parse_tree_name(text: str) -> tuple[str | None, int]:
+    """A calibrated tree's name without the ``tree:`` prefix: ``"calibrated-sampled:16"`` -> ``("sampled", 16)``,
+    ``"calibrated:16"`` -> ``(None, 16)`` (the better kind), ``"calibrated"`` -> ``(None, 16)``.
+
+    Raises:
+        ValueError: anything else (``unknown tree name ...``), a budget outside 2..64.
+    """
+    m = _CALIBRATED.match(text.strip()) if isinstance(text, str) else None
+    if not m or (m.group(1) is not None and m.group(1) not in TREE_KINDS):
+        raise ValueError(f"unknown tree name {text!r}: use calibrated:N, calibrated-sampled:N or "
+                         f"calibrated-point-mass:N with N in {MIN_BUDGET}..{MAX_BUDGET}, or rank paths like '0;1;0,0'")
+    n = DEFAULT_TREE_BUDGET if m.group(2) is None else _budget(m.group(2), text.strip())
+    return m.group(1), n
+
+
+def is_calibrated_name(text: str | None) -> bool:
+    """Whether a ``--tree`` value names a calibrated tree (``calibrated...``) rather than rank paths."""
+    return isinstance(text, str) and text.strip().startswith("calibrated")
+
+
+def parse_decoder_name(text: str) -> DecoderName:
+    """Parse one decoder name (module docstring, :data:`GRAMMAR`).
+
+    Raises:
+        ValueError: one line naming the fix: an unknown name (the grammar is listed), a window outside 2..8, a
+            node budget outside 2..64, a bad beta, malformed rank paths, a bad drafter qualifier.
+    """
+    from rvqspec_lib.spec.trees import parse_paths
+
+    raw = (text or "").strip() if isinstance(text, str) else ""
+    if not raw:
+        raise ValueError(f"empty decoder name: use one of {GRAMMAR}")
+    body, at, drafter = raw.partition("@")
+    body, drafter = body.strip(), drafter.strip()
+    if at and not _DRAFTER.match(drafter):
+        raise ValueError(f"decoder {raw!r}: drafter {drafter!r} after '@' must be a drafter's file name beside the "
+                         "model (e.g. @offsets for drafters/offsets.safetensors)")
+    drafter = drafter or DEFAULT_DRAFTER
+    head, colon, arg = body.partition(":")
+    head, arg = head.strip(), arg.strip()
+    try:
+        if head == "ar" and not colon:
+            if at:
+                raise ValueError("ar drafts nothing: drop the @DRAFTER")
+            return DecoderName(raw, "ar")
+        if head == "auto" and not colon:
+            return DecoderName(raw, "auto", drafter)
+        if head == "paper":
+            if at:
+                raise ValueError(f"paper always drafts with the {PAPER_DRAFTER} drafter: drop the @DRAFTER, or name "
+                                 f"the tree, e.g. tree:calibrated-point-mass:32@{drafter}")
+            n = _budget(arg, "paper:N") if colon else PAPER_BUDGET
+            return DecoderName(raw, "paper", PAPER_DRAFTER, tree_kind="point-mass", budget=n, budget_given=bool(colon))
+        if head == "chain":
+            if arg == "best":
+                return DecoderName(raw, "chain", drafter, best_window=True)
+            return DecoderName(raw, "chain", drafter, window=_window(arg) if colon else DEFAULT_WINDOW)
+        if head == "calibrated" or head.startswith("calibrated-") or (head == "tree" and is_calibrated_name(arg)):
+            kind, n = parse_tree_name(arg if head == "tree" else body)
+            return DecoderName(raw, "calibrated", drafter, tree_kind=kind, sampled=kind == "sampled", budget=n)
+        if head in ("tree", "tree-sampled"):
+            if head == "tree-sampled" and not arg:
+                raise ValueError("tree-sampled needs rank paths, e.g. tree-sampled:0;0,0;1")
+            paths = tuple(parse_paths(arg)) if arg else DEFAULT_TREE
+            return DecoderName(raw, "tree", drafter, paths=paths, sampled=head == "tree-sampled")
+        if head == "ssd-lossy":
+            try:
+                beta = float(arg) if colon else 0.4
+            except ValueError:
+                raise ValueError(f"ssd-lossy beta {arg!r} is not a number: give one in (0, 1], e.g. ssd-lossy:0.4") \
+                    from None
+            if not 0 < beta <= 1:
+                raise ValueError(f"ssd-lossy beta must be in (0, 1] (SSD uses 0.4; beta 0 is the lossless chain), "
+                                 f"got {arg}")
+            return DecoderName(raw, "ssd-lossy", drafter, window=4, beta=beta)
+    except ValueError as e:
+        msg = str(e)
+        raise ValueError(msg if raw in msg else f"decoder {raw!r}: {msg}") from None
+    raise ValueError(f"unknown decoder {raw!r}: use {GRAMMAR}")
+
+
+def split_decoder_list(text: str) -> list[str]:
+    """``"ar,chain:4,tree:0;1;0,0,ssd-lossy"`` -> ``["ar", "chain:4", "tree:0;1;0,0", "ssd-lossy"]``: a piece that
+    starts with a digit continues the rank paths before it (paths use commas too).
+
+    Raises:
+        ValueError: an empty list.
+    """
+    parts: list[str] = []
+    for piece in (text or "").split(","):
+        piece = piece.strip()
+        if parts and piece[:1].isdigit():
+            parts[-1] += "," + piece
+        elif piece:
+            parts.append(piece)
+    if not parts:
+        raise ValueError(f"no decoder given: use a comma-separated list of {GRAMMAR}")
+    return parts
+
+
+def check_decoder_names(names: Sequence[str]) -> set[str]:
+    """Parse every name BEFORE any work; returns what they need together (:attr:`DecoderName.needs`).
+
+    Raises:
+        ValueError: the first bad name (one line).
+    """
+    needs: set[str] = set()
+    for name in names:
+        needs |= parse_decoder_name(name).needs
+    return needs
+
+
+def calibration_budgets(names: Sequence[str]) -> list[int]:
+    """Node budgets the calibrated names (``tree:calibrated...``, ``paper``) ask for, sorted."""
+    return sorted({d.budget for d in map(parse_decoder_name, names) if d.kind in ("calibrated", "paper")})
+
+
+def drafters_named(names: Sequence[str]) -> list[str]:
+    """The drafters the names draft with, other than the reused heads, in order of first use."""
+    out: list[str] = []
+    for d in map(parse_decoder_name, names):
+        if d.kind != "ar" and d.drafter != DEFAULT_DRAFTER and d.drafter not in out:
+            out.append(d.drafter)
+    return out
+
+
+def decoder_label(decoder, name: DecoderName | None = None) -> str:
+    """Short table label of a built decoder: ``ar``, ``chain4``, ``tree-pm-N16`` / ``tree-sampled-N16`` (N = query
+    positions), ``ssd-lossy-b0.4-w4``; ``paper-N32`` for the paper's decoder, ``@DRAFTER`` added for a drafter
+    other than the heads (``name``: the parsed name it was built from)."""
+    from rvqspec_lib.spec.decoders import AR, Chain, LossySSD, Tree
+
+    if isinstance(decoder, LossySSD):
+        base = decoder.label
+    elif isinstance(decoder, AR):
+        return "ar"
+    elif isinstance(decoder, Chain):
+        base = f"chain{decoder.window}"
+    elif isinstance(decoder, Tree):
+        if name is not None and name.kind == "paper":
+            return f"paper-N{len(decoder.paths) + 1}"
+        base = f"tree-{'sampled' if decoder.sampled else 'pm'}-N{len(decoder.paths) + 1}"
+    else:
+        raise ValueError(f"not a decoder: {decoder!r}")
+    return base if name is None or name.drafter == DEFAULT_DRAFTER else f"{base}@{name.drafter}"
+
+
+def parse_decoder(name: str, *, calibration: dict | None = None, best_chain: int | None = None, drafter=None):
+    """``(label, decoder)`` from a name: :func:`parse_decoder_name` + :meth:`DecoderName.decoder` + :func:`decoder_label`.
+
+    Raises:
+        ValueError: a bad name, or a name that needs a calibration / best window / drafter not given (one line).
+    """
+    d = parse_decoder_name(name)
+    try:
+        dec = d.decoder(calibration=calibration, best_chain=best_chain, drafter=drafter)
+    except ValueError as e:
+        msg = str(e)
+        raise ValueError(msg if d.text in msg or "decoder" in msg else f"decoder {d.text!r}: {msg}") from None
+    return decoder_label(dec, d), dec
+
+
+def tree_from_calibration(calibration: dict, kind: str | None, budget: int):
+    """The calibrated :class:`~rvqspec_lib.spec.decoders.Tree` of ``budget`` nodes (``kind`` ``None``: the better
+    one at that budget) from a calibration dict (:func:`rvqspec_lib.eval.calibration.calibrate`): the first
+    ``budget - 1`` nodes of the kind's greedy ``order``.
+
+    Raises:
+        ValueError: a budget or kind the calibration does not hold.
+    """
+    from rvqspec_lib.spec.decoders import Tree
+
+    if kind is None:
+        kind = (calibration.get("best_kind") or {}).get(str(budget))
+    budgets = [int(b) for b in calibration.get("budgets", [])]
+    if kind not in TREE_KINDS or budget not in budgets:
+        raise ValueError(f"no calibrated tree of node budget {budget} (kind {kind}): this calibration holds N in "
+                         f"{min(budgets) if budgets else '-'}..{max(budgets) if budgets else '-'}")
+    order = calibration[kind]["order"]
+    return Tree([tuple(x) for x in order[: budget - 1]], sampled=kind == "sampled")

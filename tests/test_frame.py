@@ -146,8 +146,8 @@ def test_cli_missing_output_folder(tmp_path, capsys):
     (["--decoder", "chain", "--tree", "0;1"], "--tree is for --decoder tree"),
     (["--out", "OUT/x.txt"], "must end in .wav, .flac, .ogg"),
     (["--out", "OUT/x"], "must end in .wav, .flac, .ogg"),
-    (["--json", "OUT/x.wav"], "is the audio or codes file of --out"),
-    (["--json", "OUT/x.npy"], "is the audio or codes file of --out"),
+    (["--json", "OUT/x.wav"], "is an audio or codes file of --out"),
+    (["--json", "OUT/x.npy"], "is an audio or codes file of --out"),
 ])
 def test_cli_output_and_flag_checks_happen_before_any_work(tmp_path, capsys, extra, msg):
     extra = [a.replace("OUT", str(tmp_path)) for a in extra]

@@ -58,8 +58,8 @@ from rvqspec_lib.eval.frame_sources import frames_from_shipped
 from rvqspec_lib.eval.inner_loop import default_sampling
 from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS, loop_facts
 from rvqspec_lib.models.tree_files import load_calibration, tree_file, tree_from_calibration
-from rvqspec_lib.spec.decoders import Chain
-from rvqspec_lib.spec.drafters import ReusedHeads
+from rvqspec_lib.decoding.decoders import Chain
+from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 

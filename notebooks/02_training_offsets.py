@@ -89,7 +89,7 @@ from tqdm.auto import tqdm
 from rvqspec_lib.eval import acceptance as A
 from rvqspec_lib.eval import headroom as H
 from rvqspec_lib.eval import plots
-from rvqspec_lib.spec.decoders import CHAIN_WINDOWS, Chain, Tree
+from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS, Chain, Tree
 from rvqspec_lib.models.drafter_files import (
     make_drafter,
     model_drafter_dir,
@@ -103,7 +103,7 @@ from rvqspec_lib.models.loader import EMBEDDED_MODEL, OWN_MODEL_MARKER, load_mod
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 from rvqspec_lib.eval.frame_sources import frames_from_shipped
 from rvqspec_lib.training.drafters import deploy_drafters, select_deployed, sweep_learning_rates
-from rvqspec_lib.spec.trees import parse_paths
+from rvqspec_lib.decoding.trees import parse_paths
 
 t_start = time.perf_counter()
 if smoke:

@@ -87,10 +87,10 @@ from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.tree_files import save_calibration, tree_file, tree_from_calibration
 from rvqspec_lib.models.utterances import embedded_root
-from rvqspec_lib.spec.decoders import AR, Chain
-from rvqspec_lib.spec.drafters import ReusedHeads
-from rvqspec_lib.spec.predictor import OfficialBackend
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.decoders import AR, Chain
+from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.decoding.predictor import OfficialBackend
+from rvqspec_lib.decoding.sampling import Sampling
 
 t_start = time.perf_counter()
 if smoke:
@@ -215,7 +215,7 @@ plt.show()
 # The shipped calibration (`<model>/trees/heads.json`, read with `rvqspec_lib.models.tree_files`), its point-mass
 # tree (the paper's kind) at the paper's node budget, beside the attention mask of that tree's first verify
 # call of a frame. The mask is not drawn from a formula: one evaluation frame is decoded through
-# `rvqspec_lib.spec.decode.decode_frame` and the `allow` mask the verify step passed to the model is recorded
+# `rvqspec_lib.decoding.decode.decode_frame` and the `allow` mask the verify step passed to the model is recorded
 # (`rvqspec_lib.eval.verify_calls.record_verify_calls`). Rows: the call's query positions (root, then the nodes);
 # columns: the frame's KV slots, the codes committed before the call, then the call's own.
 

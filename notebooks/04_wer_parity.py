@@ -93,9 +93,9 @@ from rvqspec_lib.models.speech_tokenizers import load_codec
 from rvqspec_lib.models.teacher import as_utterance
 from rvqspec_lib.models.tree_files import save_calibration, tree_from_calibration
 from rvqspec_lib.models.utterances import embedded_root
-from rvqspec_lib.spec.decoder_names import check_decoder_names
-from rvqspec_lib.spec.decoders import is_lossless
-from rvqspec_lib.spec.drafters import ReusedHeads
+from rvqspec_lib.decoding.decoder_names import check_decoder_names
+from rvqspec_lib.decoding.decoders import is_lossless
+from rvqspec_lib.decoding.drafters import ReusedHeads
 
 t_start = time.perf_counter()
 check_asr_name(asr)  # a bad recogniser name or model folder: one line, before the model loads

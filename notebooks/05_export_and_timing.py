@@ -70,7 +70,7 @@ from rvqspec_lib.eval.frame_sources import frames_from_contexts, frames_from_shi
 from rvqspec_lib.eval.speed import format_rows, random_contexts
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.spec.drafters import ReusedHeads
+from rvqspec_lib.decoding.drafters import ReusedHeads
 
 run_model = "tiny-random" if smoke else model
 run_cost_model = "tiny-random" if smoke else cost_model

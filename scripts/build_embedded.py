@@ -499,7 +499,7 @@ class Builder:
         from rvqspec_lib.models.audio import load_wav
         from rvqspec_lib.models.loader import load_model
         from rvqspec_lib.models.rvq_codec import RVQCodec
-        from rvqspec_lib.spec.sampling import Sampling
+        from rvqspec_lib.decoding.sampling import Sampling
 
         p = self.out / "eval.json"
         if self.done("eval", p):

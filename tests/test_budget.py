@@ -11,7 +11,7 @@ from rvqspec_lib.eval.budget import auto_decoder, cache_key, candidates, choose_
 from rvqspec_lib.eval.calibration import calibrate
 from rvqspec_lib.eval.frame_sources import frames_from_contexts
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
-from rvqspec_lib.spec.drafters import ReusedHeads
+from rvqspec_lib.decoding.drafters import ReusedHeads
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from rvqspec_lib.eval.calibration import (
 from rvqspec_lib.eval.frame_sources import frames_from_contexts
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.tree_files import tree_from_calibration
-from rvqspec_lib.spec.drafters import ReusedHeads
-from rvqspec_lib.spec.trees import DraftTree, expected_tokens, grow_tree
+from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.decoding.trees import DraftTree, expected_tokens, grow_tree
 
 
 def test_grow_tree_is_greedy_and_valid():
@@ -113,7 +113,7 @@ def test_pool_by_offset_skips_missing_start_depths():
 
 def test_calibration_file_round_trip_and_names(small, tmp_path):
     from rvqspec_lib.models.tree_files import load_calibration, load_named_tree, save_calibration
-    from rvqspec_lib.spec.decoder_names import parse_tree_name
+    from rvqspec_lib.decoding.decoder_names import parse_tree_name
 
     cp, frames = small
     cal = calibrate(cp, ReusedHeads(), frames, budgets=(2, 4, 8), draws=1)

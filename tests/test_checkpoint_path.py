@@ -32,8 +32,8 @@ import torch
 from rvqspec_lib.models.fixtures import RELEASE_DIR, write_tiny_checkpoint
 from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.models.loader import RANDOM_WEIGHTS_MARKER, load_model
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding.sampling import Sampling
 
 TEXT = "Hello world. The quick brown fox."
 FRAMES = 4

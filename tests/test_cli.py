@@ -84,7 +84,7 @@ def test_public_api_resolves_lazily():
 # ---------------------------------------------------------------------------------------------------------------------
 def test_default_tree_and_windows_come_from_one_place():
     from rvqspec_lib.cli.eval_acceptance import decoders_from_args
-    from rvqspec_lib.spec.decoders import (
+    from rvqspec_lib.decoding.decoders import (
         CHAIN_WINDOWS,
         DEFAULT_TREE,
         DEFAULT_WINDOW,
@@ -92,7 +92,7 @@ def test_default_tree_and_windows_come_from_one_place():
         Chain,
         Tree,
     )
-    from rvqspec_lib.spec.trees import parse_paths
+    from rvqspec_lib.decoding.trees import parse_paths
 
     assert tuple(parse_paths(common.DEFAULT_TREE_TEXT)) == DEFAULT_TREE == Tree().paths
     assert common.DEFAULT_TREE_TEXT == "0;1;0,0;0,0,0"
@@ -112,7 +112,7 @@ def test_default_tree_and_windows_come_from_one_place():
 
 
 def test_sampling_describe_is_the_one_dict():
-    from rvqspec_lib.spec.sampling import Sampling
+    from rvqspec_lib.decoding.sampling import Sampling
 
     assert Sampling(temperature=0.7, top_k=5, top_p=0.5).describe() == {
         "temperature": 0.7, "top_k": 5, "top_p": 0.5, "greedy": False}
@@ -465,7 +465,7 @@ def _one_group_config() -> dict:
 
 def test_one_code_group_is_a_clear_error_at_load_and_at_decode(tmp_path, capsys):
     from rvqspec_lib.models.configs import build_from_config
-    from rvqspec_lib.spec.decode import decode_frame
+    from rvqspec_lib.decoding.decode import decode_frame
 
     cfg = _one_group_config()
     (tmp_path / "m").mkdir()

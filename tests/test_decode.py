@@ -10,11 +10,11 @@ import torch
 
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.spec.decode import FrameResult, decode_frame
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.sampling import Sampling
-from rvqspec_lib.spec.trees import DraftTree, parse_paths
-from rvqspec_lib.spec.verify import walk_tree
+from rvqspec_lib.decoding.decode import FrameResult, decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.decoding.trees import DraftTree, parse_paths
+from rvqspec_lib.decoding.verify import walk_tree
 
 GREEDY = Sampling(greedy=True)
 TREES = {

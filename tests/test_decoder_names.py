@@ -1,4 +1,4 @@
-"""The one decoder grammar (rvqspec_lib.spec.decoder_names) and the paper's decoder (``paper``: the offsets shipped
+"""The one decoder grammar (rvqspec_lib.decoding.decoder_names) and the paper's decoder (``paper``: the offsets shipped
 beside the model + their own calibrated point-mass tree), through every command that takes a decoder: bad names,
 drafters that are not shipped, budgets outside 2..64 and damaged calibration files are one-line errors BEFORE the
 model loads; ``paper`` decodes with the offsets and the offsets' tree, not the heads'."""
@@ -14,8 +14,8 @@ import torch
 
 import rvqspec_lib.models.loader as loader
 from rvqspec_lib.cli.main import main
-from rvqspec_lib.spec import decoder_names as N
-from rvqspec_lib.spec.decoders import AR, Chain, LossySSD, Tree
+from rvqspec_lib.decoding import decoder_names as N
+from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDED = REPO / "data" / "embedded" / "model"
@@ -228,8 +228,8 @@ def test_paper_decodes_with_the_offsets_and_their_tree():
     from rvqspec_lib.eval.frame_sources import frames_from_shipped
     from rvqspec_lib.models.drafter_files import load_drafter
     from rvqspec_lib.models.tree_files import load_calibration
-    from rvqspec_lib.spec.decode import decode_frame
-    from rvqspec_lib.spec.drafters import PositionOffsets, ReusedHeads
+    from rvqspec_lib.decoding.decode import decode_frame
+    from rvqspec_lib.decoding.drafters import PositionOffsets, ReusedHeads
 
     lm = loader.load_model("embedded")
     assert lm.folder == EMBEDDED

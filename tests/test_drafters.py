@@ -66,15 +66,15 @@ from rvqspec_lib.models.teacher import (
     teacher_forced_hidden,
     verifier_logits,
 )
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.drafters import (
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding.drafters import (
     MedusaHeads,
     PositionOffsets,
     ReusedHeads,
     params_added_for,
 )
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.training.drafters import train_drafter
 
 GREEDY = Sampling(greedy=True)

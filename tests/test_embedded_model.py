@@ -17,8 +17,8 @@ from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.models.loader import EMBEDDED_DIR, ModelNotFoundError, load_model
 from rvqspec_lib.models.speech_tokenizers import CodecSpeechTokenizer
 from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances
-from rvqspec_lib.spec.decoders import AR, Tree
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.decoders import AR, Tree
+from rvqspec_lib.decoding.sampling import Sampling
 
 SENTENCE = "Good morning."
 

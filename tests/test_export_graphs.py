@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import rvqspec_lib.spec.predictor as P
+import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.models import export_graphs as G
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.sampling import Sampling
-from rvqspec_lib.spec.trees import DraftTree
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.decoding.trees import DraftTree
 
 TREE = DraftTree.from_paths([(0,), (1,), (0, 0), (0, 0, 0)])
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-import rvqspec_lib.spec.predictor as P
+import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.eval import export_timing as T
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models.fused import FusedARFrame
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.sampling import Sampling
-from rvqspec_lib.spec.trees import DraftTree
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.decoding.trees import DraftTree
 
 pytestmark = pytest.mark.slow
 TREE = DraftTree.from_paths([(0,), (1,), (0, 0), (0, 0, 0)])

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import rvqspec_lib.spec.predictor as P
+import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.eval import export_timing as T
 from rvqspec_lib.eval import speed
 from rvqspec_lib.models.cuda_graphs import GraphedBackend, GraphedFrame
 from rvqspec_lib.models.fused import FusedARFrame
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
 
 
 def test_backend_status_names_what_is_absent_here():

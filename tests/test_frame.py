@@ -15,8 +15,8 @@ from rvqspec_lib.cli.main import main
 from rvqspec_lib.models.frame import build_prompt, default_speaker, synthesize
 from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding.sampling import Sampling
 
 TEXTS = ["Hello world.", "A somewhat longer sentence, to pad the batch."]
 FRAMES = 10
@@ -164,14 +164,14 @@ def test_cli_out_is_a_folder(tmp_path, capsys):
 
 
 def test_decode_frame_names_the_module_to_pass(lm):
-    from rvqspec_lib.spec.decode import decode_frame
+    from rvqspec_lib.decoding.decode import decode_frame
 
     with pytest.raises(ValueError, match="lm.code_predictor"):
         decode_frame(lm.model, torch.zeros(1, 2, 64))
 
 
 def test_decode_frame_rejects_nan_context_and_a_non_generator(lm):
-    from rvqspec_lib.spec.decode import decode_frame
+    from rvqspec_lib.decoding.decode import decode_frame
 
     h = lm.model.config.talker_config.hidden_size
     ctx = torch.zeros(1, 2, h)

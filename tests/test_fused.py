@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import rvqspec_lib.spec.predictor as P
+import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.fused import FusedARFrame
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.sampling import Sampling
 
 
 @pytest.fixture(scope="module")

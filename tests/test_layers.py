@@ -15,7 +15,7 @@ import pytest
 PKG = Path(__file__).resolve().parent.parent / "rvqspec_lib"
 
 #: Layers from the bottom up: a module may import modules of its own layer or of a lower one.
-LAYERS = ("common", "spec", "models", "eval", "training", "embedded", "cli")
+LAYERS = ("common", "decoding", "models", "eval", "training", "embedded", "cli")
 
 
 def module_name(path: Path) -> str:
@@ -25,7 +25,7 @@ def module_name(path: Path) -> str:
 
 def imports_of(source: str, me: str, known: set[str], *, is_package: bool = False) -> set[str]:
     """Modules of ``rvqspec_lib`` that module ``me`` (its ``source``) imports anywhere in its body, functions
-    included, resolved to the known modules (``from rvqspec_lib.spec import verify`` is ``rvqspec_lib.spec.verify``)."""
+    included, resolved to the known modules (``from rvqspec_lib.decoding import verify`` is ``rvqspec_lib.decoding.verify``)."""
     package = me if is_package else me.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(ast.parse(source)):
@@ -115,9 +115,9 @@ def test_imports_only_go_downwards():
 
 def test_the_lossless_core_imports_no_other_layer():
     g = graph()
-    bad = [f"{m} imports {d}" for m, deps in g.items() if m.startswith("rvqspec_lib.spec") for d in deps
-           if not d.startswith("rvqspec_lib.spec")]
-    assert not bad, "rvqspec_lib.spec must stand on torch and transformers alone:\n" + "\n".join(bad)
+    bad = [f"{m} imports {d}" for m, deps in g.items() if m.startswith("rvqspec_lib.decoding") for d in deps
+           if not d.startswith("rvqspec_lib.decoding")]
+    assert not bad, "rvqspec_lib.decoding must stand on torch and transformers alone:\n" + "\n".join(bad)
 
 
 def test_no_import_cycle():
@@ -128,13 +128,13 @@ def test_no_import_cycle():
 def test_the_checks_can_fail():
     """Negative controls: a planted upward import, a planted cycle, and lazy or relative imports inside a function."""
     g = graph()
-    planted = {**g, "rvqspec_lib.spec.verify": g["rvqspec_lib.spec.verify"] | {"rvqspec_lib.cli.main"}}
-    assert upward_imports(planted) == ["rvqspec_lib.spec.verify imports rvqspec_lib.cli.main (a higher layer)"]
+    planted = {**g, "rvqspec_lib.decoding.verify": g["rvqspec_lib.decoding.verify"] | {"rvqspec_lib.cli.main"}}
+    assert upward_imports(planted) == ["rvqspec_lib.decoding.verify imports rvqspec_lib.cli.main (a higher layer)"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     lazy = "def f():\n    from rvqspec_lib.eval import bench\n    from ..models import loader\n"
-    found = imports_of(lazy, "rvqspec_lib.spec.probe", set(g))
+    found = imports_of(lazy, "rvqspec_lib.decoding.probe", set(g))
     assert found == {"rvqspec_lib.eval.bench", "rvqspec_lib.models.loader"}
-    assert upward_imports({**g, "rvqspec_lib.spec.probe": found})
+    assert upward_imports({**g, "rvqspec_lib.decoding.probe": found})
 
 
 @pytest.mark.parametrize("name", LAYERS)

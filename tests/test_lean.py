@@ -19,16 +19,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import rvqspec_lib.spec.predictor as P
+import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.models import lean
 from rvqspec_lib.models.configs import build_from_config
 from rvqspec_lib.models.kernels import mgemv
 from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding.sampling import Sampling
 
 #: mgemv vs MKL: max abs difference of the hidden states relative to their largest magnitude.
 MGEMV_REL_TOL = 1e-5

@@ -47,15 +47,15 @@ import pytest
 import torch
 from scipy import stats
 
-import rvqspec_lib.spec.decode as D
-import rvqspec_lib.spec.verify as verify
+import rvqspec_lib.decoding.decode as D
+import rvqspec_lib.decoding.verify as verify
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.fused import FusedARFrame
 from rvqspec_lib.models.kernels import mgemv
 from rvqspec_lib.models.lean import LeanCodePredictor
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding.sampling import Sampling
 
 ALPHA = 1e-3
 TV_SHIFT = 0.03
@@ -655,7 +655,7 @@ def _random_walk_case(seed: int):
     random valid / has_next masks: one row."""
     import random as pyrandom
 
-    from rvqspec_lib.spec.trees import DraftTree
+    from rvqspec_lib.decoding.trees import DraftTree
 
     rnd = pyrandom.Random(seed)
     gen = torch.Generator().manual_seed(seed)

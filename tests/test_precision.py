@@ -21,10 +21,10 @@ from test_lossless import (ALPHA, DEFAULT, HOT_TOPK3, MIN_POWER, N_GROUPS, NUCLE
 
 from rvqspec_lib.models import precision as PR
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR, Chain, LossySSD, Tree
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
+from rvqspec_lib.decoding.sampling import Sampling
 
 ZEN2 = frozenset("fpu sse2 avx avx2 fma".split())
 ZEN4 = frozenset("avx2 avx512f avx512_bf16 avx512_vnni avx_vnni".split())

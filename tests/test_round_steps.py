@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import rvqspec_lib.spec.predictor as P
+import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.spec.decode import RoundPlan, accept, commit, decode_frame, draft, prefill, verify
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.drafters import ReusedHeads
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.decode import RoundPlan, accept, commit, decode_frame, draft, prefill, verify
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.decoding.sampling import Sampling
 
 DECODERS = [AR(), Chain(4), Chain(8), Tree([(0,), (1,), (0, 0), (0, 0, 0)]), Tree([(0,) * t for t in range(1, 8)])]
 IDS = ["AR", "Chain4", "Chain8", "Tree-default", "Tree-deep"]

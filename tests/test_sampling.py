@@ -10,7 +10,7 @@ import torch
 
 from rvqspec_lib.models.configs import CONFIG_DIR
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.spec.sampling import Sampling, sample
+from rvqspec_lib.decoding.sampling import Sampling, sample
 
 SETTINGS = [
     Sampling(),  # checkpoints' defaults: temperature 0.9, top-k 50, top-p 1.0

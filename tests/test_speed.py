@@ -9,10 +9,10 @@ from rvqspec_lib.eval import speed as S
 from rvqspec_lib.models.fused import FusedARFrame
 from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
-from rvqspec_lib.spec.drafters import ReusedHeads
-from rvqspec_lib.spec.predictor import OfficialBackend
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.decoding.predictor import OfficialBackend
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from test_drafters import drift_model
 
 from rvqspec_lib.eval.headroom import captured_share, headroom_table
 from rvqspec_lib.models.drafter_files import load_drafter, make_drafter
-from rvqspec_lib.spec.drafters import MedusaHeads, PositionOffsets
+from rvqspec_lib.decoding.drafters import MedusaHeads, PositionOffsets
 from rvqspec_lib.training.drafters import (
     DEFAULT_LR,
     deploy_drafters,

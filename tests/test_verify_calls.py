@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rvqspec_lib.eval.verify_calls import record_verify_calls
-from rvqspec_lib.spec.decoders import AR, Tree
-from rvqspec_lib.spec.trees import DraftTree
+from rvqspec_lib.decoding.decoders import AR, Tree
+from rvqspec_lib.decoding.trees import DraftTree
 
 PATHS = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
 
@@ -23,7 +23,7 @@ def cp():
 
 
 def _context(cp, seed=0):
-    from rvqspec_lib.spec import predictor as P
+    from rvqspec_lib.decoding import predictor as P
 
     g = torch.Generator().manual_seed(seed)
     return torch.randn(1, 2, P.talker_hidden_size(cp), generator=g)

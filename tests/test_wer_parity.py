@@ -1,4 +1,4 @@
-"""WER parity's pipeline (rvqspec_lib.eval.wer_parity) and its lossy control (rvqspec_lib.spec.decoders.LossySSD).
+"""WER parity's pipeline (rvqspec_lib.eval.wer_parity) and its lossy control (rvqspec_lib.decoding.decoders.LossySSD).
 
 * the lossy control is labelled lossy everywhere, and the SAME G-test that proves Chain and Tree lossless
   (tests/test_lossless.py) rejects it, while beta -> 0 gives back the chain draw for draw;
@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from rvqspec_lib.eval import wer_parity as W
-from rvqspec_lib.spec import decoder_names as N
+from rvqspec_lib.decoding import decoder_names as N
 from rvqspec_lib.eval.frames import Frames
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.models.teacher import Utterance
-from rvqspec_lib.spec import verify
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR, Chain, LossySSD, Tree, is_lossless
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding import verify
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree, is_lossless
+from rvqspec_lib.decoding.sampling import Sampling
 
 
 @pytest.fixture(scope="module")

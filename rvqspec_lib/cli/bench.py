@@ -91,7 +91,7 @@ def check_args(args) -> None:
         raise ValueError(f"unknown --backend {args.backend!r}: use one of {', '.join(BACKENDS)}")
     if getattr(args, "decoders", None) is not None:
         from rvqspec_lib.cli.common import check_decoder_files
-        from rvqspec_lib.spec.decoder_names import parse_decoder_name, split_decoder_list
+        from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
 
         if args.backend is None:
             raise ValueError("--decoders is for --backend (frame times per decoder); the call latencies take none")

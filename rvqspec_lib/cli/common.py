@@ -1,6 +1,6 @@
 """Helpers every ``rvqspec`` command shares: one-line errors, output-path checks and atomic writes, the thread
 count, seeds, and the decoder flags (``--decoder``, ``--window``, ``--tree``; the names themselves are parsed by
-:mod:`rvqspec_lib.spec.decoder_names`, the one grammar).
+:mod:`rvqspec_lib.decoding.decoder_names`, the one grammar).
 
 Nothing here imports torch at module level: ``rvqspec --help`` builds every command's parser from this module and
 stays fast (tests/test_cli.py checks that torch is not imported).
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from rvqspec_lib.spec.decoders import (
+from rvqspec_lib.decoding.decoders import (
     CHAIN_WINDOWS,
     DEFAULT_TREE,
     DEFAULT_WINDOW,
@@ -195,12 +195,12 @@ def read_text_file(path: str | os.PathLike, flag: str) -> str:
 # decoder flags
 # --------------------------------------------------------------------------------------------------------------------
 def format_paths(paths: Sequence[Sequence[int]]) -> str:
-    """The command-line form of rank paths, the inverse of :func:`rvqspec_lib.spec.trees.parse_paths`:
+    """The command-line form of rank paths, the inverse of :func:`rvqspec_lib.decoding.trees.parse_paths`:
     ``((0,), (1,), (0, 0))`` -> ``"0;1;0,0"``."""
     return ";".join(",".join(str(int(r)) for r in p) for p in paths)
 
 
-#: ``--tree`` default, formatted from the one constant :data:`rvqspec_lib.spec.decoders.DEFAULT_TREE`.
+#: ``--tree`` default, formatted from the one constant :data:`rvqspec_lib.decoding.decoders.DEFAULT_TREE`.
 DEFAULT_TREE_TEXT = format_paths(DEFAULT_TREE)
 WINDOW_HELP = (f"chain window N ({CHAIN_WINDOWS[0]}..{MAX_WINDOW}, default {DEFAULT_WINDOW}): committed code + N-1 "
                "drafts")
@@ -217,13 +217,13 @@ DECODER_HELP = ("inner-loop decoder, one of: ar | chain[:N] | tree[:PATHS] | tre
 
 def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree: str | None = None):
     """``--decoder`` (with the older ``--window`` / ``--tree`` companions) as ONE name of the grammar
-    (:mod:`rvqspec_lib.spec.decoder_names`): ``--decoder chain --window 6`` is ``chain:6``, ``--decoder tree --tree
-    calibrated:16`` is ``tree:calibrated:16``. Returns a :class:`~rvqspec_lib.spec.decoder_names.DecoderName`.
+    (:mod:`rvqspec_lib.decoding.decoder_names`): ``--decoder chain --window 6`` is ``chain:6``, ``--decoder tree --tree
+    calibrated:16`` is ``tree:calibrated:16``. Returns a :class:`~rvqspec_lib.decoding.decoder_names.DecoderName`.
 
     Raises:
         ValueError: a flag the chosen decoder does not use, any bad name, window, budget or path (one line).
     """
-    from rvqspec_lib.spec.decoder_names import parse_decoder_name
+    from rvqspec_lib.decoding.decoder_names import parse_decoder_name
 
     text = (decoder or "ar").strip()
     if window is not None and text != "chain":

@@ -25,7 +25,7 @@ from rvqspec_lib.cli.frames import (
     frames_from_args,
     note_fewer_frames,
 )
-from rvqspec_lib.spec.decoders import CHAIN_WINDOWS
+from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
 
 _WINDOWS = f"{CHAIN_WINDOWS[0]}..{CHAIN_WINDOWS[-1]}"
 
@@ -61,7 +61,7 @@ def decoders_from_args(args) -> list:
                          "run)")
     if args.tree is not None and args.decoder == "chain":
         raise ValueError("--tree is not used with --decoder chain: drop it, or use --decoder tree")
-    from rvqspec_lib.spec.decoder_names import is_calibrated_name, parse_decoder_name
+    from rvqspec_lib.decoding.decoder_names import is_calibrated_name, parse_decoder_name
 
     if args.decoder == "chain":
         return [parse_decoder_name("chain" if args.window is None else f"chain:{args.window}").decoder()]
@@ -105,7 +105,7 @@ def run(args, threads: int) -> int:
     from rvqspec_lib.common.provenance import provenance
     from rvqspec_lib.eval.acceptance import evaluate_acceptance
     from rvqspec_lib.models.drafter_files import make_drafter
-    from rvqspec_lib.spec.sampling import Sampling
+    from rvqspec_lib.decoding.sampling import Sampling
 
     t = time.perf_counter()
     lm = load_model(args.model, dtype=args.dtype)

@@ -23,7 +23,7 @@ from pathlib import Path
 from rvqspec_lib.cli.common import add_threads_arg, apply_threads, resolve_threads
 
 DEFAULT_DECODERS = "ar,chain:best,tree:calibrated-point-mass:16,tree:calibrated-sampled:16,ssd-lossy"
-#: ``--decoders`` help: the grammar's forms (rvqspec_lib.spec.decoder_names) that eval-wer runs.
+#: ``--decoders`` help: the grammar's forms (rvqspec_lib.decoding.decoder_names) that eval-wer runs.
 DECODERS_HELP = ("comma-separated: ar, chain:N, chain:best, tree:calibrated[-sampled|-point-mass][:N], "
                  "tree:<rank paths>, tree-sampled:<paths>, ssd-lossy[:BETA] (a LOSSY control), paper[:N] (the "
                  "paper's decoder: the offsets shipped beside the model + their calibrated point-mass tree, N "
@@ -89,7 +89,7 @@ def check_decoder_names(names, model: str) -> set[str]:
         ValueError, FileNotFoundError: one line naming the fix.
     """
     from rvqspec_lib.cli.common import check_decoder_files
-    from rvqspec_lib.spec.decoder_names import parse_decoder_name
+    from rvqspec_lib.decoding.decoder_names import parse_decoder_name
 
     needs: set[str] = set()
     for name in names:
@@ -111,7 +111,7 @@ def run(args, threads: int | None = None) -> int:
 
     from rvqspec_lib.eval.asr_models import check_asr_name
     from rvqspec_lib.eval.datasets import get_language
-    from rvqspec_lib.spec.decoder_names import split_decoder_list
+    from rvqspec_lib.decoding.decoder_names import split_decoder_list
 
     try:
         names = split_decoder_list(args.decoders)
@@ -166,10 +166,10 @@ def _run(args, names, needs, languages, progress) -> int:
     from rvqspec_lib.models.drafter_files import shipped_drafter
     from rvqspec_lib.models.loader import load_model
     from rvqspec_lib.models.tree_files import load_calibration, tree_file
-    from rvqspec_lib.spec.decoder_names import calibration_budgets, parse_decoder, parse_decoder_name
+    from rvqspec_lib.decoding.decoder_names import calibration_budgets, parse_decoder, parse_decoder_name
     from rvqspec_lib.models.speech_tokenizers import load_codec
-    from rvqspec_lib.spec.decoders import AR
-    from rvqspec_lib.spec.drafters import ReusedHeads
+    from rvqspec_lib.decoding.decoders import AR
+    from rvqspec_lib.decoding.drafters import ReusedHeads
 
     lm = load_model(args.model)
     own = getattr(lm.speech_tokenizer, "codec", None)

@@ -93,7 +93,7 @@ def _decoder_tree(args):
     files, checked), or ``None`` without ``--decoder``."""
     from rvqspec_lib.cli.common import check_decoder_files
     from rvqspec_lib.models.tree_files import load_calibration, tree_file
-    from rvqspec_lib.spec.decoder_names import parse_decoder_name
+    from rvqspec_lib.decoding.decoder_names import parse_decoder_name
 
     text = getattr(args, "decoder", None)
     if text is None:
@@ -112,7 +112,7 @@ def _decoder_tree(args):
 
 
 def _tree_and_nodes(args):
-    from rvqspec_lib.spec.trees import DraftTree, parse_paths
+    from rvqspec_lib.decoding.trees import DraftTree, parse_paths
 
     if args.graph != "verify":
         return None, None
@@ -215,12 +215,12 @@ def _bench_inputs(lm, model: str, *, seed: int = 0, n: int = 16, names: str | No
     teacher-forced contexts and, without ``names``, AR, ``Chain(4)``, the default tree and, when the model ships
     them, its calibrated tree of N = 4 and the paper's decoder (``paper``: offsets + their calibrated point-mass
     tree); random contexts otherwise (tokens per call then mean little: say so). ``names``: comma-separated
-    decoder names of the grammar (:mod:`rvqspec_lib.spec.decoder_names`) instead, labelled as written."""
+    decoder names of the grammar (:mod:`rvqspec_lib.decoding.decoder_names`) instead, labelled as written."""
     from rvqspec_lib.cli.common import build_decoder, check_decoder_files
     from rvqspec_lib.eval.frame_sources import frames_from_shipped
     from rvqspec_lib.eval.speed import random_contexts
-    from rvqspec_lib.spec.decoder_names import parse_decoder_name, split_decoder_list
-    from rvqspec_lib.spec.decoders import AR, Chain, Tree
+    from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
+    from rvqspec_lib.decoding.decoders import AR, Chain, Tree
 
     cp = lm.code_predictor
     if names is None:

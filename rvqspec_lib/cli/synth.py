@@ -199,7 +199,7 @@ def run(args, threads: int) -> int:
     from rvqspec_lib.common.files import atomic_outputs
     from rvqspec_lib.models.frame import synthesize
     from rvqspec_lib.models.text_language import english_only_note
-    from rvqspec_lib.spec.sampling import Sampling
+    from rvqspec_lib.decoding.sampling import Sampling
 
     t = time.perf_counter()
     startup_s = t - started  # interpreter imports (torch, transformers) and the checks

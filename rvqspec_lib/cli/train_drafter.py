@@ -39,7 +39,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "tv: one minus the exact acceptance rate, q warped as deployed")
     p.add_argument("--K", type=int, default=None,
                    help="offsets drafted, 1..(code groups - 2) (default: the paper's K, "
-                        "rvqspec_lib.spec.drafters.DEFAULT_K)")
+                        "rvqspec_lib.decoding.drafters.DEFAULT_K)")
     p.add_argument("--epochs", type=int, default=20, help="maximum epochs (early stopping on validation acceptance)")
     p.add_argument("--patience", type=int, default=3, help="epochs without validation improvement before stopping")
     p.add_argument("--batch-size", type=int, default=64, help="frames per step")
@@ -103,7 +103,7 @@ def run(args, threads: int) -> int:
         save_drafter,
     )
     from rvqspec_lib.models.loader import load_model, model_facts
-    from rvqspec_lib.spec.drafters import DEFAULT_K
+    from rvqspec_lib.decoding.drafters import DEFAULT_K
 
     k = DEFAULT_K if args.K is None else args.K
     out = Path(args.out) if args.out else None
@@ -126,7 +126,7 @@ def run(args, threads: int) -> int:
 
     threads = apply_threads(threads)  # after the cheap checks: torch loads here
     from rvqspec_lib.common.files import write_text_atomic
-    from rvqspec_lib.spec.sampling import Sampling
+    from rvqspec_lib.decoding.sampling import Sampling
     from rvqspec_lib.training.drafters import train_drafter
 
     t = time.perf_counter()

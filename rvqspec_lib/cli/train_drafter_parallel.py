@@ -60,7 +60,7 @@ def run(args, threads: int | None = None) -> int:
 
     from rvqspec_lib.models.drafter_files import make_drafter, save_drafter
     from rvqspec_lib.models.loader import load_model
-    from rvqspec_lib.spec.sampling import Sampling
+    from rvqspec_lib.decoding.sampling import Sampling
     from rvqspec_lib.training.distributed import Parallel
     from rvqspec_lib.training.drafters import train_drafter
 

@@ -172,7 +172,7 @@ def calibrate_decoders(lm, utterances: Sequence, *, needs, calibration_path: str
     Args:
         utterances: calibration utterances (:func:`calibration_data`); their first ``max_frames`` frames are used.
         needs: a subset of ``{"calibration", "best_chain"}``
-            (:func:`rvqspec_lib.spec.decoder_names.check_decoder_names`).
+            (:func:`rvqspec_lib.decoding.decoder_names.check_decoder_names`).
         calibration_path: an existing calibration file to use instead of calibrating here.
         budgets: node budgets calibrated here (default every budget 2..64).
     Returns:
@@ -183,7 +183,7 @@ def calibrate_decoders(lm, utterances: Sequence, *, needs, calibration_path: str
     from rvqspec_lib.eval.frame_sources import frames_from_utterances
     from rvqspec_lib.eval.wer_parity import best_chain_window
     from rvqspec_lib.models.tree_files import load_calibration
-    from rvqspec_lib.spec.drafters import ReusedHeads
+    from rvqspec_lib.decoding.drafters import ReusedHeads
 
     cp = lm.code_predictor
     out = {"calibration": None, "best_chain": None, "chain_predicted": {}, "n_frames": 0, "from_file": None}

@@ -2,7 +2,7 @@
 
 Two kinds, computed on the same evaluation frames:
 
-* empirical (:func:`decoder_statistics`): :func:`~rvqspec_lib.spec.decode.decode_frame` runs each decoder (Chain windows
+* empirical (:func:`decoder_statistics`): :func:`~rvqspec_lib.decoding.decode.decode_frame` runs each decoder (Chain windows
   2..8, a Tree) and its per-call logs give tokens per call (all codes / all calls, the prefill included: the paper's
   toks/step), the committed-length histogram, and how often the draft at offset j from start depth s was accepted
   when it was tried (Chain: when the drafts before it were accepted; Tree: when the walk reached offset j-1);
@@ -30,12 +30,12 @@ import torch
 
 from rvqspec_lib.eval.frames import Frames
 from rvqspec_lib.models.teacher import teacher_forced_hidden, verifier_logits
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR, CHAIN_WINDOWS, DEFAULT_TREE, Chain, Tree
-from rvqspec_lib.spec.drafters import draft_batch
-from rvqspec_lib.spec.sampling import Sampling
-from rvqspec_lib.spec.trees import DraftTree
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, DEFAULT_TREE, Chain, Tree
+from rvqspec_lib.decoding.drafters import draft_batch
+from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.decoding.trees import DraftTree
 
 #: Ranks tabulated by default for the tree calibration (top-8 at every offset).
 DEFAULT_MAX_RANK = 8

@@ -125,7 +125,7 @@ def check_asr_name(spec: str) -> None:
 
 
 def recogniser(spec: str, language: str, refs: Sequence[str] = (), *, device: str = "cpu") -> ASR | None:
-    """The recogniser named by ``spec`` for one language, or ``None`` where none applies offline.
+    """The recogniser named by ``decoding`` for one language, or ``None`` where none applies offline.
 
     ``auto`` and ``whisper-tiny.en``: :func:`whisper_tiny_en` for English, none elsewhere (an English-only model);
     ``pocketsphinx``: PocketSphinx with its default English LM; ``pocketsphinx-prompt``: PocketSphinx with a bigram LM

@@ -31,10 +31,10 @@ import torch
 from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
 from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
 from rvqspec_lib.models.tree_files import tree_from_calibration
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.decoders import AR, CHAIN_WINDOWS, Chain
-from rvqspec_lib.spec.predictor import OfficialBackend
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain
+from rvqspec_lib.decoding.predictor import OfficialBackend
+from rvqspec_lib.decoding.sampling import Sampling
 
 #: Node budgets N (root included) considered for calibrated trees.
 AUTO_BUDGETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)

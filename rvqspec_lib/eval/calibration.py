@@ -8,7 +8,7 @@ From frames of the calibration split (contexts from real speech, codes sampled f
   one accepted, once its parent was reached (:func:`sampled_child_acceptance`: Monte Carlo over the children drawn,
   Rao-Blackwellised: the acceptance probabilities of Sequoia's rule are computed exactly for every draw).
 
-Pooled over start depths, each table drives :func:`rvqspec_lib.spec.trees.grow_tree` to the best tree of every node
+Pooled over start depths, each table drives :func:`rvqspec_lib.decoding.trees.grow_tree` to the best tree of every node
 budget N = 2..64 (N counts the root: the query positions of one verify call). The expected tokens per call of each
 tree, over whole frames (:func:`rvqspec_lib.eval.acceptance.predicted_tokens_per_call`), is stored beside it so that
 the prediction can be checked against the tokens per call measured on the evaluation split.
@@ -30,11 +30,11 @@ from rvqspec_lib.eval.acceptance import (
     predicted_tokens_per_call,
 )
 from rvqspec_lib.eval.frames import Frames
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec import verify as rules
-from rvqspec_lib.spec.decoders import Tree
-from rvqspec_lib.spec.sampling import Sampling
-from rvqspec_lib.spec.trees import expected_tokens, grow_tree
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding import verify as rules
+from rvqspec_lib.decoding.decoders import Tree
+from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.decoding.trees import expected_tokens, grow_tree
 
 #: Node budgets N (query positions of a verify call, the root included) the calibration builds a tree for.
 BUDGETS = tuple(range(2, 65))
@@ -53,7 +53,7 @@ def sampled_child_acceptance(code_predictor, drafter, context: torch.Tensor, cod
     For each frame and start depth s, the target p for depth s+t (teacher-forced prefix, as
     :func:`~rvqspec_lib.eval.acceptance.exact_statistics`) and the draft q from H_s; ``max_children`` children are
     drawn without replacement (Gumbel-top-k, as the decoder draws them) and walked with the decoder's own rule
-    (:func:`rvqspec_lib.spec.verify.acceptance_ratio` and :func:`~rvqspec_lib.spec.verify.residual`):
+    (:func:`rvqspec_lib.decoding.verify.acceptance_ratio` and :func:`~rvqspec_lib.decoding.verify.residual`):
     child i is reached with probability ``prod_{j<i} (1 - r_j)`` and accepted with ``r_i``. The average of
     ``reach_i * r_i`` over frames and draws estimates the table; child 0's entry equals ``alpha = sum min(p, q)``
     in expectation.

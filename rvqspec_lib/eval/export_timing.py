@@ -37,8 +37,8 @@ from rvqspec_lib.common.provenance import cpu_model
 from rvqspec_lib.eval import speed
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models import export_graphs as G
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.decoders import AR, Chain, Tree
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.decoders import AR, Chain, Tree
 
 #: Backends of the harness, in the order tables list them.
 BACKENDS = ("eager", "compile", "onnx", "coreml", "cuda")
@@ -373,7 +373,7 @@ def device_frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping
         ``{"rows", "meta"}``, rows with ``decoder``, ``backend`` (= ``label``), ``tokens_per_call``,
         ``calls_per_frame``, ``ms_per_frame``, ``p10_ms``, ``p90_ms``, ``speedup_vs_ar``, ``speedup_vs_fused``.
     """
-    from rvqspec_lib.spec.decode import decode_frame
+    from rvqspec_lib.decoding.decode import decode_frame
 
     conditions = {}
     for dname, dec in decoders.items():

@@ -26,7 +26,7 @@ from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval.frames import Frames
 from rvqspec_lib.models.audio import _decode_audio, resample
 from rvqspec_lib.models.teacher import teacher_forced_contexts
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.sampling import Sampling
 
 #: Texts spoken by :func:`frames_from_model` when none are given (short, varied English sentences).
 DEFAULT_TEXTS = (
@@ -309,8 +309,8 @@ def frames_from_contexts(code_predictor, context: torch.Tensor, *, sampling: Sam
     A cheap source without the talker: contexts from a dataset pass (self-distillation of the code predictor's p), or
     random contexts for tests. ``frames_per_utterance`` groups consecutive frames into one utterance id for splits.
     """
-    from rvqspec_lib.spec.decode import decode_frame
-    from rvqspec_lib.spec.decoders import AR
+    from rvqspec_lib.decoding.decode import decode_frame
+    from rvqspec_lib.decoding.decoders import AR
 
     gen = torch.Generator(device=context.device).manual_seed(seed)
     codes = torch.cat([decode_frame(code_predictor, context[i: i + batch_size], decoder=AR(), sampling=sampling,

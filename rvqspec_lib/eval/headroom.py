@@ -12,9 +12,9 @@ import torch
 from rvqspec_lib.eval.acceptance import _teacher_forced_batches
 from rvqspec_lib.eval.frames import Frames
 from rvqspec_lib.models.teacher import teacher_forced_hidden
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.drafters import draft_batch
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.drafters import draft_batch
+from rvqspec_lib.decoding.sampling import Sampling
 
 
 def optimal_overlap(p: torch.Tensor) -> torch.Tensor:
@@ -85,7 +85,7 @@ def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None,
     Raises:
         ValueError: ``samples`` odd or < 2, or ``n_ahead`` outside [1, n-1].
     """
-    from rvqspec_lib.spec.sampling import sample as draw
+    from rvqspec_lib.decoding.sampling import sample as draw
 
     if isinstance(context, Frames):
         context, codes = context.context, context.codes

@@ -16,9 +16,9 @@ import torch
 
 from rvqspec_lib.models.loader import LoadedModel
 from rvqspec_lib.models.teacher import as_utterance
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR
+from rvqspec_lib.decoding.sampling import Sampling
 
 
 def speaker_batches(utterances: Sequence, batch_size: int) -> list[list[int]]:

@@ -30,11 +30,11 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from rvqspec_lib.common.progress import progress_bar
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR
-from rvqspec_lib.spec.drafters import ReusedHeads
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR
+from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.decoding.sampling import Sampling
 
 #: Query sizes of the verify cost curve (a 64-node tree is the largest node budget calibrated).
 QUERY_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -61,7 +61,7 @@ class Clock:
 
 
 class TimedBackend:
-    """A :class:`~rvqspec_lib.spec.predictor.VerifyBackend` that times another: ``forward`` into ``clock.model_s``,
+    """A :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` that times another: ``forward`` into ``clock.model_s``,
     ``embed`` and ``logits`` into ``clock.heads_s`` (two ``perf_counter`` calls each, well under a microsecond)."""
 
     def __init__(self, backend, clock: Clock):

@@ -1,9 +1,9 @@
 """The inputs of the verify calls of one decoded frame, recorded as the decode loop passes them to the model.
 
 Figure 2 of the paper draws a tree beside its attention mask. Here the mask is never rebuilt by hand: a frame is
-decoded through :func:`rvqspec_lib.spec.decode.decode_frame` with a backend that delegates every call to the official
-module (:class:`rvqspec_lib.spec.predictor.OfficialBackend`) and keeps a copy of what
-:func:`rvqspec_lib.spec.decode.verify` (and the prefill) passed to it: the RoPE positions, the attention ``allow``
+decoded through :func:`rvqspec_lib.decoding.decode.decode_frame` with a backend that delegates every call to the official
+module (:class:`rvqspec_lib.decoding.predictor.OfficialBackend`) and keeps a copy of what
+:func:`rvqspec_lib.decoding.decode.verify` (and the prefill) passed to it: the RoPE positions, the attention ``allow``
 mask over the cache's slots and the slots written (docs/methods.md#the-tree-as-data).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rvqspec_lib.spec.predictor import OfficialBackend
+from rvqspec_lib.decoding.predictor import OfficialBackend
 
 
 class _RecordingBackend(OfficialBackend):
@@ -36,7 +36,7 @@ def record_verify_calls(code_predictor, context: torch.Tensor, decoder, *, sampl
     Args:
         code_predictor: the official module. context: ``(1, 2, talker_hidden)`` float, one frame's context (a
             batch of 1: the mask of row 0 is what a figure shows). decoder: ``AR``, ``Chain`` or ``Tree``.
-        sampling, drafter: as :func:`rvqspec_lib.spec.decode.decode_frame`. seed: seed of the frame's generator.
+        sampling, drafter: as :func:`rvqspec_lib.decoding.decode.decode_frame`. seed: seed of the frame's generator.
 
     Returns:
         one dict per call: ``positions`` ``(Q,)`` int64 RoPE positions, ``allow`` ``(Q, S)`` bool (query i may attend
@@ -46,7 +46,7 @@ def record_verify_calls(code_predictor, context: torch.Tensor, decoder, *, sampl
     Raises:
         ValueError: ``context`` is not a batch of one frame.
     """
-    from rvqspec_lib.spec.decode import decode_frame
+    from rvqspec_lib.decoding.decode import decode_frame
 
     if not isinstance(context, torch.Tensor) or context.dim() != 3 or context.shape[0] != 1:
         raise ValueError(f"context must be (1, 2, hidden), one frame; got {tuple(getattr(context, 'shape', ()))}: "

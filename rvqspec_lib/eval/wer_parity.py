@@ -16,7 +16,7 @@ SAME utterances with the SAME seeds, and three questions are answered by tests r
    bootstrap intervals, outliers apart (:func:`wer_parity`); free running (:func:`free_running_parity`) beside it,
    labelled.
 
-A deliberately LOSSY control (:class:`rvqspec_lib.spec.decoders.LossySSD`, SSD's tolerance rule) runs beside the
+A deliberately LOSSY control (:class:`rvqspec_lib.decoding.decoders.LossySSD`, SSD's tolerance rule) runs beside the
 lossless decoders: the tests must catch it, and must not flag AR against itself under another seed (the null control
 ``ar-seed2``).
 """
@@ -34,11 +34,11 @@ from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval.frames import Frames
 from rvqspec_lib.eval.inner_loop import speaker_batches
 from rvqspec_lib.models.teacher import as_utterance, teacher_forced_hidden, verifier_logits
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoder_names import DEFAULT_TREE_BUDGET, parse_decoder
-from rvqspec_lib.spec.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, parse_decoder
+from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
+from rvqspec_lib.decoding.sampling import Sampling
 
 #: The reference decoder's label, and the null control's (AR again, other seeds: nothing may be detected).
 REFERENCE = "ar"
@@ -49,7 +49,7 @@ CODE_BINS = 32
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the chain window of chain:best (decoder names: rvqspec_lib.spec.decoder_names, the one grammar)
+# the chain window of chain:best (decoder names: rvqspec_lib.decoding.decoder_names, the one grammar)
 # ----------------------------------------------------------------------------------------------------------------
 def best_chain_window(code_predictor, drafter, frames: Frames, *, sampling: Sampling | None = None,
                       windows: Sequence[int] = CHAIN_WINDOWS, batch_size: int = 256) -> tuple[int, dict]:
@@ -74,7 +74,7 @@ class DecodeRun:
     """What one decoder produced on a set of frames.
 
     Attributes:
-        label: table label. decoder: the decoder. lossless: :func:`rvqspec_lib.spec.decoders.is_lossless`.
+        label: table label. decoder: the decoder. lossless: :func:`rvqspec_lib.decoding.decoders.is_lossless`.
         codes: ``(R, N, n)`` int64 codes 1..n of every frame in every replicate.
         calls: ``(R, N)`` int64 code-predictor calls per frame (the prefill included).
     """
@@ -103,7 +103,7 @@ def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], 
         frames: contexts (and utterance ids) from e.g. :func:`rvqspec_lib.eval.frame_sources.frames_from_utterances`.
         decoders: ``{label: decoder}``. replicates: independent draws per frame (more power for the code tests).
         sampling: the deployed warpers (default temperature 0.9, top-k 50). drafter: default the reused heads.
-        batch_size: frames per :func:`~rvqspec_lib.spec.decode.decode_frame` call.
+        batch_size: frames per :func:`~rvqspec_lib.decoding.decode.decode_frame` call.
     Returns:
         ``{label: DecodeRun}``.
     Raises:

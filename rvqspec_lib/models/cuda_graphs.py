@@ -5,9 +5,9 @@ On a GPU the code predictor's calls are short and launch-bound: vllm-omni's eage
 as one graph (docs/methods.md#headline-numbers-reported-by-others). Two pieces, over the lean forward
 (:mod:`rvqspec_lib.models.lean`, the official parameters in place):
 
-* :class:`GraphedBackend`: the verify backend protocol of :mod:`rvqspec_lib.spec.predictor` with every verify call
+* :class:`GraphedBackend`: the verify backend protocol of :mod:`rvqspec_lib.decoding.predictor` with every verify call
   of a given shape ``(B, Q, slots)`` captured once and replayed (every call of a decoder has one shape: the slot
-  cache of :func:`rvqspec_lib.spec.decode.decode_frame`). Captured graphs write into fixed addresses, so the cache of
+  cache of :func:`rvqspec_lib.decoding.decode.decode_frame`). Captured graphs write into fixed addresses, so the cache of
   a shape is ONE static pair of tensors reused frame after frame (zeroed by ``new_cache``) and compacted in place;
   a backend decodes one frame at a time.
 * :class:`GraphedFrame`: :meth:`rvqspec_lib.models.fused.FusedARFrame.frame` captured per batch size.
@@ -92,7 +92,7 @@ class GraphedBackend:
         return cache
 
     def forward(self, embeds, positions, allow, cache: LeanCache, write_slots):
-        """The verify call (arguments and result as :func:`rvqspec_lib.spec.predictor.verify_forward`): inputs
+        """The verify call (arguments and result as :func:`rvqspec_lib.decoding.predictor.verify_forward`): inputs
         copied into the shape's static buffers, the graph replayed, a copy of its output returned."""
         with torch.inference_mode():
             return self._forward(embeds, positions, allow, cache, write_slots)

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from rvqspec_lib.common.files import atomic_outputs
-from rvqspec_lib.spec.drafters import (
+from rvqspec_lib.decoding.drafters import (
     DEFAULT_K,
     DRAFTERS,
     MedusaHeads,
@@ -20,7 +20,7 @@ from rvqspec_lib.spec.drafters import (
     fresh_drafter,
     params_added_for,
 )
-from rvqspec_lib.spec.predictor import n_codes
+from rvqspec_lib.decoding.predictor import n_codes
 
 FORMAT = "rvqspec-drafter"
 

@@ -6,7 +6,7 @@ macOS only; docs/offline.md#export-targets).
   ``torch.export``; the cache as ``ct.StateType`` states, macOS 15 / iOS 18 target), in float32 or float16.
 * :func:`file_interface`: the inputs, outputs and states a written file declares, read back from the file.
 * :class:`OrtGraph` and :class:`CoreMLGraph`: run a file on named inputs. :class:`ExportedBackend`: the verify
-  backend protocol of :mod:`rvqspec_lib.spec.predictor` over an exported hidden-state verify graph, so that
+  backend protocol of :mod:`rvqspec_lib.decoding.predictor` over an exported hidden-state verify graph, so that
   ``decode_frame`` runs its verify calls through ONNX Runtime (or Core ML on a Mac); :class:`ExportedFrame`: the
   fused frame through an exported frame graph.
 
@@ -36,7 +36,7 @@ import torch
 from rvqspec_lib.models import export_graphs as G
 from rvqspec_lib.models.fused import FusedARFrame
 from rvqspec_lib.models.lean import LeanCache
-from rvqspec_lib.spec import predictor as P
+from rvqspec_lib.decoding import predictor as P
 
 #: File formats and the suffix each writes.
 FORMATS = {"onnx": ".onnx", "coreml": ".mlpackage"}
@@ -420,7 +420,7 @@ class _WorkFolder:
 
 
 class ExportedBackend(_WorkFolder):
-    """The verify backend protocol (:class:`rvqspec_lib.spec.predictor.VerifyBackend`) over an exported
+    """The verify backend protocol (:class:`rvqspec_lib.decoding.predictor.VerifyBackend`) over an exported
     hidden-state verify graph: ``decode_frame(..., backend=ExportedBackend(cp))`` runs every verify call of every
     decoder through ONNX Runtime.
 

@@ -12,7 +12,7 @@ it ONNX and Core ML, :mod:`rvqspec_lib.models.export_formats`) takes them whole:
    (``lm_head[d]`` for the node of depth d) and the drafter's logits for the next round from every node (the reused
    heads ``lm_head[d+1..d+K]``, K = the tree's depth), so the next round needs no separate draft call whichever node
    ends up last accepted. With ``outputs="hidden"`` it returns the hidden states instead (any N, no tree): the
-   verify call of :func:`rvqspec_lib.spec.predictor.verify_forward`, which an exported verify backend runs.
+   verify call of :func:`rvqspec_lib.decoding.predictor.verify_forward`, which an exported verify backend runs.
 3. :class:`FrameGraph`: all n_codes codes of a frame in one call with temperature and top-k sampling inside
    (Gumbel-max, the noise an input): :meth:`rvqspec_lib.models.fused.FusedARFrame.frame` itself, wrapped.
 
@@ -45,9 +45,9 @@ from torch import nn
 
 from rvqspec_lib.models.fused import FusedARFrame
 from rvqspec_lib.models.lean import ROPE_POSITIONS, LeanCodePredictor
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.sampling import Sampling
-from rvqspec_lib.spec.trees import DraftTree
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.decoding.trees import DraftTree
 
 #: The three graphs, by the names the command line uses.
 GRAPHS = ("stepped", "verify", "frame")
@@ -220,7 +220,7 @@ class VerifyGraph(_Graph):
     Args:
         code_predictor: the official module.
         n_query: query positions N of one call (the root included: a tree of N - 1 drafted nodes).
-        tree: the :class:`~rvqspec_lib.spec.trees.DraftTree` of ``n_query - 1`` nodes (``outputs="logits"``): its
+        tree: the :class:`~rvqspec_lib.decoding.trees.DraftTree` of ``n_query - 1`` nodes (``outputs="logits"``): its
             node offsets say which head each node uses.
         outputs: ``"logits"`` (the verifier's and the drafter's logits) or ``"hidden"`` (hidden states; any
             ``n_query >= 1``, no tree needed).
@@ -438,8 +438,8 @@ def example_inputs(graph: nn.Module, *, seed: int = 0, frame_depth: int = 3) -> 
 def reference_outputs(graph: nn.Module, inputs: dict) -> dict:
     """What the graph must compute, from the OFFICIAL module (not the lean stack): ``{output name: tensor}``.
 
-    Stepped and verify graphs: :func:`rvqspec_lib.spec.predictor.verify_forward` over a
-    :class:`~rvqspec_lib.spec.predictor.StaticSlotCache` filled with the input caches, then each head applied as a
+    Stepped and verify graphs: :func:`rvqspec_lib.decoding.predictor.verify_forward` over a
+    :class:`~rvqspec_lib.decoding.predictor.StaticSlotCache` filled with the input caches, then each head applied as a
     module (``lm_head[i](h)``). The frame graph: :meth:`FusedARFrame.frame` (its own tests tie it to ``decode_frame``).
     Cache outputs are included for ``state="inputs"`` graphs.
     """

@@ -22,9 +22,9 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from rvqspec_lib.models.loader import LoadedModel
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.decoders import AR
-from rvqspec_lib.spec.sampling import Sampling, code0_processors, sample
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR
+from rvqspec_lib.decoding.sampling import Sampling, code0_processors, sample
 
 
 class _PromptCaptured(Exception):
@@ -163,7 +163,7 @@ def synthesize(
         drafter: where the drafts come from (default: reused heads).
         backend: what runs the code-predictor calls (default: the official module; e.g.
             ``rvqspec_lib.models.lean.LeanCodePredictor(lm.code_predictor)``), see
-            :func:`rvqspec_lib.spec.decode.decode_frame`.
+            :func:`rvqspec_lib.decoding.decode.decode_frame`.
 
     Returns:
         :class:`SynthesisResult`.

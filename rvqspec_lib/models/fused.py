@@ -7,7 +7,7 @@ warpers applied inside: temperature, then top-k (docs/model.md#warper-order), ex
 ``TemperatureLogitsWarper`` and ``TopKLogitsWarper`` compute them. The code is drawn by the Gumbel-max trick,
 ``argmax(warped logits + G)`` with ``G`` standard Gumbel noise given as an INPUT (:meth:`FusedARFrame.noise`, from an
 explicit generator): the argmax of logits plus Gumbel noise is distributed as the softmax of the logits (Gumbel
-1954; Maddison et al. 2014), so a frame follows the same distribution as :class:`rvqspec_lib.spec.decoders.AR`
+1954; Maddison et al. 2014), so a frame follows the same distribution as :class:`rvqspec_lib.decoding.decoders.AR`
 (tested with the G-test of tests/test_lossless.py), and the same noise gives the same codes. It does not reproduce
 ``decode_frame``'s codes draw for draw: those come from ``torch.multinomial``, another use of the random stream.
 
@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from rvqspec_lib.models.lean import RECOMPILE_LIMIT, LeanCodePredictor
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.sampling import Sampling
 
 
 class FusedARFrame:

@@ -1,13 +1,13 @@
 """A lean forward of the code predictor over the OFFICIAL module's own parameters (no copy of weights or code).
 
-The official call (:func:`rvqspec_lib.spec.predictor.verify_forward`) goes through transformers' decoder stack:
+The official call (:func:`rvqspec_lib.decoding.predictor.verify_forward`) goes through transformers' decoder stack:
 keyword plumbing, mask mapping, a ``Cache`` object, per-layer module calls. On the real-size code predictor that
 machinery costs about 1.5 ms a call; on the small embedded model it is most of the call (docs/offline.md#verify-cost-on-this-cpu).
 :class:`LeanCodePredictor` is the same arithmetic written as plain tensor code from the architecture
 (docs/model.md#architecture: 5 pre-norm decoder layers, RMSNorm on q and k per head, RoPE, grouped-query attention
 through SDPA with an additive mask, SwiGLU MLP, final RMSNorm), reading ``code_predictor.model``'s parameters in
-place. It implements the verify backend protocol of :mod:`rvqspec_lib.spec.predictor` (``new_cache``, ``forward``,
-``compact``, ``embed``, ``logits``), so :func:`rvqspec_lib.spec.decode.decode_frame` runs any decoder through it
+place. It implements the verify backend protocol of :mod:`rvqspec_lib.decoding.predictor` (``new_cache``, ``forward``,
+``compact``, ``embed``, ``logits``), so :func:`rvqspec_lib.decoding.decode.decode_frame` runs any decoder through it
 with ``backend=LeanCodePredictor(cp)``.
 
 Options:
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rvqspec_lib.models.kernels import mgemv
-from rvqspec_lib.spec import predictor as P
+from rvqspec_lib.decoding import predictor as P
 
 #: RoPE positions tabulated: a frame uses positions 0..n_codes, plus the offsets of nodes past the frame's last depth
 #: (never fed: their rows are masked); 256 covers any tree of the 64-node budget. Larger positions are clamped.
@@ -45,7 +45,7 @@ RECOMPILE_LIMIT = 256
 
 class LeanCache:
     """A fixed-size slot KV cache as two tensors, ``k`` and ``v`` of shape ``(layers, B, kv_heads, slots,
-    head_dim)`` (the lean twin of :class:`rvqspec_lib.spec.predictor.StaticSlotCache`)."""
+    head_dim)`` (the lean twin of :class:`rvqspec_lib.decoding.predictor.StaticSlotCache`)."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor):
         self.k, self.v = k, v
@@ -164,7 +164,7 @@ class LeanCodePredictor:
             if compile else self.stack
         self.name = "lean" + ("-mgemv" if matmul == "mgemv" else "") + ("-compiled" if compile else "")
 
-    # -- the backend protocol (rvqspec_lib.spec.predictor.VerifyBackend) -----------------------------------------
+    # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend) -----------------------------------------
     def new_cache(self, batch: int, slots: int) -> LeanCache:
         """An empty cache of ``slots`` slots for ``batch`` rows."""
         shape = (self.n_layers, batch, self.n_kv, slots, self.head_dim)
@@ -173,7 +173,7 @@ class LeanCodePredictor:
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache: LeanCache,
                 write_slots: torch.Tensor) -> torch.Tensor:
-        """The verify call; arguments and result as :func:`rvqspec_lib.spec.predictor.verify_forward`."""
+        """The verify call; arguments and result as :func:`rvqspec_lib.decoding.predictor.verify_forward`."""
         b, q_len, _ = embeds.shape
         pos = positions.clamp(max=ROPE_POSITIONS - 1)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, Q, D)
@@ -204,11 +204,11 @@ class LeanCodePredictor:
         cache.v = cache.v.gather(3, idx)
 
     def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        """Projected input embeddings, as :func:`rvqspec_lib.spec.predictor.embed_codes` (the official tables)."""
+        """Projected input embeddings, as :func:`rvqspec_lib.decoding.predictor.embed_codes` (the official tables)."""
         return P.embed_codes(self.code_predictor, codes, depth)
 
     def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """Head logits row by row, as :func:`rvqspec_lib.spec.predictor.head_logits`, through ``matmul``."""
+        """Head logits row by row, as :func:`rvqspec_lib.decoding.predictor.head_logits`, through ``matmul``."""
         return P.head_logits(self.code_predictor, hidden, head, linear=self.linear)
 
     def __repr__(self) -> str:

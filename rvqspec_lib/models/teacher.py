@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from rvqspec_lib.models.frame import Prompt, build_prompt, default_speaker
 from rvqspec_lib.models.loader import LoadedModel
-from rvqspec_lib.spec import predictor as P
+from rvqspec_lib.decoding import predictor as P
 
 IGNORE = -100
 

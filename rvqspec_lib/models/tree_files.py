@@ -10,7 +10,7 @@ accepted wherever a tree is asked for (``rvqspec synth --tree calibrated:16``):
 * ``...@offsets`` -- the trees calibrated for another drafter (``trees/offsets.json``); ``paper[:N]`` is
   ``calibrated-point-mass:N@offsets`` (N default 32).
 
-The names are parsed by :mod:`rvqspec_lib.spec.decoder_names` (the one grammar). N counts the root: it is the number
+The names are parsed by :mod:`rvqspec_lib.decoding.decoder_names` (the one grammar). N counts the root: it is the number
 of query positions of one verify call (docs/methods.md#the-tree-as-data). A file is made by
 ``python scripts/calibrate_trees.py --model <model> --drafter <drafter>`` (:func:`recalibrate_command`).
 """
@@ -23,14 +23,14 @@ from pathlib import Path
 
 from rvqspec_lib.common.provenance import usual_mode
 from rvqspec_lib.models.drafter_files import model_drafter_dir
-from rvqspec_lib.spec.decoder_names import (
+from rvqspec_lib.decoding.decoder_names import (
     MAX_BUDGET,
     MIN_BUDGET,
     TREE_KINDS,
     parse_decoder_name,
     tree_from_calibration,  # noqa: F401 -- also offered here, beside the files it reads (notebooks import it so)
 )
-from rvqspec_lib.spec.decoders import Tree
+from rvqspec_lib.decoding.decoders import Tree
 
 FORMAT = "rvqspec-trees"
 
@@ -133,7 +133,7 @@ def load_calibration(path: str | os.PathLike, *, n_codes: int | None = None, cod
 def load_named_tree(name: str, model: str | os.PathLike, code_predictor, *, drafter: str | None = None,
                     path: str | os.PathLike | None = None) -> Tree:
     """Resolve a calibrated tree's name (``calibrated[-kind][:N][@drafter]``, ``tree:calibrated...``, ``paper[:N]``;
-    :mod:`rvqspec_lib.spec.decoder_names`) for a model: its ``trees/<drafter>.json`` (or ``path``), checked against the
+    :mod:`rvqspec_lib.decoding.decoder_names`) for a model: its ``trees/<drafter>.json`` (or ``path``), checked against the
     code predictor's number of codes and codebook size. The tree carries no drafter (pass it to the decoding).
 
     Raises:

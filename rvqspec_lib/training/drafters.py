@@ -1,4 +1,4 @@
-"""Training the drafters of :mod:`rvqspec_lib.spec.drafters` on teacher-forced hidden states (paper §2.2, Table 2).
+"""Training the drafters of :mod:`rvqspec_lib.decoding.drafters` on teacher-forced hidden states (paper §2.2, Table 2).
 
 Paper: "teacher-forced hidden states and subsequent ground-truth codes; the verifier stream never consumes offset
 states". One parallel pass of the frozen code predictor per frame
@@ -31,9 +31,9 @@ import torch
 from rvqspec_lib.common.files import write_text_atomic
 from rvqspec_lib.eval.frames import Frames
 from rvqspec_lib.models.teacher import teacher_forced_hidden, verifier_logits
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.drafters import draft_batch
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.drafters import draft_batch
+from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.training.loop import Budget, fit
 
 LOSSES = ("ce", "kl", "tv")
@@ -175,7 +175,7 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
     (:func:`drafter_loss`) and the validation metrics.
 
     Args:
-        drafter: :class:`~rvqspec_lib.spec.drafters.PositionOffsets` or :class:`~rvqspec_lib.spec.drafters.MedusaHeads`
+        drafter: :class:`~rvqspec_lib.decoding.drafters.PositionOffsets` or :class:`~rvqspec_lib.decoding.drafters.MedusaHeads`
             (e.g. from ``make_drafter(name, cp, fresh=True)``); trained in place.
         train, val: frames; ``val`` defaults to ``val_fraction`` of ``train``'s utterances.
         loss: ``"ce"`` (paper) or ``"kl"`` (to the warped verifier distribution, see the module docstring).

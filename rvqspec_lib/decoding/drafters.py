@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rvqspec_lib.spec.predictor import head_logits, n_codes
+from rvqspec_lib.decoding.predictor import head_logits, n_codes
 
 #: Drafter names accepted by :func:`make_drafter` (and ``--drafter`` on the command line).
 DRAFTERS = ("heads", "offsets", "medusa")

@@ -3,11 +3,11 @@
 
 A decoder says which draft tree one verify call checks (``tree(n_codes)``) and whether drafts are SAMPLED from q
 (Chain; the ``min(1, p/q)`` rule) or the top-ranked codes of q (Tree with point-mass drafts; accept x with p(x)).
-:func:`rvqspec_lib.spec.decode.decode_frame` runs any of them. Shared constants live here, once: the chain windows
+:func:`rvqspec_lib.decoding.decode.decode_frame` runs any of them. Shared constants live here, once: the chain windows
 swept by evaluations (:data:`CHAIN_WINDOWS`, up to :data:`MAX_WINDOW`), the default window
 (:data:`DEFAULT_WINDOW`) and the paper-style small default tree (:data:`DEFAULT_TREE`).
 
-This module imports torch only when a tree is compiled (:mod:`rvqspec_lib.spec.trees`), so the command line can
+This module imports torch only when a tree is compiled (:mod:`rvqspec_lib.decoding.trees`), so the command line can
 read these constants for its help text without loading torch.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from rvqspec_lib.spec.trees import DraftTree
+    from rvqspec_lib.decoding.trees import DraftTree
 
 #: Largest chain window: the committed code plus up to 7 drafts.
 MAX_WINDOW = 8
@@ -35,7 +35,7 @@ class AR:
     """Autoregressive decoding: one code-predictor call per code (15 per frame), 1.00 token per call."""
 
     def tree(self, n_codes: int) -> DraftTree:
-        from rvqspec_lib.spec.trees import DraftTree
+        from rvqspec_lib.decoding.trees import DraftTree
 
         return DraftTree.from_paths([])
 
@@ -64,7 +64,7 @@ class Chain:
                              f"1..{MAX_WINDOW - 1} drafts), got {self.window!r}")
 
     def tree(self, n_codes: int) -> DraftTree:
-        from rvqspec_lib.spec.trees import DraftTree
+        from rvqspec_lib.decoding.trees import DraftTree
 
         return DraftTree.chain(self.window - 1)
 
@@ -87,11 +87,11 @@ class Tree:
       With one child per node this is exactly :class:`Chain`.
 
     Args:
-        paths: rank (or child-index) paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]`` (see :mod:`rvqspec_lib.spec.trees`).
+        paths: rank (or child-index) paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]`` (see :mod:`rvqspec_lib.decoding.trees`).
         sampled: sampled children instead of top-ranked ones.
         drafter: the drafter this tree drafts with (keyword only; ``None``: the caller's, by default the reused
             heads). A calibrated tree is calibrated FOR a drafter, so the paper's decoder carries its offsets here
-            (:mod:`rvqspec_lib.spec.decoder_names`); :func:`rvqspec_lib.spec.decode.decode_frame` uses it.
+            (:mod:`rvqspec_lib.decoding.decoder_names`); :func:`rvqspec_lib.decoding.decode.decode_frame` uses it.
 
     Raises:
         ValueError: an empty tree, a path with a gap, a negative rank, a repeated path; for a sampled tree, a child
@@ -104,7 +104,7 @@ class Tree:
     _compiled: DraftTree = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        from rvqspec_lib.spec.trees import DraftTree
+        from rvqspec_lib.decoding.trees import DraftTree
 
         if self.paths is None or len(list(self.paths)) == 0:
             raise ValueError("Tree needs at least one rank path, e.g. Tree(paths=[(0,), (1,), (0, 0)])")
@@ -161,13 +161,13 @@ class LossySSD:
         object.__setattr__(self, "beta", float(self.beta))
 
     def tree(self, n_codes: int) -> DraftTree:
-        from rvqspec_lib.spec.trees import DraftTree
+        from rvqspec_lib.decoding.trees import DraftTree
 
         return DraftTree.chain(self.window - 1)
 
     @property
     def lossy_tolerance(self) -> float:
-        """The tolerance ``beta`` that :func:`rvqspec_lib.spec.verify.walk_tree` adds to the acceptance ratio."""
+        """The tolerance ``beta`` that :func:`rvqspec_lib.decoding.verify.walk_tree` adds to the acceptance ratio."""
         return self.beta
 
     @property

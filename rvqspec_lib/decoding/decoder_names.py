@@ -23,7 +23,7 @@ calibration, ``<model>/trees/DRAFTER.json`` (e.g. ``tree:calibrated-point-mass:1
 ``tree:calibrated-point-mass:32@offsets``, under its own label.
 
 :func:`parse_decoder_name` turns a name into a :class:`DecoderName` (what drafter, what kind of tree, budget,
-window ...); :meth:`DecoderName.decoder` builds the :mod:`rvqspec_lib.spec.decoders` object once the calibration
+window ...); :meth:`DecoderName.decoder` builds the :mod:`rvqspec_lib.decoding.decoders` object once the calibration
 (a dict) and the drafter (a module) are at hand. Errors are one-line ``ValueError`` s naming the fix.
 """
 
@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from rvqspec_lib.spec.decoders import DEFAULT_TREE, DEFAULT_WINDOW, MAX_WINDOW
+from rvqspec_lib.decoding.decoders import DEFAULT_TREE, DEFAULT_WINDOW, MAX_WINDOW
 
 #: Node budget of a calibrated tree named without ``:N`` (the paper's devices peak at N = 16 or 32).
 DEFAULT_TREE_BUDGET = 16
@@ -100,7 +100,7 @@ class DecoderName:
         return self.kind if self.kind == "auto" else self.text
 
     def decoder(self, *, calibration: dict | None = None, best_chain: int | None = None, drafter=None):
-        """The decoder object (:mod:`rvqspec_lib.spec.decoders`).
+        """The decoder object (:mod:`rvqspec_lib.decoding.decoders`).
 
         Args:
             calibration: the calibration dict of THIS name's drafter (``calibrated``, ``paper``).
@@ -112,7 +112,7 @@ class DecoderName:
             ValueError: ``auto`` (chosen by timing: :mod:`rvqspec_lib.eval.budget`), a missing calibration or
                 best window, a budget the calibration does not hold (one line).
         """
-        from rvqspec_lib.spec.decoders import AR, Chain, LossySSD, Tree
+        from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
 
         if self.kind == "ar":
             return AR()
@@ -133,7 +133,7 @@ class DecoderName:
         return replace(tree, drafter=drafter) if drafter is not None else tree
 
     def calibrated_tree(self, calibration: dict | None):
-        """The calibrated :class:`~rvqspec_lib.spec.decoders.Tree` this name picks from its drafter's calibration,
+        """The calibrated :class:`~rvqspec_lib.decoding.decoders.Tree` this name picks from its drafter's calibration,
         carrying no drafter (``paper`` without ``:N``: the largest calibrated budget up to 32).
 
         Raises:
@@ -196,7 +196,7 @@ def parse_decoder_name(text: str) -> DecoderName:
         ValueError: one line naming the fix: an unknown name (the grammar is listed), a window outside 2..8, a
             node budget outside 2..64, a bad beta, malformed rank paths, a bad drafter qualifier.
     """
-    from rvqspec_lib.spec.trees import parse_paths
+    from rvqspec_lib.decoding.trees import parse_paths
 
     raw = (text or "").strip() if isinstance(text, str) else ""
     if not raw:
@@ -299,7 +299,7 @@ def decoder_label(decoder, name: DecoderName | None = None) -> str:
     """Short table label of a built decoder: ``ar``, ``chain4``, ``tree-pm-N16`` / ``tree-sampled-N16`` (N = query
     positions), ``ssd-lossy-b0.4-w4``; ``paper-N32`` for the paper's decoder, ``@DRAFTER`` added for a drafter
     other than the heads (``name``: the parsed name it was built from)."""
-    from rvqspec_lib.spec.decoders import AR, Chain, LossySSD, Tree
+    from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
 
     if isinstance(decoder, LossySSD):
         base = decoder.label
@@ -332,14 +332,14 @@ def parse_decoder(name: str, *, calibration: dict | None = None, best_chain: int
 
 
 def tree_from_calibration(calibration: dict, kind: str | None, budget: int):
-    """The calibrated :class:`~rvqspec_lib.spec.decoders.Tree` of ``budget`` nodes (``kind`` ``None``: the better
+    """The calibrated :class:`~rvqspec_lib.decoding.decoders.Tree` of ``budget`` nodes (``kind`` ``None``: the better
     one at that budget) from a calibration dict (:func:`rvqspec_lib.eval.calibration.calibrate`): the first
     ``budget - 1`` nodes of the kind's greedy ``order``.
 
     Raises:
         ValueError: a budget or kind the calibration does not hold.
     """
-    from rvqspec_lib.spec.decoders import Tree
+    from rvqspec_lib.decoding.decoders import Tree
 
     if kind is None:
         kind = (calibration.get("best_kind") or {}).get(str(budget))

@@ -102,7 +102,7 @@ def walk_tree(
         tolerance: ``0.0`` (every lossless decoder). A value beta > 0 is SSD's LOSSY tolerance rule (Lin et al.,
             Interspeech 2025; docs/methods.md#ssd-tolerance-rule-a-lossy-control): a sampled draft is accepted when
             ``u < min(1, p/q) + beta``, more often than p allows, so the output is NOT distributed as p. Only for
-            the lossy control of WER parity (:class:`rvqspec_lib.spec.decoders.LossySSD`); point-mass drafts ignore it.
+            the lossy control of WER parity (:class:`rvqspec_lib.decoding.decoders.LossySSD`); point-mass drafts ignore it.
 
     Returns:
         :class:`WalkResult`.

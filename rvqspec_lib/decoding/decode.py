@@ -7,7 +7,7 @@ Every decoder runs the same round, the four calls of Medusa's loop (docs/style.m
 1. draft: the drafter turns H_s (the hidden state that produced the last committed code s) into draft
    distributions q for depths s+1.. ; Chain SAMPLES one draft per depth from q, Tree takes the top-ranked codes;
 2. verify: ONE code-predictor call over [code s] + the drafted nodes, each node attending only to its ancestors;
-3. accept: :func:`rvqspec_lib.spec.verify.walk_tree`, the lossless rule (pure function of p, q and the generator);
+3. accept: :func:`rvqspec_lib.decoding.verify.walk_tree`, the lossless rule (pure function of p, q and the generator);
 4. commit: keep the accepted nodes' KV slots; the hidden state of the last accepted node drafts the next round.
 
 AR is the same round with an empty tree (one code per call). The first call of every frame is the 2-position
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec import verify as verify_rules
-from rvqspec_lib.spec.decoders import AR
-from rvqspec_lib.spec.drafters import ReusedHeads
-from rvqspec_lib.spec.sampling import Sampling, sample
-from rvqspec_lib.spec.trees import DraftTree
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding import verify as verify_rules
+from rvqspec_lib.decoding.decoders import AR
+from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.decoding.sampling import Sampling, sample
+from rvqspec_lib.decoding.trees import DraftTree
 
 
 def sample_drafts(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -144,14 +144,14 @@ class RoundPlan:
     (:func:`plan_for` caches them per decoder).
 
     Attributes:
-        tree: the compiled :class:`~rvqspec_lib.spec.trees.DraftTree` (node 0 = root = the last committed code).
+        tree: the compiled :class:`~rvqspec_lib.decoding.trees.DraftTree` (node 0 = root = the last committed code).
         depth: ``(M+1,)`` draft offset of each node. ancestors: ``(M+1, M+1)`` bool tree mask.
         children: ``(M+1, C)`` children in the order they are tried. rank: ``(M,)`` rank of each non-root node.
         eye: ``(1, M+1, M+1)`` bool: every query sees itself (never an empty attention row).
         sampled: drafts are SAMPLED from q (Chain, sampled Tree) rather than the top-ranked codes (Tree).
         slots: KV slots of the frame's cache (``n_codes + M + 1``).
         chain_shaped: every node has at most one child (sampled drafts then use the Chain sampler, so a sampled
-            chain-shaped Tree IS :class:`~rvqspec_lib.spec.decoders.Chain`, draw for draw). The accepted nodes of
+            chain-shaped Tree IS :class:`~rvqspec_lib.decoding.decoders.Chain`, draw for draw). The accepted nodes of
             a chain are then always the first written slots, so the cache never needs compacting.
         sibling_groups: for sampled trees, ``(offset, parents (P,), children (P, k))`` for each offset and number of
             children k: the parents whose k children are drawn together without replacement.
@@ -163,7 +163,7 @@ class RoundPlan:
             ``sample_max_children`` (the largest k), ``sample_node_row`` / ``sample_node_sibling`` ``(M,)`` each
             non-root node's parent row and sibling index, ``sample_earlier`` ``(M, k)`` bool, sibling j < i.
         tolerance: 0.0 for every lossless decoder; SSD's LOSSY tolerance beta for the control
-            :class:`~rvqspec_lib.spec.decoders.LossySSD` (passed to :func:`~rvqspec_lib.spec.verify.walk_tree`).
+            :class:`~rvqspec_lib.decoding.decoders.LossySSD` (passed to :func:`~rvqspec_lib.decoding.verify.walk_tree`).
     """
 
     tree: DraftTree
@@ -257,10 +257,10 @@ class FrameState:
         h: ``(B, H)`` hidden state that produced code ``s`` (it drafts the next round).
         n_slots: ``(B,)`` int64 committed KV slots (valid slots sit at the front of the cache).
         cache: the frame's cache (made by ``backend.new_cache``: a
-            :class:`~rvqspec_lib.spec.predictor.StaticSlotCache` for the official backend).
+            :class:`~rvqspec_lib.decoding.predictor.StaticSlotCache` for the official backend).
         calls: ``(B,)`` int64 code-predictor calls so far (the prefill included).
         log_committed, log_accepted, log_start: per-call logs, see :class:`FrameResult`.
-        backend: the :class:`~rvqspec_lib.spec.predictor.VerifyBackend` every call of the frame goes through.
+        backend: the :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` every call of the frame goes through.
         rows: ``(B,)`` ``arange(B)`` (a per-frame constant).
     """
 
@@ -321,8 +321,8 @@ def prefill(code_predictor, context: torch.Tensor, plan: RoundPlan, sampling: Sa
 
     Args:
         context: ``(B, 2, talker_hidden)``. plan: the round plan (sizes the cache).
-        backend: the :class:`~rvqspec_lib.spec.predictor.VerifyBackend` of every call of the frame (kept in the
-            state); ``None``: the official module (:class:`~rvqspec_lib.spec.predictor.OfficialBackend`).
+        backend: the :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` of every call of the frame (kept in the
+            state); ``None``: the official module (:class:`~rvqspec_lib.decoding.predictor.OfficialBackend`).
 
     Returns:
         the :class:`FrameState`.
@@ -374,7 +374,7 @@ def draft(code_predictor, drafter, plan: RoundPlan, state: FrameState, sampling:
 def verify(code_predictor, plan: RoundPlan, state: FrameState, drafted: Draft, sampling: Sampling) -> Verified:
     """Step 2, verify: ONE code-predictor call over the root and the drafted nodes, each node attending only to the
     committed slots and its own ancestors (the backend's ``forward``, e.g.
-    :func:`rvqspec_lib.spec.predictor.verify_forward`: shapes fixed by the tree), then p after every node that has
+    :func:`rvqspec_lib.decoding.predictor.verify_forward`: shapes fixed by the tree), then p after every node that has
     a code after it (``lm_head[d]`` predicts code d+1)."""
     n, backend = state.n_codes, state.backend
     b, m1 = state.codes.shape[0], plan.n_query
@@ -401,7 +401,7 @@ def verify(code_predictor, plan: RoundPlan, state: FrameState, drafted: Draft, s
 
 
 def accept(plan: RoundPlan, drafted: Draft, verified: Verified, generator: torch.Generator) -> verify_rules.WalkResult:
-    """Step 3, accept: the lossless walk (:func:`rvqspec_lib.spec.verify.walk_tree`), a pure function of p, q and
+    """Step 3, accept: the lossless walk (:func:`rvqspec_lib.decoding.verify.walk_tree`), a pure function of p, q and
     the generator."""
     return verify_rules.walk_tree(verified.p, drafted.node_codes, plan.children, verified.node_valid, verified.fed,
                                   generator, drafted.q, tolerance=plan.tolerance)
@@ -459,15 +459,15 @@ def decode_frame(
             followed; probabilities are computed in float32 as transformers does).
         context: ``(B, 2, talker_hidden)`` float = [talker hidden state that emitted code 0 (after the final norm),
             talker embedding of code 0].
-        decoder: :class:`~rvqspec_lib.spec.decoders.AR` (default), ``Chain`` or ``Tree``.
-        sampling: :class:`~rvqspec_lib.spec.sampling.Sampling` (default: temperature 0.9, top-k 50, top-p 1.0, the
+        decoder: :class:`~rvqspec_lib.decoding.decoders.AR` (default), ``Chain`` or ``Tree``.
+        sampling: :class:`~rvqspec_lib.decoding.sampling.Sampling` (default: temperature 0.9, top-k 50, top-p 1.0, the
             checkpoints' generation config).
         generator: explicit ``torch.Generator`` (the global RNG is never used; ``None`` makes a fresh unseeded one).
-        drafter: where q comes from (default :class:`~rvqspec_lib.spec.drafters.ReusedHeads`). A decoder that
+        drafter: where q comes from (default :class:`~rvqspec_lib.decoding.drafters.ReusedHeads`). A decoder that
             carries its own drafter (``decoder.drafter``, e.g. the paper's: offsets + their calibrated tree) drafts
             with that one, whatever is passed here: its tree was calibrated for it.
-        backend: what runs the model calls, a :class:`~rvqspec_lib.spec.predictor.VerifyBackend` over
-            ``code_predictor``'s weights (default: the official module, :class:`~rvqspec_lib.spec.predictor.
+        backend: what runs the model calls, a :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` over
+            ``code_predictor``'s weights (default: the official module, :class:`~rvqspec_lib.decoding.predictor.
             OfficialBackend`; e.g. ``rvqspec_lib.models.lean.LeanCodePredictor(code_predictor)``). Random numbers are
             drawn in the same order whatever the backend.
 

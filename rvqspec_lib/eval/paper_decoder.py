@@ -143,7 +143,8 @@ def transfer_answer(rows: Sequence[Mapping], *, english: str = "en", confidence:
                 f"difference {r['minus_english']:+.3f} [{pct} CI {lo:+.3f}, {hi:+.3f}]: {verdict})")
         if "gain_over_baseline" in r:
             text += (f", gain over {r['baseline']} {r['gain_over_baseline']:+.3f} "
-                     f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}]")
+                     + (f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}]" if r["n_utterances"] > 1
+                        else "(one utterance: no interval)"))
         parts.append(text)
     if not others:
         return f"Only {english} was decoded: the transfer question needs another language."

@@ -139,7 +139,8 @@ def transfer_answer(rows: Sequence[Mapping], *, english: str = "en", confidence:
     for r in others:
         lo, hi = r["minus_english_ci_low"], r["minus_english_ci_high"]
         verdict = "lower than English" if hi < 0 else "higher than English" if lo > 0 else "not distinguishable from English"
-        text = (f"**{r['language']}** {r['tokens_per_call']:.3f} ({r['ratio_to_english']:.1%} of English; "
+        text = (f"**{r['language']}** ({r['n_utterances']} utterances) {r['tokens_per_call']:.3f} "
+                f"({r['ratio_to_english']:.1%} of English; "
                 f"difference {r['minus_english']:+.3f} [{pct} CI {lo:+.3f}, {hi:+.3f}]: {verdict})")
         if "gain_over_baseline" in r:
             text += (f", gain over {r['baseline']} {r['gain_over_baseline']:+.3f} "
@@ -150,7 +151,7 @@ def transfer_answer(rows: Sequence[Mapping], *, english: str = "en", confidence:
         return f"Only {english} was decoded: the transfer question needs another language."
     lower = [r["language"] for r in others if r["minus_english_ci_high"] < 0]
     head = (f"**Do offsets trained on English keep their tokens per call in other languages?** `{en['decoder']}` "
-            f"commits {en['tokens_per_call']:.3f} tokens per call on English")
+            f"commits {en['tokens_per_call']:.3f} tokens per call on English ({en['n_utterances']} utterances)")
     if "gain_over_baseline" in en:
         head += f" (gain over {en['baseline']} {en['gain_over_baseline']:+.3f} [{en['gain_ci_low']:+.3f}, {en['gain_ci_high']:+.3f}])"
     answer = (f"Answer from these numbers: lower than English in {', '.join(lower)}; kept (interval includes 0) in "

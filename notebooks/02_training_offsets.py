@@ -65,7 +65,9 @@ medusa_lr = None  # Adam learning rate of the Medusa heads (None: the library de
 train_medusa_tv = True  # also train Medusa heads on total variation (1 - acceptance), like offsets-tv
 medusa_tv_lr = 1e-4  # its Adam learning rate (1e-3 overshoots 20 M parameters from 6,000 frames)
 offsets_lrs = (1e-2, 1e-3, 3e-4)  # Adam learning rates tried for each offsets loss; the validation acceptance picks one
-tree = "0;1;0,0;0,0,0"  # the Tree decoder's rank paths (notebook 03 calibrates a better one)
+tree = "0;1;0,0;0,0,0"  # the small fixed Tree's rank paths (beside each drafter's own calibrated trees)
+tree_budgets = (2, 4, 8, 16, 32, 64)  # node budgets of each drafter's OWN calibrated trees (32: the paper's)
+n_calibration_frames = 600  # calibration-split frames each drafter's trees are calibrated on (as n_val_frames)
 headroom_frames = 200  # evaluation frames for the headroom of H_k-only drafters (Monte Carlo over continuations)
 headroom_samples = 8  # sampled continuations per (frame, start depth)
 save_to_model = True  # not smoke: also write the offsets beside the model (data/embedded/model/drafters/)
@@ -87,6 +89,10 @@ from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 
 from rvqspec_lib.eval import acceptance as A
+from rvqspec_lib.eval import paper_decoder as PD
+from rvqspec_lib.eval.calibration import calibrate, calibration_frames
+from rvqspec_lib.models.tree_files import save_calibration, tree_from_calibration
+from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from rvqspec_lib.eval import headroom as H
 from rvqspec_lib.eval import plots
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS, Chain, Tree
@@ -110,6 +116,7 @@ if smoke:
     n_train_frames, n_val_frames = min(n_train_frames, 128), min(n_val_frames, 32)
     n_eval_frames = min(n_eval_frames, 16)
     epochs, patience = min(epochs, 2), 1
+    n_calibration_frames, tree_budgets = min(n_calibration_frames, 32), (8, 32)
 if threads:  # two threads on a busy 2-core machine spin-wait
     torch.set_num_threads(int(threads))
 torch.manual_seed(seed)  # nothing below draws from the global RNG; set for any library default that might
@@ -119,6 +126,7 @@ params = dict(model=model, seed=seed, smoke=bool(smoke), out_dir=str(out), threa
               patience=patience, batch_size=batch_size, K=K, train_kl=bool(train_kl), train_tv=bool(train_tv),
               train_medusa=bool(train_medusa), medusa_lr=medusa_lr, train_medusa_tv=bool(train_medusa_tv),
               medusa_tv_lr=medusa_tv_lr, headroom_frames=headroom_frames, headroom_samples=headroom_samples, tree=tree,
+              tree_budgets=[int(b) for b in tree_budgets], n_calibration_frames=n_calibration_frames,
               save_to_model=bool(save_to_model),
               medusa_dir=medusa_dir, offsets_lrs=[float(x) for x in offsets_lrs],
               notebook="02_training_offsets")
@@ -320,17 +328,59 @@ prov = provenance(params, seed=seed)
 save_json({label: r for label, r in results.items()}, out / "02_acceptance.json", prov)
 
 # %% [markdown]
+# ## Each drafter with its OWN calibrated tree (the paper's setting)
+# A tree is calibrated FOR the drafter that proposes its codes (the ranks are the drafter's), so every drafter gets
+# its own: `rvqspec_lib.eval.calibration.calibrate` on frames of the shipped **calibration** split (contexts
+# teacher-forced on real speech, codes re-sampled from p; held out from training, validation and evaluation),
+# point-mass rule (the paper's). Each drafter's point-mass tree is then decoded on the evaluation frames at the
+# paper's node budget N = 32 and at the best budget here, the N of `tree_budgets` with the highest **predicted**
+# tokens per call E(N) (`rvqspec_lib.eval.paper_decoder.best_budget`; E(N) of a greedy tree never falls as N grows,
+# so this is the largest budget unless the gain stops: which N is fastest is notebook 03's question). The deployed
+# offsets with their tree of N = 32 are **the paper's decoder** (`--decoder paper`).
+
+# %%
+t0 = time.perf_counter()
+if dataset:  # a real checkpoint: the validation contexts, codes re-sampled from p
+    from rvqspec_lib.eval.frame_sources import frames_from_contexts
+
+    cal_frames = frames_from_contexts(cp, val_frames.context[:n_calibration_frames], sampling=sampling, seed=seed)
+else:
+    cal_frames = calibration_frames(lm, run_model, max_frames=n_calibration_frames, seed=seed)
+budgets_here = sorted({int(b) for b in tree_budgets} | {PAPER_BUDGET})
+calibrations, own_tree = {}, {}
+for label in tqdm(list(drafters), desc="calibrating each drafter's trees"):
+    cal_d = calibrate(cp, drafters[label], cal_frames, sampling=sampling, budgets=budgets_here, seed=seed,
+                      draws=1 if smoke else 2)
+    calibrations[label] = cal_d
+    save_calibration({**cal_d, "provenance": provenance(params, seed=seed)}, out / "02_trees" / f"{label}.json")
+    n_best = PD.best_budget(cal_d, "point-mass", budgets_here)
+    own_tree[label] = {"best_N": n_best}
+    for key, n in (("N32", PAPER_BUDGET), ("best", n_best)):
+        st = A.decoder_statistics(cp, drafters[label], eval_frames.context,
+                                  tree_from_calibration(cal_d, "point-mass", n), sampling=sampling, seed=seed)
+        own_tree[label][key] = {"N": n, "measured": st["tokens_per_call"],
+                                "predicted": cal_d["point-mass"]["predicted_tokens_per_call"][str(n)]}
+timings["own_trees_s"] = time.perf_counter() - t0
+print(f"{len(calibrations)} drafters calibrated on {len(cal_frames)} frames and measured at N = {PAPER_BUDGET} and "
+      f"their best N in {timings['own_trees_s']:.0f} s")
+
+# %% [markdown]
 # ## Table 2: tokens per call against added parameters
 # `tokens_per_call_tree` / `tokens_per_call_chain4`: measured here on the evaluation frames. `added_params`: what
 # the drafter adds to this model; `pct_code_predictor` / `pct_model`: as a share of the code predictor's and of the
 # whole model's parameters. `added_params_at_0.6B`: the same drafter sized for the released 0.6B code predictor
 # (counted from its `config.json`; our Medusa has 39 heads, one per (start depth, offset) with `k + j <= 15`, the
-# paper counts 45). The column **`paper_reported`** holds the paper's own toks/step (Table 2 and §3.3 of the paper,
-# measured on Qwen3-TTS-0.6B with its sparse tree): the only typed numbers in this notebook, for reference only.
+# paper counts 45). The paper's setting: `tree_N32_*` is each drafter's OWN calibrated point-mass tree of N = 32
+# (measured on the evaluation frames, and predicted by its calibration), `tree_bestN_*` the same at the best N here
+# (`best_N`, chosen by predicted E(N): `best_N_by`); `chain_best` is the best measured chain window. `decoder`
+# names the N = 32 tree in the decoder grammar: the deployed offsets' is **the paper's decoder**.
+# `tokens_per_call_tree` is the small fixed tree (`tree`) for comparison. The columns headed **`paper: ...`**
+# hold the paper's own toks/step (Table 2 and §3.3 of the paper, measured on Qwen3-TTS-0.6B with its sparse tree
+# of N = 32): the only typed numbers in this notebook, for reference only.
 #
 # How to read it: a drafter is better if it commits more codes per call for fewer added parameters. Offsets cost a
-# vanishing share of the model; Medusa heads cost a large one. Our Tree here is the small default tree, and this model
-# is not the released one, so compare rows with each other, not with the paper's column.
+# vanishing share of the model; Medusa heads cost a large one. This model is not the released one, so compare rows
+# with each other, not with the paper's column.
 
 # %%
 PAPER_REPORTED_TOKS_PER_STEP = {"heads": 1.70, "medusa": 2.60, "offsets-ce": 2.47}  # paper Table 2 / §3.3
@@ -345,9 +395,21 @@ params_cp = info["params_code_predictor"]
 table2 = []
 for label, r in results.items():
     kind = drafters[label].name
+    own = own_tree[label]
+    chain_best = max(CHAIN_WINDOWS, key=lambda w: r["tokens_per_call"][f"chain{w}"])
     table2.append({
         "drafter": names.get(label, label),
         "label": label,
+        "decoder": (f"paper (deployed offsets {label} + own tree)" if label == deployed
+                    else f"tree:calibrated-point-mass:{PAPER_BUDGET}" + ("" if label == "heads" else f"@{label}")),
+        "tree_N32_tokens_per_call": own["N32"]["measured"],
+        "tree_N32_predicted": own["N32"]["predicted"],
+        "best_N": own["best_N"],
+        "best_N_by": "predicted E(N)",
+        "tree_bestN_tokens_per_call": own["best"]["measured"],
+        "tree_bestN_predicted": own["best"]["predicted"],
+        "chain_best": r["tokens_per_call"][f"chain{chain_best}"],
+        "chain_best_window": chain_best,
         "tokens_per_call_tree": r["tokens_per_call"]["tree"],
         "tokens_per_call_chain4": r["tokens_per_call"]["chain4"],
         "predicted_tree": r["predicted_tokens_per_call"]["tree"],
@@ -357,15 +419,29 @@ for label, r in results.items():
         "added_params_at_0.6B": params_added_for_config(kind, cfg06, K=K),
         "kept_epoch": trained[label].provenance["best_epoch"] if label in trained else None,
         "lr": trained[label].provenance.get("lr") if label in trained else None,
-        "paper_reported": PAPER_REPORTED_TOKS_PER_STEP.get(label),
+        "paper: toks/step (N 32 tree)": PAPER_REPORTED_TOKS_PER_STEP.get(label),
     })
 prov = provenance(params, seed=seed)
 save_table(table2, out / "02_table2", prov)  # a list of dicts: no paper value stays an empty cell, not NaN
-display(Markdown(f"`paper_reported`: {PAPER_SOURCE}; every other column measured or counted on `{run_model}`. "
+display(Markdown(f"`paper: ...`: {PAPER_SOURCE}; every other column measured or counted on `{run_model}`. "
                  "`kept_epoch` is the epoch early stopping kept (highest validation acceptance); **0 means training "
                  "never beat the untrained drafter on validation, so that row equals the reused heads**: "
                  + (", ".join(lab for lab in trained if trained[lab].provenance["best_epoch"] == 0) or "none") + "."))
 pd.DataFrame(table2)
+
+# %%
+# the paper's decoder against the reused heads, each with its own calibrated tree of N = 32 (written from the table)
+t2 = {r["label"]: r for r in table2}
+pap, hd = t2[deployed], t2["heads"]
+display(Markdown(
+    f"At the paper's setting (each drafter's own calibrated point-mass tree of N = {PAPER_BUDGET}): the paper's "
+    f"decoder (deployed `{deployed}`) commits **{pap['tree_N32_tokens_per_call']:.3f}** tokens per call (predicted "
+    f"{pap['tree_N32_predicted']:.3f}), the reused heads {hd['tree_N32_tokens_per_call']:.3f} (predicted "
+    f"{hd['tree_N32_predicted']:.3f}); the paper reports {PAPER_REPORTED_TOKS_PER_STEP['offsets-ce']} and "
+    f"{PAPER_REPORTED_TOKS_PER_STEP['heads']} on Qwen3-TTS-0.6B. At the best N here by predicted E(N) "
+    f"(N = {pap['best_N']} for the paper's decoder, {hd['best_N']} for the heads): "
+    f"{pap['tree_bestN_tokens_per_call']:.3f} vs {hd['tree_bestN_tokens_per_call']:.3f}. Best drafter at "
+    f"N = {PAPER_BUDGET}: **{max(table2, key=lambda r: r['tree_N32_tokens_per_call'])['label']}**."))
 
 # %% [markdown]
 # ## Is the margin real? A paired interval over evaluation utterances
@@ -569,6 +645,9 @@ metrics = {
     "tokens_per_call": {lab: r["tokens_per_call"] for lab, r in results.items()},
     "predicted_tokens_per_call": {lab: r["predicted_tokens_per_call"] for lab, r in results.items()},
     "params_added": {lab: r["params_added"] for lab, r in results.items()},
+    "own_tree": own_tree,
+    "calibration_frames": len(cal_frames),
+    "paper_decoder": {"drafter": deployed, "N": PAPER_BUDGET, **own_tree[deployed]["N32"]},
     "acceptance_by_offset": {lab: r["exact"]["alpha_by_offset"] for lab, r in results.items()},
     "saturation_window": saturation,
     "margin_vs_heads": {r["drafter"]: {k: v for k, v in r.items() if k != "drafter"} for r in margin_rows},

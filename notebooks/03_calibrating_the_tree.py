@@ -35,6 +35,11 @@
 # frame** (the whole 15-code frame as one compiled call, the strongest non-speculative baseline), and `--decoder
 # auto` picks from this device's own measurements.
 #
+# **Per drafter.** A tree is calibrated FOR the drafter whose ranks it holds. The reused heads are calibrated here;
+# the position-aware offsets shipped beside the model (notebook 02) come with their own calibration
+# (`<model>/trees/offsets.json`, read with `rvqspec_lib.models.tree_files`), and their point-mass tree is **the
+# paper's decoder** (`--decoder paper`, N = 32 by default). E(N) and the timings below are shown for both drafters.
+#
 # Everything is computed by `rvqspec_lib` (`eval.calibration`, `eval.budget`, `eval.speed`); the notebook calls and
 # plots. **Caveat**: the embedded model is a small model trained offline; its acceptance rates are its own, and the
 # real-size 0.6B architecture has random weights here (timing only), so its speedups are **projections** from the
@@ -74,6 +79,7 @@ import torch
 from IPython.display import Markdown, display
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
+from rvqspec_lib.eval import paper_decoder as PD
 from rvqspec_lib.eval import plots
 from rvqspec_lib.eval.bench import measure_quietly
 from rvqspec_lib.eval.acceptance import decoder_statistics
@@ -82,6 +88,7 @@ from rvqspec_lib.eval.calibration import BUDGETS, calibrate, calibration_frames
 from rvqspec_lib.eval.frame_sources import frames_from_shipped
 from rvqspec_lib.eval.inner_loop import default_sampling
 from rvqspec_lib.eval.speed import batch_throughput, random_contexts, time_frames, verify_cost_curve
+from rvqspec_lib.models.drafter_files import shipped_drafter
 from rvqspec_lib.models.fused import FusedARFrame
 from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
@@ -139,7 +146,17 @@ display(pd.DataFrame([{"split": "calibration", "frames": len(cal_frames),
                        "utterances": int(torch.unique(cal_frames.utterance).numel())},
                       {"split": "evaluation", "frames": len(eval_frames),
                        "utterances": int(torch.unique(eval_frames.utterance).numel())}]))
-print(f"sampling {sampling!r}; {n_codes} codes a frame; drafter: the reused heads")
+# the paper's decoder: the offsets shipped beside the model and THEIR calibration (never the heads' trees)
+has_paper = PD.has_paper_decoder(lm)
+if has_paper:
+    offsets_cal = PD.drafter_calibration(lm, "offsets")
+    offsets = shipped_drafter(lm, "offsets", cp)  # the module beside the model (drafters/offsets.safetensors)
+else:
+    offsets_cal, offsets = None, None
+    display(Markdown(f"**`{run_model}` ships no offsets drafter with a calibration: the paper's decoder is left out "
+                     "below** (train it with `rvqspec train-drafter`, calibrate with `scripts/calibrate_trees.py`)."))
+print(f"sampling {sampling!r}; {n_codes} codes a frame; drafters: the reused heads (calibrated below)"
+      + (f", the shipped offsets ({offsets_cal['n_frames']} calibration frames)" if has_paper else ""))
 
 # %%
 # the calibration split's size, read from the data that ships it (the same sentence in notebooks 00, 03 and 04)
@@ -245,34 +262,48 @@ plt.show()
 # %%
 t0 = time.perf_counter()
 rows = []
-cands = [(f"calibrated-{kind}:{b}", tree_from_calibration(cal, kind, b), kind, b)
-         for kind in ("point-mass", "sampled") for b in budgets]
-for label, dec, kind, b in cands:
-    st = decoder_statistics(cp, ReusedHeads(), eval_frames.context, dec, sampling=sampling, seed=seed)
-    pred = cal[kind]["predicted_tokens_per_call"][str(b)]
-    rows.append({"decoder": label, "kind": kind, "nodes": b, "depth": dec.tree(n_codes).max_depth,
+per_drafter = [("heads", ReusedHeads(), cal, "")] + ([("offsets", offsets, offsets_cal, "@offsets")]
+                                                    if has_paper else [])
+cands = [(f"calibrated-{kind}:{b}{tag}", tree_from_calibration(c, kind, b), kind, b, dname, d, c)
+         for dname, d, c, tag in per_drafter for kind in ("point-mass", "sampled") for b in budgets]
+for label, dec, kind, b, dname, d, c in cands:
+    st = decoder_statistics(cp, d, eval_frames.context, dec, sampling=sampling, seed=seed)
+    pred = c[kind]["predicted_tokens_per_call"][str(b)]
+    rows.append({"decoder": label, "drafter": dname, "kind": kind, "nodes": b, "depth": dec.tree(n_codes).max_depth,
                  "predicted_tokens_per_call": pred, "measured_tokens_per_call": st["tokens_per_call"],
-                 "relative_error": pred / st["tokens_per_call"] - 1.0})
-for w in (2, 4, 8):
-    st = decoder_statistics(cp, ReusedHeads(), eval_frames.context, Chain(w), sampling=sampling, seed=seed)
-    rows.append({"decoder": f"chain:{w}", "kind": "chain", "nodes": w, "depth": w - 1,
-                 "predicted_tokens_per_call": None, "measured_tokens_per_call": st["tokens_per_call"],
-                 "relative_error": None})
+                 "relative_error": pred / st["tokens_per_call"] - 1.0,
+                 "paper_decoder": dname == "offsets" and kind == "point-mass"})
+for dname, d, _, tag in per_drafter:
+    for w in (2, 4, 8):
+        st = decoder_statistics(cp, d, eval_frames.context, Chain(w), sampling=sampling, seed=seed)
+        rows.append({"decoder": f"chain:{w}{tag}", "drafter": dname, "kind": "chain", "nodes": w, "depth": w - 1,
+                     "predicted_tokens_per_call": None, "measured_tokens_per_call": st["tokens_per_call"],
+                     "relative_error": None, "paper_decoder": False})
 pvm = pd.DataFrame(rows)
 timings["measured_tokens_per_call_s"] = time.perf_counter() - t0
 save_table(pvm, out / "03_predicted_vs_measured", prov)
 fig, ax = plt.subplots(figsize=(6.5, 4))
-for kind, mk in (("point-mass", "o"), ("sampled", "s")):
-    d = pvm[pvm.kind == kind]
-    ax.plot(d.nodes, d.measured_tokens_per_call, mk + "-", label=f"{kind}: measured")
-    ax.plot(d.nodes, d.predicted_tokens_per_call, mk + "--", alpha=0.6, label=f"{kind}: predicted E(N)")
-ch = pvm[pvm.kind == "chain"]
-ax.plot(ch.nodes, ch.measured_tokens_per_call, "^:", color="0.4", label="chain (window = N): measured")
+for dname, color in (("heads", "C0"), ("offsets", "C3")):
+    for kind, mk in (("point-mass", "o"), ("sampled", "s")):
+        d = pvm[(pvm.kind == kind) & (pvm.drafter == dname)]
+        if not len(d):
+            continue
+        name = "paper's decoder (offsets, point-mass)" if dname == "offsets" and kind == "point-mass" else \
+            f"{dname}, {kind}"
+        line, = ax.plot(d.nodes, d.measured_tokens_per_call, mk + "-", color=color if kind == "point-mass" else None,
+                        label=f"{name}: measured")
+        ax.plot(d.nodes, d.predicted_tokens_per_call, mk + "--", alpha=0.6, color=line.get_color(),
+                label=f"{name}: predicted E(N)")
+    ch = pvm[(pvm.kind == "chain") & (pvm.drafter == dname)]
+    if len(ch):
+        ax.plot(ch.nodes, ch.measured_tokens_per_call, "^:", color=color, alpha=0.7,
+                label=f"{dname}, chain (window = N): measured")
 ax.set_xscale("log", base=2)
 ax.set_xlabel("node budget N (query positions per verify call)")
 ax.set_ylabel("tokens per call")
-ax.set_title(f"{run_model}: calibrated trees, evaluation split ({len(eval_frames)} frames)", fontsize=10)
-ax.legend(fontsize=7)
+ax.set_title(f"{run_model}: each drafter's own calibrated trees, evaluation split ({len(eval_frames)} frames)",
+             fontsize=10)
+ax.legend(fontsize=6)
 fig.tight_layout()
 save_figure(fig, out / "03_tokens_per_call_vs_N", prov)
 plt.show()
@@ -311,6 +342,10 @@ for kind in ("point-mass", "sampled"):
     for b in speed_budgets:
         if b in cal["budgets"]:
             decoders[f"calibrated-{kind}:{b}"] = tree_from_calibration(cal, kind, b)
+if has_paper:  # the paper's decoder (offsets + their own point-mass tree) at every timed N and at its default 32
+    paper_budgets = sorted({*[b for b in speed_budgets if b in offsets_cal["budgets"]], 32})
+    decoders.update(PD.named_decoders(lm, [f"paper:{b}" for b in paper_budgets],
+                                      calibrations={"offsets": offsets_cal}, drafters={"offsets": offsets}))
 t0 = time.perf_counter()
 fused = {"fused-compiled" if compile_fused else "fused-eager": FusedARFrame(cp, sampling, compile=bool(compile_fused))}
 # an oversubscribed CPU (eval.bench.OTHER_CPU_LIMIT) is re-measured once; if it still is, title and caption say so
@@ -327,6 +362,8 @@ print(json.dumps({k: speed["meta"][k] for k in ("threads", "cpu", "load_avg_1min
 
 # %%
 def _n_of(label: str) -> int | None:
+    if label.startswith("paper-N"):
+        return int(label[len("paper-N"):])
     return int(label.rsplit(":", 1)[1]) if label.startswith("calibrated-") else None
 
 
@@ -335,7 +372,11 @@ for ax, backend in zip(axes, ("official", "lean-mgemv")):
     d = speed_tab[speed_tab.backend == backend]
     for kind, mk in (("point-mass", "o"), ("sampled", "s")):
         k = d[d.decoder.str.startswith(f"calibrated-{kind}:")]
-        ax.plot([_n_of(x) for x in k.decoder], k.speedup_vs_ar, mk + "-", label=f"calibrated {kind} tree")
+        ax.plot([_n_of(x) for x in k.decoder], k.speedup_vs_ar, mk + "-", label=f"heads, calibrated {kind} tree")
+    pp = d[d.decoder.str.startswith("paper-N")]
+    if len(pp):
+        ax.plot([_n_of(x) for x in pp.decoder], pp.speedup_vs_ar, "D-", color="C3",
+                label="paper's decoder (offsets + own point-mass tree)")
     for lab, ls in (("chain:4", ":"), ("chain:8", "-.")):
         v = d[d.decoder == lab].speedup_vs_ar
         if len(v):
@@ -366,6 +407,12 @@ paper = pd.DataFrame([
     {"device": f"this machine: {speed['meta']['cpu']} ({best_here.backend})", "best_N": _n_of(best_here.decoder),
      "speedup": float(best_here.speedup_vs_ar), "source": f"measured here, {best_here.decoder}"},
 ])
+best_paper = speed_tab[speed_tab.decoder.str.startswith("paper-N")].sort_values("speedup_vs_ar")
+if len(best_paper):  # the paper's decoder at its fastest N here, beside the heads' trees
+    bp = best_paper.iloc[-1]
+    paper.loc[len(paper)] = {"device": f"this machine: {speed['meta']['cpu']} ({bp.backend}), the paper's decoder",
+                             "best_N": _n_of(bp.decoder), "speedup": float(bp.speedup_vs_ar),
+                             "source": f"measured here, {bp.decoder} (offsets + own tree)"}
 save_table(paper, out / "03_paper_devices", prov)
 paper
 
@@ -526,6 +573,9 @@ summary = {
     "max_abs_relative_error": float(calib.relative_error.abs().max()),
     "speed": speed["rows"], "speed_meta": speed["meta"],
     "auto": {"label": choice.label, "reason": choice.reason},
+    "paper_decoder": {"available": bool(has_paper),
+                      "calibration_frames": offsets_cal["n_frames"] if has_paper else None,
+                      "speed": [r for r in speed["rows"] if r["decoder"].startswith("paper-N")]},
     "auto_speedup_official": (_row(choice.label, "official") or {}).get("speedup_vs_ar"),
     "best_measured": {"decoder": best_here.decoder, "backend": best_here.backend,
                       "speedup_vs_ar": float(best_here.speedup_vs_ar),
@@ -537,6 +587,12 @@ summary = {
 }
 save_json(summary, out / "03_metrics.json", prov)
 ar_off = _row("ar", "official")
+pap, hpm = _row("paper-N32", "official"), _row("calibrated-point-mass:32", "official")
+paper_line = (f"* The paper's decoder (`paper`: the offsets + their own point-mass tree of N = 32): "
+              f"{pap['tokens_per_call']:.3f} tokens per call, {pap['speedup_vs_ar']:.2f}x over AR (official forward), "
+              f"{_row('paper-N32', 'lean-mgemv')['speedup_vs_ar']:.2f}x (lean-mgemv)"
+              + (f"; the heads' point-mass tree of N = 32: {hpm['tokens_per_call']:.3f} tokens per call, "
+                 f"{hpm['speedup_vs_ar']:.2f}x" if hpm else "") + ".") if pap else None
 lines = [
     f"* Calibration: {cal['n_frames']} frames; predicted E(N) within "
     f"{100 * summary['max_abs_relative_error']:.1f}% of the measured tokens per call for every calibrated tree.",
@@ -544,6 +600,7 @@ lines = [
     f"{max(r['speedup_vs_ar'] for r in speed['rows'] if r['backend'] == 'official' and r['speedup_vs_ar']):.2f}x; "
     f"AR {ar_off['ms_per_frame']:.1f} ms a frame.",
     f"* auto chose `{choice.label}`.",
+    *([paper_line] if paper_line else []),
     f"* Point-mass trees overtake sampled trees at temperatures: {overtake or 'none of those tried'}.",
 ]
 display(Markdown("\n".join(lines)))

@@ -28,6 +28,12 @@
 #    utterances and a sign-flip permutation p-value, outliers (repetition runaways, far-out WER or length) counted
 #    apart.
 #
+# **The paper's decoder** (`paper`: the position-aware offsets shipped beside the model, trained on English in
+# notebook 02, verified through their own calibrated point-mass tree of N = 32) runs beside the reused heads'
+# calibrated trees and chains, with the heads' point-mass tree of the same N as its paired baseline; Table 3 then
+# asks the paper's transfer question: **do offsets trained on English keep their tokens per call in other
+# languages?**
+#
 # Beside the lossless decoders run two controls: **AR under other seeds** (the null: nothing may be flagged) and
 # **SSD's tolerance rule** (accept a draft when `u < min(1, p/q) + beta`, beta 0.4; Lin et al. 2025), a
 # deliberately **LOSSY** decoder that the tests must catch.
@@ -56,6 +62,7 @@ languages = ("en", "de", "es", "ru", "ja", "zh")  # Table 3's languages
 replicates = 1  # draws per frame for the code tests, English (the first draw is the one turned into audio)
 replicates_multilingual = 2  # the same for the other languages (fewer frames, more draws)
 tree_budget = 16  # node budget N (query positions) of the calibrated trees
+paper_budget = 32  # node budget of the paper's decoder (`paper:N`; 32 is the paper's) and of its heads baseline
 calibration_frames = 1000  # frames of the calibration split for the trees and the chain window
 beta = 0.4  # the lossy control's tolerance (SSD's main setting)
 alpha = 1e-3  # family-wise level of every test
@@ -84,6 +91,7 @@ from IPython.display import Markdown, display
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 from rvqspec_lib.embedded.eval_sets import calibrate_decoders, calibration_data, evaluation_data
+from rvqspec_lib.eval import paper_decoder as PD
 from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval import wer_parity as W
 from rvqspec_lib.eval.asr import cer as cer_of, wer as wer_of
@@ -120,7 +128,7 @@ if not fleurs:
 languages = [str(x) for x in languages]
 params = dict(model=str(model), requested_model=requested_model, seed=seed, smoke=bool(smoke), out_dir=str(out), threads=torch.get_num_threads(),
               n_sentences=n_sentences, n_multilingual=n_multilingual, languages=languages, replicates=replicates,
-              replicates_multilingual=replicates_multilingual, tree_budget=tree_budget,
+              replicates_multilingual=replicates_multilingual, tree_budget=tree_budget, paper_budget=paper_budget,
               calibration_frames=calibration_frames, beta=beta, alpha=alpha, power_tv=power_tv,
               free_running=bool(free_running), n_free_running=n_free_running,
               free_running_all=bool(free_running_all), free_running_max_frames=free_running_max_frames, asr=asr,
@@ -133,8 +141,9 @@ print(f"model {model}, languages {languages}, outputs -> {out}")
 # English: the shipped evaluation split (held-out sentences, flite voices, their true codes). Other languages: the
 # multilingual sentences of `data/eval_texts/multilingual.tsv`, rendered here with espeak-ng and encoded by the
 # shipped codec; their teacher-forced contexts read the language's espeak-ng phonemes (the model was trained on
-# English only, as the paper's offsets were). The calibration split (held out too) calibrates the trees and picks
-# the chain window. The drafter is the code predictor's own reused heads (no training data).
+# English only, as the paper's offsets were). The calibration split (held out too) calibrates the reused heads'
+# trees and picks the chain window; the paper's decoder reads the offsets' own calibration shipped beside the model
+# (`<model>/trees/offsets.json`).
 
 # %%
 lm = load_model(model)
@@ -147,10 +156,10 @@ data = evaluation_data(model, languages, codec=the_codec, dataset=fleurs or None
                        n_sentences=(n_sentences or None), n_multilingual=(n_multilingual or None), seed=seed,
                        work_dir=work, progress=True)
 names = ["ar", "chain:best", f"tree:calibrated-point-mass:{tree_budget}", f"tree:calibrated-sampled:{tree_budget}",
-         f"ssd-lossy:{beta}"]
+         f"ssd-lossy:{beta}", f"tree:calibrated-point-mass:{paper_budget}", f"paper:{paper_budget}"]
 cal_utts, cal_meta, cal_source = calibration_data(model, codec=the_codec, librispeech=librispeech or None, seed=seed)
 cal = calibrate_decoders(lm, cal_utts, needs=check_decoder_names(names), max_frames=calibration_frames,
-                         budgets=[tree_budget], seed=seed, progress=True)
+                         budgets=sorted({tree_budget, paper_budget}), seed=seed, progress=True)
 table1 = S.table1_rows(S.entries_used(cal_meta, cal["n_frames"]) + [m for lang in languages
                                                                    for m in data[lang]["meta"]])
 prov = provenance(params, seed=seed)
@@ -173,20 +182,40 @@ else:
 # %% [markdown]
 # ## The decoders
 # The best chain is the window with the highest tokens per call *predicted* from exact acceptance tables on the
-# calibration frames; the trees are calibrated on the same frames for a node budget of `tree_budget` query
-# positions (point-mass children: the paper's; sampled children: Sequoia's). The calibration is written to the
-# output folder, never beside the model.
+# calibration frames; the reused heads' trees are calibrated on the same frames for a node budget of `tree_budget`
+# query positions (point-mass children: the paper's; sampled children: Sequoia's) and of `paper_budget` (the
+# point-mass baseline of the paper's decoder). The calibration is written to the output folder, never beside the
+# model. The paper's decoder (`paper-N32`) drafts with the shipped offsets and their own shipped calibration.
 
 # %%
 save_calibration(cal["calibration"], out / "04_trees_heads.json")
 decoders = W.standard_decoders(calibration=cal["calibration"], best_chain=cal["best_chain"], budget=tree_budget,
                                beta=beta)
+# the heads' point-mass tree of the paper's N (its paired baseline) and the paper's decoder, from each drafter's own
+# calibration: the heads' calibrated above, the offsets' shipped beside the model
+has_paper = PD.has_paper_decoder(lm)
+if not has_paper:
+    display(Markdown(f"**`{model}` ships no offsets drafter with a calibration: the paper's decoder is left out** "
+                     "(train it with `rvqspec train-drafter`, calibrate with `scripts/calibrate_trees.py`)."))
+extra = PD.named_decoders(lm, [f"tree:calibrated-point-mass:{paper_budget}"]
+                          + ([f"paper:{paper_budget}"] if has_paper else []), calibrations={"heads": cal["calibration"]})
+PAPER_BASELINE, PAPER = list(extra)[0], (list(extra)[1] if has_paper else None)
+lossy_label = next(k for k, d in decoders.items() if not is_lossless(d))
+decoders = {**{k: d for k, d in decoders.items() if k != lossy_label}, **extra, lossy_label: decoders[lossy_label]}
 chain_pred = [{"window": w, "predicted_tokens_per_call": v, "chosen": w == cal["best_chain"]}
               for w, v in cal["chain_predicted"].items()]
 trees_pred = [{"kind": kind, "node_budget": tree_budget,
                "predicted_tokens_per_call": cal["calibration"][kind]["predicted_tokens_per_call"][str(tree_budget)],
                "paths": ";".join(",".join(map(str, p)) for p in tree_from_calibration(cal["calibration"], kind, tree_budget).paths)}
               for kind in ("point-mass", "sampled")]
+paper_cal = PD.drafter_calibration(lm, "offsets") if has_paper else None
+trees_pred += [{"kind": "point-mass (heads, paper's N)", "node_budget": paper_budget,
+                "predicted_tokens_per_call": cal["calibration"]["point-mass"]["predicted_tokens_per_call"][str(paper_budget)],
+                "paths": ";".join(",".join(map(str, p)) for p in decoders[PAPER_BASELINE].paths)}]
+trees_pred += [{"kind": f"point-mass (offsets: the paper's decoder, {paper_cal['n_frames']} shipped calibration frames)",
+                "node_budget": paper_budget,
+                "predicted_tokens_per_call": paper_cal["point-mass"]["predicted_tokens_per_call"][str(paper_budget)],
+                "paths": ";".join(",".join(map(str, p)) for p in decoders[PAPER].paths)}] if has_paper else []
 save_table(chain_pred + trees_pred, out / "04_calibration", prov)
 pd.DataFrame([{"label": k, "decoder": repr(v), "lossless": is_lossless(v)} for k, v in decoders.items()])
 
@@ -317,9 +346,9 @@ pd.DataFrame(outlier_rows)
 
 # %% [markdown]
 # ## Table 3 analogue: every language
-# Tokens per call of every decoder in every language, the difference to the same decoder on English sentences
-# (bootstrap over the utterances of both: do the English-trained drafts lose acceptance elsewhere?), and the
-# code-distribution verdict against AR. WER/CER only where a recogniser exists.
+# Tokens per call of every decoder in every language (the paper's decoder, `paper-N32`, among them), the difference
+# to the same decoder on English sentences (bootstrap over the utterances of both: do the English-trained drafts lose
+# acceptance elsewhere?), and the code-distribution verdict against AR. WER/CER only where a recogniser exists.
 
 # %%
 table3 = W.table3_rows(results)
@@ -337,10 +366,31 @@ for j, lab in enumerate(labs):
 ax.set_xticks(range(len(languages)), languages)
 ax.set_ylabel("tokens per call (AR = 1)")
 ax.legend(fontsize=7, ncol=2)
-ax.set_title("drafts from the reused heads; English-only model; 95% bootstrap intervals over utterances", fontsize=9)
+ax.set_title("drafts from the reused heads" + (f", and from the English-trained offsets ({PAPER})" if has_paper else "")
+             + "; English-only model; "
+             "95% bootstrap intervals over utterances", fontsize=8)
 save_figure(fig, out / "04_tokens_per_call_by_language", prov)
 plt.show()
 pd.DataFrame(table3)
+
+# %% [markdown]
+# ### The transfer question: do offsets trained on English keep their tokens per call in other languages?
+# The paper's Table 3 reports that its offsets, trained on English, transfer to five other languages. Here, per
+# language: the paper's decoder's tokens per call and its ratio to English; the difference to English with a 95%
+# bootstrap interval over the utterances of both (different sentences, so independent groups:
+# `rvqspec_lib.eval.parity.bootstrap_difference`); and its gain over the reused heads' point-mass tree of the same
+# N on the SAME utterances, with a paired 95% bootstrap interval (`rvqspec_lib.eval.parity.paired_ratio_difference`).
+# The answer below is written from these numbers.
+
+# %%
+transfer = PD.transfer_rows(results, PAPER, baseline=PAPER_BASELINE, seed=seed) if has_paper and "en" in results \
+    else []
+if transfer:
+    save_table(transfer, out / "04_transfer", prov)
+    display(Markdown(PD.transfer_answer(transfer)))
+else:
+    display(Markdown("**The transfer question is not asked here**: it needs the paper's decoder and English."))
+pd.DataFrame(transfer)
 
 # %% [markdown]
 # ## Verdicts: what flagged what, and what the design could have seen
@@ -398,6 +448,9 @@ metrics = {
     "false_alarms": false_alarms,
     "table1": table1,
     "table3": table3,
+    "paper_decoder": {"label": PAPER, "baseline": PAPER_BASELINE, "budget": paper_budget,
+                      "calibration_frames": paper_cal["n_frames"] if has_paper else None},
+    "transfer": transfer,
     "hypotheses": en["hypotheses"] if en else {},
     "references": refs_en,
     "wall_s": time.perf_counter() - t_start,

@@ -35,6 +35,12 @@
 # and its frames come from its evaluation split); exported sizes and call costs from `cost_model` (the real-size 0.6B
 # architecture, random weights: its timings are real, its outputs mean nothing). Backends that are not here are
 # listed as absent, never estimated. The paper's numbers appear only in their own labelled column.
+#
+# **The paper's decoder** (`paper`: the position-aware offsets shipped beside the model + their own calibrated
+# point-mass tree, N = 32) gets its own section: its verify graph exported with the paper's tree (the library call
+# `rvqspec export --graph verify --decoder paper` makes) and checked against eager PyTorch, and its frames timed
+# beside AR, the fused AR frame, a chain and the reused heads' calibrated tree of the same N. It needs trained
+# offsets, so it runs on the embedded model whenever `model` ships none (and says so).
 
 # %% tags=["parameters"]
 model = "embedded"  # acceptance and measured frame times (trained weights)
@@ -51,6 +57,7 @@ backends = ["eager", "compile", "onnx", "coreml", "cuda"]
 calib_frames = 128  # calibration-split frames the trees are calibrated on
 eval_frames = 32  # evaluation-split frames whose contexts are decoded in the timing
 gpu_json = "figures/05_gpu.json"  # written by scripts/gpu_bench.py on a GPU machine; shown when present
+paper_budget = 32  # node budget of the paper's decoder (`paper:N`; 32 is the paper's)
 
 # %%
 import json
@@ -65,11 +72,12 @@ from IPython.display import Markdown, display
 from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 from rvqspec_lib.eval import export_timing as T
+from rvqspec_lib.eval import paper_decoder as PD
 from rvqspec_lib.eval.calibration import calibrate
 from rvqspec_lib.eval.frame_sources import frames_from_contexts, frames_from_shipped
 from rvqspec_lib.eval.speed import format_rows, random_contexts
 from rvqspec_lib.models import export_formats as F
-from rvqspec_lib.models.loader import load_model
+from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.decoding.drafters import ReusedHeads
 
 run_model = "tiny-random" if smoke else model
@@ -80,6 +88,7 @@ run_repeats = min(int(repeats), 2) if smoke else int(repeats)
 run_warmup = min(int(warmup), 1) if smoke else int(warmup)
 n_calib = 16 if smoke else int(calib_frames)
 n_eval = 4 if smoke else int(eval_frames)
+run_paper_budget = 4 if smoke else int(paper_budget)
 skipped = {"compile": "skipped in smoke mode (compiling every call shape takes minutes)"} if smoke else {}
 run_backends = [b for b in backends if b not in skipped]
 if threads:
@@ -90,6 +99,7 @@ params = dict(model=run_model, cost_model=run_cost_model, requested_model=str(mo
               requested_cost_model=str(cost_model), seed=seed, smoke=bool(smoke), out_dir=str(out),
               threads=torch.get_num_threads(), repeats=run_repeats, warmup=run_warmup, budgets=run_budgets,
               chains=run_chains, backends=list(backends), calib_frames=n_calib, eval_frames=n_eval,
+              paper_budget=run_paper_budget,
               notebook="05_export_and_timing")
 print(f"model {run_model}, cost model {run_cost_model}, outputs -> {out}")
 
@@ -241,6 +251,66 @@ plt.show()
 speedup_df
 
 # %% [markdown]
+# ## The paper's decoder: its verify graph, exported, and its frames timed
+# The paper's decoder drafts with the offsets shipped beside the model and verifies through THEIR calibrated
+# point-mass tree (`<model>/trees/offsets.json`); the reused heads' point-mass tree of the same N comes from the
+# heads' own calibration (`<model>/trees/heads.json`). The verify graph holds the tree's mask and positions (the
+# drafter stays outside the graph, like the heads): exported to ONNX with the paper's tree by
+# `rvqspec_lib.models.export_formats.export_graph` and checked by `rvqspec_lib.eval.export_timing.check_file`, as
+# `rvqspec export --graph verify --decoder paper` does. The frames are timed interleaved through torch eager and
+# ONNX Runtime, as above. (Smoke: N = 4.)
+
+# %%
+paper_lm = lm if PD.has_paper_decoder(lm) else load_model(EMBEDDED_MODEL)
+paper_model = run_model if paper_lm is lm else EMBEDDED_MODEL
+if paper_lm is not lm:
+    display(Markdown(f"**`{run_model}` ships no offsets drafter with a calibration: the paper's decoder is measured on "
+                     f"`{paper_model}` (trained weights) in this section.**"))
+paper_cp = paper_lm.code_predictor.eval()
+n_pap = run_paper_budget
+paper_decs = PD.named_decoders(paper_lm, ["ar", f"chain:{min(n_pap, 8)}", f"tree:calibrated-point-mass:{n_pap}",
+                                          f"paper:{n_pap}"])
+PAPER = f"paper-N{n_pap}"
+paper_decs = {("AR" if k == "ar" else k): d for k, d in paper_decs.items()}
+paper_tree = paper_decs[PAPER].tree(0)  # the graph holds the tree, not the drafter
+paper_path = work / "paper" / f"verify-n{n_pap}-float32.onnx"
+paper_path.parent.mkdir(parents=True, exist_ok=True)
+paper_export = F.export_graph(paper_cp, "verify", "onnx", paper_path, dtype="float32", nodes=n_pap, tree=paper_tree)
+paper_check = T.check_file(paper_cp, "verify", paper_path, dtype="float32", nodes=n_pap, tree=paper_tree)
+paper_graph = [{"model": paper_model, "decoder": PAPER, "graph": "verify", "format": "onnx", "dtype": "float32",
+                "nodes": n_pap, "MB": paper_export["bytes"] / 1e6, "export_s": paper_export["export_s"],
+                "interface_ok": paper_export["declared"] == paper_export["written"],
+                **{k: r.get(k) for k in ("runner", "ran", "relative_diff", "tolerance", "within_tolerance")}}
+               for r in paper_check]
+paper_contexts = frames_from_shipped(paper_lm, paper_model, "evaluation", max_frames=n_eval).context
+paper_timing, paper_quiet = measure_quietly(lambda: T.frame_times(
+    paper_cp, paper_contexts, paper_decs, [b for b in run_backends if b in ("eager", "onnx")], repeats=run_repeats,
+    warmup=run_warmup, seed=seed, threads=torch.get_num_threads(), work_dir=work / "paper-backend",
+    random_weights=paper_lm.is_random), meta=lambda r: r["meta"])
+prov_paper = {**provenance({**params, "paper_model": paper_model}, seed=seed), "timing": paper_quiet}
+save_table(paper_graph, out / "05_paper_export", prov_paper)
+paper_frames_df = pd.DataFrame(paper_timing["rows"])
+save_table(paper_frames_df, out / "05_paper_frame_times", prov_paper,
+           caption=f"{paper_model}: the paper's decoder ({PAPER}: offsets + their own point-mass tree) beside AR, "
+                   f"the fused AR frame, a chain and the reused heads' point-mass tree of the same N"
+                   + (f"; {paper_quiet['note']}" if paper_quiet["note"] else ""))
+lines = []
+for b in dict.fromkeys(paper_frames_df.backend):
+    d = paper_frames_df[paper_frames_df.backend == b].set_index("decoder")
+    heads_n = f"tree-pm-N{n_pap}"
+    if PAPER in d.index:
+        lines.append(f"* {b}: {PAPER} {d.loc[PAPER, 'ms_per_frame']:.2f} ms a frame, "
+                     f"{d.loc[PAPER, 'tokens_per_call']:.3f} tokens per call, {d.loc[PAPER, 'speedup_vs_ar']:.2f}x "
+                     f"over AR" + (f"; the heads' {heads_n}: {d.loc[heads_n, 'ms_per_frame']:.2f} ms, "
+                                   f"{d.loc[heads_n, 'speedup_vs_ar']:.2f}x" if heads_n in d.index else ""))
+display(Markdown(f"**The paper's decoder on `{paper_model}`** (exported verify graph: "
+                 + "; ".join(f"{r['runner']} relative difference {r['relative_diff']:.2g}, within tolerance: "
+                             f"{r['within_tolerance']}" for r in paper_graph if r.get("ran")) + ")\n\n"
+                 + "\n".join(lines)))
+paper_frames_df[["decoder", "backend", "nodes", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms", "model_ms",
+                 "heads_ms", "outside_ms", "speedup_vs_ar", "speedup_vs_fused"]]
+
+# %% [markdown]
 # ## On a GPU: CUDA graphs (scripts/gpu_bench.py)
 # The same comparison for the real-size architecture in bfloat16 on one GPU, every verify call shape and the fused
 # frame captured as CUDA graphs. The JSON is written by `python scripts/gpu_bench.py` on a GPU machine.
@@ -290,6 +360,8 @@ metrics = {
         k: gpu[k] for k in ("device", "model", "dtype", "dry_run", "summary", "speedup_vs_n", "projected")},
     "gpu_json_present": gpu is not None, "coreml_available": ok, "coreml_reason": why, "coreml_calls": coreml_rows,
     "meta": timing["meta"],
+    "paper_decoder": {"model": paper_model, "label": PAPER, "nodes": n_pap, "export": paper_graph,
+                      "frame_rows": paper_timing["rows"], "absent": paper_timing["absent"]},
 }
 save_json(metrics, out / "05_metrics.json", provenance(params, seed=seed))
 print(json.dumps({"summary": summary, "absent": absent}, indent=1, default=str))

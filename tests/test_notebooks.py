@@ -197,8 +197,26 @@ def _check_02(metrics: dict, out: Path) -> None:
         assert float(r["tokens_per_call_tree"]) == metrics["tokens_per_call"][lab]["tree"]
         assert float(r["tokens_per_call_chain4"]) == metrics["tokens_per_call"][lab]["chain4"]
         assert int(r["added_params"]) == added[lab]
-    assert {lab: r["paper_reported"] for lab, r in rows.items()} == \
+    assert {lab: r["paper: toks/step (N 32 tree)"] for lab, r in rows.items()} == \
         {"heads": "1.7", "medusa": "2.6", "offsets-ce": "2.47", "offsets-kl": "", "offsets-tv": "", "medusa-tv": ""}
+    # the paper's setting: every drafter with ITS OWN calibrated point-mass tree at N 32 and at its best N (by
+    # predicted E(N)), measured on the evaluation frames; the deployed offsets' row is the paper's decoder
+    assert metrics["calibration_frames"] == 32
+    for lab, r in rows.items():
+        own = metrics["own_tree"][lab]
+        assert float(r["tree_N32_tokens_per_call"]) == own["N32"]["measured"] >= 1.0 and own["N32"]["N"] == 32
+        assert float(r["tree_bestN_tokens_per_call"]) == own["best"]["measured"] >= 1.0
+        assert int(r["best_N"]) == own["best_N"] == own["best"]["N"] == 32 and r["best_N_by"] == "predicted E(N)"
+        assert float(r["chain_best"]) == max(metrics["tokens_per_call"][lab][f"chain{w}"] for w in range(2, 9))
+        cal = json.loads((out / "02_trees" / f"{lab}.json").read_text())
+        assert cal["n_frames"] == 32 and float(r["tree_N32_predicted"]) == \
+            cal["point-mass"]["predicted_tokens_per_call"]["32"]
+    paper_rows = [lab for lab, r in rows.items() if r["decoder"].startswith("paper")]
+    assert paper_rows == [metrics["deployed_offsets"]] == [metrics["paper_decoder"]["drafter"]]
+    assert rows["heads"]["decoder"] == "tree:calibrated-point-mass:32"
+    # negative control: the drafters' own trees differ (a shared tree would give the heads' tree to everyone)
+    assert len({json.dumps(json.loads((out / "02_trees" / f"{lab}.json").read_text())["point-mass"]["table"])
+                for lab in rows}) > 1
     assert rows["heads"]["kept_epoch"] == "" and all(int(rows[lab]["kept_epoch"]) >= 0 for lab in labels - {"heads"})
     assert int(rows["offsets-ce"]["added_params_at_0.6B"]) == 3072
     # the paired margin: one row per trained drafter, an interval around its difference, from >= 2 utterances
@@ -255,7 +273,27 @@ def _check_03(metrics: dict, out: Path) -> None:
     assert metrics["auto"]["label"] in {r["label"] for r in csv.DictReader((out / "03_auto.csv").open())}
     # the paper's numbers only in a labelled column; the 0.6B stand-in's speedups only as a labelled projection
     paper = list(csv.DictReader((out / "03_paper_devices.csv").open()))
-    assert [r["source"].startswith("paper") for r in paper] == [True, True, True, False]
+    assert [r["source"].startswith("paper") for r in paper] == [True, True, True, False, False]
+    assert paper[-1]["device"].endswith("the paper's decoder") and "offsets + own tree" in paper[-1]["source"]
+    # E(N) per drafter: the heads calibrated here, the shipped offsets with THEIR OWN calibration (trees/offsets.json)
+    pvm = metrics["predicted_vs_measured"]
+    assert {r["drafter"] for r in pvm} == {"heads", "offsets"}
+    for dname in ("heads", "offsets"):
+        assert {(r["kind"], r["nodes"]) for r in pvm if r["drafter"] == dname and r["kind"] != "chain"} == \
+            {(k, n) for k in ("point-mass", "sampled") for n in (2, 4, 8)}
+    shipped = load_calibration(REPO / "data/embedded/model/trees/offsets.json", n_codes=15, codebook_size=2048)
+    assert metrics["paper_decoder"]["available"] and metrics["paper_decoder"]["calibration_frames"] == \
+        shipped["n_frames"]
+    for r in pvm:
+        if r["drafter"] == "offsets" and r["kind"] != "chain":
+            assert r["predicted_tokens_per_call"] == shipped[r["kind"]]["predicted_tokens_per_call"][str(r["nodes"])]
+            assert r["paper_decoder"] == (r["kind"] == "point-mass")
+    # the paper's decoder timed beside the heads' calibrated trees and the chains, through both backends
+    for backend in ("official", "lean-mgemv"):
+        decs = {r["decoder"] for r in speed if r["backend"] == backend}
+        assert {"paper-N2", "paper-N8", "paper-N32", "calibrated-point-mass:8", "chain:4"} <= decs, decs
+    assert {r["decoder"] for r in metrics["paper_decoder"]["speed"]} == {"paper-N2", "paper-N8", "paper-N32"}
+    assert all(r["tokens_per_call"] >= 1.0 for r in metrics["paper_decoder"]["speed"])
     assert all(r["label"] == "PROJECTION" for r in metrics["projection"])
     assert {r["temperature"] for r in metrics["temperature"]} == {0.9, 0.3}
     # Figure 2's analogue: the shipped calibration's tree beside the mask its verify call passed to the model
@@ -284,7 +322,9 @@ def _check_04(metrics: dict, out: Path) -> None:
     decs = metrics["decoders"]
     lossy = [k for k, d in decs.items() if not d["lossless"]]
     assert lossy == ["ssd-lossy-b0.4-w4"] and "Lossy" in decs[lossy[0]]["repr"]
-    assert {"ar", "ar-seed2", "tree-pm-N4", "tree-sampled-N4"} <= set(decs)
+    assert {"ar", "ar-seed2", "tree-pm-N4", "tree-sampled-N4", "tree-pm-N32", "paper-N32"} <= set(decs)
+    assert metrics["paper_decoder"] == {"label": "paper-N32", "baseline": "tree-pm-N32", "budget": 32,
+                                        "calibration_frames": 1500} and decs["paper-N32"]["lossless"]
     assert any(k.startswith("chain") for k in decs) and metrics["best_chain"] == int(
         next(k for k in decs if k.startswith("chain"))[5:])
     for lang, tpc in metrics["tokens_per_call"].items():
@@ -298,6 +338,20 @@ def _check_04(metrics: dict, out: Path) -> None:
         assert float(r["tokens_per_call"]) == metrics["tokens_per_call"][r["language"]][label]
         assert ("LOSSY" in r["decoder"]) == (label in lossy)
         assert r["language"] == "en" or r["wer_note"] == "no offline recogniser"
+    # the paper's decoder (English-trained offsets) in EVERY language of Table 3, and the transfer question answered
+    assert {r["language"] for r in t3 if r["decoder"] == "paper-N32"} == set(metrics["languages"])
+    transfer = {r["language"]: r for r in metrics["transfer"]}
+    assert set(transfer) == set(metrics["languages"])
+    for lang, r in transfer.items():
+        assert r["decoder"] == "paper-N32" and r["baseline"] == "tree-pm-N32"
+        assert r["tokens_per_call"] == metrics["tokens_per_call"][lang]["paper-N32"]
+        assert r["gain_over_baseline"] == pytest.approx(metrics["tokens_per_call"][lang]["paper-N32"]
+                                                        - metrics["tokens_per_call"][lang]["tree-pm-N32"])
+        assert r["gain_ci_low"] <= r["gain_over_baseline"] <= r["gain_ci_high"]
+        if lang != "en":
+            assert r["minus_english"] == pytest.approx(r["tokens_per_call"] - transfer["en"]["tokens_per_call"])
+            assert r["minus_english_ci_low"] <= r["minus_english"] <= r["minus_english_ci_high"]
+    assert (out / "04_transfer.csv").stat().st_size > 0
     # Table 1: the calibration frames used and every evaluation utterance, counted
     t1 = {(r["split"], r["language"]): r for r in metrics["table1"]}
     assert set(t1) == {("calibration", "en"), ("evaluation", "en"), ("evaluation", "de")}
@@ -322,7 +376,7 @@ def _check_04(metrics: dict, out: Path) -> None:
     assert set(metrics["free_running"]) == {"ar", "ar-seed2", lossy[0]}
     assert len(metrics["hypotheses"]["ar"]) == len(metrics["references"]) == 3
     cal = load_calibration(out / "04_trees_heads.json", n_codes=15, codebook_size=2048)
-    assert cal["budgets"] == [4]
+    assert cal["budgets"] == [4, 32]
     for stem in ("04_table1", "04_table3", "04_calibration", "04_wer_parity", "04_free_running", "04_outliers",
                  "04_verdicts"):
         for ext in (".csv", ".md", ".provenance.json"):
@@ -383,3 +437,17 @@ def _check_05(metrics: dict, out: Path) -> None:
         assert (out / ("05_speedup_vs_n" + ext)).stat().st_size > 0, ext
     cal = json.loads((out / "05_calibration.json").read_text())
     assert cal["budgets"] == [2, 4] and "provenance" in cal
+    # the paper's decoder: tiny-random ships no offsets, so it runs on the embedded model (trained offsets + their own
+    # calibrated point-mass tree), its verify graph exported with the paper's tree and run here within tolerance
+    pap = metrics["paper_decoder"]
+    assert pap["model"] == "embedded" and pap["label"] == "paper-N4" and pap["nodes"] == 4
+    assert [(r["graph"], r["format"], r["runner"]) for r in pap["export"]] == [("verify", "onnx", "onnxruntime-cpu")]
+    assert all(r["interface_ok"] and r["ran"] and r["within_tolerance"] for r in pap["export"])
+    for b in ("eager", "onnx"):  # frame times: the paper's decoder beside AR, the fused frame, a chain, the heads' tree
+        decs = {r["decoder"]: r for r in pap["frame_rows"] if r["backend"] == b}
+        assert {"AR", "fused-AR", "chain4", "tree-pm-N4", "paper-N4"} <= set(decs), decs
+        assert decs["AR"]["speedup_vs_ar"] == 1.0 and decs["paper-N4"]["tokens_per_call"] >= 1.0
+        assert decs["paper-N4"]["nodes"] == decs["tree-pm-N4"]["nodes"] == 4
+    with (out / "05_paper_frame_times.csv").open() as f:
+        assert {r["decoder"] for r in csv.DictReader(f)} >= {"paper-N4", "tree-pm-N4"}
+    assert "paper's decoder" in (out / "05_paper_frame_times.md").read_text().splitlines()[0]

@@ -147,10 +147,10 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
     ax0.add_patch(FancyArrowPatch((1.6, 1.4), (2.0, 0.6), arrowstyle="->", mutation_scale=8, color="0.3"))
     ax0.add_patch(FancyArrowPatch((9.6, 0.9), (0.9, 2.1), connectionstyle="arc3,rad=0.35", arrowstyle="->",
                                   mutation_scale=8, color="0.5", ls="--"))
-    ax0.text(5.3, 2.75, f"next frame: {g} codes fed back to the talker; {fr:g} frames a second, "
+    ax0.text(5.3, 3.15, f"next frame: {g} codes fed back to the talker; {fr:g} frames a second, "
              f"{1000 / fr:g} ms of audio each", ha="center", fontsize=7)
     ax0.set_xlim(-0.2, 10.0)
-    ax0.set_ylim(-1.0, 3.2)
+    ax0.set_ylim(-1.0, 3.4)
     ax0.set_axis_off()
     ax0.set_title(f"one frame of {r0['model']}: 1 + {g - 1} = {g} model calls", fontsize=9)
 
@@ -162,9 +162,9 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
     for i, (t, c) in enumerate(zip(talker, inner)):
         ax1.text(i, t + c, f"{t + c:g}", ha="center", va="bottom", fontsize=8)
     ax1.set_ylabel("model calls per second for real time")
-    ax1.set_ylim(0, 1.2 * max(t + c for t, c in zip(talker, inner)))
-    ax1.tick_params(axis="x", labelsize=7)
-    ax1.legend(fontsize=7, loc="lower right")
+    ax1.set_ylim(0, 1.4 * max(t + c for t, c in zip(talker, inner)))
+    ax1.tick_params(axis="x", labelsize=7, labelrotation=20)
+    ax1.legend(fontsize=7, loc="upper right")
     ax1.grid(alpha=0.3, axis="y")
     if title:
         fig.suptitle(title, fontsize=9)

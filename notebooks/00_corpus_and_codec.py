@@ -59,7 +59,7 @@ from rvqspec_lib.eval.asr_models import check_asr_name, recogniser as make_recog
 from rvqspec_lib.embedded import corpus
 from rvqspec_lib.models.rvq_codec import RVQCodec
 from rvqspec_lib.models.audio import load_wav
-from rvqspec_lib.models.utterances import embedded_root
+from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.eval.inner_loop import score_conditions
 from rvqspec_lib.common.provenance import REPO_ROOT, provenance, resolve_out_dir, save_figure, save_json, save_table
 
@@ -159,7 +159,7 @@ pd.DataFrame(table)
 
 # %%
 # the calibration split's size, read from the data that ships it (the same sentence in notebooks 00, 03 and 04)
-from rvqspec_lib.models.utterances import shipped_split_sizes
+from rvqspec_lib.data.utterances import shipped_split_sizes
 
 try:
     split = shipped_split_sizes(root)["calibration"]

@@ -54,7 +54,7 @@ from IPython.display import Markdown, display
 from rvqspec_lib.eval import bench
 from rvqspec_lib.eval import plots
 from rvqspec_lib.eval.acceptance import decoder_statistics
-from rvqspec_lib.eval.frame_sources import frames_from_shipped
+from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.eval.inner_loop import default_sampling
 from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS, loop_facts
 from rvqspec_lib.models.tree_files import load_calibration, tree_file, tree_from_calibration
@@ -98,7 +98,7 @@ loop_rows = [{"model": run_model, **{k: v for k, v in info.items() if k in (
     "talker_layers", "talker_hidden", "code_predictor_layers", "code_predictor_hidden", "n_code_groups",
     "frame_rate_hz")}}]
 if run_model != "embedded":
-    from rvqspec_lib.models.utterances import embedded_root
+    from rvqspec_lib.data.utterances import embedded_root
 
     loop_rows.append({"model": "embedded", **loop_facts(embedded_root("embedded") / "model")})
 for name, folder in RANDOM_MODELS.items():

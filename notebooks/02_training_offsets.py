@@ -39,7 +39,7 @@
 # **Data.** The embedded model (`data/embedded`, see its MODEL_CARD.md) ships codes and texts of real utterances in
 # three disjoint splits: drafters train on `training` with early stopping on `validation`, and every number below is
 # measured on `evaluation`. Contexts come from ONE teacher-forced talker pass per utterance (true code 0, true
-# feedback), targets are the true codes 1..15 (`rvqspec_lib.eval.frame_sources.frames_from_shipped`).
+# feedback), targets are the true codes 1..15 (`rvqspec_lib.data.frame_sources.frames_from_shipped`).
 #
 # **Caveat.** The embedded model is a small model trained offline on synthetic speech and a k-means codec, not the
 # released Qwen3-TTS: its acceptance rates are its own. The paper's values appear only in a separate, labelled
@@ -103,11 +103,11 @@ from rvqspec_lib.models.drafter_files import (
     save_drafter,
 )
 from rvqspec_lib.eval.inner_loop import default_sampling
-from rvqspec_lib.models.utterances import embedded_root
+from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.models.configs import CONFIG_DIR
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, OWN_MODEL_MARKER, load_model
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
-from rvqspec_lib.eval.frame_sources import frames_from_shipped
+from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.training.drafters import deploy_drafters, select_deployed, sweep_learning_rates
 from rvqspec_lib.decoding.trees import parse_paths
 
@@ -171,7 +171,7 @@ if lm.is_random:
 t0 = time.perf_counter()
 if dataset:
     from rvqspec_lib.models.speech_tokenizers import load_codec
-    from rvqspec_lib.eval.frame_sources import frames_from_dataset
+    from rvqspec_lib.data.frame_sources import frames_from_dataset
 
     the_codec = load_codec(codec)
     tr_split, va_split, ev_split = dataset_splits
@@ -341,7 +341,7 @@ save_json({label: r for label, r in results.items()}, out / "02_acceptance.json"
 # %%
 t0 = time.perf_counter()
 if dataset:  # a real checkpoint: the validation contexts, codes re-sampled from p
-    from rvqspec_lib.eval.frame_sources import frames_from_contexts
+    from rvqspec_lib.data.frame_sources import frames_from_contexts
 
     cal_frames = frames_from_contexts(cp, val_frames.context[:n_calibration_frames], sampling=sampling, seed=seed)
 else:

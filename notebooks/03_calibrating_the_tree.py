@@ -85,7 +85,7 @@ from rvqspec_lib.eval.bench import measure_quietly
 from rvqspec_lib.eval.acceptance import decoder_statistics
 from rvqspec_lib.eval.budget import AUTO_BUDGETS, choose_decoder
 from rvqspec_lib.eval.calibration import BUDGETS, calibrate, calibration_frames
-from rvqspec_lib.eval.frame_sources import frames_from_shipped
+from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.eval.inner_loop import default_sampling
 from rvqspec_lib.eval.speed import batch_throughput, random_contexts, time_frames, verify_cost_curve
 from rvqspec_lib.models.drafter_files import shipped_drafter
@@ -93,7 +93,7 @@ from rvqspec_lib.models.fused import FusedARFrame
 from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.tree_files import save_calibration, tree_file, tree_from_calibration
-from rvqspec_lib.models.utterances import embedded_root
+from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoders import AR, Chain
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.predictor import OfficialBackend
@@ -160,7 +160,7 @@ print(f"sampling {sampling!r}; {n_codes} codes a frame; drafters: the reused hea
 
 # %%
 # the calibration split's size, read from the data that ships it (the same sentence in notebooks 00, 03 and 04)
-from rvqspec_lib.models.utterances import shipped_split_sizes
+from rvqspec_lib.data.utterances import shipped_split_sizes
 
 split = shipped_split_sizes(run_model)["calibration"]
 display(Markdown(f"The shipped calibration split (`{split['file']}`): **{split['utterances']} utterances, "

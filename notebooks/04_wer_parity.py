@@ -98,9 +98,9 @@ from rvqspec_lib.eval.asr import cer as cer_of, wer as wer_of
 from rvqspec_lib.eval.asr_models import check_asr_name, recogniser
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.speech_tokenizers import load_codec
-from rvqspec_lib.models.teacher import as_utterance
+from rvqspec_lib.data.teacher import as_utterance
 from rvqspec_lib.models.tree_files import save_calibration, tree_from_calibration
-from rvqspec_lib.models.utterances import embedded_root
+from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import check_decoder_names
 from rvqspec_lib.decoding.decoders import is_lossless
 from rvqspec_lib.decoding.drafters import ReusedHeads
@@ -169,7 +169,7 @@ pd.DataFrame(table1)
 
 # %%
 # the calibration split's size, read from the data that ships it (the same sentence in notebooks 00, 03 and 04)
-from rvqspec_lib.models.utterances import shipped_split_sizes
+from rvqspec_lib.data.utterances import shipped_split_sizes
 
 if cal_source.get("kind") == "shipped":
     split = shipped_split_sizes(model)["calibration"]

@@ -74,7 +74,7 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figu
 from rvqspec_lib.eval import export_timing as T
 from rvqspec_lib.eval import paper_decoder as PD
 from rvqspec_lib.eval.calibration import calibrate
-from rvqspec_lib.eval.frame_sources import frames_from_contexts, frames_from_shipped
+from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shipped
 from rvqspec_lib.eval.speed import format_rows, random_contexts
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model

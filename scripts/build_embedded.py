@@ -73,7 +73,7 @@ from rvqspec_lib.eval.inner_loop import (  # noqa: E402
     inner_loop_codes,
     score_conditions,
 )
-from rvqspec_lib.models.utterances import (  # noqa: E402
+from rvqspec_lib.data.utterances import (  # noqa: E402
     load_codes,
     save_codes,
     utterances_from_manifest,

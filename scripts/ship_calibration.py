@@ -26,7 +26,7 @@ from build_embedded import PRESETS, calibration_sentences  # noqa: E402
 from rvqspec_lib.embedded import corpus  # noqa: E402
 from rvqspec_lib.embedded.codes import encode_manifest  # noqa: E402
 from rvqspec_lib.models.rvq_codec import RVQCodec  # noqa: E402
-from rvqspec_lib.models.utterances import load_codes, write_shipped_utterances  # noqa: E402
+from rvqspec_lib.data.utterances import load_codes, write_shipped_utterances  # noqa: E402
 
 
 def main(argv=None) -> int:

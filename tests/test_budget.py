@@ -9,7 +9,7 @@ import torch
 
 from rvqspec_lib.eval.budget import auto_decoder, cache_key, candidates, choose_decoder
 from rvqspec_lib.eval.calibration import calibrate
-from rvqspec_lib.eval.frame_sources import frames_from_contexts
+from rvqspec_lib.data.frame_sources import frames_from_contexts
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.decoding.drafters import ReusedHeads
 

@@ -14,7 +14,7 @@ from rvqspec_lib.eval.calibration import (
     pool_by_offset,
     sampled_child_acceptance,
 )
-from rvqspec_lib.eval.frame_sources import frames_from_contexts
+from rvqspec_lib.data.frame_sources import frames_from_contexts
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.tree_files import tree_from_calibration
 from rvqspec_lib.decoding.drafters import ReusedHeads

@@ -536,7 +536,7 @@ def test_synth_decoder_auto_uses_the_cached_choice(tmp_path, capsys, monkeypatch
     """--decoder auto on the embedded model: the choice is made by timing (here pre-made with a tiny budget, under
     the same cache key the command computes) and the command says what it chose and that it came from the cache."""
     from rvqspec_lib.eval.budget import auto_decoder
-    from rvqspec_lib.eval.frame_sources import frames_from_shipped
+    from rvqspec_lib.data.frame_sources import frames_from_shipped
     from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))

@@ -225,7 +225,7 @@ def test_shipped_calibration_files_are_sound_and_per_drafter():
 # --------------------------------------------------------------------------------------------------------------------
 def test_paper_decodes_with_the_offsets_and_their_tree():
     from rvqspec_lib.cli.common import build_decoder
-    from rvqspec_lib.eval.frame_sources import frames_from_shipped
+    from rvqspec_lib.data.frame_sources import frames_from_shipped
     from rvqspec_lib.models.drafter_files import load_drafter
     from rvqspec_lib.models.tree_files import load_calibration
     from rvqspec_lib.decoding.decode import decode_frame

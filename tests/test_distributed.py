@@ -55,7 +55,7 @@ def test_two_processes_equal_one(tmp_path):
     from rvqspec_lib.cli import train_drafter_parallel
     from rvqspec_lib.models.drafter_files import load_drafter
     from rvqspec_lib.models.loader import load_model
-    from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances
+    from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng missing (the embedded model's front end)")
@@ -104,7 +104,7 @@ def test_two_processes_equal_one(tmp_path):
 def test_negative_control_unsummed_halves_differ_from_one_process():
     """Rank 0 of 2 trained on its half WITHOUT the gradient sum is not the single-process drafter: the equality
     above is a real check."""
-    from rvqspec_lib.eval.frames import Frames
+    from rvqspec_lib.data.frames import Frames
     from rvqspec_lib.models.drafter_files import make_drafter
     from rvqspec_lib.models.loader import load_model
     from rvqspec_lib.training.drafters import train_drafter

@@ -48,8 +48,8 @@ from rvqspec_lib.eval.acceptance import (
     paired_acceptance_difference,
     predicted_tokens_per_call,
 )
-from rvqspec_lib.eval.frame_sources import frames_from_contexts, frames_from_dataset
-from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_dataset
+from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models import frame as frame_mod
 from rvqspec_lib.models.configs import CONFIG_DIR, build_from_config, tiny_config_dict
 from rvqspec_lib.models.drafter_files import (
@@ -61,7 +61,7 @@ from rvqspec_lib.models.drafter_files import (
     save_drafter,
 )
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.models.teacher import (
+from rvqspec_lib.data.teacher import (
     teacher_forced_contexts,
     teacher_forced_hidden,
     verifier_logits,
@@ -239,7 +239,7 @@ def test_frames_from_dataset_voxpopuli_schema_with_a_stub_codec(tiny, tmp_path):
 # frames from utterances (the embedded model's shipped codes and texts)
 # ----------------------------------------------------------------------------------------------------------------
 def _utterances(n: int, seed: int = 0, lengths=(5, 9, 3, 7, 4, 6)):
-    from rvqspec_lib.models.teacher import Utterance
+    from rvqspec_lib.data.teacher import Utterance
 
     g = torch.Generator().manual_seed(seed)
     texts = ("Hello there.", "A longer second sentence, with a comma.", "Three.", "Four words in here.")
@@ -250,7 +250,7 @@ def _utterances(n: int, seed: int = 0, lengths=(5, 9, 3, 7, 4, 6)):
 def test_frames_from_utterances_are_the_per_utterance_teacher_forced_contexts(tiny):
     """Batched over utterances of different lengths (left-padded prompts), in input order, with the true codes as
     targets; the same contexts as one teacher-forced pass per utterance; a frame limit cuts the last utterance."""
-    from rvqspec_lib.eval.frame_sources import frames_from_utterances
+    from rvqspec_lib.data.frame_sources import frames_from_utterances
 
     utts = _utterances(5)
     fr = frames_from_utterances(tiny, utts, batch_size=3)
@@ -277,7 +277,7 @@ def test_frames_from_utterances_are_the_per_utterance_teacher_forced_contexts(ti
 def test_frames_from_utterances_hidden_states_are_what_decode_frame_sees(tiny):
     """Teacher forcing the codes that greedy decode_frame commits from these contexts reproduces them at every depth:
     the hidden states the drafters train on are the ones decoding meets."""
-    from rvqspec_lib.eval.frame_sources import frames_from_utterances
+    from rvqspec_lib.data.frame_sources import frames_from_utterances
 
     fr = frames_from_utterances(tiny, _utterances(2, seed=1))
     cp = tiny.code_predictor
@@ -291,7 +291,7 @@ def _shipped_tiny(tmp_path):
     """A folder laid out as build_embedded.py writes one: ``model/`` (tiny-random saved as a checkpoint) and
     ``utterances.safetensors`` + ``.jsonl`` with training / validation / evaluation splits."""
     from rvqspec_lib.models.loader import save_checkpoint
-    from rvqspec_lib.models.utterances import write_shipped_utterances
+    from rvqspec_lib.data.utterances import write_shipped_utterances
 
     lm = load_model("tiny-random")
     save_checkpoint(lm, tmp_path / "model")
@@ -307,8 +307,8 @@ def _shipped_tiny(tmp_path):
 
 
 def test_frames_from_shipped_splits_and_seeded_order(tmp_path):
-    from rvqspec_lib.eval.frame_sources import frames_from_shipped
-    from rvqspec_lib.models.utterances import load_shipped_utterances
+    from rvqspec_lib.data.frame_sources import frames_from_shipped
+    from rvqspec_lib.data.utterances import load_shipped_utterances
 
     model = _shipped_tiny(tmp_path)
     lm = load_model(str(model))

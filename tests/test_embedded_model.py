@@ -16,7 +16,7 @@ import torch
 from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.models.loader import EMBEDDED_DIR, ModelNotFoundError, load_model
 from rvqspec_lib.models.speech_tokenizers import CodecSpeechTokenizer
-from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances
+from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 from rvqspec_lib.decoding.decoders import AR, Tree
 from rvqspec_lib.decoding.sampling import Sampling
 

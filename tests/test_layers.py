@@ -15,7 +15,7 @@ import pytest
 PKG = Path(__file__).resolve().parent.parent / "rvqspec_lib"
 
 #: Layers from the bottom up: a module may import modules of its own layer or of a lower one.
-LAYERS = ("common", "decoding", "models", "eval", "training", "embedded", "cli")
+LAYERS = ("common", "decoding", "models", "data", "eval", "training", "embedded", "cli")
 
 
 def module_name(path: Path) -> str:

@@ -234,7 +234,7 @@ def test_readme_number_absent_from_its_table_fails(tmp_path):
 
 def test_the_calibration_split_size_is_one_number_read_from_the_data():
     """Notebooks 00, 03 and 04 print the shipped calibration split's size from this function, never typed."""
-    from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances, shipped_split_sizes
+    from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances, shipped_split_sizes
 
     sizes = shipped_split_sizes("embedded")
     _, utts = load_shipped_utterances(embedded_root("embedded") / "utterances.safetensors", splits=["calibration"])

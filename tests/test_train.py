@@ -40,7 +40,7 @@ from rvqspec_lib.models.frontend import (
     tokenizer_from_spec,
 )
 from rvqspec_lib.models.loader import LoadedModel, load_model, save_checkpoint
-from rvqspec_lib.models.teacher import Utterance, batch_prompt, teacher_force
+from rvqspec_lib.data.teacher import Utterance, batch_prompt, teacher_force
 from rvqspec_lib.models.tokenizers import ByteTokenizer
 from rvqspec_lib.decoding.sampling import Sampling, code0_processors
 from rvqspec_lib.training.loop import lr_at

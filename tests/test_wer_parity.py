@@ -17,9 +17,9 @@ import torch
 
 from rvqspec_lib.eval import wer_parity as W
 from rvqspec_lib.decoding import decoder_names as N
-from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.models.teacher import Utterance
+from rvqspec_lib.data.teacher import Utterance
 from rvqspec_lib.decoding import verify
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree, is_lossless

@@ -1,2 +1,2 @@
-"""Layer 6, the command line (`rvqspec ...`): one module per command over the library below.
+"""Layer 7, the command line (`rvqspec ...`): one module per command over the library below.
 """

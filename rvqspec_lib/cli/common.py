@@ -299,7 +299,7 @@ def build_decoder(name, lm, *, progress: bool = False):
     from dataclasses import replace
 
     from rvqspec_lib.eval.budget import auto_decoder
-    from rvqspec_lib.eval.frame_sources import frames_from_shipped
+    from rvqspec_lib.data.frame_sources import frames_from_shipped
 
     try:
         contexts = frames_from_shipped(lm, None, "calibration", max_frames=64).context

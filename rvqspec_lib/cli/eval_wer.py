@@ -136,7 +136,7 @@ def run(args, threads: int | None = None) -> int:
         if err:
             raise ValueError(err)
         if not args.dataset:
-            from rvqspec_lib.models.utterances import embedded_root
+            from rvqspec_lib.data.utterances import embedded_root
 
             try:
                 embedded_root(args.model)

@@ -217,7 +217,7 @@ def _bench_inputs(lm, model: str, *, seed: int = 0, n: int = 16, names: str | No
     tree); random contexts otherwise (tokens per call then mean little: say so). ``names``: comma-separated
     decoder names of the grammar (:mod:`rvqspec_lib.decoding.decoder_names`) instead, labelled as written."""
     from rvqspec_lib.cli.common import build_decoder, check_decoder_files
-    from rvqspec_lib.eval.frame_sources import frames_from_shipped
+    from rvqspec_lib.data.frame_sources import frames_from_shipped
     from rvqspec_lib.eval.speed import random_contexts
     from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
     from rvqspec_lib.decoding.decoders import AR, Chain, Tree

@@ -71,7 +71,7 @@ def run(args, threads: int | None = None) -> int:
                                          parallel=par, language=args.language, max_items=args.max_utterances,
                                          progress=progress)
         else:
-            from rvqspec_lib.models.utterances import (
+            from rvqspec_lib.data.utterances import (
                 embedded_root,
                 load_shipped_utterances,
             )

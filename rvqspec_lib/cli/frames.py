@@ -60,7 +60,7 @@ def shipped_root(model: str) -> Path | None:
     ``None`` for models without them (tiny-random, hub ids, checkpoints without utterances.safetensors)."""
     from rvqspec_lib.models.drafter_files import model_drafter_dir
     from rvqspec_lib.models.loader import EMBEDDED_MODEL
-    from rvqspec_lib.models.utterances import embedded_root
+    from rvqspec_lib.data.utterances import embedded_root
 
     if model_drafter_dir(model) is None:
         return None
@@ -83,12 +83,12 @@ def frames_from_args(args, lm, split: str = "training", max_frames: int | None =
     the first ``max_frames`` (default --frames) of them."""
     import torch
 
-    from rvqspec_lib.eval.frame_sources import (
+    from rvqspec_lib.data.frame_sources import (
         DEFAULT_TEXTS,
         frames_from_model,
         frames_from_shipped,
     )
-    from rvqspec_lib.eval.frames import Frames
+    from rvqspec_lib.data.frames import Frames
 
     limit = args.frames if max_frames is None else max_frames
     if limit < 1:
@@ -96,7 +96,7 @@ def frames_from_args(args, lm, split: str = "training", max_frames: int | None =
     if args.frames_file:
         fr = Frames.load(args.frames_file)
     elif args.dataset:
-        from rvqspec_lib.eval.frame_sources import frames_from_dataset
+        from rvqspec_lib.data.frame_sources import frames_from_dataset
         from rvqspec_lib.models.speech_tokenizers import load_codec
 
         if not args.codec:

@@ -48,7 +48,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def _frames(path: str):
-    from rvqspec_lib.eval.frames import Frames
+    from rvqspec_lib.data.frames import Frames
     from rvqspec_lib.training.distributed import load_frame_shards
 
     p = Path(path)

@@ -83,7 +83,7 @@ def decoder_pairs(lm, codec, rows: Sequence[dict], codes: dict, *, batch_size: i
         lm: the trained model (its talker is teacher-forced, its code predictor samples codes 1..G-1).
         codec: the :class:`~rvqspec_lib.models.rvq_codec.RVQCodec` that made ``codes``.
         rows: manifest rows (``id``, ``path``, ``text``, ``voice``, ``language``).
-        codes: ``{id: (F, G) int}`` as :func:`rvqspec_lib.models.utterances.load_codes` returns.
+        codes: ``{id: (F, G) int}`` as :func:`rvqspec_lib.data.utterances.load_codes` returns.
     Raises:
         ValueError: a row without codes, or features whose frame count differs from its codes.
     """
@@ -91,7 +91,7 @@ def decoder_pairs(lm, codec, rows: Sequence[dict], codes: dict, *, batch_size: i
 
     from rvqspec_lib.eval.inner_loop import inner_loop_codes_batch
     from rvqspec_lib.models.audio import load_wav
-    from rvqspec_lib.models.utterances import utterances_from_manifest
+    from rvqspec_lib.data.utterances import utterances_from_manifest
 
     missing = [r["id"] for r in rows if r["id"] not in codes]
     if missing:

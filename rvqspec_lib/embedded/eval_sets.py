@@ -19,7 +19,7 @@ from typing import Sequence
 
 from rvqspec_lib.eval.datasets import LANGUAGES, encode_items, get_language, load_speech_dataset, speech_items
 from rvqspec_lib.models.audio import load_wav
-from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances
+from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 
 
 def _shipped(model, split: str, n: int | None, seed: int, role: str):
@@ -180,7 +180,7 @@ def calibrate_decoders(lm, utterances: Sequence, *, needs, calibration_path: str
         "n_frames": frames used, "from_file": path or None}``.
     """
     from rvqspec_lib.eval.calibration import BUDGETS, calibrate
-    from rvqspec_lib.eval.frame_sources import frames_from_utterances
+    from rvqspec_lib.data.frame_sources import frames_from_utterances
     from rvqspec_lib.eval.wer_parity import best_chain_window
     from rvqspec_lib.models.tree_files import load_calibration
     from rvqspec_lib.decoding.drafters import ReusedHeads

@@ -28,7 +28,7 @@ References: Qwen3-TTS (QwenLM/Qwen3-TTS, ``finetuning/sft_12hz.py`` for the weig
 warmup + cosine schedule).
 
 The teacher-forced passes themselves (prompt batches, talker pass, code-predictor states) are model access:
-:mod:`rvqspec_lib.models.teacher`. This module holds the losses, batches and evaluations of the embedded model's
+:mod:`rvqspec_lib.data.teacher`. This module holds the losses, batches and evaluations of the embedded model's
 training runs; the loop itself (budget, schedule, evaluation, best state, curve) is
 :func:`rvqspec_lib.training.loop.fit`.
 """
@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from rvqspec_lib.models.loader import LoadedModel, save_checkpoint
-from rvqspec_lib.models.teacher import (
+from rvqspec_lib.data.teacher import (
     IGNORE,
     TeacherForced,
     Utterance,

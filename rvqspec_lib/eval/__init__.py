@@ -1,3 +1,3 @@
-"""Layer 3, evaluation: frames and their sources, acceptance statistics, headroom, ASR and WER, benchmarks, plots.
-Imports only the layers below it (common, spec, models).
+"""Layer 4, evaluation: acceptance statistics, calibration, headroom, ASR and WER, benchmarks, plots.
+Imports only the layers below it (common, decoding, models, data).
 """

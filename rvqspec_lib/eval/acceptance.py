@@ -28,8 +28,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from rvqspec_lib.eval.frames import Frames
-from rvqspec_lib.models.teacher import teacher_forced_hidden, verifier_logits
+from rvqspec_lib.data.frames import Frames
+from rvqspec_lib.data.teacher import teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, DEFAULT_TREE, Chain, Tree
@@ -187,7 +187,7 @@ def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: F
     computed from the probabilities, so the interval only reflects which frames were drawn.
 
     Args:
-        frames: :class:`~rvqspec_lib.eval.frames.Frames` (its ``utterance`` field groups frames).
+        frames: :class:`~rvqspec_lib.data.frames.Frames` (its ``utterance`` field groups frames).
         confidence: of the interval, in (0, 1).
     Returns:
         ``{"mean_a", "mean_b", "difference", "ci_low", "ci_high", "confidence", "p_value", "n_frames",
@@ -421,7 +421,7 @@ def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, 
     """Empirical statistics for every decoder and exact tables, as one JSON-able dict.
 
     Args:
-        frames: :class:`~rvqspec_lib.eval.frames.Frames` or a ``(N, 2, talker_hidden)`` context tensor.
+        frames: :class:`~rvqspec_lib.data.frames.Frames` or a ``(N, 2, talker_hidden)`` context tensor.
         decoders: default Chain windows 2..8 and the default Tree.
         teacher_codes: ``"decoded"`` (default): the exact tables teacher-force the codes the first decoder committed
             (samples of p, what decoding meets); ``"frames"``: the frames' own codes (e.g. a dataset's).

@@ -29,7 +29,7 @@ from rvqspec_lib.eval.acceptance import (
     exact_statistics,
     predicted_tokens_per_call,
 )
-from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding import verify as rules
 from rvqspec_lib.decoding.decoders import Tree
@@ -116,7 +116,7 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
 
     Args:
         code_predictor: the official module. drafter: where q comes from (the trees are calibrated for it).
-        frames: calibration :class:`~rvqspec_lib.eval.frames.Frames` (codes: samples of p given the contexts).
+        frames: calibration :class:`~rvqspec_lib.data.frames.Frames` (codes: samples of p given the contexts).
         sampling: the deployed warpers. budgets: node budgets N (root included), each in 2..64.
         max_offset: deepest offset tabulated (default ``n_codes - 1``: a tree may reach the frame's end).
         max_rank: ranks tabulated for point-mass trees. max_children: children per node for sampled trees.
@@ -181,7 +181,7 @@ def calibration_frames(lm, model: str | None = None, *, max_frames: int | None =
     Raises:
         FileNotFoundError: the model ships no utterances. ValueError: no calibration split.
     """
-    from rvqspec_lib.eval.frame_sources import frames_from_contexts, frames_from_shipped
+    from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shipped
 
     real = frames_from_shipped(lm, model, "calibration", max_frames=max_frames, seed=seed, progress=progress)
     out = frames_from_contexts(lm.code_predictor, real.context, seed=seed)

@@ -8,7 +8,7 @@ be downloaded here; users who have it pass a local folder, or a hub id where the
   ``fleurs/de_de``) or a hub id, with the schema checked (a one-line error names the missing column);
 * :func:`speech_items`: the rows as ``{"id", "text", "wav", "sample_rate", "seconds"}`` (audio decoded with
   soundfile, no torchcodec needed);
-* :func:`encode_items`: rows -> :class:`~rvqspec_lib.models.teacher.Utterance` (text + codec codes) with the
+* :func:`encode_items`: rows -> :class:`~rvqspec_lib.data.teacher.Utterance` (text + codec codes) with the
   Table 1 fields (``seconds``, ``frames``);
 * :func:`speaking`: while inside, a phoneme model (the embedded one) reads the language's espeak-ng phonemes, and the
   prompt language is the one the checkpoint lists (``"auto"`` otherwise).
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from rvqspec_lib.models.audio import _decode_audio, resample
-from rvqspec_lib.models.teacher import Utterance
+from rvqspec_lib.data.teacher import Utterance
 
 
 @dataclass(frozen=True)

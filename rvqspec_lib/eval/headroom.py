@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from rvqspec_lib.eval.acceptance import _teacher_forced_batches
-from rvqspec_lib.eval.frames import Frames
-from rvqspec_lib.models.teacher import teacher_forced_hidden
+from rvqspec_lib.data.frames import Frames
+from rvqspec_lib.data.teacher import teacher_forced_hidden
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.drafters import draft_batch
 from rvqspec_lib.decoding.sampling import Sampling
@@ -70,7 +70,7 @@ def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None,
       drafters labelled by their ``name``, numbered when names repeat), its q warped like p.
 
     Args:
-        context: ``(N, 2, talker_hidden)``, or a :class:`~rvqspec_lib.eval.frames.Frames` (then ``codes`` is
+        context: ``(N, 2, talker_hidden)``, or a :class:`~rvqspec_lib.data.frames.Frames` (then ``codes`` is
             taken from it). codes: ``(N, n)`` codes 1..n, teacher-forced before each start depth. Which codes fill
             that prefix matters: the data's codes (``frames_from_shipped``) or samples of p (codes a decoder
             committed, as ``evaluate_acceptance`` uses) give slightly different acceptances (0.83 vs 0.85 for the

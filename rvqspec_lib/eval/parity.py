@@ -420,7 +420,7 @@ TABLE1_COLUMNS = ("split", "role", "language", "samples", "hours", "frames")
 def entries_used(entries: Sequence[Mapping], max_frames: int) -> list[dict]:
     """The Table 1 entries of the utterances a frame budget used, in order: the first utterances until
     ``max_frames`` frames (the last one cut, its ``seconds`` scaled to the frames kept), as
-    :func:`rvqspec_lib.eval.frame_sources.frames_from_utterances` takes them."""
+    :func:`rvqspec_lib.data.frame_sources.frames_from_utterances` takes them."""
     out, have = [], 0
     for e in entries:
         if have >= max_frames:

@@ -31,9 +31,9 @@ import torch
 
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval import parity as S
-from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.eval.inner_loop import speaker_batches
-from rvqspec_lib.models.teacher import as_utterance, teacher_forced_hidden, verifier_logits
+from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, parse_decoder
@@ -100,7 +100,7 @@ def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], 
     same frames, same seeds); ``seeds`` overrides ``seed`` per label (the null control ``ar-seed2``).
 
     Args:
-        frames: contexts (and utterance ids) from e.g. :func:`rvqspec_lib.eval.frame_sources.frames_from_utterances`.
+        frames: contexts (and utterance ids) from e.g. :func:`rvqspec_lib.data.frame_sources.frames_from_utterances`.
         decoders: ``{label: decoder}``. replicates: independent draws per frame (more power for the code tests).
         sampling: the deployed warpers (default temperature 0.9, top-k 50). drafter: default the reused heads.
         batch_size: frames per :func:`~rvqspec_lib.decoding.decode.decode_frame` call.
@@ -150,7 +150,7 @@ def verifier_ranks(code_predictor, context: torch.Tensor, codes: torch.Tensor, *
                    batch_size: int = 512) -> torch.Tensor:
     """Rank of every generated code under the verifier's warped p GIVEN ITS OWN PREFIX (0 = the most probable code).
 
-    One teacher-forced pass per frame (:func:`rvqspec_lib.models.teacher.teacher_forced_hidden`). Under a lossless
+    One teacher-forced pass per frame (:func:`rvqspec_lib.data.teacher.teacher_forced_hidden`). Under a lossless
     decoder code j is a sample of p(. | context, codes < j), so the law of its rank is AR's.
 
     Args:
@@ -359,7 +359,7 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
     front end (:func:`rvqspec_lib.eval.datasets.speaking`); the inner loop then runs on every frame.
 
     Args:
-        lm: the model. utterances: text + true codes (:class:`~rvqspec_lib.models.teacher.Utterance`).
+        lm: the model. utterances: text + true codes (:class:`~rvqspec_lib.data.teacher.Utterance`).
         decoders: ``{label: decoder}`` (e.g. :func:`standard_decoders`). language: ISO code.
         codec: codes -> audio that depends on codes 1..n (embedded: ``codec.with_decoder(None)``, the table decoder).
         asr: an :class:`~rvqspec_lib.eval.asr.ASR`; ``None``: no WER (the code tests still run).
@@ -375,7 +375,7 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
         ValueError: no utterance, no ``"ar"`` decoder, an unknown language.
     """
     from rvqspec_lib.eval.datasets import get_language, speaking
-    from rvqspec_lib.eval.frame_sources import frames_from_utterances
+    from rvqspec_lib.data.frame_sources import frames_from_utterances
 
     lang = get_language(language)
     if REFERENCE not in decoders:

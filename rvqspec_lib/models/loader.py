@@ -69,7 +69,7 @@ class LoadedModel:
             ``None`` for random models and hub ids. Functions that read those files take the loaded model and use
             this, instead of rebuilding the path from the name (:func:`rvqspec_lib.models.drafter_files.
             model_drafter_dir`, :func:`rvqspec_lib.models.tree_files.tree_file`,
-            :func:`rvqspec_lib.models.utterances.embedded_root`).
+            :func:`rvqspec_lib.data.utterances.embedded_root`).
     """
 
     name: str

@@ -1,2 +1,2 @@
-"""Layer 4, training: the one training loop and the drafter trainers. Imports only the layers below it.
+"""Layer 5, training: the one training loop and the drafter trainers. Imports only the layers below it.
 """

@@ -5,7 +5,7 @@ the drafter's epochs over them need several GPUs. Launched with ``accelerate lau
 (on CPUs too: the processes then talk over gloo), every process takes a contiguous SHARD of the data:
 
 * :func:`extract_frames`: each process runs the teacher-forced talker pass
-  (:func:`rvqspec_lib.eval.frame_sources.frames_from_utterances`, or ``frames_from_dataset`` on its shard of a
+  (:func:`rvqspec_lib.data.frame_sources.frames_from_utterances`, or ``frames_from_dataset`` on its shard of a
   ``datasets`` dataset) over its block of the utterances and writes ``frames-<rank>-of-<world>.safetensors``; the
   main process writes ``index.json``. :func:`load_frame_shards` reads them back in order: the same frames, in the
   same order with the same utterance ids, as one process would have made (exactly, with one utterance per talker
@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.data.frames import Frames
 
 SHARD_PATTERN = "frames-{rank:05d}-of-{world:05d}.safetensors"
 INDEX = "index.json"
@@ -169,7 +169,7 @@ def extract_frames(lm, utterances: Sequence, out_dir: str | os.PathLike, *, para
     Raises:
         ValueError: no utterances, or more processes than utterances.
     """
-    from rvqspec_lib.eval.frame_sources import frames_from_utterances
+    from rvqspec_lib.data.frame_sources import frames_from_utterances
 
     par = parallel or Parallel.detect()
     n = len(utterances)
@@ -188,7 +188,7 @@ def extract_dataset_frames(dataset, lm, codec, out_dir: str | os.PathLike, *, pa
                            max_items: int | None = None, progress: bool = False) -> Path:
     """:func:`extract_frames` for a ``datasets`` dataset of audio + text (VoxPopuli schema, the paper's training
     set): every process encodes its block of rows with ``codec`` and runs the talker pass
-    (:func:`rvqspec_lib.eval.frame_sources.frames_from_dataset`); utterance ids are the GLOBAL row indices.
+    (:func:`rvqspec_lib.data.frame_sources.frames_from_dataset`); utterance ids are the GLOBAL row indices.
 
     Args:
         dataset: a ``Dataset`` / ``DatasetDict`` or a ``save_to_disk`` folder. max_items: the first rows only.
@@ -199,7 +199,7 @@ def extract_dataset_frames(dataset, lm, codec, out_dir: str | os.PathLike, *, pa
     """
     import datasets as hf
 
-    from rvqspec_lib.eval.frame_sources import frames_from_dataset
+    from rvqspec_lib.data.frame_sources import frames_from_dataset
 
     par = parallel or Parallel.detect()
     if isinstance(dataset, (str, os.PathLike)):

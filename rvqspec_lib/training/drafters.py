@@ -2,7 +2,7 @@
 
 Paper: "teacher-forced hidden states and subsequent ground-truth codes; the verifier stream never consumes offset
 states". One parallel pass of the frozen code predictor per frame
-(:func:`rvqspec_lib.models.teacher.teacher_forced_hidden`, the pass of ``forward_finetune``) gives H_1..H_15; the
+(:func:`rvqspec_lib.data.teacher.teacher_forced_hidden`, the pass of ``forward_finetune``) gives H_1..H_15; the
 drafter maps H_k to logits for depths k+1..k+K; the loss (:func:`drafter_loss`) is
 
 * ``"ce"``: cross-entropy to the ground-truth codes (the paper's);
@@ -14,7 +14,7 @@ drafter maps H_k to logits for depths k+1..k+K; the loss (:func:`drafter_loss`) 
 
 The exact one-step acceptance E[sum_x min(p, q)] (q warped like p) is tracked on the validation split at every epoch;
 the epoch with the highest validation acceptance is kept (epoch 0 is the untrained drafter).
-Frames come from :mod:`rvqspec_lib.eval.frame_sources`.
+Frames come from :mod:`rvqspec_lib.data.frame_sources`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from rvqspec_lib.common.files import write_text_atomic
-from rvqspec_lib.eval.frames import Frames
-from rvqspec_lib.models.teacher import teacher_forced_hidden, verifier_logits
+from rvqspec_lib.data.frames import Frames
+from rvqspec_lib.data.teacher import teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.drafters import draft_batch
 from rvqspec_lib.decoding.sampling import Sampling

@@ -1,7 +1,7 @@
 """Frames for drafter training and acceptance statistics, and their file format.
 
 A frame is what the inner loop sees: ``context (2, talker_hidden)`` = [talker hidden state that emitted code 0, talker
-embedding of code 0], and the frame's ``codes`` 1..15. Sources are in :mod:`rvqspec_lib.eval.frame_sources`.
+embedding of code 0], and the frame's ``codes`` 1..15. Sources are in :mod:`rvqspec_lib.data.frame_sources`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where frames come from (a frame = an inner-loop context and the frame's codes 1..15, :class:`~rvqspec_lib.eval.frames.Frames`).
+"""Where frames come from (a frame = an inner-loop context and the frame's codes 1..15, :class:`~rvqspec_lib.data.frames.Frames`).
 
 * :func:`frames_from_model`: the model speaks texts with the frame loop (:func:`rvqspec_lib.models.frame.synthesize`),
   so the codes are samples of its own distribution p (what the decoder will meet);
@@ -10,7 +10,7 @@
 * :func:`frames_from_contexts`: given contexts, the inner loop samples the codes itself (no talker; tests).
 
 All but the last compute the contexts by ONE teacher-forced talker pass over the prompt and the codes' feedback
-(:func:`rvqspec_lib.models.teacher.teacher_forced_contexts`).
+(:func:`rvqspec_lib.data.teacher.teacher_forced_contexts`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from rvqspec_lib.common.progress import progress_bar
-from rvqspec_lib.eval.frames import Frames
+from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models.audio import _decode_audio, resample
-from rvqspec_lib.models.teacher import teacher_forced_contexts
+from rvqspec_lib.data.teacher import teacher_forced_contexts
 from rvqspec_lib.decoding.sampling import Sampling
 
 #: Texts spoken by :func:`frames_from_model` when none are given (short, varied English sentences).
@@ -173,7 +173,7 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
                            progress: bool = False, source: dict | None = None) -> Frames:
     """Teacher-forced frames of given utterances (text + ground-truth codes), e.g. the embedded model's shipped ones.
 
-    For every utterance, ONE teacher-forced talker pass (:func:`rvqspec_lib.models.teacher.talker_pass`, the exact inference
+    For every utterance, ONE teacher-forced talker pass (:func:`rvqspec_lib.data.teacher.talker_pass`, the exact inference
     layout: prompt, then each true frame fed back as the sum of its 16 code embeddings plus the text track) gives the
     inner-loop context of each frame, ``[talker hidden state that emitted code 0, talker embedding of the TRUE code
     0]`` (what :func:`teacher_forced_contexts` computes for one utterance); the targets are the true codes 1..G-1.
@@ -182,9 +182,9 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
 
     Args:
         lm: :class:`rvqspec_lib.models.loader.LoadedModel` whose talker gives the contexts.
-        utterances: :class:`rvqspec_lib.models.teacher.Utterance` objects (or anything :func:`rvqspec_lib.models.teacher.as_utterance`
+        utterances: :class:`rvqspec_lib.data.teacher.Utterance` objects (or anything :func:`rvqspec_lib.data.teacher.as_utterance`
             takes), codes ``(frames, n_code_groups)`` int, code 0 first; e.g. the second element of
-            :func:`rvqspec_lib.models.utterances.load_shipped_utterances`.
+            :func:`rvqspec_lib.data.utterances.load_shipped_utterances`.
         max_frames: stop once this many frames are collected: utterances are taken in input order and the last one
             is cut (a causal talker pass over its first frames gives the same contexts); ``None``: all.
         batch_size: utterances per talker pass.
@@ -199,7 +199,7 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
         ValueError: no utterances, ``max_frames < 1`` or ``batch_size < 1``, codes of the wrong shape or out of the
             codebook (the message names the utterance).
     """
-    from rvqspec_lib.models.teacher import Utterance, as_utterance, talker_pass
+    from rvqspec_lib.data.teacher import Utterance, as_utterance, talker_pass
 
     utts = [as_utterance(u) for u in utterances]
     if not utts:
@@ -265,12 +265,12 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
 def frames_from_shipped(lm, model: str | os.PathLike | None, split: str, *, max_frames: int | None = None,
                         seed: int | None = 0, batch_size: int = 8, progress: bool = False) -> Frames:
     """Teacher-forced frames of one split of the utterances that ship beside a model (the embedded model's
-    ``utterances.safetensors``): :func:`rvqspec_lib.models.utterances.load_shipped_utterances` then
+    ``utterances.safetensors``): :func:`rvqspec_lib.data.utterances.load_shipped_utterances` then
     :func:`frames_from_utterances`.
 
     Args:
         lm: the loaded model. model: its name or folder (``"embedded"``, ``build/embedded-smoke/model``), as
-            :func:`rvqspec_lib.models.utterances.embedded_root` takes it; ``None``: the loaded model's own folder
+            :func:`rvqspec_lib.data.utterances.embedded_root` takes it; ``None``: the loaded model's own folder
             (``lm.folder``).
         split: ``"training"``, ``"validation"`` or ``"evaluation"``.
         max_frames: frame limit (see :func:`frames_from_utterances`); ``None``: every frame of the split.
@@ -285,7 +285,7 @@ def frames_from_shipped(lm, model: str | os.PathLike | None, split: str, *, max_
     Raises:
         FileNotFoundError: the model ships no utterances. ValueError: a split it does not have, bad codes.
     """
-    from rvqspec_lib.models.utterances import embedded_root, load_shipped_utterances
+    from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 
     root = embedded_root(lm if model is None else model)
     path = root / "utterances.safetensors"

@@ -139,7 +139,7 @@ def talker_pass(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: f
 
     Frame t's input is the sum of its 16 code embeddings plus the text track (the text while it lasts, then
     ``tts_pad_embed``); position ids come from the mask as in the official prefill. Shared by :func:`teacher_force`
-    (training) and :func:`rvqspec_lib.models.teacher.teacher_forced_contexts` (inner-loop contexts).
+    (training) and :func:`rvqspec_lib.data.teacher.teacher_forced_contexts` (inner-loop contexts).
 
     Returns:
         ``(out, L, codes (B, F, G), valid (B, F) bool, frames (B,))``: ``out`` is the talker's output with hidden
@@ -259,7 +259,7 @@ def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str
                             speaker: str | None = None) -> torch.Tensor:
     """Inner-loop contexts of every frame of one utterance, from ONE teacher-forced talker pass.
 
-    The talker pass is :func:`rvqspec_lib.models.teacher.talker_pass` (the official prompt, then frame t fed as the sum of its
+    The talker pass is :func:`rvqspec_lib.data.teacher.talker_pass` (the official prompt, then frame t fed as the sum of its
     16 code embeddings plus the text track, exactly as :func:`rvqspec_lib.models.frame.synthesize` does step by step), so the
     hidden state that emits code 0 of frame t is the talker's last hidden state at prompt position L-1+t.
 
@@ -273,7 +273,7 @@ def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str
     Raises:
         ValueError: codes of the wrong shape or out of the codebook.
     """
-    from rvqspec_lib.models.teacher import Utterance, talker_pass
+    from rvqspec_lib.data.teacher import Utterance, talker_pass
 
     g = lm.n_code_groups
     codes = torch.as_tensor(codes, dtype=torch.long)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from rvqspec_lib.common.provenance import usual_mode
-from rvqspec_lib.models.teacher import Utterance
+from rvqspec_lib.data.teacher import Utterance
 
 
 def embedded_root(model: str | os.PathLike = "embedded") -> Path:
@@ -69,7 +69,7 @@ def load_shipped_utterances(path: str | os.PathLike, *, splits: Sequence[str] | 
         splits: keep only these splits (``"training"``, ``"validation"``, ``"evaluation"``); ``None``: all.
         limit: at most this many utterances per call (in file order), ``None``: all.
     Returns:
-        ``(rows, utterances)``: manifest-like dicts and :class:`~rvqspec_lib.models.teacher.Utterance` objects (codes
+        ``(rows, utterances)``: manifest-like dicts and :class:`~rvqspec_lib.data.teacher.Utterance` objects (codes
         ``(frames, G)`` int64), index-aligned.
     Raises:
         FileNotFoundError: the file or its ``.jsonl`` sibling is missing (names ``make embedded``).
@@ -121,7 +121,7 @@ def load_codes(path: str | os.PathLike) -> dict[str, np.ndarray]:
 def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray], *,
                              splits: Sequence[str] | None = None, speaker_key: str | None = "voice",
                              language: str = "auto") -> list[Utterance]:
-    """Training pairs: one :class:`~rvqspec_lib.models.teacher.Utterance` per manifest row that has codes.
+    """Training pairs: one :class:`~rvqspec_lib.data.teacher.Utterance` per manifest row that has codes.
 
     Args:
         rows: manifest rows (``id``, ``text``, ``split``, ``voice``).

@@ -134,11 +134,25 @@ def test_export_folder_check_passes_a_writable_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the probe leaves nothing
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder (the /proc test covers root)")
 def test_export_into_a_read_only_folder_fails_before_loading(tmp_path, capsys, monkeypatch):
+    """A chmod 555 folder. Root ignores mode bits, so as root the probe's refusal is what the kernel would answer a
+    user (EACCES), raised by the probe itself; as a user the real mode bits refuse it."""
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o555)
     monkeypatch.setattr(loader, "load_model", _no_load)
+    if os.geteuid() == 0:
+        import errno
+
+        from rvqspec_lib.common import files
+
+        real = files.temp_beside
+
+        def refuse(path, *a, **k):
+            if Path(path).parent == ro:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return real(path, *a, **k)
+
+        monkeypatch.setattr(files, "temp_beside", refuse)
     assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--out", str(ro)]) == 2
     assert f"chmod u+w {ro}" in _one_error_line(capsys.readouterr().err)
 

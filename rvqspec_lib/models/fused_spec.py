@@ -126,6 +126,7 @@ class FusedChainFrame:
         self.slots = self.n_codes + 1  # positions 0..n_codes - 1 + 1: the last code is never fed
         self.compiled = bool(compile)
         self.compile_s: dict[tuple, float] = {}
+        self.last_calls: list[int] = []  # calls (prefill + rounds) each row of the last frame took
         if compile:
             opts = dict(dynamic=False, fullgraph=True, options=compile_options)
             self._prefill, self._round = torch.compile(self.prefill, **opts), torch.compile(self.round, **opts)
@@ -263,10 +264,12 @@ class FusedChainFrame:
         with torch.inference_mode():
             codes, h, k, v = self._call(("prefill", b), self._prefill, context, u)
             s = [1] * b
+            self.last_calls = [1] * b
             while True:  # one host read per round: the rows' new depths
                 active = [d for d in sorted(set(s)) if d < self.n_codes]
                 if not active:
                     return codes
+                self.last_calls = [c + (d < self.n_codes) for c, d in zip(self.last_calls, s)]
                 if len(set(s)) == 1:  # every row at one depth (always for one frame)
                     codes, com, h = self._call((active[0], b), self._round, active[0], codes, h, k, v, u)
                     s = [d + c for d, c in zip(s, com.tolist())]

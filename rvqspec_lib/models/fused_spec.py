@@ -41,12 +41,13 @@ to acceptance) are rejected by the same test.
 from __future__ import annotations
 
 import time
+import types
 
 import torch
 import torch.nn.functional as F
 
 from rvqspec_lib.models.fused import warp_scores
-from rvqspec_lib.models.lean import RECOMPILE_LIMIT, LeanCodePredictor
+from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.spec import predictor as P
 from rvqspec_lib.spec.sampling import Sampling
 
@@ -100,6 +101,8 @@ class FusedChainFrame:
             :class:`rvqspec_lib.spec.decoders.Chain`.
         sampling: the code predictor's sampling (default temperature 0.9, top-k 50); ``top_p < 1`` is not supported
             inside the graph.
+        matmul: ``"torch"`` or ``"mgemv"`` (the multi-row AVX2 kernel), as
+            :class:`~rvqspec_lib.models.lean.LeanCodePredictor`.
         compile: compile the prefill and every round (``torch.compile(dynamic=False, fullgraph=True)``); ``False``
             runs the same functions eagerly (the reference path).
         compile_options: ``options=`` for ``torch.compile`` (e.g. ``{"cpp_wrapper": True}``).
@@ -109,8 +112,8 @@ class FusedChainFrame:
             refuses.
     """
 
-    def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, compile: bool = True,
-                 compile_options: dict | None = None):
+    def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, matmul: str = "torch",
+                 compile: bool = True, compile_options: dict | None = None):
         from rvqspec_lib.spec.decoders import Chain
 
         Chain(window)  # the same one-line error for a bad window
@@ -119,7 +122,7 @@ class FusedChainFrame:
             raise ValueError(f"the fused chain samples with temperature and top-k only; top_p={self.sampling.top_p} "
                              f"needs decode_frame(decoder=Chain({window}))")
         self.code_predictor = code_predictor
-        self.lean = LeanCodePredictor(code_predictor)
+        self.lean = LeanCodePredictor(code_predictor, matmul=matmul)
         self.window, self.K = int(window), int(window) - 1
         self.n_codes = P.n_codes(code_predictor)
         self.vocab = int(code_predictor.config.vocab_size)
@@ -127,12 +130,9 @@ class FusedChainFrame:
         self.compiled = bool(compile)
         self.compile_s: dict[tuple, float] = {}
         self.last_calls: list[int] = []  # calls (prefill + rounds) each row of the last frame took
-        if compile:
-            opts = dict(dynamic=False, fullgraph=True, options=compile_options)
-            self._prefill, self._round = torch.compile(self.prefill, **opts), torch.compile(self.round, **opts)
-        else:
-            self._prefill, self._round = self.prefill, self.round
-        self.name = f"fused-chain{window}" + ("-compiled" if compile else "")
+        self._opts = dict(dynamic=False, fullgraph=True, options=compile_options)
+        self._graphs: dict[tuple, object] = {}
+        self.name = f"fused-chain{window}" + ("-mgemv" if matmul == "mgemv" else "") + ("-compiled" if compile else "")
 
     # -- randomness ---------------------------------------------------------------------------------------------
     def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:
@@ -234,16 +234,23 @@ class FusedChainFrame:
         return codes, committed, h
 
     # -- the frame ----------------------------------------------------------------------------------------------
-    def _call(self, key, fn, *args):
+    def _call(self, key, *args):
+        """Run the prefill (``key = ("prefill", B)``) or the round of start depth s (``key = (s, B)``).
+
+        Compiled, every (s, B) gets a code object of its own (a copy of :func:`_entry`'s), so dynamo keeps ONE graph
+        per code object and a call evaluates one set of guards (not a search through every depth's graphs)."""
+        fn = (_entry_prefill if key[0] == "prefill" else _entry_round)
         if not self.compiled:
-            return fn(*args)
-        first = key not in self.compile_s
-        t0 = time.perf_counter()
-        with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
-            out = fn(*args)
-        if first:
+            return fn(self, key[0], *args)
+        graph = self._graphs.get(key)
+        if graph is None:
+            code = fn.__code__.replace(co_name=f"{fn.__name__}_{key[0]}_{key[1]}")
+            graph = self._graphs[key] = torch.compile(types.FunctionType(code, fn.__globals__), **self._opts)
+            t0 = time.perf_counter()
+            out = graph(self, key[0], *args)
             self.compile_s[key] = time.perf_counter() - t0
-        return out
+            return out
+        return graph(self, key[0], *args)
 
     def __call__(self, context: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Codes of ``B`` frames for given uniforms.
@@ -262,7 +269,7 @@ class FusedChainFrame:
         if tuple(u.shape) != want:
             raise ValueError(f"uniforms must have shape {want} (FusedChainFrame.uniforms), got {tuple(u.shape)}")
         with torch.inference_mode():
-            codes, h, k, v = self._call(("prefill", b), self._prefill, context, u)
+            codes, h, k, v = self._call(("prefill", b), context, u)
             s = [1] * b
             self.last_calls = [1] * b
             while True:  # one host read per round: the rows' new depths
@@ -271,14 +278,14 @@ class FusedChainFrame:
                     return codes
                 self.last_calls = [c + (d < self.n_codes) for c, d in zip(self.last_calls, s)]
                 if len(set(s)) == 1:  # every row at one depth (always for one frame)
-                    codes, com, h = self._call((active[0], b), self._round, active[0], codes, h, k, v, u)
+                    codes, com, h = self._call((active[0], b), codes, h, k, v, u)
                     s = [d + c for d, c in zip(s, com.tolist())]
                     continue
                 new_s = list(s)
                 for d in active:  # rows at different depths: one call per depth, on those rows
                     idx = torch.tensor([i for i, x in enumerate(s) if x == d], device=codes.device)
                     ks, vs = k[:, idx], v[:, idx]
-                    c, com, hh = self._call((d, len(idx)), self._round, d, codes[idx], h[idx], ks, vs, u[idx])
+                    c, com, hh = self._call((d, len(idx)), codes[idx], h[idx], ks, vs, u[idx])
                     codes[idx], h[idx], k[:, idx], v[:, idx] = c, hh, ks, vs
                     for i, x in zip(idx.tolist(), com.tolist()):
                         new_s[i] = s[i] + x
@@ -300,7 +307,17 @@ class FusedChainFrame:
             ctx = torch.zeros(batch, 2, P.talker_hidden_size(self.code_predictor), dtype=self.lean.dtype,
                               device=self.lean.device)
             u = torch.zeros(batch, self.n_codes, 2 * self.K + 1, dtype=torch.float64, device=self.lean.device)
-            codes, h, k, v = self._call(("prefill", batch), self._prefill, ctx, u)
+            codes, h, k, v = self._call(("prefill", batch), ctx, u)
             for s in range(1, self.n_codes):
-                self._call((s, batch), self._round, s, codes, h, k, v, u)
+                self._call((s, batch), codes, h, k, v, u)
         return time.perf_counter() - t0
+
+
+def _entry_prefill(frame: FusedChainFrame, _key, context, u):
+    """The prefill as a plain function (copied per batch size, then compiled: see ``FusedChainFrame._call``)."""
+    return frame.prefill(context, u)
+
+
+def _entry_round(frame: FusedChainFrame, s: int, codes, h, k, v, u):
+    """A round as a plain function (copied per start depth and batch size, then compiled)."""
+    return frame.round(s, codes, h, k, v, u)

@@ -128,3 +128,16 @@ def test_negative_control_is_rejected(monkeypatch, attr, broken):
     monkeypatch.setattr(FS, attr, broken)
     pval, df, g, n = _run("sharp", 4, DEFAULT, seed=777)
     assert pval < ALPHA, f"{attr} broken, yet the G-test passed (G={g:.1f} df={df} p={pval:.2e}, N={n})"
+
+
+@pytest.mark.slow
+def test_compile_all_builds_every_graph_a_frame_meets():
+    """After compile_all, frames compile nothing more (the round graphs see the strides a frame hands them)."""
+    small = build_from_config(tiny_config_dict(n_code_groups=6, codebook_size=8), seed=0).talker.code_predictor
+    f = FusedChainFrame(small, 2, compile=True)
+    f.compile_all(1)
+    before = dict(f.compile_s)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for seed in range(6):
+            f.decode(_ctx(small, 1, seed), torch.Generator().manual_seed(seed))
+    assert f.compile_s == before and set(before) == {("prefill", 1)} | {(s, 1) for s in range(1, 5)}

@@ -240,6 +240,8 @@ class FusedChainFrame:
         Compiled, every (s, B) gets a code object of its own (a copy of :func:`_entry`'s), so dynamo keeps ONE graph
         per code object and a call evaluates one set of guards (not a search through every depth's graphs)."""
         fn = (_entry_prefill if key[0] == "prefill" else _entry_round)
+        if key[0] != "prefill":  # h from the prefill graph may be strided, from a round contiguous: one graph for both
+            args = (args[0], args[1].clone(memory_format=torch.contiguous_format), *args[2:])  # exact strides
         if not self.compiled:
             return fn(self, key[0], *args)
         graph = self._graphs.get(key)
@@ -303,10 +305,11 @@ class FusedChainFrame:
         """Build the prefill graph and the round graph of every start depth for ``batch`` rows now (a frame meets
         only the depths it lands on; a benchmark must not compile inside a timed frame). Returns the seconds taken."""
         t0 = time.perf_counter()
+        # made outside inference mode, as decode's context and uniforms are (dynamo guards on the dispatch keys)
+        ctx = torch.zeros(batch, 2, P.talker_hidden_size(self.code_predictor), dtype=self.lean.dtype,
+                          device=self.lean.device)
+        u = torch.zeros(batch, self.n_codes, 2 * self.K + 1, dtype=torch.float64, device=self.lean.device)
         with torch.inference_mode():
-            ctx = torch.zeros(batch, 2, P.talker_hidden_size(self.code_predictor), dtype=self.lean.dtype,
-                              device=self.lean.device)
-            u = torch.zeros(batch, self.n_codes, 2 * self.K + 1, dtype=torch.float64, device=self.lean.device)
             codes, h, k, v = self._call(("prefill", batch), ctx, u)
             for s in range(1, self.n_codes):
                 self._call((s, batch), codes, h, k, v, u)

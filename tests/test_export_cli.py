@@ -100,7 +100,8 @@ def test_bench_backend_eager_prints_every_decoder_from_one_run(tmp_path, capsys)
     assert rc == 0, cap.err
     res = json.loads(out.read_text())
     rows = {r["decoder"]: r for r in res["rows"]}
-    assert set(rows) == {"AR", "chain4", "tree", "fused-AR"} and {r["backend"] for r in rows.values()} == {"eager"}
+    assert set(rows) == {"AR", "chain4", "tree", "fused-AR", "fused-chain4"} and \
+        {r["backend"] for r in rows.values()} == {"eager"}
     assert rows["AR"]["speedup_vs_ar"] == 1.0 and rows["fused-AR"]["speedup_vs_fused"] == 1.0
     for name, r in rows.items():  # the speedups are read off the medians of the same run
         assert r["speedup_vs_ar"] == pytest.approx(rows["AR"]["ms_per_frame"] / r["ms_per_frame"])

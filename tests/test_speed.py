@@ -90,3 +90,20 @@ def test_bad_input_is_one_line(cp):
 def test_format_rows():
     md = S.format_rows([{"a": 1.23456, "b": None, "c": "x"}])
     assert md.splitlines() == ["| a | b | c |", "|---|---|---|", "| 1.23 |  | x |"]
+
+
+def test_time_frames_fused_chain_rows(cp):
+    """The fused speculative chain as extra conditions: its own row per window, tokens per call from its calls."""
+    from rvqspec_lib.models.fused_spec import FusedChainFrame
+
+    chains = [FusedChainFrame(cp, w, compile=False) for w in (2, 4)]
+    out = S.time_frames(cp, S.random_contexts(cp, 2), {"AR": AR()}, {"lean": LeanCodePredictor(cp)},
+                        fused={"lean": FusedARFrame(cp, compile=False)}, fused_spec={"lean": chains}, repeats=2,
+                        warmup=1, progress=False)
+    rows = {(r["decoder"], r["backend"]): r for r in out["rows"]}
+    assert set(rows) == {("AR", "lean"), (S.FUSED, "lean"), ("fused-chain2", "lean"), ("fused-chain4", "lean")}
+    for w in (2, 4):
+        r = rows[(f"fused-chain{w}", "lean")]
+        assert r["nodes"] == w and 1.0 <= r["tokens_per_call"] <= 15 / 2
+        assert 15 / 8 <= r["calls_per_frame"] <= 15  # a round commits 1..window codes
+        assert r["speedup_vs_ar"] > 0 and r["speedup_vs_fused"] > 0 and r["heads_ms"] == 0

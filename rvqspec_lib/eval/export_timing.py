@@ -317,9 +317,14 @@ def _summarise(cmp: list[dict], dtype: str, tol: float) -> dict:
 def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, object],
                 backends: Sequence[str] = ("eager", "onnx"), *, fused: bool = True, repeats: int = 20,
                 warmup: int = 2, seed: int = 0, sampling=None, work_dir=None, threads: int | None = None,
-                random_weights: bool | None = None, progress: bool = True, built: Mapping | None = None) -> dict:
+                random_weights: bool | None = None, progress: bool = True, built: Mapping | None = None,
+                fused_chains: Sequence[int] = ()) -> dict:
     """Frame times of every decoder through every AVAILABLE backend in one interleaved run
     (:func:`rvqspec_lib.eval.speed.time_frames`), the fused AR frame of each beside them.
+
+    ``fused_chains``: windows of the fused speculative chain (:class:`~rvqspec_lib.models.fused_spec.FusedChainFrame`,
+    one graph a round) timed through the ``eager`` and ``compile`` backends beside them (rows ``fused-chain{N}``; every
+    round graph is built before timing, its seconds in ``build_s["<backend>/fused-chain<N>"]``).
 
     Args:
         decoders: ``{label: decoder}`` (include ``AR()``: speedups are over AR of the same backend).
@@ -345,9 +350,20 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         be[name] = pair[0]
         if fused and pair[1] is not None:
             fz[name] = pair[1]
+    chains = {}
+    for name in (n for n in be if n in ("eager", "compile")):
+        from rvqspec_lib.models.fused_spec import FusedChainFrame
+
+        for w in fused_chains:
+            t0 = time.perf_counter()
+            frame = FusedChainFrame(code_predictor, int(w), sampling, compile=name == "compile")
+            frame.compile_all(1)
+            chains.setdefault(name, []).append(frame)
+            build_s[f"{name}/fused-chain{int(w)}"] = round(time.perf_counter() - t0, 1)
     cpu = {k: v for k, v in be.items() if k != "cuda"}
     res = speed.time_frames(code_predictor, contexts, decoders, cpu, fused={k: v for k, v in fz.items()
                                                                             if k != "cuda"} or None,
+                            fused_spec=chains or None,
                             sampling=sampling, repeats=repeats, warmup=warmup, seed=seed,
                             random_weights=random_weights, progress=progress) if cpu else {"rows": [], "meta": {}}
     if "cuda" in be:  # another device: its own interleaved run, the GPU synchronised before each clock read
@@ -357,7 +373,7 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         res.setdefault("meta", {})["cuda"] = dev["meta"]
     n_of = {label: node_budget(d) for label, d in decoders.items()}
     for r in res["rows"]:
-        r["nodes"] = n_of.get(r["decoder"])
+        r["nodes"] = n_of.get(r["decoder"], r.get("nodes"))
     res["absent"], res["build_s"] = absent, build_s
     res["built"] = {name: (be[name], fz.get(name)) for name in be}  # reusable by verify_costs (built=)
     return res
@@ -621,12 +637,15 @@ def device_verify_costs(code_predictor, backend, *, label: str = "cuda",
 # ----------------------------------------------------------------------------------------------------------------
 def bench_backend(name: str, code_predictor, contexts: torch.Tensor, *, decoders: Mapping | None = None,
                   repeats: int = 20, warmup: int = 2, seed: int = 0, threads: int | None = None, work_dir=None,
-                  random_weights: bool | None = None, progress: bool = True) -> dict:
+                  random_weights: bool | None = None, progress: bool = True,
+                  fused_chains: Sequence[int] = (4,)) -> dict:
     """Frame times of AR, the fused frame and speculative decoders through ONE backend (what ``rvqspec bench
     --backend NAME`` prints): :func:`frame_times` with ``backends=[name]`` plus its :func:`summary_by_backend` row.
 
     Args:
         name: one of :data:`BACKENDS`. decoders: default AR, ``Chain(4)`` and the default tree.
+        fused_chains: windows of the fused speculative chain timed beside them (``eager`` and ``compile`` only;
+            default ``(4,)``, the row ``fused-chain4``).
         Others as :func:`frame_times`.
 
     Returns:
@@ -644,7 +663,8 @@ def bench_backend(name: str, code_predictor, contexts: torch.Tensor, *, decoders
                          "through bench")
     decoders = decoders or {"AR": AR(), "chain4": Chain(4), "tree": Tree()}
     res = frame_times(code_predictor, contexts, decoders, [name], repeats=repeats, warmup=warmup, seed=seed,
-                      threads=threads, work_dir=work_dir, random_weights=random_weights, progress=progress)
+                      threads=threads, work_dir=work_dir, random_weights=random_weights, progress=progress,
+                      fused_chains=fused_chains)
     return {"rows": res["rows"], "summary": summary_by_backend(res["rows"]), "meta": res["meta"],
             "build_s": res["build_s"]}
 

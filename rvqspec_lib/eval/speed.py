@@ -44,6 +44,8 @@ PREFIX_LEN = 8
 BATCH_SIZES = (1, 4, 16)
 #: Label of the fused AR frame's rows.
 FUSED = "fused-AR"
+#: Label of the fused speculative chain's rows, followed by its window (``fused-chain4``).
+FUSED_SPEC = "fused-chain"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -187,6 +189,7 @@ def random_contexts(code_predictor, n: int, *, seed: int = 0, scale: float = 1.0
 # ----------------------------------------------------------------------------------------------------------------
 def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, object],
                 backends: Mapping[str, object], *, fused: Mapping[str, object] | None = None,
+                fused_spec: Mapping[str, object] | None = None,
                 sampling: Sampling | None = None, drafter=None, repeats: int = 20, warmup: int = 2, seed: int = 0,
                 random_weights: bool | None = None, progress: bool = True) -> dict:
     """Time one frame (batch 1) of every decoder through every backend, interleaved (see the module docstring).
@@ -199,6 +202,10 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
             LeanCodePredictor(cp)}``).
         fused: ``{label: FusedARFrame}`` timed as extra conditions (decoder :data:`FUSED`); the first gives
             ``speedup_vs_fused``. Its noise generation counts in its frame time (as ``outside_ms``).
+        fused_spec: ``{label: FusedChainFrame or a list of them}`` (:mod:`rvqspec_lib.models.fused_spec`, one graph a round) timed as
+            extra conditions, decoder ``fused-chain{window}`` and ``nodes`` = the window; its uniforms count in its
+            frame time (as ``outside_ms``), its compiled calls as ``model_ms``; build every round graph first
+            (``compile_all``) or warm-up frames compile only the depths they meet.
         sampling: the code predictor's warpers (default: the checkpoints'). drafter: default reused heads.
         repeats: timed frames per condition. warmup: untimed frames per condition first (compiled backends compile
             there; their compile times are in ``meta["compile_s"]``). random_weights: recorded in ``meta``.
@@ -218,7 +225,7 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
     contexts = _check_contexts(code_predictor, contexts)
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
-    if not (decoders and backends) and not fused:
+    if not (decoders and backends) and not fused and not fused_spec:
         raise ValueError("nothing to time: give decoders and backends, or a fused frame")
     sampling = Sampling() if sampling is None else sampling
     drafter = ReusedHeads() if drafter is None else drafter
@@ -244,6 +251,17 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
             clock.model_s += time.perf_counter() - t0
             return None, 1.0
         conditions[(FUSED, fname)] = run_fused
+    spec_frames = [(fname, f) for fname, fs in (fused_spec or {}).items()
+                   for f in (fs if isinstance(fs, (list, tuple)) else [fs])]
+    for fname, frame in spec_frames:
+        def run_spec(ctx, gen, frame=frame):
+            u = frame.uniforms(ctx.shape[0], gen)  # outside the calls: it counts as outside_ms
+            t0 = time.perf_counter()
+            frame(ctx, u)
+            clock.model_s += time.perf_counter() - t0
+            calls = statistics.fmean(frame.last_calls)
+            return frame.n_codes / calls, calls
+        conditions[(f"{FUSED_SPEC}{frame.window}", fname)] = run_spec
     keys = list(conditions)
     n_ctx = contexts.shape[0]
     for key in keys:  # warm-up (and compilation)
@@ -272,7 +290,8 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         d = per[key]
         fr = _summary(d["frame"])
         outside = [f - m - h for f, m, h in zip(d["frame"], d["model"], d["heads"])]
-        rows.append({"decoder": key[0], "backend": key[1],
+        nodes = {"nodes": int(key[0][len(FUSED_SPEC):])} if key[0].startswith(FUSED_SPEC) else {}
+        rows.append({"decoder": key[0], "backend": key[1], **nodes,
                      "tokens_per_call": None if key[0] == FUSED else statistics.fmean(d["tpc"]),  # 1 call
                      "calls_per_frame": statistics.fmean(d["calls"]),
                      "ms_per_frame": fr["median"], "p10_ms": fr["p10"], "p90_ms": fr["p90"],
@@ -290,7 +309,9 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
             "n_contexts": int(n_ctx), "seed": seed, "sampling": repr(sampling),
             "drafter": getattr(drafter, "name", type(drafter).__name__), **load.describe(),
             "compile_s": {name: {str(k): round(v, 1) for k, v in getattr(b, "compile_s", {}).items()}
-                          for name, b in {**backends, **(fused or {})}.items() if getattr(b, "compile_s", None)}}
+                          for name, b in {**backends, **(fused or {})}.items() if getattr(b, "compile_s", None)},
+            "fused_spec_compile_s": {f"{name}/{f.name}": round(sum(f.compile_s.values()), 1)
+                                     for name, f in spec_frames if getattr(f, "compile_s", None)}}
     return {"rows": rows, "meta": meta}
 
 

@@ -28,6 +28,22 @@ from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.sampling import Sampling
 
 
+def warp_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Warped float32 scores ``(..., V)`` of ``(..., V)`` logits, as :meth:`Sampling.probs` computes them before its
+    softmax: temperature, then top-k keeping every code tied with the k-th (-inf elsewhere), as transformers'
+    ``TemperatureLogitsWarper`` and ``TopKLogitsWarper``; the float32 logits unchanged when greedy. Pure tensor code
+    (traceable into a compiled graph); ``top_p`` is not applied."""
+    s = logits.to(torch.float32)
+    if sampling.greedy:
+        return s
+    if sampling.temperature != 1.0:
+        s = s / sampling.temperature
+    if sampling.top_k != 0:
+        kth = torch.topk(s, min(sampling.top_k, s.shape[-1]))[0][..., -1:]
+        s = s.masked_fill(s < kth, float("-inf"))
+    return s
+
+
 class FusedARFrame:
     """One frame of AR decoding as one call (see the module docstring).
 
@@ -70,15 +86,7 @@ class FusedARFrame:
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         """Warped float32 scores, as ``Sampling.probs`` computes them before its softmax (temperature, then top-k
         keeping every code tied with the k-th, -inf elsewhere)."""
-        s = logits.to(torch.float32)
-        if self.sampling.greedy:
-            return s
-        if self.sampling.temperature != 1.0:
-            s = s / self.sampling.temperature
-        if self.sampling.top_k != 0:
-            kth = torch.topk(s, min(self.sampling.top_k, s.shape[-1]))[0][..., -1:]
-            s = s.masked_fill(s < kth, float("-inf"))
-        return s
+        return warp_scores(logits, self.sampling)
 
     def frame(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """The frame as a pure function (what is compiled).

@@ -1,0 +1,326 @@
+"""The fused speculative frame: Chain(window) with draft -> verify -> accept -> commit as ONE compiled graph a round.
+
+:class:`FusedChainFrame` decodes a frame as :func:`rvqspec_lib.spec.decode.decode_frame` does with
+``decoder=Chain(window)`` and the reused heads as drafter (docs/methods.md#the-fused-speculative-round), but each round
+is one pure tensor function of its inputs, over the lean layer stack (:mod:`rvqspec_lib.models.lean`: the official
+module's parameters, read in place), compiled with ``torch.compile(dynamic=False, fullgraph=True)``:
+
+1. draft: ``q_j = warp(lm_head[s+j-1](H_s))`` for the ``D = min(window - 1, n_codes - s)`` depths ``s+1..s+D``, each
+   draft drawn from its q by the inverse CDF of one uniform;
+2. verify: ONE call of the layer stack over the root (code s) and the drafts that have a code after them, at slots
+   = positions ``s+1..`` of a fixed-size cache (a chain's accepted nodes are a prefix: no compaction), then
+   ``p_i = warp(lm_head[s+i](hidden_i))``;
+3. accept: draft j with probability ``min(1, p_{j-1}(x_j) / q_j(x_j))`` (TensorRT-Edge-LLM's rule; the same
+   :func:`rvqspec_lib.spec.verify.acceptance_ratio` arithmetic), every draft's test computed at once and the accepted
+   count the length of the leading run of accepts; on the first rejection the next code is drawn from
+   ``norm(max(p - q, 0))``, after a fully accepted chain the bonus code from the last node's p;
+4. commit: codes written by column, the accepted nodes' KV kept where they are (later slots are overwritten by the
+   next round, and masked until then), the hidden state of the last accepted node returned for the next round.
+
+The start depth s is a Python int of the round function, so every shape, head, table, mask and slot index of a round
+is static: one graph per start depth (14 on a 16-codebook model) and per batch size, compiled once
+(:meth:`FusedChainFrame.compile_all`). The one host check per round is reading the new s (which graph comes next;
+``n_codes`` = done). A batch whose rows stand at different depths runs one call per depth present, on those rows.
+
+Randomness (the uniform order). A frame draws ALL its uniforms up front, :meth:`FusedChainFrame.uniforms`: one
+``torch.rand(B, n_codes, 2 K + 1, dtype=float64)`` with ``K = window - 1``, row-major. Row b's block ``U[b, s]`` is
+used by the round that starts after committed code s (s strictly grows, so each block is used at most once):
+``U[b, s, 0:K]`` draw the drafts of depths s+1..s+K, ``U[b, s, K:2K]`` the acceptance tests of drafts 1..K,
+``U[b, s, 2K]`` the residual or bonus code; ``U[b, 0, 0]`` draws code 1 in the prefill. Entries a round does not need
+(drafts past the last depth, tests after a rejection) are skipped, never shifted, so a row's codes depend on its own
+uniforms only: the same seed gives the same codes eagerly, compiled, alone or in any batch (tests/test_fused_spec.py).
+A code is drawn from a distribution p by the inverse CDF, the first code whose float64 cumulative mass exceeds
+``u * sum(p)``: exactly p up to float64 rounding, a code of mass 0 never.
+
+What is tested (tests/test_fused_spec.py): greedy codes equal AR's code for code; eager and compiled give the same
+codes for the same uniforms; the joint distribution of the codes equals the exact AR pmf (the G-test of
+tests/test_lossless.py), and negative controls (always accept; drafts drawn at another temperature than the q handed
+to acceptance) are rejected by the same test.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+
+import torch
+import torch.nn.functional as F
+
+from rvqspec_lib.models.fused import warp_scores
+from rvqspec_lib.models.lean import LeanCodePredictor
+from rvqspec_lib.spec import predictor as P
+from rvqspec_lib.spec.sampling import Sampling
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One code per row drawn from ``probs`` with one uniform each.
+
+    Args:
+        probs: ``(B, V)`` float, non-negative, rows need not be normalised. u: ``(B,)`` float64 in [0, 1).
+
+    Returns:
+        ``(B,)`` int64: the first code whose cumulative mass (float64) exceeds ``u * total``; a code of mass 0 is never
+        returned (a rounding overshoot is clamped to the last code with mass).
+    """
+    cdf = torch.cumsum(probs.to(torch.float64), -1)
+    x = u * cdf[:, -1]
+    idx = (cdf <= x[:, None]).sum(-1)
+    v = probs.shape[-1]
+    last = (v - 1) - torch.flip(probs > 0, (-1,)).to(torch.int64).argmax(-1)
+    return torch.minimum(idx, last)
+
+
+def draft_codes(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The drafts: ``(B, V)`` q and ``(B,)`` uniforms -> ``(B,)`` codes (:func:`inverse_cdf`). A module-level function
+    so that a test can substitute a deliberately broken sampler (negative control, eager only)."""
+    return inverse_cdf(q, u)
+
+
+def acceptance(p: torch.Tensor, x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """``min(1, p(x) / q(x))`` with p normalised, as :func:`rvqspec_lib.spec.verify.acceptance_ratio` computes it.
+
+    Args: p ``(B, V)`` float32; x ``(B,)`` int64; q_x ``(B,)`` float32. Returns ``(B,)`` float32. Module-level so a
+    negative control can replace it (eager only)."""
+    p_x = p.gather(1, x[:, None]).squeeze(1) / p.sum(-1).clamp_min(1e-30)
+    return torch.clamp(p_x / q_x.clamp_min(1e-30), max=1.0)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``max(norm(p) - q, 0)`` for ``(B, V)`` p and q; a row left with no mass (p == q up to rounding) falls back to p,
+    the exact answer there (as :func:`rvqspec_lib.spec.verify.residual`)."""
+    out = torch.clamp(p / p.sum(-1, keepdim=True).clamp_min(1e-30) - q, min=0.0)
+    return torch.where(out.sum(-1, keepdim=True) > 0, out, p)
+
+
+class FusedChainFrame:
+    """Chain(window) speculation with one compiled graph per round (see the module docstring).
+
+    Args:
+        code_predictor: the official module (its parameters are read in place).
+        window: the Chain window N, 2..8 (the committed code plus N - 1 drafts), as
+            :class:`rvqspec_lib.spec.decoders.Chain`.
+        sampling: the code predictor's sampling (default temperature 0.9, top-k 50); ``top_p < 1`` is not supported
+            inside the graph.
+        matmul: ``"torch"`` or ``"mgemv"`` (the multi-row AVX2 kernel), as
+            :class:`~rvqspec_lib.models.lean.LeanCodePredictor`.
+        compile: compile the prefill and every round (``torch.compile(dynamic=False, fullgraph=True)``); ``False``
+            runs the same functions eagerly (the reference path).
+        compile_options: ``options=`` for ``torch.compile`` (e.g. ``{"cpp_wrapper": True}``).
+
+    Raises:
+        ValueError: a window outside 2..8, ``top_p < 1``, what :class:`~rvqspec_lib.models.lean.LeanCodePredictor`
+            refuses.
+    """
+
+    def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, matmul: str = "torch",
+                 compile: bool = True, compile_options: dict | None = None):
+        from rvqspec_lib.spec.decoders import Chain
+
+        Chain(window)  # the same one-line error for a bad window
+        self.sampling = Sampling() if sampling is None else sampling
+        if not self.sampling.greedy and self.sampling.top_p < 1.0:
+            raise ValueError(f"the fused chain samples with temperature and top-k only; top_p={self.sampling.top_p} "
+                             f"needs decode_frame(decoder=Chain({window}))")
+        self.code_predictor = code_predictor
+        self.lean = LeanCodePredictor(code_predictor, matmul=matmul)
+        self.window, self.K = int(window), int(window) - 1
+        self.n_codes = P.n_codes(code_predictor)
+        self.vocab = int(code_predictor.config.vocab_size)
+        self.slots = self.n_codes + 1  # positions 0..n_codes - 1 + 1: the last code is never fed
+        self.compiled = bool(compile)
+        self.compile_s: dict[tuple, float] = {}
+        self.last_calls: list[int] = []  # calls (prefill + rounds) each row of the last frame took
+        self._opts = dict(dynamic=False, fullgraph=True, options=compile_options)
+        self._graphs: dict[tuple, object] = {}
+        self.name = f"fused-chain{window}" + ("-mgemv" if matmul == "mgemv" else "") + ("-compiled" if compile else "")
+
+    # -- randomness ---------------------------------------------------------------------------------------------
+    def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        """A frame's uniforms, ``(B, n_codes, 2 K + 1)`` float64, one ``torch.rand`` from ``generator`` (the order:
+        module docstring)."""
+        return torch.rand(batch, self.n_codes, 2 * self.K + 1, generator=generator, dtype=torch.float64,
+                          device=self.lean.device)
+
+    # -- the graphs ---------------------------------------------------------------------------------------------
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Warped float32 probabilities, equal to :meth:`Sampling.probs` (temperature then top-k; one-hot argmax when
+        greedy)."""
+        if self.sampling.greedy:
+            return F.one_hot(logits.to(torch.float32).argmax(-1), logits.shape[-1]).to(torch.float32)
+        return torch.softmax(warp_scores(logits, self.sampling), -1)
+
+    def _head(self, h: torch.Tensor, i: int) -> torch.Tensor:
+        return self.lean.linear(h, self.code_predictor.lm_head[i].weight)
+
+    def _mask(self, first_pos: int, q_len: int, b: int, device) -> torch.Tensor:
+        slot = torch.arange(self.slots, device=device)
+        pos = torch.arange(first_pos, first_pos + q_len, device=device)
+        mask = torch.zeros(q_len, self.slots, dtype=self.lean.dtype, device=device)
+        mask = mask.masked_fill(slot[None, :] > pos[:, None], self.lean.mask_min)  # causal by position = slot
+        return mask[None, None].expand(b, 1, q_len, self.slots)
+
+    def _stack(self, x: torch.Tensor, first_pos: int, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The layer stack over ``x`` ``(B, Q, H)`` at positions (= slots) ``first_pos..first_pos+Q-1``."""
+        lean, (b, q_len, _) = self.lean, x.shape
+        cos = lean.cos[first_pos:first_pos + q_len][None, None].expand(b, 1, q_len, -1)
+        sin = lean.sin[first_pos:first_pos + q_len][None, None].expand(b, 1, q_len, -1)
+        write = torch.arange(first_pos, first_pos + q_len, device=x.device)
+        write = write[None, None, :, None].expand(b, lean.n_kv, q_len, lean.head_dim)
+        return lean.stack(x, cos, sin, self._mask(first_pos, q_len, b, x.device), write, k, v)
+
+    def prefill(self, context: torch.Tensor, u: torch.Tensor):
+        """The frame's first call (what is compiled): positions 0, 1 = the projected context -> code 1.
+
+        Args:
+            context: ``(B, 2, talker_hidden)``. u: ``(B, n_codes, 2K+1)`` the frame's uniforms (``u[:, 0, 0]`` used).
+
+        Returns:
+            ``(codes (B, n_codes) int64 with code 1 in column 0, H_1 (B, H), k cache, v cache)``.
+        """
+        cp, lean = self.code_predictor, self.lean
+        b = context.shape[0]
+        shape = (lean.n_layers, b, lean.n_kv, self.slots, lean.head_dim)
+        k = torch.zeros(shape, dtype=lean.dtype, device=context.device)
+        v = torch.zeros(shape, dtype=lean.dtype, device=context.device)
+        h = self._stack(cp.small_to_mtp_projection(context.to(lean.dtype)), 0, k, v)[:, 1]
+        code = inverse_cdf(self.probs(self._head(h, 0)), u[:, 0, 0])
+        codes = torch.cat([code[:, None], torch.zeros(b, self.n_codes - 1, dtype=torch.long, device=code.device)], 1)
+        return codes, h, k, v
+
+    def round(self, s: int, codes: torch.Tensor, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              u: torch.Tensor):
+        """One speculative round after committed code ``s`` (what is compiled, one graph per s).
+
+        Args:
+            s: the last committed depth, 1..n_codes-1, the same for every row. codes: ``(B, n_codes)`` int64.
+            h: ``(B, H)`` the hidden state that produced code s. k, v: the caches (written in place at slots
+            ``s+1..``). u: the frame's uniforms ``(B, n_codes, 2K+1)`` (block ``u[:, s]`` used).
+
+        Returns:
+            ``(codes (B, n_codes), committed (B,) int64 codes added (1..window), h (B, H) for the next round)``.
+        """
+        cp, n, kk = self.code_predictor, self.n_codes, self.K
+        b, rows = codes.shape[0], torch.arange(codes.shape[0], device=codes.device)
+        ur = u[:, s]  # (B, 2K+1)
+        n_draft = min(kk, n - s)  # drafts at depths s+1..s+D
+        q_len = 1 + min(kk, n - 1 - s)  # nodes with a code after them: the root and drafts below depth n
+        bonus = q_len == n_draft + 1  # a fully accepted chain leaves a code to sample
+        # 1. draft
+        q = [self.probs(self._head(h, s + j - 1)) for j in range(1, n_draft + 1)]
+        x = [draft_codes(q[j], ur[:, j]) for j in range(n_draft)]
+        # 2. verify
+        node_codes = [codes[:, s - 1]] + x[:q_len - 1]
+        emb = torch.stack([F.embedding(c, cp.model.codec_embedding[s - 1 + i].weight)
+                           for i, c in enumerate(node_codes)], 1)  # node i: code of depth s+i
+        hid = self._stack(cp.small_to_mtp_projection(emb), s + 1, k, v)  # (B, Q, H)
+        p = [self.probs(self._head(hid[:, i], s + i)) for i in range(q_len)]  # p_i: depth s+i+1
+        # 3. accept
+        acc = torch.stack([ur[:, kk + j] < acceptance(p[j], x[j], q[j].gather(1, x[j][:, None]).squeeze(1))
+                           for j in range(n_draft)], 1)
+        n_acc = torch.cumprod(acc.to(torch.int64), 1).sum(1)  # (B,) leading accepts
+        final = [residual(p[j], q[j]) for j in range(n_draft)] + ([p[n_draft]] if bonus else [])
+        final = torch.stack(final, 1)
+        nxt = inverse_cdf(final[rows, n_acc.clamp(max=final.shape[1] - 1)], ur[:, 2 * kk])
+        has_next = n_acc < n_draft if not bonus else torch.ones_like(acc[:, 0])
+        # 4. commit: columns s..s+width-1 hold depths s+1..s+width
+        width = n_draft + int(bonus)
+        j = torch.arange(width, device=codes.device)[None, :]
+        xs = torch.stack(x + ([x[0]] if bonus else []), 1)  # (B, width); the bonus column's draft is never used
+        block = torch.where(j < n_acc[:, None], xs, torch.where((j == n_acc[:, None]) & has_next[:, None],
+                                                                 nxt[:, None], codes[:, s:s + width]))
+        codes = torch.cat([codes[:, :s], block, codes[:, s + width:]], 1)
+        committed = n_acc + has_next.to(torch.int64)
+        h = hid[rows, n_acc.clamp(max=q_len - 1)]
+        return codes, committed, h
+
+    # -- the frame ----------------------------------------------------------------------------------------------
+    def _call(self, key, *args):
+        """Run the prefill (``key = ("prefill", B)``) or the round of start depth s (``key = (s, B)``).
+
+        Compiled, every (s, B) gets a code object of its own (a copy of :func:`_entry`'s), so dynamo keeps ONE graph
+        per code object and a call evaluates one set of guards (not a search through every depth's graphs)."""
+        fn = (_entry_prefill if key[0] == "prefill" else _entry_round)
+        if key[0] != "prefill":  # h from the prefill graph may be strided, from a round contiguous: one graph for both
+            args = (args[0], args[1].clone(memory_format=torch.contiguous_format), *args[2:])  # exact strides
+        if not self.compiled:
+            return fn(self, key[0], *args)
+        graph = self._graphs.get(key)
+        if graph is None:
+            code = fn.__code__.replace(co_name=f"{fn.__name__}_{key[0]}_{key[1]}")
+            graph = self._graphs[key] = torch.compile(types.FunctionType(code, fn.__globals__), **self._opts)
+            t0 = time.perf_counter()
+            out = graph(self, key[0], *args)
+            self.compile_s[key] = time.perf_counter() - t0
+            return out
+        return graph(self, key[0], *args)
+
+    def __call__(self, context: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Codes of ``B`` frames for given uniforms.
+
+        Args:
+            context: ``(B, 2, talker_hidden)``. u: ``(B, n_codes, 2K+1)`` float64 (:meth:`uniforms`).
+
+        Returns:
+            ``(B, n_codes)`` int64 codes 1..n_codes.
+
+        Raises:
+            ValueError: uniforms of the wrong shape.
+        """
+        b = context.shape[0]
+        want = (b, self.n_codes, 2 * self.K + 1)
+        if tuple(u.shape) != want:
+            raise ValueError(f"uniforms must have shape {want} (FusedChainFrame.uniforms), got {tuple(u.shape)}")
+        with torch.inference_mode():
+            codes, h, k, v = self._call(("prefill", b), context, u)
+            s = [1] * b
+            self.last_calls = [1] * b
+            while True:  # one host read per round: the rows' new depths
+                active = [d for d in sorted(set(s)) if d < self.n_codes]
+                if not active:
+                    return codes
+                self.last_calls = [c + (d < self.n_codes) for c, d in zip(self.last_calls, s)]
+                if len(set(s)) == 1:  # every row at one depth (always for one frame)
+                    codes, com, h = self._call((active[0], b), codes, h, k, v, u)
+                    s = [d + c for d, c in zip(s, com.tolist())]
+                    continue
+                new_s = list(s)
+                for d in active:  # rows at different depths: one call per depth, on those rows
+                    idx = torch.tensor([i for i, x in enumerate(s) if x == d], device=codes.device)
+                    ks, vs = k[:, idx], v[:, idx]
+                    c, com, hh = self._call((d, len(idx)), codes[idx], h[idx], ks, vs, u[idx])
+                    codes[idx], h[idx], k[:, idx], v[:, idx] = c, hh, ks, vs
+                    for i, x in zip(idx.tolist(), com.tolist()):
+                        new_s[i] = s[i] + x
+                s = new_s
+
+    def decode(self, context: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Uniforms from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
+        ``(B, n_codes)`` int64."""
+        if generator is None:
+            generator = torch.Generator(device=context.device)
+            generator.seed()
+        return self(context, self.uniforms(context.shape[0], generator))
+
+    def compile_all(self, batch: int = 1) -> float:
+        """Build the prefill graph and the round graph of every start depth for ``batch`` rows now (a frame meets
+        only the depths it lands on; a benchmark must not compile inside a timed frame). Returns the seconds taken."""
+        t0 = time.perf_counter()
+        # made outside inference mode, as decode's context and uniforms are (dynamo guards on the dispatch keys)
+        ctx = torch.zeros(batch, 2, P.talker_hidden_size(self.code_predictor), dtype=self.lean.dtype,
+                          device=self.lean.device)
+        u = torch.zeros(batch, self.n_codes, 2 * self.K + 1, dtype=torch.float64, device=self.lean.device)
+        with torch.inference_mode():
+            codes, h, k, v = self._call(("prefill", batch), ctx, u)
+            for s in range(1, self.n_codes):
+                self._call((s, batch), codes, h, k, v, u)
+        return time.perf_counter() - t0
+
+
+def _entry_prefill(frame: FusedChainFrame, _key, context, u):
+    """The prefill as a plain function (copied per batch size, then compiled: see ``FusedChainFrame._call``)."""
+    return frame.prefill(context, u)
+
+
+def _entry_round(frame: FusedChainFrame, s: int, codes, h, k, v, u):
+    """A round as a plain function (copied per start depth and batch size, then compiled)."""
+    return frame.round(s, codes, h, k, v, u)

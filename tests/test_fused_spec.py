@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import rvqspec_lib.models.fused_spec as FS
-import rvqspec_lib.spec.predictor as P
+import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.fused_spec import FusedChainFrame, inverse_cdf
-from rvqspec_lib.spec.decode import decode_frame
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.sampling import Sampling
 from tests.test_lossless import (ALPHA, DEFAULT, HOT_TOPK3, MIN_POWER, N_GROUPS, exact_pmf, frames_needed, g_test,
                                  power, variant)
 

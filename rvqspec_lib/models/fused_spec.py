@@ -1,6 +1,6 @@
 """The fused speculative frame: Chain(window) with draft -> verify -> accept -> commit as ONE compiled graph a round.
 
-:class:`FusedChainFrame` decodes a frame as :func:`rvqspec_lib.spec.decode.decode_frame` does with
+:class:`FusedChainFrame` decodes a frame as :func:`rvqspec_lib.decoding.decode.decode_frame` does with
 ``decoder=Chain(window)`` and the reused heads as drafter (docs/methods.md#the-fused-speculative-round), but each round
 is one pure tensor function of its inputs, over the lean layer stack (:mod:`rvqspec_lib.models.lean`: the official
 module's parameters, read in place), compiled with ``torch.compile(dynamic=False, fullgraph=True)``:
@@ -11,7 +11,7 @@ module's parameters, read in place), compiled with ``torch.compile(dynamic=False
    = positions ``s+1..`` of a fixed-size cache (a chain's accepted nodes are a prefix: no compaction), then
    ``p_i = warp(lm_head[s+i](hidden_i))``;
 3. accept: draft j with probability ``min(1, p_{j-1}(x_j) / q_j(x_j))`` (TensorRT-Edge-LLM's rule; the same
-   :func:`rvqspec_lib.spec.verify.acceptance_ratio` arithmetic), every draft's test computed at once and the accepted
+   :func:`rvqspec_lib.decoding.verify.acceptance_ratio` arithmetic), every draft's test computed at once and the accepted
    count the length of the leading run of accepts; on the first rejection the next code is drawn from
    ``norm(max(p - q, 0))``, after a fully accepted chain the bonus code from the last node's p;
 4. commit: codes written by column, the accepted nodes' KV kept where they are (later slots are overwritten by the
@@ -48,8 +48,8 @@ import torch.nn.functional as F
 
 from rvqspec_lib.models.fused import warp_scores
 from rvqspec_lib.models.lean import LeanCodePredictor
-from rvqspec_lib.spec import predictor as P
-from rvqspec_lib.spec.sampling import Sampling
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.sampling import Sampling
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -77,7 +77,7 @@ def draft_codes(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def acceptance(p: torch.Tensor, x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
-    """``min(1, p(x) / q(x))`` with p normalised, as :func:`rvqspec_lib.spec.verify.acceptance_ratio` computes it.
+    """``min(1, p(x) / q(x))`` with p normalised, as :func:`rvqspec_lib.decoding.verify.acceptance_ratio` computes it.
 
     Args: p ``(B, V)`` float32; x ``(B,)`` int64; q_x ``(B,)`` float32. Returns ``(B,)`` float32. Module-level so a
     negative control can replace it (eager only)."""
@@ -87,7 +87,7 @@ def acceptance(p: torch.Tensor, x: torch.Tensor, q_x: torch.Tensor) -> torch.Ten
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """``max(norm(p) - q, 0)`` for ``(B, V)`` p and q; a row left with no mass (p == q up to rounding) falls back to p,
-    the exact answer there (as :func:`rvqspec_lib.spec.verify.residual`)."""
+    the exact answer there (as :func:`rvqspec_lib.decoding.verify.residual`)."""
     out = torch.clamp(p / p.sum(-1, keepdim=True).clamp_min(1e-30) - q, min=0.0)
     return torch.where(out.sum(-1, keepdim=True) > 0, out, p)
 
@@ -98,7 +98,7 @@ class FusedChainFrame:
     Args:
         code_predictor: the official module (its parameters are read in place).
         window: the Chain window N, 2..8 (the committed code plus N - 1 drafts), as
-            :class:`rvqspec_lib.spec.decoders.Chain`.
+            :class:`rvqspec_lib.decoding.decoders.Chain`.
         sampling: the code predictor's sampling (default temperature 0.9, top-k 50); ``top_p < 1`` is not supported
             inside the graph.
         matmul: ``"torch"`` or ``"mgemv"`` (the multi-row AVX2 kernel), as
@@ -114,7 +114,7 @@ class FusedChainFrame:
 
     def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, matmul: str = "torch",
                  compile: bool = True, compile_options: dict | None = None):
-        from rvqspec_lib.spec.decoders import Chain
+        from rvqspec_lib.decoding.decoders import Chain
 
         Chain(window)  # the same one-line error for a bad window
         self.sampling = Sampling() if sampling is None else sampling

@@ -235,7 +235,7 @@ own = []
 if compare_model:
     acc_lm = small
     n_own = min(int(own_tpc_frames), 8) if smoke else int(own_tpc_frames)
-    own_frames = frames_from_shipped(acc_lm, compare_model, "evaluation", max_frames=n_own, seed=seed)
+    own_frames = frames_from_shipped(acc_lm, "evaluation", max_frames=n_own, seed=seed)
     own_sampling = default_sampling(acc_lm)
     shipped_cal = load_calibration(tree_file(compare_model, "heads"), n_codes=acc_lm.n_code_groups - 1,
                                    codebook_size=acc_lm.codebook_size)

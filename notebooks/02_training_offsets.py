@@ -180,9 +180,9 @@ if dataset:
     eval_all = frames_from_dataset(dataset, lm, the_codec, split=ev_split, max_frames=8 * n_eval_frames,
                                    progress=True)
 else:
-    train_frames = frames_from_shipped(lm, run_model, "training", max_frames=n_train_frames, seed=seed, progress=True)
-    val_frames = frames_from_shipped(lm, run_model, "validation", max_frames=n_val_frames, seed=seed, progress=True)
-    eval_all = frames_from_shipped(lm, run_model, "evaluation", max_frames=8 * n_eval_frames if smoke else None,
+    train_frames = frames_from_shipped(lm, "training", max_frames=n_train_frames, seed=seed, progress=True)
+    val_frames = frames_from_shipped(lm, "validation", max_frames=n_val_frames, seed=seed, progress=True)
+    eval_all = frames_from_shipped(lm, "evaluation", max_frames=8 * n_eval_frames if smoke else None,
                                    seed=seed, progress=True)
 pick = torch.randperm(len(eval_all), generator=torch.Generator().manual_seed(seed))[:n_eval_frames].sort().values
 eval_frames = eval_all.subset(pick)  # frames sampled across every evaluation utterance
@@ -345,7 +345,7 @@ if dataset:  # a real checkpoint: the validation contexts, codes re-sampled from
 
     cal_frames = frames_from_contexts(cp, val_frames.context[:n_calibration_frames], sampling=sampling, seed=seed)
 else:
-    cal_frames = calibration_frames(lm, run_model, max_frames=n_calibration_frames, seed=seed)
+    cal_frames = calibration_frames(lm, max_frames=n_calibration_frames, seed=seed)
 budgets_here = sorted({int(b) for b in tree_budgets} | {PAPER_BUDGET})
 calibrations, own_tree = {}, {}
 for label in tqdm(list(drafters), desc="calibrating each drafter's trees"):

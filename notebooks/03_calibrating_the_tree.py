@@ -139,8 +139,8 @@ cp = lm.code_predictor
 sampling = default_sampling(lm)
 n_codes = lm.n_code_groups - 1
 t0 = time.perf_counter()
-cal_frames = calibration_frames(lm, run_model, max_frames=n_calibration_frames, seed=seed, progress=True)
-eval_frames = frames_from_shipped(lm, run_model, "evaluation", max_frames=n_eval_frames, seed=seed, progress=True)
+cal_frames = calibration_frames(lm, max_frames=n_calibration_frames, seed=seed, progress=True)
+eval_frames = frames_from_shipped(lm, "evaluation", max_frames=n_eval_frames, seed=seed, progress=True)
 timings["frames_s"] = time.perf_counter() - t0
 display(pd.DataFrame([{"split": "calibration", "frames": len(cal_frames),
                        "utterances": int(torch.unique(cal_frames.utterance).numel())},
@@ -519,7 +519,7 @@ temp_rows = []
 sweep_n = 16 if 16 in cal["budgets"] else cal["budgets"][-1]
 for temp in temperatures:
     s_t = Sampling(temperature=float(temp), top_k=sampling.top_k, top_p=sampling.top_p)
-    fr_t = calibration_frames(lm, run_model, max_frames=temperature_frames, seed=seed)
+    fr_t = calibration_frames(lm, max_frames=temperature_frames, seed=seed)
     fr_t.codes = decoder_statistics(cp, ReusedHeads(), fr_t.context, AR(), sampling=s_t, seed=seed)["codes"]
     cal_t = calibrate(cp, ReusedHeads(), fr_t, sampling=s_t, budgets=(sweep_n,), draws=1, seed=seed)
     for kind in ("point-mass", "sampled"):

@@ -152,8 +152,8 @@ graphs_df[show_cols]
 
 # %%
 if run_model == "embedded":
-    calib = frames_from_shipped(lm, "embedded", "calibration", max_frames=n_calib)
-    contexts = frames_from_shipped(lm, "embedded", "evaluation", max_frames=n_eval).context
+    calib = frames_from_shipped(lm, "calibration", max_frames=n_calib)
+    contexts = frames_from_shipped(lm, "evaluation", max_frames=n_eval).context
 else:  # no speech for this model here: its own samples from random contexts (self-distillation)
     calib = frames_from_contexts(cp, random_contexts(cp, n_calib, seed=seed + 1), seed=seed)
     contexts = random_contexts(cp, n_eval, seed=seed)
@@ -282,7 +282,7 @@ paper_graph = [{"model": paper_model, "decoder": PAPER, "graph": "verify", "form
                 "interface_ok": paper_export["declared"] == paper_export["written"],
                 **{k: r.get(k) for k in ("runner", "ran", "relative_diff", "tolerance", "within_tolerance")}}
                for r in paper_check]
-paper_contexts = frames_from_shipped(paper_lm, paper_model, "evaluation", max_frames=n_eval).context
+paper_contexts = frames_from_shipped(paper_lm, "evaluation", max_frames=n_eval).context
 paper_timing, paper_quiet = measure_quietly(lambda: T.frame_times(
     paper_cp, paper_contexts, paper_decs, [b for b in run_backends if b in ("eager", "onnx")], repeats=run_repeats,
     warmup=run_warmup, seed=seed, threads=torch.get_num_threads(), work_dir=work / "paper-backend",

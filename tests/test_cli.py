@@ -542,7 +542,7 @@ def test_synth_decoder_auto_uses_the_cached_choice(tmp_path, capsys, monkeypatch
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))
     lm = loader.load_model("embedded")
     cal = load_calibration(tree_file("embedded", "heads"))
-    ctx = frames_from_shipped(lm, "embedded", "calibration", max_frames=4).context
+    ctx = frames_from_shipped(lm, "calibration", max_frames=4).context
     made = auto_decoder("embedded", lm.code_predictor, cal, ctx, frames=2, repeats=1, shortlist=2, budgets=(4, 8))
     js = tmp_path / "s.json"
     rc = main(["synth", "--model", "embedded", "--text", "Good morning.", "--out", str(tmp_path / "a.wav"),

@@ -242,7 +242,7 @@ def test_paper_decodes_with_the_offsets_and_their_tree():
     assert [list(p) for p in dec.paths] == own and not dec.sampled and len(dec.paths) == 31  # N = 32
     assert set(map(tuple, own)) != set(map(tuple, heads))  # the two drafters' trees differ: the check can fail
 
-    ctx = frames_from_shipped(lm, None, "calibration", max_frames=48).context
+    ctx = frames_from_shipped(lm, "calibration", max_frames=48).context
 
     def run(decoder, drafter=None):
         return decode_frame(lm.code_predictor, ctx, decoder=decoder, generator=torch.Generator().manual_seed(3),

@@ -313,18 +313,19 @@ def test_frames_from_shipped_splits_and_seeded_order(tmp_path):
     model = _shipped_tiny(tmp_path)
     lm = load_model(str(model))
     _, utts = load_shipped_utterances(tmp_path / "utterances.safetensors", splits=["evaluation"])
-    fr = frames_from_shipped(lm, model, "evaluation", seed=None)
+    fr = frames_from_shipped(lm, "evaluation", seed=None)  # found from the loaded model's own folder
     assert len(fr) == sum(u.codes.shape[0] for u in utts) and fr.source["split"] == "evaluation"
+    assert fr.source["file"] == str(tmp_path / "utterances.safetensors")
     assert fr.utterance.tolist() == [i for i, u in enumerate(utts) for _ in range(u.codes.shape[0])]
-    shuffled = frames_from_shipped(lm, tmp_path, "evaluation", seed=3)  # the folder itself works too
+    shuffled = frames_from_shipped(lm, "evaluation", seed=3)
     for i, u in enumerate(utts):  # same frames, utterance ids still the index in the split
         assert torch.equal(shuffled.codes[shuffled.utterance == i], u.codes[:, 1:])
-    limited = frames_from_shipped(lm, model, "training", max_frames=10, seed=0)
+    limited = frames_from_shipped(lm, "training", max_frames=10, seed=0)
     assert len(limited) == 10 and limited.source["seed"] == 0
     with pytest.raises(ValueError, match="no utterances of split"):
-        frames_from_shipped(lm, model, "calibration")
-    with pytest.raises(FileNotFoundError, match="utterances.safetensors"):
-        frames_from_shipped(lm, tmp_path / "no" / "model", "training")
+        frames_from_shipped(lm, "calibration")
+    with pytest.raises(FileNotFoundError, match="no folder of its own"):  # a model without a folder ships nothing
+        frames_from_shipped(load_model("tiny-random"), "training")
 
 
 def test_cli_defaults_to_the_shipped_utterances_and_the_model_folder(tmp_path, capsys):

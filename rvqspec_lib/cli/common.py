@@ -302,7 +302,7 @@ def build_decoder(name, lm, *, progress: bool = False):
     from rvqspec_lib.data.frame_sources import frames_from_shipped
 
     try:
-        contexts = frames_from_shipped(lm, None, "calibration", max_frames=64).context
+        contexts = frames_from_shipped(lm, "calibration", max_frames=64).context
     except (FileNotFoundError, ValueError) as e:
         raise ValueError(f"--decoder auto times decoders on the model's calibration frames, and there are none "
                          f"({str(e).splitlines()[0]}): choose a decoder instead") from None

@@ -210,7 +210,7 @@ def run(args, threads: int = 1) -> int:
     return 0
 
 
-def _bench_inputs(lm, model: str, *, seed: int = 0, n: int = 16, names: str | None = None):
+def _bench_inputs(lm, *, seed: int = 0, n: int = 16, names: str | None = None):
     """``(contexts (n, 2, H), {label: decoder}, source text)`` for the backend bench: the shipped evaluation split's
     teacher-forced contexts and, without ``names``, AR, ``Chain(4)``, the default tree and, when the model ships
     them, its calibrated tree of N = 4 and the paper's decoder (``paper``: offsets + their calibrated point-mass
@@ -228,7 +228,7 @@ def _bench_inputs(lm, model: str, *, seed: int = 0, n: int = 16, names: str | No
         for label in ("calibrated:4", "paper"):  # when shipped beside the model
             name = parse_decoder_name(label)
             try:
-                check_decoder_files(name, model, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size)
+                check_decoder_files(name, lm, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size)
             except (FileNotFoundError, ValueError):
                 continue
             decoders[label] = build_decoder(name, lm)[0]
@@ -239,7 +239,7 @@ def _bench_inputs(lm, model: str, *, seed: int = 0, n: int = 16, names: str | No
             decoders["AR" if name.kind == "ar" else name.text] = build_decoder(name, lm)[0]
         decoders.setdefault("AR", AR())  # speedups are over AR
     try:
-        frames = frames_from_shipped(lm, model, "evaluation", max_frames=n, seed=seed)
+        frames = frames_from_shipped(lm, "evaluation", max_frames=n, seed=seed)
         return frames.context, decoders, f"{len(frames)} frames of the shipped evaluation split"
     except (FileNotFoundError, ValueError):
         return random_contexts(cp, n, seed=seed), decoders, f"{n} random contexts (tokens per call mean little)"
@@ -299,7 +299,7 @@ def run_bench_backend(args) -> int:
     try:
         lm = load_model(args.model, device=device, seed=getattr(args, "seed", 0))
         cp = lm.code_predictor.eval()
-        contexts, decoders, source = _bench_inputs(lm, args.model, seed=getattr(args, "seed", 0),
+        contexts, decoders, source = _bench_inputs(lm, seed=getattr(args, "seed", 0),
                                                    names=getattr(args, "decoders", None))
         contexts = contexts.to(device)
         res = T.bench_backend(name, cp, contexts, decoders=decoders, repeats=args.repeats,

@@ -104,7 +104,7 @@ def frames_from_args(args, lm, split: str = "training", max_frames: int | None =
         fr = frames_from_dataset(args.dataset, lm, load_codec(args.codec), language=args.language,
                                  max_frames=limit, progress=sys.stderr.isatty())
     elif uses_shipped(args):
-        fr = frames_from_shipped(lm, args.model, split, max_frames=limit, seed=args.seed,
+        fr = frames_from_shipped(lm, split, max_frames=limit, seed=args.seed,
                                  progress=sys.stderr.isatty())
     else:
         if args.texts_file:

@@ -262,16 +262,15 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
     return out_frames
 
 
-def frames_from_shipped(lm, model: str | os.PathLike | None, split: str, *, max_frames: int | None = None,
+def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,
                         seed: int | None = 0, batch_size: int = 8, progress: bool = False) -> Frames:
     """Teacher-forced frames of one split of the utterances that ship beside a model (the embedded model's
     ``utterances.safetensors``): :func:`rvqspec_lib.data.utterances.load_shipped_utterances` then
     :func:`frames_from_utterances`.
 
     Args:
-        lm: the loaded model. model: its name or folder (``"embedded"``, ``build/embedded-smoke/model``), as
-            :func:`rvqspec_lib.data.utterances.embedded_root` takes it; ``None``: the loaded model's own folder
-            (``lm.folder``).
+        lm: the loaded model; its utterances are found from its own folder (``lm.folder``, as
+            :func:`rvqspec_lib.data.utterances.embedded_root` takes it).
         split: ``"training"``, ``"validation"`` or ``"evaluation"``.
         max_frames: frame limit (see :func:`frames_from_utterances`); ``None``: every frame of the split.
         seed: the utterances are taken in a seeded random order (so that a frame limit samples the whole split, not
@@ -287,7 +286,7 @@ def frames_from_shipped(lm, model: str | os.PathLike | None, split: str, *, max_
     """
     from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 
-    root = embedded_root(lm if model is None else model)
+    root = embedded_root(lm)
     path = root / "utterances.safetensors"
     rows, utts = load_shipped_utterances(path, splits=[split])
     if not utts:

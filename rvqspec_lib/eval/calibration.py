@@ -172,18 +172,18 @@ def prediction_error(predicted: float, measured: float) -> float:
     return predicted / measured - 1.0 if measured and not math.isnan(measured) else float("nan")
 
 
-def calibration_frames(lm, model: str | None = None, *, max_frames: int | None = None, seed: int = 0,
+def calibration_frames(lm, *, max_frames: int | None = None, seed: int = 0,
                        progress: bool = False) -> Frames:
     """Frames to calibrate on: the contexts of the model's shipped ``calibration`` split (teacher-forced on real
     speech), with codes 1..15 re-sampled from p by the inner loop itself (the codes a decoder will verify).
-    ``model``: its name or folder; ``None``: the loaded model's own folder (``lm.folder``).
+    The split is found from the loaded model's own folder (``lm.folder``).
 
     Raises:
         FileNotFoundError: the model ships no utterances. ValueError: no calibration split.
     """
     from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shipped
 
-    real = frames_from_shipped(lm, model, "calibration", max_frames=max_frames, seed=seed, progress=progress)
+    real = frames_from_shipped(lm, "calibration", max_frames=max_frames, seed=seed, progress=progress)
     out = frames_from_contexts(lm.code_predictor, real.context, seed=seed)
     out.utterance = real.utterance
     out.source = {**real.source, "codes": "re-sampled from p (AR, deployed sampling)", "seed": seed}

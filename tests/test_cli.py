@@ -551,3 +551,14 @@ def test_synth_decoder_auto_uses_the_cached_choice(tmp_path, capsys, monkeypatch
     assert rc == 0, err
     assert "--decoder auto chose cached choice" in err and made.label in err
     assert any("--decoder auto chose" in n for n in json.loads(js.read_text())["notes"])
+
+
+@pytest.mark.parametrize("decoder, lossy", [("ssd-lossy", True), ("chain:4", False)])  # chain: negative control
+def test_synth_labels_a_lossy_decoder_and_records_the_dtype(tmp_path, capsys, decoder, lossy):
+    js = tmp_path / "x.json"
+    assert _synth(tmp_path, "--max-frames", "2", "--decoder", decoder, "--json", str(js)) == 0
+    err = capsys.readouterr().err
+    stats = json.loads(js.read_text())
+    assert ("note: LOSSY: " in err) is lossy, err
+    assert any(n.startswith("LOSSY: ") for n in stats["notes"]) is lossy
+    assert stats["dtype"] == "float32"

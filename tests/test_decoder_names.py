@@ -174,6 +174,10 @@ def _damage(path: Path, how: str) -> None:
         cal["point-mass"]["order"][3] = [-1]
     elif how == "orphan path":
         cal["point-mass"]["order"][0] = [5, 3]
+    elif how == "budgets below order":  # budgets cut to 2..3, the order still 63 nodes long
+        cal["budgets"] = [2, 3]
+    elif how == "other drafter":
+        cal["drafter"] = "medusa" if path.stem != "medusa" else "heads"
     path.write_text(json.dumps(cal))
 
 
@@ -185,7 +189,8 @@ def _reached_load(*a, **k):
     raise _Loaded
 
 
-@pytest.mark.parametrize("how", ["garbage", "missing key", "wrong type", "bad path", "orphan path"])
+@pytest.mark.parametrize("how", ["garbage", "missing key", "wrong type", "bad path", "orphan path",
+                                 "budgets below order", "other drafter"])
 @pytest.mark.parametrize("decoder, file", [(["--decoder", "tree", "--tree", "calibrated:8"], "heads.json"),
                                            (["--decoder", "auto"], "heads.json"),
                                            (["--decoder", "paper"], "offsets.json")])
@@ -208,6 +213,28 @@ def test_sound_calibration_reaches_the_model_load(model_copy, tmp_path, monkeypa
     monkeypatch.setattr(loader, "load_model", _reached_load)
     with pytest.raises(_Loaded):
         main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav"), *decoder])
+
+
+def _cut_budgets(path: Path, top: int) -> None:
+    """A sound calibration holding budgets 2..top only (what calibrate writes for BUDGETS = 2..top)."""
+    cal = json.loads(path.read_text())
+    cal["budgets"] = list(range(2, top + 1))
+    for kind in ("point-mass", "sampled"):
+        cal[kind]["order"] = cal[kind]["order"][: top - 1]
+    path.write_text(json.dumps(cal))
+
+
+@pytest.mark.parametrize("top, capped", [(3, True), (64, False)])  # 64: negative control, N 32 is held
+def test_paper_says_when_its_budget_is_capped(model_copy, tmp_path, capsys, monkeypatch, top, capped):
+    monkeypatch.setattr(loader, "load_model", _reached_load)
+    _cut_budgets(model_copy / "trees" / "offsets.json", top)
+    with pytest.raises(_Loaded):
+        main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav"),
+              "--decoder", "paper"])
+    err = capsys.readouterr().err
+    want = (f"paper: the offsets calibration ({model_copy / 'trees' / 'offsets.json'}) holds budgets up to 3; using "
+            f"N 3 (recalibrate: python scripts/calibrate_trees.py --model {model_copy} --drafter offsets)")
+    assert (want in err) is capped and ("using N" in err) is capped, err
 
 
 def test_shipped_calibration_files_are_sound_and_per_drafter():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from rvqspec_lib.cli.common import add_threads_arg, apply_threads
+from rvqspec_lib.cli.common import add_threads_arg, apply_threads, note
 from rvqspec_lib.eval.bench import DEFAULT_QUERY_SIZES, PRECISION_QUERY_SIZES
 
 #: ``--backend`` values: rvqspec_lib.eval.export_timing.BACKENDS, repeated here so that the parser does not import
@@ -99,7 +99,9 @@ def check_args(args) -> None:
             d = parse_decoder_name(name)
             if d.kind == "auto" or d.best_window:
                 raise ValueError(f"bench times named decoders: {d.text} is chosen elsewhere; give e.g. chain:4,paper")
-            check_decoder_files(d, args.model)  # the drafter and trees beside the model, before it loads
+            capped = check_decoder_files(d, args.model)  # the drafter and trees beside the model, before it loads
+            if capped:
+                note(capped)
 
 
 def dtypes(args) -> list[str]:

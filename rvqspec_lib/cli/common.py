@@ -237,11 +237,15 @@ def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree
     return parse_decoder_name(text)
 
 
-def check_decoder_files(name, model: str, *, n_codes: int | None = None, codebook_size: int | None = None) -> None:
+def check_decoder_files(name, model: str, *, n_codes: int | None = None,
+                        codebook_size: int | None = None) -> str | None:
     """Before loading: the files a decoder name reads beside the model exist and are sound: its drafter
     (``@DRAFTER``, ``paper``: ``<model>/drafters/<drafter>.safetensors``) and, for calibrated trees, ``paper`` and
     ``auto``, that drafter's calibration ``<model>/trees/<drafter>.json`` (shape checked, and against the model's
     sizes when given).
+
+    Returns a one-line note when the tree used has fewer nodes than the name asks for (``paper`` without ``:N``
+    capped to the largest calibrated budget below 32), else ``None``.
 
     Raises:
         ValueError, FileNotFoundError: one line naming the file and the fix (the recalibrate command).
@@ -250,10 +254,10 @@ def check_decoder_files(name, model: str, *, n_codes: int | None = None, codeboo
     from rvqspec_lib.models.tree_files import load_calibration, recalibrate_command, tree_file
 
     if name.kind == "ar":
-        return
+        return None
     check_shipped_drafter(model, name.drafter)
     if "calibration" not in name.needs:
-        return
+        return None
     path = tree_file(model, name.drafter)
     what = f"--decoder {name.text}"
     if path is None:
@@ -265,9 +269,14 @@ def check_decoder_files(name, model: str, *, n_codes: int | None = None, codeboo
     cal = load_calibration(path, n_codes=n_codes, codebook_size=codebook_size, model=model, drafter=name.drafter)
     if name.kind in ("calibrated", "paper"):
         try:
-            name.calibrated_tree(cal)
+            tree = name.calibrated_tree(cal)
         except ValueError as e:
             raise ValueError(f"{what}: {e} ({path})") from None
+        used = len(tree.paths) + 1
+        if used < name.budget:
+            return (f"{name.text}: the {name.drafter} calibration ({path}) holds budgets up to {max(cal['budgets'])}; "
+                    f"using N {used} (recalibrate: {recalibrate_command(model, name.drafter)})")
+    return None
 
 
 def build_decoder(name, lm, *, progress: bool = False):

@@ -192,7 +192,7 @@ def _synth(tmp_path, *extra, text="Hi there."):
     (["--max-frames", "0"], "--max-frames must be >= 1"),
     (["--language", "klingon"], "unsupported language 'klingon': use 'auto' or one of chinese, english"),
     (["--speaker", "nobody"], "unknown speaker 'nobody': this model's speakers are tiny"),
-    (["--decoder", "tree", "--tree", "0;2048"], "--tree rank 2048 is out of range for this model's codebook of 2048"),
+    (["--decoder", "tree", "--tree", "0;2048"], "tree rank 2048 is out of range for this model's codebook of 2048"),
     (["--decoder", "chain", "--window", "9"], "Chain window must be an integer in 2..8"),
     (["--codes-to-audio", "table"], "no offline codec"),
 ])
@@ -351,7 +351,7 @@ def test_synth_notes_audio_far_shorter_than_the_text(tmp_path, capsys, monkeypat
 # train-drafter, eval-acceptance: checks before the model loads
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, needle", [
-    (["eval-acceptance", "--model", "tiny-random", "--decoder", "tree", "--tree", "0;5000"], "--tree rank 5000"),
+    (["eval-acceptance", "--model", "tiny-random", "--decoder", "tree", "--tree", "0;5000"], "tree rank 5000"),
     (["eval-acceptance", "--model", "tiny-random", "--max-rank", "4096"], "exceeds the codebook (2048 codes)"),
     (["eval-acceptance", "--model", "tiny-random", "--seed", str(2**70)], "--seed must be in"),
     (["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--K", "15", "--out", "OUT/d.safetensors"],

@@ -109,6 +109,11 @@ def _one_line_error(capsys, rc, needle):
     ("tree:calibrated:1", "outside 2..64"),
     ("tree:calibrated:8@nosuch", "the 'nosuch' drafter is not shipped beside embedded"),
     ("chain:4@nosuch", "shipped: offsets"),
+    ("chain:4@nosuch", "or use @heads (the reused heads, no training)"),
+    ("paper:1", "decoder 'paper:1': node budget 1 is outside 2..64"),
+    ("tree:0,5000", "decoder 'tree:0,5000': tree rank 5000 is out of range"),
+    ("", "--decoder is empty"),
+    ("  ", "--decoder is empty"),
 ])
 def test_synth_refuses_bad_decoders_before_loading(tmp_path, capsys, monkeypatch, decoder, needle):
     monkeypatch.setattr(loader, "load_model", _no_load)

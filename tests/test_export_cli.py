@@ -27,7 +27,9 @@ def _no_load(*a, **k):
     (["--format", "tflite", "--graph", "verify"], "unknown --format 'tflite': use onnx or coreml"),
     (["--format", "onnx", "--graph", "loop"], "unknown --graph 'loop'"),
     (["--format", "onnx", "--graph", "verify", "--nodes", "65"], "--nodes must be in 2..64"),
-    (["--format", "onnx", "--graph", "frame", "--nodes", "4"], "--nodes and --tree are for --graph verify"),
+    (["--format", "onnx", "--graph", "frame", "--nodes", "4"], "--nodes is for --graph verify"),
+    (["--format", "onnx", "--graph", "stepped", "--decoder", "paper"], "--decoder is for --graph verify"),
+    (["--format", "onnx", "--graph", "frame", "--nodes", "4", "--tree", "0;1"], "--nodes and --tree are for --graph"),
     (["--format", "onnx", "--graph", "verify", "--dtype", "int8"], "unknown --dtype 'int8'"),
     (["--format", "onnx", "--graph", "verify", "--predict"], "--predict is for --format coreml"),
     (["--format", "coreml", "--graph", "verify", "--predict"], "--predict:"),  # off macOS
@@ -45,7 +47,7 @@ def test_export_tree_rank_outside_the_codebook_is_one_line(tmp_path, capsys):
     assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--tree", "0;5000",
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "--tree rank 5000 is out of range for this model's codebook of 2048 codes" in err and err.count("\n") == 1
+    assert "tree rank 5000 is out of range for this model's codebook of 2048 codes" in err and err.count("\n") == 1
     assert not list(out.glob("*")) if out.exists() else True  # nothing written
 
 

@@ -182,6 +182,8 @@ def check_utf8(text: str, flag: str) -> None:
 def read_text_file(path: str | os.PathLike, flag: str) -> str:
     """A UTF-8 text file's content; one-line errors for a missing file or other bytes."""
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {p} is a folder: give a UTF-8 text file, one sentence a line")
     if not p.is_file():
         raise ValueError(f"{flag} {p} does not exist")
     try:
@@ -225,7 +227,11 @@ def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree
     """
     from rvqspec_lib.decoding.decoder_names import parse_decoder_name
 
-    text = (decoder or "ar").strip()
+    text = "ar" if decoder is None else decoder.strip()
+    if not text:
+        from rvqspec_lib.decoding.decoder_names import GRAMMAR
+
+        raise ValueError(f"--decoder is empty: give one of {GRAMMAR}")
     if window is not None and text != "chain":
         raise ValueError("--window is for --decoder chain; drop it or add --decoder chain (or write chain:N)")
     if tree is not None and text != "tree":
@@ -330,5 +336,7 @@ def check_tree_ranks(decoders, codebook_size: int) -> None:
             continue
         top = max(max(p) for p in paths)
         if top >= codebook_size:
-            raise ValueError(f"--tree rank {top} is out of range for this model's codebook of {codebook_size} codes: "
+            what = f"decoder {d.text!r}" if isinstance(getattr(d, "text", None), str) else "--tree"
+            raise ValueError(f"{what}: tree rank {top} is out of range for this model's codebook of "
+                             f"{codebook_size} codes: "
                              f"use ranks 0..{codebook_size - 1}")

@@ -70,7 +70,10 @@ def check_args(args) -> str | None:
         return f"unknown --target {args.target!r}: use macOS15 or iOS18"
     if args.graph != "verify" and (args.nodes is not None or args.tree is not None
                                    or getattr(args, "decoder", None) is not None):
-        return f"--nodes and --tree are for --graph verify (and --decoder); the {args.graph} graph has none"
+        given = [f for f, v in (("--decoder", getattr(args, "decoder", None)), ("--nodes", args.nodes),
+                                ("--tree", args.tree)) if v is not None]
+        return f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for --graph verify; the {args.graph} graph " \
+               "has no tree: drop it or use --graph verify"
     if args.tree is not None and getattr(args, "decoder", None) is not None:
         return "--tree and --decoder both name the verify graph's tree: give one"
     if args.nodes is not None and not 2 <= args.nodes <= 64:

@@ -246,7 +246,7 @@ def parse_decoder_name(text: str) -> DecoderName:
             return DecoderName(raw, "ssd-lossy", drafter, window=4, beta=beta)
     except ValueError as e:
         msg = str(e)
-        raise ValueError(msg if raw in msg else f"decoder {raw!r}: {msg}") from None
+        raise ValueError(msg if repr(raw) in msg else f"decoder {raw!r}: {msg}") from None
     raise ValueError(f"unknown decoder {raw!r}: use {GRAMMAR}")
 
 

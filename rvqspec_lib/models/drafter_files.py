@@ -104,7 +104,7 @@ def shipped_drafter(model: str | os.PathLike, name: str, code_predictor):
 
 def _how_to_train(name: str, where: str) -> str:
     return (f"train one with `rvqspec train-drafter --model <model> --drafter {name} --out {where}` "
-            f"(or rvqspec_lib.training.drafters.train_drafter), or use --drafter heads (no training)")
+            f"(or rvqspec_lib.training.drafters.train_drafter), or use @heads (the reused heads, no training)")
 
 
 def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = None, *, fresh: bool = False,

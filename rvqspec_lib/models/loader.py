@@ -209,8 +209,11 @@ def _resolve(name) -> tuple[str, Path | None]:
         if not (path / "config.json").exists():
             raise ModelNotFoundError(f"{path} has no config.json: point --model at a Qwen3-TTS checkpoint directory")
         return "checkpoint", path
-    if "/" in name and not name.startswith((".", "/")):
+    if "/" in name and not name.startswith((".", "/", "~")):
         return "hub", None
+    if name.startswith((".", "/", "~")) or os.sep in name:
+        raise ModelNotFoundError(f"--model folder {path} does not exist: check the path, or use {EMBEDDED_MODEL} or "
+                                 "a hub id such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
     raise ModelNotFoundError(
         f"unknown model {name!r}: use one of {', '.join((EMBEDDED_MODEL,) + TINY_MODELS + tuple(RANDOM_MODELS))}, "
         "a local checkpoint "

@@ -295,3 +295,34 @@ def test_synth_speaks_with_the_papers_decoder(tmp_path, capsys):
     stats = json.loads(js.read_text())
     assert stats["decoder_name"] == "paper:16" and stats["drafter"] == "offsets"
     assert stats["tokens_per_call"] > 1.0 and stats["choose_s"] >= 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# a damaged .safetensors beside the model: the error names the file, the drafter's before the model loads
+# --------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cut", [True, False])  # False: negative control, the same copy uncut reaches the load
+def test_damaged_drafter_file_is_named_before_loading(model_copy, tmp_path, capsys, monkeypatch, cut):
+    monkeypatch.setattr(loader, "load_model", _reached_load)
+    (model_copy / "drafters").unlink()
+    shutil.copytree(EMBEDDED / "drafters", model_copy / "drafters")
+    f = model_copy / "drafters" / "offsets.safetensors"
+    if cut:
+        f.write_bytes(f.read_bytes()[:1000])
+        rc = main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav"),
+                   "--decoder", "paper"])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and f"drafter file {f} is damaged" in err, err
+        assert "retrain" in err
+    else:
+        with pytest.raises(_Loaded):
+            main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav"),
+                  "--decoder", "paper"])
+
+
+def test_damaged_model_weights_are_named(model_copy, tmp_path, capsys):
+    w = model_copy / "model.safetensors"
+    w.unlink()
+    w.write_bytes((EMBEDDED / "model.safetensors").read_bytes()[:100_000])
+    rc = main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and f"model weights {w} are damaged" in err, err

@@ -405,7 +405,13 @@ def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -
         ids = cfg["talker_config"].get("codec_language_id") or {}
         cfg["talker_config"]["codec_language_id"] = {k: v for k, v in ids.items() if k in langs}
     model = build_from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)
-    load_weights(model, str(weights), strict=True)
+    from safetensors import SafetensorError
+
+    try:
+        load_weights(model, str(weights), strict=True)
+    except SafetensorError as e:
+        raise ValueError(f"model weights {weights} are damaged ({e}): copy the file again (git checkout "
+                         "data/embedded) or rebuild it (`make embedded`)") from None
     tok = tokenizer_from_spec(marker.get("tokenizer", {"kind": "bytes"}), cfg)
     fr, sr = float(marker.get("frame_rate_hz", 12.5)), int(marker.get("sample_rate_hz", 24000))
     speech = None

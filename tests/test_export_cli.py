@@ -150,3 +150,15 @@ def test_bench_backend_coreml_times_the_packages_call_by_call(tmp_path, capsys, 
     text = capsys.readouterr().out
     assert "| CPU_AND_NE | verify | 32 |" in text and "Core ML float16, macOS 15.1 arm64" in text
     assert seen["repeats"] == 3 and json.loads(out.read_text())["backend"] == "coreml"
+
+
+@pytest.mark.parametrize("other, crowded", [(0.9, True), (0.0, False)])  # 0.0: negative control
+def test_bench_backend_footer_counts_frames_and_says_oversubscribed(tmp_path, capsys, monkeypatch, other, crowded):
+    from rvqspec_lib.eval import speed
+
+    monkeypatch.setattr(speed._LoadMonitor, "describe", lambda self: {"other_cpu_frac": other})
+    rc = main(["bench", "--model", "tiny-random", "--backend", "eager", "--repeats", "3", "--warmup", "1",
+               "--no-progress", "--decoders", "ar"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "3 timed frames per decoder (after 1 warm-up frames)" in out, out
+    assert ("OVERSUBSCRIBED: other processes used 90% of the CPU" in out) is crowded, out

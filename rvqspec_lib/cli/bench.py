@@ -37,9 +37,11 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ``--seed``, ``--no-progress``, ``--backend NAME``.
     """
     parser.add_argument("--model", default="qwen3-tts-0.6b-random",
-                        help="tiny-random, qwen3-tts-0.6b-random, qwen3-tts-1.7b-random, a checkpoint dir or hub id")
+                        help="embedded (the shipped trained model), tiny-random, qwen3-tts-0.6b-random, "
+                             "qwen3-tts-1.7b-random, a checkpoint dir or hub id")
     parser.add_argument("--json", dest="json_path", default=None, help="write the full result (+ provenance) here")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median reported)")
+    parser.add_argument("--repeats", type=int, default=20, help="default 20: call latencies, timed calls per query size (median reported); --backend, "
+                             "timed frames per decoder (each frame decoded once, median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls before each measurement")
     add_threads_arg(parser)
     parser.add_argument("--queries", type=_int_list, default=None,

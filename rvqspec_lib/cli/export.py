@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -315,7 +316,13 @@ def run_bench_backend(args) -> int:
                                     "speedup_vs_ar", "speedup_vs_fused"]))
     m = res["meta"]
     print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m.get('device')}, {m.get('dtype')}, "
-          f"{m.get('threads')} thread(s), backend {name}; contexts: {source}")
+          f"{m.get('threads')} thread(s), backend {name}; {args.repeats} timed frames per decoder (after "
+          f"{getattr(args, 'warmup', 2)} warm-up frames), their contexts from {source}")
+    from rvqspec_lib.eval.bench import oversubscribed_note
+
+    crowded = oversubscribed_note({**m, "cpu_count": m.get("cpu_count") or os.cpu_count()})
+    if crowded:
+        print(crowded)
     if getattr(args, "json_path", None):
         save_json({**res, "model": args.model, "backend": name, "contexts": source}, args.json_path,
                   provenance({"model": args.model, "backend": name, "repeats": args.repeats}))

@@ -326,3 +326,27 @@ def test_damaged_model_weights_are_named(model_copy, tmp_path, capsys):
     rc = main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav")])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and f"model weights {w} are damaged" in err, err
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# an unknown decoder is answered with the forms THIS command accepts
+# --------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, absent, present", [
+    (["synth", "--model", "tiny-random", "--text", "Hi."], "chain:best", "auto"),
+    (["eval-wer", "--model", "embedded", "--decoders", "beam"], "auto", "chain:best"),
+    (["bench", "--model", "tiny-random", "--backend", "eager", "--decoders", "beam"], "auto", "paper[:N]"),
+])
+def test_unknown_decoder_lists_what_the_command_accepts(tmp_path, capsys, monkeypatch, argv, absent, present):
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    extra = ["--out", str(tmp_path / "a.wav"), "--decoder", "beam"] if argv[0] == "synth" else []
+    rc = main(argv + extra)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "unknown decoder 'beam'" in err, err
+    listed = err.split("unknown decoder 'beam': use ", 1)[1]
+    assert f"{absent}," not in listed and f"{absent};" not in listed and present in listed, listed
+
+
+def test_the_full_grammar_lists_every_form():
+    """Control: without exclusions every form is listed (the library's own GRAMMAR)."""
+    assert all(text in N.GRAMMAR for _, text in N.FORMS) and N.grammar() == N.GRAMMAR
+    assert "chain:best" not in N.grammar(("chain:best",)) and "auto" not in N.grammar(("auto",))

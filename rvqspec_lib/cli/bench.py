@@ -98,7 +98,7 @@ def check_args(args) -> None:
         if args.backend is None:
             raise ValueError("--decoders is for --backend (frame times per decoder); the call latencies take none")
         for name in split_decoder_list(args.decoders):
-            d = parse_decoder_name(name)
+            d = parse_decoder_name(name, without=("auto", "chain:best"))
             if d.kind == "auto" or d.best_window:
                 raise ValueError(f"bench times named decoders: {d.text} is chosen elsewhere; give e.g. chain:4,paper")
             capped = check_decoder_files(d, args.model)  # the drafter and trees beside the model, before it loads

@@ -217,21 +217,23 @@ DECODER_HELP = ("inner-loop decoder, one of: ar | chain[:N] | tree[:PATHS] | tre
                 "among AR, chains and the calibrated trees, timed once and cached")
 
 
-def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree: str | None = None):
+def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree: str | None = None, *,
+                            without=("chain:best",)):
     """``--decoder`` (with the older ``--window`` / ``--tree`` companions) as ONE name of the grammar
     (:mod:`rvqspec_lib.decoding.decoder_names`): ``--decoder chain --window 6`` is ``chain:6``, ``--decoder tree --tree
     calibrated:16`` is ``tree:calibrated:16``. Returns a :class:`~rvqspec_lib.decoding.decoder_names.DecoderName`.
 
+    ``without``: forms the command does not take, left out of an unknown name's list (default ``chain:best``,
+    which only eval-wer chooses).
+
     Raises:
         ValueError: a flag the chosen decoder does not use, any bad name, window, budget or path (one line).
     """
-    from rvqspec_lib.decoding.decoder_names import parse_decoder_name
+    from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
 
     text = "ar" if decoder is None else decoder.strip()
     if not text:
-        from rvqspec_lib.decoding.decoder_names import GRAMMAR
-
-        raise ValueError(f"--decoder is empty: give one of {GRAMMAR}")
+        raise ValueError(f"--decoder is empty: give one of {grammar(without)}")
     if window is not None and text != "chain":
         raise ValueError("--window is for --decoder chain; drop it or add --decoder chain (or write chain:N)")
     if tree is not None and text != "tree":
@@ -240,7 +242,7 @@ def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree
         text = f"chain:{window}"
     elif tree is not None:
         text = f"tree:{tree.strip()}"
-    return parse_decoder_name(text)
+    return parse_decoder_name(text, without=without)
 
 
 def check_decoder_files(name, model: str, *, n_codes: int | None = None,

@@ -192,7 +192,7 @@ def _synth(tmp_path, *extra, text="Hi there."):
     (["--max-frames", "0"], "--max-frames must be >= 1"),
     (["--language", "klingon"], "unsupported language 'klingon': use 'auto' or one of chinese, english"),
     (["--speaker", "nobody"], "unknown speaker 'nobody': this model's speakers are tiny"),
-    (["--decoder", "tree", "--tree", "0;2048"], "--tree rank 2048 is out of range for this model's codebook of 2048"),
+    (["--decoder", "tree", "--tree", "0;2048"], "tree rank 2048 is out of range for this model's codebook of 2048"),
     (["--decoder", "chain", "--window", "9"], "Chain window must be an integer in 2..8"),
     (["--codes-to-audio", "table"], "no offline codec"),
 ])
@@ -351,7 +351,7 @@ def test_synth_notes_audio_far_shorter_than_the_text(tmp_path, capsys, monkeypat
 # train-drafter, eval-acceptance: checks before the model loads
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, needle", [
-    (["eval-acceptance", "--model", "tiny-random", "--decoder", "tree", "--tree", "0;5000"], "--tree rank 5000"),
+    (["eval-acceptance", "--model", "tiny-random", "--decoder", "tree", "--tree", "0;5000"], "tree rank 5000"),
     (["eval-acceptance", "--model", "tiny-random", "--max-rank", "4096"], "exceeds the codebook (2048 codes)"),
     (["eval-acceptance", "--model", "tiny-random", "--seed", str(2**70)], "--seed must be in"),
     (["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--K", "15", "--out", "OUT/d.safetensors"],
@@ -539,6 +539,9 @@ def test_synth_decoder_auto_uses_the_cached_choice(tmp_path, capsys, monkeypatch
     from rvqspec_lib.data.frame_sources import frames_from_shipped
     from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
+    from rvqspec_lib.eval import speed
+
+    monkeypatch.setattr(speed._LoadMonitor, "describe", lambda self: {"other_cpu_frac": 0.0})  # a shared machine
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))
     lm = loader.load_model("embedded")
     cal = load_calibration(tree_file("embedded", "heads"))
@@ -549,5 +552,16 @@ def test_synth_decoder_auto_uses_the_cached_choice(tmp_path, capsys, monkeypatch
                "--decoder", "auto", "--max-frames", "4", "--json", str(js)])
     err = capsys.readouterr().err
     assert rc == 0, err
-    assert "--decoder auto chose cached choice" in err and made.label in err
+    assert f"--decoder auto chose {made.label}: " in err and "(a cached choice, " in err, err
     assert any("--decoder auto chose" in n for n in json.loads(js.read_text())["notes"])
+
+
+@pytest.mark.parametrize("decoder, lossy", [("ssd-lossy", True), ("chain:4", False)])  # chain: negative control
+def test_synth_labels_a_lossy_decoder_and_records_the_dtype(tmp_path, capsys, decoder, lossy):
+    js = tmp_path / "x.json"
+    assert _synth(tmp_path, "--max-frames", "2", "--decoder", decoder, "--json", str(js)) == 0
+    err = capsys.readouterr().err
+    stats = json.loads(js.read_text())
+    assert ("note: LOSSY: " in err) is lossy, err
+    assert any(n.startswith("LOSSY: ") for n in stats["notes"]) is lossy
+    assert stats["dtype"] == "float32"

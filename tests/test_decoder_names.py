@@ -109,6 +109,11 @@ def _one_line_error(capsys, rc, needle):
     ("tree:calibrated:1", "outside 2..64"),
     ("tree:calibrated:8@nosuch", "the 'nosuch' drafter is not shipped beside embedded"),
     ("chain:4@nosuch", "shipped: offsets"),
+    ("chain:4@nosuch", "or use @heads (the reused heads, no training)"),
+    ("paper:1", "decoder 'paper:1': node budget 1 is outside 2..64"),
+    ("tree:0,5000", "decoder 'tree:0,5000': tree rank 5000 is out of range"),
+    ("", "--decoder is empty"),
+    ("  ", "--decoder is empty"),
 ])
 def test_synth_refuses_bad_decoders_before_loading(tmp_path, capsys, monkeypatch, decoder, needle):
     monkeypatch.setattr(loader, "load_model", _no_load)
@@ -174,6 +179,10 @@ def _damage(path: Path, how: str) -> None:
         cal["point-mass"]["order"][3] = [-1]
     elif how == "orphan path":
         cal["point-mass"]["order"][0] = [5, 3]
+    elif how == "budgets below order":  # budgets cut to 2..3, the order still 63 nodes long
+        cal["budgets"] = [2, 3]
+    elif how == "other drafter":
+        cal["drafter"] = "medusa" if path.stem != "medusa" else "heads"
     path.write_text(json.dumps(cal))
 
 
@@ -185,7 +194,8 @@ def _reached_load(*a, **k):
     raise _Loaded
 
 
-@pytest.mark.parametrize("how", ["garbage", "missing key", "wrong type", "bad path", "orphan path"])
+@pytest.mark.parametrize("how", ["garbage", "missing key", "wrong type", "bad path", "orphan path",
+                                 "budgets below order", "other drafter"])
 @pytest.mark.parametrize("decoder, file", [(["--decoder", "tree", "--tree", "calibrated:8"], "heads.json"),
                                            (["--decoder", "auto"], "heads.json"),
                                            (["--decoder", "paper"], "offsets.json")])
@@ -208,6 +218,28 @@ def test_sound_calibration_reaches_the_model_load(model_copy, tmp_path, monkeypa
     monkeypatch.setattr(loader, "load_model", _reached_load)
     with pytest.raises(_Loaded):
         main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav"), *decoder])
+
+
+def _cut_budgets(path: Path, top: int) -> None:
+    """A sound calibration holding budgets 2..top only (what calibrate writes for BUDGETS = 2..top)."""
+    cal = json.loads(path.read_text())
+    cal["budgets"] = list(range(2, top + 1))
+    for kind in ("point-mass", "sampled"):
+        cal[kind]["order"] = cal[kind]["order"][: top - 1]
+    path.write_text(json.dumps(cal))
+
+
+@pytest.mark.parametrize("top, capped", [(3, True), (64, False)])  # 64: negative control, N 32 is held
+def test_paper_says_when_its_budget_is_capped(model_copy, tmp_path, capsys, monkeypatch, top, capped):
+    monkeypatch.setattr(loader, "load_model", _reached_load)
+    _cut_budgets(model_copy / "trees" / "offsets.json", top)
+    with pytest.raises(_Loaded):
+        main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav"),
+              "--decoder", "paper"])
+    err = capsys.readouterr().err
+    want = (f"paper: the offsets calibration ({model_copy / 'trees' / 'offsets.json'}) holds budgets up to 3; using "
+            f"N 3 (recalibrate: python scripts/calibrate_trees.py --model {model_copy} --drafter offsets)")
+    assert (want in err) is capped and ("using N" in err) is capped, err
 
 
 def test_shipped_calibration_files_are_sound_and_per_drafter():
@@ -263,3 +295,58 @@ def test_synth_speaks_with_the_papers_decoder(tmp_path, capsys):
     stats = json.loads(js.read_text())
     assert stats["decoder_name"] == "paper:16" and stats["drafter"] == "offsets"
     assert stats["tokens_per_call"] > 1.0 and stats["choose_s"] >= 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# a damaged .safetensors beside the model: the error names the file, the drafter's before the model loads
+# --------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cut", [True, False])  # False: negative control, the same copy uncut reaches the load
+def test_damaged_drafter_file_is_named_before_loading(model_copy, tmp_path, capsys, monkeypatch, cut):
+    monkeypatch.setattr(loader, "load_model", _reached_load)
+    (model_copy / "drafters").unlink()
+    shutil.copytree(EMBEDDED / "drafters", model_copy / "drafters")
+    f = model_copy / "drafters" / "offsets.safetensors"
+    if cut:
+        f.write_bytes(f.read_bytes()[:1000])
+        rc = main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav"),
+                   "--decoder", "paper"])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and f"drafter file {f} is damaged" in err, err
+        assert "retrain" in err
+    else:
+        with pytest.raises(_Loaded):
+            main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav"),
+                  "--decoder", "paper"])
+
+
+def test_damaged_model_weights_are_named(model_copy, tmp_path, capsys):
+    w = model_copy / "model.safetensors"
+    w.unlink()
+    w.write_bytes((EMBEDDED / "model.safetensors").read_bytes()[:100_000])
+    rc = main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and f"model weights {w} are damaged" in err, err
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# an unknown decoder is answered with the forms THIS command accepts
+# --------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, absent, present", [
+    (["synth", "--model", "tiny-random", "--text", "Hi."], "chain:best", "auto"),
+    (["eval-wer", "--model", "embedded", "--decoders", "beam"], "auto", "chain:best"),
+    (["bench", "--model", "tiny-random", "--backend", "eager", "--decoders", "beam"], "auto", "paper[:N]"),
+])
+def test_unknown_decoder_lists_what_the_command_accepts(tmp_path, capsys, monkeypatch, argv, absent, present):
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    extra = ["--out", str(tmp_path / "a.wav"), "--decoder", "beam"] if argv[0] == "synth" else []
+    rc = main(argv + extra)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "unknown decoder 'beam'" in err, err
+    listed = err.split("unknown decoder 'beam': use ", 1)[1]
+    assert f"{absent}," not in listed and f"{absent};" not in listed and present in listed, listed
+
+
+def test_the_full_grammar_lists_every_form():
+    """Control: without exclusions every form is listed (the library's own GRAMMAR)."""
+    assert all(text in N.GRAMMAR for _, text in N.FORMS) and N.grammar() == N.GRAMMAR
+    assert "chain:best" not in N.grammar(("chain:best",)) and "auto" not in N.grammar(("auto",))

@@ -27,7 +27,9 @@ def _no_load(*a, **k):
     (["--format", "tflite", "--graph", "verify"], "unknown --format 'tflite': use onnx or coreml"),
     (["--format", "onnx", "--graph", "loop"], "unknown --graph 'loop'"),
     (["--format", "onnx", "--graph", "verify", "--nodes", "65"], "--nodes must be in 2..64"),
-    (["--format", "onnx", "--graph", "frame", "--nodes", "4"], "--nodes and --tree are for --graph verify"),
+    (["--format", "onnx", "--graph", "frame", "--nodes", "4"], "--nodes is for --graph verify"),
+    (["--format", "onnx", "--graph", "stepped", "--decoder", "paper"], "--decoder is for --graph verify"),
+    (["--format", "onnx", "--graph", "frame", "--nodes", "4", "--tree", "0;1"], "--nodes and --tree are for --graph"),
     (["--format", "onnx", "--graph", "verify", "--dtype", "int8"], "unknown --dtype 'int8'"),
     (["--format", "onnx", "--graph", "verify", "--predict"], "--predict is for --format coreml"),
     (["--format", "coreml", "--graph", "verify", "--predict"], "--predict:"),  # off macOS
@@ -45,7 +47,7 @@ def test_export_tree_rank_outside_the_codebook_is_one_line(tmp_path, capsys):
     assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--tree", "0;5000",
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "--tree rank 5000 is out of range for this model's codebook of 2048 codes" in err and err.count("\n") == 1
+    assert "tree rank 5000 is out of range for this model's codebook of 2048 codes" in err and err.count("\n") == 1
     assert not list(out.glob("*")) if out.exists() else True  # nothing written
 
 
@@ -149,3 +151,15 @@ def test_bench_backend_coreml_times_the_packages_call_by_call(tmp_path, capsys, 
     text = capsys.readouterr().out
     assert "| CPU_AND_NE | verify | 32 |" in text and "Core ML float16, macOS 15.1 arm64" in text
     assert seen["repeats"] == 3 and json.loads(out.read_text())["backend"] == "coreml"
+
+
+@pytest.mark.parametrize("other, crowded", [(0.9, True), (0.0, False)])  # 0.0: negative control
+def test_bench_backend_footer_counts_frames_and_says_oversubscribed(tmp_path, capsys, monkeypatch, other, crowded):
+    from rvqspec_lib.eval import speed
+
+    monkeypatch.setattr(speed._LoadMonitor, "describe", lambda self: {"other_cpu_frac": other})
+    rc = main(["bench", "--model", "tiny-random", "--backend", "eager", "--repeats", "3", "--warmup", "1",
+               "--no-progress", "--decoders", "ar"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "3 timed frames per decoder (after 1 warm-up frames)" in out, out
+    assert ("OVERSUBSCRIBED: other processes used 90% of the CPU" in out) is crowded, out

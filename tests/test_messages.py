@@ -221,3 +221,29 @@ def test_importing_coremltools_through_the_library_prints_no_loader_lines():
                            env=env)
     if sys.platform != "darwin":  # the negative control: a plain import prints them here
         assert "Failed to load _MLModelProxy" in plain.stderr, plain.stderr
+
+
+# ---- --text-file given a folder, --model given a path that does not exist ----------------------------------------
+@pytest.mark.parametrize("what, needle", [("folder", "is a folder: give a UTF-8 text file"),
+                                          ("missing", "does not exist")])  # missing: the other message stays
+def test_text_file_that_is_a_folder_says_so(tmp_path, capsys, monkeypatch, what, needle):
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    arg = tmp_path if what == "folder" else tmp_path / "nosuch.txt"
+    rc = main(["synth", "--model", "tiny-random", "--text-file", str(arg), "--out", str(tmp_path / "a.wav")])
+    line = _one_error_line(capsys.readouterr().err)
+    assert rc == 2 and needle in line and ("is a folder" in line) is (what == "folder"), line
+
+
+@pytest.mark.parametrize("model", ["./no/such/folder", "/no/such/folder"])
+def test_model_path_that_does_not_exist_says_so(tmp_path, capsys, monkeypatch, model):
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    rc = main(["synth", "--model", model, "--text", "Hi.", "--out", str(tmp_path / "a.wav")])
+    line = _one_error_line(capsys.readouterr().err)
+    assert rc == 2 and f"--model folder {Path(model)} does not exist" in line and "unknown model" not in line, line
+
+
+def test_unknown_model_name_is_still_unknown(tmp_path, capsys, monkeypatch):
+    """Control: a bare name that is no model keeps the 'unknown model' list."""
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    rc = main(["synth", "--model", "no-such-model", "--text", "Hi.", "--out", str(tmp_path / "a.wav")])
+    assert rc == 2 and "unknown model 'no-such-model'" in _one_error_line(capsys.readouterr().err)

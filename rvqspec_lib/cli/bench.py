@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from rvqspec_lib.cli.common import add_threads_arg, apply_threads
+from rvqspec_lib.cli.common import add_threads_arg, apply_threads, note
 from rvqspec_lib.eval.bench import DEFAULT_QUERY_SIZES, PRECISION_QUERY_SIZES
 
 #: ``--backend`` values: rvqspec_lib.eval.export_timing.BACKENDS, repeated here so that the parser does not import
@@ -37,9 +37,11 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ``--seed``, ``--no-progress``, ``--backend NAME``.
     """
     parser.add_argument("--model", default="qwen3-tts-0.6b-random",
-                        help="tiny-random, qwen3-tts-0.6b-random, qwen3-tts-1.7b-random, a checkpoint dir or hub id")
+                        help="embedded (the shipped trained model), tiny-random, qwen3-tts-0.6b-random, "
+                             "qwen3-tts-1.7b-random, a checkpoint dir or hub id")
     parser.add_argument("--json", dest="json_path", default=None, help="write the full result (+ provenance) here")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median reported)")
+    parser.add_argument("--repeats", type=int, default=20, help="default 20: call latencies, timed calls per query size (median reported); --backend, "
+                             "timed frames per decoder (each frame decoded once, median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls before each measurement")
     add_threads_arg(parser)
     parser.add_argument("--queries", type=_int_list, default=None,
@@ -96,10 +98,12 @@ def check_args(args) -> None:
         if args.backend is None:
             raise ValueError("--decoders is for --backend (frame times per decoder); the call latencies take none")
         for name in split_decoder_list(args.decoders):
-            d = parse_decoder_name(name)
+            d = parse_decoder_name(name, without=("auto", "chain:best"))
             if d.kind == "auto" or d.best_window:
                 raise ValueError(f"bench times named decoders: {d.text} is chosen elsewhere; give e.g. chain:4,paper")
-            check_decoder_files(d, args.model)  # the drafter and trees beside the model, before it loads
+            capped = check_decoder_files(d, args.model)  # the drafter and trees beside the model, before it loads
+            if capped:
+                note(capped)
 
 
 def dtypes(args) -> list[str]:

@@ -182,6 +182,8 @@ def check_utf8(text: str, flag: str) -> None:
 def read_text_file(path: str | os.PathLike, flag: str) -> str:
     """A UTF-8 text file's content; one-line errors for a missing file or other bytes."""
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {p} is a folder: give a UTF-8 text file, one sentence a line")
     if not p.is_file():
         raise ValueError(f"{flag} {p} does not exist")
     try:
@@ -215,17 +217,23 @@ DECODER_HELP = ("inner-loop decoder, one of: ar | chain[:N] | tree[:PATHS] | tre
                 "among AR, chains and the calibrated trees, timed once and cached")
 
 
-def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree: str | None = None):
+def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree: str | None = None, *,
+                            without=("chain:best",)):
     """``--decoder`` (with the older ``--window`` / ``--tree`` companions) as ONE name of the grammar
     (:mod:`rvqspec_lib.decoding.decoder_names`): ``--decoder chain --window 6`` is ``chain:6``, ``--decoder tree --tree
     calibrated:16`` is ``tree:calibrated:16``. Returns a :class:`~rvqspec_lib.decoding.decoder_names.DecoderName`.
 
+    ``without``: forms the command does not take, left out of an unknown name's list (default ``chain:best``,
+    which only eval-wer chooses).
+
     Raises:
         ValueError: a flag the chosen decoder does not use, any bad name, window, budget or path (one line).
     """
-    from rvqspec_lib.decoding.decoder_names import parse_decoder_name
+    from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
 
-    text = (decoder or "ar").strip()
+    text = "ar" if decoder is None else decoder.strip()
+    if not text:
+        raise ValueError(f"--decoder is empty: give one of {grammar(without)}")
     if window is not None and text != "chain":
         raise ValueError("--window is for --decoder chain; drop it or add --decoder chain (or write chain:N)")
     if tree is not None and text != "tree":
@@ -234,14 +242,18 @@ def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree
         text = f"chain:{window}"
     elif tree is not None:
         text = f"tree:{tree.strip()}"
-    return parse_decoder_name(text)
+    return parse_decoder_name(text, without=without)
 
 
-def check_decoder_files(name, model: str, *, n_codes: int | None = None, codebook_size: int | None = None) -> None:
+def check_decoder_files(name, model: str, *, n_codes: int | None = None,
+                        codebook_size: int | None = None) -> str | None:
     """Before loading: the files a decoder name reads beside the model exist and are sound: its drafter
     (``@DRAFTER``, ``paper``: ``<model>/drafters/<drafter>.safetensors``) and, for calibrated trees, ``paper`` and
     ``auto``, that drafter's calibration ``<model>/trees/<drafter>.json`` (shape checked, and against the model's
     sizes when given).
+
+    Returns a one-line note when the tree used has fewer nodes than the name asks for (``paper`` without ``:N``
+    capped to the largest calibrated budget below 32), else ``None``.
 
     Raises:
         ValueError, FileNotFoundError: one line naming the file and the fix (the recalibrate command).
@@ -250,10 +262,10 @@ def check_decoder_files(name, model: str, *, n_codes: int | None = None, codeboo
     from rvqspec_lib.models.tree_files import load_calibration, recalibrate_command, tree_file
 
     if name.kind == "ar":
-        return
+        return None
     check_shipped_drafter(model, name.drafter)
     if "calibration" not in name.needs:
-        return
+        return None
     path = tree_file(model, name.drafter)
     what = f"--decoder {name.text}"
     if path is None:
@@ -265,9 +277,14 @@ def check_decoder_files(name, model: str, *, n_codes: int | None = None, codeboo
     cal = load_calibration(path, n_codes=n_codes, codebook_size=codebook_size, model=model, drafter=name.drafter)
     if name.kind in ("calibrated", "paper"):
         try:
-            name.calibrated_tree(cal)
+            tree = name.calibrated_tree(cal)
         except ValueError as e:
             raise ValueError(f"{what}: {e} ({path})") from None
+        used = len(tree.paths) + 1
+        if used < name.budget:
+            return (f"{name.text}: the {name.drafter} calibration ({path}) holds budgets up to {max(cal['budgets'])}; "
+                    f"using N {used} (recalibrate: {recalibrate_command(model, name.drafter)})")
+    return None
 
 
 def build_decoder(name, lm, *, progress: bool = False):
@@ -321,5 +338,7 @@ def check_tree_ranks(decoders, codebook_size: int) -> None:
             continue
         top = max(max(p) for p in paths)
         if top >= codebook_size:
-            raise ValueError(f"--tree rank {top} is out of range for this model's codebook of {codebook_size} codes: "
+            what = f"decoder {d.text!r}" if isinstance(getattr(d, "text", None), str) else "--tree"
+            raise ValueError(f"{what}: tree rank {top} is out of range for this model's codebook of "
+                             f"{codebook_size} codes: "
                              f"use ranks 0..{codebook_size - 1}")

@@ -93,7 +93,7 @@ def check_decoder_names(names, model: str) -> set[str]:
 
     needs: set[str] = set()
     for name in names:
-        d = parse_decoder_name(name)
+        d = parse_decoder_name(name, without=("auto",))
         if d.kind == "auto":
             raise ValueError("auto is chosen by timing (rvqspec synth --decoder auto): name decoders here, e.g. "
                              "chain:4,paper")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -70,7 +71,10 @@ def check_args(args) -> str | None:
         return f"unknown --target {args.target!r}: use macOS15 or iOS18"
     if args.graph != "verify" and (args.nodes is not None or args.tree is not None
                                    or getattr(args, "decoder", None) is not None):
-        return f"--nodes and --tree are for --graph verify (and --decoder); the {args.graph} graph has none"
+        given = [f for f, v in (("--decoder", getattr(args, "decoder", None)), ("--nodes", args.nodes),
+                                ("--tree", args.tree)) if v is not None]
+        return f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for --graph verify; the {args.graph} graph " \
+               "has no tree: drop it or use --graph verify"
     if args.tree is not None and getattr(args, "decoder", None) is not None:
         return "--tree and --decoder both name the verify graph's tree: give one"
     if args.nodes is not None and not 2 <= args.nodes <= 64:
@@ -312,7 +316,13 @@ def run_bench_backend(args) -> int:
                                     "speedup_vs_ar", "speedup_vs_fused"]))
     m = res["meta"]
     print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m.get('device')}, {m.get('dtype')}, "
-          f"{m.get('threads')} thread(s), backend {name}; contexts: {source}")
+          f"{m.get('threads')} thread(s), backend {name}; {args.repeats} timed frames per decoder (after "
+          f"{getattr(args, 'warmup', 2)} warm-up frames), their contexts from {source}")
+    from rvqspec_lib.eval.bench import oversubscribed_note
+
+    crowded = oversubscribed_note({**m, "cpu_count": m.get("cpu_count") or os.cpu_count()})
+    if crowded:
+        print(crowded)
     if getattr(args, "json_path", None):
         save_json({**res, "model": args.model, "backend": name, "contexts": source}, args.json_path,
                   provenance({"model": args.model, "backend": name, "repeats": args.repeats}))

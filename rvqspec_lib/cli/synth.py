@@ -167,8 +167,8 @@ def check_against_model(args, facts) -> None:
         raise ValueError(f"unknown speaker {args.speaker!r}: this model's speakers are "
                          f"{', '.join(facts.speakers) or '(none)'}")
     check_tree_ranks([args.decoder_name], facts.codebook_size)
-    check_decoder_files(args.decoder_name, args.model, n_codes=facts.n_code_groups - 1,
-                        codebook_size=facts.codebook_size)
+    args.budget_note = check_decoder_files(args.decoder_name, args.model, n_codes=facts.n_code_groups - 1,
+                                           codebook_size=facts.codebook_size)
     if args.codes_to_audio != "auto" and not facts.offline_codec:
         raise ValueError(f"--codes-to-audio {args.codes_to_audio}: {args.model} has no offline codec to choose a "
                          "decoder for (only models built by `make embedded` do); leave it at auto")
@@ -190,7 +190,9 @@ def run(args, threads: int) -> int:
     if facts is not None:
         check_against_model(args, facts)
     else:
-        check_decoder_files(args.decoder_name, args.model)
+        args.budget_note = check_decoder_files(args.decoder_name, args.model)
+    if getattr(args, "budget_note", None):
+        note(args.budget_note)
 
     threads = apply_threads(threads)  # after the cheap checks: torch loads here
     import numpy as np
@@ -199,6 +201,7 @@ def run(args, threads: int) -> int:
     from rvqspec_lib.common.files import atomic_outputs
     from rvqspec_lib.models.frame import synthesize
     from rvqspec_lib.models.text_language import english_only_note
+    from rvqspec_lib.decoding.decoders import is_lossless
     from rvqspec_lib.decoding.sampling import Sampling
 
     t = time.perf_counter()
@@ -232,6 +235,11 @@ def run(args, threads: int) -> int:
 
     if chose:
         _note(chose)
+    if getattr(args, "budget_note", None):
+        notes.append(args.budget_note)  # printed by the checks, before loading
+    if not is_lossless(decoder):
+        _note(f"LOSSY: {args.decoder_name.text} changes the code distribution (a control, not lossless speculative "
+              "decoding); its audio is not the target model's")
     if lm.is_random:
         _note(f"{args.model} has RANDOM weights (timing only): the audio and acceptance mean nothing")
     langs = set(lm.model.config.talker_config.codec_language_id or {})
@@ -322,6 +330,7 @@ def run(args, threads: int) -> int:
                                if any(r["wav"] is not None for r in rows) else None),
             "seed": args.seed,
             "greedy": args.greedy,
+            "dtype": args.dtype,
             "sampling": sampling.describe(),
             "talker_sampling": talker_sampling.describe(),
             "threads": threads,

@@ -46,11 +46,23 @@ DEFAULT_DRAFTER = "heads"
 MIN_BUDGET, MAX_BUDGET = 2, 64
 #: Tree kinds of a calibration file.
 TREE_KINDS = ("point-mass", "sampled")
+#: Every accepted form, in order: (form, how the grammar line writes it).
+FORMS = (("ar", "ar"), ("chain", "chain[:N] (N in 2..8)"), ("chain:best", "chain:best"),
+         ("tree", "tree[:<rank paths e.g. 0;1;0,0>]"), ("tree-sampled", "tree-sampled:<paths>"),
+         ("calibrated", "tree:calibrated[-point-mass|-sampled][:N] (N in 2..64)"),
+         ("ssd-lossy", "ssd-lossy[:BETA] (LOSSY control)"), ("auto", "auto"),
+         ("paper", "paper[:N] (offsets + their calibrated point-mass tree, N default 32)"))
+
+
+def grammar(without: Sequence[str] = ()) -> str:
+    """One line listing the accepted forms (error messages and help texts), less the forms ``without`` (e.g.
+    ``("chain:best",)`` for a command that does not take it)."""
+    return (", ".join(text for form, text in FORMS if form not in without)
+            + "; add @DRAFTER for another drafter (e.g. tree:calibrated:16@offsets)")
+
+
 #: One line listing every accepted form (error messages and help texts).
-GRAMMAR = ("ar, chain[:N] (N in 2..8), chain:best, tree[:<rank paths e.g. 0;1;0,0>], tree-sampled:<paths>, "
-           "tree:calibrated[-point-mass|-sampled][:N] (N in 2..64), ssd-lossy[:BETA] (LOSSY control), auto, "
-           "paper[:N] (offsets + their calibrated point-mass tree, N default 32); add @DRAFTER for another drafter "
-           "(e.g. tree:calibrated:16@offsets)")
+GRAMMAR = grammar()
 
 _DRAFTER = re.compile(r"^[a-z][a-z0-9_-]*$")
 _CALIBRATED = re.compile(r"^calibrated(?:-([a-z-]+))?(?::(.*))?$")
@@ -189,8 +201,9 @@ def is_calibrated_name(text: str | None) -> bool:
     return isinstance(text, str) and text.strip().startswith("calibrated")
 
 
-def parse_decoder_name(text: str) -> DecoderName:
-    """Parse one decoder name (module docstring, :data:`GRAMMAR`).
+def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName:
+    """Parse one decoder name (module docstring, :data:`GRAMMAR`); ``without``: forms the calling command does not
+    accept, left out of the list an unknown or empty name is answered with (:func:`grammar`).
 
     Raises:
         ValueError: one line naming the fix: an unknown name (the grammar is listed), a window outside 2..8, a
@@ -200,7 +213,7 @@ def parse_decoder_name(text: str) -> DecoderName:
 
     raw = (text or "").strip() if isinstance(text, str) else ""
     if not raw:
-        raise ValueError(f"empty decoder name: use one of {GRAMMAR}")
+        raise ValueError(f"empty decoder name: use one of {grammar(without)}")
     body, at, drafter = raw.partition("@")
     body, drafter = body.strip(), drafter.strip()
     if at and not _DRAFTER.match(drafter):
@@ -246,8 +259,8 @@ def parse_decoder_name(text: str) -> DecoderName:
             return DecoderName(raw, "ssd-lossy", drafter, window=4, beta=beta)
     except ValueError as e:
         msg = str(e)
-        raise ValueError(msg if raw in msg else f"decoder {raw!r}: {msg}") from None
-    raise ValueError(f"unknown decoder {raw!r}: use {GRAMMAR}")
+        raise ValueError(msg if repr(raw) in msg else f"decoder {raw!r}: {msg}") from None
+    raise ValueError(f"unknown decoder {raw!r}: use {grammar(without)}")
 
 
 def split_decoder_list(text: str) -> list[str]:

@@ -51,6 +51,9 @@ class AutoChoice:
             ``verify_ratio`` t(N)/t(1), ``predicted_speedup`` E(N) t(1)/t(N), and for the measured candidates
             ``ms_per_code`` and ``speedup`` (vs AR's measured time per code).
         key: the cache key (device, model, dtype, drafter, threads, calibration digest).
+        oversubscribed: the ``OVERSUBSCRIBED: ...`` words (:func:`rvqspec_lib.eval.bench.oversubscribed_note`) when
+            other processes crowded the CPU while the verify calls were timed, else ``""`` (such a choice is not
+            cached).
     """
 
     label: str
@@ -58,6 +61,7 @@ class AutoChoice:
     reason: str
     table: list = field(default_factory=list)
     key: dict = field(default_factory=dict)
+    oversubscribed: str = ""
 
 
 def device_name(device: torch.device) -> str:
@@ -145,6 +149,9 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
     curve = verify_cost_curve(cp, {"b": backend}, query_sizes=sorted({c[2] for c in cands}), repeats=cost_repeats,
                               warmup=2, seed=seed, progress=progress)
     costs = {r["query_positions"]: r["median_ms"] for r in curve["rows"]}
+    from rvqspec_lib.eval.bench import oversubscribed_note
+
+    crowded = oversubscribed_note({**curve["meta"], "cpu_count": curve["meta"].get("cpu_count") or os.cpu_count()})
     t1 = costs[1]
     rows = []
     for label, dec, nodes, e in cands:
@@ -171,7 +178,7 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
               f"{b['verify_ratio']:.2f}, predicted speedup E(N) t(1)/t(N) = {b['predicted_speedup']:.2f}x; "
               f"{len(chosen)} of {len(rows)} candidates decoded ({min(frames, contexts.shape[0])} frames x "
               f"{repeats} repeats)")
-    return AutoChoice(best, by_label[best], reason, rows)
+    return AutoChoice(best, by_label[best], reason, rows, oversubscribed=crowded)
 
 
 def cache_file() -> Path:
@@ -247,7 +254,8 @@ def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.
                  **kwargs) -> AutoChoice:
     """:func:`choose_decoder`, cached per device, model, dtype, drafter, threads and calibration.
 
-    A cached choice is reused (``reason`` says so) unless ``refresh``; a new one is written atomically. A damaged
+    A cached choice is reused (``reason`` says so) unless ``refresh``; a new one is written atomically, unless its
+    verify-cost timing was oversubscribed (:attr:`AutoChoice.oversubscribed`: ``reason`` says so). A damaged
     cache (binary garbage, JSON of another shape) is a one-line warning and the decoders are timed again; an
     unwritable cache folder is a one-line warning naming ``RVQSPEC_CACHE`` and the choice is still returned.
     """
@@ -261,10 +269,13 @@ def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.
         dec = {c[0]: c[1] for c in candidates(calibration)}.get(label)
         if dec is not None:
             table = hit.get("table", [])
-            return AutoChoice(label, dec, f"cached choice ({path}): {hit.get('reason', '')}",
-                              table if isinstance(table, list) else [], key)
+            return AutoChoice(label, dec, f"{hit.get('reason', '') or label} (a cached choice, {path}: delete it or "
+                              "set RVQSPEC_CACHE to time again)", table if isinstance(table, list) else [], key)
     choice = choose_decoder(code_predictor, calibration, contexts, drafter=drafter, **kwargs)
     choice.key = key
+    if choice.oversubscribed:  # a noisy choice is used once, never kept
+        choice.reason += f"; {choice.oversubscribed} while timing, so this choice is not cached"
+        return choice
     store[kid] = {"label": choice.label, "reason": choice.reason, "table": choice.table, "key": key,
                   "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
     write_cache(path, store)

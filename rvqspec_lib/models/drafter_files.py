@@ -73,7 +73,8 @@ def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
     (``model``: a name, a folder, or a loaded model).
 
     Raises:
-        ValueError: (one line naming the fix) a model without a folder, or no ``drafters/<name>.safetensors``.
+        ValueError: (one line naming the fix) a model without a folder, no ``drafters/<name>.safetensors``, or one
+            whose header cannot be read (:func:`read_description`).
     """
     if name == "heads":
         return
@@ -87,6 +88,7 @@ def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
         raise ValueError(f"the {name!r} drafter is not shipped beside {model} (no {d / 'drafters' / (name + '.safetensors')}"
                          f"; shipped: {', '.join(have) or 'none'}): choose a shipped one or "
                          + _how_to_train("offsets", str(d / "drafters" / (name + ".safetensors"))))
+    read_description(d / "drafters" / f"{name}.safetensors")  # its header, cheaply: a damaged file fails here
 
 
 def shipped_drafter(model: str | os.PathLike, name: str, code_predictor):
@@ -104,7 +106,7 @@ def shipped_drafter(model: str | os.PathLike, name: str, code_predictor):
 
 def _how_to_train(name: str, where: str) -> str:
     return (f"train one with `rvqspec train-drafter --model <model> --drafter {name} --out {where}` "
-            f"(or rvqspec_lib.training.drafters.train_drafter), or use --drafter heads (no training)")
+            f"(or rvqspec_lib.training.drafters.train_drafter), or use @heads (the reused heads, no training)")
 
 
 def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = None, *, fresh: bool = False,
@@ -179,11 +181,20 @@ def save_drafter(drafter, path: str | os.PathLike) -> Path:
 
 
 def read_description(path: str | os.PathLike) -> dict:
-    """The JSON description stored in a drafter file's header (no tensors are read)."""
-    from safetensors import safe_open
+    """The JSON description stored in a drafter file's header (no tensors are read).
 
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
+    Raises:
+        ValueError: a file that is not safetensors or was cut short (one line naming the file and the fix), not an
+            rvqspec drafter file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except SafetensorError as e:
+        raise ValueError(f"drafter file {path} is damaged ({e}): copy it again (git checkout) or retrain it "
+                         "(rvqspec train-drafter)") from None
     if "rvqspec" not in meta:
         raise ValueError(f"{path} is not an rvqspec drafter file (no 'rvqspec' header metadata)")
     desc = json.loads(meta["rvqspec"])

@@ -209,8 +209,11 @@ def _resolve(name) -> tuple[str, Path | None]:
         if not (path / "config.json").exists():
             raise ModelNotFoundError(f"{path} has no config.json: point --model at a Qwen3-TTS checkpoint directory")
         return "checkpoint", path
-    if "/" in name and not name.startswith((".", "/")):
+    if "/" in name and not name.startswith((".", "/", "~")):
         return "hub", None
+    if name.startswith((".", "/", "~")) or os.sep in name:
+        raise ModelNotFoundError(f"--model folder {path} does not exist: check the path, or use {EMBEDDED_MODEL} or "
+                                 "a hub id such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
     raise ModelNotFoundError(
         f"unknown model {name!r}: use one of {', '.join((EMBEDDED_MODEL,) + TINY_MODELS + tuple(RANDOM_MODELS))}, "
         "a local checkpoint "
@@ -402,7 +405,13 @@ def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -
         ids = cfg["talker_config"].get("codec_language_id") or {}
         cfg["talker_config"]["codec_language_id"] = {k: v for k, v in ids.items() if k in langs}
     model = build_from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)
-    load_weights(model, str(weights), strict=True)
+    from safetensors import SafetensorError
+
+    try:
+        load_weights(model, str(weights), strict=True)
+    except SafetensorError as e:
+        raise ValueError(f"model weights {weights} are damaged ({e}): copy the file again (git checkout "
+                         "data/embedded) or rebuild it (`make embedded`)") from None
     tok = tokenizer_from_spec(marker.get("tokenizer", {"kind": "bytes"}), cfg)
     fr, sr = float(marker.get("frame_rate_hz", 12.5)), int(marker.get("sample_rate_hz", 24000))
     speech = None

@@ -79,6 +79,9 @@ def _problem(cal) -> str | None:
         order = k.get("order")
         if not isinstance(order, list) or len(order) < max(budgets) - 1:
             return f"{kind}.order is missing or holds fewer than {max(budgets) - 1} nodes"
+        if len(order) != max(budgets) - 1:  # calibrate grows exactly the largest budget's tree
+            return (f"{kind}.order holds {len(order)} nodes but 'budgets' go up to {max(budgets)} "
+                    f"({max(budgets) - 1} nodes)")
         seen: set = set()
         for path in order:
             if (not isinstance(path, list) or not path
@@ -107,7 +110,8 @@ def load_calibration(path: str | os.PathLike, *, n_codes: int | None = None, cod
 
     Raises:
         FileNotFoundError: no file (the message says how to make one).
-        ValueError: not JSON, not a calibration file, missing keys or wrong types, a bad rank path inside, or one made
+        ValueError: not JSON, not a calibration file, missing keys or wrong types, a bad rank path inside, an order
+            longer or shorter than its budgets, another drafter's calibration (``drafter`` given), or one made
             for another number of codes or codebook size.
     """
     p = Path(path)
@@ -123,6 +127,9 @@ def load_calibration(path: str | os.PathLike, *, n_codes: int | None = None, cod
     problem = _problem(cal)
     if problem:
         raise ValueError(f"{p} is damaged: {problem}: recalibrate with `{cmd}`")
+    if drafter is not None and isinstance(cal.get("drafter"), str) and cal["drafter"] != drafter:
+        raise ValueError(f"{p} is damaged: it was calibrated for the {cal['drafter']!r} drafter, not {drafter!r}: "
+                         f"recalibrate with `{cmd}`")
     for key, want in (("n_codes", n_codes), ("codebook_size", codebook_size)):
         if want is not None and int(cal[key]) != int(want):
             raise ValueError(f"{p} was calibrated for {key} = {cal.get(key)}, this model has {want}: calibrate the "

@@ -39,3 +39,29 @@ def small():
     from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 
     return build_from_config(tiny_config_dict(n_code_groups=4, codebook_size=8), seed=0).talker.code_predictor.eval()
+
+
+class _SineTokenizer:
+    """A speech tokenizer stand-in (tiny-random has no codec): a quiet sine, 1920 samples a frame at 24 kHz."""
+
+    def decode(self, items):
+        import numpy as np
+
+        n = items[0]["audio_codes"].shape[0] * 1920
+        return [0.1 * np.sin(np.arange(n, dtype=np.float32) / 10)], 24000
+
+
+@pytest.fixture
+def tiny_with_audio(monkeypatch):
+    """``load_model`` as usual, but the model gets :class:`_SineTokenizer` as its speech tokenizer, so ``synth``
+    writes audio for tiny-random."""
+    import rvqspec_lib.models.loader as loader
+
+    real = loader.load_model
+
+    def load(name, **kw):
+        lm = real(name, **kw)
+        lm.speech_tokenizer = _SineTokenizer()
+        return lm
+
+    monkeypatch.setattr(loader, "load_model", load)

@@ -241,26 +241,6 @@ def test_synth_refuses_a_folder_where_no_file_can_be_created(tmp_path, capsys, m
 # ---------------------------------------------------------------------------------------------------------------------
 # synth: outputs are atomic; timings; the note for audio far shorter than the text
 # ---------------------------------------------------------------------------------------------------------------------
-class _SineTokenizer:
-    """A speech tokenizer stand-in: 1920 samples of a quiet sine per frame at 24 kHz (tiny-random has no codec)."""
-
-    def decode(self, items):
-        n = items[0]["audio_codes"].shape[0] * 1920
-        return [0.1 * np.sin(np.arange(n, dtype=np.float32) / 10)], 24000
-
-
-@pytest.fixture
-def tiny_with_audio(monkeypatch):
-    real = loader.load_model
-
-    def load(name, **kw):
-        lm = real(name, **kw)
-        lm.speech_tokenizer = _SineTokenizer()
-        return lm
-
-    monkeypatch.setattr(loader, "load_model", load)
-
-
 def test_synth_writes_audio_codes_and_json_with_timings(tmp_path, capsys, tiny_with_audio):
     import soundfile as sf
 

@@ -13,26 +13,6 @@ import rvqspec_lib.models.loader as loader
 from rvqspec_lib.cli.main import main
 
 
-class _SineTokenizer:
-    """A speech tokenizer stand-in (tiny-random has no codec): a quiet sine, 1920 samples a frame at 24 kHz."""
-
-    def decode(self, items):
-        n = items[0]["audio_codes"].shape[0] * 1920
-        return [0.1 * np.sin(np.arange(n, dtype=np.float32) / 10)], 24000
-
-
-@pytest.fixture
-def tiny_with_audio(monkeypatch):
-    real = loader.load_model
-
-    def load(name, **kw):
-        lm = real(name, **kw)
-        lm.speech_tokenizer = _SineTokenizer()
-        return lm
-
-    monkeypatch.setattr(loader, "load_model", load)
-
-
 def _no_load(*a, **k):
     pytest.fail("the model was loaded before the bad input was refused")
 

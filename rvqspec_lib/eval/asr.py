@@ -58,6 +58,16 @@ def _mono_float(wav) -> np.ndarray:
     return wav.astype(np.float32, copy=False)
 
 
+def _mono_at(wav, sample_rate: int, target: int) -> np.ndarray:
+    """``wav`` as mono float32 at ``target`` Hz (librosa's resampler: torchaudio does not load here)."""
+    wav = _mono_float(wav)
+    if wav.size and int(sample_rate) != int(target):
+        import librosa
+
+        wav = librosa.resample(wav, orig_sr=int(sample_rate), target_sr=int(target))
+    return wav
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # PocketSphinx
 # --------------------------------------------------------------------------------------------------------------------
@@ -123,13 +133,9 @@ class PocketSphinxASR(ASR):
         return cls(lm=lm_path, dictionary=dict_path, label=PROMPT_INFORMED_LABEL)
 
     def transcribe(self, wav: np.ndarray, sample_rate: int) -> str:
-        wav = _mono_float(wav)
+        wav = _mono_at(wav, sample_rate, self.sample_rate)
         if wav.size == 0:
             return ""
-        if int(sample_rate) != self.sample_rate:
-            import librosa
-
-            wav = librosa.resample(wav, orig_sr=int(sample_rate), target_sr=self.sample_rate)
         pcm = (np.clip(wav, -1.0, 1.0) * 32767.0).astype(np.int16)
         d = self._decoder
         d.start_utt()
@@ -275,13 +281,9 @@ class FasterWhisperASR(ASR):
         self.name = label or f"whisper:{model_dir}"
 
     def transcribe(self, wav: np.ndarray, sample_rate: int) -> str:
-        wav = _mono_float(wav)
+        wav = _mono_at(wav, sample_rate, self.sample_rate)
         if wav.size == 0:
             return ""
-        if int(sample_rate) != self.sample_rate:
-            import librosa
-
-            wav = librosa.resample(wav, orig_sr=int(sample_rate), target_sr=self.sample_rate)
         segments, _ = self._model.transcribe(np.ascontiguousarray(wav, dtype=np.float32), language=self.language,
                                              beam_size=self.beam_size, temperature=0.0,
                                              condition_on_previous_text=False, vad_filter=False)
@@ -323,14 +325,10 @@ class TransformersASR(ASR):
         self.name = f"transformers:{model_id}"
 
     def transcribe(self, wav: np.ndarray, sample_rate: int) -> str:
-        wav = _mono_float(wav)
+        target = int(getattr(getattr(self._pipe, "feature_extractor", None), "sampling_rate", 0) or sample_rate)
+        wav = _mono_at(wav, sample_rate, target)  # not the pipeline's resampler: it needs torchaudio
         if wav.size == 0:
             return ""
-        target = int(getattr(getattr(self._pipe, "feature_extractor", None), "sampling_rate", 0) or sample_rate)
-        if int(sample_rate) != target:  # the pipeline resamples with torchaudio, which does not load here: librosa
-            import librosa
-
-            wav = librosa.resample(wav, orig_sr=int(sample_rate), target_sr=target)
         kw = {"generate_kwargs": {"language": self.language}} if self.language else {}
         out = self._pipe({"raw": wav, "sampling_rate": target}, **kw)
         return str(out["text"]).strip()

@@ -104,6 +104,15 @@ class Sampling:
         return self.warpers()
 
 
+def or_fresh_generator(generator: torch.Generator | None, device) -> torch.Generator:
+    """``generator`` itself, or, when ``None``, a fresh generator on ``device`` seeded from the OS (non-deterministic;
+    never the global RNG): the rule of every ``generator=`` argument of the library."""
+    if generator is None:
+        generator = torch.Generator(device=device)
+        generator.seed()
+    return generator
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Draw one code per row, as ``GenerationMixin._sample`` does (``torch.multinomial`` on the probabilities).
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from rvqspec_lib.models.lean import RECOMPILE_LIMIT, LeanCodePredictor
 from rvqspec_lib.decoding import predictor as P
-from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.decoding.sampling import Sampling, or_fresh_generator
 
 
 def warp_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
@@ -136,7 +136,5 @@ class FusedARFrame:
     def decode(self, context: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Noise from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
         ``(B, n_codes)`` int64."""
-        if generator is None:
-            generator = torch.Generator(device=context.device)
-            generator.seed()
+        generator = or_fresh_generator(generator, context.device)
         return self(context, self.noise(context.shape[0], generator))

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from rvqspec_lib.models.fused import warp_scores
 from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.decoding import predictor as P
-from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.decoding.sampling import Sampling, or_fresh_generator
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -296,9 +296,7 @@ class FusedChainFrame:
     def decode(self, context: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Uniforms from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
         ``(B, n_codes)`` int64."""
-        if generator is None:
-            generator = torch.Generator(device=context.device)
-            generator.seed()
+        generator = or_fresh_generator(generator, context.device)
         return self(context, self.uniforms(context.shape[0], generator))
 
     def compile_all(self, batch: int = 1) -> float:

@@ -228,24 +228,29 @@ def suite_failures(rep: Report) -> list[str]:
     return [ln for ln, k in zip(rep.lines, rep.kinds) if k in ("empty", "damaged", "stale")]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, root: str | os.PathLike | None = None, echo=None) -> int:
     """``scripts/check_figures.py [--figures DIR]``: print the check's lines and a verdict; exit 0 when the folder is
-    one clean run of ``HEAD``, 1 when not, 2 when the folder is missing (one line naming the fix)."""
+    one clean run of ``HEAD``, 1 when not, 2 when the folder is missing (one line naming the fix).
+
+    ``root`` is the repository (default :data:`REPO_ROOT`) and ``echo`` receives every line instead of stdout/stderr
+    (tests pass both)."""
+    out = echo or print
+    err = echo or (lambda line: print(line, file=sys.stderr))
     ap = argparse.ArgumentParser(description="Check that the committed figures are one clean `make paper` run of "
                                              "the sources at HEAD (docs/reproducibility.md).")
     ap.add_argument("--figures", default="figures", help="results folder (default: figures, from the repository root)")
     args = ap.parse_args(argv)
     try:
-        rep = check_figures(args.figures)
+        rep = check_figures(args.figures, root=root)
     except FileNotFoundError as e:
-        print(f"check-figures: {e}: pass --figures DIR, a folder `make paper` wrote", file=sys.stderr)
+        err(f"check-figures: {e}: pass --figures DIR, a folder `make paper` wrote")
         return 2
     for ln in rep.lines:
-        print(ln)
+        out(ln)
     if rep.ok:
-        print(f"check-figures: {rep.fig_dir} is one clean run of HEAD {_short(rep.head)} "
-              f"({len(rep.records)} results): OK")
+        out(f"check-figures: {rep.fig_dir} is one clean run of HEAD {_short(rep.head)} "
+            f"({len(rep.records)} results): OK")
         return 0
-    print(f"check-figures: FAIL, {len(rep.lines)} problems in {rep.fig_dir} ({len(rep.records)} results, "
-          f"{len(rep.revisions)} revisions): {REGENERATE}")
+    out(f"check-figures: FAIL, {len(rep.lines)} problems in {rep.fig_dir} ({len(rep.records)} results, "
+        f"{len(rep.revisions)} revisions): {REGENERATE}")
     return 1

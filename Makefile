@@ -5,7 +5,9 @@
 #   make env                      create .venv (torch first, then requirements.txt, qwen-tts --no-deps, the project)
 #   make test [TEST_JOBS=2]       voices + env, then pytest on tests/ in TEST_JOBS processes (pytest-xdist)
 #   make paper                    voices + env, then execute every notebooks/NN_*.py -> build/executed/full-t1/,
-#                                 refresh figures/
+#                                 refresh figures/; prints the run time of each notebook and of the make, and
+#                                 writes them to figures/paper_run.{csv,md}; Ctrl-C leaves nothing half-written and
+#                                 the next `make paper` runs only what was stopped (docs/reproducibility.md)
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
 #                                 (one `make paper` at a time per checkout: a second refuses, naming build/.paper.lock)
 #   make lab [LAB_PORT=8888]      JupyterLab from .venv on 127.0.0.1, the notebooks/*.py opening as notebooks

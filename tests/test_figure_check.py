@@ -2,7 +2,7 @@
 
 :func:`rvqspec_lib.common.figure_check.check_figures` runs on copies of the committed ``figures/`` (their provenance
 files, with the git records rewritten) inside a temporary repository with three commits: A, then B (a library edit),
-then C (a docs edit). A copy made at C, or at B (the sources did not change after it), passes; the negative controls
+then C (a docs edit), then D (the drafters a regeneration deploys beside the model). A copy made at C, or at B (the sources did not change after it), passes; the negative controls
 fail and say why: one record naming A (stale, with the library file changed since), a dirty record (naming its
 changed file), a damaged one, an empty folder. Then the suite's rule on the committed tree: it reports while the
 library moves on, and fails only when figures/ is not one clean run (it can fail: a copy mixing revisions).
@@ -31,14 +31,17 @@ def git(root: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    """A repository with commits A (library v1), B (library v2), C (docs only); returns (root, {name: sha})."""
+    """A repository with commits A (library v1), B (library v2), C (docs only), D (what a regeneration commits
+    beside the figures: the drafters notebook 02 deploys); returns (root, {name: sha})."""
     r = tmp_path_factory.mktemp("check") / "repo"
     (r / "rvqspec_lib").mkdir(parents=True)
     (r / "docs").mkdir()
+    (r / "data/embedded/model/drafters").mkdir(parents=True)
     git(r, "init", "-q")
     shas = {}
     for name, path, text in (("A", "rvqspec_lib/lib.py", "v = 1\n"), ("B", "rvqspec_lib/lib.py", "v = 2\n"),
-                             ("C", "docs/notes.md", "notes\n")):
+                             ("C", "docs/notes.md", "notes\n"),
+                             ("D", "data/embedded/model/drafters/offsets.json", "{}\n")):
         (r / path).write_text(text)
         git(r, "add", "-A")
         git(r, "commit", "-qm", name)
@@ -70,7 +73,7 @@ def _set_git(folder: Path, name: str, **git_record) -> None:
 def test_a_consistent_copy_passes(repo, tmp_path):
     root, shas = repo
     fig = _copy_figures(tmp_path / "figures", shas["C"])
-    rep = FC.check_figures(fig, root=root)
+    rep = FC.check_figures(fig, root=root)  # HEAD is D: only docs and the run's own outputs changed since C
     assert rep.ok and rep.lines == [] and len(rep.records) >= 50 and list(rep.revisions) == [shas["C"]]
     assert any("/" in r.name for r in rep.records)  # records in a subfolder (figures/02_drafters/) are checked too
     # made at B: only docs changed since, so the sources equal HEAD's, and it passes
@@ -85,7 +88,7 @@ def test_one_older_revision_fails_and_is_named(repo, tmp_path):
     assert not rep.ok
     old = [ln for ln in rep.lines if f"made at {shas['A'][:7]}" in ln]
     assert len(old) == 1 and old[0].endswith("(0 dirty): 03_trees"), rep.lines
-    assert f"sources changed between {shas['A'][:7]} and HEAD {shas['C'][:7]} (1): rvqspec_lib/lib.py" \
+    assert f"sources changed between {shas['A'][:7]} and HEAD {shas['D'][:7]} (1): rvqspec_lib/lib.py" \
         in " ".join(rep.lines)
     assert FC.suite_failures(rep)  # a folder mixing revisions fails the suite, too
     out = []

@@ -82,6 +82,12 @@ def resolve_out_dir(out_dir: str | os.PathLike, *, smoke: bool = False, root: st
 #: (docs/reproducibility.md).
 SOURCE_PATHS = ("rvqspec_lib", "notebooks", "scripts", "data", "Makefile", "requirements.txt", "pyproject.toml",
                 "environment.yml")
+#: Tracked files inside the sources that ``make paper`` itself rewrites: run outputs like ``figures/``, so left
+#: out: notebook 02 deploys the trained offsets beside the embedded model (``drafters/``), notebook 03 writes the
+#: reused heads' calibrated trees (``trees/heads.json``). Committed with the figures of the same run.
+RUN_OUTPUT_PATHS = ("data/embedded/model/drafters", "data/embedded/model/trees/heads.json")
+#: :data:`SOURCE_PATHS` minus :data:`RUN_OUTPUT_PATHS`, as git pathspecs (``git status`` / ``git diff -- ...``)
+SOURCE_PATHSPECS = (*SOURCE_PATHS, *(f":(exclude){p}" for p in RUN_OUTPUT_PATHS))
 
 
 def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:
@@ -95,7 +101,8 @@ def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:
 
 
 def changed_sources(root: str | os.PathLike | None = None) -> list[str] | None:
-    """The tracked source files (:data:`SOURCE_PATHS`) whose working-tree or staged content differs from ``HEAD``.
+    """The tracked source files (:data:`SOURCE_PATHS`, less the run's own :data:`RUN_OUTPUT_PATHS`) whose
+    working-tree or staged content differs from ``HEAD``.
 
     ``git status --porcelain -z --untracked-files=no`` limited to the sources: an edited, staged, deleted or renamed
     tracked file counts; an untracked file (scratch, a notebook's ``.ipynb`` under ``build/``) and every file outside
@@ -111,7 +118,7 @@ def changed_sources(root: str | os.PathLike | None = None) -> list[str] | None:
     if git_output("rev-parse", "--verify", "-q", "HEAD", root=root) is None:
         return None
     out = git_output("--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=no", "--",
-                     *SOURCE_PATHS, root=root)
+                     *SOURCE_PATHSPECS, root=root)
     if out is None:
         return None
     fields, names, i = out.split("\0"), set(), 0
@@ -136,7 +143,7 @@ def git_revision(root: str | os.PathLike | None = None) -> dict:
     Returns:
         ``{"revision": <40-hex sha or None>, "dirty": <bool or None>, "changed_sources": <list of paths or None>}``.
         ``revision`` is ``HEAD``, the commit the sources equal when ``dirty`` is false; ``dirty`` is true when a
-        tracked source file (:data:`SOURCE_PATHS`) differs from it, and ``changed_sources`` names those files
+        tracked source file (:data:`SOURCE_PATHSPECS`) differs from it, and ``changed_sources`` names those files
         (:func:`changed_sources`). A run's own outputs (``figures/``, ``build/``) and untracked files never make a
         record dirty. ``revision`` is ``None`` outside a git checkout or before the first commit; ``dirty`` and
         ``changed_sources`` are ``None`` when git is unavailable. The key ``changed_sources`` marks a record written

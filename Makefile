@@ -172,7 +172,7 @@ $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
 # stamp gets the previous one's as an ORDER-ONLY prerequisite (01 before 03 before 05): when both must run, the later
 # waits; when the earlier is up to date, the later runs without re-running it (order-only: its time stamp does not
 # count). The other notebooks may overlap with them. (Run alone, `make figures/.03_x.done` makes a missing 01 stamp
-# first.) TIMING_NB lists the notebooks' numbers.
+# first.) TIMING_NB lists the notebooks' numbers. (GNU make manual, "Types of Prerequisites": order-only ones.)
 TIMING_NB     ?= 01 03 05
 TIMING_EXEC   := $(foreach n,$(TIMING_NB),$(filter $(FIG_DIR)/.$(n)_%.done,$(NB_EXEC)))
 # pairs "later:|earlier" from the list and the list shifted by one; the unpaired ":|last" is dropped

@@ -11,6 +11,7 @@ library moves on, and fails only when figures/ is not one clean run (it can fail
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -151,3 +152,13 @@ def test_the_committed_figures(capsys):
     assert FC.suite_failures(rep) == [], "\n".join(FC.suite_failures(rep))
     if rep.legacy:
         assert not rep.ok and any(k == "stale" for k in rep.kinds)  # today's legacy figures fail the check itself
+
+
+def test_make_check_figures_runs_the_script():
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    r = subprocess.run([make, "-n", "-C", str(REPO), "check-figures"], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert r.returncode == 0 and "scripts/check_figures.py --figures figures" in r.stdout, r.stdout + r.stderr

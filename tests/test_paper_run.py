@@ -157,6 +157,8 @@ def test_no_notebook_ran_keeps_the_record(tmp_path):
     stamps = [_stamp(tmp_path, "00_a", "111", 1.0)]
     lines, paths = paper_run.write_record(tmp_path, "full-t1", 999, stamps, now_ns=1000)
     assert paths is None and "kept" in lines[-1] and not (tmp_path / "paper_run.csv").exists()
+    # a make start that is not a number (`date +%s%N` where %N is unknown) leaves the wall time unknown, no error
+    assert paper_run.write_record(tmp_path, "full-t1", "1700N", stamps)[0][0].startswith("paper full-t1: wall time ?")
 
 
 # ---- timing notebooks never overlap ----------------------------------------------------------------------------------

@@ -4,8 +4,10 @@ written beside the figures (``<figures>/paper_run.csv`` + ``.md`` + provenance; 
 ``make paper`` runs it as its last step, after every notebook succeeded, with the stamps of the folder
 (``<figures>/.NN_name.done``: ``<make run id> <UTC time> <executed notebook>``) and the time the make started. A
 notebook's time is papermill's own ``metadata.papermill.duration`` of the executed notebook (seconds, start of the
-first cell to the end of the last); the wall time is that of this make (environment checks, notebook conversion and
-kernel starts included). A make that ran no notebook keeps the previous record.
+first cell to the end of the last); the wall time is that of this make, from its start to this step (notebook
+conversion and kernel starts included). A make that ran no notebook keeps the previous record. Source of the
+duration: papermill writes ``start_time``, ``end_time`` and ``duration`` under the executed notebook's
+``metadata.papermill`` (papermill's documentation, "Execute" / the notebook metadata it records).
 
 Public functions:
 
@@ -68,14 +70,15 @@ def notebook_times(stamps: list[str | os.PathLike], run_id: str) -> list[dict]:
     return rows
 
 
-def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int, stamps: list[str | os.PathLike],
+def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int | str, stamps: list[str | os.PathLike],
                  *, now_ns: int | None = None, params: dict | None = None) -> tuple[list[str], dict | None]:
     """Summarise a finished ``make paper`` and, when it executed any notebook, write the record.
 
     Args:
         fig_dir: the run's figures folder (``figures/``, ``figures/<model>/``, ``build/smoke_figures/``).
         run_tag: the Makefile's ``RUN_TAG`` (``full-t1``, ``smoke-t1``, ...).
-        start_ns: when this make started (its ``RUN_ID``, nanoseconds since the epoch).
+        start_ns: when this make started (its ``RUN_ID``, nanoseconds since the epoch); a value that is not a
+            number (a ``date`` without ``%N``, as on macOS) leaves the wall time unknown.
         stamps: the stamps of every notebook of the run, in run order.
         now_ns: the end (default: now).
         params: the run's notebook parameters, kept in the record's provenance.
@@ -90,7 +93,7 @@ def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int, stamps
         OSError: the folder cannot be written (nothing half-written is left: save_table is all-or-nothing).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
-    wall = (now_ns - int(start_ns)) / 1e9
+    wall = (now_ns - int(start_ns)) / 1e9 if str(start_ns).isdigit() else None
     rows = notebook_times(stamps, str(start_ns))
     ran = [r for r in rows if r["executed_now"]]
     known = [r["papermill_s"] for r in rows if r["papermill_s"] is not None]
@@ -108,7 +111,8 @@ def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int, stamps
     table = [dict(r) for r in rows]
     table.append({"notebook": "total", "executed_now": None, "executed_utc": None, "papermill_s": total,
                   "executed_notebook": None})
-    caption = (f"make paper {run_tag}: this make executed {len(ran)} of {len(rows)} notebooks in {wall:.0f} s of "
+    took = f"{wall:.0f} s" if wall is not None else "an unknown time"
+    caption = (f"make paper {run_tag}: this make executed {len(ran)} of {len(rows)} notebooks in {took} of "
                f"wall time; papermill_s is each notebook's duration, the total row their sum"
                f"{'' if total is not None else ' (unknown: an executed notebook is missing)'}; {os.cpu_count()} cores")
     prov = provenance({**(params or {}), "run_tag": run_tag, "wall_s": wall, "notebooks_executed_now":
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Print and record the run time of a finished `make paper`.")
     ap.add_argument("--fig-dir", required=True)
     ap.add_argument("--run-tag", required=True)
-    ap.add_argument("--start-ns", required=True, type=int, help="when the make started (its RUN_ID)")
+    ap.add_argument("--start-ns", required=True, help="when the make started (its RUN_ID, date +%%s%%N)")
     ap.add_argument("--params", default="", help="the papermill parameters of the run, kept in the provenance")
     ap.add_argument("stamps", nargs="+")
     args = ap.parse_args(argv)

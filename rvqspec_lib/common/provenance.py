@@ -114,6 +114,9 @@ def changed_sources(root: str | os.PathLike | None = None) -> list[str] | None:
     Returns:
         sorted paths relative to the root (both names of a rename), ``[]`` when the sources equal ``HEAD``, ``None``
         when git is unavailable or ``root`` is not a checkout with a commit.
+
+    Source: git-status(1), "Porcelain Format Version 1" (``XY PATH``; with ``-z`` a rename's old name follows as the
+    next NUL-separated field) and gitglossary(7) "pathspec" (the ``:(exclude)`` magic).
     """
     if git_output("rev-parse", "--verify", "-q", "HEAD", root=root) is None:
         return None

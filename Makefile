@@ -5,7 +5,9 @@
 #   make env                      create .venv (torch first, then requirements.txt, qwen-tts --no-deps, the project)
 #   make test [TEST_JOBS=2]       voices + env, then pytest on tests/ in TEST_JOBS processes (pytest-xdist)
 #   make paper                    voices + env, then execute every notebooks/NN_*.py -> build/executed/full-t1/,
-#                                 refresh figures/
+#                                 refresh figures/; prints the run time of each notebook and of the make, and
+#                                 writes them to figures/paper_run.{csv,md}; Ctrl-C leaves nothing half-written and
+#                                 the next `make paper` runs only what was stopped (docs/reproducibility.md)
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
 #                                 (one `make paper` at a time per checkout: a second refuses, naming build/.paper.lock)
 #   make lab [LAB_PORT=8888]      JupyterLab from .venv on 127.0.0.1, the notebooks/*.py opening as notebooks
@@ -19,6 +21,8 @@
 #   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call, then frame times of
 #                                 AR, the fused AR frame, Chain(4) and the default tree on the embedded model through
 #                                 BENCH_BACKEND (eager; onnx, compile, cuda) from one interleaved run (JSON in build/)
+#   make check-figures            are the committed figures/ one clean `make paper` run of the sources at HEAD?
+#                                 (one line per stale group of results and the files changed since; exit 1 if not)
 #   make clean                    remove build/ (figures/ holds committed results and is kept)
 #
 # Rules have real prerequisites: editing a notebook, the library or requirements.txt rebuilds what depends on it.
@@ -41,7 +45,8 @@ TORCH_PIP_ARGS ?=
 QWEN_TTS      := qwen-tts==0.1.1
 
 LIB           := $(wildcard rvqspec_lib/*.py rvqspec_lib/*/*.py)
-NB_SRC        := $(wildcard notebooks/[0-9][0-9]_*.py)
+# the paper's notebooks, in run order (overridable: the tests run the rules below on tiny fake notebooks)
+NB_SRC        ?= $(wildcard notebooks/[0-9][0-9]_*.py)
 NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
 
 # Notebook parameters passed by papermill (the first code cell of each notebook is tagged "parameters").
@@ -81,7 +86,7 @@ BENCH_ARGS    ?=
 EMBEDDED_WORK ?= build/embedded
 EMBEDDED_ARGS ?=
 
-.PHONY: all voices env test paper paper-run notebooks lab bench clean embedded FORCE
+.PHONY: all voices env test paper paper-run notebooks lab bench clean embedded check-figures FORCE
 
 all: test paper
 
@@ -125,7 +130,10 @@ paper: voices $(STAMP)
 	  exit 1; fi; \
 	$(MAKE) --no-print-directory -o voices -o $(STAMP) paper-run
 
-# what `paper` runs under its lock (started alone it takes no lock)
+# what `paper` runs under its lock (started alone it takes no lock). After every notebook succeeded it prints which
+# ran and the run-time record (this make's wall time, each notebook's papermill duration) and writes that record
+# beside the figures, $(FIG_DIR)/paper_run.{csv,md} + provenance (rvqspec_lib/common/paper_run.py); a make that ran
+# no notebook keeps the previous record.
 paper-run: $(NB_EXEC)
 	@ran=""; kept=""; \
 	for s in $(NB_EXEC); do n=$$(basename "$$s" .done); n=$${n#.}; read -r id when path < "$$s" || true; \
@@ -134,22 +142,52 @@ paper-run: $(NB_EXEC)
 	echo "paper $(RUN_TAG): executed now:$${ran:- none}$${ran:+ -> $(EXEC_DIR)/}"; \
 	if [ -n "$$kept" ]; then echo "  up to date, not run again (same notebook, library and parameters):$$kept"; fi; \
 	echo "  figures and tables in $(FIG_DIR)/; parameters: $(PM_PARAMS)"
+	@$(PY) -m rvqspec_lib.common.paper_run --fig-dir $(FIG_DIR) --run-tag $(RUN_TAG) --start-ns $(RUN_ID) \
+	  --params '$(PM_PARAMS)' $(NB_EXEC)
 
+# Ctrl-C (SIGINT) at any point leaves no half-written file under a final name, so the next `make paper` re-runs
+# exactly the notebooks whose stamps are missing or older than their prerequisites: the converted notebook, the
+# executed notebook, the stamp and .paper-params are each written to a temporary name in the same folder and moved
+# into place (mv is rename(2): whole or absent); papermill writes the executed notebook as it goes, so it runs into
+# $(EXEC_DIR)/NN_name.partial.ipynb (kept after a failure or an interrupt, for reading) and is renamed when it ends;
+# figures and tables are written all-or-nothing by save_figure / save_table; the stamp is the last thing written.
 build/%.ipynb: notebooks/%.py $(STAMP)
 	@mkdir -p $(@D)
-	$(VENV)/bin/jupytext --to ipynb -o $@ $<
+	$(VENV)/bin/jupytext --to ipynb -o $@.part.ipynb $< && mv -f $@.part.ipynb $@
 
 # rewritten only when the parameters differ from those of the folder's last run (FORCE runs the check every time)
 $(PARAMS_FILE): FORCE
 	@mkdir -p $(@D)
-	@echo '$(PM_PARAMS)' | cmp -s - $@ || { echo '$(PM_PARAMS)' > $@; echo "paper: $(FIG_DIR)/ gets new parameters: $(PM_PARAMS)"; }
+	@echo '$(PM_PARAMS)' | cmp -s - $@ || { echo '$(PM_PARAMS)' > $@.part && mv -f $@.part $@; \
+	  echo "paper: $(FIG_DIR)/ gets new parameters: $(PM_PARAMS)"; }
 
 $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
 	@mkdir -p $(EXEC_DIR) $(FIG_DIR)
-	$(VENV)/bin/papermill $< $(EXEC_DIR)/$*.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
-	@echo "$(RUN_ID) $$(date -u +%Y-%m-%dT%H:%M:%SZ) $(EXEC_DIR)/$*.ipynb" > $@
+	$(VENV)/bin/papermill $< $(EXEC_DIR)/$*.partial.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
+	@mv -f $(EXEC_DIR)/$*.partial.ipynb $(EXEC_DIR)/$*.ipynb
+	@echo "$(RUN_ID) $$(date -u +%Y-%m-%dT%H:%M:%SZ) $(EXEC_DIR)/$*.ipynb" > $@.part && mv -f $@.part $@
+
+# The timing notebooks never run at the same time as each other, also under `make -j`: two timing cells sharing the
+# cores would each measure the other's load (the committed figures of 03 and 05 once were). Each timing notebook's
+# stamp gets the previous one's as an ORDER-ONLY prerequisite (01 before 03 before 05): when both must run, the later
+# waits; when the earlier is up to date, the later runs without re-running it (order-only: its time stamp does not
+# count). The other notebooks may overlap with them. (Run alone, `make figures/.03_x.done` makes a missing 01 stamp
+# first.) TIMING_NB lists the notebooks' numbers. (GNU make manual, "Types of Prerequisites": order-only ones.)
+TIMING_NB     ?= 01 03 05
+TIMING_EXEC   := $(foreach n,$(TIMING_NB),$(filter $(FIG_DIR)/.$(n)_%.done,$(NB_EXEC)))
+# pairs "later:|earlier" from the list and the list shifted by one; the unpaired ":|last" is dropped
+$(foreach p,$(filter-out :|%,$(join $(wordlist 2,$(words $(TIMING_EXEC)),$(TIMING_EXEC)),$(addprefix :|,$(TIMING_EXEC)))),\
+  $(eval $(subst :|,: | ,$(p))))
 
 FORCE:
+
+# ---- the committed figures ---------------------------------------------------------------------------------------
+# every provenance record under figures/ names one revision R, none is dirty, and the tracked sources are unchanged
+# between R and HEAD; otherwise one line per stale group and the files changed since, exit 1 (docs/reproducibility.md).
+# Standard library and git only: .venv's python when there is one, else python3.
+CHECK_FIGURES_DIR ?= figures
+check-figures:
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON3)) scripts/check_figures.py --figures $(CHECK_FIGURES_DIR)
 
 # ---- JupyterLab ---------------------------------------------------------------------------------------------------
 # jupyter/overrides.json sets the document manager's default viewer of Python files to jupytext's notebook, so the

@@ -8,6 +8,8 @@ Public functions:
 
 * :func:`resolve_out_dir` -- where a result goes (a smoke run aimed at ``figures/`` goes to ``build/smoke_figures/``).
 * :func:`provenance`   -- the record itself (a JSON-able dict).
+* :func:`git_revision` -- its ``git`` part: the revision, and whether (and which) tracked sources differ from it
+  (:data:`SOURCE_PATHS`, :func:`changed_sources`; docs/reproducibility.md).
 * :func:`save_table`   -- a table as ``.csv`` + ``.md`` + sidecar.
 * :func:`save_figure`  -- a matplotlib figure as ``.png`` + ``.pdf`` + sidecar.
 * :func:`save_json`    -- a metrics dict as ``.json`` with the provenance embedded (read back by tests).
@@ -73,26 +75,88 @@ def resolve_out_dir(out_dir: str | os.PathLike, *, smoke: bool = False, root: st
     return p
 
 
-def _git(*args: str) -> str | None:
+#: The tracked sources a result is made from, as git pathspecs relative to the repository root: the library, the
+#: notebooks, the scripts, the shipped data, and the files that pin the environment and the run. This one list is what
+#: ``dirty`` (:func:`git_revision`) and ``make check-figures`` (:mod:`rvqspec_lib.common.figure_check`) compare; a
+#: run's own outputs (``figures/``, ``build/``), the tests, the docs and untracked scratch files are not sources
+#: (docs/reproducibility.md).
+SOURCE_PATHS = ("rvqspec_lib", "notebooks", "scripts", "data", "Makefile", "requirements.txt", "pyproject.toml",
+                "environment.yml")
+#: Tracked files inside the sources that ``make paper`` itself rewrites: run outputs like ``figures/``, so left
+#: out: notebook 02 deploys the trained offsets beside the embedded model (``drafters/``), notebook 03 writes the
+#: reused heads' calibrated trees (``trees/heads.json``). Committed with the figures of the same run.
+RUN_OUTPUT_PATHS = ("data/embedded/model/drafters", "data/embedded/model/trees/heads.json")
+#: :data:`SOURCE_PATHS` minus :data:`RUN_OUTPUT_PATHS`, as git pathspecs (``git status`` / ``git diff -- ...``)
+SOURCE_PATHSPECS = (*SOURCE_PATHS, *(f":(exclude){p}" for p in RUN_OUTPUT_PATHS))
+
+
+def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:
+    """The raw stdout of ``git <args>`` run in ``root`` (default :data:`REPO_ROOT`), or ``None`` when git is missing or fails."""
     try:
-        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", *args], cwd=root if root is not None else REPO_ROOT, capture_output=True,
+                             text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return out.stdout if out.returncode == 0 else None
 
 
-def git_revision() -> dict:
-    """Git state of the repository.
+def changed_sources(root: str | os.PathLike | None = None) -> list[str] | None:
+    """The tracked source files (:data:`SOURCE_PATHS`, less the run's own :data:`RUN_OUTPUT_PATHS`) whose
+    working-tree or staged content differs from ``HEAD``.
+
+    ``git status --porcelain -z --untracked-files=no`` limited to the sources: an edited, staged, deleted or renamed
+    tracked file counts; an untracked file (scratch, a notebook's ``.ipynb`` under ``build/``) and every file outside
+    the sources (``figures/``, ``build/``, ``tests/``, ``docs/``) do not.
+
+    Args:
+        root: the repository (default :data:`rvqspec_lib.common.paths.REPO_ROOT`; tests point it at a temporary one).
 
     Returns:
-        ``{"revision": <40-hex sha or None>, "dirty": <bool or None>}``. ``revision`` is ``None`` outside a git
-        checkout or before the first commit; ``dirty`` is ``True`` when tracked or untracked (non-ignored) files
-        differ from the revision, ``None`` when git is unavailable. Results folders (``figures/``, ``build/``) are
-        left out: a run rewrites them, and the code that produced them is what the flag is about.
+        sorted paths relative to the root (both names of a rename), ``[]`` when the sources equal ``HEAD``, ``None``
+        when git is unavailable or ``root`` is not a checkout with a commit.
+
+    Source: git-status(1), "Porcelain Format Version 1" (``XY PATH``; with ``-z`` a rename's old name follows as the
+    next NUL-separated field) and gitglossary(7) "pathspec" (the ``:(exclude)`` magic).
     """
-    rev = _git("rev-parse", "--verify", "-q", "HEAD")
-    status = _git("status", "--porcelain", "--", ".", ":(exclude)figures", ":(exclude)build")
-    return {"revision": rev or None, "dirty": None if status is None else bool(status)}
+    if git_output("rev-parse", "--verify", "-q", "HEAD", root=root) is None:
+        return None
+    out = git_output("--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=no", "--",
+                     *SOURCE_PATHSPECS, root=root)
+    if out is None:
+        return None
+    fields, names, i = out.split("\0"), set(), 0
+    while i < len(fields):
+        entry = fields[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        names.add(entry[3:])
+        if entry[0] in "RC":  # a rename or copy: the next field is its old name
+            names.add(fields[i])
+            i += 1
+    return sorted(names)
+
+
+def git_revision(root: str | os.PathLike | None = None) -> dict:
+    """Git state of the sources a result is made from.
+
+    Args:
+        root: the repository (default :data:`rvqspec_lib.common.paths.REPO_ROOT`).
+
+    Returns:
+        ``{"revision": <40-hex sha or None>, "dirty": <bool or None>, "changed_sources": <list of paths or None>}``.
+        ``revision`` is ``HEAD``, the commit the sources equal when ``dirty`` is false; ``dirty`` is true when a
+        tracked source file (:data:`SOURCE_PATHSPECS`) differs from it, and ``changed_sources`` names those files
+        (:func:`changed_sources`). A run's own outputs (``figures/``, ``build/``) and untracked files never make a
+        record dirty. ``revision`` is ``None`` outside a git checkout or before the first commit; ``dirty`` and
+        ``changed_sources`` are ``None`` when git is unavailable. The key ``changed_sources`` marks a record written
+        by this rule (older records have only ``revision`` and ``dirty``, whose ``dirty`` also counted untracked files
+        and is unreliable: docs/reproducibility.md).
+    """
+    rev = git_output("rev-parse", "--verify", "-q", "HEAD", root=root)
+    changed = changed_sources(root) if rev else None
+    return {"revision": rev.strip() if rev else None, "dirty": None if changed is None else bool(changed),
+            "changed_sources": changed}
 
 
 def cpu_model() -> str:
@@ -108,39 +172,46 @@ def cpu_model() -> str:
 
 def hardware() -> dict:
     """Device summary: CPU model and core count, torch thread count, 1-minute load average (other processes
-    competing for the cores distort CPU timings), accelerator name (if any). No hostname."""
-    import torch
+    competing for the cores distort CPU timings), accelerator name (if any). No hostname.
 
+    torch is asked only when the process has imported it (every notebook and timing command has): a record written
+    by a process that never used torch (``make paper``'s run-time record) has ``torch_threads`` and ``accelerator``
+    ``None`` instead of paying for the import."""
+    torch = sys.modules.get("torch")
     info = {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "accelerator": None,
         "platform": platform.platform(terse=True),
     }
-    if torch.cuda.is_available():
+    if torch is not None and torch.cuda.is_available():
         info["accelerator"] = torch.cuda.get_device_name(0)
     return info
 
 
+#: module -> distribution whose version a record carries
+_VERSIONED = {"torch": "torch", "transformers": "transformers", "qwen_tts": "qwen-tts", "numpy": "numpy",
+              "pandas": "pandas", "matplotlib": "matplotlib"}
+
+
 def _versions() -> dict:
-    import torch
+    """Python's version and those of the main packages: ``module.__version__`` when the process has imported it,
+    else the installed distribution's (``importlib.metadata``, no import: qwen_tts alone takes seconds), ``None``
+    when not installed."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    v = {"python": platform.python_version(), "torch": torch.__version__}
-    for mod in ("transformers", "qwen_tts", "numpy", "pandas", "matplotlib"):
-        try:
-            m = __import__(mod)
-            v[mod] = getattr(m, "__version__", None)
-        except Exception:  # a missing optional package is recorded as None, never an error
-            v[mod] = None
-    if v.get("qwen_tts") is None:
-        try:
-            from importlib.metadata import version
-
-            v["qwen_tts"] = version("qwen-tts")
-        except Exception:
-            pass
+    v = {"python": platform.python_version()}
+    for mod, dist in _VERSIONED.items():
+        m = sys.modules.get(mod)
+        got = getattr(m, "__version__", None) if m is not None else None
+        if got is None:
+            try:
+                got = version(dist)
+            except PackageNotFoundError:  # a missing optional package is recorded as None, never an error
+                got = None
+        v[mod] = str(got) if got is not None else None
     return v
 
 

@@ -1,0 +1,256 @@
+"""Are the committed figures one clean run of the committed code? The check behind ``make check-figures``.
+
+A results folder (``figures/`` and every folder under it, ``figures/<model>/`` included: one regeneration refreshes
+them all) passes when every provenance record in it names the same git revision R, none is dirty (a tracked source
+differed from R while it was made, :func:`rvqspec_lib.common.provenance.git_revision`), and the tracked sources
+(:data:`rvqspec_lib.common.provenance.SOURCE_PATHSPECS`: the sources less the files a run rewrites) are unchanged
+between R and ``HEAD`` (``git diff --name-only R HEAD -- <sources>``). Otherwise it lists the stale results grouped by the revision that made
+them, and the source files changed since each revision, one line per problem (docs/reproducibility.md).
+
+The provenance records are the ``<stem>.provenance.json`` sidecars of figures and tables and the ``provenance``
+object embedded in result JSON files (``NN_metrics.json``, drafters' ``.json``); JSON files without one are not
+results of this kind and are skipped.
+
+Public functions:
+
+* :func:`read_records`  -- the provenance records of a folder.
+* :func:`check_figures` -- the full check (a :class:`Report`: ``ok``, ``lines``).
+* :func:`suite_failures` -- the test suite's rule for the committed tree (fails only on a broken regeneration).
+* :func:`main`          -- the command line (``scripts/check_figures.py``, ``make check-figures``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rvqspec_lib.common.paths import REPO_ROOT
+from rvqspec_lib.common.provenance import SOURCE_PATHSPECS, git_output
+
+SIDECAR_SUFFIX = ".provenance.json"
+#: the fix every failing check names
+REGENERATE = "regenerate every figure with one `make paper` on a clean checkout and commit figures/"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One result's provenance: ``name`` (its path in the folder, sidecar suffix dropped), the ``revision`` and
+    ``dirty`` flag it names, ``changed_sources`` (``None`` for a record older than the tracked-sources rule: a
+    *legacy* record, whose ``dirty`` also counted untracked files), and ``error`` when the file cannot be read."""
+
+    name: str
+    revision: str | None
+    dirty: bool | None
+    changed_sources: tuple[str, ...] | None
+    error: str | None = None
+
+    @property
+    def legacy(self) -> bool:
+        return self.error is None and self.changed_sources is None
+
+
+def _git_record(path: Path) -> dict | None | str:
+    """The ``git`` object of a provenance file; ``None`` when the JSON carries no provenance; a message when damaged."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"unreadable ({type(e).__name__})"
+    if not isinstance(data, dict):
+        return None if not path.name.endswith(SIDECAR_SUFFIX) else "not a JSON object"
+    if not path.name.endswith(SIDECAR_SUFFIX):
+        data = data.get("provenance")
+        if not isinstance(data, dict) or "git" not in data:
+            return None
+    git = data.get("git")
+    return git if isinstance(git, dict) else "no git record"
+
+
+def read_records(fig_dir: str | os.PathLike) -> list[Record]:
+    """The provenance records under ``fig_dir`` (recursively, hidden files and folders skipped), sorted by name.
+
+    Args:
+        fig_dir: a results folder, e.g. ``figures``.
+
+    Returns:
+        one :class:`Record` per ``*.provenance.json`` and per ``*.json`` with an embedded ``provenance.git``.
+
+    Raises:
+        FileNotFoundError: ``fig_dir`` is not a folder.
+    """
+    root = Path(fig_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{fig_dir} is not a folder")
+    out = []
+    for p in sorted(root.rglob("*.json")):
+        rel = p.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts):
+            continue  # temporary files of a writer (.<name>.<random>.part.json), stamps
+        name = rel.as_posix()
+        name = name[: -len(SIDECAR_SUFFIX)] if name.endswith(SIDECAR_SUFFIX) else name
+        git = _git_record(p)
+        if git is None:
+            continue
+        if isinstance(git, str):
+            out.append(Record(name, None, None, None, error=git))
+            continue
+        changed = git.get("changed_sources")
+        out.append(Record(name, git.get("revision") or None, git.get("dirty"),
+                          tuple(changed) if isinstance(changed, list) else None))
+    return out
+
+
+@dataclass
+class Report:
+    """What :func:`check_figures` found. ``lines``: one line per problem, each tagged by its ``kinds`` entry
+    (``"empty"``, ``"damaged"``, ``"stale"``: results of a revision that is not the one clean run, or dirty;
+    ``"behind"``: one clean run, of a revision whose sources have changed since; ``"changed"``: sources changed since a revision; ``"unknown"``: a revision this clone does not have);
+    ``ok``: no problem at all."""
+
+    fig_dir: str
+    head: str | None
+    records: list[Record]
+    lines: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.lines
+
+    @property
+    def revisions(self) -> dict[str | None, list[Record]]:
+        groups: dict[str | None, list[Record]] = {}
+        for r in self.records:
+            if r.error is None:
+                groups.setdefault(r.revision, []).append(r)
+        return groups
+
+    @property
+    def legacy(self) -> bool:
+        """Every record predates the tracked-sources rule (the committed figures before their first regeneration)."""
+        return bool(self.records) and all(r.legacy or r.error for r in self.records)
+
+    def add(self, kind: str, line: str) -> None:
+        self.kinds.append(kind)
+        self.lines.append(line)
+
+
+def _short(rev: str | None) -> str:
+    return rev[:7] if rev else "no revision"
+
+
+def _changed_between(rev: str, root) -> list[str] | None:
+    """Source files that differ between ``rev`` and ``HEAD`` (committed content), ``None`` when ``rev`` is unknown."""
+    if git_output("cat-file", "-e", f"{rev}^{{commit}}", root=root) is None:
+        return None
+    out = git_output("diff", "--name-only", rev, "HEAD", "--", *SOURCE_PATHSPECS, root=root)
+    return None if out is None else sorted(ln for ln in out.splitlines() if ln)
+
+
+def _commit_time(rev: str | None, root) -> int:
+    out = git_output("show", "-s", "--format=%ct", rev, root=root) if rev else None
+    return int(out.strip()) if out and out.strip().isdigit() else 1 << 62
+
+
+def check_figures(fig_dir: str | os.PathLike = "figures", root: str | os.PathLike | None = None) -> Report:
+    """Check that a results folder is one clean run of the code at ``HEAD``.
+
+    Args:
+        fig_dir: the folder; a relative one is taken from ``root``.
+        root: the git repository whose ``HEAD`` and history the revisions are looked up in (default
+            :data:`rvqspec_lib.common.paths.REPO_ROOT`).
+
+    Returns:
+        a :class:`Report`. Its ``lines`` name, for each revision found, the results it made (and how many are dirty,
+        with the changed sources they name) and the source files changed between it and ``HEAD``; they are empty
+        when every record names one revision R, none is dirty, and the sources are unchanged between R and ``HEAD``.
+
+    Raises:
+        FileNotFoundError: ``fig_dir`` is not a folder.
+    """
+    base = Path(root) if root is not None else REPO_ROOT
+    folder = Path(fig_dir) if Path(fig_dir).is_absolute() else base / fig_dir
+    label = str(fig_dir).rstrip("/") + "/"
+    head = git_output("rev-parse", "--verify", "-q", "HEAD", root=base)
+    rep = Report(label, head.strip() if head else None, read_records(folder))
+    if not rep.records:
+        rep.add("empty", f"{label} holds no provenance files: run `make paper`")
+        return rep
+    for r in rep.records:
+        if r.error:
+            rep.add("damaged", f"{label}{r.name}: provenance {r.error}")
+    groups = rep.revisions
+    one = len(groups) == 1
+    for rev in sorted(groups, key=lambda g: (_commit_time(g, base), str(g))):
+        recs = groups[rev]
+        dirty = [r for r in recs if r.dirty is not False]
+        changed = _changed_between(rev, base) if rev else None
+        if one and not dirty and changed == []:
+            continue  # the one clean run, and the sources are those of HEAD
+        what = ("legacy, " if all(r.legacy for r in recs) else "") + f"{len(dirty)} dirty"
+        named = sorted({s for r in dirty for s in (r.changed_sources or ())})
+        if named:
+            what += " in " + ", ".join(named)
+        if not one or dirty or rev is None:
+            rep.add("stale", f"{label} {len(recs)} results made at {_short(rev)} ({what}): "
+                             + ", ".join(r.name for r in recs))
+        if rev is None:
+            continue
+        if changed is None:
+            rep.add("unknown", f"{label} revision {_short(rev)} is not in this clone's history (a shallow clone: "
+                               "`git fetch --unshallow`), so its sources cannot be compared with HEAD")
+        elif changed:
+            if one and not dirty:
+                rep.add("behind", f"{label} all {len(recs)} results made at {_short(rev)}, before the sources "
+                                 "changed: " + ", ".join(r.name for r in recs))
+            rep.add("changed", f"{label} sources changed between {_short(rev)} and HEAD {_short(rep.head)} "
+                               f"({len(changed)}): " + ", ".join(changed))
+    return rep
+
+
+def suite_failures(rep: Report) -> list[str]:
+    """The test suite's rule for the committed ``figures/``: the lines of :func:`check_figures` that fail the suite.
+
+    While the library is being changed the figures lag behind it, so "sources changed since R" is reported, never a
+    failure. What fails is a commit that left the folder not one clean run: once any record is written under the
+    tracked-sources rule (the first regeneration after this check was introduced), every record must name one
+    revision and none may be dirty or damaged. Folders of legacy records only (the figures committed before the
+    rule) are reported and pass (docs/reproducibility.md).
+
+    Returns:
+        the failing lines (empty: the suite passes).
+    """
+    if rep.legacy:
+        return []
+    return [ln for ln, k in zip(rep.lines, rep.kinds) if k in ("empty", "damaged", "stale")]
+
+
+def main(argv: list[str] | None = None, *, root: str | os.PathLike | None = None, echo=None) -> int:
+    """``scripts/check_figures.py [--figures DIR]``: print the check's lines and a verdict; exit 0 when the folder is
+    one clean run of ``HEAD``, 1 when not, 2 when the folder is missing (one line naming the fix).
+
+    ``root`` is the repository (default :data:`REPO_ROOT`) and ``echo`` receives every line instead of stdout/stderr
+    (tests pass both)."""
+    out = echo or print
+    err = echo or (lambda line: print(line, file=sys.stderr))
+    ap = argparse.ArgumentParser(description="Check that the committed figures are one clean `make paper` run of "
+                                             "the sources at HEAD (docs/reproducibility.md).")
+    ap.add_argument("--figures", default="figures", help="results folder (default: figures, from the repository root)")
+    args = ap.parse_args(argv)
+    try:
+        rep = check_figures(args.figures, root=root)
+    except FileNotFoundError as e:
+        err(f"check-figures: {e}: pass --figures DIR, a folder `make paper` wrote")
+        return 2
+    for ln in rep.lines:
+        out(ln)
+    if rep.ok:
+        out(f"check-figures: {rep.fig_dir} is one clean run of HEAD {_short(rep.head)} "
+            f"({len(rep.records)} results): OK")
+        return 0
+    out(f"check-figures: FAIL, {len(rep.lines)} problems in {rep.fig_dir} ({len(rep.records)} results, "
+        f"{len(rep.revisions)} revisions): {REGENERATE}")
+    return 1

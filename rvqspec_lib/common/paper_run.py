@@ -1,0 +1,146 @@
+"""The run-time record of ``make paper``: how long the run took and each notebook's share, printed at the end and
+written beside the figures (``<figures>/paper_run.csv`` + ``.md`` + provenance; docs/reproducibility.md).
+
+``make paper`` runs it as its last step, after every notebook succeeded, with the stamps of the folder
+(``<figures>/.NN_name.done``: ``<make run id> <UTC time> <executed notebook>``) and the time the make started. A
+notebook's time is papermill's own ``metadata.papermill.duration`` of the executed notebook (seconds, start of the
+first cell to the end of the last); the wall time is that of this make, from its start to this step (notebook
+conversion and kernel starts included). A make that ran no notebook keeps the previous record. Source of the
+duration: papermill writes ``start_time``, ``end_time`` and ``duration`` under the executed notebook's
+``metadata.papermill`` (papermill's documentation, "Execute" / the notebook metadata it records).
+
+Public functions:
+
+* :func:`notebook_times` -- one row per notebook from its stamp and executed notebook.
+* :func:`write_record`   -- the lines to print and the table written (via :func:`~rvqspec_lib.common.provenance.save_table`).
+* :func:`main`           -- ``python -m rvqspec_lib.common.paper_run --fig-dir DIR --run-tag TAG --start-ns NS STAMP...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from rvqspec_lib.common.provenance import provenance, save_table
+
+#: the record's file stem in the figures folder
+RECORD_STEM = "paper_run"
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def notebook_times(stamps: list[str | os.PathLike], run_id: str) -> list[dict]:
+    """One row per stamp: which notebook, whether this make executed it, when, and papermill's duration.
+
+    Args:
+        stamps: the stamp files ``<figures>/.NN_name.done`` (each ``<run id> <UTC time> <executed notebook path>``;
+            the path relative to the working directory, as the Makefile writes it).
+        run_id: this make's run id (the Makefile's ``RUN_ID``, nanoseconds since the epoch).
+
+    Returns:
+        ``[{"notebook", "executed_now", "executed_utc", "papermill_s", "executed_notebook"}, ...]`` in the order
+        given; ``papermill_s`` (float seconds) is ``None`` when the executed notebook is gone or carries no duration.
+
+    Raises:
+        FileNotFoundError: a stamp is missing (the Makefile calls this only after every stamp was made).
+    """
+    rows = []
+    for s in map(Path, stamps):
+        name = s.name[1:] if s.name.startswith(".") else s.name
+        name = name[: -len(".done")] if name.endswith(".done") else name
+        fields = s.read_text().split()
+        rid, when, nb = (fields + ["", "", ""])[:3]
+        duration = None
+        try:
+            meta = json.loads(Path(nb).read_text()).get("metadata", {}).get("papermill", {})
+            duration = float(meta["duration"]) if meta.get("duration") is not None else None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        rows.append({"notebook": name, "executed_now": rid == run_id, "executed_utc": when,
+                     "papermill_s": duration, "executed_notebook": nb})
+    return rows
+
+
+def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int | str, stamps: list[str | os.PathLike],
+                 *, now_ns: int | None = None, params: dict | None = None) -> tuple[list[str], dict | None]:
+    """Summarise a finished ``make paper`` and, when it executed any notebook, write the record.
+
+    Args:
+        fig_dir: the run's figures folder (``figures/``, ``figures/<model>/``, ``build/smoke_figures/``).
+        run_tag: the Makefile's ``RUN_TAG`` (``full-t1``, ``smoke-t1``, ...).
+        start_ns: when this make started (its ``RUN_ID``, nanoseconds since the epoch); a value that is not a
+            number (a ``date`` without ``%N``, as on macOS) leaves the wall time unknown.
+        stamps: the stamps of every notebook of the run, in run order.
+        now_ns: the end (default: now).
+        params: the run's notebook parameters, kept in the record's provenance.
+
+    Returns:
+        (lines to print, :func:`~rvqspec_lib.common.provenance.save_table`'s paths or ``None`` when no notebook ran
+        in this make, so the previous record is kept). The table has one row per notebook and a ``total`` row
+        (the papermill durations summed); its caption gives this make's wall time.
+
+    Raises:
+        FileNotFoundError: a stamp is missing.
+        OSError: the folder cannot be written (nothing half-written is left: save_table is all-or-nothing).
+    """
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    wall = (now_ns - int(start_ns)) / 1e9 if str(start_ns).isdigit() else None
+    rows = notebook_times(stamps, str(start_ns))
+    ran = [r for r in rows if r["executed_now"]]
+    known = [r["papermill_s"] for r in rows if r["papermill_s"] is not None]
+    total = sum(known) if len(known) == len(rows) else None
+    width = max([len(r["notebook"]) for r in rows] + [5])
+    lines = [f"paper {run_tag}: wall time {_clock(wall)} for this make ({len(ran)} of {len(rows)} notebooks "
+             "executed now); notebook times (papermill):"]
+    for r in rows:
+        how = "now" if r["executed_now"] else f"earlier ({r['executed_utc']})"
+        lines.append(f"  {r['notebook']:<{width}}  {_clock(r['papermill_s']):>8}  {how}")
+    lines.append(f"  {'total':<{width}}  {_clock(total):>8}  (the notebooks' durations summed)")
+    if not ran:
+        lines.append(f"  no notebook ran: {Path(fig_dir) / RECORD_STEM}.md kept from the run that made it")
+        return lines, None
+    table = [dict(r) for r in rows]
+    table.append({"notebook": "total", "executed_now": None, "executed_utc": None, "papermill_s": total,
+                  "executed_notebook": None})
+    took = f"{wall:.0f} s" if wall is not None else "an unknown time"
+    caption = (f"make paper {run_tag}: this make executed {len(ran)} of {len(rows)} notebooks in {took} of "
+               f"wall time; papermill_s is each notebook's duration, the total row their sum"
+               f"{'' if total is not None else ' (unknown: an executed notebook is missing)'}; {os.cpu_count()} cores")
+    prov = provenance({**(params or {}), "run_tag": run_tag, "wall_s": wall, "notebooks_executed_now":
+                       [r["notebook"] for r in ran], "total_papermill_s": total})
+    paths = save_table(table, Path(fig_dir) / RECORD_STEM, prov, caption=caption)
+    lines.append(f"  -> {paths['md']}")
+    return lines, paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The Makefile's last step of ``make paper``; prints the summary, writes the record; exit 0, or 1 with one line
+    when a stamp is missing."""
+    ap = argparse.ArgumentParser(description="Print and record the run time of a finished `make paper`.")
+    ap.add_argument("--fig-dir", required=True)
+    ap.add_argument("--run-tag", required=True)
+    ap.add_argument("--start-ns", required=True, help="when the make started (its RUN_ID, date +%%s%%N)")
+    ap.add_argument("--params", default="", help="the papermill parameters of the run, kept in the provenance")
+    ap.add_argument("stamps", nargs="+")
+    args = ap.parse_args(argv)
+    try:
+        lines, _ = write_record(args.fig_dir, args.run_tag, args.start_ns, args.stamps,
+                                params={"papermill": args.params} if args.params else None)
+    except FileNotFoundError as e:
+        print(f"paper: run-time record not written: {e.filename} is missing: run `make paper` again", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

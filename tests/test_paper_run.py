@@ -1,0 +1,183 @@
+"""`make paper` under Ctrl-C, its run-time record, and the timing notebooks kept apart (docs/reproducibility.md).
+
+The Makefile's own rules run in a temporary copy of the repository (the real Makefile, the real .venv linked) on two
+tiny notebooks that save a table through ``save_table`` and need no torch: the second one holds still until the test
+sends SIGINT to the whole make (as a terminal's Ctrl-C does); the first one's stamp must stand, the second must leave
+no stamp, no table and no temporary file, and the next `make paper` must execute the second only. The record's
+arithmetic is checked on hand-made stamps and executed notebooks, and the timing notebooks' order-only chain in make's
+own database, with a negative control.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rvqspec_lib.common import paper_run
+
+REPO = Path(__file__).resolve().parent.parent
+
+NOTEBOOK = '''# %% tags=["parameters"]
+out_dir = "figures"
+threads = 1
+
+# %%
+import os, pathlib, time
+from rvqspec_lib.common.provenance import provenance, save_table
+out = pathlib.Path(out_dir)
+with open(out.parent / "executions.log", "a") as f:
+    f.write("{name}\\n")
+save_table([{{"x": 1}}], out / "{name}_early", provenance())
+if os.environ.get("HOLD_NOTEBOOK") == "{name}":
+    (out.parent / "{name}.held").write_text(str(os.getpid()))
+    time.sleep(60)  # the test interrupts here
+save_table([{{"x": 2}}], out / "{name}_late", provenance())
+'''
+
+
+def _copy(tmp_path: Path, names: list[str]) -> Path:
+    make = shutil.which("make")
+    if make is None or not (REPO / ".venv" / "bin" / "papermill").exists():
+        pytest.skip("needs make and .venv with papermill")
+    r = tmp_path / "repo"
+    (r / "notebooks").mkdir(parents=True)
+    (r / "scripts").mkdir()
+    shutil.copy(REPO / "Makefile", r / "Makefile")
+    shutil.copy(REPO / "scripts" / "apt-voices.sh", r / "scripts" / "apt-voices.sh")
+    (r / ".venv").symlink_to((REPO / ".venv").resolve(), target_is_directory=True)
+    jupytext = pytest.importorskip("jupytext")
+    (r / "build").mkdir()
+    for n in names:
+        (r / "notebooks" / f"{n}.py").write_text(NOTEBOOK.format(name=n))
+        # converted here, newer than the source, so make takes them as made (a jupytext process costs seconds)
+        jupytext.write(jupytext.read(r / "notebooks" / f"{n}.py"), r / "build" / f"{n}.ipynb")
+    return r
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    env["PYTHONPATH"] = str(REPO)  # the notebooks and the record import this checkout's library
+    return {**env, **extra}
+
+
+def _make(r: Path, *args: str) -> list[str]:
+    return [shutil.which("make"), "-C", str(r), "-o", "voices", "-o", ".venv/.installed", *args]
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*") if ".part" in p.name)
+
+
+def test_sigint_leaves_no_half_output_and_the_rerun_runs_only_what_it_stopped(tmp_path):
+    r = _copy(tmp_path, ["90_first", "91_second"])
+    fig, exe = r / "figures", r / "build" / "executed" / "full-t1"
+    proc = subprocess.Popen(_make(r, "paper"), env=_env(HOLD_NOTEBOOK="91_second"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    held = r / "91_second.held"
+    try:
+        deadline = time.monotonic() + 120
+        while not held.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert held.exists(), proc.communicate(timeout=30)[0] if proc.poll() is not None else "never held"
+        stamp1 = fig / ".90_first.done"
+        before = (stamp1.read_text(), stamp1.stat().st_mtime_ns)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the signal goes to make's whole process group
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if held.exists():  # the notebook's kernel runs in its own session: end it, by its id, if it outlived make
+            try:
+                os.kill(int(held.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+    assert proc.returncode != 0, out
+    # the first notebook's stamp stands untouched; the second has none, nor its late table, nor any temporary file
+    assert (stamp1.read_text(), stamp1.stat().st_mtime_ns) == before
+    assert not (fig / ".91_second.done").exists(), out
+    assert not (fig / "91_second_late.csv").exists() and not (fig / "91_second_late.provenance.json").exists()
+    assert (fig / "91_second_early.csv").read_text() == "x\n1\n"  # what it finished before Ctrl-C is whole
+    assert _leftovers(fig) == [], _leftovers(fig)
+    assert (exe / "90_first.ipynb").is_file() and not (exe / "91_second.ipynb").exists()  # no half notebook named final
+    assert not (fig / "paper_run.md").exists()  # no run-time record of an unfinished run
+    # the next make paper: only the second notebook executes
+    res = subprocess.run(_make(r, "paper"), env=_env(), capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "executed now: 91_second" in res.stdout and "90_first (executed" in res.stdout, res.stdout
+    assert (r / "executions.log").read_text().split() == ["90_first", "91_second", "91_second"]
+    assert (fig / ".91_second.done").is_file() and (fig / "91_second_late.csv").read_text() == "x\n2\n"
+    assert (exe / "91_second.ipynb").is_file() and not (exe / "91_second.partial.ipynb").exists()
+    assert _leftovers(fig) == []
+    # the record: printed at the end and written beside the figures, this make's notebook marked as run now
+    assert "wall time" in res.stdout and "notebook times (papermill)" in res.stdout
+    rows = (fig / "paper_run.csv").read_text().splitlines()
+    assert rows[0].split(",")[:4] == ["notebook", "executed_now", "executed_utc", "papermill_s"]
+    assert [x.split(",")[:2] for x in rows[1:]] == [["90_first", "False"], ["91_second", "True"], ["total", ""]]
+    prov = json.loads((fig / "paper_run.provenance.json").read_text())
+    assert prov["params"]["notebooks_executed_now"] == ["91_second"] and prov["params"]["run_tag"] == "full-t1"
+
+
+# ---- the record's numbers ------------------------------------------------------------------------------------------
+def _stamp(folder: Path, name: str, run_id: str, duration: float | None) -> Path:
+    nb = folder / f"{name}.ipynb"
+    meta = {"papermill": {"duration": duration}} if duration is not None else {}
+    nb.write_text(json.dumps({"metadata": meta, "cells": []}))
+    s = folder / f".{name}.done"
+    s.write_text(f"{run_id} 2026-12-01T00:00:00Z {nb}\n")
+    return s
+
+
+def test_record_sums_papermill_durations_and_marks_what_ran(tmp_path):
+    stamps = [_stamp(tmp_path, "00_a", "111", 12.5), _stamp(tmp_path, "01_b", "222", 30.0)]
+    lines, paths = paper_run.write_record(tmp_path, "full-t1", 222, stamps, now_ns=222 + 45 * 10**9)
+    assert lines[0].startswith("paper full-t1: wall time 0:45 for this make (1 of 2 notebooks executed now)")
+    assert lines[1].split() == ["00_a", "0:12", "earlier", "(2026-12-01T00:00:00Z)"]  # round half to even
+    assert lines[2].split() == ["01_b", "0:30", "now"] and lines[3].split()[:2] == ["total", "0:42"]
+    rows = [ln.split(",") for ln in paths["csv"].read_text().splitlines()]
+    assert [(x[0], x[3]) for x in rows] == [("notebook", "papermill_s"), ("00_a", "12.5"), ("01_b", "30.0"),
+                                            ("total", "42.5")]
+    caption = paths["md"].read_text().splitlines()[0]
+    assert "executed 1 of 2 notebooks in 45 s of wall time" in caption
+    # an executed notebook that is gone: its time and the total are unknown, not zero
+    (tmp_path / "00_a.ipynb").unlink()
+    lines, paths = paper_run.write_record(tmp_path, "full-t1", 222, stamps, now_ns=222 + 10**9)
+    assert lines[1].split()[1] == "?" and lines[3].split()[1] == "?"
+    assert "unknown" in paths["md"].read_text().splitlines()[0]
+
+
+def test_no_notebook_ran_keeps_the_record(tmp_path):
+    stamps = [_stamp(tmp_path, "00_a", "111", 1.0)]
+    lines, paths = paper_run.write_record(tmp_path, "full-t1", 999, stamps, now_ns=1000)
+    assert paths is None and "kept" in lines[-1] and not (tmp_path / "paper_run.csv").exists()
+    # a make start that is not a number (`date +%s%N` where %N is unknown) leaves the wall time unknown, no error
+    assert paper_run.write_record(tmp_path, "full-t1", "1700N", stamps)[0][0].startswith("paper full-t1: wall time ?")
+
+
+# ---- timing notebooks never overlap ----------------------------------------------------------------------------------
+def _order_only(r: Path, *args: str) -> dict[str, list[str]]:
+    """Each stamp's order-only prerequisites in make's database (``make -p``, nothing run)."""
+    res = subprocess.run(_make(r, "-pq", "paper-run", *args), env=_env(), capture_output=True, text=True, timeout=60)
+    out = {}
+    for ln in res.stdout.splitlines():
+        if ln.startswith("figures/.") and ".done:" in ln and "%" not in ln:
+            target, _, prereq = ln.partition(":")
+            out[Path(target).name] = [Path(p).name for p in prereq.partition("|")[2].split() if p != "voices"]
+    return out
+
+
+def test_timing_notebooks_are_chained_order_only(tmp_path):
+    r = _copy(tmp_path, ["00_x", "01_t", "02_y", "03_t", "04_z", "05_t"])
+    assert _order_only(r) == {".00_x.done": [], ".01_t.done": [], ".02_y.done": [], ".03_t.done": [".01_t.done"],
+                              ".04_z.done": [], ".05_t.done": [".03_t.done"]}
+    # negative control: without timing notebooks nothing is chained (the parse above can see no chain, too)
+    assert all(v == [] for v in _order_only(r, "TIMING_NB=").values())
+    # a gap (no 03) chains 05 to 01
+    assert _order_only(r, "NB_SRC=notebooks/01_t.py notebooks/05_t.py")[".05_t.done"] == [".01_t.done"]

@@ -183,3 +183,70 @@ def test_good_json_csv_and_calibration_files_read(tmp_path):
         R.read_acceptance(_write(tmp_path, "b.csv", "kind,offset,acceptance\nsampled,1,0.5\n"))
     cal = R.read_acceptance("data/embedded/model/trees/heads.json")
     assert set(cal.tables) == {"point-mass", "sampled"} and "1500 calibration frames" in cal.label
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the command line and the table (rvqspec bench --table; rvqspec_lib.eval.bench_table)
+# ---------------------------------------------------------------------------------------------------------------------
+def _no_load(*a, **k):
+    raise AssertionError("a model was loaded before the bad input was refused")
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    from rvqspec_lib.models import loader
+
+    monkeypatch.setattr(loader, "load_model", _no_load)
+
+
+def test_bench_refuses_a_malformed_table_before_any_model_loads(tmp_path, capsys, no_load):
+    from rvqspec_lib.cli.main import main
+
+    bad = _write(tmp_path, "bad.json", {"format": R.FORMAT, "sampled": [[[0.5]]] * 2})
+    for argv in (["bench", "--table", "--acceptance", str(bad)],
+                 ["bench", "--model", "tiny-random", "--backend", "eager", "--acceptance", str(bad)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "2 start depths" in err and "docs/precision.md#timing-replay" in err
+    assert main(["bench", "--acceptance", str(bad)]) == 2  # a replay is for --backend or --table
+    assert "use it with --backend or --table" in capsys.readouterr().err
+
+
+def test_table_refuses_an_absent_backend_before_any_model_loads(capsys, monkeypatch, no_load):
+    import importlib.util
+
+    from rvqspec_lib.cli.main import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    assert main(["bench", "--table", "--backends", "eager,onnx"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--backends onnx is not available here: missing Python packages: onnxruntime" in err
+    assert "pip install -r requirements.txt" in err
+    monkeypatch.setattr(importlib.util, "find_spec", real)  # negative control: present, it passes the check
+    from rvqspec_lib.eval.bench_table import check_table_args
+
+    if real("onnxruntime") is not None:
+        check_table_args(["tiny-random"], ["float32"], ["eager", "onnx"])
+
+
+def test_table_rows_on_tiny_random_are_labelled_replays(tmp_path):
+    from rvqspec_lib.common.provenance import provenance
+    from rvqspec_lib.eval.bench_table import ROWS, bench_table, save_bench_table
+
+    res = bench_table(models=("tiny-random",), precisions=("float32",), backends=("eager",), repeats=1, warmup=0,
+                      chains=(4,), budgets=(4,), auto=False, n_contexts=2, progress=False)
+    assert [r["row"] for r in res["rows"]] == list(ROWS)
+    by = {r["row"]: r for r in res["rows"]}
+    table = R.default_acceptance()
+    assert all(r["weights"] == table.text for r in res["rows"])
+    for name in ("stepped AR", "fused AR", "best speculative"):
+        r = by[name]
+        assert r["ms_per_frame"] > 0 and r["rtf"] == r["ms_per_frame"] / 80.0
+        assert r["x_floor_ar"] == r["ms_per_frame"] / r["floor_ar_ms"]
+    assert by["best speculative"]["decoder"] in ("chain:4", "calibrated-sampled:4", "calibrated-point-mass:4")
+    assert by["auto"]["ms_per_frame"] is None and "absent" in by["auto"]["note"]
+    assert any("public C port" in f and "quoted" in f for f in res["footer"])
+    out = save_bench_table(res, tmp_path / "t", provenance({}))
+    md = out["md"].read_text()
+    assert "timing replay: acceptance of" in md and "public C port" in md and out["json"].is_file()

@@ -23,7 +23,7 @@ MAX_QUERIES = 1024
 #: --table defaults (rvqspec_lib.eval.bench_table's, repeated so that the parser imports no torch).
 TABLE_REPEATS = 5
 TABLE_MODELS = ("embedded", "qwen3-tts-0.6b-random")
-TABLE_BACKENDS_DEFAULT = ("eager", "compile")
+TABLE_BACKENDS_DEFAULT = ("eager",)
 
 
 def _int_list(s: str) -> list[int]:
@@ -85,12 +85,15 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "N 4,8,16) and auto's choice, in ms per frame and as the inner loop's real-time factor "
                              "(ms / 80), for --models, beside the weight-streaming floor and the public ports' "
                              "figures; random-weight models are timed as a timing replay (--acceptance). Written to "
-                             "--table-out STEM .csv/.md/.json. Defaults: about 10 minutes on 2 idle cores with 1 thread")
+                             "--table-out STEM .csv/.md/.json. Defaults (eager, 5 frames per decoder after 1 untimed, the native "
+                             "precisions): under 10 minutes on 2 idle cores with 1 thread")
     parser.add_argument("--models", default=",".join(TABLE_MODELS),
                         help=f"--table: comma-separated models (default {','.join(TABLE_MODELS)})")
     parser.add_argument("--backends", default=",".join(TABLE_BACKENDS_DEFAULT),
                         help=f"--table: comma-separated backends of eager, compile, onnx (default "
-                             f"{','.join(TABLE_BACKENDS_DEFAULT)})")
+                             f"{','.join(TABLE_BACKENDS_DEFAULT)}; a later backend times AR, its fused AR frame and "
+                             "the first one's best speculative decoder and auto's choice: compiling each call shape "
+                             "takes minutes on a small shared CPU, so eager,compile adds about that per shape)")
     parser.add_argument("--acceptance", default=None, metavar="FILE",
                         help="timing replay of a random-weight model (--table, or --backend): the acceptance "
                              "table its frames replay (a calibration file, or the JSON / CSV shapes of "
@@ -169,6 +172,8 @@ def check_table_args(args) -> None:
     args.precision_list = dtypes(args) if args.dtype else list(native_precisions())
     args.model_list = [m for m in str(args.models).replace(" ", "").split(",") if m]
     args.backend_list = [b for b in str(args.backends).replace(" ", "").split(",") if b]
+    if str(args.device) != "cpu":
+        raise ValueError(f"--table times the CPU: drop --device {args.device} (a GPU: scripts/gpu_bench.py)")
     if not args.model_list or not args.backend_list:
         raise ValueError("--models and --backends need at least one name each")
     check(args.model_list, args.precision_list, args.backend_list)

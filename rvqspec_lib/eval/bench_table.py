@@ -7,8 +7,12 @@ running CPU runs natively, float32 always) and per backend (eager, compile; onnx
 * ``stepped AR``: one verify-backend call per code (:class:`~rvqspec_lib.decoding.decoders.AR`);
 * ``fused AR``: the whole AR frame as one call (:class:`~rvqspec_lib.models.fused.FusedARFrame` or its export);
 * ``best speculative``: the fastest of the chain windows and calibrated trees timed (which one is named);
-* ``auto``: the decoder :func:`rvqspec_lib.eval.budget.choose_decoder` picks for this precision and backend (timed
-  on the spot, not cached), timed again in the same run as the others.
+* ``auto``: the decoder :func:`rvqspec_lib.eval.budget.choose_decoder` picks for this precision on the first
+  backend (timed on the spot, not cached), timed again in the same run as the others.
+
+The first backend (``eager`` by default) times every chain and calibrated tree asked for; a later backend
+(``compile``, ``onnx``: one compiled graph per call shape) times AR, its fused AR frame, and the first backend's best
+speculative decoder and auto's choice, so that the compile time stays a few graphs per precision.
 
 Each in ms per frame (median over ``repeats`` frames, all of a (model, precision, backend) interleaved:
 :func:`rvqspec_lib.eval.speed.time_frames`) and as the inner loop's real-time factor, ms per frame over the 80 ms a
@@ -33,8 +37,10 @@ from typing import Sequence
 #: Backends the table knows (a subset of :data:`rvqspec_lib.eval.export_timing.BACKENDS`: the CPU ones that time
 #: whole frames).
 TABLE_BACKENDS = ("eager", "compile", "onnx")
-#: Default backends.
-DEFAULT_BACKENDS = ("eager", "compile")
+#: Default backends: eager only. ``compile`` (and ``onnx``) on request: a compiled backend compiles one graph per call
+#: shape (each decoder has two), minutes each on a small shared CPU; it then times only AR, the fused AR frame and
+#: the decoders the first backend's rows found best and auto chose.
+DEFAULT_BACKENDS = ("eager",)
 #: Default models: the trained embedded model and the real-size 0.6B architecture (random weights, replayed).
 DEFAULT_MODELS = ("embedded", "qwen3-tts-0.6b-random")
 #: Chain windows and calibrated-tree node budgets timed for the "best speculative" row.
@@ -109,7 +115,8 @@ def _backend(name: str, cp, precision: str, *, threads: int | None):
 def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[str] | None = None,
                 backends: Sequence[str] = DEFAULT_BACKENDS, repeats: int = 5, warmup: int = 1,
                 chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
-                auto: bool = True, auto_frames: int = 4, acceptance=None, n_contexts: int = 8, seed: int = 0,
+                auto: bool = True, auto_frames: int = 4, auto_budgets: Sequence[int] = DEFAULT_BUDGETS,
+                acceptance=None, n_contexts: int = 8, seed: int = 0,
                 threads: int | None = None, progress: bool = True) -> dict:
     """Measure the table (module docstring).
 
@@ -119,7 +126,10 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
         backends: some of :data:`TABLE_BACKENDS`. repeats: timed frames per decoder (median); warmup: untimed
             frames first (compiled backends compile there). chains, budgets: the speculative decoders timed
             (calibrated trees of the embedded model's heads calibration, of their better kind).
-        auto: time auto's choice (``choose_decoder`` with ``auto_frames`` frames, one repeat, shortlist 3).
+        auto: time auto's choice (``choose_decoder`` with ``auto_frames`` frames, one repeat, shortlist 3, over
+            AR, the chain windows 2..8 and the calibrated trees of ``auto_budgets``; ``synth --decoder auto`` also
+            considers larger trees: a compiled backend compiles one graph per candidate shape, which is most of
+            the table's time).
         acceptance: an :class:`rvqspec_lib.eval.replay.AcceptanceTable` for the replays (default the embedded
             model's, :func:`rvqspec_lib.eval.replay.default_acceptance`).
         n_contexts: contexts decoded in turn (the embedded model's evaluation split; random ones for random
@@ -154,7 +164,7 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     acceptance = acceptance or default_acceptance()
     calibration = load_calibration(tree_file("embedded", "heads"), n_codes=15, drafter="heads")
     bandwidth = read_bandwidth()
-    rows, crowded = [], []
+    rows, crowded, chosen = [], [], {}
     for model in models:
         lm = load_model(model, dtype="float32", seed=seed)
         base = lm.code_predictor.eval()
@@ -173,35 +183,57 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
             floor_ar = n * fl
             for bname in backends:
                 head = {"model": model, "weights": weights, "precision": prec, "backend": bname}
-                vb, fz, why = _backend(bname, cp, prec, threads=threads)
-                if vb is None:
-                    rows += [{**head, "row": r, "decoder": None, "ms_per_frame": None, "rtf": None,
-                              "tokens_per_call": None, "speedup_vs_ar": None, "floor_ar_ms": floor_ar,
-                              "x_floor_ar": None, "note": f"absent: {why}"} for r in ROWS]
-                    continue
+
+                def absent(why, head=head, floor_ar=floor_ar):
+                    return [{**head, "row": r, "decoder": None, "ms_per_frame": None, "rtf": None,
+                             "tokens_per_call": None, "speedup_vs_ar": None, "floor_ar_ms": floor_ar,
+                             "x_floor_ar": None, "note": f"absent: {why}"} for r in ROWS]
                 oracle = acceptance.oracle(seed) if replay else None
                 decoders = _decoders(calibration, chains, budgets)
                 auto_note = ""
-                if auto:
-                    choice = choose_decoder(cp, calibration, contexts, backend=vb, frames=auto_frames, repeats=1,
-                                            cost_repeats=3, shortlist=3, seed=seed, acceptance=oracle)
-                    decoders["auto"] = choice.decoder
-                    auto_note = f"auto chose {choice.label}"
-                res = speed.time_frames(cp, contexts, decoders, {bname: vb}, fused={bname: fz} if fz else None,
-                                        repeats=repeats, warmup=warmup, seed=seed, random_weights=replay,
-                                        progress=progress, acceptance=oracle)
+                first = chosen.get((model, prec))  # the first backend's best and auto: later backends time those
+                if first is not None:
+                    decoders = {k: v for k, v in decoders.items() if k in ("AR", first["best"])}
+                try:  # a backend that cannot build or run this precision is a row saying why, not a crash
+                    vb, fz, why = _backend(bname, cp, prec, threads=threads)
+                    if vb is None:
+                        rows += absent(why)
+                        continue
+                    if auto and first is not None and first.get("auto") is not None:
+                        decoders["auto"] = first["auto"]
+                        auto_note = f"auto chose {first['auto_label']} (on {first['backend']})"
+                    elif auto:
+                        choice = choose_decoder(cp, calibration, contexts, backend=vb, frames=auto_frames,
+                                                repeats=1, cost_repeats=3, shortlist=3, seed=seed,
+                                                budgets=auto_budgets, acceptance=oracle)
+                        decoders["auto"] = choice.decoder
+                        auto_note = f"auto chose {choice.label}"
+                    res = speed.time_frames(cp, contexts, decoders, {bname: vb},
+                                            fused={bname: fz} if fz else None, repeats=repeats, warmup=warmup,
+                                            seed=seed, random_weights=replay, progress=progress,
+                                            acceptance=oracle)
+                except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
+                    rows += absent(f"failed here: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                    continue
                 crowd = oversubscribed_note({**res["meta"], "cpu_count": res["meta"].get("cpu_count")
                                              or os.cpu_count()})
                 if crowd:
                     crowded.append(f"{model} {prec} {bname}: {crowd}")
                 by = {r["decoder"]: r for r in res["rows"]}
+                if first is None:
+                    spec0 = [r for k, r in by.items() if k not in ("AR", "auto", speed.FUSED)]
+                    chosen[(model, prec)] = {
+                        "backend": bname, "best": min(spec0, key=lambda r: r["ms_per_frame"])["decoder"] if spec0
+                        else None, "auto": decoders.get("auto"), "auto_label": auto_note.replace("auto chose ", "")}
                 ar = by["AR"]["ms_per_frame"]
                 spec = [r for k, r in by.items() if k not in ("AR", "auto", speed.FUSED)]
                 best = min(spec, key=lambda r: r["ms_per_frame"]) if spec else None
                 picks = {"stepped AR": (by.get("AR"), "ar", why),
                          "fused AR": (by.get(speed.FUSED), "fused AR frame",
                                       "" if fz else f"absent: {why or 'no fused frame'}"),
-                         "best speculative": (best, best and best["decoder"], f"best of {len(spec)} timed"),
+                         "best speculative": (best, best and best["decoder"],
+                                              f"best of {len(spec)} timed" if first is None
+                                              else f"the {first['backend']} rows' best"),
                          "auto": (by.get("auto"), auto_note.replace("auto chose ", "") or None,
                                   auto_note or "absent: auto not timed")}
                 for r_name, (r, label, note) in picks.items():

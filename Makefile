@@ -18,9 +18,9 @@
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,
 #                                 codec, training, code decoder, evaluation, model card): about 3.8 h on 2 CPU cores, resumable
-#   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call, then frame times of
-#                                 AR, the fused AR frame, Chain(4) and the default tree on the embedded model through
-#                                 BENCH_BACKEND (eager; onnx, compile, cuda) from one interleaved run (JSON in build/)
+#   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call, then the table to act
+#                                 on (rvqspec bench --table [BENCH_TABLE_ARGS]: stepped AR, fused AR, best speculative,
+#                                 auto per native precision and backend; build/bench_table.csv/.md/.json)
 #   make check-figures            are the committed figures/ one clean `make paper` run of the sources at HEAD?
 #                                 (one line per stale group of results and the files changed since; exit 1 if not)
 #   make clean                    remove build/ (figures/ holds committed results and is kept)
@@ -216,8 +216,7 @@ embedded: voices $(STAMP)
 bench: $(STAMP)
 	@mkdir -p build
 	$(VENV)/bin/rvqspec bench --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS)
-	$(VENV)/bin/rvqspec bench --model $(BENCH_FRAMES_MODEL) --backend $(BENCH_BACKEND) \
-	  --json build/bench_frames_$(BENCH_BACKEND)_$(subst /,_,$(BENCH_FRAMES_MODEL)).json $(BENCH_ARGS)
+	$(VENV)/bin/rvqspec bench --table --table-out build/bench_table $(BENCH_TABLE_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

@@ -58,6 +58,7 @@ calib_frames = 128  # calibration-split frames the trees are calibrated on
 eval_frames = 32  # evaluation-split frames whose contexts are decoded in the timing
 gpu_json = "figures/05_gpu.json"  # written by scripts/gpu_bench.py on a GPU machine; shown when present
 paper_budget = 32  # node budget of the paper's decoder (`paper:N`; 32 is the paper's)
+table_repeats = 5  # timed frames per decoder in the table to act on (`rvqspec bench --table`'s default)
 
 # %%
 import json
@@ -99,7 +100,7 @@ params = dict(model=run_model, cost_model=run_cost_model, requested_model=str(mo
               requested_cost_model=str(cost_model), seed=seed, smoke=bool(smoke), out_dir=str(out),
               threads=torch.get_num_threads(), repeats=run_repeats, warmup=run_warmup, budgets=run_budgets,
               chains=run_chains, backends=list(backends), calib_frames=n_calib, eval_frames=n_eval,
-              paper_budget=run_paper_budget,
+              paper_budget=run_paper_budget, table_repeats=1 if smoke else int(table_repeats),
               notebook="05_export_and_timing")
 print(f"model {run_model}, cost model {run_cost_model}, outputs -> {out}")
 
@@ -345,6 +346,31 @@ if ok:
 else:
     display(Markdown(f"**Core ML not run here**: {why}"))
 
+# %% [markdown]
+# ## The table to act on
+# The same table `rvqspec bench --table` and `make bench` print (`rvqspec_lib.eval.bench_table.bench_table`): per
+# precision this CPU runs natively and per backend, the rows stepped AR, fused AR, the best speculative decoder and
+# `auto`'s choice, in ms per frame and as the inner loop's real-time factor (ms per frame over the 80 ms a frame
+# lasts), for `model` and for `cost_model`. A random-weight model's speculative frames are a **timing replay**: its
+# real verify calls, with the acceptance decisions replayed from the embedded model's calibration (every row says
+# so). Beside them the AR frame's weight-streaming floor, and under them the public ports' published figures, quoted
+# and labelled, never in a measured column. Smoke: `tiny-random`, float32, eager, one frame per decoder.
+
+# %%
+from rvqspec_lib.eval.bench_table import bench_table, format_bench_table, save_bench_table
+
+table_res = bench_table(
+    models=["tiny-random"] if smoke else list(dict.fromkeys([run_model, run_cost_model])),
+    precisions=["float32"] if smoke else None,
+    backends=[b for b in ("eager", "compile") if b in run_backends],
+    repeats=params["table_repeats"], warmup=0 if smoke else 1,
+    chains=(4,) if smoke else (3, 4, 6), budgets=(4,) if smoke else (4, 8, 16), auto_frames=2 if smoke else 4,
+    n_contexts=2 if smoke else 8, seed=seed, progress=False)
+save_bench_table(table_res, out / "05_bench_table", provenance(params, seed=seed))
+print(format_bench_table(table_res).splitlines()[0])
+display(pd.DataFrame(table_res["rows"]))
+display(Markdown("\n".join(f"* {line}" for line in table_res["footer"])))
+
 # %%
 import shutil
 
@@ -359,7 +385,7 @@ metrics = {
     "paper_devices": list(T.PAPER_DEVICE_SPEEDUPS), "gpu": None if gpu is None else {
         k: gpu[k] for k in ("device", "model", "dtype", "dry_run", "summary", "speedup_vs_n", "projected")},
     "gpu_json_present": gpu is not None, "coreml_available": ok, "coreml_reason": why, "coreml_calls": coreml_rows,
-    "meta": timing["meta"],
+    "meta": timing["meta"], "bench_table": table_res,
     "paper_decoder": {"model": paper_model, "label": PAPER, "nodes": n_pap, "export": paper_graph,
                       "frame_rows": paper_timing["rows"], "absent": paper_timing["absent"]},
 }

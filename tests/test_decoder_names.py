@@ -334,7 +334,7 @@ def test_damaged_model_weights_are_named(model_copy, tmp_path, capsys):
 @pytest.mark.parametrize("argv, absent, present", [
     (["synth", "--model", "tiny-random", "--text", "Hi."], "chain:best", "auto"),
     (["eval-wer", "--model", "embedded", "--decoders", "beam"], "auto", "chain:best"),
-    (["bench", "--model", "tiny-random", "--backend", "eager", "--decoders", "beam"], "auto", "paper[:N]"),
+    (["bench", "--model", "tiny-random", "--backend", "eager", "--decoders", "beam"], "chain:best", "auto"),
 ])
 def test_unknown_decoder_lists_what_the_command_accepts(tmp_path, capsys, monkeypatch, argv, absent, present):
     monkeypatch.setattr(loader, "load_model", _no_load)

@@ -451,3 +451,10 @@ def _check_05(metrics: dict, out: Path) -> None:
     with (out / "05_paper_frame_times.csv").open() as f:
         assert {r["decoder"] for r in csv.DictReader(f)} >= {"paper-N4", "tree-pm-N4"}
     assert "paper's decoder" in (out / "05_paper_frame_times.md").read_text().splitlines()[0]
+    # the table to act on (rvqspec bench --table's function): tiny-random as a labelled timing replay, four rows
+    tab = metrics["bench_table"]
+    assert [r["row"] for r in tab["rows"]] == ["stepped AR", "fused AR", "best speculative", "auto"]
+    assert all(r["weights"].startswith("timing replay: acceptance of") and r["ms_per_frame"] > 0 for r in tab["rows"])
+    assert any("public C port" in f for f in tab["footer"])
+    for ext in (".csv", ".md", ".json", ".provenance.json"):
+        assert (out / ("05_bench_table" + ext)).stat().st_size > 0, ext

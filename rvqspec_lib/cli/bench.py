@@ -1,6 +1,9 @@
 """``rvqspec bench`` (and ``make bench``): per-call latency of the talker step and of code-predictor calls with
 Q query positions, printed as a table with device, dtype and thread count, and optionally written as JSON with its
 provenance. The timing itself is :func:`rvqspec_lib.eval.bench.bench_model` (method: docs/style.md#benchmarks).
+``--backend NAME``: frame times per decoder through one backend; ``--table``: the table a user acts on
+(:mod:`rvqspec_lib.eval.bench_table`: stepped AR, fused AR, best speculative and auto per precision and backend, for
+the embedded model and the replayed 0.6B architecture), written as CSV + Markdown + JSON.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ BACKENDS = ("eager", "compile", "onnx", "coreml", "cuda")
 
 #: Largest --queries value: a verify call over more nodes is not a draft tree.
 MAX_QUERIES = 1024
+#: --table defaults (rvqspec_lib.eval.bench_table's, repeated so that the parser imports no torch).
+TABLE_REPEATS = 5
+TABLE_MODELS = ("embedded", "qwen3-tts-0.6b-random")
+TABLE_BACKENDS_DEFAULT = ("eager",)
 
 
 def _int_list(s: str) -> list[int]:
@@ -40,9 +47,11 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="embedded (the shipped trained model), tiny-random, qwen3-tts-0.6b-random, "
                              "qwen3-tts-1.7b-random, a checkpoint dir or hub id")
     parser.add_argument("--json", dest="json_path", default=None, help="write the full result (+ provenance) here")
-    parser.add_argument("--repeats", type=int, default=20, help="default 20: call latencies, timed calls per query size (median reported); --backend, "
-                             "timed frames per decoder (each frame decoded once, median reported)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before each measurement")
+    parser.add_argument("--repeats", type=int, default=None, help="default 20: call latencies, timed calls per query size (median reported); --backend, "
+                             "timed frames per decoder (each frame decoded once, median reported); --table: default "
+                             f"{TABLE_REPEATS} frames per decoder")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls before each measurement (default 3; "
+                        "--table: 1 untimed frame per decoder)")
     add_threads_arg(parser)
     parser.add_argument("--queries", type=_int_list, default=None,
                         help="query positions per code-predictor call, comma-separated (default "
@@ -50,23 +59,49 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              f"{','.join(map(str, PRECISION_QUERY_SIZES))}; at most {MAX_QUERIES})")
     parser.add_argument("--prefix-len", type=int, default=8, help="KV prefix of the code-predictor call")
     parser.add_argument("--talker-context", type=int, default=64, help="KV prefix of the talker step")
-    parser.add_argument("--dtype", default="float32",
+    parser.add_argument("--dtype", default=None,
                         help="float32, bfloat16, int8 (int8 weights, bfloat16 activations), int8-dynamic (int8 weights and "
                              "per-row int8 activations), float64, float16 (GPUs); "
                              "several comma-separated (e.g. float32,bfloat16,int8): code-predictor calls of every "
-                             "precision timed interleaved against the weight-streaming floor (docs/precision.md)")
+                             "precision timed interleaved against the weight-streaming floor (docs/precision.md); "
+                             "default float32, with --table the precisions this CPU runs natively")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     parser.add_argument("--decoders", default=None,
                         help="with --backend: comma-separated decoder names (rvqspec synth --help lists them: ar, "
                              "chain:N, tree[:PATHS], tree:calibrated[-point-mass|-sampled]:N[@DRAFTER], paper[:N], "
-                             "...; default AR, chain:4, the default tree, and when the model ships them "
-                             "tree:calibrated:4 and paper, the paper's decoder)")
+                             "auto (the choice synth --decoder auto makes, cached), ...; default AR, chain:4, the "
+                             "default tree, and when the model ships them calibrated:4, calibrated:16, paper (the "
+                             "paper's decoder) and auto)")
     parser.add_argument("--backend", default=None, help="instead of call latencies: frame times of AR, the fused AR "
                         "frame, Chain(4) and the trees through one verify backend (eager, compile, onnx, cuda), "
                         "one interleaved run (rvqspec_lib.eval.export_timing.bench_backend); coreml (macOS 15+): the "
                         "exported packages timed call by call per compute unit")
+    parser.add_argument("--table", action="store_true",
+                        help="the table to act on (what make bench prints; docs/precision.md#the-table): per "
+                             "precision (--dtype, default the CPU's native ones) and backend (--backends) the rows "
+                             "stepped AR, fused AR, the best speculative decoder (chains 3,4,6 and calibrated trees "
+                             "N 4,8,16) and auto's choice, in ms per frame and as the inner loop's real-time factor "
+                             "(ms / 80), for --models, beside the weight-streaming floor and the public ports' "
+                             "figures; random-weight models are timed as a timing replay (--acceptance). Written to "
+                             "--table-out STEM .csv/.md/.json. Defaults (eager, 5 frames per decoder after 1 untimed, the native "
+                             "precisions): under 10 minutes on 2 idle cores with 1 thread")
+    parser.add_argument("--models", default=",".join(TABLE_MODELS),
+                        help=f"--table: comma-separated models (default {','.join(TABLE_MODELS)})")
+    parser.add_argument("--backends", default=",".join(TABLE_BACKENDS_DEFAULT),
+                        help=f"--table: comma-separated backends of eager, compile, onnx (default "
+                             f"{','.join(TABLE_BACKENDS_DEFAULT)}; a later backend times AR, its fused AR frame and "
+                             "the first one's best speculative decoder and auto's choice: compiling each call shape "
+                             "takes minutes on a small shared CPU, so eager,compile adds about that per shape)")
+    parser.add_argument("--acceptance", default=None, metavar="FILE",
+                        help="timing replay of a random-weight model (--table, or --backend): the acceptance "
+                             "table its frames replay (a calibration file, or the JSON / CSV shapes of "
+                             "docs/precision.md#timing-replay); default the embedded model's calibration "
+                             "(data/embedded/model/trees/heads.json). Timing only: replayed frames give no codes")
+    parser.add_argument("--table-out", default="build/bench_table", metavar="STEM",
+                        help="--table: output stem, written as STEM.csv, STEM.md, STEM.json (+ provenance; default "
+                             "build/bench_table, its folder created)")
     return parser
 
 
@@ -75,12 +110,28 @@ def check_args(args) -> None:
     from rvqspec_lib.cli.common import check_seed
 
     check_seed(args.seed)
+    table = bool(getattr(args, "table", False))
+    if getattr(args, "repeats", None) is None:
+        args.repeats = TABLE_REPEATS if table else 20
+    if getattr(args, "dtype", None) is None and not table:
+        args.dtype = "float32"
+    if getattr(args, "warmup", None) is None:
+        args.warmup = 1 if table else 3
+    if table:
+        return check_table_args(args)
     if args.repeats < 1 or args.warmup < 0:
         raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
     if args.prefix_len < 1 or args.talker_context < 1:
         raise ValueError(f"--prefix-len and --talker-context must be >= 1, got {args.prefix_len} and "
                          f"{args.talker_context}")
     check_dtypes(args)
+    if getattr(args, "acceptance", None):
+        if args.backend is None:
+            raise ValueError("--acceptance replays the acceptance of speculative frames: use it with --backend or "
+                             "--table")
+        from rvqspec_lib.eval.replay import read_acceptance
+
+        args.acceptance_table = read_acceptance(args.acceptance)
     if args.queries is None:
         args.queries = list(PRECISION_QUERY_SIZES if len(dtypes(args)) > 1 else DEFAULT_QUERY_SIZES)
     if max(args.queries) > MAX_QUERIES:
@@ -98,12 +149,44 @@ def check_args(args) -> None:
         if args.backend is None:
             raise ValueError("--decoders is for --backend (frame times per decoder); the call latencies take none")
         for name in split_decoder_list(args.decoders):
-            d = parse_decoder_name(name, without=("auto", "chain:best"))
-            if d.kind == "auto" or d.best_window:
-                raise ValueError(f"bench times named decoders: {d.text} is chosen elsewhere; give e.g. chain:4,paper")
+            d = parse_decoder_name(name, without=("chain:best",))
+            if d.best_window:
+                raise ValueError(f"bench times named decoders: {d.text} is chosen elsewhere; give e.g. chain:4,paper,auto")
             capped = check_decoder_files(d, args.model)  # the drafter and trees beside the model, before it loads
             if capped:
                 note(capped)
+
+
+def check_table_args(args) -> None:
+    """``--table``: the models, precisions, backends and acceptance file, checked before any model loads (one
+    ValueError line naming the fix: an absent backend such as onnxruntime not importable, a precision the CPU does
+    not run natively, a malformed acceptance table)."""
+    if args.repeats < 1 or args.warmup < 0:
+        raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
+    for flag in ("backend", "decoders", "queries"):
+        if getattr(args, flag, None) is not None:
+            raise ValueError(f"--table chooses its own decoders and backends: drop --{flag} (use --backends)")
+    from rvqspec_lib.eval.bench_table import check_table_args as check
+    from rvqspec_lib.models.precision import native_precisions
+
+    args.precision_list = dtypes(args) if args.dtype else list(native_precisions())
+    args.model_list = [m for m in str(args.models).replace(" ", "").split(",") if m]
+    args.backend_list = [b for b in str(args.backends).replace(" ", "").split(",") if b]
+    if str(args.device) != "cpu":
+        raise ValueError(f"--table times the CPU: drop --device {args.device} (a GPU: scripts/gpu_bench.py)")
+    if not args.model_list or not args.backend_list:
+        raise ValueError("--models and --backends need at least one name each")
+    check(args.model_list, args.precision_list, args.backend_list)
+    from rvqspec_lib.eval.replay import default_acceptance, read_acceptance
+
+    args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else default_acceptance()
+    from pathlib import Path
+
+    try:
+        Path(args.table_out).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--table-out {args.table_out}: its folder cannot be made ({e.strerror}): choose another") \
+            from None
 
 
 def dtypes(args) -> list[str]:
@@ -144,6 +227,8 @@ def run(args: argparse.Namespace, threads: int) -> int:
     started = getattr(args, "_started", None) or time.perf_counter()
     check_args(args)
     threads = apply_threads(threads)  # after the cheap checks: torch loads here
+    if getattr(args, "table", False):
+        return _run_table(args, started)
     if args.backend is not None:
         from rvqspec_lib.cli.export import run_bench_backend
 
@@ -206,4 +291,29 @@ def _run_precisions(args, names: list[str], started: float) -> int:
         params = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
         path = save_json(result, args.json_path, provenance(params, seed=args.seed))
         print(f"wrote {path}")
+    return 0
+
+
+def _run_table(args, started: float) -> int:
+    """``--table``: :func:`rvqspec_lib.eval.bench_table.bench_table`, printed and written (CSV + Markdown + JSON with
+    provenance)."""
+    import sys
+
+    from rvqspec_lib.common.provenance import provenance
+    from rvqspec_lib.eval.bench_table import bench_table, format_bench_table, save_bench_table
+
+    result = bench_table(models=args.model_list, precisions=args.precision_list, backends=args.backend_list,
+                         repeats=args.repeats, warmup=args.warmup if args.warmup is not None else 1,
+                         acceptance=args.acceptance_table, seed=args.seed,
+                         progress=not args.no_progress and sys.stderr.isatty())
+    result["meta"]["total_s"] = time.perf_counter() - started
+    print(format_bench_table(result))
+    params = {k: v for k, v in vars(args).items()
+              if not k.startswith("_") and not callable(v) and k != "acceptance_table"}
+    out = save_bench_table(result, args.table_out, provenance(params, seed=args.seed))
+    print(f"wrote {out['csv']}, {out['md']}, {out['json']}")
+    if args.json_path:
+        from rvqspec_lib.common.provenance import save_json
+
+        print(f"wrote {save_json(result, args.json_path, provenance(params, seed=args.seed))}")
     return 0

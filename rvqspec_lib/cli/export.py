@@ -217,8 +217,8 @@ def run(args, threads: int = 1) -> int:
 def _bench_inputs(lm, *, seed: int = 0, n: int = 16, names: str | None = None):
     """``(contexts (n, 2, H), {label: decoder}, source text)`` for the backend bench: the shipped evaluation split's
     teacher-forced contexts and, without ``names``, AR, ``Chain(4)``, the default tree and, when the model ships
-    them, its calibrated tree of N = 4 and the paper's decoder (``paper``: offsets + their calibrated point-mass
-    tree); random contexts otherwise (tokens per call then mean little: say so). ``names``: comma-separated
+    them, its calibrated trees of N = 4 and 16, the paper's decoder (``paper``: offsets + their calibrated point-mass
+    tree) and ``auto``'s choice (as ``synth --decoder auto`` makes it: cached); random contexts otherwise (tokens per call then mean little: say so). ``names``: comma-separated
     decoder names of the grammar (:mod:`rvqspec_lib.decoding.decoder_names`) instead, labelled as written."""
     from rvqspec_lib.cli.common import build_decoder, check_decoder_files
     from rvqspec_lib.data.frame_sources import frames_from_shipped
@@ -229,7 +229,7 @@ def _bench_inputs(lm, *, seed: int = 0, n: int = 16, names: str | None = None):
     cp = lm.code_predictor
     if names is None:
         decoders = {"AR": AR(), "chain4": Chain(4), "tree": Tree()}
-        for label in ("calibrated:4", "paper"):  # when shipped beside the model
+        for label in ("calibrated:4", "calibrated:16", "paper", "auto"):  # when shipped beside the model
             name = parse_decoder_name(label)
             try:
                 check_decoder_files(name, lm, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size)
@@ -279,7 +279,8 @@ def _bench_coreml(args) -> int:
 
 def run_bench_backend(args) -> int:
     """What ``rvqspec bench --backend NAME`` runs: frame times of AR, the fused frame, ``Chain(4)``, the default tree,
-    the model's calibrated tree of N = 4 and the paper's decoder (when it ships them), or ``--decoders``, through ONE
+    the model's calibrated trees of N = 4 and 16, the paper's decoder and auto's choice (when it ships a
+    calibration), or ``--decoders``, through ONE
     backend (:func:`rvqspec_lib.eval.export_timing.bench_backend`), printed as a table.
 
     Reads ``args.backend``, ``args.model``, ``args.repeats``, ``args.warmup``, ``args.seed``, ``args.json_path``
@@ -306,10 +307,12 @@ def run_bench_backend(args) -> int:
         contexts, decoders, source = _bench_inputs(lm, seed=getattr(args, "seed", 0),
                                                    names=getattr(args, "decoders", None))
         contexts = contexts.to(device)
+        table = getattr(args, "acceptance_table", None)  # a timing replay (bench --acceptance FILE)
         res = T.bench_backend(name, cp, contexts, decoders=decoders, repeats=args.repeats,
                               warmup=getattr(args, "warmup", 2),
                               seed=getattr(args, "seed", 0), random_weights=lm.is_random,
-                              progress=not getattr(args, "no_progress", False) and sys.stderr.isatty())
+                              progress=not getattr(args, "no_progress", False) and sys.stderr.isatty(),
+                              acceptance=table.oracle(getattr(args, "seed", 0)) if table is not None else None)
     except (ValueError, FileNotFoundError) as e:
         return _die(str(e))
     print(format_rows(res["rows"], ["decoder", "backend", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms",
@@ -318,6 +321,8 @@ def run_bench_backend(args) -> int:
     print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m.get('device')}, {m.get('dtype')}, "
           f"{m.get('threads')} thread(s), backend {name}; {args.repeats} timed frames per decoder (after "
           f"{getattr(args, 'warmup', 2)} warm-up frames), their contexts from {source}")
+    if getattr(args, "acceptance_table", None) is not None:
+        print(args.acceptance_table.text + " (no fused speculative chain: it computes its own acceptance)")
     from rvqspec_lib.eval.bench import oversubscribed_note
 
     crowded = oversubscribed_note({**m, "cpu_count": m.get("cpu_count") or os.cpu_count()})

@@ -94,6 +94,8 @@ class FrameResult:
         committed: ``(B, n_calls)`` int64, codes committed by each call (0 once the row is done).
         accepted: ``(B, n_calls)`` int64, drafts accepted by each call.
         start_depth: ``(B, n_calls)`` int64, depth of the last committed code before each call (0 for the prefill).
+        replay: ``None`` for a decoded frame; for a TIMING REPLAY (``decode_frame(..., acceptance=oracle)``) the
+            words ``timing replay: acceptance of X, weights random``, and ``codes`` is then all -1 (no audio).
     """
 
     codes: torch.Tensor
@@ -101,6 +103,7 @@ class FrameResult:
     committed: torch.Tensor
     accepted: torch.Tensor
     start_depth: torch.Tensor
+    replay: str | None = None
 
     @property
     def tokens_per_call(self) -> torch.Tensor:
@@ -450,6 +453,7 @@ def decode_frame(
     generator: torch.Generator | None = None,
     drafter=None,
     backend: P.VerifyBackend | None = None,
+    acceptance=None,
 ) -> FrameResult:
     """Decode codes 1..n_codes of one frame: :func:`prefill`, then rounds of :func:`draft` -> :func:`verify` ->
     :func:`accept` -> :func:`commit` until every row is done.
@@ -470,6 +474,9 @@ def decode_frame(
             ``code_predictor``'s weights (default: the official module, :class:`~rvqspec_lib.decoding.predictor.
             OfficialBackend`; e.g. ``rvqspec_lib.models.lean.LeanCodePredictor(code_predictor)``). Random numbers are
             drawn in the same order whatever the backend.
+        acceptance: TIMING REPLAY only (:class:`rvqspec_lib.decoding.replay.AcceptanceOracle`): the accept step is
+            the oracle's (decisions replayed from a trained model's acceptance table, its own generator), every
+            other step runs as usual; the result is sealed (codes all -1, ``replay`` set): never audio.
 
     Returns:
         :class:`FrameResult`. Rows of a batch are decoded together and may accept different lengths.
@@ -503,6 +510,7 @@ def decode_frame(
     while bool(state.active.any()):
         drafted = draft(cp, drafter, plan, state, sampling, generator)
         verified = verify(cp, plan, state, drafted, sampling)
-        walk = accept(plan, drafted, verified, generator)
+        walk = accept(plan, drafted, verified, generator) if acceptance is None else \
+            acceptance.walk(plan, state, drafted, verified)
         commit(plan, state, drafted, verified, walk)
-    return state.result()
+    return state.result() if acceptance is None else acceptance.seal(state.result())

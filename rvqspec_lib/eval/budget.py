@@ -116,7 +116,7 @@ def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS) -> list
 def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *, drafter=None,
                    sampling: Sampling | None = None, budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5,
                    frames: int = 16, repeats: int = 3, cost_repeats: int = 5, backend=None, seed: int = 0,
-                   progress: bool = False) -> AutoChoice:
+                   progress: bool = False, acceptance=None) -> AutoChoice:
     """Choose the decoder with the least measured time per committed code on this device (module docstring).
 
     Args:
@@ -129,6 +129,9 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
             (:func:`rvqspec_lib.eval.speed.time_frames`). cost_repeats: repeats of each verify-call timing
             (:func:`rvqspec_lib.eval.speed.verify_cost_curve`). backend: the verify backend to time and use
             (default the official module; e.g. :class:`rvqspec_lib.models.lean.LeanCodePredictor`).
+        acceptance: a TIMING REPLAY's oracle (:class:`~rvqspec_lib.decoding.replay.AcceptanceOracle`): the frames
+            are decoded with it (a random-weight architecture with a trained model's acceptance); such a choice
+            is for a timing table, never cached (:func:`auto_decoder` does not pass one).
 
     Returns:
         :class:`AutoChoice`.
@@ -162,7 +165,7 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
     by_label = {c[0]: c[1] for c in cands}
     timed = time_frames(cp, contexts[:frames], {k: by_label[k] for k in chosen}, {"b": backend}, sampling=sampling,
                         drafter=drafter, repeats=repeats * min(frames, contexts.shape[0]), warmup=1, seed=seed,
-                        progress=progress)
+                        progress=progress, acceptance=acceptance)
     n = P.n_codes(cp)
     measured = {r["decoder"]: r for r in timed["rows"]}
     ar_ms = measured["ar"]["ms_per_frame"] / n

@@ -318,13 +318,17 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
                 backends: Sequence[str] = ("eager", "onnx"), *, fused: bool = True, repeats: int = 20,
                 warmup: int = 2, seed: int = 0, sampling=None, work_dir=None, threads: int | None = None,
                 random_weights: bool | None = None, progress: bool = True, built: Mapping | None = None,
-                fused_chains: Sequence[int] = ()) -> dict:
+                fused_chains: Sequence[int] = (), acceptance=None) -> dict:
     """Frame times of every decoder through every AVAILABLE backend in one interleaved run
     (:func:`rvqspec_lib.eval.speed.time_frames`), the fused AR frame of each beside them.
 
     ``fused_chains``: windows of the fused speculative chain (:class:`~rvqspec_lib.models.fused_spec.FusedChainFrame`,
     one graph a round) timed through the ``eager`` and ``compile`` backends beside them (rows ``fused-chain{N}``; every
     round graph is built before timing, its seconds in ``build_s["<backend>/fused-chain<N>"]``).
+
+    ``acceptance``: a TIMING REPLAY's oracle (:class:`~rvqspec_lib.decoding.replay.AcceptanceOracle`) for every
+    decoder's frames; the fused speculative chains compute their own acceptance inside their graphs, so they are
+    refused with it (ValueError), and the CPU backends only.
 
     Args:
         decoders: ``{label: decoder}`` (include ``AR()``: speedups are over AR of the same backend).
@@ -337,6 +341,8 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         ``{"rows", "meta", "absent": {name: reason}, "build_s": {name: seconds}, "built": {name: (backend, fused
         frame)}}``; rows as ``time_frames``'s plus ``nodes`` (N of the decoder, None for the fused frame).
     """
+    if acceptance is not None and (fused_chains or "cuda" in backends):
+        raise ValueError("a timing replay replaces the accept step of decode_frame: drop fused_chains and cuda")
     absent, be, fz, build_s = {}, {}, {}, {}
     for name in backends:
         ok, why = backend_status(name)
@@ -365,7 +371,8 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
                                                                             if k != "cuda"} or None,
                             fused_spec=chains or None,
                             sampling=sampling, repeats=repeats, warmup=warmup, seed=seed,
-                            random_weights=random_weights, progress=progress) if cpu else {"rows": [], "meta": {}}
+                            random_weights=random_weights, progress=progress,
+                            acceptance=acceptance) if cpu else {"rows": [], "meta": {}}
     if "cuda" in be:  # another device: its own interleaved run, the GPU synchronised before each clock read
         dev = device_frame_times(code_predictor, contexts, decoders, be["cuda"], fz.get("cuda"), label="cuda",
                                  sampling=sampling, repeats=repeats, warmup=warmup, seed=seed, progress=progress)
@@ -638,14 +645,15 @@ def device_verify_costs(code_predictor, backend, *, label: str = "cuda",
 def bench_backend(name: str, code_predictor, contexts: torch.Tensor, *, decoders: Mapping | None = None,
                   repeats: int = 20, warmup: int = 2, seed: int = 0, threads: int | None = None, work_dir=None,
                   random_weights: bool | None = None, progress: bool = True,
-                  fused_chains: Sequence[int] = (4,)) -> dict:
+                  fused_chains: Sequence[int] = (4,), acceptance=None) -> dict:
     """Frame times of AR, the fused frame and speculative decoders through ONE backend (what ``rvqspec bench
     --backend NAME`` prints): :func:`frame_times` with ``backends=[name]`` plus its :func:`summary_by_backend` row.
 
     Args:
         name: one of :data:`BACKENDS`. decoders: default AR, ``Chain(4)`` and the default tree.
         fused_chains: windows of the fused speculative chain timed beside them (``eager`` and ``compile`` only;
-            default ``(4,)``, the row ``fused-chain4``).
+            default ``(4,)``, the row ``fused-chain4``; none in a timing replay).
+        acceptance: a timing replay's oracle (:func:`frame_times`).
         Others as :func:`frame_times`.
 
     Returns:
@@ -664,7 +672,7 @@ def bench_backend(name: str, code_predictor, contexts: torch.Tensor, *, decoders
     decoders = decoders or {"AR": AR(), "chain4": Chain(4), "tree": Tree()}
     res = frame_times(code_predictor, contexts, decoders, [name], repeats=repeats, warmup=warmup, seed=seed,
                       threads=threads, work_dir=work_dir, random_weights=random_weights, progress=progress,
-                      fused_chains=fused_chains)
+                      fused_chains=() if acceptance is not None else fused_chains, acceptance=acceptance)
     return {"rows": res["rows"], "summary": summary_by_backend(res["rows"]), "meta": res["meta"],
             "build_s": res["build_s"]}
 

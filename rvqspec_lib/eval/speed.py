@@ -191,7 +191,7 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
                 backends: Mapping[str, object], *, fused: Mapping[str, object] | None = None,
                 fused_spec: Mapping[str, object] | None = None,
                 sampling: Sampling | None = None, drafter=None, repeats: int = 20, warmup: int = 2, seed: int = 0,
-                random_weights: bool | None = None, progress: bool = True) -> dict:
+                random_weights: bool | None = None, progress: bool = True, acceptance=None) -> dict:
     """Time one frame (batch 1) of every decoder through every backend, interleaved (see the module docstring).
 
     Args:
@@ -210,6 +210,9 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         repeats: timed frames per condition. warmup: untimed frames per condition first (compiled backends compile
             there; their compile times are in ``meta["compile_s"]``). random_weights: recorded in ``meta``.
         progress: a progress bar over the repeats.
+        acceptance: a TIMING REPLAY's :class:`~rvqspec_lib.decoding.replay.AcceptanceOracle`, passed to every
+            ``decode_frame`` (the fused frames compute their own acceptance: leave them out); ``meta["replay"]``
+            then holds its words.
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per condition: ``decoder``, ``backend``, ``tokens_per_call``
@@ -240,7 +243,7 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
 
             def run(ctx, gen, dec=dec, tb=tb):
                 res = decode_frame(code_predictor, ctx, decoder=dec, sampling=sampling, generator=gen,
-                                   drafter=timed_drafter, backend=tb)
+                                   drafter=timed_drafter, backend=tb, acceptance=acceptance)
                 return float(res.tokens_per_call.mean()), float(res.calls.float().mean())
             conditions[(dname, bname)] = run
     for fname, frame in (fused or {}).items():
@@ -312,6 +315,8 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
                           for name, b in {**backends, **(fused or {})}.items() if getattr(b, "compile_s", None)},
             "fused_spec_compile_s": {f"{name}/{f.name}": round(sum(f.compile_s.values()), 1)
                                      for name, f in spec_frames if getattr(f, "compile_s", None)}}
+    if acceptance is not None:
+        meta["replay"] = acceptance.text
     return {"rows": rows, "meta": meta}
 
 

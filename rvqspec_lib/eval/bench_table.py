@@ -1,0 +1,298 @@
+"""One table a user can act on (``rvqspec bench --table``, ``make bench``, notebook 05; docs/precision.md#the-table).
+
+Per model (the embedded model, trained; the real-size 0.6B architecture, random weights, its speculative frames a
+timing replay with a trained model's acceptance: :mod:`rvqspec_lib.decoding.replay`), per precision (those the
+running CPU runs natively, float32 always) and per backend (eager, compile; onnx on request), four rows:
+
+* ``stepped AR``: one verify-backend call per code (:class:`~rvqspec_lib.decoding.decoders.AR`);
+* ``fused AR``: the whole AR frame as one call (:class:`~rvqspec_lib.models.fused.FusedARFrame` or its export);
+* ``best speculative``: the fastest of the chain windows and calibrated trees timed (which one is named);
+* ``auto``: the decoder :func:`rvqspec_lib.eval.budget.choose_decoder` picks for this precision on the first
+  backend (timed on the spot, not cached), timed again in the same run as the others.
+
+The first backend (``eager`` by default) times every chain and calibrated tree asked for; a later backend
+(``compile``, ``onnx``: one compiled graph per call shape) times AR, its fused AR frame, and the first backend's best
+speculative decoder and auto's choice, so that the compile time stays a few graphs per precision.
+
+Each in ms per frame (median over ``repeats`` frames, all of a (model, precision, backend) interleaved:
+:func:`rvqspec_lib.eval.speed.time_frames`) and as the inner loop's real-time factor, ms per frame over the 80 ms a
+frame lasts (below 1: faster than real time; the talker's step is not in it). Beside them, per precision, the
+weight-streaming floor of the AR frame (15 calls x the floor of one call, :mod:`rvqspec_lib.eval.floor`) and the
+frame as a multiple of it; under the table the public ports' published figures, labelled and never in a measured
+column (:data:`PUBLIC_PORTS`).
+
+Precisions whose linear layers are int8 (:class:`~rvqspec_lib.models.precision.Int8Linear`) run through the
+official module only (the lean forward and its compiled and exported forms read float weights), so their
+``eager`` rows use :class:`~rvqspec_lib.decoding.predictor.OfficialBackend`, their ``fused AR`` and other backends
+are absent with the reason; so are onnx's bfloat16 rows (the exported graphs are float32).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from typing import Sequence
+
+#: Backends the table knows (a subset of :data:`rvqspec_lib.eval.export_timing.BACKENDS`: the CPU ones that time
+#: whole frames).
+TABLE_BACKENDS = ("eager", "compile", "onnx")
+#: Default backends: eager only. ``compile`` (and ``onnx``) on request: a compiled backend compiles one graph per call
+#: shape (each decoder has two), minutes each on a small shared CPU; it then times only AR, the fused AR frame and
+#: the decoders the first backend's rows found best and auto chose.
+DEFAULT_BACKENDS = ("eager",)
+#: Default models: the trained embedded model and the real-size 0.6B architecture (random weights, replayed).
+DEFAULT_MODELS = ("embedded", "qwen3-tts-0.6b-random")
+#: Chain windows and calibrated-tree node budgets timed for the "best speculative" row.
+DEFAULT_CHAINS = (3, 4, 6)
+DEFAULT_BUDGETS = (4, 8, 16)
+#: Milliseconds of audio one frame holds (12.5 Hz): the real-time budget of a frame.
+FRAME_MS = 80.0
+#: Published figures of public ports (quoted, not measured here): shown under the table, labelled.
+PUBLIC_PORTS = (
+    "public C port, EPYC 9555P, 0.6B, 1 thread: 164.8 ms/frame bf16, 79.3 ms/frame int8 "
+    "(gabriele-mastrapasqua/qwen3-tts docs/x86-optimization.md; quoted, not measured here)",
+    "public GPU ports (quoted, not measured here): faster-qwen3-tts 26 ms/frame on a Jetson Orin (CUDA graphs); "
+    "vllm-omni 6.5 ms/frame",
+)
+ROWS = ("stepped AR", "fused AR", "best speculative", "auto")
+
+
+def check_table_args(models: Sequence[str], precisions: Sequence[str], backends: Sequence[str]) -> None:
+    """Every check that needs no model: known backends and present ones (one line naming the fix, e.g. onnxruntime
+    not importable), precisions the CPU runs natively, model names the loader knows.
+
+    Raises:
+        ValueError: one line naming the fix.
+    """
+    from rvqspec_lib.eval.export_timing import backend_status
+    from rvqspec_lib.models.loader import model_facts
+    from rvqspec_lib.models.precision import check_precision
+
+    for b in backends:
+        if b not in TABLE_BACKENDS:
+            raise ValueError(f"--backends {b!r}: the table times {', '.join(TABLE_BACKENDS)} (cuda: "
+                             "scripts/gpu_bench.py; coreml: notebook 05 on a Mac)")
+        ok, why = backend_status(b)
+        if not ok:
+            raise ValueError(f"--backends {b} is not available here: {why}")
+    for p in precisions:
+        check_precision(p)
+    if "float32" not in precisions:
+        raise ValueError("the table always has float32 (the reference precision): add it to --dtype")
+    for m in models:
+        model_facts(m)
+
+
+def _decoders(calibration: dict, chains: Sequence[int], budgets: Sequence[int]) -> dict:
+    from rvqspec_lib.decoding.decoders import AR, Chain
+    from rvqspec_lib.models.tree_files import tree_from_calibration
+
+    out = {"AR": AR()}
+    for w in chains:
+        out[f"chain:{int(w)}"] = Chain(int(w))
+    for n in budgets:
+        kind = calibration["best_kind"][str(int(n))]
+        out[f"calibrated-{kind}:{int(n)}"] = tree_from_calibration(calibration, kind, int(n))
+    return out
+
+
+def _backend(name: str, cp, precision: str, *, threads: int | None):
+    """``(verify backend, fused frame or None, note)`` for a precision; ``(None, None, why)`` when absent."""
+    from rvqspec_lib.decoding.predictor import OfficialBackend
+    from rvqspec_lib.eval.export_timing import make_backend
+
+    if precision.startswith("int8"):
+        if name != "eager":
+            return None, None, "int8 layers run through the official module only"
+        return OfficialBackend(cp), None, "official module (int8 layers); no fused frame"
+    if name == "onnx" and precision != "float32":
+        return None, None, "the exported graphs are float32"
+    vb, fz = make_backend(name, cp, threads=threads, fused=True)
+    return vb, fz, ""
+
+
+def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[str] | None = None,
+                backends: Sequence[str] = DEFAULT_BACKENDS, repeats: int = 5, warmup: int = 1,
+                chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
+                auto: bool = True, auto_frames: int = 4, auto_budgets: Sequence[int] = DEFAULT_BUDGETS,
+                acceptance=None, n_contexts: int = 8, seed: int = 0,
+                threads: int | None = None, progress: bool = True) -> dict:
+    """Measure the table (module docstring).
+
+    Args:
+        models: model names (:func:`rvqspec_lib.models.loader.load_model`); a random-weight one is timed as a replay.
+        precisions: default the CPU's native ones (:func:`rvqspec_lib.models.precision.native_precisions`).
+        backends: some of :data:`TABLE_BACKENDS`. repeats: timed frames per decoder (median); warmup: untimed
+            frames first (compiled backends compile there). chains, budgets: the speculative decoders timed
+            (calibrated trees of the embedded model's heads calibration, of their better kind).
+        auto: time auto's choice (``choose_decoder`` with ``auto_frames`` frames, one repeat, shortlist 3, over
+            AR, the chain windows 2..8 and the calibrated trees of ``auto_budgets``; ``synth --decoder auto`` also
+            considers larger trees: a compiled backend compiles one graph per candidate shape, which is most of
+            the table's time).
+        acceptance: an :class:`rvqspec_lib.eval.replay.AcceptanceTable` for the replays (default the embedded
+            model's, :func:`rvqspec_lib.eval.replay.default_acceptance`).
+        n_contexts: contexts decoded in turn (the embedded model's evaluation split; random ones for random
+            weights). seed: seeds of the contexts, the decoders' generators and the replay's oracle.
+
+    Returns:
+        ``{"rows", "footer", "meta"}``: a row per (model, precision, backend, row of :data:`ROWS`) with
+        ``model``, ``weights`` (``trained`` or the replay's words), ``precision``, ``backend``, ``row``,
+        ``decoder``, ``ms_per_frame``, ``rtf`` (ms per frame / 80), ``tokens_per_call``, ``speedup_vs_ar``,
+        ``floor_ar_ms``, ``x_floor_ar`` (ms per frame / floor_ar_ms), ``note`` (why a row is absent, what auto
+        chose); ``footer``: :data:`PUBLIC_PORTS`; ``meta``: CPU model and flags, threads, bandwidth, repeats,
+        load, the replay's label and table, seconds taken.
+
+    Raises:
+        ValueError: as :func:`check_table_args`.
+    """
+    import torch
+
+    from rvqspec_lib.common.provenance import cpu_model
+    from rvqspec_lib.eval import speed
+    from rvqspec_lib.eval.bench import oversubscribed_note
+    from rvqspec_lib.eval.budget import choose_decoder
+    from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms, read_bandwidth
+    from rvqspec_lib.eval.replay import default_acceptance
+    from rvqspec_lib.models.loader import load_model
+    from rvqspec_lib.models.precision import apply_precision, cpu_features, native_precisions
+    from rvqspec_lib.models.tree_files import load_calibration, tree_file
+
+    started = time.perf_counter()
+    precisions = list(precisions or native_precisions())
+    check_table_args(models, precisions, backends)
+    acceptance = acceptance or default_acceptance()
+    calibration = load_calibration(tree_file("embedded", "heads"), n_codes=15, drafter="heads")
+    bandwidth = read_bandwidth()
+    rows, crowded, chosen = [], [], {}
+    for model in models:
+        lm = load_model(model, dtype="float32", seed=seed)
+        base = lm.code_predictor.eval()
+        replay = bool(lm.is_random)
+        weights = acceptance.text if replay else "trained"
+        if replay:
+            contexts = speed.random_contexts(base, n_contexts, seed=seed)
+        else:
+            from rvqspec_lib.data.frame_sources import frames_from_shipped
+
+            contexts = frames_from_shipped(lm, "evaluation", max_frames=n_contexts, seed=seed).context
+        n = int(base.config.num_code_groups) - 1
+        for prec in precisions:
+            cp = apply_precision(copy.deepcopy(base), prec, require_native=False)
+            fl = floor_ms(call_weight_bytes(cp, n_queries=1)["bytes"], bandwidth["gb_per_s"])
+            floor_ar = n * fl
+            for bname in backends:
+                head = {"model": model, "weights": weights, "precision": prec, "backend": bname}
+
+                def absent(why, head=head, floor_ar=floor_ar):
+                    return [{**head, "row": r, "decoder": None, "ms_per_frame": None, "rtf": None,
+                             "tokens_per_call": None, "speedup_vs_ar": None, "floor_ar_ms": floor_ar,
+                             "x_floor_ar": None, "note": f"absent: {why}"} for r in ROWS]
+                oracle = acceptance.oracle(seed) if replay else None
+                decoders = _decoders(calibration, chains, budgets)
+                auto_note = ""
+                first = chosen.get((model, prec))  # the first backend's best and auto: later backends time those
+                if first is not None:
+                    decoders = {k: v for k, v in decoders.items() if k in ("AR", first["best"])}
+                try:  # a backend that cannot build or run this precision is a row saying why, not a crash
+                    vb, fz, why = _backend(bname, cp, prec, threads=threads)
+                    if vb is None:
+                        rows += absent(why)
+                        continue
+                    if auto and first is not None and first.get("auto") is not None:
+                        decoders["auto"] = first["auto"]
+                        auto_note = f"auto chose {first['auto_label']} (on {first['backend']})"
+                    elif auto:
+                        choice = choose_decoder(cp, calibration, contexts, backend=vb, frames=auto_frames,
+                                                repeats=1, cost_repeats=3, shortlist=3, seed=seed,
+                                                budgets=auto_budgets, acceptance=oracle)
+                        decoders["auto"] = choice.decoder
+                        auto_note = f"auto chose {choice.label}"
+                    res = speed.time_frames(cp, contexts, decoders, {bname: vb},
+                                            fused={bname: fz} if fz else None, repeats=repeats, warmup=warmup,
+                                            seed=seed, random_weights=replay, progress=progress,
+                                            acceptance=oracle)
+                except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
+                    rows += absent(f"failed here: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                    continue
+                crowd = oversubscribed_note({**res["meta"], "cpu_count": res["meta"].get("cpu_count")
+                                             or os.cpu_count()})
+                if crowd:
+                    crowded.append(f"{model} {prec} {bname}: {crowd}")
+                by = {r["decoder"]: r for r in res["rows"]}
+                if first is None:
+                    spec0 = [r for k, r in by.items() if k not in ("AR", "auto", speed.FUSED)]
+                    chosen[(model, prec)] = {
+                        "backend": bname, "best": min(spec0, key=lambda r: r["ms_per_frame"])["decoder"] if spec0
+                        else None, "auto": decoders.get("auto"), "auto_label": auto_note.replace("auto chose ", "")}
+                ar = by["AR"]["ms_per_frame"]
+                spec = [r for k, r in by.items() if k not in ("AR", "auto", speed.FUSED)]
+                best = min(spec, key=lambda r: r["ms_per_frame"]) if spec else None
+                picks = {"stepped AR": (by.get("AR"), "ar", why),
+                         "fused AR": (by.get(speed.FUSED), "fused AR frame",
+                                      "" if fz else f"absent: {why or 'no fused frame'}"),
+                         "best speculative": (best, best and best["decoder"],
+                                              f"best of {len(spec)} timed" if first is None
+                                              else f"the {first['backend']} rows' best"),
+                         "auto": (by.get("auto"), auto_note.replace("auto chose ", "") or None,
+                                  auto_note or "absent: auto not timed")}
+                for r_name, (r, label, note) in picks.items():
+                    ms = r and r["ms_per_frame"]
+                    rows.append({**head, "row": r_name, "decoder": label if r else None, "ms_per_frame": ms,
+                                 "rtf": ms / FRAME_MS if ms else None,
+                                 "tokens_per_call": r and r.get("tokens_per_call"),
+                                 "speedup_vs_ar": ar / ms if ms else None, "floor_ar_ms": floor_ar,
+                                 "x_floor_ar": ms / floor_ar if ms else None, "note": note})
+    meta = {"cpu": cpu_model(), "cpu_flags": cpu_features(), "native_precisions": list(native_precisions()),
+            "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "bandwidth": bandwidth, "repeats": repeats, "warmup": warmup, "n_contexts": n_contexts, "seed": seed,
+            "chains": list(chains), "budgets": list(budgets), "auto": auto, "models": list(models),
+            "precisions": precisions, "backends": list(backends), "replay": acceptance.describe(),
+            "replay_text": acceptance.text, "oversubscribed": crowded, "total_s": time.perf_counter() - started,
+            "interleaved": "the decoders of each (model, precision, backend) in one interleaved run"}
+    return {"rows": rows, "footer": list(PUBLIC_PORTS), "meta": meta}
+
+
+def _f(v, digits: int = 1) -> str:
+    return "" if v is None else f"{v:.{digits}f}"
+
+
+def caption(result: dict) -> str:
+    """One line: the CPU, its flags, threads, repeats, the replay's words, oversubscription."""
+    m = result["meta"]
+    fl = m["cpu_flags"]
+    over = f"; OVERSUBSCRIBED ({len(m['oversubscribed'])} runs), TIMES ARE PESSIMISTIC" if m["oversubscribed"] else ""
+    return (f"inner-loop frame times on {m['cpu']} ({m['cpu_count']} CPUs; bf16 flags: {', '.join(fl['bf16']) or 'none'}"
+            f"; int8 dot-product flags: {', '.join(fl['int8_dot']) or 'none'}), {m['threads']} thread(s), torch "
+            f"{m['torch']}, median of {m['repeats']} frames per decoder, interleaved per (model, precision, backend); "
+            f"random-weight rows: {m['replay_text']}; RTF = ms per frame / 80 ms; floor AR = 15 calls x the "
+            f"weight-streaming floor at {m['bandwidth']['gb_per_s']:.1f} GB/s{over}")
+
+
+def format_bench_table(result: dict) -> str:
+    """The table as text (what ``rvqspec bench --table`` prints): caption, one line per row, the public ports."""
+    cols = ("model", "precision", "backend", "row", "decoder", "ms/frame", "RTF", "tok/call", "vs AR",
+            "floor AR ms", "x floor", "note")
+    lines = [caption(result), " | ".join(cols)]
+    for r in result["rows"]:
+        model = r["model"] + (" (replay)" if r["weights"] != "trained" else "")
+        lines.append(" | ".join([model, r["precision"], r["backend"], r["row"], r["decoder"] or "",
+                                 _f(r["ms_per_frame"]), _f(r["rtf"], 2), _f(r["tokens_per_call"], 2),
+                                 _f(r["speedup_vs_ar"], 2), _f(r["floor_ar_ms"]), _f(r["x_floor_ar"], 2),
+                                 r["note"] or ""]))
+    lines += [f"(replay) = {result['meta']['replay_text']}"] + [f"public ports: {f}" for f in result["footer"]]
+    return "\n".join(lines)
+
+
+def save_bench_table(result: dict, path_stem, prov: dict) -> dict:
+    """Write the table as ``<stem>.csv`` + ``<stem>.md`` (:func:`rvqspec_lib.common.provenance.save_table`, the
+    caption and the public ports in the Markdown's first line and the sidecar) and ``<stem>.json`` (rows, footer,
+    meta, provenance). Returns the paths."""
+    from pathlib import Path
+
+    from rvqspec_lib.common.provenance import save_json, save_table
+
+    cap = caption(result) + " | " + " | ".join(result["footer"])
+    out = save_table(result["rows"], path_stem, prov, caption=cap)
+    out["json"] = save_json(result, Path(str(path_stem) + ".json"), prov)
+    return out

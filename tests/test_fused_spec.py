@@ -4,21 +4,31 @@ Exact properties: greedy codes equal AR's code for code; a row's codes depend on
 uniforms give the same codes alone or in any batch, other uniforms other codes); the compiled graphs give the eager
 functions' codes. Distribution: the G-test of tests/test_lossless.py (its model variants, exact pmf, pooling and frame
 counts for power >= 0.9 at TV 0.03), each case failing with probability 1e-3 for a correct sampler (4 positive cases
-here: a union bound of 0.4 % that a correct implementation meets an unlucky fixed seed). Negative controls (accept
-every draft; drafts drawn at temperature 1.5 while acceptance is handed the temperature-0.9 q) must be rejected at the
-same level.
+in float32 and 3 in bfloat16 / int8 / int8-dynamic here: a union bound of 0.7 % that a correct implementation meets an
+unlucky fixed seed). Negative controls (accept every draft; drafts drawn at temperature 1.5 while acceptance is handed
+the temperature-0.9 q; accept every draft in each precision) must be rejected at the same level.
+
+In a precision (rvqspec_lib.models.precision) the fused round runs on the converted module (int8 layers through their
+own int8 forward): greedy codes equal decode_frame's Chain and AR of that precision code for code; the compiled graphs
+give the eager functions' codes for the same uniforms (int8: bfloat16 activations and int8 weights, so one compiled
+case covers both non-float32 kernels' paths through inductor); the G-test is against the CONVERTED module's exact pmf
+(tests/test_precision.py: it differs from float32's).
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
 import rvqspec_lib.models.fused_spec as FS
 import rvqspec_lib.decoding.predictor as P
+from rvqspec_lib.models import precision as PR
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.fused_spec import FusedChainFrame, inverse_cdf
 from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain
 from rvqspec_lib.decoding.sampling import Sampling
 from tests.test_lossless import (ALPHA, DEFAULT, HOT_TOPK3, MIN_POWER, N_GROUPS, exact_pmf, frames_needed, g_test,
                                  power, variant)
@@ -141,3 +151,74 @@ def test_compile_all_builds_every_graph_a_frame_meets():
         for seed in range(6):
             f.decode(_ctx(small, 1, seed), torch.Generator().manual_seed(seed))
     assert f.compile_s == before and set(before) == {("prefill", 1)} | {(s, 1) for s in range(1, 5)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# in a precision: bfloat16, int8 weight-only, int8 with per-row dynamic activations
+# ----------------------------------------------------------------------------------------------------------------
+LOW = PR.PRECISIONS[1:]
+
+
+def _in(cp, prec):
+    return PR.apply_precision(copy.deepcopy(cp), prec, require_native=False)
+
+
+@pytest.mark.parametrize("prec", LOW)
+def test_greedy_fused_chain_equals_chain_and_ar_in_precision(cp, prec):
+    cp = _in(cp, prec)
+    g = Sampling(greedy=True)
+    ctx = _ctx(cp, 6).to(P.param_dtype(cp))
+    ar = decode_frame(cp, ctx, decoder=AR(), sampling=g).codes
+    chain = decode_frame(cp, ctx, decoder=Chain(4), sampling=g).codes
+    got = FusedChainFrame(cp, 4, g, compile=False).decode(ctx, torch.Generator().manual_seed(0))
+    assert torch.equal(got, chain) and torch.equal(got, ar)
+    assert PR.precision_of(cp) == prec
+
+
+def test_int8_heads_run_their_own_int8_forward(cp):
+    """The fused round applies an int8 layer through Int8Linear.forward, not through its dequantised weight (the two
+    differ: a negative control that the test can fail)."""
+    cp = _in(cp, "int8-dynamic")
+    f = FusedChainFrame(cp, 4, compile=False)
+    h = torch.randn(3, int(cp.config.hidden_size), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        assert torch.equal(f._head(h, 2), cp.lm_head[2](h))
+        assert not torch.equal(f._head(h, 2), torch.nn.functional.linear(h, cp.lm_head[2].weight))
+
+
+@pytest.mark.slow
+def test_compiled_fused_chain_equals_eager_in_int8():
+    small = _in(build_from_config(tiny_config_dict(n_code_groups=4, codebook_size=8), seed=0).talker.code_predictor,
+                "int8")
+    ctx = _ctx(small, 4).to(torch.bfloat16)
+    eager, comp = FusedChainFrame(small, 4, compile=False), FusedChainFrame(small, 4, compile=True)
+    comp.compile_all(1)
+    for seed in range(4):
+        u = eager.uniforms(1, torch.Generator().manual_seed(seed))
+        assert torch.equal(comp(ctx[seed:seed + 1], u), eager(ctx[seed:seed + 1], u))
+
+
+def _run_in(prec, model, window, sampling, seed):
+    cp, context = variant(model)
+    cp, context = _in(cp, prec), context.to(PR.ACTIVATION_DTYPE[prec])
+    pmf = exact_pmf(cp, context, sampling)
+    n = frames_needed(pmf)
+    codes = FusedChainFrame(cp, window, sampling, compile=False).decode(context.expand(n, 2, context.shape[-1]),
+                                                                        torch.Generator().manual_seed(seed))
+    return (*g_test(pmf, codes), n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prec", LOW)
+def test_fused_chain_samples_the_exact_pmf_in_precision(prec):
+    pval, df, g, n = _run_in(prec, "sharp", 4, DEFAULT, seed=777)
+    assert power(n, df) >= MIN_POWER
+    assert pval >= ALPHA, f"{prec}: G={g:.1f} df={df} p={pval:.2e} N={n}: the fused chain does not sample the target"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prec", LOW)
+def test_negative_control_is_rejected_in_precision(monkeypatch, prec):
+    monkeypatch.setattr(FS, "acceptance", _always_accept)
+    pval, df, g, n = _run_in(prec, "sharp", 4, DEFAULT, seed=777)
+    assert pval < ALPHA, f"{prec}: always-accept passed the G-test (G={g:.1f} df={df} p={pval:.2e}, N={n})"

@@ -96,12 +96,17 @@ def test_time_frames_fused_chain_rows(cp):
     """The fused speculative chain as extra conditions: its own row per window, tokens per call from its calls."""
     from rvqspec_lib.models.fused_spec import FusedChainFrame
 
+    from rvqspec_lib.models.fused_tree import FusedTreeFrame
+
     chains = [FusedChainFrame(cp, w, compile=False) for w in (2, 4)]
+    tree = FusedTreeFrame(cp, [(0,), (1,), (0, 0)], compile=False)  # a tree frame: its own label and node budget
     out = S.time_frames(cp, S.random_contexts(cp, 2), {"AR": AR()}, {"lean": LeanCodePredictor(cp)},
-                        fused={"lean": FusedARFrame(cp, compile=False)}, fused_spec={"lean": chains}, repeats=2,
-                        warmup=1, progress=False)
+                        fused={"lean": FusedARFrame(cp, compile=False)}, fused_spec={"lean": chains + [tree]},
+                        repeats=2, warmup=1, progress=False)
     rows = {(r["decoder"], r["backend"]): r for r in out["rows"]}
-    assert set(rows) == {("AR", "lean"), (S.FUSED, "lean"), ("fused-chain2", "lean"), ("fused-chain4", "lean")}
+    assert set(rows) == {("AR", "lean"), (S.FUSED, "lean"), ("fused-chain2", "lean"), ("fused-chain4", "lean"),
+                         ("fused-tree4", "lean")}
+    assert rows[("fused-tree4", "lean")]["nodes"] == 4
     for w in (2, 4):
         r = rows[(f"fused-chain{w}", "lean")]
         assert r["nodes"] == w and 1.0 <= r["tokens_per_call"] <= 15 / 2

@@ -142,6 +142,41 @@ def make_backend(name: str, code_predictor, *, work_dir=None, threads: int | Non
                      "decode_frame")
 
 
+def fused_chain_frame(name: str, code_predictor, window: int = 4, *, sampling=None, work_dir=None,
+                      threads: int | None = None, tree=None):
+    """The fused speculative chain (one graph a round, uniforms drawn up front) of a backend, with
+    :class:`~rvqspec_lib.models.fused_spec.FusedChainFrame`'s interface (``uniforms``, ``__call__``, ``decode``,
+    ``last_calls``, ``compile_all``): what :func:`frame_times` times as the row ``fused-chain{window}``.
+
+    Args:
+        name: ``eager`` (the round functions run eagerly), ``compile`` (``torch.compile``, one graph per start
+            depth) or ``onnx`` (one ONNX Runtime graph per start depth,
+            :class:`~rvqspec_lib.models.fused_spec_export.OrtFusedChainFrame`; float32 only). code_predictor: the
+            official module (any precision of :mod:`rvqspec_lib.models.precision` for eager and compile).
+        window: the Chain window. sampling: the warpers. work_dir, threads: where ONNX files go, ONNX Runtime
+            threads (onnx only). tree: a point-mass tree (``Tree(paths)``, e.g. a calibrated one): the fused tree
+            round instead (:class:`~rvqspec_lib.models.fused_tree.FusedTreeFrame`, row ``fused-tree{N}``).
+
+    Raises:
+        ValueError: another backend name; what the frame classes refuse (a window outside 2..8, ``top_p < 1``, a
+            module not in float32 for onnx).
+    """
+    from rvqspec_lib.models.fused_spec import FusedChainFrame
+
+    if name in ("eager", "compile"):
+        if tree is not None:
+            from rvqspec_lib.models.fused_tree import FusedTreeFrame
+
+            return FusedTreeFrame(code_predictor, tree, sampling, compile=name == "compile")
+        return FusedChainFrame(code_predictor, int(window), sampling, compile=name == "compile")
+    if name == "onnx":
+        from rvqspec_lib.models.fused_spec_export import OrtFusedChainFrame
+
+        return OrtFusedChainFrame(code_predictor, int(window), sampling, threads=threads, work_dir=work_dir,
+                                  tree=tree)
+    raise ValueError(f"the fused chain runs through eager, compile or onnx, not {name!r}")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Decoders by node budget
 # ----------------------------------------------------------------------------------------------------------------
@@ -322,9 +357,9 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
     """Frame times of every decoder through every AVAILABLE backend in one interleaved run
     (:func:`rvqspec_lib.eval.speed.time_frames`), the fused AR frame of each beside them.
 
-    ``fused_chains``: windows of the fused speculative chain (:class:`~rvqspec_lib.models.fused_spec.FusedChainFrame`,
-    one graph a round) timed through the ``eager`` and ``compile`` backends beside them (rows ``fused-chain{N}``; every
-    round graph is built before timing, its seconds in ``build_s["<backend>/fused-chain<N>"]``).
+    ``fused_chains``: windows of the fused speculative chain (:func:`fused_chain_frame`, one graph a round) timed
+    through the ``eager``, ``compile`` and ``onnx`` backends beside them (rows ``fused-chain{N}``; every round graph is
+    built before timing, its seconds in ``build_s["<backend>/fused-chain<N>"]``).
 
     ``acceptance``: a TIMING REPLAY's oracle (:class:`~rvqspec_lib.decoding.replay.AcceptanceOracle`) for every
     decoder's frames; the fused speculative chains compute their own acceptance inside their graphs, so they are
@@ -357,12 +392,11 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         if fused and pair[1] is not None:
             fz[name] = pair[1]
     chains = {}
-    for name in (n for n in be if n in ("eager", "compile")):
-        from rvqspec_lib.models.fused_spec import FusedChainFrame
-
+    for name in (n for n in be if n in ("eager", "compile", "onnx")):
         for w in fused_chains:
             t0 = time.perf_counter()
-            frame = FusedChainFrame(code_predictor, int(w), sampling, compile=name == "compile")
+            frame = fused_chain_frame(name, code_predictor, int(w), sampling=sampling, work_dir=work_dir,
+                                      threads=threads)
             frame.compile_all(1)
             chains.setdefault(name, []).append(frame)
             build_s[f"{name}/fused-chain{int(w)}"] = round(time.perf_counter() - t0, 1)
@@ -651,7 +685,7 @@ def bench_backend(name: str, code_predictor, contexts: torch.Tensor, *, decoders
 
     Args:
         name: one of :data:`BACKENDS`. decoders: default AR, ``Chain(4)`` and the default tree.
-        fused_chains: windows of the fused speculative chain timed beside them (``eager`` and ``compile`` only;
+        fused_chains: windows of the fused speculative chain timed beside them (``eager``, ``compile`` and ``onnx``;
             default ``(4,)``, the row ``fused-chain4``; none in a timing replay).
         acceptance: a timing replay's oracle (:func:`frame_times`).
         Others as :func:`frame_times`.

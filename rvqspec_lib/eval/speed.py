@@ -203,7 +203,8 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         fused: ``{label: FusedARFrame}`` timed as extra conditions (decoder :data:`FUSED`); the first gives
             ``speedup_vs_fused``. Its noise generation counts in its frame time (as ``outside_ms``).
         fused_spec: ``{label: FusedChainFrame or a list of them}`` (:mod:`rvqspec_lib.models.fused_spec`, one graph a round) timed as
-            extra conditions, decoder ``fused-chain{window}`` and ``nodes`` = the window; its uniforms count in its
+            extra conditions, decoder ``fused-chain{window}`` and ``nodes`` = the window (a frame with
+            ``decoder_label`` and ``nodes``, e.g. :class:`~rvqspec_lib.models.fused_tree.FusedTreeFrame`: those); its uniforms count in its
             frame time (as ``outside_ms``), its compiled calls as ``model_ms``; build every round graph first
             (``compile_all``) or warm-up frames compile only the depths they meet.
         sampling: the code predictor's warpers (default: the checkpoints'). drafter: default reused heads.
@@ -256,6 +257,7 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         conditions[(FUSED, fname)] = run_fused
     spec_frames = [(fname, f) for fname, fs in (fused_spec or {}).items()
                    for f in (fs if isinstance(fs, (list, tuple)) else [fs])]
+    spec_nodes: dict[str, int] = {}
     for fname, frame in spec_frames:
         def run_spec(ctx, gen, frame=frame):
             u = frame.uniforms(ctx.shape[0], gen)  # outside the calls: it counts as outside_ms
@@ -264,7 +266,9 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
             clock.model_s += time.perf_counter() - t0
             calls = statistics.fmean(frame.last_calls)
             return frame.n_codes / calls, calls
-        conditions[(f"{FUSED_SPEC}{frame.window}", fname)] = run_spec
+        label = getattr(frame, "decoder_label", f"{FUSED_SPEC}{frame.window}")  # fused-tree<N> for a tree frame
+        spec_nodes[label] = int(getattr(frame, "nodes", frame.window))
+        conditions[(label, fname)] = run_spec
     keys = list(conditions)
     n_ctx = contexts.shape[0]
     for key in keys:  # warm-up (and compilation)
@@ -293,7 +297,7 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         d = per[key]
         fr = _summary(d["frame"])
         outside = [f - m - h for f, m, h in zip(d["frame"], d["model"], d["heads"])]
-        nodes = {"nodes": int(key[0][len(FUSED_SPEC):])} if key[0].startswith(FUSED_SPEC) else {}
+        nodes = {"nodes": spec_nodes[key[0]]} if key[0] in spec_nodes else {}
         rows.append({"decoder": key[0], "backend": key[1], **nodes,
                      "tokens_per_call": None if key[0] == FUSED else statistics.fmean(d["tpc"]),  # 1 call
                      "calls_per_frame": statistics.fmean(d["calls"]),

@@ -107,7 +107,7 @@ class FusedARFrame:
         h = lean.forward(x, pos, causal[None, :2].expand(b, 2, self.slots), cache, pos)[:, 1]
         codes = []
         for j in range(self.n_codes):
-            scores = self.warp(lean.linear(h, cp.lm_head[j].weight))
+            scores = self.warp(lean.apply(cp.lm_head[j], h))
             code = scores.argmax(-1) if self.sampling.greedy else (scores + noise[:, j]).argmax(-1)  # (B,)
             codes.append(code)
             if j == self.n_codes - 1:

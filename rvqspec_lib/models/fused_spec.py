@@ -127,6 +127,7 @@ class FusedChainFrame:
         self.n_codes = P.n_codes(code_predictor)
         self.vocab = int(code_predictor.config.vocab_size)
         self.slots = self.n_codes + 1  # positions 0..n_codes - 1 + 1: the last code is never fed
+        self.u_width = 2 * self.K + 1  # uniforms per round (the order: module docstring)
         self.compiled = bool(compile)
         self.compile_s: dict[tuple, float] = {}
         self.last_calls: list[int] = []  # calls (prefill + rounds) each row of the last frame took
@@ -138,7 +139,7 @@ class FusedChainFrame:
     def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         """A frame's uniforms, ``(B, n_codes, 2 K + 1)`` float64, one ``torch.rand`` from ``generator`` (the order:
         module docstring)."""
-        return torch.rand(batch, self.n_codes, 2 * self.K + 1, generator=generator, dtype=torch.float64,
+        return torch.rand(batch, self.n_codes, self.u_width, generator=generator, dtype=torch.float64,
                           device=self.lean.device)
 
     # -- the graphs ---------------------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ class FusedChainFrame:
         return torch.softmax(warp_scores(logits, self.sampling), -1)
 
     def _head(self, h: torch.Tensor, i: int) -> torch.Tensor:
-        return self.lean.linear(h, self.code_predictor.lm_head[i].weight)
+        return self.lean.apply(self.code_predictor.lm_head[i], h)
 
     def _mask(self, first_pos: int, q_len: int, b: int, device) -> torch.Tensor:
         slot = torch.arange(self.slots, device=device)
@@ -217,7 +218,7 @@ class FusedChainFrame:
         # 3. accept
         acc = torch.stack([ur[:, kk + j] < acceptance(p[j], x[j], q[j].gather(1, x[j][:, None]).squeeze(1))
                            for j in range(n_draft)], 1)
-        n_acc = torch.cumprod(acc.to(torch.int64), 1).sum(1)  # (B,) leading accepts
+        n_acc = (torch.cumsum((~acc).to(torch.int64), 1) == 0).sum(1)  # (B,) leading accepts (no CumProd in ONNX)
         final = [residual(p[j], q[j]) for j in range(n_draft)] + ([p[n_draft]] if bonus else [])
         final = torch.stack(final, 1)
         nxt = inverse_cdf(final[rows, n_acc.clamp(max=final.shape[1] - 1)], ur[:, 2 * kk])
@@ -267,9 +268,9 @@ class FusedChainFrame:
             ValueError: uniforms of the wrong shape.
         """
         b = context.shape[0]
-        want = (b, self.n_codes, 2 * self.K + 1)
+        want = (b, self.n_codes, self.u_width)
         if tuple(u.shape) != want:
-            raise ValueError(f"uniforms must have shape {want} (FusedChainFrame.uniforms), got {tuple(u.shape)}")
+            raise ValueError(f"uniforms must have shape {want} ({type(self).__name__}.uniforms), got {tuple(u.shape)}")
         with torch.inference_mode():
             codes, h, k, v = self._call(("prefill", b), context, u)
             s = [1] * b
@@ -306,7 +307,7 @@ class FusedChainFrame:
         # made outside inference mode, as decode's context and uniforms are (dynamo guards on the dispatch keys)
         ctx = torch.zeros(batch, 2, P.talker_hidden_size(self.code_predictor), dtype=self.lean.dtype,
                           device=self.lean.device)
-        u = torch.zeros(batch, self.n_codes, 2 * self.K + 1, dtype=torch.float64, device=self.lean.device)
+        u = torch.zeros(batch, self.n_codes, self.u_width, dtype=torch.float64, device=self.lean.device)
         with torch.inference_mode():
             codes, h, k, v = self._call(("prefill", batch), ctx, u)
             for s in range(1, self.n_codes):

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rvqspec_lib.models.kernels import mgemv
+from rvqspec_lib.models.precision import Int8Linear
 from rvqspec_lib.decoding import predictor as P
 
 #: RoPE positions tabulated: a frame uses positions 0..n_codes, plus the offsets of nodes past the frame's last depth
@@ -69,6 +70,14 @@ class _Stack(nn.Module):
         self.scaling = self.head_dim ** -0.5
         self.linear = linear
 
+    def proj(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``module`` applied to ``x``: an :class:`~rvqspec_lib.models.precision.Int8Linear` through its own forward
+        (its int8 arithmetic, as the official module computes it in that precision), any other linear layer through
+        ``linear(x, weight, bias)``."""
+        if isinstance(module, Int8Linear):
+            return module(x)
+        return self.linear(x, module.weight, module.bias)
+
     def rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm as the official one: statistics in float32, scaled back in the input dtype."""
         xf = x.to(torch.float32)
@@ -85,16 +94,16 @@ class _Stack(nn.Module):
         ``(B, kv, Q, D)`` int64 slot index; k_cache, v_cache ``(L, B, kv, S, D)`` (written in place).
         Returns ``(B, Q, H)`` after the final norm."""
         b, q_len, _ = x.shape
-        lin, rms = self.linear, self.rms
+        lin, rms = self.proj, self.rms
         rep = self.n_heads // self.n_kv
         for i, layer in enumerate(self.model.layers):
             att, mlp = layer.self_attn, layer.mlp
             h = rms(x, layer.input_layernorm.weight)
-            q = rms(lin(h, att.q_proj.weight, att.q_proj.bias).view(b, q_len, -1, self.head_dim),
+            q = rms(lin(att.q_proj, h).view(b, q_len, -1, self.head_dim),
                     att.q_norm.weight).transpose(1, 2)  # (B, heads, Q, D)
-            k = rms(lin(h, att.k_proj.weight, att.k_proj.bias).view(b, q_len, -1, self.head_dim),
+            k = rms(lin(att.k_proj, h).view(b, q_len, -1, self.head_dim),
                     att.k_norm.weight).transpose(1, 2)  # (B, kv, Q, D)
-            v = lin(h, att.v_proj.weight, att.v_proj.bias).view(b, q_len, -1, self.head_dim).transpose(1, 2)
+            v = lin(att.v_proj, h).view(b, q_len, -1, self.head_dim).transpose(1, 2)
             q = q * cos + self.rotate_half(q) * sin
             k = k * cos + self.rotate_half(k) * sin
             k_all, v_all = k_cache[i], v_cache[i]
@@ -106,9 +115,9 @@ class _Stack(nn.Module):
                 v_all = v_all[:, :, None].expand(b, self.n_kv, rep, s, self.head_dim).reshape(b, -1, s, self.head_dim)
             a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=self.scaling)
             a = a.transpose(1, 2).contiguous().reshape(b, q_len, -1)  # (B, Q, heads * D)
-            x = x + lin(a, att.o_proj.weight, att.o_proj.bias)
+            x = x + lin(att.o_proj, a)
             h = rms(x, layer.post_attention_layernorm.weight)
-            x = x + lin(F.silu(lin(h, mlp.gate_proj.weight)) * lin(h, mlp.up_proj.weight), mlp.down_proj.weight)
+            x = x + lin(mlp.down_proj, F.silu(lin(mlp.gate_proj, h)) * lin(mlp.up_proj, h))
         return rms(x, self.model.norm.weight)
 
 
@@ -209,7 +218,14 @@ class LeanCodePredictor:
 
     def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
         """Head logits row by row, as :func:`rvqspec_lib.decoding.predictor.head_logits`, through ``matmul``."""
-        return P.head_logits(self.code_predictor, hidden, head, linear=self.linear)
+        int8 = isinstance(self.code_predictor.lm_head[0], Int8Linear)  # int8 heads: their own forward
+        return P.head_logits(self.code_predictor, hidden, head, linear=None if int8 else self.linear)
+
+    def apply(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A linear layer of the code predictor (a head, a projection) applied to ``x`` ``(..., in)`` as the layer
+        stack applies its own: an :class:`~rvqspec_lib.models.precision.Int8Linear` through its int8 forward, any
+        other through ``matmul``. Returns ``(..., out)`` in the layer's activation dtype."""
+        return self.stack.proj(module, x)
 
     def __repr__(self) -> str:
         return f"LeanCodePredictor(matmul={self.matmul!r}, compile={self.compiled})"

@@ -87,6 +87,7 @@ run_budgets = [2, 4] if smoke else [int(n) for n in budgets]
 run_chains = [2] if smoke else [int(w) for w in chains]
 run_repeats = min(int(repeats), 2) if smoke else int(repeats)
 run_warmup = min(int(warmup), 1) if smoke else int(warmup)
+timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)
 n_calib = 16 if smoke else int(calib_frames)
 n_eval = 4 if smoke else int(eval_frames)
 run_paper_budget = 4 if smoke else int(paper_budget)
@@ -179,7 +180,7 @@ calib_df
 # an oversubscribed CPU (eval.bench.OTHER_CPU_LIMIT) is re-measured once; if it still is, titles and captions say so
 from rvqspec_lib.eval.bench import measure_quietly
 
-timing, timing_quiet = measure_quietly(lambda: T.frame_times(
+timing, timing_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: T.frame_times(
     cp, contexts, decoders, run_backends, repeats=run_repeats, warmup=run_warmup, seed=seed,
     threads=torch.get_num_threads(), work_dir=work / "backend", random_weights=lm.is_random), meta=lambda r: r["meta"])
 prov = {**provenance(params, seed=seed), "timing": timing_quiet}
@@ -208,7 +209,7 @@ frames_df[["decoder", "backend", "nodes", "tokens_per_call", "ms_per_frame", "p1
 
 # %%
 measured = T.speedup_vs_n(timing["rows"])
-costs, costs_quiet = measure_quietly(lambda: T.verify_costs(
+costs, costs_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: T.verify_costs(
     cost_cp, [b for b in run_backends if b not in ("coreml", "cuda")], query_sizes=sorted({1, *run_budgets}),
     repeats=run_repeats, warmup=run_warmup, threads=torch.get_num_threads(), work_dir=work / "cost",
     random_weights=cost_lm.is_random, progress=True, built=timing["built"] if cost_cp is cp else None),
@@ -284,7 +285,7 @@ paper_graph = [{"model": paper_model, "decoder": PAPER, "graph": "verify", "form
                 **{k: r.get(k) for k in ("runner", "ran", "relative_diff", "tolerance", "within_tolerance")}}
                for r in paper_check]
 paper_contexts = frames_from_shipped(paper_lm, "evaluation", max_frames=n_eval).context
-paper_timing, paper_quiet = measure_quietly(lambda: T.frame_times(
+paper_timing, paper_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: T.frame_times(
     paper_cp, paper_contexts, paper_decs, [b for b in run_backends if b in ("eager", "onnx")], repeats=run_repeats,
     warmup=run_warmup, seed=seed, threads=torch.get_num_threads(), work_dir=work / "paper-backend",
     random_weights=paper_lm.is_random), meta=lambda r: r["meta"])

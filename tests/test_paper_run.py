@@ -89,7 +89,7 @@ def test_sigint_leaves_no_half_output_and_the_rerun_runs_only_what_it_stopped(tm
         stamp1 = fig / ".90_first.done"
         before = (stamp1.read_text(), stamp1.stat().st_mtime_ns)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the signal goes to make's whole process group
-        out = proc.communicate(timeout=60)[0]
+        out = proc.communicate(timeout=240)[0]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

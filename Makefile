@@ -20,7 +20,7 @@
 #                                 codec, training, code decoder, evaluation, model card): about 3.8 h on 2 CPU cores, resumable
 #   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call, then the table to act
 #                                 on (rvqspec bench --table [BENCH_TABLE_ARGS]: stepped AR, fused AR, best speculative,
-#                                 auto per native precision and backend; build/bench_table.csv/.md/.json)
+#                                 fused speculative, auto per native precision and backend; build/bench_table.*)
 #   make check-figures            are the committed figures/ one clean `make paper` run of the sources at HEAD?
 #                                 (one line per stale group of results and the files changed since; exit 1 if not)
 #   make clean                    remove build/ (figures/ holds committed results and is kept)

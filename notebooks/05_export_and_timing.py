@@ -350,11 +350,12 @@ else:
 # %% [markdown]
 # ## The table to act on
 # The same table `rvqspec bench --table` and `make bench` print (`rvqspec_lib.eval.bench_table.bench_table`): per
-# precision this CPU runs natively and per backend, the rows stepped AR, fused AR, the best speculative decoder and
-# `auto`'s choice, in ms per frame and as the inner loop's real-time factor (ms per frame over the 80 ms a frame
-# lasts), for `model` and for `cost_model`. A random-weight model's speculative frames are a **timing replay**: its
-# real verify calls, with the acceptance decisions replayed from the embedded model's calibration (every row says
-# so). Beside them the AR frame's weight-streaming floor, and under them the public ports' published figures, quoted
+# precision this CPU runs natively and per backend, the rows stepped AR, fused AR, the best speculative decoder, the
+# fused speculative round (one graph a round; beside the fused AR frame, `x_fused_ar` their ratio) and `auto`'s
+# choice, in ms per frame and as the inner loop's real-time factor (ms per frame over the 80 ms a frame lasts), for
+# `model` and for `cost_model`. A random-weight model's speculative frames are a **timing replay**: its real verify
+# calls, with the acceptance decisions replayed from the embedded model's calibration (every row says so; a replay
+# has no fused speculative row, its acceptance being inside the round's graph). Beside them the AR frame's weight-streaming floor, and under them the public ports' published figures, quoted
 # and labelled, never in a measured column. Smoke: `tiny-random`, float32, eager, one frame per decoder.
 
 # %%

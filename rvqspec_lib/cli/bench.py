@@ -2,8 +2,8 @@
 Q query positions, printed as a table with device, dtype and thread count, and optionally written as JSON with its
 provenance. The timing itself is :func:`rvqspec_lib.eval.bench.bench_model` (method: docs/style.md#benchmarks).
 ``--backend NAME``: frame times per decoder through one backend; ``--table``: the table a user acts on
-(:mod:`rvqspec_lib.eval.bench_table`: stepped AR, fused AR, best speculative and auto per precision and backend, for
-the embedded model and the replayed 0.6B architecture), written as CSV + Markdown + JSON.
+(:mod:`rvqspec_lib.eval.bench_table`: stepped AR, fused AR, best speculative, fused speculative and auto per
+precision and backend, for the embedded model and the replayed 0.6B architecture), written as CSV + Markdown + JSON.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from rvqspec_lib.eval.bench import DEFAULT_QUERY_SIZES, PRECISION_QUERY_SIZES
 #: ``--backend`` values: rvqspec_lib.eval.export_timing.BACKENDS, repeated here so that the parser does not import
 #: torch (tests/test_export_cli.py checks that the two agree).
 BACKENDS = ("eager", "compile", "onnx", "coreml", "cuda")
+
+#: ``--backend`` values that time every precision of rvqspec_lib.models.precision (the fused rounds and the lean
+#: stack run bfloat16 and int8 layers); the others are float32 only (their exported or captured graphs).
+BACKEND_PRECISIONS_ANY = ("eager", "compile")
 
 #: Largest --queries value: a verify call over more nodes is not a draft tree.
 MAX_QUERIES = 1024
@@ -75,15 +79,19 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "default tree, and when the model ships them calibrated:4, calibrated:16, paper (the "
                              "paper's decoder) and auto)")
     parser.add_argument("--backend", default=None, help="instead of call latencies: frame times of AR, the fused AR "
-                        "frame, Chain(4) and the trees through one verify backend (eager, compile, onnx, cuda), "
-                        "one interleaved run (rvqspec_lib.eval.export_timing.bench_backend); coreml (macOS 15+): the "
-                        "exported packages timed call by call per compute unit")
+                        "frame, Chain(4), the fused speculative chain and the trees through one verify backend "
+                        "(eager, compile, onnx, cuda), one interleaved run (rvqspec_lib.eval.export_timing."
+                        "bench_backend), in the --dtype given (eager and compile: float32, bfloat16, int8, "
+                        "int8-dynamic; the others float32); coreml (macOS 15+): the exported packages timed call by "
+                        "call per compute unit")
     parser.add_argument("--table", action="store_true",
                         help="the table to act on (what make bench prints; docs/precision.md#the-table): per "
                              "precision (--dtype, default the CPU's native ones) and backend (--backends) the rows "
                              "stepped AR, fused AR, the best speculative decoder (chains 3,4,6 and calibrated trees "
-                             "N 4,8,16) and auto's choice, in ms per frame and as the inner loop's real-time factor "
-                             "(ms / 80), for --models, beside the weight-streaming floor and the public ports' "
+                             "N 4,8,16), the fused speculative round (fused chains and point-mass trees of those; "
+                             "absent in a replay) and auto's choice, in ms per frame, as the inner loop's real-time "
+                             "factor (ms / 80) and as a multiple of the fused AR frame, for --models, beside the "
+                             "weight-streaming floor and the public ports' "
                              "figures; random-weight models are timed as a timing replay (--acceptance). Written to "
                              "--table-out STEM .csv/.md/.json. Defaults (eager, 5 frames per decoder after 1 untimed, the native "
                              "precisions): under 10 minutes on 2 idle cores with 1 thread")
@@ -196,7 +204,8 @@ def dtypes(args) -> list[str]:
 
 def check_dtypes(args) -> None:
     """``--dtype``: known names, several only of the precisions, each one the CPU runs natively (on ``--device
-    cpu``), float32 only with ``--backend``. Raises ValueError (one line naming the fix); imports no torch model."""
+    cpu``); with ``--backend`` one precision, and float32 only unless the backend is one of
+    :data:`BACKEND_PRECISIONS_ANY`. Raises ValueError (one line naming the fix); imports no torch model."""
     from rvqspec_lib.models.precision import PRECISIONS, check_precision
 
     names = dtypes(args)
@@ -210,8 +219,12 @@ def check_dtypes(args) -> None:
     if len(set(names)) != len(names):
         raise ValueError(f"--dtype {args.dtype}: each precision once")
     if args.backend is not None and names != ["float32"]:
-        raise ValueError(f"--backend times float32 frames: drop --dtype {args.dtype} (per-precision call times: "
-                         "rvqspec bench --dtype float32,bfloat16,int8)")
+        if len(names) > 1 or names[0] not in PRECISIONS:
+            raise ValueError(f"--backend times one precision: give --dtype one of {', '.join(PRECISIONS)} (several "
+                             "side by side: rvqspec bench --table --dtype float32,bfloat16,int8)")
+        if args.backend in BACKENDS and args.backend not in BACKEND_PRECISIONS_ANY:
+            raise ValueError(f"--backend {args.backend} times float32 frames (its graphs are float32): drop --dtype "
+                             f"{args.dtype}, or use --backend eager or compile for {args.dtype}")
     for d in names:
         if d in PRECISIONS:
             check_precision(d, device=str(args.device))

@@ -284,8 +284,10 @@ def run_bench_backend(args) -> int:
     backend (:func:`rvqspec_lib.eval.export_timing.bench_backend`), printed as a table.
 
     Reads ``args.backend``, ``args.model``, ``args.repeats``, ``args.warmup``, ``args.seed``, ``args.json_path``
-    (optional) and ``args.no_progress`` (optional), as the bench parser defines them; ``--device cuda`` loads the
-    model on the GPU for ``--backend cuda``. Returns the exit status (2 and one line for an absent backend).
+    (optional), ``args.dtype`` (optional, default float32: a precision of :mod:`rvqspec_lib.models.precision`,
+    applied to the code predictor after it loads; checked by ``rvqspec_lib.cli.bench.check_dtypes``) and
+    ``args.no_progress`` (optional), as the bench parser defines them; ``--device cuda`` loads the model on the GPU
+    for ``--backend cuda``. Returns the exit status (2 and one line for an absent backend).
     """
     from rvqspec_lib.common.provenance import provenance, save_json
     from rvqspec_lib.eval import export_timing as T
@@ -304,6 +306,11 @@ def run_bench_backend(args) -> int:
     try:
         lm = load_model(args.model, device=device, seed=getattr(args, "seed", 0))
         cp = lm.code_predictor.eval()
+        prec = getattr(args, "dtype", None) or "float32"
+        if prec != "float32":  # native on this CPU and allowed for this backend: checked before the load
+            from rvqspec_lib.models.precision import apply_precision
+
+            apply_precision(cp, prec, require_native=False)
         contexts, decoders, source = _bench_inputs(lm, seed=getattr(args, "seed", 0),
                                                    names=getattr(args, "decoders", None))
         contexts = contexts.to(device)
@@ -318,7 +325,8 @@ def run_bench_backend(args) -> int:
     print(format_rows(res["rows"], ["decoder", "backend", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms",
                                     "speedup_vs_ar", "speedup_vs_fused"]))
     m = res["meta"]
-    print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m.get('device')}, {m.get('dtype')}, "
+    dt = prec if prec == m.get("dtype") else f"{prec} ({m.get('dtype')} activations)"
+    print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m.get('device')}, {dt}, "
           f"{m.get('threads')} thread(s), backend {name}; {args.repeats} timed frames per decoder (after "
           f"{getattr(args, 'warmup', 2)} warm-up frames), their contexts from {source}")
     if getattr(args, "acceptance_table", None) is not None:
@@ -329,7 +337,8 @@ def run_bench_backend(args) -> int:
     if crowded:
         print(crowded)
     if getattr(args, "json_path", None):
-        save_json({**res, "model": args.model, "backend": name, "contexts": source}, args.json_path,
-                  provenance({"model": args.model, "backend": name, "repeats": args.repeats}))
+        save_json({**res, "model": args.model, "backend": name, "precision": prec, "contexts": source},
+                  args.json_path, provenance({"model": args.model, "backend": name, "precision": prec,
+                                              "repeats": args.repeats}))
         print(f"wrote {args.json_path}")
     return 0

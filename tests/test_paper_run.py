@@ -79,7 +79,10 @@ def test_sigint_leaves_no_half_output_and_the_rerun_runs_only_what_it_stopped(tm
     r = _copy(tmp_path, ["90_first", "91_second"])
     fig, exe = r / "figures", r / "build" / "executed" / "full-t1"
     proc = subprocess.Popen(_make(r, "paper"), env=_env(HOLD_NOTEBOOK="91_second"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            # a pytest-xdist worker ignores SIGINT, and an ignored signal is inherited: give make
+                            # the default handler a user's shell gives it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     held = r / "91_second.held"
     try:
         deadline = time.monotonic() + 120

@@ -65,3 +65,23 @@ def tiny_with_audio(monkeypatch):
         return lm
 
     monkeypatch.setattr(loader, "load_model", load)
+
+
+def makefile_repo(tmp_path):
+    """A stand-in checkout for running the real Makefile: ``tmp_path/repo`` with the Makefile, the apt script,
+    ``notebooks/`` and ``scripts/``, and the real ``.venv`` linked. Returns ``(repo, make)``; skips without make or
+    papermill in ``.venv`` (tests/test_smoke_outputs.py, tests/test_paper_run.py)."""
+    import shutil
+    from pathlib import Path
+
+    repo_root = Path(__file__).resolve().parent.parent
+    make = shutil.which("make")
+    if make is None or not (repo_root / ".venv" / "bin" / "papermill").exists():
+        pytest.skip("needs make and .venv with papermill")
+    r = tmp_path / "repo"
+    (r / "notebooks").mkdir(parents=True)
+    (r / "scripts").mkdir()
+    shutil.copy(repo_root / "Makefile", r / "Makefile")
+    shutil.copy(repo_root / "scripts" / "apt-voices.sh", r / "scripts" / "apt-voices.sh")
+    (r / ".venv").symlink_to((repo_root / ".venv").resolve(), target_is_directory=True)
+    return r, make

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import makefile_repo
 
 from rvqspec_lib.common import paper_run
 
@@ -43,15 +44,7 @@ save_table([{{"x": 2}}], out / "{name}_late", provenance())
 
 
 def _copy(tmp_path: Path, names: list[str]) -> Path:
-    make = shutil.which("make")
-    if make is None or not (REPO / ".venv" / "bin" / "papermill").exists():
-        pytest.skip("needs make and .venv with papermill")
-    r = tmp_path / "repo"
-    (r / "notebooks").mkdir(parents=True)
-    (r / "scripts").mkdir()
-    shutil.copy(REPO / "Makefile", r / "Makefile")
-    shutil.copy(REPO / "scripts" / "apt-voices.sh", r / "scripts" / "apt-voices.sh")
-    (r / ".venv").symlink_to((REPO / ".venv").resolve(), target_is_directory=True)
+    r, _ = makefile_repo(tmp_path)
     jupytext = pytest.importorskip("jupytext")
     (r / "build").mkdir()
     for n in names:

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import makefile_repo
 
 from rvqspec_lib.common.provenance import resolve_out_dir
 
@@ -123,15 +124,7 @@ with runs.open("a") as f:
 @pytest.fixture
 def make_repo(tmp_path):
     """A folder with the real Makefile and apt script, the real .venv linked, and one probe notebook (no torch)."""
-    make = shutil.which("make")
-    if make is None or not (REPO / ".venv" / "bin" / "papermill").exists():
-        pytest.skip("needs make and .venv with papermill")
-    r = tmp_path / "repo"
-    (r / "notebooks").mkdir(parents=True)
-    (r / "scripts").mkdir()
-    shutil.copy(REPO / "Makefile", r / "Makefile")
-    shutil.copy(REPO / "scripts" / "apt-voices.sh", r / "scripts" / "apt-voices.sh")
-    (r / ".venv").symlink_to((REPO / ".venv").resolve(), target_is_directory=True)
+    r, make = makefile_repo(tmp_path)
     (r / "notebooks" / "90_probe.py").write_text(PROBE)
 
     def run(*args: str) -> subprocess.CompletedProcess:

@@ -168,7 +168,11 @@ def g_test(pmf: torch.Tensor, codes: torch.Tensor) -> tuple[float, int, float]:
 
 
 def run_case(model: str, decoder, sampling: Sampling, seed: int = 1234):
-    cp, context = variant(model)
+    return run_on(*variant(model), decoder, sampling, seed)
+
+
+def run_on(cp, context, decoder, sampling: Sampling, seed: int = 1234):
+    """Decode enough frames of one context for the G-test against ``exact_pmf``; ``(pval, df, g, n, result)``."""
     pmf = exact_pmf(cp, context, sampling)
     n = frames_needed(pmf)
     res = decode_frame(cp, context.expand(n, 2, context.shape[-1]), decoder=decoder, sampling=sampling,

@@ -16,7 +16,7 @@ import copy
 
 import pytest
 import torch
-from test_lossless import (ALPHA, DEFAULT, HOT_TOPK3, MIN_POWER, N_GROUPS, NUCLEUS, SAMPLED_WIDE, TREE_WIDE,
+from test_lossless import (run_on, ALPHA, DEFAULT, HOT_TOPK3, MIN_POWER, NUCLEUS, SAMPLED_WIDE, TREE_WIDE,
                            exact_pmf, frames_needed, g_test, power, variant)
 
 from rvqspec_lib.models import precision as PR
@@ -216,14 +216,7 @@ def _variant_in(model: str, prec: str):
 
 
 def _run(model, prec, decoder, sampling, seed=1234):
-    cp, context = _variant_in(model, prec)
-    pmf = exact_pmf(cp, context, sampling)
-    n = frames_needed(pmf)
-    res = decode_frame(cp, context.expand(n, 2, context.shape[-1]), decoder=decoder, sampling=sampling,
-                       generator=torch.Generator().manual_seed(seed))
-    assert res.codes.shape == (n, N_GROUPS - 1)
-    pval, df, g = g_test(pmf, res.codes)
-    return pval, df, g, n, res
+    return run_on(*_variant_in(model, prec), decoder, sampling, seed)
 
 
 G_CASES = [(prec, model, dec, s) for prec in PR.PRECISIONS[1:] for model, dec, s in (

@@ -4,8 +4,9 @@
 #                                 as root or through sudo; a dpkg-query check and nothing else when installed)
 #   make env                      create .venv (torch first, then requirements.txt, qwen-tts --no-deps, the project)
 #   make test [TEST_JOBS=2]       voices + env, then pytest on tests/ in TEST_JOBS processes (pytest-xdist)
-#   make paper                    voices + env, then execute every notebooks/NN_*.py -> build/executed/full-t1/,
-#                                 refresh figures/; prints the run time of each notebook and of the make, and
+#   make paper [PAPER_JOBS=2]     voices + env, then execute every notebooks/NN_*.py -> build/executed/full-t1/,
+#                                 refresh figures/ (00, 02, 04 side by side first, then the timing notebooks 01,
+#                                 03, 05 one at a time, alone on the machine); prints the run time of each notebook and of the make, and
 #                                 writes them to figures/paper_run.{csv,md}; Ctrl-C leaves nothing half-written and
 #                                 the next `make paper` runs only what was stopped (docs/reproducibility.md)
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
@@ -122,13 +123,15 @@ notebooks: $(NB_BUILD)
 # (-o: the packages and .venv are not checked twice); a second run refuses with one line naming the lock. Where
 # flock(1) is missing (util-linux; macOS has none) no lock is taken.
 PAPER_LOCK    := build/.paper.lock
+# notebooks run side by side by `make paper` (the timing notebooks never: see TIMING_NB below); 1: one at a time
+PAPER_JOBS    ?= 2
 
 paper: voices $(STAMP)
 	@mkdir -p $(dir $(PAPER_LOCK)) && exec 9>$(PAPER_LOCK); \
 	if command -v flock >/dev/null && ! flock -n 9; then \
 	  echo "paper: another make paper is running in this checkout (it holds $(PAPER_LOCK)): wait for it to end, or stop it" >&2; \
 	  exit 1; fi; \
-	$(MAKE) --no-print-directory -o voices -o $(STAMP) paper-run
+	$(MAKE) --no-print-directory -j$(PAPER_JOBS) -o voices -o $(STAMP) paper-run
 
 # what `paper` runs under its lock (started alone it takes no lock). After every notebook succeeded it prints which
 # ran and the run-time record (this make's wall time, each notebook's papermill duration) and writes that record
@@ -167,14 +170,18 @@ $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
 	@mv -f $(EXEC_DIR)/$*.partial.ipynb $(EXEC_DIR)/$*.ipynb
 	@echo "$(RUN_ID) $$(date -u +%Y-%m-%dT%H:%M:%SZ) $(EXEC_DIR)/$*.ipynb" > $@.part && mv -f $@.part $@
 
-# The timing notebooks never run at the same time as each other, also under `make -j`: two timing cells sharing the
-# cores would each measure the other's load (the committed figures of 03 and 05 once were). Each timing notebook's
-# stamp gets the previous one's as an ORDER-ONLY prerequisite (01 before 03 before 05): when both must run, the later
-# waits; when the earlier is up to date, the later runs without re-running it (order-only: its time stamp does not
-# count). The other notebooks may overlap with them. (Run alone, `make figures/.03_x.done` makes a missing 01 stamp
-# first.) TIMING_NB lists the notebooks' numbers. (GNU make manual, "Types of Prerequisites": order-only ones.)
+# A timing notebook runs ALONE, also under `make -j` (`paper` runs with -j$(PAPER_JOBS)): a timing cell sharing the
+# cores measures the other process's load (the committed figures of 03 and 05 once did; eval/bench.py flags a timing
+# during which other processes used more than 20% of the CPU). So each timing notebook's stamp gets, as ORDER-ONLY
+# prerequisites, the previous timing notebook's stamp (01 before 03 before 05) and every other notebook's stamp: the
+# other notebooks (00, 02, 04: no timing) run first, side by side, then the timing notebooks one after another.
+# Order-only: a prerequisite that is up to date is not re-run and its time stamp does not count, so a stale 03 alone
+# runs at once. (Run alone, `make figures/.03_x.done` first makes the missing stamps it is ordered after.)
+# TIMING_NB lists the notebooks' numbers. (GNU make manual, "Types of Prerequisites": order-only ones.)
 TIMING_NB     ?= 01 03 05
 TIMING_EXEC   := $(foreach n,$(TIMING_NB),$(filter $(FIG_DIR)/.$(n)_%.done,$(NB_EXEC)))
+OTHER_EXEC    := $(filter-out $(TIMING_EXEC),$(NB_EXEC))
+$(if $(and $(TIMING_EXEC),$(OTHER_EXEC)),$(eval $(TIMING_EXEC): | $(OTHER_EXEC)))
 # pairs "later:|earlier" from the list and the list shifted by one; the unpaired ":|last" is dropped
 $(foreach p,$(filter-out :|%,$(join $(wordlist 2,$(words $(TIMING_EXEC)),$(TIMING_EXEC)),$(addprefix :|,$(TIMING_EXEC)))),\
   $(eval $(subst :|,: | ,$(p))))

@@ -70,7 +70,8 @@ tree_budgets = (2, 4, 8, 16, 32, 64)  # node budgets of each drafter's OWN calib
 n_calibration_frames = 600  # calibration-split frames each drafter's trees are calibrated on (as n_val_frames)
 headroom_frames = 200  # evaluation frames for the headroom of H_k-only drafters (Monte Carlo over continuations)
 headroom_samples = 8  # sampled continuations per (frame, start depth)
-save_to_model = True  # not smoke: also write the offsets beside the model (data/embedded/model/drafters/)
+save_to_model = False  # True (not smoke): also deploy the offsets beside the model (<model>/drafters/); `make paper`
+#                        leaves the shipped model as it is, so the later notebooks read the committed drafters
 medusa_dir = "build/drafters"  # Medusa heads are large (vocab x hidden per head): written here, not into git
 dataset = ""  # real checkpoints: a local `datasets` folder (save_to_disk, VoxPopuli schema: audio + raw_text)
 codec = ""  # with dataset: the codec that turns its audio into codes (e.g. the Qwen3-TTS-Tokenizer-12Hz folder)
@@ -283,9 +284,11 @@ save_table(curve_rows, out / "02_training_curves", prov)
 
 # %% [markdown]
 # ### Saving the drafters
-# Offsets are tiny and saved into the output folder and (full runs) beside the model, where
+# Offsets are tiny and saved into the output folder; with `save_to_model=True` also beside the model, where
 # `rvqspec eval-acceptance --model embedded --drafter offsets` and the later notebooks find them
-# (`<model>/drafters/offsets.safetensors`). Which loss is deployed there is decided on the **validation** acceptance
+# (`<model>/drafters/offsets.safetensors`; then remake their trees with `scripts/calibrate_trees.py`). `make paper`
+# does not deploy: the shipped drafters and their trees (`<model>/trees/offsets.json`) stay the ones `make embedded`
+# trained and calibrated, so every notebook of one run reads the same committed files. Which loss is deployed there is decided on the **validation** acceptance
 # (mean over offsets at the kept epoch), never on the evaluation split (`select_deployed`, written by
 # `deploy_drafters`). Medusa heads hold one LM-head-sized matrix per (start depth, offset), so they go to
 # `medusa_dir` (git-ignored), not into the repository.

@@ -64,8 +64,9 @@ compare_repeats = 12  # timed frames per decoder on the compare model
 batch_sizes = (1, 4, 16)  # frames decoded together
 temperatures = (1.5, 1.2, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)  # code-predictor temperatures of the sweep
 temperature_frames = 300  # calibration and evaluation frames per temperature
-write_trees = True  # not smoke: write the calibration beside the model (<model>/trees/heads.json), where
-#                     `rvqspec synth --tree calibrated:N` and `--decoder auto` read it
+write_trees = False  # True (not smoke): write the calibration beside the model (<model>/trees/heads.json), where
+#                      `rvqspec synth --tree calibrated:N` and `--decoder auto` read it; `make paper` leaves the
+#                      shipped file as it is (notebook 01 and the CLI read it) and writes 03_trees_heads.json
 
 # %%
 import json

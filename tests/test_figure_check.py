@@ -32,17 +32,17 @@ def git(root: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    """A repository with commits A (library v1), B (library v2), C (docs only), D (what a regeneration commits
-    beside the figures: the drafters notebook 02 deploys); returns (root, {name: sha})."""
+    """A repository with commits A (library v1), B (library v2), C (docs only), D (what a regeneration commits: the
+    figures); returns (root, {name: sha})."""
     r = tmp_path_factory.mktemp("check") / "repo"
     (r / "rvqspec_lib").mkdir(parents=True)
     (r / "docs").mkdir()
-    (r / "data/embedded/model/drafters").mkdir(parents=True)
+    (r / "figures").mkdir()
     git(r, "init", "-q")
     shas = {}
     for name, path, text in (("A", "rvqspec_lib/lib.py", "v = 1\n"), ("B", "rvqspec_lib/lib.py", "v = 2\n"),
                              ("C", "docs/notes.md", "notes\n"),
-                             ("D", "data/embedded/model/drafters/offsets.json", "{}\n")):
+                             ("D", "figures/00_t.csv", "x\n1\n")):
         (r / path).write_text(text)
         git(r, "add", "-A")
         git(r, "commit", "-qm", name)

@@ -43,12 +43,12 @@ save_table([{{"x": 2}}], out / "{name}_late", provenance())
 '''
 
 
-def _copy(tmp_path: Path, names: list[str]) -> Path:
+def _copy(tmp_path: Path, names: list[str], template: str = NOTEBOOK) -> Path:
     r, _ = makefile_repo(tmp_path)
     jupytext = pytest.importorskip("jupytext")
     (r / "build").mkdir()
     for n in names:
-        (r / "notebooks" / f"{n}.py").write_text(NOTEBOOK.format(name=n))
+        (r / "notebooks" / f"{n}.py").write_text(template.format(name=n, repo=r))
         # converted here, newer than the source, so make takes them as made (a jupytext process costs seconds)
         jupytext.write(jupytext.read(r / "notebooks" / f"{n}.py"), r / "build" / f"{n}.ipynb")
     return r
@@ -67,6 +67,18 @@ def _make(r: Path, *args: str) -> list[str]:
 def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.rglob("*") if ".part" in p.name)
 
+# records when it started and ended (seconds since the epoch)
+SPAN_NOTEBOOK = '''# %% tags=["parameters"]
+out_dir = "figures"
+threads = 1
+
+# %%
+import pathlib, time
+t0 = time.time()
+time.sleep(2.0)
+pathlib.Path("{repo}/{name}.span").write_text(f"{{t0}} {{time.time()}}")
+'''
+
 
 def test_sigint_leaves_no_half_output_and_the_rerun_runs_only_what_it_stopped(tmp_path):
     r = _copy(tmp_path, ["90_first", "91_second"])
@@ -76,13 +88,13 @@ def test_sigint_leaves_no_half_output_and_the_rerun_runs_only_what_it_stopped(tm
                             # a pytest-xdist worker ignores SIGINT, and an ignored signal is inherited: give make
                             # the default handler a user's shell gives it
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    held = r / "91_second.held"
-    try:
+    held, stamp1 = r / "91_second.held", fig / ".90_first.done"
+    try:  # (make paper runs the two side by side: wait for the first to end and the second to hold)
         deadline = time.monotonic() + 120
-        while not held.exists() and proc.poll() is None and time.monotonic() < deadline:
+        while not (held.exists() and stamp1.exists()) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert held.exists(), proc.communicate(timeout=30)[0] if proc.poll() is not None else "never held"
-        stamp1 = fig / ".90_first.done"
+        assert held.exists() and stamp1.exists(), (proc.communicate(timeout=30)[0] if proc.poll() is not None
+                                                   else "never held")
         before = (stamp1.read_text(), stamp1.stat().st_mtime_ns)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the signal goes to make's whole process group
         out = proc.communicate(timeout=240)[0]
@@ -171,9 +183,28 @@ def _order_only(r: Path, *args: str) -> dict[str, list[str]]:
 
 def test_timing_notebooks_are_chained_order_only(tmp_path):
     r = _copy(tmp_path, ["00_x", "01_t", "02_y", "03_t", "04_z", "05_t"])
-    assert _order_only(r) == {".00_x.done": [], ".01_t.done": [], ".02_y.done": [], ".03_t.done": [".01_t.done"],
-                              ".04_z.done": [], ".05_t.done": [".03_t.done"]}
-    # negative control: without timing notebooks nothing is chained (the parse above can see no chain, too)
+    others = [".00_x.done", ".02_y.done", ".04_z.done"]
+    got = {k: sorted(v) for k, v in _order_only(r).items()}
+    # every timing notebook after the previous one and after every notebook without timing (they run first, side
+    # by side); those wait for nothing
+    assert got == {".00_x.done": [], ".01_t.done": others, ".02_y.done": [], ".03_t.done": sorted(others + [".01_t.done"]),
+                   ".04_z.done": [], ".05_t.done": sorted(others + [".03_t.done"])}
+    # negative control: without timing notebooks nothing is ordered (the parse above can see no order, too)
     assert all(v == [] for v in _order_only(r, "TIMING_NB=").values())
-    # a gap (no 03) chains 05 to 01
+    # a gap (no 03) chains 05 to 01; only timing notebooks: just the chain
     assert _order_only(r, "NB_SRC=notebooks/01_t.py notebooks/05_t.py")[".05_t.done"] == [".01_t.done"]
+    assert _order_only(r, "NB_SRC=notebooks/01_t.py notebooks/05_t.py")[".01_t.done"] == []
+
+
+def test_paper_runs_the_notebooks_side_by_side_and_the_timing_ones_alone(tmp_path):
+    """Under `make paper` (-j2 by default) the notebooks without timing overlap and no timing notebook overlaps any
+    other: each fake notebook records its start and end time; the intervals are compared."""
+    r = _copy(tmp_path, ["00_x", "01_t", "02_y", "03_t"], template=SPAN_NOTEBOOK)
+    res = subprocess.run(_make(r, "paper"), env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    span = {p.stem: tuple(map(float, p.read_text().split())) for p in r.glob("*.span")}
+    assert sorted(span) == ["00_x", "01_t", "02_y", "03_t"]
+    overlap = lambda a, b: min(span[a][1], span[b][1]) > max(span[a][0], span[b][0])
+    assert overlap("00_x", "02_y")  # side by side (the negative control of the checks below: overlaps are seen)
+    for t in ("01_t", "03_t"):
+        assert not any(overlap(t, o) for o in span if o != t), (t, span)

@@ -1,9 +1,9 @@
 """A result's ``dirty`` flag reports changes to the tracked sources only (docs/reproducibility.md).
 
 :func:`rvqspec_lib.common.provenance.git_revision` runs on a temporary git repository laid out like this one: a run's
-own outputs (``figures/``, ``build/``, the drafters and trees notebooks 02 and 03 write beside the embedded model),
+own outputs (``figures/``, ``build/``),
 the docs, the tests and untracked scratch change and the record stays clean;
-an edit to a tracked library file, notebook or Makefile (in the working tree or only staged, a deletion, a rename)
+an edit to a tracked library file, notebook, Makefile or the drafters and trees shipped beside the model (in the working tree or only staged, a deletion, a rename)
 makes it dirty and names the files; reverting the edit, or committing it, makes it clean again (the negative controls:
 the flag is not stuck either way).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rvqspec_lib.common.provenance import RUN_OUTPUT_PATHS, SOURCE_PATHS, changed_sources, git_revision
+from rvqspec_lib.common.provenance import SOURCE_PATHS, changed_sources, git_revision
 
 GIT = shutil.which("git")
 pytestmark = pytest.mark.skipif(GIT is None, reason="needs git")
@@ -58,15 +58,14 @@ def test_outputs_docs_tests_and_scratch_leave_it_clean(repo):
     (repo / "tests" / "test_x.py").write_text("# edited\n")
     (repo / "rvqspec_lib" / "common" / "scratch.py").write_text("untracked\n")  # untracked scratch, even in sources
     (repo / "notes.txt").write_text("scratch\n")
-    for out in RUN_OUTPUT_PATHS:  # what notebooks 02 and 03 rewrite beside the embedded model
-        target = repo / out / "offsets.json" if not out.endswith(".json") else repo / out
-        target.write_text('{"retrained": true}\n')
     assert git(repo, "status", "--porcelain")  # the tree IS dirty in git's sense: the old rule said dirty
     assert git_revision(repo)["dirty"] is False and changed_sources(repo) == []
 
 
 @pytest.mark.parametrize("path", ["rvqspec_lib/common/a.py", "notebooks/00_x.py", "Makefile", "data/d.txt",
-                                  "requirements.txt", "scripts/s.py", "data/embedded/model/trees/offsets.json"])
+                                  "requirements.txt", "scripts/s.py", "data/embedded/model/trees/offsets.json",
+                                  # the shipped drafters and trees are inputs of the notebooks, never run outputs
+                                  "data/embedded/model/trees/heads.json", "data/embedded/model/drafters/offsets.json"])
 def test_a_tracked_source_edit_is_dirty_and_named(repo, path):
     (repo / "figures" / "00_t.csv").write_text("x\n2\n")  # outputs changing too do not hide it or get named
     (repo / path).write_text("edited\n")
@@ -95,5 +94,5 @@ def test_outside_a_checkout_nothing_is_claimed(tmp_path):
 
 def test_the_source_list_is_the_documented_one():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "reproducibility.md").read_text()
-    assert all(f"`{p}" in doc for p in SOURCE_PATHS + RUN_OUTPUT_PATHS), SOURCE_PATHS + RUN_OUTPUT_PATHS
+    assert all(f"`{p}" in doc for p in SOURCE_PATHS), SOURCE_PATHS
     assert not {"figures", "build", "tests", "docs"} & set(SOURCE_PATHS)

@@ -3,7 +3,7 @@
 A results folder (``figures/`` and every folder under it, ``figures/<model>/`` included: one regeneration refreshes
 them all) passes when every provenance record in it names the same git revision R, none is dirty (a tracked source
 differed from R while it was made, :func:`rvqspec_lib.common.provenance.git_revision`), and the tracked sources
-(:data:`rvqspec_lib.common.provenance.SOURCE_PATHSPECS`: the sources less the files a run rewrites) are unchanged
+(:data:`rvqspec_lib.common.provenance.SOURCE_PATHSPECS`) are unchanged
 between R and ``HEAD`` (``git diff --name-only R HEAD -- <sources>``). Otherwise it lists the stale results grouped by the revision that made
 them, and the source files changed since each revision, one line per problem (docs/reproducibility.md).
 

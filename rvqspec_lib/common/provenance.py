@@ -82,12 +82,10 @@ def resolve_out_dir(out_dir: str | os.PathLike, *, smoke: bool = False, root: st
 #: (docs/reproducibility.md).
 SOURCE_PATHS = ("rvqspec_lib", "notebooks", "scripts", "data", "Makefile", "requirements.txt", "pyproject.toml",
                 "environment.yml")
-#: Tracked files inside the sources that ``make paper`` itself rewrites: run outputs like ``figures/``, so left
-#: out: notebook 02 deploys the trained offsets beside the embedded model (``drafters/``), notebook 03 writes the
-#: reused heads' calibrated trees (``trees/heads.json``). Committed with the figures of the same run.
-RUN_OUTPUT_PATHS = ("data/embedded/model/drafters", "data/embedded/model/trees/heads.json")
-#: :data:`SOURCE_PATHS` minus :data:`RUN_OUTPUT_PATHS`, as git pathspecs (``git status`` / ``git diff -- ...``)
-SOURCE_PATHSPECS = (*SOURCE_PATHS, *(f":(exclude){p}" for p in RUN_OUTPUT_PATHS))
+#: :data:`SOURCE_PATHS` as git pathspecs (``git status`` / ``git diff -- ...``). ``make paper`` writes nothing inside
+#: them: the shipped drafters and trees beside the embedded model are sources the notebooks read (notebook 02
+#: deploys, notebook 03 writes ``trees/heads.json``, only when asked: ``save_to_model`` / ``write_trees``).
+SOURCE_PATHSPECS = SOURCE_PATHS
 
 
 def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:
@@ -101,7 +99,7 @@ def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:
 
 
 def changed_sources(root: str | os.PathLike | None = None) -> list[str] | None:
-    """The tracked source files (:data:`SOURCE_PATHS`, less the run's own :data:`RUN_OUTPUT_PATHS`) whose
+    """The tracked source files (:data:`SOURCE_PATHS`) whose
     working-tree or staged content differs from ``HEAD``.
 
     ``git status --porcelain -z --untracked-files=no`` limited to the sources: an edited, staged, deleted or renamed

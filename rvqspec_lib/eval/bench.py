@@ -411,6 +411,8 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         "code_predictor": cp_rows,
     }
     result["cpu_oversubscribed"] = cpu_oversubscribed(result)
+    rel = [r.get("rel_se") for r in (talker, *cp_rows)]
+    result["rel_se_max"] = None if None in rel else max(rel)  # the noisiest call's median (noise.noise_meta)
     result["derived"] = derived_from_bench(result, frame_rate_hz=loaded.frame_rate_hz,
                                            n_code_groups=loaded.n_code_groups)
     return result
@@ -536,6 +538,23 @@ def latency_rows(result: dict) -> list[dict]:
     return rows
 
 
+def repeats_words(result: dict) -> str:
+    """How many timed calls a :func:`bench_model` result's medians are of, and how noisy they are: ``"repeats 20"``
+    with a fixed count, else e.g. ``"repeats 20-47 (noise target 2.0 %, at most 80), median's relative standard
+    error <= 1.9 %"``."""
+    target, n = result.get("noise_target"), result.get("repeats")
+    if target is None:
+        return f"repeats {n}"
+    made = sorted(r["n"] for r in (result["talker_step"], *result["code_predictor"]))
+    span = f"{made[0]}" if made[0] == made[-1] else f"{made[0]}-{made[-1]}"
+    worst = result.get("rel_se_max")
+    from rvqspec_lib.eval.noise import repeat_cap
+
+    cap = repeat_cap(target, n, result.get("max_repeats"))
+    return (f"repeats {span} (noise target {100 * target:.1f} %, at most {cap})"
+            + (f", median's relative standard error <= {100 * worst:.1f} %" if worst is not None else ""))
+
+
 def format_table(result: dict) -> str:
     """Plain-text latency table with the device / dtype / threads header (what ``rvqspec bench`` prints)."""
     m = result["model"]
@@ -543,7 +562,7 @@ def format_table(result: dict) -> str:
             f"device {result['device']} ({result['device_name']}) | dtype {result['dtype']}"
             f"{_cp_precision_note(result)} | "
             f"threads {result['threads']} | torch {result['torch']} | warmup {result['warmup']}, "
-            f"repeats {result['repeats']}")
+            f"{repeats_words(result)}")
     load0, load1 = result.get("load_avg_1m_before"), result.get("load_avg_1m_after")
     if load0 is not None and load1 is not None and result["device"] == "cpu":
         head += f" | load avg {load0:.2f} before, {load1:.2f} after"

@@ -35,7 +35,9 @@ model = "qwen3-tts-0.6b-random"  # real-size 0.6B architecture, RANDOM weights (
 seed = 0  # seed of the random weights and of the random input embeddings
 smoke = False  # True: tiny-random model, 2 repeats, Q up to 16 (headless test, < 60 s)
 out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
-repeats = 20  # timed calls per measurement (median reported)
+repeats = 20  # the MINIMUM of timed calls per measurement (median reported; more until noise_target is met)
+noise_target = 0.02  # each call is timed until its median's relative standard error is <= this, or 4 x repeats
+#                      (rvqspec_lib.eval.noise; None: exactly `repeats`). Smoke: None
 warmup = 3  # untimed calls before each measurement
 threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
 prefix_len = 8  # KV positions already in the code-predictor cache (a mid-frame verify)
@@ -66,6 +68,7 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figu
 # smoke: the tiny model (unless another model was asked for), few repeats, Q up to 16
 run_model = "tiny-random" if smoke and model == "qwen3-tts-0.6b-random" else model
 run_repeats = min(int(repeats), 2) if smoke else int(repeats)
+run_noise_target = None if smoke else noise_target  # smoke: the fixed small count (fast)
 run_warmup = min(int(warmup), 1) if smoke else int(warmup)
 timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)
 query_sizes = (1, 2, 4, 8, 16) if smoke else bench.DEFAULT_QUERY_SIZES
@@ -75,7 +78,7 @@ out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the
 params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), repeats=run_repeats,
               warmup=run_warmup, threads=torch.get_num_threads(), prefix_len=prefix_len,
               talker_context=talker_context, query_sizes=list(query_sizes), compare_model=compare_model,
-              notebook="01_rvq_bottleneck")
+              noise_target=run_noise_target, notebook="01_rvq_bottleneck")
 print(f"model {run_model}, outputs -> {out}")
 
 # %% [markdown]
@@ -147,19 +150,22 @@ budget
 # ## Measured latency: talker step vs code-predictor call with `Q` query positions
 # One talker step (one new position after `talker_context` cached positions, plus `codec_head`) and one
 # code-predictor call with `Q` query positions after a KV prefix of `prefix_len` positions (projection, 5 layers,
-# one `lm_head` over the `Q` positions). Median of `repeats` calls after `warmup`; p10/p90 show the spread.
+# one `lm_head` over the `Q` positions). Median of at least `repeats` calls after `warmup`
+# (more until its relative standard error meets `noise_target`: the table's `n` and caption say how many); p10/p90
+# show the spread.
 
 # %%
 # an oversubscribed CPU (other processes above bench.OTHER_CPU_LIMIT of its time) is re-measured once; if it still
 # is, the figure's title and the table's caption say so
 result, quiet = bench.measure_quietly(attempts=timing_attempts, measure=lambda: bench.bench_model(
     loaded, prefix_len=prefix_len, query_sizes=query_sizes, talker_context=talker_context, warmup=run_warmup,
-    repeats=run_repeats, seed=seed, progress=True))
+    repeats=run_repeats, seed=seed, progress=True, noise_target=run_noise_target))
 prov = {**provenance(params, seed=seed), "timing": quiet}  # after the run: the load average it ran under
 latency = pd.DataFrame(bench.latency_rows(result))
-save_table(latency, out / "01_latency", prov, caption=quiet["note"] or None)
+save_table(latency, out / "01_latency", prov, caption="; ".join(filter(None, [bench.repeats_words(result),
+                                                                               quiet["note"]])))
 other = result["other_cpu_frac"]
-display(Markdown("**" + plots.bench_title(result).replace("\n", " — ") + "**" + (
+display(Markdown("**" + plots.bench_title(result).replace("\n", " — ") + f"**, {bench.repeats_words(result)}" + (
     f". Other processes used {100 * other:.0f}% of the machine's {result['cpu_count']} CPUs during the timing"
     + (": **oversubscribed, the times are pessimistic; rerun on an idle machine or with fewer threads**."
        if result["cpu_oversubscribed"] else " (not oversubscribed).")
@@ -201,7 +207,7 @@ if compare_model:
     small = load_model(compare_model, seed=seed)
     small_result, small_quiet = bench.measure_quietly(attempts=timing_attempts, measure=lambda: bench.bench_model(
         small, prefix_len=prefix_len, query_sizes=query_sizes, talker_context=talker_context, warmup=run_warmup,
-        repeats=run_repeats, seed=seed, progress=True))
+        repeats=run_repeats, seed=seed, progress=True, noise_target=run_noise_target))
     for lm_, res_ in ((loaded, result), (small, small_result)):
         desc, der = lm_.describe(), res_["derived"]
         rq = {r["n_queries"]: r["ratio_to_1"] for r in res_["code_predictor"]}

@@ -57,10 +57,12 @@ budgets = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # node budgets N compared (th
 draws = 2  # Monte Carlo draws of the sampled children per (frame, start depth) in the calibration
 speed_budgets = (2, 4, 8, 16, 32, 64)  # N timed on this machine (Figure 4 analogue)
 speed_contexts = 200  # evaluation contexts the timed frames cycle through
-speed_repeats = 40  # timed frames per (decoder, backend), interleaved
+speed_repeats = 40  # the MINIMUM of timed frames per (decoder, backend), interleaved (more until noise_target)
 compile_fused = True  # the fused AR frame compiled with torch.compile (~4 min on this machine); False: eager
 compare_model = "qwen3-tts-0.6b-random"  # real-size architecture, RANDOM weights: cost curve and loop share only
-compare_repeats = 12  # timed frames per decoder on the compare model
+compare_repeats = 12  # the minimum of timed frames per decoder on the compare model
+noise_target = 0.02  # every timing goes on until each median's relative standard error is <= this, or 4 x its
+#                      minimum (rvqspec_lib.eval.noise; None: exactly the repeats above). Smoke: None
 batch_sizes = (1, 4, 16)  # frames decoded together
 temperatures = (1.5, 1.2, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)  # code-predictor temperatures of the sweep
 temperature_frames = 300  # calibration and evaluation frames per temperature
@@ -88,6 +90,7 @@ from rvqspec_lib.eval.budget import AUTO_BUDGETS, choose_decoder
 from rvqspec_lib.eval.calibration import BUDGETS, calibrate, calibration_frames
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.eval.inner_loop import default_sampling
+from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import batch_throughput, random_contexts, time_frames, verify_cost_curve
 from rvqspec_lib.models.drafter_files import shipped_drafter
 from rvqspec_lib.models.fused import FusedARFrame
@@ -104,7 +107,7 @@ t_start = time.perf_counter()
 if smoke:
     n_calibration_frames, n_eval_frames, draws = min(n_calibration_frames, 48), min(n_eval_frames, 32), 1
     budgets, speed_budgets = (2, 4, 8), (2, 8)
-    speed_contexts, speed_repeats, compare_repeats = 4, 2, 1
+    speed_contexts, speed_repeats, compare_repeats, noise_target = 4, 2, 1, None
     compile_fused, compare_model = False, "tiny-random"
     batch_sizes, temperatures, temperature_frames = (1, 4), (0.9, 0.3), 24
 timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)
@@ -124,6 +127,7 @@ params = dict(model=model, run_model=run_model, seed=seed, smoke=bool(smoke), ou
               budgets=list(budgets), draws=draws, speed_budgets=list(speed_budgets), speed_contexts=speed_contexts,
               speed_repeats=speed_repeats, compile_fused=bool(compile_fused), compare_model=compare_model,
               compare_repeats=compare_repeats, batch_sizes=list(batch_sizes), temperatures=list(temperatures),
+              noise_target=noise_target,
               temperature_frames=temperature_frames, write_trees=bool(write_trees), notebook="03_calibrating_the_tree")
 prov = provenance(params, seed=seed)
 timings = {}
@@ -323,11 +327,12 @@ backends = {"official": OfficialBackend(cp), "lean": LeanCodePredictor(cp),
 qs = sorted({1, *speed_budgets})
 t0 = time.perf_counter()
 cost, cost_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: verify_cost_curve(
-    cp, backends, query_sizes=qs, repeats=max(3, speed_repeats // 2), seed=seed), meta=lambda r: r["meta"])
+    cp, backends, query_sizes=qs, repeats=max(3, speed_repeats // 2), seed=seed, noise_target=noise_target),
+    meta=lambda r: r["meta"])
 timings["verify_cost_s"] = time.perf_counter() - t0
 cost_tab = pd.DataFrame(cost["rows"])
 save_table(cost_tab, out / "03_verify_cost", {**prov, "meta": cost["meta"], "timing": cost_quiet},
-           caption=cost_quiet["note"] or None)
+           caption="; ".join(filter(None, [noise_words(cost["meta"]), cost_quiet["note"]])))
 cost_tab.pivot(index="query_positions", columns="backend", values="ratio_to_q1").round(3)
 
 # %% [markdown]
@@ -352,11 +357,11 @@ fused = {"fused-compiled" if compile_fused else "fused-eager": FusedARFrame(cp, 
 # an oversubscribed CPU (eval.bench.OTHER_CPU_LIMIT) is re-measured once; if it still is, title and caption say so
 speed, speed_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: time_frames(
     cp, speed_ctx, decoders, {k: backends[k] for k in ("official", "lean-mgemv")}, fused=fused, sampling=sampling,
-    repeats=speed_repeats, seed=seed, random_weights=lm.is_random), meta=lambda r: r["meta"])
+    repeats=speed_repeats, seed=seed, random_weights=lm.is_random, noise_target=noise_target), meta=lambda r: r["meta"])
 timings["speed_s"] = time.perf_counter() - t0
 speed_tab = pd.DataFrame(speed["rows"])
 save_table(speed_tab, out / "03_speed", {**prov, "meta": speed["meta"], "timing": speed_quiet},
-           caption=speed_quiet["note"] or None)
+           caption="; ".join(filter(None, [noise_words(speed["meta"]), speed_quiet["note"]])))
 display(speed_tab[["decoder", "backend", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms", "outside_share",
                    "speedup_vs_ar", "speedup_vs_fused"]].round(3))
 print(json.dumps({k: speed["meta"][k] for k in ("threads", "cpu", "load_avg_1min_before", "other_cpu_frac")}))
@@ -427,7 +432,8 @@ paper
 t0 = time.perf_counter()
 choice = choose_decoder(cp, cal, cal_frames.context, sampling=sampling,
                         budgets=[b for b in AUTO_BUDGETS if b in cal["budgets"]], frames=8 if smoke else 24,
-                        repeats=1 if smoke else 3, shortlist=3 if smoke else 5, seed=seed, progress=True)
+                        repeats=1 if smoke else 3, shortlist=3 if smoke else 5, seed=seed, progress=True,
+                        noise_target=noise_target)
 timings["auto_s"] = time.perf_counter() - t0
 auto_tab = pd.DataFrame(choice.table)
 save_table(auto_tab, out / "03_auto", prov)
@@ -445,11 +451,12 @@ best_dec = {**{c: d for c, d in decoders.items()}, **{choice.label: choice.decod
 t0 = time.perf_counter()
 batches, batches_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: batch_throughput(
     cp, eval_frames.context, {"ar": AR(), best_label: best_dec}, {"lean-mgemv": backends["lean-mgemv"]},
-    batch_sizes=batch_sizes, sampling=sampling, repeats=2 if smoke else 6, seed=seed), meta=lambda r: r["meta"])
+    batch_sizes=batch_sizes, sampling=sampling, repeats=2 if smoke else 6, seed=seed, noise_target=noise_target),
+    meta=lambda r: r["meta"])
 timings["batches_s"] = time.perf_counter() - t0
 batch_tab = pd.DataFrame(batches["rows"])
 save_table(batch_tab, out / "03_batches", {**prov, "meta": batches["meta"], "timing": batches_quiet},
-           caption=batches_quiet["note"] or None)
+           caption="; ".join(filter(None, [noise_words(batches["meta"]), batches_quiet["note"]])))
 batch_tab.pivot(index="batch", columns="decoder", values="frames_per_s").round(2)
 
 # %% [markdown]
@@ -467,18 +474,18 @@ big_cp = big.code_predictor
 big_backends = {"official": OfficialBackend(big_cp), "lean-mgemv": LeanCodePredictor(big_cp, matmul="mgemv")}
 big_cost, big_cost_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: verify_cost_curve(
     big_cp, big_backends, query_sizes=qs, repeats=max(2, compare_repeats // 2), seed=seed,
-    random_weights=big.is_random), meta=lambda r: r["meta"])
+    random_weights=big.is_random, noise_target=noise_target), meta=lambda r: r["meta"])
 big_cost_tab = pd.DataFrame(big_cost["rows"])
 save_table(big_cost_tab, out / "03_verify_cost_compare_model",
            {**prov, "meta": big_cost["meta"], "timing": big_cost_quiet},
-           caption=f"{compare_model}: random weights, timing only" + (
+           caption=f"{compare_model}: random weights, timing only; {noise_words(big_cost['meta'])}" + (
                f"; {big_cost_quiet['note']}" if big_cost_quiet["note"] else ""))
 big_dec = {"ar": AR(), "chain:4": Chain(4)}
 for b in [x for x in (4, 16) if x in cal["budgets"]]:
     big_dec[f"calibrated-sampled:{b}"] = tree_from_calibration(cal, "sampled", b)
 big_speed, big_speed_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: time_frames(
     big_cp, random_contexts(big_cp, 4, seed=seed), big_dec, big_backends, repeats=compare_repeats, warmup=1,
-    seed=seed, random_weights=big.is_random), meta=lambda r: r["meta"])
+    seed=seed, random_weights=big.is_random, noise_target=noise_target), meta=lambda r: r["meta"])
 timings["compare_model_s"] = time.perf_counter() - t0
 # random weights: the tokens per call of these frames are random heads', so a speedup over AR computed from them is
 # no result; the table keeps the costs (ms per frame, the model call, the loop's share) and drops the speedups
@@ -486,7 +493,8 @@ big_speed_tab = pd.DataFrame(big_speed["rows"]).drop(columns=["speedup_vs_ar", "
 save_table(big_speed_tab, out / "03_loop_share_compare_model",
            {**prov, "meta": big_speed["meta"], "timing": big_speed_quiet},
            caption=f"{compare_model}: RANDOM weights, so tokens_per_call is that of random heads and no speedup is "
-                   f"shown; the costs (ms per frame, model_ms, outside_share) are the result" + (
+                   f"shown; the costs (ms per frame, model_ms, outside_share) are the result; "
+                   f"{noise_words(big_speed['meta'])}" + (
                        f"; {big_speed_quiet['note']}" if big_speed_quiet["note"] else ""))
 proj = []
 for backend in big_backends:

@@ -49,7 +49,9 @@ seed = 0
 smoke = False  # True: tiny-random for both, budgets 2 and 4, two repeats, float32 exports (headless test, ~2 min)
 out_dir = "figures"  # relative paths resolve against the repository root
 threads = 1  # torch and ONNX Runtime threads (the committed figures use 1)
-repeats = 20  # timed frames per condition (median reported)
+repeats = 20  # the MINIMUM of timed frames per condition (median reported; more until noise_target is met)
+noise_target = 0.02  # every timing goes on until each median's relative standard error is <= this, or 4 x repeats
+#                      (rvqspec_lib.eval.noise; None: exactly `repeats`). Smoke: None
 warmup = 2  # untimed frames per condition (compiled backends compile there)
 budgets = [2, 4, 8, 16, 32, 64]  # node budgets N of the calibrated trees
 chains = [2, 4, 8]  # chain windows timed beside the trees
@@ -58,7 +60,7 @@ calib_frames = 128  # calibration-split frames the trees are calibrated on
 eval_frames = 32  # evaluation-split frames whose contexts are decoded in the timing
 gpu_json = "figures/05_gpu.json"  # written by scripts/gpu_bench.py on a GPU machine; shown when present
 paper_budget = 32  # node budget of the paper's decoder (`paper:N`; 32 is the paper's)
-table_repeats = 5  # timed frames per decoder in the table to act on (`rvqspec bench --table`'s default)
+table_repeats = 5  # the minimum of timed frames per decoder in the table to act on (`rvqspec bench --table`'s default)
 
 # %%
 import json
@@ -76,6 +78,7 @@ from rvqspec_lib.eval import export_timing as T
 from rvqspec_lib.eval import paper_decoder as PD
 from rvqspec_lib.eval.calibration import calibrate
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shipped
+from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import format_rows, random_contexts
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
@@ -86,6 +89,7 @@ run_cost_model = "tiny-random" if smoke else cost_model
 run_budgets = [2, 4] if smoke else [int(n) for n in budgets]
 run_chains = [2] if smoke else [int(w) for w in chains]
 run_repeats = min(int(repeats), 2) if smoke else int(repeats)
+run_noise_target = None if smoke else noise_target  # smoke: the fixed small count (fast)
 run_warmup = min(int(warmup), 1) if smoke else int(warmup)
 timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)
 n_calib = 16 if smoke else int(calib_frames)
@@ -102,6 +106,7 @@ params = dict(model=run_model, cost_model=run_cost_model, requested_model=str(mo
               threads=torch.get_num_threads(), repeats=run_repeats, warmup=run_warmup, budgets=run_budgets,
               chains=run_chains, backends=list(backends), calib_frames=n_calib, eval_frames=n_eval,
               paper_budget=run_paper_budget, table_repeats=1 if smoke else int(table_repeats),
+              noise_target=run_noise_target,
               notebook="05_export_and_timing")
 print(f"model {run_model}, cost model {run_cost_model}, outputs -> {out}")
 
@@ -182,10 +187,12 @@ from rvqspec_lib.eval.bench import measure_quietly
 
 timing, timing_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: T.frame_times(
     cp, contexts, decoders, run_backends, repeats=run_repeats, warmup=run_warmup, seed=seed,
-    threads=torch.get_num_threads(), work_dir=work / "backend", random_weights=lm.is_random), meta=lambda r: r["meta"])
+    threads=torch.get_num_threads(), work_dir=work / "backend", random_weights=lm.is_random,
+    noise_target=run_noise_target), meta=lambda r: r["meta"])
 prov = {**provenance(params, seed=seed), "timing": timing_quiet}
 frames_df = pd.DataFrame(timing["rows"])
-save_table(frames_df, out / "05_frame_times", prov, caption=timing_quiet["note"] or None)
+save_table(frames_df, out / "05_frame_times", prov,
+           caption="; ".join(filter(None, [noise_words(timing["meta"]), timing_quiet["note"]])))
 summary = T.summary_by_backend(timing["rows"])
 summary_df = pd.DataFrame(summary)
 save_table(summary_df, out / "05_summary", prov, caption=timing_quiet["note"] or None)
@@ -193,7 +200,8 @@ absent = {**timing["absent"], **skipped}
 m = timing["meta"]
 display(Markdown(
     f"**{run_model}** ({'random' if lm.is_random else 'trained'} weights), {m.get('cpu')}, {m.get('dtype')}, "
-    f"{m.get('threads')} thread(s), {run_repeats} repeats; other processes used "
+    f"{m.get('threads')} thread(s), {noise_words(m) if m.get('repeats') else f'{run_repeats} repeats'}; "
+    f"other processes used "
     f"{100 * (m.get('other_cpu_frac') or 0):.0f}% of the machine's CPU time during the run. Absent: "
     + ("; ".join(f"**{k}**: {v}" for k, v in absent.items()) or "none") + "."))
 display(Markdown(format_rows(summary, digits=2)))
@@ -212,8 +220,8 @@ measured = T.speedup_vs_n(timing["rows"])
 costs, costs_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: T.verify_costs(
     cost_cp, [b for b in run_backends if b not in ("coreml", "cuda")], query_sizes=sorted({1, *run_budgets}),
     repeats=run_repeats, warmup=run_warmup, threads=torch.get_num_threads(), work_dir=work / "cost",
-    random_weights=cost_lm.is_random, progress=True, built=timing["built"] if cost_cp is cp else None),
-    meta=lambda r: r.get("meta", {}))
+    random_weights=cost_lm.is_random, progress=True, built=timing["built"] if cost_cp is cp else None,
+    noise_target=run_noise_target), meta=lambda r: r.get("meta", {}))
 projected = T.projected_speedup(T.expected_tokens_per_call(calibration), costs["rows"])
 prov = provenance(params, seed=seed)
 table = []
@@ -240,6 +248,7 @@ save_table(speedup_df, out / "05_speedup_vs_n", prov,
            caption=projection_caption + (f"; {timing_quiet['note']}" if timing_quiet["note"] else ""))
 save_table(pd.DataFrame(costs["rows"]), out / "05_verify_cost", {**prov, "cost_timing": costs_quiet},
            caption=f"{run_cost_model}: {cost_weights} weights, timing only"
+                   + (f"; {noise_words(costs['meta'])}" if costs.get("meta", {}).get("repeats") else "")
                    + (f"; {costs_quiet['note']}" if costs_quiet["note"] else ""))
 save_table(pd.DataFrame(T.PAPER_DEVICE_SPEEDUPS), out / "05_paper_devices", prov)
 fig = T.plot_speedup_vs_n(measured, projected, fused=summary,
@@ -288,14 +297,14 @@ paper_contexts = frames_from_shipped(paper_lm, "evaluation", max_frames=n_eval).
 paper_timing, paper_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: T.frame_times(
     paper_cp, paper_contexts, paper_decs, [b for b in run_backends if b in ("eager", "onnx")], repeats=run_repeats,
     warmup=run_warmup, seed=seed, threads=torch.get_num_threads(), work_dir=work / "paper-backend",
-    random_weights=paper_lm.is_random), meta=lambda r: r["meta"])
+    random_weights=paper_lm.is_random, noise_target=run_noise_target), meta=lambda r: r["meta"])
 prov_paper = {**provenance({**params, "paper_model": paper_model}, seed=seed), "timing": paper_quiet}
 save_table(paper_graph, out / "05_paper_export", prov_paper)
 paper_frames_df = pd.DataFrame(paper_timing["rows"])
 save_table(paper_frames_df, out / "05_paper_frame_times", prov_paper,
            caption=f"{paper_model}: the paper's decoder ({PAPER}: offsets + their own point-mass tree) beside AR, "
-                   f"the fused AR frame, a chain and the reused heads' point-mass tree of the same N"
-                   + (f"; {paper_quiet['note']}" if paper_quiet["note"] else ""))
+                   f"the fused AR frame, a chain and the reused heads' point-mass tree of the same N; "
+                   f"{noise_words(paper_timing['meta'])}" + (f"; {paper_quiet['note']}" if paper_quiet["note"] else ""))
 lines = []
 for b in dict.fromkeys(paper_frames_df.backend):
     d = paper_frames_df[paper_frames_df.backend == b].set_index("decoder")
@@ -367,7 +376,7 @@ table_res = bench_table(
     backends=[b for b in ("eager", "compile") if b in run_backends],
     repeats=params["table_repeats"], warmup=0 if smoke else 1,
     chains=(4,) if smoke else (3, 4, 6), budgets=(4,) if smoke else (4, 8, 16), auto_frames=2 if smoke else 4,
-    n_contexts=2 if smoke else 8, seed=seed, progress=False)
+    n_contexts=2 if smoke else 8, seed=seed, progress=False, noise_target=run_noise_target)
 save_bench_table(table_res, out / "05_bench_table", provenance(params, seed=seed))
 print(format_bench_table(table_res).splitlines()[0])
 display(pd.DataFrame(table_res["rows"]))

@@ -133,6 +133,21 @@ def test_time_call_excludes_warmup_and_resets_outside():
         bench.time_call(lambda: None, repeats=0)
 
 
+def test_time_call_noise_target_between_min_and_max(monkeypatch):
+    from rvqspec_lib.eval import noise
+
+    calls = []
+    assert bench.time_call(lambda: calls.append(1), warmup=1, repeats=3, noise_target=1e9)["n"] == 3  # met at once
+    assert len(calls) == 4
+    monkeypatch.setattr(noise, "should_stop", lambda s, t, lo, hi: len(s["call"]) >= 6)  # met at 6 of 3..10
+    stats = bench.time_call(lambda: None, warmup=0, repeats=3, noise_target=0.02, max_repeats=10)
+    assert stats["n"] == 6 and stats["rel_se"] is not None
+    monkeypatch.setattr(noise, "should_stop", lambda s, t, lo, hi: len(s["call"]) >= hi)  # never met: the cap
+    assert bench.time_call(lambda: None, warmup=0, repeats=3, noise_target=0.02)["n"] == 4 * 3
+    with pytest.raises(ValueError, match=">= 2"):
+        bench.time_call(lambda: None, repeats=1, noise_target=0.02)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     from rvqspec_lib.models.loader import load_model

@@ -97,3 +97,28 @@ def test_backend_eager_runs_a_precision_on_tiny_random(tmp_path, capsys):
     assert f"cpu, {prec}" in text and "fused-chain4" in text and "fused-AR" in text
     saved = json.loads(out.read_text())
     assert saved["precision"] == prec and saved["meta"]["dtype"] == str(ACTIVATION_DTYPE[prec]).replace("torch.", "")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--noise-target", "0"], "noise_target must be a relative standard error > 0"),
+    (["--noise-target", "0.02", "--repeats", "1"], "repeats (the minimum) must be >= 2"),
+    (["--noise-target", "0.02", "--table", "--repeats", "1"], "repeats (the minimum) must be >= 2"),
+    (["--noise-target", "0.02", "--backend", "eager"], "drop it with --backend"),
+])
+def test_noise_target_errors_are_one_line_before_any_model_loads(capsys, no_load, argv, words):
+    from rvqspec_lib.cli.main import main
+
+    assert main(["bench", "--model", "tiny-random", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err
+
+
+def test_caption_says_how_many_frames_a_noise_target_made():
+    from rvqspec_lib.eval.bench_table import _frames_words
+
+    fixed = {"repeats": 5, "noise_target": None, "noise": []}
+    assert _frames_words(fixed) == "5"
+    runs = [{"repeats": 5, "max_repeats": 20, "rel_se_max": 0.012}, {"repeats": 11, "max_repeats": 20,
+                                                                     "rel_se_max": 0.019}]
+    assert _frames_words({**fixed, "noise_target": 0.02, "noise": runs}) == (
+        "5-11 (noise target 2.0 %, at most 20, median's relative standard error <= 1.9 %)")

@@ -112,3 +112,56 @@ def test_time_frames_fused_chain_rows(cp):
         assert r["nodes"] == w and 1.0 <= r["tokens_per_call"] <= 15 / 2
         assert 15 / 8 <= r["calls_per_frame"] <= 15  # a round commits 1..window codes
         assert r["speedup_vs_ar"] > 0 and r["speedup_vs_fused"] > 0 and r["heads_ms"] == 0
+
+
+def test_noise_target_stops_between_min_and_max(cp, monkeypatch):
+    """With a noise target the loops run at least ``repeats`` and at most ``max_repeats`` rounds, all conditions each
+    round, stopping where the rule says; ``meta`` records what was made. Without one: exactly ``repeats``."""
+    from rvqspec_lib.eval import noise
+
+    ctx = S.random_contexts(cp, 3)
+    decs, bes = {"AR": AR(), "Chain4": Chain(4)}, {"lean": LeanCodePredictor(cp)}
+    # a target every median meets once 2 samples exist: exactly the minimum
+    out = S.time_frames(cp, ctx, decs, bes, repeats=3, warmup=0, progress=False, noise_target=1e9, max_repeats=9)
+    m = out["meta"]
+    assert (m["repeats"], m["noise_target"], m["max_repeats"]) == (3, 1e9, 9)
+    assert set(m["rel_se"]) == {"AR/lean", "Chain4/lean"} and all(v >= 0 for v in m["rel_se"].values())
+    # a rule that is met at round 5 (of min 3, max 9): the loop stops there, every condition timed 5 times
+    seen = []
+
+    def at_five(samples, target, lo, hi):
+        seen.append((min(map(len, samples.values())), max(map(len, samples.values())), target, lo, hi))
+        return min(map(len, samples.values())) >= 5
+
+    monkeypatch.setattr(noise, "should_stop", at_five)
+    out = S.time_frames(cp, ctx, decs, bes, repeats=3, warmup=0, progress=False, noise_target=0.02, max_repeats=9)
+    assert out["meta"]["repeats"] == 5 and out["meta"]["max_repeats"] == 9
+    assert seen == [(n, n, 0.02, 3, 9) for n in range(1, 6)]  # interleaved: all conditions each round
+    out = S.verify_cost_curve(cp, bes, query_sizes=(1, 2), repeats=2, warmup=0, progress=False, noise_target=0.02)
+    assert out["meta"]["repeats"] == 5 and out["meta"]["max_repeats"] == 8 and set(out["meta"]["rel_se"]) == {
+        "lean/1", "lean/2"}
+    out = S.batch_throughput(cp, ctx, {"AR": AR()}, bes, batch_sizes=(1, 2), repeats=2, warmup=0, progress=False,
+                             noise_target=0.02, max_repeats=6)
+    assert out["meta"]["repeats"] == 5 and set(out["meta"]["rel_se"]) == {"AR/lean/1", "AR/lean/2"}
+    # a rule never met: the cap
+    monkeypatch.setattr(noise, "should_stop", lambda s, t, lo, hi: min(map(len, s.values())) >= hi)
+    out = S.time_frames(cp, ctx, decs, bes, repeats=2, warmup=0, progress=False, noise_target=0.02, max_repeats=4)
+    assert out["meta"]["repeats"] == 4
+
+
+def test_no_noise_target_is_a_fixed_count(cp):
+    ctx = S.random_contexts(cp, 3)
+    decs, bes = {"AR": AR(), "Chain4": Chain(4)}, {"lean": LeanCodePredictor(cp)}
+    a = S.time_frames(cp, ctx, decs, bes, repeats=4, warmup=0, progress=False)
+    b = S.time_frames(cp, ctx, decs, bes, repeats=4, warmup=0, progress=False, noise_target=None)
+    for out in (a, b):
+        assert (out["meta"]["repeats"], out["meta"]["noise_target"], out["meta"]["max_repeats"]) == (4, None, 4)
+    # the same frames decoded (paired seeds): the same tokens per call
+    assert [r["tokens_per_call"] for r in a["rows"]] == [r["tokens_per_call"] for r in b["rows"]]
+    assert S.verify_cost_curve(cp, bes, query_sizes=(1,), repeats=3, warmup=0, progress=False)["meta"]["repeats"] == 3
+    with pytest.raises(ValueError, match="needs a noise_target"):
+        S.time_frames(cp, ctx, decs, bes, repeats=4, progress=False, max_repeats=8)
+    with pytest.raises(ValueError, match=">= 2"):
+        S.verify_cost_curve(cp, bes, query_sizes=(1,), repeats=1, progress=False, noise_target=0.02)
+    with pytest.raises(ValueError, match="> 0"):
+        S.batch_throughput(cp, ctx, {"AR": AR()}, bes, repeats=2, progress=False, noise_target=0)

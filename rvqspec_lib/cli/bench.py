@@ -45,7 +45,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     Options: ``--model`` (default ``qwen3-tts-0.6b-random``), ``--json PATH``, ``--repeats``, ``--warmup``,
     ``--threads``, ``--queries 1,2,4,...``, ``--prefix-len``, ``--talker-context``, ``--dtype``, ``--device``,
-    ``--seed``, ``--no-progress``, ``--backend NAME``.
+    ``--seed``, ``--no-progress``, ``--backend NAME``, ``--noise-target F``.
     """
     parser.add_argument("--model", default="qwen3-tts-0.6b-random",
                         help="embedded (the shipped trained model), tiny-random, qwen3-tts-0.6b-random, "
@@ -54,6 +54,10 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=None, help="default 20: call latencies, timed calls per query size (median reported); --backend, "
                              "timed frames per decoder (each frame decoded once, median reported); --table: default "
                              f"{TABLE_REPEATS} frames per decoder")
+    parser.add_argument("--noise-target", type=float, default=None, metavar="F",
+                        help="call latencies and --table: --repeats becomes the minimum, timing goes on until every "
+                             "median's relative standard error is <= F (e.g. 0.02), or 4 x --repeats "
+                             "(default: exactly --repeats)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls before each measurement (default 3; "
                         "--table: 1 untimed frame per decoder)")
     add_threads_arg(parser)
@@ -125,6 +129,19 @@ def check_args(args) -> None:
         args.dtype = "float32"
     if getattr(args, "warmup", None) is None:
         args.warmup = 1 if table else 3
+    target = getattr(args, "noise_target", None)
+    if target is not None:
+        from rvqspec_lib.eval.noise import repeat_cap
+
+        if getattr(args, "backend", None) is not None and not table:
+            raise ValueError("--noise-target applies to the call latencies and --table: drop it with --backend")
+        if not table and len(dtypes(args)) > 1:
+            raise ValueError("--noise-target applies to one --dtype's call latencies (or --table): drop it or give "
+                             "one --dtype")
+        try:
+            repeat_cap(target, args.repeats, None)
+        except ValueError as e:
+            raise ValueError(f"--noise-target/--repeats: {e}") from None
     if table:
         return check_table_args(args)
     if args.repeats < 1 or args.warmup < 0:
@@ -270,7 +287,8 @@ def run(args: argparse.Namespace, threads: int) -> int:
     load_s = time.perf_counter() - t
     result = bench_model(loaded, prefix_len=args.prefix_len, query_sizes=args.queries,
                          talker_context=args.talker_context, warmup=args.warmup, repeats=args.repeats,
-                         seed=args.seed, progress=not args.no_progress)
+                         seed=args.seed, progress=not args.no_progress,
+                         noise_target=getattr(args, "noise_target", None))
     result["load_s"] = load_s
     print(format_table(result))  # its header shows the thread count (result["threads"], torch's own count)
     if dev == "cpu":
@@ -318,7 +336,8 @@ def _run_table(args, started: float) -> int:
     result = bench_table(models=args.model_list, precisions=args.precision_list, backends=args.backend_list,
                          repeats=args.repeats, warmup=args.warmup if args.warmup is not None else 1,
                          acceptance=args.acceptance_table, seed=args.seed,
-                         progress=not args.no_progress and sys.stderr.isatty())
+                         progress=not args.no_progress and sys.stderr.isatty(),
+                         noise_target=getattr(args, "noise_target", None))
     result["meta"]["total_s"] = time.perf_counter() - started
     print(format_bench_table(result))
     params = {k: v for k, v in vars(args).items()

@@ -63,31 +63,40 @@ def _sync_for(device: torch.device) -> Callable[[], None] | None:
 
 
 def time_call(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
-              reset: Callable[[], None] | None = None, sync: Callable[[], None] | None = None) -> dict:
+              reset: Callable[[], None] | None = None, sync: Callable[[], None] | None = None,
+              noise_target: float | None = None, max_repeats: int | None = None) -> dict:
     """Wall-clock latency of ``fn()`` under ``torch.inference_mode``.
 
     Args:
         fn: the call to time (its result is discarded).
         warmup: untimed calls first (allocator, kernels, caches).
-        repeats: timed calls (``>= 1``).
+        repeats: timed calls (``>= 1``; with ``noise_target`` the minimum, ``>= 2``).
+        noise_target, max_repeats: None (exactly ``repeats`` calls), or go on timing until the median's relative
+            standard error is <= ``noise_target`` or ``max_repeats`` calls (default 4 x ``repeats``)
+            (:func:`rvqspec_lib.eval.noise.should_stop`).
         reset: called after every call (warm-up included), OUTSIDE the timer, e.g. to crop a KV cache back.
         sync: device synchronisation (e.g. ``torch.cuda.synchronize``), called before starting and before stopping
             the clock, so that asynchronous devices are timed correctly. ``None`` on CPU.
 
     Returns:
-        ``{"median_ms", "p10_ms", "p90_ms", "min_ms", "mean_ms", "n"}``: milliseconds per call over the ``n = repeats``
-        timed calls (warm-up excluded). Percentiles interpolate linearly between order statistics.
+        ``{"median_ms", "p10_ms", "p90_ms", "min_ms", "mean_ms", "n", "rel_se"}``: milliseconds per call over the
+        ``n`` timed calls (warm-up excluded; ``n = repeats`` without a target); ``rel_se`` the median's achieved
+        relative standard error (:func:`rvqspec_lib.eval.noise.relative_standard_error`, None under 2 calls).
+        Percentiles interpolate linearly between order statistics.
 
     Raises:
-        ValueError: ``repeats < 1`` or ``warmup < 0``.
+        ValueError: ``repeats < 1`` or ``warmup < 0``, bad noise settings (:func:`rvqspec_lib.eval.noise.repeat_cap`).
     """
     import torch
 
+    from rvqspec_lib.eval import noise
+
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    cap = noise.repeat_cap(noise_target, repeats, max_repeats)
     times_ms: list[float] = []
     with torch.inference_mode():
-        for i in range(warmup + repeats):
+        for i in range(warmup + cap):
             if sync is not None:
                 sync()
             t0 = time.perf_counter()
@@ -99,6 +108,8 @@ def time_call(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
                 times_ms.append(dt)
             if reset is not None:
                 reset()
+            if i >= warmup and noise.should_stop({"call": times_ms}, noise_target, repeats, cap):
+                break
     return {
         "median_ms": statistics.median(times_ms),
         "p10_ms": _percentile(times_ms, 10),
@@ -106,6 +117,7 @@ def time_call(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
         "min_ms": min(times_ms),
         "mean_ms": statistics.fmean(times_ms),
         "n": len(times_ms),
+        "rel_se": noise.noise_meta({"call": times_ms}, noise_target, cap)["rel_se"]["call"],
     }
 
 
@@ -215,7 +227,8 @@ def _model_device_dtype(module: torch.nn.Module) -> tuple[torch.device, torch.dt
 
 
 
-def bench_talker_step(loaded, *, talker_context: int = 64, warmup: int = 3, repeats: int = 20, seed: int = 0) -> dict:
+def bench_talker_step(loaded, *, talker_context: int = 64, warmup: int = 3, repeats: int = 20, seed: int = 0,
+                      noise_target: float | None = None, max_repeats: int | None = None) -> dict:
     """Time one talker step: one new position after a KV prefix of ``talker_context`` positions, plus ``codec_head``.
 
     Inputs are random embeddings ``(1, L, talker_hidden)`` from a seeded ``torch.Generator`` (timing only).
@@ -248,7 +261,7 @@ def bench_talker_step(loaded, *, talker_context: int = 64, warmup: int = 3, repe
         return talker.codec_head(out.last_hidden_state[:, -1])  # (1, vocab)
 
     stats = time_call(call, warmup=warmup, repeats=repeats, reset=lambda: cache.crop(talker_context),
-                      sync=_sync_for(device))
+                      sync=_sync_for(device), noise_target=noise_target, max_repeats=max_repeats)
     return {**stats, "talker_context": talker_context}
 
 
@@ -282,7 +295,8 @@ def _code_predictor_calls(cp, in_hidden: int, prefix_len: int, query_sizes: Sequ
 
 def bench_code_predictor(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
                          warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
-                         on_row: Callable[[dict], None] | None = None) -> list[dict]:
+                         on_row: Callable[[dict], None] | None = None, noise_target: float | None = None,
+                         max_repeats: int | None = None) -> list[dict]:
     """Time one code-predictor call with ``Q`` query positions after a KV prefix of ``prefix_len`` positions.
 
     Each call: ``small_to_mtp_projection`` of ``(1, Q, talker_hidden)`` random embeddings -> ``code_predictor.model``
@@ -306,7 +320,8 @@ def bench_code_predictor(loaded, *, prefix_len: int = 8, query_sizes: Iterable[i
     calls = _code_predictor_calls(cp, int(loaded.talker.config.hidden_size), prefix_len, query_sizes, seed)
     rows = []
     for q, call, reset in progress_bar(calls, total=len(calls), desc="code predictor Q", enabled=progress):
-        stats = time_call(call, warmup=warmup, repeats=repeats, reset=reset, sync=_sync_for(device))
+        stats = time_call(call, warmup=warmup, repeats=repeats, reset=reset, sync=_sync_for(device),
+                          noise_target=noise_target, max_repeats=max_repeats)
         rows.append({"n_queries": q, **stats})
         if on_row is not None:
             on_row(rows[-1])
@@ -318,7 +333,7 @@ def bench_code_predictor(loaded, *, prefix_len: int = 8, query_sizes: Iterable[i
 
 def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
                 talker_context: int = 64, warmup: int = 3, repeats: int = 20, seed: int = 0,
-                progress: bool = True) -> dict:
+                progress: bool = True, noise_target: float | None = None, max_repeats: int | None = None) -> dict:
     """Per-call latency of a talker step and of code-predictor calls with ``Q`` queries, plus derived quantities.
 
     Args:
@@ -326,7 +341,8 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         prefix_len: KV positions already in the code-predictor cache (a realistic mid-frame prefix; at most 16 in use).
         query_sizes: numbers of query positions ``Q`` per code-predictor call.
         talker_context: KV positions already in the talker cache.
-        warmup, repeats: see :func:`time_call`.
+        warmup, repeats, noise_target, max_repeats: see :func:`time_call` (each call type stops on its own; its
+            ``n`` and ``rel_se`` are in its stats).
         seed: seed of the random input embeddings (the global RNG is not touched).
         progress: show a tqdm progress bar over the calls timed.
 
@@ -358,12 +374,14 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
 
         bar = tqdm(total=1 + len(query_sizes), desc=f"bench {loaded.name}", unit="call type")
     try:
-        talker = bench_talker_step(loaded, talker_context=talker_context, warmup=warmup, repeats=repeats, seed=seed)
+        talker = bench_talker_step(loaded, talker_context=talker_context, warmup=warmup, repeats=repeats, seed=seed,
+                                   noise_target=noise_target, max_repeats=max_repeats)
         if bar is not None:
             bar.update(1)
         cp_rows = bench_code_predictor(loaded, prefix_len=prefix_len, query_sizes=query_sizes, warmup=warmup,
                                        repeats=repeats, seed=seed, progress=False,
-                                       on_row=(lambda _r: bar.update(1)) if bar is not None else None)
+                                       on_row=(lambda _r: bar.update(1)) if bar is not None else None,
+                                       noise_target=noise_target, max_repeats=max_repeats)
     finally:  # also on Ctrl-C: the bar is finished before the caller reports anything
         if bar is not None:
             bar.close()
@@ -386,11 +404,15 @@ def bench_model(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEF
         "talker_context": talker_context,
         "warmup": warmup,
         "repeats": repeats,
+        "noise_target": noise_target,
+        "max_repeats": max_repeats,
         "seed": seed,
         "talker_step": talker,
         "code_predictor": cp_rows,
     }
     result["cpu_oversubscribed"] = cpu_oversubscribed(result)
+    rel = [r.get("rel_se") for r in (talker, *cp_rows)]
+    result["rel_se_max"] = None if None in rel else max(rel)  # the noisiest call's median (noise.noise_meta)
     result["derived"] = derived_from_bench(result, frame_rate_hz=loaded.frame_rate_hz,
                                            n_code_groups=loaded.n_code_groups)
     return result
@@ -516,6 +538,23 @@ def latency_rows(result: dict) -> list[dict]:
     return rows
 
 
+def repeats_words(result: dict) -> str:
+    """How many timed calls a :func:`bench_model` result's medians are of, and how noisy they are: ``"repeats 20"``
+    with a fixed count, else e.g. ``"repeats 20-47 (noise target 2.0 %, at most 80), median's relative standard
+    error <= 1.9 %"``."""
+    target, n = result.get("noise_target"), result.get("repeats")
+    if target is None:
+        return f"repeats {n}"
+    made = sorted(r["n"] for r in (result["talker_step"], *result["code_predictor"]))
+    span = f"{made[0]}" if made[0] == made[-1] else f"{made[0]}-{made[-1]}"
+    worst = result.get("rel_se_max")
+    from rvqspec_lib.eval.noise import repeat_cap
+
+    cap = repeat_cap(target, n, result.get("max_repeats"))
+    return (f"repeats {span} (noise target {100 * target:.1f} %, at most {cap})"
+            + (f", median's relative standard error <= {100 * worst:.1f} %" if worst is not None else ""))
+
+
 def format_table(result: dict) -> str:
     """Plain-text latency table with the device / dtype / threads header (what ``rvqspec bench`` prints)."""
     m = result["model"]
@@ -523,7 +562,7 @@ def format_table(result: dict) -> str:
             f"device {result['device']} ({result['device_name']}) | dtype {result['dtype']}"
             f"{_cp_precision_note(result)} | "
             f"threads {result['threads']} | torch {result['torch']} | warmup {result['warmup']}, "
-            f"repeats {result['repeats']}")
+            f"{repeats_words(result)}")
     load0, load1 = result.get("load_avg_1m_before"), result.get("load_avg_1m_after")
     if load0 is not None and load1 is not None and result["device"] == "cpu":
         head += f" | load avg {load0:.2f} before, {load1:.2f} after"

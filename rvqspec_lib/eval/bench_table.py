@@ -169,7 +169,7 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
                 chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
                 auto: bool = True, auto_frames: int = 4, auto_budgets: Sequence[int] = DEFAULT_BUDGETS,
                 acceptance=None, n_contexts: int = 8, seed: int = 0,
-                threads: int | None = None, progress: bool = True) -> dict:
+                threads: int | None = None, progress: bool = True, noise_target: float | None = None) -> dict:
     """Measure the table (module docstring).
 
     Args:
@@ -185,6 +185,9 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
             the table's time).
         acceptance: an :class:`rvqspec_lib.eval.replay.AcceptanceTable` for the replays (default the embedded
             model's, :func:`rvqspec_lib.eval.replay.default_acceptance`).
+        noise_target: None (exactly ``repeats`` frames per decoder), or each (model, precision, backend) run goes
+            on until every decoder's median has a relative standard error <= it, or 4 x ``repeats``
+            (:mod:`rvqspec_lib.eval.noise`; ``meta["noise"]`` holds each run's frames and achieved noise).
         n_contexts: contexts decoded in turn (the embedded model's evaluation split; random ones for random
             weights). seed: seeds of the contexts, the decoders' generators and the replay's oracle.
 
@@ -216,10 +219,13 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     started = time.perf_counter()
     precisions = list(precisions or native_precisions())
     check_table_args(models, precisions, backends)
+    from rvqspec_lib.eval.noise import repeat_cap
+
+    repeat_cap(noise_target, repeats, None)  # bad settings fail before any model loads
     acceptance = acceptance or default_acceptance()
     calibration = load_calibration(tree_file("embedded", "heads"), n_codes=15, drafter="heads")
     bandwidth = read_bandwidth()
-    rows, crowded, chosen, fused_build = [], [], {}, {}
+    rows, crowded, chosen, fused_build, noise_runs = [], [], {}, {}, []
     for model in models:
         lm = load_model(model, dtype="float32", seed=seed)
         base = lm.code_predictor.eval()
@@ -271,7 +277,9 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
                                             fused={bname: fz} if fz else None,
                                             fused_spec={bname: frames} if frames else None, repeats=repeats,
                                             warmup=warmup, seed=seed, random_weights=replay, progress=progress,
-                                            acceptance=oracle)
+                                            acceptance=oracle, noise_target=noise_target)
+                    noise_runs.append({"model": model, "precision": prec, "backend": bname,
+                                       **{k: res["meta"][k] for k in ("repeats", "max_repeats", "rel_se_max")}})
                 except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
                     rows += absent(f"failed here: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
                     continue
@@ -325,7 +333,8 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
                                  "build_s": built_s if r_name == "fused speculative" and r else None, "note": note})
     meta = {"cpu": cpu_model(), "cpu_flags": cpu_features(), "native_precisions": list(native_precisions()),
             "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "bandwidth": bandwidth, "repeats": repeats, "warmup": warmup, "n_contexts": n_contexts, "seed": seed,
+            "bandwidth": bandwidth, "repeats": repeats, "noise_target": noise_target, "noise": noise_runs,
+            "warmup": warmup, "n_contexts": n_contexts, "seed": seed,
             "chains": list(chains), "budgets": list(budgets), "auto": auto, "models": list(models),
             "precisions": precisions, "backends": list(backends), "replay": acceptance.describe(),
             "replay_text": acceptance.text, "oversubscribed": crowded, "fused_build_s": fused_build,
@@ -338,6 +347,18 @@ def _f(v, digits: int = 1) -> str:
     return "" if v is None else f"{v:.{digits}f}"
 
 
+def _frames_words(m: dict) -> str:
+    """How many frames each decoder's median is of: the fixed count, or the range a noise target made."""
+    runs, target = m.get("noise") or [], m.get("noise_target")
+    if target is None or not runs:
+        return str(m["repeats"])
+    made = sorted(r["repeats"] for r in runs)
+    worst = [r["rel_se_max"] for r in runs if r["rel_se_max"] is not None]
+    span = f"{made[0]}" if made[0] == made[-1] else f"{made[0]}-{made[-1]}"
+    return (f"{span} (noise target {100 * target:.1f} %, at most {runs[0]['max_repeats']}"
+            + (f", median's relative standard error <= {100 * max(worst):.1f} %" if worst else "") + ")")
+
+
 def caption(result: dict) -> str:
     """One line: the CPU, its flags, threads, repeats, the replay's words, oversubscription."""
     m = result["meta"]
@@ -345,7 +366,7 @@ def caption(result: dict) -> str:
     over = f"; OVERSUBSCRIBED ({len(m['oversubscribed'])} runs), TIMES ARE PESSIMISTIC" if m["oversubscribed"] else ""
     return (f"inner-loop frame times on {m['cpu']} ({m['cpu_count']} CPUs; bf16 flags: {', '.join(fl['bf16']) or 'none'}"
             f"; int8 dot-product flags: {', '.join(fl['int8_dot']) or 'none'}), {m['threads']} thread(s), torch "
-            f"{m['torch']}, median of {m['repeats']} frames per decoder, interleaved per (model, precision, backend); "
+            f"{m['torch']}, median of {_frames_words(m)} frames per decoder, interleaved per (model, precision, backend); "
             f"random-weight rows: {m['replay_text']}; RTF = ms per frame / 80 ms; x fused AR = ms per frame / the "
             f"fused AR frame's (target for the fused speculative round: <= {m.get('fused_target', FUSED_TARGET)}); "
             f"floor AR = 15 calls x the weight-streaming floor at {m['bandwidth']['gb_per_s']:.1f} GB/s{over}")

@@ -116,7 +116,7 @@ def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS) -> list
 def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *, drafter=None,
                    sampling: Sampling | None = None, budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5,
                    frames: int = 16, repeats: int = 3, cost_repeats: int = 5, backend=None, seed: int = 0,
-                   progress: bool = False, acceptance=None) -> AutoChoice:
+                   progress: bool = False, acceptance=None, noise_target: float | None = None) -> AutoChoice:
     """Choose the decoder with the least measured time per committed code on this device (module docstring).
 
     Args:
@@ -132,6 +132,8 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
         acceptance: a TIMING REPLAY's oracle (:class:`~rvqspec_lib.decoding.replay.AcceptanceOracle`): the frames
             are decoded with it (a random-weight architecture with a trained model's acceptance); such a choice
             is for a timing table, never cached (:func:`auto_decoder` does not pass one).
+        noise_target: None (the fixed counts above), or both timings go on past their counts (the minimum) until
+            every median's relative standard error is <= it, or 4 x the counts (:mod:`rvqspec_lib.eval.noise`).
 
     Returns:
         :class:`AutoChoice`.
@@ -150,7 +152,7 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
     cands = candidates(calibration, budgets)
     backend = OfficialBackend(cp) if backend is None else backend
     curve = verify_cost_curve(cp, {"b": backend}, query_sizes=sorted({c[2] for c in cands}), repeats=cost_repeats,
-                              warmup=2, seed=seed, progress=progress)
+                              warmup=2, seed=seed, progress=progress, noise_target=noise_target)
     costs = {r["query_positions"]: r["median_ms"] for r in curve["rows"]}
     from rvqspec_lib.eval.bench import oversubscribed_note
 
@@ -165,7 +167,7 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
     by_label = {c[0]: c[1] for c in cands}
     timed = time_frames(cp, contexts[:frames], {k: by_label[k] for k in chosen}, {"b": backend}, sampling=sampling,
                         drafter=drafter, repeats=repeats * min(frames, contexts.shape[0]), warmup=1, seed=seed,
-                        progress=progress, acceptance=acceptance)
+                        progress=progress, acceptance=acceptance, noise_target=noise_target)
     n = P.n_codes(cp)
     measured = {r["decoder"]: r for r in timed["rows"]}
     ar_ms = measured["ar"]["ms_per_frame"] / n
@@ -181,6 +183,10 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
               f"{b['verify_ratio']:.2f}, predicted speedup E(N) t(1)/t(N) = {b['predicted_speedup']:.2f}x; "
               f"{len(chosen)} of {len(rows)} candidates decoded ({min(frames, contexts.shape[0])} frames x "
               f"{repeats} repeats)")
+    if noise_target is not None:
+        from rvqspec_lib.eval.noise import noise_words
+
+        reason += f"; frames timed: {noise_words(timed['meta'])}"
     return AutoChoice(best, by_label[best], reason, rows, oversubscribed=crowded)
 
 

@@ -34,7 +34,7 @@ import torch
 
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.common.provenance import cpu_model
-from rvqspec_lib.eval import speed
+from rvqspec_lib.eval import noise, speed
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models import export_graphs as G
 from rvqspec_lib.decoding import predictor as P
@@ -353,7 +353,8 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
                 backends: Sequence[str] = ("eager", "onnx"), *, fused: bool = True, repeats: int = 20,
                 warmup: int = 2, seed: int = 0, sampling=None, work_dir=None, threads: int | None = None,
                 random_weights: bool | None = None, progress: bool = True, built: Mapping | None = None,
-                fused_chains: Sequence[int] = (), acceptance=None) -> dict:
+                fused_chains: Sequence[int] = (), acceptance=None, noise_target: float | None = None,
+                max_repeats: int | None = None) -> dict:
     """Frame times of every decoder through every AVAILABLE backend in one interleaved run
     (:func:`rvqspec_lib.eval.speed.time_frames`), the fused AR frame of each beside them.
 
@@ -370,7 +371,8 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         backends: backend names; absent ones are reported in ``absent``, never timed.
         fused: time each backend's fused AR frame too. built: ``{name: (backend, fused frame)}`` already made by
             :func:`make_backend` (their export or compile time is not spent again).
-        Others as :func:`rvqspec_lib.eval.speed.time_frames`.
+        noise_target, max_repeats: the CPU run's stopping rule (:func:`rvqspec_lib.eval.speed.time_frames`; the
+            ``cuda`` run keeps a fixed ``repeats``). Others as :func:`rvqspec_lib.eval.speed.time_frames`.
 
     Returns:
         ``{"rows", "meta", "absent": {name: reason}, "build_s": {name: seconds}, "built": {name: (backend, fused
@@ -378,6 +380,7 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
     """
     if acceptance is not None and (fused_chains or "cuda" in backends):
         raise ValueError("a timing replay replaces the accept step of decode_frame: drop fused_chains and cuda")
+    noise.repeat_cap(noise_target, repeats, max_repeats)  # bad settings fail before any export
     absent, be, fz, build_s = {}, {}, {}, {}
     for name in backends:
         ok, why = backend_status(name)
@@ -405,8 +408,8 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
                                                                             if k != "cuda"} or None,
                             fused_spec=chains or None,
                             sampling=sampling, repeats=repeats, warmup=warmup, seed=seed,
-                            random_weights=random_weights, progress=progress,
-                            acceptance=acceptance) if cpu else {"rows": [], "meta": {}}
+                            random_weights=random_weights, progress=progress, acceptance=acceptance,
+                            noise_target=noise_target, max_repeats=max_repeats) if cpu else {"rows": [], "meta": {}}
     if "cuda" in be:  # another device: its own interleaved run, the GPU synchronised before each clock read
         dev = device_frame_times(code_predictor, contexts, decoders, be["cuda"], fz.get("cuda"), label="cuda",
                                  sampling=sampling, repeats=repeats, warmup=warmup, seed=seed, progress=progress)
@@ -502,9 +505,12 @@ def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
 def verify_costs(code_predictor, backends: Sequence[str] = ("eager", "onnx"), *,
                  query_sizes: Sequence[int] = speed.QUERY_SIZES, repeats: int = 20, warmup: int = 3,
                  work_dir=None, threads: int | None = None, random_weights: bool | None = None,
-                 progress: bool = True, built: Mapping | None = None) -> dict:
+                 progress: bool = True, built: Mapping | None = None, noise_target: float | None = None,
+                 max_repeats: int | None = None) -> dict:
     """The verify cost curve t(N)/t(1) per available backend (:func:`rvqspec_lib.eval.speed.verify_cost_curve`,
-    interleaved); ``absent`` lists the others. ``built``: backends already made (``{name: (backend, frame)}``)."""
+    interleaved, its ``noise_target`` and ``max_repeats`` too); ``absent`` lists the others. ``built``: backends
+    already made (``{name: (backend, frame)}``)."""
+    noise.repeat_cap(noise_target, repeats, max_repeats)  # bad settings fail before any export
     be, absent = {}, {}
     for name in backends:
         ok, why = backend_status(name)
@@ -514,7 +520,8 @@ def verify_costs(code_predictor, backends: Sequence[str] = ("eager", "onnx"), *,
         be[name] = ((built or {}).get(name) or make_backend(name, code_predictor, work_dir=work_dir,
                                                             threads=threads, fused=False))[0]
     res = speed.verify_cost_curve(code_predictor, be, query_sizes=query_sizes, repeats=repeats, warmup=warmup,
-                                  random_weights=random_weights, progress=progress) if be else {"rows": [],
+                                  random_weights=random_weights, progress=progress, noise_target=noise_target,
+                                  max_repeats=max_repeats) if be else {"rows": [],
                                                                                                   "meta": {}}
     res["absent"] = absent
     return res

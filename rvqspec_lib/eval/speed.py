@@ -15,6 +15,10 @@ time too (docs/style.md#benchmarks, docs/methods.md#reporting-speed). This modul
 
 Every result carries ``meta``: threads, dtype, device, torch version, CPU, whether the weights are random, repeats,
 and how loaded the machine was (load average, share of CPU time taken by other processes while timing).
+
+Every loop runs a fixed ``repeats`` rounds, or, given ``noise_target``, at least ``repeats`` and then round by round
+until every condition's median has a relative standard error <= ``noise_target`` or ``max_repeats`` rounds
+(:mod:`rvqspec_lib.eval.noise`); ``meta`` records the rounds made and the noise achieved per condition.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.eval import noise
 
 #: Query sizes of the verify cost curve (a 64-node tree is the largest node budget calibrated).
 QUERY_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -191,7 +196,8 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
                 backends: Mapping[str, object], *, fused: Mapping[str, object] | None = None,
                 fused_spec: Mapping[str, object] | None = None,
                 sampling: Sampling | None = None, drafter=None, repeats: int = 20, warmup: int = 2, seed: int = 0,
-                random_weights: bool | None = None, progress: bool = True, acceptance=None) -> dict:
+                random_weights: bool | None = None, progress: bool = True, acceptance=None,
+                noise_target: float | None = None, max_repeats: int | None = None) -> dict:
     """Time one frame (batch 1) of every decoder through every backend, interleaved (see the module docstring).
 
     Args:
@@ -208,9 +214,14 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
             frame time (as ``outside_ms``), its compiled calls as ``model_ms``; build every round graph first
             (``compile_all``) or warm-up frames compile only the depths they meet.
         sampling: the code predictor's warpers (default: the checkpoints'). drafter: default reused heads.
-        repeats: timed frames per condition. warmup: untimed frames per condition first (compiled backends compile
-            there; their compile times are in ``meta["compile_s"]``). random_weights: recorded in ``meta``.
-        progress: a progress bar over the repeats.
+        repeats: timed frames per condition (with ``noise_target``: the minimum). warmup: untimed frames per
+            condition first (compiled backends compile there; their compile times are in ``meta["compile_s"]``).
+            random_weights: recorded in ``meta``.
+        noise_target: None (a fixed ``repeats``), or the relative standard error of every condition's median frame
+            time to reach (:func:`rvqspec_lib.eval.noise.should_stop`; 0.02 = 2 %): rounds go on, interleaved,
+            until it is reached or ``max_repeats`` (default 4 x ``repeats``). ``meta`` gets ``repeats`` (made),
+            ``noise_target``, ``max_repeats``, ``rel_se`` (``{"decoder/backend": achieved}``), ``rel_se_max``.
+        progress: a progress bar over the repeats (its total is ``max_repeats``).
         acceptance: a TIMING REPLAY's :class:`~rvqspec_lib.decoding.replay.AcceptanceOracle`, passed to every
             ``decode_frame`` (the fused frames compute their own acceptance: leave them out); ``meta["replay"]``
             then holds its words.
@@ -224,11 +235,13 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         backend, ratio of medians), ``speedup_vs_fused``. Per-frame medians of the parts need not add up exactly.
 
     Raises:
-        ValueError: bad contexts, ``repeats < 1``, no condition.
+        ValueError: bad contexts, ``repeats < 1``, no condition, bad noise settings
+            (:func:`rvqspec_lib.eval.noise.repeat_cap`).
     """
     contexts = _check_contexts(code_predictor, contexts)
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    cap = noise.repeat_cap(noise_target, repeats, max_repeats)
     if not (decoders and backends) and not fused and not fused_spec:
         raise ValueError("nothing to time: give decoders and backends, or a fused frame")
     sampling = Sampling() if sampling is None else sampling
@@ -275,9 +288,10 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         for w in range(warmup):
             conditions[key](contexts[w % n_ctx: w % n_ctx + 1], torch.Generator().manual_seed(seed + 10_000 + w))
     per = {k: {"frame": [], "model": [], "heads": [], "tpc": [], "calls": []} for k in keys}
+    frame_ms = {k: per[k]["frame"] for k in keys}  # what the stopping rule looks at
     order = random.Random(seed)
     with _LoadMonitor() as load:
-        for r in progress_bar(range(repeats), desc="frames", enabled=progress, unit="repeat"):
+        for r in progress_bar(range(cap), total=cap, desc="frames", enabled=progress, unit="repeat"):
             ctx = contexts[r % n_ctx: r % n_ctx + 1]
             order.shuffle(keys)
             for key in keys:
@@ -292,6 +306,8 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
                 d["heads"].append(clock.heads_s * 1e3)
                 d["tpc"].append(tpc)
                 d["calls"].append(calls)
+            if noise.should_stop(frame_ms, noise_target, repeats, cap):
+                break
     rows = []
     for key in conditions:
         d = per[key]
@@ -312,7 +328,8 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
     for r in rows:
         r["speedup_vs_ar"] = ar[r["backend"]] / r["ms_per_frame"] if r["backend"] in ar else None
         r["speedup_vs_fused"] = fused_ms / r["ms_per_frame"] if fused_ms else None
-    meta = {**run_meta(code_predictor, random_weights=random_weights), "repeats": repeats, "warmup": warmup,
+    meta = {**run_meta(code_predictor, random_weights=random_weights), "warmup": warmup,
+            **noise.noise_meta({f"{k[0]}/{k[1]}": frame_ms[k] for k in conditions}, noise_target, cap),
             "n_contexts": int(n_ctx), "seed": seed, "sampling": repr(sampling),
             "drafter": getattr(drafter, "name", type(drafter).__name__), **load.describe(),
             "compile_s": {name: {str(k): round(v, 1) for k, v in getattr(b, "compile_s", {}).items()}
@@ -352,26 +369,29 @@ def _verify_call(code_predictor, backend, q: int, prefix_len: int, seed: int) ->
 
 def verify_cost_curve(code_predictor, backends: Mapping[str, object], *, query_sizes: Sequence[int] = QUERY_SIZES,
                       prefix_len: int = PREFIX_LEN, repeats: int = 20, warmup: int = 3, seed: int = 0,
-                      random_weights: bool | None = None, progress: bool = True) -> dict:
+                      random_weights: bool | None = None, progress: bool = True,
+                      noise_target: float | None = None, max_repeats: int | None = None) -> dict:
     """t(Q)/t(1) of one verify call (the backend's ``forward`` alone) per backend, interleaved.
 
     Args:
         backends: ``{label: VerifyBackend}``. query_sizes: Q values (1 must be among them for the ratio).
-        prefix_len: committed slots before the call. repeats, warmup, seed, random_weights, progress: as
-            :func:`time_frames` (all (backend, Q) calls shuffled each repeat).
+        prefix_len: committed slots before the call. repeats, warmup, seed, random_weights, progress,
+            noise_target, max_repeats: as :func:`time_frames` (all (backend, Q) calls shuffled each repeat; the
+            target applies to every (backend, Q) call's median, ``rel_se`` keys ``"backend/Q"``).
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per (backend, Q): ``backend``, ``query_positions``, ``median_ms``,
         ``p10_ms``, ``p90_ms``, ``ratio_to_q1`` (median over median at Q = 1).
 
     Raises:
-        ValueError: Q = 1 missing, a Q < 1, ``repeats < 1``.
+        ValueError: Q = 1 missing, a Q < 1, ``repeats < 1``, bad noise settings.
     """
     qs = sorted({int(q) for q in query_sizes})
     if 1 not in qs or qs[0] < 1:
         raise ValueError(f"query_sizes must be positive and include 1 (the ratio's reference), got {query_sizes}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    cap = noise.repeat_cap(noise_target, repeats, max_repeats)
     calls = {(b, q): _verify_call(code_predictor, be, q, prefix_len, seed) for b, be in backends.items() for q in qs}
     keys = list(calls)
     for _ in range(warmup):
@@ -380,12 +400,14 @@ def verify_cost_curve(code_predictor, backends: Mapping[str, object], *, query_s
     times = {k: [] for k in keys}
     order = random.Random(seed)
     with _LoadMonitor() as load:
-        for _ in progress_bar(range(repeats), desc="verify cost", enabled=progress, unit="repeat"):
+        for _ in progress_bar(range(cap), total=cap, desc="verify cost", enabled=progress, unit="repeat"):
             order.shuffle(keys)
             for k in keys:
                 t0 = time.perf_counter()
                 calls[k]()
                 times[k].append((time.perf_counter() - t0) * 1e3)
+            if noise.should_stop(times, noise_target, repeats, cap):
+                break
     rows = []
     for b in backends:
         base = statistics.median(times[(b, 1)])
@@ -393,7 +415,8 @@ def verify_cost_curve(code_predictor, backends: Mapping[str, object], *, query_s
             s = _summary(times[(b, q)])
             rows.append({"backend": b, "query_positions": q, "median_ms": s["median"], "p10_ms": s["p10"],
                          "p90_ms": s["p90"], "ratio_to_q1": s["median"] / base})
-    meta = {**run_meta(code_predictor, random_weights=random_weights), "repeats": repeats, "warmup": warmup,
+    meta = {**run_meta(code_predictor, random_weights=random_weights), "warmup": warmup,
+            **noise.noise_meta({f"{b}/{q}": times[(b, q)] for b in backends for q in qs}, noise_target, cap),
             "prefix_len": prefix_len, **load.describe(),
             "compile_s": {name: {str(k): round(v, 1) for k, v in getattr(b, "compile_s", {}).items()}
                           for name, b in backends.items() if getattr(b, "compile_s", None)}}
@@ -407,14 +430,16 @@ def batch_throughput(code_predictor, contexts: torch.Tensor, decoders: Mapping[s
                      backends: Mapping[str, object], *, batch_sizes: Sequence[int] = BATCH_SIZES,
                      fused: Mapping[str, object] | None = None, sampling: Sampling | None = None, drafter=None,
                      repeats: int = 5, warmup: int = 1, seed: int = 0, random_weights: bool | None = None,
-                     progress: bool = True) -> dict:
+                     progress: bool = True, noise_target: float | None = None,
+                     max_repeats: int | None = None) -> dict:
     """Frames per second of batched decoding: one ``decode_frame`` call over B frames per measurement, every
     (decoder, backend, B) condition interleaved.
 
     Args:
         contexts: ``(N, 2, talker_hidden)``; a batch of B takes B consecutive rows (wrapping around), starting at
             ``r * B`` in repeat r. batch_sizes: the Bs. fused: ``{label: FusedARFrame}`` as extra conditions (one
-            compiled graph per batch size). Others as :func:`time_frames`.
+            compiled graph per batch size). Others as :func:`time_frames` (``noise_target`` applies to every
+            condition's median batch time, ``rel_se`` keys ``"decoder/backend/B"``).
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per condition: ``decoder``, ``backend``, ``batch``,
@@ -423,9 +448,10 @@ def batch_throughput(code_predictor, contexts: torch.Tensor, decoders: Mapping[s
         and batch).
 
     Raises:
-        ValueError: bad contexts or batch sizes.
+        ValueError: bad contexts or batch sizes, bad noise settings.
     """
     contexts = _check_contexts(code_predictor, contexts)
+    cap = noise.repeat_cap(noise_target, repeats, max_repeats)
     bs = [int(b) for b in batch_sizes]
     if not bs or min(bs) < 1:
         raise ValueError(f"batch sizes must be >= 1, got {batch_sizes}")
@@ -457,7 +483,7 @@ def batch_throughput(code_predictor, contexts: torch.Tensor, decoders: Mapping[s
     tpc = {k: [] for k in keys}
     order = random.Random(seed)
     with _LoadMonitor() as load:
-        for r in progress_bar(range(repeats), desc="batches", enabled=progress, unit="repeat"):
+        for r in progress_bar(range(cap), total=cap, desc="batches", enabled=progress, unit="repeat"):
             order.shuffle(keys)
             for k in keys:
                 ctx = batch_of(k[2], r)
@@ -466,6 +492,8 @@ def batch_throughput(code_predictor, contexts: torch.Tensor, decoders: Mapping[s
                 times[k].append((time.perf_counter() - t0) * 1e3)
                 if out is not None:
                     tpc[k].append(out / k[2])
+            if noise.should_stop(times, noise_target, repeats, cap):
+                break
     rows = []
     for k in conditions:
         s = _summary(times[k])
@@ -476,7 +504,8 @@ def batch_throughput(code_predictor, contexts: torch.Tensor, decoders: Mapping[s
     for r in rows:
         base = ar.get((r["backend"], r["batch"]))
         r["speedup_vs_ar"] = r["frames_per_s"] / base if base else None
-    meta = {**run_meta(code_predictor, random_weights=random_weights), "repeats": repeats, "warmup": warmup,
+    meta = {**run_meta(code_predictor, random_weights=random_weights), "warmup": warmup,
+            **noise.noise_meta({"/".join(map(str, k)): times[k] for k in conditions}, noise_target, cap),
             "n_contexts": int(n_ctx), "seed": seed, "sampling": repr(sampling), **load.describe()}
     return {"rows": rows, "meta": meta}
 

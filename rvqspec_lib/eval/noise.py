@@ -1,0 +1,134 @@
+"""When a timing has repeated enough: a stopping rule on the measured noise of the median, instead of a fixed count.
+
+A timed loop (:mod:`rvqspec_lib.eval.speed`, :func:`rvqspec_lib.eval.bench.time_call`) runs ``repeats`` rounds (the
+minimum) and then keeps going, a round at a time, until the median of every condition is known to a relative
+standard error of at most ``noise_target``, or until ``max_repeats`` rounds (docs/reproducibility.md#timing-noise).
+A quiet machine stops at the minimum; a noisy one pays for the noise with more rounds, up to the cap, and the
+achieved noise is printed beside the numbers either way.
+
+The estimator (:func:`relative_standard_error`): the sample median of n draws from a density f with median m has
+asymptotic variance 1 / (4 n f(m)^2) (the asymptotic normality of sample quantiles: van der Vaart, *Asymptotic
+Statistics*, 1998, chapter 21; Serfling, *Approximation Theorems of Mathematical Statistics*, 1980, 2.3); for a normal
+density that is (pi / 2) sigma^2 / n, so ``SE(median) = sqrt(pi / 2) * sigma / sqrt(n)`` with sqrt(pi / 2) =
+1.2533. The scale sigma is estimated robustly (timings have long right tails: a preempted round must not decide the
+count) by the median absolute deviation, ``sigma = 1.4826 * MAD``, 1.4826 = 1 / Phi^-1(3/4) making it consistent
+for the normal sigma (Rousseeuw & Croux, "Alternatives to the median absolute deviation", JASA 88, 1993). The
+relative standard error is ``1.2533 * 1.4826 * MAD / sqrt(n) / median``: a unitless fraction (0.02 = 2 %), the same
+whatever unit the samples are in (seconds or milliseconds).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Mapping, Sequence
+
+#: sqrt(pi / 2): SE(median) over sigma / sqrt(n) for a normal density (the asymptotic variance of the median).
+MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
+#: 1 / Phi^-1(3/4): makes the MAD a consistent estimator of the normal sigma (Rousseeuw & Croux 1993).
+MAD_TO_SIGMA = 1.4826
+#: ``max_repeats`` when a noise target is given without one: this many times the minimum ``repeats``.
+DEFAULT_MAX_FACTOR = 4
+
+
+def relative_standard_error(samples: Sequence[float]) -> float:
+    """The median's standard error over the median, estimated robustly (module docstring).
+
+    Args:
+        samples: n timings of one condition, any one unit (seconds, milliseconds): the result is unitless.
+
+    Returns:
+        ``1.2533 * 1.4826 * MAD / sqrt(n) / median`` (a fraction, 0.02 = 2 %); ``inf`` with fewer than 2 samples or a
+        median <= 0 (nothing known yet); 0.0 when at least half the samples are equal to the median (MAD = 0).
+    """
+    xs = [float(x) for x in samples]
+    if len(xs) < 2:
+        return math.inf
+    med = statistics.median(xs)
+    if not med > 0:
+        return math.inf
+    mad = statistics.median(abs(x - med) for x in xs)
+    return MEDIAN_SE_FACTOR * MAD_TO_SIGMA * mad / math.sqrt(len(xs)) / med
+
+
+def repeat_cap(noise_target: float | None, repeats: int, max_repeats: int | None) -> int:
+    """The number of rounds a loop may run: ``repeats`` without a target, else ``max_repeats`` (default
+    :data:`DEFAULT_MAX_FACTOR` x ``repeats``). Checks the settings (call it before any timing or model load).
+
+    Raises:
+        ValueError (one line, naming the fix): ``noise_target <= 0``, ``repeats < 2`` with a target (no noise can be
+        estimated from one sample), ``max_repeats < repeats``, ``max_repeats`` without a target.
+    """
+    if noise_target is None:
+        if max_repeats is not None:
+            raise ValueError(f"max_repeats={max_repeats} needs a noise_target (give noise_target=0.02, say, or drop "
+                             f"max_repeats: without a target exactly `repeats` rounds run)")
+        return int(repeats)
+    if isinstance(noise_target, bool) or not isinstance(noise_target, (int, float)) or not noise_target > 0 \
+            or not math.isfinite(noise_target):
+        raise ValueError(f"noise_target must be a relative standard error > 0 (e.g. 0.02 for 2 %), or None for a "
+                         f"fixed count, got {noise_target!r}")
+    if int(repeats) < 2:
+        raise ValueError(f"with a noise_target, repeats (the minimum) must be >= 2 to estimate any noise, "
+                         f"got {repeats}")
+    cap = DEFAULT_MAX_FACTOR * int(repeats) if max_repeats is None else int(max_repeats)
+    if cap < int(repeats):
+        raise ValueError(f"max_repeats must be >= repeats (the minimum), got max_repeats={max_repeats} < "
+                         f"repeats={repeats}")
+    return cap
+
+
+def should_stop(samples: Mapping[str, Sequence[float]], noise_target: float | None, min_repeats: int,
+                max_repeats: int) -> bool:
+    """Whether an interleaved timing loop has done enough rounds.
+
+    Args:
+        samples: ``{condition: [timings so far]}`` (any one unit); the round count is the shortest list.
+        noise_target: the relative standard error every condition's median must reach
+            (:func:`relative_standard_error`), or None: a fixed count of ``min_repeats``.
+        min_repeats: rounds always made. max_repeats: rounds never exceeded.
+
+    Returns:
+        True at ``max_repeats`` rounds; False below ``min_repeats``; in between True without a target, else True
+        exactly when every condition's relative standard error is <= ``noise_target``.
+
+    Raises:
+        ValueError: bad settings (:func:`repeat_cap`), ``max_repeats < min_repeats``, no condition.
+    """
+    if not samples:
+        raise ValueError("should_stop needs at least one condition's samples ({name: [seconds, ...]})")
+    if noise_target is not None:
+        repeat_cap(noise_target, min_repeats, max_repeats)
+    if max_repeats < min_repeats:
+        raise ValueError(f"max_repeats must be >= min_repeats, got {max_repeats} < {min_repeats}")
+    n = min(len(v) for v in samples.values())
+    if n >= max_repeats:
+        return True
+    if n < min_repeats:
+        return False
+    if noise_target is None:
+        return True
+    return all(relative_standard_error(v) <= noise_target for v in samples.values())
+
+
+def noise_meta(samples: Mapping[str, Sequence[float]], noise_target: float | None, max_repeats: int) -> dict:
+    """What a timing's ``meta`` records of its stopping: ``repeats`` (rounds actually made), ``noise_target``,
+    ``max_repeats`` (the cap it ran under), ``rel_se`` (``{condition: achieved relative standard error}``, rounded to
+    4 digits; None under 2 samples) and ``rel_se_max`` (the worst condition's, None if any is None), for captions."""
+    rel = {str(k): relative_standard_error(v) for k, v in samples.items()}
+    rel = {k: round(v, 4) if math.isfinite(v) else None for k, v in rel.items()}  # None: under 2 samples (JSON-able)
+    worst = None if not rel or None in rel.values() else max(rel.values())
+    return {"repeats": min((len(v) for v in samples.values()), default=0), "noise_target": noise_target,
+            "max_repeats": int(max_repeats), "rel_se": rel, "rel_se_max": worst}
+
+
+def noise_words(meta: Mapping) -> str:
+    """A caption's words for a timing's stopping, from its ``meta`` (:func:`noise_meta`): e.g. ``"23 repeats
+    (noise target 2.0 %, at most 80), median's relative standard error <= 1.7 %"``."""
+    n = meta.get("repeats")
+    target, worst = meta.get("noise_target"), meta.get("rel_se_max")
+    words = f"{n} repeats" if target is None else \
+        f"{n} repeats (noise target {100 * target:.1f} %, at most {meta.get('max_repeats')})"
+    if worst is not None:
+        words += f", median's relative standard error <= {100 * worst:.1f} %"
+    return words

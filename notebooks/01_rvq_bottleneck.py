@@ -35,15 +35,15 @@ model = "qwen3-tts-0.6b-random"  # real-size 0.6B architecture, RANDOM weights (
 seed = 0  # seed of the random weights and of the random input embeddings
 smoke = False  # True: tiny-random model, 2 repeats, Q up to 16 (headless test, < 60 s)
 out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
-repeats = 20  # the MINIMUM of timed calls per measurement (median reported; more until noise_target is met)
-noise_target = 0.02  # each call is timed until its median's relative standard error is <= this, or 4 x repeats
+repeats = 10  # the MINIMUM of timed calls per measurement (median reported; more until noise_target is met)
+noise_target = 0.05  # each call is timed until its median's relative standard error is <= this, or 4 x repeats
 #                      (rvqspec_lib.eval.noise; None: exactly `repeats`). Smoke: None
 warmup = 3  # untimed calls before each measurement
 threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
 prefix_len = 8  # KV positions already in the code-predictor cache (a mid-frame verify)
 talker_context = 64  # KV positions already in the talker cache (about 5 s of speech plus the text prompt)
 compare_model = "embedded"  # timed the same way beside `model` ("" skips): the small trained model shipped here
-own_tpc_frames = 200  # evaluation frames of `compare_model` decoded to measure this companion's own tokens per call
+own_tpc_frames = 100  # evaluation frames of `compare_model` decoded to measure this companion's own tokens per call
 
 # %%
 import json

@@ -51,21 +51,22 @@ seed = 0  # frame order, decode generators, Monte Carlo draws
 smoke = False  # True: few frames and repeats, no compilation (headless test, ~2 min)
 out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
 threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
-n_calibration_frames = 1500  # frames of the shipped calibration split to calibrate on (its size is printed below)
-n_eval_frames = 1000  # evaluation frames for predicted vs measured tokens per call
+n_calibration_frames = 400  # frames of the shipped calibration split to calibrate on (its size is printed below;
+#                              the shipped trees/heads.json: 1500)
+n_eval_frames = 200  # evaluation frames for predicted vs measured tokens per call
 budgets = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # node budgets N compared (the calibration builds 2..64)
 draws = 2  # Monte Carlo draws of the sampled children per (frame, start depth) in the calibration
 speed_budgets = (2, 4, 8, 16, 32, 64)  # N timed on this machine (Figure 4 analogue)
-speed_contexts = 200  # evaluation contexts the timed frames cycle through
-speed_repeats = 40  # the MINIMUM of timed frames per (decoder, backend), interleaved (more until noise_target)
+speed_contexts = 50  # evaluation contexts the timed frames cycle through
+speed_repeats = 8  # the MINIMUM of timed frames per (decoder, backend), interleaved (more until noise_target)
 compile_fused = True  # the fused AR frame compiled with torch.compile (~4 min on this machine); False: eager
 compare_model = "qwen3-tts-0.6b-random"  # real-size architecture, RANDOM weights: cost curve and loop share only
-compare_repeats = 12  # the minimum of timed frames per decoder on the compare model
-noise_target = 0.02  # every timing goes on until each median's relative standard error is <= this, or 4 x its
+compare_repeats = 4  # the minimum of timed frames per decoder on the compare model
+noise_target = 0.05  # every timing goes on until each median's relative standard error is <= this, or 4 x its
 #                      minimum (rvqspec_lib.eval.noise; None: exactly the repeats above). Smoke: None
 batch_sizes = (1, 4, 16)  # frames decoded together
 temperatures = (1.5, 1.2, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)  # code-predictor temperatures of the sweep
-temperature_frames = 300  # calibration and evaluation frames per temperature
+temperature_frames = 60  # calibration and evaluation frames per temperature
 write_trees = False  # True (not smoke): write the calibration beside the model (<model>/trees/heads.json), where
 #                      `rvqspec synth --tree calibrated:N` and `--decoder auto` read it; `make paper` leaves the
 #                      shipped file as it is (notebook 01 and the CLI read it) and writes 03_trees_heads.json

@@ -49,8 +49,8 @@ seed = 0
 smoke = False  # True: tiny-random for both, budgets 2 and 4, two repeats, float32 exports (headless test, ~2 min)
 out_dir = "figures"  # relative paths resolve against the repository root
 threads = 1  # torch and ONNX Runtime threads (the committed figures use 1)
-repeats = 20  # the MINIMUM of timed frames per condition (median reported; more until noise_target is met)
-noise_target = 0.02  # every timing goes on until each median's relative standard error is <= this, or 4 x repeats
+repeats = 8  # the MINIMUM of timed frames per condition (median reported; more until noise_target is met)
+noise_target = 0.05  # every timing goes on until each median's relative standard error is <= this, or 4 x repeats
 #                      (rvqspec_lib.eval.noise; None: exactly `repeats`). Smoke: None
 warmup = 2  # untimed frames per condition (compiled backends compile there)
 budgets = [2, 4, 8, 16, 32, 64]  # node budgets N of the calibrated trees
@@ -60,7 +60,7 @@ calib_frames = 128  # calibration-split frames the trees are calibrated on
 eval_frames = 32  # evaluation-split frames whose contexts are decoded in the timing
 gpu_json = "figures/05_gpu.json"  # written by scripts/gpu_bench.py on a GPU machine; shown when present
 paper_budget = 32  # node budget of the paper's decoder (`paper:N`; 32 is the paper's)
-table_repeats = 5  # the minimum of timed frames per decoder in the table to act on (`rvqspec bench --table`'s default)
+table_repeats = 3  # the minimum of timed frames per decoder in the table to act on (`rvqspec bench --table`'s default)
 
 # %%
 import json

@@ -67,6 +67,8 @@ temperature_frames = 300  # calibration and evaluation frames per temperature
 write_trees = True  # not smoke: write the calibration beside the model (<model>/trees/heads.json), where
 #                     `rvqspec synth --tree calibrated:N` and `--decoder auto` read it
 table_repeats = 5  # timed frames per decoder in the table to act on (`rvqspec bench --table`'s default; smoke: 1)
+table_backends = ("eager",)  # the table's backends; "compile" adds compiled rows of every native precision (many
+#                               minutes: compile_fused's graphs are not reused); smoke: eager
 
 # %%
 import json
@@ -560,14 +562,15 @@ display(Markdown(
 # %% [markdown]
 # ## Which decoder to run on this CPU: the table to act on
 # The table `rvqspec bench --table` and `make bench` print (`rvqspec_lib.eval.bench_table.bench_table`), here for the
-# embedded model only: per precision this CPU runs natively (float32 always) and per backend timed in this notebook
-# (eager; compile too when `compile_fused`), the rows stepped AR, fused AR, the best speculative decoder, the fused
-# speculative round (one graph a round) and `auto`'s choice, in ms per frame, as the inner loop's real-time factor
-# (ms per frame over the 80 ms a frame lasts) and as `x_fused_ar` (ms per frame over the fused AR frame's, same
-# precision and backend; the issue's target for the fused speculative round is `FUSED_TARGET` or below). Its trees
-# are those of `<model>/trees/heads.json` (the calibration above when `write_trees`; smoke: the shipped one).
-# Notebook 05 shows the same table with the real-size 0.6B architecture beside it (random weights, its speculative
-# frames a timing replay of the embedded model's acceptance). Smoke: float32, eager, one frame per decoder.
+# embedded model only: per precision this CPU runs natively (float32 always) and per backend of `table_backends`
+# (eager by default: a compiled backend compiles graphs of its own, minutes per precision), the rows stepped AR,
+# fused AR, the best speculative decoder, the fused speculative round (one graph a round) and `auto`'s choice, in ms
+# per frame, as the inner loop's real-time factor (ms per frame over the 80 ms a frame lasts) and as `x_fused_ar`
+# (ms per frame over the fused AR frame's, same precision and backend; the issue's target for the fused speculative
+# round is `FUSED_TARGET` or below). Its trees are those of `<model>/trees/heads.json` (the calibration above when
+# `write_trees`; smoke: the shipped one). Notebook 05 shows the same table, compiled rows included, with the
+# real-size 0.6B architecture beside it (random weights, its speculative frames a timing replay of the embedded
+# model's acceptance). Smoke: float32, eager, one frame per decoder.
 
 # %%
 from rvqspec_lib.eval.bench_table import FUSED_TARGET, bench_table, caption, format_bench_table, save_bench_table
@@ -575,7 +578,7 @@ from rvqspec_lib.eval.bench_table import FUSED_TARGET, bench_table, caption, for
 t0 = time.perf_counter()
 table_res = bench_table(
     models=[EMBEDDED_MODEL], precisions=["float32"] if smoke else None,
-    backends=["eager", "compile"] if compile_fused else ["eager"],
+    backends=["eager"] if smoke else list(table_backends),
     repeats=1 if smoke else int(table_repeats), warmup=0 if smoke else 1,
     chains=(4,) if smoke else (3, 4, 6), budgets=(4,) if smoke else (4, 8, 16), auto_frames=2 if smoke else 4,
     n_contexts=2 if smoke else 8, seed=seed, progress=False)
@@ -592,8 +595,9 @@ act = []
 if timed_rows:
     top = min(timed_rows, key=lambda r: r["ms_per_frame"])
     act.append(f"Fastest here: **{top['row']}** (`{top['decoder']}`, {top['precision']}, {top['backend']}), "
-               f"{top['ms_per_frame']:.1f} ms a frame (RTF {top['rtf']:.2f}), {top['x_fused_ar']:.2f}x the fused "
-               f"AR frame of the same precision and backend.")
+               f"{top['ms_per_frame']:.1f} ms a frame (RTF {top['rtf']:.2f})"
+               + (f", {top['x_fused_ar']:.2f}x the fused AR frame of the same precision and backend."
+                  if top["x_fused_ar"] else "."))
 if fused_rows:
     fb = min(fused_rows, key=lambda r: r["x_fused_ar"])
     target = table_res["meta"].get("fused_target", FUSED_TARGET)

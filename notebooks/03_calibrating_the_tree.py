@@ -70,6 +70,9 @@ temperature_frames = 60  # calibration and evaluation frames per temperature
 write_trees = False  # True (not smoke): write the calibration beside the model (<model>/trees/heads.json), where
 #                      `rvqspec synth --tree calibrated:N` and `--decoder auto` read it; `make paper` leaves the
 #                      shipped file as it is (notebook 01 and the CLI read it) and writes 03_trees_heads.json
+table_repeats = 3  # the minimum of timed frames per decoder in the table to act on (more until noise_target; smoke: 1)
+table_backends = ("eager",)  # the table's backends; "compile" adds compiled rows of every native precision (many
+#                               minutes: compile_fused's graphs are not reused); smoke: eager
 
 # %%
 import json
@@ -565,6 +568,58 @@ display(Markdown(
      f"Point-mass trees overtake sampled trees at **none** of the temperatures tried: at the sharpest, "
      f"T {t_low:g}, {wide.loc[t_low, 'point-mass']:.2f} vs {wide.loc[t_low, 'sampled']:.2f} codes per call "
      f"(N {sweep_n}).")))
+
+# %% [markdown]
+# ## Which decoder to run on this CPU: the table to act on
+# The table `rvqspec bench --table` and `make bench` print (`rvqspec_lib.eval.bench_table.bench_table`), here for the
+# embedded model only: per precision this CPU runs natively (float32 always) and per backend of `table_backends`
+# (eager by default: a compiled backend compiles graphs of its own, minutes per precision), the rows stepped AR,
+# fused AR, the best speculative decoder, the fused speculative round (one graph a round) and `auto`'s choice, in ms
+# per frame, as the inner loop's real-time factor (ms per frame over the 80 ms a frame lasts) and as `x_fused_ar`
+# (ms per frame over the fused AR frame's, same precision and backend; the issue's target for the fused speculative
+# round is `FUSED_TARGET` or below). Its trees are those of `<model>/trees/heads.json` (the calibration above when
+# `write_trees`; smoke: the shipped one). Notebook 05 shows the same table, compiled rows included, with the
+# real-size 0.6B architecture beside it (random weights, its speculative frames a timing replay of the embedded
+# model's acceptance). Smoke: float32, eager, one frame per decoder.
+
+# %%
+from rvqspec_lib.eval.bench_table import FUSED_TARGET, bench_table, caption, format_bench_table, save_bench_table
+
+t0 = time.perf_counter()
+table_res = bench_table(
+    models=[EMBEDDED_MODEL], precisions=["float32"] if smoke else None,
+    backends=["eager"] if smoke else list(table_backends),
+    repeats=1 if smoke else int(table_repeats), warmup=0 if smoke else 1,
+    chains=(4,) if smoke else (3, 4, 6), budgets=(4,) if smoke else (4, 8, 16), auto_frames=2 if smoke else 4,
+    n_contexts=2 if smoke else 8, seed=seed, progress=False, noise_target=noise_target)
+timings["bench_table_s"] = time.perf_counter() - t0
+save_bench_table(table_res, out / "03_bench_table", prov)
+print(format_bench_table(table_res).splitlines()[0])
+table_cols = ["precision", "backend", "row", "decoder", "ms_per_frame", "rtf", "tokens_per_call", "speedup_vs_ar",
+              "x_fused_ar", "floor_ar_ms", "x_floor_ar", "note"]
+display(pd.DataFrame(table_res["rows"])[table_cols].round(3))
+# what to run, read from the table: its fastest row, and the fused speculative round against the target
+timed_rows = [r for r in table_res["rows"] if r["ms_per_frame"]]
+fused_rows = [r for r in timed_rows if r["row"] == "fused speculative" and r["x_fused_ar"]]
+act = []
+if timed_rows:
+    top = min(timed_rows, key=lambda r: r["ms_per_frame"])
+    act.append(f"Fastest here: **{top['row']}** (`{top['decoder']}`, {top['precision']}, {top['backend']}), "
+               f"{top['ms_per_frame']:.1f} ms a frame (RTF {top['rtf']:.2f})"
+               + (f", {top['x_fused_ar']:.2f}x the fused AR frame of the same precision and backend."
+                  if top["x_fused_ar"] else "."))
+if fused_rows:
+    fb = min(fused_rows, key=lambda r: r["x_fused_ar"])
+    target = table_res["meta"].get("fused_target", FUSED_TARGET)
+    act.append(f"The fused speculative round at its best (`{fb['decoder']}`, {fb['precision']}, {fb['backend']}) "
+               f"is {fb['x_fused_ar']:.2f}x the fused AR frame: the target of <= {target} is "
+               f"{'met' if fb['x_fused_ar'] <= target else 'missed'} on this CPU.")
+if not act:
+    act.append("No row of the table was timed here: " + "; ".join(sorted({r["note"] for r in table_res["rows"]})))
+if table_res["meta"]["oversubscribed"]:
+    act.append("The CPU was oversubscribed while timing: these times are pessimistic.")
+display(Markdown(" ".join(act) + f"\n\n*{caption(table_res)}*"))
+display(Markdown("\n".join(f"* {line}" for line in table_res["footer"])))
 
 # %% [markdown]
 # ## Summary

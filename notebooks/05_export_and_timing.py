@@ -61,6 +61,8 @@ eval_frames = 32  # evaluation-split frames whose contexts are decoded in the ti
 gpu_json = "figures/05_gpu.json"  # written by scripts/gpu_bench.py on a GPU machine; shown when present
 paper_budget = 32  # node budget of the paper's decoder (`paper:N`; 32 is the paper's)
 table_repeats = 3  # the minimum of timed frames per decoder in the table to act on (`rvqspec bench --table`'s default)
+table_backends = ("eager",)  # the table's backends (of those in `backends` that run here); "compile" adds compiled
+#                               rows in every native precision, minutes each (compiled float32 frames: section above)
 
 # %%
 import json
@@ -106,6 +108,7 @@ params = dict(model=run_model, cost_model=run_cost_model, requested_model=str(mo
               threads=torch.get_num_threads(), repeats=run_repeats, warmup=run_warmup, budgets=run_budgets,
               chains=run_chains, backends=list(backends), calib_frames=n_calib, eval_frames=n_eval,
               paper_budget=run_paper_budget, table_repeats=1 if smoke else int(table_repeats),
+              table_backends=list(table_backends),
               noise_target=run_noise_target,
               notebook="05_export_and_timing")
 print(f"model {run_model}, cost model {run_cost_model}, outputs -> {out}")
@@ -365,7 +368,10 @@ else:
 # `model` and for `cost_model`. A random-weight model's speculative frames are a **timing replay**: its real verify
 # calls, with the acceptance decisions replayed from the embedded model's calibration (every row says so; a replay
 # has no fused speculative row, its acceptance being inside the round's graph). Beside them the AR frame's weight-streaming floor, and under them the public ports' published figures, quoted
-# and labelled, never in a measured column. Smoke: `tiny-random`, float32, eager, one frame per decoder.
+# and labelled, never in a measured column. Its backends are `table_backends` (eager by default: compiling the fused
+# rounds of every precision takes many minutes; the compiled float32 frames are in the frame times above, and
+# `rvqspec bench --table --backends eager,compile` times the compiled rows). Smoke: `tiny-random`, float32, eager, one
+# frame per decoder.
 
 # %%
 from rvqspec_lib.eval.bench_table import bench_table, format_bench_table, save_bench_table
@@ -373,7 +379,7 @@ from rvqspec_lib.eval.bench_table import bench_table, format_bench_table, save_b
 table_res = bench_table(
     models=["tiny-random"] if smoke else list(dict.fromkeys([run_model, run_cost_model])),
     precisions=["float32"] if smoke else None,
-    backends=[b for b in ("eager", "compile") if b in run_backends],
+    backends=[b for b in ("eager", "compile") if b in run_backends and (smoke or b in table_backends)],
     repeats=params["table_repeats"], warmup=0 if smoke else 1,
     chains=(4,) if smoke else (3, 4, 6), budgets=(4,) if smoke else (4, 8, 16), auto_frames=2 if smoke else 4,
     n_contexts=2 if smoke else 8, seed=seed, progress=False, noise_target=run_noise_target)

@@ -303,6 +303,19 @@ def _check_03(metrics: dict, out: Path) -> None:
     with (out / "03_loop_share_compare_model.csv").open() as f:
         assert "speedup_vs_ar" not in next(csv.reader(f))
     assert "PROJECTION" in (out / "03_projection_compare_model.md").read_text().splitlines()[0]
+    # the table to act on (rvqspec bench --table's function), the embedded model only: its trained weights (no
+    # replay), smoke: float32 through eager, five rows all timed, the fused speculative round one of the fused ones
+    tab = json.loads((out / "03_bench_table.json").read_text())
+    assert [r["row"] for r in tab["rows"]] == ["stepped AR", "fused AR", "best speculative", "fused speculative",
+                                               "auto"]
+    assert {(r["model"], r["weights"], r["precision"], r["backend"]) for r in tab["rows"]} == \
+        {("embedded", "trained", "float32", "eager")}
+    assert all(r["ms_per_frame"] > 0 and r["x_fused_ar"] > 0 for r in tab["rows"])
+    assert next(r for r in tab["rows"] if r["row"] == "fused AR")["x_fused_ar"] == 1.0
+    assert next(r for r in tab["rows"] if r["row"] == "fused speculative")["decoder"].startswith("fused ")
+    assert tab["meta"]["repeats"] == 1 and tab["meta"]["models"] == ["embedded"]
+    for ext in (".csv", ".md", ".json", ".provenance.json"):
+        assert (out / ("03_bench_table" + ext)).stat().st_size > 0, ext
     for stem in ("03_acceptance_heatmap", "03_trees", "03_tokens_per_call_vs_N", "03_speedup_vs_N", "03_temperature",
                  "03_tree_and_mask"):
         assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file()

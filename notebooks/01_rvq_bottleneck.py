@@ -36,7 +36,7 @@ seed = 0  # seed of the random weights and of the random input embeddings
 smoke = False  # True: tiny-random model, 2 repeats, Q up to 16 (headless test, < 60 s)
 out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
 repeats = 10  # the MINIMUM of timed calls per measurement (median reported; more until noise_target is met)
-noise_target = 0.05  # each call is timed until its median's relative standard error is <= this, or 4 x repeats
+noise_target = 0.05  # each call is timed until the relative standard error of its median is at most this, or 4 x repeats
 #                      (rvqspec_lib.eval.noise; None: exactly `repeats`). Smoke: None
 warmup = 3  # untimed calls before each measurement
 threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default

@@ -62,7 +62,7 @@ speed_repeats = 8  # the MINIMUM of timed frames per (decoder, backend), interle
 compile_fused = True  # the fused AR frame compiled with torch.compile (~4 min on this machine); False: eager
 compare_model = "qwen3-tts-0.6b-random"  # real-size architecture, RANDOM weights: cost curve and loop share only
 compare_repeats = 4  # the minimum of timed frames per decoder on the compare model
-noise_target = 0.05  # every timing goes on until each median's relative standard error is <= this, or 4 x its
+noise_target = 0.05  # every timing goes on until the relative standard error of each median is at most this, or 4 x its
 #                      minimum (rvqspec_lib.eval.noise; None: exactly the repeats above). Smoke: None
 batch_sizes = (1, 4, 16)  # frames decoded together
 temperatures = (1.5, 1.2, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)  # code-predictor temperatures of the sweep

@@ -50,7 +50,7 @@ smoke = False  # True: tiny-random for both, budgets 2 and 4, two repeats, float
 out_dir = "figures"  # relative paths resolve against the repository root
 threads = 1  # torch and ONNX Runtime threads (the committed figures use 1)
 repeats = 8  # the MINIMUM of timed frames per condition (median reported; more until noise_target is met)
-noise_target = 0.05  # every timing goes on until each median's relative standard error is <= this, or 4 x repeats
+noise_target = 0.05  # every timing goes on until the relative standard error of each median is at most this, or 4 x repeats
 #                      (rvqspec_lib.eval.noise; None: exactly `repeats`). Smoke: None
 warmup = 2  # untimed frames per condition (compiled backends compile there)
 budgets = [2, 4, 8, 16, 32, 64]  # node budgets N of the calibrated trees

@@ -288,8 +288,8 @@ save_table(curve_rows, out / "02_training_curves", prov)
 # `rvqspec eval-acceptance --model embedded --drafter offsets` and the later notebooks find them
 # (`<model>/drafters/offsets.safetensors`; then remake their trees with `scripts/calibrate_trees.py`). `make paper`
 # does not deploy: the shipped drafters and their trees (`<model>/trees/offsets.json`) stay the ones `make embedded`
-# trained and calibrated, so every notebook of one run reads the same committed files. Which loss is deployed there is decided on the **validation** acceptance
-# (mean over offsets at the kept epoch), never on the evaluation split (`select_deployed`, written by
+# trained and calibrated, so every notebook of one run reads the same committed files. Which loss is deployed is
+# decided on the **validation** acceptance (mean over offsets at the kept epoch), never on the evaluation split (`select_deployed`, written by
 # `deploy_drafters`). Medusa heads hold one LM-head-sized matrix per (start depth, offset), so they go to
 # `medusa_dir` (git-ignored), not into the repository.
 

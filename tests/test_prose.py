@@ -3,8 +3,8 @@
 * A notebook's Markdown cell never types a measured number: a sentence stating one is a code cell that renders
   Markdown from the results (``IPython.display.Markdown``).
 * README.md and docs/*.md quote a measured number only in a paragraph (or a table together with the paragraph that
-  introduces it) that cites a committed table by name (`figures/NN_name.md`, `.csv`, `.json`, or
-  `data/embedded/eval.json`), and the number is in one of the tables it cites, up to the digits shown.
+  introduces it) that cites a committed table by name (`figures/NN_name.md`, `.csv`, `.json`, the run-time record
+  `figures/paper_run.md`, or `data/embedded/eval.json`), and the number is in one of the tables it cites, up to the digits shown.
 
 What counts as a measured number, and what is exempt, is defined once here (:func:`measured_numbers`) and described in
 docs/style.md; the negative controls below check that a typed number, an uncited one and one absent from its table
@@ -47,7 +47,8 @@ _ALLOWED = re.compile("|".join(f"(?:{a})" for a in ALLOWED))
 #: A sentence containing one of these words quotes a published value (the paper's or a cited work's), not ours.
 QUOTE_MARKERS = re.compile(r"\b(?:paper|paper's|reported|reports|quoted|arXiv)\b", re.IGNORECASE)
 #: A committed results file, cited by name (the `figures/` prefix may be left out).
-_CITATION = re.compile(r"`((?:figures/)?(?:[\w.-]+/)?\d\d_[\w.-]+\.(?:md|csv|json)|data/embedded/eval\.json)`")
+_CITATION = re.compile(r"`((?:figures/)?(?:[\w.-]+/)?\d\d_[\w.-]+\.(?:md|csv|json)|figures/paper_run\.(?:md|csv)"
+                       r"|data/embedded/eval\.json)`")
 
 
 def _strip_code(text: str) -> str:

@@ -18,17 +18,14 @@ graphs (the op has a fake implementation for tracing).
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import platform
-import shutil
-import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from rvqspec_lib.models.kernels import build
 
 SOURCE = Path(__file__).with_name("mgemv.c")
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC")
@@ -46,31 +43,12 @@ _warned = False
 
 def cache_dir() -> Path:
     """Where compiled kernels go: ``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``."""
-    return Path(os.environ.get("RVQSPEC_CACHE") or Path.home() / ".cache" / "rvqspec").expanduser()
+    return build.cache_dir()
 
 
 def _build() -> Path:
     """Compile ``mgemv.c`` into the cache folder unless a library of the same source and flags is there."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc/gcc) on PATH")
-    src = SOURCE.read_bytes()
-    tag = hashlib.sha256(src + " ".join((compiler,) + CFLAGS).encode()).hexdigest()[:12]
-    out = cache_dir() / f"mgemv-{tag}.so"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        r = subprocess.run([compiler, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {(r.stderr or r.stdout).strip().splitlines()[0][:200]}")
-        os.replace(tmp, out)  # atomic: another process never sees a half-written library
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    return build.build(SOURCE, CFLAGS)
 
 
 def _load():

@@ -1,0 +1,61 @@
+"""Compile a C source shipped in this folder into a shared library in the cache folder, once per source, compiler,
+flags and CPU (the kernels are built for the running CPU's instructions), and never load a half-written one.
+
+Used by :mod:`rvqspec_lib.models.kernels.mgemv` and :mod:`rvqspec_lib.models.kernels.cpforward`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels go: ``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``."""
+    return Path(os.environ.get("RVQSPEC_CACHE") or Path.home() / ".cache" / "rvqspec").expanduser()
+
+
+def _cpu_tag() -> bytes:
+    """The CPU's flags line (``-march=native`` builds differ from one CPU to the next)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.split(":")[0].strip() == "flags":
+                return line.encode()
+    except OSError:
+        pass
+    return b""
+
+
+def build(source: Path, cflags: tuple[str, ...], *, stem: str | None = None) -> Path:
+    """Compile ``source`` with ``cc *cflags`` into the cache folder unless a library of the same source, compiler,
+    flags and CPU is there; return its path.
+
+    The library is written to a temporary file and renamed: another process never sees a half-written library.
+
+    Raises:
+        RuntimeError: no C compiler on ``PATH`` (``$CC``, ``cc``, ``gcc``), or the compiler failed (its first line).
+    """
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc/gcc) on PATH")
+    src = Path(source).read_bytes()
+    tag = hashlib.sha256(src + " ".join((compiler,) + tuple(cflags)).encode() + _cpu_tag()).hexdigest()[:12]
+    out = cache_dir() / f"{stem or Path(source).stem}-{tag}.so"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([compiler, *cflags, "-o", tmp, str(source)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {(r.stderr or r.stdout).strip().splitlines()[0][:200]}")
+        os.replace(tmp, out)  # atomic
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out

@@ -1,0 +1,571 @@
+/* The code predictor's verify call in one C function, at the weight-streaming floor (docs/precision.md#the-native-forward).
+ *
+ * A code-predictor call with a few query rows reads every weight once and does a few multiply-adds with it: on a CPU
+ * its time is the time to stream its weights from memory. This file computes the whole call (5 decoder layers: RMSNorm,
+ * fused q/k/v projection, per-head q/k RMSNorm, RoPE, slot KV cache write, masked grouped-query attention, output
+ * projection, SwiGLU MLP; the final norm) and the per-depth head logits, so that one call from Python is one C call
+ * and every weight byte is read once, from a layout made for streaming:
+ *
+ *   panels of NB = 64 output channels; inside a panel the weights of one input index (or of a pair / quad of input
+ *   indices) for the 64 outputs are contiguous, so one panel is one sequential stream and the 64 outputs are four
+ *   512-bit accumulators per query row, updated with one broadcast of the row's input and one vector FMA
+ *   (float32), VDPBF16PS (bfloat16, and int8 weights widened to bfloat16) or VPDPBUSD (int8 x int8) per 64 bytes.
+ *
+ *   F32  [panel][K][64] float32            y = sum_k x_k w_k
+ *   BF16 [panel][K/2][64][2] bfloat16      pairs of inputs, VDPBF16PS
+ *   I8W  [panel][K/2][64][2] int8          weight-only int8: widened to bfloat16 in registers (exact), VDPBF16PS,
+ *                                          times the channel's scale
+ *   I8D  [panel][K/4][64][4] int8          int8 x int8 -> int32 (exact) with VPDPBUSD: each input row quantised with
+ *                                          its own scale, shifted by 128 to unsigned; 128 * sum_k w_k subtracted
+ *
+ * ROW INVARIANCE. Every output of every query row is one accumulator that runs over k in the same order whatever the
+ * number of rows in the call (rows are processed in blocks of at most MB rows; a block's size changes which registers
+ * hold a row, never its sequence of operations); norms, RoPE, attention and the MLP's gating are per row with fixed
+ * loop orders, and attention visits the allowed slots in slot order, skipping the others. So a row of a verify call is
+ * computed exactly as the same row alone in an AR call: bit for bit, in every precision (tested).
+ *
+ * ACTIVATIONS are float32 here; with `act_bf16` (the bfloat16 and int8 precisions, whose official module computes in
+ * bfloat16) every value is rounded to bfloat16 where the official module's bfloat16 arithmetic rounds it.
+ *
+ * Built on first use by rvqspec_lib/models/kernels/native.py with `cc -O3 -march=native` for the running CPU; the
+ * AVX-512 paths are compiled where the CPU has AVX512F (+ AVX512-BF16 for BF16/I8W, AVX512-VNNI for I8D), a plain C
+ * path (the same layouts and orders, slower) everywhere else. One thread. Not re-entrant per model handle.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { P_F32 = 0, P_BF16 = 1, P_I8W = 2, P_I8D = 3 };
+#ifndef NB
+#define NB 32      /* output channels per panel */
+#endif
+#ifndef MB
+#define MB 12      /* query rows per register block */
+#endif
+#define NV (NB / 16)  /* 512-bit accumulators per row */
+#define LANES 16   /* partial sums of the per-row reductions */
+
+int rvq_caps(void) {
+    int c = 0;
+#ifdef __AVX512F__
+    c |= 1;
+#endif
+#ifdef __AVX512BF16__
+    c |= 2;
+#endif
+#ifdef __AVX512VNNI__
+    c |= 4;
+#endif
+    return c;
+}
+
+static inline int group_of(int prec) { return prec == P_F32 ? 1 : prec == P_I8D ? 4 : 2; }
+static inline int esize_of(int prec) { return prec == P_F32 ? 4 : prec == P_BF16 ? 2 : 1; }
+
+static inline uint32_t f2u(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline float u2f(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+
+/* round a finite float32 to the nearest bfloat16 (ties to even), returned as float32; branch-free, so the loops that
+ * apply it vectorise (no NaN reaches it: inputs are finite activations) */
+static inline float rb(float x) {
+    uint32_t u = f2u(x);
+    return u2f((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+static inline uint16_t bf16_bits(float x) { return (uint16_t)(f2u(rb(x)) >> 16); }
+static inline float bf16_float(uint16_t b) { return u2f((uint32_t)b << 16); }
+
+/* e^x, branch-free (vectorises): Cody-Waite reduction by ln 2, a degree-7 polynomial (Cephes' expf coefficients),
+ * 2^n built in the exponent bits; x clamped to [-87.3, 88.3]; relative error about 2 ulp. The same function for every
+ * row, so rows stay bit-identical whatever their number. */
+static inline float fexp(float x) {
+    x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    float n = x * 1.44269504088896341f + 12582912.0f;  /* round to the nearest integer (1.5 * 2^23) */
+    n = n - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    return p * u2f((uint32_t)((int32_t)n + 127) << 23);
+}
+
+/* ---- per-row reductions with a fixed order (LANES partial sums, then a fixed tree): row invariant -------------- */
+
+#if defined(__AVX512F__)
+static inline float dot(const float *a, const float *b, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+static inline float absmax(const float *a, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(acc, _mm512_abs_ps(_mm512_loadu_ps(a + i)));
+    if (i < n) acc = _mm512_max_ps(acc, _mm512_abs_ps(_mm512_maskz_loadu_ps((__mmask16)((1u << (n - i)) - 1u), a + i)));
+    return _mm512_reduce_max_ps(acc);
+}
+#else
+static inline float dot(const float *a, const float *b, int n) {
+    float part[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) part[j] = fmaf(a[i + j], b[i + j], part[j]);
+    for (int j = 0; i < n; i++, j++) part[j] = fmaf(a[i], b[i], part[j]);
+    float s = 0.0f;
+    for (int j = 0; j < LANES; j++) s += part[j];
+    return s;
+}
+static inline float absmax(const float *a, int n) {
+    float m = 0.0f;
+    for (int i = 0; i < n; i++) { float v = fabsf(a[i]); m = v > m ? v : m; }
+    return m;
+}
+#endif
+static inline float sumsq(const float *a, int n) { return dot(a, a, n); }
+
+/* ---- packing ---------------------------------------------------------------------------------------------------- */
+
+size_t rvq_packed_bytes(int prec, int N, int K) {
+    size_t np = (size_t)(N + NB - 1) / NB, g = group_of(prec), kg = (K + g - 1) / g;
+    return np * kg * NB * g * esize_of(prec);
+}
+
+/* W: float32 (N, K) row-major (F32, BF16: values already bfloat16-representable) or int8 (N, K) (I8W, I8D).
+ * comp (I8D only, N int32): 128 * sum_k W[n, k], the correction of the unsigned shift. Padding is zero. */
+void rvq_pack(int prec, const void *W, int N, int K, void *out, int32_t *comp) {
+    int g = group_of(prec), kg = (K + g - 1) / g, np = (N + NB - 1) / NB;
+    memset(out, 0, rvq_packed_bytes(prec, N, K));
+    for (int p = 0; p < np; p++)
+        for (int j = 0; j < NB; j++) {
+            int n = p * NB + j;
+            if (n >= N) continue;
+            for (int k = 0; k < K; k++) {
+                size_t idx = (((size_t)p * kg + k / g) * NB + j) * g + k % g;
+                if (prec == P_F32) ((float *)out)[idx] = ((const float *)W)[(size_t)n * K + k];
+                else if (prec == P_BF16) ((uint16_t *)out)[idx] = bf16_bits(((const float *)W)[(size_t)n * K + k]);
+                else ((int8_t *)out)[idx] = ((const int8_t *)W)[(size_t)n * K + k];
+            }
+        }
+    if (prec == P_I8D && comp)
+        for (int n = 0; n < N; n++) {
+            int32_t s = 0;
+            for (int k = 0; k < K; k++) s += ((const int8_t *)W)[(size_t)n * K + k];
+            comp[n] = 128 * s;
+        }
+}
+
+/* ---- inputs in the kernels' formats ----------------------------------------------------------------------------- */
+
+/* BF16 / I8W: x (M, K) float32 -> pairs of bfloat16 (M, K2) uint32, zero padded */
+static void pack_x_bf16(const float *x, int ldx, int M, int K, uint32_t *xp) {
+    int k2 = (K + 1) / 2;
+    for (int m = 0; m < M; m++)
+        for (int i = 0; i < k2; i++) {
+            uint16_t lo = bf16_bits(x[(size_t)m * ldx + 2 * i]);
+            uint16_t hi = 2 * i + 1 < K ? bf16_bits(x[(size_t)m * ldx + 2 * i + 1]) : 0;
+            xp[(size_t)m * k2 + i] = (uint32_t)lo | ((uint32_t)hi << 16);
+        }
+}
+
+/* I8D: each row quantised as the official Int8Linear(dynamic=True) does: s = max(max|x|, 1e-30) / 127,
+ * q = round_half_even(x / s) clamped to [-127, 127]; stored + 128 as unsigned quads (M, K4) uint32, zero padded with
+ * q = 0 (128) whose product with the zero padding of the weights is 0. */
+static void pack_x_i8(const float *x, int ldx, int M, int K, uint32_t *xq, float *sx) {
+    int k4 = (K + 3) / 4;
+    for (int m = 0; m < M; m++) {
+        const float *r = x + (size_t)m * ldx;
+        float amax = absmax(r, K);
+        float s = (amax > 1e-30f ? amax : 1e-30f) / 127.0f;
+        sx[m] = s;
+        uint8_t *o = (uint8_t *)(xq + (size_t)m * k4);
+        for (int k = 0; k < K; k++) {
+            float q = r[k] / s + 12582912.0f;  /* round half to even, as torch.round */
+            q = q - 12582912.0f;
+            q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+            o[k] = (uint8_t)((int32_t)q + 128);
+        }
+        for (int k = K; k < 4 * k4; k++) o[k] = 128;
+    }
+}
+
+/* ---- the panel kernels: acc[m][0..63] for rows m < mb of one panel ----------------------------------------------- */
+
+#if defined(__AVX512F__)
+#ifndef PF_BYTES
+#define PF_BYTES 4096  /* software prefetch distance along a panel (every line of the stream is prefetched) */
+#endif
+#define PREFETCH(p, lines) do { for (int l_ = 0; l_ < (lines); l_++) _mm_prefetch((const char *)(p) + PF_BYTES + 64 * l_, _MM_HINT_T0); } while (0)
+
+static inline __attribute__((always_inline)) void blk_f32(const float *w, const float *x, int ldx, int K, float *acc,
+                                                          const int mb) {
+    __m512 a[MB][NV];
+    for (int m = 0; m < MB; m++) for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++, w += NB) {
+        PREFETCH(w, NV);
+        __m512 wv[NV];
+        for (int j = 0; j < NV; j++) wv[j] = _mm512_loadu_ps(w + 16 * j);
+        for (int m = 0; m < MB; m++) {
+            if (m >= mb) break;
+            __m512 b = _mm512_set1_ps(x[(size_t)m * ldx + k]);
+            for (int j = 0; j < NV; j++) a[m][j] = _mm512_fmadd_ps(wv[j], b, a[m][j]);
+        }
+    }
+    for (int m = 0; m < mb; m++) for (int j = 0; j < NV; j++) _mm512_storeu_ps(acc + m * NB + 16 * j, a[m][j]);
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+static inline __attribute__((always_inline)) void blk_bf16(const uint16_t *w, const uint32_t *xp, int k2, float *acc,
+                                                           const int mb) {
+    __m512 a[MB][NV];
+    for (int m = 0; m < MB; m++) for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_ps();
+    for (int i = 0; i < k2; i++, w += 2 * NB) {
+        PREFETCH(w, NV);
+        __m512bh wv[NV];
+        for (int j = 0; j < NV; j++) wv[j] = (__m512bh)_mm512_loadu_si512(w + 32 * j);
+        for (int m = 0; m < MB; m++) {
+            if (m >= mb) break;
+            __m512bh b = (__m512bh)_mm512_set1_epi32((int)xp[(size_t)m * k2 + i]);
+            for (int j = 0; j < NV; j++) a[m][j] = _mm512_dpbf16_ps(a[m][j], wv[j], b);
+        }
+    }
+    for (int m = 0; m < mb; m++) for (int j = 0; j < NV; j++) _mm512_storeu_ps(acc + m * NB + 16 * j, a[m][j]);
+}
+
+static inline __m512bh widen_i8(const int8_t *w) {  /* 32 int8 (16 outputs x a pair of inputs) -> bfloat16, exact */
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)w)));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 16))));
+    return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
+static inline __attribute__((always_inline)) void blk_i8w(const int8_t *w, const uint32_t *xp, int k2, float *acc,
+                                                          const int mb) {
+    __m512 a[MB][NV];
+    for (int m = 0; m < MB; m++) for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_ps();
+    for (int i = 0; i < k2; i++, w += 2 * NB) {
+        PREFETCH(w, (NV + 1) / 2);
+        __m512bh wv[NV];
+        for (int j = 0; j < NV; j++) wv[j] = widen_i8(w + 32 * j);
+        for (int m = 0; m < MB; m++) {
+            if (m >= mb) break;
+            __m512bh b = (__m512bh)_mm512_set1_epi32((int)xp[(size_t)m * k2 + i]);
+            for (int j = 0; j < NV; j++) a[m][j] = _mm512_dpbf16_ps(a[m][j], wv[j], b);
+        }
+    }
+    for (int m = 0; m < mb; m++) for (int j = 0; j < NV; j++) _mm512_storeu_ps(acc + m * NB + 16 * j, a[m][j]);
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+static inline __attribute__((always_inline)) void blk_i8d(const int8_t *w, const uint32_t *xq, int k4, int32_t *acc,
+                                                          const int mb) {
+    __m512i a[MB][NV];
+    for (int m = 0; m < MB; m++) for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_si512();
+    for (int i = 0; i < k4; i++, w += 4 * NB) {
+        PREFETCH(w, NV);
+        __m512i wv[NV];
+        for (int j = 0; j < NV; j++) wv[j] = _mm512_loadu_si512(w + 64 * j);
+        for (int m = 0; m < MB; m++) {
+            if (m >= mb) break;
+            __m512i b = _mm512_set1_epi32((int)xq[(size_t)m * k4 + i]);
+            for (int j = 0; j < NV; j++) a[m][j] = _mm512_dpbusd_epi32(a[m][j], b, wv[j]);
+        }
+    }
+    for (int m = 0; m < mb; m++) for (int j = 0; j < NV; j++) _mm512_storeu_si512(acc + m * NB + 16 * j, a[m][j]);
+}
+#endif
+
+/* Plain C versions: the same layouts and the same per-output order over k (used where the CPU lacks the
+ * instructions; a different rounding of the bfloat16 pair products than VDPBF16PS, so not bit-equal to it). */
+static void blk_generic(int prec, const void *wv, const float *x, int ldx, const uint32_t *xp, int kg, int K, int mb,
+                        float *acc, int32_t *iacc) {
+    for (int m = 0; m < mb; m++) {
+        for (int j = 0; j < NB; j++) { acc[m * NB + j] = 0.0f; iacc[m * NB + j] = 0; }
+        for (int i = 0; i < kg; i++) {
+            if (prec == P_F32) {
+                const float *w = (const float *)wv + (size_t)i * NB;
+                float b = x[(size_t)m * ldx + i];
+                for (int j = 0; j < NB; j++) acc[m * NB + j] = fmaf(w[j], b, acc[m * NB + j]);
+            } else if (prec == P_I8D) {
+                const int8_t *w = (const int8_t *)wv + (size_t)i * NB * 4;
+                const uint8_t *b = (const uint8_t *)(xp + (size_t)m * kg + i);
+                for (int j = 0; j < NB; j++)
+                    for (int t = 0; t < 4; t++) iacc[m * NB + j] += (int32_t)b[t] * (int32_t)w[j * 4 + t];
+            } else {
+                uint32_t pair = xp[(size_t)m * kg + i];
+                float b0 = bf16_float((uint16_t)(pair & 0xffff)), b1 = bf16_float((uint16_t)(pair >> 16));
+                for (int j = 0; j < NB; j++) {
+                    float w0, w1;
+                    if (prec == P_BF16) {
+                        const uint16_t *w = (const uint16_t *)wv + ((size_t)i * NB + j) * 2;
+                        w0 = bf16_float(w[0]); w1 = bf16_float(w[1]);
+                    } else {
+                        const int8_t *w = (const int8_t *)wv + ((size_t)i * NB + j) * 2;
+                        w0 = (float)w[0]; w1 = (float)w[1];
+                    }
+                    acc[m * NB + j] = fmaf(w0, b0, acc[m * NB + j]);
+                    acc[m * NB + j] = fmaf(w1, b1, acc[m * NB + j]);
+                }
+            }
+        }
+    }
+    (void)K;
+}
+
+static int fast_path(int prec) {
+    int c = rvq_caps();
+    if (!(c & 1)) return 0;
+    if (prec == P_BF16 || prec == P_I8W) return (c & 2) != 0;
+    if (prec == P_I8D) return (c & 4) != 0;
+    return 1;
+}
+
+/* ---- one linear layer: y (M, ldy) = epilogue(x (M, ldx) @ W.T) (no bias: the code predictor has none) ----------
+ * scale: per output (I8W, I8D), float; comp: I8D's correction; act_bf16: round outputs to
+ * bfloat16 as the official module's bfloat16 F.linear / int8 kernel returns them. work: >= M * (K + 4) + 2 * MB * NB
+ * floats of scratch. */
+typedef struct {
+    int prec, N, K;
+    const void *w;
+    const float *scale;
+    const int32_t *comp;
+} Linear;
+
+static void linear_run(const Linear *L, const float *x, int ldx, float *y, int ldy, int M, int act_bf16, float *work) {
+    int prec = L->prec, N = L->N, K = L->K, g = group_of(prec), kg = (K + g - 1) / g, np = (N + NB - 1) / NB;
+    uint32_t *xp = (uint32_t *)work;
+    float *sx = work + (size_t)M * kg;
+    float *acc = sx + M;
+    int32_t *iacc = (int32_t *)(acc + MB * NB);
+    if (prec == P_BF16 || prec == P_I8W) pack_x_bf16(x, ldx, M, K, xp);
+    else if (prec == P_I8D) pack_x_i8(x, ldx, M, K, xp, sx);
+    int fast = fast_path(prec);
+    size_t panel_bytes = (size_t)kg * NB * g * esize_of(prec);
+    for (int p = 0; p < np; p++) {
+        const char *wp = (const char *)L->w + (size_t)p * panel_bytes;
+        for (int m0 = 0; m0 < M; m0 += MB) {
+            int mb = M - m0 < MB ? M - m0 : MB;
+            if (fast) {
+#define BY_ROWS(call) switch (mb) { case 1: call(1); break; case 2: call(2); break; case 3: call(3); break; \
+    case 4: call(4); break; case 5: call(5); break; case 6: call(6); break; case 7: call(7); break; \
+    case 8: call(8); break; case 9: call(9); break; case 10: call(10); break; case 11: call(11); break; \
+    default: call(12); }
+#if defined(__AVX512F__)
+#define C_F32(k) blk_f32((const float *)wp, x + (size_t)m0 * ldx, ldx, K, acc, k)
+                if (prec == P_F32) BY_ROWS(C_F32)
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define C_BF16(k) blk_bf16((const uint16_t *)wp, xp + (size_t)m0 * kg, kg, acc, k)
+#define C_I8W(k) blk_i8w((const int8_t *)wp, xp + (size_t)m0 * kg, kg, acc, k)
+                if (prec == P_BF16) BY_ROWS(C_BF16)
+                if (prec == P_I8W) BY_ROWS(C_I8W)
+#endif
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define C_I8D(k) blk_i8d((const int8_t *)wp, xp + (size_t)m0 * kg, kg, iacc, k)
+                if (prec == P_I8D) BY_ROWS(C_I8D)
+#endif
+            } else {
+                blk_generic(prec, wp, x + (size_t)m0 * ldx, ldx, xp + (size_t)m0 * kg, kg, K, mb, acc, iacc);
+            }
+            int nv = N - p * NB < NB ? N - p * NB : NB;
+            for (int m = 0; m < mb; m++) {
+                float *yr = y + (size_t)(m0 + m) * ldy + (size_t)p * NB;
+                const float *a = acc + m * NB;
+                if (prec == P_I8D) {
+                    const int32_t *ia = iacc + m * NB, *cp = L->comp + (size_t)p * NB;
+                    const float *sc = L->scale + (size_t)p * NB;
+                    float s = sx[m0 + m];
+                    for (int j = 0; j < nv; j++) yr[j] = ((float)(ia[j] - cp[j]) * s) * sc[j];
+                } else if (prec == P_I8W) {
+                    const float *sc = L->scale + (size_t)p * NB;
+                    if (act_bf16) for (int j = 0; j < nv; j++) yr[j] = rb(a[j] * sc[j]);
+                    else for (int j = 0; j < nv; j++) yr[j] = a[j] * sc[j];
+                } else if (act_bf16) {
+                    for (int j = 0; j < nv; j++) yr[j] = rb(a[j]);
+                } else {
+                    memcpy(yr, a, sizeof(float) * nv);
+                }
+            }
+        }
+    }
+}
+
+size_t rvq_linear_work(int prec, int M, int K) {
+    return (size_t)M * (K + 8) + 2 * MB * NB + 64;
+}
+
+/* A linear layer called from Python (the per-depth heads). */
+void rvq_linear(int prec, const void *w, const float *scale, const int32_t *comp, int N, int K,
+                const float *x, float *y, int M, int act_bf16, float *work) {
+    Linear L = {prec, N, K, w, scale, comp};
+    linear_run(&L, x, K, y, N, M, act_bf16, work);
+}
+
+/* ---- the model -------------------------------------------------------------------------------------------------- */
+
+enum { W_QKV = 0, W_O = 1, W_GU = 2, W_DOWN = 3 };
+enum { N_IN = 0, N_POST = 1, N_Q = 2, N_K = 3 };
+
+typedef struct {
+    int prec, L, H, NH, NKV, D, I, act_bf16;
+    float eps, scaling;
+    Linear *lin;          /* L x 4 */
+    const float **norms;  /* L x 4 (input, post-attention, q, k) */
+    const float *final_norm;
+    float *work;
+    size_t work_len;
+} Model;
+
+void *rvq_model_new(int prec, int L, int H, int NH, int NKV, int D, int I, float eps, int act_bf16) {
+    Model *m = (Model *)calloc(1, sizeof(Model));
+    if (!m) return NULL;
+    m->prec = prec; m->L = L; m->H = H; m->NH = NH; m->NKV = NKV; m->D = D; m->I = I; m->eps = eps;
+    m->act_bf16 = act_bf16;
+    m->scaling = 1.0f / sqrtf((float)D);
+    m->lin = (Linear *)calloc((size_t)L * 4, sizeof(Linear));
+    m->norms = (const float **)calloc((size_t)L * 4, sizeof(float *));
+    if (!m->lin || !m->norms) { free(m->lin); free(m->norms); free(m); return NULL; }
+    return m;
+}
+
+void rvq_model_free(void *h) {
+    Model *m = (Model *)h;
+    if (!m) return;
+    free(m->lin); free(m->norms); free(m->work); free(m);
+}
+
+void rvq_model_set_linear(void *h, int layer, int which, const void *w, const float *scale, const int32_t *comp,
+                          int N, int K) {
+    Model *m = (Model *)h;
+    Linear L = {m->prec, N, K, w, scale, comp};
+    m->lin[layer * 4 + which] = L;
+}
+
+void rvq_model_set_norm(void *h, int layer, int which, const float *w) {
+    Model *m = (Model *)h;
+    if (layer < 0) m->final_norm = w; else m->norms[layer * 4 + which] = w;
+}
+
+/* RMSNorm of n values as the official Qwen3RMSNorm: statistics in float32, x * rsqrt(mean(x^2) + eps) rounded to the
+ * activation dtype, then times the weight (rounded again in bfloat16). Fixed-order partial sums (row invariant). */
+static void rms(const float *x, const float *w, float *y, int n, float eps, int bf) {
+    float s = sumsq(x, n);
+    int i;
+    float r = 1.0f / sqrtf(s / (float)n + eps);
+    if (bf) for (i = 0; i < n; i++) y[i] = rb(w[i] * rb(x[i] * r));
+    else for (i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+static void ensure_work(Model *m, size_t n) {
+    if (m->work_len >= n) return;
+    free(m->work);
+    m->work = (float *)aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
+    m->work_len = m->work ? n : 0;
+}
+
+/* THE verify call (rvqspec_lib.decoding.predictor.verify_forward's contract):
+ *   x (B*Q, H) inputs; cos, sin (B*Q, D) the rotary tables at each row's position; allow (B, Q, S) uint8;
+ *   write (B, Q) int64 slots; kc, vc (L, B, NKV, S, D) float32, written at the call's slots;
+ *   out (B*Q, H) after the final norm.
+ * Returns 0, or -1 when scratch memory could not be allocated. */
+int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
+                const int64_t *write, float *kc, float *vc, int B, int Q, int S, float *out) {
+    Model *m = (Model *)h;
+    int R = B * Q, H = m->H, NH = m->NH, NKV = m->NKV, D = m->D, I = m->I, bf = m->act_bf16;
+    int NQKV = (NH + 2 * NKV) * D, rep = NH / NKV, half = D / 2;
+    int kmax = H > NH * D ? H : NH * D;
+    kmax = kmax > I ? kmax : I;
+    size_t lw = rvq_linear_work(m->prec, R, kmax);
+    size_t need = (size_t)R * (H + H + NQKV + NH * D + 2 * I) + (size_t)S + lw;
+    ensure_work(m, need);
+    if (!m->work) return -1;
+    float *x = m->work, *hb = x + (size_t)R * H, *qkv = hb + (size_t)R * H, *att = qkv + (size_t)R * NQKV,
+          *gu = att + (size_t)R * NH * D, *sc = gu + (size_t)R * 2 * I, *lwork = sc + S;
+    memcpy(x, x_in, sizeof(float) * (size_t)R * H);
+    for (int l = 0; l < m->L; l++) {
+        const Linear *lin = m->lin + l * 4;
+        const float **nw = m->norms + l * 4;
+        float *kl = kc + (size_t)l * B * NKV * S * D, *vl = vc + (size_t)l * B * NKV * S * D;
+        for (int r = 0; r < R; r++) rms(x + (size_t)r * H, nw[N_IN], hb + (size_t)r * H, H, m->eps, bf);
+        linear_run(&lin[W_QKV], hb, H, qkv, NQKV, R, bf, lwork);
+        /* q, k: per-head RMSNorm then RoPE (q * cos + rotate_half(q) * sin); k, v into the cache */
+        float tmp[1024], rot_t[1024];
+        for (int r = 0; r < R; r++) {
+            int b = r / Q, qi = r % Q;
+            const float *c = cos_t + (size_t)r * D, *s = sin_t + (size_t)r * D;
+            float *row = qkv + (size_t)r * NQKV;
+            for (int hh = 0; hh < NH + NKV; hh++) {
+                float *v = row + (size_t)hh * D;
+                rms(v, nw[hh < NH ? N_Q : N_K], tmp, D, m->eps, bf);
+                for (int d = 0; d < half; d++) rot_t[d] = -tmp[d + half];
+                for (int d = half; d < D; d++) rot_t[d] = tmp[d - half];
+                if (bf) for (int d = 0; d < D; d++) v[d] = rb(rb(tmp[d] * c[d]) + rb(rot_t[d] * s[d]));
+                else for (int d = 0; d < D; d++) v[d] = tmp[d] * c[d] + rot_t[d] * s[d];
+            }
+            int64_t slot = write[(size_t)b * Q + qi];
+            for (int kh = 0; kh < NKV; kh++) {
+                size_t off = (((size_t)b * NKV + kh) * S + slot) * D;
+                memcpy(kl + off, row + (size_t)(NH + kh) * D, sizeof(float) * D);
+                memcpy(vl + off, row + (size_t)(NH + NKV + kh) * D, sizeof(float) * D);
+            }
+        }
+        /* attention: each row over its allowed slots, in slot order */
+        for (int r = 0; r < R; r++) {
+            int b = r / Q, qi = r % Q;
+            const uint8_t *al = allow + ((size_t)b * Q + qi) * S;
+            float *row = qkv + (size_t)r * NQKV;
+            for (int hh = 0; hh < NH; hh++) {
+                int kh = hh / rep;
+                const float *q = row + (size_t)hh * D;
+                const float *kb = kl + ((size_t)b * NKV + kh) * S * D, *vb = vl + ((size_t)b * NKV + kh) * S * D;
+                float mx = -INFINITY;
+                for (int j = 0; j < S; j++) {
+                    if (!al[j]) continue;
+                    sc[j] = dot(q, kb + (size_t)j * D, D) * m->scaling;
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                float sum = 0.0f;
+                for (int j = 0; j < S; j++) {
+                    if (!al[j]) continue;
+                    sc[j] = fexp(sc[j] - mx);
+                    sum += sc[j];
+                }
+                float inv = 1.0f / sum, *o = att + (size_t)r * NH * D + (size_t)hh * D;
+                for (int d = 0; d < D; d++) o[d] = 0.0f;
+                for (int j = 0; j < S; j++) {
+                    if (!al[j]) continue;
+                    float pj = sc[j] * inv;
+                    const float *vv = vb + (size_t)j * D;
+                    for (int d = 0; d < D; d++) o[d] = fmaf(pj, vv[d], o[d]);
+                }
+                if (bf) for (int d = 0; d < D; d++) o[d] = rb(o[d]);
+            }
+        }
+        linear_run(&lin[W_O], att, NH * D, hb, H, R, bf, lwork);
+        if (bf) for (size_t i = 0; i < (size_t)R * H; i++) x[i] = rb(x[i] + hb[i]);
+        else for (size_t i = 0; i < (size_t)R * H; i++) x[i] = x[i] + hb[i];
+        for (int r = 0; r < R; r++) rms(x + (size_t)r * H, nw[N_POST], hb + (size_t)r * H, H, m->eps, bf);
+        linear_run(&lin[W_GU], hb, H, gu, 2 * I, R, bf, lwork);
+        for (int r = 0; r < R; r++) {
+            float *g = gu + (size_t)r * 2 * I, *u = g + I;
+            if (bf) for (int i = 0; i < I; i++) g[i] = rb(rb(g[i] / (1.0f + fexp(-g[i]))) * u[i]);
+            else for (int i = 0; i < I; i++) g[i] = g[i] / (1.0f + fexp(-g[i])) * u[i];
+        }
+        linear_run(&lin[W_DOWN], gu, 2 * I, hb, H, R, bf, lwork);
+        if (bf) for (size_t i = 0; i < (size_t)R * H; i++) x[i] = rb(x[i] + hb[i]);
+        else for (size_t i = 0; i < (size_t)R * H; i++) x[i] = x[i] + hb[i];
+    }
+    for (int r = 0; r < R; r++) rms(x + (size_t)r * H, m->final_norm, out + (size_t)r * H, H, m->eps, bf);
+    return 0;
+}

@@ -1,0 +1,210 @@
+"""The native forward: the code predictor's verify call as ONE C call over packed copies of the official module's
+weights, at the weight-streaming floor (docs/precision.md#the-native-forward).
+
+A code-predictor call of the real-size architecture reads about 80 M weights and multiplies each with a handful of
+query rows: it is bound by reading the weights. torch's own kernels stream them at about half the machine's read
+bandwidth on one thread and the module's Python and operator dispatch adds about a millisecond per call, so the
+official call runs at 2.4-3.8x its floor (``rvqspec bench --dtype ...`` on the machines of this project).
+:class:`NativeCodePredictor` packs the weights once into the C kernels' panel layout
+(:mod:`rvqspec_lib.models.kernels.cpforward`) and runs the whole layer stack, and the per-depth heads, in C.
+
+It is a verify backend (:class:`rvqspec_lib.decoding.predictor.VerifyBackend`): ``decode_frame(...,
+backend=NativeCodePredictor(cp))`` runs any decoder through it, in the precision ``cp`` was converted to
+(:func:`rvqspec_lib.models.precision.apply_precision`: float32, bfloat16, int8, int8-dynamic).
+
+Two properties, both tested (tests/test_native.py):
+
+* **Row invariance.** Each query row of a call is computed exactly as the same row alone: a verify call's logits
+  equal, bit for bit, the logits of the AR calls over the same codes. Speculation through this backend computes
+  exactly what AR through it computes, in every precision.
+* **Equal to the official module in the same precision** to a stated tolerance (float32: summation order only;
+  bfloat16 / int8: the same rounding points as the official bfloat16 arithmetic, a different order), and greedy codes
+  equal where the official top-2 margin is clear.
+
+The KV cache is float32 (values rounded to bfloat16 in the bfloat16 precisions, as the official cache holds them).
+Embeddings and ``small_to_mtp_projection`` stay the official module's (a table lookup; an identity on the 0.6B).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.models.kernels import cpforward as C
+from rvqspec_lib.models.lean import ROPE_POSITIONS, LeanCache
+from rvqspec_lib.models.precision import Int8Linear, precision_of
+
+
+def _weight_of(module: nn.Module, precision: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, scale) of a linear layer as the packer takes them."""
+    if isinstance(module, Int8Linear):
+        if module.bias is not None:
+            raise ValueError("the native forward packs linear layers without bias (the released code predictors "
+                             "have none)")
+        return module.weight_int8, module.scale.to(torch.float32)
+    if getattr(module, "bias", None) is not None:
+        raise ValueError("the native forward packs linear layers without bias (the released code predictors have none)")
+    return module.weight.detach().to(torch.float32), None
+
+
+def _packed(precision: str, modules: list[nn.Module]) -> C.PackedLinear:
+    """The layers' weights stacked along the outputs (q, k, v -> one layer; gate, up -> one) and packed."""
+    ws = [_weight_of(m, precision) for m in modules]
+    w = torch.cat([a for a, _ in ws], 0)
+    s = None if ws[0][1] is None else torch.cat([b for _, b in ws], 0)
+    return C.PackedLinear(precision, w, s)
+
+
+class NativeCodePredictor:
+    """The verify backend whose call is one C function over packed weights (module docstring).
+
+    Args:
+        code_predictor: the official module (``model.talker.code_predictor``) in float32, bfloat16, int8 or
+            int8-dynamic (:func:`rvqspec_lib.models.precision.apply_precision`), on the CPU. Its weights are COPIED
+            into the packed layout at construction: later changes to the module's weights are not seen (build a new
+            backend after training).
+
+    Attributes: ``precision``, ``fast`` (whether this precision runs through the AVX-512 path of this CPU, else the
+    plain C path), ``name`` (``"native"``).
+
+    Raises:
+        ValueError: not the official code predictor; a dtype other than the four precisions; a head width over
+            :data:`~rvqspec_lib.models.kernels.cpforward.MAX_HEAD_DIM`; a RoPE type other than the default; linear
+            layers with biases; a module not on the CPU.
+        RuntimeError: the C library cannot be built here (the reason, one line).
+    """
+
+    name = "native"
+
+    def __init__(self, code_predictor):
+        if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
+                and hasattr(code_predictor.model, "layers")):
+            raise ValueError(f"NativeCodePredictor needs the official code predictor (lm.code_predictor), got "
+                             f"{type(code_predictor).__name__}")
+        precision = precision_of(code_predictor)
+        if precision not in C.PREC_CODE:
+            raise ValueError(f"the native forward runs float32, bfloat16, int8 or int8-dynamic, not {precision}: "
+                             f"convert with apply_precision(cp, 'float32') first")
+        p0 = next(code_predictor.parameters())
+        if p0.device.type != "cpu":
+            raise ValueError(f"the native forward runs on the CPU; the code predictor is on {p0.device}: use "
+                             f"--backend eager/compile/cuda there")
+        cfg = code_predictor.config
+        rope = getattr(cfg, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"the native forward supports plain RoPE only, this config has rope_scaling={rope}")
+        lib = C.lib()
+        self.code_predictor, self.precision = code_predictor, precision
+        self.dtype, self.device = p0.dtype if precision != "int8-dynamic" else torch.float32, p0.device
+        self.act_bf16 = precision in C.BF16_ACTIVATIONS
+        self.fast = precision in C.fast_precisions()
+        m = code_predictor.model
+        self.n_layers = len(m.layers)
+        self.n_heads, self.n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.hidden = int(cfg.hidden_size)
+        if self.head_dim > C.MAX_HEAD_DIM or self.head_dim % 2:
+            raise ValueError(f"the native forward needs an even head width <= {C.MAX_HEAD_DIM}, got {self.head_dim}")
+        inter = int(m.layers[0].mlp.gate_proj.out_features)
+        code = C.PREC_CODE[precision]
+        self._handle = lib.rvq_model_new(code, self.n_layers, self.hidden, self.n_heads, self.n_kv, self.head_dim,
+                                         inter, float(cfg.rms_norm_eps), int(self.act_bf16))
+        if not self._handle:
+            raise RuntimeError("the native forward could not allocate its model")
+        self._keep: list = []
+        with torch.no_grad():
+            for i, layer in enumerate(m.layers):
+                att, mlp = layer.self_attn, layer.mlp
+                for which, mods in enumerate(([att.q_proj, att.k_proj, att.v_proj], [att.o_proj],
+                                              [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])):
+                    pk = _packed(precision, mods)
+                    self._keep.append(pk)
+                    lib.rvq_model_set_linear(self._handle, i, which, C.ptr(pk.data), C.ptr(pk.scale), C.ptr(pk.comp),
+                                             pk.n, pk.k)
+                for which, norm in enumerate((layer.input_layernorm, layer.post_attention_layernorm, att.q_norm,
+                                              att.k_norm)):
+                    w = norm.weight.detach().to(torch.float32).contiguous()
+                    self._keep.append(w)
+                    lib.rvq_model_set_norm(self._handle, i, which, C.ptr(w))
+            w = m.norm.weight.detach().to(torch.float32).contiguous()
+            self._keep.append(w)
+            lib.rvq_model_set_norm(self._handle, -1, 0, C.ptr(w))
+            self.heads = [_packed(precision, [h]) for h in code_predictor.lm_head]
+            rot_dtype = torch.float32 if precision == "int8-dynamic" else p0.dtype
+            cos, sin = m.rotary_emb(torch.zeros(1, dtype=rot_dtype), torch.arange(ROPE_POSITIONS)[None])
+        self.cos, self.sin = cos[0].to(torch.float32).contiguous(), sin[0].to(torch.float32).contiguous()
+
+    def __del__(self):
+        h = getattr(self, "_handle", None)
+        if h and C._lib is not None:
+            C._lib.rvq_model_free(h)
+            self._handle = None
+
+    # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend) -----------------------------------------
+    def new_cache(self, batch: int, slots: int) -> LeanCache:
+        """An empty float32 cache of ``slots`` slots for ``batch`` rows: ``k``, ``v`` ``(layers, B, kv, slots, D)``."""
+        shape = (self.n_layers, batch, self.n_kv, slots, self.head_dim)
+        return LeanCache(torch.zeros(shape), torch.zeros(shape))
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache: LeanCache,
+                write_slots: torch.Tensor) -> torch.Tensor:
+        """The verify call; arguments and result as :func:`rvqspec_lib.decoding.predictor.verify_forward` (the
+        result in the module's activation dtype)."""
+        b, q_len, _ = embeds.shape
+        s = cache.n_slots
+        x = embeds.reshape(b * q_len, -1).to(torch.float32).contiguous()
+        pos = positions.reshape(-1).clamp(0, ROPE_POSITIONS - 1)
+        cos, sin = self.cos[pos].contiguous(), self.sin[pos].contiguous()
+        al = allow.to(torch.uint8).contiguous()
+        wr = write_slots.to(torch.int64).contiguous()
+        if not (cache.k.is_contiguous() and cache.v.is_contiguous()):
+            cache.k, cache.v = cache.k.contiguous(), cache.v.contiguous()
+        out = torch.empty(b * q_len, self.hidden, dtype=torch.float32)
+        rc = C.lib().rvq_forward(self._handle, C.ptr(x), C.ptr(cos), C.ptr(sin), C.ptr(al), C.ptr(wr),
+                                 C.ptr(cache.k), C.ptr(cache.v), b, q_len, s, C.ptr(out))
+        if rc != 0:
+            raise MemoryError("the native forward could not allocate its scratch memory")
+        return out.view(b, q_len, self.hidden).to(self.dtype)
+
+    def compact(self, cache: LeanCache, order: torch.Tensor) -> None:
+        """Reorder slots: slot ``order[b, i]`` moves to position i (``order`` ``(B, slots)`` int64)."""
+        if order.shape[0] == 1:
+            cache.k, cache.v = cache.k.index_select(3, order[0]), cache.v.index_select(3, order[0])
+            return
+        idx = order[None, :, None, :, None].expand_as(cache.k)
+        cache.k, cache.v = cache.k.gather(3, idx), cache.v.gather(3, idx)
+
+    def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """Projected input embeddings through the official tables (:func:`rvqspec_lib.decoding.predictor.embed_codes`)."""
+        return P.embed_codes(self.code_predictor, codes, depth)
+
+    def head(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        """``lm_head[index]`` applied to ``hidden`` ``(N, H)`` through the C kernel: ``(N, V)`` in the activation
+        dtype."""
+        x = hidden.reshape(-1, self.hidden).to(torch.float32).contiguous()
+        return self.heads[index](x, act_bf16=self.act_bf16).to(self.dtype)
+
+    def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """Head logits row by row (``lm_head[head[i]]`` on ``hidden[i]``), as
+        :func:`rvqspec_lib.decoding.predictor.head_logits`: ``(N, V)`` in the activation dtype."""
+        head = head.clamp(0, len(self.heads) - 1)
+        first = int(head[0]) if head.numel() else 0
+        if head.numel() and bool((head == first).all()):
+            return self.head(first, hidden)
+        out = torch.empty(hidden.shape[0], self.heads[0].n, dtype=self.dtype)
+        for i in torch.unique(head).tolist():
+            sel = head == i
+            out[sel] = self.head(i, hidden[sel])
+        return out
+
+    def apply(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A linear layer of the code predictor applied to ``x`` ``(..., in)``: a per-depth head through the C kernel,
+        any other layer through its own forward. Returns ``(..., out)`` in the activation dtype."""
+        for i, h in enumerate(self.code_predictor.lm_head):
+            if module is h:
+                return self.head(i, x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+        return module(x.to(self.dtype))
+
+    def __repr__(self) -> str:
+        return f"NativeCodePredictor(precision={self.precision!r}, fast={self.fast})"

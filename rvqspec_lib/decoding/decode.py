@@ -353,13 +353,17 @@ def draft(code_predictor, drafter, plan: RoundPlan, state: FrameState, sampling:
     """Step 1, draft: q for depths s+1..s+K from H_s, then the nodes' codes (sampled for Chain, top-ranked for Tree).
 
     Random numbers drawn here (sampled drafts only): Chain, one draft per offset in offset order; a sampled Tree,
-    :func:`sample_tree_drafts`. All before any acceptance draw.
+    :func:`sample_tree_drafts`. All before any acceptance draw. The code predictor's own heads are applied through the
+    frame's backend (`state.backend.logits`) when the drafter takes it (`takes_logits`, rvqspec_lib.decoding.drafters).
     """
     cp, b, k_max = code_predictor, state.codes.shape[0], plan.tree.max_depth
     root = state.codes.gather(1, (state.s - 1).clamp(max=state.n_codes - 1)[:, None])  # (B, 1) the last code
     if k_max == 0:
         return Draft(root, None)
-    d_logits = drafter.draft_logits(cp, state.h, state.s, k_max)  # (B, K, V)
+    if getattr(drafter, "takes_logits", False):  # the code predictor's heads through the frame's forward
+        d_logits = drafter.draft_logits(cp, state.h, state.s, k_max, logits=state.backend.logits)  # (B, K, V)
+    else:
+        d_logits = drafter.draft_logits(cp, state.h, state.s, k_max)
     if plan.sampled and not plan.chain_shaped:
         node_codes = torch.zeros(b, plan.n_query, dtype=torch.long, device=root.device)
         node_codes[:, :1] = root

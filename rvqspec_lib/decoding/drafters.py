@@ -12,6 +12,12 @@ docs/methods.md#decoding-methods).
 * :class:`PositionOffsets` (row (iii), the paper's method): ``lm_head[k+j-1](H_k + b_j)``, K learned vectors shared by
   every start depth; backbone and heads frozen.
 
+``draft_logits`` also takes ``logits=``: the verify backend's head logits (``backend.logits(hidden (N, H),
+head (N,)) -> (N, V)``), so that the code predictor's own heads are applied by the same forward as the verify call's
+(a faster one, e.g. ``rvqspec_lib.models.native``); ``None`` applies the official modules
+(:func:`rvqspec_lib.decoding.predictor.head_logits`). A drafter's own parameters (Medusa heads) are always applied by
+the drafter. Drafters that accept it say so with ``takes_logits = True`` (the decode loop passes it only then).
+
 Trained drafters of K offsets draft only offsets j <= K themselves; a window that asks for more (``Chain(8)`` drafts
 7 ahead) gets the reused head ``lm_head[k+j-1](H_k)`` for j > K (no trained parameters exist for those offsets).
 Saving and loading drafters (files, model folders) is model access: :mod:`rvqspec_lib.models.drafter_files`.
@@ -32,6 +38,12 @@ DRAFTERS = ("heads", "offsets", "medusa")
 DEFAULT_K = 3
 
 
+def _heads(code_predictor, hidden: torch.Tensor, head: torch.Tensor, logits) -> torch.Tensor:
+    """The code predictor's own heads on rows of ``hidden`` ``(N, H)`` (``head`` ``(N,)``): through a backend's
+    ``logits`` when given, else the official modules."""
+    return head_logits(code_predictor, hidden, head) if logits is None else logits(hidden, head)
+
+
 def _offsets(n_ahead: int, device) -> torch.Tensor:
     return torch.arange(1, n_ahead + 1, device=device)
 
@@ -46,13 +58,16 @@ class ReusedHeads:
     name = "heads"
     K = None
     params_added = 0
+    takes_logits = True
 
-    def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int) -> torch.Tensor:
+    def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
+                     logits=None) -> torch.Tensor:
         """Draft logits.
 
         Args:
             hidden: ``(B, H)`` hidden state H_k that produced code k. depth: ``(B,)`` int64 k (1..n_codes).
-            n_ahead: number of depths to draft.
+            n_ahead: number of depths to draft. logits: a verify backend's head logits (module docstring), or
+                ``None`` for the official heads.
 
         Returns:
             ``(B, n_ahead, V)`` logits; entry j-1 drafts depth k+j with ``lm_head[k+j-1]``. Entries past the last
@@ -62,7 +77,7 @@ class ReusedHeads:
         j = _offsets(n_ahead, hidden.device)
         head = (depth[:, None] + j[None, :] - 1).reshape(-1)  # (B*K,)
         h = hidden[:, None, :].expand(b, n_ahead, hidden.shape[-1]).reshape(b * n_ahead, -1)
-        return head_logits(code_predictor, h, head).reshape(b, n_ahead, -1)
+        return _heads(code_predictor, h, head, logits).reshape(b, n_ahead, -1)
 
     def describe(self) -> dict:
         return {"name": self.name, "K": None, "params_added": 0}
@@ -82,6 +97,7 @@ class PositionOffsets(nn.Module):
     """
 
     name = "offsets"
+    takes_logits = True
 
     def __init__(self, K: int = DEFAULT_K, hidden_size: int = 1024):
         super().__init__()
@@ -107,7 +123,8 @@ class PositionOffsets(nn.Module):
     def params_added(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int) -> torch.Tensor:
+    def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
+                     logits=None) -> torch.Tensor:
         """Draft logits, as :meth:`ReusedHeads.draft_logits` with ``H_k + b_j`` in place of ``H_k``.
 
         Differentiable in the offsets (the heads are the code predictor's; freeze them to train).
@@ -124,7 +141,7 @@ class PositionOffsets(nn.Module):
             off = torch.cat([off, off.new_zeros(n_ahead - n_off, hs)], 0)
         h = hidden[:, None, :] + off[None]  # (B, n_ahead, H)
         head = (depth[:, None] + _offsets(n_ahead, hidden.device)[None, :] - 1).reshape(-1)
-        return head_logits(code_predictor, h.reshape(b * n_ahead, hs), head).reshape(b, n_ahead, -1)
+        return _heads(code_predictor, h.reshape(b * n_ahead, hs), head, logits).reshape(b, n_ahead, -1)
 
     def config(self) -> dict:
         return {"K": self.K, "hidden_size": self.hidden_size}
@@ -175,6 +192,7 @@ class MedusaHeads(nn.Module):
     """
 
     name = "medusa"
+    takes_logits = True
 
     def __init__(self, K: int = DEFAULT_K, n_codes: int = 15, hidden_size: int = 1024, vocab_size: int = 2048,
                  residual_block: bool = False):
@@ -213,7 +231,8 @@ class MedusaHeads(nn.Module):
     def params_added(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int) -> torch.Tensor:
+    def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
+                     logits=None) -> torch.Tensor:
         """Draft logits: ``head[k, j](H_k)`` where the head exists, the reused head ``lm_head[k+j-1](H_k)`` for
         offsets past K, clamped-head logits (to be ignored) past the last depth.
 
@@ -236,7 +255,7 @@ class MedusaHeads(nn.Module):
             w_dtype = self.heads[0].linear.weight.dtype
             out[own] = head_logits(code_predictor, h[own].to(w_dtype), idx[own], heads=self.heads).to(hidden.dtype)
         if not bool(own.all()):
-            out[~own] = head_logits(code_predictor, h[~own], (k + j - 1)[~own])
+            out[~own] = _heads(code_predictor, h[~own], (k + j - 1)[~own], logits).to(out.dtype)
         return out
 
     def config(self) -> dict:

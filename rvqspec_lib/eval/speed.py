@@ -105,10 +105,11 @@ class TimedDrafter:
 
     def __init__(self, drafter, clock: Clock):
         self.drafter, self.clock = drafter, clock
+        self.takes_logits = bool(getattr(drafter, "takes_logits", False))
 
-    def draft_logits(self, code_predictor, hidden, depth, n_ahead):
+    def draft_logits(self, code_predictor, hidden, depth, n_ahead, **kwargs):
         t0 = time.perf_counter()
-        out = self.drafter.draft_logits(code_predictor, hidden, depth, n_ahead)
+        out = self.drafter.draft_logits(code_predictor, hidden, depth, n_ahead, **kwargs)
         self.clock.heads_s += time.perf_counter() - t0
         return out
 

@@ -128,12 +128,32 @@ def test_bench_precisions_rows_and_ratios_with_a_fake_clock(monkeypatch):
     assert "RANDOM weights: timing only" in lines[0] and "threads" in lines[0]
     assert lines[1].startswith("CPU ") and "native precisions: float32" in lines[1] and "bf16 flags" in lines[1]
     assert "read bandwidth 10.0 GB/s" in lines[2]
-    assert lines[3].split() == ["precision", "t(1)", "ms", "t(2)/t(1)", "t(4)/t(1)", "t(8)/t(1)", "t(16)/t(1)",
-                                "MB/call", "floor", "ms", "t(1)/floor"]
+    assert lines[3].split() == ["precision", "forward", "t(1)", "ms", "t(2)/t(1)", "t(4)/t(1)", "t(8)/t(1)",
+                                "t(16)/t(1)", "MB/call", "floor", "ms", "t(1)/floor"]
     for line, prec in zip(lines[4:], PR.PRECISIONS):
         cells = line.split()
-        assert cells[0] == prec and cells[1] == "2.00" and cells[2:6] == ["1.00"] * 4
+        assert cells[:2] == [prec, "official"] and cells[2] == "2.00" and cells[3:7] == ["1.00"] * 4
     assert len(lines) == 4 + len(PR.PRECISIONS)
+
+
+def test_bench_precisions_times_the_native_forward_beside_the_official(monkeypatch):
+    """forwards=("official", "native"): one entry per (precision, forward), both against the same floor."""
+    from rvqspec_lib.models.loader import load_model
+
+    lm = load_model("tiny-random")
+    _fake_clock(monkeypatch, lambda: 2.0)
+    bw = {"gb_per_s": 10.0, "gb_per_s_max": 11.0, "buffer_bytes": 1 << 29, "repeats": 7, "threads": 1,
+          "llc_bytes": None, "buffer_exceeds_llc": None}
+    r = bench.bench_precisions(lm, ["float32", "int8-dynamic"], warmup=1, repeats=2, bandwidth=bw, progress=False,
+                               forwards=("official", "native"))
+    assert [(p["precision"], p["forward"]) for p in r["precisions"]] == [
+        ("float32", "official"), ("float32", "native"), ("int8-dynamic", "official"), ("int8-dynamic", "native")]
+    assert r["precisions"][0]["floor_ms"] == r["precisions"][1]["floor_ms"]
+    lines = bench.format_precision_table(r).splitlines()
+    assert [ln.split()[:2] for ln in lines[4:]] == [["float32", "official"], ["float32", "native"],
+                                                    ["int8-dynamic", "official"], ["int8-dynamic", "native"]]
+    with pytest.raises(ValueError, match="forwards must be some of official, native"):
+        bench.bench_precisions(lm, ["float32"], forwards=("onnx",), bandwidth=bw, progress=False)
 
 
 def test_cli_bench_several_dtypes_prints_the_precision_table(tmp_path, capsys, monkeypatch):
@@ -146,7 +166,12 @@ def test_cli_bench_several_dtypes_prints_the_precision_table(tmp_path, capsys, m
     printed = capsys.readouterr().out
     assert "t(1)/floor" in printed and "\nint8 " in printed and "\nfloat32 " in printed
     rec = json.loads(out.read_text())
-    assert [p["precision"] for p in rec["precisions"]] == ["float32", "int8"]
+    from rvqspec_lib.models.kernels import cpforward
+
+    both = cpforward.available()  # default forwards: official and, where it builds, native
+    assert [(p["precision"], p["forward"]) for p in rec["precisions"]] == (
+        [("float32", "official"), ("float32", "native"), ("int8", "official"), ("int8", "native")] if both
+        else [("float32", "official"), ("int8", "official")])
     assert [r["n_queries"] for r in rec["precisions"][0]["rows"]] == list(bench.PRECISION_QUERY_SIZES)
     bw = rec["bandwidth"]  # measured before and after the timing; the floor uses the faster
     assert bw["buffer_bytes"] == 1 << 22 and bw["gb_per_s"] == max(bw["gb_per_s_before"], bw["gb_per_s_after"])

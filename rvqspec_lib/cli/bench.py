@@ -16,11 +16,11 @@ from rvqspec_lib.eval.bench import DEFAULT_QUERY_SIZES, PRECISION_QUERY_SIZES
 
 #: ``--backend`` values: rvqspec_lib.eval.export_timing.BACKENDS, repeated here so that the parser does not import
 #: torch (tests/test_export_cli.py checks that the two agree).
-BACKENDS = ("eager", "compile", "onnx", "coreml", "cuda")
+BACKENDS = ("eager", "compile", "onnx", "coreml", "cuda", "native")
 
 #: ``--backend`` values that time every precision of rvqspec_lib.models.precision (the fused rounds and the lean
 #: stack run bfloat16 and int8 layers); the others are float32 only (their exported or captured graphs).
-BACKEND_PRECISIONS_ANY = ("eager", "compile")
+BACKEND_PRECISIONS_ANY = ("eager", "compile", "native")
 
 #: Largest --queries value: a verify call over more nodes is not a draft tree.
 MAX_QUERIES = 1024
@@ -73,6 +73,11 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "several comma-separated (e.g. float32,bfloat16,int8): code-predictor calls of every "
                              "precision timed interleaved against the weight-streaming floor (docs/precision.md); "
                              "default float32, with --table the precisions this CPU runs natively")
+    parser.add_argument("--forwards", default=None,
+                        help="with several --dtype: the forwards of the code-predictor call timed side by side, "
+                             "comma-separated: official (the official module), native (one C call over packed "
+                             "weights, docs/precision.md#the-native-forward); default both (official alone where the "
+                             "native forward cannot be built)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
@@ -157,6 +162,19 @@ def check_args(args) -> None:
         from rvqspec_lib.eval.replay import read_acceptance
 
         args.acceptance_table = read_acceptance(args.acceptance)
+    forwards = getattr(args, "forwards", None)
+    if forwards is not None:
+        from rvqspec_lib.eval.bench import FORWARDS
+
+        args.forward_list = [f for f in str(forwards).replace(" ", "").split(",") if f]
+        bad = [f for f in args.forward_list if f not in FORWARDS]
+        if bad or not args.forward_list:
+            raise ValueError(f"--forwards {forwards!r}: use some of {', '.join(FORWARDS)}, comma-separated")
+        if len(dtypes(args)) < 2:
+            raise ValueError("--forwards is for the precision table (several --dtype, e.g. --dtype "
+                             "float32,bfloat16 --forwards official,native)")
+        if str(args.device) != "cpu" and "native" in args.forward_list:
+            raise ValueError(f"--forwards native runs on the CPU: drop native, or --device {args.device}")
     if args.queries is None:
         args.queries = list(PRECISION_QUERY_SIZES if len(dtypes(args)) > 1 else DEFAULT_QUERY_SIZES)
     if max(args.queries) > MAX_QUERIES:
@@ -312,10 +330,25 @@ def _run_precisions(args, names: list[str], started: float) -> int:
     from rvqspec_lib.eval.bench import bench_precisions, format_precision_table
     from rvqspec_lib.models.loader import load_model
 
+    forwards = getattr(args, "forward_list", None)
+    if forwards is None:  # default: both where the native forward builds
+        from rvqspec_lib.models.kernels import cpforward
+
+        forwards = ["official"]
+        if str(args.device) == "cpu" and cpforward.available():
+            forwards.append("native")
+        elif str(args.device) == "cpu":
+            note(f"the native forward is not timed: {cpforward.unavailable_reason()}")
+    elif "native" in forwards:
+        from rvqspec_lib.models.kernels import cpforward
+
+        if not cpforward.available():
+            raise ValueError(f"--forwards native: the native forward cannot be built here "
+                             f"({cpforward.unavailable_reason()}): drop native")
     loaded = load_model(args.model, dtype="float32", seed=args.seed, device=args.device)
     result = bench_precisions(loaded, names, query_sizes=args.queries, prefix_len=args.prefix_len,
                               warmup=args.warmup, repeats=args.repeats, seed=args.seed,
-                              progress=not args.no_progress)
+                              progress=not args.no_progress, forwards=forwards)
     result["total_s"] = time.perf_counter() - started
     print(format_precision_table(result))
     if args.json_path:

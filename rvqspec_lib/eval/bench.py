@@ -293,6 +293,43 @@ def _code_predictor_calls(cp, in_hidden: int, prefix_len: int, query_sizes: Sequ
     return out
 
 
+def _native_calls(cp, in_hidden: int, prefix_len: int, query_sizes: Sequence[int], seed: int) -> list:
+    """As :func:`_code_predictor_calls`, through the native forward (:class:`rvqspec_lib.models.native.
+    NativeCodePredictor`): the same inputs, a slot cache of ``prefix_len + max(Q)`` slots holding the prefix, each
+    call writing its Q positions after it (nothing to reset: the next call overwrites them)."""
+    import torch
+
+    from rvqspec_lib.models.native import NativeCodePredictor
+
+    nat = NativeCodePredictor(cp)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = next(cp.parameters()).dtype
+    slots = prefix_len + max(query_sizes)
+    causal = torch.ones(slots, slots, dtype=torch.bool).tril()
+    prefix = (torch.randn(1, prefix_len, in_hidden, generator=gen) * 0.02).to(dtype)
+    cache = nat.new_cache(1, slots)
+    pos0 = torch.arange(prefix_len)[None]
+    with torch.inference_mode():
+        nat.forward(cp.small_to_mtp_projection(prefix), pos0, causal[None, :prefix_len], cache, pos0)
+    out = []
+    for q in query_sizes:
+        x = (torch.randn(1, q, in_hidden, generator=gen) * 0.02).to(dtype)
+        pos = torch.arange(prefix_len, prefix_len + q)[None]
+        allow = causal[None, prefix_len:prefix_len + q]
+        head = torch.zeros(q, dtype=torch.long)
+
+        def call(x=x, pos=pos, allow=allow, head=head):
+            h = nat.forward(cp.small_to_mtp_projection(x), pos, allow, cache, pos)  # (1, Q, Hc)
+            return nat.logits(h[0], head)  # (Q, codebook_size)
+
+        out.append((q, call, lambda: None))
+    return out
+
+
+#: The forwards :func:`bench_precisions` times: the official module's call and the native forward's.
+FORWARDS = ("official", "native")
+
+
 def bench_code_predictor(loaded, *, prefix_len: int = 8, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
                          warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
                          on_row: Callable[[dict], None] | None = None, noise_target: float | None = None,
@@ -598,9 +635,14 @@ PRECISION_QUERY_SIZES = (1, 2, 4, 8, 16)
 
 def bench_precisions(loaded, precisions: Sequence[str], *, query_sizes: Iterable[int] = PRECISION_QUERY_SIZES,
                      prefix_len: int = 8, warmup: int = 3, repeats: int = 20, seed: int = 0,
-                     bandwidth: dict | None = None, progress: bool = True) -> dict:
-    """Code-predictor calls of ``Q`` query positions in several precisions, timed INTERLEAVED, each against its
-    weight-streaming floor (:mod:`rvqspec_lib.eval.floor`).
+                     bandwidth: dict | None = None, progress: bool = True,
+                     forwards: Sequence[str] = ("official",)) -> dict:
+    """Code-predictor calls of ``Q`` query positions in several precisions and forwards, timed INTERLEAVED, each
+    against its weight-streaming floor (:mod:`rvqspec_lib.eval.floor`).
+
+    ``forwards``: some of :data:`FORWARDS`: ``official`` (the official module's call) and ``native`` (the same call
+    through :class:`rvqspec_lib.models.native.NativeCodePredictor`, one C call over packed weights;
+    docs/precision.md#the-native-forward). Every (precision, forward, Q) is one condition of the interleaved rounds.
 
     For each precision a copy of ``loaded.code_predictor`` is converted
     (:func:`rvqspec_lib.models.precision.apply_precision`, without the native check: callers check first); the
@@ -621,11 +663,12 @@ def bench_precisions(loaded, precisions: Sequence[str], *, query_sizes: Iterable
         JSON-able dict: ``model``, ``random_weights`` / ``timing_only``, ``device_name``, ``cpu_flags``
         (:func:`rvqspec_lib.models.precision.cpu_features`), ``native_precisions``, ``threads``, ``bandwidth``,
         ``other_cpu_frac``, ``cpu_count``, ``cpu_oversubscribed``, ``torch``, the settings, and ``precisions``: one
-        dict per precision with ``precision``, ``rows`` (per ``Q``: :func:`time_call` statistics and ``ratio_to_1``),
-        ``weight_bytes`` (:func:`~rvqspec_lib.eval.floor.call_weight_bytes`), ``floor_ms`` and ``t1_over_floor``.
+        dict per (precision, forward), in that order, with ``precision``, ``forward``, ``rows`` (per ``Q``:
+        :func:`time_call` statistics and ``ratio_to_1``), ``weight_bytes``
+        (:func:`~rvqspec_lib.eval.floor.call_weight_bytes`), ``floor_ms`` and ``t1_over_floor``.
 
     Raises:
-        ValueError: an unknown precision, an empty ``precisions``, a ``Q < 1``.
+        ValueError: an unknown precision or forward, an empty ``precisions``, a ``Q < 1``.
     """
     import copy
 
@@ -638,12 +681,17 @@ def bench_precisions(loaded, precisions: Sequence[str], *, query_sizes: Iterable
     query_sizes = [int(q) for q in query_sizes]
     if not precisions or not query_sizes or min(query_sizes) < 1:
         raise ValueError(f"need precisions and positive query sizes, got {list(precisions)} and {query_sizes}")
+    forwards = list(forwards)
+    if not forwards or any(f not in FORWARDS for f in forwards):
+        raise ValueError(f"forwards must be some of {', '.join(FORWARDS)}, got {forwards}")
     base = loaded.code_predictor
     device, _ = _model_device_dtype(base)
     in_hidden = int(loaded.talker.config.hidden_size)
     cps = {p: apply_precision(copy.deepcopy(base), p, require_native=False) for p in precisions}
-    pairs = [(p, q, call, reset) for p in precisions
-             for q, call, reset in _code_predictor_calls(cps[p], in_hidden, prefix_len, query_sizes, seed)]
+    makers = {"official": _code_predictor_calls, "native": _native_calls}
+    keys = [(p, f) for p in precisions for f in forwards]
+    pairs = [((p, f), q, call, reset) for p, f in keys
+             for q, call, reset in makers[f](cps[p], in_hidden, prefix_len, query_sizes, seed)]
     measured = bandwidth is None
     if measured:
         bandwidth = read_bandwidth()
@@ -671,10 +719,10 @@ def bench_precisions(loaded, precisions: Sequence[str], *, query_sizes: Iterable
         bandwidth = {**max(bandwidth, after, key=lambda b: b["gb_per_s"]),
                      "gb_per_s_before": bandwidth["gb_per_s"], "gb_per_s_after": after["gb_per_s"]}
     out = []
-    for p in precisions:
+    for p, f in keys:
         rows = []
         for q in query_sizes:
-            ts = times[(p, q)]
+            ts = times[((p, f), q)]
             rows.append({"n_queries": q, "median_ms": statistics.median(ts), "p10_ms": _percentile(ts, 10),
                          "p90_ms": _percentile(ts, 90), "min_ms": min(ts), "n": len(ts)})
         t1 = next((r["median_ms"] for r in rows if r["n_queries"] == 1), None)
@@ -682,7 +730,7 @@ def bench_precisions(loaded, precisions: Sequence[str], *, query_sizes: Iterable
             row["ratio_to_1"] = row["median_ms"] / t1 if t1 else None
         wb = call_weight_bytes(cps[p], n_queries=1)
         fl = floor_ms(wb["bytes"], bandwidth["gb_per_s"])
-        out.append({"precision": p, "rows": rows, "weight_bytes": wb, "floor_ms": fl,
+        out.append({"precision": p, "forward": f, "rows": rows, "weight_bytes": wb, "floor_ms": fl,
                     "t1_over_floor": t1 / fl if t1 else None})
     result = {
         "model": loaded.describe(), "random_weights": bool(loaded.is_random), "timing_only": bool(loaded.is_random),
@@ -690,7 +738,7 @@ def bench_precisions(loaded, precisions: Sequence[str], *, query_sizes: Iterable
         "cpu_flags": cpu_features(), "native_precisions": list(native_precisions()),
         "threads": torch.get_num_threads(), "bandwidth": bandwidth, "other_cpu_frac": other,
         "cpu_count": os.cpu_count(), "torch": torch.__version__, "prefix_len": prefix_len, "warmup": warmup,
-        "repeats": repeats, "seed": seed, "interleaved": True, "precisions": out,
+        "repeats": repeats, "seed": seed, "interleaved": True, "forwards": forwards, "precisions": out,
     }
     result["cpu_oversubscribed"] = cpu_oversubscribed(result)
     return result
@@ -701,8 +749,8 @@ def _ms(x: float) -> str:
 
 
 def format_precision_table(result: dict) -> str:
-    """Plain-text table of a :func:`bench_precisions` result: the CPU, its flags and bandwidth, then per precision
-    t(1), t(Q)/t(1), the weights one call reads, the floor and t(1) as a multiple of it."""
+    """Plain-text table of a :func:`bench_precisions` result: the CPU, its flags and bandwidth, then per precision and
+    forward t(1), t(Q)/t(1), the weights one call reads, the floor and t(1) as a multiple of it."""
     m, bw, fl = result["model"], result["bandwidth"], result["cpu_flags"]
     other = result.get("other_cpu_frac")
     lines = [
@@ -720,14 +768,16 @@ def format_precision_table(result: dict) -> str:
     ]
     qs = [r["n_queries"] for r in result["precisions"][0]["rows"]]
     ratio_qs = [q for q in qs if q != 1]
-    lines.append(f"{'precision':<12} {'t(1) ms':>8} " + " ".join(f"{f't({q})/t(1)':>10}" for q in ratio_qs)
+    lines.append(f"{'precision':<12} {'forward':<8} {'t(1) ms':>8} "
+                 + " ".join(f"{f't({q})/t(1)':>10}" for q in ratio_qs)
                  + f" {'MB/call':>8} {'floor ms':>9} {'t(1)/floor':>10}")
     for pr in result["precisions"]:
         by_q = {r["n_queries"]: r for r in pr["rows"]}
         t1 = by_q.get(1)
         ratios = " ".join(f"{'' if by_q[q]['ratio_to_1'] is None else format(by_q[q]['ratio_to_1'], '.2f'):>10}"
                           for q in ratio_qs)
-        lines.append(f"{pr['precision']:<12} {'' if t1 is None else format(t1['median_ms'], '.2f'):>8} {ratios} "
+        lines.append(f"{pr['precision']:<12} {pr.get('forward', 'official'):<8} "
+                     f"{'' if t1 is None else format(t1['median_ms'], '.2f'):>8} {ratios} "
                      f"{pr['weight_bytes']['bytes'] / 1e6:>8.1f} {_ms(pr['floor_ms']):>9} "
                      f"{'' if pr['t1_over_floor'] is None else format(pr['t1_over_floor'], '.2f'):>10}")
     return "\n".join(lines)

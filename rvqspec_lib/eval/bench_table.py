@@ -31,10 +31,14 @@ weight-streaming floor of the AR frame (15 calls x the floor of one call, :mod:`
 frame as a multiple of it; under the table the public ports' published figures, labelled and never in a measured
 column (:data:`PUBLIC_PORTS`).
 
-Precisions whose linear layers are int8 (:class:`~rvqspec_lib.models.precision.Int8Linear`) are timed eagerly only:
-their stepped calls through :class:`~rvqspec_lib.decoding.predictor.OfficialBackend`, their fused AR frame and fused
-rounds eagerly (the lean stack applies an int8 layer through its own int8 forward); their other backends are
-absent with the reason; so are onnx's bfloat16 and int8 rows (the exported graphs are float32).
+Precisions whose linear layers are int8 (:class:`~rvqspec_lib.models.precision.Int8Linear`) are timed eagerly and
+natively only: eagerly their stepped calls through :class:`~rvqspec_lib.decoding.predictor.OfficialBackend`, their
+fused AR frame and fused rounds eagerly (the lean stack applies an int8 layer through its own int8 forward); their
+compiled backends are absent with the reason; so are onnx's bfloat16 and int8 rows (the exported graphs are float32).
+
+The ``native`` backend (every precision): stepped calls through the C forward
+(:class:`~rvqspec_lib.models.native.NativeCodePredictor`), its fused AR frame and fused speculative chains the whole
+frame in one C call (:class:`~rvqspec_lib.models.native_frame.NativeChainFrame`, window 1 for AR); no fused trees.
 """
 
 from __future__ import annotations
@@ -46,11 +50,15 @@ from typing import Sequence
 
 #: Backends the table knows (a subset of :data:`rvqspec_lib.eval.export_timing.BACKENDS`: the CPU ones that time
 #: whole frames).
-TABLE_BACKENDS = ("eager", "compile", "onnx")
-#: Default backends: eager only. ``compile`` (and ``onnx``) on request: a compiled backend compiles one graph per call
-#: shape (each decoder has two), minutes each on a small shared CPU; it then times only AR, the fused AR frame and
-#: the decoders the first backend's rows found best and auto chose.
-DEFAULT_BACKENDS = ("eager",)
+TABLE_BACKENDS = ("eager", "native", "compile", "onnx")
+#: Default backends: eager and native. ``compile`` (and ``onnx``) on request: a compiled backend compiles one graph per
+#: call shape (each decoder has two), minutes each on a small shared CPU; it then times only AR, the fused AR frame
+#: and the decoders the first backend's rows found best and auto chose. ``native`` (the C forward,
+#: :mod:`rvqspec_lib.models.native`, and the whole frame in C, :mod:`rvqspec_lib.models.native_frame`) builds in
+#: seconds and times every decoder, like the first backend.
+DEFAULT_BACKENDS = ("eager", "native")
+#: Backends that time only what the first backend found best (they compile or export one graph per shape).
+COMPILED_BACKENDS = ("compile", "onnx")
 #: Default models: the trained embedded model and the real-size 0.6B architecture (random weights, replayed).
 DEFAULT_MODELS = ("embedded", "qwen3-tts-0.6b-random")
 #: Chain windows and calibrated-tree node budgets timed for the "best speculative" row.
@@ -153,6 +161,12 @@ def _backend(name: str, cp, precision: str, *, threads: int | None):
     from rvqspec_lib.eval.export_timing import make_backend
     from rvqspec_lib.models.fused import FusedARFrame
 
+    if name == "native":
+        from rvqspec_lib.models.native import NativeCodePredictor
+        from rvqspec_lib.models.native_frame import NativeChainFrame
+
+        nat = NativeCodePredictor(cp)
+        return nat, NativeChainFrame(cp, 1, backend=nat), ""
     if precision.startswith("int8"):
         if name != "eager":
             return None, None, "int8 layers are timed eagerly here (their stepped calls through the official module)"
@@ -254,7 +268,10 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
                 decoders = _decoders(calibration, chains, budgets)
                 specs = {} if replay else _fused_specs(calibration, chains, budgets)
                 auto_note = ""
-                first = chosen.get((model, prec))  # the first backend's best and auto: later backends time those
+                # the first backend's best and auto: later COMPILED backends time only those
+                first = chosen.get((model, prec)) if bname in COMPILED_BACKENDS else None
+                if bname == "native":  # the native frame is a chain: no fused trees
+                    specs = {k: v for k, v in specs.items() if v[1] is None}
                 if first is not None:
                     decoders = {k: v for k, v in decoders.items() if k in ("AR", first["best"])}
                     specs = {k: v for k, v in specs.items() if k == first["fused_best"]}
@@ -296,7 +313,7 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
                 fused_label, built_s = fused_labels[fastest["decoder"]] if fastest else (None, None)
                 for k, (label, b_s) in fused_labels.items():
                     fused_build[f"{model} {prec} {bname} {label}"] = b_s
-                if first is None:
+                if (model, prec) not in chosen:
                     chosen[(model, prec)] = {
                         "backend": bname, "best": best and best["decoder"], "fused_best": fused_label,
                         "auto": decoders.get("auto"), "auto_label": auto_note.replace("auto chose ", "")}

@@ -41,7 +41,7 @@ from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree
 
 #: Backends of the harness, in the order tables list them.
-BACKENDS = ("eager", "compile", "onnx", "coreml", "cuda")
+BACKENDS = ("eager", "compile", "onnx", "coreml", "cuda", "native")
 #: The paper's reported speedups of RVQ token generation on devices (Core ML), by node budget N. Quoted, not measured
 #: here: tables put them in their own labelled column.
 PAPER_DEVICE_SPEEDUPS = (
@@ -84,6 +84,11 @@ def backend_status(name: str) -> tuple[bool, str]:
         missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
         return (not missing, f"missing Python packages: {', '.join(missing)} (pip install -r requirements.txt)"
                 if missing else "")
+    if name == "native":
+        from rvqspec_lib.models.kernels import cpforward
+
+        return (True, "") if cpforward.available() else \
+            (False, f"the native forward cannot be built here: {cpforward.unavailable_reason()}")
     if name == "coreml":
         if importlib.util.find_spec("coremltools") is None:
             return False, "coremltools is not installed"
@@ -110,7 +115,8 @@ def make_backend(name: str, code_predictor, *, work_dir=None, threads: int | Non
     """``(verify backend, fused frame)`` of a backend: what :func:`frame_times` times.
 
     Args:
-        name: one of :data:`BACKENDS` (``coreml``: macOS only; its frame-level decode is not implemented, use
+        name: one of :data:`BACKENDS` (``native``: the C forward and the whole AR frame in C,
+            :mod:`rvqspec_lib.models.native` and :mod:`rvqspec_lib.models.native_frame`; ``coreml``: macOS only; its frame-level decode is not implemented, use
             :func:`coreml_call_times`). code_predictor: the official module (on the GPU for ``cuda``).
         work_dir: where ONNX files go (a temporary folder by default). threads: ONNX Runtime threads.
         sampling: the fused frame's warpers. fused: build the fused frame (compiling or exporting it takes time).
@@ -134,6 +140,12 @@ def make_backend(name: str, code_predictor, *, work_dir=None, threads: int | Non
         return (F.ExportedBackend(code_predictor, threads=threads, work_dir=work_dir),
                 F.ExportedFrame(code_predictor, threads=threads, work_dir=work_dir, sampling=sampling)
                 if fused else None)
+    if name == "native":
+        from rvqspec_lib.models.native import NativeCodePredictor
+        from rvqspec_lib.models.native_frame import NativeChainFrame
+
+        nat = NativeCodePredictor(code_predictor)
+        return nat, NativeChainFrame(code_predictor, 1, sampling, backend=nat) if fused else None
     if name == "cuda":
         from rvqspec_lib.models.cuda_graphs import GraphedBackend, GraphedFrame
 
@@ -174,7 +186,14 @@ def fused_chain_frame(name: str, code_predictor, window: int = 4, *, sampling=No
 
         return OrtFusedChainFrame(code_predictor, int(window), sampling, threads=threads, work_dir=work_dir,
                                   tree=tree)
-    raise ValueError(f"the fused chain runs through eager, compile or onnx, not {name!r}")
+    if name == "native":
+        if tree is not None:
+            raise ValueError("the native frame is a chain (native fused trees are not built): use eager or compile "
+                             "for a fused tree round")
+        from rvqspec_lib.models.native_frame import NativeChainFrame
+
+        return NativeChainFrame(code_predictor, int(window), sampling)
+    raise ValueError(f"the fused chain runs through eager, compile, onnx or native, not {name!r}")
 
 
 # ----------------------------------------------------------------------------------------------------------------

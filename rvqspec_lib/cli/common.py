@@ -287,14 +287,16 @@ def check_decoder_files(name, model: str, *, n_codes: int | None = None,
     return None
 
 
-def build_decoder(name, lm, *, progress: bool = False):
+def build_decoder(name, lm, *, progress: bool = False, backends: dict | None = None):
     """The decoder object of a parsed name, once the model is loaded: the drafter loaded from the model's folder
     (``lm.folder``), the calibrated tree read from that drafter's calibration, ``auto`` chosen by timing (or from its
     cache).
 
     Returns ``(decoder, drafter, note)``: ``drafter`` is the module the decoder drafts with (``None``: the reused
     heads; the decoder carries it too); ``note`` says what ``auto`` chose and why (a cached choice says so), else
-    ``None``.
+    ``None``. With ``backends`` (``{name: verify backend}``, e.g. the official module and the native forward),
+    ``auto`` chooses the backend too and the result is ``(decoder, drafter, note, backend name)`` (a decoder other
+    than ``auto``: the first backend's name).
 
     Raises:
         ValueError, FileNotFoundError: a calibration that does not fit the model, no calibration contexts.
@@ -312,7 +314,8 @@ def build_decoder(name, lm, *, progress: bool = False):
         cal = load_calibration(path, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size, model=lm.name,
                                drafter=name.drafter)
     if name.kind != "auto":
-        return name.decoder(calibration=cal, drafter=drafter), drafter, None
+        dec = name.decoder(calibration=cal, drafter=drafter)
+        return (dec, drafter, None) if backends is None else (dec, drafter, None, next(iter(backends)))
     from dataclasses import replace
 
     from rvqspec_lib.eval.budget import auto_decoder
@@ -323,11 +326,15 @@ def build_decoder(name, lm, *, progress: bool = False):
     except (FileNotFoundError, ValueError) as e:
         raise ValueError(f"--decoder auto times decoders on the model's calibration frames, and there are none "
                          f"({str(e).splitlines()[0]}): choose a decoder instead") from None
-    choice = auto_decoder(lm.name, cp, cal, contexts, drafter=drafter, drafter_name=name.drafter, progress=progress)
+    extra = {"backends": backends} if backends else {}
+    choice = auto_decoder(lm.name, cp, cal, contexts, drafter=drafter, drafter_name=name.drafter, progress=progress,
+                          **extra)
     dec = choice.decoder
     if drafter is not None and hasattr(dec, "drafter"):
         dec = replace(dec, drafter=drafter)
-    return dec, drafter, f"--decoder auto chose {choice.reason}"
+    if backends is None:
+        return dec, drafter, f"--decoder auto chose {choice.reason}"
+    return dec, drafter, f"--decoder auto chose {choice.reason}", choice.backend or next(iter(backends))
 
 
 def check_tree_ranks(decoders, codebook_size: int) -> None:

@@ -81,6 +81,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="int8: int8 weights in the code predictor, bfloat16 elsewhere; int8-dynamic: int8 weights and "
                         "per-row int8 activations in the code predictor, float32 elsewhere (docs/precision.md); "
                         "bfloat16 and int8 need AVX512-BF16 or AMX, int8-dynamic VNNI or AMX")
+    p.add_argument("--backend", default=None, choices=["official", "native"],
+                   help="what runs the code-predictor calls: official (the official module) or native (one C call "
+                        "over packed weights, row for row the same arithmetic in a verify call as in an AR call; "
+                        "docs/precision.md#the-native-forward). Default: official; with --decoder auto, whichever of "
+                        "the two is faster here (the choice is timed with the decoder's and cached)")
     p.add_argument("--codes-to-audio", default="auto", choices=["auto", "neural", "table"],
                    help="models with the offline codec (embedded): 'auto' decodes with the neural code decoder shipped "
                         "beside the codec (codec.decoder.safetensors) when there is one, 'neural' requires it, "
@@ -151,7 +156,33 @@ def check_args(args) -> list[tuple[Path, Path]]:
         from rvqspec_lib.models.precision import check_precision
 
         check_precision(args.dtype)  # a precision this CPU cannot run natively: one line naming the fix
+    if getattr(args, "backend", None) == "native":
+        if args.dtype == "float64":
+            raise ValueError("--backend native runs float32, bfloat16, int8 or int8-dynamic: drop --dtype float64")
+        from rvqspec_lib.models.kernels import cpforward
+
+        if not cpforward.available():
+            raise ValueError(f"--backend native: the native forward cannot be built here "
+                             f"({cpforward.unavailable_reason()}): use --backend official")
     return pairs
+
+
+def backends_for(args, cp) -> dict:
+    """The verify backends ``synth`` may run: ``{name: backend}``, the first the reference. ``--backend`` given: that
+    one; ``--decoder auto`` without it: the official module and, where it builds and the precision is one of its
+    four, the native forward (auto times both); otherwise the official module."""
+    from rvqspec_lib.decoding.predictor import OfficialBackend
+
+    choice = getattr(args, "backend", None)
+    if choice == "native" or (choice is None and args.decoder_name.kind == "auto" and args.dtype != "float64"):
+        from rvqspec_lib.models.kernels import cpforward
+        from rvqspec_lib.models.native import NativeCodePredictor
+
+        if choice == "native":
+            return {"native": NativeCodePredictor(cp)}
+        if cpforward.available():
+            return {"official": OfficialBackend(cp), "native": NativeCodePredictor(cp)}
+    return {"official": OfficialBackend(cp)}
 
 
 def check_against_model(args, facts) -> None:
@@ -214,7 +245,10 @@ def run(args, threads: int) -> int:
     load_s = time.perf_counter() - t
     check_tree_ranks([args.decoder_name], lm.codebook_size)  # again for models whose config could not be read
     t = time.perf_counter()
-    decoder, drafter, chose = build_decoder(args.decoder_name, lm, progress=sys.stderr.isatty())
+    pool = backends_for(args, lm.code_predictor)
+    decoder, drafter, chose, backend_name = build_decoder(args.decoder_name, lm, progress=sys.stderr.isatty(),
+                                                          backends=pool)
+    backend = None if backend_name == "official" else pool[backend_name]
     choose_s = time.perf_counter() - t
     codec = getattr(lm.speech_tokenizer, "codec", None)
     if args.codes_to_audio != "auto":
@@ -257,7 +291,8 @@ def run(args, threads: int) -> int:
     for b0 in range(0, len(texts), batch):  # the frame loop decodes a batch of rows together
         res = synthesize(lm, texts[b0:b0 + batch], decoder=decoder, sampling=sampling,
                          talker_sampling=talker_sampling, generator=generator, max_frames=args.max_frames,
-                         language=args.language, speaker=args.speaker, progress=sys.stderr.isatty(), drafter=drafter)
+                         language=args.language, speaker=args.speaker, progress=sys.stderr.isatty(), drafter=drafter,
+                         backend=backend)
         talker_calls, talker_s, inner_s = talker_calls + int(res.talker_calls), talker_s + res.talker_s, \
             inner_s + res.inner_s
         for j in range(len(res.codes)):
@@ -331,6 +366,7 @@ def run(args, threads: int) -> int:
             "seed": args.seed,
             "greedy": args.greedy,
             "dtype": args.dtype,
+            "backend": backend_name,
             "sampling": sampling.describe(),
             "talker_sampling": talker_sampling.describe(),
             "threads": threads,
@@ -365,7 +401,8 @@ def run(args, threads: int) -> int:
            if stats["rtf"] is not None else "RTF n/a (no audio)")
     what = f"{len(texts)} texts, " if len(texts) > 1 else ""
     print(f"{what}{frames} frames ({audio_s:.2f} s of audio), {calls} code-predictor calls, {tpc:.2f} tokens/call | "
-          f"startup {startup_s:.2f} s, load {load_s:.2f} s, {args.decoder_name.text} decoder {choose_s:.2f} s, "
+          f"startup {startup_s:.2f} s, load {load_s:.2f} s, {args.decoder_name.text} decoder {choose_s:.2f} s "
+          f"({backend_name} forward), "
           f"synthesis {speak_s:.2f} s (frame loop {synth_s:.2f} s + codes to audio {decode_s:.2f} s), total "
           f"{total_s:.2f} s | {rtf} | {threads_text(threads)}")
     written = ", ".join(str(p) for p in targets) if len(targets) <= 4 else \

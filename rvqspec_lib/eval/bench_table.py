@@ -57,8 +57,6 @@ TABLE_BACKENDS = ("eager", "native", "compile", "onnx")
 #: :mod:`rvqspec_lib.models.native`, and the whole frame in C, :mod:`rvqspec_lib.models.native_frame`) builds in
 #: seconds and times every decoder, like the first backend.
 DEFAULT_BACKENDS = ("eager", "native")
-#: Backends that time only what the first backend found best (they compile or export one graph per shape).
-COMPILED_BACKENDS = ("compile", "onnx")
 #: Default models: the trained embedded model and the real-size 0.6B architecture (random weights, replayed).
 DEFAULT_MODELS = ("embedded", "qwen3-tts-0.6b-random")
 #: Chain windows and calibrated-tree node budgets timed for the "best speculative" row.
@@ -268,8 +266,8 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
                 decoders = _decoders(calibration, chains, budgets)
                 specs = {} if replay else _fused_specs(calibration, chains, budgets)
                 auto_note = ""
-                # the first backend's best and auto: later COMPILED backends time only those
-                first = chosen.get((model, prec)) if bname in COMPILED_BACKENDS else None
+                # the first backend's best and auto: a later backend (compile, onnx) times only those; native all
+                first = chosen.get((model, prec)) if bname != "native" else None
                 if bname == "native":  # the native frame is a chain: no fused trees
                     specs = {k: v for k, v in specs.items() if v[1] is None}
                 if first is not None:

@@ -54,6 +54,7 @@ class AutoChoice:
         oversubscribed: the ``OVERSUBSCRIBED: ...`` words (:func:`rvqspec_lib.eval.bench.oversubscribed_note`) when
             other processes crowded the CPU while the verify calls were timed, else ``""`` (such a choice is not
             cached).
+        backend: the chosen backend's name when :func:`choose_decoder` chose among ``backends``, else ``None``.
     """
 
     label: str
@@ -62,6 +63,7 @@ class AutoChoice:
     table: list = field(default_factory=list)
     key: dict = field(default_factory=dict)
     oversubscribed: str = ""
+    backend: str | None = None
 
 
 def device_name(device: torch.device) -> str:
@@ -115,20 +117,27 @@ def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS) -> list
 
 def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *, drafter=None,
                    sampling: Sampling | None = None, budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5,
-                   frames: int = 16, repeats: int = 3, cost_repeats: int = 5, backend=None, seed: int = 0,
-                   progress: bool = False, acceptance=None, noise_target: float | None = None) -> AutoChoice:
-    """Choose the decoder with the least measured time per committed code on this device (module docstring).
+                   frames: int = 16, repeats: int = 3, cost_repeats: int = 5, backend=None, backends=None,
+                   seed: int = 0, progress: bool = False, acceptance=None,
+                   noise_target: float | None = None) -> AutoChoice:
+    """Choose the decoder (and, given several, the backend) with the least measured time per committed code on this
+    device (module docstring).
 
     Args:
         code_predictor: the official module, on the device and in the dtype to be used.
         calibration: a calibration of trees for this model and drafter (:mod:`rvqspec_lib.models.tree_files`).
         contexts: ``(N, 2, talker_hidden)`` inner-loop contexts (e.g. the calibration split's); the first ``frames``
             are decoded. drafter, sampling: as deployed. budgets: node budgets of calibrated trees considered.
-        shortlist: candidates (besides AR) decoded, the best by predicted speedup ``E(N) t(1)/t(N)``.
+        shortlist: candidates (besides AR) decoded per backend, the best by predicted speedup ``E(N) t(1)/t(N)``.
         repeats: passes over the ``frames`` contexts, every candidate interleaved
             (:func:`rvqspec_lib.eval.speed.time_frames`). cost_repeats: repeats of each verify-call timing
             (:func:`rvqspec_lib.eval.speed.verify_cost_curve`). backend: the verify backend to time and use
             (default the official module; e.g. :class:`rvqspec_lib.models.lean.LeanCodePredictor`).
+        backends: instead of ``backend``, ``{name: verify backend}`` to choose among (e.g. ``{"official": ...,
+            "native": NativeCodePredictor(cp)}``): each gets its own cost curve and shortlist, all shortlisted
+            (decoder, backend) pairs are timed in one interleaved run, and the fastest pair wins
+            (:attr:`AutoChoice.backend`). The precision is never changed: every backend runs ``code_predictor`` as
+            converted.
         acceptance: a TIMING REPLAY's oracle (:class:`~rvqspec_lib.decoding.replay.AcceptanceOracle`): the frames
             are decoded with it (a random-weight architecture with a trained model's acceptance); such a choice
             is for a timing table, never cached (:func:`auto_decoder` does not pass one).
@@ -136,10 +145,12 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
             every median's relative standard error is <= it, or 4 x the counts (:mod:`rvqspec_lib.eval.noise`).
 
     Returns:
-        :class:`AutoChoice`.
+        :class:`AutoChoice`; its ``table`` has one row per (candidate, backend), ``speedup`` against AR through the
+        FIRST backend (the reference: the official module unless given otherwise).
 
     Raises:
-        ValueError: a device that cannot be timed, a calibration for another model, no contexts.
+        ValueError: a device that cannot be timed, a calibration for another model, no contexts, both ``backend``
+            and ``backends``.
     """
     cp = code_predictor
     dev = next(cp.parameters()).device
@@ -149,45 +160,56 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
         raise ValueError("the calibration was made for another model (codes or codebook size differ): recalibrate")
     if contexts.shape[0] < 1:
         raise ValueError("no contexts to time the decoders on")
+    if backend is not None and backends:
+        raise ValueError("give backend or backends, not both")
+    pool = dict(backends) if backends else {"official" if backend is None else getattr(backend, "name", "b"):
+                                            OfficialBackend(cp) if backend is None else backend}
     cands = candidates(calibration, budgets)
-    backend = OfficialBackend(cp) if backend is None else backend
-    curve = verify_cost_curve(cp, {"b": backend}, query_sizes=sorted({c[2] for c in cands}), repeats=cost_repeats,
-                              warmup=2, seed=seed, progress=progress, noise_target=noise_target)
-    costs = {r["query_positions"]: r["median_ms"] for r in curve["rows"]}
     from rvqspec_lib.eval.bench import oversubscribed_note
 
-    crowded = oversubscribed_note({**curve["meta"], "cpu_count": curve["meta"].get("cpu_count") or os.cpu_count()})
-    t1 = costs[1]
-    rows = []
-    for label, dec, nodes, e in cands:
-        rows.append({"label": label, "nodes": nodes, "predicted_tokens_per_call": e, "verify_ms": costs[nodes],
-                     "verify_ratio": costs[nodes] / t1, "predicted_speedup": e * t1 / costs[nodes]})
-    ranked = sorted((r for r in rows if r["label"] != "ar"), key=lambda r: -r["predicted_speedup"])
-    chosen = ["ar"] + [r["label"] for r in ranked[:shortlist]]
+    rows, crowded, chosen = [], "", {"ar"}
+    for bname, bk in pool.items():
+        curve = verify_cost_curve(cp, {bname: bk}, query_sizes=sorted({c[2] for c in cands}), repeats=cost_repeats,
+                                  warmup=2, seed=seed, progress=progress, noise_target=noise_target)
+        costs = {r["query_positions"]: r["median_ms"] for r in curve["rows"]}
+        crowded = crowded or oversubscribed_note({**curve["meta"],
+                                                  "cpu_count": curve["meta"].get("cpu_count") or os.cpu_count()})
+        t1 = costs[1]
+        mine = [{"label": label, "backend": bname, "nodes": nodes, "predicted_tokens_per_call": e,
+                 "verify_ms": costs[nodes], "verify_ratio": costs[nodes] / t1, "predicted_speedup": e * t1 / costs[nodes]}
+                for label, dec, nodes, e in cands]
+        rows += mine
+        ranked = sorted((r for r in mine if r["label"] != "ar"), key=lambda r: -r["predicted_speedup"])
+        chosen |= {r["label"] for r in ranked[:shortlist]}
     by_label = {c[0]: c[1] for c in cands}
-    timed = time_frames(cp, contexts[:frames], {k: by_label[k] for k in chosen}, {"b": backend}, sampling=sampling,
+    chosen = ["ar"] + sorted(chosen - {"ar"})
+    timed = time_frames(cp, contexts[:frames], {k: by_label[k] for k in chosen}, pool, sampling=sampling,
                         drafter=drafter, repeats=repeats * min(frames, contexts.shape[0]), warmup=1, seed=seed,
                         progress=progress, acceptance=acceptance, noise_target=noise_target)
-    n = P.n_codes(cp)
-    measured = {r["decoder"]: r for r in timed["rows"]}
-    ar_ms = measured["ar"]["ms_per_frame"] / n
+    measured = {(r["decoder"], r["backend"]): r for r in timed["rows"]}
+    ref = next(iter(pool))
+    ar_ms = measured[("ar", ref)]["ms_per_frame"] / n
     for r in rows:
-        m = measured.get(r["label"])
+        m = measured.get((r["label"], r["backend"]))
         r["ms_per_code"] = m["ms_per_frame"] / n if m else None
         r["measured_tokens_per_call"] = m["tokens_per_call"] if m else None
         r["speedup"] = ar_ms / r["ms_per_code"] if m else None
-    best = min(measured, key=lambda k: measured[k]["ms_per_frame"])
-    b = next(r for r in rows if r["label"] == best)
-    reason = (f"{best}: {b['ms_per_code']:.3f} ms per code measured ({b['speedup']:.2f}x AR's {ar_ms:.3f}), "
+    best_label, best_backend = min(measured, key=lambda k: measured[k]["ms_per_frame"])
+    b = next(r for r in rows if r["label"] == best_label and r["backend"] == best_backend)
+    where = f" through the {best_backend} forward" if len(pool) > 1 else ""
+    vs = f"AR's {ar_ms:.3f}" + (f" through the {ref} forward" if len(pool) > 1 else "")
+    reason = (f"{best_label}{where}: {b['ms_per_code']:.3f} ms per code measured ({b['speedup']:.2f}x {vs}), "
               f"{b['measured_tokens_per_call']:.2f} tokens per call, verify call t({b['nodes']})/t(1) = "
               f"{b['verify_ratio']:.2f}, predicted speedup E(N) t(1)/t(N) = {b['predicted_speedup']:.2f}x; "
-              f"{len(chosen)} of {len(rows)} candidates decoded ({min(frames, contexts.shape[0])} frames x "
-              f"{repeats} repeats)")
+              f"{len(chosen)} of {len(cands)} candidates decoded"
+              + (f" through each of {len(pool)} forwards ({', '.join(pool)})" if len(pool) > 1 else "")
+              + f" ({min(frames, contexts.shape[0])} frames x {repeats} repeats)")
     if noise_target is not None:
         from rvqspec_lib.eval.noise import noise_words
 
         reason += f"; frames timed: {noise_words(timed['meta'])}"
-    return AutoChoice(best, by_label[best], reason, rows, oversubscribed=crowded)
+    return AutoChoice(best_label, by_label[best_label], reason, rows, oversubscribed=crowded,
+                      backend=best_backend if len(pool) > 1 or backends else None)
 
 
 def cache_file() -> Path:
@@ -261,7 +283,8 @@ def write_cache(path: Path, store: dict) -> bool:
 def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.Tensor, *, drafter=None,
                  drafter_name: str = "heads", refresh: bool = False, cache: str | os.PathLike | None = None,
                  **kwargs) -> AutoChoice:
-    """:func:`choose_decoder`, cached per device, model, dtype, drafter, threads and calibration.
+    """:func:`choose_decoder`, cached per device, model, dtype, drafter, threads and calibration (and the backends
+    chosen among, when ``backends=`` is passed: the cached entry keeps the chosen backend's name).
 
     A cached choice is reused (``reason`` says so) unless ``refresh``; a new one is written atomically, unless its
     verify-cost timing was oversubscribed (:attr:`AutoChoice.oversubscribed`: ``reason`` says so). A damaged
@@ -270,6 +293,8 @@ def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.
     """
     path = Path(cache) if cache is not None else cache_file()
     key = cache_key(model, code_predictor, calibration, drafter_name)
+    if kwargs.get("backends"):  # a choice among backends is its own entry
+        key["backends"] = sorted(kwargs["backends"])
     kid = json.dumps(key, sort_keys=True)
     store = read_cache(path)
     if not refresh and kid in store:
@@ -278,14 +303,17 @@ def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.
         dec = {c[0]: c[1] for c in candidates(calibration)}.get(label)
         if dec is not None:
             table = hit.get("table", [])
-            return AutoChoice(label, dec, f"{hit.get('reason', '') or label} (a cached choice, {path}: delete it or "
-                              "set RVQSPEC_CACHE to time again)", table if isinstance(table, list) else [], key)
+            backend = hit.get("backend") if isinstance(hit.get("backend"), str) else None
+            if backend is None or backend in (kwargs.get("backends") or {}):
+                return AutoChoice(label, dec, f"{hit.get('reason', '') or label} (a cached choice, {path}: delete it "
+                                  "or set RVQSPEC_CACHE to time again)", table if isinstance(table, list) else [], key,
+                                  backend=backend)
     choice = choose_decoder(code_predictor, calibration, contexts, drafter=drafter, **kwargs)
     choice.key = key
     if choice.oversubscribed:  # a noisy choice is used once, never kept
         choice.reason += f"; {choice.oversubscribed} while timing, so this choice is not cached"
         return choice
     store[kid] = {"label": choice.label, "reason": choice.reason, "table": choice.table, "key": key,
-                  "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                  "backend": choice.backend, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
     write_cache(path, store)
     return choice

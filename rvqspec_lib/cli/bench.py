@@ -34,9 +34,10 @@ def _int_list(s: str) -> list[int]:
     try:
         vals = [int(v) for v in s.replace(" ", "").split(",") if v]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+        raise argparse.ArgumentTypeError("give query positions as comma-separated whole numbers, e.g. 1,2,4,8") \
+            from None
     if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+        raise argparse.ArgumentTypeError(f"query positions are >= 1: give e.g. 1,2,4,8 (at most {MAX_QUERIES})")
     return vals
 
 

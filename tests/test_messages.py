@@ -288,3 +288,36 @@ def test_bench_noise_target_is_named_as_the_flag(capsys, monkeypatch, argv, word
     assert rc == 2 and words in line and "usage" not in err, line
     assert "noise_target" not in line and "repeats (" not in line, line  # never the library's argument names
 
+
+# ---- train-drafter-parallel: frames that are not there name the command that makes them ---------------------------
+def _parallel(tmp_path, frames, *extra):
+    return main(["train-drafter-parallel", "--model", "embedded", "--drafter", "offsets", "--frames", str(frames),
+                 "--out", str(tmp_path / "d.safetensors"), *extra])
+
+
+@pytest.mark.parametrize("case", ["missing", "no-index", "missing-shard", "missing-val"])
+def test_train_drafter_parallel_names_extract_frames(tmp_path, capsys, monkeypatch, case):
+    import json
+
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    frames = tmp_path / "frames"
+    if case != "missing":
+        frames.mkdir()
+    if case in ("missing-shard", "missing-val"):
+        shard = "frames-00000-of-00001.safetensors"
+        (frames / "index.json").write_text(json.dumps({"shards": [shard], "world": 1, "n_utterances": 1}))
+        if case == "missing-val":
+            (frames / shard).write_bytes(b"")  # present: the check reaches --val-frames
+    extra = ["--val-frames", str(tmp_path / "val")] if case == "missing-val" else []
+    rc = _parallel(tmp_path, frames, *extra)
+    err = capsys.readouterr().err
+    line = _one_error_line(err)
+    assert rc == 2 and "usage" not in err and not (tmp_path / "d.safetensors").exists(), line
+    split, path, flag = ("validation", tmp_path / "val", "--val-frames") if case == "missing-val" else \
+        ("training", frames, "--frames")
+    assert line.startswith(f"rvqspec: error: {flag} {path} "), line
+    assert f"`rvqspec extract-frames --model embedded --split {split} --out {path}`" in line, line
+    assert {"missing": "does not exist", "no-index": "holds no index.json", "missing-val": "does not exist",
+            "missing-shard": "misses shard frames-00000-of-00001.safetensors of its index.json"}[case] in line
+    for library_name in ("frames_from_model", "Frames.save", "rvqspec_lib", "extract_frames"):
+        assert library_name not in line, line

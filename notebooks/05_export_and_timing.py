@@ -327,7 +327,8 @@ paper_frames_df[["decoder", "backend", "nodes", "tokens_per_call", "ms_per_frame
 # %% [markdown]
 # ## On a GPU: CUDA graphs (scripts/gpu_bench.py)
 # The same comparison for the real-size architecture in bfloat16 on one GPU, every verify call shape and the fused
-# frame captured as CUDA graphs. The JSON is written by `python scripts/gpu_bench.py` on a GPU machine.
+# frame captured as CUDA graphs, and the fused speculative rounds (one graph per start depth) beside the fused AR
+# frame. The JSON is written by `python scripts/gpu_bench.py` on a GPU machine.
 
 # %%
 gpu_path = Path(gpu_json) if Path(gpu_json).is_absolute() else REPO_ROOT / gpu_json  # an input: read, not written
@@ -341,6 +342,10 @@ else:
                      f"written {gpu['provenance'].get('timestamp', '?')}."))
     display(Markdown(format_rows(gpu["summary"], digits=2)))
     display(Markdown(format_rows(gpu["speedup_vs_n"], digits=2)))
+    if gpu.get("fused_spec"):  # JSONs written before the fused rounds were captured have no such rows
+        display(Markdown("The fused speculative rounds as CUDA graphs beside the fused AR frame (`x_fused_ar`: ms "
+                         "per frame over the fused AR frame's, below 1 the speculative frame is the faster):\n\n"
+                         + format_rows(gpu["fused_spec"], digits=2)))
     if gpu["projected"]:
         display(Markdown(format_rows(gpu["projected"], digits=2)))
 

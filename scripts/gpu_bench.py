@@ -1,8 +1,10 @@
 """GPU leg of notebook 05: the real-size code predictor on one CUDA GPU, CUDA graphs on, AR vs chains vs trees vs the
-fused AR frame, plus the verify cost curve and the speedup it projects. Writes a JSON that notebook 05 reads.
+fused AR frame vs the fused speculative rounds, plus the verify cost curve and the speedup it projects. Writes a JSON
+that notebook 05 reads.
 
     python scripts/gpu_bench.py                                  # 0.6B architecture, bfloat16, CUDA graphs
     python scripts/gpu_bench.py --out figures/05_gpu.json --repeats 30 --calibration figures/05_calibration.json
+    python scripts/gpu_bench.py --fused-chains 4 --budgets 4 --chains 4   # a short run: AR, chain 4, fused chain 4
     python scripts/gpu_bench.py --dry-run --out build/gpu_dry.json   # the same logic on the CPU, tiny model, eager
 
 What runs (rvqspec_lib.eval.export_timing, rvqspec_lib.models.cuda_graphs; docs/style.md#benchmarks):
@@ -12,14 +14,19 @@ What runs (rvqspec_lib.eval.export_timing, rvqspec_lib.models.cuda_graphs; docs/
 2. frame times, interleaved, the GPU synchronised around each frame: AR, ``Chain(w)`` for ``--chains``, the
    calibrated tree of each node budget in ``--budgets`` (from ``--calibration``, the trees notebook 05 calibrated on
    the embedded model; without it, chains only), each through :class:`GraphedBackend` (every verify call shape
-   captured once as a CUDA graph), and the fused AR frame captured as one graph (:class:`GraphedFrame`);
+   captured once as a CUDA graph), the fused AR frame captured as one graph (:class:`GraphedFrame`), and the fused
+   speculative chain of each window in ``--fused-chains`` (default: the ``--chains``) with its prefill and the round
+   of every start depth captured as one graph each (:class:`GraphedChainFrame`: static buffers, the frame's uniforms
+   drawn up front into a static input, one host read per round, the new depth); the JSON's ``fused_spec`` rows give
+   each fused round's ms per frame, tokens per call and ``x_fused_ar``, its frame time over the fused AR frame's
+   (:func:`rvqspec_lib.eval.export_timing.fused_spec_vs_fused_ar`; below 1 the speculative frame is faster);
 3. the verify cost curve t(N)/t(1) of one captured verify call for N in ``--queries``, and the speedup it projects
    for the calibration's expected tokens per call, ``E(N) t(1) / t(N)`` (docs/methods.md#choosing-the-node-budget).
 
 Budget: about 2-4 minutes on one recent GPU (capture is under a second per shape; --max-minutes stops adding
 conditions past the budget). Without CUDA it stops with a one-line error unless ``--dry-run`` is given, which runs
 every step on the CPU with ``--model tiny-random``, float32, no capture (``use_graphs=False``), two repeats: what
-tests/test_gpu_bench.py checks.
+tests/test_export_cli.py checks (and tests/test_export_timing.py the graphed frames' logic).
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--calibration", default=None, help=f"calibrated trees (default {DEFAULT_CALIBRATION} if present)")
     p.add_argument("--budgets", type=_ints, default=[2, 4, 8, 16, 32, 64], help="tree node budgets N")
     p.add_argument("--chains", type=_ints, default=[2, 4, 8], help="chain windows")
+    p.add_argument("--fused-chains", type=_ints, default=None, help="windows of the fused speculative chain, one "
+                   "CUDA graph per start depth (default: the --chains; empty string: none)")
     p.add_argument("--queries", type=_ints, default=[1, 2, 4, 8, 16, 32, 64], help="verify cost curve N")
     p.add_argument("--repeats", type=int, default=None, help="timed frames per condition (default 30; 2 dry)")
     p.add_argument("--warmup", type=int, default=3, help="untimed frames per condition first (capture happens here)")
@@ -91,10 +100,14 @@ def main(argv=None) -> int:
     if min(args.budgets + args.queries) < 1 or max(args.budgets + args.queries) > 64 or repeats < 1:
         print("gpu_bench: error: --budgets and --queries must lie in 1..64 and --repeats be >= 1", file=sys.stderr)
         return 2
+    fused_windows = args.chains if args.fused_chains is None else args.fused_chains
+    if any(not 2 <= w <= 8 for w in args.chains + fused_windows):
+        print("gpu_bench: error: --chains and --fused-chains are chain windows: give values in 2..8", file=sys.stderr)
+        return 2
 
     from rvqspec_lib.eval import export_timing as T
     from rvqspec_lib.eval.speed import random_contexts
-    from rvqspec_lib.models.cuda_graphs import GraphedBackend, GraphedFrame
+    from rvqspec_lib.models.cuda_graphs import GraphedBackend, GraphedChainFrame, GraphedFrame
     from rvqspec_lib.models.loader import load_model
 
     t_start = time.perf_counter()
@@ -117,6 +130,9 @@ def main(argv=None) -> int:
     contexts = random_contexts(cp, 16, seed=args.seed).to(device)
     backend = GraphedBackend(cp, use_graphs=not args.dry_run)
     frame = GraphedFrame(cp, use_graphs=not args.dry_run)
+    fused_spec = [GraphedChainFrame(cp, w, use_graphs=not args.dry_run) for w in fused_windows]
+    for f in fused_spec:  # every round graph captured before any timed frame
+        f.compile_all(1)
     rows, skipped = [], []
     budget_s = args.max_minutes * 60
     # conditions in groups, so that a slow machine still writes AR, the fused frame and the chains
@@ -130,7 +146,8 @@ def main(argv=None) -> int:
             skipped += list(group)
             continue
         res = T.device_frame_times(cp, contexts, {"AR": decoders["AR"], **group}, backend,
-                                   frame if i == 0 else None, label="cuda-graphs" if not args.dry_run else "dry-run",
+                                   frame if i == 0 else None, fused_spec=fused_spec if i == 0 else (),
+                                   label="cuda-graphs" if not args.dry_run else "dry-run",
                                    repeats=repeats, warmup=warmup, seed=args.seed, progress=sys.stderr.isatty())
         rows += [r for r in res["rows"] if i == 0 or r["decoder"] != "AR"]
         meta = res["meta"]
@@ -146,19 +163,25 @@ def main(argv=None) -> int:
         "random_weights": lm.is_random, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
         "cuda": torch.version.cuda, "cuda_graphs": backend.use_graphs, "calibration": cal_path,
         "frame_rows": rows, "speedup_vs_n": T.speedup_vs_n(rows), "summary": T.summary_by_backend(rows),
+        "fused_spec": T.fused_spec_vs_fused_ar(rows),
         "verify_cost": cost["rows"], "projected": projected, "skipped": skipped, "meta": meta,
         "capture_s": {str(k): round(v, 3) for k, v in backend.capture_s.items()},
         "frame_capture_s": {str(k): round(v, 3) for k, v in frame.compile_s.items()},
+        "fused_spec_capture_s": {f.name: round(sum(f.compile_s.values()), 3) for f in fused_spec},
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
     params = {"model": model, "dtype": dtype, "repeats": repeats, "warmup": warmup, "seed": args.seed,
-              "threads": torch.get_num_threads(), "budgets": budgets, "chains": args.chains, "queries": args.queries, "dry_run": bool(args.dry_run),
+              "threads": torch.get_num_threads(), "budgets": budgets, "chains": args.chains,
+              "fused_chains": fused_windows, "queries": args.queries, "dry_run": bool(args.dry_run),
               "script": "scripts/gpu_bench.py"}
     save_json(result, out, provenance(params, seed=args.seed))
     s = result["summary"][0] if result["summary"] else {}
     print(f"wrote {out} in {result['wall_s']:.0f} s: AR {s.get('ar_ms') or float('nan'):.2f} ms/frame, fused "
           f"{s.get('fused_ms') or float('nan'):.2f}, best speculative {s.get('best_decoder')} "
-          f"{s.get('best_ms') or float('nan'):.2f}" + (f"; skipped {skipped} (over --max-minutes)" if skipped else ""))
+          f"{s.get('best_ms') or float('nan'):.2f}"
+          + "".join(f"; {r['decoder']} {r['ms_per_frame']:.2f} ({r['tokens_per_call']:.2f} tokens/call, "
+                    f"x{r['x_fused_ar'] or float('nan'):.2f} the fused AR frame)" for r in result["fused_spec"])
+          + (f"; skipped {skipped} (over --max-minutes)" if skipped else ""))
     return 0
 
 

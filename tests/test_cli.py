@@ -181,6 +181,103 @@ def test_every_command_reports_its_threads(tmp_path, capsys, fake_threads):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# argparse's own errors: one line naming the fix, status 2, never the usage block
+# ---------------------------------------------------------------------------------------------------------------------
+def _parse_error(capsys, argv) -> str:
+    """main(argv) must stop in the parser with status 2 and ONE line ``rvqspec: error: ...``; returns that line."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    err = captured.err
+    assert captured.out == "" and "usage:" not in err and "Traceback" not in err, err
+    assert err.startswith("rvqspec: error: ") and err.count("\n") == 1, err
+    return err.strip()
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["synth", "--dtype", "float16"],
+     "--dtype float16 is not a precision rvqspec synth takes: use float32, float64, bfloat16, int8 or int8-dynamic"),
+    (["train-drafter", "--drafter", "bogus"],
+     "--drafter bogus is not a drafter rvqspec train-drafter takes: use offsets or medusa"),
+    (["eval-wer", "--dataset-kind", "common-voice"],
+     "--dataset-kind common-voice is not a dataset kind rvqspec eval-wer takes: use fleurs, librispeech or voxpopuli"),
+    (["bench", "--queries", "0"], "--queries 0: query positions are >= 1: give e.g. 1,2,4,8 (at most 1024)"),
+    (["bench", "--queries", "1,x"], "--queries 1,x: give query positions as comma-separated whole numbers, e.g. "
+                                    "1,2,4,8"),
+    (["bench", "--prefix-len", "eight"], "--prefix-len eight is not a whole number: give e.g. --prefix-len 8"),
+    (["bench", "--noise-target", "two"], "--noise-target two is not a number: write a number after --noise-target"),
+    (["--threads", "many", "bench"], "--threads many is not a whole number: write a whole number after --threads"),
+    (["synth", "--model", "tiny-random", "--text", "Hi."],
+     "rvqspec synth needs --out: add it (rvqspec synth --help describes every flag)"),
+    (["synth", "--model", "tiny-random", "--out", "x.wav"],
+     "rvqspec synth needs one of --text or --text-file: add one"),
+    (["synth", "--model", "tiny-random", "--text", "Hi.", "--out"],
+     "--out needs a value: give it after the flag (rvqspec synth --help)"),
+    (["bench", "--bogus"], "rvqspec bench has no argument --bogus: rvqspec bench --help lists the flags"),
+    (["bench", "--de", "cpu"], "--de could be --device or --decoders: write the flag out"),
+    (["speak"], "'speak' is not an rvqspec command: use synth, bench, train-drafter, eval-acceptance, export, "
+                "eval-wer, extract-frames or train-drafter-parallel (rvqspec --help says what each does)"),
+    ([], "give a command: synth, bench, train-drafter, eval-acceptance, export, eval-wer, extract-frames or "
+         "train-drafter-parallel (rvqspec --help says what each does)"),
+])
+def test_parser_errors_are_one_line_naming_the_fix(capsys, argv, line):
+    assert _parse_error(capsys, argv) == f"rvqspec: error: {line}"
+
+
+def test_every_choices_flag_of_every_command_is_one_line(capsys):
+    """Solved once, for all commands: every sub-parser is the one-line parser, and each ``choices=`` flag of each
+    command refuses a bad value in one line that lists its choices (no usage block)."""
+    from rvqspec_lib.cli.common import OneLineParser
+    from rvqspec_lib.cli.main import COMMANDS, build_parser
+
+    subs = next(a for a in build_parser()._actions if a.dest == "cmd").choices
+    assert set(subs) == set(COMMANDS)
+    checked = 0
+    for name, sub in subs.items():
+        assert isinstance(sub, OneLineParser), name
+        for action in sub._actions:
+            if action.option_strings and action.choices is not None:
+                flag = max(action.option_strings, key=len)
+                line = _parse_error(capsys, [name, flag, "no-such-value"])
+                assert line.startswith(f"rvqspec: error: {flag} no-such-value is not ") and \
+                    f"rvqspec {name} takes: use " in line and all(str(c) in line for c in action.choices), line
+                checked += 1
+    assert checked >= 8  # synth --dtype / --codes-to-audio, train-drafter --drafter / --loss / --dtype, ...
+
+
+def test_a_bad_choice_from_a_real_process_is_one_line():
+    """The console's view: status 2 and exactly one line on stderr, before torch is imported."""
+    r = subprocess.run([sys.executable, "-m", "rvqspec_lib.cli.main", "synth", "--dtype", "float16"],
+                       capture_output=True, text=True, env=ENV, cwd=REPO, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == ("rvqspec: error: --dtype float16 is not a precision rvqspec synth takes: use float32, "
+                        "float64, bfloat16, int8 or int8-dynamic\n")
+    assert _heavy_modules_after(["synth", "--dtype", "float16"]) == []
+
+
+def test_the_accelerate_entry_points_are_one_line_too(capsys):
+    """``accelerate launch -m rvqspec_lib.cli.extract_frames / .train_drafter_parallel`` build their own parser."""
+    from rvqspec_lib.cli import extract_frames, train_drafter_parallel
+
+    for mod, argv, line in (
+            (train_drafter_parallel, ["--drafter", "eagle"], "--drafter eagle is not a drafter rvqspec "
+                                                              "train-drafter-parallel takes: use offsets or medusa"),
+            (extract_frames, ["--model", "embedded", "--out", "x", "--batch-size", "8.5"],
+             "--batch-size 8.5 is not a whole number: give e.g. --batch-size 8")):
+        with pytest.raises(SystemExit) as e:
+            mod.main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err == f"rvqspec: error: {line}\n"
+
+
+def test_help_still_prints_the_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: rvqspec bench")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # synth: checks before any work (and before the model loads)
 # ---------------------------------------------------------------------------------------------------------------------
 def _synth(tmp_path, *extra, text="Hi there."):

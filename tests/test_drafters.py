@@ -626,7 +626,8 @@ def test_cli_errors(capsys):
     assert "window" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "eagle"])
-    assert "invalid choice" in capsys.readouterr().err
+    assert "--drafter eagle is not a drafter rvqspec eval-acceptance takes: use heads, offsets or medusa" in \
+        capsys.readouterr().err
     assert cli_main(["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "4"]) == 2
     assert "--out is required" in capsys.readouterr().err
 

@@ -123,6 +123,21 @@ def test_gpu_bench_dry_run_writes_what_notebook_05_reads(tmp_path):
     rows = {r["decoder"]: r for r in res["frame_rows"]}
     assert {"AR", "fused-AR"} <= set(rows) and rows["AR"]["speedup_vs_ar"] == 1.0
     assert [r["query_positions"] for r in res["verify_cost"]][0] == 1 and res["verify_cost"][0]["ratio_to_q1"] == 1.0
+    # the fused speculative rounds (one graph per start depth; stand-ins in a dry run) beside the fused AR frame
+    spec = {r["decoder"]: r for r in res["fused_spec"]}
+    assert set(spec) == {"fused-chain2", "fused-chain4", "fused-chain8"} <= set(rows)
+    for r in spec.values():
+        assert r["fused_ar_ms"] == rows["fused-AR"]["ms_per_frame"] and r["tokens_per_call"] >= 1.0
+        assert r["x_fused_ar"] == pytest.approx(r["ms_per_frame"] / r["fused_ar_ms"])
+    assert set(res["fused_spec_capture_s"]) == {f"fused-chain{w}-static-eager" for w in (2, 4, 8)}
+    assert res["provenance"]["params"]["fused_chains"] == [2, 4, 8]
+
+
+def test_gpu_bench_refuses_a_window_outside_2_to_8_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--dry-run", "--fused-chains", "9",
+                           "--out", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--fused-chains" in proc.stderr and "2..8" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and not (tmp_path / "g.json").exists()
 
 
 def test_gpu_bench_without_cuda_is_one_line(tmp_path):

@@ -1,5 +1,6 @@
 """The timing harness across backends (rvqspec_lib.eval.export_timing) and the CUDA-graph backend's CPU-side logic
-(rvqspec_lib.models.cuda_graphs with use_graphs=False: static caches, in-place compaction, static input buffers).
+(rvqspec_lib.models.cuda_graphs with use_graphs=False: static caches, in-place compaction, static input buffers; the
+fused speculative chain's graphs built and replayed through EagerGraph stand-ins over its static buffers).
 
 Absent backends are reported with their reason, never timed; speedups are computed from the rows exactly; the
 static-buffer backend decodes the official module's codes draw for draw.
@@ -13,8 +14,9 @@ import torch
 import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.eval import export_timing as T
 from rvqspec_lib.eval import speed
-from rvqspec_lib.models.cuda_graphs import GraphedBackend, GraphedFrame
+from rvqspec_lib.models.cuda_graphs import EagerGraph, GraphedBackend, GraphedChainFrame, GraphedFrame
 from rvqspec_lib.models.fused import FusedARFrame
+from rvqspec_lib.models.fused_spec import FusedChainFrame
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree
 
@@ -130,12 +132,94 @@ def test_graphed_frame_logic_equals_the_fused_frame(cp):
                        ref.decode(ctx, torch.Generator().manual_seed(5)))
 
 
+@pytest.mark.parametrize("window", [2, 4])
+def test_graphed_chain_frame_logic_equals_the_fused_chain_frame(cp, window):
+    """The CUDA-graph fused chain without the capture: its static buffers, the graphs of every start depth built as a
+    capture builds them (warm-up calls that write into the buffers) and replayed by the frame loop, give the eager
+    FusedChainFrame's codes and calls for the same uniforms, frame after frame, alone and in a batch whose rows part
+    (rows at different depths: gathered into the buffers of their own batch size, which are built mid-frame)."""
+    g, ref = GraphedChainFrame(cp, window, use_graphs=False), FusedChainFrame(cp, window, compile=False)
+    parted = False
+    for batch in (1, 3):
+        ctx = torch.randn(batch, 2, P.talker_hidden_size(cp), generator=torch.Generator().manual_seed(batch))
+        for seed in range(3):  # several frames through the same static buffers
+            u = ref.uniforms(batch, torch.Generator().manual_seed(seed))
+            assert torch.equal(g(ctx, u), ref(ctx, u)) and g.last_calls == ref.last_calls
+            parted |= len(set(ref.last_calls)) > 1
+        assert torch.equal(g.decode(ctx, torch.Generator().manual_seed(7)),
+                           ref.decode(ctx, torch.Generator().manual_seed(7)))
+    assert parted  # the batch really had rows at different depths
+    assert g.name == f"fused-chain{window}-static-eager" and g.nodes == window
+
+
+def test_graphed_chain_frame_replays_one_graph_per_round_over_one_set_of_buffers(cp):
+    g = GraphedChainFrame(cp, 4, use_graphs=False)
+    assert g.compile_all(1) >= 0 and g.compile_all(1) == 0.0  # captured once per batch size
+    assert set(g._graphs) == {("prefill", 1), *((s, 1) for s in range(1, g.n_codes))}
+    assert all(isinstance(graph, EagerGraph) for graph in g._graphs.values())
+    replays = []
+    for key, graph in g._graphs.items():
+        graph.fn = (lambda fn, key: lambda: (replays.append(key), fn())[1])(graph.fn, key)
+    buf = g.buffers(1)
+    addresses = {name: t.data_ptr() for name, t in buf.items()}
+    ctx = torch.randn(1, 2, P.talker_hidden_size(cp), generator=torch.Generator().manual_seed(0))
+    for seed in range(2):
+        replays.clear()
+        codes = g.decode(ctx, torch.Generator().manual_seed(seed))
+        # the prefill, then one graph per round, each chosen by the depth the previous one left
+        assert replays[0] == ("prefill", 1) and len(replays) == g.last_calls[0]
+        depths = [key[0] for key in replays[1:]]
+        assert depths == sorted(set(depths)) and depths[0] == 1 and all(d < g.n_codes for d in depths)
+        assert int(buf["depth"][0]) == g.n_codes and torch.equal(codes, buf["codes"])
+        assert codes.data_ptr() != buf["codes"].data_ptr()  # a copy: the next frame overwrites the buffers
+    assert {name: t.data_ptr() for name, t in g.buffers(1).items()} == addresses  # the same buffers every frame
+    with pytest.raises(ValueError, match=r"uniforms must have shape \(1, 15, 7\)"):
+        g(ctx, torch.zeros(1, 15, 3, dtype=torch.float64))
+
+
 def test_cuda_graphs_off_cuda_are_refused_in_one_line(cp):
-    for make in (lambda: GraphedBackend(cp, use_graphs=True), lambda: GraphedFrame(cp, use_graphs=True)):
+    for make in (lambda: GraphedBackend(cp, use_graphs=True), lambda: GraphedFrame(cp, use_graphs=True),
+                 lambda: GraphedChainFrame(cp, 4, use_graphs=True)):
         with pytest.raises(ValueError, match="CUDA device") as e:
             make()
         assert "\n" not in str(e.value)
     assert GraphedBackend(cp).use_graphs is False  # default: graphs only where the module is on CUDA
+    assert GraphedChainFrame(cp).use_graphs is False
+
+
+def test_device_timers_time_the_fused_rounds_beside_the_fused_ar_frame(cp):
+    """gpu_bench's fused-spec leg on the CPU: the graphed fused chains timed in the same interleaved run as AR and the
+    fused AR frame, their tokens per call counted from their calls, their ratio to the fused AR frame read off the
+    rows."""
+    ctx = speed.random_contexts(cp, 2)
+    spec = [GraphedChainFrame(cp, w, use_graphs=False) for w in (2, 4)]
+    res = T.device_frame_times(cp, ctx, {"AR": AR()}, GraphedBackend(cp, use_graphs=False),
+                               GraphedFrame(cp, use_graphs=False), fused_spec=spec, label="static", repeats=2,
+                               warmup=1, progress=False)
+    rows = {r["decoder"]: r for r in res["rows"]}
+    assert set(rows) == {"AR", speed.FUSED, "fused-chain2", "fused-chain4"}
+    for w in (2, 4):
+        r = rows[f"fused-chain{w}"]
+        assert 1.0 <= r["tokens_per_call"] <= w and r["calls_per_frame"] == pytest.approx(
+            P.n_codes(cp) / r["tokens_per_call"])
+        assert r["speedup_vs_fused"] == pytest.approx(rows[speed.FUSED]["ms_per_frame"] / r["ms_per_frame"])
+    beside = T.fused_spec_vs_fused_ar(res["rows"])
+    assert [r["decoder"] for r in beside] == ["fused-chain2", "fused-chain4"]
+    for r in beside:
+        assert r["fused_ar_ms"] == rows[speed.FUSED]["ms_per_frame"] and r["backend"] == "static"
+        assert r["x_fused_ar"] == pytest.approx(r["ms_per_frame"] / r["fused_ar_ms"])
+        assert r["tokens_per_call"] == rows[r["decoder"]]["tokens_per_call"]
+
+
+def test_fused_spec_vs_fused_ar_is_read_off_the_rows():
+    rows = ROWS + [{"decoder": "fused-chain4", "backend": "eager", "ms_per_frame": 12.0, "p10_ms": 11.0,
+                    "p90_ms": 13.0, "tokens_per_call": 2.5, "calls_per_frame": 6.0},
+                   {"decoder": "fused-tree8", "backend": "onnx", "ms_per_frame": 9.0, "p10_ms": 8.0, "p90_ms": 10.0,
+                    "tokens_per_call": 3.0, "calls_per_frame": 5.0}]
+    out = T.fused_spec_vs_fused_ar(rows)
+    assert [(r["decoder"], r["backend"], r["fused_ar_ms"], r["x_fused_ar"]) for r in out] == [
+        ("fused-chain4", "eager", 15.0, 12.0 / 15.0), ("fused-tree8", "onnx", None, None)]  # onnx: no fused AR row
+    assert T.fused_spec_vs_fused_ar(ROWS) == []
 
 
 def test_device_timers_on_the_cpu(cp):

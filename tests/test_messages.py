@@ -247,3 +247,77 @@ def test_unknown_model_name_is_still_unknown(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(loader, "load_model", _no_load)
     rc = main(["synth", "--model", "no-such-model", "--text", "Hi.", "--out", str(tmp_path / "a.wav")])
     assert rc == 2 and "unknown model 'no-such-model'" in _one_error_line(capsys.readouterr().err)
+
+
+# ---- bench: float16 on the CPU, --noise-target named as a flag -----------------------------------------------------
+def test_bench_refuses_float16_on_the_cpu_before_loading(capsys, monkeypatch):
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    for argv in (["--dtype", "float16"], ["--dtype", "float16", "--device", "cpu"],
+                 ["--table", "--dtype", "float32,float16"]):
+        rc = main(["bench", "--model", "tiny-random", *argv])
+        err = capsys.readouterr().err
+        line = _one_error_line(err)
+        assert rc == 2 and "usage" not in err, err
+        assert line.startswith("rvqspec: error: --dtype float16 is a GPU precision here (a CPU emulates it): on the "
+                               "CPU use float32, or bfloat16 where the CPU has AVX512-BF16 or AMX-BF16 (this one does")
+        assert line.endswith("float16 on a GPU: --device cuda"), line
+
+
+def test_bench_float16_on_a_gpu_device_passes_the_cpu_check(capsys, monkeypatch):
+    """Negative control: on --device cuda float16 is a precision to time; here (no CUDA) the next check speaks."""
+    import torch
+
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc = main(["bench", "--model", "tiny-random", "--dtype", "float16", "--device", "cuda"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "GPU precision" not in line and "this torch has no CUDA device" in line, line
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--noise-target", "-1"], "--noise-target -1 is not a relative standard error: give a fraction > 0 (e.g. "
+                               "--noise-target 0.02 for 2%), or drop it for exactly --repeats timings"),
+    (["--noise-target", "nan"], "--noise-target nan is not a relative standard error"),
+    (["--noise-target", "0.02", "--repeats", "1"], "--noise-target needs --repeats >= 2"),
+])
+def test_bench_noise_target_is_named_as_the_flag(capsys, monkeypatch, argv, words):
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    rc = main(["bench", "--model", "tiny-random", *argv])
+    err = capsys.readouterr().err
+    line = _one_error_line(err)
+    assert rc == 2 and words in line and "usage" not in err, line
+    assert "noise_target" not in line and "repeats (" not in line, line  # never the library's argument names
+
+
+# ---- train-drafter-parallel: frames that are not there name the command that makes them ---------------------------
+def _parallel(tmp_path, frames, *extra):
+    return main(["train-drafter-parallel", "--model", "embedded", "--drafter", "offsets", "--frames", str(frames),
+                 "--out", str(tmp_path / "d.safetensors"), *extra])
+
+
+@pytest.mark.parametrize("case", ["missing", "no-index", "missing-shard", "missing-val"])
+def test_train_drafter_parallel_names_extract_frames(tmp_path, capsys, monkeypatch, case):
+    import json
+
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    frames = tmp_path / "frames"
+    if case != "missing":
+        frames.mkdir()
+    if case in ("missing-shard", "missing-val"):
+        shard = "frames-00000-of-00001.safetensors"
+        (frames / "index.json").write_text(json.dumps({"shards": [shard], "world": 1, "n_utterances": 1}))
+        if case == "missing-val":
+            (frames / shard).write_bytes(b"")  # present: the check reaches --val-frames
+    extra = ["--val-frames", str(tmp_path / "val")] if case == "missing-val" else []
+    rc = _parallel(tmp_path, frames, *extra)
+    err = capsys.readouterr().err
+    line = _one_error_line(err)
+    assert rc == 2 and "usage" not in err and not (tmp_path / "d.safetensors").exists(), line
+    split, path, flag = ("validation", tmp_path / "val", "--val-frames") if case == "missing-val" else \
+        ("training", frames, "--frames")
+    assert line.startswith(f"rvqspec: error: {flag} {path} "), line
+    assert f"`rvqspec extract-frames --model embedded --split {split} --out {path}`" in line, line
+    assert {"missing": "does not exist", "no-index": "holds no index.json", "missing-val": "does not exist",
+            "missing-shard": "misses shard frames-00000-of-00001.safetensors of its index.json"}[case] in line
+    for library_name in ("frames_from_model", "Frames.save", "rvqspec_lib", "extract_frames"):
+        assert library_name not in line, line

@@ -81,7 +81,8 @@ def test_text_and_text_file_are_exclusive_and_batch_size_checked(tmp_path, capsy
     f.write_text("One.\n")
     with pytest.raises(SystemExit) as e:
         _synth(tmp_path, "--text", "Hi.", "--text-file", str(f))
-    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert e.value.code == 2 and "--text-file and --text exclude each other: give one of them" in \
+        capsys.readouterr().err
     assert _synth(tmp_path, "--text-file", str(f), "--batch-size", "0") == 2
     assert "--batch-size must be in 1..64" in capsys.readouterr().err
 

@@ -9,6 +9,7 @@ precision and backend, for the embedded model and the replayed 0.6B architecture
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from rvqspec_lib.cli.common import add_threads_arg, apply_threads, note
@@ -34,9 +35,10 @@ def _int_list(s: str) -> list[int]:
     try:
         vals = [int(v) for v in s.replace(" ", "").split(",") if v]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+        raise argparse.ArgumentTypeError("give query positions as comma-separated whole numbers, e.g. 1,2,4,8") \
+            from None
     if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+        raise argparse.ArgumentTypeError(f"query positions are >= 1: give e.g. 1,2,4,8 (at most {MAX_QUERIES})")
     return vals
 
 
@@ -143,10 +145,13 @@ def check_args(args) -> None:
         if not table and len(dtypes(args)) > 1:
             raise ValueError("--noise-target applies to one --dtype's call latencies (or --table): drop it or give "
                              "one --dtype")
-        try:
-            repeat_cap(target, args.repeats, None)
-        except ValueError as e:
-            raise ValueError(f"--noise-target/--repeats: {e}") from None
+        if not (target > 0 and math.isfinite(target)):  # the flags named, not repeat_cap's arguments
+            raise ValueError(f"--noise-target {target:g} is not a relative standard error: give a fraction > 0 "
+                             "(e.g. --noise-target 0.02 for 2%), or drop it for exactly --repeats timings")
+        if args.repeats < 2:
+            raise ValueError(f"--noise-target needs --repeats >= 2 (the minimum: one timing shows no noise), got "
+                             f"--repeats {args.repeats}")
+        repeat_cap(target, args.repeats, None)
     if table:
         return check_table_args(args)
     if args.repeats < 1 or args.warmup < 0:
@@ -213,6 +218,7 @@ def check_table_args(args) -> None:
     from rvqspec_lib.models.precision import native_precisions
 
     args.precision_list = dtypes(args) if args.dtype else list(native_precisions())
+    check_no_cpu_float16(args.precision_list, args.device)
     args.model_list = [m for m in str(args.models).replace(" ", "").split(",") if m]
     args.backend_list = [b for b in str(args.backends).replace(" ", "").split(",") if b]
     if str(args.device) != "cpu":
@@ -237,9 +243,22 @@ def dtypes(args) -> list[str]:
     return [d for d in str(args.dtype).replace(" ", "").split(",") if d]
 
 
+def check_no_cpu_float16(names, device) -> None:
+    """Raises ValueError (one line naming the fix) when ``--dtype`` names float16 on a CPU device: torch runs it
+    there, emulated, so its timings would say nothing of a device."""
+    if "float16" not in names or not str(device).startswith("cpu"):
+        return
+    from rvqspec_lib.models.precision import native_precisions
+
+    bf16 = "bfloat16" in native_precisions()
+    raise ValueError("--dtype float16 is a GPU precision here (a CPU emulates it): on the CPU use float32, or "
+                     f"bfloat16 where the CPU has AVX512-BF16 or AMX-BF16 (this one does{'' if bf16 else ' not'}); "
+                     "float16 on a GPU: --device cuda")
+
+
 def check_dtypes(args) -> None:
     """``--dtype``: known names, several only of the precisions, each one the CPU runs natively (on ``--device
-    cpu``); with ``--backend`` one precision, and float32 only unless the backend is one of
+    cpu``; float16 never on the CPU); with ``--backend`` one precision, and float32 only unless the backend is one of
     :data:`BACKEND_PRECISIONS_ANY`. Raises ValueError (one line naming the fix); imports no torch model."""
     from rvqspec_lib.models.precision import PRECISIONS, check_precision
 
@@ -249,6 +268,7 @@ def check_dtypes(args) -> None:
     if not names or bad:
         raise ValueError(f"unknown --dtype {','.join(bad) or args.dtype!r}: use {', '.join(known)}, or several of "
                          f"{', '.join(PRECISIONS)} comma-separated")
+    check_no_cpu_float16(names, args.device)
     if len(names) > 1 and any(d not in PRECISIONS for d in names):
         raise ValueError(f"several --dtype values are compared as precisions: use some of {', '.join(PRECISIONS)}")
     if len(set(names)) != len(names):

@@ -36,6 +36,127 @@ def note(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# the parser: argparse's errors as one line naming the fix
+# --------------------------------------------------------------------------------------------------------------------
+#: What the values of a ``choices=`` flag are, by argparse destination, for the one-line error (``--dtype float16
+#: is not a precision rvqspec synth takes: ...``); a flag not listed here is "a value".
+CHOICE_NOUNS = {
+    "dtype": "a precision",
+    "drafter": "a drafter",
+    "loss": "a training loss",
+    "decoder": "a decoder",
+    "codes_to_audio": "a way from codes to audio",
+    "teacher_codes": "a source of teacher codes",
+    "dataset_kind": "a dataset kind",
+}
+
+#: argparse type functions -> what their values are, for "--repeats abc is not a whole number".
+_TYPE_NOUNS = {int: "a whole number", float: "a number"}
+
+
+def _either(names) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    names = [str(n) for n in names]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """The parser of every ``rvqspec`` command (sub-parsers inherit it): bad input is ONE line
+    ``rvqspec: error: <what is wrong>: <the fix>`` on stderr and exit status 2 (``SystemExit(2)``, as argparse),
+    never argparse's usage block. ``--help`` is unchanged.
+
+    It rewrites argparse's own checks: a value outside ``choices=`` (named with :data:`CHOICE_NOUNS`, the choices
+    listed), a value its ``type=`` refuses (a ``type`` raising ``argparse.ArgumentTypeError`` supplies the fix
+    itself), a missing required flag or command, an unknown flag, two exclusive flags, a flag without its value.
+    The two checks that know their flag are argparse's hooks ``_check_value`` and ``_get_value`` (private names,
+    unchanged since Python 3.2); the others arrive as argparse's message and are rewritten by :meth:`one_line`, which
+    passes an unknown message on unchanged (still one line).
+    """
+
+    def _flag(self, action) -> str:
+        if action is None:
+            return "argument"
+        if action.option_strings:
+            return max(action.option_strings, key=len)  # the long form: --dtype, not -d
+        return "command" if isinstance(action, argparse._SubParsersAction) else str(action.metavar or action.dest)
+
+    def _check_value(self, action, value):
+        # argparse's hook for choices= (also the command name of the sub-parsers): same test, our sentence.
+        if action.choices is None or value in action.choices:
+            return
+        choices = _either(action.choices)
+        if isinstance(action, argparse._SubParsersAction):
+            msg = f"{value!r} is not an {self.prog} command: use {choices} ({self.prog} --help says what each does)"
+        else:
+            noun = CHOICE_NOUNS.get(action.dest, "a value")
+            msg = f"{self._flag(action)} {value} is not {noun} {self.prog} takes: use {choices}"
+        raise self._ready(msg)
+
+    def _get_value(self, action, arg_string):
+        # argparse's hook for type=: a refused value names the flag, what it wants and an example.
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as e:
+            flag = self._flag(action)
+            if action.type in _TYPE_NOUNS:
+                example = action.default if isinstance(action.default, (int, float)) and \
+                    not isinstance(action.default, bool) else None
+                noun = _TYPE_NOUNS[action.type]
+                fix = f"give e.g. {flag} {example}" if example is not None else f"write {noun} after {flag}"
+                msg = f"{flag} {arg_string} is not {_TYPE_NOUNS[action.type]}: {fix}"
+            else:  # an ArgumentTypeError of the project's own type functions: its message names the fix
+                msg = f"{flag} {arg_string}: {e.message}"
+            raise self._ready(msg) from None
+
+    def _ready(self, msg: str) -> argparse.ArgumentError:
+        """An ArgumentError whose message is already the one line (argparse passes it on to :meth:`error`)."""
+        self._ready_message = msg
+        return argparse.ArgumentError(None, msg)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, with the command named in the error about unknown flags (``parse_args`` reports them)."""
+        ns, extra = super().parse_known_args(args, namespace)
+        self._last_command = next((getattr(ns, a.dest, None) for a in self._actions
+                                   if isinstance(a, argparse._SubParsersAction)), None)
+        return ns, extra
+
+    def error(self, message: str):
+        """Print ``message`` as one line naming the fix and exit with status 2 (no usage block)."""
+        print(f"rvqspec: error: {self.one_line(message)}", file=sys.stderr)
+        self.exit(2)
+
+    def one_line(self, message: str) -> str:
+        """argparse's error ``message`` (from this parser) rewritten as one line naming the fix."""
+        import re
+
+        if message == getattr(self, "_ready_message", None):
+            return message
+        where = self.prog
+        if (m := re.fullmatch(r"the following arguments are required: (.*)", message)):
+            missing = [a.strip() for a in m.group(1).split(",")]
+            subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            if subs and (subs[0].metavar or subs[0].dest) in missing:
+                return f"give a command: {_either(subs[0].choices)} ({where} --help says what each does)"
+            return (f"{where} needs {_either(missing)}: add {'it' if len(missing) == 1 else 'them'} ({where} --help "
+                    "describes every flag)")
+        if (m := re.fullmatch(r"one of the arguments (.*) is required", message)):
+            return f"{where} needs one of {_either(m.group(1).split())}: add one"
+        if (m := re.fullmatch(r"unrecognized arguments: (.*)", message)):
+            cmd = getattr(self, "_last_command", None)
+            help_of = f"{where} {cmd}" if cmd else where
+            return f"{where}{' ' + cmd if cmd else ''} has no argument {m.group(1)}: {help_of} --help lists the flags"
+        if (m := re.fullmatch(r"argument (\S+): not allowed with argument (\S+)", message)):
+            return f"{m.group(1)} and {m.group(2)} exclude each other: give one of them"
+        if (m := re.fullmatch(r"argument (\S+): expected (.*) arguments?", message)):
+            return f"{m.group(1).split('/')[-1]} needs a value: give it after the flag ({where} --help)"
+        if (m := re.fullmatch(r"ambiguous option: (\S+) could match (.*)", message)):
+            return f"{m.group(1)} could be {_either(m.group(2).split(', '))}: write the flag out"
+        if (m := re.fullmatch(r"argument (\S+): (.*)", message)):
+            return f"{m.group(1).split('/')[-1]}: {m.group(2)} ({where} --help)"
+        return f"{message} ({where} --help)"
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # output files
 # --------------------------------------------------------------------------------------------------------------------
 #: argparse destinations that name an output file, and their flags: checked by ``main`` before any command runs.

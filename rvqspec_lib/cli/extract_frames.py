@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import add_threads_arg, apply_threads, resolve_threads
+from rvqspec_lib.cli.common import OneLineParser, add_threads_arg, apply_threads, resolve_threads
 
 
 def _die(msg: str) -> int:
@@ -93,7 +93,7 @@ def run(args, threads: int | None = None) -> int:
 
 def main(argv=None) -> int:
     """``python -m rvqspec_lib.cli.extract_frames`` (what ``accelerate launch -m`` runs)."""
-    p = argparse.ArgumentParser(prog="rvqspec extract-frames")
+    p = OneLineParser(prog="rvqspec extract-frames")
     add_args(p)
     return run(p.parse_args(argv))
 

@@ -42,6 +42,7 @@ from rvqspec_lib.cli import (
 )
 from rvqspec_lib.cli.common import (
     OUTPUT_FLAGS,
+    OneLineParser,
     _die,
     add_threads_arg,
     check_output_path,
@@ -64,8 +65,9 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``rvqspec`` parser: global ``--threads`` and one sub-parser per command."""
-    parser = argparse.ArgumentParser(prog="rvqspec", description="rvqspec: lossless speculative decoding of the "
+    """The ``rvqspec`` parser: global ``--threads`` and one sub-parser per command. A
+    :class:`~rvqspec_lib.cli.common.OneLineParser`, as are its sub-parsers: bad input is one line naming the fix."""
+    parser = OneLineParser(prog="rvqspec", description="rvqspec: lossless speculative decoding of the "
                                      "RVQ inner loop of Qwen3-TTS")
     add_threads_arg(parser, dest="global_threads")
     sub = parser.add_subparsers(dest="cmd", required=True)

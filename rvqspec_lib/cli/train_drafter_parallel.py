@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import add_threads_arg, apply_threads, resolve_threads
+from rvqspec_lib.cli.common import OneLineParser, add_threads_arg, apply_threads, resolve_threads
 
 
 def _die(msg: str) -> int:
@@ -45,6 +45,40 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="drafter file (.safetensors)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     add_threads_arg(p)
+
+
+def check_frames_path(path: str | None, flag: str, model: str, split: str) -> str | None:
+    """Why ``--frames`` / ``--val-frames`` cannot be read, or ``None`` if it can (``None`` path: nothing to check),
+    checked before the model loads. A folder must hold the ``index.json`` of ``rvqspec extract-frames`` and every
+    shard it lists; a file is read as a frames file (.safetensors) later.
+
+    Returns:
+        one line naming the ``rvqspec extract-frames`` command that makes the folder (``split`` is the split it
+        would extract: training for ``--frames``, validation for ``--val-frames``).
+    """
+    import json
+
+    from rvqspec_lib.training.distributed import INDEX
+
+    if path is None:
+        return None
+    p = Path(path)
+    make = f"rvqspec extract-frames --model {model} --split {split} --out {path}"
+    if not p.exists():
+        return f"{flag} {path} does not exist: make it with `{make}` (or give a frames file, .safetensors)"
+    if p.is_file():
+        return None
+    index = p / INDEX
+    if not index.is_file():
+        return (f"{flag} {path} holds no {INDEX} (extract-frames writes it when every shard is done): run `{make}`")
+    try:
+        shards = json.loads(index.read_text())["shards"]
+    except (ValueError, KeyError, TypeError):
+        return f"{flag} {path} holds an {INDEX} that extract-frames did not write: run `{make}` again"
+    missing = [name for name in shards if not (p / name).is_file()]
+    if missing:
+        return f"{flag} {path} misses shard {missing[0]} of its {INDEX}: run `{make}` again"
+    return None
 
 
 def _frames(path: str):
@@ -73,6 +107,10 @@ def run(args, threads: int | None = None) -> int:
                      ("--patience", args.patience >= 0), ("--val-fraction", 0 < args.val_fraction < 1)):
         if not ok:
             return _die(f"{flag} is out of range")
+    for flag, path, split in (("--frames", args.frames, "training"), ("--val-frames", args.val_frames, "validation")):
+        problem = check_frames_path(path, flag, args.model, split)
+        if problem:
+            return _die(problem)
     apply_threads(resolve_threads(args.threads, None) if threads is None else threads)
     par = Parallel.detect()
     try:
@@ -101,7 +139,7 @@ def run(args, threads: int | None = None) -> int:
 
 def main(argv=None) -> int:
     """``python -m rvqspec_lib.cli.train_drafter_parallel`` (what ``accelerate launch -m`` runs)."""
-    p = argparse.ArgumentParser(prog="rvqspec train-drafter-parallel")
+    p = OneLineParser(prog="rvqspec train-drafter-parallel")
     add_args(p)
     return run(p.parse_args(argv))
 

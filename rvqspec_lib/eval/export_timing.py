@@ -443,14 +443,24 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
 
 
 def device_frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, object], backend,
-                       fused=None, *, label: str = "cuda", sampling=None, repeats: int = 20, warmup: int = 2,
-                       seed: int = 0, progress: bool = True) -> dict:
+                       fused=None, *, fused_spec: Sequence = (), label: str = "cuda", sampling=None,
+                       repeats: int = 20, warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
     """Frame times of every decoder through ONE backend on the contexts' device (a GPU: generators on the device,
-    the device synchronised around each frame; :func:`time_conditions`), and of its fused frame.
+    the device synchronised around each frame; :func:`time_conditions`), of its fused AR frame and of its fused
+    speculative frames.
+
+    Args:
+        fused: the fused AR frame (``noise``, ``__call__``; e.g.
+            :class:`~rvqspec_lib.models.cuda_graphs.GraphedFrame`), row :data:`rvqspec_lib.eval.speed.FUSED`.
+        fused_spec: fused speculative chains (``uniforms``, ``__call__``, ``last_calls``, ``window``; e.g.
+            :class:`~rvqspec_lib.models.cuda_graphs.GraphedChainFrame`), rows ``fused-chain<window>``; their
+            uniforms are drawn inside the timed frame; capture them first (``compile_all``) or the first warm-up
+            frame does.
 
     Returns:
-        ``{"rows", "meta"}``, rows with ``decoder``, ``backend`` (= ``label``), ``tokens_per_call``,
-        ``calls_per_frame``, ``ms_per_frame``, ``p10_ms``, ``p90_ms``, ``speedup_vs_ar``, ``speedup_vs_fused``.
+        ``{"rows", "meta"}``, rows with ``decoder``, ``backend`` (= ``label``), ``tokens_per_call`` (a fused
+        speculative frame: codes over calls, prefill included), ``calls_per_frame``, ``ms_per_frame``, ``p10_ms``,
+        ``p90_ms``, ``speedup_vs_ar``, ``speedup_vs_fused``.
     """
     from rvqspec_lib.decoding.decode import decode_frame
 
@@ -462,6 +472,11 @@ def device_frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping
         conditions[dname] = run
     if fused is not None:
         conditions[speed.FUSED] = lambda ctx, gen: (fused(ctx, fused.noise(ctx.shape[0], gen)), None)[1]
+    for frame in fused_spec:
+        def run_spec(ctx, gen, frame=frame):
+            frame(ctx, frame.uniforms(ctx.shape[0], gen))
+            return frame.n_codes / statistics.fmean(frame.last_calls)
+        conditions[getattr(frame, "decoder_label", f"{speed.FUSED_SPEC}{frame.window}")] = run_spec
     t = time_conditions(conditions, contexts, repeats=repeats, warmup=warmup, seed=seed, progress=progress)
     ar = next((t[d]["median_ms"] for d, dec in decoders.items() if isinstance(dec, AR)), None)
     fz = t.get(speed.FUSED, {}).get("median_ms")
@@ -477,6 +492,29 @@ def device_frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping
             "backend": getattr(backend, "name", label),
             "capture_s": {str(k): round(v, 2) for k, v in getattr(backend, "capture_s", {}).items()}}
     return {"rows": rows, "meta": meta}
+
+
+def fused_spec_vs_fused_ar(rows: Sequence[dict]) -> list[dict]:
+    """The fused speculative rounds beside the fused AR frame, per backend, from frame-time rows
+    (:func:`device_frame_times`, :func:`rvqspec_lib.eval.speed.time_frames`).
+
+    Returns:
+        one row per ``fused-chain<N>`` / ``fused-tree<N>`` row: ``backend``, ``decoder``, ``ms_per_frame``,
+        ``p10_ms``, ``p90_ms``, ``tokens_per_call``, ``calls_per_frame``, ``fused_ar_ms`` (the fused AR frame of
+        the same backend, ``None`` without one) and ``x_fused_ar`` (ms per frame / ``fused_ar_ms``: below 1 the
+        speculative frame is the faster), in the rows' order.
+    """
+    fused = {r["backend"]: r["ms_per_frame"] for r in rows if r["decoder"] == speed.FUSED}
+    out = []
+    for r in rows:
+        if not str(r["decoder"]).startswith((speed.FUSED_SPEC, "fused-tree")):  # fused_tree.FusedTreeFrame's label
+            continue
+        ar = fused.get(r["backend"])
+        out.append({"backend": r["backend"], "decoder": r["decoder"], "ms_per_frame": r["ms_per_frame"],
+                    "p10_ms": r["p10_ms"], "p90_ms": r["p90_ms"], "tokens_per_call": r["tokens_per_call"],
+                    "calls_per_frame": r["calls_per_frame"], "fused_ar_ms": ar,
+                    "x_fused_ar": r["ms_per_frame"] / ar if ar else None})
+    return out
 
 
 def speedup_vs_n(rows: Sequence[dict]) -> list[dict]:

@@ -19,9 +19,11 @@
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,
 #                                 codec, training, code decoder, evaluation, model card): about 3.8 h on 2 CPU cores, resumable
-#   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call, then the table to act
-#                                 on (rvqspec bench --table [BENCH_TABLE_ARGS]: stepped AR, fused AR, best speculative,
-#                                 fused speculative, auto per native precision and backend; build/bench_table.*)
+#   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call, the call of every
+#                                 native precision through the official and the native forward against its floor
+#                                 (rvqspec bench --dtype ...), then the table to act on (rvqspec bench --table
+#                                 [BENCH_TABLE_ARGS]: stepped AR, fused AR, best speculative, fused speculative, auto per
+#                                 native precision and backend; build/bench_table.*)
 #   make check-figures            are the committed figures/ one clean `make paper` run of the sources at HEAD?
 #                                 (one line per stale group of results and the files changed since; exit 1 if not)
 #   make clean                    remove build/ (figures/ holds committed results and is kept)
@@ -223,6 +225,7 @@ embedded: voices $(STAMP)
 bench: $(STAMP)
 	@mkdir -p build
 	$(VENV)/bin/rvqspec bench --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS)
+	$(VENV)/bin/rvqspec bench --model $(BENCH_MODEL) --dtype $$($(PY) -c "from rvqspec_lib.models.precision import native_precisions as n; print(','.join(n()))") --forwards all --repeats 15 --no-progress --json build/bench_floor_$(subst /,_,$(BENCH_MODEL)).json
 	$(VENV)/bin/rvqspec bench --table --table-out build/bench_table $(BENCH_TABLE_ARGS)
 
 clean:

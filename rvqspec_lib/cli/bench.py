@@ -76,10 +76,10 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "precision timed interleaved against the weight-streaming floor (docs/precision.md); "
                              "default float32, with --table the precisions this CPU runs natively")
     parser.add_argument("--forwards", default=None,
-                        help="with several --dtype: the forwards of the code-predictor call timed side by side, "
-                             "comma-separated: official (the official module), native (one C call over packed "
-                             "weights, docs/precision.md#the-native-forward); default both (official alone where the "
-                             "native forward cannot be built)")
+                        help="the precision table (the default with several --dtype): the forwards of the "
+                             "code-predictor call timed side by side, comma-separated: official (the official module), "
+                             "native (one C call over packed weights, docs/precision.md#the-native-forward), or all "
+                             "(both, official alone where the native forward cannot be built; the default)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
@@ -171,17 +171,17 @@ def check_args(args) -> None:
     if forwards is not None:
         from rvqspec_lib.eval.bench import FORWARDS
 
-        args.forward_list = [f for f in str(forwards).replace(" ", "").split(",") if f]
-        bad = [f for f in args.forward_list if f not in FORWARDS]
-        if bad or not args.forward_list:
-            raise ValueError(f"--forwards {forwards!r}: use some of {', '.join(FORWARDS)}, comma-separated")
-        if len(dtypes(args)) < 2:
-            raise ValueError("--forwards is for the precision table (several --dtype, e.g. --dtype "
-                             "float32,bfloat16 --forwards official,native)")
-        if str(args.device) != "cpu" and "native" in args.forward_list:
+        args.forward_list = None if forwards == "all" else [f for f in str(forwards).replace(" ", "").split(",") if f]
+        bad = [f for f in args.forward_list or () if f not in FORWARDS]
+        if bad or args.forward_list == []:
+            raise ValueError(f"--forwards {forwards!r}: use all, or some of {', '.join(FORWARDS)}, comma-separated")
+        if args.backend is not None:
+            raise ValueError("--forwards times code-predictor calls: drop it with --backend (frame times)")
+        if str(args.device) != "cpu" and "native" in (args.forward_list or ()):
             raise ValueError(f"--forwards native runs on the CPU: drop native, or --device {args.device}")
     if args.queries is None:
-        args.queries = list(PRECISION_QUERY_SIZES if len(dtypes(args)) > 1 else DEFAULT_QUERY_SIZES)
+        table = len(dtypes(args)) > 1 or getattr(args, "forwards", None) is not None
+        args.queries = list(PRECISION_QUERY_SIZES if table else DEFAULT_QUERY_SIZES)
     if max(args.queries) > MAX_QUERIES:
         raise ValueError(f"--queries up to {MAX_QUERIES} (a verify call over more nodes is not a draft tree), got "
                          f"{max(args.queries)}")
@@ -314,7 +314,9 @@ def run(args: argparse.Namespace, threads: int) -> int:
 
     model_facts(args.model)  # unknown names and configs that are not Qwen3-TTS: one line, before loading
     names = dtypes(args)
-    if len(names) > 1:
+    if len(names) > 1 or getattr(args, "forwards", None) is not None:
+        if any(n not in PRECISIONS for n in names):
+            raise ValueError(f"--forwards compares precisions: give --dtype some of {', '.join(PRECISIONS)}")
         return _run_precisions(args, names, started)
     prec = names[0]
     t = time.perf_counter()

@@ -569,3 +569,252 @@ int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin
     for (int r = 0; r < R; r++) rms(x + (size_t)r * H, m->final_norm, out + (size_t)r * H, H, m->eps, bf);
     return 0;
 }
+
+/* =====================================================================================================================
+ * THE NATIVE FUSED FRAME (docs/methods.md#the-fused-speculative-round): a whole frame of Chain(window) speculation in
+ * one C call -- the prefill, then rounds of draft -> verify -> accept -> commit in a bounded loop -- over the model
+ * above (rvq_forward) and the packed per-depth heads. Bound by rvqspec_lib/models/native_frame.py (NativeChainFrame).
+ *
+ * SEMANTICS are rvqspec_lib.models.fused_spec.FusedChainFrame's, uniform for uniform. With K = window - 1 and n codes:
+ *   prefill   positions (= slots) 0, 1 hold the projected context; code 1 = icdf(warp(lm_head[0](H)), u[b, 0, 0]).
+ *   round s   (after committed code s, s = 1..n-1): D = min(K, n - s) drafts, draft j (depth s+j) drawn from
+ *             q_j = warp(lm_head[s+j-1](H_s)) with u[b, s, j-1]; ONE rvq_forward over the root (code s, position s+1)
+ *             and the drafts that have a code after them (q_len = 1 + min(K, n-1-s) rows at positions = slots
+ *             s+1..s+q_len, causal); p_i = warp(lm_head[s+i](hid_i)); draft j accepted when
+ *             u[b, s, K+j-1] < min(1, (p_{j-1}(x_j) / sum p_{j-1}) / q_j(x_j)); at the first rejection the next code is
+ *             drawn from max(norm(p_{j-1}) - q_j, 0) (p_{j-1} itself where nothing is left) with u[b, s, 2K]; after a
+ *             fully accepted chain the bonus code from p_D with u[b, s, 2K] when node D was verified (q_len = D + 1);
+ *             the accepted drafts and the next code are committed, the hidden state of the last accepted node is H
+ *             of the next round. window = 1 (K = 0) is the AR frame: uniforms (B, n, 1), u[b, s, 0] draws code s+1.
+ *   warp      scores = logits / temperature (float32), top-k keeps every score >= the k-th largest (ties kept, as
+ *             transformers' TopKLogitsWarper), softmax in float32; greedy: one-hot of the first maximal logit.
+ *   icdf      the first code whose float64 cumulative mass (index order) exceeds u * total, clamped to the last code
+ *             with mass (rvqspec_lib.models.fused_spec.inverse_cdf: zeros add nothing, so only the support is summed).
+ * p is computed LAZILY: p_{j-1} only when draft j is tested, p_D only for the bonus. Tests after the first rejection
+ * are never needed (FusedChainFrame computes and ignores them), so the codes are the same and a round applies
+ * (accepted + 1) verify heads instead of q_len.
+ *
+ * Rows are decoded one after the other, each with its own float32 KV cache of n + 1 slots (a chain's accepted nodes
+ * are a prefix: slot = position, no compaction; a rejected node's slot is never allowed, and is overwritten by the
+ * next round). Every quantity of a row is a function of that row's context and uniforms alone, so a row's codes are
+ * the same alone or in any batch. The embedding tables are the official small_to_mtp_projection applied to each
+ * codec_embedding table (precomputed by the caller, float32 holding the activation dtype's values).
+ *
+ * flags (negative controls for the tests, each a deliberately LOSSY rule; 0 in use): FRAME_ALWAYS_ACCEPT accepts
+ * every draft; FRAME_DRAFTS_HOT draws drafts from q^(T / 1.5) (q re-warped to temperature 1.5) while acceptance is
+ * handed q; FRAME_RESIDUAL_FROM_P draws the code after a rejection from p instead of the residual.
+ * ===================================================================================================================== */
+
+enum { FRAME_ALWAYS_ACCEPT = 1, FRAME_DRAFTS_HOT = 2, FRAME_RESIDUAL_FROM_P = 4 };
+#define FRAME_MAX_WINDOW 8
+
+typedef struct {
+    Model *m;
+    Linear *heads;            /* n heads: lm_head[i] predicts code i + 1 */
+    const float *const *emb;  /* n - 1 tables (V, H): emb[j - 1] embeds code j, projected */
+    const float *cos_t, *sin_t;
+    int n, V, K, S, top_k, greedy, flags;
+    float temperature;
+    float *kc, *vc, *x, *hid, *h, *logits, *scores, *q, *p, *res, *top, *lwork;
+    uint8_t *allow;
+    int64_t *write;
+} Frame;
+
+/* the k-th largest of n floats (1 <= k <= n; NaN never reaches it), counting ties: a buffer of the k largest seen so
+ * far, sorted in decreasing order; most values fail the first comparison */
+static float kth_largest(const float *s, int n, int k, float *top) {
+    int c = 0;
+    for (int i = 0; i < n; i++) {
+        float v = s[i];
+        if (c == k) {
+            if (!(v > top[k - 1])) continue;
+            c--;  /* the smallest kept value drops out */
+        }
+        int j = c++;
+        while (j > 0 && top[j - 1] < v) { top[j] = top[j - 1]; j--; }
+        top[j] = v;
+    }
+    return top[k - 1];
+}
+
+/* warped float32 probabilities of one row of logits (rvqspec_lib.models.fused.warp_scores, then softmax) */
+static void frame_warp(const Frame *f, const float *logits, float *probs) {
+    int V = f->V;
+    if (f->greedy) {
+        int best = 0;
+        for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
+        memset(probs, 0, sizeof(float) * V);
+        probs[best] = 1.0f;
+        return;
+    }
+    float *sc = f->scores;
+    if (f->temperature != 1.0f) for (int i = 0; i < V; i++) sc[i] = logits[i] / f->temperature;
+    else memcpy(sc, logits, sizeof(float) * V);
+    float kth = -INFINITY;
+    if (f->top_k > 0) kth = kth_largest(sc, V, f->top_k < V ? f->top_k : V, f->top);
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = sc[i] >= kth && sc[i] > mx ? sc[i] : mx;
+    float sum = 0.0f;
+    for (int i = 0; i < V; i++) {
+        float e = sc[i] >= kth ? expf(sc[i] - mx) : 0.0f;
+        probs[i] = e;
+        sum += e;
+    }
+    for (int i = 0; i < V; i++) probs[i] = probs[i] / sum;
+}
+
+/* one code drawn from probs (non-negative, not necessarily normalised) with the uniform u: inverse_cdf's rule */
+static int frame_icdf(const float *probs, int V, double u) {
+    double tot = 0.0;
+    int last = V - 1, any = 0;
+    for (int i = 0; i < V; i++)
+        if (probs[i] > 0.0f) { tot += (double)probs[i]; last = i; any = 1; }
+    if (!any) return V - 1;
+    double x = u * tot, c = 0.0;
+    for (int i = 0; i <= last; i++)
+        if (probs[i] > 0.0f) {
+            c += (double)probs[i];
+            if (c > x) return i;
+        }
+    return last;
+}
+
+static float frame_sum(const float *a, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i];
+    return s;
+}
+
+static void frame_head(Frame *f, int i, const float *h, float *logits) {
+    linear_run(&f->heads[i], h, f->m->H, logits, f->V, 1, f->m->act_bf16, f->lwork);
+}
+
+/* causal rows over slot = position: row i at position first + i sees slots 0..first + i and writes slot first + i */
+static void frame_mask(Frame *f, int first, int q_len) {
+    memset(f->allow, 0, (size_t)q_len * f->S);
+    for (int i = 0; i < q_len; i++) {
+        memset(f->allow + (size_t)i * f->S, 1, (size_t)(first + i + 1));
+        f->write[i] = first + i;
+    }
+}
+
+/* one frame of one row: ctx (2, H) projected, u (n, 2K+1) -> codes (n); returns 0 or -1 (scratch allocation) */
+static int frame_row(Frame *f, const float *ctx, const double *u, int64_t *codes, int32_t *calls) {
+    Model *m = f->m;
+    int H = m->H, D = m->D, n = f->n, V = f->V, K = f->K, W = 2 * K + 1;
+    int xs[FRAME_MAX_WINDOW + 1];
+    memcpy(f->x, ctx, sizeof(float) * 2 * H);
+    frame_mask(f, 0, 2);
+    if (rvq_forward(m, f->x, f->cos_t, f->sin_t, f->allow, f->write, f->kc, f->vc, 1, 2, f->S, f->hid)) return -1;
+    memcpy(f->h, f->hid + H, sizeof(float) * H);
+    frame_head(f, 0, f->h, f->logits);
+    frame_warp(f, f->logits, f->p);
+    codes[0] = frame_icdf(f->p, V, u[0]);
+    *calls = 1;
+    int s = 1;
+    while (s < n) {
+        const double *ur = u + (size_t)s * W;
+        int nd = K < n - s ? K : n - s, q_len = 1 + (K < n - 1 - s ? K : n - 1 - s), bonus = q_len == nd + 1;
+        /* 1. draft: q_j from H_s, x_j by the inverse CDF */
+        for (int j = 1; j <= nd; j++) {
+            float *qj = f->q + (size_t)(j - 1) * V;
+            frame_head(f, s + j - 1, f->h, f->logits);
+            frame_warp(f, f->logits, qj);
+            if (f->flags & FRAME_DRAFTS_HOT) {
+                float e = f->greedy ? 1.0f : f->temperature / 1.5f;
+                for (int i = 0; i < V; i++) f->res[i] = qj[i] > 0.0f ? powf(qj[i], e) : 0.0f;
+                xs[j] = frame_icdf(f->res, V, ur[j - 1]);
+            } else {
+                xs[j] = frame_icdf(qj, V, ur[j - 1]);
+            }
+        }
+        /* 2. verify: the root and the fed drafts at positions = slots s+1.. */
+        memcpy(f->x, f->emb[s - 1] + (size_t)codes[s - 1] * H, sizeof(float) * H);
+        for (int i = 1; i < q_len; i++)
+            memcpy(f->x + (size_t)i * H, f->emb[s - 1 + i] + (size_t)xs[i] * H, sizeof(float) * H);
+        frame_mask(f, s + 1, q_len);
+        if (rvq_forward(m, f->x, f->cos_t + (size_t)(s + 1) * D, f->sin_t + (size_t)(s + 1) * D, f->allow, f->write,
+                        f->kc, f->vc, 1, q_len, f->S, f->hid))
+            return -1;
+        (*calls)++;
+        /* 3. accept: the leading run of accepts, p computed only where a test needs it */
+        int na = 0, nxt = -1;
+        for (int j = 1; j <= nd; j++) {
+            const float *qj = f->q + (size_t)(j - 1) * V;
+            frame_head(f, s + j - 1, f->hid + (size_t)(j - 1) * H, f->logits);
+            frame_warp(f, f->logits, f->p);
+            int x = xs[j];
+            float psum = frame_sum(f->p, V);
+            psum = psum > 1e-30f ? psum : 1e-30f;
+            float qx = qj[x] > 1e-30f ? qj[x] : 1e-30f;
+            float a = (f->p[x] / psum) / qx;
+            a = a < 1.0f ? a : 1.0f;
+            if ((f->flags & FRAME_ALWAYS_ACCEPT) || ur[K + j - 1] < (double)a) { na++; continue; }
+            if (f->flags & FRAME_RESIDUAL_FROM_P) { nxt = frame_icdf(f->p, V, ur[2 * K]); break; }
+            int left = 0;
+            for (int i = 0; i < V; i++) {
+                float r = f->p[i] / psum - qj[i];
+                f->res[i] = r > 0.0f ? r : 0.0f;
+                left |= r > 0.0f;
+            }
+            nxt = frame_icdf(left ? f->res : f->p, V, ur[2 * K]);
+            break;
+        }
+        if (na == nd && bonus) {
+            frame_head(f, s + nd, f->hid + (size_t)nd * H, f->logits);
+            frame_warp(f, f->logits, f->p);
+            nxt = frame_icdf(f->p, V, ur[2 * K]);
+        }
+        /* 4. commit */
+        for (int j = 0; j < na; j++) codes[s + j] = xs[j + 1];
+        if (nxt >= 0) codes[s + na] = nxt;
+        memcpy(f->h, f->hid + (size_t)(na < q_len - 1 ? na : q_len - 1) * H, sizeof(float) * H);
+        s += na + (nxt >= 0);
+    }
+    return 0;
+}
+
+/* The frame of B rows (row after row).
+ *   model: rvq_model_new's handle. head_w / head_scale / head_comp: n_codes packed heads (N = V outputs, K = H
+ *   inputs, the model's precision; scale and comp NULL where the precision has none). emb: n_codes - 1 float32 tables
+ *   (V, H). cos_t, sin_t: rotary tables (>= n_codes + 1 positions, D). ctx (B, 2, H) projected context. u (B, n_codes,
+ *   2 window - 1) float64 uniforms. greedy: one-hot argmax (temperature and top_k ignored); top_k 0: no top-k.
+ *   codes_out (B, n_codes) int64 codes 1..n_codes; calls_out (B,) forward calls each row took (prefill included).
+ * Returns 0; -1 when memory could not be allocated; -2 for a window outside 1..FRAME_MAX_WINDOW, n_codes < 1,
+ * temperature <= 0 without greedy, or heads of another width. */
+int rvq_chain_frame(void *model, const void *const *head_w, const float *const *head_scale,
+                    const int32_t *const *head_comp, int n_codes, int V, const float *const *emb,
+                    const float *cos_t, const float *sin_t, const float *ctx, const double *u, int B, int window,
+                    float temperature, int top_k, int greedy, int flags, int64_t *codes_out, int32_t *calls_out) {
+    Model *m = (Model *)model;
+    if (window < 1 || window > FRAME_MAX_WINDOW || n_codes < 1 || V < 1 || (!greedy && !(temperature > 0.0f)))
+        return -2;
+    Frame f;
+    memset(&f, 0, sizeof f);
+    f.m = m; f.emb = emb; f.cos_t = cos_t; f.sin_t = sin_t;
+    f.n = n_codes; f.V = V; f.K = window - 1; f.S = n_codes + 1;
+    f.top_k = top_k; f.greedy = greedy; f.flags = flags; f.temperature = temperature;
+    int H = m->H, rows = window > 2 ? window : 2, rc = 0;
+    size_t cache = (size_t)m->L * m->NKV * f.S * m->D;
+    size_t lw = rvq_linear_work(m->prec, 1, H);
+    size_t total = 2 * cache + (size_t)2 * rows * H + H + 5 * (size_t)V + (size_t)(f.K > 0 ? f.K : 1) * V + lw;
+    float *buf = (float *)aligned_alloc(64, ((total * sizeof(float) + 63) / 64) * 64);
+    f.heads = (Linear *)calloc((size_t)n_codes, sizeof(Linear));
+    f.allow = (uint8_t *)malloc((size_t)rows * f.S);
+    f.write = (int64_t *)malloc(sizeof(int64_t) * rows);
+    if (!buf || !f.heads || !f.allow || !f.write) { rc = -1; goto done; }
+    memset(buf, 0, total * sizeof(float));
+    f.kc = buf; f.vc = f.kc + cache; f.x = f.vc + cache; f.hid = f.x + (size_t)rows * H; f.h = f.hid + (size_t)rows * H;
+    f.logits = f.h + H; f.scores = f.logits + V; f.p = f.scores + V; f.res = f.p + V; f.top = f.res + V;
+    f.q = f.top + V; f.lwork = f.q + (size_t)(f.K > 0 ? f.K : 1) * V;
+    for (int i = 0; i < n_codes; i++) {
+        Linear L = {m->prec, V, H, head_w[i], head_scale ? head_scale[i] : NULL, head_comp ? head_comp[i] : NULL};
+        f.heads[i] = L;
+    }
+    for (int b = 0; b < B && rc == 0; b++)
+        rc = frame_row(&f, ctx + (size_t)b * 2 * H, u + (size_t)b * n_codes * (2 * f.K + 1),
+                       codes_out + (size_t)b * n_codes, calls_out + b);
+done:
+    free(buf); free(f.heads); free(f.allow); free(f.write);
+    return rc;
+}

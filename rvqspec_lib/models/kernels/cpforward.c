@@ -608,6 +608,23 @@ int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin
 enum { FRAME_ALWAYS_ACCEPT = 1, FRAME_DRAFTS_HOT = 2, FRAME_RESIDUAL_FROM_P = 4 };
 #define FRAME_MAX_WINDOW 8
 
+/* -DFRAME_PROFILE builds count TSC cycles per part of the frame (rvq_frame_profile reads and clears them) */
+#ifdef FRAME_PROFILE
+#include <x86intrin.h>
+static unsigned long long frame_prof[8];
+#define PROF(i, stmt) do { unsigned long long t0_ = __rdtsc(); stmt; frame_prof[i] += __rdtsc() - t0_; } while (0)
+void rvq_frame_profile(double *out) { for (int i = 0; i < 8; i++) { out[i] = (double)frame_prof[i]; frame_prof[i] = 0; } }
+#else
+#define PROF(i, stmt) do { stmt; } while (0)
+#endif
+
+/* a warped distribution: dense probabilities (zero outside the support) and its support in increasing code order */
+typedef struct {
+    float *p;
+    int32_t *idx;
+    int n;
+} Dist;
+
 typedef struct {
     Model *m;
     Linear *heads;            /* n heads: lm_head[i] predicts code i + 1 */
@@ -615,36 +632,79 @@ typedef struct {
     const float *cos_t, *sin_t;
     int n, V, K, S, top_k, greedy, flags;
     float temperature;
-    float *kc, *vc, *x, *hid, *h, *logits, *scores, *q, *p, *res, *top, *lwork;
+    float *kc, *vc, *x, *hid, *h, *logits, *scores, *top, *lwork;
+    Dist q[FRAME_MAX_WINDOW], p, res;
     uint8_t *allow;
     int64_t *write;
 } Frame;
 
-/* the k-th largest of n floats (1 <= k <= n; NaN never reaches it), counting ties: a buffer of the k largest seen so
- * far, sorted in decreasing order; most values fail the first comparison */
-static float kth_largest(const float *s, int n, int k, float *top) {
-    int c = 0;
-    for (int i = 0; i < n; i++) {
-        float v = s[i];
-        if (c == k) {
-            if (!(v > top[k - 1])) continue;
-            c--;  /* the smallest kept value drops out */
-        }
-        int j = c++;
-        while (j > 0 && top[j - 1] < v) { top[j] = top[j - 1]; j--; }
-        top[j] = v;
-    }
-    return top[k - 1];
+static void dist_clear(Dist *d) {
+    for (int i = 0; i < d->n; i++) d->p[d->idx[i]] = 0.0f;
+    d->n = 0;
 }
 
-/* warped float32 probabilities of one row of logits (rvqspec_lib.models.fused.warp_scores, then softmax) */
-static void frame_warp(const Frame *f, const float *logits, float *probs) {
+/* the k-th largest of a[0..n-1] (1 <= k <= n), counting ties: quickselect (Hoare partition, middle pivot) in
+ * decreasing order; reorders a. A value, so any correct selection gives the same one. */
+static float select_desc(float *a, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        float pivot = a[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > pivot) i++;
+            while (a[j] < pivot) j--;
+            if (i <= j) { float t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return a[want];  /* between the two parts: equal to the pivot */
+    }
+    return a[want];
+}
+
+/* the k-th largest of n floats (1 <= k <= n; NaN never reaches it), counting ties, as torch.topk(s, k)[0][-1].
+ * With at least k blocks of 16, the k-th largest block maximum t is a lower bound of it (k blocks hold a value >= t),
+ * so only the values >= t (a few times k) are candidates: selected among those. work: n + n / 16 + 1 floats. */
+static float kth_largest(const float *s, int n, int k, float *work) {
+    int nb = n / 16, m = 0;
+    if (nb < k) {
+        memcpy(work, s, sizeof(float) * n);
+        return select_desc(work, n, k);
+    }
+    float *bmax = work + n;
+    for (int b = 0; b < nb; b++) {
+        float mx = s[16 * b];
+        for (int i = 1; i < 16; i++) mx = s[16 * b + i] > mx ? s[16 * b + i] : mx;
+        bmax[b] = mx;
+    }
+    float t = select_desc(bmax, nb, k);
+#if defined(__AVX512F__)
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(s + i);
+        __mmask16 mk = _mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_GE_OQ);
+        _mm512_mask_compressstoreu_ps(work + m, mk, v);
+        m += __builtin_popcount(mk);
+    }
+    for (; i < n; i++) if (s[i] >= t) work[m++] = s[i];
+#else
+    for (int i = 0; i < n; i++) if (s[i] >= t) work[m++] = s[i];
+#endif
+    return select_desc(work, m, k);
+}
+
+/* warped float32 probabilities of one row of logits (rvqspec_lib.models.fused.warp_scores, then softmax) into d */
+static void frame_warp_(const Frame *f, const float *logits, Dist *d);
+static void frame_warp(const Frame *f, const float *logits, Dist *d) { PROF(1, frame_warp_(f, logits, d)); }
+static void frame_warp_(const Frame *f, const float *logits, Dist *d) {
     int V = f->V;
+    dist_clear(d);
     if (f->greedy) {
         int best = 0;
         for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
-        memset(probs, 0, sizeof(float) * V);
-        probs[best] = 1.0f;
+        d->p[best] = 1.0f;
+        d->idx[0] = best;
+        d->n = 1;
         return;
     }
     float *sc = f->scores;
@@ -652,41 +712,57 @@ static void frame_warp(const Frame *f, const float *logits, float *probs) {
     else memcpy(sc, logits, sizeof(float) * V);
     float kth = -INFINITY;
     if (f->top_k > 0) kth = kth_largest(sc, V, f->top_k < V ? f->top_k : V, f->top);
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) mx = sc[i] >= kth && sc[i] > mx ? sc[i] : mx;
-    float sum = 0.0f;
-    for (int i = 0; i < V; i++) {
-        float e = sc[i] >= kth ? expf(sc[i] - mx) : 0.0f;
-        probs[i] = e;
+    int n = 0, i = 0;
+#if defined(__AVX512F__)
+    __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= V; i += 16) {
+        __mmask16 mk = _mm512_cmp_ps_mask(_mm512_loadu_ps(sc + i), _mm512_set1_ps(kth), _CMP_GE_OQ);
+        _mm512_mask_compressstoreu_epi32(d->idx + n, mk, _mm512_add_epi32(iota, _mm512_set1_epi32(i)));
+        n += __builtin_popcount(mk);
+    }
+#endif
+    for (; i < V; i++) if (sc[i] >= kth) d->idx[n++] = i;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < n; j++) mx = sc[d->idx[j]] > mx ? sc[d->idx[j]] : mx;
+    for (int j = 0; j < n; j++) {
+        float e = expf(sc[d->idx[j]] - mx);
+        d->p[d->idx[j]] = e;
         sum += e;
     }
-    for (int i = 0; i < V; i++) probs[i] = probs[i] / sum;
+    for (int j = 0; j < n; j++) d->p[d->idx[j]] = d->p[d->idx[j]] / sum;
+    d->n = n;
 }
 
-/* one code drawn from probs (non-negative, not necessarily normalised) with the uniform u: inverse_cdf's rule */
-static int frame_icdf(const float *probs, int V, double u) {
+/* one code drawn from d (non-negative, not necessarily normalised) with the uniform u: inverse_cdf's rule (the first
+ * code whose float64 cumulative mass exceeds u * total, clamped to the last code with mass; zeros add nothing) */
+static int frame_icdf_(const Dist *d, int V, double u);
+static int frame_icdf(const Dist *d, int V, double u) { int r; PROF(2, r = frame_icdf_(d, V, u)); return r; }
+static int frame_icdf_(const Dist *d, int V, double u) {
     double tot = 0.0;
-    int last = V - 1, any = 0;
-    for (int i = 0; i < V; i++)
-        if (probs[i] > 0.0f) { tot += (double)probs[i]; last = i; any = 1; }
-    if (!any) return V - 1;
+    int last = -1;
+    for (int j = 0; j < d->n; j++)
+        if (d->p[d->idx[j]] > 0.0f) { tot += (double)d->p[d->idx[j]]; last = d->idx[j]; }
+    if (last < 0) return V - 1;
     double x = u * tot, c = 0.0;
-    for (int i = 0; i <= last; i++)
-        if (probs[i] > 0.0f) {
-            c += (double)probs[i];
-            if (c > x) return i;
+    for (int j = 0; j < d->n; j++) {
+        float v = d->p[d->idx[j]];
+        if (v > 0.0f) {
+            c += (double)v;
+            if (c > x) return d->idx[j];
         }
+    }
     return last;
 }
 
-static float frame_sum(const float *a, int n) {
+/* the float32 sum of d in code order */
+static float dist_sum(const Dist *d) {
     float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i];
+    for (int j = 0; j < d->n; j++) s += d->p[d->idx[j]];
     return s;
 }
 
 static void frame_head(Frame *f, int i, const float *h, float *logits) {
-    linear_run(&f->heads[i], h, f->m->H, logits, f->V, 1, f->m->act_bf16, f->lwork);
+    PROF(0, linear_run(&f->heads[i], h, f->m->H, logits, f->V, 1, f->m->act_bf16, f->lwork));
 }
 
 /* causal rows over slot = position: row i at position first + i sees slots 0..first + i and writes slot first + i */
@@ -701,15 +777,16 @@ static void frame_mask(Frame *f, int first, int q_len) {
 /* one frame of one row: ctx (2, H) projected, u (n, 2K+1) -> codes (n); returns 0 or -1 (scratch allocation) */
 static int frame_row(Frame *f, const float *ctx, const double *u, int64_t *codes, int32_t *calls) {
     Model *m = f->m;
-    int H = m->H, D = m->D, n = f->n, V = f->V, K = f->K, W = 2 * K + 1;
+    int H = m->H, D = m->D, n = f->n, V = f->V, K = f->K, W = 2 * K + 1, frc;
     int xs[FRAME_MAX_WINDOW + 1];
     memcpy(f->x, ctx, sizeof(float) * 2 * H);
     frame_mask(f, 0, 2);
-    if (rvq_forward(m, f->x, f->cos_t, f->sin_t, f->allow, f->write, f->kc, f->vc, 1, 2, f->S, f->hid)) return -1;
+    PROF(3, frc = rvq_forward(m, f->x, f->cos_t, f->sin_t, f->allow, f->write, f->kc, f->vc, 1, 2, f->S, f->hid));
+    if (frc) return -1;
     memcpy(f->h, f->hid + H, sizeof(float) * H);
     frame_head(f, 0, f->h, f->logits);
-    frame_warp(f, f->logits, f->p);
-    codes[0] = frame_icdf(f->p, V, u[0]);
+    frame_warp(f, f->logits, &f->p);
+    codes[0] = frame_icdf(&f->p, V, u[0]);
     *calls = 1;
     int s = 1;
     while (s < n) {
@@ -717,13 +794,19 @@ static int frame_row(Frame *f, const float *ctx, const double *u, int64_t *codes
         int nd = K < n - s ? K : n - s, q_len = 1 + (K < n - 1 - s ? K : n - 1 - s), bonus = q_len == nd + 1;
         /* 1. draft: q_j from H_s, x_j by the inverse CDF */
         for (int j = 1; j <= nd; j++) {
-            float *qj = f->q + (size_t)(j - 1) * V;
+            Dist *qj = &f->q[j - 1];
             frame_head(f, s + j - 1, f->h, f->logits);
             frame_warp(f, f->logits, qj);
             if (f->flags & FRAME_DRAFTS_HOT) {
                 float e = f->greedy ? 1.0f : f->temperature / 1.5f;
-                for (int i = 0; i < V; i++) f->res[i] = qj[i] > 0.0f ? powf(qj[i], e) : 0.0f;
-                xs[j] = frame_icdf(f->res, V, ur[j - 1]);
+                dist_clear(&f->res);
+                for (int i = 0; i < qj->n; i++) {
+                    int c = qj->idx[i];
+                    f->res.p[c] = qj->p[c] > 0.0f ? powf(qj->p[c], e) : 0.0f;
+                    f->res.idx[i] = c;
+                }
+                f->res.n = qj->n;
+                xs[j] = frame_icdf(&f->res, V, ur[j - 1]);
             } else {
                 xs[j] = frame_icdf(qj, V, ur[j - 1]);
             }
@@ -733,37 +816,40 @@ static int frame_row(Frame *f, const float *ctx, const double *u, int64_t *codes
         for (int i = 1; i < q_len; i++)
             memcpy(f->x + (size_t)i * H, f->emb[s - 1 + i] + (size_t)xs[i] * H, sizeof(float) * H);
         frame_mask(f, s + 1, q_len);
-        if (rvq_forward(m, f->x, f->cos_t + (size_t)(s + 1) * D, f->sin_t + (size_t)(s + 1) * D, f->allow, f->write,
-                        f->kc, f->vc, 1, q_len, f->S, f->hid))
-            return -1;
+        PROF(3, frc = rvq_forward(m, f->x, f->cos_t + (size_t)(s + 1) * D, f->sin_t + (size_t)(s + 1) * D, f->allow,
+                                  f->write, f->kc, f->vc, 1, q_len, f->S, f->hid));
+        if (frc) return -1;
         (*calls)++;
         /* 3. accept: the leading run of accepts, p computed only where a test needs it */
         int na = 0, nxt = -1;
         for (int j = 1; j <= nd; j++) {
-            const float *qj = f->q + (size_t)(j - 1) * V;
+            const Dist *qj = &f->q[j - 1];
+            Dist *p = &f->p;
             frame_head(f, s + j - 1, f->hid + (size_t)(j - 1) * H, f->logits);
-            frame_warp(f, f->logits, f->p);
+            frame_warp(f, f->logits, p);
             int x = xs[j];
-            float psum = frame_sum(f->p, V);
+            float psum = dist_sum(p);
             psum = psum > 1e-30f ? psum : 1e-30f;
-            float qx = qj[x] > 1e-30f ? qj[x] : 1e-30f;
-            float a = (f->p[x] / psum) / qx;
+            float qx = qj->p[x] > 1e-30f ? qj->p[x] : 1e-30f;
+            float a = (p->p[x] / psum) / qx;
             a = a < 1.0f ? a : 1.0f;
             if ((f->flags & FRAME_ALWAYS_ACCEPT) || ur[K + j - 1] < (double)a) { na++; continue; }
-            if (f->flags & FRAME_RESIDUAL_FROM_P) { nxt = frame_icdf(f->p, V, ur[2 * K]); break; }
-            int left = 0;
-            for (int i = 0; i < V; i++) {
-                float r = f->p[i] / psum - qj[i];
-                f->res[i] = r > 0.0f ? r : 0.0f;
-                left |= r > 0.0f;
+            if (f->flags & FRAME_RESIDUAL_FROM_P) { nxt = frame_icdf(p, V, ur[2 * K]); break; }
+            /* the residual max(norm(p) - q, 0): its support lies in p's */
+            Dist *r = &f->res;
+            dist_clear(r);
+            for (int i = 0; i < p->n; i++) {
+                int c = p->idx[i];
+                float v = p->p[c] / psum - qj->p[c];
+                if (v > 0.0f) { r->p[c] = v; r->idx[r->n++] = c; }
             }
-            nxt = frame_icdf(left ? f->res : f->p, V, ur[2 * K]);
+            nxt = frame_icdf(r->n ? r : p, V, ur[2 * K]);
             break;
         }
         if (na == nd && bonus) {
             frame_head(f, s + nd, f->hid + (size_t)nd * H, f->logits);
-            frame_warp(f, f->logits, f->p);
-            nxt = frame_icdf(f->p, V, ur[2 * K]);
+            frame_warp(f, f->logits, &f->p);
+            nxt = frame_icdf(&f->p, V, ur[2 * K]);
         }
         /* 4. commit */
         for (int j = 0; j < na; j++) codes[s + j] = xs[j + 1];
@@ -797,7 +883,8 @@ int rvq_chain_frame(void *model, const void *const *head_w, const float *const *
     int H = m->H, rows = window > 2 ? window : 2, rc = 0;
     size_t cache = (size_t)m->L * m->NKV * f.S * m->D;
     size_t lw = rvq_linear_work(m->prec, 1, H);
-    size_t total = 2 * cache + (size_t)2 * rows * H + H + 5 * (size_t)V + (size_t)(f.K > 0 ? f.K : 1) * V + lw;
+    int n_dist = f.K + 2;  /* q_1..q_K, p, the residual */
+    size_t total = 2 * cache + (size_t)2 * rows * H + H + 4 * (size_t)V + (size_t)2 * n_dist * V + lw;
     float *buf = (float *)aligned_alloc(64, ((total * sizeof(float) + 63) / 64) * 64);
     f.heads = (Linear *)calloc((size_t)n_codes, sizeof(Linear));
     f.allow = (uint8_t *)malloc((size_t)rows * f.S);
@@ -805,15 +892,20 @@ int rvq_chain_frame(void *model, const void *const *head_w, const float *const *
     if (!buf || !f.heads || !f.allow || !f.write) { rc = -1; goto done; }
     memset(buf, 0, total * sizeof(float));
     f.kc = buf; f.vc = f.kc + cache; f.x = f.vc + cache; f.hid = f.x + (size_t)rows * H; f.h = f.hid + (size_t)rows * H;
-    f.logits = f.h + H; f.scores = f.logits + V; f.p = f.scores + V; f.res = f.p + V; f.top = f.res + V;
-    f.q = f.top + V; f.lwork = f.q + (size_t)(f.K > 0 ? f.K : 1) * V;
+    f.logits = f.h + H; f.scores = f.logits + V; f.top = f.scores + V;
+    float *dp = f.top + 2 * (size_t)V;  /* kth_largest's work: V + V / 16 + 1 */
+    for (int i = 0; i < n_dist; i++, dp += 2 * (size_t)V) {
+        Dist *d = i < f.K ? &f.q[i] : i == f.K ? &f.p : &f.res;
+        d->p = dp; d->idx = (int32_t *)(dp + V); d->n = 0;
+    }
+    f.lwork = dp;
     for (int i = 0; i < n_codes; i++) {
         Linear L = {m->prec, V, H, head_w[i], head_scale ? head_scale[i] : NULL, head_comp ? head_comp[i] : NULL};
         f.heads[i] = L;
     }
     for (int b = 0; b < B && rc == 0; b++)
-        rc = frame_row(&f, ctx + (size_t)b * 2 * H, u + (size_t)b * n_codes * (2 * f.K + 1),
-                       codes_out + (size_t)b * n_codes, calls_out + b);
+        PROF(4, rc = frame_row(&f, ctx + (size_t)b * 2 * H, u + (size_t)b * n_codes * (2 * f.K + 1),
+                       codes_out + (size_t)b * n_codes, calls_out + b));
 done:
     free(buf); free(f.heads); free(f.allow); free(f.write);
     return rc;

@@ -1,0 +1,181 @@
+"""The native fused frame (rvqspec_lib.models.native_frame): a whole frame of Chain(window), or AR with window 1, in ONE
+C call (rvq_chain_frame, the last section of rvqspec_lib/models/kernels/cpforward.c).
+
+Exact properties (the tiny-random model, every precision, converted with ``require_native=False`` so that a CPU
+without the AVX-512 paths runs the plain C ones): greedy codes equal ``decode_frame(AR, backend=NativeCodePredictor)``
+code for code for windows 1, 2, 4, and every row takes the calls of decode_frame's Chain of that window; a row's codes
+depend only on its own context and uniforms (alone = inside a batch; other uniforms, other codes); for the same
+uniforms the codes are FusedChainFrame's (the uniform layout is the same; the two forwards round differently in
+float32, so a uniform within rounding of a CDF boundary could part them: probability about 1e-6 per draw, and the
+seeds are fixed).
+
+Distribution: the G-test of tests/test_lossless.py (4 code groups, 8 codes, the joint pmf of the 3 codes, bins of
+expected count < 5 pooled, frames for power >= 0.9 at TV 0.03, level 1e-3) against the exact AR pmf computed by
+teacher forcing through the NATIVE forward (its logits, the frame's projected embedding tables), in float32 (AR,
+Chain(2), Chain(4)) and in bfloat16 and int8-dynamic (Chain(4)). False failures: 5 positive G-tests at level 1e-3, a
+union bound of 0.5 % that a correct implementation meets an unlucky fixed seed (the tests are deterministic: they
+pass or fail always). Negative controls (the C frame's deliberately lossy flags: accept every draft; drafts drawn at
+temperature 1.5 while acceptance is handed the temperature-0.9 q; the code after a rejection drawn from p instead of
+the residual) must be rejected by the same test on the ``sharp`` model (drafts far from p).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR, Chain
+from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.models import precision as PR
+from rvqspec_lib.models.fused_spec import FusedChainFrame
+from rvqspec_lib.models.kernels import cpforward as C
+from rvqspec_lib.models.native import NativeCodePredictor
+from rvqspec_lib.models.native_frame import FLAGS, NativeChainFrame
+from tests.test_fused_spec import _ctx
+from tests.test_lossless import ALPHA, DEFAULT, HOT_TOPK3, MIN_POWER, N_GROUPS, V, frames_needed, g_test, power, variant
+
+pytestmark = pytest.mark.skipif(not C.available(), reason=f"native forward unavailable: {C.unavailable_reason()}")
+
+
+@pytest.fixture(scope="module")
+def converted(cp):
+    """``{precision: (code_predictor, NativeCodePredictor)}``: tiny-random in each precision, built on first use."""
+    cache = {}
+
+    def get(prec):
+        if prec not in cache:
+            m = PR.apply_precision(copy.deepcopy(cp), prec, require_native=False)
+            cache[prec] = (m, NativeCodePredictor(m))
+        return cache[prec]
+
+    return get
+
+
+@pytest.mark.parametrize("prec", PR.PRECISIONS)
+def test_greedy_codes_equal_native_ar(converted, prec):
+    cp, nb = converted(prec)
+    g = Sampling(greedy=True)
+    ctx = _ctx(cp, 6).to(P.param_dtype(cp))
+    ar = torch.cat([decode_frame(cp, ctx[i:i + 1], decoder=AR(), sampling=g, backend=nb).codes for i in range(6)])
+    for window in (1, 2, 4):
+        f = NativeChainFrame(cp, window, g, backend=nb)
+        got = f.decode(ctx, torch.Generator().manual_seed(window))
+        assert got.shape == (6, P.n_codes(cp)) and got.dtype == torch.int64
+        assert torch.equal(got, ar), f"{prec} window {window}"
+        want_calls = [P.n_codes(cp)] * 6 if window == 1 else \
+            decode_frame(cp, ctx, decoder=Chain(window), sampling=g, backend=nb).calls.tolist()
+        assert f.last_calls == want_calls, f"{prec} window {window}"
+    assert f.name == "native-chain4" and NativeChainFrame(cp, 1, g, backend=nb).name == "native-ar"
+
+
+@pytest.mark.parametrize("prec", ["float32", "int8"])
+@pytest.mark.parametrize("window", [1, 4])
+def test_a_row_depends_on_its_own_uniforms_only(converted, prec, window):
+    cp, nb = converted(prec)
+    f = NativeChainFrame(cp, window, backend=nb)
+    ctx = _ctx(cp, 6)
+    u = f.uniforms(6, torch.Generator().manual_seed(1))
+    assert u.shape == (6, P.n_codes(cp), 2 * window - 1) and u.dtype == torch.float64
+    batch = f(ctx, u)
+    calls = f.last_calls
+    alone = [f(ctx[i:i + 1], u[i:i + 1]) for i in range(6)]
+    assert torch.equal(batch, torch.cat(alone))
+    assert torch.equal(batch, f.decode(ctx, torch.Generator().manual_seed(1)))
+    assert not torch.equal(batch, f.decode(ctx, torch.Generator().manual_seed(2)))  # negative control
+    if window == 1:
+        assert calls == [P.n_codes(cp)] * 6
+    else:
+        assert len(set(calls)) > 1 and max(calls) < P.n_codes(cp)  # rows part, and speculation commits > 1 a call
+
+
+@pytest.mark.parametrize("window", [2, 4, 8])
+def test_same_uniforms_give_fused_chain_frames_codes(cp, window):
+    f = NativeChainFrame(cp, window)
+    ctx = _ctx(cp, 8, seed=5)
+    u = f.uniforms(8, torch.Generator().manual_seed(11))
+    fused = FusedChainFrame(cp, window, compile=False)
+    assert torch.equal(f(ctx, u), fused(ctx, u))
+    assert f.last_calls == fused.last_calls
+
+
+def test_bad_input_is_one_line(cp):
+    for window in (0, 9, 2.0, True):
+        with pytest.raises(ValueError, match=r"native frame window must be an integer in 1\.\.8") as e:
+            NativeChainFrame(cp, window)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"temperature and top-k only; top_p=0.8 needs decode_frame") as e:
+        NativeChainFrame(cp, 4, Sampling(top_p=0.8))
+    assert "\n" not in str(e.value)
+    f = NativeChainFrame(cp, 4)
+    for u in (torch.rand(2, 15, 5, dtype=torch.float64), torch.rand(3, 15, 7, dtype=torch.float64),
+              torch.rand(2, 14, 7, dtype=torch.float64)):
+        with pytest.raises(ValueError, match=r"uniforms must have shape \(2, 15, 7\)") as e:
+            f(_ctx(cp, 2), u)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"context must have shape \(B, 2, 64\)") as e:
+        f(torch.zeros(2, 3, 64), torch.rand(2, 15, 7, dtype=torch.float64))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="built over this code_predictor"):
+        NativeChainFrame(copy.deepcopy(cp), 4, backend=f.backend)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the distribution: G-tests against the exact AR pmf of the NATIVE forward, and negative controls
+# ----------------------------------------------------------------------------------------------------------------
+@torch.inference_mode()
+def native_pmf(frame: NativeChainFrame, context: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Exact joint pmf ``(V, V, V)`` of codes 1..3 under AR through the native forward: all V*V prefixes (c1, c2)
+    teacher-forced in one call of 4 positions (context, context, code 1, code 2; the frame's projected tables), the
+    native heads at positions 1, 2, 3, :meth:`Sampling.probs`, the product of the conditionals (a verify row equals the
+    AR call of its prefix bit for bit: the native forward is row invariant)."""
+    be, n = frame.backend, V * V
+    c1, c2 = torch.arange(V).repeat_interleave(V), torch.arange(V).repeat(V)
+    ctx = frame.project(context)
+    x = torch.cat([ctx.expand(n, 2, ctx.shape[-1]), frame.tables[0][c1][:, None], frame.tables[1][c2][:, None]], 1)
+    pos = torch.arange(4).expand(n, 4)
+    allow = (torch.arange(4)[None, :] <= torch.arange(4)[:, None]).expand(n, 4, 4)
+    hid = be.forward(x, pos, allow, be.new_cache(n, 4), pos)
+    p = [sampling.probs(be.head(i, hid[:, i + 1])).to(torch.float64) for i in range(3)]
+    joint = p[0][0][:, None, None] * p[1][::V][:, :, None] * p[2].reshape(V, V, V)
+    assert abs(float(joint.sum()) - 1.0) < 1e-5
+    return joint / joint.sum()
+
+
+def _run(model, prec, window, sampling, seed=777, flags=0):
+    cp, context = variant(model)
+    cp = PR.apply_precision(copy.deepcopy(cp), prec, require_native=False)
+    frame = NativeChainFrame(cp, window, sampling)
+    pmf = native_pmf(frame, context, sampling)
+    n = frames_needed(pmf)
+    codes = frame.decode(context.expand(n, 2, context.shape[-1]), torch.Generator().manual_seed(seed), flags=flags)
+    assert codes.shape == (n, N_GROUPS - 1)
+    tpc = 3 * n / sum(frame.last_calls)
+    return (*g_test(pmf, codes), n, tpc)
+
+
+CASES = [("sharp", "float32", 4, DEFAULT), ("sharp", "float32", 1, DEFAULT), ("peaked", "float32", 2, HOT_TOPK3),
+         ("sharp", "bfloat16", 4, DEFAULT), ("sharp", "int8-dynamic", 4, DEFAULT)]
+
+
+@pytest.mark.parametrize("model,prec,window,sampling", CASES,
+                         ids=[f"{m}-{p}-w{w}-T{s.temperature}-k{s.top_k}" for m, p, w, s in CASES])
+def test_native_frame_samples_the_exact_pmf(model, prec, window, sampling):
+    pval, df, g, n, tpc = _run(model, prec, window, sampling)
+    assert power(n, df) >= MIN_POWER
+    assert pval >= ALPHA, f"{prec} window {window}: G={g:.1f} df={df} p={pval:.2e} N={n}: not the target"
+    assert tpc == 1.0 if window == 1 else tpc > 1.0  # and it really speculated
+
+
+@pytest.mark.parametrize("flag", sorted(FLAGS))
+def test_negative_control_is_rejected(flag):
+    pval, df, g, n, _ = _run("sharp", "float32", 4, DEFAULT, flags=FLAGS[flag])
+    assert pval < ALPHA, f"{flag}: the lossy rule passed the G-test (G={g:.1f} df={df} p={pval:.2e}, N={n})"
+
+
+def test_negative_control_is_rejected_in_bfloat16():
+    pval, df, g, n, _ = _run("sharp", "bfloat16", 4, DEFAULT, flags=FLAGS["always_accept"])
+    assert pval < ALPHA, f"always_accept passed the G-test in bfloat16 (G={g:.1f} df={df} p={pval:.2e}, N={n})"

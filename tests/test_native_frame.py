@@ -31,7 +31,7 @@ from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.models import precision as PR
-from rvqspec_lib.models.fused_spec import FusedChainFrame
+from rvqspec_lib.models.fused_spec import FusedChainFrame, inverse_cdf
 from rvqspec_lib.models.kernels import cpforward as C
 from rvqspec_lib.models.native import NativeCodePredictor
 from rvqspec_lib.models.native_frame import FLAGS, NativeChainFrame
@@ -100,6 +100,37 @@ def test_same_uniforms_give_fused_chain_frames_codes(cp, window):
     fused = FusedChainFrame(cp, window, compile=False)
     assert torch.equal(f(ctx, u), fused(ctx, u))
     assert f.last_calls == fused.last_calls
+
+
+def _python_ar(frame: NativeChainFrame, context: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """AR through the native backend one call at a time in Python, code s+1 drawn by inverse_cdf from
+    Sampling.probs (transformers' warpers) with ``u[:, s, 0]``: what the native AR frame's layout says it computes."""
+    be, n, b = frame.backend, frame.n_codes, context.shape[0]
+    slot = torch.arange(n + 1)
+    allow = slot[None, :] <= slot[:, None]
+    two = slot[:2].expand(b, 2)
+    cache, codes = be.new_cache(b, n + 1), []
+    h = be.forward(frame.project(context), two, allow[None, :2].expand(b, 2, n + 1), cache, two)[:, 1]
+    for j in range(n):
+        codes.append(inverse_cdf(frame.sampling.probs(be.head(j, h)), u[:, j, 0]))
+        if j < n - 1:
+            pos = slot[j + 2:j + 3].expand(b, 1)
+            h = be.forward(frame.tables[j][codes[-1]][:, None], pos, allow[None, j + 2:j + 3].expand(b, 1, n + 1),
+                           cache, pos)[:, 0]
+    return torch.stack(codes, 1)
+
+
+@pytest.mark.parametrize("prec", ["float32", "bfloat16"])
+def test_native_ar_frame_is_the_python_ar_loop(converted, prec):
+    """The warpers (temperature, top-k with ties: bfloat16 logits tie often), the softmax and the inverse CDF in C
+    give the codes transformers' warpers and inverse_cdf give for the same uniforms (float32 rounding of the softmax
+    differs: a uniform within about 1e-7 of a CDF boundary could part them; the seeds are fixed)."""
+    cp, nb = converted(prec)
+    f = NativeChainFrame(cp, 1, backend=nb)
+    ctx = _ctx(cp, 8, seed=3).to(P.param_dtype(cp))
+    u = f.uniforms(8, torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        assert torch.equal(f(ctx, u), _python_ar(f, ctx, u))
 
 
 def test_bad_input_is_one_line(cp):

@@ -611,9 +611,11 @@ enum { FRAME_ALWAYS_ACCEPT = 1, FRAME_DRAFTS_HOT = 2, FRAME_RESIDUAL_FROM_P = 4 
 /* -DFRAME_PROFILE builds count TSC cycles per part of the frame (rvq_frame_profile reads and clears them) */
 #ifdef FRAME_PROFILE
 #include <x86intrin.h>
-static unsigned long long frame_prof[8];
-#define PROF(i, stmt) do { unsigned long long t0_ = __rdtsc(); stmt; frame_prof[i] += __rdtsc() - t0_; } while (0)
-void rvq_frame_profile(double *out) { for (int i = 0; i < 8; i++) { out[i] = (double)frame_prof[i]; frame_prof[i] = 0; } }
+static unsigned long long frame_prof[32], frame_cnt[32];
+#define PROF(i, stmt) do { unsigned long long t0_ = __rdtsc(); stmt; frame_prof[i] += __rdtsc() - t0_; frame_cnt[i]++; } while (0)
+void rvq_frame_profile(double *out) {  /* out: 32 cycle sums, then 32 counts */
+    for (int i = 0; i < 32; i++) { out[i] = (double)frame_prof[i]; out[32 + i] = (double)frame_cnt[i]; frame_prof[i] = frame_cnt[i] = 0; }
+}
 #else
 #define PROF(i, stmt) do { stmt; } while (0)
 #endif
@@ -632,7 +634,7 @@ typedef struct {
     const float *cos_t, *sin_t;
     int n, V, K, S, top_k, greedy, flags;
     float temperature;
-    float *kc, *vc, *x, *hid, *h, *logits, *scores, *top, *lwork;
+    float *kc, *vc, *x, *hid, *h, *logits, *top, *lwork;
     Dist q[FRAME_MAX_WINDOW], p, res;
     uint8_t *allow;
     int64_t *write;
@@ -643,60 +645,53 @@ static void dist_clear(Dist *d) {
     d->n = 0;
 }
 
-/* the k-th largest of a[0..n-1] (1 <= k <= n), counting ties: quickselect (Hoare partition, middle pivot) in
- * decreasing order; reorders a. A value, so any correct selection gives the same one. */
-static float select_desc(float *a, int n, int k) {
-    int lo = 0, hi = n - 1, want = k - 1;
-    while (lo < hi) {
-        float pivot = a[lo + (hi - lo) / 2];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] > pivot) i++;
-            while (a[j] < pivot) j--;
-            if (i <= j) { float t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }
-        }
-        if (want <= j) hi = j;
-        else if (want >= i) lo = i;
-        else return a[want];  /* between the two parts: equal to the pivot */
-    }
-    return a[want];
-}
-
-/* the k-th largest of n floats (1 <= k <= n; NaN never reaches it), counting ties, as torch.topk(s, k)[0][-1].
- * With at least k blocks of 16, the k-th largest block maximum t is a lower bound of it (k blocks hold a value >= t),
- * so only the values >= t (a few times k) are candidates: selected among those. work: n + n / 16 + 1 floats. */
+/* the k-th largest of n floats (1 <= k <= n; NaN never reaches it), counting ties, as torch.topk(s, k)[0][-1]: a
+ * quickselect whose partitions are three-way (above / equal to / below a median-of-three pivot) and branch-free,
+ * 16 values at a time with AVX-512 (compress into registers, then a plain store: a compressing store to memory is
+ * slow on some CPUs). A value, so any correct selection gives the same one. work: 4 (n + 16) floats. */
 static float kth_largest(const float *s, int n, int k, float *work) {
-    int nb = n / 16, m = 0;
-    if (nb < k) {
-        memcpy(work, s, sizeof(float) * n);
-        return select_desc(work, n, k);
-    }
-    float *bmax = work + n;
-    for (int b = 0; b < nb; b++) {
-        float mx = s[16 * b];
-        for (int i = 1; i < 16; i++) mx = s[16 * b + i] > mx ? s[16 * b + i] : mx;
-        bmax[b] = mx;
-    }
-    float t = select_desc(bmax, nb, k);
+    const float *a = s;
+    size_t r = (size_t)n + 16;  /* two pairs of regions (above, below), used in turn */
+    for (int level = 0;; level++) {
+        if (n <= 16) {  /* insertion sort, decreasing */
+            float t[16];
+            for (int i = 0; i < n; i++) {
+                int j = i;
+                while (j > 0 && t[j - 1] < a[i]) { t[j] = t[j - 1]; j--; }
+                t[j] = a[i];
+            }
+            return t[k - 1];
+        }
+        float x = a[0], y = a[n / 2], z = a[n - 1];
+        float pivot = x < y ? (y < z ? y : x < z ? z : x) : (x < z ? x : y < z ? z : y);
+        float *hi = work + (size_t)(level & 1) * 2 * r, *lo = hi + r;
+        int nh = 0, nl = 0, i = 0;
 #if defined(__AVX512F__)
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(s + i);
-        __mmask16 mk = _mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_GE_OQ);
-        _mm512_mask_compressstoreu_ps(work + m, mk, v);
-        m += __builtin_popcount(mk);
-    }
-    for (; i < n; i++) if (s[i] >= t) work[m++] = s[i];
-#else
-    for (int i = 0; i < n; i++) if (s[i] >= t) work[m++] = s[i];
+        __m512 pv = _mm512_set1_ps(pivot);
+        for (; i + 16 <= n; i += 16) {
+            __m512 v = _mm512_loadu_ps(a + i);
+            __mmask16 mh = _mm512_cmp_ps_mask(v, pv, _CMP_GT_OQ), ml = _mm512_cmp_ps_mask(v, pv, _CMP_LT_OQ);
+            _mm512_storeu_ps(hi + nh, _mm512_maskz_compress_ps(mh, v));
+            _mm512_storeu_ps(lo + nl, _mm512_maskz_compress_ps(ml, v));
+            nh += __builtin_popcount(mh);
+            nl += __builtin_popcount(ml);
+        }
 #endif
-    return select_desc(work, m, k);
+        for (; i < n; i++) {
+            hi[nh] = a[i]; nh += a[i] > pivot;
+            lo[nl] = a[i]; nl += a[i] < pivot;
+        }
+        if (k <= nh) { a = hi; n = nh; }
+        else if (k <= n - nl) return pivot;
+        else { k -= n - nl; a = lo; n = nl; }
+    }
 }
 
-/* warped float32 probabilities of one row of logits (rvqspec_lib.models.fused.warp_scores, then softmax) into d */
-static void frame_warp_(const Frame *f, const float *logits, Dist *d);
-static void frame_warp(const Frame *f, const float *logits, Dist *d) { PROF(1, frame_warp_(f, logits, d)); }
-static void frame_warp_(const Frame *f, const float *logits, Dist *d) {
+/* warped float32 probabilities of one row of logits (rvqspec_lib.models.fused.warp_scores, then softmax) into d; the
+ * logits are overwritten by the scores (logits / temperature) */
+static void frame_warp_(const Frame *f, float *logits, Dist *d);
+static void frame_warp(const Frame *f, float *logits, Dist *d) { PROF(1, frame_warp_(f, logits, d)); }
+static void frame_warp_(const Frame *f, float *logits, Dist *d) {
     int V = f->V;
     dist_clear(d);
     if (f->greedy) {
@@ -707,17 +702,16 @@ static void frame_warp_(const Frame *f, const float *logits, Dist *d) {
         d->n = 1;
         return;
     }
-    float *sc = f->scores;
-    if (f->temperature != 1.0f) for (int i = 0; i < V; i++) sc[i] = logits[i] / f->temperature;
-    else memcpy(sc, logits, sizeof(float) * V);
+    float *sc = logits;
+    if (f->temperature != 1.0f) for (int i = 0; i < V; i++) sc[i] = sc[i] / f->temperature;
     float kth = -INFINITY;
     if (f->top_k > 0) kth = kth_largest(sc, V, f->top_k < V ? f->top_k : V, f->top);
     int n = 0, i = 0;
 #if defined(__AVX512F__)
     __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (; i + 16 <= V; i += 16) {
+    for (; i + 16 <= V; i += 16) {  /* idx has 16 entries of slack */
         __mmask16 mk = _mm512_cmp_ps_mask(_mm512_loadu_ps(sc + i), _mm512_set1_ps(kth), _CMP_GE_OQ);
-        _mm512_mask_compressstoreu_epi32(d->idx + n, mk, _mm512_add_epi32(iota, _mm512_set1_epi32(i)));
+        _mm512_storeu_si512(d->idx + n, _mm512_maskz_compress_epi32(mk, _mm512_add_epi32(iota, _mm512_set1_epi32(i))));
         n += __builtin_popcount(mk);
     }
 #endif
@@ -816,7 +810,7 @@ static int frame_row(Frame *f, const float *ctx, const double *u, int64_t *codes
         for (int i = 1; i < q_len; i++)
             memcpy(f->x + (size_t)i * H, f->emb[s - 1 + i] + (size_t)xs[i] * H, sizeof(float) * H);
         frame_mask(f, s + 1, q_len);
-        PROF(3, frc = rvq_forward(m, f->x, f->cos_t + (size_t)(s + 1) * D, f->sin_t + (size_t)(s + 1) * D, f->allow,
+        PROF(8 + q_len, frc = rvq_forward(m, f->x, f->cos_t + (size_t)(s + 1) * D, f->sin_t + (size_t)(s + 1) * D, f->allow,
                                   f->write, f->kc, f->vc, 1, q_len, f->S, f->hid));
         if (frc) return -1;
         (*calls)++;
@@ -884,7 +878,7 @@ int rvq_chain_frame(void *model, const void *const *head_w, const float *const *
     size_t cache = (size_t)m->L * m->NKV * f.S * m->D;
     size_t lw = rvq_linear_work(m->prec, 1, H);
     int n_dist = f.K + 2;  /* q_1..q_K, p, the residual */
-    size_t total = 2 * cache + (size_t)2 * rows * H + H + 4 * (size_t)V + (size_t)2 * n_dist * V + lw;
+    size_t total = 2 * cache + (size_t)2 * rows * H + H + 5 * (size_t)V + 64 + (size_t)n_dist * (2 * V + 16) + lw;
     float *buf = (float *)aligned_alloc(64, ((total * sizeof(float) + 63) / 64) * 64);
     f.heads = (Linear *)calloc((size_t)n_codes, sizeof(Linear));
     f.allow = (uint8_t *)malloc((size_t)rows * f.S);
@@ -892,9 +886,9 @@ int rvq_chain_frame(void *model, const void *const *head_w, const float *const *
     if (!buf || !f.heads || !f.allow || !f.write) { rc = -1; goto done; }
     memset(buf, 0, total * sizeof(float));
     f.kc = buf; f.vc = f.kc + cache; f.x = f.vc + cache; f.hid = f.x + (size_t)rows * H; f.h = f.hid + (size_t)rows * H;
-    f.logits = f.h + H; f.scores = f.logits + V; f.top = f.scores + V;
-    float *dp = f.top + 2 * (size_t)V;  /* kth_largest's work: V + V / 16 + 1 */
-    for (int i = 0; i < n_dist; i++, dp += 2 * (size_t)V) {
+    f.logits = f.h + H; f.top = f.logits + V;
+    float *dp = f.top + 4 * (size_t)V + 64;  /* kth_largest's work: 4 (V + 16) */
+    for (int i = 0; i < n_dist; i++, dp += 2 * (size_t)V + 16) {
         Dist *d = i < f.K ? &f.q[i] : i == f.K ? &f.p : &f.res;
         d->p = dp; d->idx = (int32_t *)(dp + V); d->n = 0;
     }

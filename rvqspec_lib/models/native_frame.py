@@ -48,15 +48,22 @@ MAX_WINDOW = 8
 FLAGS = {"always_accept": 1, "drafts_hot": 2, "residual_from_p": 4}
 
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-_ARGTYPES = [_p, _p, _p, _p, _i, _i, _p, _p, _p, _p, _p, _i, _i, _f, _i, _i, _i, _p, _p]
+#: ``cpforward.c``'s frame entry points: (argument types, result type).
+_SIGNATURES = {
+    "rvq_frame_new": ([_p, _p, _p, _p, _i, _i, _p, _p, _p, _i], _p),
+    "rvq_frame_run": ([_p, _p, _p, _i, _f, _i, _i, _i, _p, _p], _i),
+    "rvq_frame_free": ([_p], None),
+}
 
 
-def _frame_fn():
-    """``rvq_chain_frame`` of the loaded library, with its argument types set (once)."""
-    fn = C.lib().rvq_chain_frame
-    if fn.argtypes is None:
-        fn.argtypes, fn.restype = _ARGTYPES, _i
-    return fn
+def _lib():
+    """The loaded library with the frame functions' argument types set (once)."""
+    lib = C.lib()
+    for name, (args, res) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        if fn.argtypes is None:
+            fn.argtypes, fn.restype = args, res
+    return lib
 
 
 def _pointers(items) -> ctypes.Array:
@@ -113,8 +120,10 @@ class NativeChainFrame:
             raise ValueError(f"a frame of {self.n_codes} codes needs {self.n_codes + 1} rotary positions, the native "
                              f"forward has {ROPE_POSITIONS}")
         self.dtype = P.param_dtype(code_predictor)
+        self._talker_h = P.talker_hidden_size(code_predictor)
+        proj = code_predictor.small_to_mtp_projection
+        self._identity = isinstance(proj, torch.nn.Identity)
         with torch.inference_mode():
-            proj = code_predictor.small_to_mtp_projection
             self.tables = [proj(t.weight).to(torch.float32).contiguous()
                            for t in list(code_predictor.model.codec_embedding)[:max(self.n_codes - 1, 0)]]
         heads = backend.heads
@@ -122,8 +131,21 @@ class NativeChainFrame:
         self._head_s = _pointers([C.ptr(h.scale) for h in heads])
         self._head_c = _pointers([C.ptr(h.comp) for h in heads])
         self._emb = _pointers([C.ptr(t) for t in self.tables] or [None])
+        s = self.sampling
+        self._knobs = (1.0 if s.greedy else float(s.temperature), 0 if s.greedy else int(s.top_k), int(s.greedy))
+        self._lib = _lib()
+        self._frame = self._lib.rvq_frame_new(backend.handle, self._head_w, self._head_s, self._head_c, self.n_codes,
+                                              self.vocab, self._emb, C.ptr(backend.cos), C.ptr(backend.sin), window)
+        if not self._frame:
+            raise MemoryError("the native frame could not allocate its buffers")
         self.last_calls: list[int] = []
         self.name = "native-ar" if window == 1 else f"native-chain{window}"
+
+    def __del__(self):
+        f = getattr(self, "_frame", None)
+        if f:
+            self._lib.rvq_frame_free(f)
+            self._frame = None
 
     def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         """A frame's uniforms, ``(B, n_codes, 2 K + 1)`` float64, one ``torch.rand`` from ``generator`` (the order of
@@ -133,8 +155,10 @@ class NativeChainFrame:
     def project(self, context: torch.Tensor) -> torch.Tensor:
         """The projected context ``(B, 2, H)`` float32 (``small_to_mtp_projection`` in the module's dtype), one
         frame at a time (a row's values do not depend on the batch)."""
-        proj = self.code_predictor.small_to_mtp_projection
         x = context.to(self.dtype)
+        if self._identity:
+            return x.to(torch.float32).contiguous()
+        proj = self.code_predictor.small_to_mtp_projection
         rows = [proj(x[i:i + 1]) for i in range(x.shape[0])] if x.shape[0] > 1 else [proj(x)]
         return torch.cat(rows).to(torch.float32).contiguous()
 
@@ -153,29 +177,30 @@ class NativeChainFrame:
             ValueError: a context or uniforms of the wrong shape.
             MemoryError: the C frame could not allocate its scratch memory.
         """
-        h = P.talker_hidden_size(self.code_predictor)
-        if not isinstance(context, torch.Tensor) or context.dim() != 3 or tuple(context.shape[1:]) != (2, h) \
-                or context.shape[0] < 1:
-            got = tuple(context.shape) if isinstance(context, torch.Tensor) else type(context).__name__
-            raise ValueError(f"context must have shape (B, 2, {h}) = [talker hidden, embedding of code 0], got {got}")
-        b = int(context.shape[0])
-        want = (b, self.n_codes, self.u_width)
-        if not isinstance(u, torch.Tensor) or tuple(u.shape) != want:
+        shape = context.shape if isinstance(context, torch.Tensor) else None
+        if shape is None or len(shape) != 3 or shape[1] != 2 or shape[2] != self._talker_h or shape[0] < 1:
+            got = tuple(shape) if shape is not None else type(context).__name__
+            raise ValueError(f"context must have shape (B, 2, {self._talker_h}) = [talker hidden, embedding of code "
+                             f"0], got {got}")
+        b = shape[0]
+        if not isinstance(u, torch.Tensor) or u.shape != (b, self.n_codes, self.u_width):
             got = tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__
-            raise ValueError(f"uniforms must have shape {want} (NativeChainFrame.uniforms), got {got}")
-        with torch.inference_mode():
-            ctx = self.project(context)
-        uu = u.detach().to(torch.float64).contiguous().cpu()
+            raise ValueError(f"uniforms must have shape {(b, self.n_codes, self.u_width)} (NativeChainFrame.uniforms), "
+                             f"got {got}")
+        if self._identity and context.dtype is torch.float32 and context.is_contiguous() and context.is_cpu:
+            ctx = context  # the projection is the identity: the context as it is (the common case, cheap)
+        else:
+            with torch.inference_mode():
+                ctx = self.project(context)
+        if u.dtype is not torch.float64 or not u.is_contiguous() or not u.is_cpu:
+            u = u.detach().to(torch.float64).contiguous().cpu()
         codes = torch.empty(b, self.n_codes, dtype=torch.int64)
         calls = torch.empty(b, dtype=torch.int32)
-        s, be = self.sampling, self.backend
-        rc = _frame_fn()(be.handle, self._head_w, self._head_s, self._head_c, self.n_codes, self.vocab, self._emb,
-                         C.ptr(be.cos), C.ptr(be.sin), C.ptr(ctx), C.ptr(uu), b, self.window,
-                         1.0 if s.greedy else float(s.temperature), 0 if s.greedy else int(s.top_k), int(s.greedy),
-                         int(flags), C.ptr(codes), C.ptr(calls))
-        if rc == -1:
-            raise MemoryError("the native frame could not allocate its scratch memory")
-        if rc != 0:
+        rc = self._lib.rvq_frame_run(self._frame, ctx.data_ptr(), u.data_ptr(), b, *self._knobs, flags,
+                                     codes.data_ptr(), calls.data_ptr())
+        if rc:
+            if rc == -1:
+                raise MemoryError("the native frame could not allocate its scratch memory")
             raise ValueError(f"the native frame refused its arguments (code {rc})")
         self.last_calls = calls.tolist()
         return codes

@@ -600,6 +600,10 @@ int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin
  * the same alone or in any batch. The embedding tables are the official small_to_mtp_projection applied to each
  * codec_embedding table (precomputed by the caller, float32 holding the activation dtype's values).
  *
+ * Entry points: rvq_frame_new (a frame object: heads, tables, buffers, allocated once), rvq_frame_run (B frames, no
+ * allocation), rvq_frame_free; rvq_chain_frame does the three in one call. The rows share nothing but the frame object's
+ * scratch, so a frame object is not re-entrant (one thread at a time), as the model handle.
+ *
  * flags (negative controls for the tests, each a deliberately LOSSY rule; 0 in use): FRAME_ALWAYS_ACCEPT accepts
  * every draft; FRAME_DRAFTS_HOT draws drafts from q^(T / 1.5) (q re-warped to temperature 1.5) while acceptance is
  * handed q; FRAME_RESIDUAL_FROM_P draws the code after a rejection from p instead of the residual.
@@ -854,53 +858,87 @@ static int frame_row(Frame *f, const float *ctx, const double *u, int64_t *codes
     return 0;
 }
 
-/* The frame of B rows (row after row).
+/* ---- the entry points ----------------------------------------------------------------------------------------
+ * A frame object owns everything a frame needs besides the model (heads as Linear, the KV cache of one row, the
+ * verify rows, the distributions), allocated once: a frame call allocates nothing. The dense distributions are zero
+ * outside their supports on entry and on exit (dist_clear). */
+void rvq_frame_free(void *h) {
+    Frame *f = (Frame *)h;
+    if (!f) return;
+    free(f->kc); free(f->heads); free(f->allow); free(f->write); free(f);
+}
+
+/* A frame object for windows 1..FRAME_MAX_WINDOW over the model.
  *   model: rvq_model_new's handle. head_w / head_scale / head_comp: n_codes packed heads (N = V outputs, K = H
- *   inputs, the model's precision; scale and comp NULL where the precision has none). emb: n_codes - 1 float32 tables
- *   (V, H). cos_t, sin_t: rotary tables (>= n_codes + 1 positions, D). ctx (B, 2, H) projected context. u (B, n_codes,
- *   2 window - 1) float64 uniforms. greedy: one-hot argmax (temperature and top_k ignored); top_k 0: no top-k.
- *   codes_out (B, n_codes) int64 codes 1..n_codes; calls_out (B,) forward calls each row took (prefill included).
- * Returns 0; -1 when memory could not be allocated; -2 for a window outside 1..FRAME_MAX_WINDOW, n_codes < 1,
- * temperature <= 0 without greedy, or heads of another width. */
+ *   inputs, the model's precision; scale and comp entries NULL, or the arrays NULL, where the precision has none).
+ *   emb: n_codes - 1 float32 tables (V, H), projected (emb[j - 1] embeds code j). cos_t, sin_t: rotary tables of at
+ *   least n_codes + 1 positions (D each). The caller keeps all of them alive while the frame lives.
+ * Returns NULL for a window outside 1..FRAME_MAX_WINDOW, n_codes < 1 or V < 1, or when memory is short. */
+void *rvq_frame_new(void *model, const void *const *head_w, const float *const *head_scale,
+                    const int32_t *const *head_comp, int n_codes, int V, const float *const *emb,
+                    const float *cos_t, const float *sin_t, int window) {
+    Model *m = (Model *)model;
+    if (!m || window < 1 || window > FRAME_MAX_WINDOW || n_codes < 1 || V < 1) return NULL;
+    Frame *f = (Frame *)calloc(1, sizeof(Frame));
+    if (!f) return NULL;
+    f->m = m; f->emb = emb; f->cos_t = cos_t; f->sin_t = sin_t;
+    f->n = n_codes; f->V = V; f->K = window - 1; f->S = n_codes + 1;
+    int H = m->H, rows = window > 2 ? window : 2;
+    size_t cache = (size_t)m->L * m->NKV * f->S * m->D;
+    size_t lw = rvq_linear_work(m->prec, 1, H);
+    int n_dist = f->K + 2;  /* q_1..q_K, p, the residual */
+    size_t total = 2 * cache + (size_t)2 * rows * H + H + 5 * (size_t)V + 64 + (size_t)n_dist * (2 * V + 16) + lw;
+    float *buf = (float *)aligned_alloc(64, ((total * sizeof(float) + 63) / 64) * 64);
+    f->kc = buf;
+    f->heads = (Linear *)calloc((size_t)n_codes, sizeof(Linear));
+    f->allow = (uint8_t *)malloc((size_t)rows * f->S);
+    f->write = (int64_t *)malloc(sizeof(int64_t) * rows);
+    if (!buf || !f->heads || !f->allow || !f->write) { rvq_frame_free(f); return NULL; }
+    memset(buf, 0, total * sizeof(float));
+    f->vc = f->kc + cache; f->x = f->vc + cache; f->hid = f->x + (size_t)rows * H; f->h = f->hid + (size_t)rows * H;
+    f->logits = f->h + H; f->top = f->logits + V;
+    float *dp = f->top + 4 * (size_t)V + 64;  /* kth_largest's work: 4 (V + 16) */
+    for (int i = 0; i < n_dist; i++, dp += 2 * (size_t)V + 16) {
+        Dist *d = i < f->K ? &f->q[i] : i == f->K ? &f->p : &f->res;
+        d->p = dp; d->idx = (int32_t *)(dp + V); d->n = 0;
+    }
+    f->lwork = dp;
+    for (int i = 0; i < n_codes; i++) {
+        Linear L = {m->prec, V, H, head_w[i], head_scale ? head_scale[i] : NULL, head_comp ? head_comp[i] : NULL};
+        f->heads[i] = L;
+    }
+    return f;
+}
+
+/* B frames, row after row: ctx (B, 2, H) projected context; u (B, n_codes, 2 window - 1) float64 uniforms;
+ * greedy: one-hot argmax (temperature and top_k ignored); top_k 0: no top-k. codes_out (B, n_codes) int64 codes
+ * 1..n_codes; calls_out (B,) forward calls each row took (the prefill included).
+ * Returns 0; -1 when the model's scratch memory could not be allocated; -2 for temperature <= 0 without greedy. */
+int rvq_frame_run(void *frame, const float *ctx, const double *u, int B, float temperature, int top_k, int greedy,
+                  int flags, int64_t *codes_out, int32_t *calls_out) {
+    Frame *f = (Frame *)frame;
+    if (!greedy && !(temperature > 0.0f)) return -2;
+    f->top_k = top_k; f->greedy = greedy; f->flags = flags; f->temperature = temperature;
+    int H = f->m->H, rc = 0;
+    for (int b = 0; b < B && rc == 0; b++)
+        PROF(4, rc = frame_row(f, ctx + (size_t)b * 2 * H, u + (size_t)b * f->n * (2 * f->K + 1),
+                               codes_out + (size_t)b * f->n, calls_out + b));
+    for (int i = 0; i < f->K; i++) dist_clear(&f->q[i]);
+    dist_clear(&f->p);
+    dist_clear(&f->res);
+    return rc;
+}
+
+/* The whole thing in one call (rvq_frame_new, rvq_frame_run, rvq_frame_free): arguments as those two.
+ * Returns rvq_frame_run's code, or -2 for what rvq_frame_new refuses (-1 if it could not allocate). */
 int rvq_chain_frame(void *model, const void *const *head_w, const float *const *head_scale,
                     const int32_t *const *head_comp, int n_codes, int V, const float *const *emb,
                     const float *cos_t, const float *sin_t, const float *ctx, const double *u, int B, int window,
                     float temperature, int top_k, int greedy, int flags, int64_t *codes_out, int32_t *calls_out) {
-    Model *m = (Model *)model;
-    if (window < 1 || window > FRAME_MAX_WINDOW || n_codes < 1 || V < 1 || (!greedy && !(temperature > 0.0f)))
-        return -2;
-    Frame f;
-    memset(&f, 0, sizeof f);
-    f.m = m; f.emb = emb; f.cos_t = cos_t; f.sin_t = sin_t;
-    f.n = n_codes; f.V = V; f.K = window - 1; f.S = n_codes + 1;
-    f.top_k = top_k; f.greedy = greedy; f.flags = flags; f.temperature = temperature;
-    int H = m->H, rows = window > 2 ? window : 2, rc = 0;
-    size_t cache = (size_t)m->L * m->NKV * f.S * m->D;
-    size_t lw = rvq_linear_work(m->prec, 1, H);
-    int n_dist = f.K + 2;  /* q_1..q_K, p, the residual */
-    size_t total = 2 * cache + (size_t)2 * rows * H + H + 5 * (size_t)V + 64 + (size_t)n_dist * (2 * V + 16) + lw;
-    float *buf = (float *)aligned_alloc(64, ((total * sizeof(float) + 63) / 64) * 64);
-    f.heads = (Linear *)calloc((size_t)n_codes, sizeof(Linear));
-    f.allow = (uint8_t *)malloc((size_t)rows * f.S);
-    f.write = (int64_t *)malloc(sizeof(int64_t) * rows);
-    if (!buf || !f.heads || !f.allow || !f.write) { rc = -1; goto done; }
-    memset(buf, 0, total * sizeof(float));
-    f.kc = buf; f.vc = f.kc + cache; f.x = f.vc + cache; f.hid = f.x + (size_t)rows * H; f.h = f.hid + (size_t)rows * H;
-    f.logits = f.h + H; f.top = f.logits + V;
-    float *dp = f.top + 4 * (size_t)V + 64;  /* kth_largest's work: 4 (V + 16) */
-    for (int i = 0; i < n_dist; i++, dp += 2 * (size_t)V + 16) {
-        Dist *d = i < f.K ? &f.q[i] : i == f.K ? &f.p : &f.res;
-        d->p = dp; d->idx = (int32_t *)(dp + V); d->n = 0;
-    }
-    f.lwork = dp;
-    for (int i = 0; i < n_codes; i++) {
-        Linear L = {m->prec, V, H, head_w[i], head_scale ? head_scale[i] : NULL, head_comp ? head_comp[i] : NULL};
-        f.heads[i] = L;
-    }
-    for (int b = 0; b < B && rc == 0; b++)
-        PROF(4, rc = frame_row(&f, ctx + (size_t)b * 2 * H, u + (size_t)b * n_codes * (2 * f.K + 1),
-                       codes_out + (size_t)b * n_codes, calls_out + b));
-done:
-    free(buf); free(f.heads); free(f.allow); free(f.write);
+    if (!model || window < 1 || window > FRAME_MAX_WINDOW || n_codes < 1 || V < 1) return -2;
+    void *f = rvq_frame_new(model, head_w, head_scale, head_comp, n_codes, V, emb, cos_t, sin_t, window);
+    if (!f) return -1;
+    int rc = rvq_frame_run(f, ctx, u, B, temperature, top_k, greedy, flags, codes_out, calls_out);
+    rvq_frame_free(f);
     return rc;
 }

@@ -214,7 +214,9 @@ static inline __attribute__((always_inline)) void blk_f32(const float *w, const 
     for (int k = 0; k < K; k++, w += NB) {
         PREFETCH(w, NV);
         __m512 wv[NV];
-        for (int j = 0; j < NV; j++) wv[j] = _mm512_loadu_ps(w + 16 * j);
+        /* the empty asm pins each weight vector in a register: without it GCC folds the load into every row's FMA
+         * (mb loads of the same 64 bytes; 1.4x slower at 4 rows). Same instructions, same results. */
+        for (int j = 0; j < NV; j++) { wv[j] = _mm512_loadu_ps(w + 16 * j); __asm__("" : "+v"(wv[j])); }
         for (int m = 0; m < MB; m++) {
             if (m >= mb) break;
             __m512 b = _mm512_set1_ps(x[(size_t)m * ldx + k]);
@@ -275,7 +277,7 @@ static inline __attribute__((always_inline)) void blk_i8d(const int8_t *w, const
     for (int i = 0; i < k4; i++, w += 4 * NB) {
         PREFETCH(w, NV);
         __m512i wv[NV];
-        for (int j = 0; j < NV; j++) wv[j] = _mm512_loadu_si512(w + 64 * j);
+        for (int j = 0; j < NV; j++) { wv[j] = _mm512_loadu_si512(w + 64 * j); __asm__("" : "+v"(wv[j])); }  /* as blk_f32 */
         for (int m = 0; m < MB; m++) {
             if (m >= mb) break;
             __m512i b = _mm512_set1_epi32((int)xq[(size_t)m * k4 + i]);

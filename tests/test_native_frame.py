@@ -133,6 +133,22 @@ def test_native_ar_frame_is_the_python_ar_loop(converted, prec):
         assert torch.equal(f(ctx, u), _python_ar(f, ctx, u))
 
 
+def test_the_one_shot_entry_point_gives_the_frame_objects_codes(cp):
+    """rvq_chain_frame (frame object made, run and freed in one C call) = NativeChainFrame's frame object."""
+    f = NativeChainFrame(cp, 3)
+    context = _ctx(cp, 4, seed=2)
+    ctx = f.project(context)
+    u = f.uniforms(4, torch.Generator().manual_seed(6))
+    codes, calls = torch.empty(4, f.n_codes, dtype=torch.int64), torch.empty(4, dtype=torch.int32)
+    be = f.backend
+    rc = f._lib.rvq_chain_frame(be.handle, f._head_w, f._head_s, f._head_c, f.n_codes, f.vocab, f._emb, be.cos.data_ptr(),
+                                be.sin.data_ptr(), ctx.data_ptr(), u.data_ptr(), 4, 3, 0.9, 50, 0, 0, codes.data_ptr(),
+                                calls.data_ptr())
+    assert rc == 0 and torch.equal(codes, f(context, u)) and calls.tolist() == f.last_calls
+    assert f._lib.rvq_chain_frame(be.handle, f._head_w, f._head_s, f._head_c, f.n_codes, f.vocab, f._emb, None, None,
+                                  None, None, 4, 9, 0.9, 50, 0, 0, None, None) == -2  # window 9: refused
+
+
 def test_bad_input_is_one_line(cp):
     for window in (0, 9, 2.0, True):
         with pytest.raises(ValueError, match=r"native frame window must be an integer in 1\.\.8") as e:

@@ -53,6 +53,7 @@ _SIGNATURES = {
     "rvq_frame_new": ([_p, _p, _p, _p, _i, _i, _p, _p, _p, _i], _p),
     "rvq_frame_run": ([_p, _p, _p, _i, _f, _i, _i, _i, _p, _p], _i),
     "rvq_frame_free": ([_p], None),
+    "rvq_chain_frame": ([_p, _p, _p, _p, _i, _i, _p, _p, _p, _p, _p, _i, _i, _f, _i, _i, _i, _p, _p], _i),
 }
 
 

@@ -31,6 +31,7 @@ from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.models import precision as PR
+from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.fused_spec import FusedChainFrame, inverse_cdf
 from rvqspec_lib.models.kernels import cpforward as C
 from rvqspec_lib.models.native import NativeCodePredictor
@@ -131,6 +132,23 @@ def test_native_ar_frame_is_the_python_ar_loop(converted, prec):
     u = f.uniforms(8, torch.Generator().manual_seed(4))
     with torch.inference_mode():
         assert torch.equal(f(ctx, u), _python_ar(f, ctx, u))
+
+
+@pytest.mark.parametrize("prec", ["float32", "bfloat16"])
+def test_a_model_whose_projection_is_the_identity(prec):
+    """code_predictor hidden = talker hidden (as the 0.6B and the embedded model): small_to_mtp_projection is the
+    identity, the tables are the module's own; greedy codes equal native AR's, and a float32 context is rounded to the
+    module's dtype as decode_frame rounds it (the same codes as the context given in that dtype)."""
+    small = build_from_config(tiny_config_dict(code_predictor_hidden=64), seed=0).talker.code_predictor.eval()
+    small = PR.apply_precision(small, prec, require_native=False)
+    assert isinstance(small.small_to_mtp_projection, torch.nn.Identity)
+    nb, g = NativeCodePredictor(small), Sampling(greedy=True)
+    ctx = _ctx(small, 4, seed=8)
+    ar = torch.cat([decode_frame(small, ctx[i:i + 1], decoder=AR(), sampling=g, backend=nb).codes for i in range(4)])
+    assert torch.equal(NativeChainFrame(small, 4, g, backend=nb).decode(ctx), ar)
+    f = NativeChainFrame(small, 4, backend=nb)
+    u = f.uniforms(4, torch.Generator().manual_seed(9))
+    assert torch.equal(f(ctx, u), f(ctx.to(P.param_dtype(small)).float(), u))
 
 
 def test_the_one_shot_entry_point_gives_the_frame_objects_codes(cp):

@@ -2,8 +2,9 @@
 
 :class:`NativeChainFrame` decodes a frame exactly as :class:`rvqspec_lib.models.fused_spec.FusedChainFrame` does
 (docs/methods.md#the-fused-speculative-round: the same rule, the same uniform order, the same inverse-CDF draws), but
-the prefill and every round of draft -> verify -> accept -> commit run inside ``rvq_chain_frame`` in
-``rvqspec_lib/models/kernels/cpforward.c`` (its last section), over the model and the packed per-depth heads of a
+the prefill and every round of draft -> verify -> accept -> commit run inside ONE C call, ``rvq_frame_run``, in
+``rvqspec_lib/models/kernels/cpforward.c`` (its last section; a frame object made once by ``rvq_frame_new`` holds its
+buffers, so a call allocates nothing), over the model and the packed per-depth heads of a
 :class:`rvqspec_lib.models.native.NativeCodePredictor` (docs/precision.md#the-native-forward). A frame costs one call
 from Python instead of one (or several) per round, so the per-round Python and operator overhead of
 ``decode_frame(..., backend=NativeCodePredictor(cp))`` is gone.
@@ -20,11 +21,12 @@ float64 as there). The greedy codes equal ``decode_frame(..., backend=NativeCode
 the native forward.
 
 Embeddings. The code predictor embeds a code as ``small_to_mtp_projection(codec_embedding[j-1](code))``. The frame
-precomputes the projected tables once (the official module applied to each whole table, in its precision; float32
-copies, ``n_codes - 1`` tables of ``(V, H)``: 0.6 MB on the embedded model, 126 MB on the 1.7B) and looks codes up in
-C. A Linear projection (tiny-random, the 1.7B) therefore costs nothing per code. The context is projected in Python,
-one frame at a time (torch's float32 Linear is not row invariant across batch sizes; one frame at a time keeps a row's
-codes independent of the batch).
+precomputes the projected tables once (the official module applied to each whole table, in its precision, held as
+float32: ``n_codes - 1`` tables of ``(V, H)``, 29 MB on the embedded model, 117 MB on the 1.7B; where the projection
+is the identity and the tables are float32 already, as the embedded model's in float32 and int8-dynamic, they are the
+module's own tensors, not copies) and looks codes up in C. A Linear projection (tiny-random, the 1.7B) therefore costs
+nothing per code. The context is projected in Python, one frame at a time (torch's float32 Linear is not row invariant
+across batch sizes; one frame at a time keeps a row's codes independent of the batch).
 
 Rows of a batch are decoded one after the other inside the one C call, each with its own KV cache.
 """
@@ -94,6 +96,10 @@ class NativeChainFrame:
             :class:`~rvqspec_lib.models.native.NativeCodePredictor` refuses (a module not on the CPU, another dtype,
             ...); a model whose RoPE table is shorter than a frame.
         RuntimeError: the C library cannot be built here (the reason, one line).
+        MemoryError: the C frame object could not be allocated.
+
+    The frame reads the backend's packed weights and its tables (shared with the module where no copy was needed,
+    module docstring) for as long as it lives: build a new one after changing the module's weights.
     """
 
     def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, backend=None):
@@ -188,8 +194,9 @@ class NativeChainFrame:
             got = tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__
             raise ValueError(f"uniforms must have shape {(b, self.n_codes, self.u_width)} (NativeChainFrame.uniforms), "
                              f"got {got}")
-        if self._identity and context.dtype is torch.float32 and context.is_contiguous() and context.is_cpu:
-            ctx = context  # the projection is the identity: the context as it is (the common case, cheap)
+        if self._identity and self.dtype is torch.float32 and context.dtype is torch.float32 \
+                and context.is_contiguous() and context.is_cpu:
+            ctx = context  # a float32 module whose projection is the identity: the context as it is (cheap)
         else:
             with torch.inference_mode():
                 ctx = self.project(context)

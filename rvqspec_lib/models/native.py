@@ -135,6 +135,13 @@ class NativeCodePredictor:
             cos, sin = m.rotary_emb(torch.zeros(1, dtype=rot_dtype), torch.arange(ROPE_POSITIONS)[None])
         self.cos, self.sin = cos[0].to(torch.float32).contiguous(), sin[0].to(torch.float32).contiguous()
 
+    @property
+    def handle(self) -> int:
+        """The C model handle (``rvq_model_new``'s pointer, an int) the packed layers hang on, for C calls that run
+        this model themselves (:class:`rvqspec_lib.models.native_frame.NativeChainFrame`); valid while this backend
+        lives."""
+        return self._handle
+
     def __del__(self):
         h = getattr(self, "_handle", None)
         if h and C._lib is not None:

@@ -214,7 +214,9 @@ static inline __attribute__((always_inline)) void blk_f32(const float *w, const 
     for (int k = 0; k < K; k++, w += NB) {
         PREFETCH(w, NV);
         __m512 wv[NV];
-        for (int j = 0; j < NV; j++) wv[j] = _mm512_loadu_ps(w + 16 * j);
+        /* the empty asm pins each weight vector in a register: without it GCC folds the load into every row's FMA
+         * (mb loads of the same 64 bytes; 1.4x slower at 4 rows). Same instructions, same results. */
+        for (int j = 0; j < NV; j++) { wv[j] = _mm512_loadu_ps(w + 16 * j); __asm__("" : "+v"(wv[j])); }
         for (int m = 0; m < MB; m++) {
             if (m >= mb) break;
             __m512 b = _mm512_set1_ps(x[(size_t)m * ldx + k]);
@@ -275,7 +277,7 @@ static inline __attribute__((always_inline)) void blk_i8d(const int8_t *w, const
     for (int i = 0; i < k4; i++, w += 4 * NB) {
         PREFETCH(w, NV);
         __m512i wv[NV];
-        for (int j = 0; j < NV; j++) wv[j] = _mm512_loadu_si512(w + 64 * j);
+        for (int j = 0; j < NV; j++) { wv[j] = _mm512_loadu_si512(w + 64 * j); __asm__("" : "+v"(wv[j])); }  /* as blk_f32 */
         for (int m = 0; m < MB; m++) {
             if (m >= mb) break;
             __m512i b = _mm512_set1_epi32((int)xq[(size_t)m * k4 + i]);
@@ -568,4 +570,377 @@ int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin
     }
     for (int r = 0; r < R; r++) rms(x + (size_t)r * H, m->final_norm, out + (size_t)r * H, H, m->eps, bf);
     return 0;
+}
+
+/* =====================================================================================================================
+ * THE NATIVE FUSED FRAME (docs/methods.md#the-fused-speculative-round): a whole frame of Chain(window) speculation in
+ * one C call -- the prefill, then rounds of draft -> verify -> accept -> commit in a bounded loop -- over the model
+ * above (rvq_forward) and the packed per-depth heads. Bound by rvqspec_lib/models/native_frame.py (NativeChainFrame).
+ *
+ * SEMANTICS are rvqspec_lib.models.fused_spec.FusedChainFrame's, uniform for uniform. With K = window - 1 and n codes:
+ *   prefill   positions (= slots) 0, 1 hold the projected context; code 1 = icdf(warp(lm_head[0](H)), u[b, 0, 0]).
+ *   round s   (after committed code s, s = 1..n-1): D = min(K, n - s) drafts, draft j (depth s+j) drawn from
+ *             q_j = warp(lm_head[s+j-1](H_s)) with u[b, s, j-1]; ONE rvq_forward over the root (code s, position s+1)
+ *             and the drafts that have a code after them (q_len = 1 + min(K, n-1-s) rows at positions = slots
+ *             s+1..s+q_len, causal); p_i = warp(lm_head[s+i](hid_i)); draft j accepted when
+ *             u[b, s, K+j-1] < min(1, (p_{j-1}(x_j) / sum p_{j-1}) / q_j(x_j)); at the first rejection the next code is
+ *             drawn from max(norm(p_{j-1}) - q_j, 0) (p_{j-1} itself where nothing is left) with u[b, s, 2K]; after a
+ *             fully accepted chain the bonus code from p_D with u[b, s, 2K] when node D was verified (q_len = D + 1);
+ *             the accepted drafts and the next code are committed, the hidden state of the last accepted node is H
+ *             of the next round. window = 1 (K = 0) is the AR frame: uniforms (B, n, 1), u[b, s, 0] draws code s+1.
+ *   warp      scores = logits / temperature (float32), top-k keeps every score >= the k-th largest (ties kept, as
+ *             transformers' TopKLogitsWarper), softmax in float32; greedy: one-hot of the first maximal logit.
+ *   icdf      the first code whose float64 cumulative mass (index order) exceeds u * total, clamped to the last code
+ *             with mass (rvqspec_lib.models.fused_spec.inverse_cdf: zeros add nothing, so only the support is summed).
+ * p is computed LAZILY: p_{j-1} only when draft j is tested, p_D only for the bonus. Tests after the first rejection
+ * are never needed (FusedChainFrame computes and ignores them), so the codes are the same and a round applies
+ * (accepted + 1) verify heads instead of q_len.
+ *
+ * Rows are decoded one after the other, each with its own float32 KV cache of n + 1 slots (a chain's accepted nodes
+ * are a prefix: slot = position, no compaction; a rejected node's slot is never allowed, and is overwritten by the
+ * next round). Every quantity of a row is a function of that row's context and uniforms alone, so a row's codes are
+ * the same alone or in any batch. The embedding tables are the official small_to_mtp_projection applied to each
+ * codec_embedding table (precomputed by the caller, float32 holding the activation dtype's values).
+ *
+ * Entry points: rvq_frame_new (a frame object: heads, tables, buffers, allocated once), rvq_frame_run (B frames, no
+ * allocation), rvq_frame_free; rvq_chain_frame does the three in one call. The rows share nothing but the frame object's
+ * scratch, so a frame object is not re-entrant (one thread at a time), as the model handle.
+ *
+ * flags (negative controls for the tests, each a deliberately LOSSY rule; 0 in use): FRAME_ALWAYS_ACCEPT accepts
+ * every draft; FRAME_DRAFTS_HOT draws drafts from q^(T / 1.5) (q re-warped to temperature 1.5) while acceptance is
+ * handed q; FRAME_RESIDUAL_FROM_P draws the code after a rejection from p instead of the residual.
+ * ===================================================================================================================== */
+
+enum { FRAME_ALWAYS_ACCEPT = 1, FRAME_DRAFTS_HOT = 2, FRAME_RESIDUAL_FROM_P = 4 };
+#define FRAME_MAX_WINDOW 8
+
+/* -DFRAME_PROFILE builds count TSC cycles per part of the frame (rvq_frame_profile reads and clears them) */
+#ifdef FRAME_PROFILE
+#include <x86intrin.h>
+static unsigned long long frame_prof[32], frame_cnt[32];
+#define PROF(i, stmt) do { unsigned long long t0_ = __rdtsc(); stmt; frame_prof[i] += __rdtsc() - t0_; frame_cnt[i]++; } while (0)
+void rvq_frame_profile(double *out) {  /* out: 32 cycle sums, then 32 counts */
+    for (int i = 0; i < 32; i++) { out[i] = (double)frame_prof[i]; out[32 + i] = (double)frame_cnt[i]; frame_prof[i] = frame_cnt[i] = 0; }
+}
+#else
+#define PROF(i, stmt) do { stmt; } while (0)
+#endif
+
+/* a warped distribution: dense probabilities (zero outside the support) and its support in increasing code order */
+typedef struct {
+    float *p;
+    int32_t *idx;
+    int n;
+} Dist;
+
+typedef struct {
+    Model *m;
+    Linear *heads;            /* n heads: lm_head[i] predicts code i + 1 */
+    const float *const *emb;  /* n - 1 tables (V, H): emb[j - 1] embeds code j, projected */
+    const float *cos_t, *sin_t;
+    int n, V, K, S, top_k, greedy, flags;
+    float temperature;
+    float *kc, *vc, *x, *hid, *h, *logits, *top, *lwork;
+    Dist q[FRAME_MAX_WINDOW], p, res;
+    uint8_t *allow;
+    int64_t *write;
+} Frame;
+
+static void dist_clear(Dist *d) {
+    for (int i = 0; i < d->n; i++) d->p[d->idx[i]] = 0.0f;
+    d->n = 0;
+}
+
+/* the k-th largest of n floats (1 <= k <= n; NaN never reaches it), counting ties, as torch.topk(s, k)[0][-1]: a
+ * quickselect whose partitions are three-way (above / equal to / below a median-of-three pivot) and branch-free,
+ * 16 values at a time with AVX-512 (compress into registers, then a plain store: a compressing store to memory is
+ * slow on some CPUs). A value, so any correct selection gives the same one. work: 4 (n + 16) floats. */
+static float kth_largest(const float *s, int n, int k, float *work) {
+    const float *a = s;
+    size_t r = (size_t)n + 16;  /* two pairs of regions (above, below), used in turn */
+    for (int level = 0;; level++) {
+        if (n <= 16) {  /* insertion sort, decreasing */
+            float t[16];
+            for (int i = 0; i < n; i++) {
+                int j = i;
+                while (j > 0 && t[j - 1] < a[i]) { t[j] = t[j - 1]; j--; }
+                t[j] = a[i];
+            }
+            return t[k - 1];
+        }
+        float x = a[0], y = a[n / 2], z = a[n - 1];
+        float pivot = x < y ? (y < z ? y : x < z ? z : x) : (x < z ? x : y < z ? z : y);
+        float *hi = work + (size_t)(level & 1) * 2 * r, *lo = hi + r;
+        int nh = 0, nl = 0, i = 0;
+#if defined(__AVX512F__)
+        __m512 pv = _mm512_set1_ps(pivot);
+        for (; i + 16 <= n; i += 16) {
+            __m512 v = _mm512_loadu_ps(a + i);
+            __mmask16 mh = _mm512_cmp_ps_mask(v, pv, _CMP_GT_OQ), ml = _mm512_cmp_ps_mask(v, pv, _CMP_LT_OQ);
+            _mm512_storeu_ps(hi + nh, _mm512_maskz_compress_ps(mh, v));
+            _mm512_storeu_ps(lo + nl, _mm512_maskz_compress_ps(ml, v));
+            nh += __builtin_popcount(mh);
+            nl += __builtin_popcount(ml);
+        }
+#endif
+        for (; i < n; i++) {
+            hi[nh] = a[i]; nh += a[i] > pivot;
+            lo[nl] = a[i]; nl += a[i] < pivot;
+        }
+        if (k <= nh) { a = hi; n = nh; }
+        else if (k <= n - nl) return pivot;
+        else { k -= n - nl; a = lo; n = nl; }
+    }
+}
+
+/* warped float32 probabilities of one row of logits (rvqspec_lib.models.fused.warp_scores, then softmax) into d; the
+ * logits are overwritten by the scores (logits / temperature) */
+static void frame_warp_(const Frame *f, float *logits, Dist *d);
+static void frame_warp(const Frame *f, float *logits, Dist *d) { PROF(1, frame_warp_(f, logits, d)); }
+static void frame_warp_(const Frame *f, float *logits, Dist *d) {
+    int V = f->V;
+    dist_clear(d);
+    if (f->greedy) {
+        int best = 0;
+        for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
+        d->p[best] = 1.0f;
+        d->idx[0] = best;
+        d->n = 1;
+        return;
+    }
+    float *sc = logits;
+    if (f->temperature != 1.0f) for (int i = 0; i < V; i++) sc[i] = sc[i] / f->temperature;
+    float kth = -INFINITY;
+    if (f->top_k > 0) kth = kth_largest(sc, V, f->top_k < V ? f->top_k : V, f->top);
+    int n = 0, i = 0;
+#if defined(__AVX512F__)
+    __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= V; i += 16) {  /* idx has 16 entries of slack */
+        __mmask16 mk = _mm512_cmp_ps_mask(_mm512_loadu_ps(sc + i), _mm512_set1_ps(kth), _CMP_GE_OQ);
+        _mm512_storeu_si512(d->idx + n, _mm512_maskz_compress_epi32(mk, _mm512_add_epi32(iota, _mm512_set1_epi32(i))));
+        n += __builtin_popcount(mk);
+    }
+#endif
+    for (; i < V; i++) if (sc[i] >= kth) d->idx[n++] = i;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < n; j++) mx = sc[d->idx[j]] > mx ? sc[d->idx[j]] : mx;
+    for (int j = 0; j < n; j++) {
+        float e = expf(sc[d->idx[j]] - mx);
+        d->p[d->idx[j]] = e;
+        sum += e;
+    }
+    for (int j = 0; j < n; j++) d->p[d->idx[j]] = d->p[d->idx[j]] / sum;
+    d->n = n;
+}
+
+/* one code drawn from d (non-negative, not necessarily normalised) with the uniform u: inverse_cdf's rule (the first
+ * code whose float64 cumulative mass exceeds u * total, clamped to the last code with mass; zeros add nothing) */
+static int frame_icdf_(const Dist *d, int V, double u);
+static int frame_icdf(const Dist *d, int V, double u) { int r; PROF(2, r = frame_icdf_(d, V, u)); return r; }
+static int frame_icdf_(const Dist *d, int V, double u) {
+    double tot = 0.0;
+    int last = -1;
+    for (int j = 0; j < d->n; j++)
+        if (d->p[d->idx[j]] > 0.0f) { tot += (double)d->p[d->idx[j]]; last = d->idx[j]; }
+    if (last < 0) return V - 1;
+    double x = u * tot, c = 0.0;
+    for (int j = 0; j < d->n; j++) {
+        float v = d->p[d->idx[j]];
+        if (v > 0.0f) {
+            c += (double)v;
+            if (c > x) return d->idx[j];
+        }
+    }
+    return last;
+}
+
+/* the float32 sum of d in code order */
+static float dist_sum(const Dist *d) {
+    float s = 0.0f;
+    for (int j = 0; j < d->n; j++) s += d->p[d->idx[j]];
+    return s;
+}
+
+static void frame_head(Frame *f, int i, const float *h, float *logits) {
+    PROF(0, linear_run(&f->heads[i], h, f->m->H, logits, f->V, 1, f->m->act_bf16, f->lwork));
+}
+
+/* causal rows over slot = position: row i at position first + i sees slots 0..first + i and writes slot first + i */
+static void frame_mask(Frame *f, int first, int q_len) {
+    memset(f->allow, 0, (size_t)q_len * f->S);
+    for (int i = 0; i < q_len; i++) {
+        memset(f->allow + (size_t)i * f->S, 1, (size_t)(first + i + 1));
+        f->write[i] = first + i;
+    }
+}
+
+/* one frame of one row: ctx (2, H) projected, u (n, 2K+1) -> codes (n); returns 0 or -1 (scratch allocation) */
+static int frame_row(Frame *f, const float *ctx, const double *u, int64_t *codes, int32_t *calls) {
+    Model *m = f->m;
+    int H = m->H, D = m->D, n = f->n, V = f->V, K = f->K, W = 2 * K + 1, frc;
+    int xs[FRAME_MAX_WINDOW + 1];
+    memcpy(f->x, ctx, sizeof(float) * 2 * H);
+    frame_mask(f, 0, 2);
+    PROF(3, frc = rvq_forward(m, f->x, f->cos_t, f->sin_t, f->allow, f->write, f->kc, f->vc, 1, 2, f->S, f->hid));
+    if (frc) return -1;
+    memcpy(f->h, f->hid + H, sizeof(float) * H);
+    frame_head(f, 0, f->h, f->logits);
+    frame_warp(f, f->logits, &f->p);
+    codes[0] = frame_icdf(&f->p, V, u[0]);
+    *calls = 1;
+    int s = 1;
+    while (s < n) {
+        const double *ur = u + (size_t)s * W;
+        int nd = K < n - s ? K : n - s, q_len = 1 + (K < n - 1 - s ? K : n - 1 - s), bonus = q_len == nd + 1;
+        /* 1. draft: q_j from H_s, x_j by the inverse CDF */
+        for (int j = 1; j <= nd; j++) {
+            Dist *qj = &f->q[j - 1];
+            frame_head(f, s + j - 1, f->h, f->logits);
+            frame_warp(f, f->logits, qj);
+            if (f->flags & FRAME_DRAFTS_HOT) {
+                float e = f->greedy ? 1.0f : f->temperature / 1.5f;
+                dist_clear(&f->res);
+                for (int i = 0; i < qj->n; i++) {
+                    int c = qj->idx[i];
+                    f->res.p[c] = qj->p[c] > 0.0f ? powf(qj->p[c], e) : 0.0f;
+                    f->res.idx[i] = c;
+                }
+                f->res.n = qj->n;
+                xs[j] = frame_icdf(&f->res, V, ur[j - 1]);
+            } else {
+                xs[j] = frame_icdf(qj, V, ur[j - 1]);
+            }
+        }
+        /* 2. verify: the root and the fed drafts at positions = slots s+1.. */
+        memcpy(f->x, f->emb[s - 1] + (size_t)codes[s - 1] * H, sizeof(float) * H);
+        for (int i = 1; i < q_len; i++)
+            memcpy(f->x + (size_t)i * H, f->emb[s - 1 + i] + (size_t)xs[i] * H, sizeof(float) * H);
+        frame_mask(f, s + 1, q_len);
+        PROF(8 + q_len, frc = rvq_forward(m, f->x, f->cos_t + (size_t)(s + 1) * D, f->sin_t + (size_t)(s + 1) * D, f->allow,
+                                  f->write, f->kc, f->vc, 1, q_len, f->S, f->hid));
+        if (frc) return -1;
+        (*calls)++;
+        /* 3. accept: the leading run of accepts, p computed only where a test needs it */
+        int na = 0, nxt = -1;
+        for (int j = 1; j <= nd; j++) {
+            const Dist *qj = &f->q[j - 1];
+            Dist *p = &f->p;
+            frame_head(f, s + j - 1, f->hid + (size_t)(j - 1) * H, f->logits);
+            frame_warp(f, f->logits, p);
+            int x = xs[j];
+            float psum = dist_sum(p);
+            psum = psum > 1e-30f ? psum : 1e-30f;
+            float qx = qj->p[x] > 1e-30f ? qj->p[x] : 1e-30f;
+            float a = (p->p[x] / psum) / qx;
+            a = a < 1.0f ? a : 1.0f;
+            if ((f->flags & FRAME_ALWAYS_ACCEPT) || ur[K + j - 1] < (double)a) { na++; continue; }
+            if (f->flags & FRAME_RESIDUAL_FROM_P) { nxt = frame_icdf(p, V, ur[2 * K]); break; }
+            /* the residual max(norm(p) - q, 0): its support lies in p's */
+            Dist *r = &f->res;
+            dist_clear(r);
+            for (int i = 0; i < p->n; i++) {
+                int c = p->idx[i];
+                float v = p->p[c] / psum - qj->p[c];
+                if (v > 0.0f) { r->p[c] = v; r->idx[r->n++] = c; }
+            }
+            nxt = frame_icdf(r->n ? r : p, V, ur[2 * K]);
+            break;
+        }
+        if (na == nd && bonus) {
+            frame_head(f, s + nd, f->hid + (size_t)nd * H, f->logits);
+            frame_warp(f, f->logits, &f->p);
+            nxt = frame_icdf(&f->p, V, ur[2 * K]);
+        }
+        /* 4. commit */
+        for (int j = 0; j < na; j++) codes[s + j] = xs[j + 1];
+        if (nxt >= 0) codes[s + na] = nxt;
+        memcpy(f->h, f->hid + (size_t)(na < q_len - 1 ? na : q_len - 1) * H, sizeof(float) * H);
+        s += na + (nxt >= 0);
+    }
+    return 0;
+}
+
+/* ---- the entry points ----------------------------------------------------------------------------------------
+ * A frame object owns everything a frame needs besides the model (heads as Linear, the KV cache of one row, the
+ * verify rows, the distributions), allocated once: a frame call allocates nothing. The dense distributions are zero
+ * outside their supports on entry and on exit (dist_clear). */
+void rvq_frame_free(void *h) {
+    Frame *f = (Frame *)h;
+    if (!f) return;
+    free(f->kc); free(f->heads); free(f->allow); free(f->write); free(f);
+}
+
+/* A frame object for windows 1..FRAME_MAX_WINDOW over the model.
+ *   model: rvq_model_new's handle. head_w / head_scale / head_comp: n_codes packed heads (N = V outputs, K = H
+ *   inputs, the model's precision; scale and comp entries NULL, or the arrays NULL, where the precision has none).
+ *   emb: n_codes - 1 float32 tables (V, H), projected (emb[j - 1] embeds code j). cos_t, sin_t: rotary tables of at
+ *   least n_codes + 1 positions (D each). The caller keeps all of them alive while the frame lives.
+ * Returns NULL for a window outside 1..FRAME_MAX_WINDOW, n_codes < 1 or V < 1, or when memory is short. */
+void *rvq_frame_new(void *model, const void *const *head_w, const float *const *head_scale,
+                    const int32_t *const *head_comp, int n_codes, int V, const float *const *emb,
+                    const float *cos_t, const float *sin_t, int window) {
+    Model *m = (Model *)model;
+    if (!m || window < 1 || window > FRAME_MAX_WINDOW || n_codes < 1 || V < 1) return NULL;
+    Frame *f = (Frame *)calloc(1, sizeof(Frame));
+    if (!f) return NULL;
+    f->m = m; f->emb = emb; f->cos_t = cos_t; f->sin_t = sin_t;
+    f->n = n_codes; f->V = V; f->K = window - 1; f->S = n_codes + 1;
+    int H = m->H, rows = window > 2 ? window : 2;
+    size_t cache = (size_t)m->L * m->NKV * f->S * m->D;
+    size_t lw = rvq_linear_work(m->prec, 1, H);
+    int n_dist = f->K + 2;  /* q_1..q_K, p, the residual */
+    size_t total = 2 * cache + (size_t)2 * rows * H + H + 5 * (size_t)V + 64 + (size_t)n_dist * (2 * V + 16) + lw;
+    float *buf = (float *)aligned_alloc(64, ((total * sizeof(float) + 63) / 64) * 64);
+    f->kc = buf;
+    f->heads = (Linear *)calloc((size_t)n_codes, sizeof(Linear));
+    f->allow = (uint8_t *)malloc((size_t)rows * f->S);
+    f->write = (int64_t *)malloc(sizeof(int64_t) * rows);
+    if (!buf || !f->heads || !f->allow || !f->write) { rvq_frame_free(f); return NULL; }
+    memset(buf, 0, total * sizeof(float));
+    f->vc = f->kc + cache; f->x = f->vc + cache; f->hid = f->x + (size_t)rows * H; f->h = f->hid + (size_t)rows * H;
+    f->logits = f->h + H; f->top = f->logits + V;
+    float *dp = f->top + 4 * (size_t)V + 64;  /* kth_largest's work: 4 (V + 16) */
+    for (int i = 0; i < n_dist; i++, dp += 2 * (size_t)V + 16) {
+        Dist *d = i < f->K ? &f->q[i] : i == f->K ? &f->p : &f->res;
+        d->p = dp; d->idx = (int32_t *)(dp + V); d->n = 0;
+    }
+    f->lwork = dp;
+    for (int i = 0; i < n_codes; i++) {
+        Linear L = {m->prec, V, H, head_w[i], head_scale ? head_scale[i] : NULL, head_comp ? head_comp[i] : NULL};
+        f->heads[i] = L;
+    }
+    return f;
+}
+
+/* B frames, row after row: ctx (B, 2, H) projected context; u (B, n_codes, 2 window - 1) float64 uniforms;
+ * greedy: one-hot argmax (temperature and top_k ignored); top_k 0: no top-k. codes_out (B, n_codes) int64 codes
+ * 1..n_codes; calls_out (B,) forward calls each row took (the prefill included).
+ * Returns 0; -1 when the model's scratch memory could not be allocated; -2 for temperature <= 0 without greedy. */
+int rvq_frame_run(void *frame, const float *ctx, const double *u, int B, float temperature, int top_k, int greedy,
+                  int flags, int64_t *codes_out, int32_t *calls_out) {
+    Frame *f = (Frame *)frame;
+    if (!greedy && !(temperature > 0.0f)) return -2;
+    f->top_k = top_k; f->greedy = greedy; f->flags = flags; f->temperature = temperature;
+    int H = f->m->H, rc = 0;
+    for (int b = 0; b < B && rc == 0; b++)
+        PROF(4, rc = frame_row(f, ctx + (size_t)b * 2 * H, u + (size_t)b * f->n * (2 * f->K + 1),
+                               codes_out + (size_t)b * f->n, calls_out + b));
+    for (int i = 0; i < f->K; i++) dist_clear(&f->q[i]);
+    dist_clear(&f->p);
+    dist_clear(&f->res);
+    return rc;
+}
+
+/* The whole thing in one call (rvq_frame_new, rvq_frame_run, rvq_frame_free): arguments as those two.
+ * Returns rvq_frame_run's code, or -2 for what rvq_frame_new refuses (-1 if it could not allocate). */
+int rvq_chain_frame(void *model, const void *const *head_w, const float *const *head_scale,
+                    const int32_t *const *head_comp, int n_codes, int V, const float *const *emb,
+                    const float *cos_t, const float *sin_t, const float *ctx, const double *u, int B, int window,
+                    float temperature, int top_k, int greedy, int flags, int64_t *codes_out, int32_t *calls_out) {
+    if (!model || window < 1 || window > FRAME_MAX_WINDOW || n_codes < 1 || V < 1) return -2;
+    void *f = rvq_frame_new(model, head_w, head_scale, head_comp, n_codes, V, emb, cos_t, sin_t, window);
+    if (!f) return -1;
+    int rc = rvq_frame_run(f, ctx, u, B, temperature, top_k, greedy, flags, codes_out, calls_out);
+    rvq_frame_free(f);
+    return rc;
 }

@@ -25,7 +25,8 @@
 # `frame_rate_hz × n_code_groups` calls a second. The inner loop makes 15 of every 16 calls: it is the target of the
 # lossless speculative decoding in this project, which drafts several codes and checks them in **one** verify call over
 # `Q` query positions. Whether that pays depends on how the cost of a call grows with `Q` on a given device: the
-# **verify cost curve** `t(Q) / t(1)` measured below.
+# **verify cost curve** `t(Q) / t(1)` measured below, and how close one call comes to its **floor**, the time to read
+# its weights once (the official forward and the native one, per precision).
 #
 # Everything here is computed by `rvqspec_lib` (`bench`, `plots`, `provenance`); the notebook only calls it and shows
 # the results. Numbers are read from the model config, never typed in.
@@ -195,6 +196,58 @@ save_figure(fig, out / "01_verify_cost", prov)
 plt.show()
 
 # %% [markdown]
+# ## The call against its floor: the official forward and the native forward, per precision
+# A code-predictor call with a few query rows reads every weight once and does a handful of multiply-adds with it:
+# on a CPU its time is bound by streaming the weights. The **floor** is the bytes of weights one call reads over the
+# machine's measured single-thread read bandwidth (docs/precision.md#the-floor). Every precision this CPU runs
+# natively, two forwards of the same call timed in one interleaved run: the official module's and the native forward
+# (one C call over packed weights, docs/precision.md#the-native-forward), each as t(1), t(Q)/t(1) and t(1) as a
+# multiple of the floor. Smoke: float32 only, two repeats.
+
+# %%
+from rvqspec_lib.models.kernels import cpforward
+from rvqspec_lib.models.precision import native_precisions
+
+floor_forwards = ["official"] + (["native"] if cpforward.available() else [])
+floor_precisions = ["float32"] if smoke else list(native_precisions())
+floor_res, floor_quiet = bench.measure_quietly(attempts=timing_attempts, measure=lambda: bench.bench_precisions(
+    loaded, floor_precisions, prefix_len=prefix_len, warmup=run_warmup, repeats=max(run_repeats, 2 if smoke else 15),
+    seed=seed, progress=False, forwards=floor_forwards))
+floor_rows = []
+for pr in floor_res["precisions"]:
+    by_q = {r["n_queries"]: r for r in pr["rows"]}
+    floor_rows.append({"precision": pr["precision"], "forward": pr["forward"], "t1_ms": by_q[1]["median_ms"],
+                       **{f"t{q}_over_t1": by_q[q]["ratio_to_1"] for q in by_q if q != 1},
+                       "mb_per_call": pr["weight_bytes"]["bytes"] / 1e6, "floor_ms": pr["floor_ms"],
+                       "t1_over_floor": pr["t1_over_floor"]})
+floor_df = pd.DataFrame(floor_rows)
+floor_caption = "; ".join(filter(None, [
+    f"{run_model}{' (RANDOM weights: timing only)' if floor_res['random_weights'] else ''}, CPU "
+    f"{floor_res['device_name']} (bf16 flags: {', '.join(floor_res['cpu_flags']['bf16']) or 'none'}; int8 "
+    f"dot-product flags: {', '.join(floor_res['cpu_flags']['int8_dot']) or 'none'}), {floor_res['threads']} thread(s), "
+    f"read bandwidth {floor_res['bandwidth']['gb_per_s']:.1f} GB/s, median of {floor_res['repeats']} interleaved "
+    "rounds", floor_quiet["note"]]))
+save_table(floor_df, out / "01_floor", {**prov, "meta": {k: v for k, v in floor_res.items() if k != "precisions"},
+                                        "timing": floor_quiet}, caption=floor_caption)
+fig, ax = plt.subplots(figsize=(7, 3.4))
+xs = range(len(floor_precisions))
+for i, fw in enumerate(floor_forwards):
+    d = floor_df[floor_df.forward == fw].set_index("precision").reindex(floor_precisions)
+    ax.bar([x + 0.38 * (i - (len(floor_forwards) - 1) / 2) for x in xs], d.t1_over_floor, width=0.36,
+           label=f"{fw} forward")
+ax.axhline(1.0, color="k", lw=0.8, label="the floor (weights read once)")
+ax.axhline(1.5, color="0.5", ls=":", lw=0.8, label="1.5 x the floor")
+ax.set_xticks(list(xs), floor_precisions)
+ax.set_ylabel("t(1) / floor")
+ax.set_title(f"{run_model}: one code-predictor call against its weight-streaming floor\n{floor_res['device_name']}, "
+             f"{floor_res['threads']} thread(s), {floor_res['bandwidth']['gb_per_s']:.1f} GB/s", fontsize=9)
+ax.legend(fontsize=7)
+fig.tight_layout()
+save_figure(fig, out / "01_floor", {**prov, "meta": {k: v for k, v in floor_res.items() if k != "precisions"}})
+plt.show()
+print(bench.format_precision_table(floor_res))
+
+# %% [markdown]
 # ## The embedded model's call budget beside the real-size architecture
 # The later notebooks measure acceptance on `compare_model`, the small Qwen3-TTS-class model trained here
 # (`data/embedded`, see its MODEL_CARD.md): same two loops, same 12.5 Hz × 16 codebooks, so the same **calls per
@@ -302,6 +355,7 @@ metrics = {
     "timing": quiet,
     "own_tokens_per_call": own,
     "two_loops": loop_rows,
+    "floor": floor_rows,
 }
 save_json(metrics, out / "01_metrics.json", prov)
 save_json(result, out / "01_bench.json", prov)

@@ -71,8 +71,9 @@ write_trees = False  # True (not smoke): write the calibration beside the model 
 #                      `rvqspec synth --tree calibrated:N` and `--decoder auto` read it; `make paper` leaves the
 #                      shipped file as it is (notebook 01 and the CLI read it) and writes 03_trees_heads.json
 table_repeats = 3  # the minimum of timed frames per decoder in the table to act on (more until noise_target; smoke: 1)
-table_backends = ("eager",)  # the table's backends; "compile" adds compiled rows of every native precision (many
-#                               minutes: compile_fused's graphs are not reused); smoke: eager
+table_backends = ("eager", "native")  # the table's backends ("native": the C forward and the whole frame in C, where it
+#                               builds); "compile" adds compiled rows of every native precision (many minutes:
+#                               compile_fused's graphs are not reused); smoke: eager and native
 
 # %%
 import json
@@ -98,8 +99,10 @@ from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import batch_throughput, random_contexts, time_frames, verify_cost_curve
 from rvqspec_lib.models.drafter_files import shipped_drafter
 from rvqspec_lib.models.fused import FusedARFrame
+from rvqspec_lib.models.kernels import cpforward
 from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
+from rvqspec_lib.models.native import NativeCodePredictor
 from rvqspec_lib.models.tree_files import save_calibration, tree_file, tree_from_calibration
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoders import AR, Chain
@@ -322,12 +325,17 @@ pvm.round(3)
 # %% [markdown]
 # ## The cost of a verify call on this machine
 # `t(Q)/t(1)` of one verify call of Q query positions, per backend: the official transformers module, the lean
-# forward over the same weights (bit-identical with torch's matmul) and the lean forward with the multi-row GEMV
-# kernel (docs/offline.md#verify-cost-on-this-cpu).
+# forward over the same weights (bit-identical with torch's matmul), the lean forward with the multi-row GEMV
+# kernel (docs/offline.md#verify-cost-on-this-cpu) and the native forward (the whole call in one C function,
+# row for row the same arithmetic in a verify call as in an AR call; docs/precision.md#the-native-forward), where it
+# builds.
 
 # %%
 backends = {"official": OfficialBackend(cp), "lean": LeanCodePredictor(cp),
             "lean-mgemv": LeanCodePredictor(cp, matmul="mgemv")}
+if cpforward.available():
+    backends["native"] = NativeCodePredictor(cp)
+speed_backends = [k for k in ("official", "lean-mgemv", "native") if k in backends]
 qs = sorted({1, *speed_budgets})
 t0 = time.perf_counter()
 cost, cost_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: verify_cost_curve(
@@ -360,7 +368,7 @@ t0 = time.perf_counter()
 fused = {"fused-compiled" if compile_fused else "fused-eager": FusedARFrame(cp, sampling, compile=bool(compile_fused))}
 # an oversubscribed CPU (eval.bench.OTHER_CPU_LIMIT) is re-measured once; if it still is, title and caption say so
 speed, speed_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: time_frames(
-    cp, speed_ctx, decoders, {k: backends[k] for k in ("official", "lean-mgemv")}, fused=fused, sampling=sampling,
+    cp, speed_ctx, decoders, {k: backends[k] for k in speed_backends}, fused=fused, sampling=sampling,
     repeats=speed_repeats, seed=seed, random_weights=lm.is_random, noise_target=noise_target), meta=lambda r: r["meta"])
 timings["speed_s"] = time.perf_counter() - t0
 speed_tab = pd.DataFrame(speed["rows"])
@@ -377,8 +385,8 @@ def _n_of(label: str) -> int | None:
     return int(label.rsplit(":", 1)[1]) if label.startswith("calibrated-") else None
 
 
-fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.2))
-for ax, backend in zip(axes, ("official", "lean-mgemv")):
+fig, axes = plt.subplots(1, len(speed_backends), figsize=(5.8 * len(speed_backends), 4.2), squeeze=False)
+for ax, backend in zip(axes[0], speed_backends):
     d = speed_tab[speed_tab.backend == backend]
     for kind, mk in (("point-mass", "o"), ("sampled", "s")):
         k = d[d.decoder.str.startswith(f"calibrated-{kind}:")]
@@ -430,18 +438,21 @@ paper
 # ## `--decoder auto`: the budget chosen from this device's own measurements
 # `rvqspec_lib.eval.budget.choose_decoder` times the verify call of every candidate (AR, chains, both kinds of
 # calibrated trees), predicts `E(N) t(1)/t(N)`, then decodes frames with the most promising ones (interleaved) and
-# keeps the least measured time per committed code (what `rvqspec synth --decoder auto` does and caches).
+# keeps the least measured time per committed code (what `rvqspec synth --decoder auto` does and caches). Like
+# `synth`, it chooses the forward too: the official module and, where it builds, the native forward, every
+# shortlisted decoder timed through each (the speedup is over AR through the official module).
 
 # %%
 t0 = time.perf_counter()
 choice = choose_decoder(cp, cal, cal_frames.context, sampling=sampling,
                         budgets=[b for b in AUTO_BUDGETS if b in cal["budgets"]], frames=8 if smoke else 24,
                         repeats=1 if smoke else 3, shortlist=3 if smoke else 5, seed=seed, progress=True,
-                        noise_target=noise_target)
+                        noise_target=noise_target,
+                        backends={k: backends[k] for k in ("official", "native") if k in backends})
 timings["auto_s"] = time.perf_counter() - t0
 auto_tab = pd.DataFrame(choice.table)
 save_table(auto_tab, out / "03_auto", prov)
-display(Markdown(f"**auto chose `{choice.label}`**: {choice.reason}"))
+display(Markdown(f"**auto chose `{choice.label}`** ({choice.backend} forward): {choice.reason}"))
 auto_tab.round(3)
 
 # %% [markdown]
@@ -573,14 +584,15 @@ display(Markdown(
 # ## Which decoder to run on this CPU: the table to act on
 # The table `rvqspec bench --table` and `make bench` print (`rvqspec_lib.eval.bench_table.bench_table`), here for the
 # embedded model only: per precision this CPU runs natively (float32 always) and per backend of `table_backends`
-# (eager by default: a compiled backend compiles graphs of its own, minutes per precision), the rows stepped AR,
+# (eager and native by default: a compiled backend compiles graphs of its own, minutes per precision; native runs
+# the calls through the C forward and its fused rows as one C call a frame), the rows stepped AR,
 # fused AR, the best speculative decoder, the fused speculative round (one graph a round) and `auto`'s choice, in ms
 # per frame, as the inner loop's real-time factor (ms per frame over the 80 ms a frame lasts) and as `x_fused_ar`
 # (ms per frame over the fused AR frame's, same precision and backend; the issue's target for the fused speculative
 # round is `FUSED_TARGET` or below). Its trees are those of `<model>/trees/heads.json` (the calibration above when
 # `write_trees`; smoke: the shipped one). Notebook 05 shows the same table, compiled rows included, with the
 # real-size 0.6B architecture beside it (random weights, its speculative frames a timing replay of the embedded
-# model's acceptance). Smoke: float32, eager, one frame per decoder.
+# model's acceptance). Smoke: float32, eager and native, one frame per decoder.
 
 # %%
 from rvqspec_lib.eval.bench_table import FUSED_TARGET, bench_table, caption, format_bench_table, save_bench_table
@@ -588,7 +600,8 @@ from rvqspec_lib.eval.bench_table import FUSED_TARGET, bench_table, caption, for
 t0 = time.perf_counter()
 table_res = bench_table(
     models=[EMBEDDED_MODEL], precisions=["float32"] if smoke else None,
-    backends=["eager"] if smoke else list(table_backends),
+    backends=[b for b in (["eager", "native"] if smoke else list(table_backends))
+              if b != "native" or cpforward.available()],
     repeats=1 if smoke else int(table_repeats), warmup=0 if smoke else 1,
     chains=(4,) if smoke else (3, 4, 6), budgets=(4,) if smoke else (4, 8, 16), auto_frames=2 if smoke else 4,
     n_contexts=2 if smoke else 8, seed=seed, progress=False, noise_target=noise_target)

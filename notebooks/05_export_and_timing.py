@@ -55,14 +55,15 @@ noise_target = 0.05  # every timing goes on until the relative standard error of
 warmup = 2  # untimed frames per condition (compiled backends compile there)
 budgets = [2, 4, 8, 16, 32, 64]  # node budgets N of the calibrated trees
 chains = [2, 4, 8]  # chain windows timed beside the trees
-backends = ["eager", "compile", "onnx", "coreml", "cuda"]
+backends = ["eager", "compile", "onnx", "native", "coreml", "cuda"]
 calib_frames = 128  # calibration-split frames the trees are calibrated on
 eval_frames = 32  # evaluation-split frames whose contexts are decoded in the timing
 gpu_json = "figures/05_gpu.json"  # written by scripts/gpu_bench.py on a GPU machine; shown when present
 paper_budget = 32  # node budget of the paper's decoder (`paper:N`; 32 is the paper's)
 table_repeats = 3  # the minimum of timed frames per decoder in the table to act on (`rvqspec bench --table`'s default)
-table_backends = ("eager",)  # the table's backends (of those in `backends` that run here); "compile" adds compiled
-#                               rows in every native precision, minutes each (compiled float32 frames: section above)
+table_backends = ("eager", "native")  # the table's backends (of those in `backends` that run here); "native": the C
+#                               forward and the whole frame in C; "compile" adds compiled rows in every native
+#                               precision, minutes each (compiled float32 frames: section above)
 
 # %%
 import json
@@ -373,10 +374,11 @@ else:
 # `model` and for `cost_model`. A random-weight model's speculative frames are a **timing replay**: its real verify
 # calls, with the acceptance decisions replayed from the embedded model's calibration (every row says so; a replay
 # has no fused speculative row, its acceptance being inside the round's graph). Beside them the AR frame's weight-streaming floor, and under them the public ports' published figures, quoted
-# and labelled, never in a measured column. Its backends are `table_backends` (eager by default: compiling the fused
+# and labelled, never in a measured column. Its backends are `table_backends` (eager and native by default: native
+# runs every call through the C forward, its fused AR frame and fused chains as one C call a frame; compiling the fused
 # rounds of every precision takes many minutes; the compiled float32 frames are in the frame times above, and
-# `rvqspec bench --table --backends eager,compile` times the compiled rows). Smoke: `tiny-random`, float32, eager, one
-# frame per decoder.
+# `rvqspec bench --table --backends eager,native,compile` times the compiled rows). Smoke: `tiny-random`, float32,
+# eager and native, one frame per decoder.
 
 # %%
 from rvqspec_lib.eval.bench_table import bench_table, format_bench_table, save_bench_table
@@ -384,7 +386,8 @@ from rvqspec_lib.eval.bench_table import bench_table, format_bench_table, save_b
 table_res = bench_table(
     models=["tiny-random"] if smoke else list(dict.fromkeys([run_model, run_cost_model])),
     precisions=["float32"] if smoke else None,
-    backends=[b for b in ("eager", "compile") if b in run_backends and (smoke or b in table_backends)],
+    backends=[b for b in ("eager", "native", "compile") if b in run_backends and (smoke or b in table_backends)
+              and T.backend_status(b)[0]],
     repeats=params["table_repeats"], warmup=0 if smoke else 1,
     chains=(4,) if smoke else (3, 4, 6), budgets=(4,) if smoke else (4, 8, 16), auto_frames=2 if smoke else 4,
     n_contexts=2 if smoke else 8, seed=seed, progress=False, noise_target=run_noise_target)

@@ -414,7 +414,7 @@ def frame_times(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         if fused and pair[1] is not None:
             fz[name] = pair[1]
     chains = {}
-    for name in (n for n in be if n in ("eager", "compile", "onnx")):
+    for name in (n for n in be if n in ("eager", "compile", "onnx", "native")):
         for w in fused_chains:
             t0 = time.perf_counter()
             frame = fused_chain_frame(name, code_predictor, int(w), sampling=sampling, work_dir=work_dir,

@@ -213,6 +213,21 @@ class NativeChainFrame:
         self.last_calls = calls.tolist()
         return codes
 
+    # -- the interfaces the timers use (rvqspec_lib.eval.speed.time_frames): the fused AR frame's and the fused
+    #    speculative chain's ------------------------------------------------------------------------------------
+    #: Nothing is compiled (build seconds per graph: none; the C library is built once, on first use).
+    compile_s: dict = {}
+
+    def compile_all(self, batch: int = 1) -> float:
+        """Nothing to compile (the interface of :meth:`rvqspec_lib.models.fused_spec.FusedChainFrame.compile_all`):
+        returns 0.0."""
+        return 0.0
+
+    def noise(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        """:meth:`uniforms`, under the name the fused AR frame's timer calls (:class:`rvqspec_lib.models.fused.
+        FusedARFrame.noise`)."""
+        return self.uniforms(batch, generator)
+
     def decode(self, context: torch.Tensor, generator: torch.Generator | None = None, *, flags: int = 0) -> torch.Tensor:
         """Uniforms from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
         ``(B, n_codes)`` int64 (``flags``: as :meth:`__call__`)."""

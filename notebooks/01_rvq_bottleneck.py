@@ -232,8 +232,8 @@ save_table(floor_df, out / "01_floor", {**prov, "meta": {k: v for k, v in floor_
 fig, ax = plt.subplots(figsize=(7, 3.4))
 xs = range(len(floor_precisions))
 for i, fw in enumerate(floor_forwards):
-    d = floor_df[floor_df.forward == fw].set_index("precision").reindex(floor_precisions)
-    ax.bar([x + 0.38 * (i - (len(floor_forwards) - 1) / 2) for x in xs], d.t1_over_floor, width=0.36,
+    fd = floor_df[floor_df.forward == fw].set_index("precision").reindex(floor_precisions)
+    ax.bar([x + 0.38 * (i - (len(floor_forwards) - 1) / 2) for x in xs], fd.t1_over_floor, width=0.36,
            label=f"{fw} forward")
 ax.axhline(1.0, color="k", lw=0.8, label="the floor (weights read once)")
 ax.axhline(1.5, color="0.5", ls=":", lw=0.8, label="1.5 x the floor")

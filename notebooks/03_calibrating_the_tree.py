@@ -53,7 +53,7 @@ out_dir = "figures"  # relative paths resolve against the repository root (smoke
 threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
 n_calibration_frames = 400  # frames of the shipped calibration split to calibrate on (its size is printed below;
 #                              the shipped trees/heads.json: 1500)
-n_eval_frames = 200  # evaluation frames for predicted vs measured tokens per call
+n_eval_frames = 120  # evaluation frames for predicted vs measured tokens per call
 budgets = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # node budgets N compared (the calibration builds 2..64)
 draws = 2  # Monte Carlo draws of the sampled children per (frame, start depth) in the calibration
 speed_budgets = (2, 4, 8, 16, 32, 64)  # N timed on this machine (Figure 4 analogue)

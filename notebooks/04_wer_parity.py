@@ -56,7 +56,7 @@ seed = 0  # decode generators (paired across decoders), bootstrap and permutatio
 smoke = False  # True: 3 English and 1 sentence per language for 2 languages, small trees (test suite, ~1-2 min)
 out_dir = "figures"  # relative paths resolve against the repository root; absolute paths are kept
 threads = 1  # torch.set_num_threads (1: on a shared machine more threads spin-wait)
-n_sentences = 25  # English evaluation utterances (shipped evaluation split; 0: all)
+n_sentences = 16  # English evaluation utterances (shipped evaluation split; 0: all)
 n_multilingual = 4  # sentences per other language (0: all shipped, 8 each)
 languages = ("en", "de", "es", "ru", "ja", "zh")  # Table 3's languages
 replicates = 1  # draws per frame for the code tests, English (the first draw is the one turned into audio)
@@ -68,7 +68,7 @@ beta = 0.4  # the lossy control's tolerance (SSD's main setting)
 alpha = 1e-3  # family-wise level of every test
 power_tv = 0.05  # the total-variation shift at which the code test's power is stated
 free_running = True  # also measure free running (English)
-n_free_running = 8  # utterances for free running
+n_free_running = 6  # utterances for free running
 free_running_all = True  # free running with every decoder (False: AR, its null control and the lossy control)
 free_running_max_frames = 300  # frame cap of free running (utterances that hit it are outliers)
 asr = "auto"  # auto = whisper-tiny.en (Whisper offline) for English; pocketsphinx, pocketsphinx-prompt (prompt-informed), whisper:PATH, parakeet:PATH, none

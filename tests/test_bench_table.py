@@ -65,6 +65,25 @@ def test_the_ratio_column_is_the_ratio_of_the_two_rows(embedded_table):
         assert by["auto"]["x_fused_ar"] is None  # absent rows have no ratio
 
 
+def test_native_backend_rows_are_one_c_call_a_frame():
+    """The native backend: stepped calls through the C forward, its fused AR frame and fused chains one C call a
+    frame (no fused trees), every decoder timed (not only the first backend's best)."""
+    from rvqspec_lib.eval.bench_table import bench_table
+    from rvqspec_lib.models.kernels import cpforward
+
+    if not cpforward.available():
+        pytest.fail(f"the native forward must build on the test machines: {cpforward.unavailable_reason()}")
+    res = bench_table(models=("embedded",), precisions=("float32",), backends=("eager", "native"), repeats=1,
+                      warmup=0, chains=(4,), budgets=(4,), auto=False, n_contexts=2, progress=False)
+    native = {r["row"]: r for r in res["rows"] if r["backend"] == "native"}
+    assert native["stepped AR"]["ms_per_frame"] > 0 and native["fused AR"]["ms_per_frame"] > 0
+    assert native["fused speculative"]["decoder"] == "fused chain:4"  # the chain: the native frame has no tree
+    assert native["best speculative"]["decoder"] in ("chain:4", "calibrated-sampled:4", "calibrated-point-mass:4")
+    assert native["best speculative"]["note"] == "best of 2 timed"  # every decoder, as a first backend
+    assert native["fused speculative"]["x_fused_ar"] == pytest.approx(
+        native["fused speculative"]["ms_per_frame"] / native["fused AR"]["ms_per_frame"])
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--backend", "onnx", "--dtype", "bfloat16"],
      "--backend onnx times float32 frames (its graphs are float32): drop --dtype bfloat16, or use --backend eager "

@@ -304,12 +304,13 @@ def _check_03(metrics: dict, out: Path) -> None:
         assert "speedup_vs_ar" not in next(csv.reader(f))
     assert "PROJECTION" in (out / "03_projection_compare_model.md").read_text().splitlines()[0]
     # the table to act on (rvqspec bench --table's function), the embedded model only: its trained weights (no
-    # replay), smoke: float32 through eager, five rows all timed, the fused speculative round one of the fused ones
+    # replay), smoke: float32 through eager and native, five rows each all timed, the fused speculative round one of
+    # the fused ones
     tab = json.loads((out / "03_bench_table.json").read_text())
     assert [r["row"] for r in tab["rows"]] == ["stepped AR", "fused AR", "best speculative", "fused speculative",
-                                               "auto"]
+                                               "auto"] * 2
     assert {(r["model"], r["weights"], r["precision"], r["backend"]) for r in tab["rows"]} == \
-        {("embedded", "trained", "float32", "eager")}
+        {("embedded", "trained", "float32", b) for b in ("eager", "native")}
     assert all(r["ms_per_frame"] > 0 and r["x_fused_ar"] > 0 for r in tab["rows"])
     assert next(r for r in tab["rows"] if r["row"] == "fused AR")["x_fused_ar"] == 1.0
     assert next(r for r in tab["rows"] if r["row"] == "fused speculative")["decoder"].startswith("fused ")
@@ -420,18 +421,19 @@ def _check_05(metrics: dict, out: Path) -> None:
             assert r["relative_diff"] <= RELATIVE_TOLERANCE["float32"]
         else:
             assert not r["ran"] and "macOS" in r["note"]
-    # frame times: eager and onnx, each with AR, the fused frame and a tree of each budget; speedups over own AR
+    # frame times: eager, onnx and native, each with AR, the fused frame and a tree of each budget; speedups over
+    # own AR
     rows = metrics["frame_rows"]
-    assert {r["backend"] for r in rows} == {"eager", "onnx"}
-    for b in ("eager", "onnx"):
+    assert {r["backend"] for r in rows} == {"eager", "onnx", "native"}
+    for b in ("eager", "onnx", "native"):
         decs = {r["decoder"] for r in rows if r["backend"] == b}
         assert {"AR", "fused-AR", "chain2", "tree2", "tree4"} <= decs, decs
         ar = next(r for r in rows if r["backend"] == b and r["decoder"] == "AR")
         assert ar["speedup_vs_ar"] == 1.0 and ar["nodes"] == 1 and ar["ms_per_frame"] > 0
-    assert {(r["backend"], r["nodes"]) for r in metrics["speedup_vs_n"]} == {(b, n) for b in ("eager", "onnx")
+    assert {(r["backend"], r["nodes"]) for r in metrics["speedup_vs_n"]} == {(b, n) for b in ("eager", "onnx", "native")
                                                                             for n in (2, 4)}
     assert metrics["onnx"]["ar_ms"] > 0 and metrics["onnx"]["fused_ms"] > 0 and metrics["onnx"]["best_ms"] > 0
-    assert {r["backend"] for r in metrics["projected"]} == {"eager", "onnx"}
+    assert {r["backend"] for r in metrics["projected"]} == {"eager", "onnx", "native"}
     # the paper's device numbers only in their own labelled column, copied from the constants
     assert metrics["paper_devices"] == [dict(p) for p in PAPER_DEVICE_SPEEDUPS]
     with (out / "05_speedup_vs_n.csv").open() as f:

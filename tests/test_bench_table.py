@@ -54,6 +54,22 @@ def test_trained_model_has_a_named_fused_speculative_row(embedded_table):
     assert "| x fused AR |" in text and f"| fused speculative | {fused['decoder']} |" in text
 
 
+def test_the_floor_uses_the_faster_of_two_bandwidths(embedded_table):
+    """The AR frame's floor: 15 calls' weight bytes at the faster of the bandwidths measured before and after the
+    timing (a bandwidth read on a busy moment would put frames below their floor), x floor its ratio."""
+    from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms
+    from rvqspec_lib.models.loader import load_model
+
+    bw = embedded_table["meta"]["bandwidth"]
+    assert bw["gb_per_s"] == max(bw["gb_per_s_before"], bw["gb_per_s_after"])
+    cp = load_model("embedded").code_predictor
+    want = floor_ms(15 * call_weight_bytes(cp, n_queries=1)["bytes"], bw["gb_per_s"])
+    for r in embedded_table["rows"]:
+        assert r["floor_ar_ms"] == pytest.approx(want)
+        if r["ms_per_frame"]:
+            assert r["x_floor_ar"] == pytest.approx(r["ms_per_frame"] / want)
+
+
 def test_the_ratio_column_is_the_ratio_of_the_two_rows(embedded_table):
     rows = embedded_table["rows"]
     for part in (rows[:5], rows[5:]):

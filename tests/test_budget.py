@@ -45,6 +45,29 @@ def test_choose_decoder_measures_and_picks_the_fastest(setup):
     assert all(r["verify_ms"] > 0 for r in ch.table) and {r["nodes"] for r in ch.table} >= {1, 2, 4, 8}
 
 
+def test_choose_decoder_among_forwards_times_native_whole_frames(setup):
+    """Several backends: every shortlisted decoder through each, plus AR and every chain window as the native whole
+    frame (backend native-frame); the fastest (label, backend) pair wins, and its row is in the table."""
+    from rvqspec_lib.decoding.predictor import OfficialBackend
+    from rvqspec_lib.eval.budget import NATIVE_FRAME
+    from rvqspec_lib.models.native import NativeCodePredictor
+
+    cp, cal, ctx = setup
+    pool = {"official": OfficialBackend(cp), "native": NativeCodePredictor(cp)}
+    ch = choose_decoder(cp, cal, ctx, budgets=(2, 4), frames=2, repeats=1, shortlist=2, backends=pool)
+    measured = [r for r in ch.table if r["ms_per_code"] is not None]
+    assert {r["backend"] for r in measured} == {"official", "native", NATIVE_FRAME}
+    whole = {r["label"] for r in measured if r["backend"] == NATIVE_FRAME}
+    assert whole == {"ar", *(c[0] for c in candidates(cal, budgets=(2, 4)) if c[0].startswith("chain:"))}
+    best = min(measured, key=lambda r: r["ms_per_code"])
+    assert (ch.label, ch.backend) == (best["label"], best["backend"])
+    ar = next(r for r in measured if r["label"] == "ar" and r["backend"] == "official")
+    assert ar["speedup"] == pytest.approx(1.0)  # speedups are over AR through the first backend
+    without = choose_decoder(cp, cal, ctx, budgets=(2, 4), frames=2, repeats=1, shortlist=2, backends=pool,
+                             native_frames=False)
+    assert NATIVE_FRAME not in {r["backend"] for r in without.table}
+
+
 def _quiet_cpu(monkeypatch, other: float = 0.0):
     """The timings' share of OTHER processes' CPU time, fixed (this machine is shared: the real one varies)."""
     from rvqspec_lib.eval import speed

@@ -244,3 +244,43 @@ def test_negative_control_is_rejected(flag):
 def test_negative_control_is_rejected_in_bfloat16():
     pval, df, g, n, _ = _run("sharp", "bfloat16", 4, DEFAULT, flags=FLAGS["always_accept"])
     assert pval < ALPHA, f"always_accept passed the G-test in bfloat16 (G={g:.1f} df={df} p={pval:.2e}, N={n})"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the frame loop through the native whole frame (synth --backend native)
+# ----------------------------------------------------------------------------------------------------------------
+def test_native_frame_for_takes_only_what_the_c_frame_computes():
+    from rvqspec_lib.decoding.decoders import LossySSD, Tree
+    from rvqspec_lib.decoding.drafters import PositionOffsets, ReusedHeads
+    from rvqspec_lib.models.native_frame import native_frame_for
+
+    cp = build_from_config(tiny_config_dict(), seed=0).talker.code_predictor
+    nat = NativeCodePredictor(cp)
+    assert native_frame_for(cp, AR(), backend=nat).window == 1
+    assert native_frame_for(cp, Chain(4), backend=nat, drafter=ReusedHeads()).window == 4
+    assert native_frame_for(cp, Chain(4), backend=P.OfficialBackend(cp)) is None  # not the native forward
+    assert native_frame_for(cp, LossySSD(), backend=nat) is None  # a lossy control keeps its own rule
+    assert native_frame_for(cp, Tree([(0,), (1,)]), backend=nat) is None  # no tree in C
+    assert native_frame_for(cp, Chain(4), backend=nat, drafter=PositionOffsets.for_code_predictor(cp)) is None
+    assert native_frame_for(cp, Chain(4), Sampling(top_p=0.8), backend=nat) is None  # top-p: not in the C frame
+    other = build_from_config(tiny_config_dict(), seed=1).talker.code_predictor
+    assert native_frame_for(other, AR(), backend=nat) is None  # a backend over another module
+
+
+@pytest.mark.parametrize("decoder", [AR(), Chain(4)])
+def test_synthesize_through_the_native_frame_equals_decode_frame_greedy(decoder):
+    """Greedy, the whole-frame C decoder gives the frame loop exactly the codes decode_frame gives through the same
+    native forward (and the same calls per frame)."""
+    from rvqspec_lib.models.frame import synthesize
+    from rvqspec_lib.models.loader import load_model
+    from rvqspec_lib.models.native_frame import native_frame_for
+
+    lm = load_model("tiny-random")
+    nat = NativeCodePredictor(lm.code_predictor)
+    g = Sampling(greedy=True)
+    kw = dict(decoder=decoder, sampling=g, talker_sampling=g, max_frames=4, backend=nat)
+    a = synthesize(lm, ["Hello there."], generator=torch.Generator().manual_seed(0), **kw)
+    frame = native_frame_for(lm.code_predictor, decoder, g, backend=nat)
+    b = synthesize(lm, ["Hello there."], generator=torch.Generator().manual_seed(0), frame_decoder=frame, **kw)
+    assert len(a.codes[0]) > 0 and torch.equal(a.codes[0], b.codes[0])
+    assert a.per_frame_calls == b.per_frame_calls

@@ -84,8 +84,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, choices=["official", "native"],
                    help="what runs the code-predictor calls: official (the official module) or native (one C call "
                         "over packed weights, row for row the same arithmetic in a verify call as in an AR call; "
-                        "docs/precision.md#the-native-forward). Default: official; with --decoder auto, whichever of "
-                        "the two is faster here (the choice is timed with the decoder's and cached)")
+                        "docs/precision.md#the-native-forward; AR and chain:N then run as the whole frame in one C "
+                        "call). Default: official; with --decoder auto, whichever is faster here (the choice is "
+                        "timed with the decoder's and cached)")
     p.add_argument("--codes-to-audio", default="auto", choices=["auto", "neural", "table"],
                    help="models with the offline codec (embedded): 'auto' decodes with the neural code decoder shipped "
                         "beside the codec (codec.decoder.safetensors) when there is one, 'neural' requires it, "
@@ -248,7 +249,7 @@ def run(args, threads: int) -> int:
     pool = backends_for(args, lm.code_predictor)
     decoder, drafter, chose, backend_name = build_decoder(args.decoder_name, lm, progress=sys.stderr.isatty(),
                                                           backends=pool)
-    backend = None if backend_name == "official" else pool[backend_name]
+    backend = None if backend_name == "official" else pool["native" if backend_name == "native-frame" else backend_name]
     choose_s = time.perf_counter() - t
     codec = getattr(lm.speech_tokenizer, "codec", None)
     if args.codes_to_audio != "auto":
@@ -261,6 +262,13 @@ def run(args, threads: int) -> int:
     gen = lm.generation or {}
     sampling = Sampling.from_generation_config(gen, loop="code_predictor", greedy=args.greedy)
     talker_sampling = Sampling.from_generation_config(gen, loop="talker", greedy=args.greedy)
+    # through the native forward, AR and Chain run as the whole frame in one C call (the same rules and distributions)
+    from rvqspec_lib.models.native_frame import native_frame_for
+
+    frame_decoder = native_frame_for(lm.code_predictor, decoder, sampling, drafter=drafter, backend=backend) \
+        if backend is not None else None
+    inner_loop = ("native whole frame (one C call a frame)" if frame_decoder is not None
+                  else f"decode_frame through the {backend_name} forward")
     notes: list[str] = []
 
     def _note(msg: str) -> None:
@@ -292,7 +300,7 @@ def run(args, threads: int) -> int:
         res = synthesize(lm, texts[b0:b0 + batch], decoder=decoder, sampling=sampling,
                          talker_sampling=talker_sampling, generator=generator, max_frames=args.max_frames,
                          language=args.language, speaker=args.speaker, progress=sys.stderr.isatty(), drafter=drafter,
-                         backend=backend)
+                         backend=backend, frame_decoder=frame_decoder)
         talker_calls, talker_s, inner_s = talker_calls + int(res.talker_calls), talker_s + res.talker_s, \
             inner_s + res.inner_s
         for j in range(len(res.codes)):
@@ -366,7 +374,8 @@ def run(args, threads: int) -> int:
             "seed": args.seed,
             "greedy": args.greedy,
             "dtype": args.dtype,
-            "backend": backend_name,
+            "backend": "native" if backend_name == "native-frame" else backend_name,
+            "inner_loop": inner_loop,
             "sampling": sampling.describe(),
             "talker_sampling": talker_sampling.describe(),
             "threads": threads,
@@ -402,7 +411,7 @@ def run(args, threads: int) -> int:
     what = f"{len(texts)} texts, " if len(texts) > 1 else ""
     print(f"{what}{frames} frames ({audio_s:.2f} s of audio), {calls} code-predictor calls, {tpc:.2f} tokens/call | "
           f"startup {startup_s:.2f} s, load {load_s:.2f} s, {args.decoder_name.text} decoder {choose_s:.2f} s "
-          f"({backend_name} forward), "
+          f"({inner_loop}), "
           f"synthesis {speak_s:.2f} s (frame loop {synth_s:.2f} s + codes to audio {decode_s:.2f} s), total "
           f"{total_s:.2f} s | {rtf} | {threads_text(threads)}")
     written = ", ".join(str(p) for p in targets) if len(targets) <= 4 else \

@@ -36,6 +36,8 @@ from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain
 from rvqspec_lib.decoding.predictor import OfficialBackend
 from rvqspec_lib.decoding.sampling import Sampling
 
+#: The backend name of a choice run as the whole frame in one C call (:mod:`rvqspec_lib.models.native_frame`).
+NATIVE_FRAME = "native-frame"
 #: Node budgets N (root included) considered for calibrated trees.
 AUTO_BUDGETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -54,7 +56,8 @@ class AutoChoice:
         oversubscribed: the ``OVERSUBSCRIBED: ...`` words (:func:`rvqspec_lib.eval.bench.oversubscribed_note`) when
             other processes crowded the CPU while the verify calls were timed, else ``""`` (such a choice is not
             cached).
-        backend: the chosen backend's name when :func:`choose_decoder` chose among ``backends``, else ``None``.
+        backend: the chosen backend's name when :func:`choose_decoder` chose among ``backends`` (``native-frame``:
+            the whole frame in one C call, :data:`NATIVE_FRAME`), else ``None``.
     """
 
     label: str
@@ -119,7 +122,7 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
                    sampling: Sampling | None = None, budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5,
                    frames: int = 16, repeats: int = 3, cost_repeats: int = 5, backend=None, backends=None,
                    seed: int = 0, progress: bool = False, acceptance=None,
-                   noise_target: float | None = None) -> AutoChoice:
+                   noise_target: float | None = None, native_frames: bool = True) -> AutoChoice:
     """Choose the decoder (and, given several, the backend) with the least measured time per committed code on this
     device (module docstring).
 
@@ -138,6 +141,10 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
             (decoder, backend) pairs are timed in one interleaved run, and the fastest pair wins
             (:attr:`AutoChoice.backend`). The precision is never changed: every backend runs ``code_predictor`` as
             converted.
+        native_frames: when a backend is the native forward (:class:`rvqspec_lib.models.native.NativeCodePredictor`),
+            also time AR and every chain window as the WHOLE frame in one C call
+            (:func:`rvqspec_lib.models.native_frame.native_frame_for`; rows of backend ``native-frame``), which
+            ``synth`` runs when they win. Not in a timing replay (the C frame computes its own acceptance).
         acceptance: a TIMING REPLAY's oracle (:class:`~rvqspec_lib.decoding.replay.AcceptanceOracle`): the frames
             are decoded with it (a random-weight architecture with a trained model's acceptance); such a choice
             is for a timing table, never cached (:func:`auto_decoder` does not pass one).
@@ -183,10 +190,31 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
         chosen |= {r["label"] for r in ranked[:shortlist]}
     by_label = {c[0]: c[1] for c in cands}
     chosen = ["ar"] + sorted(chosen - {"ar"})
+    whole = []  # AR and every chain window as one C call a frame, where a backend is the native forward
+    if native_frames and acceptance is None:
+        from rvqspec_lib.models.native_frame import native_frame_for
+
+        for bk in pool.values():
+            for label in ("ar", *(c[0] for c in cands if c[0].startswith("chain:"))):
+                f = native_frame_for(cp, by_label[label], sampling, drafter=drafter, backend=bk)
+                if f is not None:
+                    whole.append(f)
+            if whole:
+                break
     timed = time_frames(cp, contexts[:frames], {k: by_label[k] for k in chosen}, pool, sampling=sampling,
                         drafter=drafter, repeats=repeats * min(frames, contexts.shape[0]), warmup=1, seed=seed,
-                        progress=progress, acceptance=acceptance, noise_target=noise_target)
-    measured = {(r["decoder"], r["backend"]): r for r in timed["rows"]}
+                        progress=progress, acceptance=acceptance, noise_target=noise_target,
+                        fused_spec={NATIVE_FRAME: whole} if whole else None)
+    measured = {}
+    for r in timed["rows"]:
+        if r["backend"] == NATIVE_FRAME:  # fused-chain<w>: the C frame of window w (1: AR)
+            w = int(r["decoder"].rsplit("chain", 1)[1])
+            label = "ar" if w == 1 else f"chain:{w}"
+            measured[(label, NATIVE_FRAME)] = r
+            rows.append({"label": label, "backend": NATIVE_FRAME, "nodes": w, "predicted_tokens_per_call": None,
+                         "verify_ms": None, "verify_ratio": None, "predicted_speedup": None})
+        else:
+            measured[(r["decoder"], r["backend"])] = r
     ref = next(iter(pool))
     ar_ms = measured[("ar", ref)]["ms_per_frame"] / n
     for r in rows:
@@ -196,20 +224,23 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
         r["speedup"] = ar_ms / r["ms_per_code"] if m else None
     best_label, best_backend = min(measured, key=lambda k: measured[k]["ms_per_frame"])
     b = next(r for r in rows if r["label"] == best_label and r["backend"] == best_backend)
-    where = f" through the {best_backend} forward" if len(pool) > 1 else ""
+    where = (" as the whole frame in one C call (native forward)" if best_backend == NATIVE_FRAME
+             else f" through the {best_backend} forward" if len(pool) > 1 else "")
     vs = f"AR's {ar_ms:.3f}" + (f" through the {ref} forward" if len(pool) > 1 else "")
+    verify = (f", verify call t({b['nodes']})/t(1) = {b['verify_ratio']:.2f}, predicted speedup E(N) t(1)/t(N) = "
+              f"{b['predicted_speedup']:.2f}x" if b["verify_ratio"] is not None else "")
     reason = (f"{best_label}{where}: {b['ms_per_code']:.3f} ms per code measured ({b['speedup']:.2f}x {vs}), "
-              f"{b['measured_tokens_per_call']:.2f} tokens per call, verify call t({b['nodes']})/t(1) = "
-              f"{b['verify_ratio']:.2f}, predicted speedup E(N) t(1)/t(N) = {b['predicted_speedup']:.2f}x; "
+              f"{b['measured_tokens_per_call']:.2f} tokens per call{verify}; "
               f"{len(chosen)} of {len(cands)} candidates decoded"
               + (f" through each of {len(pool)} forwards ({', '.join(pool)})" if len(pool) > 1 else "")
+              + (f", AR and {len(whole) - 1} chain windows as native whole frames" if whole else "")
               + f" ({min(frames, contexts.shape[0])} frames x {repeats} repeats)")
     if noise_target is not None:
         from rvqspec_lib.eval.noise import noise_words
 
         reason += f"; frames timed: {noise_words(timed['meta'])}"
     return AutoChoice(best_label, by_label[best_label], reason, rows, oversubscribed=crowded,
-                      backend=best_backend if len(pool) > 1 or backends else None)
+                      backend=best_backend if len(pool) > 1 or backends or best_backend == NATIVE_FRAME else None)
 
 
 def cache_file() -> Path:
@@ -304,7 +335,8 @@ def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.
         if dec is not None:
             table = hit.get("table", [])
             backend = hit.get("backend") if isinstance(hit.get("backend"), str) else None
-            if backend is None or backend in (kwargs.get("backends") or {}):
+            known = set(kwargs.get("backends") or {})
+            if backend is None or backend in known or (backend == NATIVE_FRAME and "native" in known):
                 return AutoChoice(label, dec, f"{hit.get('reason', '') or label} (a cached choice, {path}: delete it "
                                   "or set RVQSPEC_CACHE to time again)", table if isinstance(table, list) else [], key,
                                   backend=backend)

@@ -148,6 +148,7 @@ def synthesize(
     progress: bool = False,
     drafter=None,
     backend=None,
+    frame_decoder=None,
 ) -> SynthesisResult:
     """Speak texts: the official talker and code predictor, with our frame loop and any inner-loop decoder.
 
@@ -164,6 +165,10 @@ def synthesize(
         backend: what runs the code-predictor calls (default: the official module; e.g.
             ``rvqspec_lib.models.lean.LeanCodePredictor(lm.code_predictor)``), see
             :func:`rvqspec_lib.decoding.decode.decode_frame`.
+        frame_decoder: instead of ``decode_frame``, an object that decodes a whole inner-loop frame itself, with
+            ``decode(context (B, 2, H), generator) -> codes (B, n_codes)`` and ``last_calls`` (a list of each row's
+            calls), e.g. :class:`rvqspec_lib.models.native_frame.NativeChainFrame` (AR or Chain, the whole frame in
+            one C call); ``decoder``, ``drafter`` and ``backend`` are then not used for the inner loop.
 
     Returns:
         :class:`SynthesisResult`.
@@ -219,21 +224,27 @@ def synthesize(
         # inner loop: codes 1..15 for every row (finished rows too, as the official batch does)
         t1 = time.perf_counter()
         code0_emb = talker.get_input_embeddings()(code0[:, None])  # (B, 1, H)
-        res = decode_frame(cp, torch.cat([past_hidden, code0_emb], 1), decoder=decoder, sampling=sampling,
-                           generator=generator, drafter=drafter, backend=backend)
+        ctx = torch.cat([past_hidden, code0_emb], 1)
+        if frame_decoder is None:
+            res = decode_frame(cp, ctx, decoder=decoder, sampling=sampling, generator=generator, drafter=drafter,
+                               backend=backend)
+            inner_codes, inner_calls = res.codes, res.calls
+        else:
+            inner_codes = frame_decoder.decode(ctx, generator).to(dev)
+            inner_calls = torch.tensor(frame_decoder.last_calls, dtype=torch.long)
         inner_s += time.perf_counter() - t1
-        frame = torch.cat([code0[:, None], res.codes], 1)  # (B, G)
+        frame = torch.cat([code0[:, None], inner_codes], 1)  # (B, G)
         frames_codes.append(frame)
-        calls += torch.where(unfinished.cpu(), res.calls.cpu(), torch.zeros_like(calls))
+        calls += torch.where(unfinished.cpu(), inner_calls.cpu(), torch.zeros_like(calls))
         for i in torch.nonzero(unfinished).flatten().tolist():
-            per_frame_calls[i].append(int(res.calls[i]))
+            per_frame_calls[i].append(int(inner_calls[i]))
         if bar is not None:
             bar.update(1)
         if step == max_frames - 1:
             break
         # next talker step: sum of the 16 code embeddings + text track
         t2 = time.perf_counter()
-        feed = code0_emb[:, 0] + sum(cp.get_input_embeddings()[i](res.codes[:, i]) for i in range(res.codes.shape[1]))
+        feed = code0_emb[:, 0] + sum(cp.get_input_embeddings()[i](inner_codes[:, i]) for i in range(inner_codes.shape[1]))
         text = prompt.trailing_text_hidden
         feed = feed[:, None] + (text[:, step:step + 1] if step < text.shape[1] else prompt.tts_pad_embed)
         mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=dev)], 1)

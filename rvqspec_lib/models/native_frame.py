@@ -236,3 +236,32 @@ class NativeChainFrame:
 
     def __repr__(self) -> str:
         return f"NativeChainFrame(window={self.window}, precision={self.backend.precision!r}, sampling={self.sampling})"
+
+
+def native_frame_for(code_predictor, decoder, sampling: Sampling | None = None, *, drafter=None, backend=None):
+    """The whole-frame C decoder equivalent to ``decode_frame(cp, ..., decoder, sampling, drafter=drafter,
+    backend=backend)``, when there is one; else ``None``.
+
+    There is one when ``backend`` is a :class:`~rvqspec_lib.models.native.NativeCodePredictor` over
+    ``code_predictor``, the decoder is ``AR()`` (window 1) or ``Chain(window)`` drafting with the reused heads (no
+    drafter of its own, ``drafter`` ``None`` or :class:`~rvqspec_lib.decoding.drafters.ReusedHeads`), and the
+    sampling has no top-p (the C frame warps with temperature and top-k). The frame samples what ``decode_frame``
+    samples (the same rules and distributions; its random numbers are drawn in another order, so the same seed gives
+    other codes, as with any other decoder).
+    """
+    from rvqspec_lib.decoding.decoders import AR, Chain
+    from rvqspec_lib.decoding.drafters import ReusedHeads
+    from rvqspec_lib.models.native import NativeCodePredictor
+
+    sampling = Sampling() if sampling is None else sampling
+    if not isinstance(backend, NativeCodePredictor) or backend.code_predictor is not code_predictor:
+        return None
+    if getattr(decoder, "drafter", None) is not None or not (drafter is None or isinstance(drafter, ReusedHeads)):
+        return None
+    if not sampling.greedy and sampling.top_p < 1.0:
+        return None
+    if type(decoder) is AR:
+        return NativeChainFrame(code_predictor, 1, sampling, backend=backend)
+    if type(decoder) is Chain:  # exactly: a subclass may change the rule (LossySSD is a control)
+        return NativeChainFrame(code_predictor, int(decoder.window), sampling, backend=backend)
+    return None

@@ -321,3 +321,35 @@ def test_train_drafter_parallel_names_extract_frames(tmp_path, capsys, monkeypat
             "missing-shard": "misses shard frames-00000-of-00001.safetensors of its index.json"}[case] in line
     for library_name in ("frames_from_model", "Frames.save", "rvqspec_lib", "extract_frames"):
         assert library_name not in line, line
+
+
+# ---- a new user's trial of the native backend (this session's review): one line naming the fix ----------------------
+@pytest.mark.parametrize("argv, needle", [
+    (["bench", "--model", "embedded", "--backend", "native", "--device", "cuda"],
+     "--backend native runs on the CPU: drop --device cuda"),
+    (["bench", "--model", "embedded", "--backend", "native", "--decoders", "ssd-lossy"],
+     "ssd-lossy is a LOSSY control for synth and eval-wer"),
+    (["bench", "--table", "--forwards", "native"], "drop --forwards"),
+    (["bench", "--backend", "native", "--queries", "1,2"], "drop it with --backend"),
+    (["bench", "--table", "--table-out", "/tmp"], "--table-out /tmp is a folder; it takes a STEM"),
+    (["bench", "--model", "qwen3-tts-0.6b-random", "--backend", "native", "--acceptance", "/tmp"],
+     "--acceptance /tmp is a folder"),
+    (["synth", "--model", "embedded", "--text", "Hi.", "--out", "{tmp}/x.wav", "--batch-size", "4"],
+     "--batch-size is for --text-file"),
+    (["synth", "--model", "embedded", "--text", "Hi.", "--out", "{tmp}/x.wav", "--decoder", "chain:4",
+      "--window", "9"], "--window 9 and --decoder chain:4 both give the window: write chain:9"),
+])
+def test_native_backend_bad_input_is_one_line_before_loading(tmp_path, capsys, monkeypatch, argv, needle):
+    monkeypatch.setattr(loader, "load_model", _no_load)
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    assert needle in _one_error_line(capsys.readouterr().err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_acceptance_is_refused_for_a_trained_model(capsys):
+    """A timing replay swaps in another model's acceptance: on trained weights that would hide the real one."""
+    argv = ["bench", "--model", "embedded", "--backend", "native", "--decoders", "chain:4", "--repeats", "1",
+            "--acceptance", str(REPO / "data/embedded/model/trees/heads.json")]
+    assert main(argv) == 2
+    assert "has trained weights, whose own acceptance is measured: drop --acceptance" in \
+        _one_error_line(capsys.readouterr().err)

@@ -28,7 +28,7 @@ MAX_QUERIES = 1024
 #: --table defaults (rvqspec_lib.eval.bench_table's, repeated so that the parser imports no torch).
 TABLE_REPEATS = 5
 TABLE_MODELS = ("embedded", "qwen3-tts-0.6b-random")
-TABLE_BACKENDS_DEFAULT = ("eager",)
+TABLE_BACKENDS_DEFAULT = ("eager", "native")
 
 
 def _int_list(s: str) -> list[int]:
@@ -91,8 +91,9 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "paper's decoder) and auto)")
     parser.add_argument("--backend", default=None, help="instead of call latencies: frame times of AR, the fused AR "
                         "frame, Chain(4), the fused speculative chain and the trees through one verify backend "
-                        "(eager, compile, onnx, cuda), one interleaved run (rvqspec_lib.eval.export_timing."
-                        "bench_backend), in the --dtype given (eager and compile: float32, bfloat16, int8, "
+                        "(eager, compile, onnx, native, cuda; native: the C forward, its fused frames one C call "
+                        "a frame), one interleaved run (rvqspec_lib.eval.export_timing."
+                        "bench_backend), in the --dtype given (eager, compile and native: float32, bfloat16, int8, "
                         "int8-dynamic; the others float32); coreml (macOS 15+): the exported packages timed call by "
                         "call per compute unit")
     parser.add_argument("--table", action="store_true",
@@ -109,10 +110,12 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--models", default=",".join(TABLE_MODELS),
                         help=f"--table: comma-separated models (default {','.join(TABLE_MODELS)})")
     parser.add_argument("--backends", default=",".join(TABLE_BACKENDS_DEFAULT),
-                        help=f"--table: comma-separated backends of eager, compile, onnx (default "
-                             f"{','.join(TABLE_BACKENDS_DEFAULT)}; a later backend times AR, its fused AR frame and "
-                             "the first one's best speculative decoder and auto's choice: compiling each call shape "
-                             "takes minutes on a small shared CPU, so eager,compile adds about that per shape)")
+                        help=f"--table: comma-separated backends of eager, native, compile, onnx (default "
+                             f"{','.join(TABLE_BACKENDS_DEFAULT)}; native times every decoder through the C forward "
+                             "and its fused frames as one C call a frame; a later compile or onnx backend times AR, "
+                             "its fused AR frame and the first one's best speculative decoder and auto's choice: "
+                             "compiling each call shape takes minutes on a small shared CPU, so eager,compile adds "
+                             "about that per shape)")
     parser.add_argument("--acceptance", default=None, metavar="FILE",
                         help="timing replay of a random-weight model (--table, or --backend): the acceptance "
                              "table its frames replay (a calibration file, or the JSON / CSV shapes of "
@@ -179,6 +182,7 @@ def check_args(args) -> None:
             raise ValueError("--forwards times code-predictor calls: drop it with --backend (frame times)")
         if str(args.device) != "cpu" and "native" in (args.forward_list or ()):
             raise ValueError(f"--forwards native runs on the CPU: drop native, or --device {args.device}")
+    args._queries_given = args.queries is not None
     if args.queries is None:
         table = len(dtypes(args)) > 1 or getattr(args, "forwards", None) is not None
         args.queries = list(PRECISION_QUERY_SIZES if table else DEFAULT_QUERY_SIZES)
@@ -190,6 +194,9 @@ def check_args(args) -> None:
         raise ValueError(f"--device {dev!r}: use cpu, cuda[:N] or mps")
     if args.backend is not None and args.backend not in BACKENDS:
         raise ValueError(f"unknown --backend {args.backend!r}: use one of {', '.join(BACKENDS)}")
+    if args.backend is not None and getattr(args, "_queries_given", False):
+        raise ValueError("--queries sets the call latencies' query positions: drop it with --backend (frame times)")
+    _check_json_path(getattr(args, "json_path", None))
     if getattr(args, "decoders", None) is not None:
         from rvqspec_lib.cli.common import check_decoder_files
         from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
@@ -198,6 +205,9 @@ def check_args(args) -> None:
             raise ValueError("--decoders is for --backend (frame times per decoder); the call latencies take none")
         for name in split_decoder_list(args.decoders):
             d = parse_decoder_name(name, without=("chain:best",))
+            if d.kind == "ssd-lossy":
+                raise ValueError(f"--decoders {d.text}: ssd-lossy is a LOSSY control for synth and eval-wer; bench "
+                                 "times lossless decoders: drop it")
             if d.best_window:
                 raise ValueError(f"bench times named decoders: {d.text} is chosen elsewhere; give e.g. chain:4,paper,auto")
             capped = check_decoder_files(d, args.model)  # the drafter and trees beside the model, before it loads
@@ -211,9 +221,10 @@ def check_table_args(args) -> None:
     not run natively, a malformed acceptance table)."""
     if args.repeats < 1 or args.warmup < 0:
         raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
-    for flag in ("backend", "decoders", "queries"):
+    for flag in ("backend", "decoders", "queries", "forwards"):
         if getattr(args, flag, None) is not None:
-            raise ValueError(f"--table chooses its own decoders and backends: drop --{flag} (use --backends)")
+            raise ValueError(f"--table chooses its own decoders, backends and forwards: drop --{flag} (use "
+                             "--backends)")
     from rvqspec_lib.eval.bench_table import check_table_args as check
     from rvqspec_lib.models.precision import native_precisions
 
@@ -231,11 +242,27 @@ def check_table_args(args) -> None:
     args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else default_acceptance()
     from pathlib import Path
 
+    if Path(args.table_out).is_dir():
+        raise ValueError(f"--table-out {args.table_out} is a folder; it takes a STEM (files STEM.csv, STEM.md, "
+                         f"STEM.json): give e.g. {Path(args.table_out) / 'bench_table'}")
     try:
         Path(args.table_out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"--table-out {args.table_out}: its folder cannot be made ({e.strerror}): choose another") \
             from None
+
+
+def _check_json_path(path) -> None:
+    """``--json PATH``: its folder must exist and PATH must not be a folder (as ``synth --json``), before any work."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--json {path} is a folder: give a file name, e.g. {p / 'bench.json'}")
+    if not p.parent.is_dir():
+        raise ValueError(f"--json {path}: its folder {p.parent} does not exist: create it or choose another path")
 
 
 def dtypes(args) -> list[str]:

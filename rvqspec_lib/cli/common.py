@@ -355,6 +355,9 @@ def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree
     text = "ar" if decoder is None else decoder.strip()
     if not text:
         raise ValueError(f"--decoder is empty: give one of {grammar(without)}")
+    if window is not None and text.startswith("chain:"):
+        raise ValueError(f"--window {window} and --decoder {text} both give the window: write chain:{window}, or "
+                         "drop --window")
     if window is not None and text != "chain":
         raise ValueError("--window is for --decoder chain; drop it or add --decoder chain (or write chain:N)")
     if tree is not None and text != "tree":

@@ -303,8 +303,19 @@ def run_bench_backend(args) -> int:
     if name == "coreml":  # macOS 15+ (checked above): the packages are timed call by call per compute unit
         return _bench_coreml(args)
     device = "cuda" if name == "cuda" else getattr(args, "device", "cpu")
+    if str(device) != "cpu" and name in ("eager", "compile", "onnx", "native"):
+        import torch
+
+        if name in ("onnx", "native"):
+            return _die(f"--backend {name} runs on the CPU: drop --device {device} (a GPU: --backend cuda)")
+        if not torch.cuda.is_available():
+            return _die(f"--device {device}: this torch has no CUDA device; use --device cpu")
     try:
         lm = load_model(args.model, device=device, seed=getattr(args, "seed", 0))
+        table = getattr(args, "acceptance_table", None)  # a timing replay (bench --acceptance FILE)
+        if table is not None and not lm.is_random:
+            return _die(f"--acceptance replays a trained model's acceptance on a RANDOM-weight architecture; "
+                        f"{args.model} has trained weights, whose own acceptance is measured: drop --acceptance")
         cp = lm.code_predictor.eval()
         prec = getattr(args, "dtype", None) or "float32"
         if prec != "float32":  # native on this CPU and allowed for this backend: checked before the load
@@ -314,7 +325,6 @@ def run_bench_backend(args) -> int:
         contexts, decoders, source = _bench_inputs(lm, seed=getattr(args, "seed", 0),
                                                    names=getattr(args, "decoders", None))
         contexts = contexts.to(device)
-        table = getattr(args, "acceptance_table", None)  # a timing replay (bench --acceptance FILE)
         res = T.bench_backend(name, cp, contexts, decoders=decoders, repeats=args.repeats,
                               warmup=getattr(args, "warmup", 2),
                               seed=getattr(args, "seed", 0), random_weights=lm.is_random,
@@ -325,7 +335,11 @@ def run_bench_backend(args) -> int:
     print(format_rows(res["rows"], ["decoder", "backend", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms",
                                     "speedup_vs_ar", "speedup_vs_fused"]))
     m = res["meta"]
-    dt = prec if prec == m.get("dtype") else f"{prec} ({m.get('dtype')} activations)"
+    acts = {"int8": "int8 weights, bfloat16 activations", "int8-dynamic": "int8 weights, per-row int8 activations"}
+    dt = f"{prec} ({acts[prec]})" if prec in acts else prec if prec == m.get("dtype") else \
+        f"{prec} ({m.get('dtype')} activations)"
+    if table is not None:  # a replay's tokens per call are the replayed acceptance's, not the random weights'
+        source = source.replace(" (tokens per call mean little)", "")
     print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m.get('device')}, {dt}, "
           f"{m.get('threads')} thread(s), backend {name}; {args.repeats} timed frames per decoder (after "
           f"{getattr(args, 'warmup', 2)} warm-up frames), their contexts from {source}")

@@ -69,7 +69,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree", default=None, help=TREE_HELP + ", or calibrated:N / calibrated-sampled:N / "
                    "calibrated-point-mass:N[@DRAFTER] (N = 2..64 nodes, from the model's calibrated trees); with "
                    "--decoder tree")
-    p.add_argument("--batch-size", type=int, default=8, help="--text-file: lines decoded together (1..64, default 8)")
+    p.add_argument("--batch-size", type=int, default=None, help="--text-file: lines decoded together (1..64, default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the explicit generator (0..2**63-1)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding in both loops")
     p.add_argument("--json", help="write statistics (frames, calls, tokens per call, timings, RTF, codes) here; with "
@@ -137,7 +137,11 @@ def check_args(args) -> list[tuple[Path, Path]]:
     check_seed(args.seed)
     if args.max_frames < 1:
         raise ValueError(f"--max-frames must be >= 1 (frames of 80 ms; 12.5 frames = 1 s), got {args.max_frames}")
-    batch = getattr(args, "batch_size", 8)
+    batch = getattr(args, "batch_size", None)
+    if batch is not None and getattr(args, "text_file", None) is None:
+        raise ValueError("--batch-size is for --text-file (lines decoded together): drop it with --text")
+    batch = 8 if batch is None else batch
+    args.batch_size = batch
     if not 1 <= batch <= MAX_BATCH:
         raise ValueError(f"--batch-size must be in 1..{MAX_BATCH}, got {batch}")
     out = Path(args.out)
@@ -175,6 +179,9 @@ def backends_for(args, cp) -> dict:
     from rvqspec_lib.decoding.predictor import OfficialBackend
 
     choice = getattr(args, "backend", None)
+    if choice is None and args.decoder_name.kind == "auto" and args.dtype == "float64":
+        note("--decoder auto with --dtype float64 times the official forward only (the native forward runs float32, "
+             "bfloat16, int8 and int8-dynamic)")
     if choice == "native" or (choice is None and args.decoder_name.kind == "auto" and args.dtype != "float64"):
         from rvqspec_lib.models.kernels import cpforward
         from rvqspec_lib.models.native import NativeCodePredictor

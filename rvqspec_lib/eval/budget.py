@@ -227,6 +227,11 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
     where = (" as the whole frame in one C call (native forward)" if best_backend == NATIVE_FRAME
              else f" through the {best_backend} forward" if len(pool) > 1 else "")
     vs = f"AR's {ar_ms:.3f}" + (f" through the {ref} forward" if len(pool) > 1 else "")
+    ars = {bk: m["ms_per_frame"] / n for (lab, bk), m in measured.items() if lab == "ar"}
+    if len(ars) > 1:  # AR through several forwards: the gain over the fastest AR too (what speculation adds)
+        fast_bk = min(ars, key=ars.get)
+        how = "as the native whole frame" if fast_bk == NATIVE_FRAME else f"through the {fast_bk} forward"
+        vs += f"; {ars[fast_bk] / b['ms_per_code']:.2f}x the fastest AR, {how}, {ars[fast_bk]:.3f}"
     verify = (f", verify call t({b['nodes']})/t(1) = {b['verify_ratio']:.2f}, predicted speedup E(N) t(1)/t(N) = "
               f"{b['predicted_speedup']:.2f}x" if b["verify_ratio"] is not None else "")
     reason = (f"{best_label}{where}: {b['ms_per_code']:.3f} ms per code measured ({b['speedup']:.2f}x {vs}), "

@@ -88,7 +88,8 @@ def backend_status(name: str) -> tuple[bool, str]:
         from rvqspec_lib.models.kernels import cpforward
 
         return (True, "") if cpforward.available() else \
-            (False, f"the native forward cannot be built here: {cpforward.unavailable_reason()}")
+            (False, f"the native forward cannot be built here ({cpforward.unavailable_reason()}): it needs an x86-64 "
+                    "CPU and a C compiler (e.g. apt-get install gcc); use --backend eager meanwhile")
     if name == "coreml":
         if importlib.util.find_spec("coremltools") is None:
             return False, "coremltools is not installed"

@@ -199,6 +199,9 @@ def read_acceptance(path) -> AcceptanceTable:
             format, no table of either kind, a table of the wrong shape or with values outside [0, 1].
     """
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--acceptance {p} is a folder: give the acceptance table file in it (a calibration .json, "
+                         "or the JSON / CSV shapes of docs/precision.md#timing-replay)")
     if not p.is_file():
         raise ValueError(f"--acceptance {p}: no such file: give an acceptance table (docs/precision.md#timing-replay) "
                          "or drop --acceptance for the embedded model's")

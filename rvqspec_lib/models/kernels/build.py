@@ -37,7 +37,8 @@ def build(source: Path, cflags: tuple[str, ...], *, stem: str | None = None) -> 
     The library is written to a temporary file and renamed: another process never sees a half-written library.
 
     Raises:
-        RuntimeError: no C compiler on ``PATH`` (``$CC``, ``cc``, ``gcc``), or the compiler failed (its first line).
+        RuntimeError: no C compiler on ``PATH`` (``$CC``, ``cc``, ``gcc``), the compiler failed (its first line), or
+            the cache folder cannot be written (naming ``RVQSPEC_CACHE``).
     """
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
@@ -47,8 +48,12 @@ def build(source: Path, cflags: tuple[str, ...], *, stem: str | None = None) -> 
     out = cache_dir() / f"{stem or Path(source).stem}-{tag}.so"
     if out.is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    except OSError as e:
+        raise RuntimeError(f"the compiled kernel cannot be written to {out.parent} ({e.strerror}): set RVQSPEC_CACHE "
+                           "to a writable folder") from None
     os.close(fd)
     try:
         r = subprocess.run([compiler, *cflags, "-o", tmp, str(source)], capture_output=True, text=True)

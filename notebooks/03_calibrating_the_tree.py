@@ -440,7 +440,8 @@ paper
 # calibrated trees), predicts `E(N) t(1)/t(N)`, then decodes frames with the most promising ones (interleaved) and
 # keeps the least measured time per committed code (what `rvqspec synth --decoder auto` does and caches). Like
 # `synth`, it chooses the forward too: the official module and, where it builds, the native forward, every
-# shortlisted decoder timed through each (the speedup is over AR through the official module).
+# shortlisted decoder timed through each, and AR and every chain window as the native whole frame (one C call a
+# frame, backend `native-frame`); the speedup is over AR through the official module.
 
 # %%
 t0 = time.perf_counter()
@@ -452,7 +453,9 @@ choice = choose_decoder(cp, cal, cal_frames.context, sampling=sampling,
 timings["auto_s"] = time.perf_counter() - t0
 auto_tab = pd.DataFrame(choice.table)
 save_table(auto_tab, out / "03_auto", prov)
-display(Markdown(f"**auto chose `{choice.label}`** ({choice.backend} forward): {choice.reason}"))
+how = ("as the whole frame in one C call over the native forward" if choice.backend == "native-frame"
+       else f"through the {choice.backend or 'official'} forward")
+display(Markdown(f"**auto chose `{choice.label}`** {how}: {choice.reason}"))
 auto_tab.round(3)
 
 # %% [markdown]

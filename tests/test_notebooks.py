@@ -466,14 +466,20 @@ def _check_05(metrics: dict, out: Path) -> None:
     with (out / "05_paper_frame_times.csv").open() as f:
         assert {r["decoder"] for r in csv.DictReader(f)} >= {"paper-N4", "tree-pm-N4"}
     assert "paper's decoder" in (out / "05_paper_frame_times.md").read_text().splitlines()[0]
-    # the table to act on (rvqspec bench --table's function): tiny-random as a labelled timing replay, five rows,
-    # the fused speculative one absent (a replay cannot drive a fused round)
+    # the table to act on (rvqspec bench --table's function): tiny-random as a labelled timing replay, five rows per
+    # backend (eager, and native where a C compiler runs), the fused speculative one absent (a replay cannot drive a
+    # fused round)
     tab = metrics["bench_table"]
-    assert [r["row"] for r in tab["rows"]] == ["stepped AR", "fused AR", "best speculative", "fused speculative",
-                                               "auto"]
+    table_backends = list(dict.fromkeys(r["backend"] for r in tab["rows"]))
+    assert table_backends[0] == "eager" and set(table_backends) <= {"eager", "native"}, table_backends
+    for b in table_backends:
+        rows_b = [r for r in tab["rows"] if r["backend"] == b]
+        assert [r["row"] for r in rows_b] == ["stepped AR", "fused AR", "best speculative", "fused speculative",
+                                              "auto"], b
+        assert all(r["ms_per_frame"] > 0 for r in rows_b if r["row"] != "fused speculative"), b
+        assert next(r for r in rows_b if r["row"] == "fused speculative")["note"].startswith(
+            "absent: a timing replay"), b
     assert all(r["weights"].startswith("timing replay: acceptance of") for r in tab["rows"])
-    assert all(r["ms_per_frame"] > 0 for r in tab["rows"] if r["row"] != "fused speculative")
-    assert next(r for r in tab["rows"] if r["row"] == "fused speculative")["note"].startswith("absent: a timing replay")
     assert any("public C port" in f for f in tab["footer"])
     for ext in (".csv", ".md", ".json", ".provenance.json"):
         assert (out / ("05_bench_table" + ext)).stat().st_size > 0, ext

@@ -91,18 +91,20 @@ class FrameResult:
     Attributes:
         codes: ``(B, n_codes)`` int64, codes 1..n_codes of the frame (n_codes = n_code_groups - 1 = 15).
         calls: ``(B,)`` int64, code-predictor calls the row used (the prefill included).
-        committed: ``(B, n_calls)`` int64, codes committed by each call (0 once the row is done).
-        accepted: ``(B, n_calls)`` int64, drafts accepted by each call.
-        start_depth: ``(B, n_calls)`` int64, depth of the last committed code before each call (0 for the prefill).
+        committed: ``(B, n_calls)`` int64, codes committed by each call (0 once the row is done); ``None`` from a
+            whole-frame runner (:mod:`rvqspec_lib.models.backends`), which keeps no per-call log.
+        accepted: ``(B, n_calls)`` int64, drafts accepted by each call (``None`` as ``committed``).
+        start_depth: ``(B, n_calls)`` int64, depth of the last committed code before each call (0 for the prefill;
+            ``None`` as ``committed``).
         replay: ``None`` for a decoded frame; for a TIMING REPLAY (``decode_frame(..., acceptance=oracle)``) the
             words ``timing replay: acceptance of X, weights random``, and ``codes`` is then all -1 (no audio).
     """
 
     codes: torch.Tensor
     calls: torch.Tensor
-    committed: torch.Tensor
-    accepted: torch.Tensor
-    start_depth: torch.Tensor
+    committed: torch.Tensor | None = None
+    accepted: torch.Tensor | None = None
+    start_depth: torch.Tensor | None = None
     replay: str | None = None
 
     @property

@@ -104,12 +104,47 @@ class DecoderName:
 
     @property
     def label(self) -> str:
-        """A short table label that tells decoders apart: ``ar``, ``chain4``, ``tree-pm-N16``, ``paper-N32``,
-        ``ssd-lossy-b0.4-w4``, ``auto``; another drafter than the heads adds ``@offsets``. Labels of ``chain:best``
-        and calibrated trees are only final once built (:func:`decoder_label`)."""
-        if self.kind == "paper":
-            return f"paper-N{self.budget}"
-        return self.kind if self.kind == "auto" else self.text
+        """THE label of a decoder, in tables, figures, result rows and files: the name's canonical form, which the
+        grammar reads back as the same decoder (``ar``, ``chain:4``, ``tree:0;1;0,0``, ``tree-sampled:0;0,0``,
+        ``tree:calibrated-point-mass:16``, ``paper:32``, ``ssd-lossy:0.4``, ``auto``; ``@DRAFTER`` for a drafter
+        other than the heads). Final once the name is resolved (:meth:`resolved`: ``chain:best`` gets its window, a
+        calibrated tree its kind and budget). Result rows carry the fields too (:meth:`fields`): code never parses a
+        label back."""
+        k = self.kind
+        if k in ("ar", "auto"):
+            return k
+        if k == "paper":
+            return f"paper:{self.budget}"
+        if k == "chain":
+            base = "chain:best" if self.best_window else f"chain:{self.window}"
+        elif k == "tree":
+            base = f"tree{'-sampled' if self.sampled else ''}:{format_paths(self.paths)}"
+        elif k == "calibrated":
+            base = f"tree:calibrated{'-' + self.tree_kind if self.tree_kind else ''}:{self.budget}"
+        else:
+            base = f"ssd-lossy:{self.beta:g}"
+        return base if self.drafter == DEFAULT_DRAFTER else f"{base}@{self.drafter}"
+
+    def resolved(self, decoder) -> "DecoderName":
+        """This name with what building it decided filled in, from the built ``decoder``: ``chain:best``'s window,
+        a calibrated tree's kind and node budget (``paper`` without ``:N``: the budget used)."""
+        if self.kind == "chain" and self.best_window:
+            return replace(self, best_window=False, window=int(decoder.window))
+        if self.kind in ("calibrated", "paper"):
+            return replace(self, tree_kind="sampled" if decoder.sampled else "point-mass", sampled=decoder.sampled,
+                           budget=decoder.nodes, budget_given=True)
+        return self
+
+    def fields(self) -> dict:
+        """The structured fields a result row is keyed by: ``decoder`` (:attr:`label`), ``kind``, ``drafter``
+        (``None`` for ``ar``), ``nodes`` (query positions N of one verify call; ``None`` until known), ``lossy``."""
+        nodes = {"ar": 1, "chain": self.window, "ssd-lossy": self.window}.get(self.kind)
+        if self.kind == "tree":
+            nodes = len(self.paths) + 1
+        elif self.kind in ("calibrated", "paper"):
+            nodes = self.budget
+        return {"decoder": self.label, "kind": self.kind, "drafter": None if self.kind == "ar" else self.drafter,
+                "nodes": nodes, "lossy": self.kind == "ssd-lossy"}
 
     def decoder(self, *, calibration: dict | None = None, best_chain: int | None = None, drafter=None):
         """The decoder object (:mod:`rvqspec_lib.decoding.decoders`).
@@ -161,6 +196,12 @@ class DecoderName:
             have = [int(b) for b in calibration.get("budgets", []) if int(b) <= self.budget]
             budget = max(have) if have else self.budget
         return tree_from_calibration(calibration, self.tree_kind, budget)
+
+
+def format_paths(paths: Sequence[Sequence[int]]) -> str:
+    """The written form of rank paths, the inverse of :func:`rvqspec_lib.decoding.trees.parse_paths`:
+    ``((0,), (1,), (0, 0))`` -> ``"0;1;0,0"``."""
+    return ";".join(",".join(str(int(r)) for r in p) for p in paths)
 
 
 def _budget(text: str, what: str) -> int:
@@ -308,40 +349,29 @@ def drafters_named(names: Sequence[str]) -> list[str]:
     return out
 
 
-def decoder_label(decoder, name: DecoderName | None = None) -> str:
-    """Short table label of a built decoder: ``ar``, ``chain4``, ``tree-pm-N16`` / ``tree-sampled-N16`` (N = query
-    positions), ``ssd-lossy-b0.4-w4``; ``paper-N32`` for the paper's decoder, ``@DRAFTER`` added for a drafter
-    other than the heads (``name``: the parsed name it was built from)."""
-    from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
-
-    if isinstance(decoder, LossySSD):
-        base = decoder.label
-    elif isinstance(decoder, AR):
-        return "ar"
-    elif isinstance(decoder, Chain):
-        base = f"chain{decoder.window}"
-    elif isinstance(decoder, Tree):
-        if name is not None and name.kind == "paper":
-            return f"paper-N{len(decoder.paths) + 1}"
-        base = f"tree-{'sampled' if decoder.sampled else 'pm'}-N{len(decoder.paths) + 1}"
-    else:
-        raise ValueError(f"not a decoder: {decoder!r}")
-    return base if name is None or name.drafter == DEFAULT_DRAFTER else f"{base}@{name.drafter}"
-
-
-def parse_decoder(name: str, *, calibration: dict | None = None, best_chain: int | None = None, drafter=None):
-    """``(label, decoder)`` from a name: :func:`parse_decoder_name` + :meth:`DecoderName.decoder` + :func:`decoder_label`.
+def name_of(decoder) -> DecoderName:
+    """The name of a decoder object built without one (a tree calibrated in a run, a test's ``Chain(3)``): ``ar``,
+    ``chain:N``, ``tree:PATHS`` / ``tree-sampled:PATHS``, ``ssd-lossy:BETA``, with the drafter it carries
+    (``@offsets``; its ``name``). The inverse of :meth:`DecoderName.decoder` for names that read no file; a
+    calibrated tree resolved by name keeps its own (:func:`rvqspec_lib.models.named_decoders.resolve`).
 
     Raises:
-        ValueError: a bad name, or a name that needs a calibration / best window / drafter not given (one line).
+        ValueError: not a decoder of :mod:`rvqspec_lib.decoding.decoders`.
     """
-    d = parse_decoder_name(name)
-    try:
-        dec = d.decoder(calibration=calibration, best_chain=best_chain, drafter=drafter)
-    except ValueError as e:
-        msg = str(e)
-        raise ValueError(msg if d.text in msg or "decoder" in msg else f"decoder {d.text!r}: {msg}") from None
-    return decoder_label(dec, d), dec
+    from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
+
+    drafter = getattr(getattr(decoder, "drafter", None), "name", None) or DEFAULT_DRAFTER
+    if type(decoder) is AR:
+        return DecoderName("ar", "ar")
+    if type(decoder) is Chain:
+        d = DecoderName("", "chain", drafter, window=decoder.window)
+    elif type(decoder) is Tree:
+        d = DecoderName("", "tree", drafter, paths=tuple(decoder.paths), sampled=decoder.sampled)
+    elif type(decoder) is LossySSD:
+        d = DecoderName("", "ssd-lossy", drafter, window=decoder.window, beta=decoder.beta)
+    else:
+        raise ValueError(f"not a decoder: {decoder!r}")
+    return replace(d, text=d.label)
 
 
 def tree_from_calibration(calibration: dict, kind: str | None, budget: int):

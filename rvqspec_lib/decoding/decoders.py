@@ -40,6 +40,8 @@ class AR:
         return DraftTree.from_paths([])
 
     sampled_drafts = False
+    #: Query positions of one call (the node budget N).
+    nodes = 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ class Chain:
         return DraftTree.chain(self.window - 1)
 
     sampled_drafts = True
+
+    @property
+    def nodes(self) -> int:
+        """Query positions of one verify call (the node budget N): the window."""
+        return self.window
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,13 @@ class Tree:
 
     @property
     def sampled_drafts(self) -> bool:
+        """Whether drafts are sampled from q (True) or the top-ranked codes (False, point-mass)."""
         return self.sampled
+
+    @property
+    def nodes(self) -> int:
+        """Query positions of one verify call (the node budget N): the root plus the tree's nodes."""
+        return len(self.paths) + 1
 
 
 @dataclass(frozen=True)
@@ -135,7 +148,7 @@ class LossySSD:
     ``u < min(1, p/q) + beta`` instead of ``u < min(1, p/q)``: any ``beta > 0`` keeps drafts more often than p
     allows, so the committed codes drift toward q. The residual and bonus draws are the chain's. It exists only as a
     negative control for WER parity and the code-distribution tests (:mod:`rvqspec_lib.eval.parity`), and its repr,
-    :attr:`label` and every table that shows it say "lossy".
+    label (``ssd-lossy:BETA``, :mod:`rvqspec_lib.decoding.decoder_names`) and every table that shows it say "lossy".
 
     Args:
         window: the committed code plus ``window - 1`` drafts (SSD's main setting: draft length 3, i.e. 4).
@@ -171,9 +184,9 @@ class LossySSD:
         return self.beta
 
     @property
-    def label(self) -> str:
-        """Short name for tables: ``ssd-lossy-b0.4-w4``."""
-        return f"ssd-lossy-b{self.beta:g}-w{self.window}"
+    def nodes(self) -> int:
+        """Query positions of one verify call: the window."""
+        return self.window
 
 
 def is_lossless(decoder) -> bool:

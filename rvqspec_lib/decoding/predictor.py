@@ -55,26 +55,23 @@ def embed_codes(code_predictor, codes: torch.Tensor, depth: torch.Tensor) -> tor
     return out.reshape(*codes.shape, -1)
 
 
-def head_logits(code_predictor, hidden: torch.Tensor, head: torch.Tensor, *, heads=None, linear=None) -> torch.Tensor:
+def head_logits(code_predictor, hidden: torch.Tensor, head: torch.Tensor, *, heads=None) -> torch.Tensor:
     """Logits of per-depth heads applied row by row.
 
     Args:
         hidden: ``(N, H)`` code-predictor hidden states. head: ``(N,)`` int64 head index (``lm_head[i]`` predicts
             code i+1); clamped to the valid range (callers mask out-of-range rows).
         heads: a ``ModuleList`` of heads to use instead of ``code_predictor.lm_head`` (Medusa-style drafters).
-        linear: ``linear(x, weight, bias)`` to apply a head with instead of calling it (a faster matmul over the same
-            weights, e.g. ``rvqspec_lib.models.kernels.mgemv.linear``); ``None`` calls the head module.
 
     Returns:
         ``(N, V)`` logits in the module's dtype.
     """
     heads = code_predictor.lm_head if heads is None else heads
     head = head.clamp(0, len(heads) - 1)
-    apply = (lambda m, x: m(x)) if linear is None else (lambda m, x: linear(x, m.weight, m.bias))
     out = torch.empty(hidden.shape[0], heads[0].out_features, dtype=hidden.dtype, device=hidden.device)
     for i in torch.unique(head).tolist():
         sel = head == i
-        out[sel] = apply(heads[i], hidden[sel])
+        out[sel] = heads[i](hidden[sel])
     return out
 
 

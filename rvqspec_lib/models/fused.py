@@ -51,30 +51,28 @@ class FusedARFrame:
         code_predictor: the official module (its parameters are read in place).
         sampling: the code predictor's sampling (default: temperature 0.9, top-k 50). ``top_p < 1`` is not
             supported inside the graph.
-        matmul: ``"torch"`` or ``"mgemv"``, as :class:`~rvqspec_lib.models.lean.LeanCodePredictor`.
         compile: compile the whole frame (``torch.compile(dynamic=False, fullgraph=True)``), one graph per batch size.
-        compile_options: ``options=`` for ``torch.compile``.
+        compile_mode: ``mode=`` for ``torch.compile`` (``"reduce-overhead"``: a CUDA graph on a GPU).
 
     Raises:
         ValueError: ``top_p < 1``; what :class:`~rvqspec_lib.models.lean.LeanCodePredictor` refuses.
     """
 
-    def __init__(self, code_predictor, sampling: Sampling | None = None, *, matmul: str = "torch",
-                 compile: bool = True, compile_options: dict | None = None):
+    def __init__(self, code_predictor, sampling: Sampling | None = None, *, compile: bool = True,
+                 compile_mode: str | None = None):
         self.sampling = Sampling() if sampling is None else sampling
         if not self.sampling.greedy and self.sampling.top_p < 1.0:
             raise ValueError(f"the fused AR frame samples with temperature and top-k only; top_p="
                              f"{self.sampling.top_p} needs decode_frame(decoder=AR())")
         self.code_predictor = code_predictor
-        self.lean = LeanCodePredictor(code_predictor, matmul=matmul)
+        self.lean = LeanCodePredictor(code_predictor)
         self.n_codes = P.n_codes(code_predictor)
         self.vocab = int(code_predictor.config.vocab_size)
         self.slots = self.n_codes + 1  # positions 0..n_codes (the last code is never fed)
         self.compiled = bool(compile)
         self.compile_s: dict[int, float] = {}
-        self._run = torch.compile(self.frame, dynamic=False, fullgraph=True, options=compile_options) \
+        self._run = torch.compile(self.frame, dynamic=False, fullgraph=True, mode=compile_mode) \
             if compile else self.frame
-        self.name = "fused-AR" + ("-mgemv" if matmul == "mgemv" else "") + ("-compiled" if compile else "")
 
     def noise(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         """Standard Gumbel noise for ``batch`` frames: ``(B, n_codes, V)`` float32, ``-log(-log(U))`` with U drawn in

@@ -101,19 +101,18 @@ class FusedChainFrame:
             :class:`rvqspec_lib.decoding.decoders.Chain`.
         sampling: the code predictor's sampling (default temperature 0.9, top-k 50); ``top_p < 1`` is not supported
             inside the graph.
-        matmul: ``"torch"`` or ``"mgemv"`` (the multi-row AVX2 kernel), as
-            :class:`~rvqspec_lib.models.lean.LeanCodePredictor`.
         compile: compile the prefill and every round (``torch.compile(dynamic=False, fullgraph=True)``); ``False``
             runs the same functions eagerly (the reference path).
-        compile_options: ``options=`` for ``torch.compile`` (e.g. ``{"cpp_wrapper": True}``).
+        compile_mode: ``mode=`` for ``torch.compile`` (``"reduce-overhead"``: each round a CUDA graph on a GPU, the
+            project's GPU path).
 
     Raises:
         ValueError: a window outside 2..8, ``top_p < 1``, what :class:`~rvqspec_lib.models.lean.LeanCodePredictor`
             refuses.
     """
 
-    def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, matmul: str = "torch",
-                 compile: bool = True, compile_options: dict | None = None):
+    def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, compile: bool = True,
+                 compile_mode: str | None = None):
         from rvqspec_lib.decoding.decoders import Chain
 
         Chain(window)  # the same one-line error for a bad window
@@ -122,7 +121,7 @@ class FusedChainFrame:
             raise ValueError(f"the fused chain samples with temperature and top-k only; top_p={self.sampling.top_p} "
                              f"needs decode_frame(decoder=Chain({window}))")
         self.code_predictor = code_predictor
-        self.lean = LeanCodePredictor(code_predictor, matmul=matmul)
+        self.lean = LeanCodePredictor(code_predictor)
         self.window, self.K = int(window), int(window) - 1
         self.n_codes = P.n_codes(code_predictor)
         self.vocab = int(code_predictor.config.vocab_size)
@@ -131,9 +130,8 @@ class FusedChainFrame:
         self.compiled = bool(compile)
         self.compile_s: dict[tuple, float] = {}
         self.last_calls: list[int] = []  # calls (prefill + rounds) each row of the last frame took
-        self._opts = dict(dynamic=False, fullgraph=True, options=compile_options)
+        self._opts = dict(dynamic=False, fullgraph=True, mode=compile_mode)
         self._graphs: dict[tuple, object] = {}
-        self.name = f"fused-chain{window}" + ("-mgemv" if matmul == "mgemv" else "") + ("-compiled" if compile else "")
 
     # -- randomness ---------------------------------------------------------------------------------------------
     def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:

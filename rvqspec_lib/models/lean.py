@@ -10,16 +10,11 @@ place. It implements the verify backend protocol of :mod:`rvqspec_lib.decoding.p
 ``compact``, ``embed``, ``logits``), so :func:`rvqspec_lib.decoding.decode.decode_frame` runs any decoder through it
 with ``backend=LeanCodePredictor(cp)``.
 
-Options:
-
-* ``matmul="torch"`` (default): ``F.linear`` (MKL on CPU). Every operation is the one the official module performs,
-  in the same order, so the hidden states are BIT-IDENTICAL to the official call (tests/test_lean.py).
-* ``matmul="mgemv"``: the AVX2 multi-row GEMV kernel (:mod:`rvqspec_lib.models.kernels.mgemv`) for every linear
-  layer with at most ``MAX_ROWS`` rows; equal to the official call up to float32 summation order (tested to a
-  stated tolerance). Falls back to torch with a one-line warning where the kernel cannot be built.
-* ``compile=True``: the layer stack under ``torch.compile(dynamic=False, fullgraph=True)``: one graph per input
-  shape, i.e. per query count of a decoder (a frame's verify calls all have one shape). The first call of a shape
-  compiles; its wall time is kept in :attr:`LeanCodePredictor.compile_s`.
+Every operation is the one the official module performs, in the same order (``F.linear``, MKL on the CPU), so the
+hidden states are BIT-IDENTICAL to the official call in float32 (tests/test_lean.py). ``compile=True`` runs the layer
+stack under ``torch.compile(dynamic=False, fullgraph=True)``: one graph per input shape, i.e. per query count of a
+decoder (a frame's verify calls all have one shape); the first call of a shape compiles, its wall time is kept in
+:attr:`LeanCodePredictor.compile_s`. ``compile_mode="reduce-overhead"`` captures each graph as a CUDA graph on a GPU.
 """
 
 from __future__ import annotations
@@ -30,15 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rvqspec_lib.models.kernels import mgemv
 from rvqspec_lib.models.precision import Int8Linear
 from rvqspec_lib.decoding import predictor as P
 
 #: RoPE positions tabulated: a frame uses positions 0..n_codes, plus the offsets of nodes past the frame's last depth
 #: (never fed: their rows are masked); 256 covers any tree of the 64-node budget. Larger positions are clamped.
 ROPE_POSITIONS = 256
-#: ``matmul`` choices.
-MATMULS = ("torch", "mgemv")
 #: Graphs dynamo may keep for the layer stack: one per (batch, query count, slots) met by the decoders in use, over
 #: every compiled instance (they share one code object).
 RECOMPILE_LIMIT = 256
@@ -61,22 +53,21 @@ class _Stack(nn.Module):
 
     Holds the official ``code_predictor.model`` as a submodule (a reference: its parameters are read in place)."""
 
-    def __init__(self, model: nn.Module, cfg, linear):
+    def __init__(self, model: nn.Module, cfg):
         super().__init__()
         self.model = model
         self.n_heads, self.n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.eps = float(cfg.rms_norm_eps)
         self.scaling = self.head_dim ** -0.5
-        self.linear = linear
 
     def proj(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``module`` applied to ``x``: an :class:`~rvqspec_lib.models.precision.Int8Linear` through its own forward
         (its int8 arithmetic, as the official module computes it in that precision), any other linear layer through
-        ``linear(x, weight, bias)``."""
+        ``F.linear``."""
         if isinstance(module, Int8Linear):
             return module(x)
-        return self.linear(x, module.weight, module.bias)
+        return F.linear(x, module.weight, module.bias)
 
     def rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm as the official one: statistics in float32, scaled back in the input dtype."""
@@ -121,43 +112,32 @@ class _Stack(nn.Module):
         return rms(x, self.model.norm.weight)
 
 
-def _torch_linear(x, w, b=None):
-    return F.linear(x, w, b)
-
-
 class LeanCodePredictor:
     """The verify backend over the official code predictor's parameters (see the module docstring).
 
     Args:
         code_predictor: the official module (``model.talker.code_predictor``); its parameters are read in place, so
             later changes to them (training, ``load_state_dict``) are seen.
-        matmul: ``"torch"`` (bit-identical to the official call) or ``"mgemv"`` (the AVX2 kernel).
         compile: run the layer stack under ``torch.compile`` (one graph per input shape).
-        compile_options: ``options=`` for ``torch.compile`` (e.g. ``{"cpp_wrapper": True}``).
+        compile_mode: ``mode=`` for ``torch.compile`` (``"reduce-overhead"``: CUDA graphs on a GPU); ``None``: the
+            default mode.
 
     Raises:
-        ValueError: not the official code predictor, an unknown ``matmul``, a RoPE type other than the default
-            (the released configs use plain RoPE, docs/model.md#architecture).
+        ValueError: not the official code predictor, a RoPE type other than the default (the released configs use
+            plain RoPE, docs/model.md#architecture).
     """
 
-    def __init__(self, code_predictor, *, matmul: str = "torch", compile: bool = False,
-                 compile_options: dict | None = None):
+    def __init__(self, code_predictor, *, compile: bool = False, compile_mode: str | None = None):
         if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
                 and hasattr(code_predictor.model, "layers")):
             raise ValueError(f"LeanCodePredictor needs the official code predictor (lm.code_predictor), got "
                              f"{type(code_predictor).__name__}")
-        if matmul not in MATMULS:
-            raise ValueError(f"matmul must be one of {MATMULS}, got {matmul!r}")
         cfg = code_predictor.config
         rope = getattr(cfg, "rope_scaling", None) or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"the lean forward supports plain RoPE only, this config has rope_scaling={rope}")
         self.code_predictor = code_predictor
-        self.matmul = matmul
-        self.linear = mgemv.linear if matmul == "mgemv" else _torch_linear
-        if matmul == "mgemv" and not mgemv.available():
-            mgemv.linear(torch.zeros(1, 8), torch.zeros(4, 8))  # emits the one-line fallback warning now
-        self.stack = _Stack(code_predictor.model, cfg, self.linear).eval()
+        self.stack = _Stack(code_predictor.model, cfg).eval()
         self.n_layers, self.n_kv, self.head_dim = len(code_predictor.model.layers), self.stack.n_kv, \
             self.stack.head_dim
         p = next(code_predictor.parameters())
@@ -169,9 +149,9 @@ class LeanCodePredictor:
         self.mask_min = torch.finfo(self.dtype).min
         self.compiled = bool(compile)
         self.compile_s: dict[tuple, float] = {}
-        self._run = torch.compile(self.stack, dynamic=False, fullgraph=True, options=compile_options) \
+        self._run = torch.compile(self.stack, dynamic=False, fullgraph=True, mode=compile_mode) \
             if compile else self.stack
-        self.name = "lean" + ("-mgemv" if matmul == "mgemv" else "") + ("-compiled" if compile else "")
+        self.name = "compile" if compile else "eager"
 
     # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend) -----------------------------------------
     def new_cache(self, batch: int, slots: int) -> LeanCache:
@@ -217,15 +197,14 @@ class LeanCodePredictor:
         return P.embed_codes(self.code_predictor, codes, depth)
 
     def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """Head logits row by row, as :func:`rvqspec_lib.decoding.predictor.head_logits`, through ``matmul``."""
-        int8 = isinstance(self.code_predictor.lm_head[0], Int8Linear)  # int8 heads: their own forward
-        return P.head_logits(self.code_predictor, hidden, head, linear=None if int8 else self.linear)
+        """Head logits row by row, as :func:`rvqspec_lib.decoding.predictor.head_logits`."""
+        return P.head_logits(self.code_predictor, hidden, head)
 
     def apply(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A linear layer of the code predictor (a head, a projection) applied to ``x`` ``(..., in)`` as the layer
         stack applies its own: an :class:`~rvqspec_lib.models.precision.Int8Linear` through its int8 forward, any
-        other through ``matmul``. Returns ``(..., out)`` in the layer's activation dtype."""
+        other through ``F.linear``. Returns ``(..., out)`` in the layer's activation dtype."""
         return self.stack.proj(module, x)
 
     def __repr__(self) -> str:
-        return f"LeanCodePredictor(matmul={self.matmul!r}, compile={self.compiled})"
+        return f"LeanCodePredictor(compile={self.compiled})"

@@ -55,7 +55,6 @@ _SIGNATURES = {
     "rvq_frame_new": ([_p, _p, _p, _p, _i, _i, _p, _p, _p, _i], _p),
     "rvq_frame_run": ([_p, _p, _p, _i, _f, _i, _i, _i, _p, _p], _i),
     "rvq_frame_free": ([_p], None),
-    "rvq_chain_frame": ([_p, _p, _p, _p, _i, _i, _p, _p, _p, _p, _p, _i, _i, _f, _i, _i, _i, _p, _p], _i),
 }
 
 
@@ -213,20 +212,9 @@ class NativeChainFrame:
         self.last_calls = calls.tolist()
         return codes
 
-    # -- the interfaces the timers use (rvqspec_lib.eval.speed.time_frames): the fused AR frame's and the fused
-    #    speculative chain's ------------------------------------------------------------------------------------
-    #: Nothing is compiled (build seconds per graph: none; the C library is built once, on first use).
-    compile_s: dict = {}
-
     def compile_all(self, batch: int = 1) -> float:
-        """Nothing to compile (the interface of :meth:`rvqspec_lib.models.fused_spec.FusedChainFrame.compile_all`):
-        returns 0.0."""
+        """Nothing to compile (the C library is built once, on first use): 0.0 seconds."""
         return 0.0
-
-    def noise(self, batch: int, generator: torch.Generator) -> torch.Tensor:
-        """:meth:`uniforms`, under the name the fused AR frame's timer calls (:class:`rvqspec_lib.models.fused.
-        FusedARFrame.noise`)."""
-        return self.uniforms(batch, generator)
 
     def decode(self, context: torch.Tensor, generator: torch.Generator | None = None, *, flags: int = 0) -> torch.Tensor:
         """Uniforms from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
@@ -236,32 +224,3 @@ class NativeChainFrame:
 
     def __repr__(self) -> str:
         return f"NativeChainFrame(window={self.window}, precision={self.backend.precision!r}, sampling={self.sampling})"
-
-
-def native_frame_for(code_predictor, decoder, sampling: Sampling | None = None, *, drafter=None, backend=None):
-    """The whole-frame C decoder equivalent to ``decode_frame(cp, ..., decoder, sampling, drafter=drafter,
-    backend=backend)``, when there is one; else ``None``.
-
-    There is one when ``backend`` is a :class:`~rvqspec_lib.models.native.NativeCodePredictor` over
-    ``code_predictor``, the decoder is ``AR()`` (window 1) or ``Chain(window)`` drafting with the reused heads (no
-    drafter of its own, ``drafter`` ``None`` or :class:`~rvqspec_lib.decoding.drafters.ReusedHeads`), and the
-    sampling has no top-p (the C frame warps with temperature and top-k). The frame samples what ``decode_frame``
-    samples (the same rules and distributions; its random numbers are drawn in another order, so the same seed gives
-    other codes, as with any other decoder).
-    """
-    from rvqspec_lib.decoding.decoders import AR, Chain
-    from rvqspec_lib.decoding.drafters import ReusedHeads
-    from rvqspec_lib.models.native import NativeCodePredictor
-
-    sampling = Sampling() if sampling is None else sampling
-    if not isinstance(backend, NativeCodePredictor) or backend.code_predictor is not code_predictor:
-        return None
-    if getattr(decoder, "drafter", None) is not None or not (drafter is None or isinstance(drafter, ReusedHeads)):
-        return None
-    if not sampling.greedy and sampling.top_p < 1.0:
-        return None
-    if type(decoder) is AR:
-        return NativeChainFrame(code_predictor, 1, sampling, backend=backend)
-    if type(decoder) is Chain:  # exactly: a subclass may change the rule (LossySSD is a control)
-        return NativeChainFrame(code_predictor, int(decoder.window), sampling, backend=backend)
-    return None

@@ -603,7 +603,7 @@ int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin
  * codec_embedding table (precomputed by the caller, float32 holding the activation dtype's values).
  *
  * Entry points: rvq_frame_new (a frame object: heads, tables, buffers, allocated once), rvq_frame_run (B frames, no
- * allocation), rvq_frame_free; rvq_chain_frame does the three in one call. The rows share nothing but the frame object's
+ * allocation), rvq_frame_free. The rows share nothing but the frame object's
  * scratch, so a frame object is not re-entrant (one thread at a time), as the model handle.
  *
  * flags (negative controls for the tests, each a deliberately LOSSY rule; 0 in use): FRAME_ALWAYS_ACCEPT accepts
@@ -928,19 +928,5 @@ int rvq_frame_run(void *frame, const float *ctx, const double *u, int B, float t
     for (int i = 0; i < f->K; i++) dist_clear(&f->q[i]);
     dist_clear(&f->p);
     dist_clear(&f->res);
-    return rc;
-}
-
-/* The whole thing in one call (rvq_frame_new, rvq_frame_run, rvq_frame_free): arguments as those two.
- * Returns rvq_frame_run's code, or -2 for what rvq_frame_new refuses (-1 if it could not allocate). */
-int rvq_chain_frame(void *model, const void *const *head_w, const float *const *head_scale,
-                    const int32_t *const *head_comp, int n_codes, int V, const float *const *emb,
-                    const float *cos_t, const float *sin_t, const float *ctx, const double *u, int B, int window,
-                    float temperature, int top_k, int greedy, int flags, int64_t *codes_out, int32_t *calls_out) {
-    if (!model || window < 1 || window > FRAME_MAX_WINDOW || n_codes < 1 || V < 1) return -2;
-    void *f = rvq_frame_new(model, head_w, head_scale, head_comp, n_codes, V, emb, cos_t, sin_t, window);
-    if (!f) return -1;
-    int rc = rvq_frame_run(f, ctx, u, B, temperature, top_k, greedy, flags, codes_out, calls_out);
-    rvq_frame_free(f);
     return rc;
 }

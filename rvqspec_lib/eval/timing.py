@@ -1,0 +1,261 @@
+"""THE timing harness (docs/style.md#benchmarks): every number of milliseconds the project reports is measured by
+:func:`interleaved`, with the machine's load watched (:class:`LoadMonitor`), the device synchronised where it is
+asynchronous (:func:`device_sync`), and the facts printed beside it (:func:`machine_meta`).
+
+* **Interleaved.** Every condition (a decoder through a backend, a call of Q positions, a pipeline stage ...) is run
+  once per round, in an order shuffled each round by a seeded RNG, after ``warmup`` untimed runs of each. A load
+  change on a shared machine then hits every condition alike, and ratios between conditions of one run are
+  meaningful even when absolute times drift.
+* **Noise stop.** ``repeats`` rounds, or, given ``noise_target``, at least ``repeats`` and then round by round until
+  every condition's median has a relative standard error <= ``noise_target`` or ``max_repeats`` rounds
+  (:mod:`rvqspec_lib.eval.noise`).
+* **Load.** The share of the machine's CPU time other processes took during the timing (from ``/proc/stat``) goes
+  into ``meta``; above :data:`OTHER_CPU_LIMIT` a CPU timing is OVERSUBSCRIBED (:func:`oversubscribed_note`), and
+  :func:`measure_quietly` measures such a timing once more.
+* **Bandwidth.** The weight-streaming floor needs the machine's read bandwidth, which another process's load lowers:
+  :func:`bandwidth_around` reads it before and after a timing and keeps the faster.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Mapping, Sequence
+
+import torch
+
+from rvqspec_lib.common.machine import cpu_flags, cpu_model
+from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.eval import noise
+from rvqspec_lib.eval.floor import read_bandwidth
+
+#: Index a condition is called with during warm-up run w: ``WARMUP_BASE + w`` (timed rounds are 0, 1, 2 ...), so a
+#: condition that seeds its generator from the index never reuses a timed round's seed when warming up.
+WARMUP_BASE = 10_000
+#: Share of the machine's CPU time other processes may take during a CPU timing before it counts as oversubscribed.
+#: Above it a committed run once timed t(2)/t(1) above t(4)/t(1): even a thread that keeps its core loses cache and
+#: memory bandwidth to the others.
+OTHER_CPU_LIMIT = 0.2
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``xs``, linear between order statistics.
+
+    Raises:
+        ValueError: no samples.
+    """
+    s = sorted(xs)
+    if not s:
+        raise ValueError("percentile of no samples")
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summary(ms: Sequence[float]) -> dict:
+    """``{"median_ms", "p10_ms", "p90_ms", "min_ms", "n"}`` of timings in milliseconds."""
+    return {"median_ms": statistics.median(ms), "p10_ms": percentile(ms, 10), "p90_ms": percentile(ms, 90),
+            "min_ms": min(ms), "n": len(ms)}
+
+
+def device_sync(device) -> Callable[[], None] | None:
+    """The synchronisation to call before reading the clock on ``device`` (CUDA, MPS); ``None`` on the CPU."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return lambda: torch.cuda.synchronize(dev)
+    if dev.type == "mps":
+        return torch.mps.synchronize
+    return None
+
+
+def _cpu_snapshot() -> tuple[float, float, float] | None:
+    """(busy CPU seconds of the whole machine, CPU seconds of all cores, CPU seconds of this process) from
+    ``/proc/stat`` and ``os.times``; ``None`` where ``/proc/stat`` is missing (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    t = os.times()
+    return (sum(v) - v[3] - v[4]) / tick, sum(v) / tick, t.user + t.system
+
+
+class LoadMonitor:
+    """A context manager: the 1-minute load average before and after, and the share of the machine's CPU time OTHER
+    processes used while it was open (``other_cpu_frac``, 0..1; ``None`` where unknown)."""
+
+    def __enter__(self) -> "LoadMonitor":
+        self._before, self._load0 = _cpu_snapshot(), os.getloadavg()
+        self.other_cpu_frac = None
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        after, load1 = _cpu_snapshot(), os.getloadavg()
+        if self._before and after and after[1] > self._before[1]:
+            busy, total, own = (a - b for a, b in zip(after, self._before))
+            self.other_cpu_frac = max(0.0, min(1.0, (busy - own) / total))
+        self._loads = (self._load0[0], load1[0])
+        return False
+
+    def describe(self) -> dict:
+        """``{"load_avg_1min_before", "load_avg_1min_after", "other_cpu_frac"}`` (rounded)."""
+        return {"load_avg_1min_before": round(self._loads[0], 2), "load_avg_1min_after": round(self._loads[1], 2),
+                "other_cpu_frac": None if self.other_cpu_frac is None else round(self.other_cpu_frac, 3)}
+
+
+def cpu_oversubscribed(meta: Mapping) -> bool | None:
+    """Whether, during a CPU timing, other processes used more than :data:`OTHER_CPU_LIMIT` of the machine's CPU time
+    or they and the timing's threads wanted more cores than exist (``other_cpu_frac * cpu_count + threads >
+    cpu_count + 0.1``: the timing's threads were descheduled). ``None`` when unknown or not a CPU timing.
+
+    Args:
+        meta: a timing's ``meta`` (``other_cpu_frac``, ``cpu_count``, ``threads``, ``device``).
+    """
+    other, n_cpu = meta.get("other_cpu_frac"), meta.get("cpu_count") or os.cpu_count()
+    if str(meta.get("device", "cpu")) != "cpu" or other is None:
+        return None
+    crowded = bool(n_cpu) and other * n_cpu + int(meta.get("threads") or 1) > n_cpu + 0.1
+    return bool(other > OTHER_CPU_LIMIT or crowded)
+
+
+def oversubscribed_note(meta: Mapping) -> str:
+    """``"OVERSUBSCRIBED: other processes used X% of the CPU"`` when :func:`cpu_oversubscribed`, else ``""``: the
+    words a timing figure's title and a timing table's caption carry."""
+    if not cpu_oversubscribed(meta):
+        return ""
+    return f"OVERSUBSCRIBED: other processes used {100 * meta['other_cpu_frac']:.0f}% of the CPU"
+
+
+def machine_meta(module: torch.nn.Module | None = None, *, random_weights: bool | None = None) -> dict:
+    """What every timing is printed beside: torch threads, CPU model, its precision flags, core count, torch
+    version and its CPU capability; the module's dtype and device when given; whether the weights are random."""
+    meta = {"threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": cpu_model(),
+            "cpu_flags": sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2"))),
+            "cpu_count": os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "random_weights": random_weights}
+    if module is not None:
+        p = next(module.parameters())
+        meta.update(dtype=str(p.dtype).replace("torch.", ""), device=str(p.device))
+    else:
+        meta.update(device="cpu")
+    return meta
+
+
+@dataclass
+class Timing:
+    """What :func:`interleaved` measured.
+
+    Attributes:
+        ms: ``{condition: [milliseconds of each timed run]}``, in round order.
+        out: ``{condition: [what the condition returned in each timed run]}``.
+        meta: rounds made, noise target and achieved noise (:func:`rvqspec_lib.eval.noise.noise_meta`), warm-up
+            runs, seed, the load during the timing (:class:`LoadMonitor`) and the machine (:func:`machine_meta`).
+    """
+
+    ms: dict
+    out: dict
+    meta: dict = field(default_factory=dict)
+
+    def summary(self, key) -> dict:
+        """:func:`summary` of one condition's timings."""
+        return summary(self.ms[key])
+
+
+def interleaved(conditions: Mapping[Hashable, Callable[[int], object]], *, repeats: int = 20, warmup: int = 1,
+                noise_target: float | None = None, max_repeats: int | None = None, seed: int = 0,
+                sync: Callable[[], None] | None = None, progress: bool = False, desc: str = "timing",
+                module: torch.nn.Module | None = None, random_weights: bool | None = None) -> Timing:
+    """Time every condition, interleaved (module docstring).
+
+    Args:
+        conditions: ``{key: f}``; ``f(i)`` runs the condition once and may return anything (kept in ``out``): ``i``
+            is the round (0, 1, ...) of a timed run, ``WARMUP_BASE + w`` of warm-up run w. A condition that decodes
+            draws its input and seeds its generator from ``i``, so every condition sees the same inputs each round.
+        repeats: timed rounds (with ``noise_target``: the minimum, >= 2). warmup: untimed runs of each condition
+            first (compiled code compiles there).
+        noise_target, max_repeats: the stopping rule (:func:`rvqspec_lib.eval.noise.repeat_cap`).
+        seed: the shuffling RNG's seed. sync: called before starting and before stopping each clock (a GPU's
+            :func:`device_sync`). progress: a progress bar over the rounds. module, random_weights: for the meta.
+
+    Returns:
+        :class:`Timing`.
+
+    Raises:
+        ValueError: no condition, ``repeats < 1``, ``warmup < 0``, bad noise settings (one line each).
+    """
+    if not conditions:
+        raise ValueError("nothing to time: give at least one condition")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    cap = noise.repeat_cap(noise_target, repeats, max_repeats)
+    keys = list(conditions)
+    for w in range(warmup):
+        for k in keys:
+            conditions[k](WARMUP_BASE + w)
+    ms = {k: [] for k in keys}
+    out = {k: [] for k in keys}
+    order = random.Random(seed)
+    with LoadMonitor() as load:
+        for r in progress_bar(range(cap), total=cap, desc=desc, enabled=progress, unit="round"):
+            order.shuffle(keys)
+            for k in keys:
+                if sync is not None:
+                    sync()
+                t0 = time.perf_counter()
+                res = conditions[k](r)
+                if sync is not None:
+                    sync()
+                ms[k].append((time.perf_counter() - t0) * 1e3)
+                out[k].append(res)
+            if noise.should_stop(ms, noise_target, repeats, cap):
+                break
+    meta = {**machine_meta(module, random_weights=random_weights), "warmup": warmup, "seed": seed,
+            **noise.noise_meta({_key_text(k): v for k, v in ms.items()}, noise_target, cap), **load.describe()}
+    return Timing(ms, out, meta)
+
+
+def _key_text(key) -> str:
+    return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
+
+
+def measure_quietly(measure: Callable[[], object], *, meta: Callable[[object], Mapping] = lambda r: r,
+                    attempts: int = 2):
+    """Run a timing, and once more if the CPU was oversubscribed during it; keep the quieter run.
+
+    Args:
+        measure: times something and returns its result. meta: picks from that result the dict
+            :func:`cpu_oversubscribed` reads (e.g. ``lambda r: r["meta"]``). attempts: timings at most.
+
+    Returns:
+        ``(result, info)``: the run with the lower ``other_cpu_frac`` and ``{"attempts": [other_cpu_frac of each
+        run], "oversubscribed": bool | None, "note": oversubscribed_note}`` for it.
+    """
+    runs = []
+    for _ in range(max(1, int(attempts))):
+        r = measure()
+        runs.append(r)
+        if not cpu_oversubscribed(meta(r)):
+            break
+    best = min(runs, key=lambda r: (meta(r).get("other_cpu_frac") is None, meta(r).get("other_cpu_frac") or 0.0))
+    return best, {"attempts": [meta(r).get("other_cpu_frac") for r in runs],
+                  "oversubscribed": cpu_oversubscribed(meta(best)), "note": oversubscribed_note(meta(best))}
+
+
+def bandwidth_around(measure: Callable[[], object], **read_kw) -> tuple[object, dict]:
+    """Run ``measure()`` between two reads of the machine's streaming read bandwidth
+    (:func:`rvqspec_lib.eval.floor.read_bandwidth`) and keep the faster read: another process's load lowers a read,
+    and the floor must not be set by a busy moment.
+
+    Returns:
+        ``(measure's result, bandwidth)``: ``read_bandwidth``'s dict of the faster read, plus ``gb_per_s_before`` and
+        ``gb_per_s_after``.
+    """
+    before = read_bandwidth(**read_kw)
+    result = measure()
+    after = read_bandwidth(**read_kw)
+    best = max(before, after, key=lambda b: b["gb_per_s"])
+    return result, {**best, "gb_per_s_before": before["gb_per_s"], "gb_per_s_after": after["gb_per_s"]}

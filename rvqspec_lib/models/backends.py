@@ -1,0 +1,335 @@
+"""THE registry of what runs the code predictor: verify backends (one model call at a time) and frame runners (one
+whole frame of codes 1..15), by name. Every caller -- the command line, the tables, ``auto``, the notebooks, the
+scripts -- builds them here and nowhere else (docs/architecture.md#the-registry).
+
+Verify backends (:data:`BACKENDS`; each implements :class:`rvqspec_lib.decoding.predictor.VerifyBackend`, so
+:func:`rvqspec_lib.decoding.decode.decode_frame` runs any decoder through it):
+
+=========== ==============================================================================================================
+``official`` the official module through transformers (:class:`~rvqspec_lib.decoding.predictor.OfficialBackend`): the
+             reference every other backend is tested against
+``eager``    the lean forward, plain tensor code over the official parameters
+             (:class:`~rvqspec_lib.models.lean.LeanCodePredictor`; bit-identical to ``official`` in float32)
+``compile``  the lean forward under ``torch.compile`` (one graph per call shape; on a GPU ``mode="reduce-overhead"``,
+             i.e. CUDA graphs)
+``onnx``     an exported verify graph run by ONNX Runtime (:class:`~rvqspec_lib.models.export_formats.ExportedBackend`;
+             float32)
+``native``   the C forward at the weight-streaming floor (:class:`~rvqspec_lib.models.native.NativeCodePredictor`;
+             x86-64, every precision of :mod:`rvqspec_lib.models.precision`)
+=========== ==============================================================================================================
+
+Frame runners (:class:`FrameRunner`: ``runner(context, generator) -> FrameResult``): a decoder through a backend,
+either **stepped** (``decode_frame``: any decoder, one backend call per round) or **fused** (the whole frame as one
+graph per round or one C call: AR and Chain with the reused heads only, temperature and top-k sampling;
+:func:`fused_support` says why not otherwise): ``eager``/``compile`` run :class:`~rvqspec_lib.models.fused.FusedARFrame`
+(AR) or :class:`~rvqspec_lib.models.fused_spec.FusedChainFrame`; ``onnx`` the exported AR frame graph;
+``native`` :class:`~rvqspec_lib.models.native_frame.NativeChainFrame` (one C call a frame). The randomness interface is
+the same for all: a ``torch.Generator``; each runner draws its own uniforms from it (so one seed gives other codes
+through another runner, with the same distribution).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.decode import FrameResult, decode_frame
+from rvqspec_lib.decoding.decoder_names import DecoderName, name_of
+from rvqspec_lib.decoding.decoders import AR, Chain
+from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.decoding.sampling import Sampling, or_fresh_generator
+from rvqspec_lib.models import export_formats as F
+from rvqspec_lib.models.fused import FusedARFrame
+from rvqspec_lib.models.fused_spec import FusedChainFrame
+from rvqspec_lib.models.kernels import cpforward
+from rvqspec_lib.models.lean import LeanCodePredictor
+from rvqspec_lib.models.native import NativeCodePredictor
+from rvqspec_lib.models.native_frame import NativeChainFrame
+from rvqspec_lib.models.precision import precision_of
+
+#: Verify backends by name, in the order tables list them.
+BACKENDS = ("official", "eager", "compile", "onnx", "native")
+#: Precisions a backend runs (``official``, ``eager`` and ``native`` run all four of models/precision.py).
+_PRECISIONS = {"compile": ("float32", "bfloat16"), "onnx": ("float32",)}
+
+
+def available(name: str, precision: str = "float32", device: str = "cpu") -> tuple[bool, str]:
+    """``(available, why not)`` for a backend on this machine, for a module in ``precision`` on ``device``.
+
+    Raises:
+        ValueError: an unknown backend (one line listing :data:`BACKENDS`).
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    if precision not in _PRECISIONS.get(name, (precision,)):
+        return False, f"the {name} backend runs {' and '.join(_PRECISIONS[name])} modules, not {precision}"
+    dev = torch.device(device).type
+    if name == "compile" and dev == "cpu" and not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
+        return False, "torch.compile on the CPU needs a C/C++ compiler (none on PATH)"
+    if name == "onnx":
+        missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
+        if missing:
+            return False, f"missing Python packages: {', '.join(missing)} (pip install -r requirements.txt)"
+        if dev != "cpu":
+            return False, "the ONNX backend runs on the CPU"
+    if name == "native":
+        if dev != "cpu":
+            return False, "the native forward runs on the CPU"
+        if not cpforward.available():
+            return False, (f"the native forward cannot be built here ({cpforward.unavailable_reason()}): it needs an "
+                           "x86-64 CPU and a C compiler (e.g. apt-get install gcc)")
+    return True, ""
+
+
+def check_available(name: str, precision: str = "float32", device: str = "cpu") -> None:
+    """:func:`available`, raising ``ValueError`` (one line with the reason) when the backend is absent."""
+    ok, why = available(name, precision, device)
+    if not ok:
+        raise ValueError(f"backend {name} is not available here: {why}")
+
+
+def _device_of(cp) -> torch.device:
+    return next(cp.parameters()).device
+
+
+def verify_backend(name: str, code_predictor, *, work_dir=None, threads: int | None = None):
+    """The verify backend ``name`` over ``code_predictor`` (in the precision and on the device it is in).
+
+    Args:
+        name: one of :data:`BACKENDS`. code_predictor: the official module (``lm.code_predictor``), converted with
+            :func:`rvqspec_lib.models.precision.apply_precision` if another precision is wanted.
+        work_dir: where ``onnx`` writes its graph (a temporary folder by default). threads: ONNX Runtime threads.
+
+    Returns:
+        a :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` whose ``name`` is ``name``.
+
+    Raises:
+        ValueError: an unknown or absent backend (one line with the reason).
+    """
+    dev = _device_of(code_predictor)
+    check_available(name, precision_of(code_predictor), dev.type)
+    if name == "official":
+        b = P.OfficialBackend(code_predictor)
+    elif name == "eager":
+        b = LeanCodePredictor(code_predictor)
+    elif name == "compile":
+        b = LeanCodePredictor(code_predictor, compile=True,
+                              compile_mode="reduce-overhead" if dev.type == "cuda" else None)
+    elif name == "onnx":
+        b = F.ExportedBackend(code_predictor, threads=threads, work_dir=work_dir)
+    else:
+        b = NativeCodePredictor(code_predictor)
+    b.name = name
+    return b
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Frame runners
+# ----------------------------------------------------------------------------------------------------------------
+@runtime_checkable
+class FrameRunner(Protocol):
+    """Decodes whole frames: ``runner(context, generator) -> FrameResult``.
+
+    Attributes:
+        backend: the backend name (:data:`BACKENDS`). fused: True for a whole-frame runner, False for stepped
+            ``decode_frame``. decoder: the decoder object. name: its
+            :class:`~rvqspec_lib.decoding.decoder_names.DecoderName` (the label and fields of its rows). precision:
+            the module's (:func:`~rvqspec_lib.models.precision.precision_of`). n_codes: codes a frame (15 on released
+            checkpoints).
+    """
+
+    backend: str
+    fused: bool
+    decoder: object
+    name: DecoderName
+    precision: str
+    n_codes: int
+
+    def __call__(self, context: torch.Tensor, generator: torch.Generator | None = None) -> FrameResult: ...
+
+    def prepare(self, batch: int = 1) -> float: ...
+
+
+class SteppedRunner:
+    """A decoder run by :func:`~rvqspec_lib.decoding.decode.decode_frame` through a verify backend, one backend call
+    per round (any decoder, any drafter, any sampling).
+
+    Args:
+        code_predictor: the official module. decoder: AR, Chain, Tree or LossySSD. verify: the verify backend (e.g.
+            :func:`verify_backend`'s, possibly wrapped for timing). sampling, drafter: as ``decode_frame``.
+        acceptance: an acceptance hook (a TIMING REPLAY's oracle, :class:`rvqspec_lib.eval.replay.AcceptanceOracle`),
+            or ``None``.
+        backend: the backend's name for tables (default ``verify.name``).
+    """
+
+    fused = False
+
+    def __init__(self, code_predictor, decoder, verify, *, sampling: Sampling | None = None, drafter=None,
+                 acceptance=None, backend: str | None = None):
+        self.code_predictor, self.decoder, self.verify = code_predictor, decoder, verify
+        self.sampling = Sampling() if sampling is None else sampling
+        self.drafter, self.acceptance = drafter, acceptance
+        self.backend = backend or getattr(verify, "name", type(verify).__name__)
+        self.n_codes = P.n_codes(code_predictor)
+        self.name, self.precision = name_of(decoder), precision_of(code_predictor)
+
+    def __call__(self, context: torch.Tensor, generator: torch.Generator | None = None) -> FrameResult:
+        """``decode_frame`` of ``context`` ``(B, 2, talker_hidden)`` with ``generator``."""
+        return decode_frame(self.code_predictor, context, decoder=self.decoder, sampling=self.sampling,
+                            generator=generator, drafter=self.drafter, backend=self.verify,
+                            acceptance=self.acceptance)
+
+    def prepare(self, batch: int = 1) -> float:
+        """Nothing is built ahead (a compiled backend compiles on its first call of a shape): 0.0 seconds."""
+        return 0.0
+
+    def __repr__(self) -> str:
+        return f"SteppedRunner({self.decoder!r}, backend={self.backend!r})"
+
+
+class FusedRunner:
+    """A whole-frame runner (a fused frame of :mod:`rvqspec_lib.models.fused`, :mod:`~rvqspec_lib.models.fused_spec`,
+    :mod:`~rvqspec_lib.models.native_frame` or an exported frame graph) behind the :class:`FrameRunner` interface.
+
+    Args:
+        frame: the frame object (``decode(context, generator) -> codes``; ``last_calls`` when speculative).
+        decoder: the decoder it runs (``AR()`` or ``Chain(window)``). backend: the backend's name.
+    """
+
+    fused = True
+
+    def __init__(self, frame, decoder, backend: str):
+        self.frame, self.decoder, self.backend = frame, decoder, backend
+        self.code_predictor = frame.code_predictor
+        self.n_codes = int(frame.n_codes)
+        self.name, self.precision = name_of(decoder), precision_of(frame.code_predictor)
+        self.device = getattr(getattr(frame, "lean", None), "device", torch.device("cpu"))
+
+    def __call__(self, context: torch.Tensor, generator: torch.Generator | None = None) -> FrameResult:
+        """Codes of ``B`` frames; ``calls`` from the frame's ``last_calls`` (AR: one call per code)."""
+        generator = or_fresh_generator(generator, context.device)
+        codes = self.frame.decode(context, generator)
+        b = codes.shape[0]
+        calls = getattr(self.frame, "last_calls", None) if isinstance(self.decoder, Chain) else None
+        calls = torch.tensor(calls, dtype=torch.int64) if calls else torch.full((b,), self.n_codes, dtype=torch.int64)
+        return FrameResult(codes, calls)
+
+    def prepare(self, batch: int = 1) -> float:
+        """Build every graph of a frame for ``batch`` rows now (a benchmark must not compile inside a timed frame);
+        returns the seconds taken."""
+        build = getattr(self.frame, "compile_all", None)
+        if build is not None:
+            return float(build(batch))
+        t0 = time.perf_counter()
+        ctx = torch.zeros(batch, 2, P.talker_hidden_size(self.frame.code_predictor), device=self.device)
+        self.frame.decode(ctx, torch.Generator(device=self.device).manual_seed(0))
+        return time.perf_counter() - t0
+
+    def __repr__(self) -> str:
+        return f"FusedRunner({self.decoder!r}, backend={self.backend!r}, frame={type(self.frame).__name__})"
+
+
+def fused_support(name: str, decoder, sampling: Sampling | None = None, drafter=None) -> str | None:
+    """Why ``decoder`` has no fused runner on backend ``name`` (one line), or ``None`` when it has one.
+
+    A fused frame runs AR, or a Chain drafting with the reused heads, with temperature and top-k sampling (no top-p);
+    ``official`` has no fused frame, ``onnx`` only the AR frame graph.
+    """
+    sampling = Sampling() if sampling is None else sampling
+    if name == "official":
+        return "the official module has no fused frame (use eager, compile or native)"
+    if type(decoder) not in (AR, Chain):  # exactly: LossySSD (a subclass of nothing here) and trees are stepped
+        return f"a fused frame runs AR or a chain, not {type(decoder).__name__}"
+    if getattr(decoder, "drafter", None) is not None or not (drafter is None or isinstance(drafter, ReusedHeads)):
+        return "a fused frame drafts with the reused heads only"
+    if not sampling.greedy and sampling.top_p < 1.0:
+        return "a fused frame samples with temperature and top-k only (top_p < 1)"
+    if name == "onnx" and type(decoder) is Chain:
+        return "the ONNX backend exports the AR frame only (fused chains: eager, compile or native)"
+    return None
+
+
+def frame_runner(name: str, code_predictor, decoder, *, fused: bool = False, sampling: Sampling | None = None,
+                 drafter=None, acceptance=None, verify=None, work_dir=None, threads: int | None = None):
+    """The :class:`FrameRunner` of ``decoder`` through backend ``name``.
+
+    Args:
+        name: one of :data:`BACKENDS`. code_predictor: the official module (precision and device as wanted).
+        decoder: a :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` (:func:`~rvqspec_lib.models.
+            named_decoders.resolve`: its label and fields go with the runner), or a bare AR, Chain, Tree or LossySSD
+            (named by :func:`~rvqspec_lib.decoding.decoder_names.name_of`).
+        fused: the whole-frame runner (:func:`fused_support` says when there is none) instead of stepped calls.
+        sampling, drafter: as ``decode_frame``. acceptance: a timing replay's acceptance hook (stepped only).
+        verify: a verify backend already built for ``name`` (e.g. shared by many runners, or wrapped for timing);
+            default :func:`verify_backend`. work_dir, threads: ``onnx``'s.
+
+    Raises:
+        ValueError: an unknown or absent backend; ``fused`` where there is no fused runner, or with ``acceptance``
+            (a fused frame computes its own acceptance); one line each.
+    """
+    sampling = Sampling() if sampling is None else sampling
+    named = getattr(decoder, "name", None) if hasattr(decoder, "decoder") else None
+    decoder = decoder.decoder if named is not None else decoder
+    runner = _runner(name, code_predictor, decoder, fused, sampling, drafter, acceptance, verify, work_dir, threads)
+    if named is not None:
+        runner.name = named
+    return runner
+
+
+def _runner(name, code_predictor, decoder, fused, sampling, drafter, acceptance, verify, work_dir, threads):
+    if not fused:
+        verify = verify if verify is not None else verify_backend(name, code_predictor, work_dir=work_dir,
+                                                                  threads=threads)
+        return SteppedRunner(code_predictor, decoder, verify, sampling=sampling, drafter=drafter,
+                             acceptance=acceptance, backend=name)
+    check_available(name, precision_of(code_predictor), _device_of(code_predictor).type)
+    why = fused_support(name, decoder, sampling, drafter)
+    if why:
+        raise ValueError(f"no fused {name} frame for this decoder: {why}")
+    if acceptance is not None:
+        raise ValueError("a timing replay replaces the accept step of decode_frame: a fused frame computes its own "
+                         "acceptance (use fused=False)")
+    window = 1 if type(decoder) is AR else int(decoder.window)
+    if name == "native":
+        nat = verify if isinstance(verify, NativeCodePredictor) else None
+        frame = NativeChainFrame(code_predictor, window, sampling, backend=nat)
+    elif name == "onnx":
+        frame = F.ExportedFrame(code_predictor, threads=threads, work_dir=work_dir, sampling=sampling)
+    else:
+        compiled = name == "compile"
+        mode = "reduce-overhead" if compiled and _device_of(code_predictor).type == "cuda" else None
+        frame = FusedARFrame(code_predictor, sampling, compile=compiled, compile_mode=mode) if window == 1 else \
+            FusedChainFrame(code_predictor, window, sampling, compile=compiled, compile_mode=mode)
+    return FusedRunner(frame, decoder, name)
+
+
+def runner_fields(runner) -> dict:
+    """The structured fields of a runner's result rows: the decoder's (:meth:`DecoderName.fields`: ``decoder``,
+    ``kind``, ``drafter``, ``nodes``, ``lossy``), ``backend``, ``fused``, ``precision``."""
+    return {**runner.name.fields(), "backend": runner.backend, "fused": bool(runner.fused),
+            "precision": runner.precision}
+
+
+def runner_label(fields: dict) -> str:
+    """THE label of a runner's rows in figures and legends, from its fields: ``chain:4 (native, fused)``."""
+    return f"{fields['decoder']} ({fields['backend']}{', fused' if fields.get('fused') else ''})"
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One row of :func:`backend_table`: ``backend``, ``available``, ``reason`` (why it is absent)."""
+
+    backend: str
+    available: bool
+    reason: str
+
+
+def backend_table(names=BACKENDS, precision: str = "float32", device: str = "cpu") -> list[dict]:
+    """A row per backend: ``backend``, ``available``, ``reason`` (why it is absent here)."""
+    return [dict(BackendStatus(n, *available(n, precision, device)).__dict__) for n in names]

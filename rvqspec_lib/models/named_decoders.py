@@ -1,0 +1,179 @@
+"""THE resolver from a decoder name (the grammar of :mod:`rvqspec_lib.decoding.decoder_names`) to a decoder with its
+drafter and trees, for a loaded model: every command, table and notebook builds its decoders here.
+
+``resolve("paper", lm)`` reads the position-aware offsets shipped beside the model (``<model>/drafters/offsets
+.safetensors``, :mod:`rvqspec_lib.models.drafter_files`) and their own calibration (``<model>/trees/offsets.json``,
+:mod:`rvqspec_lib.models.tree_files`), builds the calibrated point-mass tree of N = 32 nodes carrying that drafter, and
+returns it as a :class:`NamedDecoder` whose :attr:`~NamedDecoder.label` and :meth:`~NamedDecoder.fields` are what
+result rows carry. ``auto`` is chosen by timing the device, not by reading files
+(:func:`rvqspec_lib.eval.budget.auto_decoder` returns the same :class:`NamedDecoder`).
+
+:func:`check_files` is the same lookup BEFORE the model loads (file names only), so a command fails in one line before
+spending a minute on loading.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+from rvqspec_lib.decoding.decoder_names import PAPER_DRAFTER, DecoderName, parse_decoder_name
+from rvqspec_lib.models.drafter_files import check_shipped_drafter, shipped_drafter, shipped_drafters
+from rvqspec_lib.models.tree_files import load_calibration, recalibrate_command, tree_file
+
+
+@dataclass(frozen=True)
+class NamedDecoder:
+    """A decoder resolved from its name.
+
+    Attributes:
+        name: the :class:`~rvqspec_lib.decoding.decoder_names.DecoderName`, final (``chain:best``'s window, a
+            calibrated tree's kind and budget filled in).
+        decoder: the decoder object (:mod:`rvqspec_lib.decoding.decoders`), carrying its drafter.
+        drafter: the drafter module (``None``: the reused heads, nothing loaded).
+        calibration: the drafter's calibration dict the tree came from (``None`` when none was read).
+        note: one line on what resolving decided that the name did not say (``paper`` capped to a smaller budget,
+            what ``auto`` chose and why), else ``None``.
+    """
+
+    name: DecoderName
+    decoder: object
+    drafter: object = field(default=None, repr=False)
+    calibration: dict | None = field(default=None, repr=False)
+    note: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The decoder's label (:attr:`DecoderName.label`: its canonical name, e.g. ``paper:32``)."""
+        return self.name.label
+
+    def fields(self) -> dict:
+        """The structured fields of a result row (:meth:`DecoderName.fields`)."""
+        return self.name.fields()
+
+
+def drafter_calibration(lm, drafter: str = "heads") -> dict | None:
+    """The calibration shipped beside a loaded model for ``drafter`` (``<model>/trees/<drafter>.json``), checked
+    against the model's number of codes and codebook size; ``None`` when the model has no folder or no such file.
+
+    Raises:
+        ValueError: a damaged file or one made for another model (one line naming the command that remakes it).
+    """
+    path = tree_file(lm, drafter)
+    if path is None or not path.is_file():
+        return None
+    return load_calibration(path, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size, model=lm.name,
+                            drafter=drafter)
+
+
+def has_paper_decoder(lm) -> bool:
+    """Whether a loaded model ships what ``paper`` needs: the offsets drafter and its calibration file."""
+    path = tree_file(lm, PAPER_DRAFTER)
+    return path is not None and path.is_file() and PAPER_DRAFTER in shipped_drafters(lm)
+
+
+def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | None = None,
+            drafters: Mapping[str, object] | None = None, best_chain: int | None = None) -> NamedDecoder:
+    """The decoder a name stands for, on a loaded model (module docstring).
+
+    Args:
+        name: a decoder name of the grammar (``ar``, ``chain:4``, ``tree:calibrated-point-mass:16@offsets``,
+            ``paper[:N]``, ``ssd-lossy[:BETA]`` ...) or a parsed :class:`DecoderName`.
+        lm: the loaded model (:func:`rvqspec_lib.models.loader.load_model`; its folder holds the files).
+        calibrations: ``{drafter: calibration dict}`` to use instead of the shipped files (calibrated in a run).
+        drafters: ``{drafter: module}`` to use instead of loading the shipped file (trained in a run).
+        best_chain: the window of ``chain:best`` (chosen by its caller from calibration frames).
+
+    Raises:
+        ValueError: a bad name; ``auto`` (chosen by timing: :func:`rvqspec_lib.eval.budget.auto_decoder`); a drafter
+            not shipped, a missing calibration or budget (one line each, naming the fix).
+    """
+    d = parse_decoder_name(name) if isinstance(name, str) else name
+    calibrations, drafters = calibrations or {}, drafters or {}
+    drafter = None
+    if d.kind not in ("ar", "auto") and d.drafter != "heads":
+        drafter = drafters.get(d.drafter)
+        if drafter is None:
+            drafter = shipped_drafter(lm, d.drafter, lm.code_predictor)
+    cal = None
+    if "calibration" in d.needs:
+        cal = calibrations.get(d.drafter)
+        if cal is None:
+            cal = drafter_calibration(lm, d.drafter)
+    try:
+        dec = d.decoder(calibration=cal, best_chain=best_chain, drafter=drafter)
+    except ValueError as e:
+        msg = str(e)
+        raise ValueError(msg if d.text in msg or "decoder" in msg else f"decoder {d.text!r}: {msg}") from None
+    final = d.resolved(dec)
+    note = None
+    if d.kind == "paper" and not d.budget_given and final.budget < d.budget:
+        note = (f"{d.text}: the {d.drafter} calibration holds budgets up to {final.budget}; using N {final.budget} "
+                f"(recalibrate: {recalibrate_command(lm.name, d.drafter)})")
+    return NamedDecoder(final, dec, drafter, cal, note)
+
+
+def resolve_all(names: Sequence[str], lm, **kw) -> dict[str, NamedDecoder]:
+    """``{label: NamedDecoder}`` for several names (:func:`resolve`; the same keywords), drafters and calibrations
+    read once each.
+
+    Raises:
+        ValueError: the first bad name; two names that resolve to the same decoder label.
+    """
+    cals, drafters = dict(kw.pop("calibrations", None) or {}), dict(kw.pop("drafters", None) or {})
+    out: dict[str, NamedDecoder] = {}
+    for text in names:
+        nd = resolve(text, lm, calibrations=cals, drafters=drafters, **kw)
+        if nd.calibration is not None:
+            cals.setdefault(nd.name.drafter, nd.calibration)
+        if nd.drafter is not None:
+            drafters.setdefault(nd.name.drafter, nd.drafter)
+        if nd.label in out:
+            raise ValueError(f"decoders {text!r} and an earlier name are the same decoder ({nd.label}): name it once")
+        out[nd.label] = nd
+    return out
+
+
+def check_files(name: DecoderName, model: str | os.PathLike, *, n_codes: int | None = None,
+                codebook_size: int | None = None) -> str | None:
+    """Before loading: the files a decoder name reads beside the model exist and are sound: its drafter
+    (``@DRAFTER``, ``paper``: ``<model>/drafters/<drafter>.safetensors``) and, for calibrated trees, ``paper`` and
+    ``auto``, that drafter's calibration ``<model>/trees/<drafter>.json`` (shape checked, and against the model's
+    sizes when given).
+
+    Returns:
+        a one-line note when the tree used has fewer nodes than the name asks for (``paper`` without ``:N`` capped
+        to the largest calibrated budget below 32), else ``None``.
+
+    Raises:
+        ValueError, FileNotFoundError: one line naming the file and the fix (the recalibrate command).
+    """
+    if name.kind == "ar":
+        return None
+    check_shipped_drafter(model, name.drafter)
+    if "calibration" not in name.needs:
+        return None
+    path = tree_file(model, name.drafter)
+    what = f"--decoder {name.text}"
+    if path is None:
+        raise ValueError(f"{what} needs calibrated trees, and {model} has no folder to hold them: use a checkpoint "
+                         "folder or the embedded model, or give rank paths (tree:0;1;0,0)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: no calibrated trees at {path}: calibrate them with "
+                                f"`{recalibrate_command(model, name.drafter)}`, or give rank paths (tree:0;1;0,0)")
+    cal = load_calibration(path, n_codes=n_codes, codebook_size=codebook_size, model=model, drafter=name.drafter)
+    if name.kind in ("calibrated", "paper"):
+        try:
+            tree = name.calibrated_tree(cal)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e} ({path})") from None
+        if tree.nodes < name.budget:
+            return (f"{name.text}: the {name.drafter} calibration ({path}) holds budgets up to {max(cal['budgets'])}; "
+                    f"using N {tree.nodes} (recalibrate: {recalibrate_command(model, name.drafter)})")
+    return None
+
+
+def with_drafter(named: NamedDecoder, drafter) -> NamedDecoder:
+    """The same decoder drafting with another module for its drafter (e.g. one trained in a run)."""
+    return replace(named, decoder=replace(named.decoder, drafter=drafter), drafter=drafter)

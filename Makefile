@@ -26,6 +26,8 @@
 #                                 native precision and backend; build/bench_table.*)
 #   make check-figures            are the committed figures/ one clean `make paper` run of the sources at HEAD?
 #                                 (one line per stale group of results and the files changed since; exit 1 if not)
+#   make stats                    the library's size and the redesign's counts (scripts/stats.py: lines, function-local
+#                                 imports, constructions outside the registry, resolvers, labels, timed loops)
 #   make clean                    remove build/ (figures/ holds committed results and is kept)
 #
 # Rules have real prerequisites: editing a notebook, the library or requirements.txt rebuilds what depends on it.
@@ -89,7 +91,7 @@ BENCH_ARGS    ?=
 EMBEDDED_WORK ?= build/embedded
 EMBEDDED_ARGS ?=
 
-.PHONY: all voices env test paper paper-run notebooks lab bench clean embedded check-figures FORCE
+.PHONY: all voices env test paper paper-run notebooks lab bench clean embedded check-figures stats FORCE
 
 all: test paper
 
@@ -227,6 +229,9 @@ bench: $(STAMP)
 	$(VENV)/bin/rvqspec bench --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS)
 	$(VENV)/bin/rvqspec bench --model $(BENCH_MODEL) --dtype $$($(PY) -c "from rvqspec_lib.models.precision import native_precisions as n; print(','.join(n()))") --forwards all --repeats 15 --no-progress --json build/bench_floor_$(subst /,_,$(BENCH_MODEL)).json
 	$(VENV)/bin/rvqspec bench --table --table-out build/bench_table $(BENCH_TABLE_ARGS)
+
+stats:
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON3)) scripts/stats.py
 
 clean:
 	rm -rf build .pytest_cache

@@ -362,7 +362,7 @@ def plot_tree_ids(ax, tree, *, codes=None, title: str = "") -> None:
         if par >= 0:
             ax.plot([pos[par][0], x], [pos[par][1], yv], color="0.5", lw=1.0, zorder=1)
     for v, (x, yv) in pos.items():
-        ax.scatter([x], [yv], s=420, color="C3" if v == 0 else RULE_COLORS["q"], zorder=2, edgecolor="k", lw=0.6)
+        ax.scatter([x], [yv], s=420, color="0.3" if v == 0 else RULE_COLORS["q"], zorder=2, edgecolor="k", lw=0.6)
         ax.text(x, yv, str(v), ha="center", va="center", fontsize=9, color="w", fontweight="bold", zorder=3)
         label = "root" if v == 0 else f"rank {int(tree.rank[v])}"
         if codes is not None and v:

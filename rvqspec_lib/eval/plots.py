@@ -5,6 +5,9 @@
 * :func:`plot_two_loops`, :func:`plot_tree_and_mask`, :func:`plot_acceptance_by_offset` -- the paper's Figures 1-3
   here: the two loops with call counts from the configs, a calibrated tree beside the attention mask its verify call
   passed to the model, and acceptance by draft offset for the reused heads vs the offsets.
+* :func:`plot_round`, :func:`plot_tree_ids`, :func:`plot_ancestor_mask` -- the lossless rule by hand (notebook 02
+  the_lossless_rule): one speculative round as draft, verify, accept, commit panels; a draft tree with its node ids;
+  its ancestor matrix as the verify call's attention mask. :data:`RULE_COLORS`: one colour for p, q, residual.
 * :func:`oversubscribed_note` -- the label a timing figure or table carries when the CPU was oversubscribed.
 """
 
@@ -251,3 +254,147 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
     if title:
         fig.suptitle(title, fontsize=9)
     return fig
+
+
+# ---- the lossless rule by hand (notebooks/02_the_lossless_rule.py) -------------------------------------------------
+#: One colour per quantity in every figure of the rule: target p, draft q, residual, the mass a draft keeps, a lossy
+#: rule's output.
+RULE_COLORS = {"p": "C0", "q": "C1", "residual": "C2", "accepted": "C4", "lossy": "C3"}
+_KEPT, _REJECTED, _UNTRIED, _DRAWN = "#cdebd0", "#f6cfd2", "#eeeeee", "#d6e6f5"
+
+
+def _box(ax, x: float, y: float, text: str, face: str, *, fontsize: float = 8.0) -> None:
+    ax.text(x, y, text, ha="left", va="center", fontsize=fontsize, family="monospace",
+            bbox={"boxstyle": "round,pad=0.35", "facecolor": face, "edgecolor": "0.55", "linewidth": 0.6})
+
+
+def plot_round(axes, trace: dict, *, title: str = "") -> None:
+    """One speculative round as four panels, left to right: draft, verify, accept walk, commit.
+
+    Args:
+        axes: four matplotlib axes (one row of a figure).
+        trace: a :func:`rvqspec_lib.eval.toy_round.trace_round` result (nodes, steps, committed).
+        title: written above the first panel (e.g. which decoder).
+
+    Colours: green, a node kept by the walk; red, a node tried and rejected; grey, a node never tried; blue, the code
+    drawn after the walk (residual or bonus).
+    """
+    nodes, steps, committed = trace["nodes"], trace["steps"], trace["committed"]
+    sampled = trace["sampled"]
+    tries = [s for s in steps if "accepted" in s]
+    kept = {s["node"] for s in tries if s["accepted"]}
+    rejected = {s["node"] for s in tries if not s["accepted"]}
+    n_rows = max(len(nodes), len(steps), len(committed)) + 1
+
+    def y(i: int) -> float:
+        return n_rows - 1 - i
+
+    heads = ["1. draft", "2. verify (one call)", "3. accept walk", "4. commit"]
+    for ax, head in zip(axes, heads):
+        ax.set_xlim(0, 1)
+        ax.set_ylim(-0.7, n_rows - 0.3)
+        ax.set_axis_off()
+        ax.set_title(head, fontsize=9, loc="left")
+    a0, a1, a2, a3 = axes
+    for i, nd in enumerate(nodes):
+        indent = 0.02 + 0.07 * nd["offset"]
+        if nd["node"] == 0:
+            _box(a0, indent, y(i), "node 0 = root\nthe last committed code", _KEPT)
+            _box(a1, 0.02, y(i), "node 0: p of the next depth", "white")
+            continue
+        face = _KEPT if nd["node"] in kept else _REJECTED if nd["node"] in rejected else _UNTRIED
+        how = f"q(x) = {nd['q_x']:.2f}" if sampled else f"rank {nd['rank']} of q"
+        _box(a0, indent, y(i), f"node {nd['node']}, offset {nd['offset']}\ncode {nd['code']}, {how}", face)
+        _box(a1, 0.02, y(i), f"node {nd['node']}: p(code {nd['code']} | its path)\n= {nd['p_x']:.2f} "
+                             f"(from node {nd['parent']})", "white")
+    rule = "min(1, p/q)" if sampled else "p(x) left"
+    for i, s in enumerate(steps):
+        if "accepted" in s:
+            mark = "kept" if s["accepted"] else "rejected"
+            _box(a2, 0.02, y(i), f"try node {s['node']} (code {s['code']}):\nu = {s['u']:.2f} "
+                                 f"{'<' if s['accepted'] else '>='} {rule} = {s['ratio']:.2f}: {mark}",
+                 _KEPT if s["accepted"] else _REJECTED)
+        elif s["draw"] == "none":
+            _box(a2, 0.02, y(i), "the frame's last depth:\nno code left to draw", "white")
+        else:
+            what = "residual (after a rejection)" if s["draw"] == "residual" else "bonus: p after the last kept node"
+            _box(a2, 0.02, y(i), f"draw code {s['code']} from the\n{what}", _DRAWN)
+    for i, c in enumerate(committed):
+        _box(a3, 0.02, y(i), f"depth +{c['depth']}: code {c['code']}\n({c['how']})",
+             _KEPT if c["how"] == "accepted draft" else _DRAWN)
+    _box(a3, 0.02, y(len(committed)), f"{len(committed)} code{'s' if len(committed) != 1 else ''} for one call",
+         "white")
+    if title:
+        a0.text(0.0, n_rows + 0.25, title, fontsize=10, fontweight="bold", ha="left", va="bottom",
+                transform=a0.transData)
+
+
+def _tree_layout(tree) -> dict[int, tuple[float, float]]:
+    """x = draft offset, y = leaves in depth-first order, a parent midway between its children."""
+    kids = [[int(c) for c in row if c >= 0] for row in tree.children]
+    pos: dict[int, tuple[float, float]] = {}
+    next_leaf = [0.0]
+
+    def place(v: int) -> float:
+        if not kids[v]:
+            yv = -next_leaf[0]
+            next_leaf[0] += 1.0
+        else:
+            ys = [place(c) for c in kids[v]]
+            yv = sum(ys) / len(ys)
+        pos[v] = (float(tree.depth[v]), yv)
+        return yv
+
+    place(0)
+    return pos
+
+
+def plot_tree_ids(ax, tree, *, codes=None, title: str = "") -> None:
+    """A :class:`~rvqspec_lib.decoding.trees.DraftTree` with its node ids: the root (node 0) at the left, one column
+    per draft offset, each node labelled with its id inside and its rank (and code, when ``codes`` is given) beside.
+
+    Args:
+        ax: a matplotlib axes. tree: the compiled tree. codes: optional ``(M+1,)`` codes of the nodes. title: title.
+    """
+    pos = _tree_layout(tree)
+    for v, (x, yv) in pos.items():
+        par = int(tree.parent[v])
+        if par >= 0:
+            ax.plot([pos[par][0], x], [pos[par][1], yv], color="0.5", lw=1.0, zorder=1)
+    for v, (x, yv) in pos.items():
+        ax.scatter([x], [yv], s=420, color="0.3" if v == 0 else RULE_COLORS["q"], zorder=2, edgecolor="k", lw=0.6)
+        ax.text(x, yv, str(v), ha="center", va="center", fontsize=9, color="w", fontweight="bold", zorder=3)
+        label = "root" if v == 0 else f"rank {int(tree.rank[v])}"
+        if codes is not None and v:
+            label += f", code {int(codes[v])}"
+        ax.annotate(label, (x, yv), textcoords="offset points", xytext=(0, -17), ha="center", fontsize=7)
+    ax.set_xticks(range(tree.max_depth + 1), ["root"] + [str(t) for t in range(1, tree.max_depth + 1)])
+    ax.set_xlabel("draft offset t (depth drafted = last committed depth + t)")
+    ax.set_yticks([])
+    ys = [yv for _, yv in pos.values()]
+    ax.set_ylim(min(ys) - 0.8, max(ys) + 0.6)
+    ax.set_xlim(-0.4, tree.max_depth + 0.4)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title, fontsize=9)
+
+
+def plot_ancestor_mask(ax, tree, *, title: str = "") -> None:
+    """A tree's ancestor matrix as the attention mask of its verify call: row = the query node being verified,
+    column = the node whose slot it may attend to (itself and its ancestors; every node also sees the codes committed
+    before the call, not drawn). Same node ids on both axes as :func:`plot_tree_ids`."""
+    import numpy as np
+
+    anc = np.asarray(tree.ancestors, dtype=bool)
+    m1 = anc.shape[0]
+    ax.imshow(anc, cmap="Blues", vmin=0, vmax=1.3, interpolation="nearest")
+    for i in range(m1):
+        for j in range(m1):
+            ax.text(j, i, "1" if anc[i, j] else "0", ha="center", va="center", fontsize=8,
+                    color="w" if anc[i, j] else "0.6")
+    ticks = list(range(m1))
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_yticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel("node whose slot may be attended to (column)")
+    ax.set_ylabel("query node being verified (row)")
+    ax.set_title(title, fontsize=9)

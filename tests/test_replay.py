@@ -1,5 +1,5 @@
-"""Timing replay (rvqspec_lib.decoding.replay, rvqspec_lib.eval.replay): the replayed acceptance follows its table,
-the frame is sealed (never audio), and a malformed table is one line naming the fix.
+"""Timing replay (rvqspec_lib.eval.replay: the acceptance hook of decode_frame, and its tables): the replayed
+acceptance follows its table, the frame is sealed (never audio), and a malformed table is one line naming the fix.
 
 Statistical tests: chi-square goodness of fit at level 1e-4 each (two tests of a correct oracle: a false failure
 for an unlucky seed has probability at most 2e-4; the seeds are fixed, so the tests are deterministic). Each has a
@@ -18,8 +18,8 @@ from scipy.stats import chisquare
 
 from rvqspec_lib.decoding.decode import RoundPlan, Verified, decode_frame
 from rvqspec_lib.decoding.decoders import Chain, Tree
-from rvqspec_lib.decoding.replay import AcceptanceOracle
 from rvqspec_lib.eval import replay as R
+from rvqspec_lib.eval.replay import AcceptanceOracle
 
 LEVEL = 1e-4
 N = 15  # codes per frame of tiny-random and of the replayed architectures

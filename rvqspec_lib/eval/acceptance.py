@@ -55,6 +55,11 @@ def _json(a: np.ndarray):
     return [_json(v) for v in a]
 
 
+def _valid(n: int, n_ahead: int) -> torch.Tensor:
+    """``(n-1, n_ahead)`` bool: start depth k (row k-1) and offset j (column j-1) draft a depth k + j <= n."""
+    return (torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]) <= n
+
+
 def _teacher_forced_batches(cp, context: torch.Tensor, codes: torch.Tensor, sampling: Sampling, batch_size: int):
     """Yield ``(context (B, 2, Ht), codes (B, n), hidden (B, n, H), p (B, n, V))`` batch by batch, on the code
     predictor's device: ONE teacher-forced pass of the code predictor and the warped verifier distribution of every
@@ -117,7 +122,7 @@ def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torc
         s_mass += mass.double().sum(0).cpu()
         s_hit += hit.sum(0).cpu()
         count += b
-    valid = (torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]) <= n  # (n-1, K)
+    valid = _valid(n, n_ahead)  # (n-1, K)
     nan = torch.tensor(float("nan"), dtype=torch.float64)
     alpha = torch.where(valid, s_alpha / count, nan)
     mass = torch.where(valid[..., None], s_mass / count, nan)
@@ -125,16 +130,10 @@ def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torc
     w = valid.double()
     by_offset = (torch.nan_to_num(alpha) * w).sum(0) / w.sum(0).clamp_min(1)
     by_offset = torch.where(w.sum(0) > 0, by_offset, nan)
-    depth = torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]
-    by_depth = torch.full((n + 1,), float("nan"), dtype=torch.float64)
-    for dep in range(2, n + 1):
-        sel = valid & (depth == dep)
-        if bool(sel.any()):
-            by_depth[dep] = alpha[sel].mean()
     pool = lambda t: torch.where(w.sum(0)[:, None] > 0, (torch.nan_to_num(t) * w[..., None]).sum(0)  # noqa: E731
                                  / w.sum(0).clamp_min(1)[:, None], nan)
     return {"alpha": alpha.numpy(), "rank_mass": mass.numpy(), "rank_hit": hit.numpy(),
-            "alpha_by_offset": by_offset.numpy(), "alpha_by_depth": by_depth.numpy(),
+            "alpha_by_offset": by_offset.numpy(), "alpha_by_depth": acceptance_by_depth(alpha.numpy()),
             "rank_mass_by_offset": pool(mass).numpy(), "rank_hit_by_offset": pool(hit).numpy(), "n_frames": count}
 
 
@@ -160,9 +159,7 @@ def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torc
         for acc, dr in zip(out, drafters):
             logits, _, _, p = _drafts_and_targets(cp, dr, hidden, p_all, n_ahead)
             acc.append(torch.minimum(p, sampling.probs(logits)).sum(-1).double().cpu())
-    valid = (torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]) <= n
-    nan = torch.tensor(float("nan"), dtype=torch.float64)
-    tables = [torch.where(valid, torch.cat(acc), nan) for acc in out]
+    tables = [torch.where(_valid(n, n_ahead), torch.cat(acc), float("nan")) for acc in out]
     return tables if isinstance(drafter, (list, tuple)) else tables[0]
 
 

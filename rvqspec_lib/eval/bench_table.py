@@ -152,9 +152,9 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
             choice = choose_decoder(cp, calibration, contexts, backends={bname: verify}, frames=opts["auto_frames"],
                                     repeats=1, cost_repeats=3, shortlist=3, seed=opts["seed"],
                                     budgets=opts["auto_budgets"], acceptance=oracle)
-            pick, auto_note = (choice.named, choice.fused), f"auto chose {runner_label(_fields(choice, bname))}"
+            pick, auto_note = (choice.named, choice.fused), f"auto chose {choice.label}{', fused' * choice.fused}"
         else:
-            pick, auto_note = picks["auto"], f"{picks['auto_note']} on {picks['backend']}"
+            pick, auto_note = picks["auto"], f"{picks['auto_note']} (on {picks['backend']})"
         why = fused_support(bname, pick[0].decoder) if pick[1] else None
         if why:
             auto_note = f"absent: {auto_note}; {why}"
@@ -190,10 +190,6 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
     return rows, res, picks
 
 
-def _fields(choice, backend: str) -> dict:
-    return {"decoder": choice.label, "backend": backend, "fused": choice.fused}
-
-
 def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[str] | None = None,
                 backends: Sequence[str] = DEFAULT_BACKENDS, repeats: int = 5, warmup: int = 1,
                 chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
@@ -203,29 +199,22 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     """Measure the table (module docstring).
 
     Args:
-        models: model names (:func:`rvqspec_lib.models.loader.load_model`); a random-weight one is timed as a replay.
-        precisions: default the CPU's native ones (:func:`rvqspec_lib.models.precision.native_precisions`).
-        backends: some of :data:`TABLE_BACKENDS`, each once. repeats: timed frames per runner (median; with
-            ``noise_target`` the minimum, then on until each median's relative standard error <= it, or 4 x
-            ``repeats``: :mod:`rvqspec_lib.eval.noise`). warmup: untimed frames first.
-        chains, budgets: the speculative decoders (:func:`decoder_names`; trees from the model's heads calibration,
-            else the embedded model's), each chain also as a fused frame where the backend has one.
-        auto: time auto's choice (``choose_decoder`` over ``auto_frames`` frames, one repeat, shortlist 3, AR, the
-            chain windows 2..8 and the calibrated trees of ``auto_budgets``).
-        acceptance: an :class:`rvqspec_lib.eval.replay.AcceptanceTable` for the replays (default the embedded
-            model's, :func:`rvqspec_lib.eval.replay.default_acceptance`).
-        n_contexts: contexts decoded in turn (the embedded model's evaluation split; random ones for random
-            weights). seed: of the contexts, the decoders' generators and the replay's oracle. threads: ONNX
-            Runtime's.
+        models: model names (:func:`rvqspec_lib.models.loader.load_model`); a random-weight one is timed as a replay
+            of ``acceptance`` (default :func:`rvqspec_lib.eval.replay.default_acceptance`).
+        precisions: default the CPU's native ones. backends: some of :data:`TABLE_BACKENDS`, each once.
+        repeats, warmup, noise_target: :func:`rvqspec_lib.eval.speed.time_frames`'s, per (model, precision,
+            backend). chains, budgets: the speculative decoders (:func:`decoder_names`; trees from the model's heads
+            calibration, else the embedded model's). auto: time auto's choice (``auto_frames`` frames, one repeat,
+            shortlist 3, the trees of ``auto_budgets``). n_contexts: contexts decoded in turn (the evaluation split;
+            random ones for random weights). seed: contexts, generators, the replay's oracle. threads: onnx's.
 
     Returns:
         ``{"rows", "footer", "meta"}``: a row per (model, precision, backend, row of :data:`ROWS`): ``model``,
-        ``weights`` (``trained`` or the replay's words), ``precision``, ``backend``, ``row``, the decoder's fields
-        (:data:`DECODER_FIELDS`; None when absent), ``ms_per_frame``, ``p10_ms``, ``p90_ms``, ``rtf`` (ms per frame
-        / 80), ``tokens_per_call``, ``speedup_vs_ar`` (over stepped AR), ``x_fused_ar`` (ms per frame / the fused AR
-        row's), ``floor_ar_ms``, ``x_floor_ar``, ``build_s`` (the fused speculative frame's build seconds), ``note``;
-        ``footer``: :data:`PUBLIC_PORTS`; ``meta``: CPU model and flags, threads, bandwidth, repeats and noise,
-        load, the replay, the fused frames' build seconds (``fused_build_s``), :data:`FUSED_TARGET`, seconds taken.
+        ``weights`` (``trained`` or the replay's words), ``precision``, ``backend``, ``row``, :data:`DECODER_FIELDS`
+        (None when absent), ``ms_per_frame``, ``p10_ms``, ``p90_ms``, ``rtf``, ``tokens_per_call``,
+        ``speedup_vs_ar``, ``x_fused_ar``, ``floor_ar_ms``, ``x_floor_ar``, ``build_s`` (the fused speculative
+        frame's), ``note``; ``footer``: :data:`PUBLIC_PORTS`; ``meta``: the machine, bandwidth, repeats and noise,
+        the replay, the fused frames' build seconds, :data:`FUSED_TARGET`, seconds taken.
 
     Raises:
         ValueError: as :func:`check_table_args`; bad noise settings.

@@ -1,20 +1,14 @@
-"""A decoder and a way to run it, per device: ``--decoder auto`` (the paper chose N by hand per device and left
+"""A decoder and how to run it, per device: ``--decoder auto`` (the paper chose N by hand per device and left
 automatic choice as future work; Sequoia and EAGLE-2 choose from measured verify costs;
 docs/methods.md#choosing-the-node-budget).
 
-:func:`choose_decoder` times, on the running device and precision, over verify backends of the registry
-(:mod:`rvqspec_lib.models.backends`):
-
-1. the verify call of every backend with the shapes of each candidate (:func:`rvqspec_lib.eval.speed.
-   verify_cost_curve`), giving t(N)/t(1) and the predicted speedup ``E(N) t(1) / t(N)`` from the calibrated tokens
-   per call E(N) (the check the paper's per-device tables imply);
-2. then whole frames (the streaming case, one at a time, interleaved: :func:`rvqspec_lib.eval.speed.time_frames`):
-   AR and the most promising candidates of each backend stepped through ``decode_frame``, and AR and every chain
-   window as the backend's FUSED frame where it has one (:func:`~rvqspec_lib.models.backends.fused_support`: e.g.
-   the native whole frame, one C call), and picks the runner with the least measured time per committed code.
-
-:func:`auto_decoder` caches the choice per device, model, precision, drafter, thread count, calibration and backends
-in a small JSON file (``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``), so the timing runs once per machine.
+:func:`choose_decoder` times, on the running device and precision, through backends of the registry
+(:mod:`rvqspec_lib.models.backends`): first the verify call of every candidate's shape (t(N)/t(1), and the predicted
+speedup ``E(N) t(1) / t(N)`` from the calibrated tokens per call E(N)); then whole frames, one at a time, interleaved:
+AR and each backend's most promising candidates stepped through ``decode_frame``, and AR and every chain window as
+the backend's fused frame where it has one (e.g. the native whole frame, one C call); the runner with the least
+measured time per committed code wins. :func:`auto_decoder` caches the choice in a small JSON file
+(``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``), so the timing runs once per machine.
 """
 
 from __future__ import annotations
@@ -58,16 +52,14 @@ class AutoChoice:
     """What :func:`choose_decoder` chose, how it runs, and why.
 
     Attributes:
-        named: the chosen :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` (its decoder carries the
-            drafter; its ``note`` is :attr:`reason`). backend: the backend it runs through
-            (:data:`~rvqspec_lib.models.backends.BACKENDS`). fused: run as that backend's fused frame.
-        reason: one line saying why (measured time per code against AR and the rest).
-        table: a row per (candidate, backend, fused): the decoder's fields (``decoder``, ``kind``, ``nodes`` ...),
-            ``backend``, ``fused``, ``predicted_tokens_per_call``, ``verify_ms``, ``verify_ratio`` t(N)/t(1),
-            ``predicted_speedup`` E(N) t(1)/t(N) (stepped rows), and for the runners timed ``ms_per_code``,
-            ``measured_tokens_per_call`` and ``speedup`` (over stepped AR through the first backend).
-        key: the cache key (:func:`cache_key`). oversubscribed: the ``OVERSUBSCRIBED: ...`` words when other
-            processes crowded the CPU while timing, else ``""`` (such a choice is not cached).
+        named: the chosen :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` (its ``note``: :attr:`reason`).
+        backend: the backend it runs through. fused: as that backend's fused frame. reason: one line saying why.
+        table: a row per (candidate, backend, fused): the decoder's fields, ``backend``, ``fused``,
+            ``predicted_tokens_per_call``, ``verify_ms``, ``verify_ratio`` t(N)/t(1), ``predicted_speedup`` (stepped
+            rows), and where timed ``ms_per_code``, ``measured_tokens_per_call``, ``speedup`` (over stepped AR
+            through the first backend).
+        key: the cache key. oversubscribed: ``OVERSUBSCRIBED: ...`` when other processes crowded the CPU while
+            timing, else ``""`` (such a choice is not cached).
     """
 
     named: NamedDecoder
@@ -80,7 +72,7 @@ class AutoChoice:
 
     @property
     def label(self) -> str:
-        """The chosen decoder's label (``chain:4``, ``tree:calibrated-sampled:16`` ...), a name the grammar reads."""
+        """The chosen decoder's label (``chain:4`` ...), a name the grammar reads."""
         return self.named.label
 
     @property
@@ -89,8 +81,7 @@ class AutoChoice:
         return self.named.decoder
 
     def runner(self, code_predictor, **kwargs):
-        """The choice as a frame runner: :func:`~rvqspec_lib.models.backends.frame_runner` of :attr:`backend`,
-        :attr:`named` and :attr:`fused` (``kwargs``: ``sampling``, ``verify`` ...)."""
+        """The choice as a :func:`~rvqspec_lib.models.backends.frame_runner` (``kwargs``: ``sampling`` ...)."""
         return frame_runner(self.backend, code_predictor, self.named, fused=self.fused, **kwargs)
 
 
@@ -130,8 +121,8 @@ def tables_from_calibration(calibration: dict) -> dict:
 def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS, *, drafter=None,
                drafter_name: str | None = None) -> list[tuple[NamedDecoder, float]]:
     """``(NamedDecoder, predicted tokens per call E)`` for AR, every chain window the calibration's tables reach and
-    the calibrated tree of both kinds at every budget of ``budgets`` it holds, drafting with ``drafter`` (default the
-    reused heads; ``drafter_name``: its file name beside the model, default its ``name``).
+    both kinds of calibrated tree at the ``budgets`` it holds, drafting with ``drafter`` (default the reused heads;
+    ``drafter_name``: its file name beside the model, default its ``name``).
 
     Raises:
         ValueError: a drafter other than the heads named but not given.
@@ -159,26 +150,20 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
                    budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5, frames: int = 16, repeats: int = 3,
                    cost_repeats: int = 5, fused: bool = True, acceptance=None, seed: int = 0, progress: bool = False,
                    noise_target: float | None = None) -> AutoChoice:
-    """Choose the decoder and how to run it with the least measured time per committed code on this device
-    (module docstring).
+    """The decoder, backend and fusion with the least measured time per committed code here (module docstring).
 
     Args:
         code_predictor: the official module, on the device and in the precision to be used (never changed).
         calibration: a calibration of trees for this model and drafter (:mod:`rvqspec_lib.models.tree_files`).
-        contexts: ``(N, 2, talker_hidden)`` inner-loop contexts (e.g. the calibration split's); the first ``frames``
-            are decoded, ``repeats`` passes over them.
-        backends: backend names to choose among (:data:`~rvqspec_lib.models.backends.BACKENDS`), or ``{name: verify
-            backend}`` already built (:func:`~rvqspec_lib.models.backends.verify_backend`; shared, e.g. compiled).
-            Speedups are over stepped AR through the first.
-        drafter, drafter_name: as deployed (default the reused heads). sampling: as deployed.
+        contexts: ``(N, 2, talker_hidden)`` inner-loop contexts; the first ``frames`` are decoded, ``repeats``
+            passes. backends: backend names (speedups are over stepped AR through the first), or ``{name: verify
+            backend}`` already built (shared, e.g. compiled). drafter, drafter_name, sampling: as deployed.
         budgets: node budgets of calibrated trees considered. shortlist: candidates (besides AR) decoded per
             backend, the best by predicted speedup. cost_repeats: repeats of each verify-call timing.
         fused: also time AR and every chain window as each backend's fused frame, where it has one.
-        acceptance: a TIMING REPLAY's hook (:class:`rvqspec_lib.eval.replay.AcceptanceOracle`): the stepped frames
-            are decoded with it and no fused frame is timed (its acceptance is inside it); such a choice is for a
-            timing table, never cached (:func:`auto_decoder` passes none).
-        noise_target: None (the fixed counts above), or both timings go on past their counts until every median's
-            relative standard error is <= it (:mod:`rvqspec_lib.eval.noise`).
+        acceptance: a TIMING REPLAY's hook (:class:`rvqspec_lib.eval.replay.AcceptanceOracle`): stepped frames
+            replayed, no fused frame (its acceptance is inside it); for a timing table, never cached.
+        noise_target: None, or both timings go on until every median's relative standard error is <= it.
 
     Raises:
         ValueError: a device that cannot be timed, a calibration for another model, no contexts, no backend, an
@@ -207,20 +192,17 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
             t = cost[(b, nodes[nd.label])]
             rows[(nd.label, b, False)] = {**nd.fields(), "backend": b, "fused": False, "predicted_tokens_per_call": e,
                                           "verify_ms": t, "verify_ratio": t / t1, "predicted_speedup": e * t1 / t}
-        ranked = sorted((r for (lab, bk, _), r in rows.items() if bk == b and lab != "ar"),
-                        key=lambda r: -r["predicted_speedup"])
-        picked |= {r["decoder"] for r in ranked[:shortlist]}
-    runners = [frame_runner(b, cp, nd, sampling=sampling, acceptance=acceptance, verify=v)
-               for b, v in pool.items() for nd, _ in cands if nd.label in picked]
-    n_fused = 0
-    for b, v in pool.items():
-        for nd, e in cands:
             if fused and acceptance is None and nd.name.kind in ("ar", "chain") and \
                     fused_support(b, nd.decoder, sampling) is None:
-                runners.append(frame_runner(b, cp, nd, fused=True, sampling=sampling, verify=v))
-                rows[(nd.label, b, True)] = {**nd.fields(), "backend": b, "fused": True, "predicted_tokens_per_call": e,
-                                             "verify_ms": None, "verify_ratio": None, "predicted_speedup": None}
-                n_fused += 1
+                rows[(nd.label, b, True)] = {**nd.fields(), "backend": b, "fused": True,
+                                             "predicted_tokens_per_call": e}
+        ranked = sorted((r for (lab, bk, fz), r in rows.items() if bk == b and lab != "ar" and not fz),
+                        key=lambda r: -r["predicted_speedup"])
+        picked |= {r["decoder"] for r in ranked[:shortlist]}
+    named = {nd.label: nd for nd, _ in cands}
+    runners = [frame_runner(b, cp, named[lab], fused=fz, sampling=sampling, acceptance=None if fz else acceptance,
+                            verify=pool[b]) for lab, b, fz in rows if fz or lab in picked]
+    n_fused = sum(fz for _, _, fz in rows)
     k = min(frames, contexts.shape[0])
     timed = time_frames(runners, contexts[:k], repeats=repeats * k, warmup=1, seed=seed, progress=progress,
                         noise_target=noise_target)
@@ -250,9 +232,9 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
               + f" ({k} frames x {repeats} repeats)")
     if noise_target is not None:
         reason += f"; frames timed: {noise_words(timed['meta'])}"
-    named = dataclasses.replace(next(nd for nd, _ in cands if nd.label == label), note=reason)
     crowded = oversubscribed_note(curve["meta"]) or oversubscribed_note(timed["meta"])
-    return AutoChoice(named, backend, is_fused, reason, list(rows.values()), oversubscribed=crowded)
+    return AutoChoice(dataclasses.replace(named[label], note=reason), backend, is_fused, reason, list(rows.values()),
+                      oversubscribed=crowded)
 
 
 def cache_file() -> Path:
@@ -326,14 +308,12 @@ def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.
                  backends: Sequence[str] | Mapping[str, object] = ("official",), drafter=None,
                  drafter_name: str | None = None, refresh: bool = False, cache: str | os.PathLike | None = None,
                  **kwargs) -> AutoChoice:
-    """:func:`choose_decoder` (the same keywords), cached per :func:`cache_key`: what ``--decoder auto`` runs.
+    """:func:`choose_decoder` (the same keywords), cached per :func:`cache_key`: what ``--decoder auto`` runs
+    (``choice.named``, ``choice.backend``, ``choice.fused``; ``choice.runner(cp)``).
 
-    Returns:
-        :class:`AutoChoice`: ``named`` (its ``note`` the reason), ``backend``, ``fused`` (``choice.runner(cp)``
-        builds its frame runner), ``reason``. A cached choice is reused (``reason`` says so, and where the file is)
-        unless ``refresh``; a new one is written atomically, unless its timing was oversubscribed (``reason`` says
-        so). A damaged cache is a one-line warning and the decoders are timed again; an unwritable cache folder is
-        a one-line warning naming ``RVQSPEC_CACHE`` and the choice is still returned.
+    A cached choice is reused (``reason`` says so and names the file) unless ``refresh``; a new one is written
+    atomically unless its timing was oversubscribed. A damaged cache, or an unwritable folder, is a one-line
+    warning naming ``RVQSPEC_CACHE``, and the choice is still made.
 
     Raises:
         ValueError: as :func:`choose_decoder`.

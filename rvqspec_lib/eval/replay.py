@@ -1,37 +1,27 @@
-"""Timing replay (docs/precision.md#timing-replay): acceptance decisions of a trained model, replayed on a
-random-weight architecture through an ACCEPTANCE HOOK of the decode round, and the tables they come from.
+"""Timing replay (docs/precision.md#timing-replay): a trained model's acceptance decisions replayed on a random-weight
+architecture, through the ACCEPTANCE HOOK of the decode round, and the tables they come from.
 
 A real-size architecture with random weights (``qwen3-tts-0.6b-random``) times real verify calls, but its p and q
-agree on almost nothing, so a speculative frame on it accepts almost no draft and its time says nothing about a
-trained model. :class:`AcceptanceOracle` is the hook ``decode_frame(..., acceptance=oracle)`` calls instead of the
-lossless walk: it decides acceptance from a table measured on a trained model, and every other step of
-:func:`rvqspec_lib.decoding.decode.decode_frame` (prefill, draft, the verify call with the decoder's shapes, commit)
+agree on almost nothing, so its speculative frames accept almost no draft. :class:`AcceptanceOracle` is the hook
+``decode_frame(..., acceptance=oracle)`` calls instead of the lossless walk: it decides acceptance from a table
+measured on a trained model, and every other step (prefill, draft, the verify call with the decoder's shapes, commit)
 runs unchanged, so the frame makes the calls a trained model of that architecture would make, in distribution.
 
-The table holds, for start depth s (the depth of the last committed code, 1..n-1), draft offset t (1..K) and child
-index i (a point-mass tree's rank r, or a sampled tree's / chain's i-th child drawn), the probability that the walk
-accepts that child once it has reached its parent: what the tree calibration tabulates
-(:mod:`rvqspec_lib.eval.calibration`: ``rank_mass`` for point-mass children, ``child_accept`` for sampled ones). At a
-reached node one uniform from the oracle's OWN generator picks the accepted child: child j with probability
-``table[s, t, i_j]`` in the order the children are tried, or none with the rest (children of one node are disjoint
-events, the calibration's model of a walk). Entries beyond the table and NaN entries (s + t > n) accept with
-probability 0. The code after the accepted path is drawn from the verifier's p at the last accepted node.
+The table holds, for start depth s (1..n-1), draft offset t (1..K) and child index i (a point-mass tree's rank, or a
+sampled tree's / chain's i-th child), the probability that the walk accepts that child once it reached its parent:
+what the calibration tabulates (:mod:`rvqspec_lib.eval.calibration`: ``rank_mass``, ``child_accept``). At a reached
+node one uniform from the oracle's OWN generator picks the accepted child (child j with probability
+``table[s, t, i_j]`` in the order they are tried, or none with the rest: children of one node are disjoint events);
+no node (s + t > n) and entries beyond the table accept with probability 0; the code after the accepted path is drawn
+from the verifier's p there. Its codes are samples of nothing, so the oracle SEALS a replayed frame: ``codes`` all
+-1 (no codec embeds them), ``replay`` :attr:`AcceptanceOracle.text`.
 
-Its codes are samples of nothing, so the oracle SEALS a replayed frame: ``FrameResult.codes`` all -1 (no codec embeds
-them) and ``FrameResult.replay`` the words :attr:`AcceptanceOracle.text`.
-
-Where tables come from: by default (:func:`default_acceptance`) the embedded model's calibration
-(``data/embedded/model/trees/heads.json``); or a file (:func:`read_acceptance`, ``rvqspec bench --acceptance FILE``)
-in one of three shapes:
-
-1. a calibration file (``"format": "rvqspec-trees"``, what ``scripts/calibrate_trees.py`` writes);
-2. JSON ``{"format": "rvqspec-acceptance", "source": "<what was measured>", "point-mass": T, "sampled": T}`` with at
-   least one kind; ``T`` is ``[offset][child]`` (every start depth alike) or ``[start depth][offset][child]``, entries
-   in [0, 1] or null (no such node), the children of one node adding up to at most 1;
-3. CSV with the header ``kind,start_depth,offset,child,acceptance`` (``start_depth`` 1..n-1 or ``*``; missing
-   entries 0).
-
-Every problem with a file is one ValueError line naming the file and the fix, raised before any model loads.
+Tables come from the embedded model's calibration by default (:func:`default_acceptance`) or a file
+(:func:`read_acceptance`, ``rvqspec bench --acceptance FILE``): a calibration file (``"format": "rvqspec-trees"``);
+JSON ``{"format": "rvqspec-acceptance", "source": "<what was measured>", "point-mass": T, "sampled": T}`` (at least
+one kind; ``T`` as :class:`AcceptanceOracle` takes it, entries in [0, 1] or null); or CSV with the header
+``kind,start_depth,offset,child,acceptance`` (``start_depth`` 1..n-1 or ``*``; missing entries 0). Every problem with
+a file is one ValueError line naming the file and the fix, before any model loads.
 """
 
 from __future__ import annotations
@@ -40,7 +30,6 @@ import csv
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -60,53 +49,50 @@ FIX = ("write it as docs/precision.md#timing-replay describes (or pass a calibra
        "data/embedded/model/trees/heads.json), or drop --acceptance for the embedded model's")
 
 
-def replay_text(label: str) -> str:
-    """The words every output of a replay carries: ``timing replay: acceptance of <label>, weights random``."""
-    return f"timing replay: acceptance of {label}, weights random"
+def _bad(path, what: str) -> ValueError:
+    return ValueError(f"--acceptance {path}: {what}: {FIX}" if path else f"acceptance table: {what}")
 
 
 class AcceptanceOracle:
-    """Replayed acceptance decisions: the acceptance hook of ``decode_frame`` (module docstring).
+    """A checked acceptance table, and the acceptance hook of ``decode_frame`` that replays it (module docstring).
 
     Args:
-        tables: ``{"point-mass": (n-1, K, C), "sampled": (n-1, K', C')}`` float64 tensors or nested lists:
-            ``table[s-1, t-1, i]`` = the probability that child i at offset t from start depth s is accepted once
-            its parent is reached. A kind a run never meets may be absent (a point-mass tree needs ``point-mass``;
-            chains and sampled trees need ``sampled``).
-        label: what the table is, e.g. ``"embedded model (trees/heads.json)"`` (:attr:`text`).
+        tables: ``{"point-mass": T, "sampled": T}`` (either may be absent: a point-mass tree needs ``point-mass``,
+            chains and sampled trees ``sampled``); ``T`` is ``[start depth][offset][child]`` (or ``[offset][child]``
+            for every start depth alike): the probability that child i at offset t from start depth s is accepted
+            once its parent is reached, NaN or None where there is no node (:func:`check_table`).
+        label: what the table is and where it comes from (:attr:`text`). path: its file, or ``None``.
         seed: seed of the oracle's own generator (the decoder's generator is left to drafts and prefill).
 
     Raises:
-        ValueError: an unknown kind, no table, a table that is not 3-d, a value outside [0, 1], children of one node
-            whose probabilities add up to more than 1.
+        ValueError: an unknown kind, no table, a table :func:`check_table` refuses (one line).
     """
 
-    def __init__(self, tables, label: str, *, seed: int = 0):
+    def __init__(self, tables, label: str, *, seed: int = 0, path=None, n_codes: int = N_CODES):
         if not tables or any(k not in KINDS for k in tables):
-            raise ValueError(f"acceptance tables must be given for some of {', '.join(KINDS)}, got {list(tables)}")
-        self.tables: dict[str, list] = {}
-        for kind, t in tables.items():
-            a = torch.as_tensor(t, dtype=torch.float64)
-            if a.dim() != 3 or min(a.shape) < 1:
-                raise ValueError(f"the {kind} acceptance table must be (start depths, offsets, children), got shape "
-                                 f"{tuple(a.shape)}")
-            a = torch.nan_to_num(a, nan=0.0)
-            if float(a.min()) < 0 or float(a.max()) > 1:
-                raise ValueError(f"the {kind} acceptance table holds a value outside [0, 1]")
-            if float(a.sum(-1).max()) > 1 + 1e-6:
-                raise ValueError(f"the {kind} acceptance table's children of one node add up to more than 1")
-            self.tables[kind] = a.tolist()  # Python floats: one lookup per child tried
-        self.label, self.seed = str(label), int(seed)
+            raise _bad(path, f"give a table for some of {', '.join(KINDS)}, got {list(tables)}")
+        self.tables = {k: check_table(k, t, path, n_codes) for k, t in tables.items()}  # [s][t][i], NaN: no node
+        self.label, self.seed, self.path, self.n_codes = str(label), int(seed), path, int(n_codes)
         self.generator = torch.Generator().manual_seed(self.seed)
         self._plans: dict = {}
 
+    def oracle(self, seed: int = 0) -> "AcceptanceOracle":
+        """A fresh oracle over the same table, its generator seeded with ``seed``."""
+        return AcceptanceOracle(self.tables, self.label, seed=seed, path=self.path, n_codes=self.n_codes)
+
     @property
     def text(self) -> str:
-        """:func:`replay_text` of the label."""
-        return replay_text(self.label)
+        """The words every output of a replay carries: ``timing replay: acceptance of <label>, weights random``."""
+        return f"timing replay: acceptance of {self.label}, weights random"
+
+    def describe(self) -> dict:
+        """JSON-able summary (provenance): label, path, the kinds and the shape of each table."""
+        return {"label": self.label, "path": None if self.path is None else str(self.path), "n_codes": self.n_codes,
+                "kinds": {k: [len(t), len(t[0]), len(t[0][0])] for k, t in self.tables.items()}}
 
     def probability(self, kind: str, start_depth: int, offset: int, index: int) -> float:
-        """The table's entry for (kind, start depth s >= 1, offset t >= 1, child index i >= 0); 0 outside it.
+        """The table's entry for (kind, start depth s >= 1, offset t >= 1, child index i >= 0); 0 outside it and
+        where there is no node.
 
         Raises:
             ValueError: a kind this oracle has no table for (a point-mass tree replayed with only sampled tables).
@@ -117,7 +103,8 @@ class AcceptanceOracle:
         t = self.tables[kind]
         if not (1 <= start_depth <= len(t) and 1 <= offset <= len(t[0]) and 0 <= index < len(t[0][0])):
             return 0.0
-        return t[start_depth - 1][offset - 1][index]
+        v = t[start_depth - 1][offset - 1][index]
+        return 0.0 if math.isnan(v) else v
 
     def _static(self, plan) -> tuple:
         """A plan's children lists, child indices (its last path entry), depths and kind, cached per plan."""
@@ -174,36 +161,6 @@ class AcceptanceOracle:
 
     def __repr__(self) -> str:
         return f"AcceptanceOracle({self.text!r}, seed={self.seed})"
-
-
-@dataclass
-class AcceptanceTable:
-    """A checked acceptance table: ``tables`` ``{kind: [start depth][offset][child]}`` (n-1 start depths, floats,
-    NaN where there is no node), ``label`` (what it is and where it comes from), ``path`` (the file, or None)."""
-
-    tables: dict
-    label: str
-    path: str | None = None
-    n_codes: int = N_CODES
-    extra: dict = field(default_factory=dict)
-
-    def oracle(self, seed: int = 0) -> AcceptanceOracle:
-        """A fresh :class:`AcceptanceOracle` over this table, its generator seeded."""
-        return AcceptanceOracle(self.tables, self.label, seed=seed)
-
-    @property
-    def text(self) -> str:
-        """:func:`replay_text` of the label."""
-        return replay_text(self.label)
-
-    def describe(self) -> dict:
-        """JSON-able summary (provenance): label, path, the kinds and the shape of each table."""
-        return {"label": self.label, "path": self.path, "n_codes": self.n_codes,
-                "kinds": {k: [len(t), len(t[0]), len(t[0][0])] for k, t in self.tables.items()}}
-
-
-def _bad(path, what: str) -> ValueError:
-    return ValueError(f"--acceptance {path}: {what}: {FIX}")
 
 
 def _num(v, path, where: str) -> float:
@@ -264,8 +221,8 @@ def check_table(kind: str, table, path, n_codes: int = N_CODES) -> list:
     return out
 
 
-def from_calibration(cal: dict, label: str, path=None) -> AcceptanceTable:
-    """An :class:`AcceptanceTable` from a calibration dict (:func:`rvqspec_lib.eval.calibration.calibrate`): both
+def from_calibration(cal: dict, label: str, path=None) -> AcceptanceOracle:
+    """An :class:`AcceptanceOracle` from a calibration dict (:func:`rvqspec_lib.eval.calibration.calibrate`): both
     kinds' ``by_start_depth`` tables.
 
     Raises:
@@ -278,10 +235,8 @@ def from_calibration(cal: dict, label: str, path=None) -> AcceptanceTable:
         rows = (cal.get(kind) or {}).get("by_start_depth")
         if rows is None:
             raise _bad(path, f"the calibration has no {kind}.by_start_depth table")
-        tables[kind] = check_table(kind, rows, path)
-    return AcceptanceTable(tables, label, None if path is None else str(path),
-                           extra={"n_frames": cal.get("n_frames"), "drafter": cal.get("drafter"),
-                                  "split": (cal.get("source") or {}).get("split")})
+        tables[kind] = rows
+    return AcceptanceOracle(tables, label, path=path)
 
 
 def _read_csv(p: Path) -> dict:
@@ -316,7 +271,7 @@ def _read_csv(p: Path) -> dict:
     return out
 
 
-def read_acceptance(path) -> AcceptanceTable:
+def read_acceptance(path) -> AcceptanceOracle:
     """Read and check an acceptance table file (module docstring: the three shapes), before any model loads.
 
     Raises:
@@ -348,10 +303,10 @@ def read_acceptance(path) -> AcceptanceTable:
         tables, label = {k: obj[k] for k in KINDS if obj.get(k) is not None}, str(obj.get("source") or p.name)
     if not tables:
         raise _bad(p, f"no table: give {' and/or '.join(KINDS)}")
-    return AcceptanceTable({k: check_table(k, v, p) for k, v in tables.items()}, label, str(p))
+    return AcceptanceOracle(tables, label, path=p)
 
 
-def default_acceptance(model: str = "embedded", drafter: str = "heads") -> AcceptanceTable:
+def default_acceptance(model: str = "embedded", drafter: str = "heads") -> AcceptanceOracle:
     """The default replay table: the calibration shipped beside ``model`` (``<model>/trees/<drafter>.json``; for
     the embedded model ``data/embedded/model/trees/heads.json``), labelled with the model, the drafter and the
     number of calibration frames it was measured on.

@@ -51,7 +51,7 @@ from rvqspec_lib.eval.replay import default_acceptance
 from rvqspec_lib.eval.speed import random_contexts, time_frames
 from rvqspec_lib.eval.timing import bandwidth_around, oversubscribed_note
 from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_label, verify_backend
-from rvqspec_lib.models.loader import load_model, model_facts
+from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
 from rvqspec_lib.models.named_decoders import drafter_calibration, resolve_all
 from rvqspec_lib.models.precision import apply_precision, check_precision, cpu_features, native_precisions
 from rvqspec_lib.models.tree_files import load_calibration, tree_file
@@ -118,7 +118,7 @@ def check_table_args(models: Sequence[str], precisions: Sequence[str], backends:
         raise ValueError("the table always has float32 (the reference precision): add it to --dtype")
     check_decoder_names(decoder_names(chains, budgets))
     for m in models:
-        model_facts(m)
+        loader.model_facts(m)
 
 
 def _row(head: dict, name: str, r: dict | None, note: str, fused_ms: float | None, floor_bytes: int,
@@ -231,7 +231,7 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
 
     def measure():
         for model in models:
-            lm = load_model(model, dtype="float32", seed=seed)
+            lm = loader.load_model(model, dtype="float32", seed=seed)
             base = lm.code_predictor.eval()
             replay = bool(lm.is_random)
             contexts = random_contexts(base, n_contexts, seed=seed) if replay else \

@@ -27,6 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from rvqspec_lib.common.files import write_text_atomic
 from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
@@ -288,17 +289,11 @@ def read_cache(path: Path) -> dict:
 def write_cache(path: Path, store: dict) -> bool:
     """Write the cache atomically; on failure (an unwritable folder, a full disk) warn in one line naming
     ``RVQSPEC_CACHE`` and return ``False`` (the choice is still used)."""
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(store, indent=1))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(store, indent=1))
         return True
     except OSError as e:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
         _warn(f"the --decoder auto choice is used but not cached: {path} is not writable ({e.strerror}); set "
               "RVQSPEC_CACHE to a writable folder to keep it")
         return False

@@ -222,21 +222,14 @@ def check_table(kind: str, table, path, n_codes: int = N_CODES) -> list:
 
 
 def from_calibration(cal: dict, label: str, path=None) -> AcceptanceOracle:
-    """An :class:`AcceptanceOracle` from a calibration dict (:func:`rvqspec_lib.eval.calibration.calibrate`): both
-    kinds' ``by_start_depth`` tables.
+    """An oracle over a calibration's (:func:`rvqspec_lib.eval.calibration.calibrate`) ``by_start_depth`` tables.
 
     Raises:
         ValueError: not a calibration for 15 codes per frame, or its tables malformed (:func:`check_table`).
     """
     if int(cal.get("n_codes", -1)) != N_CODES:
         raise _bad(path, f"a calibration for n_codes {cal.get('n_codes')}; the replayed architectures have {N_CODES}")
-    tables = {}
-    for kind in KINDS:
-        rows = (cal.get(kind) or {}).get("by_start_depth")
-        if rows is None:
-            raise _bad(path, f"the calibration has no {kind}.by_start_depth table")
-        tables[kind] = rows
-    return AcceptanceOracle(tables, label, path=path)
+    return AcceptanceOracle({k: (cal.get(k) or {}).get("by_start_depth") for k in KINDS}, label, path=path)
 
 
 def _read_csv(p: Path) -> dict:

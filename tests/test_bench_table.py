@@ -1,12 +1,11 @@
-"""The table to act on beside the fused speculative round (rvqspec_lib.eval.bench_table), and ``rvqspec bench
---backend NAME --dtype PRECISION``.
+"""The table to act on (rvqspec_lib.eval.bench_table), and ``rvqspec bench --backend NAME --dtype PRECISION``.
 
-Behaviour only (no timed assertion): on a trained model the table has a ``fused speculative`` row naming the fused
-round it timed (not a decode_frame decoder: a negative control that the fused rows do not leak into ``best
-speculative``); a later backend times only the first backend's fastest fused round; every row's ``x_fused_ar`` is
-its ms per frame over the fused AR row's, exactly. The replay's absent row is in tests/test_replay.py. An onnx backend
-with a precision other than float32 is one line naming the fix before any model loads; eager runs a precision on
-tiny-random.
+Behaviour only (no timed assertion): rows are keyed by structured fields (the decoder's label, kind, nodes, fused),
+never by a label to parse; on a trained model the ``fused speculative`` row names the fused frame it timed (a
+negative control that fused runners do not leak into ``best speculative``); a backend outside FULL_BACKENDS times
+only the first full backend's picks; every row's ``x_fused_ar`` is its ms per frame over the fused AR row's, exactly.
+The replay's absent row is in tests/test_replay.py. An onnx backend with a precision other than float32 is one line
+naming the fix before any model loads; eager runs a precision on tiny-random.
 """
 
 from __future__ import annotations
@@ -25,33 +24,49 @@ def no_load(monkeypatch):
     monkeypatch.setattr(loader, "load_model", _no_load)
 
 
-@pytest.fixture(scope="module")
-def embedded_table():
+def _table(**kw):
     from rvqspec_lib.eval.bench_table import bench_table
 
-    # the same backend twice: the second acts as a later backend (what compile or onnx would be), without compiling
-    return bench_table(models=("embedded",), precisions=("float32",), backends=("eager", "eager"), repeats=1,
-                       warmup=0, chains=(4,), budgets=(4,), auto=False, n_contexts=2, progress=False)
+    kw = {"models": ("embedded",), "precisions": ("float32",), "backends": ("eager", "native"), "repeats": 1,
+          "warmup": 0, "chains": (4,), "budgets": (4,), "auto": False, "n_contexts": 2, "progress": False, **kw}
+    return bench_table(**kw)
 
 
-def test_trained_model_has_a_named_fused_speculative_row(embedded_table):
-    from rvqspec_lib.eval.bench_table import ROWS, format_bench_table
+@pytest.fixture(scope="module")
+def embedded_table():
+    """native as a LATER backend (what compile or onnx are), so that nothing compiles."""
+    from rvqspec_lib.eval import bench_table as T
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(T, "FULL_BACKENDS", ("eager",))
+        return _table()
+
+
+def test_rows_are_keyed_by_fields_and_a_later_backend_times_the_first_ones_picks(embedded_table):
+    from rvqspec_lib.eval.bench_table import DECODER_FIELDS, ROWS, format_bench_table
 
     rows = embedded_table["rows"]
     assert [r["row"] for r in rows] == list(ROWS) * 2 and all(r["weights"] == "trained" for r in rows)
     first, later = ({r["row"]: r for r in rows[i * len(ROWS):(i + 1) * len(ROWS)]} for i in (0, 1))
     fused = first["fused speculative"]
-    assert fused["decoder"] in ("fused chain:4", "fused calibrated-point-mass:4")
+    assert {k: fused[k] for k in DECODER_FIELDS} == {"decoder": "chain:4", "kind": "chain", "drafter": "heads",
+                                                       "nodes": 4, "lossy": False, "fused": True}
     assert fused["ms_per_frame"] > 0 and fused["tokens_per_call"] >= 1.0 and fused["build_s"] >= 0
-    assert fused["note"].startswith("fastest of 2 fused rounds timed; built in")
-    assert not first["best speculative"]["decoder"].startswith("fused")  # the decode_frame decoders only
-    # a later backend builds only the first backend's fastest fused round
-    assert later["fused speculative"]["decoder"] == fused["decoder"]
-    assert later["fused speculative"]["note"].startswith("the eager rows' fastest fused round; built in")
-    assert embedded_table["meta"]["fused_build_s"].keys() == {"embedded float32 eager fused chain:4",
-                                                              "embedded float32 eager fused calibrated-point-mass:4"}
+    assert fused["note"].startswith("fastest of 1 fused frames timed; built in")
+    best = first["best speculative"]
+    assert best["fused"] is False and best["decoder"] in ("chain:4", "tree:calibrated-sampled:4",
+                                                          "tree:calibrated-point-mass:4")
+    assert (first["stepped AR"]["kind"], first["stepped AR"]["fused"], first["fused AR"]["fused"]) == \
+        ("ar", False, True)
+    # the later backend: only the first backend's picks (its best and its fastest fused frame)
+    assert later["fused speculative"]["decoder"] == "chain:4" and later["fused speculative"]["backend"] == "native"
+    assert later["fused speculative"]["note"].startswith("the eager rows' fastest fused frame; built in")
+    assert later["best speculative"]["decoder"] == best["decoder"] and later["best speculative"]["note"] == \
+        "the eager rows' best"
+    assert set(embedded_table["meta"]["fused_build_s"]) == {f"embedded float32 {b} {d}/{b}" for b in ("eager", "native")
+                                                            for d in ("ar", "chain:4")}
     text = format_bench_table(embedded_table)
-    assert "| x fused AR |" in text and f"| fused speculative | {fused['decoder']} |" in text
+    assert "| x fused AR |" in text and "| fused speculative | chain:4 (eager, fused) |" in text
 
 
 def test_the_floor_uses_the_faster_of_two_bandwidths(embedded_table):
@@ -78,26 +93,39 @@ def test_the_ratio_column_is_the_ratio_of_the_two_rows(embedded_table):
         assert by["fused speculative"]["x_fused_ar"] == by["fused speculative"]["ms_per_frame"] / fused_ar
         assert by["best speculative"]["x_fused_ar"] == by["best speculative"]["ms_per_frame"] / fused_ar
         assert by["fused AR"]["x_fused_ar"] == 1.0
-        assert by["auto"]["x_fused_ar"] is None  # absent rows have no ratio
+        assert by["auto"]["x_fused_ar"] is None and by["auto"]["decoder"] is None  # absent rows have no ratio
 
 
-def test_native_backend_rows_are_one_c_call_a_frame():
-    """The native backend: stepped calls through the C forward, its fused AR frame and fused chains one C call a
-    frame (no fused trees), every decoder timed (not only the first backend's best)."""
-    from rvqspec_lib.eval.bench_table import bench_table
+def test_native_backend_times_every_decoder_and_auto_may_choose_a_fused_frame():
+    """native, a full backend: stepped calls through the C forward, its fused AR frame and fused chain one C call a
+    frame, every decoder timed; auto chooses among stepped and fused runners and its row is the chosen runner's
+    (the same runner is timed once)."""
     from rvqspec_lib.models.kernels import cpforward
 
     if not cpforward.available():
         pytest.fail(f"the native forward must build on the test machines: {cpforward.unavailable_reason()}")
-    res = bench_table(models=("embedded",), precisions=("float32",), backends=("eager", "native"), repeats=1,
-                      warmup=0, chains=(4,), budgets=(4,), auto=False, n_contexts=2, progress=False)
+    res = _table(auto=True, auto_frames=2, auto_budgets=(4,))
     native = {r["row"]: r for r in res["rows"] if r["backend"] == "native"}
     assert native["stepped AR"]["ms_per_frame"] > 0 and native["fused AR"]["ms_per_frame"] > 0
-    assert native["fused speculative"]["decoder"] == "fused chain:4"  # the chain: the native frame has no tree
-    assert native["best speculative"]["decoder"] in ("chain:4", "calibrated-sampled:4", "calibrated-point-mass:4")
-    assert native["best speculative"]["note"] == "best of 2 timed"  # every decoder, as a first backend
+    assert native["fused speculative"]["decoder"] == "chain:4" and native["fused speculative"]["fused"]
+    assert native["best speculative"]["note"] == "best of 2 timed"  # every decoder, as a full backend
     assert native["fused speculative"]["x_fused_ar"] == pytest.approx(
         native["fused speculative"]["ms_per_frame"] / native["fused AR"]["ms_per_frame"])
+    auto = native["auto"]
+    assert auto["ms_per_frame"] > 0 and auto["note"] == f"auto chose {auto['decoder']}{', fused' * auto['fused']}"
+
+
+def test_bad_table_arguments_are_one_line_before_any_model_loads(no_load):
+    from rvqspec_lib.eval.bench_table import check_table_args
+
+    for kw, words in ((dict(backends=["eager", "eager"]), "name each backend once"),
+                      (dict(backends=["cuda"]), "the table times eager, native, compile, onnx"),
+                      (dict(precisions=["bfloat16"]), "the table always has float32"),
+                      (dict(chains=[9]), "2..8"), (dict(budgets=[99]), "outside 2..64")):
+        args = {"models": ["embedded"], "precisions": ["float32"], "backends": ["eager"], **kw}
+        with pytest.raises(ValueError) as e:
+            check_table_args(args.pop("models"), args.pop("precisions"), args.pop("backends"), **args)
+        assert words in str(e.value) and "\n" not in str(e.value), (kw, str(e.value))
 
 
 @pytest.mark.parametrize("argv, words", [

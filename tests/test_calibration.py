@@ -112,18 +112,21 @@ def test_pool_by_offset_skips_missing_start_depths():
 
 
 def test_calibration_file_round_trip_and_names(small, tmp_path):
-    from rvqspec_lib.models.tree_files import load_calibration, load_named_tree, save_calibration
     from rvqspec_lib.decoding.decoder_names import parse_tree_name
+    from rvqspec_lib.models.named_decoders import resolve
+    from rvqspec_lib.models.tree_files import load_calibration, save_calibration
 
     cp, frames = small
     cal = calibrate(cp, ReusedHeads(), frames, budgets=(2, 4, 8), draws=1)
     path = save_calibration(cal, tmp_path / "trees" / "heads.json")
     assert not list(path.parent.glob("*.tmp"))
     assert load_calibration(path, n_codes=3, codebook_size=16) == cal
-    t = load_named_tree("calibrated-sampled:8", "unused", cp, path=path)
-    assert t.sampled and t.tree(3).n_nodes == 7
-    best = load_named_tree("calibrated:4", "unused", cp, path=path)
-    assert best.sampled == (cal["best_kind"]["4"] == "sampled")
+    read = load_calibration(path, n_codes=3, codebook_size=16)
+    t = resolve("calibrated-sampled:8", None, calibrations={"heads": read})  # a calibration in hand: no model needed
+    assert t.decoder.sampled and t.decoder.tree(3).n_nodes == 7 and t.label == "tree:calibrated-sampled:8"
+    best = resolve("calibrated:4", None, calibrations={"heads": read})
+    assert best.decoder.sampled == (cal["best_kind"]["4"] == "sampled")
+    assert best.label == f"tree:calibrated-{cal['best_kind']['4']}:4"
     assert parse_tree_name("calibrated-point-mass:64") == ("point-mass", 64)
     for bad, word in (("calibrated:1", "outside 2..64"), ("calibrated:65", "outside 2..64"),
                       ("calibrated-beam:4", "unknown tree name"), ("best:4", "unknown tree name")):

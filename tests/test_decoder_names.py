@@ -5,6 +5,7 @@ model loads; ``paper`` decodes with the offsets and the offsets' tree, not the h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -46,7 +47,7 @@ def test_every_form_parses_to_its_spec():
     paper = p("paper")
     assert (paper.kind, paper.drafter, paper.tree_kind, paper.budget, paper.budget_given) == \
         ("paper", "offsets", "point-mass", 32, False)
-    assert p("paper:16").budget == 16 and p("paper:16").budget_given and p("paper").label == "paper-N32"
+    assert p("paper:16").budget == 16 and p("paper:16").budget_given and p("paper").label == "paper:32"
 
 
 @pytest.mark.parametrize("bad, needle", [
@@ -78,21 +79,37 @@ def _cal(budgets):
             "point-mass": {"order": order}, "sampled": {"order": order}}
 
 
+def _built(text, **kw):
+    """(final label, decoder) of a name built from a calibration dict and a drafter (no files)."""
+    d = N.parse_decoder_name(text)
+    dec = d.decoder(**kw)
+    return d.resolved(dec).label, dec
+
+
 def test_decoders_built_from_names_carry_their_drafter():
     marker = object()  # any drafter object: the decoder must carry exactly it
-    assert N.parse_decoder("chain:3") == ("chain3", Chain(3))
-    label, dec = N.parse_decoder("chain:3@offsets", drafter=marker)
-    assert label == "chain3@offsets" and dec.drafter is marker and dec != Chain(3)  # negative control: not equal
-    label, dec = N.parse_decoder("paper", calibration=_cal(range(2, 25)), drafter=marker)
-    assert label == "paper-N24" and len(dec.paths) == 23 and not dec.sampled and dec.drafter is marker  # capped to 24
-    assert N.parse_decoder("paper", calibration=_cal(range(2, 65)), drafter=marker)[0] == "paper-N32"
+    assert _built("chain:3") == ("chain:3", Chain(3))
+    label, dec = _built("chain:3@offsets", drafter=marker)
+    assert label == "chain:3@offsets" and dec.drafter is marker and dec != Chain(3)  # negative control: not equal
+    label, dec = _built("paper", calibration=_cal(range(2, 25)), drafter=marker)
+    assert label == "paper:24" and len(dec.paths) == 23 and not dec.sampled and dec.drafter is marker  # capped to 24
+    assert _built("paper", calibration=_cal(range(2, 65)), drafter=marker)[0] == "paper:32"
     with pytest.raises(ValueError, match="node budget 32"):
-        N.parse_decoder("paper:32", calibration=_cal(range(2, 25)), drafter=marker)  # an explicit N is not capped
+        _built("paper:32", calibration=_cal(range(2, 25)), drafter=marker)  # an explicit N is not capped
     with pytest.raises(ValueError, match="load it first"):
-        N.parse_decoder("paper", calibration=_cal(range(2, 65)))  # the offsets are needed
-    assert N.parse_decoder("ssd-lossy:0.2")[1] == LossySSD(beta=0.2) and N.parse_decoder("ar")[1] == AR()
+        _built("paper", calibration=_cal(range(2, 65)))  # the offsets are needed
+    assert _built("ssd-lossy:0.2") == ("ssd-lossy:0.2", LossySSD(beta=0.2)) and _built("ar") == ("ar", AR())
+    assert _built("chain:best", best_chain=5) == ("chain:5", Chain(5))
     assert N.calibration_budgets(["paper", "paper:8", "tree:calibrated", "ar"]) == [8, 16, 32]
     assert N.drafters_named(["ar", "paper", "chain:4@offsets-tv", "tree"]) == ["offsets", "offsets-tv"]
+
+
+def test_auto_keeps_its_drafter_in_the_label():
+    """Every label reads back as the same name: auto@offsets too (it once lost its drafter)."""
+    assert N.parse_decoder_name("auto@offsets").label == "auto@offsets" and N.parse_decoder_name("auto").label == "auto"
+    for text in ("auto@offsets", "chain:best@offsets", "tree:calibrated:8@offsets", "ssd-lossy:0.25"):
+        d = N.parse_decoder_name(text)
+        assert N.parse_decoder_name(d.label) == dataclasses.replace(d, text=d.label), text
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -256,16 +273,17 @@ def test_shipped_calibration_files_are_sound_and_per_drafter():
 # the paper's decoder decodes with the offsets and the offsets' own tree
 # --------------------------------------------------------------------------------------------------------------------
 def test_paper_decodes_with_the_offsets_and_their_tree():
-    from rvqspec_lib.cli.common import build_decoder
     from rvqspec_lib.data.frame_sources import frames_from_shipped
-    from rvqspec_lib.models.drafter_files import load_drafter
-    from rvqspec_lib.models.tree_files import load_calibration
     from rvqspec_lib.decoding.decode import decode_frame
     from rvqspec_lib.decoding.drafters import PositionOffsets, ReusedHeads
+    from rvqspec_lib.models.drafter_files import load_drafter
+    from rvqspec_lib.models.named_decoders import resolve
+    from rvqspec_lib.models.tree_files import load_calibration
 
     lm = loader.load_model("embedded")
     assert lm.folder == EMBEDDED
-    dec, drafter, _ = build_decoder(N.parse_decoder_name("paper"), lm)
+    named = resolve("paper", lm)
+    dec, drafter = named.decoder, named.drafter
     offsets = load_drafter(EMBEDDED / "drafters" / "offsets.safetensors", lm.code_predictor)
     assert isinstance(drafter, PositionOffsets) and dec.drafter is drafter
     assert torch.equal(drafter.offsets, offsets.offsets)

@@ -362,11 +362,14 @@ def test_embedded_drafters_live_beside_the_embedded_model(tmp_path):
 def test_saturation_window_and_acceptance_by_depth():
     from rvqspec_lib.eval.acceptance import acceptance_by_depth, saturation_window
 
-    tpc = {"chain2": 1.5, "chain3": 1.9, "chain4": 2.0, "chain5": 2.01, "chain6": 1.99, "tree": 9.0}
+    tpc = {2: 1.5, 3: 1.9, 4: 2.0, 5: 2.01, 6: 1.99}
     assert saturation_window(tpc) == 4 and saturation_window(tpc, rel_tol=0) == 5
-    assert saturation_window({2: 1.0, 3: 1.2}) == 3
+    # evaluate_acceptance's output: chains found by their fields (kind, nodes), never by parsing a label
+    rows = {f"chain:{w}": {"kind": "chain", "nodes": w, "tokens_per_call": v} for w, v in tpc.items()}
+    result = {"decoders": {**rows, "tree:0;1": {"kind": "tree", "nodes": 3, "tokens_per_call": 9.0}}}
+    assert saturation_window(result) == 4
     with pytest.raises(ValueError, match="no chain window"):
-        saturation_window({"tree": 2.0})
+        saturation_window({"decoders": {"tree:0;1": result["decoders"]["tree:0;1"]}})
     alpha = np.array([[0.9, 0.8], [0.7, np.nan], [np.nan, np.nan]])  # n = 4 codes: start depths 1..3, offsets 1..2
     d = acceptance_by_depth(alpha)
     assert d.shape == (5,) and np.isnan(d[:2]).all()
@@ -468,19 +471,21 @@ def test_acceptance_statistics_exact_and_empirical_agree():
     ctx = held_out.context[:200]
     rep = evaluate_acceptance(cp, ReusedHeads(), ctx, decoders=[Chain(2), Chain(4), Tree(((0,), (1,), (0, 0)))])
     json.dumps(rep)
-    assert set(rep["tokens_per_call"]) == {"chain2", "chain4", "tree"}
+    assert set(rep["tokens_per_call"]) == {"chain:2", "chain:4", "tree:0;1;0,0"}
+    assert {k: (v["kind"], v["nodes"]) for k, v in rep["decoders"].items()} == {
+        "chain:2": ("chain", 2), "chain:4": ("chain", 4), "tree:0;1;0,0": ("tree", 4)}
     for label, tpc in rep["tokens_per_call"].items():
         pred = rep["predicted_tokens_per_call"][label]
         assert abs(pred - tpc) < 0.06 * tpc, (label, pred, tpc)
     # offset 1, start depths weighted as the decoder met them (acceptance varies a lot with the start depth)
-    tried = np.array(rep["decoders"]["chain2"]["tried_by_start_offset"])[:, 0]
+    tried = np.array(rep["decoders"]["chain:2"]["tried_by_start_offset"])[:, 0]
     exact = float((tried * np.array(rep["exact"]["alpha"], dtype=float)[:, 0]).sum() / tried.sum())
-    emp = rep["decoders"]["chain2"]["acceptance_by_offset"][0]
+    emp = rep["decoders"]["chain:2"]["acceptance_by_offset"][0]
     assert abs(emp - exact) < 4 * math.sqrt(exact * (1 - exact) / tried.sum()), (emp, exact)
     mass, hit = np.array(rep["exact"]["rank_mass_by_offset"]), np.array(rep["exact"]["rank_hit_by_offset"])
     assert np.abs(mass - hit).max() < 0.03 and mass[0, 0] > mass[0, 1] > mass[0, 2]
     assert rep["per_depth_acceptance"][0] is None and rep["per_depth_acceptance"][1] is None  # nothing drafts 0, 1
-    st = rep["decoders"]["chain4"]
+    st = rep["decoders"]["chain:4"]
     assert sum(c * k for k, c in enumerate(st["committed_hist"], start=1)) == 200 * 14  # prefill commits code 1
     assert predicted_tokens_per_call({}, AR(), 15) == 1.0
 

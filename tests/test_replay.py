@@ -1,5 +1,5 @@
-"""Timing replay (rvqspec_lib.decoding.replay, rvqspec_lib.eval.replay): the replayed acceptance follows its table,
-the frame is sealed (never audio), and a malformed table is one line naming the fix.
+"""Timing replay (rvqspec_lib.eval.replay: the acceptance hook of decode_frame, and its tables): the replayed
+acceptance follows its table, the frame is sealed (never audio), and a malformed table is one line naming the fix.
 
 Statistical tests: chi-square goodness of fit at level 1e-4 each (two tests of a correct oracle: a false failure
 for an unlucky seed has probability at most 2e-4; the seeds are fixed, so the tests are deterministic). Each has a
@@ -18,8 +18,8 @@ from scipy.stats import chisquare
 
 from rvqspec_lib.decoding.decode import RoundPlan, Verified, decode_frame
 from rvqspec_lib.decoding.decoders import Chain, Tree
-from rvqspec_lib.decoding.replay import AcceptanceOracle
 from rvqspec_lib.eval import replay as R
+from rvqspec_lib.eval.replay import AcceptanceOracle
 
 LEVEL = 1e-4
 N = 15  # codes per frame of tiny-random and of the replayed architectures
@@ -244,13 +244,15 @@ def test_table_rows_on_tiny_random_are_labelled_replays(tmp_path):
         r = by[name]
         assert r["ms_per_frame"] > 0 and r["rtf"] == r["ms_per_frame"] / 80.0
         assert r["x_floor_ar"] == r["ms_per_frame"] / r["floor_ar_ms"]
-    assert by["best speculative"]["decoder"] in ("chain:4", "calibrated-sampled:4", "calibrated-point-mass:4")
+    best = by["best speculative"]
+    assert best["decoder"] in ("chain:4", "tree:calibrated-sampled:4", "tree:calibrated-point-mass:4")
+    assert best["fused"] is False and best["kind"] in ("chain", "calibrated") and best["nodes"] == 4
     assert by["auto"]["ms_per_frame"] is None and "absent" in by["auto"]["note"]
-    # a replay cannot drive a fused round (its acceptance is inside its graph): absent, with that reason
+    # a replay cannot drive a fused frame (its acceptance is inside it): absent, with that reason
     fused = by["fused speculative"]
     assert fused["ms_per_frame"] is None and fused["decoder"] is None and fused["x_fused_ar"] is None
-    assert fused["note"] == "absent: a timing replay cannot drive a fused round (acceptance is inside its graph)"
-    assert not by["best speculative"]["decoder"].startswith("fused")
+    assert fused["note"] == "absent: a timing replay cannot drive a fused frame (its acceptance is inside it)"
+    assert by["fused AR"]["fused"] is True and by["stepped AR"]["fused"] is False  # AR has no acceptance to replay
     assert any("public C port" in f and "quoted" in f for f in res["footer"])
     out = save_bench_table(res, tmp_path / "t", provenance({}))
     md = out["md"].read_text()

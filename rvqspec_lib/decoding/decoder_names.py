@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from rvqspec_lib.decoding.decoders import DEFAULT_TREE, DEFAULT_WINDOW, MAX_WINDOW
+from rvqspec_lib.decoding.decoders import AR, DEFAULT_TREE, DEFAULT_WINDOW, MAX_WINDOW, Chain, LossySSD, Tree
 
 #: Node budget of a calibrated tree named without ``:N`` (the paper's devices peak at N = 16 or 32).
 DEFAULT_TREE_BUDGET = 16
@@ -111,11 +111,13 @@ class DecoderName:
         calibrated tree its kind and budget). Result rows carry the fields too (:meth:`fields`): code never parses a
         label back."""
         k = self.kind
-        if k in ("ar", "auto"):
+        if k == "ar":
             return k
         if k == "paper":
             return f"paper:{self.budget}"
-        if k == "chain":
+        if k == "auto":
+            base = k
+        elif k == "chain":
             base = "chain:best" if self.best_window else f"chain:{self.window}"
         elif k == "tree":
             base = f"tree{'-sampled' if self.sampled else ''}:{format_paths(self.paths)}"
@@ -159,8 +161,6 @@ class DecoderName:
             ValueError: ``auto`` (chosen by timing: :mod:`rvqspec_lib.eval.budget`), a missing calibration or
                 best window, a budget the calibration does not hold (one line).
         """
-        from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
-
         if self.kind == "ar":
             return AR()
         if self.kind == "auto":
@@ -250,7 +250,7 @@ def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName
         ValueError: one line naming the fix: an unknown name (the grammar is listed), a window outside 2..8, a
             node budget outside 2..64, a bad beta, malformed rank paths, a bad drafter qualifier.
     """
-    from rvqspec_lib.decoding.trees import parse_paths
+    from rvqspec_lib.decoding.trees import parse_paths  # local: trees imports torch, and this module must not
 
     raw = (text or "").strip() if isinstance(text, str) else ""
     if not raw:
@@ -358,8 +358,6 @@ def name_of(decoder) -> DecoderName:
     Raises:
         ValueError: not a decoder of :mod:`rvqspec_lib.decoding.decoders`.
     """
-    from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
-
     drafter = getattr(getattr(decoder, "drafter", None), "name", None) or DEFAULT_DRAFTER
     if type(decoder) is AR:
         return DecoderName("ar", "ar")
@@ -382,8 +380,6 @@ def tree_from_calibration(calibration: dict, kind: str | None, budget: int):
     Raises:
         ValueError: a budget or kind the calibration does not hold.
     """
-    from rvqspec_lib.decoding.decoders import Tree
-
     if kind is None:
         kind = (calibration.get("best_kind") or {}).get(str(budget))
     budgets = [int(b) for b in calibration.get("budgets", [])]

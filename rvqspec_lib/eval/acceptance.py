@@ -32,6 +32,7 @@ from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.data.teacher import teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoder_names import name_of
 from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, DEFAULT_TREE, Chain, Tree
 from rvqspec_lib.decoding.drafters import draft_batch
 from rvqspec_lib.decoding.sampling import Sampling
@@ -39,16 +40,6 @@ from rvqspec_lib.decoding.trees import DraftTree
 
 #: Ranks tabulated by default for the tree calibration (top-8 at every offset).
 DEFAULT_MAX_RANK = 8
-
-
-def decoder_label(decoder) -> str:
-    if isinstance(decoder, Chain):
-        return f"chain{decoder.window}"
-    if isinstance(decoder, Tree):
-        return "tree"
-    if isinstance(decoder, AR):
-        return "ar"
-    raise ValueError(f"decoder must be AR(), Chain(window=N) or Tree(paths=...), got {decoder!r}")
 
 
 def default_decoders(tree_paths: Sequence[Sequence[int]] = DEFAULT_TREE) -> list:
@@ -62,6 +53,11 @@ def _json(a: np.ndarray):
     if a.ndim == 0:
         return None if math.isnan(a.item()) else float(a.item())
     return [_json(v) for v in a]
+
+
+def _valid(n: int, n_ahead: int) -> torch.Tensor:
+    """``(n-1, n_ahead)`` bool: start depth k (row k-1) and offset j (column j-1) draft a depth k + j <= n."""
+    return (torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]) <= n
 
 
 def _teacher_forced_batches(cp, context: torch.Tensor, codes: torch.Tensor, sampling: Sampling, batch_size: int):
@@ -126,7 +122,7 @@ def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torc
         s_mass += mass.double().sum(0).cpu()
         s_hit += hit.sum(0).cpu()
         count += b
-    valid = (torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]) <= n  # (n-1, K)
+    valid = _valid(n, n_ahead)  # (n-1, K)
     nan = torch.tensor(float("nan"), dtype=torch.float64)
     alpha = torch.where(valid, s_alpha / count, nan)
     mass = torch.where(valid[..., None], s_mass / count, nan)
@@ -134,16 +130,10 @@ def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torc
     w = valid.double()
     by_offset = (torch.nan_to_num(alpha) * w).sum(0) / w.sum(0).clamp_min(1)
     by_offset = torch.where(w.sum(0) > 0, by_offset, nan)
-    depth = torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]
-    by_depth = torch.full((n + 1,), float("nan"), dtype=torch.float64)
-    for dep in range(2, n + 1):
-        sel = valid & (depth == dep)
-        if bool(sel.any()):
-            by_depth[dep] = alpha[sel].mean()
     pool = lambda t: torch.where(w.sum(0)[:, None] > 0, (torch.nan_to_num(t) * w[..., None]).sum(0)  # noqa: E731
                                  / w.sum(0).clamp_min(1)[:, None], nan)
     return {"alpha": alpha.numpy(), "rank_mass": mass.numpy(), "rank_hit": hit.numpy(),
-            "alpha_by_offset": by_offset.numpy(), "alpha_by_depth": by_depth.numpy(),
+            "alpha_by_offset": by_offset.numpy(), "alpha_by_depth": acceptance_by_depth(alpha.numpy()),
             "rank_mass_by_offset": pool(mass).numpy(), "rank_hit_by_offset": pool(hit).numpy(), "n_frames": count}
 
 
@@ -169,9 +159,7 @@ def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torc
         for acc, dr in zip(out, drafters):
             logits, _, _, p = _drafts_and_targets(cp, dr, hidden, p_all, n_ahead)
             acc.append(torch.minimum(p, sampling.probs(logits)).sum(-1).double().cpu())
-    valid = (torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]) <= n
-    nan = torch.tensor(float("nan"), dtype=torch.float64)
-    tables = [torch.where(valid, torch.cat(acc), nan) for acc in out]
+    tables = [torch.where(_valid(n, n_ahead), torch.cat(acc), float("nan")) for acc in out]
     return tables if isinstance(drafter, (list, tuple)) else tables[0]
 
 
@@ -195,7 +183,7 @@ def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: F
     Raises:
         ValueError: fewer than 2 utterances, or ``confidence`` outside (0, 1).
     """
-    from scipy import stats
+    from scipy import stats  # local: scipy.stats takes about 1 s to import (measured); only this needs it
 
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -312,33 +300,25 @@ def acceptance_by_depth(alpha, max_offset: int | None = None) -> np.ndarray:
     return out
 
 
-def saturation_window(tokens_per_call: dict, *, rel_tol: float = 0.02) -> int:
+def saturation_window(result: dict, *, rel_tol: float = 0.02) -> int:
     """The smallest chain window whose tokens per call is within ``rel_tol`` of the best window's (seed 003: "acceptance
     saturates once the window passes four depths").
 
     Args:
-        tokens_per_call: ``{window (int) or label "chainN": tokens per call}``, e.g. ``evaluate_acceptance(...)
-            ["tokens_per_call"]`` (non-chain labels such as ``"tree"`` are ignored).
+        result: :func:`evaluate_acceptance`'s output (its chains found by their fields: ``kind`` chain, ``nodes`` the
+            window), or ``{window (int): tokens per call}``.
         rel_tol: relative shortfall from the maximum still counted as saturated (0.02 = 2%).
 
-    Returns:
-        the window N (int).
-
     Raises:
-        ValueError: no chain window among the keys, or ``rel_tol`` negative.
+        ValueError: no chain window, or ``rel_tol`` negative.
     """
     if rel_tol < 0:
         raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
-    by_w = {}
-    for k, v in tokens_per_call.items():
-        if isinstance(k, str):
-            if not k.startswith("chain") or not k[5:].isdigit():
-                continue
-            k = int(k[5:])
-        if v is not None:
-            by_w[int(k)] = float(v)
+    if "decoders" in result:
+        result = {d["nodes"]: d["tokens_per_call"] for d in result["decoders"].values() if d["kind"] == "chain"}
+    by_w = {int(w): float(v) for w, v in result.items() if v is not None}
     if not by_w:
-        raise ValueError(f"no chain window among {sorted(map(str, tokens_per_call))}")
+        raise ValueError("no chain window to compare: evaluate chain decoders (evaluate_acceptance's default)")
     best = max(by_w.values())
     return min(w for w, v in by_w.items() if v >= best * (1 - rel_tol))
 
@@ -354,7 +334,9 @@ def decoder_statistics(code_predictor, drafter, context: torch.Tensor, decoder, 
     """Run ``decoder`` over every context and count what its calls committed.
 
     Returns:
-        dict with ``tokens_per_call`` (all codes / all calls), ``calls_per_frame``, ``committed_hist`` (calls after
+        dict with the decoder's fields (:meth:`~rvqspec_lib.decoding.decoder_names.DecoderName.fields` of
+        :func:`~rvqspec_lib.decoding.decoder_names.name_of`: ``decoder`` its label, ``kind``, ``drafter``, ``nodes``,
+        ``lossy``), ``tokens_per_call`` (all codes / all calls), ``calls_per_frame``, ``committed_hist`` (calls after
         the prefill that committed c = 1.. codes), ``acceptance_by_start_offset`` ``(n-1, K)`` (accepted / tried,
         NaN where never tried), ``acceptance_by_offset`` ``(K,)``, ``acceptance_by_depth`` ``(n+1,)`` (index =
         drafted depth), ``reach_by_offset`` ``(K,)`` (fraction of calls able to draft offset j that accepted at
@@ -401,7 +383,7 @@ def decoder_statistics(code_predictor, drafter, context: torch.Tensor, decoder, 
     c = committed[live]
     hist = torch.bincount(c, minlength=k_max + 2)[1:].tolist() if c.numel() else []
     return {
-        "decoder": repr(decoder),
+        **name_of(decoder).fields(),
         "tokens_per_call": float(codes.shape[0] * n / calls.sum()),
         "calls_per_frame": float(calls.double().mean()),
         "committed_hist": hist,
@@ -431,6 +413,10 @@ def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, 
         ``{"drafter", "params_added", "sampling", "n_frames", "n_codes", "tokens_per_call" {label: value},
         "predicted_tokens_per_call" {label: value}, "per_depth_acceptance" (exact alpha by drafted depth),
         "decoders" {label: decoder_statistics without codes}, "exact" {tables of exact_statistics}}``; NaN is None.
+        A label is the decoder's name in the grammar (``chain:4``, ``tree:0;1;0,0``); its rows carry the fields.
+
+    Raises:
+        ValueError: no decoder, the same decoder twice, a bad ``teacher_codes``.
     """
     if teacher_codes not in ("decoded", "frames"):
         raise ValueError(f"teacher_codes must be 'decoded' or 'frames', got {teacher_codes!r}")
@@ -448,7 +434,9 @@ def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, 
         st = decoder_statistics(cp, drafter, context, dec, sampling=sampling, seed=seed, batch_size=batch_size)
         if first_codes is None:
             first_codes = st["codes"]
-        runs[decoder_label(dec)] = st
+        if st["decoder"] in runs:
+            raise ValueError(f"{st['decoder']} is evaluated twice: give each decoder once")
+        runs[st["decoder"]] = st
     k_eval = max(max(d.tree(n).max_depth for d in decoders), 1)
     ranks = max(max_rank, max((d.tree(n).max_rank + 1 for d in decoders), default=0))
     codes = first_codes if teacher_codes == "decoded" else frames.codes

@@ -1,80 +1,95 @@
-"""A node budget per device: ``--decoder auto`` (the paper chose N by hand per device and left automatic choice as
-future work; Sequoia and EAGLE-2 choose from measured verify costs; docs/methods.md#choosing-the-node-budget).
+"""A decoder and how to run it, per device: ``--decoder auto`` (the paper chose N by hand per device and left
+automatic choice as future work; Sequoia and EAGLE-2 choose from measured verify costs;
+docs/methods.md#choosing-the-node-budget).
 
-:func:`choose_decoder` times, on the running device and dtype,
-
-1. the real verify call (the backend's forward with the shapes of each candidate tree,
-   :func:`rvqspec_lib.eval.speed.verify_cost_curve`) for every node budget N, giving the cost curve t(N)/t(1) and the predicted speedup ``E(N) t(1) / t(N)`` from the
-   calibrated tokens per call E(N) (the check the paper's per-device tables imply);
-2. then, for the most promising candidates and AR, whole frames decoded one at a time (the streaming case),
-   interleaved (:func:`rvqspec_lib.eval.speed.time_frames`), and picks the decoder with the least measured time per
-   committed code.
-
-:func:`auto_decoder` caches the choice per device, model, dtype, drafter, thread count and calibration in a small
-JSON file (``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``), so the timing runs once per machine.
+:func:`choose_decoder` times, on the running device and precision, through backends of the registry
+(:mod:`rvqspec_lib.models.backends`): first the verify call of every candidate's shape (t(N)/t(1), and the predicted
+speedup ``E(N) t(1) / t(N)`` from the calibrated tokens per call E(N)); then whole frames, one at a time, interleaved:
+AR and each backend's most promising candidates stepped through ``decode_frame``, and AR and every chain window as
+the backend's fused frame where it has one (e.g. the native whole frame, one C call); the runner with the least
+measured time per committed code wins. :func:`auto_decoder` caches the choice in a small JSON file
+(``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``), so the timing runs once per machine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
-from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
-from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
-from rvqspec_lib.models.tree_files import tree_from_calibration
+from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.decoding import predictor as P
-from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain
-from rvqspec_lib.decoding.predictor import OfficialBackend
+from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
+from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
+from rvqspec_lib.eval.calibration import KINDS
+from rvqspec_lib.eval.noise import noise_words
+from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
+from rvqspec_lib.eval.timing import oversubscribed_note
+from rvqspec_lib.models.backends import frame_runner, fused_support, verify_backend
+from rvqspec_lib.models.named_decoders import NamedDecoder, resolve, resolve_all
+from rvqspec_lib.models.precision import precision_of
 
-#: The backend name of a choice run as the whole frame in one C call (:mod:`rvqspec_lib.models.native_frame`).
-NATIVE_FRAME = "native-frame"
 #: Node budgets N (root included) considered for calibrated trees.
 AUTO_BUDGETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: Version of a cached choice (part of its key: entries of another version are never read as choices).
+CACHE_VERSION = 2
 
 
 @dataclass
 class AutoChoice:
-    """What :func:`choose_decoder` chose and why.
+    """What :func:`choose_decoder` chose, how it runs, and why.
 
     Attributes:
-        label: the decoder's name (``ar``, ``chain:4``, ``calibrated-sampled:16`` ...), usable on the command line.
-        decoder: the decoder object. reason: one line saying why (measured time per code against AR and the rest).
-        table: one row per candidate: ``label``, ``nodes`` (N), ``predicted_tokens_per_call``, ``verify_ms``,
-            ``verify_ratio`` t(N)/t(1), ``predicted_speedup`` E(N) t(1)/t(N), and for the measured candidates
-            ``ms_per_code`` and ``speedup`` (vs AR's measured time per code).
-        key: the cache key (device, model, dtype, drafter, threads, calibration digest).
-        oversubscribed: the ``OVERSUBSCRIBED: ...`` words (:func:`rvqspec_lib.eval.bench.oversubscribed_note`) when
-            other processes crowded the CPU while the verify calls were timed, else ``""`` (such a choice is not
-            cached).
-        backend: the chosen backend's name when :func:`choose_decoder` chose among ``backends`` (``native-frame``:
-            the whole frame in one C call, :data:`NATIVE_FRAME`), else ``None``.
+        named: the chosen :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` (its ``note``: :attr:`reason`).
+        backend: the backend it runs through. fused: as that backend's fused frame. reason: one line saying why.
+        table: a row per (candidate, backend, fused): the decoder's fields, ``backend``, ``fused``,
+            ``predicted_tokens_per_call``, ``verify_ms``, ``verify_ratio`` t(N)/t(1), ``predicted_speedup`` (stepped
+            rows), and where timed ``ms_per_code``, ``measured_tokens_per_call``, ``speedup`` (over stepped AR
+            through the first backend).
+        key: the cache key. oversubscribed: ``OVERSUBSCRIBED: ...`` when other processes crowded the CPU while
+            timing, else ``""`` (such a choice is not cached).
     """
 
-    label: str
-    decoder: object
+    named: NamedDecoder
+    backend: str
+    fused: bool
     reason: str
     table: list = field(default_factory=list)
     key: dict = field(default_factory=dict)
     oversubscribed: str = ""
-    backend: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The chosen decoder's label (``chain:4`` ...), a name the grammar reads."""
+        return self.named.label
+
+    @property
+    def decoder(self):
+        """The chosen decoder object."""
+        return self.named.decoder
+
+    def runner(self, code_predictor, **kwargs):
+        """The choice as a :func:`~rvqspec_lib.models.backends.frame_runner` (``kwargs``: ``sampling`` ...)."""
+        return frame_runner(self.backend, code_predictor, self.named, fused=self.fused, **kwargs)
 
 
 def device_name(device: torch.device) -> str:
     """A stable name of the device being timed: the GPU's name, or the CPU model and core count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from rvqspec_lib.common.provenance import cpu_model
-
     return f"{cpu_model() or platform.processor() or 'cpu'} ({os.cpu_count()} cores)"
 
 
@@ -87,165 +102,140 @@ def _check_device(device: torch.device) -> None:
         raise ValueError(f"auto does not know how to time on {device.type}: use cpu or cuda, or pick a decoder")
 
 
+def _drafter_name(drafter, drafter_name: str | None) -> str:
+    if drafter_name:
+        return drafter_name
+    return "heads" if drafter is None or isinstance(drafter, ReusedHeads) else str(drafter.name)
+
+
 def tables_from_calibration(calibration: dict) -> dict:
     """The per-start-depth tables :func:`~rvqspec_lib.eval.acceptance.predicted_tokens_per_call` needs, from a
-    calibration file: ``alpha`` (the first sampled child = a chain's draft), ``rank_mass``, ``child_accept``."""
-    nan = lambda x: np.array([[np.nan if v is None else v for v in r] for r in x], dtype=np.float64)  # noqa: E731
-    pm = np.stack([nan(r) for r in calibration["point-mass"]["by_start_depth"]])
-    ch = np.stack([nan(r) for r in calibration["sampled"]["by_start_depth"]])
-    return {"alpha": ch[..., 0], "rank_mass": pm, "child_accept": ch}
+    calibration file: ``alpha`` (the first sampled child = a chain's draft), ``rank_mass``, ``child_accept``
+    (float64 arrays ``(n-1, K, C)``, NaN where there is no node)."""
+    def arr(kind):
+        return np.array([[[np.nan if v is None else v for v in r] for r in s]
+                         for s in calibration[kind]["by_start_depth"]], dtype=np.float64)
+    ch = arr("sampled")
+    return {"alpha": ch[..., 0], "rank_mass": arr("point-mass"), "child_accept": ch}
 
 
-def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS) -> list[tuple[str, object, int, float]]:
-    """``(label, decoder, N, predicted tokens per call)`` for AR, every chain window and every calibrated tree."""
-    n = int(calibration["n_codes"])
+def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS, *, drafter=None,
+               drafter_name: str | None = None) -> list[tuple[NamedDecoder, float]]:
+    """``(NamedDecoder, predicted tokens per call E)`` for AR, every chain window the calibration's tables reach and
+    both kinds of calibrated tree at the ``budgets`` it holds, drafting with ``drafter`` (default the reused heads;
+    ``drafter_name``: its file name beside the model, default its ``name``).
+
+    Raises:
+        ValueError: a drafter other than the heads named but not given.
+    """
+    dn = _drafter_name(drafter, drafter_name)
+    at = "" if dn == "heads" else f"@{dn}"
     tables = tables_from_calibration(calibration)
-    out = [("ar", AR(), 1, 1.0)]
-    k_tab = tables["alpha"].shape[1]
-    for w in CHAIN_WINDOWS:
-        if w - 1 <= k_tab:
-            out.append((f"chain:{w}", Chain(w), w, predicted_tokens_per_call(tables, Chain(w), n)))
     have = {int(b) for b in calibration["budgets"]}
-    for kind in ("point-mass", "sampled"):
-        for b in budgets:
-            if b in have:
-                tree = tree_from_calibration(calibration, kind, b)
-                out.append((f"calibrated-{kind}:{b}", tree, b, float(calibration[kind]["predicted_tokens_per_call"][str(b)])))
+    names = (["ar"] + [f"chain:{w}{at}" for w in CHAIN_WINDOWS if w - 1 <= tables["alpha"].shape[1]]
+             + [f"tree:calibrated-{kind}:{b}{at}" for kind in KINDS for b in budgets if int(b) in have])
+    named = resolve_all(names, None, calibrations={dn: calibration}, drafters={dn: drafter} if at else {})
+    n = int(calibration["n_codes"])
+    out = []
+    for nd in named.values():
+        d = nd.name
+        e = 1.0 if d.kind == "ar" else predicted_tokens_per_call(tables, nd.decoder, n) if d.kind == "chain" else \
+            float(calibration[d.tree_kind]["predicted_tokens_per_call"][str(d.budget)])
+        out.append((nd, e))
     return out
 
 
-
-
-
-
-def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *, drafter=None,
-                   sampling: Sampling | None = None, budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5,
-                   frames: int = 16, repeats: int = 3, cost_repeats: int = 5, backend=None, backends=None,
-                   seed: int = 0, progress: bool = False, acceptance=None,
-                   noise_target: float | None = None, native_frames: bool = True) -> AutoChoice:
-    """Choose the decoder (and, given several, the backend) with the least measured time per committed code on this
-    device (module docstring).
+def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
+                   backends: Sequence[str] | Mapping[str, object] = ("official",), drafter=None,
+                   drafter_name: str | None = None, sampling: Sampling | None = None,
+                   budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5, frames: int = 16, repeats: int = 3,
+                   cost_repeats: int = 5, fused: bool = True, acceptance=None, seed: int = 0, progress: bool = False,
+                   noise_target: float | None = None) -> AutoChoice:
+    """The decoder, backend and fusion with the least measured time per committed code here (module docstring).
 
     Args:
-        code_predictor: the official module, on the device and in the dtype to be used.
+        code_predictor: the official module, on the device and in the precision to be used (never changed).
         calibration: a calibration of trees for this model and drafter (:mod:`rvqspec_lib.models.tree_files`).
-        contexts: ``(N, 2, talker_hidden)`` inner-loop contexts (e.g. the calibration split's); the first ``frames``
-            are decoded. drafter, sampling: as deployed. budgets: node budgets of calibrated trees considered.
-        shortlist: candidates (besides AR) decoded per backend, the best by predicted speedup ``E(N) t(1)/t(N)``.
-        repeats: passes over the ``frames`` contexts, every candidate interleaved
-            (:func:`rvqspec_lib.eval.speed.time_frames`). cost_repeats: repeats of each verify-call timing
-            (:func:`rvqspec_lib.eval.speed.verify_cost_curve`). backend: the verify backend to time and use
-            (default the official module; e.g. :class:`rvqspec_lib.models.lean.LeanCodePredictor`).
-        backends: instead of ``backend``, ``{name: verify backend}`` to choose among (e.g. ``{"official": ...,
-            "native": NativeCodePredictor(cp)}``): each gets its own cost curve and shortlist, all shortlisted
-            (decoder, backend) pairs are timed in one interleaved run, and the fastest pair wins
-            (:attr:`AutoChoice.backend`). The precision is never changed: every backend runs ``code_predictor`` as
-            converted.
-        native_frames: when a backend is the native forward (:class:`rvqspec_lib.models.native.NativeCodePredictor`),
-            also time AR and every chain window as the WHOLE frame in one C call
-            (:func:`rvqspec_lib.models.native_frame.native_frame_for`; rows of backend ``native-frame``), which
-            ``synth`` runs when they win. Not in a timing replay (the C frame computes its own acceptance).
-        acceptance: a TIMING REPLAY's oracle (:class:`~rvqspec_lib.decoding.replay.AcceptanceOracle`): the frames
-            are decoded with it (a random-weight architecture with a trained model's acceptance); such a choice
-            is for a timing table, never cached (:func:`auto_decoder` does not pass one).
-        noise_target: None (the fixed counts above), or both timings go on past their counts (the minimum) until
-            every median's relative standard error is <= it, or 4 x the counts (:mod:`rvqspec_lib.eval.noise`).
-
-    Returns:
-        :class:`AutoChoice`; its ``table`` has one row per (candidate, backend), ``speedup`` against AR through the
-        FIRST backend (the reference: the official module unless given otherwise).
+        contexts: ``(N, 2, talker_hidden)`` inner-loop contexts; the first ``frames`` are decoded, ``repeats``
+            passes. backends: backend names (speedups are over stepped AR through the first), or ``{name: verify
+            backend}`` already built (shared, e.g. compiled). drafter, drafter_name, sampling: as deployed.
+        budgets: node budgets of calibrated trees considered. shortlist: candidates (besides AR) decoded per
+            backend, the best by predicted speedup. cost_repeats: repeats of each verify-call timing.
+        fused: also time AR and every chain window as each backend's fused frame, where it has one.
+        acceptance: a TIMING REPLAY's hook (:class:`rvqspec_lib.eval.replay.AcceptanceOracle`): stepped frames
+            replayed, no fused frame (its acceptance is inside it); for a timing table, never cached.
+        noise_target: None, or both timings go on until every median's relative standard error is <= it.
 
     Raises:
-        ValueError: a device that cannot be timed, a calibration for another model, no contexts, both ``backend``
-            and ``backends``.
+        ValueError: a device that cannot be timed, a calibration for another model, no contexts, no backend, an
+            absent backend (one line each).
     """
     cp = code_predictor
-    dev = next(cp.parameters()).device
-    _check_device(dev)
+    _check_device(next(cp.parameters()).device)
     n = P.n_codes(cp)
-    if int(calibration.get("n_codes", -1)) != n or int(calibration.get("codebook_size", -1)) != int(cp.config.vocab_size):
+    if int(calibration.get("n_codes", -1)) != n or \
+            int(calibration.get("codebook_size", -1)) != int(cp.config.vocab_size):
         raise ValueError("the calibration was made for another model (codes or codebook size differ): recalibrate")
     if contexts.shape[0] < 1:
         raise ValueError("no contexts to time the decoders on")
-    if backend is not None and backends:
-        raise ValueError("give backend or backends, not both")
-    pool = dict(backends) if backends else {"official" if backend is None else getattr(backend, "name", "b"):
-                                            OfficialBackend(cp) if backend is None else backend}
-    cands = candidates(calibration, budgets)
-    from rvqspec_lib.eval.bench import oversubscribed_note
-
-    rows, crowded, chosen = [], "", {"ar"}
-    for bname, bk in pool.items():
-        curve = verify_cost_curve(cp, {bname: bk}, query_sizes=sorted({c[2] for c in cands}), repeats=cost_repeats,
-                                  warmup=2, seed=seed, progress=progress, noise_target=noise_target)
-        costs = {r["query_positions"]: r["median_ms"] for r in curve["rows"]}
-        crowded = crowded or oversubscribed_note({**curve["meta"],
-                                                  "cpu_count": curve["meta"].get("cpu_count") or os.cpu_count()})
-        t1 = costs[1]
-        mine = [{"label": label, "backend": bname, "nodes": nodes, "predicted_tokens_per_call": e,
-                 "verify_ms": costs[nodes], "verify_ratio": costs[nodes] / t1, "predicted_speedup": e * t1 / costs[nodes]}
-                for label, dec, nodes, e in cands]
-        rows += mine
-        ranked = sorted((r for r in mine if r["label"] != "ar"), key=lambda r: -r["predicted_speedup"])
-        chosen |= {r["label"] for r in ranked[:shortlist]}
-    by_label = {c[0]: c[1] for c in cands}
-    chosen = ["ar"] + sorted(chosen - {"ar"})
-    whole = []  # AR and every chain window as one C call a frame, where a backend is the native forward
-    if native_frames and acceptance is None:
-        from rvqspec_lib.models.native_frame import native_frame_for
-
-        for bk in pool.values():
-            for label in ("ar", *(c[0] for c in cands if c[0].startswith("chain:"))):
-                f = native_frame_for(cp, by_label[label], sampling, drafter=drafter, backend=bk)
-                if f is not None:
-                    whole.append(f)
-            if whole:
-                break
-    timed = time_frames(cp, contexts[:frames], {k: by_label[k] for k in chosen}, pool, sampling=sampling,
-                        drafter=drafter, repeats=repeats * min(frames, contexts.shape[0]), warmup=1, seed=seed,
-                        progress=progress, acceptance=acceptance, noise_target=noise_target,
-                        fused_spec={NATIVE_FRAME: whole} if whole else None)
-    measured = {}
-    for r in timed["rows"]:
-        if r["backend"] == NATIVE_FRAME:  # fused-chain<w>: the C frame of window w (1: AR)
-            w = int(r["decoder"].rsplit("chain", 1)[1])
-            label = "ar" if w == 1 else f"chain:{w}"
-            measured[(label, NATIVE_FRAME)] = r
-            rows.append({"label": label, "backend": NATIVE_FRAME, "nodes": w, "predicted_tokens_per_call": None,
-                         "verify_ms": None, "verify_ratio": None, "predicted_speedup": None})
-        else:
-            measured[(r["decoder"], r["backend"])] = r
+    pool = dict(backends) if isinstance(backends, Mapping) else {b: verify_backend(b, cp) for b in backends}
+    if not pool:
+        raise ValueError("no backend to choose among: give at least one of the registry's (e.g. official)")
+    cands = candidates(calibration, budgets, drafter=drafter, drafter_name=drafter_name)
+    nodes = {nd.label: nd.fields()["nodes"] for nd, _ in cands}
+    curve = verify_cost_curve(cp, pool, query_sizes=sorted(set(nodes.values())), repeats=cost_repeats, warmup=2,
+                              seed=seed, progress=progress, noise_target=noise_target)
+    cost = {(r["backend"], r["query_positions"]): r["median_ms"] for r in curve["rows"]}
+    rows, picked = {}, {"ar"}
+    for b in pool:
+        t1 = cost[(b, 1)]
+        for nd, e in cands:
+            t = cost[(b, nodes[nd.label])]
+            rows[(nd.label, b, False)] = {**nd.fields(), "backend": b, "fused": False, "predicted_tokens_per_call": e,
+                                          "verify_ms": t, "verify_ratio": t / t1, "predicted_speedup": e * t1 / t}
+            if fused and acceptance is None and nd.name.kind in ("ar", "chain") and \
+                    fused_support(b, nd.decoder, sampling) is None:
+                rows[(nd.label, b, True)] = {**nd.fields(), "backend": b, "fused": True,
+                                             "predicted_tokens_per_call": e}
+        ranked = sorted((r for (lab, bk, fz), r in rows.items() if bk == b and lab != "ar" and not fz),
+                        key=lambda r: -r["predicted_speedup"])
+        picked |= {r["decoder"] for r in ranked[:shortlist]}
+    named = {nd.label: nd for nd, _ in cands}
+    runners = [frame_runner(b, cp, named[lab], fused=fz, sampling=sampling, acceptance=None if fz else acceptance,
+                            verify=pool[b]) for lab, b, fz in rows if fz or lab in picked]
+    n_fused = sum(fz for _, _, fz in rows)
+    k = min(frames, contexts.shape[0])
+    timed = time_frames(runners, contexts[:k], repeats=repeats * k, warmup=1, seed=seed, progress=progress,
+                        noise_target=noise_target)
+    measured = {(r["decoder"], r["backend"], r["fused"]): r for r in timed["rows"]}
     ref = next(iter(pool))
-    ar_ms = measured[("ar", ref)]["ms_per_frame"] / n
-    for r in rows:
-        m = measured.get((r["label"], r["backend"]))
-        r["ms_per_code"] = m["ms_per_frame"] / n if m else None
-        r["measured_tokens_per_call"] = m["tokens_per_call"] if m else None
-        r["speedup"] = ar_ms / r["ms_per_code"] if m else None
-    best_label, best_backend = min(measured, key=lambda k: measured[k]["ms_per_frame"])
-    b = next(r for r in rows if r["label"] == best_label and r["backend"] == best_backend)
-    where = (" as the whole frame in one C call (native forward)" if best_backend == NATIVE_FRAME
-             else f" through the {best_backend} forward" if len(pool) > 1 else "")
-    vs = f"AR's {ar_ms:.3f}" + (f" through the {ref} forward" if len(pool) > 1 else "")
-    ars = {bk: m["ms_per_frame"] / n for (lab, bk), m in measured.items() if lab == "ar"}
-    if len(ars) > 1:  # AR through several forwards: the gain over the fastest AR too (what speculation adds)
-        fast_bk = min(ars, key=ars.get)
-        how = "as the native whole frame" if fast_bk == NATIVE_FRAME else f"through the {fast_bk} forward"
-        vs += f"; {ars[fast_bk] / b['ms_per_code']:.2f}x the fastest AR, {how}, {ars[fast_bk]:.3f}"
-    verify = (f", verify call t({b['nodes']})/t(1) = {b['verify_ratio']:.2f}, predicted speedup E(N) t(1)/t(N) = "
-              f"{b['predicted_speedup']:.2f}x" if b["verify_ratio"] is not None else "")
-    reason = (f"{best_label}{where}: {b['ms_per_code']:.3f} ms per code measured ({b['speedup']:.2f}x {vs}), "
-              f"{b['measured_tokens_per_call']:.2f} tokens per call{verify}; "
-              f"{len(chosen)} of {len(cands)} candidates decoded"
-              + (f" through each of {len(pool)} forwards ({', '.join(pool)})" if len(pool) > 1 else "")
-              + (f", AR and {len(whole) - 1} chain windows as native whole frames" if whole else "")
-              + f" ({min(frames, contexts.shape[0])} frames x {repeats} repeats)")
+    ar_ms = measured[("ar", ref, False)]["ms_per_frame"] / n
+    for key, r in rows.items():
+        m = measured.get(key)
+        r.update(ms_per_code=m["ms_per_frame"] / n if m else None,
+                 measured_tokens_per_call=m["tokens_per_call"] if m else None,
+                 speedup=ar_ms * n / m["ms_per_frame"] if m else None)
+    best = min(measured, key=lambda x: measured[x]["ms_per_frame"])
+    label, backend, is_fused = best
+    b = rows[best]
+    how = f" through {backend}" + (", fused (the whole frame as one graph or C call)" if is_fused else "")
+    vs = f"AR's {ar_ms:.3f} through {ref}"
+    ars = {x: m["ms_per_frame"] / n for x, m in measured.items() if x[0] == "ar"}
+    fast = min(ars, key=ars.get)
+    if len(ars) > 1:  # AR run several ways: the gain over the fastest AR too (what speculation adds)
+        vs += (f"; {ars[fast] / b['ms_per_code']:.2f}x the fastest AR, through {fast[1]}"
+               f"{', fused' if fast[2] else ''}, {ars[fast]:.3f}")
+    verify = "" if is_fused else (f", verify call t({b['nodes']})/t(1) = {b['verify_ratio']:.2f}, predicted speedup "
+                                  f"E(N) t(1)/t(N) = {b['predicted_speedup']:.2f}x")
+    reason = (f"{label}{how}: {b['ms_per_code']:.3f} ms per code measured ({b['speedup']:.2f}x {vs}), "
+              f"{b['measured_tokens_per_call']:.2f} tokens per call{verify}; {len(picked)} of {len(cands)} candidates "
+              f"decoded through {', '.join(pool)}" + (f", {n_fused} fused frames (AR and chains)" if n_fused else "")
+              + f" ({k} frames x {repeats} repeats)")
     if noise_target is not None:
-        from rvqspec_lib.eval.noise import noise_words
-
         reason += f"; frames timed: {noise_words(timed['meta'])}"
-    return AutoChoice(best_label, by_label[best_label], reason, rows, oversubscribed=crowded,
-                      backend=best_backend if len(pool) > 1 or backends or best_backend == NATIVE_FRAME else None)
+    crowded = oversubscribed_note(curve["meta"]) or oversubscribed_note(timed["meta"])
+    return AutoChoice(dataclasses.replace(named[label], note=reason), backend, is_fused, reason, list(rows.values()),
+                      oversubscribed=crowded)
 
 
 def cache_file() -> Path:
@@ -254,32 +244,30 @@ def cache_file() -> Path:
     return Path(root) / "auto.json"
 
 
-def cache_key(model: str, code_predictor, calibration: dict, drafter_name: str) -> dict:
-    """The facts a choice depends on: device, model, dtype, drafter, torch threads and the calibration's digest.
-    ``dtype`` is the parameters' dtype (``torch.float32``, ...), or ``int8`` / ``int8-dynamic`` for int8 weights
-    (:func:`rvqspec_lib.models.precision.precision_of`): a choice is made for the precision given, never across."""
-    from rvqspec_lib.models.precision import precision_of
-
-    dev = next(code_predictor.parameters()).device
-    digest = hashlib.sha1(json.dumps({k: calibration.get(k) for k in ("point-mass", "sampled")},
-                                     sort_keys=True).encode()).hexdigest()[:12]
+def cache_key(model: str, code_predictor, calibration: dict, drafter_name: str = "heads",
+              backends: Sequence[str] = ()) -> dict:
+    """The facts a choice depends on: :data:`CACHE_VERSION`, device, model, dtype, drafter, torch threads, the
+    calibration's digest and the backends chosen among. ``dtype`` is the parameters' dtype (``torch.float32``, ...),
+    or ``int8`` / ``int8-dynamic`` for int8 weights (:func:`rvqspec_lib.models.precision.precision_of`): a choice is
+    made for the precision given, never across."""
+    digest = hashlib.sha1(json.dumps({k: calibration.get(k) for k in KINDS}, sort_keys=True).encode()).hexdigest()[:12]
     prec = precision_of(code_predictor)
-    dtype = prec if prec.startswith("int8") else str(P.param_dtype(code_predictor))
-    return {"device": device_name(dev), "model": str(model), "dtype": dtype,
-            "drafter": drafter_name, "threads": torch.get_num_threads(), "calibration": digest}
+    return {"version": CACHE_VERSION, "device": device_name(next(code_predictor.parameters()).device),
+            "model": str(model), "dtype": prec if prec.startswith("int8") else str(P.param_dtype(code_predictor)),
+            "drafter": drafter_name, "threads": torch.get_num_threads(), "calibration": digest,
+            "backends": sorted(backends)}
 
 
 def _warn(msg: str) -> None:
     """One line on stderr: the cache is a convenience, never a reason to fail."""
-    import sys
-
     print(f"warning: {msg}", file=sys.stderr)
 
 
 def read_cache(path: Path) -> dict:
-    """The cached choices in ``path``: ``{key: {"label", "reason", ...}}``; ``{}`` (with a one-line warning naming
-    the file and ``RVQSPEC_CACHE``) for a file that cannot be read, is not UTF-8 JSON, or has another shape; ``{}``
-    silently when there is no file."""
+    """The cached choices in ``path``: ``{key: {"decoder", "backend", "fused", "reason", ...}}`` (entries of an
+    earlier version hold ``label``; their keys never match); ``{}`` (with a one-line warning naming the file and
+    ``RVQSPEC_CACHE``) for a file that cannot be read, is not UTF-8 JSON, or has another shape; ``{}`` silently when
+    there is no file."""
     if not path.exists():
         return {}
     try:
@@ -288,8 +276,9 @@ def read_cache(path: Path) -> dict:
         _warn(f"the --decoder auto cache {path} cannot be read ({type(e).__name__}): timing again (delete it, or set "
               "RVQSPEC_CACHE to another folder)")
         return {}
-    ok = isinstance(store, dict) and all(isinstance(v, dict) and isinstance(v.get("label"), str)
-                                         and isinstance(v.get("reason", ""), str) for v in store.values())
+    ok = isinstance(store, dict) and all(
+        isinstance(v, dict) and isinstance(v.get("decoder", v.get("label")), str)
+        and isinstance(v.get("reason", ""), str) for v in store.values())
     if not ok:
         _warn(f"the --decoder auto cache {path} is not a cache of choices (JSON of another shape): timing again "
               "(delete it, or set RVQSPEC_CACHE to another folder)")
@@ -300,57 +289,56 @@ def read_cache(path: Path) -> dict:
 def write_cache(path: Path, store: dict) -> bool:
     """Write the cache atomically; on failure (an unwritable folder, a full disk) warn in one line naming
     ``RVQSPEC_CACHE`` and return ``False`` (the choice is still used)."""
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(store, indent=1))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(store, indent=1))
         return True
     except OSError as e:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
         _warn(f"the --decoder auto choice is used but not cached: {path} is not writable ({e.strerror}); set "
               "RVQSPEC_CACHE to a writable folder to keep it")
         return False
 
 
-def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.Tensor, *, drafter=None,
-                 drafter_name: str = "heads", refresh: bool = False, cache: str | os.PathLike | None = None,
+def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.Tensor, *,
+                 backends: Sequence[str] | Mapping[str, object] = ("official",), drafter=None,
+                 drafter_name: str | None = None, refresh: bool = False, cache: str | os.PathLike | None = None,
                  **kwargs) -> AutoChoice:
-    """:func:`choose_decoder`, cached per device, model, dtype, drafter, threads and calibration (and the backends
-    chosen among, when ``backends=`` is passed: the cached entry keeps the chosen backend's name).
+    """:func:`choose_decoder` (the same keywords), cached per :func:`cache_key`: what ``--decoder auto`` runs
+    (``choice.named``, ``choice.backend``, ``choice.fused``; ``choice.runner(cp)``).
 
-    A cached choice is reused (``reason`` says so) unless ``refresh``; a new one is written atomically, unless its
-    verify-cost timing was oversubscribed (:attr:`AutoChoice.oversubscribed`: ``reason`` says so). A damaged
-    cache (binary garbage, JSON of another shape) is a one-line warning and the decoders are timed again; an
-    unwritable cache folder is a one-line warning naming ``RVQSPEC_CACHE`` and the choice is still returned.
+    A cached choice is reused (``reason`` says so and names the file) unless ``refresh``; a new one is written
+    atomically unless its timing was oversubscribed. A damaged cache, or an unwritable folder, is a one-line
+    warning naming ``RVQSPEC_CACHE``, and the choice is still made.
+
+    Raises:
+        ValueError: as :func:`choose_decoder`.
     """
     path = Path(cache) if cache is not None else cache_file()
-    key = cache_key(model, code_predictor, calibration, drafter_name)
-    if kwargs.get("backends"):  # a choice among backends is its own entry
-        key["backends"] = sorted(kwargs["backends"])
+    dn = _drafter_name(drafter, drafter_name)
+    key = cache_key(model, code_predictor, calibration, dn, list(backends))
     kid = json.dumps(key, sort_keys=True)
     store = read_cache(path)
-    if not refresh and kid in store:
-        hit = store[kid]
-        label = hit["label"]
-        dec = {c[0]: c[1] for c in candidates(calibration)}.get(label)
-        if dec is not None:
-            table = hit.get("table", [])
-            backend = hit.get("backend") if isinstance(hit.get("backend"), str) else None
-            known = set(kwargs.get("backends") or {})
-            if backend is None or backend in known or (backend == NATIVE_FRAME and "native" in known):
-                return AutoChoice(label, dec, f"{hit.get('reason', '') or label} (a cached choice, {path}: delete it "
-                                  "or set RVQSPEC_CACHE to time again)", table if isinstance(table, list) else [], key,
-                                  backend=backend)
-    choice = choose_decoder(code_predictor, calibration, contexts, drafter=drafter, **kwargs)
+    hit = None if refresh else store.get(kid)
+    if hit is not None and hit.get("backend") in key["backends"] and isinstance(hit.get("fused"), bool):
+        try:
+            named = resolve(hit["decoder"], None, calibrations={dn: calibration},
+                            drafters={dn: drafter} if dn != "heads" else {})
+        except (KeyError, ValueError):  # an entry this calibration no longer makes: time again
+            named = None
+        if named is not None:
+            reason = (f"{hit.get('reason') or named.label} (a cached choice, {path}: delete it or set RVQSPEC_CACHE "
+                      "to time again)")
+            table = hit.get("table") if isinstance(hit.get("table"), list) else []
+            return AutoChoice(dataclasses.replace(named, note=reason), hit["backend"], hit["fused"], reason, table,
+                              key)
+    choice = choose_decoder(code_predictor, calibration, contexts, backends=backends, drafter=drafter,
+                            drafter_name=dn, **kwargs)
     choice.key = key
     if choice.oversubscribed:  # a noisy choice is used once, never kept
         choice.reason += f"; {choice.oversubscribed} while timing, so this choice is not cached"
+        choice.named = dataclasses.replace(choice.named, note=choice.reason)
         return choice
-    store[kid] = {"label": choice.label, "reason": choice.reason, "table": choice.table, "key": key,
-                  "backend": choice.backend, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    store[kid] = {"decoder": choice.label, "backend": choice.backend, "fused": choice.fused, "reason": choice.reason,
+                  "table": choice.table, "key": key, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
     write_cache(path, store)
     return choice

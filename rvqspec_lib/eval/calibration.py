@@ -29,6 +29,7 @@ from rvqspec_lib.eval.acceptance import (
     exact_statistics,
     predicted_tokens_per_call,
 )
+from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shipped
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding import verify as rules
@@ -167,6 +168,22 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
     return out
 
 
+def best_budget(calibration: dict, kind: str = "point-mass", budgets: Sequence[int] | None = None) -> int:
+    """The node budget N with the highest PREDICTED tokens per call E(N) of a calibration's ``kind`` of tree, among
+    ``budgets`` (default every calibrated one); ties go to the smaller N. E(N) of a greedy tree never falls as N
+    grows, so this is the largest budget unless the gain stops: speed is another question (notebook 03).
+
+    Raises:
+        ValueError: no calibrated budget among ``budgets``.
+    """
+    have = [int(b) for b in calibration["budgets"]]
+    cands = [b for b in (have if budgets is None else [int(b) for b in budgets]) if b in have]
+    if not cands:
+        raise ValueError(f"none of the budgets {list(budgets or [])} is calibrated (calibrated: {have})")
+    pred = calibration[kind]["predicted_tokens_per_call"]
+    return max(sorted(cands), key=lambda b: (pred[str(b)], -b))
+
+
 def prediction_error(predicted: float, measured: float) -> float:
     """Relative error of a predicted tokens per call, ``predicted / measured - 1`` (NaN when nothing was measured)."""
     return predicted / measured - 1.0 if measured and not math.isnan(measured) else float("nan")
@@ -181,8 +198,6 @@ def calibration_frames(lm, *, max_frames: int | None = None, seed: int = 0,
     Raises:
         FileNotFoundError: the model ships no utterances. ValueError: no calibration split.
     """
-    from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shipped
-
     real = frames_from_shipped(lm, "calibration", max_frames=max_frames, seed=seed, progress=progress)
     out = frames_from_contexts(lm.code_predictor, real.context, seed=seed)
     out.utterance = real.utterance

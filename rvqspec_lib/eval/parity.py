@@ -15,6 +15,8 @@ Pure functions of numbers (numpy / scipy; no model), read by notebook 04 and ``r
   n_h = n_a n_b / (n_a + n_b); the one-sample version is the bound tests/test_lossless.py uses);
 * :func:`holm`: Holm's step-down adjustment of the per-depth p-values (family-wise level over the 15 depths);
 * :func:`bootstrap_mean`: mean over utterances of a per-utterance ratio with a bootstrap interval (tokens per call);
+* :func:`transfer_rows`, :func:`transfer_answer`: Table 3's transfer question (do offsets trained on English keep
+  their tokens per call in other languages?) answered from measured tokens per call;
 * :func:`table1_rows`: the Table 1 analogue (split, role, language, samples, hours, frames) from the data used.
 
 Every random draw comes from an explicit ``numpy.random.Generator`` seeded by an argument (docs/style.md#randomness).
@@ -415,6 +417,77 @@ def paired_ratio_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0
 # Table 1 analogue
 # ----------------------------------------------------------------------------------------------------------------
 TABLE1_COLUMNS = ("split", "role", "language", "samples", "hours", "frames")
+
+
+def transfer_rows(results: Mapping[str, dict], label: str, *, baseline: str | None = None,
+                  english: str = "en", confidence: float = 0.95, seed: int = 0) -> list[dict]:
+    """Does decoder ``label`` (the paper's: English-trained offsets) keep its tokens per call in other languages?
+
+    One row per language of ``results`` (:func:`rvqspec_lib.eval.wer_parity.evaluate_language` outputs): tokens per
+    call with its interval, the ratio to English and the difference to English with a bootstrap interval over the
+    utterances of both (independent sentences: :func:`bootstrap_difference`), and, with
+    ``baseline`` (e.g. the reused heads' point-mass tree of the same N), the gain over it in the same language,
+    PAIRED over that language's utterances (:func:`paired_ratio_difference`).
+
+    Raises:
+        ValueError: no English results, or ``label`` (or ``baseline``) not decoded in some language.
+    """
+    if english not in results:
+        raise ValueError(f"the transfer question needs the {english!r} results")
+    en = results[english]["per_utterance"]
+    rows = []
+    for lang, res in results.items():
+        pu = res["per_utterance"]
+        if label not in pu or (baseline is not None and baseline not in pu):
+            raise ValueError(f"{lang}: {label} or {baseline} was not decoded; decode both in every language")
+        tpc = res["tokens_per_call"][label]
+        row = {"language": lang, "decoder": label, "tokens_per_call": tpc["value"], "ci_low": tpc["ci_low"],
+               "ci_high": tpc["ci_high"], "n_utterances": res["n_utterances"],
+               "ratio_to_english": tpc["value"] / results[english]["tokens_per_call"][label]["value"]}
+        if lang != english:
+            d = bootstrap_difference(pu[label]["codes"], pu[label]["calls"], en[label]["codes"],
+                                       en[label]["calls"], confidence=confidence, seed=seed)
+            row.update({"minus_english": d["difference"], "minus_english_ci_low": d["ci_low"],
+                        "minus_english_ci_high": d["ci_high"]})
+        if baseline is not None:
+            g = paired_ratio_difference(pu[label]["codes"], pu[label]["calls"], pu[baseline]["codes"],
+                                          pu[baseline]["calls"], confidence=confidence, seed=seed)
+            row.update({"baseline": baseline, "gain_over_baseline": g["difference"],
+                        "gain_ci_low": g["ci_low"], "gain_ci_high": g["ci_high"]})
+        rows.append(row)
+    return rows
+
+
+def transfer_answer(rows: Sequence[Mapping], *, english: str = "en", confidence: float = 0.95) -> str:
+    """One Markdown paragraph answering the transfer question from :func:`transfer_rows` (nothing typed): per
+    language, whether the interval of the difference to English excludes 0 (lower or higher) or not (kept, within
+    the interval's resolution), and whether the gain over the baseline is still there."""
+    pct = f"{100 * confidence:g}%"
+    others = [r for r in rows if r["language"] != english]
+    en = next(r for r in rows if r["language"] == english)
+    parts = []
+    for r in others:
+        lo, hi = r["minus_english_ci_low"], r["minus_english_ci_high"]
+        verdict = "lower than English" if hi < 0 else "higher than English" if lo > 0 else "not distinguishable from English"
+        text = (f"**{r['language']}** ({r['n_utterances']} utterances) {r['tokens_per_call']:.3f} "
+                f"({r['ratio_to_english']:.1%} of English; "
+                f"difference {r['minus_english']:+.3f} [{pct} CI {lo:+.3f}, {hi:+.3f}]: {verdict})")
+        if "gain_over_baseline" in r:
+            text += (f", gain over {r['baseline']} {r['gain_over_baseline']:+.3f} "
+                     + (f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}]" if r["n_utterances"] > 1
+                        else "(one utterance: no interval)"))
+        parts.append(text)
+    if not others:
+        return f"Only {english} was decoded: the transfer question needs another language."
+    lower = [r["language"] for r in others if r["minus_english_ci_high"] < 0]
+    head = (f"**Do offsets trained on English keep their tokens per call in other languages?** `{en['decoder']}` "
+            f"commits {en['tokens_per_call']:.3f} tokens per call on English ({en['n_utterances']} utterances)")
+    if "gain_over_baseline" in en:
+        head += f" (gain over {en['baseline']} {en['gain_over_baseline']:+.3f} [{en['gain_ci_low']:+.3f}, {en['gain_ci_high']:+.3f}])"
+    answer = (f"Answer from these numbers: lower than English in {', '.join(lower)}; kept (interval includes 0) in "
+              f"{', '.join(r['language'] for r in others if r['language'] not in lower) or 'none'}."
+              if lower else "Answer from these numbers: kept in every language (no interval excludes 0 below).")
+    return head + "; " + "; ".join(parts) + ". " + answer
 
 
 def entries_used(entries: Sequence[Mapping], max_frames: int) -> list[dict]:

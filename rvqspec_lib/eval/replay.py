@@ -1,35 +1,42 @@
-"""Acceptance tables for a timing replay (docs/precision.md#timing-replay): read, checked, turned into the oracle.
+"""Timing replay (docs/precision.md#timing-replay): a trained model's acceptance decisions replayed on a random-weight
+architecture, through the ACCEPTANCE HOOK of the decode round, and the tables they come from.
 
-A timing replay times the speculative frames of a random-weight architecture through its real verify calls with
-the acceptance decisions of a trained model (:class:`rvqspec_lib.decoding.replay.AcceptanceOracle`). This module
-says where the decisions come from:
+A real-size architecture with random weights (``qwen3-tts-0.6b-random``) times real verify calls, but its p and q
+agree on almost nothing, so its speculative frames accept almost no draft. :class:`AcceptanceOracle` is the hook
+``decode_frame(..., acceptance=oracle)`` calls instead of the lossless walk: it decides acceptance from a table
+measured on a trained model, and every other step (prefill, draft, the verify call with the decoder's shapes, commit)
+runs unchanged, so the frame makes the calls a trained model of that architecture would make, in distribution.
 
-* by default (:func:`default_acceptance`) the embedded model's calibration, shipped beside it as
-  ``data/embedded/model/trees/heads.json`` (notebook 03; point-mass ``rank_mass`` and sampled ``child_accept`` per
-  start depth, offset and child, measured on its calibration split): the acceptance of the drafts of the reused
-  heads under the deployed sampling;
-* or a file the user passes (:func:`read_acceptance`, ``rvqspec bench --acceptance FILE``), in one of three shapes:
+The table holds, for start depth s (1..n-1), draft offset t (1..K) and child index i (a point-mass tree's rank, or a
+sampled tree's / chain's i-th child), the probability that the walk accepts that child once it reached its parent:
+what the calibration tabulates (:mod:`rvqspec_lib.eval.calibration`: ``rank_mass``, ``child_accept``). At a reached
+node one uniform from the oracle's OWN generator picks the accepted child (child j with probability
+``table[s, t, i_j]`` in the order they are tried, or none with the rest: children of one node are disjoint events);
+no node (s + t > n) and entries beyond the table accept with probability 0; the code after the accepted path is drawn
+from the verifier's p there. Its codes are samples of nothing, so the oracle SEALS a replayed frame: ``codes`` all
+-1 (no codec embeds them), ``replay`` :attr:`AcceptanceOracle.text`.
 
-  1. a calibration file (``"format": "rvqspec-trees"``, what ``scripts/calibrate_trees.py`` writes);
-  2. JSON ``{"format": "rvqspec-acceptance", "source": "<what was measured>", "point-mass": T, "sampled": T}``
-     with at least one of the two kinds; ``T`` is ``[offset][child]`` (the same for every start depth) or
-     ``[start depth][offset][child]``, entries in [0, 1] or null (no such node), the children of one node adding
-     up to at most 1;
-  3. CSV with the header ``kind,start_depth,offset,child,acceptance`` (``kind`` point-mass or sampled,
-     ``start_depth`` 1..n-1 or ``*`` for every start depth, ``offset`` >= 1, ``child`` >= 0; missing entries 0).
-
-Every problem with a file is one ValueError line naming the file and the fix, raised before any model loads.
+Tables come from the embedded model's calibration by default (:func:`default_acceptance`) or a file
+(:func:`read_acceptance`, ``rvqspec bench --acceptance FILE``): a calibration file (``"format": "rvqspec-trees"``);
+JSON ``{"format": "rvqspec-acceptance", "source": "<what was measured>", "point-mass": T, "sampled": T}`` (at least
+one kind; ``T`` as :class:`AcceptanceOracle` takes it, entries in [0, 1] or null); or CSV with the header
+``kind,start_depth,offset,child,acceptance`` (``start_depth`` 1..n-1 or ``*``; missing entries 0). Every problem with
+a file is one ValueError line naming the file and the fix, before any model loads.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from rvqspec_lib.decoding.replay import KINDS, AcceptanceOracle
+import torch
+
+from rvqspec_lib.decoding.verify import WalkResult
+from rvqspec_lib.eval.calibration import KINDS
+from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
 #: ``"format"`` of the JSON shape of an acceptance table.
 FORMAT = "rvqspec-acceptance"
@@ -42,34 +49,118 @@ FIX = ("write it as docs/precision.md#timing-replay describes (or pass a calibra
        "data/embedded/model/trees/heads.json), or drop --acceptance for the embedded model's")
 
 
-@dataclass
-class AcceptanceTable:
-    """A checked acceptance table: ``tables`` ``{kind: [start depth][offset][child]}`` (n-1 start depths, floats,
-    NaN where there is no node), ``label`` (what it is and where it comes from), ``path`` (the file, or None)."""
+def _bad(path, what: str) -> ValueError:
+    return ValueError(f"--acceptance {path}: {what}: {FIX}" if path else f"acceptance table: {what}")
 
-    tables: dict
-    label: str
-    path: str | None = None
-    n_codes: int = N_CODES
-    extra: dict = field(default_factory=dict)
 
-    def oracle(self, seed: int = 0) -> AcceptanceOracle:
-        """A fresh :class:`~rvqspec_lib.decoding.replay.AcceptanceOracle` over this table, its generator seeded."""
-        return AcceptanceOracle(self.tables, self.label, seed=seed)
+class AcceptanceOracle:
+    """A checked acceptance table, and the acceptance hook of ``decode_frame`` that replays it (module docstring).
+
+    Args:
+        tables: ``{"point-mass": T, "sampled": T}`` (either may be absent: a point-mass tree needs ``point-mass``,
+            chains and sampled trees ``sampled``); ``T`` is ``[start depth][offset][child]`` (or ``[offset][child]``
+            for every start depth alike): the probability that child i at offset t from start depth s is accepted
+            once its parent is reached, NaN or None where there is no node (:func:`check_table`).
+        label: what the table is and where it comes from (:attr:`text`). path: its file, or ``None``.
+        seed: seed of the oracle's own generator (the decoder's generator is left to drafts and prefill).
+
+    Raises:
+        ValueError: an unknown kind, no table, a table :func:`check_table` refuses (one line).
+    """
+
+    def __init__(self, tables, label: str, *, seed: int = 0, path=None, n_codes: int = N_CODES):
+        if not tables or any(k not in KINDS for k in tables):
+            raise _bad(path, f"give a table for some of {', '.join(KINDS)}, got {list(tables)}")
+        self.tables = {k: check_table(k, t, path, n_codes) for k, t in tables.items()}  # [s][t][i], NaN: no node
+        self.label, self.seed, self.path, self.n_codes = str(label), int(seed), path, int(n_codes)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self._plans: dict = {}
+
+    def oracle(self, seed: int = 0) -> "AcceptanceOracle":
+        """A fresh oracle over the same table, its generator seeded with ``seed``."""
+        return AcceptanceOracle(self.tables, self.label, seed=seed, path=self.path, n_codes=self.n_codes)
 
     @property
     def text(self) -> str:
-        """``timing replay: acceptance of <label>, weights random``."""
+        """The words every output of a replay carries: ``timing replay: acceptance of <label>, weights random``."""
         return f"timing replay: acceptance of {self.label}, weights random"
 
     def describe(self) -> dict:
         """JSON-able summary (provenance): label, path, the kinds and the shape of each table."""
-        return {"label": self.label, "path": self.path, "n_codes": self.n_codes,
+        return {"label": self.label, "path": None if self.path is None else str(self.path), "n_codes": self.n_codes,
                 "kinds": {k: [len(t), len(t[0]), len(t[0][0])] for k, t in self.tables.items()}}
 
+    def probability(self, kind: str, start_depth: int, offset: int, index: int) -> float:
+        """The table's entry for (kind, start depth s >= 1, offset t >= 1, child index i >= 0); 0 outside it and
+        where there is no node.
 
-def _bad(path, what: str) -> ValueError:
-    return ValueError(f"--acceptance {path}: {what}: {FIX}")
+        Raises:
+            ValueError: a kind this oracle has no table for (a point-mass tree replayed with only sampled tables).
+        """
+        if kind not in self.tables:
+            raise ValueError(f"this replay has no {kind} acceptance table: pass one with both kinds "
+                             "(rvqspec bench --acceptance FILE; docs/precision.md#timing-replay)")
+        t = self.tables[kind]
+        if not (1 <= start_depth <= len(t) and 1 <= offset <= len(t[0]) and 0 <= index < len(t[0][0])):
+            return 0.0
+        v = t[start_depth - 1][offset - 1][index]
+        return 0.0 if math.isnan(v) else v
+
+    def _static(self, plan) -> tuple:
+        """A plan's children lists, child indices (its last path entry), depths and kind, cached per plan."""
+        got = self._plans.get(id(plan))
+        if got is None or got[0] is not plan:
+            kids = [[c for c in row if c >= 0] for row in plan.children.tolist()]
+            got = (plan, kids, [0] + plan.rank.tolist(), plan.depth.tolist(),
+                   "sampled" if plan.sampled else "point-mass")
+            self._plans[id(plan)] = got
+        return got[1:]
+
+    def walk(self, plan, state, drafted, verified) -> WalkResult:
+        """The accept step of one round, replayed: the :class:`~rvqspec_lib.decoding.verify.WalkResult` the lossless
+        walk returns (``path``, ``n_accepted``, ``last_node``, ``next_code``), decided from the table.
+
+        Args:
+            plan: the round's :class:`~rvqspec_lib.decoding.decode.RoundPlan`. state: the frame state (its ``s``
+                ``(B,)`` is the start depth). drafted: the round's draft (unused: the decision ignores the codes).
+            verified: the verify call's outcome (``node_valid``, ``fed`` ``(B, M+1)`` bool; ``p`` ``(B, M+1, V)``).
+        """
+        kids, index, depth, kind = self._static(plan)
+        b, dev = verified.p.shape[0], verified.p.device
+        levels = max(plan.tree.max_depth, 1)
+        u = torch.rand(b, levels, generator=self.generator, dtype=torch.float64).tolist()
+        valid, fed, starts = verified.node_valid.tolist(), verified.fed.tolist(), state.s.tolist()
+        path_t = torch.full((b, levels), -1, dtype=torch.long)
+        last = []
+        for row in range(b):
+            cur = 0
+            for level in range(levels):
+                acc, chosen = 0.0, None
+                for c in kids[cur]:
+                    if valid[row][c]:
+                        acc += self.probability(kind, starts[row], depth[c], index[c])
+                        if u[row][level] < acc:
+                            chosen = c
+                            break
+                if chosen is None:
+                    break
+                cur = path_t[row, level] = chosen
+            last.append(cur)
+        last_t = torch.tensor(last, dtype=torch.long)
+        nxt = torch.tensor([fed[row][last[row]] for row in range(b)], dtype=torch.bool)
+        p_last = verified.p[torch.arange(b, device=dev), last_t.to(dev)].float().cpu()
+        code = torch.multinomial(torch.where(nxt[:, None], p_last, torch.ones_like(p_last)), 1,
+                                 generator=self.generator).squeeze(1)
+        code = torch.where(nxt, code, torch.full_like(code, -1))
+        return WalkResult(path_t.to(dev), (path_t >= 0).sum(1).to(dev), last_t.to(dev), code.to(dev))
+
+    def seal(self, result):
+        """A replayed frame's :class:`~rvqspec_lib.decoding.decode.FrameResult` with its codes set to -1 (a replay
+        never produces audio) and ``replay`` set to :attr:`text`; calls and per-call logs kept."""
+        return dataclasses.replace(result, codes=torch.full_like(result.codes, -1), replay=self.text)
+
+    def __repr__(self) -> str:
+        return f"AcceptanceOracle({self.text!r}, seed={self.seed})"
 
 
 def _num(v, path, where: str) -> float:
@@ -77,10 +168,9 @@ def _num(v, path, where: str) -> float:
         return math.nan
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and math.isinf(v)):
         raise _bad(path, f"{where} holds {v!r}, not a probability")
-    v = float(v)
     if not math.isnan(v) and not 0.0 <= v <= 1.0:
         raise _bad(path, f"{where} holds {v}, outside [0, 1]")
-    return v
+    return float(v)
 
 
 def check_table(kind: str, table, path, n_codes: int = N_CODES) -> list:
@@ -95,22 +185,17 @@ def check_table(kind: str, table, path, n_codes: int = N_CODES) -> list:
             dimension other than n_codes - 1, more offsets than n_codes - 1, a value outside [0, 1], children of
             one node adding up to more than 1.
     """
-    def depth_of(x):
-        d = 0
-        while isinstance(x, list):
-            if not x:
-                raise _bad(path, f"the {kind} table has an empty list")
-            x, d = x[0], d + 1
-        return d
-
     if not isinstance(table, list):
         raise _bad(path, f"the {kind} table is not a list of lists")
-    dims = depth_of(table)
-    if dims == 2:
-        table = [table] * (n_codes - 1)
-    elif dims != 3:
+    dims, x = 0, table
+    while isinstance(x, list):
+        if not x:
+            raise _bad(path, f"the {kind} table has an empty list")
+        x, dims = x[0], dims + 1
+    if dims not in (2, 3):
         raise _bad(path, f"the {kind} table has {dims} dimensions; give [offset][child] or "
                          f"[start depth][offset][child]")
+    table = [table] * (n_codes - 1) if dims == 2 else table
     if len(table) != n_codes - 1:
         raise _bad(path, f"the {kind} table has {len(table)} start depths; the inner loop has {n_codes - 1} "
                          f"(1..{n_codes - 1})")
@@ -136,25 +221,15 @@ def check_table(kind: str, table, path, n_codes: int = N_CODES) -> list:
     return out
 
 
-def from_calibration(cal: dict, label: str, path=None) -> AcceptanceTable:
-    """An :class:`AcceptanceTable` from a calibration dict (:func:`rvqspec_lib.eval.calibration.calibrate`): both
-    kinds' ``by_start_depth`` tables.
+def from_calibration(cal: dict, label: str, path=None) -> AcceptanceOracle:
+    """An oracle over a calibration's (:func:`rvqspec_lib.eval.calibration.calibrate`) ``by_start_depth`` tables.
 
     Raises:
         ValueError: not a calibration for 15 codes per frame, or its tables malformed (:func:`check_table`).
     """
     if int(cal.get("n_codes", -1)) != N_CODES:
         raise _bad(path, f"a calibration for n_codes {cal.get('n_codes')}; the replayed architectures have {N_CODES}")
-    tables = {}
-    for kind in KINDS:
-        rows = (cal.get(kind) or {}).get("by_start_depth")
-        if rows is None:
-            raise _bad(path, f"the calibration has no {kind}.by_start_depth table")
-        tables[kind] = check_table(kind, rows, path)
-    src = cal.get("source") or {}
-    frames = cal.get("n_frames")
-    return AcceptanceTable(tables, label, None if path is None else str(path),
-                           extra={"n_frames": frames, "drafter": cal.get("drafter"), "split": src.get("split")})
+    return AcceptanceOracle({k: (cal.get(k) or {}).get("by_start_depth") for k in KINDS}, label, path=path)
 
 
 def _read_csv(p: Path) -> dict:
@@ -182,16 +257,14 @@ def _read_csv(p: Path) -> dict:
     out = {}
     for kind in KINDS:
         mine = {k[1:]: v for k, v in cells.items() if k[0] == kind}
-        if not mine:
-            continue
-        k_max = max(t for _, t, _ in mine)
-        c_max = max(c for _, _, c in mine) + 1
-        out[kind] = [[[mine.get((s, t, c), 0.0) for c in range(c_max)] for t in range(1, k_max + 1)]
-                     for s in range(1, N_CODES)]
+        if mine:
+            k_max, c_max = max(t for _, t, _ in mine), max(c for _, _, c in mine) + 1
+            out[kind] = [[[mine.get((s, t, c), 0.0) for c in range(c_max)] for t in range(1, k_max + 1)]
+                         for s in range(1, N_CODES)]
     return out
 
 
-def read_acceptance(path) -> AcceptanceTable:
+def read_acceptance(path) -> AcceptanceOracle:
     """Read and check an acceptance table file (module docstring: the three shapes), before any model loads.
 
     Raises:
@@ -207,10 +280,9 @@ def read_acceptance(path) -> AcceptanceTable:
                          "or drop --acceptance for the embedded model's")
     if p.suffix.lower() == ".csv":
         try:
-            tables = _read_csv(p)
+            tables, label = _read_csv(p), p.name
         except (OSError, UnicodeDecodeError, csv.Error) as e:
             raise _bad(p, f"cannot be read as CSV ({type(e).__name__})") from None
-        label = p.name
     else:
         try:
             obj = json.loads(p.read_text(encoding="utf-8"))
@@ -221,29 +293,24 @@ def read_acceptance(path) -> AcceptanceTable:
                                          "calibration frames)", p)
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise _bad(p, f"not an acceptance table (\"format\": \"{FORMAT}\") nor a calibration file")
-        tables = {k: obj[k] for k in KINDS if obj.get(k) is not None}
-        label = str(obj.get("source") or p.name)
+        tables, label = {k: obj[k] for k in KINDS if obj.get(k) is not None}, str(obj.get("source") or p.name)
     if not tables:
         raise _bad(p, f"no table: give {' and/or '.join(KINDS)}")
-    checked = {k: check_table(k, v, p) for k, v in tables.items()}
-    return AcceptanceTable(checked, label, str(p))
+    return AcceptanceOracle(tables, label, path=p)
 
 
-def default_acceptance(model: str = "embedded", drafter: str = "heads") -> AcceptanceTable:
-    """The default replay table: the calibration shipped beside ``model`` (``<model>/trees/<drafter>.json``: for
-    the embedded model, ``data/embedded/model/trees/heads.json``), labelled with the model, the drafter and the
+def default_acceptance(model: str = "embedded", drafter: str = "heads") -> AcceptanceOracle:
+    """The default replay table: the calibration shipped beside ``model`` (``<model>/trees/<drafter>.json``; for
+    the embedded model ``data/embedded/model/trees/heads.json``), labelled with the model, the drafter and the
     number of calibration frames it was measured on.
 
     Raises:
         FileNotFoundError, ValueError: no such calibration, or a damaged one (the message names the recalibrate
             command).
     """
-    from rvqspec_lib.models.tree_files import load_calibration, tree_file
-
     path = tree_file(model, drafter)
     if path is None:
         raise ValueError(f"{model} has no folder with calibrated trees: pass --acceptance FILE")
     cal = load_calibration(path, n_codes=N_CODES, drafter=drafter)
-    label = (f"the {model} model ({drafter} drafter, trees/{path.name}: {cal.get('n_frames', '?')} calibration "
-             "frames)")
+    label = f"the {model} model ({drafter} drafter, trees/{path.name}: {cal.get('n_frames', '?')} calibration frames)"
     return from_calibration(cal, label, path)

@@ -73,6 +73,12 @@ def has_paper_decoder(lm) -> bool:
     return path is not None and path.is_file() and PAPER_DRAFTER in shipped_drafters(lm)
 
 
+def _need_model(lm, d: DecoderName, what: str, keyword: str) -> None:
+    if lm is None:
+        raise ValueError(f"decoder {d.text!r} reads the {d.drafter} {what}: give the loaded model, or pass it as "
+                         f"{keyword}={{{d.drafter!r}: ...}}")
+
+
 def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | None = None,
             drafters: Mapping[str, object] | None = None, best_chain: int | None = None) -> NamedDecoder:
     """The decoder a name stands for, on a loaded model (module docstring).
@@ -80,27 +86,38 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
     Args:
         name: a decoder name of the grammar (``ar``, ``chain:4``, ``tree:calibrated-point-mass:16@offsets``,
             ``paper[:N]``, ``ssd-lossy[:BETA]`` ...) or a parsed :class:`DecoderName`.
-        lm: the loaded model (:func:`rvqspec_lib.models.loader.load_model`; its folder holds the files).
+        lm: the loaded model (:func:`rvqspec_lib.models.loader.load_model`; its folder holds the files), or ``None``
+            when ``calibrations`` and ``drafters`` hold everything the name reads.
         calibrations: ``{drafter: calibration dict}`` to use instead of the shipped files (calibrated in a run).
         drafters: ``{drafter: module}`` to use instead of loading the shipped file (trained in a run).
         best_chain: the window of ``chain:best`` (chosen by its caller from calibration frames).
 
     Raises:
         ValueError: a bad name; ``auto`` (chosen by timing: :func:`rvqspec_lib.eval.budget.auto_decoder`); a drafter
-            not shipped, a missing calibration or budget (one line each, naming the fix).
+            not shipped, a missing calibration or budget; ``lm`` None and a file to read (one line each, naming the
+            fix).
     """
     d = parse_decoder_name(name) if isinstance(name, str) else name
+    if d.kind == "auto":
+        raise ValueError("auto is chosen by timing this device, not resolved from files: use "
+                         "rvqspec_lib.eval.budget.auto_decoder (its choice carries a NamedDecoder)")
     calibrations, drafters = calibrations or {}, drafters or {}
     drafter = None
-    if d.kind not in ("ar", "auto") and d.drafter != "heads":
+    if d.kind != "ar" and d.drafter != "heads":
         drafter = drafters.get(d.drafter)
         if drafter is None:
+            _need_model(lm, d, "drafter", "drafters")
             drafter = shipped_drafter(lm, d.drafter, lm.code_predictor)
     cal = None
     if "calibration" in d.needs:
         cal = calibrations.get(d.drafter)
         if cal is None:
+            _need_model(lm, d, "calibration", "calibrations")
             cal = drafter_calibration(lm, d.drafter)
+        if cal is None:
+            raise ValueError(f"decoder {d.text!r} needs the {d.drafter} drafter's calibrated trees, and {lm.name} "
+                             f"has none ({tree_file(lm, d.drafter) or 'no model folder'}): calibrate them with "
+                             f"`{recalibrate_command(lm.name, d.drafter)}`, or give rank paths (tree:0;1;0,0)")
     try:
         dec = d.decoder(calibration=cal, best_chain=best_chain, drafter=drafter)
     except ValueError as e:
@@ -110,7 +127,7 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
     note = None
     if d.kind == "paper" and not d.budget_given and final.budget < d.budget:
         note = (f"{d.text}: the {d.drafter} calibration holds budgets up to {final.budget}; using N {final.budget} "
-                f"(recalibrate: {recalibrate_command(lm.name, d.drafter)})")
+                f"(recalibrate: {recalibrate_command(getattr(lm, 'name', '<model>'), d.drafter)})")
     return NamedDecoder(final, dec, drafter, cal, note)
 
 
@@ -123,6 +140,7 @@ def resolve_all(names: Sequence[str], lm, **kw) -> dict[str, NamedDecoder]:
     """
     cals, drafters = dict(kw.pop("calibrations", None) or {}), dict(kw.pop("drafters", None) or {})
     out: dict[str, NamedDecoder] = {}
+    texts: dict[str, str] = {}
     for text in names:
         nd = resolve(text, lm, calibrations=cals, drafters=drafters, **kw)
         if nd.calibration is not None:
@@ -130,12 +148,13 @@ def resolve_all(names: Sequence[str], lm, **kw) -> dict[str, NamedDecoder]:
         if nd.drafter is not None:
             drafters.setdefault(nd.name.drafter, nd.drafter)
         if nd.label in out:
-            raise ValueError(f"decoders {text!r} and an earlier name are the same decoder ({nd.label}): name it once")
-        out[nd.label] = nd
+            raise ValueError(f"decoders {texts[nd.label]!r} and {text!r} are the same decoder ({nd.label}): name it "
+                             "once")
+        out[nd.label], texts[nd.label] = nd, text
     return out
 
 
-def check_files(name: DecoderName, model: str | os.PathLike, *, n_codes: int | None = None,
+def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: int | None = None,
                 codebook_size: int | None = None) -> str | None:
     """Before loading: the files a decoder name reads beside the model exist and are sound: its drafter
     (``@DRAFTER``, ``paper``: ``<model>/drafters/<drafter>.safetensors``) and, for calibrated trees, ``paper`` and
@@ -149,6 +168,9 @@ def check_files(name: DecoderName, model: str | os.PathLike, *, n_codes: int | N
     Raises:
         ValueError, FileNotFoundError: one line naming the file and the fix (the recalibrate command).
     """
+    name = parse_decoder_name(name) if isinstance(name, str) else name
+    # a Path as text: drafter_files would take a Path's .name for the model's name, and look in the wrong folder
+    model = os.fspath(model) if isinstance(model, os.PathLike) else model
     if name.kind == "ar":
         return None
     check_shipped_drafter(model, name.drafter)

@@ -53,7 +53,7 @@ class AutoChoice:
             ``verify_ratio`` t(N)/t(1), ``predicted_speedup`` E(N) t(1)/t(N), and for the measured candidates
             ``ms_per_code`` and ``speedup`` (vs AR's measured time per code).
         key: the cache key (device, model, dtype, drafter, threads, calibration digest).
-        oversubscribed: the ``OVERSUBSCRIBED: ...`` words (:func:`rvqspec_lib.eval.bench.oversubscribed_note`) when
+        oversubscribed: the ``OVERSUBSCRIBED: ...`` words (:func:`rvqspec_lib.eval.timing.oversubscribed_note`) when
             other processes crowded the CPU while the verify calls were timed, else ``""`` (such a choice is not
             cached).
         backend: the chosen backend's name when :func:`choose_decoder` chose among ``backends`` (``native-frame``:
@@ -172,7 +172,7 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
     pool = dict(backends) if backends else {"official" if backend is None else getattr(backend, "name", "b"):
                                             OfficialBackend(cp) if backend is None else backend}
     cands = candidates(calibration, budgets)
-    from rvqspec_lib.eval.bench import oversubscribed_note
+    from rvqspec_lib.eval.timing import oversubscribed_note
 
     rows, crowded, chosen = [], "", {"ar"}
     for bname, bk in pool.items():

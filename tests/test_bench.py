@@ -217,7 +217,7 @@ def test_cli_frames_footer_says_oversubscribed(capsys, monkeypatch, other, crowd
     rc = cli_main(["bench", "frames", "--model", "tiny-random", "--repeats", "2", "--warmup", "1", "--no-progress",
                    "--decoders", "ar"])
     out = capsys.readouterr().out
-    assert rc == 0 and "(after 1 warm-up frames)" in out, out
+    assert rc == 0 and "every runner: 1 warm-up frame(s), then 2 repeats" in out, out
     assert ("OVERSUBSCRIBED: other processes used 90% of the CPU" in out) is crowded, out
 
 

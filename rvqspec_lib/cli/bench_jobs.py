@@ -242,8 +242,8 @@ def frames_job(args) -> dict:
     m = res["meta"]
     dt = f"{prec} ({ACTIVATIONS[prec]})" if prec in ACTIVATIONS else prec
     print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m['device']}, {dt}, {m['threads']} "
-          f"thread(s), backends {', '.join(args.backend_list)}; {noise_words(m)} of every runner (after "
-          f"{args.warmup} warm-up frames), their contexts from {source}")
+          f"thread(s), backends {', '.join(args.backend_list)}; every runner: {args.warmup} warm-up frame(s), then "
+          f"{noise_words(m)}; contexts: {source}")
     if table is not None:
         print(table.text + " (no fused speculative rows: a fused frame computes its own acceptance)")
     if oversubscribed_note(m):

@@ -88,9 +88,6 @@ def check_args(args) -> None:
         raise ValueError(f"--device {device}: this torch has no CUDA device; use --device cpu")
     if getattr(args, "prefix_len", 1) < 1 or getattr(args, "talker_context", 1) < 1:
         raise ValueError("--prefix-len and --talker-context must be >= 1")
-    path = args.json_path and Path(args.json_path)
-    if path and path.is_dir():
-        raise ValueError(f"--json {path} is a folder: give a file name, e.g. {path / 'bench.json'}")
     args.dtypes = _list(args.dtype) if args.dtype else list(native_precisions())
     several = args.job in ("precisions", "table")
     known = PRECISIONS if several else (*PRECISIONS, "float64", "float16")
@@ -149,7 +146,9 @@ def _check_frames(args) -> None:
             except (FileNotFoundError, ValueError):
                 continue
         return
-    args.decoder_names = split_decoder_list(args.decoders)
+    names = split_decoder_list(args.decoders)
+    ar = any(parse_decoder_name(text).kind == "ar" for text in names)
+    args.decoder_names = names if ar else ["ar", *names]  # the speedups are over AR of the same backend
     for text in args.decoder_names:
         d = parse_decoder_name(text, without=("chain:best",))
         if d.kind == "ssd-lossy" or d.best_window:

@@ -19,11 +19,11 @@
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,
 #                                 codec, training, code decoder, evaluation, model card): about 3.8 h on 2 CPU cores, resumable
-#   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call, the call of every
-#                                 native precision through the official and the native forward against its floor
-#                                 (rvqspec bench --dtype ...), then the table to act on (rvqspec bench --table
-#                                 [BENCH_TABLE_ARGS]: stepped AR, fused AR, best speculative, fused speculative, auto per
-#                                 native precision and backend; build/bench_table.*)
+#   make bench [BENCH_MODEL=...]  latency table of the talker step and the code-predictor call (rvqspec bench latency),
+#                                 the call of every native precision through the official and the native forward
+#                                 against its floor (rvqspec bench precisions), then the table to act on (rvqspec bench
+#                                 table [BENCH_TABLE_ARGS]: stepped AR, fused AR, best speculative, fused speculative,
+#                                 auto per native precision and backend; build/bench_table.*)
 #   make check-figures            are the committed figures/ one clean `make paper` run of the sources at HEAD?
 #                                 (one line per stale group of results and the files changed since; exit 1 if not)
 #   make stats                    the library's size and the redesign's counts (scripts/stats.py: lines, function-local
@@ -175,7 +175,7 @@ $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
 	@echo "$(RUN_ID) $$(date -u +%Y-%m-%dT%H:%M:%SZ) $(EXEC_DIR)/$*.ipynb" > $@.part && mv -f $@.part $@
 
 # A timing notebook runs ALONE, also under `make -j` (`paper` runs with -j$(PAPER_JOBS)): a timing cell sharing the
-# cores measures the other process's load (the committed figures of 03 and 05 once did; eval/bench.py flags a timing
+# cores measures the other process's load (the committed figures of 03 and 05 once did; eval/timing.py flags a timing
 # during which other processes used more than 20% of the CPU). So each timing notebook's stamp gets, as ORDER-ONLY
 # prerequisites, the previous timing notebook's stamp (01 before 03 before 05) and every other notebook's stamp: the
 # other notebooks (00, 02, 04: no timing) run first, side by side, then the timing notebooks one after another.
@@ -226,9 +226,9 @@ embedded: voices $(STAMP)
 # ---- benchmark ----------------------------------------------------------------------------------------------------
 bench: $(STAMP)
 	@mkdir -p build
-	$(VENV)/bin/rvqspec bench --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS)
-	$(VENV)/bin/rvqspec bench --model $(BENCH_MODEL) --dtype $$($(PY) -c "from rvqspec_lib.models.precision import native_precisions as n; print(','.join(n()))") --forwards all --repeats 15 --no-progress --json build/bench_floor_$(subst /,_,$(BENCH_MODEL)).json
-	$(VENV)/bin/rvqspec bench --table --table-out build/bench_table $(BENCH_TABLE_ARGS)
+	$(VENV)/bin/rvqspec bench latency --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS)
+	$(VENV)/bin/rvqspec bench precisions --model $(BENCH_MODEL) --repeats 15 --no-progress --json build/bench_floor_$(subst /,_,$(BENCH_MODEL)).json
+	$(VENV)/bin/rvqspec bench table --table-out build/bench_table $(BENCH_TABLE_ARGS)
 
 stats:
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON3)) scripts/stats.py

@@ -1,16 +1,22 @@
-"""Benchmark helpers and provenance files: config-derived call budget, timing contract, result shapes."""
+"""``rvqspec bench`` and its library: the call budget from the shipped config, the latency result's shape, the jobs
+as a user runs them (one line for bad input and for the old flag forms, before any model loads), the frames job's
+rows from one interleaved run, scripts/gpu_bench.py's dry run, and provenance files."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from rvqspec_lib.cli import bench as cli_bench
+from rvqspec_lib.cli import bench_jobs
 from rvqspec_lib.cli.main import main as cli_main
 from rvqspec_lib.common.provenance import provenance, save_figure, save_json, save_table
-from rvqspec_lib.eval import bench
+from rvqspec_lib.eval import latency, timing
+from rvqspec_lib.models import backends
 
 REPO = Path(__file__).resolve().parent.parent
 CFG_06B = REPO / "data" / "configs" / "Qwen3-TTS-12Hz-0.6B-CustomVoice"
@@ -23,13 +29,17 @@ def _shipped_06b_rates() -> tuple[float, int]:
     return st["output_sample_rate"] / st["decode_upsample_rate"], cfg["talker_config"]["num_code_groups"]
 
 
+def _no_load(*a, **k):
+    raise AssertionError("the model was loaded before the flags were checked")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # call budget
 # ---------------------------------------------------------------------------------------------------------------------
 def test_call_budget_from_shipped_config_is_200():
     fr, groups = _shipped_06b_rates()
     assert (fr, groups) == (12.5, 16)
-    b = bench.call_budget(fr, groups)
+    b = latency.call_budget(fr, groups)
     assert b["calls_per_s"] == 200.0
     assert b["calls_per_s_ar"] == 200.0 and b["reduction"] == 1.0
     assert b["inner_calls_per_frame"] == 15 and b["calls_per_frame"] == 16
@@ -37,14 +47,14 @@ def test_call_budget_from_shipped_config_is_200():
 
 def test_call_budget_at_paper_tokens_per_call():
     fr, groups = _shipped_06b_rates()
-    b = bench.call_budget(fr, groups, bench.PAPER_TOKENS_PER_CALL)
+    b = latency.call_budget(fr, groups, latency.PAPER_TOKENS_PER_CALL)
     assert b["calls_per_s"] == pytest.approx(88.4, abs=0.1)  # 12.5 * (1 + 15 / 2.47)
     assert b["reduction"] == pytest.approx(200 / b["calls_per_s"])
 
 
 def test_budget_table_labels_paper_value():
-    rows = bench.budget_table(12.5, 16)
-    assert [r["tokens_per_call"] for r in rows] == list(bench.DEFAULT_TOKENS_PER_CALL)
+    rows = latency.budget_table(12.5, 16)
+    assert [r["tokens_per_call"] for r in rows] == list(latency.DEFAULT_TOKENS_PER_CALL)
     (paper,) = [r for r in rows if r["note"] == "paper's reported value"]
     assert paper["tokens_per_call"] == 2.47
     assert rows[0]["calls_per_s"] == 200.0 and rows[0]["note"] == "plain AR"
@@ -54,100 +64,21 @@ def test_budget_table_labels_paper_value():
 @pytest.mark.parametrize("args", [(0, 16, None), (12.5, 1, None), (12.5, 16, 0.0), (12.5, 16, -1.0)])
 def test_call_budget_rejects_bad_input(args):
     with pytest.raises(ValueError):
-        bench.call_budget(*args)
+        latency.call_budget(*args)
 
 
 def test_inner_share():
-    assert bench.inner_share(10.0, 10.0, 15) == pytest.approx(15 / 16)
-    assert bench.inner_share(0.0, 1.0) == 1.0
+    assert latency.inner_share(10.0, 10.0, 15) == pytest.approx(15 / 16)
+    assert latency.inner_share(0.0, 1.0) == 1.0
     with pytest.raises(ValueError):
-        bench.inner_share(0.0, 0.0)
+        latency.inner_share(0.0, 0.0)
     with pytest.raises(ValueError):
-        bench.inner_share(-1.0, 1.0)
+        latency.inner_share(-1.0, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# timing
+# latency
 # ---------------------------------------------------------------------------------------------------------------------
-def test_other_cpu_fraction():
-    assert bench.other_cpu_fraction(None, (1.0, 2.0, 0.0)) is None
-    assert bench.other_cpu_fraction((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)) is None  # no time elapsed
-    assert bench.other_cpu_fraction((0.0, 0.0, 0.0), (3.0, 4.0, 1.0)) == pytest.approx(0.5)  # 2 of 4 cpu-s by others
-    assert bench.other_cpu_fraction((0.0, 0.0, 0.0), (1.0, 4.0, 2.0)) == 0.0  # clipped (tick rounding)
-    r = {"device": "cpu", "cpu_count": 2, "threads": 1, "other_cpu_frac": 0.5}
-    assert bench.cpu_oversubscribed(r) is True  # one busy core of two: above OTHER_CPU_LIMIT
-    assert bench.cpu_oversubscribed({**r, "other_cpu_frac": bench.OTHER_CPU_LIMIT}) is False  # at the limit: quiet
-    assert bench.cpu_oversubscribed({**r, "other_cpu_frac": 0.1, "threads": 2}) is True  # threads wanting cores
-    assert bench.cpu_oversubscribed({**r, "other_cpu_frac": 0.02}) is False
-    assert bench.cpu_oversubscribed({**r, "device": "cuda"}) is None
-    assert bench.cpu_oversubscribed({**r, "other_cpu_frac": None}) is None
-    snap = bench._cpu_snapshot()
-    if snap is not None:  # Linux
-        busy, total, own = snap
-        assert 0 <= busy <= total and own >= 0
-
-
-def test_oversubscribed_note_names_the_share():
-    assert bench.oversubscribed_note({"device": "cpu", "cpu_count": 2, "threads": 1, "other_cpu_frac": 0.634}) == \
-        "OVERSUBSCRIBED: other processes used 63% of the CPU"
-    assert bench.oversubscribed_note({"device": "cpu", "cpu_count": 2, "threads": 1, "other_cpu_frac": 0.05}) == ""
-
-
-@pytest.mark.parametrize("shares, runs, note", [
-    ([0.05], 1, ""),                      # quiet: measured once
-    ([0.63, 0.04], 2, ""),                # oversubscribed, then quiet: re-measured once, the quiet run kept
-    ([0.63, 0.45], 2, "OVERSUBSCRIBED: other processes used 45% of the CPU"),  # still: the quieter run, labelled
-    ([0.45, 0.63], 2, "OVERSUBSCRIBED: other processes used 45% of the CPU"),
-])
-def test_measure_quietly_remeasures_once_with_the_cpu_share_faked(shares, runs, note):
-    calls = []
-
-    def measure():  # a timing whose CPU share is faked: the i-th run reports shares[i]
-        calls.append(len(calls))
-        return {"meta": {"device": "cpu", "cpu_count": 2, "threads": 1, "other_cpu_frac": shares[len(calls) - 1]},
-                "run": len(calls) - 1}
-
-    result, info = bench.measure_quietly(measure, meta=lambda r: r["meta"])
-    assert len(calls) == runs and info["attempts"] == shares[:runs]
-    assert result["meta"]["other_cpu_frac"] == min(shares[:runs]) and info["note"] == note
-    assert info["oversubscribed"] is bool(note)
-
-
-def test_oversubscribed_bench_says_so_in_the_figure_title():
-    from rvqspec_lib.eval.plots import bench_title
-
-    r = {"model": {"name": "m"}, "random_weights": False, "device": "cpu", "device_name": "x", "dtype": "float32",
-         "threads": 1, "torch": "2", "cpu_count": 2, "other_cpu_frac": 0.63}
-    assert "OVERSUBSCRIBED: other processes used 63% of the CPU" in bench_title(r)
-    assert "OVERSUBSCRIBED" not in bench_title({**r, "other_cpu_frac": 0.01})  # the negative control
-
-
-def test_time_call_excludes_warmup_and_resets_outside():
-    calls, resets = [], []
-    stats = bench.time_call(lambda: calls.append(torch.is_inference_mode_enabled()), warmup=2, repeats=5,
-                            reset=lambda: resets.append(1))
-    assert len(calls) == 7 and len(resets) == 7 and all(calls)
-    assert stats["n"] == 5
-    assert 0 <= stats["min_ms"] <= stats["p10_ms"] <= stats["median_ms"] <= stats["p90_ms"]
-    with pytest.raises(ValueError):
-        bench.time_call(lambda: None, repeats=0)
-
-
-def test_time_call_noise_target_between_min_and_max(monkeypatch):
-    from rvqspec_lib.eval import noise
-
-    calls = []
-    assert bench.time_call(lambda: calls.append(1), warmup=1, repeats=3, noise_target=1e9)["n"] == 3  # met at once
-    assert len(calls) == 4
-    monkeypatch.setattr(noise, "should_stop", lambda s, t, lo, hi: len(s["call"]) >= 6)  # met at 6 of 3..10
-    stats = bench.time_call(lambda: None, warmup=0, repeats=3, noise_target=0.02, max_repeats=10)
-    assert stats["n"] == 6 and stats["rel_se"] is not None
-    monkeypatch.setattr(noise, "should_stop", lambda s, t, lo, hi: len(s["call"]) >= hi)  # never met: the cap
-    assert bench.time_call(lambda: None, warmup=0, repeats=3, noise_target=0.02)["n"] == 4 * 3
-    with pytest.raises(ValueError, match=">= 2"):
-        bench.time_call(lambda: None, repeats=1, noise_target=0.02)
-
-
 @pytest.fixture(scope="module")
 def tiny():
     from rvqspec_lib.models.loader import load_model
@@ -157,12 +88,12 @@ def tiny():
 
 def test_bench_model_tiny_keys_and_positive_times(tiny):
     qs = (1, 2, 4)
-    r = bench.bench_model(tiny, query_sizes=qs, warmup=1, repeats=2, progress=False)
-    for key in ("model", "random_weights", "timing_only", "device", "device_name", "dtype", "threads", "torch",
-                "transformers", "prefix_len", "talker_context", "talker_step", "code_predictor", "derived",
-                "load_avg_1m_before", "load_avg_1m_after", "other_cpu_frac", "cpu_oversubscribed"):
+    r = latency.bench_model(tiny, query_sizes=qs, warmup=1, repeats=2, progress=False)
+    for key in ("model", "random_weights", "device", "device_name", "dtype", "threads", "torch", "prefix_len",
+                "talker_context", "talker_step", "code_predictor", "derived", "load_avg_1min_before",
+                "load_avg_1min_after", "other_cpu_frac", "cpu_oversubscribed", "backend", "repeats", "rel_se_max"):
         assert key in r, key
-    assert r["random_weights"] is True and r["timing_only"] is True
+    assert r["random_weights"] is True and r["backend"] == "official" and "floor_ms" not in r
     assert r["device"] == "cpu" and r["dtype"] == "float32" and r["threads"] == torch.get_num_threads()
     assert r["talker_step"]["median_ms"] > 0 and r["talker_step"]["n"] == 2
     assert [row["n_queries"] for row in r["code_predictor"]] == list(qs)
@@ -175,42 +106,170 @@ def test_bench_model_tiny_keys_and_positive_times(tiny):
     assert 0 < d["inner_share_ar"] < 1
     assert d["frame_ms_ar"] == pytest.approx(d["t_talker_ms"] + (tiny.n_code_groups - 1) * d["t_inner_ms"])
     json.dumps(r)  # JSON-able as it is
-    table = bench.format_table(r)
-    assert "RANDOM weights" in table and "threads" in table and "dtype float32" in table
-    assert len(bench.latency_rows(r)) == 1 + len(qs)
+    table = latency.format_latency(r)
+    assert "RANDOM weights" in table and "threads" in table and "dtype float32" in table and "2 repeats" in table
+    assert len(latency.latency_rows(r)) == 1 + len(qs)
+    with pytest.raises(ValueError, match="query sizes"):
+        latency.bench_model(tiny, query_sizes=(0,), progress=False)
 
 
-def test_bench_leaves_model_usable(tiny):
-    """The timed calls crop their caches; a fresh forward of the code predictor still works and is unchanged."""
+def test_bench_model_leaves_the_model_unchanged(tiny):
+    """The timed calls write their own caches and crop the talker's; a fresh forward gives the same numbers."""
     cp = tiny.code_predictor
     x = torch.randn(1, 3, tiny.talker.config.hidden_size, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         before = cp.model(inputs_embeds=cp.small_to_mtp_projection(x)).last_hidden_state
-        bench.bench_code_predictor(tiny, query_sizes=(2,), warmup=0, repeats=1, progress=False)
+        latency.bench_model(tiny, query_sizes=(2,), warmup=0, repeats=1, progress=False)
         after = cp.model(inputs_embeds=cp.small_to_mtp_projection(x)).last_hidden_state
     torch.testing.assert_close(before, after, rtol=0, atol=0)
 
 
-def test_cli_main_writes_json(tmp_path, capsys):
+def test_the_talker_step_is_cropped_back_after_every_call(tiny):
+    call, reset = latency.talker_step_call(tiny, talker_context=5)
+    for _ in range(3):
+        assert call().shape == (1, tiny.talker.config.vocab_size)
+        reset()
+    with pytest.raises(ValueError, match="talker_context"):
+        latency.talker_step_call(tiny, talker_context=0)
+
+
+def test_the_parser_copies_agree_with_the_library():
+    assert cli_bench.QUERY_SIZES == latency.DEFAULT_QUERY_SIZES
+    assert cli_bench.PRECISION_QUERY_SIZES == latency.PRECISION_QUERY_SIZES
+    assert cli_bench.BACKENDS == backends.BACKENDS
+
+
+def test_cli_latency_writes_json_with_the_floor(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(timing, "DEFAULT_BUFFER_BYTES", 1 << 22)
     out = tmp_path / "b.json"
-    rc = cli_main(["bench", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--queries", "1,2",
-                   "--no-progress", "--json", str(out)])
+    rc = cli_main(["bench", "latency", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--queries",
+                   "1,2", "--no-progress", "--json", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "code predictor" in printed and "talker step" in printed
+    assert "code predictor" in printed and "talker step" in printed and "floor of a code-predictor call" in printed
     rec = json.loads(out.read_text())
     assert [r["n_queries"] for r in rec["code_predictor"]] == [1, 2]
-    assert rec["provenance"]["params"]["model"] == "tiny-random"
+    assert rec["provenance"]["params"]["model"] == "tiny-random" and rec["total_s"] > 0
+    bw = rec["bandwidth"]  # read before and after the timing; the floor uses the faster
+    assert bw["buffer_bytes"] == 1 << 22 and bw["gb_per_s"] == max(bw["gb_per_s_before"], bw["gb_per_s_after"])
 
 
-def test_cli_rejects_bad_queries():
-    import argparse
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "tiny-random"], "rvqspec bench [flags] is now rvqspec bench latency [flags]"),
+    (["--model", "tiny-random", "--dtype", "float32,int8"], "is now rvqspec bench precisions --dtype a,b"),
+    (["--dtype", "float32", "--forwards", "all"], "--forwards is now --backends official,native"),
+    (["--model", "embedded", "--backend", "eager"], "is now rvqspec bench frames --backends NAME"),
+    (["--table", "--backends", "eager"], "rvqspec bench --table is now rvqspec bench table"),
+    ([], "give a job: rvqspec bench latency, precisions, frames or table"),
+    (["--model", "tiny-random", "latency"], "--model goes after the job: rvqspec bench latency --model"),
+])
+def test_old_flag_forms_name_the_new_form_in_one_line(capsys, monkeypatch, argv, needle):
+    monkeypatch.setattr(bench_jobs, "load_model", _no_load)
+    assert cli_main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rvqspec: error: ") and needle in err and err.count("\n") == 1, err
 
-    from rvqspec_lib.cli.bench import add_args
 
-    parser = add_args(argparse.ArgumentParser())
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--queries", "0,2"])
+@pytest.mark.parametrize("argv, needle", [
+    (["latency", "--dtype", "float32,int8"], "--dtype float32,int8: give one of"),
+    (["latency", "--dtype", "float16"], "float16 is a GPU precision here"),
+    (["latency", "--backend", "tpu"], "--backends tpu: use some of official, eager, compile, onnx, native"),
+    (["latency", "--noise-target", "0"], "--noise-target 0 is not a relative standard error"),
+    (["latency", "--noise-target", "0.02", "--repeats", "1"], "--noise-target needs --repeats >= 2"),
+    (["latency", "--device", "tpu"], "--device 'tpu': use cpu, cuda[:N] or mps"),
+    (["precisions", "--dtype", "float64"], "--dtype float64: give some of float32, bfloat16, int8, int8-dynamic"),
+    (["frames", "--backends", "coreml"], "rvqspec export --format coreml"),
+    (["frames", "--decoders", "ar,ssd-lossy"], "ssd-lossy is a LOSSY control"),
+    (["frames", "--decoders", "chain:best"], "--decoders chain:best: bench times named lossless decoders"),
+    (["frames", "--decoders", "paper"], "the 'offsets' drafter is not shipped beside tiny-random"),
+    (["frames", "--backends", "native", "--device", "cuda"], "--device cuda"),
+])
+def test_bad_flags_are_one_line_before_loading(capsys, monkeypatch, argv, needle):
+    monkeypatch.setattr(bench_jobs, "load_model", _no_load)
+    assert cli_main(["bench", argv[0], "--model", "tiny-random", *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rvqspec: error: ") and needle in err and err.count("\n") == 1, err
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# frames
+# ---------------------------------------------------------------------------------------------------------------------
+def test_cli_frames_prints_every_runner_from_one_run(tmp_path, capsys):
+    out = tmp_path / "f.json"
+    rc = cli_main(["bench", "frames", "--model", "tiny-random", "--backends", "eager", "--repeats", "2", "--warmup",
+                   "0", "--no-progress", "--json", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    res = json.loads(out.read_text())
+    rows = {(r["decoder"], r["fused"]): r for r in res["rows"]}
+    assert set(rows) == {("ar", False), ("chain:4", False), ("tree:0;1;0,0;0,0,0", False), ("ar", True),
+                         ("chain:4", True)} and {r["backend"] for r in rows.values()} == {"eager"}
+    assert rows[("ar", False)]["speedup_vs_ar"] == 1.0 and rows[("ar", True)]["speedup_vs_fused"] == 1.0
+    for r in rows.values():  # the speedups are read off the medians of the same run
+        assert r["speedup_vs_ar"] == pytest.approx(rows[("ar", False)]["ms_per_frame"] / r["ms_per_frame"])
+    assert "| chain:4 | eager | True |" in cap.out and "backends eager" in cap.out and "2 repeats" in cap.out
+    assert "16 random contexts (tokens per call mean little)" in cap.out and res["backends"] == ["eager"]
+
+
+@pytest.mark.parametrize("other, crowded", [(0.9, True), (0.0, False)])  # 0.0: negative control
+def test_cli_frames_footer_says_oversubscribed(capsys, monkeypatch, other, crowded):
+    monkeypatch.setattr(timing.LoadMonitor, "describe", lambda self: {"other_cpu_frac": other})
+    rc = cli_main(["bench", "frames", "--model", "tiny-random", "--repeats", "2", "--warmup", "1", "--no-progress",
+                   "--decoders", "ar"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "every runner: 1 warm-up frame(s), then 2 repeats" in out, out
+    assert ("OVERSUBSCRIBED: other processes used 90% of the CPU" in out) is crowded, out
+
+
+def test_cli_frames_replay_has_no_fused_speculative_rows(tmp_path, capsys):
+    cal = REPO / "data" / "embedded" / "model" / "trees" / "heads.json"
+    rc = cli_main(["bench", "frames", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--no-progress",
+                   "--decoders", "chain:3", "--acceptance", str(cal), "--json", str(tmp_path / "r.json")])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert {(r["decoder"], r["fused"]) for r in rows} == {("ar", False), ("chain:3", False)}  # AR added: speedups
+    assert "no fused speculative rows" in cap.out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# scripts/gpu_bench.py
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gpu_bench():
+    """scripts/gpu_bench.py as a module (its main(argv) in this process: no interpreter start per test)."""
+    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "scripts" / "gpu_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_gpu_bench_dry_run_writes_what_notebook_05_reads(tmp_path, capsys, gpu_bench):
+    out = tmp_path / "gpu.json"
+    assert gpu_bench.main(["--dry-run", "--chains", "2,4", "--budgets", "4", "--queries", "1,4", "--out",
+                           str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["format"] == "rvqspec-gpu-bench" and res["dry_run"] is True and res["backend"] == "eager"
+    assert res["provenance"]["params"]["model"] == "tiny-random"
+    rows = {(r["decoder"], r["fused"]): r for r in res["frame_rows"]}
+    assert {("ar", False), ("ar", True), ("chain:2", True), ("chain:4", True), ("chain:4", False)} <= set(rows)
+    assert rows[("ar", False)]["speedup_vs_ar"] == 1.0 and rows[("ar", True)]["speedup_vs_fused"] == 1.0
+    (s,) = res["summary"]
+    assert s["fused_spec_decoder"] in ("chain:2", "chain:4") and s["fused_ar_ms"] == rows[("ar", True)]["ms_per_frame"]
+    assert [r["query_positions"] for r in res["verify_cost"]] == [1, 4] and res["verify_cost"][0]["ratio_to_q1"] == 1.0
+    assert "| chain:4 | eager | True |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [(["--dry-run", "--chains", "9"], "--chains are chain windows: give values "
+                                           "in 2..8"), ([], "no CUDA device here")])
+def test_gpu_bench_bad_input_is_one_line(tmp_path, capsys, gpu_bench, argv, needle):
+    if not argv and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert gpu_bench.main([*argv, "--out", str(tmp_path / "g.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu_bench: error: ") and needle in err and err.count("\n") == 1, err
+    assert not (tmp_path / "g.json").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -251,3 +310,12 @@ def test_provenance_record_and_files(tmp_path):
     p = save_json({"x": float("nan"), "y": torch.tensor(2.0)}, tmp_path / "m.json", prov)
     rec = json.loads(p.read_text())
     assert rec["x"] is None and rec["y"] == 2.0 and rec["provenance"]["seed"] == 3
+
+
+def test_oversubscribed_bench_says_so_in_the_figure_title():
+    from rvqspec_lib.eval.plots import bench_title
+
+    r = {"model": {"name": "m"}, "random_weights": False, "device": "cpu", "device_name": "x", "dtype": "float32",
+         "threads": 1, "torch": "2", "cpu_count": 2, "other_cpu_frac": 0.63}
+    assert "OVERSUBSCRIBED: other processes used 63% of the CPU" in bench_title(r)
+    assert "OVERSUBSCRIBED" not in bench_title({**r, "other_cpu_frac": 0.01})  # the negative control

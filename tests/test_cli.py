@@ -133,7 +133,7 @@ def test_resolve_threads(glob, sub, expected):
 
 
 def test_negative_threads_is_a_one_line_error(capsys):
-    assert main(["--threads", "-1", "bench", "--model", "tiny-random"]) == 2
+    assert main(["--threads", "-1", "bench", "latency", "--model", "tiny-random"]) == 2
     assert capsys.readouterr().err == "rvqspec: error: --threads must be >= 0 (0 keeps torch's choice), got -1\n"
 
 
@@ -155,8 +155,8 @@ def fake_threads(monkeypatch):
 ])
 def test_bench_threads(tmp_path, capsys, fake_threads, before, after, set_calls, shown):
     out = tmp_path / "b.json"
-    assert main([*before, "bench", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--queries", "1",
-                 "--no-progress", "--json", str(out), *after]) == 0
+    assert main([*before, "bench", "latency", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--queries",
+                 "1", "--no-progress", "--json", str(out), *after]) == 0
     assert fake_threads == set_calls
     want = torch.get_num_threads() if shown == "torch" else shown
     assert json.loads(out.read_text())["threads"] == want
@@ -202,11 +202,13 @@ def _parse_error(capsys, argv) -> str:
      "--drafter bogus is not a drafter rvqspec train-drafter takes: use offsets or medusa"),
     (["eval-wer", "--dataset-kind", "common-voice"],
      "--dataset-kind common-voice is not a dataset kind rvqspec eval-wer takes: use fleurs, librispeech or voxpopuli"),
-    (["bench", "--queries", "0"], "--queries 0: query positions are >= 1: give e.g. 1,2,4,8 (at most 1024)"),
-    (["bench", "--queries", "1,x"], "--queries 1,x: give query positions as comma-separated whole numbers, e.g. "
-                                    "1,2,4,8"),
-    (["bench", "--prefix-len", "eight"], "--prefix-len eight is not a whole number: give e.g. --prefix-len 8"),
-    (["bench", "--noise-target", "two"], "--noise-target two is not a number: write a number after --noise-target"),
+    (["bench", "latency", "--queries", "0"], "--queries 0: query positions are >= 1: give e.g. 1,2,4,8 (at most 1024)"),
+    (["bench", "latency", "--queries", "1,x"], "--queries 1,x: give query positions as comma-separated whole numbers, "
+                                               "e.g. 1,2,4,8"),
+    (["bench", "latency", "--prefix-len", "eight"],
+     "--prefix-len eight is not a whole number: give e.g. --prefix-len 8"),
+    (["bench", "latency", "--noise-target", "two"],
+     "--noise-target two is not a number: write a number after --noise-target"),
     (["--threads", "many", "bench"], "--threads many is not a whole number: write a whole number after --threads"),
     (["synth", "--model", "tiny-random", "--text", "Hi."],
      "rvqspec synth needs --out: add it (rvqspec synth --help describes every flag)"),
@@ -215,7 +217,7 @@ def _parse_error(capsys, argv) -> str:
     (["synth", "--model", "tiny-random", "--text", "Hi.", "--out"],
      "--out needs a value: give it after the flag (rvqspec synth --help)"),
     (["bench", "--bogus"], "rvqspec bench has no argument --bogus: rvqspec bench --help lists the flags"),
-    (["bench", "--de", "cpu"], "--de could be --device or --decoders: write the flag out"),
+    (["bench", "frames", "--de", "cpu"], "--de could be --device or --decoders: write the flag out"),
     (["speak"], "'speak' is not an rvqspec command: use synth, bench, train-drafter, eval-acceptance, export, "
                 "eval-wer, extract-frames or train-drafter-parallel (rvqspec --help says what each does)"),
     ([], "give a command: synth, bench, train-drafter, eval-acceptance, export, eval-wer, extract-frames or "
@@ -460,7 +462,8 @@ def _interrupt(*a, **k):
 @pytest.mark.parametrize("argv, target", [
     (["synth", "--model", "tiny-random", "--text", "Hi.", "--out", "OUT/x.wav", "--json", "OUT/x.json"],
      "rvqspec_lib.models.frame.synthesize"),
-    (["bench", "--model", "tiny-random", "--json", "OUT/b.json", "--no-progress"], "rvqspec_lib.eval.bench.bench_model"),
+    (["bench", "latency", "--model", "tiny-random", "--json", "OUT/b.json", "--no-progress"],
+     "rvqspec_lib.eval.latency.bench_model"),
     (["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "8", "--out",
       "OUT/d.safetensors"], "rvqspec_lib.training.drafters.train_drafter"),
     (["eval-acceptance", "--model", "tiny-random", "--frames", "4", "--json", "OUT/e.json"],
@@ -486,7 +489,7 @@ def test_ctrl_c_from_a_real_signal(tmp_path):
     """SIGINT to a running `rvqspec bench` (sent once its progress bar shows): status 130, the one line, no
     traceback, no JSON."""
     out = tmp_path / "b.json"
-    p = subprocess.Popen([sys.executable, "-m", "rvqspec_lib.cli.main", "bench", "--model", "tiny-random",
+    p = subprocess.Popen([sys.executable, "-m", "rvqspec_lib.cli.main", "bench", "latency", "--model", "tiny-random",
                           "--repeats", "1000000", "--warmup", "0", "--queries", "1", "--json", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=REPO,
                          # as from a shell: pytest-xdist's workers ignore SIGINT, and an ignored signal is inherited
@@ -507,7 +510,9 @@ def test_ctrl_c_from_a_real_signal(tmp_path):
             p.kill()
     err = (seen + rest).decode()
     assert p.returncode == 130, err
-    assert err.endswith("\nrvqspec: interrupted\n") and "Traceback" not in err
+    # the one line on a line of its own (after the progress bar's line, cleared with "\r"), no traceback
+    assert err.endswith("rvqspec: interrupted\n") and err[-len("rvqspec: interrupted\n") - 1] in "\r\n"
+    assert "Traceback" not in err
     assert _listing(tmp_path) == []
 
 

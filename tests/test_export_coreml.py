@@ -14,7 +14,7 @@ import platform
 
 import pytest
 
-from rvqspec_lib.eval import export_timing as T
+from rvqspec_lib.eval import export_check as T
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models import export_graphs as G
 
@@ -71,4 +71,3 @@ def test_prediction_off_macos_is_refused_in_one_line(cp, tmp_path):
     assert rows == [{"runner": "not run", "ran": False, "note": why}]
     with pytest.raises(RuntimeError, match="macOS"):
         T.coreml_call_times(cp, tmp_path / "t")
-    assert T.backend_status("coreml") == (False, why)

@@ -1,4 +1,5 @@
-"""The weight-streaming floor (rvqspec_lib.eval.floor) and the per-precision table of ``rvqspec bench``.
+"""The weight-streaming floor (rvqspec_lib.eval.floor) and the per-precision table (``rvqspec bench precisions``,
+rvqspec_lib.eval.latency.bench_precisions).
 
 No timed assertions: byte counts against a hand count of the tiny config, the bandwidth measurement's contract, and
 the printed table's rows with the timing faked.
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from rvqspec_lib.cli.main import main as cli_main
-from rvqspec_lib.eval import bench, floor
+from rvqspec_lib.eval import floor, latency, timing
 from rvqspec_lib.models import precision as PR
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 
@@ -68,28 +69,15 @@ def test_call_weight_bytes_of_the_0_6b_architecture():
     assert 80.5e6 < wb["elements"] < 81e6
 
 
-def test_floor_ms_and_bandwidth_contract():
+def test_floor_ms():
     assert floor.floor_ms(2_000_000_000, 20.0) == pytest.approx(100.0)
     for bad in ((1, 0.0), (-1, 1.0)):
         with pytest.raises(ValueError):
             floor.floor_ms(*bad)
-    bw = floor.read_bandwidth(buffer_bytes=1 << 20, repeats=3)
-    assert bw["gb_per_s"] > 0 and bw["gb_per_s_max"] >= bw["gb_per_s"] and bw["repeats"] == 3
-    assert bw["buffer_bytes"] == 1 << 20 and bw["threads"] == torch.get_num_threads()
-    with pytest.raises(ValueError):
-        floor.read_bandwidth(buffer_bytes=16)
-
-
-def test_llc_bytes_reads_sysfs(tmp_path):
-    for idx, size in ((0, "48K"), (2, "1024K"), (3, "32768K")):
-        (tmp_path / f"index{idx}").mkdir()
-        (tmp_path / f"index{idx}" / "size").write_text(size + "\n")
-    assert floor.llc_bytes(tmp_path) == 32 * 2 ** 20
-    assert floor.llc_bytes(tmp_path / "absent") is None
 
 
 def _fake_clock(monkeypatch, ms_of):
-    """Replace the wall clock of rvqspec_lib.eval.bench by one that advances ``ms_of()`` per timed call."""
+    """Replace the wall clock of the timing harness by one that advances ``ms_of()`` per timed call."""
     t = [0.0]
     state = {"start": True}
 
@@ -101,7 +89,7 @@ def _fake_clock(monkeypatch, ms_of):
             state["start"] = True
         return t[0]
 
-    monkeypatch.setattr(bench.time, "perf_counter", perf_counter)
+    monkeypatch.setattr(timing.time, "perf_counter", perf_counter)
 
 
 def test_bench_precisions_rows_and_ratios_with_a_fake_clock(monkeypatch):
@@ -111,24 +99,24 @@ def test_bench_precisions_rows_and_ratios_with_a_fake_clock(monkeypatch):
     _fake_clock(monkeypatch, lambda: 2.0)  # every call 2 ms
     bw = {"gb_per_s": 10.0, "gb_per_s_max": 11.0, "buffer_bytes": 1 << 29, "repeats": 7, "threads": 1,
           "llc_bytes": None, "buffer_exceeds_llc": None}
-    r = bench.bench_precisions(lm, PR.PRECISIONS, warmup=1, repeats=3, bandwidth=bw, progress=False)
+    r = latency.bench_precisions(lm, PR.PRECISIONS, warmup=1, repeats=3, bandwidth=bw, progress=False)
     assert [p["precision"] for p in r["precisions"]] == list(PR.PRECISIONS)
     for p in r["precisions"]:
-        assert [row["n_queries"] for row in p["rows"]] == list(bench.PRECISION_QUERY_SIZES)
+        assert [row["n_queries"] for row in p["rows"]] == list(latency.PRECISION_QUERY_SIZES)
         assert all(row["median_ms"] == pytest.approx(2.0) and row["n"] == 3 for row in p["rows"])
         assert all(row["ratio_to_1"] == pytest.approx(1.0) for row in p["rows"])
         assert p["weight_bytes"]["bytes"] == hand_bytes(p["precision"])
         assert p["floor_ms"] == pytest.approx(hand_bytes(p["precision"]) / 10e9 * 1e3)
         assert p["t1_over_floor"] == pytest.approx(2.0 / p["floor_ms"])
-    assert r["timing_only"] is True and r["interleaved"] is True
+    assert r["random_weights"] is True and r["repeats"] == 3 and r["backends"] == ["official"]
     assert PR.precision_of(lm.code_predictor) == "float32"  # the model itself is not converted
     json.dumps(r)
-    text = bench.format_precision_table(r)
+    text = latency.format_precision_table(r)
     lines = text.splitlines()
     assert "RANDOM weights: timing only" in lines[0] and "threads" in lines[0]
     assert lines[1].startswith("CPU ") and "native precisions: float32" in lines[1] and "bf16 flags" in lines[1]
     assert "read bandwidth 10.0 GB/s" in lines[2]
-    assert lines[3].split() == ["precision", "forward", "t(1)", "ms", "t(2)/t(1)", "t(4)/t(1)", "t(8)/t(1)",
+    assert lines[3].split() == ["precision", "backend", "t(1)", "ms", "t(2)/t(1)", "t(4)/t(1)", "t(8)/t(1)",
                                 "t(16)/t(1)", "MB/call", "floor", "ms", "t(1)/floor"]
     for line, prec in zip(lines[4:], PR.PRECISIONS):
         cells = line.split()
@@ -137,51 +125,53 @@ def test_bench_precisions_rows_and_ratios_with_a_fake_clock(monkeypatch):
 
 
 def test_bench_precisions_times_the_native_forward_beside_the_official(monkeypatch):
-    """forwards=("official", "native"): one entry per (precision, forward), both against the same floor."""
+    """backends=("official", "native"): one entry per (precision, backend), both against the same floor."""
     from rvqspec_lib.models.loader import load_model
 
     lm = load_model("tiny-random")
     _fake_clock(monkeypatch, lambda: 2.0)
     bw = {"gb_per_s": 10.0, "gb_per_s_max": 11.0, "buffer_bytes": 1 << 29, "repeats": 7, "threads": 1,
           "llc_bytes": None, "buffer_exceeds_llc": None}
-    r = bench.bench_precisions(lm, ["float32", "int8-dynamic"], warmup=1, repeats=2, bandwidth=bw, progress=False,
-                               forwards=("official", "native"))
-    assert [(p["precision"], p["forward"]) for p in r["precisions"]] == [
+    r = latency.bench_precisions(lm, ["float32", "int8-dynamic"], warmup=1, repeats=2, bandwidth=bw, progress=False,
+                                 backends=("official", "native"))
+    assert [(p["precision"], p["backend"]) for p in r["precisions"]] == [
         ("float32", "official"), ("float32", "native"), ("int8-dynamic", "official"), ("int8-dynamic", "native")]
     assert r["precisions"][0]["floor_ms"] == r["precisions"][1]["floor_ms"]
-    lines = bench.format_precision_table(r).splitlines()
+    lines = latency.format_precision_table(r).splitlines()
     assert [ln.split()[:2] for ln in lines[4:]] == [["float32", "official"], ["float32", "native"],
                                                     ["int8-dynamic", "official"], ["int8-dynamic", "native"]]
-    with pytest.raises(ValueError, match="forwards must be some of official, native"):
-        bench.bench_precisions(lm, ["float32"], forwards=("onnx",), bandwidth=bw, progress=False)
+    with pytest.raises(ValueError, match="backends of official, eager"):
+        latency.bench_precisions(lm, ["float32"], backends=("tpu",), bandwidth=bw, progress=False)
+    with pytest.raises(ValueError, match="the onnx backend runs float32 modules"):
+        latency.bench_precisions(lm, ["int8"], backends=("onnx",), bandwidth=bw, progress=False)
 
 
-def test_cli_bench_several_dtypes_prints_the_precision_table(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(floor, "DEFAULT_BUFFER_BYTES", 1 << 22)
+def test_cli_bench_precisions_prints_the_table(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(timing, "DEFAULT_BUFFER_BYTES", 1 << 22)
     monkeypatch.setattr(PR, "cpu_flags", lambda *a: frozenset({"avx512_bf16"}))
     out = tmp_path / "p.json"
-    rc = cli_main(["bench", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--no-progress",
-                   "--dtype", "float32,int8", "--json", str(out)])
+    rc = cli_main(["bench", "precisions", "--model", "tiny-random", "--repeats", "1", "--warmup", "0",
+                   "--no-progress", "--dtype", "float32,int8", "--json", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "t(1)/floor" in printed and "\nint8 " in printed and "\nfloat32 " in printed
     rec = json.loads(out.read_text())
     from rvqspec_lib.models.kernels import cpforward
 
-    both = cpforward.available()  # default forwards: official and, where it builds, native
-    assert [(p["precision"], p["forward"]) for p in rec["precisions"]] == (
+    both = cpforward.available()  # default backends: official and, where it builds, native
+    assert [(p["precision"], p["backend"]) for p in rec["precisions"]] == (
         [("float32", "official"), ("float32", "native"), ("int8", "official"), ("int8", "native")] if both
         else [("float32", "official"), ("int8", "official")])
-    assert [r["n_queries"] for r in rec["precisions"][0]["rows"]] == list(bench.PRECISION_QUERY_SIZES)
+    assert [r["n_queries"] for r in rec["precisions"][0]["rows"]] == list(latency.PRECISION_QUERY_SIZES)
     bw = rec["bandwidth"]  # measured before and after the timing; the floor uses the faster
     assert bw["buffer_bytes"] == 1 << 22 and bw["gb_per_s"] == max(bw["gb_per_s_before"], bw["gb_per_s_after"])
     assert "before and" in printed and "after the timing" in printed
 
 
-def test_cli_bench_one_dtype_prints_the_floor_line(capsys, monkeypatch):
-    monkeypatch.setattr(floor, "DEFAULT_BUFFER_BYTES", 1 << 22)
+def test_cli_bench_latency_of_one_dtype_prints_the_floor_line(capsys, monkeypatch):
+    monkeypatch.setattr(timing, "DEFAULT_BUFFER_BYTES", 1 << 22)
     monkeypatch.setattr(PR, "cpu_flags", lambda *a: frozenset({"avx512_bf16"}))
-    rc = cli_main(["bench", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--no-progress",
+    rc = cli_main(["bench", "latency", "--model", "tiny-random", "--repeats", "1", "--warmup", "0", "--no-progress",
                    "--queries", "1,2", "--dtype", "int8"])
     assert rc == 0
     printed = capsys.readouterr().out

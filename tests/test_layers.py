@@ -131,9 +131,9 @@ def test_the_checks_can_fail():
     planted = {**g, "rvqspec_lib.decoding.verify": g["rvqspec_lib.decoding.verify"] | {"rvqspec_lib.cli.main"}}
     assert upward_imports(planted) == ["rvqspec_lib.decoding.verify imports rvqspec_lib.cli.main (a higher layer)"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    lazy = "def f():\n    from rvqspec_lib.eval import bench\n    from ..models import loader\n"
+    lazy = "def f():\n    from rvqspec_lib.eval import latency\n    from ..models import loader\n"
     found = imports_of(lazy, "rvqspec_lib.decoding.probe", set(g))
-    assert found == {"rvqspec_lib.eval.bench", "rvqspec_lib.models.loader"}
+    assert found == {"rvqspec_lib.eval.latency", "rvqspec_lib.models.loader"}
     assert upward_imports({**g, "rvqspec_lib.decoding.probe": found})
 
 

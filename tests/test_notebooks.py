@@ -143,7 +143,7 @@ def _check_00(metrics: dict, out: Path) -> None:
 
 
 def _check_01(metrics: dict, out: Path) -> None:
-    from rvqspec_lib.eval.bench import call_budget
+    from rvqspec_lib.eval.latency import call_budget
     from rvqspec_lib.models.configs import tiny_config_dict
 
     # smoke mode runs tiny-random: its code groups come from its config, its frame rate is the 12 Hz codec's
@@ -447,7 +447,8 @@ def _check_04(metrics: dict, out: Path) -> None:
 def _check_05(metrics: dict, out: Path) -> None:
     import csv
 
-    from rvqspec_lib.eval.export_timing import PAPER_DEVICE_SPEEDUPS, RELATIVE_TOLERANCE
+    from rvqspec_lib.eval.export_check import RELATIVE_TOLERANCE
+    from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS
 
     # smoke: tiny-random for acceptance and cost; compile skipped (said so), Core ML and CUDA absent with a reason
     assert metrics["model"] == metrics["cost_model"] == "tiny-random" and metrics["random_weights"] is True

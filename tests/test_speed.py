@@ -1,48 +1,78 @@
-"""The interleaved benchmark functions (rvqspec_lib.eval.speed) on tiny-random: what the rows mean, not how fast."""
+"""The interleaved benchmark functions (rvqspec_lib.eval.speed) on tiny-random, over the registry's runners: what the
+rows mean, not how fast; the speedups, the summary and the projection read off rows exactly."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
-from rvqspec_lib.eval import speed as S
-from rvqspec_lib.models.fused import FusedARFrame
-from rvqspec_lib.models.lean import LeanCodePredictor
-from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.predictor import OfficialBackend
+from rvqspec_lib.eval import speed as S
+from rvqspec_lib.models.backends import available, verify_backend
+from rvqspec_lib.models.precision import apply_precision
+
+TREE = Tree(((0,), (1,), (0, 0)))
 
 
-@pytest.fixture(scope="module")
-def cp():
-    return load_model("tiny-random").code_predictor
+def test_build_runners_shares_one_backend_and_adds_the_fused_frames(cp):
+    runners, absent = S.build_runners(["official", "eager"], cp, [AR(), Chain(4), TREE])
+    assert absent == {}
+    got = [(r.backend, r.name.label, r.fused) for r in runners]
+    assert got == [("official", "ar", False), ("official", "chain:4", False), ("official", "tree:0;1;0,0", False),
+                   ("eager", "ar", False), ("eager", "chain:4", False), ("eager", "tree:0;1;0,0", False),
+                   ("eager", "ar", True), ("eager", "chain:4", True)]  # official has no fused frame, trees none
+    assert len({id(r.verify) for r in runners if r.backend == "eager" and not r.fused}) == 1
+    replay, _ = S.build_runners(["eager"], cp, {"ar": AR()}, acceptance=object())
+    assert [r.fused for r in replay] == [False]  # a replay's frames are stepped only
+    bf16 = apply_precision(copy.deepcopy(cp), "bfloat16", require_native=False)
+    runners, absent = S.build_runners(["onnx", "eager"], bf16, [AR()], fused=False)
+    assert set(absent) == {"onnx"} and "float32" in absent["onnx"] and [r.backend for r in runners] == ["eager"]
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        S.build_runners(["tpu"], cp, [AR()])
 
 
 def test_time_frames_rows(cp):
-    ctx = S.random_contexts(cp, 3)
-    out = S.time_frames(cp, ctx, {"AR": AR(), "Chain4": Chain(4), "Tree": Tree()},
-                        {"official": OfficialBackend(cp), "lean": LeanCodePredictor(cp)},
-                        fused={"eager": FusedARFrame(cp, compile=False)}, repeats=3, warmup=1, progress=False)
-    rows = {(r["decoder"], r["backend"]): r for r in out["rows"]}
-    assert set(rows) == {(d, b) for d in ("AR", "Chain4", "Tree") for b in ("official", "lean")} | {(S.FUSED,
-                                                                                                    "eager")}
-    for (d, b), r in rows.items():
-        assert r["p10_ms"] <= r["ms_per_frame"] <= r["p90_ms"]
-        assert 0 <= r["model_ms"] <= r["ms_per_frame"] and 0 <= r["outside_share"] < 1
-        if d != S.FUSED:
-            assert r["heads_ms"] > 0 and r["speedup_vs_ar"] > 0
-    for b in ("official", "lean"):
-        assert rows[("AR", b)]["tokens_per_call"] == 1.0 and rows[("AR", b)]["calls_per_frame"] == 15
-        assert rows[("AR", b)]["speedup_vs_ar"] == 1.0
-        assert rows[("Chain4", b)]["tokens_per_call"] >= 1.0
-    assert rows[(S.FUSED, "eager")]["speedup_vs_fused"] == 1.0 and rows[(S.FUSED, "eager")]["calls_per_frame"] == 1
+    runners, _ = S.build_runners(["official", "eager"], cp, [AR(), Chain(4), TREE])
+    out = S.time_frames(runners, S.random_contexts(cp, 3), repeats=3, warmup=1, progress=False)
+    rows = {(r["decoder"], r["backend"], r["fused"]): r for r in out["rows"]}
+    assert len(rows) == len(runners)
+    for (d, b, f), r in rows.items():
+        assert r["p10_ms"] <= r["ms_per_frame"] <= r["p90_ms"] and r["precision"] == "float32"
+        assert 0 <= r["model_ms"] <= r["ms_per_frame"] and r["speedup_vs_ar"] > 0
+        if not f:
+            assert r["heads_ms"] > 0 and 0 <= r["outside_share"] < 1
+    for b in ("official", "eager"):
+        ar = rows[("ar", b, False)]
+        assert ar["tokens_per_call"] == 1.0 and ar["calls_per_frame"] == 15 and ar["speedup_vs_ar"] == 1.0
+        assert rows[("chain:4", b, False)]["tokens_per_call"] >= 1.0 and rows[("chain:4", b, False)]["nodes"] == 4
+    fused = rows[("ar", "eager", True)]
+    assert fused["speedup_vs_fused"] == 1.0 and fused["calls_per_frame"] == 15 and fused["heads_ms"] == 0
+    assert rows[("ar", "official", False)]["speedup_vs_fused"] is None  # official has no fused frame
     # the same frames through both backends (bit-identical forward): the same tokens per call
-    assert rows[("Tree", "official")]["tokens_per_call"] == rows[("Tree", "lean")]["tokens_per_call"]
+    assert rows[("tree:0;1;0,0", "official", False)]["tokens_per_call"] == \
+        rows[("tree:0;1;0,0", "eager", False)]["tokens_per_call"]
     meta = out["meta"]
     assert meta["threads"] == torch.get_num_threads() and meta["dtype"] == "float32" and meta["repeats"] == 3
-    assert "other_cpu_frac" in meta and "cpu" in meta
+    assert "other_cpu_frac" in meta and "cpu" in meta and len(meta["noise_keys"]) == len(runners)
+    with pytest.raises(ValueError, match="same decoder, backend"):
+        S.time_frames(runners + runners[:1], S.random_contexts(cp, 2), progress=False)
+
+
+def test_time_frames_fused_chain_rows(cp):
+    """The fused speculative chain: its own row per window, tokens per call from its calls."""
+    runners, _ = S.build_runners(["eager"], cp, [AR(), Chain(2), Chain(4)])
+    out = S.time_frames(runners, S.random_contexts(cp, 2), repeats=2, warmup=1, progress=False)
+    rows = {(r["decoder"], r["fused"]): r for r in out["rows"]}
+    for w in (2, 4):
+        r = rows[(f"chain:{w}", True)]
+        assert r["nodes"] == w and 1.0 <= r["tokens_per_call"] <= w
+        assert 15 / w <= r["calls_per_frame"] <= 15  # a round commits 1..window codes
+        assert r["speedup_vs_ar"] > 0 and r["speedup_vs_fused"] > 0 and r["heads_ms"] == 0
 
 
 def test_timed_backend_changes_nothing_but_the_clock(cp):
@@ -57,34 +87,57 @@ def test_timed_backend_changes_nothing_but_the_clock(cp):
 
 
 def test_verify_cost_curve_rows(cp):
-    out = S.verify_cost_curve(cp, {"official": OfficialBackend(cp), "lean": LeanCodePredictor(cp)},
-                              query_sizes=(1, 2, 8), repeats=2, warmup=1, progress=False)
+    out = S.verify_cost_curve(cp, {b: verify_backend(b, cp) for b in ("official", "eager")}, query_sizes=(1, 2, 8),
+                              repeats=2, warmup=1, progress=False)
     rows = out["rows"]
-    assert [(r["backend"], r["query_positions"]) for r in rows] == [(b, q) for b in ("official", "lean")
+    assert [(r["backend"], r["query_positions"]) for r in rows] == [(b, q) for b in ("official", "eager")
                                                                     for q in (1, 2, 8)]
     assert all(r["ratio_to_q1"] == 1.0 for r in rows if r["query_positions"] == 1)
-    assert all(r["median_ms"] > 0 for r in rows)
+    assert all(r["median_ms"] > 0 for r in rows) and out["meta"]["prefix_len"] == S.PREFIX_LEN
+    assert set(out["meta"]["rel_se"]) == {f"{b}/{q}" for b in ("official", "eager") for q in (1, 2, 8)}
+
+
+def test_verify_call_whole_adds_the_projection_and_a_head(cp):
+    be = verify_backend("eager", cp)
+    assert S.verify_call(cp, be, 3)().shape == (1, 3, int(cp.config.hidden_size))
+    assert S.verify_call(cp, be, 3, whole=True)().shape == (3, int(cp.config.vocab_size))
+    a, b = S.verify_call(cp, be, 2, whole=True), S.verify_call(cp, OfficialBackend(cp), 2, whole=True)
+    torch.testing.assert_close(a(), b(), rtol=0, atol=0)  # the lean forward is bit-identical in float32
 
 
 def test_batch_throughput_rows(cp):
-    out = S.batch_throughput(cp, S.random_contexts(cp, 5), {"AR": AR(), "Chain4": Chain(4)},
-                             {"lean": LeanCodePredictor(cp)}, batch_sizes=(1, 4),
-                             fused={"eager": FusedARFrame(cp, compile=False)}, repeats=2, warmup=0, progress=False)
-    rows = {(r["decoder"], r["batch"]): r for r in out["rows"]}
-    assert set(rows) == {(d, b) for d in ("AR", "Chain4", S.FUSED) for b in (1, 4)}
-    for (d, b), r in rows.items():
+    runners, _ = S.build_runners(["eager"], cp, [AR(), Chain(4)])
+    out = S.batch_throughput(runners, S.random_contexts(cp, 5), batch_sizes=(1, 4), repeats=2, warmup=0,
+                             progress=False)
+    rows = {(r["decoder"], r["fused"], r["batch"]): r for r in out["rows"]}
+    assert set(rows) == {(d, f, b) for d in ("ar", "chain:4") for f in (False, True) for b in (1, 4)}
+    for (d, f, b), r in rows.items():
         assert r["frames_per_s"] == pytest.approx(b / (r["ms_per_batch"] / 1e3))
-    assert rows[("AR", 4)]["tokens_per_call"] == 1.0 and rows[("AR", 1)]["speedup_vs_ar"] == 1.0
+        assert r["ms_per_frame"] == pytest.approx(r["ms_per_batch"] / b)
+    assert rows[("ar", False, 4)]["tokens_per_call"] == 1.0 and rows[("ar", False, 1)]["speedup_vs_ar"] == 1.0
 
 
 def test_bad_input_is_one_line(cp):
+    runners, _ = S.build_runners(["official"], cp, [AR()])
     with pytest.raises(ValueError, match=r"contexts must be a \(N >= 1, 2, \d+\) tensor"):
-        S.time_frames(cp, torch.zeros(3, 2), {"AR": AR()}, {"o": OfficialBackend(cp)}, progress=False)
+        S.time_frames(runners, torch.zeros(3, 2), progress=False)
+    with pytest.raises(ValueError, match="at least one frame runner"):
+        S.time_frames([], S.random_contexts(cp, 2), progress=False)
     with pytest.raises(ValueError, match="include 1"):
         S.verify_cost_curve(cp, {"o": OfficialBackend(cp)}, query_sizes=(2, 4), progress=False)
     with pytest.raises(ValueError, match="batch sizes"):
-        S.batch_throughput(cp, S.random_contexts(cp, 2), {"AR": AR()}, {"o": OfficialBackend(cp)}, batch_sizes=(0,),
-                           progress=False)
+        S.batch_throughput(runners, S.random_contexts(cp, 2), batch_sizes=(0,), progress=False)
+    with pytest.raises(ValueError, match="needs a noise_target"):
+        S.time_frames(runners, S.random_contexts(cp, 2), repeats=4, progress=False, max_repeats=8)
+
+
+def test_the_noise_target_reaches_the_harness(cp):
+    runners, _ = S.build_runners(["eager"], cp, [AR(), Chain(4)], fused=False)
+    out = S.time_frames(runners, S.random_contexts(cp, 3), repeats=3, warmup=0, progress=False, noise_target=1e9,
+                        max_repeats=9)
+    m = out["meta"]
+    assert (m["repeats"], m["noise_target"], m["max_repeats"]) == (3, 1e9, 9) and set(m["rel_se"]) == {"0", "1"}
+    assert m["noise_keys"] == {"0": "ar/eager", "1": "chain:4/eager"}
 
 
 def test_format_rows():
@@ -92,76 +145,63 @@ def test_format_rows():
     assert md.splitlines() == ["| a | b | c |", "|---|---|---|", "| 1.23 |  | x |"]
 
 
-def test_time_frames_fused_chain_rows(cp):
-    """The fused speculative chain as extra conditions: its own row per window, tokens per call from its calls."""
-    from rvqspec_lib.models.fused_spec import FusedChainFrame
-
-    from rvqspec_lib.models.fused_tree import FusedTreeFrame
-
-    chains = [FusedChainFrame(cp, w, compile=False) for w in (2, 4)]
-    tree = FusedTreeFrame(cp, [(0,), (1,), (0, 0)], compile=False)  # a tree frame: its own label and node budget
-    out = S.time_frames(cp, S.random_contexts(cp, 2), {"AR": AR()}, {"lean": LeanCodePredictor(cp)},
-                        fused={"lean": FusedARFrame(cp, compile=False)}, fused_spec={"lean": chains + [tree]},
-                        repeats=2, warmup=1, progress=False)
-    rows = {(r["decoder"], r["backend"]): r for r in out["rows"]}
-    assert set(rows) == {("AR", "lean"), (S.FUSED, "lean"), ("fused-chain2", "lean"), ("fused-chain4", "lean"),
-                         ("fused-tree4", "lean")}
-    assert rows[("fused-tree4", "lean")]["nodes"] == 4
-    for w in (2, 4):
-        r = rows[(f"fused-chain{w}", "lean")]
-        assert r["nodes"] == w and 1.0 <= r["tokens_per_call"] <= 15 / 2
-        assert 15 / 8 <= r["calls_per_frame"] <= 15  # a round commits 1..window codes
-        assert r["speedup_vs_ar"] > 0 and r["speedup_vs_fused"] > 0 and r["heads_ms"] == 0
+def _row(decoder, kind, nodes, ms, *, backend="eager", fused=False, tpc=1.0, lossy=False):
+    return {"decoder": decoder, "kind": kind, "nodes": nodes, "lossy": lossy, "backend": backend, "fused": fused,
+            "precision": "float32", "ms_per_frame": ms, "tokens_per_call": tpc}
 
 
-def test_noise_target_stops_between_min_and_max(cp, monkeypatch):
-    """With a noise target the loops run at least ``repeats`` and at most ``max_repeats`` rounds, all conditions each
-    round, stopping where the rule says; ``meta`` records what was made. Without one: exactly ``repeats``."""
-    from rvqspec_lib.eval import noise
-
-    ctx = S.random_contexts(cp, 3)
-    decs, bes = {"AR": AR(), "Chain4": Chain(4)}, {"lean": LeanCodePredictor(cp)}
-    # a target every median meets once 2 samples exist: exactly the minimum
-    out = S.time_frames(cp, ctx, decs, bes, repeats=3, warmup=0, progress=False, noise_target=1e9, max_repeats=9)
-    m = out["meta"]
-    assert (m["repeats"], m["noise_target"], m["max_repeats"]) == (3, 1e9, 9)
-    assert set(m["rel_se"]) == {"AR/lean", "Chain4/lean"} and all(v >= 0 for v in m["rel_se"].values())
-    # a rule that is met at round 5 (of min 3, max 9): the loop stops there, every condition timed 5 times
-    seen = []
-
-    def at_five(samples, target, lo, hi):
-        seen.append((min(map(len, samples.values())), max(map(len, samples.values())), target, lo, hi))
-        return min(map(len, samples.values())) >= 5
-
-    monkeypatch.setattr(noise, "should_stop", at_five)
-    out = S.time_frames(cp, ctx, decs, bes, repeats=3, warmup=0, progress=False, noise_target=0.02, max_repeats=9)
-    assert out["meta"]["repeats"] == 5 and out["meta"]["max_repeats"] == 9
-    assert seen == [(n, n, 0.02, 3, 9) for n in range(1, 6)]  # interleaved: all conditions each round
-    out = S.verify_cost_curve(cp, bes, query_sizes=(1, 2), repeats=2, warmup=0, progress=False, noise_target=0.02)
-    assert out["meta"]["repeats"] == 5 and out["meta"]["max_repeats"] == 8 and set(out["meta"]["rel_se"]) == {
-        "lean/1", "lean/2"}
-    out = S.batch_throughput(cp, ctx, {"AR": AR()}, bes, batch_sizes=(1, 2), repeats=2, warmup=0, progress=False,
-                             noise_target=0.02, max_repeats=6)
-    assert out["meta"]["repeats"] == 5 and set(out["meta"]["rel_se"]) == {"AR/lean/1", "AR/lean/2"}
-    # a rule never met: the cap
-    monkeypatch.setattr(noise, "should_stop", lambda s, t, lo, hi: min(map(len, s.values())) >= hi)
-    out = S.time_frames(cp, ctx, decs, bes, repeats=2, warmup=0, progress=False, noise_target=0.02, max_repeats=4)
-    assert out["meta"]["repeats"] == 4
+ROWS = [  # synthetic frame-time rows: two backends, AR, two budgets, the fused frames
+    _row("ar", "ar", 1, 30.0), _row("chain:2", "chain", 2, 25.0, tpc=1.5),
+    _row("tree:calibrated-point-mass:2", "calibrated", 2, 20.0, tpc=1.7),
+    _row("tree:calibrated-sampled:4", "calibrated", 4, 24.0, tpc=2.0),
+    _row("ssd-lossy:0.4", "ssd-lossy", 4, 10.0, tpc=3.0, lossy=True),  # never the best: LOSSY
+    _row("ar", "ar", 1, 15.0, fused=True), _row("chain:4", "chain", 4, 12.0, fused=True, tpc=2.5),
+    _row("ar", "ar", 1, 20.0, backend="onnx"), _row("tree:0;1", "tree", 3, 16.0, backend="onnx", tpc=1.7),
+]
 
 
-def test_no_noise_target_is_a_fixed_count(cp):
-    ctx = S.random_contexts(cp, 3)
-    decs, bes = {"AR": AR(), "Chain4": Chain(4)}, {"lean": LeanCodePredictor(cp)}
-    a = S.time_frames(cp, ctx, decs, bes, repeats=4, warmup=0, progress=False)
-    b = S.time_frames(cp, ctx, decs, bes, repeats=4, warmup=0, progress=False, noise_target=None)
-    for out in (a, b):
-        assert (out["meta"]["repeats"], out["meta"]["noise_target"], out["meta"]["max_repeats"]) == (4, None, 4)
-    # the same frames decoded (paired seeds): the same tokens per call
-    assert [r["tokens_per_call"] for r in a["rows"]] == [r["tokens_per_call"] for r in b["rows"]]
-    assert S.verify_cost_curve(cp, bes, query_sizes=(1,), repeats=3, warmup=0, progress=False)["meta"]["repeats"] == 3
-    with pytest.raises(ValueError, match="needs a noise_target"):
-        S.time_frames(cp, ctx, decs, bes, repeats=4, progress=False, max_repeats=8)
-    with pytest.raises(ValueError, match=">= 2"):
-        S.verify_cost_curve(cp, bes, query_sizes=(1,), repeats=1, progress=False, noise_target=0.02)
-    with pytest.raises(ValueError, match="> 0"):
-        S.batch_throughput(cp, ctx, {"AR": AR()}, bes, repeats=2, progress=False, noise_target=0)
+def test_speedups_summary_and_speedup_vs_n_are_read_off_the_rows():
+    rows = [dict(r) for r in ROWS]
+    S._speedups(rows)
+    by = {(r["decoder"], r["backend"], r["fused"]): r for r in rows}
+    assert by[("chain:2", "eager", False)]["speedup_vs_ar"] == 30.0 / 25.0
+    assert by[("chain:4", "eager", True)]["speedup_vs_fused"] == 15.0 / 12.0
+    assert by[("tree:0;1", "onnx", False)]["speedup_vs_fused"] is None  # onnx: no fused AR row
+    best = S.speedup_vs_n(rows)
+    assert [(r["backend"], r["nodes"], r["decoder"]) for r in best] == [
+        ("eager", 1, "ar"), ("eager", 2, "tree:calibrated-point-mass:2"), ("eager", 4, "tree:calibrated-sampled:4"),
+        ("onnx", 1, "ar"), ("onnx", 3, "tree:0;1")]
+    s = {r["backend"]: r for r in S.summary_by_backend(rows)}
+    e = s["eager"]
+    assert (e["ar_ms"], e["fused_ar_ms"], e["best_decoder"], e["best_nodes"]) == (30.0, 15.0,
+                                                                                  "tree:calibrated-point-mass:2", 2)
+    assert e["best_speedup_vs_ar"] == 30.0 / 20.0 and e["best_speedup_vs_fused"] == 15.0 / 20.0
+    assert e["fused_spec_decoder"] == "chain:4" and e["fused_spec_speedup_vs_fused"] == 15.0 / 12.0
+    assert e["fused_speedup_vs_ar"] == 2.0
+    o = s["onnx"]
+    assert o["fused_ar_ms"] is None and o["best_speedup_vs_ar"] == 20.0 / 16.0 and o["fused_spec_decoder"] is None
+
+
+def test_projected_speedup_is_e_times_cost_ratio():
+    cost = [{"backend": "onnx", "query_positions": q, "ratio_to_q1": r} for q, r in ((1, 1.0), (2, 1.25), (4, 2.0))]
+    rows = S.projected_speedup({2: 1.5, 4: 2.4}, cost)
+    assert [(r["nodes"], r["projected_speedup"]) for r in rows] == [(2, 1.5 / 1.25), (4, 2.4 / 2.0)]
+    cal = {"best_kind": {"2": "sampled"}, "sampled": {"call_expected_tokens": {"2": 1.7}}}
+    assert S.expected_tokens_per_call(cal) == {2: 1.7}
+
+
+@pytest.mark.slow
+def test_frames_through_onnx_runtime_beside_eager(small):
+    """A 4-code model: the ONNX frame graph unrolls every code, so its export stays short."""
+    if not available("onnx")[0]:
+        pytest.skip(available("onnx")[1])
+    runners, absent = S.build_runners(["eager", "onnx"], small, [AR(), Chain(2), TREE])
+    assert absent == {} and [(r.backend, r.fused) for r in runners if r.name.label == "ar"] == [
+        ("eager", False), ("eager", True), ("onnx", False), ("onnx", True)]  # onnx: the AR frame graph fused
+    out = S.time_frames(runners, S.random_contexts(small, 3), repeats=2, warmup=1, progress=False)
+    rows = {(r["decoder"], r["backend"], r["fused"]): r for r in out["rows"]}
+    for r in rows.values():
+        ar = rows[("ar", r["backend"], False)]
+        assert r["speedup_vs_ar"] == pytest.approx(ar["ms_per_frame"] / r["ms_per_frame"])
+    assert rows[("tree:0;1;0,0", "onnx", False)]["tokens_per_call"] == \
+        rows[("tree:0;1;0,0", "eager", False)]["tokens_per_call"]  # the same frames, the same codes

@@ -1,5 +1,4 @@
-"""``rvqspec export``: one code-predictor graph to ONNX or Core ML, checked against eager PyTorch where it can run;
-and :func:`run_bench_backend`, what ``rvqspec bench --backend NAME`` calls.
+"""``rvqspec export``: one code-predictor graph to ONNX or Core ML, checked against eager PyTorch where it can run.
 
 Examples::
 
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -152,7 +150,7 @@ def run(args, threads: int = 1) -> int:
 
     from rvqspec_lib.common.files import write_text_atomic
     from rvqspec_lib.common.provenance import provenance
-    from rvqspec_lib.eval import export_timing as T
+    from rvqspec_lib.eval import export_check as T
     from rvqspec_lib.models import export_formats as F
     from rvqspec_lib.models import export_graphs as G
     from rvqspec_lib.models.loader import load_model
@@ -211,148 +209,4 @@ def run(args, threads: int = 1) -> int:
             print(f"{r['runner']}: codes equal to eager PyTorch for {100 * r['codes_equal_frac']:.0f}% of codes")
     if not agreement:
         print(f"not run: {F.coreml_available()[1]}")
-    return 0
-
-
-def _bench_inputs(lm, *, seed: int = 0, n: int = 16, names: str | None = None):
-    """``(contexts (n, 2, H), {label: decoder}, source text)`` for the backend bench: the shipped evaluation split's
-    teacher-forced contexts and, without ``names``, AR, ``Chain(4)``, the default tree and, when the model ships
-    them, its calibrated trees of N = 4 and 16, the paper's decoder (``paper``: offsets + their calibrated point-mass
-    tree) and ``auto``'s choice (as ``synth --decoder auto`` makes it: cached); random contexts otherwise (tokens per call then mean little: say so). ``names``: comma-separated
-    decoder names of the grammar (:mod:`rvqspec_lib.decoding.decoder_names`) instead, labelled as written."""
-    from rvqspec_lib.cli.common import build_decoder, check_decoder_files
-    from rvqspec_lib.data.frame_sources import frames_from_shipped
-    from rvqspec_lib.eval.speed import random_contexts
-    from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
-    from rvqspec_lib.decoding.decoders import AR, Chain, Tree
-
-    cp = lm.code_predictor
-    if names is None:
-        decoders = {"AR": AR(), "chain4": Chain(4), "tree": Tree()}
-        for label in ("calibrated:4", "calibrated:16", "paper", "auto"):  # when shipped beside the model
-            name = parse_decoder_name(label)
-            try:
-                check_decoder_files(name, lm, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size)
-            except (FileNotFoundError, ValueError):
-                continue
-            decoders[label] = build_decoder(name, lm)[0]
-    else:
-        decoders = {}
-        for text in split_decoder_list(names):
-            name = parse_decoder_name(text)
-            decoders["AR" if name.kind == "ar" else name.text] = build_decoder(name, lm)[0]
-        decoders.setdefault("AR", AR())  # speedups are over AR
-    try:
-        frames = frames_from_shipped(lm, "evaluation", max_frames=n, seed=seed)
-        return frames.context, decoders, f"{len(frames)} frames of the shipped evaluation split"
-    except (FileNotFoundError, ValueError):
-        return random_contexts(cp, n, seed=seed), decoders, f"{n} random contexts (tokens per call mean little)"
-
-
-def _bench_coreml(args) -> int:
-    """``bench --backend coreml`` on macOS 15+: the stepped graph, the fused verify graph at N = 2..64 and the fused
-    frame as Core ML packages, timed call by call per compute unit (:func:`rvqspec_lib.eval.export_timing.
-    coreml_call_times`); AR's frame is ``n_codes + 1`` stepped calls, so ``ratio_to_stepped`` is the verify cost
-    curve t(N)/t(1) of each compute unit."""
-    import tempfile
-
-    from rvqspec_lib.common.provenance import provenance, save_json
-    from rvqspec_lib.eval import export_timing as T
-    from rvqspec_lib.eval.speed import format_rows
-    from rvqspec_lib.models.loader import load_model
-
-    lm = load_model(args.model, seed=getattr(args, "seed", 0))
-    with tempfile.TemporaryDirectory(prefix="rvqspec-coreml-") as work:
-        res = T.coreml_call_times(lm.code_predictor.eval(), work, repeats=args.repeats,
-                                  warmup=getattr(args, "warmup", 3), seed=getattr(args, "seed", 0),
-                                  progress=not getattr(args, "no_progress", False) and sys.stderr.isatty())
-    print(format_rows(res["rows"], ["compute_unit", "graph", "nodes", "median_ms", "p10_ms", "p90_ms",
-                                    "ratio_to_stepped"]))
-    print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), Core ML {res['meta'].get('precision')}, "
-          f"macOS {res['meta'].get('macos')} {res['meta'].get('machine')}")
-    if getattr(args, "json_path", None):
-        save_json({**res, "model": args.model, "backend": "coreml"}, args.json_path,
-                  provenance({"model": args.model, "backend": "coreml", "repeats": args.repeats}))
-        print(f"wrote {args.json_path}")
-    return 0
-
-
-def run_bench_backend(args) -> int:
-    """What ``rvqspec bench --backend NAME`` runs: frame times of AR, the fused frame, ``Chain(4)``, the default tree,
-    the model's calibrated trees of N = 4 and 16, the paper's decoder and auto's choice (when it ships a
-    calibration), or ``--decoders``, through ONE
-    backend (:func:`rvqspec_lib.eval.export_timing.bench_backend`), printed as a table.
-
-    Reads ``args.backend``, ``args.model``, ``args.repeats``, ``args.warmup``, ``args.seed``, ``args.json_path``
-    (optional), ``args.dtype`` (optional, default float32: a precision of :mod:`rvqspec_lib.models.precision`,
-    applied to the code predictor after it loads; checked by ``rvqspec_lib.cli.bench.check_dtypes``) and
-    ``args.no_progress`` (optional), as the bench parser defines them; ``--device cuda`` loads the model on the GPU
-    for ``--backend cuda``. Returns the exit status (2 and one line for an absent backend).
-    """
-    from rvqspec_lib.common.provenance import provenance, save_json
-    from rvqspec_lib.eval import export_timing as T
-    from rvqspec_lib.eval.speed import format_rows
-    from rvqspec_lib.models.loader import load_model
-
-    name = getattr(args, "backend", None)
-    if name not in T.BACKENDS:
-        return _die(f"unknown --backend {name!r}: use one of {', '.join(T.BACKENDS)}")
-    ok, why = T.backend_status(name)
-    if not ok:
-        return _die(f"--backend {name} is not available here: {why}")
-    if name == "coreml":  # macOS 15+ (checked above): the packages are timed call by call per compute unit
-        return _bench_coreml(args)
-    device = "cuda" if name == "cuda" else getattr(args, "device", "cpu")
-    if str(device) != "cpu" and name in ("eager", "compile", "onnx", "native"):
-        import torch
-
-        if name in ("onnx", "native"):
-            return _die(f"--backend {name} runs on the CPU: drop --device {device} (a GPU: --backend cuda)")
-        if not torch.cuda.is_available():
-            return _die(f"--device {device}: this torch has no CUDA device; use --device cpu")
-    try:
-        lm = load_model(args.model, device=device, seed=getattr(args, "seed", 0))
-        table = getattr(args, "acceptance_table", None)  # a timing replay (bench --acceptance FILE)
-        if table is not None and not lm.is_random:
-            return _die(f"--acceptance replays a trained model's acceptance on a RANDOM-weight architecture; "
-                        f"{args.model} has trained weights, whose own acceptance is measured: drop --acceptance")
-        cp = lm.code_predictor.eval()
-        prec = getattr(args, "dtype", None) or "float32"
-        if prec != "float32":  # native on this CPU and allowed for this backend: checked before the load
-            from rvqspec_lib.models.precision import apply_precision
-
-            apply_precision(cp, prec, require_native=False)
-        contexts, decoders, source = _bench_inputs(lm, seed=getattr(args, "seed", 0),
-                                                   names=getattr(args, "decoders", None))
-        contexts = contexts.to(device)
-        res = T.bench_backend(name, cp, contexts, decoders=decoders, repeats=args.repeats,
-                              warmup=getattr(args, "warmup", 2),
-                              seed=getattr(args, "seed", 0), random_weights=lm.is_random,
-                              progress=not getattr(args, "no_progress", False) and sys.stderr.isatty(),
-                              acceptance=table.oracle(getattr(args, "seed", 0)) if table is not None else None)
-    except (ValueError, FileNotFoundError) as e:
-        return _die(str(e))
-    print(format_rows(res["rows"], ["decoder", "backend", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms",
-                                    "speedup_vs_ar", "speedup_vs_fused"]))
-    m = res["meta"]
-    acts = {"int8": "int8 weights, bfloat16 activations", "int8-dynamic": "int8 weights, per-row int8 activations"}
-    dt = f"{prec} ({acts[prec]})" if prec in acts else prec if prec == m.get("dtype") else \
-        f"{prec} ({m.get('dtype')} activations)"
-    if table is not None:  # a replay's tokens per call are the replayed acceptance's, not the random weights'
-        source = source.replace(" (tokens per call mean little)", "")
-    print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m.get('device')}, {dt}, "
-          f"{m.get('threads')} thread(s), backend {name}; {args.repeats} timed frames per decoder (after "
-          f"{getattr(args, 'warmup', 2)} warm-up frames), their contexts from {source}")
-    if getattr(args, "acceptance_table", None) is not None:
-        print(args.acceptance_table.text + " (no fused speculative chain: it computes its own acceptance)")
-    from rvqspec_lib.eval.bench import oversubscribed_note
-
-    crowded = oversubscribed_note({**m, "cpu_count": m.get("cpu_count") or os.cpu_count()})
-    if crowded:
-        print(crowded)
-    if getattr(args, "json_path", None):
-        save_json({**res, "model": args.model, "backend": name, "precision": prec, "contexts": source},
-                  args.json_path, provenance({"model": args.model, "backend": name, "precision": prec,
-                                              "repeats": args.repeats}))
-        print(f"wrote {args.json_path}")
     return 0

@@ -13,23 +13,11 @@ nothing but stream its weights once).
   (attention and MLP projections, their norms), the final norm, ``small_to_mtp_projection`` where it is a linear
   layer, ONE per-depth head (``lm_head[j]``; an AR call applies one), and of the per-depth embedding table only the
   rows looked up (one per query position). Rotary tables (``inv_freq``) are computed, not weights, and are left out.
-* Bandwidth (:func:`read_bandwidth`): a streaming read with the thread count torch is set to (the command sets 1):
-  ``torch.sum`` over a float32 buffer much larger than the last-level cache (512 MiB by default; the sum reads every
-  byte once and writes nothing), once untimed to fault the pages in, then the median over ``repeats`` timed passes.
-
-torch is imported inside the functions, so reading this module's constants stays fast.
+* Bandwidth: the machine's streaming read bandwidth, :func:`rvqspec_lib.eval.timing.read_bandwidth` (read before and
+  after a timing, the faster kept: :func:`rvqspec_lib.eval.timing.bandwidth_around`).
 """
 
 from __future__ import annotations
-
-import statistics
-import time
-from pathlib import Path
-
-#: Bytes of the buffer :func:`read_bandwidth` streams over by default: 512 MiB, far past any CPU's last-level cache.
-DEFAULT_BUFFER_BYTES = 512 * 2 ** 20
-#: Timed passes of :func:`read_bandwidth` (the median is reported).
-DEFAULT_REPEATS = 7
 
 
 def _tensors(module) -> list:
@@ -84,58 +72,6 @@ def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
                + _tensors(code_predictor.lm_head[0]))
     elements = sum(t.numel() for t in touched) + n_queries * int(m.codec_embedding[0].weight.shape[-1])
     return {"bytes": sum(parts.values()), "elements": int(elements), "by_dtype": by_dtype, "parts": parts}
-
-
-def llc_bytes(cache_dir: str | Path = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
-    """Size of the largest CPU cache of cpu0 in bytes, from sysfs (``index*/size`` such as ``32768K``); ``None``
-    where sysfs does not say (not Linux)."""
-    sizes = []
-    for f in Path(cache_dir).glob("index*/size"):
-        try:
-            s = f.read_text().strip().upper()
-        except OSError:
-            continue
-        mult = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(s[-1:], 1)
-        digits = s[:-1] if s[-1:] in "KMG" else s
-        if digits.isdigit():
-            sizes.append(int(digits) * mult)
-    return max(sizes) if sizes else None
-
-
-def read_bandwidth(*, buffer_bytes: int | None = None, repeats: int = DEFAULT_REPEATS) -> dict:
-    """Streaming read bandwidth of this machine with torch's current thread count (module docstring: the method).
-
-    Args:
-        buffer_bytes: size of the float32 buffer summed (default :data:`DEFAULT_BUFFER_BYTES`, 512 MiB; keep it
-            several times the LLC).
-        repeats: timed passes (>= 1); the median is reported.
-
-    Returns:
-        ``{"gb_per_s": median (1e9 bytes per second), "gb_per_s_max", "buffer_bytes", "repeats", "threads",
-        "llc_bytes", "buffer_exceeds_llc"}``.
-
-    Raises:
-        ValueError: ``buffer_bytes < 4096`` or ``repeats < 1``.
-    """
-    import torch
-
-    buffer_bytes = DEFAULT_BUFFER_BYTES if buffer_bytes is None else int(buffer_bytes)
-    if buffer_bytes < 4096 or repeats < 1:
-        raise ValueError(f"need buffer_bytes >= 4096 and repeats >= 1, got {buffer_bytes} and {repeats}")
-    buf = torch.ones(int(buffer_bytes) // 4, dtype=torch.float32)  # pages faulted in here
-    n_bytes = buf.numel() * 4
-    rates = []
-    with torch.inference_mode():
-        torch.sum(buf)  # untimed pass
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.sum(buf)
-            rates.append(n_bytes / (time.perf_counter() - t0) / 1e9)
-    del buf
-    llc = llc_bytes()
-    return {"gb_per_s": statistics.median(rates), "gb_per_s_max": max(rates), "buffer_bytes": n_bytes,
-            "repeats": repeats, "threads": torch.get_num_threads(), "llc_bytes": llc,
-            "buffer_exceeds_llc": None if llc is None else n_bytes > 4 * llc}
 
 
 def floor_ms(n_bytes: int, gb_per_s: float) -> float:

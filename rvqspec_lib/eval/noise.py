@@ -1,6 +1,6 @@
 """When a timing has repeated enough: a stopping rule on the measured noise of the median, instead of a fixed count.
 
-A timed loop (:mod:`rvqspec_lib.eval.speed`, :func:`rvqspec_lib.eval.bench.time_call`) runs ``repeats`` rounds (the
+The timed loop (:func:`rvqspec_lib.eval.timing.interleaved`) runs ``repeats`` rounds (the
 minimum) and then keeps going, a round at a time, until the median of every condition is known to a relative
 standard error of at most ``noise_target``, or until ``max_repeats`` rounds (docs/reproducibility.md#timing-noise).
 A quiet machine stops at the minimum; a noisy one pays for the noise with more rounds, up to the cap, and the

@@ -1,7 +1,7 @@
 """Figures drawn from result dicts (the notebooks call these; no measurement happens here).
 
 * :func:`plot_verify_cost` -- latency of a code-predictor call against its number of query positions ``Q``, and the
-  verify cost curve ``t(Q) / t(1)``, from a :func:`rvqspec_lib.eval.bench.bench_model` result.
+  verify cost curve ``t(Q) / t(1)``, from a :func:`rvqspec_lib.eval.latency.bench_model` result.
 * :func:`plot_two_loops`, :func:`plot_tree_and_mask`, :func:`plot_acceptance_by_offset` -- the paper's Figures 1-3
   here: the two loops with call counts from the configs, a calibrated tree beside the attention mask its verify call
   passed to the model, and acceptance by draft offset for the reused heads vs the offsets.
@@ -9,16 +9,29 @@
   the_lossless_rule): one speculative round as draft, verify, accept, commit panels; a draft tree with its node ids;
   its ancestor matrix as the verify call's attention mask. :data:`RULE_COLORS`: one colour for p, q, residual.
 * :func:`oversubscribed_note` -- the label a timing figure or table carries when the CPU was oversubscribed.
+* :func:`plot_speedup_vs_n` -- the paper's Figure 4 here: speedup over AR by node budget N, measured and projected
+  per backend, beside the paper's device numbers (:data:`PAPER_DEVICE_SPEEDUPS`, quoted).
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from rvqspec_lib.eval.timing import oversubscribed_note
+
+#: The paper's reported speedups of RVQ token generation on devices (Core ML), by node budget N. Quoted, not measured
+#: here: tables put them in their own labelled column, figures label them as the paper's.
+PAPER_DEVICE_SPEEDUPS = (
+    {"device": "M3 Pro (paper, Core ML)", "nodes": 32, "speedup": 2.13},
+    {"device": "iPhone 17 Pro Max (paper, Core ML)", "nodes": 32, "speedup": 2.34},
+    {"device": "iPhone 12 (paper, Core ML)", "nodes": 16, "speedup": 1.82},
+    {"device": "iPhone 12 (paper, Core ML)", "nodes": 64, "speedup": 1.21},
+)
+
 
 def bench_title(result: dict) -> str:
     """Figure title: model, whether weights are random, device, dtype and thread count, and
-    :func:`rvqspec_lib.eval.bench.oversubscribed_note` on a line of its own when the CPU was oversubscribed."""
-    from rvqspec_lib.eval.bench import oversubscribed_note
-
+    :func:`rvqspec_lib.eval.timing.oversubscribed_note` on a line of its own when the CPU was oversubscribed."""
     m = result["model"]
     rnd = " (random weights: timing only)" if result.get("random_weights") else ""
     note = oversubscribed_note(result)
@@ -28,7 +41,7 @@ def bench_title(result: dict) -> str:
 
 
 def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6)):
-    """Two panels from a :func:`rvqspec_lib.eval.bench.bench_model` result.
+    """Two panels from a :func:`rvqspec_lib.eval.latency.bench_model` result.
 
     Left: median ms per code-predictor call against ``Q`` (log2 axis) with the p10-p90 band, and the talker step as a
     dashed line. Right: ``t(Q) / t(1)`` with the line ``y = Q`` (no parallelism at all) for reference.
@@ -398,3 +411,43 @@ def plot_ancestor_mask(ax, tree, *, title: str = "") -> None:
     ax.set_xlabel("node whose slot may be attended to (column)")
     ax.set_ylabel("query node being verified (row)")
     ax.set_title(title, fontsize=9)
+def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), *, fused: Sequence[dict] = (),
+                      paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, title: str = "", figsize=(7.5, 4.2)):
+    """The paper's Figure 4 here: speedup over AR of the same backend against the node budget N.
+
+    Args:
+        measured: :func:`rvqspec_lib.eval.speed.speedup_vs_n` rows (solid lines, one per backend and precision).
+        projected: :func:`rvqspec_lib.eval.speed.projected_speedup` rows (dashed; a PROJECTION, labelled so).
+        fused: :func:`rvqspec_lib.eval.speed.summary_by_backend` rows (the fused AR frame's speedup over AR as a
+            dotted horizontal line per backend). paper: the paper's device numbers (black markers, labelled as the
+            paper's). title: the figure title (device, dtype, threads, weights).
+
+    Returns:
+        the matplotlib ``Figure`` (not shown, not closed).
+    """
+    import matplotlib.pyplot as plt  # as every figure here: the library imports matplotlib only to draw
+
+    fig, ax = plt.subplots(figsize=figsize)
+    colors = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r["backend"] for r in [*measured, *projected]))}
+    for key in dict.fromkeys((r["backend"], r.get("precision")) for r in measured):
+        rs = sorted((r for r in measured if (r["backend"], r.get("precision")) == key), key=lambda r: r["nodes"])
+        ax.plot([r["nodes"] for r in rs], [r["speedup_vs_ar"] for r in rs], "o-", color=colors[key[0]],
+                label=f"{' '.join(filter(None, key))}: measured frames")
+    for b in dict.fromkeys(r["backend"] for r in projected):
+        rs = sorted((r for r in projected if r["backend"] == b), key=lambda r: r["nodes"])
+        ax.plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], "s--", color=colors[b], alpha=0.7,
+                label=f"{b}: PROJECTION E(N) t(1)/t(N)")
+    for r in fused:
+        if r.get("fused_speedup_vs_ar"):
+            ax.axhline(r["fused_speedup_vs_ar"], color=colors.get(r["backend"], "grey"), ls=":", lw=1,
+                       label=f"{r['backend']}: fused AR frame")
+    for i, p in enumerate(paper):
+        ax.plot([p["nodes"]], [p["speedup"]], marker="*^vD"[i % 4], color="k", ls="none", ms=9, label=p["device"])
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("node budget N (query positions of one verify call)")
+    ax.set_ylabel("speedup over AR (same backend)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="best", ncol=2)
+    fig.tight_layout()
+    return fig

@@ -6,11 +6,14 @@ Tokens per call overstates speed, since a wider verify call costs more and the l
 :func:`rvqspec_lib.eval.timing.interleaved`, over runners and backends of the one registry
 (:mod:`rvqspec_lib.models.backends`):
 
+* :func:`build_runners`: the runners of every decoder through every backend present, stepped and fused.
 * :func:`time_frames`: every frame runner (a decoder through a backend, stepped or fused) decodes the same frame each
-  round, with the same generator seed; a stepped runner's wall time is split into the model call (the backend's
-  ``forward``), the heads and embeddings (``logits``, ``embed``, the drafter's ``draft_logits``) and what is left,
-  the loop outside the model. Rows carry the runner's structured fields (:func:`~rvqspec_lib.models.backends.
-  runner_fields`), tokens per call, and the speedup over AR and over the fused AR frame of the same backend.
+  round, with the same generator seed, the device synchronised around each frame (a GPU's); a stepped runner's wall
+  time is split into the model call (the backend's ``forward``), the heads and embeddings (``logits``, ``embed``, the
+  drafter's ``draft_logits``) and what is left, the loop outside the model (host time: on a GPU the split counts
+  launches, not kernels). Rows carry the runner's structured fields (:func:`~rvqspec_lib.models.backends.
+  runner_fields`), tokens per call, and the speedup over AR and over the fused AR frame of the same backend;
+  :func:`summary_by_backend` reads the best of each backend off them.
 * :func:`verify_cost_curve`: t(Q)/t(1) of one verify call of Q query positions, per backend.
 * :func:`batch_throughput`: frames per second at several batch sizes.
 * :func:`speedup_vs_n`, :func:`projected_speedup`: the measured and the projected ``E(N) t(1) / t(N)`` speedup by
@@ -29,7 +32,15 @@ import torch
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.eval.timing import Timing, device_sync, interleaved, summary
-from rvqspec_lib.models.backends import SteppedRunner, runner_fields
+from rvqspec_lib.models.backends import (
+    SteppedRunner,
+    available,
+    frame_runner,
+    fused_support,
+    runner_fields,
+    verify_backend,
+)
+from rvqspec_lib.models.precision import precision_of
 
 #: Query sizes of the verify cost curve (a 64-node tree is the largest node budget calibrated).
 QUERY_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -141,6 +152,45 @@ def _generator(device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def build_runners(backends: Sequence[str], code_predictor, decoders, *, fused: bool = True, sampling=None,
+                  drafter=None, acceptance=None, work_dir=None, threads: int | None = None) -> tuple[list, dict]:
+    """The frame runners of every decoder through every backend present: stepped through ONE verify backend per
+    name (its decoders share it), and, with ``fused``, the whole-frame runner of each decoder that has one
+    (:func:`~rvqspec_lib.models.backends.fused_support`: AR and chains drafting with the reused heads).
+
+    Args:
+        backends: names of :data:`rvqspec_lib.models.backends.BACKENDS`. code_predictor: the official module, in
+            the precision and on the device wanted. decoders: :class:`~rvqspec_lib.models.named_decoders.
+            NamedDecoder` s (:func:`~rvqspec_lib.models.named_decoders.resolve_all`; a mapping's values are taken)
+            or bare decoders. sampling, drafter: as ``decode_frame``. acceptance: a timing replay's hook (stepped
+            runners only: a fused frame computes its own acceptance, so none is built with it). work_dir, threads:
+            the ``onnx`` backend's.
+
+    Returns:
+        ``(runners, absent)``: the runners, backend by backend, and ``{backend: why}`` for those not available here
+        (:func:`~rvqspec_lib.models.backends.available`; never timed).
+
+    Raises:
+        ValueError: an unknown backend name (one line listing them).
+    """
+    decoders = list(decoders.values()) if isinstance(decoders, Mapping) else list(decoders)
+    precision, device = precision_of(code_predictor), next(code_predictor.parameters()).device.type
+    runners, absent = [], {}
+    for name in backends:
+        ok, why = available(name, precision, device)
+        if not ok:
+            absent[name] = why
+            continue
+        verify = verify_backend(name, code_predictor, work_dir=work_dir, threads=threads)
+        runners += [frame_runner(name, code_predictor, d, sampling=sampling, drafter=drafter, acceptance=acceptance,
+                                 verify=verify) for d in decoders]
+        if fused and acceptance is None:
+            runners += [frame_runner(name, code_predictor, d, fused=True, sampling=sampling, drafter=drafter,
+                                     verify=verify, work_dir=work_dir, threads=threads) for d in decoders
+                        if fused_support(name, getattr(d, "decoder", d), sampling, drafter) is None]
+    return runners, absent
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Frame times
 # ----------------------------------------------------------------------------------------------------------------
@@ -196,8 +246,8 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
         return run
 
     t = interleaved({i: condition(i) for i in range(len(runners))}, repeats=repeats, warmup=warmup,
-                    noise_target=noise_target, max_repeats=max_repeats, seed=seed, progress=progress, desc="frames",
-                    module=cp, random_weights=random_weights)
+                    noise_target=noise_target, max_repeats=max_repeats, seed=seed, sync=device_sync(dev),
+                    progress=progress, desc="frames", module=cp, random_weights=random_weights)
     rows = []
     for i, (f, r) in enumerate(zip(fields, runners)):
         frame, out = t.ms[i], t.out[i]
@@ -233,26 +283,41 @@ def _speedups(rows: list[dict], time_key: str = "ms_per_frame") -> None:
 # ----------------------------------------------------------------------------------------------------------------
 # Verify cost curve
 # ----------------------------------------------------------------------------------------------------------------
-def verify_call(code_predictor, backend, q: int, prefix_len: int = PREFIX_LEN, seed: int = 0):
-    """One verify call of ``q`` positions after ``prefix_len`` committed slots, as a closure (the prefix is written
-    once; every call rewrites the same ``q`` slots, so repeated calls see the same cache)."""
+def verify_call(code_predictor, backend, q: int, prefix_len: int = PREFIX_LEN, seed: int = 0, *,
+                whole: bool = False):
+    """One verify call of ``q`` query positions after ``prefix_len`` committed slots, as a closure ``call(round)``
+    (the prefix is written once; every call rewrites the same ``q`` slots, so repeated calls see the same cache).
+
+    Args:
+        backend: a verify backend (:func:`rvqspec_lib.models.backends.verify_backend`). q, prefix_len: >= 1.
+        seed: the seed of the random inputs (a local generator).
+        whole: the backend's ``forward`` alone (False: what the cost curve times), or the whole call as a decode
+            round makes it (True): ``small_to_mtp_projection`` of ``(1, q, talker_hidden)`` inputs first, one head's
+            logits of every position after (what :mod:`rvqspec_lib.eval.latency` times against the floor).
+
+    Returns:
+        ``call(round) -> (1, q, hidden)`` hidden states, or ``(q, codebook_size)`` logits with ``whole``.
+    """
     g = torch.Generator().manual_seed(seed)
     p0 = next(code_predictor.parameters())
-    hid = int(code_predictor.config.hidden_size)
+    width = P.talker_hidden_size(code_predictor) if whole else int(code_predictor.config.hidden_size)
+    project = code_predictor.small_to_mtp_projection if whole else (lambda x: x)
     slots = prefix_len + q
     cache = backend.new_cache(1, slots)
     slot = torch.arange(slots, device=p0.device)
     with torch.inference_mode():
-        pre = torch.randn(1, prefix_len, hid, generator=g).to(p0)
+        pre = torch.randn(1, prefix_len, width, generator=g).to(p0)
         idx = slot[None, :prefix_len]
-        backend.forward(pre, idx, (slot[None, None, :] <= slot[None, :prefix_len, None]), cache, idx)
-    x = torch.randn(1, q, hid, generator=g).to(p0)
+        backend.forward(project(pre), idx, (slot[None, None, :] <= slot[None, :prefix_len, None]), cache, idx)
+    x = torch.randn(1, q, width, generator=g).to(p0)
     idx = slot[None, prefix_len:]
     allow = slot[None, None, :] <= slot[None, prefix_len:, None]  # (1, Q, S): the prefix and a causal block
+    head = torch.zeros(q, dtype=torch.long, device=p0.device)  # lm_head[0] on every position
 
     def call(_round: int = 0):
         with torch.inference_mode():
-            return backend.forward(x, idx, allow, cache, idx)
+            h = backend.forward(project(x), idx, allow, cache, idx)  # (1, Q, hidden)
+            return backend.logits(h[0], head) if whole else h
     return call
 
 
@@ -331,7 +396,8 @@ def batch_throughput(runners: Sequence, contexts: torch.Tensor, *, batch_sizes: 
 
     conds = {(i, b): condition(r, b) for i, r in enumerate(runners) for b in bs}
     t = interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, max_repeats=max_repeats,
-                    seed=seed, progress=progress, desc="batches", module=cp, random_weights=random_weights)
+                    seed=seed, sync=device_sync(dev), progress=progress, desc="batches", module=cp,
+                    random_weights=random_weights)
     rows = []
     for (i, b) in conds:
         s = t.summary((i, b))
@@ -365,6 +431,38 @@ def speedup_vs_n(rows: Sequence[dict]) -> list[dict]:
     return [{"backend": k[0], "precision": k[1], "nodes": k[2], "decoder": r["decoder"],
              "speedup_vs_ar": r["speedup_vs_ar"], "ms_per_frame": r["ms_per_frame"],
              "tokens_per_call": r["tokens_per_call"]} for k, r in sorted(best.items())]
+
+
+def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
+    """From :func:`time_frames` rows, per backend and precision: stepped AR, the fused AR frame, the fastest lossless
+    speculative decoder stepped and fused, and their speedups (ratios of the medians of one interleaved run).
+
+    Returns:
+        rows ``backend``, ``precision``, ``ar_ms``, ``fused_ar_ms``, ``best_decoder``, ``best_nodes``, ``best_ms``,
+        ``best_tokens_per_call``, ``best_speedup_vs_ar``, ``best_speedup_vs_fused``, ``fused_spec_decoder``,
+        ``fused_spec_ms``, ``fused_spec_speedup_vs_fused`` (below 1: the fused AR frame is the faster),
+        ``fused_speedup_vs_ar``; ``None`` where a row is missing.
+    """
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    out = []
+    for b, prec in dict.fromkeys((r["backend"], r["precision"]) for r in rows):
+        mine = [r for r in rows if (r["backend"], r["precision"]) == (b, prec)]
+        ar, far = ({r["kind"]: r["ms_per_frame"] for r in mine if r["kind"] == "ar" and r["fused"] == f}.get("ar")
+                   for f in (False, True))
+        spec = [r for r in mine if r["kind"] != "ar" and not r["lossy"]]
+        best, fspec = (min((r for r in spec if r["fused"] == f), key=lambda r: r["ms_per_frame"], default={})
+                       for f in (False, True))
+        out.append({"backend": b, "precision": prec, "ar_ms": ar, "fused_ar_ms": far,
+                    "best_decoder": best.get("decoder"), "best_nodes": best.get("nodes"),
+                    "best_ms": best.get("ms_per_frame"), "best_tokens_per_call": best.get("tokens_per_call"),
+                    "best_speedup_vs_ar": ratio(ar, best.get("ms_per_frame")),
+                    "best_speedup_vs_fused": ratio(far, best.get("ms_per_frame")),
+                    "fused_spec_decoder": fspec.get("decoder"), "fused_spec_ms": fspec.get("ms_per_frame"),
+                    "fused_spec_speedup_vs_fused": ratio(far, fspec.get("ms_per_frame")),
+                    "fused_speedup_vs_ar": ratio(ar, far)})
+    return out
 
 
 def expected_tokens_per_call(calibration: dict) -> dict:
@@ -410,6 +508,7 @@ def format_rows(rows: Sequence[dict], columns: Sequence[str] | None = None, digi
     return "\n".join(lines)
 
 
-__all__ = ["Clock", "TimedBackend", "TimedDrafter", "Timing", "check_contexts", "random_contexts", "time_frames",
-           "verify_call", "verify_cost_curve", "batch_throughput", "speedup_vs_n", "expected_tokens_per_call",
+__all__ = ["Clock", "TimedBackend", "TimedDrafter", "Timing", "check_contexts", "random_contexts", "build_runners",
+           "time_frames", "verify_call", "verify_cost_curve", "batch_throughput", "speedup_vs_n",
+           "summary_by_backend", "expected_tokens_per_call",
            "projected_speedup", "format_rows", "QUERY_SIZES", "PREFIX_LEN", "BATCH_SIZES"]

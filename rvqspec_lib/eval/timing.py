@@ -12,8 +12,9 @@ asynchronous (:func:`device_sync`), and the facts printed beside it (:func:`mach
 * **Load.** The share of the machine's CPU time other processes took during the timing (from ``/proc/stat``) goes
   into ``meta``; above :data:`OTHER_CPU_LIMIT` a CPU timing is OVERSUBSCRIBED (:func:`oversubscribed_note`), and
   :func:`measure_quietly` measures such a timing once more.
-* **Bandwidth.** The weight-streaming floor needs the machine's read bandwidth, which another process's load lowers:
-  :func:`bandwidth_around` reads it before and after a timing and keeps the faster.
+* **Bandwidth.** The weight-streaming floor (:mod:`rvqspec_lib.eval.floor`) needs the machine's read bandwidth
+  (:func:`read_bandwidth`), which another process's load lowers: :func:`bandwidth_around` reads it before and after a
+  timing and keeps the faster.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Hashable, Mapping, Sequence
 
 import torch
@@ -30,7 +32,6 @@ import torch
 from rvqspec_lib.common.machine import cpu_flags, cpu_model
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval import noise
-from rvqspec_lib.eval.floor import read_bandwidth
 
 #: Index a condition is called with during warm-up run w: ``WARMUP_BASE + w`` (timed rounds are 0, 1, 2 ...), so a
 #: condition that seeds its generator from the index never reuses a timed round's seed when warming up.
@@ -39,6 +40,10 @@ WARMUP_BASE = 10_000
 #: Above it a committed run once timed t(2)/t(1) above t(4)/t(1): even a thread that keeps its core loses cache and
 #: memory bandwidth to the others.
 OTHER_CPU_LIMIT = 0.2
+#: Bytes of the buffer :func:`read_bandwidth` streams over by default: 512 MiB, far past any CPU's last-level cache.
+DEFAULT_BUFFER_BYTES = 512 * 2 ** 20
+#: Timed passes of :func:`read_bandwidth` (the median is reported).
+BANDWIDTH_REPEATS = 7
 
 
 def percentile(xs: Sequence[float], q: float) -> float:
@@ -167,8 +172,9 @@ class Timing:
 
 def interleaved(conditions: Mapping[Hashable, Callable[[int], object]], *, repeats: int = 20, warmup: int = 1,
                 noise_target: float | None = None, max_repeats: int | None = None, seed: int = 0,
-                sync: Callable[[], None] | None = None, progress: bool = False, desc: str = "timing",
-                module: torch.nn.Module | None = None, random_weights: bool | None = None) -> Timing:
+                sync: Callable[[], None] | None = None, reset: Mapping[Hashable, Callable[[], None]] | None = None,
+                progress: bool = False, desc: str = "timing", module: torch.nn.Module | None = None,
+                random_weights: bool | None = None) -> Timing:
     """Time every condition, interleaved (module docstring).
 
     Args:
@@ -179,7 +185,9 @@ def interleaved(conditions: Mapping[Hashable, Callable[[int], object]], *, repea
             first (compiled code compiles there).
         noise_target, max_repeats: the stopping rule (:func:`rvqspec_lib.eval.noise.repeat_cap`).
         seed: the shuffling RNG's seed. sync: called before starting and before stopping each clock (a GPU's
-            :func:`device_sync`). progress: a progress bar over the rounds. module, random_weights: for the meta.
+            :func:`device_sync`). reset: ``{key: g}``; ``g()`` runs after every run of that condition (warm-up
+            too), outside the clock (e.g. crops a KV cache back). progress: a progress bar over the rounds. module,
+            random_weights: for the meta.
 
     Returns:
         :class:`Timing`.
@@ -192,10 +200,12 @@ def interleaved(conditions: Mapping[Hashable, Callable[[int], object]], *, repea
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     cap = noise.repeat_cap(noise_target, repeats, max_repeats)
-    keys = list(conditions)
+    keys, reset = list(conditions), dict(reset or {})
     for w in range(warmup):
         for k in keys:
             conditions[k](WARMUP_BASE + w)
+            if k in reset:
+                reset[k]()
     ms = {k: [] for k in keys}
     out = {k: [] for k in keys}
     order = random.Random(seed)
@@ -211,6 +221,8 @@ def interleaved(conditions: Mapping[Hashable, Callable[[int], object]], *, repea
                     sync()
                 ms[k].append((time.perf_counter() - t0) * 1e3)
                 out[k].append(res)
+                if k in reset:
+                    reset[k]()
             if noise.should_stop(ms, noise_target, repeats, cap):
                 break
     meta = {**machine_meta(module, random_weights=random_weights), "warmup": warmup, "seed": seed,
@@ -245,10 +257,56 @@ def measure_quietly(measure: Callable[[], object], *, meta: Callable[[object], M
                   "oversubscribed": cpu_oversubscribed(meta(best)), "note": oversubscribed_note(meta(best))}
 
 
+def llc_bytes(cache_dir: str | Path = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """Size of the largest CPU cache of cpu0 in bytes, from sysfs (``index*/size`` such as ``32768K``); ``None``
+    where sysfs does not say (not Linux)."""
+    sizes = []
+    for f in Path(cache_dir).glob("index*/size"):
+        try:
+            s = f.read_text().strip().upper()
+        except OSError:
+            continue
+        digits = s[:-1] if s[-1:] in ("K", "M", "G") else s
+        if digits.isdigit():
+            sizes.append(int(digits) * {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(s[-1:], 1))
+    return max(sizes) if sizes else None
+
+
+def read_bandwidth(*, buffer_bytes: int | None = None, repeats: int = BANDWIDTH_REPEATS) -> dict:
+    """Streaming read bandwidth of this machine with torch's current thread count (the commands set 1):
+    ``torch.sum`` over a float32 buffer much larger than the last-level cache (the sum reads every byte once and
+    writes nothing), once untimed to fault the pages in, then ``repeats`` timed passes (:func:`interleaved`).
+
+    Args:
+        buffer_bytes: size of the buffer (default :data:`DEFAULT_BUFFER_BYTES`; keep it several times the LLC).
+        repeats: timed passes (>= 1); the median is reported.
+
+    Returns:
+        ``{"gb_per_s": median (1e9 bytes per second), "gb_per_s_max", "buffer_bytes", "repeats", "threads",
+        "llc_bytes", "buffer_exceeds_llc"}``.
+
+    Raises:
+        ValueError: ``buffer_bytes < 4096`` or ``repeats < 1``.
+    """
+    buffer_bytes = DEFAULT_BUFFER_BYTES if buffer_bytes is None else int(buffer_bytes)
+    if buffer_bytes < 4096 or repeats < 1:
+        raise ValueError(f"need buffer_bytes >= 4096 and repeats >= 1, got {buffer_bytes} and {repeats}")
+    buf = torch.ones(buffer_bytes // 4, dtype=torch.float32)  # pages faulted in here
+    n_bytes = buf.numel() * 4
+    with torch.inference_mode():
+        ms = interleaved({"sum": lambda _i: torch.sum(buf)}, repeats=repeats, warmup=1).ms["sum"]
+    del buf
+    rates = [n_bytes / (t / 1e3) / 1e9 for t in ms]
+    llc = llc_bytes()
+    return {"gb_per_s": statistics.median(rates), "gb_per_s_max": max(rates), "buffer_bytes": n_bytes,
+            "repeats": repeats, "threads": torch.get_num_threads(), "llc_bytes": llc,
+            "buffer_exceeds_llc": None if llc is None else n_bytes > 4 * llc}
+
+
 def bandwidth_around(measure: Callable[[], object], **read_kw) -> tuple[object, dict]:
-    """Run ``measure()`` between two reads of the machine's streaming read bandwidth
-    (:func:`rvqspec_lib.eval.floor.read_bandwidth`) and keep the faster read: another process's load lowers a read,
-    and the floor must not be set by a busy moment.
+    """Run ``measure()`` between two reads of the machine's streaming read bandwidth (:func:`read_bandwidth`,
+    ``read_kw`` its keywords) and keep the faster read: another process's load lowers a read, and the floor must not
+    be set by a busy moment.
 
     Returns:
         ``(measure's result, bandwidth)``: ``read_bandwidth``'s dict of the faster read, plus ``gb_per_s_before`` and

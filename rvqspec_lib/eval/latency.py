@@ -1,0 +1,425 @@
+"""Latency of the two loops of Qwen3-TTS, the code-predictor call against its weight-streaming floor, and the call
+budget derived from the config (notebook 01; ``rvqspec bench latency`` and ``rvqspec bench precisions``).
+
+Qwen3-TTS runs two nested autoregressive loops (docs/model.md#two-nested-loops): the talker makes one call per frame
+(``frame_rate_hz`` = 12.5) and emits code 0; the code predictor then makes ``n_code_groups - 1`` = 15 sequential
+calls, one per code 1..15. Real time therefore needs ``frame_rate_hz * n_code_groups`` = 200 model calls a second.
+Speculative decoding replaces several inner-loop calls by one verify call over ``Q`` query positions, so what matters
+is how the cost of one call grows with ``Q`` (the verify cost curve ``t(Q) / t(1)``) on the target device.
+
+What :func:`bench_model` times, every call each round of ONE interleaved run
+(:func:`rvqspec_lib.eval.timing.interleaved`; docs/style.md#benchmarks):
+
+* the talker step (:func:`talker_step_call`): ``talker.model`` on ONE new position after a KV prefix of
+  ``talker_context`` positions (MRoPE position ids of shape ``(3, 1, 1)``), then ``codec_head`` -> ``(1, 3072)``
+  logits; the cache is cropped back after every call, outside the clock;
+* the code-predictor call of ``Q`` query positions (:func:`rvqspec_lib.eval.speed.verify_call`, ``whole=True``): the
+  projection of ``(1, Q, talker_hidden)`` inputs, the decoder stack through a verify backend
+  (:func:`rvqspec_lib.models.backends.verify_backend`, the official module by default) after ``prefix_len``
+  committed slots, and one head's logits of all ``Q`` positions -> ``(Q, 2048)``. A verify round applies a different
+  head per depth; the matmul cost is the same.
+
+Timing depends on the architecture, not on the weights: the real-size random models give real latencies but their
+outputs mean nothing (``random_weights`` is printed beside every number).
+
+:func:`bench_precisions` times the same call in several precisions (float32, bfloat16, int8, int8-dynamic;
+:mod:`rvqspec_lib.models.precision`) and through several backends (the official module, the native forward, ...),
+interleaved, each against its weight-streaming floor (:mod:`rvqspec_lib.eval.floor`; docs/precision.md).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Iterable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms
+from rvqspec_lib.eval.noise import noise_words
+from rvqspec_lib.eval.speed import PREFIX_LEN, QUERY_SIZES, verify_call
+from rvqspec_lib.eval.timing import bandwidth_around, cpu_oversubscribed, device_sync, interleaved
+from rvqspec_lib.models.backends import BACKENDS, check_available, verify_backend
+from rvqspec_lib.models.precision import PRECISIONS, apply_precision, cpu_features, native_precisions, precision_of
+
+#: Query sizes of the latency table (powers of two up to 64: trees of 32-64 nodes are the interesting trade-off on
+#: fast devices).
+DEFAULT_QUERY_SIZES = QUERY_SIZES
+#: Query sizes of the precision table: t(1) and t(Q)/t(1) for these Q.
+PRECISION_QUERY_SIZES = (1, 2, 4, 8, 16)
+#: KV positions before the timed talker step.
+TALKER_CONTEXT = 64
+#: Tokens-per-call values tabulated by default; 2.47 is the paper's reported value.
+DEFAULT_TOKENS_PER_CALL = (1.0, 1.5, 2.0, 2.47, 3.0)
+PAPER_TOKENS_PER_CALL = 2.47
+#: The talker step's key among the conditions of :func:`bench_model` (the code-predictor calls are keyed by Q).
+TALKER = "talker"
+
+
+def _query_sizes(query_sizes: Iterable[int]) -> list[int]:
+    qs = [int(q) for q in query_sizes]
+    if not qs or min(qs) < 1:
+        raise ValueError(f"query sizes must be positive whole numbers, e.g. 1,2,4,8; got {list(query_sizes)}")
+    return qs
+
+
+def _device_name(device: torch.device, meta: dict) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(meta.get("cpu"))
+
+
+def _rows(t, keys: Sequence, base_key=None) -> list[dict]:
+    """A row per condition key: :func:`~rvqspec_lib.eval.timing.summary` of its times, its achieved relative standard
+    error, and ``ratio_to_1`` (median over ``base_key``'s; ``None`` without it)."""
+    base = t.summary(base_key)["median_ms"] if base_key in t.ms else None
+    out = []
+    for k in keys:
+        s = t.summary(k)
+        text = "/".join(map(str, k)) if isinstance(k, tuple) else str(k)  # the keys of the meta's rel_se
+        out.append({**s, "rel_se": t.meta["rel_se"].get(text),
+                    "ratio_to_1": s["median_ms"] / base if base else None})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The two loops' calls
+# ----------------------------------------------------------------------------------------------------------------------
+def talker_step_call(lm, *, talker_context: int = TALKER_CONTEXT, seed: int = 0):
+    """One talker step as a closure, and the reset that crops its cache back (to run outside the clock).
+
+    Inputs are random embeddings ``(1, L, talker_hidden)`` from a generator seeded ``seed`` (timing only); the MRoPE
+    position ids have shape ``(3, 1, L)`` with the same ids on all three axes, as for speech positions.
+
+    Returns:
+        ``(call, reset)``: ``call(round) -> (1, vocab)`` logits of ONE new position after ``talker_context`` cached
+        ones; ``reset()`` crops the cache back to them.
+
+    Raises:
+        ValueError: ``talker_context < 1``.
+    """
+    if talker_context < 1:
+        raise ValueError(f"talker_context must be >= 1, got {talker_context}")
+    talker = lm.talker
+    p0 = next(talker.parameters())
+    gen = torch.Generator().manual_seed(seed)
+    hidden = int(talker.config.hidden_size)
+    ctx = (torch.randn(1, talker_context, hidden, generator=gen) * 0.02).to(p0)  # (1, C, H)
+    step = (torch.randn(1, 1, hidden, generator=gen) * 0.02).to(p0)  # (1, 1, H)
+    cache = DynamicCache()
+    pos_ctx = torch.arange(talker_context, device=p0.device).view(1, 1, -1).expand(3, 1, -1)  # (3, 1, C)
+    pos_step = torch.full((3, 1, 1), talker_context, dtype=torch.long, device=p0.device)  # (3, 1, 1)
+    mask = torch.ones(1, talker_context + 1, dtype=torch.long, device=p0.device)  # (1, C + 1)
+    with torch.inference_mode():
+        talker.model(inputs_embeds=ctx, past_key_values=cache, use_cache=True,
+                     attention_mask=mask[:, :talker_context], position_ids=pos_ctx)
+
+    def call(_round: int = 0):
+        with torch.inference_mode():
+            out = talker.model(inputs_embeds=step, past_key_values=cache, use_cache=True, attention_mask=mask,
+                               position_ids=pos_step)
+            return talker.codec_head(out.last_hidden_state[:, -1])  # (1, vocab)
+
+    return call, lambda: cache.crop(talker_context)
+
+
+def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
+                talker_context: int = TALKER_CONTEXT, backend: str = "official", warmup: int = 3, repeats: int = 20,
+                seed: int = 0, progress: bool = True, noise_target: float | None = None,
+                max_repeats: int | None = None, floor: bool = False) -> dict:
+    """Per-call latency of a talker step and of code-predictor calls of ``Q`` query positions, interleaved, plus the
+    frame-level quantities they imply (module docstring).
+
+    Args:
+        lm: a :class:`~rvqspec_lib.models.loader.LoadedModel` (any device and dtype; not modified).
+        prefix_len: committed slots before the code-predictor call. query_sizes: the Qs (1 among them for the
+            ratios). talker_context: KV positions before the talker step. backend: the verify backend of the
+            code-predictor call (:data:`rvqspec_lib.models.backends.BACKENDS`).
+        warmup, repeats, seed, progress, noise_target, max_repeats: :func:`~rvqspec_lib.eval.timing.interleaved`'s
+            (``seed`` seeds the random inputs too; the global RNG is not touched).
+        floor: also the weight-streaming floor of the Q = 1 call (CPU only): the read bandwidth measured before and
+            after the timing, the faster kept (:func:`~rvqspec_lib.eval.timing.bandwidth_around`).
+
+    Returns:
+        JSON-able dict: the timing's meta (threads, CPU, torch, device, dtype of the talker, ``random_weights``, the
+        load during the run, ``other_cpu_frac``, rounds made and noise), ``cpu_oversubscribed``, ``model``
+        (``lm.describe()``), ``device_name``, ``code_predictor_precision``, ``backend``, the settings,
+        ``talker_step`` (:func:`~rvqspec_lib.eval.timing.summary` and ``rel_se``), ``code_predictor`` (a row per Q:
+        ``n_queries``, the summary, ``rel_se``, ``ratio_to_1`` = t(Q) / t(1)), ``derived``
+        (:func:`derived_from_bench`); with ``floor``: ``bandwidth``, ``weight_bytes``, ``floor_ms``.
+
+    Raises:
+        ValueError: bad query sizes, ``prefix_len < 1``, ``talker_context < 1``, an absent backend, ``floor`` off
+            the CPU, bad timing settings (one line each).
+    """
+    cp = lm.code_predictor
+    qs = _query_sizes(query_sizes)
+    if prefix_len < 1:
+        raise ValueError(f"prefix_len must be >= 1, got {prefix_len}")
+    device = next(lm.talker.parameters()).device
+    if floor and device.type != "cpu":
+        raise ValueError("the weight-streaming floor is measured on the CPU: drop floor=True on a GPU")
+    step, crop = talker_step_call(lm, talker_context=talker_context, seed=seed)
+    be = verify_backend(backend, cp)
+    conds = {TALKER: step, **{q: verify_call(cp, be, q, prefix_len, seed, whole=True) for q in qs}}
+
+    def measure():
+        return interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, max_repeats=max_repeats,
+                           seed=seed, sync=device_sync(device), reset={TALKER: crop}, progress=progress,
+                           desc=f"bench {lm.name}", module=lm.talker, random_weights=lm.is_random)
+
+    t, bandwidth = bandwidth_around(measure) if floor else (measure(), None)
+    result = {**t.meta, "cpu_oversubscribed": cpu_oversubscribed(t.meta), "model": lm.describe(),
+              "device_name": _device_name(device, t.meta), "code_predictor_precision": precision_of(cp),
+              "backend": backend, "prefix_len": prefix_len, "talker_context": talker_context,
+              "talker_step": _rows(t, [TALKER])[0],
+              "code_predictor": [{"n_queries": q, **r} for q, r in zip(qs, _rows(t, qs, base_key=1))]}
+    result["talker_step"].pop("ratio_to_1")
+    result["derived"] = derived_from_bench(result, frame_rate_hz=lm.frame_rate_hz, n_code_groups=lm.n_code_groups)
+    if floor:
+        wb = call_weight_bytes(cp, n_queries=1)
+        result.update(bandwidth=bandwidth, weight_bytes=wb, floor_ms=floor_ms(wb["bytes"], bandwidth["gb_per_s"]))
+    return result
+
+
+def latency_rows(result: dict) -> list[dict]:
+    """Flat table of a :func:`bench_model` result: the talker step first, then one row per code-predictor ``Q``.
+
+    Columns: ``call``, ``n_queries``, ``median_ms``, ``p10_ms``, ``p90_ms``, ``min_ms``, ``ratio_to_1``
+    (code-predictor rows: ``t(Q) / t_cp(1)``; talker row: ``t_talker / t_cp(1)``), ``n``.
+    """
+    cp = result["code_predictor"]
+    base = next((r["median_ms"] for r in cp if r["n_queries"] == 1), None)
+    t = result["talker_step"]
+    keys = ("median_ms", "p10_ms", "p90_ms", "min_ms")
+    rows = [{"call": f"talker step (ctx {result['talker_context']})", "n_queries": 1, **{k: t[k] for k in keys},
+             "ratio_to_1": t["median_ms"] / base if base else None, "n": t["n"]}]
+    rows += [{"call": f"code predictor (prefix {result['prefix_len']})", "n_queries": r["n_queries"],
+              **{k: r[k] for k in keys}, "ratio_to_1": r["ratio_to_1"], "n": r["n"]} for r in cp]
+    return rows
+
+
+def _load_words(result: dict) -> str:
+    """The header's words on the machine's load during a CPU timing ("" elsewhere)."""
+    other = result.get("other_cpu_frac")
+    if result.get("device") != "cpu" or other is None:
+        return ""
+    return (f" | load avg {result['load_avg_1min_before']:.2f} before, {result['load_avg_1min_after']:.2f} after | "
+            f"other processes used {100 * other:.0f}% of {result.get('cpu_count')} CPUs meanwhile"
+            + (" (OVERSUBSCRIBED, TIMES ARE PESSIMISTIC: rerun idle or with fewer --threads)"
+               if result.get("cpu_oversubscribed") else ""))
+
+
+def _ms(x: float) -> str:
+    return f"{x:.2f}" if x >= 1 else f"{x:.3g}"
+
+
+def format_latency(result: dict) -> str:
+    """The plain-text latency table of a :func:`bench_model` result, with the model, device, dtype, thread count,
+    rounds and load in its header and the frame-level line under it (what ``rvqspec bench latency`` prints); the
+    floor line too when the result has one."""
+    m, prec = result["model"], result.get("code_predictor_precision")
+    head = (f"model {m['name']} ({m['kind']}{', RANDOM weights: timing only' if result['random_weights'] else ''}) | "
+            f"device {result['device']} ({result['device_name']}) | dtype {result['dtype']}"
+            f"{'' if prec in (None, result['dtype']) else f' (code predictor {prec})'} | "
+            f"backend {result['backend']} | threads {result['threads']} | torch {result['torch']} | warmup "
+            f"{result['warmup']}, {noise_words(result)}{_load_words(result)}")
+    lines = [head, f"{'call':<30} {'Q':>4} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} {'t/t_cp(1)':>10}"]
+    for r in latency_rows(result):
+        ratio = "" if r["ratio_to_1"] is None else f"{r['ratio_to_1']:.2f}"
+        lines.append(f"{r['call']:<30} {r['n_queries']:>4} {r['median_ms']:>10.2f} {r['p10_ms']:>9.2f} "
+                     f"{r['p90_ms']:>9.2f} {ratio:>10}")
+    d = result["derived"]
+    lines.append(f"frame (AR): {d['frame_ms_ar']:.1f} ms of a {d['frame_budget_ms']:.0f} ms budget "
+                 f"(RTF {d['rtf_ar']:.2f}); inner-loop share {100 * d['inner_share_ar']:.1f}%; "
+                 f"real time needs {d['calls_per_s_realtime']:.0f} calls/s "
+                 f"({d['calls_per_s_at_paper_tpc']:.1f} at {PAPER_TOKENS_PER_CALL} tokens/call)")
+    if "floor_ms" in result:
+        bw, t1 = result["bandwidth"], min(result["code_predictor"], key=lambda r: r["n_queries"])
+        lines.append(f"floor of a code-predictor call: {result['weight_bytes']['bytes'] / 1e6:.1f} MB of weights / "
+                     f"{bw['gb_per_s']:.1f} GB/s read bandwidth = {_ms(result['floor_ms'])} ms; "
+                     f"t_cp({t1['n_queries']}) = {t1['median_ms'] / result['floor_ms']:.2f} x floor")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Precisions and backends side by side, against the weight-streaming floor (docs/precision.md)
+# ----------------------------------------------------------------------------------------------------------------------
+def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] = ("official",),
+                     query_sizes: Iterable[int] = PRECISION_QUERY_SIZES, prefix_len: int = PREFIX_LEN,
+                     warmup: int = 3, repeats: int = 20, seed: int = 0, bandwidth: dict | None = None,
+                     progress: bool = True, noise_target: float | None = None,
+                     max_repeats: int | None = None) -> dict:
+    """The code-predictor call (:func:`bench_model`'s) of ``Q`` query positions in several precisions and through
+    several verify backends, every (precision, backend, Q) one condition of ONE interleaved run, each against its
+    weight-streaming floor: :func:`rvqspec_lib.eval.floor.call_weight_bytes` of one query over the read bandwidth.
+
+    Args:
+        lm: a loaded model on the CPU whose code predictor is in float32 (not modified: each precision converts a
+            copy, :func:`~rvqspec_lib.models.precision.apply_precision`, without the native check: callers check).
+        precisions: names of :data:`~rvqspec_lib.models.precision.PRECISIONS`. backends: names of
+            :data:`~rvqspec_lib.models.backends.BACKENDS` (``official`` and ``native``: the official module's call
+            and the native forward's, docs/precision.md#the-native-forward).
+        query_sizes: the Qs (1 among them for the ratios). bandwidth: a :func:`rvqspec_lib.eval.timing.read_bandwidth`
+            result; ``None``: read before and after the timing, the faster kept (both recorded).
+        prefix_len, warmup, repeats, seed, progress, noise_target, max_repeats: as :func:`bench_model`.
+
+    Returns:
+        JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model``, ``device_name``, ``precision_flags``
+        (:func:`~rvqspec_lib.models.precision.cpu_features`), ``native_precisions``, ``bandwidth``, ``prefix_len``,
+        ``backends``, and ``precisions``: a dict per (precision, backend), in that order, with ``precision``,
+        ``backend``, ``rows`` (per Q: ``n_queries``, the summary, ``rel_se``, ``ratio_to_1``), ``weight_bytes``,
+        ``floor_ms`` and ``t1_over_floor``.
+
+    Raises:
+        ValueError: an unknown precision or backend, one absent at a precision, bad query sizes, a model off the
+            CPU, bad timing settings (one line each).
+    """
+    qs, precisions, backends = _query_sizes(query_sizes), list(precisions), list(backends)
+    bad = [p for p in precisions if p not in PRECISIONS] + [b for b in backends if b not in BACKENDS]
+    if not precisions or not backends or bad:
+        raise ValueError(f"give precisions of {', '.join(PRECISIONS)} and backends of {', '.join(BACKENDS)}; got "
+                         f"{precisions} and {backends}")
+    base = lm.code_predictor
+    if next(base.parameters()).device.type != "cpu":
+        raise ValueError("the weight-streaming floor is measured on the CPU: load the model on the CPU")
+    cps = {p: apply_precision(copy.deepcopy(base), p, require_native=False) for p in precisions}
+    conds = {}
+    for p in precisions:
+        for b in backends:
+            check_available(b, p)
+            be = verify_backend(b, cps[p])
+            conds.update({(p, b, q): verify_call(cps[p], be, q, prefix_len, seed, whole=True) for q in qs})
+
+    def measure():
+        return interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, max_repeats=max_repeats,
+                           seed=seed, progress=progress, desc="precisions", random_weights=lm.is_random)
+
+    t, bandwidth = bandwidth_around(measure) if bandwidth is None else (measure(), bandwidth)
+    out = []
+    for p in precisions:
+        wb = call_weight_bytes(cps[p], n_queries=1)
+        fl = floor_ms(wb["bytes"], bandwidth["gb_per_s"])
+        for b in backends:
+            rows = [{"n_queries": q, **r} for q, r in zip(qs, _rows(t, [(p, b, q) for q in qs], base_key=(p, b, 1)))]
+            t1 = next((r["median_ms"] for r in rows if r["n_queries"] == 1), None)
+            out.append({"precision": p, "backend": b, "rows": rows, "weight_bytes": wb, "floor_ms": fl,
+                        "t1_over_floor": t1 / fl if t1 else None})
+    return {**t.meta, "cpu_oversubscribed": cpu_oversubscribed(t.meta), "model": lm.describe(),
+            "device_name": t.meta["cpu"], "precision_flags": cpu_features(),
+            "native_precisions": list(native_precisions()), "bandwidth": bandwidth, "prefix_len": prefix_len,
+            "backends": backends, "precisions": out}
+
+
+def format_precision_table(result: dict) -> str:
+    """Plain-text table of a :func:`bench_precisions` result: the CPU, its flags and bandwidth, then per precision and
+    backend t(1), t(Q)/t(1), the weights one call reads, the floor and t(1) as a multiple of it."""
+    m, bw, fl = result["model"], result["bandwidth"], result["precision_flags"]
+    lines = [
+        f"precisions of the code-predictor call: model {m['name']}"
+        f"{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads {result['threads']} | "
+        f"interleaved, warmup {result['warmup']}, {noise_words(result)}, prefix {result['prefix_len']}"
+        + _load_words(result),
+        f"CPU {result['device_name']} | bf16 flags: {', '.join(fl['bf16']) or 'none'} | int8 dot-product flags: "
+        f"{', '.join(fl['int8_dot']) or 'none'} | native precisions: {', '.join(result['native_precisions'])}",
+        f"read bandwidth {bw['gb_per_s']:.1f} GB/s (torch.sum over {bw['buffer_bytes'] / 2 ** 20:.0f} MiB, median of "
+        f"{bw['repeats']}, {bw['threads']} thread{'s' if bw['threads'] != 1 else ''}"
+        + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
+           if "gb_per_s_after" in bw else "") + "); floor = weight bytes of one call / read bandwidth",
+    ]
+    ratio_qs = [r["n_queries"] for r in result["precisions"][0]["rows"] if r["n_queries"] != 1]
+    lines.append(f"{'precision':<12} {'backend':<8} {'t(1) ms':>8} "
+                 + " ".join(f"{f't({q})/t(1)':>10}" for q in ratio_qs)
+                 + f" {'MB/call':>8} {'floor ms':>9} {'t(1)/floor':>10}")
+    for pr in result["precisions"]:
+        by_q = {r["n_queries"]: r for r in pr["rows"]}
+        ratios = " ".join(f"{'' if by_q[q]['ratio_to_1'] is None else format(by_q[q]['ratio_to_1'], '.2f'):>10}"
+                          for q in ratio_qs)
+        lines.append(f"{pr['precision']:<12} {pr['backend']:<8} "
+                     f"{'' if 1 not in by_q else format(by_q[1]['median_ms'], '.2f'):>8} {ratios} "
+                     f"{pr['weight_bytes']['bytes'] / 1e6:>8.1f} {_ms(pr['floor_ms']):>9} "
+                     f"{'' if pr['t1_over_floor'] is None else format(pr['t1_over_floor'], '.2f'):>10}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The call budget (from the config, never typed in)
+# ----------------------------------------------------------------------------------------------------------------------
+def call_budget(frame_rate_hz: float, n_code_groups: int, tokens_per_call: float | None = None) -> dict:
+    """Model calls per second needed for real time.
+
+    One frame = 1 talker call (code 0) + ``n_code_groups - 1`` inner-loop codes. Plain AR decoding makes one inner
+    call per code; a speculative decoder emitting ``tokens_per_call`` codes per inner call on average (the paper's
+    toks/step, the prefill counted as a call) needs ``(n_code_groups - 1) / tokens_per_call`` inner calls.
+
+    Args:
+        frame_rate_hz: codec frames per second (12.5 for the 12 Hz models; ``LoadedModel.frame_rate_hz``).
+        n_code_groups: codebooks per frame (16; ``LoadedModel.n_code_groups``).
+        tokens_per_call: mean inner-loop codes per inner call; ``None`` means plain AR (1.0).
+
+    Returns:
+        ``{"frame_rate_hz", "n_code_groups", "tokens_per_call", "inner_calls_per_frame", "calls_per_frame",
+        "calls_per_s", "calls_per_s_ar", "reduction"}`` where ``calls_per_s = frame_rate_hz * (1 + (G - 1) / tpc)``
+        (200 for 12.5 Hz / 16 groups at tpc 1; 88.4 at tpc 2.47) and ``reduction = calls_per_s_ar / calls_per_s``.
+
+    Raises:
+        ValueError: ``frame_rate_hz <= 0``, ``n_code_groups < 2`` or ``tokens_per_call <= 0``.
+    """
+    tpc = 1.0 if tokens_per_call is None else float(tokens_per_call)
+    if frame_rate_hz <= 0 or n_code_groups < 2 or tpc <= 0:
+        raise ValueError(f"need frame_rate_hz > 0, n_code_groups >= 2, tokens_per_call > 0; got "
+                         f"{frame_rate_hz}, {n_code_groups}, {tokens_per_call}")
+    inner = (n_code_groups - 1) / tpc
+    ar, cps = frame_rate_hz * n_code_groups, frame_rate_hz * (1.0 + inner)
+    return {"frame_rate_hz": float(frame_rate_hz), "n_code_groups": int(n_code_groups), "tokens_per_call": tpc,
+            "inner_calls_per_frame": inner, "calls_per_frame": 1.0 + inner, "calls_per_s": cps, "calls_per_s_ar": ar,
+            "reduction": ar / cps}
+
+
+def budget_table(frame_rate_hz: float, n_code_groups: int,
+                 tokens_per_call: Iterable[float] = DEFAULT_TOKENS_PER_CALL) -> list[dict]:
+    """:func:`call_budget` for several tokens-per-call values, one row each, with a ``note`` column
+    ("plain AR" at 1, "paper's reported value" at :data:`PAPER_TOKENS_PER_CALL`)."""
+    rows = []
+    for tpc in tokens_per_call:
+        b = call_budget(frame_rate_hz, n_code_groups, tpc)
+        note = "plain AR" if tpc == 1 else ("paper's reported value" if abs(tpc - PAPER_TOKENS_PER_CALL) < 1e-9 else "")
+        rows.append({"tokens_per_call": b["tokens_per_call"], "inner_calls_per_frame": b["inner_calls_per_frame"],
+                     "calls_per_s": b["calls_per_s"], "reduction": b["reduction"], "note": note})
+    return rows
+
+
+def inner_share(t_talker_ms: float, t_inner_ms: float, n_inner_calls: float = 15) -> float:
+    """Share of a frame's model time spent in the inner loop: ``n * t_inner / (t_talker + n * t_inner)``.
+
+    Args:
+        t_talker_ms: one talker step (ms). t_inner_ms: one code-predictor call (ms). n_inner_calls: inner calls per
+            frame (``n_code_groups - 1`` = 15 for plain AR).
+
+    Raises:
+        ValueError: negative times or call counts, or a zero total.
+    """
+    if t_talker_ms < 0 or t_inner_ms < 0 or n_inner_calls < 0:
+        raise ValueError("times and call counts must be non-negative")
+    total = t_talker_ms + n_inner_calls * t_inner_ms
+    if total <= 0:
+        raise ValueError("total frame time is zero")
+    return n_inner_calls * t_inner_ms / total
+
+
+def derived_from_bench(result: dict, *, frame_rate_hz: float, n_code_groups: int) -> dict:
+    """Frame-level quantities from a :func:`bench_model` result (plain AR decoding, one inner call per code).
+
+    Returns:
+        ``{"inner_calls_per_frame", "t_talker_ms", "t_inner_ms", "frame_ms_ar", "frame_budget_ms", "rtf_ar",
+        "inner_share_ar", "calls_per_s_realtime", "calls_per_s_at_paper_tpc"}``: ``frame_ms_ar = t_talker + (G - 1)
+        * t_cp(1)``, ``frame_budget_ms = 1000 / frame_rate_hz`` (80 ms), ``rtf_ar = frame_ms_ar / frame_budget_ms``
+        (< 1 is faster than real time). ``t_cp(1)`` is the Q = 1 median; without a Q = 1 row the smallest Q's.
+    """
+    t_inner = min(result["code_predictor"], key=lambda r: r["n_queries"])["median_ms"]
+    t_talker = result["talker_step"]["median_ms"]
+    n_inner = n_code_groups - 1
+    frame_ms, budget_ms = t_talker + n_inner * t_inner, 1000.0 / frame_rate_hz
+    return {"inner_calls_per_frame": n_inner, "t_talker_ms": t_talker, "t_inner_ms": t_inner,
+            "frame_ms_ar": frame_ms, "frame_budget_ms": budget_ms, "rtf_ar": frame_ms / budget_ms,
+            "inner_share_ar": inner_share(t_talker, t_inner, n_inner),
+            "calls_per_s_realtime": call_budget(frame_rate_hz, n_code_groups)["calls_per_s"],
+            "calls_per_s_at_paper_tpc": call_budget(frame_rate_hz, n_code_groups, PAPER_TOKENS_PER_CALL)["calls_per_s"]}

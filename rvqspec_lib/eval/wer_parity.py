@@ -36,7 +36,8 @@ from rvqspec_lib.eval.inner_loop import speaker_batches
 from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
-from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, parse_decoder
+from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET
+from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
 
@@ -342,7 +343,9 @@ def standard_decoders(*, calibration: dict | None, best_chain: int | None, budge
     if calibration is not None:
         names += [f"tree:calibrated-point-mass:{budget}", f"tree:calibrated-sampled:{budget}"]
     names.append(f"ssd-lossy:{beta}")
-    out = dict(parse_decoder(n, calibration=calibration, best_chain=best_chain) for n in names)
+    named = resolve_all(names, None, calibrations={"heads": calibration} if calibration is not None else None,
+                        best_chain=best_chain)
+    out = {label: nd.decoder for label, nd in named.items()}
     if null_control:
         out = {"ar": out["ar"], NULL_CONTROL: AR(), **{k: v for k, v in out.items() if k != "ar"}}
     return out

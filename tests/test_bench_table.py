@@ -19,9 +19,16 @@ def _no_load(*a, **k):
 
 @pytest.fixture
 def no_load(monkeypatch):
+    """``load_model`` refuses, in the loader and in every module that imported it by name (the command modules are
+    imported when their command first runs: import them first, so none keeps the refusing stand-in)."""
+    import sys
+
+    from rvqspec_lib.cli import bench_jobs  # noqa: F401
     from rvqspec_lib.models import loader
 
-    monkeypatch.setattr(loader, "load_model", _no_load)
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "load_model", None) is loader.load_model and mod.__name__.startswith("rvqspec_lib"):
+            monkeypatch.setattr(mod, "load_model", _no_load)
 
 
 def _table(**kw):
@@ -129,18 +136,17 @@ def test_bad_table_arguments_are_one_line_before_any_model_loads(no_load):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--backend", "onnx", "--dtype", "bfloat16"],
-     "--backend onnx times float32 frames (its graphs are float32): drop --dtype bfloat16, or use --backend eager "
-     "or compile for bfloat16"),
-    (["--backend", "onnx", "--dtype", "int8"], "use --backend eager or compile for int8"),
-    (["--backend", "eager", "--dtype", "float32,int8"], "--backend times one precision: give --dtype one of"),
+    (["--backends", "onnx", "--dtype", "bfloat16"],
+     "--backends onnx is not available here: the onnx backend runs float32 modules, not bfloat16"),
+    (["--backends", "onnx", "--dtype", "int8"], "the onnx backend runs float32 modules, not int8"),
+    (["--backends", "eager", "--dtype", "float32,int8"], "--dtype float32,int8: give one of"),
 ])
 def test_backend_precision_errors_are_one_line_before_any_model_loads(capsys, no_load, argv, words):
     from rvqspec_lib.cli.main import main
 
-    assert main(["bench", "--model", "tiny-random", *argv]) == 2
+    assert main(["bench", "frames", "--model", "tiny-random", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and words in err
+    assert err.count("\n") == 1 and words in err, err
 
 
 def test_backend_eager_runs_a_precision_on_tiny_random(tmp_path, capsys):
@@ -154,24 +160,27 @@ def test_backend_eager_runs_a_precision_on_tiny_random(tmp_path, capsys):
         pytest.skip("this CPU runs no precision but float32 natively")
     prec = "int8" if "int8" in low else low[0]
     out = tmp_path / "b.json"
-    assert main(["bench", "--model", "tiny-random", "--backend", "eager", "--dtype", prec, "--decoders", "ar",
-                 "--repeats", "1", "--warmup", "0", "--no-progress", "--json", str(out)]) == 0
+    assert main(["bench", "frames", "--model", "tiny-random", "--backends", "eager", "--dtype", prec, "--decoders",
+                 "ar,chain:4", "--repeats", "1", "--warmup", "0", "--no-progress", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert f"cpu, {prec}" in text and "fused-chain4" in text and "fused-AR" in text
+    assert f"cpu, {prec}" in text and "chain:4" in text and "fused" in text
     saved = json.loads(out.read_text())
     assert saved["precision"] == prec and saved["meta"]["dtype"] == str(ACTIVATION_DTYPE[prec]).replace("torch.", "")
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--noise-target", "0"], "--noise-target 0 is not a relative standard error: give a fraction > 0"),
-    (["--noise-target", "0.02", "--repeats", "1"], "--noise-target needs --repeats >= 2"),
-    (["--noise-target", "0.02", "--table", "--repeats", "1"], "--noise-target needs --repeats >= 2"),
-    (["--noise-target", "0.02", "--backend", "eager"], "drop it with --backend"),
+    (["latency", "--model", "tiny-random", "--noise-target", "0"],
+     "--noise-target 0 is not a relative standard error: give a fraction > 0"),
+    (["latency", "--model", "tiny-random", "--noise-target", "0.02", "--repeats", "1"],
+     "--noise-target needs --repeats >= 2"),
+    (["table", "--noise-target", "0.02", "--repeats", "1"], "--noise-target needs --repeats >= 2"),
+    (["frames", "--model", "tiny-random", "--noise-target", "0.02", "--repeats", "1"],
+     "--noise-target needs --repeats >= 2"),
 ])
 def test_noise_target_errors_are_one_line_before_any_model_loads(capsys, no_load, argv, words):
     from rvqspec_lib.cli.main import main
 
-    assert main(["bench", "--model", "tiny-random", *argv]) == 2
+    assert main(["bench", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err
     assert "noise_target" not in err and "repeats (" not in err  # the flags, never the library's argument names

@@ -36,7 +36,7 @@ from rvqspec_lib.eval.inner_loop import speaker_batches
 from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
-from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, parse_decoder
+from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, parse_decoder_name
 from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
 
@@ -342,7 +342,10 @@ def standard_decoders(*, calibration: dict | None, best_chain: int | None, budge
     if calibration is not None:
         names += [f"tree:calibrated-point-mass:{budget}", f"tree:calibrated-sampled:{budget}"]
     names.append(f"ssd-lossy:{beta}")
-    out = dict(parse_decoder(n, calibration=calibration, best_chain=best_chain) for n in names)
+    out = {}
+    for d in map(parse_decoder_name, names):
+        dec = d.decoder(calibration=calibration, best_chain=best_chain)
+        out[d.resolved(dec).label] = dec
     if null_control:
         out = {"ar": out["ar"], NULL_CONTROL: AR(), **{k: v for k, v in out.items() if k != "ar"}}
     return out
@@ -430,7 +433,8 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
         ``{"wer": wer_parity(...), "frames": {label: [frames]}, "ended": {label: [bool]}, "true_frames": [...],
         "hypotheses": {label: [...]}}``.
     """
-    from rvqspec_lib.models.frame import synthesize
+    from rvqspec_lib.models.backends import frame_runner
+    from rvqspec_lib.models.frame import inner_sampling, synthesize
 
     us = [as_utterance(u) for u in utterances]
     if REFERENCE not in decoders:
@@ -444,7 +448,8 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
         fr, en = [0] * len(us), [True] * len(us)
         for bi, b in enumerate(progress_bar(batches, desc=f"free-running {label}", enabled=progress, unit="batch")):
             cap = int(min(max_frames, frame_factor * max(us[i].codes.shape[0] for i in b) + 10))
-            res = synthesize(lm, [us[i].text for i in b], decoder=dec, speaker=us[b[0]].speaker,
+            runner = frame_runner("official", lm.code_predictor, dec, sampling=inner_sampling(lm))
+            res = synthesize(lm, [us[i].text for i in b], runner=runner, speaker=us[b[0]].speaker,
                              language=us[b[0]].language, max_frames=cap,
                              generator=torch.Generator().manual_seed(_seed(s0, bi)))
             for j, i in enumerate(b):

@@ -31,20 +31,11 @@ def note(msg: str) -> None:
     print(f"note: {msg}", file=sys.stderr)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# the parser: argparse's errors as one line naming the fix
-# --------------------------------------------------------------------------------------------------------------------
 #: What the values of a ``choices=`` flag are, by argparse destination, for the one-line error (``--dtype float16
 #: is not a precision rvqspec synth takes: ...``); a flag not listed here is "a value".
-CHOICE_NOUNS = {
-    "dtype": "a precision",
-    "drafter": "a drafter",
-    "loss": "a training loss",
-    "decoder": "a decoder",
-    "codes_to_audio": "a way from codes to audio",
-    "teacher_codes": "a source of teacher codes",
-    "dataset_kind": "a dataset kind",
-}
+CHOICE_NOUNS = {"dtype": "a precision", "drafter": "a drafter", "loss": "a training loss", "backend": "a backend",
+                "frame": "a kind of frame runner", "codes_to_audio": "a way from codes to audio",
+                "teacher_codes": "a source of teacher codes", "dataset_kind": "a dataset kind"}
 
 #: argparse type functions -> what their values are, for "--repeats abc is not a whole number".
 _TYPE_NOUNS = {int: "a whole number", float: "a number"}
@@ -150,9 +141,6 @@ class OneLineParser(argparse.ArgumentParser):
         return f"{message} ({where} --help)"
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# output files
-# --------------------------------------------------------------------------------------------------------------------
 #: argparse destinations that name an output file, and their flags: checked by ``main`` before any command runs.
 OUTPUT_FLAGS = {"out": "--out", "json": "--json", "json_path": "--json", "curve_json": "--curve-json"}
 
@@ -226,9 +214,6 @@ def check_output_folder(path: str | os.PathLike, flag: str = "--out") -> str | N
     return None
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# threads
-# --------------------------------------------------------------------------------------------------------------------
 THREADS_HELP = ("torch CPU threads: default 1 (on a small shared machine more threads spin-wait and run several "
                 "times slower), 0 keeps torch's choice, N uses N. Given after the command it wins over `rvqspec "
                 "--threads N <command>`")
@@ -266,9 +251,6 @@ def threads_text(n: int) -> str:
     return f"{n} thread{'s' if n != 1 else ''}"
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# seeds, text
-# --------------------------------------------------------------------------------------------------------------------
 #: Largest seed: seeds go to ``torch.Generator.manual_seed`` (64 bits), some plus a small offset per utterance.
 SEED_MAX = 2**63 - 1
 
@@ -305,9 +287,6 @@ def read_text_file(path: str | os.PathLike, flag: str) -> str:
                          "convert it (iconv -t utf-8)") from None
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# decoders
-# --------------------------------------------------------------------------------------------------------------------
 def _removed(flag: str, form: str):
     def refuse(value: str):
         raise argparse.ArgumentTypeError(f"write --decoder {form}{value.strip()} (one decoder name; {flag} is gone)")

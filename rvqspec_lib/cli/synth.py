@@ -285,17 +285,23 @@ def run(args, threads: int) -> int:
     codes_to_audio, sr = _audio(lm, args.codes_to_audio, rows)
     decode_s = time.perf_counter() - t if sr is not None else 0.0
 
-    for i, (text, r) in enumerate(zip(texts, rows)):
-        r["audio_s"], r["words"] = r["frames"] / lm.frame_rate_hz, len(text.split())
-        which = f"line {i + 1}: " if len(texts) > 1 else ""
-        r["cut_short"] = r["ended"] and r["words"] > 0 and r["audio_s"] < MIN_AUDIO_S_PER_WORD * r["words"]
-        if r["cut_short"]:
-            _note(f"{which}the model ended after {r['audio_s']:.2f} s of audio for {r['words']} words (under "
+    per = []
+    for i, (text, r, (wav_p, npy_p)) in enumerate(zip(texts, rows, pairs)):
+        audio_s, words, which = r["frames"] / lm.frame_rate_hz, len(text.split()), f"line {i + 1}: " * (len(texts) > 1)
+        short = r["ended"] and words > 0 and audio_s < MIN_AUDIO_S_PER_WORD * words
+        if short:
+            _note(f"{which}the model ended after {audio_s:.2f} s of audio for {words} words (under "
                   f"{MIN_AUDIO_S_PER_WORD} s a word): most of the text was probably not spoken; split it into "
                   "sentences and synthesize each")
         if not r["ended"]:
             _note(f"{which}stopped at --max-frames {args.max_frames} before the model ended the utterance (raise "
                   "--max-frames for the rest)")
+        per.append({"text": text, "words": words, "frames": r["frames"], "audio_s": audio_s,
+                    "ended_by_itself": r["ended"], "text_likely_cut_short": short,
+                    "audio_s_per_word": audio_s / words if words else None, "code_predictor_calls": r["calls"],
+                    "tokens_per_call": r["tpc"], "audio_scaled_by": round(0.99 / r["peak"], 4) if r["peak"] > 0.99
+                    else 1.0, "wav": str(wav_p) if r["wav"] is not None else None, "codes_npy": str(npy_p),
+                    "codes": r["codes"].tolist()})
     targets = [f for (wav_p, npy_p), r in zip(pairs, rows) for f in ([wav_p] if r["wav"] is not None else []) + [npy_p]]
     targets += [Path(args.json)] if args.json else []
     frames = sum(r["frames"] for r in rows)
@@ -304,20 +310,10 @@ def run(args, threads: int) -> int:
     fields = B.runner_fields(runner)
     with atomic_outputs(targets) as temps:
         tmp = dict(zip(targets, temps))
-        per = []
-        for (wav_p, npy_p), text, r in zip(pairs, texts, rows):
-            codes = r["codes"].numpy().astype(np.int64)  # (frames, n_code_groups)
+        for (wav_p, npy_p), r in zip(pairs, rows):
             if r["wav"] is not None:
                 sf.write(tmp[wav_p], r["wav"], sr)
-            np.save(tmp[npy_p], codes)
-            per.append({
-                "text": text, "words": r["words"], "frames": r["frames"], "audio_s": r["audio_s"],
-                "ended_by_itself": r["ended"], "text_likely_cut_short": r["cut_short"],
-                "audio_s_per_word": r["audio_s"] / r["words"] if r["words"] else None,
-                "code_predictor_calls": r["calls"], "tokens_per_call": r["tpc"],
-                "audio_scaled_by": round(0.99 / r["peak"], 4) if r["wav"] is not None and r["peak"] > 0.99 else 1.0,
-                "wav": str(wav_p) if r["wav"] is not None else None, "codes_npy": str(npy_p),
-                "codes": codes.tolist()})
+            np.save(tmp[npy_p], r["codes"].numpy().astype(np.int64))  # (frames, n_code_groups)
         total_s = time.perf_counter() - started
         stats = {
             "model": args.model, "random_weights": lm.is_random, "decoder_name": args.decoder_name.text,

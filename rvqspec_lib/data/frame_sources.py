@@ -27,6 +27,8 @@ from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models.audio import _decode_audio, resample
 from rvqspec_lib.data.teacher import teacher_forced_contexts
 from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.models.backends import frame_runner
+from rvqspec_lib.models.frame import inner_sampling, synthesize
 
 #: Texts spoken by :func:`frames_from_model` when none are given (short, varied English sentences).
 DEFAULT_TEXTS = (
@@ -59,9 +61,6 @@ def frames_from_model(lm, texts: Iterable[str] | None = None, *, decoder=None, s
     Returns:
         :class:`Frames` (one utterance per text; texts that produced no frame are skipped).
     """
-    from rvqspec_lib.models.backends import frame_runner
-    from rvqspec_lib.models.frame import inner_sampling, synthesize
-
     texts = list(DEFAULT_TEXTS if texts is None else texts)
     runner = None if decoder is None else frame_runner("official", lm.code_predictor, decoder,
                                                         sampling=sampling or inner_sampling(lm))

@@ -39,6 +39,8 @@ from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, parse_decoder_name
 from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.models.backends import frame_runner
+from rvqspec_lib.models.frame import inner_sampling, synthesize
 
 #: The reference decoder's label, and the null control's (AR again, other seeds: nothing may be detected).
 REFERENCE = "ar"
@@ -433,9 +435,6 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
         ``{"wer": wer_parity(...), "frames": {label: [frames]}, "ended": {label: [bool]}, "true_frames": [...],
         "hypotheses": {label: [...]}}``.
     """
-    from rvqspec_lib.models.backends import frame_runner
-    from rvqspec_lib.models.frame import inner_sampling, synthesize
-
     us = [as_utterance(u) for u in utterances]
     if REFERENCE not in decoders:
         raise ValueError(f"decoders must include the reference {REFERENCE!r} (AR)")

@@ -121,7 +121,7 @@ class OfficialTalker:
     def start(self, embeds: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompt ``embeds (B, L, H)`` with ``attention_mask (B, L)`` (0 on left padding); returns the hidden state
         of the last position ``(B, 1, H)`` and the code-0 logits ``(B, vocab)``."""
-        self.cache, self.mask, self.fed = DynamicCache(), attention_mask, 0
+        self.cache, self.mask = DynamicCache(), attention_mask
         out = self.talker(inputs_embeds=embeds, attention_mask=attention_mask, past_key_values=self.cache,
                           use_cache=True, cache_position=torch.arange(attention_mask.shape[1], device=embeds.device))
         return out.past_hidden, out.logits[:, -1]
@@ -295,14 +295,10 @@ def synthesize(lm: LoadedModel, texts: list[str] | str, *, runner=None, sampling
     got = list(progress_bar(frames(lm, texts, runner=runner, **kw), total=max_frames, enabled=progress,
                             desc=f"frames ({runner.name.label})", unit="frame"))
     b = len([texts] if isinstance(texts, str) else texts)
-    g = int(lm.n_code_groups)
-    if got:
-        active = torch.stack([f.active for f in got], 1)  # (B, frames)
-        codes = torch.stack([f.codes.cpu() for f in got], 1)  # (B, frames, G)
-        calls = torch.stack([f.calls for f in got], 1)  # (B, frames)
-    else:
-        active, codes, calls = torch.zeros(b, 0, dtype=torch.bool), torch.zeros(b, 0, g, dtype=torch.long), \
-            torch.zeros(b, 0, dtype=torch.long)
+    active = torch.stack([f.active for f in got], 1) if got else torch.zeros(b, 0, dtype=torch.bool)  # (B, frames)
+    codes = torch.stack([f.codes.cpu() for f in got], 1) if got else \
+        torch.zeros(b, 0, lm.n_code_groups, dtype=torch.long)  # (B, frames, G)
+    calls = torch.stack([f.calls for f in got], 1) if got else torch.zeros(b, 0, dtype=torch.long)  # (B, frames)
     n = active.sum(1)
     # a row ended if it went quiet within the frames, or if the loop stopped before the cap (every row ended then)
     ended = ~active[:, -1] if len(got) == max_frames else torch.ones(b, dtype=torch.bool)

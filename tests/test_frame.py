@@ -121,6 +121,8 @@ def test_bad_input(lm):
         build_prompt(lm, ["hi"], speaker="nobody")
     with pytest.raises(ValueError, match="max_frames"):
         synthesize(lm, "hi", max_frames=0)
+    with pytest.raises(ValueError, match="unsupported language"):  # when called, not when the first frame is asked
+        frames(lm, "hi", language="klingon")
 
 
 def test_cli_synth_writes_codes_and_json(tmp_path):

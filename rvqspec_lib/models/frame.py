@@ -147,7 +147,7 @@ class Frame:
     Attributes:
         index: the frame's number t (0-based; 80 ms each on the 12 Hz codec).
         codes: ``(B, n_code_groups)`` int64, code 0 then codes 1..15, for every row (a row no longer speaking gets
-            end-of-speech as code 0 and codes 1..15 all the same, as the official batch does; they are not its audio).
+            end-of-speech as code 0 and codes 1..15 decoded after it, as the official batch does: not its audio).
         active: ``(B,)`` bool, the rows still speaking: their frame is audio. Once False, False for good.
         calls: ``(B,)`` int64 inner-loop calls of each row (the prefill included).
         talker_s: seconds of the talker call that gave this frame's code 0 (frame 0: the prompt and its prefill too).
@@ -167,13 +167,13 @@ def inner_sampling(lm: LoadedModel, greedy: bool = False) -> Sampling:
     return Sampling.from_generation_config(lm.generation or {}, loop="code_predictor", greedy=greedy)
 
 
-@torch.inference_mode()
 def frames(lm: LoadedModel, texts: list[str] | str, *, runner=None, talker_sampling: Sampling | None = None,
            repetition_penalty: float | None = None, generator: torch.Generator | None = None,
            max_frames: int = 200, language: str = "auto", speaker: str | None = None,
            talker=None) -> Iterator[Frame]:
     """The frames of a batch of utterances, one :class:`Frame` at a time, until every row has ended its utterance
-    (end-of-speech as code 0, which is not yielded) or ``max_frames`` frames were yielded.
+    (end-of-speech as code 0, which is not yielded) or ``max_frames`` frames were yielded. The prompt is built (and
+    the arguments checked) when this is called; each frame is made when it is asked for.
 
     Args:
         lm: from :func:`rvqspec_lib.models.loader.load_model`. texts: one sentence or a batch.
@@ -190,25 +190,30 @@ def frames(lm: LoadedModel, texts: list[str] | str, *, runner=None, talker_sampl
     """
     if max_frames < 1:
         raise ValueError(f"max_frames must be >= 1 (frames of 80 ms), got {max_frames}")
+    t0 = time.perf_counter()
+    prompt = build_prompt(lm, [texts] if isinstance(texts, str) else list(texts), language=language, speaker=speaker)
     gen_cfg = lm.generation or {}
-    talker_sampling = talker_sampling or Sampling.from_generation_config(gen_cfg, loop="talker")
     rp = float(gen_cfg.get("repetition_penalty", 1.05)) if repetition_penalty is None else repetition_penalty
-    cp = lm.code_predictor
-    runner = runner or frame_runner("official", cp, AR(), sampling=inner_sampling(lm))
     if generator is None:
         generator = torch.Generator()
         generator.seed()
-    t0 = time.perf_counter()
-    prompt = build_prompt(lm, [texts] if isinstance(texts, str) else list(texts), language=language, speaker=speaker)
+    return _frame_loop(lm, prompt, runner or frame_runner("official", lm.code_predictor, AR(),
+                                                          sampling=inner_sampling(lm)),
+                       talker_sampling or Sampling.from_generation_config(gen_cfg, loop="talker"), rp, generator,
+                       max_frames, talker or OfficialTalker(lm), t0)
+
+
+@torch.inference_mode()
+def _frame_loop(lm, prompt: Prompt, runner, talker_sampling: Sampling, rp: float, generator: torch.Generator,
+                max_frames: int, talker, t0: float) -> Iterator[Frame]:
     tcfg = lm.model.config.talker_config
     eos = int(tcfg.codec_eos_token_id)
     procs = code0_processors(tcfg, repetition_penalty=rp)
-    talker = talker or OfficialTalker(lm)
     hidden, logits = talker.start(prompt.inputs_embeds, prompt.attention_mask)
     b, dev = logits.shape[0], logits.device
     history = torch.zeros(b, 0, dtype=torch.long, device=dev)
     active = torch.ones(b, dtype=torch.bool, device=dev)
-    embed0, embeds = lm.model.talker.get_input_embeddings(), cp.get_input_embeddings()
+    embed0, embeds = lm.model.talker.get_input_embeddings(), lm.code_predictor.get_input_embeddings()
     for t in range(max_frames):
         # code 0 (the talker's own warpers and processors)
         scores = procs(history, logits.to(torch.float32))

@@ -18,6 +18,7 @@ from rvqspec_lib.eval import acceptance
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import make_drafter, model_drafter_dir
 from rvqspec_lib.models.frame import inner_sampling
+from rvqspec_lib.models.named_decoders import resolve
 
 
 def decoder_names(decoder: str | None) -> list:
@@ -67,8 +68,9 @@ def run(args, threads: int) -> int:
     drafter = make_drafter(args.drafter, lm.code_predictor, args.drafter_path or model_drafter_dir(args.model))
     frames = frames_from_args(args, lm, "evaluation")
     note_fewer_frames(frames, args.frames)
+    decoders = [resolve(n, lm).decoder for n in names]  # they draft with --drafter (passed beside them)
     t = time.perf_counter()
-    res = acceptance.evaluate_acceptance(lm.code_predictor, drafter, frames, decoders=[n.decoder() for n in names],
+    res = acceptance.evaluate_acceptance(lm.code_predictor, drafter, frames, decoders=decoders,
                                          sampling=inner_sampling(lm), seed=args.seed, max_rank=args.max_rank,
                                          teacher_codes=args.teacher_codes)
     eval_s = time.perf_counter() - t

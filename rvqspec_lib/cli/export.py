@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,8 +33,7 @@ from rvqspec_lib.eval import export_timing as T
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models import export_graphs as G
 from rvqspec_lib.models import loader
-from rvqspec_lib.models.named_decoders import check_files
-from rvqspec_lib.models.tree_files import load_calibration, tree_file
+from rvqspec_lib.models.named_decoders import check_files, resolve
 
 #: Node budget N of a verify graph given neither --nodes nor --decoder (a chain of 3 drafts).
 DEFAULT_NODES = 4
@@ -63,36 +61,32 @@ def check_args(args) -> str | None:
     return check_output_folder(args.out)  # a folder, writable, before the model loads (the export takes minutes)
 
 
-def tree_and_nodes(args) -> tuple[DraftTree | None, int | None]:
-    """The verify graph's tree and node budget N from ``--decoder`` / ``--nodes`` (before the model loads: a
-    calibrated tree is read from the model's files, checked); ``(None, None)`` for the other graphs.
+def verify_nodes(args) -> int | None:
+    """The verify graph's node budget N from ``--decoder`` / ``--nodes``, checked before the model loads (the
+    decoder's files beside the model, N against ``--nodes``); ``None`` for the other graphs. Sets
+    ``args.decoder_name`` (``None`` without ``--decoder``: a chain of N-1 drafts).
 
     Raises:
         ValueError, FileNotFoundError: a decoder without a tree, its files missing, ``--nodes`` disagreeing with it.
     """
+    args.decoder_name = None
     if args.graph != "verify":
-        return None, None
+        return None
     if args.decoder is None:
-        n = DEFAULT_NODES if args.nodes is None else args.nodes
-        return DraftTree.chain(n - 1), n
-    name = parse_decoder_name(args.decoder)
+        return DEFAULT_NODES if args.nodes is None else args.nodes
+    name = args.decoder_name = parse_decoder_name(args.decoder)
     if name.kind in ("ar", "auto", "ssd-lossy") or name.best_window:
         raise ValueError(f"--decoder {name.text}: a verify graph needs a tree: give tree:PATHS, chain:N, "
                          "tree:calibrated...:N or paper[:N]")
     check_files(name, args.model)
-    if name.kind in ("calibrated", "paper"):
-        cal = load_calibration(tree_file(args.model, name.drafter), model=args.model, drafter=name.drafter)
-        tree = name.calibrated_tree(cal).tree(0)
-    else:
-        tree = replace(name, drafter="heads").decoder().tree(0)  # the graph holds the tree, not the drafter
-    if tree.n_nodes + 1 > MAX_BUDGET:
-        raise ValueError(f"--decoder {name.text} has {tree.n_nodes} drafted nodes: a verify graph takes at most "
+    n = name.fields()["nodes"]
+    if n > MAX_BUDGET:
+        raise ValueError(f"--decoder {name.text} has {n - 1} drafted nodes: a verify graph takes at most "
                          f"{MAX_BUDGET - 1} (N <= {MAX_BUDGET})")
-    if args.nodes is not None and args.nodes != tree.n_nodes + 1:
-        raise ValueError(f"--decoder {name.text}'s tree has {tree.n_nodes} nodes, so N = {tree.n_nodes + 1}; "
-                         f"--nodes {args.nodes} disagrees: drop --nodes")
-    args.decoder_name = name
-    return tree, tree.n_nodes + 1
+    if args.nodes is not None and args.nodes != n:
+        raise ValueError(f"--decoder {name.text}'s tree has {n - 1} nodes, so N = {n}; --nodes {args.nodes} "
+                         "disagrees: drop --nodes")
+    return n
 
 
 def run(args, threads: int = 1) -> int:
@@ -105,13 +99,16 @@ def run(args, threads: int = 1) -> int:
     problem = check_args(args)
     if problem:
         return _die(problem)
-    tree, nodes = tree_and_nodes(args)
+    nodes = verify_nodes(args)
     apply_threads(threads)
     lm = loader.load_model(args.model)
     cp = lm.code_predictor.eval()
     G.check_exportable(cp)
-    if getattr(args, "decoder_name", None) is not None:
+    tree = DraftTree.chain(nodes - 1) if nodes and args.decoder_name is None else None
+    if args.decoder_name is not None:
         check_tree_ranks([args.decoder_name], int(cp.config.vocab_size))
+        tree = resolve(args.decoder_name, lm).decoder.tree(0)  # the graph holds the tree, not the drafter
+        nodes = tree.n_nodes + 1  # paper without :N: capped to the largest calibrated budget
     out = Path(args.out)
     out.mkdir(exist_ok=True)
     stem = f"{args.graph}" + (f"-n{nodes}" if nodes else "") + f"-{args.dtype}"

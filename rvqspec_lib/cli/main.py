@@ -8,11 +8,7 @@ Examples::
 
     rvqspec synth --model embedded --text "The weather is fine today." --out out.wav --decoder chain:4
     rvqspec synth --model embedded --text "Hello." --out out.wav --decoder paper --backend native
-    rvqspec synth --model tiny-random --text "Hello world." --out out.wav --decoder "tree:0;1;0,0"
-    rvqspec bench --model qwen3-tts-0.6b-random --json bench.json
-    rvqspec export --model qwen3-tts-0.6b-random --format onnx --graph verify --nodes 8 --out build/export
     rvqspec train-drafter --model ./Qwen3-TTS-12Hz-0.6B-CustomVoice --drafter offsets --frames-file train.safetensors
-    rvqspec eval-acceptance --model embedded --drafter offsets   # shipped evaluation split
 
 Conventions of every command: bad input exits with status 2 and one line ``rvqspec: error: ...`` naming the fix,
 before any model loads; Ctrl-C exits with status 130 and one line ``rvqspec: interrupted``, leaving no partial

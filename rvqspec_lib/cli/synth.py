@@ -1,21 +1,17 @@
 """``rvqspec synth``: speak a text (or every line of a file) with a chosen inner-loop decoder through a chosen backend;
 write the audio, the codes and statistics.
 
-Order of work (README "Command line"): every flag, the text(s), every output path and the files the decoder reads
-beside the model (its drafter, its calibrated trees: :func:`rvqspec_lib.models.named_decoders.check_files`) are
-checked first, the model's config is read without its weights (:func:`rvqspec_lib.models.loader.model_facts`:
-language, speaker, tree ranks), THEN the model loads, the decoder is resolved
-(:func:`~rvqspec_lib.models.named_decoders.resolve`; ``auto``: chosen by timing once, then cached) and run by ONE
-frame runner of the registry (:func:`rvqspec_lib.models.backends.frame_runner`), the frame loop runs
-(:func:`rvqspec_lib.models.frame.synthesize`; the lines of ``--text-file`` in batches), the codes become audio, and
-the outputs are written atomically (all of them or none, also on Ctrl-C).
+Order of work (README "Command line"): the flags, texts, output paths and the files the decoder reads beside the model
+(:func:`rvqspec_lib.models.named_decoders.check_files`) are checked against the model's config, read without its
+weights; THEN the model loads, the decoder is resolved (:func:`~rvqspec_lib.models.named_decoders.resolve`; ``auto``:
+timed once, then cached) into ONE frame runner (:func:`rvqspec_lib.models.backends.frame_runner`), the frame loop
+runs (:func:`rvqspec_lib.models.frame.synthesize`; ``--text-file`` in batches), the codes become audio, and the
+outputs are written atomically (all or none, also on Ctrl-C).
 
-Timing fields (JSON and the printed line), each apart: ``startup_s`` (imports of torch and transformers, and the
-checks, before loading), ``load_s`` (loading the model), ``choose_s`` (resolving the decoder and building its runner:
-its drafter and trees, for ``auto`` the one-off timing, milliseconds when cached), ``synth_s`` (the frame loop:
-prompt, talker and inner loop), ``decode_s`` (codes to audio), ``total_s`` (from the command's start to the outputs
-being ready), ``audio_s``, ``rtf = (synth_s + decode_s) / audio_s`` (synthesis alone; below 1 is faster than real
-time) and ``rtf_total = total_s / audio_s`` (with start-up, load and the choice).
+Timing fields, each apart: ``startup_s`` (imports and checks), ``load_s``, ``choose_s`` (resolving the decoder and
+building its runner; ``auto``'s one-off timing), ``synth_s`` (the frame loop), ``decode_s`` (codes to audio),
+``total_s`` (start to outputs), ``audio_s``, ``rtf = (synth_s + decode_s) / audio_s`` (below 1: faster than real
+time) and ``rtf_total = total_s / audio_s``.
 """
 
 from __future__ import annotations

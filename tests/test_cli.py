@@ -476,6 +476,8 @@ def test_ctrl_c_is_one_line_and_leaves_no_output(tmp_path, capsys, monkeypatch, 
             Path(path).write_bytes(b"half a drafter")
             raise KeyboardInterrupt
         monkeypatch.setattr(module + "." + name, _interrupt_mid_write)
+        # where drafter_files imports it by name at its top
+        monkeypatch.setattr("rvqspec_lib.models.drafter_files.save_file", _interrupt_mid_write, raising=False)
     else:
         monkeypatch.setattr(module + "." + name, _interrupt)
     assert main([a.replace("OUT", str(tmp_path)) for a in argv]) == 130

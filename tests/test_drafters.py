@@ -50,6 +50,7 @@ from rvqspec_lib.eval.acceptance import (
 )
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_dataset
 from rvqspec_lib.data.frames import Frames
+from rvqspec_lib.models import backends
 from rvqspec_lib.models import frame as frame_mod
 from rvqspec_lib.models.configs import CONFIG_DIR, build_from_config, tiny_config_dict
 from rvqspec_lib.models.drafter_files import (
@@ -164,13 +165,13 @@ def test_teacher_forced_hidden_is_forward_finetune(tiny):
 
 def test_teacher_forced_contexts_equal_the_frame_loops(tiny, monkeypatch):
     seen = []
-    real = frame_mod.decode_frame
+    real = backends.decode_frame  # what the frame loop's default runner (AR stepped, official) calls
 
     def spy(cp, context, **kw):
         seen.append(context.clone())
         return real(cp, context, **kw)
 
-    monkeypatch.setattr(frame_mod, "decode_frame", spy)
+    monkeypatch.setattr(backends, "decode_frame", spy)
     text = "Teacher forcing, please."
     res = frame_mod.synthesize(tiny, [text], generator=torch.Generator().manual_seed(0), max_frames=12)
     monkeypatch.undo()

@@ -33,10 +33,8 @@ TARGETS = ("macOS15", "iOS18")
 #: ``eval-wer --decoders`` default.
 DEFAULT_DECODERS = "ar,chain:best,tree:calibrated-point-mass:16,tree:calibrated-sampled:16,ssd-lossy"
 MODEL_HELP = "embedded, tiny-random, qwen3-tts-0.6b-random, qwen3-tts-1.7b-random, a checkpoint folder or a hub id"
-DECODER_HELP = (f"inner-loop decoder, one name: {grammar(('chain:best',))}. paper = the paper's decoder: the offsets "
-                "drafter shipped beside the model + ITS calibrated point-mass tree of N nodes (default 32, "
-                "<model>/trees/offsets.json); auto = the fastest on this device among AR, chains and the calibrated "
-                "trees, timed once and cached")
+DECODER_HELP = (f"inner-loop decoder, one name: {grammar(('chain:best',))}. paper is the paper's decoder; auto the "
+                "fastest here among AR, chains and the calibrated trees, timed once and cached")
 
 
 def synth(p: argparse.ArgumentParser) -> None:

@@ -4,8 +4,8 @@ The same calibration as notebook 03 (which writes ``trees/heads.json``): the mod
 codes 1..15 re-sampled from p at the deployed sampling (:func:`rvqspec_lib.eval.calibration.calibration_frames`),
 then :func:`rvqspec_lib.eval.calibration.calibrate` for every node budget 2..64 with the notebook's draws and seed.
 The trees depend on the drafter that proposes the codes, so each drafter has its own file: ``rvqspec synth
---decoder paper`` reads ``trees/offsets.json``, ``--tree calibrated:N`` reads ``trees/heads.json`` (and
-``calibrated:N@offsets`` the offsets' file).
+--decoder paper`` reads ``trees/offsets.json``, ``--decoder tree:calibrated:N`` reads ``trees/heads.json`` (and
+``tree:calibrated:N@offsets`` the offsets' file).
 
     python scripts/calibrate_trees.py --model embedded --drafter offsets [--frames 1500] [--draws 2] [--seed 0]
 

@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from rvqspec_lib.models.fixtures import RELEASE_DIR, write_tiny_checkpoint
+from rvqspec_lib.models.backends import frame_runner
 from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.models.loader import RANDOM_WEIGHTS_MARKER, load_model
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree
@@ -146,16 +147,17 @@ def _official(lm, *, greedy: bool, seed: int | None = None):
 def test_greedy_frame_loop_equals_official_generate(lm, decoder):
     ref = _official(lm, greedy=True)
     g = Sampling(greedy=True)
-    ours = synthesize(lm, TEXT, decoder=decoder, sampling=g, talker_sampling=g, max_frames=FRAMES,
+    ours = synthesize(lm, TEXT, runner=frame_runner("official", lm.code_predictor, decoder, sampling=g),
+                      talker_sampling=g, max_frames=FRAMES,
                       language="english", speaker="vivian").codes[0]
     assert ours.shape == ref.shape == (FRAMES, 16) and torch.equal(ours, ref)
 
 
 def test_sampled_ar_equals_official_same_seed_and_not_another(lm):
     ref = _official(lm, greedy=False, seed=5)
-    same = synthesize(lm, TEXT, decoder=AR(), max_frames=FRAMES, generator=torch.Generator().manual_seed(5),
+    same = synthesize(lm, TEXT, max_frames=FRAMES, generator=torch.Generator().manual_seed(5),
                       language="english", speaker="vivian").codes[0]
-    other = synthesize(lm, TEXT, decoder=AR(), max_frames=FRAMES, generator=torch.Generator().manual_seed(6),
+    other = synthesize(lm, TEXT, max_frames=FRAMES, generator=torch.Generator().manual_seed(6),
                        language="english", speaker="vivian").codes[0]
     assert torch.equal(same, ref) and not torch.equal(other, ref)
 
@@ -167,7 +169,7 @@ def test_cli_synth_chain_writes_a_wav(ckpt, tmp_path, capsys):
     from rvqspec_lib.cli.main import main
 
     out = tmp_path / "hello.wav"
-    rc = main(["synth", "--model", str(ckpt), "--text", TEXT, "--out", str(out), "--decoder", "chain", "--window", "4",
+    rc = main(["synth", "--model", str(ckpt), "--text", TEXT, "--out", str(out), "--decoder", "chain:4",
                "--max-frames", str(FRAMES), "--seed", "0", "--json", str(tmp_path / "stats.json")])
     err = capsys.readouterr().err
     assert rc == 0, err

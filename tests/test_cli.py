@@ -7,7 +7,6 @@ tests/test_embedded_model.py (synth on the embedded model), tests/test_bench.py 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -84,7 +83,7 @@ def test_public_api_resolves_lazily():
 # constants defined once
 # ---------------------------------------------------------------------------------------------------------------------
 def test_default_tree_and_windows_come_from_one_place():
-    from rvqspec_lib.cli.eval_acceptance import decoders_from_args
+    from rvqspec_lib.cli.eval_acceptance import decoder_names
     from rvqspec_lib.decoding.decoders import (
         CHAIN_WINDOWS,
         DEFAULT_TREE,
@@ -93,22 +92,18 @@ def test_default_tree_and_windows_come_from_one_place():
         Chain,
         Tree,
     )
-    from rvqspec_lib.decoding.trees import parse_paths
 
-    assert tuple(parse_paths(common.DEFAULT_TREE_TEXT)) == DEFAULT_TREE == Tree().paths
-    assert common.DEFAULT_TREE_TEXT == "0;1;0,0;0,0,0"
     assert CHAIN_WINDOWS == tuple(range(2, MAX_WINDOW + 1)) and Chain().window == DEFAULT_WINDOW
     Chain(MAX_WINDOW)
     with pytest.raises(ValueError, match=f"2..{MAX_WINDOW}"):
         Chain(MAX_WINDOW + 1)
-    args = type("A", (), {"window": None, "tree": None, "decoder": None})()
-    sweep = decoders_from_args(args)
+    sweep = [n.decoder() for n in decoder_names(None)]
     assert [d.window for d in sweep[:-1]] == list(CHAIN_WINDOWS) and sweep[-1] == Tree(DEFAULT_TREE)
+    assert decoder_names("tree")[0].label == "tree:0;1;0,0;0,0,0"  # the default tree's name, from DEFAULT_TREE
     # no second copy of the literals in the library
     lib = {p: p.read_text() for p in (REPO / "rvqspec_lib").rglob("*.py")}
     assert [p.name for p, s in lib.items() if "((0,), (1,), (0, 0), (0, 0, 0))" in s] == ["decoders.py"]
-    cli = [p.name for p, s in lib.items() if p.parent.name == "cli" and "0;1;0,0;0,0,0" in s]
-    assert cli == ["main.py"]  # its docstring's example only; the flags' default and help come from DEFAULT_TREE
+    assert not [p.name for p, s in lib.items() if p.parent.name == "cli" and "0;1;0,0;0,0,0" in s]
     assert not [p.name for p, s in lib.items() if "range(2, 9)" in s]
 
 
@@ -168,7 +163,7 @@ def test_every_command_reports_its_threads(tmp_path, capsys, fake_threads):
                  str(tmp_path / "a.wav"), "--max-frames", "2", "--json", str(tmp_path / "a.json")]) == 0
     assert json.loads((tmp_path / "a.json").read_text())["threads"] == 2
     assert "| 2 threads" in capsys.readouterr().out
-    assert main(["eval-acceptance", "--model", "tiny-random", "--frames", "4", "--decoder", "chain", "--json",
+    assert main(["eval-acceptance", "--model", "tiny-random", "--frames", "4", "--decoder", "chain:4", "--json",
                  str(tmp_path / "e.json"), "--threads", "3"]) == 0
     assert json.loads((tmp_path / "e.json").read_text())["threads"] == 3
     assert "| 3 threads" in capsys.readouterr().out
@@ -292,8 +287,12 @@ def _synth(tmp_path, *extra, text="Hi there."):
     (["--max-frames", "0"], "--max-frames must be >= 1"),
     (["--language", "klingon"], "unsupported language 'klingon': use 'auto' or one of chinese, english"),
     (["--speaker", "nobody"], "unknown speaker 'nobody': this model's speakers are tiny"),
-    (["--decoder", "tree", "--tree", "0;2048"], "tree rank 2048 is out of range for this model's codebook of 2048"),
-    (["--decoder", "chain", "--window", "9"], "Chain window must be an integer in 2..8"),
+    (["--decoder", "tree:0;2048"], "tree rank 2048 is out of range for this model's codebook of 2048"),
+    (["--decoder", "chain:9"], "Chain window must be an integer in 2..8"),
+    (["--backend", "compile", "--dtype", "int8-dynamic"], "backend compile is not available here: the compile "
+                                                          "backend runs float32 and bfloat16 modules"),
+    (["--decoder", "ssd-lossy", "--frame", "fused", "--backend", "native"], "not LossySSD; or use --frame stepped"),
+    (["--decoder", "auto", "--frame", "stepped"], "--decoder auto chooses how its decoder runs; drop --frame"),
     (["--codes-to-audio", "table"], "no offline codec"),
 ])
 def test_synth_bad_flags_fail_before_loading(tmp_path, capsys, monkeypatch, extra, needle):
@@ -431,7 +430,9 @@ def test_synth_notes_audio_far_shorter_than_the_text(tmp_path, capsys, monkeypat
 # train-drafter, eval-acceptance: checks before the model loads
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, needle", [
-    (["eval-acceptance", "--model", "tiny-random", "--decoder", "tree", "--tree", "0;5000"], "tree rank 5000"),
+    (["eval-acceptance", "--model", "tiny-random", "--decoder", "tree:0;5000"], "tree rank 5000"),
+    (["eval-acceptance", "--model", "tiny-random", "--decoder", "paper"], "eval-acceptance takes chain[:N] or "
+                                                                          "tree[:PATHS] (the drafter is --drafter)"),
     (["eval-acceptance", "--model", "tiny-random", "--max-rank", "4096"], "exceeds the codebook (2048 codes)"),
     (["eval-acceptance", "--model", "tiny-random", "--seed", str(2**70)], "--seed must be in"),
     (["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--K", "15", "--out", "OUT/d.safetensors"],
@@ -478,6 +479,8 @@ def test_ctrl_c_is_one_line_and_leaves_no_output(tmp_path, capsys, monkeypatch, 
             Path(path).write_bytes(b"half a drafter")
             raise KeyboardInterrupt
         monkeypatch.setattr(module + "." + name, _interrupt_mid_write)
+        # where drafter_files imports it by name at its top
+        monkeypatch.setattr("rvqspec_lib.models.drafter_files.save_file", _interrupt_mid_write, raising=False)
     else:
         monkeypatch.setattr(module + "." + name, _interrupt)
     assert main([a.replace("OUT", str(tmp_path)) for a in argv]) == 130
@@ -575,8 +578,11 @@ def test_one_code_group_is_a_clear_error_at_load_and_at_decode(tmp_path, capsys)
 def test_readme_first_synth_uses_the_chain_and_documents_the_timings():
     text = (REPO / "README.md").read_text()
     first = next(line for line in text.splitlines() if line.lstrip().startswith("rvqspec synth"))
-    assert "--decoder chain --window 4" in first, first
-    assert "--decoder tree" in text  # the tree is still shown elsewhere
+    assert "--decoder chain:4" in first, first
+    assert "--decoder tree:" in text  # the tree is still shown elsewhere
+    examples = [line for line in text.splitlines() if "rvqspec " in line and line.lstrip().startswith(("rvqspec",
+                                                                                                         ".venv"))]
+    assert not [line for line in examples if "--window" in line or "--tree " in line]  # the removed spellings
     for field in ("load_s", "synth_s", "decode_s", "total_s", "rtf", "--threads 0", "interrupted"):
         assert field in text, field
 
@@ -585,8 +591,8 @@ def test_readme_first_synth_uses_the_chain_and_documents_the_timings():
 # calibrated trees and --decoder auto
 # --------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("extra,needle", [
-    (["--decoder", "tree", "--tree", "calibrated:65"], "outside 2..64"),
-    (["--decoder", "tree", "--tree", "calibrated-beam:8"], "unknown tree name"),
+    (["--decoder", "tree:calibrated:65"], "outside 2..64"),
+    (["--decoder", "tree:calibrated-beam:8"], "unknown tree name"),
 ])
 def test_synth_calibrated_tree_names_checked_before_loading(tmp_path, capsys, monkeypatch, extra, needle):
     monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
@@ -598,7 +604,7 @@ def test_synth_calibrated_tree_names_checked_before_loading(tmp_path, capsys, mo
 def test_synth_calibrated_tree_needs_a_calibration(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
     rc = main(["synth", "--model", "tiny-random", "--text", "Hi.", "--out", str(tmp_path / "a.wav"),
-               "--decoder", "tree", "--tree", "calibrated:8"])
+               "--decoder", "tree:calibrated:8"])
     assert rc == 2 and "no folder to hold them" in capsys.readouterr().err
     rc = main(["synth", "--model", str(tmp_path), "--text", "Hi.", "--out", str(tmp_path / "a.wav"),
                "--decoder", "auto"])
@@ -608,11 +614,12 @@ def test_synth_calibrated_tree_needs_a_calibration(tmp_path, capsys, monkeypatch
 def test_synth_with_the_embedded_calibrated_tree(tmp_path, capsys):
     js = tmp_path / "s.json"
     rc = main(["synth", "--model", "embedded", "--text", "The weather is fine today.", "--out",
-               str(tmp_path / "a.wav"), "--decoder", "tree", "--tree", "calibrated-sampled:8", "--max-frames", "6",
+               str(tmp_path / "a.wav"), "--decoder", "tree:calibrated-sampled:8", "--max-frames", "6",
                "--json", str(js)])
     assert rc == 0, capsys.readouterr().err
     stats = json.loads(js.read_text())
-    assert "sampled=True" in stats["decoder"] and stats["tokens_per_call"] > 1.0
+    assert stats["decoder"] == "tree:calibrated-sampled:8" and stats["kind"] == "calibrated"
+    assert stats["nodes"] == 8 and stats["fused"] is False and stats["tokens_per_call"] > 1.0
 
 
 def test_synth_decoder_auto_uses_the_cached_choice(tmp_path, capsys, monkeypatch):
@@ -622,18 +629,16 @@ def test_synth_decoder_auto_uses_the_cached_choice(tmp_path, capsys, monkeypatch
     from rvqspec_lib.data.frame_sources import frames_from_shipped
     from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
-    from rvqspec_lib.eval import speed
+    from rvqspec_lib.eval import timing
 
-    monkeypatch.setattr(speed._LoadMonitor, "describe", lambda self: {"other_cpu_frac": 0.0})  # a shared machine
+    monkeypatch.setattr(timing.LoadMonitor, "describe", lambda self: {"other_cpu_frac": 0.0})  # a shared machine
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))
     lm = loader.load_model("embedded")
     cal = load_calibration(tree_file("embedded", "heads"))
     ctx = frames_from_shipped(lm, "calibration", max_frames=4).context
-    from rvqspec_lib.cli.synth import backends_for
-    from rvqspec_lib.decoding.decoder_names import parse_decoder_name
+    from rvqspec_lib.models import backends as B
 
-    args = argparse.Namespace(backend=None, decoder_name=parse_decoder_name("auto"), dtype="float32")
-    pool = backends_for(args, lm.code_predictor)  # what synth chooses among: the official and the native forward
+    pool = [b for b in ("official", "native") if B.available(b)[0]]  # what synth chooses among
     made = auto_decoder("embedded", lm.code_predictor, cal, ctx, frames=2, repeats=1, shortlist=2, budgets=(4, 8),
                         backends=pool)
     js = tmp_path / "s.json"

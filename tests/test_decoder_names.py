@@ -213,7 +213,7 @@ def _reached_load(*a, **k):
 
 @pytest.mark.parametrize("how", ["garbage", "missing key", "wrong type", "bad path", "orphan path",
                                  "budgets below order", "other drafter"])
-@pytest.mark.parametrize("decoder, file", [(["--decoder", "tree", "--tree", "calibrated:8"], "heads.json"),
+@pytest.mark.parametrize("decoder, file", [(["--decoder", "tree:calibrated:8"], "heads.json"),
                                            (["--decoder", "auto"], "heads.json"),
                                            (["--decoder", "paper"], "offsets.json")])
 def test_damaged_calibration_is_one_line_before_loading(model_copy, tmp_path, capsys, monkeypatch, how, decoder,
@@ -228,7 +228,7 @@ def test_damaged_calibration_is_one_line_before_loading(model_copy, tmp_path, ca
         f"{path.stem}" in err, err
 
 
-@pytest.mark.parametrize("decoder", [["--decoder", "tree", "--tree", "calibrated:8"], ["--decoder", "auto"],
+@pytest.mark.parametrize("decoder", [["--decoder", "tree:calibrated:8"], ["--decoder", "auto"],
                                      ["--decoder", "paper"]])
 def test_sound_calibration_reaches_the_model_load(model_copy, tmp_path, monkeypatch, decoder):
     """Negative control of the test above: the same folder with sound files passes every check."""

@@ -52,6 +52,7 @@ def _accelerate(module: str, *args: str, tmp_path: Path) -> subprocess.Completed
 
 @pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
+    from rvqspec_lib.cli import args as flags
     from rvqspec_lib.cli import train_drafter_parallel
     from rvqspec_lib.models.drafter_files import load_drafter
     from rvqspec_lib.models.loader import load_model
@@ -83,7 +84,7 @@ def test_two_processes_equal_one(tmp_path):
     _accelerate("rvqspec_lib.cli.train_drafter_parallel", *common, "--out", str(tmp_path / "dp.safetensors"),
                 tmp_path=tmp_path)
     p = __import__("argparse").ArgumentParser()
-    train_drafter_parallel.add_args(p)
+    flags.train_drafter_parallel(p)
     assert train_drafter_parallel.run(p.parse_args(common + ["--out", str(tmp_path / "one.safetensors")])) == 0
     a = load_drafter(tmp_path / "dp.safetensors", lm.code_predictor)
     b = load_drafter(tmp_path / "one.safetensors", lm.code_predictor)

@@ -50,6 +50,7 @@ from rvqspec_lib.eval.acceptance import (
 )
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_dataset
 from rvqspec_lib.data.frames import Frames
+from rvqspec_lib.models import backends
 from rvqspec_lib.models import frame as frame_mod
 from rvqspec_lib.models.configs import CONFIG_DIR, build_from_config, tiny_config_dict
 from rvqspec_lib.models.drafter_files import (
@@ -164,13 +165,13 @@ def test_teacher_forced_hidden_is_forward_finetune(tiny):
 
 def test_teacher_forced_contexts_equal_the_frame_loops(tiny, monkeypatch):
     seen = []
-    real = frame_mod.decode_frame
+    real = backends.decode_frame  # what the frame loop's default runner (AR stepped, official) calls
 
     def spy(cp, context, **kw):
         seen.append(context.clone())
         return real(cp, context, **kw)
 
-    monkeypatch.setattr(frame_mod, "decode_frame", spy)
+    monkeypatch.setattr(backends, "decode_frame", spy)
     text = "Teacher forcing, please."
     res = frame_mod.synthesize(tiny, [text], generator=torch.Generator().manual_seed(0), max_frames=12)
     monkeypatch.undo()
@@ -341,7 +342,7 @@ def test_cli_defaults_to_the_shipped_utterances_and_the_model_folder(tmp_path, c
     assert prov["n_train_frames"] == 20 and prov["n_val_frames"] == 8
     js = tmp_path / "acc.json"
     assert cli_main(["eval-acceptance", "--model", str(model), "--drafter", "offsets", "--frames", "6",
-                     "--decoder", "chain", "--window", "3", "--json", str(js)]) == 0
+                     "--decoder", "chain:3", "--json", str(js)]) == 0
     rep = json.loads(js.read_text())
     assert rep["frames"]["split"] == "evaluation" and rep["n_frames"] == 6 and rep["params_added"] == 3 * 48
     capsys.readouterr()
@@ -609,7 +610,7 @@ def test_cli_train_drafter_then_eval_acceptance_writes_the_json(tmp_path, capsys
                      "--epochs", "1", "--out", str(out), "--force", "--seed", "1"]) == 0
     js = tmp_path / "acc.json"
     assert cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "offsets", "--drafter-path", str(out),
-                     "--frames", "12", "--decoder", "tree", "--tree", "0;1;0,0", "--json", str(js)]) == 0
+                     "--frames", "12", "--decoder", "tree:0;1;0,0", "--json", str(js)]) == 0
     rep = json.loads(js.read_text())
     for key in ("tokens_per_call", "params_added", "per_depth_acceptance", "predicted_tokens_per_call", "decoders",
                 "exact", "drafter", "provenance", "random_weights"):
@@ -617,8 +618,8 @@ def test_cli_train_drafter_then_eval_acceptance_writes_the_json(tmp_path, capsys
     assert rep["params_added"] == 3 * 48 and set(rep["tokens_per_call"]) == {"tree"} and rep["n_frames"] == 12
     assert len(rep["per_depth_acceptance"]) == 16 and rep["exact"]["rank_mass_by_offset"]
     js2 = tmp_path / "heads.json"
-    assert cli_main(["eval-acceptance", "--model", "tiny-random", "--frames", "12", "--decoder", "chain",
-                     "--window", "3", "--json", str(js2)]) == 0
+    assert cli_main(["eval-acceptance", "--model", "tiny-random", "--frames", "12", "--decoder", "chain:3",
+                     "--json", str(js2)]) == 0
     rep2 = json.loads(js2.read_text())
     assert rep2["params_added"] == 0 and set(rep2["tokens_per_call"]) == {"chain3"}
     assert "tokens/call" in capsys.readouterr().out
@@ -627,7 +628,7 @@ def test_cli_train_drafter_then_eval_acceptance_writes_the_json(tmp_path, capsys
 def test_cli_errors(capsys):
     assert cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "offsets", "--frames", "4"]) == 2
     assert "train-drafter" in capsys.readouterr().err
-    assert cli_main(["eval-acceptance", "--model", "tiny-random", "--decoder", "chain", "--window", "9"]) == 2
+    assert cli_main(["eval-acceptance", "--model", "tiny-random", "--decoder", "chain:9"]) == 2
     assert "window" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["eval-acceptance", "--model", "tiny-random", "--drafter", "eagle"])
@@ -651,9 +652,8 @@ def test_training_offsets_on_total_variation_raises_acceptance():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--window", "4"], "--window is used only with --decoder chain"),
-    (["--decoder", "tree", "--window", "4"], "--window is used only"),
-    (["--decoder", "chain", "--tree", "0;1"], "--tree is not used"),
+    (["--decoder", "paper"], "eval-acceptance takes chain[:N] or tree[:PATHS]"),
+    (["--decoder", "chain:4@offsets"], "(the drafter is --drafter)"),
     (["--drafter-path", "x.safetensors"], "--drafter-path is not used"),
     (["--max-rank", "0"], "--max-rank"),
     (["--max-rank", "100000"], "exceeds the codebook"),

@@ -13,11 +13,12 @@ import pytest
 import rvqspec_lib.cli.main as cli
 import torch
 
+from rvqspec_lib.models.backends import frame_runner
 from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.models.loader import EMBEDDED_DIR, ModelNotFoundError, load_model
 from rvqspec_lib.models.speech_tokenizers import CodecSpeechTokenizer
 from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
-from rvqspec_lib.decoding.decoders import AR, Tree
+from rvqspec_lib.decoding.decoders import Tree
 from rvqspec_lib.decoding.sampling import Sampling
 
 SENTENCE = "Good morning."
@@ -68,9 +69,10 @@ def test_same_seed_same_codes_and_a_different_seed_differs(lm):
 
 def test_greedy_tree_equals_ar_on_the_trained_model(lm):
     greedy = Sampling(greedy=True)
-    kw = dict(sampling=greedy, talker_sampling=greedy, max_frames=8)
-    ar = synthesize(lm, [SENTENCE], decoder=AR(), **kw)
-    tree = synthesize(lm, [SENTENCE], decoder=Tree(paths=[(0,), (1,), (0, 0), (0, 0, 0)]), **kw)
+    kw = dict(talker_sampling=greedy, max_frames=8)
+    ar = synthesize(lm, [SENTENCE], sampling=greedy, **kw)
+    tree = Tree(paths=[(0,), (1,), (0, 0), (0, 0, 0)])
+    tree = synthesize(lm, [SENTENCE], runner=frame_runner("official", lm.code_predictor, tree, sampling=greedy), **kw)
     assert torch.equal(ar.codes[0], tree.codes[0])
     assert int(tree.code_predictor_calls[0]) <= int(ar.code_predictor_calls[0])
 

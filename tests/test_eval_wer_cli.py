@@ -1,22 +1,19 @@
-"""``rvqspec eval-wer`` (rvqspec_lib/cli/eval_wer.py), called through its ``add_args`` / ``run``: bad input gets a
-one-line error naming the fix before any work (exit 2); a small run on the embedded model writes Tables 1 and 3
-with the lossy control labelled."""
+"""``rvqspec eval-wer`` (rvqspec_lib/cli/eval_wer.py): bad input gets a one-line error naming the fix before any work
+(exit 2); a small run on the embedded model writes Tables 1 and 3 with the lossy control labelled, every decoder
+under its canonical name."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
 import pytest
 
-from rvqspec_lib.cli import eval_wer
+from rvqspec_lib.cli.main import main
 
 
 def _run(argv, capsys):
-    p = argparse.ArgumentParser()
-    eval_wer.add_args(p)
-    rc = eval_wer.run(p.parse_args(argv))
+    rc = main(["eval-wer", *argv])
     cap = capsys.readouterr()
     return rc, cap.out, cap.err
 
@@ -30,6 +27,8 @@ def _run(argv, capsys):
     (["--model", "embedded", "--asr", "whisper:data"], "data is not a Whisper model"),  # a folder, no model in it
     (["--model", "embedded", "--codec", "c.safetensors"], "--codec is used only with --dataset"),
     (["--model", "embedded", "--json", "/no/such/dir/out.json"], "does not exist"),
+    (["--model", "embedded", "--decoders", "ar,auto"], "auto is chosen by timing"),
+    (["--model", "embedded", "--decoders", "chain:best@offsets"], "chain:best is chosen for the heads only"),
     (["--model", "tiny-random", "--languages", "de", "--decoders", "ar"], "no evaluation data for de"),
 ])
 def test_bad_input_one_line_error(argv, match, capsys):
@@ -60,12 +59,12 @@ def test_small_run_on_the_embedded_model(tmp_path, capsys):
     assert rc == 0, err
     res = json.loads(out_json.read_text())
     labels = {r["decoder"] for r in res["table3"]}
-    assert labels == {"ar", "ar-seed2", "chain4", "ssd-lossy-b0.4-w4 (LOSSY control)"}
+    assert labels == {"ar", "ar-seed2", "chain:4", "ssd-lossy:0.4 (LOSSY control)"}
     assert "LOSSY control" in out and "tokens/call" in out
     assert res["table1"] == [{"split": "evaluation", "role": "WER parity, Table 3", "language": "en", "samples": 2,
                               "hours": res["table1"][0]["hours"], "frames": res["results"]["en"]["n_frames"]}]
     assert res["results"]["en"]["asr"] == "whisper-tiny.en"  # the default English recogniser
-    assert set(res["results"]["en"]["wer"]) == {"ar", "ar-seed2", "chain4", "ssd-lossy-b0.4-w4"}
+    assert set(res["results"]["en"]["wer"]) == {"ar", "ar-seed2", "chain:4", "ssd-lossy:0.4"}
     # CER beside WER, in the results and in Table 3
     assert all(0 <= w["cer"] < 10 for w in res["results"]["en"]["wer"].values())
     assert all("cer" in r and "wer" in r for r in res["table3"]) and " CER " in out
@@ -80,6 +79,6 @@ def test_the_papers_decoder_beside_the_heads_tree(tmp_path, capsys):
                          "--work-dir", str(tmp_path / "work"), "--json", str(out_json)], capsys)
     assert rc == 0, err
     res = json.loads(out_json.read_text())
-    assert set(res["decoders"]) == {"ar", "paper-N8", "tree-pm-N8"}
+    assert set(res["decoders"]) == {"ar", "paper:8", "tree:calibrated-point-mass:8"}
     tpc = res["results"]["en"]["tokens_per_call"]
-    assert tpc["paper-N8"]["value"] > 1.0 and tpc["tree-pm-N8"]["value"] > 1.0
+    assert tpc["paper:8"]["value"] > 1.0 and tpc["tree:calibrated-point-mass:8"]["value"] > 1.0

@@ -22,11 +22,14 @@ def _no_load(*a, **k):
     (["--format", "onnx", "--graph", "verify", "--nodes", "65"], "--nodes must be in 2..64"),
     (["--format", "onnx", "--graph", "frame", "--nodes", "4"], "--nodes is for --graph verify"),
     (["--format", "onnx", "--graph", "stepped", "--decoder", "paper"], "--decoder is for --graph verify"),
-    (["--format", "onnx", "--graph", "frame", "--nodes", "4", "--tree", "0;1"], "--nodes and --tree are for --graph"),
+    (["--format", "onnx", "--graph", "frame", "--nodes", "4", "--decoder", "tree:0;1"],
+     "--decoder and --nodes are for --graph verify"),
     (["--format", "onnx", "--graph", "verify", "--dtype", "int8"], "unknown --dtype 'int8'"),
     (["--format", "onnx", "--graph", "verify", "--predict"], "--predict is for --format coreml"),
     (["--format", "coreml", "--graph", "verify", "--predict"], "--predict:"),  # off macOS
-    (["--format", "onnx", "--graph", "verify", "--tree", "0;1", "--nodes", "5"], "--tree has 2 nodes, so N = 3"),
+    (["--format", "onnx", "--graph", "verify", "--decoder", "tree:0;1", "--nodes", "5"],
+     "--decoder tree:0;1's tree has 2 nodes, so N = 3"),
+    (["--format", "onnx", "--graph", "verify", "--decoder", "ar"], "--decoder ar: a verify graph needs a tree"),
 ])
 def test_export_bad_input_is_one_line_before_loading(tmp_path, capsys, monkeypatch, extra, needle):
     monkeypatch.setattr(loader, "load_model", _no_load)
@@ -37,8 +40,8 @@ def test_export_bad_input_is_one_line_before_loading(tmp_path, capsys, monkeypat
 
 def test_export_tree_rank_outside_the_codebook_is_one_line(tmp_path, capsys):
     out = tmp_path / "ex"
-    assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--tree", "0;5000",
-                 "--out", str(out)]) == 2
+    assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--decoder",
+                 "tree:0;5000", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "tree rank 5000 is out of range for this model's codebook of 2048 codes" in err and err.count("\n") == 1
     assert not list(out.glob("*")) if out.exists() else True  # nothing written
@@ -55,8 +58,8 @@ def test_export_out_must_be_a_folder_with_a_parent(tmp_path, capsys, monkeypatch
 
 def test_export_onnx_verify_graph_writes_a_checked_file(tmp_path, capsys):
     out = tmp_path / "export"
-    rc = main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--tree", "0;1;0,0",
-               "--out", str(out)])
+    rc = main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--decoder",
+               "tree:0;1;0,0", "--out", str(out)])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "RANDOM weights" in cap.err and "onnxruntime-cpu: max abs logit difference" in cap.out
@@ -69,8 +72,10 @@ def test_export_onnx_verify_graph_writes_a_checked_file(tmp_path, capsys):
 
 
 def test_the_parsers_copies_of_the_names_agree_with_the_library():
-    from rvqspec_lib.cli import export
+    from rvqspec_lib.cli import args, export
+    from rvqspec_lib.models import backends as B
     from rvqspec_lib.models import export_formats as F
     from rvqspec_lib.models import export_graphs as G
 
     assert export.GRAPHS == tuple(G.GRAPHS) and set(export.FORMATS) == set(F.FORMATS)
+    assert args.BACKENDS == B.BACKENDS  # synth --backend

@@ -337,7 +337,9 @@ def test_train_drafter_parallel_names_extract_frames(tmp_path, capsys, monkeypat
     (["synth", "--model", "embedded", "--text", "Hi.", "--out", "{tmp}/x.wav", "--batch-size", "4"],
      "--batch-size is for --text-file"),
     (["synth", "--model", "embedded", "--text", "Hi.", "--out", "{tmp}/x.wav", "--decoder", "chain:4",
-      "--window", "9"], "--window 9 and --decoder chain:4 both give the window: write chain:9"),
+      "--frame", "fused"], "the official module has no fused frame (use eager, compile or native)"),
+    (["synth", "--model", "embedded", "--text", "Hi.", "--out", "{tmp}/x.wav", "--decoder", "paper",
+      "--frame", "fused", "--backend", "native"], "a fused frame runs AR or a chain, not Tree; or use --frame stepped"),
 ])
 def test_native_backend_bad_input_is_one_line_before_loading(tmp_path, capsys, monkeypatch, argv, needle):
     monkeypatch.setattr(loader, "load_model", _no_load)

@@ -1,25 +1,21 @@
-"""Helpers every ``rvqspec`` command shares: one-line errors, output-path checks and atomic writes, the thread
-count, seeds, and the decoder flags (``--decoder``, ``--window``, ``--tree``; the names themselves are parsed by
-:mod:`rvqspec_lib.decoding.decoder_names`, the one grammar).
+"""What every ``rvqspec`` command shares: the one-line parser and errors, output-path checks, the thread count,
+seeds, text checks, and the flags that were removed (``--window``, ``--tree``: one ``--decoder NAME`` of the grammar,
+:mod:`rvqspec_lib.decoding.decoder_names`, now).
 
-Nothing here imports torch at module level: ``rvqspec --help`` builds every command's parser from this module and
-stays fast (tests/test_cli.py checks that torch is not imported).
+Light: nothing here imports torch at module level (the parsers of :mod:`rvqspec_lib.cli.args` use it, and ``rvqspec
+--help`` must stay fast; tests/test_cli.py checks it).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from rvqspec_lib.decoding.decoders import (
-    CHAIN_WINDOWS,
-    DEFAULT_TREE,
-    DEFAULT_WINDOW,
-    MAX_WINDOW,
-)
+from rvqspec_lib.common import files
 
 
 def _die(msg: str) -> int:
@@ -35,20 +31,11 @@ def note(msg: str) -> None:
     print(f"note: {msg}", file=sys.stderr)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# the parser: argparse's errors as one line naming the fix
-# --------------------------------------------------------------------------------------------------------------------
 #: What the values of a ``choices=`` flag are, by argparse destination, for the one-line error (``--dtype float16
 #: is not a precision rvqspec synth takes: ...``); a flag not listed here is "a value".
-CHOICE_NOUNS = {
-    "dtype": "a precision",
-    "drafter": "a drafter",
-    "loss": "a training loss",
-    "decoder": "a decoder",
-    "codes_to_audio": "a way from codes to audio",
-    "teacher_codes": "a source of teacher codes",
-    "dataset_kind": "a dataset kind",
-}
+CHOICE_NOUNS = {"dtype": "a precision", "drafter": "a drafter", "loss": "a training loss", "backend": "a backend",
+                "frame": "a kind of frame runner", "codes_to_audio": "a way from codes to audio",
+                "teacher_codes": "a source of teacher codes", "dataset_kind": "a dataset kind"}
 
 #: argparse type functions -> what their values are, for "--repeats abc is not a whole number".
 _TYPE_NOUNS = {int: "a whole number", float: "a number"}
@@ -127,8 +114,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def one_line(self, message: str) -> str:
         """argparse's error ``message`` (from this parser) rewritten as one line naming the fix."""
-        import re
-
         if message == getattr(self, "_ready_message", None):
             return message
         where = self.prog
@@ -156,9 +141,6 @@ class OneLineParser(argparse.ArgumentParser):
         return f"{message} ({where} --help)"
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# output files
-# --------------------------------------------------------------------------------------------------------------------
 #: argparse destinations that name an output file, and their flags: checked by ``main`` before any command runs.
 OUTPUT_FLAGS = {"out": "--out", "json": "--json", "json_path": "--json", "curve_json": "--curve-json"}
 
@@ -170,8 +152,6 @@ def check_output_path(path: str | os.PathLike | None, flag: str) -> str | None:
     read-only, and a folder where no file can be created (the atomic write puts a temporary file beside the target,
     :func:`rvqspec_lib.common.files.atomic_outputs`). The probes leave nothing behind.
     """
-    from rvqspec_lib.common.files import temp_beside
-
     if path is None:
         return None
     if not str(path).strip():
@@ -188,7 +168,7 @@ def check_output_path(path: str | os.PathLike | None, flag: str) -> str | None:
         if p.exists():
             with open(p, "a"):
                 pass
-        temp_beside(p).unlink()
+        files.temp_beside(p).unlink()
     except OSError as e:
         return f"{flag} {path} is not writable ({e.strerror}): choose another location"
     return None
@@ -220,8 +200,6 @@ def check_output_folder(path: str | os.PathLike, flag: str = "--out") -> str | N
     and a file must be creatable in the folder, or in the parent when the folder is still to be made (a real probe,
     left behind by nothing: permissions, read-only mounts and pseudo file systems show up here).
     """
-    from rvqspec_lib.common.files import temp_beside
-
     out = Path(path)
     if out.exists() and not out.is_dir():
         return f"{flag} {out} is a file: give a folder"
@@ -229,16 +207,13 @@ def check_output_folder(path: str | os.PathLike, flag: str = "--out") -> str | N
         return f"the parent of {flag} {out} does not exist: create it or choose another folder"
     where = out if out.exists() else out.parent
     try:
-        temp_beside(where / ".rvqspec-probe").unlink()
+        files.temp_beside(where / ".rvqspec-probe").unlink()
     except OSError as e:
         return (f"{flag} {out}: no file can be written in {where} ({e.strerror}): choose a writable folder, or make "
                 f"this one writable (chmod u+w {where})")
     return None
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# threads
-# --------------------------------------------------------------------------------------------------------------------
 THREADS_HELP = ("torch CPU threads: default 1 (on a small shared machine more threads spin-wait and run several "
                 "times slower), 0 keeps torch's choice, N uses N. Given after the command it wins over `rvqspec "
                 "--threads N <command>`")
@@ -263,7 +238,8 @@ def resolve_threads(command_flag: int | None, global_flag: int | None) -> int:
 
 
 def apply_threads(n: int) -> int:
-    """``torch.set_num_threads(n)`` unless ``n == 0``; returns the thread count torch now uses."""
+    """``torch.set_num_threads(n)`` unless ``n == 0``; returns the thread count torch now uses. (torch is imported
+    here, the one import this light module makes lazily: the commands call it once their module has torch loaded.)"""
     import torch
 
     if n:
@@ -275,9 +251,6 @@ def threads_text(n: int) -> str:
     return f"{n} thread{'s' if n != 1 else ''}"
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# seeds, text
-# --------------------------------------------------------------------------------------------------------------------
 #: Largest seed: seeds go to ``torch.Generator.manual_seed`` (64 bits), some plus a small offset per utterance.
 SEED_MAX = 2**63 - 1
 
@@ -314,162 +287,24 @@ def read_text_file(path: str | os.PathLike, flag: str) -> str:
                          "convert it (iconv -t utf-8)") from None
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# decoder flags
-# --------------------------------------------------------------------------------------------------------------------
-def format_paths(paths: Sequence[Sequence[int]]) -> str:
-    """The command-line form of rank paths, the inverse of :func:`rvqspec_lib.decoding.trees.parse_paths`:
-    ``((0,), (1,), (0, 0))`` -> ``"0;1;0,0"``."""
-    return ";".join(",".join(str(int(r)) for r in p) for p in paths)
+def _removed(flag: str, form: str):
+    def refuse(value: str):
+        raise argparse.ArgumentTypeError(f"write --decoder {form}{value.strip()} (one decoder name; {flag} is gone)")
+    return refuse
 
 
-#: ``--tree`` default, formatted from the one constant :data:`rvqspec_lib.decoding.decoders.DEFAULT_TREE`.
-DEFAULT_TREE_TEXT = format_paths(DEFAULT_TREE)
-WINDOW_HELP = (f"chain window N ({CHAIN_WINDOWS[0]}..{MAX_WINDOW}, default {DEFAULT_WINDOW}): committed code + N-1 "
-               "drafts")
-TREE_HELP = f"tree rank paths: ';' between paths, ',' between ranks (default {DEFAULT_TREE_TEXT})"
+def add_removed_decoder_flags(p: argparse.ArgumentParser, flags=("--window", "--tree")) -> None:
+    """The removed ``--window N`` / ``--tree X`` companions of ``--decoder``, hidden: given, they exit 2 in one line
+    naming the one spelling (``--window 4: write --decoder chain:4 ...``)."""
+    for flag in flags:
+        form = {"--window": "chain:", "--tree": "tree:"}[flag]
+        p.add_argument(flag, help=argparse.SUPPRESS, type=_removed(flag, form))
 
 
-DECODER_HELP = ("inner-loop decoder, one of: ar | chain[:N] | tree[:PATHS] | tree:calibrated[-point-mass|-sampled]:N "
-                "| auto | paper[:N] | ssd-lossy[:BETA] (LOSSY control). paper = the paper's decoder: the offsets "
-                "drafter shipped beside the model + ITS calibrated point-mass tree of N nodes (default 32, "
-                "<model>/trees/offsets.json); add @DRAFTER to draft with another shipped drafter and use its own "
-                "calibrated trees (e.g. tree:calibrated-point-mass:16@offsets); auto: the fastest on this device "
-                "among AR, chains and the calibrated trees, timed once and cached")
-
-
-def decoder_name_from_flags(decoder: str | None, window: int | None = None, tree: str | None = None, *,
-                            without=("chain:best",)):
-    """``--decoder`` (with the older ``--window`` / ``--tree`` companions) as ONE name of the grammar
-    (:mod:`rvqspec_lib.decoding.decoder_names`): ``--decoder chain --window 6`` is ``chain:6``, ``--decoder tree --tree
-    calibrated:16`` is ``tree:calibrated:16``. Returns a :class:`~rvqspec_lib.decoding.decoder_names.DecoderName`.
-
-    ``without``: forms the command does not take, left out of an unknown name's list (default ``chain:best``,
-    which only eval-wer chooses).
-
-    Raises:
-        ValueError: a flag the chosen decoder does not use, any bad name, window, budget or path (one line).
-    """
-    from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
-
-    text = "ar" if decoder is None else decoder.strip()
-    if not text:
-        raise ValueError(f"--decoder is empty: give one of {grammar(without)}")
-    if window is not None and text.startswith("chain:"):
-        raise ValueError(f"--window {window} and --decoder {text} both give the window: write chain:{window}, or "
-                         "drop --window")
-    if window is not None and text != "chain":
-        raise ValueError("--window is for --decoder chain; drop it or add --decoder chain (or write chain:N)")
-    if tree is not None and text != "tree":
-        raise ValueError("--tree is for --decoder tree; drop it or add --decoder tree (or write tree:PATHS)")
-    if window is not None:
-        text = f"chain:{window}"
-    elif tree is not None:
-        text = f"tree:{tree.strip()}"
-    return parse_decoder_name(text, without=without)
-
-
-def check_decoder_files(name, model: str, *, n_codes: int | None = None,
-                        codebook_size: int | None = None) -> str | None:
-    """Before loading: the files a decoder name reads beside the model exist and are sound: its drafter
-    (``@DRAFTER``, ``paper``: ``<model>/drafters/<drafter>.safetensors``) and, for calibrated trees, ``paper`` and
-    ``auto``, that drafter's calibration ``<model>/trees/<drafter>.json`` (shape checked, and against the model's
-    sizes when given).
-
-    Returns a one-line note when the tree used has fewer nodes than the name asks for (``paper`` without ``:N``
-    capped to the largest calibrated budget below 32), else ``None``.
-
-    Raises:
-        ValueError, FileNotFoundError: one line naming the file and the fix (the recalibrate command).
-    """
-    from rvqspec_lib.models.drafter_files import check_shipped_drafter
-    from rvqspec_lib.models.tree_files import load_calibration, recalibrate_command, tree_file
-
-    if name.kind == "ar":
-        return None
-    check_shipped_drafter(model, name.drafter)
-    if "calibration" not in name.needs:
-        return None
-    path = tree_file(model, name.drafter)
-    what = f"--decoder {name.text}"
-    if path is None:
-        raise ValueError(f"{what} needs calibrated trees, and {model} has no folder to hold them: use a checkpoint "
-                         "folder or the embedded model, or give --tree rank paths")
-    if not path.is_file():
-        raise FileNotFoundError(f"{what}: no calibrated trees at {path}: calibrate them with "
-                                f"`{recalibrate_command(model, name.drafter)}`, or give --tree rank paths")
-    cal = load_calibration(path, n_codes=n_codes, codebook_size=codebook_size, model=model, drafter=name.drafter)
-    if name.kind in ("calibrated", "paper"):
-        try:
-            tree = name.calibrated_tree(cal)
-        except ValueError as e:
-            raise ValueError(f"{what}: {e} ({path})") from None
-        used = len(tree.paths) + 1
-        if used < name.budget:
-            return (f"{name.text}: the {name.drafter} calibration ({path}) holds budgets up to {max(cal['budgets'])}; "
-                    f"using N {used} (recalibrate: {recalibrate_command(model, name.drafter)})")
-    return None
-
-
-def build_decoder(name, lm, *, progress: bool = False, backends: dict | None = None):
-    """The decoder object of a parsed name, once the model is loaded: the drafter loaded from the model's folder
-    (``lm.folder``), the calibrated tree read from that drafter's calibration, ``auto`` chosen by timing (or from its
-    cache).
-
-    Returns ``(decoder, drafter, note)``: ``drafter`` is the module the decoder drafts with (``None``: the reused
-    heads; the decoder carries it too); ``note`` says what ``auto`` chose and why (a cached choice says so), else
-    ``None``. With ``backends`` (``{name: verify backend}``, e.g. the official module and the native forward),
-    ``auto`` chooses the backend too and the result is ``(decoder, drafter, note, backend name)`` (a decoder other
-    than ``auto``: the first backend's name).
-
-    Raises:
-        ValueError, FileNotFoundError: a calibration that does not fit the model, no calibration contexts.
-    """
-    from rvqspec_lib.models.drafter_files import shipped_drafter
-    from rvqspec_lib.models.tree_files import load_calibration, tree_file
-
-    cp = lm.code_predictor
-    drafter = None if name.drafter == "heads" or name.kind == "ar" else shipped_drafter(lm, name.drafter, cp)
-    cal = None
-    if "calibration" in name.needs:
-        path = tree_file(lm, name.drafter)
-        if path is None:
-            raise ValueError(f"--decoder {name.text} needs calibrated trees, and {lm.name} has no folder to hold them")
-        cal = load_calibration(path, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size, model=lm.name,
-                               drafter=name.drafter)
-    if name.kind != "auto":
-        dec = name.decoder(calibration=cal, drafter=drafter)
-        return (dec, drafter, None) if backends is None else (dec, drafter, None, next(iter(backends)))
-    from dataclasses import replace
-
-    from rvqspec_lib.eval.budget import auto_decoder
-    from rvqspec_lib.data.frame_sources import frames_from_shipped
-
-    try:
-        contexts = frames_from_shipped(lm, "calibration", max_frames=64).context
-    except (FileNotFoundError, ValueError) as e:
-        raise ValueError(f"--decoder auto times decoders on the model's calibration frames, and there are none "
-                         f"({str(e).splitlines()[0]}): choose a decoder instead") from None
-    extra = {"backends": backends} if backends else {}
-    choice = auto_decoder(lm.name, cp, cal, contexts, drafter=drafter, drafter_name=name.drafter, progress=progress,
-                          **extra)
-    dec = choice.decoder
-    if drafter is not None and hasattr(dec, "drafter"):
-        dec = replace(dec, drafter=drafter)
-    if backends is None:
-        return dec, drafter, f"--decoder auto chose {choice.reason}"
-    return dec, drafter, f"--decoder auto chose {choice.reason}", choice.backend or next(iter(backends))
-
-
-def check_tree_ranks(decoders, codebook_size: int) -> None:
-    """Raises ValueError (one line) when a tree drafts a rank the codebook does not have (ranks 0..size-1)."""
-    for d in decoders:
-        paths = getattr(d, "paths", None)
-        if not paths:
-            continue
-        top = max(max(p) for p in paths)
+def check_tree_ranks(names, codebook_size: int) -> None:
+    """Raises ValueError (one line) when a decoder name's tree (its ``paths``) drafts a rank outside the codebook."""
+    for d in names:
+        top = max((max(p) for p in getattr(d, "paths", None) or ()), default=-1)
         if top >= codebook_size:
-            what = f"decoder {d.text!r}" if isinstance(getattr(d, "text", None), str) else "--tree"
-            raise ValueError(f"{what}: tree rank {top} is out of range for this model's codebook of "
-                             f"{codebook_size} codes: "
-                             f"use ranks 0..{codebook_size - 1}")
+            raise ValueError(f"decoder {d.text!r}: tree rank {top} is out of range for this model's codebook of "
+                             f"{codebook_size} codes: use ranks 0..{codebook_size - 1}")

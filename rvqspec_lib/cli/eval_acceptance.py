@@ -5,79 +5,42 @@ checked before the model loads; the JSON is written atomically.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
-from rvqspec_lib.cli.common import (
-    TREE_HELP,
-    WINDOW_HELP,
-    add_threads_arg,
-    apply_threads,
-    check_tree_ranks,
-    note,
-    threads_text,
-)
-from rvqspec_lib.cli.frames import (
-    add_frame_source_args,
-    check_frame_source_args,
-    drafter_model_dir,
-    frames_from_args,
-    note_fewer_frames,
-)
+from rvqspec_lib.cli.common import apply_threads, check_tree_ranks, note, threads_text
+from rvqspec_lib.cli.frames import check_frame_source_args, frames_from_args, note_fewer_frames
+from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.provenance import provenance
+from rvqspec_lib.decoding.decoder_names import parse_decoder_name
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
-
-_WINDOWS = f"{CHAIN_WINDOWS[0]}..{CHAIN_WINDOWS[-1]}"
-
-
-def add_args(p: argparse.ArgumentParser) -> None:
-    """The ``eval-acceptance`` flags."""
-    p.add_argument("--model", required=True, help="embedded, tiny-random, a checkpoint dir or a hub id")
-    p.add_argument("--drafter", default="heads", choices=["heads", "offsets", "medusa"],
-                   help="drafter to evaluate (default heads: the reused LM heads, nothing to load)")
-    p.add_argument("--drafter-path", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors; "
-                                          "embedded: data/embedded/model/drafters/)")
-    p.add_argument("--decoder", choices=["chain", "tree"],
-                   help=f"one decoder (default: chain windows {_WINDOWS} and the tree)")
-    p.add_argument("--window", type=int, default=None, help=WINDOW_HELP + "; with --decoder chain")
-    p.add_argument("--tree", default=None, help=TREE_HELP + "; with --decoder tree or no --decoder")
-    p.add_argument("--max-rank", type=int, default=8, help="ranks tabulated for the tree calibration")
-    p.add_argument("--teacher-codes", choices=["decoded", "frames"], default="decoded",
-                   help="codes the exact tables teacher-force: decoded (samples of p) or the frames' own")
-    p.add_argument("--json", help="write every statistic here")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
-    add_frame_source_args(p, default_frames=200)
-    add_threads_arg(p)
+from rvqspec_lib.eval import acceptance
+from rvqspec_lib.models import loader
+from rvqspec_lib.models.drafter_files import make_drafter, model_drafter_dir
+from rvqspec_lib.models.frame import inner_sampling
+from rvqspec_lib.models.named_decoders import resolve
 
 
-def decoders_from_args(args) -> list:
-    """One decoder (--decoder chain / tree) or the sweep: chain windows 2..8 and the tree.
+def decoder_names(decoder: str | None) -> list:
+    """The decoder names evaluated: ``--decoder`` (a chain or a tree of rank paths, drafting with ``--drafter``), or
+    the sweep: chain windows 2..8 and the default tree.
 
     Raises:
-        ValueError: a flag the chosen decoder does not use, a window outside 2..8, a malformed tree.
+        ValueError: any other name (one line naming the fix), a window outside 2..8, malformed rank paths.
     """
-    if args.window is not None and args.decoder != "chain":
-        raise ValueError(f"--window is used only with --decoder chain (without --decoder, windows {_WINDOWS} are all "
-                         "run)")
-    if args.tree is not None and args.decoder == "chain":
-        raise ValueError("--tree is not used with --decoder chain: drop it, or use --decoder tree")
-    from rvqspec_lib.decoding.decoder_names import is_calibrated_name, parse_decoder_name
-
-    if args.decoder == "chain":
-        return [parse_decoder_name("chain" if args.window is None else f"chain:{args.window}").decoder()]
-    if is_calibrated_name(args.tree) or "@" in (args.tree or ""):
-        raise ValueError(f"--tree {args.tree}: eval-acceptance takes rank paths (e.g. '0;1;0,0'); calibrated trees "
-                         "are evaluated by notebook 03 and `rvqspec eval-wer`")
-    tree = parse_decoder_name("tree" if args.tree is None else f"tree:{args.tree}").decoder()
-    if args.decoder == "tree":
-        return [tree]
-    return [parse_decoder_name(f"chain:{w}").decoder() for w in CHAIN_WINDOWS] + [tree]
+    if decoder is None:
+        return [parse_decoder_name(f"chain:{w}") for w in CHAIN_WINDOWS] + [parse_decoder_name("tree")]
+    name = parse_decoder_name(decoder)
+    if name.kind not in ("chain", "tree") or name.best_window or name.drafter != "heads":
+        raise ValueError(f"--decoder {name.text}: eval-acceptance takes chain[:N] or tree[:PATHS] (the drafter is "
+                         "--drafter); calibrated trees are evaluated by notebook 03 and `rvqspec eval-wer`")
+    return [name]
 
 
-def _check_ranks(args, decoders, codebook_size: int) -> None:
+def _check_ranks(args, names, codebook_size: int) -> None:
     if args.max_rank > codebook_size:
         raise ValueError(f"--max-rank {args.max_rank} exceeds the codebook ({codebook_size} codes)")
-    check_tree_ranks(decoders, codebook_size)
+    check_tree_ranks(names, codebook_size)
 
 
 def run(args, threads: int) -> int:
@@ -88,41 +51,33 @@ def run(args, threads: int) -> int:
     """
     started = getattr(args, "_started", None) or time.perf_counter()
     check_frame_source_args(args)
-    decoders = decoders_from_args(args)
+    names = decoder_names(args.decoder)
     if args.drafter == "heads" and args.drafter_path:
         raise ValueError("--drafter-path is not used with --drafter heads (reused heads have no file)")
     if args.max_rank < 1:
         raise ValueError(f"--max-rank must be >= 1, got {args.max_rank}")
-
-    from rvqspec_lib.models.loader import load_model, model_facts
-
-    facts = model_facts(args.model)
+    facts = loader.model_facts(args.model)
     if facts is not None:
-        _check_ranks(args, decoders, facts.codebook_size)
+        _check_ranks(args, names, facts.codebook_size)
 
-    threads = apply_threads(threads)  # after the cheap checks: torch loads here
-    from rvqspec_lib.common.files import write_text_atomic
-    from rvqspec_lib.common.provenance import provenance
-    from rvqspec_lib.eval.acceptance import evaluate_acceptance
-    from rvqspec_lib.models.drafter_files import make_drafter
-    from rvqspec_lib.decoding.sampling import Sampling
-
+    threads = apply_threads(threads)  # after the cheap checks
     t = time.perf_counter()
-    lm = load_model(args.model, dtype=args.dtype)
+    lm = loader.load_model(args.model, dtype=args.dtype)
     load_s = time.perf_counter() - t
-    _check_ranks(args, decoders, lm.codebook_size)
-    path = args.drafter_path or drafter_model_dir(args.model)
-    drafter = make_drafter(args.drafter, lm.code_predictor, path)
+    _check_ranks(args, names, lm.codebook_size)
+    drafter = make_drafter(args.drafter, lm.code_predictor, args.drafter_path or model_drafter_dir(args.model))
     frames = frames_from_args(args, lm, "evaluation")
     note_fewer_frames(frames, args.frames)
-    sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
+    decoders = [resolve(n, lm).decoder for n in names]  # they draft with --drafter (passed beside them)
     t = time.perf_counter()
-    res = evaluate_acceptance(lm.code_predictor, drafter, frames, decoders=decoders, sampling=sampling,
-                              seed=args.seed, max_rank=args.max_rank, teacher_codes=args.teacher_codes)
+    res = acceptance.evaluate_acceptance(lm.code_predictor, drafter, frames, decoders=decoders,
+                                         sampling=inner_sampling(lm), seed=args.seed, max_rank=args.max_rank,
+                                         teacher_codes=args.teacher_codes)
     eval_s = time.perf_counter() - t
     if lm.is_random:
         note(f"{args.model} has RANDOM weights: acceptance rates mean nothing")
     params = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
+    params["decoder_name"] = [n.label for n in names]
     res = {"model": args.model, "random_weights": lm.is_random, **res, "frames": frames.source, "threads": threads,
            "load_s": load_s, "eval_s": eval_s, "total_s": time.perf_counter() - started,
            "provenance": provenance(params, seed=args.seed)}

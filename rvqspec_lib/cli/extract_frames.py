@@ -9,47 +9,24 @@ Examples::
 
 Every process writes its shard (``frames-<rank>-of-<world>.safetensors``); the main process writes ``index.json``;
 ``rvqspec train-drafter-parallel --frames DIR`` (or :func:`rvqspec_lib.training.distributed.load_frame_shards`)
-reads them. Exposes ``add_args(parser)`` and ``run(args) -> int``.
+reads them.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import OneLineParser, add_threads_arg, apply_threads, resolve_threads
-
-
-def _die(msg: str) -> int:
-    print(f"rvqspec: error: {msg}", file=sys.stderr)
-    return 2
-
-
-def add_args(p: argparse.ArgumentParser) -> None:
-    """The flags of ``rvqspec extract-frames``."""
-    p.add_argument("--model", required=True, help="embedded, a checkpoint folder or a hub id")
-    p.add_argument("--out", required=True, help="folder for the shards and index.json")
-    p.add_argument("--split", default="training", help="the model's shipped split (embedded: training, validation, "
-                                                       "calibration, evaluation)")
-    p.add_argument("--dataset", help="a datasets folder (save_to_disk) of audio + text, VoxPopuli schema")
-    p.add_argument("--codec", help="with --dataset: the model's codec (file or folder)")
-    p.add_argument("--language", default="auto", help="with --dataset: prompt language")
-    p.add_argument("--max-utterances", type=int, default=None, help="the first utterances (rows) only")
-    p.add_argument("--batch-size", type=int, default=8, help="utterances per talker pass")
-    add_threads_arg(p)
+from rvqspec_lib.cli import args as flags
+from rvqspec_lib.cli.common import OneLineParser, _die, apply_threads, resolve_threads
+from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
+from rvqspec_lib.models import loader
+from rvqspec_lib.models.speech_tokenizers import load_codec
+from rvqspec_lib.training.distributed import Parallel, extract_dataset_frames, extract_frames
 
 
 def run(args, threads: int | None = None) -> int:
     """Run ``rvqspec extract-frames`` in this process (one of several under ``accelerate launch``)."""
-
-    from rvqspec_lib.models.loader import load_model
-    from rvqspec_lib.training.distributed import (
-        Parallel,
-        extract_dataset_frames,
-        extract_frames,
-    )
-
     if args.codec and not args.dataset:
         return _die("--codec is used only with --dataset")
     if args.dataset and not args.codec:
@@ -59,27 +36,21 @@ def run(args, threads: int | None = None) -> int:
             return _die(f"{flag} must be >= 1, got {v}")
     if Path(args.out).is_file():
         return _die(f"--out {args.out} is a file: give a folder")
+    if not args.dataset:
+        try:
+            root = embedded_root(args.model)
+        except FileNotFoundError:
+            return _die(f"{args.model} ships no utterances: pass --dataset and --codec")
     apply_threads(resolve_threads(args.threads, None) if threads is None else threads)
     par = Parallel.detect()
     progress = sys.stderr.isatty() and par.is_main
     try:
-        lm = load_model(args.model, device=par.device)
+        lm = loader.load_model(args.model, device=par.device)
         if args.dataset:
-            from rvqspec_lib.models.speech_tokenizers import load_codec
-
             out = extract_dataset_frames(args.dataset, lm, load_codec(args.codec, device=par.device), args.out,
                                          parallel=par, language=args.language, max_items=args.max_utterances,
                                          progress=progress)
         else:
-            from rvqspec_lib.data.utterances import (
-                embedded_root,
-                load_shipped_utterances,
-            )
-
-            try:
-                root = embedded_root(args.model)
-            except FileNotFoundError:
-                return _die(f"{args.model} ships no utterances: pass --dataset and --codec")
             _, utts = load_shipped_utterances(root / "utterances.safetensors", splits=[args.split],
                                               limit=args.max_utterances)
             out = extract_frames(lm, utts, args.out, parallel=par, batch_size=args.batch_size, progress=progress,
@@ -94,7 +65,7 @@ def run(args, threads: int | None = None) -> int:
 def main(argv=None) -> int:
     """``python -m rvqspec_lib.cli.extract_frames`` (what ``accelerate launch -m`` runs)."""
     p = OneLineParser(prog="rvqspec extract-frames")
-    add_args(p)
+    flags.extract_frames(p)
     return run(p.parse_args(argv))
 
 

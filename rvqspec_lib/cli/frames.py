@@ -1,15 +1,22 @@
-"""Frame-source flags of ``train-drafter`` and ``eval-acceptance``: where the teacher-forced frames come from
-(--frames-file, --dataset + --codec, --texts-file, the model's shipped utterances, or the model speaking built-in
-sentences), checked before the model loads.
+"""The frame source of ``train-drafter`` and ``eval-acceptance`` (flags: :func:`rvqspec_lib.cli.args.frame_source`):
+where the teacher-forced frames come from (--frames-file, --dataset + --codec, --texts-file, the model's shipped
+utterances, or the model speaking built-in sentences), checked before the model loads.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from rvqspec_lib.cli.common import check_seed, note, read_text_file
+from rvqspec_lib.data.frame_sources import DEFAULT_TEXTS, frames_from_dataset, frames_from_model, frames_from_shipped
+from rvqspec_lib.data.frames import Frames
+from rvqspec_lib.data.utterances import embedded_root
+from rvqspec_lib.models.drafter_files import model_drafter_dir
+from rvqspec_lib.models.loader import EMBEDDED_MODEL
+from rvqspec_lib.models.speech_tokenizers import load_codec
 
 
 def texts_from_file(path: str) -> list[str]:
@@ -18,18 +25,6 @@ def texts_from_file(path: str) -> list[str]:
     if not texts:
         raise ValueError(f"--texts-file {path} has no text: one sentence a line")
     return texts
-
-
-def add_frame_source_args(p: argparse.ArgumentParser, default_frames: int) -> None:
-    """--frames-file, --dataset, --codec, --language, --texts-file, --frames (default ``default_frames``), --seed."""
-    p.add_argument("--frames-file", help="frames saved by Frames.save (.safetensors); default: the utterances that "
-                                         "ship with the model (the embedded model), else the model speaks texts")
-    p.add_argument("--dataset", help="a local datasets folder (save_to_disk) of audio + text, VoxPopuli schema")
-    p.add_argument("--codec", help="with --dataset: codec file or folder (rvqspec_lib.models.speech_tokenizers.load_codec)")
-    p.add_argument("--language", default="auto", help="with --dataset: prompt language (auto, english, ...)")
-    p.add_argument("--texts-file", help="texts to speak, one a line (default: a few built-in sentences)")
-    p.add_argument("--frames", type=int, default=default_frames, help="number of frames to use")
-    p.add_argument("--seed", type=int, default=0, help="seed of every explicit generator")
 
 
 def check_frame_source_args(args) -> None:
@@ -58,10 +53,6 @@ def check_frame_source_args(args) -> None:
 def shipped_root(model: str) -> Path | None:
     """Where the model's shipped utterances are (``embedded``, or a local folder written by build_embedded.py),
     ``None`` for models without them (tiny-random, hub ids, checkpoints without utterances.safetensors)."""
-    from rvqspec_lib.models.drafter_files import model_drafter_dir
-    from rvqspec_lib.models.loader import EMBEDDED_MODEL
-    from rvqspec_lib.data.utterances import embedded_root
-
     if model_drafter_dir(model) is None:
         return None
     try:
@@ -81,24 +72,12 @@ def frames_from_args(args, lm, split: str = "training", max_frames: int | None =
     """Frames from --frames-file, --dataset + --codec, --texts-file, else the model's shipped utterances (split
     ``split``: training for train-drafter, evaluation for eval-acceptance), else the model speaking built-in texts;
     the first ``max_frames`` (default --frames) of them."""
-    import torch
-
-    from rvqspec_lib.data.frame_sources import (
-        DEFAULT_TEXTS,
-        frames_from_model,
-        frames_from_shipped,
-    )
-    from rvqspec_lib.data.frames import Frames
-
     limit = args.frames if max_frames is None else max_frames
     if limit < 1:
         raise ValueError(f"--frames must be >= 1, got {limit}")
     if args.frames_file:
         fr = Frames.load(args.frames_file)
     elif args.dataset:
-        from rvqspec_lib.data.frame_sources import frames_from_dataset
-        from rvqspec_lib.models.speech_tokenizers import load_codec
-
         if not args.codec:
             raise ValueError("--dataset needs --codec (the codec that turns its audio into codes)")
         fr = frames_from_dataset(args.dataset, lm, load_codec(args.codec), language=args.language,
@@ -107,10 +86,7 @@ def frames_from_args(args, lm, split: str = "training", max_frames: int | None =
         fr = frames_from_shipped(lm, split, max_frames=limit, seed=args.seed,
                                  progress=sys.stderr.isatty())
     else:
-        if args.texts_file:
-            texts = texts_from_file(args.texts_file)
-        else:
-            texts = list(DEFAULT_TEXTS)
+        texts = texts_from_file(args.texts_file) if args.texts_file else list(DEFAULT_TEXTS)
         parts, have, i = [], 0, 0
         while have < limit:
             text = texts[i % len(texts)]
@@ -129,10 +105,3 @@ def note_fewer_frames(frames, asked: int) -> None:
     """A note when the frame source has fewer frames than --frames asked for."""
     if len(frames) < asked:
         note(f"--frames {asked} asked, the source has {len(frames)}: using them all")
-
-
-def drafter_model_dir(model: str) -> Path | None:
-    """The folder whose ``drafters/`` holds the model's drafter files, ``None`` for models without a local folder."""
-    from rvqspec_lib.models.drafter_files import model_drafter_dir
-
-    return model_drafter_dir(model)

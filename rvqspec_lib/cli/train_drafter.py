@@ -5,57 +5,19 @@ its ``.json`` description and its ``.curve.json`` training curve are written ato
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-from rvqspec_lib.cli.common import (
-    add_threads_arg,
-    apply_threads,
-    check_outputs,
-    note,
-    threads_text,
-)
-from rvqspec_lib.cli.frames import (
-    add_frame_source_args,
-    check_frame_source_args,
-    drafter_model_dir,
-    frames_from_args,
-    note_fewer_frames,
-    uses_shipped,
-)
-
-
-def add_args(p: argparse.ArgumentParser) -> None:
-    """The ``train-drafter`` flags."""
-    p.add_argument("--model", required=True, help="embedded, tiny-random, a checkpoint dir or a hub id")
-    p.add_argument("--drafter", required=True, choices=["offsets", "medusa"], help="what to train")
-    p.add_argument("--out", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors; embedded: "
-                                 "data/embedded/model/drafters/)")
-    p.add_argument("--loss", choices=["ce", "kl", "tv"], default="ce",
-                   help="ce: ground-truth codes (paper); kl: the verifier's warped distribution (T 0.9, top-k 50); "
-                        "tv: one minus the exact acceptance rate, q warped as deployed")
-    p.add_argument("--K", type=int, default=None,
-                   help="offsets drafted, 1..(code groups - 2) (default: the paper's K, "
-                        "rvqspec_lib.decoding.drafters.DEFAULT_K)")
-    p.add_argument("--epochs", type=int, default=20, help="maximum epochs (early stopping on validation acceptance)")
-    p.add_argument("--patience", type=int, default=3, help="epochs without validation improvement before stopping")
-    p.add_argument("--batch-size", type=int, default=64, help="frames per step")
-    p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default per drafter)")
-    p.add_argument("--val-fraction", type=float, default=None,
-                   help="utterances held out for early stopping (default 0.1; models without a shipped validation "
-                        "split)")
-    p.add_argument("--val-frames", type=int, default=None,
-                   help="validation frames for early stopping, from the shipped validation split (default 500; "
-                        "embedded models)")
-    p.add_argument("--curve-json", help="training curve (default: the drafter file with .curve.json)")
-    p.add_argument("--force", action="store_true",
-                   help="replace an existing drafter file (e.g. the one shipped beside the embedded model)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
-    add_frame_source_args(p, default_frames=2000)
-    add_threads_arg(p)
+from rvqspec_lib.cli.common import apply_threads, check_outputs, note, threads_text
+from rvqspec_lib.cli.frames import check_frame_source_args, frames_from_args, note_fewer_frames, uses_shipped
+from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.decoding.drafters import DEFAULT_K
+from rvqspec_lib.models import loader
+from rvqspec_lib.models.drafter_files import drafter_path, make_drafter, model_drafter_dir, save_drafter
+from rvqspec_lib.models.frame import inner_sampling
+from rvqspec_lib.training import drafters
 
 
 def _check_k(k: int, n_code_groups: int) -> None:
@@ -85,8 +47,6 @@ def run(args, threads: int) -> int:
             raise ValueError(f"{flag} must be {need}, got {value}")
     if args.out and Path(args.out).suffix != ".safetensors":
         raise ValueError(f"--out must end in .safetensors, got {args.out}")
-    if args.out and Path(args.out).exists() and not args.force:
-        raise ValueError(f"--out {args.out} exists: pass --force to replace it, or choose another --out")
     shipped = uses_shipped(args)
     if shipped and args.val_fraction is not None:
         raise ValueError("--val-fraction is not used here: validation frames come from the shipped validation "
@@ -97,40 +57,26 @@ def run(args, threads: int) -> int:
     val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
     val_frames = 500 if args.val_frames is None else args.val_frames
 
-    from rvqspec_lib.models.drafter_files import (
-        drafter_path,
-        make_drafter,
-        save_drafter,
-    )
-    from rvqspec_lib.models.loader import load_model, model_facts
-    from rvqspec_lib.decoding.drafters import DEFAULT_K
-
     k = DEFAULT_K if args.K is None else args.K
-    out = Path(args.out) if args.out else None
-    if out is None:
-        d = drafter_model_dir(args.model)
-        if d is None:
-            raise ValueError("--out is required when --model is not a local checkpoint directory")
-        out = drafter_path(d, args.drafter)
-        if out.exists() and not args.force:
-            raise ValueError(f"{out} exists (the drafter shipped or trained before beside {args.model}): pass --force "
-                             "to replace it, or write elsewhere with --out new.safetensors")
+    d = model_drafter_dir(args.model)
+    if not args.out and d is None:
+        raise ValueError("--out is required when --model is not a local checkpoint directory")
+    out = Path(args.out) if args.out else drafter_path(d, args.drafter)
+    if out.exists() and not args.force:
+        raise ValueError(f"--out {out} exists (a drafter shipped or trained before): pass --force to replace it, or "
+                         "choose another --out")
     curve = Path(args.curve_json) if args.curve_json else out.with_suffix(".curve.json")
     # the default file may go into a new drafters/ folder beside the model: save_drafter makes it
     if out.parent.exists():
         check_outputs([(out, "--out"), (out.with_suffix(".json"), "--out (its .json description)"),
                        (curve, "--curve-json")])
-    facts = model_facts(args.model)
+    facts = loader.model_facts(args.model)
     if facts is not None:
         _check_k(k, facts.n_code_groups)
 
-    threads = apply_threads(threads)  # after the cheap checks: torch loads here
-    from rvqspec_lib.common.files import write_text_atomic
-    from rvqspec_lib.decoding.sampling import Sampling
-    from rvqspec_lib.training.drafters import train_drafter
-
+    threads = apply_threads(threads)  # after the cheap checks
     t = time.perf_counter()
-    lm = load_model(args.model, dtype=args.dtype)
+    lm = loader.load_model(args.model, dtype=args.dtype)
     load_s = time.perf_counter() - t
     _check_k(k, lm.n_code_groups)
     if lm.is_random:
@@ -141,11 +87,11 @@ def run(args, threads: int) -> int:
     if val is not None:
         note_fewer_frames(val, val_frames)
     drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=k)
-    sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
     t = time.perf_counter()
-    res = train_drafter(drafter, lm.code_predictor, frames, val, loss=args.loss, sampling=sampling, lr=args.lr,
-                        batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
-                        val_fraction=val_fraction, seed=args.seed, progress=sys.stderr.isatty())
+    res = drafters.train_drafter(drafter, lm.code_predictor, frames, val, loss=args.loss, sampling=inner_sampling(lm),
+                                 lr=args.lr, batch_size=args.batch_size, max_epochs=args.epochs,
+                                 patience=args.patience, val_fraction=val_fraction, seed=args.seed,
+                                 progress=sys.stderr.isatty())
     train_s = time.perf_counter() - t
     res.drafter.provenance["model"] = args.model
     res.drafter.provenance["threads"] = threads

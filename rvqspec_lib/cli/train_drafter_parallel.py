@@ -10,41 +10,22 @@ Examples::
 
 Every process reads the frames, keeps its block, and takes the same optimiser steps as one process would (the
 gradients are summed over processes); the main process writes the drafter, its JSON and its training curve.
-Exposes ``add_args(parser)`` and ``run(args) -> int``.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import OneLineParser, add_threads_arg, apply_threads, resolve_threads
-
-
-def _die(msg: str) -> int:
-    print(f"rvqspec: error: {msg}", file=sys.stderr)
-    return 2
-
-
-def add_args(p: argparse.ArgumentParser) -> None:
-    """The flags of ``rvqspec train-drafter-parallel``."""
-    p.add_argument("--model", required=True, help="embedded, a checkpoint folder or a hub id")
-    p.add_argument("--frames", required=True, help="training frames: a folder of shards (extract-frames) or a "
-                                                   "frames file (.safetensors)")
-    p.add_argument("--val-frames", help="validation frames (same forms); default: --val-fraction of --frames")
-    p.add_argument("--val-fraction", type=float, default=0.1)
-    p.add_argument("--drafter", required=True, choices=["offsets", "medusa"])
-    p.add_argument("--loss", choices=["ce", "kl", "tv"], default="ce")
-    p.add_argument("--K", type=int, default=3, help="offsets drafted (paper: 3)")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--patience", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=64, help="frames per GLOBAL batch (split over processes)")
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="drafter file (.safetensors)")
-    p.add_argument("--force", action="store_true", help="replace an existing --out")
-    add_threads_arg(p)
+from rvqspec_lib.cli import args as flags
+from rvqspec_lib.cli.common import OneLineParser, _die, apply_threads, resolve_threads
+from rvqspec_lib.data.frames import Frames
+from rvqspec_lib.models import loader
+from rvqspec_lib.models.drafter_files import make_drafter, save_drafter
+from rvqspec_lib.models.frame import inner_sampling
+from rvqspec_lib.training.distributed import INDEX, Parallel, load_frame_shards
+from rvqspec_lib.training.drafters import train_drafter
 
 
 def check_frames_path(path: str | None, flag: str, model: str, split: str) -> str | None:
@@ -56,10 +37,6 @@ def check_frames_path(path: str | None, flag: str, model: str, split: str) -> st
         one line naming the ``rvqspec extract-frames`` command that makes the folder (``split`` is the split it
         would extract: training for ``--frames``, validation for ``--val-frames``).
     """
-    import json
-
-    from rvqspec_lib.training.distributed import INDEX
-
     if path is None:
         return None
     p = Path(path)
@@ -70,7 +47,7 @@ def check_frames_path(path: str | None, flag: str, model: str, split: str) -> st
         return None
     index = p / INDEX
     if not index.is_file():
-        return (f"{flag} {path} holds no {INDEX} (extract-frames writes it when every shard is done): run `{make}`")
+        return f"{flag} {path} holds no {INDEX} (extract-frames writes it when every shard is done): run `{make}`"
     try:
         shards = json.loads(index.read_text())["shards"]
     except (ValueError, KeyError, TypeError):
@@ -81,23 +58,12 @@ def check_frames_path(path: str | None, flag: str, model: str, split: str) -> st
     return None
 
 
-def _frames(path: str):
-    from rvqspec_lib.data.frames import Frames
-    from rvqspec_lib.training.distributed import load_frame_shards
-
-    p = Path(path)
-    return load_frame_shards(p) if p.is_dir() else Frames.load(p)
+def _frames(path: str) -> Frames:
+    return load_frame_shards(Path(path)) if Path(path).is_dir() else Frames.load(path)
 
 
 def run(args, threads: int | None = None) -> int:
     """Run ``rvqspec train-drafter-parallel`` in this process (one of several under ``accelerate launch``)."""
-
-    from rvqspec_lib.models.drafter_files import make_drafter, save_drafter
-    from rvqspec_lib.models.loader import load_model
-    from rvqspec_lib.decoding.sampling import Sampling
-    from rvqspec_lib.training.distributed import Parallel
-    from rvqspec_lib.training.drafters import train_drafter
-
     out = Path(args.out)
     if out.suffix != ".safetensors":
         return _die(f"--out must end in .safetensors, got {args.out}")
@@ -116,11 +82,10 @@ def run(args, threads: int | None = None) -> int:
     try:
         train = _frames(args.frames)
         val = _frames(args.val_frames) if args.val_frames else None
-        lm = load_model(args.model, device=par.device)
+        lm = loader.load_model(args.model, device=par.device)
         drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=args.K).to(par.device)
-        sampling = Sampling.from_generation_config(lm.generation or {}, loop="code_predictor")
-        res = train_drafter(drafter, lm.code_predictor, train, val, loss=args.loss, sampling=sampling, lr=args.lr,
-                            batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
+        res = train_drafter(drafter, lm.code_predictor, train, val, loss=args.loss, sampling=inner_sampling(lm),
+                            lr=args.lr, batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
                             val_fraction=args.val_fraction, seed=args.seed,
                             progress=sys.stderr.isatty() and par.is_main,
                             curve_path=out.with_suffix(".curve.json"), parallel=par)
@@ -140,7 +105,7 @@ def run(args, threads: int | None = None) -> int:
 def main(argv=None) -> int:
     """``python -m rvqspec_lib.cli.train_drafter_parallel`` (what ``accelerate launch -m`` runs)."""
     p = OneLineParser(prog="rvqspec train-drafter-parallel")
-    add_args(p)
+    flags.train_drafter_parallel(p)
     return run(p.parse_args(argv))
 
 

@@ -27,6 +27,8 @@ from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models.audio import _decode_audio, resample
 from rvqspec_lib.data.teacher import teacher_forced_contexts
 from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.models.backends import frame_runner
+from rvqspec_lib.models.frame import inner_sampling, synthesize
 
 #: Texts spoken by :func:`frames_from_model` when none are given (short, varied English sentences).
 DEFAULT_TEXTS = (
@@ -59,17 +61,18 @@ def frames_from_model(lm, texts: Iterable[str] | None = None, *, decoder=None, s
     Returns:
         :class:`Frames` (one utterance per text; texts that produced no frame are skipped).
     """
-    from rvqspec_lib.models.frame import synthesize
-
     texts = list(DEFAULT_TEXTS if texts is None else texts)
+    runner = None if decoder is None else frame_runner("official", lm.code_predictor, decoder,
+                                                        sampling=sampling or inner_sampling(lm))
     if not texts:
         raise ValueError("no texts given")
     gen = torch.Generator().manual_seed(seed)
     parts, n_frames = [], []
     batches = [texts[i: i + batch_size] for i in range(0, len(texts), batch_size)]
     for bi, batch in enumerate(progress_bar(batches, total=len(batches), desc="speaking", enabled=progress)):
-        res = synthesize(lm, batch, decoder=decoder, sampling=sampling, talker_sampling=talker_sampling,
-                         generator=gen, max_frames=max_frames, language=language, speaker=speaker)
+        res = synthesize(lm, batch, runner=runner, sampling=None if runner else sampling,
+                         talker_sampling=talker_sampling, generator=gen, max_frames=max_frames, language=language,
+                         speaker=speaker)
         for i, (text, codes) in enumerate(zip(batch, res.codes)):
             n_frames.append(int(codes.shape[0]))
             if codes.shape[0] == 0:

@@ -37,9 +37,11 @@ from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifi
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET
-from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.models.backends import frame_runner
+from rvqspec_lib.models.frame import inner_sampling, synthesize
+from rvqspec_lib.models.named_decoders import resolve_all
 
 #: The reference decoder's label, and the null control's (AR again, other seeds: nothing may be detected).
 REFERENCE = "ar"
@@ -433,8 +435,6 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
         ``{"wer": wer_parity(...), "frames": {label: [frames]}, "ended": {label: [bool]}, "true_frames": [...],
         "hypotheses": {label: [...]}}``.
     """
-    from rvqspec_lib.models.frame import synthesize
-
     us = [as_utterance(u) for u in utterances]
     if REFERENCE not in decoders:
         raise ValueError(f"decoders must include the reference {REFERENCE!r} (AR)")
@@ -447,7 +447,8 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
         fr, en = [0] * len(us), [True] * len(us)
         for bi, b in enumerate(progress_bar(batches, desc=f"free-running {label}", enabled=progress, unit="batch")):
             cap = int(min(max_frames, frame_factor * max(us[i].codes.shape[0] for i in b) + 10))
-            res = synthesize(lm, [us[i].text for i in b], decoder=dec, speaker=us[b[0]].speaker,
+            runner = frame_runner("official", lm.code_predictor, dec, sampling=inner_sampling(lm))
+            res = synthesize(lm, [us[i].text for i in b], runner=runner, speaker=us[b[0]].speaker,
                              language=us[b[0]].language, max_frames=cap,
                              generator=torch.Generator().manual_seed(_seed(s0, bi)))
             for j, i in enumerate(b):

@@ -1,12 +1,16 @@
-"""The frame loop: talker (code 0) -> inner loop (codes 1..15, any decoder) -> sum of the 16 embeddings -> next step.
+"""The frame loop: talker (code 0) -> inner loop (codes 1..15, one frame runner) -> sum of the 16 embeddings -> next
+talker step. :func:`frames` yields the frames one at a time (a stream can consume them as they come);
+:func:`synthesize` collects them per utterance.
 
-It reproduces the official ``Qwen3TTSForConditionalGeneration.generate`` exactly (greedy, and sampled with the same
-seed for the AR decoder; tests/test_frame.py), while letting the inner loop be AR, Chain or Tree:
+It reproduces the official ``Qwen3TTSForConditionalGeneration.generate`` exactly (greedy with every decoder, and
+sampled with the same seed for AR stepped through a backend bit-identical to the official module; tests/test_frame.py),
+while the inner loop is any :class:`~rvqspec_lib.models.backends.FrameRunner` of the registry (AR, Chain, Tree, stepped
+or fused, through any backend):
 
 * the prompt (text track, codec tags, speaker) is built by the OFFICIAL ``generate`` itself: we call it with the
   talker's ``generate`` intercepted and keep its inputs, so no prompt code is duplicated here;
-* the official loop computes frame t's codes 1..15 inside talker step t+1 (docs/model.md#frame-offset-quirk); here they are
-  computed right after code 0 is sampled, which consumes random numbers in the same order;
+* the official loop computes frame t's codes 1..15 inside talker step t+1 (docs/model.md#frame-offset-quirk); here
+  they are computed right after code 0 is sampled, which consumes random numbers in the same order;
 * code 0 is warped exactly as transformers does for the talker: repetition penalty 1.05 over the code-0 history,
   end-of-speech masked for the first 2 codes, special ids 2048..3071 suppressed except end-of-speech, then
   temperature -> top-k -> top-p.
@@ -17,14 +21,16 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 from transformers.cache_utils import DynamicCache
 
-from rvqspec_lib.models.loader import LoadedModel
-from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.decoding.decoders import AR
 from rvqspec_lib.decoding.sampling import Sampling, code0_processors, sample
+from rvqspec_lib.models.backends import frame_runner, runner_fields
+from rvqspec_lib.models.loader import LoadedModel
 
 
 class _PromptCaptured(Exception):
@@ -104,6 +110,138 @@ def build_prompt(lm: LoadedModel, texts: list[str], *, language: str = "auto", s
     return Prompt(kw["inputs_embeds"], kw["attention_mask"], kw["trailing_text_hidden"], kw["tts_pad_embed"])
 
 
+class OfficialTalker:
+    """The official talker's steps over a ``DynamicCache`` (what ``generate`` runs): :meth:`start` on the prompt, then
+    one :meth:`step` per frame. Another talker (e.g. a native one) plugs into :func:`frames` with the same two methods.
+    """
+
+    def __init__(self, lm: LoadedModel):
+        self.talker = lm.model.talker
+
+    def start(self, embeds: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt ``embeds (B, L, H)`` with ``attention_mask (B, L)`` (0 on left padding); returns the hidden state
+        of the last position ``(B, 1, H)`` and the code-0 logits ``(B, vocab)``."""
+        self.cache, self.mask = DynamicCache(), attention_mask
+        out = self.talker(inputs_embeds=embeds, attention_mask=attention_mask, past_key_values=self.cache,
+                          use_cache=True, cache_position=torch.arange(attention_mask.shape[1], device=embeds.device))
+        return out.past_hidden, out.logits[:, -1]
+
+    def step(self, feed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One position ``feed (B, 1, H)`` (the frame's summed code embeddings plus the text track); returns as
+        :meth:`start`."""
+        b, dev = feed.shape[0], feed.device
+        cache_pos = torch.tensor([self.mask.shape[1]], device=dev)
+        self.mask = torch.cat([self.mask, torch.ones(b, 1, dtype=self.mask.dtype, device=dev)], 1)
+        # the official multimodal rope: the same position on the three axes, shifted by the prompt's rope deltas
+        pos = ((cache_pos[0] + self.talker.rope_deltas).view(b, 1) + torch.zeros(1, dtype=torch.long, device=dev))
+        pos = pos.unsqueeze(0).expand(3, -1, -1)  # (3, B, 1)
+        hs = self.talker.model(inputs_embeds=feed, attention_mask=self.mask, position_ids=pos,
+                               past_key_values=self.cache, use_cache=True, cache_position=cache_pos).last_hidden_state
+        return hs[:, -1:], self.talker.codec_head(hs[:, -1])
+
+
+@dataclass
+class Frame:
+    """One frame of a batch, as :func:`frames` yields it.
+
+    Attributes:
+        index: the frame's number t (0-based; 80 ms each on the 12 Hz codec).
+        codes: ``(B, n_code_groups)`` int64, code 0 then codes 1..15, for every row (a row no longer speaking gets
+            end-of-speech as code 0 and codes 1..15 decoded after it, as the official batch does: not its audio).
+        active: ``(B,)`` bool, the rows still speaking: their frame is audio. Once False, False for good.
+        calls: ``(B,)`` int64 inner-loop calls of each row (the prefill included).
+        talker_s: seconds of the talker call that gave this frame's code 0 (frame 0: the prompt and its prefill too).
+        inner_s: seconds of the inner loop (codes 1..15).
+    """
+
+    index: int
+    codes: torch.Tensor
+    active: torch.Tensor
+    calls: torch.Tensor
+    talker_s: float
+    inner_s: float
+
+
+def inner_sampling(lm: LoadedModel, greedy: bool = False) -> Sampling:
+    """The code predictor's sampling in the checkpoint's generation config (``subtalker_*``; ``greedy``: argmax)."""
+    return Sampling.from_generation_config(lm.generation or {}, loop="code_predictor", greedy=greedy)
+
+
+def frames(lm: LoadedModel, texts: list[str] | str, *, runner=None, talker_sampling: Sampling | None = None,
+           repetition_penalty: float | None = None, generator: torch.Generator | None = None,
+           max_frames: int = 200, language: str = "auto", speaker: str | None = None,
+           talker=None) -> Iterator[Frame]:
+    """The frames of a batch of utterances, one :class:`Frame` at a time, until every row has ended its utterance
+    (end-of-speech as code 0, which is not yielded) or ``max_frames`` frames were yielded. The prompt is built (and
+    the arguments checked) when this is called; each frame is made when it is asked for.
+
+    Args:
+        lm: from :func:`rvqspec_lib.models.loader.load_model`. texts: one sentence or a batch.
+        runner: the inner loop, a :class:`~rvqspec_lib.models.backends.FrameRunner`
+            (:func:`~rvqspec_lib.models.backends.frame_runner`); default AR stepped through the official module with
+            the checkpoint's sampling (:func:`inner_sampling`).
+        talker_sampling: code-0 sampling (default: the checkpoint's); ``repetition_penalty`` likewise (1.05).
+        generator: explicit RNG of the talker and the inner loop (default: unseeded, never the global one).
+        max_frames: frame cap (12.5 frames a second: 200 = 16 s). Greedy decoding may never emit end-of-speech.
+        language, speaker: see :func:`build_prompt`. talker: the talker's steps (default :class:`OfficialTalker`).
+
+    Raises:
+        ValueError: empty text, ``max_frames < 1``, unknown language or speaker.
+    """
+    if max_frames < 1:
+        raise ValueError(f"max_frames must be >= 1 (frames of 80 ms), got {max_frames}")
+    t0 = time.perf_counter()
+    prompt = build_prompt(lm, [texts] if isinstance(texts, str) else list(texts), language=language, speaker=speaker)
+    gen_cfg = lm.generation or {}
+    rp = float(gen_cfg.get("repetition_penalty", 1.05)) if repetition_penalty is None else repetition_penalty
+    if generator is None:
+        generator = torch.Generator()
+        generator.seed()
+    return _frame_loop(lm, prompt, runner or frame_runner("official", lm.code_predictor, AR(),
+                                                          sampling=inner_sampling(lm)),
+                       talker_sampling or Sampling.from_generation_config(gen_cfg, loop="talker"), rp, generator,
+                       max_frames, talker or OfficialTalker(lm), t0)
+
+
+@torch.inference_mode()
+def _frame_loop(lm, prompt: Prompt, runner, talker_sampling: Sampling, rp: float, generator: torch.Generator,
+                max_frames: int, talker, t0: float) -> Iterator[Frame]:
+    tcfg = lm.model.config.talker_config
+    eos = int(tcfg.codec_eos_token_id)
+    procs = code0_processors(tcfg, repetition_penalty=rp)
+    hidden, logits = talker.start(prompt.inputs_embeds, prompt.attention_mask)
+    b, dev = logits.shape[0], logits.device
+    history = torch.zeros(b, 0, dtype=torch.long, device=dev)
+    active = torch.ones(b, dtype=torch.bool, device=dev)
+    embed0, embeds = lm.model.talker.get_input_embeddings(), lm.code_predictor.get_input_embeddings()
+    for t in range(max_frames):
+        # code 0 (the talker's own warpers and processors)
+        scores = procs(history, logits.to(torch.float32))
+        code0 = scores.argmax(-1) if talker_sampling.greedy else sample(talker_sampling.probs(scores), generator)
+        code0 = torch.where(active, code0, torch.full_like(code0, eos))
+        history = torch.cat([history, code0[:, None]], 1)
+        active = active & (code0 != eos)
+        if not bool(active.any()):
+            return
+        talker_s = time.perf_counter() - t0
+        # inner loop: codes 1..15 for every row (finished rows too, as the official batch does)
+        t1 = time.perf_counter()
+        code0_emb = embed0(code0[:, None])  # (B, 1, H)
+        res = runner(torch.cat([hidden, code0_emb], 1), generator)
+        inner = res.codes.to(dev)  # (B, n_codes)
+        inner_s = time.perf_counter() - t1
+        yield Frame(t, torch.cat([code0[:, None], inner], 1), active.cpu(),
+                    torch.where(active.cpu(), res.calls.cpu(), 0), talker_s, inner_s)
+        if t == max_frames - 1:
+            return
+        # next talker step: the sum of the 16 code embeddings + the text track
+        t0 = time.perf_counter()
+        feed = code0_emb[:, 0] + sum(embeds[i](inner[:, i]) for i in range(inner.shape[1]))  # (B, H)
+        text = prompt.trailing_text_hidden
+        feed = feed[:, None] + (text[:, t:t + 1] if t < text.shape[1] else prompt.tts_pad_embed)
+        hidden, logits = talker.step(feed)
+
+
 @dataclass
 class SynthesisResult:
     """Codes and costs of one batch of utterances.
@@ -113,6 +251,9 @@ class SynthesisResult:
         frames: ``(B,)`` frames per row. ended: ``(B,)`` bool, the row emitted end-of-speech before the cap.
         code_predictor_calls: ``(B,)`` inner-loop calls per row. talker_calls: talker calls (batch).
         wall_s, talker_s, inner_s: wall-clock seconds in all, in talker steps, in the inner loop.
+        per_frame_calls: per row, the inner-loop calls of each of its frames.
+        runner: the inner loop's fields (:func:`~rvqspec_lib.models.backends.runner_fields`: ``decoder``, ``kind``,
+            ``drafter``, ``nodes``, ``lossy``, ``backend``, ``fused``, ``precision``).
     """
 
     codes: list[torch.Tensor]
@@ -124,6 +265,7 @@ class SynthesisResult:
     talker_s: float
     inner_s: float
     per_frame_calls: list[list[int]] = field(default_factory=list)
+    runner: dict = field(default_factory=dict)
 
     @property
     def tokens_per_call(self) -> torch.Tensor:
@@ -132,140 +274,40 @@ class SynthesisResult:
         return (self.frames * n).double() / self.code_predictor_calls.clamp_min(1).double()
 
 
-@torch.inference_mode()
-def synthesize(
-    lm: LoadedModel,
-    texts: list[str] | str,
-    *,
-    decoder=None,
-    sampling: Sampling | None = None,
-    talker_sampling: Sampling | None = None,
-    repetition_penalty: float | None = None,
-    generator: torch.Generator | None = None,
-    max_frames: int = 200,
-    language: str = "auto",
-    speaker: str | None = None,
-    progress: bool = False,
-    drafter=None,
-    backend=None,
-    frame_decoder=None,
-) -> SynthesisResult:
-    """Speak texts: the official talker and code predictor, with our frame loop and any inner-loop decoder.
+def synthesize(lm: LoadedModel, texts: list[str] | str, *, runner=None, sampling: Sampling | None = None,
+               progress: bool = False, **kw) -> SynthesisResult:
+    """Speak texts: the official talker and code predictor through :func:`frames`, collected per utterance.
 
     Args:
-        lm: from :func:`rvqspec_lib.load_model`.
-        texts: one sentence or a batch.
-        decoder: inner-loop decoder (``AR()``, ``Chain(window)``, ``Tree(paths)``).
-        sampling: code-predictor sampling (default: the checkpoint's ``subtalker_*`` values).
-        talker_sampling: code-0 sampling (default: the checkpoint's values); ``repetition_penalty`` likewise (1.05).
-        generator: explicit RNG for everything (default: unseeded).
-        max_frames: frame cap (12.5 frames a second: 200 = 16 s). Greedy decoding may never emit end-of-speech.
-        language, speaker: see :func:`build_prompt`.
-        drafter: where the drafts come from (default: reused heads).
-        backend: what runs the code-predictor calls (default: the official module; e.g.
-            ``rvqspec_lib.models.lean.LeanCodePredictor(lm.code_predictor)``), see
-            :func:`rvqspec_lib.decoding.decode.decode_frame`.
-        frame_decoder: instead of ``decode_frame``, an object that decodes a whole inner-loop frame itself, with
-            ``decode(context (B, 2, H), generator) -> codes (B, n_codes)`` and ``last_calls`` (a list of each row's
-            calls), e.g. :class:`rvqspec_lib.models.native_frame.NativeChainFrame` (AR or Chain, the whole frame in
-            one C call); ``decoder``, ``drafter`` and ``backend`` are then not used for the inner loop.
+        lm, texts, runner: as :func:`frames` (default runner: AR stepped through the official module).
+        sampling: the code predictor's sampling of the DEFAULT runner (default: the checkpoint's); a given runner
+            carries its own.
+        progress: a progress bar of frames. kw: the other keywords of :func:`frames` (``talker_sampling``,
+            ``repetition_penalty``, ``generator``, ``max_frames``, ``language``, ``speaker``, ``talker``).
 
     Returns:
-        :class:`SynthesisResult`.
+        :class:`SynthesisResult`, whose ``runner`` names the inner loop that ran.
 
     Raises:
-        ValueError: empty text, max_frames < 1, unknown language or speaker.
+        ValueError: as :func:`frames`; ``sampling`` given with a ``runner``.
     """
-    if max_frames < 1:
-        raise ValueError(f"max_frames must be >= 1, got {max_frames}")
-    gen_cfg = lm.generation or {}
-    sampling = sampling or Sampling.from_generation_config(gen_cfg, loop="code_predictor")
-    talker_sampling = talker_sampling or Sampling.from_generation_config(gen_cfg, loop="talker")
-    rp = float(gen_cfg.get("repetition_penalty", 1.05)) if repetition_penalty is None else repetition_penalty
-    decoder = decoder or AR()
-    if generator is None:
-        generator = torch.Generator()
-        generator.seed()
+    if runner is not None and sampling is not None:
+        raise ValueError("sampling= is for the default runner: build the runner with it instead "
+                         "(frame_runner(..., sampling=sampling))")
+    runner = runner or frame_runner("official", lm.code_predictor, AR(), sampling=sampling or inner_sampling(lm))
+    max_frames = kw.get("max_frames", 200)
     t0 = time.perf_counter()
-    prompt = build_prompt(lm, [texts] if isinstance(texts, str) else list(texts), language=language, speaker=speaker)
-    talker, cp = lm.model.talker, lm.code_predictor
-    tcfg = lm.model.config.talker_config
-    eos = int(tcfg.codec_eos_token_id)
-    procs = code0_processors(tcfg, repetition_penalty=rp)
-    emb, mask = prompt.inputs_embeds, prompt.attention_mask
-    b, length = mask.shape
-    dev = emb.device
-    cache = DynamicCache()
-    out = talker(inputs_embeds=emb, attention_mask=mask, past_key_values=cache, use_cache=True,
-                 cache_position=torch.arange(length, device=dev))
-    past_hidden, logits = out.past_hidden, out.logits[:, -1]
-    history = torch.zeros(b, 0, dtype=torch.long, device=dev)
-    unfinished = torch.ones(b, dtype=torch.bool, device=dev)
-    frames_codes: list[torch.Tensor] = []
-    calls = torch.zeros(b, dtype=torch.long)
-    per_frame_calls: list[list[int]] = [[] for _ in range(b)]
-    talker_s = time.perf_counter() - t0
-    inner_s = 0.0
-    talker_calls = 1
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=max_frames, desc=f"frames ({type(decoder).__name__})", unit="frame", leave=False)
-    for step in range(max_frames):
-        # code 0 (the talker's own warpers and processors)
-        scores = procs(history, logits.to(torch.float32))
-        code0 = scores.argmax(-1) if talker_sampling.greedy else sample(talker_sampling.probs(scores), generator)
-        code0 = torch.where(unfinished, code0, torch.full_like(code0, eos))
-        history = torch.cat([history, code0[:, None]], 1)
-        unfinished = unfinished & (code0 != eos)
-        if not bool(unfinished.any()):
-            break
-        # inner loop: codes 1..15 for every row (finished rows too, as the official batch does)
-        t1 = time.perf_counter()
-        code0_emb = talker.get_input_embeddings()(code0[:, None])  # (B, 1, H)
-        ctx = torch.cat([past_hidden, code0_emb], 1)
-        if frame_decoder is None:
-            res = decode_frame(cp, ctx, decoder=decoder, sampling=sampling, generator=generator, drafter=drafter,
-                               backend=backend)
-            inner_codes, inner_calls = res.codes, res.calls
-        else:
-            inner_codes = frame_decoder.decode(ctx, generator).to(dev)
-            inner_calls = torch.tensor(frame_decoder.last_calls, dtype=torch.long)
-        inner_s += time.perf_counter() - t1
-        frame = torch.cat([code0[:, None], inner_codes], 1)  # (B, G)
-        frames_codes.append(frame)
-        calls += torch.where(unfinished.cpu(), inner_calls.cpu(), torch.zeros_like(calls))
-        for i in torch.nonzero(unfinished).flatten().tolist():
-            per_frame_calls[i].append(int(inner_calls[i]))
-        if bar is not None:
-            bar.update(1)
-        if step == max_frames - 1:
-            break
-        # next talker step: sum of the 16 code embeddings + text track
-        t2 = time.perf_counter()
-        feed = code0_emb[:, 0] + sum(cp.get_input_embeddings()[i](inner_codes[:, i]) for i in range(inner_codes.shape[1]))
-        text = prompt.trailing_text_hidden
-        feed = feed[:, None] + (text[:, step:step + 1] if step < text.shape[1] else prompt.tts_pad_embed)
-        mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=dev)], 1)
-        cache_pos = torch.tensor([length + step], device=dev)
-        pos = (cache_pos[0] + talker.rope_deltas).view(b, 1) + torch.zeros(1, dtype=torch.long, device=dev)
-        pos = pos.unsqueeze(0).expand(3, -1, -1)
-        hs = talker.model(inputs_embeds=feed, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                          use_cache=True, cache_position=cache_pos).last_hidden_state
-        past_hidden, logits = hs[:, -1:], talker.codec_head(hs[:, -1])
-        talker_calls += 1
-        talker_s += time.perf_counter() - t2
-    if bar is not None:
-        bar.close()
-    g = int(tcfg.num_code_groups)
-    all_codes = torch.stack(frames_codes, 1) if frames_codes else torch.zeros(b, 0, g, dtype=torch.long)
-    # a row's frames end at its first end-of-speech code 0
-    hist = history[:, : all_codes.shape[1] + 1]
-    is_eos = hist == eos
-    ended = is_eos.any(1)
-    n_frames = torch.where(ended, is_eos.int().argmax(1), torch.full_like(ended, all_codes.shape[1], dtype=torch.long))
-    n_frames = n_frames.clamp(max=all_codes.shape[1])
-    codes = [all_codes[i, : int(n_frames[i])].cpu() for i in range(b)]
-    return SynthesisResult(codes, n_frames.cpu(), ended.cpu(), calls, talker_calls, time.perf_counter() - t0,
-                           talker_s, inner_s, per_frame_calls)
+    got = list(progress_bar(frames(lm, texts, runner=runner, **kw), total=max_frames, enabled=progress,
+                            desc=f"frames ({runner.name.label})", unit="frame"))
+    b = len([texts] if isinstance(texts, str) else texts)
+    active = torch.stack([f.active for f in got], 1) if got else torch.zeros(b, 0, dtype=torch.bool)  # (B, frames)
+    codes = torch.stack([f.codes.cpu() for f in got], 1) if got else \
+        torch.zeros(b, 0, lm.n_code_groups, dtype=torch.long)  # (B, frames, G)
+    calls = torch.stack([f.calls for f in got], 1) if got else torch.zeros(b, 0, dtype=torch.long)  # (B, frames)
+    n = active.sum(1)
+    # a row ended if it went quiet within the frames, or if the loop stopped before the cap (every row ended then)
+    ended = ~active[:, -1] if len(got) == max_frames else torch.ones(b, dtype=torch.bool)
+    return SynthesisResult(
+        [codes[i, : int(n[i])] for i in range(b)], n, ended, calls.sum(1), len(got) + (len(got) < max_frames),
+        time.perf_counter() - t0, sum(f.talker_s for f in got), sum(f.inner_s for f in got),
+        [calls[i, : int(n[i])].tolist() for i in range(b)], runner_fields(runner))

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from rvqspec_lib.cli.common import apply_threads, build_decoder, check_seed, note
+from rvqspec_lib.cli.common import apply_threads, check_seed, note
 from rvqspec_lib.common.provenance import provenance, save_json
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
-from rvqspec_lib.eval import bench_table, latency, speed
+from rvqspec_lib.eval import budget, bench_table, latency, speed
 from rvqspec_lib.eval.noise import noise_words, repeat_cap
 from rvqspec_lib.eval.replay import default_acceptance, read_acceptance
 from rvqspec_lib.eval.timing import oversubscribed_note
@@ -224,9 +224,9 @@ def frames_job(args) -> dict:
         apply_precision(cp, prec, require_native=False)  # native here and allowed for these backends: checked
     decoders = list(resolve_all([n for n in args.decoder_names if n != "auto"], lm).values())
     if "auto" in args.decoder_names:
-        dec, _, chose = build_decoder(parse_decoder_name("auto"), lm)
-        decoders.append(dec)
-        note(chose)
+        choice = budget.auto_for_model(lm, backends=args.backend_list, progress=_progress(args))
+        decoders.append(choice.named)
+        note(f"--decoder auto chose {choice.reason}")
     try:
         contexts = frames_from_shipped(lm, "evaluation", max_frames=FRAME_CONTEXTS, seed=args.seed).context
         source = f"{len(contexts)} frames of the shipped evaluation split"

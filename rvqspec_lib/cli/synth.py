@@ -30,15 +30,13 @@ from rvqspec_lib.cli.args import AUDIO_SUFFIXES, MAX_BATCH
 from rvqspec_lib.cli.common import apply_threads, check_outputs, check_seed, check_tree_ranks, check_utf8, note, \
     read_text_file, threads_text
 from rvqspec_lib.common.files import atomic_outputs
-from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
 from rvqspec_lib.decoding.decoders import Tree, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import budget
 from rvqspec_lib.models import backends as B
 from rvqspec_lib.models import frame, loader
-from rvqspec_lib.models.drafter_files import shipped_drafter
-from rvqspec_lib.models.named_decoders import NamedDecoder, check_files, drafter_calibration, resolve
+from rvqspec_lib.models.named_decoders import NamedDecoder, check_files, resolve
 from rvqspec_lib.models.precision import PRECISIONS, apply_precision, check_precision
 from rvqspec_lib.models.text_language import english_only_note
 
@@ -48,8 +46,6 @@ from rvqspec_lib.models.text_language import english_only_note
 #: speaks, so audio that short cannot hold the whole text: the model ended early, typically on a long text (the
 #: embedded model was trained on sentences and stops after a sentence or two).
 MIN_AUDIO_S_PER_WORD = 0.15
-#: Calibration frames ``--decoder auto`` times its candidates on (once; the choice is cached).
-AUTO_CONTEXTS = 64
 
 
 def texts_from_args(args) -> list[str]:
@@ -160,17 +156,10 @@ def auto_choice(args, lm, sampling: Sampling) -> tuple[NamedDecoder, str, bool]:
     Raises:
         ValueError: the model ships no calibration frames to time on.
     """
-    name, cp = args.decoder_name, lm.code_predictor
+    name = args.decoder_name
     native = args.dtype in PRECISIONS and B.available("native", args.dtype)[0]
     pool = [args.backend] if args.backend else ["official"] + ["native"] * native
-    drafter = None if name.drafter == "heads" else shipped_drafter(lm, name.drafter, cp)
-    try:
-        contexts = frames_from_shipped(lm, "calibration", max_frames=AUTO_CONTEXTS).context
-    except (FileNotFoundError, ValueError) as e:
-        raise ValueError(f"--decoder auto times decoders on the model's calibration frames, and there are none "
-                         f"({str(e).splitlines()[0]}): choose a decoder instead") from None
-    choice = budget.auto_decoder(lm.name, cp, drafter_calibration(lm, name.drafter), contexts, backends=pool,
-                                 drafter=drafter, drafter_name=name.drafter, progress=sys.stderr.isatty())
+    choice = budget.auto_for_model(lm, backends=pool, drafter_name=name.drafter, progress=sys.stderr.isatty())
     named = replace(choice.named, note=f"--decoder auto chose {choice.reason}")
     # the choice was timed with the checkpoint's sampling; a fused frame takes no top-p (fused_support)
     fused = choice.fused and B.fused_support(choice.backend, named.decoder, sampling, named.drafter) is None

@@ -38,8 +38,10 @@ from rvqspec_lib.eval.calibration import KINDS
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
 from rvqspec_lib.eval.timing import oversubscribed_note
+from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.models.backends import frame_runner, fused_support, verify_backend
-from rvqspec_lib.models.named_decoders import NamedDecoder, resolve, resolve_all
+from rvqspec_lib.models.drafter_files import shipped_drafter
+from rvqspec_lib.models.named_decoders import NamedDecoder, drafter_calibration, resolve, resolve_all
 from rvqspec_lib.models.precision import precision_of
 
 #: Node budgets N (root included) considered for calibrated trees.
@@ -342,3 +344,31 @@ def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.
                   "table": choice.table, "key": key, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
     write_cache(path, store)
     return choice
+
+
+#: Calibration frames ``--decoder auto`` times its candidates on (once; the choice is cached).
+AUTO_CONTEXTS = 64
+
+
+def auto_for_model(lm, *, backends: Sequence[str] = ("official",), drafter_name: str = "heads",
+                   progress: bool = False, **kwargs) -> AutoChoice:
+    """``--decoder auto`` for a loaded model: its drafter and calibration read from its folder, its calibration
+    split's first :data:`AUTO_CONTEXTS` frames as contexts, then :func:`auto_decoder` (cached).
+
+    Raises:
+        ValueError: the model ships no calibration or no calibration frames to time on (one line naming the fix);
+            as :func:`choose_decoder`.
+    """
+    cp = lm.code_predictor
+    drafter = None if drafter_name == "heads" else shipped_drafter(lm, drafter_name, cp)
+    calibration = drafter_calibration(lm, drafter_name)
+    if calibration is None:
+        raise ValueError(f"--decoder auto needs calibrated trees beside {lm.name} for the {drafter_name} drafter "
+                         f"(trees/{drafter_name}.json): calibrate them (scripts/calibrate_trees.py), or choose a decoder")
+    try:
+        contexts = frames_from_shipped(lm, "calibration", max_frames=AUTO_CONTEXTS).context
+    except (FileNotFoundError, ValueError) as e:
+        raise ValueError(f"--decoder auto times decoders on the model's calibration frames, and there are none "
+                         f"({str(e).splitlines()[0]}): choose a decoder instead") from None
+    return auto_decoder(lm.name, cp, calibration, contexts, backends=backends, drafter=drafter,
+                        drafter_name=drafter_name, progress=progress, **kwargs)

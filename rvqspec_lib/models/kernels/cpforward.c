@@ -476,24 +476,108 @@ static void ensure_work(Model *m, size_t n) {
     m->work_len = m->work ? n : 0;
 }
 
-/* THE verify call (rvqspec_lib.decoding.predictor.verify_forward's contract):
- *   x (B*Q, H) inputs; cos, sin (B*Q, D) the rotary tables at each row's position; allow (B, Q, S) uint8;
- *   write (B, Q) int64 slots; kc, vc (L, B, NKV, S, D) float32, written at the call's slots;
- *   out (B*Q, H) after the final norm.
- * Returns 0, or -1 when scratch memory could not be allocated. */
-int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
-                const int64_t *write, float *kc, float *vc, int B, int Q, int S, float *out) {
-    Model *m = (Model *)h;
+/* One query head over the allowed slots idx[0..na-1] (increasing): scores s_i = (q . k_i) * scaling, p_i =
+ * fexp(s_i - max) / sum (the sum in slot order), o = sum_i p_i v_i accumulated from zero in slot order. Every value is
+ * computed by the same sequence of operations whatever the other rows, slots or heads (row invariant); the AVX-512 path
+ * only runs independent scores side by side (4 slots at once, each exactly dot()) and keeps o in registers (each
+ * element the same fused multiply-adds in the same order as the plain loop). sc: na floats of scratch. */
+#if defined(__AVX512F__)
+static inline void dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3, int n,
+                        float *out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(q + i);
+        a0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k0 + i), a0);
+        a1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k1 + i), a1);
+        a2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k2 + i), a2);
+        a3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k3 + i), a3);
+    }
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 x = _mm512_maskz_loadu_ps(k, q + i);
+        a0 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(k, k0 + i), a0);
+        a1 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(k, k1 + i), a1);
+        a2 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(k, k2 + i), a2);
+        a3 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(k, k3 + i), a3);
+    }
+    out[0] = _mm512_reduce_add_ps(a0); out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2); out[3] = _mm512_reduce_add_ps(a3);
+}
+
+/* o (NC x 16 floats) = sum_i (p[i] * inv) v_i in slot order, the accumulators in registers (NC a constant) */
+static inline __attribute__((always_inline)) void pv_regs(const float *p, float inv, const float *vb,
+                                                          const int32_t *idx, int na, int D, int NC, float *o) {
+    __m512 acc[8];
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int i = 0; i < na; i++) {
+        __m512 pj = _mm512_set1_ps(p[i] * inv);
+        const float *vv = vb + (size_t)idx[i] * D;
+        for (int c = 0; c < NC; c++) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vv + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
+}
+#endif
+
+static void attend(const float *q, const float *kb, const float *vb, int D, const int32_t *idx, int na,
+                   float scaling, float *sc, float *o) {
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 4 <= na; i += 4)
+        dot4(q, kb + (size_t)idx[i] * D, kb + (size_t)idx[i + 1] * D, kb + (size_t)idx[i + 2] * D,
+             kb + (size_t)idx[i + 3] * D, D, sc + i);
+#endif
+    for (; i < na; i++) sc[i] = dot(q, kb + (size_t)idx[i] * D, D);
+    for (i = 0; i < na; i++) sc[i] = sc[i] * scaling;
+    float mx = -INFINITY;  /* the max of finite values: the same whatever the order (an equal +0 / -0 max gives the
+                              same fexp(s - max)) */
+    i = 0;
+#if defined(__AVX512F__)
+    if (na >= 16) {
+        __m512 m16 = _mm512_loadu_ps(sc);
+        for (i = 16; i + 16 <= na; i += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(sc + i));
+        mx = _mm512_reduce_max_ps(m16);
+    }
+#endif
+    for (; i < na; i++) mx = sc[i] > mx ? sc[i] : mx;
+    for (i = 0; i < na; i++) sc[i] = fexp(sc[i] - mx);
+    float sum = 0.0f;
+    for (i = 0; i < na; i++) sum += sc[i];
+    float inv = 1.0f / sum;
+#if defined(__AVX512F__)
+    if (D % 16 == 0 && D <= 128) {
+        switch (D / 16) {
+            case 8: pv_regs(sc, inv, vb, idx, na, D, 8, o); return;
+            case 4: pv_regs(sc, inv, vb, idx, na, D, 4, o); return;
+            case 2: pv_regs(sc, inv, vb, idx, na, D, 2, o); return;
+            case 1: pv_regs(sc, inv, vb, idx, na, D, 1, o); return;
+            default: break;
+        }
+    }
+#endif
+    for (int d = 0; d < D; d++) o[d] = 0.0f;
+    for (i = 0; i < na; i++) {
+        float pj = sc[i] * inv;
+        const float *vv = vb + (size_t)idx[i] * D;
+        for (int d = 0; d < D; d++) o[d] = fmaf(pj, vv[d], o[d]);
+    }
+}
+
+/* The decoder stack over a slot KV cache of S slots of which attention scans the first NS (NS <= S): allow is
+ * (B, Q, NS), slots NS..S-1 are neither read nor scanned (rvq_forward: NS = S; rvq_forward_scan: a growing prefix). */
+static int forward_impl(Model *m, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
+                        const int64_t *write, float *kc, float *vc, int B, int Q, int S, int NS, float *out) {
     int R = B * Q, H = m->H, NH = m->NH, NKV = m->NKV, D = m->D, I = m->I, bf = m->act_bf16;
     int NQKV = (NH + 2 * NKV) * D, rep = NH / NKV, half = D / 2;
     int kmax = H > NH * D ? H : NH * D;
     kmax = kmax > I ? kmax : I;
     size_t lw = rvq_linear_work(m->prec, R, kmax);
-    size_t need = (size_t)R * (H + H + NQKV + NH * D + 2 * I) + (size_t)S + lw;
+    size_t need = (size_t)R * (H + H + NQKV + NH * D + 2 * I) + 2 * (size_t)NS + lw;
     ensure_work(m, need);
     if (!m->work) return -1;
     float *x = m->work, *hb = x + (size_t)R * H, *qkv = hb + (size_t)R * H, *att = qkv + (size_t)R * NQKV,
-          *gu = att + (size_t)R * NH * D, *sc = gu + (size_t)R * 2 * I, *lwork = sc + S;
+          *gu = att + (size_t)R * NH * D, *sc = gu + (size_t)R * 2 * I, *lwork = sc + 2 * (size_t)NS;
+    int32_t *slot_idx = (int32_t *)(sc + NS);
     memcpy(x, x_in, sizeof(float) * (size_t)R * H);
     for (int l = 0; l < m->L; l++) {
         const Linear *lin = m->lin + l * 4;
@@ -522,35 +606,17 @@ int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin
                 memcpy(vl + off, row + (size_t)(NH + NKV + kh) * D, sizeof(float) * D);
             }
         }
-        /* attention: each row over its allowed slots, in slot order */
+        /* attention: each row over its allowed slots, in slot order (attend) */
         for (int r = 0; r < R; r++) {
-            int b = r / Q, qi = r % Q;
-            const uint8_t *al = allow + ((size_t)b * Q + qi) * S;
+            int b = r / Q, qi = r % Q, na = 0;
+            const uint8_t *al = allow + ((size_t)b * Q + qi) * NS;
+            for (int j = 0; j < NS; j++) if (al[j]) slot_idx[na++] = j;
             float *row = qkv + (size_t)r * NQKV;
             for (int hh = 0; hh < NH; hh++) {
                 int kh = hh / rep;
-                const float *q = row + (size_t)hh * D;
                 const float *kb = kl + ((size_t)b * NKV + kh) * S * D, *vb = vl + ((size_t)b * NKV + kh) * S * D;
-                float mx = -INFINITY;
-                for (int j = 0; j < S; j++) {
-                    if (!al[j]) continue;
-                    sc[j] = dot(q, kb + (size_t)j * D, D) * m->scaling;
-                    mx = sc[j] > mx ? sc[j] : mx;
-                }
-                float sum = 0.0f;
-                for (int j = 0; j < S; j++) {
-                    if (!al[j]) continue;
-                    sc[j] = fexp(sc[j] - mx);
-                    sum += sc[j];
-                }
-                float inv = 1.0f / sum, *o = att + (size_t)r * NH * D + (size_t)hh * D;
-                for (int d = 0; d < D; d++) o[d] = 0.0f;
-                for (int j = 0; j < S; j++) {
-                    if (!al[j]) continue;
-                    float pj = sc[j] * inv;
-                    const float *vv = vb + (size_t)j * D;
-                    for (int d = 0; d < D; d++) o[d] = fmaf(pj, vv[d], o[d]);
-                }
+                float *o = att + (size_t)r * NH * D + (size_t)hh * D;
+                attend(row + (size_t)hh * D, kb, vb, D, slot_idx, na, m->scaling, sc, o);
                 if (bf) for (int d = 0; d < D; d++) o[d] = rb(o[d]);
             }
         }
@@ -570,6 +636,27 @@ int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin
     }
     for (int r = 0; r < R; r++) rms(x + (size_t)r * H, m->final_norm, out + (size_t)r * H, H, m->eps, bf);
     return 0;
+}
+
+/* THE verify call (rvqspec_lib.decoding.predictor.verify_forward's contract):
+ *   x (B*Q, H) inputs; cos, sin (B*Q, D) the rotary tables at each row's position; allow (B, Q, S) uint8;
+ *   write (B, Q) int64 slots; kc, vc (L, B, NKV, S, D) float32, written at the call's slots;
+ *   out (B*Q, H) after the final norm.
+ * Returns 0, or -1 when scratch memory could not be allocated. */
+int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
+                const int64_t *write, float *kc, float *vc, int B, int Q, int S, float *out) {
+    return forward_impl((Model *)h, x_in, cos_t, sin_t, allow, write, kc, vc, B, Q, S, S, out);
+}
+
+/* The same call over a cache of S slots whose first NS slots alone can be attended (the talker's growing KV cache,
+ * rvqspec_lib.models.native_talker): allow is (B, Q, NS) and attention scans NS slots, not S, so a step's cost grows
+ * with the context, not with the cache's capacity. write slots must be < NS to be seen by later rows of the call.
+ * Every row's arithmetic is rvq_forward's over the same allowed slots (bit for bit). Returns 0, -1 (scratch memory)
+ * or -2 (NS outside 1..S). */
+int rvq_forward_scan(void *h, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
+                     const int64_t *write, float *kc, float *vc, int B, int Q, int S, int NS, float *out) {
+    if (NS < 1 || NS > S) return -2;
+    return forward_impl((Model *)h, x_in, cos_t, sin_t, allow, write, kc, vc, B, Q, S, NS, out);
 }
 
 /* =====================================================================================================================

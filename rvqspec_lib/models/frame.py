@@ -149,6 +149,7 @@ def synthesize(
     drafter=None,
     backend=None,
     frame_decoder=None,
+    talker_backend=None,
 ) -> SynthesisResult:
     """Speak texts: the official talker and code predictor, with our frame loop and any inner-loop decoder.
 
@@ -169,6 +170,12 @@ def synthesize(
             ``decode(context (B, 2, H), generator) -> codes (B, n_codes)`` and ``last_calls`` (a list of each row's
             calls), e.g. :class:`rvqspec_lib.models.native_frame.NativeChainFrame` (AR or Chain, the whole frame in
             one C call); ``decoder``, ``drafter`` and ``backend`` are then not used for the inner loop.
+        talker_backend: what runs the talker steps (default: the official module): an object with
+            ``reset(batch, max_context=N)``, ``prefill(embeds (B, L, H), attention_mask (B, L)) -> (B, L, H)``,
+            ``step(embed (B, 1, H)) -> (B, 1, H)``, ``logits(hidden (B, H)) -> (B, vocab)`` and ``max_context``, e.g.
+            :class:`rvqspec_lib.models.native_talker.NativeTalker` (the talker step in C). Its KV cache is grown to
+            the prompt plus ``max_frames`` positions when it holds fewer. The prompt is still built by the official
+            ``generate`` and the embeddings looked up in the official tables.
 
     Returns:
         :class:`SynthesisResult`.
@@ -195,10 +202,16 @@ def synthesize(
     emb, mask = prompt.inputs_embeds, prompt.attention_mask
     b, length = mask.shape
     dev = emb.device
-    cache = DynamicCache()
-    out = talker(inputs_embeds=emb, attention_mask=mask, past_key_values=cache, use_cache=True,
-                 cache_position=torch.arange(length, device=dev))
-    past_hidden, logits = out.past_hidden, out.logits[:, -1]
+    if talker_backend is None:
+        cache = DynamicCache()
+        out = talker(inputs_embeds=emb, attention_mask=mask, past_key_values=cache, use_cache=True,
+                     cache_position=torch.arange(length, device=dev))
+        past_hidden, logits = out.past_hidden, out.logits[:, -1]
+    else:
+        # the prompt and one position per frame after it (the last frame feeds no step)
+        talker_backend.reset(b, max_context=max(int(talker_backend.max_context), length + max_frames - 1))
+        hs = talker_backend.prefill(emb, attention_mask=mask)  # (B, L, H)
+        past_hidden, logits = hs[:, -1:], talker_backend.logits(hs[:, -1])
     history = torch.zeros(b, 0, dtype=torch.long, device=dev)
     unfinished = torch.ones(b, dtype=torch.bool, device=dev)
     frames_codes: list[torch.Tensor] = []
@@ -247,13 +260,17 @@ def synthesize(
         feed = code0_emb[:, 0] + sum(cp.get_input_embeddings()[i](inner_codes[:, i]) for i in range(inner_codes.shape[1]))
         text = prompt.trailing_text_hidden
         feed = feed[:, None] + (text[:, step:step + 1] if step < text.shape[1] else prompt.tts_pad_embed)
-        mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=dev)], 1)
-        cache_pos = torch.tensor([length + step], device=dev)
-        pos = (cache_pos[0] + talker.rope_deltas).view(b, 1) + torch.zeros(1, dtype=torch.long, device=dev)
-        pos = pos.unsqueeze(0).expand(3, -1, -1)
-        hs = talker.model(inputs_embeds=feed, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                          use_cache=True, cache_position=cache_pos).last_hidden_state
-        past_hidden, logits = hs[:, -1:], talker.codec_head(hs[:, -1])
+        if talker_backend is None:
+            mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=dev)], 1)
+            cache_pos = torch.tensor([length + step], device=dev)
+            pos = (cache_pos[0] + talker.rope_deltas).view(b, 1) + torch.zeros(1, dtype=torch.long, device=dev)
+            pos = pos.unsqueeze(0).expand(3, -1, -1)
+            hs = talker.model(inputs_embeds=feed, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                              use_cache=True, cache_position=cache_pos).last_hidden_state
+            past_hidden, logits = hs[:, -1:], talker.codec_head(hs[:, -1])
+        else:
+            hs = talker_backend.step(feed)  # (B, 1, H)
+            past_hidden, logits = hs, talker_backend.logits(hs[:, -1])
         talker_calls += 1
         talker_s += time.perf_counter() - t2
     if bar is not None:

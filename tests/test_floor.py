@@ -187,3 +187,29 @@ def test_cli_bench_one_dtype_prints_the_floor_line(capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert "dtype bfloat16 (code predictor int8)" in printed
     assert f"floor of a code-predictor call: {hand_bytes('int8') / 1e6:.1f} MB of weights" in printed
+
+
+# the tiny talker: hidden 64, MLP 128, 2 layers, 4 query heads and 2 KV heads of 16, vocabulary 3072
+TH, TI, TL, TQD, TKVD, THD, TV = 64, 128, 2, 4 * 16, 2 * 16, 16, 3072
+
+
+@pytest.mark.parametrize("prec", PR.PRECISIONS)
+def test_talker_step_bytes_equal_the_hand_count(prec):
+    """One talker step reads the 2 layers, the final norm and codec_head, and 2 x layers x KV width values per cached
+    position (in the activation dtype unless told)."""
+    talker = PR.apply_precision(build_from_config(tiny_config_dict(), seed=0).talker, prec, require_native=False)
+    w = TH * TQD + 2 * TH * TKVD + TQD * TH + 3 * TH * TI
+    out = TQD + 2 * TKVD + TH + 2 * TI + TH
+    norms = 2 * TH + 2 * THD
+    if prec in ("float32", "bfloat16"):
+        e = 4 if prec == "float32" else 2
+        hand = e * (TL * (w + norms) + TH + TH * TV)
+    else:
+        e = 2 if prec == "int8" else 4
+        hand = TL * (w + out * e + norms * e) + e * TH + TH * TV + e * TV
+    sb = floor.talker_step_bytes(talker, context=10)
+    assert sb["bytes"] == hand == sum(sb["parts"].values()) == sum(sb["by_dtype"].values())
+    assert sb["kv_bytes"] == 2 * TL * TKVD * 10 * (2 if prec in ("bfloat16", "int8") else 4)
+    assert floor.talker_step_bytes(talker, context=10, kv_element_bytes=4)["kv_bytes"] == 2 * TL * TKVD * 10 * 4
+    with pytest.raises(ValueError):
+        floor.talker_step_bytes(talker, context=-1)

@@ -8,6 +8,7 @@ one-line errors. Small models only (tiny-random, embedded); no timing asserts (t
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from transformers.cache_utils import DynamicCache
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval.talker_bench import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
 from rvqspec_lib.models import precision as PR
-from rvqspec_lib.models.configs import CONFIG_DIR
+from rvqspec_lib.models.configs import CONFIG_DIR, build_from_config, tiny_config_dict
 from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.models.kernels import cpforward as C
 from rvqspec_lib.models.loader import load_model
@@ -32,11 +33,16 @@ pytestmark = pytest.mark.skipif(not C.available(), reason=f"native forward unava
 #: across a rounding boundary (measured up to 8e-4).
 OFFICIAL_RTOL = {"float32": 1e-5, "bfloat16": 4e-2, "int8": 4e-2, "int8-dynamic": 2e-2}
 MODELS = ("tiny-random", "embedded")
+#: The tiny model with the released talkers' head width (128, MRoPE sections [24, 20, 20]): the C paths of that width.
+D128 = "tiny-d128"
 
 
 @pytest.fixture(scope="module")
 def models():
-    return {name: load_model(name) for name in MODELS}
+    cfg = tiny_config_dict()
+    cfg["talker_config"].update(head_dim=128, rope_scaling={"interleaved": True, "mrope_section": [24, 20, 20],
+                                                            "rope_type": "default"})
+    return {**{name: load_model(name) for name in MODELS}, D128: SimpleNamespace(talker=build_from_config(cfg).talker)}
 
 
 def _talker(models, name, prec):
@@ -123,7 +129,7 @@ def test_mrope_with_equal_ids_is_1d_rope_bit_for_bit(models, which):
 # ----------------------------------------------------------------------------------------------------------------
 # equal to the official talker in the same precision
 # ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + (D128,))
 @pytest.mark.parametrize("prec", PR.PRECISIONS)
 def test_hidden_and_logits_equal_official_within_tolerance(models, name, prec):
     talker = _talker(models, name, prec)
@@ -194,9 +200,10 @@ def test_greedy_code0_loop_equals_official_where_margin_clear(models, name, prec
 # ----------------------------------------------------------------------------------------------------------------
 # batch rows are independent streams, bit for bit
 # ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["tiny-random", D128])
 @pytest.mark.parametrize("prec", PR.PRECISIONS)
-def test_batch_rows_equal_single_streams_bit_for_bit(models, prec):
-    talker = _talker(models, "tiny-random", prec)
+def test_batch_rows_equal_single_streams_bit_for_bit(models, name, prec):
+    talker = _talker(models, name, prec)
     nt = NativeTalker(talker, max_context=16)
     prompt, mask, feeds = _inputs(talker)
     a0, a1, la = native_run(nt, prompt, mask, feeds)
@@ -204,6 +211,22 @@ def test_batch_rows_equal_single_streams_bit_for_bit(models, prec):
         real = mask[i].bool()
         s0, s1, sl = native_run(nt, prompt[i:i + 1, real], None, feeds[i:i + 1])  # the stream alone, unpadded
         assert torch.equal(a0[i, real], s0[0]) and torch.equal(a1[i], s1[0]) and torch.equal(la[i], sl[0]), (prec, i)
+
+
+@pytest.mark.parametrize("prec", ["bfloat16", "int8"])
+def test_bfloat16_kv_cache_is_exact(models, prec):
+    """In bfloat16 and int8 the KV cache is held in bfloat16 by default: every result equals the float32 cache's bit
+    for bit (the keys and values are bfloat16 values already); head widths 16, 64 and 128."""
+    for name in MODELS + (D128,):
+        talker = _talker(models, name, prec)
+        half, full = NativeTalker(talker, max_context=16), NativeTalker(talker, max_context=16, kv_bfloat16=False)
+        assert half.kv_dtype == torch.bfloat16 and full.kv_dtype == torch.float32
+        assert 2 * half.kv_bytes_per_position == full.kv_bytes_per_position
+        prompt, mask, feeds = _inputs(talker)
+        for a, b in zip(native_run(half, prompt, mask, feeds), native_run(full, prompt, mask, feeds)):
+            assert torch.equal(a, b), (name, prec)
+        assert half.cache.k.dtype == torch.bfloat16 and torch.equal(half.cache.k[..., :half.length, :].float(),
+                                                                    full.cache.k[..., :full.length, :])
 
 
 def test_batch_test_can_fail(models):
@@ -277,6 +300,9 @@ def test_errors_name_the_fix(models):
     with pytest.raises(ValueError) as e:
         NativeTalker(talker, max_context=0)
     one_line(e, "max_context")
+    with pytest.raises(ValueError) as e:
+        NativeTalker(talker, kv_bfloat16=True)
+    one_line(e, "kv_bfloat16=None or False")
     with pytest.raises(ValueError) as e:
         nt.step(torch.zeros(1, 1, h))
     one_line(e, "prefill")

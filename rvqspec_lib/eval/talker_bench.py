@@ -11,8 +11,9 @@ change of machine load hits all alike; the first ``warmup`` rounds are dropped),
 * the floor: the weight bytes of one step (:func:`rvqspec_lib.eval.floor.talker_step_bytes`: layers, final norm,
   ``codec_head``, at their stored size) over the measured read bandwidth (:func:`rvqspec_lib.eval.floor.
   read_bandwidth`, measured before and after the timing, the faster kept);
-* the floor with the KV cache: the same plus the bytes of keys and values the step attends (float32 in the native
-  cache, the activation dtype in the official one), which a step must read too and which grows with the context.
+* the floor with the KV cache: the same plus the bytes of keys and values the step attends (in the cache's dtype:
+  the activation dtype in the official cache and in the native one, :attr:`NativeTalker.kv_dtype`), which a step
+  must read too and which grows with the context.
 
 :func:`scan_cost` measures what attending over the filled prefix of the native cache saves against scanning an
 ``allow`` mask over its whole capacity. The real-size architectures have random weights here: timing only.
@@ -213,7 +214,8 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
     rows = []
     for (p, f, c), st in stats.items():
         wb = weights[p]["bytes"]
-        kv = talker_step_bytes(talkers[p], context=c, kv_element_bytes=4 if f == "native" else None)["kv_bytes"]
+        kv_elem = natives[p].kv_dtype.itemsize if f == "native" else None  # None: the official cache's dtype
+        kv = talker_step_bytes(talkers[p], context=c, kv_element_bytes=kv_elem)["kv_bytes"]
         fl, fl_kv = floor_ms(wb, gbs), floor_ms(wb + kv, gbs)
         rows.append({"precision": p, "forward": f, "context": c, **st, "weight_bytes": wb, "kv_bytes": kv,
                      "packed_bytes": natives[p].weight_bytes if f == "native" else None,

@@ -14,11 +14,12 @@ int8-dynamic: :func:`rvqspec_lib.models.precision.apply_precision`).
   SAME position id on all three axes, and then the rotation is the 1-D RoPE of the same inverse frequencies
   (tests/test_native_talker.py checks it bit for bit against the official ``apply_multimodal_rotary_pos_emb``). The
   tables are the official rotary module's, at axis 0, in the module's activation dtype.
-* **KV cache.** Preallocated for ``max_context`` positions, float32 (values rounded to bfloat16 in the bfloat16
-  precisions, as the official cache holds them), slot = index of the position in the sequence (prompt padding
-  included). It costs ``2 x layers x kv_heads x head_dim x 4`` bytes per position per stream: 224 KiB on the 0.6B and
-  1.7B talkers (28 x 8 x 128), so 224 MiB per stream at the default ``max_context`` of 1024 (about 80 s of speech
-  after a prompt). A step attends over the filled prefix only: the C call scans ``length`` slots, not the capacity
+* **KV cache.** Preallocated for ``max_context`` positions, slot = index of the position in the sequence (prompt
+  padding included). float32 in float32 and int8-dynamic; bfloat16 in bfloat16 and int8, whose keys and values are
+  bfloat16 values already (as the official cache holds them): the same numbers, bit for bit (tested), in half the
+  bytes a step reads (``kv_bfloat16=False`` keeps float32). It costs ``2 x layers x kv_heads x head_dim x bytes``
+  per position per stream: 224 KiB in float32 on the 0.6B and 1.7B talkers (28 x 8 x 128), 112 KiB in bfloat16, so
+  224 MiB (112 MiB) per stream at the default ``max_context`` of 1024 (82 s of speech, prompt included). A step attends over the filled prefix only: the C call scans ``length`` slots, not the capacity
   (``rvq_forward_scan``; scanning the whole capacity through an ``allow`` mask costs time that grows with the
   capacity, see :func:`rvqspec_lib.eval.talker_bench.scan_cost`).
 * **Batches** are independent streams sharing slot indices: left padding of a batched prompt is masked per row and
@@ -50,8 +51,9 @@ class TalkerKVCache:
     """The native talker's KV cache: preallocated slots for ``max_context`` positions of ``batch`` streams.
 
     Attributes:
-        k, v: ``(layers, B, kv_heads, max_context, head_dim)`` float32; slot i holds position i of the sequence
-            (prompt padding included); slots ``>= length`` are unused (never read).
+        k, v: ``(layers, B, kv_heads, max_context, head_dim)`` float32 or bfloat16 (:attr:`NativeTalker.kv_dtype`);
+            slot i holds position i of the sequence (prompt padding included); slots ``>= length`` are unused
+            (never read).
         valid: ``(B, max_context)`` bool, slot i of a stream holds a real (not padded) position.
         next_pos: ``(B,)`` int64, the RoPE position of each stream's next real position.
         length: slots filled.
@@ -125,23 +127,26 @@ class NativeTalker:
             in float32, bfloat16, int8 or int8-dynamic (:func:`rvqspec_lib.models.precision.apply_precision` applied
             to the talker). Its weights are COPIED at construction: later changes are not seen.
         max_context: positions the KV cache holds (prompt included), >= 1; :meth:`reset` changes it.
+        kv_bfloat16: hold the KV cache in bfloat16 (default: in bfloat16 and int8, where it is exact; ``False``:
+            float32). ``True`` is refused in float32 and int8-dynamic (it would round).
 
     Attributes: ``talker``, ``precision``, ``dtype`` (the activation dtype hidden states and logits are returned in),
     ``fast`` (whether this precision runs through the AVX-512 path of this CPU), ``hidden``, ``vocab``,
-    ``n_layers``, ``max_context`` (capacity of the caches :meth:`reset` makes), ``cache`` (the
+    ``n_layers``, ``kv_dtype``, ``max_context`` (capacity of the caches :meth:`reset` makes), ``cache`` (the
     :class:`TalkerKVCache` in use), ``length`` (its positions), ``batch`` (its streams, 0 before the first
     prefill), ``kv_bytes_per_position`` (per stream), ``weight_bytes`` (packed bytes one step streams: layers,
     norms and ``codec_head``), ``decoder`` (the :class:`~rvqspec_lib.models.native.PackedDecoder`), ``name``.
 
     Raises:
         ValueError: not a talker; a precision other than the four; a module not on the CPU; a RoPE type other than
-            the default; linear layers with biases; ``max_context < 1``.
+            the default; linear layers with biases; ``max_context < 1``; ``kv_bfloat16=True`` in float32 or
+            int8-dynamic.
         RuntimeError: the C library cannot be built here (the reason, one line).
     """
 
     name = "native"
 
-    def __init__(self, talker, *, max_context: int = DEFAULT_MAX_CONTEXT):
+    def __init__(self, talker, *, max_context: int = DEFAULT_MAX_CONTEXT, kv_bfloat16: bool | None = None):
         t = _talker_of(talker)
         if t is None:
             raise ValueError(f"NativeTalker needs the official talker (lm.model.talker) or the loaded model, got "
@@ -173,8 +178,16 @@ class NativeTalker:
         self.weight_bytes = self.decoder.weight_bytes + sum(
             x.numel() * x.element_size() for x in (self.head.data, self.head.scale, self.head.comp) if x is not None)
         d = self.decoder
-        self.kv_bytes_per_position = 2 * d.n_layers * d.n_kv * d.head_dim * 4
         self._lib = C.lib()
+        if kv_bfloat16 is None:
+            kv_bfloat16 = d.act_bf16
+        if kv_bfloat16 and not d.act_bf16:
+            raise ValueError(f"a bfloat16 KV cache would round the keys and values of the {precision} talker: use "
+                             f"kv_bfloat16=None or False")
+        if self._lib.rvq_model_set_kv_bf16(d.handle, int(bool(kv_bfloat16))) != 0:
+            raise ValueError("the native forward refused a bfloat16 KV cache")  # pragma: no cover - checked above
+        self.kv_dtype = torch.bfloat16 if kv_bfloat16 else torch.float32
+        self.kv_bytes_per_position = 2 * d.n_layers * d.n_kv * d.head_dim * (2 if kv_bfloat16 else 4)
         #: Scan every slot of the cache in each step (an ``allow`` mask over the whole capacity, ``rvq_forward``'s
         #: way) instead of the filled prefix: the same arithmetic, bit for bit; only for measuring what the prefix
         #: scan saves (:func:`rvqspec_lib.eval.talker_bench.scan_cost`).
@@ -227,7 +240,7 @@ class NativeTalker:
         shape = (d.n_layers, batch, d.n_kv, int(max_context), d.head_dim)
         # never read before written: attention reads slots < length only, each written by the step that filled it
         with torch.inference_mode(False):
-            return TalkerKVCache(torch.empty(shape), torch.empty(shape))
+            return TalkerKVCache(torch.empty(shape, dtype=self.kv_dtype), torch.empty(shape, dtype=self.kv_dtype))
 
     def use_cache(self, cache: TalkerKVCache) -> None:
         """Run the next steps on ``cache`` (one of :meth:`new_cache`), as it is.
@@ -237,7 +250,7 @@ class NativeTalker:
         """
         d = self.decoder
         if not isinstance(cache, TalkerKVCache) or cache.k.shape[0] != d.n_layers or cache.k.shape[2] != d.n_kv \
-                or cache.k.shape[4] != d.head_dim:
+                or cache.k.shape[4] != d.head_dim or cache.k.dtype != self.kv_dtype:
             raise ValueError("use_cache takes a TalkerKVCache made by this talker's new_cache(batch, max_context)")
         if self._cos is None or self._cos.shape[0] < cache.max_context:
             self._cos, self._sin = self._rope_tables(cache.max_context)

@@ -420,7 +420,7 @@ enum { W_QKV = 0, W_O = 1, W_GU = 2, W_DOWN = 3 };
 enum { N_IN = 0, N_POST = 1, N_Q = 2, N_K = 3 };
 
 typedef struct {
-    int prec, L, H, NH, NKV, D, I, act_bf16;
+    int prec, L, H, NH, NKV, D, I, act_bf16, kv_bf16;
     float eps, scaling;
     Linear *lin;          /* L x 4 */
     const float **norms;  /* L x 4 (input, post-attention, q, k) */
@@ -452,6 +452,17 @@ void rvq_model_set_linear(void *h, int layer, int which, const void *w, const fl
     Model *m = (Model *)h;
     Linear L = {m->prec, N, K, w, scale, comp};
     m->lin[layer * 4 + which] = L;
+}
+
+/* The KV cache in bfloat16 (on != 0) instead of float32: the caches passed to the forward calls are then uint16
+ * bfloat16 arrays of the same shape. Only with bfloat16 activations, whose keys and values are bfloat16 values
+ * already, so the cache holds them exactly and every result is the same bit for bit; it halves the bytes attention
+ * reads. Returns 0, or -1 (the model does not round its activations to bfloat16). */
+int rvq_model_set_kv_bf16(void *h, int on) {
+    Model *m = (Model *)h;
+    if (on && !m->act_bf16) return -1;
+    m->kv_bf16 = on != 0;
+    return 0;
 }
 
 void rvq_model_set_norm(void *h, int layer, int which, const float *w) {
@@ -505,29 +516,75 @@ static inline void dot4(const float *q, const float *k0, const float *k1, const 
     out[2] = _mm512_reduce_add_ps(a2); out[3] = _mm512_reduce_add_ps(a3);
 }
 
-/* o (NC x 16 floats) = sum_i (p[i] * inv) v_i in slot order, the accumulators in registers (NC a constant) */
-static inline __attribute__((always_inline)) void pv_regs(const float *p, float inv, const float *vb,
+/* 16 bfloat16 values (a bfloat16 KV cache) widened to float32, exactly */
+static inline __m512 ld_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* dot4 over keys held in bfloat16, n a multiple of 16: the same operations on the same values */
+static inline void dot4_bf16(const float *q, const uint16_t *k0, const uint16_t *k1, const uint16_t *k2,
+                             const uint16_t *k3, int n, float *out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int i = 0; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(q + i);
+        a0 = _mm512_fmadd_ps(x, ld_bf16(k0 + i), a0);
+        a1 = _mm512_fmadd_ps(x, ld_bf16(k1 + i), a1);
+        a2 = _mm512_fmadd_ps(x, ld_bf16(k2 + i), a2);
+        a3 = _mm512_fmadd_ps(x, ld_bf16(k3 + i), a3);
+    }
+    out[0] = _mm512_reduce_add_ps(a0); out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2); out[3] = _mm512_reduce_add_ps(a3);
+}
+
+/* o (NC x 16 floats) = sum_i (p[i] * inv) v_i in slot order, the accumulators in registers (NC a constant); v in
+ * float32 or (kv16) bfloat16 */
+static inline __attribute__((always_inline)) void pv_regs(const float *p, float inv, const void *vb, int kv16,
                                                           const int32_t *idx, int na, int D, int NC, float *o) {
     __m512 acc[8];
     for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
-    for (int i = 0; i < na; i++) {
-        __m512 pj = _mm512_set1_ps(p[i] * inv);
-        const float *vv = vb + (size_t)idx[i] * D;
-        for (int c = 0; c < NC; c++) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vv + 16 * c), acc[c]);
+    if (kv16) {
+        for (int i = 0; i < na; i++) {
+            __m512 pj = _mm512_set1_ps(p[i] * inv);
+            const uint16_t *vv = (const uint16_t *)vb + (size_t)idx[i] * D;
+            for (int c = 0; c < NC; c++) acc[c] = _mm512_fmadd_ps(pj, ld_bf16(vv + 16 * c), acc[c]);
+        }
+    } else {
+        for (int i = 0; i < na; i++) {
+            __m512 pj = _mm512_set1_ps(p[i] * inv);
+            const float *vv = (const float *)vb + (size_t)idx[i] * D;
+            for (int c = 0; c < NC; c++) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vv + 16 * c), acc[c]);
+        }
     }
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
 }
 #endif
 
-static void attend(const float *q, const float *kb, const float *vb, int D, const int32_t *idx, int na,
+/* one key (or value) row as float32: the row itself (float32 cache) or widened into buf (bfloat16 cache) */
+static inline const float *kv_row(const void *base, int kv16, size_t j, int D, float *buf) {
+    if (!kv16) return (const float *)base + j * D;
+    const uint16_t *r = (const uint16_t *)base + j * D;
+    for (int d = 0; d < D; d++) buf[d] = bf16_float(r[d]);
+    return buf;
+}
+
+static void attend(const float *q, const void *kb, const void *vb, int kv16, int D, const int32_t *idx, int na,
                    float scaling, float *sc, float *o) {
     int i = 0;
+    float buf[1024];  /* a widened bfloat16 row (D <= MAX_HEAD_DIM) */
 #if defined(__AVX512F__)
-    for (; i + 4 <= na; i += 4)
-        dot4(q, kb + (size_t)idx[i] * D, kb + (size_t)idx[i + 1] * D, kb + (size_t)idx[i + 2] * D,
-             kb + (size_t)idx[i + 3] * D, D, sc + i);
+    if (!kv16) {
+        const float *k = (const float *)kb;
+        for (; i + 4 <= na; i += 4)
+            dot4(q, k + (size_t)idx[i] * D, k + (size_t)idx[i + 1] * D, k + (size_t)idx[i + 2] * D,
+                 k + (size_t)idx[i + 3] * D, D, sc + i);
+    } else if (D % 16 == 0) {
+        const uint16_t *k = (const uint16_t *)kb;
+        for (; i + 4 <= na; i += 4)
+            dot4_bf16(q, k + (size_t)idx[i] * D, k + (size_t)idx[i + 1] * D, k + (size_t)idx[i + 2] * D,
+                      k + (size_t)idx[i + 3] * D, D, sc + i);
+    }
 #endif
-    for (; i < na; i++) sc[i] = dot(q, kb + (size_t)idx[i] * D, D);
+    for (; i < na; i++) sc[i] = dot(q, kv_row(kb, kv16, (size_t)idx[i], D, buf), D);
     for (i = 0; i < na; i++) sc[i] = sc[i] * scaling;
     float mx = -INFINITY;  /* the max of finite values: the same whatever the order (an equal +0 / -0 max gives the
                               same fexp(s - max)) */
@@ -547,10 +604,10 @@ static void attend(const float *q, const float *kb, const float *vb, int D, cons
 #if defined(__AVX512F__)
     if (D % 16 == 0 && D <= 128) {
         switch (D / 16) {
-            case 8: pv_regs(sc, inv, vb, idx, na, D, 8, o); return;
-            case 4: pv_regs(sc, inv, vb, idx, na, D, 4, o); return;
-            case 2: pv_regs(sc, inv, vb, idx, na, D, 2, o); return;
-            case 1: pv_regs(sc, inv, vb, idx, na, D, 1, o); return;
+            case 8: pv_regs(sc, inv, vb, kv16, idx, na, D, 8, o); return;
+            case 4: pv_regs(sc, inv, vb, kv16, idx, na, D, 4, o); return;
+            case 2: pv_regs(sc, inv, vb, kv16, idx, na, D, 2, o); return;
+            case 1: pv_regs(sc, inv, vb, kv16, idx, na, D, 1, o); return;
             default: break;
         }
     }
@@ -558,7 +615,7 @@ static void attend(const float *q, const float *kb, const float *vb, int D, cons
     for (int d = 0; d < D; d++) o[d] = 0.0f;
     for (i = 0; i < na; i++) {
         float pj = sc[i] * inv;
-        const float *vv = vb + (size_t)idx[i] * D;
+        const float *vv = kv_row(vb, kv16, (size_t)idx[i], D, buf);
         for (int d = 0; d < D; d++) o[d] = fmaf(pj, vv[d], o[d]);
     }
 }
@@ -566,8 +623,9 @@ static void attend(const float *q, const float *kb, const float *vb, int D, cons
 /* The decoder stack over a slot KV cache of S slots of which attention scans the first NS (NS <= S): allow is
  * (B, Q, NS), slots NS..S-1 are neither read nor scanned (rvq_forward: NS = S; rvq_forward_scan: a growing prefix). */
 static int forward_impl(Model *m, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
-                        const int64_t *write, float *kc, float *vc, int B, int Q, int S, int NS, float *out) {
-    int R = B * Q, H = m->H, NH = m->NH, NKV = m->NKV, D = m->D, I = m->I, bf = m->act_bf16;
+                        const int64_t *write, void *kc, void *vc, int B, int Q, int S, int NS, float *out) {
+    int R = B * Q, H = m->H, NH = m->NH, NKV = m->NKV, D = m->D, I = m->I, bf = m->act_bf16, kv16 = m->kv_bf16;
+    size_t es = kv16 ? sizeof(uint16_t) : sizeof(float);  /* bytes per cached value */
     int NQKV = (NH + 2 * NKV) * D, rep = NH / NKV, half = D / 2;
     int kmax = H > NH * D ? H : NH * D;
     kmax = kmax > I ? kmax : I;
@@ -582,7 +640,7 @@ static int forward_impl(Model *m, const float *x_in, const float *cos_t, const f
     for (int l = 0; l < m->L; l++) {
         const Linear *lin = m->lin + l * 4;
         const float **nw = m->norms + l * 4;
-        float *kl = kc + (size_t)l * B * NKV * S * D, *vl = vc + (size_t)l * B * NKV * S * D;
+        char *kl = (char *)kc + (size_t)l * B * NKV * S * D * es, *vl = (char *)vc + (size_t)l * B * NKV * S * D * es;
         for (int r = 0; r < R; r++) rms(x + (size_t)r * H, nw[N_IN], hb + (size_t)r * H, H, m->eps, bf);
         linear_run(&lin[W_QKV], hb, H, qkv, NQKV, R, bf, lwork);
         /* q, k: per-head RMSNorm then RoPE (q * cos + rotate_half(q) * sin); k, v into the cache */
@@ -601,9 +659,15 @@ static int forward_impl(Model *m, const float *x_in, const float *cos_t, const f
             }
             int64_t slot = write[(size_t)b * Q + qi];
             for (int kh = 0; kh < NKV; kh++) {
-                size_t off = (((size_t)b * NKV + kh) * S + slot) * D;
-                memcpy(kl + off, row + (size_t)(NH + kh) * D, sizeof(float) * D);
-                memcpy(vl + off, row + (size_t)(NH + NKV + kh) * D, sizeof(float) * D);
+                size_t off = (((size_t)b * NKV + kh) * S + slot) * D * es;
+                const float *kr = row + (size_t)(NH + kh) * D, *vr = row + (size_t)(NH + NKV + kh) * D;
+                if (kv16) {  /* bfloat16 values already (kv_bf16 needs act_bf16): the top half is exact */
+                    uint16_t *kd = (uint16_t *)(kl + off), *vd = (uint16_t *)(vl + off);
+                    for (int d = 0; d < D; d++) { kd[d] = (uint16_t)(f2u(kr[d]) >> 16); vd[d] = (uint16_t)(f2u(vr[d]) >> 16); }
+                } else {
+                    memcpy(kl + off, kr, sizeof(float) * D);
+                    memcpy(vl + off, vr, sizeof(float) * D);
+                }
             }
         }
         /* attention: each row over its allowed slots, in slot order (attend) */
@@ -614,9 +678,9 @@ static int forward_impl(Model *m, const float *x_in, const float *cos_t, const f
             float *row = qkv + (size_t)r * NQKV;
             for (int hh = 0; hh < NH; hh++) {
                 int kh = hh / rep;
-                const float *kb = kl + ((size_t)b * NKV + kh) * S * D, *vb = vl + ((size_t)b * NKV + kh) * S * D;
+                const char *kb = kl + ((size_t)b * NKV + kh) * S * D * es, *vb = vl + ((size_t)b * NKV + kh) * S * D * es;
                 float *o = att + (size_t)r * NH * D + (size_t)hh * D;
-                attend(row + (size_t)hh * D, kb, vb, D, slot_idx, na, m->scaling, sc, o);
+                attend(row + (size_t)hh * D, kb, vb, kv16, D, slot_idx, na, m->scaling, sc, o);
                 if (bf) for (int d = 0; d < D; d++) o[d] = rb(o[d]);
             }
         }
@@ -640,11 +704,12 @@ static int forward_impl(Model *m, const float *x_in, const float *cos_t, const f
 
 /* THE verify call (rvqspec_lib.decoding.predictor.verify_forward's contract):
  *   x (B*Q, H) inputs; cos, sin (B*Q, D) the rotary tables at each row's position; allow (B, Q, S) uint8;
- *   write (B, Q) int64 slots; kc, vc (L, B, NKV, S, D) float32, written at the call's slots;
+ *   write (B, Q) int64 slots; kc, vc (L, B, NKV, S, D) float32 (bfloat16 after rvq_model_set_kv_bf16), written at
+ *   the call's slots;
  *   out (B*Q, H) after the final norm.
  * Returns 0, or -1 when scratch memory could not be allocated. */
 int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
-                const int64_t *write, float *kc, float *vc, int B, int Q, int S, float *out) {
+                const int64_t *write, void *kc, void *vc, int B, int Q, int S, float *out) {
     return forward_impl((Model *)h, x_in, cos_t, sin_t, allow, write, kc, vc, B, Q, S, S, out);
 }
 
@@ -654,7 +719,7 @@ int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin
  * Every row's arithmetic is rvq_forward's over the same allowed slots (bit for bit). Returns 0, -1 (scratch memory)
  * or -2 (NS outside 1..S). */
 int rvq_forward_scan(void *h, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
-                     const int64_t *write, float *kc, float *vc, int B, int Q, int S, int NS, float *out) {
+                     const int64_t *write, void *kc, void *vc, int B, int Q, int S, int NS, float *out) {
     if (NS < 1 || NS > S) return -2;
     return forward_impl((Model *)h, x_in, cos_t, sin_t, allow, write, kc, vc, B, Q, S, NS, out);
 }

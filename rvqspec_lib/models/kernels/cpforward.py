@@ -48,6 +48,7 @@ _SIGNATURES = {
     "rvq_model_free": ([_p], None),
     "rvq_model_set_linear": ([_p, _i, _i, _p, _p, _p, _i, _i], None),
     "rvq_model_set_norm": ([_p, _i, _i, _p], None),
+    "rvq_model_set_kv_bf16": ([_p, _i], _i),
     "rvq_forward": ([_p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _p], _i),
     "rvq_forward_scan": ([_p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _p], _i),
 }

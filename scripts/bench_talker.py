@@ -52,7 +52,8 @@ def main(argv=None) -> None:
                        repeats=args.repeats)
         res["scan_cost"] = {**sc, "precision": "float32"}
         print(f"KV scan (float32, context {sc['context']}, capacity {sc['capacity']}): prefix {sc['prefix_ms']:.2f} "
-              f"ms, whole cache {sc['whole_cache_ms']:.2f} ms, saved {sc['saved_ms']:.2f} ms a step")
+              f"ms, whole cache {sc['whole_cache_ms']:.2f} ms, saved {sc['saved_ms']:.2f} ms a step (CPU time: "
+              f"{sc['prefix_cpu_ms']:.2f}, {sc['whole_cache_cpu_ms']:.2f}, saved {sc['saved_cpu_ms']:.2f} ms)")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
 

@@ -75,6 +75,7 @@ def test_floor_ms_and_bandwidth_contract():
             floor.floor_ms(*bad)
     bw = floor.read_bandwidth(buffer_bytes=1 << 20, repeats=3)
     assert bw["gb_per_s"] > 0 and bw["gb_per_s_max"] >= bw["gb_per_s"] and bw["repeats"] == 3
+    assert bw["gb_per_s_cpu"] is None if torch.get_num_threads() != 1 else bw["gb_per_s_cpu"] > 0
     assert bw["buffer_bytes"] == 1 << 20 and bw["threads"] == torch.get_num_threads()
     with pytest.raises(ValueError):
         floor.read_bandwidth(buffer_bytes=16)

@@ -346,12 +346,13 @@ def test_errors_name_the_fix(models):
 # ----------------------------------------------------------------------------------------------------------------
 def test_benchmark_reports_every_condition(models):
     talker = slim_talker(models["tiny-random"].talker)
-    bw = {"gb_per_s": 10.0, "buffer_bytes": 2 ** 29, "repeats": 1, "threads": 1}
+    bw = {"gb_per_s": 10.0, "gb_per_s_cpu": 12.0, "buffer_bytes": 2 ** 29, "repeats": 1, "threads": 1}
     res = bench_talker_precisions(talker, ["float32", "int8-dynamic"], contexts=[4, 9], warmup=0, repeats=1,
                                   bandwidth=bw, model_name="tiny-random")
     keys = [(r["precision"], r["context"], r["forward"]) for r in res["rows"]]
     assert keys == [(p, c, f) for p in ("float32", "int8-dynamic") for c in (4, 9) for f in ("official", "native")]
     for r in res["rows"]:
         assert r["weight_bytes"] > 0 and r["floor_kv_ms"] > r["floor_ms"] > 0 and r["median_ms"] > 0
+        assert r["cpu_over_floor"] > 0 and r["floor_cpu_ms"] < r["floor_ms"]
     assert "RANDOM weights" in format_talker_table(res) and all(r["cpu_ms"] > 0 for r in res["rows"])
     assert PR.precision_of(talker.model) == "float32"  # the float32 talker was not converted

@@ -164,7 +164,9 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
         settings, and ``rows``: one dict per (precision, forward, context) with the medians (``median_ms``,
         ``p10_ms``, ``p90_ms``, ``min_ms``, ``cpu_ms`` the thread's CPU time, ``n``), ``weight_bytes``, ``kv_bytes``
         (what the step attends, in that forward's cache dtype), ``packed_bytes`` (native: the packed copy),
-        ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``cpu_over_floor`` and ``over_floor_kv``.
+        ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``over_floor_kv``, and in CPU time ``floor_cpu_ms`` (the
+        weights over the bandwidth timed in CPU time, ``gb_per_s_cpu``) and ``cpu_over_floor`` (``None`` where the
+        bandwidth has no CPU-time figure).
 
     Raises:
         ValueError: an unknown precision or forward, a context < 1, a talker not in float32.
@@ -208,19 +210,23 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
     other = other_cpu_fraction(cpu_before, _cpu_snapshot())
     if measured:  # the floor uses the faster of the two measurements (other load varies)
         after = read_bandwidth()
+        cpu_rates = [b.get("gb_per_s_cpu") for b in (bandwidth, after) if b.get("gb_per_s_cpu")]
         bandwidth = {**max(bandwidth, after, key=lambda b: b["gb_per_s"]),
-                     "gb_per_s_before": bandwidth["gb_per_s"], "gb_per_s_after": after["gb_per_s"]}
-    gbs = bandwidth["gb_per_s"]
+                     "gb_per_s_before": bandwidth["gb_per_s"], "gb_per_s_after": after["gb_per_s"],
+                     "gb_per_s_cpu": max(cpu_rates) if cpu_rates else None}
+    gbs, gbs_cpu = bandwidth["gb_per_s"], bandwidth.get("gb_per_s_cpu")
     rows = []
     for (p, f, c), st in stats.items():
         wb = weights[p]["bytes"]
         kv_elem = natives[p].kv_dtype.itemsize if f == "native" else None  # None: the official cache's dtype
         kv = talker_step_bytes(talkers[p], context=c, kv_element_bytes=kv_elem)["kv_bytes"]
         fl, fl_kv = floor_ms(wb, gbs), floor_ms(wb + kv, gbs)
+        fl_cpu = floor_ms(wb, gbs_cpu) if gbs_cpu else None
         rows.append({"precision": p, "forward": f, "context": c, **st, "weight_bytes": wb, "kv_bytes": kv,
                      "packed_bytes": natives[p].weight_bytes if f == "native" else None,
                      "floor_ms": fl, "floor_kv_ms": fl_kv, "over_floor": st["median_ms"] / fl,
-                     "over_floor_kv": st["median_ms"] / fl_kv, "cpu_over_floor": st["cpu_ms"] / fl})
+                     "over_floor_kv": st["median_ms"] / fl_kv, "floor_cpu_ms": fl_cpu,
+                     "cpu_over_floor": st["cpu_ms"] / fl_cpu if fl_cpu else None})
     order = {(p, f, c): i for i, (p, f, c) in enumerate((p, f, c) for p in precisions for c in contexts
                                                          for f in forwards)}
     rows.sort(key=lambda r: order[(r["precision"], r["forward"], r["context"])])
@@ -244,7 +250,8 @@ def scan_cost(nt, *, context: int = 64, capacity: int = 2048, warmup: int = 3, r
         context: positions before the step (1 <= context < capacity).
 
     Returns:
-        ``{"context", "capacity", "prefix_ms", "whole_cache_ms", "saved_ms"}`` (medians).
+        ``{"context", "capacity", "prefix_ms", "whole_cache_ms", "saved_ms"}`` (wall-clock medians) and the same
+        three in thread CPU time (``prefix_cpu_ms``, ...).
 
     Raises:
         ValueError: a context outside 1..capacity - 1.
@@ -273,7 +280,9 @@ def scan_cost(nt, *, context: int = 64, capacity: int = 2048, warmup: int = 3, r
                        ("whole", run(True), lambda: nt.crop(context))], warmup, repeats, False)
     return {"context": context, "capacity": capacity, "prefix_ms": st["prefix"]["median_ms"],
             "whole_cache_ms": st["whole"]["median_ms"],
-            "saved_ms": st["whole"]["median_ms"] - st["prefix"]["median_ms"]}
+            "saved_ms": st["whole"]["median_ms"] - st["prefix"]["median_ms"],
+            "prefix_cpu_ms": st["prefix"]["cpu_ms"], "whole_cache_cpu_ms": st["whole"]["cpu_ms"],
+            "saved_cpu_ms": st["whole"]["cpu_ms"] - st["prefix"]["cpu_ms"]}
 
 
 def format_talker_table(result: dict) -> str:
@@ -292,7 +301,9 @@ def format_talker_table(result: dict) -> str:
         f"read bandwidth {bw['gb_per_s']:.1f} GB/s (torch.sum over {bw['buffer_bytes'] / 2 ** 20:.0f} MiB"
         + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
            if "gb_per_s_after" in bw else "")
-        + "); floor = weight bytes / bandwidth; floor+kv adds the KV cache the step attends",
+        + (f"; {bw['gb_per_s_cpu']:.1f} GB/s in CPU time" if bw.get("gb_per_s_cpu") else "")
+        + "); floor = weight bytes / bandwidth; floor+kv adds the KV cache the step attends; cpu x fl: CPU time "
+        "over the floor at the CPU-time bandwidth",
         f"{'precision':<12} {'ctx':>4} {'forward':<8} {'ms':>8} {'p10-p90':>13} {'cpu ms':>7} {'weights MB':>10} "
         f"{'kv MB':>6} {'floor ms':>8} {'x floor':>7} {'cpu x fl':>8} {'floor+kv':>8} {'x fl+kv':>7}",
     ]
@@ -300,5 +311,6 @@ def format_talker_table(result: dict) -> str:
         lines.append(f"{r['precision']:<12} {r['context']:>4} {r['forward']:<8} {r['median_ms']:>8.2f} "
                      f"{r['p10_ms']:>6.1f}-{r['p90_ms']:<6.1f} {r['cpu_ms']:>7.2f} {r['weight_bytes'] / 1e6:>10.1f} "
                      f"{r['kv_bytes'] / 1e6:>6.1f} {r['floor_ms']:>8.2f} {r['over_floor']:>7.2f} "
-                     f"{r['cpu_over_floor']:>8.2f} {r['floor_kv_ms']:>8.2f} {r['over_floor_kv']:>7.2f}")
+                     f"{'' if r['cpu_over_floor'] is None else format(r['cpu_over_floor'], '.2f'):>8} "
+                     f"{r['floor_kv_ms']:>8.2f} {r['over_floor_kv']:>7.2f}")
     return "\n".join(lines)

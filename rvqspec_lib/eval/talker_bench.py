@@ -17,7 +17,6 @@ change of machine load hits all alike; the first ``warmup`` rounds are dropped),
 
 :func:`scan_cost` measures what attending over the filled prefix of the native cache saves against scanning an
 ``allow`` mask over its whole capacity. The real-size architectures have random weights here: timing only.
-torch is imported inside the functions, so reading this module stays fast.
 """
 
 from __future__ import annotations
@@ -27,6 +26,17 @@ import os
 import statistics
 import time
 from typing import Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.common.provenance import cpu_model
+from rvqspec_lib.eval.bench import _cpu_snapshot, _percentile, other_cpu_fraction
+from rvqspec_lib.eval.floor import floor_ms, read_bandwidth, talker_step_bytes
+from rvqspec_lib.models.native_talker import NativeTalker
+from rvqspec_lib.models.precision import PRECISIONS, apply_precision, cpu_features, native_precisions, precision_of
 
 #: Contexts timed by default (positions already in the KV cache when the step runs).
 DEFAULT_CONTEXTS = (64, 512)
@@ -50,8 +60,6 @@ def slim_talker(talker):
         the copy (an ``nn.Module`` of the talker's class): ``talker.model(...)`` and ``talker.codec_head(...)`` work
         as on the original; nothing else does.
     """
-    from torch import nn
-
     memo = {id(talker.code_predictor): nn.Identity(), id(talker.text_projection): nn.Identity(),
             id(talker.model.text_embedding): nn.Embedding(1, 1)}
     return copy.deepcopy(talker, memo)
@@ -60,9 +68,6 @@ def slim_talker(talker):
 def _official_calls(talker, contexts: Sequence[int], hidden: int, seed: int) -> list:
     """``[(context, call, reset)]``: the official step after ``context`` cached positions (random seeded inputs), its
     DynamicCache cropped back after each call."""
-    import torch
-    from transformers import DynamicCache
-
     dtype = next(talker.model.norm.parameters()).dtype
     out = []
     for c in contexts:
@@ -89,8 +94,6 @@ def _official_calls(talker, contexts: Sequence[int], hidden: int, seed: int) -> 
 def _native_calls(nt, contexts: Sequence[int], hidden: int, seed: int) -> list:
     """As :func:`_official_calls` through a :class:`~rvqspec_lib.models.native_talker.NativeTalker` (one KV cache
     per context, of ``context + 1`` slots, switched in with ``use_cache``; the same inputs)."""
-    import torch
-
     out = []
     for c in contexts:
         gen = torch.Generator().manual_seed(seed + c)
@@ -114,11 +117,6 @@ def _interleaved(conditions: list, warmup: int, repeats: int, progress: bool) ->
     each condition once in an order rotated from round to round. Wall-clock milliseconds, and the calling thread's
     CPU milliseconds (``cpu_ms``: time the thread ran, which other processes sharing the cores do not inflate, though
     their memory traffic still slows it; one torch thread, so the official step runs on this thread too)."""
-    import torch
-
-    from rvqspec_lib.common.progress import progress_bar
-    from rvqspec_lib.eval.bench import _percentile
-
     times: dict = {key: [] for key, _, _ in conditions}
     cpu: dict = {key: [] for key, _, _ in conditions}
     with torch.inference_mode():
@@ -171,14 +169,6 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
     Raises:
         ValueError: an unknown precision or forward, a context < 1, a talker not in float32.
     """
-    import torch
-
-    from rvqspec_lib.common.provenance import cpu_model
-    from rvqspec_lib.eval.bench import _cpu_snapshot, other_cpu_fraction
-    from rvqspec_lib.eval.floor import floor_ms, read_bandwidth, talker_step_bytes
-    from rvqspec_lib.models.native_talker import NativeTalker
-    from rvqspec_lib.models.precision import PRECISIONS, apply_precision, cpu_features, native_precisions, precision_of
-
     precisions = list(native_precisions() if precisions is None else precisions)
     forwards, contexts = list(forwards), [int(c) for c in contexts]
     if not precisions or any(p not in PRECISIONS for p in precisions):
@@ -256,8 +246,6 @@ def scan_cost(nt, *, context: int = 64, capacity: int = 2048, warmup: int = 3, r
     Raises:
         ValueError: a context outside 1..capacity - 1.
     """
-    import torch
-
     if not 1 <= context < capacity:
         raise ValueError(f"need 1 <= context < capacity, got context={context}, capacity={capacity}")
     gen = torch.Generator().manual_seed(seed)

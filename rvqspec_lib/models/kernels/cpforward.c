@@ -567,6 +567,98 @@ static inline const float *kv_row(const void *base, int kv16, size_t j, int D, f
     return buf;
 }
 
+/* softmax weights of na scores in place (scaled first): fexp(s - max), their sum in slot order; returns 1 / sum */
+static float softmax_weights(float *sc, int na, float scaling) {
+    int i;
+    for (i = 0; i < na; i++) sc[i] = sc[i] * scaling;
+    float mx = -INFINITY;  /* the max of finite values: the same whatever the order (an equal +0 / -0 max gives the
+                              same fexp(s - max)) */
+    i = 0;
+#if defined(__AVX512F__)
+    if (na >= 16) {
+        __m512 m16 = _mm512_loadu_ps(sc);
+        for (i = 16; i + 16 <= na; i += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(sc + i));
+        mx = _mm512_reduce_max_ps(m16);
+    }
+#endif
+    for (; i < na; i++) mx = sc[i] > mx ? sc[i] : mx;
+    for (i = 0; i < na; i++) sc[i] = fexp(sc[i] - mx);
+    float sum = 0.0f;
+    for (i = 0; i < na; i++) sum += sc[i];
+    return 1.0f / sum;
+}
+
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) __m512 ld_kv(const void *p, size_t i, int KV16) {
+    return KV16 ? ld_bf16((const uint16_t *)p + i) : _mm512_loadu_ps((const float *)p + i);
+}
+
+/* scores of two query heads against four keys (n a multiple of 16), each exactly dot(): a key chunk is loaded once
+ * for both heads (the heads of one KV group) */
+static inline __attribute__((always_inline)) void dot2x4(const float *q0, const float *q1, const void *const *k,
+                                                         int n, int KV16, float *s0, float *s1) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int i = 0; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(q0 + i), y = _mm512_loadu_ps(q1 + i);
+        __m512 k0 = ld_kv(k[0], i, KV16), k1 = ld_kv(k[1], i, KV16), k2 = ld_kv(k[2], i, KV16),
+               k3 = ld_kv(k[3], i, KV16);
+        a0 = _mm512_fmadd_ps(x, k0, a0); a1 = _mm512_fmadd_ps(x, k1, a1);
+        a2 = _mm512_fmadd_ps(x, k2, a2); a3 = _mm512_fmadd_ps(x, k3, a3);
+        b0 = _mm512_fmadd_ps(y, k0, b0); b1 = _mm512_fmadd_ps(y, k1, b1);
+        b2 = _mm512_fmadd_ps(y, k2, b2); b3 = _mm512_fmadd_ps(y, k3, b3);
+    }
+    s0[0] = _mm512_reduce_add_ps(a0); s0[1] = _mm512_reduce_add_ps(a1);
+    s0[2] = _mm512_reduce_add_ps(a2); s0[3] = _mm512_reduce_add_ps(a3);
+    s1[0] = _mm512_reduce_add_ps(b0); s1[1] = _mm512_reduce_add_ps(b1);
+    s1[2] = _mm512_reduce_add_ps(b2); s1[3] = _mm512_reduce_add_ps(b3);
+}
+
+/* pv_regs for two heads over the same values: each value chunk loaded once */
+static inline __attribute__((always_inline)) void pv2_regs(const float *p0, float inv0, const float *p1, float inv1,
+                                                           const void *vb, int KV16, const int32_t *idx, int na,
+                                                           int D, int NC, float *o0, float *o1) {
+    __m512 acc0[8], acc1[8];
+    for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm512_setzero_ps();
+    for (int i = 0; i < na; i++) {
+        __m512 w0 = _mm512_set1_ps(p0[i] * inv0), w1 = _mm512_set1_ps(p1[i] * inv1);
+        size_t row = (size_t)idx[i] * D;
+        for (int c = 0; c < NC; c++) {
+            __m512 v = ld_kv(vb, row + 16 * c, KV16);
+            acc0[c] = _mm512_fmadd_ps(w0, v, acc0[c]);
+            acc1[c] = _mm512_fmadd_ps(w1, v, acc1[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) { _mm512_storeu_ps(o0 + 16 * c, acc0[c]); _mm512_storeu_ps(o1 + 16 * c, acc1[c]); }
+}
+
+/* two query heads of one KV group (D a multiple of 16, at most 128), KV16 a constant */
+static inline __attribute__((always_inline)) void attend_pair_t(const float *q0, const float *q1, const void *kb,
+                                                                const void *vb, int KV16, int D, const int32_t *idx,
+                                                                int na, float scaling, float *sc0, float *sc1,
+                                                                float *o0, float *o1) {
+    size_t es = KV16 ? 2 : 4;
+    int i = 0;
+    for (; i + 4 <= na; i += 4) {
+        const void *k[4];
+        for (int t = 0; t < 4; t++) k[t] = (const char *)kb + (size_t)idx[i + t] * D * es;
+        dot2x4(q0, q1, k, D, KV16, sc0 + i, sc1 + i);
+    }
+    float buf[1024];
+    for (; i < na; i++) {
+        const float *kr = kv_row(kb, KV16, (size_t)idx[i], D, buf);
+        sc0[i] = dot(q0, kr, D);
+        sc1[i] = dot(q1, kr, D);
+    }
+    float inv0 = softmax_weights(sc0, na, scaling), inv1 = softmax_weights(sc1, na, scaling);
+    switch (D / 16) {
+        case 8: pv2_regs(sc0, inv0, sc1, inv1, vb, KV16, idx, na, D, 8, o0, o1); break;
+        case 4: pv2_regs(sc0, inv0, sc1, inv1, vb, KV16, idx, na, D, 4, o0, o1); break;
+        case 2: pv2_regs(sc0, inv0, sc1, inv1, vb, KV16, idx, na, D, 2, o0, o1); break;
+        default: pv2_regs(sc0, inv0, sc1, inv1, vb, KV16, idx, na, D, 1, o0, o1); break;
+    }
+}
+#endif
+
 static void attend(const float *q, const void *kb, const void *vb, int kv16, int D, const int32_t *idx, int na,
                    float scaling, float *sc, float *o) {
     int i = 0;
@@ -585,22 +677,7 @@ static void attend(const float *q, const void *kb, const void *vb, int kv16, int
     }
 #endif
     for (; i < na; i++) sc[i] = dot(q, kv_row(kb, kv16, (size_t)idx[i], D, buf), D);
-    for (i = 0; i < na; i++) sc[i] = sc[i] * scaling;
-    float mx = -INFINITY;  /* the max of finite values: the same whatever the order (an equal +0 / -0 max gives the
-                              same fexp(s - max)) */
-    i = 0;
-#if defined(__AVX512F__)
-    if (na >= 16) {
-        __m512 m16 = _mm512_loadu_ps(sc);
-        for (i = 16; i + 16 <= na; i += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(sc + i));
-        mx = _mm512_reduce_max_ps(m16);
-    }
-#endif
-    for (; i < na; i++) mx = sc[i] > mx ? sc[i] : mx;
-    for (i = 0; i < na; i++) sc[i] = fexp(sc[i] - mx);
-    float sum = 0.0f;
-    for (i = 0; i < na; i++) sum += sc[i];
-    float inv = 1.0f / sum;
+    float inv = softmax_weights(sc, na, scaling);
 #if defined(__AVX512F__)
     if (D % 16 == 0 && D <= 128) {
         switch (D / 16) {
@@ -620,6 +697,21 @@ static void attend(const float *q, const void *kb, const void *vb, int kv16, int
     }
 }
 
+/* query heads h0, h0 + 1 (of one KV group) at once where the AVX-512 pair path applies, else one by one: the same
+ * values either way (every score and output element is the same sequence of operations). sc: 2 na floats. */
+static void attend_heads(const float *q0, const float *q1, const void *kb, const void *vb, int kv16, int D,
+                         const int32_t *idx, int na, float scaling, float *sc, float *o0, float *o1) {
+#if defined(__AVX512F__)
+    if (q1 && D % 16 == 0 && D <= 128) {
+        if (kv16) attend_pair_t(q0, q1, kb, vb, 1, D, idx, na, scaling, sc, sc + na, o0, o1);
+        else attend_pair_t(q0, q1, kb, vb, 0, D, idx, na, scaling, sc, sc + na, o0, o1);
+        return;
+    }
+#endif
+    attend(q0, kb, vb, kv16, D, idx, na, scaling, sc, o0);
+    if (q1) attend(q1, kb, vb, kv16, D, idx, na, scaling, sc, o1);
+}
+
 /* The decoder stack over a slot KV cache of S slots of which attention scans the first NS (NS <= S): allow is
  * (B, Q, NS), slots NS..S-1 are neither read nor scanned (rvq_forward: NS = S; rvq_forward_scan: a growing prefix). */
 static int forward_impl(Model *m, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
@@ -630,12 +722,12 @@ static int forward_impl(Model *m, const float *x_in, const float *cos_t, const f
     int kmax = H > NH * D ? H : NH * D;
     kmax = kmax > I ? kmax : I;
     size_t lw = rvq_linear_work(m->prec, R, kmax);
-    size_t need = (size_t)R * (H + H + NQKV + NH * D + 2 * I) + 2 * (size_t)NS + lw;
+    size_t need = (size_t)R * (H + H + NQKV + NH * D + 2 * I) + 3 * (size_t)NS + lw;
     ensure_work(m, need);
     if (!m->work) return -1;
     float *x = m->work, *hb = x + (size_t)R * H, *qkv = hb + (size_t)R * H, *att = qkv + (size_t)R * NQKV,
-          *gu = att + (size_t)R * NH * D, *sc = gu + (size_t)R * 2 * I, *lwork = sc + 2 * (size_t)NS;
-    int32_t *slot_idx = (int32_t *)(sc + NS);
+          *gu = att + (size_t)R * NH * D, *sc = gu + (size_t)R * 2 * I, *lwork = sc + 3 * (size_t)NS;
+    int32_t *slot_idx = (int32_t *)(sc + 2 * (size_t)NS);
     memcpy(x, x_in, sizeof(float) * (size_t)R * H);
     for (int l = 0; l < m->L; l++) {
         const Linear *lin = m->lin + l * 4;
@@ -676,12 +768,18 @@ static int forward_impl(Model *m, const float *x_in, const float *cos_t, const f
             const uint8_t *al = allow + ((size_t)b * Q + qi) * NS;
             for (int j = 0; j < NS; j++) if (al[j]) slot_idx[na++] = j;
             float *row = qkv + (size_t)r * NQKV;
-            for (int hh = 0; hh < NH; hh++) {
-                int kh = hh / rep;
+            for (int hh = 0; hh < NH; hh += 2) {  /* two query heads at a time within a KV group */
+                int kh = hh / rep, pair = hh + 1 < NH && (hh + 1) / rep == kh;
                 const char *kb = kl + ((size_t)b * NKV + kh) * S * D * es, *vb = vl + ((size_t)b * NKV + kh) * S * D * es;
                 float *o = att + (size_t)r * NH * D + (size_t)hh * D;
-                attend(row + (size_t)hh * D, kb, vb, kv16, D, slot_idx, na, m->scaling, sc, o);
-                if (bf) for (int d = 0; d < D; d++) o[d] = rb(o[d]);
+                attend_heads(row + (size_t)hh * D, pair ? row + (size_t)(hh + 1) * D : NULL, kb, vb, kv16, D,
+                             slot_idx, na, m->scaling, sc, o, pair ? o + D : NULL);
+                if (!pair && hh + 1 < NH) {  /* the next head belongs to another KV group */
+                    int k2 = (hh + 1) / rep;
+                    attend(row + (size_t)(hh + 1) * D, kl + ((size_t)b * NKV + k2) * S * D * es,
+                           vl + ((size_t)b * NKV + k2) * S * D * es, kv16, D, slot_idx, na, m->scaling, sc, o + D);
+                }
+                if (bf) for (int d = 0; d < 2 * D && hh * D + d < NH * D; d++) o[d] = rb(o[d]);
             }
         }
         linear_run(&lin[W_O], att, NH * D, hb, H, R, bf, lwork);

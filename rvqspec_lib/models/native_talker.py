@@ -19,16 +19,19 @@ int8-dynamic: :func:`rvqspec_lib.models.precision.apply_precision`).
   bfloat16 values already (as the official cache holds them): the same numbers, bit for bit (tested), in half the
   bytes a step reads (``kv_bfloat16=False`` keeps float32). It costs ``2 x layers x kv_heads x head_dim x bytes``
   per position per stream: 224 KiB in float32 on the 0.6B and 1.7B talkers (28 x 8 x 128), 112 KiB in bfloat16, so
-  224 MiB (112 MiB) per stream at the default ``max_context`` of 1024 (82 s of speech, prompt included). A step attends over the filled prefix only: the C call scans ``length`` slots, not the capacity
-  (``rvq_forward_scan``; scanning the whole capacity through an ``allow`` mask costs time that grows with the
-  capacity, see :func:`rvqspec_lib.eval.talker_bench.scan_cost`).
+  224 MiB (112 MiB) per stream at the default ``max_context`` of 1024 (82 s of speech, prompt included). A step
+  attends over the filled prefix only: the C call scans ``length`` slots, not the capacity (``rvq_forward_scan``;
+  an ``allow`` mask over the whole capacity computes the same values in time that grows with the capacity, a small
+  cost since the C call lists the allowed slots once per row and layer: :func:`rvqspec_lib.eval.talker_bench.
+  scan_cost` measures it), and the Python side builds a mask of ``length`` bytes a row, not ``max_context``.
 * **Batches** are independent streams sharing slot indices: left padding of a batched prompt is masked per row and
   each row keeps its own position (the official rule: position = index among the row's real tokens). Every row is
   computed exactly as the same stream alone (bit for bit: the C linear layers are row invariant and attention visits
   the allowed slots in slot order, skipping the padding; tested).
 * **Equal to the official talker in the same precision** to a stated tolerance (float32: summation order only;
-  bfloat16 / int8: the official rounding points, another summation order), so greedy code 0 equals the official
-  step's wherever its top-2 margin is clear (tested).
+  bfloat16 / int8: the official rounding points, another summation order; int8-dynamic: an activation's int8
+  rounding may move by one step), so greedy code 0 equals the official step's wherever its top-2 margin is clear
+  (tested).
 
 The frame loop runs a whole utterance with it: ``synthesize(lm, texts, talker_backend=NativeTalker(lm))``
 (:func:`rvqspec_lib.models.frame.synthesize`). Timing against the floor: :mod:`rvqspec_lib.eval.talker_bench`.

@@ -87,6 +87,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "docs/precision.md#the-native-forward; AR and chain:N then run as the whole frame in one C "
                         "call). Default: official; with --decoder auto, whichever is faster here (the choice is "
                         "timed with the decoder's and cached)")
+    p.add_argument("--talker", default="official", choices=["official", "native"],
+                   help="what runs the talker steps (code 0 of each frame): official (the official module) or native "
+                        "(one C call a step over packed copies of its layers and codec_head, in the talker's "
+                        "precision: float32, or bfloat16 with --dtype bfloat16 or int8; "
+                        "docs/precision.md#the-native-talker). Default: official")
     p.add_argument("--codes-to-audio", default="auto", choices=["auto", "neural", "table"],
                    help="models with the offline codec (embedded): 'auto' decodes with the neural code decoder shipped "
                         "beside the codec (codec.decoder.safetensors) when there is one, 'neural' requires it, "
@@ -169,6 +174,14 @@ def check_args(args) -> list[tuple[Path, Path]]:
         if not cpforward.available():
             raise ValueError(f"--backend native: the native forward cannot be built here "
                              f"({cpforward.unavailable_reason()}): use --backend official")
+    if getattr(args, "talker", "official") == "native":
+        if args.dtype == "float64":
+            raise ValueError("--talker native runs float32 or bfloat16 talkers: drop --dtype float64")
+        from rvqspec_lib.models.kernels import cpforward
+
+        if not cpforward.available():
+            raise ValueError(f"--talker native: the native forward cannot be built here "
+                             f"({cpforward.unavailable_reason()}): use --talker official")
     return pairs
 
 
@@ -276,6 +289,11 @@ def run(args, threads: int) -> int:
         if backend is not None else None
     inner_loop = ("native whole frame (one C call a frame)" if frame_decoder is not None
                   else f"decode_frame through the {backend_name} forward")
+    talker_backend = None
+    if getattr(args, "talker", "official") == "native":
+        from rvqspec_lib.models.native_talker import NativeTalker
+
+        talker_backend = NativeTalker(lm)  # its KV cache is sized per batch by synthesize
     notes: list[str] = []
 
     def _note(msg: str) -> None:
@@ -307,7 +325,7 @@ def run(args, threads: int) -> int:
         res = synthesize(lm, texts[b0:b0 + batch], decoder=decoder, sampling=sampling,
                          talker_sampling=talker_sampling, generator=generator, max_frames=args.max_frames,
                          language=args.language, speaker=args.speaker, progress=sys.stderr.isatty(), drafter=drafter,
-                         backend=backend, frame_decoder=frame_decoder)
+                         backend=backend, frame_decoder=frame_decoder, talker_backend=talker_backend)
         talker_calls, talker_s, inner_s = talker_calls + int(res.talker_calls), talker_s + res.talker_s, \
             inner_s + res.inner_s
         for j in range(len(res.codes)):
@@ -383,6 +401,7 @@ def run(args, threads: int) -> int:
             "dtype": args.dtype,
             "backend": "native" if backend_name == "native-frame" else backend_name,
             "inner_loop": inner_loop,
+            "talker": getattr(args, "talker", "official"),
             "sampling": sampling.describe(),
             "talker_sampling": talker_sampling.describe(),
             "threads": threads,

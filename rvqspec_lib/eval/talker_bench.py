@@ -163,8 +163,8 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
         ``p10_ms``, ``p90_ms``, ``min_ms``, ``cpu_ms`` the thread's CPU time, ``n``), ``weight_bytes``, ``kv_bytes``
         (what the step attends, in that forward's cache dtype), ``packed_bytes`` (native: the packed copy),
         ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``over_floor_kv``, and in CPU time ``floor_cpu_ms`` (the
-        weights over the bandwidth timed in CPU time, ``gb_per_s_cpu``) and ``cpu_over_floor`` (``None`` where the
-        bandwidth has no CPU-time figure).
+        weights over the bandwidth timed in CPU time, ``gb_per_s_cpu``), ``cpu_over_floor`` and
+        ``cpu_over_floor_kv`` (``None`` where the bandwidth has no CPU-time figure).
 
     Raises:
         ValueError: an unknown precision or forward, a context < 1, a talker not in float32.
@@ -211,12 +211,13 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
         kv_elem = natives[p].kv_dtype.itemsize if f == "native" else None  # None: the official cache's dtype
         kv = talker_step_bytes(talkers[p], context=c, kv_element_bytes=kv_elem)["kv_bytes"]
         fl, fl_kv = floor_ms(wb, gbs), floor_ms(wb + kv, gbs)
-        fl_cpu = floor_ms(wb, gbs_cpu) if gbs_cpu else None
+        fl_cpu, fl_kv_cpu = (floor_ms(wb, gbs_cpu), floor_ms(wb + kv, gbs_cpu)) if gbs_cpu else (None, None)
         rows.append({"precision": p, "forward": f, "context": c, **st, "weight_bytes": wb, "kv_bytes": kv,
                      "packed_bytes": natives[p].weight_bytes if f == "native" else None,
                      "floor_ms": fl, "floor_kv_ms": fl_kv, "over_floor": st["median_ms"] / fl,
                      "over_floor_kv": st["median_ms"] / fl_kv, "floor_cpu_ms": fl_cpu,
-                     "cpu_over_floor": st["cpu_ms"] / fl_cpu if fl_cpu else None})
+                     "cpu_over_floor": st["cpu_ms"] / fl_cpu if fl_cpu else None,
+                     "cpu_over_floor_kv": st["cpu_ms"] / fl_kv_cpu if fl_kv_cpu else None})
     order = {(p, f, c): i for i, (p, f, c) in enumerate((p, f, c) for p in precisions for c in contexts
                                                          for f in forwards)}
     rows.sort(key=lambda r: order[(r["precision"], r["forward"], r["context"])])
@@ -290,15 +291,17 @@ def format_talker_table(result: dict) -> str:
         + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
            if "gb_per_s_after" in bw else "")
         + (f"; {bw['gb_per_s_cpu']:.1f} GB/s in CPU time" if bw.get("gb_per_s_cpu") else "")
-        + "); floor = weight bytes / bandwidth; floor+kv adds the KV cache the step attends; cpu x fl: CPU time "
-        "over the floor at the CPU-time bandwidth",
+        + "); floor = weight bytes / bandwidth; floor+kv adds the KV cache the step attends; cpu x: the thread's "
+        "CPU time over the same floors at the CPU-time bandwidth",
         f"{'precision':<12} {'ctx':>4} {'forward':<8} {'ms':>8} {'p10-p90':>13} {'cpu ms':>7} {'weights MB':>10} "
-        f"{'kv MB':>6} {'floor ms':>8} {'x floor':>7} {'cpu x fl':>8} {'floor+kv':>8} {'x fl+kv':>7}",
+        f"{'kv MB':>6} {'floor ms':>8} {'x floor':>7} {'floor+kv':>8} {'x fl+kv':>7} {'cpu x fl':>8} "
+        f"{'cpu x fl+kv':>11}",
     ]
     for r in result["rows"]:
         lines.append(f"{r['precision']:<12} {r['context']:>4} {r['forward']:<8} {r['median_ms']:>8.2f} "
                      f"{r['p10_ms']:>6.1f}-{r['p90_ms']:<6.1f} {r['cpu_ms']:>7.2f} {r['weight_bytes'] / 1e6:>10.1f} "
                      f"{r['kv_bytes'] / 1e6:>6.1f} {r['floor_ms']:>8.2f} {r['over_floor']:>7.2f} "
+                     f"{r['floor_kv_ms']:>8.2f} {r['over_floor_kv']:>7.2f} "
                      f"{'' if r['cpu_over_floor'] is None else format(r['cpu_over_floor'], '.2f'):>8} "
-                     f"{r['floor_kv_ms']:>8.2f} {r['over_floor_kv']:>7.2f}")
+                     f"{'' if r['cpu_over_floor_kv'] is None else format(r['cpu_over_floor_kv'], '.2f'):>11}")
     return "\n".join(lines)

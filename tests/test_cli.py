@@ -294,6 +294,7 @@ def _synth(tmp_path, *extra, text="Hi there."):
     (["--decoder", "ssd-lossy", "--frame", "fused", "--backend", "native"], "not LossySSD; or use --frame stepped"),
     (["--decoder", "auto", "--frame", "stepped"], "--decoder auto chooses how its decoder runs; drop --frame"),
     (["--codes-to-audio", "table"], "no offline codec"),
+    (["--talker", "native", "--dtype", "float64"], "--talker native runs float32 or bfloat16 talkers"),
 ])
 def test_synth_bad_flags_fail_before_loading(tmp_path, capsys, monkeypatch, extra, needle):
     monkeypatch.setattr(loader, "load_model", _no_load)
@@ -659,3 +660,18 @@ def test_synth_labels_a_lossy_decoder_and_records_the_dtype(tmp_path, capsys, de
     assert ("note: LOSSY: " in err) is lossy, err
     assert any(n.startswith("LOSSY: ") for n in stats["notes"]) is lossy
     assert stats["dtype"] == "float32"
+
+
+def test_synth_with_the_native_talker_speaks_the_official_greedy_codes(tmp_path, capsys):
+    """--talker native runs the talker steps through rvqspec_lib.models.native_talker.NativeTalker: greedy codes equal
+    --talker official's (float32), and the JSON records which talker ran."""
+    codes = {}
+    for talker in ("official", "native"):
+        js = tmp_path / f"{talker}.json"
+        (tmp_path / talker).mkdir()
+        assert _synth(tmp_path / talker, "--greedy", "--max-frames", "4", "--talker", talker, "--json", str(js)) == 0
+        stats = json.loads(js.read_text())
+        assert stats["talker"] == talker
+        codes[talker] = stats["utterances"][0]["codes"] if "utterances" in stats else stats["codes"]
+    assert codes["native"] == codes["official"]
+    capsys.readouterr()

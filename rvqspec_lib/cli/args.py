@@ -54,6 +54,10 @@ def synth(p: argparse.ArgumentParser) -> None:
                         "forward), compile (it under torch.compile), onnx (an exported graph in ONNX Runtime), native "
                         "(one C call over packed weights, docs/precision.md#the-native-forward). Default: official; "
                         "with --decoder auto, official or native, whichever is faster here (timed and cached)")
+    p.add_argument("--talker", default="official", choices=("official", "native"),
+                   help="what runs the talker steps (code 0 of each frame): official (the official module) or native "
+                        "(one C call a step over packed copies of its layers and codec_head, in the talker's "
+                        "precision; docs/precision.md#the-native-talker). Default: official")
     p.add_argument("--frame", default="auto", choices=FRAME_KINDS,
                    help="fused: the whole frame as one graph per round or one C call (AR and chains drafting with "
                         "the reused heads); stepped: one backend call per round (any decoder); auto (default): fused "

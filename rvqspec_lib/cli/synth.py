@@ -36,6 +36,7 @@ from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import budget
 from rvqspec_lib.models import backends as B
 from rvqspec_lib.models import frame, loader
+from rvqspec_lib.models.native_talker import NativeTalker
 from rvqspec_lib.models.named_decoders import NamedDecoder, check_files, resolve
 from rvqspec_lib.models.precision import PRECISIONS, apply_precision, check_precision
 from rvqspec_lib.models.text_language import english_only_note
@@ -113,6 +114,11 @@ def check_args(args) -> list[tuple[Path, Path]]:
         B.check_available(args.backend, args.dtype)
         if args.backend == "native" and args.dtype not in PRECISIONS:
             raise ValueError(f"--backend native runs {', '.join(PRECISIONS)}: drop --dtype {args.dtype}")
+    if args.talker == "native":
+        ok, why = B.available("native", args.dtype if args.dtype in PRECISIONS else "float32")
+        if not ok or args.dtype not in PRECISIONS:
+            raise ValueError(f"--talker native: {why or f'it runs {chr(44).join(PRECISIONS)}, not {args.dtype}'}: "
+                             "use --talker official")
     if name.kind == "auto" and args.frame != "auto":
         raise ValueError(f"--frame {args.frame}: --decoder auto chooses how its decoder runs; drop --frame")
     if args.frame == "fused":  # a calibrated tree or paper is a tree: no fused frame either
@@ -252,6 +258,7 @@ def run(args, threads: int) -> int:
             _note((f"line {i + 1}: " if len(texts) > 1 else "") + other)
 
     generator = torch.Generator().manual_seed(args.seed)
+    talker = NativeTalker(lm) if args.talker == "native" else None  # its KV cache is sized per batch by frames()
     batch = args.batch_size if len(texts) > 1 else 1
     rows: list[dict] = []
     talker_calls, talker_s, inner_s = 0, 0.0, 0.0
@@ -259,7 +266,7 @@ def run(args, threads: int) -> int:
     for b0 in range(0, len(texts), batch):  # the frame loop decodes a batch of rows together
         res = frame.synthesize(lm, texts[b0:b0 + batch], runner=runner, talker_sampling=talker_sampling,
                                generator=generator, max_frames=args.max_frames, language=args.language,
-                               speaker=args.speaker, progress=sys.stderr.isatty())
+                               speaker=args.speaker, progress=sys.stderr.isatty(), talker=talker)
         talker_calls, talker_s, inner_s = talker_calls + res.talker_calls, talker_s + res.talker_s, \
             inner_s + res.inner_s
         rows += [{"codes": res.codes[j], "frames": int(res.frames[j]), "ended": bool(res.ended[j]),
@@ -303,7 +310,8 @@ def run(args, threads: int) -> int:
         stats = {
             "model": args.model, "random_weights": lm.is_random, "decoder_name": args.decoder_name.text,
             **fields, "codes_to_audio": codes_to_audio, "seed": args.seed, "greedy": args.greedy,
-            "dtype": args.dtype, "sampling": sampling.describe(), "talker_sampling": talker_sampling.describe(),
+            "dtype": args.dtype, "talker": args.talker, "sampling": sampling.describe(),
+            "talker_sampling": talker_sampling.describe(),
             "threads": threads, "batch_size": batch, "frame_rate_hz": lm.frame_rate_hz, "n_utterances": len(texts),
             "frames": frames, "audio_s": audio_s, "code_predictor_calls": calls, "talker_calls": talker_calls,
             "tokens_per_call": tpc, "startup_s": startup_s, "load_s": load_s, "choose_s": choose_s,

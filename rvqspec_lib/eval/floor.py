@@ -1,4 +1,5 @@
-"""The weight-streaming floor of one code-predictor call, measured on the running machine (docs/precision.md#the-floor).
+"""The weight-streaming floor of one code-predictor call (and of one talker step, :func:`talker_step_bytes`), measured
+on the running machine (docs/precision.md#the-floor).
 
 A code-predictor call with a few query positions does little arithmetic per weight: on a CPU it is bound by reading
 its weights from memory once. Its floor is therefore
@@ -72,6 +73,43 @@ def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
                + _tensors(code_predictor.lm_head[0]))
     elements = sum(t.numel() for t in touched) + n_queries * int(m.codec_embedding[0].weight.shape[-1])
     return {"bytes": sum(parts.values()), "elements": int(elements), "by_dtype": by_dtype, "parts": parts}
+
+
+def talker_step_bytes(talker, *, context: int = 0, kv_element_bytes: int | None = None) -> dict:
+    """Bytes one talker step (one new position, then ``codec_head``) reads: the weights, and the KV cache it attends.
+
+    Weights as :func:`call_weight_bytes` counts them (stored size, int8 scales included; rotary tables left out):
+    every parameter and persistent buffer of the decoder layers, the final norm and ``codec_head``. The step's input
+    embedding is given (the frame loop sums table rows the caller looked up), so no table is counted. The KV cache:
+    ``context`` positions of keys and values in every layer, ``2 x layers x kv_heads x head_dim x context`` elements.
+
+    Args:
+        talker: the official talker (``lm.model.talker``) in any precision; the ``meta`` device works.
+        context: positions already cached (>= 0).
+        kv_element_bytes: bytes per cached element (default: the activation dtype's, read from the final norm's
+            weight: 4 in float32 and int8-dynamic, 2 in bfloat16 and int8, as the official cache holds them; the
+            native talker's cache is float32, 4).
+
+    Returns:
+        ``{"bytes": weight bytes, "elements", "by_dtype", "parts": {"layers", "norm", "codec_head"}, "kv_bytes",
+        "context"}``.
+
+    Raises:
+        ValueError: ``context < 0``.
+    """
+    if context < 0:
+        raise ValueError(f"context must be >= 0, got {context}")
+    m = talker.model
+    by_dtype: dict[str, int] = {}
+    parts = {"layers": _add(by_dtype, _tensors(m.layers)), "norm": _add(by_dtype, _tensors(m.norm)),
+             "codec_head": _add(by_dtype, _tensors(talker.codec_head))}
+    touched = _tensors(m.layers) + _tensors(m.norm) + _tensors(talker.codec_head)
+    cfg = m.config
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    elem = int(m.norm.weight.element_size()) if kv_element_bytes is None else int(kv_element_bytes)
+    kv = 2 * len(m.layers) * int(cfg.num_key_value_heads) * head_dim * int(context) * elem
+    return {"bytes": sum(parts.values()), "elements": int(sum(t.numel() for t in touched)), "by_dtype": by_dtype,
+            "parts": parts, "kv_bytes": kv, "context": int(context)}
 
 
 def floor_ms(n_bytes: int, gb_per_s: float) -> float:

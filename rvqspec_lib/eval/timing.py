@@ -156,6 +156,8 @@ class Timing:
 
     Attributes:
         ms: ``{condition: [milliseconds of each timed run]}``, in round order.
+        cpu_ms: the same runs in the calling thread's CPU time (what other processes sharing the cores do not
+            inflate, though their memory traffic still slows it; meaningful with one torch thread).
         out: ``{condition: [what the condition returned in each timed run]}``.
         meta: rounds made, noise target and achieved noise (:func:`rvqspec_lib.eval.noise.noise_meta`), warm-up
             runs, seed, the load during the timing (:class:`LoadMonitor`) and the machine (:func:`machine_meta`).
@@ -164,6 +166,7 @@ class Timing:
     ms: dict
     out: dict
     meta: dict = field(default_factory=dict)
+    cpu_ms: dict = field(default_factory=dict)
 
     def summary(self, key) -> dict:
         """:func:`summary` of one condition's timings."""
@@ -207,6 +210,7 @@ def interleaved(conditions: Mapping[Hashable, Callable[[int], object]], *, repea
             if k in reset:
                 reset[k]()
     ms = {k: [] for k in keys}
+    cpu_ms = {k: [] for k in keys}
     out = {k: [] for k in keys}
     order = random.Random(seed)
     with LoadMonitor() as load:
@@ -215,11 +219,12 @@ def interleaved(conditions: Mapping[Hashable, Callable[[int], object]], *, repea
             for k in keys:
                 if sync is not None:
                     sync()
-                t0 = time.perf_counter()
+                c0, t0 = time.thread_time(), time.perf_counter()
                 res = conditions[k](r)
                 if sync is not None:
                     sync()
                 ms[k].append((time.perf_counter() - t0) * 1e3)
+                cpu_ms[k].append((time.thread_time() - c0) * 1e3)
                 out[k].append(res)
                 if k in reset:
                     reset[k]()
@@ -227,7 +232,7 @@ def interleaved(conditions: Mapping[Hashable, Callable[[int], object]], *, repea
                 break
     meta = {**machine_meta(module, random_weights=random_weights), "warmup": warmup, "seed": seed,
             **noise.noise_meta({_key_text(k): v for k, v in ms.items()}, noise_target, cap), **load.describe()}
-    return Timing(ms, out, meta)
+    return Timing(ms, out, meta, cpu_ms)
 
 
 def _key_text(key) -> str:
@@ -294,11 +299,13 @@ def read_bandwidth(*, buffer_bytes: int | None = None, repeats: int = BANDWIDTH_
     buf = torch.ones(buffer_bytes // 4, dtype=torch.float32)  # pages faulted in here
     n_bytes = buf.numel() * 4
     with torch.inference_mode():
-        ms = interleaved({"sum": lambda _i: torch.sum(buf)}, repeats=repeats, warmup=1).ms["sum"]
+        t = interleaved({"sum": lambda _i: torch.sum(buf)}, repeats=repeats, warmup=1)
     del buf
-    rates = [n_bytes / (t / 1e3) / 1e9 for t in ms]
+    rates = [n_bytes / (x / 1e3) / 1e9 for x in t.ms["sum"]]
+    cpu = [n_bytes / (x / 1e3) / 1e9 for x in t.cpu_ms["sum"] if x > 0] if torch.get_num_threads() == 1 else []
     llc = llc_bytes()
-    return {"gb_per_s": statistics.median(rates), "gb_per_s_max": max(rates), "buffer_bytes": n_bytes,
+    return {"gb_per_s": statistics.median(rates), "gb_per_s_max": max(rates),
+            "gb_per_s_cpu": statistics.median(cpu) if cpu else None, "buffer_bytes": n_bytes,
             "repeats": repeats, "threads": torch.get_num_threads(), "llc_bytes": llc,
             "buffer_exceeds_llc": None if llc is None else n_bytes > 4 * llc}
 
@@ -316,4 +323,6 @@ def bandwidth_around(measure: Callable[[], object], **read_kw) -> tuple[object, 
     result = measure()
     after = read_bandwidth(**read_kw)
     best = max(before, after, key=lambda b: b["gb_per_s"])
-    return result, {**best, "gb_per_s_before": before["gb_per_s"], "gb_per_s_after": after["gb_per_s"]}
+    cpu = [b["gb_per_s_cpu"] for b in (before, after) if b.get("gb_per_s_cpu")]
+    return result, {**best, "gb_per_s_before": before["gb_per_s"], "gb_per_s_after": after["gb_per_s"],
+                    "gb_per_s_cpu": max(cpu) if cpu else None}

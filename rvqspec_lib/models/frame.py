@@ -140,6 +140,27 @@ class OfficialTalker:
         return hs[:, -1:], self.talker.codec_head(hs[:, -1])
 
 
+class NativeTalkerSteps:
+    """:class:`OfficialTalker`'s two calls over a :class:`~rvqspec_lib.models.native_talker.NativeTalker` (the talker
+    step in C): ``start`` sizes its KV cache to the prompt plus ``max_frames`` positions and prefills it, ``step``
+    appends one position. :func:`frames` wraps a ``NativeTalker`` given as ``talker=`` in this."""
+
+    def __init__(self, native, max_frames: int):
+        self.native, self.max_frames = native, int(max_frames)
+
+    def start(self, embeds: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`OfficialTalker.start`."""
+        b, length = attention_mask.shape
+        self.native.reset(b, max_context=max(int(self.native.max_context), length + self.max_frames))
+        hs = self.native.prefill(embeds, attention_mask=attention_mask)  # (B, L, H)
+        return hs[:, -1:], self.native.logits(hs[:, -1])
+
+    def step(self, feed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`OfficialTalker.step`."""
+        hs = self.native.step(feed)  # (B, 1, H)
+        return hs, self.native.logits(hs[:, -1])
+
+
 @dataclass
 class Frame:
     """One frame of a batch, as :func:`frames` yields it.
@@ -183,7 +204,8 @@ def frames(lm: LoadedModel, texts: list[str] | str, *, runner=None, talker_sampl
         talker_sampling: code-0 sampling (default: the checkpoint's); ``repetition_penalty`` likewise (1.05).
         generator: explicit RNG of the talker and the inner loop (default: unseeded, never the global one).
         max_frames: frame cap (12.5 frames a second: 200 = 16 s). Greedy decoding may never emit end-of-speech.
-        language, speaker: see :func:`build_prompt`. talker: the talker's steps (default :class:`OfficialTalker`).
+        language, speaker: see :func:`build_prompt`. talker: the talker's steps (default :class:`OfficialTalker`;
+            a :class:`~rvqspec_lib.models.native_talker.NativeTalker` runs them in C, :class:`NativeTalkerSteps`).
 
     Raises:
         ValueError: empty text, ``max_frames < 1``, unknown language or speaker.
@@ -200,7 +222,13 @@ def frames(lm: LoadedModel, texts: list[str] | str, *, runner=None, talker_sampl
     return _frame_loop(lm, prompt, runner or frame_runner("official", lm.code_predictor, AR(),
                                                           sampling=inner_sampling(lm)),
                        talker_sampling or Sampling.from_generation_config(gen_cfg, loop="talker"), rp, generator,
-                       max_frames, talker or OfficialTalker(lm), t0)
+                       max_frames, _talker_steps(lm, talker, max_frames), t0)
+
+
+def _talker_steps(lm, talker, max_frames: int):
+    if talker is None:
+        return OfficialTalker(lm)
+    return NativeTalkerSteps(talker, max_frames) if hasattr(talker, "prefill") else talker
 
 
 @torch.inference_mode()

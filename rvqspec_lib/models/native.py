@@ -41,19 +41,113 @@ def _weight_of(module: nn.Module, precision: str) -> tuple[torch.Tensor, torch.T
     if isinstance(module, Int8Linear):
         if module.bias is not None:
             raise ValueError("the native forward packs linear layers without bias (the released code predictors "
-                             "have none)")
+                             "and talkers have none)")
         return module.weight_int8, module.scale.to(torch.float32)
     if getattr(module, "bias", None) is not None:
-        raise ValueError("the native forward packs linear layers without bias (the released code predictors have none)")
+        raise ValueError("the native forward packs linear layers without bias (the released code predictors and "
+                         "talkers have none)")
     return module.weight.detach().to(torch.float32), None
 
 
-def _packed(precision: str, modules: list[nn.Module]) -> C.PackedLinear:
-    """The layers' weights stacked along the outputs (q, k, v -> one layer; gate, up -> one) and packed."""
+def packed_linear(precision: str, modules: list[nn.Module]) -> C.PackedLinear:
+    """The layers' weights stacked along the outputs (q, k, v -> one layer; gate, up -> one) and packed.
+
+    Args:
+        precision: a key of :data:`rvqspec_lib.models.kernels.cpforward.PREC_CODE`, the modules' precision.
+        modules: bias-free ``nn.Linear`` or :class:`~rvqspec_lib.models.precision.Int8Linear` layers with the same
+            input width.
+
+    Returns:
+        a :class:`~rvqspec_lib.models.kernels.cpforward.PackedLinear` of ``sum(out)`` outputs (a copy of the weights).
+
+    Raises:
+        ValueError: a layer with a bias.
+    """
     ws = [_weight_of(m, precision) for m in modules]
     w = torch.cat([a for a, _ in ws], 0)
     s = None if ws[0][1] is None else torch.cat([b for _, b in ws], 0)
     return C.PackedLinear(precision, w, s)
+
+
+class PackedDecoder:
+    """Packed copies of an official Qwen3-shaped decoder stack on one C model handle (``rvq_model_new``): the packing
+    shared by the code predictor's and the talker's native forwards.
+
+    Each decoder layer (RMSNorm, fused q/k/v projection, per-head q/k RMSNorm, RoPE, grouped-query attention, output
+    projection, SwiGLU MLP) is packed into the C kernels' panel layout, four packed linear layers (q+k+v, o,
+    gate+up, down) and four norm vectors per layer, plus the final norm. The weights are COPIED: later changes to
+    the module are not seen.
+
+    Args:
+        model: the decoder stack (``code_predictor.model`` or ``talker.model``): ``layers`` (each with
+            ``self_attn.{q,k,v,o}_proj``, ``self_attn.{q,k}_norm``, ``mlp.{gate,up,down}_proj``,
+            ``input_layernorm``, ``post_attention_layernorm``) and ``norm``.
+        config: its config (``num_attention_heads``, ``num_key_value_heads``, ``hidden_size``, ``head_dim``,
+            ``rms_norm_eps``).
+        precision: ``float32``, ``bfloat16``, ``int8`` or ``int8-dynamic`` (the modules' own precision,
+            :func:`rvqspec_lib.models.precision.precision_of`).
+
+    Attributes: ``handle`` (the C model, an int, valid while this object lives), ``precision``, ``act_bf16``
+    (whether activations are rounded to bfloat16), ``n_layers``, ``hidden``, ``n_heads``, ``n_kv``, ``head_dim``,
+    ``intermediate``, ``weight_bytes`` (bytes of the packed layers and norms, what a call streams).
+
+    Raises:
+        ValueError: an unknown precision; a head width that is odd or over
+            :data:`~rvqspec_lib.models.kernels.cpforward.MAX_HEAD_DIM`; a linear layer with a bias.
+        RuntimeError: the C library cannot be built here, or the model cannot be allocated.
+    """
+
+    def __init__(self, model: nn.Module, config, precision: str):
+        if precision not in C.PREC_CODE:
+            raise ValueError(f"the native forward runs float32, bfloat16, int8 or int8-dynamic, not {precision}: "
+                             f"convert with apply_precision(module, 'float32') first")
+        lib = C.lib()
+        self.precision = precision
+        self.act_bf16 = precision in C.BF16_ACTIVATIONS
+        self.n_layers = len(model.layers)
+        self.n_heads, self.n_kv = int(config.num_attention_heads), int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.hidden = int(config.hidden_size)
+        if self.head_dim > C.MAX_HEAD_DIM or self.head_dim % 2:
+            raise ValueError(f"the native forward needs an even head width <= {C.MAX_HEAD_DIM}, got {self.head_dim}")
+        self.intermediate = int(model.layers[0].mlp.gate_proj.out_features)
+        self.handle = lib.rvq_model_new(C.PREC_CODE[precision], self.n_layers, self.hidden, self.n_heads, self.n_kv,
+                                        self.head_dim, self.intermediate, float(config.rms_norm_eps),
+                                        int(self.act_bf16))
+        if not self.handle:
+            raise RuntimeError("the native forward could not allocate its model")
+        self._keep: list = []
+        with torch.no_grad():
+            for i, layer in enumerate(model.layers):
+                att, mlp = layer.self_attn, layer.mlp
+                for which, mods in enumerate(([att.q_proj, att.k_proj, att.v_proj], [att.o_proj],
+                                              [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])):
+                    pk = packed_linear(precision, mods)
+                    self._keep.append(pk)
+                    lib.rvq_model_set_linear(self.handle, i, which, C.ptr(pk.data), C.ptr(pk.scale), C.ptr(pk.comp),
+                                             pk.n, pk.k)
+                for which, norm in enumerate((layer.input_layernorm, layer.post_attention_layernorm, att.q_norm,
+                                              att.k_norm)):
+                    w = norm.weight.detach().to(torch.float32).contiguous()
+                    self._keep.append(w)
+                    lib.rvq_model_set_norm(self.handle, i, which, C.ptr(w))
+            w = model.norm.weight.detach().to(torch.float32).contiguous()
+            self._keep.append(w)
+            lib.rvq_model_set_norm(self.handle, -1, 0, C.ptr(w))
+        self.weight_bytes = sum(_nbytes(k) for k in self._keep)
+
+    def __del__(self):
+        h = getattr(self, "handle", None)
+        if h and C._lib is not None:
+            C._lib.rvq_model_free(h)
+            self.handle = None
+
+
+def _nbytes(item) -> int:
+    """Bytes a call streams of a packed layer (weights, scales, corrections) or a norm vector."""
+    if isinstance(item, C.PackedLinear):
+        return sum(t.numel() * t.element_size() for t in (item.data, item.scale, item.comp) if t is not None)
+    return item.numel() * item.element_size()
 
 
 class NativeCodePredictor:
@@ -94,43 +188,17 @@ class NativeCodePredictor:
         rope = getattr(cfg, "rope_scaling", None) or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"the native forward supports plain RoPE only, this config has rope_scaling={rope}")
-        lib = C.lib()
         self.code_predictor, self.precision = code_predictor, precision
         self.dtype, self.device = p0.dtype if precision != "int8-dynamic" else torch.float32, p0.device
-        self.act_bf16 = precision in C.BF16_ACTIVATIONS
         self.fast = precision in C.fast_precisions()
         m = code_predictor.model
-        self.n_layers = len(m.layers)
-        self.n_heads, self.n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-        self.hidden = int(cfg.hidden_size)
-        if self.head_dim > C.MAX_HEAD_DIM or self.head_dim % 2:
-            raise ValueError(f"the native forward needs an even head width <= {C.MAX_HEAD_DIM}, got {self.head_dim}")
-        inter = int(m.layers[0].mlp.gate_proj.out_features)
-        code = C.PREC_CODE[precision]
-        self._handle = lib.rvq_model_new(code, self.n_layers, self.hidden, self.n_heads, self.n_kv, self.head_dim,
-                                         inter, float(cfg.rms_norm_eps), int(self.act_bf16))
-        if not self._handle:
-            raise RuntimeError("the native forward could not allocate its model")
-        self._keep: list = []
+        self.decoder = PackedDecoder(m, cfg, precision)
+        self._handle = self.decoder.handle
+        self.act_bf16 = self.decoder.act_bf16
+        self.n_layers, self.n_heads, self.n_kv = self.decoder.n_layers, self.decoder.n_heads, self.decoder.n_kv
+        self.head_dim, self.hidden = self.decoder.head_dim, self.decoder.hidden
         with torch.no_grad():
-            for i, layer in enumerate(m.layers):
-                att, mlp = layer.self_attn, layer.mlp
-                for which, mods in enumerate(([att.q_proj, att.k_proj, att.v_proj], [att.o_proj],
-                                              [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])):
-                    pk = _packed(precision, mods)
-                    self._keep.append(pk)
-                    lib.rvq_model_set_linear(self._handle, i, which, C.ptr(pk.data), C.ptr(pk.scale), C.ptr(pk.comp),
-                                             pk.n, pk.k)
-                for which, norm in enumerate((layer.input_layernorm, layer.post_attention_layernorm, att.q_norm,
-                                              att.k_norm)):
-                    w = norm.weight.detach().to(torch.float32).contiguous()
-                    self._keep.append(w)
-                    lib.rvq_model_set_norm(self._handle, i, which, C.ptr(w))
-            w = m.norm.weight.detach().to(torch.float32).contiguous()
-            self._keep.append(w)
-            lib.rvq_model_set_norm(self._handle, -1, 0, C.ptr(w))
-            self.heads = [_packed(precision, [h]) for h in code_predictor.lm_head]
+            self.heads = [packed_linear(precision, [h]) for h in code_predictor.lm_head]
             rot_dtype = torch.float32 if precision == "int8-dynamic" else p0.dtype
             cos, sin = m.rotary_emb(torch.zeros(1, dtype=rot_dtype), torch.arange(ROPE_POSITIONS)[None])
         self.cos, self.sin = cos[0].to(torch.float32).contiguous(), sin[0].to(torch.float32).contiguous()
@@ -139,14 +207,8 @@ class NativeCodePredictor:
     def handle(self) -> int:
         """The C model handle (``rvq_model_new``'s pointer, an int) the packed layers hang on, for C calls that run
         this model themselves (:class:`rvqspec_lib.models.native_frame.NativeChainFrame`); valid while this backend
-        lives."""
+        lives (its :class:`PackedDecoder` owns it)."""
         return self._handle
-
-    def __del__(self):
-        h = getattr(self, "_handle", None)
-        if h and C._lib is not None:
-            C._lib.rvq_model_free(h)
-            self._handle = None
 
     # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend) -----------------------------------------
     def new_cache(self, batch: int, slots: int) -> LeanCache:

@@ -420,7 +420,7 @@ enum { W_QKV = 0, W_O = 1, W_GU = 2, W_DOWN = 3 };
 enum { N_IN = 0, N_POST = 1, N_Q = 2, N_K = 3 };
 
 typedef struct {
-    int prec, L, H, NH, NKV, D, I, act_bf16;
+    int prec, L, H, NH, NKV, D, I, act_bf16, kv_bf16;
     float eps, scaling;
     Linear *lin;          /* L x 4 */
     const float **norms;  /* L x 4 (input, post-attention, q, k) */
@@ -454,6 +454,17 @@ void rvq_model_set_linear(void *h, int layer, int which, const void *w, const fl
     m->lin[layer * 4 + which] = L;
 }
 
+/* The KV cache in bfloat16 (on != 0) instead of float32: the caches passed to the forward calls are then uint16
+ * bfloat16 arrays of the same shape. Only with bfloat16 activations, whose keys and values are bfloat16 values
+ * already, so the cache holds them exactly and every result is the same bit for bit; it halves the bytes attention
+ * reads. Returns 0, or -1 (the model does not round its activations to bfloat16). */
+int rvq_model_set_kv_bf16(void *h, int on) {
+    Model *m = (Model *)h;
+    if (on && !m->act_bf16) return -1;
+    m->kv_bf16 = on != 0;
+    return 0;
+}
+
 void rvq_model_set_norm(void *h, int layer, int which, const float *w) {
     Model *m = (Model *)h;
     if (layer < 0) m->final_norm = w; else m->norms[layer * 4 + which] = w;
@@ -476,29 +487,252 @@ static void ensure_work(Model *m, size_t n) {
     m->work_len = m->work ? n : 0;
 }
 
-/* THE verify call (rvqspec_lib.decoding.predictor.verify_forward's contract):
- *   x (B*Q, H) inputs; cos, sin (B*Q, D) the rotary tables at each row's position; allow (B, Q, S) uint8;
- *   write (B, Q) int64 slots; kc, vc (L, B, NKV, S, D) float32, written at the call's slots;
- *   out (B*Q, H) after the final norm.
- * Returns 0, or -1 when scratch memory could not be allocated. */
-int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
-                const int64_t *write, float *kc, float *vc, int B, int Q, int S, float *out) {
-    Model *m = (Model *)h;
-    int R = B * Q, H = m->H, NH = m->NH, NKV = m->NKV, D = m->D, I = m->I, bf = m->act_bf16;
+/* One query head over the allowed slots idx[0..na-1] (increasing): scores s_i = (q . k_i) * scaling, p_i =
+ * fexp(s_i - max) / sum (the sum in slot order), o = sum_i p_i v_i accumulated from zero in slot order. Every value is
+ * computed by the same sequence of operations whatever the other rows, slots or heads (row invariant); the AVX-512 path
+ * only runs independent scores side by side (4 slots at once, each exactly dot()) and keeps o in registers (each
+ * element the same fused multiply-adds in the same order as the plain loop). sc: na floats of scratch. */
+#if defined(__AVX512F__)
+static inline void dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3, int n,
+                        float *out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(q + i);
+        a0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k0 + i), a0);
+        a1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k1 + i), a1);
+        a2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k2 + i), a2);
+        a3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k3 + i), a3);
+    }
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 x = _mm512_maskz_loadu_ps(k, q + i);
+        a0 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(k, k0 + i), a0);
+        a1 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(k, k1 + i), a1);
+        a2 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(k, k2 + i), a2);
+        a3 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(k, k3 + i), a3);
+    }
+    out[0] = _mm512_reduce_add_ps(a0); out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2); out[3] = _mm512_reduce_add_ps(a3);
+}
+
+/* 16 bfloat16 values (a bfloat16 KV cache) widened to float32, exactly */
+static inline __m512 ld_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* dot4 over keys held in bfloat16, n a multiple of 16: the same operations on the same values */
+static inline void dot4_bf16(const float *q, const uint16_t *k0, const uint16_t *k1, const uint16_t *k2,
+                             const uint16_t *k3, int n, float *out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int i = 0; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(q + i);
+        a0 = _mm512_fmadd_ps(x, ld_bf16(k0 + i), a0);
+        a1 = _mm512_fmadd_ps(x, ld_bf16(k1 + i), a1);
+        a2 = _mm512_fmadd_ps(x, ld_bf16(k2 + i), a2);
+        a3 = _mm512_fmadd_ps(x, ld_bf16(k3 + i), a3);
+    }
+    out[0] = _mm512_reduce_add_ps(a0); out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2); out[3] = _mm512_reduce_add_ps(a3);
+}
+
+/* o (NC x 16 floats) = sum_i (p[i] * inv) v_i in slot order, the accumulators in registers (NC a constant); v in
+ * float32 or (kv16) bfloat16 */
+static inline __attribute__((always_inline)) void pv_regs(const float *p, float inv, const void *vb, int kv16,
+                                                          const int32_t *idx, int na, int D, int NC, float *o) {
+    __m512 acc[8];
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    if (kv16) {
+        for (int i = 0; i < na; i++) {
+            __m512 pj = _mm512_set1_ps(p[i] * inv);
+            const uint16_t *vv = (const uint16_t *)vb + (size_t)idx[i] * D;
+            for (int c = 0; c < NC; c++) acc[c] = _mm512_fmadd_ps(pj, ld_bf16(vv + 16 * c), acc[c]);
+        }
+    } else {
+        for (int i = 0; i < na; i++) {
+            __m512 pj = _mm512_set1_ps(p[i] * inv);
+            const float *vv = (const float *)vb + (size_t)idx[i] * D;
+            for (int c = 0; c < NC; c++) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vv + 16 * c), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
+}
+#endif
+
+/* one key (or value) row as float32: the row itself (float32 cache) or widened into buf (bfloat16 cache) */
+static inline const float *kv_row(const void *base, int kv16, size_t j, int D, float *buf) {
+    if (!kv16) return (const float *)base + j * D;
+    const uint16_t *r = (const uint16_t *)base + j * D;
+    for (int d = 0; d < D; d++) buf[d] = bf16_float(r[d]);
+    return buf;
+}
+
+/* softmax weights of na scores in place (scaled first): fexp(s - max), their sum in slot order; returns 1 / sum */
+static float softmax_weights(float *sc, int na, float scaling) {
+    int i;
+    for (i = 0; i < na; i++) sc[i] = sc[i] * scaling;
+    float mx = -INFINITY;  /* the max of finite values: the same whatever the order (an equal +0 / -0 max gives the
+                              same fexp(s - max)) */
+    i = 0;
+#if defined(__AVX512F__)
+    if (na >= 16) {
+        __m512 m16 = _mm512_loadu_ps(sc);
+        for (i = 16; i + 16 <= na; i += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(sc + i));
+        mx = _mm512_reduce_max_ps(m16);
+    }
+#endif
+    for (; i < na; i++) mx = sc[i] > mx ? sc[i] : mx;
+    for (i = 0; i < na; i++) sc[i] = fexp(sc[i] - mx);
+    float sum = 0.0f;
+    for (i = 0; i < na; i++) sum += sc[i];
+    return 1.0f / sum;
+}
+
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) __m512 ld_kv(const void *p, size_t i, int KV16) {
+    return KV16 ? ld_bf16((const uint16_t *)p + i) : _mm512_loadu_ps((const float *)p + i);
+}
+
+/* scores of two query heads against four keys (n a multiple of 16), each exactly dot(): a key chunk is loaded once
+ * for both heads (the heads of one KV group) */
+static inline __attribute__((always_inline)) void dot2x4(const float *q0, const float *q1, const void *const *k,
+                                                         int n, int KV16, float *s0, float *s1) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int i = 0; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(q0 + i), y = _mm512_loadu_ps(q1 + i);
+        __m512 k0 = ld_kv(k[0], i, KV16), k1 = ld_kv(k[1], i, KV16), k2 = ld_kv(k[2], i, KV16),
+               k3 = ld_kv(k[3], i, KV16);
+        a0 = _mm512_fmadd_ps(x, k0, a0); a1 = _mm512_fmadd_ps(x, k1, a1);
+        a2 = _mm512_fmadd_ps(x, k2, a2); a3 = _mm512_fmadd_ps(x, k3, a3);
+        b0 = _mm512_fmadd_ps(y, k0, b0); b1 = _mm512_fmadd_ps(y, k1, b1);
+        b2 = _mm512_fmadd_ps(y, k2, b2); b3 = _mm512_fmadd_ps(y, k3, b3);
+    }
+    s0[0] = _mm512_reduce_add_ps(a0); s0[1] = _mm512_reduce_add_ps(a1);
+    s0[2] = _mm512_reduce_add_ps(a2); s0[3] = _mm512_reduce_add_ps(a3);
+    s1[0] = _mm512_reduce_add_ps(b0); s1[1] = _mm512_reduce_add_ps(b1);
+    s1[2] = _mm512_reduce_add_ps(b2); s1[3] = _mm512_reduce_add_ps(b3);
+}
+
+/* pv_regs for two heads over the same values: each value chunk loaded once */
+static inline __attribute__((always_inline)) void pv2_regs(const float *p0, float inv0, const float *p1, float inv1,
+                                                           const void *vb, int KV16, const int32_t *idx, int na,
+                                                           int D, int NC, float *o0, float *o1) {
+    __m512 acc0[8], acc1[8];
+    for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm512_setzero_ps();
+    for (int i = 0; i < na; i++) {
+        __m512 w0 = _mm512_set1_ps(p0[i] * inv0), w1 = _mm512_set1_ps(p1[i] * inv1);
+        size_t row = (size_t)idx[i] * D;
+        for (int c = 0; c < NC; c++) {
+            __m512 v = ld_kv(vb, row + 16 * c, KV16);
+            acc0[c] = _mm512_fmadd_ps(w0, v, acc0[c]);
+            acc1[c] = _mm512_fmadd_ps(w1, v, acc1[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) { _mm512_storeu_ps(o0 + 16 * c, acc0[c]); _mm512_storeu_ps(o1 + 16 * c, acc1[c]); }
+}
+
+/* two query heads of one KV group (D a multiple of 16, at most 128), KV16 a constant */
+static inline __attribute__((always_inline)) void attend_pair_t(const float *q0, const float *q1, const void *kb,
+                                                                const void *vb, int KV16, int D, const int32_t *idx,
+                                                                int na, float scaling, float *sc0, float *sc1,
+                                                                float *o0, float *o1) {
+    size_t es = KV16 ? 2 : 4;
+    int i = 0;
+    for (; i + 4 <= na; i += 4) {
+        const void *k[4];
+        for (int t = 0; t < 4; t++) k[t] = (const char *)kb + (size_t)idx[i + t] * D * es;
+        dot2x4(q0, q1, k, D, KV16, sc0 + i, sc1 + i);
+    }
+    float buf[1024];
+    for (; i < na; i++) {
+        const float *kr = kv_row(kb, KV16, (size_t)idx[i], D, buf);
+        sc0[i] = dot(q0, kr, D);
+        sc1[i] = dot(q1, kr, D);
+    }
+    float inv0 = softmax_weights(sc0, na, scaling), inv1 = softmax_weights(sc1, na, scaling);
+    switch (D / 16) {
+        case 8: pv2_regs(sc0, inv0, sc1, inv1, vb, KV16, idx, na, D, 8, o0, o1); break;
+        case 4: pv2_regs(sc0, inv0, sc1, inv1, vb, KV16, idx, na, D, 4, o0, o1); break;
+        case 2: pv2_regs(sc0, inv0, sc1, inv1, vb, KV16, idx, na, D, 2, o0, o1); break;
+        default: pv2_regs(sc0, inv0, sc1, inv1, vb, KV16, idx, na, D, 1, o0, o1); break;
+    }
+}
+#endif
+
+static void attend(const float *q, const void *kb, const void *vb, int kv16, int D, const int32_t *idx, int na,
+                   float scaling, float *sc, float *o) {
+    int i = 0;
+    float buf[1024];  /* a widened bfloat16 row (D <= MAX_HEAD_DIM) */
+#if defined(__AVX512F__)
+    if (!kv16) {
+        const float *k = (const float *)kb;
+        for (; i + 4 <= na; i += 4)
+            dot4(q, k + (size_t)idx[i] * D, k + (size_t)idx[i + 1] * D, k + (size_t)idx[i + 2] * D,
+                 k + (size_t)idx[i + 3] * D, D, sc + i);
+    } else if (D % 16 == 0) {
+        const uint16_t *k = (const uint16_t *)kb;
+        for (; i + 4 <= na; i += 4)
+            dot4_bf16(q, k + (size_t)idx[i] * D, k + (size_t)idx[i + 1] * D, k + (size_t)idx[i + 2] * D,
+                      k + (size_t)idx[i + 3] * D, D, sc + i);
+    }
+#endif
+    for (; i < na; i++) sc[i] = dot(q, kv_row(kb, kv16, (size_t)idx[i], D, buf), D);
+    float inv = softmax_weights(sc, na, scaling);
+#if defined(__AVX512F__)
+    if (D % 16 == 0 && D <= 128) {
+        switch (D / 16) {
+            case 8: pv_regs(sc, inv, vb, kv16, idx, na, D, 8, o); return;
+            case 4: pv_regs(sc, inv, vb, kv16, idx, na, D, 4, o); return;
+            case 2: pv_regs(sc, inv, vb, kv16, idx, na, D, 2, o); return;
+            case 1: pv_regs(sc, inv, vb, kv16, idx, na, D, 1, o); return;
+            default: break;
+        }
+    }
+#endif
+    for (int d = 0; d < D; d++) o[d] = 0.0f;
+    for (i = 0; i < na; i++) {
+        float pj = sc[i] * inv;
+        const float *vv = kv_row(vb, kv16, (size_t)idx[i], D, buf);
+        for (int d = 0; d < D; d++) o[d] = fmaf(pj, vv[d], o[d]);
+    }
+}
+
+/* query heads h0, h0 + 1 (of one KV group) at once where the AVX-512 pair path applies, else one by one: the same
+ * values either way (every score and output element is the same sequence of operations). sc: 2 na floats. */
+static void attend_heads(const float *q0, const float *q1, const void *kb, const void *vb, int kv16, int D,
+                         const int32_t *idx, int na, float scaling, float *sc, float *o0, float *o1) {
+#if defined(__AVX512F__)
+    if (q1 && D % 16 == 0 && D <= 128) {
+        if (kv16) attend_pair_t(q0, q1, kb, vb, 1, D, idx, na, scaling, sc, sc + na, o0, o1);
+        else attend_pair_t(q0, q1, kb, vb, 0, D, idx, na, scaling, sc, sc + na, o0, o1);
+        return;
+    }
+#endif
+    attend(q0, kb, vb, kv16, D, idx, na, scaling, sc, o0);
+    if (q1) attend(q1, kb, vb, kv16, D, idx, na, scaling, sc, o1);
+}
+
+/* The decoder stack over a slot KV cache of S slots of which attention scans the first NS (NS <= S): allow is
+ * (B, Q, NS), slots NS..S-1 are neither read nor scanned (rvq_forward: NS = S; rvq_forward_scan: a growing prefix). */
+static int forward_impl(Model *m, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
+                        const int64_t *write, void *kc, void *vc, int B, int Q, int S, int NS, float *out) {
+    int R = B * Q, H = m->H, NH = m->NH, NKV = m->NKV, D = m->D, I = m->I, bf = m->act_bf16, kv16 = m->kv_bf16;
+    size_t es = kv16 ? sizeof(uint16_t) : sizeof(float);  /* bytes per cached value */
     int NQKV = (NH + 2 * NKV) * D, rep = NH / NKV, half = D / 2;
     int kmax = H > NH * D ? H : NH * D;
     kmax = kmax > I ? kmax : I;
     size_t lw = rvq_linear_work(m->prec, R, kmax);
-    size_t need = (size_t)R * (H + H + NQKV + NH * D + 2 * I) + (size_t)S + lw;
+    size_t need = (size_t)R * (H + H + NQKV + NH * D + 2 * I) + 3 * (size_t)NS + lw;
     ensure_work(m, need);
     if (!m->work) return -1;
     float *x = m->work, *hb = x + (size_t)R * H, *qkv = hb + (size_t)R * H, *att = qkv + (size_t)R * NQKV,
-          *gu = att + (size_t)R * NH * D, *sc = gu + (size_t)R * 2 * I, *lwork = sc + S;
+          *gu = att + (size_t)R * NH * D, *sc = gu + (size_t)R * 2 * I, *lwork = sc + 3 * (size_t)NS;
+    int32_t *slot_idx = (int32_t *)(sc + 2 * (size_t)NS);
     memcpy(x, x_in, sizeof(float) * (size_t)R * H);
     for (int l = 0; l < m->L; l++) {
         const Linear *lin = m->lin + l * 4;
         const float **nw = m->norms + l * 4;
-        float *kl = kc + (size_t)l * B * NKV * S * D, *vl = vc + (size_t)l * B * NKV * S * D;
+        char *kl = (char *)kc + (size_t)l * B * NKV * S * D * es, *vl = (char *)vc + (size_t)l * B * NKV * S * D * es;
         for (int r = 0; r < R; r++) rms(x + (size_t)r * H, nw[N_IN], hb + (size_t)r * H, H, m->eps, bf);
         linear_run(&lin[W_QKV], hb, H, qkv, NQKV, R, bf, lwork);
         /* q, k: per-head RMSNorm then RoPE (q * cos + rotate_half(q) * sin); k, v into the cache */
@@ -517,41 +751,35 @@ int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin
             }
             int64_t slot = write[(size_t)b * Q + qi];
             for (int kh = 0; kh < NKV; kh++) {
-                size_t off = (((size_t)b * NKV + kh) * S + slot) * D;
-                memcpy(kl + off, row + (size_t)(NH + kh) * D, sizeof(float) * D);
-                memcpy(vl + off, row + (size_t)(NH + NKV + kh) * D, sizeof(float) * D);
+                size_t off = (((size_t)b * NKV + kh) * S + slot) * D * es;
+                const float *kr = row + (size_t)(NH + kh) * D, *vr = row + (size_t)(NH + NKV + kh) * D;
+                if (kv16) {  /* bfloat16 values already (kv_bf16 needs act_bf16): the top half is exact */
+                    uint16_t *kd = (uint16_t *)(kl + off), *vd = (uint16_t *)(vl + off);
+                    for (int d = 0; d < D; d++) { kd[d] = (uint16_t)(f2u(kr[d]) >> 16); vd[d] = (uint16_t)(f2u(vr[d]) >> 16); }
+                } else {
+                    memcpy(kl + off, kr, sizeof(float) * D);
+                    memcpy(vl + off, vr, sizeof(float) * D);
+                }
             }
         }
-        /* attention: each row over its allowed slots, in slot order */
+        /* attention: each row over its allowed slots, in slot order (attend) */
         for (int r = 0; r < R; r++) {
-            int b = r / Q, qi = r % Q;
-            const uint8_t *al = allow + ((size_t)b * Q + qi) * S;
+            int b = r / Q, qi = r % Q, na = 0;
+            const uint8_t *al = allow + ((size_t)b * Q + qi) * NS;
+            for (int j = 0; j < NS; j++) if (al[j]) slot_idx[na++] = j;
             float *row = qkv + (size_t)r * NQKV;
-            for (int hh = 0; hh < NH; hh++) {
-                int kh = hh / rep;
-                const float *q = row + (size_t)hh * D;
-                const float *kb = kl + ((size_t)b * NKV + kh) * S * D, *vb = vl + ((size_t)b * NKV + kh) * S * D;
-                float mx = -INFINITY;
-                for (int j = 0; j < S; j++) {
-                    if (!al[j]) continue;
-                    sc[j] = dot(q, kb + (size_t)j * D, D) * m->scaling;
-                    mx = sc[j] > mx ? sc[j] : mx;
+            for (int hh = 0; hh < NH; hh += 2) {  /* two query heads at a time within a KV group */
+                int kh = hh / rep, pair = hh + 1 < NH && (hh + 1) / rep == kh;
+                const char *kb = kl + ((size_t)b * NKV + kh) * S * D * es, *vb = vl + ((size_t)b * NKV + kh) * S * D * es;
+                float *o = att + (size_t)r * NH * D + (size_t)hh * D;
+                attend_heads(row + (size_t)hh * D, pair ? row + (size_t)(hh + 1) * D : NULL, kb, vb, kv16, D,
+                             slot_idx, na, m->scaling, sc, o, pair ? o + D : NULL);
+                if (!pair && hh + 1 < NH) {  /* the next head belongs to another KV group */
+                    int k2 = (hh + 1) / rep;
+                    attend(row + (size_t)(hh + 1) * D, kl + ((size_t)b * NKV + k2) * S * D * es,
+                           vl + ((size_t)b * NKV + k2) * S * D * es, kv16, D, slot_idx, na, m->scaling, sc, o + D);
                 }
-                float sum = 0.0f;
-                for (int j = 0; j < S; j++) {
-                    if (!al[j]) continue;
-                    sc[j] = fexp(sc[j] - mx);
-                    sum += sc[j];
-                }
-                float inv = 1.0f / sum, *o = att + (size_t)r * NH * D + (size_t)hh * D;
-                for (int d = 0; d < D; d++) o[d] = 0.0f;
-                for (int j = 0; j < S; j++) {
-                    if (!al[j]) continue;
-                    float pj = sc[j] * inv;
-                    const float *vv = vb + (size_t)j * D;
-                    for (int d = 0; d < D; d++) o[d] = fmaf(pj, vv[d], o[d]);
-                }
-                if (bf) for (int d = 0; d < D; d++) o[d] = rb(o[d]);
+                if (bf) for (int d = 0; d < 2 * D && hh * D + d < NH * D; d++) o[d] = rb(o[d]);
             }
         }
         linear_run(&lin[W_O], att, NH * D, hb, H, R, bf, lwork);
@@ -570,6 +798,28 @@ int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin
     }
     for (int r = 0; r < R; r++) rms(x + (size_t)r * H, m->final_norm, out + (size_t)r * H, H, m->eps, bf);
     return 0;
+}
+
+/* THE verify call (rvqspec_lib.decoding.predictor.verify_forward's contract):
+ *   x (B*Q, H) inputs; cos, sin (B*Q, D) the rotary tables at each row's position; allow (B, Q, S) uint8;
+ *   write (B, Q) int64 slots; kc, vc (L, B, NKV, S, D) float32 (bfloat16 after rvq_model_set_kv_bf16), written at
+ *   the call's slots;
+ *   out (B*Q, H) after the final norm.
+ * Returns 0, or -1 when scratch memory could not be allocated. */
+int rvq_forward(void *h, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
+                const int64_t *write, void *kc, void *vc, int B, int Q, int S, float *out) {
+    return forward_impl((Model *)h, x_in, cos_t, sin_t, allow, write, kc, vc, B, Q, S, S, out);
+}
+
+/* The same call over a cache of S slots whose first NS slots alone can be attended (the talker's growing KV cache,
+ * rvqspec_lib.models.native_talker): allow is (B, Q, NS) and attention scans NS slots, not S, so a step's cost grows
+ * with the context, not with the cache's capacity. write slots must be < NS to be seen by later rows of the call.
+ * Every row's arithmetic is rvq_forward's over the same allowed slots (bit for bit). Returns 0, -1 (scratch memory)
+ * or -2 (NS outside 1..S). */
+int rvq_forward_scan(void *h, const float *x_in, const float *cos_t, const float *sin_t, const uint8_t *allow,
+                     const int64_t *write, void *kc, void *vc, int B, int Q, int S, int NS, float *out) {
+    if (NS < 1 || NS > S) return -2;
+    return forward_impl((Model *)h, x_in, cos_t, sin_t, allow, write, kc, vc, B, Q, S, NS, out);
 }
 
 /* =====================================================================================================================

@@ -1,6 +1,8 @@
 """Bindings of ``cpforward.c``: the code predictor's verify call and its linear layers in C, at the weight-streaming
-floor (docs/precision.md#the-native-forward). The backend over the official module is
-:class:`rvqspec_lib.models.native.NativeCodePredictor`; this module only builds, loads and calls the library.
+floor (docs/precision.md#the-native-forward). The backends over the official modules are
+:class:`rvqspec_lib.models.native.NativeCodePredictor` and :class:`rvqspec_lib.models.native_talker.NativeTalker`
+(the talker's 28 layers through the same C forward, ``rvq_forward_scan``); this module only builds, loads and calls
+the library.
 
 Build: on first use, ``cc -O3 -march=native -shared -fPIC`` compiles the shipped source for the running CPU into the
 cache folder (:func:`rvqspec_lib.models.kernels.build.build`). :func:`fast_precisions` says which precisions run
@@ -46,7 +48,9 @@ _SIGNATURES = {
     "rvq_model_free": ([_p], None),
     "rvq_model_set_linear": ([_p, _i, _i, _p, _p, _p, _i, _i], None),
     "rvq_model_set_norm": ([_p, _i, _i, _p], None),
+    "rvq_model_set_kv_bf16": ([_p, _i], _i),
     "rvq_forward": ([_p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _p], _i),
+    "rvq_forward_scan": ([_p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _p], _i),
 }
 
 

@@ -1,0 +1,281 @@
+"""The talker step timed per precision, official and native, against its weight-streaming floor
+(docs/precision.md#the-native-talker).
+
+One talker step (one new position after a KV prefix of ``context`` positions, then ``codec_head``) reads every
+weight of the talker's 28 layers once: on a CPU it is bound by streaming them. :func:`bench_talker_precisions` times
+the official step (``talker.model`` + ``codec_head``, as :func:`rvqspec_lib.eval.bench.bench_talker_step`) and the
+native step (:class:`rvqspec_lib.models.native_talker.NativeTalker`) in every precision asked for, at every context,
+in ONE interleaved run (every round times each condition once, in an order rotated from round to round, so that a
+change of machine load hits all alike; the first ``warmup`` rounds are dropped), and reports each median against
+
+* the floor: the weight bytes of one step (:func:`rvqspec_lib.eval.floor.talker_step_bytes`: layers, final norm,
+  ``codec_head``, at their stored size) over the measured read bandwidth (:func:`rvqspec_lib.eval.floor.
+  read_bandwidth`, measured before and after the timing, the faster kept);
+* the floor with the KV cache: the same plus the bytes of keys and values the step attends (in the cache's dtype:
+  the activation dtype in the official cache and in the native one, :attr:`NativeTalker.kv_dtype`), which a step
+  must read too and which grows with the context.
+
+:func:`scan_cost` measures what attending over the filled prefix of the native cache saves against scanning an
+``allow`` mask over its whole capacity. The real-size architectures have random weights here: timing only.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from rvqspec_lib.eval.floor import floor_ms, talker_step_bytes
+from rvqspec_lib.eval.timing import bandwidth_around, interleaved, summary
+from rvqspec_lib.models.native_talker import NativeTalker
+from rvqspec_lib.models.precision import PRECISIONS, apply_precision, cpu_features, native_precisions, precision_of
+
+#: Contexts timed by default (positions already in the KV cache when the step runs).
+DEFAULT_CONTEXTS = (64, 512)
+#: The forwards a talker step can run through.
+TALKER_FORWARDS = ("official", "native")
+#: Scale of the random input embeddings (the size of real talker inputs; :func:`rvqspec_lib.eval.bench.
+#: bench_talker_step` uses the same).
+EMBED_SCALE = 0.02
+
+
+def slim_talker(talker):
+    """A deep copy of the official talker holding what a step runs: its decoder stack (``model``, with its codec
+    table) and ``codec_head``. The code predictor, the text table and ``text_projection`` are replaced by empty
+    stand-ins (on the 0.6B the text table alone is 1.2 GB in float32), so that a benchmark can hold one copy per
+    precision.
+
+    Args:
+        talker: the official talker (``lm.model.talker``).
+
+    Returns:
+        the copy (an ``nn.Module`` of the talker's class): ``talker.model(...)`` and ``talker.codec_head(...)`` work
+        as on the original; nothing else does.
+    """
+    memo = {id(talker.code_predictor): nn.Identity(), id(talker.text_projection): nn.Identity(),
+            id(talker.model.text_embedding): nn.Embedding(1, 1)}
+    return copy.deepcopy(talker, memo)
+
+
+def _official_calls(talker, contexts: Sequence[int], hidden: int, seed: int) -> list:
+    """``[(context, call, reset)]``: the official step after ``context`` cached positions (random seeded inputs), its
+    DynamicCache cropped back after each call."""
+    dtype = next(talker.model.norm.parameters()).dtype
+    out = []
+    for c in contexts:
+        gen = torch.Generator().manual_seed(seed + c)
+        ctx = (torch.randn(1, c, hidden, generator=gen) * EMBED_SCALE).to(dtype)  # (1, C, H)
+        step = (torch.randn(1, 1, hidden, generator=gen) * EMBED_SCALE).to(dtype)  # (1, 1, H)
+        cache = DynamicCache()
+        pos_ctx = torch.arange(c).view(1, 1, -1).expand(3, 1, -1)  # (3, 1, C)
+        pos_step = torch.full((3, 1, 1), c, dtype=torch.long)  # (3, 1, 1)
+        mask = torch.ones(1, c + 1, dtype=torch.long)  # (1, C + 1)
+        with torch.inference_mode():
+            talker.model(inputs_embeds=ctx, past_key_values=cache, use_cache=True, attention_mask=mask[:, :c],
+                         position_ids=pos_ctx)
+
+        def call(step=step, cache=cache, mask=mask, pos_step=pos_step):
+            h = talker.model(inputs_embeds=step, past_key_values=cache, use_cache=True, attention_mask=mask,
+                             position_ids=pos_step).last_hidden_state
+            return talker.codec_head(h[:, -1])  # (1, vocab)
+
+        out.append((c, call, lambda cache=cache, c=c: cache.crop(c)))
+    return out
+
+
+def _native_calls(nt, contexts: Sequence[int], hidden: int, seed: int) -> list:
+    """As :func:`_official_calls` through a :class:`~rvqspec_lib.models.native_talker.NativeTalker` (one KV cache
+    per context, of ``context + 1`` slots, switched in with ``use_cache``; the same inputs)."""
+    out = []
+    for c in contexts:
+        gen = torch.Generator().manual_seed(seed + c)
+        ctx = (torch.randn(1, c, hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
+        step = (torch.randn(1, 1, hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
+        cache = nt.new_cache(1, c + 1)
+        nt.use_cache(cache)
+        with torch.inference_mode():
+            nt.extend(ctx)
+
+        def call(step=step, cache=cache):
+            nt.use_cache(cache)
+            return nt.logits(nt.step(step)[:, -1])  # (1, vocab)
+
+        out.append((c, call, lambda cache=cache, c=c: cache.crop(c)))
+    return out
+
+
+def _timed(conditions: list, warmup: int, repeats: int, progress: bool) -> tuple[dict, dict]:
+    """Every ``(key, call, reset)`` through :func:`rvqspec_lib.eval.timing.interleaved` (``reset`` after each run,
+    outside the clock): ``({key: summary + cpu_ms (the calling thread's CPU milliseconds, median)}, meta)``."""
+    with torch.inference_mode():
+        t = interleaved({k: (lambda _i, call=call: call()) for k, call, _ in conditions}, repeats=repeats,
+                        warmup=warmup, reset={k: reset for k, _, reset in conditions}, progress=progress,
+                        desc="talker rounds")
+    return {k: {**summary(t.ms[k]), "cpu_ms": statistics.median(t.cpu_ms[k])} for k in t.ms}, t.meta
+
+
+def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
+                            contexts: Sequence[int] = DEFAULT_CONTEXTS,
+                            forwards: Sequence[str] = TALKER_FORWARDS, warmup: int = 3, repeats: int = 15,
+                            seed: int = 0, bandwidth: dict | None = None, progress: bool = False,
+                            model_name: str = "", random_weights: bool = True) -> dict:
+    """Talker steps per (precision, forward, context), one interleaved run, each against its floor (module
+    docstring).
+
+    Args:
+        talker: the official talker in float32 (e.g. :func:`slim_talker` of ``lm.model.talker``; not modified: the
+            float32 condition runs on it, every other precision on a converted copy,
+            :func:`rvqspec_lib.models.precision.apply_precision` without the native check).
+        precisions: names of :data:`rvqspec_lib.models.precision.PRECISIONS` (default: those this CPU runs natively,
+            :func:`rvqspec_lib.models.precision.native_precisions`).
+        contexts: positions in the KV cache before the timed step (each >= 1).
+        forwards: some of :data:`TALKER_FORWARDS`.
+        warmup, repeats: untimed and timed rounds.
+        seed: of the random input embeddings.
+        bandwidth: a :func:`rvqspec_lib.eval.floor.read_bandwidth` result; ``None``: measured before and after.
+        model_name, random_weights: reported as given.
+
+    Returns:
+        JSON-able dict: ``model``, ``random_weights``, ``device_name`` (the CPU), ``cpu_flags``,
+        ``native_precisions``, ``threads``, ``bandwidth``, ``other_cpu_frac``, ``cpu_count``, ``torch``, the
+        settings, and ``rows``: one dict per (precision, forward, context) with the medians (``median_ms``,
+        ``p10_ms``, ``p90_ms``, ``min_ms``, ``cpu_ms`` the thread's CPU time, ``n``), ``weight_bytes``, ``kv_bytes``
+        (what the step attends, in that forward's cache dtype), ``packed_bytes`` (native: the packed copy),
+        ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``over_floor_kv``, and in CPU time ``floor_cpu_ms`` (the
+        weights over the bandwidth timed in CPU time, ``gb_per_s_cpu``), ``cpu_over_floor`` and
+        ``cpu_over_floor_kv`` (``None`` where the bandwidth has no CPU-time figure).
+
+    Raises:
+        ValueError: an unknown precision or forward, a context < 1, a talker not in float32.
+    """
+    precisions = list(native_precisions() if precisions is None else precisions)
+    forwards, contexts = list(forwards), [int(c) for c in contexts]
+    if not precisions or any(p not in PRECISIONS for p in precisions):
+        raise ValueError(f"precisions must be some of {', '.join(PRECISIONS)}, got {precisions}")
+    if not forwards or any(f not in TALKER_FORWARDS for f in forwards):
+        raise ValueError(f"forwards must be some of {', '.join(TALKER_FORWARDS)}, got {forwards}")
+    if not contexts or min(contexts) < 1:
+        raise ValueError(f"contexts must be positive, got {contexts}")
+    if precision_of(talker.model) != "float32":
+        raise ValueError(f"bench_talker_precisions takes the talker in float32, got {precision_of(talker.model)}")
+    hidden = int(talker.config.hidden_size)
+    talkers = {p: talker if p == "float32" else apply_precision(copy.deepcopy(talker), p, require_native=False)
+               for p in precisions}
+    conditions, weights, natives = [], {}, {}
+    for p in precisions:
+        weights[p] = talker_step_bytes(talkers[p])
+        if "official" in forwards:
+            conditions += [((p, "official", c), call, reset)
+                           for c, call, reset in _official_calls(talkers[p], contexts, hidden, seed)]
+        if "native" in forwards:
+            natives[p] = NativeTalker(talkers[p], max_context=max(contexts) + 1)
+            conditions += [((p, "native", c), call, reset)
+                           for c, call, reset in _native_calls(natives[p], contexts, hidden, seed)]
+    if bandwidth is None:  # read before and after the timing, the faster kept (other load varies)
+        (stats, meta), bandwidth = bandwidth_around(lambda: _timed(conditions, warmup, repeats, progress))
+    else:
+        stats, meta = _timed(conditions, warmup, repeats, progress)
+    gbs, gbs_cpu = bandwidth["gb_per_s"], bandwidth.get("gb_per_s_cpu")
+    rows = []
+    for (p, f, c), st in stats.items():
+        wb = weights[p]["bytes"]
+        kv_elem = natives[p].kv_dtype.itemsize if f == "native" else None  # None: the official cache's dtype
+        kv = talker_step_bytes(talkers[p], context=c, kv_element_bytes=kv_elem)["kv_bytes"]
+        fl, fl_kv = floor_ms(wb, gbs), floor_ms(wb + kv, gbs)
+        fl_cpu, fl_kv_cpu = (floor_ms(wb, gbs_cpu), floor_ms(wb + kv, gbs_cpu)) if gbs_cpu else (None, None)
+        rows.append({"precision": p, "forward": f, "context": c, **st, "weight_bytes": wb, "kv_bytes": kv,
+                     "packed_bytes": natives[p].weight_bytes if f == "native" else None,
+                     "floor_ms": fl, "floor_kv_ms": fl_kv, "over_floor": st["median_ms"] / fl,
+                     "over_floor_kv": st["median_ms"] / fl_kv, "floor_cpu_ms": fl_cpu,
+                     "cpu_over_floor": st["cpu_ms"] / fl_cpu if fl_cpu else None,
+                     "cpu_over_floor_kv": st["cpu_ms"] / fl_kv_cpu if fl_kv_cpu else None})
+    order = {(p, f, c): i for i, (p, f, c) in enumerate((p, f, c) for p in precisions for c in contexts
+                                                         for f in forwards)}
+    rows.sort(key=lambda r: order[(r["precision"], r["forward"], r["context"])])
+    return {"model": model_name, "random_weights": bool(random_weights), **meta, "device_name": meta["cpu"],
+            "cpu_flags": cpu_features(), "native_precisions": list(native_precisions()), "bandwidth": bandwidth,
+            "contexts": contexts, "forwards": forwards,
+            "precisions": precisions, "warmup": warmup, "repeats": repeats, "seed": seed, "interleaved": True,
+            "rows": rows}
+
+
+def scan_cost(nt, *, context: int = 64, capacity: int = 2048, warmup: int = 3, repeats: int = 15,
+              seed: int = 0) -> dict:
+    """What attending over the filled prefix saves: the same native step after ``context`` positions in a cache of
+    ``capacity`` slots, scanning the prefix (``rvq_forward_scan``, the default) and scanning every slot through an
+    ``allow`` mask (``nt.scan_whole_cache``), interleaved. The two compute the same values bit for bit (tested).
+
+    Args:
+        nt: a :class:`~rvqspec_lib.models.native_talker.NativeTalker` (its cache is replaced by a new one of
+            ``capacity`` slots: ``capacity x nt.kv_bytes_per_position`` bytes).
+        context: positions before the step (1 <= context < capacity).
+
+    Returns:
+        ``{"context", "capacity", "prefix_ms", "whole_cache_ms", "saved_ms"}`` (wall-clock medians) and the same
+        three in thread CPU time (``prefix_cpu_ms``, ...).
+
+    Raises:
+        ValueError: a context outside 1..capacity - 1.
+    """
+    if not 1 <= context < capacity:
+        raise ValueError(f"need 1 <= context < capacity, got context={context}, capacity={capacity}")
+    gen = torch.Generator().manual_seed(seed)
+    ctx = (torch.randn(1, context, nt.hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
+    step = (torch.randn(1, 1, nt.hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
+    nt.reset(1, max_context=capacity)
+    with torch.inference_mode():
+        nt.extend(ctx)
+
+    def run(whole: bool):
+        def call():
+            nt.scan_whole_cache = whole
+            try:
+                nt.step(step)
+            finally:
+                nt.scan_whole_cache = False
+        return call
+
+    st, _ = _timed([("prefix", run(False), lambda: nt.crop(context)),
+                    ("whole", run(True), lambda: nt.crop(context))], warmup, repeats, False)
+    return {"context": context, "capacity": capacity, "prefix_ms": st["prefix"]["median_ms"],
+            "whole_cache_ms": st["whole"]["median_ms"],
+            "saved_ms": st["whole"]["median_ms"] - st["prefix"]["median_ms"],
+            "prefix_cpu_ms": st["prefix"]["cpu_ms"], "whole_cache_cpu_ms": st["whole"]["cpu_ms"],
+            "saved_cpu_ms": st["whole"]["cpu_ms"] - st["prefix"]["cpu_ms"]}
+
+
+def format_talker_table(result: dict) -> str:
+    """Plain-text table of a :func:`bench_talker_precisions` result: the CPU, its bandwidth, then per (precision,
+    context, forward) the median step, its spread, the MB it reads and both floors with the step as a multiple of
+    each."""
+    bw, fl = result["bandwidth"], result["cpu_flags"]
+    other = result.get("other_cpu_frac")
+    lines = [
+        f"talker step (1 new position + codec_head): model {result['model']}"
+        f"{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads {result['threads']} | "
+        f"interleaved, warmup {result['warmup']}, repeats {result['repeats']}"
+        + ("" if other is None else f" | other processes used {100 * other:.0f}% of {result['cpu_count']} CPUs"),
+        f"CPU {result['device_name']} | bf16 flags: {', '.join(fl['bf16']) or 'none'} | int8 dot-product flags: "
+        f"{', '.join(fl['int8_dot']) or 'none'} | native precisions: {', '.join(result['native_precisions'])}",
+        f"read bandwidth {bw['gb_per_s']:.1f} GB/s (torch.sum over {bw['buffer_bytes'] / 2 ** 20:.0f} MiB"
+        + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
+           if "gb_per_s_after" in bw else "")
+        + (f"; {bw['gb_per_s_cpu']:.1f} GB/s in CPU time" if bw.get("gb_per_s_cpu") else "")
+        + "); floor = weight bytes / bandwidth; floor+kv adds the KV cache the step attends; cpu x: the thread's "
+        "CPU time over the same floors at the CPU-time bandwidth",
+        f"{'precision':<12} {'ctx':>4} {'forward':<8} {'ms':>8} {'p10-p90':>13} {'cpu ms':>7} {'weights MB':>10} "
+        f"{'kv MB':>6} {'floor ms':>8} {'x floor':>7} {'floor+kv':>8} {'x fl+kv':>7} {'cpu x fl':>8} "
+        f"{'cpu x fl+kv':>11}",
+    ]
+    for r in result["rows"]:
+        lines.append(f"{r['precision']:<12} {r['context']:>4} {r['forward']:<8} {r['median_ms']:>8.2f} "
+                     f"{r['p10_ms']:>6.1f}-{r['p90_ms']:<6.1f} {r['cpu_ms']:>7.2f} {r['weight_bytes'] / 1e6:>10.1f} "
+                     f"{r['kv_bytes'] / 1e6:>6.1f} {r['floor_ms']:>8.2f} {r['over_floor']:>7.2f} "
+                     f"{r['floor_kv_ms']:>8.2f} {r['over_floor_kv']:>7.2f} "
+                     f"{'' if r['cpu_over_floor'] is None else format(r['cpu_over_floor'], '.2f'):>8} "
+                     f"{'' if r['cpu_over_floor_kv'] is None else format(r['cpu_over_floor_kv'], '.2f'):>11}")
+    return "\n".join(lines)

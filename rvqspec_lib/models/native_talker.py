@@ -1,0 +1,434 @@
+"""The native talker step: the talker's decoder layers and ``codec_head`` through the C forward of the code predictor,
+over packed copies of the weights, with a preallocated KV cache (docs/precision.md#the-native-talker).
+
+The talker (docs/model.md#two-nested-loops) emits code 0 of every frame: one step of its 28 decoder layers per frame,
+over a KV cache that grows by one position a frame, then ``codec_head`` (1024 -> 3072 on the 0.6B). A step reads
+every weight once and multiplies it with one row, so like a code-predictor call it is bound by streaming the weights.
+The talker's layers have the code predictor's shape (Qwen3: RMSNorm, fused q/k/v, per-head q/k RMSNorm, RoPE,
+grouped-query attention, SwiGLU), so :class:`NativeTalker` packs them with the code predictor's packer
+(:class:`rvqspec_lib.models.native.PackedDecoder`) and runs a step as ONE C call, ``rvq_forward_scan`` in
+``kernels/cpforward.c``, in the precision the official module was converted to (float32, bfloat16, int8,
+int8-dynamic: :func:`rvqspec_lib.models.precision.apply_precision`).
+
+* **RoPE.** The talker rotates with multimodal RoPE (interleaved sections [24, 20, 20] on the 0.6B), but TTS feeds the
+  SAME position id on all three axes, and then the rotation is the 1-D RoPE of the same inverse frequencies
+  (tests/test_native_talker.py checks it bit for bit against the official ``apply_multimodal_rotary_pos_emb``). The
+  tables are the official rotary module's, at axis 0, in the module's activation dtype.
+* **KV cache.** Preallocated for ``max_context`` positions, slot = index of the position in the sequence (prompt
+  padding included). float32 in float32 and int8-dynamic; bfloat16 in bfloat16 and int8, whose keys and values are
+  bfloat16 values already (as the official cache holds them): the same numbers, bit for bit (tested), in half the
+  bytes a step reads (``kv_bfloat16=False`` keeps float32). It costs ``2 x layers x kv_heads x head_dim x bytes``
+  per position per stream: 224 KiB in float32 on the 0.6B and 1.7B talkers (28 x 8 x 128), 112 KiB in bfloat16, so
+  224 MiB (112 MiB) per stream at the default ``max_context`` of 1024 (82 s of speech, prompt included). A step
+  attends over the filled prefix only: the C call scans ``length`` slots, not the capacity (``rvq_forward_scan``;
+  an ``allow`` mask over the whole capacity computes the same values in time that grows with the capacity, a small
+  cost since the C call lists the allowed slots once per row and layer: :func:`rvqspec_lib.eval.talker_bench.
+  scan_cost` measures it), and the Python side builds a mask of ``length`` bytes a row, not ``max_context``.
+* **Batches** are independent streams sharing slot indices: left padding of a batched prompt is masked per row and
+  each row keeps its own position (the official rule: position = index among the row's real tokens). Every row is
+  computed exactly as the same stream alone (bit for bit: the C linear layers are row invariant and attention visits
+  the allowed slots in slot order, skipping the padding; tested).
+* **Equal to the official talker in the same precision** to a stated tolerance (float32: summation order only;
+  bfloat16 / int8: the official rounding points, another summation order; int8-dynamic: an activation's int8
+  rounding may move by one step), so greedy code 0 equals the official step's wherever its top-2 margin is clear
+  (tested).
+
+The frame loop runs a whole utterance with it: ``synthesize(lm, texts, talker_backend=NativeTalker(lm))``
+(:func:`rvqspec_lib.models.frame.synthesize`). Timing against the floor: :mod:`rvqspec_lib.eval.talker_bench`.
+Embeddings (codec and text tables, ``text_projection``) stay the official module's: the caller feeds embeddings.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rvqspec_lib.models.kernels import cpforward as C
+from rvqspec_lib.models.native import PackedDecoder, packed_linear
+from rvqspec_lib.models.precision import ACTIVATION_DTYPE, precision_of
+
+#: Positions the KV cache holds by default (224 MiB per stream on the 0.6B talker; 1024 frames are 82 s of speech).
+DEFAULT_MAX_CONTEXT = 1024
+
+
+class TalkerKVCache:
+    """The native talker's KV cache: preallocated slots for ``max_context`` positions of ``batch`` streams.
+
+    Attributes:
+        k, v: ``(layers, B, kv_heads, max_context, head_dim)`` float32 or bfloat16 (:attr:`NativeTalker.kv_dtype`);
+            slot i holds position i of the sequence (prompt padding included); slots ``>= length`` are unused
+            (never read).
+        valid: ``(B, max_context)`` bool, slot i of a stream holds a real (not padded) position.
+        next_pos: ``(B,)`` int64, the RoPE position of each stream's next real position.
+        length: slots filled.
+
+    Made by :meth:`NativeTalker.new_cache`; installed with :meth:`NativeTalker.use_cache` (a talker can switch
+    between several sequences this way, sharing its packed weights).
+    """
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+        self.k, self.v = k, v
+        with torch.inference_mode(False):  # normal tensors: updated in place in and out of inference mode
+            self.valid = torch.zeros(k.shape[1], k.shape[3], dtype=torch.bool)  # (B, S)
+            self.next_pos = torch.zeros(k.shape[1], dtype=torch.long)  # (B,)
+        self.length = 0
+
+    @property
+    def batch(self) -> int:
+        """Streams."""
+        return int(self.k.shape[1])
+
+    @property
+    def max_context(self) -> int:
+        """Capacity in positions."""
+        return int(self.k.shape[3])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of keys and values."""
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def clear(self) -> None:
+        """Length 0 (the memory is kept)."""
+        self.valid.zero_()
+        self.next_pos.zero_()
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        """Drop every position after the first ``length`` (as ``DynamicCache.crop``): the next step writes slot
+        ``length``.
+
+        Raises:
+            ValueError: ``length`` outside 0..:attr:`length`.
+        """
+        if not isinstance(length, int) or isinstance(length, bool) or not 0 <= length <= self.length:
+            raise ValueError(f"crop length must be an integer in 0..{self.length} (the positions cached), got "
+                             f"{length!r}")
+        self.valid[:, length:] = False
+        self.next_pos.copy_(self.valid.long().sum(1))
+        self.length = length
+
+    def __repr__(self) -> str:
+        return (f"TalkerKVCache(batch={self.batch}, max_context={self.max_context}, length={self.length}, "
+                f"{self.nbytes / 2 ** 20:.1f} MiB)")
+
+
+def _talker_of(obj):
+    """The official talker (``Qwen3TTSTalkerForConditionalGeneration``) from itself, a loaded model or the whole
+    official model; ``None`` when ``obj`` is none of them."""
+    for cand in (obj, getattr(obj, "talker", None)):
+        if cand is not None and hasattr(cand, "codec_head") and hasattr(getattr(cand, "model", None), "layers"):
+            return cand
+    return None
+
+
+class NativeTalker:
+    """The talker step as one C call over packed weights, with its own KV cache (module docstring).
+
+    Args:
+        talker: the official talker (``lm.model.talker``), the loaded model (:func:`rvqspec_lib.models.loader.
+            load_model`'s result) or the official model holding it; on the CPU, its decoder stack and ``codec_head``
+            in float32, bfloat16, int8 or int8-dynamic (:func:`rvqspec_lib.models.precision.apply_precision` applied
+            to the talker). Its weights are COPIED at construction: later changes are not seen.
+        max_context: positions the KV cache holds (prompt included), >= 1; :meth:`reset` changes it.
+        kv_bfloat16: hold the KV cache in bfloat16 (default: in bfloat16 and int8, where it is exact; ``False``:
+            float32). ``True`` is refused in float32 and int8-dynamic (it would round).
+
+    Attributes: ``talker``, ``precision``, ``dtype`` (the activation dtype hidden states and logits are returned in),
+    ``fast`` (whether this precision runs through the AVX-512 path of this CPU), ``hidden``, ``vocab``,
+    ``n_layers``, ``kv_dtype``, ``max_context`` (capacity of the caches :meth:`reset` makes), ``cache`` (the
+    :class:`TalkerKVCache` in use), ``length`` (its positions), ``batch`` (its streams, 0 before the first
+    prefill), ``kv_bytes_per_position`` (per stream), ``weight_bytes`` (packed bytes one step streams: layers,
+    norms and ``codec_head``), ``decoder`` (the :class:`~rvqspec_lib.models.native.PackedDecoder`), ``name``.
+
+    Raises:
+        ValueError: not a talker; a precision other than the four; a module not on the CPU; a RoPE type other than
+            the default; linear layers with biases; ``max_context < 1``; ``kv_bfloat16=True`` in float32 or
+            int8-dynamic.
+        RuntimeError: the C library cannot be built here (the reason, one line).
+    """
+
+    name = "native"
+
+    def __init__(self, talker, *, max_context: int = DEFAULT_MAX_CONTEXT, kv_bfloat16: bool | None = None):
+        t = _talker_of(talker)
+        if t is None:
+            raise ValueError(f"NativeTalker needs the official talker (lm.model.talker) or the loaded model, got "
+                             f"{type(talker).__name__}")
+        precision = precision_of(t.model)
+        if precision not in C.PREC_CODE:
+            raise ValueError(f"the native talker runs float32, bfloat16, int8 or int8-dynamic, not {precision}: "
+                             f"convert with apply_precision(lm.model.talker, 'float32') first")
+        head_precision = precision_of(t.codec_head)
+        if head_precision != precision:
+            raise ValueError(f"the talker's layers are {precision} but codec_head is {head_precision}: convert the "
+                             f"whole talker with apply_precision(lm.model.talker, {precision!r})")
+        device = next(t.model.layers.parameters()).device
+        if device.type != "cpu":
+            raise ValueError(f"the native talker runs on the CPU; the talker is on {device}: use the official "
+                             f"talker there")
+        cfg = t.model.config
+        rope = getattr(cfg, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"the native talker supports the default RoPE only, this config has rope_scaling={rope}")
+        self.talker, self.precision = t, precision
+        self.dtype = ACTIVATION_DTYPE[precision]
+        self.fast = precision in C.fast_precisions()
+        self.decoder = PackedDecoder(t.model, cfg, precision)
+        self.hidden, self.n_layers = self.decoder.hidden, self.decoder.n_layers
+        with torch.no_grad():
+            self.head = packed_linear(precision, [t.codec_head])
+        self.vocab = self.head.n
+        self.weight_bytes = self.decoder.weight_bytes + sum(
+            x.numel() * x.element_size() for x in (self.head.data, self.head.scale, self.head.comp) if x is not None)
+        d = self.decoder
+        self._lib = C.lib()
+        if kv_bfloat16 is None:
+            kv_bfloat16 = d.act_bf16
+        if kv_bfloat16 and not d.act_bf16:
+            raise ValueError(f"a bfloat16 KV cache would round the keys and values of the {precision} talker: use "
+                             f"kv_bfloat16=None or False")
+        if self._lib.rvq_model_set_kv_bf16(d.handle, int(bool(kv_bfloat16))) != 0:
+            raise ValueError("the native forward refused a bfloat16 KV cache")  # pragma: no cover - checked above
+        self.kv_dtype = torch.bfloat16 if kv_bfloat16 else torch.float32
+        self.kv_bytes_per_position = 2 * d.n_layers * d.n_kv * d.head_dim * (2 if kv_bfloat16 else 4)
+        #: Scan every slot of the cache in each step (an ``allow`` mask over the whole capacity, ``rvq_forward``'s
+        #: way) instead of the filled prefix: the same arithmetic, bit for bit; only for measuring what the prefix
+        #: scan saves (:func:`rvqspec_lib.eval.talker_bench.scan_cost`).
+        self.scan_whole_cache = False
+        self._cache: TalkerKVCache | None = None
+        self._cos = self._sin = None
+        self._check_max_context(max_context)
+        self.max_context = int(max_context)
+
+    @staticmethod
+    def _check_max_context(max_context) -> None:
+        if not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1:
+            raise ValueError(f"max_context must be a positive integer (positions the talker KV cache holds), got "
+                             f"{max_context!r}")
+
+    # -- the KV cache ----------------------------------------------------------------------------------------------
+    @property
+    def cache(self) -> TalkerKVCache | None:
+        """The KV cache the steps use (``None`` before the first :meth:`prefill` / :meth:`reset`)."""
+        return self._cache
+
+    @property
+    def length(self) -> int:
+        """Positions cached (0 without a cache)."""
+        return 0 if self._cache is None else self._cache.length
+
+    @property
+    def batch(self) -> int:
+        """Streams of the cache (0 without a cache)."""
+        return 0 if self._cache is None else self._cache.batch
+
+    def kv_cache_bytes(self, batch: int = 1, max_context: int | None = None) -> int:
+        """Bytes of a KV cache for ``batch`` streams of ``max_context`` positions (default: :attr:`max_context`)."""
+        return int(batch) * (self.max_context if max_context is None else int(max_context)) * self.kv_bytes_per_position
+
+    def new_cache(self, batch: int, max_context: int | None = None) -> TalkerKVCache:
+        """A new empty KV cache (not installed: :meth:`use_cache`).
+
+        Args:
+            batch: streams, >= 1. max_context: capacity in positions (default :attr:`max_context`), >= 1.
+
+        Raises:
+            ValueError: ``batch < 1``, ``max_context < 1``.
+        """
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"batch must be a positive integer (independent streams), got {batch!r}")
+        max_context = self.max_context if max_context is None else max_context
+        self._check_max_context(max_context)
+        d = self.decoder
+        shape = (d.n_layers, batch, d.n_kv, int(max_context), d.head_dim)
+        # never read before written: attention reads slots < length only, each written by the step that filled it
+        with torch.inference_mode(False):
+            return TalkerKVCache(torch.empty(shape, dtype=self.kv_dtype), torch.empty(shape, dtype=self.kv_dtype))
+
+    def use_cache(self, cache: TalkerKVCache) -> None:
+        """Run the next steps on ``cache`` (one of :meth:`new_cache`), as it is.
+
+        Raises:
+            ValueError: a cache of another shape than this talker's.
+        """
+        d = self.decoder
+        if not isinstance(cache, TalkerKVCache) or cache.k.shape[0] != d.n_layers or cache.k.shape[2] != d.n_kv \
+                or cache.k.shape[4] != d.head_dim or cache.k.dtype != self.kv_dtype:
+            raise ValueError("use_cache takes a TalkerKVCache made by this talker's new_cache(batch, max_context)")
+        if self._cos is None or self._cos.shape[0] < cache.max_context:
+            self._cos, self._sin = self._rope_tables(cache.max_context)
+        self._cache = cache
+
+    def reset(self, batch: int | None = None, *, max_context: int | None = None) -> None:
+        """Empty the KV cache (length 0), keeping its memory when the batch and capacity are unchanged.
+
+        Args:
+            batch: streams of the next sequence (default: the current cache's); >= 1.
+            max_context: a new capacity in positions (default: keep :attr:`max_context`); the cache is
+                reallocated when the batch or the capacity changes.
+
+        Raises:
+            ValueError: ``batch < 1``, ``max_context < 1``, no batch given and no cache yet.
+        """
+        if max_context is not None:
+            self._check_max_context(max_context)
+            self.max_context = int(max_context)
+        if batch is None:
+            if self._cache is None:
+                raise ValueError("reset needs batch= (streams) before the talker has a KV cache")
+            batch = self._cache.batch
+        c = self._cache
+        if c is not None and c.batch == batch and c.max_context == self.max_context:
+            c.clear()
+            return
+        self._cache = None  # free the old cache first
+        self.use_cache(self.new_cache(batch, self.max_context))
+
+    def crop(self, length: int) -> None:
+        """:meth:`TalkerKVCache.crop` on the cache in use: keep the first ``length`` positions (e.g. to rerun steps
+        after a shared prompt).
+
+        Raises:
+            ValueError: ``length`` outside 0..:attr:`length`.
+        """
+        if self._cache is None:
+            raise ValueError("the talker has no KV cache yet: call prefill(embeds) first")
+        self._cache.crop(length)
+
+    def _rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``(n, head_dim)`` float32 holding the official rotary module's values at positions 0..n-1, axis 0
+        of the three MRoPE axes (the same ids on all three: module docstring), in the activation dtype."""
+        pos = torch.arange(n).view(1, 1, n).expand(3, 1, n)  # (3, 1, n)
+        with torch.no_grad():
+            cos, sin = self.talker.model.rotary_emb(torch.zeros(1, dtype=self.dtype), pos)  # (3, 1, n, D)
+        return cos[0, 0].to(torch.float32).contiguous(), sin[0, 0].to(torch.float32).contiguous()
+
+    # -- the steps -------------------------------------------------------------------------------------------------
+    def prefill(self, embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Start new sequences: empty the cache (:meth:`reset` with this batch) and run the prompt.
+
+        Args:
+            embeds: ``(B, T, hidden)`` float, the prompt embeddings (the official ``generate``'s talker inputs,
+                :func:`rvqspec_lib.models.frame.build_prompt`).
+            attention_mask: ``(B, T)`` int or bool, 0 on LEFT padding (as the official prompt is padded); ``None``:
+                no padding. A padded position takes a slot but is never attended and does not count as a position.
+
+        Returns:
+            ``(B, T, hidden)`` hidden states after the final norm, in :attr:`dtype` (padded positions: unused).
+
+        Raises:
+            ValueError: wrong shapes or hidden size; ``T`` past the capacity (naming ``max_context``).
+        """
+        b = self._check_embeds(embeds, "embeds", None)
+        self.reset(batch=b)
+        return self.extend(embeds, attention_mask)
+
+    def step(self, embed: torch.Tensor) -> torch.Tensor:
+        """One talker step: one new position per stream after the cached ones.
+
+        Args:
+            embed: ``(B, 1, hidden)`` float, the next input of each stream (the sum of a frame's 16 code embeddings
+                plus the text track, as the frame loop builds it).
+
+        Returns:
+            ``(B, 1, hidden)`` after the final norm, in :attr:`dtype`.
+
+        Raises:
+            ValueError: no prefill yet; a batch other than the cache's; wrong shape; the cache full (naming
+                ``max_context``).
+        """
+        if isinstance(embed, torch.Tensor) and embed.dim() == 3 and embed.shape[1] != 1:
+            raise ValueError(f"step takes one position per stream, (B, 1, {self.hidden}), got {tuple(embed.shape)}: "
+                             f"use extend for several")
+        return self.extend(embed)
+
+    def extend(self, embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Append ``T`` positions to every stream (causal among themselves) and return their hidden states.
+
+        Args:
+            embeds: ``(B, T, hidden)`` float, B the cache's batch.
+            attention_mask: ``(B, T)`` 0 on padded positions (see :meth:`prefill`), ``None``: none padded.
+
+        Returns:
+            ``(B, T, hidden)`` after the final norm, in :attr:`dtype`.
+
+        Raises:
+            ValueError: no prefill yet, a batch other than the cache's, a wrong hidden size, a mask of the wrong shape,
+                ``length + T`` past the capacity (naming ``max_context``).
+            MemoryError: the C forward could not allocate its scratch memory.
+        """
+        c = self._cache
+        if c is None:
+            raise ValueError("the talker has no KV cache yet: call prefill(embeds) (or reset(batch)) first")
+        b = self._check_embeds(embeds, "embeds", c.batch)
+        t = int(embeds.shape[1])
+        if attention_mask is None:
+            real = torch.ones(b, t, dtype=torch.bool)
+        else:
+            if tuple(attention_mask.shape) != (b, t):
+                raise ValueError(f"attention_mask must have shape (B, T) = {(b, t)}, got "
+                                 f"{tuple(attention_mask.shape)}")
+            real = attention_mask.to(torch.bool).cpu()
+        n = c.length + t
+        if n > c.max_context:
+            raise ValueError(f"context {n} exceeds the talker KV cache capacity of {c.max_context} positions: raise "
+                             f"max_context (NativeTalker(..., max_context=N) or reset(max_context=N))")
+        slots = torch.arange(c.length, n)  # (T,) the new positions' slots
+        c.valid[:, c.length:n] = real
+        # a real position's RoPE position: its index among its stream's real tokens (the official rule)
+        pos = c.next_pos[:, None] + real.long().cumsum(1) - 1  # (B, T)
+        pos = torch.where(real, pos, torch.zeros_like(pos))
+        ns = c.max_context if self.scan_whole_cache else n  # slots the C call scans
+        causal = slots[:, None] >= torch.arange(ns)[None, :]  # (T, ns): new row i sees slots <= length + i
+        allow = c.valid[:, None, :ns] & causal[None]  # (B, T, ns)
+        # a padded row sees its own slot alone (finite, never read)
+        allow[:, :, c.length:n] |= (~real)[:, :, None] & torch.eye(t, dtype=torch.bool)[None]
+        allow = allow.to(torch.uint8).contiguous()
+        cos, sin = self._cos[pos.reshape(-1)].contiguous(), self._sin[pos.reshape(-1)].contiguous()  # (B*T, D)
+        write = slots[None].expand(b, t).contiguous()  # (B, T) int64
+        x = embeds.detach().reshape(b * t, self.hidden).to(torch.float32).contiguous()
+        out = torch.empty(b * t, self.hidden, dtype=torch.float32)
+        rc = self._lib.rvq_forward_scan(self.decoder.handle, C.ptr(x), C.ptr(cos), C.ptr(sin), C.ptr(allow),
+                                        C.ptr(write), C.ptr(c.k), C.ptr(c.v), b, t, c.max_context, ns, C.ptr(out))
+        if rc:
+            c.valid[:, c.length:n] = False  # nothing was appended
+            if rc == -1:
+                raise MemoryError("the native talker could not allocate its scratch memory")
+            raise ValueError(f"the native talker's C forward refused its arguments (code {rc})")
+        c.next_pos += real.long().sum(1)
+        c.length = n
+        return out.view(b, t, self.hidden).to(self.dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``codec_head`` through the C kernel.
+
+        Args:
+            hidden: ``(..., hidden)`` float (e.g. ``(B, hidden)``, the last hidden state of each stream).
+
+        Returns:
+            ``(..., vocab)`` logits (3072 on the released talkers) in :attr:`dtype`; each row a function of its own
+            hidden state alone.
+
+        Raises:
+            ValueError: a last dimension other than the talker's hidden size.
+        """
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() < 1 or hidden.shape[-1] != self.hidden:
+            got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+            raise ValueError(f"hidden must have shape (..., {self.hidden}) (the talker's hidden size), got {got}")
+        x = hidden.detach().reshape(-1, self.hidden).to(torch.float32).contiguous()
+        y = self.head(x, act_bf16=self.decoder.act_bf16)
+        return y.view(*hidden.shape[:-1], self.vocab).to(self.dtype)
+
+    def _check_embeds(self, embeds, what: str, batch: int | None) -> int:
+        if not isinstance(embeds, torch.Tensor) or embeds.dim() != 3 or embeds.shape[0] < 1 or embeds.shape[1] < 1 \
+                or embeds.shape[2] != self.hidden:
+            got = tuple(embeds.shape) if isinstance(embeds, torch.Tensor) else type(embeds).__name__
+            raise ValueError(f"{what} must have shape (B, T, {self.hidden}) (the talker's hidden size), got {got}")
+        if batch is not None and embeds.shape[0] != batch:
+            raise ValueError(f"{what} has {embeds.shape[0]} streams but the talker KV cache holds {batch}: call "
+                             f"prefill (or reset(batch={embeds.shape[0]})) first")
+        return int(embeds.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"NativeTalker(precision={self.precision!r}, fast={self.fast}, max_context={self.max_context}, "
+                f"length={self.length}, batch={self.batch})")

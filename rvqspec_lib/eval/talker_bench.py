@@ -196,7 +196,7 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
     order = {(p, f, c): i for i, (p, f, c) in enumerate((p, f, c) for p in precisions for c in contexts
                                                          for f in forwards)}
     rows.sort(key=lambda r: order[(r["precision"], r["forward"], r["context"])])
-    return {"model": model_name, "random_weights": bool(random_weights), **meta, "device_name": meta["cpu"],
+    return {**meta, "model": model_name, "random_weights": bool(random_weights), "device_name": meta["cpu"],
             "cpu_flags": cpu_features(), "native_precisions": list(native_precisions()), "bandwidth": bandwidth,
             "contexts": contexts, "forwards": forwards,
             "precisions": precisions, "warmup": warmup, "repeats": repeats, "seed": seed, "interleaved": True,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from rvqspec_lib.common.files import atomic_outputs, usual_mode, write_text_atomic  # noqa: F401  (usual_mode)
+from rvqspec_lib.common.machine import cpu_model  # noqa: F401 -- also offered here (eval imports it so)
 from rvqspec_lib.common.paths import REPO_ROOT
 
 
@@ -155,17 +156,6 @@ def git_revision(root: str | os.PathLike | None = None) -> dict:
     changed = changed_sources(root) if rev else None
     return {"revision": rev.strip() if rev else None, "dirty": None if changed is None else bool(changed),
             "changed_sources": changed}
-
-
-def cpu_model() -> str:
-    """Human-readable CPU model (``/proc/cpuinfo`` "model name" on Linux, else ``platform.processor()``)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def hardware() -> dict:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rvqspec_lib.decoding.sampling import or_fresh_generator
+
 
 @dataclass
 class WalkResult:
@@ -107,9 +109,7 @@ def walk_tree(
     Returns:
         :class:`WalkResult`.
     """
-    if generator is None:
-        generator = torch.Generator(device=p.device)
-        generator.seed()
+    generator = or_fresh_generator(generator, p.device)
     walk = walk_tree_one_row if p.shape[0] == 1 else walk_tree_batched
     return walk(p, node_codes, children, node_valid, has_next, generator, q, tolerance)
 

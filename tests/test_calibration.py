@@ -112,17 +112,18 @@ def test_pool_by_offset_skips_missing_start_depths():
 
 
 def test_calibration_file_round_trip_and_names(small, tmp_path):
-    from rvqspec_lib.models.tree_files import load_calibration, load_named_tree, save_calibration
-    from rvqspec_lib.decoding.decoder_names import parse_tree_name
+    from rvqspec_lib.models.tree_files import load_calibration, save_calibration
+    from rvqspec_lib.decoding.decoder_names import parse_decoder_name, parse_tree_name
 
     cp, frames = small
     cal = calibrate(cp, ReusedHeads(), frames, budgets=(2, 4, 8), draws=1)
     path = save_calibration(cal, tmp_path / "trees" / "heads.json")
     assert not list(path.parent.glob("*.tmp"))
     assert load_calibration(path, n_codes=3, codebook_size=16) == cal
-    t = load_named_tree("calibrated-sampled:8", "unused", cp, path=path)
+    loaded = load_calibration(path, n_codes=3, codebook_size=16)
+    t = parse_decoder_name("tree:calibrated-sampled:8").calibrated_tree(loaded)
     assert t.sampled and t.tree(3).n_nodes == 7
-    best = load_named_tree("calibrated:4", "unused", cp, path=path)
+    best = parse_decoder_name("tree:calibrated:4").calibrated_tree(loaded)
     assert best.sampled == (cal["best_kind"]["4"] == "sampled")
     assert parse_tree_name("calibrated-point-mass:64") == ("point-mass", 64)
     for bad, word in (("calibrated:1", "outside 2..64"), ("calibrated:65", "outside 2..64"),

@@ -35,8 +35,9 @@ import torch
 
 from rvqspec_lib.models import export_graphs as G
 from rvqspec_lib.models.fused import FusedARFrame
-from rvqspec_lib.models.lean import LeanCache
+from rvqspec_lib.models.lean import LeanCache, SlotBackend
 from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.sampling import or_fresh_generator
 
 #: File formats and the suffix each writes.
 FORMATS = {"onnx": ".onnx", "coreml": ".mlpackage"}
@@ -419,7 +420,7 @@ class _WorkFolder:
         return folder
 
 
-class ExportedBackend(_WorkFolder):
+class ExportedBackend(_WorkFolder, SlotBackend):
     """The verify backend protocol (:class:`rvqspec_lib.decoding.predictor.VerifyBackend`) over an exported
     hidden-state verify graph: ``decode_frame(..., backend=ExportedBackend(cp))`` runs every verify call of every
     decoder through ONNX Runtime.
@@ -448,9 +449,8 @@ class ExportedBackend(_WorkFolder):
         self.graph_dtype = _dtype_of(dtype)
         self.dtype = P.param_dtype(code_predictor)
         self.n_layers = len(code_predictor.model.layers)
-        cfg = code_predictor.config
-        self.n_kv = int(cfg.num_key_value_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.n_kv, self.head_dim = int(code_predictor.config.num_key_value_heads), P.head_dim(code_predictor.config)
+        self.cache_dtype, self.device = self.graph_dtype, torch.device("cpu")
         t0 = time.perf_counter()
         if path is None:
             folder = self._work_folder(work_dir)
@@ -463,11 +463,9 @@ class ExportedBackend(_WorkFolder):
         self._np = _NP[self.graph_dtype]
         self.name = "onnxruntime" + ("-fp16" if self.graph_dtype == torch.float16 else "")
 
-    def new_cache(self, batch: int, slots: int) -> LeanCache:
-        shape = (self.n_layers, batch, self.n_kv, slots, self.head_dim)
-        return LeanCache(torch.zeros(shape, dtype=self.graph_dtype), torch.zeros(shape, dtype=self.graph_dtype))
-
     def forward(self, embeds, positions, allow, cache: LeanCache, write_slots):
+        """:meth:`~rvqspec_lib.decoding.predictor.VerifyBackend.forward` through ONNX Runtime (the cache it returns
+        replaces the one given)."""
         out = self.graph.session.run(None, {
             "inputs_embeds": embeds.detach().to(self.graph_dtype).numpy(),
             "positions": positions.to(torch.int32).numpy(),
@@ -476,19 +474,6 @@ class ExportedBackend(_WorkFolder):
             "k_cache": cache.k.numpy(), "v_cache": cache.v.numpy()})
         cache.k, cache.v = torch.from_numpy(out[1]), torch.from_numpy(out[2])
         return torch.from_numpy(out[0]).to(self.dtype)
-
-    def compact(self, cache: LeanCache, order: torch.Tensor) -> None:
-        if order.shape[0] == 1:
-            cache.k, cache.v = cache.k.index_select(3, order[0]), cache.v.index_select(3, order[0])
-            return
-        idx = order[None, :, None, :, None].expand_as(cache.k)
-        cache.k, cache.v = cache.k.gather(3, idx), cache.v.gather(3, idx)
-
-    def embed(self, codes, depth):
-        return P.embed_codes(self.code_predictor, codes, depth)
-
-    def logits(self, hidden, head):
-        return P.head_logits(self.code_predictor, hidden, head)
 
     def __repr__(self) -> str:
         return f"ExportedBackend({self.path.name})"
@@ -534,7 +519,4 @@ class ExportedFrame(_WorkFolder):
 
     def decode(self, context: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """As :meth:`FusedARFrame.decode`."""
-        if generator is None:
-            generator = torch.Generator()
-            generator.seed()
-        return self(context, self.noise(context.shape[0], generator))
+        return self(context, self.noise(context.shape[0], or_fresh_generator(generator, "cpu")))

@@ -38,12 +38,12 @@ import ctypes
 import torch
 
 from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding.decoders import MAX_WINDOW
 from rvqspec_lib.decoding.sampling import Sampling, or_fresh_generator
+from rvqspec_lib.models.fused import fused_sampling
 from rvqspec_lib.models.kernels import cpforward as C
 from rvqspec_lib.models.lean import ROPE_POSITIONS
-
-#: Largest window (the committed code plus 7 drafts), as Chain's.
-MAX_WINDOW = 8
+from rvqspec_lib.models.native import NativeCodePredictor
 #: Negative controls of the C frame (deliberately LOSSY rules, for tests only): accept every draft; draw drafts from
 #: q re-warped to temperature 1.5 while acceptance is handed q; draw the code after a rejection from p, not the
 #: residual.
@@ -102,16 +102,11 @@ class NativeChainFrame:
     """
 
     def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, backend=None):
-        from rvqspec_lib.models.native import NativeCodePredictor
-
         if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= MAX_WINDOW:
             raise ValueError(f"native frame window must be an integer in 1..{MAX_WINDOW} (1: the AR frame; N: the "
                              f"committed code plus N - 1 drafts), got {window!r}")
-        self.sampling = Sampling() if sampling is None else sampling
-        if not self.sampling.greedy and self.sampling.top_p < 1.0:
-            raise ValueError(f"the native frame samples with temperature and top-k only; top_p={self.sampling.top_p} "
-                             f"needs decode_frame(decoder={'AR()' if window == 1 else f'Chain({window})'}, "
-                             f"backend=NativeCodePredictor(cp))")
+        self.sampling = fused_sampling(sampling, "native frame", f"decode_frame(decoder="
+                                       f"{'AR()' if window == 1 else f'Chain({window})'}, backend=NativeCodePredictor(cp))")
         if backend is None:
             backend = NativeCodePredictor(code_predictor)
         elif not isinstance(backend, NativeCodePredictor) or backend.code_predictor is not code_predictor:

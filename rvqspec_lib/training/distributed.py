@@ -234,7 +234,3 @@ def load_frame_shards(out_dir: str | os.PathLike, *, rank: int | None = None) ->
     out.source = {**parts[0].source, "shards": index["world"], "n_utterances": index["n_utterances"]}
     out.source.pop("shard", None)
     return out
-
-
-__all__ = ["Parallel", "shard_range", "extract_frames", "extract_dataset_frames", "load_frame_shards",
-           "SHARD_PATTERN", "INDEX"]

@@ -17,6 +17,7 @@ Public functions:
 
 from __future__ import annotations
 
+import csv
 import datetime as _dt
 import json
 import math
@@ -24,6 +25,7 @@ import os
 import platform
 import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -188,8 +190,6 @@ def _versions() -> dict:
     """Python's version and those of the main packages: ``module.__version__`` when the process has imported it,
     else the installed distribution's (``importlib.metadata``, no import: qwen_tts alone takes seconds), ``None``
     when not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
     v = {"python": platform.python_version()}
     for mod, dist in _VERSIONED.items():
         m = sys.modules.get(mod)
@@ -312,8 +312,6 @@ def save_table(table, path_stem: str | os.PathLike, prov: Mapping, *, caption: s
         TypeError: ``table`` is neither a DataFrame nor a list of dicts.
         OSError: the folder cannot be written (nothing is left behind).
     """
-    import csv
-
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     cols, rows = _records(table)

@@ -83,7 +83,25 @@ def draft_codes(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 acceptance = verify_rules.acceptance_ratio
 
 
-class FusedChainFrame:
+class UniformFrame:
+    """What the frames that draw their uniforms up front share (:class:`FusedChainFrame`,
+    :class:`~rvqspec_lib.models.native_frame.NativeChainFrame`): the uniforms of a frame (the layout of the module
+    docstring) and ``decode``. A subclass sets ``n_codes``, ``u_width`` (``2 K + 1``) and ``device``, and is called
+    as ``frame(context, uniforms)``."""
+
+    def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        """A frame's uniforms, ``(B, n_codes, 2 K + 1)`` float64, one ``torch.rand`` from ``generator``."""
+        return torch.rand(batch, self.n_codes, self.u_width, generator=generator, dtype=torch.float64,
+                          device=self.device)
+
+    def decode(self, context: torch.Tensor, generator: torch.Generator | None = None, **kw) -> torch.Tensor:
+        """Uniforms from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
+        ``(B, n_codes)`` int64 (``kw``: the frame call's)."""
+        generator = or_fresh_generator(generator, self.device)
+        return self(context, self.uniforms(context.shape[0], generator), **kw)
+
+
+class FusedChainFrame(UniformFrame):
     """Chain(window) speculation with one compiled graph per round (see the module docstring).
 
     Args:
@@ -108,6 +126,7 @@ class FusedChainFrame:
         self.sampling = fused_sampling(sampling, "fused chain", f"decode_frame(decoder=Chain({window}))")
         self.code_predictor = code_predictor
         self.lean = LeanCodePredictor(code_predictor)
+        self.device = self.lean.device
         self.window, self.K = int(window), int(window) - 1
         self.n_codes = P.n_codes(code_predictor)
         self.vocab = int(code_predictor.config.vocab_size)
@@ -118,13 +137,6 @@ class FusedChainFrame:
         self.last_calls: list[int] = []  # calls (prefill + rounds) each row of the last frame took
         self._opts = dict(dynamic=False, fullgraph=True, mode=compile_mode)
         self._graphs: dict[tuple, object] = {}
-
-    # -- randomness ---------------------------------------------------------------------------------------------
-    def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:
-        """A frame's uniforms, ``(B, n_codes, 2 K + 1)`` float64, one ``torch.rand`` from ``generator`` (the order:
-        module docstring)."""
-        return torch.rand(batch, self.n_codes, self.u_width, generator=generator, dtype=torch.float64,
-                          device=self.lean.device)
 
     # -- the graphs ---------------------------------------------------------------------------------------------
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -271,12 +283,6 @@ class FusedChainFrame:
                     for i, x in zip(idx.tolist(), com.tolist()):
                         new_s[i] = s[i] + x
                 s = new_s
-
-    def decode(self, context: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Uniforms from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
-        ``(B, n_codes)`` int64."""
-        generator = or_fresh_generator(generator, context.device)
-        return self(context, self.uniforms(context.shape[0], generator))
 
     def compile_all(self, batch: int = 1) -> float:
         """Build the prefill graph and the round graph of every start depth for ``batch`` rows now (a frame meets

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from rvqspec_lib.common.files import atomic_output, write_text_atomic
 from rvqspec_lib.data.teacher import Utterance
-from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL, LoadedModel
+from rvqspec_lib.models import loader
 
 
 def embedded_root(model: str | os.PathLike = "embedded") -> Path:
@@ -26,12 +26,12 @@ def embedded_root(model: str | os.PathLike = "embedded") -> Path:
     Raises:
         FileNotFoundError: no ``utterances.safetensors`` there (names ``make embedded``).
     """
-    if isinstance(model, LoadedModel):  # the loaded model knows its folder
+    if isinstance(model, loader.LoadedModel):  # the loaded model knows its folder
         if model.folder is None:
             raise FileNotFoundError(f"{model.name} has no folder of its own, so no shipped utterances: use the "
                                     "embedded model or a folder built by `make embedded`")
         model = model.folder
-    p = EMBEDDED_DIR if str(model) == EMBEDDED_MODEL else Path(model).expanduser()
+    p = loader.EMBEDDED_DIR if str(model) == loader.EMBEDDED_MODEL else Path(model).expanduser()
     for d in (p, p.parent):
         if (d / "utterances.safetensors").is_file():
             return d

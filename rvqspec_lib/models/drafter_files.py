@@ -9,8 +9,8 @@ import json
 import os
 from pathlib import Path
 
+import safetensors.torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 
 from rvqspec_lib.common.files import atomic_outputs
 from rvqspec_lib.decoding.drafters import (
@@ -24,7 +24,7 @@ from rvqspec_lib.decoding.drafters import (
     params_added_for,
 )
 from rvqspec_lib.decoding.predictor import n_codes
-from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL, LoadedModel
+from rvqspec_lib.models import loader
 
 #: The ``format`` and ``version`` of a drafter file's description.
 FORMAT, FORMAT_VERSION = "rvqspec-drafter", 1
@@ -53,10 +53,10 @@ def model_drafter_dir(model: str | os.PathLike) -> Path | None:
     its ``folder``; anything else (``tiny-random``, a hub id) -> ``None``. With
     :func:`drafter_path`, this is where ``--drafter offsets`` looks and ``rvqspec train-drafter`` writes by default.
     """
-    if isinstance(model, LoadedModel):  # the loaded model knows its folder
+    if isinstance(model, loader.LoadedModel):  # the loaded model knows its folder
         return model.folder
-    if str(model) == EMBEDDED_MODEL:
-        return EMBEDDED_DIR / "model"
+    if str(model) == loader.EMBEDDED_MODEL:  # read at call time: tests and RVQSPEC_EMBEDDED_DIR move it
+        return loader.EMBEDDED_DIR / "model"
     p = Path(model).expanduser()
     return p if p.is_dir() else None
 
@@ -169,7 +169,7 @@ def save_drafter(drafter, path: str | os.PathLike) -> Path:
             "provenance": drafter.provenance}
     text = json.dumps(desc, indent=1, default=str)
     with atomic_outputs([path, path.with_suffix(".json")]) as (tmp, tmp_side):  # both files or neither, even on Ctrl-C
-        save_file(tensors, str(tmp), metadata={"rvqspec": text})
+        safetensors.torch.save_file(tensors, str(tmp), metadata={"rvqspec": text})
         tmp_side.write_text(text + "\n")
     return path
 
@@ -215,6 +215,6 @@ def load_drafter(path: str | os.PathLike, code_predictor):
         raise ValueError(f"{path} was trained for another code predictor: " +
                          ", ".join(f"{k} {a} (file) vs {b} (model)" for k, (a, b) in bad.items()))
     drafter = PositionOffsets(**cfg) if desc["name"] == "offsets" else MedusaHeads(**cfg)
-    drafter.load_state_dict(load_file(str(path)))
+    drafter.load_state_dict(safetensors.torch.load_file(str(path)))
     drafter.provenance = dict(desc.get("provenance") or {})
     return drafter.to(next(code_predictor.parameters()).device).eval()

@@ -1,11 +1,9 @@
-"""The lean forward (rvqspec_lib.models.lean) against the official module, and the AVX2 kernel behind it.
+"""The lean forward (rvqspec_lib.models.lean, the ``eager`` and ``compile`` backends) against the official module.
 
-* ``matmul="torch"``: the hidden states of every call (prefill, a tree-masked verify call, a call after the cache
+* eager: the hidden states of every call (prefill, a tree-masked verify call, a call after the cache
   was compacted) are BIT-IDENTICAL to the official call, on tiny-random and on the real-size 0.6B code predictor
   (its released config, 2 of its 5 layers to keep the test fast); so decode_frame gives the same codes, calls and
   logs under the same seed, sampled as well as greedy.
-* ``matmul="mgemv"``: within float32 rounding of the official call (relative max abs error <= 1e-5 of the largest
-  hidden value; measured ~1e-6), and the kernel falls back to torch, with one warning, where it cannot be built.
 * ``compile=True``: one graph per input shape, within float32 rounding of the eager lean forward.
 Negative controls show that each comparison can fail.
 """
@@ -13,25 +11,20 @@ Negative controls show that each comparison can fail.
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.models import lean
 from rvqspec_lib.models.configs import build_from_config
-from rvqspec_lib.models.kernels import mgemv
 from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree
 from rvqspec_lib.decoding.sampling import Sampling
 
-#: mgemv vs MKL: max abs difference of the hidden states relative to their largest magnitude.
-MGEMV_REL_TOL = 1e-5
 #: compiled vs eager lean forward (inductor fuses the norms and RoPE: float32 rounding only).
 COMPILE_REL_TOL = 1e-5
 
@@ -109,72 +102,6 @@ def test_bit_identity_check_can_fail(tiny, monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(ref, got))
 
 
-@pytest.mark.parametrize("model", ["tiny", "real"])
-def test_mgemv_forward_is_within_rounding_of_the_official_call(request, model):
-    if not mgemv.available():
-        pytest.skip(f"mgemv kernel unavailable here: {mgemv.unavailable_reason()}")
-    cp = request.getfixturevalue(model)
-    ref, _ = _calls(P.OfficialBackend(cp), cp)
-    got, _ = _calls(LeanCodePredictor(cp, matmul="mgemv"), cp)
-    for a, b in zip(ref, got):
-        rel = float((a - b).abs().max() / a.abs().max())
-        assert rel <= MGEMV_REL_TOL, rel
-    if model == "real":  # on the real-size widths the kernel really runs and really rounds differently
-        assert not all(torch.equal(a, b) for a, b in zip(ref, got))
-
-
-@pytest.mark.parametrize("q", [1, 2, 3, 8, 17, 64])
-def test_mgemv_kernel_equals_torch_linear_to_rounding(q):
-    if not mgemv.available():
-        pytest.skip(f"mgemv kernel unavailable here: {mgemv.unavailable_reason()}")
-    g = torch.Generator().manual_seed(q)
-    w = torch.randn(2048, 1024, generator=g)
-    x = torch.randn(2, q, 1024, generator=g)[:, : (q + 1) // 2]  # a non-contiguous slice of rows too
-    ref = F.linear(x, w)
-    got = mgemv.linear(x, w)
-    assert got.shape == ref.shape
-    assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
-    b = torch.randn(2048, generator=g)
-    assert torch.allclose(mgemv.linear(x, w, b), got + b)
-
-
-def test_mgemv_shapes_it_cannot_take_go_through_torch_exactly():
-    g = torch.Generator().manual_seed(0)
-    for w, x in ((torch.randn(6, 12, generator=g), torch.randn(3, 12, generator=g)),  # K, N not aligned
-                 (torch.randn(8, 16, generator=g), torch.randn(mgemv.MAX_ROWS + 1, 16, generator=g)),  # too many rows
-                 (torch.randn(8, 16, dtype=torch.float64, generator=g), torch.randn(3, 16, dtype=torch.float64))):
-        assert not mgemv.usable(x, w)
-        assert torch.equal(mgemv.linear(x, w), F.linear(x, w))
-
-
-def test_mgemv_builds_into_the_cache_folder(tmp_path, monkeypatch):
-    if mgemv.unavailable_reason() is not None:
-        pytest.skip(f"mgemv kernel unavailable here: {mgemv.unavailable_reason()}")
-    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(mgemv, "_lib", None)
-    assert mgemv.available()
-    built = list(tmp_path.glob("mgemv-*.so"))
-    assert len(built) == 1 and not list(tmp_path.glob("*.tmp*"))
-    w, x = torch.randn(8, 16), torch.randn(3, 16)
-    assert torch.allclose(mgemv.linear(x, w), F.linear(x, w), atol=1e-5)
-
-
-def test_mgemv_without_a_compiler_falls_back_to_torch_with_one_warning(tmp_path, monkeypatch):
-    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    for name, value in (("_lib", None), ("_reason", None), ("_warned", False)):
-        monkeypatch.setattr(mgemv, name, value)
-    assert not mgemv.available()
-    assert "no-such-cc" in mgemv.unavailable_reason() or "No such file" in mgemv.unavailable_reason()
-    w, x = torch.randn(8, 16), torch.randn(3, 16)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert torch.equal(mgemv.linear(x, w), F.linear(x, w))
-        assert torch.equal(mgemv.linear(x, w), F.linear(x, w))
-    notes = [w for w in caught if "mgemv kernel unavailable" in str(w.message)]
-    assert len(notes) == 1 and "\n" not in str(notes[0].message)
-
-
 DECODERS = [AR(), Chain(4), Chain(8), Tree(), Tree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)], sampled=True)]
 
 
@@ -209,8 +136,6 @@ def test_compiled_lean_forward_one_graph_per_shape(tiny):
 def test_lean_refuses_what_it_cannot_run(tiny):
     with pytest.raises(ValueError, match="official code predictor"):
         LeanCodePredictor(torch.nn.Linear(2, 2))
-    with pytest.raises(ValueError, match="matmul must be one of"):
-        LeanCodePredictor(tiny, matmul="blas")
 
 
 def test_rope_positions_cover_every_tree_of_the_node_budget():

@@ -32,9 +32,10 @@ on data: AR samples tested against the pmf shifted by TV 0.03 in the least detec
 
 False failures. Each test fails with probability 1e-3 (the level) for a random seed, when the sampler is exactly
 right (up to the asymptotic chi-square approximation with expected counts >= 5). Seeds here are fixed, so every test
-is deterministic: it either always passes or always fails. Over the 20 G-tests of a correct sampler in this file
-(15 decoder parametrisations, 3 pure-function walk_tree tests, 2 in the empirical power test) a union bound puts
-the chance that a correct implementation meets an unlucky seed at 20 x 1e-3 = 2 %. Negative controls and the
+is deterministic: it either always passes or always fails. Over the 32 G-tests of a correct sampler in this file
+(19 decoder parametrisations, 5 through the registry's other backends (:data:`BACKEND_RUNS`), 3 of the fused AR
+frame, 3 pure-function walk_tree tests, 2 in the empirical power test) a union bound puts the chance that a correct
+implementation meets an unlucky seed at 32 x 1e-3 = 3.2 %. Negative controls and the
 empirical power test must REJECT at the same level (p < 1e-3); they are deterministic too.
 """
 
@@ -51,8 +52,7 @@ import rvqspec_lib.decoding.decode as D
 import rvqspec_lib.decoding.verify as verify
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.fused import FusedARFrame
-from rvqspec_lib.models.kernels import mgemv
-from rvqspec_lib.models.lean import LeanCodePredictor
+from rvqspec_lib.models import backends
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree
 from rvqspec_lib.decoding.sampling import Sampling
@@ -283,30 +283,37 @@ def test_joint_distribution_matches_exact_pmf(case):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the same G-test through the lean forward with the AVX2 kernel (it rounds differently from the official module),
-# and for the fused AR frame (Gumbel-max sampling inside one call)
+# the same G-test through every verify backend of the registry (each rounds its own way: the C forward, ONNX Runtime,
+# inductor), and for the fused AR frame (Gumbel-max sampling inside one call)
 # ----------------------------------------------------------------------------------------------------------------
-LEAN_CASES = [CASES[7], CASES[17]]  # Chain(4) and a wide sampled tree, both with residual resampling (sharp)
+BACKEND_CASES = [CASES[7], CASES[17]]  # Chain(4) and a wide sampled tree, both with residual resampling (sharp)
+#: (backend, case) pairs: every backend of the registry but ``official`` (the CASES above), the native forward on both
+#: cases, the others on one (compiling and exporting cost a minute each; eager is bit-identical to official anyway).
+BACKEND_RUNS = [("eager", CASES[7]), ("compile", CASES[17]), ("onnx", CASES[7]), ("native", CASES[7]),
+                ("native", CASES[17])]
+#: Rows per decode_frame call: the exported ONNX verify graph takes batches of at most 64 (its symbolic dimension).
+MAX_BATCH = {"onnx": 64}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", LEAN_CASES, ids=[_id(c) for c in LEAN_CASES])
-def test_joint_distribution_matches_exact_pmf_through_the_mgemv_kernel(case):
-    if not mgemv.available():
-        pytest.skip(f"mgemv kernel unavailable here: {mgemv.unavailable_reason()}")
+@pytest.mark.parametrize("name,case", BACKEND_RUNS, ids=[f"{n}-{_id(c)}" for n, c in BACKEND_RUNS])
+def test_joint_distribution_matches_exact_pmf_through_every_backend(case, name):
+    ok, why = backends.available(name)
+    if not ok:
+        pytest.skip(why)
     model, decoder, sampling = case
     cp, context = variant(model)
     pmf = exact_pmf(cp, context, sampling)
     n = frames_needed(pmf)
-    backend = LeanCodePredictor(cp, matmul="mgemv")
+    backend = backends.verify_backend(name, cp)
     gen = torch.Generator().manual_seed(4321)
-    batch = mgemv.MAX_ROWS // (decoder.tree(N_GROUPS - 1).n_nodes + 1)  # the kernel serves <= MAX_ROWS rows a call
+    batch = min(n, MAX_BATCH.get(name, n))
     ctx = context.expand(batch, 2, context.shape[-1])
     codes = torch.cat([decode_frame(cp, ctx, decoder=decoder, sampling=sampling, generator=gen,
-                                    backend=backend).codes for _ in range(n // batch + 1)])[:n]
+                                    backend=backend).codes for _ in range(-(-n // batch))])[:n]
     pval, df, g = g_test(pmf, codes)
     assert power(n, df) >= MIN_POWER
-    assert pval >= ALPHA, f"G={g:.1f} df={df} p={pval:.2e} with N={n}: the lean decoder does not sample the target"
+    assert pval >= ALPHA, f"G={g:.1f} df={df} p={pval:.2e} with N={n}: decoding through {name} misses the target"
 
 
 FUSED_CASES = [("peaked", DEFAULT), ("flat", HOT_TOPK3), ("sharp", DEFAULT)]

@@ -1,5 +1,6 @@
 """The native fused frame (rvqspec_lib.models.native_frame): a whole frame of Chain(window), or AR with window 1, in ONE
-C call (rvq_chain_frame, the last section of rvqspec_lib/models/kernels/cpforward.c).
+C call (rvq_frame_run, the last section of rvqspec_lib/models/kernels/cpforward.c); the registry's ``native`` fused
+runner (rvqspec_lib.models.backends.frame_runner(..., fused=True)).
 
 Exact properties (the tiny-random model, every precision, converted with ``require_native=False`` so that a CPU
 without the AVX-512 paths runs the plain C ones): greedy codes equal ``decode_frame(AR, backend=NativeCodePredictor)``
@@ -28,12 +29,16 @@ import torch
 
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
-from rvqspec_lib.decoding.decoders import AR, Chain
+from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
+from rvqspec_lib.decoding.drafters import PositionOffsets, ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.models import backends as B
 from rvqspec_lib.models import precision as PR
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
+from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.models.fused_spec import FusedChainFrame, inverse_cdf
 from rvqspec_lib.models.kernels import cpforward as C
+from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.models.native import NativeCodePredictor
 from rvqspec_lib.models.native_frame import FLAGS, NativeChainFrame
 from tests.test_fused_spec import _ctx
@@ -151,22 +156,6 @@ def test_a_model_whose_projection_is_the_identity(prec):
     assert torch.equal(f(ctx, u), f(ctx.to(P.param_dtype(small)).float(), u))
 
 
-def test_the_one_shot_entry_point_gives_the_frame_objects_codes(cp):
-    """rvq_chain_frame (frame object made, run and freed in one C call) = NativeChainFrame's frame object."""
-    f = NativeChainFrame(cp, 3)
-    context = _ctx(cp, 4, seed=2)
-    ctx = f.project(context)
-    u = f.uniforms(4, torch.Generator().manual_seed(6))
-    codes, calls = torch.empty(4, f.n_codes, dtype=torch.int64), torch.empty(4, dtype=torch.int32)
-    be = f.backend
-    rc = f._lib.rvq_chain_frame(be.handle, f._head_w, f._head_s, f._head_c, f.n_codes, f.vocab, f._emb, be.cos.data_ptr(),
-                                be.sin.data_ptr(), ctx.data_ptr(), u.data_ptr(), 4, 3, 0.9, 50, 0, 0, codes.data_ptr(),
-                                calls.data_ptr())
-    assert rc == 0 and torch.equal(codes, f(context, u)) and calls.tolist() == f.last_calls
-    assert f._lib.rvq_chain_frame(be.handle, f._head_w, f._head_s, f._head_c, f.n_codes, f.vocab, f._emb, None, None,
-                                  None, None, 4, 9, 0.9, 50, 0, 0, None, None) == -2  # window 9: refused
-
-
 def test_bad_input_is_one_line(cp):
     for window in (0, 9, 2.0, True):
         with pytest.raises(ValueError, match=r"native frame window must be an integer in 1\.\.8") as e:
@@ -249,38 +238,37 @@ def test_negative_control_is_rejected_in_bfloat16():
 # ----------------------------------------------------------------------------------------------------------------
 # the frame loop through the native whole frame (synth --backend native)
 # ----------------------------------------------------------------------------------------------------------------
-def test_native_frame_for_takes_only_what_the_c_frame_computes():
-    from rvqspec_lib.decoding.decoders import LossySSD, Tree
-    from rvqspec_lib.decoding.drafters import PositionOffsets, ReusedHeads
-    from rvqspec_lib.models.native_frame import native_frame_for
-
+def test_the_native_fused_runner_takes_only_what_the_c_frame_computes():
+    """frame_runner("native", ..., fused=True): the C frame of window 1 (AR) or N (Chain(N) with the reused heads);
+    every other decoder, drafter or sampling is refused in one line (backends.fused_support names why), and so is a
+    native forward built over another module."""
     cp = build_from_config(tiny_config_dict(), seed=0).talker.code_predictor
     nat = NativeCodePredictor(cp)
-    assert native_frame_for(cp, AR(), backend=nat).window == 1
-    assert native_frame_for(cp, Chain(4), backend=nat, drafter=ReusedHeads()).window == 4
-    assert native_frame_for(cp, Chain(4), backend=P.OfficialBackend(cp)) is None  # not the native forward
-    assert native_frame_for(cp, LossySSD(), backend=nat) is None  # a lossy control keeps its own rule
-    assert native_frame_for(cp, Tree([(0,), (1,)]), backend=nat) is None  # no tree in C
-    assert native_frame_for(cp, Chain(4), backend=nat, drafter=PositionOffsets.for_code_predictor(cp)) is None
-    assert native_frame_for(cp, Chain(4), Sampling(top_p=0.8), backend=nat) is None  # top-p: not in the C frame
+    assert B.frame_runner("native", cp, AR(), fused=True, verify=nat).frame.window == 1
+    runner = B.frame_runner("native", cp, Chain(4), fused=True, drafter=ReusedHeads(), verify=nat)
+    assert runner.frame.window == 4 and runner.frame.backend is nat  # the given forward's packed weights, reused
+    for decoder, kw in ((LossySSD(), {}), (Tree([(0,), (1,)]), {}),  # a lossy control keeps its rule; no tree in C
+                        (Chain(4), {"drafter": PositionOffsets.for_code_predictor(cp)}),
+                        (Chain(4), {"sampling": Sampling(top_p=0.8)})):  # top-p: not in the C frame
+        assert B.fused_support("native", decoder, kw.get("sampling"), kw.get("drafter")) is not None
+        with pytest.raises(ValueError, match="no fused native frame for this decoder") as e:
+            B.frame_runner("native", cp, decoder, fused=True, verify=nat, **kw)
+        assert "\n" not in str(e.value)
     other = build_from_config(tiny_config_dict(), seed=1).talker.code_predictor
-    assert native_frame_for(other, AR(), backend=nat) is None  # a backend over another module
+    with pytest.raises(ValueError, match="built over this code_predictor"):
+        B.frame_runner("native", other, AR(), fused=True, verify=nat)
 
 
 @pytest.mark.parametrize("decoder", [AR(), Chain(4)])
 def test_synthesize_through_the_native_frame_equals_decode_frame_greedy(decoder):
     """Greedy, the whole-frame C decoder gives the frame loop exactly the codes decode_frame gives through the same
     native forward (and the same calls per frame)."""
-    from rvqspec_lib.models.frame import synthesize
-    from rvqspec_lib.models.loader import load_model
-    from rvqspec_lib.models.native_frame import native_frame_for
-
     lm = load_model("tiny-random")
     nat = NativeCodePredictor(lm.code_predictor)
     g = Sampling(greedy=True)
     kw = dict(decoder=decoder, sampling=g, talker_sampling=g, max_frames=4, backend=nat)
     a = synthesize(lm, ["Hello there."], generator=torch.Generator().manual_seed(0), **kw)
-    frame = native_frame_for(lm.code_predictor, decoder, g, backend=nat)
+    frame = B.frame_runner("native", lm.code_predictor, decoder, fused=True, sampling=g, verify=nat).frame
     b = synthesize(lm, ["Hello there."], generator=torch.Generator().manual_seed(0), frame_decoder=frame, **kw)
     assert len(a.codes[0]) > 0 and torch.equal(a.codes[0], b.codes[0])
     assert a.per_frame_calls == b.per_frame_calls

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 
-def usual_mode(path: str | os.PathLike) -> Path:
-    """Give a written file the permissions a plain ``open()`` would (0666 minus the umask). safetensors and
-    ``tempfile.mkstemp`` write files 0600, so a model, drafter or result saved on a shared machine would be unreadable
-    to the other users."""
+def usual_mode(path: str | os.PathLike, base: int = 0o666) -> Path:
+    """Give a written file the permissions a plain ``open()`` would (``base`` 0666 minus the umask; 0777 for a
+    folder). safetensors and ``tempfile.mkstemp`` write files 0600 (``mkdtemp`` folders 0700), so a model, drafter or
+    result saved on a shared machine would be unreadable to the other users."""
     mask = os.umask(0)
     os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
+    os.chmod(path, base & ~mask)
     return Path(path)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable, TypeVar
 
+from tqdm import tqdm
+
 T = TypeVar("T")
 
 
@@ -18,6 +20,4 @@ def progress_bar(iterable: Iterable[T], *, total: int | None = None, desc: str =
     """
     if not enabled:
         return iterable
-    from tqdm import tqdm
-
     return tqdm(iterable, total=total, desc=desc, leave=leave, unit=unit)

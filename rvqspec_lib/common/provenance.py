@@ -17,6 +17,7 @@ Public functions:
 
 from __future__ import annotations
 
+import csv
 import datetime as _dt
 import json
 import math
@@ -24,10 +25,12 @@ import os
 import platform
 import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from rvqspec_lib.common.files import atomic_outputs, usual_mode, write_text_atomic  # noqa: F401  (usual_mode)
+from rvqspec_lib.common.machine import cpu_model  # noqa: F401 -- also offered here (eval imports it so)
 from rvqspec_lib.common.paths import REPO_ROOT
 
 
@@ -157,17 +160,6 @@ def git_revision(root: str | os.PathLike | None = None) -> dict:
             "changed_sources": changed}
 
 
-def cpu_model() -> str:
-    """Human-readable CPU model (``/proc/cpuinfo`` "model name" on Linux, else ``platform.processor()``)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def hardware() -> dict:
     """Device summary: CPU model and core count, torch thread count, 1-minute load average (other processes
     competing for the cores distort CPU timings), accelerator name (if any). No hostname.
@@ -198,8 +190,6 @@ def _versions() -> dict:
     """Python's version and those of the main packages: ``module.__version__`` when the process has imported it,
     else the installed distribution's (``importlib.metadata``, no import: qwen_tts alone takes seconds), ``None``
     when not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
     v = {"python": platform.python_version()}
     for mod, dist in _VERSIONED.items():
         m = sys.modules.get(mod)
@@ -322,8 +312,6 @@ def save_table(table, path_stem: str | os.PathLike, prov: Mapping, *, caption: s
         TypeError: ``table`` is neither a DataFrame nor a list of dicts.
         OSError: the folder cannot be written (nothing is left behind).
     """
-    import csv
-
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     cols, rows = _records(table)

@@ -24,9 +24,12 @@ import torch
 
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.data.frames import Frames
-from rvqspec_lib.models.audio import _decode_audio, resample
-from rvqspec_lib.data.teacher import teacher_forced_contexts
+from rvqspec_lib.data.teacher import Utterance, as_utterance, check_codes, contexts_of, teacher_forced_contexts
+from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
+from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.decoding.decoders import AR
 from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.models.audio import _decode_audio, resample
 from rvqspec_lib.models.backends import frame_runner
 from rvqspec_lib.models.frame import inner_sampling, synthesize
 
@@ -41,8 +44,6 @@ DEFAULT_TEXTS = (
     "The meeting has been moved to Thursday afternoon at three o'clock.",
     "Numbers like 1,234 and dates like March 5th are hard to read aloud.",
 )
-
-
 
 
 def frames_from_model(lm, texts: Iterable[str] | None = None, *, decoder=None, sampling: Sampling | None = None,
@@ -82,8 +83,7 @@ def frames_from_model(lm, texts: Iterable[str] | None = None, *, decoder=None, s
             parts.append(Frames(ctx, codes[:, 1:].cpu(), torch.full((codes.shape[0],), u, dtype=torch.long)))
     if not parts:
         raise ValueError("the model produced no frame for any text (end of speech at once): check the model")
-    out = Frames.cat(parts)
-    out.utterance = torch.cat([p.utterance for p in parts])  # keep the text index as utterance id
+    out = Frames.cat(parts, keep_ids=True)  # the text index as utterance id
     out.source = {"kind": "model", "model": lm.name, "random_weights": lm.is_random, "n_texts": len(texts),
                   "frames_per_text": n_frames, "seed": seed, "max_frames": max_frames, "decoder": repr(decoder),
                   "language": language, "speaker": speaker}
@@ -91,6 +91,27 @@ def frames_from_model(lm, texts: Iterable[str] | None = None, *, decoder=None, s
 
 
 TEXT_COLUMNS = ("raw_text", "text", "normalized_text", "transcription", "sentence")
+
+
+def load_split(dataset, split: str | None = None):
+    """A ``datasets.Dataset``: ``dataset`` itself, a ``save_to_disk`` folder read back, or one split of a
+    ``DatasetDict`` (``split``; default ``train``, else the first). ``datasets`` is imported here, on first use
+    (it takes 2.5 s, measured).
+
+    Raises:
+        FileNotFoundError: a path that does not exist (nothing is downloaded here).
+    """
+    import datasets as hf
+
+    if isinstance(dataset, (str, os.PathLike)):
+        p = Path(dataset).expanduser()
+        if not p.exists():
+            raise FileNotFoundError(f"no dataset folder {p}: write one with datasets' save_to_disk (nothing is "
+                                    "downloaded here)")
+        dataset = hf.load_from_disk(str(p))
+    if isinstance(dataset, hf.DatasetDict):
+        dataset = dataset[split or ("train" if "train" in dataset else list(dataset)[0])]
+    return dataset
 
 
 def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_column: str | None = None,
@@ -115,17 +136,7 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
     Raises:
         FileNotFoundError: a path that is not a saved dataset. ValueError: missing columns, codes of the wrong shape.
     """
-    import datasets as hf
-
-    if isinstance(dataset, (str, os.PathLike)):
-        p = Path(dataset).expanduser()
-        if not p.exists():
-            raise FileNotFoundError(f"no dataset folder {p}: write one with datasets' save_to_disk (nothing is "
-                                    "downloaded here)")
-        dataset = hf.load_from_disk(str(p))
-    if isinstance(dataset, hf.DatasetDict):
-        keys = list(dataset)
-        dataset = dataset[split or ("train" if "train" in dataset else keys[0])]
+    dataset = load_split(dataset, split)
     cols = dataset.column_names
     if audio_column not in cols:
         raise ValueError(f"dataset has no {audio_column!r} column (columns: {', '.join(cols)})")
@@ -136,8 +147,8 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
     elif text_column not in cols:
         raise ValueError(f"dataset has no {text_column!r} column (columns: {', '.join(cols)})")
     feat = dataset.features.get(audio_column)
-    if isinstance(feat, hf.Audio) and feat.decode:  # decode with soundfile ourselves (no torchcodec needed)
-        dataset = dataset.cast_column(audio_column, hf.Audio(decode=False))
+    if type(feat).__name__ == "Audio" and feat.decode:  # decode with soundfile ourselves (no torchcodec needed)
+        dataset = dataset.cast_column(audio_column, type(feat)(decode=False))
     rows = len(dataset) if max_items is None else min(max_items, len(dataset))
     sr_codec = int(getattr(codec, "sample_rate", 24000))
     parts, skipped, have = [], 0, 0
@@ -164,8 +175,7 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
         have += codes.shape[0]
     if not parts:
         raise ValueError("no usable row (every row had empty text or no audio frames)")
-    out = Frames.cat(parts)
-    out.utterance = torch.cat([p.utterance for p in parts])  # row index as utterance id
+    out = Frames.cat(parts, keep_ids=True)  # row index as utterance id
     out.source = {"kind": "dataset", "model": lm.name, "rows": rows, "skipped": skipped, "text_column": text_column,
                   "codec": type(codec).__name__, "codec_sample_rate": sr_codec, "language": language}
     return out
@@ -202,8 +212,6 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
         ValueError: no utterances, ``max_frames < 1`` or ``batch_size < 1``, codes of the wrong shape or out of the
             codebook (the message names the utterance).
     """
-    from rvqspec_lib.data.teacher import Utterance, as_utterance, talker_pass
-
     utts = [as_utterance(u) for u in utterances]
     if not utts:
         raise ValueError("no utterances given")
@@ -211,14 +219,8 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
         raise ValueError(f"max_frames must be >= 1 (or None), got {max_frames}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    g = lm.n_code_groups
     for i, u in enumerate(utts):
-        c = u.codes
-        if c.shape[1] != g:
-            raise ValueError(f"utterance {i} ({u.text!r}): codes must be (frames, {g}), got {tuple(c.shape)}")
-        if int(c.min()) < 0 or int(c[:, 1:].max()) >= lm.codebook_size or int(c[:, 0].max()) >= 2048:
-            raise ValueError(f"utterance {i} ({u.text!r}): codes must lie in [0, {lm.codebook_size}) (code 0 in "
-                             f"[0, 2048)), got [{int(c.min())}, {int(c.max())}]: codes of another codec?")
+        check_codes(lm, u.codes, f"utterance {i} ({u.text!r}): codes")
     chosen: list[tuple[int, Utterance]] = []  # (input index, utterance, the last one possibly cut)
     have = 0
     for i, u in enumerate(utts):
@@ -233,30 +235,15 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
     got: dict[int, torch.Tensor] = {}
     was = lm.model.training
     lm.model.eval()
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(chosen), desc="teacher-forced contexts", unit="utt", leave=False)
     try:
-        for b in batches:
-            out, length, codes, _, frames = talker_pass(lm, [chosen[a][1] for a in b])
-            hidden = out.hidden_states[0][-1]  # (B, L + F, Ht), last layer after the final norm
-            emb = lm.model.talker.get_input_embeddings()(codes[..., 0])  # (B, F, Ht)
-            for r, a in enumerate(b):
-                t = int(frames[r])
-                got[a] = torch.stack([hidden[r, length - 1: length - 1 + t], emb[r, :t]], 1).float().cpu()
-            if bar is not None:
-                bar.update(len(b))
+        for b in progress_bar(batches, desc="teacher-forced contexts", enabled=progress, unit="batch"):
+            got.update(zip(b, contexts_of(lm, [chosen[a][1] for a in b])))
     finally:
         lm.model.train(was)
-        if bar is not None:
-            bar.close()
     parts = [Frames(got[a], chosen[a][1].codes[:, 1:].clone(),
                     torch.full((chosen[a][1].codes.shape[0],), chosen[a][0], dtype=torch.long))
              for a in range(len(chosen))]
-    out_frames = Frames.cat(parts)
-    out_frames.utterance = torch.cat([p.utterance for p in parts])  # the input index as utterance id
+    out_frames = Frames.cat(parts, keep_ids=True)  # the input index as utterance id
     out_frames.source = {"kind": "utterances", "model": getattr(lm, "name", None), "n_utterances": len(chosen),
                          "n_given": len(utts), "max_frames": max_frames, "cut_last": bool(
                              max_frames is not None and chosen and
@@ -287,8 +274,6 @@ def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,
     Raises:
         FileNotFoundError: the model ships no utterances. ValueError: a split it does not have, bad codes.
     """
-    from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
-
     root = embedded_root(lm)
     path = root / "utterances.safetensors"
     rows, utts = load_shipped_utterances(path, splits=[split])
@@ -311,9 +296,6 @@ def frames_from_contexts(code_predictor, context: torch.Tensor, *, sampling: Sam
     A cheap source without the talker: contexts from a dataset pass (self-distillation of the code predictor's p), or
     random contexts for tests. ``frames_per_utterance`` groups consecutive frames into one utterance id for splits.
     """
-    from rvqspec_lib.decoding.decode import decode_frame
-    from rvqspec_lib.decoding.decoders import AR
-
     gen = torch.Generator(device=context.device).manual_seed(seed)
     codes = torch.cat([decode_frame(code_predictor, context[i: i + batch_size], decoder=AR(), sampling=sampling,
                                     generator=gen).codes for i in range(0, context.shape[0], batch_size)])

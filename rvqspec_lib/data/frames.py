@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from rvqspec_lib.common.files import atomic_output
 
 
 @dataclass
@@ -49,13 +53,16 @@ class Frames:
 
     @property
     def n_codes(self) -> int:
+        """Codes a frame (the code predictor's, 15 on released checkpoints)."""
         return int(self.codes.shape[1])
 
     @property
     def ce_targets(self) -> torch.Tensor:
+        """``(N, n_codes)`` int64 cross-entropy targets: :attr:`targets`, or the codes themselves."""
         return self.codes if self.targets is None else self.targets
 
     def subset(self, idx: torch.Tensor) -> "Frames":
+        """The frames at ``idx`` (an index or bool tensor), with their ids, targets and a copy of ``source``."""
         t = None if self.targets is None else self.targets[idx]
         return Frames(self.context[idx], self.codes[idx], self.utterance[idx], t, dict(self.source))
 
@@ -82,16 +89,21 @@ class Frames:
         return self.subset(~is_val), self.subset(is_val)
 
     @staticmethod
-    def cat(parts: Sequence["Frames"]) -> "Frames":
-        """Concatenate frame sets (utterance ids are renumbered so that they stay distinct)."""
+    def cat(parts: Sequence["Frames"], *, keep_ids: bool = False) -> "Frames":
+        """Concatenate frame sets: utterance ids are renumbered so that they stay distinct, or kept as they are
+        (``keep_ids``: the parts already carry ids of one numbering, e.g. input indices).
+
+        Raises:
+            ValueError: no frames at all.
+        """
         parts = [p for p in parts if len(p)]
         if not parts:
             raise ValueError("no frames to concatenate")
         utt, base = [], 0
         for p in parts:
-            u = torch.unique(p.utterance, return_inverse=True)[1]
-            utt.append(u + base)
-            base += int(u.max()) + 1
+            u = p.utterance if keep_ids else torch.unique(p.utterance, return_inverse=True)[1] + base
+            utt.append(u)
+            base = int(u.max()) + 1
         tg = None
         if any(p.targets is not None for p in parts):
             tg = torch.cat([p.ce_targets for p in parts])
@@ -99,24 +111,20 @@ class Frames:
                       {"parts": [p.source for p in parts]})
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write ``path`` (``.safetensors``; ``source`` in the header metadata)."""
-        from safetensors.torch import save_file
-
+        """Write ``path`` (``.safetensors``; ``source`` in the header metadata), atomically."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         t = {"context": self.context.contiguous(), "codes": self.codes.contiguous(),
              "utterance": self.utterance.contiguous()}
         if self.targets is not None:
             t["targets"] = self.targets.contiguous()
-        save_file(t, str(path), metadata={"rvqspec_frames": json.dumps(self.source, default=str)})
+        with atomic_output(path) as tmp:
+            save_file(t, str(tmp), metadata={"rvqspec_frames": json.dumps(self.source, default=str)})
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Frames":
         """Read a file written by :meth:`save`. Raises FileNotFoundError / ValueError with the path."""
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no frames file {path}: make one with frames_from_model / frames_from_dataset "

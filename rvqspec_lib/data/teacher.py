@@ -254,14 +254,44 @@ def verifier_logits(code_predictor, hidden: torch.Tensor) -> torch.Tensor:
     return P.head_logits(code_predictor, hidden.reshape(nb * n, h), head).reshape(nb, n, -1)
 
 
+def check_codes(lm: LoadedModel, codes: torch.Tensor, what: str = "codes") -> torch.Tensor:
+    """``codes`` as ``(frames >= 1, n_code_groups)`` int64, code 0 first, checked against the model.
+
+    Raises:
+        ValueError: (one line naming ``what``) another shape, or codes outside ``[0, codebook_size)`` (code 0 outside
+            ``[0, 2048)``, the talker's codec ids): codes of another codec.
+    """
+    g = lm.n_code_groups
+    codes = torch.as_tensor(codes, dtype=torch.long)
+    if codes.dim() != 2 or codes.shape[1] != g or codes.shape[0] < 1:
+        raise ValueError(f"{what} must be (frames >= 1, {g}), got {tuple(codes.shape)}")
+    if int(codes.min()) < 0 or int(codes[:, 1:].max()) >= lm.codebook_size or int(codes[:, 0].max()) >= 2048:
+        raise ValueError(f"{what} must lie in [0, {lm.codebook_size}) (code 0 in [0, 2048)), got "
+                         f"[{int(codes.min())}, {int(codes.max())}]: codes of another codec?")
+    return codes
+
+
 @torch.no_grad()
+def contexts_of(lm: LoadedModel, utts: Sequence[Utterance]) -> list[torch.Tensor]:
+    """Inner-loop contexts of every frame of each utterance, from ONE teacher-forced talker pass over the batch
+    (:func:`talker_pass`: the official prompt, then frame t fed as the sum of its 16 code embeddings plus the text
+    track, exactly as :func:`rvqspec_lib.models.frame.synthesize` does step by step), so the hidden state that emits
+    code 0 of frame t is the talker's last hidden state at prompt position L-1+t.
+
+    Returns:
+        one ``(T_i, 2, talker_hidden)`` float32 CPU tensor per utterance = [talker hidden that emitted code 0, talker
+        embedding of code 0].
+    """
+    out, length, codes, _, frames = talker_pass(lm, utts)
+    hidden = out.hidden_states[0][-1]  # (B, L + F, Ht), last layer after the final norm
+    emb = lm.model.talker.get_input_embeddings()(codes[..., 0])  # (B, F, Ht)
+    return [torch.stack([hidden[r, length - 1: length - 1 + int(t)], emb[r, :int(t)]], 1).float().cpu()
+            for r, t in enumerate(frames.tolist())]
+
+
 def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str = "auto",
                             speaker: str | None = None) -> torch.Tensor:
-    """Inner-loop contexts of every frame of one utterance, from ONE teacher-forced talker pass.
-
-    The talker pass is :func:`rvqspec_lib.data.teacher.talker_pass` (the official prompt, then frame t fed as the sum of its
-    16 code embeddings plus the text track, exactly as :func:`rvqspec_lib.models.frame.synthesize` does step by step), so the
-    hidden state that emits code 0 of frame t is the talker's last hidden state at prompt position L-1+t.
+    """Inner-loop contexts of every frame of one utterance, from ONE teacher-forced talker pass (:func:`contexts_of`).
 
     Args:
         lm: :class:`rvqspec_lib.models.loader.LoadedModel`. text: the utterance's text.
@@ -271,19 +301,6 @@ def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str
         ``(T, 2, talker_hidden)`` float32 contexts = [talker hidden that emitted code 0, talker embedding of code 0].
 
     Raises:
-        ValueError: codes of the wrong shape or out of the codebook.
+        ValueError: codes of the wrong shape or out of the codebook (:func:`check_codes`).
     """
-    from rvqspec_lib.data.teacher import Utterance, talker_pass
-
-    g = lm.n_code_groups
-    codes = torch.as_tensor(codes, dtype=torch.long)
-    if codes.dim() != 2 or codes.shape[1] != g or codes.shape[0] < 1:
-        raise ValueError(f"codes must be (frames >= 1, {g}), got {tuple(codes.shape)}")
-    if int(codes.min()) < 0 or int(codes[:, 1:].max()) >= lm.codebook_size or int(codes[:, 0].max()) >= 2048:
-        raise ValueError(f"codes must lie in [0, {lm.codebook_size}) (code 0 in [0, 2048)); got "
-                         f"[{int(codes.min())}, {int(codes.max())}]")
-    out, length, codes, _, _ = talker_pass(lm, [Utterance(text, codes, speaker, language)])
-    t = codes.shape[1]
-    past_hidden = out.hidden_states[0][-1][0, length - 1: length - 1 + t]  # (T, Ht): emits code 0 of each frame
-    code0_emb = lm.model.talker.get_input_embeddings()(codes[0, :, 0])  # (T, Ht)
-    return torch.stack([past_hidden, code0_emb], 1).float().cpu()
+    return contexts_of(lm, [Utterance(text, check_codes(lm, codes), speaker, language)])[0]

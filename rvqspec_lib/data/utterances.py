@@ -11,9 +11,11 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
-from rvqspec_lib.common.provenance import usual_mode
+from rvqspec_lib.common.files import atomic_output, write_text_atomic
 from rvqspec_lib.data.teacher import Utterance
+from rvqspec_lib.models import loader
 
 
 def embedded_root(model: str | os.PathLike = "embedded") -> Path:
@@ -24,14 +26,12 @@ def embedded_root(model: str | os.PathLike = "embedded") -> Path:
     Raises:
         FileNotFoundError: no ``utterances.safetensors`` there (names ``make embedded``).
     """
-    from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL, LoadedModel
-
-    if isinstance(model, LoadedModel):  # the loaded model knows its folder
+    if isinstance(model, loader.LoadedModel):  # the loaded model knows its folder
         if model.folder is None:
             raise FileNotFoundError(f"{model.name} has no folder of its own, so no shipped utterances: use the "
                                     "embedded model or a folder built by `make embedded`")
         model = model.folder
-    p = EMBEDDED_DIR if str(model) == EMBEDDED_MODEL else Path(model).expanduser()
+    p = loader.EMBEDDED_DIR if str(model) == loader.EMBEDDED_MODEL else Path(model).expanduser()
     for d in (p, p.parent):
         if (d / "utterances.safetensors").is_file():
             return d
@@ -53,10 +53,7 @@ def write_shipped_utterances(rows: Iterable[Mapping], codes: Mapping[str, np.nda
     p = Path(path)
     sub = {r["id"]: np.asarray(codes[r["id"]]).astype(np.int16) for r in rows}
     save_codes(sub, p)
-    j = p.with_suffix(".jsonl")
-    tmp = j.with_name(j.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    os.replace(tmp, j)
+    write_text_atomic(p.with_suffix(".jsonl"), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return p
 
 
@@ -99,22 +96,16 @@ def load_shipped_utterances(path: str | os.PathLike, *, splits: Sequence[str] | 
 
 def save_codes(codes: Mapping[str, np.ndarray], path: str | os.PathLike) -> Path:
     """Write ``{id: codes}`` to one safetensors file, atomically (a partial file never has the final name)."""
-    from safetensors.torch import save_file
-
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    save_file({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in codes.items()}, str(tmp),
-              metadata={"format": "rvqspec-codes"})
-    usual_mode(tmp)  # safetensors writes 0600
-    os.replace(tmp, p)
+    with atomic_output(p) as tmp:
+        save_file({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in codes.items()}, str(tmp),
+                  metadata={"format": "rvqspec-codes"})
     return p
 
 
 def load_codes(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read a file written by :func:`save_codes`."""
-    from safetensors.torch import load_file
-
+    """Read a file written by :func:`save_codes`: ``{id: (frames, G) array}``."""
     return {k: v.numpy() for k, v in load_file(str(path)).items()}
 
 

@@ -18,6 +18,7 @@ the paper's toks/step. Drafts never run past the last depth: nodes beyond it are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -25,7 +26,7 @@ from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding import verify as verify_rules
 from rvqspec_lib.decoding.decoders import AR
 from rvqspec_lib.decoding.drafters import ReusedHeads
-from rvqspec_lib.decoding.sampling import Sampling, sample
+from rvqspec_lib.decoding.sampling import Sampling, or_fresh_generator, sample
 from rvqspec_lib.decoding.trees import DraftTree
 
 
@@ -200,6 +201,8 @@ class RoundPlan:
 
     @classmethod
     def build(cls, tree: DraftTree, n_codes: int, *, sampled: bool, device, tolerance: float = 0.0) -> "RoundPlan":
+        """The plan of ``tree`` for frames of ``n_codes`` codes, its tensors on ``device``; ``sampled``: drafts are
+        sampled from q; ``tolerance``: 0.0, or the LOSSY control's beta (attributes above)."""
         m1 = tree.n_nodes + 1
         kids = [[int(c) for c in row if c >= 0] for row in tree.children]
         groups: dict[tuple[int, int], list[int]] = {}
@@ -283,6 +286,7 @@ class FrameState:
 
     @property
     def n_codes(self) -> int:
+        """Codes a frame (the width of :attr:`codes`)."""
         return int(self.codes.shape[1])
 
     @property
@@ -291,6 +295,7 @@ class FrameState:
         return self.s < self.n_codes
 
     def result(self) -> FrameResult:
+        """The finished frame as a :class:`FrameResult` (the per-call logs stacked to ``(B, n_calls)``)."""
         return FrameResult(self.codes, self.calls, torch.stack(self.log_committed, 1),
                            torch.stack(self.log_accepted, 1), torch.stack(self.log_start, 1))
 
@@ -318,6 +323,25 @@ class Verified:
     node_valid: torch.Tensor
     fed: torch.Tensor
     write_slots: torch.Tensor
+
+
+@runtime_checkable
+class AcceptanceHook(Protocol):
+    """What ``decode_frame(..., acceptance=)`` takes: the accept step of a TIMING REPLAY, in place of :func:`accept`.
+
+    A replay times the real draft, verify and commit steps of a decoder on a model whose weights are random (real
+    sizes, so real costs) while its acceptance follows a trained model's (decisions drawn from that model's
+    acceptance table with the hook's own generator). Its codes mean nothing, so :meth:`seal` marks the result.
+    The oracle implementing it lives in :mod:`rvqspec_lib.eval.replay` (``AcceptanceOracle``); this layer only
+    calls it.
+    """
+
+    def walk(self, plan: RoundPlan, state: FrameState, drafted: Draft, verified: Verified) -> verify_rules.WalkResult:
+        """The round's outcome (which drafts are kept, the next code, as
+        :func:`rvqspec_lib.decoding.verify.walk_tree` returns it) for the round described by the four arguments."""
+
+    def seal(self, result: FrameResult) -> FrameResult:
+        """The frame's result made unusable as audio: ``codes`` all -1 and ``replay`` naming what was replayed."""
 
 
 def prefill(code_predictor, context: torch.Tensor, plan: RoundPlan, sampling: Sampling,
@@ -356,16 +380,16 @@ def draft(code_predictor, drafter, plan: RoundPlan, state: FrameState, sampling:
 
     Random numbers drawn here (sampled drafts only): Chain, one draft per offset in offset order; a sampled Tree,
     :func:`sample_tree_drafts`. All before any acceptance draw. The code predictor's own heads are applied through the
-    frame's backend (`state.backend.logits`) when the drafter takes it (`takes_logits`, rvqspec_lib.decoding.drafters).
+    frame's backend (``logits=state.backend.logits``, :mod:`rvqspec_lib.decoding.drafters`).
+
+    Returns:
+        :class:`Draft`: ``node_codes`` ``(B, M+1)`` int64, and for sampled drafts ``q`` ``(B, M+1, V)`` float32.
     """
     cp, b, k_max = code_predictor, state.codes.shape[0], plan.tree.max_depth
     root = state.codes.gather(1, (state.s - 1).clamp(max=state.n_codes - 1)[:, None])  # (B, 1) the last code
     if k_max == 0:
         return Draft(root, None)
-    if getattr(drafter, "takes_logits", False):  # the code predictor's heads through the frame's forward
-        d_logits = drafter.draft_logits(cp, state.h, state.s, k_max, logits=state.backend.logits)  # (B, K, V)
-    else:
-        d_logits = drafter.draft_logits(cp, state.h, state.s, k_max)
+    d_logits = drafter.draft_logits(cp, state.h, state.s, k_max, logits=state.backend.logits)  # (B, K, V)
     if plan.sampled and not plan.chain_shaped:
         node_codes = torch.zeros(b, plan.n_query, dtype=torch.long, device=root.device)
         node_codes[:, :1] = root
@@ -459,7 +483,7 @@ def decode_frame(
     generator: torch.Generator | None = None,
     drafter=None,
     backend: P.VerifyBackend | None = None,
-    acceptance=None,
+    acceptance: AcceptanceHook | None = None,
 ) -> FrameResult:
     """Decode codes 1..n_codes of one frame: :func:`prefill`, then rounds of :func:`draft` -> :func:`verify` ->
     :func:`accept` -> :func:`commit` until every row is done.
@@ -480,9 +504,10 @@ def decode_frame(
             ``code_predictor``'s weights (default: the official module, :class:`~rvqspec_lib.decoding.predictor.
             OfficialBackend`; e.g. ``rvqspec_lib.models.lean.LeanCodePredictor(code_predictor)``). Random numbers are
             drawn in the same order whatever the backend.
-        acceptance: TIMING REPLAY only (:class:`rvqspec_lib.decoding.replay.AcceptanceOracle`): the accept step is
-            the oracle's (decisions replayed from a trained model's acceptance table, its own generator), every
-            other step runs as usual; the result is sealed (codes all -1, ``replay`` set): never audio.
+        acceptance: TIMING REPLAY only, an :class:`AcceptanceHook` (the oracle of :mod:`rvqspec_lib.eval.replay`):
+            the accept step is the hook's (decisions replayed from a trained model's acceptance table, its own
+            generator), every other step runs as usual; the result is sealed (codes all -1, ``replay`` set): never
+            audio.
 
     Returns:
         :class:`FrameResult`. Rows of a batch are decoded together and may accept different lengths.
@@ -497,13 +522,11 @@ def decode_frame(
     sampling = Sampling() if sampling is None else sampling
     own = getattr(decoder, "drafter", None)
     drafter = own if own is not None else ReusedHeads() if drafter is None else drafter
-    if generator is None:
-        generator = torch.Generator(device=context.device)
-        generator.seed()
-    elif not isinstance(generator, torch.Generator):
+    if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator (e.g. torch.Generator().manual_seed(0)) or None, got "
                          f"{type(generator).__name__}")
     _check_context(code_predictor, context)
+    generator = or_fresh_generator(generator, context.device)
     cp = code_predictor
     n = P.n_codes(cp)
     tree = decoder.tree(n)

@@ -14,9 +14,9 @@ docs/methods.md#decoding-methods).
 
 ``draft_logits`` also takes ``logits=``: the verify backend's head logits (``backend.logits(hidden (N, H),
 head (N,)) -> (N, V)``), so that the code predictor's own heads are applied by the same forward as the verify call's
-(a faster one, e.g. ``rvqspec_lib.models.native``); ``None`` applies the official modules
-(:func:`rvqspec_lib.decoding.predictor.head_logits`). A drafter's own parameters (Medusa heads) are always applied by
-the drafter. Drafters that accept it say so with ``takes_logits = True`` (the decode loop passes it only then).
+(a faster one, e.g. ``rvqspec_lib.models.native``; the decode loop always passes it); ``None`` applies the official
+modules (:func:`rvqspec_lib.decoding.predictor.head_logits`). A drafter's own parameters (Medusa heads) are always
+applied by the drafter.
 
 Trained drafters of K offsets draft only offsets j <= K themselves; a window that asks for more (``Chain(8)`` drafts
 7 ahead) gets the reused head ``lm_head[k+j-1](H_k)`` for j > K (no trained parameters exist for those offsets).
@@ -58,7 +58,6 @@ class ReusedHeads:
     name = "heads"
     K = None
     params_added = 0
-    takes_logits = True
 
     def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
                      logits=None) -> torch.Tensor:
@@ -80,10 +79,24 @@ class ReusedHeads:
         return _heads(code_predictor, h, head, logits).reshape(b, n_ahead, -1)
 
     def describe(self) -> dict:
+        """JSON-able description: ``{"name": "heads", "K": None, "params_added": 0}``."""
         return {"name": self.name, "K": None, "params_added": 0}
 
 
-class PositionOffsets(nn.Module):
+class _Trained(nn.Module):
+    """What the trained drafters share: their parameters are the parameters they add, and one description."""
+
+    @property
+    def params_added(self) -> int:
+        """Parameters the drafter adds to the model (every parameter of its own)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def describe(self) -> dict:
+        """JSON-able description: ``name``, the constructor arguments (:meth:`config`), ``params_added``."""
+        return {"name": self.name, **self.config(), "params_added": self.params_added}
+
+
+class PositionOffsets(_Trained):
     """The paper's drafter: ``lm_head[k+j-1](H_k + b_j)``, K learned vectors shared across start depths k.
 
     Paper §2.2: "frozen LMH_{k+j} heads draft from h_k + b_j, while the unoffset LMH_k path emits the accepted code".
@@ -97,7 +110,6 @@ class PositionOffsets(nn.Module):
     """
 
     name = "offsets"
-    takes_logits = True
 
     def __init__(self, K: int = DEFAULT_K, hidden_size: int = 1024):
         super().__init__()
@@ -113,15 +125,13 @@ class PositionOffsets(nn.Module):
 
     @property
     def K(self) -> int:
+        """Offsets learned (drafts for depths k+1..k+K)."""
         return int(self.offsets.shape[0])
 
     @property
     def hidden_size(self) -> int:
+        """Width of each offset vector (the code predictor's hidden size)."""
         return int(self.offsets.shape[1])
-
-    @property
-    def params_added(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
                      logits=None) -> torch.Tensor:
@@ -144,10 +154,8 @@ class PositionOffsets(nn.Module):
         return _heads(code_predictor, h.reshape(b * n_ahead, hs), head, logits).reshape(b, n_ahead, -1)
 
     def config(self) -> dict:
+        """The constructor's arguments, ``{"K", "hidden_size"}`` (what a drafter file records to rebuild it)."""
         return {"K": self.K, "hidden_size": self.hidden_size}
-
-    def describe(self) -> dict:
-        return {"name": self.name, **self.config(), "params_added": self.params_added}
 
 
 class MedusaHead(nn.Module):
@@ -167,16 +175,18 @@ class MedusaHead(nn.Module):
         self.linear = nn.Linear(hidden_size, vocab_size, bias=False)
 
     @property
-    def out_features(self) -> int:  # what predictor.head_logits reads
+    def out_features(self) -> int:
+        """Codebook size V (what :func:`rvqspec_lib.decoding.predictor.head_logits` reads)."""
         return self.linear.out_features
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """``(..., hidden)`` -> ``(..., V)`` logits."""
         if self.block is not None:
             h = h + nn.functional.silu(self.block(h))
         return self.linear(h)
 
 
-class MedusaHeads(nn.Module):
+class MedusaHeads(_Trained):
     """Fresh heads per (start depth k, offset j): Medusa adapted to the depth axis (paper Table 2 (ii)).
 
     A draft for depth k+j from H_k exists for ``1 <= k <= n_codes - 1``, ``1 <= j <= K`` and ``k + j <= n_codes``
@@ -192,7 +202,6 @@ class MedusaHeads(nn.Module):
     """
 
     name = "medusa"
-    takes_logits = True
 
     def __init__(self, K: int = DEFAULT_K, n_codes: int = 15, hidden_size: int = 1024, vocab_size: int = 2048,
                  residual_block: bool = False):
@@ -225,11 +234,8 @@ class MedusaHeads(nn.Module):
 
     @property
     def K(self) -> int:
+        """Offsets drafted by heads of their own."""
         return self._K
-
-    @property
-    def params_added(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
                      logits=None) -> torch.Tensor:
@@ -259,11 +265,13 @@ class MedusaHeads(nn.Module):
         return out
 
     def config(self) -> dict:
+        """The constructor's arguments (what a drafter file records to rebuild it)."""
         return {"K": self.K, "n_codes": self.n_codes, "hidden_size": self.hidden_size,
                 "vocab_size": self.vocab_size, "residual_block": self.residual_block}
 
     def describe(self) -> dict:
-        return {"name": self.name, **self.config(), "n_heads": len(self.heads), "params_added": self.params_added}
+        """As the other drafters', with ``n_heads``, the heads that exist."""
+        return {**super().describe(), "n_heads": len(self.heads)}
 
 
 def _check_k(K) -> None:

@@ -9,8 +9,8 @@ ancestors (paper §2.2, Fig. 2), with shapes fixed by the tree (:class:`StaticSl
 
 The decode loop reaches the model only through a small backend protocol (:class:`VerifyBackend`: a cache, the
 verify call, the cache compaction, input embeddings and head logits). :class:`OfficialBackend` implements it with the
-official module (the calls above); a faster forward over the same weights (``rvqspec_lib.models.lean``) implements
-it too, without this layer importing it.
+official module (the calls above); the faster forwards over the same weights (the registry,
+``rvqspec_lib.models.backends``) implement it too, without this layer importing them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,31 @@ def talker_hidden_size(code_predictor) -> int:
 
 
 def param_dtype(module) -> torch.dtype:
+    """The dtype of ``module``'s first parameter (the code predictor's compute dtype; bfloat16 for the ``int8``
+    precision, whose remaining float parameters are bfloat16)."""
     return next(module.parameters()).dtype
+
+
+def head_dim(config) -> int:
+    """Width of one attention head: ``config.head_dim`` (Qwen3 configs carry it), else ``hidden_size / heads``."""
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def check_code_predictor(code_predictor, who: str) -> None:
+    """What every faster forward over the official weights needs (``who``: the class that asks).
+
+    Raises:
+        ValueError: (one line) not the official code predictor (``model.talker.code_predictor``: a ``model`` with
+            ``layers``, ``lm_head``); a RoPE type other than the default (the released configs use plain RoPE,
+            docs/model.md#architecture).
+    """
+    if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
+            and hasattr(code_predictor.model, "layers")):
+        raise ValueError(f"{who} needs the official code predictor (lm.code_predictor), got "
+                         f"{type(code_predictor).__name__}")
+    rope = getattr(code_predictor.config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"{who} supports plain RoPE only, this config has rope_scaling={rope}")
 
 
 def embed_codes(code_predictor, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
@@ -89,25 +113,28 @@ class StaticSlotCache(DynamicCache):
     of fixed shape.
     """
 
-    def __init__(self, code_predictor, batch: int, slots: int, *, device=None):
+    def __init__(self, code_predictor, batch: int, slots: int):
         super().__init__()
         cfg = code_predictor.config
         dtype = param_dtype(code_predictor)
-        device = device or next(code_predictor.parameters()).device
-        kv, hd = int(cfg.num_key_value_heads), int(getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads))
+        device = next(code_predictor.parameters()).device
+        kv, hd = int(cfg.num_key_value_heads), head_dim(cfg)
         shape = (batch, kv, slots, hd)
         self.n_slots = int(slots)
         self._k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self._v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.write_slots: torch.Tensor | None = None
 
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):  # noqa: D102 (transformers API)
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+        """transformers' ``Cache.update``: write the call's keys and values ``(B, kv_heads, Q, head_dim)`` at
+        :attr:`write_slots` of layer ``layer_idx``; return that layer's whole ``(B, kv_heads, slots, head_dim)``."""
         idx = self.write_slots[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
         self._k[layer_idx].scatter_(2, idx, key_states)
         self._v[layer_idx].scatter_(2, idx, value_states)
         return self._k[layer_idx], self._v[layer_idx]
 
-    def get_seq_length(self, layer_idx: int | None = 0) -> int:  # noqa: D102
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:
+        """transformers' ``Cache.get_seq_length``: the slot count (every call attends over all slots)."""
         return self.n_slots
 
     def compact(self, order: torch.Tensor) -> None:
@@ -154,26 +181,50 @@ def verify_forward(code_predictor, embeds: torch.Tensor, positions: torch.Tensor
 
 @runtime_checkable
 class VerifyBackend(Protocol):
-    """What the decode loop needs from the model (docs/style.md#the-decode-round): a fixed-size cache, THE verify
-    call, the cache compaction after a round, input embeddings and head logits.
+    """What the decode loop needs from the model (docs/style.md#the-decode-round): the one protocol every verify
+    backend implements (the registry of backends: :mod:`rvqspec_lib.models.backends`; the reference implementation:
+    :class:`OfficialBackend`). Shapes: B rows, Q query positions of one call, S cache slots, H the code predictor's
+    hidden size, V its codebook size. Random numbers are never drawn here: a backend only computes.
 
-    ``forward`` takes and returns exactly what :func:`verify_forward` does (without the module argument); ``cache``
-    is whatever ``new_cache`` returned. Implementations: :class:`OfficialBackend` (the official module, the
-    reference) and ``rvqspec_lib.models.lean.LeanCodePredictor`` (a functional forward over the same weights).
+    Attributes:
+        name: the backend's name in the registry (``"official"``, ``"eager"``, ``"compile"``, ``"onnx"``,
+            ``"native"``): what tables and labels call it.
     """
 
     name: str
 
-    def new_cache(self, batch: int, slots: int): ...
+    def new_cache(self, batch: int, slots: int):
+        """An empty KV cache of ``slots`` slots for ``batch`` rows (of this backend's own type: a
+        :class:`StaticSlotCache` for the official module, a ``LeanCache`` of two tensors for the others); the cache
+        of one frame, passed back to :meth:`forward` and :meth:`compact`."""
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache,
-                write_slots: torch.Tensor) -> torch.Tensor: ...
+                write_slots: torch.Tensor) -> torch.Tensor:
+        """THE verify call, as :func:`verify_forward` (without its module argument).
 
-    def compact(self, cache, order: torch.Tensor) -> None: ...
+        Args:
+            embeds: ``(B, Q, H)`` projected inputs (:meth:`embed`'s, or the projected context for the prefill).
+            positions: ``(B, Q)`` int64 RoPE positions. allow: ``(B, Q, S)`` bool, ``[b, i, j]`` true when query i
+            may attend to slot j (each query allows at least its own slot). cache: :meth:`new_cache`'s, written in
+            place at ``write_slots`` ``(B, Q)`` int64 (distinct slots in ``[0, S)``).
 
-    def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor: ...
+        Returns:
+            ``(B, Q, H)`` last hidden states (after the final norm) in the module's activation dtype.
+        """
 
-    def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor: ...
+    def compact(self, cache, order: torch.Tensor) -> None:
+        """Reorder the cache's slots in place: slot ``order[b, i]`` moves to position i (``order``: ``(B, S)``
+        int64, a permutation per row); after a tree round, the kept slots move to the front."""
+
+    def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """Projected input embeddings: ``codes`` ``(...)`` int64 at ``depth`` ``(...)`` int64 in 1..n_codes (code j
+        embedded by ``codec_embedding[j-1]``, then ``small_to_mtp_projection``) -> ``(..., H)``, as
+        :func:`embed_codes`."""
+
+    def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """The per-depth heads row by row: ``hidden`` ``(N, H)``, ``head`` ``(N,)`` int64 (``lm_head[i]`` predicts
+        code i+1; clamped) -> ``(N, V)`` logits in the activation dtype, as :func:`head_logits`. Drafters apply
+        the code predictor's own heads through this too (``draft_logits(..., logits=backend.logits)``)."""
 
 
 class OfficialBackend:
@@ -190,18 +241,23 @@ class OfficialBackend:
         self.code_predictor = code_predictor
 
     def new_cache(self, batch: int, slots: int) -> StaticSlotCache:
+        """:meth:`VerifyBackend.new_cache`: a :class:`StaticSlotCache`."""
         return StaticSlotCache(self.code_predictor, batch, slots)
 
     def forward(self, embeds, positions, allow, cache, write_slots):
+        """:meth:`VerifyBackend.forward`: :func:`verify_forward`."""
         return verify_forward(self.code_predictor, embeds, positions, allow, cache, write_slots)
 
     def compact(self, cache: StaticSlotCache, order: torch.Tensor) -> None:
+        """:meth:`VerifyBackend.compact`: :meth:`StaticSlotCache.compact`."""
         cache.compact(order)
 
     def embed(self, codes, depth):
+        """:meth:`VerifyBackend.embed`: :func:`embed_codes`."""
         return embed_codes(self.code_predictor, codes, depth)
 
     def logits(self, hidden, head):
+        """:meth:`VerifyBackend.logits`: :func:`head_logits`."""
         return head_logits(self.code_predictor, hidden, head)
 
     def __repr__(self) -> str:

@@ -9,6 +9,8 @@ re-feeds at the head of the tree.
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -64,19 +66,21 @@ class DraftTree:
 
     @property
     def max_depth(self) -> int:
+        """The deepest offset drafted (0 for a tree of the root alone)."""
         return int(self.depth.max()) if self.n_nodes else 0
 
     @property
     def max_rank(self) -> int:
+        """The largest rank drafted (-1 for the root alone): the drafter must rank at least ``max_rank + 1`` codes."""
         return int(self.rank.max()) if self.n_nodes else -1
 
     @classmethod
-    def from_paths(cls, paths: Iterable[Sequence[int]], *, max_depth: int | None = None) -> "DraftTree":
-        """Compile rank paths.
+    def from_paths(cls, paths: Iterable[Sequence[int]]) -> "DraftTree":
+        """Compile rank paths (``[(0,), (1,), (0, 0)]``; an int ``r`` is the path ``(r,)``).
 
         Raises:
-            ValueError: a path that is empty, has a negative or non-integer rank, is repeated, has a gap
-                (a prefix that is not itself a node), or is deeper than ``max_depth``.
+            ValueError: a path that is empty, has a negative or non-integer rank, is repeated, or has a gap (a prefix
+                that is not itself a node).
         """
         norm: list[tuple[int, ...]] = []
         for p in paths:
@@ -100,8 +104,6 @@ class DraftTree:
         for p in norm:
             if len(p) > 1 and p[:-1] not in s:
                 raise ValueError(f"tree path {p} has a gap: its prefix {p[:-1]} is not in the tree; add it")
-            if max_depth is not None and len(p) > max_depth:
-                raise ValueError(f"tree path {p} is deeper ({len(p)}) than the {max_depth} depths that can be drafted")
         order = sorted(norm, key=lambda p: (len(p), p))
         index = {(): 0}
         for i, p in enumerate(order, start=1):
@@ -158,9 +160,6 @@ def grow_tree(values, n_nodes: int, *, sampled: bool) -> list[tuple[int, ...]]:
     Raises:
         ValueError: an empty or ragged table, values outside [0, 1] or NaN, ``n_nodes < 1``.
     """
-    import heapq
-    import math
-
     rows = [list(map(float, r)) for r in values]
     if not rows or not rows[0] or any(len(r) != len(rows[0]) for r in rows):
         raise ValueError("values must be a non-empty (offsets, ranks) table with rows of equal length")
@@ -197,7 +196,5 @@ def grow_tree(values, n_nodes: int, *, sampled: bool) -> list[tuple[int, ...]]:
 def expected_tokens(paths, values) -> float:
     """1 + the sum over the tree's nodes of the product of ``values`` along each node's path: the expected tokens of
     one call under the calibration model of :func:`grow_tree` (frame end ignored)."""
-    import math
-
     rows = [list(map(float, r)) for r in values]
     return 1.0 + sum(math.prod(rows[j][i] for j, i in enumerate(p)) for p in paths)

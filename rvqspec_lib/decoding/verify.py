@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rvqspec_lib.decoding.sampling import or_fresh_generator
+
 
 @dataclass
 class WalkResult:
@@ -63,18 +65,14 @@ def residual(p_resid: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> 
 
     Returns:
         ``(B, V)`` unnormalised (renormalised where it is used). A row left with no mass (only possible by
-        rounding when p == q) falls back to p, which is the exact answer in that case.
+        rounding when p == q) falls back to p, which is the exact answer in that case. Pure tensor code without a
+        host check (the fused chain's compiled round uses it too).
     """
     if q is None:
-        out = p_resid.clone()
-        out.scatter_(1, x[:, None], 0.0)
+        out = p_resid.scatter(1, x[:, None], 0.0)
     else:
-        pn = p_resid / p_resid.sum(-1, keepdim=True).clamp_min(1e-30)
-        out = torch.clamp(pn - q, min=0.0)
-    empty = out.sum(-1) <= 0
-    if empty.any():
-        out[empty] = p_resid[empty]
-    return out
+        out = torch.clamp(p_resid / p_resid.sum(-1, keepdim=True).clamp_min(1e-30) - q, min=0.0)
+    return torch.where(out.sum(-1, keepdim=True) > 0, out, p_resid)
 
 
 def walk_tree(
@@ -107,9 +105,7 @@ def walk_tree(
     Returns:
         :class:`WalkResult`.
     """
-    if generator is None:
-        generator = torch.Generator(device=p.device)
-        generator.seed()
+    generator = or_fresh_generator(generator, p.device)
     walk = walk_tree_one_row if p.shape[0] == 1 else walk_tree_batched
     return walk(p, node_codes, children, node_valid, has_next, generator, q, tolerance)
 

@@ -18,7 +18,14 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
+from rvqspec_lib.common.files import atomic_output
+from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.data.utterances import utterances_from_manifest
+from rvqspec_lib.eval.inner_loop import inner_loop_codes_batch
+from rvqspec_lib.models.audio import load_wav
 from rvqspec_lib.models.code_decoder import CodeDecoder, CodeDecoderConfig
 from rvqspec_lib.training.loop import GRAD_CLIP, WARMUP_STEPS, WEIGHT_DECAY, Budget, WarmupCosine, fit
 
@@ -40,22 +47,19 @@ class DecoderPairs:
         return len(self.ids)
 
     def save(self, path: str | os.PathLike) -> Path:
-        from safetensors.torch import save_file
-
+        """Write the pairs to one safetensors file (the ids in its metadata), atomically; returns the path."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         lens = torch.tensor([t.shape[0] for t in self.true])
         t = {"lengths": lens, "true": torch.cat(self.true), "generated": torch.cat(self.generated),
              "features": torch.cat([torch.as_tensor(f) for f in self.features])}
-        tmp = p.with_name(p.name + ".tmp")
-        save_file(t, str(tmp), metadata={"ids": json.dumps(list(self.ids))})
-        os.replace(tmp, p)
+        with atomic_output(p) as tmp:
+            save_file(t, str(tmp), metadata={"ids": json.dumps(list(self.ids))})
         return p
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "DecoderPairs":
-        from safetensors import safe_open
-
+        """Read a file written by :meth:`save`."""
         with safe_open(str(path), framework="pt") as f:
             ids = json.loads(f.metadata()["ids"])
             t = {k: f.get_tensor(k) for k in f.keys()}
@@ -87,18 +91,12 @@ def decoder_pairs(lm, codec, rows: Sequence[dict], codes: dict, *, batch_size: i
     Raises:
         ValueError: a row without codes, or features whose frame count differs from its codes.
     """
-    from tqdm.auto import tqdm
-
-    from rvqspec_lib.eval.inner_loop import inner_loop_codes_batch
-    from rvqspec_lib.models.audio import load_wav
-    from rvqspec_lib.data.utterances import utterances_from_manifest
-
     missing = [r["id"] for r in rows if r["id"] not in codes]
     if missing:
         raise ValueError(f"{len(missing)} row(s) have no codes (e.g. {missing[0]}): run the 'codes' stage first")
     utts = utterances_from_manifest(rows, codes)
     feats = []
-    for r, u in tqdm(list(zip(rows, utts)), desc="features", unit="utt", disable=not progress):
+    for r, u in progress_bar(list(zip(rows, utts)), desc="features", unit="utt", enabled=progress):
         f = codec.features(load_wav(r["path"]))
         if f.shape[0] != u.codes.shape[0]:
             raise ValueError(f"{r['id']}: {f.shape[0]} feature frames but {u.codes.shape[0]} code frames")

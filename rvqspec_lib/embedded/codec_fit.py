@@ -14,6 +14,8 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from rvqspec_lib.common.progress import progress_bar
+
 from rvqspec_lib.models.audio import _load_any
 from rvqspec_lib.models.rvq_codec import CodecConfig, RVQCodec, nearest
 
@@ -107,9 +109,7 @@ def fit_codec(wavs: Iterable, *, config: CodecConfig | None = None, max_vectors:
     xt = xt.contiguous()
     residual = xt.clone()
     books = []
-    from tqdm.auto import tqdm
-
-    for _ in tqdm(range(cfg.n_codebooks), desc="rvq stages", disable=not progress):
+    for _ in progress_bar(range(cfg.n_codebooks), desc="rvq stages", enabled=progress):
         c = kmeans(residual, cfg.codebook_size, n_iter, gen, init_points)
         idx, _ = nearest(residual, c)
         residual -= c[idx]

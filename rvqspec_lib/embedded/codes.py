@@ -7,6 +7,9 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.models.audio import load_wav
+
 
 def encode_manifest(rows: Iterable[Mapping], codec, *, progress: bool = True) -> dict[str, np.ndarray]:
     """Encode every utterance of a manifest with a codec.
@@ -17,18 +20,6 @@ def encode_manifest(rows: Iterable[Mapping], codec, *, progress: bool = True) ->
     Returns:
         ``{id: (frames, n_codebooks) int64}``.
     """
-    from tqdm.auto import tqdm
-
-    from rvqspec_lib.models.audio import load_wav
-
     rows = list(rows)
-    out = {}
-    for r in tqdm(rows, desc="encode", unit="utt", disable=not progress):
-        out[r["id"]] = np.asarray(codec.encode(load_wav(r["path"], codec.config.sample_rate)), dtype=np.int64)
-    return out
-
-
-
-
-
-
+    return {r["id"]: np.asarray(codec.encode(load_wav(r["path"], codec.config.sample_rate)), dtype=np.int64)
+            for r in progress_bar(rows, desc="encode", unit="utt", enabled=progress)}

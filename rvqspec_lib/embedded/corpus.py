@@ -46,8 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import soundfile as sf
+
+from rvqspec_lib.common.files import write_text_atomic
 from rvqspec_lib.common.paths import DATA_DIR
+from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, n_frames
+from rvqspec_lib.models.kernels.build import cache_dir as cache_dir_of_kernels
 
 EVAL_TEXT_DIR = DATA_DIR / "eval_texts"
 APT_HINT = "run `make voices` (scripts/apt-voices.sh: apt-get install flite festival festvox-us-slt-hts " \
@@ -103,6 +108,7 @@ class Sentence:
 
     @property
     def split(self) -> str:
+        """The sentence's Table 1 role (:func:`split_of`)."""
         return split_of(self)
 
 
@@ -173,18 +179,13 @@ def dedupe(sentences: Iterable[Sentence]) -> list[Sentence]:
 # --------------------------------------------------------------------------------------------------------------------
 # Sources
 # --------------------------------------------------------------------------------------------------------------------
-def default_cache_dir() -> Path:
-    """``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``."""
-    return Path(os.environ.get("RVQSPEC_CACHE", Path.home() / ".cache" / "rvqspec")).expanduser()
-
-
 def fetch_debian_package(package: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """Unpack a Debian package's files into ``<cache>/debian/<package>/`` without installing it.
 
     Uses ``apt-get download`` (no root needed; needs the package lists, ``apt-get update``) and ``dpkg -x``.
     Returns the unpacked root (reused on later calls).
     """
-    root = Path(cache_dir or default_cache_dir()) / "debian"
+    root = Path(cache_dir or cache_dir_of_kernels()) / "debian"
     dest = root / package
     if (dest / ".complete").is_file():
         return dest
@@ -428,6 +429,7 @@ class Voice:
 
     @property
     def binary(self) -> str:
+        """The program the engine runs (checked by :func:`check_voice`)."""
         return {"flite": "flite", "festival": "text2wave", "espeak-ng": "espeak-ng"}[self.engine]
 
 
@@ -452,6 +454,11 @@ DEFAULT_VOICES = ("slt", "kal16", "awb", "rms", "espeak-de", "espeak-es", "espea
 
 
 def get_voice(voice: str | Voice) -> Voice:
+    """The :class:`Voice` of a name of :data:`VOICES` (a Voice is returned as it is).
+
+    Raises:
+        ValueError: an unknown name (one line listing them).
+    """
     if isinstance(voice, Voice):
         return voice
     if voice not in VOICES:
@@ -491,8 +498,6 @@ def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sampl
     Raises:
         MissingVoiceError: the synthesiser is missing. RuntimeError: it failed (its stderr is quoted).
     """
-    import soundfile as sf
-
     v = check_voice(voice)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -510,9 +515,8 @@ def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sampl
 
 
 def _render_job(job: tuple) -> dict:
+    """Render one manifest row (``(row, out_dir, sample_rate)``) unless an earlier run did; its lengths added."""
     row, out_dir, sample_rate = job
-    import soundfile as sf
-
     path = Path(out_dir) / row["path"]
     if path.is_file():
         samples = sf.info(str(path)).frames  # resume: keep what an earlier run rendered
@@ -567,8 +571,6 @@ def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voi
     Raises:
         MissingVoiceError: a chosen voice is not installed (the message names ``scripts/apt-voices.sh``).
     """
-    from tqdm.auto import tqdm
-
     rows = plan_renders(sentences, voices, one_voice_each, fractions)
     for v in sorted({r["voice"] for r in rows}):
         check_voice(v)
@@ -576,19 +578,16 @@ def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voi
     out.mkdir(parents=True, exist_ok=True)
     jobs = [({**r, "sample_rate": sample_rate}, str(out), sample_rate) for r in rows]
     with ThreadPoolExecutor(max_workers=max(1, processes)) as ex:
-        done = list(tqdm(ex.map(_render_job, jobs), total=len(jobs), desc="render", unit="utt",
-                         disable=not progress))
+        done = list(progress_bar(ex.map(_render_job, jobs), total=len(jobs), desc="render", unit="utt",
+                                 enabled=progress))
     write_manifest(done, out / "manifest.jsonl")
     return done
 
 
 def write_manifest(rows: Iterable[Mapping], path: str | os.PathLike) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(dict(r), ensure_ascii=False) + "\n")
-    return p
+    """Write manifest rows as JSON lines, atomically; returns the path."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_text_atomic(path, "".join(json.dumps(dict(r), ensure_ascii=False) + "\n" for r in rows))
 
 
 def read_manifest(path: str | os.PathLike) -> list[dict]:
@@ -632,11 +631,3 @@ def corpus_table(manifest: str | os.PathLike | Iterable[Mapping]) -> list[dict]:
              "hours": round(groups[(s, lang)]["seconds"] / 3600, 4), "frames": groups[(s, lang)]["frames"],
              "voices": ",".join(sorted(groups[(s, lang)]["voices"])),
              "sources": ",".join(sorted(x for x in groups[(s, lang)]["sources"] if x))} for s, lang in keys]
-
-
-__all__ = ["Sentence", "SPLITS", "SPLIT_ROLES", "SOURCE_DESCRIPTIONS", "DEFAULT_FRACTIONS", "VOICES",
-           "DEFAULT_VOICES", "Voice", "MissingVoiceError",
-           "clean_sentences", "is_clean", "split_sentences", "sentence_key", "dedupe", "fetch_debian_package",
-           "fortune_sentences", "stdlib_sentences", "doc_sentences", "multilingual_sentences", "gather_sentences",
-           "split_of", "assign_splits", "save_sentences", "load_sentences", "shipped_sentences", "check_voice",
-           "render_one", "plan_renders", "render_corpus", "read_manifest", "write_manifest", "corpus_table"]

@@ -17,12 +17,18 @@ import random
 from pathlib import Path
 from typing import Sequence
 
+from rvqspec_lib.data.frame_sources import frames_from_utterances
+from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
+from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.embedded import corpus
+from rvqspec_lib.eval.calibration import BUDGETS, calibrate
 from rvqspec_lib.eval.datasets import LANGUAGES, encode_items, get_language, load_speech_dataset, speech_items
 from rvqspec_lib.models.audio import load_wav
-from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
+from rvqspec_lib.models.tree_files import load_calibration
 
 
 def _shipped(model, split: str, n: int | None, seed: int, role: str):
+    """``(utterances, meta, source)`` of one shipped split (``n``: a seeded sample of it)."""
     root = embedded_root(model)
     rows, utts = load_shipped_utterances(root / "utterances.safetensors", splits=[split])
     idx = list(range(len(utts)))
@@ -50,8 +56,6 @@ def multilingual_evaluation(codec, work_dir: str | os.PathLike, languages: Seque
     Raises:
         MissingVoiceError: espeak-ng or sox is missing (the message names ``scripts/apt-voices.sh``).
     """
-    from rvqspec_lib.embedded import corpus
-
     wanted = [lang for lang in languages if lang != "en"]
     if not wanted:
         return {}
@@ -127,8 +131,6 @@ def evaluation_data(model: str | os.PathLike, languages: Sequence[str], *, codec
     if others:
         if codec is None:
             raise ValueError("rendering the multilingual sentences needs the model's codec")
-        from rvqspec_lib.embedded import corpus
-
         have = {s.language for s in corpus.multilingual_sentences()}
         missing = [lang for lang in others if lang not in have]
         if missing:
@@ -179,11 +181,8 @@ def calibrate_decoders(lm, utterances: Sequence, *, needs, calibration_path: str
         ``{"calibration": dict or None, "best_chain": int or None, "chain_predicted": {window: tpc},
         "n_frames": frames used, "from_file": path or None}``.
     """
-    from rvqspec_lib.eval.calibration import BUDGETS, calibrate
-    from rvqspec_lib.data.frame_sources import frames_from_utterances
+    # here, not above, until eval.wer_parity imports again (it still imports the removed parse_decoder)
     from rvqspec_lib.eval.wer_parity import best_chain_window
-    from rvqspec_lib.models.tree_files import load_calibration
-    from rvqspec_lib.decoding.drafters import ReusedHeads
 
     cp = lm.code_predictor
     out = {"calibration": None, "best_chain": None, "chain_predicted": {}, "n_frames": 0, "from_file": None}
@@ -202,7 +201,3 @@ def calibrate_decoders(lm, utterances: Sequence, *, needs, calibration_path: str
     if "calibration" in needs:
         out["calibration"] = calibrate(cp, ReusedHeads(), frames, budgets=budgets or BUDGETS, seed=seed)
     return out
-
-
-__all__ = ["shipped_calibration", "multilingual_evaluation", "evaluation_data", "calibration_data",
-           "calibrate_decoders", "LANGUAGES"]

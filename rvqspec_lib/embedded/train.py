@@ -42,6 +42,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.models.loader import LoadedModel, save_checkpoint
 from rvqspec_lib.data.teacher import (
     IGNORE,
@@ -72,37 +73,6 @@ LR = 1e-3
 #: peak, half the warmup).
 CP_LR = 5e-4
 CP_WARMUP_STEPS = WARMUP_STEPS // 2
-
-
-TOY_WORDS = ("the cat sat on a mat while two dogs ran far away from old red barns near green hills "
-             "and blue lakes under bright warm sun every quiet morning").split()
-
-
-def toy_corpus(n: int, *, seed: int = 0, n_code_groups: int = 16, codebook_size: int = 2048,
-               words: Sequence[str] = TOY_WORDS, min_words: int = 3, max_words: int = 8) -> list[Utterance]:
-    """A learnable stand-in for speech codes, for smoke runs of the trainer (no audio, no codec).
-
-    Each text is random words; frame t "speaks" character ``2t`` of the text (two characters a frame, plus two
-    silent frames), so the talker must learn a monotonic text-to-frame alignment, as in TTS:
-    ``code0[t] = (7 * byte(text[2t]) + 13 * (t % 3)) mod K``; the residual codes are a fixed function of code 0
-    (``code_j = (code0 * (2j + 1) + 31 j) mod K``), so the code predictor has something to learn. Held-out texts
-    follow the same rules, so held-out accuracy measures generalisation.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    k = codebook_size
-    out = []
-    for _ in range(n):
-        m = int(torch.randint(min_words, max_words + 1, (1,), generator=gen))
-        text = " ".join(words[int(i)] for i in torch.randint(0, len(words), (m,), generator=gen)) + "."
-        b = text.encode("utf-8")
-        frames = len(b) // 2 + 2
-        t = torch.arange(frames)
-        chars = torch.tensor([b[min(2 * i, len(b) - 1)] if 2 * i < len(b) else 32 for i in range(frames)])
-        code0 = (7 * chars + 13 * (t % 3)) % k
-        j = torch.arange(n_code_groups)
-        codes = (code0[:, None] * (2 * j + 1) + 31 * j) % k
-        out.append(Utterance(text, codes.long()))
-    return out
 
 
 def bucket_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
@@ -306,8 +276,6 @@ def code_predictor_states(lm: LoadedModel, dataset: Iterable, *, batch_size: int
     Raises:
         ValueError: an empty dataset.
     """
-    from tqdm.auto import tqdm
-
     utts = [as_utterance(u) for u in dataset]
     if not utts:
         raise ValueError("no utterances to take code-predictor states from")
@@ -318,7 +286,7 @@ def code_predictor_states(lm: LoadedModel, dataset: Iterable, *, batch_size: int
     order = sorted(range(len(utts)), key=lambda i: utts[i].codes.shape[0])
     hs, cs = [], []
     try:
-        for s in tqdm(range(0, len(order), batch_size), desc="talker states", unit="batch", disable=not progress):
+        for s in progress_bar(range(0, len(order), batch_size), desc="talker states", unit="batch", enabled=progress):
             batch = [utts[i] for i in order[s:s + batch_size]]
             out, length, codes, valid, _ = talker_pass(lm, batch)
             hidden = out.hidden_states[0][-1][:, length - 1: length - 1 + valid.shape[1]]

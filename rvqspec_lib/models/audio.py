@@ -8,16 +8,12 @@ import math
 import os
 from pathlib import Path
 
+import librosa  # a lazy loader: its submodules load on first use
 import numpy as np
+import soundfile as sf
 
 #: The real 12 Hz tokenizer's geometry (docs/model.md#speech-tokenizer): 24 kHz audio, 12.5 frames a second, 1920 samples a frame.
-SAMPLE_RATE = 24000
-
-
-FRAME_RATE_HZ = 12.5
-
-
-FRAME_SAMPLES = 1920
+SAMPLE_RATE, FRAME_RATE_HZ, FRAME_SAMPLES = 24000, 12.5, 1920
 
 
 def n_frames(n_samples: int, frame_samples: int = FRAME_SAMPLES) -> int:
@@ -54,17 +50,17 @@ def _load_any(w, sample_rate: int) -> np.ndarray:
 
 
 def load_wav(path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Read an audio file as mono float32 at ``sample_rate`` (resampled with librosa if needed)."""
-    import soundfile as sf
+    """Read an audio file as mono float32 at ``sample_rate`` (resampled with librosa if needed).
 
+    Raises:
+        FileNotFoundError: no such file.
+    """
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"no audio file at {p}")
     wav, sr = sf.read(str(p), dtype="float32", always_2d=True)
     wav = wav.mean(axis=1)
     if sr != sample_rate:
-        import librosa
-
         wav = librosa.resample(wav, orig_sr=sr, target_sr=sample_rate).astype(np.float32)
     return wav
 
@@ -73,7 +69,7 @@ def resample(wav: np.ndarray, sr_from: int, sr_to: int) -> np.ndarray:
     """Polyphase resampling (``scipy.signal.resample_poly``); the input is returned when the rates agree."""
     if sr_from == sr_to:
         return wav
-    from scipy.signal import resample_poly
+    from scipy.signal import resample_poly  # here, not above: importing scipy.signal takes 2 s (measured)
 
     g = math.gcd(int(sr_from), int(sr_to))
     return resample_poly(wav, sr_to // g, sr_from // g).astype(np.float32)
@@ -81,8 +77,6 @@ def resample(wav: np.ndarray, sr_from: int, sr_to: int) -> np.ndarray:
 
 def _decode_audio(item) -> tuple[np.ndarray, int]:
     """``(samples,)`` float32 mono audio and its rate from a datasets audio cell (decoded dict, or bytes / path)."""
-    import soundfile as sf
-
     if isinstance(item, dict) and item.get("array") is not None:
         wav, sr = np.asarray(item["array"], dtype=np.float32), int(item["sampling_rate"])
     elif isinstance(item, dict) and (item.get("bytes") or item.get("path")):

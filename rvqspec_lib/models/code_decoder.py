@@ -31,7 +31,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
+
+from rvqspec_lib.common.files import atomic_output
 
 FORMAT = "rvqspec-code-decoder"
 
@@ -131,24 +135,20 @@ class CodeDecoder(nn.Module):
             self.train(was)
 
     def n_parameters(self) -> int:
+        """Trained parameters (the codebooks are the codec's, not counted)."""
         return sum(p.numel() for p in self.parameters())
 
     # ---------------------------------------------------------------- files
     def save(self, path: str | os.PathLike, meta: dict | None = None, dtype: torch.dtype = torch.float32) -> Path:
         """Write the trained parameters (not the codebooks) to a safetensors file; ``meta`` goes in its metadata.
-        ``dtype=torch.float16`` halves the file (:meth:`load` always returns float32 parameters)."""
-        from safetensors.torch import save_file
-
-        from rvqspec_lib.common.provenance import usual_mode
-
+        ``dtype=torch.float16`` halves the file (:meth:`load` always returns float32 parameters). Written atomically
+        (:func:`rvqspec_lib.common.files.atomic_output`); returns the path."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
         state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(tmp), metadata={"format": FORMAT, "config": json.dumps(asdict(self.config)),
-                                             "meta": json.dumps(meta or {})})
-        os.replace(tmp, p)
-        usual_mode(p)
+        with atomic_output(p) as tmp:
+            save_file(state, str(tmp), metadata={"format": FORMAT, "config": json.dumps(asdict(self.config)),
+                                                 "meta": json.dumps(meta or {})})
         return p
 
     @classmethod
@@ -158,8 +158,6 @@ class CodeDecoder(nn.Module):
         Raises:
             FileNotFoundError: no such file. ValueError: not a code-decoder file, or trained for other codebooks.
         """
-        from safetensors import safe_open
-
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"no code decoder at {p}: train one with `make embedded` (stage 'decoder') or "

@@ -104,13 +104,15 @@ def build_from_config(config: dict, *, seed: int = 0, dtype: torch.dtype = torch
     cfg._attn_implementation = attn_implementation
     cfg.talker_config._attn_implementation = attn_implementation
     cfg.talker_config.code_predictor_config._attn_implementation = attn_implementation
-    state = torch.random.get_rng_state()
-    try:
+    return seeded(seed, lambda: Qwen3TTSForConditionalGeneration(cfg)).to(dtype).eval()
+
+
+def seeded(seed: int, build):
+    """``build()`` with torch's global generator seeded (the official classes initialise from it), the caller's
+    global random state restored afterwards (the library never leaves the global RNG touched)."""
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3TTSForConditionalGeneration(cfg)
-    finally:
-        torch.random.set_rng_state(state)
-    return model.to(dtype).eval()
+        return build()
 
 
 def _default_generation(path: Path | None) -> dict:

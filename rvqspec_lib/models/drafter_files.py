@@ -9,6 +9,9 @@ import json
 import os
 from pathlib import Path
 
+import safetensors.torch
+from safetensors import SafetensorError, safe_open
+
 from rvqspec_lib.common.files import atomic_outputs
 from rvqspec_lib.decoding.drafters import (
     DEFAULT_K,
@@ -21,11 +24,10 @@ from rvqspec_lib.decoding.drafters import (
     params_added_for,
 )
 from rvqspec_lib.decoding.predictor import n_codes
+from rvqspec_lib.models import loader
 
-FORMAT = "rvqspec-drafter"
-
-
-FORMAT_VERSION = 1
+#: The ``format`` and ``version`` of a drafter file's description.
+FORMAT, FORMAT_VERSION = "rvqspec-drafter", 1
 
 
 def params_added_for_config(name: str, config: dict | str | os.PathLike, **kw) -> int:
@@ -51,12 +53,10 @@ def model_drafter_dir(model: str | os.PathLike) -> Path | None:
     its ``folder``; anything else (``tiny-random``, a hub id) -> ``None``. With
     :func:`drafter_path`, this is where ``--drafter offsets`` looks and ``rvqspec train-drafter`` writes by default.
     """
-    from rvqspec_lib.models.loader import EMBEDDED_DIR, EMBEDDED_MODEL, LoadedModel
-
-    if isinstance(model, LoadedModel):  # the loaded model knows its folder
+    if isinstance(model, loader.LoadedModel):  # the loaded model knows its folder
         return model.folder
-    if str(model) == EMBEDDED_MODEL:
-        return EMBEDDED_DIR / "model"
+    if str(model) == loader.EMBEDDED_MODEL:  # read at call time: tests and RVQSPEC_EMBEDDED_DIR move it
+        return loader.EMBEDDED_DIR / "model"
     p = Path(model).expanduser()
     return p if p.is_dir() else None
 
@@ -142,10 +142,6 @@ def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = Non
     return d
 
 
-def _sidecar(path: Path) -> Path:
-    return path.with_suffix(".json")
-
-
 def save_drafter(drafter, path: str | os.PathLike) -> Path:
     """Write a trained drafter: ``path`` (safetensors; the JSON description in its header metadata under
     ``"rvqspec"``) and the same description in ``path.with_suffix(".json")``.
@@ -160,8 +156,6 @@ def save_drafter(drafter, path: str | os.PathLike) -> Path:
     Raises:
         ValueError: :class:`ReusedHeads` (nothing to save), or a path not ending in ``.safetensors``.
     """
-    from safetensors.torch import save_file
-
     if not isinstance(drafter, (PositionOffsets, MedusaHeads)):
         raise ValueError(f"only trained drafters (offsets, medusa) are saved; {type(drafter).__name__} has no "
                          "parameters: use make_drafter('heads', ...)")
@@ -174,8 +168,8 @@ def save_drafter(drafter, path: str | os.PathLike) -> Path:
             "params_added": drafter.params_added, "tensors": {k: list(v.shape) for k, v in tensors.items()},
             "provenance": drafter.provenance}
     text = json.dumps(desc, indent=1, default=str)
-    with atomic_outputs([path, _sidecar(path)]) as (tmp, tmp_side):  # both files or neither, even on Ctrl-C
-        save_file(tensors, str(tmp), metadata={"rvqspec": text})
+    with atomic_outputs([path, path.with_suffix(".json")]) as (tmp, tmp_side):  # both files or neither, even on Ctrl-C
+        safetensors.torch.save_file(tensors, str(tmp), metadata={"rvqspec": text})
         tmp_side.write_text(text + "\n")
     return path
 
@@ -187,8 +181,6 @@ def read_description(path: str | os.PathLike) -> dict:
         ValueError: a file that is not safetensors or was cut short (one line naming the file and the fix), not an
             rvqspec drafter file.
     """
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -210,8 +202,6 @@ def load_drafter(path: str | os.PathLike, code_predictor):
         FileNotFoundError: no such file. ValueError: not a drafter file, or sizes that do not match
             ``code_predictor`` (hidden size, vocabulary, codes per frame).
     """
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no drafter file {path}")
@@ -225,6 +215,6 @@ def load_drafter(path: str | os.PathLike, code_predictor):
         raise ValueError(f"{path} was trained for another code predictor: " +
                          ", ".join(f"{k} {a} (file) vs {b} (model)" for k, (a, b) in bad.items()))
     drafter = PositionOffsets(**cfg) if desc["name"] == "offsets" else MedusaHeads(**cfg)
-    drafter.load_state_dict(load_file(str(path)))
+    drafter.load_state_dict(safetensors.torch.load_file(str(path)))
     drafter.provenance = dict(desc.get("provenance") or {})
     return drafter.to(next(code_predictor.parameters()).device).eval()

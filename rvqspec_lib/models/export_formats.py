@@ -25,6 +25,7 @@ import logging
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -35,7 +36,7 @@ import torch
 
 from rvqspec_lib.models import export_graphs as G
 from rvqspec_lib.models.fused import FusedARFrame
-from rvqspec_lib.models.lean import LeanCache
+from rvqspec_lib.models.lean import LeanCache, SlotBackend
 from rvqspec_lib.decoding import predictor as P
 
 #: File formats and the suffix each writes.
@@ -101,13 +102,11 @@ def import_coremltools():
     Raises:
         ImportError: coremltools is not installed (it is pinned in requirements.txt).
     """
-    import sys
-
     if "coremltools" in sys.modules:
         return sys.modules["coremltools"]
     lg, noise = logging.getLogger("coremltools"), _ImportNoise()
     lg.addFilter(noise)
-    try:
+    try:  # imported here, on first use: coremltools takes 6.5 s to import (measured), onnx 2 s
         import coremltools
     finally:
         lg.removeFilter(noise)
@@ -122,7 +121,7 @@ def coreml_available() -> tuple[bool, str]:
     ver = tuple(int(x) for x in (platform.mac_ver()[0] or "0").split(".")[:2] if x.isdigit())
     if ver < (15,):
         return False, f"macOS {platform.mac_ver()[0]} is older than 15 (Core ML states need macOS 15)"
-    try:
+    try:  # the native library itself, which loads on macOS only
         from coremltools.libcoremlpython import _MLModelProxy  # noqa: F401
     except ImportError as e:
         return False, f"coremltools' native library does not load ({e})"
@@ -302,7 +301,7 @@ def file_interface(path) -> dict:
     ``{"inputs": [[name, shape, dtype]], "outputs": [...], "states": [...]}`` (dtype names as torch's)."""
     p = Path(path)
     if p.suffix == ".onnx":
-        import onnx
+        import onnx  # on first use: importing onnx takes 2 s (measured)
 
         m = onnx.load(str(p), load_external_data=False)
 
@@ -332,7 +331,7 @@ def file_interface(path) -> dict:
 def ort_session(path, *, threads: int | None = None):
     """An ONNX Runtime CPU session of ``path`` with ``threads`` intra-op threads (default: torch's thread count),
     one inter-op thread, every graph optimisation."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # an optional package (backends.available says so when it is missing)
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = int(threads or torch.get_num_threads())
@@ -419,7 +418,7 @@ class _WorkFolder:
         return folder
 
 
-class ExportedBackend(_WorkFolder):
+class ExportedBackend(_WorkFolder, SlotBackend):
     """The verify backend protocol (:class:`rvqspec_lib.decoding.predictor.VerifyBackend`) over an exported
     hidden-state verify graph: ``decode_frame(..., backend=ExportedBackend(cp))`` runs every verify call of every
     decoder through ONNX Runtime.
@@ -448,9 +447,8 @@ class ExportedBackend(_WorkFolder):
         self.graph_dtype = _dtype_of(dtype)
         self.dtype = P.param_dtype(code_predictor)
         self.n_layers = len(code_predictor.model.layers)
-        cfg = code_predictor.config
-        self.n_kv = int(cfg.num_key_value_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.n_kv, self.head_dim = int(code_predictor.config.num_key_value_heads), P.head_dim(code_predictor.config)
+        self.cache_dtype, self.device = self.graph_dtype, torch.device("cpu")
         t0 = time.perf_counter()
         if path is None:
             folder = self._work_folder(work_dir)
@@ -463,11 +461,9 @@ class ExportedBackend(_WorkFolder):
         self._np = _NP[self.graph_dtype]
         self.name = "onnxruntime" + ("-fp16" if self.graph_dtype == torch.float16 else "")
 
-    def new_cache(self, batch: int, slots: int) -> LeanCache:
-        shape = (self.n_layers, batch, self.n_kv, slots, self.head_dim)
-        return LeanCache(torch.zeros(shape, dtype=self.graph_dtype), torch.zeros(shape, dtype=self.graph_dtype))
-
     def forward(self, embeds, positions, allow, cache: LeanCache, write_slots):
+        """:meth:`~rvqspec_lib.decoding.predictor.VerifyBackend.forward` through ONNX Runtime (the cache it returns
+        replaces the one given)."""
         out = self.graph.session.run(None, {
             "inputs_embeds": embeds.detach().to(self.graph_dtype).numpy(),
             "positions": positions.to(torch.int32).numpy(),
@@ -477,64 +473,41 @@ class ExportedBackend(_WorkFolder):
         cache.k, cache.v = torch.from_numpy(out[1]), torch.from_numpy(out[2])
         return torch.from_numpy(out[0]).to(self.dtype)
 
-    def compact(self, cache: LeanCache, order: torch.Tensor) -> None:
-        if order.shape[0] == 1:
-            cache.k, cache.v = cache.k.index_select(3, order[0]), cache.v.index_select(3, order[0])
-            return
-        idx = order[None, :, None, :, None].expand_as(cache.k)
-        cache.k, cache.v = cache.k.gather(3, idx), cache.v.gather(3, idx)
-
-    def embed(self, codes, depth):
-        return P.embed_codes(self.code_predictor, codes, depth)
-
-    def logits(self, hidden, head):
-        return P.head_logits(self.code_predictor, hidden, head)
-
     def __repr__(self) -> str:
         return f"ExportedBackend({self.path.name})"
 
 
-class ExportedFrame(_WorkFolder):
-    """The fused frame through an exported frame graph (ONNX Runtime, or Core ML on a Mac): the interface of
-    :class:`~rvqspec_lib.models.fused.FusedARFrame` (``noise``, ``__call__``, ``decode``), so that
-    :func:`rvqspec_lib.eval.speed.time_frames` times it as a fused condition.
+class ExportedFrame(_WorkFolder, FusedARFrame):
+    """The fused frame through an exported frame graph (ONNX Runtime, or Core ML on a Mac): a
+    :class:`~rvqspec_lib.models.fused.FusedARFrame` (its ``noise`` and ``decode``) whose call runs the exported graph,
+    so that :func:`rvqspec_lib.eval.speed.time_frames` times it as a fused condition.
 
     Args:
         code_predictor: the official module (the noise's shape). path: the exported frame graph (``.onnx`` /
             ``.mlpackage``); ``None`` exports one to ONNX in ``work_dir`` (a fresh temporary folder by default).
-        dtype, threads, compute_unit, sampling: as :func:`export_graph` and :func:`open_graph`.
+        dtype, threads, compute_unit, sampling: as :func:`export_graph` and :func:`open_graph`. batch: the graph's.
     """
 
     def __init__(self, code_predictor, path=None, *, dtype: str = "float32", threads: int | None = None,
                  compute_unit: str = "CPU_ONLY", work_dir=None, sampling=None, batch: int = 1):
-        self.code_predictor = code_predictor
-        self._fused = FusedARFrame(code_predictor, sampling, compile=False)
-        self.n_codes, self.vocab, self.batch = self._fused.n_codes, self._fused.vocab, int(batch)
+        FusedARFrame.__init__(self, code_predictor, sampling, compile=False)
+        self.batch = int(batch)
         t0 = time.perf_counter()
         if path is None:
-            folder = self._work_folder(work_dir)
-            path = folder / f"frame-b{batch}-{dtype}.onnx"
+            path = self._work_folder(work_dir) / f"frame-b{batch}-{dtype}.onnx"
             export_graph(code_predictor, "frame", "onnx", path, dtype=dtype, batch=batch, sampling=sampling)
         self.export_s = time.perf_counter() - t0
         self.graph = open_graph(path, threads=threads, compute_unit=compute_unit)
         self._context_dtype = torch.float16 if isinstance(self.graph, OrtGraph) and \
             self.graph.session.get_inputs()[0].type == "tensor(float16)" else torch.float32
-        self.compile_s: dict = {}
         self.name = "fused-AR-" + ("onnxruntime" if Path(path).suffix == ".onnx" else "coreml")
 
-    def noise(self, batch: int, generator: torch.Generator) -> torch.Tensor:
-        """As :meth:`FusedARFrame.noise`."""
-        return self._fused.noise(batch, generator)
-
     def __call__(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Codes ``(B, n_codes)`` int64 (B must be the graph's batch)."""
+        """Codes ``(B, n_codes)`` int64 for given noise (B must be the graph's batch).
+
+        Raises:
+            ValueError: another batch size.
+        """
         if context.shape[0] != self.batch:
             raise ValueError(f"this exported frame graph takes batch {self.batch}, got {context.shape[0]}")
         return self.graph({"context": context.to(self._context_dtype), "noise": noise})["codes"].long()
-
-    def decode(self, context: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """As :meth:`FusedARFrame.decode`."""
-        if generator is None:
-            generator = torch.Generator()
-            generator.seed()
-        return self(context, self.noise(context.shape[0], generator))

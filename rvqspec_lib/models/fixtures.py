@@ -41,9 +41,11 @@ import tempfile
 from pathlib import Path
 
 import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import AddedToken, EncodecFeatureExtractor, Qwen2TokenizerFast
 
-from rvqspec_lib.common.provenance import usual_mode
-from rvqspec_lib.models.configs import CONFIG_DIR
+from rvqspec_lib.common.files import usual_mode
+from rvqspec_lib.models.configs import CONFIG_DIR, seeded
 from rvqspec_lib.models.loader import RANDOM_WEIGHTS_MARKER
 from rvqspec_lib.models.shim import import_qwen_tts
 
@@ -124,9 +126,6 @@ def build_text_tokenizer(n_merges: int = 256):
         RuntimeError: the trained BPE split a chat word or the special ids did not follow the vocabulary (a change
             in the ``tokenizers`` library).
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import AddedToken, Qwen2TokenizerFast
-
     def _pipeline(t):
         t.normalizer = normalizers.NFC()
         t.pre_tokenizer = pre_tokenizers.Sequence([
@@ -192,14 +191,6 @@ def tiny_speech_tokenizer_config() -> dict:
     return cfg
 
 
-def _seeded(seed: int, build):
-    """``build()`` with torch's default generator seeded (the official classes initialise from it); the caller's
-    global random state is restored afterwards, as in :func:`rvqspec_lib.models.configs.build_from_config`."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build()
-
-
 def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write a tiny Qwen3-TTS CustomVoice checkpoint with seeded RANDOM weights in the official layout (module doc).
 
@@ -219,11 +210,7 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
     Raises:
         FileExistsError: ``out_dir`` exists and is not empty (pick another folder, or remove it).
     """
-    import_qwen_tts()
-    from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
-    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
-    from transformers import EncodecFeatureExtractor
-
+    core = import_qwen_tts().core  # the official classes (qwen_tts imported on first use: it takes seconds)
     out = Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder: write the tiny checkpoint to a new folder")
@@ -237,9 +224,9 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
 
         # 2. the model: weights as save_pretrained writes them, config.json and generation_config.json the release's
         cfg_dict = tiny_model_config(text_ids, text_vocab_size=-(-n_text // 64) * 64)  # padded, as the release's
-        cfg = Qwen3TTSConfig(**{k: v for k, v in cfg_dict.items() if k not in ("architectures",
+        cfg = core.models.Qwen3TTSConfig(**{k: v for k, v in cfg_dict.items() if k not in ("architectures",
                                                                                  "transformers_version")})
-        model = _seeded(seed, lambda: Qwen3TTSForConditionalGeneration(cfg)).to(dtype)
+        model = seeded(seed, lambda: core.models.Qwen3TTSForConditionalGeneration(cfg)).to(dtype)
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
         shutil.copyfile(RELEASE_DIR / "generation_config.json", tmp / "generation_config.json")
@@ -247,11 +234,11 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
 
         # 3. the speech tokenizer: the official 12 Hz classes
         st_cfg_dict = tiny_speech_tokenizer_config()
-        st_cfg = Qwen3TTSTokenizerV2Config(**{k: v for k, v in st_cfg_dict.items()
+        st_cfg = core.Qwen3TTSTokenizerV2Config(**{k: v for k, v in st_cfg_dict.items()
                                               if k not in ("architectures", "transformers_version")})
 
         def _build_st():
-            m = Qwen3TTSTokenizerV2Model(st_cfg)
+            m = core.Qwen3TTSTokenizerV2Model(st_cfg)
             # HF's init of the decoder (std 0.02, LayerScale 0.01, ConvNeXt gamma 1e-6) gives |audio| ~ 1e-9: torch's
             # default init instead, so that the random waveform is audible (rms ~ 0.3)
             for mod in m.decoder.modules():
@@ -268,7 +255,7 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
             return m
 
         st_dir = tmp / "speech_tokenizer"
-        _seeded(seed + 1, _build_st).save_pretrained(st_dir, safe_serialization=True)
+        seeded(seed + 1, _build_st).save_pretrained(st_dir, safe_serialization=True)
         (st_dir / "config.json").write_text(json.dumps(st_cfg_dict, indent=2) + "\n")
         (st_dir / "generation_config.json").unlink(missing_ok=True)  # not in the release's folder
         EncodecFeatureExtractor(feature_size=1, sampling_rate=24000, padding_value=0.0, chunk_length_s=None,
@@ -281,7 +268,7 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
         for f in tmp.rglob("*"):
             if f.is_file():
                 usual_mode(f)
-        tmp.chmod(0o777 & ~_umask())
+        usual_mode(tmp, 0o777)
         if out.exists():
             out.rmdir()  # empty (checked above)
         tmp.rename(out)
@@ -289,9 +276,3 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

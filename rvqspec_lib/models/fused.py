@@ -18,14 +18,12 @@ the real-size model (one graph per batch size; :attr:`FusedARFrame.compile_s`).
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn.functional as F
 
-from rvqspec_lib.models.lean import RECOMPILE_LIMIT, LeanCodePredictor
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.sampling import Sampling, or_fresh_generator
+from rvqspec_lib.models.lean import LeanCodePredictor, timed_call
 
 
 def warp_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
@@ -44,6 +42,26 @@ def warp_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return s
 
 
+def warped_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Warped float32 probabilities ``(..., V)``, equal to :meth:`Sampling.probs` (temperature then top-k; a one-hot
+    of the argmax when greedy), as pure tensor code for a compiled graph."""
+    if sampling.greedy:
+        return F.one_hot(logits.to(torch.float32).argmax(-1), logits.shape[-1]).to(torch.float32)
+    return torch.softmax(warp_scores(logits, sampling), -1)
+
+
+def fused_sampling(sampling: Sampling | None, what: str, fix: str) -> Sampling:
+    """The sampling of a whole-frame decoder (``None``: the default), which samples with temperature and top-k only.
+
+    Raises:
+        ValueError: ``top_p < 1`` (one line: ``what`` cannot, ``fix`` can).
+    """
+    sampling = Sampling() if sampling is None else sampling
+    if not sampling.greedy and sampling.top_p < 1.0:
+        raise ValueError(f"the {what} samples with temperature and top-k only; top_p={sampling.top_p} needs {fix}")
+    return sampling
+
+
 class FusedARFrame:
     """One frame of AR decoding as one call (see the module docstring).
 
@@ -60,10 +78,7 @@ class FusedARFrame:
 
     def __init__(self, code_predictor, sampling: Sampling | None = None, *, compile: bool = True,
                  compile_mode: str | None = None):
-        self.sampling = Sampling() if sampling is None else sampling
-        if not self.sampling.greedy and self.sampling.top_p < 1.0:
-            raise ValueError(f"the fused AR frame samples with temperature and top-k only; top_p="
-                             f"{self.sampling.top_p} needs decode_frame(decoder=AR())")
+        self.sampling = fused_sampling(sampling, "fused AR frame", "decode_frame(decoder=AR())")
         self.code_predictor = code_predictor
         self.lean = LeanCodePredictor(code_predictor)
         self.n_codes = P.n_codes(code_predictor)
@@ -119,17 +134,9 @@ class FusedARFrame:
         """Codes of ``B`` frames, ``(B, n_codes)`` int64, for given noise (compiled on the first call of a batch
         size; the wall time is kept in :attr:`compile_s`)."""
         with torch.inference_mode():
-            b = context.shape[0]
             if not self.compiled:
                 return self._run(context, noise)
-            first = b not in self.compile_s
-            t0 = time.perf_counter()
-            with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT,
-                                                                torch._dynamo.config.recompile_limit)):
-                out = self._run(context, noise)
-            if first:
-                self.compile_s[b] = time.perf_counter() - t0
-            return out
+            return timed_call(self._run, context.shape[0], self.compile_s, context, noise)
 
     def decode(self, context: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Noise from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:

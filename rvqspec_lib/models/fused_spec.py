@@ -46,10 +46,12 @@ import types
 import torch
 import torch.nn.functional as F
 
-from rvqspec_lib.models.fused import warp_scores
-from rvqspec_lib.models.lean import LeanCodePredictor
 from rvqspec_lib.decoding import predictor as P
+from rvqspec_lib.decoding import verify as verify_rules
+from rvqspec_lib.decoding.decoders import Chain
 from rvqspec_lib.decoding.sampling import Sampling, or_fresh_generator
+from rvqspec_lib.models.fused import fused_sampling, warped_probs
+from rvqspec_lib.models.lean import LeanCodePredictor, timed_call
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -76,23 +78,30 @@ def draft_codes(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return inverse_cdf(q, u)
 
 
-def acceptance(p: torch.Tensor, x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
-    """``min(1, p(x) / q(x))`` with p normalised, as :func:`rvqspec_lib.decoding.verify.acceptance_ratio` computes it.
-
-    Args: p ``(B, V)`` float32; x ``(B,)`` int64; q_x ``(B,)`` float32. Returns ``(B,)`` float32. Module-level so a
-    negative control can replace it (eager only)."""
-    p_x = p.gather(1, x[:, None]).squeeze(1) / p.sum(-1).clamp_min(1e-30)
-    return torch.clamp(p_x / q_x.clamp_min(1e-30), max=1.0)
+#: ``min(1, p(x) / q(x))`` with p normalised (``(B, V)`` p, ``(B,)`` x and q(x) -> ``(B,)``): the rule's own arithmetic,
+#: :func:`rvqspec_lib.decoding.verify.acceptance_ratio`, named here so that a negative control can replace it (eager).
+acceptance = verify_rules.acceptance_ratio
 
 
-def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``max(norm(p) - q, 0)`` for ``(B, V)`` p and q; a row left with no mass (p == q up to rounding) falls back to p,
-    the exact answer there (as :func:`rvqspec_lib.decoding.verify.residual`)."""
-    out = torch.clamp(p / p.sum(-1, keepdim=True).clamp_min(1e-30) - q, min=0.0)
-    return torch.where(out.sum(-1, keepdim=True) > 0, out, p)
+class UniformFrame:
+    """What the frames that draw their uniforms up front share (:class:`FusedChainFrame`,
+    :class:`~rvqspec_lib.models.native_frame.NativeChainFrame`): the uniforms of a frame (the layout of the module
+    docstring) and ``decode``. A subclass sets ``n_codes``, ``u_width`` (``2 K + 1``) and ``device``, and is called
+    as ``frame(context, uniforms)``."""
+
+    def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        """A frame's uniforms, ``(B, n_codes, 2 K + 1)`` float64, one ``torch.rand`` from ``generator``."""
+        return torch.rand(batch, self.n_codes, self.u_width, generator=generator, dtype=torch.float64,
+                          device=self.device)
+
+    def decode(self, context: torch.Tensor, generator: torch.Generator | None = None, **kw) -> torch.Tensor:
+        """Uniforms from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
+        ``(B, n_codes)`` int64 (``kw``: the frame call's)."""
+        generator = or_fresh_generator(generator, self.device)
+        return self(context, self.uniforms(context.shape[0], generator), **kw)
 
 
-class FusedChainFrame:
+class FusedChainFrame(UniformFrame):
     """Chain(window) speculation with one compiled graph per round (see the module docstring).
 
     Args:
@@ -113,15 +122,11 @@ class FusedChainFrame:
 
     def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, compile: bool = True,
                  compile_mode: str | None = None):
-        from rvqspec_lib.decoding.decoders import Chain
-
         Chain(window)  # the same one-line error for a bad window
-        self.sampling = Sampling() if sampling is None else sampling
-        if not self.sampling.greedy and self.sampling.top_p < 1.0:
-            raise ValueError(f"the fused chain samples with temperature and top-k only; top_p={self.sampling.top_p} "
-                             f"needs decode_frame(decoder=Chain({window}))")
+        self.sampling = fused_sampling(sampling, "fused chain", f"decode_frame(decoder=Chain({window}))")
         self.code_predictor = code_predictor
         self.lean = LeanCodePredictor(code_predictor)
+        self.device = self.lean.device
         self.window, self.K = int(window), int(window) - 1
         self.n_codes = P.n_codes(code_predictor)
         self.vocab = int(code_predictor.config.vocab_size)
@@ -133,20 +138,11 @@ class FusedChainFrame:
         self._opts = dict(dynamic=False, fullgraph=True, mode=compile_mode)
         self._graphs: dict[tuple, object] = {}
 
-    # -- randomness ---------------------------------------------------------------------------------------------
-    def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:
-        """A frame's uniforms, ``(B, n_codes, 2 K + 1)`` float64, one ``torch.rand`` from ``generator`` (the order:
-        module docstring)."""
-        return torch.rand(batch, self.n_codes, self.u_width, generator=generator, dtype=torch.float64,
-                          device=self.lean.device)
-
     # -- the graphs ---------------------------------------------------------------------------------------------
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """Warped float32 probabilities, equal to :meth:`Sampling.probs` (temperature then top-k; one-hot argmax when
-        greedy)."""
-        if self.sampling.greedy:
-            return F.one_hot(logits.to(torch.float32).argmax(-1), logits.shape[-1]).to(torch.float32)
-        return torch.softmax(warp_scores(logits, self.sampling), -1)
+        """Warped float32 probabilities, equal to :meth:`Sampling.probs` (:func:`~rvqspec_lib.models.fused.
+        warped_probs`)."""
+        return warped_probs(logits, self.sampling)
 
     def _head(self, h: torch.Tensor, i: int) -> torch.Tensor:
         return self.lean.apply(self.code_predictor.lm_head[i], h)
@@ -217,7 +213,7 @@ class FusedChainFrame:
         acc = torch.stack([ur[:, kk + j] < acceptance(p[j], x[j], q[j].gather(1, x[j][:, None]).squeeze(1))
                            for j in range(n_draft)], 1)
         n_acc = (torch.cumsum((~acc).to(torch.int64), 1) == 0).sum(1)  # (B,) leading accepts (no CumProd in ONNX)
-        final = [residual(p[j], q[j]) for j in range(n_draft)] + ([p[n_draft]] if bonus else [])
+        final = [verify_rules.residual(p[j], x[j], q[j]) for j in range(n_draft)] + ([p[n_draft]] if bonus else [])
         final = torch.stack(final, 1)
         nxt = inverse_cdf(final[rows, n_acc.clamp(max=final.shape[1] - 1)], ur[:, 2 * kk])
         has_next = n_acc < n_draft if not bonus else torch.ones_like(acc[:, 0])
@@ -247,11 +243,7 @@ class FusedChainFrame:
         if graph is None:
             code = fn.__code__.replace(co_name=f"{fn.__name__}_{key[0]}_{key[1]}")
             graph = self._graphs[key] = torch.compile(types.FunctionType(code, fn.__globals__), **self._opts)
-            t0 = time.perf_counter()
-            out = graph(self, key[0], *args)
-            self.compile_s[key] = time.perf_counter() - t0
-            return out
-        return graph(self, key[0], *args)
+        return timed_call(graph, key, self.compile_s, self, key[0], *args)
 
     def __call__(self, context: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Codes of ``B`` frames for given uniforms.
@@ -291,12 +283,6 @@ class FusedChainFrame:
                     for i, x in zip(idx.tolist(), com.tolist()):
                         new_s[i] = s[i] + x
                 s = new_s
-
-    def decode(self, context: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Uniforms from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
-        ``(B, n_codes)`` int64."""
-        generator = or_fresh_generator(generator, context.device)
-        return self(context, self.uniforms(context.shape[0], generator))
 
     def compile_all(self, batch: int = 1) -> float:
         """Build the prefill graph and the round graph of every start depth for ``batch`` rows now (a frame meets

@@ -36,6 +36,19 @@ ROPE_POSITIONS = 256
 RECOMPILE_LIMIT = 256
 
 
+def timed_call(fn, key, compile_s: dict, *args):
+    """``fn(*args)`` for a compiled ``fn``, with dynamo's recompile limit raised to :data:`RECOMPILE_LIMIT` (graphs
+    of every instance share one code object: the limit is raised for every call, a few microseconds); the wall time
+    of the first call of ``key`` (its compile) is kept in ``compile_s[key]``."""
+    first = key not in compile_s
+    t0 = time.perf_counter()
+    with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
+        out = fn(*args)
+    if first:
+        compile_s[key] = time.perf_counter() - t0
+    return out
+
+
 class LeanCache:
     """A fixed-size slot KV cache as two tensors, ``k`` and ``v`` of shape ``(layers, B, kv_heads, slots,
     head_dim)`` (the lean twin of :class:`rvqspec_lib.decoding.predictor.StaticSlotCache`)."""
@@ -45,7 +58,38 @@ class LeanCache:
 
     @property
     def n_slots(self) -> int:
+        """Slots S of the cache."""
         return int(self.k.shape[3])
+
+
+class SlotBackend:
+    """What the verify backends over a :class:`LeanCache` share (``eager``, ``compile``, ``onnx``, ``native``;
+    :class:`rvqspec_lib.decoding.predictor.VerifyBackend`): the cache, its compaction, and the official module's
+    embeddings and heads. A subclass sets ``code_predictor``, ``n_layers``, ``n_kv``, ``head_dim``, ``cache_dtype``
+    and ``device``, and implements ``forward``."""
+
+    def new_cache(self, batch: int, slots: int) -> LeanCache:
+        """An empty cache of ``slots`` slots for ``batch`` rows: ``k``, ``v`` ``(layers, B, kv, slots, head_dim)`` of
+        ``cache_dtype``, zeros."""
+        shape = (self.n_layers, batch, self.n_kv, slots, self.head_dim)
+        return LeanCache(torch.zeros(shape, dtype=self.cache_dtype, device=self.device),
+                         torch.zeros(shape, dtype=self.cache_dtype, device=self.device))
+
+    def compact(self, cache: LeanCache, order: torch.Tensor) -> None:
+        """Reorder slots: slot ``order[b, i]`` moves to position i (``order`` ``(B, slots)`` int64)."""
+        if order.shape[0] == 1:  # one row: a plain slot selection, no index of the cache's full size
+            cache.k, cache.v = cache.k.index_select(3, order[0]), cache.v.index_select(3, order[0])
+            return
+        idx = order[None, :, None, :, None].expand_as(cache.k)
+        cache.k, cache.v = cache.k.gather(3, idx), cache.v.gather(3, idx)
+
+    def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """Projected input embeddings, as :func:`rvqspec_lib.decoding.predictor.embed_codes` (the official tables)."""
+        return P.embed_codes(self.code_predictor, codes, depth)
+
+    def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """Head logits row by row, as :func:`rvqspec_lib.decoding.predictor.head_logits` (the official heads)."""
+        return P.head_logits(self.code_predictor, hidden, head)
 
 
 class _Stack(nn.Module):
@@ -57,7 +101,7 @@ class _Stack(nn.Module):
         super().__init__()
         self.model = model
         self.n_heads, self.n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.head_dim = P.head_dim(cfg)
         self.eps = float(cfg.rms_norm_eps)
         self.scaling = self.head_dim ** -0.5
 
@@ -77,6 +121,7 @@ class _Stack(nn.Module):
 
     @staticmethod
     def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        """RoPE's rotation of the last dimension: ``(x1, x2) -> (-x2, x1)`` (transformers' ``rotate_half``)."""
         half = x.shape[-1] // 2
         return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -112,7 +157,7 @@ class _Stack(nn.Module):
         return rms(x, self.model.norm.weight)
 
 
-class LeanCodePredictor:
+class LeanCodePredictor(SlotBackend):
     """The verify backend over the official code predictor's parameters (see the module docstring).
 
     Args:
@@ -128,20 +173,14 @@ class LeanCodePredictor:
     """
 
     def __init__(self, code_predictor, *, compile: bool = False, compile_mode: str | None = None):
-        if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
-                and hasattr(code_predictor.model, "layers")):
-            raise ValueError(f"LeanCodePredictor needs the official code predictor (lm.code_predictor), got "
-                             f"{type(code_predictor).__name__}")
-        cfg = code_predictor.config
-        rope = getattr(cfg, "rope_scaling", None) or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise ValueError(f"the lean forward supports plain RoPE only, this config has rope_scaling={rope}")
+        P.check_code_predictor(code_predictor, "LeanCodePredictor")
         self.code_predictor = code_predictor
-        self.stack = _Stack(code_predictor.model, cfg).eval()
+        self.stack = _Stack(code_predictor.model, code_predictor.config).eval()
         self.n_layers, self.n_kv, self.head_dim = len(code_predictor.model.layers), self.stack.n_kv, \
             self.stack.head_dim
         p = next(code_predictor.parameters())
         self.dtype, self.device = p.dtype, p.device
+        self.cache_dtype = self.dtype
         with torch.no_grad():  # the official rotary module's own tables, evaluated once for positions 0..255
             cos, sin = code_predictor.model.rotary_emb(torch.zeros(1, dtype=self.dtype, device=self.device),
                                                        torch.arange(ROPE_POSITIONS, device=self.device)[None])
@@ -154,12 +193,6 @@ class LeanCodePredictor:
         self.name = "compile" if compile else "eager"
 
     # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend) -----------------------------------------
-    def new_cache(self, batch: int, slots: int) -> LeanCache:
-        """An empty cache of ``slots`` slots for ``batch`` rows."""
-        shape = (self.n_layers, batch, self.n_kv, slots, self.head_dim)
-        return LeanCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                         torch.zeros(shape, dtype=self.dtype, device=self.device))
-
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache: LeanCache,
                 write_slots: torch.Tensor) -> torch.Tensor:
         """The verify call; arguments and result as :func:`rvqspec_lib.decoding.predictor.verify_forward`."""
@@ -172,33 +205,7 @@ class LeanCodePredictor:
         args = (embeds, cos, sin, mask[:, None], write, cache.k, cache.v)
         if not self.compiled:
             return self.stack(*args)
-        # dynamo keeps its graphs per code object: every LeanCodePredictor shares _Stack.forward's, so the limit is
-        # raised for every call (a few microseconds), not only for a shape this instance has not met
-        key = (b, q_len, cache.n_slots)
-        first = key not in self.compile_s
-        t0 = time.perf_counter()
-        with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
-            out = self._run(*args)
-        if first:
-            self.compile_s[key] = time.perf_counter() - t0
-        return out
-
-    def compact(self, cache: LeanCache, order: torch.Tensor) -> None:
-        """Reorder slots: slot ``order[b, i]`` moves to position i (``order`` ``(B, slots)`` int64)."""
-        if order.shape[0] == 1:  # one row: a plain slot selection, no index of the cache's full size
-            cache.k, cache.v = cache.k.index_select(3, order[0]), cache.v.index_select(3, order[0])
-            return
-        idx = order[None, :, None, :, None].expand_as(cache.k)
-        cache.k = cache.k.gather(3, idx)
-        cache.v = cache.v.gather(3, idx)
-
-    def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        """Projected input embeddings, as :func:`rvqspec_lib.decoding.predictor.embed_codes` (the official tables)."""
-        return P.embed_codes(self.code_predictor, codes, depth)
-
-    def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """Head logits row by row, as :func:`rvqspec_lib.decoding.predictor.head_logits`."""
-        return P.head_logits(self.code_predictor, hidden, head)
+        return timed_call(self._run, (b, q_len, cache.n_slots), self.compile_s, *args)
 
     def apply(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A linear layer of the code predictor (a head, a projection) applied to ``x`` ``(..., in)`` as the layer

@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from urllib.parse import urlparse
 
 import torch
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import try_to_load_from_cache
+from safetensors import SafetensorError
+from safetensors.torch import load_model as load_weights
+from safetensors.torch import save_model
 
+from rvqspec_lib.common.files import usual_mode
 from rvqspec_lib.common.paths import DATA_DIR
-from rvqspec_lib.common.provenance import usual_mode
 from rvqspec_lib.models.configs import (
     CONFIG_DIR,
     RANDOM_MODELS,
@@ -39,6 +46,8 @@ from rvqspec_lib.models.configs import (
     config_dict,
     tiny_config_dict,
 )
+from rvqspec_lib.models.frontend import tokenizer_from_spec, tokenizer_spec
+from rvqspec_lib.models.rvq_codec import RVQCodec
 from rvqspec_lib.models.shim import import_qwen_tts
 from rvqspec_lib.models.speech_tokenizers import CodecSpeechTokenizer
 from rvqspec_lib.models.tokenizers import ByteTokenizer, ProcessorTokenizer
@@ -160,7 +169,9 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
         return LoadedModel(name, "tiny-random", model, tok, _default_generation(None))
     if kind == "own":  # the embedded model, or a small model trained by rvqspec_lib.embedded
-        return _with_folder(_load_own_model(name, path, dtype, device, attn_implementation), path)
+        lm = _load_own_model(name, path, dtype, device, attn_implementation)
+        lm.folder = path
+        return lm
     if kind == "random":
         cfg = json.loads((path / "config.json").read_text())
         model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
@@ -171,13 +182,10 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
     if kind == "checkpoint":
         _read_config(path / "config.json")  # a folder that is not a Qwen3-TTS checkpoint: one line, before loading
         check_speech_tokenizer(path)
-        return _with_folder(_check_loaded(_load_checkpoint(str(path), path, dtype, device, attn_implementation)), path)
+        lm = _check_loaded(_load_checkpoint(str(path), path, dtype, device, attn_implementation))
+        lm.folder = path
+        return lm
     return _check_loaded(_load_checkpoint(name, None, dtype, device, attn_implementation))
-
-
-def _with_folder(lm: LoadedModel, path: Path | None) -> LoadedModel:
-    lm.folder = Path(path) if path is not None else None
-    return lm
 
 
 def _resolve(name) -> tuple[str, Path | None]:
@@ -339,18 +347,12 @@ def model_facts(name: str) -> ModelFacts | None:
     elif kind == "random":
         cfg, lm_kind = _read_config(path / "config.json"), "random-size"
     elif kind == "own":
-        cfg, lm_kind = _read_config(path / "config.json", own=True), "checkpoint"
-        marker = json.loads((path / OWN_MODEL_MARKER).read_text())
-        if marker.get("languages"):
-            ids = cfg["talker_config"].get("codec_language_id") or {}
-            cfg["talker_config"]["codec_language_id"] = {k: v for k, v in ids.items() if k in marker["languages"]}
+        (cfg, marker), lm_kind = _own_config(path), "checkpoint"
         codec = (path / marker.get("codec", "codec.safetensors")).is_file()
     elif kind == "checkpoint":
         cfg, lm_kind = _read_config(path / "config.json"), "checkpoint"
         check_speech_tokenizer(path)
     else:
-        from huggingface_hub import try_to_load_from_cache
-
         cached = try_to_load_from_cache(str(name), "config.json")
         if not isinstance(cached, str):
             return None
@@ -388,25 +390,25 @@ RANDOM_WEIGHTS_MARKER = "RANDOM_WEIGHTS"
 OWN_MODEL_MARKER = "rvqspec_model.json"
 
 
+def _own_config(path: Path) -> tuple[dict, dict]:
+    """``(config, marker)`` of our own model's folder: ``config.json`` checked, its languages cut to those the model
+    was trained on (the marker's ``languages``; others are refused by the prompt builder)."""
+    marker = json.loads((path / OWN_MODEL_MARKER).read_text())
+    cfg = _read_config(path / "config.json", own=True)
+    if marker.get("languages"):
+        ids = cfg["talker_config"].get("codec_language_id") or {}
+        cfg["talker_config"]["codec_language_id"] = {k: v for k, v in ids.items() if k in marker["languages"]}
+    return cfg, marker
+
+
 def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -> LoadedModel:
     """Our own small model: the official class built from ``config.json``, weights from ``model.safetensors``,
     the text front end named in ``rvqspec_model.json`` (bytes or espeak-ng phonemes, see rvqspec_lib.frontend)."""
-    from safetensors.torch import load_model as load_weights
-
-    from rvqspec_lib.models.frontend import tokenizer_from_spec
-
-    marker = json.loads((path / OWN_MODEL_MARKER).read_text())
-    cfg = _read_config(path / "config.json", own=True)
+    cfg, marker = _own_config(path)
     weights = path / "model.safetensors"
     if not weights.exists():
         raise ModelNotFoundError(f"{path} has {OWN_MODEL_MARKER} but no model.safetensors")
-    langs = marker.get("languages")  # the languages it was trained on: others are refused by the prompt builder
-    if langs:
-        ids = cfg["talker_config"].get("codec_language_id") or {}
-        cfg["talker_config"]["codec_language_id"] = {k: v for k, v in ids.items() if k in langs}
     model = build_from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)
-    from safetensors import SafetensorError
-
     try:
         load_weights(model, str(weights), strict=True)
     except SafetensorError as e:
@@ -420,20 +422,13 @@ def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -
         raise ModelNotFoundError(f"{path / OWN_MODEL_MARKER} names its codec {marker['codec']!r}, but {codec_file} is "
                                  "missing: restore it (git checkout data/embedded) or rebuild with `make embedded`")
     if codec_file.is_file():
-        from rvqspec_lib.models.rvq_codec import RVQCodec
-
         speech = CodecSpeechTokenizer(RVQCodec.load(codec_file))
     return LoadedModel(name, "checkpoint", model.to(device).eval(), tok, _default_generation(path), speech, fr, sr)
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
     """One quick TCP connection to the hub endpoint (no retries), so an offline machine fails in seconds."""
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    u = urlparse(constants.ENDPOINT)
+    u = urlparse(hub_constants.ENDPOINT)
     try:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout_s).close()
         return True
@@ -442,10 +437,9 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 
 
 def _check_hub_id(name: str) -> None:
-    from huggingface_hub import constants, try_to_load_from_cache
-
+    """A hub id not in the local cache needs the hub: a one-line error in seconds when it cannot be reached."""
     cached = try_to_load_from_cache(name, "config.json")
-    if isinstance(cached, str) or constants.HF_HUB_OFFLINE:
+    if isinstance(cached, str) or hub_constants.HF_HUB_OFFLINE:
         return  # in the local cache (or offline mode asked for: transformers reports what is missing)
     if not _hub_reachable():
         raise ModelNotFoundError(
@@ -456,13 +450,12 @@ def _check_hub_id(name: str) -> None:
 
 
 def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implementation) -> LoadedModel:
+    """A released checkpoint through the official ``Qwen3TTSModel.from_pretrained`` (qwen_tts is imported here, on
+    first use: it takes seconds)."""
     if path is None:
         _check_hub_id(name)
-    import_qwen_tts()
     try:
-        from qwen_tts import Qwen3TTSModel
-
-        wrapper = Qwen3TTSModel.from_pretrained(name, dtype=dtype, device_map=device,
+        wrapper = import_qwen_tts().Qwen3TTSModel.from_pretrained(name, dtype=dtype, device_map=device,
                                                 attn_implementation=attn_implementation)
     except OSError as e:  # hub unreachable, missing files
         raise ModelNotFoundError(
@@ -488,10 +481,6 @@ def save_checkpoint(lm: LoadedModel, out_dir: str | Path, *, extra: dict | None 
     Files: ``model.safetensors`` (weights), ``config.json``, ``generation_config.json`` (sampling defaults),
     ``rvqspec_model.json`` (marker: text front end, frame rate, ``extra`` training metadata).
     """
-    from safetensors.torch import save_model
-
-    from rvqspec_lib.models.frontend import tokenizer_spec
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     marker = {"format": "rvqspec-model", "version": 1, "tokenizer": tokenizer_spec(lm.tokenizer),

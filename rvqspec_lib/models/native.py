@@ -32,7 +32,7 @@ from torch import nn
 
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.models.kernels import cpforward as C
-from rvqspec_lib.models.lean import ROPE_POSITIONS, LeanCache
+from rvqspec_lib.models.lean import ROPE_POSITIONS, LeanCache, SlotBackend
 from rvqspec_lib.models.precision import Int8Linear, precision_of
 
 
@@ -106,7 +106,7 @@ class PackedDecoder:
         self.act_bf16 = precision in C.BF16_ACTIVATIONS
         self.n_layers = len(model.layers)
         self.n_heads, self.n_kv = int(config.num_attention_heads), int(config.num_key_value_heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.head_dim = P.head_dim(config)
         self.hidden = int(config.hidden_size)
         if self.head_dim > C.MAX_HEAD_DIM or self.head_dim % 2:
             raise ValueError(f"the native forward needs an even head width <= {C.MAX_HEAD_DIM}, got {self.head_dim}")
@@ -150,7 +150,7 @@ def _nbytes(item) -> int:
     return item.numel() * item.element_size()
 
 
-class NativeCodePredictor:
+class NativeCodePredictor(SlotBackend):
     """The verify backend whose call is one C function over packed weights (module docstring).
 
     Args:
@@ -172,10 +172,7 @@ class NativeCodePredictor:
     name = "native"
 
     def __init__(self, code_predictor):
-        if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
-                and hasattr(code_predictor.model, "layers")):
-            raise ValueError(f"NativeCodePredictor needs the official code predictor (lm.code_predictor), got "
-                             f"{type(code_predictor).__name__}")
+        P.check_code_predictor(code_predictor, "NativeCodePredictor")
         precision = precision_of(code_predictor)
         if precision not in C.PREC_CODE:
             raise ValueError(f"the native forward runs float32, bfloat16, int8 or int8-dynamic, not {precision}: "
@@ -190,6 +187,7 @@ class NativeCodePredictor:
             raise ValueError(f"the native forward supports plain RoPE only, this config has rope_scaling={rope}")
         self.code_predictor, self.precision = code_predictor, precision
         self.dtype, self.device = p0.dtype if precision != "int8-dynamic" else torch.float32, p0.device
+        self.cache_dtype = torch.float32
         self.fast = precision in C.fast_precisions()
         m = code_predictor.model
         self.decoder = PackedDecoder(m, cfg, precision)
@@ -210,12 +208,7 @@ class NativeCodePredictor:
         lives (its :class:`PackedDecoder` owns it)."""
         return self._handle
 
-    # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend) -----------------------------------------
-    def new_cache(self, batch: int, slots: int) -> LeanCache:
-        """An empty float32 cache of ``slots`` slots for ``batch`` rows: ``k``, ``v`` ``(layers, B, kv, slots, D)``."""
-        shape = (self.n_layers, batch, self.n_kv, slots, self.head_dim)
-        return LeanCache(torch.zeros(shape), torch.zeros(shape))
-
+    # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend; the cache: SlotBackend's, float32) ----
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache: LeanCache,
                 write_slots: torch.Tensor) -> torch.Tensor:
         """The verify call; arguments and result as :func:`rvqspec_lib.decoding.predictor.verify_forward` (the
@@ -235,18 +228,6 @@ class NativeCodePredictor:
         if rc != 0:
             raise MemoryError("the native forward could not allocate its scratch memory")
         return out.view(b, q_len, self.hidden).to(self.dtype)
-
-    def compact(self, cache: LeanCache, order: torch.Tensor) -> None:
-        """Reorder slots: slot ``order[b, i]`` moves to position i (``order`` ``(B, slots)`` int64)."""
-        if order.shape[0] == 1:
-            cache.k, cache.v = cache.k.index_select(3, order[0]), cache.v.index_select(3, order[0])
-            return
-        idx = order[None, :, None, :, None].expand_as(cache.k)
-        cache.k, cache.v = cache.k.gather(3, idx), cache.v.gather(3, idx)
-
-    def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        """Projected input embeddings through the official tables (:func:`rvqspec_lib.decoding.predictor.embed_codes`)."""
-        return P.embed_codes(self.code_predictor, codes, depth)
 
     def head(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
         """``lm_head[index]`` applied to ``hidden`` ``(N, H)`` through the C kernel: ``(N, V)`` in the activation

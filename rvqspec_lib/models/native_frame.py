@@ -38,12 +38,13 @@ import ctypes
 import torch
 
 from rvqspec_lib.decoding import predictor as P
-from rvqspec_lib.decoding.sampling import Sampling, or_fresh_generator
+from rvqspec_lib.decoding.decoders import MAX_WINDOW
+from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.models.fused import fused_sampling
+from rvqspec_lib.models.fused_spec import UniformFrame
 from rvqspec_lib.models.kernels import cpforward as C
 from rvqspec_lib.models.lean import ROPE_POSITIONS
-
-#: Largest window (the committed code plus 7 drafts), as Chain's.
-MAX_WINDOW = 8
+from rvqspec_lib.models.native import NativeCodePredictor
 #: Negative controls of the C frame (deliberately LOSSY rules, for tests only): accept every draft; draw drafts from
 #: q re-warped to temperature 1.5 while acceptance is handed q; draw the code after a rejection from p, not the
 #: residual.
@@ -73,7 +74,7 @@ def _pointers(items) -> ctypes.Array:
     return (ctypes.c_void_p * len(items))(*items)
 
 
-class NativeChainFrame:
+class NativeChainFrame(UniformFrame):
     """Chain(window) speculation, or AR with ``window=1``, one C call a frame (module docstring).
 
     Args:
@@ -102,23 +103,18 @@ class NativeChainFrame:
     """
 
     def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, backend=None):
-        from rvqspec_lib.models.native import NativeCodePredictor
-
         if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= MAX_WINDOW:
             raise ValueError(f"native frame window must be an integer in 1..{MAX_WINDOW} (1: the AR frame; N: the "
                              f"committed code plus N - 1 drafts), got {window!r}")
-        self.sampling = Sampling() if sampling is None else sampling
-        if not self.sampling.greedy and self.sampling.top_p < 1.0:
-            raise ValueError(f"the native frame samples with temperature and top-k only; top_p={self.sampling.top_p} "
-                             f"needs decode_frame(decoder={'AR()' if window == 1 else f'Chain({window})'}, "
-                             f"backend=NativeCodePredictor(cp))")
+        self.sampling = fused_sampling(sampling, "native frame", f"decode_frame(decoder="
+                                       f"{'AR()' if window == 1 else f'Chain({window})'}, backend=NativeCodePredictor(cp))")
         if backend is None:
             backend = NativeCodePredictor(code_predictor)
         elif not isinstance(backend, NativeCodePredictor) or backend.code_predictor is not code_predictor:
             raise ValueError("backend must be a NativeCodePredictor built over this code_predictor "
                              "(NativeCodePredictor(cp)), or None")
         self.code_predictor, self.backend = code_predictor, backend
-        self.window, self.K = window, window - 1
+        self.window, self.K, self.device = window, window - 1, torch.device("cpu")
         self.n_codes = P.n_codes(code_predictor)
         self.vocab = int(code_predictor.config.vocab_size)
         self.u_width = 2 * self.K + 1
@@ -152,11 +148,6 @@ class NativeChainFrame:
         if f:
             self._lib.rvq_frame_free(f)
             self._frame = None
-
-    def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:
-        """A frame's uniforms, ``(B, n_codes, 2 K + 1)`` float64, one ``torch.rand`` from ``generator`` (the order of
-        :mod:`rvqspec_lib.models.fused_spec`; ``window = 1``: ``(B, n_codes, 1)``, ``u[b, s, 0]`` draws code s+1)."""
-        return torch.rand(batch, self.n_codes, self.u_width, generator=generator, dtype=torch.float64)
 
     def project(self, context: torch.Tensor) -> torch.Tensor:
         """The projected context ``(B, 2, H)`` float32 (``small_to_mtp_projection`` in the module's dtype), one
@@ -215,12 +206,6 @@ class NativeChainFrame:
     def compile_all(self, batch: int = 1) -> float:
         """Nothing to compile (the C library is built once, on first use): 0.0 seconds."""
         return 0.0
-
-    def decode(self, context: torch.Tensor, generator: torch.Generator | None = None, *, flags: int = 0) -> torch.Tensor:
-        """Uniforms from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
-        ``(B, n_codes)`` int64 (``flags``: as :meth:`__call__`)."""
-        generator = or_fresh_generator(generator, torch.device("cpu"))
-        return self(context, self.uniforms(context.shape[0], generator), flags=flags)
 
     def __repr__(self) -> str:
         return f"NativeChainFrame(window={self.window}, precision={self.backend.precision!r}, sampling={self.sampling})"

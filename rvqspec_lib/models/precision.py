@@ -25,18 +25,19 @@ output row of an int8 layer is a function of its own input row alone (the int32 
 exact, so not even the summation order depends on the row count): speculation stays lossless with respect to AR in
 that precision.
 
-Capability comes from the CPU flags in ``/proc/cpuinfo`` (:func:`cpu_flags`); :func:`native_precisions` says which
+Capability comes from the CPU flags in ``/proc/cpuinfo`` (:func:`rvqspec_lib.common.machine.cpu_flags`, read here as
+``cpu_flags``); :func:`native_precisions` says which
 precisions the CPU runs natively, :func:`check_precision` raises the one-line error a command prints, and
 :func:`apply_precision` converts ``model.talker.code_predictor`` (the official module) in place and returns it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from rvqspec_lib.common.machine import cpu_flags
 
 #: The precisions a user can choose (``--dtype``), in the order tables show them.
 PRECISIONS = ("float32", "bfloat16", "int8", "int8-dynamic")
@@ -54,24 +55,6 @@ INT8PACK_K_MULTIPLE = 16
 _NEEDS = {"bfloat16": "AVX512-BF16 or AMX-BF16",
           "int8": "AVX512-BF16 or AMX-BF16 (its activations are bfloat16; its weights are read as int8)",
           "int8-dynamic": "AVX512-VNNI, AVX-VNNI or AMX-INT8 (int8 x int8 dot products)"}
-
-
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags, as the first ``flags`` line of ``/proc/cpuinfo`` lists them.
-
-    Returns:
-        a frozenset of lower-case flag names (e.g. ``"avx512_bf16"``); empty where the file is absent or has no
-        ``flags`` line (not Linux, or not x86).
-    """
-    try:
-        text = Path(cpuinfo).read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.lower().split())
-    return frozenset()
 
 
 def cpu_features(flags: frozenset[str] | None = None) -> dict:

@@ -26,10 +26,15 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable
 
+import librosa  # a lazy loader: its submodules load on first use
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
+from rvqspec_lib.common.files import atomic_output, write_text_atomic
 from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, _check_wav, n_frames
+from rvqspec_lib.models.code_decoder import CodeDecoder
 
 
 @dataclass(frozen=True)
@@ -194,8 +199,6 @@ class RVQCodec:
         Returns:
             `(frames, dim)` float32, ``frames = ceil(samples / frame_samples)``; the last frame is zero-padded.
         """
-        import librosa
-
         c = config
         f = n_frames(wav.shape[0], c.frame_samples)
         y = np.zeros(f * c.frame_samples, dtype=np.float32)
@@ -264,8 +267,6 @@ class RVQCodec:
 
     def vectors_to_audio(self, vectors: np.ndarray) -> np.ndarray:
         """Frame vectors `(frames, dim)` -> mel -> linear magnitude -> Griffin-Lim -> `(frames * 1920,)` float32."""
-        import librosa
-
         c = self.config
         f = vectors.shape[0]
         if f == 0:
@@ -290,8 +291,6 @@ class RVQCodec:
         (``mel_inverse_iters`` of them, 50: a log-mel error of 0.033 decades vs librosa's 0.045 on flite speech,
         about 20x faster).
         """
-        import librosa
-
         c = self.config
         if c.mel_inverse == "librosa":
             return librosa.feature.inverse.mel_to_stft(mel, sr=c.sample_rate, n_fft=c.n_fft, power=2.0,
@@ -411,18 +410,15 @@ class RVQCodec:
             dtype: storage dtype of the codebooks (``torch.float16`` halves the file; :meth:`load` always returns
                 float32 codebooks, and this object keeps its own).
         Returns:
-            The safetensors path.
+            The safetensors path (both files are written atomically).
         """
-        from safetensors.torch import save_file
-
         p = _codec_file(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         cfg_json = json.dumps(asdict(self.config), indent=1)
-        tmp = p.with_name(p.name + ".tmp")
-        save_file({"codebooks": self.codebooks.to(dtype).contiguous()}, str(tmp),
-                  metadata={"config": cfg_json, "format": "rvqspec-rvq-codec"})
-        os.replace(tmp, p)
-        p.with_suffix(".json").write_text(cfg_json + "\n")
+        with atomic_output(p) as tmp:
+            save_file({"codebooks": self.codebooks.to(dtype).contiguous()}, str(tmp),
+                      metadata={"config": cfg_json, "format": "rvqspec-rvq-codec"})
+        write_text_atomic(p.with_suffix(".json"), cfg_json + "\n")
         return p
 
     @classmethod
@@ -441,8 +437,6 @@ class RVQCodec:
             ValueError: an unknown ``decoder`` word, or a decoder file that is not one or was trained for other
                 codebooks.
         """
-        from safetensors import safe_open
-
         p = _codec_file(path)
         if not p.is_file():
             raise FileNotFoundError(f"no codec file at {p}: fit one with rvqspec_lib.embedded.codec_fit.fit_codec(wavs).save({str(p)!r}) "
@@ -467,8 +461,6 @@ class RVQCodec:
                                     "if any) or 'table' (sum of centroids), or train one (`make embedded`, stage "
                                     "'decoder')")
         if dec_path.is_file():
-            from rvqspec_lib.models.code_decoder import CodeDecoder
-
             codec.code_decoder = CodeDecoder.load(dec_path, codec.codebooks)
         return codec
 
@@ -480,5 +472,6 @@ def decoder_file(codec_path) -> Path:
 
 
 def _codec_file(path) -> Path:
+    """A codec's file: ``path`` itself (a ``.safetensors``), or ``<path>/codec.safetensors`` for a folder."""
     p = Path(path).expanduser()
     return p / "codec.safetensors" if p.suffix != ".safetensors" else p

@@ -6,8 +6,11 @@ cannot be imported; calling anything on the stub raises a clear ``ImportError``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.machinery
+import io
+import logging
 import sys
 import types
 
@@ -35,7 +38,9 @@ def install_import_shim() -> bool:
             raise AttributeError(attr)
         return _missing
 
-    import transformers  # noqa: F401  (let transformers see that no torchaudio is installed, before the stub)
+    # transformers must see that no torchaudio is installed before the stub is; imported here, not above, since it
+    # takes 3 s and the loader's model_facts (the command line's checks) needs no transformers (measured)
+    import transformers  # noqa: F401
 
     for name in ("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi"):
         stub = types.ModuleType(name)
@@ -54,17 +59,13 @@ def import_qwen_tts():
     if "qwen_tts" in sys.modules:
         return sys.modules["qwen_tts"]
     install_import_shim()
-    import contextlib
-    import io
-    import logging
-
     logging.getLogger("sox").setLevel(logging.ERROR)
     with contextlib.redirect_stdout(io.StringIO()):
         return importlib.import_module("qwen_tts")
 
 
 def _qwen_classes():
-    import_qwen_tts()
-    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
-
-    return Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
+    """``(Qwen3TTSConfig, Qwen3TTSForConditionalGeneration)``, the official classes (qwen_tts imported on first use:
+    it takes seconds)."""
+    models = import_qwen_tts().core.models
+    return models.Qwen3TTSConfig, models.Qwen3TTSForConditionalGeneration

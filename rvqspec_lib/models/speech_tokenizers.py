@@ -22,6 +22,7 @@ from rvqspec_lib.models.audio import (
     _check_wav,
 )
 from rvqspec_lib.models.rvq_codec import RVQCodec, _check_codes
+from rvqspec_lib.models.shim import import_qwen_tts
 
 
 class CodecSpeechTokenizer:
@@ -36,6 +37,8 @@ class CodecSpeechTokenizer:
         self.sample_rate = int(codec.config.sample_rate)
 
     def decode(self, items) -> tuple[list, int]:
+        """``items``: dicts with ``"audio_codes"`` ``(frames, n_codebooks)`` int (or the codes themselves) -> a list
+        of float32 waveforms and the sample rate."""
         wavs = []
         for it in items:
             codes = it["audio_codes"] if isinstance(it, dict) else it
@@ -73,8 +76,6 @@ class Qwen12HzCodec:
                 f"no speech tokenizer at {name}: download it where the network is reachable "
                 "(huggingface-cli download Qwen/Qwen3-TTS-Tokenizer-12Hz --local-dir DIR) and pass DIR, or pass the "
                 "speech_tokenizer/ folder of a Qwen3-TTS checkpoint. Offline, use rvqspec_lib.models.rvq_codec.RVQCodec.")
-        from rvqspec_lib.models.shim import import_qwen_tts
-
         qwen_tts = import_qwen_tts()
         try:
             self.tokenizer = qwen_tts.Qwen3TTSTokenizer.from_pretrained(str(p) if p.exists() else name,

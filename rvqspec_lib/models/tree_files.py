@@ -1,4 +1,4 @@
-"""Calibrated draft trees on disk, beside the model they were calibrated for, and loadable by name.
+"""Calibrated draft trees on disk, beside the model they were calibrated for.
 
 A calibration (:func:`rvqspec_lib.eval.calibration.calibrate`) is a small JSON file,
 ``<model_dir>/trees/<drafter>.json`` (the trees depend on the drafter that proposes the codes): for each kind
@@ -10,8 +10,9 @@ accepted wherever a tree is asked for (``rvqspec synth --tree calibrated:16``):
 * ``...@offsets`` -- the trees calibrated for another drafter (``trees/offsets.json``); ``paper[:N]`` is
   ``calibrated-point-mass:N@offsets`` (N default 32).
 
-The names are parsed by :mod:`rvqspec_lib.decoding.decoder_names` (the one grammar). N counts the root: it is the number
-of query positions of one verify call (docs/methods.md#the-tree-as-data). A file is made by
+The names are parsed by :mod:`rvqspec_lib.decoding.decoder_names` (the one grammar) and resolved against these files by
+:func:`rvqspec_lib.models.named_decoders.resolve` (the one resolver). N counts the root: it is the number of query
+positions of one verify call (docs/methods.md#the-tree-as-data). A file is made by
 ``python scripts/calibrate_trees.py --model <model> --drafter <drafter>`` (:func:`recalibrate_command`).
 """
 
@@ -21,16 +22,14 @@ import json
 import os
 from pathlib import Path
 
-from rvqspec_lib.common.provenance import usual_mode
-from rvqspec_lib.models.drafter_files import model_drafter_dir
+from rvqspec_lib.common.files import write_text_atomic
 from rvqspec_lib.decoding.decoder_names import (
     MAX_BUDGET,
     MIN_BUDGET,
     TREE_KINDS,
-    parse_decoder_name,
     tree_from_calibration,  # noqa: F401 -- also offered here, beside the files it reads (notebooks import it so)
 )
-from rvqspec_lib.decoding.decoders import Tree
+from rvqspec_lib.models.drafter_files import model_drafter_dir
 
 FORMAT = "rvqspec-trees"
 
@@ -43,14 +42,14 @@ def tree_file(model, drafter: str = "heads") -> Path | None:
 
 
 def save_calibration(calibration: dict, path: str | os.PathLike) -> Path:
-    """Write a calibration as JSON, atomically (a temporary file renamed into place), with the usual file mode."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(calibration, indent=1, allow_nan=False))
-    usual_mode(tmp)
-    os.replace(tmp, p)
-    return p
+    """Write a calibration as JSON, atomically (:func:`rvqspec_lib.common.files.write_text_atomic`); the folder is
+    created. Returns the path.
+
+    Raises:
+        ValueError: a NaN or infinite number in ``calibration`` (JSON has none).
+    """
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_text_atomic(path, json.dumps(calibration, indent=1, allow_nan=False))
 
 
 def recalibrate_command(model: str | os.PathLike, drafter: str = "heads") -> str:
@@ -135,26 +134,3 @@ def load_calibration(path: str | os.PathLike, *, n_codes: int | None = None, cod
             raise ValueError(f"{p} was calibrated for {key} = {cal.get(key)}, this model has {want}: calibrate the "
                              f"trees for this model with `{cmd}`")
     return cal
-
-
-def load_named_tree(name: str, model: str | os.PathLike, code_predictor, *, drafter: str | None = None,
-                    path: str | os.PathLike | None = None) -> Tree:
-    """Resolve a calibrated tree's name (``calibrated[-kind][:N][@drafter]``, ``tree:calibrated...``, ``paper[:N]``;
-    :mod:`rvqspec_lib.decoding.decoder_names`) for a model: its ``trees/<drafter>.json`` (or ``path``), checked against the
-    code predictor's number of codes and codebook size. The tree carries no drafter (pass it to the decoding).
-
-    Raises:
-        ValueError: a bad name, a model with no folder for trees and no ``path``, a damaged file or one for another
-            model.
-        FileNotFoundError: the model has no calibration for this drafter.
-    """
-    spec = parse_decoder_name(name)
-    if spec.kind not in ("calibrated", "paper"):
-        raise ValueError(f"{name!r} is not a calibrated tree: use calibrated[-point-mass|-sampled]:N or paper[:N]")
-    drafter = drafter or spec.drafter
-    p = Path(path) if path is not None else tree_file(model, drafter)
-    if p is None:
-        raise ValueError(f"{model} has no folder to hold calibrated trees: calibrate and pass the file's path")
-    cal = load_calibration(p, n_codes=int(code_predictor.config.num_code_groups) - 1,
-                           codebook_size=int(code_predictor.config.vocab_size), model=model, drafter=drafter)
-    return spec.calibrated_tree(cal)

@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from accelerate import PartialState
 
+from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.data.frame_sources import frames_from_dataset, frames_from_utterances, load_split
 from rvqspec_lib.data.frames import Frames
 
 SHARD_PATTERN = "frames-{rank:05d}-of-{world:05d}.safetensors"
@@ -54,13 +57,12 @@ class Parallel:
         initialises the process group); a plain run is one process."""
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return cls()
-        from accelerate import PartialState
-
         s = PartialState()
         return cls(int(s.process_index), int(s.num_processes), str(s.device))
 
     @property
     def is_main(self) -> bool:
+        """This is the main process (rank 0)."""
         return self.rank == 0
 
     def block(self, n: int) -> tuple[int, int]:
@@ -88,6 +90,7 @@ class Parallel:
         return out
 
     def barrier(self) -> None:
+        """Wait for every process (nothing with one process)."""
         if self.world > 1:
             torch.distributed.barrier()
 
@@ -108,16 +111,20 @@ class _SummedGradients:
 
     @property
     def param_groups(self):
+        """The wrapped optimiser's."""
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimiser's."""
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):
+        """The wrapped optimiser's."""
         return self.optimizer.state_dict()
 
     @torch.no_grad()
     def step(self):
+        """Sum the gradients over processes, then the wrapped optimiser's step."""
         for p in self.parameters:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -140,13 +147,14 @@ def shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
 
 
 def _write_shard(fr: Frames, out_dir, par: Parallel, n_items: int) -> Path:
+    """This process's shard, then (main process, once every shard is written) ``index.json``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     fr.save(out / SHARD_PATTERN.format(rank=par.rank, world=par.world))
     sizes = par.gather(len(fr))
     par.barrier()
     if par.is_main:
-        (out / INDEX).write_text(json.dumps({"format": "rvqspec-frame-shards", "world": par.world,
+        write_text_atomic(out / INDEX, json.dumps({"format": "rvqspec-frame-shards", "world": par.world,
                                              "n_utterances": n_items, "frames": sizes,
                                              "shards": [SHARD_PATTERN.format(rank=r, world=par.world)
                                                         for r in range(par.world)]}, indent=1))
@@ -169,8 +177,6 @@ def extract_frames(lm, utterances: Sequence, out_dir: str | os.PathLike, *, para
     Raises:
         ValueError: no utterances, or more processes than utterances.
     """
-    from rvqspec_lib.data.frame_sources import frames_from_utterances
-
     par = parallel or Parallel.detect()
     n = len(utterances)
     if n < par.world:
@@ -197,18 +203,8 @@ def extract_dataset_frames(dataset, lm, codec, out_dir: str | os.PathLike, *, pa
         FileNotFoundError: no such folder. ValueError: missing columns, fewer rows than processes, codes of another
             codec.
     """
-    import datasets as hf
-
-    from rvqspec_lib.data.frame_sources import frames_from_dataset
-
     par = parallel or Parallel.detect()
-    if isinstance(dataset, (str, os.PathLike)):
-        p = Path(dataset).expanduser()
-        if not p.exists():
-            raise FileNotFoundError(f"no dataset folder {p}: write one with datasets' save_to_disk")
-        dataset = hf.load_from_disk(str(p))
-    if isinstance(dataset, hf.DatasetDict):
-        dataset = dataset[split or ("train" if "train" in dataset else list(dataset)[0])]
+    dataset = load_split(dataset, split)
     n = len(dataset) if max_items is None else min(int(max_items), len(dataset))
     if n < par.world:
         raise ValueError(f"{n} row(s) for {par.world} processes: give at least one row per process")
@@ -234,12 +230,7 @@ def load_frame_shards(out_dir: str | os.PathLike, *, rank: int | None = None) ->
     index = json.loads(idx.read_text())
     names = index["shards"] if rank is None else [index["shards"][rank]]
     parts = [Frames.load(d / nm) for nm in names]
-    out = Frames.cat(parts)
-    out.utterance = torch.cat([p.utterance for p in parts])  # the global ids, not Frames.cat's renumbering
+    out = Frames.cat(parts, keep_ids=True)  # the global ids, not Frames.cat's renumbering
     out.source = {**parts[0].source, "shards": index["world"], "n_utterances": index["n_utterances"]}
     out.source.pop("shard", None)
     return out
-
-
-__all__ = ["Parallel", "shard_range", "extract_frames", "extract_dataset_frames", "load_frame_shards",
-           "SHARD_PATTERN", "INDEX"]

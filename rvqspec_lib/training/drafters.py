@@ -29,11 +29,13 @@ import numpy as np
 import torch
 
 from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.provenance import git_revision
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.data.teacher import teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.drafters import draft_batch
 from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.models.drafter_files import drafter_path, save_drafter
 from rvqspec_lib.training.loop import Budget, fit
 
 LOSSES = ("ce", "kl", "tv")
@@ -112,6 +114,7 @@ class TrainResult:
     stopped_early: bool
 
     def to_json(self) -> dict:
+        """JSON-able: the drafter's description, the kept epoch, whether it stopped early, the curve, provenance."""
         return {"drafter": self.drafter.describe(), "best_epoch": self.best_epoch, "stopped_early": self.stopped_early,
                 "curve": self.curve, "provenance": self.drafter.provenance}
 
@@ -197,8 +200,6 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
     Raises:
         ValueError: a drafter without parameters (heads), an unknown loss, frames of another code predictor.
     """
-    from rvqspec_lib.common.provenance import git_revision
-
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}: choose one of {LOSSES}")
     if select not in ("acceptance", "loss"):
@@ -402,8 +403,6 @@ def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike,
     Raises:
         ValueError: ``deployed`` is not a drafter of ``kind`` among ``drafters``.
     """
-    from rvqspec_lib.models.drafter_files import drafter_path, save_drafter
-
     if deployed not in drafters or getattr(drafters[deployed], "name", None) != kind:
         raise ValueError(f"{deployed!r} is not a {kind!r} drafter among {list(drafters)}: pick one with "
                          "select_deployed")

@@ -39,6 +39,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, Sized
 
 import torch
+from tqdm import tqdm
+
+from rvqspec_lib.common.files import write_text_atomic
 
 #: Cosine decay ends at this fraction of the peak learning rate (nanoGPT: ``min_lr = lr / 10``).
 MIN_LR_RATIO = 0.1
@@ -156,14 +159,11 @@ def decay_groups(parameters: Iterable[torch.nn.Parameter], weight_decay: float =
 
 
 def write_curve(path: str | os.PathLike, curve: Sequence[dict], meta: Mapping | None = None) -> Path:
-    """Write ``{"meta": meta, "curve": curve}`` as JSON to ``path`` (through a temporary file: a reader never sees
-    half a file). Returns the path."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps({"meta": dict(meta or {}), "curve": list(curve)}, indent=1, default=str))
-    os.replace(tmp, p)
-    return p
+    """Write ``{"meta": meta, "curve": curve}`` as JSON to ``path``, atomically (a reader never sees half a file).
+    Returns the path."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_text_atomic(path, json.dumps({"meta": dict(meta or {}), "curve": list(curve)}, indent=1,
+                                              default=str))
 
 
 @dataclass
@@ -194,14 +194,17 @@ class FitResult:
 
     @property
     def best_record(self) -> dict | None:
+        """The best record of :attr:`curve` (``None`` without a metric)."""
         return None if self.best_index is None else self.curve[self.best_index]
 
     @property
     def best_step(self) -> int | None:
+        """Optimiser steps taken at the best record."""
         return None if self.best_index is None else self.curve[self.best_index]["step"]
 
     @property
     def best_epoch(self) -> int | None:
+        """Epochs completed at the best record."""
         return None if self.best_index is None else self.curve[self.best_index]["epoch"]
 
 
@@ -274,8 +277,6 @@ def fit(step_fn: Callable[[Any], torch.Tensor | tuple[torch.Tensor, Mapping[str,
         raise ValueError(f"eval_every must be a number of steps >= 0, None or 'epoch', got {eval_every!r}")
     if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 0):
         raise ValueError(f"patience must be an integer >= 0 or None, got {patience!r}")
-    from tqdm import tqdm
-
     curve: list[dict] = []
     sums = {k: 0.0 for k in running}
     weight_sum = 0

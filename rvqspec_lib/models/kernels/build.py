@@ -1,7 +1,7 @@
 """Compile a C source shipped in this folder into a shared library in the cache folder, once per source, compiler,
 flags and CPU (the kernels are built for the running CPU's instructions), and never load a half-written one.
 
-Used by :mod:`rvqspec_lib.models.kernels.mgemv` and :mod:`rvqspec_lib.models.kernels.cpforward`.
+Used by :mod:`rvqspec_lib.models.kernels.cpforward`; the CPU's tag is :func:`rvqspec_lib.common.machine.cpu_tag`.
 """
 
 from __future__ import annotations
@@ -13,21 +13,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from rvqspec_lib.common.machine import cpu_tag
+
 
 def cache_dir() -> Path:
     """Where compiled kernels go: ``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``."""
     return Path(os.environ.get("RVQSPEC_CACHE") or Path.home() / ".cache" / "rvqspec").expanduser()
-
-
-def _cpu_tag() -> bytes:
-    """The CPU's flags line (``-march=native`` builds differ from one CPU to the next)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.split(":")[0].strip() == "flags":
-                return line.encode()
-    except OSError:
-        pass
-    return b""
 
 
 def build(source: Path, cflags: tuple[str, ...], *, stem: str | None = None) -> Path:
@@ -44,7 +35,7 @@ def build(source: Path, cflags: tuple[str, ...], *, stem: str | None = None) -> 
     if compiler is None:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
     src = Path(source).read_bytes()
-    tag = hashlib.sha256(src + " ".join((compiler,) + tuple(cflags)).encode() + _cpu_tag()).hexdigest()[:12]
+    tag = hashlib.sha256(src + " ".join((compiler,) + tuple(cflags)).encode() + cpu_tag()).hexdigest()[:12]
     out = cache_dir() / f"{stem or Path(source).stem}-{tag}.so"
     if out.is_file():
         return out

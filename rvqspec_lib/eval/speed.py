@@ -229,7 +229,9 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per condition: ``decoder``, ``backend``, ``tokens_per_call``
-        (mean over the timed frames, prefill included), ``calls_per_frame``, ``ms_per_frame`` (median),
+        (mean over the first ``repeats`` timed frames, prefill included: the rounds every run makes, so it does
+        not depend on how many more the noise target asked for), ``calls_per_frame`` (the same frames),
+        ``ms_per_frame`` (median),
         ``p10_ms``, ``p90_ms``, ``model_ms`` (in the backend's forward), ``heads_ms`` (heads, embeddings, drafts),
         ``outside_ms`` (the rest: the loop outside the model), ``outside_share`` (of the frame),
         ``outside_forward_share`` (everything but the forward, heads included), ``speedup_vs_ar`` (AR of the same
@@ -316,8 +318,9 @@ def time_frames(code_predictor, contexts: torch.Tensor, decoders: Mapping[str, o
         outside = [f - m - h for f, m, h in zip(d["frame"], d["model"], d["heads"])]
         nodes = {"nodes": spec_nodes[key[0]]} if key[0] in spec_nodes else {}
         rows.append({"decoder": key[0], "backend": key[1], **nodes,
-                     "tokens_per_call": None if key[0] == FUSED else statistics.fmean(d["tpc"]),  # 1 call
-                     "calls_per_frame": statistics.fmean(d["calls"]),
+                     # over the first `repeats` rounds, which every run makes (docs/reproducibility.md)
+                     "tokens_per_call": None if key[0] == FUSED else statistics.fmean(d["tpc"][:repeats]),  # 1 call
+                     "calls_per_frame": statistics.fmean(d["calls"][:repeats]),
                      "ms_per_frame": fr["median"], "p10_ms": fr["p10"], "p90_ms": fr["p90"],
                      "model_ms": statistics.median(d["model"]), "heads_ms": statistics.median(d["heads"]),
                      "outside_ms": statistics.median(outside),
@@ -445,8 +448,8 @@ def batch_throughput(code_predictor, contexts: torch.Tensor, decoders: Mapping[s
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per condition: ``decoder``, ``backend``, ``batch``,
         ``ms_per_batch`` (median), ``p10_ms``, ``p90_ms``, ``frames_per_s`` (B / median), ``tokens_per_call`` (the
-        batch's calls are those of its slowest row), ``speedup_vs_ar`` (frames per second over AR of the same backend
-        and batch).
+        batch's calls are those of its slowest row; mean over the first ``repeats`` rounds, as in
+        :func:`time_frames`), ``speedup_vs_ar`` (frames per second over AR of the same backend and batch).
 
     Raises:
         ValueError: bad contexts or batch sizes, bad noise settings.
@@ -500,7 +503,7 @@ def batch_throughput(code_predictor, contexts: torch.Tensor, decoders: Mapping[s
         s = _summary(times[k])
         rows.append({"decoder": k[0], "backend": k[1], "batch": k[2], "ms_per_batch": s["median"],
                      "p10_ms": s["p10"], "p90_ms": s["p90"], "frames_per_s": k[2] / (s["median"] / 1e3),
-                     "tokens_per_call": statistics.fmean(tpc[k]) if tpc[k] else None})
+                     "tokens_per_call": statistics.fmean(tpc[k][:repeats]) if tpc[k] else None})
     ar = {(r["backend"], r["batch"]): r["frames_per_s"] for r in rows if isinstance(decoders.get(r["decoder"]), AR)}
     for r in rows:
         base = ar.get((r["backend"], r["batch"]))

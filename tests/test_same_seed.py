@@ -1,9 +1,10 @@
-"""Two runs at one seed write the same numbers everywhere but in timings (docs/reproducibility.md#what-must-be-identical).
+"""Two runs at one seed write the same numbers everywhere but in timings.
 
-The comparison is :func:`rvqspec_lib.common.reproducibility.compare_runs`, which knows the timing columns from the one
-list in that module; these tests check the comparison itself (a perturbed table is flagged, a perturbed timing is
-not: the negative control), that the list names real columns and is the one the docs describe, and then run the
-deterministic core of the notebooks that do not time, twice, each run into its own folder:
+docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed says what that means. The comparison is
+:func:`rvqspec_lib.common.reproducibility.compare_runs`, which knows the timing columns from the one list in that
+module; these tests check the comparison itself (a perturbed table is flagged, a perturbed timing is not: the
+negative control), that the list names real columns and is the one the docs describe, and then run the deterministic
+core of the notebooks that do not time, twice, each run into its own folder:
 
 * notebook 00 as `make paper SMOKE=1` runs it (one held-out sentence instead of three), each run in its own kernel
   (a fresh process: another hash seed) rendering its own audio (flite, espeak-ng, sox) into its own work folder;
@@ -11,7 +12,8 @@ deterministic core of the notebooks that do not time, twice, each run into its o
   on English and German, the recogniser on English, its tables written), at a smaller size than its smoke run, the
   global random generators moved between the two runs (the library must not read them).
 
-Notebook 02's smoke run is compared the same way by hand (docs/reproducibility.md); it takes too long for the suite.
+A timing's tokens per call must not depend on how many rounds the machine's noise asked for either. Notebooks 02's
+and 03's smoke runs are compared the same way by hand (docs/reproducibility.md): they take too long for the suite.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def test_the_docs_describe_the_same_list():
     missing += [f"{stem}: {p}" for stem, ps in R.TIMING_COLUMNS.items() if ps != R.ALL for p in ps
                 if f"`{p}`" not in section]
     missing += [k for k in R.TIMING_JSON_KEYS if f"`{k}`" not in section]
-    assert missing == [], f"docs/reproducibility.md#what-must-be-identical does not name {missing}"
+    assert missing == [], f"docs/reproducibility.md (What must be identical ...) does not name {missing}"
 
 
 @pytest.mark.parametrize("what", ["time_frames", "batch_throughput"])

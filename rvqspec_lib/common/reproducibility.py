@@ -4,7 +4,7 @@ Two runs of the notebooks at one seed, on one machine and with the same paramete
 write the same numbers everywhere except in timings: wall-clock measurements, what is computed from them (speedups,
 ratios of times, real-time factors, bandwidth floors), choices made from them (``--decoder auto``, a "best" row
 picked by speed) and how many timing rounds a noise target asked for. This module is the one list of those
-(docs/reproducibility.md#what-must-be-identical describes it in words):
+(docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed says it in words):
 
 * :data:`TIMING_NOTEBOOKS`: the notebooks that time (``01``, ``03``, ``05``; the Makefile's ``TIMING_NB``). The
   others (``00``, ``02``, ``04``) hold no timing but the ones listed here (their run times);
@@ -283,8 +283,8 @@ def compare_runs(a: str | Path, b: str | Path, *, notebooks: Iterable[str] | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rvqspec_lib.common.reproducibility RUN_A RUN_B [--notebooks 00,04] [--figures]``: exit 0 when the runs agree
-    outside timings, else 1 with one line per difference."""
+    """``python -m rvqspec_lib.common.reproducibility RUN_A RUN_B [--notebooks 00,04] [--figures]``: exit 0 when the
+    runs agree outside timings, else 1 with one line per difference."""
     ap = argparse.ArgumentParser(prog="python -m rvqspec_lib.common.reproducibility",
                                  description="compare two runs' outputs, timings left out (docs/reproducibility.md)")
     ap.add_argument("run_a")

@@ -247,12 +247,12 @@ if smoke:  # the 20 shortest: the recogniser's time grows with the audio's lengt
     pool = sorted(pool, key=lambda s: (len(s.text), s.text))[:20]
 picked = random.Random(seed).sample(pool, min(run_n_sentences, len(pool)))
 eval_items = []  # (sentence, voice, wav path)
-for i, s in enumerate(tqdm(picked, desc="render evaluation", unit="utt")):
+for i, s in enumerate(picked):
     v = voices[i % len(voices)]
-    path = work / "evaluation" / "wav" / v / f"{corpus.utterance_id(s, v)}.wav"
-    if not path.is_file():
-        corpus.render_one(s.text, v, path)
-    eval_items.append((s, v, path))
+    eval_items.append((s, v, work / "evaluation" / "wav" / v / f"{corpus.utterance_id(s, v)}.wav"))
+# reuses files rendered by an earlier run with the same recipe (corpus.RENDER_RECIPE), else renders them again
+corpus.render_files([(s.text, v, p) for s, v, p in eval_items], work / "evaluation", progress=True,
+                    desc="render evaluation")
 refs = [s.text for s, _, _ in eval_items]
 pd.DataFrame([{"voice": v, "text": s.text, "source": s.source, "origin": s.origin} for s, v, _ in eval_items])
 

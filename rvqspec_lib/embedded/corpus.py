@@ -22,7 +22,10 @@ Nothing here downloads a data set (docs/offline.md#speech-audio: no LibriSpeech,
 * **Audio.** :func:`render_corpus` renders sentences with several voices -- flite (``slt``, ``kal16``, ``awb``,
   ``rms``), festival (``slt-hts``, ``kal-diphone``), espeak-ng (``espeak-de`` ...) -- to 24 kHz mono 16-bit wav
   (resampled by ``sox``), in parallel, resumable, and writes a ``manifest.jsonl`` (id, split, language, voice,
-  text, path, seconds, frames at 12.5 Hz ...). :func:`corpus_table` summarises a manifest like Table 1.
+  text, path, seconds, frames at 12.5 Hz ...). :func:`corpus_table` summarises a manifest like Table 1. Rendering
+  is deterministic: the same text and voice give the same bytes on every run (:data:`SOX_ARGS`: sox's automatic
+  dither, a fresh random noise each run, is off), and a folder rendered under another recipe
+  (:data:`RENDER_RECIPE`) is rendered again rather than reused (docs/reproducibility.md).
 
 The synthesisers come from Debian packages: ``sudo bash scripts/apt-voices.sh``.
 """
@@ -489,11 +492,25 @@ def utterance_id(sentence: Sentence, voice: str) -> str:
     return f"{voice}-{h}"
 
 
+#: sox's global options for the resampling step of :func:`render_one`. ``-D``: no dither. Without it sox adds TPDF
+#: dither when it writes the resampled 16-bit file, from a generator seeded by the clock, so two renderings of one
+#: sentence differed in about 44% of their samples (by 1-2 LSB) and every number computed from the audio (codec
+#: codes, Griffin-Lim audio, WER) changed between two runs at one seed. ``-R``: sox's repeatable mode (fixed seeds
+#: for anything else random in sox).
+SOX_ARGS = ("-q", "-R", "-D")
+#: How :func:`render_one` makes a file, written by :func:`render_corpus` / :func:`render_files` into each folder it
+#: renders (``.render-recipe``): files in a folder with another recipe (or none: rendered before this was recorded,
+#: with sox's random dither) are rendered again, never reused.
+RENDER_RECIPE = "synthesiser at its own rate -> sox " + " ".join(SOX_ARGS) + " -r <rate> -c 1 -b 16 (no dither)"
+RECIPE_FILE = ".render-recipe"
+
+
 def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> int:
     """Render one text to a mono 16-bit wav at ``sample_rate``; returns its length in samples.
 
     The synthesiser writes at its own rate (flite 8/16 kHz, festival HTS 48 kHz, espeak-ng 22.05 kHz) into a
-    temporary file; ``sox`` resamples it. The output appears atomically (renamed into place when complete).
+    temporary file; ``sox`` resamples it without dither (:data:`SOX_ARGS`), so the same text and voice give the same
+    bytes on every run. The output appears atomically (renamed into place when complete).
 
     Raises:
         MissingVoiceError: the synthesiser is missing. RuntimeError: it failed (its stderr is quoted).
@@ -505,7 +522,7 @@ def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sampl
         txt, raw, res = Path(tmp) / "text.txt", Path(tmp) / "raw.wav", Path(tmp) / "out.wav"
         txt.write_text(text.strip() + "\n", encoding="utf-8")
         for cmd in (v.command(str(txt), str(raw)),
-                    ["sox", "-q", str(raw), "-r", str(sample_rate), "-c", "1", "-b", "16", str(res)]):
+                    ["sox", *SOX_ARGS, str(raw), "-r", str(sample_rate), "-c", "1", "-b", "16", str(res)]):
             r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
             if r.returncode != 0 or not Path(cmd[-1] if cmd[0] == "sox" else raw).is_file():
                 raise RuntimeError(f"{cmd[0]} failed for voice {v.name!r} (exit {r.returncode}): "
@@ -514,16 +531,69 @@ def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sampl
     return sf.info(str(out)).frames
 
 
+def render_recipe_current(folder: str | os.PathLike) -> bool:
+    """Whether the files under ``folder`` were rendered with this :data:`RENDER_RECIPE` (its ``.render-recipe``
+    says so); ``False`` for a folder without one (rendered before the recipe was recorded) or a missing folder."""
+    p = Path(folder) / RECIPE_FILE
+    return p.is_file() and p.read_text(encoding="utf-8").strip() == RENDER_RECIPE
+
+
+def _write_recipe(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (RECIPE_FILE + ".part")
+    tmp.write_text(RENDER_RECIPE + "\n", encoding="utf-8")
+    os.replace(tmp, folder / RECIPE_FILE)
+
+
 def _render_job(job: tuple) -> dict:
-    """Render one manifest row (``(row, out_dir, sample_rate)``) unless an earlier run did; its lengths added."""
-    row, out_dir, sample_rate = job
+    """Render one manifest row (``(row, out_dir, sample_rate, reuse)``) unless an earlier run did with this recipe
+    (``reuse``); its lengths added."""
+    row, out_dir, sample_rate, reuse = job
     path = Path(out_dir) / row["path"]
-    if path.is_file():
-        samples = sf.info(str(path)).frames  # resume: keep what an earlier run rendered
+    if reuse and path.is_file():
+        samples = sf.info(str(path)).frames  # resume: keep what an earlier run rendered with this recipe
     else:
         samples = render_one(row["text"], row["voice"], path, sample_rate)
     return {**row, "samples": samples, "seconds": round(samples / sample_rate, 4),
             "frames": n_frames(samples, FRAME_SAMPLES * sample_rate // SAMPLE_RATE)}
+
+
+def render_files(items: Iterable[tuple[str, str, str | os.PathLike]], folder: str | os.PathLike, *,
+                 processes: int = 2, sample_rate: int = SAMPLE_RATE, progress: bool = False,
+                 desc: str = "render") -> list[int]:
+    """Render ``(text, voice, path)`` items into ``folder`` (``path`` relative to it, or absolute inside it),
+    reusing the files already there only when the folder's recipe is :data:`RENDER_RECIPE`.
+
+    Args:
+        items: what to say, with which voice (:data:`VOICES`), and where.
+        folder: the folder that holds the files and their ``.render-recipe`` (written once every item is there).
+        processes: synthesiser processes run at once (threads that each wait on a subprocess; the result does not
+            depend on it).
+        sample_rate: output rate in Hz (24000: the codec's).
+    Returns:
+        The length of each file in samples, in the order of ``items``.
+    Raises:
+        ValueError: a path outside ``folder``.
+        MissingVoiceError: a voice is not installed (checked before anything is rendered).
+        RuntimeError: a synthesiser or sox failed (:func:`render_one`).
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(folder)
+    items = [(str(t), str(v), out / p) for t, v, p in items]
+    outside = [str(p) for _, _, p in items if not p.resolve().is_relative_to(out.resolve())]
+    if outside:
+        raise ValueError(f"{outside[0]} is not inside {out}: give paths relative to the folder whose "
+                         f"{RECIPE_FILE} records how they were rendered")
+    for v in sorted({v for _, v, _ in items}):
+        check_voice(v)
+    out.mkdir(parents=True, exist_ok=True)
+    reuse = render_recipe_current(out)
+    jobs = [({"text": t, "voice": v, "path": str(p)}, str(out), sample_rate, reuse) for t, v, p in items]
+    with ThreadPoolExecutor(max_workers=max(1, processes)) as ex:
+        done = list(tqdm(ex.map(_render_job, jobs), total=len(jobs), desc=desc, unit="utt", disable=not progress))
+    _write_recipe(out)
+    return [d["samples"] for d in done]
 
 
 def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_VOICES, one_voice_each: bool = False,
@@ -561,7 +631,8 @@ def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voi
 
     Args:
         sentences: what to say (their languages pick the voices, see :func:`plan_renders`).
-        out_dir: corpus folder; files already there are kept (a rerun resumes).
+        out_dir: corpus folder; files already there are kept (a rerun resumes) when the folder was rendered with
+            this :data:`RENDER_RECIPE`, else rendered again (:func:`render_recipe_current`).
         voices: voice names (:data:`VOICES`); all are checked before anything is rendered.
         processes: synthesiser processes run at once (threads that each wait on a subprocess).
         sample_rate: output rate (24 kHz: the codec's).
@@ -576,11 +647,13 @@ def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voi
         check_voice(v)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [({**r, "sample_rate": sample_rate}, str(out), sample_rate) for r in rows]
+    reuse = render_recipe_current(out)
+    jobs = [({**r, "sample_rate": sample_rate}, str(out), sample_rate, reuse) for r in rows]
     with ThreadPoolExecutor(max_workers=max(1, processes)) as ex:
         done = list(progress_bar(ex.map(_render_job, jobs), total=len(jobs), desc="render", unit="utt",
                                  enabled=progress))
     write_manifest(done, out / "manifest.jsonl")
+    _write_recipe(out)
     return done
 
 

@@ -210,8 +210,8 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per runner: its fields (``decoder``, ``kind``, ``drafter``,
-        ``nodes``, ``lossy``, ``backend``, ``fused``, ``precision``), ``tokens_per_call`` (mean over the timed frames,
-        prefill included), ``calls_per_frame``, ``ms_per_frame`` (median), ``p10_ms``, ``p90_ms``, ``model_ms`` (in
+        ``nodes``, ``lossy``, ``backend``, ``fused``, ``precision``), ``tokens_per_call`` (mean over the first
+        ``repeats`` timed frames, which every run makes, prefill included), ``calls_per_frame``, ``ms_per_frame`` (median), ``p10_ms``, ``p90_ms``, ``model_ms`` (in
         the backend's forward), ``heads_ms`` (heads, embeddings, drafts), ``outside_ms`` (the rest: the loop
         outside the model; a fused runner's frame is all ``model_ms``), ``outside_share``, ``speedup_vs_ar`` (over
         stepped AR of the same backend and precision, ratio of medians), ``speedup_vs_fused`` (over the fused AR
@@ -255,8 +255,10 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
         heads = [o[3] * 1e3 for o in out]
         outside = [fr - m - h for fr, m, h in zip(frame, model, heads)]
         s = summary(frame)
-        rows.append({**f, "tokens_per_call": statistics.fmean(o[0] for o in out),
-                     "calls_per_frame": statistics.fmean(o[1] for o in out), "ms_per_frame": s["median_ms"],
+        # tokens per call over the first `repeats` rounds, which every run makes: the same whatever the noise target
+        # added (docs/reproducibility.md)
+        rows.append({**f, "tokens_per_call": statistics.fmean(o[0] for o in out[:repeats]),
+                     "calls_per_frame": statistics.fmean(o[1] for o in out[:repeats]), "ms_per_frame": s["median_ms"],
                      "p10_ms": s["p10_ms"], "p90_ms": s["p90_ms"], "model_ms": statistics.median(model),
                      "heads_ms": statistics.median(heads), "outside_ms": statistics.median(outside),
                      "outside_share": statistics.median([o / fr for o, fr in zip(outside, frame)])})
@@ -403,7 +405,7 @@ def batch_throughput(runners: Sequence, contexts: torch.Tensor, *, batch_sizes: 
         s = t.summary((i, b))
         rows.append({**runner_fields(runners[i]), "batch": b, "ms_per_batch": s["median_ms"], "p10_ms": s["p10_ms"],
                      "p90_ms": s["p90_ms"], "frames_per_s": b / (s["median_ms"] / 1e3),
-                     "tokens_per_call": statistics.fmean(t.out[(i, b)])})
+                     "tokens_per_call": statistics.fmean(t.out[(i, b)][:repeats])})
     for r in rows:
         r["ms_per_frame"] = r["ms_per_batch"] / r["batch"]
     _speedups(rows)

@@ -182,7 +182,7 @@ $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
 # Order-only: a prerequisite that is up to date is not re-run and its time stamp does not count, so a stale 03 alone
 # runs at once. (Run alone, `make figures/.03_x.done` first makes the missing stamps it is ordered after.)
 # TIMING_NB lists the notebooks' numbers. (GNU make manual, "Types of Prerequisites": order-only ones.)
-TIMING_NB     ?= 01 03 05
+TIMING_NB     ?= 01 04 06 07
 TIMING_EXEC   := $(foreach n,$(TIMING_NB),$(filter $(FIG_DIR)/.$(n)_%.done,$(NB_EXEC)))
 OTHER_EXEC    := $(filter-out $(TIMING_EXEC),$(NB_EXEC))
 $(if $(and $(TIMING_EXEC),$(OTHER_EXEC)),$(eval $(TIMING_EXEC): | $(OTHER_EXEC)))

@@ -139,14 +139,17 @@ class DecoderName:
 
     def fields(self) -> dict:
         """The structured fields a result row is keyed by: ``decoder`` (:attr:`label`), ``kind``, ``drafter``
-        (``None`` for ``ar``), ``nodes`` (query positions N of one verify call; ``None`` until known), ``lossy``."""
+        (``None`` for ``ar``), ``nodes`` (query positions N of one verify call; ``None`` until known), ``lossy``,
+        ``sampled`` (a tree's children sampled from q; ``None`` for a calibrated tree whose kind is not yet known)."""
         nodes = {"ar": 1, "chain": self.window, "ssd-lossy": self.window}.get(self.kind)
         if self.kind == "tree":
             nodes = len(self.paths) + 1
         elif self.kind in ("calibrated", "paper"):
             nodes = self.budget
         return {"decoder": self.label, "kind": self.kind, "drafter": None if self.kind == "ar" else self.drafter,
-                "nodes": nodes, "lossy": self.kind == "ssd-lossy"}
+                "nodes": nodes, "lossy": self.kind == "ssd-lossy",
+                "sampled": None if self.kind == "calibrated" and not self.tree_kind else
+                self.sampled or self.tree_kind == "sampled" or self.kind in ("chain", "ssd-lossy")}
 
     def decoder(self, *, calibration: dict | None = None, best_chain: int | None = None, drafter=None):
         """The decoder object (:mod:`rvqspec_lib.decoding.decoders`).

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from rvqspec_lib.decoding.decoder_names import parse_decoder_name
 from rvqspec_lib.eval.timing import oversubscribed_note
 
 #: The paper's reported speedups of RVQ token generation on devices (Core ML), by node budget N. Quoted, not measured
@@ -27,6 +28,35 @@ PAPER_DEVICE_SPEEDUPS = (
     {"device": "iPhone 12 (paper, Core ML)", "nodes": 16, "speedup": 1.82},
     {"device": "iPhone 12 (paper, Core ML)", "nodes": 64, "speedup": 1.21},
 )
+
+
+#: THE colour of each family of decoders in every figure of the companion (one place: figures of different notebooks
+#: compare by colour). Keys: the decoder's ``kind`` (:meth:`~rvqspec_lib.decoding.decoder_names.DecoderName.fields`),
+#: with ``tree`` split by its children (``tree-point-mass``, ``tree-sampled``) and the drafters apart (``paper`` and
+#: ``offsets`` trees: the paper's drafter; ``medusa``); ``null-control`` is AR under other seeds.
+DECODER_COLORS = {"ar": "#4d4d4d", "null-control": "#a6a6a6", "chain": "#1f77b4", "tree-point-mass": "#ff7f0e",
+                  "tree-sampled": "#2ca02c", "paper": "#9467bd", "offsets": "#9467bd", "medusa": "#8c564b",
+                  "ssd-lossy": "#d62728"}
+
+
+def decoder_color(fields) -> str:
+    """THE colour of a decoder (:data:`DECODER_COLORS`), from its row's fields (``kind``, ``drafter``, ``decoder``)
+    or its label (a :class:`~rvqspec_lib.decoding.decoder_names.DecoderName` is parsed from it, never a regex): the
+    same decoder has the same colour in every figure."""
+    if isinstance(fields, str):
+        if fields == "ar-seed2":
+            return DECODER_COLORS["null-control"]
+        fields = parse_decoder_name(fields).fields()
+    kind, drafter = fields.get("kind"), fields.get("drafter")
+    if fields.get("decoder") == "ar-seed2":
+        return DECODER_COLORS["null-control"]
+    if kind in ("paper",) or drafter == "offsets":
+        return DECODER_COLORS["paper"]
+    if drafter == "medusa":
+        return DECODER_COLORS["medusa"]
+    if kind in ("tree", "calibrated"):
+        return DECODER_COLORS["tree-sampled" if fields.get("sampled") else "tree-point-mass"]
+    return DECODER_COLORS.get(kind, "#17becf")
 
 
 def bench_title(result: dict) -> str:

@@ -68,3 +68,20 @@ def _qwen_classes():
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
 
     return Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
+
+
+def _codec_decoder_classes():
+    """The official 12 Hz speech tokenizer's decoder and its config class (``qwen_tts.core.tokenizer_12hz``)."""
+    import_qwen_tts()
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2DecoderConfig
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
+
+    return Qwen3TTSTokenizerV2DecoderConfig, Qwen3TTSTokenizerV2Decoder
+
+
+def _codec_rope():
+    """The official 12 Hz decoder's ``apply_rotary_pos_emb(q, k, cos, sin)``."""
+    import_qwen_tts()
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import apply_rotary_pos_emb
+
+    return apply_rotary_pos_emb

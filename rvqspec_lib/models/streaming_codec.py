@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rvqspec_lib.models.rvq_codec import RVQCodec
 from rvqspec_lib.models.streaming_layers import (
     CausalConvState,
     ConvNeXtState,
@@ -43,28 +44,11 @@ from rvqspec_lib.models.streaming_layers import (
     ResidualUnitState,
     TransConvState,
     TransformerState,
+    check_codes_chunk,
     onednn_available,
     to_cl,
 )
-
-
-def _check_codes_chunk(codes, n_codebooks: int, codebook_size: int) -> torch.Tensor:
-    """A chunk of codes ``(B, n_codebooks, n)`` of integer ids in ``[0, codebook_size)``, as int64 (one-line errors)."""
-    if not isinstance(codes, torch.Tensor):
-        codes = torch.as_tensor(codes)
-    if codes.ndim != 3 or codes.shape[1] != n_codebooks:
-        raise ValueError(f"codes must have shape (batch, {n_codebooks}, frames), got {tuple(codes.shape)}: pass all "
-                         f"{n_codebooks} codebooks of each frame, codebook-major (codes.transpose(1, 2) turns "
-                         "(batch, frames, codebooks) around)")
-    if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
-        raise ValueError(f"codes must be integers, got dtype {codes.dtype}: pass int64 code ids")
-    if codes.shape[2] == 0:
-        raise ValueError("a chunk of 0 frames: push at least one frame (call flush() to end a stream)")
-    lo, hi = int(codes.min()), int(codes.max())
-    if lo < 0 or hi >= codebook_size:
-        raise ValueError(f"code ids must lie in [0, {codebook_size}), got range [{lo}, {hi}]: strip special ids "
-                         "(pad, bos, eos >= 2048) before decoding")
-    return codes.long()
+from rvqspec_lib.models.streaming_rvq import StreamingRVQDecoder
 
 
 #: Backends of :class:`StreamingCodecDecoder` (rvqspec_lib.models.streaming_layers: same state, same weights).
@@ -191,7 +175,7 @@ class StreamingCodecDecoder:
             ValueError: (one line) wrong number of codebooks or dimensions, non-integer codes, a chunk of 0 frames,
                 code ids out of range, or a batch other than :meth:`reset`'s.
         """
-        codes = _check_codes_chunk(codes, self.n_codebooks, self.codebook_size)
+        codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size)
         if codes.shape[0] != self.batch_size:
             raise ValueError(f"codes of batch {codes.shape[0]} pushed to a stream of batch {self.batch_size}: call "
                              f"reset(batch_size={codes.shape[0]}) first")
@@ -240,6 +224,40 @@ class StreamingCodecDecoder:
                  ("conv_in", self.first_conv)]
                 + [(f"block{i}", block(*b)) for i, b in enumerate(self.blocks)] + [("conv_out", back)])
 
+    @property
+    def emitted(self) -> int:
+        """Frames whose audio has been returned: all pushed frames (no look-ahead)."""
+        return self.frames
+
     def flush(self) -> torch.Tensor:
         """End of stream: the audio still held back. None is (no look-ahead): ``(batch_size, 0)`` float32."""
         return torch.zeros(self.batch_size, 0)
+
+
+def streaming_decoder(codec, batch_size: int = 1, **kwargs):
+    """A streaming decoder for any of the project's speech codecs, with one interface (``reset(batch_size)``,
+    ``push(codes (B, 16, n)) -> (B, m * 1920)``, ``flush()``, ``lookahead_frames``):
+
+    * the official 12 Hz decoder (a ``Qwen3TTSTokenizerV2Decoder``, a ``Qwen3TTSTokenizerV2Model`` holding one, or a
+      :class:`rvqspec_lib.models.speech_tokenizers.Qwen12HzCodec`) -> :class:`StreamingCodecDecoder` (exact, no
+      look-ahead: m = n);
+    * the embedded model's offline codec (:class:`RVQCodec` or a
+      :class:`rvqspec_lib.models.speech_tokenizers.CodecSpeechTokenizer`) ->
+      :class:`rvqspec_lib.models.streaming_rvq.StreamingRVQDecoder` (approximate, 3 frames of look-ahead by default).
+
+    Args:
+        codec: one of the above. batch_size: rows of the first stream. kwargs: for the class chosen.
+    Raises:
+        ValueError: anything else (one line).
+    """
+    if isinstance(codec, RVQCodec) or isinstance(getattr(codec, "codec", None), RVQCodec):
+        return StreamingRVQDecoder(codec, batch_size, **kwargs)
+    dec = codec
+    if getattr(codec, "tokenizer", None) is not None:  # Qwen12HzCodec -> Qwen3TTSTokenizer -> model -> decoder
+        dec = codec.tokenizer.model.decoder
+    elif hasattr(getattr(codec, "decoder", None), "pre_transformer"):  # Qwen3TTSTokenizerV2Model
+        dec = codec.decoder
+    if not hasattr(dec, "pre_transformer"):
+        raise ValueError(f"no streaming decoder for a {type(codec).__name__}: pass the official 12 Hz decoder, a "
+                         "Qwen12HzCodec, an RVQCodec or a CodecSpeechTokenizer")
+    return StreamingCodecDecoder(dec, batch_size, **kwargs)

@@ -46,6 +46,31 @@ def onednn_available() -> tuple[bool, str]:
     return True, ""
 
 
+def check_codes_chunk(codes, n_codebooks: int, codebook_size: int) -> torch.Tensor:
+    """A chunk of codes for a stream: ``(B, n_codebooks, n)`` integer ids in ``[0, codebook_size)``, n >= 1,
+    returned as int64.
+
+    Raises:
+        ValueError: (one line naming the fix) another shape or number of codebooks, non-integer codes, 0 frames, ids
+            out of range.
+    """
+    if not isinstance(codes, torch.Tensor):
+        codes = torch.as_tensor(codes)
+    if codes.ndim != 3 or codes.shape[1] != n_codebooks:
+        raise ValueError(f"codes must have shape (batch, {n_codebooks}, frames), got {tuple(codes.shape)}: pass all "
+                         f"{n_codebooks} codebooks of each frame, codebook-major (codes.transpose(1, 2) turns "
+                         "(batch, frames, codebooks) around)")
+    if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+        raise ValueError(f"codes must be integers, got dtype {codes.dtype}: pass int64 code ids")
+    if codes.shape[2] == 0:
+        raise ValueError("a chunk of 0 frames: push at least one frame (call flush() to end a stream)")
+    lo, hi = int(codes.min()), int(codes.max())
+    if lo < 0 or hi >= codebook_size:
+        raise ValueError(f"code ids must lie in [0, {codebook_size}), got range [{lo}, {hi}]: strip special ids "
+                         "(pad, bos, eos >= 2048) before decoding")
+    return codes.long()
+
+
 def window_mask(cached: int, n: int, window: int | None, dtype, device) -> torch.Tensor | None:
     """The official sliding-window causal mask for n new frames after ``cached`` frames in a :class:`WindowKV`:
     additive ``(1, 1, n, cached + n)`` (0 where a query may attend, the dtype's minimum elsewhere), or ``None`` where

@@ -12,8 +12,8 @@ What is measured, per precision (float32; bfloat16 where the CPU has AVX512-BF16
 * **floors**: the arithmetic floor ``FLOPs per frame / peak`` (FLOPs of the official layers' matmuls, convolutions and
   attention by ``torch.utils.flop_counter.FlopCounterMode``; peak = the best rate oneDNN reaches on the decoder's own
   convolution and matmul shapes with their weights in cache, :func:`peak_gflops`), and the roofline floor that adds
-  the weights a chunk must read from memory: per stage ``max(FLOPs / peak, weight bytes / read bandwidth)``, summed
-  (read bandwidth from :func:`rvqspec_lib.eval.floor.read_bandwidth`). A stream of chunks of n frames reads every
+  the weights a chunk must read from memory: per matmul layer ``max(FLOPs / peak, weight bytes / read bandwidth)``,
+  summed (:func:`stage_roofline_ms`; read bandwidth from :func:`rvqspec_lib.eval.floor.read_bandwidth`). A stream of chunks of n frames reads every
   weight of the decoder once per chunk (114 M parameters; a 32 MiB last-level cache holds a tenth of them), so at
   small n the roofline floor, not the arithmetic one, is what an implementation can approach.
 
@@ -30,6 +30,7 @@ import subprocess
 import time
 
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from rvqspec_lib.eval.bench import _cpu_snapshot, cpu_oversubscribed, other_cpu_fraction
@@ -73,8 +74,7 @@ def stage_flops(decoder, chunk_frames: int) -> dict[str, float]:
     dec = StreamingCodecDecoder(decoder, backend="official")
     codes = _codes(WARMUP_FRAMES + chunk_frames)
     with torch.no_grad():
-        for i in range(0, WARMUP_FRAMES, chunk_frames):  # fill the window
-            dec.push(codes[..., i:i + chunk_frames])
+        dec.push(codes[..., :WARMUP_FRAMES])  # fill the window, in one chunk (the official backend is slow)
         out = {}
         h = codes[..., WARMUP_FRAMES:WARMUP_FRAMES + chunk_frames]
         for name, stage in dec.stages():
@@ -84,22 +84,56 @@ def stage_flops(decoder, chunk_frames: int) -> dict[str, float]:
     return out
 
 
-def _stage_modules(decoder) -> dict[str, list]:
+def stage_layers(decoder) -> dict[str, list[tuple[str, nn.Module, int]]]:
+    """The matmul layers (``nn.Conv1d``, ``nn.ConvTranspose1d``, ``nn.Linear``) of each stage of
+    :meth:`StreamingCodecDecoder.stages`, with the samples per frame each one multiplies: ``{stage: [(name, module,
+    samples_per_frame)]}``. A layer's multiply-adds per sample are its weight's element count (a convolution per
+    output sample, a transposed convolution per input sample, a linear layer per row)."""
     d = decoder
-    blocks = d.decoder
-    return {"rvq+pre_conv": [d.quantizer.rvq_first.output_proj, d.quantizer.rvq_rest.output_proj, d.pre_conv],
-            "transformer": [d.pre_transformer], "upsample": [d.upsample], "conv_in": [blocks[0]],
-            **{f"block{i}": [b] for i, b in enumerate(blocks[1:-2])}, "conv_out": [blocks[-2], blocks[-1]]}
+    out: dict[str, list] = {"rvq+pre_conv": [("rvq out", d.quantizer.rvq_first.output_proj, 1),
+                                             ("rvq out", d.quantizer.rvq_rest.output_proj, 1),
+                                             ("pre_conv", d.pre_conv.conv, 1)]}
+    out["transformer"] = [(n, m, 1) for n, m in d.pre_transformer.named_modules() if isinstance(m, nn.Linear)]
+    spf, up = 1, []
+    for i, (tc, cnx) in enumerate(d.upsample):
+        up.append((f"up{i}.tconv", tc.conv, spf))
+        spf *= int(tc.conv.stride[0])
+        up += [(f"up{i}.{n}", m, spf) for n, m in cnx.named_modules() if isinstance(m, (nn.Conv1d, nn.Linear))]
+    out["upsample"] = up
+    out["conv_in"] = [("conv_in", d.decoder[0].conv, spf)]
+    for i, blk in enumerate(d.decoder[1:-2]):
+        tc = blk.block[1].conv
+        layers = [(f"block{i}.tconv", tc, spf)]
+        spf *= int(tc.stride[0])
+        layers += [(f"block{i}.{n}", m, spf) for n, m in blk.named_modules() if isinstance(m, nn.Conv1d)]
+        out[f"block{i}"] = layers
+    out["conv_out"] = [("conv_out", d.decoder[-1].conv, spf)]
+    return out
 
 
 def stage_weight_bytes(decoder, chunk_frames: int = 1) -> dict[str, int]:
-    """Bytes of weights each stage reads per chunk: all its parameters (at their stored size), except the codebooks,
-    of which only the ``16 * chunk_frames`` rows looked up are read."""
-    out = {}
-    for name, mods in _stage_modules(decoder).items():
-        out[name] = sum(p.numel() * p.element_size() for m in mods for p in m.parameters())
+    """Bytes of weights each stage reads per chunk: its matmul layers' weights and biases (at their stored size),
+    and of the codebooks only the ``16 * chunk_frames`` rows looked up (norms, SnakeBeta and layer scales are
+    negligible)."""
+    out = {name: sum(sum(p.numel() * p.element_size() for p in m.parameters()) for _, m, _ in layers)
+           for name, layers in stage_layers(decoder).items()}
     row = decoder.config.codebook_dim // 2
     out["rvq+pre_conv"] += 16 * chunk_frames * row * next(decoder.parameters()).element_size()
+    return out
+
+
+def stage_roofline_ms(decoder, chunk_frames: int, peak_gflops: float, gb_per_s: float) -> dict[str, float]:
+    """The roofline floor of each stage, in ms per FRAME: over its matmul layers, the sum of
+    ``max(2 * weight elements * samples / peak, weight bytes / bandwidth)`` for one chunk, divided by the chunk's
+    frames (each layer either computes at the peak or streams its weights once, whichever takes longer)."""
+    out = {}
+    for name, layers in stage_layers(decoder).items():
+        t = 0.0
+        for _, m, spf in layers:
+            flops = 2 * m.weight.numel() * spf * chunk_frames
+            nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
+            t += max(flops / (peak_gflops * 1e9), nbytes / (gb_per_s * 1e9))
+        out[name] = t * 1e3 / chunk_frames
     return out
 
 
@@ -189,17 +223,22 @@ def _timed(fn) -> float:
 
 # ------------------------------------------------------------------------------------------------------------ times
 def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repeats: int = 12) -> dict:
-    """Per-stage wall time of :class:`StreamingCodecDecoder` on chunks of ``chunk_frames`` frames, in steady state.
+    """Per-stage time of :class:`StreamingCodecDecoder` on chunks of ``chunk_frames`` frames, in steady state.
+
+    Two clocks: the wall clock, and the CPU time of the calling thread (``time.thread_time``; with one torch thread
+    all the work runs on it), which leaves out the time other processes took the core away; on a shared machine the
+    second is the measure of the code, the first of the machine.
 
     Returns:
-        ``{"ms_per_frame": median over the timed chunks, "min_ms_per_frame", "stages_ms_per_frame": {stage: median},
-        "other_cpu_frac"}``.
+        ``{"ms_per_frame", "min_ms_per_frame", "wall_ms_per_frame", "stages_ms_per_frame": {stage: ms}, "other_cpu_frac"}``:
+        medians over the timed chunks of thread CPU time per frame (and its minimum), of wall time per frame, and of
+        each stage's thread CPU time per frame.
     """
     dec = StreamingCodecDecoder(decoder, backend=backend, chunk_frames_hint=chunk_frames)
     codes = _codes(WARMUP_FRAMES + chunk_frames * repeats, seed=1)
     stages = dec.stages()
     per_stage = {name: [] for name, _ in stages}
-    totals = []
+    cpu, wall = [], []
     with torch.no_grad():
         for i in range(0, WARMUP_FRAMES, chunk_frames):
             dec.push(codes[..., i:i + chunk_frames])
@@ -207,35 +246,67 @@ def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repea
         for r in range(repeats):
             i = WARMUP_FRAMES + r * chunk_frames
             h = codes[..., i:i + chunk_frames]
-            t_all = time.perf_counter()
+            w0, c0 = time.perf_counter(), time.thread_time()
             for name, stage in stages:
-                t0 = time.perf_counter()
+                t0 = time.thread_time()
                 h = stage(h)
-                per_stage[name].append((time.perf_counter() - t0) * 1e3 / chunk_frames)
-            totals.append((time.perf_counter() - t_all) * 1e3 / chunk_frames)
+                per_stage[name].append((time.thread_time() - t0) * 1e3 / chunk_frames)
+            cpu.append((time.thread_time() - c0) * 1e3 / chunk_frames)
+            wall.append((time.perf_counter() - w0) * 1e3 / chunk_frames)
         after = _cpu_snapshot()
-    return {"ms_per_frame": statistics.median(totals), "min_ms_per_frame": min(totals),
+    return {"ms_per_frame": statistics.median(cpu), "min_ms_per_frame": min(cpu),
+            "wall_ms_per_frame": statistics.median(wall),
             "stages_ms_per_frame": {k: statistics.median(v) for k, v in per_stage.items()},
             "other_cpu_frac": other_cpu_fraction(before, after)}
 
 
 def time_chunked_decode(decoder, chunk_frames: int, *, left_context: int = LEFT_CONTEXT, repeats: int = 3) -> dict:
     """The official ``chunked_decode(codes, chunk_size=chunk_frames, left_context_size=left_context)`` in steady
-    state: one official ``forward`` over ``left_context + chunk_frames`` frames per chunk, timed, per frame.
+    state: one official ``forward`` over ``left_context + chunk_frames`` frames per chunk, timed (both clocks of
+    :func:`time_streaming`), per frame.
 
     Returns:
-        ``{"ms_per_frame": median, "min_ms_per_frame", "other_cpu_frac"}``.
+        ``{"ms_per_frame": median thread CPU time, "wall_ms_per_frame", "other_cpu_frac"}``.
     """
     codes = _codes(left_context + chunk_frames, seed=2)
-    times = []
+    cpu, wall = [], []
     with torch.no_grad():
         decoder(codes)
         before = _cpu_snapshot()
         for _ in range(repeats):
-            times.append(_timed(lambda: decoder(codes)) * 1e3 / chunk_frames)
+            w0, c0 = time.perf_counter(), time.thread_time()
+            decoder(codes)
+            cpu.append((time.thread_time() - c0) * 1e3 / chunk_frames)
+            wall.append((time.perf_counter() - w0) * 1e3 / chunk_frames)
         after = _cpu_snapshot()
-    return {"ms_per_frame": statistics.median(times), "min_ms_per_frame": min(times),
+    return {"ms_per_frame": statistics.median(cpu), "wall_ms_per_frame": statistics.median(wall),
             "other_cpu_frac": other_cpu_fraction(before, after)}
+
+
+def fidelity(decoder, *, frames: int = 100, chunk_frames: int = 4, left_context: int = LEFT_CONTEXT,
+             backend: str = "onednn") -> dict:
+    """How far the stream and the official ``chunked_decode`` are from the official full ``forward`` on one random
+    stream of ``frames`` frames: relative RMS differences of the audio (``rms(a - b) / rms(b)``).
+
+    Returns:
+        ``{"stream_vs_forward", "chunked_vs_forward_head" (the first left_context + 1 frames, where chunked_decode
+        still sees every earlier frame), "chunked_vs_forward_tail" (the rest, where its 25 frames of context fall
+        short of the transformer's 72-frame window), "frames", "chunk_frames"}``.
+    """
+    codes = _codes(frames, seed=3)
+    dec = StreamingCodecDecoder(decoder, backend=backend)
+    with torch.no_grad():
+        ref = decoder(codes)[:, 0].float()
+        cd = decoder.chunked_decode(codes, chunk_size=chunk_frames, left_context_size=left_context)[:, 0].float()
+        wav = torch.cat([dec.push(codes[..., i:i + chunk_frames]) for i in range(0, frames, chunk_frames)], -1)
+
+    def rel(a, b):
+        return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt())
+
+    head = (left_context + 1) * decoder.total_upsample
+    return {"stream_vs_forward": rel(wav, ref), "chunked_vs_forward_head": rel(cd[:, :head], ref[:, :head]),
+            "chunked_vs_forward_tail": rel(cd[:, head:], ref[:, head:]), "frames": frames,
+            "chunk_frames": chunk_frames}
 
 
 def streaming_table(*, precisions: tuple[str, ...] | None = None, chunk_frames: tuple[int, ...] = CHUNK_FRAMES,
@@ -272,30 +343,35 @@ def streaming_table(*, precisions: tuple[str, ...] | None = None, chunk_frames: 
         bw = read_bandwidth()["gb_per_s"]
         out = {"cpu": cpu_description(), "threads": threads, "bandwidth_gb_per_s": bw, "config": config,
                "random_weights": True, "rows": [], "peaks": {}, "stages": {}}
+        flops_of: dict[int, dict] = {}  # FLOPs do not depend on the precision
         for prec in precisions:
             decoder = build_codec_decoder(config, dtype=DTYPES[prec])
             peak = peak_gflops(decoder)
             out["peaks"][prec] = peak
             out["stages"][prec] = {}
             for n in chunk_frames:
-                flops = stage_flops(decoder, n)
+                if n not in flops_of:
+                    flops_of[n] = stage_flops(decoder, n)
+                flops = flops_of[n]
                 wbytes = stage_weight_bytes(decoder, n)
+                roofs = stage_roofline_ms(decoder, n, peak["peak_gflops"], bw)
                 st = time_streaming(decoder, n, repeats=repeats)
                 off = time_chunked_decode(decoder, n, repeats=official_repeats) if official else None
                 gf = peak["peak_gflops"] * 1e9
                 stages = {}
                 for name in flops:
                     arith = flops[name] / gf * 1e3
-                    mem = wbytes[name] / (bw * 1e9) * 1e3 / n
                     stages[name] = {"ms": st["stages_ms_per_frame"][name], "flops": flops[name],
                                     "weight_bytes": wbytes[name], "arith_floor_ms": arith,
-                                    "roofline_floor_ms": max(arith, mem)}
+                                    "roofline_floor_ms": max(arith, roofs[name])}
                 out["stages"][prec][n] = stages
                 total_flops = sum(flops.values())
                 arith = total_flops / gf * 1e3
                 roof = sum(s["roofline_floor_ms"] for s in stages.values())
                 row = {"precision": prec, "chunk_frames": n, "stream_ms": st["ms_per_frame"],
-                       "stream_min_ms": st["min_ms_per_frame"], "official_ms": off and off["ms_per_frame"],
+                       "stream_min_ms": st["min_ms_per_frame"], "stream_wall_ms": st["wall_ms_per_frame"],
+                       "official_ms": off and off["ms_per_frame"],
+                       "official_wall_ms": off and off["wall_ms_per_frame"],
                        "flops_per_frame": total_flops, "arith_floor_ms": arith, "roofline_floor_ms": roof,
                        "x_arith": st["ms_per_frame"] / arith, "x_roofline": st["ms_per_frame"] / roof,
                        "other_cpu_frac": st["other_cpu_frac"]}
@@ -309,8 +385,8 @@ def streaming_table(*, precisions: tuple[str, ...] | None = None, chunk_frames: 
 
 
 def format_streaming_table(result: dict) -> str:
-    """The table of :func:`streaming_table` as text: the CPU line, one row per precision x chunk size, then the
-    per-stage breakdown of each precision's smallest and largest chunk."""
+    """The table of :func:`streaming_table` as text: the CPU line, one row per precision x chunk size (ms per frame
+    of thread CPU time, wall time beside it), then the per-stage breakdown of every precision and chunk size."""
     cpu = result["cpu"]
     flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cpu["flags"].items())
     lines = [f"CPU: {cpu['model']} ({cpu['cores']} cores; {flags})",
@@ -318,23 +394,29 @@ def format_streaming_table(result: dict) -> str:
              f"{result['config']} with RANDOM weights (timing only)",
              "peak (best oneDNN rate on the decoder's own shapes): " + ", ".join(
                  f"{p} {v['peak_gflops']:.0f} GFLOP/s" for p, v in result["peaks"].items()),
+             "ms per frame of 80 ms: thread CPU time (wall time in brackets); official = chunked_decode, 25 frames "
+             "of left context; floors: arith = FLOPs / peak, roofline = per layer max(FLOPs / peak, weights / "
+             "bandwidth)",
              "",
-             f"{'precision':<9} {'chunk':>5} {'stream ms/fr':>12} {'(min)':>7} {'official':>9} {'GFLOP/fr':>8} "
-             f"{'arith floor':>11} {'roofline':>8} {'x arith':>7} {'x roof':>6} {'speed-up':>8}  note"]
+             f"{'precision':<9} {'chunk':>5} {'stream':>7} {'(wall)':>8} {'official':>9} {'(wall)':>8} "
+             f"{'GFLOP':>6} {'arith':>6} {'roofline':>8} {'x arith':>7} {'x roof':>6} {'speed-up':>8}  note"]
     for r in result["rows"]:
-        off = r["official_ms"]
-        speedup = f"{off / r['stream_ms']:.1f}x" if off else "-"
+        off, offw = r["official_ms"], r.get("official_wall_ms")
+        speedup = f"{off / r['stream_ms']:.0f}x" if off else "-"
+        wall = f"({r['stream_wall_ms']:.1f})"
+        off_s, offw_s = (f"{off:.1f}", f"({offw:.1f})") if off else ("-", "")
         lines.append(
-            f"{r['precision']:<9} {r['chunk_frames']:>5} {r['stream_ms']:>12.1f} {r['stream_min_ms']:>7.1f} "
-            f"{(f'{off:.1f}' if off else '-'):>9} {r['flops_per_frame'] / 1e9:>8.2f} {r['arith_floor_ms']:>11.1f} "
-            f"{r['roofline_floor_ms']:>8.1f} {r['x_arith']:>7.2f} {r['x_roofline']:>6.2f} "
-            f"{speedup:>8}  "
+            f"{r['precision']:<9} {r['chunk_frames']:>5} {r['stream_ms']:>7.1f} {wall:>8} {off_s:>9} {offw_s:>8} "
+            f"{r['flops_per_frame'] / 1e9:>6.2f} {r['arith_floor_ms']:>6.1f} {r['roofline_floor_ms']:>8.1f} "
+            f"{r['x_arith']:>7.2f} {r['x_roofline']:>6.2f} {speedup:>8}  "
             + (f"OVERSUBSCRIBED (others {100 * r['other_cpu_frac']:.0f}%)" if r["oversubscribed"] else ""))
     for prec, per_chunk in result["stages"].items():
-        for n in sorted({min(per_chunk), max(per_chunk)}):
-            lines += ["", f"stages, {prec}, chunks of {n} frame(s): ms/frame (floors: arith / roofline), "
-                          "GFLOP/frame, weight MB per chunk"]
+        for n in sorted(per_chunk):
+            lines += ["", f"stages, {prec}, chunks of {n} frame(s): ms/frame (floors: arith / roofline; x roofline), "
+                          "GFLOP/frame, weight MB read per chunk"]
             for name, s in per_chunk[n].items():
+                x = s["ms"] / s["roofline_floor_ms"] if s["roofline_floor_ms"] > 0 else float("nan")
                 lines.append(f"  {name:<13} {s['ms']:>7.2f}  ({s['arith_floor_ms']:>5.2f} / "
-                             f"{s['roofline_floor_ms']:>5.2f})  {s['flops'] / 1e9:>6.3f}  {s['weight_bytes'] / 1e6:>6.1f}")
+                             f"{s['roofline_floor_ms']:>5.2f}; {x:>5.2f}x)  {s['flops'] / 1e9:>6.3f}  "
+                             f"{s['weight_bytes'] / 1e6:>6.1f}")
     return "\n".join(lines)

@@ -78,10 +78,3 @@ def _codec_decoder_classes():
 
     return Qwen3TTSTokenizerV2DecoderConfig, Qwen3TTSTokenizerV2Decoder
 
-
-def _codec_rope():
-    """The official 12 Hz decoder's ``apply_rotary_pos_emb(q, k, cos, sin)``."""
-    import_qwen_tts()
-    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import apply_rotary_pos_emb
-
-    return apply_rotary_pos_emb

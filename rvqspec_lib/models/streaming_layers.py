@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from rvqspec_lib.models.kernels.snake import snake
-from rvqspec_lib.models.shim import _codec_rope
 
 _CL = torch.channels_last
 
@@ -257,12 +256,17 @@ class FastConv:
         self.buf = (torch.zeros(batch_size, self.in_channels, 1, self.context, dtype=dtype, device=device)
                     .contiguous(memory_format=_CL) if self.context else None)
 
-    def __call__(self, x: torch.Tensor, attr: str = "none") -> torch.Tensor:  # (B, C_in, 1, T) -> (B, C_out, 1, T)
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``(B, C_in, 1, T)`` -> ``(B, C_out, 1, T)``, plus ``residual`` (added by oneDNN) when given."""
         if self.buf is not None:
             x = torch.cat([self.buf, x], 3)  # (B, C_in, 1, context + T)
             self.buf = x[..., x.shape[-1] - self.context:]
-        return torch.ops.mkldnn._convolution_pointwise(x.contiguous(memory_format=_CL), self.weight, self.bias,
-                                                       [0, 0], [1, 1], [1, self.dilation], self.groups, attr, [], "")
+        x = x.contiguous(memory_format=_CL)
+        conv = torch.ops.mkldnn._convolution_pointwise
+        if residual is None:
+            return conv(x, self.weight, self.bias, [0, 0], [1, 1], [1, self.dilation], self.groups, "none", [], "")
+        return conv.binary(x, residual.contiguous(memory_format=_CL), self.weight, self.bias, [0, 0], [1, 1],
+                           [1, self.dilation], self.groups, "add", None, None, [], None)
 
 
 class FastTransConv:
@@ -302,20 +306,28 @@ class FastTransConv:
 
 
 class FastLinear:
-    """``y = x @ W.T + b`` by oneDNN with a prepacked weight (``W`` one official ``nn.Linear``'s, or several stacked
-    along the output dimension so one matmul serves them); ``attr`` a fused oneDNN activation (``"gelu"``)."""
+    """``y = x @ W.T + b`` by oneDNN with a prepacked weight: ``W`` one official ``nn.Linear``'s, or several stacked
+    along the output dimension so that one matmul serves them; ``row_scale`` (a per-output-channel factor, e.g. an
+    official layer scale) folded into ``W`` and ``b`` once. ``__call__`` takes a fused oneDNN activation (``attr``
+    ``"gelu"``); :meth:`add` fuses a residual: ``x @ W.T + b + other``."""
 
-    def __init__(self, linears: list[nn.Module], rows_hint: int):
+    def __init__(self, linears: list[nn.Module], rows_hint: int, row_scale: torch.Tensor | None = None):
         w = torch.cat([lin.weight.detach() for lin in linears], 0)
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(w, rows_hint)
         biases = [lin.bias for lin in linears]
-        self.bias = None if all(b is None for b in biases) else torch.cat(
+        bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach() if b is not None else torch.zeros(lin.out_features, dtype=w.dtype, device=w.device)
              for b, lin in zip(biases, linears)])
-        self.splits = [int(lin.out_features) for lin in linears]
+        if row_scale is not None:
+            w = (w.float() * row_scale.detach().float()[:, None]).to(w.dtype)
+            bias = None if bias is None else (bias.float() * row_scale.detach().float()).to(w.dtype)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(w, rows_hint)
+        self.bias = bias
 
     def __call__(self, x: torch.Tensor, attr: str = "none", algorithm: str = "") -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
+
+    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.weight, self.bias, "add")
 
 
 class FastSnake:
@@ -382,7 +394,7 @@ class FastConvNeXt:
 
 class FastResidualUnit:
     """One official ``Qwen3TTSTokenizerV2DecoderDecoderResidualUnit``: SnakeBeta, the dilated causal convolution
-    (streamed, prepacked), SnakeBeta, the 1x1 convolution (prepacked), the residual."""
+    (streamed, prepacked), SnakeBeta, the 1x1 convolution (prepacked) with the residual added by oneDNN."""
 
     def __init__(self, module: nn.Module, t_hint: int):
         self.act1, self.act2 = FastSnake(module.act1), FastSnake(module.act2)
@@ -393,25 +405,36 @@ class FastResidualUnit:
         self.conv1.reset(batch_size, dtype, device)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, 1, T) channels-last
-        return self.conv2(self.act2(self.conv1(self.act1(x)))) + x
+        return self.conv2(self.act2(self.conv1(self.act1(x))), residual=x)
 
 
 class FastTransformer:
     """The official ``pre_transformer`` on a chunk of frames with a :class:`WindowKV` cache and
-    :func:`window_mask`, its linear layers prepacked (module docstring)."""
+    :func:`window_mask`, its linear layers prepacked (module docstring). Per layer, in the official layer's order:
+    RMSNorm (``F.rms_norm`` with the official weight and epsilon), q/k/v in one matmul, RoPE (the official
+    ``x cos + rotate_half(x) sin`` on q and k at once), attention over the window, the output projection with the
+    official layer scale folded into it and the residual added by oneDNN, RMSNorm, gate/up in one matmul, SiLU, the
+    down projection likewise scaled and added."""
 
     def __init__(self, module: nn.Module, rows_hint: int):
         self.module = module
-        self.apply_rope = _codec_rope()
         self.input_proj = FastLinear([module.input_proj], rows_hint)
         self.output_proj = FastLinear([module.output_proj], rows_hint)
         self.layers = []
         for layer in module.layers:
             a, m = layer.self_attn, layer.mlp
-            self.layers.append(dict(layer=layer, qkv=FastLinear([a.q_proj, a.k_proj, a.v_proj], rows_hint),
-                                    o=FastLinear([a.o_proj], rows_hint),
-                                    gate_up=FastLinear([m.gate_proj, m.up_proj], rows_hint),
-                                    down=FastLinear([m.down_proj], rows_hint)))
+            self.layers.append(dict(
+                norm1=(layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+                norm2=(layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+                qkv=FastLinear([a.q_proj, a.k_proj, a.v_proj], rows_hint),
+                o=FastLinear([a.o_proj], rows_hint, layer.self_attn_layer_scale.scale),
+                gate_up=FastLinear([m.gate_proj, m.up_proj], rows_hint),
+                down=FastLinear([m.down_proj], rows_hint, layer.mlp_layer_scale.scale),
+                act=m.act_fn))
+        a = module.layers[0].self_attn
+        self.n_q, self.n_kv = int(a.config.num_attention_heads), int(a.config.num_key_value_heads)
+        self.head_dim, self.scaling = int(a.head_dim), float(a.scaling)
+        self.hidden = int(module.config.hidden_size)
         self.window = getattr(module.config, "sliding_window", None)
         self.kv = WindowKV(len(module.layers), self.window)
         self.position = 0
@@ -423,26 +446,23 @@ class FastTransformer:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, latent) -> (B, n, latent)
         m = self.module
         b, n, _ = x.shape
-        h = self.input_proj(x)
+        n_q, n_kv, d = self.n_q, self.n_kv, self.head_dim
+        h = self.input_proj(x)  # (B, n, hidden)
         positions = torch.arange(self.position, self.position + n, device=x.device)
-        cos, sin = m.rotary_emb(h, positions[None])
+        cos, sin = m.rotary_emb(h, positions[None])  # (1, n, d) each
+        cos, sin = cos[:, None], sin[:, None]
         mask = window_mask(self.kv.cached(), n, self.window, h.dtype, h.device)
+        shape = (self.hidden,)
         for i, p in enumerate(self.layers):
-            layer = p["layer"]
-            attn = layer.self_attn
-            n_q, n_kv, d = attn.config.num_attention_heads, attn.config.num_key_value_heads, attn.head_dim
-            qkv = p["qkv"](layer.input_layernorm(h))  # (B, n, (n_q + 2 n_kv) d)
-            q, k, v = qkv.split([n_q * d, n_kv * d, n_kv * d], -1)
-            q = q.view(b, n, n_q, d).transpose(1, 2)  # (B, H, n, d)
-            k = k.view(b, n, n_kv, d).transpose(1, 2)
-            v = v.view(b, n, n_kv, d).transpose(1, 2)
-            q, k = self.apply_rope(q, k, cos, sin)
-            k, v = self.kv.update(k, v, i)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
-                                               enable_gqa=n_q != n_kv)  # (B, H, n, d)
-            h = h + layer.self_attn_layer_scale(p["o"](o.transpose(1, 2).reshape(b, n, n_q * d)))
-            gate, up = p["gate_up"](layer.post_attention_layernorm(h)).chunk(2, -1)
-            h = h + layer.mlp_layer_scale(p["down"](layer.mlp.act_fn(gate) * up))
+            qkv = p["qkv"](F.rms_norm(h, shape, *p["norm1"]))  # (B, n, (n_q + 2 n_kv) d)
+            qk = qkv[..., : (n_q + n_kv) * d].view(b, n, n_q + n_kv, d).transpose(1, 2)  # (B, Hq + Hk, n, d)
+            qk = qk * cos + torch.cat((-qk[..., d // 2:], qk[..., : d // 2]), -1) * sin  # official rotate_half
+            v = qkv[..., (n_q + n_kv) * d:].view(b, n, n_kv, d).transpose(1, 2)  # (B, Hk, n, d)
+            k, v = self.kv.update(qk[:, n_q:], v, i)
+            o = F.scaled_dot_product_attention(qk[:, :n_q], k, v, attn_mask=mask, scale=self.scaling,
+                                               enable_gqa=n_q != n_kv)  # (B, Hq, n, d)
+            h = p["o"].add(o.transpose(1, 2).reshape(b, n, n_q * d), h)
+            gate, up = p["gate_up"](F.rms_norm(h, shape, *p["norm2"])).chunk(2, -1)
+            h = p["down"].add(p["act"](gate) * up, h)
         self.position += n
         return self.output_proj(m.norm(h))
-

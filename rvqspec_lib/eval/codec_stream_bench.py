@@ -13,7 +13,8 @@ What is measured, per precision (float32; bfloat16 where the CPU has AVX512-BF16
   attention by ``torch.utils.flop_counter.FlopCounterMode``; peak = the best rate oneDNN reaches on the decoder's own
   convolution and matmul shapes with their weights in cache, :func:`peak_gflops`), and the roofline floor that adds
   the weights a chunk must read from memory: per matmul layer ``max(FLOPs / peak, weight bytes / read bandwidth)``,
-  summed (:func:`stage_roofline_ms`; read bandwidth from :func:`rvqspec_lib.eval.floor.read_bandwidth`). A stream of chunks of n frames reads every
+  summed (:func:`stage_roofline_ms`; read bandwidth: the best pass of :func:`rvqspec_lib.eval.floor.read_bandwidth`,
+  since on a shared machine its median measures the other processes' traffic too). A stream of chunks of n frames reads every
   weight of the decoder once per chunk (114 M parameters; a 32 MiB last-level cache holds a tenth of them), so at
   small n the roofline floor, not the arithmetic one, is what an implementation can approach.
 
@@ -340,7 +341,7 @@ def streaming_table(*, precisions: tuple[str, ...] | None = None, chunk_frames: 
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        bw = read_bandwidth()["gb_per_s"]
+        bw = read_bandwidth()["gb_per_s_max"]  # what the machine can stream: its best pass, not a contended median
         out = {"cpu": cpu_description(), "threads": threads, "bandwidth_gb_per_s": bw, "config": config,
                "random_weights": True, "rows": [], "peaks": {}, "stages": {}}
         flops_of: dict[int, dict] = {}  # FLOPs do not depend on the precision

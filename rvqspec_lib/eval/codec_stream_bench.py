@@ -14,13 +14,14 @@ What is measured, per precision (float32; bfloat16 where the CPU has AVX512-BF16
   convolution and matmul shapes with their weights in cache, :func:`peak_gflops`), and the roofline floor that adds
   the weights a chunk must read from memory: per matmul layer ``max(FLOPs / peak, weight bytes / read bandwidth)``,
   summed (:func:`stage_roofline_ms`; read bandwidth: the best pass of :func:`rvqspec_lib.eval.floor.read_bandwidth`,
-  since on a shared machine its median measures the other processes' traffic too). A stream of chunks of n frames reads every
-  weight of the decoder once per chunk (114 M parameters; a 32 MiB last-level cache holds a tenth of them), so at
-  small n the roofline floor, not the arithmetic one, is what an implementation can approach.
+  since on a shared machine its median measures the other processes' traffic too). A stream of chunks of n frames
+  reads every weight of the decoder once per chunk (114 M parameters, 457 MB in float32, against a 32 MiB last-level
+  cache), so at small n the roofline floor, not the arithmetic one, is what an implementation can approach.
 
-Every timing is the median (and the minimum) over repeated chunks, at one torch thread unless told otherwise, with
-the share of the CPU that other processes used meanwhile (:func:`rvqspec_lib.eval.bench.other_cpu_fraction`); the
-real-size decoder has RANDOM weights (:func:`rvqspec_lib.models.configs.build_codec_decoder`): timing only.
+Every timing is a median over repeated chunks of the thread's CPU time (and of the wall clock, beside it), at one
+torch thread unless told otherwise, with the share of the CPU that other processes used meanwhile
+(:func:`rvqspec_lib.eval.bench.other_cpu_fraction`); the real-size decoder has RANDOM weights
+(:func:`rvqspec_lib.models.configs.build_codec_decoder`): timing only.
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ def peak_gflops(decoder, *, frames: int = 8, repeats: int = 7) -> dict:
             fn = lambda x=x, pk=pk: mk._linear_pointwise(x, pk, None, "none", [], "")  # noqa: E731
             flops = 2 * ci * co * t
         elif kind == "conv":
-            w = (torch.randn(co, ci // g, 1, k, generator=gen) * 0.02).to(dt).contiguous(memory_format=torch.channels_last)
+            w = (torch.randn(co, ci // g, 1, k, generator=gen) * 0.02).to(dt)
+            w = w.contiguous(memory_format=torch.channels_last)
             span = t + (k - 1) * dil
             x = torch.randn(1, ci, 1, span, generator=gen).to(dt).contiguous(memory_format=torch.channels_last)
             pk = mk._reorder_convolution_weight(w, [0, 0], [1, 1], [1, dil], g, [1, ci, 1, span])
@@ -231,8 +233,8 @@ def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repea
     second is the measure of the code, the first of the machine.
 
     Returns:
-        ``{"ms_per_frame", "min_ms_per_frame", "wall_ms_per_frame", "stages_ms_per_frame": {stage: ms}, "other_cpu_frac"}``:
-        medians over the timed chunks of thread CPU time per frame (and its minimum), of wall time per frame, and of
+        ``{"ms_per_frame", "min_ms_per_frame", "wall_ms_per_frame", "stages_ms_per_frame": {stage: ms},
+        "other_cpu_frac"}``: medians over the timed chunks of thread CPU time per frame (and its minimum), of wall time per frame, and of
         each stage's thread CPU time per frame.
     """
     dec = StreamingCodecDecoder(decoder, backend=backend, chunk_frames_hint=chunk_frames)

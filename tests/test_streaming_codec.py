@@ -134,7 +134,8 @@ def test_chunked_decode_differs_only_by_its_truncated_context():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bfloat16_stream_is_as_close_as_the_official_bfloat16_forward(backend):
     """In bfloat16 the stream cannot equal the bfloat16 forward bit for bit (different summation orders, rounded to
-    8 bits of mantissa at every layer); it must be as close to the float32 forward as the official bfloat16 forward is."""
+    8 bits of mantissa at every layer); it must be as close to the float32 forward as the official bfloat16 forward
+    is."""
     codes = codes_of(1, 12, seed=6)
     d32, d16 = build_codec_decoder("tiny"), build_codec_decoder("tiny", dtype=torch.bfloat16)
     with torch.no_grad():

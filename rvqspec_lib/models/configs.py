@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 
 from rvqspec_lib.common.paths import DATA_DIR
-from rvqspec_lib.models.shim import _qwen_classes
+from rvqspec_lib.models.shim import _codec_decoder_classes, _qwen_classes
 
 CONFIG_DIR = DATA_DIR / "configs"
 
@@ -25,6 +25,10 @@ RANDOM_MODELS = {
 
 
 TINY_MODELS = ("tiny-random",)
+
+#: The released 12 Hz speech tokenizer's ``config.json`` (the same file as each checkpoint's
+#: ``speech_tokenizer/config.json``), shipped so its decoder builds at real size with random weights.
+CODEC_CONFIG = "Qwen3-TTS-Tokenizer-12Hz"
 
 
 def tiny_config_dict(
@@ -201,3 +205,70 @@ def loop_facts(folder: str | os.PathLike) -> dict:
             "talker_hidden": int(talker["hidden_size"]), "code_predictor_layers": int(cp.get("num_hidden_layers", 0)),
             "code_predictor_hidden": int(cp.get("hidden_size", 0)), "n_code_groups": int(talker["num_code_groups"]),
             "frame_rate_hz": fr}
+
+
+def codec_decoder_config_dict(name: str = "released") -> dict:
+    """The ``decoder_config`` of the 12 Hz speech tokenizer (``Qwen3TTSTokenizerV2DecoderConfig`` fields).
+
+    Args:
+        name: ``"released"`` (from ``data/configs/Qwen3-TTS-Tokenizer-12Hz/config.json``: 8 transformer layers of
+            512 with an attention window of 72 frames, decoder width 1536, about 114 M parameters) or ``"tiny"``
+            (:func:`tiny_codec_decoder_config_dict`).
+    Raises:
+        ValueError: another name.
+    """
+    if name == "tiny":
+        return tiny_codec_decoder_config_dict()
+    if name != "released":
+        raise ValueError(f"unknown codec decoder config {name!r}: use 'released' or 'tiny'")
+    return dict(json.loads((CONFIG_DIR / CODEC_CONFIG / "config.json").read_text())["decoder_config"])
+
+
+def tiny_codec_decoder_config_dict(*, sliding_window: int = 6, decoder_dim: int = 64) -> dict:
+    """A tiny ``decoder_config`` of the official 12 Hz decoder: the released structure (16 codebooks of 2048, the
+    same upsampling rates, so 1920 samples a frame at 24 kHz) with small widths, 2 transformer layers and a short
+    attention window (``sliding_window`` frames), so tests can run streams longer than the window in milliseconds.
+    ``layer_scale_initial_scale`` is 1 (released: 0.01) so that the transformer, and so its KV cache, visibly
+    changes the audio of a random-weight model; ``initializer_range`` 0.1 (the official initialisation's default,
+    0.02, leaves the random output of these narrow layers near 1e-8; 0.2 saturates the final clamp)."""
+    cfg = codec_decoder_config_dict("released")
+    cfg.update(latent_dim=32, codebook_dim=16, decoder_dim=decoder_dim, hidden_size=32, intermediate_size=64,
+               head_dim=16, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=2,
+               sliding_window=sliding_window, vector_quantization_hidden_dimension=16,
+               layer_scale_initial_scale=1.0, initializer_range=0.1)
+    return cfg
+
+
+def build_codec_decoder(config: dict | str = "released", *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                        attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """The official 12 Hz speech tokenizer decoder (``Qwen3TTSTokenizerV2Decoder``) with seeded random weights:
+    for timing and for tests only (the real weights come with ``Qwen/Qwen3-TTS-Tokenizer-12Hz``).
+
+    The official initialisation leaves every codebook entry at zero (``embedding_sum`` zeros: all codes would decode
+    to the same audio), so the codebooks are then filled with standard normal entries from a generator seeded with
+    ``seed``. The global RNG is saved and restored around the construction.
+
+    Args:
+        config: a ``decoder_config`` dict, or a name of :func:`codec_decoder_config_dict`.
+        seed: seed of the random weights.
+        dtype: parameter dtype (``torch.float32`` or ``torch.bfloat16``).
+        attn_implementation: ``"sdpa"`` or ``"eager"``.
+    Returns:
+        the module in eval mode.
+    """
+    Config, Decoder = _codec_decoder_classes()
+    raw = codec_decoder_config_dict(config) if isinstance(config, str) else dict(config)
+    cfg = Config(**raw)
+    cfg._attn_implementation = attn_implementation
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        decoder = Decoder(cfg)
+    finally:
+        torch.random.set_rng_state(state)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in decoder.named_parameters():
+            if name.endswith("_codebook.embedding_sum"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+    return decoder.to(dtype).eval()

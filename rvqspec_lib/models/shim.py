@@ -69,3 +69,11 @@ def _qwen_classes():
     it takes seconds)."""
     models = import_qwen_tts().core.models
     return models.Qwen3TTSConfig, models.Qwen3TTSForConditionalGeneration
+
+
+def _codec_decoder_classes():
+    """``(Qwen3TTSTokenizerV2DecoderConfig, Qwen3TTSTokenizerV2Decoder)``: the official 12 Hz speech tokenizer's
+    decoder and its config class (``qwen_tts.core.tokenizer_12hz``)."""
+    tok = import_qwen_tts().core.tokenizer_12hz
+    return (tok.configuration_qwen3_tts_tokenizer_v2.Qwen3TTSTokenizerV2DecoderConfig,
+            tok.modeling_qwen3_tts_tokenizer_v2.Qwen3TTSTokenizerV2Decoder)

@@ -23,6 +23,7 @@ from rvqspec_lib.models.audio import (
 )
 from rvqspec_lib.models.rvq_codec import RVQCodec, _check_codes
 from rvqspec_lib.models.shim import import_qwen_tts
+from rvqspec_lib.models.streaming_codec import streaming_decoder
 
 
 class CodecSpeechTokenizer:
@@ -45,6 +46,12 @@ class CodecSpeechTokenizer:
             codes = codes.detach().cpu().numpy() if isinstance(codes, torch.Tensor) else codes
             wavs.append(self.codec.decode(codes))
         return wavs, self.sample_rate
+
+    def streaming_decoder(self, batch_size: int = 1, **kwargs):
+        """A :class:`rvqspec_lib.models.streaming_rvq.StreamingRVQDecoder` over this codec: codes pushed chunk by
+        chunk (``(B, 16, n)``), audio out once each frame's look-ahead has arrived (3 frames by default), the rest at
+        ``flush()``. kwargs: its options (``lookahead_frames``, ``gl_lookahead_frames``, ...)."""
+        return streaming_decoder(self.codec, batch_size, **kwargs)
 
 
 class Qwen12HzCodec:
@@ -99,6 +106,12 @@ class Qwen12HzCodec:
         wav = _check_wav(wav, sample_rate, self.sample_rate)
         enc = self.tokenizer.encode(wav, sr=self.sample_rate)
         return enc.audio_codes[0].detach().cpu().numpy().astype(np.int64)
+
+    def streaming_decoder(self, batch_size: int = 1, **kwargs):
+        """A :class:`rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` over the official decoder's own
+        weights: ``push(codes (B, 16, n)) -> (B, n * 1920)`` per chunk, equal to the full decode up to float rounding
+        (no look-ahead). kwargs: ``backend``, ``chunk_frames_hint``."""
+        return streaming_decoder(self, batch_size, **kwargs)
 
     def decode(self, codes, n_codebooks: int | None = None) -> np.ndarray:
         """`(frames, 16)` codes -> `(samples,)` float32 audio at 24 kHz."""

@@ -1,0 +1,425 @@
+"""Time the streaming codec decoder against the official ``chunked_decode`` and against its floors
+(docs/codec_streaming.md).
+
+What is measured, per precision (float32; bfloat16 where the CPU has AVX512-BF16 or AMX-BF16) and chunk size n:
+
+* **streaming**: :class:`rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` (``onednn`` backend by default)
+  on a stream already past the transformer's 72-frame attention window (steady state), one chunk of n frames per
+  timed call, each stage timed (:meth:`StreamingCodecDecoder.stages`);
+* **official chunked_decode**: in steady state each chunk of ``chunked_decode(codes, chunk_size=n,
+  left_context_size=25)`` is one official ``forward`` over 25 + n frames whose first 25 frames' audio is dropped;
+  that call is timed and divided by n;
+* **floors**: the arithmetic floor ``FLOPs per frame / peak`` (FLOPs of the official layers' matmuls, convolutions and
+  attention by ``torch.utils.flop_counter.FlopCounterMode``; peak = the best rate oneDNN reaches on the decoder's own
+  convolution and matmul shapes with their weights in cache, :func:`peak_gflops`), and the roofline floor that adds
+  the weights a chunk must read from memory: per matmul layer ``max(FLOPs / peak, weight bytes / read bandwidth)``,
+  summed (:func:`stage_roofline_ms`; read bandwidth: the best pass of :func:`rvqspec_lib.eval.floor.read_bandwidth`,
+  since on a shared machine its median measures the other processes' traffic too). A stream of chunks of n frames
+  reads every weight of the decoder once per chunk (114 M parameters, 457 MB in float32, against a 32 MiB last-level
+  cache), so at small n the roofline floor, not the arithmetic one, is what an implementation can approach.
+
+Every timing is a median over repeated chunks of the thread's CPU time (and of the wall clock, beside it), at one
+torch thread unless told otherwise, with the share of the CPU that other processes used meanwhile
+(:func:`rvqspec_lib.eval.bench.other_cpu_fraction`); the real-size decoder has RANDOM weights
+(:func:`rvqspec_lib.models.configs.build_codec_decoder`): timing only.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from rvqspec_lib.eval.bench import _cpu_snapshot, cpu_oversubscribed, other_cpu_fraction
+from rvqspec_lib.eval.floor import read_bandwidth
+from rvqspec_lib.models.configs import build_codec_decoder
+from rvqspec_lib.models.precision import cpu_flags, native_precisions
+from rvqspec_lib.models.streaming_codec import StreamingCodecDecoder
+
+#: Chunk sizes of the table (frames of 80 ms).
+CHUNK_FRAMES = (1, 2, 4, 8)
+#: The official ``chunked_decode``'s default left context (frames recomputed before every chunk).
+LEFT_CONTEXT = 25
+#: Frames pushed before timing: past the released transformer's attention window (72), so the KV cache is full.
+WARMUP_FRAMES = 80
+#: CPU flags printed beside the CPU's name.
+SHOWN_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def cpu_description() -> dict:
+    """``{"model": lscpu's model name, "flags": {flag: present} for SHOWN_FLAGS, "cores": os.cpu_count()}``."""
+    model = "unknown"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), model)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    flags = cpu_flags()
+    return {"model": model, "flags": {f: f in flags for f in SHOWN_FLAGS}, "cores": os.cpu_count()}
+
+
+def _codes(n_frames: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 2048, (batch, 16, n_frames), generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------------------------------------------------ counts
+def stage_flops(decoder, chunk_frames: int) -> dict[str, float]:
+    """FLOPs per FRAME of each stage of :meth:`StreamingCodecDecoder.stages` for chunks of ``chunk_frames`` frames
+    in steady state (the ``official`` backend, whose aten convolutions, matmuls and attention
+    ``FlopCounterMode`` counts; the ``onednn`` backend runs the same arithmetic)."""
+    dec = StreamingCodecDecoder(decoder, backend="official")
+    codes = _codes(WARMUP_FRAMES + chunk_frames)
+    with torch.no_grad():
+        dec.push(codes[..., :WARMUP_FRAMES])  # fill the window, in one chunk (the official backend is slow)
+        out = {}
+        h = codes[..., WARMUP_FRAMES:WARMUP_FRAMES + chunk_frames]
+        for name, stage in dec.stages():
+            with FlopCounterMode(display=False) as fc:
+                h = stage(h)
+            out[name] = fc.get_total_flops() / chunk_frames
+    return out
+
+
+def stage_layers(decoder) -> dict[str, list[tuple[str, nn.Module, int]]]:
+    """The matmul layers (``nn.Conv1d``, ``nn.ConvTranspose1d``, ``nn.Linear``) of each stage of
+    :meth:`StreamingCodecDecoder.stages`, with the samples per frame each one multiplies: ``{stage: [(name, module,
+    samples_per_frame)]}``. A layer's multiply-adds per sample are its weight's element count (a convolution per
+    output sample, a transposed convolution per input sample, a linear layer per row)."""
+    d = decoder
+    out: dict[str, list] = {"rvq+pre_conv": [("rvq out", d.quantizer.rvq_first.output_proj, 1),
+                                             ("rvq out", d.quantizer.rvq_rest.output_proj, 1),
+                                             ("pre_conv", d.pre_conv.conv, 1)]}
+    out["transformer"] = [(n, m, 1) for n, m in d.pre_transformer.named_modules() if isinstance(m, nn.Linear)]
+    spf, up = 1, []
+    for i, (tc, cnx) in enumerate(d.upsample):
+        up.append((f"up{i}.tconv", tc.conv, spf))
+        spf *= int(tc.conv.stride[0])
+        up += [(f"up{i}.{n}", m, spf) for n, m in cnx.named_modules() if isinstance(m, (nn.Conv1d, nn.Linear))]
+    out["upsample"] = up
+    out["conv_in"] = [("conv_in", d.decoder[0].conv, spf)]
+    for i, blk in enumerate(d.decoder[1:-2]):
+        tc = blk.block[1].conv
+        layers = [(f"block{i}.tconv", tc, spf)]
+        spf *= int(tc.stride[0])
+        layers += [(f"block{i}.{n}", m, spf) for n, m in blk.named_modules() if isinstance(m, nn.Conv1d)]
+        out[f"block{i}"] = layers
+    out["conv_out"] = [("conv_out", d.decoder[-1].conv, spf)]
+    return out
+
+
+def stage_weight_bytes(decoder, chunk_frames: int = 1) -> dict[str, int]:
+    """Bytes of weights each stage reads per chunk: its matmul layers' weights and biases (at their stored size),
+    and of the codebooks only the ``16 * chunk_frames`` rows looked up (norms, SnakeBeta and layer scales are
+    negligible)."""
+    out = {name: sum(sum(p.numel() * p.element_size() for p in m.parameters()) for _, m, _ in layers)
+           for name, layers in stage_layers(decoder).items()}
+    row = decoder.config.codebook_dim // 2
+    out["rvq+pre_conv"] += 16 * chunk_frames * row * next(decoder.parameters()).element_size()
+    return out
+
+
+def stage_roofline_ms(decoder, chunk_frames: int, peak_gflops: float, gb_per_s: float) -> dict[str, float]:
+    """The roofline floor of each stage, in ms per FRAME: over its matmul layers, the sum of
+    ``max(2 * weight elements * samples / peak, weight bytes / bandwidth)`` for one chunk, divided by the chunk's
+    frames (each layer either computes at the peak or streams its weights once, whichever takes longer)."""
+    out = {}
+    for name, layers in stage_layers(decoder).items():
+        t = 0.0
+        for _, m, spf in layers:
+            flops = 2 * m.weight.numel() * spf * chunk_frames
+            nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
+            t += max(flops / (peak_gflops * 1e9), nbytes / (gb_per_s * 1e9))
+        out[name] = t * 1e3 / chunk_frames
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------- peak
+def _shapes(decoder) -> list[tuple]:
+    """Distinct (kind, c_in, c_out, kernel, dilation, groups, stride, samples per frame) of the decoder's conv and
+    linear layers."""
+    out, spf = [], 1
+    d = decoder
+
+    def conv(m, spf, kind="conv"):
+        c = m.conv
+        out.append((kind, c.in_channels, c.out_channels, c.kernel_size[0], c.dilation[0], c.groups, c.stride[0], spf))
+
+    conv(d.pre_conv, 1)
+    cfg = d.config
+    out.append(("linear", cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim * 3, 1, 1, 1, 1, 1))
+    out.append(("linear", cfg.hidden_size, cfg.intermediate_size * 2, 1, 1, 1, 1, 1))
+    for tc, cnx in d.upsample:
+        conv(tc, spf, "tconv")
+        spf *= tc.conv.stride[0]
+        conv(cnx.dwconv, spf)
+        out.append(("linear", cnx.pwconv1.in_features, cnx.pwconv1.out_features, 1, 1, 1, 1, spf))
+    conv(d.decoder[0], spf)
+    for b in d.decoder[1:-2]:
+        conv(b.block[1], spf, "tconv")
+        spf *= b.block[1].conv.stride[0]
+        for u in b.block[2:]:
+            conv(u.conv1, spf)
+        conv(b.block[2].conv2, spf)
+    conv(d.decoder[-1], spf)
+    seen, uniq = set(), []
+    for s in out:
+        if s not in seen:
+            seen.add(s)
+            uniq.append(s)
+    return uniq
+
+
+def peak_gflops(decoder, *, frames: int = 8, repeats: int = 7) -> dict:
+    """The core's compute rate on the decoder's own convolution and matmul shapes: each distinct shape (a chunk of
+    ``frames`` frames: 8 gives every layer at least 8 samples) run by oneDNN from a prepacked weight in the
+    decoder's dtype, weights and activations hot in cache, best of ``repeats``.
+
+    Returns:
+        ``{"peak_gflops": the best rate, "shapes": [{"shape", "gflops"}, ...], "dtype", "threads"}``.
+    """
+    mk = torch.ops.mkldnn
+    dt = next(decoder.parameters()).dtype
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for kind, ci, co, k, dil, g, s, spf in _shapes(decoder):
+        t = spf * frames
+        if kind == "linear":
+            w = (torch.randn(co, ci, generator=gen) * 0.02).to(dt)
+            x = torch.randn(t, ci, generator=gen).to(dt)
+            pk = mk._reorder_linear_weight(w, t)
+            fn = lambda x=x, pk=pk: mk._linear_pointwise(x, pk, None, "none", [], "")  # noqa: E731
+            flops = 2 * ci * co * t
+        elif kind == "conv":
+            w = (torch.randn(co, ci // g, 1, k, generator=gen) * 0.02).to(dt)
+            w = w.contiguous(memory_format=torch.channels_last)
+            span = t + (k - 1) * dil
+            x = torch.randn(1, ci, 1, span, generator=gen).to(dt).contiguous(memory_format=torch.channels_last)
+            pk = mk._reorder_convolution_weight(w, [0, 0], [1, 1], [1, dil], g, [1, ci, 1, span])
+            fn = lambda x=x, pk=pk, dil=dil, g=g: mk._convolution_pointwise(  # noqa: E731
+                x, pk, None, [0, 0], [1, 1], [1, dil], g, "none", [], "")
+            flops = 2 * (ci // g) * co * k * t
+        else:
+            w = (torch.randn(ci, co, 1, k, generator=gen) * 0.02).to(dt).contiguous(memory_format=torch.channels_last)
+            x = torch.randn(1, ci, 1, t, generator=gen).to(dt).contiguous(memory_format=torch.channels_last)
+            pk = mk._reorder_convolution_transpose_weight(w, [0, 0], [0, 0], [1, s], [1, 1], 1, [1, ci, 1, t])
+            fn = lambda x=x, pk=pk, s=s: mk._convolution_transpose_pointwise(  # noqa: E731
+                x, pk, None, [0, 0], [0, 0], [1, s], [1, 1], 1, "none", [], "")
+            flops = 2 * ci * co * k * t
+        fn()
+        best = min(_timed(fn) for _ in range(repeats))
+        rows.append({"shape": f"{kind} {ci}->{co} k{k} d{dil} g{g} s{s} x{t}", "gflops": flops / best / 1e9})
+    return {"peak_gflops": max(r["gflops"] for r in rows), "shapes": rows, "dtype": str(dt).replace("torch.", ""),
+            "threads": torch.get_num_threads()}
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------------------------ times
+def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repeats: int = 12) -> dict:
+    """Per-stage time of :class:`StreamingCodecDecoder` on chunks of ``chunk_frames`` frames, in steady state.
+
+    Two clocks: the wall clock, and the CPU time of the calling thread (``time.thread_time``; with one torch thread
+    all the work runs on it), which leaves out the time other processes took the core away; on a shared machine the
+    second is the measure of the code, the first of the machine.
+
+    Returns:
+        ``{"ms_per_frame", "min_ms_per_frame", "wall_ms_per_frame", "stages_ms_per_frame": {stage: ms},
+        "other_cpu_frac"}``: medians over the timed chunks of thread CPU time per frame (and its minimum), of wall time per frame, and of
+        each stage's thread CPU time per frame.
+    """
+    dec = StreamingCodecDecoder(decoder, backend=backend, chunk_frames_hint=chunk_frames)
+    codes = _codes(WARMUP_FRAMES + chunk_frames * repeats, seed=1)
+    stages = dec.stages()
+    per_stage = {name: [] for name, _ in stages}
+    cpu, wall = [], []
+    with torch.no_grad():
+        for i in range(0, WARMUP_FRAMES, chunk_frames):
+            dec.push(codes[..., i:i + chunk_frames])
+        before = _cpu_snapshot()
+        for r in range(repeats):
+            i = WARMUP_FRAMES + r * chunk_frames
+            h = codes[..., i:i + chunk_frames]
+            w0, c0 = time.perf_counter(), time.thread_time()
+            for name, stage in stages:
+                t0 = time.thread_time()
+                h = stage(h)
+                per_stage[name].append((time.thread_time() - t0) * 1e3 / chunk_frames)
+            cpu.append((time.thread_time() - c0) * 1e3 / chunk_frames)
+            wall.append((time.perf_counter() - w0) * 1e3 / chunk_frames)
+        after = _cpu_snapshot()
+    return {"ms_per_frame": statistics.median(cpu), "min_ms_per_frame": min(cpu),
+            "wall_ms_per_frame": statistics.median(wall),
+            "stages_ms_per_frame": {k: statistics.median(v) for k, v in per_stage.items()},
+            "other_cpu_frac": other_cpu_fraction(before, after)}
+
+
+def time_chunked_decode(decoder, chunk_frames: int, *, left_context: int = LEFT_CONTEXT, repeats: int = 3) -> dict:
+    """The official ``chunked_decode(codes, chunk_size=chunk_frames, left_context_size=left_context)`` in steady
+    state: one official ``forward`` over ``left_context + chunk_frames`` frames per chunk, timed (both clocks of
+    :func:`time_streaming`), per frame.
+
+    Returns:
+        ``{"ms_per_frame": median thread CPU time, "wall_ms_per_frame", "other_cpu_frac"}``.
+    """
+    codes = _codes(left_context + chunk_frames, seed=2)
+    cpu, wall = [], []
+    with torch.no_grad():
+        decoder(codes)
+        before = _cpu_snapshot()
+        for _ in range(repeats):
+            w0, c0 = time.perf_counter(), time.thread_time()
+            decoder(codes)
+            cpu.append((time.thread_time() - c0) * 1e3 / chunk_frames)
+            wall.append((time.perf_counter() - w0) * 1e3 / chunk_frames)
+        after = _cpu_snapshot()
+    return {"ms_per_frame": statistics.median(cpu), "wall_ms_per_frame": statistics.median(wall),
+            "other_cpu_frac": other_cpu_fraction(before, after)}
+
+
+def fidelity(decoder, *, frames: int = 100, chunk_frames: int = 4, left_context: int = LEFT_CONTEXT,
+             backend: str = "onednn") -> dict:
+    """How far the stream and the official ``chunked_decode`` are from the official full ``forward`` on one random
+    stream of ``frames`` frames: relative RMS differences of the audio (``rms(a - b) / rms(b)``).
+
+    Returns:
+        ``{"stream_vs_forward", "chunked_vs_forward_head" (the first left_context + 1 frames, where chunked_decode
+        still sees every earlier frame), "chunked_vs_forward_tail" (the rest, where its 25 frames of context fall
+        short of the transformer's 72-frame window), "frames", "chunk_frames"}``.
+    """
+    codes = _codes(frames, seed=3)
+    dec = StreamingCodecDecoder(decoder, backend=backend)
+    with torch.no_grad():
+        ref = decoder(codes)[:, 0].float()
+        cd = decoder.chunked_decode(codes, chunk_size=chunk_frames, left_context_size=left_context)[:, 0].float()
+        wav = torch.cat([dec.push(codes[..., i:i + chunk_frames]) for i in range(0, frames, chunk_frames)], -1)
+
+    def rel(a, b):
+        return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt())
+
+    head = (left_context + 1) * decoder.total_upsample
+    return {"stream_vs_forward": rel(wav, ref), "chunked_vs_forward_head": rel(cd[:, :head], ref[:, :head]),
+            "chunked_vs_forward_tail": rel(cd[:, head:], ref[:, head:]), "frames": frames,
+            "chunk_frames": chunk_frames}
+
+
+def streaming_table(*, precisions: tuple[str, ...] | None = None, chunk_frames: tuple[int, ...] = CHUNK_FRAMES,
+                    config: str = "released", threads: int = 1, repeats: int = 12, official_repeats: int = 3,
+                    official: bool = True) -> dict:
+    """The benchmark table: ms per frame of the streaming decoder vs the official ``chunked_decode`` vs the floors,
+    per precision and chunk size, with a per-stage breakdown (module docstring).
+
+    Args:
+        precisions: default the native ones of this CPU among float32 and bfloat16
+            (:func:`rvqspec_lib.models.precision.native_precisions`).
+        chunk_frames: chunk sizes in frames.
+        config: ``"released"`` (the real-size decoder, random weights) or ``"tiny"``.
+        threads: torch threads (``torch.set_num_threads``; restored after).
+        official: also time the official ``chunked_decode`` (slow: about 1 s a chunk in float32).
+    Returns:
+        ``{"cpu", "threads", "bandwidth_gb_per_s", "config", "random_weights": True, "rows": [...], "peaks": {...},
+        "stages": {...}}``; each row has ``precision``, ``chunk_frames``, ``stream_ms``, ``stream_min_ms``,
+        ``official_ms``, ``flops_per_frame``, ``arith_floor_ms``, ``roofline_floor_ms``, ``x_arith``, ``x_roofline``,
+        ``other_cpu_frac``, ``oversubscribed``; ``stages[precision][chunk]`` maps each stage to its ms per frame,
+        FLOPs per frame, weight bytes and floors.
+    Raises:
+        ValueError: a precision this CPU does not run natively, or an unknown one.
+    """
+    native = native_precisions()
+    precisions = tuple(p for p in ("float32", "bfloat16") if p in native) if precisions is None else precisions
+    for p in precisions:
+        if p not in DTYPES or p not in native:
+            raise ValueError(f"precision {p!r} is not one this CPU runs natively among float32, bfloat16 "
+                             f"(native here: {', '.join(native)})")
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        bw = read_bandwidth()["gb_per_s_max"]  # what the machine can stream: its best pass, not a contended median
+        out = {"cpu": cpu_description(), "threads": threads, "bandwidth_gb_per_s": bw, "config": config,
+               "random_weights": True, "rows": [], "peaks": {}, "stages": {}}
+        flops_of: dict[int, dict] = {}  # FLOPs do not depend on the precision
+        for prec in precisions:
+            decoder = build_codec_decoder(config, dtype=DTYPES[prec])
+            peak = peak_gflops(decoder)
+            out["peaks"][prec] = peak
+            out["stages"][prec] = {}
+            for n in chunk_frames:
+                if n not in flops_of:
+                    flops_of[n] = stage_flops(decoder, n)
+                flops = flops_of[n]
+                wbytes = stage_weight_bytes(decoder, n)
+                roofs = stage_roofline_ms(decoder, n, peak["peak_gflops"], bw)
+                st = time_streaming(decoder, n, repeats=repeats)
+                off = time_chunked_decode(decoder, n, repeats=official_repeats) if official else None
+                gf = peak["peak_gflops"] * 1e9
+                stages = {}
+                for name in flops:
+                    arith = flops[name] / gf * 1e3
+                    stages[name] = {"ms": st["stages_ms_per_frame"][name], "flops": flops[name],
+                                    "weight_bytes": wbytes[name], "arith_floor_ms": arith,
+                                    "roofline_floor_ms": max(arith, roofs[name])}
+                out["stages"][prec][n] = stages
+                total_flops = sum(flops.values())
+                arith = total_flops / gf * 1e3
+                roof = sum(s["roofline_floor_ms"] for s in stages.values())
+                row = {"precision": prec, "chunk_frames": n, "stream_ms": st["ms_per_frame"],
+                       "stream_min_ms": st["min_ms_per_frame"], "stream_wall_ms": st["wall_ms_per_frame"],
+                       "official_ms": off and off["ms_per_frame"],
+                       "official_wall_ms": off and off["wall_ms_per_frame"],
+                       "flops_per_frame": total_flops, "arith_floor_ms": arith, "roofline_floor_ms": roof,
+                       "x_arith": st["ms_per_frame"] / arith, "x_roofline": st["ms_per_frame"] / roof,
+                       "other_cpu_frac": st["other_cpu_frac"]}
+                row["oversubscribed"] = cpu_oversubscribed({"other_cpu_frac": row["other_cpu_frac"],
+                                                            "cpu_count": out["cpu"]["cores"], "threads": threads})
+                out["rows"].append(row)
+            del decoder
+    finally:
+        torch.set_num_threads(old_threads)
+    return out
+
+
+def format_streaming_table(result: dict) -> str:
+    """The table of :func:`streaming_table` as text: the CPU line, one row per precision x chunk size (ms per frame
+    of thread CPU time, wall time beside it), then the per-stage breakdown of every precision and chunk size."""
+    cpu = result["cpu"]
+    flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cpu["flags"].items())
+    lines = [f"CPU: {cpu['model']} ({cpu['cores']} cores; {flags})",
+             f"torch threads {result['threads']}; read bandwidth {result['bandwidth_gb_per_s']:.1f} GB/s; config "
+             f"{result['config']} with RANDOM weights (timing only)",
+             "peak (best oneDNN rate on the decoder's own shapes): " + ", ".join(
+                 f"{p} {v['peak_gflops']:.0f} GFLOP/s" for p, v in result["peaks"].items()),
+             "ms per frame of 80 ms: thread CPU time (wall time in brackets); official = chunked_decode, 25 frames "
+             "of left context; floors: arith = FLOPs / peak, roofline = per layer max(FLOPs / peak, weights / "
+             "bandwidth)",
+             "",
+             f"{'precision':<9} {'chunk':>5} {'stream':>7} {'(wall)':>8} {'official':>9} {'(wall)':>8} "
+             f"{'GFLOP':>6} {'arith':>6} {'roofline':>8} {'x arith':>7} {'x roof':>6} {'speed-up':>8}  note"]
+    for r in result["rows"]:
+        off, offw = r["official_ms"], r.get("official_wall_ms")
+        speedup = f"{off / r['stream_ms']:.0f}x" if off else "-"
+        wall = f"({r['stream_wall_ms']:.1f})"
+        off_s, offw_s = (f"{off:.1f}", f"({offw:.1f})") if off else ("-", "")
+        lines.append(
+            f"{r['precision']:<9} {r['chunk_frames']:>5} {r['stream_ms']:>7.1f} {wall:>8} {off_s:>9} {offw_s:>8} "
+            f"{r['flops_per_frame'] / 1e9:>6.2f} {r['arith_floor_ms']:>6.1f} {r['roofline_floor_ms']:>8.1f} "
+            f"{r['x_arith']:>7.2f} {r['x_roofline']:>6.2f} {speedup:>8}  "
+            + (f"OVERSUBSCRIBED (others {100 * r['other_cpu_frac']:.0f}%)" if r["oversubscribed"] else ""))
+    for prec, per_chunk in result["stages"].items():
+        for n in sorted(per_chunk):
+            lines += ["", f"stages, {prec}, chunks of {n} frame(s): ms/frame (floors: arith / roofline; x roofline), "
+                          "GFLOP/frame, weight MB read per chunk"]
+            for name, s in per_chunk[n].items():
+                x = s["ms"] / s["roofline_floor_ms"] if s["roofline_floor_ms"] > 0 else float("nan")
+                lines.append(f"  {name:<13} {s['ms']:>7.2f}  ({s['arith_floor_ms']:>5.2f} / "
+                             f"{s['roofline_floor_ms']:>5.2f}; {x:>5.2f}x)  {s['flops'] / 1e9:>6.3f}  "
+                             f"{s['weight_bytes'] / 1e6:>6.1f}")
+    return "\n".join(lines)

@@ -1,0 +1,266 @@
+"""Stateful streaming decoding of the 12 Hz speech tokenizer: codes pushed chunk by chunk, audio out chunk by chunk,
+each chunk costing only its own frames' compute.
+
+The official decoder (``Qwen3TTSTokenizerV2Decoder`` of ``qwen_tts.core.tokenizer_12hz``,
+docs/model.md#speech-tokenizer) is causal end to end: per-frame RVQ decode, causal convolutions (left zero padding
+only, stride 1), an 8-layer transformer with a sliding attention window of 72 frames (each frame attends to itself
+and the 71 before it), causal transposed convolutions (the right overhang trimmed), ConvNeXt blocks with causal
+depthwise convolutions, SnakeBeta activations and a final clamp. So the output of frame t depends on frames 0..t
+only, and a stream can be decoded exactly by carrying, from one chunk to the next:
+
+* every causal convolution's last ``(kernel - 1) * dilation`` input samples (its left context; zeros at the start,
+  as the official zero padding);
+* every causal transposed convolution's overhang: the ``kernel - stride`` output samples that the last input sample
+  adds beyond the chunk (the samples the official module trims at the end of a sequence are the ones the next
+  chunk's first samples receive: they are added to it, overlap-add);
+* the transformer's keys and values of the last ``sliding_window - 1`` frames per layer, and the frame position
+  (RoPE positions continue; the official full forward numbers frames 0, 1, 2, ... from the first).
+
+:class:`StreamingCodecDecoder` calls the official module's own submodules and weights for every layer and
+re-implements only this state handling (:mod:`rvqspec_lib.models.streaming_layers`: the ``official`` backend calls
+the modules, the ``onednn`` backend runs the same weights prepacked); a chunk of n frames costs the compute of those
+n frames. :func:`streaming_decoder` gives the same interface for every codec of the project, the embedded model's
+offline codec included (:mod:`rvqspec_lib.models.streaming_rvq`). Its output equals
+the official full-sequence ``forward`` up to float rounding (tests/test_streaming_codec.py). The official
+``chunked_decode(codes, chunk_size, left_context_size=25)`` instead re-runs ``forward`` on every chunk with 25
+frames of left context recomputed, and starts RoPE at 0 in each chunk: it differs from ``forward`` (and from this
+stream) once a stream is longer than 25 frames + one chunk, because its transformer sees 25 frames of history
+instead of 71 per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rvqspec_lib.models.rvq_codec import RVQCodec
+from rvqspec_lib.models.streaming_layers import (
+    CausalConvState,
+    ConvNeXtState,
+    FastConv,
+    FastConvNeXt,
+    FastQuantizer,
+    FastResidualUnit,
+    FastSnake,
+    FastTransConv,
+    FastTransformer,
+    ResidualUnitState,
+    TransConvState,
+    TransformerState,
+    check_codes_chunk,
+    onednn_available,
+    to_cl,
+)
+from rvqspec_lib.models.streaming_rvq import StreamingRVQDecoder
+
+
+#: Backends of :class:`StreamingCodecDecoder` (rvqspec_lib.models.streaming_layers: same state, same weights).
+BACKENDS = ("auto", "official", "onednn")
+
+
+class StreamingCodecDecoder:
+    """Stateful streaming decoder over an official 12 Hz speech tokenizer decoder (``Qwen3TTSTokenizerV2Decoder``):
+    push codes chunk by chunk, get each chunk's audio at once (no look-ahead: the decoder is causal).
+
+    Args:
+        decoder: the official module (``Qwen3TTSTokenizer.model.decoder``, or
+            :func:`rvqspec_lib.models.configs.build_codec_decoder`), in float32 or bfloat16 (the stream runs in the
+            module's dtype), on any device. It is used as is (not copied); its weights must not change during a
+            stream (the ``onednn`` backend holds prepacked copies made here).
+        batch_size: rows of the first stream (see :meth:`reset`).
+        backend: ``"official"`` (the official modules' own calls, any device), ``"onednn"`` (prepacked oneDNN
+            layers, channels-last, CPU only: the fast one) or ``"auto"`` (``onednn`` on a CPU where torch has
+            oneDNN, else ``official``). See :mod:`rvqspec_lib.models.streaming_layers`.
+        chunk_frames_hint: the chunk size the ``onednn`` weights are laid out for (any chunk size works).
+    Raises:
+        ValueError: an unknown backend, or ``onednn`` where it cannot run (one line, naming the fix).
+
+    Usage::
+
+        dec = StreamingCodecDecoder(decoder)
+        dec.reset(batch_size=1)
+        for codes in chunks:          # (1, 16, n) int64, n >= 1 frames
+            wav = dec.push(codes)     # (1, n * 1920) float32 in [-1, 1], 24 kHz
+
+    Attributes:
+        n_codebooks (16), codebook_size (2048), frame_samples (1920: the official ``total_upsample``),
+        sample_rate (24000), lookahead_frames (0), frames (frames pushed since the last reset), backend.
+    """
+
+    lookahead_frames = 0
+    sample_rate = 24000
+
+    def __init__(self, decoder: nn.Module, batch_size: int = 1, *, backend: str = "auto",
+                 chunk_frames_hint: int = 1):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        p = next(decoder.parameters())
+        ok, why = onednn_available()
+        if backend == "auto":
+            backend = "onednn" if ok and p.device.type == "cpu" else "official"
+        if backend == "onednn" and (not ok or p.device.type != "cpu"):
+            raise ValueError(f"backend 'onednn' cannot run here ({why or 'the decoder is on ' + str(p.device)}): "
+                             "use backend='official'")
+        cfg = decoder.config
+        self.decoder, self.backend = decoder, backend
+        self.n_codebooks = int(cfg.num_quantizers)
+        self.codebook_size = int(cfg.codebook_size)
+        self.frame_samples = int(decoder.total_upsample)
+        blocks = decoder.decoder
+        if backend == "official":
+            self.quantizer = decoder.quantizer.decode
+            self.pre_conv = CausalConvState(decoder.pre_conv)
+            self.transformer = TransformerState(decoder.pre_transformer)
+            self.upsample = [(TransConvState(tc), ConvNeXtState(cnx)) for tc, cnx in decoder.upsample]
+            self.first_conv = CausalConvState(blocks[0])
+            self.blocks = [(b.block[0], TransConvState(b.block[1]), [ResidualUnitState(u) for u in b.block[2:]])
+                           for b in blocks[1:-2]]
+            self.last_act, self.last_conv = blocks[-2], CausalConvState(blocks[-1])
+        else:
+            with torch.no_grad():
+                self.quantizer = FastQuantizer(decoder.quantizer)
+                t = int(chunk_frames_hint)  # samples a chunk has at each stage, for the weight layouts
+                self.pre_conv = FastConv(decoder.pre_conv, t)
+                self.transformer = FastTransformer(decoder.pre_transformer, t)
+                self.upsample = []
+                for tc, cnx in decoder.upsample:
+                    self.upsample.append((FastTransConv(tc, t), FastConvNeXt(cnx, t * int(tc.conv.stride[0]))))
+                    t *= int(tc.conv.stride[0])
+                self.first_conv = FastConv(blocks[0], t)
+                self.blocks = []
+                for b in blocks[1:-2]:
+                    tc = FastTransConv(b.block[1], t)
+                    t *= tc.stride
+                    self.blocks.append((FastSnake(b.block[0]), tc, [FastResidualUnit(u, t) for u in b.block[2:]]))
+                self.last_act, self.last_conv = FastSnake(blocks[-2]), FastConv(blocks[-1], t)
+        self._stages = self.stages()
+        self.batch_size = 0
+        self.frames = 0
+        self.reset(batch_size)
+
+    def _states(self):
+        yield self.pre_conv
+        yield self.transformer
+        for tc, cnx in self.upsample:
+            yield tc
+            yield cnx
+        yield self.first_conv
+        for _, tc, units in self.blocks:
+            yield tc
+            yield from units
+        yield self.last_conv
+
+    def reset(self, batch_size: int = 1) -> None:
+        """Start a fresh stream of ``batch_size`` rows: convolution contexts and overhangs to zero (the official
+        zero padding), the KV cache emptied, frame positions back to 0.
+
+        Raises:
+            ValueError: ``batch_size < 1``.
+        """
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        p = next(self.decoder.parameters())
+        self.batch_size, self.frames = int(batch_size), 0
+        for s in self._states():
+            s.reset(self.batch_size, p.dtype, p.device)
+
+    @torch.no_grad()
+    def push(self, codes) -> torch.Tensor:
+        """Decode the next chunk of frames of every stream row.
+
+        Args:
+            codes: ``(batch_size, 16, n)`` integer code ids in ``[0, 2048)``, n >= 1 new frames (the layout of the
+                official ``forward``).
+        Returns:
+            ``(batch_size, n * 1920)`` float32 audio in [-1, 1] at 24 kHz: the official ``forward``'s samples of
+            these frames, as if it had been run on every frame pushed since :meth:`reset`, up to float rounding.
+        Raises:
+            ValueError: (one line) wrong number of codebooks or dimensions, non-integer codes, a chunk of 0 frames,
+                code ids out of range, or a batch other than :meth:`reset`'s.
+        """
+        codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size)
+        if codes.shape[0] != self.batch_size:
+            raise ValueError(f"codes of batch {codes.shape[0]} pushed to a stream of batch {self.batch_size}: call "
+                             f"reset(batch_size={codes.shape[0]}) first")
+        h = codes.to(next(self.decoder.parameters()).device)
+        for _, stage in self._stages:
+            h = stage(h)
+        self.frames += codes.shape[2]
+        return h
+
+    def stages(self) -> list[tuple[str, object]]:
+        """The decoder as a list of ``(name, function)`` stages that :meth:`push` composes (each advancing its own
+        state): ``rvq+pre_conv`` (codes ``(B, 16, n)`` in), ``transformer``, ``upsample`` (two x2 transposed
+        convolutions and ConvNeXt blocks), ``conv_in`` (latent -> decoder width), ``block0`` .. ``block3``
+        (SnakeBeta, transposed convolution x8, x5, x4, x3, three residual units), ``conv_out`` (SnakeBeta, the last
+        convolution, the clamp; ``(B, n * 1920)`` float32 out). For per-stage timing
+        (:mod:`rvqspec_lib.eval.codec_stream_bench`)."""
+        official = self.backend == "official"
+
+        def front(codes):
+            h = self.quantizer(codes)  # (B, codebook_dim, n)
+            return self.pre_conv(h) if official else self.pre_conv(to_cl(h))  # (B, latent, [1,] n)
+
+        def transformer(h):
+            if official:
+                return self.transformer(h.transpose(1, 2)).permute(0, 2, 1)  # (B, latent, n)
+            return to_cl(self.transformer(h.permute(0, 2, 3, 1)[:, 0]).transpose(1, 2))  # (B, latent, 1, n)
+
+        def upsample(h):
+            for tc, cnx in self.upsample:
+                h = cnx(tc(h))
+            return h
+
+        def block(act, tc, units):
+            def run(h):
+                h = tc(act(h))
+                for u in units:
+                    h = u(h)
+                return h
+            return run
+
+        def back(h):
+            wav = self.last_conv(self.last_act(h)).clamp(min=-1, max=1)  # (B, 1, [1,] n * frame_samples)
+            return wav.reshape(wav.shape[0], -1).float()
+
+        return ([("rvq+pre_conv", front), ("transformer", transformer), ("upsample", upsample),
+                 ("conv_in", self.first_conv)]
+                + [(f"block{i}", block(*b)) for i, b in enumerate(self.blocks)] + [("conv_out", back)])
+
+    @property
+    def emitted(self) -> int:
+        """Frames whose audio has been returned: all pushed frames (no look-ahead)."""
+        return self.frames
+
+    def flush(self) -> torch.Tensor:
+        """End of stream: the audio still held back. None is (no look-ahead): ``(batch_size, 0)`` float32."""
+        return torch.zeros(self.batch_size, 0)
+
+
+def streaming_decoder(codec, batch_size: int = 1, **kwargs):
+    """A streaming decoder for any of the project's speech codecs, with one interface (``reset(batch_size)``,
+    ``push(codes (B, 16, n)) -> (B, m * 1920)``, ``flush()``, ``lookahead_frames``):
+
+    * the official 12 Hz decoder (a ``Qwen3TTSTokenizerV2Decoder``, a ``Qwen3TTSTokenizerV2Model`` holding one, or a
+      :class:`rvqspec_lib.models.speech_tokenizers.Qwen12HzCodec`) -> :class:`StreamingCodecDecoder` (exact, no
+      look-ahead: m = n);
+    * the embedded model's offline codec (:class:`RVQCodec` or a
+      :class:`rvqspec_lib.models.speech_tokenizers.CodecSpeechTokenizer`) ->
+      :class:`rvqspec_lib.models.streaming_rvq.StreamingRVQDecoder` (approximate, 3 frames of look-ahead by default).
+
+    Args:
+        codec: one of the above. batch_size: rows of the first stream. kwargs: for the class chosen.
+    Raises:
+        ValueError: anything else (one line).
+    """
+    if isinstance(codec, RVQCodec) or isinstance(getattr(codec, "codec", None), RVQCodec):
+        return StreamingRVQDecoder(codec, batch_size, **kwargs)
+    dec = codec
+    if getattr(codec, "tokenizer", None) is not None:  # Qwen12HzCodec -> Qwen3TTSTokenizer -> model -> decoder
+        dec = codec.tokenizer.model.decoder
+    elif hasattr(getattr(codec, "decoder", None), "pre_transformer"):  # Qwen3TTSTokenizerV2Model
+        dec = codec.decoder
+    if not hasattr(dec, "pre_transformer"):
+        raise ValueError(f"no streaming decoder for a {type(codec).__name__}: pass the official 12 Hz decoder, a "
+                         "Qwen12HzCodec, an RVQCodec or a CodecSpeechTokenizer")
+    return StreamingCodecDecoder(dec, batch_size, **kwargs)

@@ -1,0 +1,475 @@
+"""Per-layer streaming state of the official 12 Hz speech tokenizer decoder, for
+:class:`rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` (docs/codec_streaming.md).
+
+What a stream carries from one chunk to the next, layer by layer (module docstring of ``streaming_codec``): a causal
+convolution's last ``(kernel - 1) * dilation`` input samples, a causal transposed convolution's ``kernel - stride``
+overhang (overlap-add), and the transformer's keys and values of the last ``sliding_window - 1`` frames with the
+frame position. Two backends hold that state over the SAME official weights:
+
+* ``official`` (:class:`CausalConvState`, :class:`TransConvState`, :class:`ConvNeXtState`,
+  :class:`ResidualUnitState`, :class:`TransformerState`): calls the official modules (their ``nn.Conv1d``, their
+  transformer layers, SnakeBeta, norms) on ``(B, C, T)`` activations; runs on any device.
+* ``onednn`` (the ``Fast*`` classes): every convolution, transposed convolution and linear layer run by oneDNN on a
+  copy of its weight laid out ONCE in oneDNN's blocked format (``torch.ops.mkldnn._reorder_*``), activations
+  channels-last ``(B, C, 1, T)`` (time-major in memory); CPU only. Why, measured on the project's 2-core AMD EPYC at
+  one thread: a chunk of a few frames gives the layers short time axes (4 samples a frame before the first transposed
+  convolution), where torch's stock CPU paths re-lay-out the weight on every call: ``nn.ConvTranspose1d``
+  1536 -> 768 (kernel 16) on 4 samples takes 115-170 ms on torch's reference path against 4.6 ms from a prepacked
+  weight (its 75 MB read once); ``nn.Conv1d`` 1024 -> 1536 (kernel 7) on 4 samples 17 ms against 2-4 ms; MKL's
+  sgemm runs at about a third of oneDNN's rate on this AMD CPU; channels-last saves the reorders around each
+  convolution (1x1 convolutions 1.5-3x faster). The transformer layer's steps are written out as the official
+  ``Qwen3TTSTokenizerV2DecoderTransformerLayer.forward`` runs them, calling the official RMSNorms, RoPE
+  (``apply_rotary_pos_emb``), layer scales and activation, with q, k, v in one matmul and gate, up in one (their
+  weights stacked). SnakeBeta's two per-channel factors are computed once from the official parameters.
+
+Both equal the official full-sequence ``forward`` up to float rounding (tests/test_streaming_codec.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rvqspec_lib.models.kernels.snake import snake
+
+_CL = torch.channels_last
+
+
+def onednn_available() -> tuple[bool, str]:
+    """Whether this torch has the oneDNN (mkldnn) CPU ops the backend needs: ``(ok, reason if not)``."""
+    if not torch.backends.mkldnn.is_available():
+        return False, "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    if not hasattr(torch.ops.mkldnn, "_convolution_pointwise"):
+        return False, "this torch has no torch.ops.mkldnn._convolution_pointwise"
+    return True, ""
+
+
+def check_codes_chunk(codes, n_codebooks: int, codebook_size: int) -> torch.Tensor:
+    """A chunk of codes for a stream: ``(B, n_codebooks, n)`` integer ids in ``[0, codebook_size)``, n >= 1,
+    returned as int64.
+
+    Raises:
+        ValueError: (one line naming the fix) another shape or number of codebooks, non-integer codes, 0 frames, ids
+            out of range.
+    """
+    if not isinstance(codes, torch.Tensor):
+        codes = torch.as_tensor(codes)
+    if codes.ndim != 3 or codes.shape[1] != n_codebooks:
+        raise ValueError(f"codes must have shape (batch, {n_codebooks}, frames), got {tuple(codes.shape)}: pass all "
+                         f"{n_codebooks} codebooks of each frame, codebook-major (codes.transpose(1, 2) turns "
+                         "(batch, frames, codebooks) around)")
+    if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+        raise ValueError(f"codes must be integers, got dtype {codes.dtype}: pass int64 code ids")
+    if codes.shape[2] == 0:
+        raise ValueError("a chunk of 0 frames: push at least one frame (call flush() to end a stream)")
+    lo, hi = int(codes.min()), int(codes.max())
+    if lo < 0 or hi >= codebook_size:
+        raise ValueError(f"code ids must lie in [0, {codebook_size}), got range [{lo}, {hi}]: strip special ids "
+                         "(pad, bos, eos >= 2048) before decoding")
+    return codes.long()
+
+
+def window_mask(cached: int, n: int, window: int | None, dtype, device) -> torch.Tensor | None:
+    """The official sliding-window causal mask for n new frames after ``cached`` frames in a :class:`WindowKV`:
+    additive ``(1, 1, n, cached + n)`` (0 where a query may attend, the dtype's minimum elsewhere), or ``None`` where
+    every query may attend to every key (one new frame: the cache never holds more than ``window - 1`` frames)."""
+    if n == 1:
+        return None
+    q = torch.arange(n, device=device)[:, None] + cached  # query positions, counted from the oldest cached key
+    k = torch.arange(cached + n, device=device)[None, :]
+    ok = k <= q
+    if window is not None:
+        ok &= k > q - window
+    return torch.zeros(ok.shape, dtype=dtype, device=device).masked_fill_(~ok, torch.finfo(dtype).min)[None, None]
+
+
+class CausalConvState:
+    """The left context of one official ``Qwen3TTSTokenizerV2CausalConvNet`` (stride 1): its last
+    ``(kernel_size - 1) * dilation`` input samples, zeros at the start of a stream (the official left zero padding)."""
+
+    def __init__(self, module: nn.Module):
+        if module.stride != 1:
+            raise ValueError(f"a causal convolution of stride {module.stride}: only stride 1 streams here")
+        self.module = module
+        self.context = int(module.kernel_size) - 1  # the official module's effective kernel: (k - 1) * dilation + 1
+        self.buf: torch.Tensor | None = None
+
+    def reset(self, batch_size: int, dtype: torch.dtype, device) -> None:
+        c = self.module.conv.in_channels
+        self.buf = torch.zeros(batch_size, c, self.context, dtype=dtype, device=device) if self.context else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, C_in, T) -> (B, C_out, T)
+        if self.buf is None:
+            return self.module.conv(x)
+        xc = torch.cat([self.buf, x], -1)  # (B, C_in, context + T)
+        self.buf = xc[..., xc.shape[-1] - self.context:]
+        return self.module.conv(xc)
+
+
+class TransConvState:
+    """The overhang of one official ``Qwen3TTSTokenizerV2CausalTransConvNet``: a transposed convolution of kernel K
+    and stride s maps n input samples to ``(n - 1) * s + K`` outputs; the official module keeps the first ``n * s``
+    and trims the last ``K - s``, which are exactly the contributions of this chunk to the next chunk's first
+    ``K - s`` samples. They are carried and added there (overlap-add); the bias is added once, after."""
+
+    def __init__(self, module: nn.Module):
+        conv = module.conv
+        self.module = module
+        self.stride = int(conv.stride[0])
+        self.overhang = int(conv.kernel_size[0]) - self.stride
+        if self.overhang != module.right_pad or conv.padding[0] or conv.output_padding[0] or conv.dilation[0] != 1:
+            raise ValueError("a transposed convolution not of the official causal form (kernel - stride trimmed on "
+                             "the right, no padding, no dilation)")
+        self.tail: torch.Tensor | None = None
+
+    def reset(self, batch_size: int, dtype: torch.dtype, device) -> None:
+        c = self.module.conv.out_channels
+        self.tail = torch.zeros(batch_size, c, self.overhang, dtype=dtype, device=device) if self.overhang else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, C_in, n) -> (B, C_out, n * stride)
+        conv = self.module.conv
+        if self.tail is None:
+            return conv(x)
+        y = F.conv_transpose1d(x, conv.weight, None, stride=self.stride)  # (B, C_out, n * s + overhang)
+        n_out = x.shape[-1] * self.stride
+        y[..., : self.overhang] += self.tail
+        self.tail = y[..., n_out:]
+        out = y[..., :n_out]
+        return out if conv.bias is None else out + conv.bias[:, None]
+
+
+class ConvNeXtState:
+    """One official ``Qwen3TTSTokenizerV2ConvNeXtBlock`` with its causal depthwise convolution streamed; the rest of
+    the block (LayerNorm, the two pointwise layers, GELU, gamma, the residual) acts on each sample alone."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.dwconv = CausalConvState(module.dwconv)
+
+    def reset(self, batch_size, dtype, device):
+        self.dwconv.reset(batch_size, dtype, device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T)
+        m = self.module
+        h = self.dwconv(x).permute(0, 2, 1)  # (B, T, C)
+        h = m.pwconv2(m.act(m.pwconv1(m.norm(h))))
+        return x + (m.gamma * h).permute(0, 2, 1)
+
+
+class WindowKV:
+    """The transformer's key/value cache, bounded by its attention window: per layer, the keys and values of the
+    last ``window - 1`` frames (a frame attends to itself and the ``window - 1`` frames before it; transformers'
+    ``sliding_window_overlay``: key position > query position - window). It has the ``update`` method the
+    official attention calls (``past_key_values.update(k, v, layer_idx, cache_kwargs)``)."""
+
+    def __init__(self, n_layers: int, window: int | None):
+        self.keep = None if window is None else int(window) - 1
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+
+    def cached(self) -> int:
+        k = self.keys[0]
+        return 0 if k is None else int(k.shape[-2])
+
+    def update(self, key, value, layer_idx, cache_kwargs=None):  # (B, H, n, D) each
+        if self.keys[layer_idx] is not None:
+            key = torch.cat([self.keys[layer_idx], key], -2)
+            value = torch.cat([self.values[layer_idx], value], -2)
+        keep = key.shape[-2] if self.keep is None else min(self.keep, key.shape[-2])
+        self.keys[layer_idx] = key[:, :, key.shape[-2] - keep:]
+        self.values[layer_idx] = value[:, :, value.shape[-2] - keep:]
+        return key, value
+
+
+class TransformerState:
+    """The official ``pre_transformer`` (``Qwen3TTSTokenizerV2DecoderTransformerModel``) run on a chunk of frames
+    with a :class:`WindowKV` cache: its input/output projections, RoPE, layers and final norm are the official
+    modules; positions continue from chunk to chunk; the attention mask is the official sliding-window causal mask
+    restricted to the chunk's queries (:func:`window_mask`)."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.window = getattr(module.config, "sliding_window", None)
+        self.kv = WindowKV(len(module.layers), self.window)
+        self.position = 0
+
+    def reset(self, batch_size, dtype, device):
+        self.kv = WindowKV(len(self.module.layers), self.window)
+        self.position = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, latent) -> (B, n, latent)
+        m = self.module
+        n = x.shape[1]
+        h = m.input_proj(x)
+        positions = torch.arange(self.position, self.position + n, device=x.device)
+        position_ids = positions[None]
+        cos_sin = m.rotary_emb(h, position_ids)
+        mask = window_mask(self.kv.cached(), n, self.window, h.dtype, h.device)
+        for layer in m.layers:
+            h = layer(h, attention_mask=mask, position_ids=position_ids, past_key_values=self.kv, use_cache=True,
+                      cache_position=positions, position_embeddings=cos_sin)
+        self.position += n
+        return m.output_proj(m.norm(h))
+
+
+class ResidualUnitState:
+    """One official ``Qwen3TTSTokenizerV2DecoderDecoderResidualUnit``: SnakeBeta, the dilated causal convolution
+    (streamed), SnakeBeta, the 1x1 convolution, the residual."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.conv1 = CausalConvState(module.conv1)
+
+    def reset(self, batch_size, dtype, device):
+        self.conv1.reset(batch_size, dtype, device)
+
+    def __call__(self, x):  # (B, C, T)
+        m = self.module
+        return m.conv2.conv(m.act2(self.conv1(m.act1(x)))) + x
+
+
+def to_cl(x: torch.Tensor) -> torch.Tensor:
+    """``(B, C, T)`` -> ``(B, C, 1, T)`` channels-last (time-major in memory)."""
+    return x.unsqueeze(2).contiguous(memory_format=_CL)
+
+
+class FastConv:
+    """A causal convolution (official ``Qwen3TTSTokenizerV2CausalConvNet``, stride 1, any groups) on channels-last
+    ``(B, C, 1, T)`` activations with a prepacked weight; its left context carried as in the official backend."""
+
+    def __init__(self, module: nn.Module, t_hint: int):
+        conv = module.conv
+        if module.stride != 1:
+            raise ValueError(f"a causal convolution of stride {module.stride}: only stride 1 streams here")
+        self.context = int(module.kernel_size) - 1
+        self.dilation = int(conv.dilation[0])
+        self.groups = int(conv.groups)
+        self.in_channels = int(conv.in_channels)
+        w = conv.weight.detach().unsqueeze(2).contiguous(memory_format=_CL)  # (C_out, C_in / groups, 1, k)
+        self.weight = torch.ops.mkldnn._reorder_convolution_weight(
+            w, [0, 0], [1, 1], [1, self.dilation], self.groups, [1, self.in_channels, 1, t_hint + self.context])
+        self.bias = None if conv.bias is None else conv.bias.detach()
+        self.buf: torch.Tensor | None = None
+
+    def reset(self, batch_size: int, dtype, device) -> None:
+        self.buf = (torch.zeros(batch_size, self.in_channels, 1, self.context, dtype=dtype, device=device)
+                    .contiguous(memory_format=_CL) if self.context else None)
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``(B, C_in, 1, T)`` -> ``(B, C_out, 1, T)``, plus ``residual`` (added by oneDNN) when given."""
+        if self.buf is not None:
+            x = torch.cat([self.buf, x], 3)  # (B, C_in, 1, context + T)
+            self.buf = x[..., x.shape[-1] - self.context:]
+        x = x.contiguous(memory_format=_CL)
+        conv = torch.ops.mkldnn._convolution_pointwise
+        if residual is None:
+            return conv(x, self.weight, self.bias, [0, 0], [1, 1], [1, self.dilation], self.groups, "none", [], "")
+        return conv.binary(x, residual.contiguous(memory_format=_CL), self.weight, self.bias, [0, 0], [1, 1],
+                           [1, self.dilation], self.groups, "add", None, None, [], None)
+
+
+class FastTransConv:
+    """A causal transposed convolution (official ``Qwen3TTSTokenizerV2CausalTransConvNet``) with a prepacked weight;
+    the ``kernel - stride`` overhang carried and added to the next chunk (overlap-add). The bias is applied by
+    oneDNN to every output, so the carried overhang has it taken off once."""
+
+    def __init__(self, module: nn.Module, t_hint: int):
+        conv = module.conv
+        self.stride = int(conv.stride[0])
+        self.overhang = int(conv.kernel_size[0]) - self.stride
+        if self.overhang != module.right_pad or conv.padding[0] or conv.output_padding[0] or conv.dilation[0] != 1:
+            raise ValueError("a transposed convolution not of the official causal form (kernel - stride trimmed on "
+                             "the right, no padding, no dilation)")
+        self.out_channels = int(conv.out_channels)
+        w = conv.weight.detach().unsqueeze(2).contiguous(memory_format=_CL)  # (C_in, C_out, 1, K)
+        self.weight = torch.ops.mkldnn._reorder_convolution_transpose_weight(
+            w, [0, 0], [0, 0], [1, self.stride], [1, 1], 1, [1, int(conv.in_channels), 1, t_hint])
+        self.bias = None if conv.bias is None else conv.bias.detach()
+        self.tail: torch.Tensor | None = None
+
+    def reset(self, batch_size: int, dtype, device) -> None:
+        self.tail = (torch.zeros(batch_size, self.out_channels, 1, self.overhang, dtype=dtype, device=device)
+                     if self.overhang else None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, C_in, 1, n) -> (B, C_out, 1, n * stride)
+        y = torch.ops.mkldnn._convolution_transpose_pointwise(
+            x.contiguous(memory_format=_CL), self.weight, self.bias, [0, 0], [0, 0], [1, self.stride], [1, 1], 1,
+            "none", [], "")  # (B, C_out, 1, n * stride + overhang)
+        if self.tail is None:
+            return y
+        n_out = x.shape[-1] * self.stride
+        y[..., : self.overhang] += self.tail
+        tail = y[..., n_out:]
+        self.tail = tail if self.bias is None else tail - self.bias[:, None, None]
+        return y[..., :n_out]
+
+
+class FastLinear:
+    """``y = x @ W.T + b`` by oneDNN with a prepacked weight: ``W`` one official ``nn.Linear``'s, or several stacked
+    along the output dimension so that one matmul serves them; ``row_scale`` (a per-output-channel factor, e.g. an
+    official layer scale) folded into ``W`` and ``b`` once. ``__call__`` takes a fused oneDNN activation (``attr``
+    ``"gelu"``); :meth:`add` fuses a residual: ``x @ W.T + b + other``."""
+
+    def __init__(self, linears: list[nn.Module], rows_hint: int, row_scale: torch.Tensor | None = None):
+        w = torch.cat([lin.weight.detach() for lin in linears], 0)
+        biases = [lin.bias for lin in linears]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b.detach() if b is not None else torch.zeros(lin.out_features, dtype=w.dtype, device=w.device)
+             for b, lin in zip(biases, linears)])
+        if row_scale is not None:
+            w = (w.float() * row_scale.detach().float()[:, None]).to(w.dtype)
+            bias = None if bias is None else (bias.float() * row_scale.detach().float()).to(w.dtype)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(w, rows_hint)
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor, attr: str = "none", algorithm: str = "") -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
+
+    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.weight, self.bias, "add")
+
+
+class FastSnake:
+    """The official ``SnakeBeta`` ``x + sin(x * e^alpha)^2 / (e^beta + 1e-9)`` on channels-last activations: its two
+    per-channel factors computed once from the official parameters (float32), the function by the fused kernel
+    :func:`rvqspec_lib.models.kernels.snake.snake` (one pass over memory instead of five)."""
+
+    def __init__(self, module: nn.Module):
+        with torch.no_grad():
+            self.alpha = torch.exp(module.alpha.detach().float()).contiguous()
+            self.inv_beta = (1.0 / (torch.exp(module.beta.detach().float()) + module.no_div_by_zero)).contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, 1, T) channels-last
+        return snake(x, self.alpha, self.inv_beta)
+
+
+class FastQuantizer:
+    """The official ``SplitResidualVectorQuantizer.decode``: codes ``(B, 16, n)`` -> ``(B, codebook_dim, n)``. Each
+    codebook's table (``embedding_sum / cluster_usage.clamp(min=epsilon)``, which the official ``decode`` recomputes
+    for all 16 x 2048 entries on every call: 16 ms of a 1-frame chunk) is computed once; the lookups are summed per
+    group (the semantic codebook, the 15 acoustic ones) and projected by the official ``output_proj`` layers."""
+
+    def __init__(self, quantizer: nn.Module):
+        self.q = quantizer
+        self.n_first = int(quantizer.n_q_semantic)
+        with torch.no_grad():
+            tables = [layer._codebook for rvq in (quantizer.rvq_first, quantizer.rvq_rest) for layer in rvq.vq.layers]
+            self.tables = torch.stack([cb.embedding_sum / cb.cluster_usage.clamp(min=cb.epsilon)[:, None]
+                                       for cb in tables])  # (n_codebooks, codebook_size, dim)
+        for rvq in (quantizer.rvq_first, quantizer.rvq_rest):
+            if any(not isinstance(layer.project_out, nn.Identity) for layer in rvq.vq.layers):
+                raise ValueError("a codebook with its own projection: not the released quantizer's form")
+
+    def __call__(self, codes: torch.Tensor) -> torch.Tensor:  # (B, K, n) int64 -> (B, codebook_dim, n)
+        k = codes.shape[1]
+        rows = self.tables[torch.arange(k, device=codes.device)[None, :, None], codes]  # (B, K, n, dim)
+        first = rows[:, : self.n_first].sum(1).transpose(1, 2)  # (B, dim, n)
+        out = self.q.rvq_first.output_proj(first)
+        if k > self.n_first:
+            out = out + self.q.rvq_rest.output_proj(rows[:, self.n_first:].sum(1).transpose(1, 2))
+        return out
+
+
+class FastConvNeXt:
+    """One official ``Qwen3TTSTokenizerV2ConvNeXtBlock``: the causal depthwise convolution streamed and prepacked,
+    the official LayerNorm, the two pointwise layers prepacked (GELU fused into the first by oneDNN: the official
+    ``nn.GELU()``, exact erf), gamma and the residual."""
+
+    def __init__(self, module: nn.Module, t_hint: int):
+        self.module = module
+        self.dwconv = FastConv(module.dwconv, t_hint)
+        self.pw1 = FastLinear([module.pwconv1], t_hint)
+        self.pw2 = FastLinear([module.pwconv2], t_hint)
+
+    def reset(self, batch_size, dtype, device):
+        self.dwconv.reset(batch_size, dtype, device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, 1, T) channels-last
+        m = self.module
+        h = self.dwconv(x).permute(0, 2, 3, 1)  # (B, 1, T, C), a view of the channels-last memory
+        h = self.pw2(self.pw1(m.norm(h), "gelu", "none"))
+        return x + (m.gamma * h).permute(0, 3, 1, 2)
+
+
+class FastResidualUnit:
+    """One official ``Qwen3TTSTokenizerV2DecoderDecoderResidualUnit``: SnakeBeta, the dilated causal convolution
+    (streamed, prepacked), SnakeBeta, the 1x1 convolution (prepacked) with the residual added by oneDNN."""
+
+    def __init__(self, module: nn.Module, t_hint: int):
+        self.act1, self.act2 = FastSnake(module.act1), FastSnake(module.act2)
+        self.conv1 = FastConv(module.conv1, t_hint)
+        self.conv2 = FastConv(module.conv2, t_hint)
+
+    def reset(self, batch_size, dtype, device):
+        self.conv1.reset(batch_size, dtype, device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, 1, T) channels-last
+        return self.conv2(self.act2(self.conv1(self.act1(x))), residual=x)
+
+
+class FastTransformer:
+    """The official ``pre_transformer`` on a chunk of frames with a :class:`WindowKV` cache and
+    :func:`window_mask`, its linear layers prepacked (module docstring). Per layer, in the official layer's order:
+    RMSNorm (``F.rms_norm`` with the official weight and epsilon), q/k/v in one matmul, RoPE (the official
+    ``x cos + rotate_half(x) sin`` on q and k at once), attention over the window, the output projection with the
+    official layer scale folded into it and the residual added by oneDNN, RMSNorm, gate/up in one matmul, SiLU, the
+    down projection likewise scaled and added. Attention is the official eager attention (``eager_attention_forward``:
+    softmax in float32)."""
+
+    def __init__(self, module: nn.Module, rows_hint: int):
+        self.module = module
+        self.input_proj = FastLinear([module.input_proj], rows_hint)
+        self.output_proj = FastLinear([module.output_proj], rows_hint)
+        self.layers = []
+        for layer in module.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(dict(
+                norm1=(layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+                norm2=(layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+                qkv=FastLinear([a.q_proj, a.k_proj, a.v_proj], rows_hint),
+                o=FastLinear([a.o_proj], rows_hint, layer.self_attn_layer_scale.scale),
+                gate_up=FastLinear([m.gate_proj, m.up_proj], rows_hint),
+                down=FastLinear([m.down_proj], rows_hint, layer.mlp_layer_scale.scale),
+                act=m.act_fn))
+        a = module.layers[0].self_attn
+        self.n_q, self.n_kv = int(a.config.num_attention_heads), int(a.config.num_key_value_heads)
+        self.head_dim, self.scaling = int(a.head_dim), float(a.scaling)
+        self.hidden = int(module.config.hidden_size)
+        self.window = getattr(module.config, "sliding_window", None)
+        self.kv = WindowKV(len(module.layers), self.window)
+        self.position = 0
+
+    def reset(self, batch_size, dtype, device):
+        self.kv = WindowKV(len(self.module.layers), self.window)
+        self.position = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, latent) -> (B, n, latent)
+        m = self.module
+        b, n, _ = x.shape
+        n_q, n_kv, d = self.n_q, self.n_kv, self.head_dim
+        h = self.input_proj(x)  # (B, n, hidden)
+        positions = torch.arange(self.position, self.position + n, device=x.device)
+        cos, sin = m.rotary_emb(h, positions[None])  # (1, n, d) each
+        cos, sin = cos[:, None], sin[:, None]
+        mask = window_mask(self.kv.cached(), n, self.window, h.dtype, h.device)
+        shape = (self.hidden,)
+        for i, p in enumerate(self.layers):
+            qkv = p["qkv"](F.rms_norm(h, shape, *p["norm1"]))  # (B, n, (n_q + 2 n_kv) d)
+            qk = qkv[..., : (n_q + n_kv) * d].view(b, n, n_q + n_kv, d).transpose(1, 2)  # (B, Hq + Hk, n, d)
+            qk = qk * cos + torch.cat((-qk[..., d // 2:], qk[..., : d // 2]), -1) * sin  # official rotate_half
+            v = qkv[..., (n_q + n_kv) * d:].view(b, n, n_kv, d).transpose(1, 2)  # (B, Hk, n, d)
+            k, v = self.kv.update(qk[:, n_q:], v, i)
+            if n_q != n_kv:  # grouped-query attention: each key/value head serves n_q / n_kv query heads
+                k, v = k.repeat_interleave(n_q // n_kv, 1), v.repeat_interleave(n_q // n_kv, 1)
+            # the official eager attention (softmax in float32): for a few queries over at most 72 keys it is 3-4x
+            # cheaper than torch's CPU flash-attention kernel, whose fixed cost dominates at these sizes
+            w = torch.matmul(qk[:, :n_q], k.transpose(2, 3)) * self.scaling  # (B, Hq, n, keys)
+            if mask is not None:
+                w = w + mask
+            o = torch.matmul(torch.softmax(w, -1, dtype=torch.float32).to(v.dtype), v)  # (B, Hq, n, d)
+            h = p["o"].add(o.transpose(1, 2).reshape(b, n, n_q * d), h)
+            gate, up = p["gate_up"](F.rms_norm(h, shape, *p["norm2"])).chunk(2, -1)
+            h = p["down"].add(p["act"](gate) * up, h)
+        self.position += n
+        return self.output_proj(m.norm(h))

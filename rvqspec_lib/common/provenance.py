@@ -352,6 +352,40 @@ def save_figure(fig, path_stem: str | os.PathLike, prov: Mapping, *, dpi: int = 
     return {"png": png, "pdf": pdf, "provenance": side}
 
 
+def save_audio(wav, sample_rate: int, path_stem: str | os.PathLike, prov: Mapping, *, peak: float = 0.95) -> Path:
+    """Write a listening example as ``<stem>.wav`` (16-bit PCM, mono) plus the provenance sidecar, all-or-nothing:
+    what a notebook plays with ``IPython.display.Audio(filename=...)`` and what the committed notebooks play.
+
+    Args:
+        wav: ``(samples,)`` float waveform (numpy or torch), any scale: peak-limited to ``peak`` of full scale when
+            louder (never amplified). sample_rate: in Hz (the 12 Hz codec's 24000). path_stem: without ``.wav``.
+        prov: :func:`provenance`'s record.
+
+    Returns:
+        the ``.wav`` path.
+
+    Raises:
+        ValueError: not a 1-D waveform, or an empty one, or a sample rate <= 0.
+    """
+    import numpy as np  # noqa: PLC0415 (numpy and soundfile: the audio writers only; provenance stays light)
+    import soundfile as sf  # noqa: PLC0415
+
+    x = np.asarray(wav.detach().cpu() if hasattr(wav, "detach") else wav, dtype=np.float32).reshape(-1) \
+        if getattr(wav, "ndim", 1) <= 1 or min(getattr(wav, "shape", (1,))) == 1 else None
+    if x is None or x.size == 0 or int(sample_rate) <= 0:
+        raise ValueError("save_audio takes one non-empty mono waveform (samples,) and a sample rate > 0")
+    top = float(np.abs(x).max())
+    if top > peak:
+        x = x * (peak / top)
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    out, side = stem.with_name(stem.name + ".wav"), _sidecar_path(stem)
+    with atomic_outputs([out, side]) as (tmp_wav, tmp_side):
+        sf.write(str(tmp_wav), x, int(sample_rate), subtype="PCM_16", format="WAV")
+        tmp_side.write_text(_sidecar_text(prov, [out]))
+    return out
+
+
 def save_json(obj: Mapping, path: str | os.PathLike, prov: Mapping) -> Path:
     """Write a metrics dict as JSON with its provenance under the key ``"provenance"``.
 

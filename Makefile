@@ -62,8 +62,12 @@ SMOKE_ON      := $(filter-out 0 false no,$(SMOKE))
 MODEL_TAG     := $(subst /,_,$(MODEL))
 THREADS       ?= 1
 RUN_TAG       := $(if $(SMOKE_ON),smoke,full)$(if $(MODEL),-$(MODEL_TAG))$(if $(THREADS),-t$(THREADS))
-EXEC_DIR      := build/executed/$(RUN_TAG)
+# papermill writes a notebook as it runs into PARTIAL_DIR; the executed notebook, outputs included (figures, tables,
+# audio players), is moved when it ends into EXEC_DIR: beside the figures for a full run (committed, so a fresh clone
+# or a browser shows the executed notebooks), under build/ for a smoke run
+PARTIAL_DIR   := build/executed/$(RUN_TAG)
 FIG_DIR       ?= $(if $(SMOKE_ON),build/smoke_figures$(if $(MODEL),/$(MODEL_TAG)),figures$(if $(MODEL),/$(MODEL_TAG)))
+EXEC_DIR      := $(if $(SMOKE_ON),$(PARTIAL_DIR),$(FIG_DIR)/notebooks)
 PM_PARAMS     := $(strip $(if $(SMOKE_ON),-p smoke 1) $(if $(MODEL),-p model $(MODEL)) \
                  $(if $(THREADS),-p threads $(THREADS)) $(if $(DATASET),-p dataset $(DATASET)) \
                  $(if $(CODEC),-p codec $(CODEC)) $(if $(FLEURS),-p fleurs $(FLEURS)) \
@@ -156,7 +160,7 @@ paper-run: $(NB_EXEC)
 # exactly the notebooks whose stamps are missing or older than their prerequisites: the converted notebook, the
 # executed notebook, the stamp and .paper-params are each written to a temporary name in the same folder and moved
 # into place (mv is rename(2): whole or absent); papermill writes the executed notebook as it goes, so it runs into
-# $(EXEC_DIR)/NN_name.partial.ipynb (kept after a failure or an interrupt, for reading) and is renamed when it ends;
+# $(PARTIAL_DIR)/NN_name.partial.ipynb (kept after a failure or an interrupt, for reading) and is renamed when it ends;
 # figures and tables are written all-or-nothing by save_figure / save_table; the stamp is the last thing written.
 build/%.ipynb: notebooks/%.py $(STAMP)
 	@mkdir -p $(@D)
@@ -169,9 +173,9 @@ $(PARAMS_FILE): FORCE
 	  echo "paper: $(FIG_DIR)/ gets new parameters: $(PM_PARAMS)"; }
 
 $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
-	@mkdir -p $(EXEC_DIR) $(FIG_DIR)
-	$(VENV)/bin/papermill $< $(EXEC_DIR)/$*.partial.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
-	@mv -f $(EXEC_DIR)/$*.partial.ipynb $(EXEC_DIR)/$*.ipynb
+	@mkdir -p $(PARTIAL_DIR) $(EXEC_DIR) $(FIG_DIR)
+	$(VENV)/bin/papermill $< $(PARTIAL_DIR)/$*.partial.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
+	@mv -f $(PARTIAL_DIR)/$*.partial.ipynb $(EXEC_DIR)/$*.ipynb
 	@echo "$(RUN_ID) $$(date -u +%Y-%m-%dT%H:%M:%SZ) $(EXEC_DIR)/$*.ipynb" > $@.part && mv -f $@.part $@
 
 # A timing notebook runs ALONE, also under `make -j` (`paper` runs with -j$(PAPER_JOBS)): a timing cell sharing the

@@ -294,7 +294,9 @@ def _synth(tmp_path, *extra, text="Hi there."):
     (["--decoder", "ssd-lossy", "--frame", "fused", "--backend", "native"], "not LossySSD; or use --frame stepped"),
     (["--decoder", "auto", "--frame", "stepped"], "--decoder auto chooses how its decoder runs; drop --frame"),
     (["--codes-to-audio", "table"], "no offline codec"),
-    (["--talker", "native", "--dtype", "float64"], "--talker native runs float32 or bfloat16 talkers"),
+    (["--talker", "native", "--dtype", "float64"], "--talker native runs --dtype float32, bfloat16, int8 or "
+                                                   "int8-dynamic, not float64: give one of those, or use --talker "
+                                                   "official"),
 ])
 def test_synth_bad_flags_fail_before_loading(tmp_path, capsys, monkeypatch, extra, needle):
     monkeypatch.setattr(loader, "load_model", _no_load)
@@ -577,13 +579,27 @@ def test_one_code_group_is_a_clear_error_at_load_and_at_decode(tmp_path, capsys)
 # README
 # ---------------------------------------------------------------------------------------------------------------------
 def test_readme_first_synth_uses_the_chain_and_documents_the_timings():
+    """The README's first synth example decodes with chain:4; every synth example is a command line the parser takes
+    (no removed flag) with a decoder name of the grammar; the timing fields are documented."""
+    import shlex
+
+    from rvqspec_lib.cli.main import build_parser
+    from rvqspec_lib.decoding.decoder_names import parse_decoder_name
+
     text = (REPO / "README.md").read_text()
     first = next(line for line in text.splitlines() if line.lstrip().startswith("rvqspec synth"))
     assert "--decoder chain:4" in first, first
-    assert "--decoder tree:" in text  # the tree is still shown elsewhere
-    examples = [line for line in text.splitlines() if "rvqspec " in line and line.lstrip().startswith(("rvqspec",
-                                                                                                         ".venv"))]
+    assert "--decoder tree:" in text or '--decoder "tree:' in text  # the tree is still shown elsewhere
+    examples = [line for line in text.replace("\\\n", " ").splitlines()
+                if "rvqspec " in line and line.lstrip().startswith(("rvqspec", ".venv"))]
     assert not [line for line in examples if "--window" in line or "--tree " in line]  # the removed spellings
+    synths = [line.split("#")[0] for line in examples if line.lstrip().startswith(("rvqspec synth",
+                                                                                   ".venv/bin/rvqspec synth"))]
+    assert len(synths) >= 5, synths
+    parser = build_parser(["synth"])
+    for line in synths:
+        args = parser.parse_args(shlex.split(line)[1:])  # a removed or unknown flag exits 2 here
+        parse_decoder_name(args.decoder)
     for field in ("load_s", "synth_s", "decode_s", "total_s", "rtf", "--threads 0", "interrupted"):
         assert field in text, field
 

@@ -115,10 +115,12 @@ def check_args(args) -> list[tuple[Path, Path]]:
         if args.backend == "native" and args.dtype not in PRECISIONS:
             raise ValueError(f"--backend native runs {', '.join(PRECISIONS)}: drop --dtype {args.dtype}")
     if args.talker == "native":
-        ok, why = B.available("native", args.dtype if args.dtype in PRECISIONS else "float32")
-        if not ok or args.dtype not in PRECISIONS:
-            raise ValueError(f"--talker native: {why or f'it runs {chr(44).join(PRECISIONS)}, not {args.dtype}'}: "
-                             "use --talker official")
+        if args.dtype not in PRECISIONS:
+            raise ValueError(f"--talker native runs --dtype {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, not "
+                             f"{args.dtype}: give one of those, or use --talker official")
+        ok, why = B.available("native", args.dtype)
+        if not ok:
+            raise ValueError(f"--talker native is not available here: {why}: use --talker official")
     if name.kind == "auto" and args.frame != "auto":
         raise ValueError(f"--frame {args.frame}: --decoder auto chooses how its decoder runs; drop --frame")
     if args.frame == "fused":  # a calibrated tree or paper is a tree: no fused frame either

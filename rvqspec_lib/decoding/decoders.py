@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 MAX_WINDOW = 8
 #: Chain windows swept by evaluations (eval-acceptance without --decoder, notebook 02): 2..MAX_WINDOW.
 CHAIN_WINDOWS = tuple(range(2, MAX_WINDOW + 1))
-#: Window of ``Chain()`` and of ``--decoder chain`` without ``--window``.
+#: Window of ``Chain()`` and of ``--decoder chain`` without ``:N``.
 DEFAULT_WINDOW = 4
 #: Default sparse tree (``Tree()``'s and the command line's): top-2 one step ahead, the top code two and three steps
 #: ahead below the first.

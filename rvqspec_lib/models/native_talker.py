@@ -33,7 +33,7 @@ int8-dynamic: :func:`rvqspec_lib.models.precision.apply_precision`).
   rounding may move by one step), so greedy code 0 equals the official step's wherever its top-2 margin is clear
   (tested).
 
-The frame loop runs a whole utterance with it: ``synthesize(lm, texts, talker_backend=NativeTalker(lm))``
+The frame loop runs a whole utterance with it: ``synthesize(lm, texts, talker=NativeTalker(lm))``
 (:func:`rvqspec_lib.models.frame.synthesize`). Timing against the floor: :mod:`rvqspec_lib.eval.talker_bench`.
 Embeddings (codec and text tables, ``text_projection``) stay the official module's: the caller feeds embeddings.
 """

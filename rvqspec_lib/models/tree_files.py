@@ -3,7 +3,7 @@
 A calibration (:func:`rvqspec_lib.eval.calibration.calibrate`) is a small JSON file,
 ``<model_dir>/trees/<drafter>.json`` (the trees depend on the drafter that proposes the codes): for each kind
 (``point-mass``, ``sampled``) the tree of every node budget N = 2..64 and its predicted tokens per call. Names
-accepted wherever a tree is asked for (``rvqspec synth --tree calibrated:16``):
+accepted wherever a tree is asked for (``rvqspec synth --decoder tree:calibrated:16``):
 
 * ``calibrated:N`` -- the kind with the larger predicted tokens per call at budget N;
 * ``calibrated-sampled:N`` / ``calibrated-point-mass:N`` -- that kind;

@@ -24,6 +24,31 @@ def pytest_runtest_makereport(item, call):
         rep.longrepr = f"skipped under CI (a dependency is missing from .ci/run / make env): {rep.longrepr}"
 
 
+# ---- no model may load: bad input is refused first ------------------------------------------------------------------
+def _refuse_load(*a, **k):
+    raise AssertionError("a model was loaded before the bad input was refused")
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """``load_model`` refuses, in the loader and in every project module that holds it by name
+    (``rvqspec_lib.cli.bench_jobs`` imports it by name). The command modules are imported lazily, when their command
+    first runs: a module imported for the first time while the loader held a stand-in would keep that stand-in for
+    the rest of the test process, so every command module is imported here first, before anything is replaced."""
+    import importlib
+    import sys
+
+    from rvqspec_lib.cli.main import COMMANDS
+    from rvqspec_lib.models import loader
+
+    for module in ["bench_jobs", *(command[2] for command in COMMANDS.values())]:
+        importlib.import_module(f"rvqspec_lib.cli.{module}")
+    monkeypatch.setattr(loader, "load_model", _refuse_load)
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("rvqspec_lib") and callable(getattr(mod, "load_model", None)):
+            monkeypatch.setattr(mod, "load_model", _refuse_load)
+
+
 # ---- code predictors shared by the export tests ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cp():

@@ -13,24 +13,6 @@ from __future__ import annotations
 import pytest
 
 
-def _no_load(*a, **k):
-    raise AssertionError("a model was loaded before the bad input was refused")
-
-
-@pytest.fixture
-def no_load(monkeypatch):
-    """``load_model`` refuses, in the loader and in every module that imported it by name (the command modules are
-    imported when their command first runs: import them first, so none keeps the refusing stand-in)."""
-    import sys
-
-    from rvqspec_lib.cli import bench_jobs  # noqa: F401
-    from rvqspec_lib.models import loader
-
-    for mod in list(sys.modules.values()):
-        if getattr(mod, "load_model", None) is loader.load_model and mod.__name__.startswith("rvqspec_lib"):
-            monkeypatch.setattr(mod, "load_model", _no_load)
-
-
 def _table(**kw):
     from rvqspec_lib.eval.bench_table import bench_table
 

@@ -298,16 +298,14 @@ def _synth(tmp_path, *extra, text="Hi there."):
                                                    "int8-dynamic, not float64: give one of those, or use --talker "
                                                    "official"),
 ])
-def test_synth_bad_flags_fail_before_loading(tmp_path, capsys, monkeypatch, extra, needle):
-    monkeypatch.setattr(loader, "load_model", _no_load)
+def test_synth_bad_flags_fail_before_loading(tmp_path, capsys, extra, needle, no_load):
     assert _synth(tmp_path, *extra) == 2
     err = capsys.readouterr().err
     assert err.startswith("rvqspec: error: ") and err.count("\n") == 1 and needle in err, err
     assert "max_frames" not in err and _listing(tmp_path) == []
 
 
-def test_synth_text_that_is_not_utf8(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(loader, "load_model", _no_load)
+def test_synth_text_that_is_not_utf8(tmp_path, capsys, no_load):
     assert _synth(tmp_path, text="caf\udce9 au lait") == 2  # how Python passes the byte 0xE9 of a Latin-1 argv
     err = capsys.readouterr().err
     assert "--text is not valid UTF-8 (byte 0xe9 at character 3)" in err and err.count("\n") == 1
@@ -323,19 +321,17 @@ def test_synth_text_that_is_not_utf8_from_a_real_argv(tmp_path):
                                  "to UTF-8 (e.g. iconv -f latin1 -t utf-8)\n")
 
 
-def test_synth_refuses_an_unwritable_codes_file_before_any_work(tmp_path, capsys, monkeypatch):
+def test_synth_refuses_an_unwritable_codes_file_before_any_work(tmp_path, capsys, no_load):
     """The codes file beside the audio (a folder here) is checked with the audio and the JSON, before any work."""
     (tmp_path / "x.npy").mkdir()
-    monkeypatch.setattr(loader, "load_model", _no_load)
     assert _synth(tmp_path, "--json", str(tmp_path / "x.json")) == 2
     err = capsys.readouterr().err
     assert f"--out (its codes file) {tmp_path / 'x.npy'} is a folder" in err and err.count("\n") == 1
     assert _listing(tmp_path) == ["x.npy"]  # no wav, no json, no temporary file
 
 
-def test_synth_refuses_a_folder_where_no_file_can_be_created(tmp_path, capsys, monkeypatch):
+def test_synth_refuses_a_folder_where_no_file_can_be_created(tmp_path, capsys, no_load):
     """/proc takes no new files, whoever runs the test (root included)."""
-    monkeypatch.setattr(loader, "load_model", _no_load)
     assert main(["synth", "--model", "tiny-random", "--text", "hi", "--out", "/proc/rvqspec-test.wav"]) == 2
     assert "--out /proc/rvqspec-test.wav is not writable" in capsys.readouterr().err
 
@@ -445,11 +441,10 @@ def test_synth_notes_audio_far_shorter_than_the_text(tmp_path, capsys, monkeypat
     (["train-drafter", "--model", "OUT/notqwen", "--drafter", "offsets", "--out", "OUT/d.safetensors"],
      "is a 'bert' config, not Qwen3-TTS"),
 ])
-def test_drafter_commands_check_before_loading(tmp_path, capsys, monkeypatch, argv, needle):
+def test_drafter_commands_check_before_loading(tmp_path, capsys, argv, needle, no_load):
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
     (tmp_path / "notqwen").mkdir()
     (tmp_path / "notqwen" / "config.json").write_text('{"model_type": "bert"}')
-    monkeypatch.setattr(loader, "load_model", _no_load)
     assert main([a.replace("OUT", str(tmp_path)) for a in argv]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1, err

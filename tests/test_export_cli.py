@@ -31,8 +31,7 @@ def _no_load(*a, **k):
      "--decoder tree:0;1's tree has 2 nodes, so N = 3"),
     (["--format", "onnx", "--graph", "verify", "--decoder", "ar"], "--decoder ar: a verify graph needs a tree"),
 ])
-def test_export_bad_input_is_one_line_before_loading(tmp_path, capsys, monkeypatch, extra, needle):
-    monkeypatch.setattr(loader, "load_model", _no_load)
+def test_export_bad_input_is_one_line_before_loading(tmp_path, capsys, extra, needle, no_load):
     rc = main(["export", "--model", "tiny-random", "--out", str(tmp_path), *extra])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("rvqspec: error: ") and needle in err and err.count("\n") == 1, err
@@ -47,8 +46,7 @@ def test_export_tree_rank_outside_the_codebook_is_one_line(tmp_path, capsys):
     assert not list(out.glob("*")) if out.exists() else True  # nothing written
 
 
-def test_export_out_must_be_a_folder_with_a_parent(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(loader, "load_model", _no_load)
+def test_export_out_must_be_a_folder_with_a_parent(tmp_path, capsys, no_load):
     (tmp_path / "f").write_text("x")
     for out, needle in ((tmp_path / "f", "is a file: give a folder"), (tmp_path / "a" / "b", "does not exist")):
         assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--out",

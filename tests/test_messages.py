@@ -31,6 +31,14 @@ def _no_load(*a, **k):
     raise AssertionError("the model was loaded before the arguments were checked")
 
 
+def _exit_status(argv) -> int:
+    """``main``'s exit status; the parser's own errors (a flag the command lacks) exit 2 as argparse does."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 def _one_error_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("rvqspec: error: ") and "Traceback" not in err, err
@@ -60,7 +68,7 @@ def test_checkpoint_without_speech_tokenizer_names_the_folder(ckpt, tmp_path, ca
     with pytest.raises(loader.ModelNotFoundError, match="speech_tokenizer/ has no config.json"):
         loader.model_facts(str(broken))
     # the command line: one line, before any load
-    monkeypatch.setattr(loader, "load_model", _no_load)
+    monkeypatch.setattr(loader, "load_model", _no_load)  # synth reads loader.load_model when it runs
     assert main(["synth", "--model", str(broken), "--text", "Hello.", "--out", str(tmp_path / "x.wav")]) == 2
     assert "speech_tokenizer/ has no config.json" in _one_error_line(capsys.readouterr().err)
     assert not (tmp_path / "x.wav").exists()
@@ -115,12 +123,11 @@ def test_synth_notes_german_and_not_english(tmp_path, capsys):
 
 # ---- export into a folder where nothing can be written ----------------------------------------------------------------
 @pytest.mark.parametrize("out", ["/proc", "/proc/rvqspec-export"])
-def test_export_into_an_unwritable_folder_fails_before_loading(out, capsys, monkeypatch):
+def test_export_into_an_unwritable_folder_fails_before_loading(out, capsys, no_load):
     """/proc takes no new files, whoever runs the test (root included): the existing folder, and a folder to be
     created in it."""
     if not Path("/proc").is_dir():
         pytest.skip("no /proc")
-    monkeypatch.setattr(loader, "load_model", _no_load)
     assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--out", out]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert f"--out {out}: no file can be written in /proc" in line and "choose a writable folder" in line, line
@@ -134,12 +141,11 @@ def test_export_folder_check_passes_a_writable_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the probe leaves nothing
 
 
-def test_export_into_a_read_only_folder_fails_before_loading(tmp_path, capsys, monkeypatch):
+def test_export_into_a_read_only_folder_fails_before_loading(tmp_path, capsys, monkeypatch, no_load):
     """A chmod 555 folder. Root ignores mode bits, so as root the probe's refusal is what the kernel would answer a
     user (EACCES), raised by the probe itself; as a user the real mode bits refuse it."""
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o555)
-    monkeypatch.setattr(loader, "load_model", _no_load)
     if os.geteuid() == 0:
         import errno
 
@@ -226,8 +232,7 @@ def test_importing_coremltools_through_the_library_prints_no_loader_lines():
 # ---- --text-file given a folder, --model given a path that does not exist ----------------------------------------
 @pytest.mark.parametrize("what, needle", [("folder", "is a folder: give a UTF-8 text file"),
                                           ("missing", "does not exist")])  # missing: the other message stays
-def test_text_file_that_is_a_folder_says_so(tmp_path, capsys, monkeypatch, what, needle):
-    monkeypatch.setattr(loader, "load_model", _no_load)
+def test_text_file_that_is_a_folder_says_so(tmp_path, capsys, what, needle, no_load):
     arg = tmp_path if what == "folder" else tmp_path / "nosuch.txt"
     rc = main(["synth", "--model", "tiny-random", "--text-file", str(arg), "--out", str(tmp_path / "a.wav")])
     line = _one_error_line(capsys.readouterr().err)
@@ -235,26 +240,25 @@ def test_text_file_that_is_a_folder_says_so(tmp_path, capsys, monkeypatch, what,
 
 
 @pytest.mark.parametrize("model", ["./no/such/folder", "/no/such/folder"])
-def test_model_path_that_does_not_exist_says_so(tmp_path, capsys, monkeypatch, model):
-    monkeypatch.setattr(loader, "load_model", _no_load)
+def test_model_path_that_does_not_exist_says_so(tmp_path, capsys, model, no_load):
     rc = main(["synth", "--model", model, "--text", "Hi.", "--out", str(tmp_path / "a.wav")])
     line = _one_error_line(capsys.readouterr().err)
     assert rc == 2 and f"--model folder {Path(model)} does not exist" in line and "unknown model" not in line, line
 
 
-def test_unknown_model_name_is_still_unknown(tmp_path, capsys, monkeypatch):
+def test_unknown_model_name_is_still_unknown(tmp_path, capsys, no_load):
     """Control: a bare name that is no model keeps the 'unknown model' list."""
-    monkeypatch.setattr(loader, "load_model", _no_load)
     rc = main(["synth", "--model", "no-such-model", "--text", "Hi.", "--out", str(tmp_path / "a.wav")])
     assert rc == 2 and "unknown model 'no-such-model'" in _one_error_line(capsys.readouterr().err)
 
 
 # ---- bench: float16 on the CPU, --noise-target named as a flag -----------------------------------------------------
-def test_bench_refuses_float16_on_the_cpu_before_loading(capsys, monkeypatch):
-    monkeypatch.setattr(loader, "load_model", _no_load)
-    for argv in (["--dtype", "float16"], ["--dtype", "float16", "--device", "cpu"],
-                 ["--table", "--dtype", "float32,float16"]):
-        rc = main(["bench", "--model", "tiny-random", *argv])
+def test_bench_refuses_float16_on_the_cpu_before_loading(capsys, no_load):
+    for argv in (["latency", "--model", "tiny-random", "--dtype", "float16"],
+                 ["frames", "--model", "tiny-random", "--dtype", "float16", "--device", "cpu"],
+                 ["precisions", "--model", "tiny-random", "--dtype", "float32,float16"],
+                 ["table", "--dtype", "float32,float16"]):
+        rc = main(["bench", *argv])
         err = capsys.readouterr().err
         line = _one_error_line(err)
         assert rc == 2 and "usage" not in err, err
@@ -263,26 +267,26 @@ def test_bench_refuses_float16_on_the_cpu_before_loading(capsys, monkeypatch):
         assert line.endswith("float16 on a GPU: --device cuda"), line
 
 
-def test_bench_float16_on_a_gpu_device_passes_the_cpu_check(capsys, monkeypatch):
+def test_bench_float16_on_a_gpu_device_passes_the_cpu_check(capsys, monkeypatch, no_load):
     """Negative control: on --device cuda float16 is a precision to time; here (no CUDA) the next check speaks."""
     import torch
 
-    monkeypatch.setattr(loader, "load_model", _no_load)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    rc = main(["bench", "--model", "tiny-random", "--dtype", "float16", "--device", "cuda"])
+    rc = main(["bench", "latency", "--model", "tiny-random", "--dtype", "float16", "--device", "cuda"])
     line = _one_error_line(capsys.readouterr().err)
     assert rc == 2 and "GPU precision" not in line and "this torch has no CUDA device" in line, line
 
 
 @pytest.mark.parametrize("argv, words", [
     (["--noise-target", "-1"], "--noise-target -1 is not a relative standard error: give a fraction > 0 (e.g. "
-                               "--noise-target 0.02 for 2%), or drop it for exactly --repeats timings"),
+                               "--noise-target 0.02 for 2%), or drop it for exactly --repeats rounds"),
     (["--noise-target", "nan"], "--noise-target nan is not a relative standard error"),
     (["--noise-target", "0.02", "--repeats", "1"], "--noise-target needs --repeats >= 2"),
 ])
-def test_bench_noise_target_is_named_as_the_flag(capsys, monkeypatch, argv, words):
-    monkeypatch.setattr(loader, "load_model", _no_load)
-    rc = main(["bench", "--model", "tiny-random", *argv])
+@pytest.mark.parametrize("job", [["latency", "--model", "tiny-random"], ["frames", "--model", "tiny-random"],
+                                 ["table"]])
+def test_bench_noise_target_is_named_as_the_flag(capsys, argv, words, job, no_load):
+    rc = main(["bench", *job, *argv])
     err = capsys.readouterr().err
     line = _one_error_line(err)
     assert rc == 2 and words in line and "usage" not in err, line
@@ -296,10 +300,9 @@ def _parallel(tmp_path, frames, *extra):
 
 
 @pytest.mark.parametrize("case", ["missing", "no-index", "missing-shard", "missing-val"])
-def test_train_drafter_parallel_names_extract_frames(tmp_path, capsys, monkeypatch, case):
+def test_train_drafter_parallel_names_extract_frames(tmp_path, capsys, case, no_load):
     import json
 
-    monkeypatch.setattr(loader, "load_model", _no_load)
     frames = tmp_path / "frames"
     if case != "missing":
         frames.mkdir()
@@ -325,14 +328,18 @@ def test_train_drafter_parallel_names_extract_frames(tmp_path, capsys, monkeypat
 
 # ---- a new user's trial of the native backend (this session's review): one line naming the fix ----------------------
 @pytest.mark.parametrize("argv, needle", [
-    (["bench", "--model", "embedded", "--backend", "native", "--device", "cuda"],
+    (["bench", "frames", "--model", "embedded", "--backends", "native", "--device", "cuda"],
+     "--backends native runs on the CPU: drop --device cuda"),
+    (["bench", "latency", "--model", "embedded", "--backend", "native", "--device", "cuda"],
      "--backend native runs on the CPU: drop --device cuda"),
-    (["bench", "--model", "embedded", "--backend", "native", "--decoders", "ssd-lossy"],
+    (["bench", "frames", "--model", "embedded", "--backends", "native", "--decoders", "ssd-lossy"],
      "ssd-lossy is a LOSSY control for synth and eval-wer"),
-    (["bench", "--table", "--forwards", "native"], "drop --forwards"),
-    (["bench", "--backend", "native", "--queries", "1,2"], "drop it with --backend"),
-    (["bench", "--table", "--table-out", "/tmp"], "--table-out /tmp is a folder; it takes a STEM"),
-    (["bench", "--model", "qwen3-tts-0.6b-random", "--backend", "native", "--acceptance", "/tmp"],
+    (["bench", "table", "--forwards", "native"], "rvqspec bench table has no argument --forwards"),  # gone: --backends
+    (["bench", "table", "--queries", "1,2"], "--queries is a flag of rvqspec bench latency and precisions, not of "
+                                             "bench table: drop it, or run rvqspec bench latency with it"),
+    (["bench", "frames", "--backends", "native", "--queries", "1,2"], "not of bench frames: drop it"),
+    (["bench", "table", "--table-out", "/tmp"], "--table-out /tmp is a folder; it takes a STEM"),
+    (["bench", "frames", "--model", "qwen3-tts-0.6b-random", "--backends", "native", "--acceptance", "/tmp"],
      "--acceptance /tmp is a folder"),
     (["synth", "--model", "embedded", "--text", "Hi.", "--out", "{tmp}/x.wav", "--batch-size", "4"],
      "--batch-size is for --text-file"),
@@ -341,16 +348,19 @@ def test_train_drafter_parallel_names_extract_frames(tmp_path, capsys, monkeypat
     (["synth", "--model", "embedded", "--text", "Hi.", "--out", "{tmp}/x.wav", "--decoder", "paper",
       "--frame", "fused", "--backend", "native"], "a fused frame runs AR or a chain, not Tree; or use --frame stepped"),
 ])
-def test_native_backend_bad_input_is_one_line_before_loading(tmp_path, capsys, monkeypatch, argv, needle):
-    monkeypatch.setattr(loader, "load_model", _no_load)
-    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+def test_native_backend_bad_input_is_one_line_before_loading(tmp_path, capsys, monkeypatch, argv, needle, no_load):
+    if "cuda" in argv:  # a machine with a GPU: the backend's device is what is wrong (without one, --device is)
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _exit_status([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     assert needle in _one_error_line(capsys.readouterr().err)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_acceptance_is_refused_for_a_trained_model(capsys):
     """A timing replay swaps in another model's acceptance: on trained weights that would hide the real one."""
-    argv = ["bench", "--model", "embedded", "--backend", "native", "--decoders", "chain:4", "--repeats", "1",
+    argv = ["bench", "frames", "--model", "embedded", "--backends", "native", "--decoders", "chain:4", "--repeats", "1",
             "--acceptance", str(REPO / "data/embedded/model/trees/heads.json")]
     assert main(argv) == 2
     assert "has trained weights, whose own acceptance is measured: drop --acceptance" in \

@@ -130,8 +130,7 @@ def _no_load(*a, **k):
     pytest.fail("a model was loaded")
 
 
-def test_check_files_answers_before_any_model_loads(tmp_path, monkeypatch):
-    monkeypatch.setattr(loader, "load_model", _no_load)
+def test_check_files_answers_before_any_model_loads(tmp_path, no_load):
     assert ND.check_files("paper", "embedded") is None and ND.check_files("ar", "tiny-random") is None
     with pytest.raises(ValueError, match="'nosuch' drafter is not shipped"):
         ND.check_files("chain:4@nosuch", "embedded")

@@ -253,22 +253,16 @@ def test_the_precision_pmf_is_not_the_float32_pmf(prec):
 # ----------------------------------------------------------------------------------------------------------------
 # the commands: a precision the CPU cannot run is refused in one line, before any model loads
 # ----------------------------------------------------------------------------------------------------------------
-def _no_load(*a, **k):
-    pytest.fail("the model was loaded before the check")
-
-
 @pytest.mark.parametrize("argv", [
-    ["bench", "--model", "tiny-random", "--dtype", "bfloat16"],
-    ["bench", "--model", "tiny-random", "--dtype", "float32,int8"],
+    ["bench", "latency", "--model", "tiny-random", "--dtype", "bfloat16"],
+    ["bench", "precisions", "--model", "tiny-random", "--dtype", "float32,int8"],
     ["synth", "--model", "tiny-random", "--text", "Hi.", "--out", "{tmp}/x.wav", "--dtype", "int8"],
     ["synth", "--model", "tiny-random", "--text", "Hi.", "--out", "{tmp}/x.wav", "--dtype", "bfloat16"],
     ["synth", "--model", "tiny-random", "--text", "Hi.", "--out", "{tmp}/x.wav", "--dtype", "int8-dynamic"],
 ])
-def test_commands_refuse_a_precision_the_cpu_cannot_run(tmp_path, capsys, monkeypatch, argv):
+def test_commands_refuse_a_precision_the_cpu_cannot_run(tmp_path, capsys, monkeypatch, argv, no_load):
     from rvqspec_lib.cli.main import main
-    from rvqspec_lib.models import loader
 
-    monkeypatch.setattr(loader, "load_model", _no_load)
     monkeypatch.setattr(PR, "cpu_flags", lambda *a: ZEN2)
     assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     err = capsys.readouterr().err
@@ -278,18 +272,20 @@ def test_commands_refuse_a_precision_the_cpu_cannot_run(tmp_path, capsys, monkey
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("dtype,needle", [("fp8", "unknown --dtype"), ("float32,float64", "compared as precisions"),
-                                          ("int8,int8", "each precision once")])
-def test_bench_refuses_bad_dtype_lists(capsys, monkeypatch, dtype, needle):
+@pytest.mark.parametrize("dtype,needle", [("fp8", "--dtype fp8: give some of"),  # unknown
+                                          ("float32,float64", "--dtype float32,float64: give some of"),  # not compared
+                                          ("int8,int8", "each once")])
+def test_bench_refuses_bad_dtype_lists(capsys, dtype, needle, no_load):
+    """bench precisions compares the four precisions (float64 is none of them), each once; onnx times float32."""
     from rvqspec_lib.cli.main import main
-    from rvqspec_lib.models import loader
 
-    monkeypatch.setattr(loader, "load_model", _no_load)
-    assert main(["bench", "--model", "tiny-random", "--dtype", dtype]) == 2
+    assert main(["bench", "precisions", "--model", "tiny-random", "--dtype", dtype]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1, err
-    assert main(["bench", "--model", "tiny-random", "--dtype", "int8", "--backend", "onnx"]) == 2  # eager: allowed
-    assert "--backend onnx times float32 frames" in capsys.readouterr().err
+    assert "give some of float32, bfloat16, int8, int8-dynamic, each once" in err and "float64," not in err, err
+    assert main(["bench", "frames", "--model", "tiny-random", "--dtype", "int8", "--backends", "onnx"]) == 2
+    assert "--backends onnx is not available here: the onnx backend runs float32 modules, not int8" in \
+        capsys.readouterr().err
 
 
 def test_auto_choice_is_cached_per_precision():

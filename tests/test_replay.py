@@ -186,30 +186,22 @@ def test_good_json_csv_and_calibration_files_read(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# the command line and the table (rvqspec bench --table; rvqspec_lib.eval.bench_table)
+# the command line and the table (rvqspec bench table; rvqspec_lib.eval.bench_table)
 # ---------------------------------------------------------------------------------------------------------------------
-def _no_load(*a, **k):
-    raise AssertionError("a model was loaded before the bad input was refused")
-
-
-@pytest.fixture
-def no_load(monkeypatch):
-    from rvqspec_lib.models import loader
-
-    monkeypatch.setattr(loader, "load_model", _no_load)
-
-
 def test_bench_refuses_a_malformed_table_before_any_model_loads(tmp_path, capsys, no_load):
     from rvqspec_lib.cli.main import main
 
     bad = _write(tmp_path, "bad.json", {"format": R.FORMAT, "sampled": [[[0.5]]] * 2})
-    for argv in (["bench", "--table", "--acceptance", str(bad)],
-                 ["bench", "--model", "tiny-random", "--backend", "eager", "--acceptance", str(bad)]):
+    for argv in (["bench", "table", "--acceptance", str(bad)],
+                 ["bench", "frames", "--model", "tiny-random", "--backends", "eager", "--acceptance", str(bad)]):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "2 start depths" in err and "docs/precision.md#timing-replay" in err
-    assert main(["bench", "--acceptance", str(bad)]) == 2  # a replay is for --backend or --table
-    assert "use it with --backend or --table" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a replay is for frames and table: the parser says so
+        main(["bench", "latency", "--model", "tiny-random", "--acceptance", str(bad)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert "--acceptance is a flag of rvqspec bench frames and table, not of bench latency" in err, err
 
 
 def test_table_refuses_an_absent_backend_before_any_model_loads(capsys, monkeypatch, no_load):
@@ -219,7 +211,7 @@ def test_table_refuses_an_absent_backend_before_any_model_loads(capsys, monkeypa
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
-    assert main(["bench", "--table", "--backends", "eager,onnx"]) == 2
+    assert main(["bench", "table", "--backends", "eager,onnx"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--backends onnx is not available here: missing Python packages: onnxruntime" in err
     assert "pip install -r requirements.txt" in err

@@ -52,8 +52,7 @@ def test_text_file_writes_one_wav_and_codes_each_equal_to_single_runs(tmp_path, 
     (b"caf\xe9\n", "is not UTF-8 text"),
     (None, "does not exist"),
 ])
-def test_bad_text_files_are_one_line_before_loading(tmp_path, capsys, monkeypatch, content, needle):
-    monkeypatch.setattr(loader, "load_model", _no_load)
+def test_bad_text_files_are_one_line_before_loading(tmp_path, capsys, content, needle, no_load):
     f = tmp_path / "texts.txt"
     if isinstance(content, bytes):
         f.write_bytes(content)
@@ -64,8 +63,7 @@ def test_bad_text_files_are_one_line_before_loading(tmp_path, capsys, monkeypatc
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(loader, "load_model", _no_load)
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys, no_load):
     f = tmp_path / "texts.txt"
     f.write_text("One.\nTwo.\nThree.\n")
     (tmp_path / "out_001.wav").mkdir()  # the second line's audio would land on a folder
@@ -75,8 +73,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out_001.wav", "texts.txt"]  # nothing written
 
 
-def test_text_and_text_file_are_exclusive_and_batch_size_checked(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(loader, "load_model", _no_load)
+def test_text_and_text_file_are_exclusive_and_batch_size_checked(tmp_path, capsys, no_load):
     f = tmp_path / "texts.txt"
     f.write_text("One.\n")
     with pytest.raises(SystemExit) as e:

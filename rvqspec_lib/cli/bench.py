@@ -75,11 +75,35 @@ def _common(p: argparse.ArgumentParser, *, repeats: int, warmup: int, model: boo
     add_threads_arg(p)
 
 
+def _flags_of_other_jobs(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Give each job's parser an ``unknown_flag_hint`` (read by :meth:`rvqspec_lib.cli.common.OneLineParser.one_line`):
+    a flag that only other jobs take is answered with one line naming them (``bench latency --decoders ar``), not
+    "no such argument". Nothing is added to the parsers themselves: abbreviations stay as they were."""
+    own = {job: {s for a in p._actions for s in a.option_strings} for job, p in parsers.items()}
+
+    def hint_for(job: str):
+        def hint(extra: list[str]) -> str | None:
+            for arg in extra:
+                flag = arg.split("=", 1)[0]
+                jobs = [j for j in parsers if flag in own[j]]
+                if flag.startswith("--") and jobs and job not in jobs:
+                    named = jobs[0] if len(jobs) == 1 else f"{', '.join(jobs[:-1])} and {jobs[-1]}"
+                    return (f"{flag} is a flag of rvqspec bench {named}, not of bench {job}: drop it, or run rvqspec "
+                            f"bench {jobs[0]} with it")
+            return None
+        return hint
+
+    for job, p in parsers.items():
+        p.unknown_flag_hint = hint_for(job)
+
+
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``bench`` jobs (sub-commands) and their options to ``parser`` (the ``bench`` sub-parser of
-    ``rvqspec``); returns it. The old flags are kept on ``parser`` itself, hidden, to name the new form."""
+    ``rvqspec``); returns it. The old flags are kept on ``parser`` itself, hidden, to name the new form; a flag given to
+    a job that does not take it names the jobs that do (:func:`_flags_of_other_jobs`)."""
     sub = parser.add_subparsers(dest="job", metavar="JOB", title="jobs")
-    p = sub.add_parser("latency", help=JOBS["latency"], description=JOBS["latency"])
+    parsers = {}
+    p = parsers["latency"] = sub.add_parser("latency", help=JOBS["latency"], description=JOBS["latency"])
     _common(p, repeats=20, warmup=3)
     p.add_argument("--dtype", default="float32",
                    help="float32, bfloat16, int8 (int8 weights, bfloat16 activations), int8-dynamic (int8 weights "
@@ -93,7 +117,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--prefix-len", type=int, default=8, help="committed slots before the code-predictor call")
     p.add_argument("--talker-context", type=int, default=64, help="KV prefix of the talker step")
 
-    p = sub.add_parser("precisions", help=JOBS["precisions"], description=JOBS["precisions"])
+    p = parsers["precisions"] = sub.add_parser("precisions", help=JOBS["precisions"], description=JOBS["precisions"])
     _common(p, repeats=20, warmup=3)
     p.add_argument("--dtype", default=None, help="comma-separated precisions of float32, bfloat16, int8, "
                    "int8-dynamic (docs/precision.md; default those this CPU runs natively)")
@@ -103,7 +127,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=f"query positions, comma-separated (default {','.join(map(str, PRECISION_QUERY_SIZES))})")
     p.add_argument("--prefix-len", type=int, default=8, help="committed slots before the code-predictor call")
 
-    p = sub.add_parser("frames", help=JOBS["frames"], description=JOBS["frames"])
+    p = parsers["frames"] = sub.add_parser("frames", help=JOBS["frames"], description=JOBS["frames"])
     _common(p, repeats=20, warmup=2)
     p.add_argument("--backends", default="eager", help=f"comma-separated verify backends of {', '.join(BACKENDS)} "
                    "(default eager); each times every decoder stepped, and AR and the chains fused (one graph a "
@@ -121,7 +145,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "calibration file, or docs/precision.md#timing-replay's JSON / CSV); no fused speculative "
                         "rows (a fused frame computes its own acceptance)")
 
-    p = sub.add_parser("table", help=JOBS["table"], description=JOBS["table"])
+    p = parsers["table"] = sub.add_parser("table", help=JOBS["table"], description=JOBS["table"])
     _common(p, repeats=TABLE_REPEATS, warmup=1, model=False)
     p.add_argument("--models", default=",".join(TABLE_MODELS),
                    help=f"comma-separated models (default {','.join(TABLE_MODELS)}; a random-weight one is timed as "
@@ -135,6 +159,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--table-out", default="build/bench_table", metavar="STEM",
                    help="output stem: STEM.csv, STEM.md, STEM.json (+ provenance; default build/bench_table)")
 
+    _flags_of_other_jobs(parsers)
     for flag in OLD_FLAGS:  # the old form: parsed only to name the new one (bench_jobs.old_form)
         parser.add_argument(flag, dest="old_" + flag[2:].replace("-", "_"), nargs="?", const=True,
                             default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -154,8 +179,10 @@ def old_form(args) -> str | None:
                 "does)")
     if "table" in given:
         return "rvqspec bench --table is now rvqspec bench table (the same flags)"
-    if "backend" in given or "decoders" in given:
+    if "backend" in given:
         return "rvqspec bench --backend NAME is now rvqspec bench frames --backends NAME (the same flags)"
+    if "decoders" in given:
+        return "rvqspec bench --decoders NAMES is now rvqspec bench frames --decoders NAMES (the same flags)"
     if "forwards" in given or "," in str(getattr(args, "old_dtype", "")):
         return ("rvqspec bench --dtype a,b is now rvqspec bench precisions --dtype a,b (--forwards is now "
                 "--backends official,native)")

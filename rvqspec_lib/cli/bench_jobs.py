@@ -35,6 +35,8 @@ from rvqspec_lib.models.precision import ACTIVATION_DTYPE, PRECISIONS, apply_pre
 
 #: ``frames`` without --decoders: these, the calibrated ones when the model ships their files.
 FRAME_DECODERS = ("ar", "chain:4", "tree", "tree:calibrated:4", "tree:calibrated:16", "paper", "auto")
+#: Decoder forms ``frames`` does not time (:func:`_check_frames` says why), left out of its unknown-name answer.
+NOT_TIMED = ("chain:best", "ssd-lossy")
 #: Frames whose contexts ``frames`` decodes, round r taking context r mod this.
 FRAME_CONTEXTS = 16
 #: Row columns ``frames`` prints.
@@ -89,15 +91,17 @@ def check_args(args) -> None:
     if getattr(args, "prefix_len", 1) < 1 or getattr(args, "talker_context", 1) < 1:
         raise ValueError("--prefix-len and --talker-context must be >= 1")
     args.dtypes = _list(args.dtype) if args.dtype else list(native_precisions())
+    if "float16" in args.dtypes and device == "cpu":  # first: every job's answer to float16 on the CPU
+        bf16 = "bfloat16" in native_precisions()
+        raise ValueError("--dtype float16 is a GPU precision here (a CPU emulates it): on the CPU use float32, or "
+                         f"bfloat16 where the CPU has AVX512-BF16 or AMX-BF16 (this one does{'' if bf16 else ' not'});"
+                         " float16 on a GPU: --device cuda")
     several = args.job in ("precisions", "table")
     known = PRECISIONS if several else (*PRECISIONS, "float64", "float16")
     bad = [d for d in args.dtypes if d not in known]
     if bad or len(set(args.dtypes)) != len(args.dtypes) or (len(args.dtypes) > 1 and not several):
         raise ValueError(f"--dtype {args.dtype}: give {'some' if several else 'one'} of {', '.join(known)}"
                          f"{', each once, comma-separated' if several else ''}")
-    if "float16" in args.dtypes and device == "cpu":
-        raise ValueError("--dtype float16 is a GPU precision here (a CPU emulates it): on the CPU use float32 or "
-                         "bfloat16; float16 on a GPU: --device cuda")
     for d in args.dtypes:
         if d in PRECISIONS:
             check_precision(d, device=device)
@@ -106,19 +110,22 @@ def check_args(args) -> None:
     CHECKS.get(args.job, lambda a: None)(args)
 
 
-def _check_backends(args, backends) -> None:
+def _check_backends(args, backends, flag: str = "--backends") -> None:
     bad = [b for b in backends if b not in BACKENDS]
     if bad or not backends:
         raise ValueError(f"--backends {','.join(backends)}: use some of {', '.join(BACKENDS)}, comma-separated")
+    device = str(getattr(args, "device", "cpu"))
     for b in backends:
         for d in args.dtypes:
-            ok, why = available(b, d, str(getattr(args, "device", "cpu")))
+            ok, why = available(b, d, device)
+            if not ok and device != "cpu" and available(b, d, "cpu")[0]:
+                raise ValueError(f"{flag} {b} runs on the CPU: drop --device {device}")
             if not ok:
-                raise ValueError(f"--backends {b} is not available here: {why}")
+                raise ValueError(f"{flag} {b} is not available here: {why}")
 
 
 def _check_latency(args) -> None:
-    _check_backends(args, [args.backend])
+    _check_backends(args, [args.backend], "--backend")
 
 
 def _check_precisions(args) -> None:
@@ -147,13 +154,13 @@ def _check_frames(args) -> None:
                 continue
         return
     names = split_decoder_list(args.decoders)
-    ar = any(parse_decoder_name(text).kind == "ar" for text in names)
-    args.decoder_names = names if ar else ["ar", *names]  # the speedups are over AR of the same backend
-    for text in args.decoder_names:
-        d = parse_decoder_name(text, without=("chain:best",))
+    parsed = [parse_decoder_name(text, without=NOT_TIMED) for text in names]  # unknown: the forms bench takes
+    args.decoder_names = names if any(d.kind == "ar" for d in parsed) else ["ar", *names]  # speedups are over AR
+    for d in parsed:
         if d.kind == "ssd-lossy" or d.best_window:
             raise ValueError(f"--decoders {d.text}: bench times named lossless decoders (ssd-lossy is a LOSSY "
-                             "control, chain:best is chosen elsewhere): give e.g. ar,chain:4,paper,auto")
+                             "control for synth and eval-wer; chain:best is eval-wer's choice): give e.g. "
+                             "ar,chain:4,paper,auto")
         capped = check_files(d, args.model)  # the drafter and trees beside the model, before it loads
         if capped:
             note(capped)

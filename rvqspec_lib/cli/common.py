@@ -101,10 +101,17 @@ class OneLineParser(argparse.ArgumentParser):
         return argparse.ArgumentError(None, msg)
 
     def parse_known_args(self, args=None, namespace=None):
-        """argparse's, with the command named in the error about unknown flags (``parse_args`` reports them)."""
+        """argparse's, with the command (and its sub-command: ``bench table``) named in the error about unknown flags
+        (``parse_args`` reports them)."""
         ns, extra = super().parse_known_args(args, namespace)
-        self._last_command = next((getattr(ns, a.dest, None) for a in self._actions
-                                   if isinstance(a, argparse._SubParsersAction)), None)
+        names, parser = [], self
+        while (subs := [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]):
+            name = getattr(ns, subs[0].dest, None)
+            if name not in subs[0].choices:
+                break
+            names.append(name)
+            parser = subs[0].choices[name]
+        self._last_command, self._last_parser = " ".join(names) or None, parser
         return ns, extra
 
     def error(self, message: str):
@@ -127,6 +134,9 @@ class OneLineParser(argparse.ArgumentParser):
         if (m := re.fullmatch(r"one of the arguments (.*) is required", message)):
             return f"{where} needs one of {_either(m.group(1).split())}: add one"
         if (m := re.fullmatch(r"unrecognized arguments: (.*)", message)):
+            hint = getattr(getattr(self, "_last_parser", None), "unknown_flag_hint", None)  # e.g. bench's jobs'
+            if hint and (line := hint(m.group(1).split())):
+                return line
             cmd = getattr(self, "_last_command", None)
             help_of = f"{where} {cmd}" if cmd else where
             return f"{where}{' ' + cmd if cmd else ''} has no argument {m.group(1)}: {help_of} --help lists the flags"

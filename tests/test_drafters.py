@@ -615,13 +615,13 @@ def test_cli_train_drafter_then_eval_acceptance_writes_the_json(tmp_path, capsys
     for key in ("tokens_per_call", "params_added", "per_depth_acceptance", "predicted_tokens_per_call", "decoders",
                 "exact", "drafter", "provenance", "random_weights"):
         assert key in rep, key
-    assert rep["params_added"] == 3 * 48 and set(rep["tokens_per_call"]) == {"tree"} and rep["n_frames"] == 12
+    assert rep["params_added"] == 3 * 48 and set(rep["tokens_per_call"]) == {"tree:0;1;0,0"} and rep["n_frames"] == 12
     assert len(rep["per_depth_acceptance"]) == 16 and rep["exact"]["rank_mass_by_offset"]
     js2 = tmp_path / "heads.json"
     assert cli_main(["eval-acceptance", "--model", "tiny-random", "--frames", "12", "--decoder", "chain:3",
                      "--json", str(js2)]) == 0
     rep2 = json.loads(js2.read_text())
-    assert rep2["params_added"] == 0 and set(rep2["tokens_per_call"]) == {"chain3"}
+    assert rep2["params_added"] == 0 and set(rep2["tokens_per_call"]) == {"chain:3"}
     assert "tokens/call" in capsys.readouterr().out
 
 

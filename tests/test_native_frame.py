@@ -266,9 +266,12 @@ def test_synthesize_through_the_native_frame_equals_decode_frame_greedy(decoder)
     lm = load_model("tiny-random")
     nat = NativeCodePredictor(lm.code_predictor)
     g = Sampling(greedy=True)
-    kw = dict(decoder=decoder, sampling=g, talker_sampling=g, max_frames=4, backend=nat)
-    a = synthesize(lm, ["Hello there."], generator=torch.Generator().manual_seed(0), **kw)
-    frame = B.frame_runner("native", lm.code_predictor, decoder, fused=True, sampling=g, verify=nat).frame
-    b = synthesize(lm, ["Hello there."], generator=torch.Generator().manual_seed(0), frame_decoder=frame, **kw)
+    res = {}
+    for fused in (False, True):  # stepped: decode_frame through the native forward; fused: the C frame over it
+        runner = B.frame_runner("native", lm.code_predictor, decoder, fused=fused, sampling=g, verify=nat)
+        res[fused] = synthesize(lm, ["Hello there."], runner=runner, talker_sampling=g, max_frames=4,
+                                generator=torch.Generator().manual_seed(0))
+        assert res[fused].runner["fused"] is fused and res[fused].runner["backend"] == "native"
+    a, b = res[False], res[True]
     assert len(a.codes[0]) > 0 and torch.equal(a.codes[0], b.codes[0])
     assert a.per_frame_calls == b.per_frame_calls

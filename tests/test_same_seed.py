@@ -150,20 +150,21 @@ def test_tokens_per_call_of_a_timing_do_not_depend_on_the_rounds_the_noise_made(
     """With a noise target the rounds a timing makes depend on the machine's noise; the tokens per call and calls
     per frame beside the times come from the first ``repeats`` rounds, which every run makes."""
     from rvqspec_lib.decoding.decoders import AR, Chain
-    from rvqspec_lib.decoding.predictor import OfficialBackend
-    from rvqspec_lib.eval import speed
+    from rvqspec_lib.eval import noise, speed
+    from rvqspec_lib.models import backends as B
     from rvqspec_lib.models.loader import load_model
 
     cp = load_model("tiny-random").code_predictor.eval()
     ctx = speed.random_contexts(cp, 6, seed=0)
+    runners = [B.frame_runner("official", cp, decoder) for decoder in (AR(), Chain(4))]
     timing = getattr(speed, what)
     kw = {"batch_sizes": (2,)} if what == "batch_throughput" else {}
     rows = {}
     for stop_after in (3, 7):  # two runs whose timings were noisier or quieter: 3 and 7 rounds
-        monkeypatch.setattr(speed.noise, "should_stop",
+        monkeypatch.setattr(noise, "should_stop",  # the harness's stopping rule (eval/timing.interleaved reads it)
                             lambda times, *a, n=stop_after: min(len(v) for v in times.values()) >= n)
-        res = timing(cp, ctx, {"ar": AR(), "chain4": Chain(4)}, {"official": OfficialBackend(cp)}, repeats=3,
-                     warmup=0, seed=0, progress=False, noise_target=0.05, max_repeats=8, **kw)
+        res = timing(runners, ctx, repeats=3, warmup=0, seed=0, progress=False, noise_target=0.05, max_repeats=8,
+                     **kw)
         assert res["meta"]["repeats"] == stop_after
         rows[stop_after] = [{k: r.get(k) for k in ("decoder", "tokens_per_call", "calls_per_frame")}
                             for r in res["rows"]]

@@ -19,6 +19,7 @@ from rvqspec_lib.eval import wer_parity as W
 from rvqspec_lib.decoding import decoder_names as N
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models.loader import load_model
+from rvqspec_lib.models.named_decoders import resolve, resolve_all
 from rvqspec_lib.data.teacher import Utterance
 from rvqspec_lib.decoding import verify
 from rvqspec_lib.decoding.decode import decode_frame
@@ -36,7 +37,10 @@ def tiny():
 # ----------------------------------------------------------------------------------------------------------------
 def test_lossy_control_is_labelled_lossy():
     d = LossySSD()
-    assert "Lossy" in repr(d) and "lossy" in d.label and "lossy" in N.decoder_label(d)
+    name = N.name_of(d)  # a bare decoder's label and fields (a result row's)
+    assert "Lossy" in repr(d) and name.label == "ssd-lossy:0.4" and name.fields()["lossy"] is True
+    assert N.parse_decoder_name(name.label).decoder() == d  # the label reads back as the same lossy control
+    assert not any(N.name_of(x).fields()["lossy"] for x in (AR(), Chain(4), Tree([(0,)]), Tree([(0,)], True)))
     assert d.window == 4 and d.beta == 0.4 and d.lossy_tolerance == 0.4
     assert not is_lossless(d) and all(is_lossless(x) for x in (AR(), Chain(4), Tree([(0,)]), Tree([(0,)], True)))
     for bad in (0, -0.1, 1.5, True, "0.4"):
@@ -92,15 +96,19 @@ def test_lossy_decoder_drafts_like_the_chain(tiny):
 def test_decoder_names():
     assert N.split_decoder_list("ar, chain:4,tree:0;1;0,0,tree-sampled:0;0,0,ssd-lossy:0.2") == \
         ["ar", "chain:4", "tree:0;1;0,0", "tree-sampled:0;0,0", "ssd-lossy:0.2"]
-    assert N.parse_decoder("chain:3") == ("chain3", Chain(3))
-    assert N.parse_decoder("tree:0;1;0,0")[0] == "tree-pm-N4"
-    assert N.parse_decoder("tree-sampled:0;0,0")[1] == Tree([(0,), (0, 0)], sampled=True)
-    assert N.parse_decoder("ssd-lossy:0.2") == ("ssd-lossy-b0.2-w4", LossySSD(beta=0.2))
     cal = {"best_kind": {"4": "sampled"}, "budgets": [4], "point-mass": {"order": [[0], [1], [2]]},
            "sampled": {"order": [[0], [0, 0], [1]]}}
-    assert N.parse_decoder("tree:calibrated:4", calibration=cal)[1] == Tree([(0,), (0, 0), (1,)], sampled=True)
-    assert N.parse_decoder("tree:calibrated-point-mass:4", calibration=cal)[1] == Tree([(0,), (1,), (2,)])
-    assert N.parse_decoder("chain:best", best_chain=6)[1] == Chain(6)
+    got = resolve_all(["chain:3", "tree:0;1;0,0", "tree-sampled:0;0,0", "ssd-lossy:0.2", "tree:calibrated:4",
+                       "tree:calibrated-point-mass:4", "chain:best"], None, calibrations={"heads": cal}, best_chain=6)
+    assert {label: nd.decoder for label, nd in got.items()} == {
+        "chain:3": Chain(3), "tree:0;1;0,0": Tree([(0,), (1,), (0, 0)]),
+        "tree-sampled:0;0,0": Tree([(0,), (0, 0)], sampled=True), "ssd-lossy:0.2": LossySSD(beta=0.2),
+        "tree:calibrated-sampled:4": Tree([(0,), (0, 0), (1,)], sampled=True),  # the better kind at N 4
+        "tree:calibrated-point-mass:4": Tree([(0,), (1,), (2,)]), "chain:6": Chain(6)}  # chain:best's window
+    for label, nd in got.items():  # a label is the canonical name: it reads back as the same decoder
+        assert nd.label == label and N.parse_decoder_name(label).decoder(calibration=cal) == nd.decoder
+        if nd.name.kind != "calibrated":
+            assert N.name_of(nd.decoder).label == label  # and a bare decoder is named the same
     assert N.check_decoder_names(["ar", "tree:calibrated", "chain:best"]) == {"calibration", "best_chain"}
     assert N.calibration_budgets(["tree:calibrated", "tree:calibrated-sampled:8", "ar"]) == [8, 16]
     for bad, match in (("beam", "unknown decoder"), ("chain:9", "window"), ("tree:calibrated:99", "outside"),
@@ -109,9 +117,9 @@ def test_decoder_names():
             N.check_decoder_names([bad])
         assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="calibration"):
-        N.parse_decoder("tree:calibrated:16")
+        resolve("tree:calibrated:16", None)
     with pytest.raises(ValueError, match="chain:N"):
-        N.parse_decoder("chain:best")
+        resolve("chain:best", None)
     with pytest.raises(ValueError, match="no decoder"):
         N.split_decoder_list(" ")
 

@@ -28,10 +28,6 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTH
 HEAVY = ("torch", "transformers")
 
 
-def _no_load(*a, **k):
-    pytest.fail("the model was loaded before the check")
-
-
 def _listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 

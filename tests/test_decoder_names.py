@@ -22,10 +22,6 @@ REPO = Path(__file__).resolve().parent.parent
 EMBEDDED = REPO / "data" / "embedded" / "model"
 
 
-def _no_load(*a, **k):
-    pytest.fail("the model was loaded before the bad input was refused")
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # the grammar (pure)
 # --------------------------------------------------------------------------------------------------------------------

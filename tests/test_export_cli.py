@@ -9,11 +9,6 @@ import json
 import pytest
 
 from rvqspec_lib.cli.main import main
-from rvqspec_lib.models import loader
-
-
-def _no_load(*a, **k):
-    raise AssertionError("the model was loaded before the arguments were checked")
 
 
 @pytest.mark.parametrize("extra, needle", [

@@ -530,7 +530,6 @@ def test_walk_tree_exact_outcome_distribution_by_enumeration():
     p2 = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1], [0.0, 0.5, 0.5, 0.0], [0.1, 0.2, 0.3, 0.4]])
     a, b = 2, 1  # drafted codes at depth 1 and 2
     children = torch.tensor([[1], [2], [-1]])
-    depth = torch.tensor([0, 1, 2])
     codes = torch.tensor([0, a, b]).expand(n, 3)
     p = torch.zeros(n, 3, v)
     p[:, 0], p[:, 1], p[:, 2] = p1, p2[a], p2[b]  # p after node 2 (unused: depth 2 is the last)

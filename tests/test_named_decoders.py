@@ -126,10 +126,6 @@ def test_resolve_all_shares_files_and_refuses_one_decoder_named_twice(lm):
             "name it once" in str(e.value)
 
 
-def _no_load(*a, **k):
-    pytest.fail("a model was loaded")
-
-
 def test_check_files_answers_before_any_model_loads(tmp_path, no_load):
     assert ND.check_files("paper", "embedded") is None and ND.check_files("ar", "tiny-random") is None
     with pytest.raises(ValueError, match="'nosuch' drafter is not shipped"):

@@ -17,7 +17,7 @@ import copy
 import pytest
 import torch
 from test_lossless import (run_on, ALPHA, DEFAULT, HOT_TOPK3, MIN_POWER, NUCLEUS, SAMPLED_WIDE, TREE_WIDE,
-                           exact_pmf, frames_needed, g_test, power, variant)
+                           exact_pmf, power, variant)
 
 from rvqspec_lib.models import precision as PR
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict

@@ -9,13 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import rvqspec_lib.models.loader as loader
 from rvqspec_lib.cli.main import main
-
-
-def _no_load(*a, **k):
-    pytest.fail("the model was loaded before the bad input was refused")
-
 
 LINES = ["Hello there.", "", "  The weather is fine today.  ", "Good night."]
 

@@ -22,7 +22,7 @@ from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.embedded import corpus
 from rvqspec_lib.eval.calibration import BUDGETS, calibrate
-from rvqspec_lib.eval.datasets import LANGUAGES, encode_items, get_language, load_speech_dataset, speech_items
+from rvqspec_lib.eval.datasets import encode_items, get_language, load_speech_dataset, speech_items
 from rvqspec_lib.models.audio import load_wav
 from rvqspec_lib.models.tree_files import load_calibration
 

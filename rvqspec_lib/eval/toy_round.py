@@ -392,7 +392,7 @@ def trace_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled:
     """
     q = _pmf_rows(q, "q").to(torch.float32)
     _check_tree(tree, q, sampled)
-    k, v = tree.max_depth, q.shape[1]
+    k = tree.max_depth
     if sampled:
         drafts = sample_drafts(q[:k], generator).view(1, k)
         node_codes = draft_node_codes(tree, q, drafts)

@@ -57,7 +57,7 @@ def run_job(args, threads: int) -> int:
     apply_threads(threads)
     result = JOBS[args.job](args)
     if args.job != "table":
-        (result.get("meta", result))["total_s"] = round(time.perf_counter() - started, 1)
+        (result.get("meta", result))["total_s"] = round(time.perf_counter() - started, 3)
     if args.json_path:
         params = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"}
         print(f"wrote {save_json(result, args.json_path, provenance(params, seed=args.seed))}")

@@ -1,4 +1,4 @@
-"""One table a user can act on (``rvqspec bench --table``, ``make bench``, notebooks 03 and 05;
+"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebooks 03 and 05;
 docs/precision.md#the-table).
 
 Per model (the embedded model, trained; the real-size 0.6B architecture with random weights, its speculative frames a
@@ -312,7 +312,7 @@ def caption(result: dict) -> str:
 
 
 def format_bench_table(result: dict) -> str:
-    """The table as text (what ``rvqspec bench --table`` prints): caption, one line per row, the public ports."""
+    """The table as text (what ``rvqspec bench table`` prints): caption, one line per row, the public ports."""
     cols = ("model", "precision", "backend", "row", "decoder", "ms/frame", "RTF", "tok/call", "vs AR",
             "x fused AR", "floor AR ms", "x floor", "note")
     lines = [caption(result), " | ".join(cols)]

@@ -17,7 +17,7 @@ from the verifier's p there. Its codes are samples of nothing, so the oracle SEA
 -1 (no codec embeds them), ``replay`` :attr:`AcceptanceOracle.text`.
 
 Tables come from the embedded model's calibration by default (:func:`default_acceptance`) or a file
-(:func:`read_acceptance`, ``rvqspec bench --acceptance FILE``): a calibration file (``"format": "rvqspec-trees"``);
+(:func:`read_acceptance`, ``rvqspec bench frames|table --acceptance FILE``): a calibration file (``"format": "rvqspec-trees"``);
 JSON ``{"format": "rvqspec-acceptance", "source": "<what was measured>", "point-mass": T, "sampled": T}`` (at least
 one kind; ``T`` as :class:`AcceptanceOracle` takes it, entries in [0, 1] or null); or CSV with the header
 ``kind,start_depth,offset,child,acceptance`` (``start_depth`` 1..n-1 or ``*``; missing entries 0). Every problem with
@@ -99,7 +99,7 @@ class AcceptanceOracle:
         """
         if kind not in self.tables:
             raise ValueError(f"this replay has no {kind} acceptance table: pass one with both kinds "
-                             "(rvqspec bench --acceptance FILE; docs/precision.md#timing-replay)")
+                             "(rvqspec bench frames|table --acceptance FILE; docs/precision.md#timing-replay)")
         t = self.tables[kind]
         if not (1 <= start_depth <= len(t) and 1 <= offset <= len(t[0]) and 0 <= index < len(t[0][0])):
             return 0.0

@@ -4,7 +4,7 @@ weights, at the weight-streaming floor (docs/precision.md#the-native-forward).
 A code-predictor call of the real-size architecture reads about 80 M weights and multiplies each with a handful of
 query rows: it is bound by reading the weights. torch's own kernels stream them at about half the machine's read
 bandwidth on one thread and the module's Python and operator dispatch adds about a millisecond per call, so the
-official call runs at 2.4-3.8x its floor (``rvqspec bench --dtype ...`` on the machines of this project).
+official call runs at 2.4-3.8x its floor (``rvqspec bench precisions`` on the machines of this project).
 :class:`NativeCodePredictor` packs the weights once into the C kernels' panel layout
 (:mod:`rvqspec_lib.models.kernels.cpforward`) and runs the whole layer stack, and the per-depth heads, in C.
 

@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rvqspec_lib.common import results_doc
 from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import SOURCE_PATHSPECS, git_output
 
@@ -276,8 +277,11 @@ def main(argv: list[str] | None = None, *, root: str | os.PathLike | None = None
                                              "the sources at HEAD (docs/reproducibility.md).")
     ap.add_argument("--figures", default="figures", help="results folder (default: figures, from the repository root)")
     args = ap.parse_args(argv)
-    try:
-        rep = check_figures(args.figures, root=root)
+    base = Path(root) if root is not None else REPO_ROOT
+    own = (base / args.figures).resolve() == (base / "figures").resolve()
+    try:  # the repository's own figures: its generated prose (docs/results.md, the README block) must match them
+        rep = check_figures(args.figures, root=root,
+                            results=(lambda folder: results_doc.check(folder, base)) if own else None)
     except FileNotFoundError as e:
         err(f"check-figures: {e}: pass --figures DIR, a folder `make paper` wrote")
         return 2

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from rvqspec_lib.common import results_doc
+from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, save_notebook_record, save_table
 
 #: the record's file stem in the figures folder
@@ -123,6 +125,8 @@ def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int | str, 
         nb = Path(r["executed_notebook"] or "")
         if nb.is_file() and Path(fig_dir).resolve() in nb.resolve().parents:
             save_notebook_record(nb, provenance({**(params or {}), "notebook": r["notebook"]}))
+    if Path(fig_dir).resolve() == (REPO_ROOT / "figures").resolve():  # the committed figures: their prose too
+        lines += [f"  -> {p}" for p in results_doc.write(fig_dir, REPO_ROOT)]
     return lines, paths
 
 

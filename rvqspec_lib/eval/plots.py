@@ -9,6 +9,7 @@
   the_lossless_rule): one speculative round as draft, verify, accept, commit panels; a draft tree with its node ids;
   its ancestor matrix as the verify call's attention mask. :data:`RULE_COLORS`: one colour for p, q, residual.
 * :func:`oversubscribed_note` -- the label a timing figure or table carries when the CPU was oversubscribed.
+* :func:`plot_spectrograms` -- log-mel spectrograms on one colour scale (notebook 00: the codec with k codebooks).
 * :func:`plot_speedup_vs_n` -- the paper's Figure 4 here: speedup over AR by node budget N, measured and projected
   per backend, beside the paper's device numbers (:data:`PAPER_DEVICE_SPEEDUPS`, quoted).
 """
@@ -119,6 +120,41 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
         ax1.set_axis_off()
         ax1.text(0.5, 0.5, "no Q = 1 measurement", ha="center", va="center")
     fig.suptitle(bench_title(result), fontsize=9)
+    return fig
+
+
+def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float = 80.0,
+                      figsize: tuple[float, float] | None = None):
+    """Log-mel spectrograms stacked on one time axis and ONE colour scale (the loudest panel's top and ``db_range``
+    dB below it), so that panels compare by colour; one colour bar.
+
+    Args:
+        panels: ``(label, db, distance_db)`` per panel: ``db`` a ``(n_mels, frames)`` array in dB (e.g.
+            :meth:`rvqspec_lib.models.rvq_codec.RVQCodec.log_mel_db`), ``distance_db`` a log-spectral distance to
+            the first panel written beside the label (``None``: none).
+        hop_s: seconds per spectrogram column. title: the figure title. db_range: dB shown below the top.
+        figsize: default 8 inches wide, a little over an inch per panel.
+
+    Returns:
+        the matplotlib ``Figure`` (save it with :func:`rvqspec_lib.common.provenance.save_figure`).
+    """
+    import matplotlib.pyplot as plt
+
+    panels = list(panels)
+    vmax = max(float(db.max()) for _, db, _ in panels)
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, constrained_layout=True,
+                             figsize=figsize or (8.0, 1.15 * len(panels) + 0.9), squeeze=False)
+    for ax, (label, db, dist) in zip(axes[:, 0], panels):
+        im = ax.imshow(db, origin="lower", aspect="auto", cmap="magma", vmin=vmax - db_range, vmax=vmax,
+                       extent=(0, db.shape[1] * hop_s, 0, db.shape[0]))
+        ax.set_title(label + ("" if dist is None else f"  (log-spectral distance {dist:.1f} dB)"), fontsize=8,
+                     loc="left")
+        ax.set_ylabel("mel band", fontsize=7)
+        ax.tick_params(labelsize=7)
+    axes[-1, 0].set_xlabel("time (s)")
+    fig.colorbar(im, ax=axes[:, 0], label="mel power (dB)", shrink=0.8)
+    if title:
+        fig.suptitle(title, fontsize=9)
     return fig
 
 

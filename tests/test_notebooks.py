@@ -107,19 +107,33 @@ def _check_00(metrics: dict, out: Path) -> None:
 
     from rvqspec_lib.embedded.corpus import SPLITS, multilingual_sentences
 
-    # smoke mode: 3 held-out sentences, the original, the inversion of unquantised features, k = 1 and 16
-    assert metrics["n_sentences"] == 3 and metrics["codebooks"] == [1, 16]
-    conditions = {"original", "unquantised", "k=1", "k=16"}
+    # smoke mode: 3 held-out sentences, the original, the inversion of unquantised features, k = 1, 4 and 16
+    assert metrics["n_sentences"] == 3 and metrics["codebooks"] == [1, 4, 16] == metrics["listen_codebooks"]
+    conditions = {"original", "unquantised", "k=1", "k=4", "k=16"}
     if metrics["codec"]["decoder"] == "neural":  # the table decoder measured beside the shipped neural one
-        conditions |= {"table k=1", "table k=16"}
+        conditions |= {"table k=1", "table k=4", "table k=16"}
     for key in ("wer", "wer_without_outliers", "cer", "feature_lsd_db", "audio_lsd_db"):
         assert set(metrics[key]) == conditions, key
         assert all(v is not None and 0 <= v < math.inf for v in metrics[key].values()), (key, metrics[key])
     assert len(metrics["references"]) == 3 and all(len(h) == 3 for h in metrics["hypotheses"].values())
+    # the recogniser is named from the recogniser object, in the metrics and in the table's record alike
     assert metrics["asr"] == "whisper-tiny.en"  # the default English recogniser
+    assert json.loads((out / "00_codec_quality.provenance.json").read_text())["asr"] == metrics["asr"]
     lsd = metrics["feature_lsd_db"]
     assert lsd["original"] == lsd["unquantised"] == metrics["audio_lsd_db"]["original"] == 0
-    assert lsd["k=1"] > 0 and lsd["k=16"] > 0 and metrics["audio_lsd_db"]["unquantised"] > 0
+    assert lsd["k=16"] < lsd["k=4"] < lsd["k=1"] and metrics["audio_lsd_db"]["unquantised"] > 0
+    # what each stage removes: every stage, the variance left falling, the structureless yardstick beside it
+    rv = metrics["residual_variance"]
+    assert [r["k"] for r in rv] == list(range(1, metrics["codec"]["n_codebooks"] + 1))
+    assert all(b["variance_left"] < a["variance_left"] for a, b in zip(rv, rv[1:]))
+    assert 0 < rv[0]["unstructured_factor"] < 1
+    # listening: the original, the inversion and the codec with 1, 4 and 16 codebooks, each a WAV with its record
+    assert [(x["condition"], x["k"]) for x in metrics["listening"]] == [
+        ("original", None), ("inversion", None), ("codec", 1), ("codec", 4), ("codec", 16)]
+    for x in metrics["listening"]:
+        wav = out / x["file"]
+        assert wav.suffix == ".wav" and wav.stat().st_size > 44, wav  # more than a WAV header
+        assert wav.with_name(wav.stem + ".provenance.json").is_file()
     # the corpus table: every split, every multilingual language, measured (not empty) rows
     table = metrics["corpus_table"]
     assert {r["split"] for r in table} == set(SPLITS)
@@ -132,10 +146,10 @@ def _check_00(metrics: dict, out: Path) -> None:
     copied = [{k: r[k] for k in ("split", "language", "samples", "hours", "frames")} for r in table
               if r["measured by"].startswith("build")]
     assert copied == [{k: r[k] for k in ("split", "language", "samples", "hours", "frames")} for r in build]
-    for stem in ("00_corpus", "00_codec_quality"):
+    for stem in ("00_corpus", "00_codec_quality", "00_residual_variance"):
         for ext in (".csv", ".md", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
-    for stem in ("00_spectrograms", "00_wer_by_codebooks"):
+    for stem in ("00_spectrograms", "00_wer_by_codebooks", "00_residual_variance"):
         for ext in (".png", ".pdf", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
     side = json.loads((out / "00_corpus.provenance.json").read_text())

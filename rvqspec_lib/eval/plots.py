@@ -71,14 +71,21 @@ def bench_title(result: dict) -> str:
             + (f"\n{note}: the times are pessimistic" if note else ""))
 
 
+#: The colour of each forward (the official module, the native C forward) in the latency figures.
+FORWARD_COLORS = {"official": "C0", "native": "C1"}
+
+
 def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6)):
-    """Two panels from a :func:`rvqspec_lib.eval.latency.bench_model` result.
+    """Two panels from a :func:`rvqspec_lib.eval.latency.bench_model` result, one colour per forward
+    (:data:`FORWARD_COLORS`; the native pair too when the result has one).
 
     Left: median ms per code-predictor call against ``Q`` (log2 axis) with the p10-p90 band, and the talker step as a
-    dashed line. Right: ``t(Q) / t(1)`` with the line ``y = Q`` (no parallelism at all) for reference.
+    dashed line of the same colour. Right: ``t(Q) / t(1)`` with the line ``y = Q`` (no parallelism at all) for
+    reference.
 
     Returns:
-        the matplotlib ``Figure`` (not shown, not closed; save it with :func:`rvqspec_lib.common.provenance.save_figure`).
+        the matplotlib ``Figure`` (not shown, not closed; save it with
+        :func:`rvqspec_lib.common.provenance.save_figure`).
 
     Raises:
         KeyError: ``result`` is not a bench result.
@@ -86,36 +93,46 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    rows = sorted(result["code_predictor"], key=lambda r: r["n_queries"])
-    q = [r["n_queries"] for r in rows]
-    med = [r["median_ms"] for r in rows]
+    pairs = [(result["backend"], result)] + ([("native", result["native"])] if "native" in result else [])
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
-
-    ax0.plot(q, med, "o-", color="C0", label=f"code predictor, KV prefix {result['prefix_len']}")
-    ax0.fill_between(q, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows], color="C0", alpha=0.2,
-                     label="p10-p90")
-    t = result["talker_step"]
-    ax0.axhline(t["median_ms"], color="C3", ls="--", label=f"talker step, KV prefix {result['talker_context']}")
+    top, ratios_ok = 0.0, True
+    for name, pair in pairs:
+        color = FORWARD_COLORS.get(name, "C2")
+        rows = sorted(pair["code_predictor"], key=lambda r: r["n_queries"])
+        q = [r["n_queries"] for r in rows]
+        ax0.plot(q, [r["median_ms"] for r in rows], "o-", color=color,
+                 label=f"code predictor ({name}), KV prefix {result['prefix_len']}")
+        ax0.fill_between(q, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows], color=color, alpha=0.2)
+        talker = "official" if pair is result else name
+        ax0.axhline(pair["talker_step"]["median_ms"], color=color, ls="--",
+                    label=f"talker step ({talker}), KV prefix {result['talker_context']}")
+        top = max(top, max(r["p90_ms"] for r in rows), pair["talker_step"]["median_ms"])
+        if all(r.get("ratio_to_1") is not None for r in rows):
+            ax1.plot(q, [r["ratio_to_1"] for r in rows], "o-", color=color, label=f"measured t(Q) / t(1), {name}")
+        else:
+            ratios_ok = False
     ax0.set_xscale("log", base=2)
     ax0.set_xticks(q, [str(v) for v in q])
+    ax0.minorticks_off()
     ax0.set_xlabel("query positions per call, Q")
     ax0.set_ylabel("median latency per call (ms)")
-    ax0.set_ylim(0, 1.25 * max(max(r["p90_ms"] for r in rows), t["median_ms"]))  # room for the legend
-    ax0.legend(fontsize=8, loc="upper left")
+    ax0.set_ylim(0, 1.35 * top)  # room for the legend
+    ax0.legend(fontsize=7, loc="upper left")
     ax0.grid(alpha=0.3)
-
-    if all(r.get("ratio_to_1") is not None for r in rows):
-        ax1.plot(q, [r["ratio_to_1"] for r in rows], "o-", color="C0", label="measured t(Q) / t(1)")
+    ax0.set_title("one call: its latency (band: p10 to p90)", fontsize=9)
+    if ratios_ok:
         ax1.plot(q, q, ":", color="gray", label="y = Q (no parallelism)")
         ax1.axhline(1.0, color="k", lw=0.8)
         ax1.set_xscale("log", base=2)
         ax1.set_yscale("log", base=2)
         ax1.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax1.set_xticks(q, [str(v) for v in q])
+        ax1.minorticks_off()
         ax1.set_xlabel("query positions per call, Q")
         ax1.set_ylabel("cost relative to one AR call")
-        ax1.legend(fontsize=8, loc="upper left")
+        ax1.legend(fontsize=7, loc="upper left")
         ax1.grid(alpha=0.3, which="both")
+        ax1.set_title("the verify cost curve t(Q) / t(1)", fontsize=9)
     else:
         ax1.set_axis_off()
         ax1.text(0.5, 0.5, "no Q = 1 measurement", ha="center", va="center")

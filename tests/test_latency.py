@@ -75,3 +75,22 @@ def test_calls_at_tokens_per_call_of_named_decoders():
     assert [r["tokens_per_call"] for r in again] == [r["tokens_per_call"] for r in rows]  # seeded
     with pytest.raises(ValueError):
         latency.calls_at_tokens_per_call(lm, ["chain:99"], ctx)
+
+
+def test_model_row_flattens_both_pairs(tiny):
+    r = latency.bench_model(tiny, query_sizes=(1, 2, 4), warmup=0, repeats=1, progress=False)
+    row = latency.model_row(r, q_ratio=2)
+    assert row["model"] == "tiny-random" and row["random_weights"] is True and row["calls_per_s_realtime"] == 200.0
+    assert row["t_inner_ms"] == r["derived"]["t_inner_ms"] and row["t(2)/t(1)"] == r["code_predictor"][1]["ratio_to_1"]
+    assert row["native_t_inner_ms"] is None and row["native_t(2)/t(1)"] is None  # the native pair was not timed
+
+
+def test_inner_share_from_bytes(tiny):
+    from rvqspec_lib.eval.floor import call_weight_bytes, talker_step_bytes
+
+    b = latency.inner_share_from_bytes(tiny, talker_context=8)
+    t = talker_step_bytes(tiny.talker, context=8)
+    cp = call_weight_bytes(tiny.code_predictor)["bytes"]
+    assert b["talker_step_bytes"] == t["bytes"] and b["talker_kv_bytes"] == t["kv_bytes"] > 0
+    n = tiny.n_code_groups - 1
+    assert b["inner_share"] == pytest.approx(n * cp / (t["bytes"] + t["kv_bytes"] + n * cp))

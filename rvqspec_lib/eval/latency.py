@@ -40,7 +40,7 @@ import torch
 from transformers import DynamicCache
 
 from rvqspec_lib.eval.acceptance import decoder_statistics
-from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms
+from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms, talker_step_bytes
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import PREFIX_LEN, QUERY_SIZES, verify_call
 from rvqspec_lib.eval.timing import bandwidth_around, cpu_oversubscribed, device_sync, interleaved
@@ -475,6 +475,58 @@ def budget_table(frame_rate_hz: float, n_code_groups: int,
         rows.append({"tokens_per_call": b["tokens_per_call"], "inner_calls_per_frame": b["inner_calls_per_frame"],
                      "calls_per_s": b["calls_per_s"], "reduction": b["reduction"], "note": note})
     return rows
+
+
+def model_row(result: dict, *, q_ratio: int = 16) -> dict:
+    """One flat row of a :func:`bench_model` result, to set models side by side: the model's geometry
+    (``lm.describe()``), the call budget from its config, and per pair the talker step, the code-predictor call of
+    one position, the AR frame, its real-time factor, the inner loop's share and ``t(q)/t(1)`` at the largest timed
+    ``Q <= q_ratio``; the native pair's columns carry the prefix ``native_`` (``None`` when it was not timed).
+
+    Raises:
+        KeyError: ``result`` is not a :func:`bench_model` result.
+    """
+    m = result["model"]
+
+    def pair(p: dict | None) -> dict:
+        if p is None:
+            return dict.fromkeys(("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar", "inner_share_ar", "q_ratio"))
+        d, rows = p["derived"], {r["n_queries"]: r["ratio_to_1"] for r in p["code_predictor"]}
+        q = max((k for k in rows if k <= q_ratio), default=None)
+        return {"t_talker_ms": d["t_talker_ms"], "t_inner_ms": d["t_inner_ms"], "frame_ms_ar": d["frame_ms_ar"],
+                "rtf_ar": d["rtf_ar"], "inner_share_ar": d["inner_share_ar"], "q_ratio": rows.get(q)}
+
+    official, native = pair(result), pair(result.get(NATIVE))
+    qs = [r["n_queries"] for r in result["code_predictor"]]
+    q = max((k for k in qs if k <= q_ratio), default=None)
+    ratio_key = f"t({q})/t(1)"
+    official[ratio_key] = official.pop("q_ratio")
+    native[ratio_key] = native.pop("q_ratio")
+    return {"model": m["name"], "random_weights": result["random_weights"],
+            **{k: m[k] for k in ("talker_layers", "talker_hidden", "code_predictor_layers", "code_predictor_hidden",
+                                 "params_talker_total", "params_code_predictor", "frame_rate_hz", "n_code_groups")},
+            "calls_per_s_realtime": call_budget(m["frame_rate_hz"], m["n_code_groups"])["calls_per_s"],
+            **official, **{f"{NATIVE}_{k}": v for k, v in native.items()}}
+
+
+def inner_share_from_bytes(lm, *, talker_context: int = TALKER_CONTEXT) -> dict:
+    """The inner loop's share of an AR frame if every call ran at the weight-streaming floor, from the bytes each
+    call reads (:mod:`rvqspec_lib.eval.floor`): a talker step reads its layers, final norm and ``codec_head`` plus
+    the KV cache of ``talker_context`` positions; a code-predictor call of one position reads its weights; a frame
+    makes one of the first and ``n_code_groups - 1`` of the second, so the share is
+    :func:`inner_share` of the two byte counts. No timing: what the share would be on a machine where both calls
+    stream their weights at the same bandwidth.
+
+    Returns:
+        ``{"talker_step_bytes", "talker_kv_bytes", "code_predictor_call_bytes", "inner_calls_per_frame",
+        "inner_share"}``.
+    """
+    talker = talker_step_bytes(lm.talker, context=talker_context)
+    cp = call_weight_bytes(lm.code_predictor, n_queries=1)["bytes"]
+    n_inner = lm.n_code_groups - 1
+    return {"talker_step_bytes": talker["bytes"], "talker_kv_bytes": talker["kv_bytes"],
+            "code_predictor_call_bytes": cp, "inner_calls_per_frame": n_inner,
+            "inner_share": inner_share(talker["bytes"] + talker["kv_bytes"], cp, n_inner)}
 
 
 def calls_at_tokens_per_call(lm, names: Sequence[str], contexts: torch.Tensor, *, sampling=None, seed: int = 0,

@@ -241,15 +241,15 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
         if j in (1, 2, g - 1):
             ax0.text(x + width * 0.42, -0.08, f"code {j}", ha="center", va="top", fontsize=6, rotation=90)
         x += width
-    ax0.text(2.0 + 3.8, 0.95, f"code predictor ({r0['code_predictor_layers']} layers): {g - 1} sequential calls "
-             f"(prefill for code 1, then one per code)", ha="center", va="bottom", fontsize=7)
+    ax0.text(2.0 + 3.8, 0.95, f"code predictor ({r0['code_predictor_layers']} layers): {g - 1} sequential calls\n"
+             f"(a prefill for code 1, then one per code)", ha="center", va="bottom", fontsize=7)
     ax0.add_patch(FancyArrowPatch((1.6, 1.4), (2.0, 0.6), arrowstyle="->", mutation_scale=8, color="0.3"))
     ax0.add_patch(FancyArrowPatch((9.6, 0.9), (0.9, 2.1), connectionstyle="arc3,rad=0.35", arrowstyle="->",
                                   mutation_scale=8, color="0.5", ls="--"))
-    ax0.text(5.3, 3.15, f"next frame: {g} codes fed back to the talker; {fr:g} frames a second, "
+    ax0.text(5.3, 3.45, f"next frame: {g} codes fed back to the talker; {fr:g} frames a second, "
              f"{1000 / fr:g} ms of audio each", ha="center", fontsize=7)
     ax0.set_xlim(-0.2, 10.0)
-    ax0.set_ylim(-1.0, 3.4)
+    ax0.set_ylim(-1.0, 3.8)
     ax0.set_axis_off()
     ax0.set_title(f"one frame of {r0['model']}: 1 + {g - 1} = {g} model calls", fontsize=9)
 

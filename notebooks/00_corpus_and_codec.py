@@ -446,7 +446,7 @@ pd.DataFrame(table_q).set_index("label")
 
 # %%
 ks = list(run_codebooks)
-k_ticks = [k for k in ks if k & (k - 1) == 0] or ks  # powers of two on the log axis
+k_ticks = ks if len(ks) <= 8 else [k for k in ks if k & (k - 1) == 0] or ks  # few: all; else powers of two
 series = [("k", f"codec, {codec.decoder_kind} decoder", "o-", "C0")]
 if codec.decoder_kind != "table":
     series.append(("table k", "codec, table decoder", "^--", "C3"))
@@ -543,7 +543,7 @@ lines = [
     f"{last['variance_left']:.2%}. The spectral distance of the "
     f"decoded frames falls from {rows[f'k={k_lo}']['feature_lsd_db']:.2f} dB with {k_lo} codebook"
     f"{'s' if k_lo > 1 else ''} to {rows[f'k={k_hi}']['feature_lsd_db']:.2f} dB with {k_hi}.",
-    f"* **Why the deep stages add little in this codec (measured here, against a bound).** Stages "
+    f"* **Why each deep stage adds little in this codec (measured here, against a bound).** Stages "
     f"{deep[0]['k']}..{deep[-1]['k']} each remove a median {deep_removed:.1%} of the variance still left; the most an "
     f"{bits:g}-bit stage can remove from a structureless {cfg.dim}-dimensional residual is {ref_removed:.1%}. "
     + ("The deep stages work at about that rate: what they quantise is close to noise around the envelope the "

@@ -334,8 +334,8 @@ if compare_model:
     ax.set_xticks(list(xs), [r["decoder"] for r in own], rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("calls per second for real time")
     ax.set_ylim(0, 1.3 * ar["calls_per_s"])
-    ax.set_title(f"Calls a second for real time at the codes per call measured on {small.name} (in the bars; "
-                 f"{len(own_frames)} held-out frames, trained weights)", fontsize=9)
+    ax.set_title(f"Calls a second for real time at the codes per call measured on {small.name} (in the bars)\n"
+                 f"{len(own_frames)} held-out frames, trained weights", fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3, axis="y")
     save_figure(fig, out / "01_calls_at_own_tpc", provenance(params, seed=seed))
@@ -428,16 +428,21 @@ lines = [
       "the inner loop's share between roughly two fifths and nearly all of a step (reported), depending on how "
       "much fixed cost each call pays.",
     f"* **Real time on this CPU (measured here, {result['threads']} thread(s)).** "
-    + "; ".join(f"{'T' if i == 0 else 't'}hrough the {name} forward an AR frame takes {p['derived']['frame_ms_ar']:.1f} ms for "
-                f"{p['derived']['frame_budget_ms']:.0f} ms of audio, real-time factor {p['derived']['rtf_ar']:.2f} "
+    + "; ".join(f"{'T' if i == 0 else 't'}hrough the {name} forward an AR frame takes "
+                f"{p['derived']['frame_ms_ar']:.1f} ms for {p['derived']['frame_budget_ms']:.0f} ms of audio, "
+                f"real-time factor {p['derived']['rtf_ar']:.2f} "
                 f"({'faster' if p['derived']['rtf_ar'] < 1 else 'slower'} than real time)"
                 for i, (name, p) in enumerate(pairs.items()))
     + ". Notebook 06 takes the whole frame, talker included, through the fastest forwards.",
     f"* **The verify cost curve (measured here).** A call of {q_hi} positions costs "
     f"{ratios[str(q_hi)]:.2f} times a call of one (official)"
     + (f", {nat_ratio:.2f} times (native)" if nat_ratio else "")
-    + f": far below {q_hi}, so a verify call of many nodes can replace several sequential calls. "
-      f"How far below sets the best node budget on each device (notebook 04).",
+    + (f": far below {q_hi}, so one verify call of many nodes can replace several sequential calls"
+       if max(ratios[str(q_hi)], nat_ratio or 0) < q_hi / 2 else
+       f": below {q_hi}, but not by much, so wide verify calls buy little here"
+       if max(ratios[str(q_hi)], nat_ratio or 0) < q_hi else
+       f": no cheaper than {q_hi} sequential calls, so wide verify calls buy nothing here")
+    + ". Where the curve bends sets the best node budget on each device (notebook 04).",
 ]
 if own:
     best = max(own, key=lambda r: r["tokens_per_call"])
@@ -456,6 +461,12 @@ if own:
     if best_pm:
         parts.append(f"The reused heads' best point-mass tree, `{best_pm['decoder']}`, commits "
                      f"{best_pm['tokens_per_call']:.2f}. ")
+    same_n = [(p, h) for p in pap for h in pm if h["nodes"] == p["nodes"]]
+    if same_n:
+        p_, h_ = max(same_n, key=lambda ph: ph[0]["nodes"])
+        parts.append(f"At the same node budget (N {p_['nodes']}) the offsets drafter's tokens per call differ from "
+                     f"the reused heads' by {p_['tokens_per_call'] - h_['tokens_per_call']:+.2f} here (notebook 03 "
+                     f"measures that difference with an interval). ")
     if best_sp:
         parts.append(f"Trees with sampled children reach {best_sp['tokens_per_call']:.2f} (`{best_sp['decoder']}`). ")
     parts.append(f"The best decoder here is `{best['decoder']}` at {best['tokens_per_call']:.2f} codes per call, "

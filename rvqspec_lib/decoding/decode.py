@@ -116,9 +116,7 @@ def _check_context(code_predictor, context: torch.Tensor) -> None:
                          "checkpoint, or float16 overflow: load in float32)")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The round, step by step
-# ----------------------------------------------------------------------------------------------------------------
+# ---- The round, step by step -----------------------------------------------------------------------------------------
 @dataclass
 class RoundPlan:
     """One tree's constants on the decode device, built once (:func:`plan_for` caches them per decoder).

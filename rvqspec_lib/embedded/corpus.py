@@ -70,9 +70,7 @@ FORTUNE_EXCLUDE = ("ascii-art", "ethnic", "men-women", "translate-me")
 FORTUNE_PACKAGES = ("fortunes", "fortunes-min")
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Sentences
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Sentences -------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Sentence:
     """One sentence and where it came from.
@@ -159,9 +157,7 @@ def dedupe(sentences: Iterable[Sentence]) -> list[Sentence]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Sources
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Sources ---------------------------------------------------------------------------------------------------------
 def fetch_debian_package(package: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """Unpack a Debian package's files into ``<cache>/debian/<package>/`` without installing it (``apt-get
     download``, needing the package lists, and ``dpkg -x``). Returns the unpacked root, reused on later calls.
@@ -300,9 +296,7 @@ def gather_sentences(sources: Sequence[str] = ("fortunes", "stdlib", "doc"), cac
     return dedupe(out)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Splits
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Splits ----------------------------------------------------------------------------------------------------------
 def split_of(sentence: Sentence | str, fractions: Mapping[str, float] | None = None, language: str = "en") -> str:
     """The Table 1 role (one of :data:`SPLITS`) of a sentence, or a text in ``language``: a pure function of its
     normalised text; non-English sentences are ``evaluation``. ``fractions``: default :data:`DEFAULT_FRACTIONS`.
@@ -368,9 +362,7 @@ def shipped_sentences(split: str = "evaluation", language: str | None = None) ->
     return [s for s in out if language is None or s.language == language]
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Voices and rendering
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Voices and rendering --------------------------------------------------------------------------------------------
 class MissingVoiceError(FileNotFoundError):
     """A synthesiser (or one of its voices) is not installed; the message names the apt command."""
 

@@ -296,9 +296,7 @@ def file_interface(path) -> dict:
     raise ValueError(f"{path} is neither an .onnx file nor an .mlpackage")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Running exported files
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Running exported files ------------------------------------------------------------------------------------------
 def ort_session(path, *, threads: int | None = None):
     """An ONNX Runtime CPU session of ``path``: ``threads`` intra-op threads (default torch's), one inter-op thread,
     every graph optimisation."""

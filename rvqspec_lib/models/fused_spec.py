@@ -135,7 +135,7 @@ class FusedChainFrame(UniformFrame):
             ``(codes (B, n_codes), committed (B,) int64 codes added (1..window), h (B, H) for the next round)``.
         """
         cp, n, kk = self.code_predictor, self.n_codes, self.K
-        b, rows = codes.shape[0], torch.arange(codes.shape[0], device=codes.device)
+        rows = torch.arange(codes.shape[0], device=codes.device)
         ur = u[:, s]  # (B, 2K+1)
         n_draft = min(kk, n - s)  # drafts at depths s+1..s+D
         q_len = 1 + min(kk, n - 1 - s)  # nodes with a code after them: the root and drafts below depth n

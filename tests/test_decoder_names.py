@@ -97,7 +97,6 @@ def test_decoders_built_from_names_carry_their_drafter():
     assert _built("ssd-lossy:0.2") == ("ssd-lossy:0.2", LossySSD(beta=0.2)) and _built("ar") == ("ar", AR())
     assert _built("chain:best", best_chain=5) == ("chain:5", Chain(5))
     assert N.calibration_budgets(["paper", "paper:8", "tree:calibrated", "ar"]) == [8, 16, 32]
-    assert N.drafters_named(["ar", "paper", "chain:4@offsets-tv", "tree"]) == ["offsets", "offsets-tv"]
 
 
 def test_auto_keeps_its_drafter_in_the_label():

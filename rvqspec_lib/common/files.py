@@ -1,9 +1,6 @@
-"""Atomic output files: a result appears whole or not at all (docs/style.md, "never a half-written output file").
-
-Every writer goes through :func:`atomic_output`: the bytes go to a temporary file in the SAME folder (so the final
-``os.replace`` is a rename on one file system, atomic on POSIX and Windows), and the temporary file is removed when
-anything fails before the rename, Ctrl-C (``KeyboardInterrupt``) included.
-"""
+"""Atomic output files: a result appears whole or not at all (docs/style.md#results-and-provenance). Every writer
+goes through :func:`atomic_outputs`: a temporary file in the SAME folder (so ``os.replace`` is an atomic rename),
+removed when anything fails before the rename, Ctrl-C included."""
 
 from __future__ import annotations
 
@@ -15,9 +12,8 @@ from typing import Iterator, Sequence
 
 
 def usual_mode(path: str | os.PathLike, base: int = 0o666) -> Path:
-    """Give a written file the permissions a plain ``open()`` would (``base`` 0666 minus the umask; 0777 for a
-    folder). safetensors and ``tempfile.mkstemp`` write files 0600 (``mkdtemp`` folders 0700), so a model, drafter or
-    result saved on a shared machine would be unreadable to the other users."""
+    """Give a written file the permissions a plain ``open()`` would (``base`` less the umask; 0777 for a folder):
+    safetensors and ``tempfile`` write 0600, unreadable to the other users of a shared machine."""
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(path, base & ~mask)
@@ -25,8 +21,8 @@ def usual_mode(path: str | os.PathLike, base: int = 0o666) -> Path:
 
 
 def temp_beside(path: str | os.PathLike) -> Path:
-    """An empty new file in ``path``'s folder, named ``.<name>.<random>.part<suffix>``: hidden, and with ``path``'s
-    suffix, so writers that pick the format by extension (soundfile, ``np.save``) write the right one.
+    """An empty new file in ``path``'s folder, ``.<name>.<random>.part<suffix>``: hidden, with ``path``'s suffix (for
+    writers that pick the format by extension).
 
     Raises:
         OSError: the folder does not exist or is not writable.
@@ -40,15 +36,8 @@ def temp_beside(path: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def atomic_outputs(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
-    """Write several files all-or-nothing: yields one temporary path per target (same folder, same suffix); when the
-    block ends without an exception every temporary file is moved onto its target with ``os.replace``; when it
-    raises (``KeyboardInterrupt`` included) every temporary file is removed and no target is touched.
-
-    Args:
-        paths: the final files; their folders must exist.
-
-    Yields:
-        ``list[Path]``: the temporary files to write, in the order of ``paths``.
+    """Write several files all-or-nothing: yields one temporary path per target (same folder, same suffix), moved
+    onto the targets when the block ends cleanly, all removed (no target touched) when it raises, Ctrl-C included.
 
     Raises:
         OSError: a folder is missing or read-only (before the block runs), or a rename fails.

@@ -1,9 +1,5 @@
-"""What machine this is: THE one reader of ``/proc/cpuinfo`` (CPU model, feature flags), read once per process.
-
-Every figure names the CPU beside it (docs/style.md#benchmarks), the precisions a CPU runs natively follow its flags
-(:mod:`rvqspec_lib.models.precision`), and compiled kernels are cached per CPU (:mod:`rvqspec_lib.models.kernels.build`):
-all three ask here.
-"""
+"""What machine this is: THE one reader of ``/proc/cpuinfo`` (CPU model, feature flags), read once per process, for
+the figures' CPU name, the precisions a CPU runs natively and the compiled kernels' cache key."""
 
 from __future__ import annotations
 

@@ -1,33 +1,9 @@
-"""Which outputs of ``make paper`` are timings, and a comparison of two runs that ignores exactly those.
-
-Two runs of the notebooks at one seed, on one machine and with the same parameters (``THREADS`` included), must
-write the same numbers everywhere except in timings: wall-clock measurements, what is computed from them (speedups,
-ratios of times, real-time factors, bandwidth floors), choices made from them (``--decoder auto``, a "best" row
-picked by speed) and how many timing rounds a noise target asked for. This module is the one list of those
-(docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed says it in words):
-
-* :data:`TIMING_NOTEBOOKS`: the notebooks that time (``01``, ``03``, ``05``; the Makefile's ``TIMING_NB``). The
-  others (``00``, ``02``, ``04``) hold no timing but the ones listed here (their run times);
-* :data:`TIMING_COLUMNS`: per table (the CSV's file name without ``.csv``), the columns that are timings, as
-  :mod:`fnmatch` patterns (some column names carry a model's name); :data:`ALL` marks a table whose rows
-  themselves are picked by timings;
-* :data:`TIMING_JSON_KEYS`: keys of result JSON files whose values are timings or records of the run (the
-  ``provenance`` record: when, where, the load), skipped at any depth; :data:`TIMING_JSON_FILES`: the timing
-  notebooks' JSON files that mix timings into everything (their tables are compared instead).
-
-Everything else must be identical, byte for byte as written: a table not listed here has no timing column.
-
-Public functions:
-
-* :func:`timing_columns` -- the timing columns of one table;
-* :func:`compare_tables` / :func:`compare_json` / :func:`compare_safetensors` -- the differences between two CSV /
-  JSON / safetensors files, timings and run records left out;
-* :func:`compare_runs` -- every table, result JSON and ``.safetensors`` file of two output folders;
-* :func:`main` -- the command line: ``python -m rvqspec_lib.common.reproducibility RUN_A RUN_B [--notebooks 00,04]
-  [--figures]`` (exit 1 and one line per difference when the runs differ).
-
-Standard library only.
-"""
+"""Which outputs of ``make paper`` are timings, and a comparison of two runs that ignores exactly those
+(docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed): two runs at one seed, machine and
+parameters must write the same bytes everywhere but in timings (wall-clock measurements, what is computed or chosen
+from them, how many rounds a noise target asked for). This module is the one list of those (:data:`TIMING_NOTEBOOKS`,
+:data:`TIMING_COLUMNS`, :data:`TIMING_JSON_KEYS`, :data:`TIMING_JSON_FILES`) and the comparison, also from the
+command line: ``python -m rvqspec_lib.common.reproducibility RUN_A RUN_B [--notebooks 00,04] [--figures]``."""
 
 from __future__ import annotations
 
@@ -54,10 +30,11 @@ _CALL_TIMES = ("median_ms", "p10_ms", "p90_ms", "ratio_to_q1")
 TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
     # 02: how long each epoch took
     "02_training_curves": ("wall_s",),
-    # 01: call latencies, the DRAM floor (measured bandwidth), the companions' timed frames
+    # 01: call latencies (official and native), the inner loop's share from them, the companions' timed calls
     "01_latency": ("median_ms", "p10_ms", "p90_ms", "min_ms", "ratio_to_1", "n"),
-    "01_floor": ("t1_ms", "t*_over_t1", "floor_ms", "t1_over_floor"),
-    "01_models_compared": ("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar", "inner_share_ar", "t(*)/t(1)"),
+    "01_inner_share": ("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar", "inner_share_ar"),
+    "01_models_compared": ("*t_talker_ms", "*t_inner_ms", "*frame_ms_ar", "*rtf_ar", "*inner_share_ar",
+                           "*t(*)/t(1)"),  # the leading * also covers the native pair's native_... columns
     # 03: verify costs, frame times, batches, the bench table, auto's choice, projections from measured costs
     "03_verify_cost": _CALL_TIMES,
     "03_verify_cost_compare_model": _CALL_TIMES,
@@ -94,15 +71,8 @@ SIDECAR_SUFFIX = ".provenance.json"
 
 
 def timing_columns(table: str, columns: Iterable[str]) -> list[str]:
-    """The timing columns among ``columns`` of the table ``table``.
-
-    Args:
-        table: the table's stem (``"03_speed"``) or a path to its CSV (the stem is taken).
-        columns: the table's header.
-    Returns:
-        The columns matching the table's :data:`TIMING_COLUMNS` patterns, in header order (every column for a table
-        marked :data:`ALL`; none for a table not listed).
-    """
+    """The timing columns among ``columns`` (the header) of the table ``table`` (its stem or CSV path), in header
+    order: those matching its :data:`TIMING_COLUMNS` patterns (all for :data:`ALL`; none for a table not listed)."""
     stem = Path(str(table)).name.removesuffix(".csv")
     patterns = TIMING_COLUMNS.get(stem, ())
     return [c for c in columns if any(fnmatch.fnmatchcase(c, p) for p in patterns)]
@@ -115,15 +85,9 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
 
 
 def compare_tables(a: str | Path, b: str | Path) -> list[str]:
-    """Differences between two CSV files of one table, its timing columns left out.
-
-    Cells are compared as the text written (byte for byte: ``0.1`` and ``0.10`` differ).
-
-    Args:
-        a, b: the two CSV files (their names give the table, see :func:`timing_columns`).
-    Returns:
-        One line per difference (header, row count, first differing cell per column), empty when identical.
-    """
+    """Differences between two CSV files of one table (their names give it), its timing columns left out, cells
+    compared as written (``0.1`` and ``0.10`` differ): one line per difference (header, row count, first differing
+    cell per column), empty when identical."""
     a, b = Path(a), Path(b)
     name = a.name
     ca, ra = _read_csv(a)
@@ -177,15 +141,8 @@ def _json_diff(x, y, where: str, out: list[str], limit: int = 5, roots: tuple = 
 
 
 def compare_json(a: str | Path, b: str | Path, *, roots: tuple[str | Path, str | Path] | None = None) -> list[str]:
-    """Differences between two result JSON files, the keys of :data:`TIMING_JSON_KEYS` left out at any depth.
-
-    Args:
-        a, b: the two files.
-        roots: the two runs' folders: a string naming a path inside its run's folder is compared relative to it
-            (``02_metrics.json`` names the drafters it wrote by their paths).
-    Returns:
-        One line per difference (at most five per file: the first ones), empty when identical.
-    """
+    """Differences between two result JSON files, :data:`TIMING_JSON_KEYS` left out at any depth, at most five; with
+    ``roots`` (the two runs' folders) a string naming a path inside its run's folder is compared relative to it."""
     a, b = Path(a), Path(b)
     out: list[str] = []
     r = tuple(tuple(dict.fromkeys((str(Path(x).absolute()), str(Path(x).resolve())))) for x in roots) if roots \
@@ -210,13 +167,8 @@ def _safetensors_parts(path: Path) -> tuple[dict, bytes]:
 
 
 def compare_safetensors(a: str | Path, b: str | Path) -> list[str]:
-    """Differences between two safetensors files (a drafter's weights): the tensors' bytes, names, dtypes and
-    shapes, and the header's metadata with :data:`TIMING_JSON_KEYS` left out (a drafter's file embeds its
-    provenance record, whose time differs from run to run).
-
-    Returns:
-        One line per difference, empty when the weights and the description agree.
-    """
+    """Differences between two safetensors files (a drafter's weights): the tensors' bytes, names, dtypes and shapes,
+    and the header's metadata without :data:`TIMING_JSON_KEYS` (a drafter embeds its provenance record)."""
     a, b = Path(a), Path(b)
     (ha, da), (hb, db) = _safetensors_parts(a), _safetensors_parts(b)
     out: list[str] = []
@@ -227,10 +179,9 @@ def compare_safetensors(a: str | Path, b: str | Path) -> list[str]:
 
 
 def _outputs(folder: Path, figures: bool) -> dict[str, Path]:
-    """The comparable outputs of a run folder by relative path: ``*.csv``, result ``*.json`` (not the provenance
-    sidecars, not :data:`TIMING_JSON_FILES`) and ``*.safetensors``, and with ``figures`` the ``*.png`` / ``*.pdf``
-    of the notebooks that do not time, in the folder and its result subfolders (``02_drafters/``, ``02_trees/``);
-    the work folders of rendered audio (``*_work``) and hidden files (make's stamps) are left out."""
+    """The comparable outputs of a run folder by relative path: ``*.csv``, result ``*.json`` (not sidecars, not
+    :data:`TIMING_JSON_FILES`), ``*.safetensors``, and with ``figures`` the non-timing notebooks' ``*.png`` /
+    ``*.pdf``; work folders (``*_work``) and hidden files left out."""
     found = {}
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder)
@@ -245,17 +196,10 @@ def _outputs(folder: Path, figures: bool) -> dict[str, Path]:
 
 def compare_runs(a: str | Path, b: str | Path, *, notebooks: Iterable[str] | None = None,
                  figures: bool = False) -> list[str]:
-    """Every difference between two runs' output folders that is not a timing.
+    """Every difference between two runs' output folders that is not a timing: files in one folder only, and what
+    :func:`compare_tables`, :func:`compare_json`, :func:`compare_safetensors` or (``figures``: the figures of the
+    notebooks that do not time) the bytes find; ``notebooks``: only outputs of these numbers.
 
-    Args:
-        a, b: two output folders (``out_dir`` of the notebooks, e.g. two ``make paper SMOKE=1 FIG_DIR=...``).
-        notebooks: only outputs whose names start with these numbers (``("00", "04")``); ``None``: all.
-        figures: also compare the figures (``.png``, ``.pdf``) of the notebooks that do not time, byte for byte
-            (their files carry no date: :func:`rvqspec_lib.common.provenance.save_figure`).
-    Returns:
-        One line per difference, empty when the runs agree: files present in one folder only, CSV cells
-        (:func:`compare_tables`), JSON values (:func:`compare_json`, paths inside each run's folder taken relative
-        to it), weights (:func:`compare_safetensors`), figure bytes.
     Raises:
         FileNotFoundError: a folder does not exist.
     """

@@ -1,16 +1,8 @@
-"""Where frames come from (a frame = an inner-loop context and the frame's codes 1..15, :class:`~rvqspec_lib.data.frames.Frames`).
-
-* :func:`frames_from_model`: the model speaks texts with the frame loop (:func:`rvqspec_lib.models.frame.synthesize`),
-  so the codes are samples of its own distribution p (what the decoder will meet);
-* :func:`frames_from_dataset`: a local Hugging Face ``datasets`` dataset of audio + text (VoxPopuli schema, the
-  paper's training set) encoded by a codec (``encode(wav) -> (frames, 16)``);
-* :func:`frames_from_utterances` / :func:`frames_from_shipped`: given utterances (text + ground-truth codes), e.g.
-  the codes and texts that ship with the embedded model (``data/embedded/utterances.safetensors``, splits
-  ``training`` / ``validation`` / ``calibration`` / ``evaluation``);
-* :func:`frames_from_contexts`: given contexts, the inner loop samples the codes itself (no talker; tests).
-
-All but the last compute the contexts by ONE teacher-forced talker pass over the prompt and the codes' feedback
-(:func:`rvqspec_lib.data.teacher.teacher_forced_contexts`).
+"""Where frames (:class:`~rvqspec_lib.data.frames.Frames`) come from: the model's own speech
+(:func:`frames_from_model`, samples of its p), a local HF ``datasets`` dataset encoded by a codec
+(:func:`frames_from_dataset`), given or shipped utterances (:func:`frames_from_utterances`,
+:func:`frames_from_shipped`), all with contexts from ONE teacher-forced talker pass; or codes sampled by the inner loop
+from given contexts (:func:`frames_from_contexts`, no talker).
 """
 
 from __future__ import annotations
@@ -55,12 +47,15 @@ def frames_from_model(lm, texts: Iterable[str] | None = None, *, decoder=None, s
     Args:
         lm: a loaded model. texts: sentences (default :data:`DEFAULT_TEXTS`).
         decoder: inner-loop decoder (default AR; any lossless decoder samples the same distribution).
-        sampling, talker_sampling: default the checkpoint's (temperature 0.9, top-k 50).
+        sampling, talker_sampling: default the checkpoint's.
         seed: one explicit generator for everything. max_frames: cap per utterance.
         batch_size: texts spoken together by :func:`~rvqspec_lib.models.frame.synthesize`.
 
     Returns:
         :class:`Frames` (one utterance per text; texts that produced no frame are skipped).
+
+    Raises:
+        ValueError: no texts, no frame for any text.
     """
     texts = list(DEFAULT_TEXTS if texts is None else texts)
     runner = None if decoder is None else frame_runner("official", lm.code_predictor, decoder,
@@ -95,8 +90,7 @@ TEXT_COLUMNS = ("raw_text", "text", "normalized_text", "transcription", "sentenc
 
 def load_split(dataset, split: str | None = None):
     """A ``datasets.Dataset``: ``dataset`` itself, a ``save_to_disk`` folder read back, or one split of a
-    ``DatasetDict`` (``split``; default ``train``, else the first). ``datasets`` is imported here, on first use
-    (it takes 2.5 s, measured).
+    ``DatasetDict`` (default ``train``, else the first); ``datasets`` is imported on first use (seconds).
 
     Raises:
         FileNotFoundError: a path that does not exist (nothing is downloaded here).
@@ -184,33 +178,21 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
 @torch.no_grad()
 def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None = None, batch_size: int = 8,
                            progress: bool = False, source: dict | None = None) -> Frames:
-    """Teacher-forced frames of given utterances (text + ground-truth codes), e.g. the embedded model's shipped ones.
-
-    For every utterance, ONE teacher-forced talker pass (:func:`rvqspec_lib.data.teacher.talker_pass`, the exact inference
-    layout: prompt, then each true frame fed back as the sum of its 16 code embeddings plus the text track) gives the
-    inner-loop context of each frame, ``[talker hidden state that emitted code 0, talker embedding of the TRUE code
-    0]`` (what :func:`teacher_forced_contexts` computes for one utterance); the targets are the true codes 1..G-1.
-    Utterances are batched by (speaker, language) and similar length (left-padded prompts, as the official batch
-    ``generate``); the result keeps the input order.
+    """Teacher-forced frames of given utterances (text + true codes): contexts from the talker passes of
+    :func:`rvqspec_lib.data.teacher.contexts_of`, batched by (speaker, language) and length; input order kept.
 
     Args:
-        lm: :class:`rvqspec_lib.models.loader.LoadedModel` whose talker gives the contexts.
-        utterances: :class:`rvqspec_lib.data.teacher.Utterance` objects (or anything :func:`rvqspec_lib.data.teacher.as_utterance`
-            takes), codes ``(frames, n_code_groups)`` int, code 0 first; e.g. the second element of
-            :func:`rvqspec_lib.data.utterances.load_shipped_utterances`.
-        max_frames: stop once this many frames are collected: utterances are taken in input order and the last one
-            is cut (a causal talker pass over its first frames gives the same contexts); ``None``: all.
-        batch_size: utterances per talker pass.
-        progress: show a tqdm bar (utterances).
-        source: extra JSON-able description merged into ``Frames.source``.
+        lm: the loaded model whose talker gives the contexts.
+        utterances: what :func:`rvqspec_lib.data.teacher.as_utterance` takes, codes ``(frames, n_code_groups)``.
+        max_frames: stop once this many frames are collected, the last utterance cut; ``None``: all.
+        batch_size: utterances per talker pass. progress: a bar. source: merged into ``Frames.source``.
 
     Returns:
         :class:`Frames`: ``context`` ``(N, 2, talker_hidden)`` float32, ``codes`` ``(N, n_code_groups - 1)`` int64,
         ``utterance`` ``(N,)`` int64 = index of the utterance in ``utterances``.
 
     Raises:
-        ValueError: no utterances, ``max_frames < 1`` or ``batch_size < 1``, codes of the wrong shape or out of the
-            codebook (the message names the utterance).
+        ValueError: no utterances, ``max_frames < 1`` or ``batch_size < 1``, bad codes (naming the utterance).
     """
     utts = [as_utterance(u) for u in utterances]
     if not utts:
@@ -254,18 +236,12 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
 
 def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,
                         seed: int | None = 0, batch_size: int = 8, progress: bool = False) -> Frames:
-    """Teacher-forced frames of one split of the utterances that ship beside a model (the embedded model's
-    ``utterances.safetensors``): :func:`rvqspec_lib.data.utterances.load_shipped_utterances` then
-    :func:`frames_from_utterances`.
+    """:func:`frames_from_utterances` of one split of the utterances shipped beside the model (``lm.folder``).
 
     Args:
-        lm: the loaded model; its utterances are found from its own folder (``lm.folder``, as
-            :func:`rvqspec_lib.data.utterances.embedded_root` takes it).
-        split: ``"training"``, ``"validation"`` or ``"evaluation"``.
-        max_frames: frame limit (see :func:`frames_from_utterances`); ``None``: every frame of the split.
-        seed: the utterances are taken in a seeded random order (so that a frame limit samples the whole split, not
-            its first sentences); ``None``: file order.
-        batch_size, progress: as :func:`frames_from_utterances`.
+        split: ``"training"``, ``"validation"``, ``"calibration"`` or ``"evaluation"``.
+        seed: the utterances in a seeded random order (a frame limit then samples the whole split); ``None``: file
+            order. max_frames, batch_size, progress: as :func:`frames_from_utterances`.
 
     Returns:
         :class:`Frames`; ``utterance`` is the utterance's index in the split (file order); ``source`` names the file,

@@ -27,8 +27,7 @@ class Frames:
         context: ``(N, 2, talker_hidden)`` float32 = [talker hidden state that emitted code 0, its code-0 embedding].
         codes: ``(N, n_codes)`` int64, codes 1..n_codes of each frame.
         utterance: ``(N,)`` int64 utterance index (a split keeps an utterance's frames on one side).
-        targets: ``(N, n_codes)`` int64 cross-entropy targets, ``None`` = ``codes``. Only a negative control changes
-            them (targets shuffled while the inputs stay: training must not help).
+        targets: ``(N, n_codes)`` int64 cross-entropy targets, ``None`` = ``codes`` (only a negative control sets them).
         source: JSON-able description of where the frames came from.
     """
 

@@ -1,11 +1,7 @@
-"""Teacher forcing: the official model run over known codes in ONE pass, exactly in the layout of inference.
-
-* :func:`batch_prompt` / :func:`talker_pass` / :func:`teacher_force`: the prompt built by the official ``generate``
-  (:func:`rvqspec_lib.models.frame.build_prompt`), then frame t fed as the sum of its 16 code embeddings plus the
-  text track, as :func:`rvqspec_lib.models.frame.synthesize` feeds it step by step (docs/model.md#feedback-to-the-talker);
-* :func:`teacher_forced_contexts`: the inner-loop context of every frame of an utterance from that one talker pass;
-* :func:`teacher_forced_hidden` / :func:`verifier_logits`: the code predictor over a whole frame in one causal pass
-  (``forward_finetune``'s), the shape of a verify call and the input of drafter training and acceptance statistics.
+"""Teacher forcing: the official model run over known codes in ONE pass, exactly in the layout of inference
+(docs/model.md#teacher-forced-pass, #feedback-to-the-talker): the talker over the official prompt and the fed-back
+frames (:func:`talker_pass`), for training (:func:`teacher_force`) and for inner-loop contexts
+(:func:`contexts_of`); the code predictor over a whole frame (:func:`teacher_forced_hidden`).
 """
 
 from __future__ import annotations
@@ -83,15 +79,7 @@ class TeacherForced:
 
 
 def frame_embeddings(lm: LoadedModel, codes: torch.Tensor) -> torch.Tensor:
-    """The talker's feedback for frames: sum of the G code embeddings.
-
-    Args:
-        codes: ``(..., G)`` int64.
-
-    Returns:
-        ``(..., talker_hidden)``: talker ``codec_embedding(code 0)``
-        + sum over j of code-predictor ``codec_embedding[j-1](code j)``.
-    """
+    """The talker's feedback for frames ``(..., G)`` int64: the sum of their code embeddings, ``(..., hidden)``."""
     emb = lm.model.talker.get_input_embeddings()(codes[..., 0])
     tables = lm.code_predictor.get_input_embeddings()
     for j in range(1, codes.shape[-1]):
@@ -105,11 +93,8 @@ def _left_pad(t: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def batch_prompt(lm: LoadedModel, utts: Sequence[Utterance], *, grad: bool) -> Prompt:
-    """The official prompt of a batch, left-padded like the official batch ``generate``.
-
-    Utterances sharing (language, speaker) go through one official call; groups are then left-padded to a common
-    length (extra zero columns with mask 0 on the left, which is what one official call over the whole batch gives).
-    """
+    """The official prompt of a batch: one official call per (language, speaker), the groups left-padded to one length
+    as the official batch ``generate`` pads."""
     groups: dict[tuple, list[int]] = {}
     for i, u in enumerate(utts):
         groups.setdefault((u.language, u.speaker), []).append(i)
@@ -135,11 +120,8 @@ def batch_prompt(lm: LoadedModel, utts: Sequence[Utterance], *, grad: bool) -> P
 
 def talker_pass(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
                 generator: torch.Generator | None = None):
-    """The official talker over [prompt | frames 0..F-1], teacher-forced, in the exact inference layout.
-
-    Frame t's input is the sum of its 16 code embeddings plus the text track (the text while it lasts, then
-    ``tts_pad_embed``); position ids come from the mask as in the official prefill. Shared by :func:`teacher_force`
-    (training) and :func:`rvqspec_lib.data.teacher.teacher_forced_contexts` (inner-loop contexts).
+    """The official talker over [prompt | frames 0..F-1], teacher-forced: frame t's input is the sum of its code
+    embeddings plus the text track (then ``tts_pad_embed``); position ids from the mask, as the official prefill.
 
     Returns:
         ``(out, L, codes (B, F, G), valid (B, F) bool, frames (B,))``: ``out`` is the talker's output with hidden
@@ -176,19 +158,18 @@ def talker_pass(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: f
 
 def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
                   cp_fraction: float = 1.0, generator: torch.Generator | None = None) -> TeacherForced:
-    """One teacher-forced pass of the official talker and code predictor over a batch.
-
-    Autograd follows the ambient grad mode (``torch.no_grad()`` for evaluation).
+    """One teacher-forced pass of the official talker and code predictor over a batch (autograd as the ambient mode).
 
     Args:
-        utts: the batch (:class:`Utterance`; see :func:`as_utterance`).
-        feedback_noise: probability that a frame fed back to the talker is replaced by uniformly random codes
-            (labels and code-predictor inputs keep the true codes); 0 = exact teacher forcing.
-        cp_fraction: fraction of the batch's frames (a random subset, at least one) that go through the code
-            predictor. Its 16-position pass per frame is about 90% of a step's compute at 4 x 256 / 5 x 256, so
-            training it on a subset of frames (Sesame CSM trains its audio decoder on 1/16 of the frames) buys
-            several times more talker steps; the talker still sees every frame. 1.0 = every frame.
+        utts: the batch (see :func:`as_utterance`).
+        feedback_noise: probability that a frame fed back to the talker is replaced by random codes (labels keep
+            the true codes).
+        cp_fraction: fraction of the frames (a random subset, at least one) that go through the code predictor, most
+            of a step's compute (Sesame CSM trains its audio decoder on 1/16 of the frames).
         generator: RNG of the noise and of the frame subset.
+
+    Raises:
+        ValueError: codes of another shape or range; random draws without ``generator``; ``cp_fraction <= 0``.
     """
     utts = [as_utterance(u) for u in utts]
     if (feedback_noise > 0 or cp_fraction < 1.0) and generator is None:
@@ -222,12 +203,8 @@ def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise:
 
 
 def teacher_forced_hidden(code_predictor, context: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """Hidden states H_1..H_n of the code predictor over a whole frame in ONE causal pass (``forward_finetune``'s).
-
-    Inputs, as in the inner loop: positions 0, 1 = ``small_to_mtp_projection(context)``, position j+1 =
-    ``small_to_mtp_projection(codec_embedding[j-1](code j))`` for j = 1..n-1; the official decoder stack
-    (``code_predictor.model``) with its default causal mask. ``lm_head[d-1](H_d)`` is the verifier's logits for
-    code d given the frame's codes before d.
+    """Hidden states H_1..H_n of the code predictor over a whole frame in ONE causal pass (``forward_finetune``'s),
+    the inner loop's positions (docs/model.md#inner-loop-positions).
 
     Args:
         context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` int64 codes 1..n (code n is not fed).
@@ -273,10 +250,7 @@ def check_codes(lm: LoadedModel, codes: torch.Tensor, what: str = "codes") -> to
 
 @torch.no_grad()
 def contexts_of(lm: LoadedModel, utts: Sequence[Utterance]) -> list[torch.Tensor]:
-    """Inner-loop contexts of every frame of each utterance, from ONE teacher-forced talker pass over the batch
-    (:func:`talker_pass`: the official prompt, then frame t fed as the sum of its 16 code embeddings plus the text
-    track, exactly as :func:`rvqspec_lib.models.frame.synthesize` does step by step), so the hidden state that emits
-    code 0 of frame t is the talker's last hidden state at prompt position L-1+t.
+    """Inner-loop contexts of every frame of each utterance, from ONE teacher-forced talker pass (:func:`talker_pass`).
 
     Returns:
         one ``(T_i, 2, talker_hidden)`` float32 CPU tensor per utterance = [talker hidden that emitted code 0, talker
@@ -291,16 +265,10 @@ def contexts_of(lm: LoadedModel, utts: Sequence[Utterance]) -> list[torch.Tensor
 
 def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str = "auto",
                             speaker: str | None = None) -> torch.Tensor:
-    """Inner-loop contexts of every frame of one utterance, from ONE teacher-forced talker pass (:func:`contexts_of`).
-
-    Args:
-        lm: :class:`rvqspec_lib.models.loader.LoadedModel`. text: the utterance's text.
-        codes: ``(T, n_code_groups)`` int64, code 0 first (the codec's layout).
-
-    Returns:
-        ``(T, 2, talker_hidden)`` float32 contexts = [talker hidden that emitted code 0, talker embedding of code 0].
+    """:func:`contexts_of` one utterance: ``codes`` ``(T, n_code_groups)`` int64, code 0 first -> ``(T, 2,
+    talker_hidden)`` float32.
 
     Raises:
-        ValueError: codes of the wrong shape or out of the codebook (:func:`check_codes`).
+        ValueError: what :func:`check_codes` refuses.
     """
     return contexts_of(lm, [Utterance(text, check_codes(lm, codes), speaker, language)])[0]

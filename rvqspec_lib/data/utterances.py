@@ -19,9 +19,8 @@ from rvqspec_lib.models import loader
 
 
 def embedded_root(model: str | os.PathLike = "embedded") -> Path:
-    """The folder that holds a trained small model's shipped data (``codec.safetensors``, ``utterances.safetensors``,
-    ``eval.json``): ``data/embedded`` for ``"embedded"``; for a path, the folder itself or its parent (so both
-    ``build/embedded-smoke`` and ``build/embedded-smoke/model`` work); for a loaded model, from its ``folder``.
+    """The folder holding a trained small model's shipped data (``utterances.safetensors`` ...): ``data/embedded``
+    for ``"embedded"``; for a path or a loaded model's ``folder``, the folder itself or its parent.
 
     Raises:
         FileNotFoundError: no ``utterances.safetensors`` there (names ``make embedded``).
@@ -44,11 +43,8 @@ SHIPPED_FIELDS = ("id", "split", "language", "voice", "text", "source", "seconds
 
 def write_shipped_utterances(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray],
                              path: str | os.PathLike) -> Path:
-    """Write the codes and texts that ship beside a model: ``path`` (safetensors ``{id: (frames, G) int16}``) and
-    ``path`` with suffix ``.jsonl`` (one row per utterance: ``SHIPPED_FIELDS``, no audio path).
-
-    Read back with :func:`load_shipped_utterances`. Codes are stored as int16 (codebook sizes up to 32768).
-    """
+    """Write the codes and texts that ship beside a model: ``path`` (safetensors ``{id: (frames, G) int16}``) and its
+    ``.jsonl`` sibling (one row per utterance, :data:`SHIPPED_FIELDS`). Returns ``path``."""
     rows = [{k: r[k] for k in SHIPPED_FIELDS if k in r} for r in rows]
     p = Path(path)
     sub = {r["id"]: np.asarray(codes[r["id"]]).astype(np.int16) for r in rows}
@@ -62,14 +58,14 @@ def load_shipped_utterances(path: str | os.PathLike, *, splits: Sequence[str] | 
     """Read what :func:`write_shipped_utterances` wrote (e.g. ``data/embedded/utterances.safetensors``).
 
     Args:
-        path: the ``.safetensors`` file (its ``.jsonl`` sibling holds the rows).
-        splits: keep only these splits (``"training"``, ``"validation"``, ``"evaluation"``); ``None``: all.
-        limit: at most this many utterances per call (in file order), ``None``: all.
+        splits: keep only these splits; ``None``: all. limit: at most this many utterances (file order).
+
     Returns:
-        ``(rows, utterances)``: manifest-like dicts and :class:`~rvqspec_lib.data.teacher.Utterance` objects (codes
-        ``(frames, G)`` int64), index-aligned.
+        ``(rows, utterances)``, index-aligned: the rows and :class:`~rvqspec_lib.data.teacher.Utterance` objects.
+
     Raises:
-        FileNotFoundError: the file or its ``.jsonl`` sibling is missing (names ``make embedded``).
+        FileNotFoundError: the file or its ``.jsonl`` sibling is missing. ValueError: no row of ``splits``, rows
+            without codes.
     """
     p = Path(path)
     j = p.with_suffix(".jsonl")
@@ -115,14 +111,12 @@ def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.nda
     """Training pairs: one :class:`~rvqspec_lib.data.teacher.Utterance` per manifest row that has codes.
 
     Args:
-        rows: manifest rows (``id``, ``text``, ``split``, ``voice``).
-        codes: ``{id: (frames, G)}`` from :func:`encode_manifest` / :func:`load_codes`.
-        splits: keep only rows of these splits (``None``: all).
-        speaker_key: the row field that names the speaker (``"voice"``: one speaker id per synthesiser voice, as
-            :func:`rvqspec_lib.models.configs.small_config_dict` ``speakers=`` assigns them); ``None``: the default speaker.
-        language: the prompt language (``"auto"``).
+        rows: manifest rows (``id``, ``text``, ``split``, ``voice``). codes: ``{id: (frames, G)}``.
+        splits: keep only rows of these splits (``None``: all). speaker_key: the row field naming the speaker
+            (``None``: the default speaker). language: the prompt language.
+
     Returns:
-        Utterances in manifest order (rows without codes, or with zero frames, are skipped).
+        Utterances in manifest order (rows without codes or frames skipped).
     """
     out = []
     for r in rows:
@@ -137,10 +131,8 @@ def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.nda
 
 
 def shipped_split_sizes(model: str | os.PathLike = "embedded") -> dict[str, dict]:
-    """Utterances and frames of every split shipped beside a trained small model, read from its
-    ``utterances.jsonl`` (no codes loaded): ``{split: {"utterances": int, "frames": int, "file": str}}``.
-
-    One source for "the calibration split has U utterances, F frames" in every notebook (docs/style.md#numbers-in-prose).
+    """Utterances and frames of every split shipped beside a trained small model, from its ``utterances.jsonl`` (no
+    codes loaded): ``{split: {"utterances": int, "frames": int, "file": str}}``, what notebooks quote.
 
     Raises:
         FileNotFoundError: the model ships no utterances (:func:`embedded_root`).

@@ -1,18 +1,6 @@
-"""The inner loop: one frame's codes 1..15 from the code predictor, autoregressively or speculatively.
-
-``decode_frame(code_predictor, context, decoder=AR() | Chain(window) | Tree(paths), sampling, generator)``
-
-Every decoder runs the same round, the four calls of Medusa's loop (docs/style.md#the-decode-round):
-
-1. draft: the drafter turns H_s (the hidden state that produced the last committed code s) into draft
-   distributions q for depths s+1.. ; Chain SAMPLES one draft per depth from q, Tree takes the top-ranked codes;
-2. verify: ONE code-predictor call over [code s] + the drafted nodes, each node attending only to its ancestors;
-3. accept: :func:`rvqspec_lib.decoding.verify.walk_tree`, the lossless rule (pure function of p, q and the generator);
-4. commit: keep the accepted nodes' KV slots; the hidden state of the last accepted node drafts the next round.
-
-AR is the same round with an empty tree (one code per call). The first call of every frame is the 2-position
-prefill (context) that gives code 1. "Tokens per call" counts every call of the frame, the prefill included, as
-the paper's toks/step. Drafts never run past the last depth: nodes beyond it are masked, the window shrinks.
+"""The inner loop: one frame's codes 1..n_codes, :func:`decode_frame` = the 2-position prefill (code 1), then rounds
+of draft -> verify -> accept -> commit (docs/style.md#the-decode-round); AR is the round with an empty tree. Tokens
+per call count the prefill, as the paper's toks/step. Nodes past the last depth are masked.
 """
 
 from __future__ import annotations
@@ -31,37 +19,24 @@ from rvqspec_lib.decoding.trees import DraftTree
 
 
 def sample_drafts(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Sample Chain drafts from q. ``q``: ``(N, V)`` warped draft probabilities; returns ``(N,)`` int64.
-
-    A module-level function so that tests can substitute a deliberately broken sampler (a negative control: drafts
-    drawn at another temperature than the q handed to the verifier must be caught by the losslessness test).
-    """
+    """Chain drafts: ``(N, V)`` warped q -> ``(N,)`` int64. Module-level so that a negative control can replace it."""
     return sample(q, generator)
 
 
 def sample_tree_drafts(q: torch.Tensor, plan: "RoundPlan", node_codes: torch.Tensor,
                        generator: torch.Generator) -> "Draft":
-    """Children SAMPLED from q without replacement, per node (Sequoia; docs/methods.md#sampled-children-without-replacement).
-
-    The k children of a node at offset t-1 are an ordered sample without replacement from ``q[:, t-1]`` (the
-    drafter's distribution for offset t, shared by every node at that offset: drafts come from H_s alone), drawn by
-    the Gumbel-top-k trick (keys ``log q + Gumbel``; the k largest in order are distributed as k sequential draws
-    without replacement; Kool et al. 2019). Child i's draft distribution, handed to the verifier, is
-    ``q_i = q`` with the codes of children 0..i-1 removed and renormalised. A child for which q has no code left
-    (q's support smaller than k, e.g. greedy) does not exist, nor does its subtree.
+    """Children SAMPLED from q without replacement (docs/methods.md#sampled-children-without-replacement) by the
+    Gumbel-top-k trick (Kool et al. 2019); child i is handed ``q_i`` = q less its earlier siblings' codes,
+    renormalised. A child q has no code left for (e.g. greedy) does not exist, nor does its subtree.
 
     Args:
-        q: ``(B, K, V)`` float32 warped draft probabilities for offsets 1..K. plan: the round plan (sibling groups).
+        q: ``(B, K, V)`` float32 warped draft probabilities for offsets 1..K. plan: the round plan.
         node_codes: ``(B, M+1)`` with the root's code filled in; the children's codes are written in place.
-        generator: explicit RNG; one ``(B * parents, V)`` uniform draw per sibling group, in offset order.
+        generator: explicit RNG: one ``torch.rand`` for every sibling group, in group order (on the CPU the same
+            stream as one draw per group).
 
     Returns:
         :class:`Draft` with ``q`` ``(B, M+1, V)`` and ``exists`` ``(B, M+1)``.
-
-    Every sibling group is handled at once (the plan's ``sample_*`` constants): the groups' uniform draws are ONE
-    ``torch.rand`` of their total size, split back in group order (the CPU generator fills a tensor element by
-    element, so this is the same stream as one draw per group); keys, top-k and the renormalised ``q_i`` are
-    computed for all parents and children together.
     """
     b, _, v = q.shape
     dev = q.device
@@ -93,12 +68,12 @@ class FrameResult:
         codes: ``(B, n_codes)`` int64, codes 1..n_codes of the frame (n_codes = n_code_groups - 1 = 15).
         calls: ``(B,)`` int64, code-predictor calls the row used (the prefill included).
         committed: ``(B, n_calls)`` int64, codes committed by each call (0 once the row is done); ``None`` from a
-            whole-frame runner (:mod:`rvqspec_lib.models.backends`), which keeps no per-call log.
+            whole-frame runner, which keeps no per-call log.
         accepted: ``(B, n_calls)`` int64, drafts accepted by each call (``None`` as ``committed``).
         start_depth: ``(B, n_calls)`` int64, depth of the last committed code before each call (0 for the prefill;
             ``None`` as ``committed``).
-        replay: ``None`` for a decoded frame; for a TIMING REPLAY (``decode_frame(..., acceptance=oracle)``) the
-            words ``timing replay: acceptance of X, weights random``, and ``codes`` is then all -1 (no audio).
+        replay: ``None``, or for a TIMING REPLAY (docs/precision.md#timing-replay) what was replayed; ``codes`` is
+            then all -1.
     """
 
     codes: torch.Tensor
@@ -126,9 +101,9 @@ def _check_context(code_predictor, context: torch.Tensor) -> None:
         raise ValueError(f"code_predictor must be the official code predictor module, model.talker.code_predictor; "
                          f"got {type(code_predictor).__name__}{hint}")
     if P.n_codes(code_predictor) < 1:
-        raise ValueError(f"this code predictor has num_code_groups {P.n_codes(code_predictor) + 1}: with one code group "
-                         "per frame the talker emits every code and the inner loop has nothing to decode (it needs "
-                         "num_code_groups >= 2)")
+        raise ValueError(f"this code predictor has num_code_groups {P.n_codes(code_predictor) + 1}: with one code "
+                         "group per frame the talker emits every code and the inner loop has nothing to decode (it "
+                         "needs num_code_groups >= 2)")
     h = P.talker_hidden_size(code_predictor)
     if not isinstance(context, torch.Tensor) or context.dim() != 3 or context.shape[1] != 2 or context.shape[2] != h:
         shape = tuple(context.shape) if isinstance(context, torch.Tensor) else type(context).__name__
@@ -141,13 +116,10 @@ def _check_context(code_predictor, context: torch.Tensor) -> None:
                          "checkpoint, or float16 overflow: load in float32)")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The round, step by step
-# ----------------------------------------------------------------------------------------------------------------
+# ---- The round, step by step -----------------------------------------------------------------------------------------
 @dataclass
 class RoundPlan:
-    """One tree's constants on the decode device, built once and reused by every round of every frame
-    (:func:`plan_for` caches them per decoder).
+    """One tree's constants on the decode device, built once (:func:`plan_for` caches them per decoder).
 
     Attributes:
         tree: the compiled :class:`~rvqspec_lib.decoding.trees.DraftTree` (node 0 = root = the last committed code).
@@ -156,9 +128,8 @@ class RoundPlan:
         eye: ``(1, M+1, M+1)`` bool: every query sees itself (never an empty attention row).
         sampled: drafts are SAMPLED from q (Chain, sampled Tree) rather than the top-ranked codes (Tree).
         slots: KV slots of the frame's cache (``n_codes + M + 1``).
-        chain_shaped: every node has at most one child (sampled drafts then use the Chain sampler, so a sampled
-            chain-shaped Tree IS :class:`~rvqspec_lib.decoding.decoders.Chain`, draw for draw). The accepted nodes of
-            a chain are then always the first written slots, so the cache never needs compacting.
+        chain_shaped: every node has at most one child: sampled drafts use the Chain sampler (a sampled chain-shaped
+            Tree IS Chain, draw for draw) and the cache never needs compacting.
         sibling_groups: for sampled trees, ``(offset, parents (P,), children (P, k))`` for each offset and number of
             children k: the parents whose k children are drawn together without replacement.
         slot_index: ``(slots,)`` ``arange(slots)``. node_index: ``(M+1,)`` ``arange(M+1)``.
@@ -168,8 +139,7 @@ class RoundPlan:
             group, in group order), ``sample_row_offset`` ``(R,)`` offset - 1 of each parent row (R = sum P_g),
             ``sample_max_children`` (the largest k), ``sample_node_row`` / ``sample_node_sibling`` ``(M,)`` each
             non-root node's parent row and sibling index, ``sample_earlier`` ``(M, k)`` bool, sibling j < i.
-        tolerance: 0.0 for every lossless decoder; SSD's LOSSY tolerance beta for the control
-            :class:`~rvqspec_lib.decoding.decoders.LossySSD` (passed to :func:`~rvqspec_lib.decoding.verify.walk_tree`).
+        tolerance: 0.0, or the LOSSY control's beta (:func:`~rvqspec_lib.decoding.verify.walk_tree`).
     """
 
     tree: DraftTree
@@ -201,8 +171,7 @@ class RoundPlan:
 
     @classmethod
     def build(cls, tree: DraftTree, n_codes: int, *, sampled: bool, device, tolerance: float = 0.0) -> "RoundPlan":
-        """The plan of ``tree`` for frames of ``n_codes`` codes, its tensors on ``device``; ``sampled``: drafts are
-        sampled from q; ``tolerance``: 0.0, or the LOSSY control's beta (attributes above)."""
+        """The plan of ``tree`` for frames of ``n_codes`` codes on ``device`` (arguments: the attributes)."""
         m1 = tree.n_nodes + 1
         kids = [[int(c) for c in row if c >= 0] for row in tree.children]
         groups: dict[tuple[int, int], list[int]] = {}
@@ -239,8 +208,8 @@ MAX_CACHED_PLANS = 256
 
 
 def plan_for(decoder, n_codes: int, device) -> RoundPlan:
-    """The :class:`RoundPlan` of ``decoder`` for frames of ``n_codes`` codes on ``device``, built once and cached
-    (decoders are frozen dataclasses: equal decoders share a plan; an unhashable decoder gets a fresh plan)."""
+    """The :class:`RoundPlan` of ``decoder`` for ``n_codes`` codes on ``device``, cached (equal frozen decoders share
+    one; an unhashable decoder gets a fresh plan)."""
     try:
         key = (decoder, int(n_codes), str(torch.device(device)))
         hash(key)
@@ -264,8 +233,7 @@ class FrameState:
         s: ``(B,)`` int64 depth of the last committed code (``n_codes`` = the row is done).
         h: ``(B, H)`` hidden state that produced code ``s`` (it drafts the next round).
         n_slots: ``(B,)`` int64 committed KV slots (valid slots sit at the front of the cache).
-        cache: the frame's cache (made by ``backend.new_cache``: a
-            :class:`~rvqspec_lib.decoding.predictor.StaticSlotCache` for the official backend).
+        cache: the frame's cache (``backend.new_cache``'s).
         calls: ``(B,)`` int64 code-predictor calls so far (the prefill included).
         log_committed, log_accepted, log_start: per-call logs, see :class:`FrameResult`.
         backend: the :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` every call of the frame goes through.
@@ -302,10 +270,9 @@ class FrameState:
 
 @dataclass
 class Draft:
-    """A round's draft: ``node_codes`` ``(B, M+1)`` int64 (entry 0 = the root, the last committed code), ``q``
-    ``(B, M+1, V)`` float32, the distribution each node's code was SAMPLED from (``None`` for point-mass drafts), and
-    ``exists`` ``(B, M+1)`` bool (``None`` = all): a sampled child for which q had no code left, and its subtree,
-    does not exist."""
+    """A round's draft: ``node_codes`` ``(B, M+1)`` int64 (entry 0 = the root), ``q`` ``(B, M+1, V)`` float32 the
+    distribution each node's code was SAMPLED from (``None``: point-mass drafts), ``exists`` ``(B, M+1)`` bool
+    (``None`` = all; see :func:`sample_tree_drafts`)."""
 
     node_codes: torch.Tensor
     q: torch.Tensor | None
@@ -327,18 +294,11 @@ class Verified:
 
 @runtime_checkable
 class AcceptanceHook(Protocol):
-    """What ``decode_frame(..., acceptance=)`` takes: the accept step of a TIMING REPLAY, in place of :func:`accept`.
-
-    A replay times the real draft, verify and commit steps of a decoder on a model whose weights are random (real
-    sizes, so real costs) while its acceptance follows a trained model's (decisions drawn from that model's
-    acceptance table with the hook's own generator). Its codes mean nothing, so :meth:`seal` marks the result.
-    The oracle implementing it lives in :mod:`rvqspec_lib.eval.replay` (``AcceptanceOracle``); this layer only
-    calls it.
-    """
+    """The accept step of a TIMING REPLAY, in place of :func:`accept` (docs/precision.md#timing-replay; the oracle:
+    ``rvqspec_lib.eval.replay.AcceptanceOracle``)."""
 
     def walk(self, plan: RoundPlan, state: FrameState, drafted: Draft, verified: Verified) -> verify_rules.WalkResult:
-        """The round's outcome (which drafts are kept, the next code, as
-        :func:`rvqspec_lib.decoding.verify.walk_tree` returns it) for the round described by the four arguments."""
+        """The round's outcome, as :func:`rvqspec_lib.decoding.verify.walk_tree` returns it."""
 
     def seal(self, result: FrameResult) -> FrameResult:
         """The frame's result made unusable as audio: ``codes`` all -1 and ``replay`` naming what was replayed."""
@@ -346,16 +306,8 @@ class AcceptanceHook(Protocol):
 
 def prefill(code_predictor, context: torch.Tensor, plan: RoundPlan, sampling: Sampling,
             generator: torch.Generator, backend: P.VerifyBackend | None = None) -> FrameState:
-    """The frame's first call: positions 0, 1 = the projected context, which gives code 1 (one call, no drafts).
-
-    Args:
-        context: ``(B, 2, talker_hidden)``. plan: the round plan (sizes the cache).
-        backend: the :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` of every call of the frame (kept in the
-            state); ``None``: the official module (:class:`~rvqspec_lib.decoding.predictor.OfficialBackend`).
-
-    Returns:
-        the :class:`FrameState`.
-    """
+    """The frame's first call: positions 0, 1 = the projected context ``(B, 2, talker_hidden)`` -> code 1. Returns
+    the :class:`FrameState`; ``backend``: every call's (``None``: the official module)."""
     cp = code_predictor
     backend = P.OfficialBackend(cp) if backend is None else backend
     n, dev = P.n_codes(cp), context.device
@@ -376,15 +328,8 @@ def prefill(code_predictor, context: torch.Tensor, plan: RoundPlan, sampling: Sa
 
 def draft(code_predictor, drafter, plan: RoundPlan, state: FrameState, sampling: Sampling,
           generator: torch.Generator) -> Draft:
-    """Step 1, draft: q for depths s+1..s+K from H_s, then the nodes' codes (sampled for Chain, top-ranked for Tree).
-
-    Random numbers drawn here (sampled drafts only): Chain, one draft per offset in offset order; a sampled Tree,
-    :func:`sample_tree_drafts`. All before any acceptance draw. The code predictor's own heads are applied through the
-    frame's backend (``logits=state.backend.logits``, :mod:`rvqspec_lib.decoding.drafters`).
-
-    Returns:
-        :class:`Draft`: ``node_codes`` ``(B, M+1)`` int64, and for sampled drafts ``q`` ``(B, M+1, V)`` float32.
-    """
+    """Step 1, draft: q for depths s+1..s+K from H_s, then the nodes' codes (sampled, in offset order and before any
+    acceptance draw; or top-ranked). Returns the :class:`Draft`."""
     cp, b, k_max = code_predictor, state.codes.shape[0], plan.tree.max_depth
     root = state.codes.gather(1, (state.s - 1).clamp(max=state.n_codes - 1)[:, None])  # (B, 1) the last code
     if k_max == 0:
@@ -405,10 +350,8 @@ def draft(code_predictor, drafter, plan: RoundPlan, state: FrameState, sampling:
 
 
 def verify(code_predictor, plan: RoundPlan, state: FrameState, drafted: Draft, sampling: Sampling) -> Verified:
-    """Step 2, verify: ONE code-predictor call over the root and the drafted nodes, each node attending only to the
-    committed slots and its own ancestors (the backend's ``forward``, e.g.
-    :func:`rvqspec_lib.decoding.predictor.verify_forward`: shapes fixed by the tree), then p after every node that has
-    a code after it (``lm_head[d]`` predicts code d+1)."""
+    """Step 2, verify: ONE call over the root and the drafted nodes, each attending to the committed slots and its
+    ancestors, then p after every node that has a code after it."""
     n, backend = state.n_codes, state.backend
     b, m1 = state.codes.shape[0], plan.n_query
     abs_depth = state.s[:, None] + plan.depth  # (B, M+1) depth of each node's code
@@ -434,16 +377,15 @@ def verify(code_predictor, plan: RoundPlan, state: FrameState, drafted: Draft, s
 
 
 def accept(plan: RoundPlan, drafted: Draft, verified: Verified, generator: torch.Generator) -> verify_rules.WalkResult:
-    """Step 3, accept: the lossless walk (:func:`rvqspec_lib.decoding.verify.walk_tree`), a pure function of p, q and
-    the generator."""
+    """Step 3, accept: the lossless walk, :func:`rvqspec_lib.decoding.verify.walk_tree`."""
     return verify_rules.walk_tree(verified.p, drafted.node_codes, plan.children, verified.node_valid, verified.fed,
                                   generator, drafted.q, tolerance=plan.tolerance)
 
 
 def commit(plan: RoundPlan, state: FrameState, drafted: Draft, verified: Verified,
            walk: verify_rules.WalkResult) -> None:
-    """Step 4, commit: write the accepted drafts and the residual / bonus code, keep the accepted nodes' KV slots
-    (compacted to the front of the cache), and take the last accepted node's hidden state to draft the next round."""
+    """Step 4, commit: write the accepted drafts and the next code, keep the accepted nodes' KV slots (moved to the
+    front), take the last accepted node's hidden state for the next round."""
     n, active, s = state.n_codes, state.active, state.s
     b, m1 = s.shape[0], plan.n_query
     keep = torch.zeros(b, m1, dtype=torch.bool, device=s.device)  # nodes whose KV stays: fed root + accepted path
@@ -489,25 +431,18 @@ def decode_frame(
     :func:`accept` -> :func:`commit` until every row is done.
 
     Args:
-        code_predictor: the official module (``model.talker.code_predictor``), any config, any dtype (its dtype is
-            followed; probabilities are computed in float32 as transformers does).
+        code_predictor: the official module (``model.talker.code_predictor``), any config, any dtype (probabilities
+            in float32 as transformers computes them).
         context: ``(B, 2, talker_hidden)`` float = [talker hidden state that emitted code 0 (after the final norm),
             talker embedding of code 0].
         decoder: :class:`~rvqspec_lib.decoding.decoders.AR` (default), ``Chain`` or ``Tree``.
-        sampling: :class:`~rvqspec_lib.decoding.sampling.Sampling` (default: temperature 0.9, top-k 50, top-p 1.0, the
-            checkpoints' generation config).
-        generator: explicit ``torch.Generator`` (the global RNG is never used; ``None`` makes a fresh unseeded one).
-        drafter: where q comes from (default :class:`~rvqspec_lib.decoding.drafters.ReusedHeads`). A decoder that
-            carries its own drafter (``decoder.drafter``, e.g. the paper's: offsets + their calibrated tree) drafts
-            with that one, whatever is passed here: its tree was calibrated for it.
-        backend: what runs the model calls, a :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` over
-            ``code_predictor``'s weights (default: the official module, :class:`~rvqspec_lib.decoding.predictor.
-            OfficialBackend`; e.g. ``rvqspec_lib.models.lean.LeanCodePredictor(code_predictor)``). Random numbers are
-            drawn in the same order whatever the backend.
-        acceptance: TIMING REPLAY only, an :class:`AcceptanceHook` (the oracle of :mod:`rvqspec_lib.eval.replay`):
-            the accept step is the hook's (decisions replayed from a trained model's acceptance table, its own
-            generator), every other step runs as usual; the result is sealed (codes all -1, ``replay`` set): never
-            audio.
+        sampling: :class:`~rvqspec_lib.decoding.sampling.Sampling` (default: the checkpoints').
+        generator: explicit ``torch.Generator`` (``None``: a fresh unseeded one, never the global RNG).
+        drafter: where q comes from (default the reused heads); a decoder carrying its own drafter uses that one.
+        backend: a :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` over ``code_predictor``'s weights
+            (default the official module); random numbers are drawn in the same order whatever the backend.
+        acceptance: TIMING REPLAY only, an :class:`AcceptanceHook` replacing the accept step; the result is sealed
+            (codes all -1): never audio.
 
     Returns:
         :class:`FrameResult`. Rows of a batch are decoded together and may accept different lengths.

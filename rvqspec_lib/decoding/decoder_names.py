@@ -17,14 +17,11 @@ Names (:data:`GRAMMAR`)::
                                          model + its own calibrated point-mass tree of N nodes (default 32, the
                                          paper's node budget, capped to the largest calibrated budget)
 
-Every name except ``ar`` and ``paper`` takes a drafter qualifier ``@DRAFTER`` (default ``heads``, the reused LM
-heads): the drafts come from ``<model>/drafters/DRAFTER.safetensors`` and a calibrated tree from that drafter's own
-calibration, ``<model>/trees/DRAFTER.json`` (e.g. ``tree:calibrated-point-mass:16@offsets``). ``paper`` is
-``tree:calibrated-point-mass:32@offsets``, under its own label.
+Every name except ``ar`` and ``paper`` takes ``@DRAFTER`` (default ``heads``): drafts from
+``<model>/drafters/DRAFTER.safetensors``, a calibrated tree from ``<model>/trees/DRAFTER.json``.
 
-:func:`parse_decoder_name` turns a name into a :class:`DecoderName` (what drafter, what kind of tree, budget,
-window ...); :meth:`DecoderName.decoder` builds the :mod:`rvqspec_lib.decoding.decoders` object once the calibration
-(a dict) and the drafter (a module) are at hand. Errors are one-line ``ValueError`` s naming the fix.
+:func:`parse_decoder_name` gives a :class:`DecoderName`; :meth:`DecoderName.decoder` builds the decoder once the
+calibration and the drafter are at hand. Errors are one-line ``ValueError`` s naming the fix.
 """
 
 from __future__ import annotations
@@ -74,12 +71,10 @@ class DecoderName:
 
     Attributes:
         text: the name as accepted (stripped). kind: ``ar``, ``chain``, ``tree``, ``calibrated``, ``ssd-lossy``,
-            ``auto`` or ``paper``. drafter: the drafter's file name beside the model (``heads``: the reused heads,
-            nothing to load). window: chain / ssd-lossy window (``None`` with ``best_window``). best_window:
-            ``chain:best``. paths: rank paths of ``tree:PATHS``. sampled: sampled children (``tree-sampled`` or a
-            calibrated ``sampled`` tree). tree_kind: a calibrated tree's kind (``None``: the better one at the
-            budget). budget: a calibrated tree's node budget N (root included). budget_given: whether ``:N`` was
-            written (``paper`` without it takes the largest calibrated budget up to 32). beta: ssd-lossy's tolerance.
+            ``auto`` or ``paper``. drafter: the drafter's file name (``heads``: nothing to load). window: chain /
+            ssd-lossy window. best_window: ``chain:best``. paths: ``tree:PATHS``'s. sampled: sampled children.
+            tree_kind: a calibrated tree's kind (``None``: the better one). budget: node budget N (root included).
+            budget_given: whether ``:N`` was written. beta: ssd-lossy's tolerance.
     """
 
     text: str
@@ -104,12 +99,9 @@ class DecoderName:
 
     @property
     def label(self) -> str:
-        """THE label of a decoder, in tables, figures, result rows and files: the name's canonical form, which the
-        grammar reads back as the same decoder (``ar``, ``chain:4``, ``tree:0;1;0,0``, ``tree-sampled:0;0,0``,
-        ``tree:calibrated-point-mass:16``, ``paper:32``, ``ssd-lossy:0.4``, ``auto``; ``@DRAFTER`` for a drafter
-        other than the heads). Final once the name is resolved (:meth:`resolved`: ``chain:best`` gets its window, a
-        calibrated tree its kind and budget). Result rows carry the fields too (:meth:`fields`): code never parses a
-        label back."""
+        """THE label of a decoder in tables, figures and result rows: the name's canonical form, read back by the
+        grammar as the same decoder (``chain:4``, ``tree:calibrated-point-mass:16``, ``paper:32``, ``...@offsets``).
+        Final once :meth:`resolved`; code never parses a label back (rows carry :meth:`fields`)."""
         k = self.kind
         if k == "ar":
             return k
@@ -128,8 +120,7 @@ class DecoderName:
         return base if self.drafter == DEFAULT_DRAFTER else f"{base}@{self.drafter}"
 
     def resolved(self, decoder) -> "DecoderName":
-        """This name with what building it decided filled in, from the built ``decoder``: ``chain:best``'s window,
-        a calibrated tree's kind and node budget (``paper`` without ``:N``: the budget used)."""
+        """This name with what building ``decoder`` decided filled in (a window, a tree's kind and budget)."""
         if self.kind == "chain" and self.best_window:
             return replace(self, best_window=False, window=int(decoder.window))
         if self.kind in ("calibrated", "paper"):
@@ -138,9 +129,8 @@ class DecoderName:
         return self
 
     def fields(self) -> dict:
-        """The structured fields a result row is keyed by: ``decoder`` (:attr:`label`), ``kind``, ``drafter``
-        (``None`` for ``ar``), ``nodes`` (query positions N of one verify call; ``None`` until known), ``lossy``,
-        ``sampled`` (a tree's children sampled from q; ``None`` for a calibrated tree whose kind is not yet known)."""
+        """The fields a result row is keyed by: ``decoder`` (:attr:`label`), ``kind``, ``drafter`` (``None`` for
+        ``ar``), ``nodes`` (N; ``None`` until known), ``lossy``, ``sampled`` (``None`` until known)."""
         nodes = {"ar": 1, "chain": self.window, "ssd-lossy": self.window}.get(self.kind)
         if self.kind == "tree":
             nodes = len(self.paths) + 1
@@ -157,8 +147,7 @@ class DecoderName:
         Args:
             calibration: the calibration dict of THIS name's drafter (``calibrated``, ``paper``).
             best_chain: the window of ``chain:best``.
-            drafter: the drafter module the decoder carries (``None``: the caller's, default the reused heads);
-                ``paper`` and ``@DRAFTER`` names need it.
+            drafter: the drafter module the decoder carries (``paper`` and ``@DRAFTER`` names need it).
 
         Raises:
             ValueError: ``auto`` (chosen by timing: :mod:`rvqspec_lib.eval.budget`), a missing calibration or
@@ -183,8 +172,8 @@ class DecoderName:
         return replace(tree, drafter=drafter) if drafter is not None else tree
 
     def calibrated_tree(self, calibration: dict | None):
-        """The calibrated :class:`~rvqspec_lib.decoding.decoders.Tree` this name picks from its drafter's calibration,
-        carrying no drafter (``paper`` without ``:N``: the largest calibrated budget up to 32).
+        """The calibrated :class:`~rvqspec_lib.decoding.decoders.Tree` this name picks, carrying no drafter
+        (``paper`` without ``:N``: the largest calibrated budget up to 32).
 
         Raises:
             ValueError: not a calibrated name, no calibration, a budget it does not hold.
@@ -343,20 +332,9 @@ def calibration_budgets(names: Sequence[str]) -> list[int]:
     return sorted({d.budget for d in map(parse_decoder_name, names) if d.kind in ("calibrated", "paper")})
 
 
-def drafters_named(names: Sequence[str]) -> list[str]:
-    """The drafters the names draft with, other than the reused heads, in order of first use."""
-    out: list[str] = []
-    for d in map(parse_decoder_name, names):
-        if d.kind != "ar" and d.drafter != DEFAULT_DRAFTER and d.drafter not in out:
-            out.append(d.drafter)
-    return out
-
-
 def name_of(decoder) -> DecoderName:
-    """The name of a decoder object built without one (a tree calibrated in a run, a test's ``Chain(3)``): ``ar``,
-    ``chain:N``, ``tree:PATHS`` / ``tree-sampled:PATHS``, ``ssd-lossy:BETA``, with the drafter it carries
-    (``@offsets``; its ``name``). The inverse of :meth:`DecoderName.decoder` for names that read no file; a
-    calibrated tree resolved by name keeps its own (:func:`rvqspec_lib.models.named_decoders.resolve`).
+    """The name of a decoder object built without one (``Chain(3)`` -> ``chain:3``, with ``@DRAFTER``): the inverse
+    of :meth:`DecoderName.decoder` for names that read no file.
 
     Raises:
         ValueError: not a decoder of :mod:`rvqspec_lib.decoding.decoders`.
@@ -377,8 +355,7 @@ def name_of(decoder) -> DecoderName:
 
 def tree_from_calibration(calibration: dict, kind: str | None, budget: int):
     """The calibrated :class:`~rvqspec_lib.decoding.decoders.Tree` of ``budget`` nodes (``kind`` ``None``: the better
-    one at that budget) from a calibration dict (:func:`rvqspec_lib.eval.calibration.calibrate`): the first
-    ``budget - 1`` nodes of the kind's greedy ``order``.
+    one) from a calibration dict: the first ``budget - 1`` nodes of the kind's greedy ``order``.
 
     Raises:
         ValueError: a budget or kind the calibration does not hold.

@@ -1,14 +1,10 @@
-"""The inner-loop decoders as strategies: :class:`AR`, :class:`Chain` and :class:`Tree` (docs/methods.md), and
-:class:`LossySSD`, a deliberately LOSSY control (SSD's tolerance rule) that WER-parity tests must catch.
+"""The inner-loop decoders as strategies (docs/methods.md#decoding-methods): :class:`AR`, :class:`Chain`,
+:class:`Tree`, and :class:`LossySSD`, a deliberately LOSSY control. A decoder says which tree one verify call checks
+(``tree(n_codes)``) and whether its drafts are sampled from q; :func:`rvqspec_lib.decoding.decode.decode_frame` runs
+any of them. Also the shared constants (windows, the default tree).
 
-A decoder says which draft tree one verify call checks (``tree(n_codes)``) and whether drafts are SAMPLED from q
-(Chain; the ``min(1, p/q)`` rule) or the top-ranked codes of q (Tree with point-mass drafts; accept x with p(x)).
-:func:`rvqspec_lib.decoding.decode.decode_frame` runs any of them. Shared constants live here, once: the chain windows
-swept by evaluations (:data:`CHAIN_WINDOWS`, up to :data:`MAX_WINDOW`), the default window
-(:data:`DEFAULT_WINDOW`) and the paper-style small default tree (:data:`DEFAULT_TREE`).
-
-This module imports torch only when a tree is compiled (:func:`_trees`), so the command line can read these constants
-for its help text without loading torch (``rvqspec --help`` starts in about 0.2 s; importing torch adds 1-2 s).
+torch is imported only when a tree is compiled (:func:`_trees`): the command line reads these constants for its help
+without loading torch.
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ DEFAULT_TREE = ((0,), (1,), (0, 0), (0, 0, 0))
 
 
 def _trees():
-    """:class:`~rvqspec_lib.decoding.trees.DraftTree`, imported on first use: the one function-local import here,
-    for the command line's start-up time (module docstring)."""
+    """:class:`~rvqspec_lib.decoding.trees.DraftTree`, imported on first use (module docstring)."""
     from rvqspec_lib.decoding.trees import DraftTree
 
     return DraftTree
@@ -53,12 +48,8 @@ class AR:
 
 @dataclass(frozen=True)
 class Chain:
-    """Chain speculation with sampled drafts (TensorRT-Edge-LLM ``--cpSpecVerifySize N``; seed 003).
-
-    ``window`` N = the committed code plus N-1 drafts, each SAMPLED from the drafter's q for its depth; accepted with
-    ``min(1, p/q)``, residual resample on the first rejection, bonus code when all are accepted: 1..N codes per call.
-
-    ``drafter`` (keyword only): as :class:`Tree`'s.
+    """Chain speculation with sampled drafts (docs/methods.md#chain-with-sampled-drafts): ``window`` N = the committed
+    code plus N-1 drafts, 1..N codes per call. ``drafter`` (keyword only): as :class:`Tree`'s.
 
     Raises:
         ValueError: window outside 2..:data:`MAX_WINDOW` (8).
@@ -86,25 +77,15 @@ class Chain:
 
 @dataclass(frozen=True)
 class Tree:
-    """Sparse-tree speculation: draft paths verified in ONE masked call (paper §2.2; docs/methods.md#sampled-trees).
-
-    Two kinds of children (docs/methods.md#accept-and-reject-rules):
-
-    * ``sampled=False`` (the paper's): point-mass drafts, the top-ranked codes of the drafter's q. A path
-      ``(r1, .., rt)`` drafts the rank-``rt`` code at offset t below ``(r1, .., r(t-1))``. Accept child x with
-      probability p(x), else zero it and try the next child.
-    * ``sampled=True``: the children of a node are SAMPLED from q without replacement (Sequoia; Recursive
-      Speculative Decoding). A path's entries are child indices: ``(0, 1)`` is the second child sampled below the
-      first child of the root. Child i is drawn from q_i = q with the earlier siblings' codes removed and
-      renormalised, accepted with ``min(1, p_i(x)/q_i(x))``; on rejection ``p_{i+1} = norm(max(p_i - q_i, 0))``.
-      With one child per node this is exactly :class:`Chain`.
+    """Sparse-tree speculation: draft paths verified in ONE masked call (paper §2.2). Point-mass children, the
+    top-ranked codes of q (docs/methods.md#sparse-point-mass-tree), or children sampled from q without replacement,
+    a path's entries then child indices (docs/methods.md#sampled-trees).
 
     Args:
-        paths: rank (or child-index) paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]`` (see :mod:`rvqspec_lib.decoding.trees`).
+        paths: rank (or child-index) paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]``.
         sampled: sampled children instead of top-ranked ones.
         drafter: the drafter this tree drafts with (keyword only; ``None``: the caller's, by default the reused
-            heads). A calibrated tree is calibrated FOR a drafter, so the paper's decoder carries its offsets here
-            (:mod:`rvqspec_lib.decoding.decoder_names`); :func:`rvqspec_lib.decoding.decode.decode_frame` uses it.
+            heads); a calibrated tree carries the drafter it was calibrated for.
 
     Raises:
         ValueError: an empty tree, a path with a gap, a negative rank, a repeated path; for a sampled tree, a child
@@ -146,14 +127,9 @@ class Tree:
 
 @dataclass(frozen=True)
 class LossySSD:
-    """LOSSY control, NOT distribution-preserving: SSD's tolerance rule (Lin et al., Interspeech 2025, seed 004;
-    docs/methods.md#ssd-tolerance-rule-a-lossy-control).
-
-    A :class:`Chain` of ``window - 1`` drafts sampled from q whose drafts are accepted when
-    ``u < min(1, p/q) + beta`` instead of ``u < min(1, p/q)``: any ``beta > 0`` keeps drafts more often than p
-    allows, so the committed codes drift toward q. The residual and bonus draws are the chain's. It exists only as a
-    negative control for WER parity and the code-distribution tests (:mod:`rvqspec_lib.eval.parity`), and its repr,
-    label (``ssd-lossy:BETA``, :mod:`rvqspec_lib.decoding.decoder_names`) and every table that shows it say "lossy".
+    """LOSSY control, NOT distribution-preserving: a :class:`Chain` accepting when ``u < min(1, p/q) + beta``
+    (SSD's tolerance rule, docs/methods.md#ssd-tolerance-rule-a-lossy-control); a negative control for WER parity,
+    labelled ``ssd-lossy:BETA``.
 
     Args:
         window: the committed code plus ``window - 1`` drafts (SSD's main setting: draft length 3, i.e. 4).

@@ -1,26 +1,9 @@
-"""Drafters: where the draft distributions q for the next depths come from (paper Table 2, §2.2).
-
-Interface (used by the Chain and Tree decoders): ``draft_logits(code_predictor, hidden, depth, n_ahead)`` returns the
-draft logits for depths ``depth + 1 .. depth + n_ahead`` from the hidden state H_k that produced the code at
-``depth`` = k. The verifier never sees what a drafter computes: it re-runs the code predictor on the drafted codes,
-so the committed codes follow p whatever the drafter (losslessness does not depend on the drafter;
-docs/methods.md#decoding-methods).
-
-* :class:`ReusedHeads` (row (i); TensorRT-Edge-LLM's chain, seed 003): ``lm_head[k+j-1](H_k)``, no new parameters.
-* :class:`MedusaHeads` (row (ii), Medusa, Cai et al. 2024): a fresh head for every (start depth k, offset j),
-  ``head[k, j](H_k)``.
-* :class:`PositionOffsets` (row (iii), the paper's method): ``lm_head[k+j-1](H_k + b_j)``, K learned vectors shared by
-  every start depth; backbone and heads frozen.
-
-``draft_logits`` also takes ``logits=``: the verify backend's head logits (``backend.logits(hidden (N, H),
-head (N,)) -> (N, V)``), so that the code predictor's own heads are applied by the same forward as the verify call's
-(a faster one, e.g. ``rvqspec_lib.models.native``; the decode loop always passes it); ``None`` applies the official
-modules (:func:`rvqspec_lib.decoding.predictor.head_logits`). A drafter's own parameters (Medusa heads) are always
-applied by the drafter.
-
-Trained drafters of K offsets draft only offsets j <= K themselves; a window that asks for more (``Chain(8)`` drafts
-7 ahead) gets the reused head ``lm_head[k+j-1](H_k)`` for j > K (no trained parameters exist for those offsets).
-Saving and loading drafters (files, model folders) is model access: :mod:`rvqspec_lib.models.drafter_files`.
+"""Drafters: where the draft distributions q come from (paper Table 2; docs/methods.md#reused-heads,
+#medusa-heads, #position-aware-offsets). ``draft_logits(code_predictor, hidden, depth, n_ahead, logits=None)`` gives
+the logits for depths ``depth + 1 .. depth + n_ahead`` from the hidden state H_k of depth k; ``logits`` is the verify
+backend's head function (``None``: the official heads), so the model's own heads run in the verify call's forward.
+A trained drafter of K offsets falls back to the reused head for offsets past K. Files:
+``rvqspec_lib.models.drafter_files``.
 """
 
 from __future__ import annotations
@@ -30,7 +13,7 @@ from torch import nn
 
 from rvqspec_lib.decoding.predictor import head_logits, n_codes
 
-#: Drafter names accepted by :func:`make_drafter` (and ``--drafter`` on the command line).
+#: Drafter names (``--drafter`` on the command line).
 DRAFTERS = ("heads", "offsets", "medusa")
 
 
@@ -49,11 +32,7 @@ def _offsets(n_ahead: int, device) -> torch.Tensor:
 
 
 class ReusedHeads:
-    """Draft depth k+j with the code predictor's own head for that depth applied to H_k (no new parameters).
-
-    Paper §2.1 / Table 2 (i): "the K=3 neighbouring codebook heads LMH_{k+1..k+3} draft from the position-k
-    hidden state". Any number of offsets can be drafted (``K`` is ``None``: no limit).
-    """
+    """``lm_head[k+j-1](H_k)``: the code predictor's own heads, no new parameters, any number of offsets."""
 
     name = "heads"
     K = None
@@ -65,12 +44,11 @@ class ReusedHeads:
 
         Args:
             hidden: ``(B, H)`` hidden state H_k that produced code k. depth: ``(B,)`` int64 k (1..n_codes).
-            n_ahead: number of depths to draft. logits: a verify backend's head logits (module docstring), or
-                ``None`` for the official heads.
+            n_ahead: number of depths to draft. logits: module docstring.
 
         Returns:
-            ``(B, n_ahead, V)`` logits; entry j-1 drafts depth k+j with ``lm_head[k+j-1]``. Entries past the last
-            depth hold clamped-head logits that callers must ignore.
+            ``(B, n_ahead, V)`` logits; entry j-1 drafts depth k+j. Entries past the last depth hold clamped-head
+            logits that callers must ignore.
         """
         b = hidden.shape[0]
         j = _offsets(n_ahead, hidden.device)
@@ -97,12 +75,8 @@ class _Trained(nn.Module):
 
 
 class PositionOffsets(_Trained):
-    """The paper's drafter: ``lm_head[k+j-1](H_k + b_j)``, K learned vectors shared across start depths k.
-
-    Paper §2.2: "frozen LMH_{k+j} heads draft from h_k + b_j, while the unoffset LMH_k path emits the accepted code".
-    ``b_j`` is initialised to zero, where the drafter equals :class:`ReusedHeads` exactly; training moves only the
-    ``K x hidden_size`` offsets (3,072 parameters for K=3 on the 0.6B code predictor). Offsets j > K: no offset
-    (the reused head).
+    """The paper's drafter: ``lm_head[k+j-1](H_k + b_j)``, K learned vectors shared across start depths; zero at
+    init, where it equals :class:`ReusedHeads`.
 
     Args:
         K: offsets learned (drafts for depths k+1..k+K).
@@ -135,13 +109,8 @@ class PositionOffsets(_Trained):
 
     def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
                      logits=None) -> torch.Tensor:
-        """Draft logits, as :meth:`ReusedHeads.draft_logits` with ``H_k + b_j`` in place of ``H_k``.
-
-        Differentiable in the offsets (the heads are the code predictor's; freeze them to train).
-
-        Returns:
-            ``(B, n_ahead, V)`` logits in the hidden states' dtype.
-        """
+        """As :meth:`ReusedHeads.draft_logits` with ``H_k + b_j``; differentiable in the offsets. ``(B, n_ahead, V)``
+        in the hidden states' dtype."""
         b, hs = hidden.shape
         if hs != self.hidden_size:
             raise ValueError(f"offsets are for hidden size {self.hidden_size}, the code predictor's is {hs}")
@@ -159,12 +128,8 @@ class PositionOffsets(_Trained):
 
 
 class MedusaHead(nn.Module):
-    """One Medusa head: ``Linear(hidden, vocab)`` after an optional residual block ``h + SiLU(W h + c)``.
-
-    Medusa (Cai et al. 2024, ``medusa_model.py``) uses the residual block with W zero-initialised and the final linear
-    copied from the base model's head, so a fresh head equals the base head. The paper's "~94 M" for 45 heads is
-    exactly 45 x 2048 x 1024, i.e. plain linear heads without the block: the default here.
-    """
+    """One Medusa head: ``Linear(hidden, vocab)`` after an optional zero-initialised residual block
+    ``h + SiLU(W h + c)`` (Medusa's; the paper's parameter count has none, the default)."""
 
     def __init__(self, hidden_size: int, vocab_size: int, residual_block: bool = False):
         super().__init__()
@@ -187,14 +152,9 @@ class MedusaHead(nn.Module):
 
 
 class MedusaHeads(_Trained):
-    """Fresh heads per (start depth k, offset j): Medusa adapted to the depth axis (paper Table 2 (ii)).
-
-    A draft for depth k+j from H_k exists for ``1 <= k <= n_codes - 1``, ``1 <= j <= K`` and ``k + j <= n_codes``
-    (no code past the last depth): ``(n_codes - 1) K - K (K - 1) / 2`` heads, 39 for n_codes = 15, K = 3. The paper's
-    "45 heads" is 15 positions x 3 (6 of them would draft past depth 15, or start from the talker state that never
-    drafts here). Heads are plain ``Linear(hidden, vocab)`` initialised from ``lm_head[k+j-1]``, so an untrained
-    MedusaHeads equals :class:`ReusedHeads` and training starts from the reused-heads baseline (``residual_block=True``
-    adds Medusa's zero-initialised residual SiLU block, still equal at init).
+    """Fresh heads ``head[k, j](H_k)`` per start depth k and offset j with ``k + j <= n_codes`` (39 for 15 codes,
+    K = 3; the paper's 45 counts 6 that would draft past the last depth), initialised from ``lm_head[k+j-1]``, so
+    equal to :class:`ReusedHeads` until trained.
 
     Args:
         K: offsets drafted. n_codes: codes per frame (15). hidden_size, vocab_size: the code predictor's (1024, 2048).
@@ -239,12 +199,8 @@ class MedusaHeads(_Trained):
 
     def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
                      logits=None) -> torch.Tensor:
-        """Draft logits: ``head[k, j](H_k)`` where the head exists, the reused head ``lm_head[k+j-1](H_k)`` for
-        offsets past K, clamped-head logits (to be ignored) past the last depth.
-
-        Returns:
-            ``(B, n_ahead, V)`` logits in the hidden states' dtype.
-        """
+        """As :meth:`ReusedHeads.draft_logits` with ``head[k, j]`` where it exists. ``(B, n_ahead, V)`` in the hidden
+        states' dtype."""
         b, hs = hidden.shape
         if hs != self.hidden_size:
             raise ValueError(f"Medusa heads are for hidden size {self.hidden_size}, the code predictor's is {hs}")
@@ -281,8 +237,7 @@ def _check_k(K) -> None:
 
 def params_added_for(name: str, *, K: int = DEFAULT_K, n_codes: int = 15, hidden_size: int = 1024,
                      vocab_size: int = 2048, residual_block: bool = False) -> int:
-    """Exact parameters a drafter adds for a code predictor of the given sizes, counted on the ``meta`` device from
-    the same classes (no memory is allocated: the real-size Medusa heads would be 327 MB in float32)."""
+    """Exact parameters a drafter adds for a code predictor of the given sizes, counted on the ``meta`` device."""
     _check_name(name)
     if name == "heads":
         return 0
@@ -299,13 +254,10 @@ def _check_name(name) -> None:
 
 
 def fresh_drafter(name: str, code_predictor, *, K: int = DEFAULT_K, residual_block: bool = False):
-    """An untrained drafter for ``code_predictor``: zero offsets, or Medusa heads copied from the LM heads (both equal
-    :class:`ReusedHeads` until trained).
+    """An untrained drafter for ``code_predictor`` (equal to :class:`ReusedHeads` until trained).
 
     Raises:
-        ValueError: an unknown name; ``K`` outside ``1 .. n_codes`` (from the hidden state of depth k a drafter
-            reaches at most code ``n_codes``, so offsets past ``n_codes - 1`` are never used; ``train-drafter --K``
-            refuses them).
+        ValueError: an unknown name; ``K`` outside ``1 .. n_codes``.
     """
     _check_name(name)
     if name == "heads":

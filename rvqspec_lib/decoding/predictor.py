@@ -1,16 +1,7 @@
-"""The official code predictor ("MultiCodeDecoder") driven one call at a time, with tree masks and a slot KV cache.
-
-Positions inside a frame (docs/model.md#inner-loop-positions): pos 0 = projected talker hidden state, pos 1 = projected talker embedding
-of code 0, pos j+1 = projected ``codec_embedding[j-1](code j)``; the hidden state at pos j goes through
-``lm_head[j-1]`` to give code j. Every call here goes through the official modules (``model.codec_embedding``,
-``small_to_mtp_projection``, ``model`` = the decoder stack, ``lm_head``); only the attention mask, the position ids
-and the cache are ours, so that a packed tree of drafts can be verified in ONE call where each node sees only its
-ancestors (paper §2.2, Fig. 2), with shapes fixed by the tree (:class:`StaticSlotCache`, :func:`verify_forward`).
-
-The decode loop reaches the model only through a small backend protocol (:class:`VerifyBackend`: a cache, the
-verify call, the cache compaction, input embeddings and head logits). :class:`OfficialBackend` implements it with the
-official module (the calls above); the faster forwards over the same weights (the registry,
-``rvqspec_lib.models.backends``) implement it too, without this layer importing them.
+"""The official code predictor driven one call at a time, with tree masks and a slot KV cache: only the mask, the
+position ids and the cache are ours (positions: docs/model.md#inner-loop-positions; the tree mask:
+docs/methods.md#the-tree-as-data). The decode loop reaches the model through :class:`VerifyBackend`;
+:class:`OfficialBackend` is its reference implementation, the faster ones live in ``rvqspec_lib.models``.
 """
 
 from __future__ import annotations
@@ -32,8 +23,7 @@ def talker_hidden_size(code_predictor) -> int:
 
 
 def param_dtype(module) -> torch.dtype:
-    """The dtype of ``module``'s first parameter (the code predictor's compute dtype; bfloat16 for the ``int8``
-    precision, whose remaining float parameters are bfloat16)."""
+    """The dtype of ``module``'s first parameter (the code predictor's compute dtype)."""
     return next(module.parameters()).dtype
 
 
@@ -46,9 +36,7 @@ def check_code_predictor(code_predictor, who: str) -> None:
     """What every faster forward over the official weights needs (``who``: the class that asks).
 
     Raises:
-        ValueError: (one line) not the official code predictor (``model.talker.code_predictor``: a ``model`` with
-            ``layers``, ``lm_head``); a RoPE type other than the default (the released configs use plain RoPE,
-            docs/model.md#architecture).
+        ValueError: not the official code predictor; a RoPE type other than the default (docs/model.md#architecture).
     """
     if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
             and hasattr(code_predictor.model, "layers")):
@@ -100,17 +88,10 @@ def head_logits(code_predictor, hidden: torch.Tensor, head: torch.Tensor, *, hea
 
 
 class StaticSlotCache(DynamicCache):
-    """A KV cache of a FIXED number of slots, so every call of a frame has fixed shapes (compile or export it once).
-
-    Per layer, keys and values are ``(B, kv_heads, slots, head_dim)`` tensors allocated up front. Before each call
-    :attr:`write_slots` ``(B, Q)`` says where the call's Q new positions go; the call then attends over ALL slots, and
-    an attention mask of shape ``(B, 1, Q, slots)`` says which it may see. A frame needs at most
-    ``2 + (n_codes - 1)`` committed slots (the prefill's two positions and codes 1..n_codes-1; the last code is never
-    fed) plus the ``Q`` nodes of one verify call: ``slots = n_codes + 1 + Q_max``.
-
-    RoPE is applied before keys are cached, so attention does not depend on where a slot sits: after a verify call,
-    :meth:`compact` moves the kept slots (committed ones first, then the accepted nodes) to the front, in one gather
-    of fixed shape.
+    """A KV cache of a FIXED number of slots, so every call of a frame has fixed shapes: per layer ``(B, kv_heads,
+    slots, head_dim)``. :attr:`write_slots` ``(B, Q)`` says where a call's Q positions go; the call attends over all
+    slots under its mask. A frame needs ``n_codes + 1 + Q`` slots (the last code is never fed). Keys are cached after
+    RoPE, so :meth:`compact` may move slots.
     """
 
     def __init__(self, code_predictor, batch: int, slots: int):
@@ -147,11 +128,8 @@ class StaticSlotCache(DynamicCache):
 
 def verify_forward(code_predictor, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor,
                    cache: StaticSlotCache, write_slots: torch.Tensor) -> torch.Tensor:
-    """THE code-predictor call of a decode round, with shapes fixed by the tree: ``Q`` query positions attend to the
-    cache's slots that ``allow`` permits (docs/methods.md#the-tree-as-data).
-
-    Every tensor's shape depends only on the batch, the tree's node count and the cache size, never on how far the
-    frame has got, so one compiled or exported graph serves every round of every frame.
+    """THE code-predictor call of a decode round: ``Q`` query positions attend to the slots ``allow`` permits; every
+    shape depends on the batch, the tree and the cache size only, so one graph serves every round.
 
     Args:
         embeds: ``(B, Q, H)`` projected inputs (the root's code and the drafted nodes' codes).
@@ -181,59 +159,37 @@ def verify_forward(code_predictor, embeds: torch.Tensor, positions: torch.Tensor
 
 @runtime_checkable
 class VerifyBackend(Protocol):
-    """What the decode loop needs from the model (docs/style.md#the-decode-round): the one protocol every verify
-    backend implements (the registry of backends: :mod:`rvqspec_lib.models.backends`; the reference implementation:
-    :class:`OfficialBackend`). Shapes: B rows, Q query positions of one call, S cache slots, H the code predictor's
-    hidden size, V its codebook size. Random numbers are never drawn here: a backend only computes.
+    """What the decode loop needs from the model, the protocol every verify backend implements (the registry:
+    ``rvqspec_lib.models.backends``). B rows, Q query positions, S slots, H hidden size, V codebook size. A backend
+    only computes: it draws no random numbers.
 
     Attributes:
-        name: the backend's name in the registry (``"official"``, ``"eager"``, ``"compile"``, ``"onnx"``,
-            ``"native"``): what tables and labels call it.
+        name: the backend's name in the registry (``"official"``, ``"eager"``, ``"compile"``, ``"onnx"``, ...).
     """
 
     name: str
 
     def new_cache(self, batch: int, slots: int):
-        """An empty KV cache of ``slots`` slots for ``batch`` rows (of this backend's own type: a
-        :class:`StaticSlotCache` for the official module, a ``LeanCache`` of two tensors for the others); the cache
-        of one frame, passed back to :meth:`forward` and :meth:`compact`."""
+        """An empty KV cache of ``slots`` slots for ``batch`` rows, of the backend's own type (one frame's)."""
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache,
                 write_slots: torch.Tensor) -> torch.Tensor:
-        """THE verify call, as :func:`verify_forward` (without its module argument).
-
-        Args:
-            embeds: ``(B, Q, H)`` projected inputs (:meth:`embed`'s, or the projected context for the prefill).
-            positions: ``(B, Q)`` int64 RoPE positions. allow: ``(B, Q, S)`` bool, ``[b, i, j]`` true when query i
-            may attend to slot j (each query allows at least its own slot). cache: :meth:`new_cache`'s, written in
-            place at ``write_slots`` ``(B, Q)`` int64 (distinct slots in ``[0, S)``).
-
-        Returns:
-            ``(B, Q, H)`` last hidden states (after the final norm) in the module's activation dtype.
-        """
+        """THE verify call, arguments and result as :func:`verify_forward` (``cache``: :meth:`new_cache`'s; the
+        result in the module's activation dtype)."""
 
     def compact(self, cache, order: torch.Tensor) -> None:
-        """Reorder the cache's slots in place: slot ``order[b, i]`` moves to position i (``order``: ``(B, S)``
-        int64, a permutation per row); after a tree round, the kept slots move to the front."""
+        """Reorder the cache's slots in place: slot ``order[b, i]`` moves to position i (``(B, S)`` int64)."""
 
     def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        """Projected input embeddings: ``codes`` ``(...)`` int64 at ``depth`` ``(...)`` int64 in 1..n_codes (code j
-        embedded by ``codec_embedding[j-1]``, then ``small_to_mtp_projection``) -> ``(..., H)``, as
-        :func:`embed_codes`."""
+        """Projected input embeddings, as :func:`embed_codes`."""
 
     def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """The per-depth heads row by row: ``hidden`` ``(N, H)``, ``head`` ``(N,)`` int64 (``lm_head[i]`` predicts
-        code i+1; clamped) -> ``(N, V)`` logits in the activation dtype, as :func:`head_logits`. Drafters apply
-        the code predictor's own heads through this too (``draft_logits(..., logits=backend.logits)``)."""
+        """The per-depth heads row by row, as :func:`head_logits` (drafters apply the heads through this too)."""
 
 
 class OfficialBackend:
-    """:class:`VerifyBackend` through the official module: :class:`StaticSlotCache`, :func:`verify_forward`,
-    :func:`embed_codes`, :func:`head_logits` (the reference every other backend is tested against).
-
-    Args:
-        code_predictor: the official module (``model.talker.code_predictor``).
-    """
+    """:class:`VerifyBackend` through the official ``code_predictor`` (the functions above): the reference every
+    other backend is tested against."""
 
     name = "official"
 
@@ -241,23 +197,18 @@ class OfficialBackend:
         self.code_predictor = code_predictor
 
     def new_cache(self, batch: int, slots: int) -> StaticSlotCache:
-        """:meth:`VerifyBackend.new_cache`: a :class:`StaticSlotCache`."""
         return StaticSlotCache(self.code_predictor, batch, slots)
 
     def forward(self, embeds, positions, allow, cache, write_slots):
-        """:meth:`VerifyBackend.forward`: :func:`verify_forward`."""
         return verify_forward(self.code_predictor, embeds, positions, allow, cache, write_slots)
 
     def compact(self, cache: StaticSlotCache, order: torch.Tensor) -> None:
-        """:meth:`VerifyBackend.compact`: :meth:`StaticSlotCache.compact`."""
         cache.compact(order)
 
     def embed(self, codes, depth):
-        """:meth:`VerifyBackend.embed`: :func:`embed_codes`."""
         return embed_codes(self.code_predictor, codes, depth)
 
     def logits(self, hidden, head):
-        """:meth:`VerifyBackend.logits`: :func:`head_logits`."""
         return head_logits(self.code_predictor, hidden, head)
 
     def __repr__(self) -> str:

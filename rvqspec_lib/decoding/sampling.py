@@ -1,9 +1,5 @@
-"""Sampling identical to transformers' ``generate``: temperature -> top-k -> top-p -> multinomial.
-
-The warpers are transformers' own classes (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``),
-created under exactly the conditions ``GenerationMixin._get_logits_processor`` uses, applied to float32 logits as
-``GenerationMixin._sample`` does. Speculative verification applies the SAME warpers to the target (p) and the
-draft (q) distributions (docs/methods.md#letters-and-indices; the order of the warpers: docs/model.md#warper-order). All randomness comes from an explicit ``torch.Generator``.
+"""Sampling identical to transformers' ``generate``: its own warper classes, built under its conditions, applied to
+float32 logits; the SAME warpers for p and q (docs/model.md#warper-order). Randomness from an explicit generator.
 """
 
 from __future__ import annotations
@@ -25,15 +21,15 @@ from transformers.generation.logits_process import (
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling knobs of one loop (the code predictor's, or the talker's code 0).
-
-    Defaults are the released checkpoints' ``generation_config.json`` values (temperature 0.9, top-k 50, top-p 1.0).
+    """Sampling knobs of one loop (the code predictor's, or the talker's code 0); defaults: the released
+    ``generation_config.json`` (docs/model.md#sampling-defaults).
 
     Attributes:
-        temperature: > 0. Ignored when ``greedy``.
-        top_k: keep the k most likely codes (0 disables). Ignored when ``greedy``.
-        top_p: nucleus mass in (0, 1] (1.0 disables). Ignored when ``greedy``.
+        temperature: > 0. top_k: 0 disables. top_p: in (0, 1], 1.0 disables. All three ignored when ``greedy``.
         greedy: argmax decoding (``do_sample=False``); every distribution becomes a point mass.
+
+    Raises:
+        ValueError: a knob out of range (not when ``greedy``).
     """
 
     temperature: float = 0.9
@@ -62,8 +58,7 @@ class Sampling:
         )
 
     def describe(self) -> dict:
-        """JSON-able knobs, the one form every result file records: ``{"temperature": float, "top_k": int,
-        "top_p": float, "greedy": bool}`` (the values as given, also when ``greedy`` ignores them)."""
+        """JSON-able knobs, as every result file records them: ``{temperature, top_k, top_p, greedy}``."""
         return {"temperature": float(self.temperature), "top_k": int(self.top_k), "top_p": float(self.top_p),
                 "greedy": bool(self.greedy)}
 
@@ -81,14 +76,8 @@ class Sampling:
         return out
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """Warped probabilities.
-
-        Args:
-            logits: ``(..., V)`` any float dtype.
-
-        Returns:
-            ``(..., V)`` float32: ``softmax(warp(logits.float()))``, or a one-hot of the argmax when ``greedy``.
-        """
+        """``(..., V)`` logits, any float dtype -> ``(..., V)`` float32 ``softmax(warp(logits.float()))`` (a one-hot of
+        the argmax when ``greedy``)."""
         scores = logits.to(torch.float32)
         shape = scores.shape
         if self.greedy:
@@ -100,13 +89,13 @@ class Sampling:
 
     @functools.cached_property
     def _warpers(self) -> LogitsProcessorList:
-        """:meth:`warpers`, built once (the dataclass is frozen, so they never change)."""
+        """:meth:`warpers`, built once (the dataclass is frozen)."""
         return self.warpers()
 
 
 def or_fresh_generator(generator: torch.Generator | None, device) -> torch.Generator:
-    """``generator`` itself, or, when ``None``, a fresh generator on ``device`` seeded from the OS (non-deterministic;
-    never the global RNG): the rule of every ``generator=`` argument of the library."""
+    """``generator``, or when ``None`` a fresh OS-seeded one on ``device``, never the global RNG
+    (docs/style.md#randomness)."""
     if generator is None:
         generator = torch.Generator(device=device)
         generator.seed()
@@ -114,28 +103,16 @@ def or_fresh_generator(generator: torch.Generator | None, device) -> torch.Gener
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one code per row, as ``GenerationMixin._sample`` does (``torch.multinomial`` on the probabilities).
-
-    Args:
-        probs: ``(B, V)`` float, rows need not be normalised (multinomial normalises).
-        generator: explicit RNG; never the global one inside this library.
-
-    Returns:
-        ``(B,)`` int64.
-    """
+    """One code per row, as ``GenerationMixin._sample`` draws it: ``(B, V)`` float probabilities (unnormalised
+    allowed) -> ``(B,)`` int64 (``torch.multinomial``)."""
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
 
 
 def code0_processors(talker_config, *, repetition_penalty: float) -> LogitsProcessorList:
-    """The non-warper processors the official talker ``generate`` applies to code 0 (in transformers' order).
-
-    Repetition penalty over the code-0 history (``repetition_penalty`` != 1), end-of-speech masked until 2 codes
-    were generated (``min_new_tokens=2``; the history passed as ``input_ids`` holds only generated codes), and the 1024 special ids 2048..3071 suppressed except end-of-speech.
-
-    Args:
-        talker_config: ``model.config.talker_config``.
-        repetition_penalty: the checkpoint's value (1.05).
-    """
+    """The non-warper processors the official talker ``generate`` applies to code 0, in transformers' order:
+    repetition penalty, end-of-speech masked for 2 codes, the special ids suppressed but end-of-speech
+    (docs/model.md#special-ids). ``talker_config``: ``model.config.talker_config``; ``repetition_penalty``: the
+    checkpoint's (1.05)."""
     vocab = int(talker_config.vocab_size)
     eos = int(talker_config.codec_eos_token_id)
     out = LogitsProcessorList()

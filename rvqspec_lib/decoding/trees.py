@@ -1,11 +1,4 @@
-"""A draft tree as data: rank paths compiled once into buffers (Medusa's "tree as data", paper §2.2).
-
-A tree is a list of rank paths. The path ``(r1, r2, ..., rt)`` is the node that drafts, for offset t past the
-committed depth, the code of rank ``r_t`` in the drafter's distribution for that offset, below the node
-``(r1, ..., r_{t-1})``. ``[(0,), (1,), (0, 0), (0, 0, 0)]`` drafts the top-2 codes one step ahead, and the top code
-two and three steps ahead below the first. Node 0 is the root: the last committed code, which every verify call
-re-feeds at the head of the tree.
-"""
+"""A draft tree as data: rank paths compiled once into buffers (paper §2.2; docs/methods.md#the-tree-as-data)."""
 
 from __future__ import annotations
 
@@ -21,7 +14,7 @@ def parse_paths(text: str) -> list[tuple[int, ...]]:
     """Parse the CLI form ``"0;1;0,0;0,0,0"`` (paths separated by ``;``, ranks by ``,``).
 
     Raises:
-        ValueError: on anything that is not non-negative integers in that form.
+        ValueError: anything not in that form.
     """
     if not isinstance(text, str) or not text.strip():
         raise ValueError("empty tree: give rank paths like '0;1;0,0;0,0,0'")
@@ -40,7 +33,7 @@ def parse_paths(text: str) -> list[tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class DraftTree:
-    """A compiled draft tree.
+    """A compiled draft tree (node 0 = the root, the last committed code).
 
     Attributes:
         paths: the non-root nodes' rank paths, in node order (by length, then lexicographic).
@@ -79,8 +72,7 @@ class DraftTree:
         """Compile rank paths (``[(0,), (1,), (0, 0)]``; an int ``r`` is the path ``(r,)``).
 
         Raises:
-            ValueError: a path that is empty, has a negative or non-integer rank, is repeated, or has a gap (a prefix
-                that is not itself a node).
+            ValueError: a path that is empty, has a negative or non-integer rank, is repeated, or has a gap.
         """
         norm: list[tuple[int, ...]] = []
         for p in paths:
@@ -138,24 +130,17 @@ class DraftTree:
 
 
 def grow_tree(values, n_nodes: int, *, sampled: bool) -> list[tuple[int, ...]]:
-    """The draft tree of ``n_nodes`` nodes that maximises expected tokens per call under the calibration model
-    (docs/methods.md#building-a-tree): greedy on expected mass, as Medusa's and Sequoia's builders.
-
-    A node's value is the product, along its path ``(i1, .., it)``, of ``values[j-1][i_j]``: the probability that the
-    draft of index ``i_j`` at offset j is the one accepted once its parent was reached (point-mass trees: the target
-    mass of the rank-``i`` draft; sampled trees: the acceptance of the i-th sampled child). The expected tokens of a
-    call is 1 + the sum of the values of the tree's nodes (offsets independent), so adding, one at a time, the most
-    valuable node whose parent is in the tree is optimal when values never grow along a path; ties go to the shorter,
-    then lexicographically smaller path (deterministic).
+    """The tree of ``n_nodes`` nodes that maximises expected tokens per call, built greedily on the product of
+    ``values`` along each path (docs/methods.md#building-a-tree); ties go to the shorter, then smaller path.
 
     Args:
-        values: ``(K, C)`` nested sequence of floats in [0, 1]: offsets 1..K (rows), ranks / child indices 0..C-1.
-        n_nodes: nodes besides the root (the node budget N of a verify call is ``n_nodes + 1``).
-        sampled: child indices of a sampled tree must be drawn in order, so child i becomes available only once
-            child i-1 of the same parent is in the tree; point-mass ranks may be skipped.
+        values: ``(K, C)`` floats in [0, 1]: per offset 1..K, the acceptance of the rank (point-mass) or child index
+            (sampled) 0..C-1 once its parent is reached.
+        n_nodes: nodes besides the root (the node budget N is ``n_nodes + 1``).
+        sampled: child i of a node becomes available only once child i-1 is in the tree (drawn in order).
 
     Returns:
-        The rank paths, in the order they were added (every prefix of the list is itself a valid tree).
+        The rank paths, in the order they were added (every prefix of the list is a valid tree).
 
     Raises:
         ValueError: an empty or ragged table, values outside [0, 1] or NaN, ``n_nodes < 1``.
@@ -194,7 +179,7 @@ def grow_tree(values, n_nodes: int, *, sampled: bool) -> list[tuple[int, ...]]:
 
 
 def expected_tokens(paths, values) -> float:
-    """1 + the sum over the tree's nodes of the product of ``values`` along each node's path: the expected tokens of
-    one call under the calibration model of :func:`grow_tree` (frame end ignored)."""
+    """Expected tokens of one call under :func:`grow_tree`'s model: 1 + the sum over nodes of the product of
+    ``values`` along the path (frame end ignored)."""
     rows = [list(map(float, r)) for r in values]
     return 1.0 + sum(math.prod(rows[j][i] for j, i in enumerate(p)) for p in paths)

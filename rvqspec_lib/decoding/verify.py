@@ -1,18 +1,6 @@
-"""Lossless accept/reject rules: pure functions of probabilities and an explicit ``torch.Generator``.
-
-No model calls, no caches, no I/O, so they can be tested exhaustively and statistically (tests/test_lossless.py).
-Letters: p = target (verifier), q = draft, both after the same warpers.
-
-One walk covers both verifiers (docs/methods.md#accept-and-reject-rules):
-
-* sampled children (Chain, TensorRT-Edge-LLM rule; SpecInfer multi-step rule for several children): accept child x
-  with probability ``min(1, p(x) / q(x))``; on rejection ``p <- norm(max(p - q, 0))`` and try the next child;
-* point-mass children (Tree of top-ranked drafts; EAGLE / SpecInfer with deterministic drafts): q is a point mass on
-  x, so the same rule reads: accept with probability ``p(x)``; on rejection set ``p(x) = 0``, renormalise.
-
-When a node's children are exhausted (or it has none), the next code is sampled from the remaining p and the walk
-stops; a node that reached the last depth of the frame stops with no further code. Every accepted draft and the
-final sample are distributed exactly as autoregressive sampling from p (Leviathan et al. 2023; Miao et al. 2024).
+"""The lossless accept/reject rules, pure functions of p (target), q (draft) and an explicit generator: one walk for
+sampled and point-mass children (docs/methods.md#one-walk-for-every-rule; why it preserves p:
+docs/methods.md#why-the-rules-preserve-p). Tested in tests/test_lossless.py.
 """
 
 from __future__ import annotations
@@ -43,11 +31,10 @@ class WalkResult:
 
 
 def acceptance_ratio(p_resid: torch.Tensor, x: torch.Tensor, q_x: torch.Tensor | None) -> torch.Tensor:
-    """Probability of accepting draft x: ``min(1, p(x)/q(x))`` with p the normalised residual.
+    """``(B,)`` probability of accepting draft x, ``min(1, p(x)/q(x))`` with p the normalised residual.
 
     Args:
-        p_resid: ``(B, V)`` float, unnormalised remaining target mass.
-        x: ``(B,)`` int64 draft codes.
+        p_resid: ``(B, V)`` float unnormalised remaining target mass. x: ``(B,)`` int64 drafts.
         q_x: ``(B,)`` draft probability of x, or ``None`` for a point-mass draft (q(x) = 1).
     """
     total = p_resid.sum(-1).clamp_min(1e-30)
@@ -64,9 +51,8 @@ def residual(p_resid: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> 
         p_resid: ``(B, V)`` remaining target mass. x: ``(B,)``. q: ``(B, V)`` draft distribution or ``None``.
 
     Returns:
-        ``(B, V)`` unnormalised (renormalised where it is used). A row left with no mass (only possible by
-        rounding when p == q) falls back to p, which is the exact answer in that case. Pure tensor code without a
-        host check (the fused chain's compiled round uses it too).
+        ``(B, V)`` unnormalised. A row left with no mass (by rounding when p == q) falls back to p, the exact answer
+        then. No host check (the fused chain's compiled round uses it).
     """
     if q is None:
         out = p_resid.scatter(1, x[:, None], 0.0)
@@ -97,10 +83,9 @@ def walk_tree(
         generator: explicit RNG; ``None`` draws a fresh unseeded generator (never the global RNG).
         q: ``(B, M+1, V)`` draft distribution each node's code was SAMPLED from, or ``None`` for point-mass
             (top-ranked) drafts.
-        tolerance: ``0.0`` (every lossless decoder). A value beta > 0 is SSD's LOSSY tolerance rule (Lin et al.,
-            Interspeech 2025; docs/methods.md#ssd-tolerance-rule-a-lossy-control): a sampled draft is accepted when
-            ``u < min(1, p/q) + beta``, more often than p allows, so the output is NOT distributed as p. Only for
-            the lossy control of WER parity (:class:`rvqspec_lib.decoding.decoders.LossySSD`); point-mass drafts ignore it.
+        tolerance: ``0.0`` (every lossless decoder); beta > 0 is SSD's LOSSY rule ``u < min(1, p/q) + beta``
+            (:class:`rvqspec_lib.decoding.decoders.LossySSD`; docs/methods.md#ssd-tolerance-rule-a-lossy-control),
+            ignored by point-mass drafts.
 
     Returns:
         :class:`WalkResult`.
@@ -112,9 +97,8 @@ def walk_tree(
 
 def walk_tree_batched(p, node_codes, children, node_valid, has_next, generator, q=None,
                       tolerance: float = 0.0) -> WalkResult:
-    """:func:`walk_tree` for any number of rows, vectorised: every row takes the same number of steps, a step
-    draws ``torch.rand(B)`` whenever at least one row tries a child there (rows that do not try one ignore it).
-    Arguments as :func:`walk_tree` (``generator`` must be given)."""
+    """:func:`walk_tree` vectorised over rows: a step draws ``torch.rand(B)`` whenever any row tries a child there.
+    Arguments as :func:`walk_tree` (``generator`` given)."""
     b, m1, v = p.shape
     dev = p.device
     rows = torch.arange(b, device=dev)
@@ -163,16 +147,13 @@ def walk_tree_batched(p, node_codes, children, node_valid, has_next, generator, 
 
 def walk_tree_one_row(p, node_codes, children, node_valid, has_next, generator, q=None,
                       tolerance: float = 0.0) -> WalkResult:
-    """:func:`walk_tree` for ONE row (``B == 1``, the latency case), with Python control flow in place of the masked
-    tensor steps of :func:`walk_tree_batched`: the same rule, the same tensors in, the same random numbers drawn in
-    the same order (one ``torch.rand(1)`` per child tried, then one multinomial), so the same result bit for bit
-    (tests/test_lossless.py checks it on random trees). Arguments as :func:`walk_tree` (``generator`` must be given).
-    """
+    """:func:`walk_tree` for ONE row (the latency case) in Python control flow: the same random numbers in the same
+    order as :func:`walk_tree_batched`, so the same result bit for bit (tests/test_lossless.py). Arguments as
+    :func:`walk_tree` (``generator`` given)."""
     kids = children.tolist()
     valid = node_valid[0].tolist()
-    # the first child of a node is tried against the node's own p (no sibling rejected yet): its acceptance ratio
-    # is computed for every node at once, by the same function on the same rows (a row's result does not depend
-    # on the other rows); later children are computed when they are reached
+    # a first child is tried against its parent's own p: those ratios are computed for every node at once (a row's
+    # result does not depend on the other rows); later children's when they are reached
     first = {row[0]: v for v, row in enumerate(kids) if row[0] >= 0}
     if first:
         c_all = torch.tensor(list(first), device=p.device)

@@ -1,11 +1,7 @@
-"""Training the neural code decoder (:class:`rvqspec_lib.models.code_decoder.CodeDecoder`) of the offline codec.
-
-Training pairs (:func:`decoder_pairs`): for each utterance its true codes, its inner-loop codes (true code 0,
-codes 1..15 sampled by the code predictor at the deployed temperature 0.9 / top-k 50, teacher-forced talker) and the
-unquantised stacked log-mel features the codec encoded. :func:`train_code_decoder` minimises the L1 distance to those
-features (natural-log mel power) on random 64-frame chunks, the input drawn from the true or the generated codes with
-probability 1/2, then codebooks past a uniformly drawn k dropped with probability ``dropout_p``. This is the vocoder
-practice of fine-tuning on the acoustic model's own predictions (HiFi-GAN, Kong et al., 2020, section 4.4).
+"""Training the neural code decoder (:class:`rvqspec_lib.models.code_decoder.CodeDecoder`) of the offline codec: pairs
+of each utterance's true codes, its inner-loop codes (true code 0, codes 1..15 sampled by the code predictor) and the
+unquantised features the codec encoded (:func:`decoder_pairs`); :func:`train_code_decoder` minimises the L1 distance to
+the features on random chunks, the input the true or the generated codes, with codebook dropout.
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ from rvqspec_lib.data.utterances import utterances_from_manifest
 from rvqspec_lib.eval.inner_loop import inner_loop_codes_batch
 from rvqspec_lib.models.audio import load_wav
 from rvqspec_lib.models.code_decoder import CodeDecoder, CodeDecoderConfig
+from rvqspec_lib.models.configs import seeded
 from rvqspec_lib.training.loop import GRAD_CLIP, WARMUP_STEPS, WEIGHT_DECAY, Budget, WarmupCosine, fit
 
 #: Peak AdamW learning rate of the code decoder.
@@ -84,10 +81,9 @@ def decoder_pairs(lm, codec, rows: Sequence[dict], codes: dict, *, batch_size: i
     """Training pairs for :func:`train_code_decoder` from manifest rows with audio and codes.
 
     Args:
-        lm: the trained model (its talker is teacher-forced, its code predictor samples codes 1..G-1).
-        codec: the :class:`~rvqspec_lib.models.rvq_codec.RVQCodec` that made ``codes``.
-        rows: manifest rows (``id``, ``path``, ``text``, ``voice``, ``language``).
-        codes: ``{id: (F, G) int}`` as :func:`rvqspec_lib.data.utterances.load_codes` returns.
+        lm: the trained model. codec: the ``RVQCodec`` that made ``codes``.
+        rows: manifest rows (``id``, ``path``, ``text``, ``voice``, ``language``). codes: ``{id: (F, G) int}``.
+
     Raises:
         ValueError: a row without codes, or features whose frame count differs from its codes.
     """
@@ -105,8 +101,8 @@ def decoder_pairs(lm, codec, rows: Sequence[dict], codes: dict, *, batch_size: i
     return DecoderPairs([r["id"] for r in rows], [u.codes.long() for u in utts], gen, feats)
 
 
-def _batch(pairs: DecoderPairs, idx: Sequence[int], chunk: int, gen: torch.Generator, *, use_generated: torch.Tensor,
-           dropout_p: float, n_codebooks: int):
+def _batch(pairs: DecoderPairs, idx: Sequence[int], chunk: int, gen: torch.Generator, *,
+           use_generated: torch.Tensor, dropout_p: float, n_codebooks: int):
     """Random ``chunk``-frame windows of utterances ``idx``: (codes (B, C, G), present (B, G), target (B, C, dim),
     valid (B, C))."""
     b = len(idx)
@@ -131,9 +127,8 @@ def _batch(pairs: DecoderPairs, idx: Sequence[int], chunk: int, gen: torch.Gener
 
 @torch.no_grad()
 def decoder_loss(dec: CodeDecoder, pairs: DecoderPairs, *, source: str = "true", batch: int = 16) -> float:
-    """Mean L1 distance (natural-log mel power) between the decoded and the unquantised features over every frame of
-    ``pairs``, decoding the ``source`` codes ("true", "generated" or "table": the summed centroids of the true
-    codes, the decoder not used)."""
+    """Mean L1 distance (natural-log mel power) of the decoded to the unquantised features over every frame of
+    ``pairs``, from the ``source`` codes ("true", "generated", or "table": the true codes' summed centroids)."""
     was = dec.training
     dec.eval()
     tot, n = 0.0, 0
@@ -166,19 +161,15 @@ def train_code_decoder(codebooks: torch.Tensor, train: DecoderPairs, val: Decode
                        steps: int | None = None, batch: int = 32, chunk: int = 64, lr: float = LR,
                        generated_p: float = 0.5, dropout_p: float = 0.3, eval_every: int = 200, seed: int = 0,
                        progress: bool = True) -> tuple[CodeDecoder, dict]:
-    """Train a :class:`CodeDecoder` (AdamW, :class:`~rvqspec_lib.training.loop.WarmupCosine`: linear warmup over
-    ``WARMUP_STEPS``, cosine decay to ``MIN_LR_RATIO`` x lr) for ``steps`` or ``minutes`` of wall time, whichever
-    comes first; keep the parameters with the lowest validation loss (mean of the true-code and generated-code L1,
-    :func:`decoder_loss`; step 0, the table decoder, is a candidate). The loop is
-    :func:`rvqspec_lib.training.loop.fit`.
-
-    The initial weights are drawn from torch's global RNG seeded with ``seed`` inside ``torch.random.fork_rng``
-    (the caller's global RNG state is left as it was); batches come from an explicit generator seeded with ``seed``.
+    """Train a :class:`CodeDecoder` (AdamW, :class:`~rvqspec_lib.training.loop.WarmupCosine`) for ``steps`` or
+    ``minutes``, whichever comes first, keeping the parameters of lowest validation ``val_l1`` (the mean of the true-
+    and generated-code :func:`decoder_loss`; step 0, the table decoder, a candidate). Initial weights and batches are
+    seeded by ``seed`` (:func:`rvqspec_lib.models.configs.seeded`).
 
     Returns:
-        ``(decoder, log)``; ``log`` has ``meta`` (budget, steps, wall time, parameters) and ``curve`` (per
-        evaluation: step, seconds, running train L1, validation L1 for true / generated codes and their mean
-        ``val_l1`` (selected on), and the table decoder's L1 for reference).
+        ``(decoder, log)``: ``log["meta"]`` (budget, steps, wall time, parameters) and ``log["curve"]`` (per
+        evaluation: running train L1, validation L1 of true and generated codes, ``val_l1``, the table's L1).
+
     Raises:
         ValueError: no budget, or empty pairs.
     """
@@ -188,9 +179,7 @@ def train_code_decoder(codebooks: torch.Tensor, train: DecoderPairs, val: Decode
     if not len(train) or not len(val):
         raise ValueError("no training or validation pairs")
     gen = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):  # seeded initial weights, the caller's global RNG untouched
-        torch.manual_seed(seed)
-        dec = CodeDecoder(codebooks, config)
+    dec = seeded(seed, lambda: CodeDecoder(codebooks, config))
     opt = torch.optim.AdamW(dec.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)  # torch's default betas
     g = codebooks.shape[0]
     table_val = decoder_loss(dec, val, source="table")

@@ -1,10 +1,6 @@
-"""Fitting the offline RVQ codec: residual k-means over stacked log-mel frame vectors.
-
-Stage 1 clusters the frame vectors, stage 2 clusters what stage 1 left over, and so on for 16 stages of 2048 entries
-(k-means++ initialisation, Lloyd iterations, all randomness from an explicit seed). The result is an
-:class:`rvqspec_lib.models.rvq_codec.RVQCodec` (encode / decode / save / load live there).
-
-References: residual vector quantisation as in SoundStream / EnCodec; k-means++ (Arthur & Vassilvitskii, 2007).
+"""Fitting the offline RVQ codec (:class:`rvqspec_lib.models.rvq_codec.RVQCodec`): residual k-means over stacked
+log-mel frame vectors, stage after stage on what the previous stages left (SoundStream / EnCodec's residual
+quantisation), k-means++ seeding (Arthur & Vassilvitskii 2007), all randomness from an explicit seed.
 """
 from __future__ import annotations
 
@@ -15,21 +11,13 @@ import numpy as np
 import torch
 
 from rvqspec_lib.common.progress import progress_bar
-
 from rvqspec_lib.models.audio import _load_any
 from rvqspec_lib.models.rvq_codec import CodecConfig, RVQCodec, nearest
 
 
 def kmeans_pp_init(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
-    """k-means++ seeding (Arthur & Vassilvitskii 2007): each new centre drawn with probability ~ D(x)^2.
-
-    Args:
-        x: `(n, dim)` float32, n >= k.
-        k: number of centres.
-        gen: the only source of randomness.
-    Returns:
-        `(k, dim)` float32 centres (rows of ``x``).
-    """
+    """k-means++ seeding, each new centre drawn with probability ~ D(x)^2: ``x`` `(n, dim)` float32, n >= k ->
+    `(k, dim)` float32 centres (rows of ``x``); ``gen`` the only randomness."""
     n = x.shape[0]
     first = int(torch.randint(n, (1,), generator=gen))
     centres = [first]
@@ -50,14 +38,11 @@ def kmeans(x: torch.Tensor, k: int, n_iter: int, gen: torch.Generator, init_poin
     """Lloyd's k-means with k-means++ seeding on a subsample.
 
     Args:
-        x: `(n, dim)` float32 training vectors, n >= k.
-        k: clusters.
-        n_iter: Lloyd iterations (assign, then move each centre to its members' mean).
-        gen: the only source of randomness (seeding and subsampling).
-        init_points: seed from this many random rows (k-means++ is sequential in k; seeding from all rows is
-            the slowest part at k = 2048). ``None``: ``min(n, 4 k)``.
+        x: `(n, dim)` float32, n >= k. n_iter: Lloyd iterations. gen: the only randomness.
+        init_points: seed from this many random rows (k-means++ is sequential in k); ``None``: ``min(n, 4 k)``.
+
     Returns:
-        `(k, dim)` float32 centroids. An emptied cluster is re-seeded at the worst-served point (deterministic).
+        `(k, dim)` float32 centroids; an emptied cluster is re-seeded at the worst-served point.
     """
     n = x.shape[0]
     m = min(n, init_points or 4 * k)
@@ -80,17 +65,15 @@ def fit_codec(wavs: Iterable, *, config: CodecConfig | None = None, max_vectors:
     """Fit the residual codebooks on audio.
 
     Args:
-        wavs: 24 kHz mono float arrays, or paths of audio files (resampled to 24 kHz on load).
-        config: geometry; ``config_overrides`` (e.g. ``n_codebooks=4, codebook_size=64, seed=1``) replace fields.
-        max_vectors: fit on at most this many frame vectors, a seeded random subsample (16 x 2048 on 60k
-            vectors: 448 s on one niced thread of a loaded 2-core machine, scripts/measure_codec.py).
-        n_iter: Lloyd iterations per stage.
-        init_points: rows used for k-means++ seeding (default ``4 * codebook_size``).
-        progress: a tqdm bar over the stages.
+        wavs: 24 kHz mono float arrays, or audio file paths. config: geometry; ``config_overrides`` replace fields.
+        max_vectors: fit on at most this many frame vectors, a seeded subsample. n_iter: Lloyd iterations a stage.
+        init_points: as :func:`kmeans`'s. progress: a bar over the stages.
+
     Returns:
-        The fitted codec. Same audio + same seed -> identical codebooks (single-threaded torch is deterministic).
+        The fitted codec; same audio and seed, same codebooks (single-threaded torch is deterministic).
+
     Raises:
-        ValueError: no audio, or fewer frame vectors than ``codebook_size`` (the message says how many).
+        ValueError: no audio, or fewer frame vectors than ``codebook_size``.
     """
     cfg = config or CodecConfig()
     if config_overrides:

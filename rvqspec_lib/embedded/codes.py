@@ -12,14 +12,8 @@ from rvqspec_lib.models.audio import load_wav
 
 
 def encode_manifest(rows: Iterable[Mapping], codec, *, progress: bool = True) -> dict[str, np.ndarray]:
-    """Encode every utterance of a manifest with a codec.
-
-    Args:
-        rows: manifest rows (:func:`rvqspec_lib.embedded.corpus.read_manifest`: ``id`` and absolute ``path``).
-        codec: an :class:`~rvqspec_lib.models.rvq_codec.RVQCodec` (anything with ``encode(wav)`` and ``sample_rate``).
-    Returns:
-        ``{id: (frames, n_codebooks) int64}``.
-    """
+    """Encode every utterance of a manifest (rows with ``id`` and absolute ``path``) with an ``RVQCodec``:
+    ``{id: (frames, n_codebooks) int64}``."""
     rows = list(rows)
     return {r["id"]: np.asarray(codec.encode(load_wav(r["path"], codec.config.sample_rate)), dtype=np.int64)
             for r in progress_bar(rows, desc="encode", unit="utt", enabled=progress)}

@@ -1,33 +1,15 @@
-"""An offline speech corpus: English text that ships in packages, rendered by local synthesisers.
+"""An offline speech corpus: English text that ships in packages, rendered by local synthesisers (nothing downloads a
+data set: docs/offline.md#speech-audio, #natural-text).
 
-Nothing here downloads a data set (docs/offline.md#speech-audio: no LibriSpeech, VoxPopuli or Fleurs is reachable). Instead:
-
-* **Text.** Plain English sentences from three sources that install with packages, each sentence recorded with
-  where it came from (:class:`Sentence` ``source`` / ``origin``):
-
-  - ``fortunes``: Debian's ``fortunes`` and ``fortunes-min`` packages, fetched with ``apt-get download`` and
-    unpacked with ``dpkg -x`` into a cache folder (no root needed, nothing installed). A few files are left out
-    (:data:`FORTUNE_EXCLUDE`: ASCII art, and joke files built on stereotypes);
-  - ``stdlib``: docstrings of the Python standard library, read with ``ast`` (nothing imported);
-  - ``doc``: the plain-text documentation Debian packages install under ``/usr/share/doc`` (READMEs, ``*.txt``).
-
-  :func:`clean_sentences` keeps sentences of 4-15 words made of ASCII letters and ``, ; : ' -`` ending in
-  ``. ! ?``, with no acronyms or identifiers (a synthesiser spells them, the ASR reference would not match), and
-  duplicates are dropped (case and punctuation ignored). A small multilingual set (German, Spanish, Russian,
-  Japanese, Mandarin) written for this project ships in ``data/eval_texts/multilingual.tsv``.
-* **Splits.** :func:`split_of` assigns every sentence to one of the paper's Table 1 roles -- ``training``
-  (drafter training), ``validation``, ``calibration`` (tree selection), ``evaluation`` (acceptance and WER) --
-  by a hash of its normalised text, so the assignment never depends on what else was gathered and the same
-  sentence can never land in two splits. As in Table 1 (Fleurs), the non-English set is evaluation only.
-* **Audio.** :func:`render_corpus` renders sentences with several voices -- flite (``slt``, ``kal16``, ``awb``,
-  ``rms``), festival (``slt-hts``, ``kal-diphone``), espeak-ng (``espeak-de`` ...) -- to 24 kHz mono 16-bit wav
-  (resampled by ``sox``), in parallel, resumable, and writes a ``manifest.jsonl`` (id, split, language, voice,
-  text, path, seconds, frames at 12.5 Hz ...). :func:`corpus_table` summarises a manifest like Table 1. Rendering
-  is deterministic: the same text and voice give the same bytes on every run (:data:`SOX_ARGS`: sox's automatic
-  dither, a fresh random noise each run, is off), and a folder rendered under another recipe
-  (:data:`RENDER_RECIPE`) is rendered again rather than reused (docs/reproducibility.md).
-
-The synthesisers come from Debian packages: ``sudo bash scripts/apt-voices.sh``.
+* **Text**: clean English sentences (:func:`clean_sentences`) from Debian's ``fortunes`` packages (``apt-get
+  download`` + ``dpkg -x``, no root; :data:`FORTUNE_EXCLUDE` left out), the Python standard library's docstrings
+  (parsed, never imported) and the plain-text docs under ``/usr/share/doc``; each :class:`Sentence` keeps where it
+  came from. A small multilingual set written for this project ships in ``data/eval_texts/multilingual.tsv``.
+* **Splits**: :func:`split_of` gives each sentence one of the paper's Table 1 roles by a hash of its normalised
+  text, so a sentence never lands in two splits whatever else was gathered; non-English sentences are evaluation only.
+* **Audio**: :func:`render_corpus` renders with flite, festival and espeak-ng voices to 24 kHz mono 16-bit wav and
+  writes a ``manifest.jsonl``; deterministic (sox without dither, :data:`SOX_ARGS`) and re-rendered under another
+  :data:`RENDER_RECIPE` (docs/reproducibility.md). The synthesisers: ``sudo bash scripts/apt-voices.sh``.
 """
 
 from __future__ import annotations
@@ -77,9 +59,8 @@ SOURCE_DESCRIPTIONS = {
     "doc": "plain-text docs under /usr/share/doc",
     "written": "written for this project (data/eval_texts/multilingual.tsv)",
 }
-#: Fractions of English sentences per split. Table 1 has 88% / 10% / 1% / 0.7% of utterances; calibration and
-#: evaluation get more here (3% each, about 1,000 sentences of a 37k-sentence gather) so that both are large
-#: enough to measure acceptance and WER on.
+#: Fractions of English sentences per split: calibration and evaluation get more than Table 1's, so that both are
+#: large enough to measure acceptance and WER on.
 DEFAULT_FRACTIONS = {"training": 0.86, "validation": 0.08, "calibration": 0.03, "evaluation": 0.03}
 #: Salt of the split hash: changing it reshuffles every split (never do that silently).
 SPLIT_SALT = "rvqspec-split-v1"
@@ -89,9 +70,7 @@ FORTUNE_EXCLUDE = ("ascii-art", "ethnic", "men-women", "translate-me")
 FORTUNE_PACKAGES = ("fortunes", "fortunes-min")
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Sentences
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Sentences -------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Sentence:
     """One sentence and where it came from.
@@ -126,7 +105,9 @@ def sentence_key(text: str) -> str:
 
 
 def is_clean(sentence: str, min_words: int = 4, max_words: int = 15) -> bool:
-    """Whether ``sentence`` is speakable English of ``min_words``..``max_words`` words (see the module docstring)."""
+    """Whether ``sentence`` is speakable English of ``min_words``..``max_words`` words: ASCII letters and
+    ``, ; : ' -``, ending in ``. ! ?``, no acronyms or identifiers (a synthesiser spells them; the ASR reference
+    would not match)."""
     if not _SENTENCE_CHARS.match(sentence) or "  " in sentence or "--" in sentence:
         return False
     words = sentence[:-1].split(" ")
@@ -149,11 +130,8 @@ def split_sentences(paragraph: str) -> list[str]:
 
 
 def clean_sentences(text: str, min_words: int = 4, max_words: int = 15) -> list[str]:
-    """All clean sentences of a plain-text document, in order (duplicates kept; see :func:`dedupe`).
-
-    Paragraphs are separated by blank lines; lines inside one are joined. Overstrike (``_\\b``), surrounding
-    quotes and brackets are removed before :func:`is_clean` judges each sentence.
-    """
+    """All clean sentences (:func:`is_clean`) of a plain-text document, in order, duplicates kept: paragraphs split
+    at blank lines, their lines joined, overstrike, quotes and brackets removed."""
     text = re.sub(r".\x08", "", text).replace("\t", " ")
     out = []
     for para in re.split(r"\n\s*\n", text):
@@ -179,14 +157,13 @@ def dedupe(sentences: Iterable[Sentence]) -> list[Sentence]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Sources
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Sources ---------------------------------------------------------------------------------------------------------
 def fetch_debian_package(package: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Unpack a Debian package's files into ``<cache>/debian/<package>/`` without installing it.
+    """Unpack a Debian package's files into ``<cache>/debian/<package>/`` without installing it (``apt-get
+    download``, needing the package lists, and ``dpkg -x``). Returns the unpacked root, reused on later calls.
 
-    Uses ``apt-get download`` (no root needed; needs the package lists, ``apt-get update``) and ``dpkg -x``.
-    Returns the unpacked root (reused on later calls).
+    Raises:
+        FileNotFoundError: not a Debian-based system. RuntimeError: the download failed.
     """
     root = Path(cache_dir or cache_dir_of_kernels()) / "debian"
     dest = root / package
@@ -307,11 +284,8 @@ SOURCES = {"fortunes": fortune_sentences, "stdlib": stdlib_sentences, "doc": doc
 
 def gather_sentences(sources: Sequence[str] = ("fortunes", "stdlib", "doc"), cache_dir=None,
                      multilingual: bool = True) -> list[Sentence]:
-    """All clean sentences of the chosen sources (in that order), deduplicated, plus the multilingual set.
-
-    The result depends on the installed package versions; the splits of the sentences it shares with another
-    machine do not (:func:`split_of`).
-    """
+    """All clean sentences of the chosen sources (in that order), deduplicated, plus the multilingual set; they depend
+    on the installed packages, their splits do not."""
     out: list[Sentence] = []
     for name in sources:
         if name not in SOURCES:
@@ -322,18 +296,13 @@ def gather_sentences(sources: Sequence[str] = ("fortunes", "stdlib", "doc"), cac
     return dedupe(out)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Splits
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Splits ----------------------------------------------------------------------------------------------------------
 def split_of(sentence: Sentence | str, fractions: Mapping[str, float] | None = None, language: str = "en") -> str:
-    """The Table 1 role of a sentence: a pure function of its normalised text (and language).
+    """The Table 1 role (one of :data:`SPLITS`) of a sentence, or a text in ``language``: a pure function of its
+    normalised text; non-English sentences are ``evaluation``. ``fractions``: default :data:`DEFAULT_FRACTIONS`.
 
-    Args:
-        sentence: a :class:`Sentence` or a text (then ``language`` applies).
-        fractions: split -> fraction, summing to 1 (default :data:`DEFAULT_FRACTIONS`).
-    Returns:
-        One of :data:`SPLITS`. Non-English sentences are always ``evaluation`` (Table 1: the multilingual
-        Fleurs sets are evaluation only).
+    Raises:
+        ValueError: fractions not summing to 1.
     """
     text, lang = (sentence.text, sentence.language) if isinstance(sentence, Sentence) else (sentence, language)
     if lang != "en":
@@ -393,9 +362,7 @@ def shipped_sentences(split: str = "evaluation", language: str | None = None) ->
     return [s for s in out if language is None or s.language == language]
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Voices and rendering
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Voices and rendering --------------------------------------------------------------------------------------------
 class MissingVoiceError(FileNotFoundError):
     """A synthesiser (or one of its voices) is not installed; the message names the apt command."""
 
@@ -492,25 +459,18 @@ def utterance_id(sentence: Sentence, voice: str) -> str:
     return f"{voice}-{h}"
 
 
-#: sox's global options for the resampling step of :func:`render_one`. ``-D``: no dither. Without it sox adds TPDF
-#: dither when it writes the resampled 16-bit file, from a generator seeded by the clock, so two renderings of one
-#: sentence differed in about 44% of their samples (by 1-2 LSB) and every number computed from the audio (codec
-#: codes, Griffin-Lim audio, WER) changed between two runs at one seed. ``-R``: sox's repeatable mode (fixed seeds
-#: for anything else random in sox).
+#: sox's global options for the resampling step of :func:`render_one`: ``-D`` no dither (clock-seeded, it made two
+#: renderings differ), ``-R`` repeatable mode (docs/reproducibility.md).
 SOX_ARGS = ("-q", "-R", "-D")
-#: How :func:`render_one` makes a file, written by :func:`render_corpus` / :func:`render_files` into each folder it
-#: renders (``.render-recipe``): files in a folder with another recipe (or none: rendered before this was recorded,
-#: with sox's random dither) are rendered again, never reused.
+#: How :func:`render_one` makes a file, recorded in each rendered folder (``.render-recipe``): files in a folder
+#: with another recipe, or none, are rendered again, never reused.
 RENDER_RECIPE = "synthesiser at its own rate -> sox " + " ".join(SOX_ARGS) + " -r <rate> -c 1 -b 16 (no dither)"
 RECIPE_FILE = ".render-recipe"
 
 
 def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> int:
-    """Render one text to a mono 16-bit wav at ``sample_rate``; returns its length in samples.
-
-    The synthesiser writes at its own rate (flite 8/16 kHz, festival HTS 48 kHz, espeak-ng 22.05 kHz) into a
-    temporary file; ``sox`` resamples it without dither (:data:`SOX_ARGS`), so the same text and voice give the same
-    bytes on every run. The output appears atomically (renamed into place when complete).
+    """Render one text to a mono 16-bit wav at ``sample_rate``, atomically; returns its length in samples. The
+    synthesiser writes at its own rate, ``sox`` resamples without dither: the same bytes on every run.
 
     Raises:
         MissingVoiceError: the synthesiser is missing. RuntimeError: it failed (its stderr is quoted).
@@ -532,8 +492,7 @@ def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sampl
 
 
 def render_recipe_current(folder: str | os.PathLike) -> bool:
-    """Whether the files under ``folder`` were rendered with this :data:`RENDER_RECIPE` (its ``.render-recipe``
-    says so); ``False`` for a folder without one (rendered before the recipe was recorded) or a missing folder."""
+    """Whether the files under ``folder`` were rendered with this :data:`RENDER_RECIPE` (``False`` without a record)."""
     p = Path(folder) / RECIPE_FILE
     return p.is_file() and p.read_text(encoding="utf-8").strip() == RENDER_RECIPE
 
@@ -562,38 +521,36 @@ def render_files(items: Iterable[tuple[str, str, str | os.PathLike]], folder: st
                  processes: int = 2, sample_rate: int = SAMPLE_RATE, progress: bool = False,
                  desc: str = "render") -> list[int]:
     """Render ``(text, voice, path)`` items into ``folder`` (``path`` relative to it, or absolute inside it),
-    reusing the files already there only when the folder's recipe is :data:`RENDER_RECIPE`.
+    reusing the files there only under this :data:`RENDER_RECIPE`; ``processes``: synthesisers run at once (the
+    result does not depend on it). Returns each file's length in samples, in order.
 
-    Args:
-        items: what to say, with which voice (:data:`VOICES`), and where.
-        folder: the folder that holds the files and their ``.render-recipe`` (written once every item is there).
-        processes: synthesiser processes run at once (threads that each wait on a subprocess; the result does not
-            depend on it).
-        sample_rate: output rate in Hz (24000: the codec's).
-    Returns:
-        The length of each file in samples, in the order of ``items``.
     Raises:
-        ValueError: a path outside ``folder``.
-        MissingVoiceError: a voice is not installed (checked before anything is rendered).
-        RuntimeError: a synthesiser or sox failed (:func:`render_one`).
+        ValueError: a path outside ``folder``. MissingVoiceError: a voice is not installed (checked first).
+        RuntimeError: a synthesiser or sox failed.
     """
-    from tqdm.auto import tqdm
-
     out = Path(folder)
     items = [(str(t), str(v), out / p) for t, v, p in items]
     outside = [str(p) for _, _, p in items if not p.resolve().is_relative_to(out.resolve())]
     if outside:
         raise ValueError(f"{outside[0]} is not inside {out}: give paths relative to the folder whose "
                          f"{RECIPE_FILE} records how they were rendered")
-    for v in sorted({v for _, v, _ in items}):
+    rows = [{"text": t, "voice": v, "path": str(p)} for t, v, p in items]
+    done = _render_rows(rows, out, processes=processes, sample_rate=sample_rate, progress=progress, desc=desc)
+    _write_recipe(out)
+    return [d["samples"] for d in done]
+
+
+def _render_rows(rows: list[dict], out: Path, *, processes: int, sample_rate: int, progress: bool,
+                 desc: str) -> list[dict]:
+    """Render manifest rows into ``out``, every voice checked first, files reused only under this recipe."""
+    for v in sorted({r["voice"] for r in rows}):
         check_voice(v)
     out.mkdir(parents=True, exist_ok=True)
     reuse = render_recipe_current(out)
-    jobs = [({"text": t, "voice": v, "path": str(p)}, str(out), sample_rate, reuse) for t, v, p in items]
+    jobs = [(r, str(out), sample_rate, reuse) for r in rows]
     with ThreadPoolExecutor(max_workers=max(1, processes)) as ex:
-        done = list(tqdm(ex.map(_render_job, jobs), total=len(jobs), desc=desc, unit="utt", disable=not progress))
-    _write_recipe(out)
-    return [d["samples"] for d in done]
+        return list(progress_bar(ex.map(_render_job, jobs), total=len(jobs), desc=desc, unit="utt",
+                                 enabled=progress))
 
 
 def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_VOICES, one_voice_each: bool = False,
@@ -601,8 +558,8 @@ def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_
     """Manifest rows (without audio lengths) for rendering ``sentences`` with the ``voices`` of their language.
 
     Args:
-        one_voice_each: ``False``: every sentence with every voice of its language; ``True``: one voice per
-            sentence, chosen by a hash of the sentence (deterministic, balanced across voices).
+        one_voice_each: one voice per sentence, chosen by a hash of it, instead of every voice of its language.
+
     Raises:
         ValueError: a sentence whose language no chosen voice speaks.
     """
@@ -630,28 +587,19 @@ def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voi
     """Render sentences to ``<out_dir>/wav/<voice>/<id>.wav`` and write ``<out_dir>/manifest.jsonl``.
 
     Args:
-        sentences: what to say (their languages pick the voices, see :func:`plan_renders`).
-        out_dir: corpus folder; files already there are kept (a rerun resumes) when the folder was rendered with
-            this :data:`RENDER_RECIPE`, else rendered again (:func:`render_recipe_current`).
-        voices: voice names (:data:`VOICES`); all are checked before anything is rendered.
-        processes: synthesiser processes run at once (threads that each wait on a subprocess).
-        sample_rate: output rate (24 kHz: the codec's).
+        sentences: what to say (:func:`plan_renders`). out_dir: the corpus folder (a rerun resumes, as
+            :func:`render_files`). voices: names of :data:`VOICES`. processes, sample_rate: as :func:`render_files`.
+
     Returns:
         The manifest rows: ``id, split, language, voice, text, source, origin, path`` (relative to ``out_dir``),
-        ``samples, seconds, frames`` (12.5 Hz frames, ``ceil(samples / 1920)``), ``sample_rate``.
+        ``samples, seconds, frames`` (12.5 Hz frames), ``sample_rate``.
+
     Raises:
-        MissingVoiceError: a chosen voice is not installed (the message names ``scripts/apt-voices.sh``).
+        MissingVoiceError: a chosen voice is not installed.
     """
-    rows = plan_renders(sentences, voices, one_voice_each, fractions)
-    for v in sorted({r["voice"] for r in rows}):
-        check_voice(v)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    reuse = render_recipe_current(out)
-    jobs = [({**r, "sample_rate": sample_rate}, str(out), sample_rate, reuse) for r in rows]
-    with ThreadPoolExecutor(max_workers=max(1, processes)) as ex:
-        done = list(progress_bar(ex.map(_render_job, jobs), total=len(jobs), desc="render", unit="utt",
-                                 enabled=progress))
+    rows = [{**r, "sample_rate": sample_rate} for r in plan_renders(sentences, voices, one_voice_each, fractions)]
+    done = _render_rows(rows, out, processes=processes, sample_rate=sample_rate, progress=progress, desc="render")
     write_manifest(done, out / "manifest.jsonl")
     _write_recipe(out)
     return done
@@ -669,7 +617,8 @@ def read_manifest(path: str | os.PathLike) -> list[dict]:
     if p.is_dir():
         p = p / "manifest.jsonl"
     if not p.is_file():
-        raise FileNotFoundError(f"no manifest at {p}: render a corpus first (rvqspec_lib.embedded.corpus.render_corpus)")
+        raise FileNotFoundError(f"no manifest at {p}: render a corpus first "
+                                "(rvqspec_lib.embedded.corpus.render_corpus)")
     rows = []
     for line in p.read_text(encoding="utf-8").splitlines():
         if line.strip():
@@ -682,11 +631,8 @@ def read_manifest(path: str | os.PathLike) -> list[dict]:
 def corpus_table(manifest: str | os.PathLike | Iterable[Mapping]) -> list[dict]:
     """Table 1 analogue: one row per (split, language).
 
-    Args:
-        manifest: a manifest path (or its folder), or its rows.
-    Returns:
-        Rows ``{"split", "language", "samples", "hours", "frames", "voices", "sources"}`` in Table 1 order
-        (splits as :data:`SPLITS`, English first); ``samples`` counts utterances, ``frames`` 12.5 Hz code frames.
+    ``manifest``: a manifest path (or its folder), or its rows. Returns rows ``{"split", "language", "samples"
+    (utterances), "hours", "frames", "voices", "sources"}`` in Table 1 order (English first).
     """
     rows = read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
     groups: dict[tuple, dict] = {}

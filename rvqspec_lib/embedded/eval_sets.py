@@ -1,12 +1,6 @@
-"""The evaluation data of WER parity (notebook 04, ``rvqspec eval-wer``), per language, from whatever exists:
-
-* a user's data set (:func:`rvqspec_lib.eval.datasets.load_speech_dataset`: Fleurs per language, or any of the
-  paper's sets) encoded by the model's codec;
-* for the embedded model, offline: English = the shipped evaluation split (flite voices, their true codes), the
-  other languages = the multilingual sentences (``data/eval_texts/multilingual.tsv``) rendered here with espeak-ng
-  (:func:`rvqspec_lib.embedded.corpus.render_corpus`) and encoded by the shipped codec; the calibration split for
-  the trees.
-
+"""The evaluation and calibration data of WER parity (notebook 04, ``rvqspec eval-wer``), per language, from whatever
+exists: a user's data set (Fleurs, LibriSpeech: :mod:`rvqspec_lib.eval.datasets`) encoded by the model's codec, or for
+the embedded model, offline, the shipped English splits and the multilingual sentences rendered with espeak-ng.
 Every utterance comes with its Table 1 fields (``split``, ``role``, ``language``, ``seconds``, ``frames``).
 """
 
@@ -23,6 +17,7 @@ from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.embedded import corpus
 from rvqspec_lib.eval.calibration import BUDGETS, calibrate
 from rvqspec_lib.eval.datasets import encode_items, get_language, load_speech_dataset, speech_items
+from rvqspec_lib.eval.wer_parity import best_chain_window
 from rvqspec_lib.models.audio import load_wav
 from rvqspec_lib.models.tree_files import load_calibration
 
@@ -41,20 +36,13 @@ def _shipped(model, split: str, n: int | None, seed: int, role: str):
                                           "split": split}
 
 
-def shipped_calibration(model: str | os.PathLike, *, n: int | None = None, seed: int = 0):
-    """``(utterances, meta, source)`` of the calibration split shipped beside an embedded model (``n``: a seeded
-    sample). Raises ``FileNotFoundError`` when the model ships no utterances."""
-    return _shipped(model, "calibration", n, seed, "tree calibration")
-
-
 def multilingual_evaluation(codec, work_dir: str | os.PathLike, languages: Sequence[str], *,
                             n_per_language: int | None = None, progress: bool = False) -> dict:
-    """The multilingual sentences rendered with espeak-ng (one voice per language) and encoded by ``codec``.
+    """The multilingual sentences rendered with espeak-ng (one voice per language) and encoded by ``codec``:
+    ``{lang: (utterances, meta, source)}`` per requested non-English language with shipped sentences.
 
-    Returns:
-        ``{lang: (utterances, meta, source)}`` for each requested non-English language with shipped sentences.
     Raises:
-        MissingVoiceError: espeak-ng or sox is missing (the message names ``scripts/apt-voices.sh``).
+        MissingVoiceError: espeak-ng or sox is missing.
     """
     wanted = [lang for lang in languages if lang != "en"]
     if not wanted:
@@ -86,14 +74,12 @@ def evaluation_data(model: str | os.PathLike, languages: Sequence[str], *, codec
     """The evaluation utterances of every language, with their Table 1 fields.
 
     Args:
-        model: the model's name or folder (``"embedded"`` ships English evaluation utterances).
-        languages: ISO codes (:data:`rvqspec_lib.eval.datasets.LANGUAGES`).
-        codec: the model's codec (encodes rendered or dataset audio; for the embedded model, its shipped codec).
-        dataset: a local ``save_to_disk`` folder or hub id of ``dataset_kind`` (Fleurs: one config per language);
-            when given it is used for EVERY language.
-        n_sentences: at most this many utterances per language (a seeded sample of the shipped English split; the
-            first rows of a dataset). n_multilingual: at most this many rendered sentences per other language
-            (default ``n_sentences``). work_dir: where rendered audio goes (reruns reuse it).
+        model: the model's name or folder. languages: ISO codes of ``rvqspec_lib.eval.datasets.LANGUAGES``.
+        codec: the model's codec (encodes rendered or dataset audio).
+        dataset: a ``save_to_disk`` folder or hub id of ``dataset_kind``, used for EVERY language when given.
+        n_sentences: at most this many utterances per language (a seeded sample of the shipped split; a dataset's
+            first rows). n_multilingual: per other language (default ``n_sentences``). work_dir: rendered audio.
+
     Returns:
         ``{lang: {"utterances", "meta", "source"}}`` in the order of ``languages``.
     Raises:
@@ -160,7 +146,7 @@ def calibration_data(model: str | os.PathLike, *, codec=None, librispeech=None, 
         return utts, [{**m, "split": split or "test", "role": "tree calibration", "language": "en"} for m in meta], \
             {"kind": "librispeech", "dataset": str(librispeech)}
     try:
-        return shipped_calibration(model, n=n_sentences, seed=seed)
+        return _shipped(model, "calibration", n_sentences, seed, "tree calibration")
     except FileNotFoundError:
         raise ValueError(f"{model} ships no calibration split: pass a LibriSpeech folder (save_to_disk) or a "
                          "calibrated trees file, or use chain:N and explicit trees") from None
@@ -169,21 +155,14 @@ def calibration_data(model: str | os.PathLike, *, codec=None, librispeech=None, 
 def calibrate_decoders(lm, utterances: Sequence, *, needs, calibration_path: str | os.PathLike | None = None,
                        max_frames: int = 1000, budgets: Sequence[int] | None = None, seed: int = 0,
                        progress: bool = False) -> dict:
-    """What ``tree:calibrated...`` and ``chain:best`` need, from the calibration utterances.
+    """What ``tree:calibrated...`` and ``chain:best`` need (``needs``, a subset of ``{"calibration", "best_chain"}``),
+    from the first ``max_frames`` frames of the calibration utterances, or a ``calibration_path`` file; ``budgets``
+    default every budget 2..64.
 
-    Args:
-        utterances: calibration utterances (:func:`calibration_data`); their first ``max_frames`` frames are used.
-        needs: a subset of ``{"calibration", "best_chain"}``
-            (:func:`rvqspec_lib.decoding.decoder_names.check_decoder_names`).
-        calibration_path: an existing calibration file to use instead of calibrating here.
-        budgets: node budgets calibrated here (default every budget 2..64).
     Returns:
         ``{"calibration": dict or None, "best_chain": int or None, "chain_predicted": {window: tpc},
         "n_frames": frames used, "from_file": path or None}``.
     """
-    # here, not above, until eval.wer_parity imports again (it still imports the removed parse_decoder)
-    from rvqspec_lib.eval.wer_parity import best_chain_window
-
     cp = lm.code_predictor
     out = {"calibration": None, "best_chain": None, "chain_predicted": {}, "n_frames": 0, "from_file": None}
     needs = set(needs)

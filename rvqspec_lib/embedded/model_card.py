@@ -26,8 +26,8 @@ def model_card(result: Mapping) -> str:
         "",
         "A small Qwen3-TTS-class model (the official `Qwen3TTSForConditionalGeneration`, talker + code predictor) "
         "trained from scratch, offline, on synthetic speech encoded by an offline residual-k-means codec "
-        "(`rvqspec_lib.models.rvq_codec.RVQCodec`, Griffin-Lim decoder). Built by `scripts/build_embedded.py`; load it with "
-        "`rvqspec_lib.load_model(\"<this dir>\")`, decode its codes with "
+        "(`rvqspec_lib.models.rvq_codec.RVQCodec`, Griffin-Lim decoder). Built by `scripts/build_embedded.py`; "
+        "load it with `rvqspec_lib.load_model(\"<this dir>\")`, decode its codes with "
         "`rvqspec_lib.models.rvq_codec.RVQCodec.load(\"<this dir>/codec.safetensors\")`. The copy shipped in the "
         "repository's `data/embedded/` is `load_model(\"embedded\")` / `rvqspec synth --model embedded`. Weights "
         "are stored in float16 (loaded into float32); every figure below was measured on the stored weights.",
@@ -77,8 +77,9 @@ def model_card(result: Mapping) -> str:
     cps = result.get("code_predictor_stage")
     if cps:
         cm = cps.get("meta", {})
-        lines += ["", "Then the code predictor alone (`rvqspec_lib.embedded.train.train_code_predictor`): the talker frozen and "
-                  "run once over the training split, the code predictor's layers, projection and heads trained on "
+        lines += ["", "Then the code predictor alone (`rvqspec_lib.embedded.train.train_code_predictor`): the "
+                  "talker frozen and run once over the training split, the code predictor's layers, projection and "
+                  "heads trained on "
                   f"every frame's teacher-forced state ({cm.get('train_frames')} frames; the code embedding tables "
                   "stay fixed, the talker reads them), "
                   f"{cm.get('steps')} steps of {cm.get('batch_frames')} frames in {(cm.get('wall_s') or 0) / 60:.1f} "
@@ -127,7 +128,8 @@ def model_card(result: Mapping) -> str:
     lines += ["", f"WER ({result.get('asr', 'pocketsphinx default LM')}, {corp.get('n_eval')} utterances):", "",
               "| condition | WER | WER without repetition outliers |", "|---|---|---|"]
     for name, r in w.items():
-        lines.append(f"| {name} | {r.get('wer', float('nan')):.3f} | {r.get('wer_without_outliers', float('nan')):.3f} |")
+        lines.append(f"| {name} | {r.get('wer', float('nan')):.3f} | "
+                     f"{r.get('wer_without_outliers', float('nan')):.3f} |")
     dg = result.get("wer_diagnostics") or {}
     if dg:
         lines += ["", "Where the inner loop loses intelligibility (same sentences, same ASR):", "",

@@ -1,36 +1,13 @@
-"""Training a small Qwen3-TTS-class model: teacher forcing in exactly the layout of non-streaming inference.
-
-The model is the OFFICIAL ``Qwen3TTSForConditionalGeneration`` (talker + code predictor), unchanged. One training
-sequence is what ``generate(non_streaming_mode=True)`` feeds the talker, with the frames teacher-forced::
-
-    position:  [left pad] prompt[0 .. L-1] | frame 0 feed | ... | frame F-1 feed
-    predicts:                  ... code0[0] |   code0[1]   | ... |   end of speech (2150)
-
-* prompt: built by the official ``generate`` itself (:func:`rvqspec_lib.models.frame.build_prompt` with ``grad=True``, the
-  same code as inference with autograd on; ``tests/test_train.py`` checks it equals the inference prompt bit for bit).
-  Batches are left-padded exactly as the official batch ``generate`` pads them (one forward a batch: on a CPU a batch
-  is far cheaper than per-utterance passes with gradient accumulation, and the padding IS the inference layout).
-* frame t's feed = talker ``codec_embedding(code 0)`` + sum of code-predictor ``codec_embedding[j-1](code j)``,
-  j = 1..15, + the text track (``tts_pad_embed`` in non-streaming mode), as the official loop and our
-  :func:`rvqspec_lib.models.frame.synthesize` feed it. The talker's last-layer hidden (after the final norm) at the position
-  that emitted code 0 of frame t starts that frame's code-predictor sequence.
-* talker loss: cross-entropy of the official forward's ``codec_head`` logits against code 0 of every frame and
-  end-of-speech after the last frame (no shift: position i is already aligned with its label).
-* code-predictor loss: the logits of the official ``talker.forward_sub_talker_finetune(codes, hidden)`` (16 positions
-  ``[hidden, emb(code 0), emb(code 1) .. emb(code 14)]``, ``lm_head[j-1]`` at position j predicts code j) against codes
-  1..15, computed HERE: the loss that method returns is double-shifted (QwenLM/Qwen3-TTS #179/#337/#371, PR #278):
-  its logits are already aligned, and transformers' causal-LM loss shifts the labels once more, so it scores the head
-  of code j against code j+1 and drops code 15
-  (``tests/test_train.py::test_official_code_predictor_loss_is_double_shifted``).
-* total = talker loss + 0.3 x code-predictor loss (the official finetuning script's weighting).
-
-References: Qwen3-TTS (QwenLM/Qwen3-TTS, ``finetuning/sft_12hz.py`` for the weighting), nanoGPT (AdamW groups,
-warmup + cosine schedule).
-
-The teacher-forced passes themselves (prompt batches, talker pass, code-predictor states) are model access:
-:mod:`rvqspec_lib.data.teacher`. This module holds the losses, batches and evaluations of the embedded model's
-training runs; the loop itself (budget, schedule, evaluation, best state, curve) is
+"""Training a small model of the OFFICIAL ``Qwen3TTSForConditionalGeneration`` classes, teacher-forced in exactly the
+layout of ``generate(non_streaming_mode=True)`` (:mod:`rvqspec_lib.data.teacher`; the prompt equals inference's bit
+for bit, batches left-padded as the official batch ``generate`` pads them), the loop being
 :func:`rvqspec_lib.training.loop.fit`.
+
+The losses are computed HERE on the official forward's logits (docs/model.md#training-caveats): the talker's
+``codec_head`` against code 0 of every frame and end of speech after the last; the code predictor's
+``forward_sub_talker_finetune`` logits (already aligned) against codes 1..15, since the loss that method returns is
+double-shifted (QwenLM/Qwen3-TTS #179/#337/#371, PR #278; tests/test_train.py); total = talker + 0.3 x code
+predictor (the official script's weighting). Schedule and AdamW groups: nanoGPT's.
 """
 
 from __future__ import annotations
@@ -77,13 +54,11 @@ CP_WARMUP_STEPS = WARMUP_STEPS // 2
 
 def bucket_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
                    bucket_batches_n: int = 50) -> list[list[int]]:
-    """One epoch of batches of similar length (little padding), in random order.
+    """One epoch of batches (lists of dataset indices) of similar length, in random order: shuffle, cut into buckets
+    of ``batch_size * bucket_batches_n``, sort each by length, cut into batches, shuffle them.
 
-    Shuffle, cut into buckets of ``batch_size * bucket_batches_n`` utterances, sort each bucket by length, cut it
-    into batches, shuffle the batches. Deterministic given ``generator``.
-
-    Returns:
-        list of batches, each a list of dataset indices (the last batch of a bucket may be smaller).
+    Raises:
+        ValueError: ``batch_size < 1``.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -101,9 +76,8 @@ def losses(tf: TeacherForced, *, cp_weight: float = CP_LOSS_WEIGHT) -> dict:
     """Losses and accuracies of a teacher-forced pass.
 
     Returns:
-        dict with ``loss`` (tensor, for backward) and floats ``talker_loss``, ``cp_loss``, ``code0_acc`` (argmax
-        over the talker vocabulary vs code 0 / end of speech), ``cp_acc`` (codes 1..15), and counts ``n_talker``
-        (frames + one end of speech per utterance) and ``n_cp`` (frames x 15).
+        ``loss`` (tensor, for backward), floats ``talker_loss``, ``cp_loss``, ``code0_acc``, ``cp_acc``, and the
+        counts ``n_talker`` (frames + one end of speech per utterance) and ``n_cp`` (frames x 15).
     """
     vocab = tf.talker_logits.shape[-1]
     talker_loss = F.cross_entropy(tf.talker_logits.reshape(-1, vocab).float(), tf.talker_labels.reshape(-1),
@@ -154,27 +128,19 @@ def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minut
           warmup_steps: int = WARMUP_STEPS, min_lr_ratio: float = MIN_LR_RATIO, weight_decay: float = WEIGHT_DECAY,
           grad_clip: float = GRAD_CLIP, cp_weight: float = CP_LOSS_WEIGHT, max_eval_utterances: int = 64,
           progress: bool = True) -> dict:
-    """Train ``lm.model`` in place with AdamW on (text, codes) pairs; write the curve and a loadable checkpoint.
-
-    The loop (budget, schedule, evaluations, curve, progress) is :func:`rvqspec_lib.training.loop.fit`; this function
-    supplies the batches (:func:`bucket_batches`), the loss (:func:`losses` of :func:`teacher_force`) and the
-    evaluation (:func:`evaluate` on a training subset and the held-out set). The weights left in ``lm`` are the
-    last step's; the best held-out ones are saved to ``out_dir/best``.
+    """Train ``lm.model`` in place with AdamW on (text, codes) pairs (batches :func:`bucket_batches`, loss
+    :func:`losses`, evaluations :func:`evaluate`); the weights left are the last step's, the best held-out ones go to
+    ``out_dir/best``.
 
     Args:
-        lm: the model to train (e.g. ``LoadedModel`` around ``build_from_config(small_config_dict())`` with a byte or
-            phoneme tokenizer); its ``tokenizer`` is the text front end stored with the checkpoint.
+        lm: the model to train; its ``tokenizer`` is the text front end stored with the checkpoint.
         dataset, val_dataset: utterances (anything :func:`as_utterance` accepts).
-        steps / minutes: the budget (exactly one). With ``minutes`` the cosine follows elapsed time.
-        lr: peak learning rate (after ``warmup_steps`` linear warmup; cosine down to ``lr * min_lr_ratio``).
-        dropout: attention dropout while training. feedback_noise, cp_fraction: see :func:`teacher_force`
-            (evaluation always uses every frame and no noise).
-        seed: seeds batching and noise (explicit generator; the global RNG is not used, except by attention
-            dropout, which draws from torch's global RNG inside SDPA).
-        eval_every: steps between evaluations (train subset and held-out set, eval mode); also at the end.
-        out_dir: where ``curve.json`` (after every evaluation) and the final checkpoint go (and ``best/``, the
-            checkpoint with the lowest held-out loss, when ``val_dataset`` is given).
-        max_eval_utterances: size of the train and held-out subsets evaluated (first utterances, fixed).
+        steps / minutes: the budget (exactly one). lr: peak learning rate of :class:`WarmupCosine`.
+        dropout: attention dropout while training. feedback_noise, cp_fraction: see :func:`teacher_force`.
+        seed: of batching and noise (attention dropout draws from torch's global RNG inside SDPA).
+        eval_every: steps between evaluations (also at the end).
+        out_dir: gets ``curve.json``, the final checkpoint and ``best/``.
+        max_eval_utterances: size of the train and held-out subsets evaluated.
 
     Returns:
         dict: ``curve`` (list of evaluation records), ``steps``, ``wall_s``, ``train_s``, ``steps_per_s``,
@@ -247,13 +213,8 @@ def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minut
 
 @dataclass
 class CodePredictorStates:
-    """Teacher-forced inputs of the code predictor, one row per frame.
-
-    Attributes:
-        hidden: ``(N, talker_hidden)`` float32, the frozen talker's last hidden state (after the final norm) at the
-            position that emitted code 0 of the frame: exactly what starts the frame's inner loop at inference.
-        codes: ``(N, G)`` int64, the frame's true codes (code 0 first).
-    """
+    """Teacher-forced inputs of the code predictor, one row per frame: ``hidden`` ``(N, talker_hidden)`` float32, the
+    frozen talker's state that starts the frame's inner loop; ``codes`` ``(N, G)`` int64, the true codes."""
 
     hidden: torch.Tensor
     codes: torch.Tensor
@@ -265,14 +226,9 @@ class CodePredictorStates:
 @torch.no_grad()
 def code_predictor_states(lm: LoadedModel, dataset: Iterable, *, batch_size: int = 16,
                           progress: bool = True) -> CodePredictorStates:
-    """One teacher-forced talker pass (:func:`talker_pass`, eval mode, no gradient) over utterances, keeping the
-    hidden state that starts each frame's code-predictor sequence.
+    """:class:`CodePredictorStates` of every frame of ``dataset`` from teacher-forced talker passes (eval mode, no
+    gradient; ``batch_size`` utterances, sorted by length).
 
-    Args:
-        dataset: utterances (anything :func:`as_utterance` accepts).
-        batch_size: utterances per talker pass (sorted by length: little padding).
-    Returns:
-        :class:`CodePredictorStates` with every frame of every utterance.
     Raises:
         ValueError: an empty dataset.
     """
@@ -298,9 +254,8 @@ def code_predictor_states(lm: LoadedModel, dataset: Iterable, *, batch_size: int
 
 
 def code_predictor_parameters(lm: LoadedModel) -> list[tuple[str, torch.nn.Parameter]]:
-    """The parameters :func:`train_code_predictor` trains: the code predictor's decoder layers, final norm, input
-    projection and per-depth heads. Its code embedding tables are NOT among them: the talker reads them too (frame
-    feedback = sum of the 16 code embeddings), so changing them would change the frozen talker's inputs."""
+    """The parameters :func:`train_code_predictor` trains: the code predictor's but its code embedding tables, which
+    the talker reads too (the frame feedback)."""
     return [(n, p) for n, p in lm.code_predictor.named_parameters() if "codec_embedding" not in n]
 
 
@@ -342,23 +297,15 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
                          warmup_steps: int = CP_WARMUP_STEPS, min_lr_ratio: float = MIN_LR_RATIO,
                          weight_decay: float = WEIGHT_DECAY, grad_clip: float = GRAD_CLIP, eval_every: int = 200,
                          seed: int = 0, out_dir: str | Path | None = None, progress: bool = True) -> dict:
-    """Train the code predictor alone on a frozen talker's teacher-forced states (a second stage after :func:`train`).
-
-    Joint training (:func:`train`) sends a fraction of the frames through the code predictor; this stage gives it
-    every frame of the corpus, cheaply: the talker is run once (:func:`code_predictor_states`), then each step is a
-    16-position pass of ``batch_frames`` frames through ``talker.forward_sub_talker_finetune`` (the official method;
-    the loss is computed here, aligned: head j against code j). The talker and every code embedding table stay fixed
-    (:func:`code_predictor_parameters`), so the talker's behaviour, and free running's code 0, are unchanged.
-    With ``val_states`` the weights with the lowest validation loss are restored at the end (step 0, the jointly
-    trained weights, is a candidate). The loop is :func:`rvqspec_lib.training.loop.fit`.
+    """Train the code predictor alone on a frozen talker's states (a second stage after :func:`train`): every frame
+    of the corpus, the talker run once; the talker and the code embeddings stay fixed, so code 0 is unchanged. With
+    ``val_states`` the weights of lowest validation loss are restored (step 0 a candidate).
 
     Args:
-        train_states, val_states: from :func:`code_predictor_states`.
-        steps / minutes: the budget (exactly one); the cosine schedule follows it.
-        lr: peak AdamW learning rate (linear warmup, cosine to ``lr * min_lr_ratio``).
-        batch_frames: frames per step (random, without replacement within an epoch).
-        eval_every: steps between validation evaluations (and at the end).
-        out_dir: ``cp_curve.json`` goes there after each evaluation.
+        train_states, val_states: from :func:`code_predictor_states`. steps / minutes: the budget (exactly one).
+        lr: peak learning rate of :class:`WarmupCosine`. batch_frames: random frames a step.
+        eval_every: steps between validation evaluations. out_dir: gets ``cp_curve.json``.
+
     Returns:
         dict: ``curve`` (evaluation records), ``steps``, ``wall_s``, ``frames_seen``, ``best_step``,
         ``best`` (validation metrics of the kept weights), ``params_trained``.

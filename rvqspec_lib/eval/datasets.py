@@ -1,18 +1,6 @@
-"""The paper's speech data through ``datasets``, and the languages of its Table 3 (docs/offline.md: none of it can
-be downloaded here; users who have it pass a local folder, or a hub id where the network or the cache allows).
-
-* :data:`LANGUAGES`: the six languages of Table 3 with their Fleurs config, prompt language name, espeak-ng voice
-  and error-rate unit (CER for Chinese and Japanese);
-* :func:`load_speech_dataset`: Fleurs (evaluation, one config per language), LibriSpeech (calibration) and
-  VoxPopuli (training), from a ``save_to_disk`` folder (a Fleurs root may hold one folder per config, e.g.
-  ``fleurs/de_de``) or a hub id, with the schema checked (a one-line error names the missing column);
-* :func:`speech_items`: the rows as ``{"id", "text", "wav", "sample_rate", "seconds"}`` (audio decoded with
-  soundfile, no torchcodec needed);
-* :func:`encode_items`: rows -> :class:`~rvqspec_lib.data.teacher.Utterance` (text + codec codes) with the
-  Table 1 fields (``seconds``, ``frames``);
-* :func:`speaking`: while inside, a phoneme model (the embedded one) reads the language's espeak-ng phonemes, and the
-  prompt language is the one the checkpoint lists (``"auto"`` otherwise).
-"""
+"""The paper's speech data through ``datasets`` (Fleurs for evaluation, LibriSpeech for calibration, VoxPopuli for
+training) and the languages of its Table 3 (:data:`LANGUAGES`). None of it can be downloaded here (docs/offline.md):
+users pass a ``save_to_disk`` folder, or a hub id where the network or the cache allows."""
 
 from __future__ import annotations
 
@@ -25,8 +13,9 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from rvqspec_lib.models.audio import _decode_audio, resample
 from rvqspec_lib.data.teacher import Utterance
+from rvqspec_lib.models.audio import _decode_audio, resample
+from rvqspec_lib.models.frontend import PhonemeTokenizer
 
 
 @dataclass(frozen=True)
@@ -66,17 +55,13 @@ def get_language(code: str) -> Language:
 
 @contextlib.contextmanager
 def speaking(lm, language: str) -> Iterator[str]:
-    """Make ``lm`` read text of ``language`` for the duration of the block; yields the prompt language to pass.
-
-    A phoneme front end (:class:`rvqspec_lib.models.frontend.PhonemeTokenizer`, the embedded model) is swapped for
-    one with the language's espeak-ng voice (restored on exit, also on error); a checkpoint's own tokenizer is kept.
-    The prompt language is the language's name when the checkpoint lists it, else ``"auto"``.
+    """Make ``lm`` read text of ``language`` inside the block; yields the prompt language to pass (the language's name
+    when the checkpoint lists it, else ``"auto"``). A phoneme front end is swapped for the language's espeak-ng voice
+    and restored on exit; a checkpoint's own tokenizer is kept.
 
     Raises:
         ValueError: an unknown language code.
     """
-    from rvqspec_lib.models.frontend import PhonemeTokenizer
-
     lang = get_language(language)
     listed = set(lm.model.config.talker_config.codec_language_id or {})
     prompt = lang.name if lang.name in listed else "auto"
@@ -90,18 +75,11 @@ def speaking(lm, language: str) -> Iterator[str]:
         lm.tokenizer = old
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# loaders
-# ----------------------------------------------------------------------------------------------------------------
+# ---- loaders ---------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Schema:
-    """Columns of one of the paper's data sets (as published on the hub).
-
-    Attributes:
-        kind: ``fleurs`` | ``librispeech`` | ``voxpopuli``. hub: its hub id. role: what the paper used it for.
-        audio: the audio column. text: text columns in order of preference (the first non-empty one is read).
-        id: the id column.
-    """
+    """Columns of one of the paper's data sets as published on the hub: ``kind``, ``hub`` id, ``role``, ``audio``
+    column, ``text`` columns in order of preference, ``id`` column."""
 
     kind: str
     hub: str
@@ -131,13 +109,9 @@ def _pick_split(ds, split: str | None, where: str):
 
 
 def damaged_arrow_file(folder: str | os.PathLike) -> tuple[Path, str] | None:
-    """The first ``*.arrow`` file under ``folder`` (a ``save_to_disk`` folder; sub-folders of a ``DatasetDict``
-    included) that pyarrow cannot read to its end, with pyarrow's reason; ``None`` when every one reads.
-
-    ``save_to_disk`` writes Arrow IPC streams; a copy cut short (an interrupted download or ``cp``) fails inside
-    ``load_from_disk`` with a pyarrow message that names neither the file nor the fix. Each file is read completely
-    (memory-mapped), so this is for the error path, not for every load.
-    """
+    """The first ``*.arrow`` file under a ``save_to_disk`` folder that pyarrow cannot read to its end, with the reason,
+    or ``None``: a copy cut short fails inside ``load_from_disk`` naming neither file nor fix. Reads every file
+    (memory-mapped): for the error path only."""
     import pyarrow as pa
 
     for f in sorted(Path(folder).rglob("*.arrow")):
@@ -151,22 +125,17 @@ def damaged_arrow_file(folder: str | os.PathLike) -> tuple[Path, str] | None:
 
 def load_speech_dataset(source: str | os.PathLike, kind: str, *, language: str | None = None,
                         split: str | None = None):
-    """One split of Fleurs, LibriSpeech or VoxPopuli, with its columns checked.
+    """One split of Fleurs, LibriSpeech or VoxPopuli, its columns checked, its audio left undecoded.
 
     Args:
-        source: a folder written by ``save_to_disk`` (a ``Dataset`` or ``DatasetDict``; for Fleurs, a root holding
-            one such folder per config, ``<root>/de_de``, works too), or a hub id (``google/fleurs``,
-            ``openslr/librispeech_asr``, ``facebook/voxpopuli``): that needs the network or the Hugging Face cache.
-        kind: ``"fleurs"``, ``"librispeech"`` or ``"voxpopuli"`` (:data:`SCHEMAS`).
-        language: ISO code (:data:`LANGUAGES`); Fleurs picks the language's config, VoxPopuli the language config
-            (``en``); a dataset with a ``language`` / ``lang_id`` column of names is filtered on it.
-        split: a split of a ``DatasetDict`` (default ``test``, else ``validation``, else ``train``).
-    Returns:
-        ``datasets.Dataset`` whose audio column is left undecoded (read by :func:`speech_items`).
+        source: a ``save_to_disk`` folder (for Fleurs also a root of one folder per config, ``<root>/de_de``), or a
+            hub id (needs the network or the cache).
+        kind: a key of :data:`SCHEMAS`. language: ISO code: Fleurs' and VoxPopuli's config, or a filter on a
+            ``language`` / ``lang_id`` column. split: default ``test``, else ``validation``, else ``train``.
+
     Raises:
-        ValueError: an unknown kind or language, a dataset without the expected columns, a missing split, an Arrow
-            file cut short (naming the file, :func:`damaged_arrow_file`), or a hub id that cannot be reached (all one
-            line, naming the fix).
+        ValueError: an unknown kind or language, missing columns or split, a damaged Arrow file
+            (:func:`damaged_arrow_file`), an unreachable hub id (one line each, naming the fix).
     """
     import datasets as hf
 
@@ -224,8 +193,8 @@ def load_speech_dataset(source: str | os.PathLike, kind: str, *, language: str |
 
 
 def speech_items(ds, kind: str, *, max_items: int | None = None) -> list[dict]:
-    """Rows of a dataset from :func:`load_speech_dataset` as ``{"id", "text", "wav" (float32 mono), "sample_rate",
-    "seconds"}``; rows with empty text are skipped.
+    """Rows of :func:`load_speech_dataset`'s dataset as ``{"id", "text", "wav" (float32 mono), "sample_rate",
+    "seconds"}`` (audio decoded with soundfile), rows with empty text skipped.
 
     Raises:
         ValueError: an unknown kind, an unreadable audio cell.
@@ -249,18 +218,14 @@ def speech_items(ds, kind: str, *, max_items: int | None = None) -> list[dict]:
 
 def encode_items(items: Sequence[dict], codec, *, n_code_groups: int, language: str = "auto",
                  speaker: str | None = None) -> tuple[list[Utterance], list[dict]]:
-    """Encode rows of :func:`speech_items` (or any ``{"text", "wav", "sample_rate"}`` dicts) into utterances.
+    """Rows of :func:`speech_items` (any ``{"text", "wav", "sample_rate"}``) encoded by ``codec`` (resampled to its
+    rate) into utterances with the prompt ``language`` and ``speaker``.
 
-    Args:
-        codec: ``encode(wav) -> (frames, n_code_groups)`` at ``codec.sample_rate`` (or ``codec.config.sample_rate``;
-            24 kHz if neither); audio at another rate is resampled first.
-        n_code_groups: codes per frame the model expects (16).
-        language, speaker: the prompt settings stored on each utterance.
     Returns:
-        ``(utterances, meta)``: meta rows hold ``id``, ``seconds`` (audio) and ``frames`` (codec frames), for the
-        Table 1 analogue (:func:`rvqspec_lib.eval.parity.table1_rows`). Rows with no frame are skipped.
+        ``(utterances, meta)``: meta rows ``id``, ``seconds``, ``frames`` (Table 1); rows with no frame skipped.
+
     Raises:
-        ValueError: codes of the wrong shape (a codec of another model).
+        ValueError: codes other than ``(frames, n_code_groups)`` (a codec of another model).
     """
     sr_codec = int(getattr(codec, "sample_rate", 0) or getattr(getattr(codec, "config", None), "sample_rate", 24000))
     utts, meta = [], []

@@ -1,29 +1,14 @@
-"""The weight-streaming floor of one code-predictor call (and of one talker step, :func:`talker_step_bytes`), measured
-on the running machine (docs/precision.md#the-floor).
-
-A code-predictor call with a few query positions does little arithmetic per weight: on a CPU it is bound by reading
-its weights from memory once. Its floor is therefore
-
-    floor = (bytes of weights one call reads) / (read bandwidth of the running machine),
-
-and every measured call time is reported as a multiple of it (``t(1) / floor``; 1.0 would be a call that does
-nothing but stream its weights once).
-
-* Bytes (:func:`call_weight_bytes`): the tensors one call actually touches, at the size they are stored in (float32
-  4 bytes, bfloat16 2, int8 1 plus its per-channel scales): every parameter and weight buffer of the decoder layers
-  (attention and MLP projections, their norms), the final norm, ``small_to_mtp_projection`` where it is a linear
-  layer, ONE per-depth head (``lm_head[j]``; an AR call applies one), and of the per-depth embedding table only the
-  rows looked up (one per query position). Rotary tables (``inv_freq``) are computed, not weights, and are left out.
-* Bandwidth: the machine's streaming read bandwidth, :func:`rvqspec_lib.eval.timing.read_bandwidth` (read before and
-  after a timing, the faster kept: :func:`rvqspec_lib.eval.timing.bandwidth_around`).
-"""
+"""The weight-streaming floor of one code-predictor call (and of one talker step): the bytes of weights it reads
+over the running machine's read bandwidth (docs/precision.md#the-floor; the bandwidth:
+:func:`rvqspec_lib.eval.timing.read_bandwidth`)."""
 
 from __future__ import annotations
 
+from rvqspec_lib.decoding import predictor as P
+
 
 def _tensors(module) -> list:
-    """Parameters and persistent buffers of ``module`` (non-persistent buffers such as rotary ``inv_freq`` are
-    derived tables, not weights)."""
+    """Parameters and persistent buffers of ``module`` (non-persistent ones such as rotary ``inv_freq`` are derived)."""
     out = [p for p in module.parameters()]
     for mod in module.modules():
         skip = getattr(mod, "_non_persistent_buffers_set", set())
@@ -43,17 +28,13 @@ def _add(by_dtype: dict, tensors, rows_of=None) -> int:
 
 
 def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
-    """Bytes of weights one code-predictor call with ``n_queries`` query positions reads (module docstring).
-
-    Args:
-        code_predictor: ``model.talker.code_predictor`` (the official module) in any precision
-            (:func:`rvqspec_lib.models.precision.apply_precision`).
-        n_queries: query positions of the call (embedding rows looked up); >= 1.
+    """Bytes of weights one code-predictor call with ``n_queries`` query positions reads, at their stored size
+    (docs/precision.md#the-floor): the layers, the final norm, a linear ``small_to_mtp_projection``, ONE head and the
+    embedding rows looked up. Any precision; the ``meta`` device works.
 
     Returns:
-        ``{"bytes": total, "elements": tensor elements read (int8 scales included), "by_dtype": {dtype: bytes},
-        "parts": {"layers", "norm", "projection", "head", "embedding_rows"}: bytes}``. Works on the ``meta``
-        device too (no weights needed to count them).
+        ``{"bytes", "elements" (int8 scales included), "by_dtype": {dtype: bytes}, "parts": {"layers", "norm",
+        "projection", "head", "embedding_rows"}}``.
 
     Raises:
         ValueError: ``n_queries < 1``.
@@ -76,19 +57,10 @@ def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
 
 
 def talker_step_bytes(talker, *, context: int = 0, kv_element_bytes: int | None = None) -> dict:
-    """Bytes one talker step (one new position, then ``codec_head``) reads: the weights, and the KV cache it attends.
-
-    Weights as :func:`call_weight_bytes` counts them (stored size, int8 scales included; rotary tables left out):
-    every parameter and persistent buffer of the decoder layers, the final norm and ``codec_head``. The step's input
-    embedding is given (the frame loop sums table rows the caller looked up), so no table is counted. The KV cache:
-    ``context`` positions of keys and values in every layer, ``2 x layers x kv_heads x head_dim x context`` elements.
-
-    Args:
-        talker: the official talker (``lm.model.talker``) in any precision; the ``meta`` device works.
-        context: positions already cached (>= 0).
-        kv_element_bytes: bytes per cached element (default: the activation dtype's, read from the final norm's
-            weight: 4 in float32 and int8-dynamic, 2 in bfloat16 and int8, as the official cache holds them; the
-            native talker's cache is float32, 4).
+    """Bytes one talker step (one position, then ``codec_head``) reads: its weights counted as
+    :func:`call_weight_bytes` counts them (no embedding table: the input is given), and the KV cache of ``context``
+    positions (``2 x layers x kv_heads x head_dim x context`` elements of ``kv_element_bytes``, default the activation
+    dtype's; the native talker's cache is float32, 4).
 
     Returns:
         ``{"bytes": weight bytes, "elements", "by_dtype", "parts": {"layers", "norm", "codec_head"}, "kv_bytes",
@@ -105,7 +77,7 @@ def talker_step_bytes(talker, *, context: int = 0, kv_element_bytes: int | None 
              "codec_head": _add(by_dtype, _tensors(talker.codec_head))}
     touched = _tensors(m.layers) + _tensors(m.norm) + _tensors(talker.codec_head)
     cfg = m.config
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    head_dim = P.head_dim(cfg)
     elem = int(m.norm.weight.element_size()) if kv_element_bytes is None else int(kv_element_bytes)
     kv = 2 * len(m.layers) * int(cfg.num_key_value_heads) * head_dim * int(context) * elem
     return {"bytes": sum(parts.values()), "elements": int(sum(t.numel() for t in touched)), "by_dtype": by_dtype,

@@ -15,22 +15,16 @@ from rvqspec_lib.data.teacher import teacher_forced_hidden
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.drafters import draft_batch
 from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.decoding.sampling import sample as draw
 
 
 def optimal_overlap(p: torch.Tensor) -> torch.Tensor:
-    """``max_q (1/S) sum_s sum_x min(p_s(x), q(x))`` over distributions q, for each group of S target distributions.
+    """``max_q (1/S) sum_s sum_x min(p_s(x), q(x))`` over distributions q, for each group of S targets ``p``
+    ``(..., S, V)``: ``(...)`` float64 in [1/S, 1]. The objective is separable and concave in q (code x's slope is
+    ``#{s: p_s(x) > q(x)} / S``), so filling q level by level from the smallest p_s(x) up is optimal.
 
-    The objective is separable and concave in q: for code x it rises with slope ``#{s: p_s(x) > q(x)} / S``, so
-    filling q level by level (all codes' stretch below their smallest p_s(x) first, at slope 1, then the stretch up
-    to the second smallest at slope (S-1)/S, ...) until q holds mass 1 is optimal (greedy allocation for a separable
-    concave objective).
-
-    Args:
-        p: ``(..., S, V)`` distributions (rows sum to 1), a tensor or an array.
-    Returns:
-        ``(...)`` float64, in [1/S, 1]: 1 when the S distributions are equal.
     Raises:
-        ValueError: fewer than 2 dimensions, negative entries, or rows that do not sum to 1 (to 1e-4).
+        ValueError: fewer than 2 dimensions, negative entries, rows not summing to 1 (to 1e-4).
     """
     p = torch.as_tensor(p)
     if p.dim() < 2 or p.shape[-1] < 1 or p.shape[-2] < 1:
@@ -53,40 +47,26 @@ def optimal_overlap(p: torch.Tensor) -> torch.Tensor:
 def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None, drafters: Sequence | dict = (), *,
                      n_ahead: int = 3, samples: int = 8, sampling: Sampling | None = None,
                      generator: torch.Generator | None = None, batch_size: int = 16) -> dict:
-    """How much acceptance ANY drafter that sees only H_k (reused heads, offsets, Medusa heads: all of the paper's)
-    could gain, measured by Monte Carlo on the model itself.
-
-    For each frame and start depth k, ``samples`` continuations of the frame are drawn from the verifier (codes
-    k..k+n_ahead-1, autoregressively, at the deployed warping, after the frame's teacher-forced codes before k), and
-    each gives the verifier's distribution p_s of depth k+j. A drafter's q of depth k+j depends on H_k only, i.e. not
-    on which continuation happens, so its sampled-draft acceptance is ``(1/S) sum_s sum_x min(p_s(x), q(x))``.
-    Reported by offset j, averaged over frames and start depths:
-
-    * ``ceiling``: that acceptance maximised over every distribution q (:func:`optimal_overlap`), per frame and start
-      depth: an upper bound on any H_k-only drafter (biased upward by the finite ``samples``: E[max] >= max E);
-    * ``marginal``: q = the average of half the samples' p_s (the marginal a perfect drafter would learn), scored on
-      the other half (an unbiased estimate of an achievable drafter's acceptance);
-    * each drafter's acceptance on the same continuations (``drafters``: ``{label: drafter}``, or a sequence of
-      drafters labelled by their ``name``, numbered when names repeat), its q warped like p.
+    """How much acceptance ANY drafter that sees only H_k (all of the paper's) could gain, by Monte Carlo: per frame and
+    start depth k, ``samples`` continuations drawn from the verifier give the p_s of depth k+j; a q of H_k alone
+    scores ``(1/S) sum_s sum_x min(p_s(x), q(x))``. By offset j, averaged over frames and start depths:
+    ``ceiling`` (maximised over q, :func:`optimal_overlap`: an upper bound, biased up by finite ``samples``),
+    ``marginal`` (q = the mean p_s of half the samples, scored on the other half: achievable), and each drafter's.
 
     Args:
-        context: ``(N, 2, talker_hidden)``, or a :class:`~rvqspec_lib.data.frames.Frames` (then ``codes`` is
-            taken from it). codes: ``(N, n)`` codes 1..n, teacher-forced before each start depth. Which codes fill
-            that prefix matters: the data's codes (``frames_from_shipped``) or samples of p (codes a decoder
-            committed, as ``evaluate_acceptance`` uses) give slightly different acceptances (0.83 vs 0.85 for the
-            reused heads at j = 1 on 16 embedded-model frames); compare drafters on the same codes, as here.
-        drafters: drafters to score beside the ceiling.
-        samples: continuations per (frame, start depth), even, >= 2.
-        sampling: the deployed warpers (default temperature 0.9, top-k 50).
-        generator: explicit RNG (default seeded 0).
-    Returns:
-        ``{"offsets": [1..n_ahead], "ceiling": [...], "marginal": [...], "drafters": {name: [...]}, "samples",
-        "n_frames"}`` (lists of floats by offset, start depths with k + j <= n pooled).
-    Raises:
-        ValueError: ``samples`` odd or < 2, or ``n_ahead`` outside [1, n-1].
-    """
-    from rvqspec_lib.decoding.sampling import sample as draw
+        context: ``(N, 2, talker_hidden)``, or :class:`~rvqspec_lib.data.frames.Frames` (with its codes).
+        codes: ``(N, n)`` codes 1..n, teacher-forced before each start depth (the data's codes and samples of p give
+            slightly different acceptances: compare drafters on the same codes, as here).
+        drafters: ``{label: drafter}``, or drafters labelled by ``name``. samples: even, >= 2.
+        sampling: the deployed warpers. generator: explicit RNG (default seeded 0).
 
+    Returns:
+        ``{"offsets", "ceiling", "marginal", "drafters": {name: [...]}, "samples", "n_frames"}`` (by offset).
+
+    Raises:
+        ValueError: ``samples`` odd or < 2, ``n_ahead`` outside [1, n-1], mismatched shapes, codes outside the
+            codebook, a non-drafter.
+    """
     if isinstance(context, Frames):
         context, codes = context.context, context.codes
     if codes is None:
@@ -157,17 +137,10 @@ def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None,
 
 
 def captured_share(drafter, heads, marginal):
-    """The share of the achievable gain a drafter realises: ``(drafter - heads) / (marginal - heads)``.
+    """The share of the achievable gain a drafter realises, ``(drafter - heads) / (marginal - heads)`` (0: none over
+    the reused heads; 1: all an H_k-only drafter could get; NaN where ``marginal <= heads``), for floats or
+    equal-length sequences: a float64 ndarray.
 
-    ``heads`` is the reused heads' acceptance (no training), ``marginal`` the marginal drafter's (the achievable
-    value of :func:`drafter_headroom`): 0 means no gain over the reused heads, 1 all of the gain a drafter that saw
-    only H_k could get; negative, worse than the reused heads. Where ``marginal <= heads`` there is no gain to
-    capture and the share is NaN.
-
-    Args:
-        drafter, heads, marginal: acceptances (floats or equal-length sequences, e.g. by offset j).
-    Returns:
-        float64 ndarray of the broadcast shape (a 0-d array for floats).
     Raises:
         ValueError: shapes that do not broadcast.
     """

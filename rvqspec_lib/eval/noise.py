@@ -1,21 +1,9 @@
-"""When a timing has repeated enough: a stopping rule on the measured noise of the median, instead of a fixed count.
-
-The timed loop (:func:`rvqspec_lib.eval.timing.interleaved`) runs ``repeats`` rounds (the
-minimum) and then keeps going, a round at a time, until the median of every condition is known to a relative
-standard error of at most ``noise_target``, or until ``max_repeats`` rounds (docs/reproducibility.md#timing-noise).
-A quiet machine stops at the minimum; a noisy one pays for the noise with more rounds, up to the cap, and the
-achieved noise is printed beside the numbers either way.
-
-The estimator (:func:`relative_standard_error`): the sample median of n draws from a density f with median m has
-asymptotic variance 1 / (4 n f(m)^2) (the asymptotic normality of sample quantiles: van der Vaart, *Asymptotic
-Statistics*, 1998, chapter 21; Serfling, *Approximation Theorems of Mathematical Statistics*, 1980, 2.3); for a normal
-density that is (pi / 2) sigma^2 / n, so ``SE(median) = sqrt(pi / 2) * sigma / sqrt(n)`` with sqrt(pi / 2) =
-1.2533. The scale sigma is estimated robustly (timings have long right tails: a preempted round must not decide the
-count) by the median absolute deviation, ``sigma = 1.4826 * MAD``, 1.4826 = 1 / Phi^-1(3/4) making it consistent
-for the normal sigma (Rousseeuw & Croux, "Alternatives to the median absolute deviation", JASA 88, 1993). The
-relative standard error is ``1.2533 * 1.4826 * MAD / sqrt(n) / median``: a unitless fraction (0.02 = 2 %), the same
-whatever unit the samples are in (seconds or milliseconds).
-"""
+"""When a timing has repeated enough: a stopping rule on the measured noise of the median instead of a fixed count
+(docs/reproducibility.md#timing-noise). :func:`rvqspec_lib.eval.timing.interleaved` runs ``repeats`` rounds, then one
+at a time until every condition's median is known to a relative standard error of ``noise_target``, or
+``max_repeats``. The estimator: SE(median) = sqrt(pi / 2) sigma / sqrt(n) for a normal density (asymptotic
+normality of sample quantiles: van der Vaart 1998, ch. 21), sigma estimated robustly as 1.4826 MAD (Rousseeuw &
+Croux 1993: a preempted round must not decide the count)."""
 
 from __future__ import annotations
 
@@ -32,15 +20,8 @@ DEFAULT_MAX_FACTOR = 4
 
 
 def relative_standard_error(samples: Sequence[float]) -> float:
-    """The median's standard error over the median, estimated robustly (module docstring).
-
-    Args:
-        samples: n timings of one condition, any one unit (seconds, milliseconds): the result is unitless.
-
-    Returns:
-        ``1.2533 * 1.4826 * MAD / sqrt(n) / median`` (a fraction, 0.02 = 2 %); ``inf`` with fewer than 2 samples or a
-        median <= 0 (nothing known yet); 0.0 when at least half the samples are equal to the median (MAD = 0).
-    """
+    """The median's standard error over the median (module docstring) of n timings in any one unit: a unitless
+    fraction (0.02 = 2 %); ``inf`` under 2 samples or for a median <= 0; 0.0 when MAD = 0."""
     xs = [float(x) for x in samples]
     if len(xs) < 2:
         return math.inf
@@ -52,12 +33,12 @@ def relative_standard_error(samples: Sequence[float]) -> float:
 
 
 def repeat_cap(noise_target: float | None, repeats: int, max_repeats: int | None) -> int:
-    """The number of rounds a loop may run: ``repeats`` without a target, else ``max_repeats`` (default
-    :data:`DEFAULT_MAX_FACTOR` x ``repeats``). Checks the settings (call it before any timing or model load).
+    """The rounds a loop may run: ``repeats`` without a target, else ``max_repeats`` (default :data:`DEFAULT_MAX_FACTOR`
+    x ``repeats``). Checks the settings (call it before any timing or model load).
 
     Raises:
-        ValueError (one line, naming the fix): ``noise_target <= 0``, ``repeats < 2`` with a target (no noise can be
-        estimated from one sample), ``max_repeats < repeats``, ``max_repeats`` without a target.
+        ValueError (one line, naming the fix): ``noise_target <= 0``, ``repeats < 2`` with a target, ``max_repeats <
+            repeats``, ``max_repeats`` without a target.
     """
     if noise_target is None:
         if max_repeats is not None:
@@ -80,17 +61,9 @@ def repeat_cap(noise_target: float | None, repeats: int, max_repeats: int | None
 
 def should_stop(samples: Mapping[str, Sequence[float]], noise_target: float | None, min_repeats: int,
                 max_repeats: int) -> bool:
-    """Whether an interleaved timing loop has done enough rounds.
-
-    Args:
-        samples: ``{condition: [timings so far]}`` (any one unit); the round count is the shortest list.
-        noise_target: the relative standard error every condition's median must reach
-            (:func:`relative_standard_error`), or None: a fixed count of ``min_repeats``.
-        min_repeats: rounds always made. max_repeats: rounds never exceeded.
-
-    Returns:
-        True at ``max_repeats`` rounds; False below ``min_repeats``; in between True without a target, else True
-        exactly when every condition's relative standard error is <= ``noise_target``.
+    """Whether an interleaved timing loop has done enough rounds: True at ``max_repeats`` rounds (the shortest list
+    of ``samples``, ``{condition: [timings]}``), False below ``min_repeats``, in between True without a target, else
+    when every condition's :func:`relative_standard_error` is <= ``noise_target``.
 
     Raises:
         ValueError: bad settings (:func:`repeat_cap`), ``max_repeats < min_repeats``, no condition.
@@ -112,9 +85,9 @@ def should_stop(samples: Mapping[str, Sequence[float]], noise_target: float | No
 
 
 def noise_meta(samples: Mapping[str, Sequence[float]], noise_target: float | None, max_repeats: int) -> dict:
-    """What a timing's ``meta`` records of its stopping: ``repeats`` (rounds actually made), ``noise_target``,
-    ``max_repeats`` (the cap it ran under), ``rel_se`` (``{condition: achieved relative standard error}``, rounded to
-    4 digits; None under 2 samples) and ``rel_se_max`` (the worst condition's, None if any is None), for captions."""
+    """What a timing's ``meta`` records of its stopping: ``repeats`` (made), ``noise_target``, ``max_repeats``,
+    ``rel_se`` (``{condition: achieved relative standard error}``, 4 digits; None under 2 samples) and ``rel_se_max``.
+    """
     rel = {str(k): relative_standard_error(v) for k, v in samples.items()}
     rel = {k: round(v, 4) if math.isfinite(v) else None for k, v in rel.items()}  # None: under 2 samples (JSON-able)
     worst = None if not rel or None in rel.values() else max(rel.values())

@@ -1,28 +1,8 @@
-"""Timing replay (docs/precision.md#timing-replay): a trained model's acceptance decisions replayed on a random-weight
-architecture, through the ACCEPTANCE HOOK of the decode round, and the tables they come from.
-
-A real-size architecture with random weights (``qwen3-tts-0.6b-random``) times real verify calls, but its p and q
-agree on almost nothing, so its speculative frames accept almost no draft. :class:`AcceptanceOracle` is the hook
-``decode_frame(..., acceptance=oracle)`` calls instead of the lossless walk: it decides acceptance from a table
-measured on a trained model, and every other step (prefill, draft, the verify call with the decoder's shapes, commit)
-runs unchanged, so the frame makes the calls a trained model of that architecture would make, in distribution.
-
-The table holds, for start depth s (1..n-1), draft offset t (1..K) and child index i (a point-mass tree's rank, or a
-sampled tree's / chain's i-th child), the probability that the walk accepts that child once it reached its parent:
-what the calibration tabulates (:mod:`rvqspec_lib.eval.calibration`: ``rank_mass``, ``child_accept``). At a reached
-node one uniform from the oracle's OWN generator picks the accepted child (child j with probability
-``table[s, t, i_j]`` in the order they are tried, or none with the rest: children of one node are disjoint events);
-no node (s + t > n) and entries beyond the table accept with probability 0; the code after the accepted path is drawn
-from the verifier's p there. Its codes are samples of nothing, so the oracle SEALS a replayed frame: ``codes`` all
--1 (no codec embeds them), ``replay`` :attr:`AcceptanceOracle.text`.
-
-Tables come from the embedded model's calibration by default (:func:`default_acceptance`) or a file
-(:func:`read_acceptance`, ``rvqspec bench frames|table --acceptance FILE``): a calibration file (``"format": "rvqspec-trees"``);
-JSON ``{"format": "rvqspec-acceptance", "source": "<what was measured>", "point-mass": T, "sampled": T}`` (at least
-one kind; ``T`` as :class:`AcceptanceOracle` takes it, entries in [0, 1] or null); or CSV with the header
-``kind,start_depth,offset,child,acceptance`` (``start_depth`` 1..n-1 or ``*``; missing entries 0). Every problem with
-a file is one ValueError line naming the file and the fix, before any model loads.
-"""
+"""Timing replay (docs/precision.md#timing-replay: what it is, the table, the walk, the file shapes): a trained
+model's acceptance replayed on a random-weight architecture through the acceptance hook of the decode round
+(:class:`AcceptanceOracle`, ``decode_frame(..., acceptance=oracle)``), every other step run unchanged, the frame sealed
+(codes all -1). Tables from the embedded model's calibration (:func:`default_acceptance`) or a file
+(:func:`read_acceptance`), every problem one ValueError line naming the file and the fix, before any model loads."""
 
 from __future__ import annotations
 
@@ -57,12 +37,11 @@ class AcceptanceOracle:
     """A checked acceptance table, and the acceptance hook of ``decode_frame`` that replays it (module docstring).
 
     Args:
-        tables: ``{"point-mass": T, "sampled": T}`` (either may be absent: a point-mass tree needs ``point-mass``,
-            chains and sampled trees ``sampled``); ``T`` is ``[start depth][offset][child]`` (or ``[offset][child]``
-            for every start depth alike): the probability that child i at offset t from start depth s is accepted
-            once its parent is reached, NaN or None where there is no node (:func:`check_table`).
-        label: what the table is and where it comes from (:attr:`text`). path: its file, or ``None``.
-        seed: seed of the oracle's own generator (the decoder's generator is left to drafts and prefill).
+        tables: ``{"point-mass": T, "sampled": T}`` (either may be absent), ``T`` ``[start depth][offset][child]`` or
+            ``[offset][child]``: the probability that child i at offset t from start depth s is accepted once its
+            parent is reached (NaN or None: no node; :func:`check_table`).
+        label: what the table is (:attr:`text`). path: its file, or ``None``.
+        seed: of the oracle's own generator (the decoder's is left to drafts and prefill).
 
     Raises:
         ValueError: an unknown kind, no table, a table :func:`check_table` refuses (one line).
@@ -91,11 +70,11 @@ class AcceptanceOracle:
                 "kinds": {k: [len(t), len(t[0]), len(t[0][0])] for k, t in self.tables.items()}}
 
     def probability(self, kind: str, start_depth: int, offset: int, index: int) -> float:
-        """The table's entry for (kind, start depth s >= 1, offset t >= 1, child index i >= 0); 0 outside it and
+        """The entry for (kind, start depth s >= 1, offset t >= 1, child index i >= 0); 0 outside the table and
         where there is no node.
 
         Raises:
-            ValueError: a kind this oracle has no table for (a point-mass tree replayed with only sampled tables).
+            ValueError: a kind this oracle has no table for.
         """
         if kind not in self.tables:
             raise ValueError(f"this replay has no {kind} acceptance table: pass one with both kinds "
@@ -118,13 +97,9 @@ class AcceptanceOracle:
 
     def walk(self, plan, state, drafted, verified) -> WalkResult:
         """The accept step of one round, replayed: the :class:`~rvqspec_lib.decoding.verify.WalkResult` the lossless
-        walk returns (``path``, ``n_accepted``, ``last_node``, ``next_code``), decided from the table.
-
-        Args:
-            plan: the round's :class:`~rvqspec_lib.decoding.decode.RoundPlan`. state: the frame state (its ``s``
-                ``(B,)`` is the start depth). drafted: the round's draft (unused: the decision ignores the codes).
-            verified: the verify call's outcome (``node_valid``, ``fed`` ``(B, M+1)`` bool; ``p`` ``(B, M+1, V)``).
-        """
+        walk returns, decided from the table (one uniform of the oracle's generator per level picks a child, or none;
+        the code after the path drawn from the verifier's p there). Arguments: the round's plan, state (``s``: the
+        start depth), draft (unused) and verify outcome."""
         kids, index, depth, kind = self._static(plan)
         b, dev = verified.p.shape[0], verified.p.device
         levels = max(plan.tree.max_depth, 1)
@@ -155,8 +130,8 @@ class AcceptanceOracle:
         return WalkResult(path_t.to(dev), (path_t >= 0).sum(1).to(dev), last_t.to(dev), code.to(dev))
 
     def seal(self, result):
-        """A replayed frame's :class:`~rvqspec_lib.decoding.decode.FrameResult` with its codes set to -1 (a replay
-        never produces audio) and ``replay`` set to :attr:`text`; calls and per-call logs kept."""
+        """A replayed frame's :class:`~rvqspec_lib.decoding.decode.FrameResult` with codes all -1 and ``replay`` set to
+        :attr:`text` (a replay never produces audio)."""
         return dataclasses.replace(result, codes=torch.full_like(result.codes, -1), replay=self.text)
 
     def __repr__(self) -> str:
@@ -174,16 +149,12 @@ def _num(v, path, where: str) -> float:
 
 
 def check_table(kind: str, table, path, n_codes: int = N_CODES) -> list:
-    """One kind's table, checked and brought to ``[start depth][offset][child]`` (n_codes - 1 start depths).
-
-    Args:
-        table: ``[offset][child]`` (broadcast to every start depth) or ``[start depth][offset][child]``.
-        path: the file, for messages.
+    """One kind's table, checked and brought to ``[start depth][offset][child]`` (``n_codes - 1`` start depths) from
+    ``[offset][child]`` (every start depth alike) or ``[start depth][offset][child]``; ``path``: for messages.
 
     Raises:
-        ValueError: (one line naming the fix) not a rectangular table of 2 or 3 dimensions, a start-depth
-            dimension other than n_codes - 1, more offsets than n_codes - 1, a value outside [0, 1], children of
-            one node adding up to more than 1.
+        ValueError: (one line) not rectangular of 2 or 3 dimensions, another number of start depths, too many
+            offsets, a value outside [0, 1], children of one node adding up to more than 1.
     """
     if not isinstance(table, list):
         raise _bad(path, f"the {kind} table is not a list of lists")
@@ -265,11 +236,10 @@ def _read_csv(p: Path) -> dict:
 
 
 def read_acceptance(path) -> AcceptanceOracle:
-    """Read and check an acceptance table file (module docstring: the three shapes), before any model loads.
+    """Read and check an acceptance table file (a calibration JSON, the acceptance JSON or CSV), before any model loads.
 
     Raises:
-        ValueError: one line naming the file and the fix: no such file, unreadable, not JSON or CSV, another
-            format, no table of either kind, a table of the wrong shape or with values outside [0, 1].
+        ValueError: one line naming the file and the fix: missing, unreadable, another format, no table, a bad table.
     """
     p = Path(path)
     if p.is_dir():
@@ -300,13 +270,11 @@ def read_acceptance(path) -> AcceptanceOracle:
 
 
 def default_acceptance(model: str = "embedded", drafter: str = "heads") -> AcceptanceOracle:
-    """The default replay table: the calibration shipped beside ``model`` (``<model>/trees/<drafter>.json``; for
-    the embedded model ``data/embedded/model/trees/heads.json``), labelled with the model, the drafter and the
-    number of calibration frames it was measured on.
+    """The default replay table: the calibration shipped beside ``model`` (``<model>/trees/<drafter>.json``), labelled
+    with the model, the drafter and its calibration frames.
 
     Raises:
-        FileNotFoundError, ValueError: no such calibration, or a damaged one (the message names the recalibrate
-            command).
+        FileNotFoundError, ValueError: no such calibration, or a damaged one.
     """
     path = tree_file(model, drafter)
     if path is None:

@@ -1,32 +1,10 @@
-"""The lossless rule by hand: one speculative round on a hand-made toy target, run through the library's own rules,
-beside its exact law (notebooks/02_the_lossless_rule.py; docs/methods.md#accept-and-reject-rules).
-
-No model is involved. A :class:`ToyTarget` plays the verifier: it gives the target p after every node of a draft tree
-from two small tables. The draft distributions q of offsets 1..K are given as numbers (a drafter reads only the
-hidden state of the last committed code, so q does not depend on the drafted codes, as with the reused heads). The
-round is then the library's: drafts are drawn with :func:`rvqspec_lib.decoding.decode.sample_drafts` (sampled
-chains) or taken as the top-ranked codes of q (point-mass trees, as :func:`rvqspec_lib.decoding.decode.draft`
-does), and the accept step is :func:`rvqspec_lib.decoding.verify.walk_tree` itself. Nothing here re-implements the
-rule for sampling: the exact laws below are computed with the rule's own pieces
-(:func:`~rvqspec_lib.decoding.verify.acceptance_ratio` and :func:`~rvqspec_lib.decoding.verify.residual`), branch by
-branch, and the tests compare them with what ``walk_tree`` draws.
-
-Public:
-
-* :class:`ToyTarget` -- the verifier of the toy: p of the first depth of the round and p after each code.
-* :func:`path_nodes` -- the nodes on a node's path (from its ancestor row).
-* :func:`single_draft_breakdown` -- the single-draft rule's exact pieces per code (acceptance, accepted mass,
-  residual, output law), with SSD's lossy tolerance as an option.
-* :func:`residual_steps` -- the targets a node's children are tried against, one rejection after another.
-* :func:`draft_node_codes` -- the drafted code of every node of a tree (sampled drafts, or top-ranked codes).
-* :func:`toy_round` -- many independent rounds (rows) through ``walk_tree``: the Monte Carlo side.
-* :func:`committed_codes` -- the codes a walk commits, in order (accepted drafts, then the residual or bonus code).
-* :func:`trace_walk` -- one row's walk with every try written out (code, p(x), q(x), ratio, uniform, verdict).
-* :func:`trace_round` -- one round with its trace, as a dict (the figure of one round).
-* :func:`node_frequencies` -- how often each node was on the accepted path (Monte Carlo).
-* :func:`exact_round_law` -- the exact law of one round by enumeration (:class:`RoundLaw`).
-* :func:`g_test`, :func:`g_test_power` -- goodness of fit of counts to an exact pmf, and its power.
-"""
+"""The lossless rule by hand (notebook 02_the_lossless_rule; docs/methods.md#accept-and-reject-rules): one speculative
+round on a hand-made toy target, through the library's own rules, beside its exact law. No model: a
+:class:`ToyTarget` gives p after every node from two small tables; q of offsets 1..K is given as numbers (a drafter
+reads only the last committed code's state). Drafts are drawn as ``decode_frame`` draws them and accepted by
+:func:`rvqspec_lib.decoding.verify.walk_tree` itself (:func:`toy_round`, :func:`trace_round`); the exact laws
+(:func:`single_draft_breakdown`, :func:`exact_round_law`) are enumerated with the rule's own ``acceptance_ratio`` and
+``residual``, and :func:`g_test` compares the two."""
 
 from __future__ import annotations
 
@@ -35,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from scipy import stats
 
 from rvqspec_lib.decoding import verify
 from rvqspec_lib.decoding.decode import sample_drafts
@@ -85,8 +64,8 @@ class ToyTarget:
         return int(self.first.shape[0])
 
     def node_p(self, node_codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """p after every node, what the verify call computes: ``(B, M+1)`` codes -> ``(B, M+1, V)`` (the root gets
-        :attr:`first`, a node of code c gets ``transition[c]``; the root's own code is not read)."""
+        """p after every node, what the verify call computes: ``(B, M+1)`` codes -> ``(B, M+1, V)`` (the root:
+        :attr:`first`; a node of code c: ``transition[c]``)."""
         b, m1 = node_codes.shape
         p = torch.empty(b, m1, self.vocab, dtype=dtype)
         p[:, 0] = self.first.to(dtype)
@@ -104,12 +83,8 @@ class ToyTarget:
         return out
 
     def path_probabilities(self, tree: DraftTree, node_codes: torch.Tensor) -> torch.Tensor:
-        """``(M+1,)`` float64: the target probability of every node's whole path of codes (the root: 1). For a
-        point-mass tree this is the probability that the node is kept (docs/methods.md#expected-tokens-per-call).
-
-        Args:
-            tree: the compiled tree. node_codes: ``(M+1,)`` or ``(1, M+1)`` codes of the nodes.
-        """
+        """``(M+1,)`` float64: the target probability of every node's path of codes ``node_codes`` ``(M+1,)`` (the
+        root: 1); for a point-mass tree, the probability the node is kept (docs/methods.md#expected-tokens-per-call)."""
         codes = node_codes.reshape(-1)
         return torch.tensor([self.path_probability(codes[list(path_nodes(tree, v))].tolist())
                              for v in range(tree.n_nodes + 1)], dtype=torch.float64)
@@ -135,27 +110,20 @@ class ToyTarget:
 
 
 def path_nodes(tree: DraftTree, v: int) -> tuple[int, ...]:
-    """The non-root nodes on the path from the root to node ``v``, in depth order (``v`` last; ``()`` for the root),
-    read from the tree's ancestor matrix (nodes are numbered by path length, so ancestors come first)."""
+    """The non-root nodes on the path to node ``v``, in depth order (``v`` last; ``()`` for the root)."""
     return tuple(u for u in range(1, int(v) + 1) if bool(tree.ancestors[int(v), u]))
 
 
 def single_draft_breakdown(p: torch.Tensor, q: torch.Tensor, *, tolerance: float = 0.0) -> dict:
-    """The single-draft rule's exact pieces (docs/methods.md#single-draft-rule), per code x, for a draft x ~ q.
-
-    Computed with the rule's own functions (:func:`~rvqspec_lib.decoding.verify.acceptance_ratio` for every code,
-    :func:`~rvqspec_lib.decoding.verify.residual`).
+    """The single-draft rule's exact pieces (docs/methods.md#single-draft-rule) per code x, for a draft x ~ q.
 
     Args:
-        p: ``(V,)`` target. q: ``(V,)`` draft distribution.
-        tolerance: 0 (the lossless rule) or SSD's LOSSY beta: accept when ``u < min(1, p/q) + beta``.
+        p: ``(V,)`` target. q: ``(V,)`` draft distribution. tolerance: 0, or SSD's LOSSY beta.
 
     Returns:
-        float64 tensors ``accept_prob`` (V,) ``min(1, p/q + tolerance)`` clipped to 1, ``accepted`` (V,) the
-        probability of drafting x and keeping it (``min(p, q)`` for the lossless rule), ``residual`` (V,)
-        ``norm(max(p - q, 0))``, ``reject_prob`` (scalar), ``output`` (V,) the law of the committed code
-        (``accepted + reject_prob * residual``: p itself when ``tolerance`` is 0), and ``tv`` the total variation
-        between p and q.
+        float64 tensors ``accept_prob`` (V,), ``accepted`` (V,) (drafted and kept: ``min(p, q)`` when lossless),
+        ``residual`` (V,), ``reject_prob`` (scalar), ``output`` (V,) the committed code's law (p when lossless),
+        ``tv`` the total variation between p and q.
     """
     p = _pmf_rows(p, "p")
     q = _pmf_rows(q, "q")
@@ -172,18 +140,9 @@ def single_draft_breakdown(p: torch.Tensor, q: torch.Tensor, *, tolerance: float
 
 
 def residual_steps(p: torch.Tensor, drafts, q: torch.Tensor | None = None) -> torch.Tensor:
-    """The targets one node's children are tried against, in order: p, then what is left after rejecting each draft
-    (:func:`~rvqspec_lib.decoding.verify.residual`, normalised).
-
-    Args:
-        p: ``(V,)`` target. drafts: the children's codes in the order they are tried.
-        q: ``None`` (point-mass children: a rejected code is zeroed) or ``(V,)`` the distribution each draft was
-            sampled from (the chain rule: ``norm(max(p - q, 0))``).
-
-    Returns:
-        ``(len(drafts) + 1, V)`` float64; row i is the target child i is tried against, the last row the
-        distribution the code is drawn from when every child is rejected.
-    """
+    """The targets one node's children (codes ``drafts``, in order) are tried against: ``(len(drafts) + 1, V)``
+    float64, p then the normalised residual after each rejection (the last row: what the code is drawn from when
+    all are rejected). ``q``: ``None`` for point-mass children, else the ``(V,)`` they were sampled from."""
     rows = [_pmf_rows(p, "p")[None]]
     q = None if q is None else _pmf_rows(q, "q")[None]
     for x in drafts:
@@ -206,17 +165,8 @@ def _check_tree(tree: DraftTree, q: torch.Tensor, sampled: bool) -> None:
 
 def draft_node_codes(tree: DraftTree, q: torch.Tensor, drafts: torch.Tensor | None = None, *,
                      root_code: int = 0) -> torch.Tensor:
-    """The drafted code of every node, as :func:`rvqspec_lib.decoding.decode.draft` places them.
-
-    Args:
-        tree: the compiled tree (a chain for sampled drafts). q: ``(K, V)`` draft distributions of offsets 1..K.
-        drafts: ``(B, K)`` codes sampled from q, one per offset (sampled drafts), or ``None``: point-mass drafts,
-            node (r_1..r_t) gets the rank-r_t code of ``q[t-1]`` (``torch.topk``, as the decoder does).
-        root_code: the root's code (the last committed code; never read by the toy's p).
-
-    Returns:
-        ``(B, M+1)`` int64 (``B = 1`` for point-mass drafts).
-    """
+    """The drafted code of every node, ``(B, M+1)`` int64, as :func:`rvqspec_lib.decoding.decode.draft` places them:
+    ``drafts`` ``(B, K)`` sampled from q ``(K, V)`` (a chain), or ``None``: the top-ranked codes (``B = 1``)."""
     q = torch.as_tensor(q)
     _check_tree(tree, q, drafts is not None)
     offset = tree.depth[1:] - 1  # (M,) the row of q each non-root node drafts from
@@ -230,12 +180,8 @@ def draft_node_codes(tree: DraftTree, q: torch.Tensor, drafts: torch.Tensor | No
 
 
 def committed_codes(walk: verify.WalkResult, node_codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The codes a walk commits, in order: its accepted drafts, then the residual or bonus code (as
-    :func:`rvqspec_lib.decoding.decode.commit` writes them).
-
-    Returns:
-        ``(codes (B, D+1) int64 padded with -1, n_committed (B,) int64)``, D the walk's longest path.
-    """
+    """The codes a walk commits, as :func:`rvqspec_lib.decoding.decode.commit` writes them: ``(codes (B, D+1) int64
+    padded with -1, n_committed (B,) int64)``, D the walk's longest path."""
     b, d = walk.path.shape
     rows = torch.arange(b)
     out = torch.full((b, d + 1), -1, dtype=torch.long)
@@ -282,20 +228,14 @@ def _round_inputs(target: ToyTarget, q: torch.Tensor, tree: DraftTree, node_code
 
 def toy_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled: bool, n_rows: int,
               generator: torch.Generator, tolerance: float = 0.0, depths_left: int | None = None) -> ToyRound:
-    """``n_rows`` independent rounds of draft -> verify -> accept -> commit on the toy, the accept step being
-    :func:`rvqspec_lib.decoding.verify.walk_tree` (the decoders' own).
-
-    Random numbers are drawn as ``decode_frame`` draws them: the sampled drafts first (one per offset and row, by
-    :func:`~rvqspec_lib.decoding.decode.sample_drafts`), then the walk's uniforms and its final draw.
+    """``n_rows`` independent rounds of draft -> verify -> accept -> commit on the toy, random numbers drawn as
+    ``decode_frame`` draws them, accepted by :func:`rvqspec_lib.decoding.verify.walk_tree`.
 
     Args:
         target: the toy verifier. q: ``(K, V)`` draft distributions of offsets 1..K.
-        tree: a chain (``DraftTree.chain(K)``) for sampled drafts, any tree for point-mass drafts.
-        sampled: drafts sampled from q (the chain rule ``min(1, p/q)``) or the top-ranked codes (accept x with p(x)).
-        n_rows: rounds drawn. generator: explicit RNG.
-        tolerance: 0, or SSD's LOSSY beta (sampled drafts only: ``walk_tree(..., tolerance=beta)``).
-        depths_left: codes left in the frame after the root (default: the tree's depth + 1, so a bonus code always
-            exists). Nodes deeper than it do not exist; a node at the last depth draws no further code.
+        tree: a chain for sampled drafts, any tree for point-mass drafts. sampled: drafts sampled from q, or the
+            top-ranked codes. n_rows: rounds drawn. generator: explicit RNG. tolerance: 0, or SSD's LOSSY beta.
+        depths_left: codes left in the frame after the root (default the tree's depth + 1: a bonus always exists).
 
     Raises:
         ValueError: a sampled tree that is not a chain, q too short for the tree, a rank past the vocabulary.
@@ -317,20 +257,13 @@ def toy_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled: b
 def trace_walk(p: torch.Tensor, node_codes: torch.Tensor, children: torch.Tensor, node_valid: torch.Tensor,
                has_next: torch.Tensor, generator: torch.Generator, q: torch.Tensor | None = None,
                tolerance: float = 0.0) -> tuple[verify.WalkResult, list[dict]]:
-    """ONE row's walk (``B == 1``) through :func:`~rvqspec_lib.decoding.verify.walk_tree`, with every try written out.
-
-    The walk is run first; then the same random numbers are replayed from a copy of the generator's state, in the
-    order ``walk_tree`` draws them for one row (one uniform per child tried, ``walk_tree_one_row``), against the same
-    :func:`~rvqspec_lib.decoding.verify.acceptance_ratio` and :func:`~rvqspec_lib.decoding.verify.residual`. The
-    replayed path must equal the walk's (a RuntimeError otherwise), so the trace is what ``walk_tree`` decided.
-
-    Args: as :func:`~rvqspec_lib.decoding.verify.walk_tree`, with ``B == 1`` and a generator.
+    """ONE row's walk through :func:`~rvqspec_lib.decoding.verify.walk_tree` with every try written out: the walk
+    runs, then its random numbers are replayed from a copy of the generator's state against the same
+    ``acceptance_ratio`` and ``residual``; the replayed path must equal the walk's. Arguments as ``walk_tree``'s.
 
     Returns:
-        ``(walk, steps)``: one dict per child tried, ``{"parent", "node", "code", "p_x"`` (remaining target mass of
-        the code, normalised), ``"q_x"`` (its draft probability; 1 for a point mass), ``"ratio"`` (the acceptance
-        probability, tolerance included), ``"u"``, ``"accepted"}``, then a last dict ``{"node", "draw":
-        "residual" | "bonus" | "none", "code", "distribution"}`` (the distribution the final code was drawn from).
+        ``(walk, steps)``: per child tried ``{"parent", "node", "code", "p_x", "q_x", "ratio", "u", "accepted"}``,
+        then ``{"node", "draw": "residual" | "bonus" | "none", "code", "distribution"}``.
 
     Raises:
         ValueError: more than one row. RuntimeError: the replay disagrees with the walk.
@@ -380,15 +313,12 @@ def trace_walk(p: torch.Tensor, node_codes: torch.Tensor, children: torch.Tensor
 
 def trace_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled: bool, generator: torch.Generator,
                 tolerance: float = 0.0, depths_left: int | None = None) -> dict:
-    """One round (one row) as :func:`toy_round` runs it, with the walk written out by :func:`trace_walk`: what a
-    figure of draft -> verify -> accept -> commit needs. Arguments as :func:`toy_round`.
+    """One round (one row) of :func:`toy_round`, its walk written out by :func:`trace_walk` (a figure's data).
 
     Returns:
-        a JSON-able dict: ``"nodes"`` (one dict per node in node order: ``node``, ``parent``, ``offset``, ``rank``,
-        ``code``, ``q_x`` (the probability q gave the code; ``None`` for point-mass drafts and the root), ``p_x`` (the
-        target probability of the code under its parent's p, what the verify call gave), ``exists``), ``"steps"``
-        (:func:`trace_walk`'s), ``"committed"`` (one dict per committed code: ``depth`` (offset in the round),
-        ``code``, ``how``: ``"accepted draft"``, ``"residual"`` or ``"bonus"``), ``"sampled"``, ``"n_committed"``.
+        a JSON-able dict: ``"nodes"`` (per node: ``node``, ``parent``, ``offset``, ``rank``, ``code``, ``q_x``,
+        ``p_x`` under its parent's p, ``exists``), ``"steps"``, ``"committed"`` (per code: ``depth``, ``code``,
+        ``how``: ``"accepted draft"``, ``"residual"`` or ``"bonus"``), ``"sampled"``, ``"n_committed"``.
     """
     q = _pmf_rows(q, "q").to(torch.float32)
     _check_tree(tree, q, sampled)
@@ -458,9 +388,8 @@ class RoundLaw:
         return out
 
     def completed_joint(self, target: ToyTarget, n_codes: int) -> torch.Tensor:
-        """The joint law of the next ``n_codes`` codes when the round is followed by AR sampling from the target
-        (each outcome shorter than ``n_codes`` continued with the target's conditionals): for a lossless rule, exactly
-        ``target.joint(n_codes)``. ``(V,) * n_codes`` float64."""
+        """``(V,) * n_codes`` float64 joint law of the next ``n_codes`` codes, the round continued by AR sampling
+        from the target: ``target.joint(n_codes)`` exactly for a lossless rule."""
         out = torch.zeros((target.vocab,) * n_codes, dtype=torch.float64)
         for codes, pr in self.outcomes.items():
             codes = codes[:n_codes]
@@ -473,14 +402,9 @@ class RoundLaw:
 
 def exact_round_law(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled: bool, tolerance: float = 0.0,
                     depths_left: int | None = None) -> RoundLaw:
-    """The exact law of one round, by enumeration: every draft assignment (sampled: all ``V**K`` draws, weighted by
-    q; point mass: the one set of top-ranked codes), then every branch of the walk (accept with the ratio, or reject
-    and go on with the residual), with the rule's own :func:`~rvqspec_lib.decoding.verify.acceptance_ratio` and
-    :func:`~rvqspec_lib.decoding.verify.residual`, in float64. Arguments as :func:`toy_round`.
-
-    Returns:
-        :class:`RoundLaw`.
-    """
+    """The exact :class:`RoundLaw` of one round by enumeration, in float64: every draft assignment (sampled: all
+    ``V**K`` draws weighted by q), then every branch of the walk, with the rule's own ``acceptance_ratio`` and
+    ``residual``. Arguments as :func:`toy_round`."""
     q = _pmf_rows(q, "q")
     _check_tree(tree, q, sampled)
     k, v, m1 = tree.max_depth, q.shape[1], tree.n_nodes + 1
@@ -534,20 +458,13 @@ def exact_round_law(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, samp
 
 
 def g_test(counts, pmf, *, min_expected: float = MIN_EXPECTED) -> dict:
-    """G-test (log-likelihood ratio) of observed ``counts`` against an exact ``pmf`` over the same bins.
+    """G-test (log-likelihood ratio) of ``counts`` against an exact ``pmf`` of the same bins (any shape): bins of
+    probability 0 dropped, unless observed (p-value 0: an impossible outcome); bins of expected count below
+    ``min_expected`` pooled, as in tests/test_lossless.py. Returns ``{"g", "df", "p_value", "n"}``.
 
-    Bins of probability 0 are left out, unless they were observed: an impossible outcome drawn is proof of a wrong
-    sampler (p-value 0). Bins of expected count below ``min_expected`` are pooled into one (grown with the smallest
-    other bins until it reaches ``min_expected``), as in tests/test_lossless.py.
-
-    Args:
-        counts: observed counts per bin (any shape; flattened). pmf: probabilities of the same shape (sum 1).
-
-    Returns:
-        ``{"g", "df", "p_value", "n"}``; ``df`` = pooled bins - 1.
+    Raises:
+        ValueError: counts and pmf of different sizes.
     """
-    from scipy import stats
-
     counts = torch.as_tensor(counts, dtype=torch.float64).flatten()
     pmf = torch.as_tensor(pmf, dtype=torch.float64).flatten()
     if counts.shape != pmf.shape:
@@ -575,6 +492,4 @@ def g_test_power(n: int, df: int, *, tv: float, level: float) -> float:
     """Power of the level-``level`` G-test with ``df`` degrees of freedom and ``n`` samples against ANY shift of total
     variation ``tv``: at least ``ncx2.sf(chi2.isf(level, df), df, n (2 tv)^2)`` (Cauchy-Schwarz bound on the
     noncentrality; docs/methods.md#testing-wer-parity, tests/test_lossless.py)."""
-    from scipy import stats
-
     return float(stats.ncx2.sf(stats.chi2.isf(level, df), df, n * (2 * tv) ** 2))

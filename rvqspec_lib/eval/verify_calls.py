@@ -1,16 +1,12 @@
-"""The inputs of the verify calls of one decoded frame, recorded as the decode loop passes them to the model.
-
-Figure 2 of the paper draws a tree beside its attention mask. Here the mask is never rebuilt by hand: a frame is
-decoded through :func:`rvqspec_lib.decoding.decode.decode_frame` with a backend that delegates every call to the official
-module (:class:`rvqspec_lib.decoding.predictor.OfficialBackend`) and keeps a copy of what
-:func:`rvqspec_lib.decoding.decode.verify` (and the prefill) passed to it: the RoPE positions, the attention ``allow``
-mask over the cache's slots and the slots written (docs/methods.md#the-tree-as-data).
-"""
+"""The inputs of the verify calls of one decoded frame, recorded as the decode loop passes them to the model (Figure
+2's mask, never rebuilt by hand; docs/methods.md#the-tree-as-data): ``decode_frame`` runs through an official backend
+that keeps a copy of every call's positions, ``allow`` mask and written slots."""
 
 from __future__ import annotations
 
 import torch
 
+from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.predictor import OfficialBackend
 
 
@@ -34,20 +30,16 @@ def record_verify_calls(code_predictor, context: torch.Tensor, decoder, *, sampl
     """Decode one frame and return the inputs of each code-predictor call, in order (the prefill first).
 
     Args:
-        code_predictor: the official module. context: ``(1, 2, talker_hidden)`` float, one frame's context (a
-            batch of 1: the mask of row 0 is what a figure shows). decoder: ``AR``, ``Chain`` or ``Tree``.
-        sampling, drafter: as :func:`rvqspec_lib.decoding.decode.decode_frame`. seed: seed of the frame's generator.
+        code_predictor: the official module. context: ``(1, 2, talker_hidden)``, one frame. decoder: AR, Chain or
+            Tree. sampling, drafter: as :func:`rvqspec_lib.decoding.decode.decode_frame`. seed: the frame's generator.
 
     Returns:
-        one dict per call: ``positions`` ``(Q,)`` int64 RoPE positions, ``allow`` ``(Q, S)`` bool (query i may attend
-        to slot j), ``write_slots`` ``(Q,)`` int64 (the slot each query's key and value go to), ``n_query`` Q,
-        ``kind`` (``"prefill"`` for the first call, ``"verify"`` after).
+        per call ``positions`` ``(Q,)`` int64, ``allow`` ``(Q, S)`` bool, ``write_slots`` ``(Q,)`` int64, ``n_query``,
+        ``kind`` (``"prefill"`` or ``"verify"``).
 
     Raises:
         ValueError: ``context`` is not a batch of one frame.
     """
-    from rvqspec_lib.decoding.decode import decode_frame
-
     if not isinstance(context, torch.Tensor) or context.dim() != 3 or context.shape[0] != 1:
         raise ValueError(f"context must be (1, 2, hidden), one frame; got {tuple(getattr(context, 'shape', ()))}: "
                          "pass frames.context[:1]")

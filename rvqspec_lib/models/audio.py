@@ -1,5 +1,4 @@
-"""Audio at the codec's geometry: the 12 Hz interface (24 kHz, 1920 samples = one 80 ms frame), loading and resampling.
-"""
+"""Audio at the codec's geometry (24 kHz, 1920 samples = one 80 ms frame): checking, loading, resampling."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import librosa  # a lazy loader: its submodules load on first use
 import numpy as np
 import soundfile as sf
 
-#: The real 12 Hz tokenizer's geometry (docs/model.md#speech-tokenizer): 24 kHz audio, 12.5 frames a second, 1920 samples a frame.
+#: The real 12 Hz tokenizer's geometry (docs/model.md#speech-tokenizer).
 SAMPLE_RATE, FRAME_RATE_HZ, FRAME_SAMPLES = 24000, 12.5, 1920
 
 

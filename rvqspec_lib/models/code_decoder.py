@@ -1,23 +1,14 @@
 """A small neural code decoder for the offline :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`: codes -> log-mel frames.
 
-Why: the residual k-means codec decodes by summing one centroid per codebook. With the TRUE codes that is the best
-per-frame reconstruction, but codes 1..15 that the code predictor samples are plausible and wrong, and their
-centroids add up to spectral noise that Griffin-Lim turns into noise you hear (the embedded model's inner loop:
-WER 0.887 on true code 0 + generated codes 1..15, worse than code 0 alone, 0.64). A decoder that has seen generated
-codes learns how much to trust each codebook from the context of neighbouring frames. This is the vocoder practice of
-fine-tuning on the acoustic model's own (teacher-forced) predictions, as HiFi-GAN (Kong et al., 2020, section 4.4)
-does for Tacotron 2 mels; here the acoustic model is the code predictor and the decoder outputs log-mel frames that
-the codec's Griffin-Lim path turns into audio. It sits after the inner loop: speculative decoding is unaffected
-(it changes which codes are emitted in no way).
+Summing one centroid per codebook is the best reconstruction of TRUE codes, but codes the code predictor samples are
+plausible and wrong, and their centroids add up to audible noise. A decoder trained on generated codes learns from
+neighbouring frames how much to trust each codebook: the vocoder practice of fine-tuning on the acoustic model's own
+predictions (HiFi-GAN, Kong et al. 2020, §4.4). It sits after the inner loop: speculation is unaffected.
 
-The network (:class:`CodeDecoder`): each codebook's centroid ``c_k[code_k]`` (the codec's own tables, scaled per
-stage) goes through its own linear map into ``hidden`` channels; the 16 maps are summed (an absent codebook uses a
-learned vector instead: quantizer dropout as in SoundStream, so ``n_codebooks < 16`` decodes too); residual
-dilated 1-D convolutions over frames; a linear head adds a correction to the weighted centroid sum
-``sum_k a_k c_k[code_k]`` (``a_k`` learned, starting at 1; the head starts at 0, so an untrained decoder IS the table
-decoder).
-
-Training it is part of building the embedded model: :mod:`rvqspec_lib.embedded.code_decoder_training`.
+:class:`CodeDecoder`: each codebook's (scaled) centroid through its own linear map, summed (an absent codebook: a
+learned vector, quantizer dropout as in SoundStream), residual dilated 1-D convolutions over frames, and a head adding
+a correction to the weighted centroid sum (zero at init: an untrained decoder IS the table decoder). Trained by
+:mod:`rvqspec_lib.embedded.code_decoder_training`.
 """
 
 from __future__ import annotations
@@ -42,14 +33,8 @@ FORMAT = "rvqspec-code-decoder"
 
 @dataclass(frozen=True)
 class CodeDecoderConfig:
-    """Shape of a :class:`CodeDecoder`.
-
-    Attributes:
-        hidden: channels of the convolution stack (256).
-        n_blocks: residual blocks (4).
-        kernel: frames each convolution sees (5 = 400 ms).
-        dilations: dilation of each block, cycled (1, 2, 4, 1): a receptive field of +-14 frames (1.1 s).
-    """
+    """Shape of a :class:`CodeDecoder`: ``hidden`` channels, ``n_blocks`` residual blocks, ``kernel`` frames per
+    convolution, ``dilations`` cycled over the blocks (the defaults see +-14 frames)."""
 
     hidden: int = 256
     n_blocks: int = 4
@@ -72,8 +57,7 @@ class CodeDecoder(nn.Module):
     """Codes ``(B, F, G)`` -> stacked log-mel frame vectors ``(B, F, dim)`` (the codec's feature space).
 
     Args:
-        codebooks: the codec's ``(G, V, dim)`` float32 centroid tables (kept as a buffer, never trained, never saved
-            in this module's file: :meth:`load` takes them from the codec).
+        codebooks: the codec's ``(G, V, dim)`` float32 centroids (a buffer: never trained, never saved here).
         config: :class:`CodeDecoderConfig`.
     """
 
@@ -121,8 +105,8 @@ class CodeDecoder(nn.Module):
 
     @torch.no_grad()
     def vectors(self, codes, n_codebooks: int | None = None) -> np.ndarray:
-        """One utterance: ``(frames, G)`` integer codes -> ``(frames, dim)`` float32 log-mel frame vectors (numpy).
-        ``n_codebooks=k`` decodes from the first k codebooks only (the others absent)."""
+        """One utterance: ``(frames, G)`` integer codes -> ``(frames, dim)`` float32 numpy (``n_codebooks=k``: the
+        first k codebooks only)."""
         c = torch.as_tensor(np.asarray(codes), dtype=torch.long)[None]
         present = torch.ones(1, self.n_codebooks, dtype=torch.bool)
         if n_codebooks is not None:
@@ -140,9 +124,8 @@ class CodeDecoder(nn.Module):
 
     # ---------------------------------------------------------------- files
     def save(self, path: str | os.PathLike, meta: dict | None = None, dtype: torch.dtype = torch.float32) -> Path:
-        """Write the trained parameters (not the codebooks) to a safetensors file; ``meta`` goes in its metadata.
-        ``dtype=torch.float16`` halves the file (:meth:`load` always returns float32 parameters). Written atomically
-        (:func:`rvqspec_lib.common.files.atomic_output`); returns the path."""
+        """Write the trained parameters (not the codebooks) to a safetensors file, atomically, ``meta`` in its
+        metadata, in ``dtype`` (:meth:`load` returns float32); returns the path."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}

@@ -40,12 +40,12 @@ def tiny_config_dict(
     talker_layers: int = 2,
     code_predictor_layers: int = 2,
 ) -> dict:
-    """Config of a tiny model of the official classes (same structure as a release, small sizes).
+    """Config of a tiny model of the official classes (a release's structure, small sizes). Codec special ids are the
+    released ones (so ``codebook_size <= 2048``); text special ids are 256..261, after the bytes.
+    ``code_predictor_hidden != talker_hidden`` exercises ``small_to_mtp_projection``.
 
-    ``code_predictor_hidden != talker_hidden`` exercises ``small_to_mtp_projection`` (as the 1.7B model does).
-    Special codec ids are those of the released checkpoints, so ``codebook_size`` must stay below 2048 + 1
-    (code ids 0..codebook_size-1 never collide with specials at 2048+). Text special ids are remapped to 256..
-    so that a byte tokenizer fits a 264-entry text vocabulary.
+    Raises:
+        ValueError: ``n_code_groups`` outside 2..32, ``codebook_size`` outside 2..2048.
     """
     if not 2 <= n_code_groups <= 32:
         raise ValueError(f"n_code_groups must be in 2..32, got {n_code_groups}")
@@ -99,10 +99,7 @@ def tiny_config_dict(
 
 def build_from_config(config: dict, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                       attn_implementation: str = "sdpa") -> torch.nn.Module:
-    """Instantiate the official ``Qwen3TTSForConditionalGeneration`` with seeded random weights.
-
-    The global RNG is saved and restored around the initialisation, so the caller's random state is untouched.
-    """
+    """The official ``Qwen3TTSForConditionalGeneration`` with seeded random weights (:func:`seeded`), in eval mode."""
     Qwen3TTSConfig, Qwen3TTSForConditionalGeneration = _qwen_classes()
     cfg = Qwen3TTSConfig(**{k: v for k, v in config.items() if k not in ("architectures", "transformers_version")})
     cfg._attn_implementation = attn_implementation
@@ -113,14 +110,14 @@ def build_from_config(config: dict, *, seed: int = 0, dtype: torch.dtype = torch
 
 def seeded(seed: int, build):
     """``build()`` with torch's global generator seeded (the official classes initialise from it), the caller's
-    global random state restored afterwards (the library never leaves the global RNG touched)."""
+    random state restored afterwards."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build()
 
 
 def _default_generation(path: Path | None) -> dict:
-    src = path / "generation_config.json" if path else CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice" / "generation_config.json"
+    src = (path or CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice") / "generation_config.json"
     return json.loads(src.read_text()) if src.exists() else {}
 
 
@@ -137,12 +134,12 @@ def small_config_dict(*, talker_layers: int = 4, talker_hidden: int = 256, code_
                       code_predictor_hidden: int = 256, n_heads: int = 4, n_kv_heads: int = 2, head_dim: int = 64,
                       text_hidden: int = 256, speakers: Sequence[str] = ("slt",), n_code_groups: int = 16,
                       codebook_size: int = 2048) -> dict:
-    """Config of a small model of the official classes for training from scratch (byte or phoneme text).
+    """Config of a small model of the official classes for training from scratch (defaults: the feasibility run's,
+    docs/offline.md#template-sentences): SwiGLU 3x hidden and MRoPE sections scaled as in the releases, one speaker id
+    (3000 + i) per voice, text ids as :func:`tiny_config_dict`'s.
 
-    Defaults: the 4 x 256 talker / 5 x 256 code predictor of the offline feasibility run (docs/offline.md#template-sentences). SwiGLU width
-    3x hidden as in the releases (1024 -> 3072); MRoPE sections scaled from the releases' [24, 20, 20] of 64;
-    one CustomVoice speaker id (3000 + i) per voice of the corpus; text ids as in :func:`tiny_config_dict`
-    (bytes 0..255, specials 256..261).
+    Raises:
+        ValueError: an odd ``head_dim``, ``n_heads`` not a multiple of ``n_kv_heads``, not 1..72 speakers.
     """
     cfg = tiny_config_dict(n_code_groups=n_code_groups, codebook_size=codebook_size, talker_hidden=talker_hidden,
                            code_predictor_hidden=code_predictor_hidden, talker_layers=talker_layers,
@@ -166,11 +163,8 @@ def small_config_dict(*, talker_layers: int = 4, talker_hidden: int = 256, code_
 
 
 def config_dict(model) -> dict:
-    """A ``config.json`` dict that :func:`rvqspec_lib.models.configs.build_from_config` rebuilds the model from.
-
-    ``to_diff_dict`` alone does not round-trip: the speaker-encoder sub-config carries a ``model_type`` key that its
-    own constructor rejects.
-    """
+    """A ``config.json`` dict :func:`build_from_config` rebuilds the model from (``to_diff_dict`` alone does not
+    round-trip: the speaker-encoder sub-config's ``model_type`` is refused by its own constructor)."""
     d = model.config.to_diff_dict()
     if isinstance(d.get("speaker_encoder_config"), dict):
         d["speaker_encoder_config"].pop("model_type", None)
@@ -182,9 +176,8 @@ def loop_facts(folder: str | os.PathLike) -> dict:
     """The two loops' geometry read from a model folder's ``config.json``, without building the model.
 
     Args:
-        folder: a folder with ``config.json`` (a released config in ``data/configs/``, a checkpoint, the embedded
-            model's ``model/`` folder); the frame rate comes from ``rvqspec_model.json`` when present (models built
-            here), else from ``speech_tokenizer/config.json`` (output sample rate / decode upsample rate).
+        folder: a folder with ``config.json``; the frame rate comes from ``rvqspec_model.json`` when present, else
+            from ``speech_tokenizer/config.json``.
 
     Returns:
         ``{"folder", "talker_layers", "talker_hidden", "code_predictor_layers", "code_predictor_hidden",
@@ -211,9 +204,9 @@ def codec_decoder_config_dict(name: str = "released") -> dict:
     """The ``decoder_config`` of the 12 Hz speech tokenizer (``Qwen3TTSTokenizerV2DecoderConfig`` fields).
 
     Args:
-        name: ``"released"`` (from ``data/configs/Qwen3-TTS-Tokenizer-12Hz/config.json``: 8 transformer layers of
-            512 with an attention window of 72 frames, decoder width 1536, about 114 M parameters) or ``"tiny"``
+        name: ``"released"`` (``data/configs/Qwen3-TTS-Tokenizer-12Hz/config.json``) or ``"tiny"``
             (:func:`tiny_codec_decoder_config_dict`).
+
     Raises:
         ValueError: another name.
     """
@@ -225,12 +218,10 @@ def codec_decoder_config_dict(name: str = "released") -> dict:
 
 
 def tiny_codec_decoder_config_dict(*, sliding_window: int = 6, decoder_dim: int = 64) -> dict:
-    """A tiny ``decoder_config`` of the official 12 Hz decoder: the released structure (16 codebooks of 2048, the
-    same upsampling rates, so 1920 samples a frame at 24 kHz) with small widths, 2 transformer layers and a short
-    attention window (``sliding_window`` frames), so tests can run streams longer than the window in milliseconds.
-    ``layer_scale_initial_scale`` is 1 (released: 0.01) so that the transformer, and so its KV cache, visibly
-    changes the audio of a random-weight model; ``initializer_range`` 0.1 (the official initialisation's default,
-    0.02, leaves the random output of these narrow layers near 1e-8; 0.2 saturates the final clamp)."""
+    """A tiny ``decoder_config`` of the official 12 Hz decoder: the released structure and upsampling with small
+    widths, 2 layers and a ``sliding_window`` of a few frames (tests stream past it in milliseconds). Layer scale 1
+    (released 0.01) so the KV cache visibly changes random-weight audio; initializer range 0.1 (0.02 leaves the output
+    near 1e-8, 0.2 saturates the final clamp)."""
     cfg = codec_decoder_config_dict("released")
     cfg.update(latent_dim=32, codebook_dim=16, decoder_dim=decoder_dim, hidden_size=32, intermediate_size=64,
                head_dim=16, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=2,
@@ -241,31 +232,19 @@ def tiny_codec_decoder_config_dict(*, sliding_window: int = 6, decoder_dim: int 
 
 def build_codec_decoder(config: dict | str = "released", *, seed: int = 0, dtype: torch.dtype = torch.float32,
                         attn_implementation: str = "sdpa") -> torch.nn.Module:
-    """The official 12 Hz speech tokenizer decoder (``Qwen3TTSTokenizerV2Decoder``) with seeded random weights:
-    for timing and for tests only (the real weights come with ``Qwen/Qwen3-TTS-Tokenizer-12Hz``).
-
-    The official initialisation leaves every codebook entry at zero (``embedding_sum`` zeros: all codes would decode
-    to the same audio), so the codebooks are then filled with standard normal entries from a generator seeded with
-    ``seed``. The global RNG is saved and restored around the construction.
+    """The official 12 Hz speech tokenizer decoder (``Qwen3TTSTokenizerV2Decoder``) with seeded random weights
+    (:func:`seeded`), in eval mode: for timing and tests only. The codebooks, zeros from the official initialisation
+    (every code would decode alike), are filled with standard normal entries drawn from ``seed``.
 
     Args:
         config: a ``decoder_config`` dict, or a name of :func:`codec_decoder_config_dict`.
-        seed: seed of the random weights.
-        dtype: parameter dtype (``torch.float32`` or ``torch.bfloat16``).
-        attn_implementation: ``"sdpa"`` or ``"eager"``.
-    Returns:
-        the module in eval mode.
+        dtype: ``torch.float32`` or ``torch.bfloat16``. attn_implementation: ``"sdpa"`` or ``"eager"``.
     """
     Config, Decoder = _codec_decoder_classes()
     raw = codec_decoder_config_dict(config) if isinstance(config, str) else dict(config)
     cfg = Config(**raw)
     cfg._attn_implementation = attn_implementation
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        decoder = Decoder(cfg)
-    finally:
-        torch.random.set_rng_state(state)
+    decoder = seeded(seed, lambda: Decoder(cfg))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in decoder.named_parameters():

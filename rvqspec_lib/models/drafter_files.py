@@ -46,12 +46,8 @@ def drafter_path(model_dir: str | os.PathLike, name: str) -> Path:
 
 
 def model_drafter_dir(model: str | os.PathLike) -> Path | None:
-    """The model folder whose ``drafters/`` holds a model's trained drafters, or ``None`` when there is none.
-
-    ``"embedded"`` (:data:`rvqspec_lib.models.loader.EMBEDDED_MODEL`) -> ``data/embedded/model`` (whether or not it exists
-    yet); an existing local directory -> itself; a loaded model (:class:`~rvqspec_lib.models.loader.LoadedModel`) ->
-    its ``folder``; anything else (``tiny-random``, a hub id) -> ``None``. With
-    :func:`drafter_path`, this is where ``--drafter offsets`` looks and ``rvqspec train-drafter`` writes by default.
+    """The folder whose ``drafters/`` holds a model's trained drafters: ``"embedded"`` -> ``data/embedded/model``, an
+    existing folder -> itself, a loaded model -> its ``folder``; anything else (``tiny-random``, a hub id) -> ``None``.
     """
     if isinstance(model, loader.LoadedModel):  # the loaded model knows its folder
         return model.folder
@@ -62,19 +58,16 @@ def model_drafter_dir(model: str | os.PathLike) -> Path | None:
 
 
 def shipped_drafters(model: str | os.PathLike) -> list[str]:
-    """Names of the trained drafters shipped beside a model (``<model_dir>/drafters/*.safetensors``), sorted; ``[]``
-    for a model without a folder. ``heads`` (the reused heads) needs no file and is not listed."""
+    """Names of the trained drafters shipped beside a model, sorted (``heads`` needs no file and is not listed)."""
     d = model_drafter_dir(model)
     return sorted(p.stem for p in (d / "drafters").glob("*.safetensors")) if d is not None else []
 
 
 def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
-    """Before loading: a drafter named in a decoder (``@offsets``, ``paper``) must be shipped beside the model
-    (``model``: a name, a folder, or a loaded model).
+    """Before loading: a drafter named in a decoder (``@offsets``, ``paper``) must be shipped beside the model.
 
     Raises:
-        ValueError: (one line naming the fix) a model without a folder, no ``drafters/<name>.safetensors``, or one
-            whose header cannot be read (:func:`read_description`).
+        ValueError: (one line) a model without a folder, no ``drafters/<name>.safetensors``, a damaged header.
     """
     if name == "heads":
         return
@@ -85,15 +78,15 @@ def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
                          "checkpoint folder or the embedded model, or draft with the heads (drop @" + name + ")")
     have = shipped_drafters(model)
     if name not in have:
-        raise ValueError(f"the {name!r} drafter is not shipped beside {model} (no {d / 'drafters' / (name + '.safetensors')}"
-                         f"; shipped: {', '.join(have) or 'none'}): choose a shipped one or "
-                         + _how_to_train("offsets", str(d / "drafters" / (name + ".safetensors"))))
+        file = d / "drafters" / f"{name}.safetensors"
+        raise ValueError(f"the {name!r} drafter is not shipped beside {model} (no {file}; shipped: "
+                         f"{', '.join(have) or 'none'}): choose a shipped one or "
+                         + _how_to_train("offsets", str(file)))
     read_description(d / "drafters" / f"{name}.safetensors")  # its header, cheaply: a damaged file fails here
 
 
 def shipped_drafter(model: str | os.PathLike, name: str, code_predictor):
-    """The drafter ``name`` shipped beside a model (a file stem: ``offsets``, ``offsets-tv`` ...; ``heads`` is the
-    reused heads), on the code predictor's device.
+    """The drafter ``name`` shipped beside a model (``heads``: the reused heads), on the code predictor's device.
 
     Raises:
         ValueError: not shipped (:func:`check_shipped_drafter`), a file for another code predictor.
@@ -114,10 +107,9 @@ def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = Non
     """A drafter by name.
 
     Args:
-        name: ``"heads"`` (:class:`ReusedHeads`, nothing to load), ``"offsets"`` or ``"medusa"``.
-        code_predictor: the module the drafter will serve (sizes are checked against a loaded file).
-        path: a ``.safetensors`` drafter file, or a model directory holding ``drafters/<name>.safetensors``.
-        fresh: build an untrained drafter instead of loading one (``K`` offsets), e.g. to train it.
+        name: ``"heads"`` (nothing to load), ``"offsets"`` or ``"medusa"``. code_predictor: the module it serves.
+        path: a ``.safetensors`` drafter file, or a model folder holding ``drafters/<name>.safetensors``.
+        fresh: build an untrained drafter of ``K`` offsets instead, e.g. to train it.
 
     Raises:
         ValueError: an unknown name; a file for another drafter or another code predictor size.
@@ -129,8 +121,9 @@ def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = Non
     if fresh:
         return fresh_drafter(name, code_predictor, K=K)
     if path is None:
-        raise FileNotFoundError(f"no trained {name!r} drafter given: pass --drafter-path <file>.safetensors (or a model "
-                                f"directory holding drafters/{name}.safetensors); {_how_to_train(name, '<file>.safetensors')}")
+        raise FileNotFoundError(f"no trained {name!r} drafter given: pass --drafter-path <file>.safetensors (or a "
+                                f"model directory holding drafters/{name}.safetensors); "
+                                f"{_how_to_train(name, '<file>.safetensors')}")
     p = Path(path).expanduser()
     if p.is_dir():
         p = drafter_path(p, name)
@@ -143,15 +136,9 @@ def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = Non
 
 
 def save_drafter(drafter, path: str | os.PathLike) -> Path:
-    """Write a trained drafter: ``path`` (safetensors; the JSON description in its header metadata under
-    ``"rvqspec"``) and the same description in ``path.with_suffix(".json")``.
-
-    The description holds the name, the constructor arguments (K, sizes), each tensor's shape, ``params_added`` and
-    the drafter's ``provenance`` dict (training data, loss, epochs, git revision: filled by
-    :func:`rvqspec_lib.training.drafters.train_drafter`).
-
-    Both files are written atomically (:func:`rvqspec_lib.common.files.atomic_outputs`): an interrupted save leaves
-    the previous files (or none), never half a drafter.
+    """Write a trained drafter, both files or neither: ``path`` (safetensors, the JSON description in its header
+    under ``"rvqspec"``) and the description in ``path.with_suffix(".json")`` (name, constructor arguments, tensor
+    shapes, ``params_added``, the drafter's ``provenance``).
 
     Raises:
         ValueError: :class:`ReusedHeads` (nothing to save), or a path not ending in ``.safetensors``.
@@ -178,8 +165,7 @@ def read_description(path: str | os.PathLike) -> dict:
     """The JSON description stored in a drafter file's header (no tensors are read).
 
     Raises:
-        ValueError: a file that is not safetensors or was cut short (one line naming the file and the fix), not an
-            rvqspec drafter file.
+        ValueError: a damaged file, not an rvqspec drafter file (one line).
     """
     try:
         with safe_open(str(path), framework="pt") as f:

@@ -1,19 +1,10 @@
-"""The exported graphs as files, and running them: ONNX (run here with ONNX Runtime) and Core ML (built here, run on
-macOS only; docs/offline.md#export-targets).
+"""The exported graphs as files, and running them: ONNX (run here with ONNX Runtime) and Core ML (built anywhere, run
+on macOS 15+ only; docs/offline.md#export-targets). :func:`export_graph` writes a graph, :func:`file_interface` reads
+back what a file declares, :class:`OrtGraph` / :class:`CoreMLGraph` run one, :class:`ExportedBackend` is a verify
+backend and :class:`ExportedFrame` a fused frame through exported files.
 
-* :func:`export_graph`: one of :mod:`rvqspec_lib.models.export_graphs`' graphs to ``.onnx`` (``torch.onnx.export``,
-  the ``torch.export`` path; the cache as explicit inputs and outputs) or ``.mlpackage`` (coremltools from
-  ``torch.export``; the cache as ``ct.StateType`` states, macOS 15 / iOS 18 target), in float32 or float16.
-* :func:`file_interface`: the inputs, outputs and states a written file declares, read back from the file.
-* :class:`OrtGraph` and :class:`CoreMLGraph`: run a file on named inputs. :class:`ExportedBackend`: the verify
-  backend protocol of :mod:`rvqspec_lib.decoding.predictor` over an exported hidden-state verify graph, so that
-  ``decode_frame`` runs its verify calls through ONNX Runtime (or Core ML on a Mac); :class:`ExportedFrame`: the
-  fused frame through an exported frame graph.
-
-Float16: ONNX graphs are exported from a float16 COPY of the code predictor (the caller's module is never cast);
-Core ML float16 is coremltools' ``compute_precision`` over the float32 trace, with float32 inputs and outputs and
-float16 states (the only state type coremltools 9 accepts). Core ML prediction needs macOS 15: elsewhere :func:`coreml_available` says why,
-and asking for a prediction raises a one-line error naming where to run it.
+Float16: ONNX graphs are exported from a float16 COPY of the code predictor; Core ML float16 is coremltools'
+compute precision over the float32 trace (float32 inputs and outputs, float16 states).
 """
 
 from __future__ import annotations
@@ -82,10 +73,8 @@ def _quiet():
             lg.setLevel(lv)
 
 
-#: What coremltools logs once, at import, that says nothing about the package being built: its native library (the
-#: ``_ML*Proxy`` classes) exists on macOS only, so every other system gets one "Failed to load" line per class; the
-#: scikit-learn converter (never used here) refuses the installed scikit-learn; and the torch version check names the
-#: newest torch coremltools' release tested, while this project pins the pair and its tests build packages with it.
+#: What coremltools logs at import that says nothing about the package being built: its native library is macOS-only,
+#: its scikit-learn converter is never used, and this project pins the torch it tests with.
 COREML_IMPORT_NOISE = ("Failed to load _ML", "Failed to load '_ML", "has not been tested with coremltools",
                        "scikit-learn version")
 
@@ -96,11 +85,10 @@ class _ImportNoise(logging.Filter):
 
 
 def import_coremltools():
-    """``import coremltools``, without the import-time log lines of :data:`COREML_IMPORT_NOISE` (only those: any
-    other warning of coremltools' logger still shows). Returns the module.
+    """``import coremltools`` without the log lines of :data:`COREML_IMPORT_NOISE` (any other still shows).
 
     Raises:
-        ImportError: coremltools is not installed (it is pinned in requirements.txt).
+        ImportError: coremltools is not installed.
     """
     if "coremltools" in sys.modules:
         return sys.modules["coremltools"]
@@ -114,8 +102,7 @@ def import_coremltools():
 
 
 def coreml_available() -> tuple[bool, str]:
-    """Whether Core ML packages can be RUN here: ``(True, "")`` on macOS 15+ with coremltools' native library,
-    else ``(False, why)``. Building packages needs only coremltools (any system)."""
+    """Whether Core ML packages can be RUN here (macOS 15+ with coremltools' native library): ``(ok, why)``."""
     if platform.system() != "Darwin":
         return False, f"{platform.system()} is not macOS: " + COREML_WHERE
     ver = tuple(int(x) for x in (platform.mac_ver()[0] or "0").split(".")[:2] if x.isdigit())
@@ -130,15 +117,14 @@ def coreml_available() -> tuple[bool, str]:
 
 def graph_for_format(code_predictor, graph: str, fmt: str, dtype, *, nodes: int | None = None, tree=None,
                      batch: int = 1, sampling=None):
-    """The module to export: for ONNX float16 built over a float16 copy of ``code_predictor``; Core ML graphs hold
-    their cache as buffers (states)."""
+    """The graph to export over :func:`module_for_format`'s module; Core ML graphs hold their cache as buffers."""
     return G.build_graph(module_for_format(code_predictor, fmt, dtype), graph, nodes=nodes, tree=tree, batch=batch,
                          sampling=sampling, state="buffers" if fmt == "coreml" else "inputs")
 
 
 def module_for_format(code_predictor, fmt: str, dtype):
     """The code predictor a graph of ``fmt`` in ``dtype`` is built over: itself, or a COPY in the export's dtype
-    (ONNX float16: a float16 copy; Core ML: a float32 copy, its float16 being a compute precision)."""
+    (Core ML: float32, its float16 being a compute precision)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
     G.check_exportable(code_predictor)
@@ -163,17 +149,8 @@ def _write_atomically(path: Path, write) -> None:
 
 
 def export_onnx(graph, path, *, dynamic: bool = False) -> Path:
-    """Export a graph (``state="inputs"``) to an ONNX file (one file, weights inside).
-
-    Args:
-        graph: a graph of :mod:`rvqspec_lib.models.export_graphs`, in the dtype to export.
-        path: the ``.onnx`` file to write (written through a temporary file).
-        dynamic: batch, query and slot dimensions symbolic (hidden-state verify graphs only: one file for every
-            node budget, as :class:`ExportedBackend` uses it).
-
-    Returns:
-        ``path``.
-    """
+    """Export a graph (``state="inputs"``) to one ``.onnx`` file at ``path`` (weights inside); returns ``path``.
+    ``dynamic``: batch, query and slot dimensions symbolic (hidden-state verify graphs only: one file for every N)."""
     inputs = G.example_inputs(graph)
     names = [s.name for s in graph.input_specs()]
     dyn = None
@@ -197,14 +174,11 @@ def export_onnx(graph, path, *, dynamic: bool = False) -> Path:
 
 
 def export_coreml(graph, path, *, precision: str = "float16", target: str = "macOS15") -> Path:
-    """Convert a graph (``state="buffers"`` for stepped and verify graphs) to a Core ML ``.mlpackage``.
-
-    The trace is ``torch.export``'s; mutated buffers become ``ct.StateType`` states (KV cache), which needs the
-    macOS 15 / iOS 18 target. The package is built without loading it (loading needs macOS).
+    """Convert a graph (``state="buffers"`` for stepped and verify graphs) to a Core ML ``.mlpackage`` through
+    ``torch.export``, the mutated buffers as ``ct.StateType`` states; built without loading it.
 
     Args:
-        precision: ``"float16"`` or ``"float32"`` (coremltools' compute precision; float16 states).
-        target: ``"macOS15"`` or ``"iOS18"``.
+        precision: ``"float16"`` or ``"float32"`` (compute precision). target: ``"macOS15"`` or ``"iOS18"``.
 
     Raises:
         ValueError: an unknown precision or target, a graph whose cache is not held in buffers.
@@ -239,10 +213,9 @@ def export_graph(code_predictor, graph: str, fmt: str, out, *, dtype="float32", 
     """Build and write one graph (what ``rvqspec export`` does).
 
     Args:
-        code_predictor: the official module (never modified: float16 ONNX uses a copy).
-        graph: ``"stepped"``, ``"verify"`` or ``"frame"``. fmt: ``"onnx"`` or ``"coreml"``. out: the file path
-            (``.onnx`` / ``.mlpackage``). dtype: ``"float32"`` or ``"float16"``. nodes, tree: the verify graph's
-            node budget N (2..64) and tree (default a chain). target: Core ML deployment target.
+        code_predictor: the official module (never modified). graph: a name of ``export_graphs.GRAPHS``. fmt:
+            ``"onnx"`` or ``"coreml"``. out: the file path. dtype: ``"float32"`` or ``"float16"``. nodes, tree: the
+            verify graph's. target: Core ML deployment target.
 
     Returns:
         ``{"path", "format", "graph", "dtype", "nodes", "bytes", "export_s", "declared": {inputs, outputs, states},
@@ -277,10 +250,8 @@ def _dt_name(dtype) -> str:
 
 
 def declared_interface(graph, fmt: str, dtype: str = "float32") -> dict:
-    """What a graph declares, in the form :func:`file_interface` reads back: ``{"inputs": [[name, shape, dtype]],
-    "outputs": [...], "states": [...]}``. Core ML: float inputs are float32 whatever the precision, float outputs
-    are in the package's precision, integers are int32, and states are float16
-    (:data:`~rvqspec_lib.models.export_graphs.STATE_DTYPE`)."""
+    """What a graph declares, in :func:`file_interface`'s form (Core ML: float inputs float32, float outputs in the
+    package's precision, states float16)."""
     def row(s, io):
         dt = _dt_name(s.dtype)
         if fmt == "coreml" and s.dtype.is_floating_point:
@@ -325,12 +296,10 @@ def file_interface(path) -> dict:
     raise ValueError(f"{path} is neither an .onnx file nor an .mlpackage")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Running exported files
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Running exported files ------------------------------------------------------------------------------------------
 def ort_session(path, *, threads: int | None = None):
-    """An ONNX Runtime CPU session of ``path`` with ``threads`` intra-op threads (default: torch's thread count),
-    one inter-op thread, every graph optimisation."""
+    """An ONNX Runtime CPU session of ``path``: ``threads`` intra-op threads (default torch's), one inter-op thread,
+    every graph optimisation."""
     import onnxruntime as ort  # an optional package (backends.available says so when it is missing)
 
     so = ort.SessionOptions()
@@ -419,21 +388,13 @@ class _WorkFolder:
 
 
 class ExportedBackend(_WorkFolder, SlotBackend):
-    """The verify backend protocol (:class:`rvqspec_lib.decoding.predictor.VerifyBackend`) over an exported
-    hidden-state verify graph: ``decode_frame(..., backend=ExportedBackend(cp))`` runs every verify call of every
-    decoder through ONNX Runtime.
-
-    One ONNX file with symbolic batch, query and slot dimensions serves every decoder (exported on first use into
-    ``work_dir``, or a fresh temporary folder). The cache is held as torch tensors between calls (ONNX Runtime
-    returns the updated cache; :meth:`compact` reorders it, as the lean backend does). Input embeddings and head
-    logits are computed by the official modules in PyTorch, as with every other backend (their cost is the
-    ``heads`` share of :func:`rvqspec_lib.eval.speed.time_frames`); the fused verify graph
-    (:class:`~rvqspec_lib.models.export_graphs.VerifyGraph` with logits) computes them inside the call instead.
+    """The verify backend over an exported hidden-state verify graph run by ONNX Runtime: one file with symbolic
+    dimensions serves every decoder; embeddings and heads stay the official modules', as for every backend.
 
     Args:
-        code_predictor: the official module. dtype: ``"float32"`` or ``"float16"`` (graph precision; hidden states
-            are returned in the module's dtype). threads: ONNX Runtime intra-op threads (default torch's).
-        work_dir: where the ONNX file goes. path: an existing hidden-state verify graph file to use instead.
+        code_predictor: the official module. dtype: ``"float32"`` or ``"float16"`` (the graph's; hidden states come
+            back in the module's dtype). threads: intra-op threads (default torch's).
+        work_dir: where the ONNX file goes (default a temporary folder). path: an existing graph file to use.
 
     Raises:
         ValueError: a code predictor that cannot be exported.
@@ -462,8 +423,7 @@ class ExportedBackend(_WorkFolder, SlotBackend):
         self.name = "onnxruntime" + ("-fp16" if self.graph_dtype == torch.float16 else "")
 
     def forward(self, embeds, positions, allow, cache: LeanCache, write_slots):
-        """:meth:`~rvqspec_lib.decoding.predictor.VerifyBackend.forward` through ONNX Runtime (the cache it returns
-        replaces the one given)."""
+        """The verify call through ONNX Runtime (the cache it returns replaces the one given)."""
         out = self.graph.session.run(None, {
             "inputs_embeds": embeds.detach().to(self.graph_dtype).numpy(),
             "positions": positions.to(torch.int32).numpy(),
@@ -478,14 +438,13 @@ class ExportedBackend(_WorkFolder, SlotBackend):
 
 
 class ExportedFrame(_WorkFolder, FusedARFrame):
-    """The fused frame through an exported frame graph (ONNX Runtime, or Core ML on a Mac): a
-    :class:`~rvqspec_lib.models.fused.FusedARFrame` (its ``noise`` and ``decode``) whose call runs the exported graph,
-    so that :func:`rvqspec_lib.eval.speed.time_frames` times it as a fused condition.
+    """A :class:`~rvqspec_lib.models.fused.FusedARFrame` whose call runs an exported frame graph (ONNX Runtime, or
+    Core ML on a Mac).
 
     Args:
-        code_predictor: the official module (the noise's shape). path: the exported frame graph (``.onnx`` /
-            ``.mlpackage``); ``None`` exports one to ONNX in ``work_dir`` (a fresh temporary folder by default).
-        dtype, threads, compute_unit, sampling: as :func:`export_graph` and :func:`open_graph`. batch: the graph's.
+        code_predictor: the official module. path: the frame graph (``.onnx`` / ``.mlpackage``); ``None`` exports one
+            to ONNX in ``work_dir``. dtype, threads, compute_unit, sampling: as :func:`export_graph` and
+            :func:`open_graph`. batch: the graph's.
     """
 
     def __init__(self, code_predictor, path=None, *, dtype: str = "float32", threads: int | None = None,
@@ -503,10 +462,10 @@ class ExportedFrame(_WorkFolder, FusedARFrame):
         self.name = "fused-AR-" + ("onnxruntime" if Path(path).suffix == ".onnx" else "coreml")
 
     def __call__(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Codes ``(B, n_codes)`` int64 for given noise (B must be the graph's batch).
+        """Codes ``(B, n_codes)`` int64 for given noise.
 
         Raises:
-            ValueError: another batch size.
+            ValueError: a batch other than the graph's.
         """
         if context.shape[0] != self.batch:
             raise ValueError(f"this exported frame graph takes batch {self.batch}, got {context.shape[0]}")

@@ -1,39 +1,20 @@
-"""The code predictor as three exportable graphs: small ``nn.Module`` wrappers over the OFFICIAL weights.
+"""The code predictor as three exportable graphs over the OFFICIAL weights, pure tensor functions of fixed shapes
+that ``torch.export`` (and from it ONNX and Core ML, :mod:`rvqspec_lib.models.export_formats`) takes whole: the
+deployable forms of TTSKit's stepped and fused ``MultiCodeDecoder`` (docs/methods.md#headline-numbers-reported-by-
+others) and the paper's fused drafting and verification (§2.2):
 
-Argmax's TTSKit ships its Core ML ``MultiCodeDecoder`` as a stepped and a fused graph (docs/methods.md#headline-
-numbers-reported-by-others); the paper fuses drafting and verification into one call (paper §2.2). The three graphs
-here are those deployable forms, written as pure tensor functions of fixed shapes so that ``torch.export`` (and from
-it ONNX and Core ML, :mod:`rvqspec_lib.models.export_formats`) takes them whole:
+1. :class:`SteppedGraph`: ONE position per call, the KV cache explicit, the logits of EVERY head returned;
+2. :class:`VerifyGraph`: the fused verify call of a tree (mask and positions as inputs) returning the verifier's
+   logits after every node and the reused heads' drafts for the next round from every node, or (``outputs="hidden"``)
+   the hidden states of :func:`rvqspec_lib.decoding.predictor.verify_forward`, an exported verify backend's call;
+3. :class:`FrameGraph`: :meth:`rvqspec_lib.models.fused.FusedARFrame.frame`, a whole frame with sampling inside.
 
-1. :class:`SteppedGraph`: ONE position per call; the KV cache is explicit state; the logits of EVERY head are
-   returned (the caller takes head ``position - 1`` to sample, the next ones to draft).
-2. :class:`VerifyGraph`: the fused verify call: the committed code (the root) and the N - 1 drafted nodes of a tree
-   in one call, the tree mask and the positions as inputs; outputs the verifier's logits after every node
-   (``lm_head[d]`` for the node of depth d) and the drafter's logits for the next round from every node (the reused
-   heads ``lm_head[d+1..d+K]``, K = the tree's depth), so the next round needs no separate draft call whichever node
-   ends up last accepted. With ``outputs="hidden"`` it returns the hidden states instead (any N, no tree): the
-   verify call of :func:`rvqspec_lib.decoding.predictor.verify_forward`, which an exported verify backend runs.
-3. :class:`FrameGraph`: all n_codes codes of a frame in one call with temperature and top-k sampling inside
-   (Gumbel-max, the noise an input): :meth:`rvqspec_lib.models.fused.FusedARFrame.frame` itself, wrapped.
-
-The layer arithmetic is the lean forward's (:mod:`rvqspec_lib.models.lean`, bit-identical to the official call):
-the decoder stack reads ``code_predictor.model``'s parameters in place. Departures made for export (each exact in
-float32, tested in tests/test_export_graphs.py):
-
-* masks are inputs of 0/1 floats (Core ML has no boolean inputs) turned into an additive mask of :data:`MASK_MIN`
-  instead of ``finfo(dtype).min``: ``exp(MASK_MIN - max)`` underflows to exactly 0 in float32 and float16 alike, while
-  ``finfo(float32).min`` becomes ``-inf`` in a float16 graph;
-* integer inputs are int32 (Core ML's integer type);
-* the KV cache is either two explicit inputs returned updated (``state="inputs"``, ONNX) or two registered buffers
-  updated in place (``state="buffers"``: Core ML turns mutated buffers into ``ct.StateType`` states). Core ML states
-  are float16 only (coremltools 9), so buffers are float16 whatever the compute dtype: a float32 Core ML graph
-  computes in float32 over a float16 cache (its keys and values are rounded to float16 once, when written);
-* the verify graph's heads come from one stacked copy of ``lm_head``'s weights taken when the graph is built (a
-  per-call head index needs a gather over a single tensor); rebuild the graph after changing the heads.
-
-Slots: RoPE is applied before keys are cached, so attention does not depend on where a slot sits. A verify graph of
-``N`` query positions has ``n_codes + 1 + N`` slots; a deployment needs no cache compaction: after a round it writes
-the next round's N positions into any N slots not holding a committed code (``write_slots``) and masks the rest.
+The layer arithmetic is the lean forward's (:mod:`rvqspec_lib.models.lean`). Departures for export, each exact in
+float32 (tests/test_export_graphs.py): masks are 0/1 float inputs turned into an additive :data:`MASK_MIN`; integer
+inputs are int32 (Core ML's); the cache is two inputs returned updated (``state="inputs"``, ONNX) or two float16
+buffers updated in place (``state="buffers"``, Core ML states); the verify graph's heads are one stacked snapshot of
+``lm_head`` taken when it is built. Keys are cached after RoPE: a deployment writes a round's N positions into any
+free slots of its ``n_codes + 1 + N`` and masks the rest, no compaction.
 """
 
 from __future__ import annotations
@@ -74,8 +55,8 @@ class TensorSpec:
 
 
 def check_exportable(code_predictor) -> None:
-    """Raise ``ValueError`` (one line, naming the fix) when ``code_predictor`` cannot be exported: not the official
-    module, a RoPE type other than the default, or heads with a bias (the graphs use bias-free heads, as released)."""
+    """Raise ``ValueError`` (one line) when ``code_predictor`` cannot be exported: not the official module, another
+    RoPE type, heads with a bias."""
     if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
             and hasattr(code_predictor, "small_to_mtp_projection") and hasattr(code_predictor.model, "layers")):
         raise ValueError(f"only the official Qwen3-TTS code predictor (lm.code_predictor) can be exported, got "
@@ -90,8 +71,8 @@ def check_exportable(code_predictor) -> None:
 
 
 class _Graph(nn.Module):
-    """What the stepped and verify graphs share: the official module (its parameters, in place), the lean layer
-    stack, the official rotary tables, the cache shape and its two ways of being held."""
+    """What the stepped and verify graphs share: the official parameters in place, the lean layer stack, the rotary
+    tables, the cache and its two ways of being held."""
 
     def __init__(self, code_predictor, *, slots: int, batch: int, state: str):
         super().__init__()
@@ -135,9 +116,8 @@ class _Graph(nn.Module):
             self.v_cache.zero_()
 
     def _layers(self, x, positions, allow, write_slots, k_cache, v_cache):
-        """The decoder stack on ``x`` ``(B, Q, H)``: RoPE at ``positions`` ``(B, Q)`` int, additive mask from
-        ``allow`` ``(B, Q, S)`` 0/1, new keys and values written at ``write_slots`` ``(B, Q)`` int. Returns the
-        hidden states ``(B, Q, H)`` and the updated caches (new tensors: the inputs are not modified)."""
+        """The decoder stack on ``x`` ``(B, Q, H)`` at ``positions`` ``(B, Q)`` under ``allow`` ``(B, Q, S)`` 0/1,
+        writing ``write_slots`` ``(B, Q)``: ``(hidden (B, Q, H), k, v)``, the caches as new tensors."""
         b, q_len = x.shape[0], x.shape[1]
         pos = positions.long().clamp(0, ROPE_POSITIONS - 1)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, Q, D)
@@ -159,23 +139,16 @@ class _Graph(nn.Module):
 
 
 class SteppedGraph(_Graph):
-    """One position per call, the logits of every head returned (TTSKit's "stepped" MultiCodeDecoder).
-
-    A frame: position 0 = the projected talker hidden state, position 1 = the projected talker embedding of code 0
-    (its ``logits[:, 0]`` give code 1), position j + 1 = the projected embedding of code j (``logits[:, j]`` give code
-    j + 1; docs/model.md#inner-loop-positions). Each call writes slot ``position`` and attends to slots
-    ``0..position``, so a frame takes ``n_codes + 1`` calls with AR sampling (16 on released checkpoints; the stacked
-    prefill of ``decode_frame`` makes it 15). Heads ``position .. position + K - 1`` of the same call are the reused
-    heads' drafts (a drafter needs no call of its own).
+    """One position per call, the logits of every head returned (TTSKit's "stepped" MultiCodeDecoder): a call writes
+    slot ``position`` and attends to slots ``0..position`` (docs/model.md#inner-loop-positions); a frame takes
+    ``n_codes + 1`` calls, and the heads past ``position`` are the reused heads' drafts.
 
     Args:
-        code_predictor: the official module (parameters read in place).
-        batch: rows per call (fixed in the exported graph).
-        state: ``"inputs"`` (caches are inputs and outputs) or ``"buffers"`` (registered buffers updated in place).
+        code_predictor: the official module (read in place). batch: rows per call (fixed in the graph).
+        state: ``"inputs"`` (caches are inputs and outputs) or ``"buffers"`` (buffers updated in place).
 
-    Inputs (``forward``): ``inputs_embeds`` ``(B, 1, H)`` projected embedding (``small_to_mtp_projection`` applied;
-    the identity on the 0.6B); ``position`` ``(B,)`` int32 in ``0..n_codes``; with ``state="inputs"`` also
-    ``k_cache``, ``v_cache`` ``(L, B, kv, n_codes + 1, D)``.
+    Inputs (``forward``): ``inputs_embeds`` ``(B, 1, H)`` projected embedding; ``position`` ``(B,)`` int32 in
+    ``0..n_codes``; with ``state="inputs"`` also ``k_cache``, ``v_cache`` ``(L, B, kv, n_codes + 1, D)``.
 
     Returns:
         ``logits`` ``(B, n_codes, V)`` (head i predicts code i + 1) in the module's dtype, and with
@@ -218,19 +191,13 @@ class VerifyGraph(_Graph):
     """The fused verify call: the root and the tree's drafted nodes in one call (paper §2.2, Fig. 2).
 
     Args:
-        code_predictor: the official module.
-        n_query: query positions N of one call (the root included: a tree of N - 1 drafted nodes).
-        tree: the :class:`~rvqspec_lib.decoding.trees.DraftTree` of ``n_query - 1`` nodes (``outputs="logits"``): its
-            node offsets say which head each node uses.
-        outputs: ``"logits"`` (the verifier's and the drafter's logits) or ``"hidden"`` (hidden states; any
-            ``n_query >= 1``, no tree needed).
-        batch, state: as :class:`SteppedGraph`.
+        code_predictor: the official module. n_query: query positions N (the root included).
+        tree: the :class:`~rvqspec_lib.decoding.trees.DraftTree` of ``n_query - 1`` nodes (``outputs="logits"``).
+        outputs: ``"logits"`` or ``"hidden"`` (any ``n_query >= 1``, no tree). batch, state: as :class:`SteppedGraph`.
 
-    Inputs (``forward``): ``inputs_embeds`` ``(B, N, H)`` projected embeddings of the root's code and the nodes'
-    codes; ``positions`` ``(B, N)`` int32 RoPE positions (depth + 1 of each node's code; with ``outputs="logits"``
-    ``positions[:, 0] - 1`` is the root's depth s, which picks the heads); ``attention_mask`` ``(B, N, S)`` 0/1 float,
-    1 where a query may attend to a slot (the committed slots and its own ancestors); ``write_slots`` ``(B, N)``
-    int32 distinct slots the call writes; with ``state="inputs"`` the caches, ``S = n_codes + 1 + N`` slots.
+    Inputs (``forward``): ``inputs_embeds`` ``(B, N, H)``; ``positions`` ``(B, N)`` int32 (``positions[:, 0] - 1``,
+    the root's depth s, picks the heads); ``attention_mask`` ``(B, N, S)`` 0/1 float; ``write_slots`` ``(B, N)`` int32
+    distinct slots; with ``state="inputs"`` the caches, ``S = n_codes + 1 + N`` slots.
 
     Returns:
         ``outputs="logits"``: ``verify_logits`` ``(B, N, V)`` (the node of depth d through ``lm_head[d]``: p after
@@ -310,15 +277,13 @@ class VerifyGraph(_Graph):
 
 
 class FrameGraph(nn.Module):
-    """A whole frame in one call: :meth:`rvqspec_lib.models.fused.FusedARFrame.frame` (prefill + n_codes - 1 steps,
-    temperature and top-k inside, Gumbel-max with the noise an input) as a module for export.
+    """A whole frame in one call, :meth:`rvqspec_lib.models.fused.FusedARFrame.frame`, as a module for export.
 
     Args:
-        code_predictor: the official module. sampling: default temperature 0.9, top-k 50 (``top_p`` must be 1).
-        batch: frames per call (fixed in the exported graph).
+        code_predictor: the official module. sampling: ``top_p`` must be 1. batch: frames per call (fixed).
 
-    Inputs: ``context`` ``(B, 2, talker_hidden)`` (talker hidden state, talker embedding of code 0);
-    ``noise`` ``(B, n_codes, V)`` float32 standard Gumbel noise (:meth:`FusedARFrame.noise`).
+    Inputs: ``context`` ``(B, 2, talker_hidden)``; ``noise`` ``(B, n_codes, V)`` float32 Gumbel noise
+    (:meth:`FusedARFrame.noise`).
 
     Returns:
         ``codes`` ``(B, n_codes)`` int32, codes 1..n_codes.
@@ -364,9 +329,8 @@ def build_graph(code_predictor, graph: str, *, nodes: int | None = None, tree: D
     """One of the three graphs by name (what ``rvqspec export --graph`` builds).
 
     Args:
-        graph: ``"stepped"``, ``"verify"`` or ``"frame"``. nodes: the verify graph's node budget N (2..64; default
-            4). tree: the verify graph's tree (default: a chain of N - 1 drafts, ``DraftTree.chain``).
-        state: how stepped and verify graphs hold the cache (``"inputs"`` for ONNX, ``"buffers"`` for Core ML).
+        graph: ``"stepped"``, ``"verify"`` or ``"frame"``. nodes: the verify graph's N (2..64; default 4). tree: the
+            verify graph's tree (default a chain of N - 1). state: ``"inputs"`` (ONNX) or ``"buffers"`` (Core ML).
         batch: rows per call. sampling: the frame graph's warpers.
 
     Raises:
@@ -390,14 +354,9 @@ def build_graph(code_predictor, graph: str, *, nodes: int | None = None, tree: D
 
 
 def example_inputs(graph: nn.Module, *, seed: int = 0, frame_depth: int = 3) -> dict:
-    """Inputs of the declared shapes and dtypes for tracing and for checking an export, as ``{name: tensor}``.
-
-    The stepped graph gets position ``frame_depth`` with slots ``0..frame_depth-1`` already cached (random keys and
-    values); the verify graph a round at depth ``frame_depth``: the committed slots ``0..frame_depth``, then its
-    tree's nodes at positions ``frame_depth + 1 + offset`` written after them, each node attending to the committed
-    slots and its ancestors (a chain when it has no tree); the frame graph a random context and Gumbel noise.
-    Deterministic in ``seed``; nothing touches the global RNG.
-    """
+    """Inputs of the declared shapes and dtypes, ``{name: tensor}``, for tracing and checking an export: a call at
+    depth ``frame_depth`` over random cached slots (the verify graph: its tree after the committed slots), or a random
+    context and Gumbel noise. Deterministic in ``seed``."""
     g = torch.Generator().manual_seed(seed)
     dev = next(graph.parameters()).device
 
@@ -436,13 +395,8 @@ def example_inputs(graph: nn.Module, *, seed: int = 0, frame_depth: int = 3) -> 
 
 @torch.no_grad()
 def reference_outputs(graph: nn.Module, inputs: dict) -> dict:
-    """What the graph must compute, from the OFFICIAL module (not the lean stack): ``{output name: tensor}``.
-
-    Stepped and verify graphs: :func:`rvqspec_lib.decoding.predictor.verify_forward` over a
-    :class:`~rvqspec_lib.decoding.predictor.StaticSlotCache` filled with the input caches, then each head applied as a
-    module (``lm_head[i](h)``). The frame graph: :meth:`FusedARFrame.frame` (its own tests tie it to ``decode_frame``).
-    Cache outputs are included for ``state="inputs"`` graphs.
-    """
+    """What the graph must compute, ``{output name: tensor}``, from the OFFICIAL module (``verify_forward`` and each
+    head as a module; the frame graph: :meth:`FusedARFrame.frame`), caches included for ``state="inputs"``."""
     if isinstance(graph, FrameGraph):
         return {"codes": graph.fused.frame(inputs["context"], inputs["noise"]).to(torch.int32)}
     cp = graph.cp
@@ -477,12 +431,3 @@ def reference_outputs(graph: nn.Module, inputs: dict) -> dict:
         out["k_cache_out"] = torch.stack(cache._k)
         out["v_cache_out"] = torch.stack(cache._v)
     return out
-
-
-def call_graph(graph: nn.Module, inputs: dict) -> dict:
-    """Run a graph in eager PyTorch on named inputs: ``{output name: tensor}`` (the names of ``output_specs``)."""
-    names = [s.name for s in graph.input_specs()]
-    with torch.no_grad():
-        out = graph(*[inputs[n] for n in names])
-    out = out if isinstance(out, tuple) else (out,)
-    return dict(zip([s.name for s in graph.output_specs()], out))

@@ -1,35 +1,13 @@
-"""A TINY Qwen3-TTS checkpoint with RANDOM weights, in exactly the official on-disk layout: for tests only.
+"""A TINY Qwen3-TTS checkpoint with RANDOM weights in exactly the official on-disk layout, for tests: the path a user
+with a real checkpoint takes (``load_model(<folder>)`` -> the official ``from_pretrained`` and 12 Hz speech tokenizer)
+tested without released weights (README "Running on the released checkpoint"; tests/test_checkpoint_path.py).
 
-No released Qwen3-TTS weights can be downloaded where this project is built, yet the path a user with a real
-checkpoint takes (``load_model(<folder>)`` -> the official ``Qwen3TTSModel.from_pretrained`` -> the official 12 Hz
-speech tokenizer; ``rvqspec synth --model <folder>``; ``make paper MODEL=<folder>``) must be tested as they would run
-it. :func:`write_tiny_checkpoint` writes, in under a second and about 12 MB, what ``from_pretrained`` loads from a
-release folder such as ``Qwen3-TTS-12Hz-0.6B-CustomVoice/``::
-
-    out_dir/
-      config.json               the release's (data/configs/Qwen3-TTS-12Hz-0.6B-CustomVoice/config.json) with a tiny
-                                talker (2 x 64) and code predictor (2 x 48), 16 code groups of 2048 codes, the
-                                release's codec special ids, speakers, languages and dialects; text ids of the
-                                tokenizer below
-      generation_config.json    the release's, verbatim
-      model.safetensors         Qwen3TTSForConditionalGeneration.save_pretrained, seeded RANDOM weights (bfloat16,
-                                as the release)
-      preprocessor_config.json  the release's (processor_class Qwen3TTSProcessor)
-      vocab.json, merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json, added_tokens.json
-                                a small byte-level BPE with Qwen2's normaliser, pre-tokenizer and decoder, trained
-                                offline with the `tokenizers` library on a few English sentences, saved as
-                                Qwen2TokenizerFast, with the 33 Qwen3 / Qwen3-TTS special tokens in the release's
-                                order right after the regular vocabulary
-      speech_tokenizer/         the official 12 Hz tokenizer classes (Qwen3TTSTokenizerV2Model, Mimi encoder
-                                included) with the release's rates (24 kHz, 1920 samples a frame, 16 x 2048 codes) and
-                                tiny widths; seeded RANDOM weights; config.json, model.safetensors,
-                                preprocessor_config.json
-      RANDOM_WEIGHTS            marker (ignored by the official loader): ``load_model`` reports such a folder as
-                                kind ``"random-checkpoint"`` (``is_random``), so every tool prints its random-weights
-                                note
-
-Its audio is noise and its acceptance rates mean nothing: it tests plumbing, never numbers. Only the official
-classes are used; nothing is downloaded. See README "Running on a real checkpoint" and tests/test_checkpoint_path.py.
+:func:`write_tiny_checkpoint` writes, in under a second and about 12 MB, a release folder's files: ``config.json``
+(the release's with a tiny talker and code predictor, the release's special ids, speakers and languages),
+``generation_config.json`` and ``preprocessor_config.json`` (the release's), ``model.safetensors`` (seeded random
+bfloat16), a small byte-level BPE with Qwen2's pipeline and the 33 Qwen3 / Qwen3-TTS special tokens in the release's
+order, ``speech_tokenizer/`` (the official classes at the release's rates, tiny widths, random weights) and a
+``RANDOM_WEIGHTS`` marker, so ``load_model`` reports it as random. Its audio and acceptance mean nothing.
 """
 
 from __future__ import annotations
@@ -108,23 +86,19 @@ def _bytes_to_unicode() -> list[str]:
 
 
 def build_text_tokenizer(n_merges: int = 256):
-    """A Qwen2-style text tokenizer trained offline: byte-level BPE with Qwen2's normaliser (NFC), pre-tokenizer
-    (Split on Qwen2's pattern + ByteLevel) and decoder, as ``Qwen2TokenizerFast``, then the 33 special tokens of
-    Qwen3 / Qwen3-TTS (:data:`SPECIAL_TOKENS`) appended in the release's order.
-
-    Ids 0..255 are the bytes in GPT-2 order, merged tokens follow in merge order; ``assistant``, ``user`` and
-    ``system`` are single tokens (the official prompt builder slices ``<|im_start|> assistant \\n`` as three ids).
+    """A Qwen2-style ``Qwen2TokenizerFast`` trained offline: byte-level BPE with Qwen2's normaliser, pre-tokenizer
+    and decoder (ids 0..255 the bytes in GPT-2 order, then merges; ``assistant``, ``user``, ``system`` single tokens,
+    as the official prompt builder needs), then :data:`SPECIAL_TOKENS` in the release's order.
 
     Args:
-        n_merges: BPE merges learned (regular vocabulary 256 + at most ``n_merges``).
+        n_merges: BPE merges learned.
 
     Returns:
         ``(tokenizer, ids)``: the ``Qwen2TokenizerFast`` and a dict with ``im_start_token_id``, ``im_end_token_id``,
         ``assistant_token_id``, ``tts_pad_token_id``, ``tts_bos_token_id``, ``tts_eos_token_id`` and ``n_regular``.
 
     Raises:
-        RuntimeError: the trained BPE split a chat word or the special ids did not follow the vocabulary (a change
-            in the ``tokenizers`` library).
+        RuntimeError: the BPE split a chat word or the special ids did not follow the vocabulary.
     """
     def _pipeline(t):
         t.normalizer = normalizers.NFC()
@@ -168,9 +142,8 @@ def build_text_tokenizer(n_merges: int = 256):
 
 
 def tiny_model_config(text_ids: dict, *, text_vocab_size: int) -> dict:
-    """The release's ``config.json`` (:data:`RELEASE_DIR`) with the sizes of :data:`TALKER_SIZES` and
-    :data:`CODE_PREDICTOR_SIZES` (mrope sections scaled to ``head_dim`` 16) and the text ids of the tiny tokenizer;
-    every other key (codec special ids, speakers, languages, dialects, rope, 16 code groups of 2048) as released."""
+    """The release's ``config.json`` with :data:`TALKER_SIZES`, :data:`CODE_PREDICTOR_SIZES` and the tiny tokenizer's
+    text ids; every other key as released."""
     cfg = json.loads((RELEASE_DIR / "config.json").read_text())
     for k in ("assistant_token_id", "im_end_token_id", "im_start_token_id", "tts_bos_token_id", "tts_eos_token_id",
               "tts_pad_token_id"):
@@ -183,8 +156,7 @@ def tiny_model_config(text_ids: dict, *, text_vocab_size: int) -> dict:
 
 
 def tiny_speech_tokenizer_config() -> dict:
-    """The release's ``speech_tokenizer/config.json`` with tiny widths and depths; its rates kept: 24 kHz in and out,
-    1920 samples a frame (decoder 8*5*4*3 x 2*2, encoder 8*6*5*4 x compress 2), 16 valid quantizers of 2048."""
+    """The release's ``speech_tokenizer/config.json`` with tiny widths and depths, its rates kept."""
     cfg = json.loads((RELEASE_DIR / "speech_tokenizer" / "config.json").read_text())
     cfg["decoder_config"].update(ST_DECODER_SIZES)
     cfg["encoder_config"].update(ST_ENCODER_SIZES)
@@ -192,17 +164,12 @@ def tiny_speech_tokenizer_config() -> dict:
 
 
 def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write a tiny Qwen3-TTS CustomVoice checkpoint with seeded RANDOM weights in the official layout (module doc).
-
-    The folder is written beside ``out_dir`` first and moved into place at the end, so an interrupted call never
-    leaves a half-written checkpoint. Under a second, about 12 MB.
+    """Write a tiny checkpoint with seeded RANDOM weights in the official layout (module docstring), all or nothing.
 
     Args:
         out_dir: the checkpoint folder to create; it must not exist, or be empty.
-        seed: seed of every random weight (model ``seed``, speech tokenizer ``seed + 1``); the same seed writes the
-            same weights. The caller's global random state is left as it was.
-        dtype: dtype of the model weights on disk (the release ships bfloat16; ``from_pretrained`` converts to the
-            dtype asked for). The speech tokenizer is float32, as released.
+        seed: seed of every random weight (the caller's random state is left as it was).
+        dtype: the model weights' dtype on disk (the release's bfloat16); the speech tokenizer is float32.
 
     Returns:
         ``Path(out_dir)``.

@@ -1,14 +1,6 @@
-"""Text front ends of our own small models: UTF-8 bytes, or espeak-ng phonemes written as bytes.
-
-A model trained here stores its front end in ``rvqspec_model.json`` (``{"kind": "bytes"}`` or
-``{"kind": "phonemes", "voice": "en-us", "alphabet": "ascii"}``); :func:`tokenizer_from_spec` rebuilds it at load
-time, so synthesis needs nothing but the checkpoint directory (and, for phonemes, the ``espeak-ng`` program).
-
-Phonemes: ``espeak-ng -q -x`` (ASCII phoneme mnemonics, ``h@l'oU w'3:ld``) or ``--ipa`` (``həlˈoʊ wˈɜːld``). Both are
-fed to the model as UTF-8 bytes, so a phoneme model has the same 256-entry text vocabulary (and the same config) as a
-byte model; ASCII mnemonics are one byte a symbol character, IPA mostly two. espeak-ng prints one line per clause and
-drops punctuation: clause lines are joined with ``" | "`` and the text's final ``.``, ``?`` or ``!`` is appended, so
-pauses and the sentence type survive.
+"""Text front ends of our own small models: UTF-8 bytes, or espeak-ng phonemes written as bytes (the same 256-entry
+vocabulary), stored in ``rvqspec_model.json`` and rebuilt by :func:`tokenizer_from_spec`. espeak-ng prints one line per
+clause and drops punctuation: clauses are joined with :data:`CLAUSE_BREAK` and the final ``.``, ``?`` or ``!`` kept.
 """
 
 from __future__ import annotations
@@ -35,13 +27,10 @@ class PhonemeTokenizer(ByteTokenizer):
     """Text -> espeak-ng phonemes -> UTF-8 bytes, in the official chat layout (like :class:`ByteTokenizer`).
 
     Args:
-        im_start, im_end, assistant: the config's special text ids.
-        voice: an espeak-ng voice (``en-us``, ``de``, ``es`` ...; ``espeak-ng --voices`` lists them).
-        alphabet: ``"ascii"`` (espeak's ``-x`` mnemonics) or ``"ipa"``.
-        espeak: the espeak-ng program (name on PATH or a path).
+        im_start, im_end, assistant: the config's special text ids. voice: an espeak-ng voice (``en-us``, ``de``
+            ...). alphabet: ``"ascii"`` (``-x`` mnemonics) or ``"ipa"``. espeak: the program (on PATH or a path).
 
-    Phonemisation costs one process (about 30 ms); results are cached per text, and :meth:`prefetch` fills the
-    cache for a whole corpus with a few processes at once.
+    One process per text, cached; :meth:`prefetch` fills the cache with a few processes at once.
     """
 
     def __init__(self, im_start: int, im_end: int, assistant: int, *, voice: str = "en-us",

@@ -1,19 +1,7 @@
-"""The strongest AR baseline: a whole frame of the inner loop as ONE (compiled) call, sampling inside the graph.
-
-:class:`FusedARFrame` runs the 2-position prefill and the ``n_codes - 1`` single-position steps of autoregressive
-decoding (docs/methods.md#autoregressive-baseline) in one function over a static KV cache, with the lean layer
-stack (:mod:`rvqspec_lib.models.lean`: the official module's parameters, read in place) and the code predictor's
-warpers applied inside: temperature, then top-k (docs/model.md#warper-order), exactly as transformers'
-``TemperatureLogitsWarper`` and ``TopKLogitsWarper`` compute them. The code is drawn by the Gumbel-max trick,
-``argmax(warped logits + G)`` with ``G`` standard Gumbel noise given as an INPUT (:meth:`FusedARFrame.noise`, from an
-explicit generator): the argmax of logits plus Gumbel noise is distributed as the softmax of the logits (Gumbel
-1954; Maddison et al. 2014), so a frame follows the same distribution as :class:`rvqspec_lib.decoding.decoders.AR`
-(tested with the G-test of tests/test_lossless.py), and the same noise gives the same codes. It does not reproduce
-``decode_frame``'s codes draw for draw: those come from ``torch.multinomial``, another use of the random stream.
-
-With no Python between the 15 codes, this is what an AR decoder costs when the loop overhead is gone: the baseline
-that speculative decoders must beat (rvqspec_lib.eval.speed). ``torch.compile`` of the whole frame takes minutes on
-the real-size model (one graph per batch size; :attr:`FusedARFrame.compile_s`).
+"""The strongest AR baseline: a whole frame of AR decoding as ONE (compiled) call over the lean layer stack, the
+warpers (temperature, then top-k) inside and the code drawn by Gumbel-max with the noise an input: the same
+distribution as :class:`rvqspec_lib.decoding.decoders.AR` (G-test of tests/test_lossless.py), not the same draws
+(docs/methods.md#reporting-speed).
 """
 
 from __future__ import annotations
@@ -27,10 +15,8 @@ from rvqspec_lib.models.lean import LeanCodePredictor, timed_call
 
 
 def warp_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """Warped float32 scores ``(..., V)`` of ``(..., V)`` logits, as :meth:`Sampling.probs` computes them before its
-    softmax: temperature, then top-k keeping every code tied with the k-th (-inf elsewhere), as transformers'
-    ``TemperatureLogitsWarper`` and ``TopKLogitsWarper``; the float32 logits unchanged when greedy. Pure tensor code
-    (traceable into a compiled graph); ``top_p`` is not applied."""
+    """Warped float32 scores ``(..., V)``, as :meth:`Sampling.probs` before its softmax (temperature, then top-k keeping
+    ties with the k-th; unchanged when greedy; ``top_p`` not applied), as traceable tensor code."""
     s = logits.to(torch.float32)
     if sampling.greedy:
         return s
@@ -43,15 +29,14 @@ def warp_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 
 
 def warped_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """Warped float32 probabilities ``(..., V)``, equal to :meth:`Sampling.probs` (temperature then top-k; a one-hot
-    of the argmax when greedy), as pure tensor code for a compiled graph."""
+    """Warped float32 probabilities ``(..., V)``, equal to :meth:`Sampling.probs` without top-p, traceable."""
     if sampling.greedy:
         return F.one_hot(logits.to(torch.float32).argmax(-1), logits.shape[-1]).to(torch.float32)
     return torch.softmax(warp_scores(logits, sampling), -1)
 
 
 def fused_sampling(sampling: Sampling | None, what: str, fix: str) -> Sampling:
-    """The sampling of a whole-frame decoder (``None``: the default), which samples with temperature and top-k only.
+    """The sampling of a whole-frame decoder (``None``: the default): temperature and top-k only.
 
     Raises:
         ValueError: ``top_p < 1`` (one line: ``what`` cannot, ``fix`` can).
@@ -63,17 +48,15 @@ def fused_sampling(sampling: Sampling | None, what: str, fix: str) -> Sampling:
 
 
 class FusedARFrame:
-    """One frame of AR decoding as one call (see the module docstring).
+    """One frame of AR decoding as one call (module docstring).
 
     Args:
-        code_predictor: the official module (its parameters are read in place).
-        sampling: the code predictor's sampling (default: temperature 0.9, top-k 50). ``top_p < 1`` is not
-            supported inside the graph.
-        compile: compile the whole frame (``torch.compile(dynamic=False, fullgraph=True)``), one graph per batch size.
+        code_predictor: the official module (read in place). sampling: default the checkpoints'.
+        compile: compile the whole frame, one graph per batch size (minutes on the real-size model).
         compile_mode: ``mode=`` for ``torch.compile`` (``"reduce-overhead"``: a CUDA graph on a GPU).
 
     Raises:
-        ValueError: ``top_p < 1``; what :class:`~rvqspec_lib.models.lean.LeanCodePredictor` refuses.
+        ValueError: ``top_p < 1``; what ``LeanCodePredictor`` refuses.
     """
 
     def __init__(self, code_predictor, sampling: Sampling | None = None, *, compile: bool = True,
@@ -97,19 +80,12 @@ class FusedARFrame:
         return (-torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float64).tiny)))).to(torch.float32)
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
-        """Warped float32 scores, as ``Sampling.probs`` computes them before its softmax (temperature, then top-k
-        keeping every code tied with the k-th, -inf elsewhere)."""
+        """:func:`warp_scores` with this frame's sampling."""
         return warp_scores(logits, self.sampling)
 
     def frame(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """The frame as a pure function (what is compiled).
-
-        Args:
-            context: ``(B, 2, talker_hidden)``. noise: ``(B, n_codes, V)`` Gumbel noise (ignored when greedy).
-
-        Returns:
-            ``(B, n_codes)`` int64 codes 1..n_codes.
-        """
+        """The frame as a pure function (what is compiled): ``context`` ``(B, 2, talker_hidden)``, ``noise``
+        ``(B, n_codes, V)`` (ignored when greedy) -> ``(B, n_codes)`` int64 codes 1..n_codes."""
         cp, lean = self.code_predictor, self.lean
         b, dev = context.shape[0], context.device
         cache = lean.new_cache(b, self.slots)
@@ -131,15 +107,13 @@ class FusedARFrame:
         return torch.stack(codes, 1)
 
     def __call__(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Codes of ``B`` frames, ``(B, n_codes)`` int64, for given noise (compiled on the first call of a batch
-        size; the wall time is kept in :attr:`compile_s`)."""
+        """Codes ``(B, n_codes)`` int64 for given noise (the first call of a batch size compiles: :attr:`compile_s`)."""
         with torch.inference_mode():
             if not self.compiled:
                 return self._run(context, noise)
             return timed_call(self._run, context.shape[0], self.compile_s, context, noise)
 
     def decode(self, context: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Noise from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
-        ``(B, n_codes)`` int64."""
+        """Noise from ``generator`` (``None``: fresh, never the global RNG), then the frame: ``(B, n_codes)`` int64."""
         generator = or_fresh_generator(generator, context.device)
         return self(context, self.noise(context.shape[0], generator))

@@ -1,41 +1,6 @@
-"""The fused speculative frame: Chain(window) with draft -> verify -> accept -> commit as ONE compiled graph a round.
-
-:class:`FusedChainFrame` decodes a frame as :func:`rvqspec_lib.decoding.decode.decode_frame` does with
-``decoder=Chain(window)`` and the reused heads as drafter (docs/methods.md#the-fused-speculative-round), but each round
-is one pure tensor function of its inputs, over the lean layer stack (:mod:`rvqspec_lib.models.lean`: the official
-module's parameters, read in place), compiled with ``torch.compile(dynamic=False, fullgraph=True)``:
-
-1. draft: ``q_j = warp(lm_head[s+j-1](H_s))`` for the ``D = min(window - 1, n_codes - s)`` depths ``s+1..s+D``, each
-   draft drawn from its q by the inverse CDF of one uniform;
-2. verify: ONE call of the layer stack over the root (code s) and the drafts that have a code after them, at slots
-   = positions ``s+1..`` of a fixed-size cache (a chain's accepted nodes are a prefix: no compaction), then
-   ``p_i = warp(lm_head[s+i](hidden_i))``;
-3. accept: draft j with probability ``min(1, p_{j-1}(x_j) / q_j(x_j))`` (TensorRT-Edge-LLM's rule; the same
-   :func:`rvqspec_lib.decoding.verify.acceptance_ratio` arithmetic), every draft's test computed at once and the accepted
-   count the length of the leading run of accepts; on the first rejection the next code is drawn from
-   ``norm(max(p - q, 0))``, after a fully accepted chain the bonus code from the last node's p;
-4. commit: codes written by column, the accepted nodes' KV kept where they are (later slots are overwritten by the
-   next round, and masked until then), the hidden state of the last accepted node returned for the next round.
-
-The start depth s is a Python int of the round function, so every shape, head, table, mask and slot index of a round
-is static: one graph per start depth (14 on a 16-codebook model) and per batch size, compiled once
-(:meth:`FusedChainFrame.compile_all`). The one host check per round is reading the new s (which graph comes next;
-``n_codes`` = done). A batch whose rows stand at different depths runs one call per depth present, on those rows.
-
-Randomness (the uniform order). A frame draws ALL its uniforms up front, :meth:`FusedChainFrame.uniforms`: one
-``torch.rand(B, n_codes, 2 K + 1, dtype=float64)`` with ``K = window - 1``, row-major. Row b's block ``U[b, s]`` is
-used by the round that starts after committed code s (s strictly grows, so each block is used at most once):
-``U[b, s, 0:K]`` draw the drafts of depths s+1..s+K, ``U[b, s, K:2K]`` the acceptance tests of drafts 1..K,
-``U[b, s, 2K]`` the residual or bonus code; ``U[b, 0, 0]`` draws code 1 in the prefill. Entries a round does not need
-(drafts past the last depth, tests after a rejection) are skipped, never shifted, so a row's codes depend on its own
-uniforms only: the same seed gives the same codes eagerly, compiled, alone or in any batch (tests/test_fused_spec.py).
-A code is drawn from a distribution p by the inverse CDF, the first code whose float64 cumulative mass exceeds
-``u * sum(p)``: exactly p up to float64 rounding, a code of mass 0 never.
-
-What is tested (tests/test_fused_spec.py): greedy codes equal AR's code for code; eager and compiled give the same
-codes for the same uniforms; the joint distribution of the codes equals the exact AR pmf (the G-test of
-tests/test_lossless.py), and negative controls (always accept; drafts drawn at another temperature than the q handed
-to acceptance) are rejected by the same test.
+"""The fused speculative frame: Chain(window) with the reused heads, each round of draft -> verify -> accept -> commit
+as ONE compiled graph per start depth, all uniforms drawn up front (docs/methods.md#the-fused-speculative-round: the
+graphs, the uniform order, the inverse CDF, how it is tested).
 """
 
 from __future__ import annotations
@@ -55,15 +20,8 @@ from rvqspec_lib.models.lean import LeanCodePredictor, timed_call
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """One code per row drawn from ``probs`` with one uniform each.
-
-    Args:
-        probs: ``(B, V)`` float, non-negative, rows need not be normalised. u: ``(B,)`` float64 in [0, 1).
-
-    Returns:
-        ``(B,)`` int64: the first code whose cumulative mass (float64) exceeds ``u * total``; a code of mass 0 is never
-        returned (a rounding overshoot is clamped to the last code with mass).
-    """
+    """One code per row: ``(B, V)`` non-negative ``probs`` (unnormalised allowed) and ``(B,)`` float64 ``u`` in [0, 1)
+    -> ``(B,)`` int64, the first code whose float64 cumulative mass exceeds ``u * total`` (never a code of mass 0)."""
     cdf = torch.cumsum(probs.to(torch.float64), -1)
     x = u * cdf[:, -1]
     idx = (cdf <= x[:, None]).sum(-1)
@@ -73,21 +31,17 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def draft_codes(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The drafts: ``(B, V)`` q and ``(B,)`` uniforms -> ``(B,)`` codes (:func:`inverse_cdf`). A module-level function
-    so that a test can substitute a deliberately broken sampler (negative control, eager only)."""
+    """The drafts, :func:`inverse_cdf` (module-level so that a negative control can replace it, eager only)."""
     return inverse_cdf(q, u)
 
 
-#: ``min(1, p(x) / q(x))`` with p normalised (``(B, V)`` p, ``(B,)`` x and q(x) -> ``(B,)``): the rule's own arithmetic,
-#: :func:`rvqspec_lib.decoding.verify.acceptance_ratio`, named here so that a negative control can replace it (eager).
+#: The rule's own ``min(1, p(x) / q(x))``, named here so that a negative control can replace it (eager).
 acceptance = verify_rules.acceptance_ratio
 
 
 class UniformFrame:
-    """What the frames that draw their uniforms up front share (:class:`FusedChainFrame`,
-    :class:`~rvqspec_lib.models.native_frame.NativeChainFrame`): the uniforms of a frame (the layout of the module
-    docstring) and ``decode``. A subclass sets ``n_codes``, ``u_width`` (``2 K + 1``) and ``device``, and is called
-    as ``frame(context, uniforms)``."""
+    """What the frames that draw their uniforms up front share: ``uniforms`` and ``decode``. A subclass sets
+    ``n_codes``, ``u_width`` (``2 K + 1``) and ``device``, and is called as ``frame(context, uniforms)``."""
 
     def uniforms(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         """A frame's uniforms, ``(B, n_codes, 2 K + 1)`` float64, one ``torch.rand`` from ``generator``."""
@@ -95,29 +49,23 @@ class UniformFrame:
                           device=self.device)
 
     def decode(self, context: torch.Tensor, generator: torch.Generator | None = None, **kw) -> torch.Tensor:
-        """Uniforms from ``generator`` (fresh unseeded when ``None``; never the global RNG), then the frame:
-        ``(B, n_codes)`` int64 (``kw``: the frame call's)."""
+        """Uniforms from ``generator`` (``None``: fresh, never the global RNG), then the frame: ``(B, n_codes)``
+        int64 (``kw``: the frame call's)."""
         generator = or_fresh_generator(generator, self.device)
         return self(context, self.uniforms(context.shape[0], generator), **kw)
 
 
 class FusedChainFrame(UniformFrame):
-    """Chain(window) speculation with one compiled graph per round (see the module docstring).
+    """Chain(window) speculation with one compiled graph per round (module docstring).
 
     Args:
         code_predictor: the official module (its parameters are read in place).
-        window: the Chain window N, 2..8 (the committed code plus N - 1 drafts), as
-            :class:`rvqspec_lib.decoding.decoders.Chain`.
-        sampling: the code predictor's sampling (default temperature 0.9, top-k 50); ``top_p < 1`` is not supported
-            inside the graph.
-        compile: compile the prefill and every round (``torch.compile(dynamic=False, fullgraph=True)``); ``False``
-            runs the same functions eagerly (the reference path).
-        compile_mode: ``mode=`` for ``torch.compile`` (``"reduce-overhead"``: each round a CUDA graph on a GPU, the
-            project's GPU path).
+        window: the Chain window N, 2..8. sampling: default the checkpoints'; ``top_p < 1`` is refused.
+        compile: compile the prefill and every round (``False``: the same functions eagerly, the reference).
+        compile_mode: ``mode=`` for ``torch.compile`` (``"reduce-overhead"``: CUDA graphs on a GPU).
 
     Raises:
-        ValueError: a window outside 2..8, ``top_p < 1``, what :class:`~rvqspec_lib.models.lean.LeanCodePredictor`
-            refuses.
+        ValueError: a window outside 2..8, ``top_p < 1``, what ``LeanCodePredictor`` refuses.
     """
 
     def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, compile: bool = True,
@@ -140,8 +88,7 @@ class FusedChainFrame(UniformFrame):
 
     # -- the graphs ---------------------------------------------------------------------------------------------
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """Warped float32 probabilities, equal to :meth:`Sampling.probs` (:func:`~rvqspec_lib.models.fused.
-        warped_probs`)."""
+        """Warped float32 probabilities, equal to :meth:`Sampling.probs`."""
         return warped_probs(logits, self.sampling)
 
     def _head(self, h: torch.Tensor, i: int) -> torch.Tensor:
@@ -164,14 +111,8 @@ class FusedChainFrame(UniformFrame):
         return lean.stack(x, cos, sin, self._mask(first_pos, q_len, b, x.device), write, k, v)
 
     def prefill(self, context: torch.Tensor, u: torch.Tensor):
-        """The frame's first call (what is compiled): positions 0, 1 = the projected context -> code 1.
-
-        Args:
-            context: ``(B, 2, talker_hidden)``. u: ``(B, n_codes, 2K+1)`` the frame's uniforms (``u[:, 0, 0]`` used).
-
-        Returns:
-            ``(codes (B, n_codes) int64 with code 1 in column 0, H_1 (B, H), k cache, v cache)``.
-        """
+        """The frame's first call (compiled): ``context`` ``(B, 2, talker_hidden)``, the frame's uniforms ``u``
+        ``(B, n_codes, 2K+1)`` -> ``(codes (B, n_codes) int64 with code 1 in column 0, H_1 (B, H), k, v)``."""
         cp, lean = self.code_predictor, self.lean
         b = context.shape[0]
         shape = (lean.n_layers, b, lean.n_kv, self.slots, lean.head_dim)
@@ -184,12 +125,11 @@ class FusedChainFrame(UniformFrame):
 
     def round(self, s: int, codes: torch.Tensor, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               u: torch.Tensor):
-        """One speculative round after committed code ``s`` (what is compiled, one graph per s).
+        """One speculative round after committed code ``s`` (compiled, one graph per s).
 
         Args:
             s: the last committed depth, 1..n_codes-1, the same for every row. codes: ``(B, n_codes)`` int64.
-            h: ``(B, H)`` the hidden state that produced code s. k, v: the caches (written in place at slots
-            ``s+1..``). u: the frame's uniforms ``(B, n_codes, 2K+1)`` (block ``u[:, s]`` used).
+            h: ``(B, H)`` the hidden state of code s. k, v: the caches (written in place). u: the frame's uniforms.
 
         Returns:
             ``(codes (B, n_codes), committed (B,) int64 codes added (1..window), h (B, H) for the next round)``.

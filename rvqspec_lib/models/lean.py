@@ -1,20 +1,8 @@
-"""A lean forward of the code predictor over the OFFICIAL module's own parameters (no copy of weights or code).
-
-The official call (:func:`rvqspec_lib.decoding.predictor.verify_forward`) goes through transformers' decoder stack:
-keyword plumbing, mask mapping, a ``Cache`` object, per-layer module calls. On the real-size code predictor that
-machinery costs about 1.5 ms a call; on the small embedded model it is most of the call (docs/offline.md#verify-cost-on-this-cpu).
-:class:`LeanCodePredictor` is the same arithmetic written as plain tensor code from the architecture
-(docs/model.md#architecture: 5 pre-norm decoder layers, RMSNorm on q and k per head, RoPE, grouped-query attention
-through SDPA with an additive mask, SwiGLU MLP, final RMSNorm), reading ``code_predictor.model``'s parameters in
-place. It implements the verify backend protocol of :mod:`rvqspec_lib.decoding.predictor` (``new_cache``, ``forward``,
-``compact``, ``embed``, ``logits``), so :func:`rvqspec_lib.decoding.decode.decode_frame` runs any decoder through it
-with ``backend=LeanCodePredictor(cp)``.
-
-Every operation is the one the official module performs, in the same order (``F.linear``, MKL on the CPU), so the
-hidden states are BIT-IDENTICAL to the official call in float32 (tests/test_lean.py). ``compile=True`` runs the layer
-stack under ``torch.compile(dynamic=False, fullgraph=True)``: one graph per input shape, i.e. per query count of a
-decoder (a frame's verify calls all have one shape); the first call of a shape compiles, its wall time is kept in
-:attr:`LeanCodePredictor.compile_s`. ``compile_mode="reduce-overhead"`` captures each graph as a CUDA graph on a GPU.
+"""A lean forward of the code predictor over the OFFICIAL module's own parameters (no copy of weights or code): the
+same operations in the same order as the official call, as plain tensor code without transformers' plumbing, so the
+hidden states are BIT-IDENTICAL in float32 (tests/test_lean.py; the overhead it removes:
+docs/offline.md#verify-cost-on-this-cpu). :class:`LeanCodePredictor` is a verify backend; ``compile=True`` runs the
+layer stack under ``torch.compile(dynamic=False, fullgraph=True)``, one graph per input shape.
 """
 
 from __future__ import annotations
@@ -37,9 +25,8 @@ RECOMPILE_LIMIT = 256
 
 
 def timed_call(fn, key, compile_s: dict, *args):
-    """``fn(*args)`` for a compiled ``fn``, with dynamo's recompile limit raised to :data:`RECOMPILE_LIMIT` (graphs
-    of every instance share one code object: the limit is raised for every call, a few microseconds); the wall time
-    of the first call of ``key`` (its compile) is kept in ``compile_s[key]``."""
+    """``fn(*args)`` for a compiled ``fn`` under a recompile limit of :data:`RECOMPILE_LIMIT` (every instance shares one
+    code object); the wall time of the first call of ``key`` (its compile) goes to ``compile_s[key]``."""
     first = key not in compile_s
     t0 = time.perf_counter()
     with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
@@ -50,8 +37,7 @@ def timed_call(fn, key, compile_s: dict, *args):
 
 
 class LeanCache:
-    """A fixed-size slot KV cache as two tensors, ``k`` and ``v`` of shape ``(layers, B, kv_heads, slots,
-    head_dim)`` (the lean twin of :class:`rvqspec_lib.decoding.predictor.StaticSlotCache`)."""
+    """A slot KV cache as two tensors ``k``, ``v`` of shape ``(layers, B, kv_heads, slots, head_dim)``."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor):
         self.k, self.v = k, v
@@ -63,14 +49,12 @@ class LeanCache:
 
 
 class SlotBackend:
-    """What the verify backends over a :class:`LeanCache` share (``eager``, ``compile``, ``onnx``, ``native``;
-    :class:`rvqspec_lib.decoding.predictor.VerifyBackend`): the cache, its compaction, and the official module's
-    embeddings and heads. A subclass sets ``code_predictor``, ``n_layers``, ``n_kv``, ``head_dim``, ``cache_dtype``
-    and ``device``, and implements ``forward``."""
+    """What the verify backends over a :class:`LeanCache` share: the cache, its compaction, the official embeddings
+    and heads. A subclass sets ``code_predictor``, ``n_layers``, ``n_kv``, ``head_dim``, ``cache_dtype`` and
+    ``device``, and implements ``forward``."""
 
     def new_cache(self, batch: int, slots: int) -> LeanCache:
-        """An empty cache of ``slots`` slots for ``batch`` rows: ``k``, ``v`` ``(layers, B, kv, slots, head_dim)`` of
-        ``cache_dtype``, zeros."""
+        """An empty (zero) cache of ``slots`` slots for ``batch`` rows, in ``cache_dtype``."""
         shape = (self.n_layers, batch, self.n_kv, slots, self.head_dim)
         return LeanCache(torch.zeros(shape, dtype=self.cache_dtype, device=self.device),
                          torch.zeros(shape, dtype=self.cache_dtype, device=self.device))
@@ -84,18 +68,17 @@ class SlotBackend:
         cache.k, cache.v = cache.k.gather(3, idx), cache.v.gather(3, idx)
 
     def embed(self, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-        """Projected input embeddings, as :func:`rvqspec_lib.decoding.predictor.embed_codes` (the official tables)."""
+        """:func:`rvqspec_lib.decoding.predictor.embed_codes`."""
         return P.embed_codes(self.code_predictor, codes, depth)
 
     def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """Head logits row by row, as :func:`rvqspec_lib.decoding.predictor.head_logits` (the official heads)."""
+        """:func:`rvqspec_lib.decoding.predictor.head_logits`."""
         return P.head_logits(self.code_predictor, hidden, head)
 
 
 class _Stack(nn.Module):
-    """The decoder stack as one pure tensor function of (inputs, rotary tables, mask, cache): what is compiled.
-
-    Holds the official ``code_predictor.model`` as a submodule (a reference: its parameters are read in place)."""
+    """The decoder stack as one pure tensor function (what is compiled) over the official ``code_predictor.model``
+    (a reference: its parameters are read in place)."""
 
     def __init__(self, model: nn.Module, cfg):
         super().__init__()
@@ -106,9 +89,7 @@ class _Stack(nn.Module):
         self.scaling = self.head_dim ** -0.5
 
     def proj(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``module`` applied to ``x``: an :class:`~rvqspec_lib.models.precision.Int8Linear` through its own forward
-        (its int8 arithmetic, as the official module computes it in that precision), any other linear layer through
-        ``F.linear``."""
+        """``module`` on ``x``: an ``Int8Linear`` through its own int8 forward, any other through ``F.linear``."""
         if isinstance(module, Int8Linear):
             return module(x)
         return F.linear(x, module.weight, module.bias)
@@ -121,7 +102,7 @@ class _Stack(nn.Module):
 
     @staticmethod
     def rotate_half(x: torch.Tensor) -> torch.Tensor:
-        """RoPE's rotation of the last dimension: ``(x1, x2) -> (-x2, x1)`` (transformers' ``rotate_half``)."""
+        """transformers' ``rotate_half``: ``(x1, x2) -> (-x2, x1)`` over the last dimension."""
         half = x.shape[-1] // 2
         return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -158,18 +139,14 @@ class _Stack(nn.Module):
 
 
 class LeanCodePredictor(SlotBackend):
-    """The verify backend over the official code predictor's parameters (see the module docstring).
+    """The verify backend over the official code predictor's parameters, read in place (module docstring).
 
     Args:
-        code_predictor: the official module (``model.talker.code_predictor``); its parameters are read in place, so
-            later changes to them (training, ``load_state_dict``) are seen.
-        compile: run the layer stack under ``torch.compile`` (one graph per input shape).
-        compile_mode: ``mode=`` for ``torch.compile`` (``"reduce-overhead"``: CUDA graphs on a GPU); ``None``: the
-            default mode.
+        code_predictor: the official module. compile: run the layer stack under ``torch.compile``.
+        compile_mode: ``mode=`` for ``torch.compile`` (``"reduce-overhead"``: CUDA graphs on a GPU).
 
     Raises:
-        ValueError: not the official code predictor, a RoPE type other than the default (the released configs use
-            plain RoPE, docs/model.md#architecture).
+        ValueError: what :func:`rvqspec_lib.decoding.predictor.check_code_predictor` refuses.
     """
 
     def __init__(self, code_predictor, *, compile: bool = False, compile_mode: str | None = None):
@@ -195,7 +172,7 @@ class LeanCodePredictor(SlotBackend):
     # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend) -----------------------------------------
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache: LeanCache,
                 write_slots: torch.Tensor) -> torch.Tensor:
-        """The verify call; arguments and result as :func:`rvqspec_lib.decoding.predictor.verify_forward`."""
+        """The verify call, as :func:`rvqspec_lib.decoding.predictor.verify_forward`."""
         b, q_len, _ = embeds.shape
         pos = positions.clamp(max=ROPE_POSITIONS - 1)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, Q, D)
@@ -208,9 +185,8 @@ class LeanCodePredictor(SlotBackend):
         return timed_call(self._run, (b, q_len, cache.n_slots), self.compile_s, *args)
 
     def apply(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """A linear layer of the code predictor (a head, a projection) applied to ``x`` ``(..., in)`` as the layer
-        stack applies its own: an :class:`~rvqspec_lib.models.precision.Int8Linear` through its int8 forward, any
-        other through ``F.linear``. Returns ``(..., out)`` in the layer's activation dtype."""
+        """A linear layer of the code predictor (a head, a projection) on ``x`` ``(..., in)`` as the stack applies its
+        own (``_Stack.proj``): ``(..., out)`` in the activation dtype."""
         return self.stack.proj(module, x)
 
     def __repr__(self) -> str:

@@ -1,20 +1,7 @@
-"""Model access: real Qwen3-TTS checkpoints, tiny random models, real-size random architectures.
-
-Every model here is the OFFICIAL ``qwen_tts`` class ``Qwen3TTSForConditionalGeneration``, unchanged:
-
-* a hub id (``Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice``) or a local checkpoint directory: loaded with the
-  official ``Qwen3TTSModel.from_pretrained`` (weights, processor and 12 Hz speech tokenizer); a folder holding a
-  ``RANDOM_WEIGHTS`` marker (the tiny test checkpoint of :mod:`rvqspec_lib.models.fixtures`) is reported as random;
-* a directory written by ``:func:`save_checkpoint``` (marker file ``rvqspec_model.json``): our own small
-  model, built from its ``config.json`` with weights from ``model.safetensors`` and the text front end (bytes or
-  espeak-ng phonemes, ``rvqspec_lib.models.frontend``) named in the marker; no processor, no speech tokenizer;
-* ``tiny-random``: a tiny config of the same classes (2 talker layers, 2 code-predictor layers, 16 code groups,
-  a projection between talker and code predictor), seeded random weights, a byte-level text tokenizer. For tests;
-* ``qwen3-tts-0.6b-random`` / ``qwen3-tts-1.7b-random``: the real-size architectures built from the released
-  ``config.json`` files shipped in ``data/configs/``, with RANDOM weights. Timing depends on the architecture, not on
-  the weights, so these are for timing only: their acceptance rates and audio mean nothing.
-
-The import shim that lets ``qwen_tts`` import without torchaudio is :mod:`rvqspec_lib.models.shim`.
+"""Model access: every model is the OFFICIAL ``qwen_tts`` class ``Qwen3TTSForConditionalGeneration``, unchanged,
+loaded from a hub id or checkpoint folder (``from_pretrained``), from one of our own folders (:func:`save_checkpoint`,
+the embedded model), or built with seeded random weights: ``tiny-random`` for tests, the real-size architectures
+for timing only (docs/offline.md#real-size-architectures-for-timing).
 """
 
 from __future__ import annotations
@@ -64,21 +51,15 @@ class LoadedModel:
     Attributes:
         name: what the user asked for (hub id, path or offline name).
         kind: ``"checkpoint"`` (trained weights), ``"tiny-random"`` or ``"random-size"`` (timing only), or
-            ``"random-checkpoint"`` (a checkpoint folder with random weights, marked by a ``RANDOM_WEIGHTS`` file:
-            :func:`rvqspec_lib.models.fixtures.write_tiny_checkpoint`, for tests).
+            ``"random-checkpoint"`` (a folder marked ``RANDOM_WEIGHTS``, for tests).
         model: the official ``Qwen3TTSForConditionalGeneration``.
         tokenizer: ``text -> (1, L) int64`` ids in the official chat layout.
-        generation: the checkpoint's ``generation_config.json`` values (dict).
-        speech_tokenizer: the official 12 Hz codec wrapper, a :class:`CodecSpeechTokenizer` over our RVQ codec (own
-            models with ``codec.safetensors`` beside the weights), or ``None`` (random models: codes go to .npy).
-        frame_rate_hz: codec frames per second (output sample rate / samples per frame), 12.5 for 12 Hz models.
-        sample_rate_hz: audio sample rate.
-        folder: the model's own folder (``data/embedded/model`` for ``"embedded"``, a checkpoint folder), where the
-            files that belong to it live: ``drafters/``, ``trees/`` and, beside or above it, the shipped utterances;
-            ``None`` for random models and hub ids. Functions that read those files take the loaded model and use
-            this, instead of rebuilding the path from the name (:func:`rvqspec_lib.models.drafter_files.
-            model_drafter_dir`, :func:`rvqspec_lib.models.tree_files.tree_file`,
-            :func:`rvqspec_lib.data.utterances.embedded_root`).
+        generation: the checkpoint's ``generation_config.json`` values.
+        speech_tokenizer: the official 12 Hz codec wrapper, a :class:`CodecSpeechTokenizer` over our RVQ codec, or
+            ``None`` (random models).
+        frame_rate_hz: codec frames per second. sample_rate_hz: audio sample rate.
+        folder: the model's own folder, where its ``drafters/``, ``trees/`` and shipped utterances live (``None``
+            for random models and hub ids): what the functions reading those files use.
     """
 
     name: str
@@ -102,7 +83,7 @@ class LoadedModel:
 
     @property
     def n_code_groups(self) -> int:
-        """Codebooks per frame (16 on released checkpoints): code 0 from the talker, the rest from the code predictor."""
+        """Codebooks per frame (16 on released checkpoints)."""
         return int(self.model.config.talker_config.num_code_groups)
 
     @property
@@ -141,19 +122,17 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
     """Load a Qwen3-TTS model by name.
 
     Args:
-        name: ``"embedded"`` (the small trained model shipped in ``data/embedded/model``, see its MODEL_CARD.md),
-            ``"tiny-random"``, ``"qwen3-tts-0.6b-random"``, ``"qwen3-tts-1.7b-random"``, a local checkpoint
-            directory (str or path), or a hub id such as ``"Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"`` (needs the network or the HF cache).
-        dtype: ``torch.float32`` (default), ``torch.float64``, ``torch.bfloat16`` or their names.
-        seed: seed of the random weights (random models only; the global RNG is left as it was).
-        device: torch device string.
+        name: ``"embedded"`` (the small trained model shipped in ``data/embedded/model``), ``"tiny-random"``,
+            ``"qwen3-tts-0.6b-random"``, ``"qwen3-tts-1.7b-random"``, a local checkpoint folder, or a hub id such as
+            ``"Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"`` (needs the network or the HF cache).
+        dtype: a torch float dtype or its name. seed: of random weights (the global RNG is left as it was).
 
     Returns:
         :class:`LoadedModel`.
 
     Raises:
-        ModelNotFoundError: unknown name, or a hub id that cannot be fetched (message names the offline choices); a
-            config that is not Qwen3-TTS or has one code group (:func:`check_config`), in one line.
+        ModelNotFoundError: an unknown name, a hub id that cannot be fetched, a config :func:`check_config` refuses
+            (one line). ValueError: an unknown dtype name, damaged weights.
     """
     if isinstance(dtype, str):
         try:
@@ -234,13 +213,9 @@ QWEN3_TTS_MODEL_TYPE = "qwen3_tts"
 
 
 def check_config(cfg, where: str, *, own: bool = False) -> dict:
-    """Check that a ``config.json`` dict is a Qwen3-TTS config this library can run; return it.
-
-    A checkpoint's config must say ``"model_type": "qwen3_tts"`` (transformers dispatches on it; without this check
-    its error lists every model type it knows); our own models (:func:`save_checkpoint`) are built from the dict
-    directly, so for them ``model_type`` may be absent but not another type. Both need ``talker_config`` with a
-    ``code_predictor_config``, and at least 2 code groups: with one, the talker emits every code and the inner loop
-    (docs/model.md#two-nested-loops) has nothing to decode.
+    """Check that a ``config.json`` dict is a Qwen3-TTS config this library can run (``model_type`` ``qwen3_tts``,
+    absent allowed for our ``own`` models; a ``talker_config`` with a ``code_predictor_config``; at least 2 code
+    groups, docs/model.md#two-nested-loops); return it.
 
     Raises:
         ModelNotFoundError: one line naming ``where``, what it has and what is expected.
@@ -284,9 +259,8 @@ SPEECH_TOKENIZER_DIR = "speech_tokenizer"
 
 
 def check_speech_tokenizer(path: str | os.PathLike) -> None:
-    """A local checkpoint folder must hold ``speech_tokenizer/config.json``: the official ``from_pretrained`` loads
-    the speech tokenizer from there, and for a folder without it transformers' error advises a hub download, which
-    points the wrong way for a local copy that lost a folder.
+    """A local checkpoint folder must hold ``speech_tokenizer/config.json`` (transformers' own error would advise a
+    hub download).
 
     Raises:
         ModelNotFoundError: one line naming the missing folder and the fix.
@@ -309,15 +283,12 @@ def _check_loaded(lm: LoadedModel) -> LoadedModel:
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What a model's config says, read WITHOUT loading weights (:func:`model_facts`): enough to check the command
-    line's flags (language, speaker, tree ranks, drafted offsets) before the seconds a load takes.
+    """What a model's config says, read WITHOUT loading weights: enough to check the command line's flags first.
 
     Attributes:
-        name: as given. kind: ``"checkpoint"``, ``"tiny-random"`` or ``"random-size"`` (as :class:`LoadedModel`).
-        n_code_groups: codebooks per frame (16 on released checkpoints). codebook_size: codes per codebook (2048).
-        languages: what ``language=`` accepts besides ``"auto"`` (lower case, sorted; for our own models only the
-            languages they were trained on). speakers: CustomVoice speakers (lower case, sorted; may be empty).
-        offline_codec: the model has an RVQ codec file beside it (``--codes-to-audio`` has a choice to make).
+        name: as given. kind: as :class:`LoadedModel`'s. n_code_groups, codebook_size: per frame, per codebook.
+        languages: what ``language=`` accepts besides ``"auto"`` (lower case, sorted). speakers: CustomVoice
+            speakers (lower case, sorted). offline_codec: an RVQ codec file lies beside the model.
     """
 
     name: str
@@ -330,15 +301,11 @@ class ModelFacts:
 
 
 def model_facts(name: str) -> ModelFacts | None:
-    """:class:`ModelFacts` of a model from its ``config.json`` (milliseconds; no weights, no network).
-
-    Returns:
-        the facts, or ``None`` for a hub id whose config is not in the local Hugging Face cache (then only loading
-        tells).
+    """:class:`ModelFacts` from the ``config.json`` (no weights, no network); ``None`` for a hub id not in the local
+    cache.
 
     Raises:
-        ModelNotFoundError: the same one-line errors :func:`load_model` gives for unknown names, missing files and
-            configs that are not Qwen3-TTS (:func:`check_config`).
+        ModelNotFoundError: as :func:`load_model`.
     """
     kind, path = _resolve(name)
     codec = False
@@ -373,26 +340,23 @@ def model_facts(name: str) -> ModelFacts | None:
 EMBEDDED_MODEL = "embedded"
 
 
-#: Where it lives: ``model/`` (the checkpoint), ``codec.safetensors``, ``utterances.safetensors`` (+ ``.jsonl``),
-#: ``eval.json`` and ``MODEL_CARD.md``, all written by ``make embedded``.
-#: ``RVQSPEC_EMBEDDED_DIR`` points it at another build (e.g. ``build/embedded-smoke``).
+#: Where it lives (``model/``, ``codec.safetensors``, the shipped utterances, ``eval.json``, ``MODEL_CARD.md``: written
+#: by ``make embedded``); ``RVQSPEC_EMBEDDED_DIR`` points it at another build.
 EMBEDDED_DIR = Path(os.environ.get("RVQSPEC_EMBEDDED_DIR") or
                     DATA_DIR / "embedded").expanduser()
 
 
-#: Marker file in a checkpoint folder whose weights are random (:func:`rvqspec_lib.models.fixtures.write_tiny_checkpoint`
-#: writes it; the official loader ignores it): ``load_model`` then reports kind ``"random-checkpoint"``.
+#: Marker file of a checkpoint folder with random weights (the tiny test checkpoint): kind ``"random-checkpoint"``.
 RANDOM_WEIGHTS_MARKER = "RANDOM_WEIGHTS"
 
 
-#: Marker file of a checkpoint written by :func:`rvqspec_lib.models.loader.save_checkpoint` (no processor, no codec):
-#: ``{"format": "rvqspec-model", "version": 1, "tokenizer": {"kind": "bytes" | "phonemes", ...}, ...}``.
+#: Marker file of a checkpoint written by :func:`save_checkpoint`: ``{"format": "rvqspec-model", "version": 1,
+#: "tokenizer": {"kind": "bytes" | "phonemes", ...}, ...}``.
 OWN_MODEL_MARKER = "rvqspec_model.json"
 
 
 def _own_config(path: Path) -> tuple[dict, dict]:
-    """``(config, marker)`` of our own model's folder: ``config.json`` checked, its languages cut to those the model
-    was trained on (the marker's ``languages``; others are refused by the prompt builder)."""
+    """``(config, marker)`` of our own model's folder, the config's languages cut to those it was trained on."""
     marker = json.loads((path / OWN_MODEL_MARKER).read_text())
     cfg = _read_config(path / "config.json", own=True)
     if marker.get("languages"):
@@ -402,8 +366,8 @@ def _own_config(path: Path) -> tuple[dict, dict]:
 
 
 def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -> LoadedModel:
-    """Our own small model: the official class built from ``config.json``, weights from ``model.safetensors``,
-    the text front end named in ``rvqspec_model.json`` (bytes or espeak-ng phonemes, see rvqspec_lib.frontend)."""
+    """Our own small model: the official class from ``config.json``, ``model.safetensors``, the marker's text front
+    end and codec."""
     cfg, marker = _own_config(path)
     weights = path / "model.safetensors"
     if not weights.exists():
@@ -430,7 +394,8 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
     """One quick TCP connection to the hub endpoint (no retries), so an offline machine fails in seconds."""
     u = urlparse(hub_constants.ENDPOINT)
     try:
-        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout_s).close()
+        port = u.port or (443 if u.scheme == "https" else 80)
+        socket.create_connection((u.hostname, port), timeout=timeout_s).close()
         return True
     except OSError:
         return False
@@ -450,8 +415,7 @@ def _check_hub_id(name: str) -> None:
 
 
 def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implementation) -> LoadedModel:
-    """A released checkpoint through the official ``Qwen3TTSModel.from_pretrained`` (qwen_tts is imported here, on
-    first use: it takes seconds)."""
+    """A released checkpoint through the official ``Qwen3TTSModel.from_pretrained``."""
     if path is None:
         _check_hub_id(name)
     try:
@@ -476,17 +440,13 @@ def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implement
 
 
 def save_checkpoint(lm: LoadedModel, out_dir: str | Path, *, extra: dict | None = None) -> Path:
-    """Write a directory that ``rvqspec_lib.models.loader.load_model(out_dir)`` loads.
-
-    Files: ``model.safetensors`` (weights), ``config.json``, ``generation_config.json`` (sampling defaults),
-    ``rvqspec_model.json`` (marker: text front end, frame rate, ``extra`` training metadata).
-    """
+    """Write a folder :func:`load_model` loads: ``model.safetensors``, ``config.json``, ``generation_config.json`` and
+    the marker (text front end, frame rate, ``extra`` training metadata). Returns the folder."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     marker = {"format": "rvqspec-model", "version": 1, "tokenizer": tokenizer_spec(lm.tokenizer),
               "frame_rate_hz": lm.frame_rate_hz, "sample_rate_hz": lm.sample_rate_hz, "training": extra or {}}
-    gen = lm.generation or json.loads(
-        (CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice" / "generation_config.json").read_text())
+    gen = lm.generation or _default_generation(None)
     save_model(lm.model, str(out / "model.safetensors"))
     usual_mode(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config_dict(lm.model), indent=2))

@@ -1,28 +1,6 @@
 """The native forward: the code predictor's verify call as ONE C call over packed copies of the official module's
-weights, at the weight-streaming floor (docs/precision.md#the-native-forward).
-
-A code-predictor call of the real-size architecture reads about 80 M weights and multiplies each with a handful of
-query rows: it is bound by reading the weights. torch's own kernels stream them at about half the machine's read
-bandwidth on one thread and the module's Python and operator dispatch adds about a millisecond per call, so the
-official call runs at 2.4-3.8x its floor (``rvqspec bench precisions`` on the machines of this project).
-:class:`NativeCodePredictor` packs the weights once into the C kernels' panel layout
-(:mod:`rvqspec_lib.models.kernels.cpforward`) and runs the whole layer stack, and the per-depth heads, in C.
-
-It is a verify backend (:class:`rvqspec_lib.decoding.predictor.VerifyBackend`): ``decode_frame(...,
-backend=NativeCodePredictor(cp))`` runs any decoder through it, in the precision ``cp`` was converted to
-(:func:`rvqspec_lib.models.precision.apply_precision`: float32, bfloat16, int8, int8-dynamic).
-
-Two properties, both tested (tests/test_native.py):
-
-* **Row invariance.** Each query row of a call is computed exactly as the same row alone: a verify call's logits
-  equal, bit for bit, the logits of the AR calls over the same codes. Speculation through this backend computes
-  exactly what AR through it computes, in every precision.
-* **Equal to the official module in the same precision** to a stated tolerance (float32: summation order only;
-  bfloat16 / int8: the same rounding points as the official bfloat16 arithmetic, a different order), and greedy codes
-  equal where the official top-2 margin is clear.
-
-The KV cache is float32 (values rounded to bfloat16 in the bfloat16 precisions, as the official cache holds them).
-Embeddings and ``small_to_mtp_projection`` stay the official module's (a table lookup; an identity on the 0.6B).
+weights, row invariant, at the weight-streaming floor, in the precision the module was converted to
+(docs/precision.md#the-native-forward; tests/test_native.py).
 """
 
 from __future__ import annotations
@@ -50,15 +28,8 @@ def _weight_of(module: nn.Module, precision: str) -> tuple[torch.Tensor, torch.T
 
 
 def packed_linear(precision: str, modules: list[nn.Module]) -> C.PackedLinear:
-    """The layers' weights stacked along the outputs (q, k, v -> one layer; gate, up -> one) and packed.
-
-    Args:
-        precision: a key of :data:`rvqspec_lib.models.kernels.cpforward.PREC_CODE`, the modules' precision.
-        modules: bias-free ``nn.Linear`` or :class:`~rvqspec_lib.models.precision.Int8Linear` layers with the same
-            input width.
-
-    Returns:
-        a :class:`~rvqspec_lib.models.kernels.cpforward.PackedLinear` of ``sum(out)`` outputs (a copy of the weights).
+    """Bias-free linear layers (``nn.Linear`` or ``Int8Linear``, one input width) stacked along the outputs and packed
+    in ``precision`` (a key of ``cpforward.PREC_CODE``): a ``PackedLinear`` of ``sum(out)`` outputs, a copy.
 
     Raises:
         ValueError: a layer with a bias.
@@ -70,22 +41,13 @@ def packed_linear(precision: str, modules: list[nn.Module]) -> C.PackedLinear:
 
 
 class PackedDecoder:
-    """Packed copies of an official Qwen3-shaped decoder stack on one C model handle (``rvq_model_new``): the packing
-    shared by the code predictor's and the talker's native forwards.
-
-    Each decoder layer (RMSNorm, fused q/k/v projection, per-head q/k RMSNorm, RoPE, grouped-query attention, output
-    projection, SwiGLU MLP) is packed into the C kernels' panel layout, four packed linear layers (q+k+v, o,
-    gate+up, down) and four norm vectors per layer, plus the final norm. The weights are COPIED: later changes to
-    the module are not seen.
+    """Packed copies of an official Qwen3-shaped decoder stack on one C model handle (``rvq_model_new``), shared by
+    the code predictor's and the talker's native forwards: per layer q+k+v, o, gate+up, down and four norms, then the
+    final norm. The weights are COPIED: later changes to the module are not seen.
 
     Args:
-        model: the decoder stack (``code_predictor.model`` or ``talker.model``): ``layers`` (each with
-            ``self_attn.{q,k,v,o}_proj``, ``self_attn.{q,k}_norm``, ``mlp.{gate,up,down}_proj``,
-            ``input_layernorm``, ``post_attention_layernorm``) and ``norm``.
-        config: its config (``num_attention_heads``, ``num_key_value_heads``, ``hidden_size``, ``head_dim``,
-            ``rms_norm_eps``).
-        precision: ``float32``, ``bfloat16``, ``int8`` or ``int8-dynamic`` (the modules' own precision,
-            :func:`rvqspec_lib.models.precision.precision_of`).
+        model: the decoder stack (``code_predictor.model`` or ``talker.model``). config: its config.
+        precision: the modules' own precision (:func:`rvqspec_lib.models.precision.precision_of`).
 
     Attributes: ``handle`` (the C model, an int, valid while this object lives), ``precision``, ``act_bf16``
     (whether activations are rounded to bfloat16), ``n_layers``, ``hidden``, ``n_heads``, ``n_kv``, ``head_dim``,
@@ -154,13 +116,10 @@ class NativeCodePredictor(SlotBackend):
     """The verify backend whose call is one C function over packed weights (module docstring).
 
     Args:
-        code_predictor: the official module (``model.talker.code_predictor``) in float32, bfloat16, int8 or
-            int8-dynamic (:func:`rvqspec_lib.models.precision.apply_precision`), on the CPU. Its weights are COPIED
-            into the packed layout at construction: later changes to the module's weights are not seen (build a new
-            backend after training).
+        code_predictor: the official module on the CPU in one of the four precisions. Its weights are COPIED at
+            construction: build a new backend after changing them.
 
-    Attributes: ``precision``, ``fast`` (whether this precision runs through the AVX-512 path of this CPU, else the
-    plain C path), ``name`` (``"native"``).
+    Attributes: ``precision``, ``fast`` (whether this CPU runs this precision through the AVX-512 path), ``name``.
 
     Raises:
         ValueError: not the official code predictor; a dtype other than the four precisions; a head width over
@@ -182,9 +141,6 @@ class NativeCodePredictor(SlotBackend):
             raise ValueError(f"the native forward runs on the CPU; the code predictor is on {p0.device}: use "
                              f"--backend eager/compile/cuda there")
         cfg = code_predictor.config
-        rope = getattr(cfg, "rope_scaling", None) or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise ValueError(f"the native forward supports plain RoPE only, this config has rope_scaling={rope}")
         self.code_predictor, self.precision = code_predictor, precision
         self.dtype, self.device = p0.dtype if precision != "int8-dynamic" else torch.float32, p0.device
         self.cache_dtype = torch.float32
@@ -203,16 +159,13 @@ class NativeCodePredictor(SlotBackend):
 
     @property
     def handle(self) -> int:
-        """The C model handle (``rvq_model_new``'s pointer, an int) the packed layers hang on, for C calls that run
-        this model themselves (:class:`rvqspec_lib.models.native_frame.NativeChainFrame`); valid while this backend
-        lives (its :class:`PackedDecoder` owns it)."""
+        """The C model handle (an int) for C calls that run this model themselves; valid while this backend lives."""
         return self._handle
 
     # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend; the cache: SlotBackend's, float32) ----
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache: LeanCache,
                 write_slots: torch.Tensor) -> torch.Tensor:
-        """The verify call; arguments and result as :func:`rvqspec_lib.decoding.predictor.verify_forward` (the
-        result in the module's activation dtype)."""
+        """The verify call, as :func:`rvqspec_lib.decoding.predictor.verify_forward` (in the activation dtype)."""
         b, q_len, _ = embeds.shape
         s = cache.n_slots
         x = embeds.reshape(b * q_len, -1).to(torch.float32).contiguous()
@@ -236,8 +189,7 @@ class NativeCodePredictor(SlotBackend):
         return self.heads[index](x, act_bf16=self.act_bf16).to(self.dtype)
 
     def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """Head logits row by row (``lm_head[head[i]]`` on ``hidden[i]``), as
-        :func:`rvqspec_lib.decoding.predictor.head_logits`: ``(N, V)`` in the activation dtype."""
+        """Head logits row by row, as :func:`rvqspec_lib.decoding.predictor.head_logits` (in the activation dtype)."""
         head = head.clamp(0, len(self.heads) - 1)
         first = int(head[0]) if head.numel() else 0
         if head.numel() and bool((head == first).all()):

@@ -1,34 +1,10 @@
-"""The native fused frame: a whole frame of Chain(window) speculation -- or of AR decoding -- as ONE C call.
+"""The native fused frame: a whole frame of Chain(window) speculation, or of AR (``window=1``), as ONE C call,
+``rvq_frame_run`` in ``kernels/cpforward.c``, over a :class:`rvqspec_lib.models.native.NativeCodePredictor`: the
+rules and uniform order of ``FusedChainFrame`` (docs/methods.md#the-fused-speculative-round, its last item).
 
-:class:`NativeChainFrame` decodes a frame exactly as :class:`rvqspec_lib.models.fused_spec.FusedChainFrame` does
-(docs/methods.md#the-fused-speculative-round: the same rule, the same uniform order, the same inverse-CDF draws), but
-the prefill and every round of draft -> verify -> accept -> commit run inside ONE C call, ``rvq_frame_run``, in
-``rvqspec_lib/models/kernels/cpforward.c`` (its last section; a frame object made once by ``rvq_frame_new`` holds its
-buffers, so a call allocates nothing), over the model and the packed per-depth heads of a
-:class:`rvqspec_lib.models.native.NativeCodePredictor` (docs/precision.md#the-native-forward). A frame costs one call
-from Python instead of one (or several) per round, so the per-round Python and operator overhead of
-``decode_frame(..., backend=NativeCodePredictor(cp))`` is gone.
-
-* ``window = 1`` is the **native AR frame**: 15 forward calls, no drafts; its uniforms are ``(B, n_codes, 1)`` and
-  ``u[b, s, 0]`` draws code s+1 (``u[b, 0, 0]`` code 1): FusedChainFrame's layout with K = 0.
-* ``window = N`` in 2..8 is Chain(N) with the reused heads as drafter; uniforms ``(B, n_codes, 2N - 1)``.
-
-What the C frame computes differently from FusedChainFrame, none of which changes the codes' distribution: p is
-computed lazily (only the verify heads whose acceptance test is reached, and the bonus head when it is used), and the
-float32 warpers (temperature, top-k, softmax) are C loops, equal to torch's up to float32 rounding (the inverse CDF is
-float64 as there). The greedy codes equal ``decode_frame(..., backend=NativeCodePredictor(cp))``'s code for code
-(tests/test_native_frame.py), and the joint distribution of the codes passes the G-test against the exact AR pmf of
-the native forward.
-
-Embeddings. The code predictor embeds a code as ``small_to_mtp_projection(codec_embedding[j-1](code))``. The frame
-precomputes the projected tables once (the official module applied to each whole table, in its precision, held as
-float32: ``n_codes - 1`` tables of ``(V, H)``, 29 MB on the embedded model, 117 MB on the 1.7B; where the projection
-is the identity and the tables are float32 already, as the embedded model's in float32 and int8-dynamic, they are the
-module's own tensors, not copies) and looks codes up in C. A Linear projection (tiny-random, the 1.7B) therefore costs
-nothing per code. The context is projected in Python, one frame at a time (torch's float32 Linear is not row invariant
-across batch sizes; one frame at a time keeps a row's codes independent of the batch).
-
-Rows of a batch are decoded one after the other inside the one C call, each with its own KV cache.
+The embedding tables are projected once (``small_to_mtp_projection(codec_embedding[j-1])``, held as float32; the
+module's own tensors where the projection is the identity in float32) and looked up in C. The context is projected
+one frame at a time (torch's float32 Linear is not row invariant across batch sizes).
 """
 
 from __future__ import annotations
@@ -75,39 +51,31 @@ def _pointers(items) -> ctypes.Array:
 
 
 class NativeChainFrame(UniformFrame):
-    """Chain(window) speculation, or AR with ``window=1``, one C call a frame (module docstring).
+    """Chain(window) speculation, or AR with ``window=1``, one C call a frame (module docstring). It reads the
+    backend's packed weights and its tables as long as it lives: build a new one after changing the weights.
 
     Args:
-        code_predictor: the official module (``model.talker.code_predictor``) on the CPU, in float32, bfloat16, int8
-            or int8-dynamic (:func:`rvqspec_lib.models.precision.apply_precision`).
-        window: 1 (the native AR frame) or 2..8 (the committed code plus window - 1 drafts, as
-            :class:`rvqspec_lib.decoding.decoders.Chain`).
-        sampling: the code predictor's sampling (default temperature 0.9, top-k 50); greedy is argmax.
-        backend: a :class:`rvqspec_lib.models.native.NativeCodePredictor` over ``code_predictor`` to reuse (its C model
-            and packed heads); ``None`` builds one.
+        code_predictor: the official module on the CPU, in one of the four precisions.
+        window: 1 (AR) or 2..8. sampling: default the checkpoints'; greedy is argmax; ``top_p < 1`` is refused.
+        backend: a ``NativeCodePredictor`` over ``code_predictor`` to reuse; ``None`` builds one.
 
-    Attributes: ``window``, ``K`` (drafts per round, ``window - 1``), ``n_codes``, ``vocab``, ``u_width``
-    (``2 K + 1``), ``backend``, ``tables`` (the projected embedding tables, float32 ``(V, H)`` each; ``tables[j-1]``
-    embeds code j), ``last_calls`` (list: forward calls each row of the last frame took, the prefill included),
-    ``name`` (``"native-ar"`` or ``"native-chain<N>"``).
+    Attributes: ``window``, ``K`` (``window - 1``), ``n_codes``, ``vocab``, ``u_width`` (``2 K + 1``), ``backend``,
+    ``tables`` (float32 ``(V, H)``; ``tables[j-1]`` embeds code j), ``last_calls`` (forward calls per row of the last
+    frame, the prefill included), ``name``.
 
     Raises:
-        ValueError: a window outside 1..8; ``top_p < 1``; a backend over another module; what
-            :class:`~rvqspec_lib.models.native.NativeCodePredictor` refuses (a module not on the CPU, another dtype,
-            ...); a model whose RoPE table is shorter than a frame.
-        RuntimeError: the C library cannot be built here (the reason, one line).
-        MemoryError: the C frame object could not be allocated.
-
-    The frame reads the backend's packed weights and its tables (shared with the module where no copy was needed,
-    module docstring) for as long as it lives: build a new one after changing the module's weights.
+        ValueError: a window outside 1..8; ``top_p < 1``; a backend over another module; what the backend refuses; a
+            frame longer than the RoPE table.
+        RuntimeError: the C library cannot be built here. MemoryError: the C frame could not be allocated.
     """
 
     def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, backend=None):
         if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= MAX_WINDOW:
             raise ValueError(f"native frame window must be an integer in 1..{MAX_WINDOW} (1: the AR frame; N: the "
                              f"committed code plus N - 1 drafts), got {window!r}")
-        self.sampling = fused_sampling(sampling, "native frame", f"decode_frame(decoder="
-                                       f"{'AR()' if window == 1 else f'Chain({window})'}, backend=NativeCodePredictor(cp))")
+        decoder = "AR()" if window == 1 else f"Chain({window})"
+        self.sampling = fused_sampling(sampling, "native frame",
+                                       f"decode_frame(decoder={decoder}, backend=NativeCodePredictor(cp))")
         if backend is None:
             backend = NativeCodePredictor(code_predictor)
         elif not isinstance(backend, NativeCodePredictor) or backend.code_predictor is not code_predictor:
@@ -150,8 +118,7 @@ class NativeChainFrame(UniformFrame):
             self._frame = None
 
     def project(self, context: torch.Tensor) -> torch.Tensor:
-        """The projected context ``(B, 2, H)`` float32 (``small_to_mtp_projection`` in the module's dtype), one
-        frame at a time (a row's values do not depend on the batch)."""
+        """The projected context ``(B, 2, H)`` float32, one frame at a time (module docstring)."""
         x = context.to(self.dtype)
         if self._identity:
             return x.to(torch.float32).contiguous()
@@ -163,12 +130,11 @@ class NativeChainFrame(UniformFrame):
         """Codes of ``B`` frames for given uniforms, in one C call.
 
         Args:
-            context: ``(B, 2, talker_hidden)`` float (as :func:`rvqspec_lib.decoding.decode.decode_frame`'s).
-            u: ``(B, n_codes, 2 K + 1)`` float64 in [0, 1) (:meth:`uniforms`).
+            context: ``(B, 2, talker_hidden)`` float. u: ``(B, n_codes, 2 K + 1)`` float64 (:meth:`uniforms`).
             flags: 0; a negative control's bits (:data:`FLAGS`) in tests only: the codes are then NOT lossless.
 
         Returns:
-            ``(B, n_codes)`` int64 codes 1..n_codes; :attr:`last_calls` gets each row's forward calls.
+            ``(B, n_codes)`` int64 codes 1..n_codes.
 
         Raises:
             ValueError: a context or uniforms of the wrong shape.

@@ -1,34 +1,7 @@
-"""Precision as the user's choice: the code predictor in float32, bfloat16 or int8 weights, checked against the CPU.
-
-Precisions (docs/precision.md):
-
-* ``float32``: the official module as loaded (every CPU runs it natively).
-* ``bfloat16``: weights and activations in bfloat16 (``module.to(torch.bfloat16)``); needs AVX512-BF16 or AMX-BF16
-  on a CPU to run natively.
-* ``int8``: weight-only int8. Every ``nn.Linear`` of the code predictor (the decoder layers' projections, the
-  per-depth heads, ``small_to_mtp_projection``) becomes an :class:`Int8Linear`: int8 weights with one float scale per
-  output channel (symmetric, ``scale = max|w_row| / 127``); the rest of the module (embeddings, RMSNorms) and every
-  activation is bfloat16. The matmul is torch's own weight-only int8 kernel ``torch._weight_int8pack_mm`` (the
-  kernel torchao's and gpt-fast's int8 weight-only modes run on CPUs), which converts the int8 weights in registers
-  and multiplies in floating point. Its float32-activation path is a scalar loop about 10x slower than its bfloat16
-  path on this project's machines, hence bfloat16 activations; int8 therefore needs what bfloat16 needs
-  (AVX512-BF16 or AMX-BF16).
-* ``int8-dynamic``: the same int8 weights, and each activation ROW quantised to int8 on the fly with its own scale
-  (``max|x_row| / 127``); the product is an exact int8 x int8 -> int32 matmul (``torch._int_mm``, oneDNN's VNNI /
-  AMX-INT8 path), rescaled by the row's and the channel's scales. The rest of the module is float32. Needs int8
-  dot products (AVX512-VNNI, AVX-VNNI or AMX-INT8).
-
-Why not torch's stock dynamic quantisation (``torch.ao.quantization.quantize_dynamic``): it quantises activations
-with one scale per TENSOR, i.e. over all rows of a verify call at once, so a row's result would depend on the other
-nodes of the tree and a verify call would no longer compute what the AR call computes. In both schemes here each
-output row of an int8 layer is a function of its own input row alone (the int32 accumulation of ``int8-dynamic`` is
-exact, so not even the summation order depends on the row count): speculation stays lossless with respect to AR in
-that precision.
-
-Capability comes from the CPU flags in ``/proc/cpuinfo`` (:func:`rvqspec_lib.common.machine.cpu_flags`, read here as
-``cpu_flags``); :func:`native_precisions` says which
-precisions the CPU runs natively, :func:`check_precision` raises the one-line error a command prints, and
-:func:`apply_precision` converts ``model.talker.code_predictor`` (the official module) in place and returns it.
+"""Precision as the user's choice: the code predictor in float32, bfloat16, weight-only int8 or int8 with per-row
+dynamic activations, checked against the CPU's flags (docs/precision.md#the-precisions, and why each int8 row depends
+on its own input row alone: docs/precision.md#the-two-int8-schemes-and-why). :func:`apply_precision` converts
+``model.talker.code_predictor`` in place.
 """
 
 from __future__ import annotations
@@ -58,28 +31,15 @@ _NEEDS = {"bfloat16": "AVX512-BF16 or AMX-BF16",
 
 
 def cpu_features(flags: frozenset[str] | None = None) -> dict:
-    """The flags that matter for the precisions, present or not.
-
-    Args:
-        flags: CPU flags (default :func:`cpu_flags` of this machine).
-
-    Returns:
-        ``{"bf16": [...], "int8_dot": [...], "avx512f": bool, "avx2": bool}``: the present flags of
-        :data:`BF16_FLAGS` and :data:`INT8_DOT_FLAGS`, and whether AVX512F / AVX2 are present.
-    """
+    """The flags that matter for the precisions (``flags``: default this machine's): ``{"bf16": [...], "int8_dot":
+    [...], "avx512f": bool, "avx2": bool}``, the present flags of :data:`BF16_FLAGS` and :data:`INT8_DOT_FLAGS`."""
     flags = cpu_flags() if flags is None else frozenset(flags)
     return {"bf16": [f for f in BF16_FLAGS if f in flags], "int8_dot": [f for f in INT8_DOT_FLAGS if f in flags],
             "avx512f": "avx512f" in flags, "avx2": "avx2" in flags}
 
 
 def native_precisions(flags: frozenset[str] | None = None) -> tuple[str, ...]:
-    """Which of :data:`PRECISIONS` this CPU runs natively: float32 always, bfloat16 and int8 where a flag of
-    :data:`BF16_FLAGS` is present (module docstring: why int8 needs it), int8-dynamic where one of
-    :data:`INT8_DOT_FLAGS` is.
-
-    Args:
-        flags: CPU flags (default :func:`cpu_flags` of this machine).
-    """
+    """Which of :data:`PRECISIONS` the CPU of ``flags`` (default this machine's) runs natively."""
     flags = cpu_flags() if flags is None else frozenset(flags)
     bf16 = any(f in flags for f in BF16_FLAGS)
     dot = any(f in flags for f in INT8_DOT_FLAGS)
@@ -108,26 +68,15 @@ def check_precision(precision: str, *, device: str = "cpu", flags: frozenset[str
 
 
 class Int8Linear(nn.Module):
-    """A linear layer with int8 weights and one scale per output channel (the ``int8`` and ``int8-dynamic``
-    precisions of the module docstring).
-
-    ``dynamic=False`` (``int8``): ``y = x_bf16 @ (w_int8 * scale[:, None]).T + bias`` through
-    ``torch._weight_int8pack_mm`` where the input width is a multiple of :data:`INT8PACK_K_MULTIPLE`, else through
-    ``F.linear`` on the dequantised weight; bfloat16 in and out.
-    ``dynamic=True`` (``int8-dynamic``): each input row x is quantised to ``round(x / s_x)`` with
-    ``s_x = max|x| / 127``, multiplied exactly in int32 (``torch._int_mm``), and rescaled:
-    ``y = (x_int8 @ w_int8.T) * s_x * scale + bias``; float32 out. Either way each output row depends on its input
-    row alone.
+    """A linear layer with int8 weights, one scale per output channel (docs/precision.md#the-two-int8-schemes-and-why):
+    ``dynamic=False`` (``int8``) bfloat16 in and out; ``dynamic=True`` (``int8-dynamic``) each row quantised with its
+    own scale, multiplied exactly in int32, float32 out.
 
     Args:
-        linear: the ``nn.Linear`` to quantise (any float dtype); its weight is rounded to
-            ``round(w / scale)`` clamped to [-127, 127] with ``scale = max|w_row| / 127`` (1 for an all-zero row).
-        dynamic: see above.
+        linear: the ``nn.Linear`` to quantise (any float dtype). dynamic: the scheme.
 
-    Attributes: ``weight_int8`` ``(out, in)`` int8 buffer, ``scale`` ``(out,)`` buffer (bfloat16, or float32 when
-    ``dynamic``), ``bias`` ``(out,)`` parameter of the same dtype or None, ``in_features``, ``out_features``; when
-    ``dynamic``, ``weight_int8_kn``, the same weights ``(in, out)`` for calls of several rows (non-persistent; a
-    call reads one of the two copies).
+    Attributes: ``weight_int8`` ``(out, in)`` int8, ``scale`` ``(out,)`` (bfloat16, or float32 when ``dynamic``),
+    ``bias`` or None, ``in_features``, ``out_features``; when ``dynamic``, ``weight_int8_kn`` ``(in, out)``.
     """
 
     def __init__(self, linear: nn.Linear, *, dynamic: bool = False):
@@ -147,8 +96,7 @@ class Int8Linear(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The dequantised weight ``(out, in)`` in the layer's activation dtype (for code that reads ``.weight``;
-        not the fast path)."""
+        """The dequantised weight ``(out, in)`` in the activation dtype (not the fast path)."""
         w = self.weight_int8.to(torch.float32) * self.scale.to(torch.float32)[:, None]
         return w if self.dynamic else w.to(torch.bfloat16)
 
@@ -189,18 +137,12 @@ def _quantise_linears(module: nn.Module, *, dynamic: bool) -> int:
 
 def apply_precision(code_predictor: nn.Module, precision: str, *, require_native: bool = True,
                     flags: frozenset[str] | None = None) -> nn.Module:
-    """Convert the code predictor (``model.talker.code_predictor``, the official module) to a precision, IN PLACE.
+    """Convert the official code predictor (any float dtype) to one of :data:`PRECISIONS`, IN PLACE, and return it:
+    ``.to(dtype)``, and for int8 every ``nn.Linear`` replaced by an :class:`Int8Linear`.
 
     Args:
-        code_predictor: the official module, in any float dtype.
-        precision: one of :data:`PRECISIONS`.
         require_native: check with :func:`check_precision` that the CPU runs it natively (``False``: convert
-            anyway, e.g. for correctness tests on any CPU; it then runs emulated, slowly).
-        flags: CPU flags for that check (default this machine's).
-
-    Returns:
-        the same module, converted: float32 / bfloat16 through ``.to(dtype)``; int8 (in bfloat16) and int8-dynamic
-        (in float32) with every ``nn.Linear`` replaced by an :class:`Int8Linear` (module docstring).
+            anyway, e.g. for correctness tests; it then runs emulated, slowly). flags: for that check.
 
     Raises:
         ValueError: an unknown precision, or (``require_native``) one the CPU cannot run natively (one line).

@@ -1,20 +1,10 @@
-"""Speech codecs with the Qwen3-TTS 12 Hz interface: 24 kHz audio <-> (frames, 16) integer codes.
+"""The offline speech codec with the Qwen3-TTS 12 Hz interface (24 kHz audio <-> (frames, 16) codes; ``encode``,
+``decode``, ``sample_rate``, ``frame_samples``, ``n_codebooks``, ``codebook_size``), fitted here on audio rendered here.
 
-The offline codec; it shares one interface with the official tokenizer (``encode(wav) -> codes``, ``decode(codes) -> wav``, ``sample_rate``,
-``frame_samples``, ``n_codebooks``, ``codebook_size``):
-
-* :class:`RVQCodec` -- an offline stand-in that is fitted here, on audio rendered here (no weights to download).
-  Features are log-mel spectra (80 mels, 20 ms hop) with 4 consecutive mel frames stacked into one 80 ms frame
-  vector (12.5 Hz, 1920 samples at 24 kHz, like the real tokenizer). The vectors are quantised by residual k-means:
-  stage 1 clusters the vectors, stage 2 clusters what stage 1 left over, and so on for 16 stages of 2048 entries
-  (k-means++ initialisation, Lloyd iterations, all randomness from an explicit seed). Decoding sums the selected
-  centroids, unstacks them into a mel spectrogram, inverts the mel filter bank (non-negative least squares, by
-  default a fast multiplicative solver; ``librosa.feature.inverse.mel_to_stft`` on request) and estimates phase
-  with Griffin-Lim (``librosa.griffinlim``). It is NOT a neural codec: its deep stages carry little structure.
-  scripts/measure_codec.py (16 x 2048 fitted on 1.4 h of flite slt, 50 held-out sentences, PocketSphinx default
-  LM): WER 0.272 original, 0.287 Griffin-Lim of unquantised features, 0.39 after quantisation (16 codebooks).
-
-Fitting the codebooks is part of building the embedded model: :func:`rvqspec_lib.embedded.codec_fit.fit_codec`.
+:class:`RVQCodec`: log-mel spectra (20 ms hop) with 4 mel frames stacked into one 80 ms frame vector, quantised by
+16 stages of residual k-means (fitted by :func:`rvqspec_lib.embedded.codec_fit.fit_codec`); decoding sums the
+centroids (or runs a neural code decoder), inverts the mel filter bank and estimates phase with Griffin-Lim. NOT a
+neural codec: its deep stages carry little structure (docs/offline.md#template-sentences).
 """
 
 from __future__ import annotations
@@ -39,24 +29,19 @@ from rvqspec_lib.models.code_decoder import CodeDecoder
 
 @dataclass(frozen=True)
 class CodecConfig:
-    """Geometry of an :class:`RVQCodec`. Defaults match the real 12 Hz tokenizer's frame layout.
+    """Geometry of an :class:`RVQCodec`; defaults match the real 12 Hz tokenizer's frame layout.
 
     Attributes:
-        sample_rate: audio rate in Hz (the real tokenizer's 24 kHz).
-        frame_samples: samples per code frame (1920 = 80 ms = 12.5 Hz).
-        hop_samples: mel hop (480 = 20 ms); ``frame_samples / hop_samples`` mel frames are stacked per code frame.
-        n_fft: FFT size (2048: a power of two just above the 1920-sample window).
-        win_samples: analysis window (1920 = 80 ms: long enough to resolve pitch harmonics of low voices).
-        n_mels: mel bands (80, the usual TTS choice; fewer lose formant detail, more make k-means slower).
-        fmax_hz: top of the mel filter bank (Nyquist).
-        log_floor: floor under the mel power before the log (-115 dB: silence, not -inf).
-        n_codebooks: residual stages (16, as the real tokenizer).
-        codebook_size: entries per stage (2048, as the real tokenizer).
-        griffin_lim_iters: phase-estimation iterations at decode (32: more costs time for little intelligibility).
-        mel_inverse: ``"mu"`` (fast multiplicative NNLS) or ``"librosa"`` (``mel_to_stft``), see
-            :meth:`RVQCodec.mel_to_magnitude`.
-        mel_inverse_iters: multiplicative updates for ``"mu"``.
-        seed: seed of k-means and of Griffin-Lim's initial phase (decode is deterministic).
+        sample_rate: Hz. frame_samples: per code frame (1920 = 80 ms). hop_samples: mel hop (480 = 20 ms; a
+            multiple stacks per frame). n_fft: 2048, just above the window. win_samples: 80 ms, long enough for the
+            harmonics of low voices. n_mels: 80. fmax_hz: top of the mel filter bank. log_floor: under the mel power
+            before the log (silence, not -inf). n_codebooks, codebook_size: residual stages and their entries.
+        griffin_lim_iters: phase-estimation iterations at decode (more costs time for little intelligibility).
+        mel_inverse: ``"mu"`` or ``"librosa"`` (:meth:`RVQCodec.mel_to_magnitude`); mel_inverse_iters: ``"mu"``'s.
+        seed: of k-means and of Griffin-Lim's initial phase (decode is deterministic).
+
+    Raises:
+        ValueError: a frame that is not whole mel hops, an unknown ``mel_inverse``, no stage or a 1-entry codebook.
     """
 
     sample_rate: int = SAMPLE_RATE
@@ -113,26 +98,15 @@ def _check_codes(codes, n_codebooks: int, codebook_size: int) -> np.ndarray:
     return codes.astype(np.int64, copy=False)
 
 
-def _sq_dists(x: torch.Tensor, c: torch.Tensor, c_sq: torch.Tensor) -> torch.Tensor:
-    """Squared distances up to the per-row constant ``|x|^2``: ``|c|^2 - 2 x.c`` -> (n, k). Argmin is unchanged."""
-    return c_sq[None, :] - 2.0 * (x @ c.T)
-
-
 def nearest(x: torch.Tensor, c: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
-    """Nearest centroid of each row.
-
-    Args:
-        x: `(n, dim)` float32 vectors.
-        c: `(k, dim)` float32 centroids.
-    Returns:
-        ``(index (n,) int64, squared distance (n,) float32)``.
-    """
+    """Nearest centroid of each row: ``x`` `(n, dim)` and ``c`` `(k, dim)` float32 -> ``(index (n,) int64, squared
+    distance (n,) float32)``."""
     c_sq = (c * c).sum(1)
     idx = torch.empty(x.shape[0], dtype=torch.long)
     dist = torch.empty(x.shape[0], dtype=torch.float32)
     for i in range(0, x.shape[0], chunk):  # chunks keep the (chunk, k) distance matrix small
         xb = x[i:i + chunk]
-        d = _sq_dists(xb, c, c_sq)
+        d = c_sq[None, :] - 2.0 * (xb @ c.T)  # squared distances less |x|^2, a per-row constant: same argmin
         m, j = d.min(1)
         idx[i:i + chunk] = j
         dist[i:i + chunk] = (m + (xb * xb).sum(1)).clamp_min(0)
@@ -140,7 +114,7 @@ def nearest(x: torch.Tensor, c: torch.Tensor, chunk: int = 8192) -> tuple[torch.
 
 
 class RVQCodec:
-    """Residual k-means over stacked log-mel frames; Griffin-Lim back to audio. See the module docstring.
+    """Residual k-means over stacked log-mel frames; Griffin-Lim back to audio (module docstring).
 
     Attributes:
         config: the :class:`CodecConfig`.
@@ -185,20 +159,10 @@ class RVQCodec:
     frame_rate_hz = property(lambda self: self.config.frame_rate_hz)
 
     # ---------------------------------------------------------------- features
-    def _mel_kwargs(self) -> dict:
-        c = self.config
-        return dict(sr=c.sample_rate, n_fft=c.n_fft, hop_length=c.hop_samples, win_length=c.win_samples,
-                    n_mels=c.n_mels, fmax=c.fmax_hz)
-
     @staticmethod
     def features_for(wav: np.ndarray, config: CodecConfig) -> np.ndarray:
-        """Stacked log-mel frame vectors of 24 kHz audio.
-
-        Args:
-            wav: `(samples,)` float32 (checked by the caller).
-        Returns:
-            `(frames, dim)` float32, ``frames = ceil(samples / frame_samples)``; the last frame is zero-padded.
-        """
+        """Stacked log-mel frame vectors of checked `(samples,)` float32 audio: `(frames, dim)` float32,
+        ``frames = ceil(samples / frame_samples)``, the last frame zero-padded."""
         c = config
         f = n_frames(wav.shape[0], c.frame_samples)
         y = np.zeros(f * c.frame_samples, dtype=np.float32)
@@ -217,13 +181,7 @@ class RVQCodec:
 
     # ---------------------------------------------------------------- encode / decode
     def quantize(self, vectors: np.ndarray) -> np.ndarray:
-        """Greedy residual quantisation of frame vectors.
-
-        Args:
-            vectors: `(frames, dim)` float32.
-        Returns:
-            `(frames, n_codebooks)` int64 codes.
-        """
+        """Greedy residual quantisation: `(frames, dim)` float32 -> `(frames, n_codebooks)` int64 codes."""
         r = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32)).clone()
         codes = torch.empty(r.shape[0], self.config.n_codebooks, dtype=torch.long)
         for s in range(self.config.n_codebooks):
@@ -243,26 +201,16 @@ class RVQCodec:
         return v.numpy()
 
     def encode(self, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-        """Audio -> codes.
+        """`(samples,)` float audio in [-1, 1] -> `(frames, n_codebooks)` int64, ``frames = ceil(samples / 1920)``.
 
-        Args:
-            wav: `(samples,)` float audio in [-1, 1] at ``sample_rate``.
-            sample_rate: must equal the codec's (24000); anything else raises (resample first).
-        Returns:
-            `(frames, n_codebooks)` int64, ``frames = ceil(samples / 1920)``.
+        Raises:
+            ValueError: bad audio, a ``sample_rate`` other than the codec's (resample first).
         """
         return self.quantize(self.features(wav, sample_rate))
 
     def decode(self, codes, n_codebooks: int | None = None) -> np.ndarray:
-        """Codes -> audio.
-
-        Args:
-            codes: `(frames, n_codebooks)` integer ids in ``[0, codebook_size)``.
-            n_codebooks: use only the first k stages (coarser audio); ``None``: all.
-        Returns:
-            `(frames * frame_samples,)` float32 audio at ``sample_rate``. The frame vectors come from
-            :meth:`decode_vectors` (the neural code decoder when one is attached, see :meth:`load`).
-        """
+        """`(frames, n_codebooks)` integer codes in ``[0, codebook_size)`` -> `(frames * frame_samples,)` float32 audio,
+        through :meth:`decode_vectors`; ``n_codebooks``: the first k stages only (coarser audio)."""
         return self.vectors_to_audio(self.decode_vectors(codes, n_codebooks))
 
     def vectors_to_audio(self, vectors: np.ndarray) -> np.ndarray:
@@ -283,14 +231,9 @@ class RVQCodec:
 
     def mel_to_magnitude(self, mel: np.ndarray) -> np.ndarray:
         """Non-negative least-squares inverse of the mel filter bank: mel power `(n_mels, t)` -> magnitude
-        `(1 + n_fft/2, t)` float32.
-
-        ``config.mel_inverse == "librosa"`` calls ``librosa.feature.inverse.mel_to_stft`` (L-BFGS-B NNLS, exact but
-        about 1.5 s per 4 s of audio on one core). The default ``"mu"`` solves the same problem
-        ``min_S |B S - M|^2, S >= 0`` with Lee-Seung multiplicative updates from the clipped pseudo-inverse
-        (``mel_inverse_iters`` of them, 50: a log-mel error of 0.033 decades vs librosa's 0.045 on flite speech,
-        about 20x faster).
-        """
+        `(1 + n_fft/2, t)` float32. ``"librosa"``: ``librosa.feature.inverse.mel_to_stft`` (L-BFGS-B, slow);
+        ``"mu"``: the same ``min_S |B S - M|^2, S >= 0`` by Lee-Seung multiplicative updates from the clipped
+        pseudo-inverse, many times faster and no less accurate on speech."""
         c = self.config
         if c.mel_inverse == "librosa":
             return librosa.feature.inverse.mel_to_stft(mel, sr=c.sample_rate, n_fft=c.n_fft, power=2.0,
@@ -308,20 +251,11 @@ class RVQCodec:
             s = (s * bt_m / (b.T @ (b @ s)).clamp_min(1e-30)).clamp_min(1e-12)
         return s.sqrt().numpy()
 
-    def resynthesize(self, wav: np.ndarray, sample_rate: int = SAMPLE_RATE, n_codebooks: int | None = None):
-        """``decode(encode(wav), n_codebooks)``, trimmed to the input length."""
-        out = self.decode(self.encode(wav, sample_rate), n_codebooks)
-        return out[: np.asarray(wav).reshape(-1).shape[0]]
-
     # ---------------------------------------------------------------- analysis (notebook 00)
     def unstack(self, vectors: np.ndarray) -> np.ndarray:
-        """Frame vectors back to a log-mel spectrogram.
+        """Frame vectors `(frames, dim)` -> log-mel spectrogram `(n_mels, frames * stack)` float32 (natural log of mel
+        power, one column per mel hop).
 
-        Args:
-            vectors: `(frames, dim)` float (from :meth:`features` or :meth:`dequantize`).
-        Returns:
-            `(n_mels, frames * stack)` float32: natural log of mel power, one column per 20 ms mel hop
-            (multiply by ``10 / ln 10`` for dB).
         Raises:
             ValueError: ``vectors`` is not `(frames, dim)`.
         """
@@ -331,17 +265,15 @@ class RVQCodec:
             raise ValueError(f"expected frame vectors of shape (frames, {c.dim}), got {v.shape}")
         return np.ascontiguousarray(v.reshape(v.shape[0] * c.stack, c.n_mels).T)
 
+    def log_mel_db(self, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+        """The log-mel spectrogram of audio as the codec sees it, in dB: `(n_mels, frames * stack)` float32,
+        10 log10 of mel power, one column per 20 ms mel hop (:meth:`features` then :meth:`unstack`)."""
+        return (self.unstack(self.features(wav, sample_rate)) * (10.0 / np.log(10.0))).astype(np.float32)
+
     def log_spectral_distance(self, a: np.ndarray, b: np.ndarray) -> float:
-        """Mean log-spectral distance between two sets of frame vectors, in dB, on the codec's mel scale.
+        """Mean log-spectral distance in dB between frame vectors ``a``, ``b`` `(frames, dim)` of one shape: per mel
+        frame the RMS over the bands of ``10 log10(P_a / P_b)``, then the mean (0.0 with no frames).
 
-        For every 20 ms mel frame: the RMS over the ``n_mels`` bands of ``10 log10(P_a / P_b)``; then the mean over
-        mel frames. 0 means equal spectra; about 1 dB is hard to hear, several dB is audible.
-
-        Args:
-            a, b: `(frames, dim)` float log-mel frame vectors of the same shape (e.g. ``features(wav)`` and
-                ``dequantize(codes, k)``, or the features of two equally long waveforms).
-        Returns:
-            The distance in dB (float, >= 0; 0.0 when there are no frames).
         Raises:
             ValueError: the shapes differ or are not `(frames, dim)`.
         """
@@ -360,18 +292,15 @@ class RVQCodec:
         """One utterance resynthesised with the first k codebooks, for each k: what each RVQ stage adds.
 
         Args:
-            wav: `(samples,)` float audio in [-1, 1] at ``sample_rate``.
-            n_codebooks: the k to decode with (each in ``[1, n_codebooks]``), in the order wanted.
-            sample_rate: must equal the codec's (24000).
-            unquantised: also invert the UNQUANTISED features (the mel inversion and Griffin-Lim alone, no codes):
-                the ceiling of any k.
+            wav: as :meth:`encode`'s. n_codebooks: the k to decode with, in the order wanted.
+            unquantised: also invert the UNQUANTISED features (no codes): the ceiling of any k.
+
         Returns:
-            One dict per condition, ``"original"`` first, then ``"unquantised"`` (if asked), then ``"k=<k>"``:
-            ``condition`` (str), ``k`` (int, or ``None`` for the first two), ``audio`` (`(samples,)` float32, the
-            input's length), ``feature_lsd_db`` (:meth:`log_spectral_distance` of the vectors the decoder was
-            given vs the unquantised features: the quantisation error alone; 0 for ``original`` and
-            ``unquantised``) and ``audio_lsd_db`` (the same distance between the features of the output audio and
-            of the input: quantisation plus inversion; 0 for ``original``).
+            One dict per condition, ``"original"``, ``"unquantised"`` (if asked), then ``"k=<k>"``: ``condition``,
+            ``k`` (``None`` for the first two), ``audio`` (float32, the input's length), ``feature_lsd_db`` (the
+            decoder's vectors vs the unquantised features) and ``audio_lsd_db`` (the output audio's features vs the
+            input's).
+
         Raises:
             ValueError: a k outside ``[1, n_codebooks]``, or bad audio (see :meth:`encode`).
         """
@@ -403,15 +332,9 @@ class RVQCodec:
 
     # ---------------------------------------------------------------- files
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
-        """Write ``<path>`` (safetensors: ``codebooks`` + the config in its metadata) and ``<path>.json`` (config).
-
-        Args:
-            path: a ``.safetensors`` file name, or a folder (then ``<folder>/codec.safetensors``).
-            dtype: storage dtype of the codebooks (``torch.float16`` halves the file; :meth:`load` always returns
-                float32 codebooks, and this object keeps its own).
-        Returns:
-            The safetensors path (both files are written atomically).
-        """
+        """Write ``<path>`` (safetensors: ``codebooks``, the config in its metadata) and ``<path>.json``, each
+        atomically; ``path`` may be a folder (``<folder>/codec.safetensors``); ``dtype``: the codebooks' on disk
+        (:meth:`load` returns float32). Returns the safetensors path."""
         p = _codec_file(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         cfg_json = json.dumps(asdict(self.config), indent=1)
@@ -426,20 +349,18 @@ class RVQCodec:
         """Read a codec written by :meth:`save` (a ``.safetensors`` file or the folder holding ``codec.safetensors``).
 
         Args:
-            path: the codec file or its folder.
-            decoder: ``"auto"`` attaches the neural code decoder saved beside the codec
-                (``<stem>.decoder.safetensors``, e.g. ``codec.decoder.safetensors``) when there is one, else decodes
-                by table; ``"neural"`` requires that file; ``"table"`` (or ``None``) never attaches one; a path
-                (ending in ``.safetensors``) attaches that file.
+            decoder: ``"auto"`` attaches the neural code decoder beside the codec (:func:`decoder_file`) when there
+                is one; ``"neural"`` requires it; ``"table"`` or ``None`` never attaches one; a ``.safetensors`` path
+                attaches that file.
+
         Raises:
-            FileNotFoundError: no such codec file (the message says how to make one), or no decoder file where one is
-                required.
-            ValueError: an unknown ``decoder`` word, or a decoder file that is not one or was trained for other
-                codebooks.
+            FileNotFoundError: no codec file, or no decoder file where one is required.
+            ValueError: an unknown ``decoder`` word, a decoder file that is not one or fits other codebooks.
         """
         p = _codec_file(path)
         if not p.is_file():
-            raise FileNotFoundError(f"no codec file at {p}: fit one with rvqspec_lib.embedded.codec_fit.fit_codec(wavs).save({str(p)!r}) "
+            raise FileNotFoundError(f"no codec file at {p}: fit one with "
+                                    f"rvqspec_lib.embedded.codec_fit.fit_codec(wavs).save({str(p)!r}) "
                                     "(scripts/measure_codec.py does this on a rendered corpus)")
         with safe_open(str(p), framework="pt") as f:
             meta = f.metadata() or {}

@@ -1,10 +1,7 @@
-"""Speech tokenizers (codes <-> audio) behind one interface: the official 12 Hz tokenizer and our offline codec.
-
-* :class:`Qwen12HzCodec`: a thin wrapper around the official ``qwen_tts`` 12 Hz speech tokenizer
-  (``Qwen3TTSTokenizer.from_pretrained``), for users who have its weights (``Qwen/Qwen3-TTS-Tokenizer-12Hz`` on the
-  hub, or the ``speech_tokenizer/`` folder of a checkpoint);
-* :class:`CodecSpeechTokenizer`: the official speech tokenizer's ``decode`` interface over the offline
-  :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`, so our own models turn codes into audio like real checkpoints.
+"""Speech tokenizers (codes <-> audio) behind one interface: :class:`Qwen12HzCodec` wraps the official 12 Hz tokenizer
+(for users with its weights), :class:`CodecSpeechTokenizer` gives the offline
+:class:`~rvqspec_lib.models.rvq_codec.RVQCodec` the official ``decode`` interface, so our own models turn codes into
+audio as real checkpoints do.
 """
 
 from __future__ import annotations
@@ -27,11 +24,7 @@ from rvqspec_lib.models.streaming_codec import streaming_decoder
 
 
 class CodecSpeechTokenizer:
-    """The official speech tokenizer's ``decode`` interface over an :class:`rvqspec_lib.models.rvq_codec.RVQCodec`, so the
-    frame loop and ``rvqspec synth`` turn codes into audio the same way for our own models as for real checkpoints.
-
-    ``decode([{"audio_codes": (frames, n_codebooks) int64}, ...]) -> ([float32 waveform at sample_rate], sample_rate)``.
-    """
+    """The official speech tokenizer's ``decode`` interface over an :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`."""
 
     def __init__(self, codec):
         self.codec = codec
@@ -48,9 +41,8 @@ class CodecSpeechTokenizer:
         return wavs, self.sample_rate
 
     def streaming_decoder(self, batch_size: int = 1, **kwargs):
-        """A :class:`rvqspec_lib.models.streaming_rvq.StreamingRVQDecoder` over this codec: codes pushed chunk by
-        chunk (``(B, 16, n)``), audio out once each frame's look-ahead has arrived (3 frames by default), the rest at
-        ``flush()``. kwargs: its options (``lookahead_frames``, ``gl_lookahead_frames``, ...)."""
+        """A streaming decoder over this codec (``rvqspec_lib.models.streaming_rvq``; docs/codec_streaming.md):
+        ``push`` codes ``(B, 16, n)``, audio once each frame's look-ahead has arrived, ``flush()``."""
         return streaming_decoder(self.codec, batch_size, **kwargs)
 
 
@@ -58,14 +50,11 @@ class Qwen12HzCodec:
     """The official Qwen3-TTS 12 Hz speech tokenizer behind the :class:`RVQCodec` interface.
 
     Args:
-        path: a local folder with the tokenizer (``Qwen/Qwen3-TTS-Tokenizer-12Hz`` downloaded, or the
-            ``speech_tokenizer/`` folder of a Qwen3-TTS checkpoint), or a hub id (needs the network or the HF cache).
-        device: torch device (``"cpu"``, ``"cuda:0"``).
-        **kwargs: forwarded to ``Qwen3TTSTokenizer.from_pretrained`` (e.g. ``dtype=torch.bfloat16``).
+        path: a local tokenizer folder (``Qwen/Qwen3-TTS-Tokenizer-12Hz`` downloaded, or a checkpoint's
+            ``speech_tokenizer/``), or a hub id. device: torch device. **kwargs: for ``from_pretrained``.
+
     Raises:
         FileNotFoundError: a local path that does not exist, or a hub id that cannot be fetched.
-
-    Its decoder needs all 16 codebooks, so ``decode(codes, n_codebooks=k)`` with k < 16 raises.
     """
 
     sample_rate = SAMPLE_RATE
@@ -82,7 +71,8 @@ class Qwen12HzCodec:
             raise FileNotFoundError(
                 f"no speech tokenizer at {name}: download it where the network is reachable "
                 "(huggingface-cli download Qwen/Qwen3-TTS-Tokenizer-12Hz --local-dir DIR) and pass DIR, or pass the "
-                "speech_tokenizer/ folder of a Qwen3-TTS checkpoint. Offline, use rvqspec_lib.models.rvq_codec.RVQCodec.")
+                "speech_tokenizer/ folder of a Qwen3-TTS checkpoint. Offline, use "
+                "rvqspec_lib.models.rvq_codec.RVQCodec.")
         qwen_tts = import_qwen_tts()
         try:
             self.tokenizer = qwen_tts.Qwen3TTSTokenizer.from_pretrained(str(p) if p.exists() else name,
@@ -108,13 +98,13 @@ class Qwen12HzCodec:
         return enc.audio_codes[0].detach().cpu().numpy().astype(np.int64)
 
     def streaming_decoder(self, batch_size: int = 1, **kwargs):
-        """A :class:`rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` over the official decoder's own
-        weights: ``push(codes (B, 16, n)) -> (B, n * 1920)`` per chunk, equal to the full decode up to float rounding
-        (no look-ahead). kwargs: ``backend``, ``chunk_frames_hint``."""
+        """A streaming decoder over the official decoder's weights (``rvqspec_lib.models.streaming_codec``):
+        ``push(codes (B, 16, n)) -> (B, n * 1920)``, the full decode up to rounding."""
         return streaming_decoder(self, batch_size, **kwargs)
 
     def decode(self, codes, n_codebooks: int | None = None) -> np.ndarray:
-        """`(frames, 16)` codes -> `(samples,)` float32 audio at 24 kHz."""
+        """`(frames, 16)` codes -> `(samples,)` float32 audio at 24 kHz (all 16 codebooks: ``n_codebooks`` < 16
+        raises ``ValueError``)."""
         codes = _check_codes(codes, self.n_codebooks, self.codebook_size)
         if n_codebooks not in (None, self.n_codebooks):
             raise ValueError(f"the official 12 Hz decoder needs all {self.n_codebooks} codebooks, got "

@@ -1,27 +1,15 @@
-"""Does a text look like English? The simple heuristic behind ``rvqspec synth``'s note that a model trained on English
-only will not speak another language (its English front end reads the letters as English).
-
-The rule, in order (:func:`non_english_evidence`):
-
-1. a letter outside the Latin script (``ord > 0x24F``: Cyrillic, CJK, kana, Greek, Arabic, ...): not English;
-2. otherwise each word counts as a *hit* when it holds a Latin letter English does not use (U+00C0..U+024F, e.g.
-   ``ä ö ü ß é è à ñ ç``) or is one of :data:`FUNCTION_WORDS`, frequent short words of German, French, Spanish,
-   Italian, Portuguese and Dutch that are not also English words (``die``, ``was``, ``also``, ``pour``, ``con``,
-   ``van``... are left out on purpose). The text looks like another language when there are at least two hits, or
-   when at least half of its words are hits (so a one-word ``Danke.`` counts, and an English sentence with one
-   ``café`` does not).
-
-It is a heuristic, not a language identifier: of the project's 1,609 English evaluation and calibration sentences
-(``data/eval_texts/en_*.tsv``) it flags one, the mock-German fortune "Das machine is nicht fur gefingerpoken und
-mittengrabben.", while every German and Spanish sentence of ``data/eval_texts/multilingual.tsv`` gets the note
-(tests/test_messages.py); a text it misses only loses a note.
+"""Does a text look like English? The heuristic behind ``rvqspec synth``'s note that a model trained on English only
+will not speak another language (:func:`non_english_evidence`): a letter outside the Latin script; else at least two
+words, or half the words, holding a Latin letter English does not use or one of :data:`FUNCTION_WORDS`. Not a
+language identifier: a text it misses only loses a note (tests/test_messages.py).
 """
 
 from __future__ import annotations
 
 import re
 
-#: Frequent function words of other Latin-script languages that are not English words (lower case).
+#: Frequent function words of other Latin-script languages that are not English words (lower case; ``die``, ``was``,
+#: ``also``, ``con``, ``van`` ... left out on purpose).
 FUNCTION_WORDS = {
     "german": {"und", "ist", "nicht", "ich", "du", "wie", "geht", "es", "dir", "mir", "mich", "ein", "eine", "einen",
                "der", "das", "zu", "auf", "sie", "wir", "ihr", "bitte", "danke", "guten", "morgen", "heute", "nein",
@@ -44,15 +32,8 @@ def _is_foreign_latin(ch: str) -> bool:
 
 
 def non_english_evidence(text: str) -> str | None:
-    """Why ``text`` does not look like English (the rule of the module doc), or ``None`` when it does.
-
-    Args:
-        text: the text to be spoken (any Unicode string; case and punctuation are ignored).
-
-    Returns:
-        a short phrase for a note, ``"letters outside the Latin script"``, ``"words such as 'wie', 'geht'"`` or
-        ``"letters such as 'ü'"``; ``None`` for text that looks English (or has no letters).
-    """
+    """Why ``text`` does not look like English (module docstring), as a short phrase for a note (``"words such as
+    'wie', 'geht'"``), or ``None`` when it does (or has no letters)."""
     if any(ch.isalpha() and ord(ch) > 0x24F for ch in text):
         return "letters outside the Latin script"
     words = _TOKEN.findall(text.lower())

@@ -1,18 +1,7 @@
-"""Calibrated draft trees on disk, beside the model they were calibrated for.
-
-A calibration (:func:`rvqspec_lib.eval.calibration.calibrate`) is a small JSON file,
-``<model_dir>/trees/<drafter>.json`` (the trees depend on the drafter that proposes the codes): for each kind
-(``point-mass``, ``sampled``) the tree of every node budget N = 2..64 and its predicted tokens per call. Names
-accepted wherever a tree is asked for (``rvqspec synth --decoder tree:calibrated:16``):
-
-* ``calibrated:N`` -- the kind with the larger predicted tokens per call at budget N;
-* ``calibrated-sampled:N`` / ``calibrated-point-mass:N`` -- that kind;
-* ``...@offsets`` -- the trees calibrated for another drafter (``trees/offsets.json``); ``paper[:N]`` is
-  ``calibrated-point-mass:N@offsets`` (N default 32).
-
-The names are parsed by :mod:`rvqspec_lib.decoding.decoder_names` (the one grammar) and resolved against these files by
-:func:`rvqspec_lib.models.named_decoders.resolve` (the one resolver). N counts the root: it is the number of query
-positions of one verify call (docs/methods.md#the-tree-as-data). A file is made by
+"""Calibrated draft trees on disk, ``<model_dir>/trees/<drafter>.json`` (a tree ranks the codes its drafter proposes):
+for each kind (``point-mass``, ``sampled``) the tree of every node budget N = 2..64 and its predicted tokens per call
+(:func:`rvqspec_lib.eval.calibration.calibrate`). Their names are :mod:`rvqspec_lib.decoding.decoder_names`' grammar,
+resolved against these files by ``rvqspec_lib.models.named_decoders``. A file is made by
 ``python scripts/calibrate_trees.py --model <model> --drafter <drafter>`` (:func:`recalibrate_command`).
 """
 
@@ -35,15 +24,14 @@ FORMAT = "rvqspec-trees"
 
 
 def tree_file(model, drafter: str = "heads") -> Path | None:
-    """``<model_dir>/trees/<drafter>.json`` for a model folder, ``"embedded"`` or a loaded model (its ``folder``);
-    ``None`` for models without a folder of their own (``tiny-random``, random-size names, hub ids)."""
+    """``<model_dir>/trees/<drafter>.json`` for a model (:func:`~rvqspec_lib.models.drafter_files.model_drafter_dir`);
+    ``None`` for a model without a folder."""
     d = model_drafter_dir(model)
     return None if d is None else d / "trees" / f"{drafter}.json"
 
 
 def save_calibration(calibration: dict, path: str | os.PathLike) -> Path:
-    """Write a calibration as JSON, atomically (:func:`rvqspec_lib.common.files.write_text_atomic`); the folder is
-    created. Returns the path.
+    """Write a calibration as JSON, atomically, the folder created. Returns the path.
 
     Raises:
         ValueError: a NaN or infinite number in ``calibration`` (JSON has none).
@@ -102,16 +90,13 @@ def _problem(cal) -> str | None:
 
 def load_calibration(path: str | os.PathLike, *, n_codes: int | None = None, codebook_size: int | None = None,
                      model: str | os.PathLike | None = None, drafter: str | None = None) -> dict:
-    """Read a calibration file, check its shape (keys, types, rank paths) and that it fits the model.
-
-    Every error names the file and the command that remakes it (:func:`recalibrate_command`; ``model`` and
-    ``drafter`` default to the file's folder and name).
+    """Read a calibration file, check its shape and that it fits the model; every error names the file and the
+    command that remakes it (``model``, ``drafter``: default the file's folder and name).
 
     Raises:
-        FileNotFoundError: no file (the message says how to make one).
-        ValueError: not JSON, not a calibration file, missing keys or wrong types, a bad rank path inside, an order
-            longer or shorter than its budgets, another drafter's calibration (``drafter`` given), or one made
-            for another number of codes or codebook size.
+        FileNotFoundError: no file.
+        ValueError: not a well-formed calibration (:func:`_problem`), another drafter's, or one made for another
+            number of codes or codebook size.
     """
     p = Path(path)
     cmd = recalibrate_command(model if model is not None else p.parent.parent, drafter or p.stem)
@@ -122,7 +107,8 @@ def load_calibration(path: str | os.PathLike, *, n_codes: int | None = None, cod
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{p} is not a calibration file ({e.__class__.__name__}): recalibrate with `{cmd}`") from None
     except OSError as e:
-        raise ValueError(f"{p} cannot be read ({e.strerror}): fix its permissions or recalibrate with `{cmd}`") from None
+        raise ValueError(f"{p} cannot be read ({e.strerror}): fix its permissions or recalibrate with `{cmd}`") \
+            from None
     problem = _problem(cal)
     if problem:
         raise ValueError(f"{p} is damaged: {problem}: recalibrate with `{cmd}`")

@@ -1,23 +1,8 @@
-"""Past one machine: teacher-forced frame extraction and drafter training, data-parallel over processes.
-
-The paper trains its offsets on English VoxPopuli (462 h, 20.8 M frames): the talker pass that makes the frames and
-the drafter's epochs over them need several GPUs. Launched with ``accelerate launch --multi_gpu --num_processes N``
-(on CPUs too: the processes then talk over gloo), every process takes a contiguous SHARD of the data:
-
-* :func:`extract_frames`: each process runs the teacher-forced talker pass
-  (:func:`rvqspec_lib.data.frame_sources.frames_from_utterances`, or ``frames_from_dataset`` on its shard of a
-  ``datasets`` dataset) over its block of the utterances and writes ``frames-<rank>-of-<world>.safetensors``; the
-  main process writes ``index.json``. :func:`load_frame_shards` reads them back in order: the same frames, in the
-  same order with the same utterance ids, as one process would have made (exactly, with one utterance per talker
-  batch; up to float32 rounding of the batch's padding otherwise);
-* :func:`rvqspec_lib.training.drafters.train_drafter` with ``parallel=`` :class:`Parallel`: every process draws the
-  SAME global batches (same seed), computes the loss on its own block's part of each batch scaled to the global
-  mean, and the gradients are summed over processes before each step (as DistributedDataParallel does during
-  backward), so every process takes the single-process optimiser step; validation sums are reduced the same way. The trained drafter
-  equals the single-process one up to float32 rounding of the sums.
-
-:class:`Parallel` wraps ``accelerate.PartialState`` (rank, world size, device) and ``torch.distributed``; with one
-process it does nothing, so the same code runs unlaunched.
+"""Past one machine: teacher-forced frame extraction and drafter training, data-parallel over the processes of
+``accelerate launch`` (gloo on CPUs). :func:`extract_frames` writes each process's block of frames as a shard and
+:func:`load_frame_shards` reads them back as one process would have made them; ``train_drafter(parallel=...)`` sums
+the gradients before each step (as DistributedDataParallel does), so every process takes the single-process step.
+:class:`Parallel` wraps ``accelerate.PartialState`` and ``torch.distributed``; with one process it does nothing.
 """
 
 from __future__ import annotations
@@ -53,8 +38,7 @@ class Parallel:
 
     @classmethod
     def detect(cls) -> "Parallel":
-        """The processes ``accelerate launch`` (or ``torchrun``) started this one among (``accelerate.PartialState``
-        initialises the process group); a plain run is one process."""
+        """The processes ``accelerate launch`` (or ``torchrun``) started this one among; a plain run is one."""
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return cls()
         s = PartialState()
@@ -70,8 +54,7 @@ class Parallel:
         return shard_range(n, self.rank, self.world)
 
     def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum ``t`` over processes, in place (nothing with one process; a CPU tensor goes through the device when
-        the backend needs it, as NCCL does)."""
+        """Sum ``t`` over processes, in place (a CPU tensor through the device under NCCL)."""
         if self.world > 1:
             if t.device.type == "cpu" and torch.distributed.get_backend() == "nccl":
                 u = t.to(self.device)
@@ -95,32 +78,23 @@ class Parallel:
             torch.distributed.barrier()
 
     def summed_gradients(self, optimizer: torch.optim.Optimizer, parameters: Sequence[torch.Tensor]):
-        """``optimizer`` whose ``step()`` first sums the gradients of ``parameters`` over processes, in a fixed
-        order (a parameter without a gradient counts as zero): what DistributedDataParallel does during backward,
-        done before the step so that every process issues the same collectives whatever its graph was. The
-        optimiser itself with one process."""
+        """``optimizer`` whose ``step()`` first sums the gradients of ``parameters`` over processes in a fixed order
+        (a missing gradient counts as zero), so every process issues the same collectives whatever its graph."""
         return optimizer if self.world == 1 else _SummedGradients(optimizer, list(parameters), self)
 
 
 class _SummedGradients:
-    """An optimiser whose step is preceded by a sum of the gradients over processes (see
-    :meth:`Parallel.summed_gradients`); ``param_groups``, ``zero_grad`` and ``state_dict`` are the wrapped one's."""
+    """:meth:`Parallel.summed_gradients`' optimiser (``param_groups`` and ``zero_grad``: the wrapped one's)."""
 
     def __init__(self, optimizer, parameters, parallel: Parallel):
         self.optimizer, self.parameters, self.parallel = optimizer, parameters, parallel
 
     @property
     def param_groups(self):
-        """The wrapped optimiser's."""
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The wrapped optimiser's."""
         self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self):
-        """The wrapped optimiser's."""
-        return self.optimizer.state_dict()
 
     @torch.no_grad()
     def step(self):
@@ -133,8 +107,8 @@ class _SummedGradients:
 
 
 def shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
-    """Contiguous block of ``n`` items for process ``rank`` of ``world``: sizes differ by at most one, the first
-    ``n % world`` blocks one larger; blocks tile ``[0, n)`` in rank order.
+    """Contiguous block ``[start, stop)`` of ``n`` items for process ``rank`` of ``world``: blocks tile ``[0, n)`` in
+    rank order, the first ``n % world`` one larger.
 
     Raises:
         ValueError: ``world < 1``, ``rank`` outside ``[0, world)``, ``n < 0``.
@@ -167,13 +141,13 @@ def extract_frames(lm, utterances: Sequence, out_dir: str | os.PathLike, *, para
     """Teacher-forced frames of ``utterances``, made by every process on its block, written as shards.
 
     Args:
-        lm: the model (on ``parallel.device``). utterances: text + true codes (every process passes the same list;
-            each reads only its block).
-        out_dir: gets ``frames-<rank>-of-<world>.safetensors`` per process and ``index.json`` (main process, after
-            every shard is written).
-        parallel: :class:`Parallel` (default :meth:`Parallel.detect`). batch_size: utterances per talker pass.
+        lm: the model (on ``parallel.device``). utterances: text + true codes (the same list on every process).
+        out_dir: gets one ``frames-<rank>-of-<world>.safetensors`` per process and ``index.json``.
+        parallel: default :meth:`Parallel.detect`. batch_size: utterances per talker pass.
+
     Returns:
-        ``out_dir``. Utterance ids are GLOBAL input indices (as one process would number them).
+        ``out_dir``; utterance ids are GLOBAL input indices.
+
     Raises:
         ValueError: no utterances, or more processes than utterances.
     """
@@ -192,9 +166,8 @@ def extract_frames(lm, utterances: Sequence, out_dir: str | os.PathLike, *, para
 def extract_dataset_frames(dataset, lm, codec, out_dir: str | os.PathLike, *, parallel: Parallel | None = None,
                            split: str | None = None, language: str = "auto", text_column: str | None = None,
                            max_items: int | None = None, progress: bool = False) -> Path:
-    """:func:`extract_frames` for a ``datasets`` dataset of audio + text (VoxPopuli schema, the paper's training
-    set): every process encodes its block of rows with ``codec`` and runs the talker pass
-    (:func:`rvqspec_lib.data.frame_sources.frames_from_dataset`); utterance ids are the GLOBAL row indices.
+    """:func:`extract_frames` over the rows of a ``datasets`` dataset of audio + text (VoxPopuli schema) through
+    :func:`rvqspec_lib.data.frame_sources.frames_from_dataset`; utterance ids are GLOBAL row indices.
 
     Args:
         dataset: a ``Dataset`` / ``DatasetDict`` or a ``save_to_disk`` folder. max_items: the first rows only.

@@ -1,20 +1,6 @@
-"""Training the drafters of :mod:`rvqspec_lib.decoding.drafters` on teacher-forced hidden states (paper §2.2, Table 2).
-
-Paper: "teacher-forced hidden states and subsequent ground-truth codes; the verifier stream never consumes offset
-states". One parallel pass of the frozen code predictor per frame
-(:func:`rvqspec_lib.data.teacher.teacher_forced_hidden`, the pass of ``forward_finetune``) gives H_1..H_15; the
-drafter maps H_k to logits for depths k+1..k+K; the loss (:func:`drafter_loss`) is
-
-* ``"ce"``: cross-entropy to the ground-truth codes (the paper's);
-* ``"kl"``: KL(p || q_T) to the verifier's WARPED distribution p = ``Sampling.probs(lm_head[d-1](H_d))`` for depth d
-  (temperature 0.9, top-k 50: what the verifier actually samples from), with q_T = softmax(draft logits / T). The
-  draft side is tempered but not top-k truncated: a truncated q would make the KL infinite wherever p keeps a code q
-  cut, and minimising KL(p || q_T) already drives q's top-k set onto p's;
-* ``"tv"``: one minus the exact one-step acceptance ``sum_x min(p, q)`` with q warped as deployed.
-
-The exact one-step acceptance E[sum_x min(p, q)] (q warped like p) is tracked on the validation split at every epoch;
-the epoch with the highest validation acceptance is kept (epoch 0 is the untrained drafter).
-Frames come from :mod:`rvqspec_lib.data.frame_sources`.
+"""Training the drafters of :mod:`rvqspec_lib.decoding.drafters` on teacher-forced hidden states H_1..H_15 of the
+frozen code predictor (paper §2.2, Table 2; docs/methods.md#position-aware-offsets), with one of three losses
+(:func:`drafter_loss`), keeping the epoch of highest exact validation acceptance (epoch 0: the untrained drafter).
 """
 
 from __future__ import annotations
@@ -52,16 +38,18 @@ def drafter_loss(drafter, code_predictor, hidden: torch.Tensor, targets: torch.T
 
     Args:
         hidden: ``(N, n, H)`` H_1..H_n. targets: ``(N, n)`` codes 1..n (the ``"ce"`` targets).
-        loss: ``"ce"`` (ground-truth codes, the paper), ``"kl"`` (KL(p || softmax(logits / T)) to the warped
-            verifier p) or ``"tv"`` (the total-variation distance between p and q warped as deployed, i.e. one minus
-            the exact acceptance rate sum_x min(p(x), q(x)) that the chain rule pays out; DistillSpec's observation
-            that TVD is what acceptance depends on).
-        sampling: the deployed warpers (default temperature 0.9, top-k 50).
+        loss: ``"ce"`` (ground-truth codes, the paper's); ``"kl"``, KL(p || softmax(logits / T)) to the warped
+            verifier p (q tempered, not truncated: a truncated q makes the KL infinite); ``"tv"``, one minus the
+            exact acceptance ``sum_x min(p, q)``, q warped as deployed (DistillSpec: TVD is what acceptance pays).
+        sampling: the deployed warpers (default the checkpoints').
         p_all: ``(N, n, V)`` warped verifier probabilities (computed from ``hidden`` when ``None``).
 
     Returns:
-        ``(loss, stats)``; loss is the mean over valid (frame, k, j); stats has ``acceptance_by_offset``
-        (``(K,)`` mean over valid k of sum_x min(p, q), q warped as p, no gradient).
+        ``(loss, stats)``: the mean over valid (frame, k, j); ``stats["acceptance_by_offset"]`` ``(K,)``, the mean
+        exact acceptance, no gradient.
+
+    Raises:
+        ValueError: an unknown loss; ``"tv"`` with greedy sampling.
     """
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}: choose one of {LOSSES}")
@@ -101,10 +89,8 @@ class TrainResult:
 
     Attributes:
         drafter: the drafter with its best state (by ``select``) loaded and ``provenance`` filled.
-        curve: one dict per epoch (epoch 0 = before training), the records of
-            :func:`rvqspec_lib.training.loop.fit`: ``step`` (optimiser steps so far), ``epoch``, ``elapsed_s``,
-            ``lr``, ``train_loss`` (mean over the epoch's frames, ``None`` at epoch 0), ``val_loss``,
-            ``val_acceptance_by_offset`` (exact, per offset j), ``val_acceptance`` (their mean).
+        curve: one record of :func:`rvqspec_lib.training.loop.fit` per epoch (epoch 0: before training), with
+            ``train_loss``, ``val_loss``, ``val_acceptance_by_offset`` (exact, per offset) and ``val_acceptance``.
         best_epoch: epoch whose state was kept. stopped_early: patience ran out before ``max_epochs``.
     """
 
@@ -143,7 +129,8 @@ class _HiddenSource:
 
 
 @torch.no_grad()
-def _evaluate(drafter, cp, src: _HiddenSource, *, loss, sampling, batch_size, parallel=None) -> tuple[float, list[float]]:
+def _evaluate(drafter, cp, src: _HiddenSource, *, loss, sampling, batch_size,
+              parallel=None) -> tuple[float, list[float]]:
     """Validation loss and exact acceptance by offset, means over the frames of ``src``; with ``parallel``, the
     sums of every process's frames are added before dividing (each process holds its block of the frames)."""
     tot, acc, count = 0.0, None, 0
@@ -171,34 +158,24 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
                   seed: int = 0, cache_mb: float = 1024, progress: bool = False,
                   curve_path: str | os.PathLike | None = None, select: str = "acceptance",
                   parallel=None) -> TrainResult:
-    """Train a drafter's own parameters with Adam; the code predictor stays frozen and unchanged.
-
-    The loop (epochs, evaluation after each, early stopping, best state) is :func:`rvqspec_lib.training.loop.fit`;
-    this function supplies the batches (a seeded permutation of the training frames per epoch), the loss
-    (:func:`drafter_loss`) and the validation metrics.
+    """Train a drafter's own parameters with Adam (constant rate) through :func:`rvqspec_lib.training.loop.fit`, an
+    epoch a seeded permutation of the training frames; the code predictor stays frozen and unchanged.
 
     Args:
-        drafter: :class:`~rvqspec_lib.decoding.drafters.PositionOffsets` or :class:`~rvqspec_lib.decoding.drafters.MedusaHeads`
-            (e.g. from ``make_drafter(name, cp, fresh=True)``); trained in place.
-        train, val: frames; ``val`` defaults to ``val_fraction`` of ``train``'s utterances.
-        loss: ``"ce"`` (paper) or ``"kl"`` (to the warped verifier distribution, see the module docstring).
-        sampling: the deployed warpers (temperature 0.9, top-k 50) for the KL target and the acceptance.
-        lr: Adam learning rate, constant (default :data:`DEFAULT_LR` for the drafter).
-        batch_size: frames per step (each frame gives (n-1) start depths x K offsets).
-        max_epochs, patience, min_delta: early stopping on the validation split: the epoch kept is the best by
-            ``select``, and training stops after ``patience`` epochs without an improvement above ``min_delta``.
-        select: ``"acceptance"`` (default: the mean exact acceptance rate over the K offsets under ``sampling``,
-            what decoding pays for; a lower loss can come with lower acceptance) or ``"loss"`` (the training loss).
-        seed: seeds the batch order (the only randomness). cache_mb: keep hidden states in memory up to this size.
+        drafter: ``PositionOffsets`` or ``MedusaHeads`` (e.g. ``make_drafter(name, cp, fresh=True)``), trained in
+            place. train, val: frames; ``val`` defaults to ``val_fraction`` of ``train``'s utterances.
+        loss, sampling: as :func:`drafter_loss`. lr: default :data:`DEFAULT_LR`'s.
+        batch_size: frames per step. max_epochs, patience, min_delta: early stopping on the validation split.
+        select: ``"acceptance"`` (the mean exact validation acceptance, what decoding pays for) or ``"loss"``.
+        seed: of the batch order (the only randomness). cache_mb: keep hidden states in memory up to this size.
         curve_path: also write :meth:`TrainResult.to_json` here (the main process only).
-        parallel: a :class:`rvqspec_lib.training.distributed.Parallel` of several processes (``accelerate launch``):
-            every process passes the SAME ``train`` / ``val`` frames and keeps only its block's hidden states; each
-            global batch's loss is computed on this process's part of it, weighted by its share of the batch, and the
-            gradients are summed over processes before each step, so every process takes the single-process step
-            (equal up to float32 rounding). ``None``: one process.
+        parallel: a :class:`rvqspec_lib.training.distributed.Parallel` (``accelerate launch``): every process passes
+            the SAME frames, computes its block's share of each batch, and the gradients are summed, so every
+            process takes the single-process step (up to float32 rounding).
 
     Raises:
-        ValueError: a drafter without parameters (heads), an unknown loss, frames of another code predictor.
+        ValueError: a drafter without parameters (heads), an unknown loss or select, frames of another code
+            predictor.
     """
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}: choose one of {LOSSES}")
@@ -292,7 +269,7 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
 
 def validation_acceptance(drafter) -> float:
     """Mean over offsets of the exact validation acceptance at the epoch :func:`train_drafter` kept (from the
-    drafter's ``provenance``): the number every choice below is made on.
+    drafter's ``provenance``): what every choice below is made on.
 
     Raises:
         ValueError: a drafter without that provenance (not trained by :func:`train_drafter`).
@@ -309,10 +286,9 @@ class LearningRateSweep:
     """What :func:`sweep_learning_rates` returns.
 
     Attributes:
-        rows: one dict per rate tried, in order: ``drafter`` (the label), ``lr`` (the rate used, the default
-            resolved), ``best_epoch``, ``val_acceptance_mean`` (mean validation acceptance at the kept epoch),
-            ``val_acceptance_init`` (the same at epoch 0, the untrained drafter), ``chosen`` (bool).
-        chosen: the :class:`TrainResult` of the chosen rate (its drafter trained and restored to its kept epoch).
+        rows: one dict per rate tried, in order: ``drafter``, ``lr``, ``best_epoch``, ``val_acceptance_mean`` (at
+            the kept epoch), ``val_acceptance_init`` (at epoch 0), ``chosen``.
+        chosen: the :class:`TrainResult` of the chosen rate.
     """
 
     rows: list[dict]
@@ -326,21 +302,16 @@ class LearningRateSweep:
 
 def sweep_learning_rates(new_drafter, code_predictor, train: Frames, val: Frames, *, lrs, label: str | None = None,
                          **train_kwargs) -> LearningRateSweep:
-    """Train a fresh drafter at each learning rate and keep the run with the highest validation acceptance.
-
-    A rate that is too large overshoots in the first epoch, and early stopping then keeps epoch 0 (the reused
-    heads), which would wrongly read as "this loss cannot help"; the rate is therefore a choice made on the
-    validation split, never on the evaluation split (notebook 02, "Learning rate, chosen on validation"). The
-    score of a run is :func:`validation_acceptance` (mean exact acceptance over offsets at its kept epoch); ties
-    keep the earlier rate in ``lrs``.
+    """Train a fresh drafter at each learning rate and keep the run of highest :func:`validation_acceptance` (ties:
+    the earlier rate). A rate too large overshoots at once and early stopping keeps the untrained epoch 0, which
+    would read as "this loss cannot help": the rate is chosen on validation, never on evaluation.
 
     Args:
-        new_drafter: ``() -> drafter``, a fresh untrained drafter per run (e.g.
-            ``lambda: make_drafter("offsets", cp, fresh=True, K=3)``).
-        code_predictor, train, val: as :func:`train_drafter` (``val`` is required: the choice is made on it).
-        lrs: the rates to try, in order (``None`` is the drafter's :data:`DEFAULT_LR`).
-        label: the ``drafter`` column of the rows (default: the drafter's name).
-        **train_kwargs: passed to :func:`train_drafter` (loss, sampling, batch_size, max_epochs, patience, seed, ...).
+        new_drafter: ``() -> drafter``, a fresh untrained drafter per run.
+        code_predictor, train, val: as :func:`train_drafter` (``val`` required).
+        lrs: the rates to try, in order (``None``: :data:`DEFAULT_LR`'s). label: the rows' ``drafter`` column.
+        **train_kwargs: passed to :func:`train_drafter`.
+
     Returns:
         :class:`LearningRateSweep`.
     Raises:
@@ -372,14 +343,9 @@ def sweep_learning_rates(new_drafter, code_predictor, train: Frames, val: Frames
 
 
 def select_deployed(drafters: dict, kind: str = "offsets") -> str:
-    """Which trained drafter of ``kind`` to deploy beside the model: the one with the highest
-    :func:`validation_acceptance` (the validation split decides, never the evaluation split; ties keep the first).
+    """The label of the drafter of ``kind`` (among ``{label: drafter}``) to deploy: the highest
+    :func:`validation_acceptance`, ties keeping the first.
 
-    Args:
-        drafters: ``{label: drafter}`` (e.g. ``{"offsets-ce": ..., "offsets-kl": ..., "medusa": ...}``); only those
-            whose ``name`` is ``kind`` compete.
-    Returns:
-        the chosen label.
     Raises:
         ValueError: no drafter of that kind, or one without validation provenance.
     """
@@ -391,15 +357,10 @@ def select_deployed(drafters: dict, kind: str = "offsets") -> str:
 
 
 def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike, kind: str = "offsets") -> dict:
-    """Write the drafters of ``kind`` beside a model: the ``deployed`` one as
-    ``<model_dir>/drafters/<kind>.safetensors`` (what ``--drafter offsets`` and the notebooks load), and every one of
-    that kind under its label (``<model_dir>/drafters/<label>.safetensors``), each with its JSON description.
+    """Write the drafters of ``kind`` beside a model: ``deployed`` (a label, e.g. :func:`select_deployed`'s) as
+    ``<model_dir>/drafters/<kind>.safetensors`` (what ``--drafter offsets`` loads), and each one of that kind under its
+    label. Returns ``{"deployed_<kind>": path, "model_<label>": path, ...}``.
 
-    Args:
-        drafters: ``{label: drafter}``; deployed: a label of ``kind`` (e.g. from :func:`select_deployed`).
-        model_dir: the model folder (``rvqspec_lib.models.drafter_files.model_drafter_dir(model)``).
-    Returns:
-        ``{"deployed_<kind>": path, "model_<label>": path, ...}``.
     Raises:
         ValueError: ``deployed`` is not a drafter of ``kind`` among ``drafters``.
     """

@@ -1,31 +1,10 @@
-"""The one training loop of the project: budget, learning-rate schedule, evaluation, early stopping, best state,
-training curve and progress bar, shared by every trainer.
-
-A trainer supplies only what is its own: the batches, a step function (batch -> loss), the optimiser over its
-parameters and an evaluation (-> validation metrics). :func:`fit` does the rest, the same way for all of them:
-
-* :class:`Budget`: optimiser steps, minutes of wall time and/or passes over the data (epochs); several may be given,
-  the first one spent stops training;
-* :class:`WarmupCosine`: linear warmup, then cosine decay to ``MIN_LR_RATIO`` of the peak, following the budget
-  spent (steps, or elapsed time; nanoGPT's schedule);
-* evaluation every ``eval_every`` steps or after every epoch, optionally before the first step, and always after the
-  last one; each evaluation is one record of the curve;
-* selection on one validation metric (``select="min"`` or ``"max"``, improvements must beat ``min_delta``), early
-  stopping after ``patience`` evaluations without one, and ``keep_best``: the tensors restored to their values at
-  the best evaluation;
-* the curve (one dict per evaluation, also written to ``curve_path`` as JSON after each one) and a progress bar.
-
-Per step the loop runs, in this order: the budget check, the learning rate from the schedule, the step function,
-``zero_grad``, ``backward``, gradient clipping, ``optimizer.step()``. Batches are drawn lazily, one per step, from a
-fresh iterable per epoch, so a trainer that draws its batches and its noise from one generator sees the same random
-stream as a hand-written loop would.
-
-Users: :func:`rvqspec_lib.embedded.train.train` (talker and code predictor), ``train_code_predictor``,
-:func:`rvqspec_lib.embedded.code_decoder_training.train_code_decoder` and
-:func:`rvqspec_lib.training.drafters.train_drafter`.
-
-References: nanoGPT (Karpathy; AdamW groups, warmup + cosine decay to a tenth of the peak), docs/style.md
-("Randomness": the loop draws no random number itself).
+"""The one training loop of the project, shared by every trainer: a trainer supplies its batches, a step function
+(batch -> loss), the optimiser and an evaluation; :func:`fit` does the budget (:class:`Budget`), the learning-rate
+schedule (:class:`WarmupCosine`, nanoGPT's warmup + cosine decay to a tenth of the peak), evaluation, selection and
+early stopping, the best state, the curve and a progress bar. Per step: budget check, learning rate, step function,
+``zero_grad``, ``backward``, clipping, ``optimizer.step()``; batches are drawn lazily, one per step, so a trainer
+drawing batches and noise from one generator sees the stream a hand-written loop would. The loop draws no random
+number itself (docs/style.md#randomness).
 """
 
 from __future__ import annotations
@@ -60,13 +39,8 @@ SELECT = ("min", "max")
 
 def lr_at(step: int, frac: float, *, lr: float, warmup_steps: int = WARMUP_STEPS,
           min_lr_ratio: float = MIN_LR_RATIO) -> float:
-    """Learning rate at optimiser step ``step`` (0-based): linear warmup over ``warmup_steps``, then cosine decay to
-    ``lr * min_lr_ratio`` as ``frac`` (the fraction of the budget spent, clipped to [0, 1]) goes 0 -> 1.
-
-    Returns:
-        float: ``lr * (step + 1) / warmup_steps`` during warmup, else
-        ``lr * (min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * frac)) / 2)``.
-    """
+    """Learning rate at optimiser step ``step`` (0-based): ``lr * (step + 1) / warmup_steps`` during warmup, then
+    ``lr * (min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * frac)) / 2)``, ``frac`` the budget spent in [0, 1]."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     cos = 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, frac))))
@@ -91,9 +65,8 @@ class WarmupCosine:
 
 @dataclass(frozen=True)
 class Budget:
-    """How long :func:`fit` trains: ``steps`` optimiser steps, ``minutes`` of wall time (measured by the loop's
-    clock from the start of :func:`fit`, evaluations included) and/or ``epochs`` passes over the batches. At least
-    one; when several are given, the first one spent stops training.
+    """How long :func:`fit` trains: ``steps`` optimiser steps, ``minutes`` of wall time (evaluations included) and/or
+    ``epochs`` passes over the batches; the first one spent stops training.
 
     Raises:
         ValueError: no budget, or one that is not positive (steps and epochs must be integers).
@@ -136,8 +109,7 @@ class Budget:
         return None
 
     def fraction(self, step: int, epoch: int, elapsed_s: float) -> float:
-        """The largest fraction spent of the budgets given (what the cosine follows): ``step / steps``,
-        ``elapsed_s / (60 minutes)``, ``epoch / epochs`` (complete epochs only)."""
+        """The largest fraction spent of the budgets given (what the cosine follows; complete epochs only)."""
         fr = []
         if self.steps is not None:
             fr.append(step / self.steps)
@@ -149,18 +121,14 @@ class Budget:
 
 
 def decay_groups(parameters: Iterable[torch.nn.Parameter], weight_decay: float = WEIGHT_DECAY) -> list[dict]:
-    """AdamW parameter groups: weight decay on matrices (``dim >= 2``), none on vectors and scalars (norms, biases).
-
-    Only parameters with ``requires_grad`` are kept. Returns two groups ``[{"params", "weight_decay"}, ...]``.
-    """
+    """Two AdamW groups of the parameters with ``requires_grad``: weight decay on matrices, none on vectors."""
     params = [p for p in parameters if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def write_curve(path: str | os.PathLike, curve: Sequence[dict], meta: Mapping | None = None) -> Path:
-    """Write ``{"meta": meta, "curve": curve}`` as JSON to ``path``, atomically (a reader never sees half a file).
-    Returns the path."""
+    """Write ``{"meta": meta, "curve": curve}`` as JSON to ``path``, atomically. Returns the path."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(path, json.dumps({"meta": dict(meta or {}), "curve": list(curve)}, indent=1,
                                               default=str))
@@ -171,10 +139,9 @@ class FitResult:
     """What :func:`fit` returns.
 
     Attributes:
-        curve: one dict per evaluation: ``step`` (optimiser steps taken), ``epoch`` (epochs completed), ``elapsed_s``
-            (seconds since the start), ``lr`` (of the last step; the optimiser's initial one before any step), the
-            running means of the step statistics since the previous record (``<running_prefix><name>``, ``None``
-            when no step was taken since), then whatever ``evaluate`` returned.
+        curve: one dict per evaluation: ``step``, ``epoch`` (completed), ``elapsed_s``, ``lr`` (of the last step),
+            the running means of the step statistics since the previous record (``<running_prefix><name>``), then
+            what ``evaluate`` returned.
         steps: optimiser steps taken. epochs: epochs completed.
         stopped_by: ``"steps"``, ``"minutes"``, ``"epochs"`` (a budget spent) or ``"patience"`` (early stopping).
         best_index: index in ``curve`` of the best record (``None`` without a metric).
@@ -200,12 +167,12 @@ class FitResult:
     @property
     def best_step(self) -> int | None:
         """Optimiser steps taken at the best record."""
-        return None if self.best_index is None else self.curve[self.best_index]["step"]
+        return None if self.best_index is None else self.best_record["step"]
 
     @property
     def best_epoch(self) -> int | None:
         """Epochs completed at the best record."""
-        return None if self.best_index is None else self.curve[self.best_index]["epoch"]
+        return None if self.best_index is None else self.best_record["epoch"]
 
 
 def _improves(value: float, best: float | None, select: str, min_delta: float) -> bool:
@@ -231,30 +198,23 @@ def fit(step_fn: Callable[[Any], torch.Tensor | tuple[torch.Tensor, Mapping[str,
     """Train until the budget is spent or patience runs out; evaluate, select and keep the best state.
 
     Args:
-        step_fn: ``batch -> loss`` (a scalar tensor with a graph) or ``(loss, stats)`` with ``stats`` a dict of
-            floats; a bare loss counts as ``{"loss": float(loss)}``. It only computes the loss: the loop calls
-            ``zero_grad(set_to_none=True)``, ``backward``, clipping and ``optimizer.step()`` after it.
-        batches: ``epoch -> iterable of batches`` for epoch 0, 1, ...; called when the previous epoch ended. Batches
-            are drawn one per step, just before it and after the budget check (a generator drawing random batches
-            draws exactly one per step). An epoch ends after ``len()`` batches when the iterable has a length
-            (a list), else when it is exhausted; an endless iterable is one endless epoch.
-        optimizer: over the trained parameters; its groups' ``lr`` are set from ``schedule`` before every step.
-        budget: :class:`Budget`.
-        schedule: ``(step, frac) -> lr`` (e.g. :class:`WarmupCosine`), ``frac`` from :meth:`Budget.fraction`;
-            ``None`` keeps the optimiser's learning rate.
+        step_fn: ``batch -> loss`` (a scalar tensor with a graph) or ``(loss, stats)`` (a dict of floats; a bare
+            loss counts as ``{"loss": ...}``); it only computes the loss.
+        batches: ``epoch -> iterable of batches``, called when the previous epoch ended; an epoch ends after
+            ``len()`` batches, or when the iterable is exhausted.
+        optimizer: over the trained parameters. budget: :class:`Budget`.
+        schedule: ``(step, frac) -> lr`` (e.g. :class:`WarmupCosine`); ``None`` keeps the optimiser's.
         clip_parameters, grad_clip: clip the global gradient norm of these parameters to ``grad_clip`` (none when
             either is ``None`` or ``grad_clip`` is 0).
         evaluate: ``() -> dict`` of metrics merged into each record (sets and restores train/eval modes itself).
-        eval_every: records every this many steps (an int; 0 or ``None``: none in between), or ``"epoch"`` (after
-            each epoch). A record is also made after the last step, unless the last record was at that step.
-        eval_at_start: also record before the first step (step 0: the untrained state, a selectable candidate).
+        eval_every: records every this many steps (0 or ``None``: none in between), or ``"epoch"``; a record is
+            also made after the last step.
+        eval_at_start: also record before the first step (the untrained state, a selectable candidate).
         metric: record key (or ``record -> float``) selected on; ``None``: no selection, no early stopping.
-        select: ``"min"`` or ``"max"``: better is lower or higher. A record improves only if it beats the best by
-            more than ``min_delta``; ties keep the earlier record. NaN never improves.
-        patience: stop after this many records in a row without improvement (``None``: never stop early; 0 stops
-            at the first record that does not improve, as 1 does).
-        keep_best: named tensors (``dict(module.named_parameters())``, ``module.state_dict()``) snapshot at each
-            improvement and restored in place to the best record's values at the end (needs ``metric``).
+        select: ``"min"`` or ``"max"``; a record improves only by more than ``min_delta`` (ties keep the earlier;
+            NaN never improves).
+        patience: stop after this many records in a row without improvement (``None``: never).
+        keep_best: named tensors snapshot at each improvement and restored in place to the best at the end.
         running, running_prefix: names of the step statistics averaged between records, reported as
             ``running_prefix + name``. batch_weight: ``batch -> weight`` of a step in those means (default 1).
         on_record: ``(record, improved) -> None``, called after each record (e.g. to save a checkpoint).

@@ -39,7 +39,8 @@ def test_candidates_cover_ar_chains_and_both_tree_kinds(setup):
     assert all(e >= 1.0 for _, e in cands)
     tree = next(nd for nd, _ in cands if nd.label == "tree:calibrated-sampled:8")
     assert tree.fields() == {"decoder": "tree:calibrated-sampled:8", "kind": "calibrated", "drafter": "heads",
-                             "nodes": 8, "lossy": False} and tree.decoder.sampled and len(tree.decoder.paths) == 7
+                             "nodes": 8, "lossy": False, "sampled": True}
+    assert tree.decoder.sampled and len(tree.decoder.paths) == 7
     with pytest.raises(ValueError, match="offsets"):  # a drafter named, not given: one line naming the fix
         candidates(cal, budgets=(2,), drafter_name="offsets")
 

@@ -88,7 +88,7 @@ def test_frames_yields_each_frame_and_synthesize_collects_them(lm):
     for i in range(2):
         assert torch.equal(torch.stack([f.codes[i] for f in got]), res.codes[i])
     assert res.runner == {"decoder": "ar", "kind": "ar", "drafter": None, "nodes": 1, "lossy": False,
-                          "backend": "official", "fused": False, "precision": "float32"}
+                          "sampled": False, "backend": "official", "fused": False, "precision": "float32"}
     assert res.talker_calls == 5 and not bool(res.ended.any())
     with pytest.raises(ValueError, match="sampling= is for the default runner"):
         synthesize(lm, TEXTS, runner=B.frame_runner("official", lm.code_predictor, AR()), sampling=Sampling())

@@ -63,7 +63,7 @@ def test_every_form_resolves_to_its_decoder_and_label(lm):
         assert getattr(nd.decoder, "drafter", None) is nd.drafter, text  # the decoder carries its drafter
         assert (nd.decoder if nd.drafter is None else dataclasses.replace(nd.decoder, drafter=None)) == bare, text
     assert got["paper"].fields() == {"decoder": "paper:32", "kind": "paper", "drafter": "offsets", "nodes": 32,
-                                     "lossy": False}
+                                     "lossy": False, "sampled": False}
     assert got["ssd-lossy"].fields()["lossy"] and not got["chain"].fields()["lossy"]
     assert got["ar"].fields()["nodes"] == 1 and got["tree"].fields()["nodes"] == 5
     # the paper's tree is the offsets' own, not the heads' (negative control: the calibrations differ)

@@ -138,7 +138,8 @@ class AudioStream:
 
     Attributes:
         chunks: a record of every chunk yielded so far (``index``, ``first_frame``, ``n_frames``, ``samples``,
-            ``t_ready_s``, ``t_play_s``, ``late_ms``, ``decode_ms``): the audio itself is only yielded.
+            ``t_ready_s``, ``t_play_s``, ``late_ms``, ``decode_ms``, ``flush``: it came from the codec's flush): the
+            audio itself is only yielded.
         frames_made: frames generated so far. sample_rate, chunk_frames, overlap, batch: as given.
     """
 
@@ -240,7 +241,7 @@ class AudioStream:
                            late * 1e3, self.sample_rate)
         self.chunks.append({"index": chunk.index, "first_frame": first, "n_frames": m, "samples": wav.shape[1],
                             "t_ready_s": ready, "t_play_s": start, "late_ms": late * 1e3,
-                            "decode_ms": (time.perf_counter() - t0) * 1e3})
+                            "decode_ms": (time.perf_counter() - t0) * 1e3, "flush": flush})
         yield chunk
 
     def __iter__(self) -> Iterator[AudioChunk]:
@@ -286,7 +287,8 @@ class AudioStream:
             ``frames`` (made), ``chunks``, ``chunk_frames``, ``lookahead_frames`` (the codec's), ``audio_s``,
             ``wall_s`` (call to the last chunk ready), ``prompt_ms`` (call to the end of the talker's prefill),
             ``ttfa_ms`` (time to first audio after the prompt is processed), ``ttfa_call_ms`` (from the call),
-            ``rtf`` (``wall_s / audio_s``), ``rtf_after_prompt``, ``underruns`` (chunks with ``late_ms > 0``),
+            ``rtf`` (``wall_s / audio_s``), ``rtf_after_prompt``, ``frame_ms`` (milliseconds a frame of audio took
+            to come out after the first chunk, the flush of a look-ahead codec left out: the steady state), ``underruns`` (chunks with ``late_ms > 0``),
             ``stall_ms`` (their sum), ``late_ms`` (per chunk), per-frame means ``talker_ms`` (frames after the first:
             the first one's talker time is the prompt), ``inner_ms``, ``codec_ms`` (push and flush time per frame),
             ``generate_s`` and ``decode_s`` (busy seconds of each side), ``overlap`` (their sum over ``wall_s``),
@@ -300,6 +302,8 @@ class AudioStream:
         wall = ch[-1]["t_ready_s"] if ch else time.perf_counter() - self.t_call
         late = [c["late_ms"] for c in ch]
         gen = sum(f.talker_s + f.inner_s for f in made)
+        steady = [c for c in ch[1:] if not c["flush"]]  # a look-ahead codec's flush comes at once: not a period
+        period = (steady[-1]["t_ready_s"] - first) / sum(c["n_frames"] for c in steady) if steady else math.nan
         codes = sum(int(f.codes.shape[1]) - 1 for f in made) * self.batch
         calls = sum(int(f.calls.sum()) for f in made)
         oracle = getattr(self.runner, "acceptance", None)
@@ -308,6 +312,7 @@ class AudioStream:
                 "audio_s": audio_s, "wall_s": wall, "prompt_ms": prompt_s * 1e3, "ttfa_ms": (first - prompt_s) * 1e3,
                 "ttfa_call_ms": first * 1e3, "rtf": wall / audio_s if audio_s else math.inf,
                 "rtf_after_prompt": (wall - prompt_s) / audio_s if audio_s else math.inf,
+                "frame_ms": period * 1e3,
                 "underruns": sum(x > 0 for x in late), "stall_ms": sum(late), "late_ms": late,
                 "talker_ms": 1e3 * sum(f.talker_s for f in made[1:]) / max(1, len(made) - 1),
                 "inner_ms": 1e3 * sum(f.inner_s for f in made) / max(1, len(made)),

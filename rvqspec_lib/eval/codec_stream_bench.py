@@ -113,6 +113,13 @@ def stage_layers(decoder) -> dict[str, list[tuple[str, nn.Module, int]]]:
     return out
 
 
+def matmul_flops_per_frame(decoder) -> float:
+    """FLOPs of one frame through the decoder's matmul layers (convolutions, transposed convolutions, linear layers:
+    ``2 x weight elements x samples`` each, from :func:`stage_layers`), counted from the shapes without running
+    anything; attention and the elementwise layers (about one percent, :func:`stage_flops`) are left out."""
+    return float(sum(2 * m.weight.numel() * spf for layers in stage_layers(decoder).values() for _, m, spf in layers))
+
+
 def stage_weight_bytes(decoder, chunk_frames: int = 1) -> dict[str, int]:
     """Bytes of weights each stage reads per chunk: its matmul layers' weights and biases (at their stored size),
     and of the codebooks only the ``16 * chunk_frames`` rows looked up (norms, SnakeBeta and layer scales are

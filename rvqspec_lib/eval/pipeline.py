@@ -406,6 +406,7 @@ def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), 
                      "batch": b, "layout": layout, **{k: fields[k] for k in ("decoder", "kind", "fused")}, **med,
                      "wall_ms": statistics.median(t.ms[(name, b, layout)]), "runs": len(outs),
                      "realtime": bool(med["frame_ms"] <= FRAME_MS), "replay": outs[0]["replay"],
+                     "sample_rate": codecs[b].sample_rate,
                      "chunks": keep[(name, b, layout)][0] if keep[(name, b, layout)] else []})
     return {"rows": rows, "meta": t.meta}
 

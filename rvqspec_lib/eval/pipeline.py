@@ -322,8 +322,11 @@ def _finish(rows: list[dict], gb_per_s: float) -> None:
         for p in PARTS:
             fl = r[f"{p}_floor_ms"]
             r[f"{p}_x_floor"] = r[f"{p}_ms"] / fl if fl else None
+            r[f"{p}_cpu_x_floor"] = r[f"{p}_cpu_ms"] / fl if fl else None
         gen, codec = r["talker_ms"] + r["inner_ms"], r["codec_ms"]
         r["frame_1t_ms"], r["frame_2c_ms"] = gen + codec, max(gen, codec)
+        gen_cpu = r["talker_cpu_ms"] + r["inner_cpu_ms"]
+        r["frame_1t_cpu_ms"], r["frame_2c_cpu_ms"] = gen_cpu + r["codec_cpu_ms"], max(gen_cpu, r["codec_cpu_ms"])
         r["rtf_1t"], r["rtf_2c"] = r["frame_1t_ms"] / FRAME_MS, r["frame_2c_ms"] / FRAME_MS
         for p in PARTS:
             r[f"{p}_share"] = r[f"{p}_ms"] / r["frame_1t_ms"]
@@ -400,7 +403,7 @@ def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), 
     for (name, b, layout), outs in t.out.items():
         med = {k: statistics.median(o[k] for o in outs) for k in
                ("ttfa_ms", "ttfa_call_ms", "rtf", "frame_ms", "underruns", "stall_ms", "overlap", "talker_ms",
-                "inner_ms", "codec_ms", "tokens_per_call", "audio_s", "frames")}
+                "inner_ms", "codec_ms", "generate_cpu_ms", "decode_cpu_ms", "tokens_per_call", "audio_s", "frames")}
         fields = runner_fields(runners[name])
         rows.append({"model": setup.model, "weights": setup.weights, "precision": setup.precision, "row": name,
                      "batch": b, "layout": layout, **{k: fields[k] for k in ("decoder", "kind", "fused")}, **med,
@@ -468,7 +471,8 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     Returns:
         ``{"rows", "streams", "concurrency", "sustained", "quoted", "meta"}``: a row per (model, precision, row of
         :data:`ROWS`) with the parts (``talker_ms``, ``inner_ms``, ``codec_ms``, their ``_cpu_ms``, ``_floor_ms``,
-        ``_x_floor``, ``_share``), ``frame_1t_ms``, ``rtf_1t``, ``frame_2c_ms``, ``rtf_2c``, ``inner_gain``,
+        ``_x_floor``, ``_cpu_x_floor``, ``_share``), ``frame_1t_ms``, ``rtf_1t``, ``frame_2c_ms``, ``rtf_2c`` (and the
+        frames in thread CPU time, ``frame_1t_cpu_ms``, ``frame_2c_cpu_ms``), ``inner_gain``,
         ``frame_gain_1t``, ``frame_gain_2c``, :func:`what_moves`' fields, ``tokens_per_call``, the decoder's fields,
         ``weights`` (``trained`` or the replay's words), ``note``; ``streams`` and ``concurrency``:
         :func:`time_streams` rows; ``sustained``: :func:`sustained`; ``quoted``: :data:`PUBLIC_PIPELINES`.
@@ -482,20 +486,30 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     noise.repeat_cap(noise_target, repeats, None)
     acceptance = acceptance or default_acceptance()
     rows, stream_rows, conc_rows, metas, peaks, codecs = [], [], [], [], {}, {}
+    phases: dict[str, float] = {}  # seconds each phase took (the run-time budget of a notebook)
+
+    def clock(name: str, t0: float) -> float:
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - t0
+        return now
 
     def measure():
         for model in models:
             best = None  # (frame ms, setup, runners): the fastest precision's, kept for the streams
             for prec in precisions:
+                t0 = time.perf_counter()
                 setup = build_setup(model, prec, acceptance=acceptance, chunk_frames=chunk_frames, seed=seed,
                                     n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
                                     max_context=max(512, frames + 256), codec_config=codec_config)
                 runners = candidates(setup)
+                t0 = clock("build", t0)
                 auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None
                 if auto_pick and (auto_pick[0], auto_pick[1]) not in runners:
                     runners[(auto_pick[0], auto_pick[1])] = auto_pick[2]
+                t0 = clock("auto", t0)
                 parts = time_parts(setup, runners, repeats=repeats, warmup=warmup, seed=seed,
                                    noise_target=noise_target, progress=progress)
+                t0 = clock("parts", t0)
                 metas.append({"model": model, "precision": prec, **{k: parts["meta"].get(k) for k in (
                     "other_cpu_frac", "repeats", "rel_se_max", "threads")}, "note": oversubscribed_note(parts["meta"])})
                 codec_floor = None
@@ -504,6 +518,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                     if dt not in peaks:
                         peaks[dt] = peak_gflops(setup.codec_decoder)["peak_gflops"]
                     codec_floor = matmul_flops_per_frame(setup.codec_decoder) / (peaks[dt] * 1e9) * 1e3
+                clock("codec peak", t0)
                 spec = [k for k in runners if k[0] != "ar"]
                 fastest = min(spec, key=lambda k: parts[("inner", *k)]["ms"])
                 picks = {"AR": (("ar", True), "the native AR frame (one C call)"),
@@ -515,13 +530,19 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                 rows.extend(mine)
                 frame = min(r["talker_ms"] + r["inner_ms"] + r["codec_ms"] for r in mine)
                 if streams and (best is None or frame < best[0]):
-                    best = (frame, setup, {n: runners[picks[n][0]] for n in ROWS if picks[n]})
+                    keys = {}  # one stream per runner: auto's pick is often the best speculative one
+                    for n in ROWS:
+                        if picks[n] and picks[n][0] not in keys:
+                            keys[picks[n][0]] = n
+                    best = (frame, setup, {n: runners[k] for k, n in keys.items()})
                 del setup, runners
                 gc.collect()
             if best is not None:
                 _, setup, chosen = best
+                t0 = time.perf_counter()
                 stream_rows.extend(time_streams(setup, chosen, batches=(1,), text=text, frames=frames,
                                                 repeats=stream_repeats, seed=seed, progress=progress)["rows"])
+                t0 = clock("streams", t0)
                 if concurrency:
                     stepped = {"AR": setup.runner("ar", False)}
                     best_spec = next(r for r in rows if r["model"] == model and r["precision"] == setup.precision
@@ -529,29 +550,34 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                     stepped["best speculative"] = setup.runner(best_spec["decoder"], False)
                     conc_rows.extend(time_streams(setup, stepped, batches=batches, text=text, frames=frames,
                                                   repeats=1, seed=seed, progress=progress)["rows"])
+                    clock("concurrency", t0)
                 best = None
                 gc.collect()
 
     _, bandwidth = bandwidth_around(measure)
-    _finish(rows, bandwidth["gb_per_s"])
+    # the floor is the least time: the best read observed (wall clock or, with one thread, the thread's CPU time),
+    # not a pass that other processes slowed
+    bandwidth["floor_gb_per_s"] = max(bandwidth["gb_per_s_max"], bandwidth.get("gb_per_s_cpu") or 0.0)
+    _finish(rows, bandwidth["floor_gb_per_s"])
     _attach_streams(rows, stream_rows)
     meta = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__, "bandwidth": bandwidth,
             "codec_peak_gflops": peaks, "context": CONTEXT, "chunk_frames": chunk_frames, "frames": frames,
             "batches": list(batches), "repeats": repeats, "stream_repeats": stream_repeats, "warmup": warmup,
             "noise_target": noise_target, "parts_runs": metas, "models": list(models), "precisions": precisions,
             "replay": acceptance.describe(), "replay_text": acceptance.text, "text": text, "seed": seed,
-            "oversubscribed": [m for m in metas if m["note"]], "total_s": time.perf_counter() - started}
+            "oversubscribed": [m for m in metas if m["note"]], "phase_s": phases,
+            "total_s": time.perf_counter() - started}
     return {"rows": rows, "streams": stream_rows, "concurrency": conc_rows, "sustained": sustained(conc_rows),
             "quoted": [dict(q) for q in PUBLIC_PIPELINES], "meta": meta}
 
 
 def _attach_streams(rows: list[dict], streams: Sequence[dict]) -> None:
     """The measured streams' time to first audio, RTF, frame period and underruns beside the parts of the same
-    (model, precision, row), per layout (``ttfa_ms_1t``, ``rtf_1t_measured`` ...), in place; other rows get None."""
-    by = {(s["model"], s["precision"], s["row"], s["layout"]): s for s in streams}
+    (model, precision, decoder), per layout (``ttfa_ms_1t``, ``rtf_1t_measured`` ...), in place; other rows get None."""
+    by = {(s["model"], s["precision"], s["decoder"], s["fused"], s["layout"]): s for s in streams}
     for r in rows:
         for layout, tag in zip(LAYOUTS, ("1t", "2c")):
-            s = by.get((r["model"], r["precision"], r["row"], layout))
+            s = by.get((r["model"], r["precision"], r["decoder"], r["fused"], layout))
             for k in ("ttfa_ms", "frame_ms", "rtf", "underruns"):
                 r[f"stream_{k}_{tag}"] = s[k] if s else None
 
@@ -575,7 +601,7 @@ def caption(result: dict) -> str:
             else "")
     return (f"the whole frame on {m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}: parts timed on one thread, "
             f"interleaved (ms per frame, wall clock; thread CPU time in *_cpu_ms); floors: talker and code predictor "
-            f"bytes / {m['bandwidth']['gb_per_s']:.1f} GB/s, codec matmul FLOPs / the core's peak ({peaks or 'n/a'}); "
+            f"bytes / {m['bandwidth']['floor_gb_per_s']:.1f} GB/s (the best read observed), codec matmul FLOPs / the core's peak ({peaks or 'n/a'}); "
             f"frame 1t = talker + inner + codec, frame 2c = max(talker + inner, codec) (overlapped); RTF = ms per "
             f"frame / 80; chunks of {m['chunk_frames']} frame(s); random-weight rows: {m['replay_text']}; quoted rows: "
             "public ports' own figures, not measured here" + over)

@@ -292,7 +292,8 @@ class AudioStream:
             ``stall_ms`` (their sum), ``late_ms`` (per chunk), per-frame means ``talker_ms`` (frames after the first:
             the first one's talker time is the prompt), ``inner_ms``, ``codec_ms`` (push and flush time per frame),
             ``generate_s`` and ``decode_s`` (busy seconds of each side), ``overlap`` (their sum over ``wall_s``),
-            ``cpu_s`` (thread CPU seconds of each side), ``overlapped``, ``threads`` (torch threads per side),
+            ``cpu_s`` (thread CPU seconds of each side; per frame ``generate_cpu_ms``, ``decode_cpu_ms``),
+            ``overlapped``, ``threads`` (torch threads per side),
             ``tokens_per_call``, ``replay`` (a timing replay's words, else ``None``), ``batch``.
         """
         ch, made = self.chunks, self._made
@@ -318,6 +319,8 @@ class AudioStream:
                 "inner_ms": 1e3 * sum(f.inner_s for f in made) / max(1, len(made)),
                 "codec_ms": 1e3 * self.decode_s / max(1, len(made)), "generate_s": gen, "decode_s": self.decode_s,
                 "overlap": (gen + self.decode_s) / wall if wall > 0 else math.nan, "cpu_s": dict(self.cpu_s),
+                "generate_cpu_ms": 1e3 * self.cpu_s["generate"] / max(1, len(made)),
+                "decode_cpu_ms": 1e3 * self.cpu_s["decode"] / max(1, len(made)),
                 "overlapped": self.overlap, "threads": self.threads,
                 "tokens_per_call": codes / calls if calls else math.nan,
                 "replay": getattr(oracle, "text", None)}

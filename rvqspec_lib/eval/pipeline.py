@@ -455,7 +455,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                    repeats: int = 5, warmup: int = 1, stream_repeats: int = 2, chains: Sequence[int] = DEFAULT_CHAINS,
                    budgets: Sequence[int] = DEFAULT_BUDGETS, auto: bool = True, auto_frames: int = 4,
                    acceptance=None, n_contexts: int = 8, text: str = TEXT, seed: int = 0,
-                   noise_target: float | None = None, streams: bool = True, concurrency: bool = True,
+                   noise_target: float | None = None, streams: bool = True, concurrency: bool | Sequence[str] = True,
                    codec_config: str = "released", progress: bool = False) -> dict:
     """Measure the pipeline table (module docstring).
 
@@ -465,7 +465,8 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
         chunk_frames: frames per codec chunk. frames: a stream's frame cap. batches: streams batched in the
             concurrency rows. repeats, warmup, noise_target: the parts' timing. stream_repeats: runs of each stream.
         chains, budgets: the speculative candidates; auto, auto_frames: time ``auto``'s pick. n_contexts: inner-loop
-            contexts. text: what the streams speak. streams, concurrency: measure them (at the fastest precision).
+            contexts. text: what the streams speak. streams, concurrency: measure them (at the fastest precision;
+            ``concurrency`` may name the models to batch streams of).
             codec_config: the official codec decoder of models without a codec of their own (``tiny``: tests).
 
     Returns:
@@ -543,7 +544,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                 stream_rows.extend(time_streams(setup, chosen, batches=(1,), text=text, frames=frames,
                                                 repeats=stream_repeats, seed=seed, progress=progress)["rows"])
                 t0 = clock("streams", t0)
-                if concurrency:
+                if concurrency is True or (concurrency and model in concurrency):
                     stepped = {"AR": setup.runner("ar", False)}
                     best_spec = next(r for r in rows if r["model"] == model and r["precision"] == setup.precision
                                      and r["row"] == "best speculative")

@@ -1,4 +1,4 @@
-"""The real-checkpoint path, tested as a user would run it (README "Running on a real checkpoint").
+"""The real-checkpoint path, tested as a user would run it (README "Running on the released checkpoint").
 
 No released weights can be downloaded here, so :func:`rvqspec_lib.models.fixtures.write_tiny_checkpoint` writes a
 tiny checkpoint with RANDOM weights in the official on-disk layout (config.json, generation_config.json,

@@ -61,6 +61,8 @@ def _copy_figures(dest: Path, revision: str) -> Path:
         out = dest / src.relative_to(REPO / "figures")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(data))
+        for f in data.get("files", []) if src.name.endswith(FC.SIDECAR_SUFFIX) else []:
+            (out.parent / f).write_text("stand-in\n")  # the files a record lists (their content is not checked)
     return dest
 
 
@@ -162,3 +164,43 @@ def test_make_check_figures_runs_the_script():
     r = subprocess.run([make, "-n", "-C", str(REPO), "check-figures"], capture_output=True, text=True, timeout=60,
                        env=env)
     assert r.returncode == 0 and "scripts/check_figures.py --figures figures" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_missing_listed_file_fails(repo, tmp_path):
+    """Negative control: a record whose file is gone (a deleted audio example or figure) is listed as missing."""
+    root, shas = repo
+    fig = _copy_figures(tmp_path / "figures", shas["C"])
+    (fig / "audio").mkdir()
+    (fig / "audio" / "00_example.wav").write_text("RIFF")
+    (fig / "audio" / "00_example.provenance.json").write_text(json.dumps(
+        {"git": {"revision": shas["C"], "dirty": False, "changed_sources": []}, "files": ["00_example.wav"]}))
+    assert FC.check_figures(fig, root=root).ok
+    (fig / "audio" / "00_example.wav").unlink()
+    rep = FC.check_figures(fig, root=root)
+    assert not rep.ok and rep.kinds == ["missing"] and "audio/00_example: its record lists files that are gone: " \
+        "audio/00_example.wav" in rep.lines[0]
+    assert FC.suite_failures(rep) == rep.lines
+
+
+def test_executed_notebooks_are_checked_like_figures(repo, tmp_path):
+    """Every paper notebook needs its executed copy and record; a changed notebook makes them stale (negative
+    controls: one missing, one notebook edited after the run)."""
+    root, shas = repo
+    (root / "notebooks").mkdir(exist_ok=True)
+    (root / "notebooks" / "00_a.py").write_text("x = 1\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "notebook")
+    run = git(root, "rev-parse", "HEAD")
+    fig = _copy_figures(tmp_path / "figures", run)
+    rep = FC.check_figures(fig, root=root, notebooks=True)
+    assert rep.kinds == ["missing"] and "notebooks/00_a.ipynb: no executed copy" in rep.lines[0]
+    (fig / "notebooks").mkdir()
+    (fig / "notebooks" / "00_a.ipynb").write_text("{}")
+    (fig / "notebooks" / "00_a.provenance.json").write_text(json.dumps(
+        {"git": {"revision": run, "dirty": False, "changed_sources": []}, "files": ["00_a.ipynb"]}))
+    assert FC.check_figures(fig, root=root, notebooks=True).ok
+    (root / "notebooks" / "00_a.py").write_text("x = 2\n")  # the notebook changed after the run
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "notebook edited")
+    rep = FC.check_figures(fig, root=root, notebooks=True)
+    assert not rep.ok and "changed" in rep.kinds and any("notebooks/00_a.py" in ln for ln in rep.lines)

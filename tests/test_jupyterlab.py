@@ -1,4 +1,4 @@
-"""JupyterLab opens the paired jupytext notebooks as notebooks (README "JupyterLab", `make lab`).
+"""JupyterLab opens the paired jupytext notebooks as notebooks (README "Set-up", `make lab`).
 
 The setting is a JupyterLab front-end one: the document manager's default viewer of Python files is jupytext's
 notebook (``jupyter/overrides.json``), installed by the Makefile into the ``overrides.d`` folder of the venv's

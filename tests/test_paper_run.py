@@ -82,7 +82,9 @@ pathlib.Path("{repo}/{name}.span").write_text(f"{{t0}} {{time.time()}}")
 
 def test_sigint_leaves_no_half_output_and_the_rerun_runs_only_what_it_stopped(tmp_path):
     r = _copy(tmp_path, ["90_first", "91_second"])
-    fig, exe = r / "figures", r / "build" / "executed" / "full-t1"
+    # a full run's executed notebooks go beside the figures (committed); papermill's partial ones stay under build/
+    fig, part = r / "figures", r / "build" / "executed" / "full-t1"
+    exe = fig / "notebooks"
     proc = subprocess.Popen(_make(r, "paper"), env=_env(HOLD_NOTEBOOK="91_second"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             # a pytest-xdist worker ignores SIGINT, and an ignored signal is inherited: give make
@@ -124,7 +126,8 @@ def test_sigint_leaves_no_half_output_and_the_rerun_runs_only_what_it_stopped(tm
     log = (r / "executions.log").read_text().split()
     assert sorted(log[:2]) == ["90_first", "91_second"] and log[2:] == ["91_second"], log
     assert (fig / ".91_second.done").is_file() and (fig / "91_second_late.csv").read_text() == "x\n2\n"
-    assert (exe / "91_second.ipynb").is_file() and not (exe / "91_second.partial.ipynb").exists()
+    assert (exe / "91_second.ipynb").is_file() and not (part / "91_second.partial.ipynb").exists()
+    assert json.loads((exe / "91_second.provenance.json").read_text())["files"] == ["91_second.ipynb"]
     assert _leftovers(fig) == []
     # the record: printed at the end and written beside the figures, this make's notebook marked as run now
     assert "wall time" in res.stdout and "notebook times (papermill)" in res.stdout
@@ -184,29 +187,30 @@ def _order_only(r: Path, *args: str) -> dict[str, list[str]]:
 
 
 def test_timing_notebooks_are_chained_order_only(tmp_path):
-    r = _copy(tmp_path, ["00_x", "01_t", "02_y", "03_t", "04_z", "05_t"])
-    others = [".00_x.done", ".02_y.done", ".04_z.done"]
+    r = _copy(tmp_path, ["00_x", "01_t", "02_y", "03_z", "04_t", "05_w", "06_t", "07_t"])
+    others = [".00_x.done", ".02_y.done", ".03_z.done", ".05_w.done"]
     got = {k: sorted(v) for k, v in _order_only(r).items()}
-    # every timing notebook after the previous one and after every notebook without timing (they run first, side
-    # by side); those wait for nothing
-    assert got == {".00_x.done": [], ".01_t.done": others, ".02_y.done": [], ".03_t.done": sorted(others + [".01_t.done"]),
-                   ".04_z.done": [], ".05_t.done": sorted(others + [".03_t.done"])}
+    # every timing notebook (the Makefile's TIMING_NB: 01 04 06 07) after the previous one and after every notebook
+    # without timing (they run first, side by side); those wait for nothing
+    assert got == {".00_x.done": [], ".01_t.done": others, ".02_y.done": [], ".03_z.done": [],
+                   ".04_t.done": sorted(others + [".01_t.done"]), ".05_w.done": [],
+                   ".06_t.done": sorted(others + [".04_t.done"]), ".07_t.done": sorted(others + [".06_t.done"])}
     # negative control: without timing notebooks nothing is ordered (the parse above can see no order, too)
     assert all(v == [] for v in _order_only(r, "TIMING_NB=").values())
-    # a gap (no 03) chains 05 to 01; only timing notebooks: just the chain
-    assert _order_only(r, "NB_SRC=notebooks/01_t.py notebooks/05_t.py")[".05_t.done"] == [".01_t.done"]
-    assert _order_only(r, "NB_SRC=notebooks/01_t.py notebooks/05_t.py")[".01_t.done"] == []
+    # a gap (no 04) chains 06 to 01; only timing notebooks: just the chain
+    assert _order_only(r, "NB_SRC=notebooks/01_t.py notebooks/06_t.py")[".06_t.done"] == [".01_t.done"]
+    assert _order_only(r, "NB_SRC=notebooks/01_t.py notebooks/06_t.py")[".01_t.done"] == []
 
 
 def test_paper_runs_the_notebooks_side_by_side_and_the_timing_ones_alone(tmp_path):
     """Under `make paper` (-j2 by default) the notebooks without timing overlap and no timing notebook overlaps any
     other: each fake notebook records its start and end time; the intervals are compared."""
-    r = _copy(tmp_path, ["00_x", "01_t", "02_y", "03_t"], template=SPAN_NOTEBOOK)
+    r = _copy(tmp_path, ["00_x", "01_t", "02_y", "04_t"], template=SPAN_NOTEBOOK)
     res = subprocess.run(_make(r, "paper"), env=_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     span = {p.stem: tuple(map(float, p.read_text().split())) for p in r.glob("*.span")}
-    assert sorted(span) == ["00_x", "01_t", "02_y", "03_t"]
+    assert sorted(span) == ["00_x", "01_t", "02_y", "04_t"]
     overlap = lambda a, b: min(span[a][1], span[b][1]) > max(span[a][0], span[b][0])
     assert overlap("00_x", "02_y")  # side by side (the negative control of the checks below: overlaps are seen)
-    for t in ("01_t", "03_t"):
+    for t in ("01_t", "04_t"):
         assert not any(overlap(t, o) for o in span if o != t), (t, span)

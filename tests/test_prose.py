@@ -1,27 +1,32 @@
-"""Prose that the run writes (docs/style.md#numbers-in-prose).
+"""Prose types no measured number (docs/style.md#numbers-in-prose): measured numbers live in the files a run writes.
 
 * A notebook's Markdown cell never types a measured number: a sentence stating one is a code cell that renders
   Markdown from the results (``IPython.display.Markdown``).
-* README.md and docs/*.md quote a measured number only in a paragraph (or a table together with the paragraph that
-  introduces it) that cites a committed table by name (`figures/NN_name.md`, `.csv`, `.json`, the run-time record
-  `figures/paper_run.md`, or `data/embedded/eval.json`), and the number is in one of the tables it cites, up to the digits shown.
+* README.md (outside the block between ``<!-- results:begin -->`` and ``<!-- results:end -->``, which ``make paper``
+  fills) and docs/*.md (all but docs/results.md, which ``make paper`` writes) type no measured number at all, outside
+  sentences that quote a published source (the paper, a cited work) and sections headed as quoting others. A page
+  that needs a measurement points to the section of docs/results.md or to the committed table it comes from. The
+  generated files are checked by the test of their generator, not here.
 
 What counts as a measured number, and what is exempt, is defined once here (:func:`measured_numbers`) and described in
-docs/style.md; the negative controls below check that a typed number, an uncited one and one absent from its table
-each make the check fail.
+docs/style.md; the negative controls below check that a typed number fails in a notebook, a docs page and the README,
+cited table or not.
 """
 
 from __future__ import annotations
 
 import re
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.py"))
-PROSE_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+#: docs/results.md is written by ``make paper`` from the figures: the one page that holds measured numbers.
+GENERATED_DOCS = ("results.md",)
+PROSE_FILES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name not in GENERATED_DOCS)]
+#: The README's generated block: ``make paper`` fills it from the figures (docs/results.md).
+RESULTS_BLOCK = re.compile(r"<!-- results:begin -->.*?<!-- results:end -->", re.S)
 
 #: Units after a number that make it a measurement (speedups, shares, times, sizes, distances).
 MEASURED_UNITS = ("x", "×", "%", "ms", "s", "MB", "GB", "dB", "nats")
@@ -46,10 +51,6 @@ ALLOWED = [
 _ALLOWED = re.compile("|".join(f"(?:{a})" for a in ALLOWED))
 #: A sentence containing one of these words quotes a published value (the paper's or a cited work's), not ours.
 QUOTE_MARKERS = re.compile(r"\b(?:paper|paper's|reported|reports|quoted|arXiv)\b", re.IGNORECASE)
-#: A committed results file, cited by name (the `figures/` prefix may be left out).
-_CITATION = re.compile(r"`((?:figures/)?(?:[\w.-]+/)?\d\d_[\w.-]+\.(?:md|csv|json)|figures/paper_run\.(?:md|csv)"
-                       r"|data/embedded/eval\.json)`")
-
 
 def _strip_code(text: str) -> str:
     text = re.sub(r"```.*?```", " ", text, flags=re.S)
@@ -90,13 +91,15 @@ def notebook_violations(path: Path) -> list[str]:
             for num, unit, sentence in measured_numbers(cell.source)]
 
 
-#: A heading that quotes others (:data:`QUOTE_MARKERS`) or marks a dated log of one-off environment checks ("log")
-#: exempts its whole section: a log records what was tried once, with its date, and states no result of the method.
-_EXEMPT_HEADING = re.compile(r"^#+ .*(?:\b(?:reported|quoted)\b|\(log\b)", re.IGNORECASE)
+#: A heading that quotes others (:data:`QUOTE_MARKERS`: "Headline numbers reported by others") exempts its whole
+#: section: every number under it is a published one, with its source named in the section.
+_EXEMPT_HEADING = re.compile(r"^#+ .*\b(?:reported|quoted)\b", re.IGNORECASE)
 
 
-def _sections(text: str) -> list[str]:
-    """The file without the sections under an exempt heading (until the next heading of the same or a higher level)."""
+def _without_exempt_sections(text: str) -> str:
+    """The text without the sections under an exempt heading (until the next heading of the same or a higher level)
+    and without the README's generated results block."""
+    text = RESULTS_BLOCK.sub(" ", text)
     keep, skip_level = [], None
     for line in text.splitlines():
         h = re.match(r"^(#+) ", line)
@@ -105,78 +108,14 @@ def _sections(text: str) -> list[str]:
         if h and skip_level is None and _EXEMPT_HEADING.match(line):
             skip_level = len(h.group(1))
         keep.append("" if skip_level is not None else line)
-    return keep
+    return "\n".join(keep)
 
 
-def _units(text: str) -> list[str]:
-    """Paragraphs and list items of a Markdown file; a table is one unit with the paragraph just before it."""
-    text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
-    blocks, cur, in_table = [], [], False
-    for line in _sections(text):
-        is_table = line.lstrip().startswith("|")
-        new_item = re.match(r"\s*(?:[*-]|\d+\.)\s", line) is not None
-        if not line.strip() or line.startswith("#") or (new_item and not is_table) or (in_table and not is_table):
-            if cur and not (is_table and not in_table and line.strip()):
-                blocks.append("\n".join(cur))
-                cur = []
-            if not line.strip() or line.startswith("#"):
-                in_table = False
-                continue
-        if is_table and not in_table and blocks and not cur:
-            cur = [blocks.pop()]  # the paragraph that introduces the table
-        in_table = is_table
-        cur.append(line)
-    if cur:
-        blocks.append("\n".join(cur))
-    return blocks
-
-
-def _table_values(path: Path) -> list[Decimal]:
-    return [Decimal(v) for v in re.findall(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", path.read_text().replace(",", ""))]
-
-
-def _in_table(num: str, unit: str, values: list[Decimal]) -> bool:
-    """``num`` (as shown) equals a value of the table rounded to the digits shown (a share in % may be a fraction)."""
-    shown = abs(Decimal(num.replace(",", "")))
-    if "e" in num:  # scientific: the shown significant digits
-        mant = num.split("e")[0].lstrip("+-")
-        half = Decimal(5) * shown.scaleb(-len(mant.replace(".", "")))
-    else:
-        decimals = len(num.split(".")[1]) if "." in num else 0
-        half = Decimal(5).scaleb(-decimals - 1)
-    for v in values:
-        for c in ((abs(v), abs(v) * 100) if unit == "%" else (abs(v),)):
-            if abs(c - shown) <= half + Decimal("1e-12"):
-                return True
-    return False
-
-
-def prose_violations(path: Path, root: Path = REPO) -> list[str]:
-    """Measured numbers of a README/docs file that cite no committed table, or are absent from the ones cited."""
-    out = []
-    for unit_text in _units(path.read_text()):
-        found = measured_numbers(unit_text)
-        if not found:
-            continue
-        cited = _CITATION.findall(unit_text)
-        files = []
-        for c in cited:
-            p = root / c if c.startswith(("figures/", "data/")) else root / "figures" / c
-            if not p.is_file():
-                out.append(f"{path.name}: cites {c}, which is not a committed file")
-            else:
-                files.append(p)
-        if len(files) < len(cited):
-            continue
-        if not cited:
-            out.append(f"{path.name}: {', '.join(n + u for n, u, _ in found)} quoted with no committed table cited "
-                       f"({found[0][2][:120]!r})")
-            continue
-        values = [v for p in files for v in _table_values(p)]
-        for num, unit, sentence in found:
-            if not _in_table(num, unit, values):
-                out.append(f"{path.name}: {num}{unit} is in none of {', '.join(cited)} ({sentence[:120]!r})")
-    return out
+def prose_violations(path: Path) -> list[str]:
+    """Measured numbers typed in a README or docs page, one message each (a citation of a table does not exempt one:
+    the number goes to the generated docs/results.md and the page points there)."""
+    return [f"{path.name}: {num}{unit} typed ({sentence[:120]!r}): point to docs/results.md or the committed table "
+            f"instead" for num, unit, sentence in measured_numbers(_without_exempt_sections(path.read_text()))]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -188,8 +127,13 @@ def test_notebook_markdown_types_no_measured_number(src):
 
 
 @pytest.mark.parametrize("path", PROSE_FILES, ids=[p.name for p in PROSE_FILES])
-def test_quoted_numbers_are_in_the_tables_they_cite(path):
+def test_readme_and_docs_type_no_measured_number(path):
     assert prose_violations(path) == []
+
+
+def test_the_generated_page_is_left_to_its_generator():
+    assert REPO / "docs" / "results.md" not in PROSE_FILES
+    assert REPO / "README.md" in PROSE_FILES and len(PROSE_FILES) > 5
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -215,22 +159,29 @@ def test_what_counts_as_a_measured_number(text, n):
     assert len(measured_numbers(text)) == n, measured_numbers(text)
 
 
-def test_readme_number_absent_from_its_table_fails(tmp_path):
+def test_typed_number_in_a_docs_page_fails_cited_or_not(tmp_path):
     (tmp_path / "figures").mkdir()
-    (tmp_path / "figures" / "99_probe.md").write_text("| decoder | speedup |\n| --- | ---: |\n| chain4 | 1.634 |\n")
+    (tmp_path / "figures" / "99_probe.md").write_text("| decoder | speedup |\n| --- | ---: |\n| chain:4 | 1.634 |\n")
+    page = tmp_path / "probe.md"
+    page.write_text("# Probe\n\nChain 4 runs 1.63x AR (`figures/99_probe.md`).\n\n"
+                    "Chain 4 runs 1.63x AR on this machine.\n\n"
+                    "The paper reports 2.47 tokens per call.\n\n"
+                    "How fast it is: [docs/results.md](results.md#speed), from `figures/99_probe.md`.\n\n"
+                    "## Measurements (log, 2026-12-03)\n\nThe stream took 55.9 ms a frame.\n\n"
+                    "## Headline numbers reported by others\n\nvllm-omni: 6.5 ms per frame.\n\n"
+                    "## After\n\n| decoder | vs AR |\n|---|---:|\n| chain 4 | 1.6x |\n")
+    bad = prose_violations(page)
+    assert [b.split(" typed")[0] for b in bad] == ["probe.md: 1.63x", "probe.md: 1.63x", "probe.md: 55.9ms",
+                                                   "probe.md: 1.6x"], bad
+
+
+def test_typed_number_in_the_readme_fails_outside_the_results_block(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text("Chain 4 runs 1.63x AR (`figures/99_probe.md`).\n\n"
-                      "Chain 4 runs 1.70x AR (`99_probe.md`).\n\n"
-                      "Chain 4 runs 1.63x AR on this machine.\n\n"
-                      "Chain 4 runs 1.63x AR (`figures/99_missing.md`).\n\n"
-                      "**Speed** (`figures/99_probe.md`):\n\n| decoder | vs AR |\n|---|---:|\n| chain 4 | 1.6x |\n"
-                      "| chain 8 | 1.9x |\n")
-    bad = prose_violations(readme, root=tmp_path)
-    assert len(bad) == 4, bad
-    assert "1.70x is in none of 99_probe.md" in bad[0]
-    assert "no committed table cited" in bad[1]
-    assert "not a committed file" in bad[2]
-    assert "1.9x is in none" in bad[3]  # a table row is checked against the tables its introduction cites
+    readme.write_text("# rvqspec\n\n## Results at a glance\n\n<!-- results:begin -->\n"
+                      "| decoder | vs AR |\n|---|---:|\n| chain:4 | 1.63x |\n<!-- results:end -->\n\n"
+                      "Chain 4 runs 1.63x AR.\n")
+    bad = prose_violations(readme)
+    assert len(bad) == 1 and "1.63x" in bad[0] and "Chain 4 runs" in bad[0], bad
 
 
 def test_the_calibration_split_size_is_one_number_read_from_the_data():

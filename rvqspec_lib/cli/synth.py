@@ -1,7 +1,7 @@
 """``rvqspec synth``: speak a text (or every line of a file) with a chosen inner-loop decoder through a chosen backend;
 write the audio, the codes and statistics.
 
-Order of work (README "Command line"): the flags, texts, output paths and the files the decoder reads beside the model
+Order of work (docs/cli.md): the flags, texts, output paths and the files the decoder reads beside the model
 (:func:`rvqspec_lib.models.named_decoders.check_files`) are checked against the model's config, read without its
 weights; THEN the model loads, the decoder is resolved (:func:`~rvqspec_lib.models.named_decoders.resolve`; ``auto``:
 timed once, then cached) into ONE frame runner (:func:`rvqspec_lib.models.backends.frame_runner`), the frame loop

@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rvqspec_lib.common import results_doc
 from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import SOURCE_PATHSPECS, git_output
 
@@ -40,33 +41,39 @@ REGENERATE = "regenerate every figure with one `make paper` on a clean checkout 
 class Record:
     """One result's provenance: ``name`` (its path in the folder, sidecar suffix dropped), the ``revision`` and
     ``dirty`` flag it names, ``changed_sources`` (``None`` for a record older than the tracked-sources rule: a
-    *legacy* record, whose ``dirty`` also counted untracked files), and ``error`` when the file cannot be read."""
+    *legacy* record, whose ``dirty`` also counted untracked files), ``error`` when the file cannot be read, and the
+    ``files`` a sidecar describes (paths relative to the folder: a figure's PNG and PDF, a table's CSV, an audio
+    file's WAV, an executed notebook)."""
 
     name: str
     revision: str | None
     dirty: bool | None
     changed_sources: tuple[str, ...] | None
     error: str | None = None
+    files: tuple[str, ...] = ()
 
     @property
     def legacy(self) -> bool:
         return self.error is None and self.changed_sources is None
 
 
-def _git_record(path: Path) -> dict | None | str:
-    """The ``git`` object of a provenance file; ``None`` when the JSON carries no provenance; a message when damaged."""
+def _git_record(path: Path) -> tuple[dict | None | str, tuple[str, ...]]:
+    """``(the git object of a provenance file, the files its sidecar lists)``; ``None`` when the JSON carries no
+    provenance; a message when damaged."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        return f"unreadable ({type(e).__name__})"
+        return f"unreadable ({type(e).__name__})", ()
     if not isinstance(data, dict):
-        return None if not path.name.endswith(SIDECAR_SUFFIX) else "not a JSON object"
+        return (None if not path.name.endswith(SIDECAR_SUFFIX) else "not a JSON object"), ()
+    files = tuple(str(f) for f in data.get("files", []) if isinstance(f, str)) \
+        if path.name.endswith(SIDECAR_SUFFIX) else ()
     if not path.name.endswith(SIDECAR_SUFFIX):
         data = data.get("provenance")
         if not isinstance(data, dict) or "git" not in data:
-            return None
+            return None, ()
     git = data.get("git")
-    return git if isinstance(git, dict) else "no git record"
+    return (git if isinstance(git, dict) else "no git record"), files
 
 
 def read_records(fig_dir: str | os.PathLike) -> list[Record]:
@@ -91,15 +98,17 @@ def read_records(fig_dir: str | os.PathLike) -> list[Record]:
             continue  # temporary files of a writer (.<name>.<random>.part.json), stamps
         name = rel.as_posix()
         name = name[: -len(SIDECAR_SUFFIX)] if name.endswith(SIDECAR_SUFFIX) else name
-        git = _git_record(p)
+        git, files = _git_record(p)
         if git is None:
             continue
         if isinstance(git, str):
             out.append(Record(name, None, None, None, error=git))
             continue
         changed = git.get("changed_sources")
+        where = rel.parent.as_posix()
         out.append(Record(name, git.get("revision") or None, git.get("dirty"),
-                          tuple(changed) if isinstance(changed, list) else None))
+                          tuple(changed) if isinstance(changed, list) else None,
+                          files=tuple(f if where == "." else f"{where}/{f}" for f in files)))
     return out
 
 
@@ -107,7 +116,9 @@ def read_records(fig_dir: str | os.PathLike) -> list[Record]:
 class Report:
     """What :func:`check_figures` found. ``lines``: one line per problem, each tagged by its ``kinds`` entry
     (``"empty"``, ``"damaged"``, ``"stale"``: results of a revision that is not the one clean run, or dirty;
-    ``"behind"``: one clean run, of a revision whose sources have changed since; ``"changed"``: sources changed since a revision; ``"unknown"``: a revision this clone does not have);
+    ``"behind"``: one clean run, of a revision whose sources have changed since; ``"changed"``: sources changed since a revision; ``"unknown"``: a revision this clone does not have;
+    ``"missing"``: a file a record describes is gone, or a notebook has no executed copy beside the figures;
+    ``"results"``: the generated results document does not say what the figures hold);
     ``ok``: no problem at all."""
 
     fig_dir: str
@@ -155,13 +166,35 @@ def _commit_time(rev: str | None, root) -> int:
     return int(out.strip()) if out and out.strip().isdigit() else 1 << 62
 
 
-def check_figures(fig_dir: str | os.PathLike = "figures", root: str | os.PathLike | None = None) -> Report:
+def _check_files(rep: Report, folder: Path, label: str, notebooks: bool, base: Path) -> None:
+    """The ``missing`` lines: files a sidecar lists that are gone (a deleted audio file or figure), and, for the
+    repository's own results folder, every paper notebook without its executed copy (``notebooks/NN_name.ipynb``
+    and its record)."""
+    for r in rep.records:
+        gone = [f for f in r.files if not (folder / f).is_file()]
+        if gone:
+            rep.add("missing", f"{label}{r.name}: its record lists files that are gone: {', '.join(gone)}")
+    if not notebooks:
+        return
+    have = {r.name for r in rep.records}
+    for src in sorted((base / "notebooks").glob("[0-9][0-9]_*.py")):
+        if f"notebooks/{src.stem}" not in have or not (folder / "notebooks" / f"{src.stem}.ipynb").is_file():
+            rep.add("missing", f"{label}notebooks/{src.stem}.ipynb: no executed copy of notebooks/{src.name} "
+                               "with its record")
+
+
+def check_figures(fig_dir: str | os.PathLike = "figures", root: str | os.PathLike | None = None, *,
+                  notebooks: bool | None = None, results=None) -> Report:
     """Check that a results folder is one clean run of the code at ``HEAD``.
 
     Args:
         fig_dir: the folder; a relative one is taken from ``root``.
         root: the git repository whose ``HEAD`` and history the revisions are looked up in (default
             :data:`rvqspec_lib.common.paths.REPO_ROOT`).
+        notebooks: require an executed copy of every ``notebooks/NN_name.py`` of ``root`` under
+            ``<folder>/notebooks/`` (default: for the repository's own ``figures``).
+        results: ``None``, or a callable ``(folder) -> [problem lines]`` checking the generated results document
+            against the folder (:func:`rvqspec_lib.common.results_doc.check`; ``main`` passes it).
 
     Returns:
         a :class:`Report`. Its ``lines`` name, for each revision found, the results it made (and how many are dirty,
@@ -182,6 +215,10 @@ def check_figures(fig_dir: str | os.PathLike = "figures", root: str | os.PathLik
     for r in rep.records:
         if r.error:
             rep.add("damaged", f"{label}{r.name}: provenance {r.error}")
+    _check_files(rep, folder, label, (folder.name == "figures" and folder.parent == base) if notebooks is None
+                 else notebooks, base)
+    for line in (results(folder) if results is not None else []):
+        rep.add("results", line)
     groups = rep.revisions
     one = len(groups) == 1
     for rev in sorted(groups, key=lambda g: (_commit_time(g, base), str(g))):
@@ -225,7 +262,7 @@ def suite_failures(rep: Report) -> list[str]:
     """
     if rep.legacy:
         return []
-    return [ln for ln, k in zip(rep.lines, rep.kinds) if k in ("empty", "damaged", "stale")]
+    return [ln for ln, k in zip(rep.lines, rep.kinds) if k in ("empty", "damaged", "stale", "missing", "results")]
 
 
 def main(argv: list[str] | None = None, *, root: str | os.PathLike | None = None, echo=None) -> int:
@@ -240,8 +277,11 @@ def main(argv: list[str] | None = None, *, root: str | os.PathLike | None = None
                                              "the sources at HEAD (docs/reproducibility.md).")
     ap.add_argument("--figures", default="figures", help="results folder (default: figures, from the repository root)")
     args = ap.parse_args(argv)
-    try:
-        rep = check_figures(args.figures, root=root)
+    base = Path(root) if root is not None else REPO_ROOT
+    own = (base / args.figures).resolve() == (base / "figures").resolve()
+    try:  # the repository's own figures: its generated prose (docs/results.md, the README block) must match them
+        rep = check_figures(args.figures, root=root,
+                            results=(lambda folder: results_doc.check(folder, base)) if own else None)
     except FileNotFoundError as e:
         err(f"check-figures: {e}: pass --figures DIR, a folder `make paper` wrote")
         return 2

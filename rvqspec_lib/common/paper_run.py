@@ -25,7 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from rvqspec_lib.common.provenance import provenance, save_table
+from rvqspec_lib.common import results_doc
+from rvqspec_lib.common.paths import REPO_ROOT
+from rvqspec_lib.common.provenance import provenance, save_notebook_record, save_table
 
 #: the record's file stem in the figures folder
 RECORD_STEM = "paper_run"
@@ -119,6 +121,12 @@ def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int | str, 
                        [r["notebook"] for r in ran], "total_papermill_s": total})
     paths = save_table(table, Path(fig_dir) / RECORD_STEM, prov, caption=caption)
     lines.append(f"  -> {paths['md']}")
+    for r in ran:  # the executed notebooks kept beside the figures (a full run) get their provenance record
+        nb = Path(r["executed_notebook"] or "")
+        if nb.is_file() and Path(fig_dir).resolve() in nb.resolve().parents:
+            save_notebook_record(nb, provenance({**(params or {}), "notebook": r["notebook"]}))
+    if Path(fig_dir).resolve() == (REPO_ROOT / "figures").resolve():  # the committed figures: their prose too
+        lines += [f"  -> {p}" for p in results_doc.write(fig_dir, REPO_ROOT)]
     return lines, paths
 
 

@@ -386,6 +386,17 @@ def save_audio(wav, sample_rate: int, path_stem: str | os.PathLike, prov: Mappin
     return out
 
 
+def save_notebook_record(notebook: str | os.PathLike, prov: Mapping) -> Path:
+    """The provenance sidecar of an executed notebook kept beside the figures (``<figures>/notebooks/NN_name.ipynb``
+    -> ``NN_name.provenance.json``, listing the notebook), written by ``make paper``'s last step
+    (:mod:`rvqspec_lib.common.paper_run`), so that ``make check-figures`` tells a stale executed notebook like a stale
+    figure."""
+    nb = Path(notebook)
+    side = _sidecar_path(nb.with_suffix(""))
+    write_text_atomic(side, _sidecar_text(prov, [nb]))
+    return side
+
+
 def save_json(obj: Mapping, path: str | os.PathLike, prov: Mapping) -> Path:
     """Write a metrics dict as JSON with its provenance under the key ``"provenance"``.
 

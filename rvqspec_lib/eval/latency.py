@@ -1,5 +1,6 @@
 """Latency of the two loops of Qwen3-TTS, the code-predictor call against its weight-streaming floor, and the call
-budget derived from the config (notebook 01; ``rvqspec bench latency`` and ``rvqspec bench precisions``).
+budget derived from the config and from measured tokens per call (notebook 01; ``rvqspec bench latency`` and
+``rvqspec bench precisions``).
 
 Qwen3-TTS runs two nested autoregressive loops (docs/model.md#two-nested-loops): the talker makes one call per frame
 (``frame_rate_hz`` = 12.5) and emits code 0; the code predictor then makes ``n_code_groups - 1`` = 15 sequential
@@ -17,7 +18,10 @@ What :func:`bench_model` times, every call each round of ONE interleaved run
   projection of ``(1, Q, talker_hidden)`` inputs, the decoder stack through a verify backend
   (:func:`rvqspec_lib.models.backends.verify_backend`, the official module by default) after ``prefix_len``
   committed slots, and one head's logits of all ``Q`` positions -> ``(Q, 2048)``. A verify round applies a different
-  head per depth; the matmul cost is the same.
+  head per depth; the matmul cost is the same;
+* with ``native=True``, the same pair through the native forward: the talker step through
+  :class:`~rvqspec_lib.models.native_talker.NativeTalker` (:func:`native_talker_step_call`) and the code-predictor
+  calls through the ``native`` verify backend.
 
 Timing depends on the architecture, not on the weights: the real-size random models give real latencies but their
 outputs mean nothing (``random_weights`` is printed beside every number).
@@ -35,11 +39,14 @@ from typing import Iterable, Sequence
 import torch
 from transformers import DynamicCache
 
-from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms
+from rvqspec_lib.eval.acceptance import decoder_statistics
+from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms, talker_step_bytes
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import PREFIX_LEN, QUERY_SIZES, verify_call
 from rvqspec_lib.eval.timing import bandwidth_around, cpu_oversubscribed, device_sync, interleaved
-from rvqspec_lib.models.backends import BACKENDS, check_available, verify_backend
+from rvqspec_lib.models.backends import BACKENDS, available, check_available, verify_backend
+from rvqspec_lib.models.named_decoders import resolve_all
+from rvqspec_lib.models.native_talker import NativeTalker
 from rvqspec_lib.models.precision import PRECISIONS, apply_precision, cpu_features, native_precisions, precision_of
 
 #: Query sizes of the latency table (powers of two up to 64: trees of 32-64 nodes are the interesting trade-off on
@@ -54,6 +61,11 @@ DEFAULT_TOKENS_PER_CALL = (1.0, 1.5, 2.0, 2.47, 3.0)
 PAPER_TOKENS_PER_CALL = 2.47
 #: The talker step's key among the conditions of :func:`bench_model` (the code-predictor calls are keyed by Q).
 TALKER = "talker"
+#: The second pair of :func:`bench_model` (``native=True``): the native talker step and the native verify backend,
+#: keyed ``(NATIVE, TALKER)`` and ``(NATIVE, Q)``.
+NATIVE = "native"
+#: Scale of the random talker inputs (the size of real talker inputs; as :mod:`rvqspec_lib.eval.talker_bench`).
+TALKER_EMBED_SCALE = 0.02
 
 
 def _query_sizes(query_sizes: Iterable[int]) -> list[int]:
@@ -83,10 +95,26 @@ def _rows(t, keys: Sequence, base_key=None) -> list[dict]:
 # ----------------------------------------------------------------------------------------------------------------------
 # The two loops' calls
 # ----------------------------------------------------------------------------------------------------------------------
+def _talker_inputs(lm, talker_context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The random talker inputs of a timed step, float32 on the CPU: ``talker_context`` cached positions
+    ``(1, C, H)`` and the one new position ``(1, 1, H)``, from a generator seeded ``seed`` (timing only).
+
+    Raises:
+        ValueError: ``talker_context < 1``.
+    """
+    if talker_context < 1:
+        raise ValueError(f"talker_context must be >= 1, got {talker_context}")
+    gen = torch.Generator().manual_seed(seed)
+    hidden = int(lm.talker.config.hidden_size)
+    ctx = torch.randn(1, talker_context, hidden, generator=gen) * TALKER_EMBED_SCALE  # (1, C, H)
+    step = torch.randn(1, 1, hidden, generator=gen) * TALKER_EMBED_SCALE  # (1, 1, H)
+    return ctx, step
+
+
 def talker_step_call(lm, *, talker_context: int = TALKER_CONTEXT, seed: int = 0):
     """One talker step as a closure, and the reset that crops its cache back (to run outside the clock).
 
-    Inputs are random embeddings ``(1, L, talker_hidden)`` from a generator seeded ``seed`` (timing only); the MRoPE
+    Inputs are random embeddings ``(1, L, talker_hidden)`` (:func:`_talker_inputs`; timing only); the MRoPE
     position ids have shape ``(3, 1, L)`` with the same ids on all three axes, as for speech positions.
 
     Returns:
@@ -96,14 +124,9 @@ def talker_step_call(lm, *, talker_context: int = TALKER_CONTEXT, seed: int = 0)
     Raises:
         ValueError: ``talker_context < 1``.
     """
-    if talker_context < 1:
-        raise ValueError(f"talker_context must be >= 1, got {talker_context}")
     talker = lm.talker
     p0 = next(talker.parameters())
-    gen = torch.Generator().manual_seed(seed)
-    hidden = int(talker.config.hidden_size)
-    ctx = (torch.randn(1, talker_context, hidden, generator=gen) * 0.02).to(p0)  # (1, C, H)
-    step = (torch.randn(1, 1, hidden, generator=gen) * 0.02).to(p0)  # (1, 1, H)
+    ctx, step = (x.to(p0) for x in _talker_inputs(lm, talker_context, seed))
     cache = DynamicCache()
     pos_ctx = torch.arange(talker_context, device=p0.device).view(1, 1, -1).expand(3, 1, -1)  # (3, 1, C)
     pos_step = torch.full((3, 1, 1), talker_context, dtype=torch.long, device=p0.device)  # (3, 1, 1)
@@ -121,10 +144,38 @@ def talker_step_call(lm, *, talker_context: int = TALKER_CONTEXT, seed: int = 0)
     return call, lambda: cache.crop(talker_context)
 
 
+def native_talker_step_call(lm, *, talker_context: int = TALKER_CONTEXT, seed: int = 0):
+    """:func:`talker_step_call` through the native talker (:class:`~rvqspec_lib.models.native_talker.NativeTalker`:
+    the step as one C call over packed copies of the weights, docs/precision.md#the-native-talker), on the same
+    inputs; its KV cache holds ``talker_context + 1`` positions.
+
+    Returns:
+        ``(call, reset)`` as :func:`talker_step_call`'s.
+
+    Raises:
+        ValueError: ``talker_context < 1``; a talker the native forward does not run (off the CPU, another precision).
+        RuntimeError: the C library cannot be built here.
+    """
+    ctx, step = _talker_inputs(lm, talker_context, seed)
+    nt = NativeTalker(lm.talker, max_context=talker_context + 1)
+    ctx, step = ctx.to(nt.dtype), step.to(nt.dtype)
+    cache = nt.new_cache(1, talker_context + 1)
+    nt.use_cache(cache)
+    with torch.inference_mode():
+        nt.extend(ctx)
+
+    def call(_round: int = 0):
+        with torch.inference_mode():
+            nt.use_cache(cache)
+            return nt.logits(nt.step(step)[:, -1])  # (1, vocab)
+
+    return call, lambda: cache.crop(talker_context)
+
+
 def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
-                talker_context: int = TALKER_CONTEXT, backend: str = "official", warmup: int = 3, repeats: int = 20,
-                seed: int = 0, progress: bool = True, noise_target: float | None = None,
-                max_repeats: int | None = None, floor: bool = False) -> dict:
+                talker_context: int = TALKER_CONTEXT, backend: str = "official", native: bool = False,
+                warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
+                noise_target: float | None = None, max_repeats: int | None = None, floor: bool = False) -> dict:
     """Per-call latency of a talker step and of code-predictor calls of ``Q`` query positions, interleaved, plus the
     frame-level quantities they imply (module docstring).
 
@@ -132,7 +183,10 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
         lm: a :class:`~rvqspec_lib.models.loader.LoadedModel` (any device and dtype; not modified).
         prefix_len: committed slots before the code-predictor call. query_sizes: the Qs (1 among them for the
             ratios). talker_context: KV positions before the talker step. backend: the verify backend of the
-            code-predictor call (:data:`rvqspec_lib.models.backends.BACKENDS`).
+            code-predictor call (:data:`rvqspec_lib.models.backends.BACKENDS`); the talker step is the official one.
+        native: also time the native pair in the same interleaved run: the talker step through
+            :func:`native_talker_step_call` and the code-predictor calls through the ``native`` verify backend (both
+            one C call over packed copies of the weights; CPU only).
         warmup, repeats, seed, progress, noise_target, max_repeats: :func:`~rvqspec_lib.eval.timing.interleaved`'s
             (``seed`` seeds the random inputs too; the global RNG is not touched).
         floor: also the weight-streaming floor of the Q = 1 call (CPU only): the read bandwidth measured before and
@@ -144,11 +198,13 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
         (``lm.describe()``), ``device_name``, ``code_predictor_precision``, ``backend``, the settings,
         ``talker_step`` (:func:`~rvqspec_lib.eval.timing.summary` and ``rel_se``), ``code_predictor`` (a row per Q:
         ``n_queries``, the summary, ``rel_se``, ``ratio_to_1`` = t(Q) / t(1)), ``derived``
-        (:func:`derived_from_bench`); with ``floor``: ``bandwidth``, ``weight_bytes``, ``floor_ms``.
+        (:func:`derived_from_bench`); with ``native``: ``native``, the same three keys for the native pair (its
+        ``ratio_to_1`` over the native t(1)); with ``floor``: ``bandwidth``, ``weight_bytes``, ``floor_ms``.
 
     Raises:
-        ValueError: bad query sizes, ``prefix_len < 1``, ``talker_context < 1``, an absent backend, ``floor`` off
-            the CPU, bad timing settings (one line each).
+        ValueError: bad query sizes, ``prefix_len < 1``, ``talker_context < 1``, an absent backend, ``native`` with
+            ``backend="native"`` or where the native forward is absent, ``floor`` off the CPU, bad timing settings
+            (one line each).
     """
     cp = lm.code_predictor
     qs = _query_sizes(query_sizes)
@@ -157,43 +213,75 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
     device = next(lm.talker.parameters()).device
     if floor and device.type != "cpu":
         raise ValueError("the weight-streaming floor is measured on the CPU: drop floor=True on a GPU")
+    if native and backend == NATIVE:
+        raise ValueError("backend='native' already times the native code predictor: give native=True with another "
+                         "backend (the official one), or drop it")
     step, crop = talker_step_call(lm, talker_context=talker_context, seed=seed)
     be = verify_backend(backend, cp)
     conds = {TALKER: step, **{q: verify_call(cp, be, q, prefix_len, seed, whole=True) for q in qs}}
+    resets = {TALKER: crop}
+    if native:
+        ok, why = available(NATIVE, precision_of(cp), device.type)
+        if not ok:
+            raise ValueError(f"native=True: the native forward is absent here ({why})")
+        n_step, n_crop = native_talker_step_call(lm, talker_context=talker_context, seed=seed)
+        n_be = verify_backend(NATIVE, cp)
+        conds.update({(NATIVE, TALKER): n_step,
+                      **{(NATIVE, q): verify_call(cp, n_be, q, prefix_len, seed, whole=True) for q in qs}})
+        resets[(NATIVE, TALKER)] = n_crop
 
     def measure():
         return interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, max_repeats=max_repeats,
-                           seed=seed, sync=device_sync(device), reset={TALKER: crop}, progress=progress,
+                           seed=seed, sync=device_sync(device), reset=resets, progress=progress,
                            desc=f"bench {lm.name}", module=lm.talker, random_weights=lm.is_random)
 
     t, bandwidth = bandwidth_around(measure) if floor else (measure(), None)
     result = {**t.meta, "cpu_oversubscribed": cpu_oversubscribed(t.meta), "model": lm.describe(),
               "device_name": _device_name(device, t.meta), "code_predictor_precision": precision_of(cp),
               "backend": backend, "prefix_len": prefix_len, "talker_context": talker_context,
-              "talker_step": _rows(t, [TALKER])[0],
-              "code_predictor": [{"n_queries": q, **r} for q, r in zip(qs, _rows(t, qs, base_key=1))]}
-    result["talker_step"].pop("ratio_to_1")
+              **_pair(t, TALKER, qs, lambda q: q)}
     result["derived"] = derived_from_bench(result, frame_rate_hz=lm.frame_rate_hz, n_code_groups=lm.n_code_groups)
+    if native:
+        pair = _pair(t, (NATIVE, TALKER), qs, lambda q: (NATIVE, q))
+        pair["derived"] = derived_from_bench(pair, frame_rate_hz=lm.frame_rate_hz, n_code_groups=lm.n_code_groups)
+        result[NATIVE] = pair
     if floor:
         wb = call_weight_bytes(cp, n_queries=1)
         result.update(bandwidth=bandwidth, weight_bytes=wb, floor_ms=floor_ms(wb["bytes"], bandwidth["gb_per_s"]))
     return result
 
 
-def latency_rows(result: dict) -> list[dict]:
-    """Flat table of a :func:`bench_model` result: the talker step first, then one row per code-predictor ``Q``.
+def _pair(t, talker_key, qs: Sequence[int], key_of) -> dict:
+    """``{"talker_step", "code_predictor"}`` of one talker-and-code-predictor pair of an interleaved timing: the
+    talker step's row, and a row per Q with ``ratio_to_1`` over this pair's own Q = 1."""
+    talker = _rows(t, [talker_key])[0]
+    talker.pop("ratio_to_1")
+    rows = _rows(t, [key_of(q) for q in qs], base_key=key_of(1))
+    return {"talker_step": talker, "code_predictor": [{"n_queries": q, **r} for q, r in zip(qs, rows)]}
 
-    Columns: ``call``, ``n_queries``, ``median_ms``, ``p10_ms``, ``p90_ms``, ``min_ms``, ``ratio_to_1``
-    (code-predictor rows: ``t(Q) / t_cp(1)``; talker row: ``t_talker / t_cp(1)``), ``n``.
+
+def latency_rows(result: dict) -> list[dict]:
+    """Flat table of a :func:`bench_model` result: per pair (the official talker with ``result["backend"]``, then the
+    native pair when timed) the talker step first, then one row per code-predictor ``Q``.
+
+    Columns: ``call``, ``forward`` (``official``, the code predictor's backend, or ``native``), ``n_queries``,
+    ``median_ms``, ``p10_ms``, ``p90_ms``, ``min_ms``, ``ratio_to_1`` (code-predictor rows: ``t(Q) / t_cp(1)``;
+    talker row: ``t_talker / t_cp(1)``, the same pair's), ``n``.
     """
-    cp = result["code_predictor"]
-    base = next((r["median_ms"] for r in cp if r["n_queries"] == 1), None)
-    t = result["talker_step"]
+    pairs = [("official", result["backend"], result)] + ([(NATIVE, NATIVE, result[NATIVE])] if NATIVE in result
+                                                         else [])
     keys = ("median_ms", "p10_ms", "p90_ms", "min_ms")
-    rows = [{"call": f"talker step (ctx {result['talker_context']})", "n_queries": 1, **{k: t[k] for k in keys},
-             "ratio_to_1": t["median_ms"] / base if base else None, "n": t["n"]}]
-    rows += [{"call": f"code predictor (prefix {result['prefix_len']})", "n_queries": r["n_queries"],
-              **{k: r[k] for k in keys}, "ratio_to_1": r["ratio_to_1"], "n": r["n"]} for r in cp]
+    rows = []
+    for talker_forward, cp_forward, pair in pairs:
+        cp = pair["code_predictor"]
+        base = next((r["median_ms"] for r in cp if r["n_queries"] == 1), None)
+        t = pair["talker_step"]
+        rows.append({"call": f"talker step (ctx {result['talker_context']})", "forward": talker_forward,
+                     "n_queries": 1, **{k: t[k] for k in keys}, "ratio_to_1": t["median_ms"] / base if base else None,
+                     "n": t["n"]})
+        rows += [{"call": f"code predictor (prefix {result['prefix_len']})", "forward": cp_forward,
+                  "n_queries": r["n_queries"], **{k: r[k] for k in keys}, "ratio_to_1": r["ratio_to_1"], "n": r["n"]}
+                 for r in cp]
     return rows
 
 
@@ -222,16 +310,18 @@ def format_latency(result: dict) -> str:
             f"{'' if prec in (None, result['dtype']) else f' (code predictor {prec})'} | "
             f"backend {result['backend']} | threads {result['threads']} | torch {result['torch']} | warmup "
             f"{result['warmup']}, {noise_words(result)}{_load_words(result)}")
-    lines = [head, f"{'call':<30} {'Q':>4} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} {'t/t_cp(1)':>10}"]
+    lines = [head, f"{'call':<30} {'forward':<9} {'Q':>4} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} "
+                   f"{'t/t_cp(1)':>10}"]
     for r in latency_rows(result):
         ratio = "" if r["ratio_to_1"] is None else f"{r['ratio_to_1']:.2f}"
-        lines.append(f"{r['call']:<30} {r['n_queries']:>4} {r['median_ms']:>10.2f} {r['p10_ms']:>9.2f} "
-                     f"{r['p90_ms']:>9.2f} {ratio:>10}")
-    d = result["derived"]
-    lines.append(f"frame (AR): {d['frame_ms_ar']:.1f} ms of a {d['frame_budget_ms']:.0f} ms budget "
-                 f"(RTF {d['rtf_ar']:.2f}); inner-loop share {100 * d['inner_share_ar']:.1f}%; "
-                 f"real time needs {d['calls_per_s_realtime']:.0f} calls/s "
-                 f"({d['calls_per_s_at_paper_tpc']:.1f} at {PAPER_TOKENS_PER_CALL} tokens/call)")
+        lines.append(f"{r['call']:<30} {r['forward']:<9} {r['n_queries']:>4} {r['median_ms']:>10.2f} "
+                     f"{r['p10_ms']:>9.2f} {r['p90_ms']:>9.2f} {ratio:>10}")
+    for name, d in [(result["backend"], result["derived"])] + (
+            [(NATIVE, result[NATIVE]["derived"])] if NATIVE in result else []):
+        lines.append(f"frame (AR, {name}): {d['frame_ms_ar']:.1f} ms of a {d['frame_budget_ms']:.0f} ms budget "
+                     f"(RTF {d['rtf_ar']:.2f}); inner-loop share {100 * d['inner_share_ar']:.1f}%; "
+                     f"real time needs {d['calls_per_s_realtime']:.0f} calls/s "
+                     f"({d['calls_per_s_at_paper_tpc']:.1f} at {PAPER_TOKENS_PER_CALL} tokens/call)")
     if "floor_ms" in result:
         bw, t1 = result["bandwidth"], min(result["code_predictor"], key=lambda r: r["n_queries"])
         lines.append(f"floor of a code-predictor call: {result['weight_bytes']['bytes'] / 1e6:.1f} MB of weights / "
@@ -384,6 +474,91 @@ def budget_table(frame_rate_hz: float, n_code_groups: int,
         note = "plain AR" if tpc == 1 else ("paper's reported value" if abs(tpc - PAPER_TOKENS_PER_CALL) < 1e-9 else "")
         rows.append({"tokens_per_call": b["tokens_per_call"], "inner_calls_per_frame": b["inner_calls_per_frame"],
                      "calls_per_s": b["calls_per_s"], "reduction": b["reduction"], "note": note})
+    return rows
+
+
+def model_row(result: dict, *, q_ratio: int = 16) -> dict:
+    """One flat row of a :func:`bench_model` result, to set models side by side: the model's geometry
+    (``lm.describe()``), the call budget from its config, and per pair the talker step, the code-predictor call of
+    one position, the AR frame, its real-time factor, the inner loop's share and ``t(q)/t(1)`` at the largest timed
+    ``Q <= q_ratio``; the native pair's columns carry the prefix ``native_`` (``None`` when it was not timed).
+
+    Raises:
+        KeyError: ``result`` is not a :func:`bench_model` result.
+    """
+    m = result["model"]
+
+    def pair(p: dict | None) -> dict:
+        if p is None:
+            return dict.fromkeys(("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar", "inner_share_ar", "q_ratio"))
+        d, rows = p["derived"], {r["n_queries"]: r["ratio_to_1"] for r in p["code_predictor"]}
+        q = max((k for k in rows if k <= q_ratio), default=None)
+        return {"t_talker_ms": d["t_talker_ms"], "t_inner_ms": d["t_inner_ms"], "frame_ms_ar": d["frame_ms_ar"],
+                "rtf_ar": d["rtf_ar"], "inner_share_ar": d["inner_share_ar"], "q_ratio": rows.get(q)}
+
+    official, native = pair(result), pair(result.get(NATIVE))
+    qs = [r["n_queries"] for r in result["code_predictor"]]
+    q = max((k for k in qs if k <= q_ratio), default=None)
+    ratio_key = f"t({q})/t(1)"
+    official[ratio_key] = official.pop("q_ratio")
+    native[ratio_key] = native.pop("q_ratio")
+    return {"model": m["name"], "random_weights": result["random_weights"],
+            **{k: m[k] for k in ("talker_layers", "talker_hidden", "code_predictor_layers", "code_predictor_hidden",
+                                 "params_talker_total", "params_code_predictor", "frame_rate_hz", "n_code_groups")},
+            "calls_per_s_realtime": call_budget(m["frame_rate_hz"], m["n_code_groups"])["calls_per_s"],
+            **official, **{f"{NATIVE}_{k}": v for k, v in native.items()}}
+
+
+def inner_share_from_bytes(lm, *, talker_context: int = TALKER_CONTEXT) -> dict:
+    """The inner loop's share of an AR frame if every call ran at the weight-streaming floor, from the bytes each
+    call reads (:mod:`rvqspec_lib.eval.floor`): a talker step reads its layers, final norm and ``codec_head`` plus
+    the KV cache of ``talker_context`` positions; a code-predictor call of one position reads its weights; a frame
+    makes one of the first and ``n_code_groups - 1`` of the second, so the share is
+    :func:`inner_share` of the two byte counts. No timing: what the share would be on a machine where both calls
+    stream their weights at the same bandwidth.
+
+    Returns:
+        ``{"talker_step_bytes", "talker_kv_bytes", "code_predictor_call_bytes", "inner_calls_per_frame",
+        "inner_share"}``.
+    """
+    talker = talker_step_bytes(lm.talker, context=talker_context)
+    cp = call_weight_bytes(lm.code_predictor, n_queries=1)["bytes"]
+    n_inner = lm.n_code_groups - 1
+    return {"talker_step_bytes": talker["bytes"], "talker_kv_bytes": talker["kv_bytes"],
+            "code_predictor_call_bytes": cp, "inner_calls_per_frame": n_inner,
+            "inner_share": inner_share(talker["bytes"] + talker["kv_bytes"], cp, n_inner)}
+
+
+def calls_at_tokens_per_call(lm, names: Sequence[str], contexts: torch.Tensor, *, sampling=None, seed: int = 0,
+                             calibrations: dict | None = None) -> list[dict]:
+    """The call budget at the tokens per call each named decoder commits on ``lm``: every decoder runs over the same
+    contexts (:func:`rvqspec_lib.eval.acceptance.decoder_statistics`, the lossless walk), and :func:`call_budget`
+    turns its measured tokens per call into model calls a second for real time.
+
+    Args:
+        lm: a loaded model with trained weights (acceptance on random weights means nothing) whose folder ships
+            what the names read (drafters, calibrated trees: :func:`rvqspec_lib.models.named_decoders.resolve_all`).
+        names: decoder names of the grammar (``chain:4``, ``tree:calibrated-point-mass:32``, ``paper:32`` ...).
+        contexts: ``(N, 2, talker_hidden)`` frame contexts (e.g. ``Frames.context`` of held-out frames).
+        sampling: the deployed warpers (default :class:`~rvqspec_lib.decoding.sampling.Sampling`'s).
+        seed: each decoder's generator. calibrations: ``{drafter: calibration}`` instead of the shipped files.
+
+    Returns:
+        One row per decoder, in ``names``' order: its fields (:meth:`DecoderName.fields`: ``decoder`` the label,
+        ``kind``, ``drafter``, ``nodes``, ``lossy``, ``sampled``), ``model``, ``frames``, ``tokens_per_call``,
+        ``inner_calls_per_frame``, ``calls_per_s`` and ``reduction_vs_ar`` (:func:`call_budget`).
+
+    Raises:
+        ValueError: a bad name or a file it needs missing (the resolver's one-line messages).
+    """
+    named = resolve_all(list(names), lm, calibrations=calibrations)
+    rows = []
+    for label, nd in named.items():
+        st = decoder_statistics(lm.code_predictor, None, contexts, nd.decoder, sampling=sampling, seed=seed)
+        b = call_budget(lm.frame_rate_hz, lm.n_code_groups, st["tokens_per_call"])
+        rows.append({**nd.fields(), "model": lm.name, "frames": int(contexts.shape[0]),
+                     "tokens_per_call": st["tokens_per_call"], "inner_calls_per_frame": b["inner_calls_per_frame"],
+                     "calls_per_s": b["calls_per_s"], "reduction_vs_ar": b["reduction"]})
     return rows
 
 

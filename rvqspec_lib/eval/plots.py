@@ -9,6 +9,7 @@
   the_lossless_rule): one speculative round as draft, verify, accept, commit panels; a draft tree with its node ids;
   its ancestor matrix as the verify call's attention mask. :data:`RULE_COLORS`: one colour for p, q, residual.
 * :func:`oversubscribed_note` -- the label a timing figure or table carries when the CPU was oversubscribed.
+* :func:`plot_spectrograms` -- log-mel spectrograms on one colour scale (notebook 00: the codec with k codebooks).
 * :func:`plot_speedup_vs_n` -- the paper's Figure 4 here: speedup over AR by node budget N, measured, projected and
   the paper's device numbers (:data:`PAPER_DEVICE_SPEEDUPS`, quoted) in three panels apart.
 * :func:`plot_frame_parts`, :func:`plot_audio_vs_wall` -- the whole frame (notebook 06): the parts of a frame against
@@ -72,14 +73,21 @@ def bench_title(result: dict) -> str:
             + (f"\n{note}: the times are pessimistic" if note else ""))
 
 
+#: The colour of each forward (the official module, the native C forward) in the latency figures.
+FORWARD_COLORS = {"official": "C0", "native": "C1"}
+
+
 def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6)):
-    """Two panels from a :func:`rvqspec_lib.eval.latency.bench_model` result.
+    """Two panels from a :func:`rvqspec_lib.eval.latency.bench_model` result, one colour per forward
+    (:data:`FORWARD_COLORS`; the native pair too when the result has one).
 
     Left: median ms per code-predictor call against ``Q`` (log2 axis) with the p10-p90 band, and the talker step as a
-    dashed line. Right: ``t(Q) / t(1)`` with the line ``y = Q`` (no parallelism at all) for reference.
+    dashed line of the same colour. Right: ``t(Q) / t(1)`` with the line ``y = Q`` (no parallelism at all) for
+    reference.
 
     Returns:
-        the matplotlib ``Figure`` (not shown, not closed; save it with :func:`rvqspec_lib.common.provenance.save_figure`).
+        the matplotlib ``Figure`` (not shown, not closed; save it with
+        :func:`rvqspec_lib.common.provenance.save_figure`).
 
     Raises:
         KeyError: ``result`` is not a bench result.
@@ -87,40 +95,85 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    rows = sorted(result["code_predictor"], key=lambda r: r["n_queries"])
-    q = [r["n_queries"] for r in rows]
-    med = [r["median_ms"] for r in rows]
+    pairs = [(result["backend"], result)] + ([("native", result["native"])] if "native" in result else [])
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
-
-    ax0.plot(q, med, "o-", color="C0", label=f"code predictor, KV prefix {result['prefix_len']}")
-    ax0.fill_between(q, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows], color="C0", alpha=0.2,
-                     label="p10-p90")
-    t = result["talker_step"]
-    ax0.axhline(t["median_ms"], color="C3", ls="--", label=f"talker step, KV prefix {result['talker_context']}")
+    top, ratios_ok = 0.0, True
+    for name, pair in pairs:
+        color = FORWARD_COLORS.get(name, "C2")
+        rows = sorted(pair["code_predictor"], key=lambda r: r["n_queries"])
+        q = [r["n_queries"] for r in rows]
+        ax0.plot(q, [r["median_ms"] for r in rows], "o-", color=color,
+                 label=f"code predictor ({name}), KV prefix {result['prefix_len']}")
+        ax0.fill_between(q, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows], color=color, alpha=0.2)
+        talker = "official" if pair is result else name
+        ax0.axhline(pair["talker_step"]["median_ms"], color=color, ls="--",
+                    label=f"talker step ({talker}), KV prefix {result['talker_context']}")
+        top = max(top, max(r["p90_ms"] for r in rows), pair["talker_step"]["median_ms"])
+        if all(r.get("ratio_to_1") is not None for r in rows):
+            ax1.plot(q, [r["ratio_to_1"] for r in rows], "o-", color=color, label=f"measured t(Q) / t(1), {name}")
+        else:
+            ratios_ok = False
     ax0.set_xscale("log", base=2)
     ax0.set_xticks(q, [str(v) for v in q])
+    ax0.minorticks_off()
     ax0.set_xlabel("query positions per call, Q")
     ax0.set_ylabel("median latency per call (ms)")
-    ax0.set_ylim(0, 1.25 * max(max(r["p90_ms"] for r in rows), t["median_ms"]))  # room for the legend
-    ax0.legend(fontsize=8, loc="upper left")
+    ax0.set_ylim(0, 1.35 * top)  # room for the legend
+    ax0.legend(fontsize=7, loc="upper left")
     ax0.grid(alpha=0.3)
-
-    if all(r.get("ratio_to_1") is not None for r in rows):
-        ax1.plot(q, [r["ratio_to_1"] for r in rows], "o-", color="C0", label="measured t(Q) / t(1)")
+    ax0.set_title("one call: its latency (band: p10 to p90)", fontsize=9)
+    if ratios_ok:
         ax1.plot(q, q, ":", color="gray", label="y = Q (no parallelism)")
         ax1.axhline(1.0, color="k", lw=0.8)
         ax1.set_xscale("log", base=2)
         ax1.set_yscale("log", base=2)
         ax1.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax1.set_xticks(q, [str(v) for v in q])
+        ax1.minorticks_off()
         ax1.set_xlabel("query positions per call, Q")
         ax1.set_ylabel("cost relative to one AR call")
-        ax1.legend(fontsize=8, loc="upper left")
+        ax1.legend(fontsize=7, loc="upper left")
         ax1.grid(alpha=0.3, which="both")
+        ax1.set_title("the verify cost curve t(Q) / t(1)", fontsize=9)
     else:
         ax1.set_axis_off()
         ax1.text(0.5, 0.5, "no Q = 1 measurement", ha="center", va="center")
     fig.suptitle(bench_title(result), fontsize=9)
+    return fig
+
+
+def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float = 80.0,
+                      figsize: tuple[float, float] | None = None):
+    """Log-mel spectrograms stacked on one time axis and ONE colour scale (the loudest panel's top and ``db_range``
+    dB below it), so that panels compare by colour; one colour bar.
+
+    Args:
+        panels: ``(label, db, distance_db)`` per panel: ``db`` a ``(n_mels, frames)`` array in dB (e.g.
+            :meth:`rvqspec_lib.models.rvq_codec.RVQCodec.log_mel_db`), ``distance_db`` a log-spectral distance to
+            the first panel written beside the label (``None``: none).
+        hop_s: seconds per spectrogram column. title: the figure title. db_range: dB shown below the top.
+        figsize: default 8 inches wide, a little over an inch per panel.
+
+    Returns:
+        the matplotlib ``Figure`` (save it with :func:`rvqspec_lib.common.provenance.save_figure`).
+    """
+    import matplotlib.pyplot as plt
+
+    panels = list(panels)
+    vmax = max(float(db.max()) for _, db, _ in panels)
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, constrained_layout=True,
+                             figsize=figsize or (8.0, 1.15 * len(panels) + 0.9), squeeze=False)
+    for ax, (label, db, dist) in zip(axes[:, 0], panels):
+        im = ax.imshow(db, origin="lower", aspect="auto", cmap="magma", vmin=vmax - db_range, vmax=vmax,
+                       extent=(0, db.shape[1] * hop_s, 0, db.shape[0]))
+        ax.set_title(label + ("" if dist is None else f"  (log-spectral distance {dist:.1f} dB)"), fontsize=8,
+                     loc="left")
+        ax.set_ylabel("mel band", fontsize=7)
+        ax.tick_params(labelsize=7)
+    axes[-1, 0].set_xlabel("time (s)")
+    fig.colorbar(im, ax=axes[:, 0], label="mel power (dB)", shrink=0.8)
+    if title:
+        fig.suptitle(title, fontsize=9)
     return fig
 
 
@@ -190,15 +243,15 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
         if j in (1, 2, g - 1):
             ax0.text(x + width * 0.42, -0.08, f"code {j}", ha="center", va="top", fontsize=6, rotation=90)
         x += width
-    ax0.text(2.0 + 3.8, 0.95, f"code predictor ({r0['code_predictor_layers']} layers): {g - 1} sequential calls "
-             f"(prefill for code 1, then one per code)", ha="center", va="bottom", fontsize=7)
+    ax0.text(2.0 + 3.8, 0.95, f"code predictor ({r0['code_predictor_layers']} layers): {g - 1} sequential calls\n"
+             f"(a prefill for code 1, then one per code)", ha="center", va="bottom", fontsize=7)
     ax0.add_patch(FancyArrowPatch((1.6, 1.4), (2.0, 0.6), arrowstyle="->", mutation_scale=8, color="0.3"))
     ax0.add_patch(FancyArrowPatch((9.6, 0.9), (0.9, 2.1), connectionstyle="arc3,rad=0.35", arrowstyle="->",
                                   mutation_scale=8, color="0.5", ls="--"))
-    ax0.text(5.3, 3.15, f"next frame: {g} codes fed back to the talker; {fr:g} frames a second, "
+    ax0.text(5.3, 3.45, f"next frame: {g} codes fed back to the talker; {fr:g} frames a second, "
              f"{1000 / fr:g} ms of audio each", ha="center", fontsize=7)
     ax0.set_xlim(-0.2, 10.0)
-    ax0.set_ylim(-1.0, 3.4)
+    ax0.set_ylim(-1.0, 3.8)
     ax0.set_axis_off()
     ax0.set_title(f"one frame of {r0['model']}: 1 + {g - 1} = {g} model calls", fontsize=9)
 

@@ -3,7 +3,7 @@
 
 One talker step (one new position after a KV prefix of ``context`` positions, then ``codec_head``) reads every
 weight of the talker's 28 layers once: on a CPU it is bound by streaming them. :func:`bench_talker_precisions` times
-the official step (``talker.model`` + ``codec_head``, as :func:`rvqspec_lib.eval.bench.bench_talker_step`) and the
+the official step (``talker.model`` + ``codec_head``, as :func:`rvqspec_lib.eval.latency.talker_step_call`) and the
 native step (:class:`rvqspec_lib.models.native_talker.NativeTalker`) in every precision asked for, at every context,
 in ONE interleaved run (every round times each condition once, in an order rotated from round to round, so that a
 change of machine load hits all alike; the first ``warmup`` rounds are dropped), and reports each median against
@@ -38,8 +38,8 @@ from rvqspec_lib.models.precision import PRECISIONS, apply_precision, cpu_featur
 DEFAULT_CONTEXTS = (64, 512)
 #: The forwards a talker step can run through.
 TALKER_FORWARDS = ("official", "native")
-#: Scale of the random input embeddings (the size of real talker inputs; :func:`rvqspec_lib.eval.bench.
-#: bench_talker_step` uses the same).
+#: Scale of the random input embeddings (the size of real talker inputs; :func:`rvqspec_lib.eval.latency.
+#: talker_step_call` uses the same).
 EMBED_SCALE = 0.02
 
 

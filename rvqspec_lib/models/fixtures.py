@@ -29,7 +29,8 @@ release folder such as ``Qwen3-TTS-12Hz-0.6B-CustomVoice/``::
                                 note
 
 Its audio is noise and its acceptance rates mean nothing: it tests plumbing, never numbers. Only the official
-classes are used; nothing is downloaded. See README "Running on a real checkpoint" and tests/test_checkpoint_path.py.
+classes are used; nothing is downloaded. See README "Running on the released checkpoint" and
+tests/test_checkpoint_path.py.
 """
 
 from __future__ import annotations

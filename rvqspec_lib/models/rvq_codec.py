@@ -331,6 +331,11 @@ class RVQCodec:
             raise ValueError(f"expected frame vectors of shape (frames, {c.dim}), got {v.shape}")
         return np.ascontiguousarray(v.reshape(v.shape[0] * c.stack, c.n_mels).T)
 
+    def log_mel_db(self, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+        """The log-mel spectrogram of audio as the codec sees it, in dB: `(n_mels, frames * stack)` float32,
+        10 log10 of mel power, one column per 20 ms mel hop (:meth:`features` then :meth:`unstack`)."""
+        return (self.unstack(self.features(wav, sample_rate)) * (10.0 / np.log(10.0))).astype(np.float32)
+
     def log_spectral_distance(self, a: np.ndarray, b: np.ndarray) -> float:
         """Mean log-spectral distance between two sets of frame vectors, in dB, on the codec's mel scale.
 

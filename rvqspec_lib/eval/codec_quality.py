@@ -1,0 +1,184 @@
+"""What each codebook of an RVQ codec adds: the variance it removes, the spectral distance and the word error rate of
+the audio decoded from the first k codebooks (notebook 00_corpus_and_codec).
+
+Residual vector quantisation (docs/glossary.md, "Codebook") picks code 0 as the codebook-0 entry nearest to a frame
+vector, code 1 as the codebook-1 entry nearest to what code 0 left over, and so on: decoding the first k codes gives
+a coarser version of the same frame. Three measurements, each on held-out utterances:
+
+* :func:`residual_variance` -- the share of the frame vectors' variance left after k stages (the table decoder: the
+  chosen entries summed), and the share each stage removes. Beside it :func:`unstructured_stage_factor`, the factor
+  by which the best quantiser of ``log2(codebook_size)`` bits could shrink the variance of an UNSTRUCTURED residual
+  (an isotropic Gaussian of the frame vector's dimension; Shannon's distortion-rate function ``2^(-2R/d)``): a stage
+  that removes about that much is quantising noise, not structure.
+* :func:`sweep_codebooks` -- every utterance through :meth:`rvqspec_lib.models.rvq_codec.RVQCodec.codebook_sweep`:
+  the original, the inversion of its unquantised features (the vocoder alone) and the codec with the first k
+  codebooks, through the codec's decoder and, when given, the table decoder beside it; the log-spectral distances.
+* :func:`codec_quality` -- the sweep scored by a recogniser (WER and CER per condition) as one table of rows.
+
+Rows are keyed by structured fields (``condition``: ``original``, ``inversion`` or ``codec``; ``decoder``; ``k``);
+the label (:func:`condition_label`: ``original``, ``unquantised``, ``k=4``, ``table k=4``) is derived from them,
+never parsed back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from rvqspec_lib.eval.asr import cer
+from rvqspec_lib.eval.inner_loop import score_conditions
+
+#: The conditions of a sweep besides the codec's: the input audio, and the inversion of its unquantised features.
+ORIGINAL, INVERSION, CODEC = "original", "inversion", "codec"
+#: :meth:`RVQCodec.codebook_sweep`'s names of the first two conditions.
+_SWEEP_NAMES = {"original": ORIGINAL, "unquantised": INVERSION}
+
+
+def condition_label(fields: Mapping) -> str:
+    """THE label of a condition, from its fields: ``original``, ``unquantised`` (the inversion of unquantised
+    features), ``k=<k>`` (the codec's own decoder) or ``table k=<k>`` (the table decoder beside a neural one:
+    ``fields["table"]`` true)."""
+    if fields["condition"] == ORIGINAL:
+        return "original"
+    if fields["condition"] == INVERSION:
+        return "unquantised"
+    return f"{'table ' if fields.get('table') else ''}k={int(fields['k'])}"
+
+
+def conditions(codec, n_codebooks: Sequence[int], *, table_codec=None) -> list[dict]:
+    """The conditions of a sweep, in order, as fields: ``condition``, ``decoder`` (``None``, ``"neural"`` or
+    ``"table"``), ``table`` (the table decoder measured beside the codec's own), ``k`` (codebooks decoded) and
+    ``label`` (:func:`condition_label`)."""
+    rows = [{"condition": ORIGINAL, "decoder": None, "table": False, "k": None},
+            {"condition": INVERSION, "decoder": None, "table": False, "k": None}]
+    rows += [{"condition": CODEC, "decoder": codec.decoder_kind, "table": False, "k": int(k)} for k in n_codebooks]
+    if table_codec is not None:
+        rows += [{"condition": CODEC, "decoder": "table", "table": True, "k": int(k)} for k in n_codebooks]
+    return [{**r, "label": condition_label(r)} for r in rows]
+
+
+def sweep_codebooks(codec, wavs: Sequence[np.ndarray], n_codebooks: Sequence[int], *, table_codec=None,
+                    sample_rate: int = 24000, progress: bool = False) -> dict:
+    """Every utterance resynthesised under every condition of :func:`conditions`.
+
+    Args:
+        codec: an :class:`~rvqspec_lib.models.rvq_codec.RVQCodec` (its own decoder: neural when one is attached).
+        wavs: ``(samples,)`` float waveforms at ``sample_rate``. n_codebooks: the k to decode with.
+        table_codec: the same codebooks with the table decoder (``codec.with_decoder(None)``), measured beside a
+            neural decoder; ``None``: not measured.
+        sample_rate: the audio's rate (the codec's 24000). progress: a bar over utterances.
+
+    Returns:
+        ``{"conditions": [fields], "audio": {label: [wav per utterance]}, "feature_lsd_db": {label: [dB]},
+        "audio_lsd_db": {label: [dB]}}``: per condition and utterance the output audio, the log-spectral distance
+        of the decoder's input frame vectors to the unquantised features (quantisation alone) and of the output
+        audio's features to the input's (quantisation and inversion);
+        :meth:`~rvqspec_lib.models.rvq_codec.RVQCodec.codebook_sweep` defines both.
+
+    Raises:
+        ValueError: a k outside ``[1, n_codebooks]``, bad audio (the codec's messages).
+    """
+    conds = conditions(codec, n_codebooks, table_codec=table_codec)
+    out = {"conditions": conds, **{key: {c["label"]: [] for c in conds}
+                                   for key in ("audio", "feature_lsd_db", "audio_lsd_db")}}
+    for wav in tqdm(wavs, desc="codec sweep", unit="utt", disable=not progress):
+        rows = [{**r, "condition": _SWEEP_NAMES.get(r["condition"], CODEC), "table": False}
+                for r in codec.codebook_sweep(wav, n_codebooks, sample_rate=sample_rate)]
+        if table_codec is not None:
+            rows += [{**r, "condition": CODEC, "table": True}
+                     for r in table_codec.codebook_sweep(wav, n_codebooks, sample_rate=sample_rate,
+                                                         unquantised=False) if r["k"] is not None]
+        for r in rows:
+            label = condition_label(r)
+            for key in ("audio", "feature_lsd_db", "audio_lsd_db"):
+                out[key][label].append(r[key])
+    return out
+
+
+def codec_quality(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], n_codebooks: Sequence[int], asr, *,
+                  table_codec=None, sample_rate: int = 24000, progress: bool = False) -> dict:
+    """:func:`sweep_codebooks` scored by a recogniser: one row per condition.
+
+    Args:
+        refs: the reference text of each utterance. asr: an :class:`~rvqspec_lib.eval.asr.ASR` (its ``name`` is
+            recorded). The rest: :func:`sweep_codebooks`'s.
+
+    Returns:
+        ``{"asr": asr.name, "rows": [...], "sweep": the sweep, "hypotheses": {label: [text]}}``; a row holds the
+        condition's fields, ``bits_per_s`` (k codes of ``log2(codebook_size)`` bits, ``frame_rate_hz`` times a
+        second; ``None`` without codes), ``wer``, ``wer_without_outliers``, ``outliers``, ``errors`` and
+        ``ref_words`` (behind ``wer``), ``cer``, the mean ``feature_lsd_db`` and ``audio_lsd_db``, and ``n``
+        (utterances).
+
+    Raises:
+        ValueError: ``refs`` and ``wavs`` of different lengths; :func:`sweep_codebooks`'s errors.
+    """
+    if len(refs) != len(wavs):
+        raise ValueError(f"{len(wavs)} utterances and {len(refs)} reference texts: give one text per utterance")
+    sweep = sweep_codebooks(codec, wavs, n_codebooks, table_codec=table_codec, sample_rate=sample_rate,
+                            progress=progress)
+    scores = score_conditions(sweep["audio"], refs, asr, sample_rate=sample_rate, progress=progress)
+    bits = math.log2(codec.codebook_size)
+    rows = []
+    for c in sweep["conditions"]:
+        lab, s = c["label"], scores[c["label"]]
+        rows.append({**c, "bits_per_s": codec.frame_rate_hz * c["k"] * bits if c["k"] else None,
+                     "wer": s["wer"], "wer_without_outliers": s["wer_without_outliers"], "outliers": s["outliers"],
+                     "errors": s["errors"], "ref_words": s["ref_words"],
+                     "cer": cer(list(refs), s["hypotheses"]).rate,
+                     "feature_lsd_db": float(np.mean(sweep["feature_lsd_db"][lab])),
+                     "audio_lsd_db": float(np.mean(sweep["audio_lsd_db"][lab])), "n": len(refs)})
+    return {"asr": asr.name, "rows": rows, "sweep": sweep,
+            "hypotheses": {lab: s["hypotheses"] for lab, s in scores.items()}}
+
+
+def unstructured_stage_factor(codebook_size: int, dim: int) -> float:
+    """The smallest factor by which one stage of ``codebook_size`` entries can shrink the variance of an
+    unstructured ``dim``-dimensional residual (an isotropic Gaussian): ``2 ** (-2 * log2(codebook_size) / dim)``,
+    Shannon's distortion-rate function at ``log2(codebook_size)`` bits per vector. Any real residual with structure
+    (unequal variances, clusters) can be shrunk by more.
+
+    Raises:
+        ValueError: ``codebook_size < 2`` or ``dim < 1``.
+    """
+    if codebook_size < 2 or dim < 1:
+        raise ValueError(f"need codebook_size >= 2 and dim >= 1, got {codebook_size} and {dim}")
+    return 2.0 ** (-2.0 * math.log2(codebook_size) / dim)
+
+
+def residual_variance(codec, wavs: Sequence[np.ndarray], *, sample_rate: int = 24000) -> list[dict]:
+    """How much of the frame vectors' variance the first k stages leave, for k = 1..n_codebooks (the table decoder:
+    the chosen entries summed, :meth:`~rvqspec_lib.models.rvq_codec.RVQCodec.dequantize`).
+
+    Args:
+        codec: an :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`. wavs: ``(samples,)`` waveforms at
+            ``sample_rate``; their frame vectors are pooled.
+
+    Returns:
+        One row per k: ``k``, ``variance_left`` (mean squared residual over the frames' total variance about their
+        mean; 1 would be no better than the mean frame), ``stage_factor`` (this stage's residual over the previous
+        one's; for k = 1, over the total variance), ``removed_by_stage`` (the share of the variance stage k
+        removes), ``unstructured_factor`` (:func:`unstructured_stage_factor`) and ``frames``.
+
+    Raises:
+        ValueError: no audio, or frames whose variance is zero.
+    """
+    if not wavs:
+        raise ValueError("residual_variance needs at least one utterance")
+    feats = np.concatenate([codec.features(w, sample_rate) for w in wavs]).astype(np.float64)  # (F, dim)
+    total = float(((feats - feats.mean(0)) ** 2).sum(1).mean())
+    if total <= 0:
+        raise ValueError("the frame vectors do not vary: residual variance is undefined")
+    codes = codec.quantize(feats.astype(np.float32))
+    ref = unstructured_stage_factor(codec.codebook_size, codec.config.dim)
+    rows, prev = [], total
+    for k in range(1, codec.n_codebooks + 1):
+        left = float(((feats - codec.dequantize(codes, k)) ** 2).sum(1).mean())
+        rows.append({"k": k, "variance_left": left / total, "stage_factor": left / prev,
+                     "removed_by_stage": (prev - left) / total, "unstructured_factor": ref,
+                     "frames": int(feats.shape[0])})
+        prev = left
+    return rows

@@ -1,0 +1,61 @@
+"""The generated prose (rvqspec_lib/common/results_doc.py): docs/results.md and the README's results at a glance say
+what a figures folder holds, laid out from the notebooks' headline numbers; `make check-figures` lists them when they
+do not (negative controls: an edited results document, an edited README block, a changed headline)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rvqspec_lib.common import results_doc as R
+
+
+def _folder(tmp_path, value=1.2345):
+    fig = tmp_path / "figures"
+    fig.mkdir()
+    prov = {"git": {"revision": "abcdef0123"}, "params": {"notebook": "04_calibrating_the_tree"},
+            "hardware": {"cpu": "Test CPU"}}
+    (fig / "04_metrics.json").write_text(json.dumps({"provenance": prov, "headline": [
+        {"text": "speedup of the fastest speculative decoder over stepped AR", "value": value, "unit": "x",
+         "source": "04_speed.md", "glance": True},
+        {"text": "frames timed", "value": 120, "unit": ""}]}))
+    (fig / "00_other.json").write_text("{}")  # not a metrics file: ignored
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    (root / "README.md").write_text(f"# x\n\n{R.BEGIN}\nold\n{R.END}\n\nmore\n")
+    return fig, root
+
+
+def test_written_results_say_what_the_figures_hold(tmp_path):
+    fig, root = _folder(tmp_path)
+    text = R.render_results(fig)
+    assert "## 04_calibrating_the_tree" in text and "**1.23x** (`figures/04_speed.md`)" in text
+    assert "revision abcdef0" in text and "Test CPU" in text and "frames timed: **120**" in text
+    glance = R.render_glance(fig)
+    assert glance.startswith(R.BEGIN) and glance.endswith(R.END) and "| 1.23x |" in glance
+    assert "frames timed" not in glance  # not marked glance
+    assert R.check(fig, root)  # nothing written yet: both out of date
+    R.write(fig, root)
+    assert R.check(fig, root) == []
+    readme = (root / "README.md").read_text()
+    assert readme.startswith("# x\n\n") and readme.endswith("\n\nmore\n")  # only the block is rewritten
+
+
+def test_stale_prose_is_listed(tmp_path):
+    fig, root = _folder(tmp_path)
+    R.write(fig, root)
+    doc = root / "docs" / "results.md"
+    doc.write_text(doc.read_text().replace("1.23x", "2.47x"))  # a hand edit
+    assert any("docs/results.md does not say what" in ln for ln in R.check(fig, root))
+    R.write(fig, root)
+    (fig / "04_metrics.json").write_text((fig / "04_metrics.json").read_text().replace("1.2345", "1.5"))  # a new run
+    lines = R.check(fig, root)
+    assert len(lines) == 2 and "README.md" in lines[1]
+
+
+def test_a_readme_without_the_block_is_one_line(tmp_path):
+    fig, root = _folder(tmp_path)
+    (root / "README.md").write_text("# no block\n")
+    with pytest.raises(ValueError, match="has no <!-- results:begin --> ... <!-- results:end --> block"):
+        R.write(fig, root)

@@ -148,3 +148,34 @@ def test_stdout_is_a_wav_stream_and_a_closed_pipe_stops_cleanly(tmp_path):
     err = p.stderr.read().decode()
     assert p.wait(timeout=300) == 0, err
     assert "closed it after" in err and "Traceback" not in err and "Exception ignored" not in err
+
+
+@needs_native
+def test_ctrl_c_from_a_real_signal_mid_stream(tmp_path):
+    """SIGINT to a real `rvqspec synth --stream` once its WAV has grown: status 130, the one line, no traceback, and
+    the file is a valid WAV of the whole frames written so far."""
+    import signal
+    import time
+
+    out = tmp_path / "x.wav"
+    p = subprocess.Popen([sys.executable, "-m", "rvqspec_lib.cli.main", "synth", "--model", "embedded", "--text", TEXT,
+                          "--out", str(out), "--stream", "--max-frames", "200", "--greedy", *FAST],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=REPO,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and p.poll() is None and not (
+                out.is_file() and out.stat().st_size > WAV_HEADER_BYTES):
+            time.sleep(0.05)
+        assert out.is_file() and out.stat().st_size > WAV_HEADER_BYTES, p.communicate(timeout=60)
+        p.send_signal(signal.SIGINT)
+        err = p.communicate(timeout=120)[1].decode()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    if p.returncode == 0:  # the utterance ended before the signal arrived: nothing to interrupt
+        pytest.skip("the stream ended before the signal")
+    assert p.returncode == 130 and err.endswith("rvqspec: interrupted\n") and "Traceback" not in err, err
+    wav, sr = sf.read(out)
+    assert sr == 24000 and wav.size > 0 and wav.size % 1920 == 0
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["x.wav"]

@@ -300,9 +300,9 @@ else:
 # %% [markdown]
 # ## Real time: the whole frame, part by part
 # For each model of `pipeline_models` and each precision this CPU runs natively (the whole talker, code predictor
-# included, converted; the official codec decoder in the precision's activation dtype), three decoder rows: **AR**
-# (the native whole frame in one C call), the **best speculative** decoder (the fastest of chains and calibrated
-# trees; on the random-weight architecture stepped, its acceptance replayed) and **auto**'s choice
+# included, converted; the official codec decoder in bfloat16 where the CPU runs it natively), three decoder rows:
+# **AR** (the native whole frame in one C call), the **best speculative** decoder (the fastest of chains and
+# calibrated trees; on the random-weight architecture stepped, its acceptance replayed) and **auto**'s choice
 # (`rvqspec_lib.eval.budget.choose_decoder`, timed on the spot). The three parts of a frame are timed in one
 # interleaved run, on one thread, wall clock with the thread's CPU time beside it:
 #

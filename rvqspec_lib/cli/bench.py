@@ -160,7 +160,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "replay: its speculative frames replay a trained model's acceptance, its codec is the "
                         "real-size decoder with random weights)")
     p.add_argument("--dtype", default=None, help="comma-separated precisions of the talker and the code predictor "
-                   "(default those this CPU runs natively); the codec runs in their activation dtype")
+                   "(default those this CPU runs natively); the codec decoder runs in bfloat16 where the CPU has "
+                        "it, else float32")
     p.add_argument("--chunk-frames", type=int, default=PIPELINE_CHUNK_FRAMES,
                    help=f"frames decoded to audio at once (default {PIPELINE_CHUNK_FRAMES})")
     p.add_argument("--frames", type=int, default=PIPELINE_FRAMES,

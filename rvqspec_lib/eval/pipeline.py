@@ -167,9 +167,17 @@ def precision_model(model: str, precision: str, *, seed: int = 0):
     return lm
 
 
+def default_codec_dtype() -> str:
+    """The codec decoder's dtype in the table: bfloat16 where the CPU runs it natively (about half the time of float32
+    on the decoder's convolutions, docs/codec_streaming.md), else float32, whatever the talker's precision: the
+    codec is a separate model, and a deployment runs each part in its fastest precision."""
+    return "bfloat16" if "bfloat16" in native_precisions() else "float32"
+
+
 def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = CHUNK_FRAMES, seed: int = 0,
                 n_contexts: int = 8, chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
-                codecs: dict | None = None, max_context: int = 512, codec_config: str = "released") -> Setup:
+                codecs: dict | None = None, max_context: int = 512, codec_config: str = "released",
+                codec_dtype: str | None = None) -> Setup:
     """Load and convert ``model`` in ``precision`` and build what :func:`time_parts` and :func:`time_streams` run.
 
     Args:
@@ -177,7 +185,8 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
             model. chains, budgets: the speculative candidates (:func:`rvqspec_lib.eval.bench_table.decoder_names`;
             trees from the model's heads calibration, else the embedded model's). codecs: ``{dtype: official
             decoder}`` cache of the real-size codec (built once per dtype, random weights). codec_config: the official
-            decoder's config for a model without a codec (``released``; ``tiny`` in tests).
+            decoder's config for a model without a codec (``released``; ``tiny`` in tests). codec_dtype: its dtype,
+            ``float32`` or ``bfloat16`` (default :func:`default_codec_dtype`).
         max_context: the native talker's KV capacity (a stream sizes it to its prompt and frames).
     """
     lm = precision_model(model, precision, seed=seed)
@@ -190,7 +199,7 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
     named = resolve_all(decoder_names(chains, budgets), lm, calibrations={"heads": cal})
     codec = None
     if lm.speech_tokenizer is None:  # a random-size model: the real-size official decoder, random weights
-        dtype = ACTIVATION_DTYPE[precision]
+        dtype = ACTIVATION_DTYPE[codec_dtype or default_codec_dtype()]
         codecs = {} if codecs is None else codecs
         if dtype not in codecs:
             codecs[dtype] = build_codec_decoder(codec_config, seed=seed, dtype=dtype)
@@ -332,7 +341,8 @@ def _finish(rows: list[dict], gb_per_s: float) -> None:
             r[f"{p}_share"] = r[f"{p}_ms"] / r["frame_1t_ms"]
         a = ar[(r["model"], r["precision"])]
         r["inner_gain"] = a["inner_ms"] / r["inner_ms"]
-        r["frame_gain_1t"], r["frame_gain_2c"] = a["frame_1t_ms"] / r["frame_1t_ms"], a["frame_2c_ms"] / r["frame_2c_ms"]
+        r["frame_gain_1t"] = a["frame_1t_ms"] / r["frame_1t_ms"]
+        r["frame_gain_2c"] = a["frame_2c_ms"] / r["frame_2c_ms"]
         r.update(what_moves(r))
 
 
@@ -456,7 +466,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                    budgets: Sequence[int] = DEFAULT_BUDGETS, auto: bool = True, auto_frames: int = 4,
                    acceptance=None, n_contexts: int = 8, text: str = TEXT, seed: int = 0,
                    noise_target: float | None = None, streams: bool = True, concurrency: bool | Sequence[str] = True,
-                   codec_config: str = "released", progress: bool = False) -> dict:
+                   codec_config: str = "released", codec_dtype: str | None = None, progress: bool = False) -> dict:
     """Measure the pipeline table (module docstring).
 
     Args:
@@ -467,7 +477,8 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
         chains, budgets: the speculative candidates; auto, auto_frames: time ``auto``'s pick. n_contexts: inner-loop
             contexts. text: what the streams speak. streams, concurrency: measure them (at the fastest precision;
             ``concurrency`` may name the models to batch streams of).
-            codec_config: the official codec decoder of models without a codec of their own (``tiny``: tests).
+            codec_config, codec_dtype: the official codec decoder of models without a codec of their own (``tiny``:
+            tests) and its dtype (default :func:`default_codec_dtype`).
 
     Returns:
         ``{"rows", "streams", "concurrency", "sustained", "quoted", "meta"}``: a row per (model, precision, row of
@@ -484,6 +495,8 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     started = time.perf_counter()
     precisions = list(precisions or native_precisions())
     check_pipeline_args(models, precisions, chunk_frames=chunk_frames, frames=frames, batches=batches)
+    if codec_dtype is not None:
+        check_precision(codec_dtype)
     noise.repeat_cap(noise_target, repeats, None)
     acceptance = acceptance or default_acceptance()
     rows, stream_rows, conc_rows, metas, peaks, codecs = [], [], [], [], {}, {}
@@ -501,7 +514,8 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                 t0 = time.perf_counter()
                 setup = build_setup(model, prec, acceptance=acceptance, chunk_frames=chunk_frames, seed=seed,
                                     n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
-                                    max_context=max(512, frames + 256), codec_config=codec_config)
+                                    max_context=max(512, frames + 256), codec_config=codec_config,
+                                    codec_dtype=codec_dtype)
                 runners = candidates(setup)
                 t0 = clock("build", t0)
                 auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None
@@ -529,7 +543,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                 mine = [_row(setup, parts, name, picks[name][0], runners[picks[name][0]], picks[name][1], codec_floor)
                         for name in ROWS if picks[name]]
                 rows.extend(mine)
-                frame = min(r["talker_ms"] + r["inner_ms"] + r["codec_ms"] for r in mine)
+                frame = min(r["talker_cpu_ms"] + r["inner_cpu_ms"] + r["codec_cpu_ms"] for r in mine)  # robust to load
                 if streams and (best is None or frame < best[0]):
                     keys = {}  # one stream per runner: auto's pick is often the best speculative one
                     for n in ROWS:
@@ -602,7 +616,8 @@ def caption(result: dict) -> str:
             else "")
     return (f"the whole frame on {m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}: parts timed on one thread, "
             f"interleaved (ms per frame, wall clock; thread CPU time in *_cpu_ms); floors: talker and code predictor "
-            f"bytes / {m['bandwidth']['floor_gb_per_s']:.1f} GB/s (the best read observed), codec matmul FLOPs / the core's peak ({peaks or 'n/a'}); "
+            f"bytes / {m['bandwidth']['floor_gb_per_s']:.1f} GB/s (the best read observed), codec matmul FLOPs / the "
+            f"core's peak ({peaks or 'n/a'}); "
             f"frame 1t = talker + inner + codec, frame 2c = max(talker + inner, codec) (overlapped); RTF = ms per "
             f"frame / 80; chunks of {m['chunk_frames']} frame(s); random-weight rows: {m['replay_text']}; quoted rows: "
             "public ports' own figures, not measured here" + over)

@@ -288,7 +288,8 @@ class AudioStream:
             ``wall_s`` (call to the last chunk ready), ``prompt_ms`` (call to the end of the talker's prefill),
             ``ttfa_ms`` (time to first audio after the prompt is processed), ``ttfa_call_ms`` (from the call),
             ``rtf`` (``wall_s / audio_s``), ``rtf_after_prompt``, ``frame_ms`` (milliseconds a frame of audio took
-            to come out after the first chunk, the flush of a look-ahead codec left out: the steady state), ``underruns`` (chunks with ``late_ms > 0``),
+            to come out after the first chunk, the flush of a look-ahead codec left out: the steady state),
+            ``underruns`` (chunks with ``late_ms > 0``),
             ``stall_ms`` (their sum), ``late_ms`` (per chunk), per-frame means ``talker_ms`` (frames after the first:
             the first one's talker time is the prompt), ``inner_ms``, ``codec_ms`` (push and flush time per frame),
             ``generate_s`` and ``decode_s`` (busy seconds of each side), ``overlap`` (their sum over ``wall_s``),

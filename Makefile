@@ -23,7 +23,10 @@
 #                                 the call of every native precision through the official and the native forward
 #                                 against its floor (rvqspec bench precisions), then the table to act on (rvqspec bench
 #                                 table [BENCH_TABLE_ARGS]: stepped AR, fused AR, best speculative, fused speculative,
-#                                 auto per native precision and backend; build/bench_table.*)
+#                                 auto per native precision and backend; build/bench_table.*), then the whole frame
+#                                 streamed (rvqspec bench pipeline [BENCH_PIPELINE_ARGS]: talker, inner loop and codec
+#                                 decoder against their floors, first audio, RTF, underruns, concurrent streams;
+#                                 build/pipeline*)
 #   make check-figures            are the committed figures/ one clean `make paper` run of the sources at HEAD?
 #                                 (one line per stale group of results and the files changed since; exit 1 if not)
 #   make stats                    the library's size and the redesign's counts (scripts/stats.py: lines, function-local
@@ -233,6 +236,7 @@ bench: $(STAMP)
 	$(VENV)/bin/rvqspec bench latency --model $(BENCH_MODEL) --json build/bench_$(subst /,_,$(BENCH_MODEL)).json $(BENCH_ARGS)
 	$(VENV)/bin/rvqspec bench precisions --model $(BENCH_MODEL) --repeats 15 --no-progress --json build/bench_floor_$(subst /,_,$(BENCH_MODEL)).json
 	$(VENV)/bin/rvqspec bench table --table-out build/bench_table $(BENCH_TABLE_ARGS)
+	$(VENV)/bin/rvqspec bench pipeline --table-out build/pipeline --no-progress $(BENCH_PIPELINE_ARGS)
 
 stats:
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON3)) scripts/stats.py

@@ -12,58 +12,60 @@
 # ---
 
 # %% [markdown]
-# # 05 — Export and timing: the graphs a device runs, and speedup vs node budget per backend
+# # 06 — Export and real time: the graphs a device runs, and the whole frame as a listener hears it
 #
-# The paper measures its speed on Apple devices through Core ML: **2.13×** on an M3 Pro and **2.34×** on an iPhone 17
-# Pro Max at N = 32, **1.82×** on an iPhone 12 at N = 16, falling to **1.21×** at N = 64 (its Figure 4: speedup of
-# RVQ token generation over autoregressive decoding vs the node budget N of the verify call). This notebook builds
-# the graphs such a deployment runs and times them on the backends this machine has:
+# The paper measures its speed on Apple devices through Core ML, for the **inner loop** alone (codes 1..15 of each
+# frame): its Figure 4 plots the speedup of that loop over autoregressive decoding against the node budget N of the
+# verify call, and its Section 1 (Figure 1) says that the decoder from audio tokens to waveform "adds negligible
+# throughput demand". This notebook has two parts.
 #
-# * **three exportable graphs** over the official weights (`rvqspec_lib.models.export_graphs`): *stepped* (one
-#   position per call, KV cache as state, logits of every head), *fused verify* (the root and N − 1 drafted nodes in
-#   one call, tree mask and positions as inputs, the verifier's logits for every node and the drafter's logits for
-#   the next round), *fused frame* (all 15 codes in one call, top-k sampling inside with Gumbel noise as an input);
-# * each exported to **ONNX** (run and checked here with ONNX Runtime) and **Core ML** (`.mlpackage`, KV cache as
-#   `ct.StateType`, macOS 15 / iOS 18; built here, predicted on macOS only), float32 and float16, their sizes and
-#   their agreement with eager PyTorch;
-# * **frame times per backend** (torch eager, torch.compile, ONNX Runtime; Core ML and CUDA where present): AR, the
-#   fused AR frame (the strongest non-speculative baseline) and speculative decoders with calibrated trees of every
-#   node budget N, interleaved; speedup over AR **of the same backend** vs N, and the speedup the verify cost curve
-#   of the real-size architecture projects, `E(N) × t(1) / t(N)`.
+# **Export.** The three graphs a deployment runs, built over the official weights
+# (`rvqspec_lib.models.export_graphs`): *stepped* (one position per call, the KV cache as state), *fused verify* (the
+# root and N − 1 drafted nodes in one call, the tree's mask and positions as inputs), *fused frame* (all 15 codes in
+# one call, sampling inside). Each is exported to ONNX (run here by ONNX Runtime) and to Core ML (built here; run on
+# macOS 15+ only), and checked against eager PyTorch (`rvqspec_lib.eval.export_check`); the paper's own decoder gets
+# its verify graph apart. Then **Figure 4's analogue**, drawn so that what was measured here, what is projected, and
+# what the paper reports never share a panel.
 #
-# Acceptance comes from `model` (the small trained embedded model: its trees are calibrated on its calibration split
-# and its frames come from its evaluation split); exported sizes and call costs from `cost_model` (the real-size 0.6B
-# architecture, random weights: its timings are real, its outputs mean nothing). Backends that are not here are
-# listed as absent, never estimated. The paper's numbers appear only in their own labelled column.
+# **Real time.** A listener hears the **whole frame**: the talker step that emits code 0, the inner loop, and the
+# codec decoder that turns 16 codes into 80 ms of audio. The terms used below (the whole frame, real-time factor,
+# time to first audio, underrun, floor, timing replay) are defined in [the glossary](../docs/glossary.md) and worked
+# out in [docs/streaming.md](../docs/streaming.md). We time each part against its **floor** (the least time it can
+# take on this machine), the frame on one thread and with generation and decoding overlapped on all cores, streams
+# as they play (time to first audio, real-time factor, underruns), and several streams batched. The real-size 0.6B
+# architecture has RANDOM weights here: it is a **timing replay** (its times are real; its speculative frames take
+# their acceptance decisions from the trained embedded model; its audio means nothing and is never kept). The
+# embedded model is trained, and its streamed audio is what the last section plays.
 #
-# **The paper's decoder** (`paper`: the position-aware offsets shipped beside the model + their own calibrated
-# point-mass tree, N = 32) gets its own section: its verify graph exported with the paper's tree (the library call
-# `rvqspec export --graph verify --decoder paper` makes) and checked against eager PyTorch, and its frames timed
-# beside AR, the fused AR frame, a chain and the reused heads' calibrated tree of the same N. It needs trained
-# offsets, so it runs on the embedded model whenever `model` ships none (and says so).
+# Every number in the text below is rendered from the results the cells compute; nothing is typed in.
 
 # %% tags=["parameters"]
-model = "embedded"  # acceptance and measured frame times (trained weights)
-cost_model = "qwen3-tts-0.6b-random"  # exported sizes, agreement and verify cost curves (RANDOM weights, timing only)
+model = "embedded"  # measured frames for Figure 4, the paper's decoder, the listening example (trained weights)
+cost_model = "qwen3-tts-0.6b-random"  # exported graphs and the verify cost curve (RANDOM weights, timing only)
 seed = 0
-smoke = False  # True: tiny-random for both, budgets 2 and 4, two repeats, float32 exports (headless test, ~2 min)
-out_dir = "figures"  # relative paths resolve against the repository root
-threads = 1  # torch and ONNX Runtime threads (the committed figures use 1)
-repeats = 8  # the MINIMUM of timed frames per condition (median reported; more until noise_target is met)
-noise_target = 0.05  # every timing goes on until the relative standard error of each median is at most this, or 4 x repeats
-#                      (rvqspec_lib.eval.noise; None: exactly `repeats`). Smoke: None
-warmup = 2  # untimed frames per condition (compiled backends compile there)
-budgets = [2, 4, 8, 16, 32, 64]  # node budgets N of the calibrated trees
-chains = [2, 4, 8]  # chain windows timed beside the trees
-backends = ["eager", "compile", "onnx", "native", "coreml", "cuda"]
-calib_frames = 128  # calibration-split frames the trees are calibrated on
-eval_frames = 32  # evaluation-split frames whose contexts are decoded in the timing
-gpu_json = "figures/05_gpu.json"  # written by scripts/gpu_bench.py on a GPU machine; shown when present
+smoke = False  # True: tiny-random for the real-size parts, few frames and repeats (headless test)
+out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
+threads = 1  # torch threads of the one-thread timings (the committed figures use 1); the all-cores rows use every core
+repeats = 5  # the MINIMUM of timed runs per condition (median reported)
+noise_target = None  # a relative standard error to reach per median (rvqspec_lib.eval.noise); None: exactly `repeats`
+warmup = 1  # untimed runs of each condition first
+exports = [["stepped", "onnx", "float32"], ["stepped", "coreml", "float16"], ["verify", "onnx", "float32"],
+           ["verify", "coreml", "float16"], ["frame", "onnx", "float32"]]  # (graph, format, dtype); the Core ML frame
+#                                  package and the float16 ONNX graphs are one line more each, a minute or so apiece
+verify_nodes = 32  # node budget N of the exported verify graph (a chain of N - 1 drafts)
 paper_budget = 32  # node budget of the paper's decoder (`paper:N`; 32 is the paper's)
-table_repeats = 3  # the minimum of timed frames per decoder in the table to act on (`rvqspec bench --table`'s default)
-table_backends = ("eager", "native")  # the table's backends (of those in `backends` that run here); "native": the C
-#                               forward and the whole frame in C; "compile" adds compiled rows in every native
-#                               precision, minutes each (compiled float32 frames: section above)
+budgets = [2, 4, 8, 16, 32, 64]  # node budgets N of the calibrated trees timed for Figure 4
+chains = [2, 4, 8]  # chain windows timed beside them
+backends = ["eager", "native"]  # Figure 4's measured frames ("onnx", "compile": minutes per call shape here)
+eval_frames = 8  # evaluation-split frames whose contexts are decoded in Figure 4's timing
+pipeline_models = ["qwen3-tts-0.6b-random", "embedded"]  # the pipeline table's models
+pipeline_precisions = None  # None: every precision this CPU runs natively
+chunk_frames = 2  # frames decoded to audio at once in the pipeline's streams
+stream_frames = 40  # frame cap of a measured stream (3.2 s of audio; the embedded model ends its sentence before)
+stream_repeats = 2  # runs of each measured stream
+batches = [1, 2, 4]  # streams batched in the concurrency measurement
+concurrency_models = ["qwen3-tts-0.6b-random"]  # the models whose streams are batched (None: every pipeline model)
+listen_text = "The weather is fine today, and we are going for a long walk by the river."
 
 # %%
 import json
@@ -73,346 +75,455 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
-from IPython.display import Markdown, display
+from IPython.display import Audio, Markdown, display
 
-from rvqspec_lib.common.paths import REPO_ROOT
-from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
-from rvqspec_lib.eval import export_timing as T
-from rvqspec_lib.eval import paper_decoder as PD
-from rvqspec_lib.eval.calibration import calibrate
+from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_audio, save_figure, save_json, save_table
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shipped
-from rvqspec_lib.eval.noise import noise_words
-from rvqspec_lib.eval.speed import format_rows, random_contexts
-from rvqspec_lib.models import export_formats as F
-from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.eval import export_check as X
+from rvqspec_lib.eval import pipeline as PL
+from rvqspec_lib.eval import speed as S
+from rvqspec_lib.eval.calibration import calibrate
+from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS, plot_audio_vs_wall, plot_frame_parts, plot_speedup_vs_n
+from rvqspec_lib.eval.timing import measure_quietly, oversubscribed_note
+from rvqspec_lib.models import export_formats as F
+from rvqspec_lib.models.backends import available, backend_table, frame_runner, verify_backend
+from rvqspec_lib.models.frame import inner_sampling
+from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
+from rvqspec_lib.models.named_decoders import has_paper_decoder, resolve, resolve_all
+from rvqspec_lib.models.native_talker import NativeTalker
+from rvqspec_lib.models.streaming import synthesize_stream
+from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
-run_model = "tiny-random" if smoke else model
 run_cost_model = "tiny-random" if smoke else cost_model
+run_exports = [["stepped", "onnx", "float32"], ["verify", "onnx", "float32"], ["verify", "coreml", "float16"]] \
+    if smoke else [list(e) for e in exports]
+run_verify_nodes = 4 if smoke else int(verify_nodes)
+run_paper_budget = 4 if smoke else int(paper_budget)
 run_budgets = [2, 4] if smoke else [int(n) for n in budgets]
 run_chains = [2] if smoke else [int(w) for w in chains]
-run_repeats = min(int(repeats), 2) if smoke else int(repeats)
-run_noise_target = None if smoke else noise_target  # smoke: the fixed small count (fast)
-run_warmup = min(int(warmup), 1) if smoke else int(warmup)
+run_repeats = 2 if smoke else int(repeats)
+run_noise_target = None if smoke else noise_target
+run_warmup = 0 if smoke else int(warmup)
+n_eval = 2 if smoke else int(eval_frames)
+run_pipeline_models = ["tiny-random", "embedded"] if smoke else list(pipeline_models)
+run_precisions = ["float32"] if smoke else pipeline_precisions
+run_frames = 6 if smoke else int(stream_frames)
+run_batches = [1, 2] if smoke else [int(b) for b in batches]
+run_stream_repeats = 1 if smoke else int(stream_repeats)
+run_concurrency = ["tiny-random"] if smoke else (True if concurrency_models is None else list(concurrency_models))
 timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)
-n_calib = 16 if smoke else int(calib_frames)
-n_eval = 4 if smoke else int(eval_frames)
-run_paper_budget = 4 if smoke else int(paper_budget)
-skipped = {"compile": "skipped in smoke mode (compiling every call shape takes minutes)"} if smoke else {}
-run_backends = [b for b in backends if b not in skipped]
 if threads:
     torch.set_num_threads(int(threads))
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
-work = Path(tempfile.mkdtemp(prefix="rvqspec-05-"))  # exported files (not results): removed at the end
-params = dict(model=run_model, cost_model=run_cost_model, requested_model=str(model),
-              requested_cost_model=str(cost_model), seed=seed, smoke=bool(smoke), out_dir=str(out),
-              threads=torch.get_num_threads(), repeats=run_repeats, warmup=run_warmup, budgets=run_budgets,
-              chains=run_chains, backends=list(backends), calib_frames=n_calib, eval_frames=n_eval,
-              paper_budget=run_paper_budget, table_repeats=1 if smoke else int(table_repeats),
-              table_backends=list(table_backends),
-              noise_target=run_noise_target,
-              notebook="05_export_and_timing")
-print(f"model {run_model}, cost model {run_cost_model}, outputs -> {out}")
+work = Path(tempfile.mkdtemp(prefix="rvqspec-06-"))  # exported files (not results): removed at the end
+params = dict(model=model, cost_model=run_cost_model, requested_cost_model=str(cost_model), seed=seed,
+              smoke=bool(smoke), out_dir=str(out), threads=torch.get_num_threads(), repeats=run_repeats,
+              warmup=run_warmup, noise_target=run_noise_target, exports=run_exports, verify_nodes=run_verify_nodes,
+              paper_budget=run_paper_budget, budgets=run_budgets, chains=run_chains, backends=list(backends),
+              eval_frames=n_eval, pipeline_models=run_pipeline_models, pipeline_precisions=run_precisions,
+              chunk_frames=int(chunk_frames), stream_frames=run_frames, stream_repeats=run_stream_repeats,
+              batches=run_batches, concurrency_models=run_concurrency, notebook="06_export_and_real_time")
+prov = provenance(params, seed=seed)
+print(f"model {model}, cost model {run_cost_model}, pipeline models {run_pipeline_models}, outputs -> {out}")
 
 # %% [markdown]
 # ## The backends on this machine
-# A backend that is not here is reported with the reason; nothing is estimated for it.
+# What runs the code predictor here (the registry, `rvqspec_lib.models.backends`); a backend that is absent is listed
+# with the reason, and nothing is estimated for it.
 
 # %%
-backend_rows = T.backend_table(backends)
-for r in backend_rows:
-    if r["backend"] in skipped:
-        r["reason"] = skipped[r["backend"]]
-backends_df = pd.DataFrame(backend_rows)
-save_table(backends_df, out / "05_backends", provenance(params, seed=seed))
+backends_df = pd.DataFrame(backend_table())
+save_table(backends_df, out / "06_backends", prov)
+run_backends = [b for b in backends if available(b)[0]]
 backends_df
 
 # %% [markdown]
-# ## The exported graphs, their sizes, and their agreement with eager PyTorch
-# Each graph of `cost_model` is exported to ONNX and Core ML in float32 and float16 (smoke: stepped and verify,
-# float32). The reference is the **official module in float32, eager**. ONNX files run here with ONNX Runtime (CPU);
-# Core ML packages are checked for the inputs, outputs and states they declare and run only on macOS 15+. The
-# tolerance is on the max abs logit difference relative to the largest logit, `export_timing.RELATIVE_TOLERANCE`
-# per precision: float32 allows summation order only, float16 its rounding (as does every Core ML package: its
-# KV-cache states are float16). The frame graph outputs codes: the
-# share equal to eager PyTorch's for the same noise is shown (float16 may flip near-tied codes).
+# ## The exported graphs: their sizes and their agreement with eager PyTorch
+# Each (graph, format, precision) of `exports` is exported from `cost_model`'s code predictor and compared with the
+# **official module in float32, eager**, on the graph's example inputs. ONNX files run here; a Core ML package is
+# checked for the inputs, outputs and states it declares and runs on macOS 15+ only (the deployment's precision is
+# float16: Core ML keeps its KV-cache states in float16 whatever the weights). The tolerance is the largest logit
+# difference relative to the largest logit (`export_check.RELATIVE_TOLERANCE`): summation order in float32, rounding
+# in float16. The frame graph outputs codes: the share equal to eager PyTorch's for the same noise is shown.
 
 # %%
-lm = load_model(run_model, seed=seed)
-cp = lm.code_predictor.eval()
-cost_lm = lm if run_cost_model == run_model else load_model(run_cost_model, seed=seed)
+cost_lm = load_model(run_cost_model, seed=seed)
 cost_cp = cost_lm.code_predictor.eval()
-verify_nodes = 4 if smoke else 32
-agreement = T.numerical_agreement(
-    cost_cp, graphs=("stepped", "verify") if smoke else ("stepped", "verify", "frame"),
-    dtypes=("float32",) if smoke else ("float32", "float16"), formats=("onnx", "coreml"), nodes=verify_nodes,
-    work_dir=work / "graphs")
-graphs_df = pd.DataFrame(agreement["rows"])
+exported = []
+for graph, fmt, dtype in run_exports:
+    res = X.numerical_agreement(cost_cp, graphs=(graph,), formats=(fmt,), dtypes=(dtype,), nodes=run_verify_nodes,
+                                work_dir=work / "graphs")
+    exported += res["rows"]
+graphs_df = pd.DataFrame(exported)
 graphs_df["MB"] = graphs_df["bytes"] / 1e6
-show_cols = [c for c in ("graph", "format", "dtype", "nodes", "MB", "export_s", "interface_ok", "runner",
-                         "max_abs_logit_diff", "relative_diff", "tolerance", "within_tolerance", "codes_equal_frac",
-                         "note") if c in graphs_df]
-save_table(graphs_df[show_cols], out / "05_exported_graphs", provenance(params, seed=seed))
-graphs_df[show_cols]
+show = [c for c in ("graph", "format", "dtype", "nodes", "MB", "export_s", "interface_ok", "runner", "relative_diff",
+                    "tolerance", "within_tolerance", "codes_equal_frac", "note") if c in graphs_df]
+save_table(graphs_df[show], out / "06_exported_graphs", prov,
+           caption=f"{run_cost_model} ({'RANDOM' if cost_lm.is_random else 'trained'} weights): exported graphs "
+                   "against the official module in float32, eager")
+ran = graphs_df[graphs_df.get("ran", False) == True]  # noqa: E712 (a pandas mask)
+display(Markdown(f"{len(graphs_df)} exported files; of those run here, {int(ran.within_tolerance.sum())} of "
+                 f"{len(ran)} agree with eager PyTorch within their tolerance."))
+graphs_df[show]
 
 # %% [markdown]
-# ## Trees calibrated on `model`, for every node budget N
-# The best tree of each node budget (point-mass or sampled children, whichever predicts more tokens per call) from
-# the calibration split (`rvqspec_lib.eval.calibration`). The calibration file is also what `scripts/gpu_bench.py`
-# times on a GPU.
+# ## The paper's decoder: its verify graph
+# The paper's decoder drafts with the position-aware offsets shipped beside `model` and verifies through the
+# point-mass tree calibrated for them (`<model>/trees/offsets.json`), N = `paper_budget`. Its verify graph holds that
+# tree's mask and positions (the drafter stays outside the graph, like the heads), exported to ONNX as
+# `rvqspec export --graph verify --decoder paper` does, and checked against eager PyTorch.
 
 # %%
-if run_model == "embedded":
-    calib = frames_from_shipped(lm, "calibration", max_frames=n_calib)
-    contexts = frames_from_shipped(lm, "evaluation", max_frames=n_eval).context
-else:  # no speech for this model here: its own samples from random contexts (self-distillation)
-    calib = frames_from_contexts(cp, random_contexts(cp, n_calib, seed=seed + 1), seed=seed)
-    contexts = random_contexts(cp, n_eval, seed=seed)
-calibration = calibrate(cp, ReusedHeads(), calib, budgets=run_budgets, seed=seed)
-save_json(calibration, out / "05_calibration.json", provenance(params, seed=seed))
-decoders = T.decoders_by_budget(calibration, run_budgets, chains=run_chains)
-calib_df = pd.DataFrame([{"N": n, "kind": calibration["best_kind"][str(n)],
-                          "expected_tokens_per_call": T.expected_tokens_per_call(calibration)[n],
-                          "predicted_frame_tokens_per_call":
-                              calibration[calibration["best_kind"][str(n)]]["predicted_tokens_per_call"][str(n)]}
-                         for n in run_budgets])
-calib_df
+lm = load_model(model, seed=seed)
+paper_lm = lm if has_paper_decoder(lm) else load_model(EMBEDDED_MODEL)
+paper_model = model if paper_lm is lm else EMBEDDED_MODEL
+if paper_lm is not lm:
+    display(Markdown(f"`{model}` ships no offsets with a calibration: the paper's decoder is taken from "
+                     f"`{paper_model}`."))
+paper_named = resolve(f"paper:{run_paper_budget}", paper_lm)
+paper_tree = paper_named.decoder.tree(0)  # the graph holds the tree, not the drafter
+paper_nodes = paper_tree.n_nodes + 1
+paper_path = work / "paper" / f"verify-n{paper_nodes}-float32.onnx"
+paper_path.parent.mkdir(parents=True, exist_ok=True)
+paper_export = F.export_graph(paper_lm.code_predictor, "verify", "onnx", paper_path, dtype="float32",
+                              nodes=paper_nodes, tree=paper_tree)
+paper_rows = [{"model": paper_model, "decoder": paper_named.label, "graph": "verify", "format": "onnx",
+               "dtype": "float32", "nodes": paper_nodes, "MB": paper_export["bytes"] / 1e6,
+               "interface_ok": paper_export["declared"] == paper_export["written"], **r}
+              for r in X.check_file(paper_lm.code_predictor, "verify", paper_path, dtype="float32",
+                                    nodes=paper_nodes, tree=paper_tree)]
+save_table(paper_rows, out / "06_paper_export", prov)
+display(Markdown("; ".join(f"**{r['decoder']}** verify graph ({r['nodes']} nodes, {r['MB']:.1f} MB): "
+                           f"{r['runner']}, relative difference {r['relative_diff']:.2g}, within tolerance: "
+                           f"{r['within_tolerance']}" for r in paper_rows if r.get("ran"))))
+pd.DataFrame(paper_rows)
 
 # %% [markdown]
-# ## Frame times per backend, interleaved
-# Every (decoder, backend) condition decodes the same frames in a shuffled order each repeat; the fused AR frame of
-# each backend is timed beside them. `model_ms` is the backend's verify call, `heads_ms` the heads, embeddings and
-# drafts (PyTorch for every backend: the protocol's `logits` and `embed`), `outside_ms` the loop. Speedups are over
-# AR of the same backend, measured in the same run.
+# ## Figure 4's analogue: speedup by node budget, measured, projected and quoted apart
+# **Measured**: frames of `model` (trained weights; contexts of its evaluation split) decoded by AR, chains and its
+# calibrated trees of every node budget N (`<model>/trees/heads.json`: at each N the better kind of tree, point-mass
+# or sampled children), through each backend, interleaved; speedup over AR of the same backend. **Projected**: the
+# tokens per call the same calibration predicts, E(N), times t(1)/t(N) of one verify call of `cost_model`'s code
+# predictor through the same backends: a PROJECTION of the call level (the prefill, the heads and the loop are left
+# out). **Quoted**: the paper's Core ML devices, whose trees are point-mass trees. The three never share a panel.
 
 # %%
-# an oversubscribed CPU (eval.bench.OTHER_CPU_LIMIT) is re-measured once; if it still is, titles and captions say so
-from rvqspec_lib.eval.bench import measure_quietly
-
-timing, timing_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: T.frame_times(
-    cp, contexts, decoders, run_backends, repeats=run_repeats, warmup=run_warmup, seed=seed,
-    threads=torch.get_num_threads(), work_dir=work / "backend", random_weights=lm.is_random,
-    noise_target=run_noise_target), meta=lambda r: r["meta"])
-prov = {**provenance(params, seed=seed), "timing": timing_quiet}
-frames_df = pd.DataFrame(timing["rows"])
-save_table(frames_df, out / "05_frame_times", prov,
-           caption="; ".join(filter(None, [noise_words(timing["meta"]), timing_quiet["note"]])))
-summary = T.summary_by_backend(timing["rows"])
-summary_df = pd.DataFrame(summary)
-save_table(summary_df, out / "05_summary", prov, caption=timing_quiet["note"] or None)
-absent = {**timing["absent"], **skipped}
+cp = lm.code_predictor.eval()
+cal_path = tree_file(lm, "heads")
+if cal_path is not None and cal_path.is_file():  # the shipped calibration and evaluation split
+    cal = load_calibration(cal_path, n_codes=lm.n_code_groups - 1, drafter="heads")
+    contexts = frames_from_shipped(lm, "evaluation", max_frames=n_eval, seed=seed).context
+else:  # no speech for this model here: its own samples from random contexts (self-distillation), calibrated now
+    display(Markdown(f"`{model}` ships no calibration: its trees are calibrated here on its own samples from random "
+                     "contexts (self-distillation), and its frames are decoded from random contexts."))
+    calib = frames_from_contexts(cp, S.random_contexts(cp, 16 if smoke else 128, seed=seed + 1), seed=seed)
+    cal = calibrate(cp, ReusedHeads(), calib, budgets=run_budgets, seed=seed)
+    contexts = S.random_contexts(cp, n_eval, seed=seed)
+names = ["ar", *(f"chain:{w}" for w in run_chains), *(f"tree:calibrated:{n}" for n in run_budgets)]
+decoders = resolve_all(names, lm, calibrations={"heads": cal})
+runners, absent = S.build_runners(run_backends, cp, decoders, sampling=inner_sampling(lm))
+timing, timing_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: S.time_frames(
+    runners, contexts, repeats=run_repeats, warmup=run_warmup, seed=seed, progress=False,
+    noise_target=run_noise_target, random_weights=lm.is_random), meta=lambda r: r["meta"])
+measured = [r for r in S.speedup_vs_n(timing["rows"]) if r["nodes"] > 1]  # N = 1 is AR itself
+summary = S.summary_by_backend(timing["rows"])
+cost_backends = {b: verify_backend(b, cost_cp) for b in run_backends}
+costs, costs_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: S.verify_cost_curve(
+    cost_cp, cost_backends, query_sizes=sorted({1, *run_budgets}), repeats=max(run_repeats, 3), warmup=run_warmup + 1,
+    seed=seed, progress=False, noise_target=run_noise_target, random_weights=cost_lm.is_random),
+    meta=lambda r: r["meta"])
+projected = S.projected_speedup(S.expected_tokens_per_call(cal), costs["rows"])
 m = timing["meta"]
-display(Markdown(
-    f"**{run_model}** ({'random' if lm.is_random else 'trained'} weights), {m.get('cpu')}, {m.get('dtype')}, "
-    f"{m.get('threads')} thread(s), {noise_words(m) if m.get('repeats') else f'{run_repeats} repeats'}; "
-    f"other processes used "
-    f"{100 * (m.get('other_cpu_frac') or 0):.0f}% of the machine's CPU time during the run. Absent: "
-    + ("; ".join(f"**{k}**: {v}" for k, v in absent.items()) or "none") + "."))
-display(Markdown(format_rows(summary, digits=2)))
-frames_df[["decoder", "backend", "nodes", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms", "model_ms",
-           "heads_ms", "outside_ms", "speedup_vs_ar", "speedup_vs_fused"]]
-
-# %% [markdown]
-# ## Figure 4's analogue: speedup vs node budget N, per backend
-# Solid: measured frames of `model` (the best speculative decoder of each N: the calibrated tree, or a chain of the
-# same N). Dashed: the speedup the verify cost curve of `cost_model` projects for `model`'s expected tokens per call,
-# `E(N) × t(1) / t(N)` (call level: the prefill and the loop are left out). Dotted: the fused AR frame. Black
-# markers: the paper's devices (Core ML), quoted.
-
-# %%
-measured = T.speedup_vs_n(timing["rows"])
-costs, costs_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: T.verify_costs(
-    cost_cp, [b for b in run_backends if b not in ("coreml", "cuda")], query_sizes=sorted({1, *run_budgets}),
-    repeats=run_repeats, warmup=run_warmup, threads=torch.get_num_threads(), work_dir=work / "cost",
-    random_weights=cost_lm.is_random, progress=True, built=timing["built"] if cost_cp is cp else None,
-    noise_target=run_noise_target), meta=lambda r: r.get("meta", {}))
-projected = T.projected_speedup(T.expected_tokens_per_call(calibration), costs["rows"])
-prov = provenance(params, seed=seed)
-table = []
+speedup_rows = []
 for n in run_budgets:
     row = {"N": n}
-    for b in dict.fromkeys(r["backend"] for r in measured):
-        hit = next((r for r in measured if r["backend"] == b and r["nodes"] == n), None)
-        row[f"{b} measured ({run_model})"] = hit and hit["speedup_vs_ar"]
-    for b in dict.fromkeys(r["backend"] for r in projected):
-        hit = next((r for r in projected if r["backend"] == b and r["nodes"] == n), None)
-        row[f"{b} PROJECTION (E(N) of {run_model}, cost of {run_cost_model})"] = hit and hit["projected_speedup"]
-    row["paper (Core ML devices, quoted)"] = "; ".join(f"{p['device'].split(' (')[0]} {p['speedup']}x"
-                                                       for p in T.PAPER_DEVICE_SPEEDUPS if p["nodes"] == n)
-    table.append(row)
-speedup_df = pd.DataFrame(table)
-cost_weights = "random" if cost_lm.is_random else "trained"
-projection_caption = (
-    f"measured columns: frames of {run_model} timed here, speedup over AR of the same backend. PROJECTION columns "
-    f"(not measurements): E(N), the tokens per call predicted from {run_model}'s calibration ({'random' if lm.is_random else 'trained'} "
-    f"weights, reused heads), x t(1)/t(N) of one verify call of {run_cost_model}'s code predictor ({cost_weights} "
-    f"weights) through that backend; they leave out the prefill, the talker, the heads and drafts, and the loop "
-    f"outside the call. The paper's Core ML numbers are quoted in their own column")
-save_table(speedup_df, out / "05_speedup_vs_n", prov,
-           caption=projection_caption + (f"; {timing_quiet['note']}" if timing_quiet["note"] else ""))
-save_table(pd.DataFrame(costs["rows"]), out / "05_verify_cost", {**prov, "cost_timing": costs_quiet},
-           caption=f"{run_cost_model}: {cost_weights} weights, timing only"
-                   + (f"; {noise_words(costs['meta'])}" if costs.get("meta", {}).get("repeats") else "")
-                   + (f"; {costs_quiet['note']}" if costs_quiet["note"] else ""))
-save_table(pd.DataFrame(T.PAPER_DEVICE_SPEEDUPS), out / "05_paper_devices", prov)
-fig = T.plot_speedup_vs_n(measured, projected, fused=summary,
-                          title=f"{run_model} frames measured ({m.get('cpu')}, {m.get('threads')} thread(s)); dashed: "
-                                f"PROJECTION = E(N) of {run_model} x t(1)/t(N) of {run_cost_model} ({cost_weights} "
-                                f"weights), prefill and loop left out"
-                                + (f"\n{timing_quiet['note']}: the times are pessimistic" if timing_quiet["note"]
-                                   else ""))
-save_figure(fig, out / "05_speedup_vs_n", prov)
+    for r in measured:
+        if r["nodes"] == n:
+            row[f"{r['backend']} measured ({model})"] = r["speedup_vs_ar"]
+            row[f"{r['backend']} measured decoder"] = r["decoder"]
+    for r in projected:
+        if r["nodes"] == n:
+            row[f"{r['backend']} PROJECTION (E(N) of {model}, cost of {run_cost_model})"] = r["projected_speedup"]
+    row["paper (Core ML devices, point-mass trees, quoted)"] = "; ".join(
+        f"{p['device'].split(' (')[0]} {p['speedup']}x" for p in PAPER_DEVICE_SPEEDUPS if p["nodes"] == n)
+    speedup_rows.append(row)
+fig4_caption = (f"measured: frames of {model} on {m.get('cpu')}, {m.get('threads')} thread(s), speedup over AR of "
+                f"the same backend; PROJECTION (not a measurement): E(N) from {model}'s calibration x t(1)/t(N) of "
+                f"{run_cost_model}'s verify call ({'random' if cost_lm.is_random else 'trained'} weights), prefill "
+                "and loop left out; the paper's Core ML numbers quoted in their own column"
+                + "".join(f"; {q['note']}" for q in (timing_quiet, costs_quiet) if q["note"]))
+save_table(speedup_rows, out / "06_speedup_vs_n", {**prov, "timing": timing_quiet}, caption=fig4_caption)
+save_table(timing["rows"], out / "06_frame_times", {**prov, "timing": timing_quiet},
+           caption=f"{model}: frames per decoder and backend, interleaved" + (
+               f"; {timing_quiet['note']}" if timing_quiet["note"] else ""))
+save_table(costs["rows"], out / "06_verify_cost", {**prov, "timing": costs_quiet},
+           caption=f"{run_cost_model}: one verify call of Q positions ({'RANDOM' if cost_lm.is_random else 'trained'} "
+                   "weights, timing only)")
+save_table([dict(p) for p in PAPER_DEVICE_SPEEDUPS], out / "06_paper_devices", prov, caption="quoted from the paper")
+fig = plot_speedup_vs_n(
+    measured, projected, fused=summary,
+    measured_title=f"MEASURED here: {model} frames, {m.get('cpu')}, {m.get('threads')} thread(s)"
+                   + (f"\n{timing_quiet['note']}" if timing_quiet["note"] else ""),
+    projected_title=f"PROJECTION: E(N) of {model} x t(1)/t(N) of {run_cost_model}\n(call level: prefill, heads and "
+                    "loop left out)")
+save_figure(fig, out / "06_speedup_vs_n", prov)
 plt.show()
-speedup_df
-
-# %% [markdown]
-# ## The paper's decoder: its verify graph, exported, and its frames timed
-# The paper's decoder drafts with the offsets shipped beside the model and verifies through THEIR calibrated
-# point-mass tree (`<model>/trees/offsets.json`); the reused heads' point-mass tree of the same N comes from the
-# heads' own calibration (`<model>/trees/heads.json`). The verify graph holds the tree's mask and positions (the
-# drafter stays outside the graph, like the heads): exported to ONNX with the paper's tree by
-# `rvqspec_lib.models.export_formats.export_graph` and checked by `rvqspec_lib.eval.export_timing.check_file`, as
-# `rvqspec export --graph verify --decoder paper` does. The frames are timed interleaved through torch eager and
-# ONNX Runtime, as above. (Smoke: N = 4.)
+pd.DataFrame(speedup_rows)
 
 # %%
-paper_lm = lm if PD.has_paper_decoder(lm) else load_model(EMBEDDED_MODEL)
-paper_model = run_model if paper_lm is lm else EMBEDDED_MODEL
-if paper_lm is not lm:
-    display(Markdown(f"**`{run_model}` ships no offsets drafter with a calibration: the paper's decoder is measured on "
-                     f"`{paper_model}` (trained weights) in this section.**"))
-paper_cp = paper_lm.code_predictor.eval()
-n_pap = run_paper_budget
-paper_decs = PD.named_decoders(paper_lm, ["ar", f"chain:{min(n_pap, 8)}", f"tree:calibrated-point-mass:{n_pap}",
-                                          f"paper:{n_pap}"])
-PAPER = f"paper-N{n_pap}"
-paper_decs = {("AR" if k == "ar" else k): d for k, d in paper_decs.items()}
-paper_tree = paper_decs[PAPER].tree(0)  # the graph holds the tree, not the drafter
-paper_path = work / "paper" / f"verify-n{n_pap}-float32.onnx"
-paper_path.parent.mkdir(parents=True, exist_ok=True)
-paper_export = F.export_graph(paper_cp, "verify", "onnx", paper_path, dtype="float32", nodes=n_pap, tree=paper_tree)
-paper_check = T.check_file(paper_cp, "verify", paper_path, dtype="float32", nodes=n_pap, tree=paper_tree)
-paper_graph = [{"model": paper_model, "decoder": PAPER, "graph": "verify", "format": "onnx", "dtype": "float32",
-                "nodes": n_pap, "MB": paper_export["bytes"] / 1e6, "export_s": paper_export["export_s"],
-                "interface_ok": paper_export["declared"] == paper_export["written"],
-                **{k: r.get(k) for k in ("runner", "ran", "relative_diff", "tolerance", "within_tolerance")}}
-               for r in paper_check]
-paper_contexts = frames_from_shipped(paper_lm, "evaluation", max_frames=n_eval).context
-paper_timing, paper_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: T.frame_times(
-    paper_cp, paper_contexts, paper_decs, [b for b in run_backends if b in ("eager", "onnx")], repeats=run_repeats,
-    warmup=run_warmup, seed=seed, threads=torch.get_num_threads(), work_dir=work / "paper-backend",
-    random_weights=paper_lm.is_random, noise_target=run_noise_target), meta=lambda r: r["meta"])
-prov_paper = {**provenance({**params, "paper_model": paper_model}, seed=seed), "timing": paper_quiet}
-save_table(paper_graph, out / "05_paper_export", prov_paper)
-paper_frames_df = pd.DataFrame(paper_timing["rows"])
-save_table(paper_frames_df, out / "05_paper_frame_times", prov_paper,
-           caption=f"{paper_model}: the paper's decoder ({PAPER}: offsets + their own point-mass tree) beside AR, "
-                   f"the fused AR frame, a chain and the reused heads' point-mass tree of the same N; "
-                   f"{noise_words(paper_timing['meta'])}" + (f"; {paper_quiet['note']}" if paper_quiet["note"] else ""))
-lines = []
-for b in dict.fromkeys(paper_frames_df.backend):
-    d = paper_frames_df[paper_frames_df.backend == b].set_index("decoder")
-    heads_n = f"tree-pm-N{n_pap}"
-    if PAPER in d.index:
-        lines.append(f"* {b}: {PAPER} {d.loc[PAPER, 'ms_per_frame']:.2f} ms a frame, "
-                     f"{d.loc[PAPER, 'tokens_per_call']:.3f} tokens per call, {d.loc[PAPER, 'speedup_vs_ar']:.2f}x "
-                     f"over AR" + (f"; the heads' {heads_n}: {d.loc[heads_n, 'ms_per_frame']:.2f} ms, "
-                                   f"{d.loc[heads_n, 'speedup_vs_ar']:.2f}x" if heads_n in d.index else ""))
-display(Markdown(f"**The paper's decoder on `{paper_model}`** (exported verify graph: "
-                 + "; ".join(f"{r['runner']} relative difference {r['relative_diff']:.2g}, within tolerance: "
-                             f"{r['within_tolerance']}" for r in paper_graph if r.get("ran")) + ")\n\n"
-                 + "\n".join(lines)))
-paper_frames_df[["decoder", "backend", "nodes", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms", "model_ms",
-                 "heads_ms", "outside_ms", "speedup_vs_ar", "speedup_vs_fused"]]
-
-# %% [markdown]
-# ## On a GPU: CUDA graphs (scripts/gpu_bench.py)
-# The same comparison for the real-size architecture in bfloat16 on one GPU, every verify call shape and the fused
-# frame captured as CUDA graphs, and the fused speculative rounds (one graph per start depth) beside the fused AR
-# frame. The JSON is written by `python scripts/gpu_bench.py` on a GPU machine.
-
-# %%
-gpu_path = Path(gpu_json) if Path(gpu_json).is_absolute() else REPO_ROOT / gpu_json  # an input: read, not written
-gpu = json.loads(gpu_path.read_text()) if gpu_path.is_file() else None
-if gpu is None:
-    display(Markdown(f"**No GPU results**: `{gpu_json}` does not exist (no GPU was available when this ran; run "
-                     "`python scripts/gpu_bench.py` on a GPU machine to write it)."))
-else:
-    display(Markdown(f"GPU results from `{gpu_json}`: {gpu['device']}, {gpu['model']} in {gpu['dtype']}, CUDA graphs "
-                     f"{'on' if gpu['cuda_graphs'] else 'off'}{' (DRY RUN on the CPU)' if gpu['dry_run'] else ''}, "
-                     f"written {gpu['provenance'].get('timestamp', '?')}."))
-    display(Markdown(format_rows(gpu["summary"], digits=2)))
-    display(Markdown(format_rows(gpu["speedup_vs_n"], digits=2)))
-    if gpu.get("fused_spec"):  # JSONs written before the fused rounds were captured have no such rows
-        display(Markdown("The fused speculative rounds as CUDA graphs beside the fused AR frame (`x_fused_ar`: ms "
-                         "per frame over the fused AR frame's, below 1 the speculative frame is the faster):\n\n"
-                         + format_rows(gpu["fused_spec"], digits=2)))
-    if gpu["projected"]:
-        display(Markdown(format_rows(gpu["projected"], digits=2)))
+best_measured = max(measured, key=lambda r: r["speedup_vs_ar"]) if measured else None
+best_projected = max(projected, key=lambda r: r["projected_speedup"]) if projected else None
+if best_measured:
+    display(Markdown(
+        f"Measured here, the best speedup of `{model}`'s frames over AR of the same backend is "
+        f"**{best_measured['speedup_vs_ar']:.2f}×** ({best_measured['decoder']} through {best_measured['backend']}, "
+        f"N = {best_measured['nodes']})" + (
+            f"; the projection peaks at **{best_projected['projected_speedup']:.2f}×** at N = "
+            f"{best_projected['nodes']} ({best_projected['backend']})" if best_projected else "")
+        + f". The paper reports {max(p['speedup'] for p in PAPER_DEVICE_SPEEDUPS):.2f}× at best on its devices."))
 
 # %% [markdown]
 # ## Core ML on this machine
-# On macOS 15+ the packages are predicted and timed per compute unit (CPU only, CPU and GPU, CPU and Neural
-# Engine); elsewhere this section says so.
+# On macOS 15+ the packages are predicted and timed per compute unit; elsewhere this section says why not.
 
 # %%
-ok, why = F.coreml_available()
+coreml_ok, coreml_why = F.coreml_available()
 coreml_rows = []
-if ok:
-    coreml_rows = T.coreml_call_times(cost_cp, work / "coreml", nodes=run_budgets, repeats=run_repeats)["rows"]
-    save_table(pd.DataFrame(coreml_rows), out / "05_coreml_calls", provenance(params, seed=seed))
+if coreml_ok:
+    coreml_rows = X.coreml_call_times(cost_cp, work / "coreml", nodes=run_budgets, repeats=run_repeats)["rows"]
+    save_table(coreml_rows, out / "06_coreml_calls", prov)
     display(pd.DataFrame(coreml_rows))
 else:
-    display(Markdown(f"**Core ML not run here**: {why}"))
+    display(Markdown(f"**Core ML not run here**: {coreml_why}"))
 
 # %% [markdown]
-# ## The table to act on
-# The same table `rvqspec bench --table` and `make bench` print (`rvqspec_lib.eval.bench_table.bench_table`): per
-# precision this CPU runs natively and per backend, the rows stepped AR, fused AR, the best speculative decoder, the
-# fused speculative round (one graph a round; beside the fused AR frame, `x_fused_ar` their ratio) and `auto`'s
-# choice, in ms per frame and as the inner loop's real-time factor (ms per frame over the 80 ms a frame lasts), for
-# `model` and for `cost_model`. A random-weight model's speculative frames are a **timing replay**: its real verify
-# calls, with the acceptance decisions replayed from the embedded model's calibration (every row says so; a replay
-# has no fused speculative row, its acceptance being inside the round's graph). Beside them the AR frame's weight-streaming floor, and under them the public ports' published figures, quoted
-# and labelled, never in a measured column. Its backends are `table_backends` (eager and native by default: native
-# runs every call through the C forward, its fused AR frame and fused chains as one C call a frame; compiling the fused
-# rounds of every precision takes many minutes; the compiled float32 frames are in the frame times above, and
-# `rvqspec bench --table --backends eager,native,compile` times the compiled rows). Smoke: `tiny-random`, float32,
-# eager and native, one frame per decoder.
+# ## Real time: the whole frame, part by part
+# For each model of `pipeline_models` and each precision this CPU runs natively (the whole talker, code predictor
+# included, converted; the official codec decoder in bfloat16 where the CPU runs it natively), three decoder rows:
+# **AR** (the native whole frame in one C call), the **best speculative** decoder (the fastest of chains and
+# calibrated trees; on the random-weight architecture stepped, its acceptance replayed) and **auto**'s choice
+# (`rvqspec_lib.eval.budget.choose_decoder`, timed on the spot). The three parts of a frame are timed in one
+# interleaved run, on one thread, wall clock with the thread's CPU time beside it:
+#
+# * **talker**: one native talker step after a cached context, and its `codec_head`; floor: the bytes of its weights
+#   and of the KV cache it reads, over the machine's measured read bandwidth;
+# * **inner loop**: one frame of codes 1..15 through the native forward; floor: the calls it makes times the weight
+#   bytes of one call, over the same bandwidth;
+# * **codec decoder**: one chunk of `chunk_frames` frames in steady state, per frame; floor: its matmul FLOPs over
+#   the core's measured peak rate in its dtype (the embedded codec's phase reconstruction has no floor here).
+#
+# From them: the frame on **one thread** (the sum: generation and decoding in turn) and on **all cores** (generation
+# and decoding overlapped: the larger of talker + inner loop and codec), their real-time factors, the parts' shares,
+# speculation's gain on the whole frame beside its gain on the inner loop, and what would move the frame further.
+# Then, at the fastest precision of each model, **measured streams** of a sentence on one thread and on all cores;
+# and **concurrent streams** batched. The public ports' own figures follow in rows of their own, quoted.
 
 # %%
-from rvqspec_lib.eval.bench_table import bench_table, format_bench_table, save_bench_table
+pipe, pipe_quiet = measure_quietly(attempts=1, measure=lambda: PL.pipeline_table(
+    models=run_pipeline_models, precisions=run_precisions, chunk_frames=int(chunk_frames), frames=run_frames,
+    batches=run_batches, repeats=max(run_repeats, 2), warmup=run_warmup, stream_repeats=run_stream_repeats,
+    chains=(4,) if smoke else PL.DEFAULT_CHAINS, budgets=(4,) if smoke else PL.DEFAULT_BUDGETS,
+    auto_frames=2 if smoke else 4, n_contexts=2 if smoke else 8, text=listen_text, seed=seed,
+    noise_target=run_noise_target, concurrency=run_concurrency, codec_config="tiny" if smoke else "released"),
+    meta=lambda r: {"other_cpu_frac": max((x["other_cpu_frac"] or 0) for x in r["meta"]["parts_runs"]),
+                    "cpu_count": r["meta"]["cpu_count"], "threads": 1})
+pipe_prov = {**prov, "timing": pipe_quiet}
+PL.save_pipeline(pipe, out / "06_pipeline", pipe_prov)
+print(PL.caption(pipe))
+parts_cols = ["model", "precision", "row", "decoder", "tokens_per_call", "talker_ms", "talker_x_floor", "inner_ms",
+              "inner_x_floor", "codec_ms", "codec_x_floor", "frame_1t_ms", "rtf_1t", "frame_2c_ms", "rtf_2c",
+              "codec_share", "inner_gain", "frame_gain_1t", "frame_gain_2c", "stream_ttfa_ms_2c", "stream_rtf_2c",
+              "stream_underruns_2c"]
+pd.DataFrame(PL.table_rows(pipe))[parts_cols + ["quoted_rtf", "quoted_ttfa_ms"]].round(3)
 
-table_res = bench_table(
-    models=["tiny-random"] if smoke else list(dict.fromkeys([run_model, run_cost_model])),
-    precisions=["float32"] if smoke else None,
-    backends=[b for b in ("eager", "native", "compile") if b in run_backends and (smoke or b in table_backends)
-              and T.backend_status(b)[0]],
-    repeats=params["table_repeats"], warmup=0 if smoke else 1,
-    chains=(4,) if smoke else (3, 4, 6), budgets=(4,) if smoke else (4, 8, 16), auto_frames=2 if smoke else 4,
-    n_contexts=2 if smoke else 8, seed=seed, progress=False, noise_target=run_noise_target)
-save_bench_table(table_res, out / "05_bench_table", provenance(params, seed=seed))
-print(format_bench_table(table_res).splitlines()[0])
-display(pd.DataFrame(table_res["rows"]))
-display(Markdown("\n".join(f"* {line}" for line in table_res["footer"])))
+# %%
+def fastest(model_name: str, row: str = "best speculative") -> dict | None:
+    """The row of ``model_name`` at its fastest precision (least frame on all cores)."""
+    rs = [r for r in pipe["rows"] if r["model"] == model_name and r["row"] == row]
+    return min(rs, key=lambda r: r["frame_2c_ms"]) if rs else None
+
+
+def streamed(model_name: str, row: str, layout: str) -> dict | None:
+    return next((s for s in pipe["streams"] if s["model"] == model_name and s["row"] == row
+                 and s["layout"] == layout), None)
+
+
+lines = []
+for name in run_pipeline_models:
+    r, ar_r = fastest(name), fastest(name, "AR")
+    if r is None:
+        continue
+    one, two = streamed(name, "best speculative", "1 thread"), streamed(name, "best speculative", "all cores")
+    lines.append(
+        f"* **{name}** ({'timing replay, random weights' if r['weights'] != 'trained' else 'trained'}), fastest "
+        f"precision {r['precision']}, {r['decoder']}: talker {r['talker_ms']:.1f} ms "
+        f"({r['talker_x_floor']:.2f}× its floor), inner loop {r['inner_ms']:.1f} ms "
+        f"({r['inner_x_floor']:.2f}×), codec decoder {r['codec_ms']:.1f} ms"
+        + (f" ({r['codec_x_floor']:.2f}×)" if r["codec_x_floor"] else " (no floor)")
+        + f"; the frame takes {r['frame_1t_ms']:.1f} ms on one thread (RTF {r['rtf_1t']:.2f}) and "
+          f"{r['frame_2c_ms']:.1f} ms overlapped (RTF {r['rtf_2c']:.2f})."
+        + (f" Streamed: first audio {one['ttfa_ms']:.0f} ms after the prompt on one thread, RTF {one['rtf']:.2f}, "
+           f"{one['underruns']:.0f} underrun(s); on all cores {two['ttfa_ms']:.0f} ms, RTF {two['rtf']:.2f}, "
+           f"{two['underruns']:.0f} underrun(s)." if one and two else "")
+        + f" Against AR (the native whole frame), speculation runs the inner loop at {r['inner_gain']:.2f}× AR's "
+          f"speed and the whole frame at {r['frame_gain_1t']:.2f}× (one thread) and {r['frame_gain_2c']:.2f}× (all "
+          f"cores). What would move it further: {r['moves_frame']}.")
+display(Markdown("\n".join(lines)))
+
+# %% [markdown]
+# ## Does the codec decoder add negligible demand? (the paper's Figure 1, tested)
+# Each bar is one frame on one thread, split into its three parts, with the parts' floors in the thin bar under it;
+# the diamond is the frame with generation and decoding overlapped, and the dashed line the 80 ms one frame of audio
+# lasts. A part whose share is small against the others would support the paper's sentence; a large one would not.
+
+# %%
+fig = plot_frame_parts(pipe["rows"], title="the whole frame, part by part, one thread (diamond: all cores); "
+                                           "random-weight rows are TIMING REPLAYS" + (
+                                               f"\n{pipe_quiet['note']}" if pipe_quiet["note"] else ""))
+save_figure(fig, out / "06_frame_parts", pipe_prov)
+plt.show()
+shares = [(r["model"], r["precision"], r["decoder"], r["codec_share"]) for r in pipe["rows"]
+          if r["row"] == "best speculative"]
+if shares:
+    lo, hi = min(s[3] for s in shares), max(s[3] for s in shares)
+    display(Markdown(
+        f"With the best speculative decoder, the codec decoder takes between **{100 * lo:.0f}%** and "
+        f"**{100 * hi:.0f}%** of the one-thread frame across the models and precisions timed here"
+        + (": on this CPU it is not a negligible part of the frame." if lo > 0.1 else
+           ": on this CPU it is a small part of the frame for some of them.")))
+
+# %% [markdown]
+# ## Audio produced against wall time
+# Each curve is one measured stream (the fastest precision of each model): the seconds of audio ready, against the
+# wall time since the call. The thin dashed line of the same colour is real time from the first chunk: a player
+# started then keeps playing as long as the curve stays above it; a red cross marks an underrun. Left: one thread,
+# generation and decoding in turn; right: all cores, overlapped.
+
+# %%
+for name in run_pipeline_models:
+    mine = [s for s in pipe["streams"] if s["model"] == name]
+    if not mine:
+        continue
+    fig = plot_audio_vs_wall(mine, title=f"{name}, {mine[0]['precision']}, chunks of {chunk_frames} frame(s)" + (
+        " (TIMING REPLAY: random weights)" if mine[0]["weights"] != "trained" else ""))
+    save_figure(fig, out / f"06_audio_vs_wall_{name.replace('/', '_')}", pipe_prov)
+    plt.show()
+pd.DataFrame([{k: v for k, v in s.items() if k != "chunks"} for s in pipe["streams"]])[
+    ["model", "precision", "row", "decoder", "layout", "ttfa_ms", "ttfa_call_ms", "rtf", "frame_ms", "underruns",
+     "overlap", "tokens_per_call"]].round(3)
+
+# %% [markdown]
+# ## Concurrent streams
+# B copies of the sentence are batched: one talker step and one inner-loop call per round for all rows (AR and the
+# best speculative decoder stepped through the native verify backend, whose rows share each pass over the weights),
+# one codec push of the B rows. A batch is real time while a round (one frame of every stream) takes at most 80 ms.
+
+# %%
+conc = pd.DataFrame([{k: v for k, v in s.items() if k != "chunks"} for s in pipe["concurrency"]])
+sustained = pd.DataFrame(pipe["sustained"])
+if len(sustained):
+    display(Markdown("\n".join(
+        f"* {s['model']}, {s['row']} ({s['decoder']}), {s['layout']}: **{s['streams']}** real-time stream(s) of "
+        f"the batches tried ({', '.join(map(str, s['batches']))})"
+        + (f", first audio {s['ttfa_ms']:.0f} ms after the prompt" if s["ttfa_ms"] is not None else "")
+        for s in pipe["sustained"])))
+conc[["model", "precision", "row", "decoder", "layout", "batch", "frame_ms", "ttfa_ms", "underruns",
+      "realtime"]].round(2) if len(conc) else conc
+
+# %% [markdown]
+# ## Listen
+# The embedded model (trained) speaks `listen_text`, streamed: the native talker, the best speculative decoder of
+# the table in float32, chunks of `chunk_frames` frames decoded as they come by its own codec (three frames of
+# look-ahead), generation and decoding overlapped. The chunks are joined, written with their provenance, and played.
+
+# %%
+listen_lm = lm if model == EMBEDDED_MODEL else load_model(EMBEDDED_MODEL)
+pick = next((r for r in pipe["rows"] if r["model"] == EMBEDDED_MODEL and r["row"] == "best speculative"
+             and r["precision"] == "float32"), None)
+label, fused = (pick["decoder"], bool(pick["fused"])) if pick else ("chain:4", False)
+listen_runner = frame_runner("native", listen_lm.code_predictor, resolve(label, listen_lm), fused=fused,
+                             sampling=inner_sampling(listen_lm))
+listen = synthesize_stream(listen_lm, listen_text, runner=listen_runner, talker=NativeTalker(listen_lm),
+                           chunk_frames=int(chunk_frames), generator=torch.Generator().manual_seed(seed),
+                           max_frames=200, language="english")
+listen_wav = torch.cat([c.audio for c in listen])
+ls = listen.summary()
+listen_path = save_audio(listen_wav, 24000, out / "06_listen", {**prov, "listen": {
+    "text": listen_text, "decoder": label, "fused": fused, **{k: ls[k] for k in ("frames", "ttfa_ms", "rtf",
+                                                                                 "underruns")}}})
+display(Markdown(f"{ls['frames']} frames ({ls['audio_s']:.2f} s), {label}{' (fused)' if fused else ''}: first audio "
+                 f"{ls['ttfa_ms']:.0f} ms after the prompt, RTF {ls['rtf']:.2f}, {ls['underruns']} underrun(s), "
+                 f"{ls['tokens_per_call']:.2f} tokens per call."))
+Audio(filename=str(listen_path))
+
+# %% [markdown]
+# ## What this notebook showed, and why
+
+# %%
+rep, emb = fastest(run_pipeline_models[0]), fastest(EMBEDDED_MODEL) if EMBEDDED_MODEL in run_pipeline_models else None
+told = []
+ok_graphs = int(ran.within_tolerance.sum()) if len(ran) else 0
+told.append(f"* **Export (measured).** {len(graphs_df)} graph files of `{run_cost_model}` were written; "
+            f"{ok_graphs} of the {len(ran)} run here agree with eager PyTorch within tolerance. The paper's decoder's "
+            f"verify graph ({paper_named.label}) agrees: "
+            f"{all(r.get('within_tolerance') for r in paper_rows if r.get('ran'))}.")
+if best_measured:
+    told.append(f"* **Figure 4's analogue (measured, projected, quoted apart).** Here `{model}`'s frames reach "
+                f"{best_measured['speedup_vs_ar']:.2f}× over AR at best; the call-level projection for the real-size "
+                f"architecture peaks at "
+                + (f"{best_projected['projected_speedup']:.2f}×" if best_projected else "n/a")
+                + f"; the paper reports {', '.join(str(p['speedup']) + 'x' for p in PAPER_DEVICE_SPEEDUPS)} on "
+                  "its Apple devices (point-mass trees). The three differ in what they count: whole frames on a CPU, "
+                  "one call, and the paper's devices.")
+if rep:
+    told.append(
+        f"* **The whole frame (measured; {rep['model']}"
+        + (", a timing replay" if rep["weights"] != "trained" else "") + ").** At its fastest precision "
+        f"({rep['precision']}) the codec decoder takes {100 * rep['codec_share']:.0f}% of the one-thread frame and "
+        f"the talker {100 * rep['talker_share']:.0f}%"
+        + (": on this CPU the codec decoder is not a negligible demand, against the paper's Figure 1 sentence."
+           if rep["codec_share"] > 0.1 else ": on this CPU the codec decoder is a small part of the frame.")
+        + f" Speculation's {rep['inner_gain']:.2f}× of AR's speed on the inner loop becomes "
+          f"{rep['frame_gain_1t']:.2f}× on the one-thread frame: Amdahl's law, since the talker and the codec "
+          "decoder do not speed up.")
+if emb:
+    e1 = streamed(EMBEDDED_MODEL, "best speculative", "1 thread")
+    if e1:
+        told.append(f"* **The embedded model (measured, trained).** Streamed on one thread: first audio "
+                    f"{e1['ttfa_ms']:.0f} ms after the prompt, RTF {e1['rtf']:.2f}, {e1['underruns']:.0f} "
+                    "underrun(s); its codec's look-ahead of three frames is part of that wait.")
+conc_all = [s for s in pipe["sustained"] if s["layout"] == "all cores" and s["model"] == run_pipeline_models[0]]
+if conc_all:
+    told.append("* **Concurrency (measured).** " + "; ".join(
+        f"{s['row']}: {s['streams']} real-time stream(s) on all cores" for s in conc_all) + ".")
+told.append(
+    "* **What the released checkpoint should show (inference, not measured).** Its weights change no shape, so the "
+    "talker, code-predictor and codec times per call above hold for it (the replay already runs the real-size "
+    "shapes). What changes is acceptance: the replay used the embedded model's reused-heads acceptance, while the "
+    "paper reports 2.47 tokens per call for its offsets (paper). More codes per call shrink the inner loop only; "
+    "the frame then leans even more on the talker and the codec decoder, so the whole-frame gain stays below the "
+    "inner loop's.")
+display(Markdown("\n".join(told)))
 
 # %%
 import shutil
 
 shutil.rmtree(work, ignore_errors=True)
-onnx_summary = next((r for r in summary if r["backend"] == "onnx"), None)
 metrics = {
-    "model": run_model, "cost_model": run_cost_model, "random_weights": lm.is_random,
-    "cost_random_weights": cost_lm.is_random, "backends": backend_rows, "absent": absent, "skipped": skipped,
-    "exported": agreement["rows"], "calibration_budgets": run_budgets,
-    "frame_rows": timing["rows"], "summary": summary, "onnx": onnx_summary,
-    "speedup_vs_n": measured, "projected": projected, "verify_cost": costs["rows"],
-    "paper_devices": list(T.PAPER_DEVICE_SPEEDUPS), "gpu": None if gpu is None else {
-        k: gpu[k] for k in ("device", "model", "dtype", "dry_run", "summary", "speedup_vs_n", "projected")},
-    "gpu_json_present": gpu is not None, "coreml_available": ok, "coreml_reason": why, "coreml_calls": coreml_rows,
-    "meta": timing["meta"], "bench_table": table_res,
-    "paper_decoder": {"model": paper_model, "label": PAPER, "nodes": n_pap, "export": paper_graph,
-                      "frame_rows": paper_timing["rows"], "absent": paper_timing["absent"]},
+    "model": model, "cost_model": run_cost_model, "cost_random_weights": cost_lm.is_random,
+    "backends": backends_df.to_dict("records"), "exported": exported, "paper_decoder": {
+        "model": paper_model, "label": paper_named.label, "nodes": paper_nodes, "export": paper_rows},
+    "frame_rows": timing["rows"], "absent": absent, "speedup_vs_n": measured, "projected": projected,
+    "summary": summary, "verify_cost": costs["rows"], "paper_devices": [dict(p) for p in PAPER_DEVICE_SPEEDUPS],
+    "coreml_available": coreml_ok, "coreml_reason": coreml_why, "coreml_calls": coreml_rows,
+    "pipeline": {k: pipe[k] for k in ("rows", "sustained", "quoted", "meta")},
+    "streams": [{k: v for k, v in s.items() if k != "chunks"} for s in pipe["streams"]],
+    "concurrency": [{k: v for k, v in s.items() if k != "chunks"} for s in pipe["concurrency"]],
+    "listen": {"path": listen_path.name, "text": listen_text, "decoder": label, "fused": fused,
+               **{k: v for k, v in ls.items() if k not in ("cpu_s",)}},
+    "timing": {"frames": timing_quiet, "verify_cost": costs_quiet, "pipeline": pipe_quiet},
 }
-save_json(metrics, out / "05_metrics.json", provenance(params, seed=seed))
-print(json.dumps({"summary": summary, "absent": absent}, indent=1, default=str))
+save_json(metrics, out / "06_metrics.json", prov)
+print(json.dumps({"pipeline_rows": len(pipe["rows"]), "streams": len(pipe["streams"]),
+                  "sustained": pipe["sustained"]}, indent=1, default=str))

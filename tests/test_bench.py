@@ -160,7 +160,7 @@ def test_cli_latency_writes_json_with_the_floor(tmp_path, capsys, monkeypatch):
     (["--dtype", "float32", "--forwards", "all"], "--forwards is now --backends official,native"),
     (["--model", "embedded", "--backend", "eager"], "is now rvqspec bench frames --backends NAME"),
     (["--table", "--backends", "eager"], "rvqspec bench --table is now rvqspec bench table"),
-    ([], "give a job: rvqspec bench latency, precisions, frames or table"),
+    ([], "give a job: rvqspec bench latency, precisions, frames, table or pipeline"),
     (["--model", "tiny-random", "latency"], "--model goes after the job: rvqspec bench latency --model"),
 ])
 def test_old_flag_forms_name_the_new_form_in_one_line(capsys, monkeypatch, argv, needle):

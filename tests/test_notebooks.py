@@ -100,6 +100,8 @@ def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
         _check_04(metrics, out)
     if prefix == "05":
         _check_05(metrics, out)
+    if prefix == "06":
+        _check_06(metrics, out)
 
 
 def _check_00(metrics: dict, out: Path) -> None:
@@ -556,3 +558,66 @@ def _check_05(metrics: dict, out: Path) -> None:
     assert any("public C port" in f for f in tab["footer"])
     for ext in (".csv", ".md", ".json", ".provenance.json"):
         assert (out / ("05_bench_table" + ext)).stat().st_size > 0, ext
+
+
+def _check_06(metrics: dict, out: Path) -> None:
+    import csv
+
+    from rvqspec_lib.eval.export_check import RELATIVE_TOLERANCE
+    from rvqspec_lib.eval.pipeline import LAYOUTS, PUBLIC_PIPELINES, ROWS
+    from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS
+
+    # export: tiny-random's stepped and verify graphs to ONNX (run here, within float32's tolerance) and a Core ML
+    # package (built, declared interface written; run on macOS only); the paper's decoder's verify graph on embedded
+    assert metrics["cost_model"] == "tiny-random" and metrics["cost_random_weights"] is True
+    exported = metrics["exported"]
+    assert {(r["graph"], r["format"]) for r in exported} == {("stepped", "onnx"), ("verify", "onnx"),
+                                                             ("verify", "coreml")}
+    assert all(r["interface_ok"] and r["bytes"] > 0 for r in exported)
+    for r in exported:
+        if r["format"] == "onnx":
+            assert r["ran"] and r["within_tolerance"] and r["relative_diff"] <= RELATIVE_TOLERANCE["float32"], r
+        else:
+            assert not r["ran"] and "macOS" in r["note"]
+    pap = metrics["paper_decoder"]
+    assert pap["model"] == "embedded" and pap["label"].startswith("paper:") and pap["nodes"] >= 2
+    assert all(r["interface_ok"] and r["ran"] and r["within_tolerance"] for r in pap["export"])
+    # Figure 4's analogue: measured rows per backend and N, projected rows apart, the paper's numbers only quoted
+    assert {r["nodes"] for r in metrics["speedup_vs_n"]} == {2, 4} and metrics["projected"]
+    assert metrics["paper_devices"] == [dict(p) for p in PAPER_DEVICE_SPEEDUPS]
+    with (out / "06_speedup_vs_n.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [int(r["N"]) for r in table] == [2, 4]
+    assert any("PROJECTION" in c for c in table[0]) and any("measured" in c for c in table[0])
+    assert all(r["paper (Core ML devices, point-mass trees, quoted)"] == "" for r in table)  # no N = 2, 4 in the paper
+    assert "PROJECTION (not a measurement)" in (out / "06_speedup_vs_n.md").read_text().splitlines()[0]
+    # the pipeline: tiny-random as a labelled timing replay and the embedded model, three rows each, parts adding up
+    rows = metrics["pipeline"]["rows"]
+    assert [(r["model"], r["row"]) for r in rows] == [(m, row) for m in ("tiny-random", "embedded") for row in ROWS]
+    for r in rows:
+        assert r["frame_1t_ms"] > 0 and r["rtf_1t"] == r["frame_1t_ms"] / 80
+        assert (r["weights"] == "trained") == (r["model"] == "embedded")
+        assert r["moves_frame"].startswith("one thread: ")
+    assert next(r for r in rows if r["model"] == "embedded")["codec_floor_ms"] is None  # Griffin-Lim: no floor
+    streams = metrics["streams"]
+    assert {(s["model"], s["layout"]) for s in streams} == {(m, lay) for m in ("tiny-random", "embedded")
+                                                            for lay in LAYOUTS}
+    assert all(s["ttfa_ms"] > 0 and s["rtf"] > 0 for s in streams)
+    assert all(r[f"stream_rtf_{t}"] is not None for r in rows for t in ("1t", "2c"))  # every row was streamed
+    assert {c["batch"] for c in metrics["concurrency"]} == {1, 2} and metrics["pipeline"]["sustained"]
+    assert metrics["pipeline"]["quoted"] == [dict(q) for q in PUBLIC_PIPELINES]
+    with (out / "06_pipeline.csv").open() as f:
+        quoted = [r for r in csv.DictReader(f) if r["weights"] == "QUOTED, not measured here"]
+    assert len(quoted) == len(PUBLIC_PIPELINES) and all(r["frame_1t_ms"] == "" for r in quoted)
+    # listening: the embedded model's stream, written with its sidecar
+    listen = metrics["listen"]
+    assert listen["frames"] > 0 and listen["ttfa_ms"] > 0 and (out / listen["path"]).stat().st_size > 44
+    assert (out / "06_listen.provenance.json").is_file()
+    for stem in ("06_backends", "06_exported_graphs", "06_paper_export", "06_speedup_vs_n", "06_frame_times",
+                 "06_verify_cost", "06_paper_devices", "06_pipeline", "06_pipeline_streams",
+                 "06_pipeline_concurrency"):
+        for ext in (".csv", ".md", ".provenance.json"):
+            assert (out / (stem + ext)).stat().st_size > 0, stem + ext
+    for stem in ("06_speedup_vs_n", "06_frame_parts", "06_audio_vs_wall_tiny-random", "06_audio_vs_wall_embedded"):
+        for ext in (".png", ".pdf", ".provenance.json"):
+            assert (out / (stem + ext)).stat().st_size > 0, stem + ext

@@ -46,7 +46,8 @@ def synth(p: argparse.ArgumentParser) -> None:
                                           "file each, named from --out with an index (out.wav -> out_000.wav, "
                                           "out_000.npy, ...), decoded in batches of --batch-size")
     p.add_argument("--out", required=True, help=f"output audio: {', '.join(AUDIO_SUFFIXES)} (the codes always go to "
-                                                "<out without its extension>.npy beside it)")
+                                                "<out without its extension>.npy beside it); with --stream a .wav, or - "
+                                                "for standard output (a WAV stream: ... --out - | aplay)")
     p.add_argument("--decoder", default="ar", help=DECODER_HELP)
     add_removed_decoder_flags(p)
     p.add_argument("--backend", default=None, choices=BACKENDS,
@@ -62,6 +63,12 @@ def synth(p: argparse.ArgumentParser) -> None:
                    help="fused: the whole frame as one graph per round or one C call (AR and chains drafting with "
                         "the reused heads); stepped: one backend call per round (any decoder); auto (default): fused "
                         "with --backend native where the decoder has a fused frame, else stepped. The JSON says which")
+    p.add_argument("--stream", action="store_true",
+                   help="write the audio as it is made: the WAV grows chunk by chunk (always a valid WAV, also after "
+                        "Ctrl-C) while generation and codec decoding overlap on two threads; reports time to first "
+                        "audio, RTF and underruns (docs/streaming.md). One --text; the model needs a codec")
+    p.add_argument("--chunk-frames", type=int, default=None, help="--stream: frames decoded to audio at once, "
+                   "1..--max-frames (default 1: an 80 ms chunk as soon as its frame is made)")
     p.add_argument("--batch-size", type=int, default=None, help=f"--text-file: lines decoded together (1..{MAX_BATCH}, "
                                                                 "default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the explicit generator (0..2**63-1)")

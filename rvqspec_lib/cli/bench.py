@@ -6,6 +6,7 @@ and, with ``--json``, written with its provenance::
     rvqspec bench precisions --dtype float32,bfloat16,int8      # each precision's call against its floor
     rvqspec bench frames --model embedded --backends eager,native --decoders ar,chain:4,paper
     rvqspec bench table [--dtype float32,bfloat16] [--backends eager,compile] [--acceptance FILE]
+    rvqspec bench pipeline [--models embedded] [--dtype int8] [--chunk-frames 2] [--batches 1,2,4]
 
 The old flag forms (``rvqspec bench --model M``, ``--dtype a,b``, ``--backend NAME``, ``--table``) stop with one line
 naming the new form. This module is the parser; the jobs are :mod:`rvqspec_lib.cli.bench_jobs`, imported when one
@@ -24,6 +25,8 @@ JOBS = {
     "precisions": "the code-predictor call in every precision and backend, each against its weight-streaming floor",
     "frames": "whole frames of decoders through verify backends, stepped and fused, in one interleaved run",
     "table": "the table to act on (docs/precision.md#the-table): per precision and backend, per model",
+    "pipeline": "the whole frame streamed: talker, inner loop and codec decoder against their floors, time to first "
+                "audio, RTF, underruns on one thread and on all cores, concurrent streams (docs/streaming.md)",
 }
 #: Defaults repeated from the library so that the parser imports no torch (tests/test_bench.py checks they agree):
 #: rvqspec_lib.eval.latency.DEFAULT_QUERY_SIZES and PRECISION_QUERY_SIZES, rvqspec_lib.models.backends.BACKENDS.
@@ -36,6 +39,11 @@ MAX_QUERIES = 1024
 TABLE_REPEATS = 5
 TABLE_MODELS = ("embedded", "qwen3-tts-0.6b-random")
 TABLE_BACKENDS = ("eager", "native")
+#: The pipeline table's defaults (rvqspec_lib.eval.pipeline's).
+PIPELINE_MODELS = ("qwen3-tts-0.6b-random", "embedded")
+PIPELINE_CHUNK_FRAMES = 2
+PIPELINE_FRAMES = 40
+PIPELINE_BATCHES = (1, 2, 4)
 #: Every flag of the old one-command form: given before a job (or without one) it stops with the new form.
 OLD_FLAGS = ("--model", "--json", "--repeats", "--noise-target", "--warmup", "--threads", "--queries", "--prefix-len",
              "--talker-context", "--dtype", "--forwards", "--device", "--seed", "--no-progress", "--decoders",
@@ -50,6 +58,16 @@ def _int_list(s: str) -> list[int]:
             from None
     if not vals or min(vals) < 1 or max(vals) > MAX_QUERIES:
         raise argparse.ArgumentTypeError(f"query positions are >= 1: give e.g. 1,2,4,8 (at most {MAX_QUERIES})")
+    return vals
+
+
+def _batch_list(s: str) -> list[int]:
+    try:
+        vals = [int(v) for v in s.replace(" ", "").split(",") if v]
+    except ValueError:
+        vals = []
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError("streams run together are whole numbers >= 1: give e.g. 1,2,4")
     return vals
 
 
@@ -159,7 +177,32 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--table-out", default="build/bench_table", metavar="STEM",
                    help="output stem: STEM.csv, STEM.md, STEM.json (+ provenance; default build/bench_table)")
 
+    p = parsers["pipeline"] = sub.add_parser("pipeline", help=JOBS["pipeline"], description=JOBS["pipeline"])
+    _common(p, repeats=TABLE_REPEATS, warmup=1, model=False)
+    p.add_argument("--models", default=",".join(PIPELINE_MODELS),
+                   help=f"comma-separated models (default {','.join(PIPELINE_MODELS)}; a random-weight one is a timing "
+                        "replay: its speculative frames replay a trained model's acceptance, its codec is the "
+                        "real-size decoder with random weights)")
+    p.add_argument("--dtype", default=None, help="comma-separated precisions of the talker and the code predictor "
+                   "(default those this CPU runs natively); the codec decoder runs in bfloat16 where the CPU has "
+                        "it, else float32")
+    p.add_argument("--chunk-frames", type=int, default=PIPELINE_CHUNK_FRAMES,
+                   help=f"frames decoded to audio at once (default {PIPELINE_CHUNK_FRAMES})")
+    p.add_argument("--frames", type=int, default=PIPELINE_FRAMES,
+                   help=f"frame cap of each measured stream (default {PIPELINE_FRAMES}: 3.2 s of audio)")
+    p.add_argument("--batches", type=_batch_list, default=list(PIPELINE_BATCHES),
+                   help=f"streams run together in the concurrency rows, comma-separated (default "
+                        f"{','.join(map(str, PIPELINE_BATCHES))})")
+    p.add_argument("--stream-repeats", type=int, default=2, help="runs of each measured stream (default 2)")
+    p.add_argument("--no-streams", action="store_true", help="the parts only: no measured streams, no concurrency")
+    p.add_argument("--acceptance", default=None, metavar="FILE",
+                   help="the acceptance the random-weight models replay (default the embedded model's calibration)")
+    p.add_argument("--table-out", default="build/pipeline", metavar="STEM",
+                   help="output stem: STEM.csv, .md, .json, STEM_streams.*, STEM_concurrency.* (+ provenance; "
+                        "default build/pipeline)")
+
     _flags_of_other_jobs(parsers)
+
     for flag in OLD_FLAGS:  # the old form: parsed only to name the new one (bench_jobs.old_form)
         parser.add_argument(flag, dest="old_" + flag[2:].replace("-", "_"), nargs="?", const=True,
                             default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -175,8 +218,8 @@ def old_form(args) -> str | None:
         return None if not given else (f"--{given[0]} goes after the job: rvqspec bench {args.job} --{given[0]} "
                                        "...")
     if not given:
-        return ("give a job: rvqspec bench latency, precisions, frames or table (rvqspec bench --help says what each "
-                "does)")
+        return ("give a job: rvqspec bench latency, precisions, frames, table or pipeline (rvqspec bench --help says "
+                "what each does)")
     if "table" in given:
         return "rvqspec bench --table is now rvqspec bench table (the same flags)"
     if "backend" in given:

@@ -7,7 +7,8 @@ the result with its provenance.
 * ``frames``: :func:`rvqspec_lib.eval.speed.time_frames` over :func:`rvqspec_lib.eval.speed.build_runners` of the
   named decoders (:func:`rvqspec_lib.models.named_decoders.resolve_all`) through the ``--backends``; contexts from the
   model's shipped evaluation split, random ones otherwise (tokens per call then mean little: said so);
-* ``table``: :func:`rvqspec_lib.eval.bench_table.bench_table`.
+* ``table``: :func:`rvqspec_lib.eval.bench_table.bench_table`;
+* ``pipeline``: :func:`rvqspec_lib.eval.pipeline.pipeline_table`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rvqspec_lib.cli.common import apply_threads, check_seed, note
 from rvqspec_lib.common.provenance import provenance, save_json
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
-from rvqspec_lib.eval import budget, bench_table, latency, speed
+from rvqspec_lib.eval import budget, bench_table, latency, pipeline, speed
 from rvqspec_lib.eval.noise import noise_words, repeat_cap
 from rvqspec_lib.eval.replay import default_acceptance, read_acceptance
 from rvqspec_lib.eval.timing import oversubscribed_note
@@ -56,7 +57,7 @@ def run_job(args, threads: int) -> int:
     check_args(args)
     apply_threads(threads)
     result = JOBS[args.job](args)
-    if args.job != "table":
+    if args.job not in ("table", "pipeline"):  # theirs say it already
         (result.get("meta", result))["total_s"] = round(time.perf_counter() - started, 3)
     if args.json_path:
         params = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"}
@@ -96,7 +97,7 @@ def check_args(args) -> None:
         raise ValueError("--dtype float16 is a GPU precision here (a CPU emulates it): on the CPU use float32, or "
                          f"bfloat16 where the CPU has AVX512-BF16 or AMX-BF16 (this one does{'' if bf16 else ' not'});"
                          " float16 on a GPU: --device cuda")
-    several = args.job in ("precisions", "table")
+    several = args.job in ("precisions", "table", "pipeline")
     known = PRECISIONS if several else (*PRECISIONS, "float64", "float16")
     bad = [d for d in args.dtypes if d not in known]
     if bad or len(set(args.dtypes)) != len(args.dtypes) or (len(args.dtypes) > 1 and not several):
@@ -105,7 +106,7 @@ def check_args(args) -> None:
     for d in args.dtypes:
         if d in PRECISIONS:
             check_precision(d, device=device)
-    if args.job != "table":
+    if args.job not in ("table", "pipeline"):
         model_facts(args.model)  # unknown names and configs that are not Qwen3-TTS: one line, before loading
     CHECKS.get(args.job, lambda a: None)(args)
 
@@ -174,7 +175,25 @@ def _check_table(args) -> None:
         raise ValueError("--models and --backends need at least one name each")
     bench_table.check_table_args(args.model_list, args.dtypes, args.backend_list)
     args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else default_acceptance()
-    out = Path(args.table_out)
+    _check_table_out(args.table_out)
+
+
+def _check_pipeline(args) -> None:
+    if str(getattr(args, "device", "cpu")) != "cpu":
+        raise ValueError("rvqspec bench pipeline times the CPU")
+    args.model_list = _list(args.models)
+    if not args.model_list:
+        raise ValueError("--models needs at least one name")
+    if args.stream_repeats < 1:
+        raise ValueError(f"--stream-repeats must be >= 1, got {args.stream_repeats}")
+    pipeline.check_pipeline_args(args.model_list, args.dtypes, chunk_frames=args.chunk_frames, frames=args.frames,
+                                 batches=args.batches)
+    args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else default_acceptance()
+    _check_table_out(args.table_out)
+
+
+def _check_table_out(stem: str) -> None:
+    out = Path(stem)
     if out.is_dir():
         raise ValueError(f"--table-out {out} is a folder; it takes a STEM (files STEM.csv, STEM.md, STEM.json): give "
                          f"e.g. {out / 'bench_table'}")
@@ -184,7 +203,8 @@ def _check_table(args) -> None:
         raise ValueError(f"--table-out {out}: its folder cannot be made ({e.strerror}): choose another") from None
 
 
-CHECKS = {"latency": _check_latency, "precisions": _check_precisions, "frames": _check_frames, "table": _check_table}
+CHECKS = {"latency": _check_latency, "precisions": _check_precisions, "frames": _check_frames, "table": _check_table,
+          "pipeline": _check_pipeline}
 
 
 def _progress(args) -> bool:
@@ -270,4 +290,22 @@ def table_job(args) -> dict:
     return result
 
 
-JOBS = {"latency": latency_job, "precisions": precisions_job, "frames": frames_job, "table": table_job}
+def pipeline_job(args) -> dict:
+    """``rvqspec bench pipeline``: :func:`rvqspec_lib.eval.pipeline.pipeline_table`, printed and written (CSV +
+    Markdown + JSON with provenance)."""
+    result = pipeline.pipeline_table(models=args.model_list, precisions=args.dtypes, chunk_frames=args.chunk_frames,
+                                     frames=args.frames, batches=args.batches, repeats=args.repeats,
+                                     warmup=args.warmup, stream_repeats=args.stream_repeats,
+                                     acceptance=args.acceptance_table, seed=args.seed,
+                                     noise_target=args.noise_target, streams=not args.no_streams,
+                                     concurrency=not args.no_streams, progress=_progress(args))
+    print(pipeline.format_pipeline(result))
+    params = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"}
+    out = pipeline.save_pipeline(result, args.table_out, provenance(params, seed=args.seed))
+    print(f"wrote {out['csv']}, {out['md']}, {out['json']}"
+          + "".join(f", {out[k]['csv']}" for k in ("streams", "concurrency") if k in out))
+    return result
+
+
+JOBS = {"latency": latency_job, "precisions": precisions_job, "frames": frames_job, "table": table_job,
+        "pipeline": pipeline_job}

@@ -101,6 +101,8 @@ def _dispatch(args) -> int:
             continue  # the default file may go into a new drafters/ folder beside the model: train-drafter makes it
         if args.cmd in ("export", "extract-frames") and attr == "out":
             continue  # a folder here (the command checks it itself)
+        if args.cmd == "synth" and attr == "out" and args.out == "-":
+            continue  # standard output (synth --stream checks the rest)
         problem = check_output_path(getattr(args, attr, None), flag)
         if problem:
             return _die(problem)

@@ -17,6 +17,7 @@ time) and ``rtf_total = total_s / audio_s``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -36,9 +37,11 @@ from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import budget
 from rvqspec_lib.models import backends as B
 from rvqspec_lib.models import frame, loader
+from rvqspec_lib.models.audio import WavWriter
 from rvqspec_lib.models.native_talker import NativeTalker
 from rvqspec_lib.models.named_decoders import NamedDecoder, check_files, resolve
 from rvqspec_lib.models.precision import PRECISIONS, apply_precision, check_precision
+from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
 from rvqspec_lib.models.text_language import english_only_note
 
 #: Below this many seconds of audio per word of text (words = whitespace-separated), an utterance that ENDED BY
@@ -76,6 +79,32 @@ def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
             for i in range(n)]
 
 
+def check_stream_args(args) -> None:
+    """``--stream``, ``--chunk-frames`` and ``--out -``: one text, a chunk within the frame cap, a WAV (its header is
+    rewritten as it grows) or standard output. Sets ``args.chunk_frames`` (default 1).
+
+    Raises:
+        ValueError: one line naming the flag.
+    """
+    args.stream = getattr(args, "stream", False)
+    args.chunk_frames = getattr(args, "chunk_frames", None)
+    if not args.stream:
+        if args.out == "-":
+            raise ValueError("--out - (a WAV stream on standard output) is for --stream: add --stream, or give a file")
+        if args.chunk_frames is not None:
+            raise ValueError("--chunk-frames is for --stream (frames decoded to audio at once): add --stream")
+        return
+    if args.text_file is not None:
+        raise ValueError("--stream speaks one --text (a stream of audio as it is made): give --text, or drop --stream")
+    args.chunk_frames = 1 if args.chunk_frames is None else args.chunk_frames
+    if not 1 <= args.chunk_frames <= args.max_frames:
+        raise ValueError(f"--chunk-frames must be in 1..--max-frames ({args.max_frames}) frames of 80 ms, got "
+                         f"{args.chunk_frames}")
+    if args.out != "-" and Path(args.out).suffix.lower() != ".wav":
+        raise ValueError(f"--stream writes a WAV as it grows: give --out {Path(args.out).with_suffix('.wav').name}, "
+                         "or --out - for standard output")
+
+
 def check_args(args) -> list[tuple[Path, Path]]:
     """Every check that needs no model: text(s), seed, frame cap, batch size, output paths, the decoder's name, the
     backend and the frame kind. Sets ``args.texts``, ``args.decoder_name`` and ``args.batch_size``. Returns the
@@ -93,12 +122,13 @@ def check_args(args) -> list[tuple[Path, Path]]:
     args.batch_size = 8 if args.batch_size is None else args.batch_size
     if not 1 <= args.batch_size <= MAX_BATCH:
         raise ValueError(f"--batch-size must be in 1..{MAX_BATCH}, got {args.batch_size}")
+    check_stream_args(args)
     out = Path(args.out)
-    if out.suffix.lower() not in AUDIO_SUFFIXES:
+    if args.out != "-" and out.suffix.lower() not in AUDIO_SUFFIXES:
         raise ValueError(f"--out {out} must end in {', '.join(AUDIO_SUFFIXES)} (the audio file; the codes go to "
                          f"{out.with_suffix('.npy').name} beside it)")
-    pairs = output_paths(out, len(args.texts))
-    files = [f for pair in pairs for f in pair]
+    pairs = [(None, None)] if args.out == "-" else output_paths(out, len(args.texts))  # standard output: no files
+    files = [f for pair in pairs for f in pair if f is not None]
     if args.json and Path(args.json).resolve() in {f.resolve() for f in files}:
         raise ValueError(f"--json {args.json} is an audio or codes file of --out: give it its own name")
     check_outputs([(f, "--out" if f.suffix != ".npy" else "--out (its codes file)") for f in files]
@@ -144,6 +174,10 @@ def check_against_model(args, facts) -> str | None:
     """
     if facts is None:
         return check_files(args.decoder_name, args.model)
+    if args.stream and facts.kind in ("tiny-random", "random-size"):
+        raise ValueError(f"--stream turns codes into audio as they come, and {args.model} has no codec (random "
+                         "weights: codes only): drop --stream, or use a model with a codec (embedded, a checkpoint); "
+                         "rvqspec bench pipeline times the real-size pipeline")
     if args.language.lower() != "auto" and args.language.lower() not in facts.languages:
         raise ValueError(f"unsupported language {args.language!r}: use 'auto' or one of {', '.join(facts.languages)}")
     if args.speaker is not None and args.speaker.lower() not in facts.speakers:
@@ -261,6 +295,9 @@ def run(args, threads: int) -> int:
 
     generator = torch.Generator().manual_seed(args.seed)
     talker = NativeTalker(lm) if args.talker == "native" else None  # its KV cache is sized per batch by frames()
+    if args.stream:
+        return run_stream(args, lm, runner, talker, generator, talker_sampling, dict(
+            started=started, startup_s=startup_s, load_s=load_s, choose_s=choose_s, notes=notes, threads=threads))
     batch = args.batch_size if len(texts) > 1 else 1
     rows: list[dict] = []
     talker_calls, talker_s, inner_s = 0, 0.0, 0.0
@@ -345,4 +382,63 @@ def run(args, threads: int) -> int:
               "text(s): no audio for them)")
     else:
         print(f"wrote {written}")
+    return 0
+
+
+def _write_stream(stream, sink, sample_rate: int) -> bool:
+    """Write every chunk of ``stream`` to ``sink`` (a path or standard output's buffer) as it comes; returns False
+    when the reader of a pipe closed it (the stream is stopped, nothing raised)."""
+    try:
+        with WavWriter(sink, sample_rate) as wav:
+            for chunk in stream:
+                wav.write(chunk.audio.numpy())
+        return True
+    except BrokenPipeError:
+        # the reader is gone: nothing more can be written, and Python must not fail flushing stdout at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return False
+    finally:
+        stream.close()
+
+
+def run_stream(args, lm, runner, talker, generator, talker_sampling, ctx: dict) -> int:
+    """``synth --stream``: :func:`rvqspec_lib.models.streaming.synthesize_stream` written as it comes
+    (:class:`rvqspec_lib.models.audio.WavWriter`: a file that is a valid WAV at every moment, or standard output),
+    then the codes and ``--json`` atomically. The report line goes to standard error when the audio goes to standard
+    output. Returns the exit status (0, also when the reader of standard output closed it early: said in a note).
+    """
+    to_stdout = args.out == "-"
+    codec = codec_stream_for(lm, chunk_frames=args.chunk_frames, table=args.codes_to_audio == "table")
+    stream = synthesize_stream(lm, args.texts[0], runner=runner, talker=talker, codec_stream=codec,
+                               chunk_frames=args.chunk_frames, generator=generator, max_frames=args.max_frames,
+                               language=args.language, speaker=args.speaker, talker_sampling=talker_sampling)
+    complete = _write_stream(stream, sys.stdout.buffer if to_stdout else Path(args.out), codec.sample_rate)
+    s = stream.summary()
+    if not complete:
+        note(f"the reader of standard output closed it after {s['audio_s']:.2f} s of audio: stopped")
+        return 0
+    codes = stream.codes(0)
+    targets = ([] if to_stdout else [Path(args.out).with_suffix(".npy")]) + ([Path(args.json)] if args.json else [])
+    total_s = time.perf_counter() - ctx["started"]
+    stats = {"model": args.model, "random_weights": lm.is_random, "decoder_name": args.decoder_name.text,
+             **B.runner_fields(runner), "seed": args.seed, "greedy": args.greedy, "dtype": args.dtype,
+             "talker": args.talker, "threads": ctx["threads"], "stream": True, "out": args.out,
+             **{k: ctx[k] for k in ("startup_s", "load_s", "choose_s")}, "total_s": total_s,
+             **{k: v for k, v in s.items() if k not in ("cpu_s", "replay")}, "thread_cpu_s": s["cpu_s"],
+             "notes": ctx["notes"], "text": args.texts[0], "codes": codes.tolist()}
+    with atomic_outputs(targets) as temps:
+        tmp = dict(zip(targets, temps))
+        if not to_stdout:
+            np.save(tmp[targets[0]], codes.numpy().astype(np.int64))  # (frames, n_code_groups)
+        if args.json:
+            tmp[Path(args.json)].write_text(json.dumps(stats, indent=1) + "\n")
+    report = sys.stderr if to_stdout else sys.stdout
+    print(f"{s['frames']} frames ({s['audio_s']:.2f} s of audio) streamed in chunks of {args.chunk_frames} frame(s) "
+          f"({B.runner_label(B.runner_fields(runner))}) | time to first audio {s['ttfa_ms']:.0f} ms after the prompt "
+          f"({s['ttfa_call_ms']:.0f} ms from the start of synthesis) | RTF {s['rtf']:.2f} | {s['underruns']} "
+          f"underrun(s) ({s['stall_ms']:.0f} ms waited) | startup {ctx['startup_s']:.2f} s, load {ctx['load_s']:.2f} "
+          f"s, total {total_s:.2f} s | {threads_text(s['threads'])} per side, generation and decoding overlapped",
+          file=report)
+    print(f"wrote {', '.join([args.out if not to_stdout else 'standard output'] + [str(t) for t in targets])}",
+          file=report)
     return 0

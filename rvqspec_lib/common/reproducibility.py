@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 #: the notebooks that measure time (each runs alone in `make paper`: the Makefile's TIMING_NB)
-TIMING_NOTEBOOKS = ("01", "03", "05")
+TIMING_NOTEBOOKS = ("01", "03", "05", "06")
 #: marks a table whose every column may differ between runs (its rows are chosen by timings)
 ALL = ("*",)
 
@@ -55,6 +55,15 @@ TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
     "05_paper_export": ("export_s",),
     "05_bench_table": ALL,
     "05_coreml_calls": ALL,  # Core ML call times (macOS only)
+    # 06: export times, frame times and verify costs for Figure 4, the whole frame streamed (rows chosen by timings)
+    "06_exported_graphs": ("export_s",),
+    "06_frame_times": _FRAME_TIMES,
+    "06_verify_cost": _CALL_TIMES,
+    "06_speedup_vs_n": ("*measured*", "*PROJECTION*"),
+    "06_coreml_calls": ALL,
+    "06_pipeline": ALL,  # the best speculative decoder is the fastest one; every part is a timing
+    "06_pipeline_streams": ALL,
+    "06_pipeline_concurrency": ALL,
     # make paper's own record of how long each notebook took
     "paper_run": ALL,
 }
@@ -65,7 +74,7 @@ TIMING_JSON_KEYS = frozenset({"provenance", "created_utc", "wall_s", "timings_s"
 #: Result JSON files of the timing notebooks that mix timings into every part (their numbers are in the tables
 #: above, compared there): not compared as JSON.
 TIMING_JSON_FILES = frozenset({"01_bench.json", "01_metrics.json", "03_metrics.json", "03_bench_table.json",
-                               "05_metrics.json", "05_bench_table.json"})
+                               "05_metrics.json", "05_bench_table.json", "06_metrics.json", "06_pipeline.json"})
 
 SIDECAR_SUFFIX = ".provenance.json"
 

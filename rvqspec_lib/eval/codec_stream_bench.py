@@ -13,14 +13,14 @@ What is measured, per precision (float32; bfloat16 where the CPU has AVX512-BF16
   attention by ``torch.utils.flop_counter.FlopCounterMode``; peak = the best rate oneDNN reaches on the decoder's own
   convolution and matmul shapes with their weights in cache, :func:`peak_gflops`), and the roofline floor that adds
   the weights a chunk must read from memory: per matmul layer ``max(FLOPs / peak, weight bytes / read bandwidth)``,
-  summed (:func:`stage_roofline_ms`; read bandwidth: the best pass of :func:`rvqspec_lib.eval.floor.read_bandwidth`,
+  summed (:func:`stage_roofline_ms`; read bandwidth: the best pass of :func:`rvqspec_lib.eval.timing.read_bandwidth`,
   since on a shared machine its median measures the other processes' traffic too). A stream of chunks of n frames
   reads every weight of the decoder once per chunk (114 M parameters, 457 MB in float32, against a 32 MiB last-level
   cache), so at small n the roofline floor, not the arithmetic one, is what an implementation can approach.
 
 Every timing is a median over repeated chunks of the thread's CPU time (and of the wall clock, beside it), at one
 torch thread unless told otherwise, with the share of the CPU that other processes used meanwhile
-(:func:`rvqspec_lib.eval.bench.other_cpu_fraction`); the real-size decoder has RANDOM weights
+(:class:`rvqspec_lib.eval.timing.LoadMonitor`); the real-size decoder has RANDOM weights
 (:func:`rvqspec_lib.models.configs.build_codec_decoder`): timing only.
 """
 
@@ -35,10 +35,10 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from rvqspec_lib.eval.bench import _cpu_snapshot, cpu_oversubscribed, other_cpu_fraction
-from rvqspec_lib.eval.floor import read_bandwidth
+from rvqspec_lib.common.machine import cpu_flags
+from rvqspec_lib.eval.timing import LoadMonitor, cpu_oversubscribed, read_bandwidth
 from rvqspec_lib.models.configs import build_codec_decoder
-from rvqspec_lib.models.precision import cpu_flags, native_precisions
+from rvqspec_lib.models.precision import native_precisions
 from rvqspec_lib.models.streaming_codec import StreamingCodecDecoder
 
 #: Chunk sizes of the table (frames of 80 ms).
@@ -111,6 +111,13 @@ def stage_layers(decoder) -> dict[str, list[tuple[str, nn.Module, int]]]:
         out[f"block{i}"] = layers
     out["conv_out"] = [("conv_out", d.decoder[-1].conv, spf)]
     return out
+
+
+def matmul_flops_per_frame(decoder) -> float:
+    """FLOPs of one frame through the decoder's matmul layers (convolutions, transposed convolutions, linear layers:
+    ``2 x weight elements x samples`` each, from :func:`stage_layers`), counted from the shapes without running
+    anything; attention and the elementwise layers (about one percent, :func:`stage_flops`) are left out."""
+    return float(sum(2 * m.weight.numel() * spf for layers in stage_layers(decoder).values() for _, m, spf in layers))
 
 
 def stage_weight_bytes(decoder, chunk_frames: int = 1) -> dict[str, int]:
@@ -245,7 +252,7 @@ def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repea
     with torch.no_grad():
         for i in range(0, WARMUP_FRAMES, chunk_frames):
             dec.push(codes[..., i:i + chunk_frames])
-        before = _cpu_snapshot()
+        load = LoadMonitor().__enter__()
         for r in range(repeats):
             i = WARMUP_FRAMES + r * chunk_frames
             h = codes[..., i:i + chunk_frames]
@@ -256,11 +263,11 @@ def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repea
                 per_stage[name].append((time.thread_time() - t0) * 1e3 / chunk_frames)
             cpu.append((time.thread_time() - c0) * 1e3 / chunk_frames)
             wall.append((time.perf_counter() - w0) * 1e3 / chunk_frames)
-        after = _cpu_snapshot()
+        load.__exit__()
     return {"ms_per_frame": statistics.median(cpu), "min_ms_per_frame": min(cpu),
             "wall_ms_per_frame": statistics.median(wall),
             "stages_ms_per_frame": {k: statistics.median(v) for k, v in per_stage.items()},
-            "other_cpu_frac": other_cpu_fraction(before, after)}
+            "other_cpu_frac": load.other_cpu_frac}
 
 
 def time_chunked_decode(decoder, chunk_frames: int, *, left_context: int = LEFT_CONTEXT, repeats: int = 3) -> dict:
@@ -275,15 +282,15 @@ def time_chunked_decode(decoder, chunk_frames: int, *, left_context: int = LEFT_
     cpu, wall = [], []
     with torch.no_grad():
         decoder(codes)
-        before = _cpu_snapshot()
+        load = LoadMonitor().__enter__()
         for _ in range(repeats):
             w0, c0 = time.perf_counter(), time.thread_time()
             decoder(codes)
             cpu.append((time.thread_time() - c0) * 1e3 / chunk_frames)
             wall.append((time.perf_counter() - w0) * 1e3 / chunk_frames)
-        after = _cpu_snapshot()
+        load.__exit__()
     return {"ms_per_frame": statistics.median(cpu), "wall_ms_per_frame": statistics.median(wall),
-            "other_cpu_frac": other_cpu_fraction(before, after)}
+            "other_cpu_frac": load.other_cpu_frac}
 
 
 def fidelity(decoder, *, frames: int = 100, chunk_frames: int = 4, left_context: int = LEFT_CONTEXT,

@@ -10,8 +10,10 @@
   its ancestor matrix as the verify call's attention mask. :data:`RULE_COLORS`: one colour for p, q, residual.
 * :func:`oversubscribed_note` -- the label a timing figure or table carries when the CPU was oversubscribed.
 * :func:`plot_spectrograms` -- log-mel spectrograms on one colour scale (notebook 00: the codec with k codebooks).
-* :func:`plot_speedup_vs_n` -- the paper's Figure 4 here: speedup over AR by node budget N, measured and projected
-  per backend, beside the paper's device numbers (:data:`PAPER_DEVICE_SPEEDUPS`, quoted).
+* :func:`plot_speedup_vs_n` -- the paper's Figure 4 here: speedup over AR by node budget N, measured, projected and
+  the paper's device numbers (:data:`PAPER_DEVICE_SPEEDUPS`, quoted) in three panels apart.
+* :func:`plot_frame_parts`, :func:`plot_audio_vs_wall` -- the whole frame (notebook 06): the parts of a frame against
+  their floors and the real-time budget (the paper's Figure 1 tested), and audio produced against wall time.
 """
 
 from __future__ import annotations
@@ -495,42 +497,133 @@ def plot_ancestor_mask(ax, tree, *, title: str = "") -> None:
     ax.set_ylabel("query node being verified (row)")
     ax.set_title(title, fontsize=9)
 def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), *, fused: Sequence[dict] = (),
-                      paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, title: str = "", figsize=(7.5, 4.2)):
-    """The paper's Figure 4 here: speedup over AR of the same backend against the node budget N.
+                      paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, measured_title: str = "measured here",
+                      projected_title: str = "PROJECTION", title: str = "", figsize=(12.0, 4.2)):
+    """The paper's Figure 4 here, three panels side by side on one y axis, so that what was measured, what is
+    projected and what is quoted never share a panel: speedup over AR of the same backend against the node budget N.
 
     Args:
-        measured: :func:`rvqspec_lib.eval.speed.speedup_vs_n` rows (solid lines, one per backend and precision).
-        projected: :func:`rvqspec_lib.eval.speed.projected_speedup` rows (dashed; a PROJECTION, labelled so).
-        fused: :func:`rvqspec_lib.eval.speed.summary_by_backend` rows (the fused AR frame's speedup over AR as a
-            dotted horizontal line per backend). paper: the paper's device numbers (black markers, labelled as the
-            paper's). title: the figure title (device, dtype, threads, weights).
+        measured: :func:`rvqspec_lib.eval.speed.speedup_vs_n` rows (left: one line per backend and precision; a
+            filled marker where the best decoder of that N is a point-mass tree or a chain, an open one where it is a
+            sampled tree, as its ``decoder`` label says). measured_title: what and where (model, machine).
+        projected: :func:`rvqspec_lib.eval.speed.projected_speedup` rows (middle, dashed; a PROJECTION).
+            projected_title: its inputs.
+        fused: :func:`rvqspec_lib.eval.speed.summary_by_backend` rows (left: the fused AR frame's speedup over AR,
+            dotted). paper: the paper's device numbers (right: quoted, Core ML, point-mass trees). title: above all.
 
     Returns:
         the matplotlib ``Figure`` (not shown, not closed).
     """
     import matplotlib.pyplot as plt  # as every figure here: the library imports matplotlib only to draw
 
-    fig, ax = plt.subplots(figsize=figsize)
+    fig, axes = plt.subplots(1, 3, figsize=figsize, sharey=True)
     colors = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r["backend"] for r in [*measured, *projected]))}
+    ax = axes[0]
     for key in dict.fromkeys((r["backend"], r.get("precision")) for r in measured):
         rs = sorted((r for r in measured if (r["backend"], r.get("precision")) == key), key=lambda r: r["nodes"])
-        ax.plot([r["nodes"] for r in rs], [r["speedup_vs_ar"] for r in rs], "o-", color=colors[key[0]],
-                label=f"{' '.join(filter(None, key))}: measured frames")
-    for b in dict.fromkeys(r["backend"] for r in projected):
-        rs = sorted((r for r in projected if r["backend"] == b), key=lambda r: r["nodes"])
-        ax.plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], "s--", color=colors[b], alpha=0.7,
-                label=f"{b}: PROJECTION E(N) t(1)/t(N)")
+        ax.plot([r["nodes"] for r in rs], [r["speedup_vs_ar"] for r in rs], "-", color=colors[key[0]],
+                label=" ".join(filter(None, key)))
+        for r in rs:
+            sampled = bool(parse_decoder_name(r["decoder"]).fields().get("sampled"))
+            ax.plot([r["nodes"]], [r["speedup_vs_ar"]], "o", color=colors[key[0]], mfc="white" if sampled else None)
     for r in fused:
         if r.get("fused_speedup_vs_ar"):
             ax.axhline(r["fused_speedup_vs_ar"], color=colors.get(r["backend"], "grey"), ls=":", lw=1,
                        label=f"{r['backend']}: fused AR frame")
+    ax.plot([], [], "o", color="grey", label="point-mass tree or chain")
+    ax.plot([], [], "o", color="grey", mfc="white", label="sampled tree")
+    ax.set_title(measured_title, fontsize=8)
+    ax.set_ylabel("speedup over AR (same backend)")
+    ax = axes[1]
+    for b in dict.fromkeys(r["backend"] for r in projected):
+        rs = sorted((r for r in projected if r["backend"] == b), key=lambda r: r["nodes"])
+        ax.plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], "s--", color=colors[b], label=b)
+    ax.set_title(projected_title, fontsize=8)
+    ax = axes[2]
     for i, p in enumerate(paper):
         ax.plot([p["nodes"]], [p["speedup"]], marker="*^vD"[i % 4], color="k", ls="none", ms=9, label=p["device"])
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("node budget N (query positions of one verify call)")
-    ax.set_ylabel("speedup over AR (same backend)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="best", ncol=2)
+    ax.set_title("the paper's devices (QUOTED; Core ML, point-mass trees)", fontsize=8)
+    for ax in axes:
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("node budget N (query positions of one verify call)")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+#: One colour per part of a frame (:func:`plot_frame_parts`).
+PART_COLORS = {"talker": "#8c564b", "inner": "#1f77b4", "codec": "#2ca02c"}
+
+
+def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str = "", figsize=None):
+    """The paper's Figure 1 tested: per row of :func:`rvqspec_lib.eval.pipeline.pipeline_table` (model, precision,
+    decoder), the milliseconds of a frame spent in the talker step, the inner loop and the codec decoder (a stacked
+    bar: the frame on one thread), their floors (a thin stacked bar under it), the frame on all cores (a diamond:
+    ``max(talker + inner, codec)``) and the real-time budget of a frame (the vertical line).
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    rows = list(rows)
+    fig, ax = plt.subplots(figsize=figsize or (9.0, 0.45 * len(rows) + 1.6))
+    names = {"talker": "talker step", "inner": "inner loop (codes 1..15)", "codec": "codec decoder"}
+    for i, r in enumerate(rows):
+        y, left, fleft = len(rows) - 1 - i, 0.0, 0.0
+        for p in ("talker", "inner", "codec"):
+            ax.barh(y + 0.1, r[f"{p}_ms"], left=left, height=0.5, color=PART_COLORS[p],
+                    label=names[p] if i == 0 else None)
+            fl = r.get(f"{p}_floor_ms") or 0.0
+            ax.barh(y - 0.28, fl, left=fleft, height=0.14, color=PART_COLORS[p], alpha=0.45,
+                    label="floors (bytes / bandwidth; FLOPs / peak)" if i == 0 and p == "talker" else None)
+            left, fleft = left + r[f"{p}_ms"], fleft + fl
+        ax.plot([r["frame_2c_ms"]], [y + 0.1], "D", color="k", ms=5, label="frame on all cores" if i == 0 else None)
+        ax.text(left + 1, y + 0.1, f"RTF {r['rtf_1t']:.2f} / {r['rtf_2c']:.2f}", va="center", fontsize=7)
+    ax.axvline(frame_ms, color="r", ls="--", lw=1, label=f"real time: one frame of audio = {frame_ms:.0f} ms")
+    ax.set_yticks(range(len(rows)), [f"{r['model']} {r['precision']} {r['decoder']}" for r in reversed(rows)],
+                  fontsize=7)
+    ax.set_xlabel("milliseconds per frame (80 ms of audio): one thread, in turn")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.0, 4.0)):
+    """Audio produced against wall time, one panel per layout (one thread, all cores), one curve per stream of
+    :func:`rvqspec_lib.eval.pipeline.time_streams` (its ``chunks``): solid, the seconds of audio ready; thin dashed,
+    real time from the first chunk (a player started then: while the solid curve stays above, nothing waits); red
+    crosses, underruns (a chunk ready after the player ran out).
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    layouts = list(dict.fromkeys(s["layout"] for s in streams))
+    fig, axes = plt.subplots(1, max(1, len(layouts)), figsize=figsize, sharey=True, squeeze=False)
+    for ax, layout in zip(axes[0], layouts):
+        marked = False
+        for s in (s for s in streams if s["layout"] == layout and s["chunks"]):
+            color, ch, sr = decoder_color(s), s["chunks"], float(s.get("sample_rate", 24000))
+            t = [c["t_ready_s"] for c in ch]
+            done = [sum(c["samples"] for c in ch[:k + 1]) / sr for k in range(len(ch))]
+            ax.step([0.0, *t], [0.0, *done], where="post", color=color, label=f"{s['row']}: {s['decoder']}")
+            ax.plot([t[0], t[0] + done[-1]], [0.0, done[-1]], "--", color=color, lw=0.8)
+            late = [k for k, c in enumerate(ch) if c["late_ms"] > 0]
+            ax.plot([t[k] for k in late], [done[k - 1] if k else 0.0 for k in late], "x", color="r", ms=6,
+                    label="underrun" if late and not marked else None)
+            marked = marked or bool(late)
+        ax.set_title(f"{layout}", fontsize=8)
+        ax.set_xlabel("wall time since the call (s)")
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0][0].set_ylabel("audio ready (s)")
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig

@@ -1,10 +1,13 @@
-"""Audio at the codec's geometry (24 kHz, 1920 samples = one 80 ms frame): checking, loading, resampling."""
+"""Audio at the codec's geometry: the 12 Hz interface (24 kHz, 1920 samples = one 80 ms frame), loading and resampling;
+a WAV written chunk by chunk as a stream makes it (:class:`WavWriter`).
+"""
 
 from __future__ import annotations
 
 import io
 import math
 import os
+import struct
 from pathlib import Path
 
 import librosa  # a lazy loader: its submodules load on first use
@@ -88,3 +91,77 @@ def _decode_audio(item) -> tuple[np.ndarray, int]:
     if wav.ndim == 2:  # (samples, channels)
         wav = wav.mean(axis=1)
     return wav, sr
+
+
+#: Bytes of the header :class:`WavWriter` writes: RIFF, a 16-byte ``fmt`` chunk, the ``data`` chunk's header.
+WAV_HEADER_BYTES = 44
+#: The sizes a WAV of unknown length carries (a pipe: the header cannot be rewritten), as streaming writers do.
+UNKNOWN_SIZE = 0xFFFFFFFF
+
+
+class WavWriter:
+    """A mono 16-bit PCM WAV written chunk by chunk (docs/streaming.md), a context manager.
+
+    * To a file (a path, or any seekable binary file): after every chunk the samples are written first, then the
+      header's two sizes are rewritten, then the file is flushed; so the file so far is always a valid WAV holding
+      every chunk written, also when the process stops (Ctrl-C) between two chunks or inside one (the header then
+      still describes the chunks before it; trailing bytes past the ``data`` chunk are ignored by readers).
+    * To a pipe (e.g. ``sys.stdout.buffer``; not seekable): the header carries :data:`UNKNOWN_SIZE` as its sizes and
+      the samples follow as they come, so ``rvqspec synth --stream --out - | aplay`` plays while it is written.
+
+    Samples are float in [-1, 1] (clipped there: a stream cannot scale by a peak it has not seen yet), stored as
+    ``round(x * 32767)``.
+
+    Args:
+        target: a path (created or truncated) or a binary file object (not closed here). sample_rate: Hz.
+
+    Attributes:
+        samples: samples written so far. seekable: whether the header is rewritten.
+    """
+
+    def __init__(self, target, sample_rate: int):
+        self._own = isinstance(target, (str, os.PathLike))
+        self.f = open(target, "wb") if self._own else target
+        try:
+            self.seekable = bool(self.f.seekable())
+        except (AttributeError, OSError):
+            self.seekable = False
+        self.sample_rate, self.samples = int(sample_rate), 0
+        self.f.write(self._header(0 if self.seekable else None))
+        self.f.flush()
+
+    def _header(self, data_bytes: int | None) -> bytes:
+        riff = UNKNOWN_SIZE if data_bytes is None else 36 + data_bytes
+        data = UNKNOWN_SIZE if data_bytes is None else data_bytes
+        return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, self.sample_rate,
+                                                                            2 * self.sample_rate, 2, 16)
+                + b"data" + struct.pack("<I", data))
+
+    def write(self, audio) -> None:
+        """Append ``audio`` (``(samples,)`` float, a tensor or an array) and make the file valid with it."""
+        x = np.clip(np.asarray(audio, dtype=np.float32).reshape(-1), -1.0, 1.0)
+        self.f.write(np.round(x * 32767.0).astype("<i2").tobytes())
+        self.samples += x.size
+        if self.seekable:  # the samples are in; now the sizes that make them part of the file
+            n = 2 * self.samples
+            self.f.seek(4)
+            self.f.write(struct.pack("<I", 36 + n))
+            self.f.seek(40)
+            self.f.write(struct.pack("<I", n))
+            self.f.seek(0, os.SEEK_END)
+        self.f.flush()
+
+    def close(self) -> None:
+        """Flush, and close a file this writer opened."""
+        try:
+            self.f.flush()
+        finally:
+            if self._own:
+                self.f.close()
+
+    def __enter__(self) -> "WavWriter":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False

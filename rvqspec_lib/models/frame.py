@@ -173,6 +173,8 @@ class Frame:
         calls: ``(B,)`` int64 inner-loop calls of each row (the prefill included).
         talker_s: seconds of the talker call that gave this frame's code 0 (frame 0: the prompt and its prefill too).
         inner_s: seconds of the inner loop (codes 1..15).
+        prompt_s: frame 0 only (0.0 after): seconds from the :func:`frames` call to the end of the talker's prefill,
+            the prompt built and processed (a stream's time to first audio counts from there).
     """
 
     index: int
@@ -181,6 +183,7 @@ class Frame:
     calls: torch.Tensor
     talker_s: float
     inner_s: float
+    prompt_s: float = 0.0
 
 
 def inner_sampling(lm: LoadedModel, greedy: bool = False) -> Sampling:
@@ -238,6 +241,7 @@ def _frame_loop(lm, prompt: Prompt, runner, talker_sampling: Sampling, rp: float
     eos = int(tcfg.codec_eos_token_id)
     procs = code0_processors(tcfg, repetition_penalty=rp)
     hidden, logits = talker.start(prompt.inputs_embeds, prompt.attention_mask)
+    prompt_s = time.perf_counter() - t0
     b, dev = logits.shape[0], logits.device
     history = torch.zeros(b, 0, dtype=torch.long, device=dev)
     active = torch.ones(b, dtype=torch.bool, device=dev)
@@ -259,7 +263,7 @@ def _frame_loop(lm, prompt: Prompt, runner, talker_sampling: Sampling, rp: float
         inner = res.codes.to(dev)  # (B, n_codes)
         inner_s = time.perf_counter() - t1
         yield Frame(t, torch.cat([code0[:, None], inner], 1), active.cpu(),
-                    torch.where(active.cpu(), res.calls.cpu(), 0), talker_s, inner_s)
+                    torch.where(active.cpu(), res.calls.cpu(), 0), talker_s, inner_s, prompt_s if t == 0 else 0.0)
         if t == max_frames - 1:
             return
         # next talker step: the sum of the 16 code embeddings + the text track

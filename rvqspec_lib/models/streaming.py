@@ -1,0 +1,357 @@
+"""Streaming synthesis: audio chunk by chunk while the frames are made (docs/streaming.md).
+
+:func:`synthesize_stream` runs the frame loop (:func:`rvqspec_lib.models.frame.frames`: talker step -> code 0 -> the
+inner loop's codes 1..15 -> their embeddings fed back, one frame at a time) and pushes every ``chunk_frames`` frames to
+a streaming codec decoder (:func:`rvqspec_lib.models.streaming_codec.streaming_decoder`: the official 12 Hz decoder
+exactly, the embedded model's codec with its stated look-ahead), yielding each chunk of audio (:class:`AudioChunk`) as
+soon as it is decoded.
+
+**What runs where.** ``overlap=False``: everything in the calling thread, in turn: a chunk's frames are generated,
+then decoded, then yielded. ``overlap=True``: a second thread (``rvqspec-generate``) runs the frame loop (the talker
+step, code-0 sampling, the inner loop, the embedding sum fed back) and hands each frame's codes over a queue; the
+calling thread decodes the chunks and yields them. So frame t+1 is generated while frame t is decoded, and on two
+cores a frame costs max(generation, decoding) instead of their sum. Both threads spend their time in torch operators,
+oneDNN primitives and the project's C kernels (called through ctypes), which release the GIL; the Python between them
+holds it briefly. Each thread runs its torch operators on ``max(1, n // 2)`` intra-op threads (``n``: torch's thread
+count when the stream starts, restored when it ends; OpenMP's count is per calling thread), so that on two cores with
+one thread each, the command line's default, each side has a core of its own and neither spin-waits on the other's.
+Whether it really overlapped is measured: :meth:`AudioStream.summary`'s ``overlap`` is the busy time of both sides
+over the wall time (above 1: they ran at the same time).
+
+**Playback.** A chunk's ``t_ready_s`` is when its audio was ready, counted from the call. A player is assumed to start
+the first chunk as soon as it is ready, to play the chunks back to back, and to wait when the next one is not ready
+yet: that wait is an **underrun** (the chunk's ``late_ms``), and it delays every later chunk (:func:`playback`).
+
+**Batches.** A list of texts is a batch of independent streams: one talker step and one inner-loop call per round for
+all rows (the weights read once for all of them), one codec push of ``(B, 16, n)``; ``AudioChunk.audio`` is then
+``(B, samples)``, and a row that ended before the others is silent from its end on (its codes are replaced by code 0
+for the codec, which needs valid codes; with a look-ahead codec its last frames are decoded before those placeholder
+codes instead of being cut at its end).
+
+A timing replay's frames (:mod:`rvqspec_lib.eval.replay`) have codes -1 and cannot be streamed as they are;
+:mod:`rvqspec_lib.eval.pipeline` times them with placeholder codes and discards the audio (``summary()["replay"]``).
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from rvqspec_lib.models.frame import Frame, frames
+from rvqspec_lib.models.rvq_codec import RVQCodec
+from rvqspec_lib.models.streaming_codec import streaming_decoder
+
+#: Name of the thread that generates frames when a stream overlaps.
+GENERATE_THREAD = "rvqspec-generate"
+
+
+@dataclass
+class AudioChunk:
+    """One chunk of a stream's audio, as :class:`AudioStream` yields it.
+
+    Attributes:
+        index: the chunk's number (0-based; chunks without audio, while a look-ahead codec waits, are not yielded).
+        audio: ``(samples,)`` float32 at ``sample_rate`` (one text), or ``(B, samples)`` (a batch of texts); a whole
+            number of codec frames (1920 samples = 80 ms at 24 kHz).
+        frames: the codec frames whose audio this is (``range(first, last + 1)``).
+        t_ready_s: seconds from the :func:`synthesize_stream` call until this audio was ready.
+        t_play_s: when the player of :func:`playback` starts it (seconds from the call).
+        late_ms: how long that player waited for it (0.0: ready in time; above 0: an underrun).
+        sample_rate: Hz.
+    """
+
+    index: int
+    audio: torch.Tensor
+    frames: range
+    t_ready_s: float
+    t_play_s: float
+    late_ms: float
+    sample_rate: int
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds of audio in the chunk."""
+        return self.audio.shape[-1] / self.sample_rate
+
+
+def playback(t_ready_s: Sequence[float], duration_s: Sequence[float]) -> list[tuple[float, float]]:
+    """When each chunk plays, for a player that starts the first chunk as soon as it is ready, plays chunks back to
+    back, and waits for a chunk not ready when the previous one ends (an underrun, which delays all later chunks).
+
+    Args:
+        t_ready_s: when each chunk was ready (seconds, any origin, non-decreasing). duration_s: each chunk's length.
+
+    Returns:
+        ``[(start_s, late_s)]`` per chunk: when it starts playing and how long the player waited for it (0.0 for the
+        first chunk and for chunks ready in time).
+
+    Raises:
+        ValueError: lists of different lengths.
+    """
+    if len(t_ready_s) != len(duration_s):
+        raise ValueError(f"{len(t_ready_s)} ready times for {len(duration_s)} durations: give one of each per chunk")
+    out, end = [], None
+    for ready, dur in zip(t_ready_s, duration_s):
+        late = 0.0 if end is None else max(0.0, ready - end)
+        start = ready if end is None else max(ready, end)
+        out.append((start, late))
+        end = start + dur
+    return out
+
+
+def codec_stream_for(lm, *, batch_size: int = 1, chunk_frames: int = 1, table: bool = False):
+    """The streaming decoder of a loaded model's own codec (:func:`~rvqspec_lib.models.streaming_codec.
+    streaming_decoder`): the official 12 Hz decoder with its weights laid out for chunks of ``chunk_frames`` frames,
+    or the embedded model's codec (``table``: its table decoder instead of the neural code decoder beside it).
+
+    Raises:
+        ValueError: the model has no codec (random-weight models: codes only), in one line naming the fix.
+    """
+    tok = lm.speech_tokenizer
+    if tok is None:
+        raise ValueError(f"{lm.name} has no codec to turn codes into audio (random weights: codes only): pass "
+                         "codec_stream= (e.g. StreamingCodecDecoder(build_codec_decoder('released'))), or use a "
+                         "model with a codec")
+    codec = getattr(tok, "codec", tok)
+    if isinstance(codec, RVQCodec):
+        return streaming_decoder(codec.with_decoder(None) if table else codec, batch_size)
+    return streaming_decoder(tok, batch_size, chunk_frames_hint=int(chunk_frames))
+
+
+class _Failed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_END = object()
+
+
+class AudioStream:
+    """A stream of audio chunks (:func:`synthesize_stream` makes it; iterate it once). The prompt is built, and the
+    arguments checked, when it is made; frames and audio are made while it is iterated.
+
+    Attributes:
+        chunks: a record of every chunk yielded so far (``index``, ``first_frame``, ``n_frames``, ``samples``,
+            ``t_ready_s``, ``t_play_s``, ``late_ms``, ``decode_ms``, ``flush``: it came from the codec's flush): the
+            audio itself is only yielded.
+        frames_made: frames generated so far. sample_rate, chunk_frames, overlap, batch: as given.
+    """
+
+    def __init__(self, lm, texts, *, runner, talker, codec_stream, chunk_frames: int, generator, max_frames: int,
+                 overlap: bool, **frame_kw):
+        self.t_call = time.perf_counter()
+        if not isinstance(chunk_frames, int) or isinstance(chunk_frames, bool) or chunk_frames < 1 or \
+                chunk_frames > max(1, max_frames):  # max_frames < 1: frames() says so
+            raise ValueError(f"chunk_frames must be a whole number of frames in 1..max_frames ({max_frames}), got "
+                             f"{chunk_frames!r}")
+        self.single = isinstance(texts, str)
+        self.batch = 1 if self.single else len(texts)
+        self.chunk_frames, self.overlap, self.runner = int(chunk_frames), bool(overlap), runner
+        self.codec = codec_stream if codec_stream is not None else codec_stream_for(
+            lm, batch_size=self.batch, chunk_frames=chunk_frames)
+        self.codec.reset(self.batch)
+        self.sample_rate, self.frame_samples = int(self.codec.sample_rate), int(self.codec.frame_samples)
+        self._frames = frames(lm, texts, runner=runner, talker=talker, generator=generator, max_frames=max_frames,
+                              **frame_kw)
+        self.chunks: list[dict] = []
+        self._made: list[Frame] = []  # codes kept; per-frame times
+        self._stop = threading.Event()
+        self._started = False
+        self.emitted = 0
+        self.decode_s = 0.0
+        self.cpu_s = {"generate": 0.0, "decode": 0.0}
+        self.threads = torch.get_num_threads()
+
+    @property
+    def frames_made(self) -> int:
+        return len(self._made)
+
+    # -- the two sides ---------------------------------------------------------------------------------------------
+    def _inline(self) -> Iterator[Frame]:
+        c0 = time.thread_time()
+        try:
+            for f in self._frames:
+                self.cpu_s["generate"] += time.thread_time() - c0
+                yield f
+                c0 = time.thread_time()
+        finally:
+            self.cpu_s["generate"] += time.thread_time() - c0
+
+    def _threaded(self) -> Iterator[Frame]:
+        q: queue.SimpleQueue = queue.SimpleQueue()
+
+        def generate():
+            torch.set_num_threads(self.threads)  # this thread's OpenMP count (module docstring)
+            c0 = time.thread_time()
+            try:
+                for f in self._frames:
+                    q.put(f)
+                    if self._stop.is_set():
+                        break
+                q.put(_END)
+            except BaseException as e:  # handed to the caller's thread, raised there
+                q.put(_Failed(e))
+            finally:
+                self.cpu_s["generate"] = time.thread_time() - c0
+
+        self._worker = threading.Thread(target=generate, name=GENERATE_THREAD, daemon=True)
+        self._worker.start()
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+
+    def _decode(self, got: list[Frame], flush: bool = False) -> Iterator[AudioChunk]:
+        """Push ``got`` (or flush the codec) and yield the chunk of audio that comes out, if any."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        with torch.inference_mode():
+            if flush:
+                wav = self.codec.flush()
+            else:
+                codes = torch.stack([f.codes for f in got], -1)  # (B, G, n)
+                active = torch.stack([f.active for f in got], -1)  # (B, n)
+                wav = self.codec.push(torch.where(active[:, None, :], codes.cpu(), torch.zeros_like(codes.cpu())))
+        wav = wav.float().reshape(self.batch, -1).clone()  # a normal tensor (not an inference one): the caller's
+        self.decode_s += time.perf_counter() - t0
+        self.cpu_s["decode"] += time.thread_time() - c0
+        m = wav.shape[1] // self.frame_samples
+        if m == 0:
+            return
+        first, fs = self.emitted, self.frame_samples
+        self.emitted += m
+        for e in range(first, first + m):  # rows that had ended: silence (module docstring)
+            if e < len(self._made):
+                wav[~self._made[e].active, (e - first) * fs:(e - first + 1) * fs] = 0.0
+            else:  # frames after every row ended (a look-ahead codec's flush): nothing to hear
+                wav[:, (e - first) * fs:] = 0.0
+        ready = time.perf_counter() - self.t_call
+        prev = self.chunks[-1] if self.chunks else None
+        start, late = playback([prev["t_play_s"], ready] if prev else [ready],
+                               [prev["samples"] / self.sample_rate, 0.0] if prev else [0.0])[-1]
+        chunk = AudioChunk(len(self.chunks), wav[0] if self.single else wav, range(first, first + m), ready, start,
+                           late * 1e3, self.sample_rate)
+        self.chunks.append({"index": chunk.index, "first_frame": first, "n_frames": m, "samples": wav.shape[1],
+                            "t_ready_s": ready, "t_play_s": start, "late_ms": late * 1e3,
+                            "decode_ms": (time.perf_counter() - t0) * 1e3, "flush": flush})
+        yield chunk
+
+    def __iter__(self) -> Iterator[AudioChunk]:
+        if self._started:
+            raise RuntimeError("an AudioStream is iterated once: call synthesize_stream again for another")
+        self._started = True
+        outer = torch.get_num_threads()
+        self.threads = max(1, outer // 2) if self.overlap else outer
+        try:
+            torch.set_num_threads(self.threads)
+            pending: list[Frame] = []
+            for f in (self._threaded() if self.overlap else self._inline()):
+                self._made.append(f)
+                pending.append(f)
+                if len(pending) == self.chunk_frames:
+                    yield from self._decode(pending)
+                    pending = []
+            if pending:
+                yield from self._decode(pending)
+            yield from self._decode([], flush=True)
+        finally:
+            self._stop.set()
+            worker = getattr(self, "_worker", None)
+            if worker is not None:
+                worker.join()
+            self._frames.close()
+            torch.set_num_threads(outer)
+
+    def close(self) -> None:
+        """Stop generating (a consumer that stops early: the generating thread ends after its current frame)."""
+        self._stop.set()
+
+    # -- results ---------------------------------------------------------------------------------------------------
+    def codes(self, row: int = 0) -> torch.Tensor:
+        """``(frames, n_code_groups)`` int64 codes of one row's frames while it spoke (code 0, then codes 1..15)."""
+        got = [f.codes[row] for f in self._made if bool(f.active[row])]
+        return torch.stack(got).cpu() if got else torch.zeros(0, 0, dtype=torch.long)
+
+    def summary(self) -> dict:
+        """What the stream measured so far (after the last chunk: the whole stream).
+
+        Returns:
+            ``frames`` (made), ``chunks``, ``chunk_frames``, ``lookahead_frames`` (the codec's), ``audio_s``,
+            ``wall_s`` (call to the last chunk ready), ``prompt_ms`` (call to the end of the talker's prefill),
+            ``ttfa_ms`` (time to first audio after the prompt is processed), ``ttfa_call_ms`` (from the call),
+            ``rtf`` (``wall_s / audio_s``), ``rtf_after_prompt``, ``frame_ms`` (milliseconds a frame of audio took
+            to come out after the first chunk, the flush of a look-ahead codec left out: the steady state),
+            ``underruns`` (chunks with ``late_ms > 0``),
+            ``stall_ms`` (their sum), ``late_ms`` (per chunk), per-frame means ``talker_ms`` (frames after the first:
+            the first one's talker time is the prompt), ``inner_ms``, ``codec_ms`` (push and flush time per frame),
+            ``generate_s`` and ``decode_s`` (busy seconds of each side), ``overlap`` (their sum over ``wall_s``),
+            ``cpu_s`` (thread CPU seconds of each side; per frame ``generate_cpu_ms``, ``decode_cpu_ms``),
+            ``overlapped``, ``threads`` (torch threads per side),
+            ``tokens_per_call``, ``replay`` (a timing replay's words, else ``None``), ``batch``.
+        """
+        ch, made = self.chunks, self._made
+        audio_s = sum(c["samples"] for c in ch) / self.sample_rate
+        prompt_s = made[0].prompt_s if made else float("nan")
+        first = ch[0]["t_ready_s"] if ch else float("nan")
+        wall = ch[-1]["t_ready_s"] if ch else time.perf_counter() - self.t_call
+        late = [c["late_ms"] for c in ch]
+        gen = sum(f.talker_s + f.inner_s for f in made)
+        steady = [c for c in ch[1:] if not c["flush"]]  # a look-ahead codec's flush comes at once: not a period
+        period = (steady[-1]["t_ready_s"] - first) / sum(c["n_frames"] for c in steady) if steady else math.nan
+        codes = sum(int(f.codes.shape[1]) - 1 for f in made) * self.batch
+        calls = sum(int(f.calls.sum()) for f in made)
+        oracle = getattr(self.runner, "acceptance", None)
+        return {"frames": len(made), "chunks": len(ch), "chunk_frames": self.chunk_frames,
+                "lookahead_frames": int(getattr(self.codec, "lookahead_frames", 0)), "batch": self.batch,
+                "audio_s": audio_s, "wall_s": wall, "prompt_ms": prompt_s * 1e3, "ttfa_ms": (first - prompt_s) * 1e3,
+                "ttfa_call_ms": first * 1e3, "rtf": wall / audio_s if audio_s else math.inf,
+                "rtf_after_prompt": (wall - prompt_s) / audio_s if audio_s else math.inf,
+                "frame_ms": period * 1e3,
+                "underruns": sum(x > 0 for x in late), "stall_ms": sum(late), "late_ms": late,
+                "talker_ms": 1e3 * sum(f.talker_s for f in made[1:]) / max(1, len(made) - 1),
+                "inner_ms": 1e3 * sum(f.inner_s for f in made) / max(1, len(made)),
+                "codec_ms": 1e3 * self.decode_s / max(1, len(made)), "generate_s": gen, "decode_s": self.decode_s,
+                "overlap": (gen + self.decode_s) / wall if wall > 0 else math.nan, "cpu_s": dict(self.cpu_s),
+                "generate_cpu_ms": 1e3 * self.cpu_s["generate"] / max(1, len(made)),
+                "decode_cpu_ms": 1e3 * self.cpu_s["decode"] / max(1, len(made)),
+                "overlapped": self.overlap, "threads": self.threads,
+                "tokens_per_call": codes / calls if calls else math.nan,
+                "replay": getattr(oracle, "text", None)}
+
+
+def synthesize_stream(lm, text: str | list[str], *, runner=None, talker=None, codec_stream=None,
+                      chunk_frames: int = 1, generator: torch.Generator | None = None, max_frames: int = 200,
+                      overlap: bool = True, **frame_kw) -> AudioStream:
+    """Speak ``text`` as a stream of audio chunks (module docstring).
+
+    Args:
+        lm: from :func:`rvqspec_lib.models.loader.load_model`. text: one sentence, or a list (a batch of streams).
+        runner: the inner loop, a frame runner of :mod:`rvqspec_lib.models.backends` (default: AR through the
+            official module, as :func:`~rvqspec_lib.models.frame.frames`). talker: as ``frames`` (``None``: the
+            official talker; a :class:`~rvqspec_lib.models.native_talker.NativeTalker` steps it in C).
+        codec_stream: a streaming decoder (``reset``, ``push``, ``flush``, ``sample_rate``, ``frame_samples``;
+            :func:`~rvqspec_lib.models.streaming_codec.streaming_decoder`); default the model's own codec
+            (:func:`codec_stream_for`). It is reset to the batch here.
+        chunk_frames: frames pushed to the codec at once, 1..``max_frames`` (the last chunk may be shorter).
+        generator: the frame loop's explicit RNG (default: unseeded; never the global one). The codes depend on it
+            alone, not on ``chunk_frames`` or ``overlap``.
+        max_frames: frame cap (12.5 frames a second). overlap: generate in a second thread (module docstring).
+        frame_kw: ``language``, ``speaker``, ``talker_sampling``, ``repetition_penalty`` of ``frames``.
+
+    Returns:
+        :class:`AudioStream`: iterate it for :class:`AudioChunk` s; ``summary()`` after (or during).
+
+    Raises:
+        ValueError: ``chunk_frames`` outside 1..``max_frames``; no codec (one line); as ``frames`` (empty text, bad
+            language or speaker, ``max_frames < 1``).
+    """
+    return AudioStream(lm, text, runner=runner, talker=talker, codec_stream=codec_stream, chunk_frames=chunk_frames,
+                       generator=generator, max_frames=max_frames, overlap=overlap, **frame_kw)

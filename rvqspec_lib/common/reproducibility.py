@@ -52,8 +52,8 @@ _CALL_TIMES = ("median_ms", "p10_ms", "p90_ms", "ratio_to_q1")
 #: Per table stem: the columns that are timings or computed from timings (fnmatch patterns). A table that is not
 #: listed has none: every column must be identical between two runs at one seed.
 TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
-    # 02: how long each epoch took
-    "02_training_curves": ("wall_s",),
+    # 03 (drafters, not a timing notebook): how long each epoch took
+    "03_training_curves": ("wall_s",),
     # 01: call latencies, the DRAM floor (measured bandwidth), the companions' timed frames
     "01_latency": ("median_ms", "p10_ms", "p90_ms", "min_ms", "ratio_to_1", "n"),
     "01_floor": ("t1_ms", "t*_over_t1", "floor_ms", "t1_over_floor"),
@@ -82,7 +82,7 @@ TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
     "paper_run": ALL,
 }
 
-#: Keys of result JSON files (``NN_metrics.json``, ``02_acceptance.json``, drafters' and trees' ``.json``) skipped at
+#: Keys of result JSON files (``NN_metrics.json``, ``03_acceptance.json``, drafters' and trees' ``.json``) skipped at
 #: any depth: the provenance record (when, where, the machine's load) and run times.
 TIMING_JSON_KEYS = frozenset({"provenance", "created_utc", "wall_s", "timings_s", "elapsed_s"})
 #: Result JSON files of the timing notebooks that mix timings into every part (their numbers are in the tables
@@ -182,7 +182,7 @@ def compare_json(a: str | Path, b: str | Path, *, roots: tuple[str | Path, str |
     Args:
         a, b: the two files.
         roots: the two runs' folders: a string naming a path inside its run's folder is compared relative to it
-            (``02_metrics.json`` names the drafters it wrote by their paths).
+            (``03_metrics.json`` names the drafters it wrote by their paths).
     Returns:
         One line per difference (at most five per file: the first ones), empty when identical.
     """
@@ -229,7 +229,7 @@ def compare_safetensors(a: str | Path, b: str | Path) -> list[str]:
 def _outputs(folder: Path, figures: bool) -> dict[str, Path]:
     """The comparable outputs of a run folder by relative path: ``*.csv``, result ``*.json`` (not the provenance
     sidecars, not :data:`TIMING_JSON_FILES`) and ``*.safetensors``, and with ``figures`` the ``*.png`` / ``*.pdf``
-    of the notebooks that do not time, in the folder and its result subfolders (``02_drafters/``, ``02_trees/``);
+    of the notebooks that do not time, in the folder and its result subfolders (``03_drafters/``, ``03_trees/``);
     the work folders of rendered audio (``*_work``) and hidden files (make's stamps) are left out."""
     found = {}
     for p in sorted(folder.rglob("*")):

@@ -13,7 +13,7 @@ classes). Then, exactly as with a downloaded ``Qwen3-TTS-12Hz-0.6B-CustomVoice``
   seed differs;
 * ``rvqspec synth --model <folder> --decoder chain`` writes a wav;
 * every notebook runs with ``model=<folder>`` and ``smoke=True`` (what ``make paper MODEL=<folder> SMOKE=1``
-  passes): 01 times the checkpoint, 00 and 02 say they show the embedded model instead; and notebook 02 with
+  passes): 01 times the checkpoint, 00 and 03 say they show the embedded model instead; and notebook 03 with
   ``dataset=`` / ``codec=`` (a tiny saved dataset in VoxPopuli's schema, the checkpoint's own speech tokenizer)
   trains and measures the drafters on the checkpoint itself.
 """
@@ -193,7 +193,7 @@ def test_every_notebook_runs_on_the_checkpoint(src, ckpt, tmp_path):
 
     prefix = src.stem.split("_", 1)[0]
     extra = {}
-    if prefix == "02":  # it falls back to the embedded model in its first cell; the rest is test_notebooks' smoke
+    if prefix == "03":  # it falls back to the embedded model in its first cell; the rest is test_notebooks' smoke
         # run of the embedded model, so only the paper's drafter is trained here (half the time)
         extra = dict(train_kl=False, train_tv=False, train_medusa=False, train_medusa_tv=False, offsets_lrs=[1e-2])
     elif prefix == "04":  # the checkpoint's path is tested here; free running is the smoke run's (test_notebooks)
@@ -214,7 +214,7 @@ def test_every_notebook_runs_on_the_checkpoint(src, ckpt, tmp_path):
     elif prefix == "00":  # corpus and codec: the embedded model's, with a note
         assert metrics["model"] == str(ckpt) and "is not an embedded-model build" in text
         assert metrics["n_sentences"] == 3
-    elif prefix == "02":  # drafters need trained weights and real frames: the embedded model's, with a note
+    elif prefix == "03":  # drafters need trained weights and real frames: the embedded model's, with a note
         assert metrics["run_model"] == "embedded" and "ships no utterances and no `dataset` was given" in text
     else:  # a new notebook: it must at least have run on the checkpoint's path
         assert str(ckpt) in json.dumps(metrics["provenance"]["params"])
@@ -246,16 +246,16 @@ def _voxpopuli_dataset(path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_notebook_02_trains_drafters_on_the_checkpoint_with_a_dataset(ckpt, tmp_path):
+def test_notebook_03_trains_drafters_on_the_checkpoint_with_a_dataset(ckpt, tmp_path):
     """What `make paper MODEL=<folder> DATASET=<saved dataset> CODEC=<folder>/speech_tokenizer SMOKE=1` runs."""
     from test_notebooks import _execute
 
-    src = next(p for p in NOTEBOOKS if p.stem.startswith("02_training"))
+    src = next(p for p in NOTEBOOKS if p.stem.startswith("03_training"))
     ds = _voxpopuli_dataset(tmp_path / "vox")
     out = tmp_path / "out"
     out.mkdir()
     executed = _execute(src, out, {"model": str(ckpt), "dataset": str(ds), "codec": str(ckpt / "speech_tokenizer")})
-    metrics = json.loads((out / "02_metrics.json").read_text())
+    metrics = json.loads((out / "03_metrics.json").read_text())
     assert metrics["run_model"] == str(ckpt) and metrics["random_weights"] is True
     assert "RANDOM weights" in executed.read_text()
     assert metrics["model_info"]["code_predictor_hidden"] == 48  # the checkpoint's code predictor, not embedded's

@@ -28,8 +28,8 @@ _CALL_TIMES = ("median_ms", "p10_ms", "p90_ms", "ratio_to_q1")
 #: Per table stem: the columns that are timings or computed from timings (fnmatch patterns). A table that is not
 #: listed has none: every column must be identical between two runs at one seed.
 TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
-    # 02: how long each epoch took
-    "02_training_curves": ("wall_s",),
+    # 03 (drafters, not a timing notebook): how long each epoch took
+    "03_training_curves": ("wall_s",),
     # 01: call latencies (official and native), the inner loop's share from them, the companions' timed calls
     "01_latency": ("median_ms", "p10_ms", "p90_ms", "min_ms", "ratio_to_1", "n"),
     "01_inner_share": ("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar", "inner_share_ar"),
@@ -68,7 +68,7 @@ TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
     "paper_run": ALL,
 }
 
-#: Keys of result JSON files (``NN_metrics.json``, ``02_acceptance.json``, drafters' and trees' ``.json``) skipped at
+#: Keys of result JSON files (``NN_metrics.json``, ``03_acceptance.json``, drafters' and trees' ``.json``) skipped at
 #: any depth: the provenance record (when, where, the machine's load) and run times.
 TIMING_JSON_KEYS = frozenset({"provenance", "created_utc", "wall_s", "timings_s", "elapsed_s"})
 #: Result JSON files of the timing notebooks that mix timings into every part (their numbers are in the tables

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 #: Largest chain window: the committed code plus up to 7 drafts.
 MAX_WINDOW = 8
-#: Chain windows swept by evaluations (eval-acceptance without --decoder, notebook 02): 2..MAX_WINDOW.
+#: Chain windows swept by evaluations (eval-acceptance without --decoder, notebook 03): 2..MAX_WINDOW.
 CHAIN_WINDOWS = tuple(range(2, MAX_WINDOW + 1))
 #: Window of ``Chain()`` and of ``--decoder chain`` without ``:N``.
 DEFAULT_WINDOW = 4

@@ -1,5 +1,5 @@
 """The headroom of drafters that see only H_k: the best acceptance any such drafter could reach, measured by sampling
-the frame's continuations from the verifier (notebook 02), and the share of it each drafter captures.
+the frame's continuations from the verifier (notebook 03), and the share of it each drafter captures.
 """
 
 from __future__ import annotations

@@ -36,30 +36,68 @@ PAPER_DEVICE_SPEEDUPS = (
 #: THE colour of each family of decoders in every figure of the companion (one place: figures of different notebooks
 #: compare by colour). Keys: the decoder's ``kind`` (:meth:`~rvqspec_lib.decoding.decoder_names.DecoderName.fields`),
 #: with ``tree`` split by its children (``tree-point-mass``, ``tree-sampled``) and the drafters apart (``paper`` and
-#: ``offsets`` trees: the paper's drafter; ``medusa``); ``null-control`` is AR under other seeds.
+#: ``offsets`` trees: the paper's drafter; ``medusa``); ``null-control`` is AR under other seeds; ``heads``: the
+#: reused heads as a drafter, in figures that compare drafters rather than decoders.
 DECODER_COLORS = {"ar": "#4d4d4d", "null-control": "#a6a6a6", "chain": "#1f77b4", "tree-point-mass": "#ff7f0e",
                   "tree-sampled": "#2ca02c", "paper": "#9467bd", "offsets": "#9467bd", "medusa": "#8c564b",
-                  "ssd-lossy": "#d62728"}
+                  "ssd-lossy": "#d62728", "heads": "#17becf"}
+#: Marker and line style of a trained drafter by its loss (the label's suffix: ``offsets-tv``), so that drafters of
+#: one family (one colour) stay apart; no suffix is cross-entropy, the paper's loss (``medusa``, Medusa-1's).
+LOSS_STYLES = {"ce": dict(marker="s", ls="-"), "kl": dict(marker="^", ls="--"), "tv": dict(marker="v", ls=":")}
 
 
 def decoder_color(fields) -> str:
     """THE colour of a decoder (:data:`DECODER_COLORS`), from its row's fields (``kind``, ``drafter``, ``decoder``)
     or its label (a :class:`~rvqspec_lib.decoding.decoder_names.DecoderName` is parsed from it, never a regex): the
-    same decoder has the same colour in every figure."""
+    same decoder has the same colour in every figure. A drafter's trained variants share its colour (``offsets-tv``
+    is an offsets drafter); ``{"drafter": "heads"}`` without a ``kind`` is the reused heads as a drafter."""
     if isinstance(fields, str):
         if fields == "ar-seed2":
             return DECODER_COLORS["null-control"]
         fields = parse_decoder_name(fields).fields()
     kind, drafter = fields.get("kind"), fields.get("drafter")
+    family = str(drafter).split("-", 1)[0] if drafter else None  # offsets-tv, a trained variant: the offsets' colour
     if fields.get("decoder") == "ar-seed2":
         return DECODER_COLORS["null-control"]
-    if kind in ("paper",) or drafter == "offsets":
+    if kind in ("paper",) or family == "offsets":
         return DECODER_COLORS["paper"]
-    if drafter == "medusa":
+    if family == "medusa":
         return DECODER_COLORS["medusa"]
+    if kind is None and family == "heads":  # a drafter's row, no decoder: the reused heads
+        return DECODER_COLORS["heads"]
     if kind in ("tree", "calibrated"):
         return DECODER_COLORS["tree-sampled" if fields.get("sampled") else "tree-point-mass"]
     return DECODER_COLORS.get(kind, "#17becf")
+
+
+def drafter_style(label: str) -> dict:
+    """Line keywords of a drafter in figures that compare drafters: the colour of its family (:func:`decoder_color`)
+    and the marker and line style of its loss (:data:`LOSS_STYLES`); the reused heads drawn thick, as the baseline.
+
+    Args:
+        label: ``heads``, ``offsets-ce``, ``medusa``, ``medusa-tv`` ...
+    Returns:
+        ``{"color", "marker", "ls", "lw"}`` for ``Axes.plot``.
+    """
+    color = decoder_color({"drafter": label})
+    if label == "heads":
+        return dict(color=color, marker="o", ls="-", lw=2.6)
+    loss = str(label).partition("-")[2] or "ce"
+    return dict(color=color, lw=1.4, **LOSS_STYLES.get(loss, dict(marker="D", ls="-.")))
+
+
+def sampling_words(sampling) -> str:
+    """The deployed sampling in words for a title: ``"T 0.9, top-k 50"`` (``top-p`` when below 1; ``"greedy"``), from a
+    :class:`~rvqspec_lib.decoding.sampling.Sampling` or its ``describe()`` dict."""
+    d = sampling.describe() if hasattr(sampling, "describe") else dict(sampling)
+    if d.get("greedy"):
+        return "greedy"
+    words = [f"T {d['temperature']:g}"]
+    if d.get("top_k"):
+        words.append(f"top-k {d['top_k']}")
+    if d.get("top_p", 1.0) < 1.0:
+        words.append(f"top-p {d['top_p']:g}")
+    return ", ".join(words)
 
 
 def bench_title(result: dict) -> str:
@@ -316,7 +354,7 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
 
     Args:
         rows: one dict per offset with ``offset_j`` and one acceptance column per drafter (the
-            ``02_acceptance_by_offset`` table). max_offset: ``K``, the offsets the drafters were trained for (past it
+            ``03_acceptance_by_offset`` table). max_offset: ``K``, the offsets the drafters were trained for (past it
             every drafter uses the reused head; shaded). drafters: the columns drawn, ``"heads"`` first.
         title: figure title.
 
@@ -331,12 +369,12 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
     rows = sorted(rows, key=lambda r: r["offset_j"])
     j = [int(r["offset_j"]) for r in rows]
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
-    for i, lab in enumerate(drafters):
+    for lab in drafters:
         acc = [float(r[lab]) for r in rows]
-        ax0.plot(j, acc, "o-" if lab == "heads" else "s--", lw=2.5 if lab == "heads" else 1.2, ms=4,
-                 color="k" if lab == "heads" else f"C{i}", label=lab)
+        style = drafter_style(lab)
+        ax0.plot(j, acc, ms=4, mfc="none", label=lab, **style)
         if lab != "heads":
-            ax1.plot(j, [a - float(r["heads"]) for a, r in zip(acc, rows)], "s-", ms=4, color=f"C{i}", label=lab)
+            ax1.plot(j, [a - float(r["heads"]) for a, r in zip(acc, rows)], ms=4, mfc="none", label=lab, **style)
     for ax in (ax0, ax1):
         ax.axvspan(max_offset + 0.5, max(j) + 0.5, color="0.9", zorder=0)
         ax.set_xlabel("draft offset j (depth drafted = start depth + j)")

@@ -21,7 +21,7 @@ from rvqspec_lib.data.teacher import teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.drafters import draft_batch
 from rvqspec_lib.decoding.sampling import Sampling
-from rvqspec_lib.models.drafter_files import drafter_path, save_drafter
+from rvqspec_lib.models.drafter_files import drafter_path, make_drafter, save_drafter
 from rvqspec_lib.training.loop import Budget, fit
 
 LOSSES = ("ce", "kl", "tv")
@@ -106,26 +106,44 @@ class TrainResult:
 
 
 class _HiddenSource:
-    """Teacher-forced hidden states of a frame set: computed once if they fit in ``cache_mb``, else per batch."""
+    """Teacher-forced hidden states of a frame set, and the frozen verifier's warped distribution p on them: computed
+    once if they fit in ``cache_mb`` (the hidden states first, then p), else per batch. The code predictor never
+    changes during training, so p of a frame is the same at every epoch; caching it saves the verifier's heads and
+    the warpers at every step (about a fifth of an epoch of the embedded model, measured)."""
 
-    def __init__(self, cp, frames: Frames, chunk: int, cache_mb: float):
-        self.cp, self.frames, self.chunk = cp, frames, chunk
+    def __init__(self, cp, frames: Frames, chunk: int, cache_mb: float, sampling: Sampling):
+        self.cp, self.frames, self.chunk, self.sampling = cp, frames, chunk, sampling
         dev = next(cp.parameters()).device
         self.dev = dev
-        size = len(frames) * frames.n_codes * int(cp.config.hidden_size) * P.param_dtype(cp).itemsize
-        self.cache = None
-        if size <= cache_mb * 2 ** 20:
+        rows = len(frames) * frames.n_codes
+        itemsize = P.param_dtype(cp).itemsize
+        hidden_bytes = rows * int(cp.config.hidden_size) * itemsize
+        p_bytes = rows * int(cp.config.vocab_size) * itemsize
+        budget = cache_mb * 2 ** 20
+        chunks = [torch.arange(i, min(i + chunk, len(frames))) for i in range(0, len(frames), chunk)]
+        self.cache = self.p_cache = None
+        if hidden_bytes <= budget:
             with torch.no_grad():
-                self.cache = torch.cat([self._compute(torch.arange(i, min(i + chunk, len(frames))))
-                                        for i in range(0, len(frames), chunk)])
+                self.cache = torch.cat([self._compute(idx) for idx in chunks])
+        if self.cache is not None and hidden_bytes + p_bytes <= budget:
+            with torch.no_grad():
+                self.p_cache = torch.cat([self._probs(self.cache[idx]) for idx in chunks])
 
     def _compute(self, idx):
         fr = self.frames
         return teacher_forced_hidden(self.cp, fr.context[idx].to(self.dev), fr.codes[idx].to(self.dev))
 
+    def _probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.sampling.probs(verifier_logits(self.cp, hidden))  # (B, n, V)
+
     @torch.no_grad()
     def __call__(self, idx: torch.Tensor) -> torch.Tensor:
         return self.cache[idx] if self.cache is not None else self._compute(idx)
+
+    @torch.no_grad()
+    def probs(self, idx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The warped verifier distribution of frames ``idx`` (``hidden``: their hidden states, ``self(idx)``)."""
+        return self.p_cache[idx] if self.p_cache is not None else self._probs(hidden)
 
 
 @torch.no_grad()
@@ -137,8 +155,9 @@ def _evaluate(drafter, cp, src: _HiddenSource, *, loss, sampling, batch_size,
     frames = src.frames
     for i in range(0, len(frames), batch_size):
         idx = torch.arange(i, min(i + batch_size, len(frames)))
-        value, st = drafter_loss(drafter, cp, src(idx), frames.ce_targets[idx].to(src.dev), loss=loss,
-                                 sampling=sampling)
+        hidden = src(idx)
+        value, st = drafter_loss(drafter, cp, hidden, frames.ce_targets[idx].to(src.dev), loss=loss,
+                                 sampling=sampling, p_all=src.probs(idx, hidden))
         tot += float(value.detach()) * len(idx)
         a = st["acceptance_by_offset"].double() * len(idx)
         acc = a if acc is None else acc + a
@@ -167,7 +186,8 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         loss, sampling: as :func:`drafter_loss`. lr: default :data:`DEFAULT_LR`'s.
         batch_size: frames per step. max_epochs, patience, min_delta: early stopping on the validation split.
         select: ``"acceptance"`` (the mean exact validation acceptance, what decoding pays for) or ``"loss"``.
-        seed: of the batch order (the only randomness). cache_mb: keep hidden states in memory up to this size.
+        seed: of the batch order (the only randomness). cache_mb: keep hidden states, then the verifier's warped p,
+            in memory up to this size.
         curve_path: also write :meth:`TrainResult.to_json` here (the main process only).
         parallel: a :class:`rvqspec_lib.training.distributed.Parallel` (``accelerate launch``): every process passes
             the SAME frames, computes its block's share of each batch, and the gradients are summed, so every
@@ -203,8 +223,9 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         t0, t1 = (0, len(train)) if world == 1 else par.block(len(train))
         v0, v1 = (0, len(val)) if world == 1 else par.block(len(val))
         train_mine = train if world == 1 else train.subset(torch.arange(t0, t1))
-        tr_src = _HiddenSource(cp, train_mine, batch_size, cache_mb)
-        va_src = _HiddenSource(cp, val if world == 1 else val.subset(torch.arange(v0, v1)), batch_size, cache_mb)
+        tr_src = _HiddenSource(cp, train_mine, batch_size, cache_mb, sampling)
+        va_src = _HiddenSource(cp, val if world == 1 else val.subset(torch.arange(v0, v1)), batch_size, cache_mb,
+                               sampling)
         opt = torch.optim.Adam(params, lr=lr)
         if world > 1:
             opt = par.summed_gradients(opt, params)
@@ -216,13 +237,15 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
 
         def step(idx):
             if world == 1:
-                value, _ = drafter_loss(drafter, cp, tr_src(idx), train.ce_targets[idx].to(tr_src.dev), loss=loss,
-                                        sampling=sampling)
+                hidden = tr_src(idx)
+                value, _ = drafter_loss(drafter, cp, hidden, train.ce_targets[idx].to(tr_src.dev), loss=loss,
+                                        sampling=sampling, p_all=tr_src.probs(idx, hidden))
                 return value
             mine = idx[(idx >= t0) & (idx < t1)] - t0  # this process's part of the global batch
             if len(mine):
-                value, _ = drafter_loss(drafter, cp, tr_src(mine), train_mine.ce_targets[mine].to(tr_src.dev),
-                                        loss=loss, sampling=sampling)
+                hidden = tr_src(mine)
+                value, _ = drafter_loss(drafter, cp, hidden, train_mine.ce_targets[mine].to(tr_src.dev),
+                                        loss=loss, sampling=sampling, p_all=tr_src.probs(mine, hidden))
                 value = value * (len(mine) / len(idx))  # its share of the global batch mean
             else:  # nothing here: a zero loss that still takes part in the gradient sum
                 value = sum(p.sum() for p in params) * 0.0
@@ -372,3 +395,67 @@ def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike,
         if getattr(d, "name", None) == kind:
             files[f"model_{lab}"] = save_drafter(d, Path(model_dir) / "drafters" / f"{lab}.safetensors")
     return files
+
+
+#: The drafters Table 2 trains, by label: the paper's offsets (cross-entropy) and Medusa heads (cross-entropy, as
+#: Medusa-1), and beside them the offsets on KL to the warped verifier and on total variation, and Medusa heads on
+#: total variation (``label: (drafter, loss)``).
+TABLE2_DRAFTERS = {"offsets-ce": ("offsets", "ce"), "offsets-kl": ("offsets", "kl"), "offsets-tv": ("offsets", "tv"),
+                   "medusa": ("medusa", "ce"), "medusa-tv": ("medusa", "tv")}
+
+
+@dataclass
+class TrainedDrafters:
+    """What :func:`train_drafters` returns.
+
+    Attributes:
+        drafters: ``{label: drafter}``, each trained at its chosen rate and restored to its kept epoch.
+        results: ``{label: TrainResult}`` of the chosen rate (the curve, the kept epoch).
+        lr_rows: every rate tried, :attr:`LearningRateSweep.rows` of each label in order.
+    """
+
+    drafters: dict
+    results: dict
+    lr_rows: list[dict]
+
+    def curve_rows(self) -> list[dict]:
+        """One row per (drafter, epoch) of the chosen runs: ``drafter``, ``epoch``, ``train_loss``, ``val_loss``,
+        ``val_acceptance_j1`` .. (exact, per offset), ``wall_s`` (time since the run started: a timing)."""
+        return [{"drafter": label, "epoch": c["epoch"], "train_loss": c["train_loss"], "val_loss": c["val_loss"],
+                 **{f"val_acceptance_j{j + 1}": a for j, a in enumerate(c["val_acceptance_by_offset"])},
+                 "wall_s": c["elapsed_s"]} for label, res in self.results.items() for c in res.curve]
+
+
+def train_drafters(code_predictor, plan, train: Frames, val: Frames, *, K: int, lrs: dict | None = None,
+                   progress: bool = False, **train_kwargs) -> TrainedDrafters:
+    """Train several drafters on the same frames, each at the learning rate its validation acceptance picks
+    (:func:`sweep_learning_rates`), in the order of ``plan``.
+
+    Args:
+        plan: ``{label: (drafter name, loss)}`` (e.g. :data:`TABLE2_DRAFTERS`, or a part of it); each run starts
+            from a fresh drafter (``make_drafter(name, cp, fresh=True, K=K)``: zero offsets, Medusa heads copied
+            from the LM heads, both equal to the reused heads at epoch 0).
+        lrs: ``{label: [rates]}`` to try (a label not given: ``[None]``, the drafter's :data:`DEFAULT_LR`).
+        **train_kwargs: passed to :func:`train_drafter` (sampling, batch_size, max_epochs, patience, seed, ...).
+
+    Returns:
+        :class:`TrainedDrafters`.
+
+    Raises:
+        ValueError: an empty plan, an unknown drafter or loss (before any training).
+    """
+    plan = dict(plan)
+    if not plan:
+        raise ValueError("nothing to train: give {label: (drafter, loss)}, e.g. TABLE2_DRAFTERS")
+    bad = {lab: spec for lab, spec in plan.items() if spec[0] not in DEFAULT_LR or spec[1] not in LOSSES}
+    if bad:
+        raise ValueError(f"{bad}: drafters are one of {list(DEFAULT_LR)}, losses one of {LOSSES}")
+    lrs = dict(lrs or {})
+    drafters, results, rows = {}, {}, []
+    for label, (name, loss) in plan.items():
+        sweep = sweep_learning_rates(lambda name=name: make_drafter(name, code_predictor, fresh=True, K=K),
+                                     code_predictor, train, val, lrs=list(lrs.get(label) or [None]), label=label,
+                                     loss=loss, progress=progress, **train_kwargs)
+        rows += sweep.rows
+        drafters[label], results[label] = sweep.chosen.drafter, sweep.chosen
+    return TrainedDrafters(drafters, results, rows)

@@ -113,3 +113,42 @@ def test_verify_cost_projection_is_labelled_and_sampling_in_words():
     plt.close(fig)
     assert plots.sampling_words(Sampling(temperature=0.9, top_k=50)) == "temperature 0.9, top-k 50"
     assert plots.sampling_words(Sampling(greedy=True)) == "greedy"
+
+
+def test_the_device_appendix_figures_draw_from_rows():
+    from rvqspec_lib.eval.bench_table import ROWS
+
+    calls = [{"precision": p, "backend": b, "t1_ms": 2.0, "t1_over_floor": r}
+             for p, b, r in (("float32", "official", 1.9), ("float32", "native", 0.96), ("int8", "native", 1.1))]
+    talk = [{"precision": "float32", "forward": f, "context": c, "median_ms": 50.0, "over_floor": r}
+            for f, c, r in (("official", 64, 2.0), ("native", 64, 1.05), ("native", 512, 1.2))]
+    fig = plots.plot_floor(calls, talk)
+    a0, a1 = fig.axes
+    assert a0.get_ylim() == a1.get_ylim()  # one scale: multiples of each call's own floor
+    assert {round(b.get_height(), 2) for b in a0.patches} == {1.9, 0.96, 1.1}
+    plt.close(fig)
+    rows = [{"decoder": d, "kind": k, "drafter": None if k == "ar" else "heads", "sampled": k == "chain",
+             "backend": "native", "fused": f, "precision": "float32", "batch": b, "frames_per_s": 100.0 * b / s,
+             "speedup_vs_ar": s0 / s} for d, k, f in (("ar", "ar", False), ("chain:4", "chain", False))
+            for b, s, s0 in ((1, 1.0, 1.0), (4, 2.0, 2.0))]
+    fig = plots.plot_batches(rows)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "4"]
+    plt.close(fig)
+    table = [{"decoder": "ar", "kind": "ar", "drafter": None, "sampled": None, "backend": "native", "fused": True,
+              "ms_per_code": 0.4}, {"decoder": "chain:4", "kind": "chain", "drafter": "heads", "sampled": True,
+                                    "backend": "native", "fused": False, "ms_per_code": 0.8},
+             {"decoder": "chain:5", "kind": "chain", "drafter": "heads", "sampled": True, "backend": "official",
+              "fused": False, "ms_per_code": None}]  # not decoded: no bar
+    fig = plots.plot_auto(table, chosen=("ar", "native", True))
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["chain:4 (native)", "ar (native, fused)  <- chosen"]
+    plt.close(fig)
+    bench = {"rows": [{"model": "m", "weights": "trained", "precision": "float32", "backend": "native", "row": r,
+                       "decoder": None if r == "fused speculative" else "ar", "kind": None if r == "fused speculative"
+                       else "ar", "drafter": None, "sampled": None, "fused": r.startswith("fused"),
+                       "ms_per_frame": None if r == "fused speculative" else 10.0, "floor_ar_ms": 5.0} for r in ROWS]}
+    fig = plots.plot_bench_table(bench)
+    ax = fig.axes[0]
+    assert len([p for p in ax.patches if p.get_height() == 10.0]) == len(ROWS) - 1  # the absent row leaves a gap
+    assert any(t.get_text() == "absent" for t in ax.texts)
+    plt.close(fig)

@@ -675,7 +675,10 @@ def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
         ax = panels[sampled]
         rs = sorted(rs, key=lambda r: r["nodes"])
         color = decoder_color(rs[0])
-        who = "the paper's decoder (offsets)" if rs[0]["kind"] == "paper" else             ("offsets drafter" if drafter == "offsets" else "reused heads")
+        if rs[0]["kind"] == "paper":
+            who = "the paper's decoder (offsets)"
+        else:
+            who = "offsets drafter" if drafter == "offsets" else "reused heads"
         what = "chain, " if chain else ""
         xs = [r["nodes"] for r in rs]
         ax.plot(xs, [r["measured_tokens_per_call"] for r in rs], "^:" if chain else "o-", color=color, ms=4,
@@ -859,6 +862,188 @@ def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tu
     a1.set_ylim(0, 1)
     a1.set_ylabel("probability one child is kept (offset 1)")
     a1.set_title("why: what one child is worth", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+# ---- the device appendix (notebooks/07_device_engineering.py) ------------------------------------------------------
+def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, title: str = "",
+               figsize: tuple[float, float] = (11.0, 4.0)):
+    """Each call against its weight-streaming floor, per precision, on ONE y scale: left, the code-predictor call of
+    one position (:func:`rvqspec_lib.eval.latency.precision_rows`: ``t1_over_floor``, a bar per backend); right, the
+    talker step (:func:`rvqspec_lib.eval.talker_bench.bench_talker_precisions` rows: ``over_floor``, a bar per
+    forward and context, the longer context hatched). Bars carry their milliseconds; the line at 1 is the floor (the
+    weights read once at the measured bandwidth).
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    panels = [("code-predictor call, one position", call_rows, "backend", "t1_ms", "t1_over_floor")]
+    if talker_rows:
+        panels.append(("talker step, one position", talker_rows, "forward", "median_ms", "over_floor"))
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize, sharey=True, squeeze=False, constrained_layout=True)
+    for ax, (name, rows, who, ms_key, ratio_key) in zip(axes[0], panels):
+        precs = list(dict.fromkeys(r["precision"] for r in rows))
+        groups = list(dict.fromkeys((r[who], r.get("context")) for r in rows))
+        contexts = sorted({c for _, c in groups if c is not None})
+        width = 0.8 / len(groups)
+        for j, (b, ctx) in enumerate(groups):
+            for i, prec in enumerate(precs):
+                r = next((x for x in rows if (x["precision"], x[who], x.get("context")) == (prec, b, ctx)), None)
+                if r is None or r[ratio_key] is None:
+                    continue
+                x = i + (j - (len(groups) - 1) / 2) * width
+                ax.bar(x, r[ratio_key], width * 0.95, color=backend_color(b),
+                       hatch="//" if ctx is not None and ctx != contexts[0] else None, edgecolor="white",
+                       label=(f"{b}" + (f", context {ctx}" if ctx is not None else "")) if i == 0 else None)
+                ax.text(x, r[ratio_key], f"{r[ms_key]:.2g} ms", ha="center", va="bottom", fontsize=6)
+        ax.axhline(1.0, color="k", lw=0.8, label="the floor: weights read once")
+        ax.set_xticks(range(len(precs)), precs)
+        ax.set_title(name, fontsize=9)
+        ax.set_ylabel("median time / weight-streaming floor")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7, loc="upper right")
+    ymax = max(max((r[k] or 0) for r in rows) for _, rows, _, _, k in panels)
+    axes[0][0].set_ylim(0, 1.4 * max(ymax, 1.0))  # room for the legend above the bars
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float, float] = (11.0, 4.0)):
+    """:func:`rvqspec_lib.eval.speed.batch_throughput` rows: left, frames per second against the batch size B (a
+    line per runner: colour its decoder family, line style its backend, hollow markers fused); right, the speedup
+    over stepped AR of the same backend and B (below the line at 1, speculation loses).
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
+    keys = list(dict.fromkeys((r["decoder"], r["backend"], bool(r["fused"])) for r in rows))
+    for dec, b, fused in keys:
+        rs = sorted((r for r in rows if (r["decoder"], r["backend"], bool(r["fused"])) == (dec, b, fused)),
+                    key=lambda r: r["batch"])
+        color = decoder_color(rs[0])
+        style = dict(color=color, ls=BACKEND_STYLES.get(b, "-"), marker="o", ms=4,
+                     mfc="white" if fused else color, label=runner_label(rs[0]))
+        bs = [r["batch"] for r in rs]
+        a0.plot(bs, [r["frames_per_s"] for r in rs], **style)
+        if rs[0]["kind"] != "ar" and all(r["speedup_vs_ar"] for r in rs):
+            a1.plot(bs, [r["speedup_vs_ar"] for r in rs], **style)
+    batches = [r["batch"] for r in rows]
+    for ax in (a0, a1):
+        _log2_ticks(ax, batches)
+        ax.set_xlabel("frames decoded together, B")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    a0.set_yscale("log")
+    a0.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
+    a0.yaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
+    a0.tick_params(axis="y", which="minor", labelsize=6)
+    a0.set_ylabel("frames per second (inner loop)")
+    a0.set_title("throughput", fontsize=9)
+    a1.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
+    a1.set_ylabel("speedup over stepped AR, same backend and B")
+    a1.set_title("what speculation adds as the batch grows", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str = "",
+              figsize: tuple[float, float] = (8.0, 4.5)):
+    """What ``--decoder auto`` timed (:attr:`rvqspec_lib.eval.budget.AutoChoice.table`): a bar per runner it decoded,
+    its measured milliseconds per committed code, fastest at the top, coloured by decoder family, hatched when fused;
+    ``chosen`` = ``(decoder label, backend, fused)`` outlined in black.
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    timed = sorted((r for r in table if r.get("ms_per_code")), key=lambda r: -r["ms_per_code"])
+    fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
+    ys = range(len(timed))
+    for y, r in zip(ys, timed):
+        pick = chosen is not None and (r["decoder"], r["backend"], bool(r["fused"])) == tuple(chosen)
+        ax.barh(y, r["ms_per_code"], color=decoder_color(r), hatch="//" if r["fused"] else None,
+                edgecolor="k" if pick else "white", lw=1.8 if pick else 0.5)
+    ax.set_yticks(list(ys), [runner_label(r) + ("  <- chosen" if chosen is not None and
+                                                 (r["decoder"], r["backend"], bool(r["fused"])) == tuple(chosen)
+                                                 else "") for r in timed], fontsize=7)
+    ax.set_xlabel("measured ms per committed code (median frame / 15 codes)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+#: The rows of the table to act on (:data:`rvqspec_lib.eval.bench_table.ROWS`) as bars: (hatched, edge).
+_TABLE_BARS = {"stepped AR": (None, "white"), "fused AR": ("//", "white"), "best speculative": (None, "white"),
+               "fused speculative": ("//", "white"), "auto": (None, "k")}
+
+
+def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, float] | None = None):
+    """The table to act on (:func:`rvqspec_lib.eval.bench_table.bench_table`): a panel per model, a group of bars per
+    (precision, backend), a bar per row (stepped AR, fused AR, best speculative, fused speculative, auto; colour the
+    decoder family, fused rows hatched, auto outlined), milliseconds per frame on a log scale, the AR frame's
+    weight-streaming floor as a black tick over each group and the 80 ms a frame of audio lasts as a dotted line.
+    Absent rows leave a gap. A timing replay's panel says so in its title.
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    rows = result["rows"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(len(models), 1, figsize=figsize or (11.0, 3.6 * len(models)), squeeze=False,
+                             constrained_layout=True)
+    names = list(_TABLE_BARS)
+    for ax, m in zip(axes[:, 0], models):
+        mine = [r for r in rows if r["model"] == m]
+        groups = list(dict.fromkeys((r["precision"], r["backend"]) for r in mine))
+        width = 0.8 / len(names)
+        for g, key in enumerate(groups):
+            for j, name in enumerate(names):
+                r = next((x for x in mine if (x["precision"], x["backend"], x["row"]) == (*key, name)), None)
+                x = g + (j - (len(names) - 1) / 2) * width
+                if r is None or not r["ms_per_frame"]:
+                    ax.text(x, 0.02, "absent", rotation=90, ha="center", va="bottom", fontsize=6, color="0.4",
+                            transform=ax.get_xaxis_transform())
+                    continue
+                hatch, edge = _TABLE_BARS[name]
+                color = decoder_color(r) if r.get("kind") else DECODER_COLORS["ar"]
+                ax.bar(x, r["ms_per_frame"], width * 0.95, color=color, hatch=hatch, edgecolor=edge,
+                       lw=1.2 if edge == "k" else 0.3)
+                ax.text(x, r["ms_per_frame"], f"{r['ms_per_frame']:.3g}", ha="center", va="bottom", fontsize=5.5)
+            floor = next((x["floor_ar_ms"] for x in mine if (x["precision"], x["backend"]) == key), None)
+            if floor:
+                ax.plot([g - 0.45, g + 0.45], [floor, floor], color="k", lw=2)
+        ax.axhline(80.0, color="0.4", ls=":", lw=1)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
+        ax.tick_params(axis="y", which="minor", labelsize=6)
+        ax.set_xticks(range(len(groups)), [f"{p}\n{b}" for p, b in groups], fontsize=7)
+        ax.set_ylabel("ms per frame (median)")
+        ax.grid(alpha=0.3, axis="y")
+        weights = mine[0]["weights"]
+        ax.set_title(m + (" (trained weights)" if weights == "trained" else f" ({weights})"), fontsize=8)
+    handles = [Patch(facecolor=DECODER_COLORS["ar"], label="stepped AR"),
+               Patch(facecolor=DECODER_COLORS["ar"], hatch="//", edgecolor="white", label="fused AR"),
+               Patch(facecolor="0.85", label="best speculative (colour: its family)"),
+               Patch(facecolor="0.85", hatch="//", edgecolor="white", label="fused speculative"),
+               Patch(facecolor="0.85", edgecolor="k", label="auto's choice"),
+               Line2D([], [], color="k", lw=2, label="floor of the AR frame (15 calls' weights)"),
+               Line2D([], [], color="0.4", ls=":", label="80 ms: one frame of audio (inner loop only)")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig

@@ -6,8 +6,8 @@ ratios of times, real-time factors, bandwidth floors), choices made from them (`
 picked by speed) and how many timing rounds a noise target asked for. This module is the one list of those
 (docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed says it in words):
 
-* :data:`TIMING_NOTEBOOKS`: the notebooks that time (``01``, ``03``, ``05``; the Makefile's ``TIMING_NB``). The
-  others (``00``, ``02``, ``04``) hold no timing but the ones listed here (their run times);
+* :data:`TIMING_NOTEBOOKS`: the notebooks that time (``01``, ``04``, ``06``, ``07``; the Makefile's ``TIMING_NB``).
+  The others hold no timing but the ones listed here (their run times);
 * :data:`TIMING_COLUMNS`: per table (the CSV's file name without ``.csv``), the columns that are timings, as
   :mod:`fnmatch` patterns (some column names carry a model's name); :data:`ALL` marks a table whose rows
   themselves are picked by timings;
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Iterable
 
 #: the notebooks that measure time (each runs alone in `make paper`: the Makefile's TIMING_NB)
-TIMING_NOTEBOOKS = ("01", "03", "05")
+TIMING_NOTEBOOKS = ("01", "04", "06", "07")
 #: marks a table whose every column may differ between runs (its rows are chosen by timings)
 ALL = ("*",)
 
@@ -58,16 +58,20 @@ TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
     "01_latency": ("median_ms", "p10_ms", "p90_ms", "min_ms", "ratio_to_1", "n"),
     "01_floor": ("t1_ms", "t*_over_t1", "floor_ms", "t1_over_floor"),
     "01_models_compared": ("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar", "inner_share_ar", "t(*)/t(1)"),
-    # 03: verify costs, frame times, batches, the bench table, auto's choice, projections from measured costs
-    "03_verify_cost": _CALL_TIMES,
-    "03_verify_cost_compare_model": _CALL_TIMES,
-    "03_speed": _FRAME_TIMES,
-    "03_loop_share_compare_model": _LOOP_SHARE,
-    "03_batches": ("ms_per_batch", "p10_ms", "p90_ms", "frames_per_s", "speedup_vs_ar"),
-    "03_projection_compare_model": ("t(N)/t(1) (measured)", "projected_speedup"),
-    "03_paper_devices": ALL,  # this machine's rows: the fastest N measured here
-    "03_auto": ALL,  # the shortlist and the choice come from measured verify costs and frame times
-    "03_bench_table": ALL,  # "best speculative" is the fastest one; OVERSUBSCRIBED notes
+    # 04: verify costs, frame times, projections from measured costs, the fastest AR and this machine's best N
+    "04_verify_cost": _CALL_TIMES,
+    "04_speed": _FRAME_TIMES,
+    "04_projection_compare_model": ("cost_ratio", "projected_speedup"),
+    "04_speedup_over_each_ar": ALL,  # which AR is fastest, and the fastest speculative runners, come from times
+    "04_paper_devices": ALL,  # this machine's rows: the fastest N measured here
+    # 07: the call and the talker step against their floors, batches, auto's choice, the table to act on
+    "07_floor": ("t1_ms", "t*_over_t1", "floor_ms", "t1_over_floor"),
+    "07_talker": ("median_ms", "p10_ms", "p90_ms", "min_ms", "cpu_ms", "n", "floor_ms", "floor_kv_ms", "over_floor",
+                  "over_floor_kv", "floor_cpu_ms", "cpu_over_floor", "cpu_over_floor_kv"),
+    "07_batches": ("ms_per_batch", "p10_ms", "p90_ms", "frames_per_s", "ms_per_frame", "speedup_vs_ar"),
+    "07_auto": ALL,  # the shortlist and the choice come from measured verify costs and frame times
+    "07_bench_table": ALL,  # "best speculative" is the fastest one; OVERSUBSCRIBED notes
+    "07_round_costs": ALL,  # read off the table's fastest fused frames
     # 05: frame times per backend, verify costs, export times, the bench table
     "05_frame_times": _FRAME_TIMES,
     "05_paper_frame_times": _FRAME_TIMES,
@@ -87,7 +91,8 @@ TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
 TIMING_JSON_KEYS = frozenset({"provenance", "created_utc", "wall_s", "timings_s", "elapsed_s"})
 #: Result JSON files of the timing notebooks that mix timings into every part (their numbers are in the tables
 #: above, compared there): not compared as JSON.
-TIMING_JSON_FILES = frozenset({"01_bench.json", "01_metrics.json", "03_metrics.json", "03_bench_table.json",
+TIMING_JSON_FILES = frozenset({"01_bench.json", "01_metrics.json", "04_metrics.json", "07_metrics.json",
+                               "07_bench_table.json",
                                "05_metrics.json", "05_bench_table.json"})
 
 SIDECAR_SUFFIX = ".provenance.json"

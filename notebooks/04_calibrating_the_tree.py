@@ -79,6 +79,7 @@ write_trees = False  # True (not smoke): write the calibration beside the model 
 #                      the shipped file as it is and writes 04_trees_heads.json
 
 # %%
+import os
 import time
 
 import matplotlib.pyplot as plt
@@ -87,6 +88,7 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
+from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
@@ -100,7 +102,7 @@ from rvqspec_lib.eval.inner_loop import default_sampling
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.timing import measure_quietly
 from rvqspec_lib.eval.verify_calls import record_verify_calls
-from rvqspec_lib.models.backends import available, runner_label, verify_backend
+from rvqspec_lib.models.backends import available, verify_backend
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.named_decoders import drafter_calibration, has_paper_decoder, resolve, resolve_all
 from rvqspec_lib.models.tree_files import save_calibration, tree_file
@@ -163,7 +165,7 @@ display(pd.DataFrame([{"split": "calibration", "frames used": len(cal_frames),
                       {"split": "evaluation", "frames used": len(eval_frames),
                        "utterances": int(torch.unique(eval_frames.utterance).numel())}]))
 display(Markdown(
-    f"The shipped calibration split (`{split['file']}`): **{split['utterances']} utterances, {split['frames']} "
+    f"The shipped calibration split (`{os.path.relpath(split['file'], REPO_ROOT)}`): **{split['utterances']} utterances, {split['frames']} "
     f"frames**; this notebook calibrates the reused heads on {len(cal_frames)} of its frames "
     f"(`n_calibration_frames`). Sampling: {plots.sampling_words(sampling)} (the model's generation config); "
     f"{n_codes} codes a frame come from the code predictor. "
@@ -348,20 +350,21 @@ display(Markdown(" ".join(lines)))
 cost_backends = [b for b in backends if available(b)[0]]
 t0 = time.perf_counter()
 qs = sorted({1, *speed_budgets})
-cost, cost_quiet = measure_quietly(
-    attempts=timing_attempts, meta=lambda r: r["meta"], measure=lambda: S.verify_cost_curve(
-        cp, {b: verify_backend(b, cp) for b in cost_backends}, query_sizes=qs, repeats=max(3, speed_repeats // 2),
-        seed=seed, random_weights=lm.is_random, noise_target=noise_target, progress=False))
+
+
+def cost_curve(code_predictor, random_weights: bool, repeats: int):
+    """t(N)/t(1) of one verify call through every backend present, re-measured once if the CPU was crowded."""
+    return measure_quietly(attempts=timing_attempts, meta=lambda r: r["meta"], measure=lambda: S.verify_cost_curve(
+        code_predictor, {b: verify_backend(b, code_predictor) for b in cost_backends}, query_sizes=qs,
+        repeats=repeats, seed=seed, random_weights=random_weights, noise_target=noise_target, progress=False))
+
+
+cost, cost_quiet = cost_curve(cp, lm.is_random, max(3, speed_repeats // 2))
 big_lm = load_model(compare_model)
-big_cp = big_lm.code_predictor
-big_cost, big_quiet = measure_quietly(
-    attempts=timing_attempts, meta=lambda r: r["meta"], measure=lambda: S.verify_cost_curve(
-        big_cp, {b: verify_backend(b, big_cp) for b in cost_backends}, query_sizes=qs,
-        repeats=max(2, compare_repeats), seed=seed, random_weights=big_lm.is_random, noise_target=noise_target,
-        progress=False))
+big_cost, big_quiet = cost_curve(big_lm.code_predictor, big_lm.is_random, max(2, compare_repeats))
 big_is_random = bool(big_lm.is_random)
 big_words = "RANDOM weights: cost only" if big_is_random else "trained weights"
-del big_lm, big_cp  # the real-size model's memory back before the frames are timed
+big_lm = None  # the real-size model's memory back before the frames are timed
 timings["verify_cost_s"] = time.perf_counter() - t0
 cpu = cost["meta"]["cpu"]
 cost_tab = pd.DataFrame([{"model": run_model, "weights": "trained", **r} for r in cost["rows"]]
@@ -594,8 +597,8 @@ bullets += [
      f"tried, down to T {t_low:g}" + (", though it gains on it as p sharpens." if gap_shrinks else ".")),
     "* **What the RELEASED checkpoint should show.** The paper reports 2.47 tokens per call for its offsets with a "
     "point-mass tree of N = 32 on the released 0.6B model, and 2.13x-2.34x at N = 32 on Apple devices. Inference, "
-    f"not measured here: a point-mass tree reaches that only if the released code predictor's p puts far more mass "
-    f"on q's top codes than the embedded model's does"
+    "not measured here: a point-mass tree reaches that only if the released code predictor's p puts far more mass "
+    "on q's top codes than the embedded model's does"
     + (" (section 8: point-mass trees gain as p sharpens)" if pm_gains else "") + f", and a best N "
     f"of 32 needs a device on which a call of 32 positions costs little more than one (here, {n_top} positions cost "
     f"{min(flat.values()):.2f}x-{max(flat.values()):.2f}x). The speedups of {compare_model} above are projections "

@@ -165,9 +165,9 @@ display(pd.DataFrame([{"split": "calibration", "frames used": len(cal_frames),
                       {"split": "evaluation", "frames used": len(eval_frames),
                        "utterances": int(torch.unique(eval_frames.utterance).numel())}]))
 display(Markdown(
-    f"The shipped calibration split (`{os.path.relpath(split['file'], REPO_ROOT)}`): **{split['utterances']} utterances, {split['frames']} "
-    f"frames**; this notebook calibrates the reused heads on {len(cal_frames)} of its frames "
-    f"(`n_calibration_frames`). Sampling: {plots.sampling_words(sampling)} (the model's generation config); "
+    f"The shipped calibration split (`{os.path.relpath(split['file'], REPO_ROOT)}`): **{split['utterances']} "
+    f"utterances, {split['frames']} frames**; this notebook calibrates the reused heads on {len(cal_frames)} of its "
+    f"frames (`n_calibration_frames`). Sampling: {plots.sampling_words(sampling)} (the model's generation config); "
     f"{n_codes} codes a frame come from the code predictor. "
     + (f"The shipped offsets drafter comes with its own calibration ({offsets_cal['n_frames']} calibration frames, "
        "`trees/offsets.json`): with its point-mass tree it is the paper's decoder, `paper:N`."
@@ -228,8 +228,10 @@ display(Markdown(
     f"draft with {pm_tab[0, 0]:.3f}: **{ratio_first:.1f} times less** for the point-mass node "
     f"({ratio_pooled:.1f} times less averaged over offsets). Further point-mass ranks add "
     f"{pm_tab[0, 1]:.3f}, {pm_tab[0, 2]:.3f}, ... each (the target mass of codes q ranks lower), further sampled "
-    f"children {sp_tab[0, 1]:.3f}, {sp_tab[0, 2]:.3f}, ... (the residual mass the first child missed). Both fall "
-    f"with the offset: a draft from H_s knows less about depth s + t the larger t is."))
+    f"children {sp_tab[0, 1]:.3f}, {sp_tab[0, 2]:.3f}, ... (the residual mass the first child missed). "
+    + (f"Both fall with the offset (to {pm_tab[-1, 0]:.3f} and {sp_tab[-1, 0]:.3f} at offset {pm_tab.shape[0]}): a "
+       f"draft from H_s knows less about depth s + t the larger t is."
+       if pm_tab[-1, 0] < pm_tab[0, 0] and sp_tab[-1, 0] < sp_tab[0, 0] else "")))
 
 # %% [markdown]
 # ## 3. The calibrated trees
@@ -259,10 +261,12 @@ big = show_n[-1]
 pm_big, sp_big = (shape[(shape.kind == k) & (shape.nodes == big)].iloc[0] for k in KINDS)
 display(Markdown(
     f"At N = {big} the point-mass tree reaches offset {pm_big.deepest_offset} with {pm_big.nodes_at_widest} nodes at "
-    f"offset {pm_big.widest_offset}; the sampled tree reaches offset {sp_big.deepest_offset}. A point-mass node is "
-    f"worth little, so the builder spends the budget on many siblings near the root; a sampled first child is worth "
-    f"much, so it goes deep along first children. Predicted: E({big}) = {pm_big.predicted_tokens_per_call:.2f} "
-    f"(point-mass) against {sp_big.predicted_tokens_per_call:.2f} (sampled)."))
+    f"offset {pm_big.widest_offset}; the sampled tree reaches offset {sp_big.deepest_offset}"
+    + (". A point-mass node is worth little, so the builder spends the budget on siblings near the root; a sampled "
+       "first child is worth much, so the builder goes deep along first children"
+       if pm_big.deepest_offset < sp_big.deepest_offset else "")
+    + f". Predicted: E({big}) = {pm_big.predicted_tokens_per_call:.2f} (point-mass) against "
+      f"{sp_big.predicted_tokens_per_call:.2f} (sampled)."))
 
 # %% [markdown]
 # ## 4. A calibrated tree and its verify attention mask (the paper's Figure 2, here)
@@ -458,14 +462,15 @@ stepped_official = next((r for r in over_ar if r["backend"] == "official"), None
 others = "; ".join(f"{r['ar']} takes {r['ar_vs_fastest_ar']:.2f}x as long" for r in over_ar[1:])
 lines = [f"The fastest AR here is **{fastest['ar']}**, {fastest['ar_ms']:.1f} ms a frame" + (f"; {others}" if others
                                                                                                else "") + ".",
-         f"The fastest lossless speculative runner is {fastest['fastest_speculative']}: {fastest['speedup']:.2f}x the "
-         f"fastest AR" + (f", {stepped_official['speedup']:.2f}x stepped AR through the official module"
-                          if stepped_official else "") + "."]
+         f"The fastest lossless speculative runner is {fastest['fastest_speculative']}: a speedup of "
+         f"{fastest['speedup']:.2f}x over the fastest AR" + (f", {stepped_official['speedup']:.2f}x over stepped AR "
+                                                              "through the official module" if stepped_official
+                                                              else "") + "."]
 if has_paper:
-    lines.append(f"The paper's decoder at its fastest here, {fastest['paper_decoder']}: "
-                 f"{fastest['paper_speedup']:.2f}x the fastest AR"
-                 + (f", {stepped_official['paper_speedup']:.2f}x stepped official AR" if stepped_official else "")
-                 + ".")
+    lines.append(f"The paper's decoder at its fastest here, {fastest['paper_decoder']}: a speedup of "
+                 f"{fastest['paper_speedup']:.2f}x over the fastest AR"
+                 + (f", {stepped_official['paper_speedup']:.2f}x over stepped official AR" if stepped_official else "")
+                 + " (below 1: slower).")
 display(Markdown(" ".join(lines)))
 
 # %% [markdown]
@@ -583,8 +588,8 @@ bullets += [
        "faster a backend streams them, the sooner the extra rows' arithmetic shows." if steepest == min(t1, key=t1.get)
        else "."),
     f"* **Which AR is fastest (measured).** {fastest['ar']}, {fastest['ar_ms']:.1f} ms a frame. The fastest "
-    f"speculative runner, {fastest['fastest_speculative']}, runs at {fastest['speedup']:.2f}x it"
-    + (f" and at {stepped_official['speedup']:.2f}x stepped official AR" if stepped_official else "")
+    f"speculative runner, {fastest['fastest_speculative']}, is {fastest['speedup']:.2f}x as fast"
+    + (f", and {stepped_official['speedup']:.2f}x as fast as stepped official AR" if stepped_official else "")
     + ". Speculation saves calls; a fused or native AR frame removes the cost around each call instead, and the "
       "figure compares both on one clock.",
     "* **Best node budget (measured) against the paper's (quoted).** The best stepped speculative decoder of each "

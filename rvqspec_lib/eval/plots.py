@@ -121,6 +121,16 @@ def _null_locator():
     return NullLocator()
 
 
+def _log_y(ax) -> None:
+    """A log y axis labelled at 1, 2 and 5 times the powers of ten, in plain numbers (``20``, not ``2x10^1``)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def bench_title(result: dict) -> str:
     """Figure title: model, whether weights are random, device, dtype and thread count, and
     :func:`rvqspec_lib.eval.timing.oversubscribed_note` on a line of its own when the CPU was oversubscribed."""
@@ -781,7 +791,6 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
     ars = sorted((r for r in rows if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"])
     nodes = sorted({r["nodes"] for r in rows if r["kind"] != "ar" and r["nodes"]} | {p["nodes"] for p in paper})
     ar_styles = (":", "--", "-.", (0, (1, 1)), (0, (5, 1)), (0, (3, 1, 1, 1)))
-    fmt = plt.FuncFormatter(lambda v, _p: f"{v:g}")
     handles: dict = {}
     for col, b in enumerate(backends):
         top, bottom = axes[0][col], axes[1][col]
@@ -811,10 +820,7 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
         for ax in (top, bottom):
             _log2_ticks(ax, nodes)
             ax.grid(alpha=0.3)
-        bottom.set_yscale("log")
-        bottom.yaxis.set_major_formatter(fmt)
-        bottom.yaxis.set_minor_formatter(fmt)
-        bottom.tick_params(axis="y", which="minor", labelsize=6)
+        _log_y(bottom)
         top.set_title(f"{b} backend", fontsize=9)
         bottom.set_xlabel("node budget N (query positions of one verify call)")
     axes[0][0].set_ylabel("speedup over stepped AR, same backend")
@@ -941,10 +947,7 @@ def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float,
         ax.set_xlabel("frames decoded together, B")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    a0.set_yscale("log")
-    a0.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
-    a0.yaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
-    a0.tick_params(axis="y", which="minor", labelsize=6)
+    _log_y(a0)
     a0.set_ylabel("frames per second (inner loop)")
     a0.set_title("throughput", fontsize=9)
     a1.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
@@ -1027,10 +1030,7 @@ def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, flo
             if floor:
                 ax.plot([g - 0.45, g + 0.45], [floor, floor], color="k", lw=2)
         ax.axhline(80.0, color="0.4", ls=":", lw=1)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
-        ax.tick_params(axis="y", which="minor", labelsize=6)
+        _log_y(ax)
         ax.set_xticks(range(len(groups)), [f"{p}\n{b}" for p, b in groups], fontsize=7)
         ax.set_ylabel("ms per frame (median)")
         ax.grid(alpha=0.3, axis="y")

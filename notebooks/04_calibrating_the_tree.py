@@ -12,73 +12,75 @@
 # ---
 
 # %% [markdown]
-# # 03 — Calibrating the tree, and what it buys on this machine (paper §2.2, Figure 4)
+# # 04 — Calibrating the tree, and what it buys on this CPU (paper §2.2, Figures 2 and 4)
 #
-# A verify call checks a **tree** of drafts in one masked call; each node attends only to its ancestors. Which tree?
-# Every node costs a query position, so the tree should hold the drafts most likely to be accepted, and the number of
-# nodes **N** (the *node budget*, root included: the query positions of one call) should be where the device's cost
-# of a wider call `t(N)/t(1)` stops paying for the extra accepted codes. The paper calibrates a sparse tree of
-# top-ranked drafts offline and chooses N by hand per device (N = 32 on an M3 Pro and an iPhone 17 Pro Max, N = 16 on
-# an iPhone 12); automatic choice is its future work.
+# **The question.** A speculative round drafts several codes and checks them all in ONE call of the code predictor,
+# the **verify call** ([glossary](../docs/glossary.md)). The drafts form a **tree**: the last committed code is the
+# root, and each node is a guessed code for a later depth, checked in the same call under an attention mask that
+# lets it see only its own ancestors. Which drafts should the tree hold, and how many? Every node costs one query
+# position of the call, so the tree should hold the drafts most likely to be kept, and its size, the **node budget
+# N** (the query positions of one call, root included), should stop where a wider call costs more than the codes it
+# adds. The paper answers with a **calibrated sparse tree** (its §2.2): acceptance is tabulated offline per draft
+# offset and rank, a tree is grown from the most valuable nodes and pruned to a budget N chosen by hand per device
+# (its Figure 4). This notebook does the same on the embedded model and then times every decoder on this CPU.
 #
-# Two kinds of children are calibrated here (docs/methods.md#sampled-trees):
+# **Terms**, each defined in [docs/methods.md](../docs/methods.md#letters-and-indices): the **start depth s** is the
+# last committed code's index in the frame (1..15); a draft at **offset t** guesses the code of depth s + t; its
+# **rank r** is its place in the drafter's distribution q sorted by probability (r = 0: q's top code). p is always
+# the target (the code predictor), q the draft.
 #
-# * **point-mass** (the paper's): the top-ranked codes of the draft q; a child x is accepted with probability p(x),
-#   so a node is worth the **target mass** of its rank, `E[p(x_r)]`;
-# * **sampled**: children drawn from q **without replacement** and verified by Sequoia's rule, which is exact; one
-#   child is the chain rule (`Σ min(p, q)` accepted), extra children recover residual mass.
+# **Two kinds of children** ([methods.md](../docs/methods.md#sampled-trees)):
 #
-# From the **calibration split** (contexts teacher-forced on real speech, codes re-sampled from p by the inner loop
-# itself), the per-(offset, rank) target mass and per-(offset, child) acceptance are tabulated, a greedy builder grows
-# the best tree for every N = 2..64, and the predicted tokens per call E(N) is checked against what the decoders do on
-# the **evaluation split**. Then every decoder is timed on this machine, interleaved, beside AR and the **fused AR
-# frame** (the whole 15-code frame as one compiled call, the strongest non-speculative baseline), and `--decoder
-# auto` picks from this device's own measurements.
+# * **point-mass** (the paper's): the children are q's top-ranked codes; a child x is kept with probability p(x), so
+#   a node is worth the **target mass** of its rank, E[p(x_r)];
+# * **sampled**: children drawn from q without replacement and kept by Sequoia's rule, exact too; one child is the
+#   chain's rule, kept with `sum min(p, q)`, and later children recover what is left of p.
 #
-# **Per drafter.** A tree is calibrated FOR the drafter whose ranks it holds. The reused heads are calibrated here;
-# the position-aware offsets shipped beside the model (notebook 02) come with their own calibration
-# (`<model>/trees/offsets.json`, read with `rvqspec_lib.models.tree_files`), and their point-mass tree is **the
-# paper's decoder** (`--decoder paper`, N = 32 by default). E(N) and the timings below are shown for both drafters.
+# **What is measured, in order:** (1) what one node of each kind is worth, by start depth and offset; (2) the
+# greedy trees this gives for budgets N; (3) a calibrated tree beside the attention mask of its verify call, the
+# paper's Figure 2; (4) the tokens per call each tree is predicted to reach, E(N), against what it reaches on held-out
+# frames, for the reused heads calibrated here and for the shipped **offsets** with their own calibration, which is
+# **the paper's decoder** (`paper:N`); (5) the cost of a wider call, t(N)/t(1), through three backends, on the embedded
+# model and on the real-size 0.6B architecture; (6) the paper's Figure 4 here: every decoder timed beside every way
+# of running AR; (7) a temperature sweep: does a point-mass tree win when p is sharper?
 #
-# Everything is computed by `rvqspec_lib` (`eval.calibration`, `eval.budget`, `eval.speed`); the notebook calls and
-# plots. **Caveat**: the embedded model is a small model trained offline; its acceptance rates are its own, and the
-# real-size 0.6B architecture has random weights here (timing only), so its speedups are **projections** from the
-# embedded model's acceptance, labelled so.
+# **Caveats.** The embedded model is small and trained here on synthetic speech; its acceptance rates are its own.
+# The 0.6B architecture has RANDOM weights here: its call costs are real, its outputs mean nothing, so its speedups
+# are PROJECTIONS from the embedded model's acceptance, labelled so. Everything below is computed by `rvqspec_lib`
+# (`eval.calibration`, `eval.speed`, the registry `models.backends`); the notebook calls and plots.
 
 # %% tags=["parameters"]
 model = "embedded"  # the small trained model shipped in data/embedded (its calibration split ships beside it)
 seed = 0  # frame order, decode generators, Monte Carlo draws
-smoke = False  # True: few frames and repeats, no compilation (headless test, ~2 min)
+smoke = False  # True: few frames and repeats, tiny-random as the real-size stand-in (headless test, a few minutes)
 out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
 threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
-n_calibration_frames = 400  # frames of the shipped calibration split to calibrate on (its size is printed below;
-#                              the shipped trees/heads.json: 1500)
-n_eval_frames = 120  # evaluation frames for predicted vs measured tokens per call
-budgets = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # node budgets N compared (the calibration builds 2..64)
+n_calibration_frames = 400  # frames of the shipped calibration split calibrated on (the shipped trees/heads.json: 1500)
+n_eval_frames = 120  # held-out evaluation frames of predicted vs measured tokens per call
+budgets = (2, 4, 8, 16, 32, 64)  # node budgets N of predicted vs measured (the calibration builds every N in 2..64)
+chains = (2, 4, 8)  # chain windows measured beside the trees
 draws = 2  # Monte Carlo draws of the sampled children per (frame, start depth) in the calibration
-speed_budgets = (2, 4, 8, 16, 32, 64)  # N timed on this machine (Figure 4 analogue)
+tree_budgets = (4, 8, 16, 32)  # the calibrated trees drawn
+fig2_budget = 32  # N of Figure 2's tree: the paper's node budget
+backends = ("official", "eager", "native")  # verify backends of the registry timed ("compile" adds minutes)
+speed_budgets = (2, 4, 8, 16, 32, 64)  # N of the trees timed (Figure 4)
+speed_chains = (4, 8)  # chain windows timed
 speed_contexts = 50  # evaluation contexts the timed frames cycle through
-speed_repeats = 8  # the MINIMUM of timed frames per (decoder, backend), interleaved (more until noise_target)
-compile_fused = True  # the fused AR frame compiled with torch.compile (~4 min on this machine); False: eager
-compare_model = "qwen3-tts-0.6b-random"  # real-size architecture, RANDOM weights: cost curve and loop share only
-compare_repeats = 4  # the minimum of timed frames per decoder on the compare model
-noise_target = 0.05  # every timing goes on until the relative standard error of each median is at most this, or 4 x its
-#                      minimum (rvqspec_lib.eval.noise; None: exactly the repeats above). Smoke: None
-batch_sizes = (1, 4, 16)  # frames decoded together
+speed_repeats = 8  # the MINIMUM of timed frames per runner, interleaved (more until noise_target)
+compare_model = "qwen3-tts-0.6b-random"  # real-size architecture, RANDOM weights: verify cost only
+compare_repeats = 4  # the minimum of timed rounds of the real-size verify cost curve
+noise_target = 0.05  # every timing goes on until the relative standard error of each median is at most this, or 4 x
+#                      its minimum (rvqspec_lib.eval.noise; None: exactly the repeats above). Smoke: None
 temperatures = (1.5, 1.2, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)  # code-predictor temperatures of the sweep
+temperature_budget = 16  # N of both trees in the sweep
 temperature_frames = 60  # calibration and evaluation frames per temperature
 write_trees = False  # True (not smoke): write the calibration beside the model (<model>/trees/heads.json), where
-#                      `rvqspec synth --tree calibrated:N` and `--decoder auto` read it; `make paper` leaves the
-#                      shipped file as it is (notebook 01 and the CLI read it) and writes 03_trees_heads.json
-table_repeats = 3  # the minimum of timed frames per decoder in the table to act on (more until noise_target; smoke: 1)
-table_backends = ("eager", "native")  # the table's backends ("native": the C forward and the whole frame in C, where it
-#                               builds); "compile" adds compiled rows of every native precision (many minutes:
-#                               compile_fused's graphs are not reused); smoke: eager and native
+#                      `rvqspec synth --decoder tree:calibrated:N` and `--decoder auto` read it; `make paper` leaves
+#                      the shipped file as it is and writes 04_trees_heads.json
 
 # %%
-import json
+import os
 import time
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -86,37 +88,33 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
+from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
-from rvqspec_lib.eval import paper_decoder as PD
-from rvqspec_lib.eval import plots
-from rvqspec_lib.eval.bench import measure_quietly
-from rvqspec_lib.eval.acceptance import decoder_statistics
-from rvqspec_lib.eval.budget import AUTO_BUDGETS, choose_decoder
-from rvqspec_lib.eval.calibration import BUDGETS, calibrate, calibration_frames
 from rvqspec_lib.data.frame_sources import frames_from_shipped
+from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
+from rvqspec_lib.decoding.decoder_names import tree_from_calibration
+from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.eval import plots
+from rvqspec_lib.eval import speed as S
+from rvqspec_lib.eval.calibration import (BUDGETS, KINDS, calibrate, calibration_frames, point_mass_overtakes,
+                                          predicted_vs_measured, temperature_sweep)
 from rvqspec_lib.eval.inner_loop import default_sampling
 from rvqspec_lib.eval.noise import noise_words
-from rvqspec_lib.eval.speed import batch_throughput, random_contexts, time_frames, verify_cost_curve
-from rvqspec_lib.models.drafter_files import shipped_drafter
-from rvqspec_lib.models.fused import FusedARFrame
-from rvqspec_lib.models.kernels import cpforward
-from rvqspec_lib.models.lean import LeanCodePredictor
+from rvqspec_lib.eval.timing import measure_quietly
+from rvqspec_lib.eval.verify_calls import record_verify_calls
+from rvqspec_lib.models.backends import available, verify_backend
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
-from rvqspec_lib.models.native import NativeCodePredictor
-from rvqspec_lib.models.tree_files import save_calibration, tree_file, tree_from_calibration
-from rvqspec_lib.data.utterances import embedded_root
-from rvqspec_lib.decoding.decoders import AR, Chain
-from rvqspec_lib.decoding.drafters import ReusedHeads
-from rvqspec_lib.decoding.predictor import OfficialBackend
-from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.models.named_decoders import drafter_calibration, has_paper_decoder, resolve, resolve_all
+from rvqspec_lib.models.tree_files import save_calibration, tree_file
 
 t_start = time.perf_counter()
 if smoke:
     n_calibration_frames, n_eval_frames, draws = min(n_calibration_frames, 48), min(n_eval_frames, 32), 1
-    budgets, speed_budgets = (2, 4, 8), (2, 8)
-    speed_contexts, speed_repeats, compare_repeats, noise_target = 4, 2, 1, None
-    compile_fused, compare_model = False, "tiny-random"
-    batch_sizes, temperatures, temperature_frames = (1, 4), (0.9, 0.3), 24
+    budgets, chains, tree_budgets, speed_budgets, speed_chains = (2, 4, 8), (2, 4), (4, 8), (2, 8), (4,)
+    speed_contexts, speed_repeats, compare_repeats, noise_target = 4, 2, 2, None
+    temperatures, temperature_frames = (0.9, 0.3), 24
+    if compare_model == "qwen3-tts-0.6b-random":  # the default: its tiny stand-in (a model given by name is kept)
+        compare_model = "tiny-random"
 timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)
 if threads:  # two threads on a busy 2-core machine spin-wait
     torch.set_num_threads(int(threads))
@@ -125,26 +123,30 @@ try:
     embedded_root(model)
     run_model = model
 except FileNotFoundError:  # calibration needs trained weights and frames of real speech
+    run_model, compare_model = EMBEDDED_MODEL, model
     display(Markdown(f"**`{model}` ships no calibration utterances: this notebook calibrates the embedded model "
-                     "instead** (its speed section still times `compare_model`)."))
-    run_model = EMBEDDED_MODEL
+                     f"instead**, and times `{model}` as the compare model of section 6 (its verify cost curve)."))
 budgets = tuple(sorted({int(b) for b in budgets}))
-params = dict(model=model, run_model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out),
-              threads=torch.get_num_threads(), n_calibration_frames=n_calibration_frames, n_eval_frames=n_eval_frames,
-              budgets=list(budgets), draws=draws, speed_budgets=list(speed_budgets), speed_contexts=speed_contexts,
-              speed_repeats=speed_repeats, compile_fused=bool(compile_fused), compare_model=compare_model,
-              compare_repeats=compare_repeats, batch_sizes=list(batch_sizes), temperatures=list(temperatures),
-              noise_target=noise_target,
-              temperature_frames=temperature_frames, write_trees=bool(write_trees), notebook="03_calibrating_the_tree")
+params = dict(notebook="04_calibrating_the_tree", model=model, run_model=run_model, seed=seed, smoke=bool(smoke),
+              out_dir=str(out), threads=torch.get_num_threads(), n_calibration_frames=n_calibration_frames,
+              n_eval_frames=n_eval_frames, budgets=list(budgets), chains=list(chains), draws=draws,
+              tree_budgets=list(tree_budgets), fig2_budget=fig2_budget, backends=list(backends),
+              speed_budgets=list(speed_budgets), speed_chains=list(speed_chains), speed_contexts=speed_contexts,
+              speed_repeats=speed_repeats, compare_model=compare_model, compare_repeats=compare_repeats,
+              noise_target=noise_target, temperatures=list(temperatures), temperature_budget=temperature_budget,
+              temperature_frames=temperature_frames, write_trees=bool(write_trees))
 prov = provenance(params, seed=seed)
 timings = {}
 print(f"model {run_model}, outputs -> {out}")
 
 # %% [markdown]
-# ## The model and the frames
-# Calibration frames: the contexts of the shipped `calibration` split (teacher-forced on real speech), codes 1..15
-# re-sampled from p by AR decoding at the deployed sampling (what a decoder will verify). Evaluation frames: the
-# `evaluation` split's contexts, decoded by each decoder itself.
+# ## 1. The model, the frames, the sampling
+#
+# Two disjoint splits of the model's shipped utterances. **Calibration frames**: contexts of the `calibration` split
+# (teacher-forced on real speech), their codes 1..15 sampled again from p by AR decoding at the deployed sampling,
+# so the tables describe exactly the codes a decoder will verify. **Evaluation frames**: contexts of the `evaluation`
+# split, decoded by each decoder itself: the held-out check of every prediction. The paper calibrated on
+# LibriSpeech and evaluated on Fleurs, the same separation.
 
 # %%
 lm = load_model(run_model)
@@ -155,534 +157,457 @@ t0 = time.perf_counter()
 cal_frames = calibration_frames(lm, max_frames=n_calibration_frames, seed=seed, progress=True)
 eval_frames = frames_from_shipped(lm, "evaluation", max_frames=n_eval_frames, seed=seed, progress=True)
 timings["frames_s"] = time.perf_counter() - t0
-display(pd.DataFrame([{"split": "calibration", "frames": len(cal_frames),
-                       "utterances": int(torch.unique(cal_frames.utterance).numel())},
-                      {"split": "evaluation", "frames": len(eval_frames),
-                       "utterances": int(torch.unique(eval_frames.utterance).numel())}]))
-# the paper's decoder: the offsets shipped beside the model and THEIR calibration (never the heads' trees)
-has_paper = PD.has_paper_decoder(lm)
-if has_paper:
-    offsets_cal = PD.drafter_calibration(lm, "offsets")
-    offsets = shipped_drafter(lm, "offsets", cp)  # the module beside the model (drafters/offsets.safetensors)
-else:
-    offsets_cal, offsets = None, None
-    display(Markdown(f"**`{run_model}` ships no offsets drafter with a calibration: the paper's decoder is left out "
-                     "below** (train it with `rvqspec train-drafter`, calibrate with `scripts/calibrate_trees.py`)."))
-print(f"sampling {sampling!r}; {n_codes} codes a frame; drafters: the reused heads (calibrated below)"
-      + (f", the shipped offsets ({offsets_cal['n_frames']} calibration frames)" if has_paper else ""))
-
-# %%
-# the calibration split's size, read from the data that ships it (the same sentence in notebooks 00, 03 and 04)
-from rvqspec_lib.data.utterances import shipped_split_sizes
-
+has_paper = has_paper_decoder(lm)
+offsets_cal = drafter_calibration(lm, "offsets") if has_paper else None
 split = shipped_split_sizes(run_model)["calibration"]
-display(Markdown(f"The shipped calibration split (`{split['file']}`): **{split['utterances']} utterances, "
-                 f"{split['frames']} frames**; this notebook calibrates on {len(cal_frames)} of its frames "
-                 f"(`n_calibration_frames`)."))
+display(pd.DataFrame([{"split": "calibration", "frames used": len(cal_frames),
+                       "utterances": int(torch.unique(cal_frames.utterance).numel())},
+                      {"split": "evaluation", "frames used": len(eval_frames),
+                       "utterances": int(torch.unique(eval_frames.utterance).numel())}]))
+display(Markdown(
+    f"The shipped calibration split (`{os.path.relpath(split['file'], REPO_ROOT)}`): **{split['utterances']} "
+    f"utterances, {split['frames']} frames**; this notebook calibrates the reused heads on {len(cal_frames)} of its "
+    f"frames (`n_calibration_frames`). Sampling: {plots.sampling_words(sampling)} (the model's generation config); "
+    f"{n_codes} codes a frame come from the code predictor. "
+    + (f"The shipped offsets drafter comes with its own calibration ({offsets_cal['n_frames']} calibration frames, "
+       "`trees/offsets.json`): with its point-mass tree it is the paper's decoder, `paper:N`."
+       if has_paper else f"**`{run_model}` ships no offsets drafter with a calibration: the paper's decoder is left "
+       "out below** (train it with `rvqspec train-drafter`, calibrate with `scripts/calibrate_trees.py`).")))
 
 # %% [markdown]
-# ## Calibration
-# Point-mass: `rank_mass[s, t, r] = E[p(x_r)]` for the rank-r draft at offset t from start depth s (exact given the
-# teacher-forced prefix). Sampled: the probability that the i-th child drawn without replacement is the accepted
-# one, once its parent was reached (Monte Carlo over the children, Sequoia's rule computed exactly). Pooled over start
-# depths, each table grows a tree greedily, one node at a time (the most valuable node whose parent is in).
+# ## 2. What one drafted node is worth
+#
+# For every calibration frame and every start depth s, one teacher-forced pass gives the target p of each later
+# depth and the drafter's q for each offset t. Two tables follow (`rvqspec_lib.eval.calibration.calibrate`):
+#
+# * **point-mass**, exact given the prefix: `rank_mass[s, t, r] = E[p(x_r)]`, the probability that the rank-r code
+#   of q is the code the verifier draws;
+# * **sampled**: the probability that the i-th child drawn from q without replacement is the one accepted, once its
+#   parent is reached; the children are drawn by Monte Carlo (`draws` per frame and start depth), the acceptance of
+#   each draw computed exactly by Sequoia's rule. Child 0 is kept with `sum min(p, q)` = 1 − TV(p, q).
+#
+# All four panels below share ONE colour scale: the point here is how the two kinds compare, which separate scales
+# would hide.
 
 # %%
 t0 = time.perf_counter()
-cal = calibrate(cp, ReusedHeads(), cal_frames, sampling=sampling, budgets=BUDGETS if not smoke else budgets,
+cal = calibrate(cp, ReusedHeads(), cal_frames, sampling=sampling, budgets=budgets if smoke else BUDGETS,
                 draws=draws, seed=seed)
 timings["calibrate_s"] = time.perf_counter() - t0
 cal["provenance"] = prov
 trees_path = tree_file(run_model, "heads")
 if write_trees and not smoke and trees_path is not None and run_model == model:
-    save_calibration(cal, trees_path)
-    where = trees_path
+    where = save_calibration(cal, trees_path)
 else:
-    where = save_calibration(cal, out / "03_trees_heads.json")
-print(f"calibrated on {cal['n_frames']} frames in {timings['calibrate_s']:.0f} s -> {where}")
-
-# %%
-rank_tab = pd.DataFrame(cal["point-mass"]["table"], index=pd.Index(range(1, len(cal["point-mass"]["table"]) + 1),
-                                                                   name="offset"))
-rank_tab.columns = [f"rank {r}" for r in rank_tab.columns]
-child_tab = pd.DataFrame(cal["sampled"]["table"], index=rank_tab.index)
-child_tab.columns = [f"child {i}" for i in child_tab.columns]
-save_table(rank_tab.reset_index(), out / "03_rank_mass", prov)
-save_table(child_tab.reset_index(), out / "03_child_acceptance", prov)
-fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-for ax, tab, title in ((axes[0], rank_tab, "point-mass: target mass E[p(x_r)] of the rank-r draft"),
-                       (axes[1], child_tab, "sampled: P(child i is accepted | parent reached)")):
-    im = ax.imshow(tab.values.T, aspect="auto", cmap="viridis", vmin=0, vmax=max(0.01, float(np.nanmax(tab.values))),
-                   origin="lower", extent=(0.5, tab.shape[0] + 0.5, -0.5, tab.shape[1] - 0.5))
-    ax.set_xlabel("draft offset t")
-    ax.set_ylabel("rank r" if "rank" in title else "child index i")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax)
-fig.suptitle(f"{run_model}: acceptance by offset (calibration split, {cal['n_frames']} frames, {sampling!r})",
-             fontsize=10)
-fig.tight_layout()
-save_figure(fig, out / "03_acceptance_heatmap", prov)
+    where = save_calibration(cal, out / "04_trees_heads.json")
+pm_tab = np.array(cal["point-mass"]["table"], dtype=float)  # (offsets, ranks), start depths pooled
+sp_tab = np.array(cal["sampled"]["table"], dtype=float)  # (offsets, children)
+offsets_idx = pd.Index(range(1, pm_tab.shape[0] + 1), name="offset")
+save_table(pd.DataFrame(pm_tab, index=offsets_idx, columns=[f"rank {r}" for r in range(pm_tab.shape[1])])
+           .reset_index(), out / "04_rank_mass", prov,
+           caption=f"E[p(x_r)] of the rank-r draft at offset t, start depths pooled; {run_model}, reused heads, "
+                   f"{cal['n_frames']} calibration frames")
+save_table(pd.DataFrame(sp_tab, index=offsets_idx, columns=[f"child {i}" for i in range(sp_tab.shape[1])])
+           .reset_index(), out / "04_child_acceptance", prov,
+           caption=f"P(the i-th sampled child is accepted | its parent reached) at offset t, start depths pooled; "
+                   f"{run_model}, reused heads, {cal['n_frames']} calibration frames, {draws} draws each")
+by_s = [{"kind": kind, "start_depth": s + 1, **{f"offset {t + 1}": v[0] for t, v in enumerate(row)}}
+        for kind in KINDS for s, row in enumerate(cal[kind]["by_start_depth"])]
+save_table(by_s, out / "04_acceptance_by_start_depth", prov,
+           caption="point-mass: target mass of the rank-0 draft; sampled: acceptance of the first child; by start "
+                   "depth s and offset t (empty: s + t past the frame)")
+fig = plots.plot_acceptance_heatmaps(
+    cal, title=f"{run_model}, reused heads: what one drafted node is worth ({cal['n_frames']} calibration frames, "
+               f"{plots.sampling_words(sampling)})")
+save_figure(fig, out / "04_acceptance_heatmap", prov)
 plt.show()
-
-# %% [markdown]
-# ## The calibrated trees
-# The trees of a few budgets: columns are draft offsets, labels are ranks (point-mass) or child indices (sampled).
-
-# %%
-show_n = [b for b in (4, 8, 16, 32) if b in cal["budgets"]] or cal["budgets"][:2]
-fig, axes = plt.subplots(2, len(show_n), figsize=(3.2 * len(show_n), 6.4), squeeze=False)
-for row, kind in enumerate(("point-mass", "sampled")):
-    for col, b in enumerate(show_n):
-        tr = tree_from_calibration(cal, kind, b)
-        plots.plot_tree(axes[row][col], tr.paths, sampled=tr.sampled,
-                        title=f"{kind}, N={b}: E={cal[kind]['predicted_tokens_per_call'][str(b)]:.2f}")
-fig.tight_layout()
-save_figure(fig, out / "03_trees", prov)
-plt.show()
-
-# %% [markdown]
-# ## A calibrated tree and its verify attention mask (the paper's Figure 2, here)
-# The shipped calibration (`<model>/trees/heads.json`, read with `rvqspec_lib.models.tree_files`), its point-mass
-# tree (the paper's kind) at the paper's node budget, beside the attention mask of that tree's first verify
-# call of a frame. The mask is not drawn from a formula: one evaluation frame is decoded through
-# `rvqspec_lib.decoding.decode.decode_frame` and the `allow` mask the verify step passed to the model is recorded
-# (`rvqspec_lib.eval.verify_calls.record_verify_calls`). Rows: the call's query positions (root, then the nodes);
-# columns: the frame's KV slots, the codes committed before the call, then the call's own.
-
-# %%
-from rvqspec_lib.eval.verify_calls import record_verify_calls
-from rvqspec_lib.models.tree_files import load_calibration
-
-fig2_budget = 32  # N of the drawn tree: the paper's node budget (its Figure 2 draws a sparse tree of that size)
-shipped_path = tree_file(run_model, "heads")
-shipped_cal = load_calibration(shipped_path, n_codes=n_codes, codebook_size=lm.codebook_size)
-fig2_tree = tree_from_calibration(shipped_cal, "point-mass", fig2_budget)
-calls = record_verify_calls(cp, eval_frames.context[:1], fig2_tree, sampling=sampling, seed=seed)
-first_verify = next(c for c in calls if c["kind"] == "verify")
-fig = plots.plot_tree_and_mask(fig2_tree.paths, first_verify,
-                               title=f"{run_model}: calibrated point-mass tree of N = {fig2_budget} from "
-                                     f"{shipped_path.name} ({shipped_cal['n_frames']} calibration frames), and its "
-                                     f"verify call's attention mask")
-save_figure(fig, out / "03_tree_and_mask", {**prov, "calibration_file": str(shipped_path)})
-plt.show()
-
-# %% [markdown]
-# ## Predicted vs measured tokens per call
-# E(N) is predicted over whole frames (prefill included, drafts stopped at the frame's last depth) from the
-# calibration tables; "measured" decodes the evaluation split's contexts with each tree (batched, one seed). Chains of
-# 2..8 are the sampled trees with one child per node.
-
-# %%
-t0 = time.perf_counter()
-rows = []
-per_drafter = [("heads", ReusedHeads(), cal, "")] + ([("offsets", offsets, offsets_cal, "@offsets")]
-                                                    if has_paper else [])
-cands = [(f"calibrated-{kind}:{b}{tag}", tree_from_calibration(c, kind, b), kind, b, dname, d, c)
-         for dname, d, c, tag in per_drafter for kind in ("point-mass", "sampled") for b in budgets]
-for label, dec, kind, b, dname, d, c in cands:
-    st = decoder_statistics(cp, d, eval_frames.context, dec, sampling=sampling, seed=seed)
-    pred = c[kind]["predicted_tokens_per_call"][str(b)]
-    rows.append({"decoder": label, "drafter": dname, "kind": kind, "nodes": b, "depth": dec.tree(n_codes).max_depth,
-                 "predicted_tokens_per_call": pred, "measured_tokens_per_call": st["tokens_per_call"],
-                 "relative_error": pred / st["tokens_per_call"] - 1.0,
-                 "paper_decoder": dname == "offsets" and kind == "point-mass"})
-for dname, d, _, tag in per_drafter:
-    for w in (2, 4, 8):
-        st = decoder_statistics(cp, d, eval_frames.context, Chain(w), sampling=sampling, seed=seed)
-        rows.append({"decoder": f"chain:{w}{tag}", "drafter": dname, "kind": "chain", "nodes": w, "depth": w - 1,
-                     "predicted_tokens_per_call": None, "measured_tokens_per_call": st["tokens_per_call"],
-                     "relative_error": None, "paper_decoder": False})
-pvm = pd.DataFrame(rows)
-timings["measured_tokens_per_call_s"] = time.perf_counter() - t0
-save_table(pvm, out / "03_predicted_vs_measured", prov)
-fig, ax = plt.subplots(figsize=(6.5, 4))
-for dname, color in (("heads", "C0"), ("offsets", "C3")):
-    for kind, mk in (("point-mass", "o"), ("sampled", "s")):
-        d = pvm[(pvm.kind == kind) & (pvm.drafter == dname)]
-        if not len(d):
-            continue
-        name = "paper's decoder (offsets, point-mass)" if dname == "offsets" and kind == "point-mass" else \
-            f"{dname}, {kind}"
-        line, = ax.plot(d.nodes, d.measured_tokens_per_call, mk + "-", color=color if kind == "point-mass" else None,
-                        label=f"{name}: measured")
-        ax.plot(d.nodes, d.predicted_tokens_per_call, mk + "--", alpha=0.6, color=line.get_color(),
-                label=f"{name}: predicted E(N)")
-    ch = pvm[(pvm.kind == "chain") & (pvm.drafter == dname)]
-    if len(ch):
-        ax.plot(ch.nodes, ch.measured_tokens_per_call, "^:", color=color, alpha=0.7,
-                label=f"{dname}, chain (window = N): measured")
-ax.set_xscale("log", base=2)
-ax.set_xlabel("node budget N (query positions per verify call)")
-ax.set_ylabel("tokens per call")
-ax.set_title(f"{run_model}: each drafter's own calibrated trees, evaluation split ({len(eval_frames)} frames)",
-             fontsize=10)
-ax.legend(fontsize=6)
-fig.tight_layout()
-save_figure(fig, out / "03_tokens_per_call_vs_N", prov)
-plt.show()
-pvm.round(3)
-
-# %% [markdown]
-# ## The cost of a verify call on this machine
-# `t(Q)/t(1)` of one verify call of Q query positions, per backend: the official transformers module, the lean
-# forward over the same weights (bit-identical with torch's matmul), the lean forward with the multi-row GEMV
-# kernel (docs/offline.md#verify-cost-on-this-cpu) and the native forward (the whole call in one C function,
-# row for row the same arithmetic in a verify call as in an AR call; docs/precision.md#the-native-forward), where it
-# builds.
-
-# %%
-backends = {"official": OfficialBackend(cp), "lean": LeanCodePredictor(cp),
-            "lean-mgemv": LeanCodePredictor(cp, matmul="mgemv")}
-if cpforward.available():
-    backends["native"] = NativeCodePredictor(cp)
-speed_backends = [k for k in ("official", "lean-mgemv", "native") if k in backends]
-qs = sorted({1, *speed_budgets})
-t0 = time.perf_counter()
-cost, cost_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: verify_cost_curve(
-    cp, backends, query_sizes=qs, repeats=max(3, speed_repeats // 2), seed=seed, noise_target=noise_target),
-    meta=lambda r: r["meta"])
-timings["verify_cost_s"] = time.perf_counter() - t0
-cost_tab = pd.DataFrame(cost["rows"])
-save_table(cost_tab, out / "03_verify_cost", {**prov, "meta": cost["meta"], "timing": cost_quiet},
-           caption="; ".join(filter(None, [noise_words(cost["meta"]), cost_quiet["note"]])))
-cost_tab.pivot(index="query_positions", columns="backend", values="ratio_to_q1").round(3)
-
-# %% [markdown]
-# ## Speed: every decoder timed, interleaved, beside AR and the fused AR frame (the paper's Figure 4, here)
-# One frame at a time (batch 1, the streaming case), every (decoder, backend) condition on the same contexts in a
-# shuffled order each repeat. `outside_share` is the loop outside the model call (masks, sampling, the accept walk,
-# commit). The fused AR frame is one compiled call with sampling inside (Gumbel-max).
-
-# %%
-speed_ctx = eval_frames.context[:speed_contexts]
-decoders = {"ar": AR(), "chain:4": Chain(4), "chain:8": Chain(8)}
-for kind in ("point-mass", "sampled"):
-    for b in speed_budgets:
-        if b in cal["budgets"]:
-            decoders[f"calibrated-{kind}:{b}"] = tree_from_calibration(cal, kind, b)
-if has_paper:  # the paper's decoder (offsets + their own point-mass tree) at every timed N and at its default 32
-    paper_budgets = sorted({*[b for b in speed_budgets if b in offsets_cal["budgets"]], 32})
-    decoders.update(PD.named_decoders(lm, [f"paper:{b}" for b in paper_budgets],
-                                      calibrations={"offsets": offsets_cal}, drafters={"offsets": offsets}))
-t0 = time.perf_counter()
-fused = {"fused-compiled" if compile_fused else "fused-eager": FusedARFrame(cp, sampling, compile=bool(compile_fused))}
-# an oversubscribed CPU (eval.bench.OTHER_CPU_LIMIT) is re-measured once; if it still is, title and caption say so
-speed, speed_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: time_frames(
-    cp, speed_ctx, decoders, {k: backends[k] for k in speed_backends}, fused=fused, sampling=sampling,
-    repeats=speed_repeats, seed=seed, random_weights=lm.is_random, noise_target=noise_target), meta=lambda r: r["meta"])
-timings["speed_s"] = time.perf_counter() - t0
-speed_tab = pd.DataFrame(speed["rows"])
-save_table(speed_tab, out / "03_speed", {**prov, "meta": speed["meta"], "timing": speed_quiet},
-           caption="; ".join(filter(None, [noise_words(speed["meta"]), speed_quiet["note"]])))
-display(speed_tab[["decoder", "backend", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms", "outside_share",
-                   "speedup_vs_ar", "speedup_vs_fused"]].round(3))
-print(json.dumps({k: speed["meta"][k] for k in ("threads", "cpu", "load_avg_1min_before", "other_cpu_frac")}))
-
-# %%
-def _n_of(label: str) -> int | None:
-    if label.startswith("paper-N"):
-        return int(label[len("paper-N"):])
-    return int(label.rsplit(":", 1)[1]) if label.startswith("calibrated-") else None
-
-
-fig, axes = plt.subplots(1, len(speed_backends), figsize=(5.8 * len(speed_backends), 4.2), squeeze=False)
-for ax, backend in zip(axes[0], speed_backends):
-    d = speed_tab[speed_tab.backend == backend]
-    for kind, mk in (("point-mass", "o"), ("sampled", "s")):
-        k = d[d.decoder.str.startswith(f"calibrated-{kind}:")]
-        ax.plot([_n_of(x) for x in k.decoder], k.speedup_vs_ar, mk + "-", label=f"heads, calibrated {kind} tree")
-    pp = d[d.decoder.str.startswith("paper-N")]
-    if len(pp):
-        ax.plot([_n_of(x) for x in pp.decoder], pp.speedup_vs_ar, "D-", color="C3",
-                label="paper's decoder (offsets + own point-mass tree)")
-    for lab, ls in (("chain:4", ":"), ("chain:8", "-.")):
-        v = d[d.decoder == lab].speedup_vs_ar
-        if len(v):
-            ax.axhline(float(v.iloc[0]), ls=ls, color="0.4", label=f"{lab} (window N = {lab.split(':')[1]})")
-    fz = speed_tab[speed_tab.decoder == "fused-AR"]
-    ar_ms = float(d[d.decoder == "ar"].ms_per_frame.iloc[0])
-    if len(fz):
-        ax.axhline(ar_ms / float(fz.ms_per_frame.iloc[0]), color="C3", lw=1, label="fused AR frame (one call)")
-    ax.axhline(1.0, color="k", lw=0.6)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("node budget N")
-    ax.set_ylabel("speedup vs AR (same backend), wall clock per frame")
-    ax.set_title(f"{run_model}, {backend} forward, {speed['meta']['threads']} thread(s)", fontsize=9)
-    ax.legend(fontsize=7)
-fig.suptitle("Figure 4 analogue on this machine (batch 1, measured)"
-             + (f"\n{speed_quiet['note']}: the times are pessimistic" if speed_quiet["note"] else ""), fontsize=10)
-fig.tight_layout()
-save_figure(fig, out / "03_speedup_vs_N", {**prov, "meta": speed["meta"]})
-plt.show()
-
-# %%
-# the paper's per-device optima (its Figure 4 / §3), in a labelled comparison column; this machine's measured best
-best_here = speed_tab[speed_tab.decoder.str.startswith("calibrated-")].sort_values("speedup_vs_ar").iloc[-1]
-paper = pd.DataFrame([
-    {"device": "M3 Pro (paper, Core ML)", "best_N": 32, "speedup": 2.13, "source": "paper"},
-    {"device": "iPhone 17 Pro Max (paper, Core ML)", "best_N": 32, "speedup": 2.34, "source": "paper"},
-    {"device": "iPhone 12 (paper, Core ML)", "best_N": 16, "speedup": 1.82, "source": "paper (1.21x at N = 64)"},
-    {"device": f"this machine: {speed['meta']['cpu']} ({best_here.backend})", "best_N": _n_of(best_here.decoder),
-     "speedup": float(best_here.speedup_vs_ar), "source": f"measured here, {best_here.decoder}"},
-])
-best_paper = speed_tab[speed_tab.decoder.str.startswith("paper-N")].sort_values("speedup_vs_ar")
-if len(best_paper):  # the paper's decoder at its fastest N here, beside the heads' trees
-    bp = best_paper.iloc[-1]
-    paper.loc[len(paper)] = {"device": f"this machine: {speed['meta']['cpu']} ({bp.backend}), the paper's decoder",
-                             "best_N": _n_of(bp.decoder), "speedup": float(bp.speedup_vs_ar),
-                             "source": f"measured here, {bp.decoder} (offsets + own tree)"}
-save_table(paper, out / "03_paper_devices", prov)
-paper
-
-# %% [markdown]
-# ## `--decoder auto`: the budget chosen from this device's own measurements
-# `rvqspec_lib.eval.budget.choose_decoder` times the verify call of every candidate (AR, chains, both kinds of
-# calibrated trees), predicts `E(N) t(1)/t(N)`, then decodes frames with the most promising ones (interleaved) and
-# keeps the least measured time per committed code (what `rvqspec synth --decoder auto` does and caches). Like
-# `synth`, it chooses the forward too: the official module and, where it builds, the native forward, every
-# shortlisted decoder timed through each, and AR and every chain window as the native whole frame (one C call a
-# frame, backend `native-frame`); the speedup is over AR through the official module.
-
-# %%
-t0 = time.perf_counter()
-choice = choose_decoder(cp, cal, cal_frames.context, sampling=sampling,
-                        budgets=[b for b in AUTO_BUDGETS if b in cal["budgets"]], frames=8 if smoke else 24,
-                        repeats=1 if smoke else 3, shortlist=3 if smoke else 5, seed=seed, progress=True,
-                        noise_target=noise_target,
-                        backends={k: backends[k] for k in ("official", "native") if k in backends})
-timings["auto_s"] = time.perf_counter() - t0
-auto_tab = pd.DataFrame(choice.table)
-save_table(auto_tab, out / "03_auto", prov)
-how = ("as the whole frame in one C call over the native forward" if choice.backend == "native-frame"
-       else f"through the {choice.backend or 'official'} forward")
-display(Markdown(f"**auto chose `{choice.label}`** {how}: {choice.reason}"))
-auto_tab.round(3)
-
-# %% [markdown]
-# ## Batches: where the gain of speculation vanishes
-# Frames per second when B frames are decoded together (one call per round for the whole batch; a batch's round
-# lasts as long as its slowest row needs). Bigger batches fill the machine with AR alone.
-
-# %%
-best_label = choice.label if choice.label != "ar" else "chain:4"
-best_dec = {**{c: d for c, d in decoders.items()}, **{choice.label: choice.decoder}}.get(best_label, Chain(4))
-t0 = time.perf_counter()
-batches, batches_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: batch_throughput(
-    cp, eval_frames.context, {"ar": AR(), best_label: best_dec}, {"lean-mgemv": backends["lean-mgemv"]},
-    batch_sizes=batch_sizes, sampling=sampling, repeats=2 if smoke else 6, seed=seed, noise_target=noise_target),
-    meta=lambda r: r["meta"])
-timings["batches_s"] = time.perf_counter() - t0
-batch_tab = pd.DataFrame(batches["rows"])
-save_table(batch_tab, out / "03_batches", {**prov, "meta": batches["meta"], "timing": batches_quiet},
-           caption="; ".join(filter(None, [noise_words(batches["meta"]), batches_quiet["note"]])))
-batch_tab.pivot(index="batch", columns="decoder", values="frames_per_s").round(2)
-
-# %% [markdown]
-# ## The real-size 0.6B architecture (random weights: timing only) and a projection
-# The 0.6B code predictor's verify cost curve on this machine, per backend, and the loop's share of a frame for each
-# decoder. Its acceptance means nothing (random weights), so its frames' tokens per call are those of random heads
-# and no speedup of those frames is shown. The speedup it **would** reach is projected from the embedded model's
-# calibrated E(N) and the measured `t(1)/t(N)`: **a projection, not a measurement**, which leaves out the prefill, the
-# talker and the loop outside the verify call; its caption names its inputs.
-
-# %%
-t0 = time.perf_counter()
-big = load_model(compare_model)
-big_cp = big.code_predictor
-big_backends = {"official": OfficialBackend(big_cp), "lean-mgemv": LeanCodePredictor(big_cp, matmul="mgemv")}
-big_cost, big_cost_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: verify_cost_curve(
-    big_cp, big_backends, query_sizes=qs, repeats=max(2, compare_repeats // 2), seed=seed,
-    random_weights=big.is_random, noise_target=noise_target), meta=lambda r: r["meta"])
-big_cost_tab = pd.DataFrame(big_cost["rows"])
-save_table(big_cost_tab, out / "03_verify_cost_compare_model",
-           {**prov, "meta": big_cost["meta"], "timing": big_cost_quiet},
-           caption=f"{compare_model}: random weights, timing only; {noise_words(big_cost['meta'])}" + (
-               f"; {big_cost_quiet['note']}" if big_cost_quiet["note"] else ""))
-big_dec = {"ar": AR(), "chain:4": Chain(4)}
-for b in [x for x in (4, 16) if x in cal["budgets"]]:
-    big_dec[f"calibrated-sampled:{b}"] = tree_from_calibration(cal, "sampled", b)
-big_speed, big_speed_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: time_frames(
-    big_cp, random_contexts(big_cp, 4, seed=seed), big_dec, big_backends, repeats=compare_repeats, warmup=1,
-    seed=seed, random_weights=big.is_random, noise_target=noise_target), meta=lambda r: r["meta"])
-timings["compare_model_s"] = time.perf_counter() - t0
-# random weights: the tokens per call of these frames are random heads', so a speedup over AR computed from them is
-# no result; the table keeps the costs (ms per frame, the model call, the loop's share) and drops the speedups
-big_speed_tab = pd.DataFrame(big_speed["rows"]).drop(columns=["speedup_vs_ar", "speedup_vs_fused"], errors="ignore")
-save_table(big_speed_tab, out / "03_loop_share_compare_model",
-           {**prov, "meta": big_speed["meta"], "timing": big_speed_quiet},
-           caption=f"{compare_model}: RANDOM weights, so tokens_per_call is that of random heads and no speedup is "
-                   f"shown; the costs (ms per frame, model_ms, outside_share) are the result; "
-                   f"{noise_words(big_speed['meta'])}" + (
-                       f"; {big_speed_quiet['note']}" if big_speed_quiet["note"] else ""))
-proj = []
-for backend in big_backends:
-    cur = big_cost_tab[big_cost_tab.backend == backend].set_index("query_positions").ratio_to_q1
-    for kind in ("point-mass", "sampled"):
-        for b in speed_budgets:
-            if b in cal["budgets"] and b in cur.index:
-                e = cal[kind]["predicted_tokens_per_call"][str(b)]
-                proj.append({"model": compare_model, "backend": backend, "kind": kind, "nodes": b,
-                             "E(N) (embedded model)": e, "t(N)/t(1) (measured)": float(cur[b]),
-                             "projected_speedup": e / float(cur[b]), "label": "PROJECTION"})
-proj_tab = pd.DataFrame(proj)
-save_table(proj_tab, out / "03_projection_compare_model", prov,
-           caption=f"PROJECTION, not a measurement: E(N) predicted from {run_model}'s calibration (its trained "
-                   f"weights, the reused heads) x t(1)/t(N) of one verify call measured on {compare_model}'s code "
-                   f"predictor ({'random' if big.is_random else 'trained'} weights) per backend; leaves out the "
-                   f"prefill, the talker and the loop outside the verify call")
-display(big_speed_tab[["decoder", "backend", "ms_per_frame", "model_ms", "outside_share"]].round(3))
-proj_tab.pivot_table(index="nodes", columns=["backend", "kind"], values="projected_speedup").round(2)
-
-# %% [markdown]
-# ## Temperature: does a point-mass tree overtake a sampled tree as p sharpens?
-# A point-mass child is worth the target mass of its rank, so point-mass trees gain as p sharpens; a sampled child is
-# worth `Σ min(p, q)` whatever p's entropy. For each code-predictor temperature, calibrate again (fewer frames) and
-# compare E(16) of both kinds, with the tokens per call measured on evaluation frames. Whether, and where, the
-# point-mass tree overtakes is printed from the measurements below the figure.
-
-# %%
-t0 = time.perf_counter()
-temp_rows = []
-sweep_n = 16 if 16 in cal["budgets"] else cal["budgets"][-1]
-for temp in temperatures:
-    s_t = Sampling(temperature=float(temp), top_k=sampling.top_k, top_p=sampling.top_p)
-    fr_t = calibration_frames(lm, max_frames=temperature_frames, seed=seed)
-    fr_t.codes = decoder_statistics(cp, ReusedHeads(), fr_t.context, AR(), sampling=s_t, seed=seed)["codes"]
-    cal_t = calibrate(cp, ReusedHeads(), fr_t, sampling=s_t, budgets=(sweep_n,), draws=1, seed=seed)
-    for kind in ("point-mass", "sampled"):
-        tr = tree_from_calibration(cal_t, kind, sweep_n)
-        st = decoder_statistics(cp, ReusedHeads(), eval_frames.context[:temperature_frames], tr, sampling=s_t,
-                                seed=seed)
-        temp_rows.append({"temperature": temp, "kind": kind, "nodes": sweep_n,
-                          "predicted_tokens_per_call": cal_t[kind]["predicted_tokens_per_call"][str(sweep_n)],
-                          "measured_tokens_per_call": st["tokens_per_call"],
-                          "top1_target_mass": float(cal_t["point-mass"]["table"][0][0])})
-timings["temperature_s"] = time.perf_counter() - t0
-temp_tab = pd.DataFrame(temp_rows)
-save_table(temp_tab, out / "03_temperature", prov)
-fig, ax = plt.subplots(figsize=(6.5, 4))
-for kind, mk in (("point-mass", "o"), ("sampled", "s")):
-    d = temp_tab[temp_tab.kind == kind]
-    ax.plot(d.temperature, d.measured_tokens_per_call, mk + "-", label=f"{kind} tree N={sweep_n}: measured")
-    ax.plot(d.temperature, d.predicted_tokens_per_call, mk + "--", alpha=0.5, label=f"{kind}: predicted")
-ax.set_xlabel("code-predictor temperature (lower = sharper p)")
-ax.set_ylabel("tokens per call")
-ax.invert_xaxis()
-ax.set_title(f"{run_model}: which tree wins as p sharpens", fontsize=10)
-ax.legend(fontsize=7)
-fig.tight_layout()
-save_figure(fig, out / "03_temperature", prov)
-plt.show()
-wide = temp_tab.pivot(index="temperature", columns="kind", values="measured_tokens_per_call")
-overtake = [float(t) for t in wide.index if wide.loc[t, "point-mass"] > wide.loc[t, "sampled"]]
-t_low = float(min(wide.index))
+ratio_first = sp_tab[0, 0] / pm_tab[0, 0]
+ratio_pooled = np.nanmean(sp_tab[:, 0]) / np.nanmean(pm_tab[:, 0])
 display(Markdown(
-    (f"Point-mass trees commit more codes per call than sampled trees at temperature(s) {overtake}."
-     if overtake else
-     f"Point-mass trees overtake sampled trees at **none** of the temperatures tried: at the sharpest, "
-     f"T {t_low:g}, {wide.loc[t_low, 'point-mass']:.2f} vs {wide.loc[t_low, 'sampled']:.2f} codes per call "
-     f"(N {sweep_n}).")))
+    f"At offset 1 the first sampled child is kept with probability {sp_tab[0, 0]:.3f}, the top-ranked point-mass "
+    f"draft with {pm_tab[0, 0]:.3f}: **{ratio_first:.1f} times less** for the point-mass node "
+    f"({ratio_pooled:.1f} times less averaged over offsets). Further point-mass ranks add "
+    f"{pm_tab[0, 1]:.3f}, {pm_tab[0, 2]:.3f}, ... each (the target mass of codes q ranks lower), further sampled "
+    f"children {sp_tab[0, 1]:.3f}, {sp_tab[0, 2]:.3f}, ... (the residual mass the first child missed). "
+    + (f"Both fall with the offset (to {pm_tab[-1, 0]:.3f} and {sp_tab[-1, 0]:.3f} at offset {pm_tab.shape[0]}): a "
+       f"draft from H_s knows less about depth s + t the larger t is."
+       if pm_tab[-1, 0] < pm_tab[0, 0] and sp_tab[-1, 0] < sp_tab[0, 0] else "")))
 
 # %% [markdown]
-# ## Which decoder to run on this CPU: the table to act on
-# The table `rvqspec bench --table` and `make bench` print (`rvqspec_lib.eval.bench_table.bench_table`), here for the
-# embedded model only: per precision this CPU runs natively (float32 always) and per backend of `table_backends`
-# (eager and native by default: a compiled backend compiles graphs of its own, minutes per precision; native runs
-# the calls through the C forward and its fused rows as one C call a frame), the rows stepped AR,
-# fused AR, the best speculative decoder, the fused speculative round (one graph a round) and `auto`'s choice, in ms
-# per frame, as the inner loop's real-time factor (ms per frame over the 80 ms a frame lasts) and as `x_fused_ar`
-# (ms per frame over the fused AR frame's, same precision and backend; the issue's target for the fused speculative
-# round is `FUSED_TARGET` or below). Its trees are those of `<model>/trees/heads.json` (the calibration above when
-# `write_trees`; smoke: the shipped one). Notebook 05 shows the same table, compiled rows included, with the
-# real-size 0.6B architecture beside it (random weights, its speculative frames a timing replay of the embedded
-# model's acceptance). Smoke: float32, eager and native, one frame per decoder.
+# ## 3. The calibrated trees
+#
+# Pooled over start depths, each table grows a tree greedily (`rvqspec_lib.decoding.trees.grow_tree`): one node at
+# a time, the most valuable node whose parent is already in, where a node's value is the product of the table's
+# entries along its path. The tree of budget N is the first N − 1 nodes added, so every budget's tree extends the
+# smaller ones. Each is titled with E(N), the tokens per call it is predicted to reach over whole frames (section 4).
+# Columns are draft offsets; labels are ranks (point-mass) or child indices (sampled).
 
 # %%
-from rvqspec_lib.eval.bench_table import FUSED_TARGET, bench_table, caption, format_bench_table, save_bench_table
+show_n = [b for b in tree_budgets if b in cal["budgets"]]
+fig = plots.plot_calibrated_trees(cal, show_n, title=f"{run_model}: greedy calibrated trees of the reused heads")
+save_figure(fig, out / "04_trees", prov)
+plt.show()
+shape_rows = []
+for kind in KINDS:
+    for b in show_n:
+        tr = tree_from_calibration(cal, kind, b)
+        widths = np.bincount([len(p) for p in tr.paths])
+        shape_rows.append({"kind": kind, "nodes": b, "deepest_offset": max(len(p) for p in tr.paths),
+                           "widest_offset": int(np.argmax(widths)), "nodes_at_widest": int(widths.max()),
+                           "predicted_tokens_per_call": cal[kind]["predicted_tokens_per_call"][str(b)]})
+shape = pd.DataFrame(shape_rows)
+display(shape)
+big = show_n[-1]
+pm_big, sp_big = (shape[(shape.kind == k) & (shape.nodes == big)].iloc[0] for k in KINDS)
+display(Markdown(
+    f"At N = {big} the point-mass tree reaches offset {pm_big.deepest_offset} with {pm_big.nodes_at_widest} nodes at "
+    f"offset {pm_big.widest_offset}; the sampled tree reaches offset {sp_big.deepest_offset}"
+    + (". A point-mass node is worth little, so the builder spends the budget on siblings near the root; a sampled "
+       "first child is worth much, so the builder goes deep along first children"
+       if pm_big.deepest_offset < sp_big.deepest_offset else "")
+    + f". Predicted: E({big}) = {pm_big.predicted_tokens_per_call:.2f} (point-mass) against "
+      f"{sp_big.predicted_tokens_per_call:.2f} (sampled)."))
 
+# %% [markdown]
+# ## 4. A calibrated tree and its verify attention mask (the paper's Figure 2, here)
+#
+# The paper's decoder at the paper's node budget: the shipped offsets drafter with its own calibrated point-mass tree
+# (`paper:N`, resolved by `rvqspec_lib.models.named_decoders.resolve`; the reused heads' shipped tree where a model
+# ships no offsets). The mask is not drawn from a formula: one evaluation frame is decoded through
+# `decode_frame` and the `allow` mask the first verify call passed to the model is recorded
+# (`rvqspec_lib.eval.verify_calls.record_verify_calls`). Rows: the call's query positions (the root, then the nodes);
+# columns: the frame's KV slots, the codes committed before the call, then the call's own. Each node sees the
+# committed codes, the root and its own ancestors: its p is what AR along its path would give.
+
+# %%
+fig2 = resolve(f"paper:{fig2_budget}" if has_paper else f"tree:calibrated-point-mass:{fig2_budget}", lm)
+calls = record_verify_calls(cp, eval_frames.context[:1], fig2.decoder, sampling=sampling, seed=seed)
+first_verify = next(c for c in calls if c["kind"] == "verify")
+fig = plots.plot_tree_and_mask(
+    fig2.decoder.paths, first_verify, color=plots.decoder_color(fig2.fields()),
+    title=f"{run_model}: {fig2.label}, the {fig2.name.drafter} drafter's calibrated point-mass tree "
+          f"({fig2.calibration['n_frames']} calibration frames), and its first verify call's attention mask")
+save_figure(fig, out / "04_tree_and_mask", {**prov, "decoder": fig2.label,
+                                            "calibration_file": str(tree_file(lm, fig2.name.drafter))})
+plt.show()
+
+# %% [markdown]
+# ## 5. Predicted E(N) against measured tokens per call, per drafter
+#
+# **E(N)** ([glossary](../docs/glossary.md)) is computed from the calibration tables alone, over whole frames: the
+# prefill call counted, drafts cut at the frame's last depth, offsets treated as independent (the model both the
+# paper's calibration and Medusa's use). **Measured**: each decoder decodes the held-out evaluation contexts
+# (`rvqspec_lib.eval.calibration.predicted_vs_measured`). Two drafters, each with ITS OWN calibration (a tree ranks
+# the codes its drafter proposes): the reused heads calibrated in section 2, and the shipped position-aware offsets
+# (notebook 03) calibrated when the model was built, whose point-mass trees are the paper's decoder. Chains (window =
+# N) are the sampled trees of one child per node.
+
+# %%
 t0 = time.perf_counter()
-table_res = bench_table(
-    models=[EMBEDDED_MODEL], precisions=["float32"] if smoke else None,
-    backends=[b for b in (["eager", "native"] if smoke else list(table_backends))
-              if b != "native" or cpforward.available()],
-    repeats=1 if smoke else int(table_repeats), warmup=0 if smoke else 1,
-    chains=(4,) if smoke else (3, 4, 6), budgets=(4,) if smoke else (4, 8, 16), auto_frames=2 if smoke else 4,
-    n_contexts=2 if smoke else 8, seed=seed, progress=False, noise_target=noise_target)
-timings["bench_table_s"] = time.perf_counter() - t0
-save_bench_table(table_res, out / "03_bench_table", prov)
-print(format_bench_table(table_res).splitlines()[0])
-table_cols = ["precision", "backend", "row", "decoder", "ms_per_frame", "rtf", "tokens_per_call", "speedup_vs_ar",
-              "x_fused_ar", "floor_ar_ms", "x_floor_ar", "note"]
-display(pd.DataFrame(table_res["rows"])[table_cols].round(3))
-# what to run, read from the table: its fastest row, and the fused speculative round against the target
-timed_rows = [r for r in table_res["rows"] if r["ms_per_frame"]]
-fused_rows = [r for r in timed_rows if r["row"] == "fused speculative" and r["x_fused_ar"]]
-act = []
-if timed_rows:
-    top = min(timed_rows, key=lambda r: r["ms_per_frame"])
-    act.append(f"Fastest here: **{top['row']}** (`{top['decoder']}`, {top['precision']}, {top['backend']}), "
-               f"{top['ms_per_frame']:.1f} ms a frame (RTF {top['rtf']:.2f})"
-               + (f", {top['x_fused_ar']:.2f}x the fused AR frame of the same precision and backend."
-                  if top["x_fused_ar"] else "."))
-if fused_rows:
-    fb = min(fused_rows, key=lambda r: r["x_fused_ar"])
-    target = table_res["meta"].get("fused_target", FUSED_TARGET)
-    act.append(f"The fused speculative round at its best (`{fb['decoder']}`, {fb['precision']}, {fb['backend']}) "
-               f"is {fb['x_fused_ar']:.2f}x the fused AR frame: the target of <= {target} is "
-               f"{'met' if fb['x_fused_ar'] <= target else 'missed'} on this CPU.")
-if not act:
-    act.append("No row of the table was timed here: " + "; ".join(sorted({r["note"] for r in table_res["rows"]})))
-if table_res["meta"]["oversubscribed"]:
-    act.append("The CPU was oversubscribed while timing: these times are pessimistic.")
-display(Markdown(" ".join(act) + f"\n\n*{caption(table_res)}*"))
-display(Markdown("\n".join(f"* {line}" for line in table_res["footer"])))
+names = ([f"tree:calibrated-{k}:{b}" for k in KINDS for b in budgets] + [f"chain:{w}" for w in chains]
+         + ([f"paper:{b}" for b in budgets] + [f"tree:calibrated-sampled:{b}@offsets" for b in budgets]
+            + [f"chain:{w}@offsets" for w in chains] if has_paper else []))
+pvm_rows = predicted_vs_measured(cp, resolve_all(names, lm, calibrations={"heads": cal}), eval_frames.context,
+                                 calibrations={"heads": cal, "offsets": offsets_cal}, sampling=sampling, seed=seed)
+timings["predicted_vs_measured_s"] = time.perf_counter() - t0
+pvm = pd.DataFrame(pvm_rows)
+save_table(pvm, out / "04_predicted_vs_measured", prov,
+           caption=f"{run_model}: E(N) predicted from each drafter's own calibration against the tokens per call "
+                   f"measured on {len(eval_frames)} held-out evaluation frames (seed {seed})")
+fig = plots.plot_tokens_per_call_vs_n(
+    pvm_rows, title=f"{run_model}: predicted E(N) and measured tokens per call, {len(eval_frames)} held-out frames")
+save_figure(fig, out / "04_tokens_per_call_vs_N", prov)
+plt.show()
+trees_only = pvm[pvm.kind != "chain"]
+err = {k: trees_only[trees_only.sampled == (k == "sampled")].relative_error for k in KINDS}
+best_row = pvm.loc[pvm.measured_tokens_per_call.idxmax()]
+heads_pm = pvm[(pvm.kind == "calibrated") & ~pvm.sampled.astype(bool)].set_index("nodes").measured_tokens_per_call
+paper_tpc = pvm[pvm.kind == "paper"].set_index("nodes").measured_tokens_per_call
+lines = [f"Over the calibrated trees, E(N) is off by at most {100 * err['point-mass'].abs().max():.1f}% for "
+         f"point-mass trees (mean {100 * err['point-mass'].mean():+.1f}%) and {100 * err['sampled'].abs().max():.1f}% "
+         f"for sampled trees (mean {100 * err['sampled'].mean():+.1f}%); a positive error is a prediction above the "
+         f"measurement.", f"The most codes per call: `{best_row.decoder}`, {best_row.measured_tokens_per_call:.2f}."]
+if len(paper_tpc):
+    n_max = int(paper_tpc.index.max())
+    lines.append(f"The paper's decoder, `paper:{n_max}`, commits {paper_tpc[n_max]:.2f} codes per call; the reused "
+                 f"heads' point-mass tree of the same N {heads_pm[n_max]:.2f}.")
+display(Markdown(" ".join(lines)))
 
 # %% [markdown]
-# ## Summary
+# ## 6. The cost of a wider call: t(N)/t(1) per backend
+#
+# A tree of N nodes commits E(N) codes per call, but its call processes N query positions. What matters is how the
+# call's time grows with N: the speedup over AR at the call level is E(N) × t(1) / t(N)
+# ([methods.md](../docs/methods.md#choosing-the-node-budget)). One verify call of N positions after a few committed
+# slots is timed through three backends of the registry (`rvqspec_lib.models.backends`): **official** (the
+# transformers module), **eager** (the lean forward over the same weights, plain tensor code) and **native** (the
+# whole call as one C function at the weight-streaming floor; [precision.md](../docs/precision.md#the-native-forward)),
+# on the embedded model and on the real-size 0.6B architecture (RANDOM weights: the cost is real, nothing else). A
+# CPU call of one position mostly streams the weights; extra positions reuse them, so t(N)/t(1) stays near one until
+# the arithmetic of N rows catches up with the streaming.
+#
+# The last panel is a **PROJECTION, not a measurement**: the 0.6B architecture's measured cost ratios times the
+# embedded model's calibrated expected codes per call (`rvqspec_lib.eval.speed.projected_speedup`); its title and the
+# table's caption name both inputs and what is left out.
 
 # %%
-def _row(decoder, backend):
-    d = speed_tab[(speed_tab.decoder == decoder) & (speed_tab.backend == backend)]
-    return d.iloc[0].to_dict() if len(d) else None
+cost_backends = [b for b in backends if available(b)[0]]
+t0 = time.perf_counter()
+qs = sorted({1, *speed_budgets})
 
 
-calib = pvm[pvm.kind != "chain"]
+def cost_curve(code_predictor, random_weights: bool, repeats: int):
+    """t(N)/t(1) of one verify call through every backend present, re-measured once if the CPU was crowded."""
+    return measure_quietly(attempts=timing_attempts, meta=lambda r: r["meta"], measure=lambda: S.verify_cost_curve(
+        code_predictor, {b: verify_backend(b, code_predictor) for b in cost_backends}, query_sizes=qs,
+        repeats=repeats, seed=seed, random_weights=random_weights, noise_target=noise_target, progress=False))
+
+
+cost, cost_quiet = cost_curve(cp, lm.is_random, max(3, speed_repeats // 2))
+big_lm = load_model(compare_model)
+big_cost, big_quiet = cost_curve(big_lm.code_predictor, big_lm.is_random, max(2, compare_repeats))
+big_is_random = bool(big_lm.is_random)
+big_words = "RANDOM weights: cost only" if big_is_random else "trained weights"
+big_lm = None  # the real-size model's memory back before the frames are timed
+timings["verify_cost_s"] = time.perf_counter() - t0
+cpu = cost["meta"]["cpu"]
+cost_tab = pd.DataFrame([{"model": run_model, "weights": "trained", **r} for r in cost["rows"]]
+                        + [{"model": compare_model, "weights": "random" if big_is_random else "trained", **r}
+                           for r in big_cost["rows"]])
+save_table(cost_tab, out / "04_verify_cost",
+           {**prov, "meta": cost["meta"], "compare_meta": big_cost["meta"], "timing": [cost_quiet, big_quiet]},
+           caption="; ".join(filter(None, [
+               f"one verify call of N positions on {cpu}, {cost['meta']['threads']} thread(s); {run_model}: "
+               f"{noise_words(cost['meta'])}; {compare_model} ({big_words}): "
+               f"{noise_words(big_cost['meta'])}", cost_quiet["note"], big_quiet["note"]])))
+proj_rows = [{"kind": kind, **r} for kind in KINDS
+             for r in S.projected_speedup(S.expected_tokens_per_call(cal, kind), big_cost["rows"])]
+proj_inputs = (f"E(N): one call's expected codes of {run_model}'s calibrated trees (reused heads, trained weights, "
+               f"{cal['n_frames']} frames) x t(1)/t(N): one verify call of {compare_model}'s code predictor "
+               f"({'random' if big_is_random else 'trained'} weights) per backend on {cpu}")
+save_table(pd.DataFrame(proj_rows), out / "04_projection_compare_model", prov,
+           caption=f"PROJECTION, not a measurement: {proj_inputs}; leaves out the prefill call, the frame's end, the "
+                   f"heads and embeddings, the loop outside the call and the talker")
+fig = plots.plot_verify_cost_curves(
+    {f"{run_model} (trained weights)": cost["rows"], f"{compare_model} ({big_words})": big_cost["rows"]},
+    projection=proj_rows, projection_title=f"E(N) of {run_model}, cost of {compare_model}",
+    title=f"the cost of a wider verify call on {cpu}, {cost['meta']['threads']} thread(s)"
+          + "".join(f"\n{n}: the times are pessimistic" for n in (cost_quiet["note"], big_quiet["note"]) if n))
+save_figure(fig, out / "04_verify_cost", {**prov, "meta": cost["meta"]})
+plt.show()
+wide = cost_tab.pivot_table(index="query_positions", columns=["model", "backend"], values="ratio_to_q1")
+display(wide.round(2))
+n_top = max(qs)
+flat = {b: cost_tab[(cost_tab.model == run_model) & (cost_tab.backend == b) & (cost_tab.query_positions == n_top)]
+        .ratio_to_q1.iloc[0] for b in cost_backends}
+big_flat = {b: cost_tab[(cost_tab.model == compare_model) & (cost_tab.backend == b)
+                        & (cost_tab.query_positions == n_top)].ratio_to_q1.iloc[0] for b in cost_backends}
+best_proj = max(proj_rows, key=lambda r: r["projected_speedup"])
+display(Markdown(
+    f"A call of {n_top} positions costs "
+    + ", ".join(f"{flat[b]:.2f}x ({b})" for b in cost_backends) + f" one of a single position on {run_model}, and "
+    + ", ".join(f"{big_flat[b]:.2f}x ({b})" for b in cost_backends) + f" on {compare_model}. "
+    f"PROJECTION for {compare_model}: at best {best_proj['projected_speedup']:.2f}x over AR at the call level, "
+    f"{best_proj['kind']} trees of N = {best_proj['nodes']} through {best_proj['backend']} ({proj_inputs})."))
+
+# %% [markdown]
+# ## 7. The paper's Figure 4 here: every decoder timed beside every AR
+#
+# Tokens per call overstates speed: a wider call costs more, and the loop around the calls costs time too
+# ([methods.md](../docs/methods.md#reporting-speed)). So whole frames are timed, one at a time (batch 1, the streaming
+# case), every runner on the same contexts with the same generator seed, in a shuffled order every round, through
+# the registry (`rvqspec_lib.eval.speed.build_runners`, `time_frames`): AR, chains and both kinds of calibrated tree
+# with the reused heads, and the paper's decoder, **stepped** (one backend call per round) through each backend; and
+# the **fused** frames where a backend has them: the eager fused AR frame and fused chains (each round one graph,
+# sampling inside), and the native whole frame (AR or a chain as ONE C call a frame). AR therefore runs several ways,
+# and which is fastest is read off the rows below, not assumed. The paper measures speedup over AR of the same
+# backend (top row); the bottom row puts every runner on one time axis beside every AR.
+
+# %%
+spec_names = (["ar", *(f"chain:{w}" for w in speed_chains)]
+              + [f"tree:calibrated-{k}:{b}" for k in KINDS for b in speed_budgets if b in cal["budgets"]]
+              + ([f"paper:{b}" for b in speed_budgets] if has_paper else []))
+named = resolve_all(spec_names, lm, calibrations={"heads": cal})
+runners, absent = S.build_runners(backends, cp, named, sampling=sampling)
+t0 = time.perf_counter()
+speed, speed_quiet = measure_quietly(
+    attempts=timing_attempts, meta=lambda r: r["meta"], measure=lambda: S.time_frames(
+        runners, eval_frames.context[:speed_contexts], repeats=speed_repeats, seed=seed, random_weights=lm.is_random,
+        noise_target=noise_target, progress=False))
+timings["speed_s"] = time.perf_counter() - t0
+speed_rows = speed["rows"]
+speed_tab = pd.DataFrame(speed_rows)
+where_cpu = (f"{speed['meta']['cpu']}, {speed['meta']['threads']} thread(s), torch {speed['meta']['torch']}, "
+             f"batch 1, {plots.sampling_words(sampling)}")
+save_table(speed_tab, out / "04_speed", {**prov, "meta": speed["meta"], "timing": speed_quiet},
+           caption="; ".join(filter(None, [f"{run_model} frames on {where_cpu}", noise_words(speed["meta"]),
+                                           speed_quiet["note"]]
+                                    + [f"{b} absent: {why}" for b, why in absent.items()])))
+fig = plots.plot_frames_vs_n(speed_rows, title=f"the paper's Figure 4 on this CPU: {run_model}, measured; {where_cpu}"
+                             + (f"\n{speed_quiet['note']}: the times are pessimistic" if speed_quiet["note"] else ""))
+save_figure(fig, out / "04_speedup_vs_N", {**prov, "meta": speed["meta"]})
+plt.show()
+cols = ["decoder", "backend", "fused", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms", "outside_share",
+        "speedup_vs_ar", "speedup_vs_fused"]
+display(speed_tab[cols].round(3))
+
+# %%
+over_ar = S.speedups_over_ar(speed_rows)
+save_table(over_ar, out / "04_speedup_over_each_ar", {**prov, "meta": speed["meta"]},
+           caption=f"every AR of the run (stepped through each backend, each fused AR frame), fastest first, and the "
+                   f"fastest lossless speculative decoders' speedup over it; one interleaved run on {where_cpu}")
+display(pd.DataFrame(over_ar).round(3))
+fastest = over_ar[0]
+stepped_official = next((r for r in over_ar if r["backend"] == "official"), None)
+others = "; ".join(f"{r['ar']} takes {r['ar_vs_fastest_ar']:.2f}x as long" for r in over_ar[1:])
+lines = [f"The fastest AR here is **{fastest['ar']}**, {fastest['ar_ms']:.1f} ms a frame" + (f"; {others}" if others
+                                                                                               else "") + ".",
+         f"The fastest lossless speculative runner is {fastest['fastest_speculative']}: a speedup of "
+         f"{fastest['speedup']:.2f}x over the fastest AR" + (f", {stepped_official['speedup']:.2f}x over stepped AR "
+                                                              "through the official module" if stepped_official
+                                                              else "") + "."]
+if has_paper:
+    lines.append(f"The paper's decoder at its fastest here, {fastest['paper_decoder']}: a speedup of "
+                 f"{fastest['paper_speedup']:.2f}x over the fastest AR"
+                 + (f", {stepped_official['paper_speedup']:.2f}x over stepped official AR" if stepped_official else "")
+                 + " (below 1: slower).")
+display(Markdown(" ".join(lines)))
+
+# %% [markdown]
+# The paper's device numbers (its Figure 4: Core ML on Apple devices, speedup over AR of the same device) stand in
+# their own labelled columns, beside each backend's best measured here (the best stepped speculative decoder over
+# stepped AR of the same backend, and its N).
+
+# %%
+best_by_backend = {}
+for r in S.speedup_vs_n(speed_rows):
+    if r["nodes"] > 1 and (r["backend"] not in best_by_backend
+                           or r["speedup_vs_ar"] > best_by_backend[r["backend"]]["speedup_vs_ar"]):
+        best_by_backend[r["backend"]] = r
+device_rows = [{"where": f"this CPU, {b} backend", "decoder": r["decoder"], "best_N (measured)": r["nodes"],
+                "speedup_vs_ar (measured)": r["speedup_vs_ar"], "paper: device (quoted)": None,
+                "paper: N (quoted)": None, "paper: speedup (quoted)": None} for b, r in best_by_backend.items()]
+device_rows += [{"where": "paper", "decoder": None, "best_N (measured)": None, "speedup_vs_ar (measured)": None,
+                 "paper: device (quoted)": p["device"], "paper: N (quoted)": p["nodes"],
+                 "paper: speedup (quoted)": p["speedup"]} for p in plots.PAPER_DEVICE_SPEEDUPS]
+save_table(device_rows, out / "04_paper_devices", {**prov, "meta": speed["meta"]},
+           caption=f"measured on {where_cpu} (speedup over stepped AR of the same backend, one interleaved run) beside "
+                   f"the paper's quoted Core ML numbers (its Figure 4), each in its own columns")
+pd.DataFrame(device_rows)
+
+# %% [markdown]
+# ## 8. Temperature: does a point-mass tree overtake a sampled tree as p sharpens?
+#
+# A point-mass child is worth the target mass of its code, which grows as p sharpens; a sampled child is worth
+# `sum min(p, q)` whatever p's entropy. So a point-mass tree should gain on a sampled tree as the temperature falls.
+# For each code-predictor temperature the calibration codes are sampled again, both trees of N =
+# `temperature_budget` are calibrated on them and decoded on held-out frames at that temperature
+# (`rvqspec_lib.eval.calibration.temperature_sweep`). Whether, and where, the point-mass tree overtakes is printed
+# from the measurements below the figure.
+
+# %%
+t0 = time.perf_counter()
+temp_rows = temperature_sweep(cp, cal_frames.context[:temperature_frames], eval_frames.context[:temperature_frames],
+                              temperatures=temperatures, budget=temperature_budget, sampling=sampling, seed=seed)
+timings["temperature_s"] = time.perf_counter() - t0
+save_table(temp_rows, out / "04_temperature", prov,
+           caption=f"{run_model}, reused heads: both trees of N = {temperature_budget} calibrated and decoded at each "
+                   f"code-predictor temperature ({temperature_frames} calibration and {temperature_frames} held-out "
+                   f"frames; top-k {sampling.top_k})")
+fig = plots.plot_temperature_sweep(temp_rows, title=f"{run_model}: which kind of tree wins as p sharpens")
+save_figure(fig, out / "04_temperature", prov)
+plt.show()
+overtake = point_mass_overtakes(temp_rows)
+temp_tab = pd.DataFrame(temp_rows)
+tpc_at = temp_tab.pivot(index="temperature", columns="kind", values="measured_tokens_per_call")
+t_low = float(min(temperatures))
+said = (f"The point-mass tree commits more codes per call than the sampled tree at temperature(s) "
+        f"{', '.join(f'{t:g}' for t in overtake)}" if overtake else
+        "The point-mass tree overtakes the sampled tree at **none** of the temperatures tried")
+said += (f": at the sharpest, T {t_low:g}, {tpc_at.loc[t_low, 'point-mass']:.2f} against "
+         f"{tpc_at.loc[t_low, 'sampled']:.2f} codes per call (N {temperature_budget}).")
+deployed = temp_tab[temp_tab.temperature == sampling.temperature]
+if len(deployed):
+    said += (f" At the deployed T {sampling.temperature:g} the top-ranked code holds "
+             f"{deployed.top1_target_mass.iloc[0]:.3f} of p on average; at T {t_low:g}, "
+             f"{temp_tab[temp_tab.temperature == t_low].top1_target_mass.iloc[0]:.3f}.")
+display(Markdown(said))
+
+# %% [markdown]
+# ## What this notebook showed, and why
+
+# %%
+pm_best = pvm[(pvm.kind == "calibrated") & ~pvm.sampled.astype(bool)].measured_tokens_per_call.max()
+sp_best = pvm[(pvm.kind == "calibrated") & pvm.sampled.astype(bool)].measured_tokens_per_call.max()
+worst_err = max(err["point-mass"].abs().max(), err["sampled"].abs().max())
+best_n = {b: r["nodes"] for b, r in best_by_backend.items()}
+steepest = max(cost_backends, key=lambda b: flat[b])
+t1 = {r["backend"]: r["median_ms"] for r in cost["rows"] if r["query_positions"] == 1}
+pm_by_t = tpc_at["point-mass"]
+pm_gains = pm_by_t.loc[t_low] > pm_by_t.loc[max(pm_by_t.index)]
+gap_shrinks = (tpc_at.loc[t_low, "sampled"] - tpc_at.loc[t_low, "point-mass"]
+               < tpc_at.loc[max(pm_by_t.index), "sampled"] - tpc_at.loc[max(pm_by_t.index), "point-mass"])
 summary = {
-    "model": run_model, "n_codes": n_codes, "sampling": sampling.describe(),
-    "calibration_frames": cal["n_frames"], "eval_frames": len(eval_frames), "trees_file": str(where),
-    "predicted_vs_measured": pvm.to_dict("records"),
-    "max_abs_relative_error": float(calib.relative_error.abs().max()),
-    "speed": speed["rows"], "speed_meta": speed["meta"],
-    "auto": {"label": choice.label, "reason": choice.reason},
-    "paper_decoder": {"available": bool(has_paper),
-                      "calibration_frames": offsets_cal["n_frames"] if has_paper else None,
-                      "speed": [r for r in speed["rows"] if r["decoder"].startswith("paper-N")]},
-    "auto_speedup_official": (_row(choice.label, "official") or {}).get("speedup_vs_ar"),
-    "best_measured": {"decoder": best_here.decoder, "backend": best_here.backend,
-                      "speedup_vs_ar": float(best_here.speedup_vs_ar),
-                      "speedup_vs_fused": float(best_here.speedup_vs_fused)},
-    "verify_cost": cost["rows"], "compare_model_verify_cost": big_cost["rows"],
-    "compare_model_loop_share": big_speed_tab.to_dict("records"), "projection": proj,
-    "batches": batches["rows"], "temperature": temp_rows, "point_mass_overtakes_at": overtake,
+    "model": run_model, "n_codes": n_codes, "sampling": sampling.describe(), "calibration_frames": cal["n_frames"],
+    "eval_frames": len(eval_frames), "trees_file": str(where), "paper_decoder": {
+        "available": bool(has_paper), "calibration_frames": offsets_cal["n_frames"] if has_paper else None,
+        "figure2": fig2.label},
+    "acceptance": {"first_sampled_child_offset1": float(sp_tab[0, 0]), "top_rank_mass_offset1": float(pm_tab[0, 0]),
+                   "ratio_offset1": float(ratio_first), "ratio_pooled": float(ratio_pooled)},
+    "tree_shapes": shape_rows, "predicted_vs_measured": pvm_rows,
+    "max_abs_relative_error": {k: float(err[k].abs().max()) for k in KINDS},
+    "verify_cost": cost_tab.to_dict("records"), "projection": proj_rows, "speed": speed_rows,
+    "speed_meta": speed["meta"], "absent_backends": absent, "speedups_over_ar": over_ar,
+    "best_by_backend": best_by_backend, "paper_devices": [dict(p) for p in plots.PAPER_DEVICE_SPEEDUPS],
+    "temperature": temp_rows, "point_mass_overtakes_at": overtake,
     "timings_s": {**timings, "total": time.perf_counter() - t_start},
 }
-save_json(summary, out / "03_metrics.json", prov)
-ar_off = _row("ar", "official")
-pap, hpm = _row("paper-N32", "official"), _row("calibrated-point-mass:32", "official")
-paper_line = (f"* The paper's decoder (`paper`: the offsets + their own point-mass tree of N = 32): "
-              f"{pap['tokens_per_call']:.3f} tokens per call, {pap['speedup_vs_ar']:.2f}x over AR (official forward), "
-              f"{_row('paper-N32', 'lean-mgemv')['speedup_vs_ar']:.2f}x (lean-mgemv)"
-              + (f"; the heads' point-mass tree of N = 32: {hpm['tokens_per_call']:.3f} tokens per call, "
-                 f"{hpm['speedup_vs_ar']:.2f}x" if hpm else "") + ".") if pap else None
-lines = [
-    f"* Calibration: {cal['n_frames']} frames; predicted E(N) within "
-    f"{100 * summary['max_abs_relative_error']:.1f}% of the measured tokens per call for every calibrated tree.",
-    f"* Measured speedup per frame over AR (official forward): best "
-    f"{max(r['speedup_vs_ar'] for r in speed['rows'] if r['backend'] == 'official' and r['speedup_vs_ar']):.2f}x; "
-    f"AR {ar_off['ms_per_frame']:.1f} ms a frame.",
-    f"* auto chose `{choice.label}`.",
-    *([paper_line] if paper_line else []),
-    f"* Point-mass trees overtake sampled trees at temperatures: {overtake or 'none of those tried'}.",
+save_json(summary, out / "04_metrics.json", prov)
+bullets = [
+    f"* **What a node is worth (measured, {run_model}).** At offset 1 the first sampled child is kept "
+    f"{ratio_first:.1f} times as often as the top-ranked point-mass draft: a point-mass child is kept with p(x), and "
+    f"this model's p puts {pm_tab[0, 0]:.3f} of its mass on q's top code on average, while a sampled child is kept "
+    f"with sum min(p, q) = {sp_tab[0, 0]:.3f}.",
+    f"* **The trees (measured).** So the greedy builder spends a point-mass budget on siblings near the root and a "
+    f"sampled one on depth; on held-out frames the best point-mass tree commits {pm_best:.2f} codes per call, the "
+    f"best sampled tree {sp_best:.2f}. E(N) from the calibration tables alone is within {100 * worst_err:.0f}% of "
+    f"every measurement" + (": a tree can be chosen without decoding." if worst_err < 0.1 else
+                            ": the independence of offsets it assumes costs accuracy on this model.")]
+if len(paper_tpc):
+    gap = paper_tpc[n_max] / heads_pm[n_max] - 1
+    bullets.append(
+        f"* **The paper's decoder (measured).** The shipped offsets with their own point-mass tree commit "
+        f"{paper_tpc[n_max]:.2f} codes per call at N = {n_max}, {100 * gap:+.1f}% against the reused heads' point-mass "
+        f"tree of that N" + ("; on this model the point-mass rule, more than the drafter, sets the tree's yield."
+                             if abs(gap) < 0.05 else "."))
+bullets += [
+    f"* **The cost of a wider call (measured, {cpu}).** A call of {n_top} positions costs "
+    + ", ".join(f"{flat[b]:.2f}x ({b})" for b in cost_backends)
+    + f" a single-position call on the embedded model; it grows fastest through {steepest}"
+    + (", the backend with the fastest single-position call: a call of one position mostly streams weights, so the "
+       "faster a backend streams them, the sooner the extra rows' arithmetic shows." if steepest == min(t1, key=t1.get)
+       else "."),
+    f"* **Which AR is fastest (measured).** {fastest['ar']}, {fastest['ar_ms']:.1f} ms a frame. The fastest "
+    f"speculative runner, {fastest['fastest_speculative']}, is {fastest['speedup']:.2f}x as fast"
+    + (f", and {stepped_official['speedup']:.2f}x as fast as stepped official AR" if stepped_official else "")
+    + ". Speculation saves calls; a fused or native AR frame removes the cost around each call instead, and the "
+      "figure compares both on one clock.",
+    "* **Best node budget (measured) against the paper's (quoted).** The best stepped speculative decoder of each "
+    "backend here sits at N = " + ", ".join(f"{n} ({b})" for b, n in best_n.items())
+    + "; the paper reports N = 32 on an M3 Pro and an iPhone 17 Pro Max and N = 16 on an iPhone 12.",
+    (f"* **Temperature (measured).** The point-mass tree overtakes the sampled tree at T "
+     f"{', '.join(f'{t:g}' for t in overtake)}: as p sharpens its nodes gain what the sampled children already had."
+     if overtake else
+     f"* **Temperature (measured).** The point-mass tree overtakes the sampled tree at none of the temperatures "
+     f"tried, down to T {t_low:g}" + (", though it gains on it as p sharpens." if gap_shrinks else ".")),
+    "* **What the RELEASED checkpoint should show.** The paper reports 2.47 tokens per call for its offsets with a "
+    "point-mass tree of N = 32 on the released 0.6B model, and 2.13x-2.34x at N = 32 on Apple devices. Inference, "
+    "not measured here: a point-mass tree reaches that only if the released code predictor's p puts far more mass "
+    "on q's top codes than the embedded model's does"
+    + (" (section 8: point-mass trees gain as p sharpens)" if pm_gains else "") + f", and a best N "
+    f"of 32 needs a device on which a call of 32 positions costs little more than one (here, {n_top} positions cost "
+    f"{min(flat.values()):.2f}x-{max(flat.values()):.2f}x). The speedups of {compare_model} above are projections "
+    "from the embedded model's acceptance; notebook 07 times the released size's frames as a timing replay.",
 ]
-display(Markdown("\n".join(lines)))
+display(Markdown("\n".join(bullets)))
 print(f"total {summary['timings_s']['total']:.0f} s")

@@ -177,3 +177,32 @@ def test_caption_says_how_many_frames_a_noise_target_made():
                                                                      "rel_se_max": 0.019}]
     assert _frames_words({**fixed, "noise_target": 0.02, "noise": runs}) == (
         "5-11 (noise target 2.0 %, at most 20, median's relative standard error <= 1.9 %)")
+
+
+def _table_row(model, prec, backend, row, decoder, kind, ms, tpc=None, weights="trained", x_floor=None):
+    return {"model": model, "weights": weights, "precision": prec, "backend": backend, "row": row,
+            "decoder": decoder, "kind": kind, "drafter": None, "nodes": None, "lossy": False if kind else None,
+            "fused": row.startswith("fused"), "ms_per_frame": ms, "tokens_per_call": tpc, "x_floor_ar": x_floor}
+
+
+def test_fastest_by_model_and_round_costs_read_the_rows():
+    from rvqspec_lib.eval.bench_table import fastest_by_model, round_costs
+
+    rows = [_table_row("embedded", "float32", "native", "stepped AR", "ar", "ar", 18.0, 1.0),
+            _table_row("embedded", "float32", "native", "fused AR", "ar", "ar", 6.0, None, x_floor=0.9),
+            _table_row("embedded", "float32", "native", "best speculative", "chain:3", "chain", 15.0, 2.0),
+            _table_row("embedded", "float32", "native", "fused speculative", "chain:3", "chain", 5.0, 2.0),
+            _table_row("embedded", "int8", "native", "fused AR", "ar", "ar", 2.0, None),
+            _table_row("embedded", "int8", "native", "fused speculative", "chain:3", "chain", 1.8, 1.9),
+            _table_row("big", "float32", "eager", "stepped AR", "ar", "ar", 300.0, 1.0, weights="timing replay"),
+            _table_row("big", "float32", "eager", "fused speculative", None, None, None)]  # absent: a replay
+    by = {f["model"]: f for f in fastest_by_model({"rows": rows})}
+    assert by["embedded"]["fastest"]["ms_per_frame"] == 1.8 and by["embedded"]["fastest_ar"]["ms_per_frame"] == 2.0
+    assert by["embedded"]["fastest_speculative"]["precision"] == "int8"
+    assert by["embedded"]["speculative_over_ar"] == pytest.approx(1.8 / 2.0)
+    assert by["big"]["fastest_speculative"] is None and by["big"]["speculative_over_ar"] is None
+    costs = round_costs({"rows": rows})
+    assert [(c["precision"], c["decoder"]) for c in costs] == [("float32", "chain:3"), ("int8", "chain:3")]
+    assert costs[0]["x_fused_ar"] == pytest.approx(5.0 / 6.0) and costs[0]["x_floor_ar"] == 0.9
+    assert costs[0]["round_over_ar_call"] == pytest.approx(2.0 * 5.0 / 6.0)  # a round costs 1.67 AR calls, commits 2
+    assert costs[1]["round_over_ar_call"] == pytest.approx(1.9 * 1.8 / 2.0)

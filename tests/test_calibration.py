@@ -141,3 +141,59 @@ def test_calibration_file_round_trip_and_names(small, tmp_path):
         load_calibration(tmp_path / "junk.json")
     with pytest.raises(FileNotFoundError, match="calibrate first"):
         load_calibration(tmp_path / "missing.json")
+
+
+def test_predicted_vs_measured_reads_each_decoders_own_calibration(small):
+    """Calibrated trees read the prediction stored for their kind and budget, chains compute it from the tables; the
+    measurement is decoder_statistics' on the same contexts and seed."""
+    from rvqspec_lib.decoding.decoders import Chain
+    from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
+    from rvqspec_lib.eval.calibration import predicted_vs_measured, tables_from_calibration
+    from rvqspec_lib.models.named_decoders import resolve_all
+
+    cp, frames = small
+    cal = calibrate(cp, ReusedHeads(), frames, budgets=(2, 3), draws=1, seed=0)
+    named = resolve_all(["ar", "tree:calibrated-point-mass:3", "tree:calibrated-sampled:2", "chain:2"], None,
+                        calibrations={"heads": cal})
+    ctx = frames.context[:24]
+    rows = predicted_vs_measured(cp, named, ctx, calibrations={"heads": cal}, seed=5)
+    by = {r["decoder"]: r for r in rows}
+    assert list(by) == ["ar", "tree:calibrated-point-mass:3", "tree:calibrated-sampled:2", "chain:2"]
+    assert by["ar"]["predicted_tokens_per_call"] == by["ar"]["measured_tokens_per_call"] == 1.0
+    assert by["tree:calibrated-point-mass:3"]["predicted_tokens_per_call"] == \
+        cal["point-mass"]["predicted_tokens_per_call"]["3"]
+    assert by["tree:calibrated-sampled:2"]["sampled"] and not by["tree:calibrated-point-mass:3"]["sampled"]
+    assert by["chain:2"]["predicted_tokens_per_call"] == pytest.approx(
+        predicted_tokens_per_call(tables_from_calibration(cal), Chain(2), 3))
+    tree = named["tree:calibrated-point-mass:3"].decoder
+    assert by["tree:calibrated-point-mass:3"]["measured_tokens_per_call"] == \
+        decoder_statistics(cp, None, ctx, tree, seed=5)["tokens_per_call"]
+    for r in rows:
+        assert r["frames"] == 24 and r["nodes"] >= 1
+        assert r["relative_error"] == pytest.approx(r["predicted_tokens_per_call"] / r["measured_tokens_per_call"] - 1)
+    # a chain without its drafter's calibration has no prediction, and says so with None
+    bare = predicted_vs_measured(cp, [Chain(2)], ctx)
+    assert bare[0]["predicted_tokens_per_call"] is None and bare[0]["relative_error"] is None
+    with pytest.raises(ValueError, match="no decoder"):
+        predicted_vs_measured(cp, [], ctx)
+
+
+def test_temperature_sweep_rows_and_the_overtaking_temperatures(small):
+    from rvqspec_lib.eval.calibration import point_mass_overtakes, temperature_sweep
+
+    cp, frames = small
+    rows = temperature_sweep(cp, frames.context[:32], frames.context[32:48], temperatures=(1.0, 0.2), budget=3,
+                             seed=0)
+    assert [(r["temperature"], r["kind"], r["nodes"]) for r in rows] == [
+        (1.0, "point-mass", 3), (1.0, "sampled", 3), (0.2, "point-mass", 3), (0.2, "sampled", 3)]
+    assert all(r["measured_tokens_per_call"] >= 1.0 and r["predicted_tokens_per_call"] >= 1.0 for r in rows)
+    assert all(0 <= r["top1_target_mass"] <= 1 and 0 <= r["first_child_acceptance"] <= 1 for r in rows)
+    assert rows[0]["top1_target_mass"] == rows[1]["top1_target_mass"]  # one calibration per temperature
+    assert rows == temperature_sweep(cp, frames.context[:32], frames.context[32:48], temperatures=(1.0, 0.2),
+                                     budget=3, seed=0)  # one seed, one answer
+    with pytest.raises(ValueError, match="positive"):
+        temperature_sweep(cp, frames.context[:4], frames.context[:4], temperatures=(0.0,))
+    synth = [{"temperature": t, "kind": k, "measured_tokens_per_call": v}
+             for t, k, v in ((0.9, "point-mass", 1.2), (0.9, "sampled", 2.0), (0.1, "point-mass", 2.5),
+                             (0.1, "sampled", 2.1), (0.05, "point-mass", 2.0))]
+    assert point_mass_overtakes(synth) == [0.1]  # 0.05 has no sampled row: not compared

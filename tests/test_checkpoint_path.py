@@ -216,6 +216,12 @@ def test_every_notebook_runs_on_the_checkpoint(src, ckpt, tmp_path):
         assert metrics["n_sentences"] == 3
     elif prefix == "03":  # drafters need trained weights and real frames: the embedded model's, with a note
         assert metrics["run_model"] == "embedded" and "ships no utterances and no `dataset` was given" in text
+    elif src.stem == "04_calibrating_the_tree":  # calibrated on the embedded model, the checkpoint's call timed
+        assert metrics["model"] == "embedded" and "ships no calibration utterances" in text
+        assert {r["model"] for r in metrics["verify_cost"]} == {"embedded", str(ckpt)}
+    elif src.stem == "07_device_engineering":  # the checkpoint's call and talker step against their floors
+        assert metrics["model"] == str(ckpt) and metrics["random_weights"] is True
+        assert metrics["floor"] and metrics["talker"]
     else:  # a new notebook: it must at least have run on the checkpoint's path
         assert str(ckpt) in json.dumps(metrics["provenance"]["params"])
 

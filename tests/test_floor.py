@@ -122,6 +122,12 @@ def test_bench_precisions_rows_and_ratios_with_a_fake_clock(monkeypatch):
         cells = line.split()
         assert cells[:2] == [prec, "official"] and cells[2] == "2.00" and cells[3:7] == ["1.00"] * 4
     assert len(lines) == 4 + len(PR.PRECISIONS)
+    rows = latency.precision_rows(r)  # the same result as table rows (notebook 07's 07_floor)
+    assert [(x["precision"], x["backend"]) for x in rows] == [(p, "official") for p in PR.PRECISIONS]
+    for x, p in zip(rows, r["precisions"]):
+        assert x["t1_ms"] == pytest.approx(2.0) and x["t1_over_floor"] == p["t1_over_floor"]
+        assert [k for k in x if k.endswith("_over_t1")] == ["t2_over_t1", "t4_over_t1", "t8_over_t1", "t16_over_t1"]
+        assert x["mb_per_call"] == p["weight_bytes"]["bytes"] / 1e6 and x["floor_ms"] == p["floor_ms"]
 
 
 def test_bench_precisions_times_the_native_forward_beside_the_official(monkeypatch):

@@ -94,11 +94,13 @@ def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
     if prefix == "03":
         _check_03(metrics, out)
     if prefix == "04":
-        _check_04(metrics, out)
+        _check_04_calibrating_the_tree(metrics, out)
     if prefix == "05":
         _check_05(metrics, out)
     if prefix == "06":
         _check_06(metrics, out)
+    if prefix == "07":
+        _check_07_device_engineering(metrics, out)
 
 
 def _check_00(metrics: dict, out: Path) -> None:
@@ -327,79 +329,6 @@ def _check_03(metrics: dict, out: Path) -> None:
     assert "medusa" not in metrics["drafter_files"]
 
 
-def _check_04(metrics: dict, out: Path) -> None:
-    import csv
-
-    from rvqspec_lib.models.tree_files import load_calibration, tree_from_calibration
-
-    # the calibration is written under the smoke run's out_dir (never beside the shipped model) and loads back
-    cal = load_calibration(out / "03_trees_heads.json", n_codes=15, codebook_size=2048)
-    assert cal["n_frames"] == metrics["calibration_frames"] == 48 and cal["budgets"] == [2, 4, 8]
-    assert tree_from_calibration(cal, "sampled", 8).sampled
-    kinds = {r["kind"] for r in metrics["predicted_vs_measured"]}
-    assert kinds == {"point-mass", "sampled", "chain"}
-    for r in metrics["predicted_vs_measured"]:
-        assert r["measured_tokens_per_call"] >= 1.0
-        if r["kind"] != "chain":  # 48 calibration frames and 32 evaluation frames: a loose check in smoke mode
-            assert abs(r["relative_error"]) < 0.25
-    # every decoder timed through both backends, AR at exactly 1.0x of itself, the fused frame beside them
-    speed = metrics["speed"]
-    assert {r["backend"] for r in speed} >= {"official", "lean-mgemv"}
-    assert all(r["speedup_vs_ar"] == 1.0 for r in speed if r["decoder"] == "ar")
-    assert any(r["decoder"] == "fused-AR" for r in speed)
-    assert metrics["auto"]["label"] in {r["label"] for r in csv.DictReader((out / "03_auto.csv").open())}
-    # the paper's numbers only in a labelled column; the 0.6B stand-in's speedups only as a labelled projection
-    paper = list(csv.DictReader((out / "03_paper_devices.csv").open()))
-    assert [r["source"].startswith("paper") for r in paper] == [True, True, True, False, False]
-    assert paper[-1]["device"].endswith("the paper's decoder") and "offsets + own tree" in paper[-1]["source"]
-    # E(N) per drafter: the heads calibrated here, the shipped offsets with THEIR OWN calibration (trees/offsets.json)
-    pvm = metrics["predicted_vs_measured"]
-    assert {r["drafter"] for r in pvm} == {"heads", "offsets"}
-    for dname in ("heads", "offsets"):
-        assert {(r["kind"], r["nodes"]) for r in pvm if r["drafter"] == dname and r["kind"] != "chain"} == \
-            {(k, n) for k in ("point-mass", "sampled") for n in (2, 4, 8)}
-    shipped = load_calibration(REPO / "data/embedded/model/trees/offsets.json", n_codes=15, codebook_size=2048)
-    assert metrics["paper_decoder"]["available"] and metrics["paper_decoder"]["calibration_frames"] == \
-        shipped["n_frames"]
-    for r in pvm:
-        if r["drafter"] == "offsets" and r["kind"] != "chain":
-            assert r["predicted_tokens_per_call"] == shipped[r["kind"]]["predicted_tokens_per_call"][str(r["nodes"])]
-            assert r["paper_decoder"] == (r["kind"] == "point-mass")
-    # the paper's decoder timed beside the heads' calibrated trees and the chains, through both backends
-    for backend in ("official", "lean-mgemv"):
-        decs = {r["decoder"] for r in speed if r["backend"] == backend}
-        assert {"paper-N2", "paper-N8", "paper-N32", "calibrated-point-mass:8", "chain:4"} <= decs, decs
-    assert {r["decoder"] for r in metrics["paper_decoder"]["speed"]} == {"paper-N2", "paper-N8", "paper-N32"}
-    assert all(r["tokens_per_call"] >= 1.0 for r in metrics["paper_decoder"]["speed"])
-    assert all(r["label"] == "PROJECTION" for r in metrics["projection"])
-    assert {r["temperature"] for r in metrics["temperature"]} == {0.9, 0.3}
-    # Figure 2's analogue: the shipped calibration's tree beside the mask its verify call passed to the model
-    side = json.loads((out / "03_tree_and_mask.provenance.json").read_text())
-    assert side["calibration_file"].endswith("trees/heads.json")
-    # the 0.6B stand-in's random-weight frames show no speedup; its projection says what it is made of
-    with (out / "03_loop_share_compare_model.csv").open() as f:
-        assert "speedup_vs_ar" not in next(csv.reader(f))
-    assert "PROJECTION" in (out / "03_projection_compare_model.md").read_text().splitlines()[0]
-    # the table to act on (rvqspec bench --table's function), the embedded model only: its trained weights (no
-    # replay), smoke: float32 through eager and native, five rows each all timed, the fused speculative round one of
-    # the fused ones
-    tab = json.loads((out / "03_bench_table.json").read_text())
-    assert [r["row"] for r in tab["rows"]] == ["stepped AR", "fused AR", "best speculative", "fused speculative",
-                                               "auto"] * 2
-    assert {(r["model"], r["weights"], r["precision"], r["backend"]) for r in tab["rows"]} == \
-        {("embedded", "trained", "float32", b) for b in ("eager", "native")}
-    assert all(r["ms_per_frame"] > 0 and r["x_fused_ar"] > 0 for r in tab["rows"])
-    assert next(r for r in tab["rows"] if r["row"] == "fused AR")["x_fused_ar"] == 1.0
-    assert next(r for r in tab["rows"] if r["row"] == "fused speculative")["decoder"].startswith("fused ")
-    assert tab["meta"]["repeats"] == 1 and tab["meta"]["models"] == ["embedded"]
-    for ext in (".csv", ".md", ".json", ".provenance.json"):
-        assert (out / ("03_bench_table" + ext)).stat().st_size > 0, ext
-    for stem in ("03_acceptance_heatmap", "03_trees", "03_tokens_per_call_vs_N", "03_speedup_vs_N", "03_temperature",
-                 "03_tree_and_mask"):
-        assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file()
-        assert (out / f"{stem}.provenance.json").is_file()
-
-
 def _check_05(metrics: dict, out: Path) -> None:
     import csv
     import math
@@ -481,92 +410,6 @@ def _check_06(metrics: dict, out: Path) -> None:
     import csv
 
     from rvqspec_lib.eval.export_check import RELATIVE_TOLERANCE
-    from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS
-
-    # smoke: tiny-random for acceptance and cost; compile skipped (said so), Core ML and CUDA absent with a reason
-    assert metrics["model"] == metrics["cost_model"] == "tiny-random" and metrics["random_weights"] is True
-    assert set(metrics["skipped"]) == {"compile"} and "smoke" in metrics["skipped"]["compile"]
-    assert metrics["absent"]["cuda"] and "CUDA" in metrics["absent"]["cuda"]
-    assert metrics["coreml_available"] is False and "macOS" in metrics["absent"]["coreml"]
-    # exported graphs: declared interface == written; ONNX run here within the float32 tolerance; Core ML built only
-    exported = metrics["exported"]
-    assert {(r["graph"], r["format"]) for r in exported} == {(g, f) for g in ("stepped", "verify")
-                                                             for f in ("onnx", "coreml")}
-    assert all(r["interface_ok"] and r["bytes"] > 0 for r in exported)
-    for r in exported:
-        if r["format"] == "onnx":
-            assert r["ran"] and r["runner"] == "onnxruntime-cpu" and r["within_tolerance"], r
-            assert r["relative_diff"] <= RELATIVE_TOLERANCE["float32"]
-        else:
-            assert not r["ran"] and "macOS" in r["note"]
-    # frame times: eager, onnx and native, each with AR, the fused frame and a tree of each budget; speedups over
-    # own AR
-    rows = metrics["frame_rows"]
-    assert {r["backend"] for r in rows} == {"eager", "onnx", "native"}
-    for b in ("eager", "onnx", "native"):
-        decs = {r["decoder"] for r in rows if r["backend"] == b}
-        assert {"AR", "fused-AR", "chain2", "tree2", "tree4"} <= decs, decs
-        ar = next(r for r in rows if r["backend"] == b and r["decoder"] == "AR")
-        assert ar["speedup_vs_ar"] == 1.0 and ar["nodes"] == 1 and ar["ms_per_frame"] > 0
-    assert {(r["backend"], r["nodes"]) for r in metrics["speedup_vs_n"]} == {(b, n) for b in ("eager", "onnx", "native")
-                                                                            for n in (2, 4)}
-    assert metrics["onnx"]["ar_ms"] > 0 and metrics["onnx"]["fused_ms"] > 0 and metrics["onnx"]["best_ms"] > 0
-    assert {r["backend"] for r in metrics["projected"]} == {"eager", "onnx", "native"}
-    # the paper's device numbers only in their own labelled column, copied from the constants
-    assert metrics["paper_devices"] == [dict(p) for p in PAPER_DEVICE_SPEEDUPS]
-    with (out / "05_speedup_vs_n.csv").open() as f:
-        table = list(csv.DictReader(f))
-    assert [int(r["N"]) for r in table] == [2, 4]
-    assert any(c.startswith("onnx PROJECTION (E(N) of tiny-random, cost of tiny-random)") for c in table[0])
-    caption = (out / "05_speedup_vs_n.md").read_text().splitlines()[0]
-    assert "PROJECTION" in caption and "leave out the prefill" in caption
-    assert all(r["paper (Core ML devices, quoted)"] == "" for r in table)  # the paper has no N = 2 or 4 number
-    assert metrics["gpu_json_present"] is False and metrics["gpu"] is None
-    for stem in ("05_backends", "05_exported_graphs", "05_frame_times", "05_summary", "05_speedup_vs_n",
-                 "05_verify_cost", "05_paper_devices"):
-        for ext in (".csv", ".md", ".provenance.json"):
-            assert (out / (stem + ext)).stat().st_size > 0, stem + ext
-    for ext in (".png", ".pdf", ".provenance.json"):
-        assert (out / ("05_speedup_vs_n" + ext)).stat().st_size > 0, ext
-    cal = json.loads((out / "05_calibration.json").read_text())
-    assert cal["budgets"] == [2, 4] and "provenance" in cal
-    # the paper's decoder: tiny-random ships no offsets, so it runs on the embedded model (trained offsets + their own
-    # calibrated point-mass tree), its verify graph exported with the paper's tree and run here within tolerance
-    pap = metrics["paper_decoder"]
-    assert pap["model"] == "embedded" and pap["label"] == "paper-N4" and pap["nodes"] == 4
-    assert [(r["graph"], r["format"], r["runner"]) for r in pap["export"]] == [("verify", "onnx", "onnxruntime-cpu")]
-    assert all(r["interface_ok"] and r["ran"] and r["within_tolerance"] for r in pap["export"])
-    for b in ("eager", "onnx"):  # frame times: the paper's decoder beside AR, the fused frame, a chain, the heads' tree
-        decs = {r["decoder"]: r for r in pap["frame_rows"] if r["backend"] == b}
-        assert {"AR", "fused-AR", "chain4", "tree-pm-N4", "paper-N4"} <= set(decs), decs
-        assert decs["AR"]["speedup_vs_ar"] == 1.0 and decs["paper-N4"]["tokens_per_call"] >= 1.0
-        assert decs["paper-N4"]["nodes"] == decs["tree-pm-N4"]["nodes"] == 4
-    with (out / "05_paper_frame_times.csv").open() as f:
-        assert {r["decoder"] for r in csv.DictReader(f)} >= {"paper-N4", "tree-pm-N4"}
-    assert "paper's decoder" in (out / "05_paper_frame_times.md").read_text().splitlines()[0]
-    # the table to act on (rvqspec bench --table's function): tiny-random as a labelled timing replay, five rows per
-    # backend (eager, and native where a C compiler runs), the fused speculative one absent (a replay cannot drive a
-    # fused round)
-    tab = metrics["bench_table"]
-    table_backends = list(dict.fromkeys(r["backend"] for r in tab["rows"]))
-    assert table_backends[0] == "eager" and set(table_backends) <= {"eager", "native"}, table_backends
-    for b in table_backends:
-        rows_b = [r for r in tab["rows"] if r["backend"] == b]
-        assert [r["row"] for r in rows_b] == ["stepped AR", "fused AR", "best speculative", "fused speculative",
-                                              "auto"], b
-        assert all(r["ms_per_frame"] > 0 for r in rows_b if r["row"] != "fused speculative"), b
-        assert next(r for r in rows_b if r["row"] == "fused speculative")["note"].startswith(
-            "absent: a timing replay"), b
-    assert all(r["weights"].startswith("timing replay: acceptance of") for r in tab["rows"])
-    assert any("public C port" in f for f in tab["footer"])
-    for ext in (".csv", ".md", ".json", ".provenance.json"):
-        assert (out / ("05_bench_table" + ext)).stat().st_size > 0, ext
-
-
-def _check_06(metrics: dict, out: Path) -> None:
-    import csv
-
-    from rvqspec_lib.eval.export_check import RELATIVE_TOLERANCE
     from rvqspec_lib.eval.pipeline import LAYOUTS, PUBLIC_PIPELINES, ROWS
     from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS
 
@@ -624,3 +467,135 @@ def _check_06(metrics: dict, out: Path) -> None:
     for stem in ("06_speedup_vs_n", "06_frame_parts", "06_audio_vs_wall_tiny-random", "06_audio_vs_wall_embedded"):
         for ext in (".png", ".pdf", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
+
+
+def _files(out: Path, tables=(), figures=()) -> None:
+    """Every table (CSV, Markdown, sidecar) and figure (PNG, PDF, sidecar) written, none empty."""
+    for stem in tables:
+        for ext in (".csv", ".md", ".provenance.json"):
+            assert (out / (stem + ext)).stat().st_size > 0, stem + ext
+    for stem in figures:
+        for ext in (".png", ".pdf", ".provenance.json"):
+            assert (out / (stem + ext)).stat().st_size > 0, stem + ext
+
+
+def _check_04_calibrating_the_tree(metrics: dict, out: Path) -> None:
+    import csv
+
+    from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS
+    from rvqspec_lib.models.backends import available
+    from rvqspec_lib.models.tree_files import load_calibration
+
+    # smoke: 48 calibration and 32 evaluation frames of the embedded model, trees of N 2, 4, 8, tiny-random's cost
+    assert metrics["model"] == "embedded" and metrics["calibration_frames"] == 48 and metrics["eval_frames"] == 32
+    cal = load_calibration(out / "04_trees_heads.json", n_codes=15, codebook_size=2048)
+    assert cal["budgets"] == [2, 4, 8]
+    # what a node is worth: the first sampled child above the top-ranked point-mass draft (the embedded model's p)
+    acc = metrics["acceptance"]
+    assert 0 < acc["top_rank_mass_offset1"] < acc["first_sampled_child_offset1"] <= 1 and acc["ratio_offset1"] > 1
+    # predicted vs measured: both drafters with their own calibrations; the offsets' point-mass trees are `paper:N`
+    # and their predictions the shipped file's
+    rows = {r["decoder"]: r for r in metrics["predicted_vs_measured"]}
+    heads = {f"tree:calibrated-{k}:{n}" for k in ("point-mass", "sampled") for n in (2, 4, 8)} | {"chain:2", "chain:4"}
+    offsets = {f"paper:{n}" for n in (2, 4, 8)} | {f"tree:calibrated-sampled:{n}@offsets" for n in (2, 4, 8)} | \
+        {"chain:2@offsets", "chain:4@offsets"}
+    assert set(rows) == heads | offsets
+    shipped = load_calibration(REPO / "data/embedded/model/trees/offsets.json", n_codes=15, codebook_size=2048)
+    assert metrics["paper_decoder"]["calibration_frames"] == shipped["n_frames"]
+    for n in (2, 4, 8):
+        r = rows[f"paper:{n}"]
+        assert r["kind"] == "paper" and r["drafter"] == "offsets" and r["nodes"] == n and not r["sampled"]
+        assert r["predicted_tokens_per_call"] == shipped["point-mass"]["predicted_tokens_per_call"][str(n)]
+        assert rows[f"tree:calibrated-point-mass:{n}"]["predicted_tokens_per_call"] == \
+            cal["point-mass"]["predicted_tokens_per_call"][str(n)]
+    for r in rows.values():
+        assert r["measured_tokens_per_call"] >= 1.0 and r["frames"] == 32
+        assert abs(r["relative_error"]) < 0.2, r  # E(N) within 20% of the held-out measurement, every tree and chain
+    # the verify cost of both models through every backend present; the projection names its inputs
+    backends = [b for b in ("official", "eager", "native") if available(b)[0]]
+    cost = metrics["verify_cost"]
+    assert {(r["model"], r["backend"]) for r in cost} == {(m, b) for m in ("embedded", "tiny-random") for b in backends}
+    assert all(r["ratio_to_q1"] == 1.0 for r in cost if r["query_positions"] == 1)
+    assert {(r["kind"], r["backend"], r["nodes"]) for r in metrics["projection"]} == {
+        (k, b, n) for k in ("point-mass", "sampled") for b in backends for n in (2, 8)}
+    caption = (out / "04_projection_compare_model.md").read_text().splitlines()[0]
+    assert caption.startswith("*PROJECTION, not a measurement") and "embedded" in caption and "tiny-random" in caption
+    # Figure 4: every decoder stepped through every backend, the fused frames where a backend has them, AR each way
+    speed = metrics["speed"]
+    decoders = {"ar", "chain:4", "paper:2", "paper:8"} | {f"tree:calibrated-{k}:{n}" for k in ("point-mass", "sampled")
+                                                           for n in (2, 8)}
+    for b in backends:
+        assert {r["decoder"] for r in speed if r["backend"] == b and not r["fused"]} == decoders, b
+    fused = {(r["decoder"], r["backend"]) for r in speed if r["fused"]}
+    assert fused == {(d, b) for d in ("ar", "chain:4") for b in backends if b != "official"}
+    ar_rows = [r for r in speed if r["kind"] == "ar"]
+    over = metrics["speedups_over_ar"]
+    assert len(over) == len(ar_rows) and over[0]["fastest_ar"] and not any(r["fastest_ar"] for r in over[1:])
+    assert over[0]["ar_ms"] == min(r["ms_per_frame"] for r in ar_rows)
+    assert [r["ar_vs_fastest_ar"] for r in over] == sorted(r["ar_vs_fastest_ar"] for r in over)
+    assert all(r["paper_decoder"].startswith("paper:") for r in over)
+    # the paper's device numbers only in their own quoted columns, copied from the constants
+    with (out / "04_paper_devices.csv").open() as f:
+        dev = list(csv.DictReader(f))
+    quoted = [r for r in dev if r["paper: device (quoted)"]]
+    assert [(r["paper: device (quoted)"], int(r["paper: N (quoted)"]), float(r["paper: speedup (quoted)"]))
+            for r in quoted] == [(p["device"], p["nodes"], p["speedup"]) for p in PAPER_DEVICE_SPEEDUPS]
+    assert all(r["speedup_vs_ar (measured)"] == "" for r in quoted)
+    assert {r["where"] for r in dev if not r["paper: device (quoted)"]} == {f"this CPU, {b} backend" for b in backends}
+    # the temperature sweep and Figure 2's tree: the paper's decoder, from the offsets' own calibration file
+    assert {(r["temperature"], r["kind"]) for r in metrics["temperature"]} == {
+        (t, k) for t in (0.9, 0.3) for k in ("point-mass", "sampled")}
+    side = json.loads((out / "04_tree_and_mask.provenance.json").read_text())
+    assert side["decoder"] == "paper:32" and side["calibration_file"].endswith("trees/offsets.json")
+    _files(out, tables=("04_rank_mass", "04_child_acceptance", "04_acceptance_by_start_depth",
+                        "04_predicted_vs_measured", "04_verify_cost", "04_projection_compare_model", "04_speed",
+                        "04_speedup_over_each_ar", "04_paper_devices", "04_temperature"),
+           figures=("04_acceptance_heatmap", "04_trees", "04_tree_and_mask", "04_tokens_per_call_vs_N",
+                    "04_verify_cost", "04_speedup_vs_N", "04_temperature"))
+
+
+def _check_07_device_engineering(metrics: dict, out: Path) -> None:
+    from rvqspec_lib.models.backends import available
+
+    # smoke: tiny-random against its floor in float32, the embedded model's batches, auto and table
+    assert metrics["model"] == "tiny-random" and metrics["random_weights"] is True
+    assert metrics["precisions"] == ["float32"] and metrics["cpu"]
+    floor_backends = [b for b in ("official", "native") if available(b)[0]]
+    assert [(r["precision"], r["backend"]) for r in metrics["floor"]] == [("float32", b) for b in floor_backends]
+    assert all(r["t1_ms"] > 0 and r["floor_ms"] > 0 and r["t1_over_floor"] > 0 for r in metrics["floor"])
+    assert {(r["precision"], r["forward"], r["context"]) for r in metrics["talker"]} == {
+        ("float32", f, 8) for f in ("official", "native")}
+    # batches: AR and chain 4, stepped and fused, through eager and native, B 1 and 4
+    b_backends = [b for b in ("eager", "native") if available(b)[0]]
+    got = {(r["decoder"], r["backend"], r["fused"], r["batch"]) for r in metrics["batches"]}
+    assert got == {(d, b, f, n) for d in ("ar", "chain:4") for b in b_backends for f in (False, True) for n in (1, 4)}
+    assert all(r["speedup_vs_ar"] == 1.0 for r in metrics["batches"] if r["decoder"] == "ar" and not r["fused"])
+    # auto: a decoder name the grammar reads, through one of the backends it was offered
+    from rvqspec_lib.decoding.decoder_names import parse_decoder_name
+
+    parse_decoder_name(metrics["auto"]["decoder"])
+    assert metrics["auto"]["backend"] in ("official", "eager", "native")
+    # the table to act on, measured here: five rows per (model, backend); tiny-random a labelled timing replay whose
+    # fused speculative row is absent; the public ports quoted under it
+    tab = json.loads((out / "07_bench_table.json").read_text())
+    t_backends = [b for b in ("eager", "native") if available(b)[0]]
+    assert [(r["model"], r["backend"], r["row"]) for r in tab["rows"]] == [
+        (m, b, row) for m in ("embedded", "tiny-random") for b in t_backends
+        for row in ("stepped AR", "fused AR", "best speculative", "fused speculative", "auto")]
+    for r in tab["rows"]:
+        assert r["precision"] == "float32"
+        if r["model"] == "tiny-random":
+            assert r["weights"].startswith("timing replay: acceptance of")
+            if r["row"] == "fused speculative":
+                assert r["ms_per_frame"] is None and r["note"].startswith("absent: a timing replay")
+        else:
+            assert r["weights"] == "trained" and r["ms_per_frame"] > 0
+    assert any("public C port" in f for f in tab["footer"])
+    assert {f["model"] for f in metrics["fastest_by_model"]} == {"embedded", "tiny-random"}
+    assert {r["model"] for r in metrics["round_costs"]} == {"embedded"}  # a replay has no fused speculative frame
+    for r in metrics["round_costs"]:
+        assert r["round_over_ar_call"] == pytest.approx(r["tokens_per_call"] * r["x_fused_ar"])
+    assert metrics["gpu_json_present"] is False
+    _files(out, tables=("07_machine", "07_floor", "07_talker", "07_batches", "07_auto", "07_bench_table",
+                        "07_round_costs"),
+           figures=("07_floor", "07_batches", "07_auto", "07_bench_table"))

@@ -205,3 +205,35 @@ def test_frames_through_onnx_runtime_beside_eager(small):
         assert r["speedup_vs_ar"] == pytest.approx(ar["ms_per_frame"] / r["ms_per_frame"])
     assert rows[("tree:0;1;0,0", "onnx", False)]["tokens_per_call"] == \
         rows[("tree:0;1;0,0", "eager", False)]["tokens_per_call"]  # the same frames, the same codes
+
+
+def test_speedups_over_ar_names_the_fastest_ar_and_the_gain_over_each():
+    rows = [dict(r) for r in ROWS] + [_row("paper:4", "paper", 4, 18.0, tpc=1.4),
+                                      _row("ar", "ar", 1, 8.0, backend="native", fused=True),
+                                      _row("chain:4", "chain", 4, 9.0, backend="native", fused=True, tpc=2.5)]
+    out = S.speedups_over_ar(rows)
+    assert [(r["ar"], r["ar_ms"]) for r in out] == [("ar (native, fused)", 8.0), ("ar (eager, fused)", 15.0),
+                                                    ("ar (onnx)", 20.0), ("ar (eager)", 30.0)]
+    assert [r["fastest_ar"] for r in out] == [True, False, False, False]
+    assert [r["ar_vs_fastest_ar"] for r in out] == [1.0, 15.0 / 8.0, 20.0 / 8.0, 30.0 / 8.0]
+    # the fastest LOSSLESS speculative runner of the run (the lossy control at 10 ms never counts)
+    assert {r["fastest_speculative"] for r in out} == {"chain:4 (native, fused)"}
+    assert [r["speedup"] for r in out] == [8.0 / 9.0, 15.0 / 9.0, 20.0 / 9.0, 30.0 / 9.0]
+    same = {r["ar"]: (r["same_backend_speculative"], r["same_backend_speedup"]) for r in out}
+    assert same["ar (eager)"] == ("chain:4 (eager, fused)", 30.0 / 12.0)
+    assert same["ar (onnx)"] == ("tree:0;1 (onnx)", 20.0 / 16.0)
+    assert {r["paper_decoder"] for r in out} == {"paper:4 (eager)"} and out[-1]["paper_speedup"] == 30.0 / 18.0
+    assert S.speedups_over_ar([r for r in rows if r["kind"] != "ar"]) == []
+
+
+def test_expected_tokens_per_call_of_one_kind():
+    cal = {"best_kind": {"2": "sampled", "4": "point-mass"},
+           "sampled": {"call_expected_tokens": {"2": 1.7, "4": 2.4}},
+           "point-mass": {"call_expected_tokens": {"2": 1.1, "4": 2.6}}}
+    assert S.expected_tokens_per_call(cal) == {2: 1.7, 4: 2.6}
+    assert S.expected_tokens_per_call(cal, "point-mass") == {2: 1.1, 4: 2.6}
+    assert S.expected_tokens_per_call(cal, "sampled") == {2: 1.7, 4: 2.4}
+    rows = S.projected_speedup(S.expected_tokens_per_call(cal, "sampled"),
+                               [{"backend": "native", "query_positions": q, "ratio_to_q1": r}
+                                for q, r in ((1, 1.0), (2, 1.1), (4, 1.6))])
+    assert [r["projected_speedup"] for r in rows] == [1.7 / 1.1, 2.4 / 1.6]

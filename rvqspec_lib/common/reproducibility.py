@@ -1,9 +1,33 @@
-"""Which outputs of ``make paper`` are timings, and a comparison of two runs that ignores exactly those
-(docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed): two runs at one seed, machine and
-parameters must write the same bytes everywhere but in timings (wall-clock measurements, what is computed or chosen
-from them, how many rounds a noise target asked for). This module is the one list of those (:data:`TIMING_NOTEBOOKS`,
-:data:`TIMING_COLUMNS`, :data:`TIMING_JSON_KEYS`, :data:`TIMING_JSON_FILES`) and the comparison, also from the
-command line: ``python -m rvqspec_lib.common.reproducibility RUN_A RUN_B [--notebooks 00,04] [--figures]``."""
+"""Which outputs of ``make paper`` are timings, and a comparison of two runs that ignores exactly those.
+
+Two runs of the notebooks at one seed, on one machine and with the same parameters (``THREADS`` included), must
+write the same numbers everywhere except in timings: wall-clock measurements, what is computed from them (speedups,
+ratios of times, real-time factors, bandwidth floors), choices made from them (``--decoder auto``, a "best" row
+picked by speed) and how many timing rounds a noise target asked for. This module is the one list of those
+(docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed says it in words):
+
+* :data:`TIMING_NOTEBOOKS`: the notebooks that time (``01``, ``04``, ``06``, ``07``; the Makefile's ``TIMING_NB``).
+  The others hold no timing but the ones listed here (their run times);
+* :data:`TIMING_COLUMNS`: per table (the CSV's file name without ``.csv``), the columns that are timings, as
+  :mod:`fnmatch` patterns (some column names carry a model's name); :data:`ALL` marks a table whose rows
+  themselves are picked by timings;
+* :data:`TIMING_JSON_KEYS`: keys of result JSON files whose values are timings or records of the run (the
+  ``provenance`` record: when, where, the load), skipped at any depth; :data:`TIMING_JSON_FILES`: the timing
+  notebooks' JSON files that mix timings into everything (their tables are compared instead).
+
+Everything else must be identical, byte for byte as written: a table not listed here has no timing column.
+
+Public functions:
+
+* :func:`timing_columns` -- the timing columns of one table;
+* :func:`compare_tables` / :func:`compare_json` / :func:`compare_safetensors` -- the differences between two CSV /
+  JSON / safetensors files, timings and run records left out;
+* :func:`compare_runs` -- every table, result JSON and ``.safetensors`` file of two output folders;
+* :func:`main` -- the command line: ``python -m rvqspec_lib.common.reproducibility RUN_A RUN_B [--notebooks 00,04]
+  [--figures]`` (exit 1 and one line per difference when the runs differ).
+
+Standard library only.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +40,7 @@ from pathlib import Path
 from typing import Iterable
 
 #: the notebooks that measure time (each runs alone in `make paper`: the Makefile's TIMING_NB)
-TIMING_NOTEBOOKS = ("01", "03", "05", "06")
+TIMING_NOTEBOOKS = ("01", "04", "06", "07")
 #: marks a table whose every column may differ between runs (its rows are chosen by timings)
 ALL = ("*",)
 
@@ -35,35 +59,32 @@ TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
     "01_inner_share": ("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar", "inner_share_ar"),
     "01_models_compared": ("*t_talker_ms", "*t_inner_ms", "*frame_ms_ar", "*rtf_ar", "*inner_share_ar",
                            "*t(*)/t(1)"),  # the leading * also covers the native pair's native_... columns
-    # 03: verify costs, frame times, batches, the bench table, auto's choice, projections from measured costs
-    "03_verify_cost": _CALL_TIMES,
-    "03_verify_cost_compare_model": _CALL_TIMES,
-    "03_speed": _FRAME_TIMES,
-    "03_loop_share_compare_model": _LOOP_SHARE,
-    "03_batches": ("ms_per_batch", "p10_ms", "p90_ms", "frames_per_s", "speedup_vs_ar"),
-    "03_projection_compare_model": ("t(N)/t(1) (measured)", "projected_speedup"),
-    "03_paper_devices": ALL,  # this machine's rows: the fastest N measured here
-    "03_auto": ALL,  # the shortlist and the choice come from measured verify costs and frame times
-    "03_bench_table": ALL,  # "best speculative" is the fastest one; OVERSUBSCRIBED notes
-    # 05: frame times per backend, verify costs, export times, the bench table
-    "05_frame_times": _FRAME_TIMES,
-    "05_paper_frame_times": _FRAME_TIMES,
-    "05_verify_cost": _CALL_TIMES,
-    "05_summary": ALL,  # the best decoder per backend is the fastest one
-    "05_speedup_vs_n": ("*measured*", "*PROJECTION*"),
-    "05_exported_graphs": ("export_s",),
-    "05_paper_export": ("export_s",),
-    "05_bench_table": ALL,
-    "05_coreml_calls": ALL,  # Core ML call times (macOS only)
+    # 04: verify costs, frame times, projections from measured costs, the fastest AR and this machine's best N
+    "04_verify_cost": _CALL_TIMES,
+    "04_speed": _FRAME_TIMES,
+    "04_projection_compare_model": ("cost_ratio", "projected_speedup"),
+    "04_speedup_over_each_ar": ALL,  # which AR is fastest, and the fastest speculative runners, come from times
+    "04_paper_devices": ALL,  # this machine's rows: the fastest N measured here
     # 06: export times, frame times and verify costs for Figure 4, the whole frame streamed (rows chosen by timings)
     "06_exported_graphs": ("export_s",),
+    "06_paper_export": ("export_s",),
     "06_frame_times": _FRAME_TIMES,
     "06_verify_cost": _CALL_TIMES,
     "06_speedup_vs_n": ("*measured*", "*PROJECTION*"),
-    "06_coreml_calls": ALL,
+    "06_paper_devices": ALL,
+    "06_coreml_calls": ALL,  # Core ML call times (macOS only)
     "06_pipeline": ALL,  # the best speculative decoder is the fastest one; every part is a timing
     "06_pipeline_streams": ALL,
     "06_pipeline_concurrency": ALL,
+    # 07: the call and the talker step against their floors, batches, auto's choice, the table to act on
+    "07_floor": ("t1_ms", "t*_over_t1", "floor_ms", "t1_over_floor"),
+    "07_talker": ("median_ms", "p10_ms", "p90_ms", "min_ms", "cpu_ms", "n", "floor_ms", "floor_kv_ms", "over_floor",
+                  "over_floor_kv", "floor_cpu_ms", "cpu_over_floor", "cpu_over_floor_kv"),
+    "07_batches": ("ms_per_batch", "p10_ms", "p90_ms", "frames_per_s", "ms_per_frame", "speedup_vs_ar",
+                   "speedup_vs_fused"),
+    "07_auto": ALL,  # the shortlist and the choice come from measured verify costs and frame times
+    "07_bench_table": ALL,  # "best speculative" is the fastest one; OVERSUBSCRIBED notes
+    "07_round_costs": ALL,  # read off the table's fastest fused frames
     # make paper's own record of how long each notebook took
     "paper_run": ALL,
 }
@@ -73,8 +94,8 @@ TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
 TIMING_JSON_KEYS = frozenset({"provenance", "created_utc", "wall_s", "timings_s", "elapsed_s"})
 #: Result JSON files of the timing notebooks that mix timings into every part (their numbers are in the tables
 #: above, compared there): not compared as JSON.
-TIMING_JSON_FILES = frozenset({"01_bench.json", "01_metrics.json", "03_metrics.json", "03_bench_table.json",
-                               "05_metrics.json", "05_bench_table.json", "06_metrics.json", "06_pipeline.json"})
+TIMING_JSON_FILES = frozenset({"01_bench.json", "01_metrics.json", "04_metrics.json", "06_metrics.json",
+                               "06_pipeline.json", "07_metrics.json", "07_bench_table.json"})
 
 SIDECAR_SUFFIX = ".provenance.json"
 

@@ -21,6 +21,8 @@ and time every decoder (:data:`FULL_BACKENDS`); ``compile`` and ``onnx`` (a comp
 minutes each on a small CPU) time AR, the fused AR frame and what the first full backend's rows found best and auto
 chose.
 
+:func:`fastest_by_model` and :func:`round_costs` read what to run, and why, off the rows.
+
 Each row in ms per frame (median, p10, p90; all runners of a (model, precision, backend) interleaved:
 :func:`rvqspec_lib.eval.speed.time_frames`), as the inner loop's real-time factor (over the 80 ms a frame lasts; the
 talker's step is not in it), over stepped AR, and over the fused AR frame (``x_fused_ar``; the issue's target for the
@@ -332,4 +334,45 @@ def save_bench_table(result: dict, path_stem, prov: dict) -> dict:
     meta, provenance). Returns the paths."""
     out = save_table(result["rows"], path_stem, prov, caption=caption(result) + " | " + " | ".join(result["footer"]))
     out["json"] = save_json(result, Path(str(path_stem) + ".json"), prov)
+    return out
+
+
+def fastest_by_model(result: dict) -> list[dict]:
+    """What the table says to run: per model, the fastest timed row of any precision and backend (``fastest``), the
+    fastest AR row (stepped or fused, ``fastest_ar``) and the fastest speculative row (``fastest_speculative``), each
+    a row of the table (``None`` when none was timed), and ``speculative_over_ar``: the fastest speculative row's
+    time over the fastest AR row's (below 1: speculation wins on this machine)."""
+    out = []
+    for m in dict.fromkeys(r["model"] for r in result["rows"]):
+        timed = [r for r in result["rows"] if r["model"] == m and r["ms_per_frame"]]
+        best = min(timed, key=lambda r: r["ms_per_frame"], default=None)
+        ar = min((r for r in timed if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"], default=None)
+        spec = min((r for r in timed if r["kind"] not in (None, "ar") and not r["lossy"]),
+                   key=lambda r: r["ms_per_frame"], default=None)
+        out.append({"model": m, "fastest": best, "fastest_ar": ar, "fastest_speculative": spec,
+                    "speculative_over_ar": spec["ms_per_frame"] / ar["ms_per_frame"] if spec and ar else None})
+    return out
+
+
+def round_costs(result: dict) -> list[dict]:
+    """Why speculation gains or loses, per (model, precision, backend) where the fused AR frame and the fused
+    speculative frame were both timed: a frame of 15 codes takes 15 / t rounds at t tokens per call, so one
+    speculative round costs ``round_over_ar_call = t x (its frame time / the fused AR frame's)`` AR calls. Speculation
+    wins when that is below t: the work a round adds (a wider call, the drafts, the accept walk) must cost less than
+    the calls it saves.
+
+    Returns:
+        rows ``model``, ``precision``, ``backend``, ``decoder``, ``tokens_per_call``, ``x_fused_ar``,
+        ``round_over_ar_call``, ``x_floor_ar`` (the fused AR frame against its floor).
+    """
+    out = []
+    for key in dict.fromkeys((r["model"], r["precision"], r["backend"]) for r in result["rows"]):
+        mine = {r["row"]: r for r in result["rows"] if (r["model"], r["precision"], r["backend"]) == key}
+        ar, spec = mine.get("fused AR"), mine.get("fused speculative")
+        if not (ar and spec and ar["ms_per_frame"] and spec["ms_per_frame"] and spec["tokens_per_call"]):
+            continue
+        x = spec["ms_per_frame"] / ar["ms_per_frame"]
+        out.append({"model": key[0], "precision": key[1], "backend": key[2], "decoder": spec["decoder"],
+                    "tokens_per_call": spec["tokens_per_call"], "x_fused_ar": x,
+                    "round_over_ar_call": spec["tokens_per_call"] * x, "x_floor_ar": ar["x_floor_ar"]})
     return out

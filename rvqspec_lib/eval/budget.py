@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import numpy as np
 import torch
 
 from rvqspec_lib.common.files import write_text_atomic
@@ -34,7 +33,7 @@ from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
-from rvqspec_lib.eval.calibration import KINDS
+from rvqspec_lib.eval.calibration import KINDS, tables_from_calibration
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
 from rvqspec_lib.eval.timing import oversubscribed_note
@@ -108,17 +107,6 @@ def _drafter_name(drafter, drafter_name: str | None) -> str:
     if drafter_name:
         return drafter_name
     return "heads" if drafter is None or isinstance(drafter, ReusedHeads) else str(drafter.name)
-
-
-def tables_from_calibration(calibration: dict) -> dict:
-    """The per-start-depth tables :func:`~rvqspec_lib.eval.acceptance.predicted_tokens_per_call` needs, from a
-    calibration file: ``alpha`` (the first sampled child = a chain's draft), ``rank_mass``, ``child_accept``
-    (float64 arrays ``(n-1, K, C)``, NaN where there is no node)."""
-    def arr(kind):
-        return np.array([[[np.nan if v is None else v for v in r] for r in s]
-                         for s in calibration[kind]["by_start_depth"]], dtype=np.float64)
-    ch = arr("sampled")
-    return {"alpha": ch[..., 0], "rank_mass": arr("point-mass"), "child_accept": ch}
 
 
 def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS, *, drafter=None,

@@ -11,13 +11,16 @@ From frames of the calibration split (contexts from real speech, codes sampled f
 Pooled over start depths, each table drives :func:`rvqspec_lib.decoding.trees.grow_tree` to the best tree of every node
 budget N = 2..64 (N counts the root: the query positions of one verify call). The expected tokens per call of each
 tree, over whole frames (:func:`rvqspec_lib.eval.acceptance.predicted_tokens_per_call`), is stored beside it so that
-the prediction can be checked against the tokens per call measured on the evaluation split.
+the prediction can be checked against the tokens per call measured on the evaluation split
+(:func:`predicted_vs_measured`). :func:`temperature_sweep` calibrates again at other code-predictor temperatures: a
+point-mass child is worth the target mass of its code, which grows as p sharpens, a sampled child ``sum min(p, q)``
+whatever p's entropy (docs/methods.md#sampled-trees).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -26,6 +29,7 @@ from rvqspec_lib.eval.acceptance import (
     _drafts_and_targets,
     _json,
     _teacher_forced_batches,
+    decoder_statistics,
     exact_statistics,
     predicted_tokens_per_call,
 )
@@ -33,7 +37,9 @@ from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shi
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding import verify as rules
+from rvqspec_lib.decoding.decoder_names import name_of, tree_from_calibration
 from rvqspec_lib.decoding.decoders import Tree
+from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.decoding.trees import expected_tokens, grow_tree
 
@@ -203,3 +209,138 @@ def calibration_frames(lm, *, max_frames: int | None = None, seed: int = 0,
     out.utterance = real.utterance
     out.source = {**real.source, "codes": "re-sampled from p (AR, deployed sampling)", "seed": seed}
     return out
+
+
+def tables_from_calibration(calibration: dict) -> dict:
+    """The per-start-depth tables :func:`~rvqspec_lib.eval.acceptance.predicted_tokens_per_call` needs, from a
+    calibration (:func:`calibrate`, or its file): ``alpha`` (the first sampled child = a chain's draft),
+    ``rank_mass``, ``child_accept`` (float64 arrays ``(n-1, K, C)``, NaN where there is no node)."""
+    def arr(kind):
+        return np.array([[[np.nan if v is None else v for v in r] for r in s]
+                         for s in calibration[kind]["by_start_depth"]], dtype=np.float64)
+    ch = arr("sampled")
+    return {"alpha": ch[..., 0], "rank_mass": arr("point-mass"), "child_accept": ch}
+
+
+def predicted(calibration: dict, name, decoder) -> float:
+    """E(N), the tokens per call a calibration predicts for a decoder over whole frames (prefill included).
+
+    Args:
+        calibration: the calibration of the drafter the decoder drafts with.
+        name: the decoder's :class:`~rvqspec_lib.decoding.decoder_names.DecoderName` (a calibrated tree and the
+            paper's decoder read the prediction stored for their kind and budget: the same tree).
+        decoder: the decoder object (AR: 1; a chain or a tree of rank paths: computed from the calibration's per
+            start depth tables, offsets independent, :func:`~rvqspec_lib.eval.acceptance.predicted_tokens_per_call`).
+
+    Raises:
+        ValueError: tables that do not reach the decoder's offsets or ranks. KeyError: a budget not calibrated.
+    """
+    if name.kind == "ar":
+        return 1.0
+    if name.kind in ("calibrated", "paper"):
+        return float(calibration[name.tree_kind]["predicted_tokens_per_call"][str(name.budget)])
+    return float(predicted_tokens_per_call(tables_from_calibration(calibration), decoder,
+                                           int(calibration["n_codes"])))
+
+
+def predicted_vs_measured(code_predictor, decoders, contexts: torch.Tensor, *,
+                          calibrations: Mapping[str, dict] | None = None, sampling: Sampling | None = None,
+                          seed: int = 0, batch_size: int = 256) -> list[dict]:
+    """E(N) predicted from each decoder's own calibration against the tokens per call it measures, decoding the same
+    held-out contexts (the check of the calibration model: offsets treated as independent, one table pooled or per
+    start depth; docs/methods.md#choosing-the-node-budget).
+
+    Args:
+        code_predictor: the official module. decoders: :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` s
+            (:func:`~rvqspec_lib.models.named_decoders.resolve_all`; a mapping's values are taken), each carrying its
+            drafter and, for calibrated trees and ``paper``, the calibration its tree came from.
+        contexts: ``(N, 2, talker_hidden)`` held-out contexts (the evaluation split), every decoder from generator
+            seed ``seed`` (:func:`~rvqspec_lib.eval.acceptance.decoder_statistics`).
+        calibrations: ``{drafter: calibration}`` for decoders that carry none (chains, trees of rank paths).
+        sampling: the deployed warpers. batch_size: frames decoded per batch.
+
+    Returns:
+        a row per decoder, in order: its fields (``decoder`` its label, ``kind``, ``drafter``, ``nodes``, ``lossy``,
+        ``sampled``), ``depth`` (the deepest offset drafted), ``predicted_tokens_per_call`` (``None`` without a
+        calibration of its drafter), ``measured_tokens_per_call``, ``relative_error`` (predicted / measured - 1),
+        ``calls_per_frame``, ``frames``.
+
+    Raises:
+        ValueError: no decoder; as :func:`predicted`.
+    """
+    decoders = list(decoders.values()) if isinstance(decoders, Mapping) else list(decoders)
+    if not decoders:
+        raise ValueError("no decoder to measure: give NamedDecoders (resolve_all)")
+    calibrations = dict(calibrations or {})
+    n = P.n_codes(code_predictor)
+    rows = []
+    for nd in decoders:
+        dec = getattr(nd, "decoder", nd)
+        name = nd.name if hasattr(nd, "decoder") else name_of(nd)
+        cal = getattr(nd, "calibration", None) or calibrations.get(name.drafter or "heads")
+        st = decoder_statistics(code_predictor, None, contexts, dec, sampling=sampling, seed=seed,
+                                batch_size=batch_size)
+        pred = predicted(cal, name, dec) if cal is not None or name.kind == "ar" else None
+        rows.append({**name.fields(), "depth": dec.tree(n).max_depth, "predicted_tokens_per_call": pred,
+                     "measured_tokens_per_call": st["tokens_per_call"],
+                     "relative_error": None if pred is None else prediction_error(pred, st["tokens_per_call"]),
+                     "calls_per_frame": st["calls_per_frame"], "frames": int(contexts.shape[0])})
+    return rows
+
+
+#: Code-predictor temperatures of :func:`temperature_sweep` by default (the checkpoints sample at 0.9).
+SWEEP_TEMPERATURES = (1.5, 1.2, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)
+
+
+@torch.no_grad()
+def temperature_sweep(code_predictor, calibration_contexts: torch.Tensor, eval_contexts: torch.Tensor, *,
+                      temperatures: Sequence[float] = SWEEP_TEMPERATURES, budget: int = 16,
+                      sampling: Sampling | None = None, drafter=None, draws: int = 1, seed: int = 0) -> list[dict]:
+    """Does a point-mass tree overtake a sampled tree as p sharpens? At each code-predictor temperature, the codes of
+    the calibration contexts are sampled again from p at that temperature (:func:`~rvqspec_lib.data.frame_sources.
+    frames_from_contexts`), both kinds of tree of ``budget`` nodes are calibrated on them (:func:`calibrate`), and
+    each is decoded on the held-out contexts at the same temperature.
+
+    Args:
+        calibration_contexts, eval_contexts: ``(N, 2, talker_hidden)``. temperatures: the sweep (each > 0; top-k and
+            top-p as ``sampling``'s). budget: N of both trees. sampling: the deployed warpers (default
+            :class:`~rvqspec_lib.decoding.sampling.Sampling`). drafter: default the reused heads. draws, seed: as
+            :func:`calibrate` (and the decode generator's seed).
+
+    Returns:
+        a row per (temperature, kind), in the order given: ``temperature``, ``kind``, ``nodes``,
+        ``predicted_tokens_per_call``, ``measured_tokens_per_call``, ``top1_target_mass`` (E[p] of the rank-0 draft
+        at offset 1: what one point-mass child is worth), ``first_child_acceptance`` (the first sampled child at
+        offset 1: ``sum min(p, q)``).
+
+    Raises:
+        ValueError: a temperature <= 0, no temperature; as :func:`calibrate`.
+    """
+    temps = [float(t) for t in temperatures]
+    if not temps or min(temps) <= 0:
+        raise ValueError(f"temperatures must be positive (greedy decoding has no tree to compare), got {temperatures}")
+    base = Sampling() if sampling is None else sampling
+    drafter = ReusedHeads() if drafter is None else drafter
+    rows = []
+    for temp in temps:
+        s_t = Sampling(temperature=temp, top_k=base.top_k, top_p=base.top_p)
+        frames = frames_from_contexts(code_predictor, calibration_contexts, sampling=s_t, seed=seed)
+        cal = calibrate(code_predictor, drafter, frames, sampling=s_t, budgets=(budget,), draws=draws, seed=seed)
+        for kind in KINDS:
+            tree = tree_from_calibration(cal, kind, budget)
+            st = decoder_statistics(code_predictor, drafter, eval_contexts, tree, sampling=s_t, seed=seed)
+            rows.append({"temperature": temp, "kind": kind, "nodes": budget,
+                         "predicted_tokens_per_call": float(cal[kind]["predicted_tokens_per_call"][str(budget)]),
+                         "measured_tokens_per_call": st["tokens_per_call"],
+                         "top1_target_mass": float(cal["point-mass"]["table"][0][0]),
+                         "first_child_acceptance": float(cal["sampled"]["table"][0][0])})
+    return rows
+
+
+def point_mass_overtakes(rows: Sequence[dict]) -> list[float]:
+    """The temperatures of a :func:`temperature_sweep` at which the point-mass tree commits more codes per call
+    (measured) than the sampled tree, in the sweep's order."""
+    by = {(r["temperature"], r["kind"]): r["measured_tokens_per_call"] for r in rows}
+    temps = list(dict.fromkeys(r["temperature"] for r in rows))
+    return [t for t in temps if (t, "point-mass") in by and (t, "sampled") in by
+            and by[(t, "point-mass")] > by[(t, "sampled")]]

@@ -430,6 +430,21 @@ def format_precision_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def precision_rows(result: dict) -> list[dict]:
+    """A :func:`bench_precisions` result as table rows, one per (precision, backend), in its order: ``precision``,
+    ``backend``, ``t1_ms`` (median of one query position), ``t{Q}_over_t1`` for each other Q, ``mb_per_call`` (the
+    weights one call reads, MB), ``floor_ms`` and ``t1_over_floor``."""
+    rows = []
+    for pr in result["precisions"]:
+        by_q = {r["n_queries"]: r for r in pr["rows"]}
+        rows.append({"precision": pr["precision"], "backend": pr["backend"],
+                     "t1_ms": by_q[1]["median_ms"] if 1 in by_q else None,
+                     **{f"t{q}_over_t1": r["ratio_to_1"] for q, r in by_q.items() if q != 1},
+                     "mb_per_call": pr["weight_bytes"]["bytes"] / 1e6, "floor_ms": pr["floor_ms"],
+                     "t1_over_floor": pr["t1_over_floor"]})
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The call budget (from the config, never typed in)
 # ----------------------------------------------------------------------------------------------------------------------

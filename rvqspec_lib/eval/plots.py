@@ -14,14 +14,22 @@
   the paper's device numbers (:data:`PAPER_DEVICE_SPEEDUPS`, quoted) in three panels apart.
 * :func:`plot_frame_parts`, :func:`plot_audio_vs_wall` -- the whole frame (notebook 06): the parts of a frame against
   their floors and the real-time budget (the paper's Figure 1 tested), and audio produced against wall time.
+* the tree's calibration (notebook 04): :func:`plot_acceptance_heatmaps` (what a point-mass and a sampled child are
+  worth, by start depth and offset, on ONE colour scale), :func:`plot_calibrated_trees`,
+  :func:`plot_tokens_per_call_vs_n` (E(N) predicted against measured), :func:`plot_verify_cost_curves` (t(N)/t(1)
+  per backend and model, with a labelled PROJECTION), :func:`plot_frames_vs_n` (Figure 4 with every AR baseline),
+  :func:`plot_temperature_sweep`.
+* :data:`DECODER_COLORS` / :func:`decoder_color` and :data:`BACKEND_COLORS` / :func:`backend_color`: THE colour of a
+  decoder family and of a backend in every figure; :func:`sampling_words`: a sampling setting in words for titles.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from rvqspec_lib.decoding.decoder_names import parse_decoder_name
+from rvqspec_lib.decoding.decoder_names import parse_decoder_name, tree_from_calibration
 from rvqspec_lib.eval.timing import oversubscribed_note
+from rvqspec_lib.models.backends import runner_label
 
 #: The paper's reported speedups of RVQ token generation on devices (Core ML), by node budget N. Quoted, not measured
 #: here: tables put them in their own labelled column, figures label them as the paper's.
@@ -51,23 +59,76 @@ def decoder_color(fields) -> str:
     or its label (a :class:`~rvqspec_lib.decoding.decoder_names.DecoderName` is parsed from it, never a regex): the
     same decoder has the same colour in every figure. A drafter's trained variants share its colour (``offsets-tv``
     is an offsets drafter); ``{"drafter": "heads"}`` without a ``kind`` is the reused heads as a drafter."""
+    return DECODER_COLORS.get(decoder_family(fields), "#17becf")
+
+
+#: What each family of :data:`DECODER_COLORS` is called in legends.
+FAMILY_LABELS = {"ar": "AR", "null-control": "AR, other seeds", "chain": "chain (sampled drafts, reused heads)",
+                 "tree-point-mass": "point-mass tree (reused heads)", "tree-sampled": "sampled tree (reused heads)",
+                 "paper": "the paper's decoder (offsets + their point-mass tree)", "offsets": "offsets drafter",
+                 "medusa": "Medusa heads", "ssd-lossy": "SSD tolerance rule (LOSSY)",
+                 "heads": "the reused heads (as a drafter)"}
+
+#: THE colour of each verify backend of the registry (:data:`rvqspec_lib.models.backends.BACKENDS`) in every figure.
+BACKEND_COLORS = {"official": "#7f7f7f", "eager": "#17becf", "compile": "#bcbd22", "onnx": "#e377c2",
+                  "native": "#8c564b", "cuda": "#1a1a1a", "coreml": "#aec7e8"}
+#: The line style of each backend where colour already says the decoder family.
+BACKEND_STYLES = {"official": ":", "eager": "--", "compile": "-.", "onnx": (0, (3, 1, 1, 1)), "native": "-"}
+
+
+def decoder_family(fields) -> str:
+    """The key of :data:`DECODER_COLORS` a decoder belongs to (fields or label, as :func:`decoder_color`)."""
     if isinstance(fields, str):
         if fields == "ar-seed2":
-            return DECODER_COLORS["null-control"]
+            return "null-control"
         fields = parse_decoder_name(fields).fields()
     kind, drafter = fields.get("kind"), fields.get("drafter")
     family = str(drafter).split("-", 1)[0] if drafter else None  # offsets-tv, a trained variant: the offsets' colour
     if fields.get("decoder") == "ar-seed2":
-        return DECODER_COLORS["null-control"]
+        return "null-control"
     if kind in ("paper",) or family == "offsets":
-        return DECODER_COLORS["paper"]
+        return "paper"
     if family == "medusa":
-        return DECODER_COLORS["medusa"]
+        return "medusa"
     if kind is None and family == "heads":  # a drafter's row, no decoder: the reused heads
-        return DECODER_COLORS["heads"]
+        return "heads"
     if kind in ("tree", "calibrated"):
-        return DECODER_COLORS["tree-sampled" if fields.get("sampled") else "tree-point-mass"]
-    return DECODER_COLORS.get(kind, "#17becf")
+        return "tree-sampled" if fields.get("sampled") else "tree-point-mass"
+    return kind if kind in DECODER_COLORS else "other"
+
+
+def backend_color(name: str) -> str:
+    """THE colour of a backend (:data:`BACKEND_COLORS`; an unknown one grey)."""
+    return BACKEND_COLORS.get(name, "#999999")
+
+
+def _log2_ticks(ax, values, axis: str = "x") -> None:
+    """A log2 axis with integer ticks at ``values`` (node budgets, query positions: whole numbers)."""
+    vals = sorted({int(v) for v in values})
+    if axis == "x":
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(vals, [str(v) for v in vals])
+        ax.xaxis.set_minor_locator(_null_locator())
+    else:
+        ax.set_yscale("log", base=2)
+        ax.set_yticks(vals, [str(v) for v in vals])
+        ax.yaxis.set_minor_locator(_null_locator())
+
+
+def _null_locator():
+    from matplotlib.ticker import NullLocator
+
+    return NullLocator()
+
+
+def _log_y(ax) -> None:
+    """A log y axis labelled at 1, 2 and 5 times the powers of ten, in plain numbers (``20``, not ``2x10^1``)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def drafter_style(label: str) -> dict:
@@ -215,13 +276,15 @@ def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float 
     return fig
 
 
-def plot_tree(ax, paths, *, title: str = "", sampled: bool = False) -> None:
+def plot_tree(ax, paths, *, title: str = "", sampled: bool = False, color: str | None = None) -> None:
     """Draw a draft tree on ``ax``: the root at the left, one column per draft offset, each node labelled with its
     rank (point-mass) or child index (sampled), edges from parent to child.
 
     Args:
         ax: a matplotlib axes. paths: the tree's rank paths (e.g. ``Tree.paths``). title: axes title.
         sampled: label children ``#i`` (sampled child index) instead of ``r`` (rank).
+        color: the nodes' colour (e.g. :func:`decoder_color` of the tree; first children solid, later ones pale);
+            default C0 for first children and C1 for the others.
     """
     paths = [tuple(p) for p in paths]
     by_depth: dict[int, list[tuple[int, ...]]] = {}
@@ -237,10 +300,16 @@ def plot_tree(ax, paths, *, title: str = "", sampled: bool = False) -> None:
         ax.plot([x0, x1], [y0, y1], color="0.6", lw=0.8, zorder=1)
     for p, (x, y) in pos.items():
         label = "root" if not p else (f"#{p[-1]}" if sampled else str(p[-1]))
-        ax.scatter([x], [y], s=60 if p else 90, color="C3" if not p else ("C0" if p[-1] == 0 else "C1"), zorder=2)
+        if color is None:
+            face, alpha = ("C3" if not p else ("C0" if p[-1] == 0 else "C1")), 1.0
+        else:
+            face, alpha = ("0.25", 1.0) if not p else (color, 1.0 if p[-1] == 0 else 0.45)
+        ax.scatter([x], [y], s=60 if p else 90, color=face, alpha=alpha, zorder=2)
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("draft offset")
+    depths = sorted({len(p) for p in paths} | {0})
+    ax.set_xticks(depths, ["root" if d == 0 else str(d) for d in depths])
     ax.set_yticks([])
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
@@ -310,7 +379,7 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
     return fig
 
 
-def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = False,
+def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = False, color: str | None = None,
                        figsize: tuple[float, float] = (12.0, 6.5)):
     """The paper's Figure 2: a draft tree beside the attention mask of its verify call.
 
@@ -320,7 +389,8 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = Fa
             ``allow`` ``(Q, S)`` bool, ``positions`` ``(Q,)``, ``write_slots`` ``(Q,)``. The mask is drawn exactly as
             the decode loop passed it to the model: rows are the call's query positions (the root first, then the
             nodes in tree order), columns the KV slots (committed codes of the frame, then the call's own slots).
-        title: figure title. sampled: label the tree's children as sampled child indices.
+        title: figure title. sampled: label the tree's children as sampled child indices. color: the tree's node
+            colour (:func:`plot_tree`; e.g. :func:`decoder_color` of the decoder).
 
     Returns:
         the matplotlib ``Figure``.
@@ -334,7 +404,8 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = Fa
     used = max(write) + 1  # slots past the call's own are never read: not drawn
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, gridspec_kw={"width_ratios": [1.0, 1.3]},
                                    constrained_layout=True)
-    plot_tree(ax0, paths, title=f"draft tree: {len(paths)} nodes + root (N = {len(paths) + 1})", sampled=sampled)
+    plot_tree(ax0, paths, title=f"draft tree: {len(paths)} nodes + root (N = {len(paths) + 1})", sampled=sampled,
+              color=color)
     ax1.imshow(allow[:, :used], cmap="Blues", vmin=0, vmax=1.4, aspect="auto", interpolation="nearest")
     ax1.axvline(write[0] - 0.5, color="C3", lw=1.0)
     ax1.set_xticks(range(used), [("c" if j < write[0] else "n") + str(j) for j in range(used)], fontsize=5,
@@ -664,4 +735,488 @@ def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+# ---- the calibrated tree (notebooks/04_calibrating_the_tree.py) ---------------------------------------------------
+def _nan_table(rows):
+    """Nested lists with ``None`` for NaN (a calibration's JSON form) -> a float64 array."""
+    import numpy as np
+
+    return np.array([[np.nan if v is None else float(v) for v in r] for r in rows], dtype=np.float64)
+
+
+def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: str = "",
+                             figsize: tuple[float, float] = (11.0, 7.0)):
+    """What one drafted node is worth, for both kinds of children, on ONE colour scale.
+
+    Top row, by start depth s (rows) and draft offset t (columns): the target mass of the rank-0 draft
+    (point-mass: the probability that the top-ranked code is the verified one) and the acceptance of the first sampled
+    child (``sum min(p, q)``), from the calibration's per-start-depth tables. Bottom row, pooled over start depths, by
+    offset and rank r (point-mass) or child index i (sampled, drawn without replacement, Sequoia's rule): the
+    probability that this node is the accepted one once its parent is reached. Every panel shares one linear colour
+    scale from 0 to the largest value (on separate scales a point-mass node would look as valuable as a sampled one).
+
+    Args:
+        calibration: :func:`rvqspec_lib.eval.calibration.calibrate`'s dict (or its file). max_index: ranks and child
+            indices drawn. title: the figure title.
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import Normalize
+
+    pm_s = _nan_table([[t[0] for t in s] for s in calibration["point-mass"]["by_start_depth"]])  # (S, K)
+    sp_s = _nan_table([[t[0] for t in s] for s in calibration["sampled"]["by_start_depth"]])
+    pm_t = _nan_table(calibration["point-mass"]["table"])[:, :max_index]  # (K, R)
+    sp_t = _nan_table(calibration["sampled"]["table"])[:, :max_index]
+    vmax = float(np.nanmax([np.nanmax(a) for a in (pm_s, sp_s, pm_t, sp_t)]))
+    norm = Normalize(vmin=0.0, vmax=max(vmax, 1e-6))
+    fig, axes = plt.subplots(2, 2, figsize=figsize, constrained_layout=True)
+    panels = ((axes[0][0], pm_s, "point-mass: target mass of the rank-0 draft", "start depth s"),
+              (axes[0][1], sp_s, "sampled: acceptance of the first child", "start depth s"),
+              (axes[1][0], pm_t.T, "point-mass: target mass by rank (start depths pooled)", "rank r"),
+              (axes[1][1], sp_t.T, "sampled: P(child i accepted | parent reached), pooled", "child index i"))
+    im = None
+    for ax, a, name, ylab in panels:
+        im = ax.imshow(np.ma.masked_invalid(a), cmap="viridis", norm=norm, origin="lower", aspect="auto",
+                       interpolation="nearest",
+                       extent=(0.5, a.shape[1] + 0.5, (0.5 if ylab == "start depth s" else -0.5),
+                               a.shape[0] + (0.5 if ylab == "start depth s" else -0.5)))
+        ax.set_facecolor("white")
+        ax.set_title(f"{name}\nmean {np.nanmean(a):.3f}, max {np.nanmax(a):.3f}", fontsize=9)
+        ax.set_xlabel("draft offset t (depth drafted = s + t)")
+        ax.set_ylabel(ylab)
+        first = 1 if ylab == "start depth s" else 0
+        ax.set_yticks(range(first, first + a.shape[0]), [str(v) for v in range(first, first + a.shape[0])],
+                      fontsize=7)
+        ax.set_xticks(range(1, a.shape[1] + 1), [str(v) for v in range(1, a.shape[1] + 1)], fontsize=7)
+    fig.colorbar(im, ax=axes, shrink=0.8, label="probability (one scale for all four panels)")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_calibrated_trees(calibration: dict, budgets: Sequence[int], *, title: str = "",
+                          figsize: tuple[float, float] | None = None):
+    """The greedy calibrated trees of a few node budgets, point-mass (top row) and sampled (bottom row), each titled
+    with its predicted tokens per call E(N) and coloured by :func:`decoder_color`.
+
+    Raises:
+        ValueError: a budget the calibration does not hold.
+    """
+    import matplotlib.pyplot as plt
+
+    budgets = [int(b) for b in budgets]
+    fig, axes = plt.subplots(2, len(budgets), figsize=figsize or (3.0 * len(budgets), 6.0), squeeze=False,
+                             constrained_layout=True)
+    for row, kind in enumerate(("point-mass", "sampled")):
+        for col, b in enumerate(budgets):
+            tree = tree_from_calibration(calibration, kind, b)
+            e = calibration[kind]["predicted_tokens_per_call"][str(b)]
+            plot_tree(axes[row][col], tree.paths, sampled=tree.sampled,
+                      color=decoder_color({"kind": "calibrated", "drafter": "heads", "sampled": tree.sampled}),
+                      title=f"{kind}, N = {b}: E(N) = {e:.2f}")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def _family_label(fields) -> str:
+    fam = decoder_family(fields)
+    if fam == "paper" and fields.get("kind") != "paper":
+        return ("sampled" if fields.get("sampled") else "point-mass") + " tree (offsets drafter)" \
+            if fields.get("kind") in ("tree", "calibrated") else f"{fields.get('kind')} (offsets drafter)"
+    return FAMILY_LABELS.get(fam, fam)
+
+
+def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
+                              figsize: tuple[float, float] = (10.5, 4.2)):
+    """E(N) predicted from each drafter's calibration (dashed) against the tokens per call measured on held-out frames
+    (solid): point-mass trees on the left, sampled trees and chains (window = N, triangles) on the right, ONE y scale,
+    a line per drafter (:func:`decoder_color`; the offsets drafter's are the paper's colour, its point-mass trees being
+    the paper's decoder).
+
+    Args:
+        rows: :func:`rvqspec_lib.eval.calibration.predicted_vs_measured` rows.
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=figsize, sharey=True, constrained_layout=True)
+    panels = {False: axes[0], True: axes[1]}
+    groups: dict = {}
+    for r in rows:
+        if r["kind"] == "ar":
+            continue
+        groups.setdefault((bool(r.get("sampled")), r["kind"] == "chain", r.get("drafter")), []).append(r)
+    for (sampled, chain, drafter), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")):
+        ax = panels[sampled]
+        rs = sorted(rs, key=lambda r: r["nodes"])
+        color = decoder_color(rs[0])
+        if rs[0]["kind"] == "paper":
+            who = "the paper's decoder (offsets)"
+        else:
+            who = "offsets drafter" if drafter == "offsets" else "reused heads"
+        what = "chain, " if chain else ""
+        xs = [r["nodes"] for r in rs]
+        ax.plot(xs, [r["measured_tokens_per_call"] for r in rs], "^:" if chain else "o-", color=color, ms=4,
+                mfc="white" if drafter == "offsets" and rs[0]["kind"] != "paper" else color,
+                label=f"{what}{who}: measured")
+        pred = [(r["nodes"], r["predicted_tokens_per_call"]) for r in rs if r["predicted_tokens_per_call"] is not None]
+        if pred and not chain:
+            ax.plot(*zip(*pred), "--", color=color, alpha=0.6, lw=1.2, label=f"{what}{who}: predicted E(N)")
+    nodes = [r["nodes"] for r in rows if r["kind"] != "ar"]
+    for ax, name in ((axes[0], "point-mass trees"), (axes[1], "sampled trees and chains")):
+        _log2_ticks(ax, nodes)
+        ax.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
+        ax.set_xlabel("node budget N (query positions of one verify call)")
+        ax.set_title(f"{name} (AR: the grey line, one code per call)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6.5, loc="upper left")
+    axes[0].set_ylabel("tokens per call (codes per inner-loop call)")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projection_title: str = "", title: str = "",
+                            figsize: tuple[float, float] | None = None):
+    """t(N)/t(1) of one verify call per backend, a panel per model on ONE y scale, and optionally a last panel with a
+    PROJECTION ``E(N) t(1) / t(N)`` (:func:`rvqspec_lib.eval.speed.projected_speedup` rows with a ``kind``).
+
+    Args:
+        curves: ``{panel title: verify_cost_curve rows}``. projection: projected rows (dashed, titled PROJECTION).
+        projection_title: what the projection is made of (its inputs). title: the figure title.
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    n = len(curves) + (1 if projection else 0)
+    fig, axes = plt.subplots(1, n, figsize=figsize or (4.3 * n, 3.9), squeeze=False, constrained_layout=True)
+    axes = axes[0]
+    qs_all = [r["query_positions"] for rows in curves.values() for r in rows]
+    ratios = [r["ratio_to_q1"] for rows in curves.values() for r in rows]
+    top, low = max(ratios + [max(qs_all)]), min(ratios + [1.0])
+    for ax, (name, rows) in zip(axes, curves.items()):
+        for b in dict.fromkeys(r["backend"] for r in rows):
+            rs = sorted((r for r in rows if r["backend"] == b), key=lambda r: r["query_positions"])
+            ax.plot([r["query_positions"] for r in rs], [r["ratio_to_q1"] for r in rs], "o-", ms=3,
+                    color=backend_color(b), label=f"{b}: t(1) = {rs[0]['median_ms']:.2f} ms")
+        qs = sorted({r["query_positions"] for r in rows})
+        ax.plot(qs, qs, ":", color="0.6", label="y = N (no parallelism at all)")
+        _log2_ticks(ax, qs)
+        ax.set_yscale("log", base=2)
+        ax.set_ylim(0.8 * low, 1.2 * top)  # one scale for every model's panel
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
+        ax.set_xlabel("query positions N of one call")
+        ax.set_ylabel("t(N) / t(1), measured")
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6, loc="upper left")
+    if projection:
+        ax = axes[-1]
+        for (b, kind) in dict.fromkeys((r["backend"], r["kind"]) for r in projection):
+            rs = sorted((r for r in projection if (r["backend"], r["kind"]) == (b, kind)), key=lambda r: r["nodes"])
+            ax.plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], marker="s", ms=3,
+                    color=decoder_color({"kind": "calibrated", "sampled": kind == "sampled"}),
+                    ls=BACKEND_STYLES.get(b, "--"), label=f"{kind} trees, {b} cost")
+        ax.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
+        _log2_ticks(ax, [r["nodes"] for r in projection])
+        ax.set_xlabel("node budget N")
+        ax.set_ylabel("PROJECTED speedup over AR, E(N) t(1)/t(N)")
+        ax.set_title("PROJECTION, not a measurement" + (f"\n{projection_title}" if projection_title else ""),
+                     fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, title: str = "",
+                     figsize: tuple[float, float] | None = None):
+    """The paper's Figure 4 here, with every AR baseline: a column per backend of :func:`rvqspec_lib.eval.speed.
+    time_frames` rows (one interleaved run).
+
+    Top row: speedup over stepped AR through the same backend (the paper's measure) against the node budget N, a line
+    per decoder family (:func:`decoder_color`), chains as triangles at N = window, fused frames as hollow markers, the
+    paper's device numbers as black markers (quoted, labelled). Bottom row: milliseconds per frame against N on ONE
+    scale for every panel, with a horizontal line for EVERY AR of the run (stepped through each backend, each fused
+    AR frame; :func:`backend_color`, the fastest one thickest): which AR is fastest, and where each decoder stands
+    against it, read off one axis. One legend for the figure, under it.
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if not r.get("lossy")]
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    fig, axes = plt.subplots(2, len(backends), figsize=figsize or (4.0 * len(backends), 7.6), squeeze=False,
+                             sharey="row", layout="constrained")
+    ars = sorted((r for r in rows if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"])
+    nodes = sorted({r["nodes"] for r in rows if r["kind"] != "ar" and r["nodes"]} | {p["nodes"] for p in paper})
+    ar_styles = (":", "--", "-.", (0, (1, 1)), (0, (5, 1)), (0, (3, 1, 1, 1)))
+    handles: dict = {}
+    for col, b in enumerate(backends):
+        top, bottom = axes[0][col], axes[1][col]
+        mine = [r for r in rows if r["backend"] == b and r["kind"] != "ar"]
+        for fused in (False, True):
+            groups: dict = {}
+            for r in mine:
+                if bool(r["fused"]) == fused:
+                    groups.setdefault((decoder_family(r), r["kind"] == "chain"), []).append(r)
+            for (fam, chain), rs in groups.items():
+                rs = sorted(rs, key=lambda r: r["nodes"])
+                style = dict(color=decoder_color(rs[0]), marker="^" if chain else "o", ms=5,
+                             ls=":" if chain else "-", mfc="white" if fused else decoder_color(rs[0]))
+                label = _family_label(rs[0]) + (", fused frame" if fused else ", stepped")
+                xs = [r["nodes"] for r in rs]
+                if all(r["speedup_vs_ar"] for r in rs):
+                    top.plot(xs, [r["speedup_vs_ar"] for r in rs], **style)
+                handles[label] = bottom.plot(xs, [r["ms_per_frame"] for r in rs], **style)[0]
+        for i, p in enumerate(paper):
+            h = top.plot([p["nodes"]], [p["speedup"]], marker="*^vD"[i % 4], color="k", ls="none", ms=7)[0]
+            handles.setdefault(f"{p['device']}, N = {p['nodes']} (quoted)", h)
+        top.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
+        for i, a in enumerate(ars):
+            h = bottom.axhline(a["ms_per_frame"], color=backend_color(a["backend"]), ls=ar_styles[i % len(ar_styles)],
+                               lw=2.2 if i == 0 else 1.2)
+            handles.setdefault(f"AR {runner_label(a)[3:]}" + (": the fastest AR" if i == 0 else ""), h)
+        for ax in (top, bottom):
+            _log2_ticks(ax, nodes)
+            ax.grid(alpha=0.3)
+        _log_y(bottom)
+        top.set_title(f"{b} backend", fontsize=9)
+        bottom.set_xlabel("node budget N (query positions of one verify call)")
+    axes[0][0].set_ylabel("speedup over stepped AR, same backend")
+    axes[1][0].set_ylabel("ms per frame (median); lines: every AR")
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=3, fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tuple[float, float] = (10.5, 3.9)):
+    """A :func:`rvqspec_lib.eval.calibration.temperature_sweep`: left, tokens per call of both kinds of tree,
+    measured (solid) and predicted (dashed), against the temperature (sharper p to the right); right, the mechanism:
+    what one point-mass child is worth (the target mass of the top-ranked code) against one sampled child
+    (``sum min(p, q)``), at offset 1.
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
+    nodes = rows[0]["nodes"] if rows else None
+    for kind in ("point-mass", "sampled"):
+        rs = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["temperature"])
+        color = decoder_color({"kind": "calibrated", "sampled": kind == "sampled"})
+        t = [r["temperature"] for r in rs]
+        a0.plot(t, [r["measured_tokens_per_call"] for r in rs], "o-", color=color,
+                label=f"{kind} tree, N = {nodes}: measured")
+        a0.plot(t, [r["predicted_tokens_per_call"] for r in rs], "--", color=color, alpha=0.7,
+                label=f"{kind} tree: predicted E(N)")
+    one = sorted({r["temperature"]: r for r in rows}.values(), key=lambda r: r["temperature"])
+    t = [r["temperature"] for r in one]
+    a1.plot(t, [r["top1_target_mass"] for r in one], "o-", color=DECODER_COLORS["tree-point-mass"],
+            label="one point-mass child: target mass of the top-ranked code")
+    a1.plot(t, [r["first_child_acceptance"] for r in one], "s-", color=DECODER_COLORS["tree-sampled"],
+            label="one sampled child: sum min(p, q)")
+    for ax in (a0, a1):
+        ax.invert_xaxis()
+        ax.set_xlabel("code-predictor temperature (sharper p to the right)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    a0.set_ylabel("tokens per call")
+    a0.set_title("which tree commits more codes per call", fontsize=9)
+    a1.set_ylim(0, 1)
+    a1.set_ylabel("probability one child is kept (offset 1)")
+    a1.set_title("why: what one child is worth", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+# ---- the device appendix (notebooks/07_device_engineering.py) ------------------------------------------------------
+def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, title: str = "",
+               figsize: tuple[float, float] = (11.0, 4.0)):
+    """Each call against its weight-streaming floor, per precision, on ONE y scale: left, the code-predictor call of
+    one position (:func:`rvqspec_lib.eval.latency.precision_rows`: ``t1_over_floor``, a bar per backend); right, the
+    talker step (:func:`rvqspec_lib.eval.talker_bench.bench_talker_precisions` rows: ``over_floor``, a bar per
+    forward and context, the longer context hatched). Bars carry their milliseconds; the line at 1 is the floor (the
+    weights read once at the measured bandwidth).
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    panels = [("code-predictor call, one position", call_rows, "backend", "t1_ms", "t1_over_floor")]
+    if talker_rows:
+        panels.append(("talker step, one position", talker_rows, "forward", "median_ms", "over_floor"))
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize, sharey=True, squeeze=False, constrained_layout=True)
+    for ax, (name, rows, who, ms_key, ratio_key) in zip(axes[0], panels):
+        precs = list(dict.fromkeys(r["precision"] for r in rows))
+        groups = list(dict.fromkeys((r[who], r.get("context")) for r in rows))
+        contexts = sorted({c for _, c in groups if c is not None})
+        width = 0.8 / len(groups)
+        for j, (b, ctx) in enumerate(groups):
+            for i, prec in enumerate(precs):
+                r = next((x for x in rows if (x["precision"], x[who], x.get("context")) == (prec, b, ctx)), None)
+                if r is None or r[ratio_key] is None:
+                    continue
+                x = i + (j - (len(groups) - 1) / 2) * width
+                ax.bar(x, r[ratio_key], width * 0.95, color=backend_color(b),
+                       hatch="//" if ctx is not None and ctx != contexts[0] else None, edgecolor="white",
+                       label=(f"{b}" + (f", context {ctx}" if ctx is not None else "")) if i == 0 else None)
+                ax.text(x, r[ratio_key], f"{r[ms_key]:.2g} ms", ha="center", va="bottom", fontsize=6)
+        ax.axhline(1.0, color="k", lw=0.8, label="the floor: weights read once")
+        ax.set_xticks(range(len(precs)), precs)
+        ax.set_title(name, fontsize=9)
+        ax.set_ylabel("median time / weight-streaming floor")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7, loc="upper right")
+    ymax = max(max((r[k] or 0) for r in rows) for _, rows, _, _, k in panels)
+    axes[0][0].set_ylim(0, 1.4 * max(ymax, 1.0))  # room for the legend above the bars
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float, float] = (11.0, 4.0)):
+    """:func:`rvqspec_lib.eval.speed.batch_throughput` rows: left, frames per second against the batch size B (a
+    line per runner: colour its decoder family, line style its backend, hollow markers fused); right, the speedup
+    over stepped AR of the same backend and B (below the line at 1, speculation loses).
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
+    keys = list(dict.fromkeys((r["decoder"], r["backend"], bool(r["fused"])) for r in rows))
+    for dec, b, fused in keys:
+        rs = sorted((r for r in rows if (r["decoder"], r["backend"], bool(r["fused"])) == (dec, b, fused)),
+                    key=lambda r: r["batch"])
+        color = decoder_color(rs[0])
+        style = dict(color=color, ls=BACKEND_STYLES.get(b, "-"), marker="o", ms=4,
+                     mfc="white" if fused else color, label=runner_label(rs[0]))
+        bs = [r["batch"] for r in rs]
+        a0.plot(bs, [r["frames_per_s"] for r in rs], **style)
+        if rs[0]["kind"] != "ar" and all(r["speedup_vs_ar"] for r in rs):
+            a1.plot(bs, [r["speedup_vs_ar"] for r in rs], **style)
+    batches = [r["batch"] for r in rows]
+    for ax in (a0, a1):
+        _log2_ticks(ax, batches)
+        ax.set_xlabel("frames decoded together, B")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    _log_y(a0)
+    a0.set_ylabel("frames per second (inner loop)")
+    a0.set_title("throughput", fontsize=9)
+    a1.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
+    a1.set_ylabel("speedup over stepped AR, same backend and B")
+    a1.set_title("what speculation adds as the batch grows", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str = "",
+              figsize: tuple[float, float] = (8.0, 4.5)):
+    """What ``--decoder auto`` timed (:attr:`rvqspec_lib.eval.budget.AutoChoice.table`): a bar per runner it decoded,
+    its measured milliseconds per committed code, fastest at the top, coloured by decoder family, hatched when fused;
+    ``chosen`` = ``(decoder label, backend, fused)`` outlined in black.
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    timed = sorted((r for r in table if r.get("ms_per_code")), key=lambda r: -r["ms_per_code"])
+    fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
+    ys = range(len(timed))
+    for y, r in zip(ys, timed):
+        pick = chosen is not None and (r["decoder"], r["backend"], bool(r["fused"])) == tuple(chosen)
+        ax.barh(y, r["ms_per_code"], color=decoder_color(r), hatch="//" if r["fused"] else None,
+                edgecolor="k" if pick else "white", lw=1.8 if pick else 0.5)
+    ax.set_yticks(list(ys), [runner_label(r) + ("  <- chosen" if chosen is not None and
+                                                 (r["decoder"], r["backend"], bool(r["fused"])) == tuple(chosen)
+                                                 else "") for r in timed], fontsize=7)
+    ax.set_xlabel("measured ms per committed code (median frame / 15 codes)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+#: The rows of the table to act on (:data:`rvqspec_lib.eval.bench_table.ROWS`) as bars: (hatched, edge).
+_TABLE_BARS = {"stepped AR": (None, "white"), "fused AR": ("//", "white"), "best speculative": (None, "white"),
+               "fused speculative": ("//", "white"), "auto": (None, "k")}
+
+
+def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, float] | None = None):
+    """The table to act on (:func:`rvqspec_lib.eval.bench_table.bench_table`): a panel per model, a group of bars per
+    (precision, backend), a bar per row (stepped AR, fused AR, best speculative, fused speculative, auto; colour the
+    decoder family, fused rows hatched, auto outlined), milliseconds per frame on a log scale, the AR frame's
+    weight-streaming floor as a black tick over each group and the 80 ms a frame of audio lasts as a dotted line.
+    Absent rows leave a gap. A timing replay's panel says so in its title.
+
+    Returns:
+        the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    rows = result["rows"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(len(models), 1, figsize=figsize or (11.0, 3.6 * len(models)), squeeze=False,
+                             constrained_layout=True)
+    names = list(_TABLE_BARS)
+    for ax, m in zip(axes[:, 0], models):
+        mine = [r for r in rows if r["model"] == m]
+        groups = list(dict.fromkeys((r["precision"], r["backend"]) for r in mine))
+        width = 0.8 / len(names)
+        for g, key in enumerate(groups):
+            for j, name in enumerate(names):
+                r = next((x for x in mine if (x["precision"], x["backend"], x["row"]) == (*key, name)), None)
+                x = g + (j - (len(names) - 1) / 2) * width
+                if r is None or not r["ms_per_frame"]:
+                    ax.text(x, 0.02, "absent", rotation=90, ha="center", va="bottom", fontsize=6, color="0.4",
+                            transform=ax.get_xaxis_transform())
+                    continue
+                hatch, edge = _TABLE_BARS[name]
+                color = decoder_color(r) if r.get("kind") else DECODER_COLORS["ar"]
+                ax.bar(x, r["ms_per_frame"], width * 0.95, color=color, hatch=hatch, edgecolor=edge,
+                       lw=1.2 if edge == "k" else 0.3)
+                ax.text(x, r["ms_per_frame"], f"{r['ms_per_frame']:.3g}", ha="center", va="bottom", fontsize=5.5)
+            floor = next((x["floor_ar_ms"] for x in mine if (x["precision"], x["backend"]) == key), None)
+            if floor:
+                ax.plot([g - 0.45, g + 0.45], [floor, floor], color="k", lw=2)
+        ax.axhline(80.0, color="0.4", ls=":", lw=1)
+        _log_y(ax)
+        ax.set_xticks(range(len(groups)), [f"{p}\n{b}" for p, b in groups], fontsize=7)
+        ax.set_ylabel("ms per frame (median)")
+        ax.grid(alpha=0.3, axis="y")
+        weights = mine[0]["weights"]
+        ax.set_title(m + (" (trained weights)" if weights == "trained" else f" ({weights})"), fontsize=8)
+    handles = [Patch(facecolor=DECODER_COLORS["ar"], label="stepped AR"),
+               Patch(facecolor=DECODER_COLORS["ar"], hatch="//", edgecolor="white", label="fused AR"),
+               Patch(facecolor="0.85", label="best speculative (colour: its family)"),
+               Patch(facecolor="0.85", hatch="//", edgecolor="white", label="fused speculative"),
+               Patch(facecolor="0.85", edgecolor="k", label="auto's choice"),
+               Line2D([], [], color="k", lw=2, label="floor of the AR frame (15 calls' weights)"),
+               Line2D([], [], color="0.4", ls=":", label="80 ms: one frame of audio (inner loop only)")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
     return fig

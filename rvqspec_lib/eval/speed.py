@@ -18,6 +18,8 @@ Tokens per call overstates speed, since a wider verify call costs more and the l
 * :func:`batch_throughput`: frames per second at several batch sizes.
 * :func:`speedup_vs_n`, :func:`projected_speedup`: the measured and the projected ``E(N) t(1) / t(N)`` speedup by
   node budget (docs/methods.md#choosing-the-node-budget).
+* :func:`speedups_over_ar`: which AR of a run is fastest (stepped through each backend, each fused AR frame) and
+  what the fastest speculative decoders gain over each.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from rvqspec_lib.models.backends import (
     frame_runner,
     fused_support,
     runner_fields,
+    runner_label,
     verify_backend,
 )
 from rvqspec_lib.models.precision import precision_of
@@ -467,10 +470,16 @@ def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
     return out
 
 
-def expected_tokens_per_call(calibration: dict) -> dict:
+def expected_tokens_per_call(calibration: dict, kind: str | None = None) -> dict:
     """``{N: E(N)}`` from a calibration (:func:`rvqspec_lib.eval.calibration.calibrate`): the one-call expected codes
-    of the better kind of tree at each budget."""
-    return {int(n): calibration[kind]["call_expected_tokens"][n] for n, kind in calibration["best_kind"].items()}
+    of the ``kind`` of tree (``"point-mass"`` or ``"sampled"``; ``None``: the better kind at each budget).
+
+    Raises:
+        KeyError: a kind the calibration does not hold.
+    """
+    if kind is not None:
+        return {int(n): float(e) for n, e in calibration[kind]["call_expected_tokens"].items()}
+    return {int(n): calibration[kd]["call_expected_tokens"][n] for n, kd in calibration["best_kind"].items()}
 
 
 def projected_speedup(expected_tokens: Mapping, cost_rows: Sequence[dict]) -> list[dict]:
@@ -495,6 +504,49 @@ def projected_speedup(expected_tokens: Mapping, cost_rows: Sequence[dict]) -> li
     return out
 
 
+def speedups_over_ar(rows: Sequence[dict]) -> list[dict]:
+    """Which AR is fastest, and what speculation gains over each AR, read off :func:`time_frames` rows.
+
+    Every AR row of the run is a baseline: stepped AR through each backend and each backend's fused AR frame (the
+    ``native`` one is the whole AR frame as one C call). For each, the fastest lossless speculative decoder of the run
+    (any backend, stepped or fused), the fastest through the baseline's own backend, and the fastest of the paper's
+    decoder (``kind`` ``paper``), each with its speedup over that baseline (ratios of medians of one interleaved run).
+
+    Returns:
+        rows, fastest AR first: ``ar`` (:func:`~rvqspec_lib.models.backends.runner_label` of the AR row), ``backend``,
+        ``fused``, ``precision``, ``ar_ms``, ``fastest_ar`` (True for the first), ``ar_vs_fastest_ar`` (its time
+        over the fastest AR's: 1.0 for the fastest), ``fastest_speculative`` (a label), ``speedup``,
+        ``same_backend_speculative``, ``same_backend_speedup``, ``paper_decoder``, ``paper_speedup`` (``None``
+        where the run has no such row). Empty without an AR row.
+    """
+    def label(r):
+        return runner_label(r) if r else None
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    ars = sorted((r for r in rows if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"])
+    spec = [r for r in rows if r["kind"] != "ar" and not r.get("lossy")]
+
+    def fastest(cands):
+        return min(cands, key=lambda r: r["ms_per_frame"], default=None)
+
+    best, paper = fastest(spec), fastest([r for r in spec if r["kind"] == "paper"])
+    out = []
+    for i, a in enumerate(ars):
+        same = fastest([r for r in spec if (r["backend"], r["precision"]) == (a["backend"], a["precision"])])
+        out.append({"ar": label(a), "backend": a["backend"], "fused": bool(a["fused"]), "precision": a["precision"],
+                    "ar_ms": a["ms_per_frame"], "fastest_ar": i == 0,
+                    "ar_vs_fastest_ar": a["ms_per_frame"] / ars[0]["ms_per_frame"],
+                    "fastest_speculative": label(best),
+                    "speedup": ratio(a["ms_per_frame"], best and best["ms_per_frame"]),
+                    "same_backend_speculative": label(same),
+                    "same_backend_speedup": ratio(a["ms_per_frame"], same and same["ms_per_frame"]),
+                    "paper_decoder": label(paper),
+                    "paper_speedup": ratio(a["ms_per_frame"], paper and paper["ms_per_frame"])})
+    return out
+
+
 def format_rows(rows: Sequence[dict], columns: Sequence[str] | None = None, digits: int = 2) -> str:
     """A Markdown table of result rows (floats rounded to ``digits``)."""
     if not rows:
@@ -512,5 +564,5 @@ def format_rows(rows: Sequence[dict], columns: Sequence[str] | None = None, digi
 
 __all__ = ["Clock", "TimedBackend", "TimedDrafter", "Timing", "check_contexts", "random_contexts", "build_runners",
            "time_frames", "verify_call", "verify_cost_curve", "batch_throughput", "speedup_vs_n",
-           "summary_by_backend", "expected_tokens_per_call",
+           "summary_by_backend", "speedups_over_ar", "expected_tokens_per_call",
            "projected_speedup", "format_rows", "QUERY_SIZES", "PREFIX_LEN", "BATCH_SIZES"]

@@ -1,4 +1,4 @@
-"""The evaluation data of WER parity (notebook 04, ``rvqspec eval-wer``), per language, from whatever exists:
+"""The evaluation data of WER parity (notebook 05, ``rvqspec eval-wer``), per language, from whatever exists:
 
 * a user's data set (:func:`rvqspec_lib.eval.datasets.load_speech_dataset`: Fleurs per language, or any of the
   paper's sets) encoded by the model's codec;

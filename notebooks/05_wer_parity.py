@@ -35,7 +35,8 @@
 #    the same frames for every decoder, with a bootstrap interval over utterances.
 # 2. **The code test.** Per depth j = 1..15, a two-sample chi-square test of each generated code's **rank** under
 #    the verifier's warped p *given the decoder's own prefix* (rank 0 = the most probable code), and of the raw
-#    codes, against AR's, Holm-adjusted over the depths. A lossy rule keeps drafts too often, so its ranks drift
+#    codes, against AR's; the p-values are Holm-adjusted (corrected for testing all depths at once, so the level
+#    holds for the decoder as a whole). A lossy rule keeps drafts too often, so its ranks drift
 #    toward the drafter's favourites in every frame: the drift does not average out over contexts.
 # 3. **WER**, paired against AR on the same sentences (bootstrap interval, sign-flip permutation p-value), with
 #    outliers (repetition runaways, far-out WER or length) counted apart.
@@ -67,7 +68,8 @@ n_multilingual = 4  # sentences per other language (0: all shipped, 8 each)
 languages = ("en", "de", "es", "ru", "ja", "zh")  # Table 3's languages
 replicates = 1  # draws per frame for the code tests, English (the first draw is the one turned into audio)
 replicates_multilingual = 2  # the same for the other languages (fewer frames, more draws)
-tree_budget = 16  # node budget N (query positions) of the calibrated trees
+tree_budget = 16  # node budget N (query positions) of the reused heads' calibrated trees of `tree_kinds`
+tree_kinds = ("sampled",)  # their kinds at tree_budget (the point-mass one runs at paper_budget, beside the paper's)
 paper_budget = 32  # node budget of the paper's decoder (`paper:N`; 32 is the paper's) and of its heads baseline
 calibration_frames = 250  # frames of the calibration split for the trees and the chain window
 beta = 0.4  # the lossy control's tolerance (SSD's main setting)
@@ -136,8 +138,8 @@ languages = [str(x) for x in languages]
 params = dict(model=str(model), requested_model=requested_model, seed=seed, smoke=bool(smoke), out_dir=str(out),
               threads=torch.get_num_threads(), n_sentences=n_sentences, n_multilingual=n_multilingual,
               languages=languages, replicates=replicates, replicates_multilingual=replicates_multilingual,
-              tree_budget=tree_budget, paper_budget=paper_budget, calibration_frames=calibration_frames, beta=beta,
-              alpha=alpha, power_tv=power_tv, free_running=bool(free_running), n_free_running=n_free_running,
+              tree_budget=tree_budget, tree_kinds=list(tree_kinds), paper_budget=paper_budget,
+              calibration_frames=calibration_frames, beta=beta, alpha=alpha, power_tv=power_tv, free_running=bool(free_running), n_free_running=n_free_running,
               free_running_all=bool(free_running_all), free_running_max_frames=free_running_max_frames,
               listen_index=listen_index, asr=asr, fleurs=fleurs, librispeech=librispeech, codec=codec,
               work_dir=str(work), notebook="05_wer_parity")
@@ -166,7 +168,7 @@ audio_codec = the_codec.with_decoder(None) if hasattr(the_codec, "with_decoder")
 data = evaluation_data(model, languages, codec=the_codec, dataset=fleurs or None,
                        n_sentences=(n_sentences or None), n_multilingual=(n_multilingual or None), seed=seed,
                        work_dir=work, progress=True)
-names = ["ar", "chain:best", f"tree:calibrated-point-mass:{tree_budget}", f"tree:calibrated-sampled:{tree_budget}",
+names = ["ar", "chain:best", *[f"tree:calibrated-{kind}:{tree_budget}" for kind in tree_kinds],
          f"tree:calibrated-point-mass:{paper_budget}", f"ssd-lossy:{beta}"]
 cal_utts, cal_meta, cal_source = calibration_data(model, codec=the_codec, librispeech=librispeech or None, seed=seed)
 cal = calibrate_decoders(lm, cal_utts, needs=check_decoder_names(names), max_frames=calibration_frames,
@@ -194,12 +196,12 @@ pd.DataFrame(table1)
 # * `ar`: plain decoding, the reference; `ar-seed2`: the null control.
 # * `chain:W`: a **chain** of sampled drafts from the reused heads (the code predictor's own heads applied early),
 #   window W chosen as the best *predicted* tokens per call on the calibration frames.
-# * `tree:calibrated-point-mass:N` and `tree:calibrated-sampled:N`: **trees** of the reused heads' drafts, calibrated
-#   for N = `tree_budget` nodes, with **point-mass** children (top-ranked codes, kept with probability p of the code:
-#   the paper's tree) or **sampled** children (Sequoia's rule, each kept with 1 − TV(p, q));
-#   [methods.md](../docs/methods.md#sparse-point-mass-tree).
-# * `tree:calibrated-point-mass:N` at the paper's N (`paper_budget`): the reused heads' point-mass tree, the paired
-#   baseline of
+# * `tree:calibrated-sampled:N`: a **tree** of the reused heads' drafts with **sampled** children (Sequoia's rule,
+#   each child kept with probability 1 − TV(p, q)), calibrated for N = `tree_budget` nodes
+#   ([methods.md](../docs/methods.md#sampled-trees)).
+# * `tree:calibrated-point-mass:N` at the paper's N (`paper_budget`): the reused heads' tree with **point-mass**
+#   children (the top-ranked codes, each kept with probability p of its code: the paper's kind of tree,
+#   [methods.md](../docs/methods.md#sparse-point-mass-tree)), the paired baseline of
 # * `paper:N`: **the paper's decoder**, the position-aware offsets drafting through their own calibrated point-mass
 #   tree (where they come from is read below).
 # * `ssd-lossy:BETA`: the lossy control (a chain of window 4 with SSD's tolerance).
@@ -214,7 +216,8 @@ if not has_paper:
     display(Markdown(f"**`{model}` ships no offsets drafter with a calibration: the paper's decoder is left out** "
                      "(train it with `rvqspec train-drafter`, calibrate with `scripts/calibrate_trees.py`)."))
 decoders = W.standard_decoders(calibration=cal["calibration"], best_chain=cal["best_chain"], budget=tree_budget,
-                               beta=beta, lm=lm, paper_budget=paper_budget if has_paper else None)
+                               beta=beta, lm=lm, paper_budget=paper_budget if has_paper else None,
+                               tree_kinds=tree_kinds)
 info = W.decoder_info(decoders)
 CHAIN = next(k for k, f in info.items() if f["kind"] == "chain")
 LOSSY = next(k for k, f in info.items() if f["lossy"])
@@ -501,9 +504,9 @@ if free is not None:
     listening["files"]["free_running_ar"] = {"decoder": "ar", "file": path.name}
     talk = []
     if card.get("accuracy"):
-        talk.append(f"its talker was trained for {card['training']['train_s'] / 60:.0f} minutes on synthetic speech "
-                    f"and predicts the true code 0 {card['accuracy']['held_out']['code0_acc']:.3f} of the time "
-                    "when fed the true past (teacher forced)")
+        talk.append(f"its talker was trained for {card['training']['train_s'] / 60:.0f} minutes on synthetic speech, "
+                    "and even fed the true past (teacher forced) its most likely code 0 is the true one in a fraction "
+                    f"{card['accuracy']['held_out']['code0_acc']:.3f} of held-out frames")
     display(Markdown(
         f"**Free running, AR**, *\u201c{data['en']['utterances'][0].text}\u201d*: "
         f"the recogniser heard \u201c{free['hypotheses']['ar'][0]}\u201d (WER {fr['per_utterance'][0]:.2f}; free-"

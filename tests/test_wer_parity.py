@@ -117,6 +117,8 @@ def test_standard_decoders_are_named_and_keyed_by_their_labels():
     assert rows[3]["paths"] == "0;0,0;1" and rows[3]["calibration_frames"] == 10
     assert list(W.standard_decoders(calibration=None, best_chain=None, null_control=False)) == ["ar", "chain:4",
                                                                                                 "ssd-lossy:0.4"]
+    assert list(W.standard_decoders(calibration=cal, best_chain=6, budget=4, tree_kinds=("sampled",))) == [
+        "ar", W.NULL_CONTROL, "chain:6", "tree:calibrated-sampled:4", "ssd-lossy:0.4"]
     with pytest.raises(ValueError, match="offsets"):
         W.standard_decoders(calibration=cal, best_chain=6, budget=4, paper_budget=32)
 

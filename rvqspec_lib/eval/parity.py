@@ -574,10 +574,10 @@ def verdict_text(rows: Sequence[Mapping], *, power: float = 0.9) -> str:
             else:
                 missed.append(lang)
                 text += (f"was missed: its smallest Holm-adjusted p, {_p(r['code_min_p_holm'])} at {r['code_at']}, "
-                         f"is above the family-wise level {r['alpha']:g}. The test had too little power here: one "
-                         f"depth's test (level {r['level']:.1e}) finds a shift of total variation "
-                         f"{r['detectable_tv']:.3f} in the binned ranks with power {power:g}, and the largest shift "
-                         f"observed was {r['max_tv_observed']:.3f}")
+                         f"is above the family-wise level {r['alpha']:g}. The sample was too small to be sure: one "
+                         f"depth's test (level {r['level']:.1e}) is guaranteed power {power:g} only against shifts "
+                         f"of total variation {r['detectable_tv']:.3f} or more in the binned ranks (a lower bound on "
+                         f"its power), and the largest shift observed was {r['max_tv_observed']:.3f}")
                 if null is not None:
                     text += f" (AR against itself, noise alone: {null['max_tv_observed']:.3f})"
                 if r.get("samples_needed_code"):

@@ -397,11 +397,11 @@ def true_codes_wer(utterances: Sequence, *, codec, asr, unit: str = "word", prog
 # one language, end to end
 # ----------------------------------------------------------------------------------------------------------------
 def standard_decoders(*, calibration: dict | None, best_chain: int | None, budget: int = DEFAULT_TREE_BUDGET,
-                      null_control: bool = True, beta: float = 0.4, lm=None,
-                      paper_budget: int | None = None) -> dict[str, NamedDecoder]:
+                      null_control: bool = True, beta: float = 0.4, lm=None, paper_budget: int | None = None,
+                      tree_kinds: Sequence[str] = ("point-mass", "sampled")) -> dict[str, NamedDecoder]:
     """``{label: NamedDecoder}`` of WER parity, in the order tables and figures list them: AR, the null control (AR,
-    other seeds), the best chain (``chain:4`` without ``best_chain``), the calibrated point-mass and sampled trees of
-    ``budget`` nodes (when a calibration is given), with ``paper_budget`` the reused heads' point-mass tree of that N
+    other seeds), the best chain (``chain:4`` without ``best_chain``), the calibrated trees of ``budget`` nodes of each
+    of ``tree_kinds`` (when a calibration is given), with ``paper_budget`` the reused heads' point-mass tree of that N
     (the paired baseline of the paper's decoder) and the paper's decoder ``paper:N`` (the offsets shipped beside
     ``lm`` and their own calibration: :func:`rvqspec_lib.models.named_decoders.resolve`), and last the LOSSY control
     (SSD, ``beta``).
@@ -410,18 +410,19 @@ def standard_decoders(*, calibration: dict | None, best_chain: int | None, budge
         calibration: the reused heads' calibration (:func:`rvqspec_lib.eval.calibration.calibrate`), or ``None``.
         best_chain: the window of ``chain:best`` (:func:`best_chain_window`). lm: the loaded model (needed with
             ``paper_budget``). paper_budget: node budget of the paper's decoder, ``None``: left out.
+        tree_kinds: ``"point-mass"`` and / or ``"sampled"``: the kinds of the heads' trees of ``budget`` nodes.
     Raises:
         ValueError: ``paper_budget`` without a model that ships the offsets and their calibration
             (:func:`rvqspec_lib.models.named_decoders.has_paper_decoder`); a budget the calibration does not hold.
     """
     names = ["ar"] + ([f"chain:{best_chain}"] if best_chain else ["chain:4"])
     if calibration is not None:
-        names += [f"tree:calibrated-point-mass:{budget}", f"tree:calibrated-sampled:{budget}"]
+        names += [f"tree:calibrated-{kind}:{budget}" for kind in ("point-mass", "sampled") if kind in tree_kinds]
     if paper_budget is not None:
         if lm is None or not has_paper_decoder(lm):
             raise ValueError(f"paper:{paper_budget} needs a model that ships the offsets drafter and its calibration "
                              "(drafters/offsets.safetensors, trees/offsets.json)")
-        if calibration is not None and paper_budget != budget:
+        if calibration is not None and f"tree:calibrated-point-mass:{paper_budget}" not in names:
             names.append(f"tree:calibrated-point-mass:{paper_budget}")
         names.append(f"paper:{paper_budget}")
     names.append(f"ssd-lossy:{beta}")

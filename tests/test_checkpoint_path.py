@@ -196,9 +196,9 @@ def test_every_notebook_runs_on_the_checkpoint(src, ckpt, tmp_path):
     if prefix == "03":  # it falls back to the embedded model in its first cell; the rest is test_notebooks' smoke
         # run of the embedded model, so only the paper's drafter is trained here (half the time)
         extra = dict(train_kl=False, train_tv=False, train_medusa=False, train_medusa_tv=False, offsets_lrs=[1e-2])
-    elif prefix == "04":  # the checkpoint's path is tested here; free running is the smoke run's (test_notebooks)
+    elif prefix == "05":  # the checkpoint's path is tested here; free running is the smoke run's (test_notebooks)
         extra = dict(free_running=False)
-    elif prefix == "05":  # the checkpoint's path is what is tested here; every backend runs in test_notebooks' smoke run
+    elif prefix == "06":  # the checkpoint's path is what is tested here; every backend runs in test_notebooks' smoke run
         extra = dict(backends=["eager"])
     elif prefix == "06":  # the checkpoint's path is what is tested here (its frames, Figure 4, the paper's decoder);
         # the pipeline's models stay the smoke run's (tiny-random and the embedded model with its codec)

@@ -330,9 +330,12 @@ def _check_03(metrics: dict, out: Path) -> None:
 
 
 def _check_05(metrics: dict, out: Path) -> None:
+    """WER parity (notebook 05_wer_parity): every table and figure, decoders keyed by their fields, the verdicts
+    covering every language, the listening examples."""
     import csv
     import math
 
+    from rvqspec_lib.eval.parity import TRUE_CODES
     from rvqspec_lib.models.tree_files import load_calibration
 
     # smoke: English (3 shipped evaluation utterances) and German (1 sentence rendered with espeak-ng), trees of N 4
@@ -340,70 +343,82 @@ def _check_05(metrics: dict, out: Path) -> None:
     assert metrics["languages"] == ["en", "de"] and metrics["n_utterances"] == {"en": 3, "de": 1}
     assert Path(params["work_dir"]).is_relative_to(out)  # a smoke run writes only under its out_dir
     decs = metrics["decoders"]
-    lossy = [k for k, d in decs.items() if not d["lossless"]]
-    assert lossy == ["ssd-lossy-b0.4-w4"] and "Lossy" in decs[lossy[0]]["repr"]
-    assert {"ar", "ar-seed2", "tree-pm-N4", "tree-sampled-N4", "tree-pm-N32", "paper-N32"} <= set(decs)
-    assert metrics["paper_decoder"] == {"label": "paper-N32", "baseline": "tree-pm-N32", "budget": 32,
-                                        "calibration_frames": 1500} and decs["paper-N32"]["lossless"]
-    assert any(k.startswith("chain") for k in decs) and metrics["best_chain"] == int(
-        next(k for k in decs if k.startswith("chain"))[5:])
+    assert list(decs)[:2] == ["ar", "ar-seed2"] and decs["ar-seed2"]["null_control"]
+    assert decs["ar-seed2"]["kind"] == "ar"
+    lossy = [k for k, d in decs.items() if d["lossy"]]
+    assert lossy == ["ssd-lossy:0.4"] == [k for k, d in decs.items() if not d["lossless"]]
+    assert "Lossy" in decs[lossy[0]]["repr"]
+    assert list(decs)[3:-1] == ["tree:calibrated-sampled:4", "tree:calibrated-point-mass:32", "paper:32"]
+    assert decs["paper:32"]["kind"] == "paper" and decs["paper:32"]["drafter"] == "offsets"
+    paper = metrics["paper_decoder"]
+    assert paper["label"] == "paper:32" and paper["baseline"] == "tree:calibrated-point-mass:32"
+    assert paper["loss"] == "tv" and paper["calibration_frames"] == 1500  # read from the shipped files
+    chain = next(k for k, d in decs.items() if d["kind"] == "chain")
+    assert metrics["best_chain"] == decs[chain]["nodes"] and chain == f"chain:{metrics['best_chain']}"
     for lang, tpc in metrics["tokens_per_call"].items():
         assert tpc["ar"] == tpc["ar-seed2"] == 1.0 and all(v > 1.0 for k, v in tpc.items() if not k.startswith("ar"))
-    # Table 3: one row per language and decoder, values copied from the metrics, the lossy control labelled
-    with (out / "04_table3.csv").open() as f:
+    # Table 3: one row per language and decoder, keyed by the decoder's fields, values copied from the metrics
+    with (out / "05_table3.csv").open() as f:
         t3 = list(csv.DictReader(f))
     assert len(t3) == 2 * len(decs)
     for r in t3:
-        label = r["decoder"].replace(" (LOSSY control)", "")
-        assert float(r["tokens_per_call"]) == metrics["tokens_per_call"][r["language"]][label]
-        assert ("LOSSY" in r["decoder"]) == (label in lossy)
+        assert float(r["tokens_per_call"]) == metrics["tokens_per_call"][r["language"]][r["decoder"]]
+        assert r["lossy"] == str(r["decoder"] in lossy) and r["kind"] == decs[r["decoder"]]["kind"]
         assert r["language"] == "en" or r["wer_note"] == "no offline recogniser"
     # the paper's decoder (English-trained offsets) in EVERY language of Table 3, and the transfer question answered
-    assert {r["language"] for r in t3 if r["decoder"] == "paper-N32"} == set(metrics["languages"])
+    assert {r["language"] for r in t3 if r["decoder"] == "paper:32"} == set(metrics["languages"])
     transfer = {r["language"]: r for r in metrics["transfer"]}
     assert set(transfer) == set(metrics["languages"])
     for lang, r in transfer.items():
-        assert r["decoder"] == "paper-N32" and r["baseline"] == "tree-pm-N32"
-        assert r["tokens_per_call"] == metrics["tokens_per_call"][lang]["paper-N32"]
-        assert r["gain_over_baseline"] == pytest.approx(metrics["tokens_per_call"][lang]["paper-N32"]
-                                                        - metrics["tokens_per_call"][lang]["tree-pm-N32"])
+        assert r["decoder"] == "paper:32" and r["baseline"] == "tree:calibrated-point-mass:32"
+        assert r["tokens_per_call"] == metrics["tokens_per_call"][lang]["paper:32"]
+        tpc = metrics["tokens_per_call"][lang]
+        assert r["gain_over_baseline"] == pytest.approx(tpc["paper:32"] - tpc["tree:calibrated-point-mass:32"])
         assert r["gain_ci_low"] <= r["gain_over_baseline"] <= r["gain_ci_high"]
         if lang != "en":
             assert r["minus_english"] == pytest.approx(r["tokens_per_call"] - transfer["en"]["tokens_per_call"])
             assert r["minus_english_ci_low"] <= r["minus_english"] <= r["minus_english_ci_high"]
-    assert (out / "04_transfer.csv").stat().st_size > 0
     # Table 1: the calibration frames used and every evaluation utterance, counted
     t1 = {(r["split"], r["language"]): r for r in metrics["table1"]}
     assert set(t1) == {("calibration", "en"), ("evaluation", "en"), ("evaluation", "de")}
     assert t1[("calibration", "en")]["frames"] == metrics["calibration_frames"] == 48
     assert t1[("evaluation", "en")]["samples"] == 3 and t1[("evaluation", "en")]["frames"] == metrics["n_frames"]["en"]
     assert t1[("evaluation", "de")]["frames"] == metrics["n_frames"]["de"] and all(r["hours"] > 0 for r in t1.values())
-    # tests: every non-reference decoder of every language has a verdict and a stated power
+    # tests: every non-reference decoder of EVERY language has a verdict and a stated power
     for lang in metrics["languages"]:
         summ = metrics["code_tests"][lang]
         assert set(summ) == set(decs) - {"ar"}
         assert all(0 <= s["power_rank"] <= 1 and 0 <= s["min_p_holm"] <= 1 for s in summ.values())
     assert {(v["language"], v["decoder"]) for v in metrics["verdicts"]} == {
         (lang, k) for lang in metrics["languages"] for k in decs if k != "ar"}
+    assert set(metrics["lossy_caught_in"]) <= set(metrics["languages"])
     assert metrics["asr"]["en"] == "whisper-tiny.en" and metrics["asr"]["de"] is None
-    # CER beside WER, inner loop and free running, and the true codes' resynthesis as the reference row
+    # CER beside WER, inner loop and free running, and the true codes (the floor) as the last row
     assert all(0 <= w["cer"] < math.inf for w in [*metrics["wer"].values(), *metrics["free_running"].values()])
     assert 0 <= metrics["true_codes"]["wer"] < math.inf and 0 <= metrics["true_codes"]["cer"] < math.inf
-    with (out / "04_wer_parity.csv").open() as f:
+    with (out / "05_wer_parity.csv").open() as f:
         wer_table = list(csv.DictReader(f))
-    assert [r["decoder"] for r in wer_table][-1].startswith("true codes") and all(r["cer"] for r in wer_table)
+    assert [r["decoder"] for r in wer_table] == [*decs, TRUE_CODES] and all(r["cer"] for r in wer_table)
     assert set(metrics["wer"]) == set(decs) and "vs_reference" in metrics["wer"][lossy[0]]
-    assert set(metrics["free_running"]) == {"ar", "ar-seed2", lossy[0]}
+    # free running (smoke): AR, its null control, the paper's decoder and the lossy control
+    assert set(metrics["free_running"]) == {"ar", "ar-seed2", "paper:32", lossy[0]}
     assert len(metrics["hypotheses"]["ar"]) == len(metrics["references"]) == 3
-    cal = load_calibration(out / "04_trees_heads.json", n_codes=15, codebook_size=2048)
+    cal = load_calibration(out / "05_trees_heads.json", n_codes=15, codebook_size=2048)
     assert cal["budgets"] == [4, 32]
-    for stem in ("04_table1", "04_table3", "04_calibration", "04_wer_parity", "04_free_running", "04_outliers",
-                 "04_verdicts"):
+    for stem in ("05_table1", "05_table3", "05_calibration", "05_wer_parity", "05_free_running", "05_outliers",
+                 "05_verdicts", "05_transfer"):
         for ext in (".csv", ".md", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
-    for stem in ("04_code_tests", "04_wer_difference", "04_tokens_per_call_by_language"):
+    for stem in ("05_code_tests", "05_wer_difference", "05_tokens_per_call_by_language"):
         for ext in (".png", ".pdf", ".provenance.json"):
             assert (out / (stem + ext)).stat().st_size > 0, stem + ext
+    # listening: one held-out sentence through the true codes, AR, the best chain, the paper's decoder and the lossy
+    # control, and one free-running sample, each a WAV with its provenance
+    files = metrics["listening"]["files"]
+    assert {role: f["decoder"] for role, f in files.items() if role != "true_codes"} == {
+        "ar": "ar", "chain": chain, "paper": "paper:32", "lossy": lossy[0], "free_running_ar": "ar"}
+    for f in files.values():
+        assert (out / f["file"]).stat().st_size > 1000 and (out / f["file"].replace(".wav", ".provenance.json")).is_file()
 
 
 def _check_06(metrics: dict, out: Path) -> None:

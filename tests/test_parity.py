@@ -187,3 +187,56 @@ def test_table1_rows_group_and_sum():
         S.table1_rows([{"split": "x"}])
     used = S.entries_used([{"frames": 10, "seconds": 1.0}, {"frames": 10, "seconds": 2.0}], 15)
     assert [u["frames"] for u in used] == [10, 5] and used[1]["seconds"] == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# WER tables and the verdicts in words
+# ----------------------------------------------------------------------------------------------------------------
+def _verdict(lang, decoder, *, lossy=False, flagged_by="none", **kw):
+    row = {"language": lang, "decoder": decoder, "kind": "ssd-lossy" if lossy else "chain", "lossy": lossy,
+           "lossless": not lossy, "code_min_p_holm": 0.5, "code_at": "rank depth 4", "level": 1e-3 / 30,
+           "alpha": 1e-3, "n_per_sample": 300, "detectable_tv": 0.3, "max_tv_observed": 0.1, "flagged_by": flagged_by}
+    return {**row, **kw}
+
+
+def test_verdict_text_says_where_the_lossy_control_was_caught_and_why_it_was_missed():
+    rows = [_verdict("en", "ar-seed2", max_tv_observed=0.12),
+            _verdict("en", "ssd-lossy:0.4", lossy=True, flagged_by="code distribution (rank depth 4)",
+                     code_min_p_holm=1e-11, wer_test="not flagged", wer_diff=-0.07, wer_ci_low=-0.2, wer_ci_high=0.1,
+                     wer_n_utterances=16, wer_mde80=0.31, sentences_needed=281.5, free_wer_test="not flagged",
+                     free_wer_diff=0.1, free_wer_ci_low=float("nan"), free_wer_ci_high=float("nan")),
+            _verdict("es", "ar-seed2", max_tv_observed=0.15),
+            _verdict("es", "chain:8", flagged_by="code distribution (code depth 2)"),
+            _verdict("es", "ssd-lossy:0.4", lossy=True, code_min_p_holm=0.004, max_tv_observed=0.2,
+                     samples_needed_code=633)]
+    text = S.verdict_text(rows)
+    en, es, alarms, last = text.split("\n\n")
+    assert en.startswith("**en**, 300 codes per depth") and "was caught, by code distribution (rank depth 4)" in en
+    assert "1.0e-11" in en and "-0.070 [-0.200, +0.100] over 16 utterances" in en and "282 sentences" in en
+    assert "Free running: +0.100 (too few sentences for an interval)" in en  # no interval from NaN bounds
+    assert "was missed" in es and "0.004" in es and "0.200" in es and "noise alone: 0.150" in es
+    assert "633 codes per depth, 2.1 times this run's" in es
+    assert alarms.endswith("es: `chain:8` (code distribution (code depth 2)).")  # a lossless decoder flagged
+    assert last == "**The lossy control was caught in 1 of 2 languages** (en); missed in es."
+    assert "none." in S.verdict_text(rows[:2]).split("\n\n")[1]  # no false alarm
+
+
+def test_wer_table_keys_rows_by_fields_and_puts_the_floor_last():
+    fields = {k: {"decoder": k, "kind": kind, "drafter": None, "nodes": 1, "lossy": kind == "ssd-lossy",
+                  "sampled": False} for k, kind in (("ar", "ar"), ("ssd-lossy:0.4", "ssd-lossy"))}
+    wer = {"ar": {"rate": 0.5, "cer": 0.3, "rate_without_outliers": 0.5, "n_outliers": 0, "per_utterance": [0.5] * 4,
+                  "outliers": []},
+           "ssd-lossy:0.4": {"rate": 0.6, "cer": 0.4, "rate_without_outliers": 0.55, "n_outliers": 1,
+                             "per_utterance": [0.6] * 4,
+                             "outliers": [{"index": 2, "why": "repetition", "ref": "a", "hyp": "b b b"}],
+                             "vs_reference": {"difference": 0.05, "ci_low": -0.1, "ci_high": 0.2, "p_value": 0.4,
+                                              "detected": False, "mde80": 0.3}}}
+    rows = S.wer_table(wer, fields, ended={"ar": [True] * 4, "ssd-lossy:0.4": [True, False, True, True]},
+                       floor={"rate": 0.2, "cer": 0.1, "n_utterances": 4})
+    assert [r["decoder"] for r in rows] == ["ar", "ssd-lossy:0.4", S.TRUE_CODES]
+    assert tuple(rows[1])[:6] == S.WER_ROW_FIELDS and rows[1]["lossy"] and rows[1]["ended_by_itself"] == 3
+    assert rows[0]["diff_vs_ar"] is None and rows[1]["diff_vs_ar"] == 0.05 and rows[1]["n_utterances"] == 4
+    assert rows[2]["wer"] == 0.2 and rows[2]["kind"] is None and "tokens_per_call" not in rows[0]
+    assert S.outlier_rows({"inner loop": wer}) == [{"path": "inner loop", "decoder": "ssd-lossy:0.4", "index": 2,
+                                                    "why": "repetition", "ref": "a", "hyp": "b b b"}]
+    assert S.outlier_rows({"inner loop": {"ar": wer["ar"]}}) == []

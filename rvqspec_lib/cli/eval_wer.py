@@ -1,5 +1,5 @@
 """``rvqspec eval-wer``: WER parity of inner-loop decoders against AR, per language, with a LOSSY control (paper
-Table 3; notebook 04 calls the same library functions, :mod:`rvqspec_lib.eval.wer_parity`).
+Table 3; notebook 05 calls the same library functions, :mod:`rvqspec_lib.eval.wer_parity`).
 
 Examples::
 
@@ -107,7 +107,8 @@ def run(args, threads: int | None = None) -> int:
         raise ValueError(f"{args.model} has no offline codec: pass --dataset and --codec")
     if lm.is_random:
         print(f"note: {args.model} has RANDOM weights: its WER means nothing", file=sys.stderr)
-    # codes -> audio that codes 1..15 change: the offline codec's table decoder (its neural one ignores them)
+    # codes -> audio that every code 1..15 moves: the offline codec's table decoder (the sum of the chosen codebook
+    # entries, nothing learned between a code and the audio); a real checkpoint's own 12 Hz decoder otherwise
     audio_codec = codec.with_decoder(None) if hasattr(codec, "with_decoder") else codec
     calibration, best_chain, cal_meta = None, None, []
     if needs:
@@ -124,7 +125,7 @@ def run(args, threads: int | None = None) -> int:
     named = resolve_all(names, lm, calibrations={"heads": calibration} if calibration else None,
                         best_chain=best_chain)
     decoders = {"ar": AR(), **({} if args.no_null_control else {W.NULL_CONTROL: AR()}),
-                **{label: nd.decoder for label, nd in named.items()}}
+                **named}
     results, free = {}, None
     for lang in languages:
         utts = data[lang]["utterances"]
@@ -138,7 +139,8 @@ def run(args, threads: int | None = None) -> int:
                                      seed=args.seed, progress=progress)
     table3 = W.table3_rows(results)
     entries = cal_meta + [m for lang in languages for m in data[lang]["meta"]]
-    out = {"model": args.model, "decoders": {k: repr(v) for k, v in decoders.items()}, "languages": languages,
+    out = {"model": args.model, "decoders": {k: repr(W.decoder_of(v)) for k, v in decoders.items()},
+           "languages": languages,
            "table3": table3, "table1": table1_rows(entries), "results": results, "free_running": free,
            "best_chain": best_chain,
            "calibration": None if calibration is None else {k: calibration.get(k) for k in ("n_frames", "source")}}
@@ -152,7 +154,8 @@ def run(args, threads: int | None = None) -> int:
 def _print(table3, free) -> None:
     for r in table3:
         wer = r.get("wer", r.get("cer"))
-        line = (f"{r['language']:>3} {r['decoder']:<36} tokens/call {r['tokens_per_call']:.3f} "
+        name = r["decoder"] + (" (LOSSY control)" if r["lossy"] else "")
+        line = (f"{r['language']:>3} {name:<36} tokens/call {r['tokens_per_call']:.3f} "
                 f"[{r['tpc_ci_low']:.3f}, {r['tpc_ci_high']:.3f}]")
         if "codes_differ_from_ar" in r:
             line += f"  codes differ from AR: {'YES' if r['codes_differ_from_ar'] else 'no'}"

@@ -44,7 +44,7 @@ COMMANDS = {
     "eval-acceptance": ("tokens per call and acceptance of a drafter", "args:eval_acceptance", "eval_acceptance"),
     "export": ("one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 05)", "args:export",
                "export"),
-    "eval-wer": ("WER parity and code-distribution tests of the decoders against AR (notebook 04)", "args:eval_wer",
+    "eval-wer": ("WER parity and code-distribution tests of the decoders against AR (notebook 05)", "args:eval_wer",
                  "eval_wer"),
     "extract-frames": ("teacher-forced frames of a split, one shard per process (accelerate launch)",
                        "args:extract_frames", "extract_frames"),

@@ -1,6 +1,12 @@
-"""The evaluation and calibration data of WER parity (notebook 04, ``rvqspec eval-wer``), per language, from whatever
-exists: a user's data set (Fleurs, LibriSpeech: :mod:`rvqspec_lib.eval.datasets`) encoded by the model's codec, or for
-the embedded model, offline, the shipped English splits and the multilingual sentences rendered with espeak-ng.
+"""The evaluation data of WER parity (notebook 05, ``rvqspec eval-wer``), per language, from whatever exists:
+
+* a user's data set (:func:`rvqspec_lib.eval.datasets.load_speech_dataset`: Fleurs per language, or any of the
+  paper's sets) encoded by the model's codec;
+* for the embedded model, offline: English = the shipped evaluation split (flite voices, their true codes), the
+  other languages = the multilingual sentences (``data/eval_texts/multilingual.tsv``) rendered here with espeak-ng
+  (:func:`rvqspec_lib.embedded.corpus.render_corpus`) and encoded by the shipped codec; the calibration split for
+  the trees.
+
 Every utterance comes with its Table 1 fields (``split``, ``role``, ``language``, ``seconds``, ``frames``).
 """
 

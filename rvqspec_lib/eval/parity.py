@@ -1,6 +1,6 @@
 """Statistics of WER parity: is a decoder's output as good as autoregressive decoding, and could we tell if not?
 
-Pure functions of numbers (numpy / scipy; no model), read by notebook 04 and ``rvqspec eval-wer``
+Pure functions of numbers (numpy / scipy; no model), read by notebook 05 and ``rvqspec eval-wer``
 (docs/methods.md#reporting-wer, docs/methods.md#testing-losslessness):
 
 * :func:`paired_wer_difference`: corpus WER of a decoder minus that of AR on the SAME utterances, with a percentile
@@ -15,6 +15,8 @@ Pure functions of numbers (numpy / scipy; no model), read by notebook 04 and ``r
   n_h = n_a n_b / (n_a + n_b); the one-sample version is the bound tests/test_lossless.py uses);
 * :func:`holm`: Holm's step-down adjustment of the per-depth p-values (family-wise level over the 15 depths);
 * :func:`bootstrap_mean`: mean over utterances of a per-utterance ratio with a bootstrap interval (tokens per call);
+* :func:`wer_table`, :func:`outlier_rows`: WER tables keyed by the decoders' fields, the true codes' floor last;
+  :func:`verdict_text`: which test caught the lossy control in which language, or why it was missed, in words;
 * :func:`transfer_rows`, :func:`transfer_answer`: Table 3's transfer question (do offsets trained on English keep
   their tokens per call in other languages?) answered from measured tokens per call;
 * :func:`table1_rows`: the Table 1 analogue (split, role, language, samples, hours, frames) from the data used.
@@ -490,6 +492,124 @@ def transfer_answer(rows: Sequence[Mapping], *, english: str = "en", confidence:
     return head + "; " + "; ".join(parts) + ". " + answer
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# WER tables and the verdicts in words
+# ----------------------------------------------------------------------------------------------------------------
+#: The decoder fields a WER row starts with (:data:`rvqspec_lib.eval.wer_parity.ROW_FIELDS`).
+WER_ROW_FIELDS = ("decoder", "kind", "drafter", "nodes", "lossy", "sampled")
+#: The label of the floor row of a WER table: the true codes through the same codec, no decoding.
+TRUE_CODES = "true codes (codec resynthesis, no decoding)"
+
+
+def wer_table(wer: Mapping[str, Mapping], decoders: Mapping[str, Mapping], *,
+              tokens_per_call: Mapping[str, Mapping] | None = None, ended: Mapping[str, Sequence[bool]] | None = None,
+              floor: Mapping | None = None) -> list[dict]:
+    """Rows of a WER table (inner loop or free running), one per decoder in the order of ``wer``, keyed by its
+    fields, then the floor.
+
+    Args:
+        wer: :func:`rvqspec_lib.eval.wer_parity.wer_parity`'s output. decoders: ``{label: fields}``
+            (:func:`rvqspec_lib.eval.wer_parity.decoder_info`). tokens_per_call: ``{label: {"value", ...}}`` (inner
+            loop). ended: ``{label: [ended by itself]}`` (free running). floor:
+            :func:`rvqspec_lib.eval.wer_parity.true_codes_wer`'s output, the last row (:data:`TRUE_CODES`).
+    Returns:
+        rows with the fields, ``wer``, ``cer``, ``wer_without_outliers``, ``outliers``, the paired difference to AR
+        (``diff_vs_ar``, ``ci95_low``, ``ci95_high``, ``p_value``, ``flagged``, ``mde80``; empty for AR itself),
+        ``n_utterances``, and ``tokens_per_call`` / ``ended_by_itself`` where given.
+    """
+    rows = []
+    for label, w in wer.items():
+        vs = w.get("vs_reference") or {}
+        row = {**{k: decoders[label].get(k) for k in WER_ROW_FIELDS}, "wer": w["rate"], "cer": w.get("cer"),
+               "wer_without_outliers": w["rate_without_outliers"], "outliers": w["n_outliers"],
+               "diff_vs_ar": vs.get("difference"), "ci95_low": vs.get("ci_low"), "ci95_high": vs.get("ci_high"),
+               "p_value": vs.get("p_value"), "flagged": vs.get("detected"), "mde80": vs.get("mde80"),
+               "n_utterances": len(w["per_utterance"])}
+        if tokens_per_call is not None:
+            row["tokens_per_call"] = tokens_per_call[label]["value"]
+        if ended is not None:
+            row["ended_by_itself"] = int(sum(bool(e) for e in ended[label]))
+        rows.append(row)
+    if floor is not None:
+        rows.append({**{k: None for k in WER_ROW_FIELDS}, "decoder": TRUE_CODES, "wer": floor["rate"],
+                     "cer": floor.get("cer"), "n_utterances": floor["n_utterances"]})
+    return rows
+
+
+def outlier_rows(paths: Mapping[str, Mapping[str, Mapping]]) -> list[dict]:
+    """Every outlier of every decoder, one row each: ``{path, decoder, index, why, ref, hyp}``, from ``{path name:
+    wer_parity output}`` (e.g. ``{"inner loop": ..., "free running": ...}``); ``[]`` when there is none."""
+    return [{"path": path, "decoder": label, **o} for path, wer in paths.items() for label, w in wer.items()
+            for o in w["outliers"]]
+
+
+def _p(x: float) -> str:
+    return f"{x:.2g}" if x >= 1e-3 else f"{x:.1e}"
+
+
+def _interval(lo: float, hi: float) -> str:
+    """``[lo, hi]``, or words when the interval could not be formed (too few utterances)."""
+    ok = lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi)
+    return f"[{lo:+.3f}, {hi:+.3f}]" if ok else "(too few sentences for an interval)"
+
+
+def verdict_text(rows: Sequence[Mapping], *, power: float = 0.9) -> str:
+    """The verdicts of :func:`rvqspec_lib.eval.wer_parity.verdicts` in words (Markdown, nothing typed): per
+    language, whether each lossy control was caught and by which test, or missed, and then why (the smallest
+    Holm-adjusted p-value against the level; the shift the design finds with power ``power`` at its sample size
+    against the largest shift observed, beside the null control's, which is noise alone; the codes that shift would
+    need); the WER tests with their power where a recogniser ran; the lossless decoders flagged (false alarms at
+    the stated level, or bugs); and a last line counting the languages where the lossy control was caught."""
+    langs = list(dict.fromkeys(r["language"] for r in rows))
+    parts, caught, missed = [], [], []
+    for lang in langs:
+        mine = [r for r in rows if r["language"] == lang]
+        null = next((r for r in mine if r.get("decoder") == "ar-seed2"), None)
+        for r in (x for x in mine if not x["lossless"]):
+            text = f"**{lang}**, {r['n_per_sample']:,} codes per depth: the lossy control `{r['decoder']}` "
+            if r["flagged_by"] != "none":
+                caught.append(lang)
+                text += (f"was caught, by {r['flagged_by']}; the code test's smallest Holm-adjusted p is "
+                         f"{_p(r['code_min_p_holm'])} against the family-wise level {r['alpha']:g}.")
+            else:
+                missed.append(lang)
+                text += (f"was missed: its smallest Holm-adjusted p, {_p(r['code_min_p_holm'])} at {r['code_at']}, "
+                         f"is above the family-wise level {r['alpha']:g}. The sample was too small to be sure: one "
+                         f"depth's test (level {r['level']:.1e}) is guaranteed power {power:g} only against shifts "
+                         f"of total variation {r['detectable_tv']:.3f} or more in the binned ranks (a lower bound on "
+                         f"its power), and the largest shift observed was {r['max_tv_observed']:.3f}")
+                if null is not None:
+                    text += f" (AR against itself, noise alone: {null['max_tv_observed']:.3f})"
+                if r.get("samples_needed_code"):
+                    text += (f"; a shift that large needs about {r['samples_needed_code']:,} codes per depth, "
+                             f"{r['samples_needed_code'] / r['n_per_sample']:.1f} times this run's")
+                text += "."
+            if r.get("wer_test"):
+                mde = r.get("wer_mde80")
+                text += (f" Its inner-loop WER differs from AR's by {r['wer_diff']:+.3f} "
+                         f"{_interval(r['wer_ci_low'], r['wer_ci_high'])} over {r['wer_n_utterances']} utterances "
+                         f"({r['wer_test']}; " + (f"a difference of {mde:.3f} is found with power 0.8"
+                                                  if mde is not None and math.isfinite(mde)
+                                                  else "too few sentences to state the power"))
+                need = r.get("sentences_needed")
+                text += (f", the one observed would need about {need:,.0f} sentences)." if need and math.isfinite(need)
+                         else ").")
+            if r.get("free_wer_test"):
+                text += (f" Free running: {r['free_wer_diff']:+.3f} "
+                         f"{_interval(r['free_wer_ci_low'], r['free_wer_ci_high'])} ({r['free_wer_test']}).")
+            parts.append(text)
+    alarms = [f"{r['language']}: `{r['decoder']}` ({r['flagged_by']})" for r in rows
+              if r["lossless"] and r["flagged_by"] != "none"]
+    parts.append("**Lossless decoders flagged** (each a false alarm at its stated level, or a bug): "
+                 + ("; ".join(alarms) if alarms else "none") + ".")
+    n_lossy_langs = len(set(caught) | set(missed))
+    if n_lossy_langs:
+        parts.append(f"**The lossy control was caught in {len(set(caught))} of {n_lossy_langs} languages**"
+                     + (f" ({', '.join(dict.fromkeys(caught))})" if caught else "")
+                     + (f"; missed in {', '.join(dict.fromkeys(missed))}." if missed else "."))
+    return "\n\n".join(parts)
+
+
 def entries_used(entries: Sequence[Mapping], max_frames: int) -> list[dict]:
     """The Table 1 entries of the utterances a frame budget used, in order: the first utterances until
     ``max_frames`` frames (the last one cut, its ``seconds`` scaled to the frames kept), as
@@ -537,4 +657,5 @@ def table1_rows(entries: Sequence[Mapping]) -> list[dict]:
 __all__ = ["ALPHA", "POWER_TV", "flag_outliers", "paired_ratio_difference", "paired_wer_difference", "sentences_needed", "pooled_bins",
            "two_sample_test", "power_two_sample", "detectable_tv", "samples_needed", "holm", "bootstrap_mean",
            "bootstrap_difference",
-           "entries_used", "table1_rows", "TABLE1_COLUMNS"]
+           "entries_used", "table1_rows", "TABLE1_COLUMNS", "transfer_rows", "transfer_answer", "wer_table",
+           "outlier_rows", "verdict_text", "TRUE_CODES", "WER_ROW_FIELDS"]

@@ -1,4 +1,4 @@
-"""WER parity across decoders and languages (paper Table 3; notebook 04 and ``rvqspec eval-wer``).
+"""WER parity across decoders and languages (paper Tables 1 and 3; notebook 05 and ``rvqspec eval-wer``).
 
 The paper's accuracy claim is that speculative decoding leaves WER where AR puts it. Here every decoder runs on the
 SAME utterances with the SAME seeds, and three questions are answered by tests rather than by eye
@@ -10,15 +10,20 @@ SAME utterances with the SAME seeds, and three questions are answered by tests r
    context-aware statistic: the drift of a lossy rule toward its drafts shows in every frame, it does not average
    out over contexts) and (b) the raw codes, Holm-adjusted over depths, with the power against any total-variation
    shift stated (:func:`rvqspec_lib.eval.parity.power_two_sample`);
-3. **WER** through audio that codes 1..15 actually change: the inner-loop-only path (TRUE code 0 of every frame,
-   codes 1..15 generated from the teacher-forced context) decoded by a codec that depends on them (the embedded
-   model's TABLE decoder: its neural code decoder learned to ignore codes 1..15), paired differences against AR with
-   bootstrap intervals, outliers apart (:func:`wer_parity`); free running (:func:`free_running_parity`) beside it,
-   labelled.
+3. **WER** through audio that codes 1..15 change: the inner-loop-only path (TRUE code 0 of every frame, codes 1..15
+   generated from the teacher-forced context) decoded by a codec that reads every code (for the embedded model its
+   TABLE decoder, the sum of the chosen codebook entries: nothing learned sits between a code and the audio), paired
+   differences against AR with bootstrap intervals, outliers apart (:func:`wer_parity`); the same codec on the TRUE
+   codes is the floor (:func:`true_codes_wer`); free running (:func:`free_running_parity`) beside it, labelled.
 
 A deliberately LOSSY control (:class:`rvqspec_lib.decoding.decoders.LossySSD`, SSD's tolerance rule) runs beside the
 lossless decoders: the tests must catch it, and must not flag AR against itself under another seed (the null control
-``ar-seed2``).
+``ar-seed2``). :func:`verdicts` says, per language, which test flagged which decoder and what the design could have
+seen; :func:`verdict_text` writes that as sentences. Result rows carry each decoder's structured fields
+(:func:`decoder_fields`); labels are derived from them, never parsed back.
+
+Listening: :func:`inner_loop_codes` decodes one utterance's codes 1..15 with several decoders on its TRUE code 0
+(the inner loop the only difference between them).
 """
 
 from __future__ import annotations
@@ -36,12 +41,12 @@ from rvqspec_lib.eval.inner_loop import speaker_batches
 from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
-from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET
+from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, name_of, parse_decoder_name
 from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.models.backends import frame_runner
 from rvqspec_lib.models.frame import inner_sampling, synthesize
-from rvqspec_lib.models.named_decoders import resolve_all
+from rvqspec_lib.models.named_decoders import NamedDecoder, has_paper_decoder, resolve_all
 
 #: The reference decoder's label, and the null control's (AR again, other seeds: nothing may be detected).
 REFERENCE = "ar"
@@ -67,6 +72,30 @@ def best_chain_window(code_predictor, drafter, frames: Frames, *, sampling: Samp
     pred = {int(w): predicted_tokens_per_call(exact, Chain(int(w)), n) for w in windows}
     best = max(pred.values())
     return min(w for w, v in pred.items() if v >= best - 1e-12), pred
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a decoder's fields: what result rows are keyed by
+# ----------------------------------------------------------------------------------------------------------------
+def decoder_of(decoder):
+    """The decoder object of a :class:`~rvqspec_lib.models.named_decoders.NamedDecoder`, or ``decoder`` itself."""
+    return decoder.decoder if isinstance(decoder, NamedDecoder) else decoder
+
+
+def decoder_fields(label: str, decoder) -> dict:
+    """The structured fields of the result rows of the decoder run under ``label``.
+
+    A :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` gives its own fields (``paper:32`` is kind ``paper``);
+    a bare decoder object those of :func:`rvqspec_lib.decoding.decoder_names.name_of`. ``decoder`` is ``label`` (the
+    key the run was made under: the null control :data:`NULL_CONTROL` is AR under its own label), ``null_control``
+    says which row it is.
+
+    Returns:
+        ``{"decoder", "kind", "drafter", "nodes", "lossy", "sampled", "null_control"}``
+        (:meth:`rvqspec_lib.decoding.decoder_names.DecoderName.fields`).
+    """
+    fields = decoder.fields() if isinstance(decoder, NamedDecoder) else name_of(decoder).fields()
+    return {**fields, "decoder": label, "null_control": label == NULL_CONTROL}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -104,7 +133,9 @@ def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], 
 
     Args:
         frames: contexts (and utterance ids) from e.g. :func:`rvqspec_lib.data.frame_sources.frames_from_utterances`.
-        decoders: ``{label: decoder}``. replicates: independent draws per frame (more power for the code tests).
+        decoders: ``{label: decoder}`` (a decoder object or a
+            :class:`~rvqspec_lib.models.named_decoders.NamedDecoder`). replicates: independent draws per frame (more
+            power for the code tests).
         sampling: the deployed warpers (default temperature 0.9, top-k 50). drafter: default the reused heads.
         batch_size: frames per :func:`~rvqspec_lib.decoding.decode.decode_frame` call.
     Returns:
@@ -119,6 +150,7 @@ def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], 
     dev = next(code_predictor.parameters()).device
     out = {}
     for label, dec in decoders.items():
+        dec = decoder_of(dec)
         s0 = (seeds or {}).get(label, seed)
         codes, calls = [], []
         chunks = [(r, c) for r in range(replicates) for c in range(0, len(frames), batch_size)]
@@ -334,23 +366,103 @@ def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, 
     return out
 
 
+def true_codes_wer(utterances: Sequence, *, codec, asr, unit: str = "word", progress: bool = False) -> dict:
+    """The floor of inner-loop WER: every utterance's TRUE codes (all 16) through the same codec and recogniser, no
+    decoding at all. A decoder's inner-loop WER is read against it: what the code predictor's own codes 1..15 cost,
+    whatever the decoder.
+
+    Args:
+        utterances: text + true codes (:class:`~rvqspec_lib.data.teacher.Utterance`). codec, asr: as
+            :func:`evaluate_language`'s. unit: ``"word"`` (WER, with CER beside it) or ``"char"`` (CER).
+    Returns:
+        ``{"rate", "cer" (word unit only), "unit", "n_utterances", "asr", "hypotheses", "per_utterance"}``.
+    Raises:
+        ValueError: no utterance; a bad unit.
+    """
+    utts = [as_utterance(u) for u in utterances]
+    if not utts:
+        raise ValueError("no utterance for the true codes' WER")
+    refs = [u.text for u in utts]
+    hyps = transcribe_all(asr, [codes_to_audio(codec, u.codes) for u in utts], int(codec.sample_rate),
+                          desc="asr true codes", progress=progress)
+    er = error_rates(refs, hyps, unit)
+    out = {"rate": er.rate, "unit": unit, "n_utterances": len(utts), "asr": getattr(asr, "name", None),
+           "hypotheses": hyps, "per_utterance": [float(u["rate"]) for u in er.utterances]}
+    if unit == "word":
+        out["cer"] = error_rates(refs, hyps, "char").rate
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # one language, end to end
 # ----------------------------------------------------------------------------------------------------------------
 def standard_decoders(*, calibration: dict | None, best_chain: int | None, budget: int = DEFAULT_TREE_BUDGET,
-                      null_control: bool = True, beta: float = 0.4) -> dict:
-    """``{label: decoder}``: AR, the null control (AR, other seeds), the best chain, the calibrated point-mass and
-    sampled trees of ``budget`` nodes (when a calibration is given), and the LOSSY control (SSD, ``beta``)."""
+                      null_control: bool = True, beta: float = 0.4, lm=None, paper_budget: int | None = None,
+                      tree_kinds: Sequence[str] = ("point-mass", "sampled")) -> dict[str, NamedDecoder]:
+    """``{label: NamedDecoder}`` of WER parity, in the order tables and figures list them: AR, the null control (AR,
+    other seeds), the best chain (``chain:4`` without ``best_chain``), the calibrated trees of ``budget`` nodes of each
+    of ``tree_kinds`` (when a calibration is given), with ``paper_budget`` the reused heads' point-mass tree of that N
+    (the paired baseline of the paper's decoder) and the paper's decoder ``paper:N`` (the offsets shipped beside
+    ``lm`` and their own calibration: :func:`rvqspec_lib.models.named_decoders.resolve`), and last the LOSSY control
+    (SSD, ``beta``).
+
+    Args:
+        calibration: the reused heads' calibration (:func:`rvqspec_lib.eval.calibration.calibrate`), or ``None``.
+        best_chain: the window of ``chain:best`` (:func:`best_chain_window`). lm: the loaded model (needed with
+            ``paper_budget``). paper_budget: node budget of the paper's decoder, ``None``: left out.
+        tree_kinds: ``"point-mass"`` and / or ``"sampled"``: the kinds of the heads' trees of ``budget`` nodes.
+    Raises:
+        ValueError: ``paper_budget`` without a model that ships the offsets and their calibration
+            (:func:`rvqspec_lib.models.named_decoders.has_paper_decoder`); a budget the calibration does not hold.
+    """
     names = ["ar"] + ([f"chain:{best_chain}"] if best_chain else ["chain:4"])
     if calibration is not None:
-        names += [f"tree:calibrated-point-mass:{budget}", f"tree:calibrated-sampled:{budget}"]
+        names += [f"tree:calibrated-{kind}:{budget}" for kind in ("point-mass", "sampled") if kind in tree_kinds]
+    if paper_budget is not None:
+        if lm is None or not has_paper_decoder(lm):
+            raise ValueError(f"paper:{paper_budget} needs a model that ships the offsets drafter and its calibration "
+                             "(drafters/offsets.safetensors, trees/offsets.json)")
+        if calibration is not None and f"tree:calibrated-point-mass:{paper_budget}" not in names:
+            names.append(f"tree:calibrated-point-mass:{paper_budget}")
+        names.append(f"paper:{paper_budget}")
     names.append(f"ssd-lossy:{beta}")
-    named = resolve_all(names, None, calibrations={"heads": calibration} if calibration is not None else None,
-                        best_chain=best_chain)
-    out = {label: nd.decoder for label, nd in named.items()}
+    out = resolve_all(names, lm, calibrations={"heads": calibration} if calibration is not None else None,
+                      best_chain=best_chain)
     if null_control:
-        out = {"ar": out["ar"], NULL_CONTROL: AR(), **{k: v for k, v in out.items() if k != "ar"}}
+        ar = out["ar"]
+        out = {"ar": ar, NULL_CONTROL: NamedDecoder(parse_decoder_name("ar"), AR()),
+               **{k: v for k, v in out.items() if k != "ar"}}
     return out
+
+
+def calibration_rows(decoders: Mapping[str, object], *, chain_predicted: Mapping[int, float] | None = None,
+                     best_chain: int | None = None) -> list[dict]:
+    """What the calibration chose, as table rows: the predicted tokens per call of every chain window (``chosen``:
+    the window of ``chain:best``), and for every calibrated tree among ``decoders`` (resolved
+    :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` s) its fields, the calibration it came from (drafter,
+    frames), its predicted tokens per call and its rank paths."""
+    from rvqspec_lib.decoding.decoder_names import format_paths
+
+    rows = [{"decoder": f"chain:{w}", "kind": "chain", "drafter": "heads", "nodes": int(w),
+             "predicted_tokens_per_call": float(v), "chosen": int(w) == best_chain}
+            for w, v in (chain_predicted or {}).items()]
+    for label, nd in decoders.items():
+        if not isinstance(nd, NamedDecoder) or nd.calibration is None:
+            continue
+        f, cal = decoder_fields(label, nd), nd.calibration
+        kind = "sampled" if f["sampled"] else "point-mass"
+        rows.append({**{k: f[k] for k in ("decoder", "kind", "drafter", "nodes", "sampled")},
+                     "calibration_frames": cal.get("n_frames"),
+                     "predicted_tokens_per_call": cal[kind]["predicted_tokens_per_call"][str(f["nodes"])],
+                     "paths": format_paths(nd.decoder.paths)})
+    return rows
+
+
+def decoder_info(decoders: Mapping[str, object]) -> dict[str, dict]:
+    """``{label: {"repr", "lossless", **fields}}`` of a decoder set (:func:`decoder_fields`): what result files keep
+    of each decoder."""
+    return {k: {"repr": repr(decoder_of(v)), "lossless": is_lossless(decoder_of(v)), **decoder_fields(k, v)}
+            for k, v in decoders.items()}
 
 
 def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], *, language: str = "en",
@@ -365,7 +477,7 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
 
     Args:
         lm: the model. utterances: text + true codes (:class:`~rvqspec_lib.data.teacher.Utterance`).
-        decoders: ``{label: decoder}`` (e.g. :func:`standard_decoders`). language: ISO code.
+        decoders: ``{label: decoder or NamedDecoder}`` (e.g. :func:`standard_decoders`). language: ISO code.
         codec: codes -> audio that depends on codes 1..n (embedded: ``codec.with_decoder(None)``, the table decoder).
         asr: an :class:`~rvqspec_lib.eval.asr.ASR`; ``None``: no WER (the code tests still run).
         unit: ``"word"`` / ``"char"`` (default the language's, :data:`rvqspec_lib.eval.datasets.LANGUAGES`).
@@ -375,7 +487,7 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
         ``tokens_per_call`` {label: {value, ci_low, ci_high, n}}, ``per_utterance`` {label: {codes, calls}} (sums over
         the replicates),
         ``distribution`` (:func:`code_distribution_tests`), ``wer`` (:func:`wer_parity` or ``None``),
-        ``decoders`` {label: {repr, lossless}}, ``references``, ``hypotheses`` {label: list}.
+        ``decoders`` (:func:`decoder_info`), ``references``, ``hypotheses`` {label: list}.
     Raises:
         ValueError: no utterance, no ``"ar"`` decoder, an unknown language.
     """
@@ -418,8 +530,7 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
             "seconds": float(sum(u.codes.shape[0] for u in utts) / lm.frame_rate_hz),
             "asr": getattr(asr, "name", None) if asr is not None else None, "unit": unit,
             "tokens_per_call": tpc, "per_utterance": per_utt, "distribution": dist, "wer": wer_out,
-            "decoders": {k: {"repr": repr(v), "lossless": is_lossless(v)} for k, v in decoders.items()},
-            "references": refs, "hypotheses": hyps}
+            "decoders": decoder_info(decoders), "references": refs, "hypotheses": hyps}
 
 
 def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object], *, codec, asr,
@@ -433,7 +544,8 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
 
     Returns:
         ``{"wer": wer_parity(...), "frames": {label: [frames]}, "ended": {label: [bool]}, "true_frames": [...],
-        "hypotheses": {label: [...]}}``.
+        "hypotheses": {label: [...]}, "codes": {label: [(frames, G) int64 per utterance]}, "decoders":
+        decoder_info(...)}``.
     """
     us = [as_utterance(u) for u in utterances]
     if REFERENCE not in decoders:
@@ -441,7 +553,9 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
     batches = speaker_batches(us, batch_size)
     sr = int(codec.sample_rate)
     frames, ended, hyps = {}, {}, {}
+    all_codes = {}
     for label, dec in decoders.items():
+        dec = decoder_of(dec)
         s0 = seed + 1 if label == NULL_CONTROL else seed
         codes: list = [None] * len(us)
         fr, en = [0] * len(us), [True] * len(us)
@@ -455,28 +569,40 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
                 codes[i], fr[i], en[i] = res.codes[j], int(res.frames[j]), bool(res.ended[j])
         wavs = [codes_to_audio(codec, c) for c in codes]
         hyps[label] = transcribe_all(asr, wavs, sr, desc=f"asr free {label}", progress=progress)
-        frames[label], ended[label] = fr, en
+        frames[label], ended[label], all_codes[label] = fr, en, codes
     true = [int(u.codes.shape[0]) for u in us]
     w = wer_parity(hyps, [u.text for u in us], unit=unit, lengths=frames, ref_lengths=true,
                    capped={k: [not e for e in v] for k, v in ended.items()}, alpha=alpha, seed=seed)
-    return {"wer": w, "frames": frames, "ended": ended, "true_frames": true, "hypotheses": hyps}
+    return {"wer": w, "frames": frames, "ended": ended, "true_frames": true, "hypotheses": hyps, "codes": all_codes,
+            "decoders": decoder_info(decoders)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # tables
 # ----------------------------------------------------------------------------------------------------------------
+#: The fields every row of a decoder's result tables starts with (:func:`decoder_fields`).
+ROW_FIELDS = ("decoder", "kind", "drafter", "nodes", "lossy", "sampled")
+
+
+def row_fields(info: Mapping) -> dict:
+    """The leading fields of a result row from a decoder's entry of :func:`decoder_info` (:data:`ROW_FIELDS`)."""
+    return {k: info.get(k) for k in ROW_FIELDS}
+
+
 def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dict]:
-    """Table 3 analogue: one row per (language, decoder): tokens per call with its interval, the difference to the
-    same decoder on English sentences (bootstrap over utterances of both), the code-distribution verdict against AR,
-    and WER/CER (with the paired difference to AR) where a recogniser ran. Lossy decoders are labelled."""
+    """Table 3 analogue: one row per (language, decoder), keyed by the decoder's fields (:data:`ROW_FIELDS`; the
+    lossy control has ``lossy`` true and its label says ``lossy``): tokens per call with its interval, the difference
+    to the same decoder on English sentences (bootstrap over utterances of both), the code-distribution verdict
+    against AR with its power at the stated shift, and WER/CER (with the paired difference to AR) where a recogniser
+    ran (``wer_note`` says why not)."""
     rows = []
     en = results.get(english)
     for lang, res in results.items():
         for label, tpc in res["tokens_per_call"].items():
-            lossless = res["decoders"][label]["lossless"]
-            row = {"language": lang, "decoder": label + ("" if lossless else " (LOSSY control)"),
-                   "lossless": lossless, "tokens_per_call": tpc["value"], "tpc_ci_low": tpc["ci_low"],
-                   "tpc_ci_high": tpc["ci_high"], "n_utterances": res["n_utterances"], "n_frames": res["n_frames"]}
+            info = res["decoders"][label]
+            row = {"language": lang, **row_fields(info), "lossless": info["lossless"],
+                   "tokens_per_call": tpc["value"], "tpc_ci_low": tpc["ci_low"], "tpc_ci_high": tpc["ci_high"],
+                   "n_utterances": res["n_utterances"], "n_frames": res["n_frames"]}
             if en is not None and lang != english and label in en["per_utterance"]:
                 a, b = res["per_utterance"][label], en["per_utterance"][label]
                 d = S.bootstrap_difference(a["codes"], a["calls"], b["codes"], b["calls"])
@@ -504,26 +630,37 @@ def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dic
 
 
 def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: float = 0.9) -> list[dict]:
-    """Which test flagged which decoder, per language: the code-distribution test, the inner-loop WER difference and
-    (English) the free-running WER difference. A lossless decoder should be flagged by none (a flag is a false alarm
-    at the stated level, or a bug); the lossy control should be caught by at least one. Where a decoder is not
-    flagged, the row says what the design could have detected: the WER difference found with power 0.8
-    (``wer_mde80``), the utterances needed for the difference observed (``sentences_needed``), the code shift found
-    with power 0.9 (``detectable_tv``) and the samples per decoder needed for the largest shift observed
-    (``samples_needed_code``)."""
+    """Which test flagged which decoder, in EVERY language of ``results``: the code-distribution test, the inner-loop
+    WER difference (where a recogniser ran) and, for English, the free-running WER difference. A lossless decoder
+    should be flagged by none (a flag is a false alarm at the stated level, or a bug); the lossy control should be
+    caught by at least one.
+
+    Where a decoder is not flagged, the row says what the design could have detected: the code shift found with
+    power ``power`` at this sample size (``detectable_tv``), the samples per decoder and depth needed for the largest
+    shift observed (``samples_needed_code``; lossy decoders), the WER difference found with power 0.8
+    (``wer_mde80``) and the utterances needed for the difference observed (``sentences_needed``).
+
+    Returns:
+        one row per (language, decoder other than AR): the decoder's fields (:data:`ROW_FIELDS`), ``lossless``,
+        ``code_test``, ``code_min_p_holm``, ``code_at``, ``level`` (one depth's test), ``alpha`` (family-wise),
+        ``n_per_sample`` (codes per depth and decoder), ``power_at_tv``, ``power_tv``, ``detectable_tv``,
+        ``max_tv_observed``; WER columns where measured; ``flagged_by`` (``"none"`` or the tests, comma-separated).
+    """
     rows = []
     for lang, res in results.items():
         for label, summ in res["distribution"]["summary"].items():
-            row = {"language": lang, "decoder": label, "lossless": summ["lossless"],
+            row = {"language": lang, **row_fields(res["decoders"][label]), "lossless": summ["lossless"],
                    "code_test": "flagged" if summ["rejected"] else "not flagged", "code_min_p_holm": summ["min_p_holm"],
-                   "code_at": summ["at"], "power_at_tv": summ["power_rank"], "power_tv": summ["power_tv"],
-                   "detectable_tv": summ["detectable_tv_rank"], "max_tv_observed": summ["max_tv_rank"]}
+                   "code_at": summ["at"], "level": summ["level"], "alpha": summ["alpha"],
+                   "n_per_sample": summ["n_per_sample"], "power_at_tv": summ["power_rank"],
+                   "power_tv": summ["power_tv"], "detectable_tv": summ["detectable_tv_rank"],
+                   "max_tv_observed": summ["max_tv_rank"]}
             caught = ["code distribution (" + summ["at"] + ")"] if summ["rejected"] else []
             vs = (res.get("wer") or {}).get(label, {}).get("vs_reference")
             if vs:
                 row.update({"wer_test": "flagged" if vs["detected"] else "not flagged", "wer_diff": vs["difference"],
                             "wer_ci_low": vs["ci_low"], "wer_ci_high": vs["ci_high"], "wer_p": vs["p_value"],
-                            "wer_mde80": vs["mde80"],
+                            "wer_mde80": vs["mde80"], "wer_n_utterances": vs["n_utterances"],
                             "sentences_needed": S.sentences_needed(vs["difference"], vs["se"], vs["n_utterances"],
                                                                    alpha=vs["alpha"])})
                 if vs["detected"]:
@@ -543,7 +680,39 @@ def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: fl
     return rows
 
 
-__all__ = ["verdicts", "REFERENCE", "NULL_CONTROL", "best_chain_window",
-           "DecodeRun", "decode_runs", "tokens_per_call", "verifier_ranks", "code_distribution_tests",
-           "utterance_codes", "codes_to_audio", "transcribe_all", "error_rates", "wer_parity", "standard_decoders",
-           "evaluate_language", "free_running_parity", "table3_rows"]
+# ----------------------------------------------------------------------------------------------------------------
+# listening
+# ----------------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def inner_loop_codes(lm, utterance, decoders: Mapping[str, object], *, language: str = "en", seed: int = 0,
+                     sampling: Sampling | None = None, drafter=None) -> dict[str, torch.Tensor]:
+    """One utterance's codes as each decoder makes them on its TRUE code 0: the talker teacher-forced over the true
+    codes (one pass), then every decoder generates codes 1..n of every frame with the SAME generator seed, so the
+    inner loop is the only difference between them (a listening example; :func:`codes_to_audio` makes it audio).
+
+    Args:
+        utterance: text + true codes (:class:`~rvqspec_lib.data.teacher.Utterance`). decoders: ``{label: decoder or
+            NamedDecoder}``. language: ISO code (the text front end, :func:`rvqspec_lib.eval.datasets.speaking`).
+        seed: one seed for every decoder. sampling / drafter: as :func:`decode_runs`.
+    Returns:
+        ``{label: (frames, 1 + n) int64}``: the true code 0 beside the decoder's codes 1..n.
+    Raises:
+        ValueError: no decoder, an unknown language.
+    """
+    from rvqspec_lib.data.frame_sources import frames_from_utterances
+    from rvqspec_lib.eval.datasets import speaking
+
+    u = as_utterance(utterance)
+    with speaking(lm, language) as prompt_language:
+        u = type(u)(u.text, u.codes, u.speaker, prompt_language if u.language == "auto" else u.language)
+        frames = frames_from_utterances(lm, [u])
+    runs = decode_runs(lm.code_predictor, frames, decoders, seed=seed, sampling=sampling, drafter=drafter,
+                       batch_size=max(len(frames), 1))
+    return {label: utterance_codes(u.codes[:, 0], run.codes[0], frames.utterance)[0] for label, run in runs.items()}
+
+
+__all__ = ["verdicts", "REFERENCE", "NULL_CONTROL", "ROW_FIELDS", "best_chain_window", "decoder_of", "decoder_fields",
+           "decoder_info", "row_fields", "DecodeRun", "decode_runs", "tokens_per_call", "verifier_ranks",
+           "code_distribution_tests", "utterance_codes", "codes_to_audio", "transcribe_all", "error_rates",
+           "wer_parity", "true_codes_wer", "standard_decoders", "calibration_rows", "evaluate_language",
+           "free_running_parity", "table3_rows", "inner_loop_codes"]

@@ -587,7 +587,7 @@ def test_readme_first_synth_uses_the_chain_and_the_cli_page_documents_the_timing
     examples = [line for text in (readme, cli_page) for line in text.replace("\\\n", " ").splitlines()
                 if "rvqspec " in line and line.lstrip().startswith(("rvqspec", ".venv"))]
     assert not [line for line in examples if "--window" in line or "--tree " in line]  # the removed spellings
-    synths = [line.split("#")[0] for line in examples if line.lstrip().startswith(("rvqspec synth",
+    synths = [line.split("#")[0].split("|")[0] for line in examples if line.lstrip().startswith(("rvqspec synth",
                                                                                    ".venv/bin/rvqspec synth"))]
     assert len(synths) >= 5, synths
     parser = build_parser(["synth"])

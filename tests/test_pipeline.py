@@ -121,7 +121,7 @@ def test_the_parser_repeats_the_library_defaults():
     (["--chunk-frames", "0"], "--chunk-frames must be in 1..--frames (40), got 0"),
     (["--chunk-frames", "5", "--frames", "4"], "--chunk-frames must be in 1..--frames (4)"),
     (["--batches", "0"], "--batches 0: streams run together are whole numbers >= 1: give e.g. 1,2,4"),
-    (["--dtype", "float16"], "--dtype float16: give some of"),
+    (["--dtype", "float16"], "--dtype float16 is a GPU precision here"),
     (["--models", "nope"], "nope"),
     (["--stream-repeats", "0"], "--stream-repeats must be >= 1"),
     (["--table-out", "/proc/x/y"], "--table-out /proc/x/y: its folder cannot be made"),

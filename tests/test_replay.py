@@ -201,7 +201,7 @@ def test_bench_refuses_a_malformed_table_before_any_model_loads(tmp_path, capsys
         main(["bench", "latency", "--model", "tiny-random", "--acceptance", str(bad)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
-    assert "--acceptance is a flag of rvqspec bench frames and table, not of bench latency" in err, err
+    assert "--acceptance is a flag of rvqspec bench frames, table and pipeline, not of bench latency" in err, err
 
 
 def test_table_refuses_an_absent_backend_before_any_model_loads(capsys, monkeypatch, no_load):

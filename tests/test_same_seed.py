@@ -46,10 +46,11 @@ def _rewrite_cell(path: Path, column: str, value: str, row: int = 0) -> None:
 # ------------------------------------------------------------------------------------------ the comparison itself
 def test_compare_runs_flags_a_perturbed_table_and_ignores_timings(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    files = ["04_table3.csv", "03_training_curves.csv", "03_speed.csv", "00_metrics.json"]
-    # the committed drafters table of the last full run before the renumbering is 02_training_curves.csv
-    source = {"03_training_curves.csv": "02_training_curves.csv"} if not (FIGURES / "03_training_curves.csv").is_file() \
-        else {}
+    files = ["05_table3.csv", "03_training_curves.csv", "04_speed.csv", "00_metrics.json"]
+    # a committed run from before the notebooks' renumbering holds these tables under their old numbers
+    old = {"05_table3.csv": "04_table3.csv", "03_training_curves.csv": "02_training_curves.csv",
+           "04_speed.csv": "03_speed.csv"}
+    source = {new: was for new, was in old.items() if not (FIGURES / new).is_file()}
     for d in (a, b):
         d.mkdir()
         for name in files:
@@ -60,7 +61,7 @@ def test_compare_runs_flags_a_perturbed_table_and_ignores_timings(tmp_path):
 
     # timings may differ: a timing column, a run time in a result JSON
     _rewrite_cell(b / "03_training_curves.csv", "wall_s", "12345.6")
-    _rewrite_cell(b / "03_speed.csv", "ms_per_frame", "0.001")
+    _rewrite_cell(b / "04_speed.csv", "ms_per_frame", "0.001")
     m = json.loads((b / "00_metrics.json").read_text())
     m["wall_s"] += 100.0
     (b / "00_metrics.json").write_text(json.dumps(m))
@@ -68,13 +69,13 @@ def test_compare_runs_flags_a_perturbed_table_and_ignores_timings(tmp_path):
 
     # the negative control: one non-timing cell of a table, one value of a result JSON
     _rewrite_cell(b / "04_table3.csv", "tokens_per_call", "2.0000000000000004", row=3)
-    _rewrite_cell(b / "03_speed.csv", "tokens_per_call", "9.99")  # a timing notebook's non-timing column
+    _rewrite_cell(b / "04_speed.csv", "tokens_per_call", "9.99")  # a timing notebook's non-timing column
     m["wer"]["unquantised"] = 0.1681
     (b / "00_metrics.json").write_text(json.dumps(m))
     diffs = R.compare_runs(a, b)
     assert len(diffs) == 3, diffs
     assert any(d.startswith("04_table3.csv: column 'tokens_per_call' differs first in row 4") for d in diffs)
-    assert any(d.startswith("03_speed.csv: column 'tokens_per_call'") for d in diffs)
+    assert any(d.startswith("04_speed.csv: column 'tokens_per_call'") for d in diffs)
     assert any(d.startswith("00_metrics.json.wer.unquantised: ") for d in diffs)
 
     # a missing table; a drafter's weights (its file embeds its provenance record: that may differ)

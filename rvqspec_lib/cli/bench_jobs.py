@@ -29,7 +29,8 @@ from rvqspec_lib.eval.noise import noise_words, repeat_cap
 from rvqspec_lib.eval.replay import default_acceptance, read_acceptance
 from rvqspec_lib.eval.timing import oversubscribed_note
 from rvqspec_lib.models.backends import BACKENDS, available
-from rvqspec_lib.models.loader import load_model, model_facts
+from rvqspec_lib.models import loader  # loader.load_model looked up at call time (tests replace it)
+from rvqspec_lib.models.loader import model_facts
 from rvqspec_lib.models.named_decoders import check_files, resolve_all
 from rvqspec_lib.models.precision import ACTIVATION_DTYPE, PRECISIONS, apply_precision, check_precision, \
     native_precisions
@@ -217,7 +218,7 @@ def _progress(args) -> bool:
 def latency_job(args) -> dict:
     """``rvqspec bench latency``: :func:`rvqspec_lib.eval.latency.bench_model`, printed; the floor on the CPU."""
     prec = args.dtypes[0]
-    lm = load_model(args.model, dtype=ACTIVATION_DTYPE.get(prec, prec), seed=args.seed, device=args.device)
+    lm = loader.load_model(args.model, dtype=ACTIVATION_DTYPE.get(prec, prec), seed=args.seed, device=args.device)
     if prec in ("int8", "int8-dynamic"):
         apply_precision(lm.code_predictor, prec, require_native=False)  # checked in check_args
     result = latency.bench_model(lm, prefix_len=args.prefix_len, query_sizes=args.queries,
@@ -230,7 +231,7 @@ def latency_job(args) -> dict:
 
 def precisions_job(args) -> dict:
     """``rvqspec bench precisions``: :func:`rvqspec_lib.eval.latency.bench_precisions` on the float32 model."""
-    lm = load_model(args.model, dtype="float32", seed=args.seed)
+    lm = loader.load_model(args.model, dtype="float32", seed=args.seed)
     result = latency.bench_precisions(lm, args.dtypes, backends=args.backend_list, query_sizes=args.queries,
                                       prefix_len=args.prefix_len, warmup=args.warmup, repeats=args.repeats,
                                       seed=args.seed, progress=_progress(args), noise_target=args.noise_target)
@@ -240,7 +241,7 @@ def precisions_job(args) -> dict:
 
 def frames_job(args) -> dict:
     """``rvqspec bench frames``: the named decoders through the backends, stepped and fused, one interleaved run."""
-    lm = load_model(args.model, device=args.device, seed=args.seed)
+    lm = loader.load_model(args.model, device=args.device, seed=args.seed)
     table = args.acceptance_table
     if table is not None and not lm.is_random:
         raise ValueError(f"--acceptance replays a trained model's acceptance on a RANDOM-weight architecture; "

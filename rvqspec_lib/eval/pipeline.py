@@ -37,7 +37,6 @@ The public ports' figures are quoted in their own rows and columns (:data:`PUBLI
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import gc
 import math

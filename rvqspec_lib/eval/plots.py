@@ -148,12 +148,12 @@ def drafter_style(label: str) -> dict:
 
 
 def sampling_words(sampling) -> str:
-    """The deployed sampling in words for a title: ``"T 0.9, top-k 50"`` (``top-p`` when below 1; ``"greedy"``), from a
+    """The deployed sampling in words for a title: ``"temperature 0.9, top-k 50"`` (``top-p`` when below 1; ``"greedy"``), from a
     :class:`~rvqspec_lib.decoding.sampling.Sampling` or its ``describe()`` dict."""
     d = sampling.describe() if hasattr(sampling, "describe") else dict(sampling)
     if d.get("greedy"):
         return "greedy"
-    words = [f"T {d['temperature']:g}"]
+    words = [f"temperature {d['temperature']:g}"]
     if d.get("top_k"):
         words.append(f"top-k {d['top_k']}")
     if d.get("top_p", 1.0) < 1.0:

@@ -35,8 +35,7 @@
 # `N` query positions, root included: the **node budget** N, the last committed code plus N − 1 drafts
 # ([glossary](../docs/glossary.md#speculative-decoding), [methods.md](../docs/methods.md#reporting-speed)). Whether
 # that pays depends on how the cost of one call grows with `N` on a given device, the **verify cost curve**
-# `t(N) / t(1)`, and on how many codes a
-# call commits on average, the **tokens per call**.
+# `t(N) / t(1)`, and on how many codes a call commits on average, the **tokens per call**.
 #
 # The sections:
 #

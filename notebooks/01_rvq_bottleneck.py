@@ -75,8 +75,6 @@ own_decoders = ("chain:4", "chain:8", "tree:calibrated-point-mass:16", "tree:cal
                 "tree:calibrated-sampled:16", "tree:calibrated-sampled:32", "paper:16", "paper:32")
 
 # %%
-import json
-
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
@@ -488,7 +486,7 @@ if own:
     lines.append("".join(parts))
     if best_pm and best_sp:
         lines.append(
-            f"* **Why point-mass trees do "
+            "* **Why point-mass trees do "
             + ("worse" if best_pm["tokens_per_call"] < best_sp["tokens_per_call"] else "better")
             + " here than sampled ones (mechanism, with inference).** A point-mass child is kept with the target's "
             "probability of its one code, p(x); a sampled child with 1 − TV(p, q), however flat p is "

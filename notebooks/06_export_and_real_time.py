@@ -85,7 +85,7 @@ from rvqspec_lib.eval import pipeline as PL
 from rvqspec_lib.eval import speed as S
 from rvqspec_lib.eval.calibration import calibrate
 from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS, plot_audio_vs_wall, plot_frame_parts, plot_speedup_vs_n
-from rvqspec_lib.eval.timing import measure_quietly, oversubscribed_note
+from rvqspec_lib.eval.timing import measure_quietly
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models.backends import available, backend_table, frame_runner, verify_backend
 from rvqspec_lib.models.frame import inner_sampling

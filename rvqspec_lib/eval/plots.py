@@ -448,7 +448,7 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
             ax1.plot(j, [a - float(r["heads"]) for a, r in zip(acc, rows)], ms=4, mfc="none", label=lab, **style)
     for ax in (ax0, ax1):
         ax.axvspan(max_offset + 0.5, max(j) + 0.5, color="0.9", zorder=0)
-        ax.set_xlabel("draft offset j (depth drafted = start depth + j)")
+        ax.set_xlabel("draft offset t (depth drafted = start depth s + t)")
         ax.set_xticks(j)
         ax.grid(alpha=0.3)
     ax0.set_ylabel("exact acceptance of a sampled draft")

@@ -24,9 +24,9 @@
 # the call that produced the code of the **start depth** s (the last committed code), its hidden state at that
 # position, **`H_s`**, is all a **drafter** sees: from it, the drafter gives a draft distribution **q** for each later
 # depth s + t, where t = 1..K is the **draft offset** (K = 3 in the paper; letters as in
-# [the glossary](../docs/glossary.md#speculative-decoding)). One verify call then checks the drafts against the verifier's distribution **p**. A sampled
-# draft is kept with probability Σ_x min(p(x), q(x)), the **acceptance** (one minus the total variation between p
-# and q); a **point-mass** draft (the top-ranked code of q, as in the paper's tree) is kept with the target mass p(x)
+# [the glossary](../docs/glossary.md#speculative-decoding)). One verify call then checks the drafts against the
+# verifier's distribution **p**. A sampled draft is kept with probability Σ_x min(p(x), q(x)), the **acceptance**
+# (one minus the total variation between p and q); a **point-mass** draft (the top-ranked code of q, as in the paper's tree) is kept with the target mass p(x)
 # of its code ([methods.md](../docs/methods.md#accept-and-reject-rules)).
 #
 # **The three drafters of Table 2** ([methods.md](../docs/methods.md#reused-heads)):
@@ -42,8 +42,8 @@
 #
 # The paper reports (its Table 2, Qwen3-TTS-0.6B, a calibrated tree at its node budget) that the offsets recover
 # most of Medusa's gain over the reused heads for a vanishing share of Medusa's parameters; its values stand in the
-# columns labelled `paper: ...` of section 5 and are rendered in sections 5 and 10. Here the same comparison runs on the shipped
-# **embedded model**, a small Qwen3-TTS-class model trained offline on synthetic speech with a k-means codec: its
+# columns labelled `paper: ...` of section 5 and are rendered in sections 5 and 10. Here the same comparison runs on
+# the shipped **embedded model**, a small Qwen3-TTS-class model trained offline on synthetic speech with a k-means codec: its
 # numbers are its own, and the paper's values appear only in columns and panels labelled as the paper's.
 #
 # The sections:
@@ -359,8 +359,8 @@ plt.show()
 pd.DataFrame(tables["by_offset"])
 
 # %% [markdown]
-# By drafted depth j = s + t (offsets t ≤ K pooled), every drafter: one shared vector per offset moves every depth alike,
-# so where the offsets help, the gain should show at every depth.
+# By drafted depth j = s + t (offsets t ≤ K pooled), every drafter: one shared vector per offset moves every depth
+# alike, so where the offsets help, the gain should show at every depth.
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.8), constrained_layout=True)
@@ -394,7 +394,8 @@ plt.show()
 # calibration's prediction for the same drafter's **sampled** tree of N = 32 (children drawn from q, section 8),
 # the best chain measured (section 9), and the parameters added, as a share of this model and counted for the
 # released 0.6B code predictor (our Medusa has one head per (start depth, offset) with s + t ≤ 15; the paper's count,
-# one per depth and offset, is slightly larger). The columns headed `paper: ...` quote the paper's Table 2; every other column is measured or counted here.
+# one per depth and offset, is slightly larger). The columns headed `paper: ...` quote the paper's Table 2; every
+# other column is measured or counted here.
 
 # %%
 t0 = time.perf_counter()
@@ -520,8 +521,8 @@ pd.DataFrame(headroom_table)
 # ## 8. Point-mass or sampled drafts on this model
 #
 # **Question:** does a tree of top-ranked drafts at the paper's node budget commit more or fewer codes per call here
-# than a chain of a few sampled ones, and why? **How:** a point-mass child of rank r is kept with the target mass of its code, E[p(x_r)]; a sampled
-# draft is kept with Σ_x min(p, q) however flat p is ([glossary](../docs/glossary.md#speculative-decoding)). The
+# than a chain of a few sampled ones, and why? **How:** a point-mass child of rank r is kept with the target mass of
+# its code, E[p(x_r)]; a sampled draft is kept with Σ_x min(p, q) however flat p is ([glossary](../docs/glossary.md#speculative-decoding)). The
 # table puts them side by side, per offset, for the reused heads and the deployed offsets: `sampled` is the
 # acceptance of one sampled draft, `rank0`.. the chance that the rank-r draft is the verified code, and
 # `top_ranks_total` their sum over the tabulated ranks, the most that many point-mass children of one node could

@@ -20,14 +20,14 @@
 # tokens per call for the fewest added parameters?** The words in bold are defined where they first appear;
 # [the glossary](../docs/glossary.md) collects them all.
 #
-# **Drafts from `H_s`.** The code predictor emits the codes of **depths** j = 1..15 of a frame one call each. After
-# the call that produced the code of the **start depth** s (the last committed code), its hidden state at that
-# position, **`H_s`**, is all a **drafter** sees: from it, the drafter gives a draft distribution **q** for each later
-# depth s + t, where t = 1..K is the **draft offset** (K = 3 in the paper; letters as in
+# **Drafts from `H_s`.** The code predictor emits the codes of **depths** j = 1..15 of a frame one call each. After the
+# call that produced the code of the **start depth** s (the last committed code), its hidden state at that position,
+# **`H_s`**, is all a **drafter** sees: from it, the drafter gives a draft distribution **q** for each later depth
+# s + t, where t = 1..K is the **draft offset** (K = 3 in the paper; letters as in
 # [the glossary](../docs/glossary.md#speculative-decoding)). One verify call then checks the drafts against the
-# verifier's distribution **p**. A sampled draft is kept with probability Σ_x min(p(x), q(x)), the **acceptance**
-# (one minus the total variation between p and q); a **point-mass** draft (the top-ranked code of q, as in the paper's tree) is kept with the target mass p(x)
-# of its code ([methods.md](../docs/methods.md#accept-and-reject-rules)).
+# verifier's distribution **p**. A sampled draft is kept with probability Σ_x min(p(x), q(x)), the **acceptance** (one
+# minus the total variation between p and q); a **point-mass** draft (the top-ranked code of q, as in the paper's tree)
+# is kept with the target mass p(x) of its code ([methods.md](../docs/methods.md#accept-and-reject-rules)).
 #
 # **The three drafters of Table 2** ([methods.md](../docs/methods.md#reused-heads)):
 #
@@ -40,10 +40,10 @@
 #    by every start depth: the draft for depth s + t is `lm_head[s+t-1](H_s + b_t)`. The offset moves `H_s` towards
 #    where the head of depth s + t expects its input; the verifier's own path is untouched.
 #
-# The paper reports (its Table 2, Qwen3-TTS-0.6B, a calibrated tree at its node budget) that the offsets recover
-# most of Medusa's gain over the reused heads for a vanishing share of Medusa's parameters; its values stand in the
-# columns labelled `paper: ...` of section 5 and are rendered in sections 5 and 10. Here the same comparison runs on
-# the shipped **embedded model**, a small Qwen3-TTS-class model trained offline on synthetic speech with a k-means codec: its
+# The paper reports (its Table 2, Qwen3-TTS-0.6B, a calibrated tree at its node budget) that the offsets recover most of
+# Medusa's gain over the reused heads for a vanishing share of Medusa's parameters; its values stand in the columns
+# labelled `paper: ...` of section 5 and are rendered in sections 5 and 10. Here the same comparison runs on the shipped
+# **embedded model**, a small Qwen3-TTS-class model trained offline on synthetic speech with a k-means codec: its
 # numbers are its own, and the paper's values appear only in columns and panels labelled as the paper's.
 #
 # The sections:
@@ -521,15 +521,15 @@ pd.DataFrame(headroom_table)
 # ## 8. Point-mass or sampled drafts on this model
 #
 # **Question:** does a tree of top-ranked drafts at the paper's node budget commit more or fewer codes per call here
-# than a chain of a few sampled ones, and why? **How:** a point-mass child of rank r is kept with the target mass of
-# its code, E[p(x_r)]; a sampled draft is kept with Σ_x min(p, q) however flat p is ([glossary](../docs/glossary.md#speculative-decoding)). The
-# table puts them side by side, per offset, for the reused heads and the deployed offsets: `sampled` is the
-# acceptance of one sampled draft, `rank0`.. the chance that the rank-r draft is the verified code, and
-# `top_ranks_total` their sum over the tabulated ranks, the most that many point-mass children of one node could
-# catch. Left panel: the same for the reused heads. Right panel: what the calibrations predict for whole trees,
-# E(N) at every budget, for point-mass children (the paper's) and for sampled children drawn from q without
-# replacement ([methods.md](../docs/methods.md#sampled-trees)), with the point-mass trees of N = 32 measured in
-# section 5 (filled markers).
+# than a chain of a few sampled ones, and why? **How:** a point-mass child of rank r is kept with the target mass of its
+# code, E[p(x_r)]; a sampled draft is kept with Σ_x min(p, q) however flat p is
+# ([glossary](../docs/glossary.md#speculative-decoding)). The table puts them side by side, per offset, for the reused
+# heads and the deployed offsets: `sampled` is the acceptance of one sampled draft, `rank0`.. the chance that the rank-r
+# draft is the verified code, and `top_ranks_total` their sum over the tabulated ranks, the most that many point-mass
+# children of one node could catch. Left panel: the same for the reused heads. Right panel: what the calibrations
+# predict for whole trees, E(N) at every budget, for point-mass children (the paper's) and for sampled children drawn
+# from q without replacement ([methods.md](../docs/methods.md#sampled-trees)), with the point-mass trees of N = 32
+# measured in section 5 (filled markers).
 
 # %%
 rank_shown = [r for r in tables["rank"] if r["drafter"] in ("heads", deployed)]

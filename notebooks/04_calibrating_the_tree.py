@@ -622,8 +622,8 @@ bullets += [
     "on q's top codes than the embedded model's does"
     + (" (section 8: point-mass trees gain as p sharpens)" if pm_gains else "") + f", and a best N "
     f"of {PAPER_BUDGET} needs a device on which a call of {PAPER_BUDGET} positions costs little more than one "
-    f"(here, {n_top} positions cost {min(flat.values()):.2f}x-{max(flat.values()):.2f}x). The speedups of {compare_model} above are projections "
-    "from the embedded model's acceptance; notebook 07 times the released size's frames as a timing replay.",
+    f"(here, {n_top} positions cost {min(flat.values()):.2f}x-{max(flat.values()):.2f}x). The speedups of "
+    f"{compare_model} above are projections from the embedded model's acceptance; notebook 07 times the released size's frames as a timing replay.",
 ]
 display(Markdown("\n".join(bullets)))
 print(f"total {summary['timings_s']['total']:.0f} s")

@@ -575,7 +575,8 @@ line += (". Why: SSD's tolerance keeps drafts more often than p allows, so the c
             if code_caught and not wer_caught else
             "; here the WER test flagged it too." if code_caught and wer_caught else
             "; here only the WER test flagged it." if wer_caught else ".")
-         + (" Whether a miss is a matter of sample size, section 7 says: how many codes it would take." if missed else ""))
+         + (" Whether a miss is a matter of sample size, section 7 says: how many codes it would take."
+            if missed else ""))
 summary.append(line)
 if pm_tpc and en:
     chain_t = en["tokens_per_call"][CHAIN]["value"]

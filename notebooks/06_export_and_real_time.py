@@ -510,8 +510,8 @@ told.append(
     "talker, code-predictor and codec times per call above hold for it (the replay already runs the real-size "
     "shapes). What changes is acceptance: the replay used the embedded model's reused-heads acceptance, while the "
     f"paper reports {PAPER_TOKENS_PER_CALL} tokens per call for its offsets (paper). More codes per call shrink the "
-    "inner loop only; the frame then leans even more on the talker and the codec decoder, so the whole-frame gain stays below the "
-    "inner loop's.")
+    "inner loop only; the frame then leans even more on the talker and the codec decoder, so the whole-frame gain "
+    "stays below the inner loop's.")
 display(Markdown("\n".join(told)))
 
 # %%

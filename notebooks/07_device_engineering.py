@@ -159,6 +159,7 @@ display(pd.DataFrame(backend_table()))
 # position after a KV prefix, then `codec_head`), the other half of a frame, timed the same way
 # (`rvqspec_lib.eval.talker_bench.bench_talker_precisions`): the official step and the native one, at two context
 # lengths. Its floor counts the weights; the KV cache it attends adds bytes as the context grows.
+
 # %%
 lm = load_model(model)
 random_weights = bool(lm.is_random)

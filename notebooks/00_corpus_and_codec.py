@@ -358,9 +358,10 @@ for item in listening:
 # **How.** Over the frames of all held-out sentences, the table decoder's reconstruction from the first `k` codebooks
 # is compared with the frame vectors: the **variance left** is the mean squared residual over the frames' variance
 # about their mean (`rvqspec_lib.eval.codec_quality.residual_variance`). The yardstick is information theory: a
-# stage is one choice among 2048 entries, 11 bits, spread over every dimension of the frame vector. If the residual
-# had no structure left (an isotropic Gaussian), even the best possible quantiser of 11 bits could shrink its
-# variance only by the factor 2^(−2·11/d) for a d-dimensional vector (Shannon's distortion-rate function;
+# stage is one choice among the codebook's entries, b = log2(codebook size) bits (section 2 prints both for this
+# codec), spread over every dimension of the frame vector. If the residual had no structure left (an isotropic
+# Gaussian), even the best possible quantiser of b bits could shrink its variance only by the factor 2^(−2b/d) for a
+# d-dimensional vector (Shannon's distortion-rate function;
 # `unstructured_stage_factor`). A stage that removes about that share is quantising noise; a stage that removes much
 # more has found structure.
 
@@ -559,9 +560,10 @@ lines = [
     f"{wer['unquantised']:.3f} after the inversion only, and through the {codec.decoder_kind} decoder "
     + ", ".join(f"{wer[f'k={k}']:.3f} with {k}" for k in run_codebooks if k in (k_lo, k4, k_hi))
     + " codebooks. "
-    + (f"The stages past the first {k4} still lower WER by {w4 - wer[f'k={k_hi}']:.3f}: each removes a sliver of "
-       "the variance, but together they carry detail the recogniser uses."
-       if w4 is not None and w4 - wer[f"k={k_hi}"] > 3 / rows["original"]["ref_words"]
+    + (f"The stages past the first {k4} change WER by {wer[f'k={k_hi}'] - w4:+.3f}, more than three words: "
+       + ("each removes a sliver of the variance, but together they carry detail the recogniser uses."
+          if wer[f"k={k_hi}"] < w4 else "adding them made the recogniser's job harder here.")
+       if w4 is not None and abs(w4 - wer[f"k={k_hi}"]) > 3 / rows["original"]["ref_words"]
        else f"Past the first {k4} codebooks WER changes by a few words at most." if w4 is not None else "")
     + f" With {rows['original']['ref_words']} words, differences of a few words are within the noise of the "
       f"measure.",
@@ -575,10 +577,18 @@ lines = [
     f"stages to carry audible detail (timbre, breath, fine pitch structure) and its per-stage share to stay above "
     f"the structureless rate for longer than here; and because code 0 is a separate semantic codebook, we expect "
     f"more of the words to be fixed by code 0 alone than by this codec's first stage.",
-    f"* **Why it matters for speculation (inference; notebooks 01, 03 and 04 measure it).** The inner loop drafts "
-    f"codes 1..15. Where those codes are close to noise, as here, the code predictor's target p for them is flat: a "
-    f"top-ranked draft is right only rarely, while a draft sampled from a similarly flat q is kept with probability "
-    f"1 − TV(p, q), which can stay high ([glossary](../docs/glossary.md), point-mass vs sampled children). On the "
-    f"released codec, with more structure in the deep codes, p is sharper and top-ranked drafts fare better.",
+    "* **Why it matters for speculation (inference; notebooks 01, 03 and 04 measure it).** The inner loop drafts "
+    "codes 1..15: a drafter guesses a later code from a draft distribution **q**, and the code predictor checks it "
+    "against its own distribution for that code, the target **p**; TV(p, q) is their total-variation distance, "
+    "half the summed absolute difference. A **point-mass** draft takes q's top code and is kept with probability "
+    "p of that code; a **sampled** draft is drawn from q and kept with probability 1 − TV(p, q) "
+    "([glossary](../docs/glossary.md#speculative-decoding), point-mass vs sampled children). "
+    + ("Where the deep codes are close to noise, as the bound above says of this codec's, p for them is flat: a "
+       "top-ranked draft is right only rarely, while a draft sampled from a similarly flat q can still be kept "
+       "often. On the released codec, if its deep codes carry more structure, p is sharper and top-ranked drafts "
+       "fare better."
+       if deep_removed < 1.5 * ref_removed else
+       "This codec's deep stages still remove clearly more than the structureless bound, so the bound alone does "
+       "not say that p is flat for them; notebooks 03 and 04 measure how point-mass and sampled drafts fare."),
 ]
 display(Markdown("\n".join(lines)))

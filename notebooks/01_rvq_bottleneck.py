@@ -21,24 +21,28 @@
 # **The two loops** ([glossary](../docs/glossary.md), [docs/model.md](../docs/model.md#two-nested-loops)).
 # Qwen3-TTS (12 Hz models) generates speech with two nested autoregressive loops:
 #
-# * the outer loop, the **talker** (28 layers): one call per codec **frame**, 12.5 frames a second (one frame is
-#   80 ms of audio). Each call emits **code 0** of the frame, the first of its 16 residual codebooks;
-# * the inner loop, the **code predictor** (5 layers): emits **codes 1..15** of the same frame, **one sequential
-#   call each** (a 2-position prefill gives code 1, then one call per further code). Its cache restarts every frame.
+# * the outer loop, the **talker** (the deep model: the released 0.6B config's 28 layers,
+#   [model.md](../docs/model.md#two-nested-loops); section 1 prints the loaded model's): one call per codec
+#   **frame**, 12.5 frames a second (one frame is 80 ms of audio). Each call emits **code 0** of the frame, the
+#   first of its 16 residual codebooks;
+# * the inner loop, the **code predictor** (the released config's 5 layers): emits **codes 1..15** of the same
+#   frame, **one sequential call each** (a 2-position prefill gives code 1, then one call per further code). Its
+#   cache restarts every frame.
 #
 # So one frame costs one talker call plus fifteen code-predictor calls, and real time needs
 # `frame_rate_hz × n_code_groups` sequential model calls a second. The inner loop makes fifteen of every sixteen
 # calls: it is what the paper speeds up, by drafting several codes and checking them in **one verify call** over
-# `Q` query positions ([methods.md](../docs/methods.md#reporting-speed)). Whether that pays depends on how the cost
-# of one call grows with `Q` on a given device, the **verify cost curve** `t(Q) / t(1)`, and on how many codes a
-# call commits on average, the **tokens per call**.
+# `N` query positions, root included: the **node budget** N, the last committed code plus N − 1 drafts
+# ([glossary](../docs/glossary.md#speculative-decoding), [methods.md](../docs/methods.md#reporting-speed)). Whether
+# that pays depends on how the cost of one call grows with `N` on a given device, the **verify cost curve**
+# `t(N) / t(1)`, and on how many codes a call commits on average, the **tokens per call**.
 #
 # The sections:
 #
 # 1. the model and its config;
 # 2. the two loops, drawn from the configs (Figure 1's analogue);
 # 3. calls per second for real time, from the config, at a given tokens per call;
-# 4. measured latency of a talker step and of a code-predictor call of `Q` positions on the real-size 0.6B
+# 4. measured latency of a talker step and of a code-predictor call of `N` positions on the real-size 0.6B
 #    architecture, through the official modules and the native forward;
 # 5. the inner loop's share of a frame, measured and predicted from the bytes each call reads;
 # 6. the verify cost curve;
@@ -55,7 +59,7 @@
 # %% tags=["parameters"]
 model = "qwen3-tts-0.6b-random"  # real-size 0.6B architecture, RANDOM weights (timing only)
 seed = 0  # seed of the random weights and of the random input embeddings
-smoke = False  # True: tiny-random model, 2 repeats, Q up to 16 (headless test)
+smoke = False  # True: tiny-random model, 2 repeats, N up to 16 (headless test)
 out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
 repeats = 10  # the MINIMUM of timed calls per measurement (median reported; more until noise_target is met)
 noise_target = 0.05  # time each call until its median's relative standard error is at most this, or 4 x repeats
@@ -71,8 +75,6 @@ own_decoders = ("chain:4", "chain:8", "tree:calibrated-point-mass:16", "tree:cal
                 "tree:calibrated-sampled:16", "tree:calibrated-sampled:32", "paper:16", "paper:32")
 
 # %%
-import json
-
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
@@ -91,7 +93,7 @@ from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS, loop_facts
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.models.named_decoders import has_paper_decoder
 
-# smoke: the tiny model (unless another model was asked for), few repeats, Q up to 16
+# smoke: the tiny model (unless another model was asked for), few repeats, N up to 16
 run_model = "tiny-random" if smoke and model == "qwen3-tts-0.6b-random" else model
 run_repeats = min(int(repeats), 2) if smoke else int(repeats)
 run_noise_target = None if smoke else noise_target  # smoke: the fixed small count (fast)
@@ -172,23 +174,24 @@ display(Markdown(
 # %% [markdown]
 # A speculative inner loop that commits `tpc` codes per inner call on average (its **tokens per call**, the prefill
 # call counted) needs `frame_rate_hz × (1 + (n_code_groups − 1) / tpc)` calls a second. The table runs a few values
-# of `tpc`; the paper's reported 2.47 is one of them, labelled as the paper's.
+# of `tpc`; the paper's reported value is one of them, labelled as the paper's (the caption renders it).
 
 # %%
 budget = pd.DataFrame(latency.budget_table(frame_rate_hz, n_code_groups, latency.DEFAULT_TOKENS_PER_CALL))
 save_table(budget, out / "01_call_budget", prov,
-           caption="calls per second for real time at a given tokens per call, from the config; 2.47 is the "
-                   "paper's reported value (quoted), the others are settings")
+           caption=f"calls per second for real time at a given tokens per call, from the config; "
+                   f"{latency.PAPER_TOKENS_PER_CALL} is the paper's reported value (quoted), the others are settings")
 budget
 
 # %% [markdown]
-# ## 4. Measured latency: a talker step against a code-predictor call of `Q` positions
+# ## 4. Measured latency: a talker step against a code-predictor call of `N` positions
 # **The question.** How long does each call take on this CPU, and how much more does a code-predictor call cost
-# when it carries `Q` query positions (the verify call of a tree of `Q` nodes) instead of one?
+# when it carries `N` query positions (the verify call of a tree of `N` − 1 drafted nodes and the root) instead
+# of one?
 #
 # **How** (`rvqspec_lib.eval.latency.bench_model`). One talker step (one new position after `talker_context` cached
-# positions, then `codec_head`) and one code-predictor call of `Q` query positions after a cache of `prefix_len`
-# positions (projection, 5 layers, one head over the `Q` positions), every call one condition of ONE interleaved
+# positions, then `codec_head`) and one code-predictor call of `N` query positions after a cache of `prefix_len`
+# positions (projection, its layers, one head over the `N` positions), every call one condition of ONE interleaved
 # run, so that a change of machine load hits all of them alike ([style.md](../docs/style.md#benchmarks)). Each
 # pair is timed twice over: through the **official** modules, and through the **native** forward (the talker step
 # and the code-predictor call each one C call over packed copies of the weights,
@@ -251,10 +254,10 @@ display(Markdown("\n".join(
       f"**{by_bytes['inner_share']:.1%}** of the frame."))
 
 # %% [markdown]
-# ## 6. The verify cost curve `t(Q) / t(1)`
-# **The question.** A verify call over `Q` nodes replaces up to `Q` sequential calls only if it costs much less than
-# `Q` calls. How does its cost grow? **How.** The medians of section 4, each over the same pair's `t(1)`. The dotted
-# line `y = Q` is a device with no parallelism left; a flat curve means the extra positions ride along with the
+# ## 6. The verify cost curve `t(N) / t(1)`
+# **The question.** A verify call over `N` positions replaces up to `N` sequential calls only if it costs much less
+# than `N` calls. How does its cost grow? **How.** The medians of section 4, each over the same pair's `t(1)`. The
+# dotted line `y = N` is a device with no parallelism left; a flat curve means the extra positions ride along with the
 # weights the call streams anyway. The node budget of a draft tree must be chosen against this curve, per device
 # (notebook 04 does it).
 
@@ -268,7 +271,7 @@ plt.show()
 # **The question.** The later notebooks measure acceptance on `compare_model`, the small Qwen3-TTS-class model
 # trained here (`data/embedded`, see its MODEL_CARD.md). How do its calls compare? **How.** The same timing on it:
 # same two loops, same frame rate and codebooks, so the same calls a second, but much smaller layers, so each call
-# is cheaper and its weights fit in the CPU's caches. Its milliseconds do not transfer to the real model; its
+# should be cheaper (the table says by how much). Its milliseconds do not transfer to the real model; its
 # tokens per call are its own too (section 8).
 
 # %%
@@ -296,7 +299,14 @@ compared_df
 # `compare_model` (trained weights: acceptance needs them) decoded by each decoder of `own_decoders`, built by name
 # through the resolver: chains of sampled drafts, the reused heads' calibrated trees with **point-mass** children
 # (top-ranked drafts, the paper's kind) and with **sampled** children, and the paper's decoder `paper:N` (the
-# position-aware offsets trained here with their own calibrated point-mass tree) where the model ships it. The
+# position-aware offsets trained here with their own calibrated point-mass tree) where the model ships it. In one
+# line each ([glossary](../docs/glossary.md#speculative-decoding), [drafters](../docs/glossary.md#drafters)): the
+# **reused heads** draft a later depth by applying the code predictor's own head of that depth to the current hidden
+# state; the **offsets** add a small learned vector per offset (how far past the last committed depth the draft
+# reaches) before that head (notebook 03 trains them); a **calibrated tree** is the tree of N query positions whose
+# shape maximises the expected codes per call on a calibration split (notebook 04); a **point-mass** child is a
+# top-ranked draft, kept with the target's probability of its code, a **sampled** child is drawn from q and kept with
+# min(1, p/q); `paper:N` is the offsets drafter with its own calibrated point-mass tree of node budget N. The
 # paper's value stands in its own labelled columns. One colour per decoder family, as in every figure of the
 # companion.
 
@@ -476,16 +486,17 @@ if own:
     lines.append("".join(parts))
     if best_pm and best_sp:
         lines.append(
-            f"* **Why point-mass trees do "
+            "* **Why point-mass trees do "
             + ("worse" if best_pm["tokens_per_call"] < best_sp["tokens_per_call"] else "better")
             + " here than sampled ones (mechanism, with inference).** A point-mass child is kept with the target's "
             "probability of its one code, p(x); a sampled child with 1 − TV(p, q), however flat p is "
-            "([glossary](../docs/glossary.md)). Notebook 00 showed that this companion's codec leaves its deep "
-            "codes close to noise, so the code predictor's targets for them are flat and no single code carries "
-            "much mass: "
-            + ("top-ranked drafts are rarely right, while sampled drafts from a similarly flat q are often kept. "
+            "([glossary](../docs/glossary.md#speculative-decoding)). Notebook 00 (section 4) tests whether this "
+            "companion's codec leaves its deep codes close to noise; where it does, the code predictor's targets "
+            "for them are flat and no single code carries much mass, and "
+            + ("the ordering measured here is what that predicts: top-ranked drafts are rarely right, while sampled "
+               "drafts from a similarly flat q are often kept. "
                if best_pm["tokens_per_call"] < best_sp["tokens_per_call"] else
-               "even so, the top-ranked drafts are right often enough here. ")
+               "the ordering measured here says the top-ranked drafts are right often enough anyway. ")
             + "*Inference:* on the released model, whose codec is learned end to end, the targets should be sharper "
               "and point-mass trees should fare much better, as the paper's reported value suggests; notebooks 03 "
               "and 04 measure acceptance by depth and rank on this model.")

@@ -20,28 +20,29 @@
 # tokens per call for the fewest added parameters?** The words in bold are defined where they first appear;
 # [the glossary](../docs/glossary.md) collects them all.
 #
-# **Drafts from `H_k`.** The code predictor emits the codes of **depths** 1..15 of a frame one call each. After the
-# call that produced the code of depth k, its hidden state at that position, **`H_k`**, is all a **drafter** sees: from
-# it, the drafter gives a draft distribution **q** for each later depth k + j, where j = 1..K is the **draft offset**
-# (K = 3 in the paper). One verify call then checks the drafts against the verifier's distribution **p**. A sampled
-# draft is kept with probability Σ_x min(p(x), q(x)), the **acceptance** (one minus the total variation between p
-# and q); a **point-mass** draft (the top-ranked code of q, as in the paper's tree) is kept with the target mass p(x)
-# of its code ([methods.md](../docs/methods.md#accept-and-reject-rules)).
+# **Drafts from `H_s`.** The code predictor emits the codes of **depths** j = 1..15 of a frame one call each. After the
+# call that produced the code of the **start depth** s (the last committed code), its hidden state at that position,
+# **`H_s`**, is all a **drafter** sees: from it, the drafter gives a draft distribution **q** for each later depth
+# s + t, where t = 1..K is the **draft offset** (K = 3 in the paper; letters as in
+# [the glossary](../docs/glossary.md#speculative-decoding)). One verify call then checks the drafts against the
+# verifier's distribution **p**. A sampled draft is kept with probability Σ_x min(p(x), q(x)), the **acceptance** (one
+# minus the total variation between p and q); a **point-mass** draft (the top-ranked code of q, as in the paper's tree)
+# is kept with the target mass p(x) of its code ([methods.md](../docs/methods.md#accept-and-reject-rules)).
 #
 # **The three drafters of Table 2** ([methods.md](../docs/methods.md#reused-heads)):
 #
 # 1. **Reused heads** (row (i)): the code predictor owns one output head per depth, all reading the same residual
-#    stream, so `lm_head[k+j-1](H_k)` is a draft for depth k + j. No parameter is added. Its weakness: that head was
-#    trained on `H_{k+j}`, not on `H_k`.
-# 2. **Medusa heads** (row (ii), Cai et al. 2024): a fresh head per (start depth k, offset j), `head[k, j](H_k)`,
+#    stream, so `lm_head[s+t-1](H_s)` is a draft for depth s + t. No parameter is added. Its weakness: that head was
+#    trained on `H_{s+t}`, not on `H_s`.
+# 2. **Medusa heads** (row (ii), Cai et al. 2024): a fresh head per (start depth s, offset t), `head[s, t](H_s)`,
 #    initialised from the reused head and trained. Flexible, but each is as large as an LM head.
 # 3. **Position-aware offsets** (row (iii), the paper's method): K learned vectors b_1..b_K of the hidden size, shared
-#    by every start depth: the draft for depth k + j is `lm_head[k+j-1](H_k + b_j)`. The offset moves `H_k` towards
-#    where the head of depth k + j expects its input; the verifier's own path is untouched.
+#    by every start depth: the draft for depth s + t is `lm_head[s+t-1](H_s + b_t)`. The offset moves `H_s` towards
+#    where the head of depth s + t expects its input; the verifier's own path is untouched.
 #
-# The paper reports, on Qwen3-TTS-0.6B with a calibrated tree of N = 32 nodes, 1.70 tokens per call for the reused
-# heads, 2.60 for Medusa heads (about 94 M parameters) and 2.47 for the offsets (3,072 parameters): the offsets
-# recover most of Medusa's gain for a vanishing share of its size. Here the same comparison runs on the shipped
+# The paper reports (its Table 2, Qwen3-TTS-0.6B, a calibrated tree at its node budget) that the offsets recover most of
+# Medusa's gain over the reused heads for a vanishing share of Medusa's parameters; its values stand in the columns
+# labelled `paper: ...` of section 5 and are rendered in sections 5 and 10. Here the same comparison runs on the shipped
 # **embedded model**, a small Qwen3-TTS-class model trained offline on synthetic speech with a k-means codec: its
 # numbers are its own, and the paper's values appear only in columns and panels labelled as the paper's.
 #
@@ -53,8 +54,8 @@
 # 4. acceptance by draft offset and by depth (the paper's Figure 3, here);
 # 5. Table 2: each drafter with its own calibrated tree;
 # 6. is the margin over the reused heads real? a paired interval;
-# 7. how much room is there? the best any drafter from `H_k` could do;
-# 8. why the paper's point-mass tree is weak on this model;
+# 7. how much room is there? the best any drafter from `H_s` could do;
+# 8. point-mass or sampled drafts: which does better on this model, and why;
 # 9. a chain of sampled drafts across windows;
 # 10. what this notebook showed, and why.
 
@@ -69,7 +70,8 @@ n_val_frames = 150  # validation frames: early stopping, the learning rate and t
 n_eval_frames = 200  # evaluation frames (sampled across the whole shipped evaluation split)
 epochs = 12  # maximum epochs (early stopping on validation acceptance, best epoch kept)
 patience = 2  # epochs without validation improvement before stopping
-batch_size = 64  # frames per optimiser step (each frame gives 14 start depths x K offsets)
+batch_size = 64  # frames per optimiser step (each frame gives 14 start depths x K offsets: of the 15 depths,
+# s = 1..14 have a later depth to draft, offsets t >= 1; pairs with s + t > 15 drop out)
 K = 3  # offsets drafted by the trained drafters (paper: 3)
 train_kl = True  # also train offsets with the KL loss
 train_tv = True  # also train offsets on one minus the exact acceptance (total variation, q warped as deployed)
@@ -81,7 +83,7 @@ offsets_lrs = (1e-2, 1e-3, 3e-4)  # Adam learning rates tried for each offsets l
 tree_budgets = (2, 4, 8, 16, 32, 64)  # node budgets of each drafter's own calibrated trees (32: the paper's)
 n_calibration_frames = 100  # calibration-split frames each drafter's trees are calibrated on
 calibration_draws = 1  # Monte Carlo draws of the sampled children per calibration row (the sampled trees' table)
-headroom_frames = 50  # evaluation frames for the headroom of H_k-only drafters (Monte Carlo over continuations)
+headroom_frames = 50  # evaluation frames for the headroom of H_s-only drafters (Monte Carlo over continuations)
 headroom_samples = 8  # sampled continuations per (frame, start depth)
 save_to_model = False  # True (not smoke): also deploy the offsets beside the model (<model>/drafters/); `make paper`
 #                        leaves the shipped model as it is, so the later notebooks read the committed drafters
@@ -217,7 +219,7 @@ data_table
 # %% [markdown]
 # ## 2. Training the drafters
 #
-# **Question:** can a drafter learn to guess depth k + j from `H_k` better than the reused heads? **How:** only the
+# **Question:** can a drafter learn to guess depth s + t from `H_s` better than the reused heads? **How:** only the
 # drafter's own parameters move (Adam; the code predictor is frozen), on teacher-forced hidden states and the true
 # codes that follow, as in the paper ([methods.md](../docs/methods.md#position-aware-offsets)). Three losses, because
 # they reward different things:
@@ -229,7 +231,7 @@ data_table
 #
 # The offsets are trained with all three; Medusa heads with CE (Medusa-1's) and with TV. **Epoch 0** is the
 # untrained drafter, which IS the reused heads (zero offsets; Medusa heads copied from the LM heads). After every
-# epoch, the exact validation acceptance per offset j is measured; training keeps the epoch with the highest mean
+# epoch, the exact validation acceptance per offset t is measured; training keeps the epoch with the highest mean
 # (a lower loss does not always mean more accepted drafts). Each offsets loss is trained at every rate of
 # `offsets_lrs` and the validation acceptance picks the rate: too large a rate overshoots in the first epoch, early
 # stopping then keeps epoch 0, and that would wrongly read as "this loss cannot help"
@@ -330,11 +332,11 @@ display(Markdown(
 #
 # **Question:** where do the drafters differ? **How:** on the evaluation frames, every drafter is run with the same
 # decoders (chains of windows 2..8 and a small fixed tree) by `decode_frame`, and one teacher-forced pass over the
-# codes a decoder committed (samples of p) gives the exact tables: for every start depth k and offset j, the
+# codes a decoder committed (samples of p) gives the exact tables: for every start depth s and offset t, the
 # acceptance of a sampled draft E[Σ_x min(p, q)] and the target mass of the draft's rank-r code
 # (`rvqspec_lib.eval.drafter_table.evaluate_drafters`). No sampling noise enters the exact tables. The paper's
-# Figure 3 shows what an offset does: the draft for depth k + j made from `H_k + b_j` instead of `H_k`. Below, the
-# acceptance by offset j for the reused heads and each offsets loss (left) and each one's gain over the reused heads
+# Figure 3 shows what an offset does: the draft for depth s + t made from `H_s + b_t` instead of `H_s`. Below, the
+# acceptance by offset t for the reused heads and each offsets loss (left) and each one's gain over the reused heads
 # (right). Past K every drafter falls back to the reused head, so those offsets coincide.
 
 # %%
@@ -357,8 +359,8 @@ plt.show()
 pd.DataFrame(tables["by_offset"])
 
 # %% [markdown]
-# By drafted depth k + j (offsets j ≤ K pooled), every drafter: one shared vector per offset moves every depth alike,
-# so where the offsets help, the gain should show at every depth.
+# By drafted depth j = s + t (offsets t ≤ K pooled), every drafter: one shared vector per offset moves every depth
+# alike, so where the offsets help, the gain should show at every depth.
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.8), constrained_layout=True)
@@ -366,7 +368,7 @@ depth = [r["depth"] for r in tables["by_depth"]]
 for lab in drafters:
     ax.plot(depth, [r[lab] for r in tables["by_depth"]], ms=4, mfc="none", label=lab, **drafter_style(lab))
 ax.set_xticks(depth)
-ax.set_xlabel("drafted depth k + j")
+ax.set_xlabel("drafted depth j = s + t")
 ax.set_ylabel("exact acceptance of a sampled draft")
 ax.grid(alpha=0.3)
 ax.legend(fontsize=7, ncol=2)
@@ -391,8 +393,9 @@ plt.show()
 # (`best_N`; E(N) of a greedy tree never falls as N grows, and which N is fastest is notebook 04's question), the
 # calibration's prediction for the same drafter's **sampled** tree of N = 32 (children drawn from q, section 8),
 # the best chain measured (section 9), and the parameters added, as a share of this model and counted for the
-# released 0.6B code predictor (our Medusa has one head per (start depth, offset) with k + j ≤ 15; the paper counts
-# 45). The columns headed `paper: ...` quote the paper's Table 2; every other column is measured or counted here.
+# released 0.6B code predictor (our Medusa has one head per (start depth, offset) with s + t ≤ 15; the paper's count,
+# one per depth and offset, is slightly larger). The columns headed `paper: ...` quote the paper's Table 2; every
+# other column is measured or counted here.
 
 # %%
 t0 = time.perf_counter()
@@ -467,7 +470,7 @@ display(Markdown(
 #
 # **Question:** is a drafter's gain over the reused heads more than an accident of which frames were drawn? **How:**
 # on the SAME evaluation frames, per frame, the exact acceptance of a sampled draft averaged over every (start depth
-# k, offset j ≤ K), for the drafter and for the reused heads; the difference is averaged within each utterance and a
+# s, offset t ≤ K), for the drafter and for the reused heads; the difference is averaged within each utterance and a
 # 95% Student t interval is taken over utterances, since frames of one utterance are not independent
 # (`rvqspec_lib.eval.drafter_table.margin_rows`). The acceptance is computed from the probabilities, so no sampling
 # noise enters. An interval that excludes 0 says the gain is real; its size says whether it matters, and
@@ -490,13 +493,13 @@ display(Markdown(
 pd.DataFrame(margin)
 
 # %% [markdown]
-# ## 7. How much room is there? The best any drafter from `H_k` could do
+# ## 7. How much room is there? The best any drafter from `H_s` could do
 #
 # **Question:** is the offsets' gain small because they are weak, or because no drafter could do much better?
-# **How:** every drafter here (and all three of the paper's) drafts depth k + j from `H_k` alone, before codes
-# k..k+j-1 exist, so it is limited by how much the verifier's p for depth k + j changes with those codes.
+# **How:** every drafter here (and all three of the paper's) drafts depth s + t from `H_s` alone, before codes
+# s..s+t-1 exist, so it is limited by how much the verifier's p for depth s + t changes with those codes.
 # `rvqspec_lib.eval.headroom.drafter_headroom` measures that on the model itself: for each frame and start depth it
-# samples continuations from the verifier (deployed warping) and keeps each one's p for depth k + j. Then:
+# samples continuations from the verifier (deployed warping) and keeps each one's p for depth s + t. Then:
 #
 # * **ceiling**: the acceptance of the best possible q for those continuations (an exact maximisation; an upper
 #   bound, slightly optimistic with few samples);
@@ -515,18 +518,18 @@ save_table(headroom_table, out / "03_headroom", {**prov, "frames": headroom["n_f
 pd.DataFrame(headroom_table)
 
 # %% [markdown]
-# ## 8. Why the paper's point-mass tree is weak on this model
+# ## 8. Point-mass or sampled drafts on this model
 #
-# **Question:** why does a tree of 32 top-ranked drafts commit fewer codes per call here than a chain of a few
-# sampled ones? **How:** a point-mass child of rank r is kept with the target mass of its code, E[p(x_r)]; a sampled
-# draft is kept with Σ_x min(p, q) however flat p is ([glossary](../docs/glossary.md#speculative-decoding)). The
-# table puts them side by side, per offset, for the reused heads and the deployed offsets: `sampled` is the
-# acceptance of one sampled draft, `rank0`.. the chance that the rank-r draft is the verified code, and
-# `top_ranks_total` their sum over the tabulated ranks, the most that many point-mass children of one node could
-# catch. Left panel: the same for the reused heads. Right panel: what the calibrations predict for whole trees,
-# E(N) at every budget, for point-mass children (the paper's) and for sampled children drawn from q without
-# replacement ([methods.md](../docs/methods.md#sampled-trees)), with the point-mass trees of N = 32 measured in
-# section 5 (filled markers).
+# **Question:** does a tree of top-ranked drafts at the paper's node budget commit more or fewer codes per call here
+# than a chain of a few sampled ones, and why? **How:** a point-mass child of rank r is kept with the target mass of its
+# code, E[p(x_r)]; a sampled draft is kept with Σ_x min(p, q) however flat p is
+# ([glossary](../docs/glossary.md#speculative-decoding)). The table puts them side by side, per offset, for the reused
+# heads and the deployed offsets: `sampled` is the acceptance of one sampled draft, `rank0`.. the chance that the rank-r
+# draft is the verified code, and `top_ranks_total` their sum over the tabulated ranks, the most that many point-mass
+# children of one node could catch. Left panel: the same for the reused heads. Right panel: what the calibrations
+# predict for whole trees, E(N) at every budget, for point-mass children (the paper's) and for sampled children drawn
+# from q without replacement ([methods.md](../docs/methods.md#sampled-trees)), with the point-mass trees of N = 32
+# measured in section 5 (filled markers).
 
 # %%
 rank_shown = [r for r in tables["rank"] if r["drafter"] in ("heads", deployed)]
@@ -565,7 +568,7 @@ ax1.legend(fontsize=6)
 ax1.set_title("whole trees: calibrated E(N), point-mass vs sampled children", fontsize=9)
 for ax in (ax0, ax1):
     ax.grid(alpha=0.3)
-fig.suptitle(f"Why top-ranked drafts are weak on {run_model} ({len(eval_frames)} evaluation frames, "
+fig.suptitle(f"Top-ranked against sampled drafts on {run_model} ({len(eval_frames)} evaluation frames, "
              f"{len(cal_frames)} calibration frames, {sampling_words(sampling)})", fontsize=10)
 save_figure(fig, out / "03_point_mass_vs_sampled", prov)
 plt.show()
@@ -644,7 +647,7 @@ save_json(metrics, out / "03_metrics.json", prov)
 heads_rank = {r["offset_j"]: r for r in tables["rank"] if r["drafter"] == "heads"}
 top1 = [heads_rank[j]["rank0"] for j in sorted(heads_rank)]
 samp = [heads_rank[j]["sampled"] for j in sorted(heads_rank)]
-chain_beats_tree = hd["chain_best"] > hd["tree_N32_tokens_per_call"]
+chain_beats_tree = pap["chain_best"] > pap["tree_N32_tokens_per_call"]  # the deployed drafter: the paper's tree
 hr_rows = {r["offset_j"]: r for r in headroom_table}
 capt = {lab: [hr_rows[j].get(f"{lab}_captured") for j in sorted(hr_rows)] for lab in drafters if lab != "heads"}
 best_capt = max(capt, key=lambda lab: np.nanmean(np.array(capt[lab], dtype=float)))
@@ -672,7 +675,7 @@ lines = [
     f"{best_off['difference']:+.4f} [95% CI {best_off['ci95_low']:+.4f}, {best_off['ci95_high']:+.4f}] with "
     f"{t2[best_off['drafter']]['added_params']:,} parameters; at N = {PAPER_BUDGET} its own tree commits "
     f"{t2[best_off['drafter']]['tree_N32_tokens_per_call']:.3f} against the heads' "
-    f"{hd['tree_N32_tokens_per_call']:.3f}. Of the gain a drafter from `H_k` could achieve (the marginal), the "
+    f"{hd['tree_N32_tokens_per_call']:.3f}. Of the gain a drafter from `H_s` could achieve (the marginal), the "
     f"best offsets ({off_capt}) capture {', '.join(pct(v) for v in capt[off_capt])} by offset; the drafter that "
     f"captures most is {best_capt} ({', '.join(pct(v) for v in capt[best_capt])}, "
     f"{t2[best_capt]['added_params']:,} parameters).",
@@ -688,7 +691,7 @@ lines = [
        "draft from an equally flat q matches p in distribution and is kept most of the time. "
        if chain_beats_tree else
        "A point-mass child is worth the target mass of one code, so top-ranked drafts pay when p is peaked. ")
-    + "A position-aware offset adds the same vector b_j to `H_k` at every start depth and in every state: it can "
+    + "A position-aware offset adds the same vector b_t to `H_s` at every start depth and in every state: it can "
       "undo a mismatch that is a shared shift, not a correction that depends on the state. "
     + (f"That the offsets capture little of the room here while {best_capt}, with a head per (start depth, offset) "
        "that sees the whole state, captures several times as much, says this model's mismatch is mostly "

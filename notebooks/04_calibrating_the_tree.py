@@ -24,8 +24,9 @@
 # offset and rank, a tree is grown from the most valuable nodes and pruned to a budget N chosen by hand per device
 # (its Figure 4). This notebook does the same on the embedded model and then times every decoder on this CPU.
 #
-# **Terms**, each defined in [docs/methods.md](../docs/methods.md#letters-and-indices): the **start depth s** is the
-# last committed code's index in the frame (1..15); a draft at **offset t** guesses the code of depth s + t; its
+# **Terms**, each defined in [the glossary](../docs/glossary.md#speculative-decoding) and
+# [docs/methods.md](../docs/methods.md#letters-and-indices): the **start depth s** is the last committed code's
+# **depth** j (its index in the frame, 1..15); a draft at **offset t** guesses the code of depth s + t; its
 # **rank r** is its place in the drafter's distribution q sorted by probability (r = 0: q's top code). p is always
 # the target (the code predictor), q the draft.
 #
@@ -36,13 +37,14 @@
 # * **sampled**: children drawn from q without replacement and kept by Sequoia's rule, exact too; one child is the
 #   chain's rule, kept with `sum min(p, q)`, and later children recover what is left of p.
 #
-# **What is measured, in order:** (1) what one node of each kind is worth, by start depth and offset; (2) the
-# greedy trees this gives for budgets N; (3) a calibrated tree beside the attention mask of its verify call, the
-# paper's Figure 2; (4) the tokens per call each tree is predicted to reach, E(N), against what it reaches on held-out
-# frames, for the reused heads calibrated here and for the shipped **offsets** with their own calibration, which is
-# **the paper's decoder** (`paper:N`); (5) the cost of a wider call, t(N)/t(1), through three backends, on the embedded
-# model and on the real-size 0.6B architecture; (6) the paper's Figure 4 here: every decoder timed beside every way
-# of running AR; (7) a temperature sweep: does a point-mass tree win when p is sharper?
+# **What is measured, in order** (section 1 loads the model): (§2) what one node of each kind is worth, by start
+# depth and offset; (§3) the greedy trees this gives for budgets N; (§4) a calibrated tree beside the attention mask
+# of its verify call, the paper's Figure 2; (§5) the tokens per call each tree is predicted to reach, E(N), against
+# what it reaches on held-out frames, for the reused heads calibrated here and for the shipped **offsets** with their
+# own calibration, which is **the paper's decoder** (`paper:N`); (§6) the cost of a wider call, t(N)/t(1), through
+# three backends, on the embedded model and on the real-size 0.6B architecture; (§7) the paper's Figure 4 here: every
+# decoder timed beside every way of running AR; (§8) a temperature sweep: does a point-mass tree win when p is
+# sharper?
 #
 # **Caveats.** The embedded model is small and trained here on synthetic speech; its acceptance rates are its own.
 # The 0.6B architecture has RANDOM weights here: its call costs are real, its outputs mean nothing, so its speedups
@@ -92,13 +94,14 @@ from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
-from rvqspec_lib.decoding.decoder_names import tree_from_calibration
+from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, tree_from_calibration
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.eval import plots
 from rvqspec_lib.eval import speed as S
 from rvqspec_lib.eval.calibration import (BUDGETS, KINDS, calibrate, calibration_frames, point_mass_overtakes,
                                           predicted_vs_measured, temperature_sweep)
 from rvqspec_lib.eval.inner_loop import default_sampling
+from rvqspec_lib.eval.latency import PAPER_TOKENS_PER_CALL
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.timing import measure_quietly
 from rvqspec_lib.eval.verify_calls import record_verify_calls
@@ -225,8 +228,8 @@ ratio_first = sp_tab[0, 0] / pm_tab[0, 0]
 ratio_pooled = np.nanmean(sp_tab[:, 0]) / np.nanmean(pm_tab[:, 0])
 display(Markdown(
     f"At offset 1 the first sampled child is kept with probability {sp_tab[0, 0]:.3f}, the top-ranked point-mass "
-    f"draft with {pm_tab[0, 0]:.3f}: **{ratio_first:.1f} times less** for the point-mass node "
-    f"({ratio_pooled:.1f} times less averaged over offsets). Further point-mass ranks add "
+    f"draft with {pm_tab[0, 0]:.3f}: the sampled child is kept **{ratio_first:.1f} times as often** as the "
+    f"point-mass node ({ratio_pooled:.1f} times as often averaged over offsets). Further point-mass ranks add "
     f"{pm_tab[0, 1]:.3f}, {pm_tab[0, 2]:.3f}, ... each (the target mass of codes q ranks lower), further sampled "
     f"children {sp_tab[0, 1]:.3f}, {sp_tab[0, 2]:.3f}, ... (the residual mass the first child missed). "
     + (f"Both fall with the offset (to {pm_tab[-1, 0]:.3f} and {sp_tab[-1, 0]:.3f} at offset {pm_tab.shape[0]}): a "
@@ -239,7 +242,7 @@ display(Markdown(
 # Pooled over start depths, each table grows a tree greedily (`rvqspec_lib.decoding.trees.grow_tree`): one node at
 # a time, the most valuable node whose parent is already in, where a node's value is the product of the table's
 # entries along its path. The tree of budget N is the first N − 1 nodes added, so every budget's tree extends the
-# smaller ones. Each is titled with E(N), the tokens per call it is predicted to reach over whole frames (section 4).
+# smaller ones. Each is titled with E(N), the tokens per call it is predicted to reach over whole frames (section 5).
 # Columns are draft offsets; labels are ranks (point-mass) or child indices (sampled).
 
 # %%
@@ -336,15 +339,17 @@ display(Markdown(" ".join(lines)))
 # %% [markdown]
 # ## 6. The cost of a wider call: t(N)/t(1) per backend
 #
-# A tree of N nodes commits E(N) codes per call, but its call processes N query positions. What matters is how the
+# A tree of N − 1 drafted nodes commits E(N) codes per call, but its call processes N query positions, the root
+# included. What matters is how the
 # call's time grows with N: the speedup over AR at the call level is E(N) × t(1) / t(N)
 # ([methods.md](../docs/methods.md#choosing-the-node-budget)). One verify call of N positions after a few committed
 # slots is timed through three backends of the registry (`rvqspec_lib.models.backends`): **official** (the
 # transformers module), **eager** (the lean forward over the same weights, plain tensor code) and **native** (the
 # whole call as one C function at the weight-streaming floor; [precision.md](../docs/precision.md#the-native-forward)),
 # on the embedded model and on the real-size 0.6B architecture (RANDOM weights: the cost is real, nothing else). A
-# CPU call of one position mostly streams the weights; extra positions reuse them, so t(N)/t(1) stays near one until
-# the arithmetic of N rows catches up with the streaming.
+# CPU call of one position mostly streams the weights; extra positions reuse them, so we expect t(N)/t(1) to stay
+# near one until the arithmetic of N rows catches up with the streaming; the table after the figure says how far it
+# rises here.
 #
 # The last panel is a **PROJECTION, not a measurement**: the 0.6B architecture's measured cost ratios times the
 # embedded model's calibrated expected codes per call (`rvqspec_lib.eval.speed.projected_speedup`); its title and the
@@ -547,6 +552,13 @@ pm_by_t = tpc_at["point-mass"]
 pm_gains = pm_by_t.loc[t_low] > pm_by_t.loc[max(pm_by_t.index)]
 gap_shrinks = (tpc_at.loc[t_low, "sampled"] - tpc_at.loc[t_low, "point-mass"]
                < tpc_at.loc[max(pm_by_t.index), "sampled"] - tpc_at.loc[max(pm_by_t.index), "point-mass"])
+paper_best_n = {}  # the paper's fastest node budget per device (quoted, plots.PAPER_DEVICE_SPEEDUPS)
+for r in plots.PAPER_DEVICE_SPEEDUPS:
+    d = r["device"].replace(" (paper, Core ML)", "")
+    if d not in paper_best_n or r["speedup"] > paper_best_n[d][1]:
+        paper_best_n[d] = (r["nodes"], r["speedup"])
+paper_best_n = {d: n for d, (n, _) in paper_best_n.items()}
+paper_at_budget = [r["speedup"] for r in plots.PAPER_DEVICE_SPEEDUPS if r["nodes"] == PAPER_BUDGET]
 summary = {
     "model": run_model, "n_codes": n_codes, "sampling": sampling.describe(), "calibration_frames": cal["n_frames"],
     "eval_frames": len(eval_frames), "trees_file": str(where), "paper_decoder": {
@@ -568,11 +580,14 @@ bullets = [
     f"{ratio_first:.1f} times as often as the top-ranked point-mass draft: a point-mass child is kept with p(x), and "
     f"this model's p puts {pm_tab[0, 0]:.3f} of its mass on q's top code on average, while a sampled child is kept "
     f"with sum min(p, q) = {sp_tab[0, 0]:.3f}.",
-    f"* **The trees (measured).** So the greedy builder spends a point-mass budget on siblings near the root and a "
-    f"sampled one on depth; on held-out frames the best point-mass tree commits {pm_best:.2f} codes per call, the "
+    "* **The trees (measured).** "
+    + ("So the greedy builder spends a point-mass budget on siblings near the root and a sampled one on depth; "
+       if ratio_first > 1 and pm_big.deepest_offset < sp_big.deepest_offset else "")
+    + f"on held-out frames the best point-mass tree commits {pm_best:.2f} codes per call, the "
     f"best sampled tree {sp_best:.2f}. E(N) from the calibration tables alone is within {100 * worst_err:.0f}% of "
-    f"every measurement" + (": a tree can be chosen without decoding." if worst_err < 0.1 else
-                            ": the independence of offsets it assumes costs accuracy on this model.")]
+    "every calibrated tree's measurement (chains are not predicted)"
+    + (": a tree can be chosen without decoding." if worst_err < 0.1 else
+       ": the independence of offsets it assumes costs accuracy on this model.")]
 if len(paper_tpc):
     gap = paper_tpc[n_max] / heads_pm[n_max] - 1
     bullets.append(
@@ -594,20 +609,21 @@ bullets += [
       "figure compares both on one clock.",
     "* **Best node budget (measured) against the paper's (quoted).** The best stepped speculative decoder of each "
     "backend here sits at N = " + ", ".join(f"{n} ({b})" for b, n in best_n.items())
-    + "; the paper reports N = 32 on an M3 Pro and an iPhone 17 Pro Max and N = 16 on an iPhone 12.",
+    + "; the paper's fastest N per device: " + ", ".join(f"N = {n} on {d}" for d, n in paper_best_n.items()) + ".",
     (f"* **Temperature (measured).** The point-mass tree overtakes the sampled tree at T "
      f"{', '.join(f'{t:g}' for t in overtake)}: as p sharpens its nodes gain what the sampled children already had."
      if overtake else
      f"* **Temperature (measured).** The point-mass tree overtakes the sampled tree at none of the temperatures "
      f"tried, down to T {t_low:g}" + (", though it gains on it as p sharpens." if gap_shrinks else ".")),
-    "* **What the RELEASED checkpoint should show.** The paper reports 2.47 tokens per call for its offsets with a "
-    "point-mass tree of N = 32 on the released 0.6B model, and 2.13x-2.34x at N = 32 on Apple devices. Inference, "
+    f"* **What the RELEASED checkpoint should show.** The paper reports {PAPER_TOKENS_PER_CALL} tokens per call for "
+    f"its offsets with a point-mass tree of N = {PAPER_BUDGET} on the released 0.6B model, and "
+    f"{min(paper_at_budget):.2f}x-{max(paper_at_budget):.2f}x at N = {PAPER_BUDGET} on Apple devices. Inference, "
     "not measured here: a point-mass tree reaches that only if the released code predictor's p puts far more mass "
     "on q's top codes than the embedded model's does"
     + (" (section 8: point-mass trees gain as p sharpens)" if pm_gains else "") + f", and a best N "
-    f"of 32 needs a device on which a call of 32 positions costs little more than one (here, {n_top} positions cost "
-    f"{min(flat.values()):.2f}x-{max(flat.values()):.2f}x). The speedups of {compare_model} above are projections "
-    "from the embedded model's acceptance; notebook 07 times the released size's frames as a timing replay.",
+    f"of {PAPER_BUDGET} needs a device on which a call of {PAPER_BUDGET} positions costs little more than one "
+    f"(here, {n_top} positions cost {min(flat.values()):.2f}x-{max(flat.values()):.2f}x). The speedups of "
+    f"{compare_model} above are projections from the embedded model's acceptance; notebook 07 times the released size's frames as a timing replay.",
 ]
 display(Markdown("\n".join(bullets)))
 print(f"total {summary['timings_s']['total']:.0f} s")

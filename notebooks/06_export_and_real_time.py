@@ -84,8 +84,9 @@ from rvqspec_lib.eval import export_check as X
 from rvqspec_lib.eval import pipeline as PL
 from rvqspec_lib.eval import speed as S
 from rvqspec_lib.eval.calibration import calibrate
+from rvqspec_lib.eval.latency import PAPER_TOKENS_PER_CALL
 from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS, plot_audio_vs_wall, plot_frame_parts, plot_speedup_vs_n
-from rvqspec_lib.eval.timing import measure_quietly, oversubscribed_note
+from rvqspec_lib.eval.timing import measure_quietly
 from rvqspec_lib.models import export_formats as F
 from rvqspec_lib.models.backends import available, backend_table, frame_runner, verify_backend
 from rvqspec_lib.models.frame import inner_sampling
@@ -93,6 +94,7 @@ from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.named_decoders import has_paper_decoder, resolve, resolve_all
 from rvqspec_lib.models.native_talker import NativeTalker
 from rvqspec_lib.models.streaming import synthesize_stream
+from rvqspec_lib.models.streaming_rvq import GL_LOOKAHEAD_FRAMES, LOOKAHEAD_FRAMES
 from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
 run_cost_model = "tiny-random" if smoke else cost_model
@@ -302,8 +304,10 @@ else:
 # For each model of `pipeline_models` and each precision this CPU runs natively (the whole talker, code predictor
 # included, converted; the official codec decoder in bfloat16 where the CPU runs it natively), three decoder rows:
 # **AR** (the native whole frame in one C call), the **best speculative** decoder (the fastest of chains and
-# calibrated trees; on the random-weight architecture stepped, its acceptance replayed) and **auto**'s choice
-# (`rvqspec_lib.eval.budget.choose_decoder`, timed on the spot). The three parts of a frame are timed in one
+# calibrated trees; on the random-weight architecture stepped, its acceptance replayed) and **auto**'s choice: what
+# `--decoder auto` picks by timing the candidate decoders and backends on this machine and keeping the least time per
+# committed code ([notebook 07 §4](07_device_engineering.py); `rvqspec_lib.eval.budget.choose_decoder`, timed on the
+# spot). The three parts of a frame are timed in one
 # interleaved run, on one thread, wall clock with the thread's CPU time beside it:
 #
 # * **talker**: one native talker step after a cached context, and its `codec_head`; floor: the bytes of its weights
@@ -313,11 +317,12 @@ else:
 # * **codec decoder**: one chunk of `chunk_frames` frames in steady state, per frame; floor: its matmul FLOPs over
 #   the core's measured peak rate in its dtype (the embedded codec's phase reconstruction has no floor here).
 #
-# From them: the frame on **one thread** (the sum: generation and decoding in turn) and on **all cores** (generation
-# and decoding overlapped: the larger of talker + inner loop and codec), their real-time factors, the parts' shares,
-# speculation's gain on the whole frame beside its gain on the inner loop, and what would move the frame further.
-# Then, at the fastest precision of each model, **measured streams** of a sentence on one thread and on all cores;
-# and **concurrent streams** batched. The public ports' own figures follow in rows of their own, quoted.
+# From them: the frame on **one thread** (the sum: generation and decoding in turn, the `_1t` columns) and on **both
+# cores** (2c, the `_2c` columns: generation and decoding overlapped, the larger of talker + inner loop and codec),
+# their real-time factors, the parts' shares, speculation's gain on the whole frame beside its gain on the inner loop,
+# and what would move the frame further. Then, at the fastest precision of each model, **measured streams** of a
+# sentence on one thread and on all cores; and **concurrent streams** batched. The public ports' own figures follow in
+# rows of their own, quoted.
 
 # %%
 pipe, pipe_quiet = measure_quietly(attempts=1, measure=lambda: PL.pipeline_table(
@@ -339,7 +344,7 @@ pd.DataFrame(PL.table_rows(pipe))[parts_cols + ["quoted_rtf", "quoted_ttfa_ms"]]
 
 # %%
 def fastest(model_name: str, row: str = "best speculative") -> dict | None:
-    """The row of ``model_name`` at its fastest precision (least frame on all cores)."""
+    """The row of ``model_name`` at its fastest precision (least frame on both cores, 2c)."""
     rs = [r for r in pipe["rows"] if r["model"] == model_name and r["row"] == row]
     return min(rs, key=lambda r: r["frame_2c_ms"]) if rs else None
 
@@ -367,8 +372,8 @@ for name in run_pipeline_models:
            f"{one['underruns']:.0f} underrun(s); on all cores {two['ttfa_ms']:.0f} ms, RTF {two['rtf']:.2f}, "
            f"{two['underruns']:.0f} underrun(s)." if one and two else "")
         + f" Against AR (the native whole frame), speculation runs the inner loop at {r['inner_gain']:.2f}× AR's "
-          f"speed and the whole frame at {r['frame_gain_1t']:.2f}× (one thread) and {r['frame_gain_2c']:.2f}× (all "
-          f"cores). What would move it further: {r['moves_frame']}.")
+          f"speed and the whole frame at {r['frame_gain_1t']:.2f}× (one thread) and {r['frame_gain_2c']:.2f}× (both "
+          f"cores, 2c). What would move it further: {r['moves_frame']}.")
 display(Markdown("\n".join(lines)))
 
 # %% [markdown]
@@ -378,7 +383,7 @@ display(Markdown("\n".join(lines)))
 # lasts. A part whose share is small against the others would support the paper's sentence; a large one would not.
 
 # %%
-fig = plot_frame_parts(pipe["rows"], title="the whole frame, part by part, one thread (diamond: all cores); "
+fig = plot_frame_parts(pipe["rows"], title="the whole frame, part by part, one thread (diamond: both cores, 2c); "
                                            "random-weight rows are TIMING REPLAYS" + (
                                                f"\n{pipe_quiet['note']}" if pipe_quiet["note"] else ""))
 save_figure(fig, out / "06_frame_parts", pipe_prov)
@@ -433,9 +438,10 @@ conc[["model", "precision", "row", "decoder", "layout", "batch", "frame_ms", "tt
 
 # %% [markdown]
 # ## Listen
-# The embedded model (trained) speaks `listen_text`, streamed: the native talker, the best speculative decoder of
-# the table in float32, chunks of `chunk_frames` frames decoded as they come by its own codec (three frames of
-# look-ahead), generation and decoding overlapped. The chunks are joined, written with their provenance, and played.
+# The embedded model (trained) speaks `listen_text`, streamed: the native talker, the best speculative decoder of the
+# table in float32, chunks of `chunk_frames` frames decoded as they come by its own codec (which waits a few frames of
+# look-ahead, printed below), generation and decoding overlapped. The chunks are joined, written with their provenance,
+# and played.
 
 # %%
 listen_lm = lm if model == EMBEDDED_MODEL else load_model(EMBEDDED_MODEL)
@@ -454,7 +460,8 @@ listen_path = save_audio(listen_wav, 24000, out / "06_listen", {**prov, "listen"
                                                                                  "underruns")}}})
 display(Markdown(f"{ls['frames']} frames ({ls['audio_s']:.2f} s), {label}{' (fused)' if fused else ''}: first audio "
                  f"{ls['ttfa_ms']:.0f} ms after the prompt, RTF {ls['rtf']:.2f}, {ls['underruns']} underrun(s), "
-                 f"{ls['tokens_per_call']:.2f} tokens per call."))
+                 f"{ls['tokens_per_call']:.2f} tokens per call; the codec waited {ls['lookahead_frames']} frame(s) "
+                 "of look-ahead."))
 Audio(filename=str(listen_path))
 
 # %% [markdown]
@@ -492,7 +499,8 @@ if emb:
     if e1:
         told.append(f"* **The embedded model (measured, trained).** Streamed on one thread: first audio "
                     f"{e1['ttfa_ms']:.0f} ms after the prompt, RTF {e1['rtf']:.2f}, {e1['underruns']:.0f} "
-                    "underrun(s); its codec's look-ahead of three frames is part of that wait.")
+                    f"underrun(s); its codec's look-ahead of {LOOKAHEAD_FRAMES + GL_LOOKAHEAD_FRAMES} frames "
+                    "(`StreamingRVQDecoder`'s default) is part of that wait.")
 conc_all = [s for s in pipe["sustained"] if s["layout"] == "all cores" and s["model"] == run_pipeline_models[0]]
 if conc_all:
     told.append("* **Concurrency (measured).** " + "; ".join(
@@ -501,9 +509,9 @@ told.append(
     "* **What the released checkpoint should show (inference, not measured).** Its weights change no shape, so the "
     "talker, code-predictor and codec times per call above hold for it (the replay already runs the real-size "
     "shapes). What changes is acceptance: the replay used the embedded model's reused-heads acceptance, while the "
-    "paper reports 2.47 tokens per call for its offsets (paper). More codes per call shrink the inner loop only; "
-    "the frame then leans even more on the talker and the codec decoder, so the whole-frame gain stays below the "
-    "inner loop's.")
+    f"paper reports {PAPER_TOKENS_PER_CALL} tokens per call for its offsets (paper). More codes per call shrink the "
+    "inner loop only; the frame then leans even more on the talker and the codec decoder, so the whole-frame gain "
+    "stays below the inner loop's.")
 display(Markdown("\n".join(told)))
 
 # %%

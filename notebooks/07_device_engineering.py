@@ -31,12 +31,12 @@
 # weights, built to run at the floor; the **fused** and **native whole frames** run all 15 codes of a frame as one
 # graph per round or one C call, removing the loop around the calls ([glossary](../docs/glossary.md#running-it-fast)).
 #
-# **What is measured, in order:** (1) the machine; (2) the code-predictor call and the talker step against their
-# floors, per precision, through the official module and the native forward; (3) batches of 1..16 frames, where the
-# gain of speculation vanishes; (4) `--decoder auto`, the per-device choice among decoders and backends; (5) the table
-# to act on: stepped AR, fused AR, the best speculative decoder, the fused speculative frame and auto, per precision
-# and backend, for the embedded model and the real-size 0.6B architecture, beside the floor and the public ports'
-# quoted figures; (6) the GPU leg, when its results exist. Every figure names the CPU it ran on.
+# **What is measured, in order:** (1) the machine; (2) the code-predictor call and the talker step against their floors,
+# per precision, through the official module and the native forward; (3) batches of 1..16 frames: whether, and where,
+# the gain of speculation vanishes; (4) `--decoder auto`, the per-device choice among decoders and backends; (5) the
+# table to act on: stepped AR, fused AR, the best speculative decoder, the fused speculative frame and auto, per
+# precision and backend, for the embedded model and the real-size 0.6B architecture, beside the floor and the public
+# ports' quoted figures; (6) the GPU leg, when its results exist. Every figure names the CPU it ran on.
 #
 # **Caveats.** The real-size 0.6B architecture has RANDOM weights: its call costs are real, its outputs mean nothing;
 # its speculative frames are a **timing replay** of the embedded model's acceptance
@@ -82,6 +82,7 @@ from IPython.display import Markdown, display
 from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 from rvqspec_lib.data.frame_sources import frames_from_shipped
+from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from rvqspec_lib.eval import bench_table as BT
 from rvqspec_lib.eval import plots
 from rvqspec_lib.eval import speed as S
@@ -154,10 +155,10 @@ display(pd.DataFrame(backend_table()))
 # (the faster kept). `t(1) / floor` near one means the call is as fast as reading its weights allows; t(N)/t(1) is
 # the cost of a wider call, what a speculative round pays.
 #
-# **The talker step.** The big model's step (28 layers, one new position after a KV prefix, then `codec_head`), the
-# other half of a frame, timed the same way (`rvqspec_lib.eval.talker_bench.bench_talker_precisions`): the official
-# step and the native one, at two context lengths. Its floor counts the weights; the KV cache it attends adds bytes
-# as the context grows.
+# **The talker step.** The big model's step (the released config's 28 layers, [model.md](../docs/model.md); one new
+# position after a KV prefix, then `codec_head`), the other half of a frame, timed the same way
+# (`rvqspec_lib.eval.talker_bench.bench_talker_precisions`): the official step and the native one, at two context
+# lengths. Its floor counts the weights; the KV cache it attends adds bytes as the context grows.
 
 # %%
 lm = load_model(model)
@@ -221,7 +222,7 @@ if nat_talk:
 display(Markdown(" ".join(lines)))
 
 # %% [markdown]
-# ## 3. Batches: where the gain of speculation vanishes
+# ## 3. Batches: whether the gain of speculation vanishes
 #
 # Serving several streams at once decodes B frames together: one call per round for the whole batch, a round lasting
 # as long as its slowest row needs. A batched AR call reads the weights once for B rows, so AR alone fills the
@@ -427,9 +428,11 @@ bullets.append(f"* **auto (measured).** On this CPU `--decoder auto` chose {choi
                + (", fused" if choice.fused else ", stepped") + ".")
 ar_span = [(f["model"], [r["ms_per_frame"] for r in table["rows"] if r["model"] == f["model"] and r["kind"] == "ar"
                           and r["row"] in ("stepped AR", "fused AR") and r["ms_per_frame"]]) for f in fastest]
+paper_n = [r["speedup"] for r in plots.PAPER_DEVICE_SPEEDUPS if r["nodes"] == PAPER_BUDGET]  # quoted
 bullets.append(
-    "* **The paper (quoted) and this appendix.** The paper reports 2.13x-2.34x over AR at N = 32 on Apple devices "
-    "through Core ML, over AR on the same device. Here the AR frames of one model alone span "
+    f"* **The paper (quoted) and this appendix.** The paper reports {min(paper_n):.2f}x-{max(paper_n):.2f}x over "
+    f"AR at N = {PAPER_BUDGET} on Apple devices through Core ML, over AR on the same device. Here the AR frames of "
+    "one model alone span "
     + "; ".join(f"{min(v):.2f}-{max(v):.2f} ms ({m})" for m, v in ar_span if v)
     + " across backends and precisions (measured): a speedup means little until it names the AR it is over, so "
       "the table puts every speculative frame beside the fastest AR measured with it.")

@@ -1,7 +1,7 @@
 """Figures drawn from result dicts (the notebooks call these; no measurement happens here).
 
 * :func:`plot_verify_cost` -- latency of a code-predictor call against its number of query positions ``Q``, and the
-  verify cost curve ``t(Q) / t(1)``, from a :func:`rvqspec_lib.eval.latency.bench_model` result.
+  verify cost curve ``t(N) / t(1)``, from a :func:`rvqspec_lib.eval.latency.bench_model` result.
 * :func:`plot_two_loops`, :func:`plot_tree_and_mask`, :func:`plot_acceptance_by_offset` -- the paper's Figures 1-3
   here: the two loops with call counts from the configs, a calibrated tree beside the attention mask its verify call
   passed to the model, and acceptance by draft offset for the reused heads vs the offsets.
@@ -180,8 +180,8 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
     """Two panels from a :func:`rvqspec_lib.eval.latency.bench_model` result, one colour per forward
     (:data:`FORWARD_COLORS`; the native pair too when the result has one).
 
-    Left: median ms per code-predictor call against ``Q`` (log2 axis) with the p10-p90 band, and the talker step as a
-    dashed line of the same colour. Right: ``t(Q) / t(1)`` with the line ``y = Q`` (no parallelism at all) for
+    Left: median ms per code-predictor call against ``N`` (log2 axis) with the p10-p90 band, and the talker step as a
+    dashed line of the same colour. Right: ``t(N) / t(1)`` with the line ``y = N`` (no parallelism at all) for
     reference.
 
     Returns:
@@ -209,31 +209,31 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
                     label=f"talker step ({talker}), KV prefix {result['talker_context']}")
         top = max(top, max(r["p90_ms"] for r in rows), pair["talker_step"]["median_ms"])
         if all(r.get("ratio_to_1") is not None for r in rows):
-            ax1.plot(q, [r["ratio_to_1"] for r in rows], "o-", color=color, label=f"measured t(Q) / t(1), {name}")
+            ax1.plot(q, [r["ratio_to_1"] for r in rows], "o-", color=color, label=f"measured t(N) / t(1), {name}")
         else:
             ratios_ok = False
     ax0.set_xscale("log", base=2)
     ax0.set_xticks(q, [str(v) for v in q])
     ax0.minorticks_off()
-    ax0.set_xlabel("query positions per call, Q")
+    ax0.set_xlabel("query positions per call, N")
     ax0.set_ylabel("median latency per call (ms)")
     ax0.set_ylim(0, 1.35 * top)  # room for the legend
     ax0.legend(fontsize=7, loc="upper left")
     ax0.grid(alpha=0.3)
     ax0.set_title("one call: its latency (band: p10 to p90)", fontsize=9)
     if ratios_ok:
-        ax1.plot(q, q, ":", color="gray", label="y = Q (no parallelism)")
+        ax1.plot(q, q, ":", color="gray", label="y = N (no parallelism)")
         ax1.axhline(1.0, color="k", lw=0.8)
         ax1.set_xscale("log", base=2)
         ax1.set_yscale("log", base=2)
         ax1.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax1.set_xticks(q, [str(v) for v in q])
         ax1.minorticks_off()
-        ax1.set_xlabel("query positions per call, Q")
+        ax1.set_xlabel("query positions per call, N")
         ax1.set_ylabel("cost relative to one AR call")
         ax1.legend(fontsize=7, loc="upper left")
         ax1.grid(alpha=0.3, which="both")
-        ax1.set_title("the verify cost curve t(Q) / t(1)", fontsize=9)
+        ax1.set_title("the verify cost curve t(N) / t(1)", fontsize=9)
     else:
         ax1.set_axis_off()
         ax1.text(0.5, 0.5, "no Q = 1 measurement", ha="center", va="center")
@@ -448,7 +448,7 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
             ax1.plot(j, [a - float(r["heads"]) for a, r in zip(acc, rows)], ms=4, mfc="none", label=lab, **style)
     for ax in (ax0, ax1):
         ax.axvspan(max_offset + 0.5, max(j) + 0.5, color="0.9", zorder=0)
-        ax.set_xlabel("draft offset j (depth drafted = start depth + j)")
+        ax.set_xlabel("draft offset t (depth drafted = start depth s + t)")
         ax.set_xticks(j)
         ax.grid(alpha=0.3)
     ax0.set_ylabel("exact acceptance of a sampled draft")

@@ -533,7 +533,7 @@ def pipeline_headline(r: dict | None, glance: bool = False) -> list:
     if r is None:
         return []
     who = r["model"] + (" (small trained model)" if r["weights"] == "trained" else
-                        " (RANDOM weights: a timing replay of the real-size shapes)")
+                        " (RANDOM weights: a timing replay, timing only)")
     how = f"{r['decoder']} ({r['precision']}), one thread on this CPU"
     one = streamed(r["model"], "best speculative", "1 thread")
     return [entry(f"real-time factor of the whole frame (talker + inner loop + codec decoder; below 1 is faster than "

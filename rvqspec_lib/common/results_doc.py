@@ -137,7 +137,7 @@ def render_results(fig_dir: str | os.PathLike) -> str:
     for h in hs:
         if h["notebook"] != current:
             current = h["notebook"]
-            lines += [f"## {current}", ""]
+            lines += [*([""] if lines[-1] else []), f"## {current}", ""]  # a blank line before each heading
         src = f" (`figures/{h['source']}`)" if h.get("source") else ""
         lines.append(f"- {h['text']}: **{_fmt(h['value'], h.get('unit', ''))}**{src}")
     if not hs:

@@ -73,6 +73,7 @@ from IPython.display import Audio, Markdown, display
 
 from rvqspec_lib.common.provenance import (REPO_ROOT, provenance, resolve_out_dir, save_audio, save_figure, save_json,
                                            save_table)
+from rvqspec_lib.common.results_doc import entry, headline
 from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
 from rvqspec_lib.embedded import corpus
 from rvqspec_lib.eval import asr as asr_mod
@@ -512,6 +513,19 @@ metrics = {
     "references": refs,
     "wall_s": time.perf_counter() - t_start,
 }
+# what a reader most wants from this notebook (docs/results.md, generated): the embedded model's codec, heard by the
+# recogniser, with few codebooks and with all of them, beside the original audio's floor
+_wer = lambda label: 100 * rows[label]["wer"] if label in rows else None  # noqa: E731 (a k not swept is left out)
+metrics["headline"] = headline(
+    entry(f"WER of the original audio ({quality['asr']}, {len(refs)} held-out sentences of the embedded model's "
+          "corpus): the recogniser's own floor", _wer("original"), "%", "00_codec_quality.md"),
+    *[entry(f"WER of the embedded model's codec decoding {k} of its {cfg.n_codebooks} codebooks "
+            f"({quality['asr']}, {len(refs)} held-out sentences)", _wer(f"k={k}"), "%", "00_codec_quality.md",
+            glance=k == cfg.n_codebooks)
+      for k in sorted({1, 4, cfg.n_codebooks})],
+    entry("share of the frame vectors' variance left after the embedded codec's first RVQ stage (table decoder)",
+          100 * rv[0]["variance_left"], "%", "00_residual_variance.md"),
+)
 save_json(metrics, out / "00_metrics.json", prov_q)
 print(f"run time {metrics['wall_s']:.0f} s")
 

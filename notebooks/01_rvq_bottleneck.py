@@ -81,6 +81,7 @@ import torch
 from IPython.display import Markdown, display
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
+from rvqspec_lib.common.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
@@ -388,6 +389,21 @@ metrics = {
     "own_tokens_per_call_meta": own_meta,
     "two_loops": loop_rows,
 }
+# what a reader most wants from this notebook (docs/results.md, generated)
+who = run_model + (" (RANDOM weights: timing only)" if result["random_weights"] else "")
+paper_rows = [r for r in own if str(r["decoder"]).startswith("paper:")]
+small_who = (small.name + (" (small trained model)" if small.name == "embedded" else "")) if small else ""
+metrics["headline"] = headline(
+    entry(f"model calls a second for real time, autoregressive ({frame_rate_hz:g} frames a second x "
+          f"{n_code_groups} codebooks, from {run_model}'s config)", ar["calls_per_s"], "", "01_call_budget.md"),
+    entry(f"share of an autoregressive frame spent in the inner (code-predictor) loop, {who}, timed on this CPU",
+          100 * d["inner_share_ar"], "%", "01_inner_share.md", glance=True),
+    entry(f"share of an autoregressive frame spent in the inner loop, {small_who}, timed on this CPU",
+          100 * compared[1]["inner_share_ar"] if len(compared) > 1 else None, "%", "01_models_compared.md"),
+    entry(f"model calls a second for real time at the tokens per call the paper's decoder "
+          f"({paper_rows[-1]['decoder']}) reaches on {small_who}, from the config" if paper_rows else "",
+          paper_rows[-1]["calls_per_s"] if paper_rows else None, "", "01_calls_at_own_tpc.md"),
+)
 save_json(metrics, out / "01_metrics.json", prov)
 save_json(result, out / "01_bench.json", prov)
 

@@ -105,6 +105,7 @@ from IPython.display import Markdown, display
 from matplotlib.ticker import MaxNLocator
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
+from rvqspec_lib.common.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
@@ -641,6 +642,25 @@ metrics = {
     "paper_source": T.PAPER_SOURCE,
     "timings_s": timings,
 }
+# what a reader most wants from this notebook (docs/results.md, generated): Table 2 on this model, the paper's
+# decoder (the deployed offsets' own point-mass tree) against the reused heads
+who = lm.name + (" (RANDOM weights)" if lm.is_random else " (small trained model)" if lm.name == "embedded" else "")
+who += f", {len(eval_frames)} evaluation frames"
+gain = m_by.get(deployed)
+metrics["headline"] = headline(
+    entry(f"tokens per code-predictor call of the paper's decoder ({pap['decoder']}: the trained offsets "
+          f"{deployed} with their own point-mass tree of N = {PAPER_BUDGET}), {who}", pap["tree_N32_tokens_per_call"],
+          "", "03_table2.md", glance=True),
+    entry(f"tokens per call of the reused heads with their own point-mass tree of N = {PAPER_BUDGET}, {who}",
+          hd["tree_N32_tokens_per_call"], "", "03_table2.md"),
+    entry(f"parameters the trained offsets {deployed} add to the code predictor", pap["added_params"], "",
+          "03_table2.md"),
+    entry(f"acceptance of one sampled draft, the offsets {deployed} minus the reused heads (mean over every start "
+          f"depth and offset, paired over evaluation utterances)", gain["difference"] if gain else None, "",
+          "03_margin.md"),
+    entry("the same difference's 95% interval, low end (above 0: the gain is real)",
+          gain["ci95_low"] if gain else None, "", "03_margin.md"),
+)
 save_json(metrics, out / "03_metrics.json", prov)
 
 # the sentences below are written from the results above; every claim is conditional on what they say

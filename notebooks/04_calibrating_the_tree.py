@@ -92,6 +92,7 @@ from IPython.display import Markdown, display
 
 from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
+from rvqspec_lib.common.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, tree_from_calibration
@@ -574,6 +575,24 @@ summary = {
     "temperature": temp_rows, "point_mass_overtakes_at": overtake,
     "timings_s": {**timings, "total": time.perf_counter() - t_start},
 }
+# what a reader most wants from this notebook (docs/results.md, generated): the paper's decoder, predicted against
+# measured, and what speculation gains over the fastest AR on this CPU
+who = lm.name + (" (RANDOM weights)" if lm.is_random else " (small trained model)" if lm.name == "embedded" else "")
+pap_n = PAPER_BUDGET if PAPER_BUDGET in budgets else max(budgets)  # the paper's N; smoke's largest below it
+pap_row = next((r for r in pvm_rows if r["decoder"] == f"paper:{pap_n}"), None) if has_paper else None
+on_cpu = f"{who}, timed on this CPU ({speed['meta']['threads']} thread(s))"
+summary["headline"] = headline(
+    entry(f"tokens per call of the paper's decoder (paper:{pap_n}), predicted from its calibration, {who}",
+          pap_row and pap_row["predicted_tokens_per_call"], "", "04_predicted_vs_measured.md"),
+    entry(f"tokens per call of the paper's decoder (paper:{pap_n}), measured on {len(eval_frames)} held-out "
+          f"frames, {who}", pap_row and pap_row["measured_tokens_per_call"], "", "04_predicted_vs_measured.md"),
+    entry(f"time a frame takes through the fastest AR ({fastest['ar']}), {on_cpu}", fastest["ar_ms"], "ms",
+          "04_speedup_over_each_ar.md"),
+    entry(f"speedup of the fastest lossless speculative decoder ({fastest['fastest_speculative']}) over the fastest "
+          f"AR ({fastest['ar']}), {on_cpu}", fastest["speedup"], "x", "04_speedup_over_each_ar.md", glance=True),
+    entry(f"speedup of the paper's decoder at its fastest ({fastest['paper_decoder']}) over the fastest AR, {on_cpu}",
+          fastest["paper_speedup"] if has_paper else None, "x", "04_speedup_over_each_ar.md"),
+)
 save_json(summary, out / "04_metrics.json", prov)
 bullets = [
     f"* **What a node is worth (measured, {run_model}).** At offset 1 the first sampled child is kept "

@@ -103,6 +103,7 @@ from matplotlib.ticker import MaxNLocator
 
 from rvqspec_lib.common.provenance import (provenance, resolve_out_dir, save_audio, save_figure, save_json,
                                            save_table)
+from rvqspec_lib.common.results_doc import entry, headline
 from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
 from rvqspec_lib.decoding.decoder_names import check_decoder_names
 from rvqspec_lib.decoding.drafters import ReusedHeads
@@ -656,5 +657,22 @@ metrics = {
     "references": en["references"] if en else [],
     "wall_s": time.perf_counter() - t_start,
 }
+# what a reader most wants from this notebook (docs/results.md, generated): WER of AR and of the paper's decoder on
+# the embedded model, and whether the code test catches the lossy control while flagging no lossless decoder
+wr = {r["decoder"]: r for r in wer_rows}
+about = (f"inner-loop audio of the embedded model (small trained model), {en['n_utterances']} English sentences, "
+         f"{asr_label}") if en else ""
+_pct = lambda v: None if v is None else 100 * v  # noqa: E731
+metrics["headline"] = headline(
+    entry(f"WER of AR, {about}", _pct(wr.get("ar", {}).get("wer")), "%", "05_wer_parity.md"),
+    entry(f"WER of the paper's decoder ({PAPER}), {about}", _pct(wr.get(PAPER, {}).get("wer")), "%",
+          "05_wer_parity.md", glance=True),
+    entry(f"WER of the paper's decoder minus AR's, paired over sentences, in percentage points ({about})",
+          _pct(wr.get(PAPER, {}).get("diff_vs_ar")), "", "05_wer_parity.md"),
+    entry(f"languages in which the code test caught the lossy control ({LOSSY})",
+          f"{len(caught)} of {len(languages)}", "", "05_verdicts.md"),
+    entry("lossless decoders flagged by any test, in any language (false alarms)", len(alarms), "",
+          "05_verdicts.md"),
+)
 save_json(metrics, out / "05_metrics.json", prov_wer)
 print(f"run time {metrics['wall_s']:.0f} s")

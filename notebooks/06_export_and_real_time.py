@@ -78,6 +78,7 @@ import torch
 from IPython.display import Audio, Markdown, display
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_audio, save_figure, save_json, save_table
+from rvqspec_lib.common.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shipped
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.eval import export_check as X
@@ -532,6 +533,29 @@ metrics = {
                **{k: v for k, v in ls.items() if k not in ("cpu_s",)}},
     "timing": {"frames": timing_quiet, "verify_cost": costs_quiet, "pipeline": pipe_quiet},
 }
+
+
+def pipeline_headline(r: dict | None, glance: bool = False) -> list:
+    """A model's whole frame in words: its real-time factor and first audio, streamed on one thread, and what
+    speculation gains on the frame (nothing when the model's row is absent)."""
+    if r is None:
+        return []
+    who = r["model"] + (" (small trained model)" if r["weights"] == "trained" else
+                        " (RANDOM weights: a timing replay, timing only)")
+    how = f"{r['decoder']} ({r['precision']}), one thread on this CPU"
+    one = streamed(r["model"], "best speculative", "1 thread")
+    return [entry(f"real-time factor of the whole frame (talker + inner loop + codec decoder; below 1 is faster than "
+                  f"real time), {who}, {how}", r["rtf_1t"], "", "06_pipeline.md", glance=glance),
+            entry(f"time to first audio after the prompt, streamed, {who}, {how}", one and one["ttfa_ms"], "ms",
+                  "06_pipeline_streams.md"),
+            entry(f"speculation's gain on the whole frame over AR, {who}, {how}", r["frame_gain_1t"], "x",
+                  "06_pipeline.md")]
+
+
+# what a reader most wants from this notebook (docs/results.md, generated): the whole frame of the real-size timing
+# replay and of the embedded model, in real time
+metrics["headline"] = headline(*(pipeline_headline(rep) if rep is not emb else []),
+                               *pipeline_headline(emb, glance=True))
 save_json(metrics, out / "06_metrics.json", prov)
 print(json.dumps({"pipeline_rows": len(pipe["rows"]), "streams": len(pipe["streams"]),
                   "sustained": pipe["sustained"]}, indent=1, default=str))

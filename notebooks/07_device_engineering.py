@@ -81,6 +81,7 @@ from IPython.display import Markdown, display
 
 from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
+from rvqspec_lib.common.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from rvqspec_lib.eval import bench_table as BT
@@ -374,6 +375,24 @@ summary = {
     "bench_table": table, "fastest_by_model": fastest, "round_costs": rounds, "gpu_json_present": gpu is not None,
     "timings_s": {**timings, "total": time.perf_counter() - t_start},
 }
+# what a reader most wants from this notebook (docs/results.md, generated): how close the call comes to its floor,
+# what auto chose, and whether speculation wins a whole frame here
+who = f"{model} ({weights_words})"
+small_who = small_model + (" (small trained model)" if small_model == "embedded" else "")
+first_precision = call_rows[0]["precision"] if call_rows else None
+small_fast = next((f for f in fastest if f["model"] == small_model), None)
+summary["headline"] = headline(
+    *[entry(f"one code-predictor call (one query position) of {who} over its floor (weight bytes / read bandwidth), "
+            f"{r['backend']}, {r['precision']}, on this CPU", r["t1_over_floor"], "x", "07_floor.md")
+      for r in call_rows if r["precision"] == first_precision],
+    entry(f"what --decoder auto chose for {small_who} on this CPU",
+          f"{choice.label}, {choice.backend}" + (", fused" if choice.fused else ""), "", "07_auto.md"),
+    entry(f"time a frame takes through the fastest AR of the table to act on, {small_who}, on this CPU",
+          small_fast and small_fast["fastest_ar"] and small_fast["fastest_ar"]["ms_per_frame"], "ms",
+          "07_bench_table.md"),
+    entry(f"the fastest lossless speculative frame over the fastest AR frame (below 1: speculation wins), "
+          f"{small_who}, on this CPU", small_fast and small_fast["speculative_over_ar"], "x", "07_bench_table.md"),
+)
 save_json(summary, out / "07_metrics.json", prov)
 
 

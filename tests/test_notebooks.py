@@ -85,6 +85,7 @@ def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
     # a notebook started without a threads parameter (JupyterLab) runs on one thread, as `make paper`
     assert metrics["provenance"]["params"]["threads"] == 1 == metrics["provenance"]["hardware"]["torch_threads"]
     assert "smoke run: not writing into the committed" in executed.read_text()  # and it says so
+    _check_headline(metrics, out)
     if prefix == "00":
         _check_00(metrics, out)
     if prefix == "01":
@@ -101,6 +102,16 @@ def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
         _check_06(metrics, out)
     if prefix == "07":
         _check_07_device_engineering(metrics, out)
+
+
+def _check_headline(metrics: dict, out: Path) -> None:
+    """The notebook's headline numbers (docs/results.md and the README's results at a glance are laid out from them):
+    a non-empty list of well-formed entries, each naming a file the run wrote."""
+    from rvqspec_lib.common.results_doc import problems
+
+    assert problems(metrics.get("headline")) == [], problems(metrics.get("headline"))
+    assert 3 <= len(metrics["headline"]) <= 8, [h["text"] for h in metrics["headline"]]
+    assert all((out / h["source"]).is_file() for h in metrics["headline"]), [h["source"] for h in metrics["headline"]]
 
 
 def _check_00(metrics: dict, out: Path) -> None:

@@ -59,3 +59,18 @@ def test_a_readme_without_the_block_is_one_line(tmp_path):
     (root / "README.md").write_text("# no block\n")
     with pytest.raises(ValueError, match="has no <!-- results:begin --> ... <!-- results:end --> block"):
         R.write(fig, root)
+
+
+def test_entries_a_notebook_builds():
+    import numpy as np
+
+    hs = R.headline(R.entry("speedup over AR", np.float64(1.5), "x", "04_speed.md", glance=True),
+                    R.entry("absent in smoke mode", None, "ms", "04_speed.md"),
+                    R.entry("not a number", float("nan"), "", "04_speed.md"),
+                    R.entry("auto's choice", "chain:4", "", "07_auto.md"))
+    assert [h["text"] for h in hs] == ["speedup over AR", "auto's choice"]
+    assert type(hs[0]["value"]) is float and hs[0]["glance"] is True and hs[1]["glance"] is False
+    assert R.problems(hs) == []
+    assert R.problems([]) and R.problems(None)
+    bad = [{**hs[0], "unit": "furlongs"}, {**hs[0], "source": "figures/04_speed.md"}, {"text": "x", "value": 1}]
+    assert len(R.problems(bad)) == 3

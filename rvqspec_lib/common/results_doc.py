@@ -8,6 +8,8 @@ committed table it comes from (e.g. "04_speed.md"), "glance": true for the READM
 them from its results (never typed); this module only lays them out. Standard library only (``make check-figures``
 runs it without the project's environment).
 
+* :func:`entry` and :func:`headline` -- what a notebook calls to build its list (an entry whose value is missing, as
+  some rows are in smoke mode, is left out); :func:`problems` -- what is wrong with a list (the notebook tests).
 * :func:`render_results` -- the text of ``docs/results.md`` for a figures folder.
 * :func:`render_glance` -- the README block.
 * :func:`write` -- both, written (``make paper``'s last step); :func:`check` -- the lines saying what is out of date
@@ -29,6 +31,58 @@ from rvqspec_lib.common.paths import REPO_ROOT
 RESULTS_DOC = Path("docs") / "results.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 _METRICS = re.compile(r"^(\d\d)(?:_[\w-]+)?_metrics\.json$")
+
+
+#: the units an entry may carry (an empty string for a count or a ratio without one)
+UNITS = ("", "x", "%", "ms", "s", "dB")
+
+
+def entry(text: str, value, unit: str = "", source: str = "", glance: bool = False) -> dict | None:
+    """One headline entry, or ``None`` when ``value`` is missing (``None`` or NaN: e.g. a row absent in smoke mode).
+
+    Numbers are stored as plain ``float``/``int`` (numpy scalars converted); a string value is kept as it is.
+    """
+    if value is None:
+        return None
+    if type(value) not in (bool, str, int, float):
+        try:
+            value = value.item()  # numpy / torch scalars (numpy's float64 is a float, but not a plain one)
+        except (AttributeError, ValueError):
+            return None
+    if isinstance(value, float) and value != value:  # NaN
+        return None
+    return {"text": text, "value": value, "unit": unit, "source": source, "glance": bool(glance)}
+
+
+def headline(*entries: dict | None) -> list[dict]:
+    """The entries that are present (the ``None`` of :func:`entry` left out), in order."""
+    return [e for e in entries if e is not None]
+
+
+def problems(entries) -> list[str]:
+    """What is wrong with a ``headline`` list, one line each (empty when every entry is well formed): a list of
+    dicts with a non-empty ``text``, a number or short string ``value``, a ``unit`` of :data:`UNITS`, a ``source``
+    naming a table or figure file, and a boolean ``glance``."""
+    if not isinstance(entries, list) or not entries:
+        return [f"headline is not a non-empty list: {entries!r}"]
+    out = []
+    for i, h in enumerate(entries):
+        if not isinstance(h, dict) or set(h) != {"text", "value", "unit", "source", "glance"}:
+            out.append(f"entry {i} is not {{text, value, unit, source, glance}}: {h!r}")
+            continue
+        if not isinstance(h["text"], str) or not h["text"].strip():
+            out.append(f"entry {i} has no text")
+        v = h["value"]
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, (bool, str)) and
+                len(str(v)) <= 60):
+            out.append(f"entry {i} ({h.get('text')}): value {v!r} is not a number or a short string")
+        if h["unit"] not in UNITS:
+            out.append(f"entry {i} ({h.get('text')}): unit {h['unit']!r} not one of {UNITS}")
+        if not isinstance(h["source"], str) or not re.fullmatch(r"\d\d_[\w.-]+\.(md|csv|json|png)", h["source"]):
+            out.append(f"entry {i} ({h.get('text')}): source {h['source']!r} does not name a figures file")
+        if not isinstance(h["glance"], bool):
+            out.append(f"entry {i} ({h.get('text')}): glance is not true or false")
+    return out
 
 
 def _fmt(value, unit: str) -> str:
@@ -83,7 +137,7 @@ def render_results(fig_dir: str | os.PathLike) -> str:
     for h in hs:
         if h["notebook"] != current:
             current = h["notebook"]
-            lines += [f"## {current}", ""]
+            lines += [*([""] if lines[-1] else []), f"## {current}", ""]  # a blank line before each heading
         src = f" (`figures/{h['source']}`)" if h.get("source") else ""
         lines.append(f"- {h['text']}: **{_fmt(h['value'], h.get('unit', ''))}**{src}")
     if not hs:

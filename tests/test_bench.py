@@ -245,7 +245,7 @@ def gpu_bench():
 
 
 @pytest.mark.slow
-def test_gpu_bench_dry_run_writes_what_notebook_05_reads(tmp_path, capsys, gpu_bench):
+def test_gpu_bench_dry_run_writes_what_notebook_07_reads(tmp_path, capsys, gpu_bench):
     out = tmp_path / "gpu.json"
     assert gpu_bench.main(["--dry-run", "--chains", "2,4", "--budgets", "4", "--queries", "1,4", "--out",
                            str(out)]) == 0

@@ -42,7 +42,7 @@ COMMANDS = {
     "bench": ("per-call latency of the talker and the code predictor", "bench:add_args", "bench"),
     "train-drafter": ("train position-aware offsets or Medusa heads", "args:train_drafter", "train_drafter"),
     "eval-acceptance": ("tokens per call and acceptance of a drafter", "args:eval_acceptance", "eval_acceptance"),
-    "export": ("one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 05)", "args:export",
+    "export": ("one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 06)", "args:export",
                "export"),
     "eval-wer": ("WER parity and code-distribution tests of the decoders against AR (notebook 05)", "args:eval_wer",
                  "eval_wer"),

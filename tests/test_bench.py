@@ -155,7 +155,8 @@ def test_cli_latency_writes_json_with_the_floor(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--model", "tiny-random"], "rvqspec bench [flags] is now rvqspec bench latency [flags]"),
+    (["--model", "tiny-random"], "rvqspec bench [flags] is now rvqspec bench latency [flags] (also: precisions, "
+                                "frames, table, pipeline)"),
     (["--model", "tiny-random", "--dtype", "float32,int8"], "is now rvqspec bench precisions --dtype a,b"),
     (["--dtype", "float32", "--forwards", "all"], "--forwards is now --backends official,native"),
     (["--model", "embedded", "--backend", "eager"], "is now rvqspec bench frames --backends NAME"),

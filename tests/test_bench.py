@@ -165,7 +165,7 @@ def test_cli_latency_writes_json_with_the_floor(tmp_path, capsys, monkeypatch):
     (["--model", "tiny-random", "latency"], "--model goes after the job: rvqspec bench latency --model"),
 ])
 def test_old_flag_forms_name_the_new_form_in_one_line(capsys, monkeypatch, argv, needle):
-    monkeypatch.setattr(bench_jobs, "load_model", _no_load)
+    monkeypatch.setattr(bench_jobs.loader, "load_model", _no_load)
     assert cli_main(["bench", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rvqspec: error: ") and needle in err and err.count("\n") == 1, err
@@ -186,7 +186,7 @@ def test_old_flag_forms_name_the_new_form_in_one_line(capsys, monkeypatch, argv,
     (["frames", "--backends", "native", "--device", "cuda"], "--device cuda"),
 ])
 def test_bad_flags_are_one_line_before_loading(capsys, monkeypatch, argv, needle):
-    monkeypatch.setattr(bench_jobs, "load_model", _no_load)
+    monkeypatch.setattr(bench_jobs.loader, "load_model", _no_load)
     assert cli_main(["bench", argv[0], "--model", "tiny-random", *argv[1:]]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rvqspec: error: ") and needle in err and err.count("\n") == 1, err

@@ -105,8 +105,8 @@ def _dispatch(args) -> int:
             continue  # a folder here (the command checks it itself)
         if args.cmd == "synth" and attr == "out" and args.out == "-":
             continue  # standard output (synth --stream checks the rest)
-        problem = check_output_path(getattr(args, attr, None), flag)
-        if problem:
+        problem = check_output_path(getattr(args, attr, None), flag, make_parents=args.cmd == "synth")
+        if problem:  # synth creates a missing parent folder of --out and --json (synth.run)
             return _die(problem)
     command = _load(COMMANDS[args.cmd][2])
     from safetensors import SafetensorError  # loaded with the command's module (torch's) by now

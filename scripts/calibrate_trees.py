@@ -1,8 +1,9 @@
 """Calibrate the draft trees of one drafter and write them beside the model: ``<model>/trees/<drafter>.json``.
 
-The same calibration as notebook 04 (which writes ``trees/heads.json`` with ``-p write_trees True``): the model's shipped ``calibration`` split,
-codes 1..15 re-sampled from p at the deployed sampling (:func:`rvqspec_lib.eval.calibration.calibration_frames`),
-then :func:`rvqspec_lib.eval.calibration.calibrate` for every node budget 2..64 with the notebook's draws and seed.
+The same calibration as notebook 04 (which writes ``trees/heads.json`` with ``-p write_trees True``): the model's
+shipped ``calibration`` split, codes 1..15 re-sampled from p at the deployed sampling
+(:func:`rvqspec_lib.eval.calibration.calibration_frames`), then :func:`rvqspec_lib.eval.calibration.calibrate` for
+every node budget 2..64 with the notebook's draws and seed.
 The trees depend on the drafter that proposes the codes, so each drafter has its own file: ``rvqspec synth
 --decoder paper`` reads ``trees/offsets.json``, ``--decoder tree:calibrated:N`` reads ``trees/heads.json`` (and
 ``tree:calibrated:N@offsets`` the offsets' file).

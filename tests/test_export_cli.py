@@ -67,7 +67,8 @@ def test_make_folder_that_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ValueError) as e:
         make_folder(tmp_path / "f" / "out", "--out")
-    assert str(e.value).startswith(f"--out {tmp_path / 'f' / 'out'}: cannot create the folder") and "\n" not in str(e.value)
+    msg = str(e.value)
+    assert msg.startswith(f"--out {tmp_path / 'f' / 'out'}: cannot create the folder") and "\n" not in msg, msg
 
 
 def test_export_onnx_verify_graph_writes_a_checked_file(tmp_path, capsys):

@@ -39,9 +39,9 @@ from rvqspec_lib.cli.common import OUTPUT_FLAGS, OneLineParser, _die, add_thread
 #: resolved ``--threads`` (0 = torch's choice); each command applies it (common.apply_threads).
 COMMANDS = {
     "synth": ("speak a text with a chosen inner-loop decoder", "args:synth", "synth"),
-    "bench": ("timings, one job each: latency (talker step, code-predictor calls), precisions (each against its floor), "
-              "frames (decoders), table (the one to act on), pipeline (the whole frame streamed)", "bench:add_args",
-              "bench"),
+    "bench": ("timings, one job each: latency (talker step, code-predictor calls), precisions (each against its "
+              "floor), frames (decoders), table (the one to act on), pipeline (the whole frame streamed)",
+              "bench:add_args", "bench"),
     "train-drafter": ("train position-aware offsets or Medusa heads", "args:train_drafter", "train_drafter"),
     "eval-acceptance": ("tokens per call and acceptance of a drafter", "args:eval_acceptance", "eval_acceptance"),
     "export": ("one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 06)", "args:export",

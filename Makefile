@@ -5,8 +5,8 @@
 #   make env                      create .venv (torch first, then requirements.txt, qwen-tts --no-deps, the project)
 #   make test [TEST_JOBS=2]       voices + env, then pytest on tests/ in TEST_JOBS processes (pytest-xdist)
 #   make paper [PAPER_JOBS=2]     voices + env, then execute every notebooks/NN_*.py -> build/executed/full-t1/,
-#                                 refresh figures/ (00, 02, 04 side by side first, then the timing notebooks 01,
-#                                 03, 05 one at a time, alone on the machine); prints the run time of each notebook and of the make, and
+#                                 refresh figures/ (00, 02, 03, 05 side by side first, then the timing notebooks
+#                                 01, 04, 06, 07 one at a time, alone on the machine); prints the run time of each notebook and of the make, and
 #                                 writes them to figures/paper_run.{csv,md}; Ctrl-C leaves nothing half-written and
 #                                 the next `make paper` runs only what was stopped (docs/reproducibility.md)
 #   make paper SMOKE=1            small parameters (tiny model, few repeats) -> build/smoke_figures/
@@ -14,7 +14,7 @@
 #   make lab [LAB_PORT=8888]      JupyterLab from .venv on 127.0.0.1, the notebooks/*.py opening as notebooks
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
 #   make paper MODEL=<checkpoint> DATASET=<saved dataset> CODEC=<12 Hz tokenizer>   drafters on a real checkpoint
-#        FLEURS=<saved Fleurs> LIBRISPEECH=<saved LibriSpeech> ASR=whisper:<dir>     WER parity (notebook 04) on it
+#        FLEURS=<saved Fleurs> LIBRISPEECH=<saved LibriSpeech> ASR=whisper:<dir>     WER parity (notebook 05) on it
 #   make paper THREADS=2          torch threads in the timing notebooks (default 1, as the committed figures:
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,
@@ -60,7 +60,7 @@ NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
 # Notebook parameters passed by papermill (the first code cell of each notebook is tagged "parameters").
 # SMOKE=1 (not 0/false/no): small parameters; MODEL=: another model; THREADS=N pins torch's thread count (default 1,
 # as the committed figures; the tables say so); DATASET= / CODEC=: frames of real speech for a real checkpoint's
-# drafters (notebook 02; VoxPopuli schema); FLEURS= / LIBRISPEECH= / ASR=: notebook 04's data sets and recogniser.
+# drafters (notebook 03; VoxPopuli schema); FLEURS= / LIBRISPEECH= / ASR=: notebook 05's data sets and recogniser.
 SMOKE_ON      := $(filter-out 0 false no,$(SMOKE))
 MODEL_TAG     := $(subst /,_,$(MODEL))
 THREADS       ?= 1
@@ -182,12 +182,13 @@ $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
 	@echo "$(RUN_ID) $$(date -u +%Y-%m-%dT%H:%M:%SZ) $(EXEC_DIR)/$*.ipynb" > $@.part && mv -f $@.part $@
 
 # A timing notebook runs ALONE, also under `make -j` (`paper` runs with -j$(PAPER_JOBS)): a timing cell sharing the
-# cores measures the other process's load (the committed figures of 03 and 05 once did; eval/timing.py flags a timing
-# during which other processes used more than 20% of the CPU). So each timing notebook's stamp gets, as ORDER-ONLY
-# prerequisites, the previous timing notebook's stamp (01 before 03 before 05) and every other notebook's stamp: the
-# other notebooks (00, 02, 04: no timing) run first, side by side, then the timing notebooks one after another.
-# Order-only: a prerequisite that is up to date is not re-run and its time stamp does not count, so a stale 03 alone
-# runs at once. (Run alone, `make figures/.03_x.done` first makes the missing stamps it is ordered after.)
+# cores measures the other process's load (the committed figures of the tree and export notebooks once did;
+# eval/timing.py flags a timing during which other processes used more than 20% of the CPU). So each timing
+# notebook's stamp gets, as ORDER-ONLY prerequisites, the previous timing notebook's stamp (01 before 04 before 06
+# before 07) and every other notebook's stamp: the other notebooks (00, 02, 03, 05: no timing) run first, side by
+# side, then the timing notebooks one after another.
+# Order-only: a prerequisite that is up to date is not re-run and its time stamp does not count, so a stale 04 alone
+# runs at once. (Run alone, `make figures/.04_x.done` first makes the missing stamps it is ordered after.)
 # TIMING_NB lists the notebooks' numbers. (GNU make manual, "Types of Prerequisites": order-only ones.)
 TIMING_NB     ?= 01 04 06 07
 TIMING_EXEC   := $(foreach n,$(TIMING_NB),$(filter $(FIG_DIR)/.$(n)_%.done,$(NB_EXEC)))

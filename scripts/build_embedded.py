@@ -81,7 +81,7 @@ from rvqspec_lib.data.utterances import (  # noqa: E402
 )
 
 def calibration_sentences(n: int, seed: int) -> list:
-    """The calibration split (tree calibration, notebook 03): a seeded sample of ``data/eval_texts/en_calibration.tsv``
+    """The calibration split (tree calibration, notebook 04): a seeded sample of ``data/eval_texts/en_calibration.tsv``
     (scripts/ship_calibration.py adds the same sentences to an existing build)."""
     pool = corpus.shipped_sentences("calibration", language="en")
     return random.Random(seed + 3).sample(pool, min(n, len(pool)))
@@ -124,7 +124,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--n-train", type=int)
     g.add_argument("--n-val", type=int)
     g.add_argument("--n-eval", type=int)
-    g.add_argument("--n-calib", type=int, help="calibration sentences (tree calibration, notebook 03)")
+    g.add_argument("--n-calib", type=int, help="calibration sentences (tree calibration, notebook 04)")
     g.add_argument("--voices", help=f"comma-separated English voices of {sorted(corpus.VOICES)}")
     g.add_argument("--processes", type=int, help="synthesiser processes")
     g.add_argument("--n-codebooks", type=int)

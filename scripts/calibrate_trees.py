@@ -1,8 +1,9 @@
 """Calibrate the draft trees of one drafter and write them beside the model: ``<model>/trees/<drafter>.json``.
 
-The same calibration as notebook 03 (which writes ``trees/heads.json``): the model's shipped ``calibration`` split,
-codes 1..15 re-sampled from p at the deployed sampling (:func:`rvqspec_lib.eval.calibration.calibration_frames`),
-then :func:`rvqspec_lib.eval.calibration.calibrate` for every node budget 2..64 with the notebook's draws and seed.
+The same calibration as notebook 04 (which writes ``trees/heads.json`` with ``-p write_trees True``): the model's
+shipped ``calibration`` split, codes 1..15 re-sampled from p at the deployed sampling
+(:func:`rvqspec_lib.eval.calibration.calibration_frames`), then :func:`rvqspec_lib.eval.calibration.calibrate` for
+every node budget 2..64 with the notebook's draws and seed.
 The trees depend on the drafter that proposes the codes, so each drafter has its own file: ``rvqspec synth
 --decoder paper`` reads ``trees/offsets.json``, ``--decoder tree:calibrated:N`` reads ``trees/heads.json`` (and
 ``tree:calibrated:N@offsets`` the offsets' file).
@@ -26,8 +27,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="embedded", help="embedded or a model folder with a calibration split")
     ap.add_argument("--drafter", default="heads", help="heads, or a drafter shipped in <model>/drafters/")
-    ap.add_argument("--frames", type=int, default=1500, help="calibration frames (notebook 03: 1500)")
-    ap.add_argument("--draws", type=int, default=2, help="Monte Carlo draws of the sampled children (notebook 03: 2)")
+    ap.add_argument("--frames", type=int, default=1500, help="calibration frames (the shipped trees/heads.json: 1500)")
+    ap.add_argument("--draws", type=int, default=2, help="Monte Carlo draws of the sampled children (notebook 04: 2)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="default <model>/trees/<drafter>.json")
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     secs = time.perf_counter() - t0
     params = dict(model=a.model, drafter=a.drafter, n_calibration_frames=a.frames, draws=a.draws, seed=a.seed,
                   threads=torch.get_num_threads(), budgets=list(BUDGETS), script="scripts/calibrate_trees.py",
-                  settings_as="notebook 03 (trees/heads.json)", seconds=round(secs, 1))
+                  settings_as="notebook 04 (trees/heads.json)", seconds=round(secs, 1))
     cal["provenance"] = provenance(params, seed=a.seed)
     save_calibration(cal, out)
     print(f"calibrated the {a.drafter} trees on {cal['n_frames']} frames in {secs:.0f} s -> {out}")

@@ -1,7 +1,7 @@
-"""GPU leg of notebook 05: the real-size code predictor on one CUDA GPU through the ``compile`` backend
+"""GPU leg of notebook 07 (section 6): the real-size code predictor on one CUDA GPU through the ``compile`` backend
 (torch.compile mode "reduce-overhead": CUDA graphs), AR, the fused AR frame, chains, the fused chains and the
 calibrated trees in ONE interleaved run, plus the verify cost curve and the speedup it projects. Writes a JSON that
-notebook 05 reads.
+notebook 07 reads (its ``gpu_json`` parameter, default ``build/gpu_bench.json``).
 
     python scripts/gpu_bench.py                                   # 0.6B architecture, bfloat16, compile on cuda
     python scripts/gpu_bench.py --chains 4 --budgets 4,16          # a shorter run
@@ -9,7 +9,7 @@ notebook 05 reads.
 
 What runs (docs/style.md#benchmarks): ``load_model(--model, dtype, device="cuda")`` (random weights for the
 ``*-random`` architectures: timing only; their tokens per call mean nothing); the decoders ``ar``, ``chain:W`` for
-``--chains`` and ``tree:calibrated:N`` for ``--budgets`` (from ``--calibration``, the trees notebook 05 calibrated on
+``--chains`` and ``tree:calibrated:N`` for ``--budgets`` (from ``--calibration``, the trees notebook 04 calibrated on
 the embedded model; without it, chains only) through backend ``--backend``, stepped, and AR and the chains fused
 (one graph a round), every graph built before the timing (:func:`rvqspec_lib.eval.speed.build_runners`,
 :func:`rvqspec_lib.eval.speed.time_frames`, the GPU synchronised around each frame); then t(N)/t(1) of one verify
@@ -36,8 +36,8 @@ from rvqspec_lib.models.backends import BACKENDS, available, verify_backend  # n
 from rvqspec_lib.models.loader import load_model  # noqa: E402
 from rvqspec_lib.models.named_decoders import resolve_all  # noqa: E402
 
-DEFAULT_OUT = "figures/05_gpu.json"
-DEFAULT_CALIBRATION = "figures/05_calibration.json"
+DEFAULT_OUT = "build/gpu_bench.json"  # what notebook 07 reads by default
+DEFAULT_CALIBRATION = "figures/04_trees_heads.json"  # notebook 04's calibration of the reused heads' trees
 FORMAT = "rvqspec-gpu-bench"
 COLUMNS = ("decoder", "backend", "fused", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms", "speedup_vs_ar",
            "speedup_vs_fused")
@@ -94,10 +94,10 @@ def main(argv=None) -> int:
         return _error(f"--backend {backend}: {why}")
     out = Path(args.out or ("build/gpu_bench_dry.json" if dry else DEFAULT_OUT))
     out = out if out.is_absolute() else resolve_out_dir(out.parent) / out.name
-    cal_path = args.calibration or (DEFAULT_CALIBRATION if (resolve_out_dir("figures") / "05_calibration.json")
+    cal_path = args.calibration or (DEFAULT_CALIBRATION if (resolve_out_dir("figures") / Path(DEFAULT_CALIBRATION).name)
                                     .is_file() else None)
     if args.calibration and not Path(args.calibration).is_file():
-        return _error(f"--calibration {args.calibration} does not exist (notebook 05 writes {DEFAULT_CALIBRATION}); "
+        return _error(f"--calibration {args.calibration} does not exist (notebook 04 writes {DEFAULT_CALIBRATION}); "
                       "drop it to time chains only")
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)

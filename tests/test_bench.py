@@ -155,7 +155,8 @@ def test_cli_latency_writes_json_with_the_floor(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--model", "tiny-random"], "rvqspec bench [flags] is now rvqspec bench latency [flags]"),
+    (["--model", "tiny-random"], "rvqspec bench [flags] is now rvqspec bench latency [flags] (also: precisions, "
+                                "frames, table, pipeline)"),
     (["--model", "tiny-random", "--dtype", "float32,int8"], "is now rvqspec bench precisions --dtype a,b"),
     (["--dtype", "float32", "--forwards", "all"], "--forwards is now --backends official,native"),
     (["--model", "embedded", "--backend", "eager"], "is now rvqspec bench frames --backends NAME"),
@@ -164,7 +165,7 @@ def test_cli_latency_writes_json_with_the_floor(tmp_path, capsys, monkeypatch):
     (["--model", "tiny-random", "latency"], "--model goes after the job: rvqspec bench latency --model"),
 ])
 def test_old_flag_forms_name_the_new_form_in_one_line(capsys, monkeypatch, argv, needle):
-    monkeypatch.setattr(bench_jobs, "load_model", _no_load)
+    monkeypatch.setattr(bench_jobs.loader, "load_model", _no_load)
     assert cli_main(["bench", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rvqspec: error: ") and needle in err and err.count("\n") == 1, err
@@ -185,7 +186,7 @@ def test_old_flag_forms_name_the_new_form_in_one_line(capsys, monkeypatch, argv,
     (["frames", "--backends", "native", "--device", "cuda"], "--device cuda"),
 ])
 def test_bad_flags_are_one_line_before_loading(capsys, monkeypatch, argv, needle):
-    monkeypatch.setattr(bench_jobs, "load_model", _no_load)
+    monkeypatch.setattr(bench_jobs.loader, "load_model", _no_load)
     assert cli_main(["bench", argv[0], "--model", "tiny-random", *argv[1:]]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rvqspec: error: ") and needle in err and err.count("\n") == 1, err
@@ -245,7 +246,7 @@ def gpu_bench():
 
 
 @pytest.mark.slow
-def test_gpu_bench_dry_run_writes_what_notebook_05_reads(tmp_path, capsys, gpu_bench):
+def test_gpu_bench_dry_run_writes_what_notebook_07_reads(tmp_path, capsys, gpu_bench):
     out = tmp_path / "gpu.json"
     assert gpu_bench.main(["--dry-run", "--chains", "2,4", "--budgets", "4", "--queries", "1,4", "--out",
                            str(out)]) == 0

@@ -332,6 +332,28 @@ def test_synth_refuses_a_folder_where_no_file_can_be_created(tmp_path, capsys, n
     assert "--out /proc/rvqspec-test.wav is not writable" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--out", "--json"])
+def test_synth_refuses_a_parent_folder_that_cannot_be_made(tmp_path, capsys, flag, no_load):
+    """A missing parent folder is made by synth; one under a file, or in /proc, cannot be: one line, before work."""
+    (tmp_path / "f").write_text("x")
+    for bad, needle in ((tmp_path / "f" / "sub" / "x", f"{tmp_path / 'f'} is a file, not a folder"),
+                        (Path("/proc/rvqspec-none/x"), "the folder /proc/rvqspec-none cannot be created in /proc")):
+        args = {"--out": str(tmp_path / "a.wav"), "--json": None, flag: str(bad) + (".wav" if flag == "--out" else
+                                                                                  ".json")}
+        argv = [a for k, v in args.items() if v is not None for a in (k, v)]
+        assert main(["synth", "--model", "tiny-random", "--text", "hi", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("rvqspec: error: ") and err.count("\n") == 1 and needle in err, err
+    assert _listing(tmp_path) == ["f"]
+
+
+def test_synth_creates_missing_parent_folders_of_out_and_json(tmp_path, capsys):
+    out, js = tmp_path / "a" / "b" / "x.wav", tmp_path / "c" / "x.json"
+    assert main(["synth", "--model", "tiny-random", "--text", "Hi there.", "--max-frames", "2", "--out", str(out),
+                 "--json", str(js)]) == 0, capsys.readouterr().err
+    assert out.with_suffix(".npy").is_file() and json.loads(js.read_text())["frames"] >= 1
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # synth: outputs are atomic; timings; the note for audio far shorter than the text
 # ---------------------------------------------------------------------------------------------------------------------

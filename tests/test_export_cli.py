@@ -41,12 +41,34 @@ def test_export_tree_rank_outside_the_codebook_is_one_line(tmp_path, capsys):
     assert not list(out.glob("*")) if out.exists() else True  # nothing written
 
 
-def test_export_out_must_be_a_folder_with_a_parent(tmp_path, capsys, no_load):
+def test_export_out_must_be_a_folder_that_can_be_made(tmp_path, capsys, no_load):
+    """A file, or a folder to be made under a file, is one line before the model loads (nothing created)."""
     (tmp_path / "f").write_text("x")
-    for out, needle in ((tmp_path / "f", "is a file: give a folder"), (tmp_path / "a" / "b", "does not exist")):
+    for out, needle in ((tmp_path / "f", "is a file: give a folder"),
+                        (tmp_path / "f" / "a" / "b", f"{tmp_path / 'f'} is a file, not a folder")):
         assert main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--out",
                      str(out)]) == 2
-        assert needle in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_export_creates_the_out_folder_and_its_parents(tmp_path, capsys):
+    out = tmp_path / "a" / "b" / "export"
+    rc = main(["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert (out / "verify-n4-float32.onnx").is_file() and (out / "verify-n4-float32.json").is_file()
+
+
+def test_make_folder_that_cannot_be_made_is_one_line(tmp_path):
+    """The creation itself failing (after the check: a race, a full disk) is one line naming the flag."""
+    from rvqspec_lib.cli.common import make_folder
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError) as e:
+        make_folder(tmp_path / "f" / "out", "--out")
+    msg = str(e.value)
+    assert msg.startswith(f"--out {tmp_path / 'f' / 'out'}: cannot create the folder") and "\n" not in msg, msg
 
 
 def test_export_onnx_verify_graph_writes_a_checked_file(tmp_path, capsys):

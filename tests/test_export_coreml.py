@@ -4,7 +4,7 @@ What can be checked without macOS: the conversion succeeds for every graph and p
 ``.mlpackage`` declares exactly the declared inputs, outputs and states (KV cache as float16 ``StateType`` for the
 stepped and verify graphs, none for the frame graph), with the macOS 15 / iOS 18 specification. Prediction is
 macOS-only: here asking for it is a one-line error naming where to run it, and check_file reports "not run". The
-macOS path (predict, compare, time per compute unit) is the same code as the ONNX path's, run by notebook 05 and
+macOS path (predict, compare, time per compute unit) is the same code as the ONNX path's, run by notebook 06 and
 ``rvqspec export`` on a Mac.
 """
 

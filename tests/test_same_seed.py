@@ -8,7 +8,7 @@ core of the notebooks that do not time, twice, each run into its own folder:
 
 * notebook 00 as `make paper SMOKE=1` runs it (one held-out sentence instead of three), each run in its own kernel
   (a fresh process: another hash seed) rendering its own audio (flite, espeak-ng, sox) into its own work folder;
-* notebook 04's core as the notebook calls it (evaluation data rendered and encoded, trees calibrated, every decoder
+* notebook 05's core as the notebook calls it (evaluation data rendered and encoded, trees calibrated, every decoder
   on English and German, the recogniser on English, its tables written), at a smaller size than its smoke run, the
   global random generators moved between the two runs (the library must not read them).
 
@@ -222,7 +222,7 @@ def _wer_parity_core(out: Path, lm, seed: int = 0) -> None:
     audio_codec = codec.with_decoder(None)
     languages = ("en", "de")
     data = evaluation_data("embedded", languages, codec=codec, n_sentences=2, n_multilingual=1, seed=seed,
-                           work_dir=out / "04_work")
+                           work_dir=out / "05_work")
     names = ["ar", "chain:best", "tree:calibrated-point-mass:4", "tree:calibrated-sampled:4", "ssd-lossy:0.4"]
     cal_utts, cal_meta, _ = calibration_data("embedded", codec=codec, seed=seed)
     cal = calibrate_decoders(lm, cal_utts, needs=check_decoder_names(names), max_frames=24, budgets=[4], seed=seed)
@@ -257,4 +257,4 @@ def test_wer_parity_core_twice_at_one_seed(tmp_path):
     assert R.compare_runs(a, b) == []
     table3 = list(csv.DictReader((a / "04_table3.csv").open()))
     assert {r["language"] for r in table3} == {"en", "de"}  # both paths ran: shipped English, rendered German
-    assert _wav_bytes(a / "04_work") == _wav_bytes(b / "04_work") != {}
+    assert _wav_bytes(a / "05_work") == _wav_bytes(b / "05_work") != {}

@@ -44,7 +44,7 @@ def _synth(tmp_path, *extra, model="embedded", out="x.wav"):
                                                      "--stream"),
     ("--out OUT/x.wav --chunk-frames 2", "--chunk-frames is for --stream"),
     ("--out -", "--out - (a WAV stream on standard output) is for --stream"),
-    ("--out OUT/no/x.wav --stream", "does not exist: create it or choose another --out"),
+    ("--out /proc/rvqspec-no/x.wav --stream", "the folder /proc/rvqspec-no cannot be created in /proc"),
     ("--out OUT/x.wav --stream --json OUT/x.npy", "--json"),
 ])
 def test_bad_stream_flags_fail_before_loading(tmp_path, capsys, monkeypatch, argv, needle):

@@ -1,4 +1,4 @@
-"""The decisions notebook 02 used to make inline, now library functions: the learning rate chosen on validation
+"""The decisions notebook 03 used to make inline, now library functions: the learning rate chosen on validation
 (``sweep_learning_rates``), the offsets deployed beside the model (``select_deployed`` / ``deploy_drafters``) and the
 share of the headroom each drafter captures (``captured_share`` / ``headroom_table``).
 """

@@ -229,7 +229,7 @@ def old_form(args) -> str | None:
     if "forwards" in given or "," in str(getattr(args, "old_dtype", "")):
         return ("rvqspec bench --dtype a,b is now rvqspec bench precisions --dtype a,b (--forwards is now "
                 "--backends official,native)")
-    return "rvqspec bench [flags] is now rvqspec bench latency [flags] (also: precisions, frames, table)"
+    return "rvqspec bench [flags] is now rvqspec bench latency [flags] (also: precisions, frames, table, pipeline)"
 
 
 def run(args: argparse.Namespace, threads: int) -> int:

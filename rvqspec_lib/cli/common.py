@@ -155,12 +155,60 @@ class OneLineParser(argparse.ArgumentParser):
 OUTPUT_FLAGS = {"out": "--out", "json": "--json", "json_path": "--json", "curve_json": "--curve-json"}
 
 
-def check_output_path(path: str | os.PathLike | None, flag: str) -> str | None:
+def _nearest_existing(p: Path) -> Path:
+    """``p`` or its nearest ancestor that exists (the current folder for a relative path with none)."""
+    for q in (p, *p.parents):
+        if q.exists():
+            return q
+    return Path(".")
+
+
+def _missing_folder_problem(folder: Path, flag: str, path) -> str | None:
+    """Why the missing ``folder`` (and its missing parents) cannot be created, or ``None``: the nearest existing
+    ancestor must be a folder in which a file can be created (a real probe, left behind by nothing)."""
+    base = _nearest_existing(folder)
+    if not base.is_dir():
+        return f"{flag} {path}: {base} is a file, not a folder: choose another location"
+    try:
+        files.temp_beside(base / ".rvqspec-probe").unlink()
+    except OSError as e:
+        return f"{flag} {path}: the folder {folder} cannot be created in {base} ({e.strerror}): choose another location"
+    return None
+
+
+def make_folder(folder: str | os.PathLike, flag: str, path=None) -> Path:
+    """Create ``folder`` and its missing parents (nothing when it exists); returns it.
+
+    Raises:
+        ValueError: it cannot be created, in one line naming ``flag`` (and ``path``, default the folder).
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {folder if path is None else path}: cannot create the folder {folder} "
+                         f"({e.strerror or e}): choose another location") from None
+    return folder
+
+
+def make_parent_folders(paths: Sequence[tuple[str | os.PathLike | None, str]]) -> None:
+    """Create the missing parent folders of output files, ``(path, flag)`` pairs (``None`` paths skipped).
+
+    Raises:
+        ValueError: one that cannot be created, in one line naming the flag (:func:`make_folder`).
+    """
+    for path, flag in paths:
+        if path is not None and str(path) != "-":
+            make_folder(Path(path).parent if str(Path(path).parent) else Path("."), flag, path)
+
+
+def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents: bool = False) -> str | None:
     """Why an output path cannot be written, or ``None`` if it can (``None`` path: nothing to check).
 
     Checked BEFORE any work, so no run is lost: an empty path, a folder, a missing folder, a file that exists but is
     read-only, and a folder where no file can be created (the atomic write puts a temporary file beside the target,
-    :func:`rvqspec_lib.common.files.atomic_outputs`). The probes leave nothing behind.
+    :func:`rvqspec_lib.common.files.atomic_outputs`). The probes leave nothing behind. ``make_parents``: the command
+    creates a missing parent folder (:func:`make_parent_folders`), so a missing one is fine if it can be created.
     """
     if path is None:
         return None
@@ -170,6 +218,8 @@ def check_output_path(path: str | os.PathLike | None, flag: str) -> str | None:
     if p.is_dir() or not p.name or p.name in (".", ".."):
         return f"{flag} {path} is a folder: give a file name inside it"
     parent = p.parent if str(p.parent) else Path(".")
+    if not parent.exists() and make_parents:
+        return _missing_folder_problem(parent, flag, path)
     if not parent.exists():
         return f"output folder {parent} does not exist: create it or choose another {flag}"
     if not parent.is_dir():
@@ -184,7 +234,7 @@ def check_output_path(path: str | os.PathLike | None, flag: str) -> str | None:
     return None
 
 
-def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]]) -> None:
+def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]], *, make_parents: bool = False) -> None:
     """:func:`check_output_path` on ``(path, flag)`` pairs; also refuses two outputs that are the same file.
 
     Raises:
@@ -192,7 +242,7 @@ def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]]) -> None
     """
     seen: dict[Path, str] = {}
     for path, flag in paths:
-        problem = check_output_path(path, flag)
+        problem = check_output_path(path, flag, make_parents=make_parents)
         if problem:
             raise ValueError(problem)
         if path is None:
@@ -206,16 +256,17 @@ def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]]) -> None
 def check_output_folder(path: str | os.PathLike, flag: str = "--out") -> str | None:
     """Why an output FOLDER cannot be written, or ``None`` if it can: checked before any work (``rvqspec export``).
 
-    The folder must be a folder (not a file); if missing, its parent must exist (the command creates the folder);
-    and a file must be creatable in the folder, or in the parent when the folder is still to be made (a real probe,
-    left behind by nothing: permissions, read-only mounts and pseudo file systems show up here).
+    The folder must be a folder (not a file); if missing, the command creates it and its missing parents
+    (:func:`make_folder`), so its nearest existing ancestor must be a folder; and a file must be creatable in the
+    folder, or in that ancestor when the folder is still to be made (a real probe, left behind by nothing:
+    permissions, read-only mounts and pseudo file systems show up here).
     """
     out = Path(path)
     if out.exists() and not out.is_dir():
         return f"{flag} {out} is a file: give a folder"
-    if not out.exists() and not out.parent.exists():
-        return f"the parent of {flag} {out} does not exist: create it or choose another folder"
-    where = out if out.exists() else out.parent
+    where = out if out.exists() else _nearest_existing(out)
+    if not where.is_dir():
+        return f"{flag} {out}: {where} is a file, not a folder: choose another folder"
     try:
         files.temp_beside(where / ".rvqspec-probe").unlink()
     except OSError as e:
@@ -289,7 +340,7 @@ def read_text_file(path: str | os.PathLike, flag: str) -> str:
     if p.is_dir():
         raise ValueError(f"{flag} {p} is a folder: give a UTF-8 text file, one sentence a line")
     if not p.is_file():
-        raise ValueError(f"{flag} {p} does not exist")
+        raise ValueError(f"{flag} {p} does not exist: give a UTF-8 text file, one sentence a line (check the path)")
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

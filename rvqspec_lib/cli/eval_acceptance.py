@@ -33,7 +33,7 @@ def decoder_names(decoder: str | None) -> list:
     name = parse_decoder_name(decoder)
     if name.kind not in ("chain", "tree") or name.best_window or name.drafter != "heads":
         raise ValueError(f"--decoder {name.text}: eval-acceptance takes chain[:N] or tree[:PATHS] (the drafter is "
-                         "--drafter); calibrated trees are evaluated by notebook 03 and `rvqspec eval-wer`")
+                         "--drafter); calibrated trees are evaluated by notebook 04 and `rvqspec eval-wer`")
     return [name]
 
 

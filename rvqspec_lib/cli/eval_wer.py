@@ -78,7 +78,9 @@ def _check(args) -> tuple[list[str], set[str], list[str]]:
     if args.dataset and not args.codec:
         raise ValueError("--dataset needs --codec (the codec that turns its audio into codes)")
     if args.calibration and not Path(args.calibration).is_file():
-        raise ValueError(f"--calibration {args.calibration} does not exist")
+        raise ValueError(f"--calibration {args.calibration} does not exist: give a calibration JSON (python "
+                         "scripts/calibrate_trees.py writes <model>/trees/heads.json), or drop it to use the "
+                         "model's own or calibrate here")
     if not args.dataset:
         try:
             embedded_root(args.model)

@@ -6,7 +6,8 @@ Examples::
     rvqspec export --model embedded --format onnx --graph verify --decoder paper:16 --out build/export
     rvqspec export --model embedded --format coreml --graph frame --dtype float16 --out build/export
 
-Writes ``<out>/<graph>[-n<N>]-<dtype>.onnx|.mlpackage`` and ``<same stem>.json`` beside it: the declared inputs,
+Writes ``<out>/<graph>[-n<N>]-<dtype>.onnx|.mlpackage`` (``--out`` and its missing parents are created) and
+``<same stem>.json`` beside it: the declared inputs,
 outputs and states (the tree's paths for a verify graph), the file's size, the agreement with eager PyTorch and
 provenance. ONNX files are run with ONNX Runtime and compared here; Core ML packages are built anywhere and
 predicted, compared and timed per compute unit on macOS 15+ only (elsewhere the JSON says so; ``--predict`` makes
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from rvqspec_lib.cli.args import EXPORT_DTYPES, FORMATS, GRAPHS, TARGETS
-from rvqspec_lib.cli.common import _die, apply_threads, check_output_folder, check_tree_ranks, note
+from rvqspec_lib.cli.common import _die, apply_threads, check_output_folder, check_tree_ranks, make_folder, note
 from rvqspec_lib.common.files import write_text_atomic
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, parse_decoder_name
@@ -109,8 +110,7 @@ def run(args, threads: int = 1) -> int:
         check_tree_ranks([args.decoder_name], int(cp.config.vocab_size))
         tree = resolve(args.decoder_name, lm).decoder.tree(0)  # the graph holds the tree, not the drafter
         nodes = tree.n_nodes + 1  # paper without :N: capped to the largest calibrated budget
-    out = Path(args.out)
-    out.mkdir(exist_ok=True)
+    out = make_folder(args.out, "--out")  # and its missing parents
     stem = f"{args.graph}" + (f"-n{nodes}" if nodes else "") + f"-{args.dtype}"
     path = out / (stem + F.FORMATS[args.fmt])
     if lm.is_random:

@@ -39,10 +39,12 @@ from rvqspec_lib.cli.common import OUTPUT_FLAGS, OneLineParser, _die, add_thread
 #: resolved ``--threads`` (0 = torch's choice); each command applies it (common.apply_threads).
 COMMANDS = {
     "synth": ("speak a text with a chosen inner-loop decoder", "args:synth", "synth"),
-    "bench": ("per-call latency of the talker and the code predictor", "bench:add_args", "bench"),
+    "bench": ("timings, one job each: latency (talker step, code-predictor calls), precisions (each against its "
+              "floor), frames (decoders), table (the one to act on), pipeline (the whole frame streamed)",
+              "bench:add_args", "bench"),
     "train-drafter": ("train position-aware offsets or Medusa heads", "args:train_drafter", "train_drafter"),
     "eval-acceptance": ("tokens per call and acceptance of a drafter", "args:eval_acceptance", "eval_acceptance"),
-    "export": ("one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 05)", "args:export",
+    "export": ("one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 06)", "args:export",
                "export"),
     "eval-wer": ("WER parity and code-distribution tests of the decoders against AR (notebook 05)", "args:eval_wer",
                  "eval_wer"),
@@ -103,8 +105,8 @@ def _dispatch(args) -> int:
             continue  # a folder here (the command checks it itself)
         if args.cmd == "synth" and attr == "out" and args.out == "-":
             continue  # standard output (synth --stream checks the rest)
-        problem = check_output_path(getattr(args, attr, None), flag)
-        if problem:
+        problem = check_output_path(getattr(args, attr, None), flag, make_parents=args.cmd == "synth")
+        if problem:  # synth creates a missing parent folder of --out and --json (synth.run)
             return _die(problem)
     command = _load(COMMANDS[args.cmd][2])
     from safetensors import SafetensorError  # loaded with the command's module (torch's) by now

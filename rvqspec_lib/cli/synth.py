@@ -28,8 +28,8 @@ import soundfile as sf
 import torch
 
 from rvqspec_lib.cli.args import AUDIO_SUFFIXES, MAX_BATCH
-from rvqspec_lib.cli.common import apply_threads, check_outputs, check_seed, check_tree_ranks, check_utf8, note, \
-    read_text_file, threads_text
+from rvqspec_lib.cli.common import apply_threads, check_outputs, check_seed, check_tree_ranks, check_utf8, \
+    make_parent_folders, note, read_text_file, threads_text
 from rvqspec_lib.common.files import atomic_outputs
 from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
 from rvqspec_lib.decoding.decoders import Tree, is_lossless
@@ -132,7 +132,7 @@ def check_args(args) -> list[tuple[Path, Path]]:
     if args.json and Path(args.json).resolve() in {f.resolve() for f in files}:
         raise ValueError(f"--json {args.json} is an audio or codes file of --out: give it its own name")
     check_outputs([(f, "--out" if f.suffix != ".npy" else "--out (its codes file)") for f in files]
-                  + [(args.json, "--json")])
+                  + [(args.json, "--json")], make_parents=True)  # a missing parent folder is made by run()
     if not args.decoder.strip():
         raise ValueError(f"--decoder is empty: give one of {grammar(('chain:best',))}")
     name = args.decoder_name = parse_decoder_name(args.decoder, without=("chain:best",))
@@ -269,6 +269,7 @@ def run(args, threads: int) -> int:
     if args.codes_to_audio == "neural" and codec.code_decoder is None:
         raise ValueError(f"--codes-to-audio neural: {args.model}'s codec has no neural code decoder beside it "
                          "(codec.decoder.safetensors); use auto or table, or train one (`make embedded`)")
+    make_parent_folders([(f, "--out") for pair in pairs for f in pair if f is not None] + [(args.json, "--json")])
     t = time.perf_counter()
     sampling = frame.inner_sampling(lm, greedy=args.greedy)
     talker_sampling = Sampling.from_generation_config(lm.generation or {}, loop="talker", greedy=args.greedy)

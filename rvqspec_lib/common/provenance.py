@@ -86,8 +86,8 @@ def resolve_out_dir(out_dir: str | os.PathLike, *, smoke: bool = False, root: st
 SOURCE_PATHS = ("rvqspec_lib", "notebooks", "scripts", "data", "Makefile", "requirements.txt", "pyproject.toml",
                 "environment.yml")
 #: :data:`SOURCE_PATHS` as git pathspecs (``git status`` / ``git diff -- ...``). ``make paper`` writes nothing inside
-#: them: the shipped drafters and trees beside the embedded model are sources the notebooks read (notebook 02
-#: deploys, notebook 03 writes ``trees/heads.json``, only when asked: ``save_to_model`` / ``write_trees``).
+#: them: the shipped drafters and trees beside the embedded model are sources the notebooks read (notebook 03
+#: deploys, notebook 04 writes ``trees/heads.json``, only when asked: ``save_to_model`` / ``write_trees``).
 SOURCE_PATHSPECS = SOURCE_PATHS
 
 

@@ -1,4 +1,4 @@
-"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebooks 03 and 05;
+"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebook 07;
 docs/precision.md#the-table).
 
 Per model (the embedded model, trained; the real-size 0.6B architecture with random weights, its speculative frames a
@@ -108,7 +108,7 @@ def check_table_args(models: Sequence[str], precisions: Sequence[str], backends:
     for b in backends:
         if b not in TABLE_BACKENDS:
             raise ValueError(f"--backends {b!r}: the table times {', '.join(TABLE_BACKENDS)} (cuda: "
-                             "scripts/gpu_bench.py; coreml: notebook 05 on a Mac)")
+                             "scripts/gpu_bench.py; coreml: notebook 06 on a Mac)")
         ok, why = available(b)
         if not ok:
             raise ValueError(f"--backends {b} is not available here: {why}")

@@ -177,7 +177,7 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
 def best_budget(calibration: dict, kind: str = "point-mass", budgets: Sequence[int] | None = None) -> int:
     """The node budget N with the highest PREDICTED tokens per call E(N) of a calibration's ``kind`` of tree, among
     ``budgets`` (default every calibrated one); ties go to the smaller N. E(N) of a greedy tree never falls as N
-    grows, so this is the largest budget unless the gain stops: speed is another question (notebook 03).
+    grows, so this is the largest budget unless the gain stops: speed is another question (notebook 04).
 
     Raises:
         ValueError: no calibrated budget among ``budgets``.

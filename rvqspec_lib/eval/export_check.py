@@ -1,4 +1,4 @@
-"""The exported code-predictor graphs against eager PyTorch (notebook 05, ``rvqspec export``), and Core ML call times
+"""The exported code-predictor graphs against eager PyTorch (notebook 06, ``rvqspec export``), and Core ML call times
 on macOS.
 
 * :func:`check_file`: one exported file (:func:`rvqspec_lib.models.export_formats.export_graph`) run where it can run

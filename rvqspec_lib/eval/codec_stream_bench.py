@@ -36,7 +36,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from rvqspec_lib.common.machine import cpu_flags
-from rvqspec_lib.eval.timing import LoadMonitor, cpu_oversubscribed, read_bandwidth
+from rvqspec_lib.eval.timing import cpu_oversubscribed, interleaved, read_bandwidth
 from rvqspec_lib.models.configs import build_codec_decoder
 from rvqspec_lib.models.precision import native_precisions
 from rvqspec_lib.models.streaming_codec import StreamingCodecDecoder
@@ -247,27 +247,27 @@ def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repea
     dec = StreamingCodecDecoder(decoder, backend=backend, chunk_frames_hint=chunk_frames)
     codes = _codes(WARMUP_FRAMES + chunk_frames * repeats, seed=1)
     stages = dec.stages()
-    per_stage = {name: [] for name, _ in stages}
-    cpu, wall = [], []
+    pushed = [WARMUP_FRAMES]  # the stream's position: each run pushes the next chunk (the decoder keeps state)
+
+    def push(_i):
+        i = pushed[0]
+        h, per_stage = codes[..., i:i + chunk_frames], {}
+        for name, stage in stages:
+            t0 = time.thread_time()
+            h = stage(h)
+            per_stage[name] = (time.thread_time() - t0) * 1e3 / chunk_frames
+        pushed[0] += chunk_frames
+        return per_stage
+
     with torch.no_grad():
         for i in range(0, WARMUP_FRAMES, chunk_frames):
             dec.push(codes[..., i:i + chunk_frames])
-        load = LoadMonitor().__enter__()
-        for r in range(repeats):
-            i = WARMUP_FRAMES + r * chunk_frames
-            h = codes[..., i:i + chunk_frames]
-            w0, c0 = time.perf_counter(), time.thread_time()
-            for name, stage in stages:
-                t0 = time.thread_time()
-                h = stage(h)
-                per_stage[name].append((time.thread_time() - t0) * 1e3 / chunk_frames)
-            cpu.append((time.thread_time() - c0) * 1e3 / chunk_frames)
-            wall.append((time.perf_counter() - w0) * 1e3 / chunk_frames)
-        load.__exit__()
+        t = interleaved({"push": push}, repeats=repeats, warmup=0, desc="streaming codec")
+    cpu = [x / chunk_frames for x in t.cpu_ms["push"]]
     return {"ms_per_frame": statistics.median(cpu), "min_ms_per_frame": min(cpu),
-            "wall_ms_per_frame": statistics.median(wall),
-            "stages_ms_per_frame": {k: statistics.median(v) for k, v in per_stage.items()},
-            "other_cpu_frac": load.other_cpu_frac}
+            "wall_ms_per_frame": statistics.median(t.ms["push"]) / chunk_frames,
+            "stages_ms_per_frame": {name: statistics.median(r[name] for r in t.out["push"]) for name, _ in stages},
+            "other_cpu_frac": t.meta.get("other_cpu_frac")}
 
 
 def time_chunked_decode(decoder, chunk_frames: int, *, left_context: int = LEFT_CONTEXT, repeats: int = 3) -> dict:
@@ -279,18 +279,11 @@ def time_chunked_decode(decoder, chunk_frames: int, *, left_context: int = LEFT_
         ``{"ms_per_frame": median thread CPU time, "wall_ms_per_frame", "other_cpu_frac"}``.
     """
     codes = _codes(left_context + chunk_frames, seed=2)
-    cpu, wall = [], []
     with torch.no_grad():
-        decoder(codes)
-        load = LoadMonitor().__enter__()
-        for _ in range(repeats):
-            w0, c0 = time.perf_counter(), time.thread_time()
-            decoder(codes)
-            cpu.append((time.thread_time() - c0) * 1e3 / chunk_frames)
-            wall.append((time.perf_counter() - w0) * 1e3 / chunk_frames)
-        load.__exit__()
-    return {"ms_per_frame": statistics.median(cpu), "wall_ms_per_frame": statistics.median(wall),
-            "other_cpu_frac": load.other_cpu_frac}
+        t = interleaved({"chunk": lambda _i: decoder(codes)}, repeats=repeats, warmup=1, desc="chunked_decode")
+    return {"ms_per_frame": statistics.median(t.cpu_ms["chunk"]) / chunk_frames,
+            "wall_ms_per_frame": statistics.median(t.ms["chunk"]) / chunk_frames,
+            "other_cpu_frac": t.meta.get("other_cpu_frac")}
 
 
 def fidelity(decoder, *, frames: int = 100, chunk_frames: int = 4, left_context: int = LEFT_CONTEXT,

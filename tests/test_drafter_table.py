@@ -209,8 +209,8 @@ def test_drafter_family_and_the_figures_styles():
     styles = {plots.drafter_style(x)["marker"] + plots.drafter_style(x)["ls"] for x in
               ("offsets-ce", "offsets-kl", "offsets-tv")}
     assert len(styles) == 3  # one colour, three looks
-    assert plots.sampling_words(Sampling()) == "T 0.9, top-k 50"
-    assert plots.sampling_words({"temperature": 1.0, "top_k": 0, "top_p": 0.8, "greedy": False}) == "T 1, top-p 0.8"
+    assert plots.sampling_words(Sampling()) == "temperature 0.9, top-k 50"
+    assert plots.sampling_words({"temperature": 1.0, "top_k": 0, "top_p": 0.8, "greedy": False}) == "temperature 1, top-p 0.8"
     assert plots.sampling_words(Sampling(greedy=True)) == "greedy"
 
 

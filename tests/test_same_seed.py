@@ -68,13 +68,13 @@ def test_compare_runs_flags_a_perturbed_table_and_ignores_timings(tmp_path):
     assert R.compare_runs(a, b) == []
 
     # the negative control: one non-timing cell of a table, one value of a result JSON
-    _rewrite_cell(b / "04_table3.csv", "tokens_per_call", "2.0000000000000004", row=3)
+    _rewrite_cell(b / "05_table3.csv", "tokens_per_call", "2.0000000000000004", row=3)
     _rewrite_cell(b / "04_speed.csv", "tokens_per_call", "9.99")  # a timing notebook's non-timing column
     m["wer"]["unquantised"] = 0.1681
     (b / "00_metrics.json").write_text(json.dumps(m))
     diffs = R.compare_runs(a, b)
     assert len(diffs) == 3, diffs
-    assert any(d.startswith("04_table3.csv: column 'tokens_per_call' differs first in row 4") for d in diffs)
+    assert any(d.startswith("05_table3.csv: column 'tokens_per_call' differs first in row 4") for d in diffs)
     assert any(d.startswith("04_speed.csv: column 'tokens_per_call'") for d in diffs)
     assert any(d.startswith("00_metrics.json.wer.unquantised: ") for d in diffs)
 

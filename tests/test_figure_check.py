@@ -86,11 +86,11 @@ def test_a_consistent_copy_passes(repo, tmp_path):
 def test_one_older_revision_fails_and_is_named(repo, tmp_path):
     root, shas = repo
     fig = _copy_figures(tmp_path / "figures", shas["C"])
-    _set_git(fig, "03_trees.provenance.json", revision=shas["A"], dirty=False, changed_sources=[])
+    _set_git(fig, "04_trees.provenance.json", revision=shas["A"], dirty=False, changed_sources=[])
     rep = FC.check_figures(fig, root=root)
     assert not rep.ok
     old = [ln for ln in rep.lines if f"made at {shas['A'][:7]}" in ln]
-    assert len(old) == 1 and old[0].endswith("(0 dirty): 03_trees"), rep.lines
+    assert len(old) == 1 and old[0].endswith("(0 dirty): 04_trees"), rep.lines
     assert f"sources changed between {shas['A'][:7]} and HEAD {shas['D'][:7]} (1): rvqspec_lib/lib.py" \
         in " ".join(rep.lines)
     assert FC.suite_failures(rep)  # a folder mixing revisions fails the suite, too
@@ -139,7 +139,7 @@ def test_legacy_records_are_reported_not_failed(repo, tmp_path):
     rep = FC.check_figures(fig, root=root)
     assert rep.legacy and not rep.ok and FC.suite_failures(rep) == []
     # one figure regenerated under the new rule, the rest left legacy: the suite fails (a partial regeneration)
-    _set_git(fig, "03_trees.provenance.json", revision=shas["C"], dirty=False, changed_sources=[])
+    _set_git(fig, "04_trees.provenance.json", revision=shas["C"], dirty=False, changed_sources=[])
     assert FC.suite_failures(FC.check_figures(fig, root=root))
 
 
@@ -170,7 +170,7 @@ def test_a_missing_listed_file_fails(repo, tmp_path):
     """Negative control: a record whose file is gone (a deleted audio example or figure) is listed as missing."""
     root, shas = repo
     fig = _copy_figures(tmp_path / "figures", shas["C"])
-    (fig / "audio").mkdir()
+    (fig / "audio").mkdir(exist_ok=True)
     (fig / "audio" / "00_example.wav").write_text("RIFF")
     (fig / "audio" / "00_example.provenance.json").write_text(json.dumps(
         {"git": {"revision": shas["C"], "dirty": False, "changed_sources": []}, "files": ["00_example.wav"]}))
@@ -194,7 +194,7 @@ def test_executed_notebooks_are_checked_like_figures(repo, tmp_path):
     fig = _copy_figures(tmp_path / "figures", run)
     rep = FC.check_figures(fig, root=root, notebooks=True)
     assert rep.kinds == ["missing"] and "notebooks/00_a.ipynb: no executed copy" in rep.lines[0]
-    (fig / "notebooks").mkdir()
+    (fig / "notebooks").mkdir(exist_ok=True)
     (fig / "notebooks" / "00_a.ipynb").write_text("{}")
     (fig / "notebooks" / "00_a.provenance.json").write_text(json.dumps(
         {"git": {"revision": run, "dirty": False, "changed_sources": []}, "files": ["00_a.ipynb"]}))

@@ -435,8 +435,9 @@ display(Markdown("\n".join(f"* **{name}**: {narrate(tr)}." for name, tr in trace
 # A tree is written as a list of **rank paths**. The path (r_1, ..., r_t) is the node at offset t whose code is the
 # rank-r_t code of the offset-t draft, placed under the node (r_1, ..., r_{t−1}). `DraftTree.from_paths` compiles the
 # list once into fixed buffers: node 0 is the root, the other nodes follow sorted by path length then
-# lexicographically, and each node gets its `parent`, its `depth` (= offset t), its `rank` and its `children` (in the
-# order the walk tries them). The **node budget** N is the number of query positions of one verify call: the nodes
+# lexicographically, and each node gets its `parent`, its `depth` (its depth in the tree, which is its offset t; not
+# the depth of its code in the frame, which lies t past the root's), its `rank` and its `children` (in the order the
+# walk tries them). The **node budget** N is the number of query positions of one verify call: the nodes
 # plus the root.
 #
 # The last buffer is `ancestors`, an N × N table whose entry [i, j] is 1 when node j is node i itself or one of its
@@ -485,6 +486,8 @@ display(Markdown("| node | path | parent | depth | rank | children | attends to 
 # the path. For a chain of sampled drafts, the term of offset t is the probability that the first t drafts are all
 # kept. Below, the library computes these exactly by enumerating every draft and every branch of the walk
 # (`exact_round_law`), and measures them over `n_draws` rounds of `walk_tree`. AR commits exactly one code per call.
+# In the table, `N` is the node budget of section 5 (the query positions of the call, root included) and
+# `drafted_nodes` = N − 1 the guesses under the root, the nodes v of the sum.
 #
 # Over a whole frame, the paper's figure of merit also counts the frame's first (prefill) call, and trees are cut at
 # the frame's last depth, so frame-level tokens per call is lower than the per-round number here.
@@ -492,8 +495,9 @@ display(Markdown("| node | path | parent | depth | rank | children | attends to 
 # %%
 decoders = {"chain, window 4 (sampled drafts)": (chain4, True), "small tree (point-mass drafts)": (small_tree, False)}
 tpc_rows, node_rows, lengths, joint_gaps = [], [], {}, {}
-tpc_rows.append({"decoder": "AR", "nodes": AR().tree(15).n_nodes, "exact": 1.0, "closed_form": 1.0,
-                 "monte_carlo": 1.0, "monte_carlo_se": 0.0})
+ar_tree = AR().tree(15)
+tpc_rows.append({"decoder": "AR", "N": ar_tree.n_nodes + 1, "drafted_nodes": ar_tree.n_nodes, "exact": 1.0,
+                 "closed_form": 1.0, "monte_carlo": 1.0, "monte_carlo_se": 0.0})
 for name, (tr, sampled) in decoders.items():
     law = toy.exact_round_law(target, q_offsets, tr, sampled=sampled, depths_left=4)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -504,9 +508,9 @@ for name, (tr, sampled) in decoders.items():
     p_path = None if sampled else target.path_probabilities(tr, codes)
     # closed form: point mass, 1 + the target probability of every node's path; chain, 1 + P(first t drafts kept)
     node_terms = law.node_accepted[1:] if sampled else p_path[1:]
-    tpc_rows.append({"decoder": name, "nodes": tr.n_nodes, "exact": law.expected_committed,
-                     "closed_form": 1.0 + float(node_terms.sum()), "monte_carlo": float(n.mean()),
-                     "monte_carlo_se": float(n.std() / n.numel() ** 0.5)})
+    tpc_rows.append({"decoder": name, "N": tr.n_nodes + 1, "drafted_nodes": tr.n_nodes,
+                     "exact": law.expected_committed, "closed_form": 1.0 + float(node_terms.sum()),
+                     "monte_carlo": float(n.mean()), "monte_carlo_se": float(n.std() / n.numel() ** 0.5)})
     for v in range(1, tr.n_nodes + 1):
         node_rows.append({"decoder": name, "node": v, "path": ",".join(map(str, tr.paths[v - 1])),
                           "codes": "sampled" if sampled else ",".join(str(int(codes[u])) for u in toy.path_nodes(tr, v)),
@@ -566,8 +570,9 @@ display(Markdown(
 #
 # Everything below is measured on the toy, and the proof behind it holds for any p and q: on the released
 # checkpoint the rule is exactly as lossless, and only the accepted mass, hence the tokens per call, depends on the
-# model and its drafter. The next notebooks put the rule to work on a model: 03 trains the paper's drafter, 04
-# calibrates its tree and times it, 05 checks whether WER moves.
+# model and its drafter. The next notebooks put the rule to work on a model: 03 trains the paper's drafter and
+# calibrates each drafter's own trees (the offsets' among them), 04 calibrates the reused heads' trees and times
+# every decoder, the paper's included, 05 checks whether WER moves.
 
 # %%
 metrics["timings_s"] = {"total": time.perf_counter() - t_start}
@@ -605,7 +610,7 @@ display(Markdown("\n".join([
     f"{'rejects it' if pm_rejected else 'does not reject it'} at level {level:g} (p-value "
     f"{p_words(pm_test['p_value'])}); the proof says it is exact. A child is worth only the target mass of its code, "
     f"so a tree needs several well-ranked children to catch much of p.",
-    "* **One round** is draft, verify (one call for every node), accept (the walk) and commit; the walk keeps a "
+    "* **One round** is draft, verify (one call covering every node), accept (the walk) and commit; the walk keeps a "
     "prefix of the guesses and always adds one drawn code, so a call commits at least one code.",
     "* **The tree is data.** Rank paths compile to parent, depth, rank, children and the ancestor matrix, which is "
     "the verify call's attention mask: each node sees only its own path, so one call gives every node the p that an "

@@ -78,7 +78,7 @@ train_tv = True  # also train offsets on one minus the exact acceptance (total v
 train_medusa = True  # also train Medusa heads (cross-entropy, Medusa-1's loss)
 medusa_lr = None  # Adam learning rate of the Medusa heads (None: the library default, Medusa-1's 1e-3)
 train_medusa_tv = True  # also train Medusa heads on total variation, like offsets-tv
-medusa_tv_lr = 1e-4  # its Adam learning rate (1e-3 overshoots 20 M parameters from 1,200 frames)
+medusa_tv_lr = 1e-4  # its Adam learning rate (below Medusa-1's: LM-head-sized heads, a small training split)
 offsets_lrs = (1e-2, 1e-3, 3e-4)  # Adam learning rates tried for each offsets loss; the validation acceptance picks one
 tree_budgets = (2, 4, 8, 16, 32, 64)  # node budgets of each drafter's own calibrated trees (32: the paper's)
 n_calibration_frames = 100  # calibration-split frames each drafter's trees are calibrated on
@@ -147,6 +147,14 @@ params = dict(notebook="03_training_offsets", model=model, seed=seed, smoke=bool
               headroom_frames=headroom_frames, headroom_samples=headroom_samples, save_to_model=bool(save_to_model),
               medusa_dir=medusa_dir, dataset=dataset, codec=codec, dataset_splits=list(dataset_splits))
 timings = {}
+
+
+def offset_t(rows):
+    """The library's rows with their draft-offset column, ``offset_j``, named ``offset_t`` as in the prose
+    (t: the draft offset; j: a depth in the frame)."""
+    return [{("offset_t" if k == "offset_j" else k): v for k, v in r.items()} for r in rows]
+
+
 # the model: "embedded", a model folder, or a build folder holding model/ and utterances.safetensors; a real
 # checkpoint with `dataset` (+ `codec`); anything else (a random-weight timing model, a checkpoint without data)
 # falls back to the embedded model, because acceptance needs trained weights and frames of real speech
@@ -320,8 +328,9 @@ display(Markdown(
     f"Deployed in this run (highest validation acceptance): **{deployed}**. Files written: "
     + ", ".join(f"`{p}`" for p in files.values()) + ".\n\n"
     + (f"The offsets shipped beside `{run_model}` (`{shipped_file}`), which the later notebooks' `paper` decoder "
-       f"uses, were trained with **{LOSS_WORDS.get(shipped['loss'], shipped['loss'])}**, not the paper's "
-       f"cross-entropy: learning rate {shipped['lr']:g}, {shipped['n_train_frames']:,} training frames, epoch "
+       f"uses, were trained with **{LOSS_WORDS.get(shipped['loss'], shipped['loss'])}**"
+       + ("" if shipped["loss"] == "ce" else ", not the paper's cross-entropy")
+       + f": learning rate {shipped['lr']:g}, {shipped['n_train_frames']:,} training frames, epoch "
        f"{shipped['best_epoch']} of {shipped['epochs_run']} kept, validation acceptance by offset "
        f"{', '.join(f'{a:.3f}' for a in shipped['val_acceptance_at_init'])} untrained and "
        f"{', '.join(f'{a:.3f}' for a in shipped['val_acceptance_by_offset'])} trained. The same validation rule "
@@ -347,11 +356,13 @@ results = T.evaluate_drafters(cp, drafters, eval_frames, sampling=sampling, seed
 timings["evaluate_s"] = time.perf_counter() - t0
 save_json(results, out / "03_acceptance.json", prov)
 tables = T.acceptance_tables(results, K=K)
+lib_by_offset = tables["by_offset"]  # the library's rows, as its plot reads them (offset column `offset_j`)
+tables = {k: offset_t(v) for k, v in tables.items()}  # the offset column named by the prose's letter, t
 save_table(tables["by_depth"], out / "03_acceptance_by_depth", prov)
 save_table(tables["by_offset"], out / "03_acceptance_by_offset", prov)
 save_table(tables["rank"], out / "03_rank_acceptance", prov)
 offsets_labels = [lab for lab in drafters if lab == "heads" or T.drafter_family(lab) == "offsets"]
-fig = plot_acceptance_by_offset(tables["by_offset"], max_offset=K, drafters=offsets_labels,
+fig = plot_acceptance_by_offset(lib_by_offset, max_offset=K, drafters=offsets_labels,
                                 title=f"Acceptance by draft offset: reused heads vs position-aware offsets "
                                       f"({run_model}, {len(eval_frames)} evaluation frames, "
                                       f"{sampling_words(sampling)})")
@@ -513,6 +524,7 @@ pd.DataFrame(margin)
 t0 = time.perf_counter()
 headroom, headroom_table = T.headroom_rows(cp, drafters, eval_frames, n_frames=headroom_frames,
                                            samples=headroom_samples, n_ahead=K, sampling=sampling, seed=seed)
+headroom_table = offset_t(headroom_table)
 timings["headroom_s"] = time.perf_counter() - t0
 save_table(headroom_table, out / "03_headroom", {**prov, "frames": headroom["n_frames"],
                                                  "samples": headroom["samples"]})
@@ -538,11 +550,11 @@ n_ranks = len([k for k in tables["rank"][0] if k.startswith("rank")])
 fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
 OFFSET_LOOK = [dict(marker="o", ls="-"), dict(marker="s", ls="--"), dict(marker="^", ls=":")]  # offsets 1, 2, 3
 for r in (r for r in tables["rank"] if r["drafter"] == "heads"):
-    look = OFFSET_LOOK[(r["offset_j"] - 1) % len(OFFSET_LOOK)]
+    look = OFFSET_LOOK[(r["offset_t"] - 1) % len(OFFSET_LOOK)]
     ax0.plot(range(n_ranks), [r[f"rank{i}"] for i in range(n_ranks)], ms=4, mfc="none", lw=1.2,
-             color=DECODER_COLORS["tree-point-mass"], label=f"offset {r['offset_j']}: rank-r draft, E[p(x_r)]", **look)
+             color=DECODER_COLORS["tree-point-mass"], label=f"offset {r['offset_t']}: rank-r draft, E[p(x_r)]", **look)
     ax0.axhline(r["sampled"], color=DECODER_COLORS["tree-sampled"], ls=look["ls"], lw=1.2,
-                label=f"offset {r['offset_j']}: one sampled draft, Σ min(p, q)")
+                label=f"offset {r['offset_t']}: one sampled draft, Σ min(p, q)")
 ax0.set_xticks(range(n_ranks))
 ax0.set_xlabel("rank r of the drafted code in q (0: its most likely code)")
 ax0.set_ylabel("probability the draft is kept")
@@ -664,11 +676,11 @@ metrics["headline"] = headline(
 save_json(metrics, out / "03_metrics.json", prov)
 
 # the sentences below are written from the results above; every claim is conditional on what they say
-heads_rank = {r["offset_j"]: r for r in tables["rank"] if r["drafter"] == "heads"}
+heads_rank = {r["offset_t"]: r for r in tables["rank"] if r["drafter"] == "heads"}
 top1 = [heads_rank[j]["rank0"] for j in sorted(heads_rank)]
 samp = [heads_rank[j]["sampled"] for j in sorted(heads_rank)]
 chain_beats_tree = pap["chain_best"] > pap["tree_N32_tokens_per_call"]  # the deployed drafter: the paper's tree
-hr_rows = {r["offset_j"]: r for r in headroom_table}
+hr_rows = {r["offset_t"]: r for r in headroom_table}
 capt = {lab: [hr_rows[j].get(f"{lab}_captured") for j in sorted(hr_rows)] for lab in drafters if lab != "heads"}
 best_capt = max(capt, key=lambda lab: np.nanmean(np.array(capt[lab], dtype=float)))
 off_capt = max((lab for lab in capt if T.drafter_family(lab) == "offsets"),

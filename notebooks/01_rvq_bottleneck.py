@@ -491,8 +491,9 @@ if own:
     if same_n:
         p_, h_ = max(same_n, key=lambda ph: ph[0]["nodes"])
         parts.append(f"At the same node budget (N {p_['nodes']}) the offsets drafter's tokens per call differ from "
-                     f"the reused heads' by {p_['tokens_per_call'] - h_['tokens_per_call']:+.2f} here (notebook 03 "
-                     f"measures that difference with an interval). ")
+                     f"the reused heads' by {p_['tokens_per_call'] - h_['tokens_per_call']:+.2f} here (notebook 05, "
+                     f"section 6, gives that gain at the paper's node budget a paired interval over utterances, per "
+                     f"language). ")
     if best_sp:
         parts.append(f"Trees with sampled children reach {best_sp['tokens_per_call']:.2f} (`{best_sp['decoder']}`). ")
     parts.append(f"The best decoder here is `{best['decoder']}` at {best['tokens_per_call']:.2f} codes per call, "

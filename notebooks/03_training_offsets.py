@@ -94,6 +94,7 @@ dataset_splits = ("train", "validation", "test")  # its training / validation / 
 
 # %%
 import json
+import re
 import time
 from pathlib import Path
 
@@ -150,9 +151,9 @@ timings = {}
 
 
 def offset_t(rows):
-    """The library's rows with their draft-offset column, ``offset_j``, named ``offset_t`` as in the prose
-    (t: the draft offset; j: a depth in the frame)."""
-    return [{("offset_t" if k == "offset_j" else k): v for k, v in r.items()} for r in rows]
+    """The library's rows with their draft-offset columns named by the prose's letter, t (j is a depth in the
+    frame): ``offset_j`` -> ``offset_t``, ``difference_j1`` -> ``difference_t1``, ``val_acceptance_j1`` -> ..."""
+    return [{re.sub(r"_j(\d*)$", r"_t\1", k): v for k, v in r.items()} for r in rows]
 
 
 # the model: "embedded", a model folder, or a build folder holding model/ and utterances.safetensors; a real
@@ -269,7 +270,7 @@ lr_table
 # paper's purple, Medusa heads), one marker and line style per loss.
 
 # %%
-curve_rows = run.curve_rows()
+curve_rows = offset_t(run.curve_rows())
 fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
 for label, res in run.results.items():
     ep = [c["epoch"] for c in res.curve]
@@ -489,7 +490,7 @@ display(Markdown(
 # `chain4_gain` turns it into tokens per call of a chain of window 4, measured.
 
 # %%
-margin = T.margin_rows(cp, drafters, eval_frames, n_ahead=K, sampling=sampling, results=results)
+margin = offset_t(T.margin_rows(cp, drafters, eval_frames, n_ahead=K, sampling=sampling, results=results))
 save_table(margin, out / "03_margin", prov)
 m_by = {r["drafter"]: r for r in margin}
 real = [r["drafter"] for r in margin if r["ci95_low"] > 0]

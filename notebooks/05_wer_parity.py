@@ -67,7 +67,7 @@ smoke = False  # True: 3 English and 1 sentence per language for 2 languages, sm
 out_dir = "figures"  # relative paths resolve against the repository root; absolute paths are kept
 threads = 1  # torch.set_num_threads (1: on a shared machine more threads spin-wait)
 n_sentences = 16  # English evaluation utterances (shipped evaluation split; 0: all)
-n_multilingual = 4  # sentences per other language (0: all shipped, 8 each)
+n_multilingual = 4  # sentences per other language (0: all shipped for that language)
 languages = ("en", "de", "es", "ru", "ja", "zh")  # Table 3's languages
 replicates = 1  # draws per frame for the code tests, English (the first draw is the one turned into audio)
 replicates_multilingual = 2  # the same for the other languages (fewer frames, more draws)
@@ -201,9 +201,9 @@ pd.DataFrame(table1)
 # * `ar`: plain decoding, the reference; `ar-seed2`: the null control.
 # * `chain:W`: a **chain** of sampled drafts from the reused heads (the code predictor's own heads applied early),
 #   window W chosen as the best *predicted* tokens per call on the calibration frames.
-# * `tree:calibrated-sampled:N`: a **tree** of the reused heads' drafts with **sampled** children (Sequoia's rule,
-#   each child kept with probability 1 − TV(p, q)), calibrated for N = `tree_budget` nodes
-#   ([methods.md](../docs/methods.md#sampled-trees)).
+# * `tree:calibrated-sampled:N`: a **tree** of the reused heads' drafts with **sampled** children (Sequoia's rule:
+#   the first child kept with probability 1 − TV(p, q), later ones tried against what is left of p), calibrated for
+#   the node budget N = `tree_budget` ([methods.md](../docs/methods.md#sampled-trees)).
 # * `tree:calibrated-point-mass:N` at the paper's N (`paper_budget`): the reused heads' tree with **point-mass**
 #   children (the top-ranked codes, each kept with probability p of its code: the paper's kind of tree,
 #   [methods.md](../docs/methods.md#sparse-point-mass-tree)), the paired baseline of
@@ -324,9 +324,10 @@ save_table(wer_rows, out / "05_wer_parity", prov_wer)
 pd.DataFrame(wer_rows)
 
 # %% [markdown]
-# The code test, drawn. Left: English, per depth, the rank test's Holm-adjusted p-value of each decoder against AR
-# (higher = stronger evidence of a difference; above the dashed line = flagged at the family-wise level). Right:
-# every language, each decoder's smallest Holm-adjusted p-value over its 30 tests (rank and code at 15 depths).
+# The code test, drawn. Left: English, per depth, the rank test's Holm-adjusted p-value of each decoder against AR,
+# drawn as −log10 p (higher = stronger evidence of a difference; above the dashed line = flagged at the family-wise
+# level). Right: every language, each decoder's smallest Holm-adjusted p-value over its tests (rank and code at
+# every depth), drawn the same way.
 # Colours: one per decoder family, the lossy control red, the paper's decoder purple.
 
 # %%

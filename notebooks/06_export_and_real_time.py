@@ -31,11 +31,11 @@
 # codec decoder that turns 16 codes into 80 ms of audio. The terms used below (the whole frame, real-time factor,
 # time to first audio, underrun, floor, timing replay) are defined in [the glossary](../docs/glossary.md) and worked
 # out in [docs/streaming.md](../docs/streaming.md). We time each part against its **floor** (the least time it can
-# take on this machine), the frame on one thread and with generation and decoding overlapped on all cores, streams
-# as they play (time to first audio, real-time factor, underruns), and several streams batched. The real-size 0.6B
-# architecture has RANDOM weights here: it is a **timing replay** (its times are real; its speculative frames take
-# their acceptance decisions from the trained embedded model; its audio means nothing and is never kept). The
-# embedded model is trained, and its streamed audio is what the last section plays.
+# take on this machine), the frame on one thread and with generation and decoding overlapped on two cores (one
+# each: the larger of the two), streams as they play (time to first audio, real-time factor, underruns), and several
+# streams batched. The real-size 0.6B architecture has RANDOM weights here: it is a **timing replay** (its times are
+# real; its speculative frames take their acceptance decisions from the trained embedded model; its audio means
+# nothing and is never kept). The embedded model is trained, and its streamed audio is what the last section plays.
 #
 # Every number in the text below is rendered from the results the cells compute; nothing is typed in.
 
@@ -61,7 +61,7 @@ eval_frames = 8  # evaluation-split frames whose contexts are decoded in Figure 
 pipeline_models = ["qwen3-tts-0.6b-random", "embedded"]  # the pipeline table's models
 pipeline_precisions = None  # None: every precision this CPU runs natively
 chunk_frames = 2  # frames decoded to audio at once in the pipeline's streams
-stream_frames = 40  # frame cap of a measured stream (3.2 s of audio; the embedded model ends its sentence before)
+stream_frames = 40  # frame cap of a measured stream (80 ms of audio a frame; a sentence that ends sooner stops there)
 stream_repeats = 2  # runs of each measured stream
 batches = [1, 2, 4]  # streams batched in the concurrency measurement
 concurrency_models = ["qwen3-tts-0.6b-random"]  # the models whose streams are batched (None: every pipeline model)

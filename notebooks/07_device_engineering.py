@@ -158,8 +158,8 @@ display(pd.DataFrame(backend_table()))
 #
 # **The talker step.** The big model's step (the released config's 28 layers, [model.md](../docs/model.md); one new
 # position after a KV prefix, then `codec_head`), the other half of a frame, timed the same way
-# (`rvqspec_lib.eval.talker_bench.bench_talker_precisions`): the official step and the native one, at two context
-# lengths. Its floor counts the weights; the KV cache it attends adds bytes as the context grows.
+# (`rvqspec_lib.eval.talker_bench.bench_talker_precisions`): the official step and the native one, at each context
+# length of `talker_contexts`. Its floor counts the weights; the KV cache it attends adds bytes as the context grows.
 
 # %%
 lm = load_model(model)

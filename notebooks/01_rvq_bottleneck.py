@@ -304,10 +304,11 @@ compared_df
 # line each ([glossary](../docs/glossary.md#speculative-decoding), [drafters](../docs/glossary.md#drafters)): the
 # **reused heads** draft a later depth by applying the code predictor's own head of that depth to the current hidden
 # state; the **offsets** add a small learned vector per offset (how far past the last committed depth the draft
-# reaches) before that head (notebook 03 trains them); a **calibrated tree** is the tree of N query positions whose
-# shape maximises the expected codes per call on a calibration split (notebook 04); a **point-mass** child is a
-# top-ranked draft, kept with the target's probability of its code, a **sampled** child is drawn from q and kept with
-# min(1, p/q); `paper:N` is the offsets drafter with its own calibrated point-mass tree of node budget N. The
+# reaches) before that head (notebook 03 trains them); a **calibrated tree** is the tree of N query positions grown
+# greedily, node by node, from acceptance tables measured on a calibration split (notebook 04); a **point-mass** child
+# is a top-ranked draft, kept with the target's probability of its code, a **sampled** child is drawn from q, the
+# first one kept with min(1, p/q) and later siblings tried against what is left of p; `paper:N` is the offsets
+# drafter with its own calibrated point-mass tree of node budget N. The
 # paper's value stands in its own labelled columns. One colour per decoder family, as in every figure of the
 # companion.
 

@@ -297,8 +297,10 @@ def _runner(name, code_predictor, decoder, fused, sampling, drafter, acceptance,
                          "acceptance (use fused=False)")
     window = 1 if type(decoder) is AR else int(decoder.window)
     if name == "native":
-        nat = verify if isinstance(verify, NativeCodePredictor) else None
-        frame = NativeChainFrame(code_predictor, window, sampling, backend=nat)
+        nat = verify if isinstance(verify, NativeCodePredictor) else verify_backend("native", code_predictor)
+        if nat.code_predictor is not code_predictor:
+            raise ValueError("verify must be a native backend built over this code_predictor")
+        frame = NativeChainFrame(nat, window, sampling)
     elif name == "onnx":
         frame = F.ExportedFrame(code_predictor, threads=threads, work_dir=work_dir, sampling=sampling)
     else:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from rvqspec_lib.models.fused import FusedARFrame
-from rvqspec_lib.models.lean import ROPE_POSITIONS, LeanCodePredictor
+from rvqspec_lib.models.lean import ROPE_POSITIONS, LeanStack
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.decoding.trees import DraftTree
@@ -65,7 +65,7 @@ def check_exportable(code_predictor) -> None:
         raise ValueError("this code predictor's heads have a bias: the exported graphs support bias-free heads only "
                          "(as the released checkpoints)")
     try:
-        LeanCodePredictor(code_predictor)
+        P.check_code_predictor(code_predictor, "export")
     except ValueError as e:
         raise ValueError(f"this code predictor cannot be exported: {e}") from None
 
@@ -81,9 +81,9 @@ class _Graph(nn.Module):
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        lean = LeanCodePredictor(code_predictor)
+        lean = LeanStack(code_predictor, "export").eval()
         self.cp = code_predictor
-        self.stack = lean.stack  # holds code_predictor.model: the official parameters, read in place
+        self.stack = lean  # holds code_predictor.model: the official parameters, read in place
         self.register_buffer("cos", lean.cos.clone(), persistent=False)  # (ROPE_POSITIONS, D)
         self.register_buffer("sin", lean.sin.clone(), persistent=False)
         self.batch, self.slots, self.state = int(batch), int(slots), state

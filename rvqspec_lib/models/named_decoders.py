@@ -4,7 +4,7 @@ drafter and trees, for a loaded model: every command, table and notebook builds 
 ``resolve("paper", lm)`` reads the position-aware offsets shipped beside the model (``<model>/drafters/offsets
 .safetensors``, :mod:`rvqspec_lib.models.drafter_files`) and their own calibration (``<model>/trees/offsets.json``,
 :mod:`rvqspec_lib.models.tree_files`), builds the calibrated point-mass tree of N = 32 nodes carrying that drafter, and
-returns it as a :class:`NamedDecoder` whose name's ``label`` and ``fields()`` (also read as ``nd.label``) are what result
+returns it as a :class:`NamedDecoder` whose name's ``label`` and ``fields()`` (also ``nd.label``) are what result
 rows carry. ``auto`` is chosen by timing the device, not by reading files
 (:func:`rvqspec_lib.eval.budget.auto_decoder` returns the same :class:`NamedDecoder`).
 

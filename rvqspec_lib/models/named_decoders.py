@@ -15,7 +15,7 @@ spending a minute on loading.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from rvqspec_lib.decoding.decoder_names import PAPER_DRAFTER, DecoderName, parse_decoder_name
@@ -191,8 +191,3 @@ def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: i
             return (f"{name.text}: the {name.drafter} calibration ({path}) holds budgets up to {max(cal['budgets'])}; "
                     f"using N {tree.nodes} (recalibrate: {recalibrate_command(model, name.drafter)})")
     return None
-
-
-def with_drafter(named: NamedDecoder, drafter) -> NamedDecoder:
-    """The same decoder drafting with another module for its drafter (e.g. one trained in a run)."""
-    return replace(named, decoder=replace(named.decoder, drafter=drafter), drafter=drafter)

@@ -1,31 +1,15 @@
 """Stateful streaming decoding of the 12 Hz speech tokenizer: codes pushed chunk by chunk, audio out chunk by chunk,
-each chunk costing only its own frames' compute.
+each chunk costing only its own frames' compute (docs/codec_streaming.md).
 
-The official decoder (``Qwen3TTSTokenizerV2Decoder`` of ``qwen_tts.core.tokenizer_12hz``,
-docs/model.md#speech-tokenizer) is causal end to end: per-frame RVQ decode, causal convolutions (left zero padding
-only, stride 1), an 8-layer transformer with a sliding attention window of 72 frames (each frame attends to itself
-and the 71 before it), causal transposed convolutions (the right overhang trimmed), ConvNeXt blocks with causal
-depthwise convolutions, SnakeBeta activations and a final clamp. So the output of frame t depends on frames 0..t
-only, and a stream can be decoded exactly by carrying, from one chunk to the next:
-
-* every causal convolution's last ``(kernel - 1) * dilation`` input samples (its left context; zeros at the start,
-  as the official zero padding);
-* every causal transposed convolution's overhang: the ``kernel - stride`` output samples that the last input sample
-  adds beyond the chunk (the samples the official module trims at the end of a sequence are the ones the next
-  chunk's first samples receive: they are added to it, overlap-add);
-* the transformer's keys and values of the last ``sliding_window - 1`` frames per layer, and the frame position
-  (RoPE positions continue; the official full forward numbers frames 0, 1, 2, ... from the first).
-
-:class:`StreamingCodecDecoder` calls the official module's own submodules and weights for every layer and
-re-implements only this state handling (:mod:`rvqspec_lib.models.streaming_layers`: the ``official`` backend calls
-the modules, the ``onednn`` backend runs the same weights prepacked); a chunk of n frames costs the compute of those
-n frames. :func:`streaming_decoder` gives the same interface for every codec of the project, the embedded model's
-offline codec included (:mod:`rvqspec_lib.models.streaming_rvq`). Its output equals
-the official full-sequence ``forward`` up to float rounding (tests/test_streaming_codec.py). The official
-``chunked_decode(codes, chunk_size, left_context_size=25)`` instead re-runs ``forward`` on every chunk with 25
-frames of left context recomputed, and starts RoPE at 0 in each chunk: it differs from ``forward`` (and from this
-stream) once a stream is longer than 25 frames + one chunk, because its transformer sees 25 frames of history
-instead of 71 per layer.
+The official decoder (``Qwen3TTSTokenizerV2Decoder``, docs/model.md#speech-tokenizer) is causal end to end, so a
+stream is decoded exactly by carrying each layer's state from one chunk to the next
+(:mod:`rvqspec_lib.models.streaming_layers`: what is carried; the ``official`` and ``onednn`` backends).
+:class:`StreamingCodecDecoder` calls the official module's own submodules and weights and re-implements only that
+state; its output equals the official full-sequence ``forward`` up to float rounding (tests/test_streaming_codec.py).
+The official ``chunked_decode(codes, chunk_size, left_context_size=25)`` instead re-runs ``forward`` on every chunk
+with 25 frames of left context and RoPE restarted at 0: it differs from ``forward`` once a stream is longer than 25
+frames + one chunk. :func:`streaming_decoder` gives the same interface for every codec of the project, the embedded
+model's offline codec included (:mod:`rvqspec_lib.models.streaming_rvq`).
 """
 
 from __future__ import annotations

@@ -59,13 +59,6 @@ class StreamingCodecDecoder:
     Raises:
         ValueError: an unknown backend, or ``onednn`` where it cannot run (one line, naming the fix).
 
-    Usage::
-
-        dec = StreamingCodecDecoder(decoder)
-        dec.reset(batch_size=1)
-        for codes in chunks:          # (1, 16, n) int64, n >= 1 frames
-            wav = dec.push(codes)     # (1, n * 1920) float32 in [-1, 1], 24 kHz
-
     Attributes:
         n_codebooks (16), codebook_size (2048), frame_samples (1920: the official ``total_upsample``),
         sample_rate (24000), lookahead_frames (0), frames (frames pushed since the last reset), backend.

@@ -194,10 +194,10 @@ class TransformerState:
     def __init__(self, module: nn.Module):
         self.module = module
         self.window = getattr(module.config, "sliding_window", None)
-        self.kv = WindowKV(len(module.layers), self.window)
-        self.position = 0
+        self.reset()
 
-    def reset(self, batch_size, dtype, device):
+    def reset(self, batch_size=None, dtype=None, device=None):
+        """An empty window, frame positions back to 0."""
         self.kv = WindowKV(len(self.module.layers), self.window)
         self.position = 0
 
@@ -434,12 +434,9 @@ class FastTransformer:
         self.head_dim, self.scaling = int(a.head_dim), float(a.scaling)
         self.hidden = int(module.config.hidden_size)
         self.window = getattr(module.config, "sliding_window", None)
-        self.kv = WindowKV(len(module.layers), self.window)
-        self.position = 0
+        self.reset()
 
-    def reset(self, batch_size, dtype, device):
-        self.kv = WindowKV(len(self.module.layers), self.window)
-        self.position = 0
+    reset = TransformerState.reset
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, latent) -> (B, n, latent)
         m = self.module

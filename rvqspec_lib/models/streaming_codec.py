@@ -155,10 +155,7 @@ class StreamingCodecDecoder:
             ValueError: (one line) wrong number of codebooks or dimensions, non-integer codes, a chunk of 0 frames,
                 code ids out of range, or a batch other than :meth:`reset`'s.
         """
-        codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size)
-        if codes.shape[0] != self.batch_size:
-            raise ValueError(f"codes of batch {codes.shape[0]} pushed to a stream of batch {self.batch_size}: call "
-                             f"reset(batch_size={codes.shape[0]}) first")
+        codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)
         h = codes.to(next(self.decoder.parameters()).device)
         for _, stage in self._stages:
             h = stage(h)

@@ -36,13 +36,13 @@ def onednn_available() -> tuple[bool, str]:
     return True, ""
 
 
-def check_codes_chunk(codes, n_codebooks: int, codebook_size: int) -> torch.Tensor:
-    """A chunk of codes for a stream: ``(B, n_codebooks, n)`` integer ids in ``[0, codebook_size)``, n >= 1,
-    returned as int64.
+def check_codes_chunk(codes, n_codebooks: int, codebook_size: int, batch: int) -> torch.Tensor:
+    """A chunk of codes for a stream of ``batch`` rows: ``(batch, n_codebooks, n)`` integer ids in
+    ``[0, codebook_size)``, n >= 1, returned as int64.
 
     Raises:
         ValueError: (one line naming the fix) another shape or number of codebooks, non-integer codes, 0 frames, ids
-            out of range.
+            out of range, another batch.
     """
     if not isinstance(codes, torch.Tensor):
         codes = torch.as_tensor(codes)
@@ -58,6 +58,9 @@ def check_codes_chunk(codes, n_codebooks: int, codebook_size: int) -> torch.Tens
     if lo < 0 or hi >= codebook_size:
         raise ValueError(f"code ids must lie in [0, {codebook_size}), got range [{lo}, {hi}]: strip special ids "
                          "(pad, bos, eos >= 2048) before decoding")
+    if codes.shape[0] != batch:
+        raise ValueError(f"codes of batch {codes.shape[0]} pushed to a stream of batch {batch}: call "
+                         f"reset(batch_size={codes.shape[0]}) first")
     return codes.long()
 
 

@@ -120,10 +120,7 @@ class StreamingRVQDecoder:
         """
         if self._ended:
             raise ValueError("this stream was flushed: call reset() to start a new one")
-        codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size)
-        if codes.shape[0] != self.batch_size:
-            raise ValueError(f"codes of batch {codes.shape[0]} pushed to a stream of batch {self.batch_size}: call "
-                             f"reset(batch_size={codes.shape[0]}) first")
+        codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)
         self.frames += codes.shape[2]
         out = torch.stack([row.push(codes[b].cpu()) for b, row in enumerate(self._rows)])
         self.emitted += out.shape[1] // self.frame_samples

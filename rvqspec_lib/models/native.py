@@ -14,16 +14,13 @@ from rvqspec_lib.models.lean import ROPE_POSITIONS, LeanCache, SlotBackend
 from rvqspec_lib.models.precision import Int8Linear, precision_of
 
 
-def _weight_of(module: nn.Module, precision: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _weight_of(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight, scale) of a linear layer as the packer takes them."""
-    if isinstance(module, Int8Linear):
-        if module.bias is not None:
-            raise ValueError("the native forward packs linear layers without bias (the released code predictors "
-                             "and talkers have none)")
-        return module.weight_int8, module.scale.to(torch.float32)
     if getattr(module, "bias", None) is not None:
         raise ValueError("the native forward packs linear layers without bias (the released code predictors and "
                          "talkers have none)")
+    if isinstance(module, Int8Linear):
+        return module.weight_int8, module.scale.to(torch.float32)
     return module.weight.detach().to(torch.float32), None
 
 
@@ -34,7 +31,7 @@ def packed_linear(precision: str, modules: list[nn.Module]) -> C.PackedLinear:
     Raises:
         ValueError: a layer with a bias.
     """
-    ws = [_weight_of(m, precision) for m in modules]
+    ws = [_weight_of(m) for m in modules]
     w = torch.cat([a for a, _ in ws], 0)
     s = None if ws[0][1] is None else torch.cat([b for _, b in ws], 0)
     return C.PackedLinear(precision, w, s)

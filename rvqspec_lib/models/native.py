@@ -93,7 +93,7 @@ class PackedDecoder:
             w = model.norm.weight.detach().to(torch.float32).contiguous()
             self._keep.append(w)
             lib.rvq_model_set_norm(self.handle, -1, 0, C.ptr(w))
-        self.weight_bytes = sum(_nbytes(k) for k in self._keep)
+        self.weight_bytes = sum(packed_bytes(k) for k in self._keep)
 
     def __del__(self):
         h = getattr(self, "handle", None)
@@ -102,7 +102,7 @@ class PackedDecoder:
             self.handle = None
 
 
-def _nbytes(item) -> int:
+def packed_bytes(item) -> int:
     """Bytes a call streams of a packed layer (weights, scales, corrections) or a norm vector."""
     if isinstance(item, C.PackedLinear):
         return sum(t.numel() * t.element_size() for t in (item.data, item.scale, item.comp) if t is not None)

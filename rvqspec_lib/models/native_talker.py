@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from rvqspec_lib.models.kernels import cpforward as C
-from rvqspec_lib.models.native import PackedDecoder, packed_linear
+from rvqspec_lib.models.native import PackedDecoder, packed_bytes, packed_linear
 from rvqspec_lib.models.precision import ACTIVATION_DTYPE, precision_of
 
 #: Positions the KV cache holds by default (224 MiB per stream on the 0.6B talker; 1024 frames are 82 s of speech).
@@ -152,8 +152,7 @@ class NativeTalker:
         with torch.no_grad():
             self.head = packed_linear(precision, [t.codec_head])
         self.vocab = self.head.n
-        self.weight_bytes = self.decoder.weight_bytes + sum(
-            x.numel() * x.element_size() for x in (self.head.data, self.head.scale, self.head.comp) if x is not None)
+        self.weight_bytes = self.decoder.weight_bytes + packed_bytes(self.head)
         d = self.decoder
         self._lib = C.lib()
         if kv_bfloat16 is None:
@@ -161,8 +160,7 @@ class NativeTalker:
         if kv_bfloat16 and not d.act_bf16:
             raise ValueError(f"a bfloat16 KV cache would round the keys and values of the {precision} talker: use "
                              f"kv_bfloat16=None or False")
-        if self._lib.rvq_model_set_kv_bf16(d.handle, int(bool(kv_bfloat16))) != 0:
-            raise ValueError("the native forward refused a bfloat16 KV cache")  # pragma: no cover - checked above
+        self._lib.rvq_model_set_kv_bf16(d.handle, int(bool(kv_bfloat16)))  # never refused: checked above
         self.kv_dtype = torch.bfloat16 if kv_bfloat16 else torch.float32
         self.kv_bytes_per_position = 2 * d.n_layers * d.n_kv * d.head_dim * (2 if kv_bfloat16 else 4)
         #: Scan every slot of the cache in each step (an ``allow`` mask over the whole capacity, ``rvq_forward``'s

@@ -56,18 +56,11 @@ class TensorSpec:
 
 def check_exportable(code_predictor) -> None:
     """Raise ``ValueError`` (one line) when ``code_predictor`` cannot be exported: not the official module, another
-    RoPE type, heads with a bias."""
-    if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
-            and hasattr(code_predictor, "small_to_mtp_projection") and hasattr(code_predictor.model, "layers")):
-        raise ValueError(f"only the official Qwen3-TTS code predictor (lm.code_predictor) can be exported, got "
-                         f"{type(code_predictor).__name__}")
+    RoPE type (:func:`~rvqspec_lib.decoding.predictor.check_code_predictor`), heads with a bias."""
+    P.check_code_predictor(code_predictor, "export")
     if any(getattr(h, "bias", None) is not None for h in code_predictor.lm_head):
         raise ValueError("this code predictor's heads have a bias: the exported graphs support bias-free heads only "
                          "(as the released checkpoints)")
-    try:
-        P.check_code_predictor(code_predictor, "export")
-    except ValueError as e:
-        raise ValueError(f"this code predictor cannot be exported: {e}") from None
 
 
 class _Graph(nn.Module):

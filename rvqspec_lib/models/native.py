@@ -116,7 +116,8 @@ class NativeCodePredictor(SlotBackend):
         code_predictor: the official module on the CPU in one of the four precisions. Its weights are COPIED at
             construction: build a new backend after changing them.
 
-    Attributes: ``precision``, ``fast`` (whether this CPU runs this precision through the AVX-512 path), ``name``.
+    Attributes: ``precision``, ``fast`` (whether this CPU runs this precision through the AVX-512 path), ``name``,
+    ``handle`` (the C model, for C calls that run it themselves, e.g. the native frame).
 
     Raises:
         ValueError: not the official code predictor; a dtype other than the four precisions; a head width over
@@ -144,7 +145,7 @@ class NativeCodePredictor(SlotBackend):
         self.fast = precision in C.fast_precisions()
         m = code_predictor.model
         self.decoder = PackedDecoder(m, cfg, precision)
-        self._handle = self.decoder.handle
+        self.handle = self.decoder.handle  # the C model (an int), valid while this backend lives
         self.act_bf16 = self.decoder.act_bf16
         self.n_layers, self.n_heads, self.n_kv = self.decoder.n_layers, self.decoder.n_heads, self.decoder.n_kv
         self.head_dim, self.hidden = self.decoder.head_dim, self.decoder.hidden
@@ -153,11 +154,6 @@ class NativeCodePredictor(SlotBackend):
             rot_dtype = torch.float32 if precision == "int8-dynamic" else p0.dtype
             cos, sin = m.rotary_emb(torch.zeros(1, dtype=rot_dtype), torch.arange(ROPE_POSITIONS)[None])
         self.cos, self.sin = cos[0].to(torch.float32).contiguous(), sin[0].to(torch.float32).contiguous()
-
-    @property
-    def handle(self) -> int:
-        """The C model handle (an int) for C calls that run this model themselves; valid while this backend lives."""
-        return self._handle
 
     # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend; the cache: SlotBackend's, float32) ----
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache: LeanCache,
@@ -173,7 +169,7 @@ class NativeCodePredictor(SlotBackend):
         if not (cache.k.is_contiguous() and cache.v.is_contiguous()):
             cache.k, cache.v = cache.k.contiguous(), cache.v.contiguous()
         out = torch.empty(b * q_len, self.hidden, dtype=torch.float32)
-        rc = C.lib().rvq_forward(self._handle, C.ptr(x), C.ptr(cos), C.ptr(sin), C.ptr(al), C.ptr(wr),
+        rc = C.lib().rvq_forward(self.handle, C.ptr(x), C.ptr(cos), C.ptr(sin), C.ptr(al), C.ptr(wr),
                                  C.ptr(cache.k), C.ptr(cache.v), b, q_len, s, C.ptr(out))
         if rc != 0:
             raise MemoryError("the native forward could not allocate its scratch memory")

@@ -16,7 +16,7 @@ from rvqspec_lib.eval.calibration import (
 )
 from rvqspec_lib.data.frame_sources import frames_from_contexts
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
-from rvqspec_lib.models.tree_files import tree_from_calibration
+from rvqspec_lib.decoding.decoder_names import tree_from_calibration
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.trees import DraftTree, expected_tokens, grow_tree
 

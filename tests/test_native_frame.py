@@ -68,21 +68,21 @@ def test_greedy_codes_equal_native_ar(converted, prec):
     ctx = _ctx(cp, 6).to(P.param_dtype(cp))
     ar = torch.cat([decode_frame(cp, ctx[i:i + 1], decoder=AR(), sampling=g, backend=nb).codes for i in range(6)])
     for window in (1, 2, 4):
-        f = NativeChainFrame(cp, window, g, backend=nb)
+        f = NativeChainFrame(nb, window, g)
         got = f.decode(ctx, torch.Generator().manual_seed(window))
         assert got.shape == (6, P.n_codes(cp)) and got.dtype == torch.int64
         assert torch.equal(got, ar), f"{prec} window {window}"
         want_calls = [P.n_codes(cp)] * 6 if window == 1 else \
             decode_frame(cp, ctx, decoder=Chain(window), sampling=g, backend=nb).calls.tolist()
         assert f.last_calls == want_calls, f"{prec} window {window}"
-    assert f.name == "native-chain4" and NativeChainFrame(cp, 1, g, backend=nb).name == "native-ar"
+    assert f.name == "native-chain4" and NativeChainFrame(nb, 1, g).name == "native-ar"
 
 
 @pytest.mark.parametrize("prec", ["float32", "int8"])
 @pytest.mark.parametrize("window", [1, 4])
 def test_a_row_depends_on_its_own_uniforms_only(converted, prec, window):
     cp, nb = converted(prec)
-    f = NativeChainFrame(cp, window, backend=nb)
+    f = NativeChainFrame(nb, window)
     ctx = _ctx(cp, 6)
     u = f.uniforms(6, torch.Generator().manual_seed(1))
     assert u.shape == (6, P.n_codes(cp), 2 * window - 1) and u.dtype == torch.float64
@@ -100,7 +100,7 @@ def test_a_row_depends_on_its_own_uniforms_only(converted, prec, window):
 
 @pytest.mark.parametrize("window", [2, 4, 8])
 def test_same_uniforms_give_fused_chain_frames_codes(cp, window):
-    f = NativeChainFrame(cp, window)
+    f = NativeChainFrame(NativeCodePredictor(cp), window)
     ctx = _ctx(cp, 8, seed=5)
     u = f.uniforms(8, torch.Generator().manual_seed(11))
     fused = FusedChainFrame(cp, window, compile=False)
@@ -132,7 +132,7 @@ def test_native_ar_frame_is_the_python_ar_loop(converted, prec):
     give the codes transformers' warpers and inverse_cdf give for the same uniforms (float32 rounding of the softmax
     differs: a uniform within about 1e-7 of a CDF boundary could part them; the seeds are fixed)."""
     cp, nb = converted(prec)
-    f = NativeChainFrame(cp, 1, backend=nb)
+    f = NativeChainFrame(nb, 1)
     ctx = _ctx(cp, 8, seed=3).to(P.param_dtype(cp))
     u = f.uniforms(8, torch.Generator().manual_seed(4))
     with torch.inference_mode():
@@ -150,8 +150,8 @@ def test_a_model_whose_projection_is_the_identity(prec):
     nb, g = NativeCodePredictor(small), Sampling(greedy=True)
     ctx = _ctx(small, 4, seed=8)
     ar = torch.cat([decode_frame(small, ctx[i:i + 1], decoder=AR(), sampling=g, backend=nb).codes for i in range(4)])
-    assert torch.equal(NativeChainFrame(small, 4, g, backend=nb).decode(ctx), ar)
-    f = NativeChainFrame(small, 4, backend=nb)
+    assert torch.equal(NativeChainFrame(nb, 4, g).decode(ctx), ar)
+    f = NativeChainFrame(nb, 4)
     u = f.uniforms(4, torch.Generator().manual_seed(9))
     assert torch.equal(f(ctx, u), f(ctx.to(P.param_dtype(small)).float(), u))
 
@@ -159,12 +159,12 @@ def test_a_model_whose_projection_is_the_identity(prec):
 def test_bad_input_is_one_line(cp):
     for window in (0, 9, 2.0, True):
         with pytest.raises(ValueError, match=r"native frame window must be an integer in 1\.\.8") as e:
-            NativeChainFrame(cp, window)
+            NativeChainFrame(NativeCodePredictor(cp), window)
         assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match=r"temperature and top-k only; top_p=0.8 needs decode_frame") as e:
-        NativeChainFrame(cp, 4, Sampling(top_p=0.8))
+        NativeChainFrame(NativeCodePredictor(cp), 4, Sampling(top_p=0.8))
     assert "\n" not in str(e.value)
-    f = NativeChainFrame(cp, 4)
+    f = NativeChainFrame(NativeCodePredictor(cp), 4)
     for u in (torch.rand(2, 15, 5, dtype=torch.float64), torch.rand(3, 15, 7, dtype=torch.float64),
               torch.rand(2, 14, 7, dtype=torch.float64)):
         with pytest.raises(ValueError, match=r"uniforms must have shape \(2, 15, 7\)") as e:
@@ -173,8 +173,6 @@ def test_bad_input_is_one_line(cp):
     with pytest.raises(ValueError, match=r"context must have shape \(B, 2, 64\)") as e:
         f(torch.zeros(2, 3, 64), torch.rand(2, 15, 7, dtype=torch.float64))
     assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="built over this code_predictor"):
-        NativeChainFrame(copy.deepcopy(cp), 4, backend=f.backend)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -202,7 +200,7 @@ def native_pmf(frame: NativeChainFrame, context: torch.Tensor, sampling: Samplin
 def _run(model, prec, window, sampling, seed=777, flags=0):
     cp, context = variant(model)
     cp = PR.apply_precision(copy.deepcopy(cp), prec, require_native=False)
-    frame = NativeChainFrame(cp, window, sampling)
+    frame = NativeChainFrame(NativeCodePredictor(cp), window, sampling)
     pmf = native_pmf(frame, context, sampling)
     n = frames_needed(pmf)
     codes = frame.decode(context.expand(n, 2, context.shape[-1]), torch.Generator().manual_seed(seed), flags=flags)

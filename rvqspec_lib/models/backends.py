@@ -1,31 +1,10 @@
-"""THE registry of what runs the code predictor: verify backends (one model call at a time) and frame runners (one
-whole frame of codes 1..15), by name. Every caller -- the command line, the tables, ``auto``, the notebooks, the
-scripts -- builds them here and nowhere else (docs/architecture.md#the-registry).
-
-Verify backends (:data:`BACKENDS`; each implements :class:`rvqspec_lib.decoding.predictor.VerifyBackend`, so
-:func:`rvqspec_lib.decoding.decode.decode_frame` runs any decoder through it):
-
-=========== ==============================================================================================================
-``official`` the official module through transformers (:class:`~rvqspec_lib.decoding.predictor.OfficialBackend`): the
-             reference every other backend is tested against
-``eager``    the lean forward, plain tensor code over the official parameters
-             (:class:`~rvqspec_lib.models.lean.LeanCodePredictor`; bit-identical to ``official`` in float32)
-``compile``  the lean forward under ``torch.compile`` (one graph per call shape; on a GPU ``mode="reduce-overhead"``,
-             i.e. CUDA graphs)
-``onnx``     an exported verify graph run by ONNX Runtime (:class:`~rvqspec_lib.models.export_formats.ExportedBackend`;
-             float32)
-``native``   the C forward at the weight-streaming floor (:class:`~rvqspec_lib.models.native.NativeCodePredictor`;
-             x86-64, every precision of :mod:`rvqspec_lib.models.precision`)
-=========== ==============================================================================================================
-
-Frame runners (:class:`FrameRunner`: ``runner(context, generator) -> FrameResult``): a decoder through a backend,
-either **stepped** (``decode_frame``: any decoder, one backend call per round) or **fused** (the whole frame as one
-graph per round or one C call: AR and Chain with the reused heads only, temperature and top-k sampling;
-:func:`fused_support` says why not otherwise): ``eager``/``compile`` run :class:`~rvqspec_lib.models.fused.FusedARFrame`
-(AR) or :class:`~rvqspec_lib.models.fused_spec.FusedChainFrame`; ``onnx`` the exported AR frame graph;
-``native`` :class:`~rvqspec_lib.models.native_frame.NativeChainFrame` (one C call a frame). The randomness interface is
-the same for all: a ``torch.Generator``; each runner draws its own uniforms from it (so one seed gives other codes
-through another runner, with the same distribution).
+"""THE registry of what runs the code predictor, by name: verify backends (one model call at a time,
+:data:`BACKENDS`, each a :class:`rvqspec_lib.decoding.predictor.VerifyBackend` that
+:func:`~rvqspec_lib.decoding.decode.decode_frame` runs any decoder through) and frame runners (one whole frame of codes
+1..15: stepped through a backend, or fused, :func:`fused_support` saying when). Every caller builds them here and
+nowhere else; what each backend is, its fused frame and who needs it: docs/architecture.md#the-registry. The
+randomness interface is the same for all: a ``torch.Generator``, each runner drawing its own uniforms from it (one
+seed gives other codes through another runner, with the same distribution).
 """
 
 from __future__ import annotations
@@ -33,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import time
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -276,18 +254,20 @@ def frame_runner(name: str, code_predictor, decoder, *, fused: bool = False, sam
     sampling = Sampling() if sampling is None else sampling
     named = getattr(decoder, "name", None) if hasattr(decoder, "decoder") else None
     decoder = decoder.decoder if named is not None else decoder
-    runner = _runner(name, code_predictor, decoder, fused, sampling, drafter, acceptance, verify, work_dir, threads)
+    if not fused:
+        verify = verify if verify is not None else verify_backend(name, code_predictor, work_dir=work_dir,
+                                                                  threads=threads)
+        runner = SteppedRunner(code_predictor, decoder, verify, sampling=sampling, drafter=drafter,
+                               acceptance=acceptance, backend=name)
+    else:
+        runner = FusedRunner(_fused_frame(name, code_predictor, decoder, sampling, drafter, acceptance, verify,
+                                          work_dir, threads), decoder, name)
     if named is not None:
         runner.name = named
     return runner
 
 
-def _runner(name, code_predictor, decoder, fused, sampling, drafter, acceptance, verify, work_dir, threads):
-    if not fused:
-        verify = verify if verify is not None else verify_backend(name, code_predictor, work_dir=work_dir,
-                                                                  threads=threads)
-        return SteppedRunner(code_predictor, decoder, verify, sampling=sampling, drafter=drafter,
-                             acceptance=acceptance, backend=name)
+def _fused_frame(name, code_predictor, decoder, sampling, drafter, acceptance, verify, work_dir, threads):
     check_available(name, precision_of(code_predictor), _device_of(code_predictor).type)
     why = fused_support(name, decoder, sampling, drafter)
     if why:
@@ -297,16 +277,17 @@ def _runner(name, code_predictor, decoder, fused, sampling, drafter, acceptance,
                          "acceptance (use fused=False)")
     window = 1 if type(decoder) is AR else int(decoder.window)
     if name == "native":
-        nat = verify if isinstance(verify, NativeCodePredictor) else None
-        frame = NativeChainFrame(code_predictor, window, sampling, backend=nat)
-    elif name == "onnx":
-        frame = F.ExportedFrame(code_predictor, threads=threads, work_dir=work_dir, sampling=sampling)
-    else:
-        compiled = name == "compile"
-        mode = "reduce-overhead" if compiled and _device_of(code_predictor).type == "cuda" else None
-        frame = FusedARFrame(code_predictor, sampling, compile=compiled, compile_mode=mode) if window == 1 else \
-            FusedChainFrame(code_predictor, window, sampling, compile=compiled, compile_mode=mode)
-    return FusedRunner(frame, decoder, name)
+        nat = verify if isinstance(verify, NativeCodePredictor) else verify_backend("native", code_predictor)
+        if nat.code_predictor is not code_predictor:
+            raise ValueError("verify must be a native backend built over this code_predictor")
+        return NativeChainFrame(nat, window, sampling)
+    if name == "onnx":
+        return F.ExportedFrame(code_predictor, threads=threads, work_dir=work_dir, sampling=sampling)
+    compiled = name == "compile"
+    mode = "reduce-overhead" if compiled and _device_of(code_predictor).type == "cuda" else None
+    if window == 1:
+        return FusedARFrame(code_predictor, sampling, compile=compiled, compile_mode=mode)
+    return FusedChainFrame(code_predictor, window, sampling, compile=compiled, compile_mode=mode)
 
 
 def runner_fields(runner) -> dict:
@@ -321,15 +302,6 @@ def runner_label(fields: dict) -> str:
     return f"{fields['decoder']} ({fields['backend']}{', fused' if fields.get('fused') else ''})"
 
 
-@dataclass(frozen=True)
-class BackendStatus:
-    """One row of :func:`backend_table`: ``backend``, ``available``, ``reason`` (why it is absent)."""
-
-    backend: str
-    available: bool
-    reason: str
-
-
 def backend_table(names=BACKENDS, precision: str = "float32", device: str = "cpu") -> list[dict]:
     """A row per backend: ``backend``, ``available``, ``reason`` (why it is absent here)."""
-    return [dict(BackendStatus(n, *available(n, precision, device)).__dict__) for n in names]
+    return [dict(zip(("backend", "available", "reason"), (n, *available(n, precision, device)))) for n in names]

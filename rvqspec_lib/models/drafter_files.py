@@ -76,13 +76,12 @@ def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
     if d is None:
         raise ValueError(f"the {name!r} drafter is not shipped beside {model} (it has no folder of its own): use a "
                          "checkpoint folder or the embedded model, or draft with the heads (drop @" + name + ")")
-    have = shipped_drafters(model)
+    have, file = shipped_drafters(model), d / "drafters" / f"{name}.safetensors"
     if name not in have:
-        file = d / "drafters" / f"{name}.safetensors"
         raise ValueError(f"the {name!r} drafter is not shipped beside {model} (no {file}; shipped: "
                          f"{', '.join(have) or 'none'}): choose a shipped one or "
                          + _how_to_train("offsets", str(file)))
-    read_description(d / "drafters" / f"{name}.safetensors")  # its header, cheaply: a damaged file fails here
+    read_description(file)  # its header, cheaply: a damaged file fails here
 
 
 def shipped_drafter(model: str | os.PathLike, name: str, code_predictor):

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from rvqspec_lib.models.fused import FusedARFrame
-from rvqspec_lib.models.lean import ROPE_POSITIONS, LeanCodePredictor
+from rvqspec_lib.models.lean import ROPE_POSITIONS, LeanStack
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.decoding.trees import DraftTree
@@ -56,18 +56,11 @@ class TensorSpec:
 
 def check_exportable(code_predictor) -> None:
     """Raise ``ValueError`` (one line) when ``code_predictor`` cannot be exported: not the official module, another
-    RoPE type, heads with a bias."""
-    if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
-            and hasattr(code_predictor, "small_to_mtp_projection") and hasattr(code_predictor.model, "layers")):
-        raise ValueError(f"only the official Qwen3-TTS code predictor (lm.code_predictor) can be exported, got "
-                         f"{type(code_predictor).__name__}")
+    RoPE type (:func:`~rvqspec_lib.decoding.predictor.check_code_predictor`), heads with a bias."""
+    P.check_code_predictor(code_predictor, "export")
     if any(getattr(h, "bias", None) is not None for h in code_predictor.lm_head):
         raise ValueError("this code predictor's heads have a bias: the exported graphs support bias-free heads only "
                          "(as the released checkpoints)")
-    try:
-        LeanCodePredictor(code_predictor)
-    except ValueError as e:
-        raise ValueError(f"this code predictor cannot be exported: {e}") from None
 
 
 class _Graph(nn.Module):
@@ -81,9 +74,9 @@ class _Graph(nn.Module):
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        lean = LeanCodePredictor(code_predictor)
+        lean = LeanStack(code_predictor, "export").eval()
         self.cp = code_predictor
-        self.stack = lean.stack  # holds code_predictor.model: the official parameters, read in place
+        self.stack = lean  # holds code_predictor.model: the official parameters, read in place
         self.register_buffer("cos", lean.cos.clone(), persistent=False)  # (ROPE_POSITIONS, D)
         self.register_buffer("sin", lean.sin.clone(), persistent=False)
         self.batch, self.slots, self.state = int(batch), int(slots), state

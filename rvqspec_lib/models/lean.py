@@ -76,17 +76,30 @@ class SlotBackend:
         return P.head_logits(self.code_predictor, hidden, head)
 
 
-class _Stack(nn.Module):
-    """The decoder stack as one pure tensor function (what is compiled) over the official ``code_predictor.model``
-    (a reference: its parameters are read in place)."""
+class LeanStack(nn.Module):
+    """The decoder stack as one pure tensor function (what is compiled and exported) over the official
+    ``code_predictor.model`` (a reference: its parameters are read in place), with the official rotary module's tables
+    ``cos``, ``sin`` ``(ROPE_POSITIONS, D)`` evaluated once.
 
-    def __init__(self, model: nn.Module, cfg):
+    Raises:
+        ValueError: what :func:`rvqspec_lib.decoding.predictor.check_code_predictor` refuses.
+    """
+
+    def __init__(self, code_predictor, who: str = "LeanCodePredictor"):
         super().__init__()
-        self.model = model
+        P.check_code_predictor(code_predictor, who)
+        cfg, self.model = code_predictor.config, code_predictor.model
+        self.n_layers = len(self.model.layers)
         self.n_heads, self.n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
         self.head_dim = P.head_dim(cfg)
         self.eps = float(cfg.rms_norm_eps)
         self.scaling = self.head_dim ** -0.5
+        p = next(code_predictor.parameters())
+        self.dtype, self.device = p.dtype, p.device
+        with torch.no_grad():
+            cos, sin = self.model.rotary_emb(torch.zeros(1, dtype=self.dtype, device=self.device),
+                                             torch.arange(ROPE_POSITIONS, device=self.device)[None])
+        self.cos, self.sin = cos[0], sin[0]
 
     def proj(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``module`` on ``x``: an ``Int8Linear`` through its own int8 forward, any other through ``F.linear``."""
@@ -150,18 +163,11 @@ class LeanCodePredictor(SlotBackend):
     """
 
     def __init__(self, code_predictor, *, compile: bool = False, compile_mode: str | None = None):
-        P.check_code_predictor(code_predictor, "LeanCodePredictor")
         self.code_predictor = code_predictor
-        self.stack = _Stack(code_predictor.model, code_predictor.config).eval()
-        self.n_layers, self.n_kv, self.head_dim = len(code_predictor.model.layers), self.stack.n_kv, \
-            self.stack.head_dim
-        p = next(code_predictor.parameters())
-        self.dtype, self.device = p.dtype, p.device
-        self.cache_dtype = self.dtype
-        with torch.no_grad():  # the official rotary module's own tables, evaluated once for positions 0..255
-            cos, sin = code_predictor.model.rotary_emb(torch.zeros(1, dtype=self.dtype, device=self.device),
-                                                       torch.arange(ROPE_POSITIONS, device=self.device)[None])
-        self.cos, self.sin = cos[0], sin[0]  # (T, D)
+        self.stack = st = LeanStack(code_predictor).eval()
+        self.n_layers, self.n_kv, self.head_dim, self.dtype, self.device = st.n_layers, st.n_kv, st.head_dim, \
+            st.dtype, st.device
+        self.cache_dtype, self.cos, self.sin = self.dtype, st.cos, st.sin  # (ROPE_POSITIONS, D)
         self.mask_min = torch.finfo(self.dtype).min
         self.compiled = bool(compile)
         self.compile_s: dict[tuple, float] = {}
@@ -186,7 +192,7 @@ class LeanCodePredictor(SlotBackend):
 
     def apply(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A linear layer of the code predictor (a head, a projection) on ``x`` ``(..., in)`` as the stack applies its
-        own (``_Stack.proj``): ``(..., out)`` in the activation dtype."""
+        own (``LeanStack.proj``): ``(..., out)`` in the activation dtype."""
         return self.stack.proj(module, x)
 
     def __repr__(self) -> str:

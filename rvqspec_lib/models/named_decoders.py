@@ -4,8 +4,8 @@ drafter and trees, for a loaded model: every command, table and notebook builds 
 ``resolve("paper", lm)`` reads the position-aware offsets shipped beside the model (``<model>/drafters/offsets
 .safetensors``, :mod:`rvqspec_lib.models.drafter_files`) and their own calibration (``<model>/trees/offsets.json``,
 :mod:`rvqspec_lib.models.tree_files`), builds the calibrated point-mass tree of N = 32 nodes carrying that drafter, and
-returns it as a :class:`NamedDecoder` whose :attr:`~NamedDecoder.label` and :meth:`~NamedDecoder.fields` are what
-result rows carry. ``auto`` is chosen by timing the device, not by reading files
+returns it as a :class:`NamedDecoder` whose name's ``label`` and ``fields()`` (also ``nd.label``) are what result
+rows carry. ``auto`` is chosen by timing the device, not by reading files
 (:func:`rvqspec_lib.eval.budget.auto_decoder` returns the same :class:`NamedDecoder`).
 
 :func:`check_files` is the same lookup BEFORE the model loads (file names only), so a command fails in one line before
@@ -15,7 +15,7 @@ spending a minute on loading.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from rvqspec_lib.decoding.decoder_names import PAPER_DRAFTER, DecoderName, parse_decoder_name
@@ -43,14 +43,11 @@ class NamedDecoder:
     calibration: dict | None = field(default=None, repr=False)
     note: str | None = None
 
-    @property
-    def label(self) -> str:
-        """The decoder's label (:attr:`DecoderName.label`: its canonical name, e.g. ``paper:32``)."""
-        return self.name.label
-
-    def fields(self) -> dict:
-        """The structured fields of a result row (:meth:`DecoderName.fields`)."""
-        return self.name.fields()
+    def __getattr__(self, attr: str):
+        """What the name says, ``label`` and ``fields()`` among it, is the :class:`DecoderName`'s (THE label)."""
+        if attr.startswith("_") or attr == "name":
+            raise AttributeError(attr)
+        return getattr(self.name, attr)
 
 
 def drafter_calibration(lm, drafter: str = "heads") -> dict | None:
@@ -194,8 +191,3 @@ def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: i
             return (f"{name.text}: the {name.drafter} calibration ({path}) holds budgets up to {max(cal['budgets'])}; "
                     f"using N {tree.nodes} (recalibrate: {recalibrate_command(model, name.drafter)})")
     return None
-
-
-def with_drafter(named: NamedDecoder, drafter) -> NamedDecoder:
-    """The same decoder drafting with another module for its drafter (e.g. one trained in a run)."""
-    return replace(named, decoder=replace(named.decoder, drafter=drafter), drafter=drafter)

@@ -14,16 +14,13 @@ from rvqspec_lib.models.lean import ROPE_POSITIONS, LeanCache, SlotBackend
 from rvqspec_lib.models.precision import Int8Linear, precision_of
 
 
-def _weight_of(module: nn.Module, precision: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _weight_of(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight, scale) of a linear layer as the packer takes them."""
-    if isinstance(module, Int8Linear):
-        if module.bias is not None:
-            raise ValueError("the native forward packs linear layers without bias (the released code predictors "
-                             "and talkers have none)")
-        return module.weight_int8, module.scale.to(torch.float32)
     if getattr(module, "bias", None) is not None:
         raise ValueError("the native forward packs linear layers without bias (the released code predictors and "
                          "talkers have none)")
+    if isinstance(module, Int8Linear):
+        return module.weight_int8, module.scale.to(torch.float32)
     return module.weight.detach().to(torch.float32), None
 
 
@@ -34,7 +31,7 @@ def packed_linear(precision: str, modules: list[nn.Module]) -> C.PackedLinear:
     Raises:
         ValueError: a layer with a bias.
     """
-    ws = [_weight_of(m, precision) for m in modules]
+    ws = [_weight_of(m) for m in modules]
     w = torch.cat([a for a, _ in ws], 0)
     s = None if ws[0][1] is None else torch.cat([b for _, b in ws], 0)
     return C.PackedLinear(precision, w, s)
@@ -96,7 +93,7 @@ class PackedDecoder:
             w = model.norm.weight.detach().to(torch.float32).contiguous()
             self._keep.append(w)
             lib.rvq_model_set_norm(self.handle, -1, 0, C.ptr(w))
-        self.weight_bytes = sum(_nbytes(k) for k in self._keep)
+        self.weight_bytes = sum(packed_bytes(k) for k in self._keep)
 
     def __del__(self):
         h = getattr(self, "handle", None)
@@ -105,7 +102,7 @@ class PackedDecoder:
             self.handle = None
 
 
-def _nbytes(item) -> int:
+def packed_bytes(item) -> int:
     """Bytes a call streams of a packed layer (weights, scales, corrections) or a norm vector."""
     if isinstance(item, C.PackedLinear):
         return sum(t.numel() * t.element_size() for t in (item.data, item.scale, item.comp) if t is not None)
@@ -119,7 +116,8 @@ class NativeCodePredictor(SlotBackend):
         code_predictor: the official module on the CPU in one of the four precisions. Its weights are COPIED at
             construction: build a new backend after changing them.
 
-    Attributes: ``precision``, ``fast`` (whether this CPU runs this precision through the AVX-512 path), ``name``.
+    Attributes: ``precision``, ``fast`` (whether this CPU runs this precision through the AVX-512 path), ``name``,
+    ``handle`` (the C model, for C calls that run it themselves, e.g. the native frame).
 
     Raises:
         ValueError: not the official code predictor; a dtype other than the four precisions; a head width over
@@ -147,7 +145,7 @@ class NativeCodePredictor(SlotBackend):
         self.fast = precision in C.fast_precisions()
         m = code_predictor.model
         self.decoder = PackedDecoder(m, cfg, precision)
-        self._handle = self.decoder.handle
+        self.handle = self.decoder.handle  # the C model (an int), valid while this backend lives
         self.act_bf16 = self.decoder.act_bf16
         self.n_layers, self.n_heads, self.n_kv = self.decoder.n_layers, self.decoder.n_heads, self.decoder.n_kv
         self.head_dim, self.hidden = self.decoder.head_dim, self.decoder.hidden
@@ -156,11 +154,6 @@ class NativeCodePredictor(SlotBackend):
             rot_dtype = torch.float32 if precision == "int8-dynamic" else p0.dtype
             cos, sin = m.rotary_emb(torch.zeros(1, dtype=rot_dtype), torch.arange(ROPE_POSITIONS)[None])
         self.cos, self.sin = cos[0].to(torch.float32).contiguous(), sin[0].to(torch.float32).contiguous()
-
-    @property
-    def handle(self) -> int:
-        """The C model handle (an int) for C calls that run this model themselves; valid while this backend lives."""
-        return self._handle
 
     # -- the backend protocol (rvqspec_lib.decoding.predictor.VerifyBackend; the cache: SlotBackend's, float32) ----
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache: LeanCache,
@@ -176,7 +169,7 @@ class NativeCodePredictor(SlotBackend):
         if not (cache.k.is_contiguous() and cache.v.is_contiguous()):
             cache.k, cache.v = cache.k.contiguous(), cache.v.contiguous()
         out = torch.empty(b * q_len, self.hidden, dtype=torch.float32)
-        rc = C.lib().rvq_forward(self._handle, C.ptr(x), C.ptr(cos), C.ptr(sin), C.ptr(al), C.ptr(wr),
+        rc = C.lib().rvq_forward(self.handle, C.ptr(x), C.ptr(cos), C.ptr(sin), C.ptr(al), C.ptr(wr),
                                  C.ptr(cache.k), C.ptr(cache.v), b, q_len, s, C.ptr(out))
         if rc != 0:
             raise MemoryError("the native forward could not allocate its scratch memory")

@@ -55,33 +55,28 @@ class NativeChainFrame(UniformFrame):
     backend's packed weights and its tables as long as it lives: build a new one after changing the weights.
 
     Args:
-        code_predictor: the official module on the CPU, in one of the four precisions.
-        window: 1 (AR) or 2..8. sampling: default the checkpoints'; greedy is argmax; ``top_p < 1`` is refused.
-        backend: a ``NativeCodePredictor`` over ``code_predictor`` to reuse; ``None`` builds one.
+        backend: the ``NativeCodePredictor`` (``verify_backend("native", cp)``) over the official module on the CPU,
+            in one of the four precisions. window: 1 (AR) or 2..8. sampling: default the checkpoints'; greedy is
+            argmax; ``top_p < 1`` is refused.
 
     Attributes: ``window``, ``K`` (``window - 1``), ``n_codes``, ``vocab``, ``u_width`` (``2 K + 1``), ``backend``,
     ``tables`` (float32 ``(V, H)``; ``tables[j-1]`` embeds code j), ``last_calls`` (forward calls per row of the last
     frame, the prefill included), ``name``.
 
     Raises:
-        ValueError: a window outside 1..8; ``top_p < 1``; a backend over another module; what the backend refuses; a
-            frame longer than the RoPE table.
-        RuntimeError: the C library cannot be built here. MemoryError: the C frame could not be allocated.
+        ValueError: a window outside 1..8; ``top_p < 1``; a frame longer than the RoPE table.
+        MemoryError: the C frame could not be allocated.
     """
 
-    def __init__(self, code_predictor, window: int = 4, sampling: Sampling | None = None, *, backend=None):
+    def __init__(self, backend: NativeCodePredictor, window: int = 4, sampling: Sampling | None = None):
         if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= MAX_WINDOW:
             raise ValueError(f"native frame window must be an integer in 1..{MAX_WINDOW} (1: the AR frame; N: the "
                              f"committed code plus N - 1 drafts), got {window!r}")
         decoder = "AR()" if window == 1 else f"Chain({window})"
         self.sampling = fused_sampling(sampling, "native frame",
-                                       f"decode_frame(decoder={decoder}, backend=NativeCodePredictor(cp))")
-        if backend is None:
-            backend = NativeCodePredictor(code_predictor)
-        elif not isinstance(backend, NativeCodePredictor) or backend.code_predictor is not code_predictor:
-            raise ValueError("backend must be a NativeCodePredictor built over this code_predictor "
-                             "(NativeCodePredictor(cp)), or None")
-        self.code_predictor, self.backend = code_predictor, backend
+                                       f"decode_frame(decoder={decoder}, backend=verify_backend('native', cp))")
+        code_predictor = self.code_predictor = backend.code_predictor
+        self.backend = backend
         self.window, self.K, self.device = window, window - 1, torch.device("cpu")
         self.n_codes = P.n_codes(code_predictor)
         self.vocab = int(code_predictor.config.vocab_size)

@@ -1,41 +1,15 @@
 """The native talker step: the talker's decoder layers and ``codec_head`` through the C forward of the code predictor,
-over packed copies of the weights, with a preallocated KV cache (docs/precision.md#the-native-talker).
+over packed copies of the weights, with a preallocated KV cache (docs/precision.md#the-native-talker: calls, RoPE,
+the KV cache and its bytes, batches, and how it equals the official talker).
 
-The talker (docs/model.md#two-nested-loops) emits code 0 of every frame: one step of its 28 decoder layers per frame,
-over a KV cache that grows by one position a frame, then ``codec_head`` (1024 -> 3072 on the 0.6B). A step reads
-every weight once and multiplies it with one row, so like a code-predictor call it is bound by streaming the weights.
-The talker's layers have the code predictor's shape (Qwen3: RMSNorm, fused q/k/v, per-head q/k RMSNorm, RoPE,
-grouped-query attention, SwiGLU), so :class:`NativeTalker` packs them with the code predictor's packer
-(:class:`rvqspec_lib.models.native.PackedDecoder`) and runs a step as ONE C call, ``rvq_forward_scan`` in
-``kernels/cpforward.c``, in the precision the official module was converted to (float32, bfloat16, int8,
-int8-dynamic: :func:`rvqspec_lib.models.precision.apply_precision`).
-
-* **RoPE.** The talker rotates with multimodal RoPE (interleaved sections [24, 20, 20] on the 0.6B), but TTS feeds the
-  SAME position id on all three axes, and then the rotation is the 1-D RoPE of the same inverse frequencies
-  (tests/test_native_talker.py checks it bit for bit against the official ``apply_multimodal_rotary_pos_emb``). The
-  tables are the official rotary module's, at axis 0, in the module's activation dtype.
-* **KV cache.** Preallocated for ``max_context`` positions, slot = index of the position in the sequence (prompt
-  padding included). float32 in float32 and int8-dynamic; bfloat16 in bfloat16 and int8, whose keys and values are
-  bfloat16 values already (as the official cache holds them): the same numbers, bit for bit (tested), in half the
-  bytes a step reads (``kv_bfloat16=False`` keeps float32). It costs ``2 x layers x kv_heads x head_dim x bytes``
-  per position per stream: 224 KiB in float32 on the 0.6B and 1.7B talkers (28 x 8 x 128), 112 KiB in bfloat16, so
-  224 MiB (112 MiB) per stream at the default ``max_context`` of 1024 (82 s of speech, prompt included). A step
-  attends over the filled prefix only: the C call scans ``length`` slots, not the capacity (``rvq_forward_scan``;
-  an ``allow`` mask over the whole capacity computes the same values in time that grows with the capacity, a small
-  cost since the C call lists the allowed slots once per row and layer: :func:`rvqspec_lib.eval.talker_bench.
-  scan_cost` measures it), and the Python side builds a mask of ``length`` bytes a row, not ``max_context``.
-* **Batches** are independent streams sharing slot indices: left padding of a batched prompt is masked per row and
-  each row keeps its own position (the official rule: position = index among the row's real tokens). Every row is
-  computed exactly as the same stream alone (bit for bit: the C linear layers are row invariant and attention visits
-  the allowed slots in slot order, skipping the padding; tested).
-* **Equal to the official talker in the same precision** to a stated tolerance (float32: summation order only;
-  bfloat16 / int8: the official rounding points, another summation order; int8-dynamic: an activation's int8
-  rounding may move by one step), so greedy code 0 equals the official step's wherever its top-2 margin is clear
-  (tested).
-
-The frame loop runs a whole utterance with it: ``synthesize(lm, texts, talker=NativeTalker(lm))``
-(:func:`rvqspec_lib.models.frame.synthesize`). Timing against the floor: :mod:`rvqspec_lib.eval.talker_bench`.
-Embeddings (codec and text tables, ``text_projection``) stay the official module's: the caller feeds embeddings.
+The talker's layers have the code predictor's shape, so :class:`NativeTalker` packs them with
+:class:`rvqspec_lib.models.native.PackedDecoder` and runs a step as ONE C call (``rvq_forward_scan``, over the filled
+``length`` slots only) in the precision the official module was converted to
+(:func:`rvqspec_lib.models.precision.apply_precision`). RoPE: TTS feeds the same position id on the three axes of the
+talker's multimodal RoPE, which is then the 1-D RoPE of axis 0's table (tested bit for bit). The KV cache holds
+bfloat16 in bfloat16 and int8 (exact: those keys and values are bfloat16 already), float32 otherwise. A batch is
+independent streams, each row equal to the same stream alone, bit for bit. Embeddings stay the official module's:
+the caller feeds embeddings (``synthesize(lm, texts, talker=NativeTalker(lm))``, :mod:`rvqspec_lib.models.frame`).
 """
 
 from __future__ import annotations
@@ -43,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from rvqspec_lib.models.kernels import cpforward as C
-from rvqspec_lib.models.native import PackedDecoder, packed_linear
+from rvqspec_lib.models.native import PackedDecoder, packed_bytes, packed_linear
 from rvqspec_lib.models.precision import ACTIVATION_DTYPE, precision_of
 
 #: Positions the KV cache holds by default (224 MiB per stream on the 0.6B talker; 1024 frames are 82 s of speech).
@@ -178,8 +152,7 @@ class NativeTalker:
         with torch.no_grad():
             self.head = packed_linear(precision, [t.codec_head])
         self.vocab = self.head.n
-        self.weight_bytes = self.decoder.weight_bytes + sum(
-            x.numel() * x.element_size() for x in (self.head.data, self.head.scale, self.head.comp) if x is not None)
+        self.weight_bytes = self.decoder.weight_bytes + packed_bytes(self.head)
         d = self.decoder
         self._lib = C.lib()
         if kv_bfloat16 is None:
@@ -187,8 +160,7 @@ class NativeTalker:
         if kv_bfloat16 and not d.act_bf16:
             raise ValueError(f"a bfloat16 KV cache would round the keys and values of the {precision} talker: use "
                              f"kv_bfloat16=None or False")
-        if self._lib.rvq_model_set_kv_bf16(d.handle, int(bool(kv_bfloat16))) != 0:
-            raise ValueError("the native forward refused a bfloat16 KV cache")  # pragma: no cover - checked above
+        self._lib.rvq_model_set_kv_bf16(d.handle, int(bool(kv_bfloat16)))  # never refused: checked above
         self.kv_dtype = torch.bfloat16 if kv_bfloat16 else torch.float32
         self.kv_bytes_per_position = 2 * d.n_layers * d.n_kv * d.head_dim * (2 if kv_bfloat16 else 4)
         #: Scan every slot of the cache in each step (an ``allow`` mask over the whole capacity, ``rvq_forward``'s
@@ -221,10 +193,6 @@ class NativeTalker:
     def batch(self) -> int:
         """Streams of the cache (0 without a cache)."""
         return 0 if self._cache is None else self._cache.batch
-
-    def kv_cache_bytes(self, batch: int = 1, max_context: int | None = None) -> int:
-        """Bytes of a KV cache for ``batch`` streams of ``max_context`` positions (default: :attr:`max_context`)."""
-        return int(batch) * (self.max_context if max_context is None else int(max_context)) * self.kv_bytes_per_position
 
     def new_cache(self, batch: int, max_context: int | None = None) -> TalkerKVCache:
         """A new empty KV cache (not installed: :meth:`use_cache`).

@@ -124,15 +124,12 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, {act}"
 
 
-def _quantise_linears(module: nn.Module, *, dynamic: bool) -> int:
-    n = 0
+def _quantise_linears(module: nn.Module, *, dynamic: bool) -> None:
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
             setattr(module, name, Int8Linear(child, dynamic=dynamic))
-            n += 1
         else:
-            n += _quantise_linears(child, dynamic=dynamic)
-    return n
+            _quantise_linears(child, dynamic=dynamic)
 
 
 def apply_precision(code_predictor: nn.Module, precision: str, *, require_native: bool = True,

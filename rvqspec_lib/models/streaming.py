@@ -1,35 +1,16 @@
-"""Streaming synthesis: audio chunk by chunk while the frames are made (docs/streaming.md).
+"""Streaming synthesis: audio chunk by chunk while the frames are made (docs/streaming.md: what runs where, playback,
+batches).
 
-:func:`synthesize_stream` runs the frame loop (:func:`rvqspec_lib.models.frame.frames`: talker step -> code 0 -> the
-inner loop's codes 1..15 -> their embeddings fed back, one frame at a time) and pushes every ``chunk_frames`` frames to
-a streaming codec decoder (:func:`rvqspec_lib.models.streaming_codec.streaming_decoder`: the official 12 Hz decoder
-exactly, the embedded model's codec with its stated look-ahead), yielding each chunk of audio (:class:`AudioChunk`) as
-soon as it is decoded.
-
-**What runs where.** ``overlap=False``: everything in the calling thread, in turn: a chunk's frames are generated,
-then decoded, then yielded. ``overlap=True``: a second thread (``rvqspec-generate``) runs the frame loop (the talker
-step, code-0 sampling, the inner loop, the embedding sum fed back) and hands each frame's codes over a queue; the
-calling thread decodes the chunks and yields them. So frame t+1 is generated while frame t is decoded, and on two
-cores a frame costs max(generation, decoding) instead of their sum. Both threads spend their time in torch operators,
-oneDNN primitives and the project's C kernels (called through ctypes), which release the GIL; the Python between them
-holds it briefly. Each thread runs its torch operators on ``max(1, n // 2)`` intra-op threads (``n``: torch's thread
-count when the stream starts, restored when it ends; OpenMP's count is per calling thread), so that on two cores with
-one thread each, the command line's default, each side has a core of its own and neither spin-waits on the other's.
-Whether it really overlapped is measured: :meth:`AudioStream.summary`'s ``overlap`` is the busy time of both sides
-over the wall time (above 1: they ran at the same time).
-
-**Playback.** A chunk's ``t_ready_s`` is when its audio was ready, counted from the call. A player is assumed to start
-the first chunk as soon as it is ready, to play the chunks back to back, and to wait when the next one is not ready
-yet: that wait is an **underrun** (the chunk's ``late_ms``), and it delays every later chunk (:func:`playback`).
-
-**Batches.** A list of texts is a batch of independent streams: one talker step and one inner-loop call per round for
-all rows (the weights read once for all of them), one codec push of ``(B, 16, n)``; ``AudioChunk.audio`` is then
-``(B, samples)``, and a row that ended before the others is silent from its end on (its codes are replaced by code 0
-for the codec, which needs valid codes; with a look-ahead codec its last frames are decoded before those placeholder
-codes instead of being cut at its end).
-
-A timing replay's frames (:mod:`rvqspec_lib.eval.replay`) have codes -1 and cannot be streamed as they are;
-:mod:`rvqspec_lib.eval.pipeline` times them with placeholder codes and discards the audio (``summary()["replay"]``).
+:func:`synthesize_stream` runs the frame loop (:func:`rvqspec_lib.models.frame.frames`) and pushes every
+``chunk_frames`` frames to a streaming codec decoder (:func:`rvqspec_lib.models.streaming_codec.streaming_decoder`),
+yielding each chunk of audio (:class:`AudioChunk`) as soon as it is decoded. ``overlap=True``: a second thread
+(:data:`GENERATE_THREAD`) runs the frame loop and hands each frame's codes over a queue while the calling thread
+decodes, each side on ``max(1, n // 2)`` of torch's ``n`` intra-op threads; :meth:`AudioStream.summary`'s ``overlap``
+(busy time of both sides over the wall time) says whether they really ran at the same time. A player is assumed to
+start the first chunk as soon as it is ready and play the chunks back to back: a chunk not ready in time is an
+underrun (its ``late_ms``, delaying every later chunk: :func:`playback`). A list of texts is a batch of independent
+streams; a row that ended is silent from its end on (code 0 fed to the codec). A timing replay's frames (codes -1)
+cannot be streamed as they are (:mod:`rvqspec_lib.eval.pipeline` times them with placeholder codes).
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
 """Stateful streaming decoding of the 12 Hz speech tokenizer: codes pushed chunk by chunk, audio out chunk by chunk,
-each chunk costing only its own frames' compute.
+each chunk costing only its own frames' compute (docs/codec_streaming.md).
 
-The official decoder (``Qwen3TTSTokenizerV2Decoder`` of ``qwen_tts.core.tokenizer_12hz``,
-docs/model.md#speech-tokenizer) is causal end to end: per-frame RVQ decode, causal convolutions (left zero padding
-only, stride 1), an 8-layer transformer with a sliding attention window of 72 frames (each frame attends to itself
-and the 71 before it), causal transposed convolutions (the right overhang trimmed), ConvNeXt blocks with causal
-depthwise convolutions, SnakeBeta activations and a final clamp. So the output of frame t depends on frames 0..t
-only, and a stream can be decoded exactly by carrying, from one chunk to the next:
-
-* every causal convolution's last ``(kernel - 1) * dilation`` input samples (its left context; zeros at the start,
-  as the official zero padding);
-* every causal transposed convolution's overhang: the ``kernel - stride`` output samples that the last input sample
-  adds beyond the chunk (the samples the official module trims at the end of a sequence are the ones the next
-  chunk's first samples receive: they are added to it, overlap-add);
-* the transformer's keys and values of the last ``sliding_window - 1`` frames per layer, and the frame position
-  (RoPE positions continue; the official full forward numbers frames 0, 1, 2, ... from the first).
-
-:class:`StreamingCodecDecoder` calls the official module's own submodules and weights for every layer and
-re-implements only this state handling (:mod:`rvqspec_lib.models.streaming_layers`: the ``official`` backend calls
-the modules, the ``onednn`` backend runs the same weights prepacked); a chunk of n frames costs the compute of those
-n frames. :func:`streaming_decoder` gives the same interface for every codec of the project, the embedded model's
-offline codec included (:mod:`rvqspec_lib.models.streaming_rvq`). Its output equals
-the official full-sequence ``forward`` up to float rounding (tests/test_streaming_codec.py). The official
-``chunked_decode(codes, chunk_size, left_context_size=25)`` instead re-runs ``forward`` on every chunk with 25
-frames of left context recomputed, and starts RoPE at 0 in each chunk: it differs from ``forward`` (and from this
-stream) once a stream is longer than 25 frames + one chunk, because its transformer sees 25 frames of history
-instead of 71 per layer.
+The official decoder (``Qwen3TTSTokenizerV2Decoder``, docs/model.md#speech-tokenizer) is causal end to end, so a
+stream is decoded exactly by carrying each layer's state from one chunk to the next
+(:mod:`rvqspec_lib.models.streaming_layers`: what is carried; the ``official`` and ``onednn`` backends).
+:class:`StreamingCodecDecoder` calls the official module's own submodules and weights and re-implements only that
+state; its output equals the official full-sequence ``forward`` up to float rounding (tests/test_streaming_codec.py).
+The official ``chunked_decode(codes, chunk_size, left_context_size=25)`` instead re-runs ``forward`` on every chunk
+with 25 frames of left context and RoPE restarted at 0: it differs from ``forward`` once a stream is longer than 25
+frames + one chunk. :func:`streaming_decoder` gives the same interface for every codec of the project, the embedded
+model's offline codec included (:mod:`rvqspec_lib.models.streaming_rvq`).
 """
 
 from __future__ import annotations
@@ -74,13 +58,6 @@ class StreamingCodecDecoder:
         chunk_frames_hint: the chunk size the ``onednn`` weights are laid out for (any chunk size works).
     Raises:
         ValueError: an unknown backend, or ``onednn`` where it cannot run (one line, naming the fix).
-
-    Usage::
-
-        dec = StreamingCodecDecoder(decoder)
-        dec.reset(batch_size=1)
-        for codes in chunks:          # (1, 16, n) int64, n >= 1 frames
-            wav = dec.push(codes)     # (1, n * 1920) float32 in [-1, 1], 24 kHz
 
     Attributes:
         n_codebooks (16), codebook_size (2048), frame_samples (1920: the official ``total_upsample``),
@@ -178,10 +155,7 @@ class StreamingCodecDecoder:
             ValueError: (one line) wrong number of codebooks or dimensions, non-integer codes, a chunk of 0 frames,
                 code ids out of range, or a batch other than :meth:`reset`'s.
         """
-        codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size)
-        if codes.shape[0] != self.batch_size:
-            raise ValueError(f"codes of batch {codes.shape[0]} pushed to a stream of batch {self.batch_size}: call "
-                             f"reset(batch_size={codes.shape[0]}) first")
+        codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)
         h = codes.to(next(self.decoder.parameters()).device)
         for _, stage in self._stages:
             h = stage(h)

@@ -1,26 +1,17 @@
 """Per-layer streaming state of the official 12 Hz speech tokenizer decoder, for
 :class:`rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` (docs/codec_streaming.md).
 
-What a stream carries from one chunk to the next, layer by layer (module docstring of ``streaming_codec``): a causal
-convolution's last ``(kernel - 1) * dilation`` input samples, a causal transposed convolution's ``kernel - stride``
-overhang (overlap-add), and the transformer's keys and values of the last ``sliding_window - 1`` frames with the
-frame position. Two backends hold that state over the SAME official weights:
+What a stream carries from one chunk to the next, layer by layer: a causal convolution's last
+``(kernel - 1) * dilation`` input samples, a causal transposed convolution's ``kernel - stride`` overhang
+(overlap-add), and the transformer's keys and values of the last ``sliding_window - 1`` frames with the frame
+position. Two backends hold that state over the SAME official weights (why, measured: docs/codec_streaming.md,
+"Two backends over the same weights"):
 
-* ``official`` (:class:`CausalConvState`, :class:`TransConvState`, :class:`ConvNeXtState`,
-  :class:`ResidualUnitState`, :class:`TransformerState`): calls the official modules (their ``nn.Conv1d``, their
-  transformer layers, SnakeBeta, norms) on ``(B, C, T)`` activations; runs on any device.
+* ``official`` (the ``*State`` classes): calls the official modules on ``(B, C, T)`` activations; any device.
 * ``onednn`` (the ``Fast*`` classes): every convolution, transposed convolution and linear layer run by oneDNN on a
   copy of its weight laid out ONCE in oneDNN's blocked format (``torch.ops.mkldnn._reorder_*``), activations
-  channels-last ``(B, C, 1, T)`` (time-major in memory); CPU only. Why, measured on the project's 2-core AMD EPYC at
-  one thread: a chunk of a few frames gives the layers short time axes (4 samples a frame before the first transposed
-  convolution), where torch's stock CPU paths re-lay-out the weight on every call: ``nn.ConvTranspose1d``
-  1536 -> 768 (kernel 16) on 4 samples takes 115-170 ms on torch's reference path against 4.6 ms from a prepacked
-  weight (its 75 MB read once); ``nn.Conv1d`` 1024 -> 1536 (kernel 7) on 4 samples 17 ms against 2-4 ms; MKL's
-  sgemm runs at about a third of oneDNN's rate on this AMD CPU; channels-last saves the reorders around each
-  convolution (1x1 convolutions 1.5-3x faster). The transformer layer's steps are written out as the official
-  ``Qwen3TTSTokenizerV2DecoderTransformerLayer.forward`` runs them, calling the official RMSNorms, RoPE
-  (``apply_rotary_pos_emb``), layer scales and activation, with q, k, v in one matmul and gate, up in one (their
-  weights stacked). SnakeBeta's two per-channel factors are computed once from the official parameters.
+  channels-last ``(B, C, 1, T)``; CPU only. The transformer layer's steps are written out as the official
+  ``Qwen3TTSTokenizerV2DecoderTransformerLayer.forward`` runs them, with the official norms, RoPE and activation.
 
 Both equal the official full-sequence ``forward`` up to float rounding (tests/test_streaming_codec.py).
 """
@@ -45,13 +36,13 @@ def onednn_available() -> tuple[bool, str]:
     return True, ""
 
 
-def check_codes_chunk(codes, n_codebooks: int, codebook_size: int) -> torch.Tensor:
-    """A chunk of codes for a stream: ``(B, n_codebooks, n)`` integer ids in ``[0, codebook_size)``, n >= 1,
-    returned as int64.
+def check_codes_chunk(codes, n_codebooks: int, codebook_size: int, batch: int) -> torch.Tensor:
+    """A chunk of codes for a stream of ``batch`` rows: ``(batch, n_codebooks, n)`` integer ids in
+    ``[0, codebook_size)``, n >= 1, returned as int64.
 
     Raises:
         ValueError: (one line naming the fix) another shape or number of codebooks, non-integer codes, 0 frames, ids
-            out of range.
+            out of range, another batch.
     """
     if not isinstance(codes, torch.Tensor):
         codes = torch.as_tensor(codes)
@@ -67,6 +58,9 @@ def check_codes_chunk(codes, n_codebooks: int, codebook_size: int) -> torch.Tens
     if lo < 0 or hi >= codebook_size:
         raise ValueError(f"code ids must lie in [0, {codebook_size}), got range [{lo}, {hi}]: strip special ids "
                          "(pad, bos, eos >= 2048) before decoding")
+    if codes.shape[0] != batch:
+        raise ValueError(f"codes of batch {codes.shape[0]} pushed to a stream of batch {batch}: call "
+                         f"reset(batch_size={codes.shape[0]}) first")
     return codes.long()
 
 
@@ -84,15 +78,32 @@ def window_mask(cached: int, n: int, window: int | None, dtype, device) -> torch
     return torch.zeros(ok.shape, dtype=dtype, device=device).masked_fill_(~ok, torch.finfo(dtype).min)[None, None]
 
 
+def _causal_context(module: nn.Module) -> int:
+    """The left context ``(kernel - 1) * dilation`` of an official ``Qwen3TTSTokenizerV2CausalConvNet`` (its
+    ``kernel_size`` is the effective one); only stride 1 streams."""
+    if module.stride != 1:
+        raise ValueError(f"a causal convolution of stride {module.stride}: only stride 1 streams here")
+    return int(module.kernel_size) - 1
+
+
+def _trans_overhang(module: nn.Module) -> tuple[int, int]:
+    """``(stride, kernel - stride)`` of an official ``Qwen3TTSTokenizerV2CausalTransConvNet``."""
+    conv = module.conv
+    stride = int(conv.stride[0])
+    overhang = int(conv.kernel_size[0]) - stride
+    if overhang != module.right_pad or conv.padding[0] or conv.output_padding[0] or conv.dilation[0] != 1:
+        raise ValueError("a transposed convolution not of the official causal form (kernel - stride trimmed on "
+                         "the right, no padding, no dilation)")
+    return stride, overhang
+
+
 class CausalConvState:
     """The left context of one official ``Qwen3TTSTokenizerV2CausalConvNet`` (stride 1): its last
     ``(kernel_size - 1) * dilation`` input samples, zeros at the start of a stream (the official left zero padding)."""
 
     def __init__(self, module: nn.Module):
-        if module.stride != 1:
-            raise ValueError(f"a causal convolution of stride {module.stride}: only stride 1 streams here")
         self.module = module
-        self.context = int(module.kernel_size) - 1  # the official module's effective kernel: (k - 1) * dilation + 1
+        self.context = _causal_context(module)
         self.buf: torch.Tensor | None = None
 
     def reset(self, batch_size: int, dtype: torch.dtype, device) -> None:
@@ -114,13 +125,8 @@ class TransConvState:
     ``K - s`` samples. They are carried and added there (overlap-add); the bias is added once, after."""
 
     def __init__(self, module: nn.Module):
-        conv = module.conv
         self.module = module
-        self.stride = int(conv.stride[0])
-        self.overhang = int(conv.kernel_size[0]) - self.stride
-        if self.overhang != module.right_pad or conv.padding[0] or conv.output_padding[0] or conv.dilation[0] != 1:
-            raise ValueError("a transposed convolution not of the official causal form (kernel - stride trimmed on "
-                             "the right, no padding, no dilation)")
+        self.stride, self.overhang = _trans_overhang(module)
         self.tail: torch.Tensor | None = None
 
     def reset(self, batch_size: int, dtype: torch.dtype, device) -> None:
@@ -191,10 +197,10 @@ class TransformerState:
     def __init__(self, module: nn.Module):
         self.module = module
         self.window = getattr(module.config, "sliding_window", None)
-        self.kv = WindowKV(len(module.layers), self.window)
-        self.position = 0
+        self.reset()
 
-    def reset(self, batch_size, dtype, device):
+    def reset(self, batch_size=None, dtype=None, device=None):
+        """An empty window, frame positions back to 0."""
         self.kv = WindowKV(len(self.module.layers), self.window)
         self.position = 0
 
@@ -240,9 +246,7 @@ class FastConv:
 
     def __init__(self, module: nn.Module, t_hint: int):
         conv = module.conv
-        if module.stride != 1:
-            raise ValueError(f"a causal convolution of stride {module.stride}: only stride 1 streams here")
-        self.context = int(module.kernel_size) - 1
+        self.context = _causal_context(module)
         self.dilation = int(conv.dilation[0])
         self.groups = int(conv.groups)
         self.in_channels = int(conv.in_channels)
@@ -276,11 +280,7 @@ class FastTransConv:
 
     def __init__(self, module: nn.Module, t_hint: int):
         conv = module.conv
-        self.stride = int(conv.stride[0])
-        self.overhang = int(conv.kernel_size[0]) - self.stride
-        if self.overhang != module.right_pad or conv.padding[0] or conv.output_padding[0] or conv.dilation[0] != 1:
-            raise ValueError("a transposed convolution not of the official causal form (kernel - stride trimmed on "
-                             "the right, no padding, no dilation)")
+        self.stride, self.overhang = _trans_overhang(module)
         self.out_channels = int(conv.out_channels)
         w = conv.weight.detach().unsqueeze(2).contiguous(memory_format=_CL)  # (C_in, C_out, 1, K)
         self.weight = torch.ops.mkldnn._reorder_convolution_transpose_weight(
@@ -437,12 +437,9 @@ class FastTransformer:
         self.head_dim, self.scaling = int(a.head_dim), float(a.scaling)
         self.hidden = int(module.config.hidden_size)
         self.window = getattr(module.config, "sliding_window", None)
-        self.kv = WindowKV(len(module.layers), self.window)
-        self.position = 0
+        self.reset()
 
-    def reset(self, batch_size, dtype, device):
-        self.kv = WindowKV(len(self.module.layers), self.window)
-        self.position = 0
+    reset = TransformerState.reset
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, latent) -> (B, n, latent)
         m = self.module

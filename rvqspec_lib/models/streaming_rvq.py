@@ -1,34 +1,16 @@
 """Streaming decoding of the embedded model's offline codec (:class:`rvqspec_lib.models.rvq_codec.RVQCodec`), chunk
-by chunk, with a stated look-ahead (docs/codec_streaming.md#the-embedded-codec).
+by chunk, with a stated look-ahead (docs/codec_streaming.md#the-embedded-codec: the method and how far from the
+offline decode it lands).
 
-The offline decode is not causal, in two places:
-
-1. the neural code decoder (:class:`rvqspec_lib.models.code_decoder.CodeDecoder`) convolves over frames with centred
-   kernels (5 frames, dilations 1, 2, 4, 1: 16 frames each side) and normalises with ``GroupNorm(1, channels)``,
-   whose statistics run over the WHOLE utterance;
-2. Griffin-Lim (``librosa.griffinlim``, 32 iterations of fast Griffin-Lim, momentum 0.99) estimates the phase of the
-   whole utterance at once.
-
-The mel inversion between them (:meth:`RVQCodec.mel_to_magnitude`) acts on each 20 ms column alone and streams
-exactly. So :class:`StreamingRVQDecoder` approximates both non-causal parts, deterministically frame by frame, and
-says how far from the offline decode that lands (tests, docs):
-
-1. code decoder: the vector of frame t is the code decoder's output at t on the window of codes
-   ``[t - context_frames, t + lookahead_frames]`` (cut at the stream's start and, at :meth:`flush`, at its end), so
-   frame t waits for ``lookahead_frames`` later frames. The table decoder (no neural decoder attached) is per frame
-   and needs none;
-2. phase: a real-time iterative reconstruction with look-ahead in the manner of RTISI-LA (Zhu, Beauregard and Wyse,
-   2007): frame t's 1920 samples are committed once the magnitudes of the STFT columns up to frame
-   ``t + gl_lookahead_frames`` are known (the columns overlapping frame t reach 960 samples into frame t + 1, so at
-   least one frame). Each commit runs ``gl_iters`` iterations of fast Griffin-Lim (the offline update, momentum
-   0.99) over those columns with the already committed samples held fixed, starts the new columns from a phase drawn
-   from a generator seeded with (``seed``, column index), keeps the estimate of the samples after frame t for the
-   next commit, and emits frame t.
-
-Because every step is a function of the frame index and the codes alone, the audio does not depend on how the codes
-were split into chunks (up to float rounding of batched matrix products), and a chunk boundary is no different from
-any other frame boundary. Frame t comes out once frame ``t + lookahead_frames + gl_lookahead_frames`` has been pushed
-(:attr:`StreamingRVQDecoder.lookahead_frames`; 3 frames, 240 ms, by default) or at :meth:`flush`.
+The offline decode is not causal in two places, both approximated frame by frame: the neural code decoder (centred
+kernels, whole-utterance ``GroupNorm``) sees the window of codes ``[t - context_frames, t + lookahead_frames]``; the
+phase is reconstructed in the manner of RTISI-LA (Zhu, Beauregard and Wyse, 2007): frame t's 1920 samples are
+committed once the STFT columns up to frame ``t + gl_lookahead_frames`` are known, after ``gl_iters`` iterations of
+fast Griffin-Lim with the committed samples held fixed, new columns starting from a phase seeded with (``seed``,
+column index). The mel inversion between them is per column and streams exactly. Every step is a function of the
+frame index and the codes alone, so the audio does not depend on how the codes were split into chunks (up to float
+rounding). Frame t comes out once frame ``t + lookahead_frames + gl_lookahead_frames`` has been pushed (3 frames,
+240 ms, by default) or at :meth:`StreamingRVQDecoder.flush`.
 """
 
 from __future__ import annotations
@@ -138,10 +120,7 @@ class StreamingRVQDecoder:
         """
         if self._ended:
             raise ValueError("this stream was flushed: call reset() to start a new one")
-        codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size)
-        if codes.shape[0] != self.batch_size:
-            raise ValueError(f"codes of batch {codes.shape[0]} pushed to a stream of batch {self.batch_size}: call "
-                             f"reset(batch_size={codes.shape[0]}) first")
+        codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)
         self.frames += codes.shape[2]
         out = torch.stack([row.push(codes[b].cpu()) for b, row in enumerate(self._rows)])
         self.emitted += out.shape[1] // self.frame_samples

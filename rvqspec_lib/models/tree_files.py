@@ -12,12 +12,7 @@ import os
 from pathlib import Path
 
 from rvqspec_lib.common.files import write_text_atomic
-from rvqspec_lib.decoding.decoder_names import (
-    MAX_BUDGET,
-    MIN_BUDGET,
-    TREE_KINDS,
-    tree_from_calibration,  # noqa: F401 -- also offered here, beside the files it reads (notebooks import it so)
-)
+from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, TREE_KINDS
 from rvqspec_lib.models.drafter_files import model_drafter_dir
 
 FORMAT = "rvqspec-trees"

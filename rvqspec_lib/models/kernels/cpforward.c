@@ -864,18 +864,6 @@ int rvq_forward_scan(void *h, const float *x_in, const float *cos_t, const float
 enum { FRAME_ALWAYS_ACCEPT = 1, FRAME_DRAFTS_HOT = 2, FRAME_RESIDUAL_FROM_P = 4 };
 #define FRAME_MAX_WINDOW 8
 
-/* -DFRAME_PROFILE builds count TSC cycles per part of the frame (rvq_frame_profile reads and clears them) */
-#ifdef FRAME_PROFILE
-#include <x86intrin.h>
-static unsigned long long frame_prof[32], frame_cnt[32];
-#define PROF(i, stmt) do { unsigned long long t0_ = __rdtsc(); stmt; frame_prof[i] += __rdtsc() - t0_; frame_cnt[i]++; } while (0)
-void rvq_frame_profile(double *out) {  /* out: 32 cycle sums, then 32 counts */
-    for (int i = 0; i < 32; i++) { out[i] = (double)frame_prof[i]; out[32 + i] = (double)frame_cnt[i]; frame_prof[i] = frame_cnt[i] = 0; }
-}
-#else
-#define PROF(i, stmt) do { stmt; } while (0)
-#endif
-
 /* a warped distribution: dense probabilities (zero outside the support) and its support in increasing code order */
 typedef struct {
     float *p;
@@ -945,9 +933,7 @@ static float kth_largest(const float *s, int n, int k, float *work) {
 
 /* warped float32 probabilities of one row of logits (rvqspec_lib.models.fused.warp_scores, then softmax) into d; the
  * logits are overwritten by the scores (logits / temperature) */
-static void frame_warp_(const Frame *f, float *logits, Dist *d);
-static void frame_warp(const Frame *f, float *logits, Dist *d) { PROF(1, frame_warp_(f, logits, d)); }
-static void frame_warp_(const Frame *f, float *logits, Dist *d) {
+static void frame_warp(const Frame *f, float *logits, Dist *d) {
     int V = f->V;
     dist_clear(d);
     if (f->greedy) {
@@ -985,9 +971,7 @@ static void frame_warp_(const Frame *f, float *logits, Dist *d) {
 
 /* one code drawn from d (non-negative, not necessarily normalised) with the uniform u: inverse_cdf's rule (the first
  * code whose float64 cumulative mass exceeds u * total, clamped to the last code with mass; zeros add nothing) */
-static int frame_icdf_(const Dist *d, int V, double u);
-static int frame_icdf(const Dist *d, int V, double u) { int r; PROF(2, r = frame_icdf_(d, V, u)); return r; }
-static int frame_icdf_(const Dist *d, int V, double u) {
+static int frame_icdf(const Dist *d, int V, double u) {
     double tot = 0.0;
     int last = -1;
     for (int j = 0; j < d->n; j++)
@@ -1012,7 +996,7 @@ static float dist_sum(const Dist *d) {
 }
 
 static void frame_head(Frame *f, int i, const float *h, float *logits) {
-    PROF(0, linear_run(&f->heads[i], h, f->m->H, logits, f->V, 1, f->m->act_bf16, f->lwork));
+    linear_run(&f->heads[i], h, f->m->H, logits, f->V, 1, f->m->act_bf16, f->lwork);
 }
 
 /* causal rows over slot = position: row i at position first + i sees slots 0..first + i and writes slot first + i */
@@ -1031,7 +1015,7 @@ static int frame_row(Frame *f, const float *ctx, const double *u, int64_t *codes
     int xs[FRAME_MAX_WINDOW + 1];
     memcpy(f->x, ctx, sizeof(float) * 2 * H);
     frame_mask(f, 0, 2);
-    PROF(3, frc = rvq_forward(m, f->x, f->cos_t, f->sin_t, f->allow, f->write, f->kc, f->vc, 1, 2, f->S, f->hid));
+    frc = rvq_forward(m, f->x, f->cos_t, f->sin_t, f->allow, f->write, f->kc, f->vc, 1, 2, f->S, f->hid);
     if (frc) return -1;
     memcpy(f->h, f->hid + H, sizeof(float) * H);
     frame_head(f, 0, f->h, f->logits);
@@ -1066,8 +1050,8 @@ static int frame_row(Frame *f, const float *ctx, const double *u, int64_t *codes
         for (int i = 1; i < q_len; i++)
             memcpy(f->x + (size_t)i * H, f->emb[s - 1 + i] + (size_t)xs[i] * H, sizeof(float) * H);
         frame_mask(f, s + 1, q_len);
-        PROF(8 + q_len, frc = rvq_forward(m, f->x, f->cos_t + (size_t)(s + 1) * D, f->sin_t + (size_t)(s + 1) * D, f->allow,
-                                  f->write, f->kc, f->vc, 1, q_len, f->S, f->hid));
+        frc = rvq_forward(m, f->x, f->cos_t + (size_t)(s + 1) * D, f->sin_t + (size_t)(s + 1) * D, f->allow, f->write,
+                          f->kc, f->vc, 1, q_len, f->S, f->hid);
         if (frc) return -1;
         (*calls)++;
         /* 3. accept: the leading run of accepts, p computed only where a test needs it */
@@ -1173,8 +1157,8 @@ int rvq_frame_run(void *frame, const float *ctx, const double *u, int B, float t
     f->top_k = top_k; f->greedy = greedy; f->flags = flags; f->temperature = temperature;
     int H = f->m->H, rc = 0;
     for (int b = 0; b < B && rc == 0; b++)
-        PROF(4, rc = frame_row(f, ctx + (size_t)b * 2 * H, u + (size_t)b * f->n * (2 * f->K + 1),
-                               codes_out + (size_t)b * f->n, calls_out + b));
+        rc = frame_row(f, ctx + (size_t)b * 2 * H, u + (size_t)b * f->n * (2 * f->K + 1), codes_out + (size_t)b * f->n,
+                       calls_out + b);
     for (int i = 0; i < f->K; i++) dist_clear(&f->q[i]);
     dist_clear(&f->p);
     dist_clear(&f->res);

@@ -1,23 +1,11 @@
 """Acceptance statistics of a drafter under the deployed sampling (paper Table 2; inputs of the tree calibration).
 
-Two kinds, computed on the same evaluation frames:
-
-* empirical (:func:`decoder_statistics`): :func:`~rvqspec_lib.decoding.decode.decode_frame` runs each decoder (Chain windows
-  2..8, a Tree) and its per-call logs give tokens per call (all codes / all calls, the prefill included: the paper's
-  toks/step), the committed-length histogram, and how often the draft at offset j from start depth s was accepted
-  when it was tried (Chain: when the drafts before it were accepted; Tree: when the walk reached offset j-1);
-* exact (:func:`exact_statistics`): ONE teacher-forced pass over frames whose codes are samples of p (by default the
-  codes the first decoder committed) gives, for every start depth k and offset j, the warped target p for depth k+j
-  and the warped draft q from H_k, hence
-
-  - ``alpha[k, j] = E[sum_x min(p(x), q(x))]``: the acceptance of a SAMPLED draft (Chain), exact for j = 1; for
-    j >= 2 the prefix follows p here, whereas in a chain it follows the accepted drafts (close when alpha is high);
-  - ``rank_mass[k, j, r] = E[p(x_r)]``, x_r the rank-r code of the draft: the probability that the rank-r draft at
-    offset j is the verified code (point-mass drafts, Tree), with ``rank_hit`` the empirical frequency of the same
-    event with the sampled codes (an unbiased estimate of ``rank_mass``).
-
-From the exact tables, :func:`predicted_tokens_per_call` gives the expected tokens per call of a Chain or a Tree
-(offsets treated as independent: the Medusa / paper calibration model), to compare with the measured value.
+* empirical (:func:`decoder_statistics`): decoders run by :func:`~rvqspec_lib.decoding.decode.decode_frame`; tokens
+  per call (all codes / all calls, the prefill included), committed lengths, acceptance by start depth and offset;
+* exact (:func:`exact_statistics`): ONE teacher-forced pass gives, for every start depth k and offset j,
+  ``alpha[k, j] = E[sum_x min(p(x), q(x))]`` (a sampled draft) and ``rank_mass[k, j, r] = E[p(x_r)]`` (the rank-r
+  point-mass draft), with ``rank_hit`` its empirical frequency;
+  :func:`predicted_tokens_per_call` turns them into expected tokens per call (offsets treated as independent).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Calibrating draft trees from data (paper §2.2 "calibrated sparse tree"; docs/methods.md#building-a-tree).
 
-From frames of the calibration split (contexts from real speech, codes sampled from p by the inner loop itself):
-
-* point-mass trees: ``rank_mass[s, t, r]`` = E[p(x_r)], the target mass of the rank-r draft at offset t from start
-  depth s (:func:`rvqspec_lib.eval.acceptance.exact_statistics`, exact given the teacher-forced prefix);
-* sampled trees: ``child_accept[s, t, i]`` = the probability that the i-th child sampled without replacement is the
-  one accepted, once its parent was reached (:func:`sampled_child_acceptance`: Monte Carlo over the children drawn,
-  Rao-Blackwellised: the acceptance probabilities of Sequoia's rule are computed exactly for every draw).
-
-Pooled over start depths, each table drives :func:`rvqspec_lib.decoding.trees.grow_tree` to the best tree of every node
-budget N = 2..64 (N counts the root: the query positions of one verify call). The expected tokens per call of each
-tree, over whole frames (:func:`rvqspec_lib.eval.acceptance.predicted_tokens_per_call`), is stored beside it so that
-the prediction can be checked against the tokens per call measured on the evaluation split
-(:func:`predicted_vs_measured`). :func:`temperature_sweep` calibrates again at other code-predictor temperatures: a
-point-mass child is worth the target mass of its code, which grows as p sharpens, a sampled child ``sum min(p, q)``
-whatever p's entropy (docs/methods.md#sampled-trees).
+On calibration frames, the point-mass table ``rank_mass[s, t, r]``
+(:func:`rvqspec_lib.eval.acceptance.exact_statistics`) and the sampled-child table ``child_accept[s, t, i]``
+(:func:`sampled_child_acceptance`), pooled over start depths, drive :func:`rvqspec_lib.decoding.trees.grow_tree` to
+the best tree of every node budget N = 2..64 (N counts the root); each tree's predicted tokens per call is stored
+beside it, to be checked against the measured one (:func:`predicted_vs_measured`).
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Table 2 here: drafters compared on one model, each measured the way the paper measures it (paper §3.3 Table 2 and
 Figure 3; notebook ``03_training_offsets``; docs/methods.md#reused-heads, #medusa-heads, #position-aware-offsets).
 
-The paper compares three drafters on a frozen code predictor: the reused heads (row (i)), Medusa heads (row (ii))
-and the position-aware offsets (row (iii)), each with its own calibrated sparse tree of N = 32 nodes, reporting
-tokens per call (its "toks/step") against the parameters each adds. This module runs that comparison for drafters
-given as ``{label: drafter}`` (``heads`` the reused heads, then trained ones such as ``offsets-tv`` or ``medusa``),
-every decoder built by name through :mod:`rvqspec_lib.models.named_decoders` (a trained drafter and its calibration
-passed as ``drafters=`` / ``calibrations=``, never a hand-built decoder):
-
-* :func:`evaluate_drafters` -- each drafter under the chain windows and the small fixed tree
-  (:func:`rvqspec_lib.eval.acceptance.evaluate_acceptance`: measured tokens per call and the exact tables);
-* :func:`calibrate_drafters`, :func:`own_tree_rows`, :func:`predicted_by_budget` -- each drafter's OWN calibrated
-  point-mass tree, measured at the paper's node budget beside the calibration's predictions for every budget and
-  both kinds of tree; the deployed offsets' tree is ``paper:N``;
-* :func:`table2` -- Table 2's columns from those results, the paper's quoted values only in ``paper: ...`` columns;
-* :func:`margin_rows` -- each drafter against the reused heads on the same frames, a paired interval over utterances;
-* :func:`headroom_rows` -- the best acceptance any drafter that sees only H_k could reach, and each one's share;
-* :func:`acceptance_tables`, :func:`chain_window_rows` -- acceptance by drafted depth, by offset and by rank, and the
-  chain across windows with its saturation window.
-
-Every function is deterministic given ``seed``: generators are explicit, frame picks seeded.
+Drafters are given as ``{label: drafter}`` (``heads`` the reused heads, then trained ones such as ``offsets-tv``),
+every decoder built by name through :mod:`rvqspec_lib.models.named_decoders`; each drafter gets its OWN calibrated
+point-mass tree; the paper's quoted values appear only in ``paper: ...`` columns. Deterministic given ``seed``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """Statistics of WER parity: is a decoder's output as good as autoregressive decoding, and could we tell if not?
 
 Pure functions of numbers (numpy / scipy; no model), read by notebook 05 and ``rvqspec eval-wer``
-(docs/methods.md#reporting-wer, docs/methods.md#testing-losslessness):
-
-* :func:`paired_wer_difference`: corpus WER of a decoder minus that of AR on the SAME utterances, with a percentile
-  bootstrap interval over utterances and a sign-flip permutation p-value (under losslessness the two error counts
-  of an utterance are exchangeable); outliers (repetition runaways, far-out WER or length) are left out of the
-  difference and counted apart (:func:`flag_outliers`); the smallest difference the design detects with 80% power
-  and the number of sentences a given difference would need (:func:`sentences_needed`);
-* :func:`two_sample_test`: chi-square test of homogeneity of two samples of a categorical variable (codes, or their
-  ranks under the verifier), rare categories pooled until every pooled bin expects >= 5 in both samples, the number
-  of bins capped by merging neighbours of equal pooled mass; :func:`power_two_sample` is its power against ANY shift
-  of total variation ``tv`` between the binned distributions (noncentrality >= n_h (2 tv)^2 by Cauchy-Schwarz, with
-  n_h = n_a n_b / (n_a + n_b); the one-sample version is the bound tests/test_lossless.py uses);
-* :func:`holm`: Holm's step-down adjustment of the per-depth p-values (family-wise level over the 15 depths);
-* :func:`bootstrap_mean`: mean over utterances of a per-utterance ratio with a bootstrap interval (tokens per call);
-* :func:`wer_table`, :func:`outlier_rows`: WER tables keyed by the decoders' fields, the true codes' floor last;
-  :func:`verdict_text`: which test caught the lossy control in which language, or why it was missed, in words;
-* :func:`transfer_rows`, :func:`transfer_answer`: Table 3's transfer question (do offsets trained on English keep
-  their tokens per call in other languages?) answered from measured tokens per call;
-* :func:`table1_rows`: the Table 1 analogue (split, role, language, samples, hours, frames) from the data used.
-
+(docs/methods.md#reporting-wer, #testing-losslessness): paired WER differences with bootstrap intervals and
+sign-flip p-values, outliers apart; two-sample chi-square tests and their power against any total-variation shift;
+Holm's adjustment; bootstrap means; the tables and verdicts in words; Table 3's transfer question; Table 1's rows.
 Every random draw comes from an explicit ``numpy.random.Generator`` seeded by an argument (docs/style.md#randomness).
 """
 

@@ -1,29 +1,12 @@
-"""WER parity across decoders and languages (paper Tables 1 and 3; notebook 05 and ``rvqspec eval-wer``).
+"""WER parity across decoders and languages (paper Tables 1 and 3; notebook 05 and ``rvqspec eval-wer``;
+docs/methods.md#reporting-wer, #testing-losslessness, #ssd-tolerance-rule-a-lossy-control).
 
-The paper's accuracy claim is that speculative decoding leaves WER where AR puts it. Here every decoder runs on the
-SAME utterances with the SAME seeds, and three questions are answered by tests rather than by eye
-(docs/methods.md#reporting-wer, #testing-losslessness, #ssd-tolerance-rule-a-lossy-control):
-
-1. **tokens per call** per decoder, with a bootstrap interval over utterances (:func:`decode_runs`);
-2. **the generated codes' distribution**, per depth, against AR's (:func:`code_distribution_tests`): two-sample
-   chi-square tests of (a) each code's rank under the verifier's warped p given the decoder's own prefix (a
-   context-aware statistic: the drift of a lossy rule toward its drafts shows in every frame, it does not average
-   out over contexts) and (b) the raw codes, Holm-adjusted over depths, with the power against any total-variation
-   shift stated (:func:`rvqspec_lib.eval.parity.power_two_sample`);
-3. **WER** through audio that codes 1..15 change: the inner-loop-only path (TRUE code 0 of every frame, codes 1..15
-   generated from the teacher-forced context) decoded by a codec that reads every code (for the embedded model its
-   TABLE decoder, the sum of the chosen codebook entries: nothing learned sits between a code and the audio), paired
-   differences against AR with bootstrap intervals, outliers apart (:func:`wer_parity`); the same codec on the TRUE
-   codes is the floor (:func:`true_codes_wer`); free running (:func:`free_running_parity`) beside it, labelled.
-
-A deliberately LOSSY control (:class:`rvqspec_lib.decoding.decoders.LossySSD`, SSD's tolerance rule) runs beside the
-lossless decoders: the tests must catch it, and must not flag AR against itself under another seed (the null control
-``ar-seed2``). :func:`verdicts` says, per language, which test flagged which decoder and what the design could have
-seen; :func:`verdict_text` writes that as sentences. Result rows carry each decoder's structured fields
-(:func:`decoder_fields`); labels are derived from them, never parsed back.
-
-Listening: :func:`inner_loop_codes` decodes one utterance's codes 1..15 with several decoders on its TRUE code 0
-(the inner loop the only difference between them).
+Every decoder runs on the SAME utterances with the SAME seeds; three questions are answered by tests: tokens per call
+(:func:`decode_runs`), the generated codes' distribution against AR's (:func:`code_distribution_tests`) and WER
+through audio that codes 1..15 change (:func:`wer_parity`; the true codes' floor :func:`true_codes_wer`; free running
+:func:`free_running_parity`). A deliberately LOSSY control (SSD's tolerance rule) must be caught, AR under other seeds
+(:data:`NULL_CONTROL`) must not (:func:`verdicts`). Result rows carry each decoder's fields (:func:`decoder_fields`);
+labels are derived from them, never parsed back.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import torch
 
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval import parity as S
+from rvqspec_lib.eval.parity import WER_ROW_FIELDS as ROW_FIELDS  # the fields every result row starts with
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.eval.inner_loop import speaker_batches
 from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifier_logits
@@ -149,15 +150,19 @@ def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], 
     return out
 
 
+def per_utterance(run: DecodeRun, utterance: torch.Tensor) -> dict:
+    """``{"codes", "calls"}``: per utterance (sorted ids), the codes and calls of a run, summed over replicates."""
+    ids, inv = torch.unique(utterance, return_inverse=True)
+    calls = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, run.calls.double().sum(0))
+    return {"codes": (torch.bincount(inv).double() * run.codes.shape[-1] * run.codes.shape[0]).tolist(),
+            "calls": calls.tolist()}
+
+
 def tokens_per_call(run: DecodeRun, utterance: torch.Tensor, *, seed: int = 0) -> dict:
     """Tokens per call of a run (all codes / all calls, the prefill included) with a bootstrap interval over
-    utterances (:func:`rvqspec_lib.eval.parity.bootstrap_mean`); replicates pooled per utterance."""
-    ids, inv = torch.unique(utterance, return_inverse=True)
-    n = run.codes.shape[-1]
-    calls = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, run.calls.double().sum(0))
-    codes = torch.zeros(len(ids), dtype=torch.float64).index_add_(
-        0, inv, torch.full((len(utterance),), float(n * run.codes.shape[0]), dtype=torch.float64))
-    return S.bootstrap_mean(codes.numpy(), calls.numpy(), seed=seed)
+    utterances (:func:`rvqspec_lib.eval.parity.bootstrap_mean`)."""
+    c = per_utterance(run, utterance)
+    return S.bootstrap_mean(c["codes"], c["calls"], seed=seed)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -448,6 +453,18 @@ def decoder_info(decoders: Mapping[str, object]) -> dict[str, dict]:
             for k, v in decoders.items()}
 
 
+def _frames(lm, utts: list, language: str, progress: bool = False):
+    """The utterances in the language's text front end (:func:`rvqspec_lib.eval.datasets.speaking`) and their frames
+    from one teacher-forced talker pass each."""
+    from rvqspec_lib.data.frame_sources import frames_from_utterances
+    from rvqspec_lib.eval.datasets import speaking
+
+    with speaking(lm, language) as prompt_language:
+        utts = [type(u)(u.text, u.codes, u.speaker, prompt_language if u.language == "auto" else u.language)
+                for u in utts]
+        return utts, frames_from_utterances(lm, utts, progress=progress)
+
+
 def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], *, language: str = "en",
                       codec=None, asr=None, unit: str | None = None, seed: int = 0, replicates: int = 1,
                       sampling: Sampling | None = None, drafter=None, alpha: float = S.ALPHA,
@@ -474,8 +491,7 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
     Raises:
         ValueError: no utterance, no ``"ar"`` decoder, an unknown language.
     """
-    from rvqspec_lib.eval.datasets import get_language, speaking
-    from rvqspec_lib.data.frame_sources import frames_from_utterances
+    from rvqspec_lib.eval.datasets import get_language
 
     lang = get_language(language)
     if REFERENCE not in decoders:
@@ -483,22 +499,14 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
     utts = [as_utterance(u) for u in utterances]
     if not utts:
         raise ValueError(f"no utterance of language {language!r}")
-    with speaking(lm, language) as prompt_language:
-        utts = [type(u)(u.text, u.codes, u.speaker, prompt_language if u.language == "auto" else u.language)
-                for u in utts]
-        frames = frames_from_utterances(lm, utts, progress=progress)
+    utts, frames = _frames(lm, utts, language, progress)
     code0 = torch.cat([u.codes[:, 0] for u in utts])
     cp = lm.code_predictor
     seeds = {NULL_CONTROL: seed + 1}
     runs = decode_runs(cp, frames, decoders, seed=seed, replicates=replicates, seeds=seeds, sampling=sampling,
                        drafter=drafter, batch_size=batch_size, progress=progress)
-    tpc, per_utt = {}, {}
-    ids, inv = torch.unique(frames.utterance, return_inverse=True)
-    for label, run in runs.items():
-        tpc[label] = tokens_per_call(run, frames.utterance, seed=seed)
-        calls = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, run.calls.double().sum(0))
-        per_utt[label] = {"codes": (torch.bincount(inv).double() * run.codes.shape[-1] * replicates).tolist(),
-                          "calls": calls.tolist()}
+    per_utt = {label: per_utterance(run, frames.utterance) for label, run in runs.items()}
+    tpc = {label: S.bootstrap_mean(c["codes"], c["calls"], seed=seed) for label, c in per_utt.items()}
     dist = code_distribution_tests(cp, frames.context, runs, sampling=sampling, alpha=alpha, power_tv=power_tv)
     refs = [u.text for u in utts]
     unit = unit or lang.unit
@@ -563,15 +571,6 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
 # ----------------------------------------------------------------------------------------------------------------
 # tables
 # ----------------------------------------------------------------------------------------------------------------
-#: The fields every row of a decoder's result tables starts with (:func:`decoder_fields`).
-ROW_FIELDS = ("decoder", "kind", "drafter", "nodes", "lossy", "sampled")
-
-
-def row_fields(info: Mapping) -> dict:
-    """The leading fields of a result row from a decoder's entry of :func:`decoder_info` (:data:`ROW_FIELDS`)."""
-    return {k: info.get(k) for k in ROW_FIELDS}
-
-
 def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dict]:
     """Table 3 analogue: one row per (language, decoder), keyed by the decoder's fields (:data:`ROW_FIELDS`; the
     lossy control has ``lossy`` true and its label says ``lossy``): tokens per call with its interval, the difference
@@ -583,7 +582,7 @@ def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dic
     for lang, res in results.items():
         for label, tpc in res["tokens_per_call"].items():
             info = res["decoders"][label]
-            row = {"language": lang, **row_fields(info), "lossless": info["lossless"],
+            row = {"language": lang, **{k: info.get(k) for k in ROW_FIELDS}, "lossless": info["lossless"],
                    "tokens_per_call": tpc["value"], "tpc_ci_low": tpc["ci_low"], "tpc_ci_high": tpc["ci_high"],
                    "n_utterances": res["n_utterances"], "n_frames": res["n_frames"]}
             if en is not None and lang != english and label in en["per_utterance"]:
@@ -632,7 +631,7 @@ def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: fl
     rows = []
     for lang, res in results.items():
         for label, summ in res["distribution"]["summary"].items():
-            row = {"language": lang, **row_fields(res["decoders"][label]), "lossless": summ["lossless"],
+            row = {"language": lang, **{k: res["decoders"][label].get(k) for k in ROW_FIELDS}, "lossless": summ["lossless"],
                    "code_test": "flagged" if summ["rejected"] else "not flagged", "code_min_p_holm": summ["min_p_holm"],
                    "code_at": summ["at"], "level": summ["level"], "alpha": summ["alpha"],
                    "n_per_sample": summ["n_per_sample"], "power_at_tv": summ["power_rank"],
@@ -682,20 +681,14 @@ def inner_loop_codes(lm, utterance, decoders: Mapping[str, object], *, language:
     Raises:
         ValueError: no decoder, an unknown language.
     """
-    from rvqspec_lib.data.frame_sources import frames_from_utterances
-    from rvqspec_lib.eval.datasets import speaking
-
-    u = as_utterance(utterance)
-    with speaking(lm, language) as prompt_language:
-        u = type(u)(u.text, u.codes, u.speaker, prompt_language if u.language == "auto" else u.language)
-        frames = frames_from_utterances(lm, [u])
+    (u,), frames = _frames(lm, [as_utterance(utterance)], language)
     runs = decode_runs(lm.code_predictor, frames, decoders, seed=seed, sampling=sampling, drafter=drafter,
                        batch_size=max(len(frames), 1))
     return {label: utterance_codes(u.codes[:, 0], run.codes[0], frames.utterance)[0] for label, run in runs.items()}
 
 
 __all__ = ["verdicts", "REFERENCE", "NULL_CONTROL", "ROW_FIELDS", "best_chain_window", "decoder_of", "decoder_fields",
-           "decoder_info", "row_fields", "DecodeRun", "decode_runs", "tokens_per_call", "verifier_ranks",
+           "decoder_info", "DecodeRun", "decode_runs", "per_utterance", "tokens_per_call", "verifier_ranks",
            "code_distribution_tests", "utterance_codes", "codes_to_audio", "transcribe_all", "error_rates",
            "wer_parity", "true_codes_wer", "standard_decoders", "calibration_rows", "evaluate_language",
            "free_running_parity", "table3_rows", "inner_loop_codes"]

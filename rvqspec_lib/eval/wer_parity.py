@@ -21,15 +21,13 @@ from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval.parity import WER_ROW_FIELDS as ROW_FIELDS  # the fields every result row starts with
 from rvqspec_lib.data.frames import Frames
-from rvqspec_lib.eval.inner_loop import speaker_batches
+from rvqspec_lib.eval.inner_loop import batch_seed, codes_to_audio, free_running_codes, transcribe_all
 from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, name_of, parse_decoder_name
 from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
-from rvqspec_lib.models.backends import frame_runner
-from rvqspec_lib.models.frame import inner_sampling, synthesize
 from rvqspec_lib.models.named_decoders import NamedDecoder, has_paper_decoder, resolve_all
 
 #: The reference decoder's label, and the null control's (AR again, other seeds: nothing may be detected).
@@ -92,10 +90,6 @@ class DecodeRun:
     calls: torch.Tensor
 
 
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
-
-
 @torch.no_grad()
 def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], *, seed: int = 0,
                 replicates: int = 1, seeds: Mapping[str, int] | None = None, sampling: Sampling | None = None,
@@ -122,7 +116,7 @@ def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], 
         codes, calls = [], []
         chunks = [(r, c) for r in range(replicates) for c in range(0, len(frames), batch_size)]
         for r, c in progress_bar(chunks, desc=f"decode {label}", enabled=progress, unit="chunk"):
-            gen = torch.Generator(device=dev).manual_seed(_seed(s0, r, c // batch_size))
+            gen = torch.Generator(device=dev).manual_seed(batch_seed(s0, r, c // batch_size))
             res = decode_frame(code_predictor, frames.context[c:c + batch_size].to(dev), decoder=dec,
                                sampling=sampling, generator=gen, drafter=drafter)
             codes.append(res.codes.cpu())
@@ -246,26 +240,6 @@ def utterance_codes(code0: torch.Tensor, generated: torch.Tensor, utterance: tor
     """
     full = torch.cat([code0[:, None].long(), generated.long()], 1)
     return [full[utterance == u] for u in torch.unique(utterance)]
-
-
-def codes_to_audio(codec, codes) -> np.ndarray:
-    """``(frames, G)`` codes -> float32 audio at ``codec.sample_rate``, through a codec (``decode(codes)``) or a
-    speech tokenizer (``decode([{"audio_codes": codes}]) -> (wavs, rate)``); empty codes give empty audio.
-    """
-    c = codes.cpu().numpy() if isinstance(codes, torch.Tensor) else np.asarray(codes)
-    if c.size == 0:
-        return np.zeros(0, dtype=np.float32)
-    if hasattr(codec, "encode"):  # the codec interface
-        return np.asarray(codec.decode(c), dtype=np.float32).reshape(-1)
-    wavs, _ = codec.decode([{"audio_codes": torch.as_tensor(c)}])
-    return np.asarray(wavs[0], dtype=np.float32).reshape(-1)
-
-
-def transcribe_all(asr, wavs: Sequence[np.ndarray], sample_rate: int, *, desc: str = "asr",
-                   progress: bool = False) -> list[str]:
-    """The ASR's transcript of every waveform (empty audio: empty text)."""
-    return [asr.transcribe(w, sample_rate) if len(w) else ""
-            for w in progress_bar(list(wavs), desc=desc, enabled=progress, unit="utt")]
 
 
 def error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str = "word"):
@@ -483,26 +457,15 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
     us = [as_utterance(u) for u in utterances]
     if REFERENCE not in decoders:
         raise ValueError(f"decoders must include the reference {REFERENCE!r} (AR)")
-    batches = speaker_batches(us, batch_size)
-    sr = int(codec.sample_rate)
-    frames, ended, hyps = {}, {}, {}
-    all_codes = {}
+    frames, ended, hyps, all_codes = {}, {}, {}, {}
     for label, dec in decoders.items():
-        dec = decoder_of(dec)
-        s0 = seed + 1 if label == NULL_CONTROL else seed
-        codes: list = [None] * len(us)
-        fr, en = [0] * len(us), [True] * len(us)
-        for bi, b in enumerate(progress_bar(batches, desc=f"free-running {label}", enabled=progress, unit="batch")):
-            cap = int(min(max_frames, frame_factor * max(us[i].codes.shape[0] for i in b) + 10))
-            runner = frame_runner("official", lm.code_predictor, dec, sampling=inner_sampling(lm))
-            res = synthesize(lm, [us[i].text for i in b], runner=runner, speaker=us[b[0]].speaker,
-                             language=us[b[0]].language, max_frames=cap,
-                             generator=torch.Generator().manual_seed(_seed(s0, bi)))
-            for j, i in enumerate(b):
-                codes[i], fr[i], en[i] = res.codes[j], int(res.frames[j]), bool(res.ended[j])
-        wavs = [codes_to_audio(codec, c) for c in codes]
-        hyps[label] = transcribe_all(asr, wavs, sr, desc=f"asr free {label}", progress=progress)
-        frames[label], ended[label], all_codes[label] = fr, en, codes
+        spoken = free_running_codes(lm, us, max_frames=max_frames, frame_factor=frame_factor, batch_size=batch_size,
+                                    seed=seed + 1 if label == NULL_CONTROL else seed, decoder=decoder_of(dec),
+                                    paired=True, progress=progress, desc=f"free-running {label}")
+        all_codes[label] = [f["codes"] for f in spoken]
+        frames[label], ended[label] = [f["frames"] for f in spoken], [f["ended"] for f in spoken]
+        hyps[label] = transcribe_all(asr, [codes_to_audio(codec, c) for c in all_codes[label]],
+                                     int(codec.sample_rate), desc=f"asr free {label}", progress=progress)
     true = [int(u.codes.shape[0]) for u in us]
     w = wer_parity(hyps, [u.text for u in us], unit=unit, lengths=frames, ref_lengths=true,
                    capped={k: [not e for e in v] for k, v in ended.items()}, alpha=alpha, seed=seed)

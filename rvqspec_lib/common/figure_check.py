@@ -3,7 +3,7 @@
 A results folder (``figures/`` and every folder under it, ``figures/<model>/`` included: one regeneration refreshes
 them all) passes when every provenance record in it names the same git revision R, none is dirty (a tracked source
 differed from R while it was made, :func:`rvqspec_lib.common.provenance.git_revision`), and the tracked sources
-(:data:`rvqspec_lib.common.provenance.SOURCE_PATHSPECS`) are unchanged
+(:data:`rvqspec_lib.common.provenance.SOURCE_PATHS`) are unchanged
 between R and ``HEAD`` (``git diff --name-only R HEAD -- <sources>``). Otherwise it lists the stale results grouped by the revision that made
 them, and the source files changed since each revision, one line per problem (docs/reproducibility.md).
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from rvqspec_lib.common import results_doc
 from rvqspec_lib.common.paths import REPO_ROOT
-from rvqspec_lib.common.provenance import SOURCE_PATHSPECS, git_output
+from rvqspec_lib.common.provenance import SOURCE_PATHS, git_output
 
 SIDECAR_SUFFIX = ".provenance.json"
 #: the fix every failing check names
@@ -157,7 +157,7 @@ def _changed_between(rev: str, root) -> list[str] | None:
     """Source files that differ between ``rev`` and ``HEAD`` (committed content), ``None`` when ``rev`` is unknown."""
     if git_output("cat-file", "-e", f"{rev}^{{commit}}", root=root) is None:
         return None
-    out = git_output("diff", "--name-only", rev, "HEAD", "--", *SOURCE_PATHSPECS, root=root)
+    out = git_output("diff", "--name-only", rev, "HEAD", "--", *SOURCE_PATHS, root=root)
     return None if out is None else sorted(ln for ln in out.splitlines() if ln)
 
 

@@ -1,22 +1,10 @@
 """Are the committed figures one clean run of the committed code? The check behind ``make check-figures``.
 
-A results folder (``figures/`` and every folder under it, ``figures/<model>/`` included: one regeneration refreshes
-them all) passes when every provenance record in it names the same git revision R, none is dirty (a tracked source
-differed from R while it was made, :func:`rvqspec_lib.common.provenance.git_revision`), and the tracked sources
-(:data:`rvqspec_lib.common.provenance.SOURCE_PATHS`) are unchanged
-between R and ``HEAD`` (``git diff --name-only R HEAD -- <sources>``). Otherwise it lists the stale results grouped by the revision that made
-them, and the source files changed since each revision, one line per problem (docs/reproducibility.md).
-
-The provenance records are the ``<stem>.provenance.json`` sidecars of figures and tables and the ``provenance``
-object embedded in result JSON files (``NN_metrics.json``, drafters' ``.json``); JSON files without one are not
-results of this kind and are skipped.
-
-Public functions:
-
-* :func:`read_records`  -- the provenance records of a folder.
-* :func:`check_figures` -- the full check (a :class:`Report`: ``ok``, ``lines``).
-* :func:`suite_failures` -- the test suite's rule for the committed tree (fails only on a broken regeneration).
-* :func:`main`          -- the command line (``scripts/check_figures.py``, ``make check-figures``).
+A results folder (``figures/`` and every folder under it) passes when every provenance record in it (the
+``<stem>.provenance.json`` sidecars and the ``provenance`` object of result JSON files) names the same git revision
+R, none is dirty, and the tracked sources (:data:`rvqspec_lib.common.provenance.SOURCE_PATHS`) are unchanged between
+R and ``HEAD``. Otherwise it lists the stale results by revision and the sources changed since, one line per problem
+(docs/reproducibility.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""The run-time record of ``make paper``: how long the run took and each notebook's share, printed at the end and
-written beside the figures (``<figures>/paper_run.csv`` + ``.md`` + provenance; docs/reproducibility.md).
-
-``make paper`` runs it as its last step, after every notebook succeeded, with the stamps of the folder
-(``<figures>/.NN_name.done``: ``<make run id> <UTC time> <executed notebook>``) and the time the make started. A
-notebook's time is papermill's own ``metadata.papermill.duration`` of the executed notebook (seconds, start of the
-first cell to the end of the last); the wall time is that of this make, from its start to this step (notebook
-conversion and kernel starts included). A make that ran no notebook keeps the previous record. Source of the
-duration: papermill writes ``start_time``, ``end_time`` and ``duration`` under the executed notebook's
-``metadata.papermill`` (papermill's documentation, "Execute" / the notebook metadata it records).
-
-Public functions:
-
-* :func:`notebook_times` -- one row per notebook from its stamp and executed notebook.
-* :func:`write_record`   -- the lines to print and the table written (via :func:`~rvqspec_lib.common.provenance.save_table`).
-* :func:`main`           -- ``python -m rvqspec_lib.common.paper_run --fig-dir DIR --run-tag TAG --start-ns NS STAMP...``.
+"""The run-time record of ``make paper`` (its last step, after every notebook succeeded): the wall time of the run and
+each notebook's share, printed and written beside the figures (``<figures>/paper_run.csv`` + ``.md`` + provenance;
+docs/reproducibility.md). A notebook's time is papermill's ``metadata.papermill.duration`` of the executed notebook,
+found through the folder's stamps (``<figures>/.NN_name.done``: ``<make run id> <UTC time> <executed notebook>``);
+the wall time runs from the make's start to this step. A make that ran no notebook keeps the previous record.
 """
 
 from __future__ import annotations

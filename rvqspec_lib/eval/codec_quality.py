@@ -1,23 +1,8 @@
-"""What each codebook of an RVQ codec adds: the variance it removes, the spectral distance and the word error rate of
-the audio decoded from the first k codebooks (notebook 00_corpus_and_codec).
-
-Residual vector quantisation (docs/glossary.md, "Codebook") picks code 0 as the codebook-0 entry nearest to a frame
-vector, code 1 as the codebook-1 entry nearest to what code 0 left over, and so on: decoding the first k codes gives
-a coarser version of the same frame. Three measurements, each on held-out utterances:
-
-* :func:`residual_variance` -- the share of the frame vectors' variance left after k stages (the table decoder: the
-  chosen entries summed), and the share each stage removes. Beside it :func:`unstructured_stage_factor`, the factor
-  by which the best quantiser of ``log2(codebook_size)`` bits could shrink the variance of an UNSTRUCTURED residual
-  (an isotropic Gaussian of the frame vector's dimension; Shannon's distortion-rate function ``2^(-2R/d)``): a stage
-  that removes about that much is quantising noise, not structure.
-* :func:`sweep_codebooks` -- every utterance through :meth:`rvqspec_lib.models.rvq_codec.RVQCodec.codebook_sweep`:
-  the original, the inversion of its unquantised features (the vocoder alone) and the codec with the first k
-  codebooks, through the codec's decoder and, when given, the table decoder beside it; the log-spectral distances.
-* :func:`codec_quality` -- the sweep scored by a recogniser (WER and CER per condition) as one table of rows.
-
-Rows are keyed by structured fields (``condition``: ``original``, ``inversion`` or ``codec``; ``decoder``; ``k``);
-the label (:func:`condition_label`: ``original``, ``unquantised``, ``k=4``, ``table k=4``) is derived from them,
-never parsed back.
+"""What each codebook of an RVQ codec adds (notebook 00_corpus_and_codec), on held-out utterances: the share of the
+frame vectors' variance left after k stages against the bound for an unstructured residual
+(:func:`unstructured_stage_factor`, Shannon's ``2^(-2R/d)``), and the log-spectral distance and WER / CER of the audio
+decoded from the first k codebooks (:func:`sweep_codebooks`, :func:`codec_quality`). Rows are keyed by structured
+fields (``condition``, ``decoder``, ``k``); the label (:func:`condition_label`) is derived from them, never parsed back.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ import torch
 
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.data.frames import Frames
-from rvqspec_lib.data.teacher import Utterance, as_utterance, check_codes, contexts_of, teacher_forced_contexts
+from rvqspec_lib.data.teacher import (Utterance, as_utterance, check_codes, contexts_of, eval_mode,
+                                      teacher_forced_contexts)
 from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR
@@ -215,13 +216,9 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
                                                       chosen[a][1].codes.shape[0]))
     batches = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
     got: dict[int, torch.Tensor] = {}
-    was = lm.model.training
-    lm.model.eval()
-    try:
+    with eval_mode(lm.model):
         for b in progress_bar(batches, desc="teacher-forced contexts", enabled=progress, unit="batch"):
             got.update(zip(b, contexts_of(lm, [chosen[a][1] for a in b])))
-    finally:
-        lm.model.train(was)
     parts = [Frames(got[a], chosen[a][1].codes[:, 1:].clone(),
                     torch.full((chosen[a][1].codes.shape[0],), chosen[a][0], dtype=torch.long))
              for a in range(len(chosen))]

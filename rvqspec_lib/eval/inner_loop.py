@@ -11,7 +11,7 @@ import torch
 
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.data.frame_sources import frames_from_utterances
-from rvqspec_lib.data.teacher import as_utterance
+from rvqspec_lib.data.teacher import as_utterance, eval_mode
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR
 from rvqspec_lib.decoding.sampling import Sampling
@@ -68,15 +68,11 @@ def inner_loop_codes_batch(lm: LoadedModel, utts: Sequence, *, batch_size: int =
     generator = generator if generator is not None else torch.Generator(device=dev).manual_seed(0)
     sampling = sampling or default_sampling(lm)
     parts = []
-    was = lm.model.training
-    lm.model.eval()
-    try:
+    with eval_mode(lm.model):
         for s in progress_bar(range(0, len(frames), chunk_frames), desc="inner loop", unit="chunk", enabled=progress):
             res = decode_frame(lm.code_predictor, frames.context[s:s + chunk_frames].to(dev), decoder=AR(),
                                sampling=sampling, generator=generator)
             parts.append(res.codes.cpu())
-    finally:
-        lm.model.train(was)
     generated = torch.split(torch.cat(parts), [u.codes.shape[0] for u in us])
     return [torch.cat([u.codes[:, :1].long(), g], 1) for u, g in zip(us, generated)]
 

@@ -30,11 +30,6 @@ from rvqspec_lib.decoding.trees import DraftTree
 DEFAULT_MAX_RANK = 8
 
 
-def default_decoders(tree_paths: Sequence[Sequence[int]] = DEFAULT_TREE) -> list:
-    """Chain windows 2..8 and one Tree: the decoders of the acceptance tables."""
-    return [Chain(w) for w in CHAIN_WINDOWS] + [Tree(tree_paths)]
-
-
 def _json(a: np.ndarray):
     """NaN -> None, nested lists (JSON has no NaN)."""
     a = np.asarray(a, dtype=np.float64)
@@ -409,7 +404,7 @@ def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, 
     if teacher_codes not in ("decoded", "frames"):
         raise ValueError(f"teacher_codes must be 'decoded' or 'frames', got {teacher_codes!r}")
     sampling = Sampling() if sampling is None else sampling
-    decoders = default_decoders() if decoders is None else list(decoders)
+    decoders = [Chain(w) for w in CHAIN_WINDOWS] + [Tree(DEFAULT_TREE)] if decoders is None else list(decoders)
     if not decoders:
         raise ValueError("no decoder to evaluate")
     context = frames.context if isinstance(frames, Frames) else frames

@@ -180,11 +180,6 @@ def best_budget(calibration: dict, kind: str = "point-mass", budgets: Sequence[i
     return max(sorted(cands), key=lambda b: (pred[str(b)], -b))
 
 
-def prediction_error(predicted: float, measured: float) -> float:
-    """Relative error of a predicted tokens per call, ``predicted / measured - 1`` (NaN when nothing was measured)."""
-    return predicted / measured - 1.0 if measured and not math.isnan(measured) else float("nan")
-
-
 def calibration_frames(lm, *, max_frames: int | None = None, seed: int = 0,
                        progress: bool = False) -> Frames:
     """Frames to calibrate on: the contexts of the model's shipped ``calibration`` split (teacher-forced on real
@@ -271,9 +266,10 @@ def predicted_vs_measured(code_predictor, decoders, contexts: torch.Tensor, *,
         st = decoder_statistics(code_predictor, None, contexts, dec, sampling=sampling, seed=seed,
                                 batch_size=batch_size)
         pred = predicted(cal, name, dec) if cal is not None or name.kind == "ar" else None
+        m = st["tokens_per_call"]  # relative error: NaN when nothing was measured
         rows.append({**name.fields(), "depth": dec.tree(n).max_depth, "predicted_tokens_per_call": pred,
-                     "measured_tokens_per_call": st["tokens_per_call"],
-                     "relative_error": None if pred is None else prediction_error(pred, st["tokens_per_call"]),
+                     "measured_tokens_per_call": m,
+                     "relative_error": None if pred is None else pred / m - 1.0 if m and not math.isnan(m) else np.nan,
                      "calls_per_frame": st["calls_per_frame"], "frames": int(contexts.shape[0])})
     return rows
 

@@ -65,13 +65,8 @@ def _git_record(path: Path) -> tuple[dict | None | str, tuple[str, ...]]:
 
 
 def read_records(fig_dir: str | os.PathLike) -> list[Record]:
-    """The provenance records under ``fig_dir`` (recursively, hidden files and folders skipped), sorted by name.
-
-    Args:
-        fig_dir: a results folder, e.g. ``figures``.
-
-    Returns:
-        one :class:`Record` per ``*.provenance.json`` and per ``*.json`` with an embedded ``provenance.git``.
+    """The provenance records under the folder ``fig_dir`` (recursively, hidden files and folders skipped), sorted by
+    name: one :class:`Record` per ``*.provenance.json`` and per ``*.json`` with an embedded ``provenance.git``.
 
     Raises:
         FileNotFoundError: ``fig_dir`` is not a folder.
@@ -173,22 +168,15 @@ def _check_files(rep: Report, folder: Path, label: str, notebooks: bool, base: P
 
 def check_figures(fig_dir: str | os.PathLike = "figures", root: str | os.PathLike | None = None, *,
                   notebooks: bool | None = None, results=None) -> Report:
-    """Check that a results folder is one clean run of the code at ``HEAD``.
-
-    Args:
-        fig_dir: the folder; a relative one is taken from ``root``.
-        root: the git repository whose ``HEAD`` and history the revisions are looked up in (default
-            :data:`rvqspec_lib.common.paths.REPO_ROOT`).
-        notebooks: require an executed copy of every ``notebooks/NN_name.py`` of ``root`` under
-            ``<folder>/notebooks/`` (default: for the repository's own ``figures``).
-        results: ``None``, or a callable ``(folder) -> [problem lines]`` checking the generated results document
-            against the folder (:func:`rvqspec_lib.common.results_doc.check`; ``main`` passes it).
+    """Check that a results folder (a relative one taken from ``root``, default
+    :data:`rvqspec_lib.common.paths.REPO_ROOT`, whose ``HEAD`` and history are read) is one clean run of the code at
+    ``HEAD``. ``notebooks``: require an executed copy of every ``notebooks/NN_name.py`` under ``<folder>/notebooks/``
+    (default: for the repository's own ``figures``); ``results``: ``(folder) -> [problem lines]`` checking the
+    generated results document (``main`` passes :func:`rvqspec_lib.common.results_doc.check`).
 
     Returns:
-        a :class:`Report`. Its ``lines`` name, for each revision found, the results it made (and how many are dirty,
-        with the changed sources they name) and the source files changed between it and ``HEAD``; they are empty
-        when every record names one revision R, none is dirty, and the sources are unchanged between R and ``HEAD``.
-
+        a :class:`Report`: per revision found, the results it made (the dirty ones with their changed sources) and the
+        sources changed between it and ``HEAD``; no line when the folder is one clean run of unchanged sources.
     Raises:
         FileNotFoundError: ``fig_dir`` is not a folder.
     """

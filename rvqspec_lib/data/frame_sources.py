@@ -45,7 +45,8 @@ def frames_from_model(lm, texts: Iterable[str] | None = None, *, decoder=None, s
                       progress: bool = False) -> Frames:
     """Frames of the model's own speech: the frame loop speaks each text (default :data:`DEFAULT_TEXTS`; inner loop
     ``decoder``, default AR; the checkpoint's sampling and talker sampling unless given; ``batch_size`` texts at once;
-    ``max_frames`` a text; one generator seeded ``seed``), then :func:`teacher_forced_contexts`; one utterance per text, texts without a frame skipped.
+    ``max_frames`` a text; one generator seeded ``seed``), then :func:`teacher_forced_contexts`; one utterance per
+    text, texts without a frame skipped.
 
     Raises:
         ValueError: no texts, no frame for any text.

@@ -243,8 +243,8 @@ def predicted_tokens_per_call(exact: dict, decoder, n_codes: int) -> float:
 
 def acceptance_by_depth(alpha, max_offset: int | None = None) -> np.ndarray:
     """Acceptance by drafted depth d from a start-depth x offset table ``alpha`` ``(n-1, K)`` (row k-1, column j-1;
-    NaN or ``None`` where no pair exists): the unweighted mean over k + j = d of offsets j <= ``max_offset`` (every start
-    depth is equally likely in a frame).
+    NaN or ``None`` where no pair exists): the unweighted mean over k + j = d of offsets j <= ``max_offset`` (every
+    start depth is equally likely in a frame).
 
     Returns:
         ``(n+1,)`` float64 indexed by d (NaN at d = 0, 1 and where no pair exists).

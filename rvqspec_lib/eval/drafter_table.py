@@ -63,8 +63,8 @@ def drafter_family(label: str) -> str:
 def evaluate_drafters(code_predictor, drafters: Mapping[str, object], frames: Frames, *,
                       decoders: Sequence[str] = EVAL_DECODERS, sampling: Sampling | None = None, seed: int = 0,
                       progress: bool = False) -> dict[str, dict]:
-    """Each drafter (``{label: drafter}``) under the same ``decoders`` on the same evaluation frames (the paper's Table 2
-    measurement): names of chains and trees of rank paths without ``@DRAFTER``, each drafter drafting for them.
+    """Each drafter (``{label: drafter}``) under the same ``decoders`` on the same evaluation frames (the paper's Table
+    2 measurement): names of chains and trees of rank paths without ``@DRAFTER``, each drafter drafting for them.
 
     Returns:
         ``{label: evaluate_acceptance(...)}`` (tokens per call measured and predicted by decoder label, the decoders'
@@ -114,8 +114,8 @@ def own_tree_name(label: str, budget: int, *, deployed: str | None = None) -> st
 def own_tree_rows(code_predictor, drafters: Mapping[str, object], calibrations: Mapping[str, dict], frames: Frames,
                   *, deployed: str | None = None, budgets: Sequence[int] = (PAPER_BUDGET,),
                   sampling: Sampling | None = None, seed: int = 0, progress: bool = False) -> list[dict]:
-    """Each drafter decoded with its OWN calibrated point-mass tree (the paper's setting) on the evaluation ``frames`` at
-    each of ``budgets``, beside its calibration's predictions; the ``deployed`` offsets' tree is named ``paper:N``.
+    """Each drafter decoded with its OWN calibrated point-mass tree (the paper's setting) on the evaluation ``frames``
+    at each of ``budgets``, beside its calibration's predictions; the ``deployed`` offsets' tree is named ``paper:N``.
 
     Returns:
         one row per (drafter, budget): the decoder's fields with ``drafter`` the label, ``tokens_per_call`` (measured),

@@ -78,7 +78,7 @@ def inner_loop_codes_batch(lm: LoadedModel, utts: Sequence, *, batch_size: int =
 
 
 def batch_seed(*parts: int) -> int:
-    """One generator seed from several integers (a run's seed, a replicate, a batch), by ``numpy.random.SeedSequence``."""
+    """One generator seed from several integers (a run's seed, a replicate, a batch): ``numpy.random.SeedSequence``."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 

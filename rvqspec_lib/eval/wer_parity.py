@@ -529,7 +529,8 @@ def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: fl
     rows = []
     for lang, res in results.items():
         for label, summ in res["distribution"]["summary"].items():
-            row = {"language": lang, **{k: res["decoders"][label].get(k) for k in ROW_FIELDS}, "lossless": summ["lossless"],
+            info = res["decoders"][label]
+            row = {"language": lang, **{k: info.get(k) for k in ROW_FIELDS}, "lossless": summ["lossless"],
                    "code_test": "flagged" if summ["rejected"] else "not flagged", "code_min_p_holm": summ["min_p_holm"],
                    "code_at": summ["at"], "level": summ["level"], "alpha": summ["alpha"],
                    "n_per_sample": summ["n_per_sample"], "power_at_tv": summ["power_rank"],

@@ -310,13 +310,10 @@ def bootstrap_mean(numerators: Sequence[float], denominators: Sequence[float] | 
     den = np.ones_like(num) if denominators is None else np.asarray(denominators, dtype=np.float64)
     if num.size == 0 or num.shape != den.shape:
         raise ValueError("bootstrap_mean needs one numerator and denominator per utterance (at least one)")
-    value = float(num.sum() / den.sum())
-    if num.size < 2:
-        return {"value": value, "ci_low": value, "ci_high": value, "n": int(num.size)}
-    idx = np.random.default_rng(seed).integers(0, num.size, size=(n_boot, num.size))
-    boot = num[idx].sum(1) / den[idx].sum(1)
-    lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
-    return {"value": value, "ci_low": float(lo), "ci_high": float(hi), "n": int(num.size)}
+    # the paired difference to a ratio of zero: the same resamples, the same numbers
+    d = paired_ratio_difference(num, den, np.zeros_like(num), np.ones_like(num), confidence=confidence,
+                                n_boot=n_boot, seed=seed)
+    return {"value": d["difference"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"]}
 
 
 def bootstrap_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95, n_boot: int = N_BOOT,

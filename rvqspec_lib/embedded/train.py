@@ -290,18 +290,15 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
                          warmup_steps: int = CP_WARMUP_STEPS, min_lr_ratio: float = MIN_LR_RATIO,
                          weight_decay: float = WEIGHT_DECAY, grad_clip: float = GRAD_CLIP, eval_every: int = 200,
                          seed: int = 0, out_dir: str | Path | None = None, progress: bool = True) -> dict:
-    """Train the code predictor alone on a frozen talker's states (a second stage after :func:`train`): every frame
-    of the corpus, the talker run once; the talker and the code embeddings stay fixed, so code 0 is unchanged. With
-    ``val_states`` the weights of lowest validation loss are restored (step 0 a candidate).
-
-    Args:
-        train_states, val_states: from :func:`code_predictor_states`. steps / minutes: the budget (exactly one).
-        lr: peak learning rate of :class:`WarmupCosine`. batch_frames: random frames a step.
-        eval_every: steps between validation evaluations. out_dir: gets ``cp_curve.json``.
+    """Train the code predictor alone on a frozen talker's states (from :func:`code_predictor_states`; a second stage
+    after :func:`train`): the talker and the code embeddings stay fixed, so code 0 is unchanged; AdamW under
+    :class:`WarmupCosine` (peak ``lr``), ``batch_frames`` random frames a step, a budget of ``steps`` or ``minutes``
+    (exactly one). With ``val_states`` (evaluated every ``eval_every`` steps) the weights of lowest validation loss are
+    restored, step 0 a candidate; ``out_dir`` gets ``cp_curve.json``.
 
     Returns:
-        dict: ``curve`` (evaluation records), ``steps``, ``wall_s``, ``frames_seen``, ``best_step``,
-        ``best`` (validation metrics of the kept weights), ``params_trained``.
+        dict: ``curve``, ``steps``, ``wall_s``, ``frames_seen``, ``best_step``, ``best`` (validation metrics of the
+        kept weights), ``params_trained``.
     Raises:
         ValueError: no budget or two, an empty state set, batch_frames < 1.
     """

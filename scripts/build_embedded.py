@@ -68,7 +68,7 @@ from rvqspec_lib.embedded import corpus  # noqa: E402
 from rvqspec_lib.embedded.codes import encode_manifest  # noqa: E402
 from rvqspec_lib.embedded.model_card import model_card  # noqa: E402
 from rvqspec_lib.eval.inner_loop import (  # noqa: E402
-    decode_audio,
+    codes_to_audio,
     free_running_codes,
     inner_loop_codes,
     score_conditions,
@@ -528,21 +528,21 @@ class Builder:
         for r, u in tqdm(list(zip(ev_rows, ev)), desc="inner loop", unit="utt", disable=not self.progress):
             wav = load_wav(r["path"])
             audio["original"].append(wav)
-            audio["codec"].append(decode_audio(codec, u.codes.numpy())[: wav.size])
+            audio["codec"].append(codes_to_audio(codec, u.codes.numpy())[: wav.size])
             inner = inner_loop_codes(lm, u, generator=gen).numpy()
-            audio["inner_loop"].append(decode_audio(codec, inner))
+            audio["inner_loop"].append(codes_to_audio(codec, inner))
             diag["codec_1_codebook"].append(codec.decode(u.codes.numpy(), n_codebooks=1)[: wav.size])
             diag["codec_4_codebooks"].append(codec.decode(u.codes.numpy(), n_codebooks=k4)[: wav.size])
             diag["inner_loop_4_codebooks"].append(codec.decode(inner, n_codebooks=k4))
             greedy = inner_loop_codes(lm, u, sampling=Sampling(greedy=True)).numpy()
-            diag["inner_loop_greedy"].append(decode_audio(codec, greedy))
+            diag["inner_loop_greedy"].append(codes_to_audio(codec, greedy))
             if "codec_table_decoder" in diag:
-                diag["codec_table_decoder"].append(decode_audio(table, u.codes.numpy())[: wav.size])
-                diag["inner_loop_table_decoder"].append(decode_audio(table, inner))
+                diag["codec_table_decoder"].append(codes_to_audio(table, u.codes.numpy())[: wav.size])
+                diag["inner_loop_table_decoder"].append(codes_to_audio(table, inner))
         fr = free_running_codes(lm, ev, max_frames=a.max_frames, seed=a.seed, progress=self.progress)
-        audio["free_running"] = [decode_audio(codec, f["codes"].numpy()) for f in fr]
+        audio["free_running"] = [codes_to_audio(codec, f["codes"].numpy()) for f in fr]
         if "free_running_table_decoder" in diag:
-            diag["free_running_table_decoder"] = [decode_audio(table, f["codes"].numpy()) for f in fr]
+            diag["free_running_table_decoder"] = [codes_to_audio(table, f["codes"].numpy()) for f in fr]
         asr = PocketSphinxASR()
         scores = score_conditions(audio, refs, asr, progress=self.progress)
         diag_scores = score_conditions(diag, refs, asr, progress=self.progress)

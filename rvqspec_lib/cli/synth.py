@@ -6,12 +6,7 @@ Order of work (docs/cli.md): the flags, texts, output paths and the files the de
 weights; THEN the model loads, the decoder is resolved (:func:`~rvqspec_lib.models.named_decoders.resolve`; ``auto``:
 timed once, then cached) into ONE frame runner (:func:`rvqspec_lib.models.backends.frame_runner`), the frame loop
 runs (:func:`rvqspec_lib.models.frame.synthesize`; ``--text-file`` in batches), the codes become audio, and the
-outputs are written atomically (all or none, also on Ctrl-C).
-
-Timing fields, each apart: ``startup_s`` (imports and checks), ``load_s``, ``choose_s`` (resolving the decoder and
-building its runner; ``auto``'s one-off timing), ``synth_s`` (the frame loop), ``decode_s`` (codes to audio),
-``total_s`` (start to outputs), ``audio_s``, ``rtf = (synth_s + decode_s) / audio_s`` (below 1: faster than real
-time) and ``rtf_total = total_s / audio_s``.
+outputs are written atomically (all or none, also on Ctrl-C). The timing fields of its statistics: docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Are the committed figures one clean run of the committed code? The check behind ``make check-figures``.
 
-A results folder (``figures/`` and every folder under it, ``figures/<model>/`` included: one regeneration refreshes
-them all) passes when every provenance record in it names the same git revision R, none is dirty (a tracked source
-differed from R while it was made, :func:`rvqspec_lib.common.provenance.git_revision`), and the tracked sources
-(:data:`rvqspec_lib.common.provenance.SOURCE_PATHSPECS`) are unchanged
-between R and ``HEAD`` (``git diff --name-only R HEAD -- <sources>``). Otherwise it lists the stale results grouped by the revision that made
-them, and the source files changed since each revision, one line per problem (docs/reproducibility.md).
-
-The provenance records are the ``<stem>.provenance.json`` sidecars of figures and tables and the ``provenance``
-object embedded in result JSON files (``NN_metrics.json``, drafters' ``.json``); JSON files without one are not
-results of this kind and are skipped.
-
-Public functions:
-
-* :func:`read_records`  -- the provenance records of a folder.
-* :func:`check_figures` -- the full check (a :class:`Report`: ``ok``, ``lines``).
-* :func:`suite_failures` -- the test suite's rule for the committed tree (fails only on a broken regeneration).
-* :func:`main`          -- the command line (``scripts/check_figures.py``, ``make check-figures``).
+A results folder (``figures/`` and every folder under it) passes when every provenance record in it (the
+``<stem>.provenance.json`` sidecars and the ``provenance`` object of result JSON files) names the same git revision
+R, none is dirty, and the tracked sources (:data:`rvqspec_lib.common.provenance.SOURCE_PATHS`) are unchanged between
+R and ``HEAD``. Otherwise it lists the stale results by revision and the sources changed since, one line per problem
+(docs/reproducibility.md).
 """
 
 from __future__ import annotations
@@ -30,7 +18,7 @@ from pathlib import Path
 
 from rvqspec_lib.common import results_doc
 from rvqspec_lib.common.paths import REPO_ROOT
-from rvqspec_lib.common.provenance import SOURCE_PATHSPECS, git_output
+from rvqspec_lib.common.provenance import SOURCE_PATHS, git_output
 
 SIDECAR_SUFFIX = ".provenance.json"
 #: the fix every failing check names
@@ -77,13 +65,8 @@ def _git_record(path: Path) -> tuple[dict | None | str, tuple[str, ...]]:
 
 
 def read_records(fig_dir: str | os.PathLike) -> list[Record]:
-    """The provenance records under ``fig_dir`` (recursively, hidden files and folders skipped), sorted by name.
-
-    Args:
-        fig_dir: a results folder, e.g. ``figures``.
-
-    Returns:
-        one :class:`Record` per ``*.provenance.json`` and per ``*.json`` with an embedded ``provenance.git``.
+    """The provenance records under the folder ``fig_dir`` (recursively, hidden files and folders skipped), sorted by
+    name: one :class:`Record` per ``*.provenance.json`` and per ``*.json`` with an embedded ``provenance.git``.
 
     Raises:
         FileNotFoundError: ``fig_dir`` is not a folder.
@@ -157,7 +140,7 @@ def _changed_between(rev: str, root) -> list[str] | None:
     """Source files that differ between ``rev`` and ``HEAD`` (committed content), ``None`` when ``rev`` is unknown."""
     if git_output("cat-file", "-e", f"{rev}^{{commit}}", root=root) is None:
         return None
-    out = git_output("diff", "--name-only", rev, "HEAD", "--", *SOURCE_PATHSPECS, root=root)
+    out = git_output("diff", "--name-only", rev, "HEAD", "--", *SOURCE_PATHS, root=root)
     return None if out is None else sorted(ln for ln in out.splitlines() if ln)
 
 
@@ -185,22 +168,15 @@ def _check_files(rep: Report, folder: Path, label: str, notebooks: bool, base: P
 
 def check_figures(fig_dir: str | os.PathLike = "figures", root: str | os.PathLike | None = None, *,
                   notebooks: bool | None = None, results=None) -> Report:
-    """Check that a results folder is one clean run of the code at ``HEAD``.
-
-    Args:
-        fig_dir: the folder; a relative one is taken from ``root``.
-        root: the git repository whose ``HEAD`` and history the revisions are looked up in (default
-            :data:`rvqspec_lib.common.paths.REPO_ROOT`).
-        notebooks: require an executed copy of every ``notebooks/NN_name.py`` of ``root`` under
-            ``<folder>/notebooks/`` (default: for the repository's own ``figures``).
-        results: ``None``, or a callable ``(folder) -> [problem lines]`` checking the generated results document
-            against the folder (:func:`rvqspec_lib.common.results_doc.check`; ``main`` passes it).
+    """Check that a results folder (a relative one taken from ``root``, default
+    :data:`rvqspec_lib.common.paths.REPO_ROOT`, whose ``HEAD`` and history are read) is one clean run of the code at
+    ``HEAD``. ``notebooks``: require an executed copy of every ``notebooks/NN_name.py`` under ``<folder>/notebooks/``
+    (default: for the repository's own ``figures``); ``results``: ``(folder) -> [problem lines]`` checking the
+    generated results document (``main`` passes :func:`rvqspec_lib.common.results_doc.check`).
 
     Returns:
-        a :class:`Report`. Its ``lines`` name, for each revision found, the results it made (and how many are dirty,
-        with the changed sources they name) and the source files changed between it and ``HEAD``; they are empty
-        when every record names one revision R, none is dirty, and the sources are unchanged between R and ``HEAD``.
-
+        a :class:`Report`: per revision found, the results it made (the dirty ones with their changed sources) and the
+        sources changed between it and ``HEAD``; no line when the folder is one clean run of unchanged sources.
     Raises:
         FileNotFoundError: ``fig_dir`` is not a folder.
     """

@@ -1,19 +1,8 @@
-"""The run-time record of ``make paper``: how long the run took and each notebook's share, printed at the end and
-written beside the figures (``<figures>/paper_run.csv`` + ``.md`` + provenance; docs/reproducibility.md).
-
-``make paper`` runs it as its last step, after every notebook succeeded, with the stamps of the folder
-(``<figures>/.NN_name.done``: ``<make run id> <UTC time> <executed notebook>``) and the time the make started. A
-notebook's time is papermill's own ``metadata.papermill.duration`` of the executed notebook (seconds, start of the
-first cell to the end of the last); the wall time is that of this make, from its start to this step (notebook
-conversion and kernel starts included). A make that ran no notebook keeps the previous record. Source of the
-duration: papermill writes ``start_time``, ``end_time`` and ``duration`` under the executed notebook's
-``metadata.papermill`` (papermill's documentation, "Execute" / the notebook metadata it records).
-
-Public functions:
-
-* :func:`notebook_times` -- one row per notebook from its stamp and executed notebook.
-* :func:`write_record`   -- the lines to print and the table written (via :func:`~rvqspec_lib.common.provenance.save_table`).
-* :func:`main`           -- ``python -m rvqspec_lib.common.paper_run --fig-dir DIR --run-tag TAG --start-ns NS STAMP...``.
+"""The run-time record of ``make paper`` (its last step, after every notebook succeeded): the wall time of the run and
+each notebook's share, printed and written beside the figures (``<figures>/paper_run.csv`` + ``.md`` + provenance;
+docs/reproducibility.md). A notebook's time is papermill's ``metadata.papermill.duration`` of the executed notebook,
+found through the folder's stamps (``<figures>/.NN_name.done``: ``<make run id> <UTC time> <executed notebook>``);
+the wall time runs from the make's start to this step. A make that ran no notebook keeps the previous record.
 """
 
 from __future__ import annotations
@@ -41,19 +30,12 @@ def _clock(seconds: float | None) -> str:
 
 
 def notebook_times(stamps: list[str | os.PathLike], run_id: str) -> list[dict]:
-    """One row per stamp: which notebook, whether this make executed it, when, and papermill's duration.
-
-    Args:
-        stamps: the stamp files ``<figures>/.NN_name.done`` (each ``<run id> <UTC time> <executed notebook path>``;
-            the path relative to the working directory, as the Makefile writes it).
-        run_id: this make's run id (the Makefile's ``RUN_ID``, nanoseconds since the epoch).
-
-    Returns:
-        ``[{"notebook", "executed_now", "executed_utc", "papermill_s", "executed_notebook"}, ...]`` in the order
-        given; ``papermill_s`` (float seconds) is ``None`` when the executed notebook is gone or carries no duration.
+    """One row per stamp (``<figures>/.NN_name.done``: ``<run id> <UTC time> <executed notebook path>``, as the
+    Makefile writes it), in order: ``{"notebook", "executed_now"`` (by this make's ``run_id``), ``"executed_utc",
+    "papermill_s"`` (``None`` when the executed notebook is gone or has no duration), ``"executed_notebook"}``.
 
     Raises:
-        FileNotFoundError: a stamp is missing (the Makefile calls this only after every stamp was made).
+        FileNotFoundError: a stamp is missing.
     """
     rows = []
     for s in map(Path, stamps):
@@ -74,25 +56,16 @@ def notebook_times(stamps: list[str | os.PathLike], run_id: str) -> list[dict]:
 
 def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int | str, stamps: list[str | os.PathLike],
                  *, now_ns: int | None = None, params: dict | None = None) -> tuple[list[str], dict | None]:
-    """Summarise a finished ``make paper`` and, when it executed any notebook, write the record.
-
-    Args:
-        fig_dir: the run's figures folder (``figures/``, ``figures/<model>/``, ``build/smoke_figures/``).
-        run_tag: the Makefile's ``RUN_TAG`` (``full-t1``, ``smoke-t1``, ...).
-        start_ns: when this make started (its ``RUN_ID``, nanoseconds since the epoch); a value that is not a
-            number (a ``date`` without ``%N``, as on macOS) leaves the wall time unknown.
-        stamps: the stamps of every notebook of the run, in run order.
-        now_ns: the end (default: now).
-        params: the run's notebook parameters, kept in the record's provenance.
+    """Summarise a finished ``make paper`` (``run_tag``; started at ``start_ns``, the Makefile's ``RUN_ID``: a value
+    that is not a number leaves the wall time unknown) and, when it executed any notebook, write the record: one row
+    per notebook, a ``total`` row (papermill durations summed), this make's wall time in the caption, ``params`` in the
+    provenance.
 
     Returns:
-        (lines to print, :func:`~rvqspec_lib.common.provenance.save_table`'s paths or ``None`` when no notebook ran
-        in this make, so the previous record is kept). The table has one row per notebook and a ``total`` row
-        (the papermill durations summed); its caption gives this make's wall time.
-
+        (lines to print, :func:`~rvqspec_lib.common.provenance.save_table`'s paths, or ``None`` when no notebook ran
+        in this make: the previous record is kept).
     Raises:
-        FileNotFoundError: a stamp is missing.
-        OSError: the folder cannot be written (nothing half-written is left: save_table is all-or-nothing).
+        FileNotFoundError: a stamp is missing. OSError: the folder cannot be written (nothing half-written is left).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
     wall = (now_ns - int(start_ns)) / 1e9 if str(start_ns).isdigit() else None

@@ -1,18 +1,10 @@
 """Provenance of every result file: which code, which parameters, which machine made it.
 
-Every figure and table the project writes gets a sidecar ``<stem>.provenance.json`` (docs/style.md#results-and-provenance, "a good paper
-companion"), so a number in the paper can be traced to a git revision, a seed and the hardware that measured it.
-The record is hostname-free on purpose: result files are committed and shared.
-
-Public functions:
-
-* :func:`resolve_out_dir` -- where a result goes (a smoke run aimed at ``figures/`` goes to ``build/smoke_figures/``).
-* :func:`provenance`   -- the record itself (a JSON-able dict).
-* :func:`git_revision` -- its ``git`` part: the revision, and whether (and which) tracked sources differ from it
-  (:data:`SOURCE_PATHS`, :func:`changed_sources`; docs/reproducibility.md).
-* :func:`save_table`   -- a table as ``.csv`` + ``.md`` + sidecar.
-* :func:`save_figure`  -- a matplotlib figure as ``.png`` + ``.pdf`` + sidecar.
-* :func:`save_json`    -- a metrics dict as ``.json`` with the provenance embedded (read back by tests).
+Every figure, table, audio file and result JSON gets its record (:func:`provenance`; a sidecar
+``<stem>.provenance.json`` or, for JSON, a ``"provenance"`` key: docs/style.md#results-and-provenance), so a number
+can be traced to a git revision, a seed and the hardware that measured it. The record is hostname-free on purpose:
+result files are committed and shared. Every writer here is all-or-nothing
+(:func:`rvqspec_lib.common.files.atomic_outputs`).
 """
 
 from __future__ import annotations
@@ -29,8 +21,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from rvqspec_lib.common.files import atomic_outputs, usual_mode, write_text_atomic  # noqa: F401  (usual_mode)
-from rvqspec_lib.common.machine import cpu_model  # noqa: F401 -- also offered here (eval imports it so)
+from rvqspec_lib.common.files import atomic_outputs, write_text_atomic
+from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.common.paths import REPO_ROOT
 
 
@@ -41,26 +33,13 @@ SMOKE_FIGURES_DIRNAME = "build/smoke_figures"
 
 
 def resolve_out_dir(out_dir: str | os.PathLike, *, smoke: bool = False, root: str | os.PathLike | None = None) -> Path:
-    """Resolve an output folder: absolute paths are kept, relative ones are taken from the repository root; a SMOKE
-    run never writes into the committed ``figures/``.
-
-    So ``"figures"`` means ``<repo>/figures`` whatever the working directory of the notebook kernel is (JupyterLab,
-    papermill, nbconvert or ``make paper``). With ``smoke=True`` a folder that is ``<repo>/figures`` or lies inside
-    it (relative or absolute, through ``..`` or symlinks) is replaced by the same place under
-    ``<repo>/build/smoke_figures`` (``figures/x`` -> ``build/smoke_figures/x``), and one line on stdout says so:
-    a smoke run's tiny-model numbers must never overwrite the committed results. The folder is created if missing.
-
-    Args:
-        out_dir: the folder asked for (a notebook's ``out_dir`` parameter, a script's ``--out``).
-        smoke: the run is a smoke run (small parameters, a tiny model): redirect as above.
-        root: the repository root the relative paths and ``figures/`` are taken from (default
-            :data:`rvqspec_lib.common.paths.REPO_ROOT`; tests point it at a temporary folder).
-
-    Returns:
-        the absolute folder to write to (existing).
+    """The output folder, created if missing: absolute paths kept, relative ones from the repository root (``root``,
+    default :data:`rvqspec_lib.common.paths.REPO_ROOT`) whatever the kernel's working directory. With ``smoke`` a
+    folder at or inside ``<root>/figures`` (through ``..`` or symlinks too) becomes the same place under
+    ``<root>/build/smoke_figures``, said in one line on stdout: a smoke run never overwrites the committed results.
 
     Raises:
-        OSError: the folder cannot be created (a file in the way, no permission).
+        OSError: the folder cannot be created.
     """
     base = Path(root).expanduser().resolve() if root is not None else REPO_ROOT
     p = Path(out_dir).expanduser()
@@ -85,10 +64,6 @@ def resolve_out_dir(out_dir: str | os.PathLike, *, smoke: bool = False, root: st
 #: (docs/reproducibility.md).
 SOURCE_PATHS = ("rvqspec_lib", "notebooks", "scripts", "data", "Makefile", "requirements.txt", "pyproject.toml",
                 "environment.yml")
-#: :data:`SOURCE_PATHS` as git pathspecs (``git status`` / ``git diff -- ...``). ``make paper`` writes nothing inside
-#: them: the shipped drafters and trees beside the embedded model are sources the notebooks read (notebook 03
-#: deploys, notebook 04 writes ``trees/heads.json``, only when asked: ``save_to_model`` / ``write_trees``).
-SOURCE_PATHSPECS = SOURCE_PATHS
 
 
 def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:
@@ -102,27 +77,17 @@ def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:
 
 
 def changed_sources(root: str | os.PathLike | None = None) -> list[str] | None:
-    """The tracked source files (:data:`SOURCE_PATHS`) whose
-    working-tree or staged content differs from ``HEAD``.
-
-    ``git status --porcelain -z --untracked-files=no`` limited to the sources: an edited, staged, deleted or renamed
-    tracked file counts; an untracked file (scratch, a notebook's ``.ipynb`` under ``build/``) and every file outside
-    the sources (``figures/``, ``build/``, ``tests/``, ``docs/``) do not.
-
-    Args:
-        root: the repository (default :data:`rvqspec_lib.common.paths.REPO_ROOT`; tests point it at a temporary one).
+    """The tracked source files (:data:`SOURCE_PATHS`) whose working-tree or staged content differs from ``HEAD``
+    (``git status --porcelain=v1 -z --untracked-files=no``; untracked files and files outside the sources never count).
 
     Returns:
         sorted paths relative to the root (both names of a rename), ``[]`` when the sources equal ``HEAD``, ``None``
         when git is unavailable or ``root`` is not a checkout with a commit.
-
-    Source: git-status(1), "Porcelain Format Version 1" (``XY PATH``; with ``-z`` a rename's old name follows as the
-    next NUL-separated field) and gitglossary(7) "pathspec" (the ``:(exclude)`` magic).
     """
     if git_output("rev-parse", "--verify", "-q", "HEAD", root=root) is None:
         return None
     out = git_output("--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=no", "--",
-                     *SOURCE_PATHSPECS, root=root)
+                     *SOURCE_PATHS, root=root)
     if out is None:
         return None
     fields, names, i = out.split("\0"), set(), 0
@@ -139,20 +104,10 @@ def changed_sources(root: str | os.PathLike | None = None) -> list[str] | None:
 
 
 def git_revision(root: str | os.PathLike | None = None) -> dict:
-    """Git state of the sources a result is made from.
-
-    Args:
-        root: the repository (default :data:`rvqspec_lib.common.paths.REPO_ROOT`).
-
-    Returns:
-        ``{"revision": <40-hex sha or None>, "dirty": <bool or None>, "changed_sources": <list of paths or None>}``.
-        ``revision`` is ``HEAD``, the commit the sources equal when ``dirty`` is false; ``dirty`` is true when a
-        tracked source file (:data:`SOURCE_PATHSPECS`) differs from it, and ``changed_sources`` names those files
-        (:func:`changed_sources`). A run's own outputs (``figures/``, ``build/``) and untracked files never make a
-        record dirty. ``revision`` is ``None`` outside a git checkout or before the first commit; ``dirty`` and
-        ``changed_sources`` are ``None`` when git is unavailable. The key ``changed_sources`` marks a record written
-        by this rule (older records have only ``revision`` and ``dirty``, whose ``dirty`` also counted untracked files
-        and is unreliable: docs/reproducibility.md).
+    """Git state of the sources a result is made from: ``{"revision": HEAD's sha or None (no checkout, no commit),
+    "dirty": whether a tracked source differs from it, "changed_sources": those files (:func:`changed_sources`)}``;
+    ``dirty`` and ``changed_sources`` are ``None`` when git is unavailable (records without ``changed_sources`` are
+    older ones whose ``dirty`` also counted untracked files: docs/reproducibility.md).
     """
     rev = git_output("rev-parse", "--verify", "-q", "HEAD", root=root)
     changed = changed_sources(root) if rev else None
@@ -161,12 +116,9 @@ def git_revision(root: str | os.PathLike | None = None) -> dict:
 
 
 def hardware() -> dict:
-    """Device summary: CPU model and core count, torch thread count, 1-minute load average (other processes
-    competing for the cores distort CPU timings), accelerator name (if any). No hostname.
-
-    torch is asked only when the process has imported it (every notebook and timing command has): a record written
-    by a process that never used torch (``make paper``'s run-time record) has ``torch_threads`` and ``accelerator``
-    ``None`` instead of paying for the import."""
+    """Device summary, no hostname: CPU model and core count, torch threads, 1-minute load average, accelerator name,
+    platform. torch is asked only when the process has imported it (else ``None``: no import paid for).
+    """
     torch = sys.modules.get("torch")
     info = {
         "cpu": cpu_model(),
@@ -223,17 +175,9 @@ def _jsonable(x: Any) -> Any:
 
 
 def provenance(params: Mapping[str, Any] | None = None, seed: int | None = None) -> dict:
-    """Provenance record for a result.
-
-    Args:
-        params: the parameters that produced the result (notebook parameters, CLI arguments). Values are converted
-            to JSON types (tuples -> lists, numpy scalars -> Python, other objects -> ``str``).
-        seed: the seed used, or ``None`` when nothing random was drawn.
-
-    Returns:
-        JSON-able dict with keys ``git`` (``revision``, ``dirty``), ``created_utc`` (ISO 8601, seconds),
-        ``params``, ``seed``, ``hardware`` (CPU model, cores, torch threads, accelerator), ``versions``
-        (python, torch, transformers, qwen_tts, ...) and ``argv``. No hostname or user name.
+    """Provenance record for a result: ``git`` (:func:`git_revision`), ``created_utc`` (ISO 8601, seconds),
+    ``params`` (converted to JSON types), ``seed`` (``None``: nothing random drawn), ``hardware``, ``versions`` and
+    ``argv``. No hostname or user name.
     """
     return {
         "git": git_revision(),
@@ -292,25 +236,13 @@ def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
 
 
 def save_table(table, path_stem: str | os.PathLike, prov: Mapping, *, caption: str | None = None) -> dict:
-    """Write a table as ``<stem>.csv`` (full precision), ``<stem>.md`` (4 significant digits) and the sidecar.
-
-    The three files are written all-or-nothing (:func:`rvqspec_lib.common.files.atomic_outputs`: temporary files in
-    the same folder, then ``os.replace``, the sidecar last): an error or Ctrl-C while writing leaves the previous
-    files as they were (or none) and no temporary file.
-
-    Args:
-        table: a pandas DataFrame or a non-empty list of dicts (one dict per row).
-        path_stem: output path without extension, e.g. ``figures/01_latency``; parent folders are created.
-        prov: a record from :func:`provenance`.
-        caption: one line the Markdown table starts with and the sidecar keeps (``"caption"``): what a projection
-            is made of and leaves out, or an OVERSUBSCRIBED warning (docs/style.md#benchmarks). The CSV stays plain.
+    """Write a table (a pandas DataFrame or a non-empty list of dicts) as ``<stem>.csv`` (full precision),
+    ``<stem>.md`` (4 significant digits, ``caption`` as its first line, kept in the sidecar too) and the sidecar.
 
     Returns:
         ``{"csv": Path, "md": Path, "provenance": Path}``.
-
     Raises:
-        TypeError: ``table`` is neither a DataFrame nor a list of dicts.
-        OSError: the folder cannot be written (nothing is left behind).
+        TypeError: ``table`` is neither a DataFrame nor a list of dicts. OSError: the folder cannot be written.
     """
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -328,17 +260,13 @@ def save_table(table, path_stem: str | os.PathLike, prov: Mapping, *, caption: s
 
 
 def save_figure(fig, path_stem: str | os.PathLike, prov: Mapping, *, dpi: int = 150) -> dict:
-    """Write a matplotlib figure as ``<stem>.png`` (``dpi``) and ``<stem>.pdf`` plus the provenance sidecar.
-
-    The PDF/PNG metadata carry no creation date, so re-running with the same numbers gives the same files
-    (the date lives in the sidecar). The three files are written all-or-nothing, as :func:`save_table`'s: a Ctrl-C
-    during ``savefig`` leaves no truncated PDF and no figure without its provenance.
+    """Write a matplotlib figure as ``<stem>.png`` (``dpi``) and ``<stem>.pdf`` plus the sidecar; no creation date in
+    their metadata, so the same numbers give the same files.
 
     Returns:
         ``{"png": Path, "pdf": Path, "provenance": Path}``.
-
     Raises:
-        OSError: the folder cannot be written (nothing is left behind).
+        OSError: the folder cannot be written.
     """
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -353,17 +281,11 @@ def save_figure(fig, path_stem: str | os.PathLike, prov: Mapping, *, dpi: int = 
 
 
 def save_audio(wav, sample_rate: int, path_stem: str | os.PathLike, prov: Mapping, *, peak: float = 0.95) -> Path:
-    """Write a listening example as ``<stem>.wav`` (16-bit PCM, mono) plus the provenance sidecar, all-or-nothing:
-    what a notebook plays with ``IPython.display.Audio(filename=...)`` and what the committed notebooks play.
-
-    Args:
-        wav: ``(samples,)`` float waveform (numpy or torch), any scale: peak-limited to ``peak`` of full scale when
-            louder (never amplified). sample_rate: in Hz (the 12 Hz codec's 24000). path_stem: without ``.wav``.
-        prov: :func:`provenance`'s record.
+    """Write a listening example as ``<stem>.wav`` (16-bit PCM, mono) plus the sidecar. ``wav``: ``(samples,)``
+    float (numpy or torch), peak-limited to ``peak`` of full scale when louder (never amplified); ``sample_rate`` in Hz.
 
     Returns:
         the ``.wav`` path.
-
     Raises:
         ValueError: not a 1-D waveform, or an empty one, or a sample rate <= 0.
     """
@@ -398,16 +320,8 @@ def save_notebook_record(notebook: str | os.PathLike, prov: Mapping) -> Path:
 
 
 def save_json(obj: Mapping, path: str | os.PathLike, prov: Mapping) -> Path:
-    """Write a metrics dict as JSON with its provenance under the key ``"provenance"``.
-
-    Args:
-        obj: JSON-able metrics (numpy/torch scalars are converted; NaN/inf become ``null``).
-        path: output file (``.json``); parent folders are created. Written atomically
-            (:func:`rvqspec_lib.common.files.write_text_atomic`): a failure leaves no half-written file.
-        prov: a record from :func:`provenance`.
-
-    Returns:
-        the path written.
+    """Write a metrics dict as JSON (numpy/torch scalars converted, NaN/inf as ``null``) with ``prov`` under the key
+    ``"provenance"``; parent folders are created. Returns the path.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,32 +1,11 @@
 """Which outputs of ``make paper`` are timings, and a comparison of two runs that ignores exactly those.
 
-Two runs of the notebooks at one seed, on one machine and with the same parameters (``THREADS`` included), must
-write the same numbers everywhere except in timings: wall-clock measurements, what is computed from them (speedups,
-ratios of times, real-time factors, bandwidth floors), choices made from them (``--decoder auto``, a "best" row
-picked by speed) and how many timing rounds a noise target asked for. This module is the one list of those
-(docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed says it in words):
-
-* :data:`TIMING_NOTEBOOKS`: the notebooks that time (``01``, ``04``, ``06``, ``07``; the Makefile's ``TIMING_NB``).
-  The others hold no timing but the ones listed here (their run times);
-* :data:`TIMING_COLUMNS`: per table (the CSV's file name without ``.csv``), the columns that are timings, as
-  :mod:`fnmatch` patterns (some column names carry a model's name); :data:`ALL` marks a table whose rows
-  themselves are picked by timings;
-* :data:`TIMING_JSON_KEYS`: keys of result JSON files whose values are timings or records of the run (the
-  ``provenance`` record: when, where, the load), skipped at any depth; :data:`TIMING_JSON_FILES`: the timing
-  notebooks' JSON files that mix timings into everything (their tables are compared instead).
-
-Everything else must be identical, byte for byte as written: a table not listed here has no timing column.
-
-Public functions:
-
-* :func:`timing_columns` -- the timing columns of one table;
-* :func:`compare_tables` / :func:`compare_json` / :func:`compare_safetensors` -- the differences between two CSV /
-  JSON / safetensors files, timings and run records left out;
-* :func:`compare_runs` -- every table, result JSON and ``.safetensors`` file of two output folders;
-* :func:`main` -- the command line: ``python -m rvqspec_lib.common.reproducibility RUN_A RUN_B [--notebooks 00,04]
-  [--figures]`` (exit 1 and one line per difference when the runs differ).
-
-Standard library only.
+Two runs at one seed, on one machine and with the same parameters, must write the same numbers everywhere except in
+timings: wall-clock measurements, what is computed or chosen from them, and how many rounds a noise target asked for
+(docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed). This module is the one list of those
+(:data:`TIMING_COLUMNS` as :mod:`fnmatch` patterns per table stem, :data:`TIMING_JSON_KEYS`,
+:data:`TIMING_JSON_FILES`); a table not listed has no timing column. Command line:
+``python -m rvqspec_lib.common.reproducibility RUN_A RUN_B [--notebooks 00,04] [--figures]``. Standard library only.
 """
 
 from __future__ import annotations
@@ -44,9 +23,8 @@ TIMING_NOTEBOOKS = ("01", "04", "06", "07")
 #: marks a table whose every column may differ between runs (its rows are chosen by timings)
 ALL = ("*",)
 
-_LOOP_SHARE = ("ms_per_frame", "p10_ms", "p90_ms", "model_ms", "heads_ms", "outside_ms", "outside_share",
-               "outside_forward_share")
-_FRAME_TIMES = (*_LOOP_SHARE, "speedup_vs_ar", "speedup_vs_fused")
+_FRAME_TIMES = ("ms_per_frame", "p10_ms", "p90_ms", "model_ms", "heads_ms", "outside_ms", "outside_share",
+                "speedup_vs_ar", "speedup_vs_fused")
 _CALL_TIMES = ("median_ms", "p10_ms", "p90_ms", "ratio_to_q1")
 
 #: Per table stem: the columns that are timings or computed from timings (fnmatch patterns). A table that is not
@@ -67,7 +45,6 @@ TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
     "04_paper_devices": ALL,  # this machine's rows: the fastest N measured here
     # 06: export times, frame times and verify costs for Figure 4, the whole frame streamed (rows chosen by timings)
     "06_exported_graphs": ("export_s",),
-    "06_paper_export": ("export_s",),
     "06_frame_times": _FRAME_TIMES,
     "06_verify_cost": _CALL_TIMES,
     "06_speedup_vs_n": ("*measured*", "*PROJECTION*"),

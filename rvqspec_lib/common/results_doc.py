@@ -1,19 +1,10 @@
-"""The measured numbers in prose, generated: ``docs/results.md`` and the README's "results at a glance" block, both
-written by ``make paper`` from the figures it just made, so a regeneration never needs a sentence retyped
-(docs/style.md#numbers-in-prose).
+"""The measured numbers in prose, generated: ``docs/results.md`` and the README's "results at a glance" block, written
+by ``make paper`` from the figures it just made (docs/style.md#numbers-in-prose).
 
-Every notebook's ``NN_metrics.json`` may hold a ``headline`` list: what the notebook found, one entry per number,
-``{"text": what it is, in words, "value": a number or a short string, "unit": "" | "x" | "ms" | ..., "source": the
-committed table it comes from (e.g. "04_speed.md"), "glance": true for the README's table}``. The notebook computes
-them from its results (never typed); this module only lays them out. Standard library only (``make check-figures``
-runs it without the project's environment).
-
-* :func:`entry` and :func:`headline` -- what a notebook calls to build its list (an entry whose value is missing, as
-  some rows are in smoke mode, is left out); :func:`problems` -- what is wrong with a list (the notebook tests).
-* :func:`render_results` -- the text of ``docs/results.md`` for a figures folder.
-* :func:`render_glance` -- the README block.
-* :func:`write` -- both, written (``make paper``'s last step); :func:`check` -- the lines saying what is out of date
-  (``make check-figures`` and the tests).
+Every notebook's ``NN_metrics.json`` may hold a ``headline`` list, one entry per number: ``{"text", "value" (a number
+or a short string), "unit", "source" (the committed table it comes from), "glance" (in the README's table)}``,
+computed by the notebook (:func:`entry`, :func:`headline`), only laid out here. Standard library only
+(``make check-figures`` runs it without the project's environment).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ import torch
 
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.data.frames import Frames
-from rvqspec_lib.data.teacher import Utterance, as_utterance, check_codes, contexts_of, teacher_forced_contexts
+from rvqspec_lib.data.teacher import (Utterance, as_utterance, check_codes, contexts_of, eval_mode,
+                                      teacher_forced_contexts)
 from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR
@@ -42,17 +43,10 @@ def frames_from_model(lm, texts: Iterable[str] | None = None, *, decoder=None, s
                       talker_sampling: Sampling | None = None, seed: int = 0, max_frames: int = 200,
                       language: str = "auto", speaker: str | None = None, batch_size: int = 1,
                       progress: bool = False) -> Frames:
-    """Frames of the model's own speech: the frame loop speaks each text, then :func:`teacher_forced_contexts`.
-
-    Args:
-        lm: a loaded model. texts: sentences (default :data:`DEFAULT_TEXTS`).
-        decoder: inner-loop decoder (default AR; any lossless decoder samples the same distribution).
-        sampling, talker_sampling: default the checkpoint's.
-        seed: one explicit generator for everything. max_frames: cap per utterance.
-        batch_size: texts spoken together by :func:`~rvqspec_lib.models.frame.synthesize`.
-
-    Returns:
-        :class:`Frames` (one utterance per text; texts that produced no frame are skipped).
+    """Frames of the model's own speech: the frame loop speaks each text (default :data:`DEFAULT_TEXTS`; inner loop
+    ``decoder``, default AR; the checkpoint's sampling and talker sampling unless given; ``batch_size`` texts at once;
+    ``max_frames`` a text; one generator seeded ``seed``), then :func:`teacher_forced_contexts`; one utterance per
+    text, texts without a frame skipped.
 
     Raises:
         ValueError: no texts, no frame for any text.
@@ -112,21 +106,14 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
                         audio_column: str = "audio", language: str = "auto", speaker: str | None = None,
                         max_items: int | None = None, max_frames: int | None = None,
                         progress: bool = False) -> Frames:
-    """Frames of real speech: each row's audio encoded by ``codec``, contexts by :func:`teacher_forced_contexts`.
-
-    Args:
-        dataset: a ``datasets.Dataset`` / ``DatasetDict``, or a folder written by ``save_to_disk`` (VoxPopuli schema:
-            an ``audio`` column and a text column; nothing is downloaded).
-        lm: the model whose talker gives the contexts. codec: ``encode(wav) -> (frames, n_code_groups)`` at
-            ``codec.sample_rate`` (24 kHz if absent); audio at another rate is resampled first.
-        split: which split of a ``DatasetDict`` (default ``train``, else the first).
-        text_column: default the first of :data:`TEXT_COLUMNS` present (VoxPopuli: ``raw_text``).
-        language, speaker: prompt settings (see :func:`rvqspec_lib.models.frame.build_prompt`).
-        max_items: first rows only. max_frames: stop once this many frames are collected.
+    """Frames of real speech: each row's audio encoded by ``codec`` (``encode(wav) -> (frames, n_code_groups)`` at
+    ``codec.sample_rate``, 24 kHz if absent; other rates resampled), contexts by :func:`teacher_forced_contexts` with
+    the prompt ``language`` / ``speaker``. ``dataset``: a ``datasets`` Dataset / DatasetDict (``split``, default
+    ``train``, else the first) or a ``save_to_disk`` folder (nothing is downloaded); ``text_column`` default the first
+    of :data:`TEXT_COLUMNS` present; ``max_items`` first rows; ``max_frames`` stops once collected.
 
     Returns:
-        :class:`Frames` (rows with empty text or no frames are skipped and counted in ``source``).
-
+        :class:`Frames`, rows with empty text or no frames skipped and counted in ``source``.
     Raises:
         FileNotFoundError: a path that is not a saved dataset. ValueError: missing columns, codes of the wrong shape.
     """
@@ -178,19 +165,13 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
 @torch.no_grad()
 def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None = None, batch_size: int = 8,
                            progress: bool = False, source: dict | None = None) -> Frames:
-    """Teacher-forced frames of given utterances (text + true codes): contexts from the talker passes of
-    :func:`rvqspec_lib.data.teacher.contexts_of`, batched by (speaker, language) and length; input order kept.
-
-    Args:
-        lm: the loaded model whose talker gives the contexts.
-        utterances: what :func:`rvqspec_lib.data.teacher.as_utterance` takes, codes ``(frames, n_code_groups)``.
-        max_frames: stop once this many frames are collected, the last utterance cut; ``None``: all.
-        batch_size: utterances per talker pass. progress: a bar. source: merged into ``Frames.source``.
+    """Teacher-forced frames of given utterances (text + true codes ``(frames, n_code_groups)``): contexts from the
+    talker passes of :func:`rvqspec_lib.data.teacher.contexts_of`, ``batch_size`` utterances a pass, batched by
+    (speaker, language) and length; ``max_frames`` stops once collected (the last utterance cut).
 
     Returns:
         :class:`Frames`: ``context`` ``(N, 2, talker_hidden)`` float32, ``codes`` ``(N, n_code_groups - 1)`` int64,
-        ``utterance`` ``(N,)`` int64 = index of the utterance in ``utterances``.
-
+        ``utterance`` ``(N,)`` int64 = the utterance's index in ``utterances``.
     Raises:
         ValueError: no utterances, ``max_frames < 1`` or ``batch_size < 1``, bad codes (naming the utterance).
     """
@@ -215,13 +196,9 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
                                                       chosen[a][1].codes.shape[0]))
     batches = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
     got: dict[int, torch.Tensor] = {}
-    was = lm.model.training
-    lm.model.eval()
-    try:
+    with eval_mode(lm.model):
         for b in progress_bar(batches, desc="teacher-forced contexts", enabled=progress, unit="batch"):
             got.update(zip(b, contexts_of(lm, [chosen[a][1] for a in b])))
-    finally:
-        lm.model.train(was)
     parts = [Frames(got[a], chosen[a][1].codes[:, 1:].clone(),
                     torch.full((chosen[a][1].codes.shape[0],), chosen[a][0], dtype=torch.long))
              for a in range(len(chosen))]
@@ -236,16 +213,9 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
 
 def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,
                         seed: int | None = 0, batch_size: int = 8, progress: bool = False) -> Frames:
-    """:func:`frames_from_utterances` of one split of the utterances shipped beside the model (``lm.folder``).
-
-    Args:
-        split: ``"training"``, ``"validation"``, ``"calibration"`` or ``"evaluation"``.
-        seed: the utterances in a seeded random order (a frame limit then samples the whole split); ``None``: file
-            order. max_frames, batch_size, progress: as :func:`frames_from_utterances`.
-
-    Returns:
-        :class:`Frames`; ``utterance`` is the utterance's index in the split (file order); ``source`` names the file,
-        the split and the seed.
+    """:func:`frames_from_utterances` of one split (``"training"``, ``"validation"``, ``"calibration"``,
+    ``"evaluation"``) of the utterances shipped beside the model (``lm.folder``), in a seeded random order (a frame
+    limit then samples the whole split; ``seed=None``: file order); ``utterance`` is the index in the split's file.
 
     Raises:
         FileNotFoundError: the model ships no utterances. ValueError: a split it does not have, bad codes.

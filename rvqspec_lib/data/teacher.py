@@ -7,6 +7,7 @@ frames (:func:`talker_pass`), for training (:func:`teacher_force`) and for inner
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -35,6 +36,17 @@ class Utterance:
     codes: torch.Tensor
     speaker: str | None = None
     language: str = "auto"
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module):
+    """``module`` in eval mode (no dropout) for the block; its train/eval mode restored after, errors included."""
+    was = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was)
 
 
 def as_utterance(item) -> Utterance:

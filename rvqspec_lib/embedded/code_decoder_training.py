@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from rvqspec_lib.common.files import atomic_output
 from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.data.teacher import eval_mode
 from rvqspec_lib.data.utterances import utterances_from_manifest
 from rvqspec_lib.eval.inner_loop import inner_loop_codes_batch
 from rvqspec_lib.models.audio import load_wav
@@ -101,23 +102,27 @@ def decoder_pairs(lm, codec, rows: Sequence[dict], codes: dict, *, batch_size: i
     return DecoderPairs([r["id"] for r in rows], [u.codes.long() for u in utts], gen, feats)
 
 
+def _padded(pairs: DecoderPairs, idx: Sequence[int], starts: Sequence[int], length: int, generated) -> tuple:
+    """Frames ``[start, start + length)`` of utterances ``idx``, zero-padded: (codes (B, length, G) from the generated
+    codes where ``generated[j]``, else the true ones; target (B, length, dim); valid (B, length))."""
+    codes = torch.zeros(len(idx), length, pairs.true[idx[0]].shape[1], dtype=torch.long)
+    target = torch.zeros(len(idx), length, pairs.features[0].shape[1])
+    valid = torch.zeros(len(idx), length, dtype=torch.bool)
+    for j, (i, s) in enumerate(zip(idx, starts)):
+        e = min(pairs.true[i].shape[0], s + length)
+        codes[j, : e - s] = (pairs.generated[i] if bool(generated[j]) else pairs.true[i])[s:e]
+        target[j, : e - s] = pairs.features[i][s:e]
+        valid[j, : e - s] = True
+    return codes, target, valid
+
+
 def _batch(pairs: DecoderPairs, idx: Sequence[int], chunk: int, gen: torch.Generator, *,
            use_generated: torch.Tensor, dropout_p: float, n_codebooks: int):
     """Random ``chunk``-frame windows of utterances ``idx``: (codes (B, C, G), present (B, G), target (B, C, dim),
     valid (B, C))."""
     b = len(idx)
-    dim = pairs.features[0].shape[1]
-    codes = torch.zeros(b, chunk, n_codebooks, dtype=torch.long)
-    target = torch.zeros(b, chunk, dim)
-    valid = torch.zeros(b, chunk, dtype=torch.bool)
-    for j, i in enumerate(idx):
-        n = pairs.true[i].shape[0]
-        s = int(torch.randint(0, max(1, n - chunk + 1), (1,), generator=gen))
-        e = min(n, s + chunk)
-        src = pairs.generated[i] if bool(use_generated[j]) else pairs.true[i]
-        codes[j, : e - s] = src[s:e]
-        target[j, : e - s] = pairs.features[i][s:e]
-        valid[j, : e - s] = True
+    starts = [int(torch.randint(0, max(1, pairs.true[i].shape[0] - chunk + 1), (1,), generator=gen)) for i in idx]
+    codes, target, valid = _padded(pairs, idx, starts, chunk, use_generated)
     present = torch.ones(b, n_codebooks, dtype=torch.bool)
     drop = torch.rand(b, generator=gen) < dropout_p
     k = torch.randint(1, n_codebooks + 1, (b,), generator=gen)
@@ -129,30 +134,18 @@ def _batch(pairs: DecoderPairs, idx: Sequence[int], chunk: int, gen: torch.Gener
 def decoder_loss(dec: CodeDecoder, pairs: DecoderPairs, *, source: str = "true", batch: int = 16) -> float:
     """Mean L1 distance (natural-log mel power) of the decoded to the unquantised features over every frame of
     ``pairs``, from the ``source`` codes ("true", "generated", or "table": the true codes' summed centroids)."""
-    was = dec.training
-    dec.eval()
     tot, n = 0.0, 0
-    try:
+    with eval_mode(dec):
         for s in range(0, len(pairs), batch):
             idx = list(range(s, min(len(pairs), s + batch)))
-            f = max(pairs.true[i].shape[0] for i in idx)
-            g = pairs.true[idx[0]].shape[1]
-            codes = torch.zeros(len(idx), f, g, dtype=torch.long)
-            tgt = torch.zeros(len(idx), f, pairs.features[0].shape[1])
-            valid = torch.zeros(len(idx), f, dtype=torch.bool)
-            for j, i in enumerate(idx):
-                n_i = pairs.true[i].shape[0]
-                codes[j, :n_i] = pairs.generated[i] if source == "generated" else pairs.true[i]
-                tgt[j, :n_i] = pairs.features[i]
-                valid[j, :n_i] = True
+            codes, tgt, valid = _padded(pairs, idx, [0] * len(idx), max(pairs.true[i].shape[0] for i in idx),
+                                        [source == "generated"] * len(idx))
             if source == "table":
-                y = dec.codebooks[torch.arange(g)[None, None], codes].sum(2)
+                y = dec.codebooks[torch.arange(codes.shape[2])[None, None], codes].sum(2)
             else:
                 y = dec(codes)
             tot += float((y - tgt).abs().mean(-1)[valid].sum())
             n += int(valid.sum())
-    finally:
-        dec.train(was)
     return tot / max(1, n)
 
 

@@ -124,11 +124,6 @@ def is_clean(sentence: str, min_words: int = 4, max_words: int = 15) -> bool:
     return True
 
 
-def split_sentences(paragraph: str) -> list[str]:
-    """Split a paragraph (lines already joined) into candidate sentences at ``. ! ?`` before a capital."""
-    return [s.strip() for s in _SPLITTER.split(paragraph) if s.strip()]
-
-
 def clean_sentences(text: str, min_words: int = 4, max_words: int = 15) -> list[str]:
     """All clean sentences (:func:`is_clean`) of a plain-text document, in order, duplicates kept: paragraphs split
     at blank lines, their lines joined, overstrike, quotes and brackets removed."""
@@ -138,7 +133,7 @@ def clean_sentences(text: str, min_words: int = 4, max_words: int = 15) -> list[
         lines = [ln.strip() for ln in para.splitlines()]
         lines = [ln for ln in lines if ln and not ln.startswith(("--", ">>>", "..."))]
         joined = " ".join(" ".join(lines).split())
-        for s in split_sentences(joined):
+        for s in (s.strip() for s in _SPLITTER.split(joined) if s.strip()):  # at . ! ? before a capital
             s = s.replace('"', "").strip("()[]'` ")
             s = " ".join(s.split())
             if is_clean(s, min_words, max_words):
@@ -499,9 +494,7 @@ def render_recipe_current(folder: str | os.PathLike) -> bool:
 
 def _write_recipe(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (RECIPE_FILE + ".part")
-    tmp.write_text(RENDER_RECIPE + "\n", encoding="utf-8")
-    os.replace(tmp, folder / RECIPE_FILE)
+    write_text_atomic(folder / RECIPE_FILE, RENDER_RECIPE + "\n")
 
 
 def _render_job(job: tuple) -> dict:
@@ -600,15 +593,9 @@ def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voi
     out = Path(out_dir)
     rows = [{**r, "sample_rate": sample_rate} for r in plan_renders(sentences, voices, one_voice_each, fractions)]
     done = _render_rows(rows, out, processes=processes, sample_rate=sample_rate, progress=progress, desc="render")
-    write_manifest(done, out / "manifest.jsonl")
+    write_text_atomic(out / "manifest.jsonl", "".join(json.dumps(dict(r), ensure_ascii=False) + "\n" for r in done))
     _write_recipe(out)
     return done
-
-
-def write_manifest(rows: Iterable[Mapping], path: str | os.PathLike) -> Path:
-    """Write manifest rows as JSON lines, atomically; returns the path."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(path, "".join(json.dumps(dict(r), ensure_ascii=False) + "\n" for r in rows))
 
 
 def read_manifest(path: str | os.PathLike) -> list[dict]:

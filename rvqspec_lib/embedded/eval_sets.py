@@ -45,7 +45,7 @@ def _shipped(model, split: str, n: int | None, seed: int, role: str):
 def multilingual_evaluation(codec, work_dir: str | os.PathLike, languages: Sequence[str], *,
                             n_per_language: int | None = None, progress: bool = False) -> dict:
     """The multilingual sentences rendered with espeak-ng (one voice per language) and encoded by ``codec``:
-    ``{lang: (utterances, meta, source)}`` per requested non-English language with shipped sentences.
+    ``{lang: {"utterances", "meta", "source"}}`` per requested non-English language with shipped sentences.
 
     Raises:
         MissingVoiceError: espeak-ng or sox is missing.
@@ -66,10 +66,11 @@ def multilingual_evaluation(codec, work_dir: str | os.PathLike, languages: Seque
         items = [{"id": r["id"], "text": r["text"], "wav": load_wav(Path(work_dir) / r["path"], codec.sample_rate),
                   "sample_rate": codec.sample_rate} for r in mine]
         utts, meta = encode_items(items, codec, n_code_groups=16)
-        out[lang] = (utts, [{**m, "split": "evaluation", "role": "WER parity, Table 3", "language": lang}
-                            for m in meta],
-                     {"kind": "rendered", "engine": "espeak-ng", "voices": sorted({r["voice"] for r in mine}),
-                      "texts": "data/eval_texts/multilingual.tsv", "folder": str(work_dir)})
+        out[lang] = {"utterances": utts,
+                     "meta": [{**m, "split": "evaluation", "role": "WER parity, Table 3", "language": lang}
+                              for m in meta],
+                     "source": {"kind": "rendered", "engine": "espeak-ng", "voices": sorted({r["voice"] for r in mine}),
+                                "texts": "data/eval_texts/multilingual.tsv", "folder": str(work_dir)}}
     return out
 
 
@@ -110,12 +111,9 @@ def evaluation_data(model: str | os.PathLike, languages: Sequence[str], *, codec
         return out
     try:
         embedded_root(model)
-        shipped = True
     except FileNotFoundError:
-        shipped = False
-    if not shipped:
         raise ValueError(f"no evaluation data for {', '.join(languages)} with model {model}: pass --dataset (a "
-                         "Fleurs folder written by save_to_disk, one config per language) and --codec")
+                         "Fleurs folder written by save_to_disk, one config per language) and --codec") from None
     if "en" in languages:
         utts, meta, src = _shipped(model, "evaluation", n_sentences, seed, "WER parity, Table 3")
         out["en"] = {"utterances": utts, "meta": meta, "source": src}
@@ -128,11 +126,8 @@ def evaluation_data(model: str | os.PathLike, languages: Sequence[str], *, codec
         if missing:
             raise ValueError(f"no evaluation sentences for {', '.join(missing)} offline (shipped: en, "
                              f"{', '.join(sorted(have))}): pass --dataset with a Fleurs folder")
-        ml = multilingual_evaluation(codec, Path(work_dir) / "multilingual", others,
-                                     n_per_language=n_multilingual or n_sentences, progress=progress)
-        for lang in others:
-            utts, meta, src = ml[lang]
-            out[lang] = {"utterances": utts, "meta": meta, "source": src}
+        out.update(multilingual_evaluation(codec, Path(work_dir) / "multilingual", others,
+                                           n_per_language=n_multilingual or n_sentences, progress=progress))
     return {lang: out[lang] for lang in languages}
 
 

@@ -26,6 +26,7 @@ from rvqspec_lib.data.teacher import (
     TeacherForced,
     Utterance,
     as_utterance,
+    eval_mode,
     talker_pass,
     teacher_force,
 )
@@ -104,17 +105,16 @@ def set_dropout(model, p: float) -> None:
 def evaluate(lm: LoadedModel, utts: Sequence[Utterance], *, batch_size: int = 16,
              cp_weight: float = CP_LOSS_WEIGHT) -> dict:
     """Teacher-forced loss and accuracies over utterances (eval mode, token-weighted means)."""
-    was = lm.model.training
-    lm.model.eval()
     tot = {"talker_loss": 0.0, "cp_loss": 0.0, "code0_acc": 0.0, "cp_acc": 0.0, "n_talker": 0, "n_cp": 0}
     order = sorted(range(len(utts)), key=lambda i: utts[i].codes.shape[0])
-    for s in range(0, len(order), batch_size):
-        r = losses(teacher_force(lm, [utts[i] for i in order[s:s + batch_size]]), cp_weight=cp_weight)
-        for k, n in (("talker_loss", "n_talker"), ("code0_acc", "n_talker"), ("cp_loss", "n_cp"), ("cp_acc", "n_cp")):
-            tot[k] += r[k] * r[n]
-        tot["n_talker"] += r["n_talker"]
-        tot["n_cp"] += r["n_cp"]
-    lm.model.train(was)
+    with eval_mode(lm.model):
+        for s in range(0, len(order), batch_size):
+            r = losses(teacher_force(lm, [utts[i] for i in order[s:s + batch_size]]), cp_weight=cp_weight)
+            for k, n in (("talker_loss", "n_talker"), ("code0_acc", "n_talker"), ("cp_loss", "n_cp"),
+                         ("cp_acc", "n_cp")):
+                tot[k] += r[k] * r[n]
+            tot["n_talker"] += r["n_talker"]
+            tot["n_cp"] += r["n_cp"]
     out = {k: tot[k] / max(1, tot["n_talker" if k in ("talker_loss", "code0_acc") else "n_cp"])
            for k in ("talker_loss", "cp_loss", "code0_acc", "cp_acc")}
     out["loss"] = out["talker_loss"] + cp_weight * out["cp_loss"]
@@ -237,19 +237,15 @@ def code_predictor_states(lm: LoadedModel, dataset: Iterable, *, batch_size: int
         raise ValueError("no utterances to take code-predictor states from")
     if hasattr(lm.tokenizer, "prefetch"):
         lm.tokenizer.prefetch([u.text for u in utts])
-    was = lm.model.training
-    lm.model.eval()
     order = sorted(range(len(utts)), key=lambda i: utts[i].codes.shape[0])
     hs, cs = [], []
-    try:
+    with eval_mode(lm.model):
         for s in progress_bar(range(0, len(order), batch_size), desc="talker states", unit="batch", enabled=progress):
             batch = [utts[i] for i in order[s:s + batch_size]]
             out, length, codes, valid, _ = talker_pass(lm, batch)
             hidden = out.hidden_states[0][-1][:, length - 1: length - 1 + valid.shape[1]]
             hs.append(hidden[valid].float().cpu())
             cs.append(codes[valid].cpu())
-    finally:
-        lm.model.train(was)
     return CodePredictorStates(torch.cat(hs), torch.cat(cs))
 
 
@@ -271,12 +267,10 @@ def code_predictor_metrics(lm: LoadedModel, states: CodePredictorStates, *, batc
     Returns:
         ``{"cp_loss", "cp_acc", "cp_acc_by_depth": [G-1 floats]}``.
     """
-    was = lm.model.training
-    lm.model.eval()
     talker = lm.model.talker
     dtype = next(talker.parameters()).dtype
     loss, correct, n = 0.0, None, 0
-    with torch.no_grad():
+    with eval_mode(lm.model), torch.no_grad():
         for s in range(0, len(states), batch_frames):
             h = states.hidden[s:s + batch_frames].to(dtype)
             c = states.codes[s:s + batch_frames]
@@ -285,7 +279,6 @@ def code_predictor_metrics(lm: LoadedModel, states: CodePredictorStates, *, batc
             ok = (logits.argmax(-1) == c[:, 1:]).float().sum(0)
             correct = ok if correct is None else correct + ok
             n += c.shape[0]
-    lm.model.train(was)
     by_depth = (correct / max(1, n)).tolist()
     return {"cp_loss": loss / max(1, n * len(by_depth)), "cp_acc": sum(by_depth) / len(by_depth),
             "cp_acc_by_depth": by_depth}
@@ -297,18 +290,15 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
                          warmup_steps: int = CP_WARMUP_STEPS, min_lr_ratio: float = MIN_LR_RATIO,
                          weight_decay: float = WEIGHT_DECAY, grad_clip: float = GRAD_CLIP, eval_every: int = 200,
                          seed: int = 0, out_dir: str | Path | None = None, progress: bool = True) -> dict:
-    """Train the code predictor alone on a frozen talker's states (a second stage after :func:`train`): every frame
-    of the corpus, the talker run once; the talker and the code embeddings stay fixed, so code 0 is unchanged. With
-    ``val_states`` the weights of lowest validation loss are restored (step 0 a candidate).
-
-    Args:
-        train_states, val_states: from :func:`code_predictor_states`. steps / minutes: the budget (exactly one).
-        lr: peak learning rate of :class:`WarmupCosine`. batch_frames: random frames a step.
-        eval_every: steps between validation evaluations. out_dir: gets ``cp_curve.json``.
+    """Train the code predictor alone on a frozen talker's states (from :func:`code_predictor_states`; a second stage
+    after :func:`train`): the talker and the code embeddings stay fixed, so code 0 is unchanged; AdamW under
+    :class:`WarmupCosine` (peak ``lr``), ``batch_frames`` random frames a step, a budget of ``steps`` or ``minutes``
+    (exactly one). With ``val_states`` (evaluated every ``eval_every`` steps) the weights of lowest validation loss are
+    restored, step 0 a candidate; ``out_dir`` gets ``cp_curve.json``.
 
     Returns:
-        dict: ``curve`` (evaluation records), ``steps``, ``wall_s``, ``frames_seen``, ``best_step``,
-        ``best`` (validation metrics of the kept weights), ``params_trained``.
+        dict: ``curve``, ``steps``, ``wall_s``, ``frames_seen``, ``best_step``, ``best`` (validation metrics of the
+        kept weights), ``params_trained``.
     Raises:
         ValueError: no budget or two, an empty state set, batch_frames < 1.
     """

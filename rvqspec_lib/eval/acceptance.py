@@ -1,23 +1,11 @@
 """Acceptance statistics of a drafter under the deployed sampling (paper Table 2; inputs of the tree calibration).
 
-Two kinds, computed on the same evaluation frames:
-
-* empirical (:func:`decoder_statistics`): :func:`~rvqspec_lib.decoding.decode.decode_frame` runs each decoder (Chain windows
-  2..8, a Tree) and its per-call logs give tokens per call (all codes / all calls, the prefill included: the paper's
-  toks/step), the committed-length histogram, and how often the draft at offset j from start depth s was accepted
-  when it was tried (Chain: when the drafts before it were accepted; Tree: when the walk reached offset j-1);
-* exact (:func:`exact_statistics`): ONE teacher-forced pass over frames whose codes are samples of p (by default the
-  codes the first decoder committed) gives, for every start depth k and offset j, the warped target p for depth k+j
-  and the warped draft q from H_k, hence
-
-  - ``alpha[k, j] = E[sum_x min(p(x), q(x))]``: the acceptance of a SAMPLED draft (Chain), exact for j = 1; for
-    j >= 2 the prefix follows p here, whereas in a chain it follows the accepted drafts (close when alpha is high);
-  - ``rank_mass[k, j, r] = E[p(x_r)]``, x_r the rank-r code of the draft: the probability that the rank-r draft at
-    offset j is the verified code (point-mass drafts, Tree), with ``rank_hit`` the empirical frequency of the same
-    event with the sampled codes (an unbiased estimate of ``rank_mass``).
-
-From the exact tables, :func:`predicted_tokens_per_call` gives the expected tokens per call of a Chain or a Tree
-(offsets treated as independent: the Medusa / paper calibration model), to compare with the measured value.
+* empirical (:func:`decoder_statistics`): decoders run by :func:`~rvqspec_lib.decoding.decode.decode_frame`; tokens
+  per call (all codes / all calls, the prefill included), committed lengths, acceptance by start depth and offset;
+* exact (:func:`exact_statistics`): ONE teacher-forced pass gives, for every start depth k and offset j,
+  ``alpha[k, j] = E[sum_x min(p(x), q(x))]`` (a sampled draft) and ``rank_mass[k, j, r] = E[p(x_r)]`` (the rank-r
+  point-mass draft), with ``rank_hit`` its empirical frequency;
+  :func:`predicted_tokens_per_call` turns them into expected tokens per call (offsets treated as independent).
 """
 
 from __future__ import annotations
@@ -40,11 +28,6 @@ from rvqspec_lib.decoding.trees import DraftTree
 
 #: Ranks tabulated by default for the tree calibration (top-8 at every offset).
 DEFAULT_MAX_RANK = 8
-
-
-def default_decoders(tree_paths: Sequence[Sequence[int]] = DEFAULT_TREE) -> list:
-    """Chain windows 2..8 and one Tree: the decoders of the acceptance tables."""
-    return [Chain(w) for w in CHAIN_WINDOWS] + [Tree(tree_paths)]
 
 
 def _json(a: np.ndarray):
@@ -140,15 +123,12 @@ def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torc
 @torch.no_grad()
 def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torch.Tensor, *, n_ahead: int = 3,
                      sampling: Sampling | None = None, batch_size: int = 256) -> torch.Tensor:
-    """Exact acceptance of a sampled draft, frame by frame: ``alpha[i, k-1, j-1] = sum_x min(p(x), q(x))`` for the
-    draft of depth k+j from H_k in frame i (the quantity :func:`exact_statistics` averages over frames).
+    """Exact acceptance of a sampled draft frame by frame, ``alpha[i, k-1, j-1] = sum_x min(p(x), q(x))`` for the
+    draft of depth k+j from H_k in frame i (what :func:`exact_statistics` averages), for one drafter or a list of them
+    (then a list of tables from one teacher-forced pass).
 
-    Args:
-        drafter: one drafter, or a list of drafters (then a list of tables, from one teacher-forced pass).
-        context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` codes 1..n teacher-forced (samples of p, ideally).
-        n_ahead: offsets j = 1..n_ahead. sampling: the deployed warpers, for p and q alike.
     Returns:
-        ``(N, n-1, n_ahead)`` float64, NaN where k + j > n (a list of them for a list of drafters).
+        ``(N, n-1, n_ahead)`` float64, NaN where k + j > n.
     """
     sampling = Sampling() if sampling is None else sampling
     cp = code_predictor
@@ -166,17 +146,11 @@ def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torc
 def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: Frames, *, n_ahead: int = 3,
                                  sampling: Sampling | None = None, confidence: float = 0.95,
                                  batch_size: int = 256) -> dict:
-    """Is drafter B's acceptance higher than drafter A's? A paired comparison on the same frames, with a confidence
-    interval that treats UTTERANCES as the independent units (frames of one utterance are correlated).
+    """Is drafter B's acceptance higher than drafter A's? Per frame the exact acceptance (:func:`frame_acceptance`)
+    averaged over every (k, j) with k + j <= n; the difference B - A averaged within each utterance; a Student t
+    interval (and the paired t-test's p-value) over UTTERANCES, the independent units (``frames.utterance``). No
+    sampling noise: the interval only reflects which frames were drawn.
 
-    For each frame, the exact acceptance (:func:`frame_acceptance`) averaged over every (start depth k, offset j) with
-    k + j <= n; the per-frame difference B - A is averaged within each utterance, and a Student t interval is taken
-    over utterances (the paired t-test's two-sided p-value beside it). Sampling noise is absent: acceptance is
-    computed from the probabilities, so the interval only reflects which frames were drawn.
-
-    Args:
-        frames: :class:`~rvqspec_lib.data.frames.Frames` (its ``utterance`` field groups frames).
-        confidence: of the interval, in (0, 1).
     Returns:
         ``{"mean_a", "mean_b", "difference", "ci_low", "ci_high", "confidence", "p_value", "n_frames",
         "n_utterances", "difference_by_offset" [n_ahead floats]}``.
@@ -268,17 +242,12 @@ def predicted_tokens_per_call(exact: dict, decoder, n_codes: int) -> float:
 
 
 def acceptance_by_depth(alpha, max_offset: int | None = None) -> np.ndarray:
-    """Acceptance by drafted depth d from a start-depth x offset table, pooling the pairs with k + j = d.
-
-    Args:
-        alpha: ``(n-1, K)`` table, row k-1 = start depth k, column j-1 = offset j (``exact_statistics()["alpha"]``,
-            or its JSON form from :func:`evaluate_acceptance` with ``None`` for NaN).
-        max_offset: pool offsets j <= max_offset only (e.g. the K a drafter was trained for); ``None``: all.
+    """Acceptance by drafted depth d from a start-depth x offset table ``alpha`` ``(n-1, K)`` (row k-1, column j-1;
+    NaN or ``None`` where no pair exists): the unweighted mean over k + j = d of offsets j <= ``max_offset`` (every
+    start depth is equally likely in a frame).
 
     Returns:
-        ``(n+1,)`` float64, index d = drafted depth (NaN at d = 0, 1 and where no pair exists): the unweighted mean of
-        ``alpha[k-1, j-1]`` over k + j = d (every start depth is equally likely in a frame's tables).
-
+        ``(n+1,)`` float64 indexed by d (NaN at d = 0, 1 and where no pair exists).
     Raises:
         ValueError: ``alpha`` not two-dimensional, or ``max_offset < 1``.
     """
@@ -400,28 +369,22 @@ def decoder_statistics(code_predictor, drafter, context: torch.Tensor, decoder, 
 def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, *, decoders: Sequence | None = None,
                         sampling: Sampling | None = None, seed: int = 0, max_rank: int = DEFAULT_MAX_RANK,
                         teacher_codes: str = "decoded", batch_size: int = 256) -> dict:
-    """Empirical statistics for every decoder and exact tables, as one JSON-able dict.
-
-    Args:
-        frames: :class:`~rvqspec_lib.data.frames.Frames` or a ``(N, 2, talker_hidden)`` context tensor.
-        decoders: default Chain windows 2..8 and the default Tree.
-        teacher_codes: ``"decoded"`` (default): the exact tables teacher-force the codes the first decoder committed
-            (samples of p, what decoding meets); ``"frames"``: the frames' own codes (e.g. a dataset's).
-        seed: the decode runs' generator (each decoder restarts from it).
+    """Empirical statistics of every decoder (default the chains 2..8 and the default tree) and the exact tables, as
+    one JSON-able dict (NaN as ``None``). ``frames``: :class:`~rvqspec_lib.data.frames.Frames` or a ``(N, 2,
+    talker_hidden)`` context tensor; ``teacher_codes``: the exact tables teacher-force the codes the first decoder
+    committed (``"decoded"``, samples of p) or the frames' own (``"frames"``); every decoder restarts from ``seed``.
 
     Returns:
         ``{"drafter", "params_added", "sampling", "n_frames", "n_codes", "tokens_per_call" {label: value},
-        "predicted_tokens_per_call" {label: value}, "per_depth_acceptance" (exact alpha by drafted depth),
-        "decoders" {label: decoder_statistics without codes}, "exact" {tables of exact_statistics}}``; NaN is None.
-        A label is the decoder's name in the grammar (``chain:4``, ``tree:0;1;0,0``); its rows carry the fields.
-
+        "predicted_tokens_per_call" {label: value}, "per_depth_acceptance", "decoders" {label: decoder_statistics
+        without codes}, "exact"}``, labels the decoders' names in the grammar.
     Raises:
         ValueError: no decoder, the same decoder twice, a bad ``teacher_codes``.
     """
     if teacher_codes not in ("decoded", "frames"):
         raise ValueError(f"teacher_codes must be 'decoded' or 'frames', got {teacher_codes!r}")
     sampling = Sampling() if sampling is None else sampling
-    decoders = default_decoders() if decoders is None else list(decoders)
+    decoders = [Chain(w) for w in CHAIN_WINDOWS] + [Tree(DEFAULT_TREE)] if decoders is None else list(decoders)
     if not decoders:
         raise ValueError("no decoder to evaluate")
     context = frames.context if isinstance(frames, Frames) else frames

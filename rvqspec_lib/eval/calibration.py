@@ -1,20 +1,10 @@
 """Calibrating draft trees from data (paper §2.2 "calibrated sparse tree"; docs/methods.md#building-a-tree).
 
-From frames of the calibration split (contexts from real speech, codes sampled from p by the inner loop itself):
-
-* point-mass trees: ``rank_mass[s, t, r]`` = E[p(x_r)], the target mass of the rank-r draft at offset t from start
-  depth s (:func:`rvqspec_lib.eval.acceptance.exact_statistics`, exact given the teacher-forced prefix);
-* sampled trees: ``child_accept[s, t, i]`` = the probability that the i-th child sampled without replacement is the
-  one accepted, once its parent was reached (:func:`sampled_child_acceptance`: Monte Carlo over the children drawn,
-  Rao-Blackwellised: the acceptance probabilities of Sequoia's rule are computed exactly for every draw).
-
-Pooled over start depths, each table drives :func:`rvqspec_lib.decoding.trees.grow_tree` to the best tree of every node
-budget N = 2..64 (N counts the root: the query positions of one verify call). The expected tokens per call of each
-tree, over whole frames (:func:`rvqspec_lib.eval.acceptance.predicted_tokens_per_call`), is stored beside it so that
-the prediction can be checked against the tokens per call measured on the evaluation split
-(:func:`predicted_vs_measured`). :func:`temperature_sweep` calibrates again at other code-predictor temperatures: a
-point-mass child is worth the target mass of its code, which grows as p sharpens, a sampled child ``sum min(p, q)``
-whatever p's entropy (docs/methods.md#sampled-trees).
+On calibration frames, the point-mass table ``rank_mass[s, t, r]``
+(:func:`rvqspec_lib.eval.acceptance.exact_statistics`) and the sampled-child table ``child_accept[s, t, i]``
+(:func:`sampled_child_acceptance`), pooled over start depths, drive :func:`rvqspec_lib.decoding.trees.grow_tree` to
+the best tree of every node budget N = 2..64 (N counts the root); each tree's predicted tokens per call is stored
+beside it, to be checked against the measured one (:func:`predicted_vs_measured`).
 """
 
 from __future__ import annotations
@@ -55,22 +45,14 @@ FORMAT_VERSION = 1
 def sampled_child_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torch.Tensor, *,
                              n_ahead: int, max_children: int, sampling: Sampling | None = None, draws: int = 2,
                              seed: int = 0, batch_size: int = 16) -> np.ndarray:
-    """Per (start depth, offset, child index) acceptance of children sampled from q without replacement.
-
-    For each frame and start depth s, the target p for depth s+t (teacher-forced prefix, as
-    :func:`~rvqspec_lib.eval.acceptance.exact_statistics`) and the draft q from H_s; ``max_children`` children are
-    drawn without replacement (Gumbel-top-k, as the decoder draws them) and walked with the decoder's own rule
-    (:func:`rvqspec_lib.decoding.verify.acceptance_ratio` and :func:`~rvqspec_lib.decoding.verify.residual`):
-    child i is reached with probability ``prod_{j<i} (1 - r_j)`` and accepted with ``r_i``. The average of
-    ``reach_i * r_i`` over frames and draws estimates the table; child 0's entry equals ``alpha = sum min(p, q)``
-    in expectation.
+    """Per (start depth s, offset t, child index i) acceptance of children sampled from q without replacement: for each
+    frame and s, ``max_children`` children of the draft q from H_s are drawn (Gumbel-top-k, as the decoder draws them)
+    and walked with the decoder's own rule against the target p of depth s+t; child i is reached with probability
+    ``prod_{j<i} (1 - r_j)`` and accepted with ``r_i``, and ``reach_i * r_i`` averaged over frames and ``draws``
+    estimates the table (child 0's entry is ``sum min(p, q)`` in expectation).
 
     Args:
         context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` codes 1..n, samples of p given the context.
-        n_ahead: offsets t = 1..n_ahead. max_children: child indices i = 0..max_children-1.
-        sampling: the deployed warpers for p and q. draws: Monte Carlo draws of the children per row.
-        seed: seed of the draws (explicit generator). batch_size: frames per teacher-forced batch.
-
     Returns:
         ``(n-1, n_ahead, max_children)`` float64, NaN where s + t > n.
     """
@@ -190,11 +172,6 @@ def best_budget(calibration: dict, kind: str = "point-mass", budgets: Sequence[i
     return max(sorted(cands), key=lambda b: (pred[str(b)], -b))
 
 
-def prediction_error(predicted: float, measured: float) -> float:
-    """Relative error of a predicted tokens per call, ``predicted / measured - 1`` (NaN when nothing was measured)."""
-    return predicted / measured - 1.0 if measured and not math.isnan(measured) else float("nan")
-
-
 def calibration_frames(lm, *, max_frames: int | None = None, seed: int = 0,
                        progress: bool = False) -> Frames:
     """Frames to calibrate on: the contexts of the model's shipped ``calibration`` split (teacher-forced on real
@@ -246,25 +223,16 @@ def predicted(calibration: dict, name, decoder) -> float:
 def predicted_vs_measured(code_predictor, decoders, contexts: torch.Tensor, *,
                           calibrations: Mapping[str, dict] | None = None, sampling: Sampling | None = None,
                           seed: int = 0, batch_size: int = 256) -> list[dict]:
-    """E(N) predicted from each decoder's own calibration against the tokens per call it measures, decoding the same
-    held-out contexts (the check of the calibration model: offsets treated as independent, one table pooled or per
-    start depth; docs/methods.md#choosing-the-node-budget).
-
-    Args:
-        code_predictor: the official module. decoders: :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` s
-            (:func:`~rvqspec_lib.models.named_decoders.resolve_all`; a mapping's values are taken), each carrying its
-            drafter and, for calibrated trees and ``paper``, the calibration its tree came from.
-        contexts: ``(N, 2, talker_hidden)`` held-out contexts (the evaluation split), every decoder from generator
-            seed ``seed`` (:func:`~rvqspec_lib.eval.acceptance.decoder_statistics`).
-        calibrations: ``{drafter: calibration}`` for decoders that carry none (chains, trees of rank paths).
-        sampling: the deployed warpers. batch_size: frames decoded per batch.
+    """E(N) predicted from each decoder's own calibration against the tokens per call it measures on the same held-out
+    ``contexts`` ``(N, 2, talker_hidden)``, every decoder from generator seed ``seed``
+    (docs/methods.md#choosing-the-node-budget). ``decoders``: resolved
+    :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` s (a mapping's values are taken); ``calibrations``:
+    ``{drafter: calibration}`` for decoders that carry none (chains, trees of rank paths).
 
     Returns:
-        a row per decoder, in order: its fields (``decoder`` its label, ``kind``, ``drafter``, ``nodes``, ``lossy``,
-        ``sampled``), ``depth`` (the deepest offset drafted), ``predicted_tokens_per_call`` (``None`` without a
-        calibration of its drafter), ``measured_tokens_per_call``, ``relative_error`` (predicted / measured - 1),
+        a row per decoder: its fields, ``depth`` (the deepest offset drafted), ``predicted_tokens_per_call`` (``None``
+        without a calibration), ``measured_tokens_per_call``, ``relative_error`` (predicted / measured - 1),
         ``calls_per_frame``, ``frames``.
-
     Raises:
         ValueError: no decoder; as :func:`predicted`.
     """
@@ -281,9 +249,10 @@ def predicted_vs_measured(code_predictor, decoders, contexts: torch.Tensor, *,
         st = decoder_statistics(code_predictor, None, contexts, dec, sampling=sampling, seed=seed,
                                 batch_size=batch_size)
         pred = predicted(cal, name, dec) if cal is not None or name.kind == "ar" else None
+        m = st["tokens_per_call"]  # relative error: NaN when nothing was measured
         rows.append({**name.fields(), "depth": dec.tree(n).max_depth, "predicted_tokens_per_call": pred,
-                     "measured_tokens_per_call": st["tokens_per_call"],
-                     "relative_error": None if pred is None else prediction_error(pred, st["tokens_per_call"]),
+                     "measured_tokens_per_call": m,
+                     "relative_error": None if pred is None else pred / m - 1.0 if m and not math.isnan(m) else np.nan,
                      "calls_per_frame": st["calls_per_frame"], "frames": int(contexts.shape[0])})
     return rows
 
@@ -296,25 +265,16 @@ SWEEP_TEMPERATURES = (1.5, 1.2, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)
 def temperature_sweep(code_predictor, calibration_contexts: torch.Tensor, eval_contexts: torch.Tensor, *,
                       temperatures: Sequence[float] = SWEEP_TEMPERATURES, budget: int = 16,
                       sampling: Sampling | None = None, drafter=None, draws: int = 1, seed: int = 0) -> list[dict]:
-    """Does a point-mass tree overtake a sampled tree as p sharpens? At each code-predictor temperature, the codes of
-    the calibration contexts are sampled again from p at that temperature (:func:`~rvqspec_lib.data.frame_sources.
-    frames_from_contexts`), both kinds of tree of ``budget`` nodes are calibrated on them (:func:`calibrate`), and
-    each is decoded on the held-out contexts at the same temperature.
-
-    Args:
-        calibration_contexts, eval_contexts: ``(N, 2, talker_hidden)``. temperatures: the sweep (each > 0; top-k and
-            top-p as ``sampling``'s). budget: N of both trees. sampling: the deployed warpers (default
-            :class:`~rvqspec_lib.decoding.sampling.Sampling`). drafter: default the reused heads. draws, seed: as
-            :func:`calibrate` (and the decode generator's seed).
+    """Does a point-mass tree overtake a sampled tree as p sharpens? At each temperature (top-k and top-p as
+    ``sampling``'s) the calibration contexts' codes are sampled again, both kinds of tree of ``budget`` nodes calibrated
+    on them and decoded on the held-out contexts (``(N, 2, talker_hidden)`` each) at that temperature.
 
     Returns:
-        a row per (temperature, kind), in the order given: ``temperature``, ``kind``, ``nodes``,
-        ``predicted_tokens_per_call``, ``measured_tokens_per_call``, ``top1_target_mass`` (E[p] of the rank-0 draft
-        at offset 1: what one point-mass child is worth), ``first_child_acceptance`` (the first sampled child at
-        offset 1: ``sum min(p, q)``).
-
+        a row per (temperature, kind): ``temperature``, ``kind``, ``nodes``, ``predicted_tokens_per_call``,
+        ``measured_tokens_per_call``, ``top1_target_mass`` (E[p] of the rank-0 draft at offset 1: one point-mass
+        child's worth), ``first_child_acceptance`` (``sum min(p, q)`` at offset 1: one sampled child's).
     Raises:
-        ValueError: a temperature <= 0, no temperature; as :func:`calibrate`.
+        ValueError: no temperature, one <= 0; as :func:`calibrate`.
     """
     temps = [float(t) for t in temperatures]
     if not temps or min(temps) <= 0:

@@ -1,23 +1,8 @@
-"""What each codebook of an RVQ codec adds: the variance it removes, the spectral distance and the word error rate of
-the audio decoded from the first k codebooks (notebook 00_corpus_and_codec).
-
-Residual vector quantisation (docs/glossary.md, "Codebook") picks code 0 as the codebook-0 entry nearest to a frame
-vector, code 1 as the codebook-1 entry nearest to what code 0 left over, and so on: decoding the first k codes gives
-a coarser version of the same frame. Three measurements, each on held-out utterances:
-
-* :func:`residual_variance` -- the share of the frame vectors' variance left after k stages (the table decoder: the
-  chosen entries summed), and the share each stage removes. Beside it :func:`unstructured_stage_factor`, the factor
-  by which the best quantiser of ``log2(codebook_size)`` bits could shrink the variance of an UNSTRUCTURED residual
-  (an isotropic Gaussian of the frame vector's dimension; Shannon's distortion-rate function ``2^(-2R/d)``): a stage
-  that removes about that much is quantising noise, not structure.
-* :func:`sweep_codebooks` -- every utterance through :meth:`rvqspec_lib.models.rvq_codec.RVQCodec.codebook_sweep`:
-  the original, the inversion of its unquantised features (the vocoder alone) and the codec with the first k
-  codebooks, through the codec's decoder and, when given, the table decoder beside it; the log-spectral distances.
-* :func:`codec_quality` -- the sweep scored by a recogniser (WER and CER per condition) as one table of rows.
-
-Rows are keyed by structured fields (``condition``: ``original``, ``inversion`` or ``codec``; ``decoder``; ``k``);
-the label (:func:`condition_label`: ``original``, ``unquantised``, ``k=4``, ``table k=4``) is derived from them,
-never parsed back.
+"""What each codebook of an RVQ codec adds (notebook 00_corpus_and_codec), on held-out utterances: the share of the
+frame vectors' variance left after k stages against the bound for an unstructured residual
+(:func:`unstructured_stage_factor`, Shannon's ``2^(-2R/d)``), and the log-spectral distance and WER / CER of the audio
+decoded from the first k codebooks (:func:`sweep_codebooks`, :func:`codec_quality`). Rows are keyed by structured
+fields (``condition``, ``decoder``, ``k``); the label (:func:`condition_label`) is derived from them, never parsed back.
 """
 
 from __future__ import annotations
@@ -62,22 +47,15 @@ def conditions(codec, n_codebooks: Sequence[int], *, table_codec=None) -> list[d
 
 def sweep_codebooks(codec, wavs: Sequence[np.ndarray], n_codebooks: Sequence[int], *, table_codec=None,
                     sample_rate: int = 24000, progress: bool = False) -> dict:
-    """Every utterance resynthesised under every condition of :func:`conditions`.
-
-    Args:
-        codec: an :class:`~rvqspec_lib.models.rvq_codec.RVQCodec` (its own decoder: neural when one is attached).
-        wavs: ``(samples,)`` float waveforms at ``sample_rate``. n_codebooks: the k to decode with.
-        table_codec: the same codebooks with the table decoder (``codec.with_decoder(None)``), measured beside a
-            neural decoder; ``None``: not measured.
-        sample_rate: the audio's rate (the codec's 24000). progress: a bar over utterances.
+    """Every utterance (``(samples,)`` float at ``sample_rate``) resynthesised under every condition of
+    :func:`conditions`: through ``codec``'s own decoder and, with ``table_codec`` (``codec.with_decoder(None)``), the
+    table decoder beside it, from the first k of ``n_codebooks``.
 
     Returns:
-        ``{"conditions": [fields], "audio": {label: [wav per utterance]}, "feature_lsd_db": {label: [dB]},
-        "audio_lsd_db": {label: [dB]}}``: per condition and utterance the output audio, the log-spectral distance
-        of the decoder's input frame vectors to the unquantised features (quantisation alone) and of the output
-        audio's features to the input's (quantisation and inversion);
-        :meth:`~rvqspec_lib.models.rvq_codec.RVQCodec.codebook_sweep` defines both.
-
+        ``{"conditions": [fields], "audio": {label: [wav]}, "feature_lsd_db": {label: [dB]}, "audio_lsd_db": {label:
+        [dB]}}``: the output audio and the log-spectral distances of the decoder's input to the unquantised features
+        and of the output audio's features to the input's
+        (:meth:`~rvqspec_lib.models.rvq_codec.RVQCodec.codebook_sweep`).
     Raises:
         ValueError: a k outside ``[1, n_codebooks]``, bad audio (the codec's messages).
     """
@@ -100,19 +78,12 @@ def sweep_codebooks(codec, wavs: Sequence[np.ndarray], n_codebooks: Sequence[int
 
 def codec_quality(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], n_codebooks: Sequence[int], asr, *,
                   table_codec=None, sample_rate: int = 24000, progress: bool = False) -> dict:
-    """:func:`sweep_codebooks` scored by a recogniser: one row per condition.
-
-    Args:
-        refs: the reference text of each utterance. asr: an :class:`~rvqspec_lib.eval.asr.ASR` (its ``name`` is
-            recorded). The rest: :func:`sweep_codebooks`'s.
+    """:func:`sweep_codebooks` scored by ``asr`` against ``refs``, one row per condition: its fields, ``bits_per_s``
+    (``None`` without codes), ``wer``, ``wer_without_outliers``, ``outliers``, ``errors``, ``ref_words``, ``cer``, the
+    mean ``feature_lsd_db`` and ``audio_lsd_db``, and ``n``.
 
     Returns:
-        ``{"asr": asr.name, "rows": [...], "sweep": the sweep, "hypotheses": {label: [text]}}``; a row holds the
-        condition's fields, ``bits_per_s`` (k codes of ``log2(codebook_size)`` bits, ``frame_rate_hz`` times a
-        second; ``None`` without codes), ``wer``, ``wer_without_outliers``, ``outliers``, ``errors`` and
-        ``ref_words`` (behind ``wer``), ``cer``, the mean ``feature_lsd_db`` and ``audio_lsd_db``, and ``n``
-        (utterances).
-
+        ``{"asr": asr.name, "rows", "sweep", "hypotheses": {label: [text]}}``.
     Raises:
         ValueError: ``refs`` and ``wavs`` of different lengths; :func:`sweep_codebooks`'s errors.
     """
@@ -150,19 +121,13 @@ def unstructured_stage_factor(codebook_size: int, dim: int) -> float:
 
 
 def residual_variance(codec, wavs: Sequence[np.ndarray], *, sample_rate: int = 24000) -> list[dict]:
-    """How much of the frame vectors' variance the first k stages leave, for k = 1..n_codebooks (the table decoder:
-    the chosen entries summed, :meth:`~rvqspec_lib.models.rvq_codec.RVQCodec.dequantize`).
-
-    Args:
-        codec: an :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`. wavs: ``(samples,)`` waveforms at
-            ``sample_rate``; their frame vectors are pooled.
+    """How much of the frame vectors' variance (pooled over ``wavs``) the first k stages leave, k = 1..n_codebooks,
+    through the table decoder (:meth:`~rvqspec_lib.models.rvq_codec.RVQCodec.dequantize`).
 
     Returns:
-        One row per k: ``k``, ``variance_left`` (mean squared residual over the frames' total variance about their
-        mean; 1 would be no better than the mean frame), ``stage_factor`` (this stage's residual over the previous
-        one's; for k = 1, over the total variance), ``removed_by_stage`` (the share of the variance stage k
-        removes), ``unstructured_factor`` (:func:`unstructured_stage_factor`) and ``frames``.
-
+        one row per k: ``k``, ``variance_left`` (mean squared residual over the total variance about the mean frame),
+        ``stage_factor`` (this stage's residual over the previous one's), ``removed_by_stage``, ``unstructured_factor``
+        (:func:`unstructured_stage_factor`) and ``frames``.
     Raises:
         ValueError: no audio, or frames whose variance is zero.
     """

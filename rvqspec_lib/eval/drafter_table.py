@@ -1,25 +1,9 @@
 """Table 2 here: drafters compared on one model, each measured the way the paper measures it (paper §3.3 Table 2 and
 Figure 3; notebook ``03_training_offsets``; docs/methods.md#reused-heads, #medusa-heads, #position-aware-offsets).
 
-The paper compares three drafters on a frozen code predictor: the reused heads (row (i)), Medusa heads (row (ii))
-and the position-aware offsets (row (iii)), each with its own calibrated sparse tree of N = 32 nodes, reporting
-tokens per call (its "toks/step") against the parameters each adds. This module runs that comparison for drafters
-given as ``{label: drafter}`` (``heads`` the reused heads, then trained ones such as ``offsets-tv`` or ``medusa``),
-every decoder built by name through :mod:`rvqspec_lib.models.named_decoders` (a trained drafter and its calibration
-passed as ``drafters=`` / ``calibrations=``, never a hand-built decoder):
-
-* :func:`evaluate_drafters` -- each drafter under the chain windows and the small fixed tree
-  (:func:`rvqspec_lib.eval.acceptance.evaluate_acceptance`: measured tokens per call and the exact tables);
-* :func:`calibrate_drafters`, :func:`own_tree_rows`, :func:`predicted_by_budget` -- each drafter's OWN calibrated
-  point-mass tree, measured at the paper's node budget beside the calibration's predictions for every budget and
-  both kinds of tree; the deployed offsets' tree is ``paper:N``;
-* :func:`table2` -- Table 2's columns from those results, the paper's quoted values only in ``paper: ...`` columns;
-* :func:`margin_rows` -- each drafter against the reused heads on the same frames, a paired interval over utterances;
-* :func:`headroom_rows` -- the best acceptance any drafter that sees only H_k could reach, and each one's share;
-* :func:`acceptance_tables`, :func:`chain_window_rows` -- acceptance by drafted depth, by offset and by rank, and the
-  chain across windows with its saturation window.
-
-Every function is deterministic given ``seed``: generators are explicit, frame picks seeded.
+Drafters are given as ``{label: drafter}`` (``heads`` the reused heads, then trained ones such as ``offsets-tv``),
+every decoder built by name through :mod:`rvqspec_lib.models.named_decoders`; each drafter gets its OWN calibrated
+point-mass tree; the paper's quoted values appear only in ``paper: ...`` columns. Deterministic given ``seed``.
 """
 
 from __future__ import annotations
@@ -79,21 +63,12 @@ def drafter_family(label: str) -> str:
 def evaluate_drafters(code_predictor, drafters: Mapping[str, object], frames: Frames, *,
                       decoders: Sequence[str] = EVAL_DECODERS, sampling: Sampling | None = None, seed: int = 0,
                       progress: bool = False) -> dict[str, dict]:
-    """Each drafter under the same decoders on the same frames (the paper's Table 2 measurement, chain and fixed tree).
-
-    Args:
-        code_predictor: the official module (frozen).
-        drafters: ``{label: drafter}`` (``heads``: :class:`~rvqspec_lib.decoding.drafters.ReusedHeads`).
-        frames: evaluation :class:`~rvqspec_lib.data.frames.Frames`.
-        decoders: decoder names of the grammar that read no file and carry no ``@DRAFTER`` (chains, trees of rank
-            paths); each drafter drafts for them.
-        sampling: the deployed warpers. seed: every decode run's generator.
-        progress: a progress bar over the drafters.
+    """Each drafter (``{label: drafter}``) under the same ``decoders`` on the same evaluation frames (the paper's Table
+    2 measurement): names of chains and trees of rank paths without ``@DRAFTER``, each drafter drafting for them.
 
     Returns:
-        ``{label: evaluate_acceptance(...)}``: per drafter, ``tokens_per_call`` and ``predicted_tokens_per_call``
-        keyed by decoder label (``chain:4``, ``tree:0;1;0,0;0,0,0``), ``decoders`` (each with its fields), ``exact``.
-
+        ``{label: evaluate_acceptance(...)}`` (tokens per call measured and predicted by decoder label, the decoders'
+        fields, the exact tables).
     Raises:
         ValueError: no drafter; a decoder name that is not a chain or a tree of rank paths, or names a drafter.
     """
@@ -114,13 +89,8 @@ def evaluate_drafters(code_predictor, drafters: Mapping[str, object], frames: Fr
 def calibrate_drafters(code_predictor, drafters: Mapping[str, object], frames: Frames, *,
                        sampling: Sampling | None = None, budgets: Sequence[int] = (PAPER_BUDGET,), seed: int = 0,
                        draws: int = 2, progress: bool = False) -> dict[str, dict]:
-    """Each drafter's own calibrated trees (:func:`rvqspec_lib.eval.calibration.calibrate`): a tree is calibrated FOR
-    the drafter that proposes its codes, since its ranks are that drafter's.
-
-    Args:
-        frames: calibration frames (:func:`rvqspec_lib.eval.calibration.calibration_frames`).
-        budgets: node budgets N (root included); the paper's N = 32 is always added.
-        draws: Monte Carlo draws of the sampled children per row (the sampled trees' table).
+    """Each drafter's own calibrated trees (:func:`rvqspec_lib.eval.calibration.calibrate`: a tree is calibrated FOR the
+    drafter whose ranks it holds) on calibration frames, at ``budgets`` and the paper's N = 32.
 
     Returns:
         ``{label: calibration dict}`` (the format :func:`rvqspec_lib.models.tree_files.save_calibration` writes).
@@ -144,24 +114,15 @@ def own_tree_name(label: str, budget: int, *, deployed: str | None = None) -> st
 def own_tree_rows(code_predictor, drafters: Mapping[str, object], calibrations: Mapping[str, dict], frames: Frames,
                   *, deployed: str | None = None, budgets: Sequence[int] = (PAPER_BUDGET,),
                   sampling: Sampling | None = None, seed: int = 0, progress: bool = False) -> list[dict]:
-    """Each drafter decoded with its OWN calibrated point-mass tree (the paper's setting) on ``frames``, at each node
-    budget of ``budgets`` (default the paper's N = 32), beside what its calibration predicts.
-
-    Args:
-        drafters, calibrations: ``{label: drafter}`` and ``{label: calibration}`` (:func:`calibrate_drafters`).
-        frames: evaluation frames (their contexts are decoded).
-        deployed: the label of the deployed offsets: its tree is named ``paper:N``.
-        budgets: the node budgets decoded (each calibrated).
+    """Each drafter decoded with its OWN calibrated point-mass tree (the paper's setting) on the evaluation ``frames``
+    at each of ``budgets``, beside its calibration's predictions; the ``deployed`` offsets' tree is named ``paper:N``.
 
     Returns:
-        one row per (drafter, budget): the decoder's fields (:meth:`~rvqspec_lib.models.named_decoders.NamedDecoder
-        .fields`: ``decoder`` its label, ``kind``, ``nodes`` ...) with ``drafter`` the label, ``tokens_per_call``
-        (measured), ``predicted`` (the calibration's E(N) of that tree) and ``predicted_sampled`` (E(N) of the same
-        drafter's calibrated SAMPLED tree of N nodes, for comparison).
-
+        one row per (drafter, budget): the decoder's fields with ``drafter`` the label, ``tokens_per_call`` (measured),
+        ``predicted`` (E(N) of that tree) and ``predicted_sampled`` (E(N) of its calibrated sampled tree of N nodes).
     Raises:
-        ValueError: a drafter without calibration, a budget it does not hold; a deployed label that is not an
-            offsets drafter.
+        ValueError: a drafter without calibration, a budget it does not hold; a deployed label that is not an offsets
+            drafter.
     """
     missing = [lab for lab in drafters if lab not in calibrations]
     if missing:
@@ -201,27 +162,17 @@ def _kept(drafter, key: str):
 def table2(results: Mapping[str, dict], own_rows: Sequence[dict], calibrations: Mapping[str, dict],
            drafters: Mapping[str, object], *, params_code_predictor: int, params_model: int, K: int,
            config_06b=RELEASED_06B_CONFIG) -> list[dict]:
-    """The paper's Table 2 here: one row per drafter, tokens per call against the parameters it adds.
-
-    Args:
-        results: :func:`evaluate_drafters`. own_rows: :func:`own_tree_rows` (at N = 32 at least).
-        calibrations: :func:`calibrate_drafters` (the best budget by predicted E(N) and its prediction).
-        drafters: ``{label: drafter}`` (their ``params_added`` and, for trained ones, the training provenance: kept
-            epoch, learning rate, loss).
-        params_code_predictor, params_model: this model's parameter counts (the shares added).
-        K: the offsets the drafters draft (the 0.6B parameter counts). config_06b: the released config counted.
+    """The paper's Table 2 here: one row per drafter, tokens per call against the parameters it adds, from
+    :func:`evaluate_drafters`, :func:`own_tree_rows` (N = 32 at least) and :func:`calibrate_drafters`; the drafters'
+    training provenance gives ``loss``, ``kept_epoch`` and ``lr``, this model's parameter counts the shares added, ``K``
+    and ``config_06b`` the counts at the paper's size.
 
     Returns:
-        rows with ``drafter`` (a description), ``label``, ``decoder`` (the label of its own tree of N = 32; the
-        deployed offsets' is ``paper:32``), ``tree_N32_tokens_per_call`` / ``tree_N32_predicted`` (measured and
-        predicted), ``sampled_tree_N32_predicted`` (its calibrated sampled tree, predicted), ``best_N`` (the
-        calibrated budget with the highest predicted E(N) of a point-mass tree; E(N) of a greedy tree never falls as
-        N grows, so the largest unless the gain stops) and ``tree_bestN_predicted``, ``chain_best`` and
-        ``chain_best_window`` (the best chain window measured), ``chain4_tokens_per_call``,
-        ``small_tree_tokens_per_call`` (the fixed tree of :data:`EVAL_DECODERS`), ``added_params``, ``pct_code_predictor``, ``pct_model``, ``added_params_at_0.6B``,
-        ``loss``, ``kept_epoch``, ``lr`` (``None`` for the heads), then the quoted ``paper: toks/step (N 32 tree)``
-        and ``paper: added params`` (``None`` where the paper has no such row).
-
+        rows: ``drafter`` (a description), ``label``, ``decoder``, ``tree_N32_tokens_per_call``, ``tree_N32_predicted``,
+        ``sampled_tree_N32_predicted``, ``best_N`` (the budget of highest predicted E(N)), ``tree_bestN_predicted``,
+        ``chain_best``, ``chain_best_window``, ``chain4_tokens_per_call``, ``small_tree_tokens_per_call``,
+        ``added_params``, ``pct_code_predictor``, ``pct_model``, ``added_params_at_0.6B``, ``loss``, ``kept_epoch``,
+        ``lr``, and the quoted ``paper: toks/step (N 32 tree)``, ``paper: added params``.
     Raises:
         ValueError: a drafter missing from ``results``, ``calibrations`` or ``own_rows`` at N = 32.
     """
@@ -269,19 +220,14 @@ def table2(results: Mapping[str, dict], own_rows: Sequence[dict], calibrations: 
 def margin_rows(code_predictor, drafters: Mapping[str, object], frames: Frames, *, baseline: str = "heads",
                 n_ahead: int = 3, sampling: Sampling | None = None, results: Mapping[str, dict] | None = None,
                 confidence: float = 0.95) -> list[dict]:
-    """Each drafter against ``baseline`` on the same frames: the exact acceptance of a sampled draft per frame,
-    averaged over every (start depth, offset j <= ``n_ahead``), the difference averaged within each utterance and a
-    Student t interval taken over utterances (:func:`rvqspec_lib.eval.acceptance.paired_acceptance_difference`).
-
-    Args:
-        results: :func:`evaluate_drafters`' output, to add each drafter's measured gain in tokens per call of the
-            chain of :data:`MARGIN_CHAIN` (``None``: that column is left out).
+    """Each drafter against ``baseline`` on the same frames
+    (:func:`rvqspec_lib.eval.acceptance.paired_acceptance_difference`: exact acceptance over offsets j <= ``n_ahead``,
+    a Student t interval over utterances); with ``results`` also its gain in tokens per call of ``chain:4``.
 
     Returns:
-        one row per drafter other than the baseline: ``drafter``, ``acceptance_heads`` (the baseline's),
-        ``acceptance_drafter``, ``difference``, ``ci95_low``, ``ci95_high`` (at ``confidence``), ``p_value``,
-        ``n_utterances``, ``n_frames``, ``difference_j1`` .. (by offset), ``chain4_gain``.
-
+        one row per drafter but the baseline: ``drafter``, ``acceptance_heads``, ``acceptance_drafter``,
+        ``difference``, ``ci95_low``, ``ci95_high``, ``p_value``, ``n_utterances``, ``n_frames``, ``difference_j1`` ..,
+        ``chain4_gain``.
     Raises:
         ValueError: ``baseline`` not among the drafters; fewer than 2 utterances.
     """

@@ -1,26 +1,9 @@
 """Statistics of WER parity: is a decoder's output as good as autoregressive decoding, and could we tell if not?
 
 Pure functions of numbers (numpy / scipy; no model), read by notebook 05 and ``rvqspec eval-wer``
-(docs/methods.md#reporting-wer, docs/methods.md#testing-losslessness):
-
-* :func:`paired_wer_difference`: corpus WER of a decoder minus that of AR on the SAME utterances, with a percentile
-  bootstrap interval over utterances and a sign-flip permutation p-value (under losslessness the two error counts
-  of an utterance are exchangeable); outliers (repetition runaways, far-out WER or length) are left out of the
-  difference and counted apart (:func:`flag_outliers`); the smallest difference the design detects with 80% power
-  and the number of sentences a given difference would need (:func:`sentences_needed`);
-* :func:`two_sample_test`: chi-square test of homogeneity of two samples of a categorical variable (codes, or their
-  ranks under the verifier), rare categories pooled until every pooled bin expects >= 5 in both samples, the number
-  of bins capped by merging neighbours of equal pooled mass; :func:`power_two_sample` is its power against ANY shift
-  of total variation ``tv`` between the binned distributions (noncentrality >= n_h (2 tv)^2 by Cauchy-Schwarz, with
-  n_h = n_a n_b / (n_a + n_b); the one-sample version is the bound tests/test_lossless.py uses);
-* :func:`holm`: Holm's step-down adjustment of the per-depth p-values (family-wise level over the 15 depths);
-* :func:`bootstrap_mean`: mean over utterances of a per-utterance ratio with a bootstrap interval (tokens per call);
-* :func:`wer_table`, :func:`outlier_rows`: WER tables keyed by the decoders' fields, the true codes' floor last;
-  :func:`verdict_text`: which test caught the lossy control in which language, or why it was missed, in words;
-* :func:`transfer_rows`, :func:`transfer_answer`: Table 3's transfer question (do offsets trained on English keep
-  their tokens per call in other languages?) answered from measured tokens per call;
-* :func:`table1_rows`: the Table 1 analogue (split, role, language, samples, hours, frames) from the data used.
-
+(docs/methods.md#reporting-wer, #testing-losslessness): paired WER differences with bootstrap intervals and
+sign-flip p-values, outliers apart; two-sample chi-square tests and their power against any total-variation shift;
+Holm's adjustment; bootstrap means; the tables and verdicts in words; Table 3's transfer question; Table 1's rows.
 Every random draw comes from an explicit ``numpy.random.Generator`` seeded by an argument (docs/style.md#randomness).
 """
 
@@ -53,17 +36,10 @@ OUTLIER_LENGTH_RATIO = 2.0
 def flag_outliers(utterances: Sequence[Mapping], *, lengths: Sequence[float] | None = None,
                   ref_lengths: Sequence[float] | None = None, capped: Sequence[bool] | None = None,
                   iqr_k: float = OUTLIER_IQR, length_ratio: float = OUTLIER_LENGTH_RATIO) -> list[str]:
-    """Why each utterance is an outlier (``""`` if it is not): far outside the rest in WER or length.
+    """Why each utterance is an outlier (``""`` if it is not; docs/methods.md#reporting-wer): flagged already by
+    :class:`rvqspec_lib.eval.asr.ErrorRates` (``outlier``, ``why``), a rate above ``Q3 + iqr_k * IQR``, more than
+    ``length_ratio`` times its true length (``lengths`` / ``ref_lengths``, free running), or ``capped``.
 
-    Args:
-        utterances: per-utterance dicts of :class:`rvqspec_lib.eval.asr.ErrorRates` (``rate``, ``outlier``, ``why``:
-            repetition runaways and over-long hypotheses are flagged there already).
-        lengths, ref_lengths: frames generated and true frames per utterance (free running); ``None``: not checked.
-        capped: per utterance, whether generation hit the frame cap without ending by itself.
-        iqr_k: a rate above ``Q3 + iqr_k * IQR`` of these utterances is flagged (when the IQR is positive).
-        length_ratio: ``lengths > length_ratio * ref_lengths`` is flagged.
-    Returns:
-        One reason string per utterance (docs/methods.md#reporting-wer: outliers are counted and shown apart).
     Raises:
         ValueError: lengths of a different count than the utterances.
     """
@@ -106,25 +82,16 @@ def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping]
                           n_perm: int = N_PERM, seed: int = 0) -> dict:
     """Corpus WER of decoder A minus that of the reference (AR) on the same utterances, with its uncertainty.
 
-    The difference is ``sum(e_a - e_ref) / sum(words)`` over the utterances that are outliers in NEITHER run
-    (outliers are counted apart and the difference with them kept is reported beside it). Its interval is the
-    percentile bootstrap over utterances (``n_boot`` resamples, seeded); its p-value a two-sided sign-flip
-    permutation test of the per-utterance differences ``e_a - e_ref`` (exact in distribution under the null that
-    the two decoders' error counts are exchangeable per utterance, which losslessness implies: same sentence,
-    same distribution of codes, independent draws). ``detected`` is ``p_value < alpha``.
+    The difference is ``sum(e_a - e_ref) / sum(words)`` over utterances that are outliers in NEITHER run (the
+    difference with them is reported beside it); its interval a percentile bootstrap over utterances; its p-value a
+    two-sided sign-flip permutation test (losslessness makes the two error counts of an utterance exchangeable).
+    ``detected`` is ``p_value < alpha``; ``mde80`` the difference detected with power 0.8 (normal approximation).
 
-    Args:
-        utts_a, utts_ref: per-utterance dicts of :class:`rvqspec_lib.eval.asr.ErrorRates` (same references, same
-            order). outliers_a, outliers_ref: reasons from :func:`flag_outliers` (default: the ``why`` of flagged
-            ones).
-        confidence: of the bootstrap interval. alpha: level of ``detected``. seed: of the resamples and flips.
     Returns:
-        ``{"wer_a", "wer_ref", "difference", "ci_low", "ci_high", "confidence", "p_value", "alpha", "detected",
-        "se", "mde80" (the difference detected with power 0.8 at level alpha, normal approximation), "n_utterances",
-        "n_words", "n_outliers_a", "n_outliers_ref", "n_outliers_either", "difference_with_outliers",
-        "wer_a_with_outliers", "wer_ref_with_outliers"}``.
-        With fewer than 2 utterances left after outliers the difference is reported without an interval (NaN) and
-        ``detected`` is False (``note`` says why).
+        ``{"wer_a", "wer_ref", "difference", "ci_low", "ci_high", "confidence", "p_value", "alpha", "detected", "se",
+        "mde80", "n_utterances", "n_words", "n_outliers_a", "n_outliers_ref", "n_outliers_either",
+        "difference_with_outliers", "wer_a_with_outliers", "wer_ref_with_outliers", "note"}``; with fewer than 2
+        utterances left no interval (NaN) and ``detected`` False.
     Raises:
         ValueError: different numbers of utterances, different references.
     """
@@ -175,11 +142,11 @@ def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping]
 
 
 def sentences_needed(difference: float, se: float, n: int, *, alpha: float = ALPHA, power: float = 0.8) -> float:
-    """Utterances needed to detect ``difference`` with ``power`` at level ``alpha`` (two-sided), scaling the
-    standard error ``se`` measured on ``n`` utterances as ``1/sqrt(n)``: ``n ((z_{alpha/2} + z_power) se / |d|)^2``.
+    """Utterances needed to detect ``difference`` with ``power`` at level ``alpha`` (two-sided), scaling ``se``
+    measured on ``n`` utterances as ``1/sqrt(n)`` (``inf`` for a zero difference).
 
-    Returns:
-        A float (``inf`` for a zero difference). Raises ``ValueError`` for ``n < 1`` or ``se < 0``.
+    Raises:
+        ValueError: ``n < 1`` or ``se < 0``.
     """
     from scipy import stats
 
@@ -196,14 +163,9 @@ def sentences_needed(difference: float, se: float, n: int, *, alpha: float = ALP
 # ----------------------------------------------------------------------------------------------------------------
 def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | None = None,
                 min_expected: float = MIN_EXPECTED) -> np.ndarray:
-    """Bin index of every category: categories sorted by pooled count (ties by index), cut into bins of about
-    equal pooled mass (at most ``max_bins``), then the bins of the tail merged until each expects >= ``min_expected``
-    in both samples. Empty categories get bin -1.
-
-    Args:
-        counts_a, counts_b: ``(C,)`` non-negative counts of the two samples.
-    Returns:
-        ``(C,)`` int64 bin index (0..B-1, -1 for categories seen in neither sample).
+    """Bin index ``(C,)`` int64 of every category of two count vectors ``(C,)``: categories sorted by pooled count,
+    cut into at most ``max_bins`` bins of about equal pooled mass, tail bins merged until each expects >=
+    ``min_expected`` in both samples; -1 for categories seen in neither.
     """
     a, b = np.asarray(counts_a, dtype=np.float64), np.asarray(counts_b, dtype=np.float64)
     tot = a + b
@@ -233,20 +195,13 @@ def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | N
 
 def two_sample_test(sample_a: np.ndarray, sample_b: np.ndarray, *, n_categories: int | None = None,
                     max_bins: int | None = None, min_expected: float = MIN_EXPECTED) -> dict:
-    """Chi-square test of homogeneity: do two samples of a categorical variable come from one distribution?
+    """Chi-square test of homogeneity of two samples of category indices (1-D non-negative integers), categories
+    pooled by :func:`pooled_bins` (B bins, B - 1 degrees of freedom; conservative when both samples come from the same
+    contexts).
 
-    Categories are pooled by :func:`pooled_bins`, then Pearson's statistic of the 2 x B table is referred to
-    chi-square with B - 1 degrees of freedom. With samples drawn from the same contexts (same frames, fixed design),
-    the counts vary less than multinomially under the null, so the test is conservative (its level is at most alpha).
-
-    Args:
-        sample_a, sample_b: 1-D non-negative integer arrays (e.g. the codes of one depth, or their ranks).
-        n_categories: number of categories (default ``max + 1`` of both samples).
-        max_bins: cap on the number of bins (coarser bins: fewer degrees of freedom, more power against broad
-            shifts, none against shifts inside a bin).
     Returns:
-        ``{"statistic", "df", "p_value", "n_a", "n_b", "bins", "tv"}``; ``tv`` is the observed total variation
-        between the two binned distributions. A test with a single bin has ``p_value`` 1 and ``df`` 0.
+        ``{"statistic", "df", "p_value", "n_a", "n_b", "bins", "tv"}`` (``tv``: the total variation between the binned
+        distributions); one bin: ``p_value`` 1, ``df`` 0.
     Raises:
         ValueError: an empty sample, negative or non-integer values.
     """
@@ -279,15 +234,8 @@ def two_sample_test(sample_a: np.ndarray, sample_b: np.ndarray, *, n_categories:
 
 def power_two_sample(n_a: int, n_b: int, df: int, *, tv: float = POWER_TV, level: float = ALPHA) -> float:
     """Lower bound on the power of :func:`two_sample_test` (at ``level``, ``df`` degrees of freedom) against ANY
-    shift of total variation ``tv`` between the two binned distributions.
-
-    The statistic is asymptotically noncentral chi-square with noncentrality ``n_h sum (pi_a - pi_b)^2 / pi``,
-    ``n_h = n_a n_b / (n_a + n_b)``, ``pi`` the pooled distribution; Cauchy-Schwarz gives
-    ``sum |pi_a - pi_b| <= sqrt(sum (pi_a - pi_b)^2 / pi)``, so the noncentrality is at least ``n_h (2 tv)^2`` whatever
-    the direction of the shift (tests/test_lossless.py uses the one-sample form).
-
-    Returns:
-        Power in [0, 1] (``nan`` for ``df < 1``).
+    shift of total variation ``tv``: by Cauchy-Schwarz the noncentrality is at least ``n_h (2 tv)^2``,
+    ``n_h = n_a n_b / (n_a + n_b)``. ``nan`` for ``df < 1``.
     """
     from scipy import stats
 
@@ -362,13 +310,10 @@ def bootstrap_mean(numerators: Sequence[float], denominators: Sequence[float] | 
     den = np.ones_like(num) if denominators is None else np.asarray(denominators, dtype=np.float64)
     if num.size == 0 or num.shape != den.shape:
         raise ValueError("bootstrap_mean needs one numerator and denominator per utterance (at least one)")
-    value = float(num.sum() / den.sum())
-    if num.size < 2:
-        return {"value": value, "ci_low": value, "ci_high": value, "n": int(num.size)}
-    idx = np.random.default_rng(seed).integers(0, num.size, size=(n_boot, num.size))
-    boot = num[idx].sum(1) / den[idx].sum(1)
-    lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
-    return {"value": value, "ci_low": float(lo), "ci_high": float(hi), "n": int(num.size)}
+    # the paired difference to a ratio of zero: the same resamples, the same numbers
+    d = paired_ratio_difference(num, den, np.zeros_like(num), np.ones_like(num), confidence=confidence,
+                                n_boot=n_boot, seed=seed)
+    return {"value": d["difference"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"]}
 
 
 def bootstrap_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95, n_boot: int = N_BOOT,
@@ -426,10 +371,8 @@ def transfer_rows(results: Mapping[str, dict], label: str, *, baseline: str | No
     """Does decoder ``label`` (the paper's: English-trained offsets) keep its tokens per call in other languages?
 
     One row per language of ``results`` (:func:`rvqspec_lib.eval.wer_parity.evaluate_language` outputs): tokens per
-    call with its interval, the ratio to English and the difference to English with a bootstrap interval over the
-    utterances of both (independent sentences: :func:`bootstrap_difference`), and, with
-    ``baseline`` (e.g. the reused heads' point-mass tree of the same N), the gain over it in the same language,
-    PAIRED over that language's utterances (:func:`paired_ratio_difference`).
+    call, its ratio to English and its difference to English (:func:`bootstrap_difference`), and with ``baseline`` the
+    gain over it, paired over that language's utterances (:func:`paired_ratio_difference`).
 
     Raises:
         ValueError: no English results, or ``label`` (or ``baseline``) not decoded in some language.
@@ -504,18 +447,12 @@ TRUE_CODES = "true codes (codec resynthesis, no decoding)"
 def wer_table(wer: Mapping[str, Mapping], decoders: Mapping[str, Mapping], *,
               tokens_per_call: Mapping[str, Mapping] | None = None, ended: Mapping[str, Sequence[bool]] | None = None,
               floor: Mapping | None = None) -> list[dict]:
-    """Rows of a WER table (inner loop or free running), one per decoder in the order of ``wer``, keyed by its
-    fields, then the floor.
-
-    Args:
-        wer: :func:`rvqspec_lib.eval.wer_parity.wer_parity`'s output. decoders: ``{label: fields}``
-            (:func:`rvqspec_lib.eval.wer_parity.decoder_info`). tokens_per_call: ``{label: {"value", ...}}`` (inner
-            loop). ended: ``{label: [ended by itself]}`` (free running). floor:
-            :func:`rvqspec_lib.eval.wer_parity.true_codes_wer`'s output, the last row (:data:`TRUE_CODES`).
-    Returns:
-        rows with the fields, ``wer``, ``cer``, ``wer_without_outliers``, ``outliers``, the paired difference to AR
-        (``diff_vs_ar``, ``ci95_low``, ``ci95_high``, ``p_value``, ``flagged``, ``mde80``; empty for AR itself),
-        ``n_utterances``, and ``tokens_per_call`` / ``ended_by_itself`` where given.
+    """Rows of a WER table (inner loop or free running), one per decoder of ``wer``
+    (:func:`rvqspec_lib.eval.wer_parity.wer_parity`'s output) keyed by its fields (``decoders``:
+    :func:`rvqspec_lib.eval.wer_parity.decoder_info`), then the ``floor``
+    (:func:`rvqspec_lib.eval.wer_parity.true_codes_wer`) as :data:`TRUE_CODES`: ``wer``, ``cer``,
+    ``wer_without_outliers``, ``outliers``, the paired difference to AR (``diff_vs_ar``, ``ci95_low``, ``ci95_high``,
+    ``p_value``, ``flagged``, ``mde80``), ``n_utterances``, and ``tokens_per_call`` / ``ended_by_itself`` where given.
     """
     rows = []
     for label, w in wer.items():

@@ -1,26 +1,8 @@
-"""Figures drawn from result dicts (the notebooks call these; no measurement happens here).
-
-* :func:`plot_verify_cost` -- latency of a code-predictor call against its number of query positions ``Q``, and the
-  verify cost curve ``t(N) / t(1)``, from a :func:`rvqspec_lib.eval.latency.bench_model` result.
-* :func:`plot_two_loops`, :func:`plot_tree_and_mask`, :func:`plot_acceptance_by_offset` -- the paper's Figures 1-3
-  here: the two loops with call counts from the configs, a calibrated tree beside the attention mask its verify call
-  passed to the model, and acceptance by draft offset for the reused heads vs the offsets.
-* :func:`plot_round`, :func:`plot_tree_ids`, :func:`plot_ancestor_mask` -- the lossless rule by hand (notebook 02
-  the_lossless_rule): one speculative round as draft, verify, accept, commit panels; a draft tree with its node ids;
-  its ancestor matrix as the verify call's attention mask. :data:`RULE_COLORS`: one colour for p, q, residual.
-* :func:`oversubscribed_note` -- the label a timing figure or table carries when the CPU was oversubscribed.
-* :func:`plot_spectrograms` -- log-mel spectrograms on one colour scale (notebook 00: the codec with k codebooks).
-* :func:`plot_speedup_vs_n` -- the paper's Figure 4 here: speedup over AR by node budget N, measured, projected and
-  the paper's device numbers (:data:`PAPER_DEVICE_SPEEDUPS`, quoted) in three panels apart.
-* :func:`plot_frame_parts`, :func:`plot_audio_vs_wall` -- the whole frame (notebook 06): the parts of a frame against
-  their floors and the real-time budget (the paper's Figure 1 tested), and audio produced against wall time.
-* the tree's calibration (notebook 04): :func:`plot_acceptance_heatmaps` (what a point-mass and a sampled child are
-  worth, by start depth and offset, on ONE colour scale), :func:`plot_calibrated_trees`,
-  :func:`plot_tokens_per_call_vs_n` (E(N) predicted against measured), :func:`plot_verify_cost_curves` (t(N)/t(1)
-  per backend and model, with a labelled PROJECTION), :func:`plot_frames_vs_n` (Figure 4 with every AR baseline),
-  :func:`plot_temperature_sweep`.
-* :data:`DECODER_COLORS` / :func:`decoder_color` and :data:`BACKEND_COLORS` / :func:`backend_color`: THE colour of a
-  decoder family and of a backend in every figure; :func:`sampling_words`: a sampling setting in words for titles.
+"""Figures drawn from result dicts (the notebooks call these; no measurement happens here): the paper's Figures 1-4
+here, the lossless rule by hand (notebook 02), the tree's calibration (notebook 04), the whole frame (notebook 06).
+:data:`DECODER_COLORS` and :data:`BACKEND_COLORS` are THE colour of a decoder family and of a backend in every figure.
+Every ``plot_*`` that makes a figure returns the matplotlib ``Figure`` (not shown, not closed; save it with
+:func:`rvqspec_lib.common.provenance.save_figure`); one given ``ax`` or ``axes`` draws on them and returns ``None``.
 """
 
 from __future__ import annotations
@@ -102,23 +84,14 @@ def backend_color(name: str) -> str:
     return BACKEND_COLORS.get(name, "#999999")
 
 
-def _log2_ticks(ax, values, axis: str = "x") -> None:
-    """A log2 axis with integer ticks at ``values`` (node budgets, query positions: whole numbers)."""
-    vals = sorted({int(v) for v in values})
-    if axis == "x":
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(vals, [str(v) for v in vals])
-        ax.xaxis.set_minor_locator(_null_locator())
-    else:
-        ax.set_yscale("log", base=2)
-        ax.set_yticks(vals, [str(v) for v in vals])
-        ax.yaxis.set_minor_locator(_null_locator())
-
-
-def _null_locator():
+def _log2_ticks(ax, values) -> None:
+    """A log2 x axis with integer ticks at ``values`` (node budgets, query positions: whole numbers)."""
     from matplotlib.ticker import NullLocator
 
-    return NullLocator()
+    vals = sorted({int(v) for v in values})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(vals, [str(v) for v in vals])
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def _log_y(ax) -> None:
@@ -129,6 +102,13 @@ def _log_y(ax) -> None:
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _titled(fig, title: str, fontsize: float = 10):
+    """``fig`` with ``title`` as its suptitle (none when empty)."""
+    if title:
+        fig.suptitle(title, fontsize=fontsize)
+    return fig
 
 
 def drafter_style(label: str) -> dict:
@@ -183,10 +163,6 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
     Left: median ms per code-predictor call against ``N`` (log2 axis) with the p10-p90 band, and the talker step as a
     dashed line of the same colour. Right: ``t(N) / t(1)`` with the line ``y = N`` (no parallelism at all) for
     reference.
-
-    Returns:
-        the matplotlib ``Figure`` (not shown, not closed; save it with
-        :func:`rvqspec_lib.common.provenance.save_figure`).
 
     Raises:
         KeyError: ``result`` is not a bench result.
@@ -252,9 +228,6 @@ def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float 
             the first panel written beside the label (``None``: none).
         hop_s: seconds per spectrogram column. title: the figure title. db_range: dB shown below the top.
         figsize: default 8 inches wide, a little over an inch per panel.
-
-    Returns:
-        the matplotlib ``Figure`` (save it with :func:`rvqspec_lib.common.provenance.save_figure`).
     """
     import matplotlib.pyplot as plt
 
@@ -271,9 +244,7 @@ def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float 
         ax.tick_params(labelsize=7)
     axes[-1, 0].set_xlabel("time (s)")
     fig.colorbar(im, ax=axes[:, 0], label="mel power (dB)", shrink=0.8)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return fig
+    return _titled(fig, title, 9)
 
 
 def plot_tree(ax, paths, *, title: str = "", sampled: bool = False, color: str | None = None) -> None:
@@ -327,9 +298,6 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
         rows: dicts with ``model``, ``talker_layers``, ``code_predictor_layers``, ``n_code_groups``,
             ``frame_rate_hz`` (e.g. :func:`rvqspec_lib.models.configs.loop_facts` plus a ``model`` name).
         title: the figure title.
-
-    Returns:
-        the matplotlib ``Figure`` (save it with :func:`rvqspec_lib.common.provenance.save_figure`).
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, Rectangle
@@ -374,9 +342,7 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
     ax1.tick_params(axis="x", labelsize=7, labelrotation=20)
     ax1.legend(fontsize=7, loc="upper right")
     ax1.grid(alpha=0.3, axis="y")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return fig
+    return _titled(fig, title, 9)
 
 
 def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = False, color: str | None = None,
@@ -391,9 +357,6 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = Fa
             nodes in tree order), columns the KV slots (committed codes of the frame, then the call's own slots).
         title: figure title. sampled: label the tree's children as sampled child indices. color: the tree's node
             colour (:func:`plot_tree`; e.g. :func:`decoder_color` of the decoder).
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
     import numpy as np
@@ -414,9 +377,7 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = Fa
                                      for i, p in enumerate(pos)], fontsize=5)
     ax1.set_xlabel(f"KV slot (c: {write[0]} committed before this call | n: this call's query positions)")
     ax1.set_title("attention mask of the verify call (blue: may attend), as passed to the model", fontsize=9)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return fig
+    return _titled(fig, title, 9)
 
 
 def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "",
@@ -458,9 +419,7 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
     ax1.set_title("the offsets' gain over the reused heads", fontsize=9)
     ax0.legend(fontsize=7)
     ax1.legend(fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return fig
+    return _titled(fig, title, 9)
 
 
 # ---- the lossless rule by hand (notebooks/02_the_lossless_rule.py) -------------------------------------------------
@@ -619,9 +578,6 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
             projected_title: its inputs.
         fused: :func:`rvqspec_lib.eval.speed.summary_by_backend` rows (left: the fused AR frame's speedup over AR,
             dotted). paper: the paper's device numbers (right: quoted, Core ML, point-mass trees). title: above all.
-
-    Returns:
-        the matplotlib ``Figure`` (not shown, not closed).
     """
     import matplotlib.pyplot as plt  # as every figure here: the library imports matplotlib only to draw
 
@@ -673,9 +629,6 @@ def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str
     decoder), the milliseconds of a frame spent in the talker step, the inner loop and the codec decoder (a stacked
     bar: the frame on one thread), their floors (a thin stacked bar under it), the frame on all cores (a diamond:
     ``max(talker + inner, codec)``) and the real-time budget of a frame (the vertical line).
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
 
@@ -708,9 +661,6 @@ def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.
     :func:`rvqspec_lib.eval.pipeline.time_streams` (its ``chunks``): solid, the seconds of audio ready; thin dashed,
     real time from the first chunk (a player started then: while the solid curve stays above, nothing waits); red
     crosses, underruns (a chunk ready after the player ran out).
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
 
@@ -760,9 +710,6 @@ def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: st
     Args:
         calibration: :func:`rvqspec_lib.eval.calibration.calibrate`'s dict (or its file). max_index: ranks and child
             indices drawn. title: the figure title.
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
     import numpy as np
@@ -794,9 +741,7 @@ def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: st
                       fontsize=7)
         ax.set_xticks(range(1, a.shape[1] + 1), [str(v) for v in range(1, a.shape[1] + 1)], fontsize=7)
     fig.colorbar(im, ax=axes, shrink=0.8, label="probability (one scale for all four panels)")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return _titled(fig, title)
 
 
 def plot_calibrated_trees(calibration: dict, budgets: Sequence[int], *, title: str = "",
@@ -819,9 +764,7 @@ def plot_calibrated_trees(calibration: dict, budgets: Sequence[int], *, title: s
             plot_tree(axes[row][col], tree.paths, sampled=tree.sampled,
                       color=decoder_color({"kind": "calibrated", "drafter": "heads", "sampled": tree.sampled}),
                       title=f"{kind}, N = {b}: E(N) = {e:.2f}")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return _titled(fig, title)
 
 
 def _family_label(fields) -> str:
@@ -841,9 +784,6 @@ def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
 
     Args:
         rows: :func:`rvqspec_lib.eval.calibration.predicted_vs_measured` rows.
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
 
@@ -879,9 +819,7 @@ def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6.5, loc="upper left")
     axes[0].set_ylabel("tokens per call (codes per inner-loop call)")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return _titled(fig, title)
 
 
 def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projection_title: str = "", title: str = "",
@@ -892,9 +830,6 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
     Args:
         curves: ``{panel title: verify_cost_curve rows}``. projection: projected rows (dashed, titled PROJECTION).
         projection_title: what the projection is made of (its inputs). title: the figure title.
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
 
@@ -935,9 +870,7 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
                      fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return _titled(fig, title)
 
 
 def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, title: str = "",
@@ -951,9 +884,6 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
     scale for every panel, with a horizontal line for EVERY AR of the run (stepped through each backend, each fused
     AR frame; :func:`backend_color`, the fastest one thickest): which AR is fastest, and where each decoder stands
     against it, read off one axis. One legend for the figure, under it.
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
 
@@ -999,9 +929,7 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
     axes[0][0].set_ylabel("speedup over stepped AR, same backend")
     axes[1][0].set_ylabel("ms per frame (median); lines: every AR")
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=3, fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return _titled(fig, title)
 
 
 def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tuple[float, float] = (10.5, 3.9)):
@@ -1009,9 +937,6 @@ def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tu
     measured (solid) and predicted (dashed), against the temperature (sharper p to the right); right, the mechanism:
     what one point-mass child is worth (the target mass of the top-ranked code) against one sampled child
     (``sum min(p, q)``), at offset 1.
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
 
@@ -1041,9 +966,7 @@ def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tu
     a1.set_ylim(0, 1)
     a1.set_ylabel("probability one child is kept (offset 1)")
     a1.set_title("why: what one child is worth", fontsize=9)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return _titled(fig, title)
 
 
 # ---- the device appendix (notebooks/07_device_engineering.py) ------------------------------------------------------
@@ -1054,9 +977,6 @@ def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, t
     talker step (:func:`rvqspec_lib.eval.talker_bench.bench_talker_precisions` rows: ``over_floor``, a bar per
     forward and context, the longer context hatched). Bars carry their milliseconds; the line at 1 is the floor (the
     weights read once at the measured bandwidth).
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
 
@@ -1087,18 +1007,13 @@ def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, t
         ax.legend(fontsize=7, loc="upper right")
     ymax = max(max((r[k] or 0) for r in rows) for _, rows, _, _, k in panels)
     axes[0][0].set_ylim(0, 1.4 * max(ymax, 1.0))  # room for the legend above the bars
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return _titled(fig, title)
 
 
 def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float, float] = (11.0, 4.0)):
     """:func:`rvqspec_lib.eval.speed.batch_throughput` rows: left, frames per second against the batch size B (a
     line per runner: colour its decoder family, line style its backend, hollow markers fused); right, the speedup
     over stepped AR of the same backend and B (below the line at 1, speculation loses).
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
 
@@ -1126,9 +1041,7 @@ def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float,
     a1.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
     a1.set_ylabel("speedup over stepped AR, same backend and B")
     a1.set_title("what speculation adds as the batch grows", fontsize=9)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return _titled(fig, title)
 
 
 def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str = "",
@@ -1136,9 +1049,6 @@ def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str 
     """What ``--decoder auto`` timed (:attr:`rvqspec_lib.eval.budget.AutoChoice.table`): a bar per runner it decoded,
     its measured milliseconds per committed code, fastest at the top, coloured by decoder family, hatched when fused;
     ``chosen`` = ``(decoder label, backend, fused)`` outlined in black.
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
 
@@ -1169,9 +1079,6 @@ def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, flo
     decoder family, fused rows hatched, auto outlined), milliseconds per frame on a log scale, the AR frame's
     weight-streaming floor as a black tick over each group and the 80 ms a frame of audio lasts as a dotted line.
     Absent rows leave a gap. A timing replay's panel says so in its title.
-
-    Returns:
-        the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -1217,6 +1124,4 @@ def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, flo
                Line2D([], [], color="k", lw=2, label="floor of the AR frame (15 calls' weights)"),
                Line2D([], [], color="0.4", ls=":", label="80 ms: one frame of audio (inner loop only)")]
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return _titled(fig, title)

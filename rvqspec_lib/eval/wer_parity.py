@@ -1,29 +1,12 @@
-"""WER parity across decoders and languages (paper Tables 1 and 3; notebook 05 and ``rvqspec eval-wer``).
+"""WER parity across decoders and languages (paper Tables 1 and 3; notebook 05 and ``rvqspec eval-wer``;
+docs/methods.md#reporting-wer, #testing-losslessness, #ssd-tolerance-rule-a-lossy-control).
 
-The paper's accuracy claim is that speculative decoding leaves WER where AR puts it. Here every decoder runs on the
-SAME utterances with the SAME seeds, and three questions are answered by tests rather than by eye
-(docs/methods.md#reporting-wer, #testing-losslessness, #ssd-tolerance-rule-a-lossy-control):
-
-1. **tokens per call** per decoder, with a bootstrap interval over utterances (:func:`decode_runs`);
-2. **the generated codes' distribution**, per depth, against AR's (:func:`code_distribution_tests`): two-sample
-   chi-square tests of (a) each code's rank under the verifier's warped p given the decoder's own prefix (a
-   context-aware statistic: the drift of a lossy rule toward its drafts shows in every frame, it does not average
-   out over contexts) and (b) the raw codes, Holm-adjusted over depths, with the power against any total-variation
-   shift stated (:func:`rvqspec_lib.eval.parity.power_two_sample`);
-3. **WER** through audio that codes 1..15 change: the inner-loop-only path (TRUE code 0 of every frame, codes 1..15
-   generated from the teacher-forced context) decoded by a codec that reads every code (for the embedded model its
-   TABLE decoder, the sum of the chosen codebook entries: nothing learned sits between a code and the audio), paired
-   differences against AR with bootstrap intervals, outliers apart (:func:`wer_parity`); the same codec on the TRUE
-   codes is the floor (:func:`true_codes_wer`); free running (:func:`free_running_parity`) beside it, labelled.
-
-A deliberately LOSSY control (:class:`rvqspec_lib.decoding.decoders.LossySSD`, SSD's tolerance rule) runs beside the
-lossless decoders: the tests must catch it, and must not flag AR against itself under another seed (the null control
-``ar-seed2``). :func:`verdicts` says, per language, which test flagged which decoder and what the design could have
-seen; :func:`verdict_text` writes that as sentences. Result rows carry each decoder's structured fields
-(:func:`decoder_fields`); labels are derived from them, never parsed back.
-
-Listening: :func:`inner_loop_codes` decodes one utterance's codes 1..15 with several decoders on its TRUE code 0
-(the inner loop the only difference between them).
+Every decoder runs on the SAME utterances with the SAME seeds; three questions are answered by tests: tokens per call
+(:func:`decode_runs`), the generated codes' distribution against AR's (:func:`code_distribution_tests`) and WER
+through audio that codes 1..15 change (:func:`wer_parity`; the true codes' floor :func:`true_codes_wer`; free running
+:func:`free_running_parity`). A deliberately LOSSY control (SSD's tolerance rule) must be caught, AR under other seeds
+(:data:`NULL_CONTROL`) must not (:func:`verdicts`). Result rows carry each decoder's fields (:func:`decoder_fields`);
+labels are derived from them, never parsed back.
 """
 
 from __future__ import annotations
@@ -36,16 +19,15 @@ import torch
 
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval import parity as S
+from rvqspec_lib.eval.parity import WER_ROW_FIELDS as ROW_FIELDS  # the fields every result row starts with
 from rvqspec_lib.data.frames import Frames
-from rvqspec_lib.eval.inner_loop import speaker_batches
+from rvqspec_lib.eval.inner_loop import batch_seed, codes_to_audio, free_running_codes, transcribe_all
 from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, name_of, parse_decoder_name
 from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
-from rvqspec_lib.models.backends import frame_runner
-from rvqspec_lib.models.frame import inner_sampling, synthesize
 from rvqspec_lib.models.named_decoders import NamedDecoder, has_paper_decoder, resolve_all
 
 #: The reference decoder's label, and the null control's (AR again, other seeds: nothing may be detected).
@@ -83,16 +65,10 @@ def decoder_of(decoder):
 
 
 def decoder_fields(label: str, decoder) -> dict:
-    """The structured fields of the result rows of the decoder run under ``label``.
-
-    A :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` gives its own fields (``paper:32`` is kind ``paper``);
-    a bare decoder object those of :func:`rvqspec_lib.decoding.decoder_names.name_of`. ``decoder`` is ``label`` (the
-    key the run was made under: the null control :data:`NULL_CONTROL` is AR under its own label), ``null_control``
-    says which row it is.
-
-    Returns:
-        ``{"decoder", "kind", "drafter", "nodes", "lossy", "sampled", "null_control"}``
-        (:meth:`rvqspec_lib.decoding.decoder_names.DecoderName.fields`).
+    """The result-row fields of the decoder run under ``label``: a
+    :class:`~rvqspec_lib.models.named_decoders.NamedDecoder`'s own, else
+    :func:`~rvqspec_lib.decoding.decoder_names.name_of`'s; ``decoder`` is ``label``, ``null_control`` whether it is
+    :data:`NULL_CONTROL`. Returns ``{"decoder", "kind", "drafter", "nodes", "lossy", "sampled", "null_control"}``.
     """
     fields = decoder.fields() if isinstance(decoder, NamedDecoder) else name_of(decoder).fields()
     return {**fields, "decoder": label, "null_control": label == NULL_CONTROL}
@@ -103,12 +79,8 @@ def decoder_fields(label: str, decoder) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 @dataclass
 class DecodeRun:
-    """What one decoder produced on a set of frames.
-
-    Attributes:
-        label: table label. decoder: the decoder. lossless: :func:`rvqspec_lib.decoding.decoders.is_lossless`.
-        codes: ``(R, N, n)`` int64 codes 1..n of every frame in every replicate.
-        calls: ``(R, N)`` int64 code-predictor calls per frame (the prefill included).
+    """What one decoder produced on a set of frames: ``codes`` ``(R, N, n)`` int64 codes 1..n of every frame in every
+    replicate, ``calls`` ``(R, N)`` int64 code-predictor calls per frame (the prefill included).
     """
 
     label: str
@@ -118,26 +90,15 @@ class DecodeRun:
     calls: torch.Tensor
 
 
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
-
-
 @torch.no_grad()
 def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], *, seed: int = 0,
                 replicates: int = 1, seeds: Mapping[str, int] | None = None, sampling: Sampling | None = None,
                 drafter=None, batch_size: int = 1024, progress: bool = False) -> dict[str, DecodeRun]:
-    """Every decoder over every frame's context, ``replicates`` times, with PAIRED seeds.
+    """Every decoder (``{label: decoder or NamedDecoder}``) over every frame's context, ``replicates`` times, with
+    PAIRED seeds: chunk c of replicate r is decoded with a generator seeded by ``(seed, r, c)`` for every decoder;
+    ``seeds`` overrides ``seed`` per label (the null control). ``sampling`` default temperature 0.9, top-k 50;
+    ``drafter`` default the reused heads.
 
-    Chunk c of replicate r is decoded with a generator seeded by ``(seed, r, c)``, the same for every decoder (paired:
-    same frames, same seeds); ``seeds`` overrides ``seed`` per label (the null control ``ar-seed2``).
-
-    Args:
-        frames: contexts (and utterance ids) from e.g. :func:`rvqspec_lib.data.frame_sources.frames_from_utterances`.
-        decoders: ``{label: decoder}`` (a decoder object or a
-            :class:`~rvqspec_lib.models.named_decoders.NamedDecoder`). replicates: independent draws per frame (more
-            power for the code tests).
-        sampling: the deployed warpers (default temperature 0.9, top-k 50). drafter: default the reused heads.
-        batch_size: frames per :func:`~rvqspec_lib.decoding.decode.decode_frame` call.
     Returns:
         ``{label: DecodeRun}``.
     Raises:
@@ -155,7 +116,7 @@ def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], 
         codes, calls = [], []
         chunks = [(r, c) for r in range(replicates) for c in range(0, len(frames), batch_size)]
         for r, c in progress_bar(chunks, desc=f"decode {label}", enabled=progress, unit="chunk"):
-            gen = torch.Generator(device=dev).manual_seed(_seed(s0, r, c // batch_size))
+            gen = torch.Generator(device=dev).manual_seed(batch_seed(s0, r, c // batch_size))
             res = decode_frame(code_predictor, frames.context[c:c + batch_size].to(dev), decoder=dec,
                                sampling=sampling, generator=gen, drafter=drafter)
             codes.append(res.codes.cpu())
@@ -166,15 +127,19 @@ def decode_runs(code_predictor, frames: Frames, decoders: Mapping[str, object], 
     return out
 
 
+def per_utterance(run: DecodeRun, utterance: torch.Tensor) -> dict:
+    """``{"codes", "calls"}``: per utterance (sorted ids), the codes and calls of a run, summed over replicates."""
+    ids, inv = torch.unique(utterance, return_inverse=True)
+    calls = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, run.calls.double().sum(0))
+    return {"codes": (torch.bincount(inv).double() * run.codes.shape[-1] * run.codes.shape[0]).tolist(),
+            "calls": calls.tolist()}
+
+
 def tokens_per_call(run: DecodeRun, utterance: torch.Tensor, *, seed: int = 0) -> dict:
     """Tokens per call of a run (all codes / all calls, the prefill included) with a bootstrap interval over
-    utterances (:func:`rvqspec_lib.eval.parity.bootstrap_mean`); replicates pooled per utterance."""
-    ids, inv = torch.unique(utterance, return_inverse=True)
-    n = run.codes.shape[-1]
-    calls = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, run.calls.double().sum(0))
-    codes = torch.zeros(len(ids), dtype=torch.float64).index_add_(
-        0, inv, torch.full((len(utterance),), float(n * run.codes.shape[0]), dtype=torch.float64))
-    return S.bootstrap_mean(codes.numpy(), calls.numpy(), seed=seed)
+    utterances (:func:`rvqspec_lib.eval.parity.bootstrap_mean`)."""
+    c = per_utterance(run, utterance)
+    return S.bootstrap_mean(c["codes"], c["calls"], seed=seed)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -183,10 +148,8 @@ def tokens_per_call(run: DecodeRun, utterance: torch.Tensor, *, seed: int = 0) -
 @torch.no_grad()
 def verifier_ranks(code_predictor, context: torch.Tensor, codes: torch.Tensor, *, sampling: Sampling | None = None,
                    batch_size: int = 512) -> torch.Tensor:
-    """Rank of every generated code under the verifier's warped p GIVEN ITS OWN PREFIX (0 = the most probable code).
-
-    One teacher-forced pass per frame (:func:`rvqspec_lib.data.teacher.teacher_forced_hidden`). Under a lossless
-    decoder code j is a sample of p(. | context, codes < j), so the law of its rank is AR's.
+    """Rank of every generated code under the verifier's warped p GIVEN ITS OWN PREFIX (0 = the most probable code;
+    under a lossless decoder its law is AR's), from one teacher-forced pass per frame.
 
     Args:
         context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` int64.
@@ -208,24 +171,17 @@ def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping
                             reference: str = REFERENCE, sampling: Sampling | None = None, alpha: float = S.ALPHA,
                             power_tv: float = S.POWER_TV, rank_bins: int = RANK_BINS, code_bins: int = CODE_BINS,
                             batch_size: int = 512) -> dict:
-    """Per depth, is a decoder's output distributed as the reference's (AR)? Two statistics, both two-sample
-    chi-square tests (:func:`rvqspec_lib.eval.parity.two_sample_test`) on all replicates:
-
-    * ``rank``: the code's rank under the verifier's p given its own prefix (:func:`verifier_ranks`), ``rank_bins``
-      bins of about equal pooled mass;
-    * ``code``: the code itself, ``code_bins`` bins by pooled frequency.
-
-    The 2 x n p-values of a decoder are Holm-adjusted (:func:`rvqspec_lib.eval.parity.holm`); the decoder is
-    ``rejected`` when one adjusted p-value is below ``alpha`` (family-wise level alpha per decoder). Power: the bound
-    of :func:`rvqspec_lib.eval.parity.power_two_sample` for ONE depth's test at the Bonferroni level
-    ``alpha / (2 n)`` (Holm's first step), against any shift of total variation ``power_tv`` between the binned
-    distributions, at the median degrees of freedom; ``detectable_tv`` is the shift found with power 0.9.
+    """Per depth, is a decoder's output distributed as the reference's (AR)? Two-sample chi-square tests
+    (:func:`rvqspec_lib.eval.parity.two_sample_test`) of the code's rank under the verifier given its own prefix
+    (:func:`verifier_ranks`, ``rank_bins`` bins) and of the code itself (``code_bins`` bins), on all replicates. A
+    decoder's 2 x n p-values are Holm-adjusted; it is ``rejected`` when one is below ``alpha``. Power: one depth's test
+    at the level ``alpha / (2 n)`` against a total-variation shift ``power_tv``, at the median degrees of freedom;
+    ``detectable_tv``: the shift found with power 0.9.
 
     Returns:
         ``{"rows": [{decoder, statistic, depth, statistic_value, df, p_value, p_holm, tv, n}], "summary": {label:
-        {rejected, min_p_holm, at (statistic, depth), power_rank, power_code, detectable_tv_rank,
-        detectable_tv_code, df_rank, df_code, max_tv_rank, max_tv_code, power_tv, alpha, level (one test's),
-        n_per_sample, lossless}}}``.
+        {rejected, min_p_holm, at, power_rank, power_code, detectable_tv_rank, detectable_tv_code, df_rank, df_code,
+        max_tv_rank, max_tv_code, power_tv, alpha, level, n_per_sample, lossless}}}``.
     Raises:
         ValueError: the reference is not among the runs, or runs of different shapes.
     """
@@ -279,35 +235,11 @@ def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping
 # audio and WER
 # ----------------------------------------------------------------------------------------------------------------
 def utterance_codes(code0: torch.Tensor, generated: torch.Tensor, utterance: torch.Tensor) -> list[torch.Tensor]:
-    """Per utterance, ``(frames, 1 + n)`` codes: the TRUE code 0 beside the generated codes 1..n (inner loop only).
-
-    Args:
-        code0: ``(N,)`` true code 0 of every frame. generated: ``(N, n)``. utterance: ``(N,)`` ids; the output
-            follows the sorted ids.
+    """Per utterance (sorted ids), ``(frames, 1 + n)`` codes: the TRUE code 0 (``code0`` ``(N,)``) beside the
+    generated codes 1..n (``generated`` ``(N, n)``).
     """
     full = torch.cat([code0[:, None].long(), generated.long()], 1)
     return [full[utterance == u] for u in torch.unique(utterance)]
-
-
-def codes_to_audio(codec, codes) -> np.ndarray:
-    """``(frames, G)`` codes -> float32 audio at ``codec.sample_rate``, with a codec
-    (:class:`~rvqspec_lib.models.rvq_codec.RVQCodec`, :class:`~rvqspec_lib.models.speech_tokenizers.Qwen12HzCodec`:
-    ``decode(codes)``) or a speech tokenizer (``decode([{"audio_codes": codes}]) -> (wavs, rate)``, as
-    ``lm.speech_tokenizer``); empty codes give empty audio."""
-    c = codes.cpu().numpy() if isinstance(codes, torch.Tensor) else np.asarray(codes)
-    if c.size == 0:
-        return np.zeros(0, dtype=np.float32)
-    if hasattr(codec, "encode"):  # the codec interface
-        return np.asarray(codec.decode(c), dtype=np.float32).reshape(-1)
-    wavs, _ = codec.decode([{"audio_codes": torch.as_tensor(c)}])
-    return np.asarray(wavs[0], dtype=np.float32).reshape(-1)
-
-
-def transcribe_all(asr, wavs: Sequence[np.ndarray], sample_rate: int, *, desc: str = "asr",
-                   progress: bool = False) -> list[str]:
-    """The ASR's transcript of every waveform (empty audio: empty text)."""
-    return [asr.transcribe(w, sample_rate) if len(w) else ""
-            for w in progress_bar(list(wavs), desc=desc, enabled=progress, unit="utt")]
 
 
 def error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str = "word"):
@@ -323,17 +255,14 @@ def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, 
                unit: str = "word", lengths: Mapping[str, Sequence[int]] | None = None,
                ref_lengths: Sequence[int] | None = None, capped: Mapping[str, Sequence[bool]] | None = None,
                alpha: float = S.ALPHA, seed: int = 0) -> dict:
-    """Error rate of every decoder's transcripts, outliers flagged (:func:`rvqspec_lib.eval.parity.flag_outliers`),
-    and the paired difference to the reference (:func:`rvqspec_lib.eval.parity.paired_wer_difference`).
+    """Error rate of every decoder's transcripts (``{label: transcript per reference}``), outliers flagged
+    (:func:`rvqspec_lib.eval.parity.flag_outliers`), and the paired difference to the reference
+    (:func:`rvqspec_lib.eval.parity.paired_wer_difference`). ``unit``: ``"word"`` (WER, CER beside it) or ``"char"``;
+    ``lengths`` / ``ref_lengths`` / ``capped``: free running only, per label.
 
-    Args:
-        hypotheses: ``{label: transcript per reference}``; must hold ``reference``.
-        unit: ``"word"`` (WER) or ``"char"`` (CER). lengths / ref_lengths / capped: free running only (frames made,
-            true frames, whether the frame cap stopped it), per label.
     Returns:
-        ``{label: {"rate", "rate_without_outliers", "n_outliers", "outliers": [{index, why, ref, hyp}],
-        "vs_reference": paired dict (absent for the reference), "per_utterance": [rate]}}``; with
-        ``unit="word"`` also ``"cer"`` (corpus character error rate of the same transcripts, outliers included).
+        ``{label: {"rate", "rate_without_outliers", "n_outliers", "unit", "outliers": [{index, why, ref, hyp}],
+        "per_utterance", "cer" (word unit), "vs_reference" (not for the reference)}}``.
     Raises:
         ValueError: the reference is missing; transcripts of another length than ``refs``.
     """
@@ -367,13 +296,8 @@ def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, 
 
 
 def true_codes_wer(utterances: Sequence, *, codec, asr, unit: str = "word", progress: bool = False) -> dict:
-    """The floor of inner-loop WER: every utterance's TRUE codes (all 16) through the same codec and recogniser, no
-    decoding at all. A decoder's inner-loop WER is read against it: what the code predictor's own codes 1..15 cost,
-    whatever the decoder.
+    """The floor of inner-loop WER: every utterance's TRUE codes through the same codec and recogniser, no decoding.
 
-    Args:
-        utterances: text + true codes (:class:`~rvqspec_lib.data.teacher.Utterance`). codec, asr: as
-            :func:`evaluate_language`'s. unit: ``"word"`` (WER, with CER beside it) or ``"char"`` (CER).
     Returns:
         ``{"rate", "cer" (word unit only), "unit", "n_utterances", "asr", "hypotheses", "per_utterance"}``.
     Raises:
@@ -399,21 +323,14 @@ def true_codes_wer(utterances: Sequence, *, codec, asr, unit: str = "word", prog
 def standard_decoders(*, calibration: dict | None, best_chain: int | None, budget: int = DEFAULT_TREE_BUDGET,
                       null_control: bool = True, beta: float = 0.4, lm=None, paper_budget: int | None = None,
                       tree_kinds: Sequence[str] = ("point-mass", "sampled")) -> dict[str, NamedDecoder]:
-    """``{label: NamedDecoder}`` of WER parity, in the order tables and figures list them: AR, the null control (AR,
-    other seeds), the best chain (``chain:4`` without ``best_chain``), the calibrated trees of ``budget`` nodes of each
-    of ``tree_kinds`` (when a calibration is given), with ``paper_budget`` the reused heads' point-mass tree of that N
-    (the paired baseline of the paper's decoder) and the paper's decoder ``paper:N`` (the offsets shipped beside
-    ``lm`` and their own calibration: :func:`rvqspec_lib.models.named_decoders.resolve`), and last the LOSSY control
-    (SSD, ``beta``).
+    """``{label: NamedDecoder}`` of WER parity, in table order: AR, the null control (AR, other seeds), the best chain
+    (``chain:4`` without ``best_chain``), with a calibration the heads' calibrated trees of ``budget`` nodes of each of
+    ``tree_kinds``, with ``paper_budget`` the heads' point-mass tree of that N and ``paper:N`` (needs ``lm``), and last
+    the LOSSY control (``ssd-lossy:beta``).
 
-    Args:
-        calibration: the reused heads' calibration (:func:`rvqspec_lib.eval.calibration.calibrate`), or ``None``.
-        best_chain: the window of ``chain:best`` (:func:`best_chain_window`). lm: the loaded model (needed with
-            ``paper_budget``). paper_budget: node budget of the paper's decoder, ``None``: left out.
-        tree_kinds: ``"point-mass"`` and / or ``"sampled"``: the kinds of the heads' trees of ``budget`` nodes.
     Raises:
-        ValueError: ``paper_budget`` without a model that ships the offsets and their calibration
-            (:func:`rvqspec_lib.models.named_decoders.has_paper_decoder`); a budget the calibration does not hold.
+        ValueError: ``paper_budget`` without a model that ships the offsets and their calibration; a budget the
+            calibration does not hold.
     """
     names = ["ar"] + ([f"chain:{best_chain}"] if best_chain else ["chain:4"])
     if calibration is not None:
@@ -438,9 +355,9 @@ def standard_decoders(*, calibration: dict | None, best_chain: int | None, budge
 def calibration_rows(decoders: Mapping[str, object], *, chain_predicted: Mapping[int, float] | None = None,
                      best_chain: int | None = None) -> list[dict]:
     """What the calibration chose, as table rows: the predicted tokens per call of every chain window (``chosen``:
-    the window of ``chain:best``), and for every calibrated tree among ``decoders`` (resolved
-    :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` s) its fields, the calibration it came from (drafter,
-    frames), its predicted tokens per call and its rank paths."""
+    ``best_chain``), and for every calibrated tree among ``decoders`` its fields, calibration frames, predicted tokens
+    per call and rank paths.
+    """
     from rvqspec_lib.decoding.decoder_names import format_paths
 
     rows = [{"decoder": f"chain:{w}", "kind": "chain", "drafter": "heads", "nodes": int(w),
@@ -465,34 +382,36 @@ def decoder_info(decoders: Mapping[str, object]) -> dict[str, dict]:
             for k, v in decoders.items()}
 
 
+def _frames(lm, utts: list, language: str, progress: bool = False):
+    """The utterances in the language's text front end (:func:`rvqspec_lib.eval.datasets.speaking`) and their frames
+    from one teacher-forced talker pass each."""
+    from rvqspec_lib.data.frame_sources import frames_from_utterances
+    from rvqspec_lib.eval.datasets import speaking
+
+    with speaking(lm, language) as prompt_language:
+        utts = [type(u)(u.text, u.codes, u.speaker, prompt_language if u.language == "auto" else u.language)
+                for u in utts]
+        return utts, frames_from_utterances(lm, utts, progress=progress)
+
+
 def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], *, language: str = "en",
                       codec=None, asr=None, unit: str | None = None, seed: int = 0, replicates: int = 1,
                       sampling: Sampling | None = None, drafter=None, alpha: float = S.ALPHA,
                       power_tv: float = S.POWER_TV, batch_size: int = 1024, progress: bool = False) -> dict:
     """Tokens per call, code-distribution tests and (with ``codec`` and ``asr``) inner-loop WER of every decoder on
-    one language's utterances, against AR (``decoders`` must hold ``"ar"``; the label ``ar-seed2`` gets other seeds).
+    one language's utterances against AR (``decoders`` must hold ``"ar"``). Contexts come from one teacher-forced talker
+    pass per utterance over its TRUE codes, in the language's text front end. ``codec`` must depend on codes 1..n (the
+    embedded model: its table decoder); ``unit`` defaults to the language's; the first replicate becomes audio.
 
-    Contexts come from one teacher-forced talker pass per utterance over its TRUE codes, with the language's text
-    front end (:func:`rvqspec_lib.eval.datasets.speaking`); the inner loop then runs on every frame.
-
-    Args:
-        lm: the model. utterances: text + true codes (:class:`~rvqspec_lib.data.teacher.Utterance`).
-        decoders: ``{label: decoder or NamedDecoder}`` (e.g. :func:`standard_decoders`). language: ISO code.
-        codec: codes -> audio that depends on codes 1..n (embedded: ``codec.with_decoder(None)``, the table decoder).
-        asr: an :class:`~rvqspec_lib.eval.asr.ASR`; ``None``: no WER (the code tests still run).
-        unit: ``"word"`` / ``"char"`` (default the language's, :data:`rvqspec_lib.eval.datasets.LANGUAGES`).
-        replicates: draws per frame (the first one is turned into audio).
     Returns:
-        JSON-able dict: ``language``, ``n_utterances``, ``n_frames``, ``replicates``, ``asr``, ``unit``,
-        ``tokens_per_call`` {label: {value, ci_low, ci_high, n}}, ``per_utterance`` {label: {codes, calls}} (sums over
-        the replicates),
-        ``distribution`` (:func:`code_distribution_tests`), ``wer`` (:func:`wer_parity` or ``None``),
-        ``decoders`` (:func:`decoder_info`), ``references``, ``hypotheses`` {label: list}.
+        JSON-able dict: ``language``, ``n_utterances``, ``n_frames``, ``replicates``, ``seconds``, ``asr``, ``unit``,
+        ``tokens_per_call`` {label: {value, ci_low, ci_high, n}}, ``per_utterance`` {label: {codes, calls}},
+        ``distribution`` (:func:`code_distribution_tests`), ``wer`` (:func:`wer_parity` or ``None``), ``decoders``
+        (:func:`decoder_info`), ``references``, ``hypotheses`` {label: list}.
     Raises:
         ValueError: no utterance, no ``"ar"`` decoder, an unknown language.
     """
-    from rvqspec_lib.eval.datasets import get_language, speaking
-    from rvqspec_lib.data.frame_sources import frames_from_utterances
+    from rvqspec_lib.eval.datasets import get_language
 
     lang = get_language(language)
     if REFERENCE not in decoders:
@@ -500,22 +419,14 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
     utts = [as_utterance(u) for u in utterances]
     if not utts:
         raise ValueError(f"no utterance of language {language!r}")
-    with speaking(lm, language) as prompt_language:
-        utts = [type(u)(u.text, u.codes, u.speaker, prompt_language if u.language == "auto" else u.language)
-                for u in utts]
-        frames = frames_from_utterances(lm, utts, progress=progress)
+    utts, frames = _frames(lm, utts, language, progress)
     code0 = torch.cat([u.codes[:, 0] for u in utts])
     cp = lm.code_predictor
     seeds = {NULL_CONTROL: seed + 1}
     runs = decode_runs(cp, frames, decoders, seed=seed, replicates=replicates, seeds=seeds, sampling=sampling,
                        drafter=drafter, batch_size=batch_size, progress=progress)
-    tpc, per_utt = {}, {}
-    ids, inv = torch.unique(frames.utterance, return_inverse=True)
-    for label, run in runs.items():
-        tpc[label] = tokens_per_call(run, frames.utterance, seed=seed)
-        calls = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, run.calls.double().sum(0))
-        per_utt[label] = {"codes": (torch.bincount(inv).double() * run.codes.shape[-1] * replicates).tolist(),
-                          "calls": calls.tolist()}
+    per_utt = {label: per_utterance(run, frames.utterance) for label, run in runs.items()}
+    tpc = {label: S.bootstrap_mean(c["codes"], c["calls"], seed=seed) for label, c in per_utt.items()}
     dist = code_distribution_tests(cp, frames.context, runs, sampling=sampling, alpha=alpha, power_tv=power_tv)
     refs = [u.text for u in utts]
     unit = unit or lang.unit
@@ -536,40 +447,25 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
 def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object], *, codec, asr,
                         unit: str = "word", seed: int = 0, max_frames: int = 300, frame_factor: float = 2.0,
                         batch_size: int = 8, alpha: float = S.ALPHA, progress: bool = False) -> dict:
-    """Free running (talker AND inner loop sampled, from the text alone): WER of every decoder with outliers by
-    length (more than twice the true length, or the frame cap hit) apart, paired against AR.
-
-    Every decoder speaks the same batches (utterances grouped by speaker, at most ``batch_size``) with the same
-    seed per batch. The frame cap of a batch is ``min(max_frames, frame_factor * longest true length + 10)``.
+    """Free running (talker AND inner loop sampled, from the text alone): WER of every decoder paired against AR,
+    outliers by length apart. Every decoder speaks the same batches (by speaker, at most ``batch_size``) with the same
+    seed per batch, capped at ``min(max_frames, frame_factor * longest true length + 10)`` frames.
 
     Returns:
-        ``{"wer": wer_parity(...), "frames": {label: [frames]}, "ended": {label: [bool]}, "true_frames": [...],
-        "hypotheses": {label: [...]}, "codes": {label: [(frames, G) int64 per utterance]}, "decoders":
-        decoder_info(...)}``.
+        ``{"wer", "frames", "ended", "true_frames", "hypotheses", "codes" {label: [(frames, G) int64]}, "decoders"}``.
     """
     us = [as_utterance(u) for u in utterances]
     if REFERENCE not in decoders:
         raise ValueError(f"decoders must include the reference {REFERENCE!r} (AR)")
-    batches = speaker_batches(us, batch_size)
-    sr = int(codec.sample_rate)
-    frames, ended, hyps = {}, {}, {}
-    all_codes = {}
+    frames, ended, hyps, all_codes = {}, {}, {}, {}
     for label, dec in decoders.items():
-        dec = decoder_of(dec)
-        s0 = seed + 1 if label == NULL_CONTROL else seed
-        codes: list = [None] * len(us)
-        fr, en = [0] * len(us), [True] * len(us)
-        for bi, b in enumerate(progress_bar(batches, desc=f"free-running {label}", enabled=progress, unit="batch")):
-            cap = int(min(max_frames, frame_factor * max(us[i].codes.shape[0] for i in b) + 10))
-            runner = frame_runner("official", lm.code_predictor, dec, sampling=inner_sampling(lm))
-            res = synthesize(lm, [us[i].text for i in b], runner=runner, speaker=us[b[0]].speaker,
-                             language=us[b[0]].language, max_frames=cap,
-                             generator=torch.Generator().manual_seed(_seed(s0, bi)))
-            for j, i in enumerate(b):
-                codes[i], fr[i], en[i] = res.codes[j], int(res.frames[j]), bool(res.ended[j])
-        wavs = [codes_to_audio(codec, c) for c in codes]
-        hyps[label] = transcribe_all(asr, wavs, sr, desc=f"asr free {label}", progress=progress)
-        frames[label], ended[label], all_codes[label] = fr, en, codes
+        spoken = free_running_codes(lm, us, max_frames=max_frames, frame_factor=frame_factor, batch_size=batch_size,
+                                    seed=seed + 1 if label == NULL_CONTROL else seed, decoder=decoder_of(dec),
+                                    paired=True, progress=progress, desc=f"free-running {label}")
+        all_codes[label] = [f["codes"] for f in spoken]
+        frames[label], ended[label] = [f["frames"] for f in spoken], [f["ended"] for f in spoken]
+        hyps[label] = transcribe_all(asr, [codes_to_audio(codec, c) for c in all_codes[label]],
+                                     int(codec.sample_rate), desc=f"asr free {label}", progress=progress)
     true = [int(u.codes.shape[0]) for u in us]
     w = wer_parity(hyps, [u.text for u in us], unit=unit, lengths=frames, ref_lengths=true,
                    capped={k: [not e for e in v] for k, v in ended.items()}, alpha=alpha, seed=seed)
@@ -580,27 +476,17 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
 # ----------------------------------------------------------------------------------------------------------------
 # tables
 # ----------------------------------------------------------------------------------------------------------------
-#: The fields every row of a decoder's result tables starts with (:func:`decoder_fields`).
-ROW_FIELDS = ("decoder", "kind", "drafter", "nodes", "lossy", "sampled")
-
-
-def row_fields(info: Mapping) -> dict:
-    """The leading fields of a result row from a decoder's entry of :func:`decoder_info` (:data:`ROW_FIELDS`)."""
-    return {k: info.get(k) for k in ROW_FIELDS}
-
-
 def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dict]:
-    """Table 3 analogue: one row per (language, decoder), keyed by the decoder's fields (:data:`ROW_FIELDS`; the
-    lossy control has ``lossy`` true and its label says ``lossy``): tokens per call with its interval, the difference
-    to the same decoder on English sentences (bootstrap over utterances of both), the code-distribution verdict
-    against AR with its power at the stated shift, and WER/CER (with the paired difference to AR) where a recogniser
-    ran (``wer_note`` says why not)."""
+    """Table 3 analogue: one row per (language, decoder), keyed by :data:`ROW_FIELDS`: tokens per call with its
+    interval, its difference to English (bootstrap over both utterance sets), the code-distribution verdict with its
+    power, and WER/CER with the paired difference to AR where a recogniser ran (``wer_note`` says why not).
+    """
     rows = []
     en = results.get(english)
     for lang, res in results.items():
         for label, tpc in res["tokens_per_call"].items():
             info = res["decoders"][label]
-            row = {"language": lang, **row_fields(info), "lossless": info["lossless"],
+            row = {"language": lang, **{k: info.get(k) for k in ROW_FIELDS}, "lossless": info["lossless"],
                    "tokens_per_call": tpc["value"], "tpc_ci_low": tpc["ci_low"], "tpc_ci_high": tpc["ci_high"],
                    "n_utterances": res["n_utterances"], "n_frames": res["n_frames"]}
             if en is not None and lang != english and label in en["per_utterance"]:
@@ -630,26 +516,21 @@ def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dic
 
 
 def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: float = 0.9) -> list[dict]:
-    """Which test flagged which decoder, in EVERY language of ``results``: the code-distribution test, the inner-loop
-    WER difference (where a recogniser ran) and, for English, the free-running WER difference. A lossless decoder
-    should be flagged by none (a flag is a false alarm at the stated level, or a bug); the lossy control should be
-    caught by at least one.
-
-    Where a decoder is not flagged, the row says what the design could have detected: the code shift found with
-    power ``power`` at this sample size (``detectable_tv``), the samples per decoder and depth needed for the largest
-    shift observed (``samples_needed_code``; lossy decoders), the WER difference found with power 0.8
-    (``wer_mde80``) and the utterances needed for the difference observed (``sentences_needed``).
+    """Which test flagged which decoder in every language: the code-distribution test, the inner-loop WER difference
+    and, for English, the free-running one. A lossless decoder should be flagged by none, the lossy control by one.
+    Unflagged rows say what the design could have detected (``detectable_tv`` at ``power``, ``samples_needed_code``,
+    ``wer_mde80``, ``sentences_needed``).
 
     Returns:
-        one row per (language, decoder other than AR): the decoder's fields (:data:`ROW_FIELDS`), ``lossless``,
-        ``code_test``, ``code_min_p_holm``, ``code_at``, ``level`` (one depth's test), ``alpha`` (family-wise),
-        ``n_per_sample`` (codes per depth and decoder), ``power_at_tv``, ``power_tv``, ``detectable_tv``,
-        ``max_tv_observed``; WER columns where measured; ``flagged_by`` (``"none"`` or the tests, comma-separated).
+        one row per (language, decoder other than AR): :data:`ROW_FIELDS`, ``lossless``, ``code_test``,
+        ``code_min_p_holm``, ``code_at``, ``level``, ``alpha``, ``n_per_sample``, ``power_at_tv``, ``power_tv``,
+        ``detectable_tv``, ``max_tv_observed``, WER columns where measured, ``flagged_by``.
     """
     rows = []
     for lang, res in results.items():
         for label, summ in res["distribution"]["summary"].items():
-            row = {"language": lang, **row_fields(res["decoders"][label]), "lossless": summ["lossless"],
+            info = res["decoders"][label]
+            row = {"language": lang, **{k: info.get(k) for k in ROW_FIELDS}, "lossless": summ["lossless"],
                    "code_test": "flagged" if summ["rejected"] else "not flagged", "code_min_p_holm": summ["min_p_holm"],
                    "code_at": summ["at"], "level": summ["level"], "alpha": summ["alpha"],
                    "n_per_sample": summ["n_per_sample"], "power_at_tv": summ["power_rank"],
@@ -686,33 +567,22 @@ def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: fl
 @torch.no_grad()
 def inner_loop_codes(lm, utterance, decoders: Mapping[str, object], *, language: str = "en", seed: int = 0,
                      sampling: Sampling | None = None, drafter=None) -> dict[str, torch.Tensor]:
-    """One utterance's codes as each decoder makes them on its TRUE code 0: the talker teacher-forced over the true
-    codes (one pass), then every decoder generates codes 1..n of every frame with the SAME generator seed, so the
-    inner loop is the only difference between them (a listening example; :func:`codes_to_audio` makes it audio).
+    """One utterance's codes as each decoder makes them on its TRUE code 0, every decoder with the SAME generator seed
+    (the inner loop the only difference: a listening example).
 
-    Args:
-        utterance: text + true codes (:class:`~rvqspec_lib.data.teacher.Utterance`). decoders: ``{label: decoder or
-            NamedDecoder}``. language: ISO code (the text front end, :func:`rvqspec_lib.eval.datasets.speaking`).
-        seed: one seed for every decoder. sampling / drafter: as :func:`decode_runs`.
     Returns:
-        ``{label: (frames, 1 + n) int64}``: the true code 0 beside the decoder's codes 1..n.
+        ``{label: (frames, 1 + n) int64}``.
     Raises:
         ValueError: no decoder, an unknown language.
     """
-    from rvqspec_lib.data.frame_sources import frames_from_utterances
-    from rvqspec_lib.eval.datasets import speaking
-
-    u = as_utterance(utterance)
-    with speaking(lm, language) as prompt_language:
-        u = type(u)(u.text, u.codes, u.speaker, prompt_language if u.language == "auto" else u.language)
-        frames = frames_from_utterances(lm, [u])
+    (u,), frames = _frames(lm, [as_utterance(utterance)], language)
     runs = decode_runs(lm.code_predictor, frames, decoders, seed=seed, sampling=sampling, drafter=drafter,
                        batch_size=max(len(frames), 1))
     return {label: utterance_codes(u.codes[:, 0], run.codes[0], frames.utterance)[0] for label, run in runs.items()}
 
 
 __all__ = ["verdicts", "REFERENCE", "NULL_CONTROL", "ROW_FIELDS", "best_chain_window", "decoder_of", "decoder_fields",
-           "decoder_info", "row_fields", "DecodeRun", "decode_runs", "tokens_per_call", "verifier_ranks",
+           "decoder_info", "DecodeRun", "decode_runs", "per_utterance", "tokens_per_call", "verifier_ranks",
            "code_distribution_tests", "utterance_codes", "codes_to_audio", "transcribe_all", "error_rates",
            "wer_parity", "true_codes_wer", "standard_decoders", "calibration_rows", "evaluate_language",
            "free_running_parity", "table3_rows", "inner_loop_codes"]

@@ -325,15 +325,10 @@ class LearningRateSweep:
 
 def sweep_learning_rates(new_drafter, code_predictor, train: Frames, val: Frames, *, lrs, label: str | None = None,
                          **train_kwargs) -> LearningRateSweep:
-    """Train a fresh drafter at each learning rate and keep the run of highest :func:`validation_acceptance` (ties:
-    the earlier rate). A rate too large overshoots at once and early stopping keeps the untrained epoch 0, which
-    would read as "this loss cannot help": the rate is chosen on validation, never on evaluation.
-
-    Args:
-        new_drafter: ``() -> drafter``, a fresh untrained drafter per run.
-        code_predictor, train, val: as :func:`train_drafter` (``val`` required).
-        lrs: the rates to try, in order (``None``: :data:`DEFAULT_LR`'s). label: the rows' ``drafter`` column.
-        **train_kwargs: passed to :func:`train_drafter`.
+    """Train a fresh drafter (``new_drafter()``) at each of ``lrs`` (``None``: :data:`DEFAULT_LR`'s) and keep the run
+    of highest :func:`validation_acceptance`, ties the earlier rate: a rate too large keeps the untrained epoch 0, so
+    the rate is chosen on validation (``val`` required), never on evaluation. ``label``: the rows' ``drafter`` column;
+    ``train_kwargs`` go to :func:`train_drafter`.
 
     Returns:
         :class:`LearningRateSweep`.
@@ -428,19 +423,13 @@ class TrainedDrafters:
 
 def train_drafters(code_predictor, plan, train: Frames, val: Frames, *, K: int, lrs: dict | None = None,
                    progress: bool = False, **train_kwargs) -> TrainedDrafters:
-    """Train several drafters on the same frames, each at the learning rate its validation acceptance picks
-    (:func:`sweep_learning_rates`), in the order of ``plan``.
-
-    Args:
-        plan: ``{label: (drafter name, loss)}`` (e.g. :data:`TABLE2_DRAFTERS`, or a part of it); each run starts
-            from a fresh drafter (``make_drafter(name, cp, fresh=True, K=K)``: zero offsets, Medusa heads copied
-            from the LM heads, both equal to the reused heads at epoch 0).
-        lrs: ``{label: [rates]}`` to try (a label not given: ``[None]``, the drafter's :data:`DEFAULT_LR`).
-        **train_kwargs: passed to :func:`train_drafter` (sampling, batch_size, max_epochs, patience, seed, ...).
+    """Train several drafters (``plan``: ``{label: (drafter name, loss)}``, e.g. :data:`TABLE2_DRAFTERS`) on the same
+    frames in order, each from a fresh drafter (``make_drafter(name, cp, fresh=True, K=K)``: equal to the reused heads
+    at epoch 0) at the rate its validation acceptance picks among ``lrs[label]`` (default ``[None]``:
+    :data:`DEFAULT_LR`'s; :func:`sweep_learning_rates`); ``train_kwargs`` go to :func:`train_drafter`.
 
     Returns:
         :class:`TrainedDrafters`.
-
     Raises:
         ValueError: an empty plan, an unknown drafter or loss (before any training).
     """

@@ -94,7 +94,6 @@ dataset_splits = ("train", "validation", "test")  # its training / validation / 
 
 # %%
 import json
-import re
 import time
 from pathlib import Path
 
@@ -149,11 +148,6 @@ params = dict(notebook="03_training_offsets", model=model, seed=seed, smoke=bool
               medusa_dir=medusa_dir, dataset=dataset, codec=codec, dataset_splits=list(dataset_splits))
 timings = {}
 
-
-def offset_t(rows):
-    """The library's rows with their draft-offset columns named by the prose's letter, t (j is a depth in the
-    frame): ``offset_j`` -> ``offset_t``, ``difference_j1`` -> ``difference_t1``, ``val_acceptance_j1`` -> ..."""
-    return [{re.sub(r"_j(\d*)$", r"_t\1", k): v for k, v in r.items()} for r in rows]
 
 
 # the model: "embedded", a model folder, or a build folder holding model/ and utterances.safetensors; a real
@@ -270,7 +264,7 @@ lr_table
 # paper's purple, Medusa heads), one marker and line style per loss.
 
 # %%
-curve_rows = offset_t(run.curve_rows())
+curve_rows = run.curve_rows()
 fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
 for label, res in run.results.items():
     ep = [c["epoch"] for c in res.curve]
@@ -357,13 +351,11 @@ results = T.evaluate_drafters(cp, drafters, eval_frames, sampling=sampling, seed
 timings["evaluate_s"] = time.perf_counter() - t0
 save_json(results, out / "03_acceptance.json", prov)
 tables = T.acceptance_tables(results, K=K)
-lib_by_offset = tables["by_offset"]  # the library's rows, as its plot reads them (offset column `offset_j`)
-tables = {k: offset_t(v) for k, v in tables.items()}  # the offset column named by the prose's letter, t
 save_table(tables["by_depth"], out / "03_acceptance_by_depth", prov)
 save_table(tables["by_offset"], out / "03_acceptance_by_offset", prov)
 save_table(tables["rank"], out / "03_rank_acceptance", prov)
 offsets_labels = [lab for lab in drafters if lab == "heads" or T.drafter_family(lab) == "offsets"]
-fig = plot_acceptance_by_offset(lib_by_offset, max_offset=K, drafters=offsets_labels,
+fig = plot_acceptance_by_offset(tables["by_offset"], max_offset=K, drafters=offsets_labels,
                                 title=f"Acceptance by draft offset: reused heads vs position-aware offsets "
                                       f"({run_model}, {len(eval_frames)} evaluation frames, "
                                       f"{sampling_words(sampling)})")
@@ -490,7 +482,7 @@ display(Markdown(
 # `chain4_gain` turns it into tokens per call of a chain of window 4, measured.
 
 # %%
-margin = offset_t(T.margin_rows(cp, drafters, eval_frames, n_ahead=K, sampling=sampling, results=results))
+margin = T.margin_rows(cp, drafters, eval_frames, n_ahead=K, sampling=sampling, results=results)
 save_table(margin, out / "03_margin", prov)
 m_by = {r["drafter"]: r for r in margin}
 real = [r["drafter"] for r in margin if r["ci95_low"] > 0]
@@ -525,7 +517,6 @@ pd.DataFrame(margin)
 t0 = time.perf_counter()
 headroom, headroom_table = T.headroom_rows(cp, drafters, eval_frames, n_frames=headroom_frames,
                                            samples=headroom_samples, n_ahead=K, sampling=sampling, seed=seed)
-headroom_table = offset_t(headroom_table)
 timings["headroom_s"] = time.perf_counter() - t0
 save_table(headroom_table, out / "03_headroom", {**prov, "frames": headroom["n_frames"],
                                                  "samples": headroom["samples"]})

@@ -160,7 +160,7 @@ def test_margin_of_a_drafter_against_itself_is_zero(tiny, drafters, frames, meas
         assert r["ci95_low"] <= r["difference"] <= r["ci95_high"] and r["n_utterances"] == 4 and r["n_frames"] == 12
         assert r["chain4_gain"] == pytest.approx(results[r["drafter"]]["tokens_per_call"]["chain:4"]
                                                  - results["heads"]["tokens_per_call"]["chain:4"])
-        assert [k for k in r if k.startswith("difference_j")] == ["difference_j1", "difference_j2", "difference_j3"]
+        assert [k for k in r if k.startswith("difference_t")] == ["difference_t1", "difference_t2", "difference_t3"]
     with pytest.raises(ValueError, match="baseline"):
         T.margin_rows(cp, {"offsets-ce": drafters["offsets-ce"]}, frames)
 
@@ -172,7 +172,7 @@ def test_headroom_rows_are_seeded_and_bounded(tiny, drafters, frames):
     again, _ = T.headroom_rows(cp, drafters, frames, seed=3, **kw)
     other, _ = T.headroom_rows(cp, drafters, frames, seed=4, **kw)
     assert hr == again and hr != other and hr["n_frames"] == 4
-    assert [r["offset_j"] for r in rows] == [1, 2] and "offsets-tv_captured" in rows[0]
+    assert [r["offset_t"] for r in rows] == [1, 2] and "offsets-tv_captured" in rows[0]
     for lab, acc in hr["drafters"].items():
         assert all(a <= c + 1e-9 for a, c in zip(acc, hr["ceiling"])), lab
 
@@ -187,7 +187,7 @@ def test_acceptance_tables_and_chain_windows_come_from_the_results(measured, dra
                                        for row in results[lab]["exact"]["alpha"]], max_offset=3)
         assert [r[lab] for r in tables["by_depth"]] == pytest.approx(list(depth[2:]), nan_ok=True)
     rank = tables["rank"]
-    assert len(rank) == 3 * len(drafters) and {r["offset_j"] for r in rank} == {1, 2, 3}
+    assert len(rank) == 3 * len(drafters) and {r["offset_t"] for r in rank} == {1, 2, 3}
     for r in rank:  # a point-mass draft of rank r is kept with E[p(x_r)]: summed over ranks, at most 1
         ranks = [r[k] for k in r if k.startswith("rank")]
         assert r["top_ranks_total"] == pytest.approx(sum(ranks)) and r["top_ranks_total"] <= 1 + 1e-9
@@ -227,8 +227,8 @@ def test_train_drafters_trains_the_plan_and_refuses_a_bad_one(tiny, frames):
     assert run.drafters["medusa-tv"].provenance["loss"] == "tv"
     curve = run.curve_rows()
     assert {r["drafter"] for r in curve} == set(plan) and {r["epoch"] for r in curve} == {0, 1}
-    assert set(curve[0]) == {"drafter", "epoch", "train_loss", "val_loss", "val_acceptance_j1", "val_acceptance_j2",
-                             "val_acceptance_j3", "wall_s"}
+    assert set(curve[0]) == {"drafter", "epoch", "train_loss", "val_loss", "val_acceptance_t1", "val_acceptance_t2",
+                             "val_acceptance_t3", "wall_s"}
     for bad in ({}, {"x": ("offsets", "mse")}, {"x": ("heads", "ce")}):
         with pytest.raises(ValueError):
             train_drafters(cp, bad, train, val, K=3)

@@ -134,8 +134,8 @@ def test_headroom_table_rows_by_offset():
     hr = {"offsets": [1, 2], "ceiling": [0.95, 0.9], "marginal": [0.9, 0.8], "samples": 4, "n_frames": 3,
           "drafters": {"heads": [0.8, 0.6], "offsets": [0.82, 0.7], "medusa": [0.9, 0.5]}}
     rows = headroom_table(hr)
-    assert [r["offset_j"] for r in rows] == [1, 2]
-    assert list(rows[0]) == ["offset_j", "ceiling", "marginal", "heads", "offsets", "offsets_captured", "medusa",
+    assert [r["offset_t"] for r in rows] == [1, 2]
+    assert list(rows[0]) == ["offset_t", "ceiling", "marginal", "heads", "offsets", "offsets_captured", "medusa",
                              "medusa_captured"]
     assert rows[0]["offsets_captured"] == (0.82 - 0.8) / (0.9 - 0.8) and rows[0]["medusa_captured"] == 1.0
     assert rows[1]["offsets_captured"] == (0.7 - 0.6) / (0.8 - 0.6)

@@ -72,7 +72,7 @@ def test_figures_1_to_3_draw_from_their_inputs(cp):
     call = record_verify_calls(cp, _context(cp), Tree(PATHS))[1]
     fig = plots.plot_tree_and_mask(PATHS, call, title="t")
     assert fig.axes[1].images[0].get_array().shape == (len(PATHS) + 1, 2 + len(PATHS) + 1)
-    by_offset = [{"offset_j": j, "heads": 0.9 - 0.1 * j, "offsets-ce": 0.92 - 0.1 * j} for j in (1, 2, 3, 4)]
+    by_offset = [{"offset_t": j, "heads": 0.9 - 0.1 * j, "offsets-ce": 0.92 - 0.1 * j} for j in (1, 2, 3, 4)]
     fig = plots.plot_acceptance_by_offset(by_offset, max_offset=3, drafters=["heads", "offsets-ce"])
     gain = fig.axes[1].lines[0].get_ydata()
     assert gain == pytest.approx([0.02] * 4)

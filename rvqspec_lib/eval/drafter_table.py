@@ -226,7 +226,7 @@ def margin_rows(code_predictor, drafters: Mapping[str, object], frames: Frames, 
 
     Returns:
         one row per drafter but the baseline: ``drafter``, ``acceptance_heads``, ``acceptance_drafter``,
-        ``difference``, ``ci95_low``, ``ci95_high``, ``p_value``, ``n_utterances``, ``n_frames``, ``difference_j1`` ..,
+        ``difference``, ``ci95_low``, ``ci95_high``, ``p_value``, ``n_utterances``, ``n_frames``, ``difference_t1`` ..,
         ``chain4_gain``.
     Raises:
         ValueError: ``baseline`` not among the drafters; fewer than 2 utterances.
@@ -242,7 +242,7 @@ def margin_rows(code_predictor, drafters: Mapping[str, object], frames: Frames, 
         row = {"drafter": label, "acceptance_heads": m["mean_a"], "acceptance_drafter": m["mean_b"],
                "difference": m["difference"], "ci95_low": m["ci_low"], "ci95_high": m["ci_high"],
                "p_value": m["p_value"], "n_utterances": m["n_utterances"], "n_frames": m["n_frames"],
-               **{f"difference_j{j + 1}": v for j, v in enumerate(m["difference_by_offset"])}}
+               **{f"difference_t{j + 1}": v for j, v in enumerate(m["difference_by_offset"])}}
         if results is not None:
             key = f"chain:{MARGIN_CHAIN}"
             row[f"chain{MARGIN_CHAIN}_gain"] = (results[label]["tokens_per_call"][key]
@@ -275,7 +275,7 @@ def acceptance_tables(results: Mapping[str, dict], *, K: int) -> dict[str, list[
     Returns:
         ``{"by_depth": rows, "by_offset": rows, "rank": rows}``: ``by_depth``, one row per drafted depth d = 2..n
         (``depth``, then one column per drafter: the acceptance of a sampled draft of depth d, offsets j <= K
-        pooled); ``by_offset``, one row per draft offset j (``offset_j``, one column per drafter, start depths
+        pooled); ``by_offset``, one row per draft offset t (``offset_t``, one column per drafter, start depths
         pooled; past K every drafter uses the reused head); ``rank``, one row per (drafter, offset j <= K):
         ``sampled`` (the acceptance of a sampled draft), ``rank0`` .. (the target mass E[p(x_r)] of the draft's
         rank-r code: the chance a point-mass draft of rank r is kept) and ``top_ranks_total``.
@@ -284,7 +284,7 @@ def acceptance_tables(results: Mapping[str, dict], *, K: int) -> dict[str, list[
     first = results[labels[0]]
     n = int(first["n_codes"])
     by_depth = [{"depth": d} for d in range(2, n + 1)]
-    by_offset = [{"offset_j": j + 1} for j in range(len(first["exact"]["alpha_by_offset"]))]
+    by_offset = [{"offset_t": j + 1} for j in range(len(first["exact"]["alpha_by_offset"]))]
     rank = []
     for lab in labels:
         ex = results[lab]["exact"]
@@ -295,7 +295,7 @@ def acceptance_tables(results: Mapping[str, dict], *, K: int) -> dict[str, list[
             row[lab] = v
         mass = _floats_2d(ex["rank_mass_by_offset"])  # (K_eval, R)
         for j in range(min(K, mass.shape[0])):
-            rank.append({"drafter": lab, "offset_j": j + 1, "sampled": ex["alpha_by_offset"][j],
+            rank.append({"drafter": lab, "offset_t": j + 1, "sampled": ex["alpha_by_offset"][j],
                          **{f"rank{r}": float(mass[j, r]) for r in range(mass.shape[1])},
                          "top_ranks_total": float(np.nansum(mass[j]))})
     return {"by_depth": by_depth, "by_offset": by_offset, "rank": rank}

@@ -152,7 +152,7 @@ def captured_share(drafter, heads, marginal):
 
 
 def headroom_table(headroom: dict, baseline: str = "heads") -> list[dict]:
-    """:func:`drafter_headroom`'s result as one row per offset j: ``offset_j``, ``ceiling``, ``marginal``, each
+    """:func:`drafter_headroom`'s result as one row per offset t: ``offset_t``, ``ceiling``, ``marginal``, each
     drafter's acceptance, and ``<label>_captured`` (:func:`captured_share` against ``baseline``) for the others.
 
     Raises:
@@ -166,7 +166,7 @@ def headroom_table(headroom: dict, baseline: str = "heads") -> list[dict]:
               if lab != baseline}
     rows = []
     for j, off in enumerate(headroom["offsets"]):
-        row = {"offset_j": off, "ceiling": headroom["ceiling"][j], "marginal": headroom["marginal"][j]}
+        row = {"offset_t": off, "ceiling": headroom["ceiling"][j], "marginal": headroom["marginal"][j]}
         for lab, acc in accs.items():
             row[lab] = acc[j]
             if lab != baseline:

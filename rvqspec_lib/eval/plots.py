@@ -385,7 +385,7 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
     """The paper's Figure 3 here: acceptance by draft offset for the reused heads and the offsets drafters.
 
     Args:
-        rows: one dict per offset with ``offset_j`` and one acceptance column per drafter (the
+        rows: one dict per offset with ``offset_t`` and one acceptance column per drafter (the
             ``03_acceptance_by_offset`` table). max_offset: ``K``, the offsets the drafters were trained for (past it
             every drafter uses the reused head; shaded). drafters: the columns drawn, ``"heads"`` first.
         title: figure title.
@@ -398,8 +398,8 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
     """
     import matplotlib.pyplot as plt
 
-    rows = sorted(rows, key=lambda r: r["offset_j"])
-    j = [int(r["offset_j"]) for r in rows]
+    rows = sorted(rows, key=lambda r: r["offset_t"])
+    j = [int(r["offset_t"]) for r in rows]
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
     for lab in drafters:
         acc = [float(r[lab]) for r in rows]

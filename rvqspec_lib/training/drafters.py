@@ -415,9 +415,9 @@ class TrainedDrafters:
 
     def curve_rows(self) -> list[dict]:
         """One row per (drafter, epoch) of the chosen runs: ``drafter``, ``epoch``, ``train_loss``, ``val_loss``,
-        ``val_acceptance_j1`` .. (exact, per offset), ``wall_s`` (time since the run started: a timing)."""
+        ``val_acceptance_t1`` .. (exact, per offset), ``wall_s`` (time since the run started: a timing)."""
         return [{"drafter": label, "epoch": c["epoch"], "train_loss": c["train_loss"], "val_loss": c["val_loss"],
-                 **{f"val_acceptance_j{j + 1}": a for j, a in enumerate(c["val_acceptance_by_offset"])},
+                 **{f"val_acceptance_t{j + 1}": a for j, a in enumerate(c["val_acceptance_by_offset"])},
                  "wall_s": c["elapsed_s"]} for label, res in self.results.items() for c in res.curve]
 
 

@@ -11,7 +11,7 @@ is how the cost of one call grows with ``Q`` (the verify cost curve ``t(Q) / t(1
 What :func:`bench_model` times, every call each round of ONE interleaved run
 (:func:`rvqspec_lib.eval.timing.interleaved`; docs/style.md#benchmarks):
 
-* the talker step (:func:`talker_step_call`): ``talker.model`` on ONE new position after a KV prefix of
+* the talker step (:func:`rvqspec_lib.eval.talker_bench.official_step`): ``talker.model`` on ONE new position after a KV prefix of
   ``talker_context`` positions (MRoPE position ids of shape ``(3, 1, 1)``), then ``codec_head`` -> ``(1, 3072)``
   logits; the cache is cropped back after every call, outside the clock;
 * the code-predictor call of ``Q`` query positions (:func:`rvqspec_lib.eval.speed.verify_call`, ``whole=True``): the
@@ -20,7 +20,7 @@ What :func:`bench_model` times, every call each round of ONE interleaved run
   committed slots, and one head's logits of all ``Q`` positions -> ``(Q, 2048)``. A verify round applies a different
   head per depth; the matmul cost is the same;
 * with ``native=True``, the same pair through the native forward: the talker step through
-  :class:`~rvqspec_lib.models.native_talker.NativeTalker` (:func:`native_talker_step_call`) and the code-predictor
+  :class:`~rvqspec_lib.models.native_talker.NativeTalker` (:func:`rvqspec_lib.eval.talker_bench.native_step`) and the code-predictor
   calls through the ``native`` verify backend.
 
 Timing depends on the architecture, not on the weights: the real-size random models give real latencies but their
@@ -37,12 +37,12 @@ import copy
 from typing import Iterable, Sequence
 
 import torch
-from transformers import DynamicCache
 
 from rvqspec_lib.eval.acceptance import decoder_statistics
 from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms, talker_step_bytes
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import PREFIX_LEN, QUERY_SIZES, verify_call
+from rvqspec_lib.eval.talker_bench import native_step, official_step
 from rvqspec_lib.eval.timing import bandwidth_around, cpu_oversubscribed, device_sync, interleaved
 from rvqspec_lib.models.backends import BACKENDS, available, check_available, verify_backend
 from rvqspec_lib.models.named_decoders import resolve_all
@@ -64,8 +64,6 @@ TALKER = "talker"
 #: The second pair of :func:`bench_model` (``native=True``): the native talker step and the native verify backend,
 #: keyed ``(NATIVE, TALKER)`` and ``(NATIVE, Q)``.
 NATIVE = "native"
-#: Scale of the random talker inputs (the size of real talker inputs; as :mod:`rvqspec_lib.eval.talker_bench`).
-TALKER_EMBED_SCALE = 0.02
 
 
 def _query_sizes(query_sizes: Iterable[int]) -> list[int]:
@@ -92,86 +90,6 @@ def _rows(t, keys: Sequence, base_key=None) -> list[dict]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The two loops' calls
-# ----------------------------------------------------------------------------------------------------------------------
-def _talker_inputs(lm, talker_context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The random talker inputs of a timed step, float32 on the CPU: ``talker_context`` cached positions
-    ``(1, C, H)`` and the one new position ``(1, 1, H)``, from a generator seeded ``seed`` (timing only).
-
-    Raises:
-        ValueError: ``talker_context < 1``.
-    """
-    if talker_context < 1:
-        raise ValueError(f"talker_context must be >= 1, got {talker_context}")
-    gen = torch.Generator().manual_seed(seed)
-    hidden = int(lm.talker.config.hidden_size)
-    ctx = torch.randn(1, talker_context, hidden, generator=gen) * TALKER_EMBED_SCALE  # (1, C, H)
-    step = torch.randn(1, 1, hidden, generator=gen) * TALKER_EMBED_SCALE  # (1, 1, H)
-    return ctx, step
-
-
-def talker_step_call(lm, *, talker_context: int = TALKER_CONTEXT, seed: int = 0):
-    """One talker step as a closure, and the reset that crops its cache back (to run outside the clock).
-
-    Inputs are random embeddings ``(1, L, talker_hidden)`` (:func:`_talker_inputs`; timing only); the MRoPE
-    position ids have shape ``(3, 1, L)`` with the same ids on all three axes, as for speech positions.
-
-    Returns:
-        ``(call, reset)``: ``call(round) -> (1, vocab)`` logits of ONE new position after ``talker_context`` cached
-        ones; ``reset()`` crops the cache back to them.
-
-    Raises:
-        ValueError: ``talker_context < 1``.
-    """
-    talker = lm.talker
-    p0 = next(talker.parameters())
-    ctx, step = (x.to(p0) for x in _talker_inputs(lm, talker_context, seed))
-    cache = DynamicCache()
-    pos_ctx = torch.arange(talker_context, device=p0.device).view(1, 1, -1).expand(3, 1, -1)  # (3, 1, C)
-    pos_step = torch.full((3, 1, 1), talker_context, dtype=torch.long, device=p0.device)  # (3, 1, 1)
-    mask = torch.ones(1, talker_context + 1, dtype=torch.long, device=p0.device)  # (1, C + 1)
-    with torch.inference_mode():
-        talker.model(inputs_embeds=ctx, past_key_values=cache, use_cache=True,
-                     attention_mask=mask[:, :talker_context], position_ids=pos_ctx)
-
-    def call(_round: int = 0):
-        with torch.inference_mode():
-            out = talker.model(inputs_embeds=step, past_key_values=cache, use_cache=True, attention_mask=mask,
-                               position_ids=pos_step)
-            return talker.codec_head(out.last_hidden_state[:, -1])  # (1, vocab)
-
-    return call, lambda: cache.crop(talker_context)
-
-
-def native_talker_step_call(lm, *, talker_context: int = TALKER_CONTEXT, seed: int = 0):
-    """:func:`talker_step_call` through the native talker (:class:`~rvqspec_lib.models.native_talker.NativeTalker`:
-    the step as one C call over packed copies of the weights, docs/precision.md#the-native-talker), on the same
-    inputs; its KV cache holds ``talker_context + 1`` positions.
-
-    Returns:
-        ``(call, reset)`` as :func:`talker_step_call`'s.
-
-    Raises:
-        ValueError: ``talker_context < 1``; a talker the native forward does not run (off the CPU, another precision).
-        RuntimeError: the C library cannot be built here.
-    """
-    ctx, step = _talker_inputs(lm, talker_context, seed)
-    nt = NativeTalker(lm.talker, max_context=talker_context + 1)
-    ctx, step = ctx.to(nt.dtype), step.to(nt.dtype)
-    cache = nt.new_cache(1, talker_context + 1)
-    nt.use_cache(cache)
-    with torch.inference_mode():
-        nt.extend(ctx)
-
-    def call(_round: int = 0):
-        with torch.inference_mode():
-            nt.use_cache(cache)
-            return nt.logits(nt.step(step)[:, -1])  # (1, vocab)
-
-    return call, lambda: cache.crop(talker_context)
-
-
 def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
                 talker_context: int = TALKER_CONTEXT, backend: str = "official", native: bool = False,
                 warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
@@ -185,7 +103,7 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
             ratios). talker_context: KV positions before the talker step. backend: the verify backend of the
             code-predictor call (:data:`rvqspec_lib.models.backends.BACKENDS`); the talker step is the official one.
         native: also time the native pair in the same interleaved run: the talker step through
-            :func:`native_talker_step_call` and the code-predictor calls through the ``native`` verify backend (both
+            :func:`rvqspec_lib.eval.talker_bench.native_step` and the code-predictor calls through the ``native`` verify backend (both
             one C call over packed copies of the weights; CPU only).
         warmup, repeats, seed, progress, noise_target, max_repeats: :func:`~rvqspec_lib.eval.timing.interleaved`'s
             (``seed`` seeds the random inputs too; the global RNG is not touched).
@@ -216,7 +134,7 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
     if native and backend == NATIVE:
         raise ValueError("backend='native' already times the native code predictor: give native=True with another "
                          "backend (the official one), or drop it")
-    step, crop = talker_step_call(lm, talker_context=talker_context, seed=seed)
+    step, crop = official_step(lm.talker, talker_context, seed=seed)
     be = verify_backend(backend, cp)
     conds = {TALKER: step, **{q: verify_call(cp, be, q, prefix_len, seed, whole=True) for q in qs}}
     resets = {TALKER: crop}
@@ -224,7 +142,8 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
         ok, why = available(NATIVE, precision_of(cp), device.type)
         if not ok:
             raise ValueError(f"native=True: the native forward is absent here ({why})")
-        n_step, n_crop = native_talker_step_call(lm, talker_context=talker_context, seed=seed)
+        n_step, n_crop = native_step(NativeTalker(lm.talker, max_context=talker_context + 1), talker_context,
+                                     seed=seed)
         n_be = verify_backend(NATIVE, cp)
         conds.update({(NATIVE, TALKER): n_step,
                       **{(NATIVE, q): verify_call(cp, n_be, q, prefix_len, seed, whole=True) for q in qs}})

@@ -42,7 +42,6 @@ import gc
 import math
 import os
 import statistics
-import time
 from typing import Sequence
 
 import torch
@@ -57,7 +56,8 @@ from rvqspec_lib.eval.codec_stream_bench import matmul_flops_per_frame, peak_gfl
 from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms, talker_step_bytes
 from rvqspec_lib.eval.replay import default_acceptance
 from rvqspec_lib.eval.speed import random_contexts
-from rvqspec_lib.eval.timing import bandwidth_around, interleaved, oversubscribed_note, summary
+from rvqspec_lib.eval.talker_bench import native_step
+from rvqspec_lib.eval.timing import Phases, bandwidth_around, interleaved, oversubscribed_note, summary
 from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
 from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_fields, verify_backend
 from rvqspec_lib.models.configs import build_codec_decoder
@@ -76,8 +76,6 @@ ROWS = ("AR", "best speculative", "auto")
 TEXT = "The weather is fine today, and we are going for a long walk by the river."
 #: Talker positions cached before the timed step: a prompt and a few seconds of speech.
 CONTEXT = 96
-#: Scale of the random talker inputs of the timed step (the size of real talker inputs).
-EMBED_SCALE = 0.02
 #: Frames pushed before the codec is timed: past the released decoder's 72-frame attention window.
 CODEC_WARMUP_FRAMES = 80
 #: Frames a chunk holds in the table's streams (2: the codec's per-frame cost falls with the chunk, the first audio
@@ -149,12 +147,12 @@ class Setup:
 
     def runner(self, key: str, fused: bool):
         """The frame runner of decoder ``key`` (a label of :attr:`named`) through the native forward; a replay's
-        stepped runner replays the oracle and streams placeholder codes (:class:`PlaceholderCodes`)."""
-        cp = self.lm.code_predictor
-        if fused:
-            return frame_runner("native", cp, self.named[key], fused=True, verify=self.verify)
-        r = frame_runner("native", cp, self.named[key], verify=self.verify, acceptance=self.oracle)
-        return PlaceholderCodes(r) if self.oracle is not None else r
+        stepped SPECULATIVE runner replays the oracle and streams placeholder codes (:class:`PlaceholderCodes`): AR
+        accepts nothing, so it runs as it is and carries no replay label."""
+        cp, nd = self.lm.code_predictor, self.named[key]
+        if fused or self.oracle is None or nd.name.kind == "ar":
+            return frame_runner("native", cp, nd, fused=fused, verify=self.verify)
+        return PlaceholderCodes(frame_runner("native", cp, nd, verify=self.verify, acceptance=self.oracle))
 
 
 def precision_model(model: str, precision: str, *, seed: int = 0):
@@ -226,13 +224,8 @@ def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1
     """The parts of a frame, interleaved (module docstring): ``{"talker": stats, ("inner", label, fused): stats,
     "codec": stats, "meta"}``; stats: ``ms``, ``cpu_ms`` (medians per frame), ``p10_ms``, ``p90_ms``, and for the
     inner loop ``tokens_per_call``, ``calls_per_frame``."""
-    nt, gen = setup.talker, torch.Generator().manual_seed(seed)
-    h = nt.hidden
-    cache = nt.new_cache(1, CONTEXT + 1)
-    nt.use_cache(cache)
-    with torch.inference_mode():
-        nt.extend((torch.randn(1, CONTEXT, h, generator=gen) * EMBED_SCALE).to(nt.dtype))
-    step_in = (torch.randn(1, 1, h, generator=gen) * EMBED_SCALE).to(nt.dtype)
+    talker, crop = native_step(setup.talker, CONTEXT, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
     codec = setup.codec_stream(1)
     n = setup.chunk_frames
     official = isinstance(codec, StreamingCodecDecoder)
@@ -241,11 +234,6 @@ def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1
     with torch.inference_mode():
         codec.push(codes[..., :warm])
     at = [warm]
-
-    def talker(_i):
-        nt.use_cache(cache)
-        with torch.inference_mode():
-            return nt.logits(nt.step(step_in)[:, -1])
 
     def decode(_i):
         p = at[0]
@@ -266,7 +254,7 @@ def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1
         if r.fused:
             r.prepare(1)
     t = interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, seed=seed,
-                    reset={"talker": lambda: cache.crop(CONTEXT)}, progress=progress,
+                    reset={"talker": crop}, progress=progress,
                     desc=f"parts {setup.model} {setup.precision}", module=setup.lm.code_predictor,
                     random_weights=setup.oracle is not None)
     out = {"meta": t.meta}
@@ -491,7 +479,6 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     Raises:
         ValueError: as :func:`check_pipeline_args`; bad noise settings.
     """
-    started = time.perf_counter()
     precisions = list(precisions or native_precisions())
     check_pipeline_args(models, precisions, chunk_frames=chunk_frames, frames=frames, batches=batches)
     if codec_dtype is not None:
@@ -499,40 +486,34 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     noise.repeat_cap(noise_target, repeats, None)
     acceptance = acceptance or default_acceptance()
     rows, stream_rows, conc_rows, metas, peaks, codecs = [], [], [], [], {}, {}
-    phases: dict[str, float] = {}  # seconds each phase took (the run-time budget of a notebook)
-
-    def clock(name: str, t0: float) -> float:
-        now = time.perf_counter()
-        phases[name] = phases.get(name, 0.0) + now - t0
-        return now
+    phase = Phases()  # seconds each phase took (the run-time budget of a notebook)
 
     def measure():
         for model in models:
             best = None  # (frame ms, setup, runners): the fastest precision's, kept for the streams
             for prec in precisions:
-                t0 = time.perf_counter()
-                setup = build_setup(model, prec, acceptance=acceptance, chunk_frames=chunk_frames, seed=seed,
-                                    n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
-                                    max_context=max(512, frames + 256), codec_config=codec_config,
-                                    codec_dtype=codec_dtype)
-                runners = candidates(setup)
-                t0 = clock("build", t0)
-                auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None
+                with phase("build"):
+                    setup = build_setup(model, prec, acceptance=acceptance, chunk_frames=chunk_frames, seed=seed,
+                                        n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
+                                        max_context=max(512, frames + 256), codec_config=codec_config,
+                                        codec_dtype=codec_dtype)
+                    runners = candidates(setup)
+                with phase("auto"):
+                    auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None
                 if auto_pick and (auto_pick[0], auto_pick[1]) not in runners:
                     runners[(auto_pick[0], auto_pick[1])] = auto_pick[2]
-                t0 = clock("auto", t0)
-                parts = time_parts(setup, runners, repeats=repeats, warmup=warmup, seed=seed,
-                                   noise_target=noise_target, progress=progress)
-                t0 = clock("parts", t0)
+                with phase("parts"):
+                    parts = time_parts(setup, runners, repeats=repeats, warmup=warmup, seed=seed,
+                                       noise_target=noise_target, progress=progress)
                 metas.append({"model": model, "precision": prec, **{k: parts["meta"].get(k) for k in (
                     "other_cpu_frac", "repeats", "rel_se_max", "threads")}, "note": oversubscribed_note(parts["meta"])})
                 codec_floor = None
                 if setup.codec_decoder is not None:
                     dt = str(next(setup.codec_decoder.parameters()).dtype)
-                    if dt not in peaks:
-                        peaks[dt] = peak_gflops(setup.codec_decoder)["peak_gflops"]
+                    with phase("codec peak"):
+                        if dt not in peaks:
+                            peaks[dt] = peak_gflops(setup.codec_decoder)["peak_gflops"]
                     codec_floor = matmul_flops_per_frame(setup.codec_decoder) / (peaks[dt] * 1e9) * 1e3
-                clock("codec peak", t0)
                 spec = [k for k in runners if k[0] != "ar"]
                 fastest = min(spec, key=lambda k: parts[("inner", *k)]["ms"])
                 picks = {"AR": (("ar", True), "the native AR frame (one C call)"),
@@ -553,18 +534,17 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                 gc.collect()
             if best is not None:
                 _, setup, chosen = best
-                t0 = time.perf_counter()
-                stream_rows.extend(time_streams(setup, chosen, batches=(1,), text=text, frames=frames,
-                                                repeats=stream_repeats, seed=seed, progress=progress)["rows"])
-                t0 = clock("streams", t0)
+                with phase("streams"):
+                    stream_rows.extend(time_streams(setup, chosen, batches=(1,), text=text, frames=frames,
+                                                    repeats=stream_repeats, seed=seed, progress=progress)["rows"])
                 if concurrency is True or (concurrency and model in concurrency):
                     stepped = {"AR": setup.runner("ar", False)}
                     best_spec = next(r for r in rows if r["model"] == model and r["precision"] == setup.precision
                                      and r["row"] == "best speculative")
                     stepped["best speculative"] = setup.runner(best_spec["decoder"], False)
-                    conc_rows.extend(time_streams(setup, stepped, batches=batches, text=text, frames=frames,
-                                                  repeats=1, seed=seed, progress=progress)["rows"])
-                    clock("concurrency", t0)
+                    with phase("concurrency"):
+                        conc_rows.extend(time_streams(setup, stepped, batches=batches, text=text, frames=frames,
+                                                      repeats=1, seed=seed, progress=progress)["rows"])
                 best = None
                 gc.collect()
 
@@ -579,8 +559,8 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
             "batches": list(batches), "repeats": repeats, "stream_repeats": stream_repeats, "warmup": warmup,
             "noise_target": noise_target, "parts_runs": metas, "models": list(models), "precisions": precisions,
             "replay": acceptance.describe(), "replay_text": acceptance.text, "text": text, "seed": seed,
-            "oversubscribed": [m for m in metas if m["note"]], "phase_s": phases,
-            "total_s": time.perf_counter() - started}
+            "oversubscribed": [m for m in metas if m["note"]], "phase_s": dict(phase),
+            "total_s": phase.total_s()}
     return {"rows": rows, "streams": stream_rows, "concurrency": conc_rows, "sustained": sustained(conc_rows),
             "quoted": [dict(q) for q in PUBLIC_PIPELINES], "meta": meta}
 

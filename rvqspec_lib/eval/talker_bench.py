@@ -3,7 +3,7 @@
 
 One talker step (one new position after a KV prefix of ``context`` positions, then ``codec_head``) reads every
 weight of the talker's 28 layers once: on a CPU it is bound by streaming them. :func:`bench_talker_precisions` times
-the official step (``talker.model`` + ``codec_head``, as :func:`rvqspec_lib.eval.latency.talker_step_call`) and the
+the official step (``talker.model`` + ``codec_head``, :func:`official_step`) and the
 native step (:class:`rvqspec_lib.models.native_talker.NativeTalker`) in every precision asked for, at every context,
 in ONE interleaved run (every round times each condition once, in an order rotated from round to round, so that a
 change of machine load hits all alike; the first ``warmup`` rounds are dropped), and reports each median against
@@ -38,8 +38,7 @@ from rvqspec_lib.models.precision import PRECISIONS, apply_precision, cpu_featur
 DEFAULT_CONTEXTS = (64, 512)
 #: The forwards a talker step can run through.
 TALKER_FORWARDS = ("official", "native")
-#: Scale of the random input embeddings (the size of real talker inputs; :func:`rvqspec_lib.eval.latency.
-#: talker_step_call` uses the same).
+#: Scale of the random input embeddings (the size of real talker inputs).
 EMBED_SCALE = 0.02
 
 
@@ -61,60 +60,76 @@ def slim_talker(talker):
     return copy.deepcopy(talker, memo)
 
 
-def _official_calls(talker, contexts: Sequence[int], hidden: int, seed: int) -> list:
-    """``[(context, call, reset)]``: the official step after ``context`` cached positions (random seeded inputs), its
-    DynamicCache cropped back after each call."""
-    dtype = next(talker.model.norm.parameters()).dtype
-    out = []
-    for c in contexts:
-        gen = torch.Generator().manual_seed(seed + c)
-        ctx = (torch.randn(1, c, hidden, generator=gen) * EMBED_SCALE).to(dtype)  # (1, C, H)
-        step = (torch.randn(1, 1, hidden, generator=gen) * EMBED_SCALE).to(dtype)  # (1, 1, H)
-        cache = DynamicCache()
-        pos_ctx = torch.arange(c).view(1, 1, -1).expand(3, 1, -1)  # (3, 1, C)
-        pos_step = torch.full((3, 1, 1), c, dtype=torch.long)  # (3, 1, 1)
-        mask = torch.ones(1, c + 1, dtype=torch.long)  # (1, C + 1)
-        with torch.inference_mode():
-            talker.model(inputs_embeds=ctx, past_key_values=cache, use_cache=True, attention_mask=mask[:, :c],
-                         position_ids=pos_ctx)
+def talker_inputs(hidden: int, context: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random float32 inputs of a timed talker step (timing only; :data:`EMBED_SCALE`): ``context`` cached positions
+    ``(1, C, H)`` and the one new position ``(1, 1, H)``, from a generator seeded ``seed``.
 
-        def call(step=step, cache=cache, mask=mask, pos_step=pos_step):
+    Raises:
+        ValueError: ``context < 1``.
+    """
+    if context < 1:
+        raise ValueError(f"talker_context must be >= 1, got {context}")
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, context, hidden, generator=gen) * EMBED_SCALE,
+            torch.randn(1, 1, hidden, generator=gen) * EMBED_SCALE)
+
+
+def official_step(talker, context: int, *, seed: int = 0):
+    """One official talker step (``talker.model`` + ``codec_head``, MRoPE ids ``(3, 1, L)`` alike on all three axes)
+    after ``context`` cached positions of :func:`talker_inputs`, on the talker's device and dtype.
+
+    Returns:
+        ``(call, reset)``: ``call(round=0) -> (1, vocab)`` logits; ``reset()`` crops the cache back (outside the
+        clock).
+
+    Raises:
+        ValueError: ``context < 1``.
+    """
+    p0 = next(talker.model.norm.parameters())
+    ctx, step = (x.to(p0) for x in talker_inputs(int(talker.config.hidden_size), context, seed))
+    cache, dev = DynamicCache(), p0.device
+    pos_step = torch.full((3, 1, 1), context, dtype=torch.long, device=dev)  # (3, 1, 1)
+    mask = torch.ones(1, context + 1, dtype=torch.long, device=dev)  # (1, C + 1)
+    with torch.inference_mode():
+        talker.model(inputs_embeds=ctx, past_key_values=cache, use_cache=True, attention_mask=mask[:, :context],
+                     position_ids=torch.arange(context, device=dev).view(1, 1, -1).expand(3, 1, -1))
+
+    def call(_round: int = 0):
+        with torch.inference_mode():
             h = talker.model(inputs_embeds=step, past_key_values=cache, use_cache=True, attention_mask=mask,
                              position_ids=pos_step).last_hidden_state
             return talker.codec_head(h[:, -1])  # (1, vocab)
 
-        out.append((c, call, lambda cache=cache, c=c: cache.crop(c)))
-    return out
+    return call, lambda: cache.crop(context)
 
 
-def _native_calls(nt, contexts: Sequence[int], hidden: int, seed: int) -> list:
-    """As :func:`_official_calls` through a :class:`~rvqspec_lib.models.native_talker.NativeTalker` (one KV cache
-    per context, of ``context + 1`` slots, switched in with ``use_cache``; the same inputs)."""
-    out = []
-    for c in contexts:
-        gen = torch.Generator().manual_seed(seed + c)
-        ctx = (torch.randn(1, c, hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
-        step = (torch.randn(1, 1, hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
-        cache = nt.new_cache(1, c + 1)
-        nt.use_cache(cache)
+def native_step(nt, context: int, *, seed: int = 0):
+    """:func:`official_step` through a :class:`~rvqspec_lib.models.native_talker.NativeTalker` on the same inputs
+    (its own KV cache of ``context + 1`` slots, switched in with ``use_cache`` at every call).
+
+    Raises:
+        ValueError: ``context < 1``.
+    """
+    ctx, step = (x.to(nt.dtype) for x in talker_inputs(nt.hidden, context, seed))
+    cache = nt.new_cache(1, context + 1)
+    nt.use_cache(cache)
+    with torch.inference_mode():
+        nt.extend(ctx)
+
+    def call(_round: int = 0):
         with torch.inference_mode():
-            nt.extend(ctx)
-
-        def call(step=step, cache=cache):
             nt.use_cache(cache)
             return nt.logits(nt.step(step)[:, -1])  # (1, vocab)
 
-        out.append((c, call, lambda cache=cache, c=c: cache.crop(c)))
-    return out
+    return call, lambda: cache.crop(context)
 
 
 def _timed(conditions: list, warmup: int, repeats: int, progress: bool) -> tuple[dict, dict]:
     """Every ``(key, call, reset)`` through :func:`rvqspec_lib.eval.timing.interleaved` (``reset`` after each run,
     outside the clock): ``({key: summary + cpu_ms (the calling thread's CPU milliseconds, median)}, meta)``."""
     with torch.inference_mode():
-        t = interleaved({k: (lambda _i, call=call: call()) for k, call, _ in conditions}, repeats=repeats,
-                        warmup=warmup, reset={k: reset for k, _, reset in conditions}, progress=progress,
-                        desc="talker rounds")
+        t = interleaved({k: call for k, call, _ in conditions}, repeats=repeats, warmup=warmup,
+                        reset={k: reset for k, _, reset in conditions}, progress=progress, desc="talker rounds")
     return {k: {**summary(t.ms[k]), "cpu_ms": statistics.median(t.cpu_ms[k])} for k in t.ms}, t.meta
 
 
@@ -162,19 +177,16 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
         raise ValueError(f"contexts must be positive, got {contexts}")
     if precision_of(talker.model) != "float32":
         raise ValueError(f"bench_talker_precisions takes the talker in float32, got {precision_of(talker.model)}")
-    hidden = int(talker.config.hidden_size)
     talkers = {p: talker if p == "float32" else apply_precision(copy.deepcopy(talker), p, require_native=False)
                for p in precisions}
     conditions, weights, natives = [], {}, {}
     for p in precisions:
         weights[p] = talker_step_bytes(talkers[p])
         if "official" in forwards:
-            conditions += [((p, "official", c), call, reset)
-                           for c, call, reset in _official_calls(talkers[p], contexts, hidden, seed)]
+            conditions += [((p, "official", c), *official_step(talkers[p], c, seed=seed + c)) for c in contexts]
         if "native" in forwards:
             natives[p] = NativeTalker(talkers[p], max_context=max(contexts) + 1)
-            conditions += [((p, "native", c), call, reset)
-                           for c, call, reset in _native_calls(natives[p], contexts, hidden, seed)]
+            conditions += [((p, "native", c), *native_step(natives[p], c, seed=seed + c)) for c in contexts]
     if bandwidth is None:  # read before and after the timing, the faster kept (other load varies)
         (stats, meta), bandwidth = bandwidth_around(lambda: _timed(conditions, warmup, repeats, progress))
     else:
@@ -223,15 +235,13 @@ def scan_cost(nt, *, context: int = 64, capacity: int = 2048, warmup: int = 3, r
     """
     if not 1 <= context < capacity:
         raise ValueError(f"need 1 <= context < capacity, got context={context}, capacity={capacity}")
-    gen = torch.Generator().manual_seed(seed)
-    ctx = (torch.randn(1, context, nt.hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
-    step = (torch.randn(1, 1, nt.hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
+    ctx, step = (x.to(nt.dtype) for x in talker_inputs(nt.hidden, context, seed))
     nt.reset(1, max_context=capacity)
     with torch.inference_mode():
         nt.extend(ctx)
 
     def run(whole: bool):
-        def call():
+        def call(_i):
             nt.scan_whole_cache = whole
             try:
                 nt.step(step)

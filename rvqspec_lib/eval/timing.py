@@ -23,6 +23,7 @@ import os
 import random
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Mapping, Sequence
@@ -239,6 +240,26 @@ def _key_text(key) -> str:
     return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
 
 
+class Phases(dict):
+    """Wall seconds per named phase of a long run (its run-time budget, not a timing): ``with phases("build"):``
+    adds that block's seconds to ``phases["build"]``; ``phases.total_s()`` is the seconds since it was made."""
+
+    def __init__(self):
+        super().__init__()
+        self._t0 = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[name] = self.get(name, 0.0) + time.perf_counter() - t0
+
+    def total_s(self) -> float:
+        return time.perf_counter() - self._t0
+
+
 def measure_quietly(measure: Callable[[], object], *, meta: Callable[[object], Mapping] = lambda r: r,
                     attempts: int = 2):
     """Run a timing, and once more if the CPU was oversubscribed during it; keep the quieter run.
@@ -300,7 +321,6 @@ def read_bandwidth(*, buffer_bytes: int | None = None, repeats: int = BANDWIDTH_
     n_bytes = buf.numel() * 4
     with torch.inference_mode():
         t = interleaved({"sum": lambda _i: torch.sum(buf)}, repeats=repeats, warmup=1)
-    del buf
     rates = [n_bytes / (x / 1e3) / 1e9 for x in t.ms["sum"]]
     cpu = [n_bytes / (x / 1e3) / 1e9 for x in t.cpu_ms["sum"] if x > 0] if torch.get_num_threads() == 1 else []
     llc = llc_bytes()

@@ -1,35 +1,18 @@
-"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebook 07;
-docs/precision.md#the-table).
+"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebook 07; docs/precision.md#the-table).
 
-Per model (the embedded model, trained; the real-size 0.6B architecture with random weights, its speculative frames a
-timing replay of a trained model's acceptance: :mod:`rvqspec_lib.eval.replay`), per precision (those the running CPU
-runs natively, float32 always) and per backend of the registry (:mod:`rvqspec_lib.models.backends`: eager and native
-by default, compile and onnx on request), five rows (:data:`ROWS`):
+Per model (the trained embedded model; the real-size 0.6B architecture with random weights, its speculative frames
+a timing replay, :mod:`rvqspec_lib.eval.replay`), per precision the CPU runs natively and per backend of the registry
+(eager and native by default, compile and onnx on request), the five rows of :data:`ROWS`: stepped AR, fused AR, the
+fastest stepped chain or calibrated tree, the fastest fused chain frame (absent in a replay: a fused frame computes
+its acceptance inside), and ``auto``'s pick (:func:`rvqspec_lib.eval.budget.choose_decoder`, timed on the spot).
 
-* ``stepped AR``: AR through ``decode_frame``, one backend call per code;
-* ``fused AR``: the backend's fused AR frame;
-* ``best speculative``: the fastest stepped chain or calibrated tree of the table's decoders;
-* ``fused speculative``: the fastest fused chain frame (one graph a round, or one C call a frame); absent in a
-  timing replay (a fused frame computes its acceptance inside, so no replay can drive it);
-* ``auto``: what :func:`rvqspec_lib.eval.budget.choose_decoder` picks for this precision and backend, stepped or
-  fused (timed on the spot, never cached), timed in the same run (a runner another row times is timed once).
-
-A row is keyed by structured fields: ``model``, ``weights``, ``precision``, ``backend``, ``row`` and the decoder's
-(:data:`DECODER_FIELDS`: ``decoder`` its label, ``kind``, ``drafter``, ``nodes``, ``lossy``, ``fused``). The registry
-says what runs where: an absent row's ``note`` is ``absent: <its reason>``. ``eager`` and ``native`` build in seconds
-and time every decoder (:data:`FULL_BACKENDS`); ``compile`` and ``onnx`` (a compiled graph per call shape or round,
-minutes each on a small CPU) time AR, the fused AR frame and what the first full backend's rows found best and auto
-chose.
-
+Rows are keyed by fields (``model``, ``weights``, ``precision``, ``backend``, ``row``, :data:`DECODER_FIELDS`); an
+absent row's ``note`` says why. :data:`FULL_BACKENDS` time every decoder; ``compile`` and ``onnx`` (minutes per
+graph) time AR, the fused AR frame and the first full backend's picks. Each row: ms per frame (all runners of a
+(model, precision, backend) interleaved, :func:`rvqspec_lib.eval.speed.time_frames`), RTF over 80 ms, speedup over
+stepped AR and over the fused AR frame (target :data:`FUSED_TARGET`), the AR frame's weight-streaming floor and the
+frame as a multiple of it. The public ports' figures are quoted under the table (:data:`PUBLIC_PORTS`).
 :func:`fastest_by_model` and :func:`round_costs` read what to run, and why, off the rows.
-
-Each row in ms per frame (median, p10, p90; all runners of a (model, precision, backend) interleaved:
-:func:`rvqspec_lib.eval.speed.time_frames`), as the inner loop's real-time factor (over the 80 ms a frame lasts; the
-talker's step is not in it), over stepped AR, and over the fused AR frame (``x_fused_ar``; the issue's target for the
-fused speculative frame is :data:`FUSED_TARGET` or below); beside them the weight-streaming floor of the AR frame (15
-calls x the floor of one call, :mod:`rvqspec_lib.eval.floor`, at the faster of the bandwidths read before and after
-the timing) and the frame as a multiple of it; under the table the public ports' published figures, labelled and
-never in a measured column (:data:`PUBLIC_PORTS`).
 """
 
 from __future__ import annotations
@@ -94,6 +77,18 @@ def decoder_names(chains: Sequence[int], budgets: Sequence[int]) -> list[str]:
     """The table's decoders as names of the grammar: ``ar``, ``chain:W`` per window, ``tree:calibrated:N`` (the
     better kind at N) per budget."""
     return ["ar", *(f"chain:{int(w)}" for w in chains), *(f"tree:calibrated:{int(n)}" for n in budgets)]
+
+
+def table_decoders(lm, chains: Sequence[int], budgets: Sequence[int], *, n_contexts: int, seed: int):
+    """What a table times on ``lm``: ``(contexts, calibration, named)``: ``n_contexts`` contexts of the shipped
+    evaluation split (random ones for random weights), the heads calibration beside the model (else the embedded
+    model's), and :func:`decoder_names` resolved with it."""
+    cp = lm.code_predictor.eval()
+    contexts = random_contexts(cp, n_contexts, seed=seed) if lm.is_random else \
+        frames_from_shipped(lm, "evaluation", max_frames=n_contexts, seed=seed).context
+    cal = drafter_calibration(lm, "heads") or load_calibration(tree_file("embedded", "heads"), n_codes=15,
+                                                                drafter="heads")
+    return contexts, cal, resolve_all(decoder_names(chains, budgets), lm, calibrations={"heads": cal})
 
 
 def check_table_args(models: Sequence[str], precisions: Sequence[str], backends: Sequence[str], *,
@@ -226,7 +221,6 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     check_table_args(models, precisions, backends, chains=chains, budgets=budgets)
     noise.repeat_cap(noise_target, repeats, None)  # bad settings fail before any model loads
     acceptance = acceptance or default_acceptance()
-    embedded_cal = load_calibration(tree_file("embedded", "heads"), n_codes=15, drafter="heads")
     opts = {"threads": threads, "auto_frames": auto_frames, "auto_budgets": auto_budgets, "seed": seed,
             "repeats": repeats, "warmup": warmup, "progress": progress, "noise_target": noise_target}
     rows, crowded, build, noise_runs = [], [], {}, []
@@ -234,12 +228,8 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     def measure():
         for model in models:
             lm = loader.load_model(model, dtype="float32", seed=seed)
-            base = lm.code_predictor.eval()
-            replay = bool(lm.is_random)
-            contexts = random_contexts(base, n_contexts, seed=seed) if replay else \
-                frames_from_shipped(lm, "evaluation", max_frames=n_contexts, seed=seed).context
-            cal = drafter_calibration(lm, "heads") or embedded_cal
-            named = resolve_all(decoder_names(chains, budgets), lm, calibrations={"heads": cal})
+            base, replay = lm.code_predictor.eval(), bool(lm.is_random)
+            contexts, cal, named = table_decoders(lm, chains, budgets, n_contexts=n_contexts, seed=seed)
             for prec in precisions:
                 cp = apply_precision(copy.deepcopy(base), prec, require_native=False)
                 floor_bytes = (int(base.config.num_code_groups) - 1) * call_weight_bytes(cp, n_queries=1)["bytes"]

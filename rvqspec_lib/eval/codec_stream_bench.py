@@ -1,27 +1,16 @@
 """Time the streaming codec decoder against the official ``chunked_decode`` and against its floors
-(docs/codec_streaming.md).
+(docs/codec_streaming.md), per precision (float32; bfloat16 where the CPU runs it natively) and chunk size n:
 
-What is measured, per precision (float32; bfloat16 where the CPU has AVX512-BF16 or AMX-BF16) and chunk size n:
+* **streaming**: :class:`~rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` in steady state (past the
+  transformer's 72-frame window), one chunk of n frames per timed call, each stage timed (:func:`time_streaming`);
+* **official**: each steady-state chunk of ``chunked_decode(codes, n, left_context_size=25)`` is one ``forward`` over
+  25 + n frames (:func:`time_chunked_decode`), per frame;
+* **floors**: arithmetic ``FLOPs per frame / peak`` (:func:`stage_flops`, :func:`peak_gflops`: oneDNN's best rate on
+  the decoder's own shapes) and the roofline, per matmul layer ``max(FLOPs / peak, weight bytes / bandwidth)``
+  (:func:`stage_roofline_ms`): a chunk reads every weight once, so at small n the roofline is what code can approach.
 
-* **streaming**: :class:`rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` (``onednn`` backend by default)
-  on a stream already past the transformer's 72-frame attention window (steady state), one chunk of n frames per
-  timed call, each stage timed (:meth:`StreamingCodecDecoder.stages`);
-* **official chunked_decode**: in steady state each chunk of ``chunked_decode(codes, chunk_size=n,
-  left_context_size=25)`` is one official ``forward`` over 25 + n frames whose first 25 frames' audio is dropped;
-  that call is timed and divided by n;
-* **floors**: the arithmetic floor ``FLOPs per frame / peak`` (FLOPs of the official layers' matmuls, convolutions and
-  attention by ``torch.utils.flop_counter.FlopCounterMode``; peak = the best rate oneDNN reaches on the decoder's own
-  convolution and matmul shapes with their weights in cache, :func:`peak_gflops`), and the roofline floor that adds
-  the weights a chunk must read from memory: per matmul layer ``max(FLOPs / peak, weight bytes / read bandwidth)``,
-  summed (:func:`stage_roofline_ms`; read bandwidth: the best pass of :func:`rvqspec_lib.eval.timing.read_bandwidth`,
-  since on a shared machine its median measures the other processes' traffic too). A stream of chunks of n frames
-  reads every weight of the decoder once per chunk (114 M parameters, 457 MB in float32, against a 32 MiB last-level
-  cache), so at small n the roofline floor, not the arithmetic one, is what an implementation can approach.
-
-Every timing is a median over repeated chunks of the thread's CPU time (and of the wall clock, beside it), at one
-torch thread unless told otherwise, with the share of the CPU that other processes used meanwhile
-(:class:`rvqspec_lib.eval.timing.LoadMonitor`); the real-size decoder has RANDOM weights
-(:func:`rvqspec_lib.models.configs.build_codec_decoder`): timing only.
+Times are medians of the thread's CPU time (wall clock beside it), one torch thread by default, with the load
+watched; the real-size decoder has RANDOM weights: timing only.
 """
 
 from __future__ import annotations

@@ -1,34 +1,18 @@
 """Latency of the two loops of Qwen3-TTS, the code-predictor call against its weight-streaming floor, and the call
-budget derived from the config and from measured tokens per call (notebook 01; ``rvqspec bench latency`` and
-``rvqspec bench precisions``).
+budget from the config and from measured tokens per call (notebook 01; ``rvqspec bench latency``, ``rvqspec bench
+precisions``).
 
-Qwen3-TTS runs two nested autoregressive loops (docs/model.md#two-nested-loops): the talker makes one call per frame
-(``frame_rate_hz`` = 12.5) and emits code 0; the code predictor then makes ``n_code_groups - 1`` = 15 sequential
-calls, one per code 1..15. Real time therefore needs ``frame_rate_hz * n_code_groups`` = 200 model calls a second.
-Speculative decoding replaces several inner-loop calls by one verify call over ``Q`` query positions, so what matters
-is how the cost of one call grows with ``Q`` (the verify cost curve ``t(Q) / t(1)``) on the target device.
+The talker makes one call per frame (12.5 Hz) for code 0, the code predictor ``n_code_groups - 1`` = 15 more, so
+real time needs 200 model calls a second (docs/model.md#two-nested-loops); speculation replaces several inner calls
+by one verify call over ``Q`` positions, so what matters is the verify cost curve ``t(Q) / t(1)`` on the device.
 
-What :func:`bench_model` times, every call each round of ONE interleaved run
-(:func:`rvqspec_lib.eval.timing.interleaved`; docs/style.md#benchmarks):
-
-* the talker step (:func:`rvqspec_lib.eval.talker_bench.official_step`): ``talker.model`` on ONE new position after a KV prefix of
-  ``talker_context`` positions (MRoPE position ids of shape ``(3, 1, 1)``), then ``codec_head`` -> ``(1, 3072)``
-  logits; the cache is cropped back after every call, outside the clock;
-* the code-predictor call of ``Q`` query positions (:func:`rvqspec_lib.eval.speed.verify_call`, ``whole=True``): the
-  projection of ``(1, Q, talker_hidden)`` inputs, the decoder stack through a verify backend
-  (:func:`rvqspec_lib.models.backends.verify_backend`, the official module by default) after ``prefix_len``
-  committed slots, and one head's logits of all ``Q`` positions -> ``(Q, 2048)``. A verify round applies a different
-  head per depth; the matmul cost is the same;
-* with ``native=True``, the same pair through the native forward: the talker step through
-  :class:`~rvqspec_lib.models.native_talker.NativeTalker` (:func:`rvqspec_lib.eval.talker_bench.native_step`) and the code-predictor
-  calls through the ``native`` verify backend.
-
-Timing depends on the architecture, not on the weights: the real-size random models give real latencies but their
-outputs mean nothing (``random_weights`` is printed beside every number).
-
-:func:`bench_precisions` times the same call in several precisions (float32, bfloat16, int8, int8-dynamic;
-:mod:`rvqspec_lib.models.precision`) and through several backends (the official module, the native forward, ...),
-interleaved, each against its weight-streaming floor (:mod:`rvqspec_lib.eval.floor`; docs/precision.md).
+:func:`bench_model` times, in ONE interleaved run (:func:`rvqspec_lib.eval.timing.interleaved`): the talker step
+(:func:`rvqspec_lib.eval.talker_bench.official_step`, its cache cropped back outside the clock) and the
+code-predictor call of ``Q`` positions (:func:`rvqspec_lib.eval.speed.verify_call`, ``whole=True``) through a verify
+backend; with ``native=True`` also the native pair (:func:`rvqspec_lib.eval.talker_bench.native_step`, the ``native``
+backend). :func:`bench_precisions` times the call per precision and backend against its floor
+(:mod:`rvqspec_lib.eval.floor`; docs/precision.md). Timing depends on the architecture, not the weights: real-size
+random models give real latencies (``random_weights`` is printed beside every number).
 """
 
 from __future__ import annotations

@@ -1,36 +1,22 @@
 """The whole frame, streamed: talker step, inner loop and codec decoder against their floors, the frame a listener
-hears (time to first audio, real-time factor, underruns) on one thread and on all cores, and B streams batched
-(``rvqspec bench pipeline``, notebook 06; docs/streaming.md#the-pipeline-table).
+hears (time to first audio, RTF, underruns) on one thread and on all cores, and B streams batched
+(``rvqspec bench pipeline``, notebook 06; docs/streaming.md#the-pipeline-table). The paper times the inner loop
+alone; on a CPU at real size the talker step and the codec decoder each cost about as much as the accelerated inner
+loop, so the frame as a whole decides real time.
 
-The paper times the inner loop and says the codec decoder "adds negligible throughput demand" (its Section 1,
-Figure 1). On a CPU at real size the talker step and the codec decoder each cost about as much as the accelerated
-inner loop, so the frame as a whole is what decides real time. Models (:data:`DEFAULT_MODELS`):
+Models (:data:`DEFAULT_MODELS`): the real-size 0.6B architecture as a TIMING REPLAY (random weights; speculative
+frames replay a trained model's acceptance, :mod:`rvqspec_lib.eval.replay`; the real-size official codec decoder
+streaming), and the trained embedded model with its own codec.
 
-* the real-size 0.6B architecture as a **TIMING REPLAY** (RANDOM weights: times only): the native talker, the native
-  inner loop whose speculative frames replay a trained model's acceptance (:mod:`rvqspec_lib.eval.replay`), and the
-  real-size official codec decoder streaming (:class:`~rvqspec_lib.models.streaming_codec.StreamingCodecDecoder`);
-* the embedded model (trained): the same, with its real acceptance and its own codec (streamed with its look-ahead).
-
-**Parts** (one :func:`rvqspec_lib.eval.timing.interleaved` run per model and precision, milliseconds per frame, wall
-clock and the thread's CPU time): ``talker`` (one native step after :data:`CONTEXT` cached positions, and
-``codec_head``), ``inner`` (one frame of each row's runner through the native forward: :data:`ROWS` AR, the best
-speculative decoder of the candidates, ``auto``'s choice), ``codec`` (one chunk of ``chunk_frames`` frames in steady
-state, per frame). Floors: talker and code predictor = the bytes they read (weights, and the talker's KV cache) over
-the machine's read bandwidth (:mod:`rvqspec_lib.eval.floor`); codec = its matmul FLOPs per frame over the core's
-measured peak in its dtype (:func:`rvqspec_lib.eval.codec_stream_bench.peak_gflops`); the embedded codec's
-Griffin-Lim phase (FFTs) has no floor here. From the parts: the frame on one thread (their sum: generation and
-decoding in turn), on two cores (``max(talker + inner, codec)``: :mod:`rvqspec_lib.models.streaming` overlaps them),
-the shares, speculation's gain on the whole frame beside the inner loop's, and what would move the frame further
-(Amdahl: the dominant part, and the frame if it ran at its floor).
-
-**Streams** (measured): at the fastest precision of each model, :func:`~rvqspec_lib.models.streaming.
-synthesize_stream` of :data:`TEXT` for every row, on one thread and overlapped, interleaved: time to first audio after
-the prompt, RTF, the steady period of a frame, underruns, each chunk's readiness (the audio-vs-wall-time figure).
-
-**Concurrency**: B streams batched (one talker step and one verify call per round for all rows, the weights read
-once; AR and the best speculative decoder STEPPED through the native verify backend, whose rows share each pass over
-the weights), one thread and all cores: the steady period of a round, time to first audio, and the most streams each
-sustains in real time.
+* **Parts** (:func:`time_parts`, one interleaved run per model and precision): the native talker step, one frame
+  of each row's runner (:data:`ROWS`), one codec chunk per frame. Floors: talker and code predictor = bytes read
+  over the read bandwidth (:mod:`rvqspec_lib.eval.floor`); codec = its matmul FLOPs over the core's peak
+  (:func:`rvqspec_lib.eval.codec_stream_bench.peak_gflops`). From them (:func:`_finish`): the frame on one thread
+  (their sum), on two cores (``max(talker + inner, codec)``), shares, gains and Amdahl (:func:`what_moves`).
+* **Streams** (:func:`time_streams`): at the fastest precision, :func:`~rvqspec_lib.models.streaming.
+  synthesize_stream` of :data:`TEXT` for every row, on one thread and overlapped.
+* **Concurrency**: B streams batched (AR and the best speculative decoder stepped through the native verify
+  backend), the steady period of a round and the most streams each sustains in real time (:func:`sustained`).
 
 The public ports' figures are quoted in their own rows and columns (:data:`PUBLIC_PIPELINES`), never measured here.
 """
@@ -48,25 +34,21 @@ import torch
 
 from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.common.provenance import save_json, save_table
-from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.eval import noise
-from rvqspec_lib.eval.bench_table import DEFAULT_BUDGETS, DEFAULT_CHAINS, FRAME_MS, decoder_names
+from rvqspec_lib.eval.bench_table import DEFAULT_BUDGETS, DEFAULT_CHAINS, FRAME_MS, table_decoders
 from rvqspec_lib.eval.budget import choose_decoder
 from rvqspec_lib.eval.codec_stream_bench import matmul_flops_per_frame, peak_gflops
 from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms, talker_step_bytes
 from rvqspec_lib.eval.replay import default_acceptance
-from rvqspec_lib.eval.speed import random_contexts
 from rvqspec_lib.eval.talker_bench import native_step
 from rvqspec_lib.eval.timing import Phases, bandwidth_around, interleaved, oversubscribed_note, summary
 from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
 from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_fields, verify_backend
 from rvqspec_lib.models.configs import build_codec_decoder
-from rvqspec_lib.models.named_decoders import drafter_calibration, resolve_all
 from rvqspec_lib.models.native_talker import NativeTalker
 from rvqspec_lib.models.precision import ACTIVATION_DTYPE, apply_precision, check_precision, native_precisions
 from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
 from rvqspec_lib.models.streaming_codec import StreamingCodecDecoder
-from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
 #: Models of the table: the real-size 0.6B architecture (random weights: a timing replay) and the trained embedded one.
 DEFAULT_MODELS = ("qwen3-tts-0.6b-random", "embedded")
@@ -187,13 +169,7 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
         max_context: the native talker's KV capacity (a stream sizes it to its prompt and frames).
     """
     lm = precision_model(model, precision, seed=seed)
-    cp = lm.code_predictor.eval()
-    replay = bool(lm.is_random)
-    contexts = random_contexts(cp, n_contexts, seed=seed) if replay else \
-        frames_from_shipped(lm, "evaluation", max_frames=n_contexts, seed=seed).context
-    cal = drafter_calibration(lm, "heads") or load_calibration(tree_file("embedded", "heads"), n_codes=15,
-                                                                drafter="heads")
-    named = resolve_all(decoder_names(chains, budgets), lm, calibrations={"heads": cal})
+    contexts, cal, named = table_decoders(lm, chains, budgets, n_contexts=n_contexts, seed=seed)
     codec = None
     if lm.speech_tokenizer is None:  # a random-size model: the real-size official decoder, random weights
         dtype = ACTIVATION_DTYPE[codec_dtype or default_codec_dtype()]
@@ -201,8 +177,9 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
         if dtype not in codecs:
             codecs[dtype] = build_codec_decoder(codec_config, seed=seed, dtype=dtype)
         codec = codecs[dtype]
-    return Setup(model, precision, lm, NativeTalker(lm, max_context=max_context), verify_backend("native", cp), named,
-                 cal, contexts, acceptance.oracle(seed) if replay else None, codec, int(chunk_frames))
+    return Setup(model, precision, lm, NativeTalker(lm, max_context=max_context),
+                 verify_backend("native", lm.code_predictor), named, cal, contexts,
+                 acceptance.oracle(seed) if lm.is_random else None, codec, int(chunk_frames))
 
 
 def candidates(setup: Setup) -> dict[tuple[str, bool], object]:
@@ -282,29 +259,20 @@ def choose_auto(setup: Setup, *, frames: int = 4, budgets: Sequence[int] = DEFAU
         f"auto chose {choice.label}{', fused' if choice.fused else ''}"
 
 
-def _floors(setup: Setup, parts: dict, label: str, fused: bool) -> dict:
-    """Bytes and FLOPs of the floors (seconds come once the bandwidth is known: :func:`_finish`)."""
-    cp, t = setup.lm.code_predictor, setup.lm.model.talker
-    step = talker_step_bytes(t, context=CONTEXT, kv_element_bytes=torch.tensor([], dtype=setup.talker.kv_dtype)
-                             .element_size())
-    calls = parts[("inner", label, fused)]["calls_per_frame"]
-    return {"talker_bytes": step["bytes"] + step["kv_bytes"], "inner_bytes": calls * call_weight_bytes(cp)["bytes"]}
-
-
 def _row(setup: Setup, parts: dict, name: str, key: tuple, runner, note: str, codec_floor_ms) -> dict:
     """One row of the table before :func:`_finish`: the parts of runner ``key`` = ``(label, fused)``."""
-    label, fused = key
-    inner = parts[("inner", label, fused)]
-    fields = runner_fields(runner)
+    inner, fields = parts[("inner", *key)], runner_fields(runner)
+    mine = {"talker": parts["talker"], "inner": inner, "codec": parts["codec"]}
     row = {"model": setup.model, "weights": setup.weights, "precision": setup.precision,
            "codec_dtype": str(next(iter(setup.codec_decoder.parameters())).dtype).replace("torch.", "")
            if setup.codec_decoder is not None else "its own (float32)", "row": name,
            **{k: fields.get(k) for k in ("decoder", "kind", "nodes", "fused", "backend")},
-           "tokens_per_call": inner["tokens_per_call"],
-           "talker_ms": parts["talker"]["ms"], "inner_ms": inner["ms"], "codec_ms": parts["codec"]["ms"],
-           "talker_cpu_ms": parts["talker"]["cpu_ms"], "inner_cpu_ms": inner["cpu_ms"],
-           "codec_cpu_ms": parts["codec"]["cpu_ms"], "codec_floor_ms": codec_floor_ms, "note": note,
-           **_floors(setup, parts, label, fused)}
+           "tokens_per_call": inner["tokens_per_call"], **{f"{p}_ms": v["ms"] for p, v in mine.items()},
+           **{f"{p}_cpu_ms": v["cpu_ms"] for p, v in mine.items()}, "codec_floor_ms": codec_floor_ms, "note": note}
+    # bytes of the floors (their ms come once the bandwidth is known: _finish)
+    step = talker_step_bytes(setup.lm.model.talker, context=CONTEXT, kv_element_bytes=setup.talker.kv_dtype.itemsize)
+    row["talker_bytes"] = step["bytes"] + step["kv_bytes"]
+    row["inner_bytes"] = inner["calls_per_frame"] * call_weight_bytes(setup.lm.code_predictor)["bytes"]
     return row
 
 

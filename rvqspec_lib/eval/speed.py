@@ -1,25 +1,10 @@
 """How fast the inner-loop decoders really are: whole frames timed interleaved, the verify cost curve, batches, and
-the speedup they give over AR as a function of the node budget N (the paper's Figure 4).
-
-Tokens per call overstates speed, since a wider verify call costs more and the loop around the calls costs time too
-(docs/style.md#benchmarks, docs/methods.md#reporting-speed). Every function here times through the one harness,
-:func:`rvqspec_lib.eval.timing.interleaved`, over runners and backends of the one registry
-(:mod:`rvqspec_lib.models.backends`):
-
-* :func:`build_runners`: the runners of every decoder through every backend present, stepped and fused.
-* :func:`time_frames`: every frame runner (a decoder through a backend, stepped or fused) decodes the same frame each
-  round, with the same generator seed, the device synchronised around each frame (a GPU's); a stepped runner's wall
-  time is split into the model call (the backend's ``forward``), the heads and embeddings (``logits``, ``embed``, the
-  drafter's ``draft_logits``) and what is left, the loop outside the model (host time: on a GPU the split counts
-  launches, not kernels). Rows carry the runner's structured fields (:func:`~rvqspec_lib.models.backends.
-  runner_fields`), tokens per call, and the speedup over AR and over the fused AR frame of the same backend;
-  :func:`summary_by_backend` reads the best of each backend off them.
-* :func:`verify_cost_curve`: t(Q)/t(1) of one verify call of Q query positions, per backend.
-* :func:`batch_throughput`: frames per second at several batch sizes.
-* :func:`speedup_vs_n`, :func:`projected_speedup`: the measured and the projected ``E(N) t(1) / t(N)`` speedup by
-  node budget (docs/methods.md#choosing-the-node-budget).
-* :func:`speedups_over_ar`: which AR of a run is fastest (stepped through each backend, each fused AR frame) and
-  what the fastest speculative decoders gain over each.
+the speedup over AR by node budget N (the paper's Figure 4). Tokens per call overstates speed: a wider verify call
+costs more and the loop around the calls costs time too (docs/methods.md#reporting-speed). Everything times through
+:func:`rvqspec_lib.eval.timing.interleaved` over the registry's runners (:mod:`rvqspec_lib.models.backends`):
+:func:`build_runners`, :func:`time_frames` (each stepped frame split into model call, heads and the loop outside),
+:func:`verify_cost_curve`, :func:`batch_throughput`, :func:`speedup_vs_n` and :func:`projected_speedup`
+(docs/methods.md#choosing-the-node-budget), :func:`summary_by_backend`, :func:`speedups_over_ar`.
 """
 
 from __future__ import annotations

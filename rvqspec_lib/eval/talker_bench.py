@@ -1,22 +1,12 @@
 """The talker step timed per precision, official and native, against its weight-streaming floor
 (docs/precision.md#the-native-talker).
 
-One talker step (one new position after a KV prefix of ``context`` positions, then ``codec_head``) reads every
-weight of the talker's 28 layers once: on a CPU it is bound by streaming them. :func:`bench_talker_precisions` times
-the official step (``talker.model`` + ``codec_head``, :func:`official_step`) and the
-native step (:class:`rvqspec_lib.models.native_talker.NativeTalker`) in every precision asked for, at every context,
-in ONE interleaved run (every round times each condition once, in an order rotated from round to round, so that a
-change of machine load hits all alike; the first ``warmup`` rounds are dropped), and reports each median against
-
-* the floor: the weight bytes of one step (:func:`rvqspec_lib.eval.floor.talker_step_bytes`: layers, final norm,
-  ``codec_head``, at their stored size) over the measured read bandwidth (:func:`rvqspec_lib.eval.floor.
-  read_bandwidth`, measured before and after the timing, the faster kept);
-* the floor with the KV cache: the same plus the bytes of keys and values the step attends (in the cache's dtype:
-  the activation dtype in the official cache and in the native one, :attr:`NativeTalker.kv_dtype`), which a step
-  must read too and which grows with the context.
-
-:func:`scan_cost` measures what attending over the filled prefix of the native cache saves against scanning an
-``allow`` mask over its whole capacity. The real-size architectures have random weights here: timing only.
+A talker step (one new position after ``context`` cached ones, then ``codec_head``) reads every talker weight once:
+on a CPU it is bound by streaming them. :func:`bench_talker_precisions` times the official step
+(:func:`official_step`) and the native one (:func:`native_step`) per precision and context in ONE interleaved run,
+each median against the floor (weight bytes over the read bandwidth, :mod:`rvqspec_lib.eval.floor`) and the floor
+with the KV cache the step attends. :func:`scan_cost` measures what attending over the filled prefix of the native
+cache saves. Real-size architectures have random weights here: timing only.
 """
 
 from __future__ import annotations

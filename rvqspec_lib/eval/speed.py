@@ -18,7 +18,7 @@ import torch
 
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.drafters import ReusedHeads
-from rvqspec_lib.eval.timing import Timing, device_sync, interleaved, summary
+from rvqspec_lib.eval.timing import device_sync, interleaved, summary
 from rvqspec_lib.models.backends import (
     SteppedRunner,
     available,
@@ -45,57 +45,39 @@ class Clock:
     """Seconds accumulated in the model call (``model_s``) and in heads, embeddings and drafts (``heads_s``)."""
 
     def __init__(self):
-        self.model_s = self.heads_s = 0.0
+        self.reset()
 
     def reset(self) -> None:
         self.model_s = self.heads_s = 0.0
 
+    def timed(self, fn, field: str):
+        """``fn`` with the seconds of each call added to ``field`` (two ``perf_counter`` calls, under a microsecond)."""
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter() - t0)
+        return run
+
 
 class TimedBackend:
     """A verify backend that times another: ``forward`` into ``clock.model_s``, ``embed`` and ``logits`` into
-    ``clock.heads_s`` (two ``perf_counter`` calls each, well under a microsecond)."""
+    ``clock.heads_s``."""
 
     def __init__(self, backend, clock: Clock):
-        self.backend, self.clock = backend, clock
-        self.name = getattr(backend, "name", type(backend).__name__)
-
-    def new_cache(self, batch, slots):
-        return self.backend.new_cache(batch, slots)
-
-    def forward(self, embeds, positions, allow, cache, write_slots):
-        t0 = time.perf_counter()
-        out = self.backend.forward(embeds, positions, allow, cache, write_slots)
-        self.clock.model_s += time.perf_counter() - t0
-        return out
-
-    def compact(self, cache, order):
-        self.backend.compact(cache, order)
-
-    def embed(self, codes, depth):
-        t0 = time.perf_counter()
-        out = self.backend.embed(codes, depth)
-        self.clock.heads_s += time.perf_counter() - t0
-        return out
-
-    def logits(self, hidden, head):
-        t0 = time.perf_counter()
-        out = self.backend.logits(hidden, head)
-        self.clock.heads_s += time.perf_counter() - t0
-        return out
+        self.backend, self.name = backend, getattr(backend, "name", type(backend).__name__)
+        self.new_cache, self.compact = backend.new_cache, backend.compact
+        self.forward = clock.timed(backend.forward, "model_s")
+        self.embed, self.logits = clock.timed(backend.embed, "heads_s"), clock.timed(backend.logits, "heads_s")
 
 
 class TimedDrafter:
     """A drafter whose ``draft_logits`` time goes into ``clock.heads_s``."""
 
     def __init__(self, drafter, clock: Clock):
-        self.drafter, self.clock = drafter, clock
-        self.name = getattr(drafter, "name", None)
-
-    def draft_logits(self, code_predictor, hidden, depth, n_ahead, **kwargs):
-        t0 = time.perf_counter()
-        out = self.drafter.draft_logits(code_predictor, hidden, depth, n_ahead, **kwargs)
-        self.clock.heads_s += time.perf_counter() - t0
-        return out
+        self.drafter, self.name = drafter, getattr(drafter, "name", None)
+        self.draft_logits = clock.timed(drafter.draft_logits, "heads_s")
 
 
 def _timed(runner, clock: Clock):
@@ -545,9 +527,3 @@ def format_rows(rows: Sequence[dict], columns: Sequence[str] | None = None, digi
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
-
-
-__all__ = ["Clock", "TimedBackend", "TimedDrafter", "Timing", "check_contexts", "random_contexts", "build_runners",
-           "time_frames", "verify_call", "verify_cost_curve", "batch_throughput", "speedup_vs_n",
-           "summary_by_backend", "speedups_over_ar", "expected_tokens_per_call",
-           "projected_speedup", "format_rows", "QUERY_SIZES", "PREFIX_LEN", "BATCH_SIZES"]

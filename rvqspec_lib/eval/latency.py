@@ -27,7 +27,8 @@ from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms, talker_step_byte
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import PREFIX_LEN, QUERY_SIZES, verify_call
 from rvqspec_lib.eval.talker_bench import native_step, official_step
-from rvqspec_lib.eval.timing import bandwidth_around, cpu_oversubscribed, device_sync, interleaved
+from rvqspec_lib.eval.timing import (bandwidth_around, cpu_oversubscribed, device_sync, interleaved, load_words,
+                                     machine_lines)
 from rvqspec_lib.models.backends import BACKENDS, available, check_available, verify_backend
 from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.models.native_talker import NativeTalker
@@ -188,17 +189,6 @@ def latency_rows(result: dict) -> list[dict]:
     return rows
 
 
-def _load_words(result: dict) -> str:
-    """The header's words on the machine's load during a CPU timing ("" elsewhere)."""
-    other = result.get("other_cpu_frac")
-    if result.get("device") != "cpu" or other is None:
-        return ""
-    return (f" | load avg {result['load_avg_1min_before']:.2f} before, {result['load_avg_1min_after']:.2f} after | "
-            f"other processes used {100 * other:.0f}% of {result.get('cpu_count')} CPUs meanwhile"
-            + (" (OVERSUBSCRIBED, TIMES ARE PESSIMISTIC: rerun idle or with fewer --threads)"
-               if result.get("cpu_oversubscribed") else ""))
-
-
 def _ms(x: float) -> str:
     return f"{x:.2f}" if x >= 1 else f"{x:.3g}"
 
@@ -212,7 +202,7 @@ def format_latency(result: dict) -> str:
             f"device {result['device']} ({result['device_name']}) | dtype {result['dtype']}"
             f"{'' if prec in (None, result['dtype']) else f' (code predictor {prec})'} | "
             f"backend {result['backend']} | threads {result['threads']} | torch {result['torch']} | warmup "
-            f"{result['warmup']}, {noise_words(result)}{_load_words(result)}")
+            f"{result['warmup']}, {noise_words(result)}{load_words(result)}")
     lines = [head, f"{'call':<30} {'forward':<9} {'Q':>4} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} "
                    f"{'t/t_cp(1)':>10}"]
     for r in latency_rows(result):
@@ -305,19 +295,13 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
 def format_precision_table(result: dict) -> str:
     """Plain-text table of a :func:`bench_precisions` result: the CPU, its flags and bandwidth, then per precision and
     backend t(1), t(Q)/t(1), the weights one call reads, the floor and t(1) as a multiple of it."""
-    m, bw, fl = result["model"], result["bandwidth"], result["precision_flags"]
+    m = result["model"]
     lines = [
         f"precisions of the code-predictor call: model {m['name']}"
         f"{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads {result['threads']} | "
         f"interleaved, warmup {result['warmup']}, {noise_words(result)}, prefix {result['prefix_len']}"
-        + _load_words(result),
-        f"CPU {result['device_name']} | bf16 flags: {', '.join(fl['bf16']) or 'none'} | int8 dot-product flags: "
-        f"{', '.join(fl['int8_dot']) or 'none'} | native precisions: {', '.join(result['native_precisions'])}",
-        f"read bandwidth {bw['gb_per_s']:.1f} GB/s (torch.sum over {bw['buffer_bytes'] / 2 ** 20:.0f} MiB, median of "
-        f"{bw['repeats']}, {bw['threads']} thread{'s' if bw['threads'] != 1 else ''}"
-        + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
-           if "gb_per_s_after" in bw else "") + "); floor = weight bytes of one call / read bandwidth",
-    ]
+        + load_words(result),
+        *machine_lines(result, result["precision_flags"], "floor = weight bytes of one call / read bandwidth")]
     ratio_qs = [r["n_queries"] for r in result["precisions"][0]["rows"] if r["n_queries"] != 1]
     lines.append(f"{'precision':<12} {'backend':<8} {'t(1) ms':>8} "
                  + " ".join(f"{f't({q})/t(1)':>10}" for q in ratio_qs)

@@ -20,7 +20,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from rvqspec_lib.eval.floor import floor_ms, talker_step_bytes
-from rvqspec_lib.eval.timing import bandwidth_around, interleaved, summary
+from rvqspec_lib.eval.timing import bandwidth_around, interleaved, load_words, machine_lines, summary
 from rvqspec_lib.models.native_talker import NativeTalker
 from rvqspec_lib.models.precision import PRECISIONS, apply_precision, cpu_features, native_precisions, precision_of
 
@@ -252,21 +252,12 @@ def format_talker_table(result: dict) -> str:
     """Plain-text table of a :func:`bench_talker_precisions` result: the CPU, its bandwidth, then per (precision,
     context, forward) the median step, its spread, the MB it reads and both floors with the step as a multiple of
     each."""
-    bw, fl = result["bandwidth"], result["cpu_flags"]
-    other = result.get("other_cpu_frac")
     lines = [
         f"talker step (1 new position + codec_head): model {result['model']}"
         f"{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads {result['threads']} | "
-        f"interleaved, warmup {result['warmup']}, repeats {result['repeats']}"
-        + ("" if other is None else f" | other processes used {100 * other:.0f}% of {result['cpu_count']} CPUs"),
-        f"CPU {result['device_name']} | bf16 flags: {', '.join(fl['bf16']) or 'none'} | int8 dot-product flags: "
-        f"{', '.join(fl['int8_dot']) or 'none'} | native precisions: {', '.join(result['native_precisions'])}",
-        f"read bandwidth {bw['gb_per_s']:.1f} GB/s (torch.sum over {bw['buffer_bytes'] / 2 ** 20:.0f} MiB"
-        + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
-           if "gb_per_s_after" in bw else "")
-        + (f"; {bw['gb_per_s_cpu']:.1f} GB/s in CPU time" if bw.get("gb_per_s_cpu") else "")
-        + "); floor = weight bytes / bandwidth; floor+kv adds the KV cache the step attends; cpu x: the thread's "
-        "CPU time over the same floors at the CPU-time bandwidth",
+        f"interleaved, warmup {result['warmup']}, repeats {result['repeats']}" + load_words(result),
+        *machine_lines(result, result["cpu_flags"], "floor = weight bytes / bandwidth; floor+kv adds the KV cache the "
+                       "step attends; cpu x: the thread's CPU time over the same floors at the CPU-time bandwidth"),
         f"{'precision':<12} {'ctx':>4} {'forward':<8} {'ms':>8} {'p10-p90':>13} {'cpu ms':>7} {'weights MB':>10} "
         f"{'kv MB':>6} {'floor ms':>8} {'x floor':>7} {'floor+kv':>8} {'x fl+kv':>7} {'cpu x fl':>8} "
         f"{'cpu x fl+kv':>11}",

@@ -136,6 +136,32 @@ def oversubscribed_note(meta: Mapping) -> str:
     return f"OVERSUBSCRIBED: other processes used {100 * meta['other_cpu_frac']:.0f}% of the CPU"
 
 
+def load_words(meta: Mapping) -> str:
+    """A table header's words on the machine's load during a CPU timing (``""`` elsewhere or when unknown)."""
+    other = meta.get("other_cpu_frac")
+    if meta.get("device", "cpu") != "cpu" or other is None:
+        return ""
+    return (f" | load avg {meta['load_avg_1min_before']:.2f} before, {meta['load_avg_1min_after']:.2f} after | "
+            f"other processes used {100 * other:.0f}% of {meta.get('cpu_count')} CPUs meanwhile"
+            + (" (OVERSUBSCRIBED, TIMES ARE PESSIMISTIC: rerun idle or with fewer --threads)"
+               if cpu_oversubscribed(meta) else ""))
+
+
+def machine_lines(result: Mapping, flags: Mapping, floor_words: str) -> list[str]:
+    """Two header lines of a table against the weight-streaming floor: the CPU (``result["device_name"]``), its
+    precision flags (:func:`rvqspec_lib.models.precision.cpu_features`) and native precisions; the read bandwidth
+    (``result["bandwidth"]``, :func:`bandwidth_around`'s) and ``floor_words``."""
+    bw = result["bandwidth"]
+    return [f"CPU {result['device_name']} | bf16 flags: {', '.join(flags['bf16']) or 'none'} | int8 dot-product "
+            f"flags: {', '.join(flags['int8_dot']) or 'none'} | native precisions: "
+            f"{', '.join(result['native_precisions'])}",
+            f"read bandwidth {bw['gb_per_s']:.1f} GB/s (torch.sum over {bw['buffer_bytes'] / 2 ** 20:.0f} MiB, median "
+            f"of {bw['repeats']}, {bw['threads']} thread(s)"
+            + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
+               if "gb_per_s_after" in bw else "")
+            + (f"; {bw['gb_per_s_cpu']:.1f} GB/s in CPU time" if bw.get("gb_per_s_cpu") else "") + "); " + floor_words]
+
+
 def machine_meta(module: torch.nn.Module | None = None, *, random_weights: bool | None = None) -> dict:
     """What every timing is printed beside: torch threads, CPU model, its precision flags, core count, torch
     version and its CPU capability; the module's dtype and device when given; whether the weights are random."""

@@ -58,10 +58,6 @@ def _query_sizes(query_sizes: Iterable[int]) -> list[int]:
     return qs
 
 
-def _device_name(device: torch.device, meta: dict) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(meta.get("cpu"))
-
-
 def _rows(t, keys: Sequence, base_key=None) -> list[dict]:
     """A row per condition key: :func:`~rvqspec_lib.eval.timing.summary` of its times, its achieved relative standard
     error, and ``ratio_to_1`` (median over ``base_key``'s; ``None`` without it)."""
@@ -141,7 +137,7 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
 
     t, bandwidth = bandwidth_around(measure) if floor else (measure(), None)
     result = {**t.meta, "cpu_oversubscribed": cpu_oversubscribed(t.meta), "model": lm.describe(),
-              "device_name": _device_name(device, t.meta), "code_predictor_precision": precision_of(cp),
+              "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else t.meta["cpu"], "code_predictor_precision": precision_of(cp),
               "backend": backend, "prefix_len": prefix_len, "talker_context": talker_context,
               **_pair(t, TALKER, qs, lambda q: q)}
     result["derived"] = derived_from_bench(result, frame_rate_hz=lm.frame_rate_hz, n_code_groups=lm.n_code_groups)
@@ -389,21 +385,14 @@ def model_row(result: dict, *, q_ratio: int = 16) -> dict:
         KeyError: ``result`` is not a :func:`bench_model` result.
     """
     m = result["model"]
+    q = max((r["n_queries"] for r in result["code_predictor"] if r["n_queries"] <= q_ratio), default=None)
 
     def pair(p: dict | None) -> dict:
-        if p is None:
-            return dict.fromkeys(("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar", "inner_share_ar", "q_ratio"))
-        d, rows = p["derived"], {r["n_queries"]: r["ratio_to_1"] for r in p["code_predictor"]}
-        q = max((k for k in rows if k <= q_ratio), default=None)
-        return {"t_talker_ms": d["t_talker_ms"], "t_inner_ms": d["t_inner_ms"], "frame_ms_ar": d["frame_ms_ar"],
-                "rtf_ar": d["rtf_ar"], "inner_share_ar": d["inner_share_ar"], "q_ratio": rows.get(q)}
+        ratio = p and next((r["ratio_to_1"] for r in p["code_predictor"] if r["n_queries"] == q), None)
+        return {**{k: p and p["derived"][k] for k in ("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar",
+                                                       "inner_share_ar")}, f"t({q})/t(1)": ratio}
 
     official, native = pair(result), pair(result.get(NATIVE))
-    qs = [r["n_queries"] for r in result["code_predictor"]]
-    q = max((k for k in qs if k <= q_ratio), default=None)
-    ratio_key = f"t({q})/t(1)"
-    official[ratio_key] = official.pop("q_ratio")
-    native[ratio_key] = native.pop("q_ratio")
     return {"model": m["name"], "random_weights": result["random_weights"],
             **{k: m[k] for k in ("talker_layers", "talker_hidden", "code_predictor_layers", "code_predictor_hidden",
                                  "params_talker_total", "params_code_predictor", "frame_rate_hz", "n_code_groups")},
@@ -412,12 +401,9 @@ def model_row(result: dict, *, q_ratio: int = 16) -> dict:
 
 
 def inner_share_from_bytes(lm, *, talker_context: int = TALKER_CONTEXT) -> dict:
-    """The inner loop's share of an AR frame if every call ran at the weight-streaming floor, from the bytes each
-    call reads (:mod:`rvqspec_lib.eval.floor`): a talker step reads its layers, final norm and ``codec_head`` plus
-    the KV cache of ``talker_context`` positions; a code-predictor call of one position reads its weights; a frame
-    makes one of the first and ``n_code_groups - 1`` of the second, so the share is
-    :func:`inner_share` of the two byte counts. No timing: what the share would be on a machine where both calls
-    stream their weights at the same bandwidth.
+    """The inner loop's share of an AR frame if every call ran at the weight-streaming floor: :func:`inner_share` of
+    the bytes a talker step reads (weights and the KV cache of ``talker_context`` positions) and those of one
+    code-predictor call (:mod:`rvqspec_lib.eval.floor`). No timing.
 
     Returns:
         ``{"talker_step_bytes", "talker_kv_bytes", "code_predictor_call_bytes", "inner_calls_per_frame",

@@ -61,9 +61,14 @@ def run_job(args, threads: int) -> int:
     if args.job not in ("table", "pipeline"):  # theirs say it already
         (result.get("meta", result))["total_s"] = round(time.perf_counter() - started, 3)
     if args.json_path:
-        params = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"}
-        print(f"wrote {save_json(result, args.json_path, provenance(params, seed=args.seed))}")
+        print(f"wrote {save_json(result, args.json_path, _provenance(args))}")
     return 0
+
+
+def _provenance(args) -> dict:
+    """The provenance of a job's output: its flags (less the parsed acceptance table) and seed."""
+    return provenance({k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"},
+                      seed=args.seed)
 
 
 def _list(text) -> list[str]:
@@ -285,8 +290,7 @@ def table_job(args) -> dict:
                                      repeats=args.repeats, warmup=args.warmup, acceptance=args.acceptance_table,
                                      seed=args.seed, progress=_progress(args), noise_target=args.noise_target)
     print(bench_table.format_bench_table(result))
-    params = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"}
-    out = bench_table.save_bench_table(result, args.table_out, provenance(params, seed=args.seed))
+    out = bench_table.save_bench_table(result, args.table_out, _provenance(args))
     print(f"wrote {out['csv']}, {out['md']}, {out['json']}")
     return result
 
@@ -301,8 +305,7 @@ def pipeline_job(args) -> dict:
                                      noise_target=args.noise_target, streams=not args.no_streams,
                                      concurrency=not args.no_streams, progress=_progress(args))
     print(pipeline.format_pipeline(result))
-    params = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"}
-    out = pipeline.save_pipeline(result, args.table_out, provenance(params, seed=args.seed))
+    out = pipeline.save_pipeline(result, args.table_out, _provenance(args))
     print(f"wrote {out['csv']}, {out['md']}, {out['json']}"
           + "".join(f", {out[k]['csv']}" for k in ("streams", "concurrency") if k in out))
     return result

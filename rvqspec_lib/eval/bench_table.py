@@ -33,7 +33,7 @@ from rvqspec_lib.eval import noise
 from rvqspec_lib.eval.budget import choose_decoder
 from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms
 from rvqspec_lib.eval.replay import default_acceptance
-from rvqspec_lib.eval.speed import random_contexts, time_frames
+from rvqspec_lib.eval.speed import fastest, random_contexts, time_frames
 from rvqspec_lib.eval.timing import bandwidth_around, oversubscribed_note
 from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_label, verify_backend
 from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
@@ -164,10 +164,10 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
                       progress=opts["progress"], noise_target=opts["noise_target"], random_weights=oracle is not None)
     by = {(r["decoder"], r["fused"]): r for r in res["rows"]}
     spec = [by[(k, False)] for k in stepped if k != "ar"]
-    best = min(spec, key=lambda r: r["ms_per_frame"], default=None)
+    best = fastest(spec)
     spec_fused = [by[(k, True)] for k in fused if k != "ar"]
-    fastest = min(spec_fused, key=lambda r: r["ms_per_frame"], default=None)
-    built = res["meta"]["prepare_s"].get(f"{fastest['decoder']}/{bname}") if fastest else None
+    fused_best = fastest(spec_fused)
+    built = res["meta"]["prepare_s"].get(f"{fused_best['decoder']}/{bname}") if fused_best else None
     fused_ar = by.get(("ar", True))
     fused_ms = fused_ar["ms_per_frame"] if fused_ar else None
     whose = "" if full else f"the {picks['backend']} rows' "
@@ -176,13 +176,13 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
              "best speculative": f"best of {len(spec)} timed" if full else f"{whose}best",
              "fused speculative": (f"fastest of {len(spec_fused)} fused frames timed" if full
                                    else f"{whose}fastest fused frame") + f"; built in {built:.1f} s"
-             if fastest else f"absent: {chain_why}", "auto": auto_note}
+             if fused_best else f"absent: {chain_why}", "auto": auto_note}
     picked = {"stepped AR": by[("ar", False)], "fused AR": fused_ar, "best speculative": best,
-              "fused speculative": fastest, "auto": by.get(auto_key)}
+              "fused speculative": fused_best, "auto": by.get(auto_key)}
     rows = [_row(head, name, picked[name], notes[name], fused_ms, floor_bytes,
                  built if name == "fused speculative" else None) for name in ROWS]
     if picks is None:  # the first full backend's: what a later backend times
-        picks = {"backend": bname, "best": best and best["decoder"], "fused": fastest and fastest["decoder"],
+        picks = {"backend": bname, "best": best and best["decoder"], "fused": fused_best and fused_best["decoder"],
                  "auto": pick if auto else None, "auto_note": auto_note}
     return rows, res, picks
 
@@ -335,10 +335,8 @@ def fastest_by_model(result: dict) -> list[dict]:
     out = []
     for m in dict.fromkeys(r["model"] for r in result["rows"]):
         timed = [r for r in result["rows"] if r["model"] == m and r["ms_per_frame"]]
-        best = min(timed, key=lambda r: r["ms_per_frame"], default=None)
-        ar = min((r for r in timed if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"], default=None)
-        spec = min((r for r in timed if r["kind"] not in (None, "ar") and not r["lossy"]),
-                   key=lambda r: r["ms_per_frame"], default=None)
+        best, ar = fastest(timed), fastest(r for r in timed if r["kind"] == "ar")
+        spec = fastest(r for r in timed if r["kind"] not in (None, "ar") and not r["lossy"])
         out.append({"model": m, "fastest": best, "fastest_ar": ar, "fastest_speculative": spec,
                     "speculative_over_ar": spec["ms_per_frame"] / ar["ms_per_frame"] if spec and ar else None})
     return out

@@ -405,6 +405,15 @@ def speedup_vs_n(rows: Sequence[dict]) -> list[dict]:
              "tokens_per_call": r["tokens_per_call"]} for k, r in sorted(best.items())]
 
 
+def fastest(rows, default=None):
+    """The row of least ``ms_per_frame`` (``default`` when there is none)."""
+    return min(rows, key=lambda r: r["ms_per_frame"], default=default)
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
 def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
     """From :func:`time_frames` rows, per backend and precision: stepped AR, the fused AR frame, the fastest lossless
     speculative decoder stepped and fused, and their speedups (ratios of the medians of one interleaved run).
@@ -415,25 +424,21 @@ def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
         ``fused_spec_ms``, ``fused_spec_speedup_vs_fused`` (below 1: the fused AR frame is the faster),
         ``fused_speedup_vs_ar``; ``None`` where a row is missing.
     """
-    def ratio(a, b):
-        return a / b if a and b else None
-
     out = []
     for b, prec in dict.fromkeys((r["backend"], r["precision"]) for r in rows):
         mine = [r for r in rows if (r["backend"], r["precision"]) == (b, prec)]
         ar, far = ({r["kind"]: r["ms_per_frame"] for r in mine if r["kind"] == "ar" and r["fused"] == f}.get("ar")
                    for f in (False, True))
         spec = [r for r in mine if r["kind"] != "ar" and not r["lossy"]]
-        best, fspec = (min((r for r in spec if r["fused"] == f), key=lambda r: r["ms_per_frame"], default={})
-                       for f in (False, True))
+        best, fspec = (fastest((r for r in spec if r["fused"] == f), {}) for f in (False, True))
         out.append({"backend": b, "precision": prec, "ar_ms": ar, "fused_ar_ms": far,
                     "best_decoder": best.get("decoder"), "best_nodes": best.get("nodes"),
                     "best_ms": best.get("ms_per_frame"), "best_tokens_per_call": best.get("tokens_per_call"),
-                    "best_speedup_vs_ar": ratio(ar, best.get("ms_per_frame")),
-                    "best_speedup_vs_fused": ratio(far, best.get("ms_per_frame")),
+                    "best_speedup_vs_ar": _ratio(ar, best.get("ms_per_frame")),
+                    "best_speedup_vs_fused": _ratio(far, best.get("ms_per_frame")),
                     "fused_spec_decoder": fspec.get("decoder"), "fused_spec_ms": fspec.get("ms_per_frame"),
-                    "fused_spec_speedup_vs_fused": ratio(far, fspec.get("ms_per_frame")),
-                    "fused_speedup_vs_ar": ratio(ar, far)})
+                    "fused_spec_speedup_vs_fused": _ratio(far, fspec.get("ms_per_frame")),
+                    "fused_speedup_vs_ar": _ratio(ar, far)})
     return out
 
 
@@ -489,14 +494,8 @@ def speedups_over_ar(rows: Sequence[dict]) -> list[dict]:
     def label(r):
         return runner_label(r) if r else None
 
-    def ratio(a, b):
-        return a / b if a and b else None
-
     ars = sorted((r for r in rows if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"])
     spec = [r for r in rows if r["kind"] != "ar" and not r.get("lossy")]
-
-    def fastest(cands):
-        return min(cands, key=lambda r: r["ms_per_frame"], default=None)
 
     best, paper = fastest(spec), fastest([r for r in spec if r["kind"] == "paper"])
     out = []
@@ -506,11 +505,11 @@ def speedups_over_ar(rows: Sequence[dict]) -> list[dict]:
                     "ar_ms": a["ms_per_frame"], "fastest_ar": i == 0,
                     "ar_vs_fastest_ar": a["ms_per_frame"] / ars[0]["ms_per_frame"],
                     "fastest_speculative": label(best),
-                    "speedup": ratio(a["ms_per_frame"], best and best["ms_per_frame"]),
+                    "speedup": _ratio(a["ms_per_frame"], best and best["ms_per_frame"]),
                     "same_backend_speculative": label(same),
-                    "same_backend_speedup": ratio(a["ms_per_frame"], same and same["ms_per_frame"]),
+                    "same_backend_speedup": _ratio(a["ms_per_frame"], same and same["ms_per_frame"]),
                     "paper_decoder": label(paper),
-                    "paper_speedup": ratio(a["ms_per_frame"], paper and paper["ms_per_frame"])})
+                    "paper_speedup": _ratio(a["ms_per_frame"], paper and paper["ms_per_frame"])})
     return out
 
 

@@ -169,18 +169,18 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
         raise ValueError(f"bench_talker_precisions takes the talker in float32, got {precision_of(talker.model)}")
     talkers = {p: talker if p == "float32" else apply_precision(copy.deepcopy(talker), p, require_native=False)
                for p in precisions}
-    conditions, weights, natives = [], {}, {}
+    conditions, weights, natives = [], {}, {}  # in the rows' order: precision, context, forward
     for p in precisions:
         weights[p] = talker_step_bytes(talkers[p])
-        if "official" in forwards:
-            conditions += [((p, "official", c), *official_step(talkers[p], c, seed=seed + c)) for c in contexts]
         if "native" in forwards:
             natives[p] = NativeTalker(talkers[p], max_context=max(contexts) + 1)
-            conditions += [((p, "native", c), *native_step(natives[p], c, seed=seed + c)) for c in contexts]
-    if bandwidth is None:  # read before and after the timing, the faster kept (other load varies)
-        (stats, meta), bandwidth = bandwidth_around(lambda: _timed(conditions, warmup, repeats, progress))
-    else:
-        stats, meta = _timed(conditions, warmup, repeats, progress)
+        conditions += [((p, f, c), *(official_step(talkers[p], c, seed=seed + c) if f == "official" else
+                                      native_step(natives[p], c, seed=seed + c))) for c in contexts for f in forwards]
+
+    def measure():
+        return _timed(conditions, warmup, repeats, progress)
+
+    (stats, meta), bandwidth = bandwidth_around(measure) if bandwidth is None else (measure(), bandwidth)
     gbs, gbs_cpu = bandwidth["gb_per_s"], bandwidth.get("gb_per_s_cpu")
     rows = []
     for (p, f, c), st in stats.items():
@@ -195,9 +195,6 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
                      "over_floor_kv": st["median_ms"] / fl_kv, "floor_cpu_ms": fl_cpu,
                      "cpu_over_floor": st["cpu_ms"] / fl_cpu if fl_cpu else None,
                      "cpu_over_floor_kv": st["cpu_ms"] / fl_kv_cpu if fl_kv_cpu else None})
-    order = {(p, f, c): i for i, (p, f, c) in enumerate((p, f, c) for p in precisions for c in contexts
-                                                         for f in forwards)}
-    rows.sort(key=lambda r: order[(r["precision"], r["forward"], r["context"])])
     return {**meta, "model": model_name, "random_weights": bool(random_weights), "device_name": meta["cpu"],
             "cpu_flags": cpu_features(), "native_precisions": list(native_precisions()), "bandwidth": bandwidth,
             "contexts": contexts, "forwards": forwards,

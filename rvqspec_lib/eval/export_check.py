@@ -45,15 +45,14 @@ def tolerance(fmt: str, dtype: str) -> float:
 
 def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dtypes: Sequence[str] = ("float32",
                         "float16"), formats: Sequence[str] = ("onnx", "coreml"), nodes: int = 4, tree=None,
-                        frame_code_predictor=None, work_dir=None, seeds: Sequence[int] = (0, 1),
+                        work_dir=None, seeds: Sequence[int] = (0, 1),
                         compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS, keep_files: bool = False) -> dict:
     """Export every (graph, format, dtype), run it where it can run, and compare it with eager PyTorch
     (:func:`check_file`).
 
     Args:
         code_predictor: the official module (float32). graphs, dtypes, formats: what to export. nodes, tree: the
-            verify graph's node budget and tree. frame_code_predictor: a smaller module for the frame graph (its
-            export unrolls every code; tests pass a 4-codebook model), default ``code_predictor``.
+            verify graph's node budget and tree.
         work_dir: where files go (a temporary folder, removed, by default). seeds: example inputs compared.
         compute_units: Core ML's, on macOS. keep_files: keep the files (their paths are in the rows).
 
@@ -71,16 +70,15 @@ def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dty
     rows = []
     try:
         for graph in graphs:
-            cp = frame_code_predictor if graph == "frame" and frame_code_predictor is not None else code_predictor
             n, tr = (nodes, tree) if graph == "verify" else (None, None)
             for fmt in formats:
                 for dt in dtypes:
                     path = work / f"{graph}-{dt}{F.FORMATS[fmt]}"
-                    res = F.export_graph(cp, graph, fmt, path, dtype=dt, nodes=n, tree=tr)
+                    res = F.export_graph(code_predictor, graph, fmt, path, dtype=dt, nodes=n, tree=tr)
                     base = {"graph": graph, "format": fmt, "dtype": dt, "nodes": res["nodes"],
                             "interface_ok": res["declared"] == res["written"], "bytes": res["bytes"],
                             "export_s": round(res["export_s"], 1), "path": str(path) if keep_files else None}
-                    rows += [{**base, **r} for r in check_file(cp, graph, path, dtype=dt, nodes=n, tree=tr,
+                    rows += [{**base, **r} for r in check_file(code_predictor, graph, path, dtype=dt, nodes=n, tree=tr,
                                                                  seeds=seeds, compute_units=compute_units)]
     finally:
         if tmp is not None and not keep_files:

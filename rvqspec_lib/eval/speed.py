@@ -112,10 +112,9 @@ def check_contexts(code_predictor, contexts: torch.Tensor) -> torch.Tensor:
     return contexts.to(next(code_predictor.parameters()).device)
 
 
-def random_contexts(code_predictor, n: int, *, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
-    """``(n, 2, talker_hidden)`` standard normal contexts times ``scale`` (for random-weight models: timing only)."""
-    h = P.talker_hidden_size(code_predictor)
-    return scale * torch.randn(n, 2, h, generator=torch.Generator().manual_seed(seed))
+def random_contexts(code_predictor, n: int, *, seed: int = 0) -> torch.Tensor:
+    """``(n, 2, talker_hidden)`` standard normal contexts (for random-weight models: timing only)."""
+    return torch.randn(n, 2, P.talker_hidden_size(code_predictor), generator=torch.Generator().manual_seed(seed))
 
 
 def _generator(device, seed: int) -> torch.Generator:
@@ -166,7 +165,7 @@ def build_runners(backends: Sequence[str], code_predictor, decoders, *, fused: b
 # ----------------------------------------------------------------------------------------------------------------
 def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20, warmup: int = 2, seed: int = 0,
                 noise_target: float | None = None, max_repeats: int | None = None, progress: bool = True,
-                random_weights: bool | None = None, prepare: bool = True) -> dict:
+                random_weights: bool | None = None) -> dict:
     """Time one frame (batch 1) of every runner, interleaved (module docstring).
 
     Args:
@@ -175,7 +174,7 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
         contexts: ``(N, 2, talker_hidden)``; round r decodes context ``r mod N`` through every runner, with generator
             seed ``seed + r`` (paired).
         repeats, warmup, noise_target, max_repeats, progress: :func:`rvqspec_lib.eval.timing.interleaved`'s.
-        random_weights: recorded in ``meta``. prepare: build every fused runner's graphs first (their seconds in
+        random_weights: recorded in ``meta``. Every fused runner's graphs are built first (their seconds in
             ``meta["prepare_s"]``), so that no compilation falls into a timed frame.
 
     Returns:
@@ -198,11 +197,7 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
     keys = [tuple(sorted(f.items())) for f in fields]
     if len(set(keys)) != len(keys):
         raise ValueError("two runners have the same decoder, backend, precision and fusion: time each once")
-    prepare_s = {}
-    if prepare:
-        for f, r in zip(fields, runners):
-            if r.fused:
-                prepare_s[f"{f['decoder']}/{f['backend']}"] = round(r.prepare(1), 1)
+    prepare_s = {f"{f['decoder']}/{f['backend']}": round(r.prepare(1), 1) for f, r in zip(fields, runners) if r.fused}
     clocks = [Clock() for _ in runners]
     timed = [_timed(r, c) for r, c in zip(runners, clocks)]
     n_ctx, dev = contexts.shape[0], contexts.device

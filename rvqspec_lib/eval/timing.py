@@ -1,20 +1,16 @@
-"""THE timing harness (docs/style.md#benchmarks): every number of milliseconds the project reports is measured by
+"""THE timing harness (docs/style.md#benchmarks): every millisecond the project reports is measured by
 :func:`interleaved`, with the machine's load watched (:class:`LoadMonitor`), the device synchronised where it is
 asynchronous (:func:`device_sync`), and the facts printed beside it (:func:`machine_meta`).
 
-* **Interleaved.** Every condition (a decoder through a backend, a call of Q positions, a pipeline stage ...) is run
-  once per round, in an order shuffled each round by a seeded RNG, after ``warmup`` untimed runs of each. A load
-  change on a shared machine then hits every condition alike, and ratios between conditions of one run are
-  meaningful even when absolute times drift.
-* **Noise stop.** ``repeats`` rounds, or, given ``noise_target``, at least ``repeats`` and then round by round until
-  every condition's median has a relative standard error <= ``noise_target`` or ``max_repeats`` rounds
-  (:mod:`rvqspec_lib.eval.noise`).
-* **Load.** The share of the machine's CPU time other processes took during the timing (from ``/proc/stat``) goes
-  into ``meta``; above :data:`OTHER_CPU_LIMIT` a CPU timing is OVERSUBSCRIBED (:func:`oversubscribed_note`), and
-  :func:`measure_quietly` measures such a timing once more.
-* **Bandwidth.** The weight-streaming floor (:mod:`rvqspec_lib.eval.floor`) needs the machine's read bandwidth
-  (:func:`read_bandwidth`), which another process's load lowers: :func:`bandwidth_around` reads it before and after a
-  timing and keeps the faster.
+* **Interleaved.** Each round runs every condition once, in an order shuffled by a seeded RNG, after ``warmup``
+  untimed runs of each: a load change hits all conditions alike, so ratios within a run hold when absolute times
+  drift.
+* **Noise stop.** ``repeats`` rounds, or with ``noise_target`` round by round until every median's relative standard
+  error is below it (:mod:`rvqspec_lib.eval.noise`).
+* **Load.** The share of CPU time other processes took goes into ``meta``; above :data:`OTHER_CPU_LIMIT` a CPU
+  timing is OVERSUBSCRIBED (:func:`oversubscribed_note`) and :func:`measure_quietly` measures it once more.
+* **Bandwidth.** The weight-streaming floor needs the read bandwidth (:func:`read_bandwidth`); :func:`bandwidth_around`
+  reads it before and after a timing and keeps the faster.
 """
 
 from __future__ import annotations

@@ -137,22 +137,6 @@ class Setup:
         return PlaceholderCodes(frame_runner("native", cp, nd, verify=self.verify, acceptance=self.oracle))
 
 
-def precision_model(model: str, precision: str, *, seed: int = 0):
-    """``load_model`` in the precision's activation dtype with the WHOLE talker (code predictor included) converted
-    to ``precision`` (:func:`rvqspec_lib.models.precision.apply_precision`; the conversion is checked, not the CPU:
-    :func:`pipeline_table` checks that)."""
-    lm = loader.load_model(model, dtype=ACTIVATION_DTYPE[precision], seed=seed)
-    apply_precision(lm.model.talker, precision, require_native=False)
-    return lm
-
-
-def default_codec_dtype() -> str:
-    """The codec decoder's dtype in the table: bfloat16 where the CPU runs it natively (about half the time of float32
-    on the decoder's convolutions, docs/codec_streaming.md), else float32, whatever the talker's precision: the
-    codec is a separate model, and a deployment runs each part in its fastest precision."""
-    return "bfloat16" if "bfloat16" in native_precisions() else "float32"
-
-
 def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = CHUNK_FRAMES, seed: int = 0,
                 n_contexts: int = 8, chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
                 codecs: dict | None = None, max_context: int = 512, codec_config: str = "released",
@@ -165,14 +149,17 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
             trees from the model's heads calibration, else the embedded model's). codecs: ``{dtype: official
             decoder}`` cache of the real-size codec (built once per dtype, random weights). codec_config: the official
             decoder's config for a model without a codec (``released``; ``tiny`` in tests). codec_dtype: its dtype,
-            ``float32`` or ``bfloat16`` (default :func:`default_codec_dtype`).
+            ``float32`` or ``bfloat16`` (default bfloat16 where the CPU runs it natively).
         max_context: the native talker's KV capacity (a stream sizes it to its prompt and frames).
     """
-    lm = precision_model(model, precision, seed=seed)
+    lm = loader.load_model(model, dtype=ACTIVATION_DTYPE[precision], seed=seed)
+    apply_precision(lm.model.talker, precision, require_native=False)  # the WHOLE talker; the CPU checked before
     contexts, cal, named = table_decoders(lm, chains, budgets, n_contexts=n_contexts, seed=seed)
     codec = None
     if lm.speech_tokenizer is None:  # a random-size model: the real-size official decoder, random weights
-        dtype = ACTIVATION_DTYPE[codec_dtype or default_codec_dtype()]
+        # bfloat16 where the CPU runs it natively (about half float32's time, docs/codec_streaming.md), whatever the
+        # talker's precision: the codec is a separate model, and a deployment runs each part at its fastest
+        dtype = ACTIVATION_DTYPE[codec_dtype or ("bfloat16" if "bfloat16" in native_precisions() else "float32")]
         codecs = {} if codecs is None else codecs
         if dtype not in codecs:
             codecs[dtype] = build_codec_decoder(codec_config, seed=seed, dtype=dtype)
@@ -320,10 +307,9 @@ def what_moves(r: dict) -> dict:
             "bottleneck_2c": side, "moves_frame": words}
 
 
-def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, text: str, frames: int, seed: int,
-                      keep: list):
+def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, text: str, frames: int, seed: int):
     """One timed condition: a whole stream (``batch`` copies of ``text``), on one thread or overlapped over all
-    cores; returns its summary, and keeps each run's chunk records in ``keep``."""
+    cores; returns its summary and its chunk records."""
     def run(i):
         outer = torch.get_num_threads()
         torch.set_num_threads(1 if layout == LAYOUTS[0] else os.cpu_count() or 1)
@@ -334,8 +320,7 @@ def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, t
                                    overlap=layout == LAYOUTS[1], language="english")
             for _ in st:
                 pass
-            keep.append(st.chunks)
-            return st.summary()
+            return st.summary(), st.chunks
         finally:
             torch.set_num_threads(outer)
     return run
@@ -354,18 +339,14 @@ def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), 
         and how much audio it held).
     """
     codecs = {b: setup.codec_stream(b) for b in batches}
-    keep: dict = {}
-    conds = {}
-    for name, r in runners.items():
-        for b in batches:
-            for layout in LAYOUTS:
-                keep[(name, b, layout)] = []
-                conds[(name, b, layout)] = _stream_condition(setup, r, codecs[b], batch=b, layout=layout, text=text,
-                                                             frames=frames, seed=seed, keep=keep[(name, b, layout)])
+    conds = {(name, b, layout): _stream_condition(setup, r, codecs[b], batch=b, layout=layout, text=text,
+                                                  frames=frames, seed=seed)
+             for name, r in runners.items() for b in batches for layout in LAYOUTS}
     t = interleaved(conds, repeats=repeats, warmup=warmup, seed=seed, progress=progress,
                     desc=f"streams {setup.model} {setup.precision}", random_weights=setup.oracle is not None)
     rows = []
-    for (name, b, layout), outs in t.out.items():
+    for (name, b, layout), runs in t.out.items():
+        outs = [o for o, _ in runs]
         med = {k: statistics.median(o[k] for o in outs) for k in
                ("ttfa_ms", "ttfa_call_ms", "rtf", "frame_ms", "underruns", "stall_ms", "overlap", "talker_ms",
                 "inner_ms", "codec_ms", "generate_cpu_ms", "decode_cpu_ms", "tokens_per_call", "audio_s", "frames")}
@@ -374,8 +355,7 @@ def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), 
                      "batch": b, "layout": layout, **{k: fields[k] for k in ("decoder", "kind", "fused")}, **med,
                      "wall_ms": statistics.median(t.ms[(name, b, layout)]), "runs": len(outs),
                      "realtime": bool(med["frame_ms"] <= FRAME_MS), "replay": outs[0]["replay"],
-                     "sample_rate": codecs[b].sample_rate,
-                     "chunks": keep[(name, b, layout)][0] if keep[(name, b, layout)] else []})
+                     "sample_rate": codecs[b].sample_rate, "chunks": runs[0][1]})
     return {"rows": rows, "meta": t.meta}
 
 
@@ -433,7 +413,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
             contexts. text: what the streams speak. streams, concurrency: measure them (at the fastest precision;
             ``concurrency`` may name the models to batch streams of).
             codec_config, codec_dtype: the official codec decoder of models without a codec of their own (``tiny``:
-            tests) and its dtype (default :func:`default_codec_dtype`).
+            tests) and its dtype (default bfloat16 where the CPU runs it natively).
 
     Returns:
         ``{"rows", "streams", "concurrency", "sustained", "quoted", "meta"}``: a row per (model, precision, row of

@@ -121,12 +121,11 @@ def check_table_args(models: Sequence[str], precisions: Sequence[str], backends:
 def _row(head: dict, name: str, r: dict | None, note: str, fused_ms: float | None, floor_bytes: int,
          build_s: float | None = None) -> dict:
     """One row of the table from a :func:`time_frames` row (``None``: absent)."""
-    ms = r["ms_per_frame"] if r else None
-    return {**head, "row": name, **{k: r[k] if r else None for k in DECODER_FIELDS}, "ms_per_frame": ms,
-            "p10_ms": r["p10_ms"] if r else None, "p90_ms": r["p90_ms"] if r else None,
-            "rtf": ms / FRAME_MS if ms else None, "tokens_per_call": r["tokens_per_call"] if r else None,
-            "speedup_vs_ar": r["speedup_vs_ar"] if r else None,
-            "x_fused_ar": ms / fused_ms if ms and fused_ms else None,
+    r = r or {}
+    ms = r.get("ms_per_frame")
+    return {**head, "row": name, **{k: r.get(k) for k in (*DECODER_FIELDS, "ms_per_frame", "p10_ms", "p90_ms")},
+            "rtf": ms / FRAME_MS if ms else None, "tokens_per_call": r.get("tokens_per_call"),
+            "speedup_vs_ar": r.get("speedup_vs_ar"), "x_fused_ar": ms / fused_ms if ms and fused_ms else None,
             "floor_ar_ms": floor_bytes, "x_floor_ar": None, "build_s": build_s, "note": note}
 
 

@@ -302,14 +302,13 @@ def format_precision_table(result: dict) -> str:
     lines.append(f"{'precision':<12} {'backend':<8} {'t(1) ms':>8} "
                  + " ".join(f"{f't({q})/t(1)':>10}" for q in ratio_qs)
                  + f" {'MB/call':>8} {'floor ms':>9} {'t(1)/floor':>10}")
-    for pr in result["precisions"]:
-        by_q = {r["n_queries"]: r for r in pr["rows"]}
-        ratios = " ".join(f"{'' if by_q[q]['ratio_to_1'] is None else format(by_q[q]['ratio_to_1'], '.2f'):>10}"
-                          for q in ratio_qs)
-        lines.append(f"{pr['precision']:<12} {pr['backend']:<8} "
-                     f"{'' if 1 not in by_q else format(by_q[1]['median_ms'], '.2f'):>8} {ratios} "
-                     f"{pr['weight_bytes']['bytes'] / 1e6:>8.1f} {_ms(pr['floor_ms']):>9} "
-                     f"{'' if pr['t1_over_floor'] is None else format(pr['t1_over_floor'], '.2f'):>10}")
+
+    def f2(v):
+        return "" if v is None else f"{v:.2f}"
+    for r in precision_rows(result):
+        lines.append(f"{r['precision']:<12} {r['backend']:<8} {f2(r['t1_ms']):>8} "
+                     + "".join(f"{f2(r[f't{q}_over_t1']):>10} " for q in ratio_qs)
+                     + f"{r['mb_per_call']:>8.1f} {_ms(r['floor_ms']):>9} {f2(r['t1_over_floor']):>10}")
     return "\n".join(lines)
 
 

@@ -97,19 +97,23 @@ def _timed(runner, clock: Clock):
 # ----------------------------------------------------------------------------------------------------------------
 # Inputs
 # ----------------------------------------------------------------------------------------------------------------
-def check_contexts(code_predictor, contexts: torch.Tensor) -> torch.Tensor:
-    """``contexts`` on the model's device, after checking their shape ``(N >= 1, 2, talker_hidden)``.
+def _frame_inputs(runners: Sequence, contexts: torch.Tensor) -> tuple:
+    """``(code_predictor, contexts)``: the runners' code predictor and ``contexts`` on its device, after checking
+    their shape ``(N >= 1, 2, talker_hidden)``.
 
     Raises:
-        ValueError: another shape (one line naming where contexts come from).
+        ValueError: no runner, or another shape (one line naming where contexts come from).
     """
+    if not runners:
+        raise ValueError("nothing to time: give at least one frame runner")
+    code_predictor = runners[0].code_predictor
     h = P.talker_hidden_size(code_predictor)
     if not isinstance(contexts, torch.Tensor) or contexts.dim() != 3 or contexts.shape[1:] != (2, h) or \
             contexts.shape[0] < 1:
         shape = tuple(contexts.shape) if isinstance(contexts, torch.Tensor) else type(contexts).__name__
         raise ValueError(f"contexts must be a (N >= 1, 2, {h}) tensor (frames_from_shipped(...).context, or "
                          f"random_contexts for random-weight models), got {shape}")
-    return contexts.to(next(code_predictor.parameters()).device)
+    return code_predictor, contexts.to(next(code_predictor.parameters()).device)
 
 
 def random_contexts(code_predictor, n: int, *, seed: int = 0) -> torch.Tensor:
@@ -189,10 +193,7 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
     Raises:
         ValueError: bad contexts, no runner, two runners with the same fields, bad settings (one line each).
     """
-    if not runners:
-        raise ValueError("nothing to time: give at least one frame runner")
-    cp = runners[0].code_predictor
-    contexts = check_contexts(cp, contexts)
+    cp, contexts = _frame_inputs(runners, contexts)
     fields = [runner_fields(r) for r in runners]
     keys = [tuple(sorted(f.items())) for f in fields]
     if len(set(keys)) != len(keys):
@@ -345,10 +346,7 @@ def batch_throughput(runners: Sequence, contexts: torch.Tensor, *, batch_sizes: 
     Raises:
         ValueError: bad contexts or batch sizes, bad settings.
     """
-    if not runners:
-        raise ValueError("nothing to time: give at least one frame runner")
-    cp = runners[0].code_predictor
-    contexts = check_contexts(cp, contexts)
+    cp, contexts = _frame_inputs(runners, contexts)
     bs = [int(b) for b in batch_sizes]
     if not bs or min(bs) < 1:
         raise ValueError(f"batch sizes must be >= 1, got {batch_sizes}")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from rvqspec_lib.common.machine import cpu_flags, cpu_model
@@ -49,12 +50,9 @@ def percentile(xs: Sequence[float], q: float) -> float:
     Raises:
         ValueError: no samples.
     """
-    s = sorted(xs)
-    if not s:
+    if not len(xs):
         raise ValueError("percentile of no samples")
-    k = (len(s) - 1) * q / 100.0
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+    return float(np.percentile(xs, q))
 
 
 def summary(ms: Sequence[float]) -> dict:

@@ -75,35 +75,29 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
                 talker_context: int = TALKER_CONTEXT, backend: str = "official", native: bool = False,
                 warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
                 noise_target: float | None = None, max_repeats: int | None = None, floor: bool = False) -> dict:
-    """Per-call latency of a talker step and of code-predictor calls of ``Q`` query positions, interleaved, plus the
+    """Per-call latency of a talker step and of code-predictor calls of ``Q`` query positions, interleaved, and the
     frame-level quantities they imply (module docstring).
 
     Args:
         lm: a :class:`~rvqspec_lib.models.loader.LoadedModel` (any device and dtype; not modified).
-        prefix_len: committed slots before the code-predictor call. query_sizes: the Qs (1 among them for the
-            ratios). talker_context: KV positions before the talker step. backend: the verify backend of the
-            code-predictor call (:data:`rvqspec_lib.models.backends.BACKENDS`); the talker step is the official one.
-        native: also time the native pair in the same interleaved run: the talker step through
-            :func:`rvqspec_lib.eval.talker_bench.native_step` and the code-predictor calls through the ``native`` verify backend (both
-            one C call over packed copies of the weights; CPU only).
+        prefix_len: committed slots before the code-predictor call. query_sizes: the Qs (1 among them for the ratios).
+            talker_context: KV positions before the talker step. backend: the code-predictor call's verify backend.
+        native: also the native pair (talker step and ``native`` backend; CPU only) in the same run.
         warmup, repeats, seed, progress, noise_target, max_repeats: :func:`~rvqspec_lib.eval.timing.interleaved`'s
-            (``seed`` seeds the random inputs too; the global RNG is not touched).
-        floor: also the weight-streaming floor of the Q = 1 call (CPU only): the read bandwidth measured before and
-            after the timing, the faster kept (:func:`~rvqspec_lib.eval.timing.bandwidth_around`).
+            (``seed`` seeds the random inputs too).
+        floor: also the weight-streaming floor of the Q = 1 call (CPU only; :func:`~rvqspec_lib.eval.timing.
+            bandwidth_around`).
 
     Returns:
-        JSON-able dict: the timing's meta (threads, CPU, torch, device, dtype of the talker, ``random_weights``, the
-        load during the run, ``other_cpu_frac``, rounds made and noise), ``cpu_oversubscribed``, ``model``
-        (``lm.describe()``), ``device_name``, ``code_predictor_precision``, ``backend``, the settings,
-        ``talker_step`` (:func:`~rvqspec_lib.eval.timing.summary` and ``rel_se``), ``code_predictor`` (a row per Q:
-        ``n_queries``, the summary, ``rel_se``, ``ratio_to_1`` = t(Q) / t(1)), ``derived``
-        (:func:`derived_from_bench`); with ``native``: ``native``, the same three keys for the native pair (its
-        ``ratio_to_1`` over the native t(1)); with ``floor``: ``bandwidth``, ``weight_bytes``, ``floor_ms``.
+        JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model`` (``lm.describe()``), ``device_name``,
+        ``code_predictor_precision``, ``backend``, the settings, ``talker_step`` (the summary and ``rel_se``),
+        ``code_predictor`` (per Q: ``n_queries``, the summary, ``rel_se``, ``ratio_to_1`` = t(Q) / t(1)), ``derived``
+        (:func:`derived_from_bench`); with ``native``: ``native``, those three keys for the native pair; with
+        ``floor``: ``bandwidth``, ``weight_bytes``, ``floor_ms``.
 
     Raises:
         ValueError: bad query sizes, ``prefix_len < 1``, ``talker_context < 1``, an absent backend, ``native`` with
-            ``backend="native"`` or where the native forward is absent, ``floor`` off the CPU, bad timing settings
-            (one line each).
+            ``backend="native"`` or without the native forward, ``floor`` off the CPU, bad timing settings (one line).
     """
     cp = lm.code_predictor
     qs = _query_sizes(query_sizes)
@@ -227,30 +221,26 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
                      warmup: int = 3, repeats: int = 20, seed: int = 0, bandwidth: dict | None = None,
                      progress: bool = True, noise_target: float | None = None,
                      max_repeats: int | None = None) -> dict:
-    """The code-predictor call (:func:`bench_model`'s) of ``Q`` query positions in several precisions and through
-    several verify backends, every (precision, backend, Q) one condition of ONE interleaved run, each against its
-    weight-streaming floor: :func:`rvqspec_lib.eval.floor.call_weight_bytes` of one query over the read bandwidth.
+    """The code-predictor call of ``Q`` query positions per precision and verify backend, every (precision, backend,
+    Q) one condition of ONE interleaved run, each against its weight-streaming floor (one query's
+    :func:`rvqspec_lib.eval.floor.call_weight_bytes` over the read bandwidth).
 
     Args:
-        lm: a loaded model on the CPU whose code predictor is in float32 (not modified: each precision converts a
-            copy, :func:`~rvqspec_lib.models.precision.apply_precision`, without the native check: callers check).
-        precisions: names of :data:`~rvqspec_lib.models.precision.PRECISIONS`. backends: names of
-            :data:`~rvqspec_lib.models.backends.BACKENDS` (``official`` and ``native``: the official module's call
-            and the native forward's, docs/precision.md#the-native-forward).
-        query_sizes: the Qs (1 among them for the ratios). bandwidth: a :func:`rvqspec_lib.eval.timing.read_bandwidth`
-            result; ``None``: read before and after the timing, the faster kept (both recorded).
-        prefix_len, warmup, repeats, seed, progress, noise_target, max_repeats: as :func:`bench_model`.
+        lm: a loaded model on the CPU, code predictor in float32 (not modified: each precision converts a copy, without
+            the native check: callers check). precisions, backends: names of
+            :data:`~rvqspec_lib.models.precision.PRECISIONS` and :data:`~rvqspec_lib.models.backends.BACKENDS`.
+        bandwidth: a :func:`rvqspec_lib.eval.timing.read_bandwidth` result; ``None``: read around the timing.
+        query_sizes, prefix_len, warmup, repeats, seed, progress, noise_target, max_repeats: as :func:`bench_model`.
 
     Returns:
-        JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model``, ``device_name``, ``precision_flags``
-        (:func:`~rvqspec_lib.models.precision.cpu_features`), ``native_precisions``, ``bandwidth``, ``prefix_len``,
-        ``backends``, and ``precisions``: a dict per (precision, backend), in that order, with ``precision``,
-        ``backend``, ``rows`` (per Q: ``n_queries``, the summary, ``rel_se``, ``ratio_to_1``), ``weight_bytes``,
-        ``floor_ms`` and ``t1_over_floor``.
+        JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model``, ``device_name``, ``precision_flags``,
+        ``native_precisions``, ``bandwidth``, ``prefix_len``, ``backends``, and ``precisions``: per (precision, backend)
+        ``precision``, ``backend``, ``rows`` (per Q: ``n_queries``, the summary, ``rel_se``, ``ratio_to_1``),
+        ``weight_bytes``, ``floor_ms``, ``t1_over_floor``.
 
     Raises:
-        ValueError: an unknown precision or backend, one absent at a precision, bad query sizes, a model off the
-            CPU, bad timing settings (one line each).
+        ValueError: an unknown precision or backend, one absent at a precision, bad query sizes, a model off the CPU,
+            bad timing settings (one line each).
     """
     qs, precisions, backends = _query_sizes(query_sizes), list(precisions), list(backends)
     bad = [p for p in precisions if p not in PRECISIONS] + [b for b in backends if b not in BACKENDS]

@@ -33,18 +33,9 @@ EMBED_SCALE = 0.02
 
 
 def slim_talker(talker):
-    """A deep copy of the official talker holding what a step runs: its decoder stack (``model``, with its codec
-    table) and ``codec_head``. The code predictor, the text table and ``text_projection`` are replaced by empty
-    stand-ins (on the 0.6B the text table alone is 1.2 GB in float32), so that a benchmark can hold one copy per
-    precision.
-
-    Args:
-        talker: the official talker (``lm.model.talker``).
-
-    Returns:
-        the copy (an ``nn.Module`` of the talker's class): ``talker.model(...)`` and ``talker.codec_head(...)`` work
-        as on the original; nothing else does.
-    """
+    """A deep copy of the official talker (``lm.model.talker``) holding what a step runs, ``model`` (with its codec
+    table) and ``codec_head``; the code predictor, the text table (1.2 GB in float32 on the 0.6B) and
+    ``text_projection`` become empty stand-ins, so that a benchmark can hold one copy per precision."""
     memo = {id(talker.code_predictor): nn.Identity(), id(talker.text_projection): nn.Identity(),
             id(talker.model.text_embedding): nn.Embedding(1, 1)}
     return copy.deepcopy(talker, memo)
@@ -132,27 +123,20 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
     docstring).
 
     Args:
-        talker: the official talker in float32 (e.g. :func:`slim_talker` of ``lm.model.talker``; not modified: the
-            float32 condition runs on it, every other precision on a converted copy,
-            :func:`rvqspec_lib.models.precision.apply_precision` without the native check).
-        precisions: names of :data:`rvqspec_lib.models.precision.PRECISIONS` (default: those this CPU runs natively,
-            :func:`rvqspec_lib.models.precision.native_precisions`).
-        contexts: positions in the KV cache before the timed step (each >= 1).
-        forwards: some of :data:`TALKER_FORWARDS`.
-        warmup, repeats: untimed and timed rounds.
-        seed: of the random input embeddings.
-        bandwidth: a :func:`rvqspec_lib.eval.floor.read_bandwidth` result; ``None``: measured before and after.
+        talker: the official talker in float32 (e.g. :func:`slim_talker`'s; not modified: other precisions run on
+            converted copies, without the native check). precisions: of :data:`~rvqspec_lib.models.precision.
+            PRECISIONS` (default the CPU's native ones). contexts: cached positions before the step (each >= 1).
+            forwards: some of :data:`TALKER_FORWARDS`. warmup, repeats: untimed and timed rounds. seed: of the inputs.
+        bandwidth: a :func:`rvqspec_lib.eval.timing.read_bandwidth` result; ``None``: read around the timing.
         model_name, random_weights: reported as given.
 
     Returns:
-        JSON-able dict: ``model``, ``random_weights``, ``device_name`` (the CPU), ``cpu_flags``,
-        ``native_precisions``, ``threads``, ``bandwidth``, ``other_cpu_frac``, ``cpu_count``, ``torch``, the
-        settings, and ``rows``: one dict per (precision, forward, context) with the medians (``median_ms``,
-        ``p10_ms``, ``p90_ms``, ``min_ms``, ``cpu_ms`` the thread's CPU time, ``n``), ``weight_bytes``, ``kv_bytes``
-        (what the step attends, in that forward's cache dtype), ``packed_bytes`` (native: the packed copy),
-        ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``over_floor_kv``, and in CPU time ``floor_cpu_ms`` (the
-        weights over the bandwidth timed in CPU time, ``gb_per_s_cpu``), ``cpu_over_floor`` and
-        ``cpu_over_floor_kv`` (``None`` where the bandwidth has no CPU-time figure).
+        JSON-able dict: the timing's meta, ``model``, ``random_weights``, ``device_name``, ``cpu_flags``,
+        ``native_precisions``, ``bandwidth``, the settings, and ``rows`` per (precision, context, forward): the summary
+        (``median_ms`` ... ``n``) and ``cpu_ms`` (thread CPU time), ``weight_bytes``, ``kv_bytes`` (in that forward's
+        cache dtype), ``packed_bytes`` (native), ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``over_floor_kv``,
+        ``floor_cpu_ms``, ``cpu_over_floor``, ``cpu_over_floor_kv`` (the CPU-time ones ``None`` without
+        ``gb_per_s_cpu``).
 
     Raises:
         ValueError: an unknown precision or forward, a context < 1, a talker not in float32.

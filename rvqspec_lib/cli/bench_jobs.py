@@ -1,14 +1,8 @@
 """The jobs of ``rvqspec bench`` (the parser is :mod:`rvqspec_lib.cli.bench`): each checks its flags (one line
-naming the fix, before any model loads), loads the model, times through the library and prints; ``--json`` writes
-the result with its provenance.
-
-* ``latency``: :func:`rvqspec_lib.eval.latency.bench_model` (on the CPU with the floor line);
-* ``precisions``: :func:`rvqspec_lib.eval.latency.bench_precisions`;
-* ``frames``: :func:`rvqspec_lib.eval.speed.time_frames` over :func:`rvqspec_lib.eval.speed.build_runners` of the
-  named decoders (:func:`rvqspec_lib.models.named_decoders.resolve_all`) through the ``--backends``; contexts from the
-  model's shipped evaluation split, random ones otherwise (tokens per call then mean little: said so);
-* ``table``: :func:`rvqspec_lib.eval.bench_table.bench_table`;
-* ``pipeline``: :func:`rvqspec_lib.eval.pipeline.pipeline_table`.
+naming the fix, before any model loads), loads the model, times through the library (``latency`` and
+``precisions``: :mod:`rvqspec_lib.eval.latency`; ``frames``: :mod:`rvqspec_lib.eval.speed` over the named decoders;
+``table``: :mod:`rvqspec_lib.eval.bench_table`; ``pipeline``: :mod:`rvqspec_lib.eval.pipeline`) and prints;
+``--json`` writes the result with its provenance.
 """
 
 from __future__ import annotations

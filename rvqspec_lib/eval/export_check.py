@@ -1,16 +1,9 @@
 """The exported code-predictor graphs against eager PyTorch (notebook 06, ``rvqspec export``), and Core ML call times
-on macOS.
-
-* :func:`check_file`: one exported file (:func:`rvqspec_lib.models.export_formats.export_graph`) run where it can run
-  (ONNX Runtime here; Core ML per compute unit on macOS 15+) and compared with the OFFICIAL module in float32, eager,
-  on the graph's example inputs (:func:`rvqspec_lib.models.export_graphs.reference_outputs`): the max abs logit
-  difference relative to the largest reference logit, against :data:`RELATIVE_TOLERANCE`; the frame graph's codes.
-* :func:`numerical_agreement`: every (graph, format, dtype) exported and checked.
-* :func:`coreml_call_times`: the Core ML packages timed call by call per compute unit, interleaved
-  (:func:`rvqspec_lib.eval.timing.interleaved`).
-
-Frame times per backend are :func:`rvqspec_lib.eval.speed.time_frames` over the registry's runners
-(:func:`rvqspec_lib.eval.speed.build_runners`); the backends present, :func:`rvqspec_lib.models.backends.backend_table`.
+on macOS: :func:`check_file` runs one exported file where it can run (ONNX Runtime; Core ML per compute unit on
+macOS 15+) and compares it with the OFFICIAL module in float32 on the graph's example inputs (max abs logit
+difference over the largest reference logit, against :data:`RELATIVE_TOLERANCE`; the frame graph's codes);
+:func:`numerical_agreement` does so for every (graph, format, dtype); :func:`coreml_call_times` times the Core ML
+packages interleaved. Frame times per backend: :func:`rvqspec_lib.eval.speed.time_frames`.
 """
 
 from __future__ import annotations

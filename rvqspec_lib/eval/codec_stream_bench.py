@@ -189,8 +189,8 @@ def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repea
 
     Returns:
         ``{"ms_per_frame", "min_ms_per_frame", "wall_ms_per_frame", "stages_ms_per_frame": {stage: ms},
-        "other_cpu_frac"}``: medians over the timed chunks of thread CPU time per frame (and its minimum), of wall time per frame, and of
-        each stage's thread CPU time per frame.
+        "other_cpu_frac"}``: medians over the timed chunks of thread CPU time per frame (and its minimum), of wall
+        time per frame, and of each stage's thread CPU time per frame.
     """
     dec = StreamingCodecDecoder(decoder, backend=backend, chunk_frames_hint=chunk_frames)
     codes = _codes(WARMUP_FRAMES + chunk_frames * repeats, seed=1)

@@ -48,7 +48,8 @@ def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
         raise ValueError(f"n_queries must be >= 1, got {n_queries}")
     m = code_predictor.model
     return _count({"layers": m.layers, "norm": m.norm, "projection": code_predictor.small_to_mtp_projection,
-                   "head": code_predictor.lm_head[0]}, rows=(("embedding_rows", m.codec_embedding[0].weight, n_queries),))
+                   "head": code_predictor.lm_head[0]},
+                  rows=(("embedding_rows", m.codec_embedding[0].weight, n_queries),))
 
 
 def talker_step_bytes(talker, *, context: int = 0, kv_element_bytes: int | None = None) -> dict:

@@ -131,7 +131,8 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
 
     t, bandwidth = bandwidth_around(measure) if floor else (measure(), None)
     result = {**t.meta, "cpu_oversubscribed": cpu_oversubscribed(t.meta), "model": lm.describe(),
-              "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else t.meta["cpu"], "code_predictor_precision": precision_of(cp),
+              "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else t.meta["cpu"],
+              "code_predictor_precision": precision_of(cp),
               "backend": backend, "prefix_len": prefix_len, "talker_context": talker_context,
               **_pair(t, TALKER, qs, lambda q: q)}
     result["derived"] = derived_from_bench(result, frame_rate_hz=lm.frame_rate_hz, n_code_groups=lm.n_code_groups)

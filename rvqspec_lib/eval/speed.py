@@ -184,8 +184,8 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per runner: its fields (``decoder``, ``kind``, ``drafter``,
         ``nodes``, ``lossy``, ``backend``, ``fused``, ``precision``), ``tokens_per_call`` (mean over the first
-        ``repeats`` timed frames, which every run makes, prefill included), ``calls_per_frame``, ``ms_per_frame`` (median), ``p10_ms``, ``p90_ms``, ``model_ms`` (in
-        the backend's forward), ``heads_ms`` (heads, embeddings, drafts), ``outside_ms`` (the rest: the loop
+        ``repeats`` timed frames, which every run makes, prefill included), ``calls_per_frame``, ``ms_per_frame``
+        (median), ``p10_ms``, ``p90_ms``, ``model_ms`` (in the backend's forward), ``heads_ms`` (heads, embeddings, drafts), ``outside_ms`` (the rest: the loop
         outside the model; a fused runner's frame is all ``model_ms``), ``outside_share``, ``speedup_vs_ar`` (over
         stepped AR of the same backend and precision, ratio of medians), ``speedup_vs_fused`` (over the fused AR
         frame of the same backend and precision).
@@ -198,7 +198,8 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
     keys = [tuple(sorted(f.items())) for f in fields]
     if len(set(keys)) != len(keys):
         raise ValueError("two runners have the same decoder, backend, precision and fusion: time each once")
-    prepare_s = {f"{f['decoder']}/{f['backend']}": round(r.prepare(1), 1) for f, r in zip(fields, runners) if r.fused}
+    prepare_s = {f"{f['decoder']}/{f['backend']}": round(r.prepare(1), 1)
+                 for f, r in zip(fields, runners) if r.fused}
     clocks = [Clock() for _ in runners]
     timed = [_timed(r, c) for r, c in zip(runners, clocks)]
     n_ctx, dev = contexts.shape[0], contexts.device
@@ -484,24 +485,21 @@ def speedups_over_ar(rows: Sequence[dict]) -> list[dict]:
         ``same_backend_speculative``, ``same_backend_speedup``, ``paper_decoder``, ``paper_speedup`` (``None``
         where the run has no such row). Empty without an AR row.
     """
-    def label(r):
-        return runner_label(r) if r else None
-
     ars = sorted((r for r in rows if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"])
     spec = [r for r in rows if r["kind"] != "ar" and not r.get("lossy")]
-
     best, paper = fastest(spec), fastest([r for r in spec if r["kind"] == "paper"])
     out = []
     for i, a in enumerate(ars):
         same = fastest([r for r in spec if (r["backend"], r["precision"]) == (a["backend"], a["precision"])])
-        out.append({"ar": label(a), "backend": a["backend"], "fused": bool(a["fused"]), "precision": a["precision"],
+        out.append({"ar": runner_label(a), "backend": a["backend"], "fused": bool(a["fused"]),
+                    "precision": a["precision"],
                     "ar_ms": a["ms_per_frame"], "fastest_ar": i == 0,
                     "ar_vs_fastest_ar": a["ms_per_frame"] / ars[0]["ms_per_frame"],
-                    "fastest_speculative": label(best),
+                    "fastest_speculative": best and runner_label(best),
                     "speedup": _ratio(a["ms_per_frame"], best and best["ms_per_frame"]),
-                    "same_backend_speculative": label(same),
+                    "same_backend_speculative": same and runner_label(same),
                     "same_backend_speedup": _ratio(a["ms_per_frame"], same and same["ms_per_frame"]),
-                    "paper_decoder": label(paper),
+                    "paper_decoder": paper and runner_label(paper),
                     "paper_speedup": _ratio(a["ms_per_frame"], paper and paper["ms_per_frame"])})
     return out
 

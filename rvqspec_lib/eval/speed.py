@@ -185,10 +185,10 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
         ``{"rows": [...], "meta": {...}}``; a row per runner: its fields (``decoder``, ``kind``, ``drafter``,
         ``nodes``, ``lossy``, ``backend``, ``fused``, ``precision``), ``tokens_per_call`` (mean over the first
         ``repeats`` timed frames, which every run makes, prefill included), ``calls_per_frame``, ``ms_per_frame``
-        (median), ``p10_ms``, ``p90_ms``, ``model_ms`` (in the backend's forward), ``heads_ms`` (heads, embeddings, drafts), ``outside_ms`` (the rest: the loop
-        outside the model; a fused runner's frame is all ``model_ms``), ``outside_share``, ``speedup_vs_ar`` (over
-        stepped AR of the same backend and precision, ratio of medians), ``speedup_vs_fused`` (over the fused AR
-        frame of the same backend and precision).
+        (median), ``p10_ms``, ``p90_ms``, ``model_ms`` (in the backend's forward), ``heads_ms`` (heads,
+        embeddings, drafts), ``outside_ms`` (the rest: the loop outside the model; a fused runner's frame is all
+        ``model_ms``), ``outside_share``, ``speedup_vs_ar`` and ``speedup_vs_fused`` (over stepped AR and over the
+        fused AR frame of the same backend and precision, ratios of medians).
 
     Raises:
         ValueError: bad contexts, no runner, two runners with the same fields, bad settings (one line each).

@@ -427,6 +427,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     Raises:
         ValueError: as :func:`check_pipeline_args`; bad noise settings.
     """
+    phase = Phases()  # seconds each phase took (the run-time budget of a notebook), and the total
     precisions = list(precisions or native_precisions())
     check_pipeline_args(models, precisions, chunk_frames=chunk_frames, frames=frames, batches=batches)
     if codec_dtype is not None:
@@ -434,7 +435,6 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     noise.repeat_cap(noise_target, repeats, None)
     acceptance = acceptance or default_acceptance()
     rows, stream_rows, conc_rows, metas, peaks, codecs = [], [], [], [], {}, {}
-    phase = Phases()  # seconds each phase took (the run-time budget of a notebook)
 
     def measure():
         for model in models:

@@ -136,3 +136,14 @@ def test_bad_pipeline_flags_are_one_line_before_loading(capsys, monkeypatch, ext
     assert rc == 2
     err = capsys.readouterr().err
     assert err.startswith("rvqspec: error: ") and err.count("\n") == 1 and needle in err, err
+
+
+def test_a_replays_ar_runs_unreplayed_so_only_speculative_rows_carry_the_label():
+    """auto may choose stepped AR on a given machine: that runner must carry no replay (AR accepts nothing)."""
+    from rvqspec_lib.eval.replay import default_acceptance
+
+    setup = PL.build_setup("tiny-random", "float32", acceptance=default_acceptance(), chains=(4,), budgets=(4,),
+                           n_contexts=2, codec_config="tiny")
+    ar, chain = setup.runner("ar", False), setup.runner("chain:4", False)
+    assert not isinstance(ar, PL.PlaceholderCodes) and getattr(ar, "acceptance", None) is None
+    assert isinstance(chain, PL.PlaceholderCodes) and chain.acceptance is setup.oracle

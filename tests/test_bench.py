@@ -16,6 +16,7 @@ from rvqspec_lib.cli import bench_jobs
 from rvqspec_lib.cli.main import main as cli_main
 from rvqspec_lib.common.provenance import provenance, save_figure, save_json, save_table
 from rvqspec_lib.eval import latency, timing
+from rvqspec_lib.eval import talker_bench as TB
 from rvqspec_lib.models import backends
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,12 +126,12 @@ def test_bench_model_leaves_the_model_unchanged(tiny):
 
 
 def test_the_talker_step_is_cropped_back_after_every_call(tiny):
-    call, reset = latency.talker_step_call(tiny, talker_context=5)
+    call, reset = TB.official_step(tiny.talker, 5)
     for _ in range(3):
         assert call().shape == (1, tiny.talker.config.vocab_size)
         reset()
     with pytest.raises(ValueError, match="talker_context"):
-        latency.talker_step_call(tiny, talker_context=0)
+        TB.official_step(tiny.talker, 0)
 
 
 def test_the_parser_copies_agree_with_the_library():

@@ -61,10 +61,8 @@ def test_streams_and_concurrency(result):
     for s in streams:
         assert s["batch"] == 1 and s["frames"] == 4 and s["weights"].startswith("timing replay")
         # the speculative frames replay the oracle (placeholder codes streamed); AR needs no replay (random codes)
-        if s["kind"] in ("chain", "calibrated", "tree"):
-            assert s["replay"] is not None
-        if s["row"] == "AR":  # auto's row may choose AR on a given machine: it keeps its row's replay label
-            assert s["replay"] is None
+        # (auto's row carries the label exactly when auto chose a speculative decoder)
+        assert (s["replay"] is None) == (s["kind"] not in ("chain", "calibrated", "tree"))
         assert s["audio_s"] == pytest.approx(4 * 0.08) and s["chunks"] and s["ttfa_ms"] > 0
         assert s["realtime"] == (s["frame_ms"] <= 80)
     row = next(r for r in result["rows"] if r["row"] == "AR")
@@ -138,3 +136,14 @@ def test_bad_pipeline_flags_are_one_line_before_loading(capsys, monkeypatch, ext
     assert rc == 2
     err = capsys.readouterr().err
     assert err.startswith("rvqspec: error: ") and err.count("\n") == 1 and needle in err, err
+
+
+def test_a_replays_ar_runs_unreplayed_so_only_speculative_rows_carry_the_label():
+    """auto may choose stepped AR on a given machine: that runner must carry no replay (AR accepts nothing)."""
+    from rvqspec_lib.eval.replay import default_acceptance
+
+    setup = PL.build_setup("tiny-random", "float32", acceptance=default_acceptance(), chains=(4,), budgets=(4,),
+                           n_contexts=2, codec_config="tiny")
+    ar, chain = setup.runner("ar", False), setup.runner("chain:4", False)
+    assert not isinstance(ar, PL.PlaceholderCodes) and getattr(ar, "acceptance", None) is None
+    assert isinstance(chain, PL.PlaceholderCodes) and chain.acceptance is setup.oracle

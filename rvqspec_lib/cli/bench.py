@@ -50,29 +50,27 @@ OLD_FLAGS = ("--model", "--json", "--repeats", "--noise-target", "--warmup", "--
              "--backend", "--table", "--models", "--backends", "--acceptance", "--table-out")
 
 
-def _int_list(s: str) -> list[int]:
+def _ints(s: str) -> list[int] | None:
     try:
-        vals = [int(v) for v in s.replace(" ", "").split(",") if v]
+        return [int(v) for v in s.replace(" ", "").split(",") if v]
     except ValueError:
-        raise argparse.ArgumentTypeError("give query positions as comma-separated whole numbers, e.g. 1,2,4,8") \
-            from None
+        return None
+
+
+def _int_list(s: str) -> list[int]:
+    vals = _ints(s)
+    if vals is None:
+        raise argparse.ArgumentTypeError("give query positions as comma-separated whole numbers, e.g. 1,2,4,8")
     if not vals or min(vals) < 1 or max(vals) > MAX_QUERIES:
         raise argparse.ArgumentTypeError(f"query positions are >= 1: give e.g. 1,2,4,8 (at most {MAX_QUERIES})")
     return vals
 
 
 def _batch_list(s: str) -> list[int]:
-    try:
-        vals = [int(v) for v in s.replace(" ", "").split(",") if v]
-    except ValueError:
-        vals = []
+    vals = _ints(s)
     if not vals or min(vals) < 1:
         raise argparse.ArgumentTypeError("streams run together are whole numbers >= 1: give e.g. 1,2,4")
     return vals
-
-
-def _names(s: str) -> list[str]:
-    return [v for v in s.replace(" ", "").split(",") if v]
 
 
 def _common(p: argparse.ArgumentParser, *, repeats: int, warmup: int, model: bool = True) -> None:

@@ -1,14 +1,8 @@
 """The jobs of ``rvqspec bench`` (the parser is :mod:`rvqspec_lib.cli.bench`): each checks its flags (one line
-naming the fix, before any model loads), loads the model, times through the library and prints; ``--json`` writes
-the result with its provenance.
-
-* ``latency``: :func:`rvqspec_lib.eval.latency.bench_model` (on the CPU with the floor line);
-* ``precisions``: :func:`rvqspec_lib.eval.latency.bench_precisions`;
-* ``frames``: :func:`rvqspec_lib.eval.speed.time_frames` over :func:`rvqspec_lib.eval.speed.build_runners` of the
-  named decoders (:func:`rvqspec_lib.models.named_decoders.resolve_all`) through the ``--backends``; contexts from the
-  model's shipped evaluation split, random ones otherwise (tokens per call then mean little: said so);
-* ``table``: :func:`rvqspec_lib.eval.bench_table.bench_table`;
-* ``pipeline``: :func:`rvqspec_lib.eval.pipeline.pipeline_table`.
+naming the fix, before any model loads), loads the model, times through the library (``latency`` and
+``precisions``: :mod:`rvqspec_lib.eval.latency`; ``frames``: :mod:`rvqspec_lib.eval.speed` over the named decoders;
+``table``: :mod:`rvqspec_lib.eval.bench_table`; ``pipeline``: :mod:`rvqspec_lib.eval.pipeline`) and prints;
+``--json`` writes the result with its provenance.
 """
 
 from __future__ import annotations
@@ -61,9 +55,14 @@ def run_job(args, threads: int) -> int:
     if args.job not in ("table", "pipeline"):  # theirs say it already
         (result.get("meta", result))["total_s"] = round(time.perf_counter() - started, 3)
     if args.json_path:
-        params = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"}
-        print(f"wrote {save_json(result, args.json_path, provenance(params, seed=args.seed))}")
+        print(f"wrote {save_json(result, args.json_path, _provenance(args))}")
     return 0
+
+
+def _provenance(args) -> dict:
+    """The provenance of a job's output: its flags (less the parsed acceptance table) and seed."""
+    return provenance({k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"},
+                      seed=args.seed)
 
 
 def _list(text) -> list[str]:
@@ -285,8 +284,7 @@ def table_job(args) -> dict:
                                      repeats=args.repeats, warmup=args.warmup, acceptance=args.acceptance_table,
                                      seed=args.seed, progress=_progress(args), noise_target=args.noise_target)
     print(bench_table.format_bench_table(result))
-    params = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"}
-    out = bench_table.save_bench_table(result, args.table_out, provenance(params, seed=args.seed))
+    out = bench_table.save_bench_table(result, args.table_out, _provenance(args))
     print(f"wrote {out['csv']}, {out['md']}, {out['json']}")
     return result
 
@@ -301,8 +299,7 @@ def pipeline_job(args) -> dict:
                                      noise_target=args.noise_target, streams=not args.no_streams,
                                      concurrency=not args.no_streams, progress=_progress(args))
     print(pipeline.format_pipeline(result))
-    params = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "acceptance_table"}
-    out = pipeline.save_pipeline(result, args.table_out, provenance(params, seed=args.seed))
+    out = pipeline.save_pipeline(result, args.table_out, _provenance(args))
     print(f"wrote {out['csv']}, {out['md']}, {out['json']}"
           + "".join(f", {out[k]['csv']}" for k in ("streams", "concurrency") if k in out))
     return result

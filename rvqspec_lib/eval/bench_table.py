@@ -1,35 +1,18 @@
-"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebook 07;
-docs/precision.md#the-table).
+"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebook 07; docs/precision.md#the-table).
 
-Per model (the embedded model, trained; the real-size 0.6B architecture with random weights, its speculative frames a
-timing replay of a trained model's acceptance: :mod:`rvqspec_lib.eval.replay`), per precision (those the running CPU
-runs natively, float32 always) and per backend of the registry (:mod:`rvqspec_lib.models.backends`: eager and native
-by default, compile and onnx on request), five rows (:data:`ROWS`):
+Per model (the trained embedded model; the real-size 0.6B architecture with random weights, its speculative frames
+a timing replay, :mod:`rvqspec_lib.eval.replay`), per precision the CPU runs natively and per backend of the registry
+(eager and native by default, compile and onnx on request), the five rows of :data:`ROWS`: stepped AR, fused AR, the
+fastest stepped chain or calibrated tree, the fastest fused chain frame (absent in a replay: a fused frame computes
+its acceptance inside), and ``auto``'s pick (:func:`rvqspec_lib.eval.budget.choose_decoder`, timed on the spot).
 
-* ``stepped AR``: AR through ``decode_frame``, one backend call per code;
-* ``fused AR``: the backend's fused AR frame;
-* ``best speculative``: the fastest stepped chain or calibrated tree of the table's decoders;
-* ``fused speculative``: the fastest fused chain frame (one graph a round, or one C call a frame); absent in a
-  timing replay (a fused frame computes its acceptance inside, so no replay can drive it);
-* ``auto``: what :func:`rvqspec_lib.eval.budget.choose_decoder` picks for this precision and backend, stepped or
-  fused (timed on the spot, never cached), timed in the same run (a runner another row times is timed once).
-
-A row is keyed by structured fields: ``model``, ``weights``, ``precision``, ``backend``, ``row`` and the decoder's
-(:data:`DECODER_FIELDS`: ``decoder`` its label, ``kind``, ``drafter``, ``nodes``, ``lossy``, ``fused``). The registry
-says what runs where: an absent row's ``note`` is ``absent: <its reason>``. ``eager`` and ``native`` build in seconds
-and time every decoder (:data:`FULL_BACKENDS`); ``compile`` and ``onnx`` (a compiled graph per call shape or round,
-minutes each on a small CPU) time AR, the fused AR frame and what the first full backend's rows found best and auto
-chose.
-
+Rows are keyed by fields (``model``, ``weights``, ``precision``, ``backend``, ``row``, :data:`DECODER_FIELDS`); an
+absent row's ``note`` says why. :data:`FULL_BACKENDS` time every decoder; ``compile`` and ``onnx`` (minutes per
+graph) time AR, the fused AR frame and the first full backend's picks. Each row: ms per frame (all runners of a
+(model, precision, backend) interleaved, :func:`rvqspec_lib.eval.speed.time_frames`), RTF over 80 ms, speedup over
+stepped AR and over the fused AR frame (target :data:`FUSED_TARGET`), the AR frame's weight-streaming floor and the
+frame as a multiple of it. The public ports' figures are quoted under the table (:data:`PUBLIC_PORTS`).
 :func:`fastest_by_model` and :func:`round_costs` read what to run, and why, off the rows.
-
-Each row in ms per frame (median, p10, p90; all runners of a (model, precision, backend) interleaved:
-:func:`rvqspec_lib.eval.speed.time_frames`), as the inner loop's real-time factor (over the 80 ms a frame lasts; the
-talker's step is not in it), over stepped AR, and over the fused AR frame (``x_fused_ar``; the issue's target for the
-fused speculative frame is :data:`FUSED_TARGET` or below); beside them the weight-streaming floor of the AR frame (15
-calls x the floor of one call, :mod:`rvqspec_lib.eval.floor`, at the faster of the bandwidths read before and after
-the timing) and the frame as a multiple of it; under the table the public ports' published figures, labelled and
-never in a measured column (:data:`PUBLIC_PORTS`).
 """
 
 from __future__ import annotations
@@ -50,7 +33,7 @@ from rvqspec_lib.eval import noise
 from rvqspec_lib.eval.budget import choose_decoder
 from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms
 from rvqspec_lib.eval.replay import default_acceptance
-from rvqspec_lib.eval.speed import random_contexts, time_frames
+from rvqspec_lib.eval.speed import fastest, random_contexts, time_frames
 from rvqspec_lib.eval.timing import bandwidth_around, oversubscribed_note
 from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_label, verify_backend
 from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
@@ -96,6 +79,18 @@ def decoder_names(chains: Sequence[int], budgets: Sequence[int]) -> list[str]:
     return ["ar", *(f"chain:{int(w)}" for w in chains), *(f"tree:calibrated:{int(n)}" for n in budgets)]
 
 
+def table_decoders(lm, chains: Sequence[int], budgets: Sequence[int], *, n_contexts: int, seed: int):
+    """What a table times on ``lm``: ``(contexts, calibration, named)``: ``n_contexts`` contexts of the shipped
+    evaluation split (random ones for random weights), the heads calibration beside the model (else the embedded
+    model's), and :func:`decoder_names` resolved with it."""
+    cp = lm.code_predictor.eval()
+    contexts = random_contexts(cp, n_contexts, seed=seed) if lm.is_random else \
+        frames_from_shipped(lm, "evaluation", max_frames=n_contexts, seed=seed).context
+    cal = drafter_calibration(lm, "heads") or load_calibration(tree_file("embedded", "heads"), n_codes=15,
+                                                                drafter="heads")
+    return contexts, cal, resolve_all(decoder_names(chains, budgets), lm, calibrations={"heads": cal})
+
+
 def check_table_args(models: Sequence[str], precisions: Sequence[str], backends: Sequence[str], *,
                      chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS) -> None:
     """Every check that needs no model: known, present backends, each once (the registry's reason when absent, e.g.
@@ -126,12 +121,11 @@ def check_table_args(models: Sequence[str], precisions: Sequence[str], backends:
 def _row(head: dict, name: str, r: dict | None, note: str, fused_ms: float | None, floor_bytes: int,
          build_s: float | None = None) -> dict:
     """One row of the table from a :func:`time_frames` row (``None``: absent)."""
-    ms = r["ms_per_frame"] if r else None
-    return {**head, "row": name, **{k: r[k] if r else None for k in DECODER_FIELDS}, "ms_per_frame": ms,
-            "p10_ms": r["p10_ms"] if r else None, "p90_ms": r["p90_ms"] if r else None,
-            "rtf": ms / FRAME_MS if ms else None, "tokens_per_call": r["tokens_per_call"] if r else None,
-            "speedup_vs_ar": r["speedup_vs_ar"] if r else None,
-            "x_fused_ar": ms / fused_ms if ms and fused_ms else None,
+    r = r or {}
+    ms = r.get("ms_per_frame")
+    return {**head, "row": name, **{k: r.get(k) for k in (*DECODER_FIELDS, "ms_per_frame", "p10_ms", "p90_ms")},
+            "rtf": ms / FRAME_MS if ms else None, "tokens_per_call": r.get("tokens_per_call"),
+            "speedup_vs_ar": r.get("speedup_vs_ar"), "x_fused_ar": ms / fused_ms if ms and fused_ms else None,
             "floor_ar_ms": floor_bytes, "x_floor_ar": None, "build_s": build_s, "note": note}
 
 
@@ -169,10 +163,10 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
                       progress=opts["progress"], noise_target=opts["noise_target"], random_weights=oracle is not None)
     by = {(r["decoder"], r["fused"]): r for r in res["rows"]}
     spec = [by[(k, False)] for k in stepped if k != "ar"]
-    best = min(spec, key=lambda r: r["ms_per_frame"], default=None)
+    best = fastest(spec)
     spec_fused = [by[(k, True)] for k in fused if k != "ar"]
-    fastest = min(spec_fused, key=lambda r: r["ms_per_frame"], default=None)
-    built = res["meta"]["prepare_s"].get(f"{fastest['decoder']}/{bname}") if fastest else None
+    fused_best = fastest(spec_fused)
+    built = res["meta"]["prepare_s"].get(f"{fused_best['decoder']}/{bname}") if fused_best else None
     fused_ar = by.get(("ar", True))
     fused_ms = fused_ar["ms_per_frame"] if fused_ar else None
     whose = "" if full else f"the {picks['backend']} rows' "
@@ -181,13 +175,13 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
              "best speculative": f"best of {len(spec)} timed" if full else f"{whose}best",
              "fused speculative": (f"fastest of {len(spec_fused)} fused frames timed" if full
                                    else f"{whose}fastest fused frame") + f"; built in {built:.1f} s"
-             if fastest else f"absent: {chain_why}", "auto": auto_note}
+             if fused_best else f"absent: {chain_why}", "auto": auto_note}
     picked = {"stepped AR": by[("ar", False)], "fused AR": fused_ar, "best speculative": best,
-              "fused speculative": fastest, "auto": by.get(auto_key)}
+              "fused speculative": fused_best, "auto": by.get(auto_key)}
     rows = [_row(head, name, picked[name], notes[name], fused_ms, floor_bytes,
                  built if name == "fused speculative" else None) for name in ROWS]
     if picks is None:  # the first full backend's: what a later backend times
-        picks = {"backend": bname, "best": best and best["decoder"], "fused": fastest and fastest["decoder"],
+        picks = {"backend": bname, "best": best and best["decoder"], "fused": fused_best and fused_best["decoder"],
                  "auto": pick if auto else None, "auto_note": auto_note}
     return rows, res, picks
 
@@ -226,7 +220,6 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     check_table_args(models, precisions, backends, chains=chains, budgets=budgets)
     noise.repeat_cap(noise_target, repeats, None)  # bad settings fail before any model loads
     acceptance = acceptance or default_acceptance()
-    embedded_cal = load_calibration(tree_file("embedded", "heads"), n_codes=15, drafter="heads")
     opts = {"threads": threads, "auto_frames": auto_frames, "auto_budgets": auto_budgets, "seed": seed,
             "repeats": repeats, "warmup": warmup, "progress": progress, "noise_target": noise_target}
     rows, crowded, build, noise_runs = [], [], {}, []
@@ -234,12 +227,8 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     def measure():
         for model in models:
             lm = loader.load_model(model, dtype="float32", seed=seed)
-            base = lm.code_predictor.eval()
-            replay = bool(lm.is_random)
-            contexts = random_contexts(base, n_contexts, seed=seed) if replay else \
-                frames_from_shipped(lm, "evaluation", max_frames=n_contexts, seed=seed).context
-            cal = drafter_calibration(lm, "heads") or embedded_cal
-            named = resolve_all(decoder_names(chains, budgets), lm, calibrations={"heads": cal})
+            base, replay = lm.code_predictor.eval(), bool(lm.is_random)
+            contexts, cal, named = table_decoders(lm, chains, budgets, n_contexts=n_contexts, seed=seed)
             for prec in precisions:
                 cp = apply_precision(copy.deepcopy(base), prec, require_native=False)
                 floor_bytes = (int(base.config.num_code_groups) - 1) * call_weight_bytes(cp, n_queries=1)["bytes"]
@@ -345,10 +334,8 @@ def fastest_by_model(result: dict) -> list[dict]:
     out = []
     for m in dict.fromkeys(r["model"] for r in result["rows"]):
         timed = [r for r in result["rows"] if r["model"] == m and r["ms_per_frame"]]
-        best = min(timed, key=lambda r: r["ms_per_frame"], default=None)
-        ar = min((r for r in timed if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"], default=None)
-        spec = min((r for r in timed if r["kind"] not in (None, "ar") and not r["lossy"]),
-                   key=lambda r: r["ms_per_frame"], default=None)
+        best, ar = fastest(timed), fastest(r for r in timed if r["kind"] == "ar")
+        spec = fastest(r for r in timed if r["kind"] not in (None, "ar") and not r["lossy"])
         out.append({"model": m, "fastest": best, "fastest_ar": ar, "fastest_speculative": spec,
                     "speculative_over_ar": spec["ms_per_frame"] / ar["ms_per_frame"] if spec and ar else None})
     return out

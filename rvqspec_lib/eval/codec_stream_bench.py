@@ -1,41 +1,29 @@
 """Time the streaming codec decoder against the official ``chunked_decode`` and against its floors
-(docs/codec_streaming.md).
+(docs/codec_streaming.md), per precision (float32; bfloat16 where the CPU runs it natively) and chunk size n:
 
-What is measured, per precision (float32; bfloat16 where the CPU has AVX512-BF16 or AMX-BF16) and chunk size n:
+* **streaming**: :class:`~rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` in steady state (past the
+  transformer's 72-frame window), one chunk of n frames per timed call, each stage timed (:func:`time_streaming`);
+* **official**: each steady-state chunk of ``chunked_decode(codes, n, left_context_size=25)`` is one ``forward`` over
+  25 + n frames (:func:`time_chunked_decode`), per frame;
+* **floors**: arithmetic ``FLOPs per frame / peak`` (:func:`stage_flops`, :func:`peak_gflops`: oneDNN's best rate on
+  the decoder's own shapes) and the roofline, per matmul layer ``max(FLOPs / peak, weight bytes / bandwidth)``
+  (:func:`stage_roofline_ms`): a chunk reads every weight once, so at small n the roofline is what code can approach.
 
-* **streaming**: :class:`rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` (``onednn`` backend by default)
-  on a stream already past the transformer's 72-frame attention window (steady state), one chunk of n frames per
-  timed call, each stage timed (:meth:`StreamingCodecDecoder.stages`);
-* **official chunked_decode**: in steady state each chunk of ``chunked_decode(codes, chunk_size=n,
-  left_context_size=25)`` is one official ``forward`` over 25 + n frames whose first 25 frames' audio is dropped;
-  that call is timed and divided by n;
-* **floors**: the arithmetic floor ``FLOPs per frame / peak`` (FLOPs of the official layers' matmuls, convolutions and
-  attention by ``torch.utils.flop_counter.FlopCounterMode``; peak = the best rate oneDNN reaches on the decoder's own
-  convolution and matmul shapes with their weights in cache, :func:`peak_gflops`), and the roofline floor that adds
-  the weights a chunk must read from memory: per matmul layer ``max(FLOPs / peak, weight bytes / read bandwidth)``,
-  summed (:func:`stage_roofline_ms`; read bandwidth: the best pass of :func:`rvqspec_lib.eval.timing.read_bandwidth`,
-  since on a shared machine its median measures the other processes' traffic too). A stream of chunks of n frames
-  reads every weight of the decoder once per chunk (114 M parameters, 457 MB in float32, against a 32 MiB last-level
-  cache), so at small n the roofline floor, not the arithmetic one, is what an implementation can approach.
-
-Every timing is a median over repeated chunks of the thread's CPU time (and of the wall clock, beside it), at one
-torch thread unless told otherwise, with the share of the CPU that other processes used meanwhile
-(:class:`rvqspec_lib.eval.timing.LoadMonitor`); the real-size decoder has RANDOM weights
-(:func:`rvqspec_lib.models.configs.build_codec_decoder`): timing only.
+Times are medians of the thread's CPU time (wall clock beside it), one torch thread by default, with the load
+watched; the real-size decoder has RANDOM weights: timing only.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import time
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from rvqspec_lib.common.machine import cpu_flags
+from rvqspec_lib.common.machine import cpu_flags, cpu_model
 from rvqspec_lib.eval.timing import cpu_oversubscribed, interleaved, read_bandwidth
 from rvqspec_lib.models.configs import build_codec_decoder
 from rvqspec_lib.models.precision import native_precisions
@@ -50,18 +38,6 @@ WARMUP_FRAMES = 80
 #: CPU flags printed beside the CPU's name.
 SHOWN_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def cpu_description() -> dict:
-    """``{"model": lscpu's model name, "flags": {flag: present} for SHOWN_FLAGS, "cores": os.cpu_count()}``."""
-    model = "unknown"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), model)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    flags = cpu_flags()
-    return {"model": model, "flags": {f: f in flags for f in SHOWN_FLAGS}, "cores": os.cpu_count()}
 
 
 def _codes(n_frames: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
@@ -148,38 +124,17 @@ def stage_roofline_ms(decoder, chunk_frames: int, peak_gflops: float, gb_per_s: 
 
 # ------------------------------------------------------------------------------------------------------------- peak
 def _shapes(decoder) -> list[tuple]:
-    """Distinct (kind, c_in, c_out, kernel, dilation, groups, stride, samples per frame) of the decoder's conv and
-    linear layers."""
-    out, spf = [], 1
-    d = decoder
-
-    def conv(m, spf, kind="conv"):
-        c = m.conv
-        out.append((kind, c.in_channels, c.out_channels, c.kernel_size[0], c.dilation[0], c.groups, c.stride[0], spf))
-
-    conv(d.pre_conv, 1)
-    cfg = d.config
-    out.append(("linear", cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim * 3, 1, 1, 1, 1, 1))
-    out.append(("linear", cfg.hidden_size, cfg.intermediate_size * 2, 1, 1, 1, 1, 1))
-    for tc, cnx in d.upsample:
-        conv(tc, spf, "tconv")
-        spf *= tc.conv.stride[0]
-        conv(cnx.dwconv, spf)
-        out.append(("linear", cnx.pwconv1.in_features, cnx.pwconv1.out_features, 1, 1, 1, 1, spf))
-    conv(d.decoder[0], spf)
-    for b in d.decoder[1:-2]:
-        conv(b.block[1], spf, "tconv")
-        spf *= b.block[1].conv.stride[0]
-        for u in b.block[2:]:
-            conv(u.conv1, spf)
-        conv(b.block[2].conv2, spf)
-    conv(d.decoder[-1], spf)
-    seen, uniq = set(), []
-    for s in out:
-        if s not in seen:
-            seen.add(s)
-            uniq.append(s)
-    return uniq
+    """Distinct (kind, c_in, c_out, kernel, dilation, groups, stride, samples per frame) of the decoder's matmul layers
+    (:func:`stage_layers`)."""
+    out = []
+    for layers in stage_layers(decoder).values():
+        for _, m, spf in layers:
+            if isinstance(m, nn.Linear):
+                out.append(("linear", m.in_features, m.out_features, 1, 1, 1, 1, spf))
+            else:
+                out.append(("tconv" if isinstance(m, nn.ConvTranspose1d) else "conv", m.in_channels, m.out_channels,
+                            m.kernel_size[0], m.dilation[0], m.groups, m.stride[0], spf))
+    return list(dict.fromkeys(out))
 
 
 def peak_gflops(decoder, *, frames: int = 8, repeats: int = 7) -> dict:
@@ -218,17 +173,10 @@ def peak_gflops(decoder, *, frames: int = 8, repeats: int = 7) -> dict:
             fn = lambda x=x, pk=pk, s=s: mk._convolution_transpose_pointwise(  # noqa: E731
                 x, pk, None, [0, 0], [0, 0], [1, s], [1, 1], 1, "none", [], "")
             flops = 2 * ci * co * k * t
-        fn()
-        best = min(_timed(fn) for _ in range(repeats))
+        best = min(interleaved({"op": lambda _i, fn=fn: fn()}, repeats=repeats, warmup=1).ms["op"]) / 1e3
         rows.append({"shape": f"{kind} {ci}->{co} k{k} d{dil} g{g} s{s} x{t}", "gflops": flops / best / 1e9})
     return {"peak_gflops": max(r["gflops"] for r in rows), "shapes": rows, "dtype": str(dt).replace("torch.", ""),
             "threads": torch.get_num_threads()}
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 # ------------------------------------------------------------------------------------------------------------ times
@@ -241,8 +189,8 @@ def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repea
 
     Returns:
         ``{"ms_per_frame", "min_ms_per_frame", "wall_ms_per_frame", "stages_ms_per_frame": {stage: ms},
-        "other_cpu_frac"}``: medians over the timed chunks of thread CPU time per frame (and its minimum), of wall time per frame, and of
-        each stage's thread CPU time per frame.
+        "other_cpu_frac"}``: medians over the timed chunks of thread CPU time per frame (and its minimum), of wall
+        time per frame, and of each stage's thread CPU time per frame.
     """
     dec = StreamingCodecDecoder(decoder, backend=backend, chunk_frames_hint=chunk_frames)
     codes = _codes(WARMUP_FRAMES + chunk_frames * repeats, seed=1)
@@ -344,7 +292,9 @@ def streaming_table(*, precisions: tuple[str, ...] | None = None, chunk_frames: 
     torch.set_num_threads(threads)
     try:
         bw = read_bandwidth()["gb_per_s_max"]  # what the machine can stream: its best pass, not a contended median
-        out = {"cpu": cpu_description(), "threads": threads, "bandwidth_gb_per_s": bw, "config": config,
+        flags = cpu_flags()
+        out = {"cpu": {"model": cpu_model(), "flags": {f: f in flags for f in SHOWN_FLAGS}, "cores": os.cpu_count()},
+               "threads": threads, "bandwidth_gb_per_s": bw, "config": config,
                "random_weights": True, "rows": [], "peaks": {}, "stages": {}}
         flops_of: dict[int, dict] = {}  # FLOPs do not depend on the precision
         for prec in precisions:

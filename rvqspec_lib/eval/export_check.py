@@ -1,16 +1,9 @@
 """The exported code-predictor graphs against eager PyTorch (notebook 06, ``rvqspec export``), and Core ML call times
-on macOS.
-
-* :func:`check_file`: one exported file (:func:`rvqspec_lib.models.export_formats.export_graph`) run where it can run
-  (ONNX Runtime here; Core ML per compute unit on macOS 15+) and compared with the OFFICIAL module in float32, eager,
-  on the graph's example inputs (:func:`rvqspec_lib.models.export_graphs.reference_outputs`): the max abs logit
-  difference relative to the largest reference logit, against :data:`RELATIVE_TOLERANCE`; the frame graph's codes.
-* :func:`numerical_agreement`: every (graph, format, dtype) exported and checked.
-* :func:`coreml_call_times`: the Core ML packages timed call by call per compute unit, interleaved
-  (:func:`rvqspec_lib.eval.timing.interleaved`).
-
-Frame times per backend are :func:`rvqspec_lib.eval.speed.time_frames` over the registry's runners
-(:func:`rvqspec_lib.eval.speed.build_runners`); the backends present, :func:`rvqspec_lib.models.backends.backend_table`.
+on macOS: :func:`check_file` runs one exported file where it can run (ONNX Runtime; Core ML per compute unit on
+macOS 15+) and compares it with the OFFICIAL module in float32 on the graph's example inputs (max abs logit
+difference over the largest reference logit, against :data:`RELATIVE_TOLERANCE`; the frame graph's codes);
+:func:`numerical_agreement` does so for every (graph, format, dtype); :func:`coreml_call_times` times the Core ML
+packages interleaved. Frame times per backend: :func:`rvqspec_lib.eval.speed.time_frames`.
 """
 
 from __future__ import annotations
@@ -45,15 +38,14 @@ def tolerance(fmt: str, dtype: str) -> float:
 
 def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dtypes: Sequence[str] = ("float32",
                         "float16"), formats: Sequence[str] = ("onnx", "coreml"), nodes: int = 4, tree=None,
-                        frame_code_predictor=None, work_dir=None, seeds: Sequence[int] = (0, 1),
+                        work_dir=None, seeds: Sequence[int] = (0, 1),
                         compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS, keep_files: bool = False) -> dict:
     """Export every (graph, format, dtype), run it where it can run, and compare it with eager PyTorch
     (:func:`check_file`).
 
     Args:
         code_predictor: the official module (float32). graphs, dtypes, formats: what to export. nodes, tree: the
-            verify graph's node budget and tree. frame_code_predictor: a smaller module for the frame graph (its
-            export unrolls every code; tests pass a 4-codebook model), default ``code_predictor``.
+            verify graph's node budget and tree.
         work_dir: where files go (a temporary folder, removed, by default). seeds: example inputs compared.
         compute_units: Core ML's, on macOS. keep_files: keep the files (their paths are in the rows).
 
@@ -71,16 +63,15 @@ def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dty
     rows = []
     try:
         for graph in graphs:
-            cp = frame_code_predictor if graph == "frame" and frame_code_predictor is not None else code_predictor
             n, tr = (nodes, tree) if graph == "verify" else (None, None)
             for fmt in formats:
                 for dt in dtypes:
                     path = work / f"{graph}-{dt}{F.FORMATS[fmt]}"
-                    res = F.export_graph(cp, graph, fmt, path, dtype=dt, nodes=n, tree=tr)
+                    res = F.export_graph(code_predictor, graph, fmt, path, dtype=dt, nodes=n, tree=tr)
                     base = {"graph": graph, "format": fmt, "dtype": dt, "nodes": res["nodes"],
                             "interface_ok": res["declared"] == res["written"], "bytes": res["bytes"],
                             "export_s": round(res["export_s"], 1), "path": str(path) if keep_files else None}
-                    rows += [{**base, **r} for r in check_file(cp, graph, path, dtype=dt, nodes=n, tree=tr,
+                    rows += [{**base, **r} for r in check_file(code_predictor, graph, path, dtype=dt, nodes=n, tree=tr,
                                                                  seeds=seeds, compute_units=compute_units)]
     finally:
         if tmp is not None and not keep_files:
@@ -106,10 +97,7 @@ def check_file(code_predictor, graph: str, path, *, dtype: str = "float32", node
     """
     fmt = "onnx" if Path(path).suffix == ".onnx" else "coreml"
     ref_graph = G.build_graph(code_predictor, graph, nodes=nodes, tree=tree)
-    refs = []
-    for s in seeds:
-        inp = G.example_inputs(ref_graph, seed=s)
-        refs.append((inp, G.reference_outputs(ref_graph, inp)))
+    refs = [(inp, G.reference_outputs(ref_graph, inp)) for inp in (G.example_inputs(ref_graph, seed=s) for s in seeds)]
     if fmt == "onnx":
         runners = [("onnxruntime-cpu", lambda: F.OrtGraph(path))]
     elif F.coreml_available()[0]:
@@ -124,7 +112,9 @@ def check_file(code_predictor, graph: str, path, *, dtype: str = "float32", node
             if fmt == "coreml":
                 runner.reset_state()
                 _write_state(runner, inp)
-            feed = {k: _cast_input(v, k, dtype, fmt) for k, v in inp.items()}
+            # ONNX graphs take their floating inputs in their dtype (the sampling noise stays float32)
+            feed = {k: v.to(F.DTYPES[dtype]) if fmt == "onnx" and v.is_floating_point() and k != "noise" else v
+                    for k, v in inp.items()}
             names = getattr(runner, "output_names", None)
             cmp.append(_compare(runner(feed), {k: v for k, v in ref.items() if names is None or k in names}))
         rows.append({"runner": runner_name, "ran": True, **_summarise(cmp, dtype, tolerance(fmt, dtype)),
@@ -142,12 +132,6 @@ def _compare(got: dict, ref: dict) -> dict:
             out[k] = {"max_abs_diff": float((g.double() - r.double()).abs().max()),
                       "max_abs_ref": float(r.double().abs().max())}
     return out
-
-
-def _cast_input(v: torch.Tensor, name: str, dtype: str, fmt: str):
-    if fmt == "onnx" and v.is_floating_point() and name != "noise":
-        return v.to(F.DTYPES[dtype])
-    return v
 
 
 def _write_state(runner, inp: dict) -> None:

@@ -16,15 +16,20 @@ def _tensors(module) -> list:
     return out
 
 
-def _add(by_dtype: dict, tensors, rows_of=None) -> int:
-    total = 0
-    for t in tensors:
-        n = t.numel() if rows_of is None else rows_of * t.shape[-1]
-        b = n * t.element_size()
-        key = str(t.dtype).replace("torch.", "")
-        by_dtype[key] = by_dtype.get(key, 0) + b
-        total += b
-    return total
+def _count(parts: dict, rows: tuple = ()) -> dict:
+    """``{"bytes", "elements", "by_dtype", "parts"}`` of ``{part: module}`` (every tensor of it) and of ``rows``:
+    ``(part, table, n)``, ``n`` rows of an embedding ``table`` looked up."""
+    by_dtype: dict[str, int] = {}
+    sizes, elements = {}, 0
+    for name, what in [*((k, [(t, t.numel()) for t in _tensors(m)]) for k, m in parts.items()),
+                       *((k, [(t, n * t.shape[-1])]) for k, t, n in rows)]:
+        sizes[name] = 0
+        for t, n in what:
+            key = str(t.dtype).replace("torch.", "")
+            by_dtype[key] = by_dtype.get(key, 0) + n * t.element_size()
+            sizes[name] += n * t.element_size()
+            elements += n
+    return {"bytes": sum(sizes.values()), "elements": int(elements), "by_dtype": by_dtype, "parts": sizes}
 
 
 def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
@@ -42,18 +47,9 @@ def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
     if n_queries < 1:
         raise ValueError(f"n_queries must be >= 1, got {n_queries}")
     m = code_predictor.model
-    by_dtype: dict[str, int] = {}
-    parts = {
-        "layers": _add(by_dtype, _tensors(m.layers)),
-        "norm": _add(by_dtype, _tensors(m.norm)),
-        "projection": _add(by_dtype, _tensors(code_predictor.small_to_mtp_projection)),
-        "head": _add(by_dtype, _tensors(code_predictor.lm_head[0])),
-        "embedding_rows": _add(by_dtype, [m.codec_embedding[0].weight], rows_of=n_queries),
-    }
-    touched = (_tensors(m.layers) + _tensors(m.norm) + _tensors(code_predictor.small_to_mtp_projection)
-               + _tensors(code_predictor.lm_head[0]))
-    elements = sum(t.numel() for t in touched) + n_queries * int(m.codec_embedding[0].weight.shape[-1])
-    return {"bytes": sum(parts.values()), "elements": int(elements), "by_dtype": by_dtype, "parts": parts}
+    return _count({"layers": m.layers, "norm": m.norm, "projection": code_predictor.small_to_mtp_projection,
+                   "head": code_predictor.lm_head[0]},
+                  rows=(("embedding_rows", m.codec_embedding[0].weight, n_queries),))
 
 
 def talker_step_bytes(talker, *, context: int = 0, kv_element_bytes: int | None = None) -> dict:
@@ -71,17 +67,11 @@ def talker_step_bytes(talker, *, context: int = 0, kv_element_bytes: int | None 
     """
     if context < 0:
         raise ValueError(f"context must be >= 0, got {context}")
-    m = talker.model
-    by_dtype: dict[str, int] = {}
-    parts = {"layers": _add(by_dtype, _tensors(m.layers)), "norm": _add(by_dtype, _tensors(m.norm)),
-             "codec_head": _add(by_dtype, _tensors(talker.codec_head))}
-    touched = _tensors(m.layers) + _tensors(m.norm) + _tensors(talker.codec_head)
-    cfg = m.config
-    head_dim = P.head_dim(cfg)
+    m, cfg = talker.model, talker.model.config
     elem = int(m.norm.weight.element_size()) if kv_element_bytes is None else int(kv_element_bytes)
-    kv = 2 * len(m.layers) * int(cfg.num_key_value_heads) * head_dim * int(context) * elem
-    return {"bytes": sum(parts.values()), "elements": int(sum(t.numel() for t in touched)), "by_dtype": by_dtype,
-            "parts": parts, "kv_bytes": kv, "context": int(context)}
+    kv = 2 * len(m.layers) * int(cfg.num_key_value_heads) * P.head_dim(cfg) * int(context) * elem
+    return {**_count({"layers": m.layers, "norm": m.norm, "codec_head": talker.codec_head}), "kv_bytes": kv,
+            "context": int(context)}
 
 
 def floor_ms(n_bytes: int, gb_per_s: float) -> float:

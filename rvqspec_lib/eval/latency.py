@@ -1,34 +1,18 @@
 """Latency of the two loops of Qwen3-TTS, the code-predictor call against its weight-streaming floor, and the call
-budget derived from the config and from measured tokens per call (notebook 01; ``rvqspec bench latency`` and
-``rvqspec bench precisions``).
+budget from the config and from measured tokens per call (notebook 01; ``rvqspec bench latency``, ``rvqspec bench
+precisions``).
 
-Qwen3-TTS runs two nested autoregressive loops (docs/model.md#two-nested-loops): the talker makes one call per frame
-(``frame_rate_hz`` = 12.5) and emits code 0; the code predictor then makes ``n_code_groups - 1`` = 15 sequential
-calls, one per code 1..15. Real time therefore needs ``frame_rate_hz * n_code_groups`` = 200 model calls a second.
-Speculative decoding replaces several inner-loop calls by one verify call over ``Q`` query positions, so what matters
-is how the cost of one call grows with ``Q`` (the verify cost curve ``t(Q) / t(1)``) on the target device.
+The talker makes one call per frame (12.5 Hz) for code 0, the code predictor ``n_code_groups - 1`` = 15 more, so
+real time needs 200 model calls a second (docs/model.md#two-nested-loops); speculation replaces several inner calls
+by one verify call over ``Q`` positions, so what matters is the verify cost curve ``t(Q) / t(1)`` on the device.
 
-What :func:`bench_model` times, every call each round of ONE interleaved run
-(:func:`rvqspec_lib.eval.timing.interleaved`; docs/style.md#benchmarks):
-
-* the talker step (:func:`talker_step_call`): ``talker.model`` on ONE new position after a KV prefix of
-  ``talker_context`` positions (MRoPE position ids of shape ``(3, 1, 1)``), then ``codec_head`` -> ``(1, 3072)``
-  logits; the cache is cropped back after every call, outside the clock;
-* the code-predictor call of ``Q`` query positions (:func:`rvqspec_lib.eval.speed.verify_call`, ``whole=True``): the
-  projection of ``(1, Q, talker_hidden)`` inputs, the decoder stack through a verify backend
-  (:func:`rvqspec_lib.models.backends.verify_backend`, the official module by default) after ``prefix_len``
-  committed slots, and one head's logits of all ``Q`` positions -> ``(Q, 2048)``. A verify round applies a different
-  head per depth; the matmul cost is the same;
-* with ``native=True``, the same pair through the native forward: the talker step through
-  :class:`~rvqspec_lib.models.native_talker.NativeTalker` (:func:`native_talker_step_call`) and the code-predictor
-  calls through the ``native`` verify backend.
-
-Timing depends on the architecture, not on the weights: the real-size random models give real latencies but their
-outputs mean nothing (``random_weights`` is printed beside every number).
-
-:func:`bench_precisions` times the same call in several precisions (float32, bfloat16, int8, int8-dynamic;
-:mod:`rvqspec_lib.models.precision`) and through several backends (the official module, the native forward, ...),
-interleaved, each against its weight-streaming floor (:mod:`rvqspec_lib.eval.floor`; docs/precision.md).
+:func:`bench_model` times, in ONE interleaved run (:func:`rvqspec_lib.eval.timing.interleaved`): the talker step
+(:func:`rvqspec_lib.eval.talker_bench.official_step`, its cache cropped back outside the clock) and the
+code-predictor call of ``Q`` positions (:func:`rvqspec_lib.eval.speed.verify_call`, ``whole=True``) through a verify
+backend; with ``native=True`` also the native pair (:func:`rvqspec_lib.eval.talker_bench.native_step`, the ``native``
+backend). :func:`bench_precisions` times the call per precision and backend against its floor
+(:mod:`rvqspec_lib.eval.floor`; docs/precision.md). Timing depends on the architecture, not the weights: real-size
+random models give real latencies (``random_weights`` is printed beside every number).
 """
 
 from __future__ import annotations
@@ -37,13 +21,14 @@ import copy
 from typing import Iterable, Sequence
 
 import torch
-from transformers import DynamicCache
 
 from rvqspec_lib.eval.acceptance import decoder_statistics
 from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms, talker_step_bytes
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import PREFIX_LEN, QUERY_SIZES, verify_call
-from rvqspec_lib.eval.timing import bandwidth_around, cpu_oversubscribed, device_sync, interleaved
+from rvqspec_lib.eval.talker_bench import native_step, official_step
+from rvqspec_lib.eval.timing import (bandwidth_around, cpu_oversubscribed, device_sync, interleaved, load_words,
+                                     machine_lines)
 from rvqspec_lib.models.backends import BACKENDS, available, check_available, verify_backend
 from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.models.native_talker import NativeTalker
@@ -64,8 +49,6 @@ TALKER = "talker"
 #: The second pair of :func:`bench_model` (``native=True``): the native talker step and the native verify backend,
 #: keyed ``(NATIVE, TALKER)`` and ``(NATIVE, Q)``.
 NATIVE = "native"
-#: Scale of the random talker inputs (the size of real talker inputs; as :mod:`rvqspec_lib.eval.talker_bench`).
-TALKER_EMBED_SCALE = 0.02
 
 
 def _query_sizes(query_sizes: Iterable[int]) -> list[int]:
@@ -73,10 +56,6 @@ def _query_sizes(query_sizes: Iterable[int]) -> list[int]:
     if not qs or min(qs) < 1:
         raise ValueError(f"query sizes must be positive whole numbers, e.g. 1,2,4,8; got {list(query_sizes)}")
     return qs
-
-
-def _device_name(device: torch.device, meta: dict) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(meta.get("cpu"))
 
 
 def _rows(t, keys: Sequence, base_key=None) -> list[dict]:
@@ -92,119 +71,33 @@ def _rows(t, keys: Sequence, base_key=None) -> list[dict]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The two loops' calls
-# ----------------------------------------------------------------------------------------------------------------------
-def _talker_inputs(lm, talker_context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The random talker inputs of a timed step, float32 on the CPU: ``talker_context`` cached positions
-    ``(1, C, H)`` and the one new position ``(1, 1, H)``, from a generator seeded ``seed`` (timing only).
-
-    Raises:
-        ValueError: ``talker_context < 1``.
-    """
-    if talker_context < 1:
-        raise ValueError(f"talker_context must be >= 1, got {talker_context}")
-    gen = torch.Generator().manual_seed(seed)
-    hidden = int(lm.talker.config.hidden_size)
-    ctx = torch.randn(1, talker_context, hidden, generator=gen) * TALKER_EMBED_SCALE  # (1, C, H)
-    step = torch.randn(1, 1, hidden, generator=gen) * TALKER_EMBED_SCALE  # (1, 1, H)
-    return ctx, step
-
-
-def talker_step_call(lm, *, talker_context: int = TALKER_CONTEXT, seed: int = 0):
-    """One talker step as a closure, and the reset that crops its cache back (to run outside the clock).
-
-    Inputs are random embeddings ``(1, L, talker_hidden)`` (:func:`_talker_inputs`; timing only); the MRoPE
-    position ids have shape ``(3, 1, L)`` with the same ids on all three axes, as for speech positions.
-
-    Returns:
-        ``(call, reset)``: ``call(round) -> (1, vocab)`` logits of ONE new position after ``talker_context`` cached
-        ones; ``reset()`` crops the cache back to them.
-
-    Raises:
-        ValueError: ``talker_context < 1``.
-    """
-    talker = lm.talker
-    p0 = next(talker.parameters())
-    ctx, step = (x.to(p0) for x in _talker_inputs(lm, talker_context, seed))
-    cache = DynamicCache()
-    pos_ctx = torch.arange(talker_context, device=p0.device).view(1, 1, -1).expand(3, 1, -1)  # (3, 1, C)
-    pos_step = torch.full((3, 1, 1), talker_context, dtype=torch.long, device=p0.device)  # (3, 1, 1)
-    mask = torch.ones(1, talker_context + 1, dtype=torch.long, device=p0.device)  # (1, C + 1)
-    with torch.inference_mode():
-        talker.model(inputs_embeds=ctx, past_key_values=cache, use_cache=True,
-                     attention_mask=mask[:, :talker_context], position_ids=pos_ctx)
-
-    def call(_round: int = 0):
-        with torch.inference_mode():
-            out = talker.model(inputs_embeds=step, past_key_values=cache, use_cache=True, attention_mask=mask,
-                               position_ids=pos_step)
-            return talker.codec_head(out.last_hidden_state[:, -1])  # (1, vocab)
-
-    return call, lambda: cache.crop(talker_context)
-
-
-def native_talker_step_call(lm, *, talker_context: int = TALKER_CONTEXT, seed: int = 0):
-    """:func:`talker_step_call` through the native talker (:class:`~rvqspec_lib.models.native_talker.NativeTalker`:
-    the step as one C call over packed copies of the weights, docs/precision.md#the-native-talker), on the same
-    inputs; its KV cache holds ``talker_context + 1`` positions.
-
-    Returns:
-        ``(call, reset)`` as :func:`talker_step_call`'s.
-
-    Raises:
-        ValueError: ``talker_context < 1``; a talker the native forward does not run (off the CPU, another precision).
-        RuntimeError: the C library cannot be built here.
-    """
-    ctx, step = _talker_inputs(lm, talker_context, seed)
-    nt = NativeTalker(lm.talker, max_context=talker_context + 1)
-    ctx, step = ctx.to(nt.dtype), step.to(nt.dtype)
-    cache = nt.new_cache(1, talker_context + 1)
-    nt.use_cache(cache)
-    with torch.inference_mode():
-        nt.extend(ctx)
-
-    def call(_round: int = 0):
-        with torch.inference_mode():
-            nt.use_cache(cache)
-            return nt.logits(nt.step(step)[:, -1])  # (1, vocab)
-
-    return call, lambda: cache.crop(talker_context)
-
-
 def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
                 talker_context: int = TALKER_CONTEXT, backend: str = "official", native: bool = False,
                 warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
                 noise_target: float | None = None, max_repeats: int | None = None, floor: bool = False) -> dict:
-    """Per-call latency of a talker step and of code-predictor calls of ``Q`` query positions, interleaved, plus the
+    """Per-call latency of a talker step and of code-predictor calls of ``Q`` query positions, interleaved, and the
     frame-level quantities they imply (module docstring).
 
     Args:
         lm: a :class:`~rvqspec_lib.models.loader.LoadedModel` (any device and dtype; not modified).
-        prefix_len: committed slots before the code-predictor call. query_sizes: the Qs (1 among them for the
-            ratios). talker_context: KV positions before the talker step. backend: the verify backend of the
-            code-predictor call (:data:`rvqspec_lib.models.backends.BACKENDS`); the talker step is the official one.
-        native: also time the native pair in the same interleaved run: the talker step through
-            :func:`native_talker_step_call` and the code-predictor calls through the ``native`` verify backend (both
-            one C call over packed copies of the weights; CPU only).
+        prefix_len: committed slots before the code-predictor call. query_sizes: the Qs (1 among them for the ratios).
+            talker_context: KV positions before the talker step. backend: the code-predictor call's verify backend.
+        native: also the native pair (talker step and ``native`` backend; CPU only) in the same run.
         warmup, repeats, seed, progress, noise_target, max_repeats: :func:`~rvqspec_lib.eval.timing.interleaved`'s
-            (``seed`` seeds the random inputs too; the global RNG is not touched).
-        floor: also the weight-streaming floor of the Q = 1 call (CPU only): the read bandwidth measured before and
-            after the timing, the faster kept (:func:`~rvqspec_lib.eval.timing.bandwidth_around`).
+            (``seed`` seeds the random inputs too).
+        floor: also the weight-streaming floor of the Q = 1 call (CPU only; :func:`~rvqspec_lib.eval.timing.
+            bandwidth_around`).
 
     Returns:
-        JSON-able dict: the timing's meta (threads, CPU, torch, device, dtype of the talker, ``random_weights``, the
-        load during the run, ``other_cpu_frac``, rounds made and noise), ``cpu_oversubscribed``, ``model``
-        (``lm.describe()``), ``device_name``, ``code_predictor_precision``, ``backend``, the settings,
-        ``talker_step`` (:func:`~rvqspec_lib.eval.timing.summary` and ``rel_se``), ``code_predictor`` (a row per Q:
-        ``n_queries``, the summary, ``rel_se``, ``ratio_to_1`` = t(Q) / t(1)), ``derived``
-        (:func:`derived_from_bench`); with ``native``: ``native``, the same three keys for the native pair (its
-        ``ratio_to_1`` over the native t(1)); with ``floor``: ``bandwidth``, ``weight_bytes``, ``floor_ms``.
+        JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model`` (``lm.describe()``), ``device_name``,
+        ``code_predictor_precision``, ``backend``, the settings, ``talker_step`` (the summary and ``rel_se``),
+        ``code_predictor`` (per Q: ``n_queries``, the summary, ``rel_se``, ``ratio_to_1`` = t(Q) / t(1)), ``derived``
+        (:func:`derived_from_bench`); with ``native``: ``native``, those three keys for the native pair; with
+        ``floor``: ``bandwidth``, ``weight_bytes``, ``floor_ms``.
 
     Raises:
         ValueError: bad query sizes, ``prefix_len < 1``, ``talker_context < 1``, an absent backend, ``native`` with
-            ``backend="native"`` or where the native forward is absent, ``floor`` off the CPU, bad timing settings
-            (one line each).
+            ``backend="native"`` or without the native forward, ``floor`` off the CPU, bad timing settings (one line).
     """
     cp = lm.code_predictor
     qs = _query_sizes(query_sizes)
@@ -216,7 +109,7 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
     if native and backend == NATIVE:
         raise ValueError("backend='native' already times the native code predictor: give native=True with another "
                          "backend (the official one), or drop it")
-    step, crop = talker_step_call(lm, talker_context=talker_context, seed=seed)
+    step, crop = official_step(lm.talker, talker_context, seed=seed)
     be = verify_backend(backend, cp)
     conds = {TALKER: step, **{q: verify_call(cp, be, q, prefix_len, seed, whole=True) for q in qs}}
     resets = {TALKER: crop}
@@ -224,7 +117,8 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
         ok, why = available(NATIVE, precision_of(cp), device.type)
         if not ok:
             raise ValueError(f"native=True: the native forward is absent here ({why})")
-        n_step, n_crop = native_talker_step_call(lm, talker_context=talker_context, seed=seed)
+        n_step, n_crop = native_step(NativeTalker(lm.talker, max_context=talker_context + 1), talker_context,
+                                     seed=seed)
         n_be = verify_backend(NATIVE, cp)
         conds.update({(NATIVE, TALKER): n_step,
                       **{(NATIVE, q): verify_call(cp, n_be, q, prefix_len, seed, whole=True) for q in qs}})
@@ -237,7 +131,8 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
 
     t, bandwidth = bandwidth_around(measure) if floor else (measure(), None)
     result = {**t.meta, "cpu_oversubscribed": cpu_oversubscribed(t.meta), "model": lm.describe(),
-              "device_name": _device_name(device, t.meta), "code_predictor_precision": precision_of(cp),
+              "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else t.meta["cpu"],
+              "code_predictor_precision": precision_of(cp),
               "backend": backend, "prefix_len": prefix_len, "talker_context": talker_context,
               **_pair(t, TALKER, qs, lambda q: q)}
     result["derived"] = derived_from_bench(result, frame_rate_hz=lm.frame_rate_hz, n_code_groups=lm.n_code_groups)
@@ -285,17 +180,6 @@ def latency_rows(result: dict) -> list[dict]:
     return rows
 
 
-def _load_words(result: dict) -> str:
-    """The header's words on the machine's load during a CPU timing ("" elsewhere)."""
-    other = result.get("other_cpu_frac")
-    if result.get("device") != "cpu" or other is None:
-        return ""
-    return (f" | load avg {result['load_avg_1min_before']:.2f} before, {result['load_avg_1min_after']:.2f} after | "
-            f"other processes used {100 * other:.0f}% of {result.get('cpu_count')} CPUs meanwhile"
-            + (" (OVERSUBSCRIBED, TIMES ARE PESSIMISTIC: rerun idle or with fewer --threads)"
-               if result.get("cpu_oversubscribed") else ""))
-
-
 def _ms(x: float) -> str:
     return f"{x:.2f}" if x >= 1 else f"{x:.3g}"
 
@@ -309,7 +193,7 @@ def format_latency(result: dict) -> str:
             f"device {result['device']} ({result['device_name']}) | dtype {result['dtype']}"
             f"{'' if prec in (None, result['dtype']) else f' (code predictor {prec})'} | "
             f"backend {result['backend']} | threads {result['threads']} | torch {result['torch']} | warmup "
-            f"{result['warmup']}, {noise_words(result)}{_load_words(result)}")
+            f"{result['warmup']}, {noise_words(result)}{load_words(result)}")
     lines = [head, f"{'call':<30} {'forward':<9} {'Q':>4} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} "
                    f"{'t/t_cp(1)':>10}"]
     for r in latency_rows(result):
@@ -338,30 +222,26 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
                      warmup: int = 3, repeats: int = 20, seed: int = 0, bandwidth: dict | None = None,
                      progress: bool = True, noise_target: float | None = None,
                      max_repeats: int | None = None) -> dict:
-    """The code-predictor call (:func:`bench_model`'s) of ``Q`` query positions in several precisions and through
-    several verify backends, every (precision, backend, Q) one condition of ONE interleaved run, each against its
-    weight-streaming floor: :func:`rvqspec_lib.eval.floor.call_weight_bytes` of one query over the read bandwidth.
+    """The code-predictor call of ``Q`` query positions per precision and verify backend, every (precision, backend,
+    Q) one condition of ONE interleaved run, each against its weight-streaming floor (one query's
+    :func:`rvqspec_lib.eval.floor.call_weight_bytes` over the read bandwidth).
 
     Args:
-        lm: a loaded model on the CPU whose code predictor is in float32 (not modified: each precision converts a
-            copy, :func:`~rvqspec_lib.models.precision.apply_precision`, without the native check: callers check).
-        precisions: names of :data:`~rvqspec_lib.models.precision.PRECISIONS`. backends: names of
-            :data:`~rvqspec_lib.models.backends.BACKENDS` (``official`` and ``native``: the official module's call
-            and the native forward's, docs/precision.md#the-native-forward).
-        query_sizes: the Qs (1 among them for the ratios). bandwidth: a :func:`rvqspec_lib.eval.timing.read_bandwidth`
-            result; ``None``: read before and after the timing, the faster kept (both recorded).
-        prefix_len, warmup, repeats, seed, progress, noise_target, max_repeats: as :func:`bench_model`.
+        lm: a loaded model on the CPU, code predictor in float32 (not modified: each precision converts a copy, without
+            the native check: callers check). precisions, backends: names of
+            :data:`~rvqspec_lib.models.precision.PRECISIONS` and :data:`~rvqspec_lib.models.backends.BACKENDS`.
+        bandwidth: a :func:`rvqspec_lib.eval.timing.read_bandwidth` result; ``None``: read around the timing.
+        query_sizes, prefix_len, warmup, repeats, seed, progress, noise_target, max_repeats: as :func:`bench_model`.
 
     Returns:
-        JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model``, ``device_name``, ``precision_flags``
-        (:func:`~rvqspec_lib.models.precision.cpu_features`), ``native_precisions``, ``bandwidth``, ``prefix_len``,
-        ``backends``, and ``precisions``: a dict per (precision, backend), in that order, with ``precision``,
-        ``backend``, ``rows`` (per Q: ``n_queries``, the summary, ``rel_se``, ``ratio_to_1``), ``weight_bytes``,
-        ``floor_ms`` and ``t1_over_floor``.
+        JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model``, ``device_name``, ``precision_flags``,
+        ``native_precisions``, ``bandwidth``, ``prefix_len``, ``backends``, and ``precisions``: per (precision, backend)
+        ``precision``, ``backend``, ``rows`` (per Q: ``n_queries``, the summary, ``rel_se``, ``ratio_to_1``),
+        ``weight_bytes``, ``floor_ms``, ``t1_over_floor``.
 
     Raises:
-        ValueError: an unknown precision or backend, one absent at a precision, bad query sizes, a model off the
-            CPU, bad timing settings (one line each).
+        ValueError: an unknown precision or backend, one absent at a precision, bad query sizes, a model off the CPU,
+            bad timing settings (one line each).
     """
     qs, precisions, backends = _query_sizes(query_sizes), list(precisions), list(backends)
     bad = [p for p in precisions if p not in PRECISIONS] + [b for b in backends if b not in BACKENDS]
@@ -402,31 +282,24 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
 def format_precision_table(result: dict) -> str:
     """Plain-text table of a :func:`bench_precisions` result: the CPU, its flags and bandwidth, then per precision and
     backend t(1), t(Q)/t(1), the weights one call reads, the floor and t(1) as a multiple of it."""
-    m, bw, fl = result["model"], result["bandwidth"], result["precision_flags"]
+    m = result["model"]
     lines = [
         f"precisions of the code-predictor call: model {m['name']}"
         f"{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads {result['threads']} | "
         f"interleaved, warmup {result['warmup']}, {noise_words(result)}, prefix {result['prefix_len']}"
-        + _load_words(result),
-        f"CPU {result['device_name']} | bf16 flags: {', '.join(fl['bf16']) or 'none'} | int8 dot-product flags: "
-        f"{', '.join(fl['int8_dot']) or 'none'} | native precisions: {', '.join(result['native_precisions'])}",
-        f"read bandwidth {bw['gb_per_s']:.1f} GB/s (torch.sum over {bw['buffer_bytes'] / 2 ** 20:.0f} MiB, median of "
-        f"{bw['repeats']}, {bw['threads']} thread{'s' if bw['threads'] != 1 else ''}"
-        + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
-           if "gb_per_s_after" in bw else "") + "); floor = weight bytes of one call / read bandwidth",
-    ]
+        + load_words(result),
+        *machine_lines(result, result["precision_flags"], "floor = weight bytes of one call / read bandwidth")]
     ratio_qs = [r["n_queries"] for r in result["precisions"][0]["rows"] if r["n_queries"] != 1]
     lines.append(f"{'precision':<12} {'backend':<8} {'t(1) ms':>8} "
                  + " ".join(f"{f't({q})/t(1)':>10}" for q in ratio_qs)
                  + f" {'MB/call':>8} {'floor ms':>9} {'t(1)/floor':>10}")
-    for pr in result["precisions"]:
-        by_q = {r["n_queries"]: r for r in pr["rows"]}
-        ratios = " ".join(f"{'' if by_q[q]['ratio_to_1'] is None else format(by_q[q]['ratio_to_1'], '.2f'):>10}"
-                          for q in ratio_qs)
-        lines.append(f"{pr['precision']:<12} {pr['backend']:<8} "
-                     f"{'' if 1 not in by_q else format(by_q[1]['median_ms'], '.2f'):>8} {ratios} "
-                     f"{pr['weight_bytes']['bytes'] / 1e6:>8.1f} {_ms(pr['floor_ms']):>9} "
-                     f"{'' if pr['t1_over_floor'] is None else format(pr['t1_over_floor'], '.2f'):>10}")
+
+    def f2(v):
+        return "" if v is None else f"{v:.2f}"
+    for r in precision_rows(result):
+        lines.append(f"{r['precision']:<12} {r['backend']:<8} {f2(r['t1_ms']):>8} "
+                     + "".join(f"{f2(r[f't{q}_over_t1']):>10} " for q in ratio_qs)
+                     + f"{r['mb_per_call']:>8.1f} {_ms(r['floor_ms']):>9} {f2(r['t1_over_floor']):>10}")
     return "\n".join(lines)
 
 
@@ -502,21 +375,14 @@ def model_row(result: dict, *, q_ratio: int = 16) -> dict:
         KeyError: ``result`` is not a :func:`bench_model` result.
     """
     m = result["model"]
+    q = max((r["n_queries"] for r in result["code_predictor"] if r["n_queries"] <= q_ratio), default=None)
 
     def pair(p: dict | None) -> dict:
-        if p is None:
-            return dict.fromkeys(("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar", "inner_share_ar", "q_ratio"))
-        d, rows = p["derived"], {r["n_queries"]: r["ratio_to_1"] for r in p["code_predictor"]}
-        q = max((k for k in rows if k <= q_ratio), default=None)
-        return {"t_talker_ms": d["t_talker_ms"], "t_inner_ms": d["t_inner_ms"], "frame_ms_ar": d["frame_ms_ar"],
-                "rtf_ar": d["rtf_ar"], "inner_share_ar": d["inner_share_ar"], "q_ratio": rows.get(q)}
+        ratio = p and next((r["ratio_to_1"] for r in p["code_predictor"] if r["n_queries"] == q), None)
+        return {**{k: p and p["derived"][k] for k in ("t_talker_ms", "t_inner_ms", "frame_ms_ar", "rtf_ar",
+                                                       "inner_share_ar")}, f"t({q})/t(1)": ratio}
 
     official, native = pair(result), pair(result.get(NATIVE))
-    qs = [r["n_queries"] for r in result["code_predictor"]]
-    q = max((k for k in qs if k <= q_ratio), default=None)
-    ratio_key = f"t({q})/t(1)"
-    official[ratio_key] = official.pop("q_ratio")
-    native[ratio_key] = native.pop("q_ratio")
     return {"model": m["name"], "random_weights": result["random_weights"],
             **{k: m[k] for k in ("talker_layers", "talker_hidden", "code_predictor_layers", "code_predictor_hidden",
                                  "params_talker_total", "params_code_predictor", "frame_rate_hz", "n_code_groups")},
@@ -525,12 +391,9 @@ def model_row(result: dict, *, q_ratio: int = 16) -> dict:
 
 
 def inner_share_from_bytes(lm, *, talker_context: int = TALKER_CONTEXT) -> dict:
-    """The inner loop's share of an AR frame if every call ran at the weight-streaming floor, from the bytes each
-    call reads (:mod:`rvqspec_lib.eval.floor`): a talker step reads its layers, final norm and ``codec_head`` plus
-    the KV cache of ``talker_context`` positions; a code-predictor call of one position reads its weights; a frame
-    makes one of the first and ``n_code_groups - 1`` of the second, so the share is
-    :func:`inner_share` of the two byte counts. No timing: what the share would be on a machine where both calls
-    stream their weights at the same bandwidth.
+    """The inner loop's share of an AR frame if every call ran at the weight-streaming floor: :func:`inner_share` of
+    the bytes a talker step reads (weights and the KV cache of ``talker_context`` positions) and those of one
+    code-predictor call (:mod:`rvqspec_lib.eval.floor`). No timing.
 
     Returns:
         ``{"talker_step_bytes", "talker_kv_bytes", "code_predictor_call_bytes", "inner_calls_per_frame",

@@ -1,36 +1,22 @@
 """The whole frame, streamed: talker step, inner loop and codec decoder against their floors, the frame a listener
-hears (time to first audio, real-time factor, underruns) on one thread and on all cores, and B streams batched
-(``rvqspec bench pipeline``, notebook 06; docs/streaming.md#the-pipeline-table).
+hears (time to first audio, RTF, underruns) on one thread and on all cores, and B streams batched
+(``rvqspec bench pipeline``, notebook 06; docs/streaming.md#the-pipeline-table). The paper times the inner loop
+alone; on a CPU at real size the talker step and the codec decoder each cost about as much as the accelerated inner
+loop, so the frame as a whole decides real time.
 
-The paper times the inner loop and says the codec decoder "adds negligible throughput demand" (its Section 1,
-Figure 1). On a CPU at real size the talker step and the codec decoder each cost about as much as the accelerated
-inner loop, so the frame as a whole is what decides real time. Models (:data:`DEFAULT_MODELS`):
+Models (:data:`DEFAULT_MODELS`): the real-size 0.6B architecture as a TIMING REPLAY (random weights; speculative
+frames replay a trained model's acceptance, :mod:`rvqspec_lib.eval.replay`; the real-size official codec decoder
+streaming), and the trained embedded model with its own codec.
 
-* the real-size 0.6B architecture as a **TIMING REPLAY** (RANDOM weights: times only): the native talker, the native
-  inner loop whose speculative frames replay a trained model's acceptance (:mod:`rvqspec_lib.eval.replay`), and the
-  real-size official codec decoder streaming (:class:`~rvqspec_lib.models.streaming_codec.StreamingCodecDecoder`);
-* the embedded model (trained): the same, with its real acceptance and its own codec (streamed with its look-ahead).
-
-**Parts** (one :func:`rvqspec_lib.eval.timing.interleaved` run per model and precision, milliseconds per frame, wall
-clock and the thread's CPU time): ``talker`` (one native step after :data:`CONTEXT` cached positions, and
-``codec_head``), ``inner`` (one frame of each row's runner through the native forward: :data:`ROWS` AR, the best
-speculative decoder of the candidates, ``auto``'s choice), ``codec`` (one chunk of ``chunk_frames`` frames in steady
-state, per frame). Floors: talker and code predictor = the bytes they read (weights, and the talker's KV cache) over
-the machine's read bandwidth (:mod:`rvqspec_lib.eval.floor`); codec = its matmul FLOPs per frame over the core's
-measured peak in its dtype (:func:`rvqspec_lib.eval.codec_stream_bench.peak_gflops`); the embedded codec's
-Griffin-Lim phase (FFTs) has no floor here. From the parts: the frame on one thread (their sum: generation and
-decoding in turn), on two cores (``max(talker + inner, codec)``: :mod:`rvqspec_lib.models.streaming` overlaps them),
-the shares, speculation's gain on the whole frame beside the inner loop's, and what would move the frame further
-(Amdahl: the dominant part, and the frame if it ran at its floor).
-
-**Streams** (measured): at the fastest precision of each model, :func:`~rvqspec_lib.models.streaming.
-synthesize_stream` of :data:`TEXT` for every row, on one thread and overlapped, interleaved: time to first audio after
-the prompt, RTF, the steady period of a frame, underruns, each chunk's readiness (the audio-vs-wall-time figure).
-
-**Concurrency**: B streams batched (one talker step and one verify call per round for all rows, the weights read
-once; AR and the best speculative decoder STEPPED through the native verify backend, whose rows share each pass over
-the weights), one thread and all cores: the steady period of a round, time to first audio, and the most streams each
-sustains in real time.
+* **Parts** (:func:`time_parts`, one interleaved run per model and precision): the native talker step, one frame
+  of each row's runner (:data:`ROWS`), one codec chunk per frame. Floors: talker and code predictor = bytes read
+  over the read bandwidth (:mod:`rvqspec_lib.eval.floor`); codec = its matmul FLOPs over the core's peak
+  (:func:`rvqspec_lib.eval.codec_stream_bench.peak_gflops`). From them (:func:`_finish`): the frame on one thread
+  (their sum), on two cores (``max(talker + inner, codec)``), shares, gains and Amdahl (:func:`what_moves`).
+* **Streams** (:func:`time_streams`): at the fastest precision, :func:`~rvqspec_lib.models.streaming.
+  synthesize_stream` of :data:`TEXT` for every row, on one thread and overlapped.
+* **Concurrency**: B streams batched (AR and the best speculative decoder stepped through the native verify
+  backend), the steady period of a round and the most streams each sustains in real time (:func:`sustained`).
 
 The public ports' figures are quoted in their own rows and columns (:data:`PUBLIC_PIPELINES`), never measured here.
 """
@@ -42,31 +28,27 @@ import gc
 import math
 import os
 import statistics
-import time
 from typing import Sequence
 
 import torch
 
 from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.common.provenance import save_json, save_table
-from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.eval import noise
-from rvqspec_lib.eval.bench_table import DEFAULT_BUDGETS, DEFAULT_CHAINS, FRAME_MS, decoder_names
+from rvqspec_lib.eval.bench_table import DEFAULT_BUDGETS, DEFAULT_CHAINS, FRAME_MS, table_decoders
 from rvqspec_lib.eval.budget import choose_decoder
 from rvqspec_lib.eval.codec_stream_bench import matmul_flops_per_frame, peak_gflops
 from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms, talker_step_bytes
 from rvqspec_lib.eval.replay import default_acceptance
-from rvqspec_lib.eval.speed import random_contexts
-from rvqspec_lib.eval.timing import bandwidth_around, interleaved, oversubscribed_note, summary
+from rvqspec_lib.eval.talker_bench import native_step
+from rvqspec_lib.eval.timing import Phases, bandwidth_around, interleaved, oversubscribed_note, summary
 from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
 from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_fields, verify_backend
 from rvqspec_lib.models.configs import build_codec_decoder
-from rvqspec_lib.models.named_decoders import drafter_calibration, resolve_all
 from rvqspec_lib.models.native_talker import NativeTalker
 from rvqspec_lib.models.precision import ACTIVATION_DTYPE, apply_precision, check_precision, native_precisions
 from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
 from rvqspec_lib.models.streaming_codec import StreamingCodecDecoder
-from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
 #: Models of the table: the real-size 0.6B architecture (random weights: a timing replay) and the trained embedded one.
 DEFAULT_MODELS = ("qwen3-tts-0.6b-random", "embedded")
@@ -76,8 +58,6 @@ ROWS = ("AR", "best speculative", "auto")
 TEXT = "The weather is fine today, and we are going for a long walk by the river."
 #: Talker positions cached before the timed step: a prompt and a few seconds of speech.
 CONTEXT = 96
-#: Scale of the random talker inputs of the timed step (the size of real talker inputs).
-EMBED_SCALE = 0.02
 #: Frames pushed before the codec is timed: past the released decoder's 72-frame attention window.
 CODEC_WARMUP_FRAMES = 80
 #: Frames a chunk holds in the table's streams (2: the codec's per-frame cost falls with the chunk, the first audio
@@ -149,28 +129,12 @@ class Setup:
 
     def runner(self, key: str, fused: bool):
         """The frame runner of decoder ``key`` (a label of :attr:`named`) through the native forward; a replay's
-        stepped runner replays the oracle and streams placeholder codes (:class:`PlaceholderCodes`)."""
-        cp = self.lm.code_predictor
-        if fused:
-            return frame_runner("native", cp, self.named[key], fused=True, verify=self.verify)
-        r = frame_runner("native", cp, self.named[key], verify=self.verify, acceptance=self.oracle)
-        return PlaceholderCodes(r) if self.oracle is not None else r
-
-
-def precision_model(model: str, precision: str, *, seed: int = 0):
-    """``load_model`` in the precision's activation dtype with the WHOLE talker (code predictor included) converted
-    to ``precision`` (:func:`rvqspec_lib.models.precision.apply_precision`; the conversion is checked, not the CPU:
-    :func:`pipeline_table` checks that)."""
-    lm = loader.load_model(model, dtype=ACTIVATION_DTYPE[precision], seed=seed)
-    apply_precision(lm.model.talker, precision, require_native=False)
-    return lm
-
-
-def default_codec_dtype() -> str:
-    """The codec decoder's dtype in the table: bfloat16 where the CPU runs it natively (about half the time of float32
-    on the decoder's convolutions, docs/codec_streaming.md), else float32, whatever the talker's precision: the
-    codec is a separate model, and a deployment runs each part in its fastest precision."""
-    return "bfloat16" if "bfloat16" in native_precisions() else "float32"
+        stepped SPECULATIVE runner replays the oracle and streams placeholder codes (:class:`PlaceholderCodes`): AR
+        accepts nothing, so it runs as it is and carries no replay label."""
+        cp, nd = self.lm.code_predictor, self.named[key]
+        if fused or self.oracle is None or nd.name.kind == "ar":
+            return frame_runner("native", cp, nd, fused=fused, verify=self.verify)
+        return PlaceholderCodes(frame_runner("native", cp, nd, verify=self.verify, acceptance=self.oracle))
 
 
 def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = CHUNK_FRAMES, seed: int = 0,
@@ -185,26 +149,24 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
             trees from the model's heads calibration, else the embedded model's). codecs: ``{dtype: official
             decoder}`` cache of the real-size codec (built once per dtype, random weights). codec_config: the official
             decoder's config for a model without a codec (``released``; ``tiny`` in tests). codec_dtype: its dtype,
-            ``float32`` or ``bfloat16`` (default :func:`default_codec_dtype`).
+            ``float32`` or ``bfloat16`` (default bfloat16 where the CPU runs it natively).
         max_context: the native talker's KV capacity (a stream sizes it to its prompt and frames).
     """
-    lm = precision_model(model, precision, seed=seed)
-    cp = lm.code_predictor.eval()
-    replay = bool(lm.is_random)
-    contexts = random_contexts(cp, n_contexts, seed=seed) if replay else \
-        frames_from_shipped(lm, "evaluation", max_frames=n_contexts, seed=seed).context
-    cal = drafter_calibration(lm, "heads") or load_calibration(tree_file("embedded", "heads"), n_codes=15,
-                                                                drafter="heads")
-    named = resolve_all(decoder_names(chains, budgets), lm, calibrations={"heads": cal})
+    lm = loader.load_model(model, dtype=ACTIVATION_DTYPE[precision], seed=seed)
+    apply_precision(lm.model.talker, precision, require_native=False)  # the WHOLE talker; the CPU checked before
+    contexts, cal, named = table_decoders(lm, chains, budgets, n_contexts=n_contexts, seed=seed)
     codec = None
     if lm.speech_tokenizer is None:  # a random-size model: the real-size official decoder, random weights
-        dtype = ACTIVATION_DTYPE[codec_dtype or default_codec_dtype()]
+        # bfloat16 where the CPU runs it natively (about half float32's time, docs/codec_streaming.md), whatever the
+        # talker's precision: the codec is a separate model, and a deployment runs each part at its fastest
+        dtype = ACTIVATION_DTYPE[codec_dtype or ("bfloat16" if "bfloat16" in native_precisions() else "float32")]
         codecs = {} if codecs is None else codecs
         if dtype not in codecs:
             codecs[dtype] = build_codec_decoder(codec_config, seed=seed, dtype=dtype)
         codec = codecs[dtype]
-    return Setup(model, precision, lm, NativeTalker(lm, max_context=max_context), verify_backend("native", cp), named,
-                 cal, contexts, acceptance.oracle(seed) if replay else None, codec, int(chunk_frames))
+    return Setup(model, precision, lm, NativeTalker(lm, max_context=max_context),
+                 verify_backend("native", lm.code_predictor), named, cal, contexts,
+                 acceptance.oracle(seed) if lm.is_random else None, codec, int(chunk_frames))
 
 
 def candidates(setup: Setup) -> dict[tuple[str, bool], object]:
@@ -226,13 +188,8 @@ def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1
     """The parts of a frame, interleaved (module docstring): ``{"talker": stats, ("inner", label, fused): stats,
     "codec": stats, "meta"}``; stats: ``ms``, ``cpu_ms`` (medians per frame), ``p10_ms``, ``p90_ms``, and for the
     inner loop ``tokens_per_call``, ``calls_per_frame``."""
-    nt, gen = setup.talker, torch.Generator().manual_seed(seed)
-    h = nt.hidden
-    cache = nt.new_cache(1, CONTEXT + 1)
-    nt.use_cache(cache)
-    with torch.inference_mode():
-        nt.extend((torch.randn(1, CONTEXT, h, generator=gen) * EMBED_SCALE).to(nt.dtype))
-    step_in = (torch.randn(1, 1, h, generator=gen) * EMBED_SCALE).to(nt.dtype)
+    talker, crop = native_step(setup.talker, CONTEXT, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
     codec = setup.codec_stream(1)
     n = setup.chunk_frames
     official = isinstance(codec, StreamingCodecDecoder)
@@ -241,11 +198,6 @@ def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1
     with torch.inference_mode():
         codec.push(codes[..., :warm])
     at = [warm]
-
-    def talker(_i):
-        nt.use_cache(cache)
-        with torch.inference_mode():
-            return nt.logits(nt.step(step_in)[:, -1])
 
     def decode(_i):
         p = at[0]
@@ -266,7 +218,7 @@ def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1
         if r.fused:
             r.prepare(1)
     t = interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, seed=seed,
-                    reset={"talker": lambda: cache.crop(CONTEXT)}, progress=progress,
+                    reset={"talker": crop}, progress=progress,
                     desc=f"parts {setup.model} {setup.precision}", module=setup.lm.code_predictor,
                     random_weights=setup.oracle is not None)
     out = {"meta": t.meta}
@@ -294,29 +246,20 @@ def choose_auto(setup: Setup, *, frames: int = 4, budgets: Sequence[int] = DEFAU
         f"auto chose {choice.label}{', fused' if choice.fused else ''}"
 
 
-def _floors(setup: Setup, parts: dict, label: str, fused: bool) -> dict:
-    """Bytes and FLOPs of the floors (seconds come once the bandwidth is known: :func:`_finish`)."""
-    cp, t = setup.lm.code_predictor, setup.lm.model.talker
-    step = talker_step_bytes(t, context=CONTEXT, kv_element_bytes=torch.tensor([], dtype=setup.talker.kv_dtype)
-                             .element_size())
-    calls = parts[("inner", label, fused)]["calls_per_frame"]
-    return {"talker_bytes": step["bytes"] + step["kv_bytes"], "inner_bytes": calls * call_weight_bytes(cp)["bytes"]}
-
-
 def _row(setup: Setup, parts: dict, name: str, key: tuple, runner, note: str, codec_floor_ms) -> dict:
     """One row of the table before :func:`_finish`: the parts of runner ``key`` = ``(label, fused)``."""
-    label, fused = key
-    inner = parts[("inner", label, fused)]
-    fields = runner_fields(runner)
+    inner, fields = parts[("inner", *key)], runner_fields(runner)
+    mine = {"talker": parts["talker"], "inner": inner, "codec": parts["codec"]}
     row = {"model": setup.model, "weights": setup.weights, "precision": setup.precision,
            "codec_dtype": str(next(iter(setup.codec_decoder.parameters())).dtype).replace("torch.", "")
            if setup.codec_decoder is not None else "its own (float32)", "row": name,
            **{k: fields.get(k) for k in ("decoder", "kind", "nodes", "fused", "backend")},
-           "tokens_per_call": inner["tokens_per_call"],
-           "talker_ms": parts["talker"]["ms"], "inner_ms": inner["ms"], "codec_ms": parts["codec"]["ms"],
-           "talker_cpu_ms": parts["talker"]["cpu_ms"], "inner_cpu_ms": inner["cpu_ms"],
-           "codec_cpu_ms": parts["codec"]["cpu_ms"], "codec_floor_ms": codec_floor_ms, "note": note,
-           **_floors(setup, parts, label, fused)}
+           "tokens_per_call": inner["tokens_per_call"], **{f"{p}_ms": v["ms"] for p, v in mine.items()},
+           **{f"{p}_cpu_ms": v["cpu_ms"] for p, v in mine.items()}, "codec_floor_ms": codec_floor_ms, "note": note}
+    # bytes of the floors (their ms come once the bandwidth is known: _finish)
+    step = talker_step_bytes(setup.lm.model.talker, context=CONTEXT, kv_element_bytes=setup.talker.kv_dtype.itemsize)
+    row["talker_bytes"] = step["bytes"] + step["kv_bytes"]
+    row["inner_bytes"] = inner["calls_per_frame"] * call_weight_bytes(setup.lm.code_predictor)["bytes"]
     return row
 
 
@@ -364,10 +307,9 @@ def what_moves(r: dict) -> dict:
             "bottleneck_2c": side, "moves_frame": words}
 
 
-def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, text: str, frames: int, seed: int,
-                      keep: list):
+def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, text: str, frames: int, seed: int):
     """One timed condition: a whole stream (``batch`` copies of ``text``), on one thread or overlapped over all
-    cores; returns its summary, and keeps each run's chunk records in ``keep``."""
+    cores; returns its summary and its chunk records."""
     def run(i):
         outer = torch.get_num_threads()
         torch.set_num_threads(1 if layout == LAYOUTS[0] else os.cpu_count() or 1)
@@ -378,8 +320,7 @@ def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, t
                                    overlap=layout == LAYOUTS[1], language="english")
             for _ in st:
                 pass
-            keep.append(st.chunks)
-            return st.summary()
+            return st.summary(), st.chunks
         finally:
             torch.set_num_threads(outer)
     return run
@@ -398,18 +339,14 @@ def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), 
         and how much audio it held).
     """
     codecs = {b: setup.codec_stream(b) for b in batches}
-    keep: dict = {}
-    conds = {}
-    for name, r in runners.items():
-        for b in batches:
-            for layout in LAYOUTS:
-                keep[(name, b, layout)] = []
-                conds[(name, b, layout)] = _stream_condition(setup, r, codecs[b], batch=b, layout=layout, text=text,
-                                                             frames=frames, seed=seed, keep=keep[(name, b, layout)])
+    conds = {(name, b, layout): _stream_condition(setup, r, codecs[b], batch=b, layout=layout, text=text,
+                                                  frames=frames, seed=seed)
+             for name, r in runners.items() for b in batches for layout in LAYOUTS}
     t = interleaved(conds, repeats=repeats, warmup=warmup, seed=seed, progress=progress,
                     desc=f"streams {setup.model} {setup.precision}", random_weights=setup.oracle is not None)
     rows = []
-    for (name, b, layout), outs in t.out.items():
+    for (name, b, layout), runs in t.out.items():
+        outs = [o for o, _ in runs]
         med = {k: statistics.median(o[k] for o in outs) for k in
                ("ttfa_ms", "ttfa_call_ms", "rtf", "frame_ms", "underruns", "stall_ms", "overlap", "talker_ms",
                 "inner_ms", "codec_ms", "generate_cpu_ms", "decode_cpu_ms", "tokens_per_call", "audio_s", "frames")}
@@ -418,8 +355,7 @@ def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), 
                      "batch": b, "layout": layout, **{k: fields[k] for k in ("decoder", "kind", "fused")}, **med,
                      "wall_ms": statistics.median(t.ms[(name, b, layout)]), "runs": len(outs),
                      "realtime": bool(med["frame_ms"] <= FRAME_MS), "replay": outs[0]["replay"],
-                     "sample_rate": codecs[b].sample_rate,
-                     "chunks": keep[(name, b, layout)][0] if keep[(name, b, layout)] else []})
+                     "sample_rate": codecs[b].sample_rate, "chunks": runs[0][1]})
     return {"rows": rows, "meta": t.meta}
 
 
@@ -477,7 +413,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
             contexts. text: what the streams speak. streams, concurrency: measure them (at the fastest precision;
             ``concurrency`` may name the models to batch streams of).
             codec_config, codec_dtype: the official codec decoder of models without a codec of their own (``tiny``:
-            tests) and its dtype (default :func:`default_codec_dtype`).
+            tests) and its dtype (default bfloat16 where the CPU runs it natively).
 
     Returns:
         ``{"rows", "streams", "concurrency", "sustained", "quoted", "meta"}``: a row per (model, precision, row of
@@ -491,7 +427,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     Raises:
         ValueError: as :func:`check_pipeline_args`; bad noise settings.
     """
-    started = time.perf_counter()
+    phase = Phases()  # seconds each phase took (the run-time budget of a notebook), and the total
     precisions = list(precisions or native_precisions())
     check_pipeline_args(models, precisions, chunk_frames=chunk_frames, frames=frames, batches=batches)
     if codec_dtype is not None:
@@ -499,40 +435,33 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     noise.repeat_cap(noise_target, repeats, None)
     acceptance = acceptance or default_acceptance()
     rows, stream_rows, conc_rows, metas, peaks, codecs = [], [], [], [], {}, {}
-    phases: dict[str, float] = {}  # seconds each phase took (the run-time budget of a notebook)
-
-    def clock(name: str, t0: float) -> float:
-        now = time.perf_counter()
-        phases[name] = phases.get(name, 0.0) + now - t0
-        return now
 
     def measure():
         for model in models:
             best = None  # (frame ms, setup, runners): the fastest precision's, kept for the streams
             for prec in precisions:
-                t0 = time.perf_counter()
-                setup = build_setup(model, prec, acceptance=acceptance, chunk_frames=chunk_frames, seed=seed,
-                                    n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
-                                    max_context=max(512, frames + 256), codec_config=codec_config,
-                                    codec_dtype=codec_dtype)
-                runners = candidates(setup)
-                t0 = clock("build", t0)
-                auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None
+                with phase("build"):
+                    setup = build_setup(model, prec, acceptance=acceptance, chunk_frames=chunk_frames, seed=seed,
+                                        n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
+                                        max_context=max(512, frames + 256), codec_config=codec_config,
+                                        codec_dtype=codec_dtype)
+                    runners = candidates(setup)
+                with phase("auto"):
+                    auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None
                 if auto_pick and (auto_pick[0], auto_pick[1]) not in runners:
                     runners[(auto_pick[0], auto_pick[1])] = auto_pick[2]
-                t0 = clock("auto", t0)
-                parts = time_parts(setup, runners, repeats=repeats, warmup=warmup, seed=seed,
-                                   noise_target=noise_target, progress=progress)
-                t0 = clock("parts", t0)
+                with phase("parts"):
+                    parts = time_parts(setup, runners, repeats=repeats, warmup=warmup, seed=seed,
+                                       noise_target=noise_target, progress=progress)
                 metas.append({"model": model, "precision": prec, **{k: parts["meta"].get(k) for k in (
                     "other_cpu_frac", "repeats", "rel_se_max", "threads")}, "note": oversubscribed_note(parts["meta"])})
                 codec_floor = None
                 if setup.codec_decoder is not None:
                     dt = str(next(setup.codec_decoder.parameters()).dtype)
-                    if dt not in peaks:
-                        peaks[dt] = peak_gflops(setup.codec_decoder)["peak_gflops"]
+                    with phase("codec peak"):
+                        if dt not in peaks:
+                            peaks[dt] = peak_gflops(setup.codec_decoder)["peak_gflops"]
                     codec_floor = matmul_flops_per_frame(setup.codec_decoder) / (peaks[dt] * 1e9) * 1e3
-                clock("codec peak", t0)
                 spec = [k for k in runners if k[0] != "ar"]
                 fastest = min(spec, key=lambda k: parts[("inner", *k)]["ms"])
                 picks = {"AR": (("ar", True), "the native AR frame (one C call)"),
@@ -553,18 +482,17 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                 gc.collect()
             if best is not None:
                 _, setup, chosen = best
-                t0 = time.perf_counter()
-                stream_rows.extend(time_streams(setup, chosen, batches=(1,), text=text, frames=frames,
-                                                repeats=stream_repeats, seed=seed, progress=progress)["rows"])
-                t0 = clock("streams", t0)
+                with phase("streams"):
+                    stream_rows.extend(time_streams(setup, chosen, batches=(1,), text=text, frames=frames,
+                                                    repeats=stream_repeats, seed=seed, progress=progress)["rows"])
                 if concurrency is True or (concurrency and model in concurrency):
                     stepped = {"AR": setup.runner("ar", False)}
                     best_spec = next(r for r in rows if r["model"] == model and r["precision"] == setup.precision
                                      and r["row"] == "best speculative")
                     stepped["best speculative"] = setup.runner(best_spec["decoder"], False)
-                    conc_rows.extend(time_streams(setup, stepped, batches=batches, text=text, frames=frames,
-                                                  repeats=1, seed=seed, progress=progress)["rows"])
-                    clock("concurrency", t0)
+                    with phase("concurrency"):
+                        conc_rows.extend(time_streams(setup, stepped, batches=batches, text=text, frames=frames,
+                                                      repeats=1, seed=seed, progress=progress)["rows"])
                 best = None
                 gc.collect()
 
@@ -579,8 +507,8 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
             "batches": list(batches), "repeats": repeats, "stream_repeats": stream_repeats, "warmup": warmup,
             "noise_target": noise_target, "parts_runs": metas, "models": list(models), "precisions": precisions,
             "replay": acceptance.describe(), "replay_text": acceptance.text, "text": text, "seed": seed,
-            "oversubscribed": [m for m in metas if m["note"]], "phase_s": phases,
-            "total_s": time.perf_counter() - started}
+            "oversubscribed": [m for m in metas if m["note"]], "phase_s": dict(phase),
+            "total_s": phase.total_s()}
     return {"rows": rows, "streams": stream_rows, "concurrency": conc_rows, "sustained": sustained(conc_rows),
             "quoted": [dict(q) for q in PUBLIC_PIPELINES], "meta": meta}
 

@@ -1,25 +1,10 @@
 """How fast the inner-loop decoders really are: whole frames timed interleaved, the verify cost curve, batches, and
-the speedup they give over AR as a function of the node budget N (the paper's Figure 4).
-
-Tokens per call overstates speed, since a wider verify call costs more and the loop around the calls costs time too
-(docs/style.md#benchmarks, docs/methods.md#reporting-speed). Every function here times through the one harness,
-:func:`rvqspec_lib.eval.timing.interleaved`, over runners and backends of the one registry
-(:mod:`rvqspec_lib.models.backends`):
-
-* :func:`build_runners`: the runners of every decoder through every backend present, stepped and fused.
-* :func:`time_frames`: every frame runner (a decoder through a backend, stepped or fused) decodes the same frame each
-  round, with the same generator seed, the device synchronised around each frame (a GPU's); a stepped runner's wall
-  time is split into the model call (the backend's ``forward``), the heads and embeddings (``logits``, ``embed``, the
-  drafter's ``draft_logits``) and what is left, the loop outside the model (host time: on a GPU the split counts
-  launches, not kernels). Rows carry the runner's structured fields (:func:`~rvqspec_lib.models.backends.
-  runner_fields`), tokens per call, and the speedup over AR and over the fused AR frame of the same backend;
-  :func:`summary_by_backend` reads the best of each backend off them.
-* :func:`verify_cost_curve`: t(Q)/t(1) of one verify call of Q query positions, per backend.
-* :func:`batch_throughput`: frames per second at several batch sizes.
-* :func:`speedup_vs_n`, :func:`projected_speedup`: the measured and the projected ``E(N) t(1) / t(N)`` speedup by
-  node budget (docs/methods.md#choosing-the-node-budget).
-* :func:`speedups_over_ar`: which AR of a run is fastest (stepped through each backend, each fused AR frame) and
-  what the fastest speculative decoders gain over each.
+the speedup over AR by node budget N (the paper's Figure 4). Tokens per call overstates speed: a wider verify call
+costs more and the loop around the calls costs time too (docs/methods.md#reporting-speed). Everything times through
+:func:`rvqspec_lib.eval.timing.interleaved` over the registry's runners (:mod:`rvqspec_lib.models.backends`):
+:func:`build_runners`, :func:`time_frames` (each stepped frame split into model call, heads and the loop outside),
+:func:`verify_cost_curve`, :func:`batch_throughput`, :func:`speedup_vs_n` and :func:`projected_speedup`
+(docs/methods.md#choosing-the-node-budget), :func:`summary_by_backend`, :func:`speedups_over_ar`.
 """
 
 from __future__ import annotations
@@ -33,7 +18,7 @@ import torch
 
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.drafters import ReusedHeads
-from rvqspec_lib.eval.timing import Timing, device_sync, interleaved, summary
+from rvqspec_lib.eval.timing import device_sync, interleaved, summary
 from rvqspec_lib.models.backends import (
     SteppedRunner,
     available,
@@ -60,57 +45,39 @@ class Clock:
     """Seconds accumulated in the model call (``model_s``) and in heads, embeddings and drafts (``heads_s``)."""
 
     def __init__(self):
-        self.model_s = self.heads_s = 0.0
+        self.reset()
 
     def reset(self) -> None:
         self.model_s = self.heads_s = 0.0
 
+    def timed(self, fn, field: str):
+        """``fn`` with the seconds of each call added to ``field`` (two ``perf_counter`` calls, under a microsecond)."""
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter() - t0)
+        return run
+
 
 class TimedBackend:
     """A verify backend that times another: ``forward`` into ``clock.model_s``, ``embed`` and ``logits`` into
-    ``clock.heads_s`` (two ``perf_counter`` calls each, well under a microsecond)."""
+    ``clock.heads_s``."""
 
     def __init__(self, backend, clock: Clock):
-        self.backend, self.clock = backend, clock
-        self.name = getattr(backend, "name", type(backend).__name__)
-
-    def new_cache(self, batch, slots):
-        return self.backend.new_cache(batch, slots)
-
-    def forward(self, embeds, positions, allow, cache, write_slots):
-        t0 = time.perf_counter()
-        out = self.backend.forward(embeds, positions, allow, cache, write_slots)
-        self.clock.model_s += time.perf_counter() - t0
-        return out
-
-    def compact(self, cache, order):
-        self.backend.compact(cache, order)
-
-    def embed(self, codes, depth):
-        t0 = time.perf_counter()
-        out = self.backend.embed(codes, depth)
-        self.clock.heads_s += time.perf_counter() - t0
-        return out
-
-    def logits(self, hidden, head):
-        t0 = time.perf_counter()
-        out = self.backend.logits(hidden, head)
-        self.clock.heads_s += time.perf_counter() - t0
-        return out
+        self.backend, self.name = backend, getattr(backend, "name", type(backend).__name__)
+        self.new_cache, self.compact = backend.new_cache, backend.compact
+        self.forward = clock.timed(backend.forward, "model_s")
+        self.embed, self.logits = clock.timed(backend.embed, "heads_s"), clock.timed(backend.logits, "heads_s")
 
 
 class TimedDrafter:
     """A drafter whose ``draft_logits`` time goes into ``clock.heads_s``."""
 
     def __init__(self, drafter, clock: Clock):
-        self.drafter, self.clock = drafter, clock
-        self.name = getattr(drafter, "name", None)
-
-    def draft_logits(self, code_predictor, hidden, depth, n_ahead, **kwargs):
-        t0 = time.perf_counter()
-        out = self.drafter.draft_logits(code_predictor, hidden, depth, n_ahead, **kwargs)
-        self.clock.heads_s += time.perf_counter() - t0
-        return out
+        self.drafter, self.name = drafter, getattr(drafter, "name", None)
+        self.draft_logits = clock.timed(drafter.draft_logits, "heads_s")
 
 
 def _timed(runner, clock: Clock):
@@ -130,25 +97,28 @@ def _timed(runner, clock: Clock):
 # ----------------------------------------------------------------------------------------------------------------
 # Inputs
 # ----------------------------------------------------------------------------------------------------------------
-def check_contexts(code_predictor, contexts: torch.Tensor) -> torch.Tensor:
-    """``contexts`` on the model's device, after checking their shape ``(N >= 1, 2, talker_hidden)``.
+def _frame_inputs(runners: Sequence, contexts: torch.Tensor) -> tuple:
+    """``(code_predictor, contexts)``: the runners' code predictor and ``contexts`` on its device, after checking
+    their shape ``(N >= 1, 2, talker_hidden)``.
 
     Raises:
-        ValueError: another shape (one line naming where contexts come from).
+        ValueError: no runner, or another shape (one line naming where contexts come from).
     """
+    if not runners:
+        raise ValueError("nothing to time: give at least one frame runner")
+    code_predictor = runners[0].code_predictor
     h = P.talker_hidden_size(code_predictor)
     if not isinstance(contexts, torch.Tensor) or contexts.dim() != 3 or contexts.shape[1:] != (2, h) or \
             contexts.shape[0] < 1:
         shape = tuple(contexts.shape) if isinstance(contexts, torch.Tensor) else type(contexts).__name__
         raise ValueError(f"contexts must be a (N >= 1, 2, {h}) tensor (frames_from_shipped(...).context, or "
                          f"random_contexts for random-weight models), got {shape}")
-    return contexts.to(next(code_predictor.parameters()).device)
+    return code_predictor, contexts.to(next(code_predictor.parameters()).device)
 
 
-def random_contexts(code_predictor, n: int, *, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
-    """``(n, 2, talker_hidden)`` standard normal contexts times ``scale`` (for random-weight models: timing only)."""
-    h = P.talker_hidden_size(code_predictor)
-    return scale * torch.randn(n, 2, h, generator=torch.Generator().manual_seed(seed))
+def random_contexts(code_predictor, n: int, *, seed: int = 0) -> torch.Tensor:
+    """``(n, 2, talker_hidden)`` standard normal contexts (for random-weight models: timing only)."""
+    return torch.randn(n, 2, P.talker_hidden_size(code_predictor), generator=torch.Generator().manual_seed(seed))
 
 
 def _generator(device, seed: int) -> torch.Generator:
@@ -199,7 +169,7 @@ def build_runners(backends: Sequence[str], code_predictor, decoders, *, fused: b
 # ----------------------------------------------------------------------------------------------------------------
 def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20, warmup: int = 2, seed: int = 0,
                 noise_target: float | None = None, max_repeats: int | None = None, progress: bool = True,
-                random_weights: bool | None = None, prepare: bool = True) -> dict:
+                random_weights: bool | None = None) -> dict:
     """Time one frame (batch 1) of every runner, interleaved (module docstring).
 
     Args:
@@ -208,34 +178,28 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
         contexts: ``(N, 2, talker_hidden)``; round r decodes context ``r mod N`` through every runner, with generator
             seed ``seed + r`` (paired).
         repeats, warmup, noise_target, max_repeats, progress: :func:`rvqspec_lib.eval.timing.interleaved`'s.
-        random_weights: recorded in ``meta``. prepare: build every fused runner's graphs first (their seconds in
+        random_weights: recorded in ``meta``. Every fused runner's graphs are built first (their seconds in
             ``meta["prepare_s"]``), so that no compilation falls into a timed frame.
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per runner: its fields (``decoder``, ``kind``, ``drafter``,
         ``nodes``, ``lossy``, ``backend``, ``fused``, ``precision``), ``tokens_per_call`` (mean over the first
-        ``repeats`` timed frames, which every run makes, prefill included), ``calls_per_frame``, ``ms_per_frame`` (median), ``p10_ms``, ``p90_ms``, ``model_ms`` (in
-        the backend's forward), ``heads_ms`` (heads, embeddings, drafts), ``outside_ms`` (the rest: the loop
-        outside the model; a fused runner's frame is all ``model_ms``), ``outside_share``, ``speedup_vs_ar`` (over
-        stepped AR of the same backend and precision, ratio of medians), ``speedup_vs_fused`` (over the fused AR
-        frame of the same backend and precision).
+        ``repeats`` timed frames, which every run makes, prefill included), ``calls_per_frame``, ``ms_per_frame``
+        (median), ``p10_ms``, ``p90_ms``, ``model_ms`` (in the backend's forward), ``heads_ms`` (heads,
+        embeddings, drafts), ``outside_ms`` (the rest: the loop outside the model; a fused runner's frame is all
+        ``model_ms``), ``outside_share``, ``speedup_vs_ar`` and ``speedup_vs_fused`` (over stepped AR and over the
+        fused AR frame of the same backend and precision, ratios of medians).
 
     Raises:
         ValueError: bad contexts, no runner, two runners with the same fields, bad settings (one line each).
     """
-    if not runners:
-        raise ValueError("nothing to time: give at least one frame runner")
-    cp = runners[0].code_predictor
-    contexts = check_contexts(cp, contexts)
+    cp, contexts = _frame_inputs(runners, contexts)
     fields = [runner_fields(r) for r in runners]
     keys = [tuple(sorted(f.items())) for f in fields]
     if len(set(keys)) != len(keys):
         raise ValueError("two runners have the same decoder, backend, precision and fusion: time each once")
-    prepare_s = {}
-    if prepare:
-        for f, r in zip(fields, runners):
-            if r.fused:
-                prepare_s[f"{f['decoder']}/{f['backend']}"] = round(r.prepare(1), 1)
+    prepare_s = {f"{f['decoder']}/{f['backend']}": round(r.prepare(1), 1)
+                 for f, r in zip(fields, runners) if r.fused}
     clocks = [Clock() for _ in runners]
     timed = [_timed(r, c) for r, c in zip(runners, clocks)]
     n_ctx, dev = contexts.shape[0], contexts.device
@@ -383,10 +347,7 @@ def batch_throughput(runners: Sequence, contexts: torch.Tensor, *, batch_sizes: 
     Raises:
         ValueError: bad contexts or batch sizes, bad settings.
     """
-    if not runners:
-        raise ValueError("nothing to time: give at least one frame runner")
-    cp = runners[0].code_predictor
-    contexts = check_contexts(cp, contexts)
+    cp, contexts = _frame_inputs(runners, contexts)
     bs = [int(b) for b in batch_sizes]
     if not bs or min(bs) < 1:
         raise ValueError(f"batch sizes must be >= 1, got {batch_sizes}")
@@ -438,6 +399,15 @@ def speedup_vs_n(rows: Sequence[dict]) -> list[dict]:
              "tokens_per_call": r["tokens_per_call"]} for k, r in sorted(best.items())]
 
 
+def fastest(rows, default=None):
+    """The row of least ``ms_per_frame`` (``default`` when there is none)."""
+    return min(rows, key=lambda r: r["ms_per_frame"], default=default)
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
 def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
     """From :func:`time_frames` rows, per backend and precision: stepped AR, the fused AR frame, the fastest lossless
     speculative decoder stepped and fused, and their speedups (ratios of the medians of one interleaved run).
@@ -448,25 +418,21 @@ def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
         ``fused_spec_ms``, ``fused_spec_speedup_vs_fused`` (below 1: the fused AR frame is the faster),
         ``fused_speedup_vs_ar``; ``None`` where a row is missing.
     """
-    def ratio(a, b):
-        return a / b if a and b else None
-
     out = []
     for b, prec in dict.fromkeys((r["backend"], r["precision"]) for r in rows):
         mine = [r for r in rows if (r["backend"], r["precision"]) == (b, prec)]
         ar, far = ({r["kind"]: r["ms_per_frame"] for r in mine if r["kind"] == "ar" and r["fused"] == f}.get("ar")
                    for f in (False, True))
         spec = [r for r in mine if r["kind"] != "ar" and not r["lossy"]]
-        best, fspec = (min((r for r in spec if r["fused"] == f), key=lambda r: r["ms_per_frame"], default={})
-                       for f in (False, True))
+        best, fspec = (fastest((r for r in spec if r["fused"] == f), {}) for f in (False, True))
         out.append({"backend": b, "precision": prec, "ar_ms": ar, "fused_ar_ms": far,
                     "best_decoder": best.get("decoder"), "best_nodes": best.get("nodes"),
                     "best_ms": best.get("ms_per_frame"), "best_tokens_per_call": best.get("tokens_per_call"),
-                    "best_speedup_vs_ar": ratio(ar, best.get("ms_per_frame")),
-                    "best_speedup_vs_fused": ratio(far, best.get("ms_per_frame")),
+                    "best_speedup_vs_ar": _ratio(ar, best.get("ms_per_frame")),
+                    "best_speedup_vs_fused": _ratio(far, best.get("ms_per_frame")),
                     "fused_spec_decoder": fspec.get("decoder"), "fused_spec_ms": fspec.get("ms_per_frame"),
-                    "fused_spec_speedup_vs_fused": ratio(far, fspec.get("ms_per_frame")),
-                    "fused_speedup_vs_ar": ratio(ar, far)})
+                    "fused_spec_speedup_vs_fused": _ratio(far, fspec.get("ms_per_frame")),
+                    "fused_speedup_vs_ar": _ratio(ar, far)})
     return out
 
 
@@ -519,31 +485,22 @@ def speedups_over_ar(rows: Sequence[dict]) -> list[dict]:
         ``same_backend_speculative``, ``same_backend_speedup``, ``paper_decoder``, ``paper_speedup`` (``None``
         where the run has no such row). Empty without an AR row.
     """
-    def label(r):
-        return runner_label(r) if r else None
-
-    def ratio(a, b):
-        return a / b if a and b else None
-
     ars = sorted((r for r in rows if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"])
     spec = [r for r in rows if r["kind"] != "ar" and not r.get("lossy")]
-
-    def fastest(cands):
-        return min(cands, key=lambda r: r["ms_per_frame"], default=None)
-
     best, paper = fastest(spec), fastest([r for r in spec if r["kind"] == "paper"])
     out = []
     for i, a in enumerate(ars):
         same = fastest([r for r in spec if (r["backend"], r["precision"]) == (a["backend"], a["precision"])])
-        out.append({"ar": label(a), "backend": a["backend"], "fused": bool(a["fused"]), "precision": a["precision"],
+        out.append({"ar": runner_label(a), "backend": a["backend"], "fused": bool(a["fused"]),
+                    "precision": a["precision"],
                     "ar_ms": a["ms_per_frame"], "fastest_ar": i == 0,
                     "ar_vs_fastest_ar": a["ms_per_frame"] / ars[0]["ms_per_frame"],
-                    "fastest_speculative": label(best),
-                    "speedup": ratio(a["ms_per_frame"], best and best["ms_per_frame"]),
-                    "same_backend_speculative": label(same),
-                    "same_backend_speedup": ratio(a["ms_per_frame"], same and same["ms_per_frame"]),
-                    "paper_decoder": label(paper),
-                    "paper_speedup": ratio(a["ms_per_frame"], paper and paper["ms_per_frame"])})
+                    "fastest_speculative": best and runner_label(best),
+                    "speedup": _ratio(a["ms_per_frame"], best and best["ms_per_frame"]),
+                    "same_backend_speculative": same and runner_label(same),
+                    "same_backend_speedup": _ratio(a["ms_per_frame"], same and same["ms_per_frame"]),
+                    "paper_decoder": paper and runner_label(paper),
+                    "paper_speedup": _ratio(a["ms_per_frame"], paper and paper["ms_per_frame"])})
     return out
 
 
@@ -560,9 +517,3 @@ def format_rows(rows: Sequence[dict], columns: Sequence[str] | None = None, digi
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
-
-
-__all__ = ["Clock", "TimedBackend", "TimedDrafter", "Timing", "check_contexts", "random_contexts", "build_runners",
-           "time_frames", "verify_call", "verify_cost_curve", "batch_throughput", "speedup_vs_n",
-           "summary_by_backend", "speedups_over_ar", "expected_tokens_per_call",
-           "projected_speedup", "format_rows", "QUERY_SIZES", "PREFIX_LEN", "BATCH_SIZES"]

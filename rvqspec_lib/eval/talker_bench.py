@@ -1,22 +1,12 @@
 """The talker step timed per precision, official and native, against its weight-streaming floor
 (docs/precision.md#the-native-talker).
 
-One talker step (one new position after a KV prefix of ``context`` positions, then ``codec_head``) reads every
-weight of the talker's 28 layers once: on a CPU it is bound by streaming them. :func:`bench_talker_precisions` times
-the official step (``talker.model`` + ``codec_head``, as :func:`rvqspec_lib.eval.latency.talker_step_call`) and the
-native step (:class:`rvqspec_lib.models.native_talker.NativeTalker`) in every precision asked for, at every context,
-in ONE interleaved run (every round times each condition once, in an order rotated from round to round, so that a
-change of machine load hits all alike; the first ``warmup`` rounds are dropped), and reports each median against
-
-* the floor: the weight bytes of one step (:func:`rvqspec_lib.eval.floor.talker_step_bytes`: layers, final norm,
-  ``codec_head``, at their stored size) over the measured read bandwidth (:func:`rvqspec_lib.eval.floor.
-  read_bandwidth`, measured before and after the timing, the faster kept);
-* the floor with the KV cache: the same plus the bytes of keys and values the step attends (in the cache's dtype:
-  the activation dtype in the official cache and in the native one, :attr:`NativeTalker.kv_dtype`), which a step
-  must read too and which grows with the context.
-
-:func:`scan_cost` measures what attending over the filled prefix of the native cache saves against scanning an
-``allow`` mask over its whole capacity. The real-size architectures have random weights here: timing only.
+A talker step (one new position after ``context`` cached ones, then ``codec_head``) reads every talker weight once:
+on a CPU it is bound by streaming them. :func:`bench_talker_precisions` times the official step
+(:func:`official_step`) and the native one (:func:`native_step`) per precision and context in ONE interleaved run,
+each median against the floor (weight bytes over the read bandwidth, :mod:`rvqspec_lib.eval.floor`) and the floor
+with the KV cache the step attends. :func:`scan_cost` measures what attending over the filled prefix of the native
+cache saves. Real-size architectures have random weights here: timing only.
 """
 
 from __future__ import annotations
@@ -30,7 +20,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from rvqspec_lib.eval.floor import floor_ms, talker_step_bytes
-from rvqspec_lib.eval.timing import bandwidth_around, interleaved, summary
+from rvqspec_lib.eval.timing import bandwidth_around, interleaved, load_words, machine_lines, summary
 from rvqspec_lib.models.native_talker import NativeTalker
 from rvqspec_lib.models.precision import PRECISIONS, apply_precision, cpu_features, native_precisions, precision_of
 
@@ -38,83 +28,89 @@ from rvqspec_lib.models.precision import PRECISIONS, apply_precision, cpu_featur
 DEFAULT_CONTEXTS = (64, 512)
 #: The forwards a talker step can run through.
 TALKER_FORWARDS = ("official", "native")
-#: Scale of the random input embeddings (the size of real talker inputs; :func:`rvqspec_lib.eval.latency.
-#: talker_step_call` uses the same).
+#: Scale of the random input embeddings (the size of real talker inputs).
 EMBED_SCALE = 0.02
 
 
 def slim_talker(talker):
-    """A deep copy of the official talker holding what a step runs: its decoder stack (``model``, with its codec
-    table) and ``codec_head``. The code predictor, the text table and ``text_projection`` are replaced by empty
-    stand-ins (on the 0.6B the text table alone is 1.2 GB in float32), so that a benchmark can hold one copy per
-    precision.
-
-    Args:
-        talker: the official talker (``lm.model.talker``).
-
-    Returns:
-        the copy (an ``nn.Module`` of the talker's class): ``talker.model(...)`` and ``talker.codec_head(...)`` work
-        as on the original; nothing else does.
-    """
+    """A deep copy of the official talker (``lm.model.talker``) holding what a step runs, ``model`` (with its codec
+    table) and ``codec_head``; the code predictor, the text table (1.2 GB in float32 on the 0.6B) and
+    ``text_projection`` become empty stand-ins, so that a benchmark can hold one copy per precision."""
     memo = {id(talker.code_predictor): nn.Identity(), id(talker.text_projection): nn.Identity(),
             id(talker.model.text_embedding): nn.Embedding(1, 1)}
     return copy.deepcopy(talker, memo)
 
 
-def _official_calls(talker, contexts: Sequence[int], hidden: int, seed: int) -> list:
-    """``[(context, call, reset)]``: the official step after ``context`` cached positions (random seeded inputs), its
-    DynamicCache cropped back after each call."""
-    dtype = next(talker.model.norm.parameters()).dtype
-    out = []
-    for c in contexts:
-        gen = torch.Generator().manual_seed(seed + c)
-        ctx = (torch.randn(1, c, hidden, generator=gen) * EMBED_SCALE).to(dtype)  # (1, C, H)
-        step = (torch.randn(1, 1, hidden, generator=gen) * EMBED_SCALE).to(dtype)  # (1, 1, H)
-        cache = DynamicCache()
-        pos_ctx = torch.arange(c).view(1, 1, -1).expand(3, 1, -1)  # (3, 1, C)
-        pos_step = torch.full((3, 1, 1), c, dtype=torch.long)  # (3, 1, 1)
-        mask = torch.ones(1, c + 1, dtype=torch.long)  # (1, C + 1)
-        with torch.inference_mode():
-            talker.model(inputs_embeds=ctx, past_key_values=cache, use_cache=True, attention_mask=mask[:, :c],
-                         position_ids=pos_ctx)
+def talker_inputs(hidden: int, context: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random float32 inputs of a timed talker step (timing only; :data:`EMBED_SCALE`): ``context`` cached positions
+    ``(1, C, H)`` and the one new position ``(1, 1, H)``, from a generator seeded ``seed``.
 
-        def call(step=step, cache=cache, mask=mask, pos_step=pos_step):
+    Raises:
+        ValueError: ``context < 1``.
+    """
+    if context < 1:
+        raise ValueError(f"talker_context must be >= 1, got {context}")
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, context, hidden, generator=gen) * EMBED_SCALE,
+            torch.randn(1, 1, hidden, generator=gen) * EMBED_SCALE)
+
+
+def official_step(talker, context: int, *, seed: int = 0):
+    """One official talker step (``talker.model`` + ``codec_head``, MRoPE ids ``(3, 1, L)`` alike on all three axes)
+    after ``context`` cached positions of :func:`talker_inputs`, on the talker's device and dtype.
+
+    Returns:
+        ``(call, reset)``: ``call(round=0) -> (1, vocab)`` logits; ``reset()`` crops the cache back (outside the
+        clock).
+
+    Raises:
+        ValueError: ``context < 1``.
+    """
+    p0 = next(talker.model.norm.parameters())
+    ctx, step = (x.to(p0) for x in talker_inputs(int(talker.config.hidden_size), context, seed))
+    cache, dev = DynamicCache(), p0.device
+    pos_step = torch.full((3, 1, 1), context, dtype=torch.long, device=dev)  # (3, 1, 1)
+    mask = torch.ones(1, context + 1, dtype=torch.long, device=dev)  # (1, C + 1)
+    with torch.inference_mode():
+        talker.model(inputs_embeds=ctx, past_key_values=cache, use_cache=True, attention_mask=mask[:, :context],
+                     position_ids=torch.arange(context, device=dev).view(1, 1, -1).expand(3, 1, -1))
+
+    def call(_round: int = 0):
+        with torch.inference_mode():
             h = talker.model(inputs_embeds=step, past_key_values=cache, use_cache=True, attention_mask=mask,
                              position_ids=pos_step).last_hidden_state
             return talker.codec_head(h[:, -1])  # (1, vocab)
 
-        out.append((c, call, lambda cache=cache, c=c: cache.crop(c)))
-    return out
+    return call, lambda: cache.crop(context)
 
 
-def _native_calls(nt, contexts: Sequence[int], hidden: int, seed: int) -> list:
-    """As :func:`_official_calls` through a :class:`~rvqspec_lib.models.native_talker.NativeTalker` (one KV cache
-    per context, of ``context + 1`` slots, switched in with ``use_cache``; the same inputs)."""
-    out = []
-    for c in contexts:
-        gen = torch.Generator().manual_seed(seed + c)
-        ctx = (torch.randn(1, c, hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
-        step = (torch.randn(1, 1, hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
-        cache = nt.new_cache(1, c + 1)
-        nt.use_cache(cache)
+def native_step(nt, context: int, *, seed: int = 0):
+    """:func:`official_step` through a :class:`~rvqspec_lib.models.native_talker.NativeTalker` on the same inputs
+    (its own KV cache of ``context + 1`` slots, switched in with ``use_cache`` at every call).
+
+    Raises:
+        ValueError: ``context < 1``.
+    """
+    ctx, step = (x.to(nt.dtype) for x in talker_inputs(nt.hidden, context, seed))
+    cache = nt.new_cache(1, context + 1)
+    nt.use_cache(cache)
+    with torch.inference_mode():
+        nt.extend(ctx)
+
+    def call(_round: int = 0):
         with torch.inference_mode():
-            nt.extend(ctx)
-
-        def call(step=step, cache=cache):
             nt.use_cache(cache)
             return nt.logits(nt.step(step)[:, -1])  # (1, vocab)
 
-        out.append((c, call, lambda cache=cache, c=c: cache.crop(c)))
-    return out
+    return call, lambda: cache.crop(context)
 
 
 def _timed(conditions: list, warmup: int, repeats: int, progress: bool) -> tuple[dict, dict]:
     """Every ``(key, call, reset)`` through :func:`rvqspec_lib.eval.timing.interleaved` (``reset`` after each run,
     outside the clock): ``({key: summary + cpu_ms (the calling thread's CPU milliseconds, median)}, meta)``."""
     with torch.inference_mode():
-        t = interleaved({k: (lambda _i, call=call: call()) for k, call, _ in conditions}, repeats=repeats,
-                        warmup=warmup, reset={k: reset for k, _, reset in conditions}, progress=progress,
-                        desc="talker rounds")
+        t = interleaved({k: call for k, call, _ in conditions}, repeats=repeats, warmup=warmup,
+                        reset={k: reset for k, _, reset in conditions}, progress=progress, desc="talker rounds")
     return {k: {**summary(t.ms[k]), "cpu_ms": statistics.median(t.cpu_ms[k])} for k in t.ms}, t.meta
 
 
@@ -127,27 +123,20 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
     docstring).
 
     Args:
-        talker: the official talker in float32 (e.g. :func:`slim_talker` of ``lm.model.talker``; not modified: the
-            float32 condition runs on it, every other precision on a converted copy,
-            :func:`rvqspec_lib.models.precision.apply_precision` without the native check).
-        precisions: names of :data:`rvqspec_lib.models.precision.PRECISIONS` (default: those this CPU runs natively,
-            :func:`rvqspec_lib.models.precision.native_precisions`).
-        contexts: positions in the KV cache before the timed step (each >= 1).
-        forwards: some of :data:`TALKER_FORWARDS`.
-        warmup, repeats: untimed and timed rounds.
-        seed: of the random input embeddings.
-        bandwidth: a :func:`rvqspec_lib.eval.floor.read_bandwidth` result; ``None``: measured before and after.
+        talker: the official talker in float32 (e.g. :func:`slim_talker`'s; not modified: other precisions run on
+            converted copies, without the native check). precisions: of :data:`~rvqspec_lib.models.precision.
+            PRECISIONS` (default the CPU's native ones). contexts: cached positions before the step (each >= 1).
+            forwards: some of :data:`TALKER_FORWARDS`. warmup, repeats: untimed and timed rounds. seed: of the inputs.
+        bandwidth: a :func:`rvqspec_lib.eval.timing.read_bandwidth` result; ``None``: read around the timing.
         model_name, random_weights: reported as given.
 
     Returns:
-        JSON-able dict: ``model``, ``random_weights``, ``device_name`` (the CPU), ``cpu_flags``,
-        ``native_precisions``, ``threads``, ``bandwidth``, ``other_cpu_frac``, ``cpu_count``, ``torch``, the
-        settings, and ``rows``: one dict per (precision, forward, context) with the medians (``median_ms``,
-        ``p10_ms``, ``p90_ms``, ``min_ms``, ``cpu_ms`` the thread's CPU time, ``n``), ``weight_bytes``, ``kv_bytes``
-        (what the step attends, in that forward's cache dtype), ``packed_bytes`` (native: the packed copy),
-        ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``over_floor_kv``, and in CPU time ``floor_cpu_ms`` (the
-        weights over the bandwidth timed in CPU time, ``gb_per_s_cpu``), ``cpu_over_floor`` and
-        ``cpu_over_floor_kv`` (``None`` where the bandwidth has no CPU-time figure).
+        JSON-able dict: the timing's meta, ``model``, ``random_weights``, ``device_name``, ``cpu_flags``,
+        ``native_precisions``, ``bandwidth``, the settings, and ``rows`` per (precision, context, forward): the summary
+        (``median_ms`` ... ``n``) and ``cpu_ms`` (thread CPU time), ``weight_bytes``, ``kv_bytes`` (in that forward's
+        cache dtype), ``packed_bytes`` (native), ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``over_floor_kv``,
+        ``floor_cpu_ms``, ``cpu_over_floor``, ``cpu_over_floor_kv`` (the CPU-time ones ``None`` without
+        ``gb_per_s_cpu``).
 
     Raises:
         ValueError: an unknown precision or forward, a context < 1, a talker not in float32.
@@ -162,23 +151,20 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
         raise ValueError(f"contexts must be positive, got {contexts}")
     if precision_of(talker.model) != "float32":
         raise ValueError(f"bench_talker_precisions takes the talker in float32, got {precision_of(talker.model)}")
-    hidden = int(talker.config.hidden_size)
     talkers = {p: talker if p == "float32" else apply_precision(copy.deepcopy(talker), p, require_native=False)
                for p in precisions}
-    conditions, weights, natives = [], {}, {}
+    conditions, weights, natives = [], {}, {}  # in the rows' order: precision, context, forward
     for p in precisions:
         weights[p] = talker_step_bytes(talkers[p])
-        if "official" in forwards:
-            conditions += [((p, "official", c), call, reset)
-                           for c, call, reset in _official_calls(talkers[p], contexts, hidden, seed)]
         if "native" in forwards:
             natives[p] = NativeTalker(talkers[p], max_context=max(contexts) + 1)
-            conditions += [((p, "native", c), call, reset)
-                           for c, call, reset in _native_calls(natives[p], contexts, hidden, seed)]
-    if bandwidth is None:  # read before and after the timing, the faster kept (other load varies)
-        (stats, meta), bandwidth = bandwidth_around(lambda: _timed(conditions, warmup, repeats, progress))
-    else:
-        stats, meta = _timed(conditions, warmup, repeats, progress)
+        conditions += [((p, f, c), *(official_step(talkers[p], c, seed=seed + c) if f == "official" else
+                                      native_step(natives[p], c, seed=seed + c))) for c in contexts for f in forwards]
+
+    def measure():
+        return _timed(conditions, warmup, repeats, progress)
+
+    (stats, meta), bandwidth = bandwidth_around(measure) if bandwidth is None else (measure(), bandwidth)
     gbs, gbs_cpu = bandwidth["gb_per_s"], bandwidth.get("gb_per_s_cpu")
     rows = []
     for (p, f, c), st in stats.items():
@@ -193,9 +179,6 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
                      "over_floor_kv": st["median_ms"] / fl_kv, "floor_cpu_ms": fl_cpu,
                      "cpu_over_floor": st["cpu_ms"] / fl_cpu if fl_cpu else None,
                      "cpu_over_floor_kv": st["cpu_ms"] / fl_kv_cpu if fl_kv_cpu else None})
-    order = {(p, f, c): i for i, (p, f, c) in enumerate((p, f, c) for p in precisions for c in contexts
-                                                         for f in forwards)}
-    rows.sort(key=lambda r: order[(r["precision"], r["forward"], r["context"])])
     return {**meta, "model": model_name, "random_weights": bool(random_weights), "device_name": meta["cpu"],
             "cpu_flags": cpu_features(), "native_precisions": list(native_precisions()), "bandwidth": bandwidth,
             "contexts": contexts, "forwards": forwards,
@@ -223,15 +206,13 @@ def scan_cost(nt, *, context: int = 64, capacity: int = 2048, warmup: int = 3, r
     """
     if not 1 <= context < capacity:
         raise ValueError(f"need 1 <= context < capacity, got context={context}, capacity={capacity}")
-    gen = torch.Generator().manual_seed(seed)
-    ctx = (torch.randn(1, context, nt.hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
-    step = (torch.randn(1, 1, nt.hidden, generator=gen) * EMBED_SCALE).to(nt.dtype)
+    ctx, step = (x.to(nt.dtype) for x in talker_inputs(nt.hidden, context, seed))
     nt.reset(1, max_context=capacity)
     with torch.inference_mode():
         nt.extend(ctx)
 
     def run(whole: bool):
-        def call():
+        def call(_i):
             nt.scan_whole_cache = whole
             try:
                 nt.step(step)
@@ -252,21 +233,12 @@ def format_talker_table(result: dict) -> str:
     """Plain-text table of a :func:`bench_talker_precisions` result: the CPU, its bandwidth, then per (precision,
     context, forward) the median step, its spread, the MB it reads and both floors with the step as a multiple of
     each."""
-    bw, fl = result["bandwidth"], result["cpu_flags"]
-    other = result.get("other_cpu_frac")
     lines = [
         f"talker step (1 new position + codec_head): model {result['model']}"
         f"{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads {result['threads']} | "
-        f"interleaved, warmup {result['warmup']}, repeats {result['repeats']}"
-        + ("" if other is None else f" | other processes used {100 * other:.0f}% of {result['cpu_count']} CPUs"),
-        f"CPU {result['device_name']} | bf16 flags: {', '.join(fl['bf16']) or 'none'} | int8 dot-product flags: "
-        f"{', '.join(fl['int8_dot']) or 'none'} | native precisions: {', '.join(result['native_precisions'])}",
-        f"read bandwidth {bw['gb_per_s']:.1f} GB/s (torch.sum over {bw['buffer_bytes'] / 2 ** 20:.0f} MiB"
-        + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
-           if "gb_per_s_after" in bw else "")
-        + (f"; {bw['gb_per_s_cpu']:.1f} GB/s in CPU time" if bw.get("gb_per_s_cpu") else "")
-        + "); floor = weight bytes / bandwidth; floor+kv adds the KV cache the step attends; cpu x: the thread's "
-        "CPU time over the same floors at the CPU-time bandwidth",
+        f"interleaved, warmup {result['warmup']}, repeats {result['repeats']}" + load_words(result),
+        *machine_lines(result, result["cpu_flags"], "floor = weight bytes / bandwidth; floor+kv adds the KV cache the "
+                       "step attends; cpu x: the thread's CPU time over the same floors at the CPU-time bandwidth"),
         f"{'precision':<12} {'ctx':>4} {'forward':<8} {'ms':>8} {'p10-p90':>13} {'cpu ms':>7} {'weights MB':>10} "
         f"{'kv MB':>6} {'floor ms':>8} {'x floor':>7} {'floor+kv':>8} {'x fl+kv':>7} {'cpu x fl':>8} "
         f"{'cpu x fl+kv':>11}",

@@ -1,20 +1,16 @@
-"""THE timing harness (docs/style.md#benchmarks): every number of milliseconds the project reports is measured by
+"""THE timing harness (docs/style.md#benchmarks): every millisecond the project reports is measured by
 :func:`interleaved`, with the machine's load watched (:class:`LoadMonitor`), the device synchronised where it is
 asynchronous (:func:`device_sync`), and the facts printed beside it (:func:`machine_meta`).
 
-* **Interleaved.** Every condition (a decoder through a backend, a call of Q positions, a pipeline stage ...) is run
-  once per round, in an order shuffled each round by a seeded RNG, after ``warmup`` untimed runs of each. A load
-  change on a shared machine then hits every condition alike, and ratios between conditions of one run are
-  meaningful even when absolute times drift.
-* **Noise stop.** ``repeats`` rounds, or, given ``noise_target``, at least ``repeats`` and then round by round until
-  every condition's median has a relative standard error <= ``noise_target`` or ``max_repeats`` rounds
-  (:mod:`rvqspec_lib.eval.noise`).
-* **Load.** The share of the machine's CPU time other processes took during the timing (from ``/proc/stat``) goes
-  into ``meta``; above :data:`OTHER_CPU_LIMIT` a CPU timing is OVERSUBSCRIBED (:func:`oversubscribed_note`), and
-  :func:`measure_quietly` measures such a timing once more.
-* **Bandwidth.** The weight-streaming floor (:mod:`rvqspec_lib.eval.floor`) needs the machine's read bandwidth
-  (:func:`read_bandwidth`), which another process's load lowers: :func:`bandwidth_around` reads it before and after a
-  timing and keeps the faster.
+* **Interleaved.** Each round runs every condition once, in an order shuffled by a seeded RNG, after ``warmup``
+  untimed runs of each: a load change hits all conditions alike, so ratios within a run hold when absolute times
+  drift.
+* **Noise stop.** ``repeats`` rounds, or with ``noise_target`` round by round until every median's relative standard
+  error is below it (:mod:`rvqspec_lib.eval.noise`).
+* **Load.** The share of CPU time other processes took goes into ``meta``; above :data:`OTHER_CPU_LIMIT` a CPU
+  timing is OVERSUBSCRIBED (:func:`oversubscribed_note`) and :func:`measure_quietly` measures it once more.
+* **Bandwidth.** The weight-streaming floor needs the read bandwidth (:func:`read_bandwidth`); :func:`bandwidth_around`
+  reads it before and after a timing and keeps the faster.
 """
 
 from __future__ import annotations
@@ -23,10 +19,12 @@ import os
 import random
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from rvqspec_lib.common.machine import cpu_flags, cpu_model
@@ -52,12 +50,9 @@ def percentile(xs: Sequence[float], q: float) -> float:
     Raises:
         ValueError: no samples.
     """
-    s = sorted(xs)
-    if not s:
+    if not len(xs):
         raise ValueError("percentile of no samples")
-    k = (len(s) - 1) * q / 100.0
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+    return float(np.percentile(xs, q))
 
 
 def summary(ms: Sequence[float]) -> dict:
@@ -133,6 +128,32 @@ def oversubscribed_note(meta: Mapping) -> str:
     if not cpu_oversubscribed(meta):
         return ""
     return f"OVERSUBSCRIBED: other processes used {100 * meta['other_cpu_frac']:.0f}% of the CPU"
+
+
+def load_words(meta: Mapping) -> str:
+    """A table header's words on the machine's load during a CPU timing (``""`` elsewhere or when unknown)."""
+    other = meta.get("other_cpu_frac")
+    if meta.get("device", "cpu") != "cpu" or other is None:
+        return ""
+    return (f" | load avg {meta['load_avg_1min_before']:.2f} before, {meta['load_avg_1min_after']:.2f} after | "
+            f"other processes used {100 * other:.0f}% of {meta.get('cpu_count')} CPUs meanwhile"
+            + (" (OVERSUBSCRIBED, TIMES ARE PESSIMISTIC: rerun idle or with fewer --threads)"
+               if cpu_oversubscribed(meta) else ""))
+
+
+def machine_lines(result: Mapping, flags: Mapping, floor_words: str) -> list[str]:
+    """Two header lines of a table against the weight-streaming floor: the CPU (``result["device_name"]``), its
+    precision flags (:func:`rvqspec_lib.models.precision.cpu_features`) and native precisions; the read bandwidth
+    (``result["bandwidth"]``, :func:`bandwidth_around`'s) and ``floor_words``."""
+    bw = result["bandwidth"]
+    return [f"CPU {result['device_name']} | bf16 flags: {', '.join(flags['bf16']) or 'none'} | int8 dot-product "
+            f"flags: {', '.join(flags['int8_dot']) or 'none'} | native precisions: "
+            f"{', '.join(result['native_precisions'])}",
+            f"read bandwidth {bw['gb_per_s']:.1f} GB/s (torch.sum over {bw['buffer_bytes'] / 2 ** 20:.0f} MiB, median "
+            f"of {bw['repeats']}, {bw['threads']} thread(s)"
+            + (f"; the faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing"
+               if "gb_per_s_after" in bw else "")
+            + (f"; {bw['gb_per_s_cpu']:.1f} GB/s in CPU time" if bw.get("gb_per_s_cpu") else "") + "); " + floor_words]
 
 
 def machine_meta(module: torch.nn.Module | None = None, *, random_weights: bool | None = None) -> dict:
@@ -239,6 +260,26 @@ def _key_text(key) -> str:
     return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
 
 
+class Phases(dict):
+    """Wall seconds per named phase of a long run (its run-time budget, not a timing): ``with phases("build"):``
+    adds that block's seconds to ``phases["build"]``; ``phases.total_s()`` is the seconds since it was made."""
+
+    def __init__(self):
+        super().__init__()
+        self._t0 = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[name] = self.get(name, 0.0) + time.perf_counter() - t0
+
+    def total_s(self) -> float:
+        return time.perf_counter() - self._t0
+
+
 def measure_quietly(measure: Callable[[], object], *, meta: Callable[[object], Mapping] = lambda r: r,
                     attempts: int = 2):
     """Run a timing, and once more if the CPU was oversubscribed during it; keep the quieter run.
@@ -300,7 +341,6 @@ def read_bandwidth(*, buffer_bytes: int | None = None, repeats: int = BANDWIDTH_
     n_bytes = buf.numel() * 4
     with torch.inference_mode():
         t = interleaved({"sum": lambda _i: torch.sum(buf)}, repeats=repeats, warmup=1)
-    del buf
     rates = [n_bytes / (x / 1e3) / 1e9 for x in t.ms["sum"]]
     cpu = [n_bytes / (x / 1e3) / 1e9 for x in t.cpu_ms["sum"] if x > 0] if torch.get_num_threads() == 1 else []
     llc = llc_bytes()

@@ -226,6 +226,20 @@ def _round_inputs(target: ToyTarget, q: torch.Tensor, tree: DraftTree, node_code
     return p, q_nodes, valid[None].expand(b, -1), has_next[None].expand(b, -1)
 
 
+def _drafted(target: ToyTarget, q, tree: DraftTree, sampled: bool, n_rows: int, generator, depths_left):
+    """q checked, ``n_rows`` rounds' drafts drawn as ``decode_frame`` draws them, and what verify gives:
+    ``(node_codes, p, q_nodes, valid, has_next)`` (:func:`_round_inputs`)."""
+    q = _pmf_rows(q, "q").to(torch.float32)
+    _check_tree(tree, q, sampled)
+    k, v = tree.max_depth, q.shape[1]
+    if sampled:
+        drafts = sample_drafts(q[:k][None].expand(n_rows, k, v).reshape(n_rows * k, v), generator).view(n_rows, k)
+        node_codes = draft_node_codes(tree, q, drafts)
+    else:
+        node_codes = draft_node_codes(tree, q).expand(n_rows, -1).contiguous()
+    return (node_codes, *_round_inputs(target, q, tree, node_codes, sampled, depths_left))
+
+
 def toy_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled: bool, n_rows: int,
               generator: torch.Generator, tolerance: float = 0.0, depths_left: int | None = None) -> ToyRound:
     """``n_rows`` independent rounds of draft -> verify -> accept -> commit on the toy, random numbers drawn as
@@ -240,15 +254,7 @@ def toy_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled: b
     Raises:
         ValueError: a sampled tree that is not a chain, q too short for the tree, a rank past the vocabulary.
     """
-    q = _pmf_rows(q, "q").to(torch.float32)
-    _check_tree(tree, q, sampled)
-    k, v = tree.max_depth, q.shape[1]
-    if sampled:
-        drafts = sample_drafts(q[:k][None].expand(n_rows, k, v).reshape(n_rows * k, v), generator).view(n_rows, k)
-        node_codes = draft_node_codes(tree, q, drafts)
-    else:
-        node_codes = draft_node_codes(tree, q).expand(n_rows, -1).contiguous()
-    p, q_nodes, valid, has_next = _round_inputs(target, q, tree, node_codes, sampled, depths_left)
+    node_codes, p, q_nodes, valid, has_next = _drafted(target, q, tree, sampled, n_rows, generator, depths_left)
     walk = verify.walk_tree(p, node_codes, tree.children, valid, has_next, generator, q_nodes, tolerance)
     committed, n = committed_codes(walk, node_codes)
     return ToyRound(node_codes, p, q_nodes, walk, committed, n)
@@ -320,15 +326,7 @@ def trace_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled:
         ``p_x`` under its parent's p, ``exists``), ``"steps"``, ``"committed"`` (per code: ``depth``, ``code``,
         ``how``: ``"accepted draft"``, ``"residual"`` or ``"bonus"``), ``"sampled"``, ``"n_committed"``.
     """
-    q = _pmf_rows(q, "q").to(torch.float32)
-    _check_tree(tree, q, sampled)
-    k = tree.max_depth
-    if sampled:
-        drafts = sample_drafts(q[:k], generator).view(1, k)
-        node_codes = draft_node_codes(tree, q, drafts)
-    else:
-        node_codes = draft_node_codes(tree, q)
-    p, q_nodes, valid, has_next = _round_inputs(target, q, tree, node_codes, sampled, depths_left)
+    node_codes, p, q_nodes, valid, has_next = _drafted(target, q, tree, sampled, 1, generator, depths_left)
     walk, steps = trace_walk(p, node_codes, tree.children, valid, has_next, generator, q_nodes, tolerance)
     codes, n = committed_codes(walk, node_codes)
     nodes = []

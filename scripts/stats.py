@@ -5,7 +5,8 @@ build a backend or a frame, resolve a decoder name, make a label, parse one back
 
 Counted by reading the code (``ast``), never by running it:
 
-* lines: every line of ``rvqspec_lib/**/*.py`` and ``*.c`` (docstrings and blank lines included);
+* lines: every line of ``rvqspec_lib/**/*.py`` and ``*.c`` (docstrings and blank lines included; the target counts
+  these), and the Python lines by kind (code, docstring, comment, blank) to say where they are;
 * function-local imports: ``import`` statements inside a function body, per layer;
 * backend and frame constructions outside the registry: calls of the verify-backend and frame classes
   (:data:`BACKEND_CLASSES`) anywhere in the library, the scripts and the notebooks but their own module and
@@ -48,11 +49,30 @@ def _files(*roots: Path, suffix: str = ".py"):
         yield from sorted(p for p in root.rglob(f"*{suffix}") if "__pycache__" not in p.parts)
 
 
+def _python_kinds(src: str) -> Counter:
+    """A Python file's lines by kind: ``code``, ``docstring``, ``comment``, ``blank``."""
+    doc: set[int] = set()
+    for node in ast.walk(ast.parse(src)):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            doc.update(range(body[0].lineno, body[0].end_lineno + 1))
+    kinds: Counter = Counter()
+    for i, line in enumerate(src.splitlines(), 1):
+        s = line.strip()
+        kinds["blank" if not s else "docstring" if i in doc else "comment" if s.startswith("#") else "code"] += 1
+    return kinds
+
+
 def count_lines() -> dict:
-    """Lines of the library: Python, C, total."""
-    py = sum(len(p.read_text().splitlines()) for p in _files(LIB))
+    """Lines of the library: Python, C, total; the Python lines by kind (code, docstring, comment, blank)."""
+    kinds: Counter = Counter()
+    for p in _files(LIB):
+        kinds += _python_kinds(p.read_text())
     c = sum(len(p.read_text().splitlines()) for p in _files(LIB, suffix=".c"))
-    return {"python": py, "c": c, "total": py + c}
+    py = sum(kinds.values())
+    return {"python": py, "c": c, "total": py + c, "python_by_kind": dict(kinds)}
 
 
 def local_imports() -> Counter:
@@ -153,6 +173,8 @@ def main() -> int:
         return 0
     ln = s["lines"]
     print(f"library lines: {ln['total']} (Python {ln['python']}, C {ln['c']}); target <= 19000")
+    print("    Python by kind: " + ", ".join(f"{k} {ln['python_by_kind'].get(k, 0)}"
+                                            for k in ("code", "docstring", "comment", "blank")))
     print(f"function-local imports: {s['local_imports']} (target <= 100): "
           + ", ".join(f"{k} {v}" for k, v in sorted(s["local_imports_by_layer"].items())))
     for key, want in (("constructions_outside_registry", 0), ("resolvers", None), ("label_functions", None),

@@ -246,6 +246,28 @@ def test_model_path_that_does_not_exist_says_so(tmp_path, capsys, model, no_load
     assert rc == 2 and f"--model folder {Path(model)} does not exist" in line and "unknown model" not in line, line
 
 
+def test_a_mistyped_relative_path_is_a_path_not_a_hub_id(tmp_path, capsys, monkeypatch, no_load):
+    """``build/tiny-ckp`` (one slash, no ``./``) whose first part is a folder here is a path that does not exist; the
+    control: ``owner/name`` whose first part is no folder here is still taken for a hub id."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "build").mkdir()
+    assert loader._resolve("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")[0] == "hub"
+    rc = main(["synth", "--model", "build/tiny-ckp", "--text", "Hi.", "--out", str(tmp_path / "a.wav")])
+    line = _one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "--model folder build/tiny-ckp does not exist" in line and "hub" not in line.split(":")[0], line
+
+
+def test_paper_without_offsets_suggests_a_decoder_that_drafts_with_the_heads(ckpt, tmp_path, capsys):
+    """``--decoder paper`` on a model without the offsets: the fix it names is a decoder the grammar takes
+    (``paper@heads`` is refused, so the message names the heads' own tree)."""
+    rc = main(["synth", "--model", str(ckpt), "--text", "Hi.", "--decoder", "paper", "--out", str(tmp_path / "a.wav")])
+    line = _one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "tree:calibrated-point-mass:32@heads" in line and "use @heads" not in line, line
+    rc = main(["synth", "--model", str(ckpt), "--text", "Hi.", "--decoder", "chain:4@offsets", "--out",
+               str(tmp_path / "a.wav")])
+    assert rc == 2 and "use @heads" in _one_error_line(capsys.readouterr().err)  # control: a chain takes @heads
+
+
 def test_unknown_model_name_is_still_unknown(tmp_path, capsys, no_load):
     """Control: a bare name that is no model keeps the 'unknown model' list."""
     rc = main(["synth", "--model", "no-such-model", "--text", "Hi.", "--out", str(tmp_path / "a.wav")])

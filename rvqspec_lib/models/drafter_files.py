@@ -63,8 +63,12 @@ def shipped_drafters(model: str | os.PathLike) -> list[str]:
     return sorted(p.stem for p in (d / "drafters").glob("*.safetensors")) if d is not None else []
 
 
-def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
+HEADS_INSTEAD = "@heads (the reused heads, no training)"
+
+
+def check_shipped_drafter(model: str | os.PathLike, name: str, *, heads_instead: str = HEADS_INSTEAD) -> None:
     """Before loading: a drafter named in a decoder (``@offsets``, ``paper``) must be shipped beside the model.
+    ``heads_instead``: how the message names the same decoder drafting with the reused heads.
 
     Raises:
         ValueError: (one line) a model without a folder, no ``drafters/<name>.safetensors``, a damaged header.
@@ -75,12 +79,12 @@ def check_shipped_drafter(model: str | os.PathLike, name: str) -> None:
     model = getattr(model, "name", model)  # a loaded model: named by its name
     if d is None:
         raise ValueError(f"the {name!r} drafter is not shipped beside {model} (it has no folder of its own): use a "
-                         "checkpoint folder or the embedded model, or draft with the heads (drop @" + name + ")")
+                         f"checkpoint folder or the embedded model, or use {heads_instead}")
     have, file = shipped_drafters(model), d / "drafters" / f"{name}.safetensors"
     if name not in have:
         raise ValueError(f"the {name!r} drafter is not shipped beside {model} (no {file}; shipped: "
                          f"{', '.join(have) or 'none'}): choose a shipped one or "
-                         + _how_to_train("offsets", str(file)))
+                         + _how_to_train("offsets", str(file), heads_instead))
     read_description(file)  # its header, cheaply: a damaged file fails here
 
 
@@ -96,9 +100,9 @@ def shipped_drafter(model: str | os.PathLike, name: str, code_predictor):
     return load_drafter(model_drafter_dir(model) / "drafters" / f"{name}.safetensors", code_predictor)
 
 
-def _how_to_train(name: str, where: str) -> str:
+def _how_to_train(name: str, where: str, heads_instead: str = HEADS_INSTEAD) -> str:
     return (f"train one with `rvqspec train-drafter --model <model> --drafter {name} --out {where}` "
-            f"(or rvqspec_lib.training.drafters.train_drafter), or use @heads (the reused heads, no training)")
+            f"(or rvqspec_lib.training.drafters.train_drafter), or use {heads_instead}")
 
 
 def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = None, *, fresh: bool = False,

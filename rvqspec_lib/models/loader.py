@@ -196,8 +196,9 @@ def _resolve(name) -> tuple[str, Path | None]:
         if not (path / "config.json").exists():
             raise ModelNotFoundError(f"{path} has no config.json: point --model at a Qwen3-TTS checkpoint directory")
         return "checkpoint", path
-    if "/" in name and not name.startswith((".", "/", "~")):
-        return "hub", None
+    if "/" in name and not name.startswith((".", "/", "~")) and not (
+            Path(name.split("/")[0]).is_dir() and not isinstance(try_to_load_from_cache(name, "config.json"), str)):
+        return "hub", None  # owner/name, unless its first part is a folder here and the hub cache has no such id
     if name.startswith((".", "/", "~")) or os.sep in name:
         raise ModelNotFoundError(f"--model folder {path} does not exist: check the path, or use {EMBEDDED_MODEL} or "
                                  "a hub id such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")

@@ -170,7 +170,11 @@ def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: i
     model = os.fspath(model) if isinstance(model, os.PathLike) else model
     if name.kind == "ar":
         return None
-    check_shipped_drafter(model, name.drafter)
+    if name.kind == "paper":  # paper always drafts with the offsets: the heads' form is a tree of its own
+        check_shipped_drafter(model, name.drafter, heads_instead=f"tree:calibrated-point-mass:{name.budget}@heads "
+                                                                 "(the reused heads with their own tree, no training)")
+    else:
+        check_shipped_drafter(model, name.drafter)
     if "calibration" not in name.needs:
         return None
     path = tree_file(model, name.drafter)

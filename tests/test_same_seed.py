@@ -101,6 +101,17 @@ def test_compare_runs_flags_a_perturbed_table_and_ignores_timings(tmp_path):
         R.compare_runs(a, tmp_path / "missing")
 
 
+def test_a_table_of_timings_alone_may_have_other_rows(tmp_path):
+    """06_pipeline_streams is all timings, and its rows are chosen by them (auto's row only where auto chose other than
+    the fastest): another row count is no difference. Control: a table with non-timing columns still is."""
+    for name, flagged in (("06_pipeline_streams.csv", False), ("03_margin.csv", True)):
+        a, b = tmp_path / "a" / name, tmp_path / "b" / name
+        for path, rows in ((a, 2), (b, 3)):
+            path.parent.mkdir(exist_ok=True)
+            path.write_text("decoder,rtf\n" + "ar,1.0\n" * rows)
+        assert bool(R.compare_tables(a, b)) is flagged, name
+
+
 def test_paths_inside_each_run_folder_compare_relative_to_it(tmp_path):
     a, b = tmp_path / "run_a", tmp_path / "run_b"
     for d in (a, b):

@@ -102,6 +102,8 @@ def compare_tables(a: str | Path, b: str | Path) -> list[str]:
     if ca != cb:
         return [f"{name}: columns differ: {ca} vs {cb}"]
     skip = set(timing_columns(name, ca))
+    if skip == set(ca):  # every column a timing: which rows there are is chosen by timings too (auto's own row)
+        return []
     if len(ra) != len(rb):
         return [f"{name}: {len(ra)} rows vs {len(rb)}"]
     out = []

@@ -104,6 +104,18 @@ def _log_y(ax) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
+def _dress(ax, title=None, xlabel=None, ylabel=None, *, size: float = 9, grid=None, legend=None) -> None:
+    """Title (``size`` points), axis labels, a light grid (``grid``: ``Axes.grid`` keywords) and a legend (``legend``:
+    ``Axes.legend`` keywords) on ``ax``; ``None`` leaves each out."""
+    if title is not None:
+        ax.set_title(title, fontsize=size)
+    ax.set(**{k: v for k, v in (("xlabel", xlabel), ("ylabel", ylabel)) if v is not None})
+    if grid is not None:
+        ax.grid(alpha=0.3, **grid)
+    if legend is not None:
+        ax.legend(**legend)
+
+
 def _titled(fig, title: str, fontsize: float = 10):
     """``fig`` with ``title`` as its suptitle (none when empty)."""
     if title:
@@ -188,28 +200,19 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
             ax1.plot(q, [r["ratio_to_1"] for r in rows], "o-", color=color, label=f"measured t(N) / t(1), {name}")
         else:
             ratios_ok = False
-    ax0.set_xscale("log", base=2)
-    ax0.set_xticks(q, [str(v) for v in q])
-    ax0.minorticks_off()
-    ax0.set_xlabel("query positions per call, N")
-    ax0.set_ylabel("median latency per call (ms)")
+    _log2_ticks(ax0, q)
     ax0.set_ylim(0, 1.35 * top)  # room for the legend
-    ax0.legend(fontsize=7, loc="upper left")
-    ax0.grid(alpha=0.3)
-    ax0.set_title("one call: its latency (band: p10 to p90)", fontsize=9)
+    _dress(ax0, "one call: its latency (band: p10 to p90)", "query positions per call, N",
+           "median latency per call (ms)", grid={}, legend=dict(fontsize=7, loc="upper left"))
     if ratios_ok:
         ax1.plot(q, q, ":", color="gray", label="y = N (no parallelism)")
         ax1.axhline(1.0, color="k", lw=0.8)
-        ax1.set_xscale("log", base=2)
         ax1.set_yscale("log", base=2)
         ax1.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        ax1.set_xticks(q, [str(v) for v in q])
+        _log2_ticks(ax1, q)
         ax1.minorticks_off()
-        ax1.set_xlabel("query positions per call, N")
-        ax1.set_ylabel("cost relative to one AR call")
-        ax1.legend(fontsize=7, loc="upper left")
-        ax1.grid(alpha=0.3, which="both")
-        ax1.set_title("the verify cost curve t(N) / t(1)", fontsize=9)
+        _dress(ax1, "the verify cost curve t(N) / t(1)", "query positions per call, N", "cost relative to one AR call",
+               grid=dict(which="both"), legend=dict(fontsize=7, loc="upper left"))
     else:
         ax1.set_axis_off()
         ax1.text(0.5, 0.5, "no Q = 1 measurement", ha="center", va="center")
@@ -277,13 +280,11 @@ def plot_tree(ax, paths, *, title: str = "", sampled: bool = False, color: str |
             face, alpha = ("0.25", 1.0) if not p else (color, 1.0 if p[-1] == 0 else 0.45)
         ax.scatter([x], [y], s=60 if p else 90, color=face, alpha=alpha, zorder=2)
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6)
-    ax.set_title(title, fontsize=9)
-    ax.set_xlabel("draft offset")
+    _dress(ax, title, "draft offset")
     depths = sorted({len(p) for p in paths} | {0})
     ax.set_xticks(depths, ["root" if d == 0 else str(d) for d in depths])
     ax.set_yticks([])
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right", "left"]].set_visible(False)
 
 
 def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.0, 3.8)):
@@ -337,11 +338,10 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
     ax1.bar(names, inner, bottom=talker, color="C0", alpha=0.6, label="code-predictor calls / s")
     for i, (t, c) in enumerate(zip(talker, inner)):
         ax1.text(i, t + c, f"{t + c:g}", ha="center", va="bottom", fontsize=8)
-    ax1.set_ylabel("model calls per second for real time")
     ax1.set_ylim(0, 1.4 * max(t + c for t, c in zip(talker, inner)))
     ax1.tick_params(axis="x", labelsize=7, labelrotation=20)
-    ax1.legend(fontsize=7, loc="upper right")
-    ax1.grid(alpha=0.3, axis="y")
+    _dress(ax1, ylabel="model calls per second for real time", grid=dict(axis="y"),
+           legend=dict(fontsize=7, loc="upper right"))
     return _titled(fig, title, 9)
 
 
@@ -375,8 +375,8 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = Fa
                    rotation=90)
     ax1.set_yticks(range(len(pos)), [f"{'root' if i == 0 else 'node ' + str(i)} (pos {p})"
                                      for i, p in enumerate(pos)], fontsize=5)
-    ax1.set_xlabel(f"KV slot (c: {write[0]} committed before this call | n: this call's query positions)")
-    ax1.set_title("attention mask of the verify call (blue: may attend), as passed to the model", fontsize=9)
+    _dress(ax1, "attention mask of the verify call (blue: may attend), as passed to the model",
+           f"KV slot (c: {write[0]} committed before this call | n: this call's query positions)")
     return _titled(fig, title, 9)
 
 
@@ -407,18 +407,14 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
         ax0.plot(j, acc, ms=4, mfc="none", label=lab, **style)
         if lab != "heads":
             ax1.plot(j, [a - float(r["heads"]) for a, r in zip(acc, rows)], ms=4, mfc="none", label=lab, **style)
-    for ax in (ax0, ax1):
-        ax.axvspan(max_offset + 0.5, max(j) + 0.5, color="0.9", zorder=0)
-        ax.set_xlabel("draft offset t (depth drafted = start depth s + t)")
-        ax.set_xticks(j)
-        ax.grid(alpha=0.3)
-    ax0.set_ylabel("exact acceptance of a sampled draft")
-    ax0.set_title(f"acceptance by offset (shaded: past K = {max_offset}, reused head for all)", fontsize=9)
     ax1.axhline(0.0, color="k", lw=0.8)
-    ax1.set_ylabel("minus the reused heads' acceptance")
-    ax1.set_title("the offsets' gain over the reused heads", fontsize=9)
-    ax0.legend(fontsize=7)
-    ax1.legend(fontsize=7)
+    for ax, name, ylabel in ((ax0, f"acceptance by offset (shaded: past K = {max_offset}, reused head for all)",
+                              "exact acceptance of a sampled draft"),
+                             (ax1, "the offsets' gain over the reused heads", "minus the reused heads' acceptance")):
+        ax.axvspan(max_offset + 0.5, max(j) + 0.5, color="0.9", zorder=0)
+        ax.set_xticks(j)
+        _dress(ax, name, "draft offset t (depth drafted = start depth s + t)", ylabel, grid={},
+               legend=dict(fontsize=7))
     return _titled(fig, title, 9)
 
 
@@ -535,14 +531,12 @@ def plot_tree_ids(ax, tree, *, codes=None, title: str = "") -> None:
             label += f", code {int(codes[v])}"
         ax.annotate(label, (x, yv), textcoords="offset points", xytext=(0, -17), ha="center", fontsize=7)
     ax.set_xticks(range(tree.max_depth + 1), ["root"] + [str(t) for t in range(1, tree.max_depth + 1)])
-    ax.set_xlabel("draft offset t (depth drafted = last committed depth + t)")
     ax.set_yticks([])
     ys = [yv for _, yv in pos.values()]
     ax.set_ylim(min(ys) - 0.8, max(ys) + 0.6)
     ax.set_xlim(-0.4, tree.max_depth + 0.4)
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
-    ax.set_title(title, fontsize=9)
+    ax.spines[["top", "right", "left"]].set_visible(False)
+    _dress(ax, title, "draft offset t (depth drafted = last committed depth + t)")
 
 
 def plot_ancestor_mask(ax, tree, *, title: str = "") -> None:
@@ -558,12 +552,11 @@ def plot_ancestor_mask(ax, tree, *, title: str = "") -> None:
         for j in range(m1):
             ax.text(j, i, "1" if anc[i, j] else "0", ha="center", va="center", fontsize=8,
                     color="w" if anc[i, j] else "0.6")
-    ticks = list(range(m1))
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.set_yticks(ticks, [str(t) for t in ticks])
-    ax.set_xlabel("node whose slot may be attended to (column)")
-    ax.set_ylabel("query node being verified (row)")
-    ax.set_title(title, fontsize=9)
+    ax.set_xticks(range(m1), [str(t) for t in range(m1)])
+    ax.set_yticks(range(m1), [str(t) for t in range(m1)])
+    _dress(ax, title, "node whose slot may be attended to (column)", "query node being verified (row)")
+
+
 def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), *, fused: Sequence[dict] = (),
                       paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, measured_title: str = "measured here",
                       projected_title: str = "PROJECTION", title: str = "", figsize=(12.0, 4.2)):
@@ -597,8 +590,7 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
                        label=f"{r['backend']}: fused AR frame")
     ax.plot([], [], "o", color="grey", label="point-mass tree or chain")
     ax.plot([], [], "o", color="grey", mfc="white", label="sampled tree")
-    ax.set_title(measured_title, fontsize=8)
-    ax.set_ylabel("speedup over AR (same backend)")
+    _dress(ax, measured_title, ylabel="speedup over AR (same backend)", size=8)
     ax = axes[1]
     for b in dict.fromkeys(r["backend"] for r in projected):
         rs = sorted((r for r in projected if r["backend"] == b), key=lambda r: r["nodes"])
@@ -649,9 +641,8 @@ def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str
     ax.axvline(frame_ms, color="r", ls="--", lw=1, label=f"real time: one frame of audio = {frame_ms:.0f} ms")
     ax.set_yticks(range(len(rows)), [f"{r['model']} {r['precision']} {r['decoder']}" for r in reversed(rows)],
                   fontsize=7)
-    ax.set_xlabel("milliseconds per frame (80 ms of audio): one thread, in turn")
-    ax.set_title(title, fontsize=8)
-    ax.legend(fontsize=7, loc="lower right")
+    _dress(ax, title, "milliseconds per frame (80 ms of audio): one thread, in turn", size=8,
+           legend=dict(fontsize=7, loc="lower right"))
     fig.tight_layout()
     return fig
 
@@ -678,9 +669,7 @@ def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.
             ax.plot([t[k] for k in late], [done[k - 1] if k else 0.0 for k in late], "x", color="r", ms=6,
                     label="underrun" if late and not marked else None)
             marked = marked or bool(late)
-        ax.set_title(f"{layout}", fontsize=8)
-        ax.set_xlabel("wall time since the call (s)")
-        ax.legend(fontsize=7, loc="upper left")
+        _dress(ax, f"{layout}", "wall time since the call (s)", size=8, legend=dict(fontsize=7, loc="upper left"))
     axes[0][0].set_ylabel("audio ready (s)")
     if title:
         fig.suptitle(title, fontsize=9)
@@ -733,9 +722,8 @@ def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: st
                        extent=(0.5, a.shape[1] + 0.5, (0.5 if ylab == "start depth s" else -0.5),
                                a.shape[0] + (0.5 if ylab == "start depth s" else -0.5)))
         ax.set_facecolor("white")
-        ax.set_title(f"{name}\nmean {np.nanmean(a):.3f}, max {np.nanmax(a):.3f}", fontsize=9)
-        ax.set_xlabel("draft offset t (depth drafted = s + t)")
-        ax.set_ylabel(ylab)
+        _dress(ax, f"{name}\nmean {np.nanmean(a):.3f}, max {np.nanmax(a):.3f}",
+               "draft offset t (depth drafted = s + t)", ylab)
         first = 1 if ylab == "start depth s" else 0
         ax.set_yticks(range(first, first + a.shape[0]), [str(v) for v in range(first, first + a.shape[0])],
                       fontsize=7)
@@ -814,10 +802,9 @@ def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
     for ax, name in ((axes[0], "point-mass trees"), (axes[1], "sampled trees and chains")):
         _log2_ticks(ax, nodes)
         ax.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
-        ax.set_xlabel("node budget N (query positions of one verify call)")
-        ax.set_title(f"{name} (AR: the grey line, one code per call)", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6.5, loc="upper left")
+        _dress(ax, f"{name} (AR: the grey line, one code per call)",
+               "node budget N (query positions of one verify call)", grid={},
+               legend=dict(fontsize=6.5, loc="upper left"))
     axes[0].set_ylabel("tokens per call (codes per inner-loop call)")
     return _titled(fig, title)
 
@@ -850,11 +837,8 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
         ax.set_yscale("log", base=2)
         ax.set_ylim(0.8 * low, 1.2 * top)  # one scale for every model's panel
         ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
-        ax.set_xlabel("query positions N of one call")
-        ax.set_ylabel("t(N) / t(1), measured")
-        ax.set_title(name, fontsize=9)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=6, loc="upper left")
+        _dress(ax, name, "query positions N of one call", "t(N) / t(1), measured", grid=dict(which="both"),
+               legend=dict(fontsize=6, loc="upper left"))
     if projection:
         ax = axes[-1]
         for (b, kind) in dict.fromkeys((r["backend"], r["kind"]) for r in projection):
@@ -864,12 +848,8 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
                     ls=BACKEND_STYLES.get(b, "--"), label=f"{kind} trees, {b} cost")
         ax.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
         _log2_ticks(ax, [r["nodes"] for r in projection])
-        ax.set_xlabel("node budget N")
-        ax.set_ylabel("PROJECTED speedup over AR, E(N) t(1)/t(N)")
-        ax.set_title("PROJECTION, not a measurement" + (f"\n{projection_title}" if projection_title else ""),
-                     fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        _dress(ax, "PROJECTION, not a measurement" + (f"\n{projection_title}" if projection_title else ""),
+               "node budget N", "PROJECTED speedup over AR, E(N) t(1)/t(N)", size=8, grid={}, legend=dict(fontsize=6))
     return _titled(fig, title)
 
 
@@ -924,10 +904,10 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
             _log2_ticks(ax, nodes)
             ax.grid(alpha=0.3)
         _log_y(bottom)
-        top.set_title(f"{b} backend", fontsize=9)
-        bottom.set_xlabel("node budget N (query positions of one verify call)")
-    axes[0][0].set_ylabel("speedup over stepped AR, same backend")
-    axes[1][0].set_ylabel("ms per frame (median); lines: every AR")
+        _dress(top, f"{b} backend")
+        _dress(bottom, xlabel="node budget N (query positions of one verify call)")
+    _dress(axes[0][0], ylabel="speedup over stepped AR, same backend")
+    _dress(axes[1][0], ylabel="ms per frame (median); lines: every AR")
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=3, fontsize=7)
     return _titled(fig, title)
 
@@ -956,16 +936,12 @@ def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tu
             label="one point-mass child: target mass of the top-ranked code")
     a1.plot(t, [r["first_child_acceptance"] for r in one], "s-", color=DECODER_COLORS["tree-sampled"],
             label="one sampled child: sum min(p, q)")
-    for ax in (a0, a1):
-        ax.invert_xaxis()
-        ax.set_xlabel("code-predictor temperature (sharper p to the right)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    a0.set_ylabel("tokens per call")
-    a0.set_title("which tree commits more codes per call", fontsize=9)
     a1.set_ylim(0, 1)
-    a1.set_ylabel("probability one child is kept (offset 1)")
-    a1.set_title("why: what one child is worth", fontsize=9)
+    for ax, name, ylabel in ((a0, "which tree commits more codes per call", "tokens per call"),
+                             (a1, "why: what one child is worth", "probability one child is kept (offset 1)")):
+        ax.invert_xaxis()
+        _dress(ax, name, "code-predictor temperature (sharper p to the right)", ylabel, grid={},
+               legend=dict(fontsize=7))
     return _titled(fig, title)
 
 
@@ -1001,10 +977,8 @@ def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, t
                 ax.text(x, r[ratio_key], f"{r[ms_key]:.2g} ms", ha="center", va="bottom", fontsize=6)
         ax.axhline(1.0, color="k", lw=0.8, label="the floor: weights read once")
         ax.set_xticks(range(len(precs)), precs)
-        ax.set_title(name, fontsize=9)
-        ax.set_ylabel("median time / weight-streaming floor")
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=7, loc="upper right")
+        _dress(ax, name, ylabel="median time / weight-streaming floor", grid=dict(axis="y"),
+               legend=dict(fontsize=7, loc="upper right"))
     ymax = max(max((r[k] or 0) for r in rows) for _, rows, _, _, k in panels)
     axes[0][0].set_ylim(0, 1.4 * max(ymax, 1.0))  # room for the legend above the bars
     return _titled(fig, title)
@@ -1030,17 +1004,13 @@ def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float,
         if rs[0]["kind"] != "ar" and all(r["speedup_vs_ar"] for r in rs):
             a1.plot(bs, [r["speedup_vs_ar"] for r in rs], **style)
     batches = [r["batch"] for r in rows]
-    for ax in (a0, a1):
-        _log2_ticks(ax, batches)
-        ax.set_xlabel("frames decoded together, B")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
     _log_y(a0)
-    a0.set_ylabel("frames per second (inner loop)")
-    a0.set_title("throughput", fontsize=9)
     a1.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
-    a1.set_ylabel("speedup over stepped AR, same backend and B")
-    a1.set_title("what speculation adds as the batch grows", fontsize=9)
+    for ax, name, ylabel in ((a0, "throughput", "frames per second (inner loop)"),
+                             (a1, "what speculation adds as the batch grows",
+                              "speedup over stepped AR, same backend and B")):
+        _log2_ticks(ax, batches)
+        _dress(ax, name, "frames decoded together, B", ylabel, grid={}, legend=dict(fontsize=6))
     return _titled(fig, title)
 
 
@@ -1062,9 +1032,7 @@ def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str 
     ax.set_yticks(list(ys), [runner_label(r) + ("  <- chosen" if chosen is not None and
                                                  (r["decoder"], r["backend"], bool(r["fused"])) == tuple(chosen)
                                                  else "") for r in timed], fontsize=7)
-    ax.set_xlabel("measured ms per committed code (median frame / 15 codes)")
-    ax.grid(alpha=0.3, axis="x")
-    ax.set_title(title, fontsize=9)
+    _dress(ax, title, "measured ms per committed code (median frame / 15 codes)", grid=dict(axis="x"))
     return fig
 
 
@@ -1112,10 +1080,9 @@ def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, flo
         ax.axhline(80.0, color="0.4", ls=":", lw=1)
         _log_y(ax)
         ax.set_xticks(range(len(groups)), [f"{p}\n{b}" for p, b in groups], fontsize=7)
-        ax.set_ylabel("ms per frame (median)")
-        ax.grid(alpha=0.3, axis="y")
         weights = mine[0]["weights"]
-        ax.set_title(m + (" (trained weights)" if weights == "trained" else f" ({weights})"), fontsize=8)
+        _dress(ax, m + (" (trained weights)" if weights == "trained" else f" ({weights})"),
+               ylabel="ms per frame (median)", size=8, grid=dict(axis="y"))
     handles = [Patch(facecolor=DECODER_COLORS["ar"], label="stepped AR"),
                Patch(facecolor=DECODER_COLORS["ar"], hatch="//", edgecolor="white", label="fused AR"),
                Patch(facecolor="0.85", label="best speculative (colour: its family)"),

@@ -401,8 +401,3 @@ def wer(refs: Sequence[str], hyps: Sequence[str], max_len_ratio: float = 2.0) ->
 def cer(refs: Sequence[str], hyps: Sequence[str], max_len_ratio: float = 2.0) -> ErrorRates:
     """Character error rate (spaces removed after normalisation): the figure for Chinese and Japanese."""
     return _error_rates(refs, hyps, "char", max_len_ratio)
-
-
-__all__ = ["ASR", "PROMPT_INFORMED_LABEL", "PocketSphinxASR", "FasterWhisperASR", "whisper_model_kind",
-           "TransformersASR", "bigram_arpa", "normalize_text", "find_repetition",
-           "ErrorRates", "wer", "cer"]

@@ -127,7 +127,3 @@ def recogniser(spec: str, language: str, refs: Sequence[str] = (), *, device: st
     if kind == "whisper":
         return whisper_asr(arg or WHISPER_TURBO, language=language, device=device)
     return parakeet_asr(arg or PARAKEET, device=device) if language == "en" else None
-
-
-__all__ = ["WHISPER_TURBO", "PARAKEET", "WHISPER_TINY_EN", "WHISPER_TINY_EN_WHEEL", "ASR_FORMS",
-           "bundled_whisper_path", "whisper_asr", "whisper_tiny_en", "parakeet_asr", "check_asr_name", "recogniser"]

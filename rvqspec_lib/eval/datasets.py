@@ -242,7 +242,3 @@ def encode_items(items: Sequence[dict], codec, *, n_code_groups: int, language: 
         meta.append({"id": it.get("id", str(i)), "seconds": float(len(it["wav"]) / float(it["sample_rate"])),
                      "frames": int(codes.shape[0])})
     return utts, meta
-
-
-__all__ = ["Language", "LANGUAGES", "get_language", "speaking", "Schema", "SCHEMAS", "load_speech_dataset",
-           "speech_items", "encode_items"]

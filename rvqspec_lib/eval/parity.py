@@ -30,9 +30,7 @@ OUTLIER_IQR = 3.0
 OUTLIER_LENGTH_RATIO = 2.0
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# outliers
-# ----------------------------------------------------------------------------------------------------------------
+# ---- outliers --------------------------------------------------------------------------------------------------------
 def flag_outliers(utterances: Sequence[Mapping], *, lengths: Sequence[float] | None = None,
                   ref_lengths: Sequence[float] | None = None, capped: Sequence[bool] | None = None,
                   iqr_k: float = OUTLIER_IQR, length_ratio: float = OUTLIER_LENGTH_RATIO) -> list[str]:
@@ -67,9 +65,7 @@ def flag_outliers(utterances: Sequence[Mapping], *, lengths: Sequence[float] | N
     return why
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# paired WER difference
-# ----------------------------------------------------------------------------------------------------------------
+# ---- paired WER difference -------------------------------------------------------------------------------------------
 def _errors_and_words(utterances: Sequence[Mapping]) -> tuple[np.ndarray, np.ndarray]:
     err = np.array([u["substitutions"] + u["deletions"] + u["insertions"] for u in utterances], dtype=np.float64)
     words = np.array([u["ref_units"] for u in utterances], dtype=np.float64)
@@ -158,9 +154,7 @@ def sentences_needed(difference: float, se: float, n: int, *, alpha: float = ALP
     return float(n * (z * se / abs(difference)) ** 2)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# two-sample test of a categorical distribution
-# ----------------------------------------------------------------------------------------------------------------
+# ---- two-sample test of a categorical distribution -------------------------------------------------------------------
 def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | None = None,
                 min_expected: float = MIN_EXPECTED) -> np.ndarray:
     """Bin index ``(C,)`` int64 of every category of two count vectors ``(C,)``: categories sorted by pooled count,
@@ -295,9 +289,7 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
     return adj
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# per-utterance means (tokens per call)
-# ----------------------------------------------------------------------------------------------------------------
+# ---- per-utterance means (tokens per call) ---------------------------------------------------------------------------
 def bootstrap_mean(numerators: Sequence[float], denominators: Sequence[float] | None = None, *,
                    confidence: float = 0.95, n_boot: int = N_BOOT, seed: int = 0) -> dict:
     """``sum(num) / sum(den)`` over utterances (a ratio of totals, e.g. codes / calls = tokens per call) with a
@@ -360,9 +352,7 @@ def paired_ratio_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0
     return {"difference": diff, "ci_low": float(lo), "ci_high": float(hi), "n": int(a.size)}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Table 1 analogue
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Table 1 analogue ------------------------------------------------------------------------------------------------
 TABLE1_COLUMNS = ("split", "role", "language", "samples", "hours", "frames")
 
 
@@ -435,9 +425,7 @@ def transfer_answer(rows: Sequence[Mapping], *, english: str = "en", confidence:
     return head + "; " + "; ".join(parts) + ". " + answer
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# WER tables and the verdicts in words
-# ----------------------------------------------------------------------------------------------------------------
+# ---- WER tables and the verdicts in words ----------------------------------------------------------------------------
 #: The decoder fields a WER row starts with (:data:`rvqspec_lib.eval.wer_parity.ROW_FIELDS`).
 WER_ROW_FIELDS = ("decoder", "kind", "drafter", "nodes", "lossy", "sampled")
 #: The label of the floor row of a WER table: the true codes through the same codec, no decoding.
@@ -589,10 +577,3 @@ def table1_rows(entries: Sequence[Mapping]) -> list[dict]:
     return [{"split": s, "role": r, "language": lang, "samples": groups[(s, r, lang)]["samples"],
              "hours": round(groups[(s, r, lang)]["seconds"] / 3600, 4), "frames": groups[(s, r, lang)]["frames"]}
             for s, r, lang in keys]
-
-
-__all__ = ["ALPHA", "POWER_TV", "flag_outliers", "paired_ratio_difference", "paired_wer_difference", "sentences_needed", "pooled_bins",
-           "two_sample_test", "power_two_sample", "detectable_tv", "samples_needed", "holm", "bootstrap_mean",
-           "bootstrap_difference",
-           "entries_used", "table1_rows", "TABLE1_COLUMNS", "transfer_rows", "transfer_answer", "wer_table",
-           "outlier_rows", "verdict_text", "TRUE_CODES", "WER_ROW_FIELDS"]

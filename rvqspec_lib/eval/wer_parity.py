@@ -38,9 +38,7 @@ RANK_BINS = 16
 CODE_BINS = 32
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# the chain window of chain:best (decoder names: rvqspec_lib.decoding.decoder_names, the one grammar)
-# ----------------------------------------------------------------------------------------------------------------
+# ---- the chain window of chain:best (decoder names: rvqspec_lib.decoding.decoder_names, the one grammar) -------------
 def best_chain_window(code_predictor, drafter, frames: Frames, *, sampling: Sampling | None = None,
                       windows: Sequence[int] = CHAIN_WINDOWS, batch_size: int = 256) -> tuple[int, dict]:
     """The chain window with the highest tokens per call PREDICTED from exact acceptance tables on ``frames`` (the
@@ -56,9 +54,7 @@ def best_chain_window(code_predictor, drafter, frames: Frames, *, sampling: Samp
     return min(w for w, v in pred.items() if v >= best - 1e-12), pred
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# a decoder's fields: what result rows are keyed by
-# ----------------------------------------------------------------------------------------------------------------
+# ---- a decoder's fields: what result rows are keyed by ---------------------------------------------------------------
 def decoder_of(decoder):
     """The decoder object of a :class:`~rvqspec_lib.models.named_decoders.NamedDecoder`, or ``decoder`` itself."""
     return decoder.decoder if isinstance(decoder, NamedDecoder) else decoder
@@ -74,9 +70,7 @@ def decoder_fields(label: str, decoder) -> dict:
     return {**fields, "decoder": label, "null_control": label == NULL_CONTROL}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# decoding runs
-# ----------------------------------------------------------------------------------------------------------------
+# ---- decoding runs ---------------------------------------------------------------------------------------------------
 @dataclass
 class DecodeRun:
     """What one decoder produced on a set of frames: ``codes`` ``(R, N, n)`` int64 codes 1..n of every frame in every
@@ -142,9 +136,7 @@ def tokens_per_call(run: DecodeRun, utterance: torch.Tensor, *, seed: int = 0) -
     return S.bootstrap_mean(c["codes"], c["calls"], seed=seed)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# code-distribution tests
-# ----------------------------------------------------------------------------------------------------------------
+# ---- code-distribution tests -----------------------------------------------------------------------------------------
 @torch.no_grad()
 def verifier_ranks(code_predictor, context: torch.Tensor, codes: torch.Tensor, *, sampling: Sampling | None = None,
                    batch_size: int = 512) -> torch.Tensor:
@@ -231,9 +223,7 @@ def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping
     return {"rows": rows, "summary": summary}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# audio and WER
-# ----------------------------------------------------------------------------------------------------------------
+# ---- audio and WER ---------------------------------------------------------------------------------------------------
 def utterance_codes(code0: torch.Tensor, generated: torch.Tensor, utterance: torch.Tensor) -> list[torch.Tensor]:
     """Per utterance (sorted ids), ``(frames, 1 + n)`` codes: the TRUE code 0 (``code0`` ``(N,)``) beside the
     generated codes 1..n (``generated`` ``(N, n)``).
@@ -317,9 +307,7 @@ def true_codes_wer(utterances: Sequence, *, codec, asr, unit: str = "word", prog
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# one language, end to end
-# ----------------------------------------------------------------------------------------------------------------
+# ---- one language, end to end ----------------------------------------------------------------------------------------
 def standard_decoders(*, calibration: dict | None, best_chain: int | None, budget: int = DEFAULT_TREE_BUDGET,
                       null_control: bool = True, beta: float = 0.4, lm=None, paper_budget: int | None = None,
                       tree_kinds: Sequence[str] = ("point-mass", "sampled")) -> dict[str, NamedDecoder]:
@@ -473,9 +461,7 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
             "decoders": decoder_info(decoders)}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# tables
-# ----------------------------------------------------------------------------------------------------------------
+# ---- tables ----------------------------------------------------------------------------------------------------------
 def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dict]:
     """Table 3 analogue: one row per (language, decoder), keyed by :data:`ROW_FIELDS`: tokens per call with its
     interval, its difference to English (bootstrap over both utterance sets), the code-distribution verdict with its
@@ -561,9 +547,7 @@ def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: fl
     return rows
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# listening
-# ----------------------------------------------------------------------------------------------------------------
+# ---- listening -------------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def inner_loop_codes(lm, utterance, decoders: Mapping[str, object], *, language: str = "en", seed: int = 0,
                      sampling: Sampling | None = None, drafter=None) -> dict[str, torch.Tensor]:
@@ -579,10 +563,3 @@ def inner_loop_codes(lm, utterance, decoders: Mapping[str, object], *, language:
     runs = decode_runs(lm.code_predictor, frames, decoders, seed=seed, sampling=sampling, drafter=drafter,
                        batch_size=max(len(frames), 1))
     return {label: utterance_codes(u.codes[:, 0], run.codes[0], frames.utterance)[0] for label, run in runs.items()}
-
-
-__all__ = ["verdicts", "REFERENCE", "NULL_CONTROL", "ROW_FIELDS", "best_chain_window", "decoder_of", "decoder_fields",
-           "decoder_info", "DecodeRun", "decode_runs", "per_utterance", "tokens_per_call", "verifier_ranks",
-           "code_distribution_tests", "utterance_codes", "codes_to_audio", "transcribe_all", "error_rates",
-           "wer_parity", "true_codes_wer", "standard_decoders", "calibration_rows", "evaluate_language",
-           "free_running_parity", "table3_rows", "inner_loop_codes"]

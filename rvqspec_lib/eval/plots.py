@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import matplotlib.pyplot as plt  # the library imports matplotlib only here, to draw (notebooks import this module)
+import numpy as np
+from matplotlib.colors import Normalize
+from matplotlib.lines import Line2D
+from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name, tree_from_calibration
 from rvqspec_lib.eval.timing import oversubscribed_note
 from rvqspec_lib.models.backends import runner_label
@@ -86,8 +93,6 @@ def backend_color(name: str) -> str:
 
 def _log2_ticks(ax, values) -> None:
     """A log2 x axis with integer ticks at ``values`` (node budgets, query positions: whole numbers)."""
-    from matplotlib.ticker import NullLocator
-
     vals = sorted({int(v) for v in values})
     ax.set_xscale("log", base=2)
     ax.set_xticks(vals, [str(v) for v in vals])
@@ -96,8 +101,6 @@ def _log2_ticks(ax, values) -> None:
 
 def _log_y(ax) -> None:
     """A log y axis labelled at 1, 2 and 5 times the powers of ten, in plain numbers (``20``, not ``2x10^1``)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
@@ -179,9 +182,6 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
     Raises:
         KeyError: ``result`` is not a bench result.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
     pairs = [(result["backend"], result)] + ([("native", result["native"])] if "native" in result else [])
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
     top, ratios_ok = 0.0, True
@@ -232,8 +232,6 @@ def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float 
         hop_s: seconds per spectrogram column. title: the figure title. db_range: dB shown below the top.
         figsize: default 8 inches wide, a little over an inch per panel.
     """
-    import matplotlib.pyplot as plt
-
     panels = list(panels)
     vmax = max(float(db.max()) for _, db, _ in panels)
     fig, axes = plt.subplots(len(panels), 1, sharex=True, constrained_layout=True,
@@ -300,9 +298,6 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
             ``frame_rate_hz`` (e.g. :func:`rvqspec_lib.models.configs.loop_facts` plus a ``model`` name).
         title: the figure title.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch, Rectangle
-
     rows = list(rows)
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, gridspec_kw={"width_ratios": [1.7, 1.0]},
                                    constrained_layout=True)
@@ -358,9 +353,6 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = Fa
         title: figure title. sampled: label the tree's children as sampled child indices. color: the tree's node
             colour (:func:`plot_tree`; e.g. :func:`decoder_color` of the decoder).
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     allow = np.asarray(call["allow"], dtype=bool)
     write = [int(v) for v in call["write_slots"]]
     pos = [int(v) for v in call["positions"]]
@@ -396,8 +388,6 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
     Raises:
         KeyError: a drafter column is missing from ``rows``.
     """
-    import matplotlib.pyplot as plt
-
     rows = sorted(rows, key=lambda r: r["offset_t"])
     j = [int(r["offset_t"]) for r in rows]
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
@@ -543,8 +533,6 @@ def plot_ancestor_mask(ax, tree, *, title: str = "") -> None:
     """A tree's ancestor matrix as the attention mask of its verify call: row = the query node being verified,
     column = the node whose slot it may attend to (itself and its ancestors; every node also sees the codes committed
     before the call, not drawn). Same node ids on both axes as :func:`plot_tree_ids`."""
-    import numpy as np
-
     anc = np.asarray(tree.ancestors, dtype=bool)
     m1 = anc.shape[0]
     ax.imshow(anc, cmap="Blues", vmin=0, vmax=1.3, interpolation="nearest")
@@ -572,8 +560,6 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
         fused: :func:`rvqspec_lib.eval.speed.summary_by_backend` rows (left: the fused AR frame's speedup over AR,
             dotted). paper: the paper's device numbers (right: quoted, Core ML, point-mass trees). title: above all.
     """
-    import matplotlib.pyplot as plt  # as every figure here: the library imports matplotlib only to draw
-
     fig, axes = plt.subplots(1, 3, figsize=figsize, sharey=True)
     colors = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r["backend"] for r in [*measured, *projected]))}
     ax = axes[0]
@@ -622,8 +608,6 @@ def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str
     bar: the frame on one thread), their floors (a thin stacked bar under it), the frame on all cores (a diamond:
     ``max(talker + inner, codec)``) and the real-time budget of a frame (the vertical line).
     """
-    import matplotlib.pyplot as plt
-
     rows = list(rows)
     fig, ax = plt.subplots(figsize=figsize or (9.0, 0.45 * len(rows) + 1.6))
     names = {"talker": "talker step", "inner": "inner loop (codes 1..15)", "codec": "codec decoder"}
@@ -653,8 +637,6 @@ def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.
     real time from the first chunk (a player started then: while the solid curve stays above, nothing waits); red
     crosses, underruns (a chunk ready after the player ran out).
     """
-    import matplotlib.pyplot as plt
-
     layouts = list(dict.fromkeys(s["layout"] for s in streams))
     fig, axes = plt.subplots(1, max(1, len(layouts)), figsize=figsize, sharey=True, squeeze=False)
     for ax, layout in zip(axes[0], layouts):
@@ -680,8 +662,6 @@ def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.
 # ---- the calibrated tree (notebooks/04_calibrating_the_tree.py) ---------------------------------------------------
 def _nan_table(rows):
     """Nested lists with ``None`` for NaN (a calibration's JSON form) -> a float64 array."""
-    import numpy as np
-
     return np.array([[np.nan if v is None else float(v) for v in r] for r in rows], dtype=np.float64)
 
 
@@ -700,10 +680,6 @@ def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: st
         calibration: :func:`rvqspec_lib.eval.calibration.calibrate`'s dict (or its file). max_index: ranks and child
             indices drawn. title: the figure title.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.colors import Normalize
-
     pm_s = _nan_table([[t[0] for t in s] for s in calibration["point-mass"]["by_start_depth"]])  # (S, K)
     sp_s = _nan_table([[t[0] for t in s] for s in calibration["sampled"]["by_start_depth"]])
     pm_t = _nan_table(calibration["point-mass"]["table"])[:, :max_index]  # (K, R)
@@ -740,8 +716,6 @@ def plot_calibrated_trees(calibration: dict, budgets: Sequence[int], *, title: s
     Raises:
         ValueError: a budget the calibration does not hold.
     """
-    import matplotlib.pyplot as plt
-
     budgets = [int(b) for b in budgets]
     fig, axes = plt.subplots(2, len(budgets), figsize=figsize or (3.0 * len(budgets), 6.0), squeeze=False,
                              constrained_layout=True)
@@ -773,8 +747,6 @@ def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
     Args:
         rows: :func:`rvqspec_lib.eval.calibration.predicted_vs_measured` rows.
     """
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(1, 2, figsize=figsize, sharey=True, constrained_layout=True)
     panels = {False: axes[0], True: axes[1]}
     groups: dict = {}
@@ -818,8 +790,6 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
         curves: ``{panel title: verify_cost_curve rows}``. projection: projected rows (dashed, titled PROJECTION).
         projection_title: what the projection is made of (its inputs). title: the figure title.
     """
-    import matplotlib.pyplot as plt
-
     n = len(curves) + (1 if projection else 0)
     fig, axes = plt.subplots(1, n, figsize=figsize or (4.3 * n, 3.9), squeeze=False, constrained_layout=True)
     axes = axes[0]
@@ -836,7 +806,7 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
         _log2_ticks(ax, qs)
         ax.set_yscale("log", base=2)
         ax.set_ylim(0.8 * low, 1.2 * top)  # one scale for every model's panel
-        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _p: f"{v:g}"))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
         _dress(ax, name, "query positions N of one call", "t(N) / t(1), measured", grid=dict(which="both"),
                legend=dict(fontsize=6, loc="upper left"))
     if projection:
@@ -865,8 +835,6 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
     AR frame; :func:`backend_color`, the fastest one thickest): which AR is fastest, and where each decoder stands
     against it, read off one axis. One legend for the figure, under it.
     """
-    import matplotlib.pyplot as plt
-
     rows = [r for r in rows if not r.get("lossy")]
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     fig, axes = plt.subplots(2, len(backends), figsize=figsize or (4.0 * len(backends), 7.6), squeeze=False,
@@ -918,8 +886,6 @@ def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tu
     what one point-mass child is worth (the target mass of the top-ranked code) against one sampled child
     (``sum min(p, q)``), at offset 1.
     """
-    import matplotlib.pyplot as plt
-
     fig, (a0, a1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
     nodes = rows[0]["nodes"] if rows else None
     for kind in ("point-mass", "sampled"):
@@ -954,8 +920,6 @@ def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, t
     forward and context, the longer context hatched). Bars carry their milliseconds; the line at 1 is the floor (the
     weights read once at the measured bandwidth).
     """
-    import matplotlib.pyplot as plt
-
     panels = [("code-predictor call, one position", call_rows, "backend", "t1_ms", "t1_over_floor")]
     if talker_rows:
         panels.append(("talker step, one position", talker_rows, "forward", "median_ms", "over_floor"))
@@ -989,8 +953,6 @@ def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float,
     line per runner: colour its decoder family, line style its backend, hollow markers fused); right, the speedup
     over stepped AR of the same backend and B (below the line at 1, speculation loses).
     """
-    import matplotlib.pyplot as plt
-
     fig, (a0, a1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
     keys = list(dict.fromkeys((r["decoder"], r["backend"], bool(r["fused"])) for r in rows))
     for dec, b, fused in keys:
@@ -1020,8 +982,6 @@ def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str 
     its measured milliseconds per committed code, fastest at the top, coloured by decoder family, hatched when fused;
     ``chosen`` = ``(decoder label, backend, fused)`` outlined in black.
     """
-    import matplotlib.pyplot as plt
-
     timed = sorted((r for r in table if r.get("ms_per_code")), key=lambda r: -r["ms_per_code"])
     fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
     ys = range(len(timed))
@@ -1048,10 +1008,6 @@ def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, flo
     weight-streaming floor as a black tick over each group and the 80 ms a frame of audio lasts as a dotted line.
     Absent rows leave a gap. A timing replay's panel says so in its title.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
     rows = result["rows"]
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(len(models), 1, figsize=figsize or (11.0, 3.6 * len(models)), squeeze=False,

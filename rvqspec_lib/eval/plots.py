@@ -30,11 +30,9 @@ PAPER_DEVICE_SPEEDUPS = (
 )
 
 
-#: THE colour of each family of decoders in every figure of the companion (one place: figures of different notebooks
-#: compare by colour). Keys: the decoder's ``kind`` (:meth:`~rvqspec_lib.decoding.decoder_names.DecoderName.fields`),
-#: with ``tree`` split by its children (``tree-point-mass``, ``tree-sampled``) and the drafters apart (``paper`` and
-#: ``offsets`` trees: the paper's drafter; ``medusa``); ``null-control`` is AR under other seeds; ``heads``: the
-#: reused heads as a drafter, in figures that compare drafters rather than decoders.
+#: THE colour of each decoder family in every figure (:func:`decoder_family`: the ``kind``, trees split by their
+#: children, the paper's and Medusa drafters apart; ``null-control``: AR under other seeds; ``heads``: the reused heads
+#: as a drafter).
 DECODER_COLORS = {"ar": "#4d4d4d", "null-control": "#a6a6a6", "chain": "#1f77b4", "tree-point-mass": "#ff7f0e",
                   "tree-sampled": "#2ca02c", "paper": "#9467bd", "offsets": "#9467bd", "medusa": "#8c564b",
                   "ssd-lossy": "#d62728", "heads": "#17becf"}
@@ -44,10 +42,8 @@ LOSS_STYLES = {"ce": dict(marker="s", ls="-"), "kl": dict(marker="^", ls="--"), 
 
 
 def decoder_color(fields) -> str:
-    """THE colour of a decoder (:data:`DECODER_COLORS`), from its row's fields (``kind``, ``drafter``, ``decoder``)
-    or its label (a :class:`~rvqspec_lib.decoding.decoder_names.DecoderName` is parsed from it, never a regex): the
-    same decoder has the same colour in every figure. A drafter's trained variants share its colour (``offsets-tv``
-    is an offsets drafter); ``{"drafter": "heads"}`` without a ``kind`` is the reused heads as a drafter."""
+    """THE colour of a decoder (:data:`DECODER_COLORS`) from its row's fields (``kind``, ``drafter``, ``decoder``) or
+    its label; a drafter's trained variants (``offsets-tv``) share its colour."""
     return DECODER_COLORS.get(decoder_family(fields), "#17becf")
 
 
@@ -66,7 +62,8 @@ BACKEND_STYLES = {"official": ":", "eager": "--", "compile": "-.", "onnx": (0, (
 
 
 def decoder_family(fields) -> str:
-    """The key of :data:`DECODER_COLORS` a decoder belongs to (fields or label, as :func:`decoder_color`)."""
+    """The key of :data:`DECODER_COLORS` a decoder belongs to (fields or label, parsed by
+    :func:`~rvqspec_lib.decoding.decoder_names.parse_decoder_name`, never a regex)."""
     if isinstance(fields, str):
         if fields == "ar-seed2":
             return "null-control"
@@ -127,14 +124,8 @@ def _titled(fig, title: str, fontsize: float = 10):
 
 
 def drafter_style(label: str) -> dict:
-    """Line keywords of a drafter in figures that compare drafters: the colour of its family (:func:`decoder_color`)
-    and the marker and line style of its loss (:data:`LOSS_STYLES`); the reused heads drawn thick, as the baseline.
-
-    Args:
-        label: ``heads``, ``offsets-ce``, ``medusa``, ``medusa-tv`` ...
-    Returns:
-        ``{"color", "marker", "ls", "lw"}`` for ``Axes.plot``.
-    """
+    """``{"color", "marker", "ls", "lw"}`` for ``Axes.plot`` of a drafter (``heads``, ``offsets-ce``, ``medusa-tv``
+    ...): its family's colour, its loss's marker and line (:data:`LOSS_STYLES`); the reused heads thick (baseline)."""
     color = decoder_color({"drafter": label})
     if label == "heads":
         return dict(color=color, marker="o", ls="-", lw=2.6)
@@ -172,16 +163,9 @@ FORWARD_COLORS = {"official": "C0", "native": "C1"}
 
 
 def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6)):
-    """Two panels from a :func:`rvqspec_lib.eval.latency.bench_model` result, one colour per forward
-    (:data:`FORWARD_COLORS`; the native pair too when the result has one).
-
-    Left: median ms per code-predictor call against ``N`` (log2 axis) with the p10-p90 band, and the talker step as a
-    dashed line of the same colour. Right: ``t(N) / t(1)`` with the line ``y = N`` (no parallelism at all) for
-    reference.
-
-    Raises:
-        KeyError: ``result`` is not a bench result.
-    """
+    """A :func:`rvqspec_lib.eval.latency.bench_model` result, a colour per forward (:data:`FORWARD_COLORS`): left,
+    median ms per call against N with the p10-p90 band and the talker step dashed; right, ``t(N) / t(1)`` beside
+    ``y = N``. Raises KeyError: not a bench result."""
     pairs = [(result["backend"], result)] + ([("native", result["native"])] if "native" in result else [])
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
     top, ratios_ok = 0.0, True
@@ -222,15 +206,12 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
 
 def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float = 80.0,
                       figsize: tuple[float, float] | None = None):
-    """Log-mel spectrograms stacked on one time axis and ONE colour scale (the loudest panel's top and ``db_range``
-    dB below it), so that panels compare by colour; one colour bar.
+    """Log-mel spectrograms stacked on one time axis and ONE colour scale (the loudest top and ``db_range`` dB below).
 
     Args:
-        panels: ``(label, db, distance_db)`` per panel: ``db`` a ``(n_mels, frames)`` array in dB (e.g.
-            :meth:`rvqspec_lib.models.rvq_codec.RVQCodec.log_mel_db`), ``distance_db`` a log-spectral distance to
-            the first panel written beside the label (``None``: none).
-        hop_s: seconds per spectrogram column. title: the figure title. db_range: dB shown below the top.
-        figsize: default 8 inches wide, a little over an inch per panel.
+        panels: ``(label, db, distance_db)`` each: ``db`` ``(n_mels, frames)`` in dB
+            (:meth:`rvqspec_lib.models.rvq_codec.RVQCodec.log_mel_db`), ``distance_db`` a log-spectral distance to
+            the first panel (``None``: none). hop_s: seconds per column.
     """
     panels = list(panels)
     vmax = max(float(db.max()) for _, db, _ in panels)
@@ -249,24 +230,14 @@ def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float 
 
 
 def plot_tree(ax, paths, *, title: str = "", sampled: bool = False, color: str | None = None) -> None:
-    """Draw a draft tree on ``ax``: the root at the left, one column per draft offset, each node labelled with its
-    rank (point-mass) or child index (sampled), edges from parent to child.
-
-    Args:
-        ax: a matplotlib axes. paths: the tree's rank paths (e.g. ``Tree.paths``). title: axes title.
-        sampled: label children ``#i`` (sampled child index) instead of ``r`` (rank).
-        color: the nodes' colour (e.g. :func:`decoder_color` of the tree; first children solid, later ones pale);
-            default C0 for first children and C1 for the others.
-    """
+    """A draft tree's rank ``paths`` (``Tree.paths``) on ``ax``: a column per draft offset, nodes labelled with their
+    rank (``sampled``: child index ``#i``); ``color`` (e.g. :func:`decoder_color`) first children solid, later ones
+    pale (default C0 and C1)."""
     paths = [tuple(p) for p in paths]
-    by_depth: dict[int, list[tuple[int, ...]]] = {}
-    for p in sorted(paths):
-        by_depth.setdefault(len(p), []).append(p)
     pos = {(): (0.0, 0.0)}
-    for d in sorted(by_depth):
-        nodes = by_depth[d]
-        for i, p in enumerate(nodes):
-            pos[p] = (float(d), (len(nodes) - 1) / 2.0 - i)
+    for d in sorted({len(p) for p in paths}):
+        nodes = sorted(p for p in paths if len(p) == d)
+        pos.update({p: (float(d), (len(nodes) - 1) / 2.0 - i) for i, p in enumerate(nodes)})
     for p in paths:
         (x0, y0), (x1, y1) = pos[p[:-1]], pos[p]
         ax.plot([x0, x1], [y0, y1], color="0.6", lw=0.8, zorder=1)
@@ -286,17 +257,12 @@ def plot_tree(ax, paths, *, title: str = "", sampled: bool = False, color: str |
 
 
 def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.0, 3.8)):
-    """The paper's Figure 1, from the configs: the two nested loops and how many calls each makes per second.
-
-    Left: one frame of the first row's model as a sequence of calls (1 talker call emitting code 0, then the code
-    predictor's ``n_code_groups - 1`` sequential calls: a 2-position prefill for code 1 and one call per further
-    code; its KV cache restarts every frame). Right: calls per second for real time, per model, talker and code
-    predictor stacked (``frame_rate_hz`` and ``frame_rate_hz * (n_code_groups - 1)``).
+    """The paper's Figure 1 from the configs: left, one frame of the first row's model as its calls (1 talker call,
+    ``n_code_groups - 1`` code-predictor calls); right, calls per second for real time per model, stacked.
 
     Args:
         rows: dicts with ``model``, ``talker_layers``, ``code_predictor_layers``, ``n_code_groups``,
-            ``frame_rate_hz`` (e.g. :func:`rvqspec_lib.models.configs.loop_facts` plus a ``model`` name).
-        title: the figure title.
+            ``frame_rate_hz`` (:func:`rvqspec_lib.models.configs.loop_facts` plus a ``model`` name).
     """
     rows = list(rows)
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, gridspec_kw={"width_ratios": [1.7, 1.0]},
@@ -342,16 +308,13 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
 
 def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = False, color: str | None = None,
                        figsize: tuple[float, float] = (12.0, 6.5)):
-    """The paper's Figure 2: a draft tree beside the attention mask of its verify call.
+    """The paper's Figure 2: a draft tree (:func:`plot_tree` of ``paths``, ``sampled``, ``color``) beside the
+    attention mask of its verify call exactly as passed to the model (rows: query positions, root first; columns: KV
+    slots, committed then the call's own).
 
     Args:
-        paths: the tree's rank paths (``Tree.paths``), drawn with :func:`plot_tree`.
-        call: one verify call as recorded by :func:`rvqspec_lib.eval.verify_calls.record_verify_calls`:
-            ``allow`` ``(Q, S)`` bool, ``positions`` ``(Q,)``, ``write_slots`` ``(Q,)``. The mask is drawn exactly as
-            the decode loop passed it to the model: rows are the call's query positions (the root first, then the
-            nodes in tree order), columns the KV slots (committed codes of the frame, then the call's own slots).
-        title: figure title. sampled: label the tree's children as sampled child indices. color: the tree's node
-            colour (:func:`plot_tree`; e.g. :func:`decoder_color` of the decoder).
+        call: one call of :func:`rvqspec_lib.eval.verify_calls.record_verify_calls`: ``allow`` ``(Q, S)`` bool,
+            ``positions`` ``(Q,)``, ``write_slots`` ``(Q,)``.
     """
     allow = np.asarray(call["allow"], dtype=bool)
     write = [int(v) for v in call["write_slots"]]
@@ -374,17 +337,12 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = Fa
 
 def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "",
                               figsize: tuple[float, float] = (10.0, 3.8)):
-    """The paper's Figure 3 here: acceptance by draft offset for the reused heads and the offsets drafters.
+    """The paper's Figure 3: left, acceptance by draft offset per drafter; right, each minus the reused heads.
 
     Args:
-        rows: one dict per offset with ``offset_t`` and one acceptance column per drafter (the
-            ``03_acceptance_by_offset`` table). max_offset: ``K``, the offsets the drafters were trained for (past it
-            every drafter uses the reused head; shaded). drafters: the columns drawn, ``"heads"`` first.
-        title: figure title.
-
-    Returns:
-        the matplotlib ``Figure``: left, acceptance against offset; right, each drafter minus the reused heads.
-
+        rows: per offset, ``offset_t`` and an acceptance column per drafter (the ``03_acceptance_by_offset`` table).
+        max_offset: ``K`` the drafters were trained for (past it, shaded, all use the reused head).
+        drafters: the columns drawn, ``"heads"`` first.
     Raises:
         KeyError: a drafter column is missing from ``rows``.
     """
@@ -421,16 +379,8 @@ def _box(ax, x: float, y: float, text: str, face: str, *, fontsize: float = 8.0)
 
 
 def plot_round(axes, trace: dict, *, title: str = "") -> None:
-    """One speculative round as four panels, left to right: draft, verify, accept walk, commit.
-
-    Args:
-        axes: four matplotlib axes (one row of a figure).
-        trace: a :func:`rvqspec_lib.eval.toy_round.trace_round` result (nodes, steps, committed).
-        title: written above the first panel (e.g. which decoder).
-
-    Colours: green, a node kept by the walk; red, a node tried and rejected; grey, a node never tried; blue, the code
-    drawn after the walk (residual or bonus).
-    """
+    """One speculative round of a :func:`rvqspec_lib.eval.toy_round.trace_round` ``trace`` on four ``axes``: draft,
+    verify, accept walk, commit (green kept, red rejected, grey untried, blue the code drawn after the walk)."""
     nodes, steps, committed = trace["nodes"], trace["steps"], trace["committed"]
     sampled = trace["sampled"]
     tries = [s for s in steps if "accepted" in s]
@@ -502,12 +452,8 @@ def _tree_layout(tree) -> dict[int, tuple[float, float]]:
 
 
 def plot_tree_ids(ax, tree, *, codes=None, title: str = "") -> None:
-    """A :class:`~rvqspec_lib.decoding.trees.DraftTree` with its node ids: the root (node 0) at the left, one column
-    per draft offset, each node labelled with its id inside and its rank (and code, when ``codes`` is given) beside.
-
-    Args:
-        ax: a matplotlib axes. tree: the compiled tree. codes: optional ``(M+1,)`` codes of the nodes. title: title.
-    """
+    """A compiled :class:`~rvqspec_lib.decoding.trees.DraftTree` on ``ax``, a column per draft offset, each node's id
+    inside it and its rank (and code, from ``codes`` ``(M+1,)`` when given) beside."""
     pos = _tree_layout(tree)
     for v, (x, yv) in pos.items():
         par = int(tree.parent[v])
@@ -548,17 +494,14 @@ def plot_ancestor_mask(ax, tree, *, title: str = "") -> None:
 def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), *, fused: Sequence[dict] = (),
                       paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, measured_title: str = "measured here",
                       projected_title: str = "PROJECTION", title: str = "", figsize=(12.0, 4.2)):
-    """The paper's Figure 4 here, three panels side by side on one y axis, so that what was measured, what is
-    projected and what is quoted never share a panel: speedup over AR of the same backend against the node budget N.
+    """The paper's Figure 4: speedup over AR of the same backend against N, measured, projected and quoted each in
+    its own panel on one y axis.
 
     Args:
-        measured: :func:`rvqspec_lib.eval.speed.speedup_vs_n` rows (left: one line per backend and precision; a
-            filled marker where the best decoder of that N is a point-mass tree or a chain, an open one where it is a
-            sampled tree, as its ``decoder`` label says). measured_title: what and where (model, machine).
-        projected: :func:`rvqspec_lib.eval.speed.projected_speedup` rows (middle, dashed; a PROJECTION).
-            projected_title: its inputs.
-        fused: :func:`rvqspec_lib.eval.speed.summary_by_backend` rows (left: the fused AR frame's speedup over AR,
-            dotted). paper: the paper's device numbers (right: quoted, Core ML, point-mass trees). title: above all.
+        measured: :func:`rvqspec_lib.eval.speed.speedup_vs_n` rows (a line per backend and precision; open markers
+            where the best decoder is a sampled tree). projected: :func:`rvqspec_lib.eval.speed.projected_speedup`
+            rows. fused: :func:`rvqspec_lib.eval.speed.summary_by_backend` rows (the fused AR frame, dotted).
+            paper: the quoted device numbers.
     """
     fig, axes = plt.subplots(1, 3, figsize=figsize, sharey=True)
     colors = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r["backend"] for r in [*measured, *projected]))}
@@ -603,10 +546,8 @@ PART_COLORS = {"talker": "#8c564b", "inner": "#1f77b4", "codec": "#2ca02c"}
 
 
 def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str = "", figsize=None):
-    """The paper's Figure 1 tested: per row of :func:`rvqspec_lib.eval.pipeline.pipeline_table` (model, precision,
-    decoder), the milliseconds of a frame spent in the talker step, the inner loop and the codec decoder (a stacked
-    bar: the frame on one thread), their floors (a thin stacked bar under it), the frame on all cores (a diamond:
-    ``max(talker + inner, codec)``) and the real-time budget of a frame (the vertical line).
+    """The paper's Figure 1 tested, per :func:`rvqspec_lib.eval.pipeline.pipeline_table` row: a frame's ms in the
+    talker, inner loop and codec stacked (one thread), their floors thin below, all cores a diamond, real time a line.
     """
     rows = list(rows)
     fig, ax = plt.subplots(figsize=figsize or (9.0, 0.45 * len(rows) + 1.6))
@@ -667,18 +608,13 @@ def _nan_table(rows):
 
 def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: str = "",
                              figsize: tuple[float, float] = (11.0, 7.0)):
-    """What one drafted node is worth, for both kinds of children, on ONE colour scale.
-
-    Top row, by start depth s (rows) and draft offset t (columns): the target mass of the rank-0 draft
-    (point-mass: the probability that the top-ranked code is the verified one) and the acceptance of the first sampled
-    child (``sum min(p, q)``), from the calibration's per-start-depth tables. Bottom row, pooled over start depths, by
-    offset and rank r (point-mass) or child index i (sampled, drawn without replacement, Sequoia's rule): the
-    probability that this node is the accepted one once its parent is reached. Every panel shares one linear colour
-    scale from 0 to the largest value (on separate scales a point-mass node would look as valuable as a sampled one).
+    """What one drafted node is worth, point-mass and sampled, on ONE linear colour scale from 0 (on separate scales
+    a point-mass node would look as valuable as a sampled one). Top: by start depth s and offset t, the rank-0 draft's
+    target mass and the first sampled child's acceptance; bottom, start depths pooled, by offset and rank r or child
+    index i (up to ``max_index``): P(this node accepted | parent reached).
 
     Args:
-        calibration: :func:`rvqspec_lib.eval.calibration.calibrate`'s dict (or its file). max_index: ranks and child
-            indices drawn. title: the figure title.
+        calibration: :func:`rvqspec_lib.eval.calibration.calibrate`'s dict (or its file).
     """
     pm_s = _nan_table([[t[0] for t in s] for s in calibration["point-mass"]["by_start_depth"]])  # (S, K)
     sp_s = _nan_table([[t[0] for t in s] for s in calibration["sampled"]["by_start_depth"]])
@@ -739,14 +675,8 @@ def _family_label(fields) -> str:
 
 def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
                               figsize: tuple[float, float] = (10.5, 4.2)):
-    """E(N) predicted from each drafter's calibration (dashed) against the tokens per call measured on held-out frames
-    (solid): point-mass trees on the left, sampled trees and chains (window = N, triangles) on the right, ONE y scale,
-    a line per drafter (:func:`decoder_color`; the offsets drafter's are the paper's colour, its point-mass trees being
-    the paper's decoder).
-
-    Args:
-        rows: :func:`rvqspec_lib.eval.calibration.predicted_vs_measured` rows.
-    """
+    """:func:`rvqspec_lib.eval.calibration.predicted_vs_measured` ``rows``: E(N) predicted (dashed) against tokens
+    per call measured (solid), point-mass trees left, sampled trees and chains (triangles) right, ONE y scale."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, sharey=True, constrained_layout=True)
     panels = {False: axes[0], True: axes[1]}
     groups: dict = {}
@@ -825,15 +755,10 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
 
 def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, title: str = "",
                      figsize: tuple[float, float] | None = None):
-    """The paper's Figure 4 here, with every AR baseline: a column per backend of :func:`rvqspec_lib.eval.speed.
-    time_frames` rows (one interleaved run).
-
-    Top row: speedup over stepped AR through the same backend (the paper's measure) against the node budget N, a line
-    per decoder family (:func:`decoder_color`), chains as triangles at N = window, fused frames as hollow markers, the
-    paper's device numbers as black markers (quoted, labelled). Bottom row: milliseconds per frame against N on ONE
-    scale for every panel, with a horizontal line for EVERY AR of the run (stepped through each backend, each fused
-    AR frame; :func:`backend_color`, the fastest one thickest): which AR is fastest, and where each decoder stands
-    against it, read off one axis. One legend for the figure, under it.
+    """The paper's Figure 4 with every AR baseline, a column per backend of
+    :func:`rvqspec_lib.eval.speed.time_frames` rows: top, speedup over stepped AR of that backend against N (a line per
+    decoder family, chains triangles, fused hollow, the paper's devices black); bottom, ms per frame on ONE scale with
+    a line for EVERY AR of the run (the fastest thickest). One legend, under the figure.
     """
     rows = [r for r in rows if not r.get("lossy")]
     backends = list(dict.fromkeys(r["backend"] for r in rows))
@@ -914,11 +839,9 @@ def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tu
 # ---- the device appendix (notebooks/07_device_engineering.py) ------------------------------------------------------
 def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, title: str = "",
                figsize: tuple[float, float] = (11.0, 4.0)):
-    """Each call against its weight-streaming floor, per precision, on ONE y scale: left, the code-predictor call of
-    one position (:func:`rvqspec_lib.eval.latency.precision_rows`: ``t1_over_floor``, a bar per backend); right, the
-    talker step (:func:`rvqspec_lib.eval.talker_bench.bench_talker_precisions` rows: ``over_floor``, a bar per
-    forward and context, the longer context hatched). Bars carry their milliseconds; the line at 1 is the floor (the
-    weights read once at the measured bandwidth).
+    """Each call over its weight-streaming floor (the line at 1), per precision, ONE y scale, bars labelled in ms:
+    left, :func:`rvqspec_lib.eval.latency.precision_rows` (a bar per backend); right,
+    :func:`rvqspec_lib.eval.talker_bench.bench_talker_precisions` rows (per forward and context, longer hatched).
     """
     panels = [("code-predictor call, one position", call_rows, "backend", "t1_ms", "t1_over_floor")]
     if talker_rows:
@@ -984,14 +907,12 @@ def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str 
     """
     timed = sorted((r for r in table if r.get("ms_per_code")), key=lambda r: -r["ms_per_code"])
     fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
-    ys = range(len(timed))
-    for y, r in zip(ys, timed):
-        pick = chosen is not None and (r["decoder"], r["backend"], bool(r["fused"])) == tuple(chosen)
+    picks = [chosen is not None and (r["decoder"], r["backend"], bool(r["fused"])) == tuple(chosen) for r in timed]
+    for y, (r, pick) in enumerate(zip(timed, picks)):
         ax.barh(y, r["ms_per_code"], color=decoder_color(r), hatch="//" if r["fused"] else None,
                 edgecolor="k" if pick else "white", lw=1.8 if pick else 0.5)
-    ax.set_yticks(list(ys), [runner_label(r) + ("  <- chosen" if chosen is not None and
-                                                 (r["decoder"], r["backend"], bool(r["fused"])) == tuple(chosen)
-                                                 else "") for r in timed], fontsize=7)
+    ax.set_yticks(range(len(timed)), [runner_label(r) + ("  <- chosen" if pick else "")
+                                      for r, pick in zip(timed, picks)], fontsize=7)
     _dress(ax, title, "measured ms per committed code (median frame / 15 codes)", grid=dict(axis="x"))
     return fig
 
@@ -1002,11 +923,9 @@ _TABLE_BARS = {"stepped AR": (None, "white"), "fused AR": ("//", "white"), "best
 
 
 def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, float] | None = None):
-    """The table to act on (:func:`rvqspec_lib.eval.bench_table.bench_table`): a panel per model, a group of bars per
-    (precision, backend), a bar per row (stepped AR, fused AR, best speculative, fused speculative, auto; colour the
-    decoder family, fused rows hatched, auto outlined), milliseconds per frame on a log scale, the AR frame's
-    weight-streaming floor as a black tick over each group and the 80 ms a frame of audio lasts as a dotted line.
-    Absent rows leave a gap. A timing replay's panel says so in its title.
+    """:func:`rvqspec_lib.eval.bench_table.bench_table`: a panel per model, a group per (precision, backend), a bar
+    per row of :data:`_TABLE_BARS` (ms per frame, log scale; absent rows marked), the AR floor a black tick, 80 ms
+    dotted.
     """
     rows = result["rows"]
     models = list(dict.fromkeys(r["model"] for r in rows))

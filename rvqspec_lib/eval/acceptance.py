@@ -1,12 +1,7 @@
-"""Acceptance statistics of a drafter under the deployed sampling (paper Table 2; inputs of the tree calibration).
-
-* empirical (:func:`decoder_statistics`): decoders run by :func:`~rvqspec_lib.decoding.decode.decode_frame`; tokens
-  per call (all codes / all calls, the prefill included), committed lengths, acceptance by start depth and offset;
-* exact (:func:`exact_statistics`): ONE teacher-forced pass gives, for every start depth k and offset j,
-  ``alpha[k, j] = E[sum_x min(p(x), q(x))]`` (a sampled draft) and ``rank_mass[k, j, r] = E[p(x_r)]`` (the rank-r
-  point-mass draft), with ``rank_hit`` its empirical frequency;
-  :func:`predicted_tokens_per_call` turns them into expected tokens per call (offsets treated as independent).
-"""
+"""Acceptance statistics of a drafter under the deployed sampling (paper Table 2; the tree calibration's inputs;
+docs/methods.md#expected-tokens-per-call): empirical, from decoded frames (:func:`decoder_statistics`), and exact, from
+one teacher-forced pass (:func:`exact_statistics`), turned into expected tokens per call
+(:func:`predicted_tokens_per_call`)."""
 
 from __future__ import annotations
 

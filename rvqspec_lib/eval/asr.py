@@ -1,9 +1,6 @@
-"""Speech recognition and WER / CER, the last box of the data flow (codes -> codec -> waveform -> ASR -> WER): the
-:class:`ASR` interface; :class:`FasterWhisperASR` (Whisper in CTranslate2, the default English recogniser, tiny.en
-offline: docs/model.md#recognisers); :class:`PocketSphinxASR` (bundled English model; :meth:`PocketSphinxASR.from_texts` a
-PROMPT-INFORMED bigram LM of the references, labelled so: docs/offline.md#asr-for-wer); :class:`TransformersASR`
-(needs the network or a local copy); :func:`wer` / :func:`cer` with normalisation and repetition outliers reported
-apart (docs/methods.md#reporting-wer)."""
+"""Speech recognition and WER / CER (docs/model.md#recognisers, docs/offline.md#asr-for-wer,
+docs/methods.md#reporting-wer): the :class:`ASR` interface, Whisper through faster-whisper or transformers,
+PocketSphinx (:meth:`PocketSphinxASR.from_texts`: a PROMPT-INFORMED LM, labelled so), :func:`wer` / :func:`cer`."""
 
 from __future__ import annotations
 

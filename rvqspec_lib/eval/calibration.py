@@ -1,11 +1,6 @@
-"""Calibrating draft trees from data (paper §2.2 "calibrated sparse tree"; docs/methods.md#building-a-tree).
-
-On calibration frames, the point-mass table ``rank_mass[s, t, r]``
-(:func:`rvqspec_lib.eval.acceptance.exact_statistics`) and the sampled-child table ``child_accept[s, t, i]``
-(:func:`sampled_child_acceptance`), pooled over start depths, drive :func:`rvqspec_lib.decoding.trees.grow_tree` to
-the best tree of every node budget N = 2..64 (N counts the root); each tree's predicted tokens per call is stored
-beside it, to be checked against the measured one (:func:`predicted_vs_measured`).
-"""
+"""Calibrating draft trees from data (paper §2.2 "calibrated sparse tree"; docs/methods.md#building-a-tree): the best
+point-mass and sampled tree of every node budget from acceptance tables of calibration frames, each with its predicted
+tokens per call (checked against the measured one: :func:`predicted_vs_measured`)."""
 
 from __future__ import annotations
 

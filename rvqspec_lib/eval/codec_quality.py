@@ -1,9 +1,6 @@
-"""What each codebook of an RVQ codec adds (notebook 00_corpus_and_codec), on held-out utterances: the share of the
-frame vectors' variance left after k stages against the bound for an unstructured residual
-(:func:`unstructured_stage_factor`, Shannon's ``2^(-2R/d)``), and the log-spectral distance and WER / CER of the audio
-decoded from the first k codebooks (:func:`sweep_codebooks`, :func:`codec_quality`). Rows are keyed by structured
-fields (``condition``, ``decoder``, ``k``); the label (:func:`condition_label`) is derived from them, never parsed back.
-"""
+"""What each codebook of an RVQ codec adds (notebook 00): the variance left after k stages against the bound for an
+unstructured residual (:func:`unstructured_stage_factor`), and the distance and WER / CER of audio decoded from the
+first k codebooks (:func:`codec_quality`). Labels derive from fields (:func:`condition_label`), never parsed back."""
 
 from __future__ import annotations
 

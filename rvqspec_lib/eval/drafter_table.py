@@ -1,10 +1,6 @@
-"""Table 2 here: drafters compared on one model, each measured the way the paper measures it (paper §3.3 Table 2 and
-Figure 3; notebook ``03_training_offsets``; docs/methods.md#reused-heads, #medusa-heads, #position-aware-offsets).
-
-Drafters are given as ``{label: drafter}`` (``heads`` the reused heads, then trained ones such as ``offsets-tv``),
-every decoder built by name through :mod:`rvqspec_lib.models.named_decoders`; each drafter gets its OWN calibrated
-point-mass tree; the paper's quoted values appear only in ``paper: ...`` columns. Deterministic given ``seed``.
-"""
+"""Table 2 here: drafters compared on one model as the paper measures them (paper §3.3 Table 2 and Figure 3; notebook
+03; docs/methods.md#reused-heads, #medusa-heads, #position-aware-offsets): each drafter with its OWN calibrated
+point-mass tree; the paper's quoted values only in ``paper: ...`` columns. Deterministic given ``seed``."""
 
 from __future__ import annotations
 

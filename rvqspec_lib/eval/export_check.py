@@ -1,10 +1,6 @@
-"""The exported code-predictor graphs against eager PyTorch (notebook 06, ``rvqspec export``), and Core ML call times
-on macOS: :func:`check_file` runs one exported file where it can run (ONNX Runtime; Core ML per compute unit on
-macOS 15+) and compares it with the OFFICIAL module in float32 on the graph's example inputs (max abs logit
-difference over the largest reference logit, against :data:`RELATIVE_TOLERANCE`; the frame graph's codes);
-:func:`numerical_agreement` does so for every (graph, format, dtype); :func:`coreml_call_times` times the Core ML
-packages interleaved. Frame times per backend: :func:`rvqspec_lib.eval.speed.time_frames`.
-"""
+"""The exported code-predictor graphs against eager PyTorch in float32 (notebook 06, ``rvqspec export``;
+:data:`RELATIVE_TOLERANCE`), and Core ML call times on macOS (:func:`coreml_call_times`). Frame times per backend:
+:func:`rvqspec_lib.eval.speed.time_frames`."""
 
 from __future__ import annotations
 

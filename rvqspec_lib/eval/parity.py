@@ -1,11 +1,7 @@
-"""Statistics of WER parity: is a decoder's output as good as autoregressive decoding, and could we tell if not?
-
-Pure functions of numbers (numpy / scipy; no model), read by notebook 05 and ``rvqspec eval-wer``
-(docs/methods.md#reporting-wer, #testing-losslessness): paired WER differences with bootstrap intervals and
-sign-flip p-values, outliers apart; two-sample chi-square tests and their power against any total-variation shift;
-Holm's adjustment; bootstrap means; the tables and verdicts in words; Table 3's transfer question; Table 1's rows.
-Every random draw comes from an explicit ``numpy.random.Generator`` seeded by an argument (docs/style.md#randomness).
-"""
+"""Statistics of WER parity, pure functions of numbers (notebook 05, ``rvqspec eval-wer``;
+docs/methods.md#reporting-wer, #testing-losslessness): paired WER differences, two-sample tests and their power, Holm,
+bootstrap means, the verdicts in words, Tables 1 and 3. Every draw comes from a ``numpy.random.Generator`` seeded by
+an argument."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Figures drawn from result dicts (the notebooks call these; no measurement happens here): the paper's Figures 1-4
-here, the lossless rule by hand (notebook 02), the tree's calibration (notebook 04), the whole frame (notebook 06).
-:data:`DECODER_COLORS` and :data:`BACKEND_COLORS` are THE colour of a decoder family and of a backend in every figure.
-Every ``plot_*`` that makes a figure returns the matplotlib ``Figure`` (not shown, not closed; save it with
-:func:`rvqspec_lib.common.provenance.save_figure`); one given ``ax`` or ``axes`` draws on them and returns ``None``.
-"""
+"""Figures drawn from result dicts (the notebooks call these; nothing is measured here). :data:`DECODER_COLORS` and
+:data:`BACKEND_COLORS` are THE colours of a decoder family and a backend in every figure. A ``plot_*`` returns the
+``Figure`` (save it with :func:`rvqspec_lib.common.provenance.save_figure`); one given ``ax`` or ``axes`` returns
+``None``."""
 
 from __future__ import annotations
 

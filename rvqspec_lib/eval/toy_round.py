@@ -1,10 +1,7 @@
-"""The lossless rule by hand (notebook 02_the_lossless_rule; docs/methods.md#accept-and-reject-rules): one speculative
-round on a hand-made toy target, through the library's own rules, beside its exact law. No model: a
-:class:`ToyTarget` gives p after every node from two small tables; q of offsets 1..K is given as numbers (a drafter
-reads only the last committed code's state). Drafts are drawn as ``decode_frame`` draws them and accepted by
-:func:`rvqspec_lib.decoding.verify.walk_tree` itself (:func:`toy_round`, :func:`trace_round`); the exact laws
-(:func:`single_draft_breakdown`, :func:`exact_round_law`) are enumerated with the rule's own ``acceptance_ratio`` and
-``residual``, and :func:`g_test` compares the two."""
+"""The lossless rule by hand (notebook 02; docs/methods.md#accept-and-reject-rules): one speculative round on a
+hand-made toy target (:class:`ToyTarget`, no model) through the library's own draft and
+:func:`rvqspec_lib.decoding.verify.walk_tree` (:func:`toy_round`, :func:`trace_round`), beside its exact law
+(:func:`exact_round_law`), compared by :func:`g_test`."""
 
 from __future__ import annotations
 

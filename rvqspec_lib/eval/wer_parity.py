@@ -1,13 +1,7 @@
 """WER parity across decoders and languages (paper Tables 1 and 3; notebook 05 and ``rvqspec eval-wer``;
-docs/methods.md#reporting-wer, #testing-losslessness, #ssd-tolerance-rule-a-lossy-control).
-
-Every decoder runs on the SAME utterances with the SAME seeds; three questions are answered by tests: tokens per call
-(:func:`decode_runs`), the generated codes' distribution against AR's (:func:`code_distribution_tests`) and WER
-through audio that codes 1..15 change (:func:`wer_parity`; the true codes' floor :func:`true_codes_wer`; free running
-:func:`free_running_parity`). A deliberately LOSSY control (SSD's tolerance rule) must be caught, AR under other seeds
-(:data:`NULL_CONTROL`) must not (:func:`verdicts`). Result rows carry each decoder's fields (:func:`decoder_fields`);
-labels are derived from them, never parsed back.
-"""
+docs/methods.md#reporting-wer, #testing-losslessness): every decoder on the SAME utterances with the SAME seeds, tested
+on tokens per call, the codes' distribution against AR's and WER; the LOSSY control must be caught, AR under other
+seeds (:data:`NULL_CONTROL`) must not (:func:`verdicts`). Rows carry each decoder's fields, never parsed labels."""
 
 from __future__ import annotations
 

@@ -187,11 +187,9 @@ def tables_from_calibration(calibration: dict) -> dict:
     """The per-start-depth tables :func:`~rvqspec_lib.eval.acceptance.predicted_tokens_per_call` needs, from a
     calibration (:func:`calibrate`, or its file): ``alpha`` (the first sampled child = a chain's draft),
     ``rank_mass``, ``child_accept`` (float64 arrays ``(n-1, K, C)``, NaN where there is no node)."""
-    def arr(kind):
-        return np.array([[[np.nan if v is None else v for v in r] for r in s]
-                         for s in calibration[kind]["by_start_depth"]], dtype=np.float64)
-    ch = arr("sampled")
-    return {"alpha": ch[..., 0], "rank_mass": arr("point-mass"), "child_accept": ch}
+    ch = np.array(calibration["sampled"]["by_start_depth"], dtype=np.float64)  # numpy reads None as NaN
+    return {"alpha": ch[..., 0], "rank_mass": np.array(calibration["point-mass"]["by_start_depth"], dtype=np.float64),
+            "child_accept": ch}
 
 
 def predicted(calibration: dict, name, decoder) -> float:

@@ -284,21 +284,17 @@ def acceptance_tables(results: Mapping[str, dict], *, K: int) -> dict[str, list[
     rank = []
     for lab in labels:
         ex = results[lab]["exact"]
-        depth = A.acceptance_by_depth(_floats_2d(ex["alpha"]), max_offset=K)
+        depth = A.acceptance_by_depth(ex["alpha"], max_offset=K)
         for row in by_depth:
             row[lab] = None if math.isnan(depth[row["depth"]]) else float(depth[row["depth"]])
         for row, v in zip(by_offset, ex["alpha_by_offset"]):
             row[lab] = v
-        mass = _floats_2d(ex["rank_mass_by_offset"])  # (K_eval, R)
+        mass = np.array(ex["rank_mass_by_offset"], dtype=np.float64)  # (K_eval, R), None read as NaN
         for j in range(min(K, mass.shape[0])):
             rank.append({"drafter": lab, "offset_t": j + 1, "sampled": ex["alpha_by_offset"][j],
                          **{f"rank{r}": float(mass[j, r]) for r in range(mass.shape[1])},
                          "top_ranks_total": float(np.nansum(mass[j]))})
     return {"by_depth": by_depth, "by_offset": by_offset, "rank": rank}
-
-
-def _floats_2d(table) -> np.ndarray:
-    return np.array([[np.nan if v is None else v for v in row] for row in table], dtype=np.float64)
 
 
 def chain_window_rows(results: Mapping[str, dict], *, rel_tol: float = SATURATION_TOLERANCE

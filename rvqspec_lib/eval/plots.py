@@ -599,11 +599,6 @@ def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.
 
 
 # ---- the calibrated tree (notebooks/04_calibrating_the_tree.py) ---------------------------------------------------
-def _nan_table(rows):
-    """Nested lists with ``None`` for NaN (a calibration's JSON form) -> a float64 array."""
-    return np.array([[np.nan if v is None else float(v) for v in r] for r in rows], dtype=np.float64)
-
-
 def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: str = "",
                              figsize: tuple[float, float] = (11.0, 7.0)):
     """What one drafted node is worth, point-mass and sampled, on ONE linear colour scale from 0 (on separate scales
@@ -614,10 +609,9 @@ def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: st
     Args:
         calibration: :func:`rvqspec_lib.eval.calibration.calibrate`'s dict (or its file).
     """
-    pm_s = _nan_table([[t[0] for t in s] for s in calibration["point-mass"]["by_start_depth"]])  # (S, K)
-    sp_s = _nan_table([[t[0] for t in s] for s in calibration["sampled"]["by_start_depth"]])
-    pm_t = _nan_table(calibration["point-mass"]["table"])[:, :max_index]  # (K, R)
-    sp_t = _nan_table(calibration["sampled"]["table"])[:, :max_index]
+    kinds = ("point-mass", "sampled")  # a calibration's JSON tables hold None for NaN: numpy reads it as NaN
+    pm_s, sp_s = (np.array(calibration[k]["by_start_depth"], dtype=np.float64)[..., 0] for k in kinds)  # (S, K)
+    pm_t, sp_t = (np.array(calibration[k]["table"], dtype=np.float64)[:, :max_index] for k in kinds)  # (K, R)
     vmax = float(np.nanmax([np.nanmax(a) for a in (pm_s, sp_s, pm_t, sp_t)]))
     norm = Normalize(vmin=0.0, vmax=max(vmax, 1e-6))
     fig, axes = plt.subplots(2, 2, figsize=figsize, constrained_layout=True)

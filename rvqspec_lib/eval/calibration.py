@@ -96,24 +96,15 @@ def pool_by_offset(table: np.ndarray) -> np.ndarray:
 def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | None = None,
               budgets: Sequence[int] = BUDGETS, max_offset: int | None = None, max_rank: int = 16,
               max_children: int = 8, draws: int = 2, seed: int = 0, batch_size: int = 16) -> dict:
-    """Calibrate point-mass and sampled trees for every node budget, from calibration frames.
-
-    Args:
-        code_predictor: the official module. drafter: where q comes from (the trees are calibrated for it).
-        frames: calibration :class:`~rvqspec_lib.data.frames.Frames` (codes: samples of p given the contexts).
-        sampling: the deployed warpers. budgets: node budgets N (root included), each in 2..64.
-        max_offset: deepest offset tabulated (default ``n_codes - 1``: a tree may reach the frame's end).
-        max_rank: ranks tabulated for point-mass trees. max_children: children per node for sampled trees.
-        draws, seed: Monte Carlo draws of the sampled children and their seed. batch_size: frames per batch.
+    """Point-mass and sampled trees of every node budget N in ``budgets`` (2..64, root included), calibrated for
+    ``drafter`` on calibration ``frames`` (codes: samples of p); ``max_offset`` default ``n_codes - 1``; ``max_rank``
+    and ``max_children`` the ranks and sampled children tabulated; ``draws``, ``seed`` the sampled children's.
 
     Returns:
         JSON-able dict: ``format``, ``version``, ``n_codes``, ``codebook_size``, ``drafter``, ``sampling``,
-        ``n_frames``, ``budgets``, and per kind (``"point-mass"``, ``"sampled"``): ``table`` (pooled ``(K, C)``),
-        ``order`` (the nodes in the order the greedy builder added them: the tree of budget N is the first N - 1),
-        ``predicted_tokens_per_call`` ``{N: E(N)}`` over whole frames and
-        ``call_expected_tokens`` ``{N: 1 + sum of node values}`` (one call, frame end ignored); and
-        ``best_kind`` ``{N: kind}`` (the larger E(N)).
-
+        ``n_frames``, ``budgets``, and per kind: ``table`` (pooled ``(K, C)``), ``order`` (greedy: the tree of budget
+        N is the first N - 1), ``predicted_tokens_per_call`` ``{N: E(N)}`` over whole frames,
+        ``call_expected_tokens`` (one call, frame end ignored); ``best_kind`` ``{N: kind}``.
     Raises:
         ValueError: a budget outside 2..64, an empty frame set.
     """
@@ -193,14 +184,9 @@ def tables_from_calibration(calibration: dict) -> dict:
 
 
 def predicted(calibration: dict, name, decoder) -> float:
-    """E(N), the tokens per call a calibration predicts for a decoder over whole frames (prefill included).
-
-    Args:
-        calibration: the calibration of the drafter the decoder drafts with.
-        name: the decoder's :class:`~rvqspec_lib.decoding.decoder_names.DecoderName` (a calibrated tree and the
-            paper's decoder read the prediction stored for their kind and budget: the same tree).
-        decoder: the decoder object (AR: 1; a chain or a tree of rank paths: computed from the calibration's per
-            start depth tables, offsets independent, :func:`~rvqspec_lib.eval.acceptance.predicted_tokens_per_call`).
+    """E(N), the tokens per call ``calibration`` (of the decoder's drafter) predicts for ``decoder`` over whole frames:
+    calibrated trees and ``paper`` (by ``name``, a :class:`~rvqspec_lib.decoding.decoder_names.DecoderName`) read the
+    stored prediction, AR 1, others :func:`~rvqspec_lib.eval.acceptance.predicted_tokens_per_call` of its tables.
 
     Raises:
         ValueError: tables that do not reach the decoder's offsets or ranks. KeyError: a budget not calibrated.

@@ -36,14 +36,8 @@ def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dty
                         "float16"), formats: Sequence[str] = ("onnx", "coreml"), nodes: int = 4, tree=None,
                         work_dir=None, seeds: Sequence[int] = (0, 1),
                         compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS, keep_files: bool = False) -> dict:
-    """Export every (graph, format, dtype), run it where it can run, and compare it with eager PyTorch
-    (:func:`check_file`).
-
-    Args:
-        code_predictor: the official module (float32). graphs, dtypes, formats: what to export. nodes, tree: the
-            verify graph's node budget and tree.
-        work_dir: where files go (a temporary folder, removed, by default). seeds: example inputs compared.
-        compute_units: Core ML's, on macOS. keep_files: keep the files (their paths are in the rows).
+    """Export every (graph, format, dtype) of the float32 official module, run it where it can run and compare it
+    with eager PyTorch (:func:`check_file`); ``work_dir`` default a temporary folder, removed unless ``keep_files``.
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per (graph, format, dtype, runner): ``graph``, ``format``,
@@ -78,12 +72,8 @@ def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dty
 
 def check_file(code_predictor, graph: str, path, *, dtype: str = "float32", nodes: int | None = None, tree=None,
                seeds: Sequence[int] = (0, 1), compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS) -> list[dict]:
-    """Run an exported file where it can run and compare it with eager PyTorch (the official module, float32, on the
-    graph's example inputs of each seed).
-
-    Args:
-        code_predictor: the module the file was exported from. graph: ``stepped``, ``verify`` or ``frame``. path: an
-            ``.onnx`` file or ``.mlpackage``. dtype: its precision. nodes, tree: the verify graph's.
+    """Run an exported ``.onnx`` or ``.mlpackage`` of ``graph`` (``stepped``, ``verify``, ``frame``) where it can run,
+    against eager PyTorch (the official module, float32) on the graph's example inputs of each seed.
 
     Returns:
         a row per runner (``onnxruntime-cpu``, ``coreml-<unit>`` on macOS 15+), or one ``not run`` row with the

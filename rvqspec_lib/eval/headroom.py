@@ -47,16 +47,13 @@ def optimal_overlap(p: torch.Tensor) -> torch.Tensor:
 def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None, drafters: Sequence | dict = (), *,
                      n_ahead: int = 3, samples: int = 8, sampling: Sampling | None = None,
                      generator: torch.Generator | None = None, batch_size: int = 16) -> dict:
-    """How much acceptance ANY drafter that sees only H_k could gain, by Monte Carlo: per frame and start depth k,
-    ``samples`` (even, >= 2) continuations drawn from the verifier give the p_s of depth k+j, and a q scores
-    ``(1/S) sum_s sum_x min(p_s(x), q(x))``. By offset j, over frames and start depths: ``ceiling`` (the best q,
-    :func:`optimal_overlap`: an upper bound), ``marginal`` (q = the mean p_s of half the samples, scored on the other
-    half: achievable), and each drafter's (``{label: drafter}`` or drafters labelled by ``name``).
+    """How much acceptance ANY drafter that sees only H_k could gain, by Monte Carlo: ``samples`` (even, >= 2)
+    continuations from the verifier per frame and start depth k give the p_s of depth k+j; a q scores
+    ``(1/S) sum_s sum_x min(p_s(x), q(x))``. By offset: ``ceiling`` (the best q, :func:`optimal_overlap`: an upper
+    bound), ``marginal`` (the mean p_s of half the samples, scored on the other half: achievable), each drafter's.
+    ``context`` ``(N, 2, talker_hidden)`` with ``codes`` ``(N, n)``, or :class:`~rvqspec_lib.data.frames.Frames`;
+    ``generator`` default seeded 0.
 
-    Args:
-        context: ``(N, 2, talker_hidden)``, or :class:`~rvqspec_lib.data.frames.Frames` (with its codes).
-        codes: ``(N, n)`` codes 1..n teacher-forced before each start depth (compare drafters on the same codes).
-        generator: explicit RNG (default seeded 0).
     Returns:
         ``{"offsets", "ceiling", "marginal", "drafters": {name: [...]}, "samples", "n_frames"}`` (by offset).
     Raises:

@@ -27,15 +27,9 @@ class _RecordingBackend(OfficialBackend):
 
 def record_verify_calls(code_predictor, context: torch.Tensor, decoder, *, sampling=None, drafter=None,
                         seed: int = 0) -> list[dict]:
-    """Decode one frame and return the inputs of each code-predictor call, in order (the prefill first).
-
-    Args:
-        code_predictor: the official module. context: ``(1, 2, talker_hidden)``, one frame. decoder: AR, Chain or
-            Tree. sampling, drafter: as :func:`rvqspec_lib.decoding.decode.decode_frame`. seed: the frame's generator.
-
-    Returns:
-        per call ``positions`` ``(Q,)`` int64, ``allow`` ``(Q, S)`` bool, ``write_slots`` ``(Q,)`` int64, ``n_query``,
-        ``kind`` (``"prefill"`` or ``"verify"``).
+    """Decode one frame (``context`` ``(1, 2, talker_hidden)``; the rest as
+    :func:`rvqspec_lib.decoding.decode.decode_frame`) and return each code-predictor call's inputs, prefill first:
+    ``positions`` ``(Q,)`` int64, ``allow`` ``(Q, S)`` bool, ``write_slots`` ``(Q,)`` int64, ``n_query``, ``kind``.
 
     Raises:
         ValueError: ``context`` is not a batch of one frame.

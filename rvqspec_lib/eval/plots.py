@@ -114,6 +114,14 @@ def _dress(ax, title=None, xlabel=None, ylabel=None, *, size: float = 9, grid=No
         ax.legend(**legend)
 
 
+def _by(rows, key, order):
+    """``rows`` grouped by ``key(row)`` in first-seen order, each group sorted by ``order(row)``."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r)
+    return {k: sorted(g, key=order) for k, g in groups.items()}
+
+
 def _titled(fig, title: str, fontsize: float = 10):
     """``fig`` with ``title`` as its suptitle (none when empty)."""
     if title:
@@ -132,8 +140,8 @@ def drafter_style(label: str) -> dict:
 
 
 def sampling_words(sampling) -> str:
-    """The deployed sampling in words for a title: ``"temperature 0.9, top-k 50"`` (``top-p`` when below 1; ``"greedy"``), from a
-    :class:`~rvqspec_lib.decoding.sampling.Sampling` or its ``describe()`` dict."""
+    """A :class:`~rvqspec_lib.decoding.sampling.Sampling` (or its ``describe()`` dict) in words for a title:
+    ``"temperature 0.9, top-k 50"`` (``top-p`` when below 1; ``"greedy"``)."""
     d = sampling.describe() if hasattr(sampling, "describe") else dict(sampling)
     if d.get("greedy"):
         return "greedy"
@@ -504,8 +512,7 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
     fig, axes = plt.subplots(1, 3, figsize=figsize, sharey=True)
     colors = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r["backend"] for r in [*measured, *projected]))}
     ax = axes[0]
-    for key in dict.fromkeys((r["backend"], r.get("precision")) for r in measured):
-        rs = sorted((r for r in measured if (r["backend"], r.get("precision")) == key), key=lambda r: r["nodes"])
+    for key, rs in _by(measured, lambda r: (r["backend"], r.get("precision")), lambda r: r["nodes"]).items():
         ax.plot([r["nodes"] for r in rs], [r["speedup_vs_ar"] for r in rs], "-", color=colors[key[0]],
                 label=" ".join(filter(None, key)))
         for r in rs:
@@ -519,8 +526,7 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
     ax.plot([], [], "o", color="grey", mfc="white", label="sampled tree")
     _dress(ax, measured_title, ylabel="speedup over AR (same backend)", size=8)
     ax = axes[1]
-    for b in dict.fromkeys(r["backend"] for r in projected):
-        rs = sorted((r for r in projected if r["backend"] == b), key=lambda r: r["nodes"])
+    for b, rs in _by(projected, lambda r: r["backend"], lambda r: r["nodes"]).items():
         ax.plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], "s--", color=colors[b], label=b)
     ax.set_title(projected_title, fontsize=8)
     ax = axes[2]
@@ -671,14 +677,10 @@ def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
     per call measured (solid), point-mass trees left, sampled trees and chains (triangles) right, ONE y scale."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, sharey=True, constrained_layout=True)
     panels = {False: axes[0], True: axes[1]}
-    groups: dict = {}
-    for r in rows:
-        if r["kind"] == "ar":
-            continue
-        groups.setdefault((bool(r.get("sampled")), r["kind"] == "chain", r.get("drafter")), []).append(r)
+    groups = _by((r for r in rows if r["kind"] != "ar"),
+                 lambda r: (bool(r.get("sampled")), r["kind"] == "chain", r.get("drafter")), lambda r: r["nodes"])
     for (sampled, chain, drafter), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")):
         ax = panels[sampled]
-        rs = sorted(rs, key=lambda r: r["nodes"])
         color = decoder_color(rs[0])
         if rs[0]["kind"] == "paper":
             who = "the paper's decoder (offsets)"
@@ -719,8 +721,7 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
     ratios = [r["ratio_to_q1"] for rows in curves.values() for r in rows]
     top, low = max(ratios + [max(qs_all)]), min(ratios + [1.0])
     for ax, (name, rows) in zip(axes, curves.items()):
-        for b in dict.fromkeys(r["backend"] for r in rows):
-            rs = sorted((r for r in rows if r["backend"] == b), key=lambda r: r["query_positions"])
+        for b, rs in _by(rows, lambda r: r["backend"], lambda r: r["query_positions"]).items():
             ax.plot([r["query_positions"] for r in rs], [r["ratio_to_q1"] for r in rs], "o-", ms=3,
                     color=backend_color(b), label=f"{b}: t(1) = {rs[0]['median_ms']:.2f} ms")
         qs = sorted({r["query_positions"] for r in rows})
@@ -733,8 +734,7 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
                legend=dict(fontsize=6, loc="upper left"))
     if projection:
         ax = axes[-1]
-        for (b, kind) in dict.fromkeys((r["backend"], r["kind"]) for r in projection):
-            rs = sorted((r for r in projection if (r["backend"], r["kind"]) == (b, kind)), key=lambda r: r["nodes"])
+        for (b, kind), rs in _by(projection, lambda r: (r["backend"], r["kind"]), lambda r: r["nodes"]).items():
             ax.plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], marker="s", ms=3,
                     color=decoder_color({"kind": "calibrated", "sampled": kind == "sampled"}),
                     ls=BACKEND_STYLES.get(b, "--"), label=f"{kind} trees, {b} cost")
@@ -764,12 +764,9 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
         top, bottom = axes[0][col], axes[1][col]
         mine = [r for r in rows if r["backend"] == b and r["kind"] != "ar"]
         for fused in (False, True):
-            groups: dict = {}
-            for r in mine:
-                if bool(r["fused"]) == fused:
-                    groups.setdefault((decoder_family(r), r["kind"] == "chain"), []).append(r)
+            groups = _by((r for r in mine if bool(r["fused"]) == fused),
+                         lambda r: (decoder_family(r), r["kind"] == "chain"), lambda r: r["nodes"])
             for (fam, chain), rs in groups.items():
-                rs = sorted(rs, key=lambda r: r["nodes"])
                 style = dict(color=decoder_color(rs[0]), marker="^" if chain else "o", ms=5,
                              ls=":" if chain else "-", mfc="white" if fused else decoder_color(rs[0]))
                 label = _family_label(rs[0]) + (", fused frame" if fused else ", stepped")
@@ -869,10 +866,8 @@ def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float,
     over stepped AR of the same backend and B (below the line at 1, speculation loses).
     """
     fig, (a0, a1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
-    keys = list(dict.fromkeys((r["decoder"], r["backend"], bool(r["fused"])) for r in rows))
-    for dec, b, fused in keys:
-        rs = sorted((r for r in rows if (r["decoder"], r["backend"], bool(r["fused"])) == (dec, b, fused)),
-                    key=lambda r: r["batch"])
+    for (dec, b, fused), rs in _by(rows, lambda r: (r["decoder"], r["backend"], bool(r["fused"])),
+                                   lambda r: r["batch"]).items():
         color = decoder_color(rs[0])
         style = dict(color=color, ls=BACKEND_STYLES.get(b, "-"), marker="o", ms=4,
                      mfc="white" if fused else color, label=runner_label(rs[0]))

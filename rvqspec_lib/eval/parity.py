@@ -72,12 +72,10 @@ def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping]
                           outliers_a: Sequence[str] | None = None, outliers_ref: Sequence[str] | None = None,
                           confidence: float = 0.95, alpha: float = ALPHA, n_boot: int = N_BOOT,
                           n_perm: int = N_PERM, seed: int = 0) -> dict:
-    """Corpus WER of decoder A minus that of the reference (AR) on the same utterances, with its uncertainty.
-
-    The difference is ``sum(e_a - e_ref) / sum(words)`` over utterances that are outliers in NEITHER run (the
-    difference with them is reported beside it); its interval a percentile bootstrap over utterances; its p-value a
-    two-sided sign-flip permutation test (losslessness makes the two error counts of an utterance exchangeable).
-    ``detected`` is ``p_value < alpha``; ``mde80`` the difference detected with power 0.8 (normal approximation).
+    """Corpus WER of decoder A minus the reference's (AR) on the same utterances, ``sum(e_a - e_ref) / sum(words)``
+    over utterances outliers in NEITHER run (with them: beside it), with a percentile bootstrap interval and a
+    two-sided sign-flip p-value (losslessness makes an utterance's two error counts exchangeable); ``detected``:
+    ``p_value < alpha``; ``mde80``: the difference found with power 0.8 (normal approximation).
 
     Returns:
         ``{"wer_a", "wer_ref", "difference", "ci_low", "ci_high", "confidence", "p_value", "alpha", "detected", "se",
@@ -431,13 +429,10 @@ TRUE_CODES = "true codes (codec resynthesis, no decoding)"
 def wer_table(wer: Mapping[str, Mapping], decoders: Mapping[str, Mapping], *,
               tokens_per_call: Mapping[str, Mapping] | None = None, ended: Mapping[str, Sequence[bool]] | None = None,
               floor: Mapping | None = None) -> list[dict]:
-    """Rows of a WER table (inner loop or free running), one per decoder of ``wer``
-    (:func:`rvqspec_lib.eval.wer_parity.wer_parity`'s output) keyed by its fields (``decoders``:
-    :func:`rvqspec_lib.eval.wer_parity.decoder_info`), then the ``floor``
-    (:func:`rvqspec_lib.eval.wer_parity.true_codes_wer`) as :data:`TRUE_CODES`: ``wer``, ``cer``,
-    ``wer_without_outliers``, ``outliers``, the paired difference to AR (``diff_vs_ar``, ``ci95_low``, ``ci95_high``,
-    ``p_value``, ``flagged``, ``mde80``), ``n_utterances``, and ``tokens_per_call`` / ``ended_by_itself`` where given.
-    """
+    """Rows of a WER table, one per decoder of ``wer`` (:func:`rvqspec_lib.eval.wer_parity.wer_parity`) keyed by
+    its fields (``decoders``: :func:`~rvqspec_lib.eval.wer_parity.decoder_info`), then the ``floor``
+    (:func:`~rvqspec_lib.eval.wer_parity.true_codes_wer`) as :data:`TRUE_CODES`: rates, outliers, the paired
+    difference to AR, ``n_utterances``, and ``tokens_per_call`` / ``ended_by_itself`` where given."""
     rows = []
     for label, w in wer.items():
         vs = w.get("vs_reference") or {}

@@ -158,10 +158,9 @@ def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping
                             power_tv: float = S.POWER_TV, rank_bins: int = RANK_BINS, code_bins: int = CODE_BINS,
                             batch_size: int = 512) -> dict:
     """Per depth, is a decoder's output distributed as the reference's (AR)? Two-sample chi-square tests
-    (:func:`rvqspec_lib.eval.parity.two_sample_test`) of the code's rank under the verifier given its own prefix
-    (:func:`verifier_ranks`, ``rank_bins`` bins) and of the code itself (``code_bins`` bins), on all replicates. A
-    decoder's 2 x n p-values are Holm-adjusted; it is ``rejected`` when one is below ``alpha``. Power: one depth's test
-    at the level ``alpha / (2 n)`` against a total-variation shift ``power_tv``, at the median degrees of freedom;
+    (:func:`rvqspec_lib.eval.parity.two_sample_test`) of each code's verifier rank (:func:`verifier_ranks`) and of the
+    code itself, all replicates; a decoder's 2 x n p-values Holm-adjusted, ``rejected`` when one is below ``alpha``.
+    Power: one depth's test at level ``alpha / (2 n)`` against a shift ``power_tv`` (median degrees of freedom);
     ``detectable_tv``: the shift found with power 0.9.
 
     Returns:
@@ -381,9 +380,9 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
                       sampling: Sampling | None = None, drafter=None, alpha: float = S.ALPHA,
                       power_tv: float = S.POWER_TV, batch_size: int = 1024, progress: bool = False) -> dict:
     """Tokens per call, code-distribution tests and (with ``codec`` and ``asr``) inner-loop WER of every decoder on
-    one language's utterances against AR (``decoders`` must hold ``"ar"``). Contexts come from one teacher-forced talker
-    pass per utterance over its TRUE codes, in the language's text front end. ``codec`` must depend on codes 1..n (the
-    embedded model: its table decoder); ``unit`` defaults to the language's; the first replicate becomes audio.
+    one language's utterances against AR (``"ar"`` in ``decoders``), contexts from one teacher-forced talker pass over
+    the TRUE codes. ``codec`` must depend on codes 1..n (the embedded model's table decoder); ``unit`` default the
+    language's; the first replicate becomes audio.
 
     Returns:
         JSON-able dict: ``language``, ``n_utterances``, ``n_frames``, ``replicates``, ``seconds``, ``asr``, ``unit``,

@@ -171,7 +171,8 @@ def test_decode_runs_are_paired_and_replicated(tiny):
     assert not torch.equal(runs["ar"].codes, runs["other"].codes)  # the null control draws anew
     assert not torch.equal(runs["ar"].codes[0], runs["ar"].codes[1])  # replicates are independent draws
     assert (runs["ar"].calls == 15).all()
-    tpc = W.tokens_per_call(runs["ar"], fr.utterance)
+    c = W.per_utterance(runs["ar"], fr.utterance)  # tokens per call as evaluate_language computes it
+    tpc = S.bootstrap_mean(c["codes"], c["calls"])
     assert tpc["value"] == tpc["ci_low"] == tpc["ci_high"] == 1.0 and tpc["n"] == 2
 
 

@@ -123,13 +123,6 @@ def per_utterance(run: DecodeRun, utterance: torch.Tensor) -> dict:
             "calls": calls.tolist()}
 
 
-def tokens_per_call(run: DecodeRun, utterance: torch.Tensor, *, seed: int = 0) -> dict:
-    """Tokens per call of a run (all codes / all calls, the prefill included) with a bootstrap interval over
-    utterances (:func:`rvqspec_lib.eval.parity.bootstrap_mean`)."""
-    c = per_utterance(run, utterance)
-    return S.bootstrap_mean(c["codes"], c["calls"], seed=seed)
-
-
 # ---- code-distribution tests -----------------------------------------------------------------------------------------
 @torch.no_grad()
 def verifier_ranks(code_predictor, context: torch.Tensor, codes: torch.Tensor, *, sampling: Sampling | None = None,

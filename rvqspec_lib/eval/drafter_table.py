@@ -158,11 +158,16 @@ def _kept(drafter, key: str):
 def table2(results: Mapping[str, dict], own_rows: Sequence[dict], calibrations: Mapping[str, dict],
            drafters: Mapping[str, object], *, params_code_predictor: int, params_model: int, K: int,
            config_06b=RELEASED_06B_CONFIG) -> list[dict]:
-    """The paper's Table 2 here, a row per drafter (the columns below): tokens per call against the parameters it
-    adds, from :func:`evaluate_drafters`, :func:`own_tree_rows` (N = 32 at least) and :func:`calibrate_drafters`;
-    ``loss``, ``kept_epoch``, ``lr`` from the drafters' provenance; ``K`` and ``config_06b`` give the counts at the
-    paper's size; ``best_N`` is the budget of highest predicted E(N).
+    """The paper's Table 2 here, a row per drafter: tokens per call against the parameters it adds, from
+    :func:`evaluate_drafters`, :func:`own_tree_rows` (N = 32 at least) and :func:`calibrate_drafters`; ``loss``,
+    ``kept_epoch``, ``lr`` from the drafters' provenance; ``K`` and ``config_06b`` give the counts at the paper's size.
 
+    Returns:
+        rows: ``drafter`` (a description), ``label``, ``decoder``, ``tree_N32_tokens_per_call``, ``tree_N32_predicted``,
+        ``sampled_tree_N32_predicted``, ``best_N`` (the budget of highest predicted E(N)), ``tree_bestN_predicted``,
+        ``chain_best``, ``chain_best_window``, ``chain4_tokens_per_call``, ``small_tree_tokens_per_call``,
+        ``added_params``, ``pct_code_predictor``, ``pct_model``, ``added_params_at_0.6B``, ``loss``, ``kept_epoch``,
+        ``lr``, and the quoted ``paper: toks/step (N 32 tree)``, ``paper: added params``.
     Raises:
         ValueError: a drafter missing from ``results``, ``calibrations`` or ``own_rows`` at N = 32.
     """

@@ -102,9 +102,10 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
 
     Returns:
         JSON-able dict: ``format``, ``version``, ``n_codes``, ``codebook_size``, ``drafter``, ``sampling``,
-        ``n_frames``, ``budgets``, and per kind: ``table`` (pooled ``(K, C)``), ``order`` (greedy: the tree of budget
-        N is the first N - 1), ``predicted_tokens_per_call`` ``{N: E(N)}`` over whole frames,
-        ``call_expected_tokens`` (one call, frame end ignored); ``best_kind`` ``{N: kind}``.
+        ``n_frames``, ``budgets``, and per kind (``"point-mass"``, ``"sampled"``): ``table`` (pooled ``(K, C)``),
+        ``order`` (greedy: the tree of budget N is the first N - 1), ``predicted_tokens_per_call`` ``{N: E(N)}`` over
+        whole frames, ``call_expected_tokens`` ``{N: 1 + sum of node values}`` (one call, frame end ignored);
+        ``best_kind`` ``{N: kind}`` (the larger E(N)).
     Raises:
         ValueError: a budget outside 2..64, an empty frame set.
     """

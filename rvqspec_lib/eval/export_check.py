@@ -37,7 +37,8 @@ def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dty
                         work_dir=None, seeds: Sequence[int] = (0, 1),
                         compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS, keep_files: bool = False) -> dict:
     """Export every (graph, format, dtype) of the float32 official module, run it where it can run and compare it
-    with eager PyTorch (:func:`check_file`); ``work_dir`` default a temporary folder, removed unless ``keep_files``.
+    with eager PyTorch (:func:`check_file`); ``nodes``, ``tree``: the verify graph's; ``work_dir`` default a
+    temporary folder, removed unless ``keep_files``.
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per (graph, format, dtype, runner): ``graph``, ``format``,
@@ -73,7 +74,8 @@ def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dty
 def check_file(code_predictor, graph: str, path, *, dtype: str = "float32", nodes: int | None = None, tree=None,
                seeds: Sequence[int] = (0, 1), compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS) -> list[dict]:
     """Run an exported ``.onnx`` or ``.mlpackage`` of ``graph`` (``stepped``, ``verify``, ``frame``) where it can run,
-    against eager PyTorch (the official module, float32) on the graph's example inputs of each seed.
+    against eager PyTorch (the official module, float32) on the graph's example inputs of each seed; ``dtype`` the
+    file's precision, ``nodes``, ``tree`` the verify graph's.
 
     Returns:
         a row per runner (``onnxruntime-cpu``, ``coreml-<unit>`` on macOS 15+), or one ``not run`` row with the

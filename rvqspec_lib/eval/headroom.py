@@ -51,7 +51,8 @@ def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None,
     continuations from the verifier per frame and start depth k give the p_s of depth k+j; a q scores
     ``(1/S) sum_s sum_x min(p_s(x), q(x))``. By offset: ``ceiling`` (the best q, :func:`optimal_overlap`: an upper
     bound), ``marginal`` (the mean p_s of half the samples, scored on the other half: achievable), each drafter's.
-    ``context`` ``(N, 2, talker_hidden)`` with ``codes`` ``(N, n)``, or :class:`~rvqspec_lib.data.frames.Frames`;
+    ``context`` ``(N, 2, talker_hidden)`` with ``codes`` ``(N, n)`` (codes 1..n teacher-forced before each start
+    depth), or :class:`~rvqspec_lib.data.frames.Frames`; ``drafters`` ``{label: drafter}`` or labelled by ``name``;
     ``generator`` default seeded 0.
 
     Returns:

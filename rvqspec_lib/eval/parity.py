@@ -431,8 +431,10 @@ def wer_table(wer: Mapping[str, Mapping], decoders: Mapping[str, Mapping], *,
               floor: Mapping | None = None) -> list[dict]:
     """Rows of a WER table, one per decoder of ``wer`` (:func:`rvqspec_lib.eval.wer_parity.wer_parity`) keyed by
     its fields (``decoders``: :func:`~rvqspec_lib.eval.wer_parity.decoder_info`), then the ``floor``
-    (:func:`~rvqspec_lib.eval.wer_parity.true_codes_wer`) as :data:`TRUE_CODES`: rates, outliers, the paired
-    difference to AR, ``n_utterances``, and ``tokens_per_call`` / ``ended_by_itself`` where given."""
+    (:func:`~rvqspec_lib.eval.wer_parity.true_codes_wer`) as :data:`TRUE_CODES`: ``wer``, ``cer``,
+    ``wer_without_outliers``, ``outliers``, the paired difference to AR (``diff_vs_ar``, ``ci95_low``, ``ci95_high``,
+    ``p_value``, ``flagged``, ``mde80``), ``n_utterances``, and ``tokens_per_call`` / ``ended_by_itself`` where given.
+    """
     rows = []
     for label, w in wer.items():
         vs = w.get("vs_reference") or {}

@@ -29,7 +29,8 @@ def record_verify_calls(code_predictor, context: torch.Tensor, decoder, *, sampl
                         seed: int = 0) -> list[dict]:
     """Decode one frame (``context`` ``(1, 2, talker_hidden)``; the rest as
     :func:`rvqspec_lib.decoding.decode.decode_frame`) and return each code-predictor call's inputs, prefill first:
-    ``positions`` ``(Q,)`` int64, ``allow`` ``(Q, S)`` bool, ``write_slots`` ``(Q,)`` int64, ``n_query``, ``kind``.
+    ``positions`` ``(Q,)`` int64, ``allow`` ``(Q, S)`` bool, ``write_slots`` ``(Q,)`` int64, ``n_query``, ``kind``
+    (``"prefill"`` or ``"verify"``).
 
     Raises:
         ValueError: ``context`` is not a batch of one frame.

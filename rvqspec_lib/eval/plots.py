@@ -910,9 +910,9 @@ _TABLE_BARS = {"stepped AR": (None, "white"), "fused AR": ("//", "white"), "best
 
 
 def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, float] | None = None):
-    """:func:`rvqspec_lib.eval.bench_table.bench_table`: a panel per model, a group per (precision, backend), a bar
-    per row of :data:`_TABLE_BARS` (ms per frame, log scale; absent rows marked), the AR floor a black tick, 80 ms
-    dotted.
+    """:func:`rvqspec_lib.eval.bench_table.bench_table`: a panel per model (a timing replay's title says so), a group
+    per (precision, backend), a bar per row (colour the decoder family, fused hatched, auto outlined; absent rows
+    marked), ms per frame on a log scale, the AR floor a black tick, 80 ms dotted.
     """
     rows = result["rows"]
     models = list(dict.fromkeys(r["model"] for r in rows))

@@ -1,6 +1,7 @@
 """Timing replay (docs/precision.md#timing-replay): a trained model's acceptance replayed on a random-weight
 architecture through the decode round's acceptance hook (:class:`AcceptanceOracle`), every other step run unchanged,
-the frame sealed (codes all -1). Tables from the embedded model's calibration (:func:`default_acceptance`) or a file (:func:`read_acceptance`)."""
+the frame sealed (codes all -1). Tables from the embedded model's calibration (:func:`default_acceptance`) or a file
+(:func:`read_acceptance`)."""
 
 from __future__ import annotations
 

@@ -151,8 +151,8 @@ def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping
                             power_tv: float = S.POWER_TV, rank_bins: int = RANK_BINS, code_bins: int = CODE_BINS,
                             batch_size: int = 512) -> dict:
     """Per depth, is a decoder's output distributed as the reference's (AR)? Two-sample chi-square tests
-    (:func:`rvqspec_lib.eval.parity.two_sample_test`) of each code's verifier rank (:func:`verifier_ranks`) and of the
-    code itself, all replicates; a decoder's 2 x n p-values Holm-adjusted, ``rejected`` when one is below ``alpha``.
+    (:func:`rvqspec_lib.eval.parity.two_sample_test`) of each code's verifier rank (:func:`verifier_ranks`,
+    ``rank_bins`` bins) and of the code itself (``code_bins`` bins), all replicates; a decoder's 2 x n p-values Holm-adjusted, ``rejected`` when one is below ``alpha``.
     Power: one depth's test at level ``alpha / (2 n)`` against a shift ``power_tv`` (median degrees of freedom);
     ``detectable_tv``: the shift found with power 0.9.
 

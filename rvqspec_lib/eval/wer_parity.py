@@ -152,9 +152,9 @@ def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping
                             batch_size: int = 512) -> dict:
     """Per depth, is a decoder's output distributed as the reference's (AR)? Two-sample chi-square tests
     (:func:`rvqspec_lib.eval.parity.two_sample_test`) of each code's verifier rank (:func:`verifier_ranks`,
-    ``rank_bins`` bins) and of the code itself (``code_bins`` bins), all replicates; a decoder's 2 x n p-values Holm-adjusted, ``rejected`` when one is below ``alpha``.
-    Power: one depth's test at level ``alpha / (2 n)`` against a shift ``power_tv`` (median degrees of freedom);
-    ``detectable_tv``: the shift found with power 0.9.
+    ``rank_bins`` bins) and of the code itself (``code_bins`` bins), all replicates; a decoder's 2 x n p-values
+    Holm-adjusted, ``rejected`` when one is below ``alpha``. Power: one depth's test at level ``alpha / (2 n)``
+    against a shift ``power_tv`` (median degrees of freedom); ``detectable_tv``: the shift found with power 0.9.
 
     Returns:
         ``{"rows": [{decoder, statistic, depth, statistic_value, df, p_value, p_holm, tv, n}], "summary": {label:

@@ -390,7 +390,7 @@ def calls_at_tokens_per_call(lm, names: Sequence[str], contexts: torch.Tensor, *
 
     Returns:
         One row per decoder, in order: its fields, ``model``, ``frames``, ``tokens_per_call``,
-            ``inner_calls_per_frame``, ``calls_per_s``, ``reduction_vs_ar``.
+        ``inner_calls_per_frame``, ``calls_per_s``, ``reduction_vs_ar``.
 
     Raises:
         ValueError: a bad name or a file it needs missing (the resolver's one-line messages).

@@ -456,9 +456,9 @@ def speedups_over_ar(rows: Sequence[dict]) -> list[dict]:
 
     Returns:
         rows, fastest AR first: ``ar`` (a label), ``backend``, ``fused``, ``precision``, ``ar_ms``, ``fastest_ar``,
-            ``ar_vs_fastest_ar``, ``fastest_speculative`` (any backend), ``speedup``, ``same_backend_speculative``,
-            ``same_backend_speedup``, ``paper_decoder``, ``paper_speedup`` (``None`` where the run has no such row).
-            Empty without an AR row.
+        ``ar_vs_fastest_ar``, ``fastest_speculative`` (any backend), ``speedup``, ``same_backend_speculative``,
+        ``same_backend_speedup``, ``paper_decoder``, ``paper_speedup`` (``None`` where the run has no such row). Empty
+        without an AR row.
     """
     ars = sorted((r for r in rows if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"])
     spec = [r for r in rows if r["kind"] != "ar" and not r.get("lossy")]

@@ -33,11 +33,9 @@ from rvqspec_lib.models.precision import PRECISIONS, apply_precision, check_prec
 from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
 from rvqspec_lib.models.text_language import english_only_note
 
-#: Below this many seconds of audio per word of text (words = whitespace-separated), an utterance that ENDED BY
-#: ITSELF is reported as probably not speaking the whole text. Speech runs at 2-3 words a second (0.33-0.5 s a word)
-#: and even fast read speech stays under 5 (0.2 s a word); 0.15 s a word (6.7 words a second) is faster than anyone
-#: speaks, so audio that short cannot hold the whole text: the model ended early, typically on a long text (the
-#: embedded model was trained on sentences and stops after a sentence or two).
+#: Below this many seconds of audio per word, an utterance that ENDED BY ITSELF probably did not speak the whole text:
+#: 0.15 s a word (6.7 words a second) is faster than anyone speaks (2-3 words a second; fast read speech under 5), so
+#: the model ended early, typically on a long text (the embedded model stops after a sentence or two).
 MIN_AUDIO_S_PER_WORD = 0.15
 
 

@@ -1,6 +1,7 @@
 """Time the streaming codec decoder against the official ``chunked_decode`` and against its floors (arithmetic and
 roofline), per precision and chunk size, each stage timed (docs/codec_streaming.md#speed-against-the-floor). Medians
-of the thread's CPU time, wall clock beside it, the load watched; the real-size decoder has RANDOM weights."""
+of the thread's CPU time, wall clock beside it, the load watched; the real-size decoder has RANDOM weights:
+timing only."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """``rvqspec bench JOB`` (and ``make bench``): the parser of the timing jobs (docs/cli.md#rvqspec-bench); the old
-flag
-forms stop with one line naming the new form. The jobs are :mod:`rvqspec_lib.cli.bench_jobs`, imported when one
+flag forms stop with one line naming the new form. The jobs are :mod:`rvqspec_lib.cli.bench_jobs`, imported when one
 runs (nothing here imports torch: ``rvqspec --help`` stays fast)."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """The jobs of ``rvqspec bench`` (parser: :mod:`rvqspec_lib.cli.bench`): each checks its flags before any model
-loads,
-times through :mod:`rvqspec_lib.eval` and prints; ``--json`` writes the result with its provenance."""
+loads, times through :mod:`rvqspec_lib.eval` and prints; ``--json`` writes the result with its provenance."""
 
 from __future__ import annotations
 

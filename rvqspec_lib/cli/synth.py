@@ -1,7 +1,6 @@
 """``rvqspec synth``: speak a text (or every line of a file) with a chosen inner-loop decoder through a chosen
-backend;
-write the audio, the codes and statistics atomically. Everything that needs no weights is checked first, against
-the model's config; the order of work and the statistics' timing fields: docs/cli.md#rvqspec-synth."""
+backend; write the audio, the codes and statistics atomically. Everything that needs no weights is checked first,
+against the model's config; the order of work and the statistics' timing fields: docs/cli.md#rvqspec-synth."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebook 07): per model, precision and
-backend the five rows of :data:`ROWS` (stepped and fused AR, the fastest stepped and fused speculative frames,
-``auto``'s pick), each against the AR frame's weight-streaming floor; what each row and column means:
-docs/precision.md#the-table. :func:`fastest_by_model` and :func:`round_costs` read what to run, and why, off the
-rows."""
+"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebook 07): per model (the real-size 0.6B
+architecture has random weights, timing only: its speculative frames a timing replay), precision and backend the
+five rows of :data:`ROWS` (stepped and fused AR, the fastest stepped and fused speculative frames, ``auto``'s pick),
+each against the AR frame's weight-streaming floor; what each row and column means: docs/precision.md#the-table.
+:func:`fastest_by_model` and :func:`round_costs` read what to run, and why, off the rows."""
 
 from __future__ import annotations
 
@@ -187,14 +187,16 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
         precisions: default the CPU's native ones. backends: some of :data:`TABLE_BACKENDS`, each once.
         repeats, warmup, noise_target: :func:`rvqspec_lib.eval.speed.time_frames`'s, per (model, precision, backend).
             chains, budgets: the speculative decoders. auto, auto_frames, auto_budgets: time auto's choice.
-            n_contexts: contexts decoded in turn. seed: contexts, generators, the replay's oracle. threads: onnx's.
+            n_contexts: contexts decoded in turn (the evaluation split; random ones for random weights). seed:
+            contexts, generators, the replay's oracle. threads: onnx's.
 
     Returns:
-        ``{"rows", "footer", "meta"}``: a row per (model, precision, backend, :data:`ROWS`): ``model``, ``weights``,
-        ``precision``, ``backend``, ``row``, :data:`DECODER_FIELDS`, ``ms_per_frame``, ``p10_ms``, ``p90_ms``,
-        ``rtf``, ``tokens_per_call``, ``speedup_vs_ar``, ``x_fused_ar``, ``floor_ar_ms``, ``x_floor_ar``,
-        ``build_s``, ``note``; ``footer``: :data:`PUBLIC_PORTS`; ``meta``: machine, bandwidth, noise, replay, build
-        seconds, :data:`FUSED_TARGET`.
+        ``{"rows", "footer", "meta"}``: a row per (model, precision, backend, :data:`ROWS`): ``model``, ``weights``
+        (``trained`` or the replay's words), ``precision``, ``backend``, ``row``, :data:`DECODER_FIELDS` (None when
+        absent), ``ms_per_frame``, ``p10_ms``, ``p90_ms``, ``rtf``, ``tokens_per_call``, ``speedup_vs_ar``,
+        ``x_fused_ar``, ``floor_ar_ms``, ``x_floor_ar``, ``build_s`` (the fused speculative frame's), ``note``;
+        ``footer``: :data:`PUBLIC_PORTS`; ``meta``: machine, bandwidth, noise, replay, build seconds,
+        :data:`FUSED_TARGET`.
 
     Raises:
         ValueError: as :func:`check_table_args`; bad noise settings.
@@ -329,7 +331,7 @@ def round_costs(result: dict) -> list[dict]:
 
     Returns:
         rows ``model``, ``precision``, ``backend``, ``decoder``, ``tokens_per_call``, ``x_fused_ar``,
-        ``round_over_ar_call``, ``x_floor_ar``.
+        ``round_over_ar_call``, ``x_floor_ar`` (the fused AR frame against its floor).
     """
     out = []
     for key in dict.fromkeys((r["model"], r["precision"], r["backend"]) for r in result["rows"]):

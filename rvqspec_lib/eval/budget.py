@@ -49,8 +49,9 @@ class AutoChoice:
         named: the chosen :class:`~rvqspec_lib.models.named_decoders.NamedDecoder`. backend: the backend it runs
             through. fused: as its fused frame. reason: one line saying why.
         table: a row per (candidate, backend, fused): the decoder's fields, ``backend``, ``fused``,
-            ``predicted_tokens_per_call``, ``verify_ms``, ``verify_ratio``, ``predicted_speedup``, and where timed
-            ``ms_per_code``, ``measured_tokens_per_call``, ``speedup``.
+            ``predicted_tokens_per_call``, ``verify_ms``, ``verify_ratio`` t(N)/t(1), ``predicted_speedup`` (stepped
+            rows), and where timed ``ms_per_code``, ``measured_tokens_per_call``, ``speedup`` (over stepped AR through
+            the first backend).
         key: the cache key. oversubscribed: ``OVERSUBSCRIBED: ...`` or ``""`` (such a choice is not cached)."""
 
     named: NamedDecoder

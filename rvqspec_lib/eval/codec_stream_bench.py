@@ -78,7 +78,7 @@ def stage_layers(decoder) -> dict[str, list[tuple[str, nn.Module, int]]]:
 
 def matmul_flops_per_frame(decoder) -> float:
     """FLOPs of one frame through the decoder's matmul layers (``2 x weight elements x samples`` each), from the
-    shapes alone; attention and elementwise layers (about 1%) left out."""
+    shapes alone; attention and elementwise layers (counted by :func:`stage_flops`) left out."""
     return float(sum(2 * m.weight.numel() * spf for layers in stage_layers(decoder).values() for _, m, spf in layers))
 
 
@@ -121,8 +121,8 @@ def _shapes(decoder) -> list[tuple]:
 
 
 def peak_gflops(decoder, *, frames: int = 8, repeats: int = 7) -> dict:
-    """The core's compute rate on the decoder's own shapes: each distinct shape run by oneDNN from a prepacked weight
-    in the decoder's dtype, hot in cache, best of ``repeats``.
+    """The core's compute rate on the decoder's own shapes: each distinct shape (a chunk of ``frames`` frames) run by
+    oneDNN from a prepacked weight in the decoder's dtype, hot in cache, best of ``repeats``.
 
     Returns:
         ``{"peak_gflops": the best rate, "shapes": [{"shape", "gflops"}, ...], "dtype", "threads"}``.
@@ -168,7 +168,8 @@ def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repea
 
     Returns:
         ``{"ms_per_frame", "min_ms_per_frame", "wall_ms_per_frame", "stages_ms_per_frame": {stage: ms},
-        "other_cpu_frac"}``: medians over the timed chunks.
+        "other_cpu_frac"}``: medians over the timed chunks of thread CPU time per frame (and its minimum), of wall
+        time per frame, and of each stage's thread CPU time per frame.
     """
     dec = StreamingCodecDecoder(decoder, backend=backend, chunk_frames_hint=chunk_frames)
     codes = _codes(WARMUP_FRAMES + chunk_frames * repeats, seed=1)
@@ -246,7 +247,7 @@ def streaming_table(*, precisions: tuple[str, ...] | None = None, chunk_frames: 
     Args:
         precisions: default the CPU's native ones among float32 and bfloat16. chunk_frames: chunk sizes. config:
             ``"released"`` (real size, random weights) or ``"tiny"``. threads: torch threads (restored after).
-            official: also time ``chunked_decode`` (about 1 s a chunk).
+            official: also time ``chunked_decode`` (slow).
 
     Returns:
         ``{"cpu", "threads", "bandwidth_gb_per_s", "config", "random_weights": True, "rows", "peaks", "stages"}``; a
@@ -313,7 +314,8 @@ def streaming_table(*, precisions: tuple[str, ...] | None = None, chunk_frames: 
 
 
 def format_streaming_table(result: dict) -> str:
-    """:func:`streaming_table` as text: the CPU line, a row per precision x chunk size, then the per-stage breakdown."""
+    """:func:`streaming_table` as text: the CPU line, a row per precision x chunk size (ms per frame of thread CPU
+    time, wall time beside it), then the per-stage breakdown."""
     cpu = result["cpu"]
     flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cpu["flags"].items())
     lines = [f"CPU: {cpu['model']} ({cpu['cores']} cores; {flags})",

@@ -48,8 +48,8 @@ def check_frame_source_args(args) -> None:
 
 
 def shipped_root(model: str) -> Path | None:
-    """Where the model's shipped utterances are, ``None`` for models without them (the embedded model must have
-    them)."""
+    """Where the model's shipped utterances are, ``None`` for models without them (FileNotFoundError for the embedded
+    model, which must have them)."""
     if model_drafter_dir(model) is None:
         return None
     try:

@@ -38,7 +38,7 @@ def repeat_cap(noise_target: float | None, repeats: int, max_repeats: int | None
 
     Raises:
         ValueError (one line, naming the fix): ``noise_target <= 0``, ``repeats < 2`` with a target, ``max_repeats <
-        repeats``, ``max_repeats`` without a target.
+            repeats``, ``max_repeats`` without a target.
     """
     if noise_target is None:
         if max_repeats is not None:

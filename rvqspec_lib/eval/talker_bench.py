@@ -35,8 +35,8 @@ def slim_talker(talker):
 
 
 def talker_inputs(hidden: int, context: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random float32 inputs of a timed talker step: ``context`` cached positions ``(1, C, H)`` and the new one ``(1,
-    1, H)``.
+    """Random float32 inputs of a timed talker step (timing only): ``context`` cached positions ``(1, C, H)`` and the
+    new one ``(1, 1, H)``.
 
     Raises:
         ValueError: ``context < 1``.

@@ -242,8 +242,8 @@ def _key_text(key) -> str:
 
 
 class Phases(dict):
-    """Wall seconds per named phase of a long run: ``with phases("build"):`` adds to ``phases["build"]``;
-    ``total_s()``."""
+    """Wall seconds per named phase of a long run (a run-time budget, not a timing): ``with phases("build"):`` adds
+    to ``phases["build"]``; ``total_s()``: the seconds since it was made."""
 
     def __init__(self):
         super().__init__()
@@ -298,7 +298,8 @@ def llc_bytes(cache_dir: str | Path = "/sys/devices/system/cpu/cpu0/cache") -> i
 
 def read_bandwidth(*, buffer_bytes: int | None = None, repeats: int = BANDWIDTH_REPEATS) -> dict:
     """Streaming read bandwidth with torch's current thread count: ``torch.sum`` over a float32 buffer much larger
-    than the last-level cache, once untimed, then ``repeats`` timed passes.
+    than the last-level cache (``buffer_bytes``, default :data:`DEFAULT_BUFFER_BYTES`), once untimed, then ``repeats``
+    timed passes.
 
     Returns:
         ``{"gb_per_s": median (1e9 bytes per second), "gb_per_s_max", "buffer_bytes", "repeats", "threads",

@@ -78,9 +78,9 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
     Returns:
         JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model``, ``device_name``,
         ``code_predictor_precision``, ``backend``, the settings, ``talker_step``, ``code_predictor`` (per Q:
-        ``n_queries``, the summary, ``rel_se``, ``ratio_to_1``), ``derived`` (:func:`derived_from_bench`); with
-        ``native``: ``native``, the same keys for the native pair; with ``floor``: ``bandwidth``, ``weight_bytes``,
-        ``floor_ms``.
+        ``n_queries``, the summary, ``rel_se``, ``ratio_to_1`` = t(Q) / t(1)), ``derived``
+        (:func:`derived_from_bench`); with ``native``: ``native``, the same keys for the native pair; with ``floor``:
+        ``bandwidth``, ``weight_bytes``, ``floor_ms``.
 
     Raises:
         ValueError: bad query sizes, ``prefix_len < 1``, ``talker_context < 1``, an absent backend, ``native`` with
@@ -217,7 +217,8 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
     Returns:
         JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model``, ``device_name``, ``precision_flags``,
         ``native_precisions``, ``bandwidth``, ``prefix_len``, ``backends``, and ``precisions``: per (precision,
-        backend) ``precision``, ``backend``, ``rows``, ``weight_bytes``, ``floor_ms``, ``t1_over_floor``.
+        backend) ``precision``, ``backend``, ``rows`` (as :func:`bench_model`'s ``code_predictor``), ``weight_bytes``,
+        ``floor_ms``, ``t1_over_floor``.
 
     Raises:
         ValueError: an unknown precision or backend, one absent at a precision, bad query sizes, a model off the CPU,
@@ -285,7 +286,7 @@ def format_precision_table(result: dict) -> str:
 
 def precision_rows(result: dict) -> list[dict]:
     """A :func:`bench_precisions` result as rows: ``precision``, ``backend``, ``t1_ms``, ``t{Q}_over_t1``,
-    ``mb_per_call``, ``floor_ms``, ``t1_over_floor``."""
+    ``mb_per_call`` (MB of weights one call reads), ``floor_ms``, ``t1_over_floor``."""
     rows = []
     for pr in result["precisions"]:
         by_q = {r["n_queries"]: r for r in pr["rows"]}
@@ -305,13 +306,14 @@ def call_budget(frame_rate_hz: float, n_code_groups: int, tokens_per_call: float
     inner calls per frame.
 
     Args:
-        frame_rate_hz: codec frames per second (12.5). n_code_groups: codebooks per frame (16). tokens_per_call: mean
-            inner-loop codes per inner call, the prefill counted; ``None``: plain AR (1.0).
+        frame_rate_hz: codec frames per second (``LoadedModel.frame_rate_hz``). n_code_groups: codebooks per frame
+            (``LoadedModel.n_code_groups``). tokens_per_call: mean inner-loop codes per inner call, the prefill
+            counted; ``None``: plain AR (1.0).
 
     Returns:
         ``{"frame_rate_hz", "n_code_groups", "tokens_per_call", "inner_calls_per_frame", "calls_per_frame",
-        "calls_per_s", "calls_per_s_ar", "reduction"}`` (200 calls/s for 12.5 Hz, 16 groups at tpc 1; 88.4 at tpc
-        2.47).
+        "calls_per_s", "calls_per_s_ar", "reduction"}``, ``reduction = calls_per_s_ar / calls_per_s`` (200 calls/s
+        for 12.5 Hz, 16 groups at tpc 1; 88.4 at tpc 2.47).
 
     Raises:
         ValueError: ``frame_rate_hz <= 0``, ``n_code_groups < 2`` or ``tokens_per_call <= 0``.
@@ -384,13 +386,14 @@ def calls_at_tokens_per_call(lm, names: Sequence[str], contexts: torch.Tensor, *
     lossless walk).
 
     Args:
-        lm: a trained model whose folder ships what the names read. names: decoder names of the grammar. contexts:
-            ``(N, 2, talker_hidden)``. sampling: default :class:`~rvqspec_lib.decoding.sampling.Sampling`'s. seed:
-            each decoder's generator. calibrations: ``{drafter: calibration}`` instead of the shipped files.
+        lm: a trained model (acceptance on random weights means nothing) whose folder ships what the names read.
+            names: decoder names of the grammar. contexts: ``(N, 2, talker_hidden)``. sampling: default
+            :class:`~rvqspec_lib.decoding.sampling.Sampling`'s. seed: each decoder's generator. calibrations:
+            ``{drafter: calibration}`` instead of the shipped files.
 
     Returns:
         One row per decoder, in order: its fields, ``model``, ``frames``, ``tokens_per_call``,
-        ``inner_calls_per_frame``, ``calls_per_s``, ``reduction_vs_ar``.
+        ``inner_calls_per_frame``, ``calls_per_s``, ``reduction_vs_ar`` (:func:`call_budget`).
 
     Raises:
         ValueError: a bad name or a file it needs missing (the resolver's one-line messages).
@@ -427,7 +430,7 @@ def derived_from_bench(result: dict, *, frame_rate_hz: float, n_code_groups: int
     Returns:
         ``{"inner_calls_per_frame", "t_talker_ms", "t_inner_ms", "frame_ms_ar", "frame_budget_ms", "rtf_ar",
         "inner_share_ar", "calls_per_s_realtime", "calls_per_s_at_paper_tpc"}``; ``frame_ms_ar = t_talker + (G - 1) *
-        t_cp(1)``.
+        t_cp(1)``, ``frame_budget_ms = 1000 / frame_rate_hz``, ``rtf_ar = frame_ms_ar / frame_budget_ms``.
     """
     t_inner = min(result["code_predictor"], key=lambda r: r["n_queries"])["median_ms"]
     t_talker = result["talker_step"]["median_ms"]

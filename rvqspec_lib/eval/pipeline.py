@@ -1,6 +1,8 @@
 """The whole frame, streamed: talker step, inner loop and codec decoder against their floors, the frame on one thread
-and on all cores, measured streams and B streams batched (``rvqspec bench pipeline``, notebook 06). What each part
-of the table measures and why: docs/streaming.md#the-pipeline-table."""
+and on all cores, measured streams and B streams batched (``rvqspec bench pipeline``, notebook 06). The real-size
+0.6B architecture has random weights, timing only (a TIMING REPLAY, :mod:`rvqspec_lib.eval.replay`); the public
+ports' figures are quoted (:data:`PUBLIC_PIPELINES`), never measured here. What each part of the table measures and
+why: docs/streaming.md#the-pipeline-table."""
 
 from __future__ import annotations
 
@@ -377,12 +379,15 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
         repeats, warmup, noise_target: the parts' timing. stream_repeats: runs of each stream.
         chains, budgets, auto, auto_frames: the speculative candidates and ``auto``'s pick. streams, concurrency:
             measure them (``concurrency`` may name models). codec_config, codec_dtype: as :func:`build_setup`.
+            n_contexts: inner-loop contexts. text: what the streams speak.
 
     Returns:
         ``{"rows", "streams", "concurrency", "sustained", "quoted", "meta"}``: a row per (model, precision,
         :data:`ROWS`) with per part ``_ms``, ``_cpu_ms``, ``_floor_ms``, ``_x_floor``, ``_cpu_x_floor``, ``_share``;
-        ``frame_1t_ms``, ``rtf_1t``, ``frame_2c_ms``, ``rtf_2c`` (and ``_cpu_ms``), gains, :func:`what_moves`'
-        fields, ``weights``, ``note``.
+        ``frame_1t_ms``, ``rtf_1t``, ``frame_2c_ms``, ``rtf_2c`` (and ``_cpu_ms``), ``inner_gain``,
+        ``frame_gain_1t``, ``frame_gain_2c``, :func:`what_moves`' fields, ``tokens_per_call``, the decoder's fields,
+        ``weights`` (``trained`` or the replay's words), ``note``; ``streams`` and ``concurrency``:
+        :func:`time_streams` rows; ``sustained``: :func:`sustained`; ``quoted``: :data:`PUBLIC_PIPELINES`.
 
     Raises:
         ValueError: as :func:`check_pipeline_args`; bad noise settings.

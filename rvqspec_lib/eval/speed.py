@@ -173,9 +173,10 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per runner: its fields (``decoder``, ``kind``, ``drafter``,
         ``nodes``, ``lossy``, ``backend``, ``fused``, ``precision``), ``tokens_per_call`` (mean over the first
-        ``repeats`` frames), ``calls_per_frame``, ``ms_per_frame`` (median), ``p10_ms``, ``p90_ms``, ``model_ms``,
-        ``heads_ms``, ``outside_ms`` (the loop outside the model), ``outside_share``, ``speedup_vs_ar`` and
-        ``speedup_vs_fused`` (ratios of medians).
+        ``repeats`` frames, prefill included), ``calls_per_frame``, ``ms_per_frame`` (median), ``p10_ms``, ``p90_ms``,
+        ``model_ms`` (in the backend's forward), ``heads_ms`` (heads, embeddings, drafts), ``outside_ms`` (the loop
+        outside the model), ``outside_share``, ``speedup_vs_ar`` and ``speedup_vs_fused`` (over stepped AR and the
+        fused AR frame of the same backend and precision, ratios of medians).
 
     Raises:
         ValueError: bad contexts, no runner, two runners with the same fields, bad settings (one line each).
@@ -324,7 +325,7 @@ def batch_throughput(runners: Sequence, contexts: torch.Tensor, *, batch_sizes: 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per (runner, B): the runner's fields, ``batch``, ``ms_per_batch``
         (median), ``p10_ms``, ``p90_ms``, ``frames_per_s``, ``tokens_per_call`` (over the slowest row's calls),
-        ``speedup_vs_ar``.
+        ``speedup_vs_ar`` (frames per second over stepped AR of the same backend and B).
 
     Raises:
         ValueError: bad contexts or batch sizes, bad settings.
@@ -418,8 +419,8 @@ def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
 
 
 def expected_tokens_per_call(calibration: dict, kind: str | None = None) -> dict:
-    """``{N: E(N)}`` of a calibration for the ``kind`` of tree (``"point-mass"``, ``"sampled"``; ``None``: the
-    better).
+    """``{N: E(N)}``, the one-call expected codes of a calibration for the ``kind`` of tree (``"point-mass"``,
+    ``"sampled"``; ``None``: the better).
 
     Raises:
         KeyError: a kind the calibration does not hold.
@@ -456,9 +457,9 @@ def speedups_over_ar(rows: Sequence[dict]) -> list[dict]:
 
     Returns:
         rows, fastest AR first: ``ar`` (a label), ``backend``, ``fused``, ``precision``, ``ar_ms``, ``fastest_ar``,
-        ``ar_vs_fastest_ar``, ``fastest_speculative`` (any backend), ``speedup``, ``same_backend_speculative``,
-        ``same_backend_speedup``, ``paper_decoder``, ``paper_speedup`` (``None`` where the run has no such row). Empty
-        without an AR row.
+        ``ar_vs_fastest_ar`` (over the fastest AR's time), ``fastest_speculative`` (lossless, any backend), ``speedup``,
+        ``same_backend_speculative``, ``same_backend_speedup``, ``paper_decoder`` (the fastest of ``kind`` ``paper``),
+        ``paper_speedup`` (``None`` where the run has no such row); speedups over that AR row. Empty without an AR row.
     """
     ars = sorted((r for r in rows if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"])
     spec = [r for r in rows if r["kind"] != "ar" and not r.get("lossy")]

@@ -86,7 +86,7 @@ def free_running_codes(lm: LoadedModel, utts: Sequence, *, max_frames: int = 300
                        progress: bool = True, desc: str = "free-running") -> list[dict]:
     """Speak each utterance's text with :func:`rvqspec_lib.models.frame.synthesize` (``decoder`` stepped, default
     AR), batched by speaker, frame cap ``min(max_frames, frame_factor * longest true length + 10)``; one generator
-    through the batches, or with ``paired`` batch i seeded :func:`batch_seed` ``(seed, i)``.
+    seeded ``seed`` through the batches, or with ``paired`` batch i seeded :func:`batch_seed` ``(seed, i)``.
 
     Returns:
         Per utterance, in input order: ``{"codes": (frames, G) int64, "ended": bool, "frames": int, "cap": int}``.

@@ -123,8 +123,9 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
     Returns:
         JSON-able dict: the timing's meta, ``model``, ``random_weights``, ``device_name``, ``cpu_flags``,
         ``native_precisions``, ``bandwidth``, the settings, and ``rows`` per (precision, context, forward): the
-        summary, ``cpu_ms``, ``weight_bytes``, ``kv_bytes``, ``packed_bytes``, ``floor_ms``, ``floor_kv_ms``,
-        ``over_floor``, ``over_floor_kv``, ``floor_cpu_ms``, ``cpu_over_floor``, ``cpu_over_floor_kv``.
+        summary, ``cpu_ms`` (thread CPU time), ``weight_bytes``, ``kv_bytes`` (in that forward's cache dtype),
+        ``packed_bytes`` (native), ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``over_floor_kv``, ``floor_cpu_ms``,
+        ``cpu_over_floor``, ``cpu_over_floor_kv`` (the CPU-time ones ``None`` without ``gb_per_s_cpu``).
 
     Raises:
         ValueError: an unknown precision or forward, a context < 1, a talker not in float32.

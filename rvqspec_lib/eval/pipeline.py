@@ -126,7 +126,8 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
     Args:
         acceptance: the replay's table for a random-weight model. chains, budgets: the speculative candidates.
         codecs: ``{dtype: official decoder}`` cache of the real-size codec (random weights). codec_config: the
-            official decoder's config for a model without a codec, ``released`` (``tiny`` in tests). codec_dtype: ``float32`` or ``bfloat16`` (default bfloat16 where the CPU runs it natively).
+            official decoder's config for a model without a codec, ``released`` (``tiny`` in tests). codec_dtype:
+            ``float32`` or ``bfloat16`` (default bfloat16 where the CPU runs it natively).
         max_context: the native talker's KV capacity.
     """
     lm = loader.load_model(model, dtype=ACTIVATION_DTYPE[precision], seed=seed)

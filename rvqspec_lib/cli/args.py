@@ -1,11 +1,6 @@
-"""The flags of every ``rvqspec`` command but ``bench``: one function per command, ``add(parser)``, that imports
-nothing heavy, so that ``rvqspec <command> --help`` and the parser's one-line errors never import torch. The command
-modules (:mod:`rvqspec_lib.cli.synth` ...) run the parsed flags and import what they use at their top;
-:mod:`rvqspec_lib.cli.main` imports one of them only when its command runs.
-
-Names repeated here from heavy modules (the backends of :mod:`rvqspec_lib.models.backends`, the graphs of
-:mod:`rvqspec_lib.models.export_graphs`) are checked equal to them by tests/test_export_cli.py.
-"""
+"""The flags of every ``rvqspec`` command but ``bench``: one light function per command, ``add(parser)``, so that
+``--help`` and the parser's one-line errors never import torch. Names repeated here from heavy modules (backends,
+export graphs) are checked equal to them by tests/test_export_cli.py."""
 
 from __future__ import annotations
 

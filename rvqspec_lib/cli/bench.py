@@ -1,17 +1,6 @@
-"""``rvqspec bench JOB`` (and ``make bench``): the timing jobs, each ONE interleaved run
-(:func:`rvqspec_lib.eval.timing.interleaved`; docs/style.md#benchmarks), printed with device, dtype and thread count
-and, with ``--json``, written with its provenance::
-
-    rvqspec bench latency --model qwen3-tts-0.6b-random         # the talker step, code-predictor calls of Q positions
-    rvqspec bench precisions --dtype float32,bfloat16,int8      # each precision's call against its floor
-    rvqspec bench frames --model embedded --backends eager,native --decoders ar,chain:4,paper
-    rvqspec bench table [--dtype float32,bfloat16] [--backends eager,compile] [--acceptance FILE]
-    rvqspec bench pipeline [--models embedded] [--dtype int8] [--chunk-frames 2] [--batches 1,2,4]
-
-The old flag forms (``rvqspec bench --model M``, ``--dtype a,b``, ``--backend NAME``, ``--table``) stop with one line
-naming the new form. This module is the parser; the jobs are :mod:`rvqspec_lib.cli.bench_jobs`, imported when one
-runs (nothing here imports torch: ``rvqspec --help`` stays fast, tests/test_cli.py).
-"""
+"""``rvqspec bench JOB`` (and ``make bench``): the parser of the timing jobs (docs/cli.md#rvqspec-bench); the old
+flag forms stop with one line naming the new form. The jobs are :mod:`rvqspec_lib.cli.bench_jobs`, imported when one
+runs (nothing here imports torch: ``rvqspec --help`` stays fast)."""
 
 from __future__ import annotations
 
@@ -92,9 +81,8 @@ def _common(p: argparse.ArgumentParser, *, repeats: int, warmup: int, model: boo
 
 
 def _flags_of_other_jobs(parsers: dict[str, argparse.ArgumentParser]) -> None:
-    """Give each job's parser an ``unknown_flag_hint`` (read by :meth:`rvqspec_lib.cli.common.OneLineParser.one_line`):
-    a flag that only other jobs take is answered with one line naming them (``bench latency --decoders ar``), not
-    "no such argument". Nothing is added to the parsers themselves: abbreviations stay as they were."""
+    """Give each job's parser an ``unknown_flag_hint``: a flag only other jobs take is answered with one line naming
+    them."""
     own = {job: {s for a in p._actions for s in a.option_strings} for job, p in parsers.items()}
 
     def hint_for(job: str):
@@ -114,9 +102,8 @@ def _flags_of_other_jobs(parsers: dict[str, argparse.ArgumentParser]) -> None:
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``bench`` jobs (sub-commands) and their options to ``parser`` (the ``bench`` sub-parser of
-    ``rvqspec``); returns it. The old flags are kept on ``parser`` itself, hidden, to name the new form; a flag given to
-    a job that does not take it names the jobs that do (:func:`_flags_of_other_jobs`)."""
+    """Add the ``bench`` jobs and their options to ``parser`` (returned); the old flags stay on it, hidden, to name
+    the new form."""
     sub = parser.add_subparsers(dest="job", metavar="JOB", title="jobs")
     parsers = {}
     p = parsers["latency"] = sub.add_parser("latency", help=JOBS["latency"], description=JOBS["latency"])
@@ -209,8 +196,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def old_form(args) -> str | None:
-    """The one-line error for an old flag form (flags before a job, or no job), naming the new form; ``None`` when
-    the command line is a job's."""
+    """The one-line error for an old flag form (flags before a job, or no job), naming the new form; ``None`` for a
+    job's."""
     given = sorted(k[4:].replace("_", "-") for k in vars(args) if k.startswith("old_"))
     if args.job is not None:
         return None if not given else (f"--{given[0]} goes after the job: rvqspec bench {args.job} --{given[0]} "
@@ -235,7 +222,7 @@ def run(args: argparse.Namespace, threads: int) -> int:
     status.
 
     Raises:
-        ValueError: an old flag form (:func:`old_form`), a bad flag (one line naming the fix).
+        ValueError: an old flag form, a bad flag (one line naming the fix).
     """
     problem = old_form(args)
     if problem:

@@ -1,9 +1,5 @@
-"""The jobs of ``rvqspec bench`` (the parser is :mod:`rvqspec_lib.cli.bench`): each checks its flags (one line
-naming the fix, before any model loads), loads the model, times through the library (``latency`` and
-``precisions``: :mod:`rvqspec_lib.eval.latency`; ``frames``: :mod:`rvqspec_lib.eval.speed` over the named decoders;
-``table``: :mod:`rvqspec_lib.eval.bench_table`; ``pipeline``: :mod:`rvqspec_lib.eval.pipeline`) and prints;
-``--json`` writes the result with its provenance.
-"""
+"""The jobs of ``rvqspec bench`` (parser: :mod:`rvqspec_lib.cli.bench`): each checks its flags before any model
+loads, times through :mod:`rvqspec_lib.eval` and prints; ``--json`` writes the result with its provenance."""
 
 from __future__ import annotations
 
@@ -70,8 +66,8 @@ def _list(text) -> list[str]:
 
 
 def check_args(args) -> None:
-    """Every check of a job's flags that needs no model; fills ``args.dtypes`` (the precisions), ``args.backend_list``
-    and ``args.acceptance_table`` (a replay's). Raises ValueError (one line naming the flag and the fix)."""
+    """Every check of a job's flags that needs no model; fills ``args.dtypes``, ``args.backend_list`` and
+    ``args.acceptance_table``. Raises ValueError (one line naming the flag and the fix)."""
     check_seed(args.seed)
     if args.repeats < 1 or args.warmup < 0:
         raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
@@ -278,8 +274,8 @@ def frames_job(args) -> dict:
 
 
 def table_job(args) -> dict:
-    """``rvqspec bench table``: :func:`rvqspec_lib.eval.bench_table.bench_table`, printed and written (CSV + Markdown +
-    JSON with provenance)."""
+    """``rvqspec bench table``: :func:`rvqspec_lib.eval.bench_table.bench_table`, printed and written (CSV, Markdown,
+    JSON)."""
     result = bench_table.bench_table(models=args.model_list, precisions=args.dtypes, backends=args.backend_list,
                                      repeats=args.repeats, warmup=args.warmup, acceptance=args.acceptance_table,
                                      seed=args.seed, progress=_progress(args), noise_target=args.noise_target)
@@ -290,8 +286,8 @@ def table_job(args) -> dict:
 
 
 def pipeline_job(args) -> dict:
-    """``rvqspec bench pipeline``: :func:`rvqspec_lib.eval.pipeline.pipeline_table`, printed and written (CSV +
-    Markdown + JSON with provenance)."""
+    """``rvqspec bench pipeline``: :func:`rvqspec_lib.eval.pipeline.pipeline_table`, printed and written (CSV,
+    Markdown, JSON)."""
     result = pipeline.pipeline_table(models=args.model_list, precisions=args.dtypes, chunk_frames=args.chunk_frames,
                                      frames=args.frames, batches=args.batches, repeats=args.repeats,
                                      warmup=args.warmup, stream_repeats=args.stream_repeats,

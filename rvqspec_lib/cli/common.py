@@ -1,10 +1,6 @@
 """What every ``rvqspec`` command shares: the one-line parser and errors, output-path checks, the thread count,
-seeds, text checks, and the flags that were removed (``--window``, ``--tree``: one ``--decoder NAME`` of the grammar,
-:mod:`rvqspec_lib.decoding.decoder_names`, now).
-
-Light: nothing here imports torch at module level (the parsers of :mod:`rvqspec_lib.cli.args` use it, and ``rvqspec
---help`` must stay fast; tests/test_cli.py checks it).
-"""
+seeds, text checks, the removed ``--window`` / ``--tree`` flags. Light: no torch at module level (``rvqspec --help``
+stays fast; tests/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -48,17 +44,12 @@ def _either(names) -> str:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """The parser of every ``rvqspec`` command (sub-parsers inherit it): bad input is ONE line
-    ``rvqspec: error: <what is wrong>: <the fix>`` on stderr and exit status 2 (``SystemExit(2)``, as argparse),
-    never argparse's usage block. ``--help`` is unchanged.
+    """The parser of every ``rvqspec`` command (sub-parsers inherit it): bad input is ONE line ``rvqspec: error:
+    <what is wrong>: <the fix>`` and exit status 2, never argparse's usage block; ``--help`` is unchanged.
 
-    It rewrites argparse's own checks: a value outside ``choices=`` (named with :data:`CHOICE_NOUNS`, the choices
-    listed), a value its ``type=`` refuses (a ``type`` raising ``argparse.ArgumentTypeError`` supplies the fix
-    itself), a missing required flag or command, an unknown flag, two exclusive flags, a flag without its value.
-    The two checks that know their flag are argparse's hooks ``_check_value`` and ``_get_value`` (private names,
-    unchanged since Python 3.2); the others arrive as argparse's message and are rewritten by :meth:`one_line`, which
-    passes an unknown message on unchanged (still one line).
-    """
+    argparse's hooks ``_check_value`` and ``_get_value`` (private, unchanged since Python 3.2) rewrite refused
+    choices and types; the other messages are rewritten by :meth:`one_line`, which passes an unknown one on (still
+    one line)."""
 
     def _flag(self, action) -> str:
         if action is None:
@@ -101,8 +92,7 @@ class OneLineParser(argparse.ArgumentParser):
         return argparse.ArgumentError(None, msg)
 
     def parse_known_args(self, args=None, namespace=None):
-        """argparse's, with the command (and its sub-command: ``bench table``) named in the error about unknown flags
-        (``parse_args`` reports them)."""
+        """argparse's, remembering the command (``bench table``) to name in the error about unknown flags."""
         ns, extra = super().parse_known_args(args, namespace)
         names, parser = [], self
         while (subs := [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]):
@@ -164,8 +154,8 @@ def _nearest_existing(p: Path) -> Path:
 
 
 def _missing_folder_problem(folder: Path, flag: str, path) -> str | None:
-    """Why the missing ``folder`` (and its missing parents) cannot be created, or ``None``: the nearest existing
-    ancestor must be a folder in which a file can be created (a real probe, left behind by nothing)."""
+    """Why the missing ``folder`` cannot be created (its nearest existing ancestor must take a file: a real probe),
+    or ``None``."""
     base = _nearest_existing(folder)
     if not base.is_dir():
         return f"{flag} {path}: {base} is a file, not a folder: choose another location"
@@ -203,13 +193,9 @@ def make_parent_folders(paths: Sequence[tuple[str | os.PathLike | None, str]]) -
 
 
 def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents: bool = False) -> str | None:
-    """Why an output path cannot be written, or ``None`` if it can (``None`` path: nothing to check).
-
-    Checked BEFORE any work, so no run is lost: an empty path, a folder, a missing folder, a file that exists but is
-    read-only, and a folder where no file can be created (the atomic write puts a temporary file beside the target,
-    :func:`rvqspec_lib.common.files.atomic_outputs`). The probes leave nothing behind. ``make_parents``: the command
-    creates a missing parent folder (:func:`make_parent_folders`), so a missing one is fine if it can be created.
-    """
+    """Why an output path cannot be written, or ``None`` (``None`` path: nothing to check). Checked BEFORE any work
+    with real probes that leave nothing behind: empty, a folder, a missing or unwritable folder, a read-only file.
+    ``make_parents``: a missing parent is fine if it can be created."""
     if path is None:
         return None
     if not str(path).strip():
@@ -254,13 +240,8 @@ def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]], *, make
 
 
 def check_output_folder(path: str | os.PathLike, flag: str = "--out") -> str | None:
-    """Why an output FOLDER cannot be written, or ``None`` if it can: checked before any work (``rvqspec export``).
-
-    The folder must be a folder (not a file); if missing, the command creates it and its missing parents
-    (:func:`make_folder`), so its nearest existing ancestor must be a folder; and a file must be creatable in the
-    folder, or in that ancestor when the folder is still to be made (a real probe, left behind by nothing:
-    permissions, read-only mounts and pseudo file systems show up here).
-    """
+    """Why an output FOLDER cannot be written, or ``None`` (``rvqspec export``): a file, or no file creatable in it
+    or in its nearest existing ancestor (a real probe)."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         return f"{flag} {out} is a file: give a folder"
@@ -286,8 +267,7 @@ def add_threads_arg(parser: argparse.ArgumentParser, *, dest: str = "threads") -
 
 
 def resolve_threads(command_flag: int | None, global_flag: int | None) -> int:
-    """The one ``--threads`` rule of every command: the command's own flag if given, else the global one, else 1.
-    0 means "keep torch's choice".
+    """The one ``--threads`` rule: the command's flag, else the global one, else 1 (0 keeps torch's choice).
 
     Raises:
         ValueError: a negative count.
@@ -299,8 +279,7 @@ def resolve_threads(command_flag: int | None, global_flag: int | None) -> int:
 
 
 def apply_threads(n: int) -> int:
-    """``torch.set_num_threads(n)`` unless ``n == 0``; returns the thread count torch now uses. (torch is imported
-    here, the one import this light module makes lazily: the commands call it once their module has torch loaded.)"""
+    """``torch.set_num_threads(n)`` unless ``n == 0``; returns torch's thread count (torch imported here, lazily)."""
     import torch
 
     if n:
@@ -323,8 +302,7 @@ def check_seed(seed: int, flag: str = "--seed") -> None:
 
 
 def check_utf8(text: str, flag: str) -> None:
-    """Raises ValueError (one line) when ``text`` holds bytes that are not UTF-8 (Python keeps them in argv as lone
-    surrogates, e.g. from a Latin-1 terminal or file)."""
+    """Raises ValueError (one line) when ``text`` holds bytes that are not UTF-8 (lone surrogates in argv)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -355,8 +333,8 @@ def _removed(flag: str, form: str):
 
 
 def add_removed_decoder_flags(p: argparse.ArgumentParser, flags=("--window", "--tree")) -> None:
-    """The removed ``--window N`` / ``--tree X`` companions of ``--decoder``, hidden: given, they exit 2 in one line
-    naming the one spelling (``--window 4: write --decoder chain:4 ...``)."""
+    """The removed ``--window N`` / ``--tree X``, hidden: given, they exit 2 naming the one spelling (``--decoder
+    chain:4``)."""
     for flag in flags:
         form = {"--window": "chain:", "--tree": "tree:"}[flag]
         p.add_argument(flag, help=argparse.SUPPRESS, type=_removed(flag, form))

@@ -1,17 +1,5 @@
 """``rvqspec eval-wer``: WER parity of inner-loop decoders against AR, per language, with a LOSSY control (paper
-Table 3; notebook 05 calls the same library functions, :mod:`rvqspec_lib.eval.wer_parity`).
-
-Examples::
-
-    rvqspec eval-wer --model embedded --decoders ar,chain:best,tree:calibrated-sampled:16,ssd-lossy --json wer.json
-    rvqspec eval-wer --model embedded --languages en,de,ja --sentences 20
-    rvqspec eval-wer --model /path/to/Qwen3-TTS-12Hz-0.6B-CustomVoice --dataset /data/fleurs --codec /path/to/tok \\
-        --languages en,de,es,ru,ja,zh --asr whisper:/path/to/whisper-large-v3-turbo
-    rvqspec eval-wer --model embedded --asr pocketsphinx-prompt    # PROMPT-INFORMED (knows the references)
-
-The decoders are named in the one grammar (:mod:`rvqspec_lib.decoding.decoder_names`) and resolved on the loaded
-model (:func:`rvqspec_lib.models.named_decoders.resolve_all`); their labels in the results are their canonical names.
-"""
+Table 3; docs/cli.md#rvqspec-eval-wer; notebook 05 calls the same :mod:`rvqspec_lib.eval.wer_parity`)."""
 
 from __future__ import annotations
 
@@ -37,9 +25,8 @@ from rvqspec_lib.models.tree_files import tree_file
 
 
 def check_names(names, model: str) -> set[str]:
-    """Parse every ``--decoders`` name before any work, and check the files the names drafting with another drafter
-    than the heads read beside the model (the drafter, its calibration). Returns what the HEADS' names need
-    (``calibration``, ``best_chain``: made here when the model ships none).
+    """Parse every ``--decoders`` name and check the files that non-heads drafters read beside the model, before any
+    work; returns what the HEADS' names need (``calibration``, ``best_chain``).
 
     Raises:
         ValueError, FileNotFoundError: one line naming the fix.

@@ -1,20 +1,6 @@
-"""``rvqspec export``: one code-predictor graph to ONNX or Core ML, checked against eager PyTorch where it can run.
-
-Examples::
-
-    rvqspec export --model qwen3-tts-0.6b-random --format onnx --graph verify --nodes 32 --out build/export
-    rvqspec export --model embedded --format onnx --graph verify --decoder paper:16 --out build/export
-    rvqspec export --model embedded --format coreml --graph frame --dtype float16 --out build/export
-
-Writes ``<out>/<graph>[-n<N>]-<dtype>.onnx|.mlpackage`` (``--out`` and its missing parents are created) and
-``<same stem>.json`` beside it: the declared inputs,
-outputs and states (the tree's paths for a verify graph), the file's size, the agreement with eager PyTorch and
-provenance. ONNX files are run with ONNX Runtime and compared here; Core ML packages are built anywhere and
-predicted, compared and timed per compute unit on macOS 15+ only (elsewhere the JSON says so; ``--predict`` makes
-that an error). Bad input (an unknown format or graph, N outside 2..64, a decoder without a tree, a model whose code
-predictor cannot be exported, ``--predict`` off macOS) is a one-line error before any work
-(rvqspec_lib.models.export_graphs, rvqspec_lib.models.export_formats).
-"""
+"""``rvqspec export``: one code-predictor graph to ONNX or Core ML, checked against eager PyTorch where it can run
+(docs/cli.md#rvqspec-export): ``<out>/<graph>[-n<N>]-<dtype>.onnx|.mlpackage`` and its ``.json`` (inputs, outputs,
+states, size, agreement, provenance); bad input is a one-line error before any work."""
 
 from __future__ import annotations
 
@@ -62,9 +48,8 @@ def check_args(args) -> str | None:
 
 
 def verify_nodes(args) -> int | None:
-    """The verify graph's node budget N from ``--decoder`` / ``--nodes``, checked before the model loads (the
-    decoder's files beside the model, N against ``--nodes``); ``None`` for the other graphs. Sets
-    ``args.decoder_name`` (``None`` without ``--decoder``: a chain of N-1 drafts).
+    """The verify graph's node budget N from ``--decoder`` / ``--nodes`` (``None`` for the other graphs), checked
+    before the model loads; sets ``args.decoder_name``.
 
     Raises:
         ValueError, FileNotFoundError: a decoder without a tree, its files missing, ``--nodes`` disagreeing with it.
@@ -90,8 +75,7 @@ def verify_nodes(args) -> int | None:
 
 
 def run(args, threads: int = 1) -> int:
-    """Run ``rvqspec export`` on parsed flags (:func:`rvqspec_lib.cli.args.export`); returns the exit status (2 on bad
-    input). ``threads``: torch's CPU threads (0 keeps torch's choice), applied after the cheap checks.
+    """Run ``rvqspec export`` on parsed flags; ``threads`` applied after the cheap checks. Returns the exit status.
 
     Raises:
         ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).

@@ -1,16 +1,6 @@
 """``rvqspec extract-frames``: teacher-forced frames of many utterances, data-parallel under ``accelerate launch``
-(:mod:`rvqspec_lib.training.distributed`).
-
-Examples::
-
-    rvqspec extract-frames --model embedded --split training --out build/frames/training
-    accelerate launch --multi_gpu --num_processes 8 -m rvqspec_lib.cli.extract_frames --model /ckpt \\
-        --dataset /data/voxpopuli_en --codec /ckpt/speech_tokenizer --out /data/frames/voxpopuli
-
-Every process writes its shard (``frames-<rank>-of-<world>.safetensors``); the main process writes ``index.json``;
-``rvqspec train-drafter-parallel --frames DIR`` (or :func:`rvqspec_lib.training.distributed.load_frame_shards`)
-reads them.
-"""
+(docs/cli.md#rvqspec-extract-frames-and-train-drafter-parallel): one shard a process and the main process's
+``index.json``, read by ``train-drafter-parallel``."""
 
 from __future__ import annotations
 

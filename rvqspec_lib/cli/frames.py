@@ -1,7 +1,5 @@
-"""The frame source of ``train-drafter`` and ``eval-acceptance`` (flags: :func:`rvqspec_lib.cli.args.frame_source`):
-where the teacher-forced frames come from (--frames-file, --dataset + --codec, --texts-file, the model's shipped
-utterances, or the model speaking built-in sentences), checked before the model loads.
-"""
+"""The frame source of ``train-drafter`` and ``eval-acceptance`` (flags: :func:`rvqspec_lib.cli.args.frame_source`),
+checked before the model loads."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ def texts_from_file(path: str) -> list[str]:
 
 
 def check_frame_source_args(args) -> None:
-    """One frame source at most, no flag that the chosen source does not read (a silently ignored flag would make a
-    user believe a run used data it did not), a valid --seed, --frames >= 1, a readable --texts-file; all before
-    the model loads.
+    """One frame source at most, no flag the chosen source does not read (silently ignored, it would mislead), a
+    valid --seed, --frames >= 1, a readable --texts-file.
 
     Raises:
         ValueError: one line naming the flag.
@@ -51,8 +48,8 @@ def check_frame_source_args(args) -> None:
 
 
 def shipped_root(model: str) -> Path | None:
-    """Where the model's shipped utterances are (``embedded``, or a local folder written by build_embedded.py),
-    ``None`` for models without them (tiny-random, hub ids, checkpoints without utterances.safetensors)."""
+    """Where the model's shipped utterances are, ``None`` for models without them (FileNotFoundError for the embedded
+    model, which must have them)."""
     if model_drafter_dir(model) is None:
         return None
     try:
@@ -69,12 +66,9 @@ def uses_shipped(args) -> bool:
 
 
 def frames_from_args(args, lm, split: str = "training", max_frames: int | None = None):
-    """Frames from --frames-file, --dataset + --codec, --texts-file, else the model's shipped utterances (split
-    ``split``: training for train-drafter, evaluation for eval-acceptance), else the model speaking built-in texts;
-    the first ``max_frames`` (default --frames) of them."""
-    limit = args.frames if max_frames is None else max_frames
-    if limit < 1:
-        raise ValueError(f"--frames must be >= 1, got {limit}")
+    """The first ``max_frames`` (default --frames) frames of --frames-file, --dataset + --codec, --texts-file, else
+    the model's shipped utterances of ``split``, else the model speaking built-in texts."""
+    limit = args.frames if max_frames is None else max_frames  # >= 1: checked by the commands before loading
     if args.frames_file:
         fr = Frames.load(args.frames_file)
     elif args.dataset:

@@ -1,27 +1,8 @@
-"""Command line: ``rvqspec synth`` (speak a text with any inner-loop decoder), ``rvqspec bench`` (timings),
-``rvqspec train-drafter`` and ``rvqspec eval-acceptance`` (drafters of paper Table 2), ``export``, ``eval-wer``,
-``extract-frames`` and ``train-drafter-parallel``. This module holds the parser, the dispatch, the global flags and
-Ctrl-C; the flags of each command are in :mod:`rvqspec_lib.cli.args` (bench: :mod:`rvqspec_lib.cli.bench`), the work
-in one module per command.
-
-Examples::
-
-    rvqspec synth --model embedded --text "The weather is fine today." --out out.wav --decoder chain:4
-    rvqspec synth --model embedded --text "Hello." --out out.wav --decoder paper --backend native
-    rvqspec train-drafter --model ./Qwen3-TTS-12Hz-0.6B-CustomVoice --drafter offsets --frames-file train.safetensors
-
-Conventions of every command: bad input exits with status 2 and one line ``rvqspec: error: ...`` naming the fix,
-before any model loads; Ctrl-C exits with status 130 and one line ``rvqspec: interrupted``, leaving no partial
-output file (outputs are written atomically); ``--threads`` (before or after the command; after wins) sets torch's
-CPU threads: default 1, 0 keeps torch's choice.
-
-Start-up: a command's module is imported only when that command runs (:data:`COMMANDS`, ``importlib``), and the
-parsers import nothing heavy, so ``rvqspec --help`` and ``rvqspec <command> --help`` never import torch, and the
-command modules import what they use at their top. Measured when this was introduced (2-core machine under load,
-median of 15 interleaved runs of ``python -m rvqspec_lib.cli.main --help``): 0.19 s, against 0.33 s when every
-command module was imported up front; ``import rvqspec_lib.cli.main`` 26 ms against 130 ms (``python -X
-importtime``).
-"""
+"""The ``rvqspec`` command line (docs/cli.md): the parser, the dispatch, the global flags and Ctrl-C. The flags of
+each command are in :mod:`rvqspec_lib.cli.args` (bench: :mod:`rvqspec_lib.cli.bench`), the work in one module per
+command, imported only when that command runs (:data:`COMMANDS`), so ``rvqspec --help`` never imports torch.
+Conventions (docs/cli.md#what-every-command-shares): bad input exits 2 with one line naming the fix before any model
+loads; Ctrl-C exits 130 leaving no partial output; ``--threads`` before or after the command (after wins)."""
 
 from __future__ import annotations
 
@@ -64,9 +45,8 @@ def _load(ref: str):
 
 
 def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The ``rvqspec`` parser: global ``--threads`` and one sub-parser per command, the flags of ``commands`` (default
-    all) added. A :class:`~rvqspec_lib.cli.common.OneLineParser`, as are its sub-parsers: bad input is one line
-    naming the fix."""
+    """The ``rvqspec`` parser (a :class:`~rvqspec_lib.cli.common.OneLineParser`): global ``--threads`` and one
+    sub-parser per command, the flags of ``commands`` (default all) added."""
     parser = OneLineParser(prog="rvqspec", description="rvqspec: lossless speculative decoding of the RVQ inner loop "
                                                        "of Qwen3-TTS")
     add_threads_arg(parser, dest="global_threads")

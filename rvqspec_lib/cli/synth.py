@@ -1,13 +1,6 @@
-"""``rvqspec synth``: speak a text (or every line of a file) with a chosen inner-loop decoder through a chosen backend;
-write the audio, the codes and statistics.
-
-Order of work (docs/cli.md): the flags, texts, output paths and the files the decoder reads beside the model
-(:func:`rvqspec_lib.models.named_decoders.check_files`) are checked against the model's config, read without its
-weights; THEN the model loads, the decoder is resolved (:func:`~rvqspec_lib.models.named_decoders.resolve`; ``auto``:
-timed once, then cached) into ONE frame runner (:func:`rvqspec_lib.models.backends.frame_runner`), the frame loop
-runs (:func:`rvqspec_lib.models.frame.synthesize`; ``--text-file`` in batches), the codes become audio, and the
-outputs are written atomically (all or none, also on Ctrl-C). The timing fields of its statistics: docs/cli.md.
-"""
+"""``rvqspec synth``: speak a text (or every line of a file) with a chosen inner-loop decoder through a chosen
+backend; write the audio, the codes and statistics atomically. Everything that needs no weights is checked first,
+against the model's config; the order of work and the statistics' timing fields: docs/cli.md#rvqspec-synth."""
 
 from __future__ import annotations
 
@@ -39,11 +32,9 @@ from rvqspec_lib.models.precision import PRECISIONS, apply_precision, check_prec
 from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
 from rvqspec_lib.models.text_language import english_only_note
 
-#: Below this many seconds of audio per word of text (words = whitespace-separated), an utterance that ENDED BY
-#: ITSELF is reported as probably not speaking the whole text. Speech runs at 2-3 words a second (0.33-0.5 s a word)
-#: and even fast read speech stays under 5 (0.2 s a word); 0.15 s a word (6.7 words a second) is faster than anyone
-#: speaks, so audio that short cannot hold the whole text: the model ended early, typically on a long text (the
-#: embedded model was trained on sentences and stops after a sentence or two).
+#: Below this many seconds of audio per word, an utterance that ENDED BY ITSELF probably did not speak the whole text:
+#: 0.15 s a word (6.7 words a second) is faster than anyone speaks (2-3 words a second; fast read speech under 5), so
+#: the model ended early, typically on a long text (the embedded model stops after a sentence or two).
 MIN_AUDIO_S_PER_WORD = 0.15
 
 
@@ -65,8 +56,8 @@ def texts_from_args(args) -> list[str]:
 
 
 def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
-    """``(audio, codes)`` paths of ``n`` utterances: ``out`` and ``out.npy`` for one ``--text``, else
-    ``<out stem>_000<suffix>`` and ``<out stem>_000.npy`` ... (three digits, more when needed)."""
+    """``(audio, codes)`` paths of ``n`` utterances: ``out`` and ``out.npy`` for one, else ``<out stem>_000<suffix>``
+    and ``<out stem>_000.npy`` ..."""
     if n == 1:
         return [(out, out.with_suffix(".npy"))]
     width = max(3, len(str(n - 1)))
@@ -75,8 +66,8 @@ def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
 
 
 def check_stream_args(args) -> None:
-    """``--stream``, ``--chunk-frames`` and ``--out -``: one text, a chunk within the frame cap, a WAV (its header is
-    rewritten as it grows) or standard output. Sets ``args.chunk_frames`` (default 1).
+    """``--stream``, ``--chunk-frames`` and ``--out -``: one text, a chunk within the frame cap, a WAV or standard
+    output. Sets ``args.chunk_frames`` (default 1).
 
     Raises:
         ValueError: one line naming the flag.
@@ -101,9 +92,8 @@ def check_stream_args(args) -> None:
 
 
 def check_args(args) -> list[tuple[Path, Path]]:
-    """Every check that needs no model: text(s), seed, frame cap, batch size, output paths, the decoder's name, the
-    backend and the frame kind. Sets ``args.texts``, ``args.decoder_name`` and ``args.batch_size``. Returns the
-    ``(audio, codes)`` paths, one pair per text.
+    """Every check that needs no model; sets ``args.texts``, ``args.decoder_name`` and ``args.batch_size`` and
+    returns the ``(audio, codes)`` paths, one pair per text.
 
     Raises:
         ValueError: the first problem, in one line naming the flag.
@@ -159,13 +149,12 @@ def check_args(args) -> list[tuple[Path, Path]]:
 
 
 def check_against_model(args, facts) -> str | None:
-    """Checks that need the model's config (:class:`rvqspec_lib.models.loader.ModelFacts`, ``None``: a hub id not in
-    the cache), before loading it; returns the decoder's note (``paper`` capped to a smaller budget), or ``None``.
+    """Checks that need the model's config (``facts``; ``None``: a hub id not in the cache), before loading it;
+    returns the decoder's note (``paper`` capped), or ``None``.
 
     Raises:
-        ValueError, FileNotFoundError: a language or speaker the model does not have, a tree rank outside its
-            codebook, a drafter or calibration missing beside it, a --codes-to-audio choice for a model without the
-            offline codec.
+        ValueError, FileNotFoundError: a language, speaker, tree rank or ``--codes-to-audio`` the model does not
+            have, a drafter or calibration missing beside it.
     """
     if facts is None:
         return check_files(args.decoder_name, args.model)
@@ -187,8 +176,8 @@ def check_against_model(args, facts) -> str | None:
 
 
 def auto_choice(args, lm, sampling: Sampling) -> tuple[NamedDecoder, str, bool]:
-    """``--decoder auto``: ``(the chosen decoder, its backend, fused)``, timed among the official and (where it
-    runs) the native forward, or on ``--backend`` alone (:func:`rvqspec_lib.eval.budget.auto_decoder`, cached).
+    """``--decoder auto``: ``(the chosen decoder, its backend, fused)``, timed among official and native (where it
+    runs), or on ``--backend`` alone (cached).
 
     Raises:
         ValueError: the model ships no calibration frames to time on.
@@ -204,8 +193,8 @@ def auto_choice(args, lm, sampling: Sampling) -> tuple[NamedDecoder, str, bool]:
 
 
 def build_runner(args, lm, sampling: Sampling) -> tuple[object, str | None]:
-    """The frame runner of ``--decoder``, ``--backend`` and ``--frame`` on the loaded model, and what ``auto`` chose
-    (one line; ``None`` for a named decoder, whose note :func:`check_against_model` gave)."""
+    """The frame runner of ``--decoder``, ``--backend`` and ``--frame``, and what ``auto`` chose (one line; ``None``
+    for a named decoder)."""
     name, cp = args.decoder_name, lm.code_predictor
     if name.kind == "auto":
         named, backend, fused = auto_choice(args, lm, sampling)
@@ -218,8 +207,8 @@ def build_runner(args, lm, sampling: Sampling) -> tuple[object, str | None]:
 
 
 def _audio(lm, codec_choice: str, rows: list[dict]) -> tuple[str | None, int | None]:
-    """Codes to audio for every row with frames (``row["wav"]``, peak-limited below full scale, ``row["peak"]``);
-    returns the way codes became audio and the sample rate (``None`` without a codec)."""
+    """Codes to audio for every row with frames (``row["wav"]``, peak-limited, ``row["peak"]``); returns how, and the
+    sample rate (``None`` without a codec)."""
     tokenizer, codec = lm.speech_tokenizer, getattr(lm.speech_tokenizer, "codec", None)
     if tokenizer is not None and codec_choice == "table" and getattr(codec, "code_decoder", None) is not None:
         tokenizer = type(tokenizer)(codec.with_decoder(None))
@@ -382,8 +371,8 @@ def run(args, threads: int) -> int:
 
 
 def _write_stream(stream, sink, sample_rate: int) -> bool:
-    """Write every chunk of ``stream`` to ``sink`` (a path or standard output's buffer) as it comes; returns False
-    when the reader of a pipe closed it (the stream is stopped, nothing raised)."""
+    """Write every chunk of ``stream`` to ``sink`` (a path or stdout's buffer) as it comes; False when a pipe's
+    reader closed it."""
     try:
         with WavWriter(sink, sample_rate) as wav:
             for chunk in stream:
@@ -398,11 +387,9 @@ def _write_stream(stream, sink, sample_rate: int) -> bool:
 
 
 def run_stream(args, lm, runner, talker, generator, talker_sampling, ctx: dict) -> int:
-    """``synth --stream``: :func:`rvqspec_lib.models.streaming.synthesize_stream` written as it comes
-    (:class:`rvqspec_lib.models.audio.WavWriter`: a file that is a valid WAV at every moment, or standard output),
-    then the codes and ``--json`` atomically. The report line goes to standard error when the audio goes to standard
-    output. Returns the exit status (0, also when the reader of standard output closed it early: said in a note).
-    """
+    """``synth --stream``: the stream written as it comes (a WAV valid at every moment, or standard output), then the
+    codes and ``--json`` atomically; the report goes to stderr when the audio goes to stdout. Returns 0 (also when
+    the reader closed stdout early: a note)."""
     to_stdout = args.out == "-"
     codec = codec_stream_for(lm, chunk_frames=args.chunk_frames, table=args.codes_to_audio == "table")
     stream = synthesize_stream(lm, args.texts[0], runner=runner, talker=talker, codec_stream=codec,

@@ -1,16 +1,6 @@
 """``rvqspec train-drafter-parallel``: train a drafter on frame shards, data-parallel under ``accelerate launch``
-(:func:`rvqspec_lib.training.drafters.train_drafter` with ``parallel=``; :mod:`rvqspec_lib.training.distributed`).
-
-Examples::
-
-    rvqspec extract-frames --model embedded --split training --out build/frames/train
-    rvqspec extract-frames --model embedded --split validation --out build/frames/val
-    accelerate launch --multi_gpu --num_processes 2 -m rvqspec_lib.cli.train_drafter_parallel --model embedded \\
-        --frames build/frames/train --val-frames build/frames/val --drafter offsets --out my_offsets.safetensors
-
-Every process reads the frames, keeps its block, and takes the same optimiser steps as one process would (the
-gradients are summed over processes); the main process writes the drafter, its JSON and its training curve.
-"""
+(docs/cli.md#rvqspec-extract-frames-and-train-drafter-parallel): the same optimiser steps as one process; the main
+process writes the drafter, its JSON and its training curve."""
 
 from __future__ import annotations
 
@@ -29,14 +19,8 @@ from rvqspec_lib.training.drafters import train_drafter
 
 
 def check_frames_path(path: str | None, flag: str, model: str, split: str) -> str | None:
-    """Why ``--frames`` / ``--val-frames`` cannot be read, or ``None`` if it can (``None`` path: nothing to check),
-    checked before the model loads. A folder must hold the ``index.json`` of ``rvqspec extract-frames`` and every
-    shard it lists; a file is read as a frames file (.safetensors) later.
-
-    Returns:
-        one line naming the ``rvqspec extract-frames`` command that makes the folder (``split`` is the split it
-        would extract: training for ``--frames``, validation for ``--val-frames``).
-    """
+    """Why ``--frames`` / ``--val-frames`` cannot be read (one line naming the ``rvqspec extract-frames`` command
+    that makes it), or ``None``: a folder needs the ``index.json`` of extract-frames and every shard it lists."""
     if path is None:
         return None
     p = Path(path)

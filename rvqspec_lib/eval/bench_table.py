@@ -1,19 +1,8 @@
-"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebook 07; docs/precision.md#the-table).
-
-Per model (the trained embedded model; the real-size 0.6B architecture with random weights, its speculative frames
-a timing replay, :mod:`rvqspec_lib.eval.replay`), per precision the CPU runs natively and per backend of the registry
-(eager and native by default, compile and onnx on request), the five rows of :data:`ROWS`: stepped AR, fused AR, the
-fastest stepped chain or calibrated tree, the fastest fused chain frame (absent in a replay: a fused frame computes
-its acceptance inside), and ``auto``'s pick (:func:`rvqspec_lib.eval.budget.choose_decoder`, timed on the spot).
-
-Rows are keyed by fields (``model``, ``weights``, ``precision``, ``backend``, ``row``, :data:`DECODER_FIELDS`); an
-absent row's ``note`` says why. :data:`FULL_BACKENDS` time every decoder; ``compile`` and ``onnx`` (minutes per
-graph) time AR, the fused AR frame and the first full backend's picks. Each row: ms per frame (all runners of a
-(model, precision, backend) interleaved, :func:`rvqspec_lib.eval.speed.time_frames`), RTF over 80 ms, speedup over
-stepped AR and over the fused AR frame (target :data:`FUSED_TARGET`), the AR frame's weight-streaming floor and the
-frame as a multiple of it. The public ports' figures are quoted under the table (:data:`PUBLIC_PORTS`).
-:func:`fastest_by_model` and :func:`round_costs` read what to run, and why, off the rows.
-"""
+"""One table a user can act on (``rvqspec bench table``, ``make bench``, notebook 07): per model (the real-size 0.6B
+architecture has random weights, timing only: its speculative frames a timing replay), precision and backend the
+five rows of :data:`ROWS` (stepped and fused AR, the fastest stepped and fused speculative frames, ``auto``'s pick),
+each against the AR frame's weight-streaming floor; what each row and column means: docs/precision.md#the-table.
+:func:`fastest_by_model` and :func:`round_costs` read what to run, and why, off the rows."""
 
 from __future__ import annotations
 
@@ -74,8 +63,7 @@ _FAILURES = (RuntimeError, NotImplementedError, ValueError, TypeError)
 
 
 def decoder_names(chains: Sequence[int], budgets: Sequence[int]) -> list[str]:
-    """The table's decoders as names of the grammar: ``ar``, ``chain:W`` per window, ``tree:calibrated:N`` (the
-    better kind at N) per budget."""
+    """The table's decoders as names: ``ar``, ``chain:W`` per window, ``tree:calibrated:N`` per budget."""
     return ["ar", *(f"chain:{int(w)}" for w in chains), *(f"tree:calibrated:{int(n)}" for n in budgets)]
 
 
@@ -93,9 +81,8 @@ def table_decoders(lm, chains: Sequence[int], budgets: Sequence[int], *, n_conte
 
 def check_table_args(models: Sequence[str], precisions: Sequence[str], backends: Sequence[str], *,
                      chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS) -> None:
-    """Every check that needs no model: known, present backends, each once (the registry's reason when absent, e.g.
-    onnxruntime not importable); precisions the CPU runs natively, float32 among them; the decoders' names; model
-    names the loader knows.
+    """Every check that needs no model: known, present backends, each once; precisions the CPU runs natively, float32
+    among them; the decoders' names; model names.
 
     Raises:
         ValueError: one line naming the fix.
@@ -131,8 +118,8 @@ def _row(head: dict, name: str, r: dict | None, note: str, fused_ms: float | Non
 
 def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, head: dict, floor_bytes: int,
                   oracle, picks: dict | None, auto: bool, opts: dict) -> tuple[list, dict, dict]:
-    """Time one (model, precision, backend): its five rows, the :func:`time_frames` result and its picks (best,
-    fastest fused, auto's) for later backends (module docstring)."""
+    """Time one (model, precision, backend): its five rows, the :func:`time_frames` result and its picks for later
+    backends."""
     full = bname in FULL_BACKENDS or picks is None
     verify = verify_backend(bname, cp, threads=opts["threads"])
     stepped = [k for k in named if full or k in ("ar", picks["best"])]
@@ -192,25 +179,24 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
                 auto: bool = True, auto_frames: int = 4, auto_budgets: Sequence[int] = DEFAULT_BUDGETS,
                 acceptance=None, n_contexts: int = 8, seed: int = 0, threads: int | None = None,
                 progress: bool = True, noise_target: float | None = None) -> dict:
-    """Measure the table (module docstring).
+    """Measure the table (docs/precision.md#the-table).
 
     Args:
-        models: model names (:func:`rvqspec_lib.models.loader.load_model`); a random-weight one is timed as a replay
-            of ``acceptance`` (default :func:`rvqspec_lib.eval.replay.default_acceptance`).
+        models: model names; a random-weight one is timed as a replay of ``acceptance`` (default
+            :func:`rvqspec_lib.eval.replay.default_acceptance`).
         precisions: default the CPU's native ones. backends: some of :data:`TABLE_BACKENDS`, each once.
-        repeats, warmup, noise_target: :func:`rvqspec_lib.eval.speed.time_frames`'s, per (model, precision,
-            backend). chains, budgets: the speculative decoders (:func:`decoder_names`; trees from the model's heads
-            calibration, else the embedded model's). auto: time auto's choice (``auto_frames`` frames, one repeat,
-            shortlist 3, the trees of ``auto_budgets``). n_contexts: contexts decoded in turn (the evaluation split;
-            random ones for random weights). seed: contexts, generators, the replay's oracle. threads: onnx's.
+        repeats, warmup, noise_target: :func:`rvqspec_lib.eval.speed.time_frames`'s, per (model, precision, backend).
+            chains, budgets: the speculative decoders. auto, auto_frames, auto_budgets: time auto's choice.
+            n_contexts: contexts decoded in turn (the evaluation split; random ones for random weights). seed:
+            contexts, generators, the replay's oracle. threads: onnx's.
 
     Returns:
-        ``{"rows", "footer", "meta"}``: a row per (model, precision, backend, row of :data:`ROWS`): ``model``,
-        ``weights`` (``trained`` or the replay's words), ``precision``, ``backend``, ``row``, :data:`DECODER_FIELDS`
-        (None when absent), ``ms_per_frame``, ``p10_ms``, ``p90_ms``, ``rtf``, ``tokens_per_call``,
-        ``speedup_vs_ar``, ``x_fused_ar``, ``floor_ar_ms``, ``x_floor_ar``, ``build_s`` (the fused speculative
-        frame's), ``note``; ``footer``: :data:`PUBLIC_PORTS`; ``meta``: the machine, bandwidth, repeats and noise,
-        the replay, the fused frames' build seconds, :data:`FUSED_TARGET`, seconds taken.
+        ``{"rows", "footer", "meta"}``: a row per (model, precision, backend, :data:`ROWS`): ``model``, ``weights``
+        (``trained`` or the replay's words), ``precision``, ``backend``, ``row``, :data:`DECODER_FIELDS` (None when
+        absent), ``ms_per_frame``, ``p10_ms``, ``p90_ms``, ``rtf``, ``tokens_per_call``, ``speedup_vs_ar``,
+        ``x_fused_ar``, ``floor_ar_ms``, ``x_floor_ar``, ``build_s`` (the fused speculative frame's), ``note``;
+        ``footer``: :data:`PUBLIC_PORTS`; ``meta``: machine, bandwidth, noise, replay, build seconds,
+        :data:`FUSED_TARGET`.
 
     Raises:
         ValueError: as :func:`check_table_args`; bad noise settings.
@@ -318,19 +304,16 @@ def format_bench_table(result: dict) -> str:
 
 
 def save_bench_table(result: dict, path_stem, prov: dict) -> dict:
-    """Write the table as ``<stem>.csv`` + ``<stem>.md`` (:func:`rvqspec_lib.common.provenance.save_table`, the
-    caption and the public ports in the Markdown's first line and the sidecar) and ``<stem>.json`` (rows, footer,
-    meta, provenance). Returns the paths."""
+    """Write ``<stem>.csv`` + ``<stem>.md`` (with the caption and the public ports) and ``<stem>.json``. Returns the
+    paths."""
     out = save_table(result["rows"], path_stem, prov, caption=caption(result) + " | " + " | ".join(result["footer"]))
     out["json"] = save_json(result, Path(str(path_stem) + ".json"), prov)
     return out
 
 
 def fastest_by_model(result: dict) -> list[dict]:
-    """What the table says to run: per model, the fastest timed row of any precision and backend (``fastest``), the
-    fastest AR row (stepped or fused, ``fastest_ar``) and the fastest speculative row (``fastest_speculative``), each
-    a row of the table (``None`` when none was timed), and ``speculative_over_ar``: the fastest speculative row's
-    time over the fastest AR row's (below 1: speculation wins on this machine)."""
+    """Per model: the fastest timed row (``fastest``), the fastest AR and speculative rows (``fastest_ar``,
+    ``fastest_speculative``; ``None`` when none), and ``speculative_over_ar`` (below 1: speculation wins here)."""
     out = []
     for m in dict.fromkeys(r["model"] for r in result["rows"]):
         timed = [r for r in result["rows"] if r["model"] == m and r["ms_per_frame"]]
@@ -342,11 +325,9 @@ def fastest_by_model(result: dict) -> list[dict]:
 
 
 def round_costs(result: dict) -> list[dict]:
-    """Why speculation gains or loses, per (model, precision, backend) where the fused AR frame and the fused
-    speculative frame were both timed: a frame of 15 codes takes 15 / t rounds at t tokens per call, so one
-    speculative round costs ``round_over_ar_call = t x (its frame time / the fused AR frame's)`` AR calls. Speculation
-    wins when that is below t: the work a round adds (a wider call, the drafts, the accept walk) must cost less than
-    the calls it saves.
+    """Why speculation gains or loses, where the fused AR and speculative frames were both timed: one round costs
+    ``round_over_ar_call = t x (frame time / fused AR frame's)`` AR calls at t tokens per call; speculation wins
+    below t.
 
     Returns:
         rows ``model``, ``precision``, ``backend``, ``decoder``, ``tokens_per_call``, ``x_fused_ar``,

@@ -1,15 +1,7 @@
-"""A decoder and how to run it, per device: ``--decoder auto`` (the paper chose N by hand per device and left
-automatic choice as future work; Sequoia and EAGLE-2 choose from measured verify costs;
-docs/methods.md#choosing-the-node-budget).
-
-:func:`choose_decoder` times, on the running device and precision, through backends of the registry
-(:mod:`rvqspec_lib.models.backends`): first the verify call of every candidate's shape (t(N)/t(1), and the predicted
-speedup ``E(N) t(1) / t(N)`` from the calibrated tokens per call E(N)); then whole frames, one at a time, interleaved:
-AR and each backend's most promising candidates stepped through ``decode_frame``, and AR and every chain window as
-the backend's fused frame where it has one (e.g. the native whole frame, one C call); the runner with the least
-measured time per committed code wins. :func:`auto_decoder` caches the choice in a small JSON file
-(``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``), so the timing runs once per machine.
-"""
+"""A decoder and how to run it, per device: ``--decoder auto`` (docs/methods.md#choosing-the-node-budget).
+:func:`choose_decoder` times the verify call of every candidate's shape, then whole frames of AR and the most
+promising candidates, stepped and fused, through backends of the registry; the least time per committed code wins.
+:func:`auto_decoder` caches the choice (``$RVQSPEC_CACHE`` or ``~/.cache/rvqspec``), so it is timed once per machine."""
 
 from __future__ import annotations
 
@@ -54,15 +46,13 @@ class AutoChoice:
     """What :func:`choose_decoder` chose, how it runs, and why.
 
     Attributes:
-        named: the chosen :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` (its ``note``: :attr:`reason`).
-        backend: the backend it runs through. fused: as that backend's fused frame. reason: one line saying why.
+        named: the chosen :class:`~rvqspec_lib.models.named_decoders.NamedDecoder`. backend: the backend it runs
+            through. fused: as its fused frame. reason: one line saying why.
         table: a row per (candidate, backend, fused): the decoder's fields, ``backend``, ``fused``,
             ``predicted_tokens_per_call``, ``verify_ms``, ``verify_ratio`` t(N)/t(1), ``predicted_speedup`` (stepped
-            rows), and where timed ``ms_per_code``, ``measured_tokens_per_call``, ``speedup`` (over stepped AR
-            through the first backend).
-        key: the cache key. oversubscribed: ``OVERSUBSCRIBED: ...`` when other processes crowded the CPU while
-            timing, else ``""`` (such a choice is not cached).
-    """
+            rows), and where timed ``ms_per_code``, ``measured_tokens_per_call``, ``speedup`` (over stepped AR through
+            the first backend).
+        key: the cache key. oversubscribed: ``OVERSUBSCRIBED: ...`` or ``""`` (such a choice is not cached)."""
 
     named: NamedDecoder
     backend: str
@@ -111,9 +101,8 @@ def _drafter_name(drafter, drafter_name: str | None) -> str:
 
 def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS, *, drafter=None,
                drafter_name: str | None = None) -> list[tuple[NamedDecoder, float]]:
-    """``(NamedDecoder, predicted tokens per call E)`` for AR, every chain window the calibration's tables reach and
-    both kinds of calibrated tree at the ``budgets`` it holds, drafting with ``drafter`` (default the reused heads;
-    ``drafter_name``: its file name beside the model, default its ``name``).
+    """``(NamedDecoder, predicted tokens per call E)`` for AR, every chain window the calibration reaches and both
+    kinds of calibrated tree at ``budgets``, drafting with ``drafter`` (default the reused heads).
 
     Raises:
         ValueError: a drafter other than the heads named but not given.
@@ -141,20 +130,17 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
                    budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5, frames: int = 16, repeats: int = 3,
                    cost_repeats: int = 5, fused: bool = True, acceptance=None, seed: int = 0, progress: bool = False,
                    noise_target: float | None = None) -> AutoChoice:
-    """The decoder, backend and fusion with the least measured time per committed code here (module docstring).
+    """The decoder, backend and fusion with the least measured time per committed code here.
 
     Args:
         code_predictor: the official module, on the device and in the precision to be used (never changed).
-        calibration: a calibration of trees for this model and drafter (:mod:`rvqspec_lib.models.tree_files`).
-        contexts: ``(N, 2, talker_hidden)`` inner-loop contexts; the first ``frames`` are decoded, ``repeats``
-            passes. backends: backend names (speedups are over stepped AR through the first), or ``{name: verify
-            backend}`` already built (shared, e.g. compiled). drafter, drafter_name, sampling: as deployed.
-        budgets: node budgets of calibrated trees considered. shortlist: candidates (besides AR) decoded per
-            backend, the best by predicted speedup. cost_repeats: repeats of each verify-call timing.
-        fused: also time AR and every chain window as each backend's fused frame, where it has one.
-        acceptance: a TIMING REPLAY's hook (:class:`rvqspec_lib.eval.replay.AcceptanceOracle`): stepped frames
-            replayed, no fused frame (its acceptance is inside it); for a timing table, never cached.
-        noise_target: None, or both timings go on until every median's relative standard error is <= it.
+            calibration: trees for this model and drafter. contexts: ``(N, 2, talker_hidden)``; the first ``frames``
+            decoded, ``repeats`` passes.
+        backends: names (speedups over stepped AR through the first), or ``{name: verify backend}`` already built.
+            drafter, drafter_name, sampling: as deployed. budgets: tree budgets considered. shortlist: candidates
+            decoded per backend. cost_repeats: repeats of each verify-call timing. fused: also the fused frames.
+        acceptance: a TIMING REPLAY's hook (stepped frames replayed, no fused frame; never cached). noise_target: as
+            :func:`rvqspec_lib.eval.timing.interleaved`.
 
     Raises:
         ValueError: a device that cannot be timed, a calibration for another model, no contexts, no backend, an
@@ -236,10 +222,8 @@ def cache_file() -> Path:
 
 def cache_key(model: str, code_predictor, calibration: dict, drafter_name: str = "heads",
               backends: Sequence[str] = ()) -> dict:
-    """The facts a choice depends on: :data:`CACHE_VERSION`, device, model, dtype, drafter, torch threads, the
-    calibration's digest and the backends chosen among. ``dtype`` is the parameters' dtype (``torch.float32``, ...),
-    or ``int8`` / ``int8-dynamic`` for int8 weights (:func:`rvqspec_lib.models.precision.precision_of`): a choice is
-    made for the precision given, never across."""
+    """The facts a choice depends on: :data:`CACHE_VERSION`, device, model, dtype (or ``int8`` / ``int8-dynamic``:
+    never across precisions), drafter, threads, the calibration's digest, the backends."""
     digest = hashlib.sha1(json.dumps({k: calibration.get(k) for k in KINDS}, sort_keys=True).encode()).hexdigest()[:12]
     prec = precision_of(code_predictor)
     return {"version": CACHE_VERSION, "device": device_name(next(code_predictor.parameters()).device),
@@ -254,10 +238,8 @@ def _warn(msg: str) -> None:
 
 
 def read_cache(path: Path) -> dict:
-    """The cached choices in ``path``: ``{key: {"decoder", "backend", "fused", "reason", ...}}`` (entries of an
-    earlier version hold ``label``; their keys never match); ``{}`` (with a one-line warning naming the file and
-    ``RVQSPEC_CACHE``) for a file that cannot be read, is not UTF-8 JSON, or has another shape; ``{}`` silently when
-    there is no file."""
+    """The cached choices in ``path`` (``{key: {"decoder", "backend", "fused", "reason", ...}}``); ``{}`` silently
+    without a file, ``{}`` with a one-line warning naming ``RVQSPEC_CACHE`` for a damaged one."""
     if not path.exists():
         return {}
     try:
@@ -277,8 +259,7 @@ def read_cache(path: Path) -> dict:
 
 
 def write_cache(path: Path, store: dict) -> bool:
-    """Write the cache atomically; on failure (an unwritable folder, a full disk) warn in one line naming
-    ``RVQSPEC_CACHE`` and return ``False`` (the choice is still used)."""
+    """Write the cache atomically; on failure warn in one line naming ``RVQSPEC_CACHE`` and return ``False``."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(store, indent=1))
@@ -293,12 +274,9 @@ def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.
                  backends: Sequence[str] | Mapping[str, object] = ("official",), drafter=None,
                  drafter_name: str | None = None, refresh: bool = False, cache: str | os.PathLike | None = None,
                  **kwargs) -> AutoChoice:
-    """:func:`choose_decoder` (the same keywords), cached per :func:`cache_key`: what ``--decoder auto`` runs
-    (``choice.named``, ``choice.backend``, ``choice.fused``; ``choice.runner(cp)``).
-
-    A cached choice is reused (``reason`` says so and names the file) unless ``refresh``; a new one is written
-    atomically unless its timing was oversubscribed. A damaged cache, or an unwritable folder, is a one-line
-    warning naming ``RVQSPEC_CACHE``, and the choice is still made.
+    """:func:`choose_decoder` (the same keywords), cached per :func:`cache_key` unless ``refresh`` (a choice timed
+    while oversubscribed is not written; a damaged cache or unwritable folder is a one-line warning): what
+    ``--decoder auto`` runs.
 
     Raises:
         ValueError: as :func:`choose_decoder`.
@@ -340,12 +318,12 @@ AUTO_CONTEXTS = 64
 
 def auto_for_model(lm, *, backends: Sequence[str] = ("official",), drafter_name: str = "heads",
                    progress: bool = False, **kwargs) -> AutoChoice:
-    """``--decoder auto`` for a loaded model: its drafter and calibration read from its folder, its calibration
-    split's first :data:`AUTO_CONTEXTS` frames as contexts, then :func:`auto_decoder` (cached).
+    """``--decoder auto`` for a loaded model: its drafter, calibration and first :data:`AUTO_CONTEXTS` calibration
+    frames from its folder, then :func:`auto_decoder`.
 
     Raises:
-        ValueError: the model ships no calibration or no calibration frames to time on (one line naming the fix);
-            as :func:`choose_decoder`.
+        ValueError: the model ships no calibration or no calibration frames (one line naming the fix); as
+            :func:`choose_decoder`.
     """
     cp = lm.code_predictor
     drafter = None if drafter_name == "heads" else shipped_drafter(lm, drafter_name, cp)

@@ -1,17 +1,7 @@
-"""Time the streaming codec decoder against the official ``chunked_decode`` and against its floors
-(docs/codec_streaming.md), per precision (float32; bfloat16 where the CPU runs it natively) and chunk size n:
-
-* **streaming**: :class:`~rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` in steady state (past the
-  transformer's 72-frame window), one chunk of n frames per timed call, each stage timed (:func:`time_streaming`);
-* **official**: each steady-state chunk of ``chunked_decode(codes, n, left_context_size=25)`` is one ``forward`` over
-  25 + n frames (:func:`time_chunked_decode`), per frame;
-* **floors**: arithmetic ``FLOPs per frame / peak`` (:func:`stage_flops`, :func:`peak_gflops`: oneDNN's best rate on
-  the decoder's own shapes) and the roofline, per matmul layer ``max(FLOPs / peak, weight bytes / bandwidth)``
-  (:func:`stage_roofline_ms`): a chunk reads every weight once, so at small n the roofline is what code can approach.
-
-Times are medians of the thread's CPU time (wall clock beside it), one torch thread by default, with the load
-watched; the real-size decoder has RANDOM weights: timing only.
-"""
+"""Time the streaming codec decoder against the official ``chunked_decode`` and against its floors (arithmetic and
+roofline), per precision and chunk size, each stage timed (docs/codec_streaming.md#speed-against-the-floor). Medians
+of the thread's CPU time, wall clock beside it, the load watched; the real-size decoder has RANDOM weights:
+timing only."""
 
 from __future__ import annotations
 
@@ -46,9 +36,8 @@ def _codes(n_frames: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------------------------ counts
 def stage_flops(decoder, chunk_frames: int) -> dict[str, float]:
-    """FLOPs per FRAME of each stage of :meth:`StreamingCodecDecoder.stages` for chunks of ``chunk_frames`` frames
-    in steady state (the ``official`` backend, whose aten convolutions, matmuls and attention
-    ``FlopCounterMode`` counts; the ``onednn`` backend runs the same arithmetic)."""
+    """FLOPs per FRAME of each stage of :meth:`StreamingCodecDecoder.stages` for chunks of ``chunk_frames`` frames in
+    steady state (``FlopCounterMode``)."""
     dec = StreamingCodecDecoder(decoder, backend="official")
     codes = _codes(WARMUP_FRAMES + chunk_frames)
     with torch.no_grad():
@@ -63,10 +52,8 @@ def stage_flops(decoder, chunk_frames: int) -> dict[str, float]:
 
 
 def stage_layers(decoder) -> dict[str, list[tuple[str, nn.Module, int]]]:
-    """The matmul layers (``nn.Conv1d``, ``nn.ConvTranspose1d``, ``nn.Linear``) of each stage of
-    :meth:`StreamingCodecDecoder.stages`, with the samples per frame each one multiplies: ``{stage: [(name, module,
-    samples_per_frame)]}``. A layer's multiply-adds per sample are its weight's element count (a convolution per
-    output sample, a transposed convolution per input sample, a linear layer per row)."""
+    """``{stage: [(name, module, samples_per_frame)]}``: the matmul layers (conv, transposed conv, linear) of each
+    stage; a layer's multiply-adds per sample are its weight's element count."""
     d = decoder
     out: dict[str, list] = {"rvq+pre_conv": [("rvq out", d.quantizer.rvq_first.output_proj, 1),
                                              ("rvq out", d.quantizer.rvq_rest.output_proj, 1),
@@ -90,16 +77,14 @@ def stage_layers(decoder) -> dict[str, list[tuple[str, nn.Module, int]]]:
 
 
 def matmul_flops_per_frame(decoder) -> float:
-    """FLOPs of one frame through the decoder's matmul layers (convolutions, transposed convolutions, linear layers:
-    ``2 x weight elements x samples`` each, from :func:`stage_layers`), counted from the shapes without running
-    anything; attention and the elementwise layers (about one percent, :func:`stage_flops`) are left out."""
+    """FLOPs of one frame through the decoder's matmul layers (``2 x weight elements x samples`` each), from the
+    shapes alone; attention and elementwise layers (counted by :func:`stage_flops`) left out."""
     return float(sum(2 * m.weight.numel() * spf for layers in stage_layers(decoder).values() for _, m, spf in layers))
 
 
 def stage_weight_bytes(decoder, chunk_frames: int = 1) -> dict[str, int]:
-    """Bytes of weights each stage reads per chunk: its matmul layers' weights and biases (at their stored size),
-    and of the codebooks only the ``16 * chunk_frames`` rows looked up (norms, SnakeBeta and layer scales are
-    negligible)."""
+    """Bytes of weights each stage reads per chunk: matmul weights and biases, and the ``16 * chunk_frames`` codebook
+    rows looked up."""
     out = {name: sum(sum(p.numel() * p.element_size() for p in m.parameters()) for _, m, _ in layers)
            for name, layers in stage_layers(decoder).items()}
     row = decoder.config.codebook_dim // 2
@@ -108,9 +93,8 @@ def stage_weight_bytes(decoder, chunk_frames: int = 1) -> dict[str, int]:
 
 
 def stage_roofline_ms(decoder, chunk_frames: int, peak_gflops: float, gb_per_s: float) -> dict[str, float]:
-    """The roofline floor of each stage, in ms per FRAME: over its matmul layers, the sum of
-    ``max(2 * weight elements * samples / peak, weight bytes / bandwidth)`` for one chunk, divided by the chunk's
-    frames (each layer either computes at the peak or streams its weights once, whichever takes longer)."""
+    """The roofline floor of each stage in ms per FRAME: per matmul layer ``max(FLOPs / peak, weight bytes /
+    bandwidth)`` for one chunk, over its frames."""
     out = {}
     for name, layers in stage_layers(decoder).items():
         t = 0.0
@@ -124,8 +108,7 @@ def stage_roofline_ms(decoder, chunk_frames: int, peak_gflops: float, gb_per_s: 
 
 # ------------------------------------------------------------------------------------------------------------- peak
 def _shapes(decoder) -> list[tuple]:
-    """Distinct (kind, c_in, c_out, kernel, dilation, groups, stride, samples per frame) of the decoder's matmul layers
-    (:func:`stage_layers`)."""
+    """Distinct (kind, c_in, c_out, kernel, dilation, groups, stride, samples per frame) of the matmul layers."""
     out = []
     for layers in stage_layers(decoder).values():
         for _, m, spf in layers:
@@ -138,9 +121,8 @@ def _shapes(decoder) -> list[tuple]:
 
 
 def peak_gflops(decoder, *, frames: int = 8, repeats: int = 7) -> dict:
-    """The core's compute rate on the decoder's own convolution and matmul shapes: each distinct shape (a chunk of
-    ``frames`` frames: 8 gives every layer at least 8 samples) run by oneDNN from a prepacked weight in the
-    decoder's dtype, weights and activations hot in cache, best of ``repeats``.
+    """The core's compute rate on the decoder's own shapes: each distinct shape (a chunk of ``frames`` frames) run by
+    oneDNN from a prepacked weight in the decoder's dtype, hot in cache, best of ``repeats``.
 
     Returns:
         ``{"peak_gflops": the best rate, "shapes": [{"shape", "gflops"}, ...], "dtype", "threads"}``.
@@ -181,11 +163,8 @@ def peak_gflops(decoder, *, frames: int = 8, repeats: int = 7) -> dict:
 
 # ------------------------------------------------------------------------------------------------------------ times
 def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repeats: int = 12) -> dict:
-    """Per-stage time of :class:`StreamingCodecDecoder` on chunks of ``chunk_frames`` frames, in steady state.
-
-    Two clocks: the wall clock, and the CPU time of the calling thread (``time.thread_time``; with one torch thread
-    all the work runs on it), which leaves out the time other processes took the core away; on a shared machine the
-    second is the measure of the code, the first of the machine.
+    """Per-stage time of :class:`StreamingCodecDecoder` on chunks of ``chunk_frames`` frames in steady state, in
+    thread CPU time (what other processes do not inflate) and wall clock.
 
     Returns:
         ``{"ms_per_frame", "min_ms_per_frame", "wall_ms_per_frame", "stages_ms_per_frame": {stage: ms},
@@ -219,9 +198,8 @@ def time_streaming(decoder, chunk_frames: int, *, backend: str = "onednn", repea
 
 
 def time_chunked_decode(decoder, chunk_frames: int, *, left_context: int = LEFT_CONTEXT, repeats: int = 3) -> dict:
-    """The official ``chunked_decode(codes, chunk_size=chunk_frames, left_context_size=left_context)`` in steady
-    state: one official ``forward`` over ``left_context + chunk_frames`` frames per chunk, timed (both clocks of
-    :func:`time_streaming`), per frame.
+    """The official ``chunked_decode`` in steady state: one ``forward`` over ``left_context + chunk_frames`` frames
+    per chunk, per frame.
 
     Returns:
         ``{"ms_per_frame": median thread CPU time, "wall_ms_per_frame", "other_cpu_frac"}``.
@@ -236,13 +214,13 @@ def time_chunked_decode(decoder, chunk_frames: int, *, left_context: int = LEFT_
 
 def fidelity(decoder, *, frames: int = 100, chunk_frames: int = 4, left_context: int = LEFT_CONTEXT,
              backend: str = "onednn") -> dict:
-    """How far the stream and the official ``chunked_decode`` are from the official full ``forward`` on one random
-    stream of ``frames`` frames: relative RMS differences of the audio (``rms(a - b) / rms(b)``).
+    """Relative RMS differences (``rms(a - b) / rms(b)``) of the stream and of ``chunked_decode`` from the full
+    ``forward`` on one random stream.
 
     Returns:
-        ``{"stream_vs_forward", "chunked_vs_forward_head" (the first left_context + 1 frames, where chunked_decode
-        still sees every earlier frame), "chunked_vs_forward_tail" (the rest, where its 25 frames of context fall
-        short of the transformer's 72-frame window), "frames", "chunk_frames"}``.
+        ``{"stream_vs_forward", "chunked_vs_forward_head" (the first left_context + 1 frames),
+        "chunked_vs_forward_tail" (the rest, where 25 frames of context fall short of the 72-frame window), "frames",
+        "chunk_frames"}``.
     """
     codes = _codes(frames, seed=3)
     dec = StreamingCodecDecoder(decoder, backend=backend)
@@ -263,22 +241,20 @@ def fidelity(decoder, *, frames: int = 100, chunk_frames: int = 4, left_context:
 def streaming_table(*, precisions: tuple[str, ...] | None = None, chunk_frames: tuple[int, ...] = CHUNK_FRAMES,
                     config: str = "released", threads: int = 1, repeats: int = 12, official_repeats: int = 3,
                     official: bool = True) -> dict:
-    """The benchmark table: ms per frame of the streaming decoder vs the official ``chunked_decode`` vs the floors,
-    per precision and chunk size, with a per-stage breakdown (module docstring).
+    """The benchmark table: ms per frame of the streaming decoder vs ``chunked_decode`` vs the floors, per precision
+    and chunk size, stage by stage.
 
     Args:
-        precisions: default the native ones of this CPU among float32 and bfloat16
-            (:func:`rvqspec_lib.models.precision.native_precisions`).
-        chunk_frames: chunk sizes in frames.
-        config: ``"released"`` (the real-size decoder, random weights) or ``"tiny"``.
-        threads: torch threads (``torch.set_num_threads``; restored after).
-        official: also time the official ``chunked_decode`` (slow: about 1 s a chunk in float32).
+        precisions: default the CPU's native ones among float32 and bfloat16. chunk_frames: chunk sizes. config:
+            ``"released"`` (real size, random weights) or ``"tiny"``. threads: torch threads (restored after).
+            official: also time ``chunked_decode`` (slow).
+
     Returns:
-        ``{"cpu", "threads", "bandwidth_gb_per_s", "config", "random_weights": True, "rows": [...], "peaks": {...},
-        "stages": {...}}``; each row has ``precision``, ``chunk_frames``, ``stream_ms``, ``stream_min_ms``,
-        ``official_ms``, ``flops_per_frame``, ``arith_floor_ms``, ``roofline_floor_ms``, ``x_arith``, ``x_roofline``,
-        ``other_cpu_frac``, ``oversubscribed``; ``stages[precision][chunk]`` maps each stage to its ms per frame,
-        FLOPs per frame, weight bytes and floors.
+        ``{"cpu", "threads", "bandwidth_gb_per_s", "config", "random_weights": True, "rows", "peaks", "stages"}``; a
+        row: ``precision``, ``chunk_frames``, ``stream_ms``, ``stream_min_ms``, ``official_ms``, ``flops_per_frame``,
+        ``arith_floor_ms``, ``roofline_floor_ms``, ``x_arith``, ``x_roofline``, ``other_cpu_frac``,
+        ``oversubscribed``; ``stages[precision][chunk]``: per stage ms, FLOPs, bytes, floors.
+
     Raises:
         ValueError: a precision this CPU does not run natively, or an unknown one.
     """
@@ -338,8 +314,8 @@ def streaming_table(*, precisions: tuple[str, ...] | None = None, chunk_frames: 
 
 
 def format_streaming_table(result: dict) -> str:
-    """The table of :func:`streaming_table` as text: the CPU line, one row per precision x chunk size (ms per frame
-    of thread CPU time, wall time beside it), then the per-stage breakdown of every precision and chunk size."""
+    """:func:`streaming_table` as text: the CPU line, a row per precision x chunk size (ms per frame of thread CPU
+    time, wall time beside it), then the per-stage breakdown."""
     cpu = result["cpu"]
     flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cpu["flags"].items())
     lines = [f"CPU: {cpu['model']} ({cpu['cores']} cores; {flags})",

@@ -33,9 +33,9 @@ def _count(parts: dict, rows: tuple = ()) -> dict:
 
 
 def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
-    """Bytes of weights one code-predictor call with ``n_queries`` query positions reads, at their stored size
-    (docs/precision.md#the-floor): the layers, the final norm, a linear ``small_to_mtp_projection``, ONE head and the
-    embedding rows looked up. Any precision; the ``meta`` device works.
+    """Bytes of weights one code-predictor call with ``n_queries`` query positions reads, at their stored size: the
+    layers, the final norm, the projection, ONE head and the embedding rows looked up. Any precision; the ``meta``
+    device works.
 
     Returns:
         ``{"bytes", "elements" (int8 scales included), "by_dtype": {dtype: bytes}, "parts": {"layers", "norm",
@@ -53,10 +53,9 @@ def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
 
 
 def talker_step_bytes(talker, *, context: int = 0, kv_element_bytes: int | None = None) -> dict:
-    """Bytes one talker step (one position, then ``codec_head``) reads: its weights counted as
-    :func:`call_weight_bytes` counts them (no embedding table: the input is given), and the KV cache of ``context``
-    positions (``2 x layers x kv_heads x head_dim x context`` elements of ``kv_element_bytes``, default the activation
-    dtype's; the native talker's cache is float32, 4).
+    """Bytes one talker step reads: its weights (as :func:`call_weight_bytes` counts them) and the KV cache of
+    ``context`` positions (``2 x layers x kv_heads x head_dim x context`` elements of ``kv_element_bytes``, default
+    the activation dtype's).
 
     Returns:
         ``{"bytes": weight bytes, "elements", "by_dtype", "parts": {"layers", "norm", "codec_head"}, "kv_bytes",

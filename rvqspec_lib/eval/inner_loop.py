@@ -50,9 +50,8 @@ def inner_loop_codes(lm: LoadedModel, utt, *, sampling: Sampling | None = None,
 def inner_loop_codes_batch(lm: LoadedModel, utts: Sequence, *, batch_size: int = 16,
                            sampling: Sampling | None = None, generator: torch.Generator | None = None,
                            progress: bool = False, chunk_frames: int = 2048) -> list[torch.Tensor]:
-    """True code 0 plus codes 1..G-1 sampled by AR for every frame of many utterances (the code decoder's training
-    pairs): contexts from teacher-forced talker passes over the TRUE frames
-    (:func:`rvqspec_lib.data.frame_sources.frames_from_utterances`), then ``chunk_frames`` frames a decode call.
+    """True code 0 plus codes 1..G-1 sampled by AR for every frame of many utterances, from teacher-forced talker
+    passes over the TRUE frames, ``chunk_frames`` frames a decode call.
 
     Returns:
         One ``(frames, G)`` int64 tensor per utterance, in input order.
@@ -85,10 +84,9 @@ def batch_seed(*parts: int) -> int:
 def free_running_codes(lm: LoadedModel, utts: Sequence, *, max_frames: int = 300, frame_factor: float = 2.0,
                        batch_size: int = 8, seed: int = 0, decoder=None, paired: bool = False,
                        progress: bool = True, desc: str = "free-running") -> list[dict]:
-    """Speak each utterance's text with :func:`rvqspec_lib.models.frame.synthesize` (the checkpoint's sampling; the
-    inner loop ``decoder`` stepped through the official module, default AR), batched by speaker, a batch's frame cap
-    ``min(max_frames, frame_factor * longest true length + 10)``. One generator seeded ``seed`` runs through the
-    batches, or with ``paired`` batch i gets its own (:func:`batch_seed` ``(seed, i)``: every decoder the same).
+    """Speak each utterance's text with :func:`rvqspec_lib.models.frame.synthesize` (``decoder`` stepped, default
+    AR), batched by speaker, frame cap ``min(max_frames, frame_factor * longest true length + 10)``; one generator
+    seeded ``seed`` through the batches, or with ``paired`` batch i seeded :func:`batch_seed` ``(seed, i)``.
 
     Returns:
         Per utterance, in input order: ``{"codes": (frames, G) int64, "ended": bool, "frames": int, "cap": int}``.
@@ -110,9 +108,8 @@ def free_running_codes(lm: LoadedModel, utts: Sequence, *, max_frames: int = 300
 
 
 def codes_to_audio(codec, codes) -> np.ndarray:
-    """``(frames, G)`` codes -> float32 audio at ``codec.sample_rate``, through a codec (``decode(codes)``) or a
-    speech tokenizer (``decode([{"audio_codes": codes}]) -> (wavs, rate)``); empty codes give empty audio (the ASR
-    then hears nothing)."""
+    """``(frames, G)`` codes -> float32 audio at ``codec.sample_rate``, through a codec or a speech tokenizer; empty
+    codes give empty audio."""
     c = codes.cpu().numpy() if isinstance(codes, torch.Tensor) else np.asarray(codes)
     if c.size == 0:
         return np.zeros(0, dtype=np.float32)

@@ -1,19 +1,8 @@
-"""Latency of the two loops of Qwen3-TTS, the code-predictor call against its weight-streaming floor, and the call
-budget from the config and from measured tokens per call (notebook 01; ``rvqspec bench latency``, ``rvqspec bench
-precisions``).
-
-The talker makes one call per frame (12.5 Hz) for code 0, the code predictor ``n_code_groups - 1`` = 15 more, so
-real time needs 200 model calls a second (docs/model.md#two-nested-loops); speculation replaces several inner calls
-by one verify call over ``Q`` positions, so what matters is the verify cost curve ``t(Q) / t(1)`` on the device.
-
-:func:`bench_model` times, in ONE interleaved run (:func:`rvqspec_lib.eval.timing.interleaved`): the talker step
-(:func:`rvqspec_lib.eval.talker_bench.official_step`, its cache cropped back outside the clock) and the
-code-predictor call of ``Q`` positions (:func:`rvqspec_lib.eval.speed.verify_call`, ``whole=True``) through a verify
-backend; with ``native=True`` also the native pair (:func:`rvqspec_lib.eval.talker_bench.native_step`, the ``native``
-backend). :func:`bench_precisions` times the call per precision and backend against its floor
-(:mod:`rvqspec_lib.eval.floor`; docs/precision.md). Timing depends on the architecture, not the weights: real-size
-random models give real latencies (``random_weights`` is printed beside every number).
-"""
+"""Latency of the two loops of Qwen3-TTS: the talker step and the code-predictor call of ``Q`` positions in one
+interleaved run, the call per precision against its weight-streaming floor, and the call budget from the config and
+from measured tokens per call (notebook 01; ``rvqspec bench latency``, ``bench precisions``). Why the verify cost
+curve matters: docs/model.md#two-nested-loops; the floors: docs/precision.md#the-floor. Timing depends on the
+architecture, not the weights (``random_weights`` is printed beside every number)."""
 
 from __future__ import annotations
 
@@ -59,8 +48,8 @@ def _query_sizes(query_sizes: Iterable[int]) -> list[int]:
 
 
 def _rows(t, keys: Sequence, base_key=None) -> list[dict]:
-    """A row per condition key: :func:`~rvqspec_lib.eval.timing.summary` of its times, its achieved relative standard
-    error, and ``ratio_to_1`` (median over ``base_key``'s; ``None`` without it)."""
+    """A row per condition key: the :func:`~rvqspec_lib.eval.timing.summary`, ``rel_se`` and ``ratio_to_1`` over
+    ``base_key``."""
     base = t.summary(base_key)["median_ms"] if base_key in t.ms else None
     out = []
     for k in keys:
@@ -76,28 +65,27 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
                 warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
                 noise_target: float | None = None, max_repeats: int | None = None, floor: bool = False) -> dict:
     """Per-call latency of a talker step and of code-predictor calls of ``Q`` query positions, interleaved, and the
-    frame-level quantities they imply (module docstring).
+    frame-level quantities they imply.
 
     Args:
-        lm: a :class:`~rvqspec_lib.models.loader.LoadedModel` (any device and dtype; not modified).
-        prefix_len: committed slots before the code-predictor call. query_sizes: the Qs (1 among them for the ratios).
-            talker_context: KV positions before the talker step. backend: the code-predictor call's verify backend.
+        lm: a :class:`~rvqspec_lib.models.loader.LoadedModel` (not modified). prefix_len: committed slots before the
+            code-predictor call. query_sizes: the Qs (1 among them). talker_context: KV positions before the talker
+            step. backend: the call's verify backend.
         native: also the native pair (talker step and ``native`` backend; CPU only) in the same run.
-        warmup, repeats, seed, progress, noise_target, max_repeats: :func:`~rvqspec_lib.eval.timing.interleaved`'s
-            (``seed`` seeds the random inputs too).
-        floor: also the weight-streaming floor of the Q = 1 call (CPU only; :func:`~rvqspec_lib.eval.timing.
-            bandwidth_around`).
+        warmup, repeats, seed, progress, noise_target, max_repeats: :func:`~rvqspec_lib.eval.timing.interleaved`'s.
+        floor: also the weight-streaming floor of the Q = 1 call (CPU only).
 
     Returns:
-        JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model`` (``lm.describe()``), ``device_name``,
-        ``code_predictor_precision``, ``backend``, the settings, ``talker_step`` (the summary and ``rel_se``),
-        ``code_predictor`` (per Q: ``n_queries``, the summary, ``rel_se``, ``ratio_to_1`` = t(Q) / t(1)), ``derived``
-        (:func:`derived_from_bench`); with ``native``: ``native``, those three keys for the native pair; with
-        ``floor``: ``bandwidth``, ``weight_bytes``, ``floor_ms``.
+        JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model``, ``device_name``,
+        ``code_predictor_precision``, ``backend``, the settings, ``talker_step``, ``code_predictor`` (per Q:
+        ``n_queries``, the summary, ``rel_se``, ``ratio_to_1`` = t(Q) / t(1)), ``derived``
+        (:func:`derived_from_bench`); with ``native``: ``native``, the same keys for the native pair; with ``floor``:
+        ``bandwidth``, ``weight_bytes``, ``floor_ms``.
 
     Raises:
         ValueError: bad query sizes, ``prefix_len < 1``, ``talker_context < 1``, an absent backend, ``native`` with
-            ``backend="native"`` or without the native forward, ``floor`` off the CPU, bad timing settings (one line).
+            ``backend="native"`` or without the native forward, ``floor`` off the CPU, bad timing settings (one
+            line).
     """
     cp = lm.code_predictor
     qs = _query_sizes(query_sizes)
@@ -147,8 +135,7 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
 
 
 def _pair(t, talker_key, qs: Sequence[int], key_of) -> dict:
-    """``{"talker_step", "code_predictor"}`` of one talker-and-code-predictor pair of an interleaved timing: the
-    talker step's row, and a row per Q with ``ratio_to_1`` over this pair's own Q = 1."""
+    """``{"talker_step", "code_predictor"}`` of one pair; ``ratio_to_1`` over this pair's own Q = 1."""
     talker = _rows(t, [talker_key])[0]
     talker.pop("ratio_to_1")
     rows = _rows(t, [key_of(q) for q in qs], base_key=key_of(1))
@@ -156,13 +143,9 @@ def _pair(t, talker_key, qs: Sequence[int], key_of) -> dict:
 
 
 def latency_rows(result: dict) -> list[dict]:
-    """Flat table of a :func:`bench_model` result: per pair (the official talker with ``result["backend"]``, then the
-    native pair when timed) the talker step first, then one row per code-predictor ``Q``.
-
-    Columns: ``call``, ``forward`` (``official``, the code predictor's backend, or ``native``), ``n_queries``,
-    ``median_ms``, ``p10_ms``, ``p90_ms``, ``min_ms``, ``ratio_to_1`` (code-predictor rows: ``t(Q) / t_cp(1)``;
-    talker row: ``t_talker / t_cp(1)``, the same pair's), ``n``.
-    """
+    """Flat table of a :func:`bench_model` result, per pair the talker step then one row per Q: ``call``,
+    ``forward``, ``n_queries``, ``median_ms``, ``p10_ms``, ``p90_ms``, ``min_ms``, ``ratio_to_1`` (over the same
+    pair's t_cp(1)), ``n``."""
     pairs = [("official", result["backend"], result)] + ([(NATIVE, NATIVE, result[NATIVE])] if NATIVE in result
                                                          else [])
     keys = ("median_ms", "p10_ms", "p90_ms", "min_ms")
@@ -185,9 +168,8 @@ def _ms(x: float) -> str:
 
 
 def format_latency(result: dict) -> str:
-    """The plain-text latency table of a :func:`bench_model` result, with the model, device, dtype, thread count,
-    rounds and load in its header and the frame-level line under it (what ``rvqspec bench latency`` prints); the
-    floor line too when the result has one."""
+    """The plain-text latency table of a :func:`bench_model` result with its header and frame-level line (``rvqspec
+    bench latency``)."""
     m, prec = result["model"], result.get("code_predictor_precision")
     head = (f"model {m['name']} ({m['kind']}{', RANDOM weights: timing only' if result['random_weights'] else ''}) | "
             f"device {result['device']} ({result['device_name']}) | dtype {result['dtype']}"
@@ -222,22 +204,21 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
                      warmup: int = 3, repeats: int = 20, seed: int = 0, bandwidth: dict | None = None,
                      progress: bool = True, noise_target: float | None = None,
                      max_repeats: int | None = None) -> dict:
-    """The code-predictor call of ``Q`` query positions per precision and verify backend, every (precision, backend,
-    Q) one condition of ONE interleaved run, each against its weight-streaming floor (one query's
-    :func:`rvqspec_lib.eval.floor.call_weight_bytes` over the read bandwidth).
+    """The code-predictor call of ``Q`` positions per precision and verify backend, in ONE interleaved run, each
+    against its weight-streaming floor.
 
     Args:
-        lm: a loaded model on the CPU, code predictor in float32 (not modified: each precision converts a copy, without
-            the native check: callers check). precisions, backends: names of
-            :data:`~rvqspec_lib.models.precision.PRECISIONS` and :data:`~rvqspec_lib.models.backends.BACKENDS`.
+        lm: a loaded model on the CPU, code predictor in float32 (not modified; callers check the precisions).
+            precisions, backends: names of :data:`~rvqspec_lib.models.precision.PRECISIONS` and
+            :data:`~rvqspec_lib.models.backends.BACKENDS`.
         bandwidth: a :func:`rvqspec_lib.eval.timing.read_bandwidth` result; ``None``: read around the timing.
         query_sizes, prefix_len, warmup, repeats, seed, progress, noise_target, max_repeats: as :func:`bench_model`.
 
     Returns:
         JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model``, ``device_name``, ``precision_flags``,
-        ``native_precisions``, ``bandwidth``, ``prefix_len``, ``backends``, and ``precisions``: per (precision, backend)
-        ``precision``, ``backend``, ``rows`` (per Q: ``n_queries``, the summary, ``rel_se``, ``ratio_to_1``),
-        ``weight_bytes``, ``floor_ms``, ``t1_over_floor``.
+        ``native_precisions``, ``bandwidth``, ``prefix_len``, ``backends``, and ``precisions``: per (precision,
+        backend) ``precision``, ``backend``, ``rows`` (as :func:`bench_model`'s ``code_predictor``), ``weight_bytes``,
+        ``floor_ms``, ``t1_over_floor``.
 
     Raises:
         ValueError: an unknown precision or backend, one absent at a precision, bad query sizes, a model off the CPU,
@@ -280,8 +261,8 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
 
 
 def format_precision_table(result: dict) -> str:
-    """Plain-text table of a :func:`bench_precisions` result: the CPU, its flags and bandwidth, then per precision and
-    backend t(1), t(Q)/t(1), the weights one call reads, the floor and t(1) as a multiple of it."""
+    """Plain-text table of a :func:`bench_precisions` result: the CPU, then per precision and backend the call and
+    its floor."""
     m = result["model"]
     lines = [
         f"precisions of the code-predictor call: model {m['name']}"
@@ -304,9 +285,8 @@ def format_precision_table(result: dict) -> str:
 
 
 def precision_rows(result: dict) -> list[dict]:
-    """A :func:`bench_precisions` result as table rows, one per (precision, backend), in its order: ``precision``,
-    ``backend``, ``t1_ms`` (median of one query position), ``t{Q}_over_t1`` for each other Q, ``mb_per_call`` (the
-    weights one call reads, MB), ``floor_ms`` and ``t1_over_floor``."""
+    """A :func:`bench_precisions` result as rows: ``precision``, ``backend``, ``t1_ms``, ``t{Q}_over_t1``,
+    ``mb_per_call`` (MB of weights one call reads), ``floor_ms``, ``t1_over_floor``."""
     rows = []
     for pr in result["precisions"]:
         by_q = {r["n_queries"]: r for r in pr["rows"]}
@@ -322,21 +302,18 @@ def precision_rows(result: dict) -> list[dict]:
 # The call budget (from the config, never typed in)
 # ----------------------------------------------------------------------------------------------------------------------
 def call_budget(frame_rate_hz: float, n_code_groups: int, tokens_per_call: float | None = None) -> dict:
-    """Model calls per second needed for real time.
-
-    One frame = 1 talker call (code 0) + ``n_code_groups - 1`` inner-loop codes. Plain AR decoding makes one inner
-    call per code; a speculative decoder emitting ``tokens_per_call`` codes per inner call on average (the paper's
-    toks/step, the prefill counted as a call) needs ``(n_code_groups - 1) / tokens_per_call`` inner calls.
+    """Model calls per second needed for real time: one talker call plus ``(n_code_groups - 1) / tokens_per_call``
+    inner calls per frame.
 
     Args:
-        frame_rate_hz: codec frames per second (12.5 for the 12 Hz models; ``LoadedModel.frame_rate_hz``).
-        n_code_groups: codebooks per frame (16; ``LoadedModel.n_code_groups``).
-        tokens_per_call: mean inner-loop codes per inner call; ``None`` means plain AR (1.0).
+        frame_rate_hz: codec frames per second (``LoadedModel.frame_rate_hz``). n_code_groups: codebooks per frame
+            (``LoadedModel.n_code_groups``). tokens_per_call: mean inner-loop codes per inner call, the prefill
+            counted; ``None``: plain AR (1.0).
 
     Returns:
         ``{"frame_rate_hz", "n_code_groups", "tokens_per_call", "inner_calls_per_frame", "calls_per_frame",
-        "calls_per_s", "calls_per_s_ar", "reduction"}`` where ``calls_per_s = frame_rate_hz * (1 + (G - 1) / tpc)``
-        (200 for 12.5 Hz / 16 groups at tpc 1; 88.4 at tpc 2.47) and ``reduction = calls_per_s_ar / calls_per_s``.
+        "calls_per_s", "calls_per_s_ar", "reduction"}``, ``reduction = calls_per_s_ar / calls_per_s`` (200 calls/s
+        for 12.5 Hz, 16 groups at tpc 1; 88.4 at tpc 2.47).
 
     Raises:
         ValueError: ``frame_rate_hz <= 0``, ``n_code_groups < 2`` or ``tokens_per_call <= 0``.
@@ -354,8 +331,7 @@ def call_budget(frame_rate_hz: float, n_code_groups: int, tokens_per_call: float
 
 def budget_table(frame_rate_hz: float, n_code_groups: int,
                  tokens_per_call: Iterable[float] = DEFAULT_TOKENS_PER_CALL) -> list[dict]:
-    """:func:`call_budget` for several tokens-per-call values, one row each, with a ``note`` column
-    ("plain AR" at 1, "paper's reported value" at :data:`PAPER_TOKENS_PER_CALL`)."""
+    """:func:`call_budget` per tokens-per-call value, with a ``note`` ("plain AR", "paper's reported value")."""
     rows = []
     for tpc in tokens_per_call:
         b = call_budget(frame_rate_hz, n_code_groups, tpc)
@@ -366,10 +342,9 @@ def budget_table(frame_rate_hz: float, n_code_groups: int,
 
 
 def model_row(result: dict, *, q_ratio: int = 16) -> dict:
-    """One flat row of a :func:`bench_model` result, to set models side by side: the model's geometry
-    (``lm.describe()``), the call budget from its config, and per pair the talker step, the code-predictor call of
-    one position, the AR frame, its real-time factor, the inner loop's share and ``t(q)/t(1)`` at the largest timed
-    ``Q <= q_ratio``; the native pair's columns carry the prefix ``native_`` (``None`` when it was not timed).
+    """One flat row of a :func:`bench_model` result to set models side by side: geometry, call budget, per pair the
+    talker step, the Q = 1 call, the AR frame, RTF, inner share and ``t(q)/t(1)`` (the native pair's prefixed
+    ``native_``).
 
     Raises:
         KeyError: ``result`` is not a :func:`bench_model` result.
@@ -391,9 +366,7 @@ def model_row(result: dict, *, q_ratio: int = 16) -> dict:
 
 
 def inner_share_from_bytes(lm, *, talker_context: int = TALKER_CONTEXT) -> dict:
-    """The inner loop's share of an AR frame if every call ran at the weight-streaming floor: :func:`inner_share` of
-    the bytes a talker step reads (weights and the KV cache of ``talker_context`` positions) and those of one
-    code-predictor call (:mod:`rvqspec_lib.eval.floor`). No timing.
+    """The inner loop's share of an AR frame at the weight-streaming floor, from the bytes read (no timing).
 
     Returns:
         ``{"talker_step_bytes", "talker_kv_bytes", "code_predictor_call_bytes", "inner_calls_per_frame",
@@ -409,22 +382,18 @@ def inner_share_from_bytes(lm, *, talker_context: int = TALKER_CONTEXT) -> dict:
 
 def calls_at_tokens_per_call(lm, names: Sequence[str], contexts: torch.Tensor, *, sampling=None, seed: int = 0,
                              calibrations: dict | None = None) -> list[dict]:
-    """The call budget at the tokens per call each named decoder commits on ``lm``: every decoder runs over the same
-    contexts (:func:`rvqspec_lib.eval.acceptance.decoder_statistics`, the lossless walk), and :func:`call_budget`
-    turns its measured tokens per call into model calls a second for real time.
+    """The call budget at the tokens per call each named decoder commits on ``lm`` over the same contexts (the
+    lossless walk).
 
     Args:
-        lm: a loaded model with trained weights (acceptance on random weights means nothing) whose folder ships
-            what the names read (drafters, calibrated trees: :func:`rvqspec_lib.models.named_decoders.resolve_all`).
-        names: decoder names of the grammar (``chain:4``, ``tree:calibrated-point-mass:32``, ``paper:32`` ...).
-        contexts: ``(N, 2, talker_hidden)`` frame contexts (e.g. ``Frames.context`` of held-out frames).
-        sampling: the deployed warpers (default :class:`~rvqspec_lib.decoding.sampling.Sampling`'s).
-        seed: each decoder's generator. calibrations: ``{drafter: calibration}`` instead of the shipped files.
+        lm: a trained model (acceptance on random weights means nothing) whose folder ships what the names read.
+            names: decoder names of the grammar. contexts: ``(N, 2, talker_hidden)``. sampling: default
+            :class:`~rvqspec_lib.decoding.sampling.Sampling`'s. seed: each decoder's generator. calibrations:
+            ``{drafter: calibration}`` instead of the shipped files.
 
     Returns:
-        One row per decoder, in ``names``' order: its fields (:meth:`DecoderName.fields`: ``decoder`` the label,
-        ``kind``, ``drafter``, ``nodes``, ``lossy``, ``sampled``), ``model``, ``frames``, ``tokens_per_call``,
-        ``inner_calls_per_frame``, ``calls_per_s`` and ``reduction_vs_ar`` (:func:`call_budget`).
+        One row per decoder, in order: its fields, ``model``, ``frames``, ``tokens_per_call``,
+        ``inner_calls_per_frame``, ``calls_per_s``, ``reduction_vs_ar`` (:func:`call_budget`).
 
     Raises:
         ValueError: a bad name or a file it needs missing (the resolver's one-line messages).
@@ -441,11 +410,7 @@ def calls_at_tokens_per_call(lm, names: Sequence[str], contexts: torch.Tensor, *
 
 
 def inner_share(t_talker_ms: float, t_inner_ms: float, n_inner_calls: float = 15) -> float:
-    """Share of a frame's model time spent in the inner loop: ``n * t_inner / (t_talker + n * t_inner)``.
-
-    Args:
-        t_talker_ms: one talker step (ms). t_inner_ms: one code-predictor call (ms). n_inner_calls: inner calls per
-            frame (``n_code_groups - 1`` = 15 for plain AR).
+    """Share of a frame's model time in the inner loop: ``n * t_inner / (t_talker + n * t_inner)`` (times in ms).
 
     Raises:
         ValueError: negative times or call counts, or a zero total.
@@ -459,13 +424,13 @@ def inner_share(t_talker_ms: float, t_inner_ms: float, n_inner_calls: float = 15
 
 
 def derived_from_bench(result: dict, *, frame_rate_hz: float, n_code_groups: int) -> dict:
-    """Frame-level quantities from a :func:`bench_model` result (plain AR decoding, one inner call per code).
+    """Frame-level quantities of a :func:`bench_model` result (plain AR; ``t_cp(1)`` the Q = 1 median, else the
+    smallest Q's).
 
     Returns:
         ``{"inner_calls_per_frame", "t_talker_ms", "t_inner_ms", "frame_ms_ar", "frame_budget_ms", "rtf_ar",
-        "inner_share_ar", "calls_per_s_realtime", "calls_per_s_at_paper_tpc"}``: ``frame_ms_ar = t_talker + (G - 1)
-        * t_cp(1)``, ``frame_budget_ms = 1000 / frame_rate_hz`` (80 ms), ``rtf_ar = frame_ms_ar / frame_budget_ms``
-        (< 1 is faster than real time). ``t_cp(1)`` is the Q = 1 median; without a Q = 1 row the smallest Q's.
+        "inner_share_ar", "calls_per_s_realtime", "calls_per_s_at_paper_tpc"}``; ``frame_ms_ar = t_talker + (G - 1) *
+        t_cp(1)``, ``frame_budget_ms = 1000 / frame_rate_hz``, ``rtf_ar = frame_ms_ar / frame_budget_ms``.
     """
     t_inner = min(result["code_predictor"], key=lambda r: r["n_queries"])["median_ms"]
     t_talker = result["talker_step"]["median_ms"]

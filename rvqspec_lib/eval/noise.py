@@ -20,8 +20,8 @@ DEFAULT_MAX_FACTOR = 4
 
 
 def relative_standard_error(samples: Sequence[float]) -> float:
-    """The median's standard error over the median (module docstring) of n timings in any one unit: a unitless
-    fraction (0.02 = 2 %); ``inf`` under 2 samples or for a median <= 0; 0.0 when MAD = 0."""
+    """The median's standard error over the median of n timings: a unitless fraction; ``inf`` under 2 samples or for
+    a median <= 0; 0.0 when MAD = 0."""
     xs = [float(x) for x in samples]
     if len(xs) < 2:
         return math.inf
@@ -33,8 +33,8 @@ def relative_standard_error(samples: Sequence[float]) -> float:
 
 
 def repeat_cap(noise_target: float | None, repeats: int, max_repeats: int | None) -> int:
-    """The rounds a loop may run: ``repeats`` without a target, else ``max_repeats`` (default :data:`DEFAULT_MAX_FACTOR`
-    x ``repeats``). Checks the settings (call it before any timing or model load).
+    """The rounds a loop may run: ``repeats`` without a target, else ``max_repeats`` (default
+    :data:`DEFAULT_MAX_FACTOR` x ``repeats``); call it before any timing.
 
     Raises:
         ValueError (one line, naming the fix): ``noise_target <= 0``, ``repeats < 2`` with a target, ``max_repeats <
@@ -61,9 +61,9 @@ def repeat_cap(noise_target: float | None, repeats: int, max_repeats: int | None
 
 def should_stop(samples: Mapping[str, Sequence[float]], noise_target: float | None, min_repeats: int,
                 max_repeats: int) -> bool:
-    """Whether an interleaved timing loop has done enough rounds: True at ``max_repeats`` rounds (the shortest list
-    of ``samples``, ``{condition: [timings]}``), False below ``min_repeats``, in between True without a target, else
-    when every condition's :func:`relative_standard_error` is <= ``noise_target``.
+    """Whether a timing loop has done enough rounds (the shortest list of ``samples``): True at ``max_repeats``,
+    False below ``min_repeats``, else True without a target or when every :func:`relative_standard_error` <=
+    ``noise_target``.
 
     Raises:
         ValueError: bad settings (:func:`repeat_cap`), ``max_repeats < min_repeats``, no condition.
@@ -85,9 +85,8 @@ def should_stop(samples: Mapping[str, Sequence[float]], noise_target: float | No
 
 
 def noise_meta(samples: Mapping[str, Sequence[float]], noise_target: float | None, max_repeats: int) -> dict:
-    """What a timing's ``meta`` records of its stopping: ``repeats`` (made), ``noise_target``, ``max_repeats``,
-    ``rel_se`` (``{condition: achieved relative standard error}``, 4 digits; None under 2 samples) and ``rel_se_max``.
-    """
+    """A timing meta's stopping: ``repeats``, ``noise_target``, ``max_repeats``, ``rel_se`` (per condition, 4 digits;
+    None under 2 samples), ``rel_se_max``."""
     rel = {str(k): relative_standard_error(v) for k, v in samples.items()}
     rel = {k: round(v, 4) if math.isfinite(v) else None for k, v in rel.items()}  # None: under 2 samples (JSON-able)
     worst = None if not rel or None in rel.values() else max(rel.values())

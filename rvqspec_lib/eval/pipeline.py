@@ -1,25 +1,8 @@
-"""The whole frame, streamed: talker step, inner loop and codec decoder against their floors, the frame a listener
-hears (time to first audio, RTF, underruns) on one thread and on all cores, and B streams batched
-(``rvqspec bench pipeline``, notebook 06; docs/streaming.md#the-pipeline-table). The paper times the inner loop
-alone; on a CPU at real size the talker step and the codec decoder each cost about as much as the accelerated inner
-loop, so the frame as a whole decides real time.
-
-Models (:data:`DEFAULT_MODELS`): the real-size 0.6B architecture as a TIMING REPLAY (random weights; speculative
-frames replay a trained model's acceptance, :mod:`rvqspec_lib.eval.replay`; the real-size official codec decoder
-streaming), and the trained embedded model with its own codec.
-
-* **Parts** (:func:`time_parts`, one interleaved run per model and precision): the native talker step, one frame
-  of each row's runner (:data:`ROWS`), one codec chunk per frame. Floors: talker and code predictor = bytes read
-  over the read bandwidth (:mod:`rvqspec_lib.eval.floor`); codec = its matmul FLOPs over the core's peak
-  (:func:`rvqspec_lib.eval.codec_stream_bench.peak_gflops`). From them (:func:`_finish`): the frame on one thread
-  (their sum), on two cores (``max(talker + inner, codec)``), shares, gains and Amdahl (:func:`what_moves`).
-* **Streams** (:func:`time_streams`): at the fastest precision, :func:`~rvqspec_lib.models.streaming.
-  synthesize_stream` of :data:`TEXT` for every row, on one thread and overlapped.
-* **Concurrency**: B streams batched (AR and the best speculative decoder stepped through the native verify
-  backend), the steady period of a round and the most streams each sustains in real time (:func:`sustained`).
-
-The public ports' figures are quoted in their own rows and columns (:data:`PUBLIC_PIPELINES`), never measured here.
-"""
+"""The whole frame, streamed: talker step, inner loop and codec decoder against their floors, the frame on one thread
+and on all cores, measured streams and B streams batched (``rvqspec bench pipeline``, notebook 06). The real-size
+0.6B architecture has random weights, timing only (a TIMING REPLAY, :mod:`rvqspec_lib.eval.replay`); the public
+ports' figures are quoted (:data:`PUBLIC_PIPELINES`), never measured here. What each part of the table measures and
+why: docs/streaming.md#the-pipeline-table."""
 
 from __future__ import annotations
 
@@ -84,10 +67,8 @@ PARTS = ("talker", "inner", "codec")
 
 
 class PlaceholderCodes:
-    """A TIMING REPLAY's runner made streamable: its sealed frames (codes -1, :meth:`rvqspec_lib.eval.replay.
-    AcceptanceOracle.seal`) get code 0 in their place, so that the talker can be fed and the codec decoder timed. The
-    audio of such a stream is random weights decoding placeholder codes: discarded, never written. Every other
-    attribute is the runner's (its ``acceptance`` carries the replay's words into the stream's summary)."""
+    """A TIMING REPLAY's runner made streamable: its sealed frames (codes -1) get code 0, so that the talker can be
+    fed and the codec timed; the audio is discarded. Every other attribute is the runner's."""
 
     def __init__(self, runner):
         self.runner = runner
@@ -102,8 +83,8 @@ class PlaceholderCodes:
 
 @dataclasses.dataclass
 class Setup:
-    """One (model, precision) ready to run: the model with its whole talker converted, the native talker, the native
-    verify backend, the named decoders, the contexts, the replay's oracle (random weights) and the codec."""
+    """One (model, precision) ready to run: the converted model, native talker and verify backend, decoders,
+    contexts, the replay's oracle (random weights) and the codec."""
 
     model: str
     precision: str
@@ -128,9 +109,8 @@ class Setup:
         return codec_stream_for(self.lm, batch_size=batch, chunk_frames=self.chunk_frames)
 
     def runner(self, key: str, fused: bool):
-        """The frame runner of decoder ``key`` (a label of :attr:`named`) through the native forward; a replay's
-        stepped SPECULATIVE runner replays the oracle and streams placeholder codes (:class:`PlaceholderCodes`): AR
-        accepts nothing, so it runs as it is and carries no replay label."""
+        """The native frame runner of decoder ``key``; a replay's stepped speculative runner replays the oracle and
+        streams placeholder codes (AR accepts nothing: it runs as it is)."""
         cp, nd = self.lm.code_predictor, self.named[key]
         if fused or self.oracle is None or nd.name.kind == "ar":
             return frame_runner("native", cp, nd, fused=fused, verify=self.verify)
@@ -144,13 +124,11 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
     """Load and convert ``model`` in ``precision`` and build what :func:`time_parts` and :func:`time_streams` run.
 
     Args:
-        acceptance: the replay's table (:func:`rvqspec_lib.eval.replay.default_acceptance`) for a random-weight
-            model. chains, budgets: the speculative candidates (:func:`rvqspec_lib.eval.bench_table.decoder_names`;
-            trees from the model's heads calibration, else the embedded model's). codecs: ``{dtype: official
-            decoder}`` cache of the real-size codec (built once per dtype, random weights). codec_config: the official
-            decoder's config for a model without a codec (``released``; ``tiny`` in tests). codec_dtype: its dtype,
+        acceptance: the replay's table for a random-weight model. chains, budgets: the speculative candidates.
+        codecs: ``{dtype: official decoder}`` cache of the real-size codec (random weights). codec_config: the
+            official decoder's config for a model without a codec, ``released`` (``tiny`` in tests). codec_dtype:
             ``float32`` or ``bfloat16`` (default bfloat16 where the CPU runs it natively).
-        max_context: the native talker's KV capacity (a stream sizes it to its prompt and frames).
+        max_context: the native talker's KV capacity.
     """
     lm = loader.load_model(model, dtype=ACTIVATION_DTYPE[precision], seed=seed)
     apply_precision(lm.model.talker, precision, require_native=False)  # the WHOLE talker; the CPU checked before
@@ -170,9 +148,8 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
 
 
 def candidates(setup: Setup) -> dict[tuple[str, bool], object]:
-    """``{(label, fused): runner}``: AR as the native whole frame, every speculative decoder stepped (a replay's
-    through the oracle), and the fused native chains where the model is trained (a fused frame decides acceptance
-    inside, so no replay drives it)."""
+    """``{(label, fused): runner}``: AR as the native whole frame, every speculative decoder stepped, and the fused
+    native chains where the model is trained (a fused frame decides acceptance inside, so no replay drives it)."""
     out = {("ar", True): setup.runner("ar", True)}
     for key, nd in setup.named.items():
         if key == "ar":
@@ -185,9 +162,9 @@ def candidates(setup: Setup) -> dict[tuple[str, bool], object]:
 
 def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1, seed: int = 0,
                noise_target: float | None = None, progress: bool = False) -> dict:
-    """The parts of a frame, interleaved (module docstring): ``{"talker": stats, ("inner", label, fused): stats,
-    "codec": stats, "meta"}``; stats: ``ms``, ``cpu_ms`` (medians per frame), ``p10_ms``, ``p90_ms``, and for the
-    inner loop ``tokens_per_call``, ``calls_per_frame``."""
+    """The parts of a frame, interleaved: ``{"talker": stats, ("inner", label, fused): stats, "codec": stats,
+    "meta"}``; stats: ``ms``, ``cpu_ms`` (medians per frame), ``p10_ms``, ``p90_ms``, and for the inner loop
+    ``tokens_per_call``, ``calls_per_frame``."""
     talker, crop = native_step(setup.talker, CONTEXT, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     codec = setup.codec_stream(1)
@@ -235,8 +212,7 @@ def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1
 
 
 def choose_auto(setup: Setup, *, frames: int = 4, budgets: Sequence[int] = DEFAULT_BUDGETS, seed: int = 0):
-    """``auto``'s pick for this setup (:func:`rvqspec_lib.eval.budget.choose_decoder` on the native forward, timed
-    on the spot, a replay's frames replayed): ``(label, fused, runner, note)``; the chosen decoder joins
+    """``auto``'s pick for this setup, timed on the spot: ``(label, fused, runner, note)``; it joins
     :attr:`Setup.named`."""
     choice = choose_decoder(setup.lm.code_predictor, setup.calibration, setup.contexts,
                             backends={"native": setup.verify}, frames=frames, repeats=1, cost_repeats=3, shortlist=3,
@@ -247,7 +223,7 @@ def choose_auto(setup: Setup, *, frames: int = 4, budgets: Sequence[int] = DEFAU
 
 
 def _row(setup: Setup, parts: dict, name: str, key: tuple, runner, note: str, codec_floor_ms) -> dict:
-    """One row of the table before :func:`_finish`: the parts of runner ``key`` = ``(label, fused)``."""
+    """One row before :func:`_finish`: the parts of runner ``key`` = ``(label, fused)``."""
     inner, fields = parts[("inner", *key)], runner_fields(runner)
     mine = {"talker": parts["talker"], "inner": inner, "codec": parts["codec"]}
     row = {"model": setup.model, "weights": setup.weights, "precision": setup.precision,
@@ -264,8 +240,8 @@ def _row(setup: Setup, parts: dict, name: str, key: tuple, runner, note: str, co
 
 
 def _finish(rows: list[dict], gb_per_s: float) -> None:
-    """Floors in ms, multiples, the frame on one thread and on two cores, shares, gains over AR, and what would move
-    the frame further (module docstring), in place."""
+    """Floors, multiples, the frame on one thread and two cores, shares, gains over AR and :func:`what_moves`, in
+    place."""
     ar = {(r["model"], r["precision"]): r for r in rows if r["row"] == "AR"}
     for r in rows:
         r["talker_floor_ms"] = floor_ms(r.pop("talker_bytes"), gb_per_s)
@@ -289,10 +265,8 @@ def _finish(rows: list[dict], gb_per_s: float) -> None:
 
 
 def what_moves(r: dict) -> dict:
-    """Amdahl on one row: the part with the largest share of the one-thread frame (``dominant``, its ``_share``), the
-    frame if that part ran at its floor (``frame_1t_at_floor_ms``; ``None`` without a floor), the side that sets the
-    two-core frame (``bottleneck_2c``: generation = talker + inner loop, or codec decoding), and one sentence saying
-    so (``moves_frame``)."""
+    """Amdahl on one row: ``dominant`` part and its ``dominant_share``, ``frame_1t_at_floor_ms`` (``None`` without a
+    floor), ``bottleneck_2c`` (generation or codec decoding) and the sentence ``moves_frame``."""
     part = max(PARTS, key=lambda p: r[f"{p}_ms"])
     fl = r[f"{part}_floor_ms"]
     at_floor = r["frame_1t_ms"] - r[f"{part}_ms"] + fl if fl else None
@@ -308,8 +282,7 @@ def what_moves(r: dict) -> dict:
 
 
 def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, text: str, frames: int, seed: int):
-    """One timed condition: a whole stream (``batch`` copies of ``text``), on one thread or overlapped over all
-    cores; returns its summary and its chunk records."""
+    """One timed condition: a whole stream of ``batch`` copies of ``text``; returns its summary and chunk records."""
     def run(i):
         outer = torch.get_num_threads()
         torch.set_num_threads(1 if layout == LAYOUTS[0] else os.cpu_count() or 1)
@@ -329,14 +302,11 @@ def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, t
 def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), text: str = TEXT,
                  frames: int = STREAM_FRAMES, repeats: int = 2, warmup: int = 0, seed: int = 0,
                  progress: bool = False) -> dict:
-    """Whole streams of every ``{name: runner}`` x batch x layout (:data:`LAYOUTS`), interleaved (module docstring).
+    """Whole streams of every ``{name: runner}`` x batch x layout (:data:`LAYOUTS`), interleaved.
 
     Returns:
-        ``{"rows": [...], "meta"}``; a row per condition: ``row``, ``batch``, ``layout``, the decoder's fields, and
-        the medians over the runs of the stream summary's ``ttfa_ms``, ``ttfa_call_ms``, ``rtf``, ``frame_ms``,
-        ``underruns``, ``overlap``, ``talker_ms``, ``inner_ms``, ``codec_ms``, ``tokens_per_call``; ``realtime``
-        (the steady period of a round at most 80 ms); ``chunks`` (the first run's chunk records: when each was ready
-        and how much audio it held).
+        ``{"rows": [...], "meta"}``; a row per condition: ``row``, ``batch``, ``layout``, the decoder's fields, the
+        medians of the stream summary's fields, ``realtime`` (a round at most 80 ms), ``chunks`` (the first run's).
     """
     codecs = {b: setup.codec_stream(b) for b in batches}
     conds = {(name, b, layout): _stream_condition(setup, r, codecs[b], batch=b, layout=layout, text=text,
@@ -360,9 +330,8 @@ def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), 
 
 
 def sustained(rows: Sequence[dict]) -> list[dict]:
-    """From :func:`time_streams` rows of several batches: per (model, precision, row, layout) the most streams
-    batched whose round still took at most a frame's 80 ms (``streams``; 0 if none), and the time to first audio
-    there."""
+    """Per (model, precision, row, layout) of :func:`time_streams` rows: the most streams batched in real time
+    (``streams``; 0 if none) and the time to first audio there."""
     out = {}
     for r in rows:
         k = (r["model"], r["precision"], r["row"], r["layout"])
@@ -376,11 +345,11 @@ def sustained(rows: Sequence[dict]) -> list[dict]:
 
 def check_pipeline_args(models: Sequence[str], precisions: Sequence[str], *, chunk_frames: int, frames: int,
                         batches: Sequence[int]) -> None:
-    """Every check that needs no model (one line each, naming the fix): the native forward builds here, the
-    precisions run natively, the model names, the chunk within the frame cap, positive batches.
+    """Every check that needs no model (native forward, precisions, model names, chunk within the frame cap,
+    batches).
 
     Raises:
-        ValueError: the first problem.
+        ValueError: the first problem, in one line naming the fix.
     """
     ok, why = available("native")
     if not ok:
@@ -402,24 +371,21 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                    acceptance=None, n_contexts: int = 8, text: str = TEXT, seed: int = 0,
                    noise_target: float | None = None, streams: bool = True, concurrency: bool | Sequence[str] = True,
                    codec_config: str = "released", codec_dtype: str | None = None, progress: bool = False) -> dict:
-    """Measure the pipeline table (module docstring).
+    """Measure the pipeline table (docs/streaming.md#the-pipeline-table).
 
     Args:
-        models: model names; a random-weight one is a timing replay of ``acceptance`` (default
+        models: a random-weight one is a timing replay of ``acceptance`` (default
             :func:`rvqspec_lib.eval.replay.default_acceptance`). precisions: default the CPU's native ones.
-        chunk_frames: frames per codec chunk. frames: a stream's frame cap. batches: streams batched in the
-            concurrency rows. repeats, warmup, noise_target: the parts' timing. stream_repeats: runs of each stream.
-        chains, budgets: the speculative candidates; auto, auto_frames: time ``auto``'s pick. n_contexts: inner-loop
-            contexts. text: what the streams speak. streams, concurrency: measure them (at the fastest precision;
-            ``concurrency`` may name the models to batch streams of).
-            codec_config, codec_dtype: the official codec decoder of models without a codec of their own (``tiny``:
-            tests) and its dtype (default bfloat16 where the CPU runs it natively).
+        chunk_frames, frames, batches: frames per codec chunk, a stream's frame cap, streams batched.
+        repeats, warmup, noise_target: the parts' timing. stream_repeats: runs of each stream.
+        chains, budgets, auto, auto_frames: the speculative candidates and ``auto``'s pick. streams, concurrency:
+            measure them (``concurrency`` may name models). codec_config, codec_dtype: as :func:`build_setup`.
+            n_contexts: inner-loop contexts. text: what the streams speak.
 
     Returns:
-        ``{"rows", "streams", "concurrency", "sustained", "quoted", "meta"}``: a row per (model, precision, row of
-        :data:`ROWS`) with the parts (``talker_ms``, ``inner_ms``, ``codec_ms``, their ``_cpu_ms``, ``_floor_ms``,
-        ``_x_floor``, ``_cpu_x_floor``, ``_share``), ``frame_1t_ms``, ``rtf_1t``, ``frame_2c_ms``, ``rtf_2c`` (and the
-        frames in thread CPU time, ``frame_1t_cpu_ms``, ``frame_2c_cpu_ms``), ``inner_gain``,
+        ``{"rows", "streams", "concurrency", "sustained", "quoted", "meta"}``: a row per (model, precision,
+        :data:`ROWS`) with per part ``_ms``, ``_cpu_ms``, ``_floor_ms``, ``_x_floor``, ``_cpu_x_floor``, ``_share``;
+        ``frame_1t_ms``, ``rtf_1t``, ``frame_2c_ms``, ``rtf_2c`` (and ``_cpu_ms``), ``inner_gain``,
         ``frame_gain_1t``, ``frame_gain_2c``, :func:`what_moves`' fields, ``tokens_per_call``, the decoder's fields,
         ``weights`` (``trained`` or the replay's words), ``note``; ``streams`` and ``concurrency``:
         :func:`time_streams` rows; ``sustained``: :func:`sustained`; ``quoted``: :data:`PUBLIC_PIPELINES`.
@@ -514,8 +480,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
 
 
 def _attach_streams(rows: list[dict], streams: Sequence[dict]) -> None:
-    """The measured streams' time to first audio, RTF, frame period and underruns beside the parts of the same
-    (model, precision, decoder), per layout (``ttfa_ms_1t``, ``rtf_1t_measured`` ...), in place; other rows get None."""
+    """The measured streams' ``stream_{ttfa_ms,frame_ms,rtf,underruns}_{1t,2c}`` beside the parts of the same row."""
     by = {(s["model"], s["precision"], s["decoder"], s["fused"], s["layout"]): s for s in streams}
     for r in rows:
         for layout, tag in zip(LAYOUTS, ("1t", "2c")):
@@ -525,8 +490,8 @@ def _attach_streams(rows: list[dict], streams: Sequence[dict]) -> None:
 
 
 def table_rows(result: dict) -> list[dict]:
-    """The rows to save and show: the measured rows, then the quoted ones (their measured columns empty, their
-    figures in ``quoted_rtf`` and ``quoted_ttfa_ms``)."""
+    """The rows to save and show: the measured rows, then the quoted ones (figures in ``quoted_rtf``,
+    ``quoted_ttfa_ms``)."""
     rows = [{**r, "quoted_rtf": None, "quoted_ttfa_ms": None} for r in result["rows"]]
     return rows + [{"model": q["model"], "weights": "QUOTED, not measured here", "precision": q["precision"],
                     "row": f"{q['source']}, {q['device']}", "quoted_rtf": q["quoted_rtf"],
@@ -534,8 +499,7 @@ def table_rows(result: dict) -> list[dict]:
 
 
 def caption(result: dict) -> str:
-    """One line: the CPU, threads, the bandwidth and peaks the floors use, the replay's words, what the columns
-    mean, oversubscription."""
+    """One line: the CPU, threads, floors' bandwidth and peaks, the replay's words, the columns, oversubscription."""
     m = result["meta"]
     peaks = ", ".join(f"{k.replace('torch.', '')} {v:.0f} GFLOP/s" for k, v in m["codec_peak_gflops"].items())
     over = (f"; OVERSUBSCRIBED ({len(m['oversubscribed'])} timings: "
@@ -583,8 +547,7 @@ def format_pipeline(result: dict) -> str:
 
 
 def save_pipeline(result: dict, path_stem, prov: dict) -> dict:
-    """Write the table (``<stem>.csv``, ``.md``: :func:`table_rows` with :func:`caption`), the streams and the
-    concurrency rows (``<stem>_streams``, ``<stem>_concurrency``; their chunk records in the JSON only) and
+    """Write ``<stem>.csv``/``.md`` (:func:`table_rows`), ``<stem>_streams``, ``<stem>_concurrency`` and
     ``<stem>.json`` (everything, provenance). Returns the paths."""
     out = save_table(table_rows(result), path_stem, prov, caption=caption(result))
     for part in ("streams", "concurrency"):

@@ -1,11 +1,7 @@
 """How fast the inner-loop decoders really are: whole frames timed interleaved, the verify cost curve, batches, and
-the speedup over AR by node budget N (the paper's Figure 4). Tokens per call overstates speed: a wider verify call
-costs more and the loop around the calls costs time too (docs/methods.md#reporting-speed). Everything times through
-:func:`rvqspec_lib.eval.timing.interleaved` over the registry's runners (:mod:`rvqspec_lib.models.backends`):
-:func:`build_runners`, :func:`time_frames` (each stepped frame split into model call, heads and the loop outside),
-:func:`verify_cost_curve`, :func:`batch_throughput`, :func:`speedup_vs_n` and :func:`projected_speedup`
-(docs/methods.md#choosing-the-node-budget), :func:`summary_by_backend`, :func:`speedups_over_ar`.
-"""
+the speedup over AR by node budget N (the paper's Figure 4); docs/methods.md#reporting-speed and
+#choosing-the-node-budget. Everything times through :func:`rvqspec_lib.eval.timing.interleaved` over the
+registry's runners."""
 
 from __future__ import annotations
 
@@ -98,8 +94,7 @@ def _timed(runner, clock: Clock):
 # Inputs
 # ----------------------------------------------------------------------------------------------------------------
 def _frame_inputs(runners: Sequence, contexts: torch.Tensor) -> tuple:
-    """``(code_predictor, contexts)``: the runners' code predictor and ``contexts`` on its device, after checking
-    their shape ``(N >= 1, 2, talker_hidden)``.
+    """``(code_predictor, contexts)`` on its device, after checking their shape ``(N >= 1, 2, talker_hidden)``.
 
     Raises:
         ValueError: no runner, or another shape (one line naming where contexts come from).
@@ -127,21 +122,17 @@ def _generator(device, seed: int) -> torch.Generator:
 
 def build_runners(backends: Sequence[str], code_predictor, decoders, *, fused: bool = True, sampling=None,
                   drafter=None, acceptance=None, work_dir=None, threads: int | None = None) -> tuple[list, dict]:
-    """The frame runners of every decoder through every backend present: stepped through ONE verify backend per
-    name (its decoders share it), and, with ``fused``, the whole-frame runner of each decoder that has one
-    (:func:`~rvqspec_lib.models.backends.fused_support`: AR and chains drafting with the reused heads).
+    """The frame runners of every decoder through every backend present: stepped through ONE verify backend per name
+    and, with ``fused``, the whole-frame runner of each decoder that has one.
 
     Args:
-        backends: names of :data:`rvqspec_lib.models.backends.BACKENDS`. code_predictor: the official module, in
-            the precision and on the device wanted. decoders: :class:`~rvqspec_lib.models.named_decoders.
-            NamedDecoder` s (:func:`~rvqspec_lib.models.named_decoders.resolve_all`; a mapping's values are taken)
-            or bare decoders. sampling, drafter: as ``decode_frame``. acceptance: a timing replay's hook (stepped
-            runners only: a fused frame computes its own acceptance, so none is built with it). work_dir, threads:
-            the ``onnx`` backend's.
+        backends: names of :data:`rvqspec_lib.models.backends.BACKENDS`. code_predictor: the official module, in the
+            precision and on the device wanted. decoders: ``NamedDecoder`` s (a mapping's values are taken) or bare
+            decoders. sampling, drafter: as ``decode_frame``. acceptance: a timing replay's hook (stepped runners
+            only). work_dir, threads: the ``onnx`` backend's.
 
     Returns:
-        ``(runners, absent)``: the runners, backend by backend, and ``{backend: why}`` for those not available here
-        (:func:`~rvqspec_lib.models.backends.available`; never timed).
+        ``(runners, absent)``: the runners, and ``{backend: why}`` for those not available here (never timed).
 
     Raises:
         ValueError: an unknown backend name (one line listing them).
@@ -170,24 +161,21 @@ def build_runners(backends: Sequence[str], code_predictor, decoders, *, fused: b
 def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20, warmup: int = 2, seed: int = 0,
                 noise_target: float | None = None, max_repeats: int | None = None, progress: bool = True,
                 random_weights: bool | None = None) -> dict:
-    """Time one frame (batch 1) of every runner, interleaved (module docstring).
+    """Time one frame (batch 1) of every runner, interleaved; fused runners' graphs are built first
+    (``meta["prepare_s"]``).
 
     Args:
-        runners: frame runners (:func:`rvqspec_lib.models.backends.frame_runner`) over ONE code predictor; put AR
-            in (stepped, and fused) to get ``speedup_vs_ar`` (``speedup_vs_fused``).
-        contexts: ``(N, 2, talker_hidden)``; round r decodes context ``r mod N`` through every runner, with generator
-            seed ``seed + r`` (paired).
+        runners: frame runners over ONE code predictor; put AR in (stepped, and fused) to get the speedups.
+        contexts: ``(N, 2, talker_hidden)``; round r decodes context ``r mod N`` with generator seed ``seed + r``.
         repeats, warmup, noise_target, max_repeats, progress: :func:`rvqspec_lib.eval.timing.interleaved`'s.
-        random_weights: recorded in ``meta``. Every fused runner's graphs are built first (their seconds in
-            ``meta["prepare_s"]``), so that no compilation falls into a timed frame.
+            random_weights: recorded in ``meta``.
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per runner: its fields (``decoder``, ``kind``, ``drafter``,
         ``nodes``, ``lossy``, ``backend``, ``fused``, ``precision``), ``tokens_per_call`` (mean over the first
-        ``repeats`` timed frames, which every run makes, prefill included), ``calls_per_frame``, ``ms_per_frame``
-        (median), ``p10_ms``, ``p90_ms``, ``model_ms`` (in the backend's forward), ``heads_ms`` (heads,
-        embeddings, drafts), ``outside_ms`` (the rest: the loop outside the model; a fused runner's frame is all
-        ``model_ms``), ``outside_share``, ``speedup_vs_ar`` and ``speedup_vs_fused`` (over stepped AR and over the
+        ``repeats`` frames, prefill included), ``calls_per_frame``, ``ms_per_frame`` (median), ``p10_ms``, ``p90_ms``,
+        ``model_ms`` (in the backend's forward), ``heads_ms`` (heads, embeddings, drafts), ``outside_ms`` (the loop
+        outside the model), ``outside_share``, ``speedup_vs_ar`` and ``speedup_vs_fused`` (over stepped AR and the
         fused AR frame of the same backend and precision, ratios of medians).
 
     Raises:
@@ -237,8 +225,8 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
 
 
 def _speedups(rows: list[dict], time_key: str = "ms_per_frame") -> None:
-    """``speedup_vs_ar`` (stepped AR) and ``speedup_vs_fused`` (fused AR) of the same backend and precision,
-    in place."""
+    """``speedup_vs_ar`` (stepped AR) and ``speedup_vs_fused`` (fused AR) of the same backend and precision, in
+    place."""
     def ar(fused):
         return {(r["backend"], r["precision"], r.get("batch")): r[time_key] for r in rows
                 if r["kind"] == "ar" and bool(r["fused"]) == fused}
@@ -255,14 +243,12 @@ def _speedups(rows: list[dict], time_key: str = "ms_per_frame") -> None:
 def verify_call(code_predictor, backend, q: int, prefix_len: int = PREFIX_LEN, seed: int = 0, *,
                 whole: bool = False):
     """One verify call of ``q`` query positions after ``prefix_len`` committed slots, as a closure ``call(round)``
-    (the prefix is written once; every call rewrites the same ``q`` slots, so repeated calls see the same cache).
+    (every call rewrites the same ``q`` slots).
 
     Args:
-        backend: a verify backend (:func:`rvqspec_lib.models.backends.verify_backend`). q, prefix_len: >= 1.
-        seed: the seed of the random inputs (a local generator).
-        whole: the backend's ``forward`` alone (False: what the cost curve times), or the whole call as a decode
-            round makes it (True): ``small_to_mtp_projection`` of ``(1, q, talker_hidden)`` inputs first, one head's
-            logits of every position after (what :mod:`rvqspec_lib.eval.latency` times against the floor).
+        backend: a verify backend. q, prefix_len: >= 1. seed: of the random inputs.
+        whole: False: the backend's ``forward`` alone (the cost curve); True: the call as a decode round makes it,
+            projection first and one head's logits after (:mod:`rvqspec_lib.eval.latency`).
 
     Returns:
         ``call(round) -> (1, q, hidden)`` hidden states, or ``(q, codebook_size)`` logits with ``whole``.
@@ -297,9 +283,8 @@ def verify_cost_curve(code_predictor, backends: Mapping[str, object], *, query_s
     """t(Q)/t(1) of one verify call (the backend's ``forward`` alone) per backend, every (backend, Q) interleaved.
 
     Args:
-        backends: ``{name: verify backend}`` (:func:`rvqspec_lib.models.backends.verify_backend`). query_sizes: the
-            Qs (1 among them, the ratio's reference). prefix_len: committed slots before the call. Others as
-            :func:`rvqspec_lib.eval.timing.interleaved` (the device synchronised on a GPU).
+        backends: ``{name: verify backend}``. query_sizes: the Qs, 1 among them. prefix_len: committed slots before
+            the call. Others as :func:`rvqspec_lib.eval.timing.interleaved`.
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per (backend, Q): ``backend``, ``query_positions``, ``median_ms``,
@@ -331,18 +316,16 @@ def verify_cost_curve(code_predictor, backends: Mapping[str, object], *, query_s
 def batch_throughput(runners: Sequence, contexts: torch.Tensor, *, batch_sizes: Sequence[int] = BATCH_SIZES,
                      repeats: int = 5, warmup: int = 1, seed: int = 0, random_weights: bool | None = None,
                      progress: bool = True, noise_target: float | None = None, max_repeats: int | None = None) -> dict:
-    """Frames per second of batched decoding: one call of a runner over B frames per measurement, every
-    (runner, B) interleaved.
+    """Frames per second of batched decoding: one call of a runner over B frames, every (runner, B) interleaved.
 
     Args:
-        runners: frame runners over one code predictor. contexts: ``(N, 2, talker_hidden)``; a batch of B takes B
-            consecutive rows (wrapping around), starting at ``r * B`` in round r. batch_sizes: the Bs. Others as
-            :func:`time_frames`.
+        runners, contexts, others: as :func:`time_frames`; a batch of B takes B consecutive contexts from ``r * B``
+            in round r (wrapping around). batch_sizes: the Bs.
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per (runner, B): the runner's fields, ``batch``, ``ms_per_batch``
-        (median), ``p10_ms``, ``p90_ms``, ``frames_per_s``, ``tokens_per_call`` (codes over the batch's calls, which
-        are its slowest row's), ``speedup_vs_ar`` (frames per second over stepped AR of the same backend and B).
+        (median), ``p10_ms``, ``p90_ms``, ``frames_per_s``, ``tokens_per_call`` (over the slowest row's calls),
+        ``speedup_vs_ar`` (frames per second over stepped AR of the same backend and B).
 
     Raises:
         ValueError: bad contexts or batch sizes, bad settings.
@@ -380,8 +363,8 @@ def batch_throughput(runners: Sequence, contexts: torch.Tensor, *, batch_sizes: 
 # Speedup by node budget: measured and projected (the paper's Figure 4)
 # ----------------------------------------------------------------------------------------------------------------
 def speedup_vs_n(rows: Sequence[dict]) -> list[dict]:
-    """From :func:`time_frames` rows: per (backend, precision, fused) and node budget N, the best speedup over AR of
-    the same backend among the stepped decoders of that N (``decoder`` names which).
+    """Per (backend, precision, fused) and node budget N of :func:`time_frames` rows: the best stepped speedup over
+    AR.
 
     Returns:
         rows ``backend``, ``precision``, ``nodes``, ``decoder``, ``speedup_vs_ar``, ``ms_per_frame``,
@@ -409,14 +392,13 @@ def _ratio(a, b):
 
 
 def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
-    """From :func:`time_frames` rows, per backend and precision: stepped AR, the fused AR frame, the fastest lossless
-    speculative decoder stepped and fused, and their speedups (ratios of the medians of one interleaved run).
+    """Per backend and precision of :func:`time_frames` rows: AR stepped and fused, the fastest lossless speculative
+    decoder stepped and fused, and their speedups.
 
     Returns:
         rows ``backend``, ``precision``, ``ar_ms``, ``fused_ar_ms``, ``best_decoder``, ``best_nodes``, ``best_ms``,
         ``best_tokens_per_call``, ``best_speedup_vs_ar``, ``best_speedup_vs_fused``, ``fused_spec_decoder``,
-        ``fused_spec_ms``, ``fused_spec_speedup_vs_fused`` (below 1: the fused AR frame is the faster),
-        ``fused_speedup_vs_ar``; ``None`` where a row is missing.
+        ``fused_spec_ms``, ``fused_spec_speedup_vs_fused``, ``fused_speedup_vs_ar``; ``None`` where a row is missing.
     """
     out = []
     for b, prec in dict.fromkeys((r["backend"], r["precision"]) for r in rows):
@@ -437,8 +419,8 @@ def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
 
 
 def expected_tokens_per_call(calibration: dict, kind: str | None = None) -> dict:
-    """``{N: E(N)}`` from a calibration (:func:`rvqspec_lib.eval.calibration.calibrate`): the one-call expected codes
-    of the ``kind`` of tree (``"point-mass"`` or ``"sampled"``; ``None``: the better kind at each budget).
+    """``{N: E(N)}``, the one-call expected codes of a calibration for the ``kind`` of tree (``"point-mass"``,
+    ``"sampled"``; ``None``: the better).
 
     Raises:
         KeyError: a kind the calibration does not hold.
@@ -449,9 +431,8 @@ def expected_tokens_per_call(calibration: dict, kind: str | None = None) -> dict
 
 
 def projected_speedup(expected_tokens: Mapping, cost_rows: Sequence[dict]) -> list[dict]:
-    """``speedup(N) = E(N) x t(1) / t(N)`` per backend (docs/methods.md#choosing-the-node-budget): the speedup of a
-    tree of node budget N over AR at the CALL level (loop overhead and the frame's prefill ignored): a PROJECTION,
-    whose inputs are the calibration's E(N) and the measured verify costs.
+    """``speedup(N) = E(N) x t(1) / t(N)`` per backend: a PROJECTION at the call level
+    (docs/methods.md#choosing-the-node-budget).
 
     Args:
         expected_tokens: ``{N: E(N)}`` (:func:`expected_tokens_per_call`). cost_rows: :func:`verify_cost_curve` rows.
@@ -471,19 +452,14 @@ def projected_speedup(expected_tokens: Mapping, cost_rows: Sequence[dict]) -> li
 
 
 def speedups_over_ar(rows: Sequence[dict]) -> list[dict]:
-    """Which AR is fastest, and what speculation gains over each AR, read off :func:`time_frames` rows.
-
-    Every AR row of the run is a baseline: stepped AR through each backend and each backend's fused AR frame (the
-    ``native`` one is the whole AR frame as one C call). For each, the fastest lossless speculative decoder of the run
-    (any backend, stepped or fused), the fastest through the baseline's own backend, and the fastest of the paper's
-    decoder (``kind`` ``paper``), each with its speedup over that baseline (ratios of medians of one interleaved run).
+    """Which AR is fastest, and what speculation gains over each AR (every AR row of the run a baseline), from
+    :func:`time_frames` rows.
 
     Returns:
-        rows, fastest AR first: ``ar`` (:func:`~rvqspec_lib.models.backends.runner_label` of the AR row), ``backend``,
-        ``fused``, ``precision``, ``ar_ms``, ``fastest_ar`` (True for the first), ``ar_vs_fastest_ar`` (its time
-        over the fastest AR's: 1.0 for the fastest), ``fastest_speculative`` (a label), ``speedup``,
-        ``same_backend_speculative``, ``same_backend_speedup``, ``paper_decoder``, ``paper_speedup`` (``None``
-        where the run has no such row). Empty without an AR row.
+        rows, fastest AR first: ``ar`` (a label), ``backend``, ``fused``, ``precision``, ``ar_ms``, ``fastest_ar``,
+        ``ar_vs_fastest_ar`` (over the fastest AR's time), ``fastest_speculative`` (lossless, any backend), ``speedup``,
+        ``same_backend_speculative``, ``same_backend_speedup``, ``paper_decoder`` (the fastest of ``kind`` ``paper``),
+        ``paper_speedup`` (``None`` where the run has no such row); speedups over that AR row. Empty without an AR row.
     """
     ars = sorted((r for r in rows if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"])
     spec = [r for r in rows if r["kind"] != "ar" and not r.get("lossy")]

@@ -1,13 +1,6 @@
-"""The talker step timed per precision, official and native, against its weight-streaming floor
-(docs/precision.md#the-native-talker).
-
-A talker step (one new position after ``context`` cached ones, then ``codec_head``) reads every talker weight once:
-on a CPU it is bound by streaming them. :func:`bench_talker_precisions` times the official step
-(:func:`official_step`) and the native one (:func:`native_step`) per precision and context in ONE interleaved run,
-each median against the floor (weight bytes over the read bandwidth, :mod:`rvqspec_lib.eval.floor`) and the floor
-with the KV cache the step attends. :func:`scan_cost` measures what attending over the filled prefix of the native
-cache saves. Real-size architectures have random weights here: timing only.
-"""
+"""The talker step timed per precision, official and native, against its weight-streaming floor, in ONE interleaved
+run (docs/precision.md#the-native-talker); :func:`scan_cost`: what attending over the filled prefix of the native
+cache saves. Real-size architectures have random weights here: timing only."""
 
 from __future__ import annotations
 
@@ -33,17 +26,17 @@ EMBED_SCALE = 0.02
 
 
 def slim_talker(talker):
-    """A deep copy of the official talker (``lm.model.talker``) holding what a step runs, ``model`` (with its codec
-    table) and ``codec_head``; the code predictor, the text table (1.2 GB in float32 on the 0.6B) and
-    ``text_projection`` become empty stand-ins, so that a benchmark can hold one copy per precision."""
+    """A deep copy of ``lm.model.talker`` holding what a step runs (``model``, ``codec_head``); the code predictor,
+    the text table and ``text_projection`` become empty stand-ins, so that a benchmark can hold one copy per
+    precision."""
     memo = {id(talker.code_predictor): nn.Identity(), id(talker.text_projection): nn.Identity(),
             id(talker.model.text_embedding): nn.Embedding(1, 1)}
     return copy.deepcopy(talker, memo)
 
 
 def talker_inputs(hidden: int, context: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random float32 inputs of a timed talker step (timing only; :data:`EMBED_SCALE`): ``context`` cached positions
-    ``(1, C, H)`` and the one new position ``(1, 1, H)``, from a generator seeded ``seed``.
+    """Random float32 inputs of a timed talker step (timing only): ``context`` cached positions ``(1, C, H)`` and the
+    new one ``(1, 1, H)``.
 
     Raises:
         ValueError: ``context < 1``.
@@ -56,8 +49,8 @@ def talker_inputs(hidden: int, context: int, seed: int = 0) -> tuple[torch.Tenso
 
 
 def official_step(talker, context: int, *, seed: int = 0):
-    """One official talker step (``talker.model`` + ``codec_head``, MRoPE ids ``(3, 1, L)`` alike on all three axes)
-    after ``context`` cached positions of :func:`talker_inputs`, on the talker's device and dtype.
+    """One official talker step (``talker.model`` + ``codec_head``) after ``context`` cached positions of
+    :func:`talker_inputs`.
 
     Returns:
         ``(call, reset)``: ``call(round=0) -> (1, vocab)`` logits; ``reset()`` crops the cache back (outside the
@@ -85,8 +78,8 @@ def official_step(talker, context: int, *, seed: int = 0):
 
 
 def native_step(nt, context: int, *, seed: int = 0):
-    """:func:`official_step` through a :class:`~rvqspec_lib.models.native_talker.NativeTalker` on the same inputs
-    (its own KV cache of ``context + 1`` slots, switched in with ``use_cache`` at every call).
+    """:func:`official_step` through a :class:`~rvqspec_lib.models.native_talker.NativeTalker` (its own cache of
+    ``context + 1`` slots).
 
     Raises:
         ValueError: ``context < 1``.
@@ -106,8 +99,7 @@ def native_step(nt, context: int, *, seed: int = 0):
 
 
 def _timed(conditions: list, warmup: int, repeats: int, progress: bool) -> tuple[dict, dict]:
-    """Every ``(key, call, reset)`` through :func:`rvqspec_lib.eval.timing.interleaved` (``reset`` after each run,
-    outside the clock): ``({key: summary + cpu_ms (the calling thread's CPU milliseconds, median)}, meta)``."""
+    """Every ``(key, call, reset)`` interleaved: ``({key: summary + cpu_ms}, meta)``."""
     with torch.inference_mode():
         t = interleaved({k: call for k, call, _ in conditions}, repeats=repeats, warmup=warmup,
                         reset={k: reset for k, _, reset in conditions}, progress=progress, desc="talker rounds")
@@ -119,24 +111,21 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
                             forwards: Sequence[str] = TALKER_FORWARDS, warmup: int = 3, repeats: int = 15,
                             seed: int = 0, bandwidth: dict | None = None, progress: bool = False,
                             model_name: str = "", random_weights: bool = True) -> dict:
-    """Talker steps per (precision, forward, context), one interleaved run, each against its floor (module
-    docstring).
+    """Talker steps per (precision, forward, context), one interleaved run, each against its floor.
 
     Args:
-        talker: the official talker in float32 (e.g. :func:`slim_talker`'s; not modified: other precisions run on
-            converted copies, without the native check). precisions: of :data:`~rvqspec_lib.models.precision.
-            PRECISIONS` (default the CPU's native ones). contexts: cached positions before the step (each >= 1).
-            forwards: some of :data:`TALKER_FORWARDS`. warmup, repeats: untimed and timed rounds. seed: of the inputs.
+        talker: the official talker in float32 (not modified). precisions: default the CPU's native ones. contexts:
+            cached positions before the step (each >= 1). forwards: some of :data:`TALKER_FORWARDS`. warmup, repeats,
+            seed: of the timing and inputs.
         bandwidth: a :func:`rvqspec_lib.eval.timing.read_bandwidth` result; ``None``: read around the timing.
-        model_name, random_weights: reported as given.
+            model_name, random_weights: reported as given.
 
     Returns:
         JSON-able dict: the timing's meta, ``model``, ``random_weights``, ``device_name``, ``cpu_flags``,
-        ``native_precisions``, ``bandwidth``, the settings, and ``rows`` per (precision, context, forward): the summary
-        (``median_ms`` ... ``n``) and ``cpu_ms`` (thread CPU time), ``weight_bytes``, ``kv_bytes`` (in that forward's
-        cache dtype), ``packed_bytes`` (native), ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``over_floor_kv``,
-        ``floor_cpu_ms``, ``cpu_over_floor``, ``cpu_over_floor_kv`` (the CPU-time ones ``None`` without
-        ``gb_per_s_cpu``).
+        ``native_precisions``, ``bandwidth``, the settings, and ``rows`` per (precision, context, forward): the
+        summary, ``cpu_ms`` (thread CPU time), ``weight_bytes``, ``kv_bytes`` (in that forward's cache dtype),
+        ``packed_bytes`` (native), ``floor_ms``, ``floor_kv_ms``, ``over_floor``, ``over_floor_kv``, ``floor_cpu_ms``,
+        ``cpu_over_floor``, ``cpu_over_floor_kv`` (the CPU-time ones ``None`` without ``gb_per_s_cpu``).
 
     Raises:
         ValueError: an unknown precision or forward, a context < 1, a talker not in float32.
@@ -188,18 +177,12 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
 
 def scan_cost(nt, *, context: int = 64, capacity: int = 2048, warmup: int = 3, repeats: int = 15,
               seed: int = 0) -> dict:
-    """What attending over the filled prefix saves: the same native step after ``context`` positions in a cache of
-    ``capacity`` slots, scanning the prefix (``rvq_forward_scan``, the default) and scanning every slot through an
-    ``allow`` mask (``nt.scan_whole_cache``), interleaved. The two compute the same values bit for bit (tested).
-
-    Args:
-        nt: a :class:`~rvqspec_lib.models.native_talker.NativeTalker` (its cache is replaced by a new one of
-            ``capacity`` slots: ``capacity x nt.kv_bytes_per_position`` bytes).
-        context: positions before the step (1 <= context < capacity).
+    """The native step after ``context`` positions in a cache of ``capacity`` slots, scanning the prefix (default)
+    against every slot through a mask (bit-identical, tested), interleaved; ``nt``'s cache is replaced.
 
     Returns:
-        ``{"context", "capacity", "prefix_ms", "whole_cache_ms", "saved_ms"}`` (wall-clock medians) and the same
-        three in thread CPU time (``prefix_cpu_ms``, ...).
+        ``{"context", "capacity", "prefix_ms", "whole_cache_ms", "saved_ms"}`` (wall-clock medians) and
+        ``prefix_cpu_ms``, ... in thread CPU time.
 
     Raises:
         ValueError: a context outside 1..capacity - 1.
@@ -230,9 +213,8 @@ def scan_cost(nt, *, context: int = 64, capacity: int = 2048, warmup: int = 3, r
 
 
 def format_talker_table(result: dict) -> str:
-    """Plain-text table of a :func:`bench_talker_precisions` result: the CPU, its bandwidth, then per (precision,
-    context, forward) the median step, its spread, the MB it reads and both floors with the step as a multiple of
-    each."""
+    """Plain-text table of a :func:`bench_talker_precisions` result: the CPU, then per row the step, MB read and both
+    floors."""
     lines = [
         f"talker step (1 new position + codec_head): model {result['model']}"
         f"{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads {result['threads']} | "

@@ -1,17 +1,9 @@
 """THE timing harness (docs/style.md#benchmarks): every millisecond the project reports is measured by
-:func:`interleaved`, with the machine's load watched (:class:`LoadMonitor`), the device synchronised where it is
-asynchronous (:func:`device_sync`), and the facts printed beside it (:func:`machine_meta`).
-
-* **Interleaved.** Each round runs every condition once, in an order shuffled by a seeded RNG, after ``warmup``
-  untimed runs of each: a load change hits all conditions alike, so ratios within a run hold when absolute times
-  drift.
-* **Noise stop.** ``repeats`` rounds, or with ``noise_target`` round by round until every median's relative standard
-  error is below it (:mod:`rvqspec_lib.eval.noise`).
-* **Load.** The share of CPU time other processes took goes into ``meta``; above :data:`OTHER_CPU_LIMIT` a CPU
-  timing is OVERSUBSCRIBED (:func:`oversubscribed_note`) and :func:`measure_quietly` measures it once more.
-* **Bandwidth.** The weight-streaming floor needs the read bandwidth (:func:`read_bandwidth`); :func:`bandwidth_around`
-  reads it before and after a timing and keeps the faster.
-"""
+:func:`interleaved` (each round runs every condition once in a seeded shuffled order, so ratios within a run hold
+when absolute times drift; ``repeats`` rounds, or until ``noise_target``), with the machine's load watched
+(:class:`LoadMonitor`, OVERSUBSCRIBED timings measured again: :func:`measure_quietly`), the device synchronised
+(:func:`device_sync`), the facts printed beside it (:func:`machine_meta`) and the read bandwidth of the floors
+(:func:`read_bandwidth`, :func:`bandwidth_around`)."""
 
 from __future__ import annotations
 
@@ -72,8 +64,7 @@ def device_sync(device) -> Callable[[], None] | None:
 
 
 def _cpu_snapshot() -> tuple[float, float, float] | None:
-    """(busy CPU seconds of the whole machine, CPU seconds of all cores, CPU seconds of this process) from
-    ``/proc/stat`` and ``os.times``; ``None`` where ``/proc/stat`` is missing (not Linux)."""
+    """(busy CPU s of the machine, CPU s of all cores, CPU s of this process); ``None`` without ``/proc/stat``."""
     try:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:9]]
@@ -86,7 +77,7 @@ def _cpu_snapshot() -> tuple[float, float, float] | None:
 
 class LoadMonitor:
     """A context manager: the 1-minute load average before and after, and the share of the machine's CPU time OTHER
-    processes used while it was open (``other_cpu_frac``, 0..1; ``None`` where unknown)."""
+    processes used while open (``other_cpu_frac``, 0..1; ``None`` where unknown)."""
 
     def __enter__(self) -> "LoadMonitor":
         self._before, self._load0 = _cpu_snapshot(), os.getloadavg()
@@ -108,13 +99,9 @@ class LoadMonitor:
 
 
 def cpu_oversubscribed(meta: Mapping) -> bool | None:
-    """Whether, during a CPU timing, other processes used more than :data:`OTHER_CPU_LIMIT` of the machine's CPU time
-    or they and the timing's threads wanted more cores than exist (``other_cpu_frac * cpu_count + threads >
-    cpu_count + 0.1``: the timing's threads were descheduled). ``None`` when unknown or not a CPU timing.
-
-    Args:
-        meta: a timing's ``meta`` (``other_cpu_frac``, ``cpu_count``, ``threads``, ``device``).
-    """
+    """Whether, during a CPU timing (``meta``: ``other_cpu_frac``, ``cpu_count``, ``threads``, ``device``), other
+    processes used more than :data:`OTHER_CPU_LIMIT` of the CPU time or they and the timing's threads wanted more
+    cores than exist. ``None`` when unknown or not a CPU timing."""
     other, n_cpu = meta.get("other_cpu_frac"), meta.get("cpu_count") or os.cpu_count()
     if str(meta.get("device", "cpu")) != "cpu" or other is None:
         return None
@@ -123,8 +110,7 @@ def cpu_oversubscribed(meta: Mapping) -> bool | None:
 
 
 def oversubscribed_note(meta: Mapping) -> str:
-    """``"OVERSUBSCRIBED: other processes used X% of the CPU"`` when :func:`cpu_oversubscribed`, else ``""``: the
-    words a timing figure's title and a timing table's caption carry."""
+    """``"OVERSUBSCRIBED: other processes used X% of the CPU"`` when :func:`cpu_oversubscribed`, else ``""``."""
     if not cpu_oversubscribed(meta):
         return ""
     return f"OVERSUBSCRIBED: other processes used {100 * meta['other_cpu_frac']:.0f}% of the CPU"
@@ -142,9 +128,8 @@ def load_words(meta: Mapping) -> str:
 
 
 def machine_lines(result: Mapping, flags: Mapping, floor_words: str) -> list[str]:
-    """Two header lines of a table against the weight-streaming floor: the CPU (``result["device_name"]``), its
-    precision flags (:func:`rvqspec_lib.models.precision.cpu_features`) and native precisions; the read bandwidth
-    (``result["bandwidth"]``, :func:`bandwidth_around`'s) and ``floor_words``."""
+    """Two header lines of a table against the floor: the CPU, its precision flags and native precisions; the read
+    bandwidth and ``floor_words``."""
     bw = result["bandwidth"]
     return [f"CPU {result['device_name']} | bf16 flags: {', '.join(flags['bf16']) or 'none'} | int8 dot-product "
             f"flags: {', '.join(flags['int8_dot']) or 'none'} | native precisions: "
@@ -157,8 +142,8 @@ def machine_lines(result: Mapping, flags: Mapping, floor_words: str) -> list[str
 
 
 def machine_meta(module: torch.nn.Module | None = None, *, random_weights: bool | None = None) -> dict:
-    """What every timing is printed beside: torch threads, CPU model, its precision flags, core count, torch
-    version and its CPU capability; the module's dtype and device when given; whether the weights are random."""
+    """What every timing is printed beside: threads, CPU, flags, cores, torch and its CPU capability; the module's
+    dtype and device; random weights."""
     meta = {"threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": cpu_model(),
             "cpu_flags": sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2"))),
             "cpu_count": os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -177,12 +162,9 @@ class Timing:
 
     Attributes:
         ms: ``{condition: [milliseconds of each timed run]}``, in round order.
-        cpu_ms: the same runs in the calling thread's CPU time (what other processes sharing the cores do not
-            inflate, though their memory traffic still slows it; meaningful with one torch thread).
+        cpu_ms: the same runs in the calling thread's CPU time (meaningful with one torch thread).
         out: ``{condition: [what the condition returned in each timed run]}``.
-        meta: rounds made, noise target and achieved noise (:func:`rvqspec_lib.eval.noise.noise_meta`), warm-up
-            runs, seed, the load during the timing (:class:`LoadMonitor`) and the machine (:func:`machine_meta`).
-    """
+        meta: rounds, noise target and achieved noise, warm-up runs, seed, the load and the machine."""
 
     ms: dict
     out: dict
@@ -203,14 +185,13 @@ def interleaved(conditions: Mapping[Hashable, Callable[[int], object]], *, repea
 
     Args:
         conditions: ``{key: f}``; ``f(i)`` runs the condition once and may return anything (kept in ``out``): ``i``
-            is the round (0, 1, ...) of a timed run, ``WARMUP_BASE + w`` of warm-up run w. A condition that decodes
-            draws its input and seeds its generator from ``i``, so every condition sees the same inputs each round.
+            is the timed round (0, 1, ...) or ``WARMUP_BASE + w`` for warm-up run w, so every condition can draw the
+            same inputs each round.
         repeats: timed rounds (with ``noise_target``: the minimum, >= 2). warmup: untimed runs of each condition
-            first (compiled code compiles there).
+            first.
         noise_target, max_repeats: the stopping rule (:func:`rvqspec_lib.eval.noise.repeat_cap`).
-        seed: the shuffling RNG's seed. sync: called before starting and before stopping each clock (a GPU's
-            :func:`device_sync`). reset: ``{key: g}``; ``g()`` runs after every run of that condition (warm-up
-            too), outside the clock (e.g. crops a KV cache back). progress: a progress bar over the rounds. module,
+        seed: the shuffling RNG's. sync: called around each clock (a GPU's :func:`device_sync`). reset: ``{key: g}``,
+            ``g()`` after every run of that condition, outside the clock. progress: a progress bar. module,
             random_weights: for the meta.
 
     Returns:
@@ -261,8 +242,8 @@ def _key_text(key) -> str:
 
 
 class Phases(dict):
-    """Wall seconds per named phase of a long run (its run-time budget, not a timing): ``with phases("build"):``
-    adds that block's seconds to ``phases["build"]``; ``phases.total_s()`` is the seconds since it was made."""
+    """Wall seconds per named phase of a long run (a run-time budget, not a timing): ``with phases("build"):`` adds
+    to ``phases["build"]``; ``total_s()``: the seconds since it was made."""
 
     def __init__(self):
         super().__init__()
@@ -282,15 +263,13 @@ class Phases(dict):
 
 def measure_quietly(measure: Callable[[], object], *, meta: Callable[[object], Mapping] = lambda r: r,
                     attempts: int = 2):
-    """Run a timing, and once more if the CPU was oversubscribed during it; keep the quieter run.
+    """Run ``measure()`` (a timing), and once more if the CPU was oversubscribed during it; keep the quieter run.
 
     Args:
-        measure: times something and returns its result. meta: picks from that result the dict
-            :func:`cpu_oversubscribed` reads (e.g. ``lambda r: r["meta"]``). attempts: timings at most.
+        meta: picks from the result the dict :func:`cpu_oversubscribed` reads. attempts: timings at most.
 
     Returns:
-        ``(result, info)``: the run with the lower ``other_cpu_frac`` and ``{"attempts": [other_cpu_frac of each
-        run], "oversubscribed": bool | None, "note": oversubscribed_note}`` for it.
+        ``(result, info)``: ``info = {"attempts": [other_cpu_frac of each run], "oversubscribed", "note"}``.
     """
     runs = []
     for _ in range(max(1, int(attempts))):
@@ -304,8 +283,7 @@ def measure_quietly(measure: Callable[[], object], *, meta: Callable[[object], M
 
 
 def llc_bytes(cache_dir: str | Path = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
-    """Size of the largest CPU cache of cpu0 in bytes, from sysfs (``index*/size`` such as ``32768K``); ``None``
-    where sysfs does not say (not Linux)."""
+    """Size of the largest CPU cache of cpu0 in bytes, from sysfs; ``None`` where sysfs does not say."""
     sizes = []
     for f in Path(cache_dir).glob("index*/size"):
         try:
@@ -319,13 +297,9 @@ def llc_bytes(cache_dir: str | Path = "/sys/devices/system/cpu/cpu0/cache") -> i
 
 
 def read_bandwidth(*, buffer_bytes: int | None = None, repeats: int = BANDWIDTH_REPEATS) -> dict:
-    """Streaming read bandwidth of this machine with torch's current thread count (the commands set 1):
-    ``torch.sum`` over a float32 buffer much larger than the last-level cache (the sum reads every byte once and
-    writes nothing), once untimed to fault the pages in, then ``repeats`` timed passes (:func:`interleaved`).
-
-    Args:
-        buffer_bytes: size of the buffer (default :data:`DEFAULT_BUFFER_BYTES`; keep it several times the LLC).
-        repeats: timed passes (>= 1); the median is reported.
+    """Streaming read bandwidth with torch's current thread count: ``torch.sum`` over a float32 buffer much larger
+    than the last-level cache (``buffer_bytes``, default :data:`DEFAULT_BUFFER_BYTES`), once untimed, then ``repeats``
+    timed passes.
 
     Returns:
         ``{"gb_per_s": median (1e9 bytes per second), "gb_per_s_max", "buffer_bytes", "repeats", "threads",
@@ -351,13 +325,11 @@ def read_bandwidth(*, buffer_bytes: int | None = None, repeats: int = BANDWIDTH_
 
 
 def bandwidth_around(measure: Callable[[], object], **read_kw) -> tuple[object, dict]:
-    """Run ``measure()`` between two reads of the machine's streaming read bandwidth (:func:`read_bandwidth`,
-    ``read_kw`` its keywords) and keep the faster read: another process's load lowers a read, and the floor must not
-    be set by a busy moment.
+    """Run ``measure()`` between two :func:`read_bandwidth` reads and keep the faster (a busy moment must not set the
+    floor).
 
     Returns:
-        ``(measure's result, bandwidth)``: ``read_bandwidth``'s dict of the faster read, plus ``gb_per_s_before`` and
-        ``gb_per_s_after``.
+        ``(measure's result, bandwidth)``: the faster read's dict plus ``gb_per_s_before`` and ``gb_per_s_after``.
     """
     before = read_bandwidth(**read_kw)
     result = measure()

@@ -1,19 +1,7 @@
-"""Per-layer streaming state of the official 12 Hz speech tokenizer decoder, for
-:class:`rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` (docs/codec_streaming.md).
-
-What a stream carries from one chunk to the next, layer by layer: a causal convolution's last
-``(kernel - 1) * dilation`` input samples, a causal transposed convolution's ``kernel - stride`` overhang
-(overlap-add), and the transformer's keys and values of the last ``sliding_window - 1`` frames with the frame
-position. Two backends hold that state over the SAME official weights (why, measured: docs/codec_streaming.md,
-"Two backends over the same weights"):
-
-* ``official`` (the ``*State`` classes): calls the official modules on ``(B, C, T)`` activations; any device.
-* ``onednn`` (the ``Fast*`` classes): every convolution, transposed convolution and linear layer run by oneDNN on a
-  copy of its weight laid out ONCE in oneDNN's blocked format (``torch.ops.mkldnn._reorder_*``), activations
-  channels-last ``(B, C, 1, T)``; CPU only. The transformer layer's steps are written out as the official
-  ``Qwen3TTSTokenizerV2DecoderTransformerLayer.forward`` runs them, with the official norms, RoPE and activation.
-
-Both equal the official full-sequence ``forward`` up to float rounding (tests/test_streaming_codec.py).
+"""Per-layer streaming state of the official 12 Hz speech tokenizer decoder (causal convolution tails, transposed
+convolution overhangs, the transformer's sliding-window keys and values), in two backends over the SAME official
+weights: ``official`` (the ``*State`` classes, the official modules, any device) and ``onednn`` (the ``Fast*``
+classes, weights laid out once for oneDNN, CPU only). docs/codec_streaming.md explains both and why.
 """
 
 from __future__ import annotations
@@ -37,12 +25,10 @@ def onednn_available() -> tuple[bool, str]:
 
 
 def check_codes_chunk(codes, n_codebooks: int, codebook_size: int, batch: int) -> torch.Tensor:
-    """A chunk of codes for a stream of ``batch`` rows: ``(batch, n_codebooks, n)`` integer ids in
-    ``[0, codebook_size)``, n >= 1, returned as int64.
+    """A checked chunk of codes ``(batch, n_codebooks, n >= 1)`` with ids in ``[0, codebook_size)``, as int64.
 
     Raises:
-        ValueError: (one line naming the fix) another shape or number of codebooks, non-integer codes, 0 frames, ids
-            out of range, another batch.
+        ValueError: (one line naming the fix) another shape, non-integer codes, 0 frames, ids out of range.
     """
     if not isinstance(codes, torch.Tensor):
         codes = torch.as_tensor(codes)
@@ -65,9 +51,8 @@ def check_codes_chunk(codes, n_codebooks: int, codebook_size: int, batch: int) -
 
 
 def window_mask(cached: int, n: int, window: int | None, dtype, device) -> torch.Tensor | None:
-    """The official sliding-window causal mask for n new frames after ``cached`` frames in a :class:`WindowKV`:
-    additive ``(1, 1, n, cached + n)`` (0 where a query may attend, the dtype's minimum elsewhere), or ``None`` where
-    every query may attend to every key (one new frame: the cache never holds more than ``window - 1`` frames)."""
+    """The official sliding-window causal mask, additive ``(1, 1, n, cached + n)``, for n new frames after ``cached``
+    ones; ``None`` for one new frame (it sees the whole cache)."""
     if n == 1:
         return None
     q = torch.arange(n, device=device)[:, None] + cached  # query positions, counted from the oldest cached key

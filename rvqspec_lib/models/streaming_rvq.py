@@ -1,16 +1,7 @@
-"""Streaming decoding of the embedded model's offline codec (:class:`rvqspec_lib.models.rvq_codec.RVQCodec`), chunk
-by chunk, with a stated look-ahead (docs/codec_streaming.md#the-embedded-codec: the method and how far from the
-offline decode it lands).
-
-The offline decode is not causal in two places, both approximated frame by frame: the neural code decoder (centred
-kernels, whole-utterance ``GroupNorm``) sees the window of codes ``[t - context_frames, t + lookahead_frames]``; the
-phase is reconstructed in the manner of RTISI-LA (Zhu, Beauregard and Wyse, 2007): frame t's 1920 samples are
-committed once the STFT columns up to frame ``t + gl_lookahead_frames`` are known, after ``gl_iters`` iterations of
-fast Griffin-Lim with the committed samples held fixed, new columns starting from a phase seeded with (``seed``,
-column index). The mel inversion between them is per column and streams exactly. Every step is a function of the
-frame index and the codes alone, so the audio does not depend on how the codes were split into chunks (up to float
-rounding). Frame t comes out once frame ``t + lookahead_frames + gl_lookahead_frames`` has been pushed (3 frames,
-240 ms, by default) or at :meth:`StreamingRVQDecoder.flush`.
+"""Streaming decoding of the embedded model's offline codec (:class:`rvqspec_lib.models.rvq_codec.RVQCodec`) with a
+stated look-ahead: the code decoder sees codes ``[t - context_frames, t + lookahead_frames]``, the phase is
+reconstructed as in RTISI-LA (Zhu, Beauregard and Wyse, 2007). The audio does not depend on how the codes were
+chunked. docs/codec_streaming.md#the-embedded-codec: the method and how far from the offline decode it lands.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """THE resolver from a decoder name (the grammar of :mod:`rvqspec_lib.decoding.decoder_names`) to a decoder with its
-drafter and trees, for a loaded model: every command, table and notebook builds its decoders here.
-
-``resolve("paper", lm)`` reads the position-aware offsets shipped beside the model (``<model>/drafters/offsets
-.safetensors``, :mod:`rvqspec_lib.models.drafter_files`) and their own calibration (``<model>/trees/offsets.json``,
-:mod:`rvqspec_lib.models.tree_files`), builds the calibrated point-mass tree of N = 32 nodes carrying that drafter, and
-returns it as a :class:`NamedDecoder` whose name's ``label`` and ``fields()`` (also ``nd.label``) are what result
-rows carry. ``auto`` is chosen by timing the device, not by reading files
-(:func:`rvqspec_lib.eval.budget.auto_decoder` returns the same :class:`NamedDecoder`).
-
-:func:`check_files` is the same lookup BEFORE the model loads (file names only), so a command fails in one line before
-spending a minute on loading.
+drafter and trees, for a loaded model, reading the drafters (``<model>/drafters/``) and calibrations (``<model>/trees/``)
+shipped beside it: every command, table and notebook builds its decoders here. :func:`check_files` is the same lookup
+before the model loads, so a command fails in one line before loading (docs/architecture.md#the-four-ones).
 """
 
 from __future__ import annotations
@@ -25,17 +17,9 @@ from rvqspec_lib.models.tree_files import load_calibration, recalibrate_command,
 
 @dataclass(frozen=True)
 class NamedDecoder:
-    """A decoder resolved from its name.
-
-    Attributes:
-        name: the :class:`~rvqspec_lib.decoding.decoder_names.DecoderName`, final (``chain:best``'s window, a
-            calibrated tree's kind and budget filled in).
-        decoder: the decoder object (:mod:`rvqspec_lib.decoding.decoders`), carrying its drafter.
-        drafter: the drafter module (``None``: the reused heads, nothing loaded).
-        calibration: the drafter's calibration dict the tree came from (``None`` when none was read).
-        note: one line on what resolving decided that the name did not say (``paper`` capped to a smaller budget,
-            what ``auto`` chose and why), else ``None``.
-    """
+    """A decoder resolved from its name: ``name`` (the final :class:`~rvqspec_lib.decoding.decoder_names.DecoderName`,
+    whose ``label`` and ``fields()`` it answers for), ``decoder``, ``drafter`` (``None``: the reused heads),
+    ``calibration`` (``None`` when none was read) and ``note`` (what resolving decided that the name did not say)."""
 
     name: DecoderName
     decoder: object

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import io
 import logging
 import os
@@ -109,7 +110,7 @@ def coreml_available() -> tuple[bool, str]:
     if ver < (15,):
         return False, f"macOS {platform.mac_ver()[0]} is older than 15 (Core ML states need macOS 15)"
     try:  # the native library itself, which loads on macOS only
-        from coremltools.libcoremlpython import _MLModelProxy  # noqa: F401
+        importlib.import_module("coremltools.libcoremlpython")
     except ImportError as e:
         return False, f"coremltools' native library does not load ({e})"
     return True, ""

@@ -97,8 +97,8 @@ class PackedDecoder:
 
     def __del__(self):
         h = getattr(self, "handle", None)
-        if h and C._lib is not None:
-            C._lib.rvq_model_free(h)
+        if h and C._LIB.lib is not None:
+            C._LIB.lib.rvq_model_free(h)
             self.handle = None
 
 

@@ -26,24 +26,6 @@ from rvqspec_lib.models.native import NativeCodePredictor
 #: residual.
 FLAGS = {"always_accept": 1, "drafts_hot": 2, "residual_from_p": 4}
 
-_p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-#: ``cpforward.c``'s frame entry points: (argument types, result type).
-_SIGNATURES = {
-    "rvq_frame_new": ([_p, _p, _p, _p, _i, _i, _p, _p, _p, _i], _p),
-    "rvq_frame_run": ([_p, _p, _p, _i, _f, _i, _i, _i, _p, _p], _i),
-    "rvq_frame_free": ([_p], None),
-}
-
-
-def _lib():
-    """The loaded library with the frame functions' argument types set (once)."""
-    lib = C.lib()
-    for name, (args, res) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        if fn.argtypes is None:
-            fn.argtypes, fn.restype = args, res
-    return lib
-
 
 def _pointers(items) -> ctypes.Array:
     """A C array of ``void *`` (``None`` -> NULL)."""
@@ -98,7 +80,7 @@ class NativeChainFrame(UniformFrame):
         self._emb = _pointers([C.ptr(t) for t in self.tables] or [None])
         s = self.sampling
         self._knobs = (1.0 if s.greedy else float(s.temperature), 0 if s.greedy else int(s.top_k), int(s.greedy))
-        self._lib = _lib()
+        self._lib = C.lib()
         self._frame = self._lib.rvq_frame_new(backend.handle, self._head_w, self._head_s, self._head_c, self.n_codes,
                                               self.vocab, self._emb, C.ptr(backend.cos), C.ptr(backend.sin), window)
         if not self._frame:

@@ -40,6 +40,9 @@ _SIGNATURES = {
     "rvq_model_set_kv_bf16": ([_p, _i], _i),
     "rvq_forward": ([_p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _p], _i),
     "rvq_forward_scan": ([_p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _p], _i),
+    "rvq_frame_new": ([_p, _p, _p, _p, _i, _i, _p, _p, _p, _i], _p),
+    "rvq_frame_run": ([_p, _p, _p, _i, _f, _i, _i, _i, _p, _p], _i),
+    "rvq_frame_free": ([_p], None),
 }
 
 

@@ -49,17 +49,11 @@ class LoadedModel:
     """A Qwen3-TTS model plus what the frame loop needs around it.
 
     Attributes:
-        name: what the user asked for (hub id, path or offline name).
-        kind: ``"checkpoint"`` (trained weights), ``"tiny-random"`` or ``"random-size"`` (timing only), or
-            ``"random-checkpoint"`` (a folder marked ``RANDOM_WEIGHTS``, for tests).
-        model: the official ``Qwen3TTSForConditionalGeneration``.
-        tokenizer: ``text -> (1, L) int64`` ids in the official chat layout.
-        generation: the checkpoint's ``generation_config.json`` values.
-        speech_tokenizer: the official 12 Hz codec wrapper, a :class:`CodecSpeechTokenizer` over our RVQ codec, or
-            ``None`` (random models).
-        frame_rate_hz: codec frames per second. sample_rate_hz: audio sample rate.
-        folder: the model's own folder, where its ``drafters/``, ``trees/`` and shipped utterances live (``None``
-            for random models and hub ids): what the functions reading those files use.
+        name: as asked for. kind: ``"checkpoint"``, ``"tiny-random"``, ``"random-size"`` (timing only) or
+            ``"random-checkpoint"`` (a folder marked ``RANDOM_WEIGHTS``). model: the official
+            ``Qwen3TTSForConditionalGeneration``. tokenizer: ``text -> (1, L) int64`` ids.
+        generation: ``generation_config.json``'s values. speech_tokenizer: the codec, ``None`` for random models.
+        folder: where its ``drafters/``, ``trees/`` and shipped utterances live (``None``: random models, hub ids).
     """
 
     name: str
@@ -168,12 +162,8 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
 
 
 def _resolve(name) -> tuple[str, Path | None]:
-    """What a model name is: ``("tiny", None)``, ``("own", folder)`` (embedded or written by
-    :func:`save_checkpoint`), ``("random", config folder)``, ``("checkpoint", folder)`` or ``("hub", None)``.
-
-    Raises:
-        ModelNotFoundError: no name, an unknown name, a missing embedded model, a folder without config.json.
-    """
+    """``(kind, folder)``: ``tiny``, ``own`` (embedded or :func:`save_checkpoint`'s), ``random``, ``checkpoint`` or
+    ``hub``; ModelNotFoundError (one line) for a name that is none of them."""
     if not isinstance(name, (str, os.PathLike)) or not str(name):
         raise ModelNotFoundError("no model given: name one, e.g. 'embedded', 'tiny-random', "
                                  "'qwen3-tts-0.6b-random', a hub id or a checkpoint folder")
@@ -214,9 +204,8 @@ QWEN3_TTS_MODEL_TYPE = "qwen3_tts"
 
 
 def check_config(cfg, where: str, *, own: bool = False) -> dict:
-    """Check that a ``config.json`` dict is a Qwen3-TTS config this library can run (``model_type`` ``qwen3_tts``,
-    absent allowed for our ``own`` models; a ``talker_config`` with a ``code_predictor_config``; at least 2 code
-    groups, docs/model.md#two-nested-loops); return it.
+    """Return a ``config.json`` dict once checked to be a Qwen3-TTS config this library runs (``model_type``, absent
+    allowed for ``own`` models; a ``code_predictor_config``; at least 2 code groups).
 
     Raises:
         ModelNotFoundError: one line naming ``where``, what it has and what is expected.
@@ -284,13 +273,8 @@ def _check_loaded(lm: LoadedModel) -> LoadedModel:
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What a model's config says, read WITHOUT loading weights: enough to check the command line's flags first.
-
-    Attributes:
-        name: as given. kind: as :class:`LoadedModel`'s. n_code_groups, codebook_size: per frame, per codebook.
-        languages: what ``language=`` accepts besides ``"auto"`` (lower case, sorted). speakers: CustomVoice
-            speakers (lower case, sorted). offline_codec: an RVQ codec file lies beside the model.
-    """
+    """What a model's config says, read WITHOUT loading weights, to check the command line's flags first
+    (``languages`` and ``speakers`` lower case, sorted; ``offline_codec``: an RVQ codec file lies beside it)."""
 
     name: str
     kind: str

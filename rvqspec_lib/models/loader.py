@@ -125,7 +125,7 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         :class:`LoadedModel`.
 
     Raises:
-        ModelNotFoundError: an unknown name, a hub id that cannot be fetched, a config :func:`check_config` refuses
+        ModelNotFoundError: an unknown name, a hub id that cannot be fetched, a config :func:`_check_config` refuses
             (one line). ValueError: an unknown dtype name, damaged weights.
     """
     if isinstance(dtype, str):
@@ -154,7 +154,7 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         return LoadedModel(name, "random-size", model, tok, _default_generation(path), None, fr, sr)
     if kind == "checkpoint":
         _read_config(path / "config.json")  # a folder that is not a Qwen3-TTS checkpoint: one line, before loading
-        check_speech_tokenizer(path)
+        _check_speech_tokenizer(path)
         lm = _check_loaded(_load_checkpoint(str(path), path, dtype, device, attn_implementation))
         lm.folder = path
         return lm
@@ -203,13 +203,9 @@ def _resolve(name) -> tuple[str, Path | None]:
 QWEN3_TTS_MODEL_TYPE = "qwen3_tts"
 
 
-def check_config(cfg, where: str, *, own: bool = False) -> dict:
+def _check_config(cfg, where: str, *, own: bool = False) -> dict:
     """Return a ``config.json`` dict once checked to be a Qwen3-TTS config this library runs (``model_type``, absent
-    allowed for ``own`` models; a ``code_predictor_config``; at least 2 code groups).
-
-    Raises:
-        ModelNotFoundError: one line naming ``where``, what it has and what is expected.
-    """
+    allowed for ``own`` models; a ``code_predictor_config``; at least 2 code groups); else ModelNotFoundError."""
     expected = f"expected a Qwen3-TTS config (model_type {QWEN3_TTS_MODEL_TYPE!r} with a talker_config)"
     if not isinstance(cfg, dict):
         raise ModelNotFoundError(f"{where} is not a JSON object: {expected}")
@@ -235,12 +231,12 @@ def _one_group_message(where: str, groups: int) -> str:
 
 
 def _read_config(file: Path, *, own: bool = False) -> dict:
-    """``config.json`` read and checked (:func:`check_config`); a file that is not JSON is a one-line error."""
+    """``config.json`` read and checked (:func:`_check_config`); a file that is not JSON is a one-line error."""
     try:
         cfg = json.loads(Path(file).read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelNotFoundError(f"{file} is not valid JSON ({e}): expected a Qwen3-TTS config.json") from None
-    return check_config(cfg, str(file), own=own)
+    return _check_config(cfg, str(file), own=own)
 
 
 #: The folder of a Qwen3-TTS checkpoint that holds its 12 Hz speech tokenizer (the codec that turns codes into audio),
@@ -248,13 +244,8 @@ def _read_config(file: Path, *, own: bool = False) -> dict:
 SPEECH_TOKENIZER_DIR = "speech_tokenizer"
 
 
-def check_speech_tokenizer(path: str | os.PathLike) -> None:
-    """A local checkpoint folder must hold ``speech_tokenizer/config.json`` (transformers' own error would advise a
-    hub download).
-
-    Raises:
-        ModelNotFoundError: one line naming the missing folder and the fix.
-    """
+def _check_speech_tokenizer(path: str | os.PathLike) -> None:
+    """A ModelNotFoundError naming the fix when a checkpoint folder lacks ``speech_tokenizer/config.json``."""
     st = Path(path) / SPEECH_TOKENIZER_DIR
     if not (st / "config.json").is_file():
         what = "has no config.json" if st.is_dir() else "is missing"
@@ -265,7 +256,7 @@ def check_speech_tokenizer(path: str | os.PathLike) -> None:
 
 
 def _check_loaded(lm: LoadedModel) -> LoadedModel:
-    """The config checks of :func:`check_config` that only a loaded model can answer (hub ids not in the cache)."""
+    """The config checks of :func:`_check_config` that only a loaded model can answer (hub ids not in the cache)."""
     if lm.n_code_groups < 2:
         raise ModelNotFoundError(_one_group_message(str(lm.name), lm.n_code_groups))
     return lm
@@ -303,7 +294,7 @@ def model_facts(name: str) -> ModelFacts | None:
         codec = (path / marker.get("codec", "codec.safetensors")).is_file()
     elif kind == "checkpoint":
         cfg, lm_kind = _read_config(path / "config.json"), "checkpoint"
-        check_speech_tokenizer(path)
+        _check_speech_tokenizer(path)
     else:
         cached = try_to_load_from_cache(str(name), "config.json")
         if not isinstance(cached, str):
@@ -323,18 +314,11 @@ def model_facts(name: str) -> ModelFacts | None:
 
 #: Name of the small trained model that ships with the repository (``load_model("embedded")``).
 EMBEDDED_MODEL = "embedded"
-
-
 #: Where it lives (``model/``, ``codec.safetensors``, the shipped utterances, ``eval.json``, ``MODEL_CARD.md``: written
 #: by ``make embedded``); ``RVQSPEC_EMBEDDED_DIR`` points it at another build.
-EMBEDDED_DIR = Path(os.environ.get("RVQSPEC_EMBEDDED_DIR") or
-                    DATA_DIR / "embedded").expanduser()
-
-
+EMBEDDED_DIR = Path(os.environ.get("RVQSPEC_EMBEDDED_DIR") or DATA_DIR / "embedded").expanduser()
 #: Marker file of a checkpoint folder with random weights (the tiny test checkpoint): kind ``"random-checkpoint"``.
 RANDOM_WEIGHTS_MARKER = "RANDOM_WEIGHTS"
-
-
 #: Marker file of a checkpoint written by :func:`save_checkpoint`: ``{"format": "rvqspec-model", "version": 1,
 #: "tokenizer": {"kind": "bytes" | "phonemes", ...}, ...}``.
 OWN_MODEL_MARKER = "rvqspec_model.json"

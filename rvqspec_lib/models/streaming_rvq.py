@@ -28,26 +28,18 @@ MOMENTUM = 0.99
 
 
 class StreamingRVQDecoder:
-    """Stateful streaming decoder over an :class:`RVQCodec` (or a
-    :class:`rvqspec_lib.models.speech_tokenizers.CodecSpeechTokenizer`): push codes, get audio of the frames whose
-    look-ahead has arrived; :meth:`flush` at the end of a stream returns the rest (module docstring).
+    """Stateful streaming decoder over an :class:`RVQCodec` (or a ``CodecSpeechTokenizer``): push codes, get the audio
+    of the frames whose look-ahead has arrived; :meth:`flush` returns the rest (module docstring).
 
     Args:
-        codec: the codec (its neural code decoder is used when attached, else its tables).
-        batch_size: rows of the first stream.
-        context_frames, lookahead_frames: the code decoder's window around each frame (module docstring); ignored by
-            the table decoder.
-        gl_lookahead_frames: frames of STFT columns after a frame that phase reconstruction sees before committing it
-            (>= 1).
-        gl_iters: fast Griffin-Lim iterations per committed frame (default the codec's ``griffin_lim_iters``, 32).
-        seed: seed of the initial phases (default the codec's).
+        codec: the codec (its neural code decoder when attached, else its tables). batch_size: rows of the first
+            stream. context_frames, lookahead_frames: the code decoder's window (ignored by the table decoder).
+        gl_lookahead_frames: frames of STFT columns after a frame that phase reconstruction sees first (>= 1).
+        gl_iters, seed: fast Griffin-Lim iterations per frame and the initial phases' seed (default the codec's).
     Raises:
         ValueError: ``gl_lookahead_frames < 1``, a negative window, ``gl_iters < 1``.
 
-    Attributes:
-        lookahead_frames: frames a frame waits for before its audio comes out (code decoder + phase look-ahead).
-        frames: frames pushed since the last reset; emitted: frames whose audio has been returned.
-        n_codebooks, codebook_size, frame_samples, sample_rate: the codec's.
+    Attributes: ``lookahead_frames`` (a frame's wait before its audio comes out), ``frames`` (pushed), ``emitted``.
     """
 
     def __init__(self, codec, batch_size: int = 1, *, context_frames: int = CONTEXT_FRAMES,
@@ -97,18 +89,9 @@ class StreamingRVQDecoder:
         self._ended = False
 
     def push(self, codes) -> torch.Tensor:
-        """Add the next chunk of frames; return the audio of the frames it completes.
-
-        Args:
-            codes: ``(batch_size, 16, n)`` integer code ids in ``[0, codebook_size)``, n >= 1 (the official
-                decoder's layout; :meth:`RVQCodec.decode` takes ``(frames, 16)``: pass ``codes.T[None]``).
-        Returns:
-            ``(batch_size, m * 1920)`` float32 audio at 24 kHz for the m frames committed by this push (m = 0 while
-            the first ``lookahead_frames`` frames arrive).
-        Raises:
-            ValueError: (one line) bad codes (as :class:`StreamingCodecDecoder`), another batch than :meth:`reset`'s,
-                or a push after :meth:`flush` without :meth:`reset`.
-        """
+        """Add ``codes`` ``(batch_size, 16, n)`` (the official decoder's layout); return ``(batch_size, m * 1920)``
+        float32 audio of the m frames this push completes. ValueError (one line): bad codes, or a push after
+        :meth:`flush` without :meth:`reset`."""
         if self._ended:
             raise ValueError("this stream was flushed: call reset() to start a new one")
         codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)

@@ -104,10 +104,8 @@ class CausalConvState:
 
 
 class TransConvState:
-    """The overhang of one official ``Qwen3TTSTokenizerV2CausalTransConvNet``: a transposed convolution of kernel K
-    and stride s maps n input samples to ``(n - 1) * s + K`` outputs; the official module keeps the first ``n * s``
-    and trims the last ``K - s``, which are exactly the contributions of this chunk to the next chunk's first
-    ``K - s`` samples. They are carried and added there (overlap-add); the bias is added once, after."""
+    """One official ``Qwen3TTSTokenizerV2CausalTransConvNet``: the ``K - s`` outputs it trims are this chunk's
+    contributions to the next chunk's first ``K - s`` samples, carried and added there (overlap-add)."""
 
     def __init__(self, module: nn.Module):
         self.module = module
@@ -149,10 +147,8 @@ class ConvNeXtState:
 
 
 class WindowKV:
-    """The transformer's key/value cache, bounded by its attention window: per layer, the keys and values of the
-    last ``window - 1`` frames (a frame attends to itself and the ``window - 1`` frames before it; transformers'
-    ``sliding_window_overlay``: key position > query position - window). It has the ``update`` method the
-    official attention calls (``past_key_values.update(k, v, layer_idx, cache_kwargs)``)."""
+    """The transformer's key/value cache of the last ``window - 1`` frames per layer, with the ``update`` method the
+    official attention calls."""
 
     def __init__(self, n_layers: int, window: int | None):
         self.keep = None if window is None else int(window) - 1
@@ -174,10 +170,8 @@ class WindowKV:
 
 
 class TransformerState:
-    """The official ``pre_transformer`` (``Qwen3TTSTokenizerV2DecoderTransformerModel``) run on a chunk of frames
-    with a :class:`WindowKV` cache: its input/output projections, RoPE, layers and final norm are the official
-    modules; positions continue from chunk to chunk; the attention mask is the official sliding-window causal mask
-    restricted to the chunk's queries (:func:`window_mask`)."""
+    """The official ``pre_transformer``'s own modules run on a chunk of frames with a :class:`WindowKV` cache, the
+    positions continuing from chunk to chunk."""
 
     def __init__(self, module: nn.Module):
         self.module = module
@@ -330,10 +324,8 @@ class FastSnake:
 
 
 class FastQuantizer:
-    """The official ``SplitResidualVectorQuantizer.decode``: codes ``(B, 16, n)`` -> ``(B, codebook_dim, n)``. Each
-    codebook's table (``embedding_sum / cluster_usage.clamp(min=epsilon)``, which the official ``decode`` recomputes
-    for all 16 x 2048 entries on every call: 16 ms of a 1-frame chunk) is computed once; the lookups are summed per
-    group (the semantic codebook, the 15 acoustic ones) and projected by the official ``output_proj`` layers."""
+    """The official ``SplitResidualVectorQuantizer.decode``: codes ``(B, 16, n)`` -> ``(B, codebook_dim, n)``, each
+    codebook's table computed once (the official ``decode`` recomputes them every call: 16 ms of a 1-frame chunk)."""
 
     def __init__(self, quantizer: nn.Module):
         self.q = quantizer
@@ -394,13 +386,9 @@ class FastResidualUnit:
 
 
 class FastTransformer:
-    """The official ``pre_transformer`` on a chunk of frames with a :class:`WindowKV` cache and
-    :func:`window_mask`, its linear layers prepacked (module docstring). Per layer, in the official layer's order:
-    RMSNorm (``F.rms_norm`` with the official weight and epsilon), q/k/v in one matmul, RoPE (the official
-    ``x cos + rotate_half(x) sin`` on q and k at once), attention over the window, the output projection with the
-    official layer scale folded into it and the residual added by oneDNN, RMSNorm, gate/up in one matmul, SiLU, the
-    down projection likewise scaled and added. Attention is the official eager attention (``eager_attention_forward``:
-    softmax in float32)."""
+    """The official ``pre_transformer`` on a chunk of frames with a :class:`WindowKV` cache, its linear layers
+    prepacked (q/k/v and gate/up each one matmul, the layer scales folded in, the residuals added by oneDNN), the
+    layer's steps in the official order, attention the official eager one (softmax in float32)."""
 
     def __init__(self, module: nn.Module, rows_hint: int):
         self.module = module

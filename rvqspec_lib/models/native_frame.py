@@ -33,17 +33,14 @@ def _pointers(items) -> ctypes.Array:
 
 
 class NativeChainFrame(UniformFrame):
-    """Chain(window) speculation, or AR with ``window=1``, one C call a frame (module docstring). It reads the
-    backend's packed weights and its tables as long as it lives: build a new one after changing the weights.
+    """Chain(window) speculation, or AR with ``window=1``, one C call a frame (module docstring), over the packed
+    weights of ``backend`` (``verify_backend("native", cp)``) as long as it lives.
 
     Args:
-        backend: the ``NativeCodePredictor`` (``verify_backend("native", cp)``) over the official module on the CPU,
-            in one of the four precisions. window: 1 (AR) or 2..8. sampling: default the checkpoints'; greedy is
-            argmax; ``top_p < 1`` is refused.
+        backend: the ``NativeCodePredictor``. window: 1 (AR) or 2..8. sampling: default the checkpoints'.
 
-    Attributes: ``window``, ``K`` (``window - 1``), ``n_codes``, ``vocab``, ``u_width`` (``2 K + 1``), ``backend``,
-    ``tables`` (float32 ``(V, H)``; ``tables[j-1]`` embeds code j), ``last_calls`` (forward calls per row of the last
-    frame, the prefill included), ``name``.
+    Attributes: ``tables`` (float32 ``(V, H)``; ``tables[j-1]`` embeds code j), ``last_calls`` (forward calls per
+    row of the last frame, the prefill included).
 
     Raises:
         ValueError: a window outside 1..8; ``top_p < 1``; a frame longer than the RoPE table.
@@ -104,14 +101,9 @@ class NativeChainFrame(UniformFrame):
         return torch.cat(rows).to(torch.float32).contiguous()
 
     def __call__(self, context: torch.Tensor, u: torch.Tensor, *, flags: int = 0) -> torch.Tensor:
-        """Codes of ``B`` frames for given uniforms, in one C call.
-
-        Args:
-            context: ``(B, 2, talker_hidden)`` float. u: ``(B, n_codes, 2 K + 1)`` float64 (:meth:`uniforms`).
-            flags: 0; a negative control's bits (:data:`FLAGS`) in tests only: the codes are then NOT lossless.
-
-        Returns:
-            ``(B, n_codes)`` int64 codes 1..n_codes.
+        """``(B, n_codes)`` int64 codes of ``B`` frames from ``context`` ``(B, 2, talker_hidden)`` and uniforms ``u``
+        ``(B, n_codes, 2 K + 1)`` float64, in one C call; ``flags``: a negative control's bits (:data:`FLAGS`, tests
+        only: the codes are then NOT lossless).
 
         Raises:
             ValueError: a context or uniforms of the wrong shape.

@@ -74,19 +74,9 @@ def _device_of(cp) -> torch.device:
 
 
 def verify_backend(name: str, code_predictor, *, work_dir=None, threads: int | None = None):
-    """The verify backend ``name`` over ``code_predictor`` (in the precision and on the device it is in).
-
-    Args:
-        name: one of :data:`BACKENDS`. code_predictor: the official module (``lm.code_predictor``), converted with
-            :func:`rvqspec_lib.models.precision.apply_precision` if another precision is wanted.
-        work_dir: where ``onnx`` writes its graph (a temporary folder by default). threads: ONNX Runtime threads.
-
-    Returns:
-        a :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` whose ``name`` is ``name``.
-
-    Raises:
-        ValueError: an unknown or absent backend (one line with the reason).
-    """
+    """The :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` ``name`` (of :data:`BACKENDS`) over the official
+    ``code_predictor`` in its precision and on its device; ``work_dir``, ``threads``: ``onnx``'s graph folder and
+    ONNX Runtime threads. ValueError (one line): an unknown or absent backend."""
     dev = _device_of(code_predictor)
     check_available(name, precision_of(code_predictor), dev.type)
     if name == "official":

@@ -173,15 +173,9 @@ def config_dict(model) -> dict:
 
 
 def loop_facts(folder: str | os.PathLike) -> dict:
-    """The two loops' geometry read from a model folder's ``config.json``, without building the model.
-
-    Args:
-        folder: a folder with ``config.json``; the frame rate comes from ``rvqspec_model.json`` when present, else
-            from ``speech_tokenizer/config.json``.
-
-    Returns:
-        ``{"folder", "talker_layers", "talker_hidden", "code_predictor_layers", "code_predictor_hidden",
-        "n_code_groups", "frame_rate_hz"}`` (ints; the frame rate in Hz).
+    """The two loops' geometry from a model folder's ``config.json`` (the frame rate from ``rvqspec_model.json`` or
+    ``speech_tokenizer/``), without building the model: ``{"folder", "talker_layers", "talker_hidden",
+    "code_predictor_layers", "code_predictor_hidden", "n_code_groups", "frame_rate_hz"}``.
 
     Raises:
         FileNotFoundError: no ``config.json`` in ``folder``.
@@ -201,15 +195,8 @@ def loop_facts(folder: str | os.PathLike) -> dict:
 
 
 def codec_decoder_config_dict(name: str = "released") -> dict:
-    """The ``decoder_config`` of the 12 Hz speech tokenizer (``Qwen3TTSTokenizerV2DecoderConfig`` fields).
-
-    Args:
-        name: ``"released"`` (``data/configs/Qwen3-TTS-Tokenizer-12Hz/config.json``) or ``"tiny"``
-            (:func:`tiny_codec_decoder_config_dict`).
-
-    Raises:
-        ValueError: another name.
-    """
+    """The ``decoder_config`` of the 12 Hz speech tokenizer, ``"released"`` (shipped in ``data/configs``) or
+    ``"tiny"`` (:func:`tiny_codec_decoder_config_dict`); ValueError for another name."""
     if name == "tiny":
         return tiny_codec_decoder_config_dict()
     if name != "released":
@@ -232,14 +219,9 @@ def tiny_codec_decoder_config_dict(*, sliding_window: int = 6, decoder_dim: int 
 
 def build_codec_decoder(config: dict | str = "released", *, seed: int = 0, dtype: torch.dtype = torch.float32,
                         attn_implementation: str = "sdpa") -> torch.nn.Module:
-    """The official 12 Hz speech tokenizer decoder (``Qwen3TTSTokenizerV2Decoder``) with seeded random weights
-    (:func:`seeded`), in eval mode: for timing and tests only. The codebooks, zeros from the official initialisation
-    (every code would decode alike), are filled with standard normal entries drawn from ``seed``.
-
-    Args:
-        config: a ``decoder_config`` dict, or a name of :func:`codec_decoder_config_dict`.
-        dtype: ``torch.float32`` or ``torch.bfloat16``. attn_implementation: ``"sdpa"`` or ``"eager"``.
-    """
+    """The official 12 Hz speech tokenizer decoder with seeded random weights, in eval mode, for timing and tests
+    only (the codebooks, zeros from the official init, filled with normal entries from ``seed``); ``config``: a
+    ``decoder_config`` dict or a name of :func:`codec_decoder_config_dict`."""
     Config, Decoder = _codec_decoder_classes()
     raw = codec_decoder_config_dict(config) if isinstance(config, str) else dict(config)
     cfg = Config(**raw)

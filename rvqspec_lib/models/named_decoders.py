@@ -113,8 +113,7 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
 
 
 def resolve_all(names: Sequence[str], lm, **kw) -> dict[str, NamedDecoder]:
-    """``{label: NamedDecoder}`` for several names (:func:`resolve`; the same keywords), drafters and calibrations
-    read once each.
+    """``{label: NamedDecoder}`` for several names (:func:`resolve`'s keywords), each file read once.
 
     Raises:
         ValueError: the first bad name; two names that resolve to the same decoder label.
@@ -137,14 +136,11 @@ def resolve_all(names: Sequence[str], lm, **kw) -> dict[str, NamedDecoder]:
 
 def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: int | None = None,
                 codebook_size: int | None = None) -> str | None:
-    """Before loading: the files a decoder name reads beside the model exist and are sound: its drafter
-    (``@DRAFTER``, ``paper``: ``<model>/drafters/<drafter>.safetensors``) and, for calibrated trees, ``paper`` and
-    ``auto``, that drafter's calibration ``<model>/trees/<drafter>.json`` (shape checked, and against the model's
-    sizes when given).
+    """Before loading: the drafter and calibration files a decoder name reads beside the model exist and are sound
+    (checked against the model's sizes when given).
 
     Returns:
-        a one-line note when the tree used has fewer nodes than the name asks for (``paper`` without ``:N`` capped
-        to the largest calibrated budget below 32), else ``None``.
+        a one-line note when the tree used has fewer nodes than the name asks for, else ``None``.
 
     Raises:
         ValueError, FileNotFoundError: one line naming the file and the fix (the recalibrate command).

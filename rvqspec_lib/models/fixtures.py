@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AddedToken, EncodecFeatureExtractor, Qwen2TokenizerFast
+from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from rvqspec_lib.common.files import usual_mode
 from rvqspec_lib.models.configs import CONFIG_DIR, seeded
@@ -66,19 +67,6 @@ ST_ENCODER_SIZES = {"codebook_dim": 8, "head_dim": 8, "hidden_size": 16, "interm
                     "upsample_groups": 16, "vector_quantization_hidden_dimension": 8}
 
 
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2 / Qwen2 byte-level alphabet in id order (byte "!" is id 0, "\\n" -> "Ċ" is id 198, as in Qwen2)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
-
-
 def _build_text_tokenizer(n_merges: int = 256):
     """``(Qwen2TokenizerFast, its special ids and n_regular)``: a byte-level BPE with Qwen2's pipeline trained
     offline (the chat words single tokens, as the official prompt needs), then :data:`SPECIAL_TOKENS`."""
@@ -91,7 +79,7 @@ def _build_text_tokenizer(n_merges: int = 256):
         t.decoder = decoders.ByteLevel()
         return t
 
-    alphabet = _bytes_to_unicode()
+    alphabet = list(bytes_to_unicode().values())  # GPT-2 / Qwen2 byte-level alphabet in id order
     trainer = trainers.BpeTrainer(vocab_size=256 + n_merges, min_frequency=2, show_progress=False,
                                   initial_alphabet=alphabet, special_tokens=[])
     trained = _pipeline(Tokenizer(models.BPE(unk_token=None)))

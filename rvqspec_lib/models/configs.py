@@ -40,9 +40,8 @@ def tiny_config_dict(
     talker_layers: int = 2,
     code_predictor_layers: int = 2,
 ) -> dict:
-    """Config of a tiny model of the official classes (a release's structure, small sizes). Codec special ids are the
-    released ones (so ``codebook_size <= 2048``); text special ids are 256..261, after the bytes.
-    ``code_predictor_hidden != talker_hidden`` exercises ``small_to_mtp_projection``.
+    """Config of a tiny model of the official classes (a release's structure and codec special ids, small sizes;
+    text special ids 256..261, after the bytes).
 
     Raises:
         ValueError: ``n_code_groups`` outside 2..32, ``codebook_size`` outside 2..2048.
@@ -135,8 +134,7 @@ def small_config_dict(*, talker_layers: int = 4, talker_hidden: int = 256, code_
                       text_hidden: int = 256, speakers: Sequence[str] = ("slt",), n_code_groups: int = 16,
                       codebook_size: int = 2048) -> dict:
     """Config of a small model of the official classes for training from scratch (defaults: the feasibility run's,
-    docs/offline.md#template-sentences): SwiGLU 3x hidden and MRoPE sections scaled as in the releases, one speaker id
-    (3000 + i) per voice, text ids as :func:`tiny_config_dict`'s.
+    docs/offline.md#template-sentences), sized as the releases are scaled, one speaker id (3000 + i) per voice.
 
     Raises:
         ValueError: an odd ``head_dim``, ``n_heads`` not a multiple of ``n_kv_heads``, not 1..72 speakers.

@@ -296,12 +296,9 @@ class FrameGraph(nn.Module):
 
 def build_graph(code_predictor, graph: str, *, nodes: int | None = None, tree: DraftTree | None = None,
                 state: str = "inputs", batch: int = 1, sampling: Sampling | None = None) -> nn.Module:
-    """One of the three graphs by name (what ``rvqspec export --graph`` builds).
-
-    Args:
-        graph: ``"stepped"``, ``"verify"`` or ``"frame"``. nodes: the verify graph's N (2..64; default 4). tree: the
-            verify graph's tree (default a chain of N - 1). state: ``"inputs"`` (ONNX) or ``"buffers"`` (Core ML).
-        batch: rows per call. sampling: the frame graph's warpers.
+    """One of :data:`GRAPHS` by name (what ``rvqspec export --graph`` builds); ``nodes`` (N, default 4) and ``tree``
+    (default a chain of N - 1) are the verify graph's, ``sampling`` the frame graph's, ``state`` as
+    :class:`SteppedGraph`'s.
 
     Raises:
         ValueError: an unknown graph, N outside 2..64, ``nodes`` or ``tree`` given to a graph that has none, what

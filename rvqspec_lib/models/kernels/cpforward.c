@@ -27,7 +27,7 @@
  * ACTIVATIONS are float32 here; with `act_bf16` (the bfloat16 and int8 precisions, whose official module computes in
  * bfloat16) every value is rounded to bfloat16 where the official module's bfloat16 arithmetic rounds it.
  *
- * Built on first use by rvqspec_lib/models/kernels/native.py with `cc -O3 -march=native` for the running CPU; the
+ * Built on first use by rvqspec_lib/models/kernels/cpforward.py with `cc -O3 -march=native` for the running CPU; the
  * AVX-512 paths are compiled where the CPU has AVX512F (+ AVX512-BF16 for BF16/I8W, AVX512-VNNI for I8D), a plain C
  * path (the same layouts and orders, slower) everywhere else. One thread. Not re-entrant per model handle.
  */

@@ -181,11 +181,7 @@ class FusedRunner:
 
 
 def fused_support(name: str, decoder, sampling: Sampling | None = None, drafter=None) -> str | None:
-    """Why ``decoder`` has no fused runner on backend ``name`` (one line), or ``None`` when it has one.
-
-    A fused frame runs AR, or a Chain drafting with the reused heads, with temperature and top-k sampling (no top-p);
-    ``official`` has no fused frame, ``onnx`` only the AR frame graph.
-    """
+    """Why ``decoder`` has no fused runner on backend ``name`` (one line), or ``None`` when it has one."""
     sampling = Sampling() if sampling is None else sampling
     if name == "official":
         return "the official module has no fused frame (use eager, compile or native)"
@@ -206,13 +202,12 @@ def frame_runner(name: str, code_predictor, decoder, *, fused: bool = False, sam
 
     Args:
         name: one of :data:`BACKENDS`. code_predictor: the official module (precision and device as wanted).
-        decoder: a :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` (:func:`~rvqspec_lib.models.
-            named_decoders.resolve`: its label and fields go with the runner), or a bare AR, Chain, Tree or LossySSD
-            (named by :func:`~rvqspec_lib.decoding.decoder_names.name_of`).
+        decoder: a :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` (its label and fields go with the runner)
+            or a bare AR, Chain, Tree or LossySSD.
         fused: the whole-frame runner (:func:`fused_support` says when there is none) instead of stepped calls.
         sampling, drafter: as ``decode_frame``. acceptance: a timing replay's acceptance hook (stepped only).
-        verify: a verify backend already built for ``name`` (e.g. shared by many runners, or wrapped for timing);
-            default :func:`verify_backend`. work_dir, threads: ``onnx``'s.
+        verify: a verify backend already built for ``name`` (default :func:`verify_backend`'s).
+        work_dir, threads: ``onnx``'s.
 
     Raises:
         ValueError: an unknown or absent backend; ``fused`` where there is no fused runner, or with ``acceptance``

@@ -65,13 +65,10 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
     """The decoder a name stands for, on a loaded model (module docstring).
 
     Args:
-        name: a decoder name of the grammar (``ar``, ``chain:4``, ``tree:calibrated-point-mass:16@offsets``,
-            ``paper[:N]``, ``ssd-lossy[:BETA]`` ...) or a parsed :class:`DecoderName`.
-        lm: the loaded model (:func:`rvqspec_lib.models.loader.load_model`; its folder holds the files), or ``None``
-            when ``calibrations`` and ``drafters`` hold everything the name reads.
-        calibrations: ``{drafter: calibration dict}`` to use instead of the shipped files (calibrated in a run).
-        drafters: ``{drafter: module}`` to use instead of loading the shipped file (trained in a run).
-        best_chain: the window of ``chain:best`` (chosen by its caller from calibration frames).
+        name: a decoder name of the grammar (``ar``, ``chain:4``, ``paper[:N]`` ...) or a parsed
+            :class:`DecoderName`. lm: the loaded model, or ``None`` when the two mappings hold what the name reads.
+        calibrations, drafters: ``{drafter: calibration dict}``, ``{drafter: module}`` to use instead of the shipped
+            files (made in a run). best_chain: the window of ``chain:best``.
 
     Raises:
         ValueError: a bad name; ``auto`` (chosen by timing: :func:`rvqspec_lib.eval.budget.auto_decoder`); a drafter

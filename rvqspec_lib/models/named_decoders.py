@@ -1,7 +1,7 @@
 """THE resolver from a decoder name (the grammar of :mod:`rvqspec_lib.decoding.decoder_names`) to a decoder with its
-drafter and trees, for a loaded model, reading the drafters (``<model>/drafters/``) and calibrations (``<model>/trees/``)
-shipped beside it: every command, table and notebook builds its decoders here. :func:`check_files` is the same lookup
-before the model loads, so a command fails in one line before loading (docs/architecture.md#the-four-ones).
+drafter and trees, for a loaded model, reading the drafters (``drafters/``) and calibrations (``trees/``) shipped
+beside it: every command, table and notebook builds its decoders here. :func:`check_files` is the same lookup before
+the model loads, so a command fails in one line before loading (docs/architecture.md#the-four-ones).
 """
 
 from __future__ import annotations

@@ -93,6 +93,8 @@ def _decode_audio(item) -> tuple[np.ndarray, int]:
     return wav, sr
 
 
+#: Bytes of the header :class:`WavWriter` writes: RIFF, a 16-byte ``fmt`` chunk, the ``data`` chunk's header.
+WAV_HEADER_BYTES = 44
 #: The sizes a WAV of unknown length carries (a pipe: the header cannot be rewritten), as streaming writers do.
 UNKNOWN_SIZE = 0xFFFFFFFF
 

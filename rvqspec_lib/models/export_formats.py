@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import io
 import logging
 import os
@@ -110,7 +109,7 @@ def coreml_available() -> tuple[bool, str]:
     if ver < (15,):
         return False, f"macOS {platform.mac_ver()[0]} is older than 15 (Core ML states need macOS 15)"
     try:  # the native library itself, which loads on macOS only
-        importlib.import_module("coremltools.libcoremlpython")
+        from coremltools.libcoremlpython import _MLModelProxy  # noqa: F401
     except ImportError as e:
         return False, f"coremltools' native library does not load ({e})"
     return True, ""

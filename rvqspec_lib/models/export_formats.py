@@ -175,7 +175,7 @@ def export_onnx(graph, path, *, dynamic: bool = False) -> Path:
 
 def export_coreml(graph, path, *, precision: str = "float16", target: str = "macOS15") -> Path:
     """Convert a graph (``state="buffers"`` for stepped and verify graphs) to a Core ML ``.mlpackage`` through
-    ``torch.export``, the buffers as states, in compute ``precision`` for ``target`` (:data:`COREML_TARGETS`).
+    ``torch.export``, the buffers as states, in compute ``precision`` (of :data:`DTYPES`) for ``target`` (:data:`COREML_TARGETS`).
 
     Raises:
         ValueError: an unknown precision or target, a graph whose cache is not held in buffers.
@@ -383,8 +383,9 @@ class _WorkFolder:
 
 class ExportedBackend(_WorkFolder, SlotBackend):
     """The verify backend over an exported hidden-state verify graph (symbolic dimensions: one file for every
-    decoder) run by ONNX Runtime in ``dtype``; ``path``: an existing graph file, else one exported to ``work_dir``
-    (default a temporary folder). ValueError: a code predictor that cannot be exported."""
+    decoder) run by ONNX Runtime in ``dtype`` (hidden states come back in the module's) on ``threads`` intra-op
+    threads (default torch's); ``path``: an existing graph file, else one exported to ``work_dir`` (default a
+    temporary folder). Raises ValueError: a code predictor that cannot be exported."""
 
     def __init__(self, code_predictor, *, dtype: str = "float32", threads: int | None = None,
                  work_dir=None, path=None):

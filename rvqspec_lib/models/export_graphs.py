@@ -36,7 +36,7 @@ STATE_DTYPE = torch.float16
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One declared input, output or state of a graph."""
+    """One declared input, output or state of a graph: ``shape`` fixed, ``dtype`` a torch dtype, ``doc`` its meaning."""
 
     name: str
     shape: tuple
@@ -127,8 +127,8 @@ class SteppedGraph(_Graph):
         state: ``"inputs"`` (caches are inputs and outputs) or ``"buffers"`` (buffers updated in place).
 
     Inputs: ``inputs_embeds`` ``(B, 1, H)``; ``position`` ``(B,)`` int32 in ``0..n_codes``; with ``state="inputs"``
-    ``k_cache``, ``v_cache`` ``(L, B, kv, n_codes + 1, D)``. Returns ``logits`` ``(B, n_codes, V)`` (head i predicts
-    code i + 1), then the updated caches with ``state="inputs"``.
+    ``k_cache``, ``v_cache`` ``(L, B, kv, n_codes + 1, D)``. Returns ``logits`` ``(B, n_codes, V)`` in the module's
+    dtype (head i predicts code i + 1), then the updated caches with ``state="inputs"``.
 
     Raises:
         ValueError: see :func:`check_exportable`; an unknown ``state``.
@@ -171,12 +171,14 @@ class VerifyGraph(_Graph):
         tree: the :class:`~rvqspec_lib.decoding.trees.DraftTree` of ``n_query - 1`` nodes (``outputs="logits"``).
         outputs: ``"logits"`` or ``"hidden"`` (any ``n_query >= 1``, no tree). batch, state: as :class:`SteppedGraph`.
 
-    Inputs: ``inputs_embeds`` ``(B, N, H)``; ``positions`` ``(B, N)`` int32 (the root's depth + 1 picks the heads);
-    ``attention_mask`` ``(B, N, S)`` 0/1 float; ``write_slots`` ``(B, N)`` int32; the caches (``state="inputs"``).
+    Inputs: ``inputs_embeds`` ``(B, N, H)``; ``positions`` ``(B, N)`` int32 (``positions[:, 0]``, the root's depth
+    + 1, picks the heads); ``attention_mask`` ``(B, N, S)`` 0/1 float, ``S = n_codes + 1 + N``; ``write_slots``
+    ``(B, N)`` int32 distinct slots; the caches (``state="inputs"``).
 
     Returns:
-        ``verify_logits`` ``(B, N, V)`` (p after each node) and ``draft_logits`` ``(B, N, K, V)`` (next round's q,
-        heads past the last clamped), or ``hidden`` ``(B, N, H)``; then the updated caches (``state="inputs"``).
+        In the module's dtype: ``verify_logits`` ``(B, N, V)`` (p after each node) and ``draft_logits``
+        ``(B, N, K, V)``, K the tree's depth (next round's q, heads past the last clamped), or ``hidden``
+        ``(B, N, H)``; then the updated caches (``state="inputs"``).
 
     Raises:
         ValueError: ``n_query`` outside 2..64 for logits (1..64 for hidden states), a tree of another size, an

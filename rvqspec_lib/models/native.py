@@ -39,18 +39,23 @@ def packed_linear(precision: str, modules: list[nn.Module]) -> C.PackedLinear:
 
 class PackedDecoder:
     """Packed COPIES of an official Qwen3-shaped decoder stack (``code_predictor.model`` or ``talker.model``, in
-    ``precision``, a key of ``cpforward.PREC_CODE`` its callers checked) on one C model handle, shared by the code
-    predictor's and the talker's native forwards.
+    ``precision``, a key of ``cpforward.PREC_CODE``) on one C model handle, shared by the code predictor's and the
+    talker's native forwards.
 
     Attributes: ``handle`` (the C model, valid while this object lives), ``act_bf16`` (activations rounded to
-    bfloat16), the sizes, ``weight_bytes`` (the packed layers and norms, what a call streams).
+    bfloat16), ``n_layers``, ``hidden``, ``n_heads``, ``n_kv``, ``head_dim``, ``intermediate``, ``weight_bytes`` (bytes
+    of the packed layers and norms, what a call streams).
 
     Raises:
-        ValueError: an odd head width or one over ``cpforward.MAX_HEAD_DIM``; a linear layer with a bias.
+        ValueError: an unknown precision; an odd head width or one over ``cpforward.MAX_HEAD_DIM``; a linear layer
+            with a bias.
         RuntimeError: the C library cannot be built here, or the model cannot be allocated.
     """
 
     def __init__(self, model: nn.Module, config, precision: str):
+        if precision not in C.PREC_CODE:
+            raise ValueError(f"the native forward runs float32, bfloat16, int8 or int8-dynamic, not {precision}: "
+                             f"convert with apply_precision(module, 'float32') first")
         lib = C.lib()
         self.precision = precision
         self.act_bf16 = precision in C.BF16_ACTIVATIONS
@@ -109,7 +114,7 @@ class NativeCodePredictor(SlotBackend):
     Attributes: ``fast`` (this CPU runs this precision through the AVX-512 path), ``handle`` (the C model).
 
     Raises:
-        ValueError: not the official code predictor, another precision, not on the CPU, what
+        ValueError: not the official code predictor, another RoPE type or precision, not on the CPU, what
             :class:`PackedDecoder` refuses. RuntimeError: the C library cannot be built here (one line).
     """
 

@@ -39,8 +39,8 @@ class NativeChainFrame(UniformFrame):
     Args:
         backend: the ``NativeCodePredictor``. window: 1 (AR) or 2..8. sampling: default the checkpoints'.
 
-    Attributes: ``tables`` (float32 ``(V, H)``; ``tables[j-1]`` embeds code j), ``last_calls`` (forward calls per
-    row of the last frame, the prefill included).
+    Attributes: ``K`` (``window - 1``), ``tables`` (float32 ``(V, H)``; ``tables[j-1]`` embeds code j),
+    ``last_calls`` (forward calls per row of the last frame, the prefill included).
 
     Raises:
         ValueError: a window outside 1..8; ``top_p < 1``; a frame longer than the RoPE table.

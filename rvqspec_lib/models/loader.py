@@ -265,7 +265,8 @@ def _check_loaded(lm: LoadedModel) -> LoadedModel:
 @dataclass(frozen=True)
 class ModelFacts:
     """What a model's config says, read WITHOUT loading weights, to check the command line's flags first
-    (``languages`` and ``speakers`` lower case, sorted; ``offline_codec``: an RVQ codec file lies beside it)."""
+    (``languages``: what ``language=`` accepts besides ``"auto"``; ``speakers``: CustomVoice's; both lower case,
+    sorted; ``offline_codec``: an RVQ codec file lies beside it)."""
 
     name: str
     kind: str

@@ -219,7 +219,8 @@ def build_codec_decoder(config: dict | str = "released", *, seed: int = 0, dtype
                         attn_implementation: str = "sdpa") -> torch.nn.Module:
     """The official 12 Hz speech tokenizer decoder with seeded random weights, in eval mode, for timing and tests
     only (the codebooks, zeros from the official init, filled with normal entries from ``seed``); ``config``: a
-    ``decoder_config`` dict or a name of :func:`codec_decoder_config_dict`."""
+    ``decoder_config`` dict or a name of :func:`codec_decoder_config_dict`; ``dtype`` float32 or bfloat16;
+    ``attn_implementation`` ``"sdpa"`` or ``"eager"``."""
     Config, Decoder = _codec_decoder_classes()
     raw = codec_decoder_config_dict(config) if isinstance(config, str) else dict(config)
     cfg = Config(**raw)

@@ -153,9 +153,10 @@ class Frame:
     Attributes:
         index: the frame's number t (0-based). codes: ``(B, n_code_groups)`` int64, code 0 then codes 1..15 (a row
             no longer speaking: end-of-speech then codes decoded after it, as the official batch does).
-        active: ``(B,)`` bool, the rows still speaking. calls: ``(B,)`` int64 inner-loop calls (the prefill
-            included). talker_s, inner_s: seconds of the talker call that gave code 0 and of the inner loop.
-        prompt_s: frame 0 only: seconds from the :func:`frames` call to the end of the talker's prefill.
+        active: ``(B,)`` bool, the rows still speaking (once False, for good). calls: ``(B,)`` int64 inner-loop
+            calls (the prefill included). talker_s, inner_s: seconds of the talker call that gave code 0 (frame 0:
+            the prompt and its prefill too) and of the inner loop.
+        prompt_s: frame 0 only (0.0 after): seconds from the :func:`frames` call to the end of the talker's prefill.
     """
 
     index: int

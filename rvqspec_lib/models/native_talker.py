@@ -85,7 +85,8 @@ class NativeTalker:
         kv_bfloat16: a bfloat16 KV cache (default: in bfloat16 and int8, where it is exact; refused where it rounds).
 
     Attributes: ``dtype`` (of the hidden states and logits returned), ``fast`` (the AVX-512 path runs),
-    ``kv_bytes_per_position`` (per stream), ``weight_bytes`` (packed bytes one step streams), ``decoder``.
+    ``kv_bytes_per_position`` (per stream), ``weight_bytes`` (packed bytes one step streams, ``codec_head``
+    included), ``decoder``.
 
     Raises:
         ValueError: not a talker, another precision, not on the CPU, a non-default RoPE, biases, ``max_context < 1``,
@@ -165,7 +166,8 @@ class NativeTalker:
         return 0 if self._cache is None else self._cache.batch
 
     def new_cache(self, batch: int, max_context: int | None = None) -> TalkerKVCache:
-        """A new empty KV cache for ``batch`` streams (install with :meth:`use_cache`); ValueError below 1."""
+        """A new empty KV cache for ``batch`` streams of ``max_context`` positions (default :attr:`max_context`),
+        installed by :meth:`use_cache`; ValueError for either below 1."""
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"batch must be a positive integer (independent streams), got {batch!r}")
         max_context = self.max_context if max_context is None else max_context

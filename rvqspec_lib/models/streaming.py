@@ -28,6 +28,7 @@ class AudioChunk:
     """One chunk of a stream's audio.
 
     Attributes:
+        index: 0-based (chunks without audio, while a look-ahead codec waits, are not yielded).
         audio: ``(samples,)`` float32 (one text) or ``(B, samples)`` (a batch), whole codec frames, at ``sample_rate``
             Hz. frames: the codec frames it holds. t_ready_s: seconds from the call until it was ready.
         t_play_s, late_ms: when the player of :func:`playback` starts it and how long it waited (> 0: an underrun).
@@ -230,9 +231,15 @@ class AudioStream:
         return torch.stack(got).cpu() if got else torch.zeros(0, 0, dtype=torch.long)
 
     def summary(self) -> dict:
-        """What the stream measured so far: a dict whose keys docs/streaming.md defines (``ttfa_ms`` after the
-        prompt, ``rtf``, ``frame_ms`` the steady state, ``underruns``, ``overlap`` = busy time of both sides over
-        ``wall_s``, per-frame means, thread CPU seconds, ``tokens_per_call``, ``replay``)."""
+        """What the stream measured so far (after the last chunk: the whole stream): ``ttfa_ms``, ``ttfa_call_ms``,
+        ``rtf``, ``frame_ms``, ``underruns``, ``late_ms`` and ``overlap`` as docs/streaming.md defines them, and
+        ``frames`` (made), ``chunks``, ``chunk_frames``, ``lookahead_frames`` (the codec's), ``audio_s``, ``wall_s``
+        (call to the last chunk ready), ``prompt_ms`` (call to the end of the talker's prefill), ``rtf_after_prompt``,
+        ``stall_ms`` (the underruns' sum), per-frame means ``talker_ms`` (frames after the first), ``inner_ms`` and
+        ``codec_ms`` (push and flush), ``generate_s`` and ``decode_s`` (busy seconds of each side), ``cpu_s`` (thread
+        CPU seconds of each side; per frame ``generate_cpu_ms``, ``decode_cpu_ms``), ``overlapped``, ``threads``
+        (torch threads per side), ``tokens_per_call``, ``replay`` (a timing replay's words, else ``None``), ``batch``.
+        """
         ch, made = self.chunks, self._made
         audio_s = sum(c["samples"] for c in ch) / self.sample_rate
         prompt_s = made[0].prompt_s if made else float("nan")

@@ -40,14 +40,17 @@ class StreamingCodecDecoder:
 
     Args:
         decoder: the official module (``Qwen3TTSTokenizer.model.decoder``, or
-            :func:`rvqspec_lib.models.configs.build_codec_decoder`), float32 or bfloat16, any device; used as is,
-            its weights unchanged during a stream.
+            :func:`rvqspec_lib.models.configs.build_codec_decoder`), float32 or bfloat16 (the stream runs in its
+            dtype), any device; used as is, its weights unchanged during a stream.
         batch_size: rows of the first stream.
         backend: ``"official"`` (any device), ``"onednn"`` (CPU only, the fast one) or ``"auto"`` (``onednn``
             where it runs, else ``official``).
         chunk_frames_hint: the chunk size the ``onednn`` weights are laid out for (any chunk size works).
     Raises:
         ValueError: an unknown backend, or ``onednn`` where it cannot run (one line, naming the fix).
+
+    Attributes: ``frames`` (pushed since the last :meth:`reset`), ``n_codebooks``, ``codebook_size``,
+    ``frame_samples``, ``sample_rate``, ``lookahead_frames`` (0), ``backend``.
     """
 
     lookahead_frames = 0
@@ -125,8 +128,8 @@ class StreamingCodecDecoder:
     @torch.no_grad()
     def push(self, codes) -> torch.Tensor:
         """Decode ``codes`` ``(batch_size, 16, n)`` integer ids in ``[0, 2048)``, n >= 1 new frames, into
-        ``(batch_size, n * 1920)`` float32 audio at 24 kHz: the official ``forward``'s samples of these frames, up to
-        float rounding. ValueError (one line): codes :func:`check_codes_chunk` refuses."""
+        ``(batch_size, n * 1920)`` float32 audio in [-1, 1] at 24 kHz: the official ``forward``'s samples of these
+        frames, up to float rounding. ValueError (one line): codes :func:`check_codes_chunk` refuses."""
         codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)
         h = codes.to(next(self.decoder.parameters()).device)
         for _, stage in self._stages:
@@ -183,8 +186,8 @@ def streaming_decoder(codec, batch_size: int = 1, **kwargs):
     """A streaming decoder (``reset``, ``push(codes (B, 16, n)) -> (B, m * 1920)``, ``flush``, ``lookahead_frames``)
     for ``codec``: the official 12 Hz decoder (or a model or ``Qwen12HzCodec`` holding one) ->
     :class:`StreamingCodecDecoder` (exact, m = n); an :class:`RVQCodec` or ``CodecSpeechTokenizer`` ->
-    :class:`~rvqspec_lib.models.streaming_rvq.StreamingRVQDecoder` (3 frames of look-ahead). ``kwargs`` go to the
-    class chosen. ValueError (one line): anything else."""
+    :class:`~rvqspec_lib.models.streaming_rvq.StreamingRVQDecoder` (3 frames of look-ahead by default). ``kwargs``
+    go to the class chosen. ValueError (one line): anything else."""
     if isinstance(codec, RVQCodec) or isinstance(getattr(codec, "codec", None), RVQCodec):
         return StreamingRVQDecoder(codec, batch_size, **kwargs)
     dec = codec

@@ -175,7 +175,8 @@ def export_onnx(graph, path, *, dynamic: bool = False) -> Path:
 
 def export_coreml(graph, path, *, precision: str = "float16", target: str = "macOS15") -> Path:
     """Convert a graph (``state="buffers"`` for stepped and verify graphs) to a Core ML ``.mlpackage`` through
-    ``torch.export``, the buffers as states, in compute ``precision`` (of :data:`DTYPES`) for ``target`` (:data:`COREML_TARGETS`).
+    ``torch.export``, the buffers as states, in compute ``precision`` (of :data:`DTYPES`) for ``target``
+    (:data:`COREML_TARGETS`).
 
     Raises:
         ValueError: an unknown precision or target, a graph whose cache is not held in buffers.

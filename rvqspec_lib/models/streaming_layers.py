@@ -325,7 +325,7 @@ class FastSnake:
 
 class FastQuantizer:
     """The official ``SplitResidualVectorQuantizer.decode``: codes ``(B, 16, n)`` -> ``(B, codebook_dim, n)``, each
-    codebook's table computed once (the official ``decode`` recomputes them every call: 16 ms of a 1-frame chunk)."""
+    codebook's table computed once (the official ``decode`` recomputes them every call)."""
 
     def __init__(self, quantizer: nn.Module):
         self.q = quantizer

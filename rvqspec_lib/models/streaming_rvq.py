@@ -39,7 +39,9 @@ class StreamingRVQDecoder:
     Raises:
         ValueError: ``gl_lookahead_frames < 1``, a negative window, ``gl_iters < 1``.
 
-    Attributes: ``lookahead_frames`` (a frame's wait before its audio comes out), ``frames`` (pushed), ``emitted``.
+    Attributes: ``lookahead_frames`` (a frame's wait before its audio comes out), ``frames`` (pushed), ``emitted``
+    (frames whose audio was returned); ``n_codebooks``, ``codebook_size``, ``frame_samples``, ``sample_rate``: the
+    codec's.
     """
 
     def __init__(self, codec, batch_size: int = 1, *, context_frames: int = CONTEXT_FRAMES,
@@ -90,8 +92,8 @@ class StreamingRVQDecoder:
 
     def push(self, codes) -> torch.Tensor:
         """Add ``codes`` ``(batch_size, 16, n)`` (the official decoder's layout); return ``(batch_size, m * 1920)``
-        float32 audio of the m frames this push completes. ValueError (one line): bad codes, or a push after
-        :meth:`flush` without :meth:`reset`."""
+        float32 audio at 24 kHz of the m frames this push completes (m = 0 while the first ``lookahead_frames``
+        arrive). ValueError (one line): bad codes, or a push after :meth:`flush` without :meth:`reset`."""
         if self._ended:
             raise ValueError("this stream was flushed: call reset() to start a new one")
         codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)

@@ -299,8 +299,8 @@ class FrameGraph(nn.Module):
 def build_graph(code_predictor, graph: str, *, nodes: int | None = None, tree: DraftTree | None = None,
                 state: str = "inputs", batch: int = 1, sampling: Sampling | None = None) -> nn.Module:
     """One of :data:`GRAPHS` by name (what ``rvqspec export --graph`` builds); ``nodes`` (N, default 4) and ``tree``
-    (default a chain of N - 1) are the verify graph's, ``sampling`` the frame graph's, ``state`` as
-    :class:`SteppedGraph`'s.
+    (default a chain of N - 1) are the verify graph's, ``sampling`` the frame graph's; ``state`` (``"inputs"`` for
+    ONNX, ``"buffers"`` for Core ML) and ``batch`` (rows per call) as :class:`SteppedGraph`'s.
 
     Raises:
         ValueError: an unknown graph, N outside 2..64, ``nodes`` or ``tree`` given to a graph that has none, what

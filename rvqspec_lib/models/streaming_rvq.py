@@ -39,9 +39,9 @@ class StreamingRVQDecoder:
     Raises:
         ValueError: ``gl_lookahead_frames < 1``, a negative window, ``gl_iters < 1``.
 
-    Attributes: ``lookahead_frames`` (a frame's wait before its audio comes out), ``frames`` (pushed), ``emitted``
-    (frames whose audio was returned); the codec's ``n_codebooks``, ``codebook_size``, ``frame_samples`` and
-    ``sample_rate``.
+    Attributes: the codec's ``n_codebooks``, ``codebook_size``, ``frame_samples`` and ``sample_rate``;
+    ``lookahead_frames`` (a frame's wait before its audio comes out), ``frames`` (pushed), ``emitted`` (frames whose
+    audio was returned).
     """
 
     def __init__(self, codec, batch_size: int = 1, *, context_frames: int = CONTEXT_FRAMES,

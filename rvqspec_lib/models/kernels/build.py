@@ -1,8 +1,7 @@
 """Compile a C source shipped in this folder into a shared library in the cache folder, once per source, compiler,
 flags and CPU (the kernels are built for the running CPU's instructions), and never load a half-written one.
 
-Used by :mod:`rvqspec_lib.models.kernels.cpforward` and ``snake``; the CPU's tag is
-:func:`rvqspec_lib.common.machine.cpu_tag`.
+Used by ``cpforward`` and ``snake`` (:class:`Library`); the CPU's tag is :func:`rvqspec_lib.common.machine.cpu_tag`.
 """
 
 from __future__ import annotations

@@ -68,9 +68,10 @@ def check_precision(precision: str, *, device: str = "cpu", flags: frozenset[str
 
 
 class Int8Linear(nn.Module):
-    """``linear`` with int8 weights ``weight_int8`` ``(out, in)`` and one ``scale`` per output channel
-    (docs/precision.md#the-two-int8-schemes-and-why): ``dynamic=False`` (``int8``) bfloat16 in and out;
-    ``dynamic=True`` (``int8-dynamic``) each row quantised with its own scale, multiplied exactly in int32, float32 out.
+    """``linear`` with int8 weights ``weight_int8`` ``(out, in)`` and one ``scale`` per output channel (bfloat16,
+    float32 when ``dynamic``; docs/precision.md#the-two-int8-schemes-and-why): ``dynamic=False`` (``int8``) bfloat16
+    in and out; ``dynamic=True`` (``int8-dynamic``) each row quantised with its own scale, multiplied exactly in
+    int32, float32 out.
     """
 
     def __init__(self, linear: nn.Linear, *, dynamic: bool = False):

@@ -293,9 +293,9 @@ class RVQCodec:
         from its features without codes: the ceiling of any k).
 
         Returns:
-            One dict per condition (``"original"``, ``"unquantised"``, ``"k=<k>"``): ``condition``, ``k``, ``audio``
-            (float32, the input's length), ``feature_lsd_db`` (vs the unquantised features) and ``audio_lsd_db`` (the
-            output audio's features vs the input's).
+            One dict per condition (``"original"``, ``"unquantised"``, ``"k=<k>"``): ``condition``, ``k`` (``None``
+            for the first two), ``audio`` (float32, the input's length), ``feature_lsd_db`` (vs the unquantised
+            features) and ``audio_lsd_db`` (the output audio's features vs the input's).
 
         Raises:
             ValueError: a k outside ``[1, n_codebooks]``, or bad audio (see :meth:`encode`).

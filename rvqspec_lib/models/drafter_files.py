@@ -136,8 +136,9 @@ def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = Non
 
 
 def save_drafter(drafter, path: str | os.PathLike) -> Path:
-    """Write a trained drafter, both files or neither: ``path`` (safetensors, its JSON description in the header)
-    and that description in ``path.with_suffix(".json")``.
+    """Write a trained drafter, both files or neither: ``path`` (safetensors, its JSON description in the header
+    under ``"rvqspec"``) and that description (name, constructor arguments, tensor shapes, ``params_added``,
+    ``provenance``) in ``path.with_suffix(".json")``.
 
     Raises:
         ValueError: :class:`ReusedHeads` (nothing to save), or a path not ending in ``.safetensors``.

@@ -116,7 +116,8 @@ class FrameRunner(Protocol):
 
 class SteppedRunner:
     """Any decoder run by :func:`~rvqspec_lib.decoding.decode.decode_frame` through a verify backend, one call a
-    round (arguments: :func:`frame_runner`'s; ``acceptance``: a timing replay's oracle)."""
+    round (arguments: :func:`frame_runner`'s; ``acceptance``: a timing replay's oracle; ``backend``: the name for
+    tables, default ``verify.name``)."""
 
     fused = False
 

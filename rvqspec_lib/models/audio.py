@@ -102,11 +102,13 @@ UNKNOWN_SIZE = 0xFFFFFFFF
 class WavWriter:
     """A mono 16-bit PCM WAV written chunk by chunk (docs/streaming.md), a context manager. To a file, the samples
     go first and then the header's sizes, so the file is always a valid WAV of the chunks written, even after Ctrl-C;
-    to a pipe (not seekable), the sizes are :data:`UNKNOWN_SIZE`. Samples are clipped to [-1, 1] (a stream cannot
-    scale by a peak it has not seen yet), stored as ``round(x * 32767)``.
+    to a pipe (not seekable), the sizes are :data:`UNKNOWN_SIZE`. Float samples are clipped to [-1, 1] (a stream
+    cannot scale by a peak it has not seen yet), stored as ``round(x * 32767)``.
 
     Args:
         target: a path (created or truncated) or a binary file object (not closed here). sample_rate: Hz.
+
+    Attributes: ``samples`` (written so far), ``seekable`` (whether the header is rewritten).
     """
 
     def __init__(self, target, sample_rate: int):

@@ -104,8 +104,8 @@ class CausalConvState:
 
 
 class TransConvState:
-    """One official ``Qwen3TTSTokenizerV2CausalTransConvNet``: the ``K - s`` outputs it trims are this chunk's
-    contributions to the next chunk's first ``K - s`` samples, carried and added there (overlap-add)."""
+    """One official ``Qwen3TTSTokenizerV2CausalTransConvNet`` (kernel K, stride s): the ``K - s`` outputs it trims are
+    this chunk's contributions to the next chunk's first ``K - s`` samples, carried and added there (overlap-add)."""
 
     def __init__(self, module: nn.Module):
         self.module = module

@@ -109,7 +109,8 @@ def coreml_available() -> tuple[bool, str]:
     if ver < (15,):
         return False, f"macOS {platform.mac_ver()[0]} is older than 15 (Core ML states need macOS 15)"
     try:  # the native library itself, which loads on macOS only
-        from coremltools.libcoremlpython import _MLModelProxy  # noqa: F401
+        from coremltools.libcoremlpython import _MLModelProxy
+        del _MLModelProxy  # importing it is the check
     except ImportError as e:
         return False, f"coremltools' native library does not load ({e})"
     return True, ""

@@ -100,23 +100,15 @@ UNKNOWN_SIZE = 0xFFFFFFFF
 
 
 class WavWriter:
-    """A mono 16-bit PCM WAV written chunk by chunk (docs/streaming.md), a context manager.
-
-    * To a file (a path, or any seekable binary file): after every chunk the samples are written first, then the
-      header's two sizes are rewritten, then the file is flushed; so the file so far is always a valid WAV holding
-      every chunk written, also when the process stops (Ctrl-C) between two chunks or inside one (the header then
-      still describes the chunks before it; trailing bytes past the ``data`` chunk are ignored by readers).
-    * To a pipe (e.g. ``sys.stdout.buffer``; not seekable): the header carries :data:`UNKNOWN_SIZE` as its sizes and
-      the samples follow as they come, so ``rvqspec synth --stream --out - | aplay`` plays while it is written.
-
-    Samples are float in [-1, 1] (clipped there: a stream cannot scale by a peak it has not seen yet), stored as
-    ``round(x * 32767)``.
+    """A mono 16-bit PCM WAV written chunk by chunk (docs/streaming.md), a context manager. To a file, the samples
+    go first and then the header's sizes, so the file is always a valid WAV of the chunks written, even after Ctrl-C;
+    to a pipe (not seekable), the sizes are :data:`UNKNOWN_SIZE`. Float samples are clipped to [-1, 1] (a stream
+    cannot scale by a peak it has not seen yet), stored as ``round(x * 32767)``.
 
     Args:
         target: a path (created or truncated) or a binary file object (not closed here). sample_rate: Hz.
 
-    Attributes:
-        samples: samples written so far. seekable: whether the header is rewritten.
+    Attributes: ``samples`` (written so far), ``seekable`` (whether the header is rewritten).
     """
 
     def __init__(self, target, sample_rate: int):

@@ -1,10 +1,7 @@
-"""THE registry of what runs the code predictor, by name: verify backends (one model call at a time,
-:data:`BACKENDS`, each a :class:`rvqspec_lib.decoding.predictor.VerifyBackend` that
-:func:`~rvqspec_lib.decoding.decode.decode_frame` runs any decoder through) and frame runners (one whole frame of codes
-1..15: stepped through a backend, or fused, :func:`fused_support` saying when). Every caller builds them here and
-nowhere else; what each backend is, its fused frame and who needs it: docs/architecture.md#the-registry. The
-randomness interface is the same for all: a ``torch.Generator``, each runner drawing its own uniforms from it (one
-seed gives other codes through another runner, with the same distribution).
+"""THE registry of what runs the code predictor, by name: verify backends (:data:`BACKENDS`, one model call at a
+time) and frame runners (a whole frame, stepped through a backend or fused). Every caller builds them here; what each
+is and who needs it: docs/architecture.md#the-registry. Each runner draws its own uniforms from the
+``torch.Generator`` it is given (one seed gives other codes through another runner, with the same distribution).
 """
 
 from __future__ import annotations
@@ -77,19 +74,9 @@ def _device_of(cp) -> torch.device:
 
 
 def verify_backend(name: str, code_predictor, *, work_dir=None, threads: int | None = None):
-    """The verify backend ``name`` over ``code_predictor`` (in the precision and on the device it is in).
-
-    Args:
-        name: one of :data:`BACKENDS`. code_predictor: the official module (``lm.code_predictor``), converted with
-            :func:`rvqspec_lib.models.precision.apply_precision` if another precision is wanted.
-        work_dir: where ``onnx`` writes its graph (a temporary folder by default). threads: ONNX Runtime threads.
-
-    Returns:
-        a :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` whose ``name`` is ``name``.
-
-    Raises:
-        ValueError: an unknown or absent backend (one line with the reason).
-    """
+    """The :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` ``name`` (of :data:`BACKENDS`) over the official
+    ``code_predictor`` in its precision and on its device; ``work_dir``, ``threads``: ``onnx``'s graph folder and
+    ONNX Runtime threads. ValueError (one line): an unknown or absent backend."""
     dev = _device_of(code_predictor)
     check_available(name, precision_of(code_predictor), dev.type)
     if name == "official":
@@ -112,15 +99,8 @@ def verify_backend(name: str, code_predictor, *, work_dir=None, threads: int | N
 # ----------------------------------------------------------------------------------------------------------------
 @runtime_checkable
 class FrameRunner(Protocol):
-    """Decodes whole frames: ``runner(context, generator) -> FrameResult``.
-
-    Attributes:
-        backend: the backend name (:data:`BACKENDS`). fused: True for a whole-frame runner, False for stepped
-            ``decode_frame``. decoder: the decoder object. name: its
-            :class:`~rvqspec_lib.decoding.decoder_names.DecoderName` (the label and fields of its rows). precision:
-            the module's (:func:`~rvqspec_lib.models.precision.precision_of`). n_codes: codes a frame (15 on released
-            checkpoints).
-    """
+    """Decodes whole frames: ``runner(context, generator) -> FrameResult``; ``name`` is the decoder's
+    :class:`~rvqspec_lib.decoding.decoder_names.DecoderName` (the label and fields of its rows)."""
 
     backend: str
     fused: bool
@@ -135,16 +115,9 @@ class FrameRunner(Protocol):
 
 
 class SteppedRunner:
-    """A decoder run by :func:`~rvqspec_lib.decoding.decode.decode_frame` through a verify backend, one backend call
-    per round (any decoder, any drafter, any sampling).
-
-    Args:
-        code_predictor: the official module. decoder: AR, Chain, Tree or LossySSD. verify: the verify backend (e.g.
-            :func:`verify_backend`'s, possibly wrapped for timing). sampling, drafter: as ``decode_frame``.
-        acceptance: an acceptance hook (a TIMING REPLAY's oracle, :class:`rvqspec_lib.eval.replay.AcceptanceOracle`),
-            or ``None``.
-        backend: the backend's name for tables (default ``verify.name``).
-    """
+    """Any decoder run by :func:`~rvqspec_lib.decoding.decode.decode_frame` through a verify backend, one call a
+    round (arguments: :func:`frame_runner`'s; ``acceptance``: a timing replay's oracle; ``backend``: the name for
+    tables, default ``verify.name``)."""
 
     fused = False
 
@@ -172,13 +145,8 @@ class SteppedRunner:
 
 
 class FusedRunner:
-    """A whole-frame runner (a fused frame of :mod:`rvqspec_lib.models.fused`, :mod:`~rvqspec_lib.models.fused_spec`,
-    :mod:`~rvqspec_lib.models.native_frame` or an exported frame graph) behind the :class:`FrameRunner` interface.
-
-    Args:
-        frame: the frame object (``decode(context, generator) -> codes``; ``last_calls`` when speculative).
-        decoder: the decoder it runs (``AR()`` or ``Chain(window)``). backend: the backend's name.
-    """
+    """A fused frame (``decode(context, generator) -> codes``, ``last_calls`` when speculative) of ``decoder``
+    (``AR()`` or ``Chain(window)``) behind the :class:`FrameRunner` interface."""
 
     fused = True
 
@@ -214,11 +182,7 @@ class FusedRunner:
 
 
 def fused_support(name: str, decoder, sampling: Sampling | None = None, drafter=None) -> str | None:
-    """Why ``decoder`` has no fused runner on backend ``name`` (one line), or ``None`` when it has one.
-
-    A fused frame runs AR, or a Chain drafting with the reused heads, with temperature and top-k sampling (no top-p);
-    ``official`` has no fused frame, ``onnx`` only the AR frame graph.
-    """
+    """Why ``decoder`` has no fused runner on backend ``name`` (one line), or ``None`` when it has one."""
     sampling = Sampling() if sampling is None else sampling
     if name == "official":
         return "the official module has no fused frame (use eager, compile or native)"
@@ -239,13 +203,12 @@ def frame_runner(name: str, code_predictor, decoder, *, fused: bool = False, sam
 
     Args:
         name: one of :data:`BACKENDS`. code_predictor: the official module (precision and device as wanted).
-        decoder: a :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` (:func:`~rvqspec_lib.models.
-            named_decoders.resolve`: its label and fields go with the runner), or a bare AR, Chain, Tree or LossySSD
-            (named by :func:`~rvqspec_lib.decoding.decoder_names.name_of`).
+        decoder: a :class:`~rvqspec_lib.models.named_decoders.NamedDecoder` (its label and fields go with the runner)
+            or a bare AR, Chain, Tree or LossySSD.
         fused: the whole-frame runner (:func:`fused_support` says when there is none) instead of stepped calls.
         sampling, drafter: as ``decode_frame``. acceptance: a timing replay's acceptance hook (stepped only).
-        verify: a verify backend already built for ``name`` (e.g. shared by many runners, or wrapped for timing);
-            default :func:`verify_backend`. work_dir, threads: ``onnx``'s.
+        verify: a verify backend already built for ``name`` (default :func:`verify_backend`'s).
+        work_dir, threads: ``onnx``'s.
 
     Raises:
         ValueError: an unknown or absent backend; ``fused`` where there is no fused runner, or with ``acceptance``

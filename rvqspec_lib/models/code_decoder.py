@@ -1,14 +1,8 @@
-"""A small neural code decoder for the offline :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`: codes -> log-mel frames.
-
-Summing one centroid per codebook is the best reconstruction of TRUE codes, but codes the code predictor samples are
-plausible and wrong, and their centroids add up to audible noise. A decoder trained on generated codes learns from
-neighbouring frames how much to trust each codebook: the vocoder practice of fine-tuning on the acoustic model's own
-predictions (HiFi-GAN, Kong et al. 2020, §4.4). It sits after the inner loop: speculation is unaffected.
-
-:class:`CodeDecoder`: each codebook's (scaled) centroid through its own linear map, summed (an absent codebook: a
-learned vector, quantizer dropout as in SoundStream), residual dilated 1-D convolutions over frames, and a head adding
-a correction to the weighted centroid sum (zero at init: an untrained decoder IS the table decoder). Trained by
-:mod:`rvqspec_lib.embedded.code_decoder_training`.
+"""A small neural code decoder for the offline :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`: codes -> log-mel frames,
+trained on generated codes (:mod:`rvqspec_lib.embedded.code_decoder_training`) to learn from neighbouring frames how
+much to trust each codebook, as vocoders are fine-tuned on the acoustic model's own predictions (HiFi-GAN, Kong et al.
+2020, §4.4). Its head adds a correction to the weighted centroid sum, zero at init: an untrained decoder IS the table
+decoder. It sits after the inner loop: speculation is unaffected.
 """
 
 from __future__ import annotations

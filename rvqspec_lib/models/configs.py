@@ -40,9 +40,8 @@ def tiny_config_dict(
     talker_layers: int = 2,
     code_predictor_layers: int = 2,
 ) -> dict:
-    """Config of a tiny model of the official classes (a release's structure, small sizes). Codec special ids are the
-    released ones (so ``codebook_size <= 2048``); text special ids are 256..261, after the bytes.
-    ``code_predictor_hidden != talker_hidden`` exercises ``small_to_mtp_projection``.
+    """Config of a tiny model of the official classes (a release's structure and codec special ids, small sizes;
+    text special ids 256..261, after the bytes).
 
     Raises:
         ValueError: ``n_code_groups`` outside 2..32, ``codebook_size`` outside 2..2048.
@@ -135,8 +134,7 @@ def small_config_dict(*, talker_layers: int = 4, talker_hidden: int = 256, code_
                       text_hidden: int = 256, speakers: Sequence[str] = ("slt",), n_code_groups: int = 16,
                       codebook_size: int = 2048) -> dict:
     """Config of a small model of the official classes for training from scratch (defaults: the feasibility run's,
-    docs/offline.md#template-sentences): SwiGLU 3x hidden and MRoPE sections scaled as in the releases, one speaker id
-    (3000 + i) per voice, text ids as :func:`tiny_config_dict`'s.
+    docs/offline.md#template-sentences), sized as the releases are scaled, one speaker id (3000 + i) per voice.
 
     Raises:
         ValueError: an odd ``head_dim``, ``n_heads`` not a multiple of ``n_kv_heads``, not 1..72 speakers.
@@ -173,15 +171,9 @@ def config_dict(model) -> dict:
 
 
 def loop_facts(folder: str | os.PathLike) -> dict:
-    """The two loops' geometry read from a model folder's ``config.json``, without building the model.
-
-    Args:
-        folder: a folder with ``config.json``; the frame rate comes from ``rvqspec_model.json`` when present, else
-            from ``speech_tokenizer/config.json``.
-
-    Returns:
-        ``{"folder", "talker_layers", "talker_hidden", "code_predictor_layers", "code_predictor_hidden",
-        "n_code_groups", "frame_rate_hz"}`` (ints; the frame rate in Hz).
+    """The two loops' geometry from a model folder's ``config.json`` (the frame rate from ``rvqspec_model.json`` or
+    ``speech_tokenizer/``), without building the model: ``{"folder", "talker_layers", "talker_hidden",
+    "code_predictor_layers", "code_predictor_hidden", "n_code_groups", "frame_rate_hz"}``.
 
     Raises:
         FileNotFoundError: no ``config.json`` in ``folder``.
@@ -201,15 +193,8 @@ def loop_facts(folder: str | os.PathLike) -> dict:
 
 
 def codec_decoder_config_dict(name: str = "released") -> dict:
-    """The ``decoder_config`` of the 12 Hz speech tokenizer (``Qwen3TTSTokenizerV2DecoderConfig`` fields).
-
-    Args:
-        name: ``"released"`` (``data/configs/Qwen3-TTS-Tokenizer-12Hz/config.json``) or ``"tiny"``
-            (:func:`tiny_codec_decoder_config_dict`).
-
-    Raises:
-        ValueError: another name.
-    """
+    """The ``decoder_config`` of the 12 Hz speech tokenizer, ``"released"`` (shipped in ``data/configs``) or
+    ``"tiny"`` (:func:`tiny_codec_decoder_config_dict`); ValueError for another name."""
     if name == "tiny":
         return tiny_codec_decoder_config_dict()
     if name != "released":
@@ -232,14 +217,10 @@ def tiny_codec_decoder_config_dict(*, sliding_window: int = 6, decoder_dim: int 
 
 def build_codec_decoder(config: dict | str = "released", *, seed: int = 0, dtype: torch.dtype = torch.float32,
                         attn_implementation: str = "sdpa") -> torch.nn.Module:
-    """The official 12 Hz speech tokenizer decoder (``Qwen3TTSTokenizerV2Decoder``) with seeded random weights
-    (:func:`seeded`), in eval mode: for timing and tests only. The codebooks, zeros from the official initialisation
-    (every code would decode alike), are filled with standard normal entries drawn from ``seed``.
-
-    Args:
-        config: a ``decoder_config`` dict, or a name of :func:`codec_decoder_config_dict`.
-        dtype: ``torch.float32`` or ``torch.bfloat16``. attn_implementation: ``"sdpa"`` or ``"eager"``.
-    """
+    """The official 12 Hz speech tokenizer decoder with seeded random weights, in eval mode, for timing and tests
+    only (the codebooks, zeros from the official init, filled with normal entries from ``seed``); ``config``: a
+    ``decoder_config`` dict or a name of :func:`codec_decoder_config_dict`; ``dtype`` float32 or bfloat16;
+    ``attn_implementation`` ``"sdpa"`` or ``"eager"``."""
     Config, Decoder = _codec_decoder_classes()
     raw = codec_decoder_config_dict(config) if isinstance(config, str) else dict(config)
     cfg = Config(**raw)

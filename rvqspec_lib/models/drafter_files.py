@@ -107,12 +107,9 @@ def _how_to_train(name: str, where: str, heads_instead: str = HEADS_INSTEAD) -> 
 
 def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = None, *, fresh: bool = False,
                  K: int = DEFAULT_K):
-    """A drafter by name.
-
-    Args:
-        name: ``"heads"`` (nothing to load), ``"offsets"`` or ``"medusa"``. code_predictor: the module it serves.
-        path: a ``.safetensors`` drafter file, or a model folder holding ``drafters/<name>.safetensors``.
-        fresh: build an untrained drafter of ``K`` offsets instead, e.g. to train it.
+    """A drafter by ``name`` (``"heads"``: nothing to load, ``"offsets"``, ``"medusa"``) for ``code_predictor``, read
+    from ``path`` (a drafter file, or a model folder holding ``drafters/<name>.safetensors``), or ``fresh``: untrained,
+    of ``K`` offsets.
 
     Raises:
         ValueError: an unknown name; a file for another drafter or another code predictor size.
@@ -139,9 +136,9 @@ def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = Non
 
 
 def save_drafter(drafter, path: str | os.PathLike) -> Path:
-    """Write a trained drafter, both files or neither: ``path`` (safetensors, the JSON description in its header
-    under ``"rvqspec"``) and the description in ``path.with_suffix(".json")`` (name, constructor arguments, tensor
-    shapes, ``params_added``, the drafter's ``provenance``).
+    """Write a trained drafter, both files or neither: ``path`` (safetensors, its JSON description in the header
+    under ``"rvqspec"``) and that description (name, constructor arguments, tensor shapes, ``params_added``,
+    ``provenance``) in ``path.with_suffix(".json")``.
 
     Raises:
         ValueError: :class:`ReusedHeads` (nothing to save), or a path not ending in ``.safetensors``.

@@ -109,7 +109,8 @@ def coreml_available() -> tuple[bool, str]:
     if ver < (15,):
         return False, f"macOS {platform.mac_ver()[0]} is older than 15 (Core ML states need macOS 15)"
     try:  # the native library itself, which loads on macOS only
-        from coremltools.libcoremlpython import _MLModelProxy  # noqa: F401
+        from coremltools.libcoremlpython import _MLModelProxy
+        del _MLModelProxy  # importing it is the check
     except ImportError as e:
         return False, f"coremltools' native library does not load ({e})"
     return True, ""
@@ -175,10 +176,8 @@ def export_onnx(graph, path, *, dynamic: bool = False) -> Path:
 
 def export_coreml(graph, path, *, precision: str = "float16", target: str = "macOS15") -> Path:
     """Convert a graph (``state="buffers"`` for stepped and verify graphs) to a Core ML ``.mlpackage`` through
-    ``torch.export``, the mutated buffers as ``ct.StateType`` states; built without loading it.
-
-    Args:
-        precision: ``"float16"`` or ``"float32"`` (compute precision). target: ``"macOS15"`` or ``"iOS18"``.
+    ``torch.export``, the buffers as states, in compute ``precision`` (of :data:`DTYPES`) for ``target``
+    (:data:`COREML_TARGETS`).
 
     Raises:
         ValueError: an unknown precision or target, a graph whose cache is not held in buffers.
@@ -210,12 +209,9 @@ def export_coreml(graph, path, *, precision: str = "float16", target: str = "mac
 
 def export_graph(code_predictor, graph: str, fmt: str, out, *, dtype="float32", nodes: int | None = None,
                  tree=None, batch: int = 1, sampling=None, target: str = "macOS15") -> dict:
-    """Build and write one graph (what ``rvqspec export`` does).
-
-    Args:
-        code_predictor: the official module (never modified). graph: a name of ``export_graphs.GRAPHS``. fmt:
-            ``"onnx"`` or ``"coreml"``. out: the file path. dtype: ``"float32"`` or ``"float16"``. nodes, tree: the
-            verify graph's. target: Core ML deployment target.
+    """Build and write one graph (what ``rvqspec export`` does) over ``code_predictor`` (never modified): ``graph`` of
+    ``export_graphs.GRAPHS``, ``fmt`` of :data:`FORMATS`, ``dtype`` of :data:`DTYPES`; the other keywords the
+    graph's (:func:`~rvqspec_lib.models.export_graphs.build_graph`) and Core ML's ``target``.
 
     Returns:
         ``{"path", "format", "graph", "dtype", "nodes", "bytes", "export_s", "declared": {inputs, outputs, states},
@@ -388,17 +384,10 @@ class _WorkFolder:
 
 
 class ExportedBackend(_WorkFolder, SlotBackend):
-    """The verify backend over an exported hidden-state verify graph run by ONNX Runtime: one file with symbolic
-    dimensions serves every decoder; embeddings and heads stay the official modules', as for every backend.
-
-    Args:
-        code_predictor: the official module. dtype: ``"float32"`` or ``"float16"`` (the graph's; hidden states come
-            back in the module's dtype). threads: intra-op threads (default torch's).
-        work_dir: where the ONNX file goes (default a temporary folder). path: an existing graph file to use.
-
-    Raises:
-        ValueError: a code predictor that cannot be exported.
-    """
+    """The verify backend over an exported hidden-state verify graph (symbolic dimensions: one file for every
+    decoder) run by ONNX Runtime in ``dtype`` (hidden states come back in the module's) on ``threads`` intra-op
+    threads (default torch's); ``path``: an existing graph file, else one exported to ``work_dir`` (default a
+    temporary folder). Raises ValueError: a code predictor that cannot be exported."""
 
     def __init__(self, code_predictor, *, dtype: str = "float32", threads: int | None = None,
                  work_dir=None, path=None):
@@ -438,14 +427,9 @@ class ExportedBackend(_WorkFolder, SlotBackend):
 
 
 class ExportedFrame(_WorkFolder, FusedARFrame):
-    """A :class:`~rvqspec_lib.models.fused.FusedARFrame` whose call runs an exported frame graph (ONNX Runtime, or
-    Core ML on a Mac).
-
-    Args:
-        code_predictor: the official module. path: the frame graph (``.onnx`` / ``.mlpackage``); ``None`` exports one
-            to ONNX in ``work_dir``. dtype, threads, compute_unit, sampling: as :func:`export_graph` and
-            :func:`open_graph`. batch: the graph's.
-    """
+    """A :class:`~rvqspec_lib.models.fused.FusedARFrame` whose call runs an exported frame graph at ``path``
+    (``.onnx`` / ``.mlpackage``; ``None``: one exported to ONNX in ``work_dir``), the other keywords as
+    :func:`export_graph`'s and :func:`open_graph`'s."""
 
     def __init__(self, code_predictor, path=None, *, dtype: str = "float32", threads: int | None = None,
                  compute_unit: str = "CPU_ONLY", work_dir=None, sampling=None, batch: int = 1):

@@ -1,20 +1,11 @@
-"""The code predictor as three exportable graphs over the OFFICIAL weights, pure tensor functions of fixed shapes
-that ``torch.export`` (and from it ONNX and Core ML, :mod:`rvqspec_lib.models.export_formats`) takes whole: the
-deployable forms of TTSKit's stepped and fused ``MultiCodeDecoder`` (docs/methods.md#headline-numbers-reported-by-
-others) and the paper's fused drafting and verification (§2.2):
+"""The code predictor as three fixed-shape graphs over the OFFICIAL weights that ``torch.export`` takes whole
+(:mod:`rvqspec_lib.models.export_formats` writes them): :class:`SteppedGraph` (TTSKit's stepped MultiCodeDecoder),
+:class:`VerifyGraph` (the paper's fused verify call, §2.2) and :class:`FrameGraph` (a whole fused frame).
 
-1. :class:`SteppedGraph`: ONE position per call, the KV cache explicit, the logits of EVERY head returned;
-2. :class:`VerifyGraph`: the fused verify call of a tree (mask and positions as inputs) returning the verifier's
-   logits after every node and the reused heads' drafts for the next round from every node, or (``outputs="hidden"``)
-   the hidden states of :func:`rvqspec_lib.decoding.predictor.verify_forward`, an exported verify backend's call;
-3. :class:`FrameGraph`: :meth:`rvqspec_lib.models.fused.FusedARFrame.frame`, a whole frame with sampling inside.
-
-The layer arithmetic is the lean forward's (:mod:`rvqspec_lib.models.lean`). Departures for export, each exact in
-float32 (tests/test_export_graphs.py): masks are 0/1 float inputs turned into an additive :data:`MASK_MIN`; integer
-inputs are int32 (Core ML's); the cache is two inputs returned updated (``state="inputs"``, ONNX) or two float16
-buffers updated in place (``state="buffers"``, Core ML states); the verify graph's heads are one stacked snapshot of
-``lm_head`` taken when it is built. Keys are cached after RoPE: a deployment writes a round's N positions into any
-free slots of its ``n_codes + 1 + N`` and masks the rest, no compaction.
+The layers are the lean forward's (:mod:`rvqspec_lib.models.lean`). Departures for export, each exact in float32:
+0/1 float masks turned into an additive :data:`MASK_MIN`; int32 integer inputs (Core ML's); the cache as inputs
+returned updated (ONNX) or float16 buffers updated in place (Core ML states); keys cached after RoPE, so a round's
+N positions go to any free slots, no compaction.
 """
 
 from __future__ import annotations
@@ -45,8 +36,7 @@ STATE_DTYPE = torch.float16
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One declared input, output or state of a graph: ``name``, ``shape`` (fixed), ``dtype`` (a torch dtype) and
-    what it holds (``doc``)."""
+    """One declared input, output or state of a graph: ``shape`` fixed, ``dtype`` a torch dtype, ``doc`` its meaning."""
 
     name: str
     shape: tuple
@@ -64,8 +54,7 @@ def check_exportable(code_predictor) -> None:
 
 
 class _Graph(nn.Module):
-    """What the stepped and verify graphs share: the official parameters in place, the lean layer stack, the rotary
-    tables, the cache and its two ways of being held."""
+    """The stepped and verify graphs' shared part: the lean stack over the official parameters, RoPE tables, cache."""
 
     def __init__(self, code_predictor, *, slots: int, batch: int, state: str):
         super().__init__()
@@ -109,8 +98,7 @@ class _Graph(nn.Module):
             self.v_cache.zero_()
 
     def _layers(self, x, positions, allow, write_slots, k_cache, v_cache):
-        """The decoder stack on ``x`` ``(B, Q, H)`` at ``positions`` ``(B, Q)`` under ``allow`` ``(B, Q, S)`` 0/1,
-        writing ``write_slots`` ``(B, Q)``: ``(hidden (B, Q, H), k, v)``, the caches as new tensors."""
+        """The stack on ``x`` ``(B, Q, H)`` under ``allow`` ``(B, Q, S)`` 0/1 -> ``(hidden, k, v)``, new caches."""
         b, q_len = x.shape[0], x.shape[1]
         pos = positions.long().clamp(0, ROPE_POSITIONS - 1)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, Q, D)
@@ -132,20 +120,15 @@ class _Graph(nn.Module):
 
 
 class SteppedGraph(_Graph):
-    """One position per call, the logits of every head returned (TTSKit's "stepped" MultiCodeDecoder): a call writes
-    slot ``position`` and attends to slots ``0..position`` (docs/model.md#inner-loop-positions); a frame takes
-    ``n_codes + 1`` calls, and the heads past ``position`` are the reused heads' drafts.
+    """One position per call (writes slot ``position``, attends to ``0..position``), every head's logits returned.
 
     Args:
         code_predictor: the official module (read in place). batch: rows per call (fixed in the graph).
         state: ``"inputs"`` (caches are inputs and outputs) or ``"buffers"`` (buffers updated in place).
 
-    Inputs (``forward``): ``inputs_embeds`` ``(B, 1, H)`` projected embedding; ``position`` ``(B,)`` int32 in
-    ``0..n_codes``; with ``state="inputs"`` also ``k_cache``, ``v_cache`` ``(L, B, kv, n_codes + 1, D)``.
-
-    Returns:
-        ``logits`` ``(B, n_codes, V)`` (head i predicts code i + 1) in the module's dtype, and with
-        ``state="inputs"`` the updated ``k_cache``, ``v_cache``.
+    Inputs: ``inputs_embeds`` ``(B, 1, H)``; ``position`` ``(B,)`` int32 in ``0..n_codes``; with ``state="inputs"``
+    ``k_cache``, ``v_cache`` ``(L, B, kv, n_codes + 1, D)``. Returns ``logits`` ``(B, n_codes, V)`` in the module's
+    dtype (head i predicts code i + 1), then the updated caches with ``state="inputs"``.
 
     Raises:
         ValueError: see :func:`check_exportable`; an unknown ``state``.
@@ -188,15 +171,14 @@ class VerifyGraph(_Graph):
         tree: the :class:`~rvqspec_lib.decoding.trees.DraftTree` of ``n_query - 1`` nodes (``outputs="logits"``).
         outputs: ``"logits"`` or ``"hidden"`` (any ``n_query >= 1``, no tree). batch, state: as :class:`SteppedGraph`.
 
-    Inputs (``forward``): ``inputs_embeds`` ``(B, N, H)``; ``positions`` ``(B, N)`` int32 (``positions[:, 0] - 1``,
-    the root's depth s, picks the heads); ``attention_mask`` ``(B, N, S)`` 0/1 float; ``write_slots`` ``(B, N)`` int32
-    distinct slots; with ``state="inputs"`` the caches, ``S = n_codes + 1 + N`` slots.
+    Inputs: ``inputs_embeds`` ``(B, N, H)``; ``positions`` ``(B, N)`` int32 (``positions[:, 0]``, the root's depth
+    + 1, picks the heads); ``attention_mask`` ``(B, N, S)`` 0/1 float, ``S = n_codes + 1 + N``; ``write_slots``
+    ``(B, N)`` int32 distinct slots; the caches (``state="inputs"``).
 
     Returns:
-        ``outputs="logits"``: ``verify_logits`` ``(B, N, V)`` (the node of depth d through ``lm_head[d]``: p after
-        the node) and ``draft_logits`` ``(B, N, K, V)`` (``lm_head[d + j]`` for j = 1..K: q of the next round if the
-        node is the last accepted; heads past the last are clamped, callers ignore them). ``outputs="hidden"``:
-        ``hidden`` ``(B, N, H)``. With ``state="inputs"``, then the updated caches.
+        In the module's dtype: ``verify_logits`` ``(B, N, V)`` (p after each node) and ``draft_logits``
+        ``(B, N, K, V)``, K the tree's depth (next round's q, heads past the last clamped), or ``hidden``
+        ``(B, N, H)``; then the updated caches (``state="inputs"``).
 
     Raises:
         ValueError: ``n_query`` outside 2..64 for logits (1..64 for hidden states), a tree of another size, an
@@ -276,10 +258,7 @@ class FrameGraph(nn.Module):
         code_predictor: the official module. sampling: ``top_p`` must be 1. batch: frames per call (fixed).
 
     Inputs: ``context`` ``(B, 2, talker_hidden)``; ``noise`` ``(B, n_codes, V)`` float32 Gumbel noise
-    (:meth:`FusedARFrame.noise`).
-
-    Returns:
-        ``codes`` ``(B, n_codes)`` int32, codes 1..n_codes.
+    (:meth:`FusedARFrame.noise`). Returns ``codes`` ``(B, n_codes)`` int32, codes 1..n_codes.
 
     Raises:
         ValueError: see :func:`check_exportable`; ``top_p < 1``.
@@ -319,12 +298,9 @@ class FrameGraph(nn.Module):
 
 def build_graph(code_predictor, graph: str, *, nodes: int | None = None, tree: DraftTree | None = None,
                 state: str = "inputs", batch: int = 1, sampling: Sampling | None = None) -> nn.Module:
-    """One of the three graphs by name (what ``rvqspec export --graph`` builds).
-
-    Args:
-        graph: ``"stepped"``, ``"verify"`` or ``"frame"``. nodes: the verify graph's N (2..64; default 4). tree: the
-            verify graph's tree (default a chain of N - 1). state: ``"inputs"`` (ONNX) or ``"buffers"`` (Core ML).
-        batch: rows per call. sampling: the frame graph's warpers.
+    """One of :data:`GRAPHS` by name (what ``rvqspec export --graph`` builds); ``nodes`` (N, default 4) and ``tree``
+    (default a chain of N - 1) are the verify graph's, ``sampling`` the frame graph's; ``state`` (``"inputs"`` for
+    ONNX, ``"buffers"`` for Core ML) and ``batch`` (rows per call) as :class:`SteppedGraph`'s.
 
     Raises:
         ValueError: an unknown graph, N outside 2..64, ``nodes`` or ``tree`` given to a graph that has none, what
@@ -347,9 +323,8 @@ def build_graph(code_predictor, graph: str, *, nodes: int | None = None, tree: D
 
 
 def example_inputs(graph: nn.Module, *, seed: int = 0, frame_depth: int = 3) -> dict:
-    """Inputs of the declared shapes and dtypes, ``{name: tensor}``, for tracing and checking an export: a call at
-    depth ``frame_depth`` over random cached slots (the verify graph: its tree after the committed slots), or a random
-    context and Gumbel noise. Deterministic in ``seed``."""
+    """``{name: tensor}`` of the declared shapes for tracing and checking an export: a call at depth ``frame_depth``
+    over random cached slots, or a random context and noise. Deterministic in ``seed``."""
     g = torch.Generator().manual_seed(seed)
     dev = next(graph.parameters()).device
 
@@ -363,10 +338,10 @@ def example_inputs(graph: nn.Module, *, seed: int = 0, frame_depth: int = 3) -> 
     b, dt = graph.batch, graph.dtype
     caches = {}
     if graph.state == "inputs":
+        filled = frame_depth + isinstance(graph, VerifyGraph)
         for spec in graph.state_specs():
             c = torch.zeros(spec.shape, dtype=dt, device=dev)
-            c[:, :, :, :frame_depth + (1 if isinstance(graph, VerifyGraph) else 0)] = randn(
-                *spec.shape[:3], frame_depth + (1 if isinstance(graph, VerifyGraph) else 0), spec.shape[4], dtype=dt)
+            c[:, :, :, :filled] = randn(*spec.shape[:3], filled, spec.shape[4], dtype=dt)
             caches[spec.name] = c
     if isinstance(graph, SteppedGraph):
         d = min(frame_depth, graph.n_codes)
@@ -388,8 +363,7 @@ def example_inputs(graph: nn.Module, *, seed: int = 0, frame_depth: int = 3) -> 
 
 @torch.no_grad()
 def reference_outputs(graph: nn.Module, inputs: dict) -> dict:
-    """What the graph must compute, ``{output name: tensor}``, from the OFFICIAL module (``verify_forward`` and each
-    head as a module; the frame graph: :meth:`FusedARFrame.frame`), caches included for ``state="inputs"``."""
+    """``{output name: tensor}`` the graph must compute, from the OFFICIAL module (``verify_forward``, each head)."""
     if isinstance(graph, FrameGraph):
         return {"codes": graph.fused.frame(inputs["context"], inputs["noise"]).to(torch.int32)}
     cp = graph.cp

@@ -1,13 +1,7 @@
-"""A TINY Qwen3-TTS checkpoint with RANDOM weights in exactly the official on-disk layout, for tests: the path a user
-with a real checkpoint takes (``load_model(<folder>)`` -> the official ``from_pretrained`` and 12 Hz speech tokenizer)
+"""A TINY Qwen3-TTS checkpoint with RANDOM weights in exactly the official on-disk layout (the release's files, a
+small byte-level BPE with the release's special tokens, a tiny speech tokenizer, a ``RANDOM_WEIGHTS`` marker), so
+that the path a user with a real checkpoint takes (``load_model(<folder>)`` -> the official ``from_pretrained``) is
 tested without released weights (README "Running on the released checkpoint"; tests/test_checkpoint_path.py).
-
-:func:`write_tiny_checkpoint` writes, in under a second and about 12 MB, a release folder's files: ``config.json``
-(the release's with a tiny talker and code predictor, the release's special ids, speakers and languages),
-``generation_config.json`` and ``preprocessor_config.json`` (the release's), ``model.safetensors`` (seeded random
-bfloat16), a small byte-level BPE with Qwen2's pipeline and the 33 Qwen3 / Qwen3-TTS special tokens in the release's
-order, ``speech_tokenizer/`` (the official classes at the release's rates, tiny widths, random weights) and a
-``RANDOM_WEIGHTS`` marker, so ``load_model`` reports it as random. Its audio and acceptance mean nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AddedToken, EncodecFeatureExtractor, Qwen2TokenizerFast
+from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from rvqspec_lib.common.files import usual_mode
 from rvqspec_lib.models.configs import CONFIG_DIR, seeded
@@ -72,34 +67,9 @@ ST_ENCODER_SIZES = {"codebook_dim": 8, "head_dim": 8, "hidden_size": 16, "interm
                     "upsample_groups": 16, "vector_quantization_hidden_dimension": 8}
 
 
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2 / Qwen2 byte-level alphabet in id order (byte "!" is id 0, "\\n" -> "Ċ" is id 198, as in Qwen2)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
-
-
-def build_text_tokenizer(n_merges: int = 256):
-    """A Qwen2-style ``Qwen2TokenizerFast`` trained offline: byte-level BPE with Qwen2's normaliser, pre-tokenizer
-    and decoder (ids 0..255 the bytes in GPT-2 order, then merges; ``assistant``, ``user``, ``system`` single tokens,
-    as the official prompt builder needs), then :data:`SPECIAL_TOKENS` in the release's order.
-
-    Args:
-        n_merges: BPE merges learned.
-
-    Returns:
-        ``(tokenizer, ids)``: the ``Qwen2TokenizerFast`` and a dict with ``im_start_token_id``, ``im_end_token_id``,
-        ``assistant_token_id``, ``tts_pad_token_id``, ``tts_bos_token_id``, ``tts_eos_token_id`` and ``n_regular``.
-
-    Raises:
-        RuntimeError: the BPE split a chat word or the special ids did not follow the vocabulary.
-    """
+def _build_text_tokenizer(n_merges: int = 256):
+    """``(Qwen2TokenizerFast, its special ids and n_regular)``: a byte-level BPE with Qwen2's pipeline trained
+    offline (the chat words single tokens, as the official prompt needs), then :data:`SPECIAL_TOKENS`."""
     def _pipeline(t):
         t.normalizer = normalizers.NFC()
         t.pre_tokenizer = pre_tokenizers.Sequence([
@@ -109,7 +79,7 @@ def build_text_tokenizer(n_merges: int = 256):
         t.decoder = decoders.ByteLevel()
         return t
 
-    alphabet = _bytes_to_unicode()
+    alphabet = list(bytes_to_unicode().values())  # GPT-2 / Qwen2 byte-level alphabet in id order
     trainer = trainers.BpeTrainer(vocab_size=256 + n_merges, min_frequency=2, show_progress=False,
                                   initial_alphabet=alphabet, special_tokens=[])
     trained = _pipeline(Tokenizer(models.BPE(unk_token=None)))
@@ -141,9 +111,8 @@ def build_text_tokenizer(n_merges: int = 256):
     }
 
 
-def tiny_model_config(text_ids: dict, *, text_vocab_size: int) -> dict:
-    """The release's ``config.json`` with :data:`TALKER_SIZES`, :data:`CODE_PREDICTOR_SIZES` and the tiny tokenizer's
-    text ids; every other key as released."""
+def _tiny_model_config(text_ids: dict, *, text_vocab_size: int) -> dict:
+    """The release's ``config.json`` with the tiny sizes and the tiny tokenizer's text ids."""
     cfg = json.loads((RELEASE_DIR / "config.json").read_text())
     for k in ("assistant_token_id", "im_end_token_id", "im_start_token_id", "tts_bos_token_id", "tts_eos_token_id",
               "tts_pad_token_id"):
@@ -155,7 +124,7 @@ def tiny_model_config(text_ids: dict, *, text_vocab_size: int) -> dict:
     return cfg
 
 
-def tiny_speech_tokenizer_config() -> dict:
+def _tiny_speech_tokenizer_config() -> dict:
     """The release's ``speech_tokenizer/config.json`` with tiny widths and depths, its rates kept."""
     cfg = json.loads((RELEASE_DIR / "speech_tokenizer" / "config.json").read_text())
     cfg["decoder_config"].update(ST_DECODER_SIZES)
@@ -164,15 +133,8 @@ def tiny_speech_tokenizer_config() -> dict:
 
 
 def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write a tiny checkpoint with seeded RANDOM weights in the official layout (module docstring), all or nothing.
-
-    Args:
-        out_dir: the checkpoint folder to create; it must not exist, or be empty.
-        seed: seed of every random weight (the caller's random state is left as it was).
-        dtype: the model weights' dtype on disk (the release's bfloat16); the speech tokenizer is float32.
-
-    Returns:
-        ``Path(out_dir)``.
+    """Write a tiny checkpoint with seeded RANDOM weights in the official layout into ``out_dir`` (new or empty), all
+    or nothing, the model in ``dtype`` (the speech tokenizer float32); returns ``Path(out_dir)``.
 
     Raises:
         FileExistsError: ``out_dir`` exists and is not empty (pick another folder, or remove it).
@@ -185,12 +147,12 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         # 1. the text tokenizer (its ids go into config.json)
-        tokenizer, text_ids = build_text_tokenizer()
+        tokenizer, text_ids = _build_text_tokenizer()
         n_text = text_ids["n_regular"] + len(SPECIAL_TOKENS)
         tokenizer.save_pretrained(tmp)
 
         # 2. the model: weights as save_pretrained writes them, config.json and generation_config.json the release's
-        cfg_dict = tiny_model_config(text_ids, text_vocab_size=-(-n_text // 64) * 64)  # padded, as the release's
+        cfg_dict = _tiny_model_config(text_ids, text_vocab_size=-(-n_text // 64) * 64)  # padded, as the release's
         cfg = core.models.Qwen3TTSConfig(**{k: v for k, v in cfg_dict.items() if k not in ("architectures",
                                                                                  "transformers_version")})
         model = seeded(seed, lambda: core.models.Qwen3TTSForConditionalGeneration(cfg)).to(dtype)
@@ -200,7 +162,7 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
         (tmp / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
 
         # 3. the speech tokenizer: the official 12 Hz classes
-        st_cfg_dict = tiny_speech_tokenizer_config()
+        st_cfg_dict = _tiny_speech_tokenizer_config()
         st_cfg = core.Qwen3TTSTokenizerV2Config(**{k: v for k, v in st_cfg_dict.items()
                                               if k not in ("architectures", "transformers_version")})
 

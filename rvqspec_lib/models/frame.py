@@ -1,19 +1,10 @@
-"""The frame loop: talker (code 0) -> inner loop (codes 1..15, one frame runner) -> sum of the 16 embeddings -> next
-talker step. :func:`frames` yields the frames one at a time (a stream can consume them as they come);
-:func:`synthesize` collects them per utterance.
+"""The frame loop, equal to the official ``generate`` (greedy, and sampled with the same seed for AR through a
+bit-identical backend): talker (code 0) -> inner loop (codes 1..15, any frame runner of the registry) -> sum of the
+16 embeddings -> next talker step. :func:`frames` yields the frames one at a time, :func:`synthesize` collects them.
 
-It reproduces the official ``Qwen3TTSForConditionalGeneration.generate`` exactly (greedy with every decoder, and
-sampled with the same seed for AR stepped through a backend bit-identical to the official module; tests/test_frame.py),
-while the inner loop is any :class:`~rvqspec_lib.models.backends.FrameRunner` of the registry (AR, Chain, Tree, stepped
-or fused, through any backend):
-
-* the prompt (text track, codec tags, speaker) is built by the OFFICIAL ``generate`` itself: we call it with the
-  talker's ``generate`` intercepted and keep its inputs, so no prompt code is duplicated here;
-* the official loop computes frame t's codes 1..15 inside talker step t+1 (docs/model.md#frame-offset-quirk); here
-  they are computed right after code 0 is sampled, which consumes random numbers in the same order;
-* code 0 is warped exactly as transformers does for the talker: repetition penalty 1.05 over the code-0 history,
-  end-of-speech masked for the first 2 codes, special ids 2048..3071 suppressed except end-of-speech, then
-  temperature -> top-k -> top-p.
+Departures from the official loop: the prompt is built by the official ``generate`` itself, intercepted at the
+talker; frame t's codes 1..15 are computed right after code 0, not inside talker step t+1
+(docs/model.md#frame-offset-quirk), which draws random numbers in the same order.
 """
 
 from __future__ import annotations
@@ -39,13 +30,9 @@ class _PromptCaptured(Exception):
 
 @dataclass
 class Prompt:
-    """The talker's inputs as the official ``generate`` builds them.
-
-    Attributes:
-        inputs_embeds: ``(B, L, talker_hidden)`` left-padded prompt embeddings.
-        attention_mask: ``(B, L)`` int64, 0 on left padding.
-        trailing_text_hidden: ``(B, T, talker_hidden)`` text track fed one step at a time after the prompt.
-        tts_pad_embed: ``(1, 1, talker_hidden)`` text-track filler once the text is used up.
+    """The talker's inputs as the official ``generate`` builds them: ``inputs_embeds`` ``(B, L, talker_hidden)``
+    left-padded, ``attention_mask`` ``(B, L)`` int64, ``trailing_text_hidden`` ``(B, T, talker_hidden)`` (the text
+    track fed one step at a time), ``tts_pad_embed`` ``(1, 1, talker_hidden)`` (its filler once the text is used up).
     """
 
     inputs_embeds: torch.Tensor
@@ -68,9 +55,7 @@ def build_prompt(lm: LoadedModel, texts: list[str], *, language: str = "auto", s
         texts: sentences to speak (batch). language: ``"auto"`` or a language the checkpoint lists
             (``english``, ``german``, ...). speaker: a CustomVoice speaker (default: the first one).
         non_streaming_mode: the official wrapper's default (whole text in the prompt).
-        grad: build the embeddings with autograd on, for training (rvqspec_lib.train). The official ``generate``
-            is decorated with ``@torch.no_grad()``; with ``grad=True`` its undecorated function (``__wrapped__``,
-            set by torch's decorator) runs under ``torch.enable_grad()``: the same code, with gradients.
+        grad: build the embeddings with autograd on, for training (the undecorated official ``generate``).
 
     Raises:
         ValueError: empty text, unknown language or speaker (with the supported values).
@@ -166,15 +151,12 @@ class Frame:
     """One frame of a batch, as :func:`frames` yields it.
 
     Attributes:
-        index: the frame's number t (0-based; 80 ms each on the 12 Hz codec).
-        codes: ``(B, n_code_groups)`` int64, code 0 then codes 1..15, for every row (a row no longer speaking gets
-            end-of-speech as code 0 and codes 1..15 decoded after it, as the official batch does: not its audio).
-        active: ``(B,)`` bool, the rows still speaking: their frame is audio. Once False, False for good.
-        calls: ``(B,)`` int64 inner-loop calls of each row (the prefill included).
-        talker_s: seconds of the talker call that gave this frame's code 0 (frame 0: the prompt and its prefill too).
-        inner_s: seconds of the inner loop (codes 1..15).
-        prompt_s: frame 0 only (0.0 after): seconds from the :func:`frames` call to the end of the talker's prefill,
-            the prompt built and processed (a stream's time to first audio counts from there).
+        index: the frame's number t (0-based). codes: ``(B, n_code_groups)`` int64, code 0 then codes 1..15 (a row
+            no longer speaking: end-of-speech then codes decoded after it, as the official batch does).
+        active: ``(B,)`` bool, the rows still speaking (once False, for good). calls: ``(B,)`` int64 inner-loop
+            calls (the prefill included). talker_s, inner_s: seconds of the talker call that gave code 0 (frame 0:
+            the prompt and its prefill too) and of the inner loop.
+        prompt_s: frame 0 only (0.0 after): seconds from the :func:`frames` call to the end of the talker's prefill.
     """
 
     index: int
@@ -195,20 +177,18 @@ def frames(lm: LoadedModel, texts: list[str] | str, *, runner=None, talker_sampl
            repetition_penalty: float | None = None, generator: torch.Generator | None = None,
            max_frames: int = 200, language: str = "auto", speaker: str | None = None,
            talker=None) -> Iterator[Frame]:
-    """The frames of a batch of utterances, one :class:`Frame` at a time, until every row has ended its utterance
-    (end-of-speech as code 0, which is not yielded) or ``max_frames`` frames were yielded. The prompt is built (and
-    the arguments checked) when this is called; each frame is made when it is asked for.
+    """The frames of a batch of utterances, one :class:`Frame` at a time, until every row has ended (end-of-speech,
+    not yielded) or ``max_frames`` were yielded; the prompt is built (the arguments checked) when this is called.
 
     Args:
         lm: from :func:`rvqspec_lib.models.loader.load_model`. texts: one sentence or a batch.
-        runner: the inner loop, a :class:`~rvqspec_lib.models.backends.FrameRunner`
-            (:func:`~rvqspec_lib.models.backends.frame_runner`); default AR stepped through the official module with
-            the checkpoint's sampling (:func:`inner_sampling`).
-        talker_sampling: code-0 sampling (default: the checkpoint's); ``repetition_penalty`` likewise (1.05).
+        runner: the inner loop, a :class:`~rvqspec_lib.models.backends.FrameRunner`; default AR stepped through the
+            official module with the checkpoint's sampling (:func:`inner_sampling`).
+        talker_sampling, repetition_penalty: code 0's (default: the checkpoint's).
         generator: explicit RNG of the talker and the inner loop (default: unseeded, never the global one).
-        max_frames: frame cap (12.5 frames a second: 200 = 16 s). Greedy decoding may never emit end-of-speech.
+        max_frames: frame cap (12.5 frames a second). Greedy decoding may never emit end-of-speech.
         language, speaker: see :func:`build_prompt`. talker: the talker's steps (default :class:`OfficialTalker`;
-            a :class:`~rvqspec_lib.models.native_talker.NativeTalker` runs them in C, :class:`NativeTalkerSteps`).
+            a :class:`~rvqspec_lib.models.native_talker.NativeTalker` runs them in C).
 
     Raises:
         ValueError: empty text, ``max_frames < 1``, unknown language or speaker.
@@ -279,13 +259,11 @@ class SynthesisResult:
     """Codes and costs of one batch of utterances.
 
     Attributes:
-        codes: per row, ``(frames, n_code_groups)`` int64 (code 0 then codes 1..15), end of speech excluded.
-        frames: ``(B,)`` frames per row. ended: ``(B,)`` bool, the row emitted end-of-speech before the cap.
-        code_predictor_calls: ``(B,)`` inner-loop calls per row. talker_calls: talker calls (batch).
-        wall_s, talker_s, inner_s: wall-clock seconds in all, in talker steps, in the inner loop.
-        per_frame_calls: per row, the inner-loop calls of each of its frames.
-        runner: the inner loop's fields (:func:`~rvqspec_lib.models.backends.runner_fields`: ``decoder``, ``kind``,
-            ``drafter``, ``nodes``, ``lossy``, ``backend``, ``fused``, ``precision``).
+        codes: per row, ``(frames, n_code_groups)`` int64, end of speech excluded. frames: ``(B,)``. ended: ``(B,)``
+            bool, end-of-speech before the cap. code_predictor_calls: ``(B,)``. talker_calls: of the batch.
+        wall_s, talker_s, inner_s: seconds in all, in talker steps, in the inner loop.
+        per_frame_calls: per row, the inner-loop calls of each frame. runner: the inner loop's
+            :func:`~rvqspec_lib.models.backends.runner_fields`.
     """
 
     codes: list[torch.Tensor]
@@ -311,14 +289,11 @@ def synthesize(lm: LoadedModel, texts: list[str] | str, *, runner=None, sampling
     """Speak texts: the official talker and code predictor through :func:`frames`, collected per utterance.
 
     Args:
-        lm, texts, runner: as :func:`frames` (default runner: AR stepped through the official module).
-        sampling: the code predictor's sampling of the DEFAULT runner (default: the checkpoint's); a given runner
-            carries its own.
-        progress: a progress bar of frames. kw: the other keywords of :func:`frames` (``talker_sampling``,
-            ``repetition_penalty``, ``generator``, ``max_frames``, ``language``, ``speaker``, ``talker``).
+        lm, texts, runner, kw: as :func:`frames`. sampling: the DEFAULT runner's (a given runner carries its own).
+        progress: a progress bar of frames.
 
     Returns:
-        :class:`SynthesisResult`, whose ``runner`` names the inner loop that ran.
+        :class:`SynthesisResult`.
 
     Raises:
         ValueError: as :func:`frames`; ``sampling`` given with a ``runner``.

@@ -186,17 +186,8 @@ class FusedChainFrame(UniformFrame):
         return timed_call(graph, key, self.compile_s, self, key[0], *args)
 
     def __call__(self, context: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """Codes of ``B`` frames for given uniforms.
-
-        Args:
-            context: ``(B, 2, talker_hidden)``. u: ``(B, n_codes, 2K+1)`` float64 (:meth:`uniforms`).
-
-        Returns:
-            ``(B, n_codes)`` int64 codes 1..n_codes.
-
-        Raises:
-            ValueError: uniforms of the wrong shape.
-        """
+        """``(B, n_codes)`` int64 codes of ``B`` frames from ``context`` ``(B, 2, talker_hidden)`` and uniforms ``u``
+        ``(B, n_codes, 2K+1)`` float64 (:meth:`uniforms`); ValueError for uniforms of another shape."""
         b = context.shape[0]
         want = (b, self.n_codes, self.u_width)
         if tuple(u.shape) != want:

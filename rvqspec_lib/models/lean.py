@@ -78,8 +78,7 @@ class SlotBackend:
 
 class LeanStack(nn.Module):
     """The decoder stack as one pure tensor function (what is compiled and exported) over the official
-    ``code_predictor.model`` (a reference: its parameters are read in place), with the official rotary module's tables
-    ``cos``, ``sin`` ``(ROPE_POSITIONS, D)`` evaluated once.
+    ``code_predictor.model``'s parameters in place, the rotary tables ``cos``, ``sin`` ``(ROPE_POSITIONS, D)`` once.
 
     Raises:
         ValueError: what :func:`rvqspec_lib.decoding.predictor.check_code_predictor` refuses.

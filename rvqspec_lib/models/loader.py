@@ -49,17 +49,11 @@ class LoadedModel:
     """A Qwen3-TTS model plus what the frame loop needs around it.
 
     Attributes:
-        name: what the user asked for (hub id, path or offline name).
-        kind: ``"checkpoint"`` (trained weights), ``"tiny-random"`` or ``"random-size"`` (timing only), or
-            ``"random-checkpoint"`` (a folder marked ``RANDOM_WEIGHTS``, for tests).
-        model: the official ``Qwen3TTSForConditionalGeneration``.
-        tokenizer: ``text -> (1, L) int64`` ids in the official chat layout.
-        generation: the checkpoint's ``generation_config.json`` values.
-        speech_tokenizer: the official 12 Hz codec wrapper, a :class:`CodecSpeechTokenizer` over our RVQ codec, or
-            ``None`` (random models).
-        frame_rate_hz: codec frames per second. sample_rate_hz: audio sample rate.
-        folder: the model's own folder, where its ``drafters/``, ``trees/`` and shipped utterances live (``None``
-            for random models and hub ids): what the functions reading those files use.
+        name: as asked for. kind: ``"checkpoint"``, ``"tiny-random"``, ``"random-size"`` (timing only) or
+            ``"random-checkpoint"`` (a folder marked ``RANDOM_WEIGHTS``). model: the official
+            ``Qwen3TTSForConditionalGeneration``. tokenizer: ``text -> (1, L) int64`` ids.
+        generation: ``generation_config.json``'s values. speech_tokenizer: the codec, ``None`` for random models.
+        folder: where its ``drafters/``, ``trees/`` and shipped utterances live (``None``: random models, hub ids).
     """
 
     name: str
@@ -131,7 +125,7 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         :class:`LoadedModel`.
 
     Raises:
-        ModelNotFoundError: an unknown name, a hub id that cannot be fetched, a config :func:`check_config` refuses
+        ModelNotFoundError: an unknown name, a hub id that cannot be fetched, a config :func:`_check_config` refuses
             (one line). ValueError: an unknown dtype name, damaged weights.
     """
     if isinstance(dtype, str):
@@ -160,7 +154,7 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         return LoadedModel(name, "random-size", model, tok, _default_generation(path), None, fr, sr)
     if kind == "checkpoint":
         _read_config(path / "config.json")  # a folder that is not a Qwen3-TTS checkpoint: one line, before loading
-        check_speech_tokenizer(path)
+        _check_speech_tokenizer(path)
         lm = _check_loaded(_load_checkpoint(str(path), path, dtype, device, attn_implementation))
         lm.folder = path
         return lm
@@ -168,12 +162,8 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
 
 
 def _resolve(name) -> tuple[str, Path | None]:
-    """What a model name is: ``("tiny", None)``, ``("own", folder)`` (embedded or written by
-    :func:`save_checkpoint`), ``("random", config folder)``, ``("checkpoint", folder)`` or ``("hub", None)``.
-
-    Raises:
-        ModelNotFoundError: no name, an unknown name, a missing embedded model, a folder without config.json.
-    """
+    """``(kind, folder)``: ``tiny``, ``own`` (embedded or :func:`save_checkpoint`'s), ``random``, ``checkpoint`` or
+    ``hub``; ModelNotFoundError (one line) for a name that is none of them."""
     if not isinstance(name, (str, os.PathLike)) or not str(name):
         raise ModelNotFoundError("no model given: name one, e.g. 'embedded', 'tiny-random', "
                                  "'qwen3-tts-0.6b-random', a hub id or a checkpoint folder")
@@ -213,14 +203,9 @@ def _resolve(name) -> tuple[str, Path | None]:
 QWEN3_TTS_MODEL_TYPE = "qwen3_tts"
 
 
-def check_config(cfg, where: str, *, own: bool = False) -> dict:
-    """Check that a ``config.json`` dict is a Qwen3-TTS config this library can run (``model_type`` ``qwen3_tts``,
-    absent allowed for our ``own`` models; a ``talker_config`` with a ``code_predictor_config``; at least 2 code
-    groups, docs/model.md#two-nested-loops); return it.
-
-    Raises:
-        ModelNotFoundError: one line naming ``where``, what it has and what is expected.
-    """
+def _check_config(cfg, where: str, *, own: bool = False) -> dict:
+    """Return a ``config.json`` dict once checked to be a Qwen3-TTS config this library runs (``model_type``, absent
+    allowed for ``own`` models; a ``code_predictor_config``; at least 2 code groups); else ModelNotFoundError."""
     expected = f"expected a Qwen3-TTS config (model_type {QWEN3_TTS_MODEL_TYPE!r} with a talker_config)"
     if not isinstance(cfg, dict):
         raise ModelNotFoundError(f"{where} is not a JSON object: {expected}")
@@ -246,12 +231,12 @@ def _one_group_message(where: str, groups: int) -> str:
 
 
 def _read_config(file: Path, *, own: bool = False) -> dict:
-    """``config.json`` read and checked (:func:`check_config`); a file that is not JSON is a one-line error."""
+    """``config.json`` read and checked (:func:`_check_config`); a file that is not JSON is a one-line error."""
     try:
         cfg = json.loads(Path(file).read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelNotFoundError(f"{file} is not valid JSON ({e}): expected a Qwen3-TTS config.json") from None
-    return check_config(cfg, str(file), own=own)
+    return _check_config(cfg, str(file), own=own)
 
 
 #: The folder of a Qwen3-TTS checkpoint that holds its 12 Hz speech tokenizer (the codec that turns codes into audio),
@@ -259,13 +244,8 @@ def _read_config(file: Path, *, own: bool = False) -> dict:
 SPEECH_TOKENIZER_DIR = "speech_tokenizer"
 
 
-def check_speech_tokenizer(path: str | os.PathLike) -> None:
-    """A local checkpoint folder must hold ``speech_tokenizer/config.json`` (transformers' own error would advise a
-    hub download).
-
-    Raises:
-        ModelNotFoundError: one line naming the missing folder and the fix.
-    """
+def _check_speech_tokenizer(path: str | os.PathLike) -> None:
+    """A ModelNotFoundError naming the fix when a checkpoint folder lacks ``speech_tokenizer/config.json``."""
     st = Path(path) / SPEECH_TOKENIZER_DIR
     if not (st / "config.json").is_file():
         what = "has no config.json" if st.is_dir() else "is missing"
@@ -276,7 +256,7 @@ def check_speech_tokenizer(path: str | os.PathLike) -> None:
 
 
 def _check_loaded(lm: LoadedModel) -> LoadedModel:
-    """The config checks of :func:`check_config` that only a loaded model can answer (hub ids not in the cache)."""
+    """The config checks of :func:`_check_config` that only a loaded model can answer (hub ids not in the cache)."""
     if lm.n_code_groups < 2:
         raise ModelNotFoundError(_one_group_message(str(lm.name), lm.n_code_groups))
     return lm
@@ -284,13 +264,9 @@ def _check_loaded(lm: LoadedModel) -> LoadedModel:
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What a model's config says, read WITHOUT loading weights: enough to check the command line's flags first.
-
-    Attributes:
-        name: as given. kind: as :class:`LoadedModel`'s. n_code_groups, codebook_size: per frame, per codebook.
-        languages: what ``language=`` accepts besides ``"auto"`` (lower case, sorted). speakers: CustomVoice
-            speakers (lower case, sorted). offline_codec: an RVQ codec file lies beside the model.
-    """
+    """What a model's config says, read WITHOUT loading weights, to check the command line's flags first
+    (``languages``: what ``language=`` accepts besides ``"auto"``; ``speakers``: CustomVoice's; both lower case,
+    sorted; ``offline_codec``: an RVQ codec file lies beside it)."""
 
     name: str
     kind: str
@@ -319,7 +295,7 @@ def model_facts(name: str) -> ModelFacts | None:
         codec = (path / marker.get("codec", "codec.safetensors")).is_file()
     elif kind == "checkpoint":
         cfg, lm_kind = _read_config(path / "config.json"), "checkpoint"
-        check_speech_tokenizer(path)
+        _check_speech_tokenizer(path)
     else:
         cached = try_to_load_from_cache(str(name), "config.json")
         if not isinstance(cached, str):
@@ -339,18 +315,11 @@ def model_facts(name: str) -> ModelFacts | None:
 
 #: Name of the small trained model that ships with the repository (``load_model("embedded")``).
 EMBEDDED_MODEL = "embedded"
-
-
 #: Where it lives (``model/``, ``codec.safetensors``, the shipped utterances, ``eval.json``, ``MODEL_CARD.md``: written
 #: by ``make embedded``); ``RVQSPEC_EMBEDDED_DIR`` points it at another build.
-EMBEDDED_DIR = Path(os.environ.get("RVQSPEC_EMBEDDED_DIR") or
-                    DATA_DIR / "embedded").expanduser()
-
-
+EMBEDDED_DIR = Path(os.environ.get("RVQSPEC_EMBEDDED_DIR") or DATA_DIR / "embedded").expanduser()
 #: Marker file of a checkpoint folder with random weights (the tiny test checkpoint): kind ``"random-checkpoint"``.
 RANDOM_WEIGHTS_MARKER = "RANDOM_WEIGHTS"
-
-
 #: Marker file of a checkpoint written by :func:`save_checkpoint`: ``{"format": "rvqspec-model", "version": 1,
 #: "tokenizer": {"kind": "bytes" | "phonemes", ...}, ...}``.
 OWN_MODEL_MARKER = "rvqspec_model.json"

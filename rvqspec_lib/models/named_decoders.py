@@ -1,15 +1,7 @@
 """THE resolver from a decoder name (the grammar of :mod:`rvqspec_lib.decoding.decoder_names`) to a decoder with its
-drafter and trees, for a loaded model: every command, table and notebook builds its decoders here.
-
-``resolve("paper", lm)`` reads the position-aware offsets shipped beside the model (``<model>/drafters/offsets
-.safetensors``, :mod:`rvqspec_lib.models.drafter_files`) and their own calibration (``<model>/trees/offsets.json``,
-:mod:`rvqspec_lib.models.tree_files`), builds the calibrated point-mass tree of N = 32 nodes carrying that drafter, and
-returns it as a :class:`NamedDecoder` whose name's ``label`` and ``fields()`` (also ``nd.label``) are what result
-rows carry. ``auto`` is chosen by timing the device, not by reading files
-(:func:`rvqspec_lib.eval.budget.auto_decoder` returns the same :class:`NamedDecoder`).
-
-:func:`check_files` is the same lookup BEFORE the model loads (file names only), so a command fails in one line before
-spending a minute on loading.
+drafter and trees, for a loaded model, reading the drafters (``drafters/``) and calibrations (``trees/``) shipped
+beside it: every command, table and notebook builds its decoders here. :func:`check_files` is the same lookup before
+the model loads, so a command fails in one line before loading (docs/architecture.md#the-four-ones).
 """
 
 from __future__ import annotations
@@ -25,17 +17,9 @@ from rvqspec_lib.models.tree_files import load_calibration, recalibrate_command,
 
 @dataclass(frozen=True)
 class NamedDecoder:
-    """A decoder resolved from its name.
-
-    Attributes:
-        name: the :class:`~rvqspec_lib.decoding.decoder_names.DecoderName`, final (``chain:best``'s window, a
-            calibrated tree's kind and budget filled in).
-        decoder: the decoder object (:mod:`rvqspec_lib.decoding.decoders`), carrying its drafter.
-        drafter: the drafter module (``None``: the reused heads, nothing loaded).
-        calibration: the drafter's calibration dict the tree came from (``None`` when none was read).
-        note: one line on what resolving decided that the name did not say (``paper`` capped to a smaller budget,
-            what ``auto`` chose and why), else ``None``.
-    """
+    """A decoder resolved from its name: ``name`` (the final :class:`~rvqspec_lib.decoding.decoder_names.DecoderName`,
+    whose ``label`` and ``fields()`` it answers for), ``decoder``, ``drafter`` (``None``: the reused heads),
+    ``calibration`` (``None`` when none was read) and ``note`` (what resolving decided that the name did not say)."""
 
     name: DecoderName
     decoder: object
@@ -81,13 +65,10 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
     """The decoder a name stands for, on a loaded model (module docstring).
 
     Args:
-        name: a decoder name of the grammar (``ar``, ``chain:4``, ``tree:calibrated-point-mass:16@offsets``,
-            ``paper[:N]``, ``ssd-lossy[:BETA]`` ...) or a parsed :class:`DecoderName`.
-        lm: the loaded model (:func:`rvqspec_lib.models.loader.load_model`; its folder holds the files), or ``None``
-            when ``calibrations`` and ``drafters`` hold everything the name reads.
-        calibrations: ``{drafter: calibration dict}`` to use instead of the shipped files (calibrated in a run).
-        drafters: ``{drafter: module}`` to use instead of loading the shipped file (trained in a run).
-        best_chain: the window of ``chain:best`` (chosen by its caller from calibration frames).
+        name: a decoder name of the grammar (``ar``, ``chain:4``, ``paper[:N]`` ...) or a parsed
+            :class:`DecoderName`. lm: the loaded model, or ``None`` when the two mappings hold what the name reads.
+        calibrations, drafters: ``{drafter: calibration dict}``, ``{drafter: module}`` to use instead of the shipped
+            files (made in a run). best_chain: the window of ``chain:best``.
 
     Raises:
         ValueError: a bad name; ``auto`` (chosen by timing: :func:`rvqspec_lib.eval.budget.auto_decoder`); a drafter
@@ -129,8 +110,7 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
 
 
 def resolve_all(names: Sequence[str], lm, **kw) -> dict[str, NamedDecoder]:
-    """``{label: NamedDecoder}`` for several names (:func:`resolve`; the same keywords), drafters and calibrations
-    read once each.
+    """``{label: NamedDecoder}`` for several names (:func:`resolve`'s keywords), each file read once.
 
     Raises:
         ValueError: the first bad name; two names that resolve to the same decoder label.
@@ -153,14 +133,11 @@ def resolve_all(names: Sequence[str], lm, **kw) -> dict[str, NamedDecoder]:
 
 def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: int | None = None,
                 codebook_size: int | None = None) -> str | None:
-    """Before loading: the files a decoder name reads beside the model exist and are sound: its drafter
-    (``@DRAFTER``, ``paper``: ``<model>/drafters/<drafter>.safetensors``) and, for calibrated trees, ``paper`` and
-    ``auto``, that drafter's calibration ``<model>/trees/<drafter>.json`` (shape checked, and against the model's
-    sizes when given).
+    """Before loading: the drafter and calibration files a decoder name reads beside the model exist and are sound
+    (checked against the model's sizes when given).
 
     Returns:
-        a one-line note when the tree used has fewer nodes than the name asks for (``paper`` without ``:N`` capped
-        to the largest calibrated budget below 32), else ``None``.
+        a one-line note when the tree used has fewer nodes than the name asks for, else ``None``.
 
     Raises:
         ValueError, FileNotFoundError: one line naming the file and the fix (the recalibrate command).

@@ -38,21 +38,17 @@ def packed_linear(precision: str, modules: list[nn.Module]) -> C.PackedLinear:
 
 
 class PackedDecoder:
-    """Packed copies of an official Qwen3-shaped decoder stack on one C model handle (``rvq_model_new``), shared by
-    the code predictor's and the talker's native forwards: per layer q+k+v, o, gate+up, down and four norms, then the
-    final norm. The weights are COPIED: later changes to the module are not seen.
+    """Packed COPIES of an official Qwen3-shaped decoder stack (``code_predictor.model`` or ``talker.model``, in
+    ``precision``, a key of ``cpforward.PREC_CODE``) on one C model handle, shared by the code predictor's and the
+    talker's native forwards.
 
-    Args:
-        model: the decoder stack (``code_predictor.model`` or ``talker.model``). config: its config.
-        precision: the modules' own precision (:func:`rvqspec_lib.models.precision.precision_of`).
-
-    Attributes: ``handle`` (the C model, an int, valid while this object lives), ``precision``, ``act_bf16``
-    (whether activations are rounded to bfloat16), ``n_layers``, ``hidden``, ``n_heads``, ``n_kv``, ``head_dim``,
-    ``intermediate``, ``weight_bytes`` (bytes of the packed layers and norms, what a call streams).
+    Attributes: ``handle`` (the C model, valid while this object lives), ``act_bf16`` (activations rounded to
+    bfloat16), ``n_layers``, ``hidden``, ``n_heads``, ``n_kv``, ``head_dim``, ``intermediate``, ``weight_bytes`` (bytes
+    of the packed layers and norms, what a call streams).
 
     Raises:
-        ValueError: an unknown precision; a head width that is odd or over
-            :data:`~rvqspec_lib.models.kernels.cpforward.MAX_HEAD_DIM`; a linear layer with a bias.
+        ValueError: an unknown precision; an odd head width or one over ``cpforward.MAX_HEAD_DIM``; a linear layer
+            with a bias.
         RuntimeError: the C library cannot be built here, or the model cannot be allocated.
     """
 
@@ -97,8 +93,8 @@ class PackedDecoder:
 
     def __del__(self):
         h = getattr(self, "handle", None)
-        if h and C._lib is not None:
-            C._lib.rvq_model_free(h)
+        if h and C._LIB.lib is not None:
+            C._LIB.lib.rvq_model_free(h)
             self.handle = None
 
 
@@ -113,17 +109,13 @@ class NativeCodePredictor(SlotBackend):
     """The verify backend whose call is one C function over packed weights (module docstring).
 
     Args:
-        code_predictor: the official module on the CPU in one of the four precisions. Its weights are COPIED at
-            construction: build a new backend after changing them.
+        code_predictor: the official module on the CPU in one of the four precisions; its weights are COPIED.
 
-    Attributes: ``precision``, ``fast`` (whether this CPU runs this precision through the AVX-512 path), ``name``,
-    ``handle`` (the C model, for C calls that run it themselves, e.g. the native frame).
+    Attributes: ``fast`` (this CPU runs this precision through the AVX-512 path), ``handle`` (the C model).
 
     Raises:
-        ValueError: not the official code predictor; a dtype other than the four precisions; a head width over
-            :data:`~rvqspec_lib.models.kernels.cpforward.MAX_HEAD_DIM`; a RoPE type other than the default; linear
-            layers with biases; a module not on the CPU.
-        RuntimeError: the C library cannot be built here (the reason, one line).
+        ValueError: not the official code predictor, another RoPE type or precision, not on the CPU, what
+            :class:`PackedDecoder` refuses. RuntimeError: the C library cannot be built here (one line).
     """
 
     name = "native"

@@ -26,24 +26,6 @@ from rvqspec_lib.models.native import NativeCodePredictor
 #: residual.
 FLAGS = {"always_accept": 1, "drafts_hot": 2, "residual_from_p": 4}
 
-_p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-#: ``cpforward.c``'s frame entry points: (argument types, result type).
-_SIGNATURES = {
-    "rvq_frame_new": ([_p, _p, _p, _p, _i, _i, _p, _p, _p, _i], _p),
-    "rvq_frame_run": ([_p, _p, _p, _i, _f, _i, _i, _i, _p, _p], _i),
-    "rvq_frame_free": ([_p], None),
-}
-
-
-def _lib():
-    """The loaded library with the frame functions' argument types set (once)."""
-    lib = C.lib()
-    for name, (args, res) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        if fn.argtypes is None:
-            fn.argtypes, fn.restype = args, res
-    return lib
-
 
 def _pointers(items) -> ctypes.Array:
     """A C array of ``void *`` (``None`` -> NULL)."""
@@ -51,17 +33,14 @@ def _pointers(items) -> ctypes.Array:
 
 
 class NativeChainFrame(UniformFrame):
-    """Chain(window) speculation, or AR with ``window=1``, one C call a frame (module docstring). It reads the
-    backend's packed weights and its tables as long as it lives: build a new one after changing the weights.
+    """Chain(window) speculation, or AR with ``window=1``, one C call a frame (module docstring), over the packed
+    weights of ``backend`` (``verify_backend("native", cp)``) as long as it lives.
 
     Args:
-        backend: the ``NativeCodePredictor`` (``verify_backend("native", cp)``) over the official module on the CPU,
-            in one of the four precisions. window: 1 (AR) or 2..8. sampling: default the checkpoints'; greedy is
-            argmax; ``top_p < 1`` is refused.
+        backend: the ``NativeCodePredictor``. window: 1 (AR) or 2..8. sampling: default the checkpoints'.
 
-    Attributes: ``window``, ``K`` (``window - 1``), ``n_codes``, ``vocab``, ``u_width`` (``2 K + 1``), ``backend``,
-    ``tables`` (float32 ``(V, H)``; ``tables[j-1]`` embeds code j), ``last_calls`` (forward calls per row of the last
-    frame, the prefill included), ``name``.
+    Attributes: ``K`` (``window - 1``), ``tables`` (float32 ``(V, H)``; ``tables[j-1]`` embeds code j),
+    ``last_calls`` (forward calls per row of the last frame, the prefill included).
 
     Raises:
         ValueError: a window outside 1..8; ``top_p < 1``; a frame longer than the RoPE table.
@@ -98,7 +77,7 @@ class NativeChainFrame(UniformFrame):
         self._emb = _pointers([C.ptr(t) for t in self.tables] or [None])
         s = self.sampling
         self._knobs = (1.0 if s.greedy else float(s.temperature), 0 if s.greedy else int(s.top_k), int(s.greedy))
-        self._lib = _lib()
+        self._lib = C.lib()
         self._frame = self._lib.rvq_frame_new(backend.handle, self._head_w, self._head_s, self._head_c, self.n_codes,
                                               self.vocab, self._emb, C.ptr(backend.cos), C.ptr(backend.sin), window)
         if not self._frame:
@@ -122,14 +101,9 @@ class NativeChainFrame(UniformFrame):
         return torch.cat(rows).to(torch.float32).contiguous()
 
     def __call__(self, context: torch.Tensor, u: torch.Tensor, *, flags: int = 0) -> torch.Tensor:
-        """Codes of ``B`` frames for given uniforms, in one C call.
-
-        Args:
-            context: ``(B, 2, talker_hidden)`` float. u: ``(B, n_codes, 2 K + 1)`` float64 (:meth:`uniforms`).
-            flags: 0; a negative control's bits (:data:`FLAGS`) in tests only: the codes are then NOT lossless.
-
-        Returns:
-            ``(B, n_codes)`` int64 codes 1..n_codes.
+        """``(B, n_codes)`` int64 codes of ``B`` frames from ``context`` ``(B, 2, talker_hidden)`` and uniforms ``u``
+        ``(B, n_codes, 2 K + 1)`` float64, in one C call; ``flags``: a negative control's bits (:data:`FLAGS`, tests
+        only: the codes are then NOT lossless).
 
         Raises:
             ValueError: a context or uniforms of the wrong shape.

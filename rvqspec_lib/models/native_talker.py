@@ -1,15 +1,6 @@
-"""The native talker step: the talker's decoder layers and ``codec_head`` through the C forward of the code predictor,
-over packed copies of the weights, with a preallocated KV cache (docs/precision.md#the-native-talker: calls, RoPE,
-the KV cache and its bytes, batches, and how it equals the official talker).
-
-The talker's layers have the code predictor's shape, so :class:`NativeTalker` packs them with
-:class:`rvqspec_lib.models.native.PackedDecoder` and runs a step as ONE C call (``rvq_forward_scan``, over the filled
-``length`` slots only) in the precision the official module was converted to
-(:func:`rvqspec_lib.models.precision.apply_precision`). RoPE: TTS feeds the same position id on the three axes of the
-talker's multimodal RoPE, which is then the 1-D RoPE of axis 0's table (tested bit for bit). The KV cache holds
-bfloat16 in bfloat16 and int8 (exact: those keys and values are bfloat16 already), float32 otherwise. A batch is
-independent streams, each row equal to the same stream alone, bit for bit. Embeddings stay the official module's:
-the caller feeds embeddings (``synthesize(lm, texts, talker=NativeTalker(lm))``, :mod:`rvqspec_lib.models.frame`).
+"""The native talker step: the talker's decoder layers and ``codec_head`` as one C call (``rvq_forward_scan``) over
+packed copies of the weights, with a preallocated KV cache (docs/precision.md#the-native-talker: calls, RoPE, the KV
+cache and its bytes, batches, and how it equals the official talker bit for bit).
 """
 
 from __future__ import annotations
@@ -25,18 +16,11 @@ DEFAULT_MAX_CONTEXT = 1024
 
 
 class TalkerKVCache:
-    """The native talker's KV cache: preallocated slots for ``max_context`` positions of ``batch`` streams.
+    """Preallocated KV slots of :class:`NativeTalker` (made by :meth:`NativeTalker.new_cache`).
 
-    Attributes:
-        k, v: ``(layers, B, kv_heads, max_context, head_dim)`` float32 or bfloat16 (:attr:`NativeTalker.kv_dtype`);
-            slot i holds position i of the sequence (prompt padding included); slots ``>= length`` are unused
-            (never read).
-        valid: ``(B, max_context)`` bool, slot i of a stream holds a real (not padded) position.
-        next_pos: ``(B,)`` int64, the RoPE position of each stream's next real position.
-        length: slots filled.
-
-    Made by :meth:`NativeTalker.new_cache`; installed with :meth:`NativeTalker.use_cache` (a talker can switch
-    between several sequences this way, sharing its packed weights).
+    Attributes: ``k``, ``v`` ``(layers, B, kv_heads, max_context, head_dim)`` float32 or bfloat16, slot i holding
+    position i (padding included; slots ``>= length`` never read); ``valid`` ``(B, max_context)`` bool, a real (not
+    padded) position; ``next_pos`` ``(B,)`` int64, each stream's next RoPE position; ``length`` slots filled.
     """
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor):
@@ -68,12 +52,7 @@ class TalkerKVCache:
         self.length = 0
 
     def crop(self, length: int) -> None:
-        """Drop every position after the first ``length`` (as ``DynamicCache.crop``): the next step writes slot
-        ``length``.
-
-        Raises:
-            ValueError: ``length`` outside 0..:attr:`length`.
-        """
+        """Keep the first ``length`` positions (as ``DynamicCache.crop``); ValueError outside 0..:attr:`length`."""
         if not isinstance(length, int) or isinstance(length, bool) or not 0 <= length <= self.length:
             raise ValueError(f"crop length must be an integer in 0..{self.length} (the positions cached), got "
                              f"{length!r}")
@@ -99,26 +78,19 @@ class NativeTalker:
     """The talker step as one C call over packed weights, with its own KV cache (module docstring).
 
     Args:
-        talker: the official talker (``lm.model.talker``), the loaded model (:func:`rvqspec_lib.models.loader.
-            load_model`'s result) or the official model holding it; on the CPU, its decoder stack and ``codec_head``
-            in float32, bfloat16, int8 or int8-dynamic (:func:`rvqspec_lib.models.precision.apply_precision` applied
-            to the talker). Its weights are COPIED at construction: later changes are not seen.
-        max_context: positions the KV cache holds (prompt included), >= 1; :meth:`reset` changes it.
-        kv_bfloat16: hold the KV cache in bfloat16 (default: in bfloat16 and int8, where it is exact; ``False``:
-            float32). ``True`` is refused in float32 and int8-dynamic (it would round).
+        talker: ``lm.model.talker``, the loaded model or the official model holding it, on the CPU, converted by
+            :func:`~rvqspec_lib.models.precision.apply_precision` (float32, bfloat16, int8, int8-dynamic); its
+            weights are COPIED at construction.
+        max_context: positions the KV cache holds (prompt included), >= 1.
+        kv_bfloat16: a bfloat16 KV cache (default: in bfloat16 and int8, where it is exact; refused where it rounds).
 
-    Attributes: ``talker``, ``precision``, ``dtype`` (the activation dtype hidden states and logits are returned in),
-    ``fast`` (whether this precision runs through the AVX-512 path of this CPU), ``hidden``, ``vocab``,
-    ``n_layers``, ``kv_dtype``, ``max_context`` (capacity of the caches :meth:`reset` makes), ``cache`` (the
-    :class:`TalkerKVCache` in use), ``length`` (its positions), ``batch`` (its streams, 0 before the first
-    prefill), ``kv_bytes_per_position`` (per stream), ``weight_bytes`` (packed bytes one step streams: layers,
-    norms and ``codec_head``), ``decoder`` (the :class:`~rvqspec_lib.models.native.PackedDecoder`), ``name``.
+    Attributes: ``dtype`` (of the hidden states and logits returned), ``fast`` (the AVX-512 path runs),
+    ``kv_bytes_per_position`` (per stream), ``weight_bytes`` (packed bytes one step streams, ``codec_head``
+    included), ``decoder``.
 
     Raises:
-        ValueError: not a talker; a precision other than the four; a module not on the CPU; a RoPE type other than
-            the default; linear layers with biases; ``max_context < 1``; ``kv_bfloat16=True`` in float32 or
-            int8-dynamic.
-        RuntimeError: the C library cannot be built here (the reason, one line).
+        ValueError: not a talker, another precision, not on the CPU, a non-default RoPE, biases, ``max_context < 1``,
+            ``kv_bfloat16=True`` where it rounds. RuntimeError: the C library cannot be built here.
     """
 
     name = "native"
@@ -163,9 +135,8 @@ class NativeTalker:
         self._lib.rvq_model_set_kv_bf16(d.handle, int(bool(kv_bfloat16)))  # never refused: checked above
         self.kv_dtype = torch.bfloat16 if kv_bfloat16 else torch.float32
         self.kv_bytes_per_position = 2 * d.n_layers * d.n_kv * d.head_dim * (2 if kv_bfloat16 else 4)
-        #: Scan every slot of the cache in each step (an ``allow`` mask over the whole capacity, ``rvq_forward``'s
-        #: way) instead of the filled prefix: the same arithmetic, bit for bit; only for measuring what the prefix
-        #: scan saves (:func:`rvqspec_lib.eval.talker_bench.scan_cost`).
+        #: Scan the whole capacity instead of the filled prefix (same bits): measures what the prefix scan saves
+        #: (:func:`rvqspec_lib.eval.talker_bench.scan_cost`).
         self.scan_whole_cache = False
         self._cache: TalkerKVCache | None = None
         self._cos = self._sin = None
@@ -195,14 +166,8 @@ class NativeTalker:
         return 0 if self._cache is None else self._cache.batch
 
     def new_cache(self, batch: int, max_context: int | None = None) -> TalkerKVCache:
-        """A new empty KV cache (not installed: :meth:`use_cache`).
-
-        Args:
-            batch: streams, >= 1. max_context: capacity in positions (default :attr:`max_context`), >= 1.
-
-        Raises:
-            ValueError: ``batch < 1``, ``max_context < 1``.
-        """
+        """A new empty KV cache for ``batch`` streams of ``max_context`` positions (default :attr:`max_context`),
+        installed by :meth:`use_cache`; ValueError for either below 1."""
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"batch must be a positive integer (independent streams), got {batch!r}")
         max_context = self.max_context if max_context is None else max_context
@@ -214,11 +179,7 @@ class NativeTalker:
             return TalkerKVCache(torch.empty(shape, dtype=self.kv_dtype), torch.empty(shape, dtype=self.kv_dtype))
 
     def use_cache(self, cache: TalkerKVCache) -> None:
-        """Run the next steps on ``cache`` (one of :meth:`new_cache`), as it is.
-
-        Raises:
-            ValueError: a cache of another shape than this talker's.
-        """
+        """Run the next steps on ``cache`` (one of :meth:`new_cache`); ValueError for another talker's shape."""
         d = self.decoder
         if not isinstance(cache, TalkerKVCache) or cache.k.shape[0] != d.n_layers or cache.k.shape[2] != d.n_kv \
                 or cache.k.shape[4] != d.head_dim or cache.k.dtype != self.kv_dtype:
@@ -228,12 +189,7 @@ class NativeTalker:
         self._cache = cache
 
     def reset(self, batch: int | None = None, *, max_context: int | None = None) -> None:
-        """Empty the KV cache (length 0), keeping its memory when the batch and capacity are unchanged.
-
-        Args:
-            batch: streams of the next sequence (default: the current cache's); >= 1.
-            max_context: a new capacity in positions (default: keep :attr:`max_context`); the cache is
-                reallocated when the batch or the capacity changes.
+        """Empty the KV cache, reallocating it only when ``batch`` (default: the current) or ``max_context`` changes.
 
         Raises:
             ValueError: ``batch < 1``, ``max_context < 1``, no batch given and no cache yet.
@@ -253,19 +209,13 @@ class NativeTalker:
         self.use_cache(self.new_cache(batch, self.max_context))
 
     def crop(self, length: int) -> None:
-        """:meth:`TalkerKVCache.crop` on the cache in use: keep the first ``length`` positions (e.g. to rerun steps
-        after a shared prompt).
-
-        Raises:
-            ValueError: ``length`` outside 0..:attr:`length`.
-        """
+        """:meth:`TalkerKVCache.crop` on the cache in use (e.g. to rerun steps after a shared prompt)."""
         if self._cache is None:
             raise ValueError("the talker has no KV cache yet: call prefill(embeds) first")
         self._cache.crop(length)
 
     def _rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``(n, head_dim)`` float32 holding the official rotary module's values at positions 0..n-1, axis 0
-        of the three MRoPE axes (the same ids on all three: module docstring), in the activation dtype."""
+        """cos, sin ``(n, head_dim)`` float32: the official rotary values at positions 0..n-1, MRoPE axis 0."""
         pos = torch.arange(n).view(1, 1, n).expand(3, 1, n)  # (3, 1, n)
         with torch.no_grad():
             cos, sin = self.talker.model.rotary_emb(torch.zeros(1, dtype=self.dtype), pos)  # (3, 1, n, D)
@@ -273,57 +223,32 @@ class NativeTalker:
 
     # -- the steps -------------------------------------------------------------------------------------------------
     def prefill(self, embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Start new sequences: empty the cache (:meth:`reset` with this batch) and run the prompt.
-
-        Args:
-            embeds: ``(B, T, hidden)`` float, the prompt embeddings (the official ``generate``'s talker inputs,
-                :func:`rvqspec_lib.models.frame.build_prompt`).
-            attention_mask: ``(B, T)`` int or bool, 0 on LEFT padding (as the official prompt is padded); ``None``:
-                no padding. A padded position takes a slot but is never attended and does not count as a position.
-
-        Returns:
-            ``(B, T, hidden)`` hidden states after the final norm, in :attr:`dtype` (padded positions: unused).
-
-        Raises:
-            ValueError: wrong shapes or hidden size; ``T`` past the capacity (naming ``max_context``).
-        """
+        """Start new sequences: :meth:`reset` to this batch and :meth:`extend` by the prompt ``embeds``
+        ``(B, T, hidden)`` (:func:`rvqspec_lib.models.frame.build_prompt`), ``attention_mask`` 0 on LEFT padding."""
         b = self._check_embeds(embeds, "embeds", None)
         self.reset(batch=b)
         return self.extend(embeds, attention_mask)
 
     def step(self, embed: torch.Tensor) -> torch.Tensor:
-        """One talker step: one new position per stream after the cached ones.
-
-        Args:
-            embed: ``(B, 1, hidden)`` float, the next input of each stream (the sum of a frame's 16 code embeddings
-                plus the text track, as the frame loop builds it).
-
-        Returns:
-            ``(B, 1, hidden)`` after the final norm, in :attr:`dtype`.
-
-        Raises:
-            ValueError: no prefill yet; a batch other than the cache's; wrong shape; the cache full (naming
-                ``max_context``).
-        """
+        """:meth:`extend` by one position per stream: ``embed`` ``(B, 1, hidden)`` -> ``(B, 1, hidden)``."""
         if isinstance(embed, torch.Tensor) and embed.dim() == 3 and embed.shape[1] != 1:
             raise ValueError(f"step takes one position per stream, (B, 1, {self.hidden}), got {tuple(embed.shape)}: "
                              f"use extend for several")
         return self.extend(embed)
 
     def extend(self, embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Append ``T`` positions to every stream (causal among themselves) and return their hidden states.
+        """Append ``T`` positions to every stream (causal among themselves).
 
         Args:
             embeds: ``(B, T, hidden)`` float, B the cache's batch.
-            attention_mask: ``(B, T)`` 0 on padded positions (see :meth:`prefill`), ``None``: none padded.
+            attention_mask: ``(B, T)`` int or bool, 0 on padded positions (a slot taken, never attended).
 
         Returns:
             ``(B, T, hidden)`` after the final norm, in :attr:`dtype`.
 
         Raises:
-            ValueError: no prefill yet, a batch other than the cache's, a wrong hidden size, a mask of the wrong shape,
-                ``length + T`` past the capacity (naming ``max_context``).
-            MemoryError: the C forward could not allocate its scratch memory.
+            ValueError: no prefill yet, another batch or hidden size, a mask of the wrong shape, past the capacity
+                (naming ``max_context``). MemoryError: the C forward could not allocate its scratch memory.
         """
         c = self._cache
         if c is None:
@@ -368,14 +293,7 @@ class NativeTalker:
         return out.view(b, t, self.hidden).to(self.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``codec_head`` through the C kernel.
-
-        Args:
-            hidden: ``(..., hidden)`` float (e.g. ``(B, hidden)``, the last hidden state of each stream).
-
-        Returns:
-            ``(..., vocab)`` logits (3072 on the released talkers) in :attr:`dtype`; each row a function of its own
-            hidden state alone.
+        """``codec_head`` in C: ``hidden`` ``(..., hidden)`` float -> ``(..., vocab)`` logits in :attr:`dtype`.
 
         Raises:
             ValueError: a last dimension other than the talker's hidden size.

@@ -68,15 +68,10 @@ def check_precision(precision: str, *, device: str = "cpu", flags: frozenset[str
 
 
 class Int8Linear(nn.Module):
-    """A linear layer with int8 weights, one scale per output channel (docs/precision.md#the-two-int8-schemes-and-why):
-    ``dynamic=False`` (``int8``) bfloat16 in and out; ``dynamic=True`` (``int8-dynamic``) each row quantised with its
-    own scale, multiplied exactly in int32, float32 out.
-
-    Args:
-        linear: the ``nn.Linear`` to quantise (any float dtype). dynamic: the scheme.
-
-    Attributes: ``weight_int8`` ``(out, in)`` int8, ``scale`` ``(out,)`` (bfloat16, or float32 when ``dynamic``),
-    ``bias`` or None, ``in_features``, ``out_features``; when ``dynamic``, ``weight_int8_kn`` ``(in, out)``.
+    """``linear`` with int8 weights ``weight_int8`` ``(out, in)`` and one ``scale`` per output channel (bfloat16,
+    float32 when ``dynamic``; docs/precision.md#the-two-int8-schemes-and-why): ``dynamic=False`` (``int8``) bfloat16
+    in and out; ``dynamic=True`` (``int8-dynamic``) each row quantised with its own scale, multiplied exactly in
+    int32, float32 out.
     """
 
     def __init__(self, linear: nn.Linear, *, dynamic: bool = False):
@@ -134,12 +129,9 @@ def _quantise_linears(module: nn.Module, *, dynamic: bool) -> None:
 
 def apply_precision(code_predictor: nn.Module, precision: str, *, require_native: bool = True,
                     flags: frozenset[str] | None = None) -> nn.Module:
-    """Convert the official code predictor (any float dtype) to one of :data:`PRECISIONS`, IN PLACE, and return it:
-    ``.to(dtype)``, and for int8 every ``nn.Linear`` replaced by an :class:`Int8Linear`.
-
-    Args:
-        require_native: check with :func:`check_precision` that the CPU runs it natively (``False``: convert
-            anyway, e.g. for correctness tests; it then runs emulated, slowly). flags: for that check.
+    """Convert the official code predictor to one of :data:`PRECISIONS` IN PLACE (``.to(dtype)``; for int8 every
+    ``nn.Linear`` an :class:`Int8Linear`) and return it; ``require_native``: first :func:`check_precision` with
+    ``flags`` (``False``: convert anyway; it then runs emulated, slowly).
 
     Raises:
         ValueError: an unknown precision, or (``require_native``) one the CPU cannot run natively (one line).

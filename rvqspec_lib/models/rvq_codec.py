@@ -289,17 +289,13 @@ class RVQCodec:
 
     def codebook_sweep(self, wav: np.ndarray, n_codebooks: Iterable[int] = (1, 2, 4, 8, 16), *,
                        sample_rate: int = SAMPLE_RATE, unquantised: bool = True) -> list[dict]:
-        """One utterance resynthesised with the first k codebooks, for each k: what each RVQ stage adds.
-
-        Args:
-            wav: as :meth:`encode`'s. n_codebooks: the k to decode with, in the order wanted.
-            unquantised: also invert the UNQUANTISED features (no codes): the ceiling of any k.
+        """One utterance resynthesised with the first k codebooks for each k of ``n_codebooks`` (and, ``unquantised``,
+        from its features without codes: the ceiling of any k).
 
         Returns:
-            One dict per condition, ``"original"``, ``"unquantised"`` (if asked), then ``"k=<k>"``: ``condition``,
-            ``k`` (``None`` for the first two), ``audio`` (float32, the input's length), ``feature_lsd_db`` (the
-            decoder's vectors vs the unquantised features) and ``audio_lsd_db`` (the output audio's features vs the
-            input's).
+            One dict per condition (``"original"``, ``"unquantised"``, ``"k=<k>"``): ``condition``, ``k`` (``None``
+            for the first two), ``audio`` (float32, the input's length), ``feature_lsd_db`` (vs the unquantised
+            features) and ``audio_lsd_db`` (the output audio's features vs the input's).
 
         Raises:
             ValueError: a k outside ``[1, n_codebooks]``, or bad audio (see :meth:`encode`).

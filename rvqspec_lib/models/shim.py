@@ -40,7 +40,7 @@ def install_import_shim() -> bool:
 
     # transformers must see that no torchaudio is installed before the stub is; imported here, not above, since it
     # takes 3 s and the loader's model_facts (the command line's checks) needs no transformers (measured)
-    import transformers  # noqa: F401
+    importlib.import_module("transformers")
 
     for name in ("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi"):
         stub = types.ModuleType(name)

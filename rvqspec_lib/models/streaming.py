@@ -1,16 +1,7 @@
-"""Streaming synthesis: audio chunk by chunk while the frames are made (docs/streaming.md: what runs where, playback,
-batches).
-
-:func:`synthesize_stream` runs the frame loop (:func:`rvqspec_lib.models.frame.frames`) and pushes every
-``chunk_frames`` frames to a streaming codec decoder (:func:`rvqspec_lib.models.streaming_codec.streaming_decoder`),
-yielding each chunk of audio (:class:`AudioChunk`) as soon as it is decoded. ``overlap=True``: a second thread
-(:data:`GENERATE_THREAD`) runs the frame loop and hands each frame's codes over a queue while the calling thread
-decodes, each side on ``max(1, n // 2)`` of torch's ``n`` intra-op threads; :meth:`AudioStream.summary`'s ``overlap``
-(busy time of both sides over the wall time) says whether they really ran at the same time. A player is assumed to
-start the first chunk as soon as it is ready and play the chunks back to back: a chunk not ready in time is an
-underrun (its ``late_ms``, delaying every later chunk: :func:`playback`). A list of texts is a batch of independent
-streams; a row that ended is silent from its end on (code 0 fed to the codec). A timing replay's frames (codes -1)
-cannot be streamed as they are (:mod:`rvqspec_lib.eval.pipeline` times them with placeholder codes).
+"""Streaming synthesis: the frame loop's frames pushed to a streaming codec decoder every ``chunk_frames`` frames,
+each chunk of audio yielded when decoded; with ``overlap`` a second thread (:data:`GENERATE_THREAD`) generates while
+the caller decodes, each on half of torch's threads. A row that ended is silent from its end on (code 0 fed to the
+codec). docs/streaming.md: what runs where, playback and underruns, batches.
 """
 
 from __future__ import annotations
@@ -34,17 +25,13 @@ GENERATE_THREAD = "rvqspec-generate"
 
 @dataclass
 class AudioChunk:
-    """One chunk of a stream's audio, as :class:`AudioStream` yields it.
+    """One chunk of a stream's audio.
 
     Attributes:
-        index: the chunk's number (0-based; chunks without audio, while a look-ahead codec waits, are not yielded).
-        audio: ``(samples,)`` float32 at ``sample_rate`` (one text), or ``(B, samples)`` (a batch of texts); a whole
-            number of codec frames (1920 samples = 80 ms at 24 kHz).
-        frames: the codec frames whose audio this is (``range(first, last + 1)``).
-        t_ready_s: seconds from the :func:`synthesize_stream` call until this audio was ready.
-        t_play_s: when the player of :func:`playback` starts it (seconds from the call).
-        late_ms: how long that player waited for it (0.0: ready in time; above 0: an underrun).
-        sample_rate: Hz.
+        index: 0-based (chunks without audio, while a look-ahead codec waits, are not yielded).
+        audio: ``(samples,)`` float32 (one text) or ``(B, samples)`` (a batch), whole codec frames, at ``sample_rate``
+            Hz. frames: the codec frames it holds. t_ready_s: seconds from the call until it was ready.
+        t_play_s, late_ms: when the player of :func:`playback` starts it and how long it waited (> 0: an underrun).
     """
 
     index: int
@@ -62,19 +49,9 @@ class AudioChunk:
 
 
 def playback(t_ready_s: Sequence[float], duration_s: Sequence[float]) -> list[tuple[float, float]]:
-    """When each chunk plays, for a player that starts the first chunk as soon as it is ready, plays chunks back to
-    back, and waits for a chunk not ready when the previous one ends (an underrun, which delays all later chunks).
-
-    Args:
-        t_ready_s: when each chunk was ready (seconds, any origin, non-decreasing). duration_s: each chunk's length.
-
-    Returns:
-        ``[(start_s, late_s)]`` per chunk: when it starts playing and how long the player waited for it (0.0 for the
-        first chunk and for chunks ready in time).
-
-    Raises:
-        ValueError: lists of different lengths.
-    """
+    """``[(start_s, late_s)]`` per chunk for a player that starts the first chunk when ready and plays them back to
+    back, waiting for a chunk not ready (an underrun, delaying the rest); ``t_ready_s`` and ``duration_s`` in
+    seconds. ValueError: lists of different lengths."""
     if len(t_ready_s) != len(duration_s):
         raise ValueError(f"{len(t_ready_s)} ready times for {len(duration_s)} durations: give one of each per chunk")
     out, end = [], None
@@ -87,9 +64,8 @@ def playback(t_ready_s: Sequence[float], duration_s: Sequence[float]) -> list[tu
 
 
 def codec_stream_for(lm, *, batch_size: int = 1, chunk_frames: int = 1, table: bool = False):
-    """The streaming decoder of a loaded model's own codec (:func:`~rvqspec_lib.models.streaming_codec.
-    streaming_decoder`): the official 12 Hz decoder with its weights laid out for chunks of ``chunk_frames`` frames,
-    or the embedded model's codec (``table``: its table decoder instead of the neural code decoder beside it).
+    """The streaming decoder of a loaded model's own codec, laid out for ``chunk_frames`` (``table``: the embedded
+    codec's table decoder instead of its neural code decoder).
 
     Raises:
         ValueError: the model has no codec (random-weight models: codes only), in one line naming the fix.
@@ -114,15 +90,8 @@ _END = object()
 
 
 class AudioStream:
-    """A stream of audio chunks (:func:`synthesize_stream` makes it; iterate it once). The prompt is built, and the
-    arguments checked, when it is made; frames and audio are made while it is iterated.
-
-    Attributes:
-        chunks: a record of every chunk yielded so far (``index``, ``first_frame``, ``n_frames``, ``samples``,
-            ``t_ready_s``, ``t_play_s``, ``late_ms``, ``decode_ms``, ``flush``: it came from the codec's flush): the
-            audio itself is only yielded.
-        frames_made: frames generated so far. sample_rate, chunk_frames, overlap, batch: as given.
-    """
+    """A stream of audio chunks (:func:`synthesize_stream` makes it; iterate it once); ``chunks`` records every
+    chunk yielded (``index``, ``first_frame``, ``n_frames``, ``samples``, times, ``decode_ms``, ``flush``)."""
 
     def __init__(self, lm, texts, *, runner, talker, codec_stream, chunk_frames: int, generator, max_frames: int,
                  overlap: bool, **frame_kw):
@@ -262,21 +231,14 @@ class AudioStream:
         return torch.stack(got).cpu() if got else torch.zeros(0, 0, dtype=torch.long)
 
     def summary(self) -> dict:
-        """What the stream measured so far (after the last chunk: the whole stream).
-
-        Returns:
-            ``frames`` (made), ``chunks``, ``chunk_frames``, ``lookahead_frames`` (the codec's), ``audio_s``,
-            ``wall_s`` (call to the last chunk ready), ``prompt_ms`` (call to the end of the talker's prefill),
-            ``ttfa_ms`` (time to first audio after the prompt is processed), ``ttfa_call_ms`` (from the call),
-            ``rtf`` (``wall_s / audio_s``), ``rtf_after_prompt``, ``frame_ms`` (milliseconds a frame of audio took
-            to come out after the first chunk, the flush of a look-ahead codec left out: the steady state),
-            ``underruns`` (chunks with ``late_ms > 0``),
-            ``stall_ms`` (their sum), ``late_ms`` (per chunk), per-frame means ``talker_ms`` (frames after the first:
-            the first one's talker time is the prompt), ``inner_ms``, ``codec_ms`` (push and flush time per frame),
-            ``generate_s`` and ``decode_s`` (busy seconds of each side), ``overlap`` (their sum over ``wall_s``),
-            ``cpu_s`` (thread CPU seconds of each side; per frame ``generate_cpu_ms``, ``decode_cpu_ms``),
-            ``overlapped``, ``threads`` (torch threads per side),
-            ``tokens_per_call``, ``replay`` (a timing replay's words, else ``None``), ``batch``.
+        """What the stream measured so far (after the last chunk: the whole stream): ``ttfa_ms``, ``ttfa_call_ms``,
+        ``rtf``, ``frame_ms``, ``underruns``, ``late_ms`` and ``overlap`` as docs/streaming.md defines them, and
+        ``frames`` (made), ``chunks``, ``chunk_frames``, ``lookahead_frames`` (the codec's), ``audio_s``, ``wall_s``
+        (call to the last chunk ready), ``prompt_ms`` (call to the end of the talker's prefill), ``rtf_after_prompt``,
+        ``stall_ms`` (the underruns' sum), per-frame means ``talker_ms`` (frames after the first), ``inner_ms`` and
+        ``codec_ms`` (push and flush), ``generate_s`` and ``decode_s`` (busy seconds of each side), ``cpu_s`` (thread
+        CPU seconds of each side; per frame ``generate_cpu_ms``, ``decode_cpu_ms``), ``overlapped``, ``threads``
+        (torch threads per side), ``tokens_per_call``, ``replay`` (a timing replay's words, else ``None``), ``batch``.
         """
         ch, made = self.chunks, self._made
         audio_s = sum(c["samples"] for c in ch) / self.sample_rate
@@ -311,21 +273,14 @@ class AudioStream:
 def synthesize_stream(lm, text: str | list[str], *, runner=None, talker=None, codec_stream=None,
                       chunk_frames: int = 1, generator: torch.Generator | None = None, max_frames: int = 200,
                       overlap: bool = True, **frame_kw) -> AudioStream:
-    """Speak ``text`` as a stream of audio chunks (module docstring).
+    """Speak ``text`` (a sentence, or a list: a batch of streams) as a stream of audio chunks (module docstring).
 
     Args:
-        lm: from :func:`rvqspec_lib.models.loader.load_model`. text: one sentence, or a list (a batch of streams).
-        runner: the inner loop, a frame runner of :mod:`rvqspec_lib.models.backends` (default: AR through the
-            official module, as :func:`~rvqspec_lib.models.frame.frames`). talker: as ``frames`` (``None``: the
-            official talker; a :class:`~rvqspec_lib.models.native_talker.NativeTalker` steps it in C).
-        codec_stream: a streaming decoder (``reset``, ``push``, ``flush``, ``sample_rate``, ``frame_samples``;
-            :func:`~rvqspec_lib.models.streaming_codec.streaming_decoder`); default the model's own codec
-            (:func:`codec_stream_for`). It is reset to the batch here.
-        chunk_frames: frames pushed to the codec at once, 1..``max_frames`` (the last chunk may be shorter).
-        generator: the frame loop's explicit RNG (default: unseeded; never the global one). The codes depend on it
-            alone, not on ``chunk_frames`` or ``overlap``.
-        max_frames: frame cap (12.5 frames a second). overlap: generate in a second thread (module docstring).
-        frame_kw: ``language``, ``speaker``, ``talker_sampling``, ``repetition_penalty`` of ``frames``.
+        lm, runner, talker, generator, max_frames, frame_kw: as :func:`~rvqspec_lib.models.frame.frames`; the codes
+            depend on ``generator`` alone, not on ``chunk_frames`` or ``overlap``.
+        codec_stream: a streaming decoder (``reset``, ``push``, ``flush``, ``sample_rate``, ``frame_samples``);
+            default the model's own (:func:`codec_stream_for`). It is reset to the batch here.
+        chunk_frames: frames pushed to the codec at once, 1..``max_frames``. overlap: generate in a second thread.
 
     Returns:
         :class:`AudioStream`: iterate it for :class:`AudioChunk` s; ``summary()`` after (or during).

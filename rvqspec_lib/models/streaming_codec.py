@@ -1,15 +1,7 @@
-"""Stateful streaming decoding of the 12 Hz speech tokenizer: codes pushed chunk by chunk, audio out chunk by chunk,
-each chunk costing only its own frames' compute (docs/codec_streaming.md).
-
-The official decoder (``Qwen3TTSTokenizerV2Decoder``, docs/model.md#speech-tokenizer) is causal end to end, so a
-stream is decoded exactly by carrying each layer's state from one chunk to the next
-(:mod:`rvqspec_lib.models.streaming_layers`: what is carried; the ``official`` and ``onednn`` backends).
-:class:`StreamingCodecDecoder` calls the official module's own submodules and weights and re-implements only that
-state; its output equals the official full-sequence ``forward`` up to float rounding (tests/test_streaming_codec.py).
-The official ``chunked_decode(codes, chunk_size, left_context_size=25)`` instead re-runs ``forward`` on every chunk
-with 25 frames of left context and RoPE restarted at 0: it differs from ``forward`` once a stream is longer than 25
-frames + one chunk. :func:`streaming_decoder` gives the same interface for every codec of the project, the embedded
-model's offline codec included (:mod:`rvqspec_lib.models.streaming_rvq`).
+"""Stateful streaming decoding of the 12 Hz speech tokenizer, each chunk costing only its own frames' compute: the
+official decoder is causal, so carrying each layer's state (:mod:`rvqspec_lib.models.streaming_layers`) decodes a
+stream exactly, unlike the official ``chunked_decode``. :func:`streaming_decoder` gives every codec of the project
+the same interface. docs/codec_streaming.md explains both.
 """
 
 from __future__ import annotations
@@ -48,20 +40,17 @@ class StreamingCodecDecoder:
 
     Args:
         decoder: the official module (``Qwen3TTSTokenizer.model.decoder``, or
-            :func:`rvqspec_lib.models.configs.build_codec_decoder`), in float32 or bfloat16 (the stream runs in the
-            module's dtype), on any device. It is used as is (not copied); its weights must not change during a
-            stream (the ``onednn`` backend holds prepacked copies made here).
-        batch_size: rows of the first stream (see :meth:`reset`).
-        backend: ``"official"`` (the official modules' own calls, any device), ``"onednn"`` (prepacked oneDNN
-            layers, channels-last, CPU only: the fast one) or ``"auto"`` (``onednn`` on a CPU where torch has
-            oneDNN, else ``official``). See :mod:`rvqspec_lib.models.streaming_layers`.
+            :func:`rvqspec_lib.models.configs.build_codec_decoder`), float32 or bfloat16 (the stream runs in its
+            dtype), any device; used as is, its weights unchanged during a stream.
+        batch_size: rows of the first stream.
+        backend: ``"official"`` (any device), ``"onednn"`` (CPU only, the fast one) or ``"auto"`` (``onednn``
+            where it runs, else ``official``).
         chunk_frames_hint: the chunk size the ``onednn`` weights are laid out for (any chunk size works).
     Raises:
         ValueError: an unknown backend, or ``onednn`` where it cannot run (one line, naming the fix).
 
-    Attributes:
-        n_codebooks (16), codebook_size (2048), frame_samples (1920: the official ``total_upsample``),
-        sample_rate (24000), lookahead_frames (0), frames (frames pushed since the last reset), backend.
+    Attributes: ``frames`` (pushed since the last :meth:`reset`), ``n_codebooks``, ``codebook_size``,
+    ``frame_samples``, ``sample_rate``, ``lookahead_frames`` (0), ``backend``.
     """
 
     lookahead_frames = 0
@@ -128,12 +117,7 @@ class StreamingCodecDecoder:
         yield self.last_conv
 
     def reset(self, batch_size: int = 1) -> None:
-        """Start a fresh stream of ``batch_size`` rows: convolution contexts and overhangs to zero (the official
-        zero padding), the KV cache emptied, frame positions back to 0.
-
-        Raises:
-            ValueError: ``batch_size < 1``.
-        """
+        """Start a fresh stream of ``batch_size`` rows (states zeroed, positions at 0); ValueError below 1."""
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         p = next(self.decoder.parameters())
@@ -143,18 +127,9 @@ class StreamingCodecDecoder:
 
     @torch.no_grad()
     def push(self, codes) -> torch.Tensor:
-        """Decode the next chunk of frames of every stream row.
-
-        Args:
-            codes: ``(batch_size, 16, n)`` integer code ids in ``[0, 2048)``, n >= 1 new frames (the layout of the
-                official ``forward``).
-        Returns:
-            ``(batch_size, n * 1920)`` float32 audio in [-1, 1] at 24 kHz: the official ``forward``'s samples of
-            these frames, as if it had been run on every frame pushed since :meth:`reset`, up to float rounding.
-        Raises:
-            ValueError: (one line) wrong number of codebooks or dimensions, non-integer codes, a chunk of 0 frames,
-                code ids out of range, or a batch other than :meth:`reset`'s.
-        """
+        """Decode ``codes`` ``(batch_size, 16, n)`` integer ids in ``[0, 2048)``, n >= 1 new frames, into
+        ``(batch_size, n * 1920)`` float32 audio in [-1, 1] at 24 kHz: the official ``forward``'s samples of these
+        frames, up to float rounding. ValueError (one line): codes :func:`check_codes_chunk` refuses."""
         codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)
         h = codes.to(next(self.decoder.parameters()).device)
         for _, stage in self._stages:
@@ -163,12 +138,8 @@ class StreamingCodecDecoder:
         return h
 
     def stages(self) -> list[tuple[str, object]]:
-        """The decoder as a list of ``(name, function)`` stages that :meth:`push` composes (each advancing its own
-        state): ``rvq+pre_conv`` (codes ``(B, 16, n)`` in), ``transformer``, ``upsample`` (two x2 transposed
-        convolutions and ConvNeXt blocks), ``conv_in`` (latent -> decoder width), ``block0`` .. ``block3``
-        (SnakeBeta, transposed convolution x8, x5, x4, x3, three residual units), ``conv_out`` (SnakeBeta, the last
-        convolution, the clamp; ``(B, n * 1920)`` float32 out). For per-stage timing
-        (:mod:`rvqspec_lib.eval.codec_stream_bench`)."""
+        """The ``(name, function)`` stages :meth:`push` composes, for per-stage timing: ``rvq+pre_conv``,
+        ``transformer``, ``upsample``, ``conv_in``, ``block0`` .. ``block3``, ``conv_out``."""
         official = self.backend == "official"
 
         def front(codes):
@@ -212,21 +183,11 @@ class StreamingCodecDecoder:
 
 
 def streaming_decoder(codec, batch_size: int = 1, **kwargs):
-    """A streaming decoder for any of the project's speech codecs, with one interface (``reset(batch_size)``,
-    ``push(codes (B, 16, n)) -> (B, m * 1920)``, ``flush()``, ``lookahead_frames``):
-
-    * the official 12 Hz decoder (a ``Qwen3TTSTokenizerV2Decoder``, a ``Qwen3TTSTokenizerV2Model`` holding one, or a
-      :class:`rvqspec_lib.models.speech_tokenizers.Qwen12HzCodec`) -> :class:`StreamingCodecDecoder` (exact, no
-      look-ahead: m = n);
-    * the embedded model's offline codec (:class:`RVQCodec` or a
-      :class:`rvqspec_lib.models.speech_tokenizers.CodecSpeechTokenizer`) ->
-      :class:`rvqspec_lib.models.streaming_rvq.StreamingRVQDecoder` (approximate, 3 frames of look-ahead by default).
-
-    Args:
-        codec: one of the above. batch_size: rows of the first stream. kwargs: for the class chosen.
-    Raises:
-        ValueError: anything else (one line).
-    """
+    """A streaming decoder (``reset``, ``push(codes (B, 16, n)) -> (B, m * 1920)``, ``flush``, ``lookahead_frames``)
+    for ``codec``: the official 12 Hz decoder (or a model or ``Qwen12HzCodec`` holding one) ->
+    :class:`StreamingCodecDecoder` (exact, m = n); an :class:`RVQCodec` or ``CodecSpeechTokenizer`` ->
+    :class:`~rvqspec_lib.models.streaming_rvq.StreamingRVQDecoder` (3 frames of look-ahead by default). ``kwargs``
+    go to the class chosen. ValueError (one line): anything else."""
     if isinstance(codec, RVQCodec) or isinstance(getattr(codec, "codec", None), RVQCodec):
         return StreamingRVQDecoder(codec, batch_size, **kwargs)
     dec = codec

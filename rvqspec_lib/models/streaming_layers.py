@@ -1,19 +1,7 @@
-"""Per-layer streaming state of the official 12 Hz speech tokenizer decoder, for
-:class:`rvqspec_lib.models.streaming_codec.StreamingCodecDecoder` (docs/codec_streaming.md).
-
-What a stream carries from one chunk to the next, layer by layer: a causal convolution's last
-``(kernel - 1) * dilation`` input samples, a causal transposed convolution's ``kernel - stride`` overhang
-(overlap-add), and the transformer's keys and values of the last ``sliding_window - 1`` frames with the frame
-position. Two backends hold that state over the SAME official weights (why, measured: docs/codec_streaming.md,
-"Two backends over the same weights"):
-
-* ``official`` (the ``*State`` classes): calls the official modules on ``(B, C, T)`` activations; any device.
-* ``onednn`` (the ``Fast*`` classes): every convolution, transposed convolution and linear layer run by oneDNN on a
-  copy of its weight laid out ONCE in oneDNN's blocked format (``torch.ops.mkldnn._reorder_*``), activations
-  channels-last ``(B, C, 1, T)``; CPU only. The transformer layer's steps are written out as the official
-  ``Qwen3TTSTokenizerV2DecoderTransformerLayer.forward`` runs them, with the official norms, RoPE and activation.
-
-Both equal the official full-sequence ``forward`` up to float rounding (tests/test_streaming_codec.py).
+"""Per-layer streaming state of the official 12 Hz speech tokenizer decoder (causal convolution tails, transposed
+convolution overhangs, the transformer's sliding-window keys and values), in two backends over the SAME official
+weights: ``official`` (the ``*State`` classes, the official modules, any device) and ``onednn`` (the ``Fast*``
+classes, weights laid out once for oneDNN, CPU only). docs/codec_streaming.md explains both and why.
 """
 
 from __future__ import annotations
@@ -37,12 +25,10 @@ def onednn_available() -> tuple[bool, str]:
 
 
 def check_codes_chunk(codes, n_codebooks: int, codebook_size: int, batch: int) -> torch.Tensor:
-    """A chunk of codes for a stream of ``batch`` rows: ``(batch, n_codebooks, n)`` integer ids in
-    ``[0, codebook_size)``, n >= 1, returned as int64.
+    """A checked chunk of codes ``(batch, n_codebooks, n >= 1)`` with ids in ``[0, codebook_size)``, as int64.
 
     Raises:
-        ValueError: (one line naming the fix) another shape or number of codebooks, non-integer codes, 0 frames, ids
-            out of range, another batch.
+        ValueError: (one line naming the fix) another shape, non-integer codes, 0 frames, ids out of range.
     """
     if not isinstance(codes, torch.Tensor):
         codes = torch.as_tensor(codes)
@@ -65,9 +51,8 @@ def check_codes_chunk(codes, n_codebooks: int, codebook_size: int, batch: int) -
 
 
 def window_mask(cached: int, n: int, window: int | None, dtype, device) -> torch.Tensor | None:
-    """The official sliding-window causal mask for n new frames after ``cached`` frames in a :class:`WindowKV`:
-    additive ``(1, 1, n, cached + n)`` (0 where a query may attend, the dtype's minimum elsewhere), or ``None`` where
-    every query may attend to every key (one new frame: the cache never holds more than ``window - 1`` frames)."""
+    """The official sliding-window causal mask, additive ``(1, 1, n, cached + n)``, for n new frames after ``cached``
+    ones; ``None`` for one new frame (it sees the whole cache)."""
     if n == 1:
         return None
     q = torch.arange(n, device=device)[:, None] + cached  # query positions, counted from the oldest cached key
@@ -119,10 +104,8 @@ class CausalConvState:
 
 
 class TransConvState:
-    """The overhang of one official ``Qwen3TTSTokenizerV2CausalTransConvNet``: a transposed convolution of kernel K
-    and stride s maps n input samples to ``(n - 1) * s + K`` outputs; the official module keeps the first ``n * s``
-    and trims the last ``K - s``, which are exactly the contributions of this chunk to the next chunk's first
-    ``K - s`` samples. They are carried and added there (overlap-add); the bias is added once, after."""
+    """One official ``Qwen3TTSTokenizerV2CausalTransConvNet`` (kernel K, stride s): the ``K - s`` outputs it trims are
+    this chunk's contributions to the next chunk's first ``K - s`` samples, carried and added there (overlap-add)."""
 
     def __init__(self, module: nn.Module):
         self.module = module
@@ -164,10 +147,8 @@ class ConvNeXtState:
 
 
 class WindowKV:
-    """The transformer's key/value cache, bounded by its attention window: per layer, the keys and values of the
-    last ``window - 1`` frames (a frame attends to itself and the ``window - 1`` frames before it; transformers'
-    ``sliding_window_overlay``: key position > query position - window). It has the ``update`` method the
-    official attention calls (``past_key_values.update(k, v, layer_idx, cache_kwargs)``)."""
+    """The transformer's key/value cache of the last ``window - 1`` frames per layer, with the ``update`` method the
+    official attention calls."""
 
     def __init__(self, n_layers: int, window: int | None):
         self.keep = None if window is None else int(window) - 1
@@ -189,10 +170,8 @@ class WindowKV:
 
 
 class TransformerState:
-    """The official ``pre_transformer`` (``Qwen3TTSTokenizerV2DecoderTransformerModel``) run on a chunk of frames
-    with a :class:`WindowKV` cache: its input/output projections, RoPE, layers and final norm are the official
-    modules; positions continue from chunk to chunk; the attention mask is the official sliding-window causal mask
-    restricted to the chunk's queries (:func:`window_mask`)."""
+    """The official ``pre_transformer``'s own modules run on a chunk of frames with a :class:`WindowKV` cache, the
+    positions continuing from chunk to chunk."""
 
     def __init__(self, module: nn.Module):
         self.module = module
@@ -345,10 +324,8 @@ class FastSnake:
 
 
 class FastQuantizer:
-    """The official ``SplitResidualVectorQuantizer.decode``: codes ``(B, 16, n)`` -> ``(B, codebook_dim, n)``. Each
-    codebook's table (``embedding_sum / cluster_usage.clamp(min=epsilon)``, which the official ``decode`` recomputes
-    for all 16 x 2048 entries on every call: 16 ms of a 1-frame chunk) is computed once; the lookups are summed per
-    group (the semantic codebook, the 15 acoustic ones) and projected by the official ``output_proj`` layers."""
+    """The official ``SplitResidualVectorQuantizer.decode``: codes ``(B, 16, n)`` -> ``(B, codebook_dim, n)``, each
+    codebook's table computed once (the official ``decode`` recomputes them every call)."""
 
     def __init__(self, quantizer: nn.Module):
         self.q = quantizer
@@ -409,13 +386,9 @@ class FastResidualUnit:
 
 
 class FastTransformer:
-    """The official ``pre_transformer`` on a chunk of frames with a :class:`WindowKV` cache and
-    :func:`window_mask`, its linear layers prepacked (module docstring). Per layer, in the official layer's order:
-    RMSNorm (``F.rms_norm`` with the official weight and epsilon), q/k/v in one matmul, RoPE (the official
-    ``x cos + rotate_half(x) sin`` on q and k at once), attention over the window, the output projection with the
-    official layer scale folded into it and the residual added by oneDNN, RMSNorm, gate/up in one matmul, SiLU, the
-    down projection likewise scaled and added. Attention is the official eager attention (``eager_attention_forward``:
-    softmax in float32)."""
+    """The official ``pre_transformer`` on a chunk of frames with a :class:`WindowKV` cache, its linear layers
+    prepacked (q/k/v and gate/up each one matmul, the layer scales folded in, the residuals added by oneDNN), the
+    layer's steps in the official order, attention the official eager one (softmax in float32)."""
 
     def __init__(self, module: nn.Module, rows_hint: int):
         self.module = module

@@ -1,16 +1,7 @@
-"""Streaming decoding of the embedded model's offline codec (:class:`rvqspec_lib.models.rvq_codec.RVQCodec`), chunk
-by chunk, with a stated look-ahead (docs/codec_streaming.md#the-embedded-codec: the method and how far from the
-offline decode it lands).
-
-The offline decode is not causal in two places, both approximated frame by frame: the neural code decoder (centred
-kernels, whole-utterance ``GroupNorm``) sees the window of codes ``[t - context_frames, t + lookahead_frames]``; the
-phase is reconstructed in the manner of RTISI-LA (Zhu, Beauregard and Wyse, 2007): frame t's 1920 samples are
-committed once the STFT columns up to frame ``t + gl_lookahead_frames`` are known, after ``gl_iters`` iterations of
-fast Griffin-Lim with the committed samples held fixed, new columns starting from a phase seeded with (``seed``,
-column index). The mel inversion between them is per column and streams exactly. Every step is a function of the
-frame index and the codes alone, so the audio does not depend on how the codes were split into chunks (up to float
-rounding). Frame t comes out once frame ``t + lookahead_frames + gl_lookahead_frames`` has been pushed (3 frames,
-240 ms, by default) or at :meth:`StreamingRVQDecoder.flush`.
+"""Streaming decoding of the embedded model's offline codec (:class:`rvqspec_lib.models.rvq_codec.RVQCodec`) with a
+stated look-ahead: the code decoder sees codes ``[t - context_frames, t + lookahead_frames]``, the phase is
+reconstructed as in RTISI-LA (Zhu, Beauregard and Wyse, 2007). The audio does not depend on how the codes were
+chunked. docs/codec_streaming.md#the-embedded-codec: the method and how far from the offline decode it lands.
 """
 
 from __future__ import annotations
@@ -37,26 +28,20 @@ MOMENTUM = 0.99
 
 
 class StreamingRVQDecoder:
-    """Stateful streaming decoder over an :class:`RVQCodec` (or a
-    :class:`rvqspec_lib.models.speech_tokenizers.CodecSpeechTokenizer`): push codes, get audio of the frames whose
-    look-ahead has arrived; :meth:`flush` at the end of a stream returns the rest (module docstring).
+    """Stateful streaming decoder over an :class:`RVQCodec` (or a ``CodecSpeechTokenizer``): push codes, get the audio
+    of the frames whose look-ahead has arrived; :meth:`flush` returns the rest (module docstring).
 
     Args:
-        codec: the codec (its neural code decoder is used when attached, else its tables).
-        batch_size: rows of the first stream.
-        context_frames, lookahead_frames: the code decoder's window around each frame (module docstring); ignored by
-            the table decoder.
-        gl_lookahead_frames: frames of STFT columns after a frame that phase reconstruction sees before committing it
-            (>= 1).
-        gl_iters: fast Griffin-Lim iterations per committed frame (default the codec's ``griffin_lim_iters``, 32).
-        seed: seed of the initial phases (default the codec's).
+        codec: the codec (its neural code decoder when attached, else its tables). batch_size: rows of the first
+            stream. context_frames, lookahead_frames: the code decoder's window (ignored by the table decoder).
+        gl_lookahead_frames: frames of STFT columns after a frame that phase reconstruction sees first (>= 1).
+        gl_iters, seed: fast Griffin-Lim iterations per frame and the initial phases' seed (default the codec's).
     Raises:
         ValueError: ``gl_lookahead_frames < 1``, a negative window, ``gl_iters < 1``.
 
-    Attributes:
-        lookahead_frames: frames a frame waits for before its audio comes out (code decoder + phase look-ahead).
-        frames: frames pushed since the last reset; emitted: frames whose audio has been returned.
-        n_codebooks, codebook_size, frame_samples, sample_rate: the codec's.
+    Attributes: the codec's ``n_codebooks``, ``codebook_size``, ``frame_samples`` and ``sample_rate``;
+    ``lookahead_frames`` (a frame's wait before its audio comes out), ``frames`` (pushed), ``emitted`` (frames whose
+    audio was returned).
     """
 
     def __init__(self, codec, batch_size: int = 1, *, context_frames: int = CONTEXT_FRAMES,
@@ -106,18 +91,9 @@ class StreamingRVQDecoder:
         self._ended = False
 
     def push(self, codes) -> torch.Tensor:
-        """Add the next chunk of frames; return the audio of the frames it completes.
-
-        Args:
-            codes: ``(batch_size, 16, n)`` integer code ids in ``[0, codebook_size)``, n >= 1 (the official
-                decoder's layout; :meth:`RVQCodec.decode` takes ``(frames, 16)``: pass ``codes.T[None]``).
-        Returns:
-            ``(batch_size, m * 1920)`` float32 audio at 24 kHz for the m frames committed by this push (m = 0 while
-            the first ``lookahead_frames`` frames arrive).
-        Raises:
-            ValueError: (one line) bad codes (as :class:`StreamingCodecDecoder`), another batch than :meth:`reset`'s,
-                or a push after :meth:`flush` without :meth:`reset`.
-        """
+        """Add ``codes`` ``(batch_size, 16, n)`` (the official decoder's layout); return ``(batch_size, m * 1920)``
+        float32 audio at 24 kHz of the m frames this push completes (m = 0 while the first ``lookahead_frames``
+        arrive). ValueError (one line): bad codes, or a push after :meth:`flush` without :meth:`reset`."""
         if self._ended:
             raise ValueError("this stream was flushed: call reset() to start a new one")
         codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)

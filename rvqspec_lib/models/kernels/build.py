@@ -1,11 +1,12 @@
 """Compile a C source shipped in this folder into a shared library in the cache folder, once per source, compiler,
 flags and CPU (the kernels are built for the running CPU's instructions), and never load a half-written one.
 
-Used by :mod:`rvqspec_lib.models.kernels.cpforward`; the CPU's tag is :func:`rvqspec_lib.common.machine.cpu_tag`.
+Used by ``cpforward`` and ``snake`` (:class:`Library`); the CPU's tag is :func:`rvqspec_lib.common.machine.cpu_tag`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -55,3 +56,27 @@ def build(source: Path, cflags: tuple[str, ...], *, stem: str | None = None) -> 
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+class Library:
+    """A shipped C source built (:func:`build`) and loaded on first use, its functions typed from ``signatures``
+    (``{name: (argtypes, restype)}``); ``check()`` may raise ``RuntimeError`` first (e.g. the wrong CPU)."""
+
+    def __init__(self, source: Path, cflags: tuple[str, ...], signatures: dict, check=None):
+        self.source, self.cflags, self.signatures, self.check = source, cflags, signatures, check
+        self.lib, self.reason = None, None
+
+    def load(self):
+        """The ``ctypes`` library, or ``None`` when it cannot be built or loaded here (:attr:`reason` says why)."""
+        if self.lib is None and self.reason is None:
+            try:
+                if self.check is not None:
+                    self.check()
+                lib = ctypes.CDLL(str(build(self.source, self.cflags)))
+                for name, (args, res) in self.signatures.items():
+                    fn = getattr(lib, name)
+                    fn.argtypes, fn.restype = args, res
+                self.lib = lib
+            except (OSError, RuntimeError) as e:
+                self.reason = str(e)
+        return self.lib

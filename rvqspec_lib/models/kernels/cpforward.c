@@ -27,7 +27,7 @@
  * ACTIVATIONS are float32 here; with `act_bf16` (the bfloat16 and int8 precisions, whose official module computes in
  * bfloat16) every value is rounded to bfloat16 where the official module's bfloat16 arithmetic rounds it.
  *
- * Built on first use by rvqspec_lib/models/kernels/native.py with `cc -O3 -march=native` for the running CPU; the
+ * Built on first use by rvqspec_lib/models/kernels/cpforward.py with `cc -O3 -march=native` for the running CPU; the
  * AVX-512 paths are compiled where the CPU has AVX512F (+ AVX512-BF16 for BF16/I8W, AVX512-VNNI for I8D), a plain C
  * path (the same layouts and orders, slower) everywhere else. One thread. Not re-entrant per model handle.
  */
@@ -207,42 +207,41 @@ static void pack_x_i8(const float *x, int ldx, int M, int K, uint32_t *xq, float
 #endif
 #define PREFETCH(p, lines) do { for (int l_ = 0; l_ < (lines); l_++) _mm_prefetch((const char *)(p) + PF_BYTES + 64 * l_, _MM_HINT_T0); } while (0)
 
+/* The loop every panel kernel runs: MB x NV accumulators of type ACC (zeroed by ZERO), one step per input group (KG
+ * groups, STEP weights apart), the NV weight vectors of a group loaded once (LOAD, into wv[j] of type WV) and applied
+ * to each row's broadcast input b = BCAST(X[m * LDX + i]) of type BT by a[m][j] = FMA; then the mb rows' STORE. */
+#define PANEL_LOOP(ACC, ZERO, WV, LOAD, PF, KG, STEP, X, LDX, BT, BCAST, FMA, STORE) do { \
+    ACC a[MB][NV]; \
+    for (int m = 0; m < MB; m++) for (int j = 0; j < NV; j++) a[m][j] = ZERO(); \
+    for (int i = 0; i < (KG); i++, w += (STEP)) { \
+        PREFETCH(w, PF); \
+        WV wv[NV]; \
+        for (int j = 0; j < NV; j++) { LOAD; } \
+        for (int m = 0; m < MB; m++) { \
+            if (m >= mb) break; \
+            BT b = BCAST(X[(size_t)m * (LDX) + i]); \
+            for (int j = 0; j < NV; j++) a[m][j] = FMA; \
+        } \
+    } \
+    for (int m = 0; m < mb; m++) for (int j = 0; j < NV; j++) STORE(acc + m * NB + 16 * j, a[m][j]); \
+} while (0)
+
+/* the empty asm pins each weight vector in a register: without it GCC folds the load into every row's FMA (mb loads
+ * of the same 64 bytes; 1.4x slower at 4 rows). Same instructions, same results. */
 static inline __attribute__((always_inline)) void blk_f32(const float *w, const float *x, int ldx, int K, float *acc,
                                                           const int mb) {
-    __m512 a[MB][NV];
-    for (int m = 0; m < MB; m++) for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k++, w += NB) {
-        PREFETCH(w, NV);
-        __m512 wv[NV];
-        /* the empty asm pins each weight vector in a register: without it GCC folds the load into every row's FMA
-         * (mb loads of the same 64 bytes; 1.4x slower at 4 rows). Same instructions, same results. */
-        for (int j = 0; j < NV; j++) { wv[j] = _mm512_loadu_ps(w + 16 * j); __asm__("" : "+v"(wv[j])); }
-        for (int m = 0; m < MB; m++) {
-            if (m >= mb) break;
-            __m512 b = _mm512_set1_ps(x[(size_t)m * ldx + k]);
-            for (int j = 0; j < NV; j++) a[m][j] = _mm512_fmadd_ps(wv[j], b, a[m][j]);
-        }
-    }
-    for (int m = 0; m < mb; m++) for (int j = 0; j < NV; j++) _mm512_storeu_ps(acc + m * NB + 16 * j, a[m][j]);
+    PANEL_LOOP(__m512, _mm512_setzero_ps, __m512, wv[j] = _mm512_loadu_ps(w + 16 * j); __asm__("" : "+v"(wv[j])),
+               NV, K, NB, x, ldx, __m512, _mm512_set1_ps, _mm512_fmadd_ps(wv[j], b, a[m][j]), _mm512_storeu_ps);
 }
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define SET1_PAIR(v) (__m512bh)_mm512_set1_epi32((int)(v))
+
 static inline __attribute__((always_inline)) void blk_bf16(const uint16_t *w, const uint32_t *xp, int k2, float *acc,
                                                            const int mb) {
-    __m512 a[MB][NV];
-    for (int m = 0; m < MB; m++) for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_ps();
-    for (int i = 0; i < k2; i++, w += 2 * NB) {
-        PREFETCH(w, NV);
-        __m512bh wv[NV];
-        for (int j = 0; j < NV; j++) wv[j] = (__m512bh)_mm512_loadu_si512(w + 32 * j);
-        for (int m = 0; m < MB; m++) {
-            if (m >= mb) break;
-            __m512bh b = (__m512bh)_mm512_set1_epi32((int)xp[(size_t)m * k2 + i]);
-            for (int j = 0; j < NV; j++) a[m][j] = _mm512_dpbf16_ps(a[m][j], wv[j], b);
-        }
-    }
-    for (int m = 0; m < mb; m++) for (int j = 0; j < NV; j++) _mm512_storeu_ps(acc + m * NB + 16 * j, a[m][j]);
+    PANEL_LOOP(__m512, _mm512_setzero_ps, __m512bh, wv[j] = (__m512bh)_mm512_loadu_si512(w + 32 * j), NV, k2, 2 * NB,
+               xp, k2, __m512bh, SET1_PAIR, _mm512_dpbf16_ps(a[m][j], wv[j], b), _mm512_storeu_ps);
 }
 
 static inline __m512bh widen_i8(const int8_t *w) {  /* 32 int8 (16 outputs x a pair of inputs) -> bfloat16, exact */
@@ -253,38 +252,19 @@ static inline __m512bh widen_i8(const int8_t *w) {  /* 32 int8 (16 outputs x a p
 
 static inline __attribute__((always_inline)) void blk_i8w(const int8_t *w, const uint32_t *xp, int k2, float *acc,
                                                           const int mb) {
-    __m512 a[MB][NV];
-    for (int m = 0; m < MB; m++) for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_ps();
-    for (int i = 0; i < k2; i++, w += 2 * NB) {
-        PREFETCH(w, (NV + 1) / 2);
-        __m512bh wv[NV];
-        for (int j = 0; j < NV; j++) wv[j] = widen_i8(w + 32 * j);
-        for (int m = 0; m < MB; m++) {
-            if (m >= mb) break;
-            __m512bh b = (__m512bh)_mm512_set1_epi32((int)xp[(size_t)m * k2 + i]);
-            for (int j = 0; j < NV; j++) a[m][j] = _mm512_dpbf16_ps(a[m][j], wv[j], b);
-        }
-    }
-    for (int m = 0; m < mb; m++) for (int j = 0; j < NV; j++) _mm512_storeu_ps(acc + m * NB + 16 * j, a[m][j]);
+    PANEL_LOOP(__m512, _mm512_setzero_ps, __m512bh, wv[j] = widen_i8(w + 32 * j), (NV + 1) / 2, k2, 2 * NB, xp, k2,
+               __m512bh, SET1_PAIR, _mm512_dpbf16_ps(a[m][j], wv[j], b), _mm512_storeu_ps);
 }
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define SET1_QUAD(v) _mm512_set1_epi32((int)(v))
+
 static inline __attribute__((always_inline)) void blk_i8d(const int8_t *w, const uint32_t *xq, int k4, int32_t *acc,
                                                           const int mb) {
-    __m512i a[MB][NV];
-    for (int m = 0; m < MB; m++) for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_si512();
-    for (int i = 0; i < k4; i++, w += 4 * NB) {
-        PREFETCH(w, NV);
-        __m512i wv[NV];
-        for (int j = 0; j < NV; j++) { wv[j] = _mm512_loadu_si512(w + 64 * j); __asm__("" : "+v"(wv[j])); }  /* as blk_f32 */
-        for (int m = 0; m < MB; m++) {
-            if (m >= mb) break;
-            __m512i b = _mm512_set1_epi32((int)xq[(size_t)m * k4 + i]);
-            for (int j = 0; j < NV; j++) a[m][j] = _mm512_dpbusd_epi32(a[m][j], b, wv[j]);
-        }
-    }
-    for (int m = 0; m < mb; m++) for (int j = 0; j < NV; j++) _mm512_storeu_si512(acc + m * NB + 16 * j, a[m][j]);
+    PANEL_LOOP(__m512i, _mm512_setzero_si512, __m512i,
+               wv[j] = _mm512_loadu_si512(w + 64 * j); __asm__("" : "+v"(wv[j])),  /* as blk_f32 */
+               NV, k4, 4 * NB, xq, k4, __m512i, SET1_QUAD, _mm512_dpbusd_epi32(a[m][j], b, wv[j]), _mm512_storeu_si512);
 }
 #endif
 

@@ -1,14 +1,8 @@
 """Bindings of ``cpforward.c``: the code predictor's verify call and its linear layers in C, at the weight-streaming
-floor (docs/precision.md#the-native-forward). The backends over the official modules are
-:class:`rvqspec_lib.models.native.NativeCodePredictor` and :class:`rvqspec_lib.models.native_talker.NativeTalker`
-(the talker's 28 layers through the same C forward, ``rvq_forward_scan``); this module only builds, loads and calls
-the library.
-
-Build: on first use, ``cc -O3 -march=native -shared -fPIC`` compiles the shipped source for the running CPU into the
-cache folder (:func:`rvqspec_lib.models.kernels.build.build`). :func:`fast_precisions` says which precisions run
-through the AVX-512 paths (float32 needs AVX512F; bfloat16 and int8 AVX512-BF16; int8-dynamic AVX512-VNNI); the others
-run through the plain C path of the same arithmetic layout (correct, slower). Where nothing can be built (no C
-compiler, not x86-64) :func:`available` is ``False`` and :func:`unavailable_reason` says why.
+floor (docs/precision.md#the-native-forward), built for the running CPU on first use (:class:`build.Library`); the
+backends over it are :class:`rvqspec_lib.models.native.NativeCodePredictor` and
+:class:`rvqspec_lib.models.native_talker.NativeTalker`. :func:`fast_precisions` says which precisions run through the
+AVX-512 paths; the others run the plain C path of the same arithmetic layout.
 """
 
 from __future__ import annotations
@@ -29,13 +23,8 @@ PREC_CODE = {"float32": 0, "bfloat16": 1, "int8": 2, "int8-dynamic": 3}
 BF16_ACTIVATIONS = ("bfloat16", "int8")
 #: Which bits of ``rvq_caps()`` each precision's AVX-512 path needs (1 AVX512F, 2 AVX512-BF16, 4 AVX512-VNNI).
 NEEDS_CAPS = {"float32": 1, "bfloat16": 1 | 2, "int8": 1 | 2, "int8-dynamic": 1 | 4}
-#: Output channels per weight panel (``NB`` in the C source).
-PANEL = 32
 #: Largest head width the C forward's per-row scratch holds.
 MAX_HEAD_DIM = 1024
-
-_lib = None
-_reason: str | None = None
 
 _p, _i, _f, _s = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_size_t
 _SIGNATURES = {
@@ -51,35 +40,29 @@ _SIGNATURES = {
     "rvq_model_set_kv_bf16": ([_p, _i], _i),
     "rvq_forward": ([_p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _p], _i),
     "rvq_forward_scan": ([_p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _p], _i),
+    "rvq_frame_new": ([_p, _p, _p, _p, _i, _i, _p, _p, _p, _i], _p),
+    "rvq_frame_run": ([_p, _p, _p, _i, _f, _i, _i, _i, _p, _p], _i),
+    "rvq_frame_free": ([_p], None),
 }
 
 
-def _load():
-    global _lib, _reason
-    if _lib is not None or _reason is not None:
-        return _lib
-    try:
-        if platform.machine().lower() not in ("x86_64", "amd64"):
-            raise RuntimeError(f"an x86-64 CPU is needed, this is {platform.machine()}")
-        lib = ctypes.CDLL(str(build.build(SOURCE, CFLAGS)))
-        for name, (args, res) in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, res
-        _lib = lib
-    except (OSError, RuntimeError) as e:
-        _reason = str(e)
-    return _lib
+def _x86_64() -> None:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"an x86-64 CPU is needed, this is {platform.machine()}")
+
+
+_LIB = build.Library(SOURCE, CFLAGS, _SIGNATURES, _x86_64)
 
 
 def available() -> bool:
     """Whether the library is built and loadable here (builds it on first call)."""
-    return _load() is not None
+    return _LIB.load() is not None
 
 
 def unavailable_reason() -> str | None:
     """Why the library cannot be used here (``None`` when it can)."""
-    _load()
-    return _reason
+    _LIB.load()
+    return _LIB.reason
 
 
 def lib():
@@ -88,16 +71,16 @@ def lib():
     Raises:
         RuntimeError: it cannot be built or loaded here (the reason, one line).
     """
-    if _load() is None:
-        raise RuntimeError(f"the native code-predictor forward is unavailable: {_reason}")
-    return _lib
+    if _LIB.load() is None:
+        raise RuntimeError(f"the native code-predictor forward is unavailable: {_LIB.reason}")
+    return _LIB.lib
 
 
 def fast_precisions() -> tuple[str, ...]:
     """Precisions that run through the AVX-512 paths of this build (the rest run through the plain C path)."""
-    if _load() is None:
+    if _LIB.load() is None:
         return ()
-    caps = _lib.rvq_caps()
+    caps = _LIB.lib.rvq_caps()
     return tuple(p for p, need in NEEDS_CAPS.items() if caps & need == need)
 
 

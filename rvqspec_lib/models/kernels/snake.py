@@ -1,11 +1,8 @@
 """The fused SnakeBeta kernel (``snake.c``) of the streaming codec decoder's oneDNN backend
 (:mod:`rvqspec_lib.models.streaming_layers`): ``y = x + inv_beta[c] * sin(alpha[c] * x)^2`` in one pass over
-channels-last activations, float32 or bfloat16 (float32 inside).
-
-Build: on first use, ``cc -O3 -march=native -shared -fPIC`` compiles the shipped source into the cache folder
-(:func:`rvqspec_lib.models.kernels.build.build`: ``$RVQSPEC_CACHE``, else ``~/.cache/rvqspec``). Where it cannot be
-built or loaded (no C compiler, not x86-64 or aarch64 Linux) :func:`available` is ``False``, :func:`unavailable_reason`
-says why, and :func:`snake` computes the same function with torch operations (five passes over memory).
+channels-last activations, float32 or bfloat16 (float32 inside). Built for the running CPU on first use
+(:class:`rvqspec_lib.models.kernels.build.Library`); where it cannot be, :func:`snake` computes the same function with
+torch operations (five passes over memory).
 """
 
 from __future__ import annotations
@@ -19,36 +16,8 @@ from rvqspec_lib.models.kernels import build
 
 SOURCE = Path(__file__).with_name("snake.c")
 CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")
-
-_lib = None
-_reason: str | None = None
-
-
-def _load():
-    global _lib, _reason
-    if _lib is not None or _reason is not None:
-        return _lib
-    try:
-        lib = ctypes.CDLL(str(build.build(SOURCE, CFLAGS)))
-        for name in ("rvqspec_snake_f32", "rvqspec_snake_bf16"):
-            fn = getattr(lib, name)
-            fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int]
-            fn.restype = None
-        _lib = lib
-    except (OSError, RuntimeError) as e:
-        _reason = str(e)
-    return _lib
-
-
-def available() -> bool:
-    """Whether the kernel is built and loadable here (builds it on first call)."""
-    return _load() is not None
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernel cannot be used here (``None`` when it can)."""
-    _load()
-    return _reason
+_ARGS = ([ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int], None)
+_LIB = build.Library(SOURCE, CFLAGS, {"rvqspec_snake_f32": _ARGS, "rvqspec_snake_bf16": _ARGS})
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
@@ -65,13 +34,13 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch
         either way equal to the official ``SnakeBeta`` up to float rounding.
     """
     c = x.shape[1]
-    if (_load() is None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16)
+    if (_LIB.load() is None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16)
             or x.dim() != 4 or not x.is_contiguous(memory_format=torch.channels_last)):
         a = alpha.to(x.dtype).view(1, c, *([1] * (x.dim() - 2)))
         b = inv_beta.to(x.dtype).view(1, c, *([1] * (x.dim() - 2)))
         s = torch.sin(x * a)
         return torch.addcmul(x, b, s * s)
     y = torch.empty_like(x, memory_format=torch.channels_last)
-    fn = _lib.rvqspec_snake_f32 if x.dtype == torch.float32 else _lib.rvqspec_snake_bf16
+    fn = _LIB.lib.rvqspec_snake_f32 if x.dtype == torch.float32 else _LIB.lib.rvqspec_snake_bf16
     fn(x.data_ptr(), y.data_ptr(), alpha.data_ptr(), inv_beta.data_ptr(), x.numel() // c, c)
     return y

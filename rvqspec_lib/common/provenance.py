@@ -55,7 +55,7 @@ SOURCE_PATHS = ("rvqspec_lib", "notebooks", "scripts", "data", "Makefile", "requ
 
 
 def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:
-    """The stdout of ``git <args>`` in ``root`` (default :data:`REPO_ROOT`), or ``None`` when git is missing or fails."""
+    """The stdout of ``git <args>`` in ``root`` (default :data:`REPO_ROOT`); ``None`` if git is missing or fails."""
     try:
         out = subprocess.run(["git", *args], cwd=root if root is not None else REPO_ROOT, capture_output=True,
                              text=True, timeout=30)

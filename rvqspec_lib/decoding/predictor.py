@@ -45,8 +45,8 @@ def check_code_predictor(code_predictor, who: str) -> None:
 
 
 def embed_codes(code_predictor, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-    """``(..., hidden)`` projected embeddings (module dtype) of int64 ``codes`` at ``depth`` j (``codec_embedding[j-1]``;
-    out-of-range depths clamped, callers mask those slots)."""
+    """``(..., hidden)`` projected embeddings (module dtype) of int64 ``codes`` at ``depth`` j
+    (``codec_embedding[j-1]``; out-of-range depths clamped, callers mask those slots)."""
     tables = code_predictor.model.codec_embedding
     flat_c, flat_d = codes.reshape(-1), (depth.reshape(-1) - 1).clamp(0, len(tables) - 1)
     out = torch.empty(flat_c.shape[0], tables[0].embedding_dim, dtype=tables[0].weight.dtype, device=codes.device)

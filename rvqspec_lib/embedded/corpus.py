@@ -126,13 +126,10 @@ def clean_sentences(text: str, min_words: int = 4, max_words: int = 15) -> list[
 
 def dedupe(sentences: Iterable[Sentence]) -> list[Sentence]:
     """First occurrence of each :func:`sentence_key`, order kept."""
-    seen, out = set(), []
+    first: dict[tuple, Sentence] = {}
     for s in sentences:
-        k = (s.language, sentence_key(s.text))
-        if k not in seen:
-            seen.add(k)
-            out.append(s)
-    return out
+        first.setdefault((s.language, sentence_key(s.text)), s)
+    return list(first.values())
 
 
 # ---- Sources ---------------------------------------------------------------------------------------------------------
@@ -244,12 +241,9 @@ def doc_sentences(root: str | os.PathLike = "/usr/share/doc", max_files: int | N
 def multilingual_sentences(path: str | os.PathLike | None = None) -> list[Sentence]:
     """The shipped non-English evaluation sentences (``data/eval_texts/multilingual.tsv``)."""
     p = Path(path) if path else EVAL_TEXT_DIR / "multilingual.tsv"
-    out = []
-    for line in p.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.startswith("#"):
-            lang, text = line.split("\t", 1)
-            out.append(Sentence(text.strip(), lang.strip(), "written", "data/eval_texts/multilingual.tsv"))
-    return out
+    pairs = [line.split("\t", 1) for line in p.read_text(encoding="utf-8").splitlines()
+             if line.strip() and not line.startswith("#")]
+    return [Sentence(text.strip(), lang.strip(), "written", "data/eval_texts/multilingual.tsv") for lang, text in pairs]
 
 
 SOURCES = {"fortunes": fortune_sentences, "stdlib": stdlib_sentences, "doc": doc_sentences}
@@ -534,13 +528,8 @@ def read_manifest(path: str | os.PathLike) -> list[dict]:
     if not p.is_file():
         raise FileNotFoundError(f"no manifest at {p}: render a corpus first "
                                 "(rvqspec_lib.embedded.corpus.render_corpus)")
-    rows = []
-    for line in p.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            r = json.loads(line)
-            r["path"] = str((p.parent / r["path"]).resolve())
-            rows.append(r)
-    return rows
+    rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [{**r, "path": str((p.parent / r["path"]).resolve())} for r in rows]
 
 
 def corpus_table(manifest: str | os.PathLike | Iterable[Mapping]) -> list[dict]:

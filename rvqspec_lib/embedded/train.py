@@ -91,18 +91,17 @@ def set_dropout(model, p: float) -> None:
 def evaluate(lm: LoadedModel, utts: Sequence[Utterance], *, batch_size: int = 16,
              cp_weight: float = CP_LOSS_WEIGHT) -> dict:
     """Teacher-forced loss and accuracies over utterances (eval mode, token-weighted means)."""
-    tot = {"talker_loss": 0.0, "cp_loss": 0.0, "code0_acc": 0.0, "cp_acc": 0.0, "n_talker": 0, "n_cp": 0}
+    count_of = {"talker_loss": "n_talker", "cp_loss": "n_cp", "code0_acc": "n_talker", "cp_acc": "n_cp"}
+    tot = {**dict.fromkeys(count_of, 0.0), "n_talker": 0, "n_cp": 0}
     order = sorted(range(len(utts)), key=lambda i: utts[i].codes.shape[0])
     with eval_mode(lm.model):
         for s in range(0, len(order), batch_size):
             r = losses(teacher_force(lm, [utts[i] for i in order[s:s + batch_size]]), cp_weight=cp_weight)
-            for k, n in (("talker_loss", "n_talker"), ("code0_acc", "n_talker"), ("cp_loss", "n_cp"),
-                         ("cp_acc", "n_cp")):
+            for k, n in count_of.items():
                 tot[k] += r[k] * r[n]
-            tot["n_talker"] += r["n_talker"]
-            tot["n_cp"] += r["n_cp"]
-    out = {k: tot[k] / max(1, tot["n_talker" if k in ("talker_loss", "code0_acc") else "n_cp"])
-           for k in ("talker_loss", "cp_loss", "code0_acc", "cp_acc")}
+            for n in ("n_talker", "n_cp"):
+                tot[n] += r[n]
+    out = {k: tot[k] / max(1, tot[n]) for k, n in count_of.items()}
     out["loss"] = out["talker_loss"] + cp_weight * out["cp_loss"]
     return out
 

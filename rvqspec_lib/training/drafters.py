@@ -1,6 +1,6 @@
 """Training the drafters of :mod:`rvqspec_lib.decoding.drafters` on teacher-forced hidden states H_1..H_15 of the
 frozen code predictor (paper §2.2, Table 2; docs/methods.md#position-aware-offsets), with one of three losses
-(:func:`drafter_loss`), keeping the epoch of highest exact validation acceptance (epoch 0: the untrained drafter).
+(:func:`train_drafter`), keeping the epoch of highest exact validation acceptance (epoch 0: the untrained drafter).
 """
 
 from __future__ import annotations
@@ -200,19 +200,16 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
             return [order[i: i + batch_size] for i in range(0, len(train), batch_size)]
 
         def step(idx):
-            if world == 1:
-                hidden = tr_src(idx)
-                value, _ = _drafter_loss(drafter, cp, hidden, train.ce_targets[idx].to(tr_src.dev), loss=loss,
-                                         sampling=sampling, p_all=tr_src.probs(idx, hidden))
-                return value
-            mine = idx[(idx >= t0) & (idx < t1)] - t0  # this process's part of the global batch
+            mine = idx[(idx >= t0) & (idx < t1)] - t0  # this process's part of the global batch (all of it alone)
             if len(mine):
                 hidden = tr_src(mine)
                 value, _ = _drafter_loss(drafter, cp, hidden, train_mine.ce_targets[mine].to(tr_src.dev),
                                          loss=loss, sampling=sampling, p_all=tr_src.probs(mine, hidden))
-                value = value * (len(mine) / len(idx))  # its share of the global batch mean
             else:  # nothing here: a zero loss that still takes part in the gradient sum
                 value = sum(p.sum() for p in params) * 0.0
+            if world == 1:
+                return value
+            value = value * (len(mine) / len(idx))  # its share of the global batch mean
             total = par.all_reduce_(value.detach().double().reshape(1).clone())
             return value, {"loss": float(total)}
 
@@ -271,11 +268,6 @@ class LearningRateSweep:
 
     rows: list[dict]
     chosen: TrainResult
-
-    @property
-    def lr(self) -> float:
-        """The chosen learning rate."""
-        return self.chosen.drafter.provenance["lr"]
 
 
 def sweep_learning_rates(new_drafter, code_predictor, train: Frames, val: Frames, *, lrs, label: str | None = None,

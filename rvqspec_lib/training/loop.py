@@ -120,7 +120,6 @@ class FitResult:
     epochs: int
     stopped_by: str
     best_index: int | None
-    best_metric: float | None
     restored: bool
     wall_s: float
     train_s: float
@@ -303,11 +302,9 @@ def fit(step_fn: Callable[[Any], torch.Tensor | tuple[torch.Tensor, Mapping[str,
             record()
     finally:
         bar.close()
-    restored = False
     if best_state is not None:
         with torch.no_grad():
             for k, t in keep_best.items():
                 t.copy_(best_state[k])
-        restored = True
     return FitResult(curve=curve, steps=step, epochs=epoch, stopped_by=stopped_by, best_index=best_index,
-                     best_metric=best_value, restored=restored, wall_s=clock() - t0, train_s=train_s)
+                     restored=best_state is not None, wall_s=clock() - t0, train_s=train_s)

@@ -177,13 +177,11 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
     parts = [Frames(got[a], chosen[a][1].codes[:, 1:].clone(),
                     torch.full((chosen[a][1].codes.shape[0],), chosen[a][0], dtype=torch.long))
              for a in range(len(chosen))]
-    out_frames = Frames.cat(parts, keep_ids=True)  # the input index as utterance id
-    out_frames.source = {"kind": "utterances", "model": getattr(lm, "name", None), "n_utterances": len(chosen),
-                         "n_given": len(utts), "max_frames": max_frames, "cut_last": bool(
-                             max_frames is not None and chosen and
-                             chosen[-1][1].codes.shape[0] < utts[chosen[-1][0]].codes.shape[0]),
-                         **(source or {})}
-    return out_frames
+    out = Frames.cat(parts, keep_ids=True)  # the input index as utterance id
+    cut = chosen[-1][1].codes.shape[0] < utts[chosen[-1][0]].codes.shape[0]
+    out.source = {"kind": "utterances", "model": getattr(lm, "name", None), "n_utterances": len(chosen),
+                  "n_given": len(utts), "max_frames": max_frames, "cut_last": cut, **(source or {})}
+    return out
 
 
 def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,

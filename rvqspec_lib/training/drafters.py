@@ -78,22 +78,16 @@ class _HiddenSource:
     """Teacher-forced hidden states of frames and the frozen verifier's warped p on them, cached up to ``cache_mb``
     (hidden first, then p; p never changes: caching saves about a fifth of an epoch, measured), else per batch."""
 
+    @torch.no_grad()
     def __init__(self, cp, frames: Frames, chunk: int, cache_mb: float, sampling: Sampling):
         self.cp, self.frames, self.sampling = cp, frames, sampling
         self.dev = next(cp.parameters()).device
-        rows = len(frames) * frames.n_codes
-        itemsize = P.param_dtype(cp).itemsize
-        hidden_bytes = rows * int(cp.config.hidden_size) * itemsize
-        p_bytes = rows * int(cp.config.vocab_size) * itemsize
-        budget = cache_mb * 2 ** 20
+        row_bytes = len(frames) * frames.n_codes * P.param_dtype(cp).itemsize
+        hidden_bytes, p_bytes = row_bytes * int(cp.config.hidden_size), row_bytes * int(cp.config.vocab_size)
+        fits = hidden_bytes <= cache_mb * 2 ** 20, hidden_bytes + p_bytes <= cache_mb * 2 ** 20
         chunks = [torch.arange(i, min(i + chunk, len(frames))) for i in range(0, len(frames), chunk)]
-        self.cache = self.p_cache = None
-        if hidden_bytes <= budget:
-            with torch.no_grad():
-                self.cache = torch.cat([self._compute(idx) for idx in chunks])
-        if self.cache is not None and hidden_bytes + p_bytes <= budget:
-            with torch.no_grad():
-                self.p_cache = torch.cat([self._probs(self.cache[idx]) for idx in chunks])
+        self.cache = torch.cat([self._compute(idx) for idx in chunks]) if fits[0] else None
+        self.p_cache = torch.cat([self._probs(self.cache[idx]) for idx in chunks]) if all(fits) else None
 
     def _compute(self, idx):
         fr = self.frames
@@ -127,9 +121,8 @@ def _evaluate(drafter, cp, src: _HiddenSource, *, loss, sampling, batch_size,
         acc = a if acc is None else acc + a
         count += len(idx)
     if parallel is not None and parallel.world > 1:
-        k = drafter.K
         sums = torch.cat([torch.tensor([tot, float(count)], dtype=torch.float64),
-                          (acc.cpu() if acc is not None else torch.zeros(k, dtype=torch.float64))])
+                          (acc.cpu() if acc is not None else torch.zeros(drafter.K, dtype=torch.float64))])
         parallel.all_reduce_(sums)
         tot, count, acc = float(sums[0]), int(sums[1]), sums[2:]
     return tot / count, (acc / count).tolist()
@@ -162,7 +155,6 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         raise ValueError(f"unknown loss {loss!r}: choose one of {LOSSES}")
     if select not in ("acceptance", "loss"):
         raise ValueError(f"unknown select {select!r}: choose 'acceptance' or 'loss'")
-
     params = [p for p in getattr(drafter, "parameters", lambda: [])()]
     if not params:
         raise ValueError(f"{getattr(drafter, 'name', drafter)!r} has nothing to train: use offsets or medusa")

@@ -88,9 +88,10 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
                         max_items: int | None = None, max_frames: int | None = None,
                         progress: bool = False) -> Frames:
     """Frames of real speech: each row of ``dataset`` (:func:`load_split`) encoded by ``codec`` (``encode(wav) ->
-    (frames, n_code_groups)`` at ``codec.sample_rate``, default 24 kHz), contexts by :func:`teacher_forced_contexts`;
-    ``text_column`` default the first of :data:`TEXT_COLUMNS` present. Rows with empty text or no frames are skipped
-    (counted in ``source``).
+    (frames, n_code_groups)`` at ``codec.sample_rate``, default 24 kHz; other rates resampled), contexts by
+    :func:`teacher_forced_contexts` with the prompt ``language`` / ``speaker``; ``text_column`` default the first of
+    :data:`TEXT_COLUMNS` present; ``max_items`` first rows; ``max_frames`` stops once collected. Rows with empty text
+    or no frames are skipped (counted in ``source``).
 
     Raises:
         FileNotFoundError: a path that is not a saved dataset. ValueError: missing columns, codes of the wrong shape.
@@ -186,9 +187,10 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
 
 def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,
                         seed: int | None = 0, batch_size: int = 8, progress: bool = False) -> Frames:
-    """:func:`frames_from_utterances` of one split of the utterances shipped beside the model, in a seeded random
-    order (``seed=None``: file order); ``utterance`` is the index in the split. Raises FileNotFoundError: the model
-    ships no utterances; ValueError: a split it does not have, bad codes."""
+    """:func:`frames_from_utterances` of one split (``"training"``, ``"validation"``, ``"calibration"``,
+    ``"evaluation"``) of the utterances shipped beside the model, in a seeded random order (a frame limit samples the
+    whole split; ``seed=None``: file order); ``utterance`` is the index in the split. Raises FileNotFoundError: the
+    model ships no utterances; ValueError: a split it does not have, bad codes."""
     root = embedded_root(lm)
     path = root / "utterances.safetensors"
     rows, utts = load_shipped_utterances(path, splits=[split])

@@ -60,9 +60,10 @@ def as_utterance(item) -> Utterance:
 @dataclass
 class TeacherForced:
     """Outputs of one teacher-forced pass: ``talker_logits`` ``(B, F+1, vocab)`` at the positions emitting code 0 of
-    each frame then end of speech, ``talker_labels`` ``(B, F+1)`` (-100 beyond), ``talker_hidden`` ``(N, H)``
+    each frame then end of speech, ``talker_labels`` ``(B, F+1)`` int64 (-100 beyond), ``talker_hidden`` ``(N, H)``
     starting each selected frame's code-predictor sequence (row-major), ``cp_logits`` ``(N, G-1, V)`` and
-    ``cp_labels`` ``(N, G-1)`` for codes 1..G-1, ``frames`` ``(B,)``, ``official_cp_loss`` (double-shifted; tests)."""
+    ``cp_labels`` ``(N, G-1)`` int64 for codes 1..G-1, ``frames`` ``(B,)``, ``official_cp_loss`` (double-shifted;
+    tests)."""
 
     talker_logits: torch.Tensor
     talker_labels: torch.Tensor
@@ -188,7 +189,7 @@ def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise:
 
 
 def teacher_forced_hidden(code_predictor, context: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """``(N, n, hidden)`` hidden states H_1..H_n (entry d-1 produces code d) of the code predictor over
+    """``(N, n, hidden)`` hidden states H_1..H_n (module dtype; entry d-1 produces code d) of the code predictor over
     ``context`` ``(N, 2, talker_hidden)`` and int64 ``codes`` ``(N, n)`` in ONE causal pass, at the inner loop's
     positions (docs/model.md#inner-loop-positions)."""
     cp = code_predictor

@@ -39,7 +39,8 @@ SHIPPED_FIELDS = ("id", "split", "language", "voice", "text", "source", "seconds
 
 def write_shipped_utterances(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray],
                              path: str | os.PathLike) -> Path:
-    """Write ``path`` (safetensors ``{id: (frames, G) int16}``) and its ``.jsonl`` sibling (:data:`SHIPPED_FIELDS`)."""
+    """Write ``path`` (safetensors ``{id: (frames, G) int16}``) and its ``.jsonl`` sibling (:data:`SHIPPED_FIELDS`);
+    returns ``path``."""
     rows = [{k: r[k] for k in SHIPPED_FIELDS if k in r} for r in rows]
     p = Path(path)
     sub = {r["id"]: np.asarray(codes[r["id"]]).astype(np.int16) for r in rows}
@@ -95,7 +96,8 @@ def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.nda
                              splits: Sequence[str] | None = None, speaker_key: str | None = "voice",
                              language: str = "auto") -> list[Utterance]:
     """One :class:`~rvqspec_lib.data.teacher.Utterance` per manifest row (``id, text, split, voice``) of ``splits``
-    (``None``: all) with codes ``{id: (frames, G)}``, in order; the speaker from ``speaker_key`` (``None``: default)."""
+    (``None``: all) with codes ``{id: (frames, G)}``, in order; the speaker from ``speaker_key`` (``None``: default),
+    the prompt ``language``."""
     out = []
     for r in rows:
         if splits is not None and r.get("split") not in splits:

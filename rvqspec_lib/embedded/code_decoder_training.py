@@ -43,7 +43,7 @@ class DecoderPairs:
         return len(self.ids)
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the pairs to one safetensors file (ids in its metadata), atomically."""
+        """Write the pairs to one safetensors file (ids in its metadata), atomically; returns the path."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         lens = torch.tensor([t.shape[0] for t in self.true])

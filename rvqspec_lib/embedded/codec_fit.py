@@ -57,9 +57,9 @@ def kmeans(x: torch.Tensor, k: int, n_iter: int, gen: torch.Generator, init_poin
 def fit_codec(wavs: Iterable, *, config: CodecConfig | None = None, max_vectors: int = 60_000, n_iter: int = 10,
               init_points: int | None = None, progress: bool = False, **config_overrides) -> RVQCodec:
     """Fit the residual codebooks on ``wavs`` (24 kHz mono float arrays or audio paths), on at most ``max_vectors``
-    frame vectors (a seeded subsample); ``config_overrides`` replace fields of ``config``. Same audio and seed, same
-    codebooks (single-threaded torch is deterministic). Raises ValueError: no audio, or fewer frame vectors than
-    ``codebook_size``."""
+    frame vectors (a seeded subsample), ``n_iter`` Lloyd iterations a stage, ``init_points`` as :func:`kmeans`'s;
+    ``config_overrides`` replace fields of ``config``. Same audio and seed, same codebooks (single-threaded torch is
+    deterministic). Raises ValueError: no audio, or fewer frame vectors than ``codebook_size``."""
     cfg = config or CodecConfig()
     if config_overrides:
         cfg = CodecConfig(**{**asdict(cfg), **config_overrides})

@@ -265,7 +265,8 @@ def gather_sentences(sources: Sequence[str] = ("fortunes", "stdlib", "doc"), cac
 # ---- Splits ----------------------------------------------------------------------------------------------------------
 def split_of(sentence: Sentence | str, fractions: Mapping[str, float] | None = None, language: str = "en") -> str:
     """The Table 1 role (one of :data:`SPLITS`) of a sentence or a text in ``language``, a pure function of its
-    normalised text (non-English: ``evaluation``). Raises ValueError: fractions not summing to 1."""
+    normalised text (non-English: ``evaluation``; ``fractions`` default :data:`DEFAULT_FRACTIONS`). Raises
+    ValueError: fractions not summing to 1."""
     text, lang = (sentence.text, sentence.language) if isinstance(sentence, Sentence) else (sentence, language)
     if lang != "en":
         return "evaluation"
@@ -330,8 +331,9 @@ class MissingVoiceError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class Voice:
-    """A synthesiser voice: ``engine`` (a key of :data:`ENGINES`) called with ``arg``, from Debian ``package``;
-    ``data_dir``: a folder that must exist for it (festival voices), or ``""``."""
+    """A synthesiser voice: its ``name`` (manifests, :data:`VOICES`), the ISO 639-1 ``language`` it reads, ``engine``
+    (a key of :data:`ENGINES`) called with ``arg``, from Debian ``package``; ``data_dir``: a folder that must exist
+    for it (festival voices), or ``""``."""
 
     name: str
     language: str

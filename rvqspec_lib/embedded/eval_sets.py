@@ -69,7 +69,8 @@ def evaluation_data(model: str | os.PathLike, languages: Sequence[str], *, codec
                     progress: bool = False) -> dict:
     """``{lang: {"utterances", "meta", "source"}}`` in the order of ``languages`` (ISO codes): from ``dataset`` (a
     folder or hub id of ``dataset_kind``, for EVERY language) when given, else shipped and rendered (``work_dir``);
-    ``n_sentences`` a language (a seeded sample, or a dataset's first rows), ``n_multilingual`` per other language.
+    ``n_sentences`` a language (a seeded sample, or a dataset's first rows), ``n_multilingual`` per other language
+    (default ``n_sentences``).
 
     Raises:
         ValueError: an unknown language; a language without data (one line naming ``--dataset``); a dataset without
@@ -135,8 +136,9 @@ def calibrate_decoders(lm, utterances: Sequence, *, needs, calibration_path: str
                        max_frames: int = 1000, budgets: Sequence[int] | None = None, seed: int = 0,
                        progress: bool = False) -> dict:
     """What ``tree:calibrated...`` and ``chain:best`` need (``needs`` among ``{"calibration", "best_chain"}``), from a
-    ``calibration_path`` file or the first ``max_frames`` frames of ``utterances``: ``{"calibration", "best_chain",
-    "chain_predicted": {window: tpc}, "n_frames", "from_file"}``."""
+    ``calibration_path`` file or the first ``max_frames`` frames of ``utterances`` (``budgets`` default
+    :data:`BUDGETS`): ``{"calibration", "best_chain", "chain_predicted": {window: tpc}, "n_frames", "from_file"}``,
+    each ``None`` (``n_frames`` 0) where not computed or read."""
     cp = lm.code_predictor
     out = {"calibration": None, "best_chain": None, "chain_predicted": {}, "n_frames": 0, "from_file": None}
     needs = set(needs)

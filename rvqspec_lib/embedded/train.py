@@ -116,8 +116,9 @@ def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minut
     """Train ``lm.model`` in place with AdamW on utterances (:func:`as_utterance`) for ``steps`` or ``minutes``
     (exactly one), batches :func:`bucket_batches`, loss :func:`losses`; the last step's weights are kept, the best
     held-out ones go to ``out_dir/best`` (with ``curve.json`` and the final checkpoint). ``feedback_noise``,
-    ``cp_fraction``: see :func:`teacher_force`; ``seed``: of batching and noise (attention dropout draws from
-    torch's global RNG inside SDPA); ``max_eval_utterances``: size of the evaluated subsets.
+    ``cp_fraction``: see :func:`teacher_force`; ``lr``: the peak; ``dropout``: attention dropout while training;
+    ``eval_every``: steps between evaluations (also at the end); ``seed``: of batching and noise (attention dropout
+    draws from torch's global RNG inside SDPA); ``max_eval_utterances``: size of the evaluated subsets.
 
     Returns:
         dict: ``curve``, ``steps``, ``wall_s``, ``train_s``, ``steps_per_s``, ``frames_per_s``, ``out_dir``.

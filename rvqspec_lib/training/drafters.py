@@ -61,7 +61,8 @@ def _drafter_loss(drafter, code_predictor, hidden: torch.Tensor, targets: torch.
 @dataclass
 class TrainResult:
     """What :func:`train_drafter` returns: the drafter at its kept epoch (``provenance`` filled), the
-    :func:`~rvqspec_lib.training.loop.fit` curve (epoch 0: untrained), the kept epoch, whether patience stopped it."""
+    :func:`~rvqspec_lib.training.loop.fit` curve (epoch 0: untrained; ``train_loss``, ``val_loss``, exact
+    ``val_acceptance_by_offset`` and its mean ``val_acceptance``), the kept epoch, whether patience stopped it."""
 
     drafter: object
     curve: list[dict]
@@ -76,7 +77,7 @@ class TrainResult:
 
 class _HiddenSource:
     """Teacher-forced hidden states of frames and the frozen verifier's warped p on them, cached up to ``cache_mb``
-    (hidden first, then p; p never changes: caching saves about a fifth of an epoch, measured), else per batch."""
+    (hidden first, then p, which never changes), else per batch."""
 
     @torch.no_grad()
     def __init__(self, cp, frames: Frames, chunk: int, cache_mb: float, sampling: Sampling):

@@ -1,6 +1,6 @@
-"""The one training loop shared by every trainer (docs/architecture.md#training): :func:`fit` does the budget,
-the learning-rate schedule (nanoGPT's warmup + cosine), evaluation, early stopping, the best state and the curve.
-Batches are drawn lazily, one per step; the loop draws no random number itself (docs/style.md#randomness).
+"""The one training loop shared by every trainer (docs/architecture.md#training-embedded-cli): :func:`fit` does the
+budget, the learning-rate schedule (nanoGPT's warmup + cosine), evaluation, early stopping, the best state and the
+curve. Batches are drawn lazily, one per step; the loop draws no random number itself (docs/style.md#randomness).
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def write_curve(path: str | os.PathLike, curve: Sequence[dict], meta: Mapping | 
 class FitResult:
     """What :func:`fit` returns. ``curve``: a dict per record (``step, epoch, elapsed_s, lr``, the running means,
     then what ``evaluate`` returned); ``stopped_by``: a budget's name or ``"patience"``; ``best_index``: in ``curve``
-    (``None`` without a metric); ``train_s``: seconds in steps (evaluations excluded)."""
+    (``None`` without a metric); ``restored``: ``keep_best`` set to it; ``steps``, ``epochs``: taken, completed;
+    ``wall_s``, ``train_s``: seconds in :func:`fit`, in steps (evaluations excluded)."""
 
     curve: list[dict]
     steps: int
@@ -126,17 +127,17 @@ class FitResult:
 
     @property
     def best_record(self) -> dict | None:
-
+        """The best record of :attr:`curve` (``None`` without a metric)."""
         return None if self.best_index is None else self.curve[self.best_index]
 
     @property
     def best_step(self) -> int | None:
-
+        """Optimiser steps taken at the best record."""
         return None if self.best_index is None else self.best_record["step"]
 
     @property
     def best_epoch(self) -> int | None:
-
+        """Epochs completed at the best record."""
         return None if self.best_index is None else self.best_record["epoch"]
 
 

@@ -219,6 +219,7 @@ class FrameState:
 
     @property
     def n_codes(self) -> int:
+        """Codes a frame."""
         return int(self.codes.shape[1])
 
     @property

@@ -46,7 +46,9 @@ _CALIBRATED = re.compile(r"^calibrated(?:-([a-z-]+))?(?::(.*))?$")
 @dataclass(frozen=True)
 class DecoderName:
     """A parsed decoder name: ``kind`` one of ``ar chain tree calibrated ssd-lossy auto paper``, ``drafter`` a file
-    name (``heads``: nothing to load), ``tree_kind`` ``None`` for the better one, ``budget`` N (root included)."""
+    name (``heads``: nothing to load), ``tree_kind`` ``None`` for the better one, ``budget`` N (root included),
+    ``budget_given``: ``:N`` written, ``window`` of chain / ssd-lossy, ``best_window``: ``chain:best``, ``beta``:
+    ssd-lossy's tolerance."""
 
     text: str
     kind: str

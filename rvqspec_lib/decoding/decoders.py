@@ -74,7 +74,7 @@ class Tree:
     a path's entries then child indices (docs/methods.md#sampled-trees).
 
     Args:
-        paths: rank (or child-index) paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]``.
+        paths: rank (or child-index) paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]``. sampled: sampled children.
         drafter: the drafter it drafts with (``None``: the caller's, by default the reused heads).
 
     Raises:

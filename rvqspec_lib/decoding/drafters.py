@@ -93,7 +93,8 @@ class PositionOffsets(_Trained):
 
     def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
                      logits=None) -> torch.Tensor:
-        """As :meth:`ReusedHeads.draft_logits` with ``H_k + b_j``; differentiable in the offsets."""
+        """As :meth:`ReusedHeads.draft_logits` with ``H_k + b_j`` (hidden states' dtype); differentiable in the
+        offsets."""
         b, hs = hidden.shape
         if hs != self.hidden_size:
             raise ValueError(f"offsets are for hidden size {self.hidden_size}, the code predictor's is {hs}")
@@ -177,7 +178,7 @@ class MedusaHeads(_Trained):
 
     def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
                      logits=None) -> torch.Tensor:
-        """As :meth:`ReusedHeads.draft_logits` with ``head[k, j]`` where it exists."""
+        """As :meth:`ReusedHeads.draft_logits` with ``head[k, j]`` where it exists (hidden states' dtype)."""
         b, hs = hidden.shape
         if hs != self.hidden_size:
             raise ValueError(f"Medusa heads are for hidden size {self.hidden_size}, the code predictor's is {hs}")

@@ -146,7 +146,7 @@ class VerifyBackend(Protocol):
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache,
                 write_slots: torch.Tensor) -> torch.Tensor:
-        """THE verify call, as :func:`verify_forward` (``cache``: :meth:`new_cache`'s)."""
+        """THE verify call, as :func:`verify_forward` (``cache``: :meth:`new_cache`'s), in the activation dtype."""
 
     def compact(self, cache, order: torch.Tensor) -> None:
         """Reorder the cache's slots in place: slot ``order[b, i]`` moves to position i (``(B, S)`` int64)."""

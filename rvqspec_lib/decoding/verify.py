@@ -65,7 +65,6 @@ def walk_tree(
         q: ``(B, M+1, V)`` the distribution each code was SAMPLED from, ``None`` for point-mass drafts.
         tolerance: ``0.0`` (lossless); beta > 0 is SSD's LOSSY rule ``u < min(1, p/q) + beta``
             (docs/methods.md#ssd-tolerance-rule-a-lossy-control), ignored by point-mass drafts.
-
     """
     generator = or_fresh_generator(generator, p.device)
     walk = walk_tree_one_row if p.shape[0] == 1 else walk_tree_batched

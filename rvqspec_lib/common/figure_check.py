@@ -90,7 +90,7 @@ class Report:
     """What :func:`check_figures` found: a line per problem, tagged in ``kinds`` (``empty``, ``damaged``, ``stale``:
     not the one clean run, or dirty; ``behind``: one clean run of since-changed sources; ``changed``; ``unknown``: a
     revision not in this clone; ``missing``: a listed file or an executed notebook gone; ``results``: the results
-    document disagrees with the figures)."""
+    document disagrees with the figures); ``ok``: no line."""
 
     fig_dir: str
     head: str | None

@@ -45,7 +45,8 @@ def headline(*entries: dict | None) -> list[dict]:
 
 
 def problems(entries) -> list[str]:
-    """What is wrong with a ``headline`` list of :func:`entry` dicts, one line each (empty: well formed)."""
+    """What is wrong with a ``headline`` list of :func:`entry` dicts (a ``unit`` of :data:`UNITS`, a ``source``
+    naming a table or figure file), one line each (empty: well formed)."""
     if not isinstance(entries, list) or not entries:
         return [f"headline is not a non-empty list: {entries!r}"]
     out = []

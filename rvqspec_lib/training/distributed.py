@@ -129,7 +129,8 @@ def _write_shard(fr: Frames, out_dir, par: Parallel, n_items: int) -> Path:
 def extract_frames(lm, utterances: Sequence, out_dir: str | os.PathLike, *, parallel: Parallel | None = None,
                    batch_size: int = 8, progress: bool = False, source: dict | None = None) -> Path:
     """Teacher-forced frames of ``utterances`` (the same list on every process), each process its block, written to
-    ``out_dir`` as :data:`SHARD_PATTERN` shards and ``index.json``; utterance ids are GLOBAL input indices. Returns
+    ``out_dir`` as :data:`SHARD_PATTERN` shards and ``index.json``; utterance ids are GLOBAL input indices. ``lm`` on
+    ``parallel.device`` (default :meth:`Parallel.detect`); ``batch_size`` utterances a talker pass. Returns
     ``out_dir``. Raises ValueError: more processes than utterances."""
     par = parallel or Parallel.detect()
     n = len(utterances)

@@ -75,7 +75,6 @@ def _check_invariants(res: FrameResult, n: int, vocab: int, window: int):
     live = res.committed > 0
     assert torch.equal(res.start_depth[live], before[live])
     torch.testing.assert_close(res.tokens_per_call, n / res.calls.double())
-    assert res.n_model_calls == int(res.calls.max())
 
 
 def _window(dec) -> int:

@@ -226,7 +226,7 @@ def test_early_stopping_and_selection(select, values, patience, min_delta, best,
               select=select, patience=patience, min_delta=min_delta)
     assert len(res.curve) == n_records and res.stopped_by == stopped
     assert res.best_index == best and res.best_step == best and res.best_record is res.curve[best]
-    assert res.best_metric == values[best]
+    assert res.best_record["val"] == values[best]
 
 
 def test_patience_running_out_with_the_budget_is_the_budget():

@@ -42,7 +42,8 @@ def test_sweep_chooses_the_rate_with_the_highest_validation_acceptance(sweep):
     assert all(r["drafter"] == "offsets-ce" for r in rows)
     scores = [r["val_acceptance_mean"] for r in rows]
     best = int(np.argmax(scores))
-    assert [r["chosen"] for r in rows] == [i == best for i in range(3)] and sweep.lr == rows[best]["lr"]
+    assert [r["chosen"] for r in rows] == [i == best for i in range(3)]
+    assert sweep.chosen.drafter.provenance["lr"] == rows[best]["lr"]
     assert validation_acceptance(sweep.chosen.drafter) == scores[best]
     assert scores[best] > rows[best]["val_acceptance_init"] + 0.01  # the chosen run learned something
     # negative control: the overshooting rate keeps epoch 0, the untrained offsets, and is not chosen
@@ -52,7 +53,8 @@ def test_sweep_chooses_the_rate_with_the_highest_validation_acceptance(sweep):
 
 def test_sweep_chosen_run_is_the_plain_training_at_that_rate(sweep):
     cp, train, held_out = drift_model()
-    again = train_drafter(make_drafter("offsets", cp, fresh=True), cp, train, held_out, lr=sweep.lr, **TRAIN)
+    lr = sweep.chosen.drafter.provenance["lr"]
+    again = train_drafter(make_drafter("offsets", cp, fresh=True), cp, train, held_out, lr=lr, **TRAIN)
     assert torch.equal(again.drafter.offsets, sweep.chosen.drafter.offsets)
     assert again.curve == [{**c, "elapsed_s": a["elapsed_s"]} for c, a in zip(sweep.chosen.curve, again.curve)]
 

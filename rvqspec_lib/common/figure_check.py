@@ -1,9 +1,5 @@
-"""Are the committed figures one clean run of the committed code? The check behind ``make check-figures``.
-
-A results folder (``figures/`` and every folder under it) passes when every provenance record in it (the
-``<stem>.provenance.json`` sidecars and the ``provenance`` object of result JSON files) names the same git revision
-R, none is dirty, and the tracked sources (:data:`rvqspec_lib.common.provenance.SOURCE_PATHS`) are unchanged between
-R and ``HEAD``. Otherwise it lists the stale results by revision and the sources changed since, one line per problem
+"""``make check-figures``: a results folder passes when every provenance record in it names one git revision R, none
+is dirty, and the tracked sources are unchanged between R and ``HEAD``; else one line per problem
 (docs/reproducibility.md).
 """
 
@@ -27,11 +23,9 @@ REGENERATE = "regenerate every figure with one `make paper` on a clean checkout 
 
 @dataclass(frozen=True)
 class Record:
-    """One result's provenance: ``name`` (its path in the folder, sidecar suffix dropped), the ``revision`` and
-    ``dirty`` flag it names, ``changed_sources`` (``None`` for a record older than the tracked-sources rule: a
-    *legacy* record, whose ``dirty`` also counted untracked files), ``error`` when the file cannot be read, and the
-    ``files`` a sidecar describes (paths relative to the folder: a figure's PNG and PDF, a table's CSV, an audio
-    file's WAV, an executed notebook)."""
+    """One result's provenance: ``name`` (path in the folder, sidecar suffix dropped), ``revision``, ``dirty``,
+    ``changed_sources`` (``None``: a *legacy* record, older than the tracked-sources rule), ``error`` when
+    unreadable, and the ``files`` a sidecar describes (relative to the folder)."""
 
     name: str
     revision: str | None
@@ -65,12 +59,8 @@ def _git_record(path: Path) -> tuple[dict | None | str, tuple[str, ...]]:
 
 
 def read_records(fig_dir: str | os.PathLike) -> list[Record]:
-    """The provenance records under the folder ``fig_dir`` (recursively, hidden files and folders skipped), sorted by
-    name: one :class:`Record` per ``*.provenance.json`` and per ``*.json`` with an embedded ``provenance.git``.
-
-    Raises:
-        FileNotFoundError: ``fig_dir`` is not a folder.
-    """
+    """A :class:`Record` per ``*.provenance.json`` and per ``*.json`` with a ``provenance.git`` under ``fig_dir``
+    (hidden files skipped), sorted by name. Raises FileNotFoundError: ``fig_dir`` is not a folder."""
     root = Path(fig_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"{fig_dir} is not a folder")
@@ -97,12 +87,10 @@ def read_records(fig_dir: str | os.PathLike) -> list[Record]:
 
 @dataclass
 class Report:
-    """What :func:`check_figures` found. ``lines``: one line per problem, each tagged by its ``kinds`` entry
-    (``"empty"``, ``"damaged"``, ``"stale"``: results of a revision that is not the one clean run, or dirty;
-    ``"behind"``: one clean run, of a revision whose sources have changed since; ``"changed"``: sources changed since a revision; ``"unknown"``: a revision this clone does not have;
-    ``"missing"``: a file a record describes is gone, or a notebook has no executed copy beside the figures;
-    ``"results"``: the generated results document does not say what the figures hold);
-    ``ok``: no problem at all."""
+    """What :func:`check_figures` found: a line per problem, tagged in ``kinds`` (``empty``, ``damaged``, ``stale``:
+    not the one clean run, or dirty; ``behind``: one clean run of since-changed sources; ``changed``; ``unknown``: a
+    revision not in this clone; ``missing``: a listed file or an executed notebook gone; ``results``: the results
+    document disagrees with the figures); ``ok``: no line."""
 
     fig_dir: str
     head: str | None
@@ -150,9 +138,7 @@ def _commit_time(rev: str | None, root) -> int:
 
 
 def _check_files(rep: Report, folder: Path, label: str, notebooks: bool, base: Path) -> None:
-    """The ``missing`` lines: files a sidecar lists that are gone (a deleted audio file or figure), and, for the
-    repository's own results folder, every paper notebook without its executed copy (``notebooks/NN_name.ipynb``
-    and its record)."""
+    """The ``missing`` lines: listed files that are gone and (``notebooks``) paper notebooks without executed copy."""
     for r in rep.records:
         gone = [f for f in r.files if not (folder / f).is_file()]
         if gone:
@@ -168,18 +154,10 @@ def _check_files(rep: Report, folder: Path, label: str, notebooks: bool, base: P
 
 def check_figures(fig_dir: str | os.PathLike = "figures", root: str | os.PathLike | None = None, *,
                   notebooks: bool | None = None, results=None) -> Report:
-    """Check that a results folder (a relative one taken from ``root``, default
-    :data:`rvqspec_lib.common.paths.REPO_ROOT`, whose ``HEAD`` and history are read) is one clean run of the code at
-    ``HEAD``. ``notebooks``: require an executed copy of every ``notebooks/NN_name.py`` under ``<folder>/notebooks/``
-    (default: for the repository's own ``figures``); ``results``: ``(folder) -> [problem lines]`` checking the
-    generated results document (``main`` passes :func:`rvqspec_lib.common.results_doc.check`).
-
-    Returns:
-        a :class:`Report`: per revision found, the results it made (the dirty ones with their changed sources) and the
-        sources changed between it and ``HEAD``; no line when the folder is one clean run of unchanged sources.
-    Raises:
-        FileNotFoundError: ``fig_dir`` is not a folder.
-    """
+    """The :class:`Report` of whether a results folder (relative to the repository ``root``) is one clean run of the
+    code at ``HEAD``. ``notebooks``: require executed copies of the paper notebooks (default: for ``figures``);
+    ``results``: ``(folder) -> [problem lines]`` (:func:`rvqspec_lib.common.results_doc.check`). Raises
+    FileNotFoundError: ``fig_dir`` is not a folder."""
     base = Path(root) if root is not None else REPO_ROOT
     folder = Path(fig_dir) if Path(fig_dir).is_absolute() else base / fig_dir
     label = str(fig_dir).rstrip("/") + "/"
@@ -225,28 +203,16 @@ def check_figures(fig_dir: str | os.PathLike = "figures", root: str | os.PathLik
 
 
 def suite_failures(rep: Report) -> list[str]:
-    """The test suite's rule for the committed ``figures/``: the lines of :func:`check_figures` that fail the suite.
-
-    While the library is being changed the figures lag behind it, so "sources changed since R" is reported, never a
-    failure. What fails is a commit that left the folder not one clean run: once any record is written under the
-    tracked-sources rule (the first regeneration after this check was introduced), every record must name one
-    revision and none may be dirty or damaged. Folders of legacy records only (the figures committed before the
-    rule) are reported and pass (docs/reproducibility.md).
-
-    Returns:
-        the failing lines (empty: the suite passes).
-    """
+    """The lines of :func:`check_figures` that fail the test suite: not one clean run (sources changed since, or
+    legacy records only, are reported and pass while the library changes; docs/reproducibility.md)."""
     if rep.legacy:
         return []
     return [ln for ln, k in zip(rep.lines, rep.kinds) if k in ("empty", "damaged", "stale", "missing", "results")]
 
 
 def main(argv: list[str] | None = None, *, root: str | os.PathLike | None = None, echo=None) -> int:
-    """``scripts/check_figures.py [--figures DIR]``: print the check's lines and a verdict; exit 0 when the folder is
-    one clean run of ``HEAD``, 1 when not, 2 when the folder is missing (one line naming the fix).
-
-    ``root`` is the repository (default :data:`REPO_ROOT`) and ``echo`` receives every line instead of stdout/stderr
-    (tests pass both)."""
+    """``scripts/check_figures.py [--figures DIR]``: print the lines and a verdict; exit 0 (one clean run of
+    ``HEAD``), 1 (not) or 2 (no folder). ``echo`` receives every line instead of stdout/stderr."""
     out = echo or print
     err = echo or (lambda line: print(line, file=sys.stderr))
     ap = argparse.ArgumentParser(description="Check that the committed figures are one clean `make paper` run of "

@@ -1,6 +1,5 @@
-"""Atomic output files: a result appears whole or not at all (docs/style.md#results-and-provenance). Every writer
-goes through :func:`atomic_outputs`: a temporary file in the SAME folder (so ``os.replace`` is an atomic rename),
-removed when anything fails before the rename, Ctrl-C included."""
+"""Atomic output files: a result appears whole or not at all (docs/style.md#results-and-provenance), through a
+temporary file in the SAME folder (``os.replace`` is then an atomic rename)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from typing import Iterator, Sequence
 
 
 def usual_mode(path: str | os.PathLike, base: int = 0o666) -> Path:
-    """Give a written file the permissions a plain ``open()`` would (``base`` less the umask; 0777 for a folder):
-    safetensors and ``tempfile`` write 0600, unreadable to the other users of a shared machine."""
+    """Give a file the permissions a plain ``open()`` would (``base`` less the umask): ``tempfile`` writes 0600."""
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(path, base & ~mask)
@@ -21,12 +19,8 @@ def usual_mode(path: str | os.PathLike, base: int = 0o666) -> Path:
 
 
 def temp_beside(path: str | os.PathLike) -> Path:
-    """An empty new file in ``path``'s folder, ``.<name>.<random>.part<suffix>``: hidden, with ``path``'s suffix (for
-    writers that pick the format by extension).
-
-    Raises:
-        OSError: the folder does not exist or is not writable.
-    """
+    """An empty new hidden file ``.<name>.<random>.part<suffix>`` beside ``path`` (OSError: folder missing or
+    read-only)."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", prefix=f".{p.name}.",
                                suffix=f".part{p.suffix}")
@@ -36,12 +30,8 @@ def temp_beside(path: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def atomic_outputs(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
-    """Write several files all-or-nothing: yields one temporary path per target (same folder, same suffix), moved
-    onto the targets when the block ends cleanly, all removed (no target touched) when it raises, Ctrl-C included.
-
-    Raises:
-        OSError: a folder is missing or read-only (before the block runs), or a rename fails.
-    """
+    """Write several files all-or-nothing: yields a temporary path per target, moved onto the targets when the block
+    ends cleanly, all removed when it raises (Ctrl-C included). Raises OSError: a folder missing or read-only."""
     targets = [Path(p) for p in paths]
     temps: list[Path] = []
     try:

@@ -1,8 +1,5 @@
-"""The run-time record of ``make paper`` (its last step, after every notebook succeeded): the wall time of the run and
-each notebook's share, printed and written beside the figures (``<figures>/paper_run.csv`` + ``.md`` + provenance;
-docs/reproducibility.md). A notebook's time is papermill's ``metadata.papermill.duration`` of the executed notebook,
-found through the folder's stamps (``<figures>/.NN_name.done``: ``<make run id> <UTC time> <executed notebook>``);
-the wall time runs from the make's start to this step. A make that ran no notebook keeps the previous record.
+"""The run-time record of ``make paper`` (its last step): the run's wall time and each notebook's papermill duration,
+found through the folder's ``.NN_name.done`` stamps, printed and written beside the figures (docs/reproducibility.md).
 """
 
 from __future__ import annotations
@@ -30,13 +27,9 @@ def _clock(seconds: float | None) -> str:
 
 
 def notebook_times(stamps: list[str | os.PathLike], run_id: str) -> list[dict]:
-    """One row per stamp (``<figures>/.NN_name.done``: ``<run id> <UTC time> <executed notebook path>``, as the
-    Makefile writes it), in order: ``{"notebook", "executed_now"`` (by this make's ``run_id``), ``"executed_utc",
-    "papermill_s"`` (``None`` when the executed notebook is gone or has no duration), ``"executed_notebook"}``.
-
-    Raises:
-        FileNotFoundError: a stamp is missing.
-    """
+    """A row per stamp (``<run id> <UTC time> <executed notebook>``, as the Makefile writes it): ``{"notebook",
+    "executed_now", "executed_utc", "papermill_s" (``None``: unknown), "executed_notebook"}``. Raises
+    FileNotFoundError: a stamp is missing."""
     rows = []
     for s in map(Path, stamps):
         name = s.name[1:] if s.name.startswith(".") else s.name
@@ -56,17 +49,10 @@ def notebook_times(stamps: list[str | os.PathLike], run_id: str) -> list[dict]:
 
 def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int | str, stamps: list[str | os.PathLike],
                  *, now_ns: int | None = None, params: dict | None = None) -> tuple[list[str], dict | None]:
-    """Summarise a finished ``make paper`` (``run_tag``; started at ``start_ns``, the Makefile's ``RUN_ID``: a value
-    that is not a number leaves the wall time unknown) and, when it executed any notebook, write the record: one row
-    per notebook, a ``total`` row (papermill durations summed), this make's wall time in the caption, ``params`` in the
-    provenance.
-
-    Returns:
-        (lines to print, :func:`~rvqspec_lib.common.provenance.save_table`'s paths, or ``None`` when no notebook ran
-        in this make: the previous record is kept).
-    Raises:
-        FileNotFoundError: a stamp is missing. OSError: the folder cannot be written (nothing half-written is left).
-    """
+    """Summarise a finished ``make paper`` started at ``start_ns`` (its ``RUN_ID``; not a number: wall time unknown)
+    and, when it executed a notebook, write the record (a row per notebook and a ``total`` row). Returns ``(lines to
+    print, save_table's paths or None when no notebook ran: the previous record kept)``. Raises FileNotFoundError: a
+    stamp is missing; OSError."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     wall = (now_ns - int(start_ns)) / 1e9 if str(start_ns).isdigit() else None
     rows = notebook_times(stamps, str(start_ns))
@@ -104,8 +90,7 @@ def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int | str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The Makefile's last step of ``make paper``; prints the summary, writes the record; exit 0, or 1 with one line
-    when a stamp is missing."""
+    """The Makefile's last step of ``make paper``: exit 0, or 1 with one line when a stamp is missing."""
     ap = argparse.ArgumentParser(description="Print and record the run time of a finished `make paper`.")
     ap.add_argument("--fig-dir", required=True)
     ap.add_argument("--run-tag", required=True)

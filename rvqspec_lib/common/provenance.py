@@ -1,10 +1,6 @@
-"""Provenance of every result file: which code, which parameters, which machine made it.
-
-Every figure, table, audio file and result JSON gets its record (:func:`provenance`; a sidecar
-``<stem>.provenance.json`` or, for JSON, a ``"provenance"`` key: docs/style.md#results-and-provenance), so a number
-can be traced to a git revision, a seed and the hardware that measured it. The record is hostname-free on purpose:
-result files are committed and shared. Every writer here is all-or-nothing
-(:func:`rvqspec_lib.common.files.atomic_outputs`).
+"""Provenance of every result file (docs/style.md#results-and-provenance): which code, parameters and machine made
+it, as a ``<stem>.provenance.json`` sidecar or a ``"provenance"`` key; hostname-free (results are committed). Every
+writer here is all-or-nothing (:func:`rvqspec_lib.common.files.atomic_outputs`).
 """
 
 from __future__ import annotations
@@ -26,21 +22,16 @@ from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.common.paths import REPO_ROOT
 
 
-#: The committed results folder (``make paper`` refreshes it) and where smoke runs aimed at it go instead, both
-#: relative to the repository root (docs/style.md#results-and-provenance).
+#: The committed results folder and where smoke runs aimed at it go instead, relative to the repository root.
 FIGURES_DIRNAME = "figures"
 SMOKE_FIGURES_DIRNAME = "build/smoke_figures"
 
 
 def resolve_out_dir(out_dir: str | os.PathLike, *, smoke: bool = False, root: str | os.PathLike | None = None) -> Path:
-    """The output folder, created if missing: absolute paths kept, relative ones from the repository root (``root``,
-    default :data:`rvqspec_lib.common.paths.REPO_ROOT`) whatever the kernel's working directory. With ``smoke`` a
-    folder at or inside ``<root>/figures`` (through ``..`` or symlinks too) becomes the same place under
-    ``<root>/build/smoke_figures``, said in one line on stdout: a smoke run never overwrites the committed results.
-
-    Raises:
-        OSError: the folder cannot be created.
-    """
+    """The output folder, created: relative paths from ``root`` (default :data:`~rvqspec_lib.common.paths.REPO_ROOT`)
+    whatever the working directory; with ``smoke``, a folder in ``<root>/figures`` (through ``..`` or symlinks too)
+    moves under ``<root>/build/smoke_figures``, said on stdout, so a smoke run never overwrites the committed results.
+    Raises OSError: the folder cannot be created."""
     base = Path(root).expanduser().resolve() if root is not None else REPO_ROOT
     p = Path(out_dir).expanduser()
     if not p.is_absolute():
@@ -57,17 +48,14 @@ def resolve_out_dir(out_dir: str | os.PathLike, *, smoke: bool = False, root: st
     return p
 
 
-#: The tracked sources a result is made from, as git pathspecs relative to the repository root: the library, the
-#: notebooks, the scripts, the shipped data, and the files that pin the environment and the run. This one list is what
-#: ``dirty`` (:func:`git_revision`) and ``make check-figures`` (:mod:`rvqspec_lib.common.figure_check`) compare; a
-#: run's own outputs (``figures/``, ``build/``), the tests, the docs and untracked scratch files are not sources
-#: (docs/reproducibility.md).
+#: The tracked sources a result is made from (git pathspecs), what ``dirty`` and ``make check-figures`` compare;
+#: outputs, tests, docs and untracked files are not sources (docs/reproducibility.md).
 SOURCE_PATHS = ("rvqspec_lib", "notebooks", "scripts", "data", "Makefile", "requirements.txt", "pyproject.toml",
                 "environment.yml")
 
 
 def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:
-    """The raw stdout of ``git <args>`` run in ``root`` (default :data:`REPO_ROOT`), or ``None`` when git is missing or fails."""
+    """The stdout of ``git <args>`` in ``root`` (default :data:`REPO_ROOT`); ``None`` if git is missing or fails."""
     try:
         out = subprocess.run(["git", *args], cwd=root if root is not None else REPO_ROOT, capture_output=True,
                              text=True, timeout=30)
@@ -77,13 +65,8 @@ def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:
 
 
 def changed_sources(root: str | os.PathLike | None = None) -> list[str] | None:
-    """The tracked source files (:data:`SOURCE_PATHS`) whose working-tree or staged content differs from ``HEAD``
-    (``git status --porcelain=v1 -z --untracked-files=no``; untracked files and files outside the sources never count).
-
-    Returns:
-        sorted paths relative to the root (both names of a rename), ``[]`` when the sources equal ``HEAD``, ``None``
-        when git is unavailable or ``root`` is not a checkout with a commit.
-    """
+    """Sorted tracked :data:`SOURCE_PATHS` files (both names of a rename) whose working-tree or staged content differs
+    from ``HEAD``; ``None`` when git is unavailable or ``root`` is not a checkout with a commit."""
     if git_output("rev-parse", "--verify", "-q", "HEAD", root=root) is None:
         return None
     out = git_output("--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=no", "--",
@@ -104,11 +87,8 @@ def changed_sources(root: str | os.PathLike | None = None) -> list[str] | None:
 
 
 def git_revision(root: str | os.PathLike | None = None) -> dict:
-    """Git state of the sources a result is made from: ``{"revision": HEAD's sha or None (no checkout, no commit),
-    "dirty": whether a tracked source differs from it, "changed_sources": those files (:func:`changed_sources`)}``;
-    ``dirty`` and ``changed_sources`` are ``None`` when git is unavailable (records without ``changed_sources`` are
-    older ones whose ``dirty`` also counted untracked files: docs/reproducibility.md).
-    """
+    """``{"revision": HEAD's sha or None, "dirty", "changed_sources"}`` (:func:`changed_sources`; ``None`` without
+    git) of the sources a result is made from (older records lack ``changed_sources``: docs/reproducibility.md)."""
     rev = git_output("rev-parse", "--verify", "-q", "HEAD", root=root)
     changed = changed_sources(root) if rev else None
     return {"revision": rev.strip() if rev else None, "dirty": None if changed is None else bool(changed),
@@ -116,9 +96,7 @@ def git_revision(root: str | os.PathLike | None = None) -> dict:
 
 
 def hardware() -> dict:
-    """Device summary, no hostname: CPU model and core count, torch threads, 1-minute load average, accelerator name,
-    platform. torch is asked only when the process has imported it (else ``None``: no import paid for).
-    """
+    """Device summary, no hostname: CPU, cores, torch threads (only if torch is imported), load, accelerator."""
     torch = sys.modules.get("torch")
     info = {
         "cpu": cpu_model(),
@@ -139,9 +117,8 @@ _VERSIONED = {"torch": "torch", "transformers": "transformers", "qwen_tts": "qwe
 
 
 def _versions() -> dict:
-    """Python's version and those of the main packages: ``module.__version__`` when the process has imported it,
-    else the installed distribution's (``importlib.metadata``, no import: qwen_tts alone takes seconds), ``None``
-    when not installed."""
+    """Versions of Python and the main packages: ``__version__`` if imported, else the installed distribution's (no
+    import: qwen_tts alone takes seconds), ``None`` if not installed."""
     v = {"python": platform.python_version()}
     for mod, dist in _VERSIONED.items():
         m = sys.modules.get(mod)
@@ -175,10 +152,8 @@ def _jsonable(x: Any) -> Any:
 
 
 def provenance(params: Mapping[str, Any] | None = None, seed: int | None = None) -> dict:
-    """Provenance record for a result: ``git`` (:func:`git_revision`), ``created_utc`` (ISO 8601, seconds),
-    ``params`` (converted to JSON types), ``seed`` (``None``: nothing random drawn), ``hardware``, ``versions`` and
-    ``argv``. No hostname or user name.
-    """
+    """Provenance record for a result: ``git``, ``created_utc``, ``params`` (JSON types), ``seed`` (``None``: nothing
+    random drawn), ``hardware``, ``versions``, ``argv``. No hostname or user name."""
     return {
         "git": git_revision(),
         "created_utc": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
@@ -236,14 +211,9 @@ def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
 
 
 def save_table(table, path_stem: str | os.PathLike, prov: Mapping, *, caption: str | None = None) -> dict:
-    """Write a table (a pandas DataFrame or a non-empty list of dicts) as ``<stem>.csv`` (full precision),
-    ``<stem>.md`` (4 significant digits, ``caption`` as its first line, kept in the sidecar too) and the sidecar.
-
-    Returns:
-        ``{"csv": Path, "md": Path, "provenance": Path}``.
-    Raises:
-        TypeError: ``table`` is neither a DataFrame nor a list of dicts. OSError: the folder cannot be written.
-    """
+    """Write a DataFrame or non-empty list of dicts as ``<stem>.csv`` (full precision), ``<stem>.md`` (4 significant
+    digits, ``caption`` first) and the sidecar. Returns ``{"csv", "md", "provenance"}`` paths. Raises TypeError:
+    another ``table``; OSError."""
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     cols, rows = _records(table)
@@ -260,14 +230,8 @@ def save_table(table, path_stem: str | os.PathLike, prov: Mapping, *, caption: s
 
 
 def save_figure(fig, path_stem: str | os.PathLike, prov: Mapping, *, dpi: int = 150) -> dict:
-    """Write a matplotlib figure as ``<stem>.png`` (``dpi``) and ``<stem>.pdf`` plus the sidecar; no creation date in
-    their metadata, so the same numbers give the same files.
-
-    Returns:
-        ``{"png": Path, "pdf": Path, "provenance": Path}``.
-    Raises:
-        OSError: the folder cannot be written.
-    """
+    """Write a matplotlib figure as ``<stem>.png`` and ``<stem>.pdf`` (no creation date: the same numbers give the
+    same files) plus the sidecar. Returns ``{"png", "pdf", "provenance"}`` paths. Raises OSError."""
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     png, pdf = stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")
@@ -281,14 +245,9 @@ def save_figure(fig, path_stem: str | os.PathLike, prov: Mapping, *, dpi: int = 
 
 
 def save_audio(wav, sample_rate: int, path_stem: str | os.PathLike, prov: Mapping, *, peak: float = 0.95) -> Path:
-    """Write a listening example as ``<stem>.wav`` (16-bit PCM, mono) plus the sidecar. ``wav``: ``(samples,)``
-    float (numpy or torch), peak-limited to ``peak`` of full scale when louder (never amplified); ``sample_rate`` in Hz.
-
-    Returns:
-        the ``.wav`` path.
-    Raises:
-        ValueError: not a 1-D waveform, or an empty one, or a sample rate <= 0.
-    """
+    """Write ``(samples,)`` float audio (numpy or torch) as ``<stem>.wav`` (16-bit mono, limited to ``peak`` of full
+    scale, never amplified) plus the sidecar; returns the path. Raises ValueError: not one non-empty mono waveform,
+    or a sample rate <= 0."""
     import numpy as np  # noqa: PLC0415 (numpy and soundfile: the audio writers only; provenance stays light)
     import soundfile as sf  # noqa: PLC0415
 
@@ -309,10 +268,8 @@ def save_audio(wav, sample_rate: int, path_stem: str | os.PathLike, prov: Mappin
 
 
 def save_notebook_record(notebook: str | os.PathLike, prov: Mapping) -> Path:
-    """The provenance sidecar of an executed notebook kept beside the figures (``<figures>/notebooks/NN_name.ipynb``
-    -> ``NN_name.provenance.json``, listing the notebook), written by ``make paper``'s last step
-    (:mod:`rvqspec_lib.common.paper_run`), so that ``make check-figures`` tells a stale executed notebook like a stale
-    figure."""
+    """The sidecar of an executed notebook beside the figures (``NN_name.provenance.json``), written by ``make
+    paper``'s last step, so that ``make check-figures`` tells a stale executed notebook like a stale figure."""
     nb = Path(notebook)
     side = _sidecar_path(nb.with_suffix(""))
     write_text_atomic(side, _sidecar_text(prov, [nb]))
@@ -320,9 +277,7 @@ def save_notebook_record(notebook: str | os.PathLike, prov: Mapping) -> Path:
 
 
 def save_json(obj: Mapping, path: str | os.PathLike, prov: Mapping) -> Path:
-    """Write a metrics dict as JSON (numpy/torch scalars converted, NaN/inf as ``null``) with ``prov`` under the key
-    ``"provenance"``; parent folders are created. Returns the path.
-    """
+    """Write a metrics dict as JSON (NaN/inf as ``null``) with ``prov`` under ``"provenance"``; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = dict(_jsonable(obj))

@@ -1,11 +1,5 @@
-"""Which outputs of ``make paper`` are timings, and a comparison of two runs that ignores exactly those.
-
-Two runs at one seed, on one machine and with the same parameters, must write the same numbers everywhere except in
-timings: wall-clock measurements, what is computed or chosen from them, and how many rounds a noise target asked for
-(docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed). This module is the one list of those
-(:data:`TIMING_COLUMNS` as :mod:`fnmatch` patterns per table stem, :data:`TIMING_JSON_KEYS`,
-:data:`TIMING_JSON_FILES`); a table not listed has no timing column. Command line:
-``python -m rvqspec_lib.common.reproducibility RUN_A RUN_B [--notebooks 00,04] [--figures]``. Standard library only.
+"""Which outputs of ``make paper`` are timings (the one list of them), and a comparison of two runs that ignores
+exactly those (docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed). Standard library only.
 """
 
 from __future__ import annotations
@@ -78,8 +72,7 @@ SIDECAR_SUFFIX = ".provenance.json"
 
 
 def timing_columns(table: str, columns: Iterable[str]) -> list[str]:
-    """The timing columns among ``columns`` (the header) of the table ``table`` (its stem or CSV path), in header
-    order: those matching its :data:`TIMING_COLUMNS` patterns (all for :data:`ALL`; none for a table not listed)."""
+    """The timing columns among the header ``columns`` of ``table`` (stem or CSV path), per :data:`TIMING_COLUMNS`."""
     stem = Path(str(table)).name.removesuffix(".csv")
     patterns = TIMING_COLUMNS.get(stem, ())
     return [c for c in columns if any(fnmatch.fnmatchcase(c, p) for p in patterns)]
@@ -92,9 +85,8 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
 
 
 def compare_tables(a: str | Path, b: str | Path) -> list[str]:
-    """Differences between two CSV files of one table (their names give it), its timing columns left out, cells
-    compared as written (``0.1`` and ``0.10`` differ): one line per difference (header, row count, first differing
-    cell per column), empty when identical."""
+    """A line per difference between two CSV files of one table (header, row count, first differing cell a column),
+    its timing columns left out, cells compared as written (``0.1`` and ``0.10`` differ)."""
     a, b = Path(a), Path(b)
     name = a.name
     ca, ra = _read_csv(a)
@@ -119,8 +111,7 @@ def compare_tables(a: str | Path, b: str | Path) -> list[str]:
 
 
 def _relative(x, root: tuple[str, ...] | None):
-    """A string naming a path inside the run folder (``root``: its spellings, as given and resolved), as
-    ``<run>/...``: two runs write into two folders."""
+    """A string naming a path inside the run folder (``root``: its spellings) as ``<run>/...``."""
     if root and isinstance(x, str):
         for r in root:
             if x == r or x.startswith(r + "/"):
@@ -150,8 +141,8 @@ def _json_diff(x, y, where: str, out: list[str], limit: int = 5, roots: tuple = 
 
 
 def compare_json(a: str | Path, b: str | Path, *, roots: tuple[str | Path, str | Path] | None = None) -> list[str]:
-    """Differences between two result JSON files, :data:`TIMING_JSON_KEYS` left out at any depth, at most five; with
-    ``roots`` (the two runs' folders) a string naming a path inside its run's folder is compared relative to it."""
+    """At most five differences between two result JSON files, :data:`TIMING_JSON_KEYS` left out at any depth; paths
+    inside the runs' folders (``roots``) compared relative to them."""
     a, b = Path(a), Path(b)
     out: list[str] = []
     r = tuple(tuple(dict.fromkeys((str(Path(x).absolute()), str(Path(x).resolve())))) for x in roots) if roots \
@@ -176,8 +167,8 @@ def _safetensors_parts(path: Path) -> tuple[dict, bytes]:
 
 
 def compare_safetensors(a: str | Path, b: str | Path) -> list[str]:
-    """Differences between two safetensors files (a drafter's weights): the tensors' bytes, names, dtypes and shapes,
-    and the header's metadata without :data:`TIMING_JSON_KEYS` (a drafter embeds its provenance record)."""
+    """Differences between two safetensors files: tensors (bytes, names, dtypes, shapes) and the header's metadata
+    without :data:`TIMING_JSON_KEYS`."""
     a, b = Path(a), Path(b)
     (ha, da), (hb, db) = _safetensors_parts(a), _safetensors_parts(b)
     out: list[str] = []
@@ -188,9 +179,8 @@ def compare_safetensors(a: str | Path, b: str | Path) -> list[str]:
 
 
 def _outputs(folder: Path, figures: bool) -> dict[str, Path]:
-    """The comparable outputs of a run folder by relative path: ``*.csv``, result ``*.json`` (not sidecars, not
-    :data:`TIMING_JSON_FILES`), ``*.safetensors``, and with ``figures`` the non-timing notebooks' ``*.png`` /
-    ``*.pdf``; work folders (``*_work``) and hidden files left out."""
+    """The comparable outputs of a run folder by relative path: tables, result JSON, safetensors and (``figures``)
+    the non-timing notebooks' figures; work folders and hidden files left out."""
     found = {}
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder)
@@ -205,13 +195,8 @@ def _outputs(folder: Path, figures: bool) -> dict[str, Path]:
 
 def compare_runs(a: str | Path, b: str | Path, *, notebooks: Iterable[str] | None = None,
                  figures: bool = False) -> list[str]:
-    """Every difference between two runs' output folders that is not a timing: files in one folder only, and what
-    :func:`compare_tables`, :func:`compare_json`, :func:`compare_safetensors` or (``figures``: the figures of the
-    notebooks that do not time) the bytes find; ``notebooks``: only outputs of these numbers.
-
-    Raises:
-        FileNotFoundError: a folder does not exist.
-    """
+    """Every difference between two runs' output folders that is not a timing (of the ``notebooks`` numbers only,
+    when given). Raises FileNotFoundError: a folder does not exist."""
     a, b = Path(a), Path(b)
     for d in (a, b):
         if not d.is_dir():

@@ -1,8 +1,6 @@
-"""Where frames (:class:`~rvqspec_lib.data.frames.Frames`) come from: the model's own speech
-(:func:`frames_from_model`, samples of its p), a local HF ``datasets`` dataset encoded by a codec
-(:func:`frames_from_dataset`), given or shipped utterances (:func:`frames_from_utterances`,
-:func:`frames_from_shipped`), all with contexts from ONE teacher-forced talker pass; or codes sampled by the inner loop
-from given contexts (:func:`frames_from_contexts`, no talker).
+"""Where frames (:class:`~rvqspec_lib.data.frames.Frames`) come from: the model's own speech, a local dataset
+encoded by a codec, given or shipped utterances (contexts from ONE teacher-forced talker pass each), or codes the
+inner loop samples from given contexts (no talker).
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.models.audio import _decode_audio, resample
-from rvqspec_lib.models.backends import frame_runner
-from rvqspec_lib.models.frame import inner_sampling, synthesize
+from rvqspec_lib.models.frame import synthesize
 
 #: Texts spoken by :func:`frames_from_model` when none are given (short, varied English sentences).
 DEFAULT_TEXTS = (
@@ -39,43 +36,31 @@ DEFAULT_TEXTS = (
 )
 
 
-def frames_from_model(lm, texts: Iterable[str] | None = None, *, decoder=None, sampling: Sampling | None = None,
-                      talker_sampling: Sampling | None = None, seed: int = 0, max_frames: int = 200,
-                      language: str = "auto", speaker: str | None = None, batch_size: int = 1,
-                      progress: bool = False) -> Frames:
-    """Frames of the model's own speech: the frame loop speaks each text (default :data:`DEFAULT_TEXTS`; inner loop
-    ``decoder``, default AR; the checkpoint's sampling and talker sampling unless given; ``batch_size`` texts at once;
-    ``max_frames`` a text; one generator seeded ``seed``), then :func:`teacher_forced_contexts`; one utterance per
-    text, texts without a frame skipped.
+def frames_from_model(lm, texts: Iterable[str] | None = None, *, seed: int = 0, max_frames: int = 200) -> Frames:
+    """Frames of the model's own speech: the official frame loop (the checkpoint's sampling, one generator seeded
+    ``seed``) speaks each text (default :data:`DEFAULT_TEXTS`) up to ``max_frames``, then
+    :func:`teacher_forced_contexts`; one utterance per text, texts without a frame skipped.
 
     Raises:
         ValueError: no texts, no frame for any text.
     """
     texts = list(DEFAULT_TEXTS if texts is None else texts)
-    runner = None if decoder is None else frame_runner("official", lm.code_predictor, decoder,
-                                                        sampling=sampling or inner_sampling(lm))
     if not texts:
         raise ValueError("no texts given")
     gen = torch.Generator().manual_seed(seed)
     parts, n_frames = [], []
-    batches = [texts[i: i + batch_size] for i in range(0, len(texts), batch_size)]
-    for bi, batch in enumerate(progress_bar(batches, total=len(batches), desc="speaking", enabled=progress)):
-        res = synthesize(lm, batch, runner=runner, sampling=None if runner else sampling,
-                         talker_sampling=talker_sampling, generator=gen, max_frames=max_frames, language=language,
-                         speaker=speaker)
-        for i, (text, codes) in enumerate(zip(batch, res.codes)):
-            n_frames.append(int(codes.shape[0]))
-            if codes.shape[0] == 0:
-                continue
-            ctx = teacher_forced_contexts(lm, text, codes, language=language, speaker=speaker)
-            u = bi * batch_size + i
+    for u, text in enumerate(texts):
+        codes = synthesize(lm, [text], generator=gen, max_frames=max_frames).codes[0]
+        n_frames.append(int(codes.shape[0]))
+        if codes.shape[0]:
+            ctx = teacher_forced_contexts(lm, text, codes)
             parts.append(Frames(ctx, codes[:, 1:].cpu(), torch.full((codes.shape[0],), u, dtype=torch.long)))
     if not parts:
         raise ValueError("the model produced no frame for any text (end of speech at once): check the model")
     out = Frames.cat(parts, keep_ids=True)  # the text index as utterance id
     out.source = {"kind": "model", "model": lm.name, "random_weights": lm.is_random, "n_texts": len(texts),
-                  "frames_per_text": n_frames, "seed": seed, "max_frames": max_frames, "decoder": repr(decoder),
-                  "language": language, "speaker": speaker}
+                  "frames_per_text": n_frames, "seed": seed, "max_frames": max_frames, "decoder": repr(None),
+                  "language": "auto", "speaker": None}
     return out
 
 
@@ -83,12 +68,8 @@ TEXT_COLUMNS = ("raw_text", "text", "normalized_text", "transcription", "sentenc
 
 
 def load_split(dataset, split: str | None = None):
-    """A ``datasets.Dataset``: ``dataset`` itself, a ``save_to_disk`` folder read back, or one split of a
-    ``DatasetDict`` (default ``train``, else the first); ``datasets`` is imported on first use (seconds).
-
-    Raises:
-        FileNotFoundError: a path that does not exist (nothing is downloaded here).
-    """
+    """A ``datasets.Dataset``: ``dataset`` itself, a ``save_to_disk`` folder, or a ``DatasetDict``'s ``split``
+    (default ``train``, else the first). Raises FileNotFoundError: a path that does not exist (nothing downloads)."""
     import datasets as hf
 
     if isinstance(dataset, (str, os.PathLike)):
@@ -106,14 +87,12 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
                         audio_column: str = "audio", language: str = "auto", speaker: str | None = None,
                         max_items: int | None = None, max_frames: int | None = None,
                         progress: bool = False) -> Frames:
-    """Frames of real speech: each row's audio encoded by ``codec`` (``encode(wav) -> (frames, n_code_groups)`` at
-    ``codec.sample_rate``, 24 kHz if absent; other rates resampled), contexts by :func:`teacher_forced_contexts` with
-    the prompt ``language`` / ``speaker``. ``dataset``: a ``datasets`` Dataset / DatasetDict (``split``, default
-    ``train``, else the first) or a ``save_to_disk`` folder (nothing is downloaded); ``text_column`` default the first
-    of :data:`TEXT_COLUMNS` present; ``max_items`` first rows; ``max_frames`` stops once collected.
+    """Frames of real speech: each row of ``dataset`` (:func:`load_split`) encoded by ``codec`` (``encode(wav) ->
+    (frames, n_code_groups)`` at ``codec.sample_rate``, default 24 kHz; other rates resampled), contexts by
+    :func:`teacher_forced_contexts` with the prompt ``language`` / ``speaker``; ``text_column`` default the first of
+    :data:`TEXT_COLUMNS` present; ``max_items`` first rows; ``max_frames`` stops once collected. Rows with empty text
+    or no frames are skipped (counted in ``source``).
 
-    Returns:
-        :class:`Frames`, rows with empty text or no frames skipped and counted in ``source``.
     Raises:
         FileNotFoundError: a path that is not a saved dataset. ValueError: missing columns, codes of the wrong shape.
     """
@@ -165,13 +144,10 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
 @torch.no_grad()
 def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None = None, batch_size: int = 8,
                            progress: bool = False, source: dict | None = None) -> Frames:
-    """Teacher-forced frames of given utterances (text + true codes ``(frames, n_code_groups)``): contexts from the
-    talker passes of :func:`rvqspec_lib.data.teacher.contexts_of`, ``batch_size`` utterances a pass, batched by
-    (speaker, language) and length; ``max_frames`` stops once collected (the last utterance cut).
+    """Teacher-forced frames of given utterances (text + true codes): contexts by
+    :func:`~rvqspec_lib.data.teacher.contexts_of`, ``batch_size`` a pass, batched by (speaker, language) and length;
+    ``max_frames`` stops once collected (the last utterance cut); ``utterance`` is the index in ``utterances``.
 
-    Returns:
-        :class:`Frames`: ``context`` ``(N, 2, talker_hidden)`` float32, ``codes`` ``(N, n_code_groups - 1)`` int64,
-        ``utterance`` ``(N,)`` int64 = the utterance's index in ``utterances``.
     Raises:
         ValueError: no utterances, ``max_frames < 1`` or ``batch_size < 1``, bad codes (naming the utterance).
     """
@@ -202,24 +178,19 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
     parts = [Frames(got[a], chosen[a][1].codes[:, 1:].clone(),
                     torch.full((chosen[a][1].codes.shape[0],), chosen[a][0], dtype=torch.long))
              for a in range(len(chosen))]
-    out_frames = Frames.cat(parts, keep_ids=True)  # the input index as utterance id
-    out_frames.source = {"kind": "utterances", "model": getattr(lm, "name", None), "n_utterances": len(chosen),
-                         "n_given": len(utts), "max_frames": max_frames, "cut_last": bool(
-                             max_frames is not None and chosen and
-                             chosen[-1][1].codes.shape[0] < utts[chosen[-1][0]].codes.shape[0]),
-                         **(source or {})}
-    return out_frames
+    out = Frames.cat(parts, keep_ids=True)  # the input index as utterance id
+    cut = chosen[-1][1].codes.shape[0] < utts[chosen[-1][0]].codes.shape[0]
+    out.source = {"kind": "utterances", "model": getattr(lm, "name", None), "n_utterances": len(chosen),
+                  "n_given": len(utts), "max_frames": max_frames, "cut_last": cut, **(source or {})}
+    return out
 
 
 def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,
                         seed: int | None = 0, batch_size: int = 8, progress: bool = False) -> Frames:
     """:func:`frames_from_utterances` of one split (``"training"``, ``"validation"``, ``"calibration"``,
-    ``"evaluation"``) of the utterances shipped beside the model (``lm.folder``), in a seeded random order (a frame
-    limit then samples the whole split; ``seed=None``: file order); ``utterance`` is the index in the split's file.
-
-    Raises:
-        FileNotFoundError: the model ships no utterances. ValueError: a split it does not have, bad codes.
-    """
+    ``"evaluation"``) of the utterances shipped beside the model, in a seeded random order (a frame limit samples the
+    whole split; ``seed=None``: file order); ``utterance`` is the index in the split. Raises FileNotFoundError: the
+    model ships no utterances; ValueError: a split it does not have, bad codes."""
     root = embedded_root(lm)
     path = root / "utterances.safetensors"
     rows, utts = load_shipped_utterances(path, splits=[split])
@@ -237,11 +208,8 @@ def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,
 @torch.no_grad()
 def frames_from_contexts(code_predictor, context: torch.Tensor, *, sampling: Sampling | None = None, seed: int = 0,
                          batch_size: int = 4096, frames_per_utterance: int = 1) -> Frames:
-    """Frames whose codes the inner loop samples itself (AR, the deployed warpers) from given contexts.
-
-    A cheap source without the talker: contexts from a dataset pass (self-distillation of the code predictor's p), or
-    random contexts for tests. ``frames_per_utterance`` groups consecutive frames into one utterance id for splits.
-    """
+    """Frames whose codes the inner loop samples (AR, the deployed warpers) from given ``context`` (no talker);
+    ``frames_per_utterance`` consecutive frames share an utterance id (for splits)."""
     gen = torch.Generator(device=context.device).manual_seed(seed)
     codes = torch.cat([decode_frame(code_predictor, context[i: i + batch_size], decoder=AR(), sampling=sampling,
                                     generator=gen).codes for i in range(0, context.shape[0], batch_size)])

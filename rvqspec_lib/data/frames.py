@@ -1,7 +1,5 @@
-"""Frames for drafter training and acceptance statistics, and their file format.
-
-A frame is what the inner loop sees: ``context (2, talker_hidden)`` = [talker hidden state that emitted code 0, talker
-embedding of code 0], and the frame's ``codes`` 1..15. Sources are in :mod:`rvqspec_lib.data.frame_sources`.
+"""Frames (what the inner loop sees) for drafter training and acceptance statistics, and their file format; sources
+are in :mod:`rvqspec_lib.data.frame_sources`.
 """
 
 from __future__ import annotations
@@ -21,15 +19,10 @@ from rvqspec_lib.common.files import atomic_output
 
 @dataclass
 class Frames:
-    """Frames for drafter training and acceptance statistics.
-
-    Attributes:
-        context: ``(N, 2, talker_hidden)`` float32 = [talker hidden state that emitted code 0, its code-0 embedding].
-        codes: ``(N, n_codes)`` int64, codes 1..n_codes of each frame.
-        utterance: ``(N,)`` int64 utterance index (a split keeps an utterance's frames on one side).
-        targets: ``(N, n_codes)`` int64 cross-entropy targets, ``None`` = ``codes`` (only a negative control sets them).
-        source: JSON-able description of where the frames came from.
-    """
+    """Frames: ``context`` ``(N, 2, talker_hidden)`` float32 = [talker hidden state that emitted code 0, its code-0
+    embedding], ``codes`` ``(N, n_codes)`` int64 codes 1..n_codes, ``utterance`` ``(N,)`` int64 (splits keep an
+    utterance on one side), ``targets`` cross-entropy targets (``None``: ``codes``; a negative control sets them),
+    ``source`` a JSON-able description."""
 
     context: torch.Tensor
     codes: torch.Tensor
@@ -52,7 +45,7 @@ class Frames:
 
     @property
     def n_codes(self) -> int:
-        """Codes a frame (the code predictor's, 15 on released checkpoints)."""
+        """Codes a frame (15 on released checkpoints)."""
         return int(self.codes.shape[1])
 
     @property
@@ -66,11 +59,8 @@ class Frames:
         return Frames(self.context[idx], self.codes[idx], self.utterance[idx], t, dict(self.source))
 
     def split(self, val_fraction: float = 0.1, seed: int = 0) -> tuple["Frames", "Frames"]:
-        """``(train, val)`` by utterance (whole utterances go to validation); by frame if there is one utterance.
-
-        Raises:
-            ValueError: ``val_fraction`` outside (0, 1) or fewer than 2 frames.
-        """
+        """``(train, val)`` by whole utterances (by frame if there is one). Raises ValueError: ``val_fraction``
+        outside (0, 1) or fewer than 2 frames."""
         if not 0 < val_fraction < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
         if len(self) < 2:
@@ -89,12 +79,8 @@ class Frames:
 
     @staticmethod
     def cat(parts: Sequence["Frames"], *, keep_ids: bool = False) -> "Frames":
-        """Concatenate frame sets: utterance ids are renumbered so that they stay distinct, or kept as they are
-        (``keep_ids``: the parts already carry ids of one numbering, e.g. input indices).
-
-        Raises:
-            ValueError: no frames at all.
-        """
+        """Concatenate frame sets, utterance ids renumbered to stay distinct (``keep_ids``: kept, one numbering
+        already). Raises ValueError: no frames at all."""
         parts = [p for p in parts if len(p)]
         if not parts:
             raise ValueError("no frames to concatenate")

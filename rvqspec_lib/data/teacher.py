@@ -1,7 +1,5 @@
-"""Teacher forcing: the official model run over known codes in ONE pass, exactly in the layout of inference
-(docs/model.md#teacher-forced-pass, #feedback-to-the-talker): the talker over the official prompt and the fed-back
-frames (:func:`talker_pass`), for training (:func:`teacher_force`) and for inner-loop contexts
-(:func:`contexts_of`); the code predictor over a whole frame (:func:`teacher_forced_hidden`).
+"""Teacher forcing: the official model over known codes in ONE pass, in the layout of inference
+(docs/model.md#teacher-forced-pass, #feedback-to-the-talker), for training, inner-loop contexts and drafters.
 """
 
 from __future__ import annotations
@@ -23,14 +21,8 @@ IGNORE = -100
 
 @dataclass
 class Utterance:
-    """One training pair.
-
-    Attributes:
-        text: the sentence spoken.
-        codes: ``(frames, n_code_groups)`` int64 codec codes (12.5 Hz frames; code 0 first).
-        speaker: a speaker of the model's config (``None``: the model's default speaker).
-        language: ``"auto"`` or a language of the config.
-    """
+    """One training pair: ``text`` and its ``(frames, n_code_groups)`` int64 ``codes`` (12.5 Hz, code 0 first);
+    ``speaker`` ``None``: the model's default; ``language`` ``"auto"`` or one of the config's."""
 
     text: str
     codes: torch.Tensor
@@ -40,7 +32,7 @@ class Utterance:
 
 @contextmanager
 def eval_mode(module: torch.nn.Module):
-    """``module`` in eval mode (no dropout) for the block; its train/eval mode restored after, errors included."""
+    """``module`` in eval mode for the block; its mode restored after, errors included."""
     was = module.training
     module.eval()
     try:
@@ -67,19 +59,11 @@ def as_utterance(item) -> Utterance:
 
 @dataclass
 class TeacherForced:
-    """Outputs of one teacher-forced pass.
-
-    Attributes:
-        talker_logits: ``(B, F+1, vocab)`` codec-head logits at the positions that emit code 0 of frames 0..F-1 and,
-            at index ``frames[b]``, end of speech (F = longest utterance).
-        talker_labels: ``(B, F+1)`` int64: code 0 of each frame, end-of-speech after the last one, -100 beyond.
-        talker_hidden: ``(N, talker_hidden)`` hidden state that starts each frame's code-predictor sequence
-            (N = total frames of the batch, row-major; fewer with ``cp_fraction < 1``).
-        cp_logits: ``(N, G-1, codebook_size)`` code-predictor logits for codes 1..G-1.
-        cp_labels: ``(N, G-1)`` int64 codes 1..G-1.
-        frames: ``(B,)`` frames per utterance.
-        official_cp_loss: the loss ``forward_sub_talker_finetune`` returns (double-shifted; for the tests only).
-    """
+    """Outputs of one teacher-forced pass: ``talker_logits`` ``(B, F+1, vocab)`` at the positions emitting code 0 of
+    each frame then end of speech, ``talker_labels`` ``(B, F+1)`` int64 (-100 beyond), ``talker_hidden`` ``(N, H)``
+    starting each selected frame's code-predictor sequence (row-major), ``cp_logits`` ``(N, G-1, V)`` and
+    ``cp_labels`` ``(N, G-1)`` int64 for codes 1..G-1, ``frames`` ``(B,)``, ``official_cp_loss`` (double-shifted;
+    tests)."""
 
     talker_logits: torch.Tensor
     talker_labels: torch.Tensor
@@ -105,15 +89,12 @@ def _left_pad(t: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def batch_prompt(lm: LoadedModel, utts: Sequence[Utterance], *, grad: bool) -> Prompt:
-    """The official prompt of a batch: one official call per (language, speaker), the groups left-padded to one length
-    as the official batch ``generate`` pads."""
+    """The official prompt of a batch: one call per (language, speaker), left-padded as the batch ``generate``."""
     groups: dict[tuple, list[int]] = {}
     for i, u in enumerate(utts):
         groups.setdefault((u.language, u.speaker), []).append(i)
-    parts = []
-    for (language, speaker), idx in groups.items():
-        parts.append((idx, build_prompt(lm, [utts[i].text for i in idx], language=language, speaker=speaker,
-                                        grad=grad)))
+    parts = [(idx, build_prompt(lm, [utts[i].text for i in idx], language=language, speaker=speaker, grad=grad))
+             for (language, speaker), idx in groups.items()]
     if len(parts) == 1:
         return parts[0][1]
     length = max(p.inputs_embeds.shape[1] for _, p in parts)
@@ -132,13 +113,9 @@ def batch_prompt(lm: LoadedModel, utts: Sequence[Utterance], *, grad: bool) -> P
 
 def talker_pass(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
                 generator: torch.Generator | None = None):
-    """The official talker over [prompt | frames 0..F-1], teacher-forced: frame t's input is the sum of its code
-    embeddings plus the text track (then ``tts_pad_embed``); position ids from the mask, as the official prefill.
-
-    Returns:
-        ``(out, L, codes (B, F, G), valid (B, F) bool, frames (B,))``: ``out`` is the talker's output with hidden
-        states; position ``L-1+t`` is the one that emits code 0 of frame t.
-    """
+    """The official talker over [prompt | frames 0..F-1], teacher-forced (frame t's input: its code embeddings plus
+    the text track). Returns ``(out, L, codes (B, F, G), valid (B, F) bool, frames (B,))``, with hidden states in
+    ``out``; position ``L-1+t`` emits code 0 of frame t."""
     talker = lm.model.talker
     dev = next(lm.model.parameters()).device
     speaker = default_speaker(lm)
@@ -170,15 +147,12 @@ def talker_pass(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: f
 
 def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
                   cp_fraction: float = 1.0, generator: torch.Generator | None = None) -> TeacherForced:
-    """One teacher-forced pass of the official talker and code predictor over a batch (autograd as the ambient mode).
+    """One teacher-forced pass of the official talker and code predictor over a batch (autograd as ambient).
 
     Args:
-        utts: the batch (see :func:`as_utterance`).
-        feedback_noise: probability that a frame fed back to the talker is replaced by random codes (labels keep
-            the true codes).
-        cp_fraction: fraction of the frames (a random subset, at least one) that go through the code predictor, most
-            of a step's compute (Sesame CSM trains its audio decoder on 1/16 of the frames).
-        generator: RNG of the noise and of the frame subset.
+        feedback_noise: probability that a fed-back frame is replaced by random codes (labels keep the true ones).
+        cp_fraction: a random subset of frames (at least one) through the code predictor (Sesame CSM: 1/16).
+        generator: RNG of the noise and the subset.
 
     Raises:
         ValueError: codes of another shape or range; random draws without ``generator``; ``cp_fraction <= 0``.
@@ -215,15 +189,9 @@ def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise:
 
 
 def teacher_forced_hidden(code_predictor, context: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """Hidden states H_1..H_n of the code predictor over a whole frame in ONE causal pass (``forward_finetune``'s),
-    the inner loop's positions (docs/model.md#inner-loop-positions).
-
-    Args:
-        context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` int64 codes 1..n (code n is not fed).
-
-    Returns:
-        ``(N, n, hidden)`` in the module's dtype: entry d-1 is H_d, the hidden state that produces code d.
-    """
+    """``(N, n, hidden)`` hidden states H_1..H_n (module dtype; entry d-1 produces code d) of the code predictor over
+    ``context`` ``(N, 2, talker_hidden)`` and int64 ``codes`` ``(N, n)`` in ONE causal pass, at the inner loop's
+    positions (docs/model.md#inner-loop-positions)."""
     cp = code_predictor
     n = P.n_codes(cp)
     if codes.shape[-1] != n or codes.shape[0] != context.shape[0]:
@@ -244,12 +212,8 @@ def verifier_logits(code_predictor, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def check_codes(lm: LoadedModel, codes: torch.Tensor, what: str = "codes") -> torch.Tensor:
-    """``codes`` as ``(frames >= 1, n_code_groups)`` int64, code 0 first, checked against the model.
-
-    Raises:
-        ValueError: (one line naming ``what``) another shape, or codes outside ``[0, codebook_size)`` (code 0 outside
-            ``[0, 2048)``, the talker's codec ids): codes of another codec.
-    """
+    """``codes`` as ``(frames >= 1, n_code_groups)`` int64, code 0 first. Raises ValueError naming ``what``: another
+    shape, or codes outside ``[0, codebook_size)`` (code 0: ``[0, 2048)``): codes of another codec."""
     g = lm.n_code_groups
     codes = torch.as_tensor(codes, dtype=torch.long)
     if codes.dim() != 2 or codes.shape[1] != g or codes.shape[0] < 1:
@@ -262,12 +226,8 @@ def check_codes(lm: LoadedModel, codes: torch.Tensor, what: str = "codes") -> to
 
 @torch.no_grad()
 def contexts_of(lm: LoadedModel, utts: Sequence[Utterance]) -> list[torch.Tensor]:
-    """Inner-loop contexts of every frame of each utterance, from ONE teacher-forced talker pass (:func:`talker_pass`).
-
-    Returns:
-        one ``(T_i, 2, talker_hidden)`` float32 CPU tensor per utterance = [talker hidden that emitted code 0, talker
-        embedding of code 0].
-    """
+    """Inner-loop contexts from ONE teacher-forced talker pass: a ``(T_i, 2, talker_hidden)`` float32 CPU tensor per
+    utterance = [talker hidden that emitted code 0, talker embedding of code 0]."""
     out, length, codes, _, frames = talker_pass(lm, utts)
     hidden = out.hidden_states[0][-1]  # (B, L + F, Ht), last layer after the final norm
     emb = lm.model.talker.get_input_embeddings()(codes[..., 0])  # (B, F, Ht)
@@ -277,10 +237,5 @@ def contexts_of(lm: LoadedModel, utts: Sequence[Utterance]) -> list[torch.Tensor
 
 def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str = "auto",
                             speaker: str | None = None) -> torch.Tensor:
-    """:func:`contexts_of` one utterance: ``codes`` ``(T, n_code_groups)`` int64, code 0 first -> ``(T, 2,
-    talker_hidden)`` float32.
-
-    Raises:
-        ValueError: what :func:`check_codes` refuses.
-    """
+    """:func:`contexts_of` one utterance's ``codes`` (:func:`check_codes`) -> ``(T, 2, talker_hidden)`` float32."""
     return contexts_of(lm, [Utterance(text, check_codes(lm, codes), speaker, language)])[0]

@@ -1,5 +1,5 @@
-"""Utterance files: codes per utterance (``codes.safetensors``) and the utterances shipped with the embedded model
-(``utterances.safetensors`` + ``utterances.jsonl``: text, split, voice and ground-truth codes).
+"""Utterance files: codes per utterance and the utterances shipped with the embedded model (``utterances.safetensors``
++ ``utterances.jsonl``).
 """
 
 from __future__ import annotations
@@ -19,12 +19,8 @@ from rvqspec_lib.models import loader
 
 
 def embedded_root(model: str | os.PathLike = "embedded") -> Path:
-    """The folder holding a trained small model's shipped data (``utterances.safetensors`` ...): ``data/embedded``
-    for ``"embedded"``; for a path or a loaded model's ``folder``, the folder itself or its parent.
-
-    Raises:
-        FileNotFoundError: no ``utterances.safetensors`` there (names ``make embedded``).
-    """
+    """The folder of a small model's shipped ``utterances.safetensors``: ``data/embedded`` for ``"embedded"``, else
+    the (loaded model's) folder or its parent. Raises FileNotFoundError naming ``make embedded``."""
     if isinstance(model, loader.LoadedModel):  # the loaded model knows its folder
         if model.folder is None:
             raise FileNotFoundError(f"{model.name} has no folder of its own, so no shipped utterances: use the "
@@ -43,8 +39,8 @@ SHIPPED_FIELDS = ("id", "split", "language", "voice", "text", "source", "seconds
 
 def write_shipped_utterances(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray],
                              path: str | os.PathLike) -> Path:
-    """Write the codes and texts that ship beside a model: ``path`` (safetensors ``{id: (frames, G) int16}``) and its
-    ``.jsonl`` sibling (one row per utterance, :data:`SHIPPED_FIELDS`). Returns ``path``."""
+    """Write ``path`` (safetensors ``{id: (frames, G) int16}``) and its ``.jsonl`` sibling (:data:`SHIPPED_FIELDS`);
+    returns ``path``."""
     rows = [{k: r[k] for k in SHIPPED_FIELDS if k in r} for r in rows]
     p = Path(path)
     sub = {r["id"]: np.asarray(codes[r["id"]]).astype(np.int16) for r in rows}
@@ -55,18 +51,9 @@ def write_shipped_utterances(rows: Iterable[Mapping], codes: Mapping[str, np.nda
 
 def load_shipped_utterances(path: str | os.PathLike, *, splits: Sequence[str] | None = None,
                             limit: int | None = None) -> tuple[list[dict], list[Utterance]]:
-    """Read what :func:`write_shipped_utterances` wrote (e.g. ``data/embedded/utterances.safetensors``).
-
-    Args:
-        splits: keep only these splits; ``None``: all. limit: at most this many utterances (file order).
-
-    Returns:
-        ``(rows, utterances)``, index-aligned: the rows and :class:`~rvqspec_lib.data.teacher.Utterance` objects.
-
-    Raises:
-        FileNotFoundError: the file or its ``.jsonl`` sibling is missing. ValueError: no row of ``splits``, rows
-            without codes.
-    """
+    """Index-aligned ``(rows, utterances)`` of what :func:`write_shipped_utterances` wrote, of ``splits`` (``None``:
+    all), at most ``limit``. Raises FileNotFoundError: a file missing; ValueError: no row of ``splits``, rows
+    without codes."""
     p = Path(path)
     j = p.with_suffix(".jsonl")
     for f in (p, j):
@@ -91,7 +78,7 @@ def load_shipped_utterances(path: str | os.PathLike, *, splits: Sequence[str] | 
 
 
 def save_codes(codes: Mapping[str, np.ndarray], path: str | os.PathLike) -> Path:
-    """Write ``{id: codes}`` to one safetensors file, atomically (a partial file never has the final name)."""
+    """Write ``{id: codes}`` to one safetensors file, atomically."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(p) as tmp:
@@ -108,16 +95,9 @@ def load_codes(path: str | os.PathLike) -> dict[str, np.ndarray]:
 def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray], *,
                              splits: Sequence[str] | None = None, speaker_key: str | None = "voice",
                              language: str = "auto") -> list[Utterance]:
-    """Training pairs: one :class:`~rvqspec_lib.data.teacher.Utterance` per manifest row that has codes.
-
-    Args:
-        rows: manifest rows (``id``, ``text``, ``split``, ``voice``). codes: ``{id: (frames, G)}``.
-        splits: keep only rows of these splits (``None``: all). speaker_key: the row field naming the speaker
-            (``None``: the default speaker). language: the prompt language.
-
-    Returns:
-        Utterances in manifest order (rows without codes or frames skipped).
-    """
+    """One :class:`~rvqspec_lib.data.teacher.Utterance` per manifest row (``id, text, split, voice``) of ``splits``
+    (``None``: all) with codes ``{id: (frames, G)}``, in order; the speaker from ``speaker_key`` (``None``: default),
+    the prompt ``language``."""
     out = []
     for r in rows:
         if splits is not None and r.get("split") not in splits:
@@ -131,12 +111,8 @@ def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.nda
 
 
 def shipped_split_sizes(model: str | os.PathLike = "embedded") -> dict[str, dict]:
-    """Utterances and frames of every split shipped beside a trained small model, from its ``utterances.jsonl`` (no
-    codes loaded): ``{split: {"utterances": int, "frames": int, "file": str}}``, what notebooks quote.
-
-    Raises:
-        FileNotFoundError: the model ships no utterances (:func:`embedded_root`).
-    """
+    """``{split: {"utterances", "frames", "file"}}`` of a small model's ``utterances.jsonl`` (no codes loaded), what
+    notebooks quote. Raises FileNotFoundError: the model ships no utterances (:func:`embedded_root`)."""
     j = embedded_root(model) / "utterances.jsonl"
     out: dict[str, dict] = {}
     for line in j.read_text().splitlines():

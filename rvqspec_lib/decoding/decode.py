@@ -25,19 +25,11 @@ def sample_drafts(q: torch.Tensor, generator: torch.Generator | None) -> torch.T
 
 def sample_tree_drafts(q: torch.Tensor, plan: "RoundPlan", node_codes: torch.Tensor,
                        generator: torch.Generator) -> "Draft":
-    """Children SAMPLED from q without replacement (docs/methods.md#sampled-children-without-replacement) by the
-    Gumbel-top-k trick (Kool et al. 2019); child i is handed ``q_i`` = q less its earlier siblings' codes,
-    renormalised. A child q has no code left for (e.g. greedy) does not exist, nor does its subtree.
-
-    Args:
-        q: ``(B, K, V)`` float32 warped draft probabilities for offsets 1..K. plan: the round plan.
-        node_codes: ``(B, M+1)`` with the root's code filled in; the children's codes are written in place.
-        generator: explicit RNG: one ``torch.rand`` for every sibling group, in group order (on the CPU the same
-            stream as one draw per group).
-
-    Returns:
-        :class:`Draft` with ``q`` ``(B, M+1, V)`` and ``exists`` ``(B, M+1)``.
-    """
+    """Children SAMPLED from q ``(B, K, V)`` without replacement by Gumbel-top-k (Kool et al. 2019;
+    docs/methods.md#sampled-children-without-replacement): child i gets q less its earlier siblings' codes,
+    renormalised; a child with no code left (e.g. greedy) does not exist, nor its subtree. ``node_codes`` ``(B, M+1)``
+    (root filled in) is written in place; one ``torch.rand`` for all sibling groups, in group order. Returns a
+    :class:`Draft` with ``q`` ``(B, M+1, V)`` and ``exists`` ``(B, M+1)``."""
     b, _, v = q.shape
     dev = q.device
     sizes = [b * n for n in plan.sample_parents_per_group]
@@ -62,18 +54,13 @@ def sample_tree_drafts(q: torch.Tensor, plan: "RoundPlan", node_codes: torch.Ten
 
 @dataclass
 class FrameResult:
-    """Codes of one frame and what it cost.
+    """Codes of one frame and what it cost (int64 tensors).
 
     Attributes:
-        codes: ``(B, n_codes)`` int64, codes 1..n_codes of the frame (n_codes = n_code_groups - 1 = 15).
-        calls: ``(B,)`` int64, code-predictor calls the row used (the prefill included).
-        committed: ``(B, n_calls)`` int64, codes committed by each call (0 once the row is done); ``None`` from a
-            whole-frame runner, which keeps no per-call log.
-        accepted: ``(B, n_calls)`` int64, drafts accepted by each call (``None`` as ``committed``).
-        start_depth: ``(B, n_calls)`` int64, depth of the last committed code before each call (0 for the prefill;
-            ``None`` as ``committed``).
-        replay: ``None``, or for a TIMING REPLAY (docs/precision.md#timing-replay) what was replayed; ``codes`` is
-            then all -1.
+        codes: ``(B, n_codes)`` codes 1..n_codes (15). calls: ``(B,)`` code-predictor calls, the prefill included.
+        committed, accepted, start_depth: ``(B, n_calls)`` codes committed (0 once done), drafts accepted, depth
+            before each call; ``None`` from a whole-frame runner.
+        replay: what a TIMING REPLAY (docs/precision.md#timing-replay) replayed; ``codes`` is then all -1.
     """
 
     codes: torch.Tensor
@@ -87,11 +74,6 @@ class FrameResult:
     def tokens_per_call(self) -> torch.Tensor:
         """``(B,)`` float: codes per code-predictor call (n_codes / calls)."""
         return self.codes.shape[1] / self.calls.to(torch.float64)
-
-    @property
-    def n_model_calls(self) -> int:
-        """Model invocations for the whole batch (the longest row)."""
-        return int(self.calls.max())
 
 
 def _check_context(code_predictor, context: torch.Tensor) -> None:
@@ -122,23 +104,15 @@ class RoundPlan:
     """One tree's constants on the decode device, built once (:func:`plan_for` caches them per decoder).
 
     Attributes:
-        tree: the compiled :class:`~rvqspec_lib.decoding.trees.DraftTree` (node 0 = root = the last committed code).
-        depth: ``(M+1,)`` draft offset of each node. ancestors: ``(M+1, M+1)`` bool tree mask.
-        children: ``(M+1, C)`` children in the order they are tried. rank: ``(M,)`` rank of each non-root node.
+        tree: the compiled :class:`~rvqspec_lib.decoding.trees.DraftTree` (node 0 = root = the last committed code);
+            ``depth``, ``ancestors``, ``children``, ``rank[1:]`` its buffers on the device.
         eye: ``(1, M+1, M+1)`` bool: every query sees itself (never an empty attention row).
-        sampled: drafts are SAMPLED from q (Chain, sampled Tree) rather than the top-ranked codes (Tree).
-        slots: KV slots of the frame's cache (``n_codes + M + 1``).
-        chain_shaped: every node has at most one child: sampled drafts use the Chain sampler (a sampled chain-shaped
-            Tree IS Chain, draw for draw) and the cache never needs compacting.
-        sibling_groups: for sampled trees, ``(offset, parents (P,), children (P, k))`` for each offset and number of
-            children k: the parents whose k children are drawn together without replacement.
-        slot_index: ``(slots,)`` ``arange(slots)``. node_index: ``(M+1,)`` ``arange(M+1)``.
-        draft_offset: ``(M,)`` ``depth[1:] - 1``: the row of the drafter's output each non-root node reads.
-        nodes_in_offset_order: node m (m >= 1) drafts offset m (a chain): drafts need no gather.
-        sample_*: the sibling groups flattened for :func:`sample_tree_drafts`: ``sample_parents_per_group`` (P_g per
-            group, in group order), ``sample_row_offset`` ``(R,)`` offset - 1 of each parent row (R = sum P_g),
-            ``sample_max_children`` (the largest k), ``sample_node_row`` / ``sample_node_sibling`` ``(M,)`` each
-            non-root node's parent row and sibling index, ``sample_earlier`` ``(M, k)`` bool, sibling j < i.
+        sampled: drafts SAMPLED from q (Chain, sampled Tree), not the top-ranked codes. slots: ``n_codes + M + 1``.
+        chain_shaped: at most one child a node: the Chain sampler (draw for draw the same), no cache compaction.
+        sibling_groups: ``(offset, parents (P,), children (P, k))``: parents whose k children are drawn together.
+        draft_offset: ``(M,)`` the drafter's output row of each non-root node (no gather if nodes_in_offset_order).
+        sample_*: the sibling groups flattened for :func:`sample_tree_drafts` (parent rows R in group order; each
+            node's parent row and sibling index; ``sample_earlier`` ``(M, k)``: sibling j < i).
         tolerance: 0.0, or the LOSSY control's beta (:func:`~rvqspec_lib.decoding.verify.walk_tree`).
     """
 
@@ -166,7 +140,7 @@ class RoundPlan:
 
     @property
     def n_query(self) -> int:
-        """Query positions of a verify call: the root plus the tree's nodes (the node budget N)."""
+        """Query positions of a verify call: the root plus the nodes (N)."""
         return self.tree.n_nodes + 1
 
     @classmethod
@@ -226,19 +200,10 @@ def plan_for(decoder, n_codes: int, device) -> RoundPlan:
 
 @dataclass
 class FrameState:
-    """Where a batch of frames stands between rounds.
-
-    Attributes:
-        codes: ``(B, n_codes)`` int64 codes committed so far (zeros beyond ``s``).
-        s: ``(B,)`` int64 depth of the last committed code (``n_codes`` = the row is done).
-        h: ``(B, H)`` hidden state that produced code ``s`` (it drafts the next round).
-        n_slots: ``(B,)`` int64 committed KV slots (valid slots sit at the front of the cache).
-        cache: the frame's cache (``backend.new_cache``'s).
-        calls: ``(B,)`` int64 code-predictor calls so far (the prefill included).
-        log_committed, log_accepted, log_start: per-call logs, see :class:`FrameResult`.
-        backend: the :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` every call of the frame goes through.
-        rows: ``(B,)`` ``arange(B)`` (a per-frame constant).
-    """
+    """Where a batch of frames stands between rounds: ``codes`` ``(B, n_codes)`` so far, ``s`` ``(B,)`` depth of the
+    last committed code (``n_codes``: done), ``h`` ``(B, H)`` its hidden state, ``n_slots`` ``(B,)`` committed KV
+    slots (at the front of ``cache``), ``calls`` and the per-call logs of :class:`FrameResult`, the frame's
+    :class:`~rvqspec_lib.decoding.predictor.VerifyBackend`, ``rows`` ``arange(B)``."""
 
     codes: torch.Tensor
     s: torch.Tensor
@@ -254,16 +219,16 @@ class FrameState:
 
     @property
     def n_codes(self) -> int:
-        """Codes a frame (the width of :attr:`codes`)."""
+        """Codes a frame."""
         return int(self.codes.shape[1])
 
     @property
     def active(self) -> torch.Tensor:
-        """``(B,)`` bool: rows with codes left to decode."""
+        """``(B,)`` bool: rows with codes left."""
         return self.s < self.n_codes
 
     def result(self) -> FrameResult:
-        """The finished frame as a :class:`FrameResult` (the per-call logs stacked to ``(B, n_calls)``)."""
+        """The finished frame, per-call logs stacked to ``(B, n_calls)``."""
         return FrameResult(self.codes, self.calls, torch.stack(self.log_committed, 1),
                            torch.stack(self.log_accepted, 1), torch.stack(self.log_start, 1))
 
@@ -427,26 +392,22 @@ def decode_frame(
     backend: P.VerifyBackend | None = None,
     acceptance: AcceptanceHook | None = None,
 ) -> FrameResult:
-    """Decode codes 1..n_codes of one frame: :func:`prefill`, then rounds of :func:`draft` -> :func:`verify` ->
-    :func:`accept` -> :func:`commit` until every row is done.
+    """Decode codes 1..n_codes of one frame: :func:`prefill`, then :func:`draft` -> :func:`verify` -> :func:`accept`
+    -> :func:`commit` rounds until every row is done.
 
     Args:
-        code_predictor: the official module (``model.talker.code_predictor``), any config, any dtype (probabilities
-            in float32 as transformers computes them).
+        code_predictor: the official module (``model.talker.code_predictor``), any config and dtype.
         context: ``(B, 2, talker_hidden)`` float = [talker hidden state that emitted code 0 (after the final norm),
             talker embedding of code 0].
         decoder: :class:`~rvqspec_lib.decoding.decoders.AR` (default), ``Chain`` or ``Tree``.
-        sampling: :class:`~rvqspec_lib.decoding.sampling.Sampling` (default: the checkpoints').
-        generator: explicit ``torch.Generator`` (``None``: a fresh unseeded one, never the global RNG).
-        drafter: where q comes from (default the reused heads); a decoder carrying its own drafter uses that one.
-        backend: a :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` over ``code_predictor``'s weights
-            (default the official module); random numbers are drawn in the same order whatever the backend.
-        acceptance: TIMING REPLAY only, an :class:`AcceptanceHook` replacing the accept step; the result is sealed
-            (codes all -1): never audio.
+        sampling: default the checkpoints'. generator: ``None``: a fresh unseeded one, never the global RNG.
+        drafter: default the reused heads; a decoder carrying its own drafter uses that one.
+        backend: a :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` (default the official module); the random
+            draws are the same whatever the backend.
+        acceptance: TIMING REPLAY only (:class:`AcceptanceHook`): the result is sealed (codes all -1).
 
     Returns:
-        :class:`FrameResult`. Rows of a batch are decoded together and may accept different lengths.
-
+        :class:`FrameResult`; rows of a batch may accept different lengths.
     Raises:
         ValueError: a context of the wrong shape, an invalid decoder, a code predictor with one code group (nothing
             to decode), a tree rank outside the codebook.

@@ -1,27 +1,6 @@
-"""The ONE grammar of decoder names, used by every command and evaluation (``synth``, ``bench``, ``eval-wer``,
-``export``, ``eval-acceptance``, WER parity, the calibrated-tree files). Pure: no files, no torch at import.
-
-Names (:data:`GRAMMAR`)::
-
-    ar                                   autoregressive: one code-predictor call per code
-    chain[:N]                            a chain of N-1 sampled drafts, N in 2..8 (default 4)
-    chain:best                           the window with the best predicted tokens per call (eval-wer)
-    tree[:PATHS]                         a point-mass tree of rank paths, e.g. tree:0;1;0,0 (default the small tree)
-    tree-sampled:PATHS                   a tree with sampled children
-    tree:calibrated[-KIND][:N]           the model's calibrated tree of N nodes (2..64, default 16); KIND
-                                         point-mass or sampled (default: the better one at N); also written
-                                         calibrated[-KIND][:N], the ``--tree`` form
-    ssd-lossy[:BETA]                     SSD's tolerance rule, a LOSSY control (BETA in (0, 1], default 0.4)
-    auto                                 the fastest on this device, timed once and cached (needs calibrated trees)
-    paper[:N]                            THE PAPER'S DECODER: the position-aware offsets drafter shipped beside the
-                                         model + its own calibrated point-mass tree of N nodes (default 32, the
-                                         paper's node budget, capped to the largest calibrated budget)
-
-Every name except ``ar`` and ``paper`` takes ``@DRAFTER`` (default ``heads``): drafts from
-``<model>/drafters/DRAFTER.safetensors``, a calibrated tree from ``<model>/trees/DRAFTER.json``.
-
-:func:`parse_decoder_name` gives a :class:`DecoderName`; :meth:`DecoderName.decoder` builds the decoder once the
-calibration and the drafter are at hand. Errors are one-line ``ValueError`` s naming the fix.
+"""The ONE grammar of decoder names (docs/cli.md#decoder-names, :data:`GRAMMAR`), used by every command and
+evaluation. :func:`parse_decoder_name` gives a :class:`DecoderName`; :meth:`DecoderName.decoder` builds the decoder
+once the calibration and the drafter are at hand. Pure: no files, no torch at import; errors are one-line ValueErrors.
 """
 
 from __future__ import annotations
@@ -52,8 +31,7 @@ FORMS = (("ar", "ar"), ("chain", "chain[:N] (N in 2..8)"), ("chain:best", "chain
 
 
 def grammar(without: Sequence[str] = ()) -> str:
-    """One line listing the accepted forms (error messages and help texts), less the forms ``without`` (e.g.
-    ``("chain:best",)`` for a command that does not take it)."""
+    """One line listing the accepted forms less ``without`` (e.g. ``("chain:best",)``), for messages and help."""
     return (", ".join(text for form, text in FORMS if form not in without)
             + "; add @DRAFTER for another drafter (e.g. tree:calibrated:16@offsets)")
 
@@ -67,15 +45,10 @@ _CALIBRATED = re.compile(r"^calibrated(?:-([a-z-]+))?(?::(.*))?$")
 
 @dataclass(frozen=True)
 class DecoderName:
-    """A parsed decoder name.
-
-    Attributes:
-        text: the name as accepted (stripped). kind: ``ar``, ``chain``, ``tree``, ``calibrated``, ``ssd-lossy``,
-            ``auto`` or ``paper``. drafter: the drafter's file name (``heads``: nothing to load). window: chain /
-            ssd-lossy window. best_window: ``chain:best``. paths: ``tree:PATHS``'s. sampled: sampled children.
-            tree_kind: a calibrated tree's kind (``None``: the better one). budget: node budget N (root included).
-            budget_given: whether ``:N`` was written. beta: ssd-lossy's tolerance.
-    """
+    """A parsed decoder name: ``kind`` one of ``ar chain tree calibrated ssd-lossy auto paper``, ``drafter`` a file
+    name (``heads``: nothing to load), ``tree_kind`` ``None`` for the better one, ``budget`` N (root included),
+    ``budget_given``: ``:N`` written, ``window`` of chain / ssd-lossy, ``best_window``: ``chain:best``, ``beta``:
+    ssd-lossy's tolerance."""
 
     text: str
     kind: str
@@ -91,17 +64,15 @@ class DecoderName:
 
     @property
     def needs(self) -> set[str]:
-        """What building it needs besides the model: ``"calibration"`` (a calibrated tree, ``paper``, ``auto``),
-        ``"best_chain"`` (``chain:best``)."""
+        """What building it needs besides the model: ``"calibration"`` and/or ``"best_chain"``."""
         if self.kind in ("calibrated", "paper", "auto"):
             return {"calibration"}
         return {"best_chain"} if self.best_window else set()
 
     @property
     def label(self) -> str:
-        """THE label of a decoder in tables, figures and result rows: the name's canonical form, read back by the
-        grammar as the same decoder (``chain:4``, ``tree:calibrated-point-mass:16``, ``paper:32``, ``...@offsets``).
-        Final once :meth:`resolved`; code never parses a label back (rows carry :meth:`fields`)."""
+        """THE label of a decoder in tables, figures and rows: the canonical name (``chain:4``, ``paper:32``,
+        ``...@offsets``), final once :meth:`resolved`; never parsed back (rows carry :meth:`fields`)."""
         k = self.kind
         if k == "ar":
             return k
@@ -129,8 +100,8 @@ class DecoderName:
         return self
 
     def fields(self) -> dict:
-        """The fields a result row is keyed by: ``decoder`` (:attr:`label`), ``kind``, ``drafter`` (``None`` for
-        ``ar``), ``nodes`` (N; ``None`` until known), ``lossy``, ``sampled`` (``None`` until known)."""
+        """A result row's keys: ``decoder`` (:attr:`label`), ``kind``, ``drafter``, ``nodes``, ``lossy``, ``sampled``
+        (``None`` where not known yet)."""
         nodes = {"ar": 1, "chain": self.window, "ssd-lossy": self.window}.get(self.kind)
         if self.kind == "tree":
             nodes = len(self.paths) + 1
@@ -142,17 +113,9 @@ class DecoderName:
                 self.sampled or self.tree_kind == "sampled" or self.kind in ("chain", "ssd-lossy")}
 
     def decoder(self, *, calibration: dict | None = None, best_chain: int | None = None, drafter=None):
-        """The decoder object (:mod:`rvqspec_lib.decoding.decoders`).
-
-        Args:
-            calibration: the calibration dict of THIS name's drafter (``calibrated``, ``paper``).
-            best_chain: the window of ``chain:best``.
-            drafter: the drafter module the decoder carries (``paper`` and ``@DRAFTER`` names need it).
-
-        Raises:
-            ValueError: ``auto`` (chosen by timing: :mod:`rvqspec_lib.eval.budget`), a missing calibration or
-                best window, a budget the calibration does not hold (one line).
-        """
+        """The decoder object, given THIS name's drafter's ``calibration`` dict, ``chain:best``'s window and the
+        ``drafter`` module (``paper`` and ``@DRAFTER`` names). Raises ValueError: ``auto`` (chosen by timing), a
+        missing calibration, window or drafter, a budget the calibration does not hold."""
         if self.kind == "ar":
             return AR()
         if self.kind == "auto":
@@ -172,12 +135,8 @@ class DecoderName:
         return replace(tree, drafter=drafter) if drafter is not None else tree
 
     def calibrated_tree(self, calibration: dict | None):
-        """The calibrated :class:`~rvqspec_lib.decoding.decoders.Tree` this name picks, carrying no drafter
-        (``paper`` without ``:N``: the largest calibrated budget up to 32).
-
-        Raises:
-            ValueError: not a calibrated name, no calibration, a budget it does not hold.
-        """
+        """The calibrated ``Tree`` this name picks, without drafter (``paper``: the largest budget up to 32).
+        Raises ValueError: not a calibrated name, no calibration, a budget it does not hold."""
         if self.kind not in ("calibrated", "paper"):
             raise ValueError(f"{self.text} is not a calibrated tree")
         if calibration is None:
@@ -191,8 +150,7 @@ class DecoderName:
 
 
 def format_paths(paths: Sequence[Sequence[int]]) -> str:
-    """The written form of rank paths, the inverse of :func:`rvqspec_lib.decoding.trees.parse_paths`:
-    ``((0,), (1,), (0, 0))`` -> ``"0;1;0,0"``."""
+    """``((0,), (1,), (0, 0))`` -> ``"0;1;0,0"``, the inverse of :func:`rvqspec_lib.decoding.trees.parse_paths`."""
     return ";".join(",".join(str(int(r)) for r in p) for p in paths)
 
 
@@ -215,12 +173,8 @@ def _window(text: str) -> int:
 
 
 def parse_tree_name(text: str) -> tuple[str | None, int]:
-    """A calibrated tree's name without the ``tree:`` prefix: ``"calibrated-sampled:16"`` -> ``("sampled", 16)``,
-    ``"calibrated:16"`` -> ``(None, 16)`` (the better kind), ``"calibrated"`` -> ``(None, 16)``.
-
-    Raises:
-        ValueError: anything else (``unknown tree name ...``), a budget outside 2..64.
-    """
+    """``"calibrated-sampled:16"`` -> ``("sampled", 16)``, ``"calibrated"`` -> ``(None, 16)`` (None: the better
+    kind). Raises ValueError: anything else, a budget outside 2..64."""
     m = _CALIBRATED.match(text.strip()) if isinstance(text, str) else None
     if not m or (m.group(1) is not None and m.group(1) not in TREE_KINDS):
         raise ValueError(f"unknown tree name {text!r}: use calibrated:N, calibrated-sampled:N or "
@@ -229,14 +183,13 @@ def parse_tree_name(text: str) -> tuple[str | None, int]:
     return m.group(1), n
 
 
-def is_calibrated_name(text: str | None) -> bool:
-    """Whether a ``--tree`` value names a calibrated tree (``calibrated...``) rather than rank paths."""
+def _is_calibrated_name(text: str | None) -> bool:
+    """Whether a ``--tree`` value names a calibrated tree rather than rank paths."""
     return isinstance(text, str) and text.strip().startswith("calibrated")
 
 
 def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName:
-    """Parse one decoder name (module docstring, :data:`GRAMMAR`); ``without``: forms the calling command does not
-    accept, left out of the list an unknown or empty name is answered with (:func:`grammar`).
+    """Parse one decoder name (:data:`GRAMMAR`); ``without``: forms the command does not take (:func:`grammar`).
 
     Raises:
         ValueError: one line naming the fix: an unknown name (the grammar is listed), a window outside 2..8, a
@@ -272,7 +225,7 @@ def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName
             if arg == "best":
                 return DecoderName(raw, "chain", drafter, best_window=True)
             return DecoderName(raw, "chain", drafter, window=_window(arg) if colon else DEFAULT_WINDOW)
-        if head == "calibrated" or head.startswith("calibrated-") or (head == "tree" and is_calibrated_name(arg)):
+        if head == "calibrated" or head.startswith("calibrated-") or (head == "tree" and _is_calibrated_name(arg)):
             kind, n = parse_tree_name(arg if head == "tree" else body)
             return DecoderName(raw, "calibrated", drafter, tree_kind=kind, sampled=kind == "sampled", budget=n)
         if head in ("tree", "tree-sampled"):
@@ -297,12 +250,8 @@ def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName
 
 
 def split_decoder_list(text: str) -> list[str]:
-    """``"ar,chain:4,tree:0;1;0,0,ssd-lossy"`` -> ``["ar", "chain:4", "tree:0;1;0,0", "ssd-lossy"]``: a piece that
-    starts with a digit continues the rank paths before it (paths use commas too).
-
-    Raises:
-        ValueError: an empty list.
-    """
+    """``"ar,tree:0;1;0,0,chain"`` -> ``["ar", "tree:0;1;0,0", "chain"]`` (a piece starting with a digit continues
+    the rank paths before it). Raises ValueError: an empty list."""
     parts: list[str] = []
     for piece in (text or "").split(","):
         piece = piece.strip()
@@ -316,11 +265,7 @@ def split_decoder_list(text: str) -> list[str]:
 
 
 def check_decoder_names(names: Sequence[str]) -> set[str]:
-    """Parse every name BEFORE any work; returns what they need together (:attr:`DecoderName.needs`).
-
-    Raises:
-        ValueError: the first bad name (one line).
-    """
+    """Parse every name BEFORE any work; returns their :attr:`DecoderName.needs` together (ValueError: a bad one)."""
     needs: set[str] = set()
     for name in names:
         needs |= parse_decoder_name(name).needs
@@ -333,12 +278,8 @@ def calibration_budgets(names: Sequence[str]) -> list[int]:
 
 
 def name_of(decoder) -> DecoderName:
-    """The name of a decoder object built without one (``Chain(3)`` -> ``chain:3``, with ``@DRAFTER``): the inverse
-    of :meth:`DecoderName.decoder` for names that read no file.
-
-    Raises:
-        ValueError: not a decoder of :mod:`rvqspec_lib.decoding.decoders`.
-    """
+    """The name of a decoder object (``Chain(3)`` -> ``chain:3``), the inverse of :meth:`DecoderName.decoder` for
+    names that read no file. Raises ValueError: not a decoder of :mod:`rvqspec_lib.decoding.decoders`."""
     drafter = getattr(getattr(decoder, "drafter", None), "name", None) or DEFAULT_DRAFTER
     if type(decoder) is AR:
         return DecoderName("ar", "ar")
@@ -354,12 +295,8 @@ def name_of(decoder) -> DecoderName:
 
 
 def tree_from_calibration(calibration: dict, kind: str | None, budget: int):
-    """The calibrated :class:`~rvqspec_lib.decoding.decoders.Tree` of ``budget`` nodes (``kind`` ``None``: the better
-    one) from a calibration dict: the first ``budget - 1`` nodes of the kind's greedy ``order``.
-
-    Raises:
-        ValueError: a budget or kind the calibration does not hold.
-    """
+    """The calibrated ``Tree`` of ``budget`` nodes (``kind`` ``None``: the better one): the first ``budget - 1`` of
+    the kind's greedy ``order``. Raises ValueError: a budget or kind the calibration does not hold."""
     if kind is None:
         kind = (calibration.get("best_kind") or {}).get(str(budget))
     budgets = [int(b) for b in calibration.get("budgets", [])]

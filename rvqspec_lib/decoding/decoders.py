@@ -1,10 +1,6 @@
-"""The inner-loop decoders as strategies (docs/methods.md#decoding-methods): :class:`AR`, :class:`Chain`,
-:class:`Tree`, and :class:`LossySSD`, a deliberately LOSSY control. A decoder says which tree one verify call checks
-(``tree(n_codes)``) and whether its drafts are sampled from q; :func:`rvqspec_lib.decoding.decode.decode_frame` runs
-any of them. Also the shared constants (windows, the default tree).
-
-torch is imported only when a tree is compiled (:func:`_trees`): the command line reads these constants for its help
-without loading torch.
+"""The inner-loop decoders (docs/methods.md#decoding-methods): :class:`AR`, :class:`Chain`, :class:`Tree` and the
+LOSSY control :class:`LossySSD`; each says which tree a verify call checks and whether drafts are sampled. torch is
+imported only when a tree is compiled (the command line reads these constants for its help without it).
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ DEFAULT_TREE = ((0,), (1,), (0, 0), (0, 0, 0))
 
 
 def _trees():
-    """:class:`~rvqspec_lib.decoding.trees.DraftTree`, imported on first use (module docstring)."""
+    """:class:`~rvqspec_lib.decoding.trees.DraftTree`, imported on first use."""
     from rvqspec_lib.decoding.trees import DraftTree
 
     return DraftTree
@@ -38,7 +34,7 @@ class AR:
     """Autoregressive decoding: one code-predictor call per code (15 per frame), 1.00 token per call."""
 
     def tree(self, n_codes: int) -> DraftTree:
-        """The empty tree: the root alone (a frame of ``n_codes`` codes)."""
+        """The empty tree: the root alone."""
         return _trees().from_paths([])
 
     sampled_drafts = False
@@ -49,11 +45,7 @@ class AR:
 @dataclass(frozen=True)
 class Chain:
     """Chain speculation with sampled drafts (docs/methods.md#chain-with-sampled-drafts): ``window`` N = the committed
-    code plus N-1 drafts, 1..N codes per call. ``drafter`` (keyword only): as :class:`Tree`'s.
-
-    Raises:
-        ValueError: window outside 2..:data:`MAX_WINDOW` (8).
-    """
+    code plus N-1 drafts. ``drafter``: as :class:`Tree`'s. Raises ValueError: window outside 2..:data:`MAX_WINDOW`."""
 
     window: int = DEFAULT_WINDOW
     drafter: object = field(default=None, repr=False, kw_only=True)
@@ -64,7 +56,7 @@ class Chain:
                              f"1..{MAX_WINDOW - 1} drafts), got {self.window!r}")
 
     def tree(self, n_codes: int) -> DraftTree:
-        """One path of ``window - 1`` nodes (nodes past the frame's last depth are masked by the decode loop)."""
+        """One path of ``window - 1`` nodes (nodes past the last depth are masked by the decode loop)."""
         return _trees().chain(self.window - 1)
 
     sampled_drafts = True
@@ -82,10 +74,8 @@ class Tree:
     a path's entries then child indices (docs/methods.md#sampled-trees).
 
     Args:
-        paths: rank (or child-index) paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]``.
-        sampled: sampled children instead of top-ranked ones.
-        drafter: the drafter this tree drafts with (keyword only; ``None``: the caller's, by default the reused
-            heads); a calibrated tree carries the drafter it was calibrated for.
+        paths: rank (or child-index) paths, e.g. ``[(0,), (1,), (0, 0), (0, 0, 0)]``. sampled: sampled children.
+        drafter: the drafter it drafts with (``None``: the caller's, by default the reused heads).
 
     Raises:
         ValueError: an empty tree, a path with a gap, a negative rank, a repeated path; for a sampled tree, a child
@@ -110,13 +100,12 @@ class Tree:
                                      f"{path[:-1] + (path[-1] - 1,)} (children are sampled in order); add it")
 
     def tree(self, n_codes: int) -> DraftTree:
-        """The compiled tree, whatever ``n_codes`` (a tree deeper than the depths left is fine: nodes past the last
-        depth are masked, the tree shrinks)."""
+        """The compiled tree, whatever ``n_codes`` (nodes past the last depth are masked)."""
         return self._compiled
 
     @property
     def sampled_drafts(self) -> bool:
-        """Whether drafts are sampled from q (True) or the top-ranked codes (False, point-mass)."""
+        """Whether drafts are sampled from q (or the top-ranked codes)."""
         return self.sampled
 
     @property
@@ -128,16 +117,8 @@ class Tree:
 @dataclass(frozen=True)
 class LossySSD:
     """LOSSY control, NOT distribution-preserving: a :class:`Chain` accepting when ``u < min(1, p/q) + beta``
-    (SSD's tolerance rule, docs/methods.md#ssd-tolerance-rule-a-lossy-control); a negative control for WER parity,
-    labelled ``ssd-lossy:BETA``.
-
-    Args:
-        window: the committed code plus ``window - 1`` drafts (SSD's main setting: draft length 3, i.e. 4).
-        beta: the tolerance (SSD's main setting 0.4), in (0, 1].
-
-    Raises:
-        ValueError: window outside 2..8, beta outside (0, 1].
-    """
+    (SSD's tolerance rule, docs/methods.md#ssd-tolerance-rule-a-lossy-control; SSD's main setting: window 4, beta
+    0.4). Raises ValueError: window outside 2..8, beta outside (0, 1]."""
 
     window: int = 4
     beta: float = 0.4
@@ -160,7 +141,7 @@ class LossySSD:
 
     @property
     def lossy_tolerance(self) -> float:
-        """The tolerance ``beta`` that :func:`rvqspec_lib.decoding.verify.walk_tree` adds to the acceptance ratio."""
+        """The ``beta`` that :func:`rvqspec_lib.decoding.verify.walk_tree` adds to the acceptance ratio."""
         return self.beta
 
     @property

@@ -1,9 +1,7 @@
 """Drafters: where the draft distributions q come from (paper Table 2; docs/methods.md#reused-heads,
-#medusa-heads, #position-aware-offsets). ``draft_logits(code_predictor, hidden, depth, n_ahead, logits=None)`` gives
-the logits for depths ``depth + 1 .. depth + n_ahead`` from the hidden state H_k of depth k; ``logits`` is the verify
-backend's head function (``None``: the official heads), so the model's own heads run in the verify call's forward.
-A trained drafter of K offsets falls back to the reused head for offsets past K. Files:
-``rvqspec_lib.models.drafter_files``.
+#medusa-heads, #position-aware-offsets). ``draft_logits`` gives logits for depths k+1..k+n_ahead from H_k through
+the verify backend's ``logits`` (``None``: the official heads); past K offsets a trained drafter falls back to the
+reused head. Files: ``rvqspec_lib.models.drafter_files``.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ DEFAULT_K = 3
 
 
 def _heads(code_predictor, hidden: torch.Tensor, head: torch.Tensor, logits) -> torch.Tensor:
-    """The code predictor's own heads on rows of ``hidden`` ``(N, H)`` (``head`` ``(N,)``): through a backend's
-    ``logits`` when given, else the official modules."""
+    """The code predictor's own heads on ``hidden`` ``(N, H)``, ``head`` ``(N,)``, through ``logits`` if given."""
     return head_logits(code_predictor, hidden, head) if logits is None else logits(hidden, head)
 
 
@@ -40,16 +37,8 @@ class ReusedHeads:
 
     def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
                      logits=None) -> torch.Tensor:
-        """Draft logits.
-
-        Args:
-            hidden: ``(B, H)`` hidden state H_k that produced code k. depth: ``(B,)`` int64 k (1..n_codes).
-            n_ahead: number of depths to draft. logits: module docstring.
-
-        Returns:
-            ``(B, n_ahead, V)`` logits; entry j-1 drafts depth k+j. Entries past the last depth hold clamped-head
-            logits that callers must ignore.
-        """
+        """``(B, n_ahead, V)`` logits, entry j-1 drafting depth k+j, from ``hidden`` ``(B, H)`` H_k and ``depth``
+        ``(B,)`` int64 k; entries past the last depth hold clamped-head logits that callers must ignore."""
         b = hidden.shape[0]
         j = _offsets(n_ahead, hidden.device)
         head = (depth[:, None] + j[None, :] - 1).reshape(-1)  # (B*K,)
@@ -57,7 +46,7 @@ class ReusedHeads:
         return _heads(code_predictor, h, head, logits).reshape(b, n_ahead, -1)
 
     def describe(self) -> dict:
-        """JSON-able description: ``{"name": "heads", "K": None, "params_added": 0}``."""
+        """JSON-able description."""
         return {"name": self.name, "K": None, "params_added": 0}
 
 
@@ -66,22 +55,17 @@ class _Trained(nn.Module):
 
     @property
     def params_added(self) -> int:
-        """Parameters the drafter adds to the model (every parameter of its own)."""
+        """Parameters the drafter adds (all of its own)."""
         return sum(p.numel() for p in self.parameters())
 
     def describe(self) -> dict:
-        """JSON-able description: ``name``, the constructor arguments (:meth:`config`), ``params_added``."""
+        """JSON-able description: ``name``, :meth:`config`, ``params_added``."""
         return {"name": self.name, **self.config(), "params_added": self.params_added}
 
 
 class PositionOffsets(_Trained):
-    """The paper's drafter: ``lm_head[k+j-1](H_k + b_j)``, K learned vectors shared across start depths; zero at
-    init, where it equals :class:`ReusedHeads`.
-
-    Args:
-        K: offsets learned (drafts for depths k+1..k+K).
-        hidden_size: the code predictor's hidden size (1024 on released checkpoints).
-    """
+    """The paper's drafter: ``lm_head[k+j-1](H_k + b_j)``, K learned vectors of ``hidden_size`` shared across start
+    depths; zero at init, where it equals :class:`ReusedHeads`."""
 
     name = "offsets"
 
@@ -104,13 +88,13 @@ class PositionOffsets(_Trained):
 
     @property
     def hidden_size(self) -> int:
-        """Width of each offset vector (the code predictor's hidden size)."""
+        """Width of each offset vector."""
         return int(self.offsets.shape[1])
 
     def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
                      logits=None) -> torch.Tensor:
-        """As :meth:`ReusedHeads.draft_logits` with ``H_k + b_j``; differentiable in the offsets. ``(B, n_ahead, V)``
-        in the hidden states' dtype."""
+        """As :meth:`ReusedHeads.draft_logits` with ``H_k + b_j`` (hidden states' dtype); differentiable in the
+        offsets."""
         b, hs = hidden.shape
         if hs != self.hidden_size:
             raise ValueError(f"offsets are for hidden size {self.hidden_size}, the code predictor's is {hs}")
@@ -123,7 +107,7 @@ class PositionOffsets(_Trained):
         return _heads(code_predictor, h.reshape(b * n_ahead, hs), head, logits).reshape(b, n_ahead, -1)
 
     def config(self) -> dict:
-        """The constructor's arguments, ``{"K", "hidden_size"}`` (what a drafter file records to rebuild it)."""
+        """The constructor's arguments (what a drafter file records to rebuild it)."""
         return {"K": self.K, "hidden_size": self.hidden_size}
 
 
@@ -141,7 +125,7 @@ class MedusaHead(nn.Module):
 
     @property
     def out_features(self) -> int:
-        """Codebook size V (what :func:`rvqspec_lib.decoding.predictor.head_logits` reads)."""
+        """Codebook size V (read by :func:`~rvqspec_lib.decoding.predictor.head_logits`)."""
         return self.linear.out_features
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -153,13 +137,8 @@ class MedusaHead(nn.Module):
 
 class MedusaHeads(_Trained):
     """Fresh heads ``head[k, j](H_k)`` per start depth k and offset j with ``k + j <= n_codes`` (39 for 15 codes,
-    K = 3; the paper's 45 counts 6 that would draft past the last depth), initialised from ``lm_head[k+j-1]``, so
-    equal to :class:`ReusedHeads` until trained.
-
-    Args:
-        K: offsets drafted. n_codes: codes per frame (15). hidden_size, vocab_size: the code predictor's (1024, 2048).
-        residual_block: add Medusa's residual block before each head.
-    """
+    K = 3; the paper's 45 counts 6 that would draft past the last depth), initialised from ``lm_head[k+j-1]``
+    (equal to :class:`ReusedHeads` until trained); ``residual_block``: Medusa's block before each head."""
 
     name = "medusa"
 
@@ -199,8 +178,7 @@ class MedusaHeads(_Trained):
 
     def draft_logits(self, code_predictor, hidden: torch.Tensor, depth: torch.Tensor, n_ahead: int, *,
                      logits=None) -> torch.Tensor:
-        """As :meth:`ReusedHeads.draft_logits` with ``head[k, j]`` where it exists. ``(B, n_ahead, V)`` in the hidden
-        states' dtype."""
+        """As :meth:`ReusedHeads.draft_logits` with ``head[k, j]`` where it exists (hidden states' dtype)."""
         b, hs = hidden.shape
         if hs != self.hidden_size:
             raise ValueError(f"Medusa heads are for hidden size {self.hidden_size}, the code predictor's is {hs}")
@@ -254,11 +232,8 @@ def _check_name(name) -> None:
 
 
 def fresh_drafter(name: str, code_predictor, *, K: int = DEFAULT_K, residual_block: bool = False):
-    """An untrained drafter for ``code_predictor`` (equal to :class:`ReusedHeads` until trained).
-
-    Raises:
-        ValueError: an unknown name; ``K`` outside ``1 .. n_codes``.
-    """
+    """An untrained drafter for ``code_predictor`` (equal to :class:`ReusedHeads`). Raises ValueError: an unknown
+    name; ``K`` outside ``1 .. n_codes``."""
     _check_name(name)
     if name == "heads":
         return ReusedHeads()
@@ -272,15 +247,8 @@ def fresh_drafter(name: str, code_predictor, *, K: int = DEFAULT_K, residual_blo
 
 
 def draft_batch(drafter, code_predictor, hidden: torch.Tensor, K: int):
-    """Draft logits from every start depth of every frame.
-
-    Args:
-        hidden: ``(N, n, H)`` from :func:`teacher_forced_hidden`. K: offsets drafted.
-
-    Returns:
-        ``(logits (N, n-1, K, V) float32, depth (N, n-1, K) int64 = k + j, valid (N, n-1, K) bool = k + j <= n)``;
-        start depths k = 1..n-1 (H_n has nothing left to draft).
-    """
+    """Draft logits from start depths k = 1..n-1 of teacher-forced ``hidden`` ``(N, n, H)``: ``(logits (N, n-1, K,
+    V) float32, depth (N, n-1, K) int64 = k + j, valid (N, n-1, K) bool = k + j <= n)``."""
     nb, n, h = hidden.shape
     k = torch.arange(1, n, device=hidden.device)
     logits = drafter.draft_logits(code_predictor, hidden[:, : n - 1].reshape(nb * (n - 1), h), k.repeat(nb), K)

@@ -33,11 +33,8 @@ def head_dim(config) -> int:
 
 
 def check_code_predictor(code_predictor, who: str) -> None:
-    """What every faster forward over the official weights needs (``who``: the class that asks).
-
-    Raises:
-        ValueError: not the official code predictor; a RoPE type other than the default (docs/model.md#architecture).
-    """
+    """Raise ValueError (naming ``who``) unless a faster forward can run on this code predictor: the official one,
+    plain RoPE (docs/model.md#architecture)."""
     if not (hasattr(code_predictor, "model") and hasattr(code_predictor, "lm_head")
             and hasattr(code_predictor.model, "layers")):
         raise ValueError(f"{who} needs the official code predictor (lm.code_predictor), got "
@@ -48,15 +45,8 @@ def check_code_predictor(code_predictor, who: str) -> None:
 
 
 def embed_codes(code_predictor, codes: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-    """Projected input embeddings of codes at given depths.
-
-    Args:
-        codes: ``(...)`` int64 code ids. depth: ``(...)`` int64 depth j in 1..n_codes of each code
-            (``codec_embedding[j-1]`` embeds code j); out-of-range depths are clamped (callers mask those slots).
-
-    Returns:
-        ``(..., hidden)`` in the module's dtype, after ``small_to_mtp_projection``.
-    """
+    """``(..., hidden)`` projected embeddings (module dtype) of int64 ``codes`` at ``depth`` j
+    (``codec_embedding[j-1]``; out-of-range depths clamped, callers mask those slots)."""
     tables = code_predictor.model.codec_embedding
     flat_c, flat_d = codes.reshape(-1), (depth.reshape(-1) - 1).clamp(0, len(tables) - 1)
     out = torch.empty(flat_c.shape[0], tables[0].embedding_dim, dtype=tables[0].weight.dtype, device=codes.device)
@@ -68,16 +58,8 @@ def embed_codes(code_predictor, codes: torch.Tensor, depth: torch.Tensor) -> tor
 
 
 def head_logits(code_predictor, hidden: torch.Tensor, head: torch.Tensor, *, heads=None) -> torch.Tensor:
-    """Logits of per-depth heads applied row by row.
-
-    Args:
-        hidden: ``(N, H)`` code-predictor hidden states. head: ``(N,)`` int64 head index (``lm_head[i]`` predicts
-            code i+1); clamped to the valid range (callers mask out-of-range rows).
-        heads: a ``ModuleList`` of heads to use instead of ``code_predictor.lm_head`` (Medusa-style drafters).
-
-    Returns:
-        ``(N, V)`` logits in the module's dtype.
-    """
+    """``(N, V)`` logits of ``hidden`` ``(N, H)`` through ``lm_head[head]`` row by row (``head`` ``(N,)`` int64,
+    clamped; ``lm_head[i]`` predicts code i+1), or through ``heads`` (Medusa-style drafters)."""
     heads = code_predictor.lm_head if heads is None else heads
     head = head.clamp(0, len(heads) - 1)
     out = torch.empty(hidden.shape[0], heads[0].out_features, dtype=hidden.dtype, device=hidden.device)
@@ -107,15 +89,14 @@ class StaticSlotCache(DynamicCache):
         self.write_slots: torch.Tensor | None = None
 
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
-        """transformers' ``Cache.update``: write the call's keys and values ``(B, kv_heads, Q, head_dim)`` at
-        :attr:`write_slots` of layer ``layer_idx``; return that layer's whole ``(B, kv_heads, slots, head_dim)``."""
+        """transformers' ``Cache.update``: write keys and values at :attr:`write_slots`; return the layer's all."""
         idx = self.write_slots[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
         self._k[layer_idx].scatter_(2, idx, key_states)
         self._v[layer_idx].scatter_(2, idx, value_states)
         return self._k[layer_idx], self._v[layer_idx]
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
-        """transformers' ``Cache.get_seq_length``: the slot count (every call attends over all slots)."""
+        """transformers' ``Cache.get_seq_length``: the slot count."""
         return self.n_slots
 
     def compact(self, order: torch.Tensor) -> None:
@@ -128,16 +109,12 @@ class StaticSlotCache(DynamicCache):
 
 def verify_forward(code_predictor, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor,
                    cache: StaticSlotCache, write_slots: torch.Tensor) -> torch.Tensor:
-    """THE code-predictor call of a decode round: ``Q`` query positions attend to the slots ``allow`` permits; every
-    shape depends on the batch, the tree and the cache size only, so one graph serves every round.
+    """THE code-predictor call of a decode round; shapes depend on the batch, tree and cache size only.
 
     Args:
-        embeds: ``(B, Q, H)`` projected inputs (the root's code and the drafted nodes' codes).
-        positions: ``(B, Q)`` int64 RoPE positions (restart at 0 each frame; depth + 1 of each node's code).
-        allow: ``(B, Q, S)`` bool, ``[b, i, j]`` true when query i may attend to slot j (every query must allow at
-            least its own slot).
-        cache: a :class:`StaticSlotCache` of ``S`` slots; the call writes its Q positions at ``write_slots``.
-        write_slots: ``(B, Q)`` int64 distinct slot indices, in ``[0, S)``.
+        embeds: ``(B, Q, H)`` projected inputs. positions: ``(B, Q)`` int64 RoPE positions (depth + 1 of each code).
+        allow: ``(B, Q, S)`` bool, query i may attend to slot j (every query at least its own slot).
+        cache: a :class:`StaticSlotCache` of ``S`` slots, written at ``write_slots`` ``(B, Q)`` (distinct, int64).
 
     Returns:
         ``(B, Q, H)`` last hidden states (after the final norm).
@@ -159,23 +136,17 @@ def verify_forward(code_predictor, embeds: torch.Tensor, positions: torch.Tensor
 
 @runtime_checkable
 class VerifyBackend(Protocol):
-    """What the decode loop needs from the model, the protocol every verify backend implements (the registry:
-    ``rvqspec_lib.models.backends``). B rows, Q query positions, S slots, H hidden size, V codebook size. A backend
-    only computes: it draws no random numbers.
-
-    Attributes:
-        name: the backend's name in the registry (``"official"``, ``"eager"``, ``"compile"``, ``"onnx"``, ...).
-    """
+    """What the decode loop needs from the model (the registry: ``rvqspec_lib.models.backends``; ``name`` is the
+    backend's there). A backend only computes: it draws no random numbers."""
 
     name: str
 
     def new_cache(self, batch: int, slots: int):
-        """An empty KV cache of ``slots`` slots for ``batch`` rows, of the backend's own type (one frame's)."""
+        """An empty KV cache of ``slots`` slots for ``batch`` rows (one frame's)."""
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor, cache,
                 write_slots: torch.Tensor) -> torch.Tensor:
-        """THE verify call, arguments and result as :func:`verify_forward` (``cache``: :meth:`new_cache`'s; the
-        result in the module's activation dtype)."""
+        """THE verify call, as :func:`verify_forward` (``cache``: :meth:`new_cache`'s), in the activation dtype."""
 
     def compact(self, cache, order: torch.Tensor) -> None:
         """Reorder the cache's slots in place: slot ``order[b, i]`` moves to position i (``(B, S)`` int64)."""
@@ -184,7 +155,7 @@ class VerifyBackend(Protocol):
         """Projected input embeddings, as :func:`embed_codes`."""
 
     def logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """The per-depth heads row by row, as :func:`head_logits` (drafters apply the heads through this too)."""
+        """The per-depth heads row by row, as :func:`head_logits` (drafters too)."""
 
 
 class OfficialBackend:

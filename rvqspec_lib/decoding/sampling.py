@@ -21,16 +21,9 @@ from transformers.generation.logits_process import (
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling knobs of one loop (the code predictor's, or the talker's code 0); defaults: the released
-    ``generation_config.json`` (docs/model.md#sampling-defaults).
-
-    Attributes:
-        temperature: > 0. top_k: 0 disables. top_p: in (0, 1], 1.0 disables. All three ignored when ``greedy``.
-        greedy: argmax decoding (``do_sample=False``); every distribution becomes a point mass.
-
-    Raises:
-        ValueError: a knob out of range (not when ``greedy``).
-    """
+    """Sampling knobs of one loop (code predictor, or the talker's code 0), defaults the released
+    ``generation_config.json`` (docs/model.md#sampling-defaults): top_k 0 and top_p 1.0 disable; ``greedy``: argmax,
+    the others ignored. Raises ValueError: a knob out of range (not when ``greedy``)."""
 
     temperature: float = 0.9
     top_k: int = 50
@@ -58,7 +51,7 @@ class Sampling:
         )
 
     def describe(self) -> dict:
-        """JSON-able knobs, as every result file records them: ``{temperature, top_k, top_p, greedy}``."""
+        """JSON-able knobs, as every result file records them."""
         return {"temperature": float(self.temperature), "top_k": int(self.top_k), "top_p": float(self.top_p),
                 "greedy": bool(self.greedy)}
 
@@ -76,8 +69,7 @@ class Sampling:
         return out
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """``(..., V)`` logits, any float dtype -> ``(..., V)`` float32 ``softmax(warp(logits.float()))`` (a one-hot of
-        the argmax when ``greedy``)."""
+        """``(..., V)`` logits -> float32 ``softmax(warp(logits.float()))`` (one-hot argmax when ``greedy``)."""
         scores = logits.to(torch.float32)
         shape = scores.shape
         if self.greedy:
@@ -94,8 +86,7 @@ class Sampling:
 
 
 def or_fresh_generator(generator: torch.Generator | None, device) -> torch.Generator:
-    """``generator``, or when ``None`` a fresh OS-seeded one on ``device``, never the global RNG
-    (docs/style.md#randomness)."""
+    """``generator``, or a fresh OS-seeded one on ``device``, never the global RNG (docs/style.md#randomness)."""
     if generator is None:
         generator = torch.Generator(device=device)
         generator.seed()
@@ -103,16 +94,13 @@ def or_fresh_generator(generator: torch.Generator | None, device) -> torch.Gener
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One code per row, as ``GenerationMixin._sample`` draws it: ``(B, V)`` float probabilities (unnormalised
-    allowed) -> ``(B,)`` int64 (``torch.multinomial``)."""
+    """``(B, V)`` probabilities (unnormalised allowed) -> ``(B,)`` int64, as ``GenerationMixin._sample`` draws."""
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
 
 
 def code0_processors(talker_config, *, repetition_penalty: float) -> LogitsProcessorList:
-    """The non-warper processors the official talker ``generate`` applies to code 0, in transformers' order:
-    repetition penalty, end-of-speech masked for 2 codes, the special ids suppressed but end-of-speech
-    (docs/model.md#special-ids). ``talker_config``: ``model.config.talker_config``; ``repetition_penalty``: the
-    checkpoint's (1.05)."""
+    """The non-warper processors the official talker applies to code 0, in transformers' order: repetition penalty,
+    end-of-speech masked for 2 codes, special ids but end-of-speech suppressed (docs/model.md#special-ids)."""
     vocab = int(talker_config.vocab_size)
     eos = int(talker_config.codec_eos_token_id)
     out = LogitsProcessorList()

@@ -11,16 +11,11 @@ import torch
 
 
 def parse_paths(text: str) -> list[tuple[int, ...]]:
-    """Parse the CLI form ``"0;1;0,0;0,0,0"`` (paths separated by ``;``, ranks by ``,``).
-
-    Raises:
-        ValueError: anything not in that form.
-    """
+    """Parse the CLI form ``"0;1;0,0;0,0,0"`` (paths separated by ``;``, ranks by ``,``); else ValueError."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("empty tree: give rank paths like '0;1;0,0;0,0,0'")
     out = []
-    parts = text.strip().rstrip(";").split(";")
-    for part in parts:
+    for part in text.strip().rstrip(";").split(";"):
         part = part.strip()
         if not part:
             raise ValueError(f"empty path in tree {text!r}: separate paths with single ';', e.g. '0;1;0,0'")
@@ -33,17 +28,10 @@ def parse_paths(text: str) -> list[tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class DraftTree:
-    """A compiled draft tree (node 0 = the root, the last committed code).
-
-    Attributes:
-        paths: the non-root nodes' rank paths, in node order (by length, then lexicographic).
-        parent: ``(M+1,)`` int64, parent node index (-1 for the root).
-        depth: ``(M+1,)`` int64, draft offset t of each node (0 for the root).
-        rank: ``(M+1,)`` int64, rank of each node's code in its offset's draft distribution (-1 for the root).
-        children: ``(M+1, C)`` int64, children in rank order, padded with -1.
-        ancestors: ``(M+1, M+1)`` bool, ``[i, j]`` true when node j is node i or one of its ancestors
-            (the tree attention mask: each node sees only its ancestors).
-    """
+    """A compiled draft tree (node 0 = the root, the last committed code): the non-root ``paths`` in node order (by
+    length, then lexicographic); int64 ``(M+1,)`` ``parent`` (-1: root), ``depth`` (offset t), ``rank`` (-1: root);
+    ``children`` ``(M+1, C)`` in rank order, -1 padded; ``ancestors`` ``(M+1, M+1)`` bool, the tree attention mask
+    (``[i, j]``: j is i or an ancestor of i)."""
 
     paths: tuple[tuple[int, ...], ...]
     parent: torch.Tensor
@@ -54,7 +42,7 @@ class DraftTree:
 
     @property
     def n_nodes(self) -> int:
-        """Non-root nodes M (the node budget N of a verify call is M + 1 with the root)."""
+        """Non-root nodes M (the node budget N is M + 1)."""
         return len(self.paths)
 
     @property
@@ -64,16 +52,13 @@ class DraftTree:
 
     @property
     def max_rank(self) -> int:
-        """The largest rank drafted (-1 for the root alone): the drafter must rank at least ``max_rank + 1`` codes."""
+        """The largest rank drafted (-1 for the root alone)."""
         return int(self.rank.max()) if self.n_nodes else -1
 
     @classmethod
     def from_paths(cls, paths: Iterable[Sequence[int]]) -> "DraftTree":
-        """Compile rank paths (``[(0,), (1,), (0, 0)]``; an int ``r`` is the path ``(r,)``).
-
-        Raises:
-            ValueError: a path that is empty, has a negative or non-integer rank, is repeated, or has a gap.
-        """
+        """Compile rank paths (``[(0,), (1,), (0, 0)]``; an int ``r`` is the path ``(r,)``). Raises ValueError: a
+        path that is empty, has a negative or non-integer rank, is repeated, or has a gap."""
         norm: list[tuple[int, ...]] = []
         for p in paths:
             if isinstance(p, int):
@@ -97,9 +82,7 @@ class DraftTree:
             if len(p) > 1 and p[:-1] not in s:
                 raise ValueError(f"tree path {p} has a gap: its prefix {p[:-1]} is not in the tree; add it")
         order = sorted(norm, key=lambda p: (len(p), p))
-        index = {(): 0}
-        for i, p in enumerate(order, start=1):
-            index[p] = i
+        index = {(): 0, **{p: i for i, p in enumerate(order, start=1)}}
         m = len(order)
         parent = torch.full((m + 1,), -1, dtype=torch.long)
         depth = torch.zeros(m + 1, dtype=torch.long)
@@ -125,23 +108,20 @@ class DraftTree:
 
     @classmethod
     def chain(cls, n_drafts: int) -> "DraftTree":
-        """A single path of ``n_drafts`` nodes (rank 0 at every offset); the shape of a Chain verify call."""
+        """A single path of ``n_drafts`` nodes (rank 0 at every offset): a Chain's verify call."""
         return cls.from_paths([(0,) * t for t in range(1, n_drafts + 1)])
 
 
 def grow_tree(values, n_nodes: int, *, sampled: bool) -> list[tuple[int, ...]]:
-    """The tree of ``n_nodes`` nodes that maximises expected tokens per call, built greedily on the product of
+    """The tree of ``n_nodes`` non-root nodes maximising expected tokens per call, grown greedily on the product of
     ``values`` along each path (docs/methods.md#building-a-tree); ties go to the shorter, then smaller path.
 
     Args:
-        values: ``(K, C)`` floats in [0, 1]: per offset 1..K, the acceptance of the rank (point-mass) or child index
-            (sampled) 0..C-1 once its parent is reached.
-        n_nodes: nodes besides the root (the node budget N is ``n_nodes + 1``).
-        sampled: child i of a node becomes available only once child i-1 is in the tree (drawn in order).
+        values: ``(K, C)`` floats in [0, 1]: per offset, the acceptance of rank (or, ``sampled``, child index) c
+            once its parent is reached; a sampled child i opens only once child i-1 is in the tree.
 
     Returns:
-        The rank paths, in the order they were added (every prefix of the list is a valid tree).
-
+        The rank paths in the order added (every prefix is a valid tree).
     Raises:
         ValueError: an empty or ragged table, values outside [0, 1] or NaN, ``n_nodes < 1``.
     """
@@ -179,7 +159,6 @@ def grow_tree(values, n_nodes: int, *, sampled: bool) -> list[tuple[int, ...]]:
 
 
 def expected_tokens(paths, values) -> float:
-    """Expected tokens of one call under :func:`grow_tree`'s model: 1 + the sum over nodes of the product of
-    ``values`` along the path (frame end ignored)."""
+    """Expected tokens of one call under :func:`grow_tree`'s model (frame end ignored)."""
     rows = [list(map(float, r)) for r in values]
     return 1.0 + sum(math.prod(rows[j][i] for j, i in enumerate(p)) for p in paths)

@@ -14,15 +14,9 @@ from rvqspec_lib.decoding.sampling import or_fresh_generator
 
 @dataclass
 class WalkResult:
-    """Outcome of verifying one tree per row.
-
-    Attributes:
-        path: ``(B, D)`` int64 accepted node indices in order (root excluded), padded with -1.
-        n_accepted: ``(B,)`` int64 drafts accepted.
-        last_node: ``(B,)`` int64 the deepest accepted node (0 = root): its hidden state produced ``next_code``.
-        next_code: ``(B,)`` int64 the code sampled after the accepted path (residual or bonus), -1 if the walk ended
-            at the frame's last depth (no code left to sample).
-    """
+    """Outcome of verifying one tree per row (int64): ``path`` ``(B, D)`` accepted nodes in order (root excluded,
+    -1 padded), ``n_accepted`` ``(B,)``, ``last_node`` ``(B,)`` the deepest accepted node (0 = root), ``next_code``
+    ``(B,)`` the residual or bonus code sampled after the path (-1: the frame's last depth was reached)."""
 
     path: torch.Tensor
     n_accepted: torch.Tensor
@@ -31,12 +25,8 @@ class WalkResult:
 
 
 def acceptance_ratio(p_resid: torch.Tensor, x: torch.Tensor, q_x: torch.Tensor | None) -> torch.Tensor:
-    """``(B,)`` probability of accepting draft x, ``min(1, p(x)/q(x))`` with p the normalised residual.
-
-    Args:
-        p_resid: ``(B, V)`` float unnormalised remaining target mass. x: ``(B,)`` int64 drafts.
-        q_x: ``(B,)`` draft probability of x, or ``None`` for a point-mass draft (q(x) = 1).
-    """
+    """``(B,)`` ``min(1, p(x)/q(x))``, p the normalised residual ``p_resid`` ``(B, V)``, x ``(B,)`` int64 drafts,
+    ``q_x`` ``(B,)`` their draft probability (``None``: point mass, q(x) = 1)."""
     total = p_resid.sum(-1).clamp_min(1e-30)
     p_x = p_resid.gather(1, x[:, None]).squeeze(1) / total
     if q_x is None:
@@ -45,15 +35,9 @@ def acceptance_ratio(p_resid: torch.Tensor, x: torch.Tensor, q_x: torch.Tensor |
 
 
 def residual(p_resid: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
-    """Target mass left after rejecting draft x: ``max(norm(p) - q, 0)``, or p with x zeroed for a point mass.
-
-    Args:
-        p_resid: ``(B, V)`` remaining target mass. x: ``(B,)``. q: ``(B, V)`` draft distribution or ``None``.
-
-    Returns:
-        ``(B, V)`` unnormalised. A row left with no mass (by rounding when p == q) falls back to p, the exact answer
-        then. No host check (the fused chain's compiled round uses it).
-    """
+    """``(B, V)`` unnormalised target mass left after rejecting x ``(B,)``: ``max(norm(p) - q, 0)``, or p with x
+    zeroed for a point mass (``q`` ``None``). A row left with no mass (rounding when p == q) falls back to p, the
+    exact answer then. No host check (the fused chain's compiled round uses it)."""
     if q is None:
         out = p_resid.scatter(1, x[:, None], 0.0)
     else:
@@ -74,21 +58,13 @@ def walk_tree(
     """Verify a draft tree per row (the lossless multi-child rule), vectorised over rows.
 
     Args:
-        p: ``(B, M+1, V)`` float target distribution after each node (index 0 = root). Rows of nodes that are
-            never reached may hold anything.
-        node_codes: ``(B, M+1)`` int64 the drafted code of each node (root entry ignored).
-        children: ``(M+1, C)`` int64 children of each node in the order they are tried, -1 padded.
-        node_valid: ``(B, M+1)`` bool, whether the node exists for the row (drafts never run past the last depth).
-        has_next: ``(B, M+1)`` bool, whether a code remains to be sampled after the node.
-        generator: explicit RNG; ``None`` draws a fresh unseeded generator (never the global RNG).
-        q: ``(B, M+1, V)`` draft distribution each node's code was SAMPLED from, or ``None`` for point-mass
-            (top-ranked) drafts.
-        tolerance: ``0.0`` (every lossless decoder); beta > 0 is SSD's LOSSY rule ``u < min(1, p/q) + beta``
-            (:class:`rvqspec_lib.decoding.decoders.LossySSD`; docs/methods.md#ssd-tolerance-rule-a-lossy-control),
-            ignored by point-mass drafts.
-
-    Returns:
-        :class:`WalkResult`.
+        p: ``(B, M+1, V)`` float target distribution after each node (0 = root; unreached rows may hold anything).
+        node_codes: ``(B, M+1)`` int64 drafted codes (root ignored). children: ``(M+1, C)`` int64, -1 padded, in
+            the order tried. node_valid, has_next: ``(B, M+1)`` bool, the node exists; a code remains after it.
+        generator: ``None``: a fresh unseeded one (never the global RNG).
+        q: ``(B, M+1, V)`` the distribution each code was SAMPLED from, ``None`` for point-mass drafts.
+        tolerance: ``0.0`` (lossless); beta > 0 is SSD's LOSSY rule ``u < min(1, p/q) + beta``
+            (docs/methods.md#ssd-tolerance-rule-a-lossy-control), ignored by point-mass drafts.
     """
     generator = or_fresh_generator(generator, p.device)
     walk = walk_tree_one_row if p.shape[0] == 1 else walk_tree_batched
@@ -97,8 +73,7 @@ def walk_tree(
 
 def walk_tree_batched(p, node_codes, children, node_valid, has_next, generator, q=None,
                       tolerance: float = 0.0) -> WalkResult:
-    """:func:`walk_tree` vectorised over rows: a step draws ``torch.rand(B)`` whenever any row tries a child there.
-    Arguments as :func:`walk_tree` (``generator`` given)."""
+    """:func:`walk_tree` vectorised: a step draws ``torch.rand(B)`` whenever any row tries a child there."""
     b, m1, v = p.shape
     dev = p.device
     rows = torch.arange(b, device=dev)
@@ -147,9 +122,8 @@ def walk_tree_batched(p, node_codes, children, node_valid, has_next, generator, 
 
 def walk_tree_one_row(p, node_codes, children, node_valid, has_next, generator, q=None,
                       tolerance: float = 0.0) -> WalkResult:
-    """:func:`walk_tree` for ONE row (the latency case) in Python control flow: the same random numbers in the same
-    order as :func:`walk_tree_batched`, so the same result bit for bit (tests/test_lossless.py). Arguments as
-    :func:`walk_tree` (``generator`` given)."""
+    """:func:`walk_tree` for ONE row (the latency case) in Python control flow: bit for bit
+    :func:`walk_tree_batched`'s result, the same draws in the same order (tests/test_lossless.py)."""
     kids = children.tolist()
     valid = node_valid[0].tolist()
     # a first child is tried against its parent's own p: those ratios are computed for every node at once (a row's

@@ -1,7 +1,5 @@
-"""Training the neural code decoder (:class:`rvqspec_lib.models.code_decoder.CodeDecoder`) of the offline codec: pairs
-of each utterance's true codes, its inner-loop codes (true code 0, codes 1..15 sampled by the code predictor) and the
-unquantised features the codec encoded (:func:`decoder_pairs`); :func:`train_code_decoder` minimises the L1 distance to
-the features on random chunks, the input the true or the generated codes, with codebook dropout.
+"""Training the offline codec's neural code decoder (:class:`rvqspec_lib.models.code_decoder.CodeDecoder`): L1 to the
+unquantised features on random chunks of true or inner-loop-generated codes, with codebook dropout.
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ class DecoderPairs:
         return len(self.ids)
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the pairs to one safetensors file (the ids in its metadata), atomically; returns the path."""
+        """Write the pairs to one safetensors file (ids in its metadata), atomically; returns the path."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         lens = torch.tensor([t.shape[0] for t in self.true])
@@ -67,8 +65,7 @@ class DecoderPairs:
 
 
 def decoder_rows(rows: Sequence[dict], n_train: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """The utterances the code decoder learns from: ``n_train`` training rows drawn without replacement (seeded) and
-    every validation row. Evaluation rows are never used."""
+    """``n_train`` seeded training rows and every validation row (evaluation rows never used)."""
     tr = [r for r in rows if r["split"] == "training"]
     va = [r for r in rows if r["split"] == "validation"]
     if not tr or not va:
@@ -79,15 +76,9 @@ def decoder_rows(rows: Sequence[dict], n_train: int, seed: int = 0) -> tuple[lis
 
 def decoder_pairs(lm, codec, rows: Sequence[dict], codes: dict, *, batch_size: int = 32,
                   generator: torch.Generator | None = None, progress: bool = True) -> DecoderPairs:
-    """Training pairs for :func:`train_code_decoder` from manifest rows with audio and codes.
-
-    Args:
-        lm: the trained model. codec: the ``RVQCodec`` that made ``codes``.
-        rows: manifest rows (``id``, ``path``, ``text``, ``voice``, ``language``). codes: ``{id: (F, G) int}``.
-
-    Raises:
-        ValueError: a row without codes, or features whose frame count differs from its codes.
-    """
+    """Training pairs for :func:`train_code_decoder` from manifest rows (``id, path, text, voice``), their ``codes``
+    ``{id: (F, G)}`` and the ``codec`` that made them. Raises ValueError: a row without codes, or features whose
+    frame count differs from its codes."""
     missing = [r["id"] for r in rows if r["id"] not in codes]
     if missing:
         raise ValueError(f"{len(missing)} row(s) have no codes (e.g. {missing[0]}): run the 'codes' stage first")
@@ -103,8 +94,8 @@ def decoder_pairs(lm, codec, rows: Sequence[dict], codes: dict, *, batch_size: i
 
 
 def _padded(pairs: DecoderPairs, idx: Sequence[int], starts: Sequence[int], length: int, generated) -> tuple:
-    """Frames ``[start, start + length)`` of utterances ``idx``, zero-padded: (codes (B, length, G) from the generated
-    codes where ``generated[j]``, else the true ones; target (B, length, dim); valid (B, length))."""
+    """Zero-padded frames ``[start, start + length)`` of utterances ``idx``: (codes (B, length, G), generated where
+    ``generated[j]``; target (B, length, dim); valid (B, length))."""
     codes = torch.zeros(len(idx), length, pairs.true[idx[0]].shape[1], dtype=torch.long)
     target = torch.zeros(len(idx), length, pairs.features[0].shape[1])
     valid = torch.zeros(len(idx), length, dtype=torch.bool)
@@ -132,8 +123,8 @@ def _batch(pairs: DecoderPairs, idx: Sequence[int], chunk: int, gen: torch.Gener
 
 @torch.no_grad()
 def decoder_loss(dec: CodeDecoder, pairs: DecoderPairs, *, source: str = "true", batch: int = 16) -> float:
-    """Mean L1 distance (natural-log mel power) of the decoded to the unquantised features over every frame of
-    ``pairs``, from the ``source`` codes ("true", "generated", or "table": the true codes' summed centroids)."""
+    """Mean L1 (natural-log mel power) of the decoded to the unquantised features over every frame, from the
+    ``source`` codes ("true", "generated", or "table": the true codes' summed centroids)."""
     tot, n = 0.0, 0
     with eval_mode(dec):
         for s in range(0, len(pairs), batch):
@@ -154,18 +145,10 @@ def train_code_decoder(codebooks: torch.Tensor, train: DecoderPairs, val: Decode
                        steps: int | None = None, batch: int = 32, chunk: int = 64, lr: float = LR,
                        generated_p: float = 0.5, dropout_p: float = 0.3, eval_every: int = 200, seed: int = 0,
                        progress: bool = True) -> tuple[CodeDecoder, dict]:
-    """Train a :class:`CodeDecoder` (AdamW, :class:`~rvqspec_lib.training.loop.WarmupCosine`) for ``steps`` or
-    ``minutes``, whichever comes first, keeping the parameters of lowest validation ``val_l1`` (the mean of the true-
-    and generated-code :func:`decoder_loss`; step 0, the table decoder, a candidate). Initial weights and batches are
-    seeded by ``seed`` (:func:`rvqspec_lib.models.configs.seeded`).
-
-    Returns:
-        ``(decoder, log)``: ``log["meta"]`` (budget, steps, wall time, parameters) and ``log["curve"]`` (per
-        evaluation: running train L1, validation L1 of true and generated codes, ``val_l1``, the table's L1).
-
-    Raises:
-        ValueError: no budget, or empty pairs.
-    """
+    """Train a :class:`CodeDecoder` (AdamW, warmup + cosine) for ``steps`` or ``minutes``, whichever comes first,
+    keeping the lowest validation ``val_l1`` (mean of the true- and generated-code :func:`decoder_loss`; step 0, the
+    table decoder, a candidate); weights and batches seeded by ``seed``. Returns ``(decoder, {"meta", "curve"})``.
+    Raises ValueError: no budget, or empty pairs."""
     if minutes is None and steps is None:
         raise ValueError("give steps= or minutes= (a training budget)")
     budget = Budget(steps=steps, minutes=minutes)
@@ -178,7 +161,7 @@ def train_code_decoder(codebooks: torch.Tensor, train: DecoderPairs, val: Decode
     table_val = decoder_loss(dec, val, source="table")
 
     def random_chunks(epoch: int):
-        """Endless: ``batch`` random utterances (with replacement), true or generated codes, random chunks."""
+        """Endless random chunks of random utterances (with replacement), true or generated codes."""
         while True:
             idx = torch.randint(0, len(train), (batch,), generator=gen).tolist()
             use_gen = torch.rand(batch, generator=gen) < generated_p

@@ -35,15 +35,9 @@ def kmeans_pp_init(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tenso
 
 
 def kmeans(x: torch.Tensor, k: int, n_iter: int, gen: torch.Generator, init_points: int | None = None) -> torch.Tensor:
-    """Lloyd's k-means with k-means++ seeding on a subsample.
-
-    Args:
-        x: `(n, dim)` float32, n >= k. n_iter: Lloyd iterations. gen: the only randomness.
-        init_points: seed from this many random rows (k-means++ is sequential in k); ``None``: ``min(n, 4 k)``.
-
-    Returns:
-        `(k, dim)` float32 centroids; an emptied cluster is re-seeded at the worst-served point.
-    """
+    """`(k, dim)` float32 centroids of ``x`` `(n, dim)` float32 (n >= k): Lloyd's k-means, ``gen`` the only
+    randomness, k-means++ seeded on ``init_points`` random rows (``None``: ``min(n, 4 k)``; it is sequential in k);
+    an emptied cluster is re-seeded at the worst-served point."""
     n = x.shape[0]
     m = min(n, init_points or 4 * k)
     sub = x if m == n else x[torch.randperm(n, generator=gen)[:m]]
@@ -62,19 +56,10 @@ def kmeans(x: torch.Tensor, k: int, n_iter: int, gen: torch.Generator, init_poin
 
 def fit_codec(wavs: Iterable, *, config: CodecConfig | None = None, max_vectors: int = 60_000, n_iter: int = 10,
               init_points: int | None = None, progress: bool = False, **config_overrides) -> RVQCodec:
-    """Fit the residual codebooks on audio.
-
-    Args:
-        wavs: 24 kHz mono float arrays, or audio file paths. config: geometry; ``config_overrides`` replace fields.
-        max_vectors: fit on at most this many frame vectors, a seeded subsample. n_iter: Lloyd iterations a stage.
-        init_points: as :func:`kmeans`'s. progress: a bar over the stages.
-
-    Returns:
-        The fitted codec; same audio and seed, same codebooks (single-threaded torch is deterministic).
-
-    Raises:
-        ValueError: no audio, or fewer frame vectors than ``codebook_size``.
-    """
+    """Fit the residual codebooks on ``wavs`` (24 kHz mono float arrays or audio paths), on at most ``max_vectors``
+    frame vectors (a seeded subsample), ``n_iter`` Lloyd iterations a stage, ``init_points`` as :func:`kmeans`'s;
+    ``config_overrides`` replace fields of ``config``. Same audio and seed, same codebooks (single-threaded torch is
+    deterministic). Raises ValueError: no audio, or fewer frame vectors than ``codebook_size``."""
     cfg = config or CodecConfig()
     if config_overrides:
         cfg = CodecConfig(**{**asdict(cfg), **config_overrides})

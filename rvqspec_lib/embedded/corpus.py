@@ -1,15 +1,7 @@
-"""An offline speech corpus: English text that ships in packages, rendered by local synthesisers (nothing downloads a
-data set: docs/offline.md#speech-audio, #natural-text).
-
-* **Text**: clean English sentences (:func:`clean_sentences`) from Debian's ``fortunes`` packages (``apt-get
-  download`` + ``dpkg -x``, no root; :data:`FORTUNE_EXCLUDE` left out), the Python standard library's docstrings
-  (parsed, never imported) and the plain-text docs under ``/usr/share/doc``; each :class:`Sentence` keeps where it
-  came from. A small multilingual set written for this project ships in ``data/eval_texts/multilingual.tsv``.
-* **Splits**: :func:`split_of` gives each sentence one of the paper's Table 1 roles by a hash of its normalised
-  text, so a sentence never lands in two splits whatever else was gathered; non-English sentences are evaluation only.
-* **Audio**: :func:`render_corpus` renders with flite, festival and espeak-ng voices to 24 kHz mono 16-bit wav and
-  writes a ``manifest.jsonl``; deterministic (sox without dither, :data:`SOX_ARGS`) and re-rendered under another
-  :data:`RENDER_RECIPE` (docs/reproducibility.md). The synthesisers: ``sudo bash scripts/apt-voices.sh``.
+"""An offline speech corpus (docs/offline.md#speech-audio, #natural-text): clean English sentences from Debian's
+fortunes, the standard library's docstrings and ``/usr/share/doc`` plus a shipped multilingual set; Table 1 splits by
+a hash of the text (:func:`split_of`); audio rendered by flite, festival and espeak-ng, deterministically
+(:data:`RENDER_RECIPE`, docs/reproducibility.md). The synthesisers: ``sudo bash scripts/apt-voices.sh``.
 """
 
 from __future__ import annotations
@@ -73,15 +65,8 @@ FORTUNE_PACKAGES = ("fortunes", "fortunes-min")
 # ---- Sentences -------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Sentence:
-    """One sentence and where it came from.
-
-    Attributes:
-        text: the sentence as it will be spoken (and used as the ASR reference).
-        language: ISO 639-1 code (``en``, ``de``, ``es``, ``ru``, ``ja``, ``zh``).
-        source: ``fortunes``, ``stdlib``, ``doc`` or ``written`` (composed for this project).
-        origin: the file it came from (``fortunes-min:usr/share/games/fortunes/fortunes``,
-            ``python3.11:json/__init__.py``, ``/usr/share/doc/bash/README``, ``data/eval_texts/multilingual.tsv``).
-    """
+    """One sentence (spoken, and the ASR reference), its ISO 639-1 ``language``, its ``source`` (a key of
+    :data:`SOURCE_DESCRIPTIONS`) and ``origin``, the file it came from."""
 
     text: str
     language: str
@@ -105,9 +90,8 @@ def sentence_key(text: str) -> str:
 
 
 def is_clean(sentence: str, min_words: int = 4, max_words: int = 15) -> bool:
-    """Whether ``sentence`` is speakable English of ``min_words``..``max_words`` words: ASCII letters and
-    ``, ; : ' -``, ending in ``. ! ?``, no acronyms or identifiers (a synthesiser spells them; the ASR reference
-    would not match)."""
+    """Whether ``sentence`` is speakable English of ``min_words``..``max_words`` words: ASCII letters and ``, ; : '
+    -``, ending in ``. ! ?``, no acronyms or identifiers (a synthesiser spells them out)."""
     if not _SENTENCE_CHARS.match(sentence) or "  " in sentence or "--" in sentence:
         return False
     words = sentence[:-1].split(" ")
@@ -125,8 +109,7 @@ def is_clean(sentence: str, min_words: int = 4, max_words: int = 15) -> bool:
 
 
 def clean_sentences(text: str, min_words: int = 4, max_words: int = 15) -> list[str]:
-    """All clean sentences (:func:`is_clean`) of a plain-text document, in order, duplicates kept: paragraphs split
-    at blank lines, their lines joined, overstrike, quotes and brackets removed."""
+    """All clean sentences (:func:`is_clean`) of a plain-text document, in order, duplicates kept."""
     text = re.sub(r".\x08", "", text).replace("\t", " ")
     out = []
     for para in re.split(r"\n\s*\n", text):
@@ -143,23 +126,16 @@ def clean_sentences(text: str, min_words: int = 4, max_words: int = 15) -> list[
 
 def dedupe(sentences: Iterable[Sentence]) -> list[Sentence]:
     """First occurrence of each :func:`sentence_key`, order kept."""
-    seen, out = set(), []
+    first: dict[tuple, Sentence] = {}
     for s in sentences:
-        k = (s.language, sentence_key(s.text))
-        if k not in seen:
-            seen.add(k)
-            out.append(s)
-    return out
+        first.setdefault((s.language, sentence_key(s.text)), s)
+    return list(first.values())
 
 
 # ---- Sources ---------------------------------------------------------------------------------------------------------
 def fetch_debian_package(package: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Unpack a Debian package's files into ``<cache>/debian/<package>/`` without installing it (``apt-get
-    download``, needing the package lists, and ``dpkg -x``). Returns the unpacked root, reused on later calls.
-
-    Raises:
-        FileNotFoundError: not a Debian-based system. RuntimeError: the download failed.
-    """
+    """Unpack a Debian package into ``<cache>/debian/<package>/`` (reused) without installing it: ``apt-get
+    download`` + ``dpkg -x``. Raises FileNotFoundError: not Debian-based; RuntimeError: the download failed."""
     root = Path(cache_dir or cache_dir_of_kernels()) / "debian"
     dest = root / package
     if (dest / ".complete").is_file():
@@ -240,8 +216,7 @@ def _is_doc_text(name: str) -> bool:
 
 def doc_sentences(root: str | os.PathLike = "/usr/share/doc", max_files: int | None = None,
                   max_bytes: int = 1_000_000) -> list[Sentence]:
-    """Clean sentences of plain-text package documentation (README, NEWS, TODO, FAQ, ``*.txt``, ``*.md``,
-    ``*.rst``, gzipped or not; changelogs, copyright and Debian-specific files skipped)."""
+    """Clean sentences of plain-text package documentation (READMEs, NEWS, ``*.txt`` ..., gzipped or not)."""
     root = Path(root)
     if not root.is_dir():
         return []
@@ -266,12 +241,9 @@ def doc_sentences(root: str | os.PathLike = "/usr/share/doc", max_files: int | N
 def multilingual_sentences(path: str | os.PathLike | None = None) -> list[Sentence]:
     """The shipped non-English evaluation sentences (``data/eval_texts/multilingual.tsv``)."""
     p = Path(path) if path else EVAL_TEXT_DIR / "multilingual.tsv"
-    out = []
-    for line in p.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.startswith("#"):
-            lang, text = line.split("\t", 1)
-            out.append(Sentence(text.strip(), lang.strip(), "written", "data/eval_texts/multilingual.tsv"))
-    return out
+    pairs = [line.split("\t", 1) for line in p.read_text(encoding="utf-8").splitlines()
+             if line.strip() and not line.startswith("#")]
+    return [Sentence(text.strip(), lang.strip(), "written", "data/eval_texts/multilingual.tsv") for lang, text in pairs]
 
 
 SOURCES = {"fortunes": fortune_sentences, "stdlib": stdlib_sentences, "doc": doc_sentences}
@@ -279,8 +251,7 @@ SOURCES = {"fortunes": fortune_sentences, "stdlib": stdlib_sentences, "doc": doc
 
 def gather_sentences(sources: Sequence[str] = ("fortunes", "stdlib", "doc"), cache_dir=None,
                      multilingual: bool = True) -> list[Sentence]:
-    """All clean sentences of the chosen sources (in that order), deduplicated, plus the multilingual set; they depend
-    on the installed packages, their splits do not."""
+    """All clean sentences of the chosen sources (in that order), deduplicated, plus the multilingual set."""
     out: list[Sentence] = []
     for name in sources:
         if name not in SOURCES:
@@ -293,12 +264,9 @@ def gather_sentences(sources: Sequence[str] = ("fortunes", "stdlib", "doc"), cac
 
 # ---- Splits ----------------------------------------------------------------------------------------------------------
 def split_of(sentence: Sentence | str, fractions: Mapping[str, float] | None = None, language: str = "en") -> str:
-    """The Table 1 role (one of :data:`SPLITS`) of a sentence, or a text in ``language``: a pure function of its
-    normalised text; non-English sentences are ``evaluation``. ``fractions``: default :data:`DEFAULT_FRACTIONS`.
-
-    Raises:
-        ValueError: fractions not summing to 1.
-    """
+    """The Table 1 role (one of :data:`SPLITS`) of a sentence or a text in ``language``, a pure function of its
+    normalised text (non-English: ``evaluation``; ``fractions`` default :data:`DEFAULT_FRACTIONS`). Raises
+    ValueError: fractions not summing to 1."""
     text, lang = (sentence.text, sentence.language) if isinstance(sentence, Sentence) else (sentence, language)
     if lang != "en":
         return "evaluation"
@@ -344,8 +312,7 @@ def load_sentences(path: str | os.PathLike) -> list[Sentence]:
 
 
 def shipped_sentences(split: str = "evaluation", language: str | None = None) -> list[Sentence]:
-    """Sentences shipped in ``data/eval_texts/``: English ``calibration`` / ``evaluation`` picks of the gather made
-    when the files were written (``en_<split>.tsv``), plus the multilingual set for ``evaluation``."""
+    """Sentences shipped in ``data/eval_texts/`` (``en_<split>.tsv``, plus the multilingual set for evaluation)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}: choose from {SPLITS}")
     out = []
@@ -364,16 +331,9 @@ class MissingVoiceError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class Voice:
-    """A synthesiser voice.
-
-    Attributes:
-        name: the name used in manifests and ``render_corpus(voices=...)``.
-        language: ISO 639-1 code of the text it reads.
-        engine: ``flite``, ``festival`` or ``espeak-ng``.
-        arg: the engine's voice argument (``slt``; ``(voice_cmu_us_slt_arctic_hts)``; ``de``).
-        package: the Debian package that provides it.
-        data_dir: a folder that must exist for the voice to work (festival voices), or ``""``.
-    """
+    """A synthesiser voice: its ``name`` (manifests, :data:`VOICES`), the ISO 639-1 ``language`` it reads, ``engine``
+    (a key of :data:`ENGINES`) called with ``arg``, from Debian ``package``; ``data_dir``: a folder that must exist
+    for it (festival voices), or ``""``."""
 
     name: str
     language: str
@@ -384,18 +344,18 @@ class Voice:
 
     def command(self, text_file: str, out_wav: str) -> list[str]:
         """The command line that renders the UTF-8 text in ``text_file`` to ``out_wav`` at the engine's rate."""
-        if self.engine == "flite":
-            return ["flite", "-voice", self.arg, "-f", text_file, "-o", out_wav]
-        if self.engine == "festival":
-            return ["text2wave", "-eval", self.arg, "-o", out_wav, text_file]
-        if self.engine == "espeak-ng":
-            return ["espeak-ng", "-v", self.arg, "-b", "1", "-f", text_file, "-w", out_wav]
-        raise ValueError(f"unknown engine {self.engine!r}")
+        return [a.format(arg=self.arg, text=text_file, wav=out_wav) for a in ENGINES[self.engine]]
 
     @property
     def binary(self) -> str:
         """The program the engine runs (checked by :func:`check_voice`)."""
-        return {"flite": "flite", "festival": "text2wave", "espeak-ng": "espeak-ng"}[self.engine]
+        return ENGINES[self.engine][0]
+
+
+#: Each engine's command line (``{arg}``: the voice's argument).
+ENGINES = {"flite": ("flite", "-voice", "{arg}", "-f", "{text}", "-o", "{wav}"),
+           "festival": ("text2wave", "-eval", "{arg}", "-o", "{wav}", "{text}"),
+           "espeak-ng": ("espeak-ng", "-v", "{arg}", "-b", "1", "-f", "{text}", "-w", "{wav}")}
 
 
 VOICES: dict[str, Voice] = {v.name: v for v in [
@@ -419,11 +379,7 @@ DEFAULT_VOICES = ("slt", "kal16", "awb", "rms", "espeak-de", "espeak-es", "espea
 
 
 def get_voice(voice: str | Voice) -> Voice:
-    """The :class:`Voice` of a name of :data:`VOICES` (a Voice is returned as it is).
-
-    Raises:
-        ValueError: an unknown name (one line listing them).
-    """
+    """The :class:`Voice` of a name of :data:`VOICES` (a Voice as it is); else ValueError listing them."""
     if isinstance(voice, Voice):
         return voice
     if voice not in VOICES:
@@ -432,11 +388,7 @@ def get_voice(voice: str | Voice) -> Voice:
 
 
 def check_voice(voice: str | Voice) -> Voice:
-    """The :class:`Voice`, after checking that its synthesiser, its data and ``sox`` are installed.
-
-    Raises:
-        MissingVoiceError: naming the missing piece and the apt command (``scripts/apt-voices.sh``).
-    """
+    """The :class:`Voice`, its synthesiser, data and ``sox`` checked; else MissingVoiceError naming the apt command."""
     v = get_voice(voice)
     for binary, pkg in ((v.binary, v.package if v.engine != "festival" else "festival"), ("sox", "sox")):
         if shutil.which(binary) is None:
@@ -454,22 +406,16 @@ def utterance_id(sentence: Sentence, voice: str) -> str:
     return f"{voice}-{h}"
 
 
-#: sox's global options for the resampling step of :func:`render_one`: ``-D`` no dither (clock-seeded, it made two
-#: renderings differ), ``-R`` repeatable mode (docs/reproducibility.md).
+#: sox's options for resampling: ``-D`` no dither (clock-seeded, it made two renderings differ), ``-R`` repeatable.
 SOX_ARGS = ("-q", "-R", "-D")
-#: How :func:`render_one` makes a file, recorded in each rendered folder (``.render-recipe``): files in a folder
-#: with another recipe, or none, are rendered again, never reused.
+#: How :func:`render_one` makes a file, recorded in each rendered folder: files under another recipe are re-rendered.
 RENDER_RECIPE = "synthesiser at its own rate -> sox " + " ".join(SOX_ARGS) + " -r <rate> -c 1 -b 16 (no dither)"
 RECIPE_FILE = ".render-recipe"
 
 
 def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> int:
-    """Render one text to a mono 16-bit wav at ``sample_rate``, atomically; returns its length in samples. The
-    synthesiser writes at its own rate, ``sox`` resamples without dither: the same bytes on every run.
-
-    Raises:
-        MissingVoiceError: the synthesiser is missing. RuntimeError: it failed (its stderr is quoted).
-    """
+    """Render one text to a mono 16-bit wav at ``sample_rate``, atomically, the same bytes on every run; returns its
+    length in samples. Raises MissingVoiceError; RuntimeError: the synthesiser failed (its stderr quoted)."""
     v = check_voice(voice)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -498,8 +444,7 @@ def _write_recipe(folder: Path) -> None:
 
 
 def _render_job(job: tuple) -> dict:
-    """Render one manifest row (``(row, out_dir, sample_rate, reuse)``) unless an earlier run did with this recipe
-    (``reuse``); its lengths added."""
+    """Render a manifest row (``(row, out_dir, sample_rate, reuse)``) unless reused; its lengths added."""
     row, out_dir, sample_rate, reuse = job
     path = Path(out_dir) / row["path"]
     if reuse and path.is_file():
@@ -513,14 +458,9 @@ def _render_job(job: tuple) -> dict:
 def render_files(items: Iterable[tuple[str, str, str | os.PathLike]], folder: str | os.PathLike, *,
                  processes: int = 2, sample_rate: int = SAMPLE_RATE, progress: bool = False,
                  desc: str = "render") -> list[int]:
-    """Render ``(text, voice, path)`` items into ``folder`` (``path`` relative to it, or absolute inside it),
-    reusing the files there only under this :data:`RENDER_RECIPE`; ``processes``: synthesisers run at once (the
-    result does not depend on it). Returns each file's length in samples, in order.
-
-    Raises:
-        ValueError: a path outside ``folder``. MissingVoiceError: a voice is not installed (checked first).
-        RuntimeError: a synthesiser or sox failed.
-    """
+    """Render ``(text, voice, path)`` items into ``folder`` (paths inside it), reusing files only under this
+    :data:`RENDER_RECIPE`, ``processes`` synthesisers at once (no effect on the result). Returns each length in
+    samples. Raises ValueError: a path outside ``folder``; MissingVoiceError (checked first); RuntimeError."""
     out = Path(folder)
     items = [(str(t), str(v), out / p) for t, v, p in items]
     outside = [str(p) for _, _, p in items if not p.resolve().is_relative_to(out.resolve())]
@@ -548,14 +488,8 @@ def _render_rows(rows: list[dict], out: Path, *, processes: int, sample_rate: in
 
 def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_VOICES, one_voice_each: bool = False,
                  fractions: Mapping[str, float] | None = None) -> list[dict]:
-    """Manifest rows (without audio lengths) for rendering ``sentences`` with the ``voices`` of their language.
-
-    Args:
-        one_voice_each: one voice per sentence, chosen by a hash of it, instead of every voice of its language.
-
-    Raises:
-        ValueError: a sentence whose language no chosen voice speaks.
-    """
+    """Manifest rows (no lengths yet) rendering ``sentences`` with every voice of their language, or
+    ``one_voice_each`` (chosen by a hash). Raises ValueError: a language no chosen voice speaks."""
     vs = [get_voice(v) for v in voices]
     rows = []
     for s in sentences:
@@ -577,19 +511,9 @@ def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_
 def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voices: Sequence[str] = DEFAULT_VOICES,
                   one_voice_each: bool = False, processes: int = 2, sample_rate: int = SAMPLE_RATE,
                   fractions: Mapping[str, float] | None = None, progress: bool = True) -> list[dict]:
-    """Render sentences to ``<out_dir>/wav/<voice>/<id>.wav`` and write ``<out_dir>/manifest.jsonl``.
-
-    Args:
-        sentences: what to say (:func:`plan_renders`). out_dir: the corpus folder (a rerun resumes, as
-            :func:`render_files`). voices: names of :data:`VOICES`. processes, sample_rate: as :func:`render_files`.
-
-    Returns:
-        The manifest rows: ``id, split, language, voice, text, source, origin, path`` (relative to ``out_dir``),
-        ``samples, seconds, frames`` (12.5 Hz frames), ``sample_rate``.
-
-    Raises:
-        MissingVoiceError: a chosen voice is not installed.
-    """
+    """Render sentences (:func:`plan_renders`) to ``<out_dir>/wav/<voice>/<id>.wav`` (a rerun resumes) and write
+    ``<out_dir>/manifest.jsonl``. Returns its rows: ``id, split, language, voice, text, source, origin, path``
+    (relative), ``samples, seconds, frames`` (12.5 Hz), ``sample_rate``. Raises MissingVoiceError."""
     out = Path(out_dir)
     rows = [{**r, "sample_rate": sample_rate} for r in plan_renders(sentences, voices, one_voice_each, fractions)]
     done = _render_rows(rows, out, processes=processes, sample_rate=sample_rate, progress=progress, desc="render")
@@ -606,21 +530,13 @@ def read_manifest(path: str | os.PathLike) -> list[dict]:
     if not p.is_file():
         raise FileNotFoundError(f"no manifest at {p}: render a corpus first "
                                 "(rvqspec_lib.embedded.corpus.render_corpus)")
-    rows = []
-    for line in p.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            r = json.loads(line)
-            r["path"] = str((p.parent / r["path"]).resolve())
-            rows.append(r)
-    return rows
+    rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [{**r, "path": str((p.parent / r["path"]).resolve())} for r in rows]
 
 
 def corpus_table(manifest: str | os.PathLike | Iterable[Mapping]) -> list[dict]:
-    """Table 1 analogue: one row per (split, language).
-
-    ``manifest``: a manifest path (or its folder), or its rows. Returns rows ``{"split", "language", "samples"
-    (utterances), "hours", "frames", "voices", "sources"}`` in Table 1 order (English first).
-    """
+    """Table 1 analogue of a manifest (path, folder or rows): a row ``{"split", "language", "samples" (utterances),
+    "hours", "frames", "voices", "sources"}`` per (split, language) in Table 1 order (English first)."""
     rows = read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
     groups: dict[tuple, dict] = {}
     for r in rows:

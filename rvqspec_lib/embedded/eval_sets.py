@@ -1,13 +1,6 @@
-"""The evaluation data of WER parity (notebook 05, ``rvqspec eval-wer``), per language, from whatever exists:
-
-* a user's data set (:func:`rvqspec_lib.eval.datasets.load_speech_dataset`: Fleurs per language, or any of the
-  paper's sets) encoded by the model's codec;
-* for the embedded model, offline: English = the shipped evaluation split (flite voices, their true codes), the
-  other languages = the multilingual sentences (``data/eval_texts/multilingual.tsv``) rendered here with espeak-ng
-  (:func:`rvqspec_lib.embedded.corpus.render_corpus`) and encoded by the shipped codec; the calibration split for
-  the trees.
-
-Every utterance comes with its Table 1 fields (``split``, ``role``, ``language``, ``seconds``, ``frames``).
+"""The evaluation data of WER parity (notebook 05, ``rvqspec eval-wer``) per language, with its Table 1 fields: a
+user's data set encoded by the model's codec, or, for the embedded model offline, the shipped English splits and the
+multilingual sentences rendered with espeak-ng and encoded by the shipped codec.
 """
 
 from __future__ import annotations
@@ -44,12 +37,8 @@ def _shipped(model, split: str, n: int | None, seed: int, role: str):
 
 def multilingual_evaluation(codec, work_dir: str | os.PathLike, languages: Sequence[str], *,
                             n_per_language: int | None = None, progress: bool = False) -> dict:
-    """The multilingual sentences rendered with espeak-ng (one voice per language) and encoded by ``codec``:
-    ``{lang: {"utterances", "meta", "source"}}`` per requested non-English language with shipped sentences.
-
-    Raises:
-        MissingVoiceError: espeak-ng or sox is missing.
-    """
+    """``{lang: {"utterances", "meta", "source"}}``: the multilingual sentences of each requested non-English
+    language rendered with espeak-ng and encoded by ``codec``. Raises MissingVoiceError: espeak-ng or sox missing."""
     wanted = [lang for lang in languages if lang != "en"]
     if not wanted:
         return {}
@@ -78,17 +67,11 @@ def evaluation_data(model: str | os.PathLike, languages: Sequence[str], *, codec
                     dataset_kind: str = "fleurs", split: str | None = None, n_sentences: int | None = None,
                     n_multilingual: int | None = None, seed: int = 0, work_dir: str | os.PathLike = "build/eval_wer",
                     progress: bool = False) -> dict:
-    """The evaluation utterances of every language, with their Table 1 fields.
+    """``{lang: {"utterances", "meta", "source"}}`` in the order of ``languages`` (ISO codes): from ``dataset`` (a
+    folder or hub id of ``dataset_kind``, for EVERY language) when given, else shipped and rendered (``work_dir``);
+    ``n_sentences`` a language (a seeded sample, or a dataset's first rows), ``n_multilingual`` per other language
+    (default ``n_sentences``).
 
-    Args:
-        model: the model's name or folder. languages: ISO codes of ``rvqspec_lib.eval.datasets.LANGUAGES``.
-        codec: the model's codec (encodes rendered or dataset audio).
-        dataset: a ``save_to_disk`` folder or hub id of ``dataset_kind``, used for EVERY language when given.
-        n_sentences: at most this many utterances per language (a seeded sample of the shipped split; a dataset's
-            first rows). n_multilingual: per other language (default ``n_sentences``). work_dir: rendered audio.
-
-    Returns:
-        ``{lang: {"utterances", "meta", "source"}}`` in the order of ``languages``.
     Raises:
         ValueError: an unknown language; a language without data (one line naming ``--dataset``); a dataset without
             the expected columns.
@@ -133,12 +116,8 @@ def evaluation_data(model: str | os.PathLike, languages: Sequence[str], *, codec
 
 def calibration_data(model: str | os.PathLike, *, codec=None, librispeech=None, split: str | None = None,
                      n_sentences: int | None = None, seed: int = 0):
-    """``(utterances, meta, source)`` of the calibration set: a LibriSpeech folder or hub id when given (the paper's
-    calibration set, encoded by ``codec``), else the calibration split shipped beside the model.
-
-    Raises:
-        ValueError: neither exists (one line naming ``librispeech``); a dataset without the expected columns.
-    """
+    """``(utterances, meta, source)`` of the calibration set: ``librispeech`` (a folder or hub id, the paper's)
+    encoded by ``codec``, else the shipped calibration split. Raises ValueError: neither exists; bad columns."""
     if librispeech:
         if codec is None:
             raise ValueError("LibriSpeech audio needs the model's codec to become codes")
@@ -156,14 +135,10 @@ def calibration_data(model: str | os.PathLike, *, codec=None, librispeech=None, 
 def calibrate_decoders(lm, utterances: Sequence, *, needs, calibration_path: str | os.PathLike | None = None,
                        max_frames: int = 1000, budgets: Sequence[int] | None = None, seed: int = 0,
                        progress: bool = False) -> dict:
-    """What ``tree:calibrated...`` and ``chain:best`` need (``needs``, a subset of ``{"calibration", "best_chain"}``),
-    from the first ``max_frames`` frames of the calibration utterances, or a ``calibration_path`` file; ``budgets``
-    default every budget 2..64.
-
-    Returns:
-        ``{"calibration": dict or None, "best_chain": int or None, "chain_predicted": {window: tpc},
-        "n_frames": frames used, "from_file": path or None}``.
-    """
+    """What ``tree:calibrated...`` and ``chain:best`` need (``needs`` among ``{"calibration", "best_chain"}``), from a
+    ``calibration_path`` file or the first ``max_frames`` frames of ``utterances`` (``budgets`` default
+    :data:`BUDGETS`): ``{"calibration", "best_chain", "chain_predicted": {window: tpc}, "n_frames", "from_file"}``,
+    each ``None`` (``n_frames`` 0) where not computed or read."""
     cp = lm.code_predictor
     out = {"calibration": None, "best_chain": None, "chain_predicted": {}, "n_frames": 0, "from_file": None}
     needs = set(needs)

@@ -1,13 +1,7 @@
-"""Training a small model of the OFFICIAL ``Qwen3TTSForConditionalGeneration`` classes, teacher-forced in exactly the
-layout of ``generate(non_streaming_mode=True)`` (:mod:`rvqspec_lib.data.teacher`; the prompt equals inference's bit
-for bit, batches left-padded as the official batch ``generate`` pads them), the loop being
-:func:`rvqspec_lib.training.loop.fit`.
-
-The losses are computed HERE on the official forward's logits (docs/model.md#training-caveats): the talker's
-``codec_head`` against code 0 of every frame and end of speech after the last; the code predictor's
-``forward_sub_talker_finetune`` logits (already aligned) against codes 1..15, since the loss that method returns is
-double-shifted (QwenLM/Qwen3-TTS #179/#337/#371, PR #278; tests/test_train.py); total = talker + 0.3 x code
-predictor (the official script's weighting). Schedule and AdamW groups: nanoGPT's.
+"""Training a small model of the OFFICIAL Qwen3-TTS classes, teacher-forced in the layout of inference
+(:mod:`rvqspec_lib.data.teacher`) through :func:`rvqspec_lib.training.loop.fit`. The losses are computed HERE on the
+official logits, since the code-predictor loss the official method returns is double-shifted
+(docs/model.md#training-caveats; QwenLM/Qwen3-TTS #179, PR #278): total = talker + 0.3 x code predictor.
 """
 
 from __future__ import annotations
@@ -55,12 +49,8 @@ CP_WARMUP_STEPS = WARMUP_STEPS // 2
 
 def bucket_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
                    bucket_batches_n: int = 50) -> list[list[int]]:
-    """One epoch of batches (lists of dataset indices) of similar length, in random order: shuffle, cut into buckets
-    of ``batch_size * bucket_batches_n``, sort each by length, cut into batches, shuffle them.
-
-    Raises:
-        ValueError: ``batch_size < 1``.
-    """
+    """One epoch of index batches of similar length, in random order: shuffle, cut into buckets of ``batch_size *
+    bucket_batches_n``, sort each by length, cut into batches, shuffle them. Raises ValueError: ``batch_size < 1``."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = torch.randperm(len(lengths), generator=generator).tolist()
@@ -74,12 +64,8 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, generator: torch.Gen
 
 
 def losses(tf: TeacherForced, *, cp_weight: float = CP_LOSS_WEIGHT) -> dict:
-    """Losses and accuracies of a teacher-forced pass.
-
-    Returns:
-        ``loss`` (tensor, for backward), floats ``talker_loss``, ``cp_loss``, ``code0_acc``, ``cp_acc``, and the
-        counts ``n_talker`` (frames + one end of speech per utterance) and ``n_cp`` (frames x 15).
-    """
+    """``loss`` (a tensor, for backward), floats ``talker_loss, cp_loss, code0_acc, cp_acc`` and the counts
+    ``n_talker`` (frames + one end of speech an utterance), ``n_cp`` (frames x 15) of a teacher-forced pass."""
     vocab = tf.talker_logits.shape[-1]
     talker_loss = F.cross_entropy(tf.talker_logits.reshape(-1, vocab).float(), tf.talker_labels.reshape(-1),
                                   ignore_index=IGNORE)
@@ -105,18 +91,17 @@ def set_dropout(model, p: float) -> None:
 def evaluate(lm: LoadedModel, utts: Sequence[Utterance], *, batch_size: int = 16,
              cp_weight: float = CP_LOSS_WEIGHT) -> dict:
     """Teacher-forced loss and accuracies over utterances (eval mode, token-weighted means)."""
-    tot = {"talker_loss": 0.0, "cp_loss": 0.0, "code0_acc": 0.0, "cp_acc": 0.0, "n_talker": 0, "n_cp": 0}
+    count_of = {"talker_loss": "n_talker", "cp_loss": "n_cp", "code0_acc": "n_talker", "cp_acc": "n_cp"}
+    tot = {**dict.fromkeys(count_of, 0.0), "n_talker": 0, "n_cp": 0}
     order = sorted(range(len(utts)), key=lambda i: utts[i].codes.shape[0])
     with eval_mode(lm.model):
         for s in range(0, len(order), batch_size):
             r = losses(teacher_force(lm, [utts[i] for i in order[s:s + batch_size]]), cp_weight=cp_weight)
-            for k, n in (("talker_loss", "n_talker"), ("code0_acc", "n_talker"), ("cp_loss", "n_cp"),
-                         ("cp_acc", "n_cp")):
+            for k, n in count_of.items():
                 tot[k] += r[k] * r[n]
-            tot["n_talker"] += r["n_talker"]
-            tot["n_cp"] += r["n_cp"]
-    out = {k: tot[k] / max(1, tot["n_talker" if k in ("talker_loss", "code0_acc") else "n_cp"])
-           for k in ("talker_loss", "cp_loss", "code0_acc", "cp_acc")}
+            for n in ("n_talker", "n_cp"):
+                tot[n] += r[n]
+    out = {k: tot[k] / max(1, tot[n]) for k, n in count_of.items()}
     out["loss"] = out["talker_loss"] + cp_weight * out["cp_loss"]
     return out
 
@@ -128,23 +113,15 @@ def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minut
           warmup_steps: int = WARMUP_STEPS, min_lr_ratio: float = MIN_LR_RATIO, weight_decay: float = WEIGHT_DECAY,
           grad_clip: float = GRAD_CLIP, cp_weight: float = CP_LOSS_WEIGHT, max_eval_utterances: int = 64,
           progress: bool = True) -> dict:
-    """Train ``lm.model`` in place with AdamW on (text, codes) pairs (batches :func:`bucket_batches`, loss
-    :func:`losses`, evaluations :func:`evaluate`); the weights left are the last step's, the best held-out ones go to
-    ``out_dir/best``.
-
-    Args:
-        lm: the model to train; its ``tokenizer`` is the text front end stored with the checkpoint.
-        dataset, val_dataset: utterances (anything :func:`as_utterance` accepts).
-        steps / minutes: the budget (exactly one). lr: peak learning rate of :class:`WarmupCosine`.
-        dropout: attention dropout while training. feedback_noise, cp_fraction: see :func:`teacher_force`.
-        seed: of batching and noise (attention dropout draws from torch's global RNG inside SDPA).
-        eval_every: steps between evaluations (also at the end).
-        out_dir: gets ``curve.json``, the final checkpoint and ``best/``.
-        max_eval_utterances: size of the train and held-out subsets evaluated.
+    """Train ``lm.model`` in place with AdamW on utterances (:func:`as_utterance`) for ``steps`` or ``minutes``
+    (exactly one), batches :func:`bucket_batches`, loss :func:`losses`; the last step's weights are kept, the best
+    held-out ones go to ``out_dir/best`` (with ``curve.json`` and the final checkpoint). ``feedback_noise``,
+    ``cp_fraction``: see :func:`teacher_force`; ``lr``: the peak; ``dropout``: attention dropout while training;
+    ``eval_every``: steps between evaluations (also at the end); ``seed``: of batching and noise (attention dropout
+    draws from torch's global RNG inside SDPA); ``max_eval_utterances``: size of the evaluated subsets.
 
     Returns:
-        dict: ``curve`` (list of evaluation records), ``steps``, ``wall_s``, ``train_s``, ``steps_per_s``,
-        ``frames_per_s``, ``out_dir``.
+        dict: ``curve``, ``steps``, ``wall_s``, ``train_s``, ``steps_per_s``, ``frames_per_s``, ``out_dir``.
     Raises:
         ValueError: no budget or two, a budget that is not positive, an empty training set.
     """
@@ -213,8 +190,8 @@ def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minut
 
 @dataclass
 class CodePredictorStates:
-    """Teacher-forced inputs of the code predictor, one row per frame: ``hidden`` ``(N, talker_hidden)`` float32, the
-    frozen talker's state that starts the frame's inner loop; ``codes`` ``(N, G)`` int64, the true codes."""
+    """Teacher-forced code-predictor inputs a frame: the frozen talker's ``hidden`` ``(N, talker_hidden)`` float32
+    starting the inner loop, the true ``codes`` ``(N, G)`` int64."""
 
     hidden: torch.Tensor
     codes: torch.Tensor
@@ -226,12 +203,8 @@ class CodePredictorStates:
 @torch.no_grad()
 def code_predictor_states(lm: LoadedModel, dataset: Iterable, *, batch_size: int = 16,
                           progress: bool = True) -> CodePredictorStates:
-    """:class:`CodePredictorStates` of every frame of ``dataset`` from teacher-forced talker passes (eval mode, no
-    gradient; ``batch_size`` utterances, sorted by length).
-
-    Raises:
-        ValueError: an empty dataset.
-    """
+    """:class:`CodePredictorStates` of every frame of ``dataset`` from teacher-forced talker passes (eval mode,
+    ``batch_size`` utterances by length). Raises ValueError: an empty dataset."""
     utts = [as_utterance(u) for u in dataset]
     if not utts:
         raise ValueError("no utterances to take code-predictor states from")
@@ -250,23 +223,18 @@ def code_predictor_states(lm: LoadedModel, dataset: Iterable, *, batch_size: int
 
 
 def code_predictor_parameters(lm: LoadedModel) -> list[tuple[str, torch.nn.Parameter]]:
-    """The parameters :func:`train_code_predictor` trains: the code predictor's but its code embedding tables, which
-    the talker reads too (the frame feedback)."""
+    """What :func:`train_code_predictor` trains: the code predictor but its code embeddings (the talker reads them)."""
     return [(n, p) for n, p in lm.code_predictor.named_parameters() if "codec_embedding" not in n]
 
 
 def _cp_cross_entropy(logits: torch.Tensor, codes: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy of ``forward_sub_talker_finetune`` logits ``(N, G-1, V)`` (head j at position j, already
-    aligned) against codes 1..G-1 of ``codes (N, G)``, in float32."""
+    """float32 cross-entropy of aligned ``forward_sub_talker_finetune`` logits ``(N, G-1, V)``, codes 1..G-1."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), codes[:, 1:].reshape(-1), reduction=reduction)
 
 
 def code_predictor_metrics(lm: LoadedModel, states: CodePredictorStates, *, batch_frames: int = 1024) -> dict:
-    """Teacher-forced cross-entropy and argmax accuracy of codes 1..G-1 over frames (eval mode, no gradient).
-
-    Returns:
-        ``{"cp_loss", "cp_acc", "cp_acc_by_depth": [G-1 floats]}``.
-    """
+    """``{"cp_loss", "cp_acc", "cp_acc_by_depth": [G-1 floats]}``: teacher-forced cross-entropy and argmax accuracy
+    of codes 1..G-1 (eval mode, no gradient)."""
     talker = lm.model.talker
     dtype = next(talker.parameters()).dtype
     loss, correct, n = 0.0, None, 0
@@ -290,11 +258,9 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
                          warmup_steps: int = CP_WARMUP_STEPS, min_lr_ratio: float = MIN_LR_RATIO,
                          weight_decay: float = WEIGHT_DECAY, grad_clip: float = GRAD_CLIP, eval_every: int = 200,
                          seed: int = 0, out_dir: str | Path | None = None, progress: bool = True) -> dict:
-    """Train the code predictor alone on a frozen talker's states (from :func:`code_predictor_states`; a second stage
-    after :func:`train`): the talker and the code embeddings stay fixed, so code 0 is unchanged; AdamW under
-    :class:`WarmupCosine` (peak ``lr``), ``batch_frames`` random frames a step, a budget of ``steps`` or ``minutes``
-    (exactly one). With ``val_states`` (evaluated every ``eval_every`` steps) the weights of lowest validation loss are
-    restored, step 0 a candidate; ``out_dir`` gets ``cp_curve.json``.
+    """Second stage after :func:`train`: the code predictor alone on a frozen talker's states (code 0 unchanged),
+    AdamW, ``batch_frames`` random frames a step, for ``steps`` or ``minutes``; with ``val_states`` the weights of
+    lowest validation loss are restored (step 0 a candidate). ``out_dir`` gets ``cp_curve.json``.
 
     Returns:
         dict: ``curve``, ``steps``, ``wall_s``, ``frames_seen``, ``best_step``, ``best`` (validation metrics of the
@@ -326,7 +292,7 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
     seen = {"frames": 0}
 
     def frame_batches(epoch: int):
-        """Endless: random frames without replacement, a fresh permutation appended when fewer than a batch remain."""
+        """Endless random frames without replacement (a fresh permutation appended when short)."""
         perm = torch.empty(0, dtype=torch.long)
         while True:
             if perm.numel() < batch_frames:

@@ -1,7 +1,5 @@
-"""Past one machine: teacher-forced frame extraction and drafter training, data-parallel over the processes of
-``accelerate launch`` (gloo on CPUs). :func:`extract_frames` writes each process's block of frames as a shard and
-:func:`load_frame_shards` reads them back as one process would have made them; ``train_drafter(parallel=...)`` sums
-the gradients before each step (as DistributedDataParallel does), so every process takes the single-process step.
+"""Past one machine: frame extraction (a shard per process) and drafter training (gradients summed before each step,
+so every process takes the single-process step), data-parallel over ``accelerate launch`` processes (gloo on CPUs).
 :class:`Parallel` wraps ``accelerate.PartialState`` and ``torch.distributed``; with one process it does nothing.
 """
 
@@ -26,11 +24,7 @@ INDEX = "index.json"
 
 @dataclass
 class Parallel:
-    """The processes of a data-parallel run.
-
-    Attributes:
-        rank: this process (0 = main). world: number of processes. device: this process's device.
-    """
+    """The processes of a data-parallel run: this one's ``rank`` (0 = main) of ``world``, on ``device``."""
 
     rank: int = 0
     world: int = 1
@@ -46,7 +40,7 @@ class Parallel:
 
     @property
     def is_main(self) -> bool:
-        """This is the main process (rank 0)."""
+        """Rank 0."""
         return self.rank == 0
 
     def block(self, n: int) -> tuple[int, int]:
@@ -107,12 +101,8 @@ class _SummedGradients:
 
 
 def shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
-    """Contiguous block ``[start, stop)`` of ``n`` items for process ``rank`` of ``world``: blocks tile ``[0, n)`` in
-    rank order, the first ``n % world`` one larger.
-
-    Raises:
-        ValueError: ``world < 1``, ``rank`` outside ``[0, world)``, ``n < 0``.
-    """
+    """Contiguous block ``[start, stop)`` of ``n`` items for ``rank`` of ``world``, tiling ``[0, n)`` in rank order
+    (the first ``n % world`` one larger). Raises ValueError: ``world < 1``, ``rank`` outside it, ``n < 0``."""
     if world < 1 or not 0 <= rank < world or n < 0:
         raise ValueError(f"need 0 <= rank < world and n >= 0, got rank={rank}, world={world}, n={n}")
     base, extra = divmod(n, world)
@@ -138,19 +128,10 @@ def _write_shard(fr: Frames, out_dir, par: Parallel, n_items: int) -> Path:
 
 def extract_frames(lm, utterances: Sequence, out_dir: str | os.PathLike, *, parallel: Parallel | None = None,
                    batch_size: int = 8, progress: bool = False, source: dict | None = None) -> Path:
-    """Teacher-forced frames of ``utterances``, made by every process on its block, written as shards.
-
-    Args:
-        lm: the model (on ``parallel.device``). utterances: text + true codes (the same list on every process).
-        out_dir: gets one ``frames-<rank>-of-<world>.safetensors`` per process and ``index.json``.
-        parallel: default :meth:`Parallel.detect`. batch_size: utterances per talker pass.
-
-    Returns:
-        ``out_dir``; utterance ids are GLOBAL input indices.
-
-    Raises:
-        ValueError: no utterances, or more processes than utterances.
-    """
+    """Teacher-forced frames of ``utterances`` (the same list on every process), each process its block, written to
+    ``out_dir`` as :data:`SHARD_PATTERN` shards and ``index.json``; utterance ids are GLOBAL input indices. ``lm`` on
+    ``parallel.device`` (default :meth:`Parallel.detect`); ``batch_size`` utterances a talker pass. Returns
+    ``out_dir``. Raises ValueError: more processes than utterances."""
     par = parallel or Parallel.detect()
     n = len(utterances)
     if n < par.world:
@@ -166,16 +147,9 @@ def extract_frames(lm, utterances: Sequence, out_dir: str | os.PathLike, *, para
 def extract_dataset_frames(dataset, lm, codec, out_dir: str | os.PathLike, *, parallel: Parallel | None = None,
                            split: str | None = None, language: str = "auto", text_column: str | None = None,
                            max_items: int | None = None, progress: bool = False) -> Path:
-    """:func:`extract_frames` over the rows of a ``datasets`` dataset of audio + text (VoxPopuli schema) through
-    :func:`rvqspec_lib.data.frame_sources.frames_from_dataset`; utterance ids are GLOBAL row indices.
-
-    Args:
-        dataset: a ``Dataset`` / ``DatasetDict`` or a ``save_to_disk`` folder. max_items: the first rows only.
-        split, language, text_column: as ``frames_from_dataset``.
-    Raises:
-        FileNotFoundError: no such folder. ValueError: missing columns, fewer rows than processes, codes of another
-            codec.
-    """
+    """:func:`extract_frames` over the first ``max_items`` rows of an audio + text dataset through
+    :func:`~rvqspec_lib.data.frame_sources.frames_from_dataset` (arguments as there); ids are GLOBAL row indices.
+    Raises FileNotFoundError: no such folder; ValueError: missing columns, fewer rows than processes, bad codes."""
     par = parallel or Parallel.detect()
     dataset = load_split(dataset, split)
     n = len(dataset) if max_items is None else min(int(max_items), len(dataset))
@@ -190,11 +164,8 @@ def extract_dataset_frames(dataset, lm, codec, out_dir: str | os.PathLike, *, pa
 
 
 def load_frame_shards(out_dir: str | os.PathLike, *, rank: int | None = None) -> Frames:
-    """Frames written by :func:`extract_frames`: every shard in rank order (``rank=None``), or one shard.
-
-    Raises:
-        FileNotFoundError: no ``index.json`` (extraction did not finish) or a missing shard.
-    """
+    """Frames written by :func:`extract_frames`: every shard in rank order (``rank=None``), or one. Raises
+    FileNotFoundError: no ``index.json`` (extraction did not finish) or a missing shard."""
     d = Path(out_dir)
     idx = d / INDEX
     if not idx.is_file():

@@ -1,6 +1,6 @@
 """Training the drafters of :mod:`rvqspec_lib.decoding.drafters` on teacher-forced hidden states H_1..H_15 of the
 frozen code predictor (paper §2.2, Table 2; docs/methods.md#position-aware-offsets), with one of three losses
-(:func:`drafter_loss`), keeping the epoch of highest exact validation acceptance (epoch 0: the untrained drafter).
+(:func:`train_drafter`), keeping the epoch of highest exact validation acceptance (epoch 0: the untrained drafter).
 """
 
 from __future__ import annotations
@@ -32,46 +32,21 @@ LOSSES = ("ce", "kl", "tv")
 DEFAULT_LR = {"offsets": 1e-2, "medusa": 1e-3}
 
 
-def drafter_loss(drafter, code_predictor, hidden: torch.Tensor, targets: torch.Tensor, *, loss: str = "ce",
-                 sampling: Sampling | None = None, p_all: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """Loss of a drafter on teacher-forced hidden states, and the exact one-step acceptance of its drafts.
-
-    Args:
-        hidden: ``(N, n, H)`` H_1..H_n. targets: ``(N, n)`` codes 1..n (the ``"ce"`` targets).
-        loss: ``"ce"`` (ground-truth codes, the paper's); ``"kl"``, KL(p || softmax(logits / T)) to the warped
-            verifier p (q tempered, not truncated: a truncated q makes the KL infinite); ``"tv"``, one minus the
-            exact acceptance ``sum_x min(p, q)``, q warped as deployed (DistillSpec: TVD is what acceptance pays).
-        sampling: the deployed warpers (default the checkpoints').
-        p_all: ``(N, n, V)`` warped verifier probabilities (computed from ``hidden`` when ``None``).
-
-    Returns:
-        ``(loss, stats)``: the mean over valid (frame, k, j); ``stats["acceptance_by_offset"]`` ``(K,)``, the mean
-        exact acceptance, no gradient.
-
-    Raises:
-        ValueError: an unknown loss; ``"tv"`` with greedy sampling.
-    """
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}: choose one of {LOSSES}")
-    sampling = Sampling() if sampling is None else sampling
-    K = drafter.K
-    logits, d, valid = draft_batch(drafter, code_predictor, hidden, K)
+def _drafter_loss(drafter, code_predictor, hidden: torch.Tensor, targets: torch.Tensor, *, loss: str,
+                  sampling: Sampling, p_all: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """``(loss, {"acceptance_by_offset": (K,)})`` on hidden ``(N, n, H)``, codes ``(N, n)``, warped p ``(N, n, V)``."""
+    logits, d, valid = draft_batch(drafter, code_predictor, hidden, drafter.K)
     nb, n = targets.shape
     f = torch.arange(nb, device=hidden.device)[:, None, None].expand_as(d)
     dd = (d - 1).clamp(max=n - 1)
-    if p_all is None:
-        with torch.no_grad():
-            p_all = sampling.probs(verifier_logits(code_predictor, hidden))  # (N, n, V)
     p = p_all[f, dd]  # (N, n-1, K, V)
-    if loss == "ce":
+    if loss == "ce":  # ground-truth codes, the paper's
         tgt = targets[f, dd]
         value = torch.nn.functional.cross_entropy(logits[valid], tgt[valid])
     elif loss == "tv":  # 1 - sum_x min(p, q) with q warped as deployed: exactly one minus the acceptance rate
-        if sampling.greedy:
-            raise ValueError("loss 'tv' needs sampled decoding (a greedy q is a point mass with no gradient)")
         q = sampling.probs(logits[valid])  # temperature and top-k are differentiable in the kept logits
         value = 1.0 - torch.minimum(p[valid], q).sum(-1).mean()
-    else:
+    else:  # KL(p || q), q tempered but not truncated: a truncated q makes the KL infinite
         temp = 1.0 if sampling.greedy else float(sampling.temperature)
         log_q = torch.log_softmax(logits[valid] / temp, -1)
         pv = p[valid]
@@ -85,14 +60,9 @@ def drafter_loss(drafter, code_predictor, hidden: torch.Tensor, targets: torch.T
 
 @dataclass
 class TrainResult:
-    """What :func:`train_drafter` returns.
-
-    Attributes:
-        drafter: the drafter with its best state (by ``select``) loaded and ``provenance`` filled.
-        curve: one record of :func:`rvqspec_lib.training.loop.fit` per epoch (epoch 0: before training), with
-            ``train_loss``, ``val_loss``, ``val_acceptance_by_offset`` (exact, per offset) and ``val_acceptance``.
-        best_epoch: epoch whose state was kept. stopped_early: patience ran out before ``max_epochs``.
-    """
+    """What :func:`train_drafter` returns: the drafter at its kept epoch (``provenance`` filled), the
+    :func:`~rvqspec_lib.training.loop.fit` curve (epoch 0: untrained; ``train_loss``, ``val_loss``, exact
+    ``val_acceptance_by_offset`` and its mean ``val_acceptance``), the kept epoch, whether patience stopped it."""
 
     drafter: object
     curve: list[dict]
@@ -100,34 +70,25 @@ class TrainResult:
     stopped_early: bool
 
     def to_json(self) -> dict:
-        """JSON-able: the drafter's description, the kept epoch, whether it stopped early, the curve, provenance."""
+        """JSON-able: description, kept epoch, stopped early, curve, provenance."""
         return {"drafter": self.drafter.describe(), "best_epoch": self.best_epoch, "stopped_early": self.stopped_early,
                 "curve": self.curve, "provenance": self.drafter.provenance}
 
 
 class _HiddenSource:
-    """Teacher-forced hidden states of a frame set, and the frozen verifier's warped distribution p on them: computed
-    once if they fit in ``cache_mb`` (the hidden states first, then p), else per batch. The code predictor never
-    changes during training, so p of a frame is the same at every epoch; caching it saves the verifier's heads and
-    the warpers at every step (about a fifth of an epoch of the embedded model, measured)."""
+    """Teacher-forced hidden states of frames and the frozen verifier's warped p on them, cached up to ``cache_mb``
+    (hidden first, then p, which never changes), else per batch."""
 
+    @torch.no_grad()
     def __init__(self, cp, frames: Frames, chunk: int, cache_mb: float, sampling: Sampling):
-        self.cp, self.frames, self.chunk, self.sampling = cp, frames, chunk, sampling
-        dev = next(cp.parameters()).device
-        self.dev = dev
-        rows = len(frames) * frames.n_codes
-        itemsize = P.param_dtype(cp).itemsize
-        hidden_bytes = rows * int(cp.config.hidden_size) * itemsize
-        p_bytes = rows * int(cp.config.vocab_size) * itemsize
-        budget = cache_mb * 2 ** 20
+        self.cp, self.frames, self.sampling = cp, frames, sampling
+        self.dev = next(cp.parameters()).device
+        row_bytes = len(frames) * frames.n_codes * P.param_dtype(cp).itemsize
+        hidden_bytes, p_bytes = row_bytes * int(cp.config.hidden_size), row_bytes * int(cp.config.vocab_size)
+        fits = hidden_bytes <= cache_mb * 2 ** 20, hidden_bytes + p_bytes <= cache_mb * 2 ** 20
         chunks = [torch.arange(i, min(i + chunk, len(frames))) for i in range(0, len(frames), chunk)]
-        self.cache = self.p_cache = None
-        if hidden_bytes <= budget:
-            with torch.no_grad():
-                self.cache = torch.cat([self._compute(idx) for idx in chunks])
-        if self.cache is not None and hidden_bytes + p_bytes <= budget:
-            with torch.no_grad():
-                self.p_cache = torch.cat([self._probs(self.cache[idx]) for idx in chunks])
+        self.cache = torch.cat([self._compute(idx) for idx in chunks]) if fits[0] else None
+        self.p_cache = torch.cat([self._probs(self.cache[idx]) for idx in chunks]) if all(fits) else None
 
     def _compute(self, idx):
         fr = self.frames
@@ -142,30 +103,27 @@ class _HiddenSource:
 
     @torch.no_grad()
     def probs(self, idx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """The warped verifier distribution of frames ``idx`` (``hidden``: their hidden states, ``self(idx)``)."""
         return self.p_cache[idx] if self.p_cache is not None else self._probs(hidden)
 
 
 @torch.no_grad()
 def _evaluate(drafter, cp, src: _HiddenSource, *, loss, sampling, batch_size,
               parallel=None) -> tuple[float, list[float]]:
-    """Validation loss and exact acceptance by offset, means over the frames of ``src``; with ``parallel``, the
-    sums of every process's frames are added before dividing (each process holds its block of the frames)."""
+    """Validation loss and exact acceptance by offset over ``src`` (with ``parallel``: over every process's block)."""
     tot, acc, count = 0.0, None, 0
     frames = src.frames
     for i in range(0, len(frames), batch_size):
         idx = torch.arange(i, min(i + batch_size, len(frames)))
         hidden = src(idx)
-        value, st = drafter_loss(drafter, cp, hidden, frames.ce_targets[idx].to(src.dev), loss=loss,
-                                 sampling=sampling, p_all=src.probs(idx, hidden))
+        value, st = _drafter_loss(drafter, cp, hidden, frames.ce_targets[idx].to(src.dev), loss=loss,
+                                  sampling=sampling, p_all=src.probs(idx, hidden))
         tot += float(value.detach()) * len(idx)
         a = st["acceptance_by_offset"].double() * len(idx)
         acc = a if acc is None else acc + a
         count += len(idx)
     if parallel is not None and parallel.world > 1:
-        k = drafter.K
         sums = torch.cat([torch.tensor([tot, float(count)], dtype=torch.float64),
-                          (acc.cpu() if acc is not None else torch.zeros(k, dtype=torch.float64))])
+                          (acc.cpu() if acc is not None else torch.zeros(drafter.K, dtype=torch.float64))])
         parallel.all_reduce_(sums)
         tot, count, acc = float(sums[0]), int(sums[1]), sums[2:]
     return tot / count, (acc / count).tolist()
@@ -177,25 +135,22 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
                   seed: int = 0, cache_mb: float = 1024, progress: bool = False,
                   curve_path: str | os.PathLike | None = None, select: str = "acceptance",
                   parallel=None) -> TrainResult:
-    """Train a drafter's own parameters with Adam (constant rate) through :func:`rvqspec_lib.training.loop.fit`, an
-    epoch a seeded permutation of the training frames; the code predictor stays frozen and unchanged.
+    """Train a drafter (``PositionOffsets`` or ``MedusaHeads``) in place with Adam at a constant rate through
+    :func:`~rvqspec_lib.training.loop.fit`, an epoch a seeded permutation of ``train``; the code predictor is frozen.
 
     Args:
-        drafter: ``PositionOffsets`` or ``MedusaHeads`` (e.g. ``make_drafter(name, cp, fresh=True)``), trained in
-            place. train, val: frames; ``val`` defaults to ``val_fraction`` of ``train``'s utterances.
-        loss, sampling: as :func:`drafter_loss`. lr: default :data:`DEFAULT_LR`'s.
-        batch_size: frames per step. max_epochs, patience, min_delta: early stopping on the validation split.
-        select: ``"acceptance"`` (the mean exact validation acceptance, what decoding pays for) or ``"loss"``.
-        seed: of the batch order (the only randomness). cache_mb: keep hidden states, then the verifier's warped p,
-            in memory up to this size.
-        curve_path: also write :meth:`TrainResult.to_json` here (the main process only).
-        parallel: a :class:`rvqspec_lib.training.distributed.Parallel` (``accelerate launch``): every process passes
-            the SAME frames, computes its block's share of each batch, and the gradients are summed, so every
-            process takes the single-process step (up to float32 rounding).
+        val: default ``val_fraction`` of ``train``'s utterances. lr: default :data:`DEFAULT_LR`'s.
+        loss: ``"ce"`` (ground-truth codes, the paper's), ``"kl"`` (KL(p || q) to the warped verifier) or ``"tv"``
+            (one minus the exact acceptance, q warped as deployed: DistillSpec). sampling: the deployed warpers.
+        max_epochs, patience, min_delta, select (``"acceptance"`` or ``"loss"``): early stopping on validation.
+        seed: of the batch order (the only randomness). cache_mb: memory for cached hidden states and p.
+        curve_path: also write :meth:`TrainResult.to_json` here (main process only).
+        parallel: a :class:`~rvqspec_lib.training.distributed.Parallel`: every process passes the SAME frames and
+            takes the single-process step (gradients summed; equal up to float32 rounding).
 
     Raises:
-        ValueError: a drafter without parameters (heads), an unknown loss or select, frames of another code
-            predictor.
+        ValueError: a drafter without parameters, an unknown loss or select, ``"tv"`` with greedy sampling, frames
+            of another code predictor.
     """
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}: choose one of {LOSSES}")
@@ -209,6 +164,8 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
     if train.n_codes != n or (val is not None and val.n_codes != n):
         raise ValueError(f"frames have {train.n_codes} codes a frame, the code predictor {n}")
     sampling = Sampling() if sampling is None else sampling
+    if loss == "tv" and sampling.greedy:
+        raise ValueError("loss 'tv' needs sampled decoding (a greedy q is a point mass with no gradient)")
     if val is None:
         train, val = train.split(val_fraction, seed)
     lr = DEFAULT_LR.get(drafter.name, 1e-3) if lr is None else lr
@@ -236,19 +193,16 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
             return [order[i: i + batch_size] for i in range(0, len(train), batch_size)]
 
         def step(idx):
-            if world == 1:
-                hidden = tr_src(idx)
-                value, _ = drafter_loss(drafter, cp, hidden, train.ce_targets[idx].to(tr_src.dev), loss=loss,
-                                        sampling=sampling, p_all=tr_src.probs(idx, hidden))
-                return value
-            mine = idx[(idx >= t0) & (idx < t1)] - t0  # this process's part of the global batch
+            mine = idx[(idx >= t0) & (idx < t1)] - t0  # this process's part of the global batch (all of it alone)
             if len(mine):
                 hidden = tr_src(mine)
-                value, _ = drafter_loss(drafter, cp, hidden, train_mine.ce_targets[mine].to(tr_src.dev),
-                                        loss=loss, sampling=sampling, p_all=tr_src.probs(mine, hidden))
-                value = value * (len(mine) / len(idx))  # its share of the global batch mean
+                value, _ = _drafter_loss(drafter, cp, hidden, train_mine.ce_targets[mine].to(tr_src.dev),
+                                         loss=loss, sampling=sampling, p_all=tr_src.probs(mine, hidden))
             else:  # nothing here: a zero loss that still takes part in the gradient sum
                 value = sum(p.sum() for p in params) * 0.0
+            if world == 1:
+                return value
+            value = value * (len(mine) / len(idx))  # its share of the global batch mean
             total = par.all_reduce_(value.detach().double().reshape(1).clone())
             return value, {"loss": float(total)}
 
@@ -291,12 +245,8 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
 
 
 def validation_acceptance(drafter) -> float:
-    """Mean over offsets of the exact validation acceptance at the epoch :func:`train_drafter` kept (from the
-    drafter's ``provenance``): what every choice below is made on.
-
-    Raises:
-        ValueError: a drafter without that provenance (not trained by :func:`train_drafter`).
-    """
+    """Mean over offsets of the exact validation acceptance at the kept epoch (``provenance``); every choice below
+    is made on it. Raises ValueError: a drafter not trained by :func:`train_drafter`."""
     acc = (getattr(drafter, "provenance", None) or {}).get("val_acceptance_by_offset")
     if not acc:
         raise ValueError(f"{getattr(drafter, 'name', drafter)!r} has no validation acceptance in its provenance: "
@@ -306,32 +256,18 @@ def validation_acceptance(drafter) -> float:
 
 @dataclass
 class LearningRateSweep:
-    """What :func:`sweep_learning_rates` returns.
-
-    Attributes:
-        rows: one dict per rate tried, in order: ``drafter``, ``lr``, ``best_epoch``, ``val_acceptance_mean`` (at
-            the kept epoch), ``val_acceptance_init`` (at epoch 0), ``chosen``.
-        chosen: the :class:`TrainResult` of the chosen rate.
-    """
+    """What :func:`sweep_learning_rates` returns: a row per rate tried (``drafter, lr, best_epoch,
+    val_acceptance_mean, val_acceptance_init, chosen``) and the chosen rate's :class:`TrainResult`."""
 
     rows: list[dict]
     chosen: TrainResult
 
-    @property
-    def lr(self) -> float:
-        """The chosen learning rate."""
-        return self.chosen.drafter.provenance["lr"]
-
 
 def sweep_learning_rates(new_drafter, code_predictor, train: Frames, val: Frames, *, lrs, label: str | None = None,
                          **train_kwargs) -> LearningRateSweep:
-    """Train a fresh drafter (``new_drafter()``) at each of ``lrs`` (``None``: :data:`DEFAULT_LR`'s) and keep the run
-    of highest :func:`validation_acceptance`, ties the earlier rate: a rate too large keeps the untrained epoch 0, so
-    the rate is chosen on validation (``val`` required), never on evaluation. ``label``: the rows' ``drafter`` column;
-    ``train_kwargs`` go to :func:`train_drafter`.
+    """Train ``new_drafter()`` at each of ``lrs`` (``None``: :data:`DEFAULT_LR`'s) with :func:`train_drafter` and keep
+    the highest :func:`validation_acceptance` (ties: the earlier rate), chosen on ``val``, never on evaluation.
 
-    Returns:
-        :class:`LearningRateSweep`.
     Raises:
         ValueError: no rate, a rate that is not positive, no validation frames, ``lr`` among ``train_kwargs``.
     """
@@ -361,12 +297,8 @@ def sweep_learning_rates(new_drafter, code_predictor, train: Frames, val: Frames
 
 
 def select_deployed(drafters: dict, kind: str = "offsets") -> str:
-    """The label of the drafter of ``kind`` (among ``{label: drafter}``) to deploy: the highest
-    :func:`validation_acceptance`, ties keeping the first.
-
-    Raises:
-        ValueError: no drafter of that kind, or one without validation provenance.
-    """
+    """The label of the ``kind`` drafter of ``{label: drafter}`` of highest :func:`validation_acceptance` (ties: the
+    first). Raises ValueError: none of that kind, or one without validation provenance."""
     labels = [lab for lab, d in drafters.items() if getattr(d, "name", None) == kind]
     if not labels:
         raise ValueError(f"no {kind!r} drafter among {list(drafters)}: train one first")
@@ -375,13 +307,9 @@ def select_deployed(drafters: dict, kind: str = "offsets") -> str:
 
 
 def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike, kind: str = "offsets") -> dict:
-    """Write the drafters of ``kind`` beside a model: ``deployed`` (a label, e.g. :func:`select_deployed`'s) as
-    ``<model_dir>/drafters/<kind>.safetensors`` (what ``--drafter offsets`` loads), and each one of that kind under its
-    label. Returns ``{"deployed_<kind>": path, "model_<label>": path, ...}``.
-
-    Raises:
-        ValueError: ``deployed`` is not a drafter of ``kind`` among ``drafters``.
-    """
+    """Write ``drafters[deployed]`` as ``<model_dir>/drafters/<kind>.safetensors`` (what ``--drafter offsets`` loads)
+    and every ``kind`` drafter under its label. Returns ``{"deployed_<kind>": path, "model_<label>": path, ...}``.
+    Raises ValueError: ``deployed`` is not a ``kind`` drafter of ``drafters``."""
     if deployed not in drafters or getattr(drafters[deployed], "name", None) != kind:
         raise ValueError(f"{deployed!r} is not a {kind!r} drafter among {list(drafters)}: pick one with "
                          "select_deployed")
@@ -392,30 +320,22 @@ def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike,
     return files
 
 
-#: The drafters Table 2 trains, by label: the paper's offsets (cross-entropy) and Medusa heads (cross-entropy, as
-#: Medusa-1), and beside them the offsets on KL to the warped verifier and on total variation, and Medusa heads on
-#: total variation (``label: (drafter, loss)``).
+#: The drafters Table 2 trains, ``label: (drafter, loss)``: the paper's two (cross-entropy) and three other losses.
 TABLE2_DRAFTERS = {"offsets-ce": ("offsets", "ce"), "offsets-kl": ("offsets", "kl"), "offsets-tv": ("offsets", "tv"),
                    "medusa": ("medusa", "ce"), "medusa-tv": ("medusa", "tv")}
 
 
 @dataclass
 class TrainedDrafters:
-    """What :func:`train_drafters` returns.
-
-    Attributes:
-        drafters: ``{label: drafter}``, each trained at its chosen rate and restored to its kept epoch.
-        results: ``{label: TrainResult}`` of the chosen rate (the curve, the kept epoch).
-        lr_rows: every rate tried, :attr:`LearningRateSweep.rows` of each label in order.
-    """
+    """What :func:`train_drafters` returns: ``{label: drafter}`` and ``{label: TrainResult}`` at the chosen rates,
+    and every rate tried (:attr:`LearningRateSweep.rows`)."""
 
     drafters: dict
     results: dict
     lr_rows: list[dict]
 
     def curve_rows(self) -> list[dict]:
-        """One row per (drafter, epoch) of the chosen runs: ``drafter``, ``epoch``, ``train_loss``, ``val_loss``,
-        ``val_acceptance_t1`` .. (exact, per offset), ``wall_s`` (time since the run started: a timing)."""
+        """One row per (drafter, epoch): ``drafter, epoch, train_loss, val_loss, val_acceptance_t1.., wall_s``."""
         return [{"drafter": label, "epoch": c["epoch"], "train_loss": c["train_loss"], "val_loss": c["val_loss"],
                  **{f"val_acceptance_t{j + 1}": a for j, a in enumerate(c["val_acceptance_by_offset"])},
                  "wall_s": c["elapsed_s"]} for label, res in self.results.items() for c in res.curve]
@@ -423,16 +343,9 @@ class TrainedDrafters:
 
 def train_drafters(code_predictor, plan, train: Frames, val: Frames, *, K: int, lrs: dict | None = None,
                    progress: bool = False, **train_kwargs) -> TrainedDrafters:
-    """Train several drafters (``plan``: ``{label: (drafter name, loss)}``, e.g. :data:`TABLE2_DRAFTERS`) on the same
-    frames in order, each from a fresh drafter (``make_drafter(name, cp, fresh=True, K=K)``: equal to the reused heads
-    at epoch 0) at the rate its validation acceptance picks among ``lrs[label]`` (default ``[None]``:
-    :data:`DEFAULT_LR`'s; :func:`sweep_learning_rates`); ``train_kwargs`` go to :func:`train_drafter`.
-
-    Returns:
-        :class:`TrainedDrafters`.
-    Raises:
-        ValueError: an empty plan, an unknown drafter or loss (before any training).
-    """
+    """Train each ``{label: (drafter name, loss)}`` of ``plan`` (e.g. :data:`TABLE2_DRAFTERS`) from a fresh drafter
+    at the rate :func:`sweep_learning_rates` picks among ``lrs[label]`` (default ``[None]``); ``train_kwargs`` go to
+    :func:`train_drafter`. Raises ValueError: an empty plan, an unknown drafter or loss (before any training)."""
     plan = dict(plan)
     if not plan:
         raise ValueError("nothing to train: give {label: (drafter, loss)}, e.g. TABLE2_DRAFTERS")

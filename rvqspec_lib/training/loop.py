@@ -1,10 +1,6 @@
-"""The one training loop of the project, shared by every trainer: a trainer supplies its batches, a step function
-(batch -> loss), the optimiser and an evaluation; :func:`fit` does the budget (:class:`Budget`), the learning-rate
-schedule (:class:`WarmupCosine`, nanoGPT's warmup + cosine decay to a tenth of the peak), evaluation, selection and
-early stopping, the best state, the curve and a progress bar. Per step: budget check, learning rate, step function,
-``zero_grad``, ``backward``, clipping, ``optimizer.step()``; batches are drawn lazily, one per step, so a trainer
-drawing batches and noise from one generator sees the stream a hand-written loop would. The loop draws no random
-number itself (docs/style.md#randomness).
+"""The one training loop shared by every trainer (docs/architecture.md#training-embedded-cli): :func:`fit` does the
+budget, the learning-rate schedule (nanoGPT's warmup + cosine), evaluation, early stopping, the best state and the
+curve. Batches are drawn lazily, one per step; the loop draws no random number itself (docs/style.md#randomness).
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ SELECT = ("min", "max")
 
 def lr_at(step: int, frac: float, *, lr: float, warmup_steps: int = WARMUP_STEPS,
           min_lr_ratio: float = MIN_LR_RATIO) -> float:
-    """Learning rate at optimiser step ``step`` (0-based): ``lr * (step + 1) / warmup_steps`` during warmup, then
-    ``lr * (min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * frac)) / 2)``, ``frac`` the budget spent in [0, 1]."""
+    """Learning rate at 0-based step ``step``: linear warmup, then cosine in ``frac`` (budget spent, [0, 1])."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     cos = 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, frac))))
@@ -49,11 +44,7 @@ def lr_at(step: int, frac: float, *, lr: float, warmup_steps: int = WARMUP_STEPS
 
 @dataclass(frozen=True)
 class WarmupCosine:
-    """The schedule of :func:`lr_at` as a callable ``(step, frac) -> lr`` for :func:`fit`.
-
-    Attributes:
-        lr: peak learning rate. warmup_steps: linear warmup steps. min_lr_ratio: the decay's floor, as a fraction.
-    """
+    """The schedule of :func:`lr_at` as a callable ``(step, frac) -> lr`` for :func:`fit` (``lr``: the peak)."""
 
     lr: float
     warmup_steps: int = WARMUP_STEPS
@@ -65,12 +56,8 @@ class WarmupCosine:
 
 @dataclass(frozen=True)
 class Budget:
-    """How long :func:`fit` trains: ``steps`` optimiser steps, ``minutes`` of wall time (evaluations included) and/or
-    ``epochs`` passes over the batches; the first one spent stops training.
-
-    Raises:
-        ValueError: no budget, or one that is not positive (steps and epochs must be integers).
-    """
+    """How long :func:`fit` trains: ``steps``, ``minutes`` (wall time) and/or ``epochs``; the first spent stops it.
+    Raises ValueError: no budget, or one that is not positive (steps and epochs must be integers)."""
 
     steps: int | None = None
     minutes: float | None = None
@@ -88,40 +75,28 @@ class Budget:
 
     @classmethod
     def one_of(cls, steps: int | None = None, minutes: float | None = None) -> "Budget":
-        """Exactly one of ``steps`` and ``minutes`` (the transformer trainers' rule).
-
-        Raises:
-            ValueError: both or neither given, or a budget that is not positive.
-        """
+        """Exactly one of ``steps`` and ``minutes`` (the transformer trainers' rule); else ValueError."""
         if (steps is None) == (minutes is None):
             raise ValueError("give exactly one budget: steps=... or minutes=...")
         return cls(steps=steps, minutes=minutes)
 
     def spent(self, step: int, epoch: int, elapsed_s: float) -> str | None:
-        """Which budget is spent (``"steps"``, ``"minutes"`` or ``"epochs"``) after ``step`` steps, ``epoch``
-        complete epochs and ``elapsed_s`` seconds, or ``None`` while training may go on."""
-        if self.steps is not None and step >= self.steps:
-            return "steps"
-        if self.minutes is not None and elapsed_s >= self.minutes * 60:
-            return "minutes"
-        if self.epochs is not None and epoch >= self.epochs:
-            return "epochs"
-        return None
+        """The first budget spent (``"steps"``, ``"minutes"``, ``"epochs"``), or ``None`` while training may go on."""
+        return next((name for name, f in self._fractions(step, epoch, elapsed_s) if f >= 1), None)
 
     def fraction(self, step: int, epoch: int, elapsed_s: float) -> float:
         """The largest fraction spent of the budgets given (what the cosine follows; complete epochs only)."""
-        fr = []
-        if self.steps is not None:
-            fr.append(step / self.steps)
-        if self.minutes is not None:
-            fr.append(elapsed_s / (self.minutes * 60))
-        if self.epochs is not None:
-            fr.append(epoch / self.epochs)
-        return max(fr)
+        return max(f for _, f in self._fractions(step, epoch, elapsed_s))
+
+    def _fractions(self, step, epoch, elapsed_s):
+        """``(name, fraction spent)`` of each budget given, in the order steps, minutes, epochs."""
+        given = (("steps", step, self.steps), ("minutes", elapsed_s, self.minutes and self.minutes * 60),
+                 ("epochs", epoch, self.epochs))
+        return [(name, done / total) for name, done, total in given if total is not None]
 
 
 def decay_groups(parameters: Iterable[torch.nn.Parameter], weight_decay: float = WEIGHT_DECAY) -> list[dict]:
-    """Two AdamW groups of the parameters with ``requires_grad``: weight decay on matrices, none on vectors."""
+    """Two AdamW groups of the trainable parameters: weight decay on matrices, none on vectors."""
     params = [p for p in parameters if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -136,25 +111,16 @@ def write_curve(path: str | os.PathLike, curve: Sequence[dict], meta: Mapping | 
 
 @dataclass
 class FitResult:
-    """What :func:`fit` returns.
-
-    Attributes:
-        curve: one dict per evaluation: ``step``, ``epoch`` (completed), ``elapsed_s``, ``lr`` (of the last step),
-            the running means of the step statistics since the previous record (``<running_prefix><name>``), then
-            what ``evaluate`` returned.
-        steps: optimiser steps taken. epochs: epochs completed.
-        stopped_by: ``"steps"``, ``"minutes"``, ``"epochs"`` (a budget spent) or ``"patience"`` (early stopping).
-        best_index: index in ``curve`` of the best record (``None`` without a metric).
-        best_metric: its metric. restored: whether ``keep_best`` was restored to it.
-        wall_s: seconds in :func:`fit`. train_s: seconds in training steps (evaluations excluded).
-    """
+    """What :func:`fit` returns. ``curve``: a dict per record (``step, epoch, elapsed_s, lr``, the running means,
+    then what ``evaluate`` returned); ``stopped_by``: a budget's name or ``"patience"``; ``best_index``: in ``curve``
+    (``None`` without a metric); ``restored``: ``keep_best`` set to it; ``steps``, ``epochs``: taken, completed;
+    ``wall_s``, ``train_s``: seconds in :func:`fit`, in steps (evaluations excluded)."""
 
     curve: list[dict]
     steps: int
     epochs: int
     stopped_by: str
     best_index: int | None
-    best_metric: float | None
     restored: bool
     wall_s: float
     train_s: float
@@ -198,32 +164,20 @@ def fit(step_fn: Callable[[Any], torch.Tensor | tuple[torch.Tensor, Mapping[str,
     """Train until the budget is spent or patience runs out; evaluate, select and keep the best state.
 
     Args:
-        step_fn: ``batch -> loss`` (a scalar tensor with a graph) or ``(loss, stats)`` (a dict of floats; a bare
-            loss counts as ``{"loss": ...}``); it only computes the loss.
-        batches: ``epoch -> iterable of batches``, called when the previous epoch ended; an epoch ends after
-            ``len()`` batches, or when the iterable is exhausted.
-        optimizer: over the trained parameters. budget: :class:`Budget`.
+        step_fn: ``batch -> loss`` (a scalar tensor with a graph) or ``(loss, stats)`` (a dict of floats).
+        batches: ``epoch -> iterable of batches``; an epoch ends after ``len()`` batches or when it is exhausted.
         schedule: ``(step, frac) -> lr`` (e.g. :class:`WarmupCosine`); ``None`` keeps the optimiser's.
-        clip_parameters, grad_clip: clip the global gradient norm of these parameters to ``grad_clip`` (none when
-            either is ``None`` or ``grad_clip`` is 0).
-        evaluate: ``() -> dict`` of metrics merged into each record (sets and restores train/eval modes itself).
-        eval_every: records every this many steps (0 or ``None``: none in between), or ``"epoch"``; a record is
-            also made after the last step.
-        eval_at_start: also record before the first step (the untrained state, a selectable candidate).
-        metric: record key (or ``record -> float``) selected on; ``None``: no selection, no early stopping.
-        select: ``"min"`` or ``"max"``; a record improves only by more than ``min_delta`` (ties keep the earlier;
-            NaN never improves).
-        patience: stop after this many records in a row without improvement (``None``: never).
-        keep_best: named tensors snapshot at each improvement and restored in place to the best at the end.
-        running, running_prefix: names of the step statistics averaged between records, reported as
-            ``running_prefix + name``. batch_weight: ``batch -> weight`` of a step in those means (default 1).
-        on_record: ``(record, improved) -> None``, called after each record (e.g. to save a checkpoint).
-        curve_path, curve_meta: write ``{"meta", "curve"}`` there after each record (:func:`write_curve`).
-        progress, desc, log_records: a tqdm bar over steps; ``log_records`` also prints each record as a line.
-        clock: seconds, monotonic (inject a fake clock to test the minutes budget).
+        clip_parameters, grad_clip: clip their global gradient norm (not when either is ``None`` or 0).
+        evaluate: ``() -> dict`` merged into each record. eval_every: steps between records (0, ``None``: none),
+            or ``"epoch"``; a record is also made after the last step and, with ``eval_at_start``, before the first.
+        metric: record key (or ``record -> float``) selected on (``None``: no selection, no early stopping);
+            ``select`` ``"min"`` or ``"max"``, improving by more than ``min_delta`` (ties keep the earlier, NaN never).
+        patience: records in a row without improvement before stopping (``None``: never).
+        keep_best: named tensors restored in place to the best record's at the end.
+        running, running_prefix, batch_weight: step statistics averaged (weighted) between records.
+        on_record: ``(record, improved) -> None``. curve_path, curve_meta: :func:`write_curve` after each record.
+        progress, desc, log_records: a tqdm bar; ``log_records`` also prints each record. clock: monotonic seconds.
 
-    Returns:
-        :class:`FitResult`.
     Raises:
         ValueError: an unknown ``select``, a bad ``eval_every`` or ``patience``, or an epoch without batches.
     """
@@ -252,7 +206,7 @@ def fit(step_fn: Callable[[Any], torch.Tensor | tuple[torch.Tensor, Mapping[str,
         return None if v is None else float(v)
 
     def record() -> bool:
-        """Append a record; update the best; return True when patience has run out."""
+        """Append a record, update the best; True when patience has run out."""
         nonlocal best_value, best_index, best_state, bad, weight_sum
         rec = {"step": step, "epoch": epoch, "elapsed_s": round(clock() - t0, 2),
                "lr": optimizer.param_groups[0]["lr"]}
@@ -349,11 +303,9 @@ def fit(step_fn: Callable[[Any], torch.Tensor | tuple[torch.Tensor, Mapping[str,
             record()
     finally:
         bar.close()
-    restored = False
     if best_state is not None:
         with torch.no_grad():
             for k, t in keep_best.items():
                 t.copy_(best_state[k])
-        restored = True
     return FitResult(curve=curve, steps=step, epochs=epoch, stopped_by=stopped_by, best_index=best_index,
-                     best_metric=best_value, restored=restored, wall_s=clock() - t0, train_s=train_s)
+                     restored=best_state is not None, wall_s=clock() - t0, train_s=train_s)

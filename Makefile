@@ -52,7 +52,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_PIP_ARGS ?=
 QWEN_TTS      := qwen-tts==0.1.1
 
-LIB           := $(wildcard rvqspec_lib/*.py rvqspec_lib/*/*.py)
+LIB           := $(wildcard rvqspec_lib/*.py rvqspec_lib/*/*.py rvqspec_lib/*/*/*.py rvqspec_lib/*/*/*.c bench/*.py paper/*.py tools/*.py)
 # the paper's notebooks, in run order (overridable: the tests run the rules below on tiny fake notebooks)
 NB_SRC        ?= $(wildcard notebooks/[0-9][0-9]_*.py)
 NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
@@ -146,7 +146,7 @@ paper: voices $(STAMP)
 
 # what `paper` runs under its lock (started alone it takes no lock). After every notebook succeeded it prints which
 # ran and the run-time record (this make's wall time, each notebook's papermill duration) and writes that record
-# beside the figures, $(FIG_DIR)/paper_run.{csv,md} + provenance (rvqspec_lib/common/paper_run.py); a make that ran
+# beside the figures, $(FIG_DIR)/paper_run.{csv,md} + provenance (tools/paper_run.py); a make that ran
 # no notebook keeps the previous record.
 paper-run: $(NB_EXEC)
 	@ran=""; kept=""; \
@@ -156,7 +156,7 @@ paper-run: $(NB_EXEC)
 	echo "paper $(RUN_TAG): executed now:$${ran:- none}$${ran:+ -> $(EXEC_DIR)/}"; \
 	if [ -n "$$kept" ]; then echo "  up to date, not run again (same notebook, library and parameters):$$kept"; fi; \
 	echo "  figures and tables in $(FIG_DIR)/; parameters: $(PM_PARAMS)"
-	@$(PY) -m rvqspec_lib.common.paper_run --fig-dir $(FIG_DIR) --run-tag $(RUN_TAG) --start-ns $(RUN_ID) \
+	@$(PY) -m tools.paper_run --fig-dir $(FIG_DIR) --run-tag $(RUN_TAG) --start-ns $(RUN_ID) \
 	  --params '$(PM_PARAMS)' $(NB_EXEC)
 
 # Ctrl-C (SIGINT) at any point leaves no half-written file under a final name, so the next `make paper` re-runs
@@ -224,7 +224,7 @@ lab: $(LAB_SETTINGS)
 # Built into build/embedded-out (every stage resumes when re-run), then swapped into data/embedded in one move, so
 # an interrupted build never leaves a half-written shipped model. EMBEDDED_ARGS passes flags, e.g. "--minutes 100".
 embedded: voices $(STAMP)
-	nice -n 5 $(PY) scripts/build_embedded.py --scale full --threads 1 --out build/embedded-out \
+	nice -n 5 $(PY) -m recipes.embedded.build --scale full --threads 1 --out build/embedded-out \
 	  --work $(EMBEDDED_WORK) $(EMBEDDED_ARGS)
 	rm -rf data/embedded.new && cp -r build/embedded-out data/embedded.new
 	rm -rf data/embedded.old && if [ -d data/embedded ]; then mv data/embedded data/embedded.old; fi

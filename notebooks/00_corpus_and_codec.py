@@ -73,13 +73,13 @@ from IPython.display import Audio, Markdown, display
 
 from rvqspec_lib.common.provenance import (REPO_ROOT, provenance, resolve_out_dir, save_audio, save_figure, save_json,
                                            save_table)
-from rvqspec_lib.common.results_doc import entry, headline
+from tools.results_doc import entry, headline
 from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
-from rvqspec_lib.embedded import corpus
+from recipes.embedded import corpus
 from rvqspec_lib.eval import asr as asr_mod
-from rvqspec_lib.eval import codec_quality as cq
+from paper import codec_quality as cq
 from rvqspec_lib.eval.asr_models import check_asr_name, recogniser as make_recogniser
-from rvqspec_lib.eval.plots import plot_spectrograms
+from paper.plots import plot_spectrograms
 from rvqspec_lib.models.audio import load_wav
 from rvqspec_lib.models.configs import CODEC_CONFIG, codec_decoder_config_dict
 from rvqspec_lib.models.rvq_codec import RVQCodec
@@ -123,7 +123,7 @@ print(f"model data {root}\noutputs -> {out}\nrendered audio -> {work}")
 # which split, how many hours and frames.
 #
 # **Text.** Every English sentence comes from text that installs with Debian or Python packages, and every sentence
-# records the file it came from (`rvqspec_lib.embedded.corpus.Sentence.origin`):
+# records the file it came from (`recipes.embedded.corpus.Sentence.origin`):
 #
 # * `fortunes`: Debian's `fortunes` and `fortunes-min` packages (fetched with `apt-get download`, unpacked, not
 #   installed; ASCII art and stereotype-based joke files are left out);
@@ -136,7 +136,7 @@ print(f"model data {root}\noutputs -> {out}\nrendered audio -> {work}")
 # that every machine uses the same ones; the multilingual set (German, Spanish, Russian, Japanese, Mandarin) was
 # written for this project and, as Fleurs in the paper, is evaluation only.
 #
-# **Audio.** The build (`scripts/build_embedded.py`) rendered each training, validation and evaluation sentence
+# **Audio.** The build (`recipes/embedded/build.py`) rendered each training, validation and evaluation sentence
 # with one of the flite voices at 24 kHz; those rows are read from the build's record `eval.json`. The calibration
 # split and the multilingual set are not used by the build; they are rendered here (flite for English, espeak-ng
 # for the other languages), so their hours and frames are measured too. A frame is one 80 ms codec frame.
@@ -144,7 +144,7 @@ print(f"model data {root}\noutputs -> {out}\nrendered audio -> {work}")
 # %%
 eval_path = root / "eval.json"
 if not eval_path.is_file():
-    raise FileNotFoundError(f"no {eval_path}: the build's record is written by scripts/build_embedded.py stage "
+    raise FileNotFoundError(f"no {eval_path}: the build's record is written by recipes/embedded/build.py stage "
                             f"'eval' (make embedded, or --out {root})")
 build = json.loads(eval_path.read_text())
 build_prov = build.get("provenance", {})
@@ -358,7 +358,7 @@ for item in listening:
 #
 # **How.** Over the frames of all held-out sentences, the table decoder's reconstruction from the first `k` codebooks
 # is compared with the frame vectors: the **variance left** is the mean squared residual over the frames' variance
-# about their mean (`rvqspec_lib.eval.codec_quality.residual_variance`). The yardstick is information theory: a
+# about their mean (`paper.codec_quality.residual_variance`). The yardstick is information theory: a
 # stage is one choice among the codebook's entries, b = log2(codebook size) bits (section 2 prints both for this
 # codec), spread over every dimension of the frame vector. If the residual had no structure left (an isotropic
 # Gaussian), even the best possible quantiser of b bits could shrink its variance only by the factor 2^(−2b/d) for a
@@ -415,7 +415,7 @@ display(Markdown(
 # held-out sentence, these conditions: the original; the inversion only of its unquantised features (the ceiling of
 # any `k`); and the codec with the first `k` codebooks, for each `k`, through the shipped code decoder (`k=…` rows)
 # and through the table decoder (`table k=…` rows). Two measures
-# (`rvqspec_lib.eval.codec_quality.codec_quality`):
+# (`paper.codec_quality.codec_quality`):
 #
 # * **log-spectral distance** to the original: of the decoder's output frame vectors to the unquantised features
 #   (`feature_lsd_db`, what the codes and the code decoder lose) and of the output audio's features to the

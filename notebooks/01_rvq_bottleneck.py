@@ -81,11 +81,12 @@ import torch
 from IPython.display import Markdown, display
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
-from rvqspec_lib.common.results_doc import entry, headline
+from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
-from rvqspec_lib.eval import latency, plots
+from bench import latency
+from paper import plots
 from rvqspec_lib.eval.inner_loop import default_sampling
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.timing import measure_quietly
@@ -160,7 +161,7 @@ loops
 # ## 3. Calls per second for real time
 # **The question.** How many sequential calls a second must a device sustain? **How.** From the config: one frame is
 # one talker call and `n_code_groups − 1` inner calls, `frame_rate_hz` frames a second
-# (`rvqspec_lib.eval.latency.call_budget`).
+# (`bench.latency.call_budget`).
 
 # %%
 frame_rate_hz = loaded.frame_rate_hz  # from speech_tokenizer/config.json: output_sample_rate / decode_upsample_rate
@@ -190,7 +191,7 @@ budget
 # when it carries `N` query positions (the verify call of a tree of `N` − 1 drafted nodes and the root) instead
 # of one?
 #
-# **How** (`rvqspec_lib.eval.latency.bench_model`). One talker step (one new position after `talker_context` cached
+# **How** (`bench.latency.bench_model`). One talker step (one new position after `talker_context` cached
 # positions, then `codec_head`) and one code-predictor call of `N` query positions after a cache of `prefix_len`
 # positions (projection, its layers, one head over the `N` positions), every call one condition of ONE interleaved
 # run, so that a change of machine load hits all of them alike ([style.md](../docs/style.md#benchmarks)). Each
@@ -228,7 +229,7 @@ latency_df
 # few rows reads every weight once and does a handful of multiply-adds with it, so on a CPU its time is set by the
 # bytes it streams ([precision.md](../docs/precision.md#the-floor)). If both calls ran at the same bandwidth, the
 # share would be fifteen code-predictor calls' bytes over the frame's bytes
-# (`rvqspec_lib.eval.latency.inner_share_from_bytes`).
+# (`bench.latency.inner_share_from_bytes`).
 
 # %%
 pairs = {"official": result} | ({"native": result["native"]} if "native" in result else {})
@@ -296,7 +297,7 @@ compared_df
 # %% [markdown]
 # ## 8. Calls per second at this companion's own tokens per call
 # **The question.** The call budget of section 3 at the tokens per call the decoders actually reach **here**.
-# **How** (`rvqspec_lib.eval.latency.calls_at_tokens_per_call`). `own_tpc_frames` held-out evaluation frames of
+# **How** (`bench.latency.calls_at_tokens_per_call`). `own_tpc_frames` held-out evaluation frames of
 # `compare_model` (trained weights: acceptance needs them) decoded by each decoder of `own_decoders`, built by name
 # through the resolver: chains of sampled drafts, the reused heads' calibrated trees with **point-mass** children
 # (top-ranked drafts, the paper's kind) and with **sampled** children, and the paper's decoder `paper:N` (the

@@ -64,12 +64,12 @@ from IPython.display import Markdown, display
 from matplotlib.ticker import MaxNLocator
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
-from rvqspec_lib.common.results_doc import entry, headline
+from tools.results_doc import entry, headline
 from rvqspec_lib.decoding.decoders import AR, DEFAULT_TREE, Chain, Tree
 from rvqspec_lib.decoding.trees import DraftTree
-from rvqspec_lib.eval import toy_round as toy
-from rvqspec_lib.eval.latency import PAPER_TOKENS_PER_CALL
-from rvqspec_lib.eval.plots import RULE_COLORS, plot_ancestor_mask, plot_round, plot_tree_ids
+from paper import toy_round as toy
+from bench.latency import PAPER_TOKENS_PER_CALL
+from paper.plots import RULE_COLORS, plot_ancestor_mask, plot_round, plot_tree_ids
 
 t_start = time.perf_counter()
 if smoke:

@@ -105,14 +105,14 @@ from IPython.display import Markdown, display
 from matplotlib.ticker import MaxNLocator
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
-from rvqspec_lib.common.results_doc import entry, headline
+from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
-from rvqspec_lib.eval import drafter_table as T
+from paper import drafter_table as T
 from rvqspec_lib.eval.calibration import calibration_frames
 from rvqspec_lib.eval.inner_loop import default_sampling
-from rvqspec_lib.eval.plots import DECODER_COLORS, drafter_style, plot_acceptance_by_offset, sampling_words
+from paper.plots import DECODER_COLORS, drafter_style, plot_acceptance_by_offset, sampling_words
 from rvqspec_lib.models.drafter_files import (
     drafter_path,
     make_drafter,
@@ -339,7 +339,7 @@ display(Markdown(
 # decoders (chains of windows 2..8 and a small fixed tree) by `decode_frame`, and one teacher-forced pass over the
 # codes a decoder committed (samples of p) gives the exact tables: for every start depth s and offset t, the
 # acceptance of a sampled draft E[Σ_x min(p, q)] and the target mass of the draft's rank-r code
-# (`rvqspec_lib.eval.drafter_table.evaluate_drafters`). No sampling noise enters the exact tables. The paper's
+# (`paper.drafter_table.evaluate_drafters`). No sampling noise enters the exact tables. The paper's
 # Figure 3 shows what an offset does: the draft for depth s + t made from `H_s + b_t` instead of `H_s`. Below, the
 # acceptance by offset t for the reused heads and each offsets loss (left) and each one's gain over the reused heads
 # (right). Past K every drafter falls back to the reused head, so those offsets coincide.
@@ -390,7 +390,7 @@ plt.show()
 # greedily from acceptance tables measured on calibration data, pruned to a **node budget** N, the query positions
 # of one verify call ([methods.md](../docs/methods.md#sparse-point-mass-tree)). A tree is calibrated FOR the drafter
 # that proposes its codes, since the ranks are that drafter's, so every drafter gets its own
-# (`rvqspec_lib.eval.drafter_table.calibrate_drafters`, on the calibration split: contexts from real speech, codes
+# (`paper.drafter_table.calibrate_drafters`, on the calibration split: contexts from real speech, codes
 # re-sampled from p). The calibration predicts the tokens per call E(N) of its tree at every budget
 # ([methods.md](../docs/methods.md#expected-tokens-per-call)); each drafter's own point-mass tree of the paper's
 # N = 32 is then decoded on the evaluation frames and measured (`own_tree_rows`). The deployed offsets' tree is
@@ -477,7 +477,7 @@ display(Markdown(
 # on the SAME evaluation frames, per frame, the exact acceptance of a sampled draft averaged over every (start depth
 # s, offset t ≤ K), for the drafter and for the reused heads; the difference is averaged within each utterance and a
 # 95% Student t interval is taken over utterances, since frames of one utterance are not independent
-# (`rvqspec_lib.eval.drafter_table.margin_rows`). The acceptance is computed from the probabilities, so no sampling
+# (`paper.drafter_table.margin_rows`). The acceptance is computed from the probabilities, so no sampling
 # noise enters. An interval that excludes 0 says the gain is real; its size says whether it matters, and
 # `chain4_gain` turns it into tokens per call of a chain of window 4, measured.
 
@@ -503,7 +503,7 @@ pd.DataFrame(margin)
 # **Question:** is the offsets' gain small because they are weak, or because no drafter could do much better?
 # **How:** every drafter here (and all three of the paper's) drafts depth s + t from `H_s` alone, before codes
 # s..s+t-1 exist, so it is limited by how much the verifier's p for depth s + t changes with those codes.
-# `rvqspec_lib.eval.headroom.drafter_headroom` measures that on the model itself: for each frame and start depth it
+# `paper.headroom.drafter_headroom` measures that on the model itself: for each frame and start depth it
 # samples continuations from the verifier (deployed warping) and keeps each one's p for depth s + t. Then:
 #
 # * **ceiling**: the acceptance of the best possible q for those continuations (an exact maximisation; an upper
@@ -587,7 +587,7 @@ pd.DataFrame(rank_shown)
 # ([methods.md](../docs/methods.md#chain-with-sampled-drafts)); its documentation says acceptance stops improving past
 # about four depths. **How:** tokens per call against the window, for every drafter (solid: measured; dotted:
 # predicted from the exact tables), and the smallest window within 2% of the best
-# (`rvqspec_lib.eval.drafter_table.chain_window_rows`). Tokens per call is not the speedup: a wider verify call costs
+# (`paper.drafter_table.chain_window_rows`). Tokens per call is not the speedup: a wider verify call costs
 # more (notebook 01's verify cost curve, notebook 04's timings).
 
 # %%

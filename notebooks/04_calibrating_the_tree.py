@@ -92,20 +92,20 @@ from IPython.display import Markdown, display
 
 from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
-from rvqspec_lib.common.results_doc import entry, headline
+from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, tree_from_calibration
 from rvqspec_lib.decoding.drafters import ReusedHeads
-from rvqspec_lib.eval import plots
+from paper import plots
 from rvqspec_lib.eval import speed as S
 from rvqspec_lib.eval.calibration import (BUDGETS, KINDS, calibrate, calibration_frames, point_mass_overtakes,
                                           predicted_vs_measured, temperature_sweep)
 from rvqspec_lib.eval.inner_loop import default_sampling
-from rvqspec_lib.eval.latency import PAPER_TOKENS_PER_CALL
+from bench.latency import PAPER_TOKENS_PER_CALL
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.timing import measure_quietly
-from rvqspec_lib.eval.verify_calls import record_verify_calls
+from paper.verify_calls import record_verify_calls
 from rvqspec_lib.models.backends import available, verify_backend
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.named_decoders import drafter_calibration, has_paper_decoder, resolve, resolve_all
@@ -279,7 +279,7 @@ display(Markdown(
 # (`paper:N`, resolved by `rvqspec_lib.models.named_decoders.resolve`; the reused heads' shipped tree where a model
 # ships no offsets). The mask is not drawn from a formula: one evaluation frame is decoded through
 # `decode_frame` and the `allow` mask the first verify call passed to the model is recorded
-# (`rvqspec_lib.eval.verify_calls.record_verify_calls`). Rows: the call's query positions (the root, then the nodes);
+# (`paper.verify_calls.record_verify_calls`). Rows: the call's query positions (the root, then the nodes);
 # columns: the frame's KV slots, the codes committed before the call, then the call's own. Each node sees the
 # committed codes, the root and its own ancestors: its p is what AR along its path would give.
 

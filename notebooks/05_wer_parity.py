@@ -103,16 +103,16 @@ from matplotlib.ticker import MaxNLocator
 
 from rvqspec_lib.common.provenance import (provenance, resolve_out_dir, save_audio, save_figure, save_json,
                                            save_table)
-from rvqspec_lib.common.results_doc import entry, headline
+from tools.results_doc import entry, headline
 from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
 from rvqspec_lib.decoding.decoder_names import check_decoder_names
 from rvqspec_lib.decoding.drafters import ReusedHeads
-from rvqspec_lib.embedded.eval_sets import calibrate_decoders, calibration_data, evaluation_data
+from rvqspec_lib.eval.eval_sets import calibrate_decoders, calibration_data, evaluation_data
 from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval import wer_parity as W
 from rvqspec_lib.eval.asr_models import check_asr_name, recogniser
-from rvqspec_lib.eval.latency import PAPER_TOKENS_PER_CALL
-from rvqspec_lib.eval.plots import decoder_color
+from bench.latency import PAPER_TOKENS_PER_CALL
+from paper.plots import decoder_color
 from rvqspec_lib.models.drafter_files import drafter_path, model_drafter_dir, read_description
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.named_decoders import has_paper_decoder

@@ -20,7 +20,7 @@
 # throughput demand". This notebook has two parts.
 #
 # **Export.** The three graphs a deployment runs, built over the official weights
-# (`rvqspec_lib.models.export_graphs`): *stepped* (one position per call, the KV cache as state), *fused verify* (the
+# (`rvqspec_lib.device.export_graphs`): *stepped* (one position per call, the KV cache as state), *fused verify* (the
 # root and N − 1 drafted nodes in one call, the tree's mask and positions as inputs), *fused frame* (all 15 codes in
 # one call, sampling inside). Each is exported to ONNX (run here by ONNX Runtime) and to Core ML (built here; run on
 # macOS 15+ only), and checked against eager PyTorch (`rvqspec_lib.eval.export_check`); the paper's own decoder gets
@@ -78,24 +78,24 @@ import torch
 from IPython.display import Audio, Markdown, display
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_audio, save_figure, save_json, save_table
-from rvqspec_lib.common.results_doc import entry, headline
+from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shipped
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.eval import export_check as X
-from rvqspec_lib.eval import pipeline as PL
+from bench import pipeline as PL
 from rvqspec_lib.eval import speed as S
 from rvqspec_lib.eval.calibration import calibrate
-from rvqspec_lib.eval.latency import PAPER_TOKENS_PER_CALL
-from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS, plot_audio_vs_wall, plot_frame_parts, plot_speedup_vs_n
+from bench.latency import PAPER_TOKENS_PER_CALL
+from paper.plots import PAPER_DEVICE_SPEEDUPS, plot_audio_vs_wall, plot_frame_parts, plot_speedup_vs_n
 from rvqspec_lib.eval.timing import measure_quietly
-from rvqspec_lib.models import export_formats as F
+from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.models.backends import available, backend_table, frame_runner, verify_backend
 from rvqspec_lib.models.frame import inner_sampling
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.named_decoders import has_paper_decoder, resolve, resolve_all
-from rvqspec_lib.models.native_talker import NativeTalker
+from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.streaming import synthesize_stream
-from rvqspec_lib.models.streaming_rvq import GL_LOOKAHEAD_FRAMES, LOOKAHEAD_FRAMES
+from rvqspec_lib.device.streaming_rvq import GL_LOOKAHEAD_FRAMES, LOOKAHEAD_FRAMES
 from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
 run_cost_model = "tiny-random" if smoke else cost_model

@@ -81,21 +81,21 @@ from IPython.display import Markdown, display
 
 from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
-from rvqspec_lib.common.results_doc import entry, headline
+from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
-from rvqspec_lib.eval import bench_table as BT
-from rvqspec_lib.eval import plots
+from bench import bench_table as BT
+from paper import plots
 from rvqspec_lib.eval import speed as S
 from rvqspec_lib.eval.budget import auto_for_model
-from rvqspec_lib.eval.latency import bench_precisions, precision_rows
+from bench.latency import bench_precisions, precision_rows
 from rvqspec_lib.eval.noise import noise_words
-from rvqspec_lib.eval.talker_bench import bench_talker_precisions, slim_talker
+from bench.talker_bench import bench_talker_precisions, slim_talker
 from rvqspec_lib.eval.timing import machine_meta, measure_quietly, oversubscribed_note
 from rvqspec_lib.models.backends import available, backend_table, runner_label
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.models.named_decoders import resolve_all
-from rvqspec_lib.models.precision import cpu_features, native_precisions
+from rvqspec_lib.device.precision import cpu_features, native_precisions
 
 t_start = time.perf_counter()
 if smoke:
@@ -152,13 +152,13 @@ display(pd.DataFrame(backend_table()))
 #
 # **The code-predictor call.** One call of one query position (what AR makes 15 times a frame), in every precision
 # this CPU runs natively, through the official module and the native forward, every (precision, backend, N) in ONE
-# interleaved run (`rvqspec_lib.eval.latency.bench_precisions`), with the read bandwidth measured before and after
+# interleaved run (`bench.latency.bench_precisions`), with the read bandwidth measured before and after
 # (the faster kept). `t(1) / floor` near one means the call is as fast as reading its weights allows; t(N)/t(1) is
 # the cost of a wider call, what a speculative round pays.
 #
 # **The talker step.** The big model's step (the released config's 28 layers, [model.md](../docs/model.md); one new
 # position after a KV prefix, then `codec_head`), the other half of a frame, timed the same way
-# (`rvqspec_lib.eval.talker_bench.bench_talker_precisions`): the official step and the native one, at each context
+# (`bench.talker_bench.bench_talker_precisions`): the official step and the native one, at each context
 # length of `talker_contexts`. Its floor counts the weights; the KV cache it attends adds bytes as the context grows.
 
 # %%
@@ -302,7 +302,7 @@ display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
 # %% [markdown]
 # ## 5. The table to act on
 #
-# The table `rvqspec bench table` and `make bench` print (`rvqspec_lib.eval.bench_table.bench_table`), measured
+# The table `rvqspec bench table` and `make bench` print (`bench.bench_table.bench_table`), measured
 # once per `make paper`, here: per model, per precision this CPU runs natively and per backend, five rows, each timed
 # in one interleaved run per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole AR
 # frame); **best speculative** (the fastest stepped chain or calibrated tree); **fused speculative** (the fastest

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the Debian packages the project needs (the corpus and notebook 00 render speech with them, the embedded
-# model's text front end is espeak-ng phonemes; rvqspec_lib/embedded/corpus.py), idempotently.
+# model's text front end is espeak-ng phonemes; recipes/embedded/corpus.py), idempotently.
 #
 #   flite                 flite voices slt, kal16, awb, rms (`flite -voice NAME`)
 #   festival + festvox-us-slt-hts, festvox-kallpc16k   festival HTS / diphone voices (`text2wave`)

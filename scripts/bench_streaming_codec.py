@@ -1,4 +1,4 @@
-"""Benchmark the streaming codec decoder (rvqspec_lib.models.streaming_codec) against the official chunked_decode
+"""Benchmark the streaming codec decoder (rvqspec_lib.device.streaming_codec) against the official chunked_decode
 and against its floors, and print the table (docs/codec_streaming.md).
 
 The real-size decoder is built from the released config (data/configs/Qwen3-TTS-Tokenizer-12Hz) with RANDOM weights:
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rvqspec_lib.eval.codec_stream_bench import (  # noqa: E402
+from bench.codec_stream_bench import (  # noqa: E402
     CHUNK_FRAMES,
     fidelity,
     format_streaming_table,

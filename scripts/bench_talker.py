@@ -1,4 +1,4 @@
-"""Time the talker step, official and native (rvqspec_lib.models.native_talker.NativeTalker), per precision, at
+"""Time the talker step, official and native (rvqspec_lib.device.native_talker.NativeTalker), per precision, at
 contexts 64 and 512, in one interleaved run on one torch thread, against the weight-streaming floor.
 
     PYTHONPATH=. nice .venv/bin/python scripts/bench_talker.py [--model qwen3-tts-0.6b-random]
@@ -6,8 +6,8 @@ contexts 64 and 512, in one interleaved run on one torch thread, against the wei
         [--scan-capacity 2048]
 
 The real-size architecture is built from the shipped config with RANDOM weights: timing only. Prints the table of
-:func:`rvqspec_lib.eval.talker_bench.format_talker_table`, then what the prefix scan of the native KV cache saves
-against scanning the whole capacity (:func:`rvqspec_lib.eval.talker_bench.scan_cost`; ``--scan-capacity 0`` skips
+:func:`bench.talker_bench.format_talker_table`, then what the prefix scan of the native KV cache saves
+against scanning the whole capacity (:func:`bench.talker_bench.scan_cost`; ``--scan-capacity 0`` skips
 it). Memory: one slim copy of the talker per precision plus its packed copy (about 7 GB on the 0.6B with all four
 precisions).
 """
@@ -34,9 +34,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
-    from rvqspec_lib.eval.talker_bench import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
+    from bench.talker_bench import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
     from rvqspec_lib.models.loader import load_model
-    from rvqspec_lib.models.native_talker import NativeTalker
+    from rvqspec_lib.device.native_talker import NativeTalker
 
     lm = load_model(args.model)
     name, random = lm.name, bool(lm.is_random)

@@ -4,7 +4,7 @@
 
 One line per problem (results grouped by the revision that made them, the source files changed since), then a verdict;
 exit 0 when every provenance record names one revision R, none is dirty and the sources are unchanged between R and
-HEAD, 1 otherwise. Needs only the standard library and git. The rules: rvqspec_lib/common/figure_check.py and
+HEAD, 1 otherwise. Needs only the standard library and git. The rules: tools/figure_check.py and
 docs/reproducibility.md.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rvqspec_lib.common.figure_check import main  # noqa: E402
+from tools.figure_check import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

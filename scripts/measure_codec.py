@@ -4,7 +4,7 @@
     nice -n 19 .venv/bin/python scripts/measure_codec.py --n-train 40 --n-eval 5 --codebook-size 64 --out build/smoke
 
 Steps (all seeded):
-  1. gather English sentences (rvqspec_lib.embedded.corpus.gather_sentences), take ``--n-train`` of the ``training`` split
+  1. gather English sentences (recipes.embedded.corpus.gather_sentences), take ``--n-train`` of the ``training`` split
      and ``--n-eval`` of the shipped ``evaluation`` split (data/eval_texts/en_evaluation.tsv);
   2. render both with ``--voice`` (flite slt) to 24 kHz;
   3. fit an ``--n-codebooks`` x ``--codebook-size`` RVQCodec on the training audio; save it;
@@ -34,8 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_json  # noqa: E402
-from rvqspec_lib.embedded import corpus  # noqa: E402
-from rvqspec_lib.embedded.codec_fit import fit_codec  # noqa: E402
+from recipes.embedded import corpus  # noqa: E402
+from recipes.embedded.codec_fit import fit_codec  # noqa: E402
 from rvqspec_lib.eval import asr as asr_mod  # noqa: E402
 from rvqspec_lib.models.audio import load_wav
 

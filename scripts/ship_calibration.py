@@ -1,6 +1,6 @@
 """Add the calibration split to an embedded-model build that was made before the recipe had one.
 
-The recipe (scripts/build_embedded.py, stage ``texts``) now renders ``--n-calib`` calibration sentences with the
+The recipe (recipes/embedded/build.py, stage ``texts``) now renders ``--n-calib`` calibration sentences with the
 training voices, encodes them with the codec and ships their codes beside the evaluation split; a build made before
 that has no ``calibration`` rows. This script adds exactly those utterances to ``<dir>/utterances.safetensors`` and
 ``.jsonl``: the same seeded sentences (``calibration_sentences``), the same voices (one per sentence, chosen by a hash
@@ -21,10 +21,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from build_embedded import PRESETS, calibration_sentences  # noqa: E402
+from recipes.embedded.build import PRESETS, calibration_sentences  # noqa: E402
 
-from rvqspec_lib.embedded import corpus  # noqa: E402
-from rvqspec_lib.embedded.codes import encode_manifest  # noqa: E402
+from recipes.embedded import corpus  # noqa: E402
+from recipes.embedded.codes import encode_manifest  # noqa: E402
 from rvqspec_lib.models.rvq_codec import RVQCodec  # noqa: E402
 from rvqspec_lib.data.utterances import load_codes, write_shipped_utterances  # noqa: E402
 

@@ -31,13 +31,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "rvqspec_lib"
 #: class name -> the module allowed to construct it (besides models/backends.py)
-BACKEND_CLASSES = {"OfficialBackend": "decoding/predictor.py", "LeanCodePredictor": "models/lean.py",
-                   "NativeCodePredictor": "models/native.py", "ExportedBackend": "models/export_formats.py",
-                   "FusedARFrame": "models/fused.py", "FusedChainFrame": "models/fused_spec.py",
-                   "NativeChainFrame": "models/native_frame.py", "ExportedFrame": "models/export_formats.py"}
+BACKEND_CLASSES = {"OfficialBackend": "decoding/predictor.py", "LeanCodePredictor": "device/lean.py",
+                   "NativeCodePredictor": "device/native.py", "ExportedBackend": "device/export_formats.py",
+                   "FusedARFrame": "device/fused.py", "FusedChainFrame": "device/fused_spec.py",
+                   "NativeChainFrame": "device/native_frame.py", "ExportedFrame": "device/export_formats.py"}
 #: classes whose internal use of another frame class is part of what they are (an exported frame wraps the eager one)
-ALLOWED_INSIDE = {"decoding/decode.py": {"OfficialBackend"}, "models/export_formats.py": {"FusedARFrame"}, "models/export_graphs.py": {"FusedARFrame"},
-                  "models/fused_spec.py": {"LeanCodePredictor"}, "models/fused.py": {"LeanCodePredictor"}}
+ALLOWED_INSIDE = {"decoding/decode.py": {"OfficialBackend"}, "device/export_formats.py": {"FusedARFrame"}, "device/export_graphs.py": {"FusedARFrame"},
+                  "device/fused_spec.py": {"LeanCodePredictor"}, "device/fused.py": {"LeanCodePredictor"}}
 #: modules whose loops read the clock of a real run (a synthesis times its own frames), not a benchmark
 ALLOWED_TIMED = {"models/frame.py", "models/streaming.py"}
 RESOLVER_NAMES = ("resolve", "resolve_all", "build_decoder", "named_decoders", "load_named_tree", "parse_decoder")

@@ -32,7 +32,7 @@ def _refuse_load(*a, **k):
 @pytest.fixture
 def no_load(monkeypatch):
     """``load_model`` refuses, in the loader and in every project module that holds it by name
-    (``rvqspec_lib.cli.bench_jobs`` imports it by name). The command modules are imported lazily, when their command
+    (``bench.jobs`` imports it by name). The command modules are imported lazily, when their command
     first runs: a module imported for the first time while the loader held a stand-in would keep that stand-in for
     the rest of the test process, so every command module is imported here first, before anything is replaced."""
     import importlib

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from rvqspec_lib.cli import bench as cli_bench
-from rvqspec_lib.cli import bench_jobs
+from bench import cli as cli_bench
+from bench import jobs
 from rvqspec_lib.cli.main import main as cli_main
 from rvqspec_lib.common.provenance import provenance, save_figure, save_json, save_table
-from rvqspec_lib.eval import latency, timing
-from rvqspec_lib.eval import talker_bench as TB
+from bench import latency
+from rvqspec_lib.eval import timing
+from bench import talker_bench as TB
 from rvqspec_lib.models import backends
 
 REPO = Path(__file__).resolve().parent.parent
@@ -315,7 +316,7 @@ def test_provenance_record_and_files(tmp_path):
 
 
 def test_oversubscribed_bench_says_so_in_the_figure_title():
-    from rvqspec_lib.eval.plots import bench_title
+    from paper.plots import bench_title
 
     r = {"model": {"name": "m"}, "random_weights": False, "device": "cpu", "device_name": "x", "dtype": "float32",
          "threads": 1, "torch": "2", "cpu_count": 2, "other_cpu_frac": 0.63}

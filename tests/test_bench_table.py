@@ -1,4 +1,4 @@
-"""The table to act on (rvqspec_lib.eval.bench_table), and ``rvqspec bench --backend NAME --dtype PRECISION``.
+"""The table to act on (bench.bench_table), and ``rvqspec bench --backend NAME --dtype PRECISION``.
 
 Behaviour only (no timed assertion): rows are keyed by structured fields (the decoder's label, kind, nodes, fused),
 never by a label to parse; on a trained model the ``fused speculative`` row names the fused frame it timed (a
@@ -14,7 +14,7 @@ import pytest
 
 
 def _table(**kw):
-    from rvqspec_lib.eval.bench_table import bench_table
+    from bench.bench_table import bench_table
 
     kw = {"models": ("embedded",), "precisions": ("float32",), "backends": ("eager", "native"), "repeats": 1,
           "warmup": 0, "chains": (4,), "budgets": (4,), "auto": False, "n_contexts": 2, "progress": False, **kw}
@@ -24,7 +24,7 @@ def _table(**kw):
 @pytest.fixture(scope="module")
 def embedded_table():
     """native as a LATER backend (what compile or onnx are), so that nothing compiles."""
-    from rvqspec_lib.eval import bench_table as T
+    from bench import bench_table as T
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(T, "FULL_BACKENDS", ("eager",))
@@ -32,7 +32,7 @@ def embedded_table():
 
 
 def test_rows_are_keyed_by_fields_and_a_later_backend_times_the_first_ones_picks(embedded_table):
-    from rvqspec_lib.eval.bench_table import DECODER_FIELDS, ROWS, format_bench_table
+    from bench.bench_table import DECODER_FIELDS, ROWS, format_bench_table
 
     rows = embedded_table["rows"]
     assert [r["row"] for r in rows] == list(ROWS) * 2 and all(r["weights"] == "trained" for r in rows)
@@ -61,7 +61,7 @@ def test_rows_are_keyed_by_fields_and_a_later_backend_times_the_first_ones_picks
 def test_the_floor_uses_the_faster_of_two_bandwidths(embedded_table):
     """The AR frame's floor: 15 calls' weight bytes at the faster of the bandwidths measured before and after the
     timing (a bandwidth read on a busy moment would put frames below their floor), x floor its ratio."""
-    from rvqspec_lib.eval.floor import call_weight_bytes, floor_ms
+    from bench.floor import call_weight_bytes, floor_ms
     from rvqspec_lib.models.loader import load_model
 
     bw = embedded_table["meta"]["bandwidth"]
@@ -89,7 +89,7 @@ def test_native_backend_times_every_decoder_and_auto_may_choose_a_fused_frame():
     """native, a full backend: stepped calls through the C forward, its fused AR frame and fused chain one C call a
     frame, every decoder timed; auto chooses among stepped and fused runners and its row is the chosen runner's
     (the same runner is timed once)."""
-    from rvqspec_lib.models.kernels import cpforward
+    from rvqspec_lib.device.kernels import cpforward
 
     if not cpforward.available():
         pytest.fail(f"the native forward must build on the test machines: {cpforward.unavailable_reason()}")
@@ -105,7 +105,7 @@ def test_native_backend_times_every_decoder_and_auto_may_choose_a_fused_frame():
 
 
 def test_bad_table_arguments_are_one_line_before_any_model_loads(no_load):
-    from rvqspec_lib.eval.bench_table import check_table_args
+    from bench.bench_table import check_table_args
 
     for kw, words in ((dict(backends=["eager", "eager"]), "name each backend once"),
                       (dict(backends=["cuda"]), "the table times eager, native, compile, onnx"),
@@ -135,7 +135,7 @@ def test_backend_eager_runs_a_precision_on_tiny_random(tmp_path, capsys):
     import json
 
     from rvqspec_lib.cli.main import main
-    from rvqspec_lib.models.precision import ACTIVATION_DTYPE, native_precisions
+    from rvqspec_lib.device.precision import ACTIVATION_DTYPE, native_precisions
 
     low = [p for p in native_precisions() if p != "float32"]
     if not low:
@@ -169,7 +169,7 @@ def test_noise_target_errors_are_one_line_before_any_model_loads(capsys, no_load
 
 
 def test_caption_says_how_many_frames_a_noise_target_made():
-    from rvqspec_lib.eval.bench_table import _frames_words
+    from bench.bench_table import _frames_words
 
     fixed = {"repeats": 5, "noise_target": None, "noise": []}
     assert _frames_words(fixed) == "5"
@@ -186,7 +186,7 @@ def _table_row(model, prec, backend, row, decoder, kind, ms, tpc=None, weights="
 
 
 def test_fastest_by_model_and_round_costs_read_the_rows():
-    from rvqspec_lib.eval.bench_table import fastest_by_model, round_costs
+    from bench.bench_table import fastest_by_model, round_costs
 
     rows = [_table_row("embedded", "float32", "native", "stepped AR", "ar", "ar", 18.0, 1.0),
             _table_row("embedded", "float32", "native", "fused AR", "ar", "ar", 6.0, None, x_floor=0.9),

@@ -480,7 +480,7 @@ def _interrupt(*a, **k):
     (["synth", "--model", "tiny-random", "--text", "Hi.", "--out", "OUT/x.wav", "--json", "OUT/x.json"],
      "rvqspec_lib.models.frame.synthesize"),
     (["bench", "latency", "--model", "tiny-random", "--json", "OUT/b.json", "--no-progress"],
-     "rvqspec_lib.eval.latency.bench_model"),
+     "bench.latency.bench_model"),
     (["train-drafter", "--model", "tiny-random", "--drafter", "offsets", "--frames", "8", "--out",
       "OUT/d.safetensors"], "rvqspec_lib.training.drafters.train_drafter"),
     (["eval-acceptance", "--model", "tiny-random", "--frames", "4", "--json", "OUT/e.json"],
@@ -695,7 +695,7 @@ def test_synth_labels_a_lossy_decoder_and_records_the_dtype(tmp_path, capsys, de
 
 
 def test_synth_with_the_native_talker_speaks_the_official_greedy_codes(tmp_path, capsys):
-    """--talker native runs the talker steps through rvqspec_lib.models.native_talker.NativeTalker: greedy codes equal
+    """--talker native runs the talker steps through rvqspec_lib.device.native_talker.NativeTalker: greedy codes equal
     --talker official's (float32), and the JSON records which talker ran."""
     codes = {}
     for talker in ("official", "native"):

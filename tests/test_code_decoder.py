@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from rvqspec_lib.embedded.code_decoder_training import (
+from recipes.embedded.code_decoder_training import (
     DecoderPairs,
     decoder_loss,
     train_code_decoder,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rvqspec_lib.embedded.codec_fit import fit_codec, kmeans
+from recipes.embedded.codec_fit import fit_codec, kmeans
 from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, n_frames
 from rvqspec_lib.models.rvq_codec import CodecConfig, RVQCodec
 from rvqspec_lib.models.speech_tokenizers import Qwen12HzCodec, load_codec

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from test_codec import TINY, synthetic_speechlike
 
-from rvqspec_lib.embedded.codec_fit import fit_codec
-from rvqspec_lib.eval import codec_quality as Q
+from recipes.embedded.codec_fit import fit_codec
+from paper import codec_quality as Q
 from rvqspec_lib.eval.asr import ASR
 
 
@@ -91,7 +91,7 @@ def test_plot_spectrograms_shares_one_colour_scale(codec, wavs):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rvqspec_lib.eval.plots import plot_spectrograms
+    from paper.plots import plot_spectrograms
 
     a, b = codec.log_mel_db(wavs[0]), codec.log_mel_db(wavs[1]) - 20
     fig = plot_spectrograms([("loud", a, None), ("quieter", b, 1.5)], hop_s=0.02, title="t", db_range=60)

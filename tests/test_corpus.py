@@ -6,8 +6,8 @@ import os
 import pytest
 import soundfile as sf
 
-from rvqspec_lib.embedded import corpus
-from rvqspec_lib.embedded.corpus import (
+from recipes.embedded import corpus
+from recipes.embedded.corpus import (
     SPLITS,
     VOICES,
     MissingVoiceError,
@@ -159,7 +159,7 @@ def test_rendering_is_byte_identical_run_to_run(tmp_path, voice, text):
 
 
 def test_a_folder_rendered_under_another_recipe_is_rendered_again(tmp_path):
-    from rvqspec_lib.embedded.corpus import RECIPE_FILE, render_files, render_recipe_current
+    from recipes.embedded.corpus import RECIPE_FILE, render_files, render_recipe_current
 
     items = [("Hello world, this is a test.", "slt", "wav/slt/a.wav")]
     assert render_files(items, tmp_path) == [sf.info(str(tmp_path / "wav/slt/a.wav")).frames]

@@ -1,5 +1,5 @@
-"""Table 2 here (rvqspec_lib.eval.drafter_table), the drafters' training plan (rvqspec_lib.training.drafters
-.train_drafters) and the drafter styles of the figures (rvqspec_lib.eval.plots), on the tiny random model: fast checks
+"""Table 2 here (paper.drafter_table), the drafters' training plan (rvqspec_lib.training.drafters
+.train_drafters) and the drafter styles of the figures (paper.plots), on the tiny random model: fast checks
 of structure, names, fields and arithmetic (what the numbers mean is tested in test_drafters.py and test_calibration.py;
 the notebook runs them on the embedded model).
 
@@ -23,8 +23,8 @@ from rvqspec_lib.decoding.decoder_names import parse_decoder_name
 from rvqspec_lib.decoding.drafters import PositionOffsets, ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import acceptance as A
-from rvqspec_lib.eval import drafter_table as T
-from rvqspec_lib.eval import plots
+from paper import drafter_table as T
+from paper import plots
 from rvqspec_lib.models.drafter_files import make_drafter
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.training.drafters import TABLE2_DRAFTERS, train_drafter, train_drafters

@@ -755,7 +755,7 @@ def test_optimal_overlap_matches_a_linear_program():
     # closed cases: equal distributions give 1, S disjoint point masses give 1/S
     from scipy.optimize import linprog
 
-    from rvqspec_lib.eval.headroom import optimal_overlap
+    from paper.headroom import optimal_overlap
 
     g = torch.Generator().manual_seed(0)
     for trial in range(20):
@@ -786,7 +786,7 @@ def test_optimal_overlap_matches_a_linear_program():
 
 
 def test_headroom_ceiling_bounds_every_drafter_and_trained_offsets_close_the_gap():
-    from rvqspec_lib.eval.headroom import drafter_headroom
+    from paper.headroom import drafter_headroom
 
     cp, train, held_out = drift_model()
     off = make_drafter("offsets", cp, fresh=True)

@@ -1,4 +1,4 @@
-"""End to end: scripts/build_embedded.py --scale smoke into a temporary folder (flite slt only, < 90 s)."""
+"""End to end: recipes/embedded/build.py --scale smoke into a temporary folder (flite slt only, < 90 s)."""
 
 import importlib.util
 import json
@@ -15,10 +15,7 @@ needs_voices = pytest.mark.skipif(shutil.which("flite") is None or shutil.which(
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("build_embedded", ROOT / "scripts" / "build_embedded.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("recipes.embedded.build")
 
 
 @needs_voices

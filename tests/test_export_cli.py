@@ -89,8 +89,8 @@ def test_export_onnx_verify_graph_writes_a_checked_file(tmp_path, capsys):
 def test_the_parsers_copies_of_the_names_agree_with_the_library():
     from rvqspec_lib.cli import args, export
     from rvqspec_lib.models import backends as B
-    from rvqspec_lib.models import export_formats as F
-    from rvqspec_lib.models import export_graphs as G
+    from rvqspec_lib.device import export_formats as F
+    from rvqspec_lib.device import export_graphs as G
 
     assert export.GRAPHS == tuple(G.GRAPHS) and set(export.FORMATS) == set(F.FORMATS)
     assert args.BACKENDS == B.BACKENDS  # synth --backend

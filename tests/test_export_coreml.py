@@ -1,4 +1,4 @@
-"""Core ML packages (rvqspec_lib.models.export_formats.export_coreml), built on this Linux machine.
+"""Core ML packages (rvqspec_lib.device.export_formats.export_coreml), built on this Linux machine.
 
 What can be checked without macOS: the conversion succeeds for every graph and precision, and the written
 ``.mlpackage`` declares exactly the declared inputs, outputs and states (KV cache as float16 ``StateType`` for the
@@ -15,8 +15,8 @@ import platform
 import pytest
 
 from rvqspec_lib.eval import export_check as T
-from rvqspec_lib.models import export_formats as F
-from rvqspec_lib.models import export_graphs as G
+from rvqspec_lib.device import export_formats as F
+from rvqspec_lib.device import export_graphs as G
 
 pytestmark = pytest.mark.slow
 #: Core ML specification version of macOS 15 / iOS 18 (the first with states).

@@ -1,4 +1,4 @@
-"""The three exportable graphs (rvqspec_lib.models.export_graphs) in eager PyTorch, against the official module.
+"""The three exportable graphs (rvqspec_lib.device.export_graphs) in eager PyTorch, against the official module.
 
 Exact where the arithmetic is the official module's (hidden states, caches, stepped logits: bit-identical), to
 summation order where the verify graph applies its heads as one batched product (1e-6 relative). Beyond single
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import rvqspec_lib.decoding.predictor as P
-from rvqspec_lib.models import export_graphs as G
+from rvqspec_lib.device import export_graphs as G
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.sampling import Sampling

@@ -1,4 +1,4 @@
-"""The graphs exported to ONNX and run with ONNX Runtime on this CPU (rvqspec_lib.models.export_formats), against
+"""The graphs exported to ONNX and run with ONNX Runtime on this CPU (rvqspec_lib.device.export_formats), against
 eager PyTorch: the official module in float32.
 
 Stated tolerances (rvqspec_lib.eval.export_check.RELATIVE_TOLERANCE): max abs logit difference over the largest
@@ -16,8 +16,8 @@ import torch
 
 import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.eval import export_check as T
-from rvqspec_lib.models import export_formats as F
-from rvqspec_lib.models.fused import FusedARFrame
+from rvqspec_lib.device import export_formats as F
+from rvqspec_lib.device.fused import FusedARFrame
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree
@@ -124,7 +124,7 @@ def test_decode_frame_through_onnx_runtime_equals_the_official_draw_for_draw(cp,
 
 def test_one_onnx_file_serves_every_query_size(cp, ort_backend):
     """The backend's hidden-state graph has symbolic batch, query and slot dimensions: every call shape runs."""
-    from rvqspec_lib.models.export_formats import file_interface
+    from rvqspec_lib.device.export_formats import file_interface
 
     ins = dict((n, s) for n, s, _ in file_interface(ort_backend.path)["inputs"])
     assert all(isinstance(d, str) for d in ins["inputs_embeds"][:2]) and isinstance(ins["k_cache"][3], str)

@@ -1,6 +1,6 @@
 """`make check-figures`: the committed figures are one clean run of the sources at HEAD (docs/reproducibility.md).
 
-:func:`rvqspec_lib.common.figure_check.check_figures` runs on copies of the committed ``figures/`` (their provenance
+:func:`tools.figure_check.check_figures` runs on copies of the committed ``figures/`` (their provenance
 files, with the git records rewritten) inside a temporary repository with three commits: A, then B (a library edit),
 then C (a docs edit), then D (the drafters a regeneration deploys beside the model). A copy made at C, or at B (the sources did not change after it), passes; the negative controls
 fail and say why: one record naming A (stale, with the library file changed since), a dirty record (naming its
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rvqspec_lib.common import figure_check as FC
+from tools import figure_check as FC
 
 REPO = Path(__file__).resolve().parent.parent
 GIT = shutil.which("git")

@@ -1,5 +1,5 @@
-"""The weight-streaming floor (rvqspec_lib.eval.floor) and the per-precision table (``rvqspec bench precisions``,
-rvqspec_lib.eval.latency.bench_precisions).
+"""The weight-streaming floor (bench.floor) and the per-precision table (``rvqspec bench precisions``,
+bench.latency.bench_precisions).
 
 No timed assertions: byte counts against a hand count of the tiny config, the bandwidth measurement's contract, and
 the printed table's rows with the timing faked.
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from rvqspec_lib.cli.main import main as cli_main
-from rvqspec_lib.eval import floor, latency, timing
-from rvqspec_lib.models import precision as PR
+from bench import floor, latency
+from rvqspec_lib.eval import timing
+from rvqspec_lib.device import precision as PR
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 
 # the tiny config (rvqspec_lib.models.configs.tiny_config_dict defaults): code predictor hidden 48, MLP 96, 2 layers,
@@ -26,7 +27,7 @@ NORMS = 2 * H + 2 * HD  # input and post-attention RMSNorm, q_norm and k_norm
 
 
 def hand_bytes(prec: str, n_queries: int = 1) -> int:
-    """Bytes one call reads, counted by hand from the config (module docstring of rvqspec_lib.eval.floor)."""
+    """Bytes one call reads, counted by hand from the config (module docstring of bench.floor)."""
     if prec in ("float32", "bfloat16"):
         e = 4 if prec == "float32" else 2
         return e * (L * (LINEAR_W + NORMS) + H + (HT * H + H) + H * V + n_queries * HT)
@@ -162,7 +163,7 @@ def test_cli_bench_precisions_prints_the_table(tmp_path, capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert "t(1)/floor" in printed and "\nint8 " in printed and "\nfloat32 " in printed
     rec = json.loads(out.read_text())
-    from rvqspec_lib.models.kernels import cpforward
+    from rvqspec_lib.device.kernels import cpforward
 
     both = cpforward.available()  # default backends: official and, where it builds, native
     assert [(p["precision"], p["backend"]) for p in rec["precisions"]] == (

@@ -1,4 +1,4 @@
-"""The fused AR frame (rvqspec_lib.models.fused): one call per frame, Gumbel-max sampling inside, noise as an input.
+"""The fused AR frame (rvqspec_lib.device.fused): one call per frame, Gumbel-max sampling inside, noise as an input.
 
 Its distribution is tested with the exact-pmf G-test in tests/test_lossless.py (with a negative control); here the
 exact properties: greedy codes equal decode_frame's AR (and so the official generate's, tests/test_frame.py), the
@@ -13,7 +13,7 @@ import torch
 
 import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
-from rvqspec_lib.models.fused import FusedARFrame
+from rvqspec_lib.device.fused import FusedARFrame
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.sampling import Sampling

@@ -1,4 +1,4 @@
-"""The fused speculative chain (rvqspec_lib.models.fused_spec): one compiled graph a round, uniforms drawn up front.
+"""The fused speculative chain (rvqspec_lib.device.fused_spec): one compiled graph a round, uniforms drawn up front.
 
 Exact properties: greedy codes equal AR's code for code; a row's codes depend only on its own uniforms (the same
 uniforms give the same codes alone or in any batch, other uniforms other codes); the compiled graphs give the eager
@@ -8,7 +8,7 @@ in float32 and 3 in bfloat16 / int8 / int8-dynamic here: a union bound of 0.7 % 
 unlucky fixed seed). Negative controls (accept every draft; drafts drawn at temperature 1.5 while acceptance is handed
 the temperature-0.9 q; accept every draft in each precision) must be rejected at the same level.
 
-In a precision (rvqspec_lib.models.precision) the fused round runs on the converted module (int8 layers through their
+In a precision (rvqspec_lib.device.precision) the fused round runs on the converted module (int8 layers through their
 own int8 forward): greedy codes equal decode_frame's Chain and AR of that precision code for code; the compiled graphs
 give the eager functions' codes for the same uniforms (int8: bfloat16 activations and int8 weights, so one compiled
 case covers both non-float32 kernels' paths through inductor); the G-test is against the CONVERTED module's exact pmf
@@ -22,11 +22,11 @@ import copy
 import pytest
 import torch
 
-import rvqspec_lib.models.fused_spec as FS
+import rvqspec_lib.device.fused_spec as FS
 import rvqspec_lib.decoding.predictor as P
-from rvqspec_lib.models import precision as PR
+from rvqspec_lib.device import precision as PR
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
-from rvqspec_lib.models.fused_spec import FusedChainFrame, inverse_cdf
+from rvqspec_lib.device.fused_spec import FusedChainFrame, inverse_cdf
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain
 from rvqspec_lib.decoding.sampling import Sampling

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from rvqspec_lib.eval import latency
-from rvqspec_lib.eval import talker_bench as TB
-from rvqspec_lib.models.native_talker import NativeTalker
+from bench import latency
+from bench import talker_bench as TB
+from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.backends import available
 from rvqspec_lib.models.loader import load_model
 
@@ -88,7 +88,7 @@ def test_model_row_flattens_both_pairs(tiny):
 
 
 def test_inner_share_from_bytes(tiny):
-    from rvqspec_lib.eval.floor import call_weight_bytes, talker_step_bytes
+    from bench.floor import call_weight_bytes, talker_step_bytes
 
     b = latency.inner_share_from_bytes(tiny, talker_context=8)
     t = talker_step_bytes(tiny.talker, context=8)

@@ -1,8 +1,10 @@
 """The package's layers show in its folders, and imports only go downwards (docs/architecture.md).
 
-Every ``import`` and ``from ... import`` in ``rvqspec_lib`` is parsed, those inside functions included, so a lazy
-import cannot hide a cycle. Two checks: no module imports a module of a HIGHER layer, and the module graph (with
-imports between modules of the same layer) has no cycle. A negative control proves each check can fail.
+Every ``import`` and ``from ... import`` in ``rvqspec_lib`` and in the packages beside it (``bench``, ``paper``,
+``recipes``, ``tools``) is parsed, those inside functions included, so a lazy import cannot hide a cycle. Three
+checks: no library module imports a module of a HIGHER layer, the library imports none of the packages beside it
+(each of those imports the library and only the neighbours named in :data:`BESIDE`), and the module graph has no
+cycle. A negative control proves each check can fail.
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "rvqspec_lib"
+REPO = Path(__file__).resolve().parent.parent
+PKG = REPO / "rvqspec_lib"
 
-#: Layers from the bottom up: a module may import modules of its own layer or of a lower one.
-LAYERS = ("common", "decoding", "models", "data", "eval", "training", "embedded", "cli")
+#: Layers of the library from the bottom up: a module may import modules of its own layer or of a lower one.
+LAYERS = ("common", "decoding", "device", "models", "data", "eval", "training", "cli")
+#: The packages beside the library -> the top-level packages each may import (the library never imports them).
+BESIDE = {"bench": {"rvqspec_lib", "bench"}, "paper": {"rvqspec_lib", "bench", "paper"},
+          "recipes": {"rvqspec_lib", "recipes"}, "tools": {"rvqspec_lib", "tools"}}
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -49,17 +55,29 @@ def imports_of(source: str, me: str, known: set[str], *, is_package: bool = Fals
 
 
 def graph() -> dict[str, set[str]]:
-    files = sorted(PKG.rglob("*.py"))
+    files = sorted(f for top in ("rvqspec_lib", *BESIDE) for f in (REPO / top).rglob("*.py"))
     known = {module_name(f) for f in files}
     return {module_name(f): imports_of(f.read_text(), module_name(f), known, is_package=f.name == "__init__.py")
             for f in files}
 
 
 def layer(module: str) -> int | None:
+    """A library module's layer (index in :data:`LAYERS`; -1: in no layer), None for the library's own ``__init__``
+    (the public API, above every layer) and for the packages beside the library (checked by :func:`beside_imports`)."""
     parts = module.split(".")
-    if len(parts) < 2:
-        return None  # the package's own __init__: the public API, above every layer
+    if parts[0] != "rvqspec_lib" or len(parts) < 2:
+        return None
     return LAYERS.index(parts[1]) if parts[1] in LAYERS else -1
+
+
+def beside_imports(g: dict[str, set[str]]) -> list[str]:
+    """Imports that cross between top-level packages against :data:`BESIDE` (the library imports none of them)."""
+    bad = []
+    for mod, deps in g.items():
+        top = mod.split(".")[0]
+        allowed = BESIDE.get(top, {"rvqspec_lib"})
+        bad += [f"{mod} imports {d}" for d in deps if d.split(".")[0] not in allowed]
+    return sorted(bad)
 
 
 def upward_imports(g: dict[str, set[str]]) -> list[str]:
@@ -70,7 +88,7 @@ def upward_imports(g: dict[str, set[str]]) -> list[str]:
             continue
         for d in deps:
             ld = layer(d)
-            if ld is None or ld > lm:
+            if d.split(".")[0] == "rvqspec_lib" and (ld is None or ld > lm):
                 bad.append(f"{mod} imports {d} (a higher layer)")
     return sorted(bad)
 
@@ -120,6 +138,11 @@ def test_the_lossless_core_imports_no_other_layer():
     assert not bad, "rvqspec_lib.decoding must stand on torch and transformers alone:\n" + "\n".join(bad)
 
 
+def test_the_library_imports_nothing_beside_it():
+    bad = beside_imports(graph())
+    assert not bad, "imports across the packages (rvqspec_lib imports none of bench, paper, recipes, tools):\n" + "\n".join(bad)
+
+
 def test_no_import_cycle():
     cycle = find_cycle(graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
@@ -131,13 +154,16 @@ def test_the_checks_can_fail():
     planted = {**g, "rvqspec_lib.decoding.verify": g["rvqspec_lib.decoding.verify"] | {"rvqspec_lib.cli.main"}}
     assert upward_imports(planted) == ["rvqspec_lib.decoding.verify imports rvqspec_lib.cli.main (a higher layer)"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    lazy = "def f():\n    from rvqspec_lib.eval import latency\n    from ..models import loader\n"
+    lazy = "def f():\n    from rvqspec_lib.eval import acceptance\n    from ..models import loader\n    import bench.floor\n"
     found = imports_of(lazy, "rvqspec_lib.decoding.probe", set(g))
-    assert found == {"rvqspec_lib.eval.latency", "rvqspec_lib.models.loader"}
+    assert found == {"rvqspec_lib.eval.acceptance", "rvqspec_lib.models.loader", "bench.floor"}
     assert upward_imports({**g, "rvqspec_lib.decoding.probe": found})
+    assert beside_imports({**g, "rvqspec_lib.decoding.probe": found}) == [
+        "rvqspec_lib.decoding.probe imports bench.floor"]
+    assert beside_imports({**g, "tools.probe": {"paper.plots"}}) == ["tools.probe imports paper.plots"]
 
 
-@pytest.mark.parametrize("name", LAYERS)
+@pytest.mark.parametrize("name", [f"rvqspec_lib/{n}" for n in LAYERS] + list(BESIDE))
 def test_each_layer_is_documented(name):
-    init = PKG / name / "__init__.py"
+    init = REPO / name / "__init__.py"
     assert init.is_file() and ast.get_docstring(ast.parse(init.read_text())), f"{init} needs a docstring saying its job"

@@ -1,4 +1,4 @@
-"""The lean forward (rvqspec_lib.models.lean, the ``eager`` and ``compile`` backends) against the official module.
+"""The lean forward (rvqspec_lib.device.lean, the ``eager`` and ``compile`` backends) against the official module.
 
 * eager: the hidden states of every call (prefill, a tree-masked verify call, a call after the cache
   was compacted) are BIT-IDENTICAL to the official call, on tiny-random and on the real-size 0.6B code predictor
@@ -17,9 +17,9 @@ import torch
 
 import rvqspec_lib.decoding.predictor as P
 from rvqspec_lib.common.paths import DATA_DIR
-from rvqspec_lib.models import lean
+from rvqspec_lib.device import lean
 from rvqspec_lib.models.configs import build_from_config
-from rvqspec_lib.models.lean import LeanCodePredictor
+from rvqspec_lib.device.lean import LeanCodePredictor
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree

@@ -51,7 +51,7 @@ from scipy import stats
 import rvqspec_lib.decoding.decode as D
 import rvqspec_lib.decoding.verify as verify
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
-from rvqspec_lib.models.fused import FusedARFrame
+from rvqspec_lib.device.fused import FusedARFrame
 from rvqspec_lib.models import backends
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree

@@ -200,7 +200,7 @@ def test_coreml_float32_export_says_the_states_stay_float16(tmp_path, capsys, mo
     """The command's output for a Core ML package (the conversion itself is tests/test_export_coreml.py's: here it is
     replaced by its result, the states the package declares)."""
     from rvqspec_lib.eval import export_check as T
-    from rvqspec_lib.models import export_formats as F
+    from rvqspec_lib.device import export_formats as F
 
     states = [["k_cache", [2, 1, 2, 32, 8], "float16"], ["v_cache", [2, 1, 2, 32, 8], "float16"]]
     monkeypatch.setattr(F, "export_graph", _fake_export(states))
@@ -217,7 +217,7 @@ def test_coreml_float32_export_says_the_states_stay_float16(tmp_path, capsys, mo
 def test_importing_coremltools_through_the_library_prints_no_loader_lines():
     pytest.importorskip("coremltools")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    ours = subprocess.run([sys.executable, "-c", "from rvqspec_lib.models.export_formats import import_coremltools; "
+    ours = subprocess.run([sys.executable, "-c", "from rvqspec_lib.device.export_formats import import_coremltools; "
                            "ct = import_coremltools(); import logging; "
                            "logging.getLogger('coremltools').warning('a real warning still shows')"],
                           capture_output=True, text=True, timeout=120, env=env)

@@ -1,4 +1,4 @@
-"""The native forward (rvqspec_lib.models.native, kernels/cpforward.c): equal to the official module in every precision
+"""The native forward (rvqspec_lib.device.native, kernels/cpforward.c): equal to the official module in every precision
 to a stated tolerance, row invariant bit for bit (a verify row is the same row computed alone), greedy frames equal,
 and speculation through it lossless (G-tests against the exact pmf of the NATIVE forward, a negative control caught).
 
@@ -25,10 +25,10 @@ from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
 from rvqspec_lib.decoding.sampling import Sampling
-from rvqspec_lib.models import precision as PR
+from rvqspec_lib.device import precision as PR
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
-from rvqspec_lib.models.kernels import cpforward as C
-from rvqspec_lib.models.native import NativeCodePredictor
+from rvqspec_lib.device.kernels import cpforward as C
+from rvqspec_lib.device.native import NativeCodePredictor
 
 pytestmark = pytest.mark.skipif(not C.available(), reason=f"native forward unavailable: {C.unavailable_reason()}")
 

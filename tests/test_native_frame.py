@@ -1,5 +1,5 @@
-"""The native fused frame (rvqspec_lib.models.native_frame): a whole frame of Chain(window), or AR with window 1, in ONE
-C call (rvq_frame_run, the last section of rvqspec_lib/models/kernels/cpforward.c); the registry's ``native`` fused
+"""The native fused frame (rvqspec_lib.device.native_frame): a whole frame of Chain(window), or AR with window 1, in ONE
+C call (rvq_frame_run, the last section of rvqspec_lib/device/kernels/cpforward.c); the registry's ``native`` fused
 runner (rvqspec_lib.models.backends.frame_runner(..., fused=True)).
 
 Exact properties (the tiny-random model, every precision, converted with ``require_native=False`` so that a CPU
@@ -33,14 +33,14 @@ from rvqspec_lib.decoding.decoders import AR, Chain, LossySSD, Tree
 from rvqspec_lib.decoding.drafters import PositionOffsets, ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.models import backends as B
-from rvqspec_lib.models import precision as PR
+from rvqspec_lib.device import precision as PR
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.models.frame import synthesize
-from rvqspec_lib.models.fused_spec import FusedChainFrame, inverse_cdf
-from rvqspec_lib.models.kernels import cpforward as C
+from rvqspec_lib.device.fused_spec import FusedChainFrame, inverse_cdf
+from rvqspec_lib.device.kernels import cpforward as C
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.models.native import NativeCodePredictor
-from rvqspec_lib.models.native_frame import FLAGS, NativeChainFrame
+from rvqspec_lib.device.native import NativeCodePredictor
+from rvqspec_lib.device.native_frame import FLAGS, NativeChainFrame
 from tests.test_fused_spec import _ctx
 from tests.test_lossless import ALPHA, DEFAULT, HOT_TOPK3, MIN_POWER, N_GROUPS, V, frames_needed, g_test, power, variant
 

@@ -1,4 +1,4 @@
-"""The native talker step (rvqspec_lib.models.native_talker, kernels/cpforward.c's rvq_forward_scan): the talker's
+"""The native talker step (rvqspec_lib.device.native_talker, kernels/cpforward.c's rvq_forward_scan): the talker's
 multimodal RoPE with equal ids is 1-D RoPE; hidden states and logits equal to the official talker in every precision
 to a stated tolerance; greedy code 0 equal where the official top-2 margin is clear; batch rows equal single streams
 bit for bit (left padding included); a whole utterance through the frame loop equal to the official loop (float32);
@@ -15,13 +15,13 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from rvqspec_lib.decoding.sampling import Sampling
-from rvqspec_lib.eval.talker_bench import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
-from rvqspec_lib.models import precision as PR
+from bench.talker_bench import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
+from rvqspec_lib.device import precision as PR
 from rvqspec_lib.models.configs import CONFIG_DIR, build_from_config, tiny_config_dict
 from rvqspec_lib.models.frame import synthesize
-from rvqspec_lib.models.kernels import cpforward as C
+from rvqspec_lib.device.kernels import cpforward as C
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.models.native_talker import NativeTalker
+from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.shim import import_qwen_tts
 
 pytestmark = pytest.mark.skipif(not C.available(), reason=f"native forward unavailable: {C.unavailable_reason()}")

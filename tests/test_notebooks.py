@@ -72,7 +72,7 @@ def _snapshot(folder: Path) -> dict:
 def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
     prefix = output_prefix(src)
     # notebooks on the embedded model use data/embedded, or the build RVQSPEC_EMBEDDED_DIR names (e.g.
-    # build/embedded-smoke, written in under 3 minutes by scripts/build_embedded.py --scale smoke)
+    # build/embedded-smoke, written in under 3 minutes by recipes/embedded/build.py --scale smoke)
     root = repo_view(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(root))  # the kernel imports the copy, never the checkout's rvqspec_lib
     before = _snapshot(root / "figures")
@@ -107,7 +107,7 @@ def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
 def _check_headline(metrics: dict, out: Path) -> None:
     """The notebook's headline numbers (docs/results.md and the README's results at a glance are laid out from them):
     a non-empty list of well-formed entries, each naming a file the run wrote."""
-    from rvqspec_lib.common.results_doc import problems
+    from tools.results_doc import problems
 
     assert problems(metrics.get("headline")) == [], problems(metrics.get("headline"))
     assert 3 <= len(metrics["headline"]) <= 8, [h["text"] for h in metrics["headline"]]
@@ -117,7 +117,7 @@ def _check_headline(metrics: dict, out: Path) -> None:
 def _check_00(metrics: dict, out: Path) -> None:
     import math
 
-    from rvqspec_lib.embedded.corpus import SPLITS, multilingual_sentences
+    from recipes.embedded.corpus import SPLITS, multilingual_sentences
 
     # smoke mode: 3 held-out sentences, the original, the inversion of unquantised features, k = 1, 4 and 16
     assert metrics["n_sentences"] == 3 and metrics["codebooks"] == [1, 4, 16] == metrics["listen_codebooks"]
@@ -169,7 +169,7 @@ def _check_00(metrics: dict, out: Path) -> None:
 
 
 def _check_01(metrics: dict, out: Path) -> None:
-    from rvqspec_lib.eval.latency import call_budget
+    from bench.latency import call_budget
     from rvqspec_lib.models.backends import available
     from rvqspec_lib.models.configs import tiny_config_dict
 
@@ -258,7 +258,7 @@ def _check_03(metrics: dict, out: Path) -> None:
     headroom, the figures; the trained offsets load back; a smoke run deploys nothing."""
     import csv
 
-    from rvqspec_lib.eval.drafter_table import EVAL_DECODERS
+    from paper.drafter_table import EVAL_DECODERS
     from rvqspec_lib.models.drafter_files import load_drafter
     from rvqspec_lib.models.loader import load_model
 
@@ -436,8 +436,8 @@ def _check_06(metrics: dict, out: Path) -> None:
     import csv
 
     from rvqspec_lib.eval.export_check import RELATIVE_TOLERANCE
-    from rvqspec_lib.eval.pipeline import LAYOUTS, PUBLIC_PIPELINES, ROWS
-    from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS
+    from bench.pipeline import LAYOUTS, PUBLIC_PIPELINES, ROWS
+    from paper.plots import PAPER_DEVICE_SPEEDUPS
 
     # export: tiny-random's stepped and verify graphs to ONNX (run here, within float32's tolerance) and a Core ML
     # package (built, declared interface written; run on macOS only); the paper's decoder's verify graph on embedded
@@ -508,7 +508,7 @@ def _files(out: Path, tables=(), figures=()) -> None:
 def _check_04_calibrating_the_tree(metrics: dict, out: Path) -> None:
     import csv
 
-    from rvqspec_lib.eval.plots import PAPER_DEVICE_SPEEDUPS
+    from paper.plots import PAPER_DEVICE_SPEEDUPS
     from rvqspec_lib.models.backends import available
     from rvqspec_lib.models.tree_files import load_calibration
 

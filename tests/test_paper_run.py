@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import makefile_repo
 
-from rvqspec_lib.common import paper_run
+from tools import paper_run
 
 REPO = Path(__file__).resolve().parent.parent
 

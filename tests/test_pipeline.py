@@ -1,4 +1,4 @@
-"""The pipeline table (rvqspec_lib/eval/pipeline.py, ``rvqspec bench pipeline``; docs/streaming.md): its rows add up
+"""The pipeline table (bench/pipeline.py, ``rvqspec bench pipeline``; docs/streaming.md): its rows add up
 (the frame on one thread is the parts' sum, on all cores their overlapped maximum, shares sum to one, AR's gains are
 one), floors and Amdahl's words come from the rows, a replay is labelled and streams placeholder codes, the quoted
 ports stay in their own rows, and bad flags are one line before any model loads. Behaviour only: no speed is
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import rvqspec_lib.models.loader as loader
-from rvqspec_lib.cli import bench as bench_cli
+from bench import cli as bench_cli
 from rvqspec_lib.cli.main import main
 from rvqspec_lib.decoding.decode import FrameResult
-from rvqspec_lib.eval import pipeline as PL
+from bench import pipeline as PL
 from rvqspec_lib.models.backends import available
 
 pytestmark = pytest.mark.skipif(not available("native")[0], reason="the pipeline runs the native forward")

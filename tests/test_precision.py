@@ -1,4 +1,4 @@
-"""Precision as the user's choice (rvqspec_lib.models.precision): capability checks, the int8 layer, and
+"""Precision as the user's choice (rvqspec_lib.device.precision): capability checks, the int8 layer, and
 speculation lossless with respect to AR in bfloat16 and int8.
 
 G-tests: the design, the exact pmf and the power argument of tests/test_lossless.py, reused as they are (its
@@ -19,7 +19,7 @@ import torch
 from test_lossless import (run_on, ALPHA, DEFAULT, HOT_TOPK3, MIN_POWER, NUCLEUS, SAMPLED_WIDE, TREE_WIDE,
                            exact_pmf, power, variant)
 
-from rvqspec_lib.models import precision as PR
+from rvqspec_lib.device import precision as PR
 from rvqspec_lib.models.configs import build_from_config, tiny_config_dict
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame

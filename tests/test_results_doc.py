@@ -1,4 +1,4 @@
-"""The generated prose (rvqspec_lib/common/results_doc.py): docs/results.md and the README's results at a glance say
+"""The generated prose (tools/results_doc.py): docs/results.md and the README's results at a glance say
 what a figures folder holds, laid out from the notebooks' headline numbers; `make check-figures` lists them when they
 do not (negative controls: an edited results document, an edited README block, a changed headline)."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rvqspec_lib.common import results_doc as R
+from tools import results_doc as R
 
 
 def _folder(tmp_path, value=1.2345):

@@ -1,7 +1,7 @@
 """Two runs at one seed write the same numbers everywhere but in timings.
 
 docs/reproducibility.md#what-must-be-identical-between-two-runs-at-one-seed says what that means. The comparison is
-:func:`rvqspec_lib.common.reproducibility.compare_runs`, which knows the timing columns from the one list in that
+:func:`tools.reproducibility.compare_runs`, which knows the timing columns from the one list in that
 module; these tests check the comparison itself (a perturbed table is flagged, a perturbed timing is not: the
 negative control), that the list names real columns and is the one the docs describe, and then run the deterministic
 core of the notebooks that do not time, twice, each run into its own folder:
@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import torch
 
-from rvqspec_lib.common import reproducibility as R
+from tools import reproducibility as R
 
 REPO = Path(__file__).resolve().parent.parent
 FIGURES = REPO / "figures"
@@ -224,7 +224,7 @@ def _wer_parity_core(out: Path, lm, seed: int = 0) -> None:
     from rvqspec_lib.common.provenance import save_table
     from rvqspec_lib.decoding.decoder_names import check_decoder_names
     from rvqspec_lib.decoding.drafters import ReusedHeads
-    from rvqspec_lib.embedded.eval_sets import calibrate_decoders, calibration_data, evaluation_data
+    from rvqspec_lib.eval.eval_sets import calibrate_decoders, calibration_data, evaluation_data
     from rvqspec_lib.eval import parity as S
     from rvqspec_lib.eval import wer_parity as W
     from rvqspec_lib.eval.asr_models import recogniser

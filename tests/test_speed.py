@@ -14,7 +14,7 @@ from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.predictor import OfficialBackend
 from rvqspec_lib.eval import speed as S
 from rvqspec_lib.models.backends import available, verify_backend
-from rvqspec_lib.models.precision import apply_precision
+from rvqspec_lib.device.precision import apply_precision
 
 TREE = Tree(((0,), (1,), (0, 0)))
 

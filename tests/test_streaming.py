@@ -14,9 +14,9 @@ from rvqspec_lib.models.backends import available, frame_runner
 from rvqspec_lib.models.configs import build_codec_decoder
 from rvqspec_lib.models.frame import inner_sampling
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.models.native_talker import NativeTalker
+from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.streaming import GENERATE_THREAD, codec_stream_for, playback, synthesize_stream
-from rvqspec_lib.models.streaming_codec import StreamingCodecDecoder
+from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
 
 FRAME = 1920
 #: float32 stream vs the full forward of the official decoder: relative RMS difference (summation order only).

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rvqspec_lib.models.configs import build_codec_decoder, tiny_codec_decoder_config_dict
-from rvqspec_lib.models.streaming_codec import StreamingCodecDecoder
-from rvqspec_lib.models.streaming_layers import onednn_available
+from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
+from rvqspec_lib.device.streaming_layers import onednn_available
 
 FRAME = 1920
 BACKENDS = ["official"] + (["onednn"] if onednn_available()[0] else [])
@@ -180,7 +180,7 @@ def embedded():
 
 
 def stream_rvq(codec, codes, chunks, **kw):
-    from rvqspec_lib.models.streaming_rvq import StreamingRVQDecoder
+    from rvqspec_lib.device.streaming_rvq import StreamingRVQDecoder
 
     dec = StreamingRVQDecoder(codec, batch_size=codes.shape[0], **kw)
     out, i, emitted = [], 0, []
@@ -237,7 +237,7 @@ def test_embedded_table_decoder_streams_with_one_frame_of_lookahead(embedded):
 
 
 def test_embedded_stream_errors(embedded):
-    from rvqspec_lib.models.streaming_rvq import StreamingRVQDecoder
+    from rvqspec_lib.device.streaming_rvq import StreamingRVQDecoder
 
     codec, codes = embedded
     dec = StreamingRVQDecoder(codec)
@@ -257,8 +257,8 @@ def test_embedded_stream_errors(embedded):
 
 def test_streaming_decoder_picks_the_class(embedded, decoder):
     from rvqspec_lib.models.speech_tokenizers import CodecSpeechTokenizer
-    from rvqspec_lib.models.streaming_codec import streaming_decoder
-    from rvqspec_lib.models.streaming_rvq import StreamingRVQDecoder
+    from rvqspec_lib.models.speech_tokenizers import streaming_decoder
+    from rvqspec_lib.device.streaming_rvq import StreamingRVQDecoder
 
     codec, _ = embedded
     assert isinstance(streaming_decoder(codec), StreamingRVQDecoder)

@@ -111,7 +111,7 @@ def test_stream_writes_a_wav_codes_and_json_with_first_audio_rtf_underruns(tmp_p
 
 @needs_native
 def test_ctrl_c_mid_stream_leaves_a_valid_wav_of_the_chunks_so_far(tmp_path, capsys, monkeypatch):
-    from rvqspec_lib.models import streaming_rvq
+    from rvqspec_lib.device import streaming_rvq
 
     pushes = []
     real = streaming_rvq.StreamingRVQDecoder.push

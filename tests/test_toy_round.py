@@ -1,4 +1,4 @@
-"""The toy round of notebook 02_the_lossless_rule (rvqspec_lib/eval/toy_round.py): exact laws against what
+"""The toy round of notebook 02_the_lossless_rule (paper/toy_round.py): exact laws against what
 ``walk_tree`` draws, the closed forms of docs/methods.md, and negative controls.
 
 Seeds are fixed, so every statistical check either always passes or always fails; Monte Carlo comparisons allow 4
@@ -15,7 +15,7 @@ import torch
 from rvqspec_lib.decoding import verify
 from rvqspec_lib.decoding.decoders import DEFAULT_TREE, Chain, Tree
 from rvqspec_lib.decoding.trees import DraftTree
-from rvqspec_lib.eval import toy_round as toy
+from paper import toy_round as toy
 
 ALPHA = 1e-3
 V = 6
@@ -231,7 +231,7 @@ def test_rule_figures_draw_from_the_results():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rvqspec_lib.eval.plots import RULE_COLORS, plot_ancestor_mask, plot_round, plot_tree_ids
+    from paper.plots import RULE_COLORS, plot_ancestor_mask, plot_round, plot_tree_ids
 
     assert set(RULE_COLORS) >= {"p", "q", "residual"}
     fig, axes = plt.subplots(2, 4)

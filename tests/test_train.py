@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rvqspec_lib.embedded.train import (
+from recipes.embedded.train import (
     bucket_batches,
     code_predictor_metrics,
     code_predictor_states,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_drafters import drift_model
 
-from rvqspec_lib.eval.headroom import captured_share, headroom_table
+from paper.headroom import captured_share, headroom_table
 from rvqspec_lib.models.drafter_files import load_drafter, make_drafter
 from rvqspec_lib.decoding.drafters import MedusaHeads, PositionOffsets
 from rvqspec_lib.training.drafters import (

@@ -1,4 +1,4 @@
-"""The figures of notebook 04 (rvqspec_lib.eval.plots): drawn from result rows, one colour scale where panels are
+"""The figures of notebook 04 (paper.plots): drawn from result rows, one colour scale where panels are
 compared, one colour per decoder family and per backend, integer ticks on node budgets."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from rvqspec_lib.eval import plots  # noqa: E402
+from paper import plots  # noqa: E402
 
 
 def _calibration(n_codes: int = 4, k: int = 3, c: int = 3) -> dict:
@@ -116,7 +116,7 @@ def test_verify_cost_projection_is_labelled_and_sampling_in_words():
 
 
 def test_the_device_appendix_figures_draw_from_rows():
-    from rvqspec_lib.eval.bench_table import ROWS
+    from bench.bench_table import ROWS
 
     calls = [{"precision": p, "backend": b, "t1_ms": 2.0, "t1_over_floor": r}
              for p, b, r in (("float32", "official", 1.9), ("float32", "native", 0.96), ("int8", "native", 1.1))]

@@ -1,5 +1,5 @@
-"""The verify call's attention mask as the decode loop builds it (rvqspec_lib.eval.verify_calls), the figures drawn
-from it and from the configs (rvqspec_lib.eval.plots), and table captions (rvqspec_lib.common.provenance)."""
+"""The verify call's attention mask as the decode loop builds it (paper.verify_calls), the figures drawn
+from it and from the configs (paper.plots), and table captions (rvqspec_lib.common.provenance)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from rvqspec_lib.eval.verify_calls import record_verify_calls
+from paper.verify_calls import record_verify_calls
 from rvqspec_lib.decoding.decoders import AR, Tree
 from rvqspec_lib.decoding.trees import DraftTree
 
@@ -60,7 +60,7 @@ def test_figures_1_to_3_draw_from_their_inputs(cp):
     import matplotlib
 
     matplotlib.use("Agg")
-    from rvqspec_lib.eval import plots
+    from paper import plots
     from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS, loop_facts
 
     rows = [{"model": n, **loop_facts(CONFIG_DIR / d)} for n, d in RANDOM_MODELS.items()]

@@ -13,7 +13,7 @@ from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import calibration_budgets, parse_decoder_name, split_decoder_list
 from rvqspec_lib.decoding.decoders import AR
 from rvqspec_lib.decoding.drafters import ReusedHeads
-from rvqspec_lib.embedded.eval_sets import calibrate_decoders, calibration_data, evaluation_data
+from rvqspec_lib.eval.eval_sets import calibrate_decoders, calibration_data, evaluation_data
 from rvqspec_lib.eval import wer_parity as W
 from rvqspec_lib.eval.asr_models import check_asr_name, recogniser
 from rvqspec_lib.eval.datasets import get_language

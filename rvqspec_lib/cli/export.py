@@ -16,8 +16,8 @@ from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, parse_decoder_name
 from rvqspec_lib.decoding.trees import DraftTree
 from rvqspec_lib.eval import export_check as T
-from rvqspec_lib.models import export_formats as F
-from rvqspec_lib.models import export_graphs as G
+from rvqspec_lib.device import export_formats as F
+from rvqspec_lib.device import export_graphs as G
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.named_decoders import check_files, resolve
 

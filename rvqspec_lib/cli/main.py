@@ -1,5 +1,5 @@
 """The ``rvqspec`` command line (docs/cli.md): the parser, the dispatch, the global flags and Ctrl-C. The flags of
-each command are in :mod:`rvqspec_lib.cli.args` (bench: :mod:`rvqspec_lib.cli.bench`), the work in one module per
+each command are in :mod:`rvqspec_lib.cli.args` (bench: :mod:`bench.cli`), the work in one module per
 command, imported only when that command runs (:data:`COMMANDS`), so ``rvqspec --help`` never imports torch.
 Conventions (docs/cli.md#what-every-command-shares): bad input exits 2 with one line naming the fix before any model
 loads; Ctrl-C exits 130 leaving no partial output; ``--threads`` before or after the command (after wins)."""
@@ -17,12 +17,10 @@ from rvqspec_lib.cli.common import OUTPUT_FLAGS, OneLineParser, _die, add_thread
 
 #: command -> (help line, ``module:function`` adding its flags to a parser (light: no torch), ``module`` whose
 #: ``run(args, threads) -> exit status`` does the work, imported only when the command runs). ``threads`` is the
-#: resolved ``--threads`` (0 = torch's choice); each command applies it (common.apply_threads).
+#: resolved ``--threads`` (0 = torch's choice); each command applies it (common.apply_threads). Packages beside the
+#: library add commands of their own as plug-ins (:func:`plugins`: ``bench`` from bench/).
 COMMANDS = {
     "synth": ("speak a text with a chosen inner-loop decoder", "args:synth", "synth"),
-    "bench": ("timings, one job each: latency (talker step, code-predictor calls), precisions (each against its "
-              "floor), frames (decoders), table (the one to act on), pipeline (the whole frame streamed)",
-              "bench:add_args", "bench"),
     "train-drafter": ("train position-aware offsets or Medusa heads", "args:train_drafter", "train_drafter"),
     "eval-acceptance": ("tokens per call and acceptance of a drafter", "args:eval_acceptance", "eval_acceptance"),
     "export": ("one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 06)", "args:export",
@@ -37,10 +35,32 @@ COMMANDS = {
 }
 
 
+#: the entry-point group of command plug-ins: a module with ``HELP`` (one line), ``add_args(parser)`` (light: no
+#: torch) and ``run(args, threads) -> exit status``, registered by its package (pyproject.toml)
+PLUGIN_GROUP = "rvqspec.commands"
+
+
+def plugins() -> dict[str, str]:
+    """Commands added by installed packages: name -> module path (``{"bench": "bench.cli"}`` once the project is
+    installed; empty where it is not)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP)}
+
+
+def _commands() -> dict[str, tuple[str, str, str]]:
+    """:data:`COMMANDS` and the plug-ins, each as (help line, ``module:function`` adding its flags, module)."""
+    out = dict(COMMANDS)
+    for name, module in plugins().items():
+        out.setdefault(name, (None, f"{module}:add_args", module))
+    return out
+
+
 def _load(ref: str):
-    """``"args:synth"`` -> the function ``synth`` of :mod:`rvqspec_lib.cli.args`; ``"synth"`` -> the module."""
+    """``"args:synth"`` -> the function ``synth`` of :mod:`rvqspec_lib.cli.args`; ``"synth"`` -> the module; a dotted
+    ``"bench.cli:add_args"`` (a plug-in) -> that module's function."""
     module, _, attr = ref.partition(":")
-    mod = importlib.import_module(f"rvqspec_lib.cli.{module}")
+    mod = importlib.import_module(module if "." in module else f"rvqspec_lib.cli.{module}")
     return getattr(mod, attr) if attr else mod
 
 
@@ -51,7 +71,9 @@ def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentPars
                                                        "of Qwen3-TTS")
     add_threads_arg(parser, dest="global_threads")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name, (help_line, add_args, _) in COMMANDS.items():
+    for name, (help_line, add_args, module) in _commands().items():
+        if help_line is None:  # a plug-in: its module's HELP (a light module: no torch)
+            help_line = importlib.import_module(module).HELP
         p = sub.add_parser(name, help=help_line, description=help_line)
         if commands is None or name in commands:
             _load(add_args)(p)
@@ -64,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         # only the command named on the line gets its flags (and imports its parser's module)
-        args = build_parser([a for a in argv if a in COMMANDS][:1]).parse_args(argv)
+        args = build_parser([a for a in argv if a in _commands()][:1]).parse_args(argv)
         args._started = started
         return _dispatch(args)
     except KeyboardInterrupt:  # outputs are written atomically: nothing partial is left behind
@@ -88,7 +110,7 @@ def _dispatch(args) -> int:
         problem = check_output_path(getattr(args, attr, None), flag, make_parents=args.cmd == "synth")
         if problem:  # synth creates a missing parent folder of --out and --json (synth.run)
             return _die(problem)
-    command = _load(COMMANDS[args.cmd][2])
+    command = _load(_commands()[args.cmd][2])
     from safetensors import SafetensorError  # loaded with the command's module (torch's) by now
 
     try:

@@ -26,9 +26,9 @@ from rvqspec_lib.eval import budget
 from rvqspec_lib.models import backends as B
 from rvqspec_lib.models import frame, loader
 from rvqspec_lib.models.audio import WavWriter
-from rvqspec_lib.models.native_talker import NativeTalker
+from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.named_decoders import NamedDecoder, check_files, resolve
-from rvqspec_lib.models.precision import PRECISIONS, apply_precision, check_precision
+from rvqspec_lib.device.precision import PRECISIONS, apply_precision, check_precision
 from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
 from rvqspec_lib.models.text_language import english_only_note
 

@@ -31,7 +31,7 @@ def embedded_root(model: str | os.PathLike = "embedded") -> Path:
         if (d / "utterances.safetensors").is_file():
             return d
     raise FileNotFoundError(f"no utterances.safetensors in {p} or {p.parent}: the embedded model's data is written by "
-                            "`make embedded` (scripts/build_embedded.py --out DIR writes DIR/utterances.safetensors)")
+                            "`make embedded` (recipes/embedded/build.py --out DIR writes DIR/utterances.safetensors)")
 
 
 SHIPPED_FIELDS = ("id", "split", "language", "voice", "text", "source", "seconds", "frames")
@@ -59,7 +59,7 @@ def load_shipped_utterances(path: str | os.PathLike, *, splits: Sequence[str] | 
     for f in (p, j):
         if not f.is_file():
             raise FileNotFoundError(f"{f} not found: the embedded model's shipped utterances are written by "
-                                    "`make embedded` (scripts/build_embedded.py, stage 'ship')")
+                                    "`make embedded` (recipes/embedded/build.py, stage 'ship')")
     rows = [json.loads(line) for line in j.read_text().splitlines() if line.strip()]
     if splits is not None:
         unknown = set(splits) - {r["split"] for r in rows}

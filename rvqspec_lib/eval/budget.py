@@ -33,7 +33,7 @@ from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.models.backends import frame_runner, fused_support, verify_backend
 from rvqspec_lib.models.drafter_files import shipped_drafter
 from rvqspec_lib.models.named_decoders import NamedDecoder, drafter_calibration, resolve, resolve_all
-from rvqspec_lib.models.precision import precision_of
+from rvqspec_lib.device.precision import precision_of
 
 #: Node budgets N (root included) considered for calibrated trees.
 AUTO_BUDGETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)

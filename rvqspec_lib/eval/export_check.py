@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from rvqspec_lib.eval.timing import interleaved, machine_meta
-from rvqspec_lib.models import export_formats as F
-from rvqspec_lib.models import export_graphs as G
+from rvqspec_lib.device import export_formats as F
+from rvqspec_lib.device import export_graphs as G
 
 #: Largest max abs logit difference an exported graph may show against eager PyTorch (the official module in
 #: float32), relative to the largest reference logit: float32 graphs differ by summation order only (~1e-7);

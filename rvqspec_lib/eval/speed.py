@@ -24,7 +24,7 @@ from rvqspec_lib.models.backends import (
     runner_label,
     verify_backend,
 )
-from rvqspec_lib.models.precision import precision_of
+from rvqspec_lib.device.precision import precision_of
 
 #: Query sizes of the verify cost curve (a 64-node tree is the largest node budget calibrated).
 QUERY_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -248,7 +248,7 @@ def verify_call(code_predictor, backend, q: int, prefix_len: int = PREFIX_LEN, s
     Args:
         backend: a verify backend. q, prefix_len: >= 1. seed: of the random inputs.
         whole: False: the backend's ``forward`` alone (the cost curve); True: the call as a decode round makes it,
-            projection first and one head's logits after (:mod:`rvqspec_lib.eval.latency`).
+            projection first and one head's logits after (:mod:`bench.latency`).
 
     Returns:
         ``call(round) -> (1, q, hidden)`` hidden states, or ``(q, codebook_size)`` logits with ``whole``.

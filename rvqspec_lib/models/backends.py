@@ -19,14 +19,14 @@ from rvqspec_lib.decoding.decoder_names import DecoderName, name_of
 from rvqspec_lib.decoding.decoders import AR, Chain
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling, or_fresh_generator
-from rvqspec_lib.models import export_formats as F
-from rvqspec_lib.models.fused import FusedARFrame
-from rvqspec_lib.models.fused_spec import FusedChainFrame
-from rvqspec_lib.models.kernels import cpforward
-from rvqspec_lib.models.lean import LeanCodePredictor
-from rvqspec_lib.models.native import NativeCodePredictor
-from rvqspec_lib.models.native_frame import NativeChainFrame
-from rvqspec_lib.models.precision import precision_of
+from rvqspec_lib.device import export_formats as F
+from rvqspec_lib.device.fused import FusedARFrame
+from rvqspec_lib.device.fused_spec import FusedChainFrame
+from rvqspec_lib.device.kernels import cpforward
+from rvqspec_lib.device.lean import LeanCodePredictor
+from rvqspec_lib.device.native import NativeCodePredictor
+from rvqspec_lib.device.native_frame import NativeChainFrame
+from rvqspec_lib.device.precision import precision_of
 
 #: Verify backends by name, in the order tables list them.
 BACKENDS = ("official", "eager", "compile", "onnx", "native")

@@ -1,5 +1,5 @@
 """A small neural code decoder for the offline :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`: codes -> log-mel frames,
-trained on generated codes (:mod:`rvqspec_lib.embedded.code_decoder_training`) to learn from neighbouring frames how
+trained on generated codes (:mod:`recipes.embedded.code_decoder_training`) to learn from neighbouring frames how
 much to trust each codebook, as vocoders are fine-tuned on the acoustic model's own predictions (HiFi-GAN, Kong et al.
 2020, §4.4). Its head adds a correction to the weighted centroid sum, zero at init: an untrained decoder IS the table
 decoder. It sits after the inner loop: speculation is unaffected.
@@ -138,7 +138,7 @@ class CodeDecoder(nn.Module):
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"no code decoder at {p}: train one with `make embedded` (stage 'decoder') or "
-                                    "rvqspec_lib.embedded.code_decoder_training.train_code_decoder")
+                                    "recipes.embedded.code_decoder_training.train_code_decoder")
         try:
             with safe_open(str(p), framework="pt") as f:
                 md = f.metadata() or {}

@@ -126,7 +126,7 @@ class OfficialTalker:
 
 
 class NativeTalkerSteps:
-    """:class:`OfficialTalker`'s two calls over a :class:`~rvqspec_lib.models.native_talker.NativeTalker` (the talker
+    """:class:`OfficialTalker`'s two calls over a :class:`~rvqspec_lib.device.native_talker.NativeTalker` (the talker
     step in C): ``start`` sizes its KV cache to the prompt plus ``max_frames`` positions and prefills it, ``step``
     appends one position. :func:`frames` wraps a ``NativeTalker`` given as ``talker=`` in this."""
 
@@ -188,7 +188,7 @@ def frames(lm: LoadedModel, texts: list[str] | str, *, runner=None, talker_sampl
         generator: explicit RNG of the talker and the inner loop (default: unseeded, never the global one).
         max_frames: frame cap (12.5 frames a second). Greedy decoding may never emit end-of-speech.
         language, speaker: see :func:`build_prompt`. talker: the talker's steps (default :class:`OfficialTalker`;
-            a :class:`~rvqspec_lib.models.native_talker.NativeTalker` runs them in C).
+            a :class:`~rvqspec_lib.device.native_talker.NativeTalker` runs them in C).
 
     Raises:
         ValueError: empty text, ``max_frames < 1``, unknown language or speaker.

@@ -141,7 +141,7 @@ def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int
         model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
         tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
         return LoadedModel(name, "tiny-random", model, tok, _default_generation(None))
-    if kind == "own":  # the embedded model, or a small model trained by rvqspec_lib.embedded
+    if kind == "own":  # the embedded model, or a small model trained by recipes.embedded
         lm = _load_own_model(name, path, dtype, device, attn_implementation)
         lm.folder = path
         return lm
@@ -175,13 +175,13 @@ def _resolve(name) -> tuple[str, Path | None]:
         if not (d / OWN_MODEL_MARKER).is_file():
             raise ModelNotFoundError(
                 f"the embedded model is missing ({d / OWN_MODEL_MARKER} not found): it ships with the repository "
-                "(git checkout data/embedded) or is rebuilt by `make embedded` (scripts/build_embedded.py)")
+                "(git checkout data/embedded) or is rebuilt by `make embedded` (recipes/embedded/build.py)")
         return "own", d
     if name in RANDOM_MODELS:
         return "random", CONFIG_DIR / RANDOM_MODELS[name]
     path = Path(name).expanduser()
     if path.exists():
-        if (path / OWN_MODEL_MARKER).exists():  # a small model trained by rvqspec_lib.embedded
+        if (path / OWN_MODEL_MARKER).exists():  # a small model trained by recipes.embedded
             return "own", path
         if not (path / "config.json").exists():
             raise ModelNotFoundError(f"{path} has no config.json: point --model at a Qwen3-TTS checkpoint directory")

@@ -2,7 +2,7 @@
 ``decode``, ``sample_rate``, ``frame_samples``, ``n_codebooks``, ``codebook_size``), fitted here on audio rendered here.
 
 :class:`RVQCodec`: log-mel spectra (20 ms hop) with 4 mel frames stacked into one 80 ms frame vector, quantised by
-16 stages of residual k-means (fitted by :func:`rvqspec_lib.embedded.codec_fit.fit_codec`); decoding sums the
+16 stages of residual k-means (fitted by :func:`recipes.embedded.codec_fit.fit_codec`); decoding sums the
 centroids (or runs a neural code decoder), inverts the mel filter bank and estimates phase with Griffin-Lim. NOT a
 neural codec: its deep stages carry little structure (docs/offline.md#template-sentences).
 """
@@ -356,7 +356,7 @@ class RVQCodec:
         p = _codec_file(path)
         if not p.is_file():
             raise FileNotFoundError(f"no codec file at {p}: fit one with "
-                                    f"rvqspec_lib.embedded.codec_fit.fit_codec(wavs).save({str(p)!r}) "
+                                    f"recipes.embedded.codec_fit.fit_codec(wavs).save({str(p)!r}) "
                                     "(scripts/measure_codec.py does this on a rendered corpus)")
         with safe_open(str(p), framework="pt") as f:
             meta = f.metadata() or {}

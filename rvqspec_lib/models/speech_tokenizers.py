@@ -20,7 +20,8 @@ from rvqspec_lib.models.audio import (
 )
 from rvqspec_lib.models.rvq_codec import RVQCodec, _check_codes
 from rvqspec_lib.models.shim import import_qwen_tts
-from rvqspec_lib.models.streaming_codec import streaming_decoder
+from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
+from rvqspec_lib.device.streaming_rvq import StreamingRVQDecoder
 
 
 class CodecSpeechTokenizer:
@@ -41,7 +42,7 @@ class CodecSpeechTokenizer:
         return wavs, self.sample_rate
 
     def streaming_decoder(self, batch_size: int = 1, **kwargs):
-        """A streaming decoder over this codec (``rvqspec_lib.models.streaming_rvq``; docs/codec_streaming.md):
+        """A streaming decoder over this codec (``rvqspec_lib.device.streaming_rvq``; docs/codec_streaming.md):
         ``push`` codes ``(B, 16, n)``, audio once each frame's look-ahead has arrived, ``flush()``."""
         return streaming_decoder(self.codec, batch_size, **kwargs)
 
@@ -98,7 +99,7 @@ class Qwen12HzCodec:
         return enc.audio_codes[0].detach().cpu().numpy().astype(np.int64)
 
     def streaming_decoder(self, batch_size: int = 1, **kwargs):
-        """A streaming decoder over the official decoder's weights (``rvqspec_lib.models.streaming_codec``):
+        """A streaming decoder over the official decoder's weights (``rvqspec_lib.device.streaming_codec``):
         ``push(codes (B, 16, n)) -> (B, n * 1920)``, the full decode up to rounding."""
         return streaming_decoder(self, batch_size, **kwargs)
 
@@ -120,3 +121,22 @@ def load_codec(name_or_path: str | os.PathLike, device: str = "cpu"):
     if p.suffix == ".safetensors" or (p / "codec.safetensors").is_file():
         return RVQCodec.load(p)
     return Qwen12HzCodec(name_or_path, device=device)
+
+
+def streaming_decoder(codec, batch_size: int = 1, **kwargs):
+    """A streaming decoder (``reset``, ``push(codes (B, 16, n)) -> (B, m * 1920)``, ``flush``, ``lookahead_frames``)
+    for ``codec``: the official 12 Hz decoder (or a model or ``Qwen12HzCodec`` holding one) ->
+    :class:`StreamingCodecDecoder` (exact, m = n); an :class:`RVQCodec` or ``CodecSpeechTokenizer`` ->
+    :class:`~rvqspec_lib.device.streaming_rvq.StreamingRVQDecoder` (3 frames of look-ahead by default). ``kwargs``
+    go to the class chosen. ValueError (one line): anything else."""
+    if isinstance(codec, RVQCodec) or isinstance(getattr(codec, "codec", None), RVQCodec):
+        return StreamingRVQDecoder(codec, batch_size, **kwargs)
+    dec = codec
+    if getattr(codec, "tokenizer", None) is not None:  # Qwen12HzCodec -> Qwen3TTSTokenizer -> model -> decoder
+        dec = codec.tokenizer.model.decoder
+    elif hasattr(getattr(codec, "decoder", None), "pre_transformer"):  # Qwen3TTSTokenizerV2Model
+        dec = codec.decoder
+    if not hasattr(dec, "pre_transformer"):
+        raise ValueError(f"no streaming decoder for a {type(codec).__name__}: pass the official 12 Hz decoder, a "
+                         "Qwen12HzCodec, an RVQCodec or a CodecSpeechTokenizer")
+    return StreamingCodecDecoder(dec, batch_size, **kwargs)

@@ -17,7 +17,7 @@ import torch
 
 from rvqspec_lib.models.frame import Frame, frames
 from rvqspec_lib.models.rvq_codec import RVQCodec
-from rvqspec_lib.models.streaming_codec import streaming_decoder
+from rvqspec_lib.models.speech_tokenizers import streaming_decoder
 
 #: Name of the thread that generates frames when a stream overlaps.
 GENERATE_THREAD = "rvqspec-generate"

@@ -1,0 +1,558 @@
+"""The whole frame, streamed: talker step, inner loop and codec decoder against their floors, the frame on one thread
+and on all cores, measured streams and B streams batched (``rvqspec bench pipeline``, notebook 06). The real-size
+0.6B architecture has random weights, timing only (a TIMING REPLAY, :mod:`rvqspec_lib.eval.replay`); the public
+ports' figures are quoted (:data:`PUBLIC_PIPELINES`), never measured here. What each part of the table measures and
+why: docs/streaming.md#the-pipeline-table."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import os
+import statistics
+from typing import Sequence
+
+import torch
+
+from rvqspec_lib.common.machine import cpu_model
+from rvqspec_lib.common.provenance import save_json, save_table
+from rvqspec_lib.eval import noise
+from bench.bench_table import DEFAULT_BUDGETS, DEFAULT_CHAINS, FRAME_MS, table_decoders
+from rvqspec_lib.eval.budget import choose_decoder
+from bench.codec_stream_bench import matmul_flops_per_frame, peak_gflops
+from bench.floor import call_weight_bytes, floor_ms, talker_step_bytes
+from rvqspec_lib.eval.replay import default_acceptance
+from bench.talker_bench import native_step
+from rvqspec_lib.eval.timing import Phases, bandwidth_around, interleaved, oversubscribed_note, summary
+from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
+from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_fields, verify_backend
+from rvqspec_lib.models.configs import build_codec_decoder
+from rvqspec_lib.device.native_talker import NativeTalker
+from rvqspec_lib.device.precision import ACTIVATION_DTYPE, apply_precision, check_precision, native_precisions
+from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
+from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
+
+#: Models of the table: the real-size 0.6B architecture (random weights: a timing replay) and the trained embedded one.
+DEFAULT_MODELS = ("qwen3-tts-0.6b-random", "embedded")
+#: The decoder rows of each (model, precision).
+ROWS = ("AR", "best speculative", "auto")
+#: The sentence every measured stream speaks.
+TEXT = "The weather is fine today, and we are going for a long walk by the river."
+#: Talker positions cached before the timed step: a prompt and a few seconds of speech.
+CONTEXT = 96
+#: Frames pushed before the codec is timed: past the released decoder's 72-frame attention window.
+CODEC_WARMUP_FRAMES = 80
+#: Frames a chunk holds in the table's streams (2: the codec's per-frame cost falls with the chunk, the first audio
+#: waits for one more frame).
+CHUNK_FRAMES = 2
+#: Frame cap of a measured stream (3.2 s of audio; the embedded model ends its sentence before).
+STREAM_FRAMES = 40
+#: Streams batched in the concurrency measurement.
+BATCHES = (1, 2, 4)
+#: The two ways a stream runs: in turn on one thread, or overlapped over all cores.
+LAYOUTS = ("1 thread", "all cores")
+#: Published end-to-end figures of public ports (QUOTED, not measured here): their own rows and columns.
+PUBLIC_PIPELINES = (
+    {"source": "C port of Qwen3-TTS (quoted)", "device": "AMD EPYC 9555P", "model": "0.6B", "precision": "",
+     "quoted_rtf": "0.95", "quoted_ttfa_ms": ""},
+    {"source": "C port of Qwen3-TTS (quoted)", "device": "Apple M1", "model": "0.6B", "precision": "int8 / int4",
+     "quoted_rtf": "0.52-0.69", "quoted_ttfa_ms": "460 (streaming)"},
+    {"source": "faster-qwen3-tts (quoted)", "device": "RTX 4090", "model": "", "precision": "",
+     "quoted_rtf": "", "quoted_ttfa_ms": "156"},
+    {"source": "faster-qwen3-tts (quoted)", "device": "Jetson Orin", "model": "", "precision": "",
+     "quoted_rtf": "", "quoted_ttfa_ms": "597"},
+)
+PARTS = ("talker", "inner", "codec")
+
+
+class PlaceholderCodes:
+    """A TIMING REPLAY's runner made streamable: its sealed frames (codes -1) get code 0, so that the talker can be
+    fed and the codec timed; the audio is discarded. Every other attribute is the runner's."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def __call__(self, context: torch.Tensor, generator: torch.Generator | None = None):
+        res = self.runner(context, generator)
+        return dataclasses.replace(res, codes=res.codes.clamp_min(0))
+
+
+@dataclasses.dataclass
+class Setup:
+    """One (model, precision) ready to run: the converted model, native talker and verify backend, decoders,
+    contexts, the replay's oracle (random weights) and the codec."""
+
+    model: str
+    precision: str
+    lm: object
+    talker: NativeTalker
+    verify: object
+    named: dict
+    calibration: dict
+    contexts: torch.Tensor
+    oracle: object
+    codec_decoder: object  # the official decoder module (real size), or None: the model's own codec
+    chunk_frames: int
+
+    @property
+    def weights(self) -> str:
+        return self.oracle.text if self.oracle is not None else "trained"
+
+    def codec_stream(self, batch: int = 1):
+        """A fresh streaming decoder of this setup's codec for ``batch`` rows (its weights laid out once)."""
+        if self.codec_decoder is not None:
+            return StreamingCodecDecoder(self.codec_decoder, batch, chunk_frames_hint=self.chunk_frames)
+        return codec_stream_for(self.lm, batch_size=batch, chunk_frames=self.chunk_frames)
+
+    def runner(self, key: str, fused: bool):
+        """The native frame runner of decoder ``key``; a replay's stepped speculative runner replays the oracle and
+        streams placeholder codes (AR accepts nothing: it runs as it is)."""
+        cp, nd = self.lm.code_predictor, self.named[key]
+        if fused or self.oracle is None or nd.name.kind == "ar":
+            return frame_runner("native", cp, nd, fused=fused, verify=self.verify)
+        return PlaceholderCodes(frame_runner("native", cp, nd, verify=self.verify, acceptance=self.oracle))
+
+
+def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = CHUNK_FRAMES, seed: int = 0,
+                n_contexts: int = 8, chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
+                codecs: dict | None = None, max_context: int = 512, codec_config: str = "released",
+                codec_dtype: str | None = None) -> Setup:
+    """Load and convert ``model`` in ``precision`` and build what :func:`time_parts` and :func:`time_streams` run.
+
+    Args:
+        acceptance: the replay's table for a random-weight model. chains, budgets: the speculative candidates.
+        codecs: ``{dtype: official decoder}`` cache of the real-size codec (random weights). codec_config: the
+            official decoder's config for a model without a codec, ``released`` (``tiny`` in tests). codec_dtype:
+            ``float32`` or ``bfloat16`` (default bfloat16 where the CPU runs it natively).
+        max_context: the native talker's KV capacity.
+    """
+    lm = loader.load_model(model, dtype=ACTIVATION_DTYPE[precision], seed=seed)
+    apply_precision(lm.model.talker, precision, require_native=False)  # the WHOLE talker; the CPU checked before
+    contexts, cal, named = table_decoders(lm, chains, budgets, n_contexts=n_contexts, seed=seed)
+    codec = None
+    if lm.speech_tokenizer is None:  # a random-size model: the real-size official decoder, random weights
+        # bfloat16 where the CPU runs it natively (about half float32's time, docs/codec_streaming.md), whatever the
+        # talker's precision: the codec is a separate model, and a deployment runs each part at its fastest
+        dtype = ACTIVATION_DTYPE[codec_dtype or ("bfloat16" if "bfloat16" in native_precisions() else "float32")]
+        codecs = {} if codecs is None else codecs
+        if dtype not in codecs:
+            codecs[dtype] = build_codec_decoder(codec_config, seed=seed, dtype=dtype)
+        codec = codecs[dtype]
+    return Setup(model, precision, lm, NativeTalker(lm, max_context=max_context),
+                 verify_backend("native", lm.code_predictor), named, cal, contexts,
+                 acceptance.oracle(seed) if lm.is_random else None, codec, int(chunk_frames))
+
+
+def candidates(setup: Setup) -> dict[tuple[str, bool], object]:
+    """``{(label, fused): runner}``: AR as the native whole frame, every speculative decoder stepped, and the fused
+    native chains where the model is trained (a fused frame decides acceptance inside, so no replay drives it)."""
+    out = {("ar", True): setup.runner("ar", True)}
+    for key, nd in setup.named.items():
+        if key == "ar":
+            continue
+        out[(key, False)] = setup.runner(key, False)
+        if setup.oracle is None and fused_support("native", nd.decoder) is None:
+            out[(key, True)] = setup.runner(key, True)
+    return out
+
+
+def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1, seed: int = 0,
+               noise_target: float | None = None, progress: bool = False) -> dict:
+    """The parts of a frame, interleaved: ``{"talker": stats, ("inner", label, fused): stats, "codec": stats,
+    "meta"}``; stats: ``ms``, ``cpu_ms`` (medians per frame), ``p10_ms``, ``p90_ms``, and for the inner loop
+    ``tokens_per_call``, ``calls_per_frame``."""
+    talker, crop = native_step(setup.talker, CONTEXT, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    codec = setup.codec_stream(1)
+    n = setup.chunk_frames
+    official = isinstance(codec, StreamingCodecDecoder)
+    warm = CODEC_WARMUP_FRAMES if official else 24  # the embedded codec: past its 16 + 3 frames of window
+    codes = torch.randint(0, int(codec.codebook_size), (1, int(codec.n_codebooks), warm + 64 * n), generator=gen)
+    with torch.inference_mode():
+        codec.push(codes[..., :warm])
+    at = [warm]
+
+    def decode(_i):
+        p = at[0]
+        at[0] = warm + (p - warm + n) % (codes.shape[2] - warm - n + 1)
+        with torch.inference_mode():
+            return codec.push(codes[..., p:p + n])
+
+    def inner(r):
+        def run(i):
+            k = i % setup.contexts.shape[0]
+            with torch.inference_mode():
+                res = r(setup.contexts[k:k + 1], torch.Generator().manual_seed(seed + i))
+            return float(res.tokens_per_call.mean()), float(res.calls.float().mean())
+        return run
+
+    conds = {"talker": talker, "codec": decode, **{("inner", *k): inner(r) for k, r in runners.items()}}
+    for r in runners.values():
+        if r.fused:
+            r.prepare(1)
+    t = interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, seed=seed,
+                    reset={"talker": crop}, progress=progress,
+                    desc=f"parts {setup.model} {setup.precision}", module=setup.lm.code_predictor,
+                    random_weights=setup.oracle is not None)
+    out = {"meta": t.meta}
+    for k in conds:
+        per = n if k == "codec" else 1
+        s = summary([x / per for x in t.ms[k]])
+        out[k] = {"ms": s["median_ms"], "p10_ms": s["p10_ms"], "p90_ms": s["p90_ms"],
+                  "cpu_ms": statistics.median(t.cpu_ms[k]) / per}
+        if k[0] == "inner":
+            got = t.out[k][:repeats]  # over the rounds every run makes (docs/reproducibility.md)
+            out[k].update(tokens_per_call=statistics.fmean(g[0] for g in got),
+                          calls_per_frame=statistics.fmean(g[1] for g in got))
+    return out
+
+
+def choose_auto(setup: Setup, *, frames: int = 4, budgets: Sequence[int] = DEFAULT_BUDGETS, seed: int = 0):
+    """``auto``'s pick for this setup, timed on the spot: ``(label, fused, runner, note)``; it joins
+    :attr:`Setup.named`."""
+    choice = choose_decoder(setup.lm.code_predictor, setup.calibration, setup.contexts,
+                            backends={"native": setup.verify}, frames=frames, repeats=1, cost_repeats=3, shortlist=3,
+                            seed=seed, budgets=budgets, acceptance=setup.oracle)
+    setup.named.setdefault(choice.label, choice.named)
+    return choice.label, bool(choice.fused), setup.runner(choice.label, bool(choice.fused)), \
+        f"auto chose {choice.label}{', fused' if choice.fused else ''}"
+
+
+def _row(setup: Setup, parts: dict, name: str, key: tuple, runner, note: str, codec_floor_ms) -> dict:
+    """One row before :func:`_finish`: the parts of runner ``key`` = ``(label, fused)``."""
+    inner, fields = parts[("inner", *key)], runner_fields(runner)
+    mine = {"talker": parts["talker"], "inner": inner, "codec": parts["codec"]}
+    row = {"model": setup.model, "weights": setup.weights, "precision": setup.precision,
+           "codec_dtype": str(next(iter(setup.codec_decoder.parameters())).dtype).replace("torch.", "")
+           if setup.codec_decoder is not None else "its own (float32)", "row": name,
+           **{k: fields.get(k) for k in ("decoder", "kind", "nodes", "fused", "backend")},
+           "tokens_per_call": inner["tokens_per_call"], **{f"{p}_ms": v["ms"] for p, v in mine.items()},
+           **{f"{p}_cpu_ms": v["cpu_ms"] for p, v in mine.items()}, "codec_floor_ms": codec_floor_ms, "note": note}
+    # bytes of the floors (their ms come once the bandwidth is known: _finish)
+    step = talker_step_bytes(setup.lm.model.talker, context=CONTEXT, kv_element_bytes=setup.talker.kv_dtype.itemsize)
+    row["talker_bytes"] = step["bytes"] + step["kv_bytes"]
+    row["inner_bytes"] = inner["calls_per_frame"] * call_weight_bytes(setup.lm.code_predictor)["bytes"]
+    return row
+
+
+def _finish(rows: list[dict], gb_per_s: float) -> None:
+    """Floors, multiples, the frame on one thread and two cores, shares, gains over AR and :func:`what_moves`, in
+    place."""
+    ar = {(r["model"], r["precision"]): r for r in rows if r["row"] == "AR"}
+    for r in rows:
+        r["talker_floor_ms"] = floor_ms(r.pop("talker_bytes"), gb_per_s)
+        r["inner_floor_ms"] = floor_ms(r.pop("inner_bytes"), gb_per_s)
+        for p in PARTS:
+            fl = r[f"{p}_floor_ms"]
+            r[f"{p}_x_floor"] = r[f"{p}_ms"] / fl if fl else None
+            r[f"{p}_cpu_x_floor"] = r[f"{p}_cpu_ms"] / fl if fl else None
+        gen, codec = r["talker_ms"] + r["inner_ms"], r["codec_ms"]
+        r["frame_1t_ms"], r["frame_2c_ms"] = gen + codec, max(gen, codec)
+        gen_cpu = r["talker_cpu_ms"] + r["inner_cpu_ms"]
+        r["frame_1t_cpu_ms"], r["frame_2c_cpu_ms"] = gen_cpu + r["codec_cpu_ms"], max(gen_cpu, r["codec_cpu_ms"])
+        r["rtf_1t"], r["rtf_2c"] = r["frame_1t_ms"] / FRAME_MS, r["frame_2c_ms"] / FRAME_MS
+        for p in PARTS:
+            r[f"{p}_share"] = r[f"{p}_ms"] / r["frame_1t_ms"]
+        a = ar[(r["model"], r["precision"])]
+        r["inner_gain"] = a["inner_ms"] / r["inner_ms"]
+        r["frame_gain_1t"] = a["frame_1t_ms"] / r["frame_1t_ms"]
+        r["frame_gain_2c"] = a["frame_2c_ms"] / r["frame_2c_ms"]
+        r.update(what_moves(r))
+
+
+def what_moves(r: dict) -> dict:
+    """Amdahl on one row: ``dominant`` part and its ``dominant_share``, ``frame_1t_at_floor_ms`` (``None`` without a
+    floor), ``bottleneck_2c`` (generation or codec decoding) and the sentence ``moves_frame``."""
+    part = max(PARTS, key=lambda p: r[f"{p}_ms"])
+    fl = r[f"{part}_floor_ms"]
+    at_floor = r["frame_1t_ms"] - r[f"{part}_ms"] + fl if fl else None
+    gen = r["talker_ms"] + r["inner_ms"]
+    side = "generation" if gen >= r["codec_ms"] else "codec decoding"
+    names = {"talker": "the talker step", "inner": "the inner loop", "codec": "the codec decoder"}
+    words = (f"one thread: {names[part]} ({100 * r[f'{part}_share']:.0f}% of the frame"
+             + (f"; at its floor the frame would be {at_floor:.0f} ms, not {r['frame_1t_ms']:.0f})" if at_floor
+                else "; no floor computed for it)")
+             + f"; all cores: {side} ({gen:.0f} ms talker + inner loop against {r['codec_ms']:.0f} ms codec)")
+    return {"dominant": part, "dominant_share": r[f"{part}_share"], "frame_1t_at_floor_ms": at_floor,
+            "bottleneck_2c": side, "moves_frame": words}
+
+
+def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, text: str, frames: int, seed: int):
+    """One timed condition: a whole stream of ``batch`` copies of ``text``; returns its summary and chunk records."""
+    def run(i):
+        outer = torch.get_num_threads()
+        torch.set_num_threads(1 if layout == LAYOUTS[0] else os.cpu_count() or 1)
+        try:
+            st = synthesize_stream(setup.lm, text if batch == 1 else [text] * batch, runner=runner,
+                                   talker=setup.talker, codec_stream=codec, chunk_frames=setup.chunk_frames,
+                                   generator=torch.Generator().manual_seed(seed + i), max_frames=frames,
+                                   overlap=layout == LAYOUTS[1], language="english")
+            for _ in st:
+                pass
+            return st.summary(), st.chunks
+        finally:
+            torch.set_num_threads(outer)
+    return run
+
+
+def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), text: str = TEXT,
+                 frames: int = STREAM_FRAMES, repeats: int = 2, warmup: int = 0, seed: int = 0,
+                 progress: bool = False) -> dict:
+    """Whole streams of every ``{name: runner}`` x batch x layout (:data:`LAYOUTS`), interleaved.
+
+    Returns:
+        ``{"rows": [...], "meta"}``; a row per condition: ``row``, ``batch``, ``layout``, the decoder's fields, the
+        medians of the stream summary's fields, ``realtime`` (a round at most 80 ms), ``chunks`` (the first run's).
+    """
+    codecs = {b: setup.codec_stream(b) for b in batches}
+    conds = {(name, b, layout): _stream_condition(setup, r, codecs[b], batch=b, layout=layout, text=text,
+                                                  frames=frames, seed=seed)
+             for name, r in runners.items() for b in batches for layout in LAYOUTS}
+    t = interleaved(conds, repeats=repeats, warmup=warmup, seed=seed, progress=progress,
+                    desc=f"streams {setup.model} {setup.precision}", random_weights=setup.oracle is not None)
+    rows = []
+    for (name, b, layout), runs in t.out.items():
+        outs = [o for o, _ in runs]
+        med = {k: statistics.median(o[k] for o in outs) for k in
+               ("ttfa_ms", "ttfa_call_ms", "rtf", "frame_ms", "underruns", "stall_ms", "overlap", "talker_ms",
+                "inner_ms", "codec_ms", "generate_cpu_ms", "decode_cpu_ms", "tokens_per_call", "audio_s", "frames")}
+        fields = runner_fields(runners[name])
+        rows.append({"model": setup.model, "weights": setup.weights, "precision": setup.precision, "row": name,
+                     "batch": b, "layout": layout, **{k: fields[k] for k in ("decoder", "kind", "fused")}, **med,
+                     "wall_ms": statistics.median(t.ms[(name, b, layout)]), "runs": len(outs),
+                     "realtime": bool(med["frame_ms"] <= FRAME_MS), "replay": outs[0]["replay"],
+                     "sample_rate": codecs[b].sample_rate, "chunks": runs[0][1]})
+    return {"rows": rows, "meta": t.meta}
+
+
+def sustained(rows: Sequence[dict]) -> list[dict]:
+    """Per (model, precision, row, layout) of :func:`time_streams` rows: the most streams batched in real time
+    (``streams``; 0 if none) and the time to first audio there."""
+    out = {}
+    for r in rows:
+        k = (r["model"], r["precision"], r["row"], r["layout"])
+        best = out.setdefault(k, {"model": k[0], "precision": k[1], "row": k[2], "layout": k[3], "decoder":
+                                  r["decoder"], "streams": 0, "ttfa_ms": None, "batches": []})
+        best["batches"].append(r["batch"])
+        if r["realtime"] and r["batch"] > best["streams"]:
+            best.update(streams=r["batch"], ttfa_ms=r["ttfa_ms"])
+    return list(out.values())
+
+
+def check_pipeline_args(models: Sequence[str], precisions: Sequence[str], *, chunk_frames: int, frames: int,
+                        batches: Sequence[int]) -> None:
+    """Every check that needs no model (native forward, precisions, model names, chunk within the frame cap,
+    batches).
+
+    Raises:
+        ValueError: the first problem, in one line naming the fix.
+    """
+    ok, why = available("native")
+    if not ok:
+        raise ValueError(f"the pipeline runs the native talker and inner loop, and {why}")
+    for p in precisions:
+        check_precision(p)
+    for m in models:
+        loader.model_facts(m)
+    if not 1 <= int(chunk_frames) <= int(frames):
+        raise ValueError(f"--chunk-frames must be in 1..--frames ({frames}), got {chunk_frames}")
+    if not batches or min(batches) < 1:
+        raise ValueError(f"--batches are streams run together, each >= 1: give e.g. 1,2,4, got {list(batches)}")
+
+
+def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[str] | None = None,
+                   chunk_frames: int = CHUNK_FRAMES, frames: int = STREAM_FRAMES, batches: Sequence[int] = BATCHES,
+                   repeats: int = 5, warmup: int = 1, stream_repeats: int = 2, chains: Sequence[int] = DEFAULT_CHAINS,
+                   budgets: Sequence[int] = DEFAULT_BUDGETS, auto: bool = True, auto_frames: int = 4,
+                   acceptance=None, n_contexts: int = 8, text: str = TEXT, seed: int = 0,
+                   noise_target: float | None = None, streams: bool = True, concurrency: bool | Sequence[str] = True,
+                   codec_config: str = "released", codec_dtype: str | None = None, progress: bool = False) -> dict:
+    """Measure the pipeline table (docs/streaming.md#the-pipeline-table).
+
+    Args:
+        models: a random-weight one is a timing replay of ``acceptance`` (default
+            :func:`rvqspec_lib.eval.replay.default_acceptance`). precisions: default the CPU's native ones.
+        chunk_frames, frames, batches: frames per codec chunk, a stream's frame cap, streams batched.
+        repeats, warmup, noise_target: the parts' timing. stream_repeats: runs of each stream.
+        chains, budgets, auto, auto_frames: the speculative candidates and ``auto``'s pick. streams, concurrency:
+            measure them (``concurrency`` may name models). codec_config, codec_dtype: as :func:`build_setup`.
+            n_contexts: inner-loop contexts. text: what the streams speak.
+
+    Returns:
+        ``{"rows", "streams", "concurrency", "sustained", "quoted", "meta"}``: a row per (model, precision,
+        :data:`ROWS`) with per part ``_ms``, ``_cpu_ms``, ``_floor_ms``, ``_x_floor``, ``_cpu_x_floor``, ``_share``;
+        ``frame_1t_ms``, ``rtf_1t``, ``frame_2c_ms``, ``rtf_2c`` (and ``_cpu_ms``), ``inner_gain``,
+        ``frame_gain_1t``, ``frame_gain_2c``, :func:`what_moves`' fields, ``tokens_per_call``, the decoder's fields,
+        ``weights`` (``trained`` or the replay's words), ``note``; ``streams`` and ``concurrency``:
+        :func:`time_streams` rows; ``sustained``: :func:`sustained`; ``quoted``: :data:`PUBLIC_PIPELINES`.
+
+    Raises:
+        ValueError: as :func:`check_pipeline_args`; bad noise settings.
+    """
+    phase = Phases()  # seconds each phase took (the run-time budget of a notebook), and the total
+    precisions = list(precisions or native_precisions())
+    check_pipeline_args(models, precisions, chunk_frames=chunk_frames, frames=frames, batches=batches)
+    if codec_dtype is not None:
+        check_precision(codec_dtype)
+    noise.repeat_cap(noise_target, repeats, None)
+    acceptance = acceptance or default_acceptance()
+    rows, stream_rows, conc_rows, metas, peaks, codecs = [], [], [], [], {}, {}
+
+    def measure():
+        for model in models:
+            best = None  # (frame ms, setup, runners): the fastest precision's, kept for the streams
+            for prec in precisions:
+                with phase("build"):
+                    setup = build_setup(model, prec, acceptance=acceptance, chunk_frames=chunk_frames, seed=seed,
+                                        n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
+                                        max_context=max(512, frames + 256), codec_config=codec_config,
+                                        codec_dtype=codec_dtype)
+                    runners = candidates(setup)
+                with phase("auto"):
+                    auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None
+                if auto_pick and (auto_pick[0], auto_pick[1]) not in runners:
+                    runners[(auto_pick[0], auto_pick[1])] = auto_pick[2]
+                with phase("parts"):
+                    parts = time_parts(setup, runners, repeats=repeats, warmup=warmup, seed=seed,
+                                       noise_target=noise_target, progress=progress)
+                metas.append({"model": model, "precision": prec, **{k: parts["meta"].get(k) for k in (
+                    "other_cpu_frac", "repeats", "rel_se_max", "threads")}, "note": oversubscribed_note(parts["meta"])})
+                codec_floor = None
+                if setup.codec_decoder is not None:
+                    dt = str(next(setup.codec_decoder.parameters()).dtype)
+                    with phase("codec peak"):
+                        if dt not in peaks:
+                            peaks[dt] = peak_gflops(setup.codec_decoder)["peak_gflops"]
+                    codec_floor = matmul_flops_per_frame(setup.codec_decoder) / (peaks[dt] * 1e9) * 1e3
+                spec = [k for k in runners if k[0] != "ar"]
+                fastest = min(spec, key=lambda k: parts[("inner", *k)]["ms"])
+                picks = {"AR": (("ar", True), "the native AR frame (one C call)"),
+                         "best speculative": (fastest, f"fastest of {len(spec)} speculative decoders timed"
+                                              + ("; stepped, acceptance replayed" if setup.oracle else "")),
+                         "auto": ((auto_pick[0], auto_pick[1]), auto_pick[3]) if auto_pick else None}
+                mine = [_row(setup, parts, name, picks[name][0], runners[picks[name][0]], picks[name][1], codec_floor)
+                        for name in ROWS if picks[name]]
+                rows.extend(mine)
+                frame = min(r["talker_cpu_ms"] + r["inner_cpu_ms"] + r["codec_cpu_ms"] for r in mine)  # robust to load
+                if streams and (best is None or frame < best[0]):
+                    keys = {}  # one stream per runner: auto's pick is often the best speculative one
+                    for n in ROWS:
+                        if picks[n] and picks[n][0] not in keys:
+                            keys[picks[n][0]] = n
+                    best = (frame, setup, {n: runners[k] for k, n in keys.items()})
+                del setup, runners
+                gc.collect()
+            if best is not None:
+                _, setup, chosen = best
+                with phase("streams"):
+                    stream_rows.extend(time_streams(setup, chosen, batches=(1,), text=text, frames=frames,
+                                                    repeats=stream_repeats, seed=seed, progress=progress)["rows"])
+                if concurrency is True or (concurrency and model in concurrency):
+                    stepped = {"AR": setup.runner("ar", False)}
+                    best_spec = next(r for r in rows if r["model"] == model and r["precision"] == setup.precision
+                                     and r["row"] == "best speculative")
+                    stepped["best speculative"] = setup.runner(best_spec["decoder"], False)
+                    with phase("concurrency"):
+                        conc_rows.extend(time_streams(setup, stepped, batches=batches, text=text, frames=frames,
+                                                      repeats=1, seed=seed, progress=progress)["rows"])
+                best = None
+                gc.collect()
+
+    _, bandwidth = bandwidth_around(measure)
+    # the floor is the least time: the best read observed (wall clock or, with one thread, the thread's CPU time),
+    # not a pass that other processes slowed
+    bandwidth["floor_gb_per_s"] = max(bandwidth["gb_per_s_max"], bandwidth.get("gb_per_s_cpu") or 0.0)
+    _finish(rows, bandwidth["floor_gb_per_s"])
+    _attach_streams(rows, stream_rows)
+    meta = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__, "bandwidth": bandwidth,
+            "codec_peak_gflops": peaks, "context": CONTEXT, "chunk_frames": chunk_frames, "frames": frames,
+            "batches": list(batches), "repeats": repeats, "stream_repeats": stream_repeats, "warmup": warmup,
+            "noise_target": noise_target, "parts_runs": metas, "models": list(models), "precisions": precisions,
+            "replay": acceptance.describe(), "replay_text": acceptance.text, "text": text, "seed": seed,
+            "oversubscribed": [m for m in metas if m["note"]], "phase_s": dict(phase),
+            "total_s": phase.total_s()}
+    return {"rows": rows, "streams": stream_rows, "concurrency": conc_rows, "sustained": sustained(conc_rows),
+            "quoted": [dict(q) for q in PUBLIC_PIPELINES], "meta": meta}
+
+
+def _attach_streams(rows: list[dict], streams: Sequence[dict]) -> None:
+    """The measured streams' ``stream_{ttfa_ms,frame_ms,rtf,underruns}_{1t,2c}`` beside the parts of the same row."""
+    by = {(s["model"], s["precision"], s["decoder"], s["fused"], s["layout"]): s for s in streams}
+    for r in rows:
+        for layout, tag in zip(LAYOUTS, ("1t", "2c")):
+            s = by.get((r["model"], r["precision"], r["decoder"], r["fused"], layout))
+            for k in ("ttfa_ms", "frame_ms", "rtf", "underruns"):
+                r[f"stream_{k}_{tag}"] = s[k] if s else None
+
+
+def table_rows(result: dict) -> list[dict]:
+    """The rows to save and show: the measured rows, then the quoted ones (figures in ``quoted_rtf``,
+    ``quoted_ttfa_ms``)."""
+    rows = [{**r, "quoted_rtf": None, "quoted_ttfa_ms": None} for r in result["rows"]]
+    return rows + [{"model": q["model"], "weights": "QUOTED, not measured here", "precision": q["precision"],
+                    "row": f"{q['source']}, {q['device']}", "quoted_rtf": q["quoted_rtf"],
+                    "quoted_ttfa_ms": q["quoted_ttfa_ms"]} for q in result["quoted"]]
+
+
+def caption(result: dict) -> str:
+    """One line: the CPU, threads, floors' bandwidth and peaks, the replay's words, the columns, oversubscription."""
+    m = result["meta"]
+    peaks = ", ".join(f"{k.replace('torch.', '')} {v:.0f} GFLOP/s" for k, v in m["codec_peak_gflops"].items())
+    over = (f"; OVERSUBSCRIBED ({len(m['oversubscribed'])} timings: "
+            f"{'; '.join(x['note'] for x in m['oversubscribed'])}), TIMES ARE PESSIMISTIC" if m["oversubscribed"]
+            else "")
+    return (f"the whole frame on {m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}: parts timed on one thread, "
+            f"interleaved (ms per frame, wall clock; thread CPU time in *_cpu_ms); floors: talker and code predictor "
+            f"bytes / {m['bandwidth']['floor_gb_per_s']:.1f} GB/s (the best read observed), codec matmul FLOPs / the "
+            f"core's peak ({peaks or 'n/a'}); "
+            f"frame 1t = talker + inner + codec, frame 2c = max(talker + inner, codec) (overlapped); RTF = ms per "
+            f"frame / 80; chunks of {m['chunk_frames']} frame(s); random-weight rows: {m['replay_text']}; quoted rows: "
+            "public ports' own figures, not measured here" + over)
+
+
+def format_pipeline(result: dict) -> str:
+    """The table as text (``rvqspec bench pipeline``): caption, the parts per row, the streams, concurrency."""
+    def f(v, d=1):
+        return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{d}f}"
+
+    lines = [caption(result), "model | precision | row | decoder | talker ms (x floor) | inner ms (x floor) | "
+             "codec ms (x floor) | frame 1t ms | RTF 1t | frame 2c ms | RTF 2c | shares t/i/c | gain inner / frame "
+             "1t / 2c | what moves the frame"]
+    for r in result["rows"]:
+        lines.append(" | ".join([
+            r["model"] + (" (replay)" if r["weights"] != "trained" else ""), r["precision"], r["row"],
+            str(r["decoder"] or ""), *(f"{f(r[p + '_ms'])} ({f(r[p + '_x_floor'], 2) or 'n/a'})" for p in PARTS),
+            f(r["frame_1t_ms"]), f(r["rtf_1t"], 2), f(r["frame_2c_ms"]), f(r["rtf_2c"], 2),
+            "/".join(f"{100 * r[p + '_share']:.0f}%" for p in PARTS),
+            f"{f(r['inner_gain'], 2)} / {f(r['frame_gain_1t'], 2)} / {f(r['frame_gain_2c'], 2)}", r["moves_frame"]]))
+    if result["streams"]:
+        lines += ["", "measured streams: model | precision | row | layout | first audio ms (after the prompt) | RTF "
+                      "| frame ms | underruns"]
+        lines += [" | ".join([s["model"], s["precision"], s["row"], s["layout"], f(s["ttfa_ms"], 0), f(s["rtf"], 2),
+                              f(s["frame_ms"]), f(s["underruns"], 0)]) for s in result["streams"]]
+    if result["concurrency"]:
+        lines += ["", "concurrent streams (stepped through the native verify backend): model | row | layout | B | "
+                      "round ms | first audio ms | real time"]
+        lines += [" | ".join([s["model"], s["row"], s["layout"], str(s["batch"]), f(s["frame_ms"]), f(s["ttfa_ms"], 0),
+                              "yes" if s["realtime"] else "no"]) for s in result["concurrency"]]
+        lines += [f"sustained in real time: {s['model']} {s['row']} {s['layout']}: {s['streams']} stream(s) "
+                  f"(of B in {s['batches']})" for s in result["sustained"]]
+    lines += [f"quoted: {q['source']}, {q['device']} {q['model']} {q['precision']}: RTF {q['quoted_rtf'] or '-'}, "
+              f"first audio {q['quoted_ttfa_ms'] or '-'} ms" for q in result["quoted"]]
+    return "\n".join(lines)
+
+
+def save_pipeline(result: dict, path_stem, prov: dict) -> dict:
+    """Write ``<stem>.csv``/``.md`` (:func:`table_rows`), ``<stem>_streams``, ``<stem>_concurrency`` and
+    ``<stem>.json`` (everything, provenance). Returns the paths."""
+    out = save_table(table_rows(result), path_stem, prov, caption=caption(result))
+    for part in ("streams", "concurrency"):
+        if result[part]:
+            out[part] = save_table([{k: v for k, v in r.items() if k != "chunks"} for r in result[part]],
+                                   f"{path_stem}_{part}", prov, caption=caption(result))
+    out["json"] = save_json(result, f"{path_stem}.json", prov)
+    return out

@@ -1,0 +1,1 @@
+"""How the models this project ships are built (not imported by the library)."""

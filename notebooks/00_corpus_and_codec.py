@@ -76,6 +76,7 @@ from rvqspec_lib.common.provenance import (REPO_ROOT, provenance, resolve_out_di
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
 from recipes.embedded import corpus
+from rvqspec_lib.data import voices as speech
 from rvqspec_lib.eval import asr as asr_mod
 from paper import codec_quality as cq
 from rvqspec_lib.eval.asr_models import check_asr_name, recogniser as make_recogniser
@@ -123,7 +124,7 @@ print(f"model data {root}\noutputs -> {out}\nrendered audio -> {work}")
 # which split, how many hours and frames.
 #
 # **Text.** Every English sentence comes from text that installs with Debian or Python packages, and every sentence
-# records the file it came from (`recipes.embedded.corpus.Sentence.origin`):
+# records the file it came from (`rvqspec_lib.data.voices.Sentence.origin`):
 #
 # * `fortunes`: Debian's `fortunes` and `fortunes-min` packages (fetched with `apt-get download`, unpacked, not
 #   installed; ASCII art and stereotype-based joke files are left out);
@@ -149,16 +150,16 @@ if not eval_path.is_file():
 build = json.loads(eval_path.read_text())
 build_prov = build.get("provenance", {})
 
-calibration = corpus.shipped_sentences("calibration", language="en")
+calibration = speech.shipped_sentences("calibration", language="en")
 if run_n_calibration:
     calibration = random.Random(seed).sample(calibration, min(run_n_calibration, len(calibration)))
-multilingual = corpus.multilingual_sentences()
+multilingual = speech.multilingual_sentences()
 if run_n_multilingual:
     multilingual = [s for lang in sorted({s.language for s in multilingual})
                     for s in [m for m in multilingual if m.language == lang][:run_n_multilingual]]
-ml_voices = [v for v in corpus.DEFAULT_VOICES if corpus.VOICES[v].language != "en"]
-rows_cal = corpus.render_corpus(calibration, work / "calibration", voices=voices, one_voice_each=True)
-rows_ml = corpus.render_corpus(multilingual, work / "multilingual", voices=ml_voices)
+ml_voices = [v for v in speech.DEFAULT_VOICES if speech.VOICES[v].language != "en"]
+rows_cal = speech.render_corpus(calibration, work / "calibration", voices=voices, one_voice_each=True)
+rows_ml = speech.render_corpus(multilingual, work / "multilingual", voices=ml_voices)
 
 
 def table_rows(summary, measured_by):
@@ -167,7 +168,7 @@ def table_rows(summary, measured_by):
              "text sources": r.get("sources", ""), "measured by": measured_by} for r in summary]
 
 
-order = {s: i for i, s in enumerate(corpus.SPLITS)}
+order = {s: i for i, s in enumerate(speech.SPLITS)}
 table = table_rows(build["corpus"]["table"], f"build ({eval_path.name})") + \
     table_rows(corpus.corpus_table(rows_cal + rows_ml), "rendered here")
 table.sort(key=lambda r: (order.get(r["split"], 99), r["language"] != "en", r["language"]))
@@ -201,7 +202,7 @@ except (FileNotFoundError, KeyError) as e:
 # the sources (counted from `data/eval_texts/`):
 
 # %%
-shipped = {split: corpus.shipped_sentences(split) for split in ("calibration", "evaluation")}
+shipped = {split: speech.shipped_sentences(split) for split in ("calibration", "evaluation")}
 src_counts = pd.DataFrame({split: Counter(s.source for s in sents) for split, sents in shipped.items()}).fillna(0)
 src_counts = src_counts.astype(int)
 src_counts.insert(0, "from", [corpus.SOURCE_DESCRIPTIONS.get(s, "") for s in src_counts.index])
@@ -292,16 +293,16 @@ pd.DataFrame(geometry_rows).set_index("quantity")
 # rendered with one of the English voices in turn (a seeded choice of sentences), at 24 kHz.
 
 # %%
-pool = corpus.shipped_sentences("evaluation", language="en")
+pool = speech.shipped_sentences("evaluation", language="en")
 if smoke:  # the 20 shortest: the recogniser's time grows with the audio's length
     pool = sorted(pool, key=lambda s: (len(s.text), s.text))[:20]
 picked = random.Random(seed).sample(pool, min(run_n_sentences, len(pool)))
 eval_items = []  # (sentence, voice, wav path)
 for i, s in enumerate(picked):
     v = voices[i % len(voices)]
-    eval_items.append((s, v, work / "evaluation" / "wav" / v / f"{corpus.utterance_id(s, v)}.wav"))
-# reuses files rendered by an earlier run with the same recipe (corpus.RENDER_RECIPE), else renders them again
-corpus.render_files([(s.text, v, p) for s, v, p in eval_items], work / "evaluation", progress=True,
+    eval_items.append((s, v, work / "evaluation" / "wav" / v / f"{speech.utterance_id(s, v)}.wav"))
+# reuses files rendered by an earlier run with the same recipe (speech.RENDER_RECIPE), else renders them again
+speech.render_files([(s.text, v, p) for s, v, p in eval_items], work / "evaluation", progress=True,
                     desc="render evaluation")
 refs = [s.text for s, _, _ in eval_items]
 wavs = [load_wav(p, cfg.sample_rate) for _, _, p in eval_items]

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_json  # noqa: E402
 from recipes.embedded import corpus  # noqa: E402
+from rvqspec_lib.data import voices
 from recipes.embedded.codec_fit import fit_codec  # noqa: E402
 from rvqspec_lib.eval import asr as asr_mod  # noqa: E402
 from rvqspec_lib.models.audio import load_wav
@@ -65,23 +66,23 @@ def main(argv=None) -> dict:
     sents = corpus.gather_sentences(multilingual=False)
     train_pool = [s for s in sents if s.split == "training"]
     train = random.Random(args.seed).sample(train_pool, min(args.n_train, len(train_pool)))
-    eval_pool = corpus.shipped_sentences("evaluation", language="en")
+    eval_pool = voices.shipped_sentences("evaluation", language="en")
     evals = random.Random(args.seed + 1).sample(eval_pool, min(args.n_eval, len(eval_pool)))
-    assert not {corpus.sentence_key(s.text) for s in train} & {corpus.sentence_key(s.text) for s in evals}
+    assert not {voices.sentence_key(s.text) for s in train} & {voices.sentence_key(s.text) for s in evals}
     result["timings_s"]["gather"] = time.perf_counter() - t0
     result["sentences"] = {"gathered": len(sents), "training_pool": len(train_pool), "train": len(train),
                            "eval": len(evals)}
 
     # 2. audio
     t0 = time.perf_counter()
-    rows = corpus.render_corpus(train + evals, out / "corpus", voices=[args.voice], processes=args.processes)
+    rows = voices.render_corpus(train + evals, out / "corpus", voices=[args.voice], processes=args.processes)
     result["timings_s"]["render"] = time.perf_counter() - t0
     result["corpus_table"] = corpus.corpus_table(rows)
-    by_key = {corpus.sentence_key(r["text"]): r for r in corpus.read_manifest(out / "corpus")}
-    train_paths = [by_key[corpus.sentence_key(s.text)]["path"] for s in train]
-    eval_rows = [by_key[corpus.sentence_key(s.text)] for s in evals]
+    by_key = {voices.sentence_key(r["text"]): r for r in voices.read_manifest(out / "corpus")}
+    train_paths = [by_key[voices.sentence_key(s.text)]["path"] for s in train]
+    eval_rows = [by_key[voices.sentence_key(s.text)] for s in evals]
     result["hours_rendered"] = sum(r["seconds"] for r in rows) / 3600
-    result["hours_train"] = sum(by_key[corpus.sentence_key(s.text)]["seconds"] for s in train) / 3600
+    result["hours_train"] = sum(by_key[voices.sentence_key(s.text)]["seconds"] for s in train) / 3600
     print(f"rendered {result['hours_rendered']:.2f} h in {result['timings_s']['render']:.0f} s", flush=True)
 
     # 3. codec

@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes.embedded.build import PRESETS, calibration_sentences  # noqa: E402
 
 from recipes.embedded import corpus  # noqa: E402
+
+from rvqspec_lib.data import voices
 from recipes.embedded.codes import encode_manifest  # noqa: E402
 from rvqspec_lib.models.rvq_codec import RVQCodec  # noqa: E402
 from rvqspec_lib.data.utterances import load_codes, write_shipped_utterances  # noqa: E402
@@ -45,8 +47,8 @@ def main(argv=None) -> int:
     sents = calibration_sentences(a.n, a.seed)
     codes = load_codes(path)
     with tempfile.TemporaryDirectory() as tmp:
-        corpus.render_corpus(sents, tmp, voices=a.voices.split(","), one_voice_each=True)
-        new = corpus.read_manifest(tmp)  # absolute audio paths
+        voices.render_corpus(sents, tmp, voices=a.voices.split(","), one_voice_each=True)
+        new = voices.read_manifest(tmp)  # absolute audio paths
         new_codes = encode_manifest(new, RVQCodec.load(root / "codec.safetensors", decoder=None))
     new = [r for r in new if len(new_codes[r["id"]])]
     assert all(r["split"] == "calibration" for r in new), "a calibration sentence hashed to another split"

@@ -6,7 +6,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from recipes.embedded.corpus import render_one
+from rvqspec_lib.data.voices import render_one
 from rvqspec_lib.eval.asr import (
     PocketSphinxASR,
     TransformersASR,

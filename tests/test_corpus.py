@@ -7,30 +7,10 @@ import pytest
 import soundfile as sf
 
 from recipes.embedded import corpus
-from recipes.embedded.corpus import (
-    SPLITS,
-    VOICES,
-    MissingVoiceError,
-    Sentence,
-    assign_splits,
-    check_voice,
-    clean_sentences,
-    corpus_table,
-    dedupe,
-    is_clean,
-    load_sentences,
-    multilingual_sentences,
-    parse_fortune_file,
-    plan_renders,
-    read_manifest,
-    render_corpus,
-    render_one,
-    save_sentences,
-    sentence_key,
-    shipped_sentences,
-    split_of,
-    stdlib_sentences,
-)
+
+from rvqspec_lib.data import voices
+from recipes.embedded.corpus import assign_splits, clean_sentences, corpus_table, dedupe, is_clean, parse_fortune_file, stdlib_sentences
+from rvqspec_lib.data.voices import SPLITS, VOICES, MissingVoiceError, Sentence, check_voice, load_sentences, multilingual_sentences, plan_renders, read_manifest, render_corpus, render_one, save_sentences, sentence_key, shipped_sentences, split_of
 
 
 def en(text, source="written", origin="test"):
@@ -159,7 +139,7 @@ def test_rendering_is_byte_identical_run_to_run(tmp_path, voice, text):
 
 
 def test_a_folder_rendered_under_another_recipe_is_rendered_again(tmp_path):
-    from recipes.embedded.corpus import RECIPE_FILE, render_files, render_recipe_current
+    from rvqspec_lib.data.voices import RECIPE_FILE, render_files, render_recipe_current
 
     items = [("Hello world, this is a test.", "slt", "wav/slt/a.wav")]
     assert render_files(items, tmp_path) == [sf.info(str(tmp_path / "wav/slt/a.wav")).frames]
@@ -200,7 +180,7 @@ def test_missing_binary_names_the_apt_script(tmp_path, monkeypatch):
 
 
 def test_missing_festival_voice_names_the_package(monkeypatch):
-    fake = corpus.Voice("x-hts", "en", "festival", "(voice_x)", "festvox-x", "/nonexistent/voice/dir")
+    fake = voices.Voice("x-hts", "en", "festival", "(voice_x)", "festvox-x", "/nonexistent/voice/dir")
     with pytest.raises(MissingVoiceError, match="festvox-x.*apt-voices"):
         check_voice(fake)
 
@@ -218,5 +198,5 @@ def test_apt_download_failure_says_apt_get_update(tmp_path, monkeypatch):
 
 def test_every_split_has_a_role_and_every_source_a_description():
     assert tuple(corpus.SPLIT_ROLES) == SPLITS and all(corpus.SPLIT_ROLES.values())
-    sources = {s.source for split in ("calibration", "evaluation") for s in corpus.shipped_sentences(split)}
+    sources = {s.source for split in ("calibration", "evaluation") for s in voices.shipped_sentences(split)}
     assert sources <= set(corpus.SOURCE_DESCRIPTIONS) and set(corpus.SOURCES) < set(corpus.SOURCE_DESCRIPTIONS)

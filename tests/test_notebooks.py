@@ -117,7 +117,7 @@ def _check_headline(metrics: dict, out: Path) -> None:
 def _check_00(metrics: dict, out: Path) -> None:
     import math
 
-    from recipes.embedded.corpus import SPLITS, multilingual_sentences
+    from rvqspec_lib.data.voices import SPLITS, multilingual_sentences
 
     # smoke mode: 3 held-out sentences, the original, the inversion of unquantised features, k = 1, 4 and 16
     assert metrics["n_sentences"] == 3 and metrics["codebooks"] == [1, 4, 16] == metrics["listen_codebooks"]

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("faster_whisper")
 
-from recipes.embedded.corpus import render_one  # noqa: E402
+from rvqspec_lib.data.voices import render_one  # noqa: E402
 from rvqspec_lib.eval.asr import FasterWhisperASR, cer, wer, whisper_model_kind  # noqa: E402
 from rvqspec_lib.eval.asr_models import (  # noqa: E402
     WHISPER_TINY_EN,

@@ -65,6 +65,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for a run without the install
 
 from recipes.embedded import corpus  # noqa: E402
+
+from rvqspec_lib.data import voices
 from recipes.embedded.codes import encode_manifest  # noqa: E402
 from recipes.embedded.model_card import model_card  # noqa: E402
 from rvqspec_lib.eval.inner_loop import (  # noqa: E402
@@ -83,7 +85,7 @@ from rvqspec_lib.data.utterances import (  # noqa: E402
 def calibration_sentences(n: int, seed: int) -> list:
     """The calibration split (tree calibration, notebook 04): a seeded sample of ``data/eval_texts/en_calibration.tsv``
     (scripts/ship_calibration.py adds the same sentences to an existing build)."""
-    pool = corpus.shipped_sentences("calibration", language="en")
+    pool = voices.shipped_sentences("calibration", language="en")
     return random.Random(seed + 3).sample(pool, min(n, len(pool)))
 
 
@@ -125,7 +127,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--n-val", type=int)
     g.add_argument("--n-eval", type=int)
     g.add_argument("--n-calib", type=int, help="calibration sentences (tree calibration, notebook 04)")
-    g.add_argument("--voices", help=f"comma-separated English voices of {sorted(corpus.VOICES)}")
+    g.add_argument("--voices", help=f"comma-separated English voices of {sorted(voices.VOICES)}")
     g.add_argument("--processes", type=int, help="synthesiser processes")
     g.add_argument("--n-codebooks", type=int)
     g.add_argument("--codebook-size", type=int)
@@ -225,7 +227,7 @@ class Builder:
             return p
         a = self.a
         sources = [s for s in a.sources.split(",") if s]
-        pool: list[corpus.Sentence] = []
+        pool: list[voices.Sentence] = []
         for name in sources:
             if name == "fortunes":
                 pool += corpus.fortune_sentences()
@@ -240,12 +242,12 @@ class Builder:
         by_split = corpus.assign_splits(pool)
         train = rng.sample(by_split["training"], min(a.n_train, len(by_split["training"])))
         val = rng.sample(by_split["validation"], min(a.n_val, len(by_split["validation"])))
-        evals = corpus.shipped_sentences("evaluation", language="en")
+        evals = voices.shipped_sentences("evaluation", language="en")
         evals = random.Random(a.seed + 1).sample(evals, min(a.n_eval, len(evals)))
         calib = calibration_sentences(a.n_calib, a.seed)
-        keys = {corpus.sentence_key(s.text) for s in train}
-        assert not keys & {corpus.sentence_key(s.text) for s in evals + val + calib}, "held-out sentence in training"
-        corpus.save_sentences(train + val + calib + evals, p.with_suffix(".tmp"))
+        keys = {voices.sentence_key(s.text) for s in train}
+        assert not keys & {voices.sentence_key(s.text) for s in evals + val + calib}, "held-out sentence in training"
+        voices.save_sentences(train + val + calib + evals, p.with_suffix(".tmp"))
         os.replace(p.with_suffix(".tmp"), p)
         self.log(f"texts: {len(train)} training, {len(val)} validation, {len(calib)} calibration, {len(evals)} "
                  f"evaluation sentences (pool {len(pool)} from {','.join(sources)})")
@@ -256,15 +258,15 @@ class Builder:
         p = self.work / "corpus" / "manifest.jsonl"
         if self.done("render", p):
             return p
-        sents = corpus.load_sentences(self.work / "texts.tsv")
-        rows = corpus.render_corpus(sents, self.work / "corpus", voices=self.voices, one_voice_each=True,
+        sents = voices.load_sentences(self.work / "texts.tsv")
+        rows = voices.render_corpus(sents, self.work / "corpus", voices=self.voices, one_voice_each=True,
                                     processes=self.a.processes, progress=self.progress)
         hours = sum(r["seconds"] for r in rows) / 3600
         self.log(f"render: {len(rows)} utterances, {hours:.3f} h with {','.join(self.voices)}")
         return p
 
     def rows(self) -> list[dict]:
-        return corpus.read_manifest(self.work / "corpus")
+        return voices.read_manifest(self.work / "corpus")
 
     # ------------------------------------------------------------------ 3. codec
     def codec(self) -> Path:

@@ -53,7 +53,7 @@ def model_card(result: Mapping) -> str:
         "## Data",
         "",
         f"- sentences: {corp.get('n_train')} training, {corp.get('n_val')} validation, {corp.get('n_eval')} "
-        f"evaluation (held out by the hash split of `recipes.embedded.corpus.split_of`); sources "
+        f"evaluation (held out by the hash split of `recipes.embedded.voices.split_of`); sources "
         f"{', '.join(p.get('sources', []))}",
         f"- voices: {', '.join(p.get('voices', []))}; {corp.get('hours_train', 0):.2f} h of training audio",
         "",

@@ -13,7 +13,7 @@ from typing import Sequence
 from rvqspec_lib.data.frame_sources import frames_from_utterances
 from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 from rvqspec_lib.decoding.drafters import ReusedHeads
-from recipes.embedded import corpus
+from rvqspec_lib.data.voices import DEFAULT_VOICES, VOICES, multilingual_sentences, render_corpus
 from rvqspec_lib.eval.calibration import BUDGETS, calibrate
 from rvqspec_lib.eval.datasets import encode_items, get_language, load_speech_dataset, speech_items
 from rvqspec_lib.eval.wer_parity import best_chain_window
@@ -42,11 +42,11 @@ def multilingual_evaluation(codec, work_dir: str | os.PathLike, languages: Seque
     wanted = [lang for lang in languages if lang != "en"]
     if not wanted:
         return {}
-    sents = [s for s in corpus.multilingual_sentences() if s.language in wanted]
+    sents = [s for s in multilingual_sentences() if s.language in wanted]
     if n_per_language is not None:
         sents = [s for lang in wanted for s in [x for x in sents if x.language == lang][:n_per_language]]
-    voices = [v for v in corpus.DEFAULT_VOICES if corpus.VOICES[v].language in wanted]
-    rows = corpus.render_corpus(sents, Path(work_dir), voices=voices, progress=progress)
+    voices = [v for v in DEFAULT_VOICES if VOICES[v].language in wanted]
+    rows = render_corpus(sents, Path(work_dir), voices=voices, progress=progress)
     out = {}
     for lang in wanted:
         mine = [r for r in rows if r["language"] == lang]
@@ -104,7 +104,7 @@ def evaluation_data(model: str | os.PathLike, languages: Sequence[str], *, codec
     if others:
         if codec is None:
             raise ValueError("rendering the multilingual sentences needs the model's codec")
-        have = {s.language for s in corpus.multilingual_sentences()}
+        have = {s.language for s in multilingual_sentences()}
         missing = [lang for lang in others if lang not in have]
         if missing:
             raise ValueError(f"no evaluation sentences for {', '.join(missing)} offline (shipped: en, "

@@ -269,3 +269,22 @@ def test_wer_parity_core_twice_at_one_seed(tmp_path):
     table3 = list(csv.DictReader((a / "04_table3.csv").open()))
     assert {r["language"] for r in table3} == {"en", "de"}  # both paths ran: shipped English, rendered German
     assert _wav_bytes(a / "05_work") == _wav_bytes(b / "05_work") != {}
+
+
+def test_paths_inside_two_checkouts_compare_equal_and_others_do_not(tmp_path):
+    """Two clones in different folders: a result naming a file of its own checkout (the shipped utterances) is the
+    same result; a path outside both checkouts still differs (the negative control)."""
+    from tools.reproducibility import compare_json
+
+    runs = []
+    for name in ("clone_a", "clone_b"):
+        (tmp_path / name / ".git").mkdir(parents=True)
+        run = tmp_path / name / "build" / "smoke"
+        run.mkdir(parents=True)
+        runs.append(run)
+    for run, other in ((runs[0], "/elsewhere/a"), (runs[1], "/elsewhere/b")):
+        checkout = run.parent.parent
+        (run / "same.json").write_text(json.dumps({"file": f"{checkout}/data/x.safetensors", "out": f"{run}/t.csv"}))
+        (run / "differ.json").write_text(json.dumps({"file": other}))
+    assert compare_json(runs[0] / "same.json", runs[1] / "same.json", roots=tuple(runs)) == []
+    assert compare_json(runs[0] / "differ.json", runs[1] / "differ.json", roots=tuple(runs)) != []

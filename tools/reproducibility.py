@@ -110,13 +110,23 @@ def compare_tables(a: str | Path, b: str | Path) -> list[str]:
     return out
 
 
-def _relative(x, root: tuple[str, ...] | None):
-    """A string naming a path inside the run folder (``root``: its spellings) as ``<run>/...``."""
+def _relative(x, root: tuple[tuple[str, str], ...] | None):
+    """A string naming a path inside the run folder or the checkout the run came from (``root``: ``(prefix,
+    label)`` pairs, the run folder's spellings first) as ``<run>/...`` or ``<checkout>/...``: two clones compare
+    equal."""
     if root and isinstance(x, str):
-        for r in root:
+        for r, label in root:
             if x == r or x.startswith(r + "/"):
-                return "<run>" + x[len(r):]
+                return label + x[len(r):]
     return x
+
+
+def _checkout_of(folder: Path) -> str | None:
+    """The git checkout holding ``folder`` (the nearest parent with a ``.git``), or None."""
+    for d in [folder, *folder.parents]:
+        if (d / ".git").exists():
+            return str(d)
+    return None
 
 
 def _json_diff(x, y, where: str, out: list[str], limit: int = 5, roots: tuple = (None, None)) -> None:
@@ -145,7 +155,8 @@ def compare_json(a: str | Path, b: str | Path, *, roots: tuple[str | Path, str |
     inside the runs' folders (``roots``) compared relative to them."""
     a, b = Path(a), Path(b)
     out: list[str] = []
-    r = tuple(tuple(dict.fromkeys((str(Path(x).absolute()), str(Path(x).resolve())))) for x in roots) if roots \
+    r = tuple(tuple((p, "<run>") for p in dict.fromkeys((str(Path(x).absolute()), str(Path(x).resolve())))) +
+              tuple((c, "<checkout>") for c in [_checkout_of(Path(x).resolve())] if c) for x in roots) if roots \
         else (None, None)
     _json_diff(json.loads(a.read_text()), json.loads(b.read_text()), a.name, out, roots=r)
     return out

@@ -22,7 +22,8 @@ from rvqspec_lib.eval import noise
 from rvqspec_lib.eval.budget import choose_decoder
 from bench.floor import call_weight_bytes, floor_ms
 from rvqspec_lib.eval.replay import default_acceptance
-from rvqspec_lib.eval.speed import fastest, random_contexts, time_frames
+from bench.frames import fastest
+from rvqspec_lib.eval.speed import random_contexts, time_frames
 from rvqspec_lib.eval.timing import bandwidth_around, oversubscribed_note
 from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_label, verify_backend
 from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)

@@ -230,6 +230,6 @@ def run(args: argparse.Namespace, threads: int) -> int:
     problem = old_form(args)
     if problem:
         raise ValueError(problem)
-    from bench import jobs  # here, not above: it imports torch (rvqspec --help must not)
+    from bench import jobs as bench_jobs  # here, not above: it imports torch (rvqspec --help must not)
 
     return bench_jobs.run_job(args, threads)

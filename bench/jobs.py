@@ -15,7 +15,7 @@ from rvqspec_lib.common.provenance import provenance, save_json
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
 from rvqspec_lib.eval import budget, speed
-from bench import bench_table, latency, pipeline
+from bench import bench_table, frames, latency, pipeline
 from rvqspec_lib.eval.noise import noise_words, repeat_cap
 from rvqspec_lib.eval.replay import default_acceptance, read_acceptance
 from rvqspec_lib.eval.timing import oversubscribed_note
@@ -261,7 +261,7 @@ def frames_job(args) -> dict:
                                      acceptance=table.oracle(args.seed) if table else None)
     res = speed.time_frames(runners, contexts, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
                             noise_target=args.noise_target, progress=_progress(args), random_weights=lm.is_random)
-    print(speed.format_rows(res["rows"], FRAME_COLUMNS))
+    print(frames.format_rows(res["rows"], FRAME_COLUMNS))
     m = res["meta"]
     dt = f"{prec} ({ACTIVATIONS[prec]})" if prec in ACTIVATIONS else prec
     print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m['device']}, {dt}, {m['threads']} "

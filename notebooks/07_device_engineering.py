@@ -87,6 +87,7 @@ from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from bench import bench_table as BT
 from paper import plots
 from rvqspec_lib.eval import speed as S
+from bench import frames as BF
 from rvqspec_lib.eval.budget import auto_for_model
 from bench.latency import bench_precisions, precision_rows
 from rvqspec_lib.eval.noise import noise_words
@@ -228,7 +229,7 @@ display(Markdown(" ".join(lines)))
 # Serving several streams at once decodes B frames together: one call per round for the whole batch, a round lasting
 # as long as its slowest row needs. A batched AR call reads the weights once for B rows, so AR alone fills the
 # machine as B grows, and the calls speculation saves become cheap. Frames per second of the embedded model
-# (`rvqspec_lib.eval.speed.batch_throughput`) for AR and speculative decoders, stepped and fused, every (runner, B)
+# (`bench.frames.batch_throughput`) for AR and speculative decoders, stepped and fused, every (runner, B)
 # interleaved. (The native whole frame decodes a batch's rows one after the other: it does not batch.)
 
 # %%
@@ -239,7 +240,7 @@ batch_runners, batch_absent = S.build_runners([b for b in batch_backends], small
 contexts = frames_from_shipped(small, "evaluation", max_frames=max(batch_sizes) * 4, seed=seed).context
 t0 = time.perf_counter()
 batches, batch_quiet = measure_quietly(
-    attempts=timing_attempts, meta=lambda r: r["meta"], measure=lambda: S.batch_throughput(
+    attempts=timing_attempts, meta=lambda r: r["meta"], measure=lambda: BF.batch_throughput(
         batch_runners, contexts, batch_sizes=batch_sizes, repeats=max(2, batch_repeats), seed=seed, progress=False,
         noise_target=noise_target))
 timings["batches_s"] = time.perf_counter() - t0
@@ -355,13 +356,13 @@ else:
     display(Markdown(f"GPU results from `{gpu_json}`: {gpu['device']}, {gpu['model']} in {gpu['dtype']}, backend "
                      f"{gpu['backend']}{' (DRY RUN on the CPU)' if gpu['dry_run'] else ''}"
                      f"{' (RANDOM weights: timing only)' if gpu.get('random_weights') else ''}."))
-    display(Markdown(S.format_rows(gpu["summary"], digits=2)))
-    display(Markdown(S.format_rows(gpu["frame_rows"], ["decoder", "backend", "fused", "tokens_per_call",
+    display(Markdown(BF.format_rows(gpu["summary"], digits=2)))
+    display(Markdown(BF.format_rows(gpu["frame_rows"], ["decoder", "backend", "fused", "tokens_per_call",
                                                        "ms_per_frame", "speedup_vs_ar", "speedup_vs_fused"],
                                    digits=2)))
     if gpu.get("projected"):
         display(Markdown("PROJECTION, not a measurement (E(N) of the calibration x the GPU's t(1)/t(N)):\n\n"
-                         + S.format_rows(gpu["projected"], digits=2)))
+                         + BF.format_rows(gpu["projected"], digits=2)))
 
 # %% [markdown]
 # ## What this notebook showed, and why

@@ -1,6 +1,5 @@
-"""``rvqspec bench JOB`` (and ``make bench``): the parser of the timing jobs (docs/cli.md#rvqspec-bench); the old
-flag forms stop with one line naming the new form. The jobs are :mod:`bench.jobs`, imported when one
-runs (nothing here imports torch: ``rvqspec --help`` stays fast)."""
+"""``rvqspec bench JOB`` (and ``make bench``): the parser of the timing jobs (docs/cli.md#rvqspec-bench). The jobs
+are :mod:`bench.jobs`, imported when one runs (nothing here imports torch: ``rvqspec --help`` stays fast)."""
 
 from __future__ import annotations
 
@@ -36,10 +35,7 @@ PIPELINE_MODELS = ("qwen3-tts-0.6b-random", "embedded")
 PIPELINE_CHUNK_FRAMES = 2
 PIPELINE_FRAMES = 40
 PIPELINE_BATCHES = (1, 2, 4)
-#: Every flag of the old one-command form: given before a job (or without one) it stops with the new form.
-OLD_FLAGS = ("--model", "--json", "--repeats", "--noise-target", "--warmup", "--threads", "--queries", "--prefix-len",
-             "--talker-context", "--dtype", "--forwards", "--device", "--seed", "--no-progress", "--decoders",
-             "--backend", "--table", "--models", "--backends", "--acceptance", "--table-out")
+
 
 
 def _ints(s: str) -> list[int] | None:
@@ -105,8 +101,7 @@ def _flags_of_other_jobs(parsers: dict[str, argparse.ArgumentParser]) -> None:
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``bench`` jobs and their options to ``parser`` (returned); the old flags stay on it, hidden, to name
-    the new form."""
+    """Add the ``bench`` jobs and their options to ``parser`` (returned)."""
     sub = parser.add_subparsers(dest="job", metavar="JOB", title="jobs")
     parsers = {}
     p = parsers["latency"] = sub.add_parser("latency", help=JOBS["latency"], description=JOBS["latency"])
@@ -191,33 +186,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     _flags_of_other_jobs(parsers)
 
-    for flag in OLD_FLAGS:  # the old form: parsed only to name the new one (bench_jobs.old_form)
-        parser.add_argument(flag, dest="old_" + flag[2:].replace("-", "_"), nargs="?", const=True,
-                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.set_defaults(job=None, threads=None)
     return parser
-
-
-def old_form(args) -> str | None:
-    """The one-line error for an old flag form (flags before a job, or no job), naming the new form; ``None`` for a
-    job's."""
-    given = sorted(k[4:].replace("_", "-") for k in vars(args) if k.startswith("old_"))
-    if args.job is not None:
-        return None if not given else (f"--{given[0]} goes after the job: rvqspec bench {args.job} --{given[0]} "
-                                       "...")
-    if not given:
-        return ("give a job: rvqspec bench latency, precisions, frames, table or pipeline (rvqspec bench --help says "
-                "what each does)")
-    if "table" in given:
-        return "rvqspec bench --table is now rvqspec bench table (the same flags)"
-    if "backend" in given:
-        return "rvqspec bench --backend NAME is now rvqspec bench frames --backends NAME (the same flags)"
-    if "decoders" in given:
-        return "rvqspec bench --decoders NAMES is now rvqspec bench frames --decoders NAMES (the same flags)"
-    if "forwards" in given or "," in str(getattr(args, "old_dtype", "")):
-        return ("rvqspec bench --dtype a,b is now rvqspec bench precisions --dtype a,b (--forwards is now "
-                "--backends official,native)")
-    return "rvqspec bench [flags] is now rvqspec bench latency [flags] (also: precisions, frames, table, pipeline)"
 
 
 def run(args: argparse.Namespace, threads: int) -> int:
@@ -225,11 +195,11 @@ def run(args: argparse.Namespace, threads: int) -> int:
     status.
 
     Raises:
-        ValueError: an old flag form, a bad flag (one line naming the fix).
+        ValueError: no job, a bad flag (one line naming the fix).
     """
-    problem = old_form(args)
-    if problem:
-        raise ValueError(problem)
+    if args.job is None:
+        raise ValueError("give a job: rvqspec bench latency, precisions, frames, table or pipeline (rvqspec bench "
+                         "--help says what each does)")
     from bench import jobs as bench_jobs  # here, not above: it imports torch (rvqspec --help must not)
 
     return bench_jobs.run_job(args, threads)

@@ -1,5 +1,5 @@
 """``rvqspec bench`` and its library: the call budget from the shipped config, the latency result's shape, the jobs
-as a user runs them (one line for bad input and for the old flag forms, before any model loads), the frames job's
+as a user runs them (one line for bad input, before any model loads), the frames job's
 rows from one interleaved run, scripts/gpu_bench.py's dry run, and provenance files."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bench import cli as cli_bench
-from bench import jobs
+from bench import jobs as bench_jobs
 from rvqspec_lib.cli.main import main as cli_main
 from rvqspec_lib.common.provenance import provenance, save_figure, save_json, save_table
 from bench import latency
@@ -157,16 +157,9 @@ def test_cli_latency_writes_json_with_the_floor(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--model", "tiny-random"], "rvqspec bench [flags] is now rvqspec bench latency [flags] (also: precisions, "
-                                "frames, table, pipeline)"),
-    (["--model", "tiny-random", "--dtype", "float32,int8"], "is now rvqspec bench precisions --dtype a,b"),
-    (["--dtype", "float32", "--forwards", "all"], "--forwards is now --backends official,native"),
-    (["--model", "embedded", "--backend", "eager"], "is now rvqspec bench frames --backends NAME"),
-    (["--table", "--backends", "eager"], "rvqspec bench --table is now rvqspec bench table"),
     ([], "give a job: rvqspec bench latency, precisions, frames, table or pipeline"),
-    (["--model", "tiny-random", "latency"], "--model goes after the job: rvqspec bench latency --model"),
 ])
-def test_old_flag_forms_name_the_new_form_in_one_line(capsys, monkeypatch, argv, needle):
+def test_no_job_is_one_line(capsys, monkeypatch, argv, needle):
     monkeypatch.setattr(bench_jobs.loader, "load_model", _no_load)
     assert cli_main(["bench", *argv]) == 2
     err = capsys.readouterr().err

@@ -20,8 +20,7 @@ from rvqspec_lib.common.provenance import save_json, save_table
 from rvqspec_lib.eval import noise
 from bench.bench_table import DEFAULT_BUDGETS, DEFAULT_CHAINS, FRAME_MS, table_decoders
 from rvqspec_lib.eval.budget import choose_decoder
-from bench.codec_stream_bench import matmul_flops_per_frame, peak_gflops
-from bench.floor import call_weight_bytes, floor_ms, talker_step_bytes
+from bench.floor import call_weight_bytes, codec_floor_ms, floor_ms, peak_gflops, talker_step_bytes
 from rvqspec_lib.eval.replay import default_acceptance
 from bench.talker_bench import native_step
 from rvqspec_lib.eval.timing import Phases, bandwidth_around, interleaved, oversubscribed_note, summary
@@ -427,7 +426,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                     with phase("codec peak"):
                         if dt not in peaks:
                             peaks[dt] = peak_gflops(setup.codec_decoder)["peak_gflops"]
-                    codec_floor = matmul_flops_per_frame(setup.codec_decoder) / (peaks[dt] * 1e9) * 1e3
+                    codec_floor = codec_floor_ms(setup.codec_decoder, peaks[dt])
                 spec = [k for k in runners if k[0] != "ar"]
                 fastest = min(spec, key=lambda k: parts[("inner", *k)]["ms"])
                 picks = {"AR": (("ar", True), "the native AR frame (one C call)"),

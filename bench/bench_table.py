@@ -91,7 +91,7 @@ def check_table_args(models: Sequence[str], precisions: Sequence[str], backends:
     for b in backends:
         if b not in TABLE_BACKENDS:
             raise ValueError(f"--backends {b!r}: the table times {', '.join(TABLE_BACKENDS)} (cuda: "
-                             "scripts/gpu_bench.py; coreml: notebook 06 on a Mac)")
+                             "rvqspec bench frames --device cuda; coreml: notebook 06 on a Mac)")
         ok, why = available(b)
         if not ok:
             raise ValueError(f"--backends {b} is not available here: {why}")

@@ -145,6 +145,14 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="a timing replay of a random-weight model: the acceptance table its frames replay (a "
                         "calibration file, or docs/precision.md#timing-replay's JSON / CSV); no fused speculative "
                         "rows (a fused frame computes its own acceptance)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="calibrated trees of the reused heads for a model that ships none (e.g. notebook 04's "
+                        "figures/04_trees_heads.json): the tree:calibrated:N decoders read them, and so does the "
+                        "projection of --queries")
+    p.add_argument("--queries", type=_int_list, default=None,
+                   help="also one verify call of Q query positions per backend, comma-separated with 1 among them "
+                        "(e.g. 1,2,4,8,16,32,64): t(Q)/t(1), and with calibrated trees the PROJECTED speedup "
+                        "E(N) t(1)/t(N)")
 
     p = parsers["table"] = sub.add_parser("table", help=JOBS["table"], description=JOBS["table"])
     _common(p, repeats=TABLE_REPEATS, warmup=1, model=False)

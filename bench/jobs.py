@@ -19,10 +19,11 @@ from bench import bench_table, frames, latency, pipeline
 from rvqspec_lib.eval.noise import noise_words, repeat_cap
 from rvqspec_lib.eval.replay import default_acceptance, read_acceptance
 from rvqspec_lib.eval.timing import oversubscribed_note
-from rvqspec_lib.models.backends import BACKENDS, available
+from rvqspec_lib.models.backends import BACKENDS, available, verify_backend
 from rvqspec_lib.models import loader  # loader.load_model looked up at call time (tests replace it)
 from rvqspec_lib.models.loader import model_facts
-from rvqspec_lib.models.named_decoders import check_files, resolve_all
+from rvqspec_lib.models.named_decoders import check_files, drafter_calibration, resolve_all
+from rvqspec_lib.models.tree_files import load_calibration
 from rvqspec_lib.device.precision import ACTIVATION_DTYPE, PRECISIONS, apply_precision, check_precision, \
     native_precisions
 
@@ -142,11 +143,23 @@ def _check_frames(args) -> None:
         raise ValueError("Core ML packages are timed call by call on macOS 15+: rvqspec export --format coreml")
     _check_backends(args, args.backend_list)
     args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else None
+    if args.queries is not None and 1 not in args.queries:
+        raise ValueError(f"--queries {','.join(map(str, args.queries))}: put 1 among them (t(Q)/t(1) is over it)")
+    args.calibrations = None
+    if args.calibration:
+        if not Path(args.calibration).is_file():
+            raise ValueError(f"--calibration {args.calibration} does not exist (notebook 04 writes "
+                             "figures/04_trees_heads.json): drop it to time the model's own decoders")
+        args.calibrations = {"heads": load_calibration(args.calibration, drafter="heads")}
+
+    def check(d):  # the files beside the model, unless --calibration stands in for them
+        return None if args.calibrations and d.drafter == "heads" and "calibration" in d.needs else \
+            check_files(d, args.model)
     if args.decoders is None:
         args.decoder_names = []
         for text in FRAME_DECODERS:  # the calibrated ones and paper when shipped beside the model
             try:
-                check_files(parse_decoder_name(text), args.model)
+                check(parse_decoder_name(text))
                 args.decoder_names.append(text)
             except (FileNotFoundError, ValueError):
                 continue
@@ -159,14 +172,14 @@ def _check_frames(args) -> None:
             raise ValueError(f"--decoders {d.text}: bench times named lossless decoders (ssd-lossy is a LOSSY "
                              "control for synth and eval-wer; chain:best is eval-wer's choice): give e.g. "
                              "ar,chain:4,paper,auto")
-        capped = check_files(d, args.model)  # the drafter and trees beside the model, before it loads
+        capped = check(d)  # the drafter and trees beside the model, before it loads
         if capped:
             note(capped)
 
 
 def _check_table(args) -> None:
     if str(getattr(args, "device", "cpu")) != "cpu":
-        raise ValueError("rvqspec bench table times the CPU (a GPU: scripts/gpu_bench.py)")
+        raise ValueError("rvqspec bench table times the CPU (a GPU: rvqspec bench frames --device cuda)")
     args.model_list, args.backend_list = _list(args.models), _list(args.backends)
     if not args.model_list or not args.backend_list:
         raise ValueError("--models and --backends need at least one name each")
@@ -246,7 +259,10 @@ def frames_job(args) -> dict:
     prec = args.dtypes[0]
     if prec != "float32":
         apply_precision(cp, prec, require_native=False)  # native here and allowed for these backends: checked
-    decoders = list(resolve_all([n for n in args.decoder_names if n != "auto"], lm).values())
+    if str(args.device).startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+    decoders = list(resolve_all([n for n in args.decoder_names if n != "auto"], lm,
+                                calibrations=args.calibrations).values())
     if "auto" in args.decoder_names:
         choice = budget.auto_for_model(lm, backends=args.backend_list, progress=_progress(args))
         decoders.append(choice.named)
@@ -271,7 +287,23 @@ def frames_job(args) -> dict:
         print(table.text + " (no fused speculative rows: a fused frame computes its own acceptance)")
     if oversubscribed_note(m):
         print(oversubscribed_note(m))
-    return {**res, "model": args.model, "backends": args.backend_list, "precision": prec, "contexts": source}
+    out = {**res, "model": args.model, "backends": args.backend_list, "precision": prec, "contexts": source,
+           "device": torch.cuda.get_device_name(m["device"]) if m["device"].startswith("cuda") else m["cpu"],
+           "random_weights": lm.is_random, "summary": frames.summary_by_backend(res["rows"]),
+           "speedup_vs_n": frames.speedup_vs_n(res["rows"])}
+    if args.queries:
+        cost = speed.verify_cost_curve(cp, {b: verify_backend(b, cp) for b in args.backend_list},
+                                       query_sizes=args.queries, repeats=args.repeats, warmup=args.warmup,
+                                       seed=args.seed, progress=_progress(args), noise_target=args.noise_target,
+                                       random_weights=lm.is_random)
+        cal = (args.calibrations or {}).get("heads") or drafter_calibration(lm)
+        out.update(verify_cost=cost["rows"], verify_cost_meta=cost["meta"], projected=frames.projected_speedup(
+            frames.expected_tokens_per_call(cal) if cal else {}, cost["rows"]))
+        print(frames.format_rows(cost["rows"]))
+        if out["projected"]:
+            print("PROJECTION, not a measurement (E(N) of the calibration x t(1)/t(N)):\n"
+                  + frames.format_rows(out["projected"]))
+    return out
 
 
 def table_job(args) -> dict:

@@ -65,7 +65,7 @@ table_backends = ("eager", "native")  # the table's backends ("compile" adds min
 table_repeats = 3  # the minimum of timed frames per runner in the table (`rvqspec bench table`'s default)
 noise_target = 0.05  # every timing goes on until the relative standard error of each median is at most this, or 4 x
 #                      its minimum (rvqspec_lib.eval.noise; None: exactly the repeats above). Smoke: None
-gpu_json = "build/gpu_bench.json"  # written by `python scripts/gpu_bench.py --out build/gpu_bench.json` on a GPU
+gpu_json = "build/gpu_bench.json"  # written on a GPU by `make bench-gpu` (rvqspec bench frames --device cuda ...)
 
 # %%
 import gc
@@ -341,11 +341,12 @@ save_table(rounds, out / "07_round_costs", {**prov, "meta": table["meta"]},
 display(pd.DataFrame(rounds).round(3))
 
 # %% [markdown]
-# ## 6. On a GPU (scripts/gpu_bench.py)
+# ## 6. On a GPU (`rvqspec bench frames --device cuda`)
 #
 # The same frames on a CUDA GPU through the `compile` backend (CUDA graphs): AR, the fused AR frame, chains, fused
-# chains and calibrated trees of the 0.6B architecture, one interleaved run, written by `python scripts/gpu_bench.py
-# --out build/gpu_bench.json` on a machine with a GPU. Shown when that file exists.
+# chains and calibrated trees of the 0.6B architecture, one interleaved run, then the verify cost curve and the
+# projection from notebook 04's calibration, written by `make bench-gpu` (`rvqspec bench frames --device cuda ...
+# --json build/gpu_bench.json`) on a machine with a GPU. Shown when that file exists.
 
 # %%
 gpu_path = Path(gpu_json) if Path(gpu_json).is_absolute() else REPO_ROOT / gpu_json  # an input: read, not written
@@ -353,11 +354,11 @@ gpu = json.loads(gpu_path.read_text()) if gpu_path.is_file() else None
 if gpu is None:
     display(Markdown(f"The GPU leg was not run: `{gpu_json}` does not exist."))
 else:
-    display(Markdown(f"GPU results from `{gpu_json}`: {gpu['device']}, {gpu['model']} in {gpu['dtype']}, backend "
-                     f"{gpu['backend']}{' (DRY RUN on the CPU)' if gpu['dry_run'] else ''}"
+    display(Markdown(f"GPU results from `{gpu_json}`: {gpu['device']}, {gpu['model']} in {gpu['precision']}, "
+                     f"backend {', '.join(gpu['backends'])}{' (on the CPU)' if gpu['meta']['device'] == 'cpu' else ''}"
                      f"{' (RANDOM weights: timing only)' if gpu.get('random_weights') else ''}."))
     display(Markdown(BF.format_rows(gpu["summary"], digits=2)))
-    display(Markdown(BF.format_rows(gpu["frame_rows"], ["decoder", "backend", "fused", "tokens_per_call",
+    display(Markdown(BF.format_rows(gpu["rows"], ["decoder", "backend", "fused", "tokens_per_call",
                                                        "ms_per_frame", "speedup_vs_ar", "speedup_vs_fused"],
                                    digits=2)))
     if gpu.get("projected"):

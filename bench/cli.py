@@ -127,6 +127,9 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--queries", type=_int_list, default=list(PRECISION_QUERY_SIZES),
                    help=f"query positions, comma-separated (default {','.join(map(str, PRECISION_QUERY_SIZES))})")
     p.add_argument("--prefix-len", type=int, default=8, help="committed slots before the code-predictor call")
+    p.add_argument("--talker-contexts", type=_int_list, default=None, metavar="C,...",
+                   help="also the talker step, official and native, per precision after C cached positions (e.g. "
+                        "64,512), against its floor, and what the native prefix scan saves (docs/precision.md)")
 
     p = parsers["frames"] = sub.add_parser("frames", help=JOBS["frames"], description=JOBS["frames"])
     _common(p, repeats=20, warmup=2)

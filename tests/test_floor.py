@@ -175,6 +175,25 @@ def test_cli_bench_precisions_prints_the_table(tmp_path, capsys, monkeypatch):
     assert "before and" in printed and "after the timing" in printed
 
 
+def test_cli_bench_precisions_with_talker_contexts_times_the_talker_on_the_same_floor(tmp_path, capsys, monkeypatch):
+    """--talker-contexts: the talker step per precision and context (official, and native where it builds) against
+    the floor of the SAME bandwidth reading as the code-predictor calls (what scripts/bench_talker.py did)."""
+    monkeypatch.setattr(timing, "DEFAULT_BUFFER_BYTES", 1 << 22)
+    out = tmp_path / "p.json"
+    assert cli_main(["bench", "precisions", "--model", "tiny-random", "--repeats", "1", "--warmup", "0",
+                     "--no-progress", "--dtype", "float32", "--queries", "1,2", "--talker-contexts", "4,8",
+                     "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rec = json.loads(out.read_text())
+    tk = rec["talker"]
+    assert tk["bandwidth"] == rec["bandwidth"] and {r["context"] for r in tk["rows"]} == {4, 8}
+    assert all(r["floor_ms"] == floor.floor_ms(r["weight_bytes"], rec["bandwidth"]["gb_per_s"]) for r in tk["rows"])
+    assert "talker step (1 new position + codec_head)" in printed
+    from rvqspec_lib.device.kernels import cpforward
+
+    assert ("scan_cost" in tk) is cpforward.available() and ("KV scan" in printed) is cpforward.available()
+
+
 def test_cli_bench_latency_of_one_dtype_prints_the_floor_line(capsys, monkeypatch):
     monkeypatch.setattr(timing, "DEFAULT_BUFFER_BYTES", 1 << 22)
     monkeypatch.setattr(PR, "cpu_flags", lambda *a: frozenset({"avx512_bf16"}))

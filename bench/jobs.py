@@ -15,7 +15,7 @@ from rvqspec_lib.common.provenance import provenance, save_json
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
 from rvqspec_lib.eval import budget, speed
-from bench import bench_table, frames, latency, pipeline, talker_bench
+from bench import bench_table, frames, latency, pipeline
 from rvqspec_lib.eval.noise import noise_words, repeat_cap
 from rvqspec_lib.eval.replay import default_acceptance, read_acceptance
 from rvqspec_lib.eval.timing import oversubscribed_note
@@ -247,15 +247,15 @@ def precisions_job(args) -> dict:
                                       seed=args.seed, progress=_progress(args), noise_target=args.noise_target)
     print(latency.format_precision_table(result))
     if args.talker_contexts:  # the same bandwidth's floors; one slim copy of the talker per precision
-        talker = talker_bench.slim_talker(lm.talker)
-        tk = talker_bench.bench_talker_precisions(
+        talker = latency.slim_talker(lm.talker)
+        tk = latency.bench_talker_precisions(
             talker, args.dtypes, contexts=args.talker_contexts, warmup=args.warmup, repeats=args.repeats,
             forwards=["official"] + (["native"] if available("native")[0] else []),
             seed=args.seed, bandwidth=result["bandwidth"], progress=_progress(args), model_name=lm.name,
             random_weights=lm.is_random)
-        print(talker_bench.format_talker_table(tk))
+        print(latency.format_talker_table(tk))
         if available("native")[0]:
-            sc = talker_bench.scan_cost(NativeTalker(talker), context=min(args.talker_contexts), repeats=args.repeats)
+            sc = latency.scan_cost(NativeTalker(talker), context=min(args.talker_contexts), repeats=args.repeats)
             tk["scan_cost"] = {**sc, "precision": "float32"}
             print(f"KV scan (float32, context {sc['context']}, capacity {sc['capacity']}): prefix {sc['prefix_ms']:.2f}"
                   f" ms, whole cache {sc['whole_cache_ms']:.2f} ms, saved {sc['saved_ms']:.2f} ms a step")

@@ -22,7 +22,7 @@ from bench.bench_table import DEFAULT_BUDGETS, DEFAULT_CHAINS, FRAME_MS, table_d
 from rvqspec_lib.eval.budget import choose_decoder
 from bench.floor import call_weight_bytes, codec_floor_ms, floor_ms, peak_gflops, talker_step_bytes
 from rvqspec_lib.eval.replay import default_acceptance
-from bench.talker_bench import native_step
+from bench.latency import native_step
 from rvqspec_lib.eval.timing import Phases, bandwidth_around, interleaved, oversubscribed_note, summary
 from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
 from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_fields, verify_backend

@@ -91,7 +91,7 @@ from bench import frames as BF
 from rvqspec_lib.eval.budget import auto_for_model
 from bench.latency import bench_precisions, precision_rows
 from rvqspec_lib.eval.noise import noise_words
-from bench.talker_bench import bench_talker_precisions, slim_talker
+from bench.latency import bench_talker_precisions, slim_talker
 from rvqspec_lib.eval.timing import machine_meta, measure_quietly, oversubscribed_note
 from rvqspec_lib.models.backends import available, backend_table, runner_label
 from rvqspec_lib.models.loader import load_model
@@ -159,7 +159,7 @@ display(pd.DataFrame(backend_table()))
 #
 # **The talker step.** The big model's step (the released config's 28 layers, [model.md](../docs/model.md); one new
 # position after a KV prefix, then `codec_head`), the other half of a frame, timed the same way
-# (`bench.talker_bench.bench_talker_precisions`): the official step and the native one, at each context
+# (`bench.latency.bench_talker_precisions`): the official step and the native one, at each context
 # length of `talker_contexts`. Its floor counts the weights; the KV cache it attends adds bytes as the context grows.
 
 # %%

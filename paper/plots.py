@@ -830,7 +830,7 @@ def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, t
                figsize: tuple[float, float] = (11.0, 4.0)):
     """Each call over its weight-streaming floor (the line at 1), per precision, ONE y scale, bars labelled in ms:
     left, :func:`bench.latency.precision_rows` (a bar per backend); right,
-    :func:`bench.talker_bench.bench_talker_precisions` rows (per forward and context, longer hatched).
+    :func:`bench.latency.bench_talker_precisions` rows (per forward and context, longer hatched).
     """
     panels = [("code-predictor call, one position", call_rows, "backend", "t1_ms", "t1_over_floor")]
     if talker_rows:

@@ -17,7 +17,6 @@ from rvqspec_lib.cli.main import main as cli_main
 from rvqspec_lib.common.provenance import provenance, save_figure, save_json, save_table
 from bench import latency
 from rvqspec_lib.eval import timing
-from bench import talker_bench as TB
 from rvqspec_lib.models import backends
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,12 +126,12 @@ def test_bench_model_leaves_the_model_unchanged(tiny):
 
 
 def test_the_talker_step_is_cropped_back_after_every_call(tiny):
-    call, reset = TB.official_step(tiny.talker, 5)
+    call, reset = latency.official_step(tiny.talker, 5)
     for _ in range(3):
         assert call().shape == (1, tiny.talker.config.vocab_size)
         reset()
     with pytest.raises(ValueError, match="talker_context"):
-        TB.official_step(tiny.talker, 0)
+        latency.official_step(tiny.talker, 0)
 
 
 def test_the_parser_copies_agree_with_the_library():

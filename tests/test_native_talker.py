@@ -16,7 +16,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from rvqspec_lib.decoding.sampling import Sampling
-from bench.talker_bench import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
+from bench.latency import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
 from rvqspec_lib.device import precision as PR
 from rvqspec_lib.models.configs import CONFIG_DIR, build_from_config, tiny_config_dict
 from rvqspec_lib.models.frame import synthesize

@@ -179,26 +179,17 @@ def _check_frames(args) -> None:
 
 
 def _check_table(args) -> None:
-    if str(getattr(args, "device", "cpu")) != "cpu":
-        raise ValueError("rvqspec bench table times the CPU (a GPU: rvqspec bench frames --device cuda)")
-    args.model_list, args.backend_list = _list(args.models), _list(args.backends)
+    """``table`` and ``pipeline``: the models (and backends), the job's own checks, the replay and the output stem."""
+    args.model_list, args.backend_list = _list(args.models), _list(getattr(args, "backends", "native"))
     if not args.model_list or not args.backend_list:
         raise ValueError("--models and --backends need at least one name each")
-    bench_table.check_table_args(args.model_list, args.dtypes, args.backend_list)
-    args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else default_acceptance()
-    _check_table_out(args.table_out)
-
-
-def _check_pipeline(args) -> None:
-    if str(getattr(args, "device", "cpu")) != "cpu":
-        raise ValueError("rvqspec bench pipeline times the CPU")
-    args.model_list = _list(args.models)
-    if not args.model_list:
-        raise ValueError("--models needs at least one name")
-    if args.stream_repeats < 1:
+    if args.job == "table":
+        bench_table.check_table_args(args.model_list, args.dtypes, args.backend_list)
+    elif args.stream_repeats < 1:
         raise ValueError(f"--stream-repeats must be >= 1, got {args.stream_repeats}")
-    pipeline.check_pipeline_args(args.model_list, args.dtypes, chunk_frames=args.chunk_frames, frames=args.frames,
-                                 batches=args.batches)
+    else:
+        pipeline.check_pipeline_args(args.model_list, args.dtypes, chunk_frames=args.chunk_frames,
+                                     frames=args.frames, batches=args.batches)
     args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else default_acceptance()
     _check_table_out(args.table_out)
 
@@ -215,7 +206,7 @@ def _check_table_out(stem: str) -> None:
 
 
 CHECKS = {"latency": _check_latency, "precisions": _check_precisions, "frames": _check_frames, "table": _check_table,
-          "pipeline": _check_pipeline}
+          "pipeline": _check_table}
 
 
 def _progress(args) -> bool:

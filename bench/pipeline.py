@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 import os
 import statistics
 from typing import Sequence
@@ -18,6 +17,7 @@ import torch
 from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.common.provenance import save_json, save_table
 from rvqspec_lib.eval import noise
+from bench.frames import format_rows
 from bench.bench_table import DEFAULT_BUDGETS, DEFAULT_CHAINS, FRAME_MS, table_decoders
 from rvqspec_lib.eval.budget import choose_decoder
 from bench.floor import call_weight_bytes, codec_floor_ms, floor_ms, peak_gflops, talker_step_bytes
@@ -514,35 +514,22 @@ def caption(result: dict) -> str:
 
 
 def format_pipeline(result: dict) -> str:
-    """The table as text (``rvqspec bench pipeline``): caption, the parts per row, the streams, concurrency."""
-    def f(v, d=1):
-        return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{d}f}"
-
-    lines = [caption(result), "model | precision | row | decoder | talker ms (x floor) | inner ms (x floor) | "
-             "codec ms (x floor) | frame 1t ms | RTF 1t | frame 2c ms | RTF 2c | shares t/i/c | gain inner / frame "
-             "1t / 2c | what moves the frame"]
-    for r in result["rows"]:
-        lines.append(" | ".join([
-            r["model"] + (" (replay)" if r["weights"] != "trained" else ""), r["precision"], r["row"],
-            str(r["decoder"] or ""), *(f"{f(r[p + '_ms'])} ({f(r[p + '_x_floor'], 2) or 'n/a'})" for p in PARTS),
-            f(r["frame_1t_ms"]), f(r["rtf_1t"], 2), f(r["frame_2c_ms"]), f(r["rtf_2c"], 2),
-            "/".join(f"{100 * r[p + '_share']:.0f}%" for p in PARTS),
-            f"{f(r['inner_gain'], 2)} / {f(r['frame_gain_1t'], 2)} / {f(r['frame_gain_2c'], 2)}", r["moves_frame"]]))
+    """The table as text (``rvqspec bench pipeline``): caption, the parts per row, the streams, concurrency and the
+    quoted ports, each through :func:`bench.frames.format_rows`."""
+    cols = ("model", "precision", "row", "decoder", *(f"{p}_{k}" for p in PARTS for k in ("ms", "x_floor")),
+            "frame_1t_ms", "rtf_1t", "frame_2c_ms", "rtf_2c", "inner_gain", "frame_gain_1t", "frame_gain_2c",
+            "moves_frame")
+    out = [caption(result), format_rows([{**r, "model": r["model"] + (" (replay)" if r["weights"] != "trained" else
+                                                                     "")} for r in result["rows"]], cols)]
     if result["streams"]:
-        lines += ["", "measured streams: model | precision | row | layout | first audio ms (after the prompt) | RTF "
-                      "| frame ms | underruns"]
-        lines += [" | ".join([s["model"], s["precision"], s["row"], s["layout"], f(s["ttfa_ms"], 0), f(s["rtf"], 2),
-                              f(s["frame_ms"]), f(s["underruns"], 0)]) for s in result["streams"]]
+        out += ["measured streams (first audio after the prompt):", format_rows(result["streams"], (
+            "model", "precision", "row", "layout", "ttfa_ms", "rtf", "frame_ms", "underruns"))]
     if result["concurrency"]:
-        lines += ["", "concurrent streams (stepped through the native verify backend): model | row | layout | B | "
-                      "round ms | first audio ms | real time"]
-        lines += [" | ".join([s["model"], s["row"], s["layout"], str(s["batch"]), f(s["frame_ms"]), f(s["ttfa_ms"], 0),
-                              "yes" if s["realtime"] else "no"]) for s in result["concurrency"]]
-        lines += [f"sustained in real time: {s['model']} {s['row']} {s['layout']}: {s['streams']} stream(s) "
-                  f"(of B in {s['batches']})" for s in result["sustained"]]
-    lines += [f"quoted: {q['source']}, {q['device']} {q['model']} {q['precision']}: RTF {q['quoted_rtf'] or '-'}, "
-              f"first audio {q['quoted_ttfa_ms'] or '-'} ms" for q in result["quoted"]]
-    return "\n".join(lines)
+        out += ["concurrent streams (stepped through the native verify backend), and the most sustained in real time:",
+                format_rows(result["concurrency"], ("model", "row", "layout", "batch", "frame_ms", "ttfa_ms",
+                                                    "realtime")),
+                format_rows(result["sustained"], ("model", "row", "layout", "streams", "batches"))]
+    return "\n\n".join(out + ["quoted, not measured here:", format_rows(result["quoted"])])
 
 
 def save_pipeline(result: dict, path_stem, prov: dict) -> dict:

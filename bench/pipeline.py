@@ -118,15 +118,14 @@ class Setup:
 
 def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = CHUNK_FRAMES, seed: int = 0,
                 n_contexts: int = 8, chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
-                codecs: dict | None = None, max_context: int = 512, codec_config: str = "released",
-                codec_dtype: str | None = None) -> Setup:
+                codecs: dict | None = None, max_context: int = 512, codec_config: str = "released") -> Setup:
     """Load and convert ``model`` in ``precision`` and build what :func:`time_parts` and :func:`time_streams` run.
 
     Args:
         acceptance: the replay's table for a random-weight model. chains, budgets: the speculative candidates.
         codecs: ``{dtype: official decoder}`` cache of the real-size codec (random weights). codec_config: the
-            official decoder's config for a model without a codec, ``released`` (``tiny`` in tests). codec_dtype:
-            ``float32`` or ``bfloat16`` (default bfloat16 where the CPU runs it natively).
+            official decoder's config for a model without a codec, ``released`` (``tiny`` in tests); it runs in
+            bfloat16 where the CPU runs that natively, else float32.
         max_context: the native talker's KV capacity.
     """
     lm = loader.load_model(model, dtype=ACTIVATION_DTYPE[precision], seed=seed)
@@ -136,7 +135,7 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
     if lm.speech_tokenizer is None:  # a random-size model: the real-size official decoder, random weights
         # bfloat16 where the CPU runs it natively (about half float32's time, docs/codec_streaming.md), whatever the
         # talker's precision: the codec is a separate model, and a deployment runs each part at its fastest
-        dtype = ACTIVATION_DTYPE[codec_dtype or ("bfloat16" if "bfloat16" in native_precisions() else "float32")]
+        dtype = ACTIVATION_DTYPE["bfloat16" if "bfloat16" in native_precisions() else "float32"]
         codecs = {} if codecs is None else codecs
         if dtype not in codecs:
             codecs[dtype] = build_codec_decoder(codec_config, seed=seed, dtype=dtype)
@@ -369,7 +368,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                    budgets: Sequence[int] = DEFAULT_BUDGETS, auto: bool = True, auto_frames: int = 4,
                    acceptance=None, n_contexts: int = 8, text: str = TEXT, seed: int = 0,
                    noise_target: float | None = None, streams: bool = True, concurrency: bool | Sequence[str] = True,
-                   codec_config: str = "released", codec_dtype: str | None = None, progress: bool = False) -> dict:
+                   codec_config: str = "released", progress: bool = False) -> dict:
     """Measure the pipeline table (docs/streaming.md#the-pipeline-table).
 
     Args:
@@ -378,7 +377,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
         chunk_frames, frames, batches: frames per codec chunk, a stream's frame cap, streams batched.
         repeats, warmup, noise_target: the parts' timing. stream_repeats: runs of each stream.
         chains, budgets, auto, auto_frames: the speculative candidates and ``auto``'s pick. streams, concurrency:
-            measure them (``concurrency`` may name models). codec_config, codec_dtype: as :func:`build_setup`.
+            measure them (``concurrency`` may name models). codec_config: as :func:`build_setup`.
             n_contexts: inner-loop contexts. text: what the streams speak.
 
     Returns:
@@ -395,8 +394,6 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     phase = Phases()  # seconds each phase took (the run-time budget of a notebook), and the total
     precisions = list(precisions or native_precisions())
     check_pipeline_args(models, precisions, chunk_frames=chunk_frames, frames=frames, batches=batches)
-    if codec_dtype is not None:
-        check_precision(codec_dtype)
     noise.repeat_cap(noise_target, repeats, None)
     acceptance = acceptance or default_acceptance()
     rows, stream_rows, conc_rows, metas, peaks, codecs = [], [], [], [], {}, {}
@@ -408,8 +405,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                 with phase("build"):
                     setup = build_setup(model, prec, acceptance=acceptance, chunk_frames=chunk_frames, seed=seed,
                                         n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
-                                        max_context=max(512, frames + 256), codec_config=codec_config,
-                                        codec_dtype=codec_dtype)
+                                        max_context=max(512, frames + 256), codec_config=codec_config)
                     runners = candidates(setup)
                 with phase("auto"):
                     auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None

@@ -13,8 +13,10 @@ HELP = ("timings, one job each: latency (talker step, code-predictor calls), pre
 #: The jobs and their help lines.
 JOBS = {
     "latency": "the talker step and code-predictor calls of Q query positions (on the CPU against the floor)",
-    "precisions": "the code-predictor call in every precision and backend, each against its weight-streaming floor",
-    "frames": "whole frames of decoders through verify backends, stepped and fused, in one interleaved run",
+    "precisions": "the code-predictor call in every precision and backend (with --talker-contexts the talker step "
+                  "too), each against its weight-streaming floor",
+    "frames": "whole frames of decoders through verify backends, stepped and fused, in one interleaved run (with "
+              "--queries the verify cost curve; --device cuda: notebook 07's GPU leg, make bench-gpu)",
     "table": "the table to act on (docs/precision.md#the-table): per precision and backend, per model",
     "pipeline": "the whole frame streamed: talker, inner loop and codec decoder against their floors, time to first "
                 "audio, RTF, underruns on one thread and on all cores, concurrent streams (docs/streaming.md)",

@@ -27,6 +27,7 @@
 #                                 streamed (rvqspec bench pipeline [BENCH_PIPELINE_ARGS]: talker, inner loop and codec
 #                                 decoder against their floors, first audio, RTF, underruns, concurrent streams;
 #                                 build/pipeline*)
+#   make bench-gpu                on a CUDA machine: notebook 07's GPU leg (rvqspec bench frames --device cuda; build/gpu_bench.json)
 #   make check-figures            are the committed figures/ one clean `make paper` run of the sources at HEAD?
 #                                 (one line per stale group of results and the files changed since; exit 1 if not)
 #   make stats                    the library's size and the redesign's counts (scripts/stats.py: lines, function-local
@@ -91,14 +92,12 @@ endif
 
 BENCH_MODEL   ?= qwen3-tts-0.6b-random
 TEST_JOBS     ?= 2
-BENCH_FRAMES_MODEL ?= embedded
-BENCH_BACKEND ?= eager
 BENCH_ARGS    ?=
 
 EMBEDDED_WORK ?= build/embedded
 EMBEDDED_ARGS ?=
 
-.PHONY: all voices env test paper paper-run notebooks lab bench clean embedded check-figures stats FORCE
+.PHONY: all voices env test paper paper-run notebooks lab bench bench-gpu clean embedded check-figures stats FORCE
 
 all: test paper
 
@@ -238,6 +237,16 @@ bench: $(STAMP)
 	$(VENV)/bin/rvqspec bench precisions --model $(BENCH_MODEL) --repeats 15 --no-progress --json build/bench_floor_$(subst /,_,$(BENCH_MODEL)).json
 	$(VENV)/bin/rvqspec bench table --table-out build/bench_table $(BENCH_TABLE_ARGS)
 	$(VENV)/bin/rvqspec bench pipeline --table-out build/pipeline --no-progress $(BENCH_PIPELINE_ARGS)
+
+# the GPU leg notebook 07 shows (on a machine with CUDA): the 0.6B architecture's frames through backend compile,
+# the verify cost curve and, with notebook 04's calibration, the calibrated trees and the projection
+GPU_CALIBRATION := $(wildcard figures/04_trees_heads.json)
+GPU_TREES := ,tree:calibrated:4,tree:calibrated:8,tree:calibrated:16,tree:calibrated:32,tree:calibrated:64
+bench-gpu: $(STAMP)
+	@mkdir -p build
+	$(VENV)/bin/rvqspec bench frames --device cuda --model qwen3-tts-0.6b-random --dtype bfloat16 --backends compile \
+	  --threads 1 --repeats 30 --warmup 3 --queries 1,2,4,8,16,32,64 --json build/gpu_bench.json \
+	  --decoders ar,chain:2,chain:4,chain:8$(if $(GPU_CALIBRATION),$(GPU_TREES) --calibration $(GPU_CALIBRATION))
 
 stats:
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON3)) scripts/stats.py

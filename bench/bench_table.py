@@ -22,7 +22,8 @@ from rvqspec_lib.eval import noise
 from rvqspec_lib.eval.budget import choose_decoder
 from bench.floor import call_weight_bytes, floor_ms
 from rvqspec_lib.eval.replay import default_acceptance
-from rvqspec_lib.eval.speed import fastest, random_contexts, time_frames
+from bench.frames import fastest, format_rows
+from rvqspec_lib.eval.speed import random_contexts, time_frames
 from rvqspec_lib.eval.timing import bandwidth_around, oversubscribed_note
 from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_label, verify_backend
 from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
@@ -90,7 +91,7 @@ def check_table_args(models: Sequence[str], precisions: Sequence[str], backends:
     for b in backends:
         if b not in TABLE_BACKENDS:
             raise ValueError(f"--backends {b!r}: the table times {', '.join(TABLE_BACKENDS)} (cuda: "
-                             "scripts/gpu_bench.py; coreml: notebook 06 on a Mac)")
+                             "rvqspec bench frames --device cuda; coreml: notebook 06 on a Mac)")
         ok, why = available(b)
         if not ok:
             raise ValueError(f"--backends {b} is not available here: {why}")
@@ -256,10 +257,6 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     return {"rows": rows, "footer": list(PUBLIC_PORTS), "meta": meta}
 
 
-def _f(v, digits: int = 1) -> str:
-    return "" if v is None else f"{v:.{digits}f}"
-
-
 def _frames_words(m: dict) -> str:
     """How many frames each runner's median is of: the fixed count, or the range a noise target made."""
     runs, target = m.get("noise") or [], m.get("noise_target")
@@ -289,18 +286,13 @@ def caption(result: dict) -> str:
 
 
 def format_bench_table(result: dict) -> str:
-    """The table as text (what ``rvqspec bench table`` prints): caption, one line per row, the public ports."""
-    cols = ("model", "precision", "backend", "row", "decoder", "ms/frame", "RTF", "tok/call", "vs AR",
-            "x fused AR", "floor AR ms", "x floor", "note")
-    lines = [caption(result), " | ".join(cols)]
-    for r in result["rows"]:
-        lines.append(" | ".join([r["model"] + (" (replay)" if r["weights"] != "trained" else ""), r["precision"],
-                                 r["backend"], r["row"], runner_label(r) if r["decoder"] else "",
-                                 _f(r["ms_per_frame"]), _f(r["rtf"], 2), _f(r["tokens_per_call"], 2),
-                                 _f(r["speedup_vs_ar"], 2), _f(r["x_fused_ar"], 2), _f(r["floor_ar_ms"]),
-                                 _f(r["x_floor_ar"], 2), r["note"] or ""]))
-    lines += [f"(replay) = {result['meta']['replay_text']}"] + [f"public ports: {f}" for f in result["footer"]]
-    return "\n".join(lines)
+    """The table as text (what ``rvqspec bench table`` prints): caption, the rows, the public ports."""
+    cols = ("model", "precision", "backend", "row", "label", "ms_per_frame", "rtf", "tokens_per_call", "speedup_vs_ar",
+            "x_fused_ar", "floor_ar_ms", "x_floor_ar", "note")
+    rows = [{**r, "model": r["model"] + (" (replay)" if r["weights"] != "trained" else ""),
+             "label": runner_label(r) if r["decoder"] else ""} for r in result["rows"]]
+    return "\n".join([caption(result), format_rows(rows, cols), f"(replay) = {result['meta']['replay_text']}",
+                      *(f"public ports: {f}" for f in result["footer"])])
 
 
 def save_bench_table(result: dict, path_stem, prov: dict) -> dict:

@@ -1,6 +1,5 @@
-"""``rvqspec bench JOB`` (and ``make bench``): the parser of the timing jobs (docs/cli.md#rvqspec-bench); the old
-flag forms stop with one line naming the new form. The jobs are :mod:`bench.jobs`, imported when one
-runs (nothing here imports torch: ``rvqspec --help`` stays fast)."""
+"""``rvqspec bench JOB`` (and ``make bench``): the parser of the timing jobs (docs/cli.md#rvqspec-bench). The jobs
+are :mod:`bench.jobs`, imported when one runs (nothing here imports torch: ``rvqspec --help`` stays fast)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,10 @@ HELP = ("timings, one job each: latency (talker step, code-predictor calls), pre
 #: The jobs and their help lines.
 JOBS = {
     "latency": "the talker step and code-predictor calls of Q query positions (on the CPU against the floor)",
-    "precisions": "the code-predictor call in every precision and backend, each against its weight-streaming floor",
-    "frames": "whole frames of decoders through verify backends, stepped and fused, in one interleaved run",
+    "precisions": "the code-predictor call in every precision and backend (with --talker-contexts the talker step "
+                  "too), each against its weight-streaming floor",
+    "frames": "whole frames of decoders through verify backends, stepped and fused, in one interleaved run (with "
+              "--queries the verify cost curve; --device cuda: notebook 07's GPU leg, make bench-gpu)",
     "table": "the table to act on (docs/precision.md#the-table): per precision and backend, per model",
     "pipeline": "the whole frame streamed: talker, inner loop and codec decoder against their floors, time to first "
                 "audio, RTF, underruns on one thread and on all cores, concurrent streams (docs/streaming.md)",
@@ -36,10 +37,7 @@ PIPELINE_MODELS = ("qwen3-tts-0.6b-random", "embedded")
 PIPELINE_CHUNK_FRAMES = 2
 PIPELINE_FRAMES = 40
 PIPELINE_BATCHES = (1, 2, 4)
-#: Every flag of the old one-command form: given before a job (or without one) it stops with the new form.
-OLD_FLAGS = ("--model", "--json", "--repeats", "--noise-target", "--warmup", "--threads", "--queries", "--prefix-len",
-             "--talker-context", "--dtype", "--forwards", "--device", "--seed", "--no-progress", "--decoders",
-             "--backend", "--table", "--models", "--backends", "--acceptance", "--table-out")
+
 
 
 def _ints(s: str) -> list[int] | None:
@@ -105,8 +103,7 @@ def _flags_of_other_jobs(parsers: dict[str, argparse.ArgumentParser]) -> None:
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``bench`` jobs and their options to ``parser`` (returned); the old flags stay on it, hidden, to name
-    the new form."""
+    """Add the ``bench`` jobs and their options to ``parser`` (returned)."""
     sub = parser.add_subparsers(dest="job", metavar="JOB", title="jobs")
     parsers = {}
     p = parsers["latency"] = sub.add_parser("latency", help=JOBS["latency"], description=JOBS["latency"])
@@ -132,6 +129,9 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--queries", type=_int_list, default=list(PRECISION_QUERY_SIZES),
                    help=f"query positions, comma-separated (default {','.join(map(str, PRECISION_QUERY_SIZES))})")
     p.add_argument("--prefix-len", type=int, default=8, help="committed slots before the code-predictor call")
+    p.add_argument("--talker-contexts", type=_int_list, default=None, metavar="C,...",
+                   help="also the talker step, official and native, per precision after C cached positions (e.g. "
+                        "64,512), against its floor, and what the native prefix scan saves (docs/precision.md)")
 
     p = parsers["frames"] = sub.add_parser("frames", help=JOBS["frames"], description=JOBS["frames"])
     _common(p, repeats=20, warmup=2)
@@ -150,6 +150,14 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="a timing replay of a random-weight model: the acceptance table its frames replay (a "
                         "calibration file, or docs/precision.md#timing-replay's JSON / CSV); no fused speculative "
                         "rows (a fused frame computes its own acceptance)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="calibrated trees of the reused heads for a model that ships none (e.g. notebook 04's "
+                        "figures/04_trees_heads.json): the tree:calibrated:N decoders read them, and so does the "
+                        "projection of --queries")
+    p.add_argument("--queries", type=_int_list, default=None,
+                   help="also one verify call of Q query positions per backend, comma-separated with 1 among them "
+                        "(e.g. 1,2,4,8,16,32,64): t(Q)/t(1), and with calibrated trees the PROJECTED speedup "
+                        "E(N) t(1)/t(N)")
 
     p = parsers["table"] = sub.add_parser("table", help=JOBS["table"], description=JOBS["table"])
     _common(p, repeats=TABLE_REPEATS, warmup=1, model=False)
@@ -191,33 +199,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     _flags_of_other_jobs(parsers)
 
-    for flag in OLD_FLAGS:  # the old form: parsed only to name the new one (bench_jobs.old_form)
-        parser.add_argument(flag, dest="old_" + flag[2:].replace("-", "_"), nargs="?", const=True,
-                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.set_defaults(job=None, threads=None)
     return parser
-
-
-def old_form(args) -> str | None:
-    """The one-line error for an old flag form (flags before a job, or no job), naming the new form; ``None`` for a
-    job's."""
-    given = sorted(k[4:].replace("_", "-") for k in vars(args) if k.startswith("old_"))
-    if args.job is not None:
-        return None if not given else (f"--{given[0]} goes after the job: rvqspec bench {args.job} --{given[0]} "
-                                       "...")
-    if not given:
-        return ("give a job: rvqspec bench latency, precisions, frames, table or pipeline (rvqspec bench --help says "
-                "what each does)")
-    if "table" in given:
-        return "rvqspec bench --table is now rvqspec bench table (the same flags)"
-    if "backend" in given:
-        return "rvqspec bench --backend NAME is now rvqspec bench frames --backends NAME (the same flags)"
-    if "decoders" in given:
-        return "rvqspec bench --decoders NAMES is now rvqspec bench frames --decoders NAMES (the same flags)"
-    if "forwards" in given or "," in str(getattr(args, "old_dtype", "")):
-        return ("rvqspec bench --dtype a,b is now rvqspec bench precisions --dtype a,b (--forwards is now "
-                "--backends official,native)")
-    return "rvqspec bench [flags] is now rvqspec bench latency [flags] (also: precisions, frames, table, pipeline)"
 
 
 def run(args: argparse.Namespace, threads: int) -> int:
@@ -225,11 +208,11 @@ def run(args: argparse.Namespace, threads: int) -> int:
     status.
 
     Raises:
-        ValueError: an old flag form, a bad flag (one line naming the fix).
+        ValueError: no job, a bad flag (one line naming the fix).
     """
-    problem = old_form(args)
-    if problem:
-        raise ValueError(problem)
-    from bench import jobs  # here, not above: it imports torch (rvqspec --help must not)
+    if args.job is None:
+        raise ValueError("give a job: rvqspec bench latency, precisions, frames, table or pipeline (rvqspec bench "
+                         "--help says what each does)")
+    from bench import jobs as bench_jobs  # here, not above: it imports torch (rvqspec --help must not)
 
     return bench_jobs.run_job(args, threads)

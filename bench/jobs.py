@@ -15,14 +15,16 @@ from rvqspec_lib.common.provenance import provenance, save_json
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
 from rvqspec_lib.eval import budget, speed
-from bench import bench_table, latency, pipeline
+from bench import bench_table, frames, latency, pipeline
 from rvqspec_lib.eval.noise import noise_words, repeat_cap
 from rvqspec_lib.eval.replay import default_acceptance, read_acceptance
 from rvqspec_lib.eval.timing import oversubscribed_note
-from rvqspec_lib.models.backends import BACKENDS, available
+from rvqspec_lib.models.backends import BACKENDS, available, verify_backend
 from rvqspec_lib.models import loader  # loader.load_model looked up at call time (tests replace it)
 from rvqspec_lib.models.loader import model_facts
-from rvqspec_lib.models.named_decoders import check_files, resolve_all
+from rvqspec_lib.models.named_decoders import check_files, drafter_calibration, resolve_all
+from rvqspec_lib.models.tree_files import load_calibration
+from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.device.precision import ACTIVATION_DTYPE, PRECISIONS, apply_precision, check_precision, \
     native_precisions
 
@@ -142,11 +144,23 @@ def _check_frames(args) -> None:
         raise ValueError("Core ML packages are timed call by call on macOS 15+: rvqspec export --format coreml")
     _check_backends(args, args.backend_list)
     args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else None
+    if args.queries is not None and 1 not in args.queries:
+        raise ValueError(f"--queries {','.join(map(str, args.queries))}: put 1 among them (t(Q)/t(1) is over it)")
+    args.calibrations = None
+    if args.calibration:
+        if not Path(args.calibration).is_file():
+            raise ValueError(f"--calibration {args.calibration} does not exist (notebook 04 writes "
+                             "figures/04_trees_heads.json): drop it to time the model's own decoders")
+        args.calibrations = {"heads": load_calibration(args.calibration, drafter="heads")}
+
+    def check(d):  # the files beside the model, unless --calibration stands in for them
+        return None if args.calibrations and d.drafter == "heads" and "calibration" in d.needs else \
+            check_files(d, args.model)
     if args.decoders is None:
         args.decoder_names = []
         for text in FRAME_DECODERS:  # the calibrated ones and paper when shipped beside the model
             try:
-                check_files(parse_decoder_name(text), args.model)
+                check(parse_decoder_name(text))
                 args.decoder_names.append(text)
             except (FileNotFoundError, ValueError):
                 continue
@@ -159,32 +173,23 @@ def _check_frames(args) -> None:
             raise ValueError(f"--decoders {d.text}: bench times named lossless decoders (ssd-lossy is a LOSSY "
                              "control for synth and eval-wer; chain:best is eval-wer's choice): give e.g. "
                              "ar,chain:4,paper,auto")
-        capped = check_files(d, args.model)  # the drafter and trees beside the model, before it loads
+        capped = check(d)  # the drafter and trees beside the model, before it loads
         if capped:
             note(capped)
 
 
 def _check_table(args) -> None:
-    if str(getattr(args, "device", "cpu")) != "cpu":
-        raise ValueError("rvqspec bench table times the CPU (a GPU: scripts/gpu_bench.py)")
-    args.model_list, args.backend_list = _list(args.models), _list(args.backends)
+    """``table`` and ``pipeline``: the models (and backends), the job's own checks, the replay and the output stem."""
+    args.model_list, args.backend_list = _list(args.models), _list(getattr(args, "backends", "native"))
     if not args.model_list or not args.backend_list:
         raise ValueError("--models and --backends need at least one name each")
-    bench_table.check_table_args(args.model_list, args.dtypes, args.backend_list)
-    args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else default_acceptance()
-    _check_table_out(args.table_out)
-
-
-def _check_pipeline(args) -> None:
-    if str(getattr(args, "device", "cpu")) != "cpu":
-        raise ValueError("rvqspec bench pipeline times the CPU")
-    args.model_list = _list(args.models)
-    if not args.model_list:
-        raise ValueError("--models needs at least one name")
-    if args.stream_repeats < 1:
+    if args.job == "table":
+        bench_table.check_table_args(args.model_list, args.dtypes, args.backend_list)
+    elif args.stream_repeats < 1:
         raise ValueError(f"--stream-repeats must be >= 1, got {args.stream_repeats}")
-    pipeline.check_pipeline_args(args.model_list, args.dtypes, chunk_frames=args.chunk_frames, frames=args.frames,
-                                 batches=args.batches)
+    else:
+        pipeline.check_pipeline_args(args.model_list, args.dtypes, chunk_frames=args.chunk_frames,
+                                     frames=args.frames, batches=args.batches)
     args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else default_acceptance()
     _check_table_out(args.table_out)
 
@@ -201,7 +206,7 @@ def _check_table_out(stem: str) -> None:
 
 
 CHECKS = {"latency": _check_latency, "precisions": _check_precisions, "frames": _check_frames, "table": _check_table,
-          "pipeline": _check_pipeline}
+          "pipeline": _check_table}
 
 
 def _progress(args) -> bool:
@@ -232,6 +237,20 @@ def precisions_job(args) -> dict:
                                       prefix_len=args.prefix_len, warmup=args.warmup, repeats=args.repeats,
                                       seed=args.seed, progress=_progress(args), noise_target=args.noise_target)
     print(latency.format_precision_table(result))
+    if args.talker_contexts:  # the same bandwidth's floors; one slim copy of the talker per precision
+        talker = latency.slim_talker(lm.talker)
+        tk = latency.bench_talker_precisions(
+            talker, args.dtypes, contexts=args.talker_contexts, warmup=args.warmup, repeats=args.repeats,
+            forwards=["official"] + (["native"] if available("native")[0] else []),
+            seed=args.seed, bandwidth=result["bandwidth"], progress=_progress(args), model_name=lm.name,
+            random_weights=lm.is_random)
+        print(latency.format_talker_table(tk))
+        if available("native")[0]:
+            sc = latency.scan_cost(NativeTalker(talker), context=min(args.talker_contexts), repeats=args.repeats)
+            tk["scan_cost"] = {**sc, "precision": "float32"}
+            print(f"KV scan (float32, context {sc['context']}, capacity {sc['capacity']}): prefix {sc['prefix_ms']:.2f}"
+                  f" ms, whole cache {sc['whole_cache_ms']:.2f} ms, saved {sc['saved_ms']:.2f} ms a step")
+        result["talker"] = tk
     return result
 
 
@@ -246,7 +265,10 @@ def frames_job(args) -> dict:
     prec = args.dtypes[0]
     if prec != "float32":
         apply_precision(cp, prec, require_native=False)  # native here and allowed for these backends: checked
-    decoders = list(resolve_all([n for n in args.decoder_names if n != "auto"], lm).values())
+    if str(args.device).startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+    decoders = list(resolve_all([n for n in args.decoder_names if n != "auto"], lm,
+                                calibrations=args.calibrations).values())
     if "auto" in args.decoder_names:
         choice = budget.auto_for_model(lm, backends=args.backend_list, progress=_progress(args))
         decoders.append(choice.named)
@@ -261,7 +283,7 @@ def frames_job(args) -> dict:
                                      acceptance=table.oracle(args.seed) if table else None)
     res = speed.time_frames(runners, contexts, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
                             noise_target=args.noise_target, progress=_progress(args), random_weights=lm.is_random)
-    print(speed.format_rows(res["rows"], FRAME_COLUMNS))
+    print(frames.format_rows(res["rows"], FRAME_COLUMNS))
     m = res["meta"]
     dt = f"{prec} ({ACTIVATIONS[prec]})" if prec in ACTIVATIONS else prec
     print(f"{args.model} ({'random' if lm.is_random else 'trained'} weights), {m['device']}, {dt}, {m['threads']} "
@@ -271,7 +293,23 @@ def frames_job(args) -> dict:
         print(table.text + " (no fused speculative rows: a fused frame computes its own acceptance)")
     if oversubscribed_note(m):
         print(oversubscribed_note(m))
-    return {**res, "model": args.model, "backends": args.backend_list, "precision": prec, "contexts": source}
+    out = {**res, "model": args.model, "backends": args.backend_list, "precision": prec, "contexts": source,
+           "device": torch.cuda.get_device_name(m["device"]) if m["device"].startswith("cuda") else m["cpu"],
+           "random_weights": lm.is_random, "summary": frames.summary_by_backend(res["rows"]),
+           "speedup_vs_n": frames.speedup_vs_n(res["rows"])}
+    if args.queries:
+        cost = speed.verify_cost_curve(cp, {b: verify_backend(b, cp) for b in args.backend_list},
+                                       query_sizes=args.queries, repeats=args.repeats, warmup=args.warmup,
+                                       seed=args.seed, progress=_progress(args), noise_target=args.noise_target,
+                                       random_weights=lm.is_random)
+        cal = (args.calibrations or {}).get("heads") or drafter_calibration(lm)
+        out.update(verify_cost=cost["rows"], verify_cost_meta=cost["meta"], projected=frames.projected_speedup(
+            frames.expected_tokens_per_call(cal) if cal else {}, cost["rows"]))
+        print(frames.format_rows(cost["rows"]))
+        if out["projected"]:
+            print("PROJECTION, not a measurement (E(N) of the calibration x t(1)/t(N)):\n"
+                  + frames.format_rows(out["projected"]))
+    return out
 
 
 def table_job(args) -> dict:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 import os
 import statistics
 from typing import Sequence
@@ -18,12 +17,12 @@ import torch
 from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.common.provenance import save_json, save_table
 from rvqspec_lib.eval import noise
+from bench.frames import format_rows
 from bench.bench_table import DEFAULT_BUDGETS, DEFAULT_CHAINS, FRAME_MS, table_decoders
 from rvqspec_lib.eval.budget import choose_decoder
-from bench.codec_stream_bench import matmul_flops_per_frame, peak_gflops
-from bench.floor import call_weight_bytes, floor_ms, talker_step_bytes
+from bench.floor import call_weight_bytes, codec_floor_ms, floor_ms, peak_gflops, talker_step_bytes
 from rvqspec_lib.eval.replay import default_acceptance
-from bench.talker_bench import native_step
+from bench.latency import native_step
 from rvqspec_lib.eval.timing import Phases, bandwidth_around, interleaved, oversubscribed_note, summary
 from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
 from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_fields, verify_backend
@@ -119,15 +118,14 @@ class Setup:
 
 def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = CHUNK_FRAMES, seed: int = 0,
                 n_contexts: int = 8, chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
-                codecs: dict | None = None, max_context: int = 512, codec_config: str = "released",
-                codec_dtype: str | None = None) -> Setup:
+                codecs: dict | None = None, max_context: int = 512, codec_config: str = "released") -> Setup:
     """Load and convert ``model`` in ``precision`` and build what :func:`time_parts` and :func:`time_streams` run.
 
     Args:
         acceptance: the replay's table for a random-weight model. chains, budgets: the speculative candidates.
         codecs: ``{dtype: official decoder}`` cache of the real-size codec (random weights). codec_config: the
-            official decoder's config for a model without a codec, ``released`` (``tiny`` in tests). codec_dtype:
-            ``float32`` or ``bfloat16`` (default bfloat16 where the CPU runs it natively).
+            official decoder's config for a model without a codec, ``released`` (``tiny`` in tests); it runs in
+            bfloat16 where the CPU runs that natively, else float32.
         max_context: the native talker's KV capacity.
     """
     lm = loader.load_model(model, dtype=ACTIVATION_DTYPE[precision], seed=seed)
@@ -137,7 +135,7 @@ def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = C
     if lm.speech_tokenizer is None:  # a random-size model: the real-size official decoder, random weights
         # bfloat16 where the CPU runs it natively (about half float32's time, docs/codec_streaming.md), whatever the
         # talker's precision: the codec is a separate model, and a deployment runs each part at its fastest
-        dtype = ACTIVATION_DTYPE[codec_dtype or ("bfloat16" if "bfloat16" in native_precisions() else "float32")]
+        dtype = ACTIVATION_DTYPE["bfloat16" if "bfloat16" in native_precisions() else "float32"]
         codecs = {} if codecs is None else codecs
         if dtype not in codecs:
             codecs[dtype] = build_codec_decoder(codec_config, seed=seed, dtype=dtype)
@@ -370,7 +368,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                    budgets: Sequence[int] = DEFAULT_BUDGETS, auto: bool = True, auto_frames: int = 4,
                    acceptance=None, n_contexts: int = 8, text: str = TEXT, seed: int = 0,
                    noise_target: float | None = None, streams: bool = True, concurrency: bool | Sequence[str] = True,
-                   codec_config: str = "released", codec_dtype: str | None = None, progress: bool = False) -> dict:
+                   codec_config: str = "released", progress: bool = False) -> dict:
     """Measure the pipeline table (docs/streaming.md#the-pipeline-table).
 
     Args:
@@ -379,7 +377,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
         chunk_frames, frames, batches: frames per codec chunk, a stream's frame cap, streams batched.
         repeats, warmup, noise_target: the parts' timing. stream_repeats: runs of each stream.
         chains, budgets, auto, auto_frames: the speculative candidates and ``auto``'s pick. streams, concurrency:
-            measure them (``concurrency`` may name models). codec_config, codec_dtype: as :func:`build_setup`.
+            measure them (``concurrency`` may name models). codec_config: as :func:`build_setup`.
             n_contexts: inner-loop contexts. text: what the streams speak.
 
     Returns:
@@ -396,8 +394,6 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
     phase = Phases()  # seconds each phase took (the run-time budget of a notebook), and the total
     precisions = list(precisions or native_precisions())
     check_pipeline_args(models, precisions, chunk_frames=chunk_frames, frames=frames, batches=batches)
-    if codec_dtype is not None:
-        check_precision(codec_dtype)
     noise.repeat_cap(noise_target, repeats, None)
     acceptance = acceptance or default_acceptance()
     rows, stream_rows, conc_rows, metas, peaks, codecs = [], [], [], [], {}, {}
@@ -409,8 +405,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                 with phase("build"):
                     setup = build_setup(model, prec, acceptance=acceptance, chunk_frames=chunk_frames, seed=seed,
                                         n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
-                                        max_context=max(512, frames + 256), codec_config=codec_config,
-                                        codec_dtype=codec_dtype)
+                                        max_context=max(512, frames + 256), codec_config=codec_config)
                     runners = candidates(setup)
                 with phase("auto"):
                     auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None
@@ -427,7 +422,7 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                     with phase("codec peak"):
                         if dt not in peaks:
                             peaks[dt] = peak_gflops(setup.codec_decoder)["peak_gflops"]
-                    codec_floor = matmul_flops_per_frame(setup.codec_decoder) / (peaks[dt] * 1e9) * 1e3
+                    codec_floor = codec_floor_ms(setup.codec_decoder, peaks[dt])
                 spec = [k for k in runners if k[0] != "ar"]
                 fastest = min(spec, key=lambda k: parts[("inner", *k)]["ms"])
                 picks = {"AR": (("ar", True), "the native AR frame (one C call)"),
@@ -515,35 +510,22 @@ def caption(result: dict) -> str:
 
 
 def format_pipeline(result: dict) -> str:
-    """The table as text (``rvqspec bench pipeline``): caption, the parts per row, the streams, concurrency."""
-    def f(v, d=1):
-        return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{d}f}"
-
-    lines = [caption(result), "model | precision | row | decoder | talker ms (x floor) | inner ms (x floor) | "
-             "codec ms (x floor) | frame 1t ms | RTF 1t | frame 2c ms | RTF 2c | shares t/i/c | gain inner / frame "
-             "1t / 2c | what moves the frame"]
-    for r in result["rows"]:
-        lines.append(" | ".join([
-            r["model"] + (" (replay)" if r["weights"] != "trained" else ""), r["precision"], r["row"],
-            str(r["decoder"] or ""), *(f"{f(r[p + '_ms'])} ({f(r[p + '_x_floor'], 2) or 'n/a'})" for p in PARTS),
-            f(r["frame_1t_ms"]), f(r["rtf_1t"], 2), f(r["frame_2c_ms"]), f(r["rtf_2c"], 2),
-            "/".join(f"{100 * r[p + '_share']:.0f}%" for p in PARTS),
-            f"{f(r['inner_gain'], 2)} / {f(r['frame_gain_1t'], 2)} / {f(r['frame_gain_2c'], 2)}", r["moves_frame"]]))
+    """The table as text (``rvqspec bench pipeline``): caption, the parts per row, the streams, concurrency and the
+    quoted ports, each through :func:`bench.frames.format_rows`."""
+    cols = ("model", "precision", "row", "decoder", *(f"{p}_{k}" for p in PARTS for k in ("ms", "x_floor")),
+            "frame_1t_ms", "rtf_1t", "frame_2c_ms", "rtf_2c", "inner_gain", "frame_gain_1t", "frame_gain_2c",
+            "moves_frame")
+    out = [caption(result), format_rows([{**r, "model": r["model"] + (" (replay)" if r["weights"] != "trained" else
+                                                                     "")} for r in result["rows"]], cols)]
     if result["streams"]:
-        lines += ["", "measured streams: model | precision | row | layout | first audio ms (after the prompt) | RTF "
-                      "| frame ms | underruns"]
-        lines += [" | ".join([s["model"], s["precision"], s["row"], s["layout"], f(s["ttfa_ms"], 0), f(s["rtf"], 2),
-                              f(s["frame_ms"]), f(s["underruns"], 0)]) for s in result["streams"]]
+        out += ["measured streams (first audio after the prompt):", format_rows(result["streams"], (
+            "model", "precision", "row", "layout", "ttfa_ms", "rtf", "frame_ms", "underruns"))]
     if result["concurrency"]:
-        lines += ["", "concurrent streams (stepped through the native verify backend): model | row | layout | B | "
-                      "round ms | first audio ms | real time"]
-        lines += [" | ".join([s["model"], s["row"], s["layout"], str(s["batch"]), f(s["frame_ms"]), f(s["ttfa_ms"], 0),
-                              "yes" if s["realtime"] else "no"]) for s in result["concurrency"]]
-        lines += [f"sustained in real time: {s['model']} {s['row']} {s['layout']}: {s['streams']} stream(s) "
-                  f"(of B in {s['batches']})" for s in result["sustained"]]
-    lines += [f"quoted: {q['source']}, {q['device']} {q['model']} {q['precision']}: RTF {q['quoted_rtf'] or '-'}, "
-              f"first audio {q['quoted_ttfa_ms'] or '-'} ms" for q in result["quoted"]]
-    return "\n".join(lines)
+        out += ["concurrent streams (stepped through the native verify backend), and the most sustained in real time:",
+                format_rows(result["concurrency"], ("model", "row", "layout", "batch", "frame_ms", "ttfa_ms",
+                                                    "realtime")),
+                format_rows(result["sustained"], ("model", "row", "layout", "streams", "batches"))]
+    return "\n\n".join(out + ["quoted, not measured here:", format_rows(result["quoted"])])
 
 
 def save_pipeline(result: dict, path_stem, prov: dict) -> dict:

@@ -99,6 +99,7 @@ from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, tree_from_calibrati
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from paper import plots
 from rvqspec_lib.eval import speed as S
+from bench import frames as BF
 from rvqspec_lib.eval.calibration import (BUDGETS, KINDS, calibrate, calibration_frames, point_mass_overtakes,
                                           predicted_vs_measured, temperature_sweep)
 from rvqspec_lib.eval.inner_loop import default_sampling
@@ -353,7 +354,7 @@ display(Markdown(" ".join(lines)))
 # rises here.
 #
 # The last panel is a **PROJECTION, not a measurement**: the 0.6B architecture's measured cost ratios times the
-# embedded model's calibrated expected codes per call (`rvqspec_lib.eval.speed.projected_speedup`); its title and the
+# embedded model's calibrated expected codes per call (`bench.frames.projected_speedup`); its title and the
 # table's caption name both inputs and what is left out.
 
 # %%
@@ -387,7 +388,7 @@ save_table(cost_tab, out / "04_verify_cost",
                f"{noise_words(cost['meta'])}; {compare_model} ({big_words}): "
                f"{noise_words(big_cost['meta'])}", cost_quiet["note"], big_quiet["note"]])))
 proj_rows = [{"kind": kind, **r} for kind in KINDS
-             for r in S.projected_speedup(S.expected_tokens_per_call(cal, kind), big_cost["rows"])]
+             for r in BF.projected_speedup(BF.expected_tokens_per_call(cal, kind), big_cost["rows"])]
 proj_inputs = (f"E(N): one call's expected codes of {run_model}'s calibrated trees (reused heads, trained weights, "
                f"{cal['n_frames']} frames) x t(1)/t(N): one verify call of {compare_model}'s code predictor "
                f"({'random' if big_is_random else 'trained'} weights) per backend on {cpu}")
@@ -458,7 +459,7 @@ cols = ["decoder", "backend", "fused", "tokens_per_call", "ms_per_frame", "p10_m
 display(speed_tab[cols].round(3))
 
 # %%
-over_ar = S.speedups_over_ar(speed_rows)
+over_ar = BF.speedups_over_ar(speed_rows)
 save_table(over_ar, out / "04_speedup_over_each_ar", {**prov, "meta": speed["meta"]},
            caption=f"every AR of the run (stepped through each backend, each fused AR frame), fastest first, and the "
                    f"fastest lossless speculative decoders' speedup over it; one interleaved run on {where_cpu}")
@@ -486,7 +487,7 @@ display(Markdown(" ".join(lines)))
 
 # %%
 best_by_backend = {}
-for r in S.speedup_vs_n(speed_rows):
+for r in BF.speedup_vs_n(speed_rows):
     if r["nodes"] > 1 and (r["backend"] not in best_by_backend
                            or r["speedup_vs_ar"] > best_by_backend[r["backend"]]["speedup_vs_ar"]):
         best_by_backend[r["backend"]] = r

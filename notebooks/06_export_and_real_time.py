@@ -84,6 +84,7 @@ from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.eval import export_check as X
 from bench import pipeline as PL
 from rvqspec_lib.eval import speed as S
+from bench import frames as BF
 from rvqspec_lib.eval.calibration import calibrate
 from bench.latency import PAPER_TOKENS_PER_CALL
 from paper.plots import PAPER_DEVICE_SPEEDUPS, plot_audio_vs_wall, plot_frame_parts, plot_speedup_vs_n
@@ -229,14 +230,14 @@ runners, absent = S.build_runners(run_backends, cp, decoders, sampling=inner_sam
 timing, timing_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: S.time_frames(
     runners, contexts, repeats=run_repeats, warmup=run_warmup, seed=seed, progress=False,
     noise_target=run_noise_target, random_weights=lm.is_random), meta=lambda r: r["meta"])
-measured = [r for r in S.speedup_vs_n(timing["rows"]) if r["nodes"] > 1]  # N = 1 is AR itself
-summary = S.summary_by_backend(timing["rows"])
+measured = [r for r in BF.speedup_vs_n(timing["rows"]) if r["nodes"] > 1]  # N = 1 is AR itself
+summary = BF.summary_by_backend(timing["rows"])
 cost_backends = {b: verify_backend(b, cost_cp) for b in run_backends}
 costs, costs_quiet = measure_quietly(attempts=timing_attempts, measure=lambda: S.verify_cost_curve(
     cost_cp, cost_backends, query_sizes=sorted({1, *run_budgets}), repeats=max(run_repeats, 3), warmup=run_warmup + 1,
     seed=seed, progress=False, noise_target=run_noise_target, random_weights=cost_lm.is_random),
     meta=lambda r: r["meta"])
-projected = S.projected_speedup(S.expected_tokens_per_call(cal), costs["rows"])
+projected = BF.projected_speedup(BF.expected_tokens_per_call(cal), costs["rows"])
 m = timing["meta"]
 speedup_rows = []
 for n in run_budgets:

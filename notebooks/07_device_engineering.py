@@ -65,7 +65,7 @@ table_backends = ("eager", "native")  # the table's backends ("compile" adds min
 table_repeats = 3  # the minimum of timed frames per runner in the table (`rvqspec bench table`'s default)
 noise_target = 0.05  # every timing goes on until the relative standard error of each median is at most this, or 4 x
 #                      its minimum (rvqspec_lib.eval.noise; None: exactly the repeats above). Smoke: None
-gpu_json = "build/gpu_bench.json"  # written by `python scripts/gpu_bench.py --out build/gpu_bench.json` on a GPU
+gpu_json = "build/gpu_bench.json"  # written on a GPU by `make bench-gpu` (rvqspec bench frames --device cuda ...)
 
 # %%
 import gc
@@ -87,10 +87,11 @@ from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from bench import bench_table as BT
 from paper import plots
 from rvqspec_lib.eval import speed as S
+from bench import frames as BF
 from rvqspec_lib.eval.budget import auto_for_model
 from bench.latency import bench_precisions, precision_rows
 from rvqspec_lib.eval.noise import noise_words
-from bench.talker_bench import bench_talker_precisions, slim_talker
+from bench.latency import bench_talker_precisions, slim_talker
 from rvqspec_lib.eval.timing import machine_meta, measure_quietly, oversubscribed_note
 from rvqspec_lib.models.backends import available, backend_table, runner_label
 from rvqspec_lib.models.loader import load_model
@@ -158,7 +159,7 @@ display(pd.DataFrame(backend_table()))
 #
 # **The talker step.** The big model's step (the released config's 28 layers, [model.md](../docs/model.md); one new
 # position after a KV prefix, then `codec_head`), the other half of a frame, timed the same way
-# (`bench.talker_bench.bench_talker_precisions`): the official step and the native one, at each context
+# (`bench.latency.bench_talker_precisions`): the official step and the native one, at each context
 # length of `talker_contexts`. Its floor counts the weights; the KV cache it attends adds bytes as the context grows.
 
 # %%
@@ -228,7 +229,7 @@ display(Markdown(" ".join(lines)))
 # Serving several streams at once decodes B frames together: one call per round for the whole batch, a round lasting
 # as long as its slowest row needs. A batched AR call reads the weights once for B rows, so AR alone fills the
 # machine as B grows, and the calls speculation saves become cheap. Frames per second of the embedded model
-# (`rvqspec_lib.eval.speed.batch_throughput`) for AR and speculative decoders, stepped and fused, every (runner, B)
+# (`bench.frames.batch_throughput`) for AR and speculative decoders, stepped and fused, every (runner, B)
 # interleaved. (The native whole frame decodes a batch's rows one after the other: it does not batch.)
 
 # %%
@@ -239,7 +240,7 @@ batch_runners, batch_absent = S.build_runners([b for b in batch_backends], small
 contexts = frames_from_shipped(small, "evaluation", max_frames=max(batch_sizes) * 4, seed=seed).context
 t0 = time.perf_counter()
 batches, batch_quiet = measure_quietly(
-    attempts=timing_attempts, meta=lambda r: r["meta"], measure=lambda: S.batch_throughput(
+    attempts=timing_attempts, meta=lambda r: r["meta"], measure=lambda: BF.batch_throughput(
         batch_runners, contexts, batch_sizes=batch_sizes, repeats=max(2, batch_repeats), seed=seed, progress=False,
         noise_target=noise_target))
 timings["batches_s"] = time.perf_counter() - t0
@@ -340,11 +341,12 @@ save_table(rounds, out / "07_round_costs", {**prov, "meta": table["meta"]},
 display(pd.DataFrame(rounds).round(3))
 
 # %% [markdown]
-# ## 6. On a GPU (scripts/gpu_bench.py)
+# ## 6. On a GPU (`rvqspec bench frames --device cuda`)
 #
 # The same frames on a CUDA GPU through the `compile` backend (CUDA graphs): AR, the fused AR frame, chains, fused
-# chains and calibrated trees of the 0.6B architecture, one interleaved run, written by `python scripts/gpu_bench.py
-# --out build/gpu_bench.json` on a machine with a GPU. Shown when that file exists.
+# chains and calibrated trees of the 0.6B architecture, one interleaved run, then the verify cost curve and the
+# projection from notebook 04's calibration, written by `make bench-gpu` (`rvqspec bench frames --device cuda ...
+# --json build/gpu_bench.json`) on a machine with a GPU. Shown when that file exists.
 
 # %%
 gpu_path = Path(gpu_json) if Path(gpu_json).is_absolute() else REPO_ROOT / gpu_json  # an input: read, not written
@@ -352,16 +354,16 @@ gpu = json.loads(gpu_path.read_text()) if gpu_path.is_file() else None
 if gpu is None:
     display(Markdown(f"The GPU leg was not run: `{gpu_json}` does not exist."))
 else:
-    display(Markdown(f"GPU results from `{gpu_json}`: {gpu['device']}, {gpu['model']} in {gpu['dtype']}, backend "
-                     f"{gpu['backend']}{' (DRY RUN on the CPU)' if gpu['dry_run'] else ''}"
+    display(Markdown(f"GPU results from `{gpu_json}`: {gpu['device']}, {gpu['model']} in {gpu['precision']}, "
+                     f"backend {', '.join(gpu['backends'])}{' (on the CPU)' if gpu['meta']['device'] == 'cpu' else ''}"
                      f"{' (RANDOM weights: timing only)' if gpu.get('random_weights') else ''}."))
-    display(Markdown(S.format_rows(gpu["summary"], digits=2)))
-    display(Markdown(S.format_rows(gpu["frame_rows"], ["decoder", "backend", "fused", "tokens_per_call",
+    display(Markdown(BF.format_rows(gpu["summary"], digits=2)))
+    display(Markdown(BF.format_rows(gpu["rows"], ["decoder", "backend", "fused", "tokens_per_call",
                                                        "ms_per_frame", "speedup_vs_ar", "speedup_vs_fused"],
                                    digits=2)))
     if gpu.get("projected"):
         display(Markdown("PROJECTION, not a measurement (E(N) of the calibration x the GPU's t(1)/t(N)):\n\n"
-                         + S.format_rows(gpu["projected"], digits=2)))
+                         + BF.format_rows(gpu["projected"], digits=2)))
 
 # %% [markdown]
 # ## What this notebook showed, and why

@@ -504,9 +504,9 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
     its own panel on one y axis.
 
     Args:
-        measured: :func:`rvqspec_lib.eval.speed.speedup_vs_n` rows (a line per backend and precision; open markers
-            where the best decoder is a sampled tree). projected: :func:`rvqspec_lib.eval.speed.projected_speedup`
-            rows. fused: :func:`rvqspec_lib.eval.speed.summary_by_backend` rows (the fused AR frame, dotted).
+        measured: :func:`bench.frames.speedup_vs_n` rows (a line per backend and precision; open markers
+            where the best decoder is a sampled tree). projected: :func:`bench.frames.projected_speedup`
+            rows. fused: :func:`bench.frames.summary_by_backend` rows (the fused AR frame, dotted).
             paper: the quoted device numbers.
     """
     fig, axes = plt.subplots(1, 3, figsize=figsize, sharey=True)
@@ -708,7 +708,7 @@ def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
 def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projection_title: str = "", title: str = "",
                             figsize: tuple[float, float] | None = None):
     """t(N)/t(1) of one verify call per backend, a panel per model on ONE y scale, and optionally a last panel with a
-    PROJECTION ``E(N) t(1) / t(N)`` (:func:`rvqspec_lib.eval.speed.projected_speedup` rows with a ``kind``).
+    PROJECTION ``E(N) t(1) / t(N)`` (:func:`bench.frames.projected_speedup` rows with a ``kind``).
 
     Args:
         curves: ``{panel title: verify_cost_curve rows}``. projection: projected rows (dashed, titled PROJECTION).
@@ -830,7 +830,7 @@ def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, t
                figsize: tuple[float, float] = (11.0, 4.0)):
     """Each call over its weight-streaming floor (the line at 1), per precision, ONE y scale, bars labelled in ms:
     left, :func:`bench.latency.precision_rows` (a bar per backend); right,
-    :func:`bench.talker_bench.bench_talker_precisions` rows (per forward and context, longer hatched).
+    :func:`bench.latency.bench_talker_precisions` rows (per forward and context, longer hatched).
     """
     panels = [("code-predictor call, one position", call_rows, "backend", "t1_ms", "t1_over_floor")]
     if talker_rows:
@@ -861,7 +861,7 @@ def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, t
 
 
 def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float, float] = (11.0, 4.0)):
-    """:func:`rvqspec_lib.eval.speed.batch_throughput` rows: left, frames per second against the batch size B (a
+    """:func:`bench.frames.batch_throughput` rows: left, frames per second against the batch size B (a
     line per runner: colour its decoder family, line style its backend, hollow markers fused); right, the speedup
     over stepped AR of the same backend and B (below the line at 1, speculation loses).
     """

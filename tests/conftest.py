@@ -41,11 +41,12 @@ def no_load(monkeypatch):
     from rvqspec_lib.cli.main import COMMANDS
     from rvqspec_lib.models import loader
 
-    for module in ["bench_jobs", *(command[2] for command in COMMANDS.values())]:
+    importlib.import_module("bench.jobs")
+    for module in (command[2] for command in COMMANDS.values()):
         importlib.import_module(f"rvqspec_lib.cli.{module}")
     monkeypatch.setattr(loader, "load_model", _refuse_load)
     for name, mod in list(sys.modules.items()):
-        if name.startswith("rvqspec_lib") and callable(getattr(mod, "load_model", None)):
+        if name.startswith(("rvqspec_lib", "bench")) and callable(getattr(mod, "load_model", None)):
             monkeypatch.setattr(mod, "load_model", _refuse_load)
 
 

@@ -1,10 +1,10 @@
 """``rvqspec bench`` and its library: the call budget from the shipped config, the latency result's shape, the jobs
-as a user runs them (one line for bad input and for the old flag forms, before any model loads), the frames job's
-rows from one interleaved run, scripts/gpu_bench.py's dry run, and provenance files."""
+as a user runs them (one line for bad input, before any model loads), the frames job's
+rows from one interleaved run, the GPU leg's JSON (frames with a calibration and the cost curve), and provenance
+files."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,12 +12,11 @@ import pytest
 import torch
 
 from bench import cli as cli_bench
-from bench import jobs
+from bench import jobs as bench_jobs
 from rvqspec_lib.cli.main import main as cli_main
 from rvqspec_lib.common.provenance import provenance, save_figure, save_json, save_table
 from bench import latency
 from rvqspec_lib.eval import timing
-from bench import talker_bench as TB
 from rvqspec_lib.models import backends
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,12 +126,12 @@ def test_bench_model_leaves_the_model_unchanged(tiny):
 
 
 def test_the_talker_step_is_cropped_back_after_every_call(tiny):
-    call, reset = TB.official_step(tiny.talker, 5)
+    call, reset = latency.official_step(tiny.talker, 5)
     for _ in range(3):
         assert call().shape == (1, tiny.talker.config.vocab_size)
         reset()
     with pytest.raises(ValueError, match="talker_context"):
-        TB.official_step(tiny.talker, 0)
+        latency.official_step(tiny.talker, 0)
 
 
 def test_the_parser_copies_agree_with_the_library():
@@ -157,16 +156,9 @@ def test_cli_latency_writes_json_with_the_floor(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--model", "tiny-random"], "rvqspec bench [flags] is now rvqspec bench latency [flags] (also: precisions, "
-                                "frames, table, pipeline)"),
-    (["--model", "tiny-random", "--dtype", "float32,int8"], "is now rvqspec bench precisions --dtype a,b"),
-    (["--dtype", "float32", "--forwards", "all"], "--forwards is now --backends official,native"),
-    (["--model", "embedded", "--backend", "eager"], "is now rvqspec bench frames --backends NAME"),
-    (["--table", "--backends", "eager"], "rvqspec bench --table is now rvqspec bench table"),
     ([], "give a job: rvqspec bench latency, precisions, frames, table or pipeline"),
-    (["--model", "tiny-random", "latency"], "--model goes after the job: rvqspec bench latency --model"),
 ])
-def test_old_flag_forms_name_the_new_form_in_one_line(capsys, monkeypatch, argv, needle):
+def test_no_job_is_one_line(capsys, monkeypatch, argv, needle):
     monkeypatch.setattr(bench_jobs.loader, "load_model", _no_load)
     assert cli_main(["bench", *argv]) == 2
     err = capsys.readouterr().err
@@ -236,43 +228,37 @@ def test_cli_frames_replay_has_no_fused_speculative_rows(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# scripts/gpu_bench.py
+# the GPU leg's JSON (rvqspec bench frames --calibration --queries), as notebook 07 reads it
 # ---------------------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def gpu_bench():
-    """scripts/gpu_bench.py as a module (its main(argv) in this process: no interpreter start per test)."""
-    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "scripts" / "gpu_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
-def test_gpu_bench_dry_run_writes_what_notebook_07_reads(tmp_path, capsys, gpu_bench):
-    out = tmp_path / "gpu.json"
-    assert gpu_bench.main(["--dry-run", "--chains", "2,4", "--budgets", "4", "--queries", "1,4", "--out",
-                           str(out)]) == 0
+def test_frames_with_calibration_and_queries_writes_what_notebook_07_reads(tmp_path, capsys):
+    out, cal = tmp_path / "gpu.json", REPO / "data" / "embedded" / "model" / "trees" / "heads.json"
+    assert cli_main(["bench", "frames", "--model", "tiny-random", "--backends", "eager", "--decoders",
+                     "chain:2,chain:4,tree:calibrated:4", "--calibration", str(cal), "--queries", "1,4", "--repeats",
+                     "2", "--warmup", "0", "--no-progress", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert res["format"] == "rvqspec-gpu-bench" and res["dry_run"] is True and res["backend"] == "eager"
+    assert res["backends"] == ["eager"] and res["precision"] == "float32" and res["random_weights"] is True
     assert res["provenance"]["params"]["model"] == "tiny-random"
-    rows = {(r["decoder"], r["fused"]): r for r in res["frame_rows"]}
+    rows = {(r["decoder"], r["fused"]): r for r in res["rows"]}
     assert {("ar", False), ("ar", True), ("chain:2", True), ("chain:4", True), ("chain:4", False)} <= set(rows)
+    assert any(d.startswith("tree:calibrated") for d, _ in rows)  # the trees of --calibration
     assert rows[("ar", False)]["speedup_vs_ar"] == 1.0 and rows[("ar", True)]["speedup_vs_fused"] == 1.0
     (s,) = res["summary"]
     assert s["fused_spec_decoder"] in ("chain:2", "chain:4") and s["fused_ar_ms"] == rows[("ar", True)]["ms_per_frame"]
     assert [r["query_positions"] for r in res["verify_cost"]] == [1, 4] and res["verify_cost"][0]["ratio_to_q1"] == 1.0
+    (p,) = res["projected"]  # E(4) of the calibration over t(4)/t(1) of the same run
+    assert p["nodes"] == 4 and p["projected_speedup"] == pytest.approx(p["expected_tokens"] / p["cost_ratio"])
     assert "| chain:4 | eager | True |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, needle", [(["--dry-run", "--chains", "9"], "--chains are chain windows: give values "
-                                           "in 2..8"), ([], "no CUDA device here")])
-def test_gpu_bench_bad_input_is_one_line(tmp_path, capsys, gpu_bench, argv, needle):
-    if not argv and torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    assert gpu_bench.main([*argv, "--out", str(tmp_path / "g.json")]) == 2
+@pytest.mark.parametrize("argv, needle", [(["--queries", "2,4"], "--queries 2,4: put 1 among them"),
+                                          (["--calibration", "no/such.json"], "--calibration no/such.json does not "
+                                                                              "exist")])
+def test_frames_gpu_leg_flags_are_one_line(capsys, monkeypatch, argv, needle):
+    monkeypatch.setattr(bench_jobs.loader, "load_model", _no_load)
+    assert cli_main(["bench", "frames", "--model", "tiny-random", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gpu_bench: error: ") and needle in err and err.count("\n") == 1, err
-    assert not (tmp_path / "g.json").exists()
+    assert err.startswith("rvqspec: error: ") and needle in err and err.count("\n") == 1, err
 
 
 # ---------------------------------------------------------------------------------------------------------------------

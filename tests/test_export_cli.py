@@ -1,5 +1,5 @@
 """``rvqspec export`` as a user runs it: bad input is one line before any model loads; an ONNX file is written with
-its JSON beside it and checked against eager PyTorch (``rvqspec bench`` and scripts/gpu_bench.py: tests/test_bench.py).
+its JSON beside it and checked against eager PyTorch (``rvqspec bench``: tests/test_bench.py).
 """
 
 from __future__ import annotations

@@ -117,12 +117,12 @@ def test_bench_precisions_rows_and_ratios_with_a_fake_clock(monkeypatch):
     assert "RANDOM weights: timing only" in lines[0] and "threads" in lines[0]
     assert lines[1].startswith("CPU ") and "native precisions: float32" in lines[1] and "bf16 flags" in lines[1]
     assert "read bandwidth 10.0 GB/s" in lines[2]
-    assert lines[3].split() == ["precision", "backend", "t(1)", "ms", "t(2)/t(1)", "t(4)/t(1)", "t(8)/t(1)",
-                                "t(16)/t(1)", "MB/call", "floor", "ms", "t(1)/floor"]
-    for line, prec in zip(lines[4:], PR.PRECISIONS):
-        cells = line.split()
-        assert cells[:2] == [prec, "official"] and cells[2] == "2.00" and cells[3:7] == ["1.00"] * 4
-    assert len(lines) == 4 + len(PR.PRECISIONS)
+    assert lines[3] == ("| precision | backend | t1_ms | t2_over_t1 | t4_over_t1 | t8_over_t1 | t16_over_t1 | "
+                        "mb_per_call | floor_ms | t1_over_floor |")
+    for line, prec in zip(lines[5:], PR.PRECISIONS):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:2] == [prec, "official"] and cells[2] == "2.000" and cells[3:7] == ["1.000"] * 4
+    assert len(lines) == 5 + len(PR.PRECISIONS)
     rows = latency.precision_rows(r)  # the same result as table rows (notebook 07's 07_floor)
     assert [(x["precision"], x["backend"]) for x in rows] == [(p, "official") for p in PR.PRECISIONS]
     for x, p in zip(rows, r["precisions"]):
@@ -145,8 +145,8 @@ def test_bench_precisions_times_the_native_forward_beside_the_official(monkeypat
         ("float32", "official"), ("float32", "native"), ("int8-dynamic", "official"), ("int8-dynamic", "native")]
     assert r["precisions"][0]["floor_ms"] == r["precisions"][1]["floor_ms"]
     lines = latency.format_precision_table(r).splitlines()
-    assert [ln.split()[:2] for ln in lines[4:]] == [["float32", "official"], ["float32", "native"],
-                                                    ["int8-dynamic", "official"], ["int8-dynamic", "native"]]
+    assert [[c.strip() for c in ln.strip("|").split("|")][:2] for ln in lines[5:]] == [
+        ["float32", "official"], ["float32", "native"], ["int8-dynamic", "official"], ["int8-dynamic", "native"]]
     with pytest.raises(ValueError, match="backends of official, eager"):
         latency.bench_precisions(lm, ["float32"], backends=("tpu",), bandwidth=bw, progress=False)
     with pytest.raises(ValueError, match="the onnx backend runs float32 modules"):
@@ -161,7 +161,7 @@ def test_cli_bench_precisions_prints_the_table(tmp_path, capsys, monkeypatch):
                    "--no-progress", "--dtype", "float32,int8", "--json", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "t(1)/floor" in printed and "\nint8 " in printed and "\nfloat32 " in printed
+    assert "| t1_over_floor |" in printed and "\n| int8 | " in printed and "\n| float32 | " in printed
     rec = json.loads(out.read_text())
     from rvqspec_lib.device.kernels import cpforward
 
@@ -173,6 +173,25 @@ def test_cli_bench_precisions_prints_the_table(tmp_path, capsys, monkeypatch):
     bw = rec["bandwidth"]  # measured before and after the timing; the floor uses the faster
     assert bw["buffer_bytes"] == 1 << 22 and bw["gb_per_s"] == max(bw["gb_per_s_before"], bw["gb_per_s_after"])
     assert "before and" in printed and "after the timing" in printed
+
+
+def test_cli_bench_precisions_with_talker_contexts_times_the_talker_on_the_same_floor(tmp_path, capsys, monkeypatch):
+    """--talker-contexts: the talker step per precision and context (official, and native where it builds) against
+    the floor of the SAME bandwidth reading as the code-predictor calls (what scripts/bench_talker.py did)."""
+    monkeypatch.setattr(timing, "DEFAULT_BUFFER_BYTES", 1 << 22)
+    out = tmp_path / "p.json"
+    assert cli_main(["bench", "precisions", "--model", "tiny-random", "--repeats", "1", "--warmup", "0",
+                     "--no-progress", "--dtype", "float32", "--queries", "1,2", "--talker-contexts", "4,8",
+                     "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rec = json.loads(out.read_text())
+    tk = rec["talker"]
+    assert tk["bandwidth"] == rec["bandwidth"] and {r["context"] for r in tk["rows"]} == {4, 8}
+    assert all(r["floor_ms"] == floor.floor_ms(r["weight_bytes"], rec["bandwidth"]["gb_per_s"]) for r in tk["rows"])
+    assert "talker step (1 new position + codec_head)" in printed
+    from rvqspec_lib.device.kernels import cpforward
+
+    assert ("scan_cost" in tk) is cpforward.available() and ("KV scan" in printed) is cpforward.available()
 
 
 def test_cli_bench_latency_of_one_dtype_prints_the_floor_line(capsys, monkeypatch):

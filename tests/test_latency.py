@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from bench import latency
-from bench import talker_bench as TB
 from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.backends import available
 from rvqspec_lib.models.loader import load_model
@@ -23,13 +22,13 @@ def tiny():
 @needs_native
 def test_the_native_talker_step_computes_the_official_step(tiny):
     """Same inputs, same logits (float32: the summation order only), each cropped back after every call."""
-    official, crop = TB.official_step(tiny.talker, 6, seed=3)
-    native, n_crop = TB.native_step(NativeTalker(tiny.talker, max_context=7), 6, seed=3)
+    official, crop = latency.official_step(tiny.talker, 6, seed=3)
+    native, n_crop = latency.native_step(NativeTalker(tiny.talker, max_context=7), 6, seed=3)
     for _ in range(2):
         torch.testing.assert_close(native(), official(), rtol=1e-4, atol=1e-4)
         crop(), n_crop()
     with pytest.raises(ValueError, match="talker_context"):
-        TB.native_step(NativeTalker(tiny.talker, max_context=7), 0)
+        latency.native_step(NativeTalker(tiny.talker, max_context=7), 0)
 
 
 @needs_native

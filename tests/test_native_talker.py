@@ -2,7 +2,8 @@
 multimodal RoPE with equal ids is 1-D RoPE; hidden states and logits equal to the official talker in every precision
 to a stated tolerance; greedy code 0 equal where the official top-2 margin is clear; batch rows equal single streams
 bit for bit (left padding included); a whole utterance through the frame loop equal to the official loop (float32);
-one-line errors. Small models only (tiny-random, embedded); no timing asserts (the timing is scripts/bench_talker.py).
+one-line errors. Small models only (tiny-random, embedded); no timing asserts (the timing is rvqspec bench precisions
+--talker-contexts).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from rvqspec_lib.decoding.sampling import Sampling
-from bench.talker_bench import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
+from bench.latency import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
 from rvqspec_lib.device import precision as PR
 from rvqspec_lib.models.configs import CONFIG_DIR, build_from_config, tiny_config_dict
 from rvqspec_lib.models.frame import synthesize

@@ -13,6 +13,7 @@ from rvqspec_lib.decoding.decoders import AR, Chain, Tree
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.predictor import OfficialBackend
 from rvqspec_lib.eval import speed as S
+from bench import frames as BF
 from rvqspec_lib.models.backends import available, verify_backend
 from rvqspec_lib.device.precision import apply_precision
 
@@ -107,7 +108,7 @@ def test_verify_call_whole_adds_the_projection_and_a_head(cp):
 
 def test_batch_throughput_rows(cp):
     runners, _ = S.build_runners(["eager"], cp, [AR(), Chain(4)])
-    out = S.batch_throughput(runners, S.random_contexts(cp, 5), batch_sizes=(1, 4), repeats=2, warmup=0,
+    out = BF.batch_throughput(runners, S.random_contexts(cp, 5), batch_sizes=(1, 4), repeats=2, warmup=0,
                              progress=False)
     rows = {(r["decoder"], r["fused"], r["batch"]): r for r in out["rows"]}
     assert set(rows) == {(d, f, b) for d in ("ar", "chain:4") for f in (False, True) for b in (1, 4)}
@@ -126,7 +127,7 @@ def test_bad_input_is_one_line(cp):
     with pytest.raises(ValueError, match="include 1"):
         S.verify_cost_curve(cp, {"o": OfficialBackend(cp)}, query_sizes=(2, 4), progress=False)
     with pytest.raises(ValueError, match="batch sizes"):
-        S.batch_throughput(runners, S.random_contexts(cp, 2), batch_sizes=(0,), progress=False)
+        BF.batch_throughput(runners, S.random_contexts(cp, 2), batch_sizes=(0,), progress=False)
     with pytest.raises(ValueError, match="needs a noise_target"):
         S.time_frames(runners, S.random_contexts(cp, 2), repeats=4, progress=False, max_repeats=8)
 
@@ -141,7 +142,7 @@ def test_the_noise_target_reaches_the_harness(cp):
 
 
 def test_format_rows():
-    md = S.format_rows([{"a": 1.23456, "b": None, "c": "x"}])
+    md = BF.format_rows([{"a": 1.23456, "b": None, "c": "x"}])
     assert md.splitlines() == ["| a | b | c |", "|---|---|---|", "| 1.23 |  | x |"]
 
 
@@ -167,11 +168,11 @@ def test_speedups_summary_and_speedup_vs_n_are_read_off_the_rows():
     assert by[("chain:2", "eager", False)]["speedup_vs_ar"] == 30.0 / 25.0
     assert by[("chain:4", "eager", True)]["speedup_vs_fused"] == 15.0 / 12.0
     assert by[("tree:0;1", "onnx", False)]["speedup_vs_fused"] is None  # onnx: no fused AR row
-    best = S.speedup_vs_n(rows)
+    best = BF.speedup_vs_n(rows)
     assert [(r["backend"], r["nodes"], r["decoder"]) for r in best] == [
         ("eager", 1, "ar"), ("eager", 2, "tree:calibrated-point-mass:2"), ("eager", 4, "tree:calibrated-sampled:4"),
         ("onnx", 1, "ar"), ("onnx", 3, "tree:0;1")]
-    s = {r["backend"]: r for r in S.summary_by_backend(rows)}
+    s = {r["backend"]: r for r in BF.summary_by_backend(rows)}
     e = s["eager"]
     assert (e["ar_ms"], e["fused_ar_ms"], e["best_decoder"], e["best_nodes"]) == (30.0, 15.0,
                                                                                   "tree:calibrated-point-mass:2", 2)
@@ -184,10 +185,10 @@ def test_speedups_summary_and_speedup_vs_n_are_read_off_the_rows():
 
 def test_projected_speedup_is_e_times_cost_ratio():
     cost = [{"backend": "onnx", "query_positions": q, "ratio_to_q1": r} for q, r in ((1, 1.0), (2, 1.25), (4, 2.0))]
-    rows = S.projected_speedup({2: 1.5, 4: 2.4}, cost)
+    rows = BF.projected_speedup({2: 1.5, 4: 2.4}, cost)
     assert [(r["nodes"], r["projected_speedup"]) for r in rows] == [(2, 1.5 / 1.25), (4, 2.4 / 2.0)]
     cal = {"best_kind": {"2": "sampled"}, "sampled": {"call_expected_tokens": {"2": 1.7}}}
-    assert S.expected_tokens_per_call(cal) == {2: 1.7}
+    assert BF.expected_tokens_per_call(cal) == {2: 1.7}
 
 
 @pytest.mark.slow
@@ -211,7 +212,7 @@ def test_speedups_over_ar_names_the_fastest_ar_and_the_gain_over_each():
     rows = [dict(r) for r in ROWS] + [_row("paper:4", "paper", 4, 18.0, tpc=1.4),
                                       _row("ar", "ar", 1, 8.0, backend="native", fused=True),
                                       _row("chain:4", "chain", 4, 9.0, backend="native", fused=True, tpc=2.5)]
-    out = S.speedups_over_ar(rows)
+    out = BF.speedups_over_ar(rows)
     assert [(r["ar"], r["ar_ms"]) for r in out] == [("ar (native, fused)", 8.0), ("ar (eager, fused)", 15.0),
                                                     ("ar (onnx)", 20.0), ("ar (eager)", 30.0)]
     assert [r["fastest_ar"] for r in out] == [True, False, False, False]
@@ -223,17 +224,17 @@ def test_speedups_over_ar_names_the_fastest_ar_and_the_gain_over_each():
     assert same["ar (eager)"] == ("chain:4 (eager, fused)", 30.0 / 12.0)
     assert same["ar (onnx)"] == ("tree:0;1 (onnx)", 20.0 / 16.0)
     assert {r["paper_decoder"] for r in out} == {"paper:4 (eager)"} and out[-1]["paper_speedup"] == 30.0 / 18.0
-    assert S.speedups_over_ar([r for r in rows if r["kind"] != "ar"]) == []
+    assert BF.speedups_over_ar([r for r in rows if r["kind"] != "ar"]) == []
 
 
 def test_expected_tokens_per_call_of_one_kind():
     cal = {"best_kind": {"2": "sampled", "4": "point-mass"},
            "sampled": {"call_expected_tokens": {"2": 1.7, "4": 2.4}},
            "point-mass": {"call_expected_tokens": {"2": 1.1, "4": 2.6}}}
-    assert S.expected_tokens_per_call(cal) == {2: 1.7, 4: 2.6}
-    assert S.expected_tokens_per_call(cal, "point-mass") == {2: 1.1, 4: 2.6}
-    assert S.expected_tokens_per_call(cal, "sampled") == {2: 1.7, 4: 2.4}
-    rows = S.projected_speedup(S.expected_tokens_per_call(cal, "sampled"),
+    assert BF.expected_tokens_per_call(cal) == {2: 1.7, 4: 2.6}
+    assert BF.expected_tokens_per_call(cal, "point-mass") == {2: 1.1, 4: 2.6}
+    assert BF.expected_tokens_per_call(cal, "sampled") == {2: 1.7, 4: 2.4}
+    rows = BF.projected_speedup(BF.expected_tokens_per_call(cal, "sampled"),
                                [{"backend": "native", "query_positions": q, "ratio_to_q1": r}
                                 for q, r in ((1, 1.0), (2, 1.1), (4, 1.6))])
     assert [r["projected_speedup"] for r in rows] == [1.7 / 1.1, 2.4 / 1.6]

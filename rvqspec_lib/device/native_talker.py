@@ -136,7 +136,7 @@ class NativeTalker:
         self.kv_dtype = torch.bfloat16 if kv_bfloat16 else torch.float32
         self.kv_bytes_per_position = 2 * d.n_layers * d.n_kv * d.head_dim * (2 if kv_bfloat16 else 4)
         #: Scan the whole capacity instead of the filled prefix (same bits): measures what the prefix scan saves
-        #: (:func:`bench.talker_bench.scan_cost`).
+        #: (:func:`bench.latency.scan_cost`).
         self.scan_whole_cache = False
         self._cache: TalkerKVCache | None = None
         self._cos = self._sin = None

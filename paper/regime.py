@@ -206,3 +206,31 @@ def where_on_curve(rows, tokens_per_call: float, drafter: str = "offsets", tree:
         if min(ya, yb) <= tokens_per_call <= max(ya, yb) and ya != yb:
             return a + (tokens_per_call - ya) * (b - a) / (yb - ya)
     return None
+
+
+def plot_regime(rows, *, marks: dict | None = None, title: str = ""):
+    """Tokens per call against ``peak`` for each (drafter, tree) of ``rows`` (:func:`regime_rows`; ± 2 standard
+    errors shaded), and a dashed horizontal line per ``marks`` entry ``{label: tokens per call}`` (e.g. a measured
+    model, the paper's quoted figure), labelled as given. Returns the ``Figure``."""
+    import matplotlib.pyplot as plt
+
+    from paper.plots import DECODER_COLORS
+
+    fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
+    for drafter, ls in (("heads", "--"), ("offsets", "-")):
+        for tree in ("point-mass", "sampled"):
+            sub = sorted((r for r in rows if r["drafter"] == drafter and r["tree"] == tree), key=lambda r: r["peak"])
+            x = np.array([r["peak"] for r in sub])
+            y, e = np.array([r["tokens_per_call"] for r in sub]), np.array([r["se"] for r in sub])
+            color = DECODER_COLORS[f"tree-{tree}"]
+            ax.plot(x, y, ls=ls, marker="o", ms=4, color=color, label=f"{drafter}, {tree} tree")
+            ax.fill_between(x, y - 2 * e, y + 2 * e, color=color, alpha=0.15, lw=0)
+    for i, (label, value) in enumerate((marks or {}).items()):
+        ax.axhline(value, color=("#4d4d4d", "#9467bd", "#8c564b")[i % 3], lw=1, ls=":", label=label)
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlabel("peak (p = softmax(peak · x), x ~ N(0, I); 0: uniform p)")
+    ax.set_ylabel("tokens per code-predictor call")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=9)
+    return fig

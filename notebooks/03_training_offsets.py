@@ -865,3 +865,17 @@ lines = [
 ]
 display(Markdown("\n".join(lines)))
 print(json.dumps({k: metrics[k] for k in ("deployed_offsets", "saturation_window", "timings_s")}, indent=1))
+
+# %% [markdown]
+# ## Try this
+#
+# Change one parameter (the parameters cell at the top, or the cell named) and rerun:
+#
+# * **In section 10, `regime_drift = 0.0`**: the reused heads no longer drift, and the `heads` and `offsets` curves
+#   fall on each other (the exact offsets then change nothing the heads read); the point-mass against sampled gap
+#   stays, since that one is about how peaked p is.
+# * **In section 10, `regime_peaks = (0.0, 32.0, 64.0)`**: push p further; look at whether the point-mass trees keep
+#   their lead over sampled children as p approaches a point mass (a sampled draft from a peaked q becomes the top
+#   code too).
+# * **`offsets_lrs = (1e-1,)`**: a rate too large for the offsets; the training curves show the first epoch
+#   overshooting and early stopping keeping epoch 0, the reused heads.

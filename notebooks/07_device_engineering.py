@@ -457,3 +457,15 @@ bullets.append(
       "the table puts every speculative frame beside the fastest AR measured with it.")
 display(Markdown("\n".join(bullets)))
 print(f"total {summary['timings_s']['total']:.0f} s")
+
+# %% [markdown]
+# ## Try this
+#
+# Change one parameter (the parameters cell at the top, or the cell named) and rerun:
+#
+# * **`batch_sizes = (1, 32)`**: a larger batch; look at whether speculation's gain over AR survives when the batch
+#   already fills the machine.
+# * **`talker_contexts = (64, 2048)`**: a long utterance; the talker step's distance to its memory floor changes with
+#   the KV cache it reads.
+# * **`precisions = ("float32",)`**: one precision; compare the floor table with the committed one to see what the
+#   lower precisions bought on this CPU.

@@ -717,6 +717,8 @@ rg = {(r["peak"], r["drafter"], r["tree"]): r for r in regime}
 top = max(regime_peaks)
 low = min(r["tokens_per_call"] for r in regime if r["drafter"] == "offsets" and r["tree"] == "point-mass")
 at_emb, at_paper = (RG.where_on_curve(regime, v) for v in (emb_tpc, RG.PAPER_TOKENS_PER_CALL))
+cross = next((pk for pk in sorted(regime_peaks) if rg[(pk, "offsets", "point-mass")]["tokens_per_call"]
+              > rg[(pk, "offsets", "sampled")]["tokens_per_call"]), None)
 where = lambda peak, v: (f"at peak ≈ {peak:.1f}" if peak is not None else  # noqa: E731
                          "below the curve's flattest point" if v < low else "above the curve's most peaked point")
 display(Markdown(
@@ -730,9 +732,13 @@ display(Markdown(
     f"{where(at_emb, emb_tpc)}, and the paper's reported {RG.PAPER_TOKENS_PER_CALL:.2f} (quoted, Qwen3-TTS-0.6B) "
     f"{where(at_paper, RG.PAPER_TOKENS_PER_CALL)}. The embedded model's own p puts {emb_p_top:.2f} on its top code on "
     f"average (over a codebook of {int(cp.config.vocab_size)} codes, after the deployed warpers), against "
-    f"{rg[(min(regime_peaks), 'offsets', 'point-mass')]['p_top']:.2f} for the synthetic uniform p over 16 codes: the "
-    "two are not one scale (codebook sizes differ), but both say the embedded model lives at the flat end of this "
-    "curve, where the paper's two choices do not pay."))
+    f"{rg[(min(regime_peaks), 'offsets', 'point-mass')]['p_top']:.2f} for the synthetic uniform p over 16 codes (not "
+    "one scale: the codebook sizes differ). "
+    + (f"Point-mass trees overtake sampled children from peak {cross:g} on this curve (offsets' point-mass "
+       f"{rg[(cross, 'offsets', 'point-mass')]['tokens_per_call']:.2f} tokens per call there): the embedded model's "
+       f"measurement lies {'below' if emb_tpc < rg[(cross, 'offsets', 'point-mass')]['tokens_per_call'] else 'above'}"
+       f" that point, the paper's figure {'below' if RG.PAPER_TOKENS_PER_CALL < rg[(cross, 'offsets', 'point-mass')]['tokens_per_call'] else 'above'} it."
+       if cross is not None else "On this sweep point-mass trees never overtake sampled children.")))
 pd.DataFrame(regime)[["peak", "p_top", "drafter", "tree", "tokens_per_call", "se", "predicted_tokens_per_call"]]
 
 # %% [markdown]

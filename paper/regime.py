@@ -227,6 +227,7 @@ def plot_regime(rows, *, marks: dict | None = None, title: str = ""):
     for i, (label, value) in enumerate((marks or {}).items()):
         ax.axhline(value, color=("#4d4d4d", "#9467bd", "#8c564b")[i % 3], lw=1, ls=":", label=label)
     ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlim(left=0)
     ax.set_xlabel("peak (p = softmax(peak · x), x ~ N(0, I); 0: uniform p)")
     ax.set_ylabel("tokens per code-predictor call")
     ax.grid(alpha=0.3)

@@ -670,9 +670,9 @@ display(Markdown("Saturation window (within 2% of the best window): " + ", ".joi
 # %% [markdown]
 # ## 10. The regime where the paper's method wins: a synthetic code predictor
 #
-# On the embedded model p is flat, so point-mass trees lose to sampled drafts and the offsets add little (sections 5
-# to 8). To see the regime the paper reports, this section builds a code predictor whose structure is set by two
-# numbers (`paper.regime.SyntheticPredictor`, no download, seconds to run) and runs it through the library's own
+# Sections 5 to 8 measure the embedded model: how its point-mass trees fare against sampled drafts and what its
+# offsets add. To see the regime the paper reports whatever one model gives, this section builds a code predictor
+# whose structure is set by two numbers (`paper.regime.SyntheticPredictor`, no download, seconds to run) and runs it through the library's own
 # decode loop, accept rule and tree calibration:
 #
 # * **peak**, the swept quantity: a frame draws evidence x_d ~ N(0, I) over its V = 16 codes for every depth d, and

@@ -1,9 +1,6 @@
-"""Progress bars for long work: one helper so every loop shows (or hides) progress the same way.
-
-Where the bars go: ``sys.stderr`` (a terminal, or the cell's output in JupyterLab, where they stay live), unless the
-environment sets ``RVQSPEC_PROGRESS=console``, as the Makefile's papermill rule does for headless notebook runs: then
-every tqdm bar of the process, the library's and those of the libraries it calls, writes to the console the process
-was started from (under a Jupyter kernel, the console of the run that started it), never into the executed notebook.
+"""Progress bars for long work: one helper so every loop shows (or hides) progress the same way. Bars go to
+``sys.stderr`` (live in a terminal or JupyterLab) unless ``RVQSPEC_PROGRESS=console`` (the Makefile's papermill rule):
+then every tqdm bar of the process goes to the console that started it, never into the executed notebook.
 """
 
 from __future__ import annotations
@@ -36,23 +33,15 @@ def progress_file() -> IO[str] | None:
     return _console
 
 
-def _route_every_bar() -> None:
-    """Under ``RVQSPEC_PROGRESS=console``: tqdm bars created without a ``file`` write to :func:`progress_file`."""
-    console = progress_file()
-    if console is None or getattr(tqdm, "_rvqspec_console", False):
-        return
-    init = tqdm.__init__
-
+def _route_every_bar(console, init=tqdm.__init__) -> None:
+    """tqdm bars created without a ``file`` (the library's and other libraries') write to ``console``."""
     def __init__(self, *args, **kwargs):
-        if kwargs.get("file") is None:
-            kwargs["file"] = console
-        init(self, *args, **kwargs)
-
+        init(self, *args, **{**kwargs, "file": kwargs.get("file") or console})
     tqdm.__init__ = __init__
-    tqdm._rvqspec_console = True
 
 
-_route_every_bar()
+if progress_file() is not None:
+    _route_every_bar(progress_file())
 
 
 def progress_bar(iterable: Iterable[T], *, total: int | None = None, desc: str = "", enabled: bool = True,

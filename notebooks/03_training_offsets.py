@@ -679,8 +679,8 @@ display(Markdown("Saturation window (within 2% of the best window): " + ", ".joi
 #   the target is p_d = softmax(peak · x_d) (0: uniform p; 16: the top code carries about 0.9 of p).
 # * **drift**: the reused head of depth s + t, applied to `H_s`, adds a fixed logit vector t · drift · g (g ~ N(0, I),
 #   the same in every frame): the shift the offsets exist to correct. Here b_t = t along the state's position
-#   coordinate removes it exactly (`exact_offsets`; `regime_rows(offsets="trained")` trains them with the library's
-#   `train_drafter` instead, slower).
+#   coordinate removes it exactly (`exact_offsets`; `regime_rows(offsets="trained")` trains them instead with the
+#   library's `train_drafter` on the TV loss, tens of seconds a peak: compare its curve with the exact one).
 # * **foresight** 0.5: `H_s` holds code s + t's evidence at weight 0.5^t, so a draft is flatter than p (it knows
 #   less), as drafts made from an earlier state are.
 #
@@ -692,7 +692,7 @@ from paper import regime as RG
 
 regime_peaks = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)  # the swept peak of p
 regime_drift = 1.0  # the reused heads' shift per offset (0: offsets and heads draft alike)
-regime_frames = (128, 128)  # calibration and evaluation frames per peak
+regime_frames = (256, 256)  # calibration and evaluation frames per peak
 if smoke:
     regime_peaks, regime_frames = (0.0, 16.0), (48, 48)
 t0 = time.perf_counter()

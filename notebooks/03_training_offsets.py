@@ -883,5 +883,5 @@ print(json.dumps({k: metrics[k] for k in ("deployed_offsets", "saturation_window
 # * **In section 10, `regime_peaks = (0.0, 32.0, 64.0)`**: push p further; look at whether the point-mass trees keep
 #   their lead over sampled children as p approaches a point mass (a sampled draft from a peaked q becomes the top
 #   code too).
-# * **`offsets_lrs = (1e-1,)`**: a rate too large for the offsets; the training curves show the first epoch
-#   overshooting and early stopping keeping epoch 0, the reused heads.
+# * **`offsets_lrs = (1e-1,)`**: a large rate for the offsets; look at whether the first epoch overshoots and early
+#   stopping keeps epoch 0, the reused heads, as section 2 warns.

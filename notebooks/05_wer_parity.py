@@ -685,7 +685,7 @@ print(f"run time {metrics['wall_s']:.0f} s")
 #
 # * **`beta = 0.1`**: a milder lossy control; look at the code tests of section 4: whether the rank test still catches
 #   it at this many frames (its power line says which shift it can see).
-# * **`seed = 1`**: other draws; the intervals of the paired WER differences move by about their own width, and the
-#   decoders that are lossless stay consistent with 0 or not as chance allows, at the stated level.
-# * **`languages = ("en", "de")`** and **`n_sentences = 32`**: more English sentences; the intervals narrow roughly as
-#   one over the square root of the sentences.
+# * **`seed = 1`**: other draws; look at how far the paired WER intervals move, and whether a lossless decoder's
+#   interval still covers 0.
+# * **`languages = ("en", "de")`** and **`n_sentences = 32`**: more English sentences; look at how much the English
+#   intervals narrow (about one over the square root of the sentences, if utterances are independent).

@@ -687,5 +687,5 @@ print(f"run time {metrics['wall_s']:.0f} s")
 #   it at this many frames (its power line says which shift it can see).
 # * **`seed = 1`**: other draws; look at how far the paired WER intervals move, and whether a lossless decoder's
 #   interval still covers 0.
-# * **`languages = ("en", "de")`** and **`n_sentences = 32`**: more English sentences; look at how much the English
-#   intervals narrow (about one over the square root of the sentences, if utterances are independent).
+# * **`languages = ("en", "de")`** and **`n_sentences = 8`**: half the English sentences; look at how much the English
+#   intervals widen (about the square root of 2, if utterances are independent).

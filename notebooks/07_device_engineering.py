@@ -230,9 +230,9 @@ display(Markdown(" ".join(lines)))
 # machine as B grows, and the calls speculation saves become cheap. Frames per second of the embedded model
 # (`rvqspec_lib.eval.speed.batch_throughput`) for AR and speculative decoders, stepped and fused, every (runner, B)
 # interleaved. (The native whole frame decodes a batch's rows one after the other: it does not batch.) The B = 1
-# column is this run's own timing, on its own contexts and repeats, with batch bookkeeping around every call; notebook
-# 04 times single frames separately (`time_frames`), so the two speedups of one decoder at batch 1 differ by those
-# settings and by each run's timing noise, and neither is the other's check.
+# column is this run's own timing (`batch_throughput`, on its own contexts and repeats); notebook 04 times single
+# frames separately (`time_frames`), so the two speedups of one decoder at batch 1 differ by those settings and by
+# each run's timing noise.
 
 # %%
 small = load_model(small_model)

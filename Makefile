@@ -174,9 +174,10 @@ $(PARAMS_FILE): FORCE
 	@echo '$(PM_PARAMS)' | cmp -s - $@ || { echo '$(PM_PARAMS)' > $@.part && mv -f $@.part $@; \
 	  echo "paper: $(FIG_DIR)/ gets new parameters: $(PM_PARAMS)"; }
 
+# RVQSPEC_PROGRESS=console: progress bars go to this console, not into the executed notebook (common/progress.py)
 $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
 	@mkdir -p $(PARTIAL_DIR) $(EXEC_DIR) $(FIG_DIR)
-	$(VENV)/bin/papermill $< $(PARTIAL_DIR)/$*.partial.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
+	RVQSPEC_PROGRESS=console $(VENV)/bin/papermill $< $(PARTIAL_DIR)/$*.partial.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
 	@mv -f $(PARTIAL_DIR)/$*.partial.ipynb $(EXEC_DIR)/$*.ipynb
 	@echo "$(RUN_ID) $$(date -u +%Y-%m-%dT%H:%M:%SZ) $(EXEC_DIR)/$*.ipynb" > $@.part && mv -f $@.part $@
 

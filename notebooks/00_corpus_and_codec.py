@@ -607,3 +607,15 @@ lines = [
        "not say that p is flat for them; notebooks 03 and 04 measure how point-mass and sampled drafts fare."),
 ]
 display(Markdown("\n".join(lines)))
+
+# %% [markdown]
+# ## Try this
+#
+# Change one parameter (the parameters cell at the top, or the cell named) and rerun:
+#
+# * **`codebooks = (1, 2, 4, 16)`** and **`n_sentences = 4`**: the WER curve by codebooks redraws in a minute; look at
+#   where the WER stops falling, and compare that depth with notebook 03's acceptance by depth.
+# * **`listen_codebooks = (1, 8, 16)`**: listen to section 3's three players and name the first k at which you stop
+#   hearing a difference.
+# * **`voices = ("awb",)`**: one voice instead of four; compare the codec's quality table with the committed one to
+#   see how much of it is the voice.

@@ -528,3 +528,15 @@ lines.append(
     f"paper's value); what each wider call costs is the verify cost curve of section 6, and notebooks 04 and 06 "
     f"put the two together.")
 display(Markdown("\n".join(lines)))
+
+# %% [markdown]
+# ## Try this
+#
+# Change one parameter (the parameters cell at the top, or the cell named) and rerun:
+#
+# * **`prefix_len = 1`** and **`prefix_len = 14`**: the cost of one code-predictor call at the start and at the end of
+#   a frame; look at how much the verify cost curve moves.
+# * **`talker_context = 512`**: a longer utterance; look at the inner loop's share of a frame as the talker step
+#   grows, and with it what any inner-loop speedup can buy end to end.
+# * **`own_decoders = ("chain:2", "chain:8")`**: the calls per frame at the companion's own tokens per call; a wider
+#   chain commits more per call but each call is wider.

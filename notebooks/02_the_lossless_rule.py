@@ -625,3 +625,15 @@ display(Markdown("\n".join([
     "judged on quality too, which is why the project keeps it only as a labelled lossy control.",
 ])))
 print(f"total {metrics['timings_s']['total']:.1f} s")
+
+# %% [markdown]
+# ## Try this
+#
+# Change one parameter (the parameters cell at the top, or the cell named) and rerun:
+#
+# * **`beta = 0.1`**: a milder lossy rule; look at whether the G-test still rejects the lossy control
+#   (section 2's power line says the smallest shift it catches at this many rounds).
+# * **`n_draws = 2_000`**: fewer rounds; look at the lossless rule's p-values (they should stay spread over (0, 1)) and
+#   at the lossy rule's, which the test sees less sharply with fewer rounds.
+# * **`round_seed = 3`**: another traced round; follow the walk down the tree and check each kept or rejected draft
+#   against min(1, p/q) in the table by hand.

@@ -274,6 +274,54 @@ display(Markdown(
       f"{sp_big.predicted_tokens_per_call:.2f} (sampled)."))
 
 # %% [markdown]
+# ### Greedy growth and E(N) by hand
+#
+# The same builder on a table small enough for a pencil: three offsets, three ranks, each entry the probability that
+# the rank-r draft at offset t is accepted once its parent is (for the point-mass table above, its target mass).
+#
+# | offset t | rank 0 | rank 1 | rank 2 |
+# |---|---|---|---|
+# | 1 | 0.50 | 0.20 | 0.10 |
+# | 2 | 0.60 | 0.15 | 0.05 |
+# | 3 | 0.70 | 0.10 | 0.05 |
+#
+# A node's value is the product of the entries along its path: (0, 0) is 0.50 × 0.60 = 0.30. Start with the root's
+# children, (0) 0.50, (1) 0.20, (2) 0.10, as candidates, and repeat: add the candidate of highest value, then make its
+# children candidates.
+#
+# 1. add (0), 0.50; new candidates (0, 0) 0.30, (0, 1) 0.075, (0, 2) 0.025;
+# 2. add (0, 0), 0.30; new (0, 0, 0) 0.21, (0, 0, 1) 0.03, (0, 0, 2) 0.015;
+# 3. add (0, 0, 0), 0.21 (it beats (1), 0.20; offset 3 is the table's last, so no children);
+# 4. add (1), 0.20; new (1, 0) 0.12, (1, 1) 0.03, (1, 2) 0.01;
+# 5. add (1, 0), 0.12 (it beats (2), 0.10).
+#
+# Each added node is reached and accepted with its value, so one call is expected to commit 1 (the code the verifier
+# always adds) plus the sum of the values: E after 5 nodes, a budget of N = 6 query positions, is
+# 1 + 0.50 + 0.30 + 0.21 + 0.20 + 0.12 = 2.33. Below, the library's calibration does the same on the same table: it
+# pools its per-start-depth tables with `pool_by_offset`, grows with `grow_tree` and sums with `expected_tokens`
+# (one call, the frame's end ignored; `calibrate` then also counts where frames end).
+
+# %%
+from rvqspec_lib.decoding.trees import expected_tokens, grow_tree
+from rvqspec_lib.eval.calibration import pool_by_offset
+
+hand_table = [[0.50, 0.20, 0.10], [0.60, 0.15, 0.05], [0.70, 0.10, 0.05]]  # offset t = 1, 2, 3; ranks 0, 1, 2
+by_pencil = [((0,), 0.50), ((0, 0), 0.30), ((0, 0, 0), 0.21), ((1,), 0.20), ((1, 0), 0.12)]  # the steps above
+pooled_hand = pool_by_offset(np.array([hand_table]))  # one start depth: the table itself
+lib_order = grow_tree(pooled_hand, len(by_pencil), sampled=False)
+hand_rows = [{"step": i + 1, "by pencil": str(pp), "value by pencil": pv, "library": str(lp),
+              "value (library)": round(expected_tokens([lp], pooled_hand) - 1.0, 6),
+              "E after this step (library)": round(expected_tokens(lib_order[: i + 1], pooled_hand), 6),
+              "agrees": pp == lp and abs(pv - (expected_tokens([lp], pooled_hand) - 1.0)) < 1e-9}
+             for i, ((pp, pv), lp) in enumerate(zip(by_pencil, lib_order))]
+display(Markdown(
+    f"The library adds the nodes in the order {', '.join(str(p) for p in lib_order)} and predicts "
+    f"E = {expected_tokens(lib_order, pooled_hand):.2f} for N = {len(lib_order) + 1}: "
+    + ("every step agrees with the pencil." if all(r["agrees"] for r in hand_rows) else
+       "the steps marked False in `agrees` differ from the pencil: redo them by hand.")))
+pd.DataFrame(hand_rows)
+
+# %% [markdown]
 # ## 4. A calibrated tree and its verify attention mask (the paper's Figure 2, here)
 #
 # The paper's decoder at the paper's node budget: the shipped offsets drafter with its own calibrated point-mass tree
@@ -456,7 +504,9 @@ save_figure(fig, out / "04_speedup_vs_N", {**prov, "meta": speed["meta"]})
 plt.show()
 cols = ["decoder", "backend", "fused", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms", "outside_share",
         "speedup_vs_ar", "speedup_vs_fused"]
-display(speed_tab[cols].round(3))
+display(Markdown(f"All {len(speed_tab)} timed runners are in `04_speed.csv` beside this notebook's figures; below, "
+                 "the 12 fastest frames, which the sentences after the next table discuss."))
+display(speed_tab[cols].sort_values("ms_per_frame").head(12).round(3))
 
 # %%
 over_ar = BF.speedups_over_ar(speed_rows)
@@ -647,3 +697,15 @@ bullets += [
 ]
 display(Markdown("\n".join(bullets)))
 print(f"total {summary['timings_s']['total']:.0f} s")
+
+# %% [markdown]
+# ## Try this
+#
+# Change one parameter (the parameters cell at the top, or the cell named) and rerun:
+#
+# * **In section 3's hand-worked table, change one entry of `hand_table`**, e.g. the rank-1 mass at offset 1 from
+#   0.20 to 0.40: redo the greedy growth by pencil, then rerun the cell; the library's order must agree with yours.
+# * **`temperatures = (0.9, 0.3, 0.1)`**: fewer temperatures; look at where the point-mass curve crosses the sampled
+#   one (a colder p is more peaked, the regime of notebook 03's section 10).
+# * **`budgets = (2, 8, 32)`**: fewer node budgets; compare predicted with measured tokens per call in the relative
+#   error column.

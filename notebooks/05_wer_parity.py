@@ -677,3 +677,15 @@ metrics["headline"] = headline(
 )
 save_json(metrics, out / "05_metrics.json", prov_wer)
 print(f"run time {metrics['wall_s']:.0f} s")
+
+# %% [markdown]
+# ## Try this
+#
+# Change one parameter (the parameters cell at the top, or the cell named) and rerun:
+#
+# * **`beta = 0.1`**: a milder lossy control; look at the code tests of section 4: whether the rank test still catches
+#   it at this many frames (its power line says which shift it can see).
+# * **`seed = 1`**: other draws; look at how far the paired WER intervals move, and whether a lossless decoder's
+#   interval still covers 0.
+# * **`languages = ("en", "de")`** and **`n_sentences = 8`**: half the English sentences; look at how much the English
+#   intervals widen (about the square root of 2, if utterances are independent).

@@ -560,3 +560,14 @@ metrics["headline"] = headline(*(pipeline_headline(rep) if rep is not emb else [
 save_json(metrics, out / "06_metrics.json", prov)
 print(json.dumps({"pipeline_rows": len(pipe["rows"]), "streams": len(pipe["streams"]),
                   "sustained": pipe["sustained"]}, indent=1, default=str))
+
+# %% [markdown]
+# ## Try this
+#
+# Change one parameter (the parameters cell at the top, or the cell named) and rerun:
+#
+# * **`budgets = [2, 4, 8]`**: small trees only; Figure 4's measured curve ends earlier, and the fastest decoder named
+#   under it may change.
+# * **`chunk_frames = 1`**: audio decoded one frame at a time; look at the time to first audio and the underruns of
+#   the streamed rows.
+# * **`batches = [1, 8]`**: more concurrent streams; watch the real-time factor per stream as the batch grows.

@@ -230,7 +230,10 @@ display(Markdown(" ".join(lines)))
 # as long as its slowest row needs. A batched AR call reads the weights once for B rows, so AR alone fills the
 # machine as B grows, and the calls speculation saves become cheap. Frames per second of the embedded model
 # (`bench.frames.batch_throughput`) for AR and speculative decoders, stepped and fused, every (runner, B)
-# interleaved. (The native whole frame decodes a batch's rows one after the other: it does not batch.)
+# interleaved. (The native whole frame decodes a batch's rows one after the other: it does not batch.) The B = 1
+# column is this run's own timing (`batch_throughput`, on its own contexts and repeats); notebook 04 times single
+# frames separately (`time_frames`), so the two speedups of one decoder at batch 1 differ by those settings and by
+# each run's timing noise.
 
 # %%
 small = load_model(small_model)
@@ -459,3 +462,15 @@ bullets.append(
       "the table puts every speculative frame beside the fastest AR measured with it.")
 display(Markdown("\n".join(bullets)))
 print(f"total {summary['timings_s']['total']:.0f} s")
+
+# %% [markdown]
+# ## Try this
+#
+# Change one parameter (the parameters cell at the top, or the cell named) and rerun:
+#
+# * **`batch_sizes = (1, 32)`**: a larger batch; look at whether speculation's gain over AR survives when the batch
+#   already fills the machine.
+# * **`talker_contexts = (64, 2048)`**: a long utterance; the talker step's distance to its memory floor changes with
+#   the KV cache it reads.
+# * **`precisions = ("float32",)`**: one precision; compare the floor table with the committed one to see what the
+#   lower precisions bought on this CPU.

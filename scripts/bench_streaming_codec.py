@@ -14,7 +14,6 @@ read then.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from bench.codec_stream_bench import (  # noqa: E402
     format_streaming_table,
     streaming_table,
 )
+from rvqspec_lib.common.files import json_text  # noqa: E402
 from rvqspec_lib.models.configs import build_codec_decoder  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
               "after (25 frames of context against a 72-frame attention window)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        args.json.write_text(json_text(result) + "\n")
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 from pathlib import Path
 
 import torch
@@ -35,6 +34,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
 
     from bench.talker_bench import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
+    from rvqspec_lib.common.files import json_text
     from rvqspec_lib.models.loader import load_model
     from rvqspec_lib.device.native_talker import NativeTalker
 
@@ -55,7 +55,7 @@ def main(argv=None) -> None:
               f"ms, whole cache {sc['whole_cache_ms']:.2f} ms, saved {sc['saved_ms']:.2f} ms a step (CPU time: "
               f"{sc['prefix_cpu_ms']:.2f}, {sc['whole_cache_cpu_ms']:.2f}, saved {sc['saved_cpu_ms']:.2f} ms)")
     if args.json:
-        args.json.write_text(json.dumps(res, indent=1))
+        args.json.write_text(json_text(res))
 
 
 if __name__ == "__main__":

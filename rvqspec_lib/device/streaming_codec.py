@@ -26,7 +26,7 @@ from rvqspec_lib.device.streaming_layers import (
     onednn_available,
     to_cl,
 )
-from rvqspec_lib.device.streaming_rvq import StreamingRVQDecoder
+from rvqspec_lib.device.streaming_rvq import StreamingRVQDecoder, check_active
 
 
 #: Backends of :class:`StreamingCodecDecoder` (rvqspec_lib.device.streaming_layers: same state, same weights).
@@ -125,15 +125,21 @@ class StreamingCodecDecoder:
             s.reset(self.batch_size, p.dtype, p.device)
 
     @torch.no_grad()
-    def push(self, codes) -> torch.Tensor:
+    def push(self, codes, active=None) -> torch.Tensor:
         """Decode ``codes`` ``(batch_size, 16, n)`` integer ids in ``[0, 2048)``, n >= 1 new frames, into
         ``(batch_size, n * 1920)`` float32 audio in [-1, 1] at 24 kHz: the official ``forward``'s samples of these
-        frames, up to float rounding. ValueError (one line): codes :func:`check_codes_chunk` refuses."""
+        frames, up to float rounding. ``active``: ``(batch_size, n)`` bool, default all True; a row's frames from
+        its first False on are silence (the decoder is causal: what follows a row's end changes none of its audio).
+        ValueError (one line): codes :func:`check_codes_chunk` refuses, or a bad ``active``
+        (:func:`~rvqspec_lib.device.streaming_rvq.check_active`)."""
         codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)
+        active = check_active(active, self.batch_size, codes.shape[2])
         h = codes.to(next(self.decoder.parameters()).device)
         for _, stage in self._stages:
             h = stage(h)
         self.frames += codes.shape[2]
+        if active is not None:
+            h = h * active.to(h.device).repeat_interleave(self.frame_samples, 1)
         return h
 
     def stages(self) -> list[tuple[str, object]]:

@@ -517,7 +517,8 @@ def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voi
     out = Path(out_dir)
     rows = [{**r, "sample_rate": sample_rate} for r in plan_renders(sentences, voices, one_voice_each, fractions)]
     done = _render_rows(rows, out, processes=processes, sample_rate=sample_rate, progress=progress, desc="render")
-    write_text_atomic(out / "manifest.jsonl", "".join(json_text(dict(r), indent=None, ensure_ascii=False) + "\n" for r in done))
+    write_text_atomic(out / "manifest.jsonl",
+                      "".join(json_text(dict(r), indent=None, ensure_ascii=False) + "\n" for r in done))
     _write_recipe(out)
     return done
 

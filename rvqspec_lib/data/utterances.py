@@ -45,7 +45,8 @@ def write_shipped_utterances(rows: Iterable[Mapping], codes: Mapping[str, np.nda
     p = Path(path)
     sub = {r["id"]: np.asarray(codes[r["id"]]).astype(np.int16) for r in rows}
     save_codes(sub, p)
-    write_text_atomic(p.with_suffix(".jsonl"), "".join(json_text(r, indent=None, ensure_ascii=False) + "\n" for r in rows))
+    write_text_atomic(p.with_suffix(".jsonl"),
+                      "".join(json_text(r, indent=None, ensure_ascii=False) + "\n" for r in rows))
     return p
 
 

@@ -124,7 +124,8 @@ class CodeDecoder(nn.Module):
         p.parent.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
         with atomic_output(p) as tmp:
-            save_file(state, str(tmp), metadata={"format": FORMAT, "config": json_text(asdict(self.config), indent=None),
+            save_file(state, str(tmp), metadata={"format": FORMAT,
+                                                 "config": json_text(asdict(self.config), indent=None),
                                                  "meta": json_text(meta or {}, indent=None)})
         return p
 

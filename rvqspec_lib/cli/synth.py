@@ -182,7 +182,8 @@ def auto_choice(args, lm, sampling: Sampling) -> tuple[NamedDecoder, str, bool]:
         ValueError: the model ships no calibration frames to time on.
     """
     name = args.decoder_name
-    native = args.dtype in PRECISIONS and B.available("native", args.dtype)[0]
+    native = args.dtype in PRECISIONS and B.available_or_note("native", args.dtype, instead="--decoder auto chooses "
+                                                             "among the official module's decoders alone")
     pool = [args.backend] if args.backend else ["official"] + ["native"] * native
     choice = budget.auto_for_model(lm, backends=pool, drafter_name=name.drafter, progress=sys.stderr.isatty())
     named = replace(choice.named, note=f"--decoder auto chose {choice.reason}")

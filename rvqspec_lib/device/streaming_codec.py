@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rvqspec_lib.device.kernels.build import note_slower
 from rvqspec_lib.device.streaming_layers import (
     CausalConvState,
     ConvNeXtState,
@@ -63,6 +64,9 @@ class StreamingCodecDecoder:
         ok, why = onednn_available()
         if backend == "auto":
             backend = "onednn" if ok and p.device.type == "cpu" else "official"
+            if not ok and p.device.type == "cpu":
+                note_slower("the streaming codec decoder's oneDNN backend", f"{why}; the official modules decode the "
+                            "stream (a torch build with oneDNN, as pinned in requirements.txt, brings it back)")
         if backend == "onednn" and (not ok or p.device.type != "cpu"):
             raise ValueError(f"backend 'onednn' cannot run here ({why or 'the decoder is on ' + str(p.device)}): "
                              "use backend='official'")

@@ -10,6 +10,10 @@ REST API:
   JupyterLab ships it has no default viewer for Python);
 * the contents API opens ``notebooks/01_rvq_bottleneck.py`` as a notebook (jupytext's contents manager): cells,
   the first code cell tagged ``parameters``;
+* every ``notebooks/NN_*.py`` opened as a notebook and saved back unchanged through the contents API (what
+  JupyterLab's save does) is byte-identical, twice over, and also after a kernel's traces (``language_info``,
+  outputs, execution counts) are added: the repository's ``jupytext.toml`` keeps jupytext from adding its
+  version lines to the header (the negative control: without that filter, the first save changes the file);
 
 and the server is stopped (terminate, then kill) whatever happened. A last test checks that the Makefile's install
 path is the settings folder JupyterLab reads from .venv.
@@ -63,6 +67,13 @@ def _install_settings(settings_dir: Path) -> Path:
 def _get(url: str, token: str) -> dict:
     req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
     with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _put(url: str, token: str, model: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(model).encode(), method="PUT",
+                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
 
 
@@ -131,6 +142,44 @@ def test_contents_api_opens_the_py_notebook_as_a_notebook(server):
     # the same file as plain text is the jupytext source the notebook was read from (not a cached .ipynb)
     text = _get(f"{base}/api/contents/{NOTEBOOK}?type=file&content=1", token)
     assert text["type"] == "file" and text["content"] == (REPO / NOTEBOOK).read_text()
+
+
+def test_saving_every_notebook_unchanged_leaves_its_source_byte_identical(server):
+    base, token = server
+    sources = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.py"))
+    assert len(sources) >= 2
+    before = {src: src.read_bytes() for src in sources}
+    try:
+        for src in sources:
+            url = f"{base}/api/contents/notebooks/{src.name}"
+            for save in range(2):
+                nb = _get(f"{url}?type=notebook&content=1", token)
+                content = nb["content"]
+                if save == 1:  # what running the notebook in a kernel adds to the model before a save
+                    content["metadata"]["language_info"] = {"name": "python", "version": "3.11.0"}
+                    for i, cell in enumerate(c for c in content["cells"] if c["cell_type"] == "code"):
+                        cell["execution_count"] = i + 1
+                        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "x\n"}]
+                _put(url, token, {"type": "notebook", "format": "json", "content": content})
+                assert src.read_bytes() == before[src], f"save {save + 1} of {src.name} changed it"
+    finally:  # a failing save must not leave the checkout dirty
+        for src, data in before.items():
+            if src.read_bytes() != data:
+                src.write_bytes(data)
+
+
+def test_without_the_repositorys_filter_jupytext_would_add_its_version_lines():
+    """The negative control of the round trip: the same read and write through jupytext with no configuration adds
+    the format and jupytext version lines to the header; with the repository's configuration it does not."""
+    import jupytext
+    from jupytext.config import load_jupytext_configuration_file
+
+    src = (REPO / NOTEBOOK).read_text()
+    config = load_jupytext_configuration_file(str(REPO / "jupytext.toml"))
+    bare = jupytext.writes(jupytext.reads(src, fmt="py:percent"), fmt="py:percent")
+    assert bare != src and "jupytext_version:" in bare and "jupytext_version:" not in src
+    kept = jupytext.writes(jupytext.reads(src, fmt="py:percent"), fmt="py:percent", config=config)
+    assert kept == src
 
 
 def test_the_makefile_installs_the_setting_where_the_venvs_jupyterlab_reads_it():

@@ -116,11 +116,11 @@ def test_ctrl_c_mid_stream_leaves_a_valid_wav_of_the_chunks_so_far(tmp_path, cap
     pushes = []
     real = streaming_rvq.StreamingRVQDecoder.push
 
-    def push(self, codes):
+    def push(self, codes, active=None):
         pushes.append(1)
         if len(pushes) == 6:
             raise KeyboardInterrupt
-        return real(self, codes)
+        return real(self, codes, active)
 
     monkeypatch.setattr(streaming_rvq.StreamingRVQDecoder, "push", push)
     assert _synth(tmp_path, *FAST, "--max-frames", "10", "--json", str(tmp_path / "x.json")) == 130

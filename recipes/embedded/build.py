@@ -69,6 +69,7 @@ from recipes.embedded import corpus  # noqa: E402
 from rvqspec_lib.data import voices
 from recipes.embedded.codes import encode_manifest  # noqa: E402
 from recipes.embedded.model_card import model_card  # noqa: E402
+from rvqspec_lib.common.files import json_text  # noqa: E402
 from rvqspec_lib.eval.inner_loop import (  # noqa: E402
     codes_to_audio,
     free_running_codes,
@@ -217,7 +218,7 @@ class Builder:
         self.timings[stage] = round(time.perf_counter() - t, 2)
         tp = self.work / "timings.json"
         old = json.loads(tp.read_text()) if tp.is_file() else {}
-        tp.write_text(json.dumps({**old, **self.timings}, indent=1))
+        tp.write_text(json_text({**old, **self.timings}))
         return r
 
     # ------------------------------------------------------------------ 1. texts
@@ -426,7 +427,7 @@ class Builder:
         marker["languages"] = ["english"]  # trained on English only: --language german etc. are refused
         marker["codec"] = "../codec.safetensors"  # relative to the model folder
         # the marker last: it means complete
-        (tmp / "rvqspec_model.json").write_text(json.dumps(marker, indent=1) + "\n")
+        (tmp / "rvqspec_model.json").write_text(json_text(marker) + "\n")
         shutil.rmtree(d, ignore_errors=True)
         os.replace(tmp, d)
         self.log(f"model: {d}")
@@ -475,7 +476,7 @@ class Builder:
         dec, log = train_code_decoder(codec.codebooks, pairs["train"], pairs["val"], steps=a.decoder_steps or None,
                                       minutes=a.decoder_minutes, eval_every=a.decoder_eval_every, seed=a.seed,
                                       progress=self.progress)
-        (self.work / "decoder" / "curve.json").write_text(json.dumps(log, indent=1) + "\n")
+        (self.work / "decoder" / "curve.json").write_text(json_text(log) + "\n")
         dec.save(p, meta=log["meta"], dtype=torch.float16)  # stored like the model and the codec; eval uses it
         last = log["curve"][-1]
         self.log(f"decoder: {log['meta']['steps']} steps, kept {log['meta']['best_step']}; validation L1 true codes "

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rvqspec_lib.common.files import atomic_output
+from rvqspec_lib.common.files import atomic_output, json_text
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.data.teacher import eval_mode
 from rvqspec_lib.data.utterances import utterances_from_manifest
@@ -50,7 +50,7 @@ class DecoderPairs:
         t = {"lengths": lens, "true": torch.cat(self.true), "generated": torch.cat(self.generated),
              "features": torch.cat([torch.as_tensor(f) for f in self.features])}
         with atomic_output(p) as tmp:
-            save_file(t, str(tmp), metadata={"ids": json.dumps(list(self.ids))})
+            save_file(t, str(tmp), metadata={"ids": json_text(list(self.ids), indent=None)})
         return p
 
     @classmethod

@@ -5,12 +5,11 @@ checked before the model loads; the JSON is written atomically.
 
 from __future__ import annotations
 
-import json
 import time
 
 from rvqspec_lib.cli.common import apply_threads, check_tree_ranks, note, threads_text
 from rvqspec_lib.cli.frames import check_frame_source_args, frames_from_args, note_fewer_frames
-from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
@@ -90,6 +89,6 @@ def run(args, threads: int) -> int:
     shown = ", ".join(f"j={j + 1} {a:.3f}" for j, a in enumerate(alpha) if a is not None)
     print(f"  exact acceptance by offset: {shown}")
     if args.json:
-        write_text_atomic(args.json, json.dumps(res, indent=1) + "\n")
+        write_json_atomic(args.json, res)
         print(f"wrote {args.json}")
     return 0

@@ -3,12 +3,11 @@ Table 3; docs/cli.md#rvqspec-eval-wer; notebook 05 calls the same :mod:`rvqspec_
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from rvqspec_lib.cli.common import apply_threads, resolve_threads
-from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import calibration_budgets, parse_decoder_name, split_decoder_list
 from rvqspec_lib.decoding.decoders import AR
@@ -135,7 +134,7 @@ def run(args, threads: int | None = None) -> int:
            "calibration": None if calibration is None else {k: calibration.get(k) for k in ("n_frames", "source")}}
     _print(table3, free)
     if args.json:
-        write_text_atomic(args.json, json.dumps(out, indent=1, default=str))
+        write_json_atomic(args.json, out)
         print(f"wrote {args.json}")
     return 0
 

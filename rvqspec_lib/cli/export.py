@@ -4,14 +4,13 @@ states, size, agreement, provenance); bad input is a one-line error before any w
 
 from __future__ import annotations
 
-import json
 import sys
 
 import torch
 
 from rvqspec_lib.cli.args import EXPORT_DTYPES, FORMATS, GRAPHS, TARGETS
 from rvqspec_lib.cli.common import _die, apply_threads, check_output_folder, check_tree_ranks, make_folder, note
-from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, parse_decoder_name
 from rvqspec_lib.decoding.trees import DraftTree
@@ -110,7 +109,7 @@ def run(args, threads: int = 1) -> int:
             "note": "" if agreement else F.coreml_available()[1],
             "provenance": provenance({"model": args.model, "format": args.fmt, "graph": args.graph,
                                       "dtype": args.dtype, "nodes": nodes, "threads": torch.get_num_threads()})}
-    write_text_atomic(out / (stem + ".json"), json.dumps(info, indent=1, default=str) + "\n")
+    write_json_atomic(out / (stem + ".json"), info)
     print(f"wrote {path} ({res['bytes'] / 1e6:.1f} MB, {res['export_s']:.0f} s; inputs "
           f"{', '.join(r[0] for r in res['written']['inputs'])}; outputs "
           f"{', '.join(r[0] for r in res['written']['outputs'])}"

@@ -4,7 +4,6 @@ against the model's config; the order of work and the statistics' timing fields:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -18,7 +17,7 @@ import torch
 from rvqspec_lib.cli.args import AUDIO_SUFFIXES, MAX_BATCH
 from rvqspec_lib.cli.common import apply_threads, check_outputs, check_seed, check_tree_ranks, check_utf8, \
     make_parent_folders, note, read_text_file, threads_text
-from rvqspec_lib.common.files import atomic_outputs
+from rvqspec_lib.common.files import atomic_outputs, json_text
 from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
 from rvqspec_lib.decoding.decoders import Tree, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
@@ -183,7 +182,8 @@ def auto_choice(args, lm, sampling: Sampling) -> tuple[NamedDecoder, str, bool]:
         ValueError: the model ships no calibration frames to time on.
     """
     name = args.decoder_name
-    native = args.dtype in PRECISIONS and B.available("native", args.dtype)[0]
+    native = args.dtype in PRECISIONS and B.available_or_note("native", args.dtype, instead="--decoder auto chooses "
+                                                             "among the official module's decoders alone")
     pool = [args.backend] if args.backend else ["official"] + ["native"] * native
     choice = budget.auto_for_model(lm, backends=pool, drafter_name=name.drafter, progress=sys.stderr.isatty())
     named = replace(choice.named, note=f"--decoder auto chose {choice.reason}")
@@ -350,7 +350,7 @@ def run(args, threads: int) -> int:
         else:
             stats["utterances"] = per
         if args.json:
-            tmp[Path(args.json)].write_text(json.dumps(stats, indent=1) + "\n")
+            tmp[Path(args.json)].write_text(json_text(stats) + "\n")
     rtf = (f"RTF {stats['rtf']:.2f} (synthesis alone; {stats['rtf_total']:.2f} with start-up, load and choice)"
            if stats["rtf"] is not None else "RTF n/a (no audio)")
     what = f"{len(texts)} texts, " if len(texts) > 1 else ""
@@ -414,7 +414,7 @@ def run_stream(args, lm, runner, talker, generator, talker_sampling, ctx: dict) 
         if not to_stdout:
             np.save(tmp[targets[0]], codes.numpy().astype(np.int64))  # (frames, n_code_groups)
         if args.json:
-            tmp[Path(args.json)].write_text(json.dumps(stats, indent=1) + "\n")
+            tmp[Path(args.json)].write_text(json_text(stats) + "\n")
     report = sys.stderr if to_stdout else sys.stdout
     print(f"{s['frames']} frames ({s['audio_s']:.2f} s of audio) streamed in chunks of {args.chunk_frames} frame(s) "
           f"({B.runner_label(B.runner_fields(runner))}) | time to first audio {s['ttfa_ms']:.0f} ms after the prompt "

@@ -5,14 +5,13 @@ its ``.json`` description and its ``.curve.json`` training curve are written ato
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 from rvqspec_lib.cli.common import apply_threads, check_outputs, note, threads_text
 from rvqspec_lib.cli.frames import check_frame_source_args, frames_from_args, note_fewer_frames, uses_shipped
-from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.decoding.drafters import DEFAULT_K
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import drafter_path, make_drafter, model_drafter_dir, save_drafter
@@ -96,7 +95,7 @@ def run(args, threads: int) -> int:
     res.drafter.provenance["model"] = args.model
     res.drafter.provenance["threads"] = threads
     save_drafter(res.drafter, out)  # the drafter and its .json, atomically; then its curve
-    write_text_atomic(curve, json.dumps(res.to_json(), indent=1, default=str) + "\n")
+    write_json_atomic(curve, res.to_json())
     total_s = time.perf_counter() - started
     c0, cb = res.curve[0], res.curve[res.best_epoch]
     print(f"{args.drafter} ({res.drafter.params_added:,} parameters, loss {args.loss}): validation loss "

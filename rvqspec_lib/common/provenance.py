@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
-import json
 import math
 import os
 import platform
@@ -17,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from rvqspec_lib.common.files import atomic_outputs, write_text_atomic
+from rvqspec_lib.common.files import atomic_outputs, json_text, json_types, write_json_atomic, write_text_atomic
 from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.common.paths import REPO_ROOT
 
@@ -132,32 +131,13 @@ def _versions() -> dict:
     return v
 
 
-def _jsonable(x: Any) -> Any:
-    """Best-effort conversion to JSON types (numpy scalars, tensors of one element, paths, tuples, NaN -> None)."""
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, set)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float):
-        return None if math.isnan(x) or math.isinf(x) else x
-    if isinstance(x, (str, int, bool)) or x is None:
-        return x
-    if isinstance(x, os.PathLike):
-        return str(x)
-    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:  # numpy / torch scalar
-        return _jsonable(x.item())
-    if hasattr(x, "tolist"):
-        return _jsonable(x.tolist())
-    return str(x)
-
-
 def provenance(params: Mapping[str, Any] | None = None, seed: int | None = None) -> dict:
     """Provenance record for a result: ``git``, ``created_utc``, ``params`` (JSON types), ``seed`` (``None``: nothing
     random drawn), ``hardware``, ``versions``, ``argv``. No hostname or user name."""
     return {
         "git": git_revision(),
         "created_utc": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "params": _jsonable(dict(params or {})),
+        "params": json_types(dict(params or {})),
         "seed": seed,
         "hardware": hardware(),
         "versions": _versions(),
@@ -173,7 +153,7 @@ def _sidecar_text(prov: Mapping, files: Iterable[Path]) -> str:
     """The sidecar's JSON: the record plus the names of the files it describes (final names, not temporary ones)."""
     record = dict(prov)
     record["files"] = [p.name for p in files]
-    return json.dumps(_jsonable(record), indent=2) + "\n"
+    return json_text(record, indent=2) + "\n"
 
 
 def _records(table) -> tuple[list[str], list[list[Any]]]:
@@ -280,7 +260,7 @@ def save_json(obj: Mapping, path: str | os.PathLike, prov: Mapping) -> Path:
     """Write a metrics dict as JSON (NaN/inf as ``null``) with ``prov`` under ``"provenance"``; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = dict(_jsonable(obj))
-    record["provenance"] = _jsonable(prov)
-    write_text_atomic(path, json.dumps(record, indent=2) + "\n")  # whole or absent, even on Ctrl-C
+    record = dict(json_types(obj))
+    record["provenance"] = json_types(prov)
+    write_json_atomic(path, record, indent=2)  # whole or absent, even on Ctrl-C
     return path

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from rvqspec_lib.common.files import atomic_output
+from rvqspec_lib.common.files import atomic_output, json_text
 
 
 @dataclass
@@ -104,7 +104,7 @@ class Frames:
         if self.targets is not None:
             t["targets"] = self.targets.contiguous()
         with atomic_output(path) as tmp:
-            save_file(t, str(tmp), metadata={"rvqspec_frames": json.dumps(self.source, default=str)})
+            save_file(t, str(tmp), metadata={"rvqspec_frames": json_text(self.source, indent=None)})
         return path
 
     @classmethod

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from rvqspec_lib.common.files import atomic_output, write_text_atomic
+from rvqspec_lib.common.files import atomic_output, json_text, write_text_atomic
 from rvqspec_lib.data.teacher import Utterance
 from rvqspec_lib.models import loader
 
@@ -45,7 +45,8 @@ def write_shipped_utterances(rows: Iterable[Mapping], codes: Mapping[str, np.nda
     p = Path(path)
     sub = {r["id"]: np.asarray(codes[r["id"]]).astype(np.int16) for r in rows}
     save_codes(sub, p)
-    write_text_atomic(p.with_suffix(".jsonl"), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    write_text_atomic(p.with_suffix(".jsonl"),
+                      "".join(json_text(r, indent=None, ensure_ascii=False) + "\n" for r in rows))
     return p
 
 

@@ -21,7 +21,7 @@ from typing import Iterable, Mapping, Sequence
 
 import soundfile as sf
 
-from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.files import json_text, write_text_atomic
 from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, n_frames
@@ -326,7 +326,8 @@ def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voi
     out = Path(out_dir)
     rows = [{**r, "sample_rate": sample_rate} for r in plan_renders(sentences, voices, one_voice_each, fractions)]
     done = _render_rows(rows, out, processes=processes, sample_rate=sample_rate, progress=progress, desc="render")
-    write_text_atomic(out / "manifest.jsonl", "".join(json.dumps(dict(r), ensure_ascii=False) + "\n" for r in done))
+    write_text_atomic(out / "manifest.jsonl",
+                      "".join(json_text(dict(r), indent=None, ensure_ascii=False) + "\n" for r in done))
     _write_recipe(out)
     return done
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rvqspec_lib.device.kernels.build import note_slower
 from rvqspec_lib.device.streaming_layers import (
     CausalConvState,
     ConvNeXtState,
@@ -26,7 +27,7 @@ from rvqspec_lib.device.streaming_layers import (
     onednn_available,
     to_cl,
 )
-from rvqspec_lib.device.streaming_rvq import StreamingRVQDecoder
+from rvqspec_lib.device.streaming_rvq import StreamingRVQDecoder, check_active
 
 
 #: Backends of :class:`StreamingCodecDecoder` (rvqspec_lib.device.streaming_layers: same state, same weights).
@@ -63,6 +64,9 @@ class StreamingCodecDecoder:
         ok, why = onednn_available()
         if backend == "auto":
             backend = "onednn" if ok and p.device.type == "cpu" else "official"
+            if not ok and p.device.type == "cpu":
+                note_slower("the streaming codec decoder's oneDNN backend", f"{why}; the official modules decode the "
+                            "stream (a torch build with oneDNN, as pinned in requirements.txt, brings it back)")
         if backend == "onednn" and (not ok or p.device.type != "cpu"):
             raise ValueError(f"backend 'onednn' cannot run here ({why or 'the decoder is on ' + str(p.device)}): "
                              "use backend='official'")
@@ -125,15 +129,21 @@ class StreamingCodecDecoder:
             s.reset(self.batch_size, p.dtype, p.device)
 
     @torch.no_grad()
-    def push(self, codes) -> torch.Tensor:
+    def push(self, codes, active=None) -> torch.Tensor:
         """Decode ``codes`` ``(batch_size, 16, n)`` integer ids in ``[0, 2048)``, n >= 1 new frames, into
         ``(batch_size, n * 1920)`` float32 audio in [-1, 1] at 24 kHz: the official ``forward``'s samples of these
-        frames, up to float rounding. ValueError (one line): codes :func:`check_codes_chunk` refuses."""
+        frames, up to float rounding. ``active``: ``(batch_size, n)`` bool, default all True; a row's frames from
+        its first False on are silence (the decoder is causal: what follows a row's end changes none of its audio).
+        ValueError (one line): codes :func:`check_codes_chunk` refuses, or a bad ``active``
+        (:func:`~rvqspec_lib.device.streaming_rvq.check_active`)."""
         codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)
+        active = check_active(active, self.batch_size, codes.shape[2])
         h = codes.to(next(self.decoder.parameters()).device)
         for _, stage in self._stages:
             h = stage(h)
         self.frames += codes.shape[2]
+        if active is not None:
+            h = h * active.to(h.device).repeat_interleave(self.frame_samples, 1)
         return h
 
     def stages(self) -> list[tuple[str, object]]:

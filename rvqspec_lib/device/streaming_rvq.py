@@ -26,9 +26,25 @@ GL_LOOKAHEAD_FRAMES = 1
 MOMENTUM = 0.99
 
 
+def check_active(active, batch_size: int, n: int) -> torch.Tensor | None:
+    """``active`` of a push as a ``(batch_size, n)`` bool tensor (``None`` stays ``None``: every row speaks); ValueError
+    (one line) for another shape or a row that speaks again after a silent frame (a row's stream ends for good)."""
+    if active is None:
+        return None
+    active = torch.as_tensor(active, dtype=torch.bool).cpu()
+    if tuple(active.shape) != (batch_size, n):
+        raise ValueError(f"active must be (batch_size, frames) = ({batch_size}, {n}) booleans, got "
+                         f"{tuple(active.shape)}")
+    if bool((active[:, 1:] & ~active[:, :-1]).any()):
+        raise ValueError("a row's active frames must come first: once a row has ended (False) it stays ended")
+    return active
+
+
 class StreamingRVQDecoder:
     """Stateful streaming decoder over an :class:`RVQCodec` (or a ``CodecSpeechTokenizer``): push codes, get the audio
-    of the frames whose look-ahead has arrived; :meth:`flush` returns the rest (module docstring).
+    of the frames whose look-ahead has arrived; :meth:`flush` returns the rest (module docstring). Rows may end at
+    different frames (``push(codes, active)``): a row that ends is flushed there, as a stream of that row alone would
+    be, so each row's audio is bit for bit its own stream's, whatever the other rows do.
 
     Args:
         codec: the codec (its neural code decoder when attached, else its tables). batch_size: rows of the first
@@ -89,17 +105,28 @@ class StreamingRVQDecoder:
         self._rows = [_RowStream(self) for _ in range(self.batch_size)]
         self._ended = False
 
-    def push(self, codes) -> torch.Tensor:
+    def push(self, codes, active=None) -> torch.Tensor:
         """Add ``codes`` ``(batch_size, 16, n)`` (the official decoder's layout); return ``(batch_size, m * 1920)``
         float32 audio at 24 kHz of the m frames this push completes (m = 0 while the first ``lookahead_frames``
-        arrive). ValueError (one line): bad codes, or a push after :meth:`flush` without :meth:`reset`."""
+        arrive). ``active``: ``(batch_size, n)`` bool, default all True; a row's first False frame ends its stream
+        there (its later codes are ignored): its held-back frames are flushed as its stream alone would be and come
+        out in step with the other rows, then silence. ValueError (one line): bad codes or ``active``, or a push
+        after :meth:`flush` without :meth:`reset`."""
         if self._ended:
             raise ValueError("this stream was flushed: call reset() to start a new one")
         codes = check_codes_chunk(codes, self.n_codebooks, self.codebook_size, self.batch_size)
-        self.frames += codes.shape[2]
-        out = torch.stack([row.push(codes[b].cpu()) for b, row in enumerate(self._rows)])
-        self.emitted += out.shape[1] // self.frame_samples
-        return out
+        n = codes.shape[2]
+        active = check_active(active, self.batch_size, n)
+        for b, row in enumerate(self._rows):
+            k = n if active is None else int(active[b].sum())
+            if row.ended and k:
+                raise ValueError(f"row {b} ended in an earlier push: it cannot speak again before reset()")
+            if not row.ended:
+                row.push(codes[b, :, :k].cpu())
+                if k < n:
+                    row.flush()
+        self.frames += n
+        return self._release(all(r.ended for r in self._rows))
 
     def flush(self) -> torch.Tensor:
         """End of stream: decode the frames still held back (their windows and columns cut at the last frame, as the
@@ -108,8 +135,22 @@ class StreamingRVQDecoder:
         if self._ended:
             return torch.zeros(self.batch_size, 0)
         self._ended = True
-        out = torch.stack([row.flush() for row in self._rows])
-        self.emitted += out.shape[1] // self.frame_samples
+        for row in self._rows:
+            if not row.ended:
+                row.flush()
+        return self._release(True)
+
+    def _release(self, everything: bool) -> torch.Tensor:
+        """The audio every row has ready, in step: as many frames as the rows still speaking have (all that is ready
+        when ``everything``); a row that ended has silence after its own frames."""
+        ready = [r.out.shape[0] for r in self._rows if not r.ended or everything]
+        m = (min(ready) if ready and not everything else max(ready, default=0)) // self.frame_samples
+        out = torch.zeros(self.batch_size, m * self.frame_samples)
+        for b, row in enumerate(self._rows):
+            got = row.out[:m * self.frame_samples]
+            out[b, :got.shape[0]] = got
+            row.out = row.out[got.shape[0]:]
+        self.emitted += m
         return out
 
     def wsum(self, n_cols: int) -> torch.Tensor:
@@ -139,19 +180,22 @@ class _RowStream:
         self.est = torch.zeros(0)  # estimate of the samples from emitted * 1920 on
         self.past = torch.zeros(cfg.n_fft)  # the n_fft committed samples before them (zeros before the start)
         self.cols_started = 0  # STFT columns some commit has iterated on
+        self.out = torch.zeros(0)  # committed samples not yet returned (the batch returns its rows in step)
+        self.ended = False  # flushed: its stream is over
 
-    def push(self, codes: torch.Tensor) -> torch.Tensor:  # (G, n) -> (m * 1920,)
+    def push(self, codes: torch.Tensor) -> None:  # (G, n): the audio it completes goes to ``out``
         cfg = self.cfg
         self.codes = torch.cat([self.codes, codes], -1)
         self.frames += codes.shape[1]
         self._advance_vectors(self.frames - cfg.code_lookahead)
-        return self._commit(self.vectors_done - cfg.gl_lookahead)
+        self.out = torch.cat([self.out, self._commit(self.vectors_done - cfg.gl_lookahead)])
 
-    def flush(self) -> torch.Tensor:
+    def flush(self) -> None:
+        self.ended = True
         self._advance_vectors(self.frames)
         if self.frames:  # the offline decode's last STFT column (centred just past the end) repeats the last one
             self.mag = torch.cat([self.mag, self.mag[:, -1:]], -1)
-        return self._commit(self.frames)
+        self.out = torch.cat([self.out, self._commit(self.frames)])
 
     # ------------------------------------------------------------------------------------------------- vectors
     def _advance_vectors(self, until: int) -> None:

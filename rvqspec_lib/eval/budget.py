@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
@@ -262,7 +262,7 @@ def write_cache(path: Path, store: dict) -> bool:
     """Write the cache atomically; on failure warn in one line naming ``RVQSPEC_CACHE`` and return ``False``."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(store, indent=1))
+        write_json_atomic(path, store)
         return True
     except OSError as e:
         _warn(f"the --decoder auto choice is used but not cached: {path} is not writable ({e.strerror}); set "

@@ -23,6 +23,7 @@ from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.device.fused import FusedARFrame
 from rvqspec_lib.device.fused_spec import FusedChainFrame
 from rvqspec_lib.device.kernels import cpforward
+from rvqspec_lib.device.kernels.build import note_slower
 from rvqspec_lib.device.lean import LeanCodePredictor
 from rvqspec_lib.device.native import NativeCodePredictor
 from rvqspec_lib.device.native_frame import NativeChainFrame
@@ -57,9 +58,18 @@ def available(name: str, precision: str = "float32", device: str = "cpu") -> tup
         if dev != "cpu":
             return False, "the native forward runs on the CPU"
         if not cpforward.available():
-            return False, (f"the native forward cannot be built here ({cpforward.unavailable_reason()}): it needs an "
-                           "x86-64 CPU and a C compiler (e.g. apt-get install gcc)")
+            return False, f"the native forward cannot be built here: {cpforward.unavailable_reason()}"
     return True, ""
+
+
+def available_or_note(name: str, precision: str = "float32", device: str = "cpu", *, instead: str) -> bool:
+    """:func:`available`'s verdict for a caller that goes on without the backend, running ``instead``: then one line
+    on stderr, once per process, naming the cause and the fix (:func:`~rvqspec_lib.device.kernels.build.note_slower`).
+    """
+    ok, why = available(name, precision, device)
+    if not ok:
+        note_slower(f"the {name} backend", f"{why}; {instead}")
+    return ok
 
 
 def check_available(name: str, precision: str = "float32", device: str = "cpu") -> None:

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from rvqspec_lib.common.files import atomic_output
+from rvqspec_lib.common.files import atomic_output, json_text
 
 FORMAT = "rvqspec-code-decoder"
 
@@ -124,8 +124,9 @@ class CodeDecoder(nn.Module):
         p.parent.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
         with atomic_output(p) as tmp:
-            save_file(state, str(tmp), metadata={"format": FORMAT, "config": json.dumps(asdict(self.config)),
-                                                 "meta": json.dumps(meta or {})})
+            save_file(state, str(tmp), metadata={"format": FORMAT,
+                                                 "config": json_text(asdict(self.config), indent=None),
+                                                 "meta": json_text(meta or {}, indent=None)})
         return p
 
     @classmethod

@@ -12,7 +12,7 @@ from pathlib import Path
 import safetensors.torch
 from safetensors import SafetensorError, safe_open
 
-from rvqspec_lib.common.files import atomic_outputs
+from rvqspec_lib.common.files import atomic_outputs, json_text
 from rvqspec_lib.decoding.drafters import (
     DEFAULT_K,
     DRAFTERS,
@@ -154,7 +154,7 @@ def save_drafter(drafter, path: str | os.PathLike) -> Path:
     desc = {"format": FORMAT, "version": FORMAT_VERSION, "name": drafter.name, "config": drafter.config(),
             "params_added": drafter.params_added, "tensors": {k: list(v.shape) for k, v in tensors.items()},
             "provenance": drafter.provenance}
-    text = json.dumps(desc, indent=1, default=str)
+    text = json_text(desc)
     with atomic_outputs([path, path.with_suffix(".json")]) as (tmp, tmp_side):  # both files or neither, even on Ctrl-C
         safetensors.torch.save_file(tensors, str(tmp), metadata={"rvqspec": text})
         tmp_side.write_text(text + "\n")

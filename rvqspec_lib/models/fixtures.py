@@ -17,7 +17,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import AddedToken, EncodecFeatureExtractor, Qwen2TokenizerFast
 from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
-from rvqspec_lib.common.files import usual_mode
+from rvqspec_lib.common.files import json_text, usual_mode
 from rvqspec_lib.models.configs import CONFIG_DIR, seeded
 from rvqspec_lib.models.loader import RANDOM_WEIGHTS_MARKER
 from rvqspec_lib.models.shim import import_qwen_tts
@@ -157,9 +157,9 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
                                                                                  "transformers_version")})
         model = seeded(seed, lambda: core.models.Qwen3TTSForConditionalGeneration(cfg)).to(dtype)
         model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
+        (tmp / "config.json").write_text(json_text(cfg_dict, indent=2) + "\n")
         shutil.copyfile(RELEASE_DIR / "generation_config.json", tmp / "generation_config.json")
-        (tmp / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
+        (tmp / "preprocessor_config.json").write_text(json_text(PREPROCESSOR_CONFIG, indent=2) + "\n")
 
         # 3. the speech tokenizer: the official 12 Hz classes
         st_cfg_dict = _tiny_speech_tokenizer_config()
@@ -185,7 +185,7 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
 
         st_dir = tmp / "speech_tokenizer"
         seeded(seed + 1, _build_st).save_pretrained(st_dir, safe_serialization=True)
-        (st_dir / "config.json").write_text(json.dumps(st_cfg_dict, indent=2) + "\n")
+        (st_dir / "config.json").write_text(json_text(st_cfg_dict, indent=2) + "\n")
         (st_dir / "generation_config.json").unlink(missing_ok=True)  # not in the release's folder
         EncodecFeatureExtractor(feature_size=1, sampling_rate=24000, padding_value=0.0, chunk_length_s=None,
                                 overlap=None, padding_side="right",

@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model as load_weights
 from safetensors.torch import save_model
 
-from rvqspec_lib.common.files import usual_mode
+from rvqspec_lib.common.files import json_text, usual_mode
 from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.models.configs import (
     CONFIG_DIR,
@@ -419,7 +419,7 @@ def save_checkpoint(lm: LoadedModel, out_dir: str | Path, *, extra: dict | None 
     gen = lm.generation or _default_generation(None)
     save_model(lm.model, str(out / "model.safetensors"))
     usual_mode(out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps(config_dict(lm.model), indent=2))
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    (out / OWN_MODEL_MARKER).write_text(json.dumps(marker, indent=2))
+    (out / "config.json").write_text(json_text(config_dict(lm.model), indent=2))
+    (out / "generation_config.json").write_text(json_text(gen, indent=2))
+    (out / OWN_MODEL_MARKER).write_text(json_text(marker, indent=2))
     return out

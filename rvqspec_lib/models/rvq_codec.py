@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rvqspec_lib.common.files import atomic_output, write_text_atomic
+from rvqspec_lib.common.files import atomic_output, json_text, write_text_atomic
 from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, _check_wav, n_frames
 from rvqspec_lib.models.code_decoder import CodeDecoder
 
@@ -333,7 +333,7 @@ class RVQCodec:
         (:meth:`load` returns float32). Returns the safetensors path."""
         p = _codec_file(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        cfg_json = json.dumps(asdict(self.config), indent=1)
+        cfg_json = json_text(asdict(self.config))
         with atomic_output(p) as tmp:
             save_file({"codebooks": self.codebooks.to(dtype).contiguous()}, str(tmp),
                       metadata={"config": cfg_json, "format": "rvqspec-rvq-codec"})

@@ -1,7 +1,9 @@
 """Streaming synthesis: the frame loop's frames pushed to a streaming codec decoder every ``chunk_frames`` frames,
 each chunk of audio yielded when decoded; with ``overlap`` a second thread (:data:`GENERATE_THREAD`) generates while
-the caller decodes, each on half of torch's threads. A row that ended is silent from its end on (code 0 fed to the
-codec). docs/streaming.md: what runs where, playback and underruns, batches.
+the caller decodes, each on half of torch's threads. A row of a batch that ends before the others ends its codec
+stream there (the codec's ``push(codes, active)``: a look-ahead codec flushes the row as it would a stream of that
+row alone) and is silent from its end on; :meth:`AudioStream.collect` gives each row's own audio.
+docs/streaming.md: what runs where, playback and underruns, batches.
 """
 
 from __future__ import annotations
@@ -169,7 +171,8 @@ class AudioStream:
             else:
                 codes = torch.stack([f.codes for f in got], -1)  # (B, G, n)
                 active = torch.stack([f.active for f in got], -1)  # (B, n)
-                wav = self.codec.push(torch.where(active[:, None, :], codes.cpu(), torch.zeros_like(codes.cpu())))
+                wav = self.codec.push(torch.where(active[:, None, :], codes.cpu(), torch.zeros_like(codes.cpu())),
+                                      active)  # a row that ends is flushed there, as alone (module docstring)
         wav = wav.float().reshape(self.batch, -1).clone()  # a normal tensor (not an inference one): the caller's
         self.decode_s += time.perf_counter() - t0
         self.cpu_s["decode"] += time.thread_time() - c0
@@ -220,6 +223,14 @@ class AudioStream:
             self._frames.close()
             torch.set_num_threads(outer)
 
+    def collect(self) -> list[torch.Tensor]:
+        """Run the stream to its end (iterating it) and return each row's audio, ``(frames_r * frame_samples,)``
+        float32 at ``sample_rate`` Hz, ``frames_r`` the frames row r spoke (``codes(r)``): its own length, not the
+        silence after it while longer rows went on. One text: a list of one. RuntimeError: already iterated."""
+        chunks = [c.audio.reshape(self.batch, -1) for c in self]
+        wav = torch.cat(chunks, 1) if chunks else torch.zeros(self.batch, 0)
+        return [wav[r, :int(self.codes(r).shape[0]) * self.frame_samples].clone() for r in range(self.batch)]
+
     def close(self) -> None:
         """Stop generating (a consumer that stops early: the generating thread ends after its current frame)."""
         self._stop.set()
@@ -238,7 +249,10 @@ class AudioStream:
         ``stall_ms`` (the underruns' sum), per-frame means ``talker_ms`` (frames after the first), ``inner_ms`` and
         ``codec_ms`` (push and flush), ``generate_s`` and ``decode_s`` (busy seconds of each side), ``cpu_s`` (thread
         CPU seconds of each side; per frame ``generate_cpu_ms``, ``decode_cpu_ms``), ``overlapped``, ``threads``
-        (torch threads per side), ``tokens_per_call``, ``replay`` (a timing replay's words, else ``None``), ``batch``.
+        (torch threads per side), ``tokens_per_call``, ``replay`` (a timing replay's words, else ``None``), ``batch``;
+        ``undefined``: ``{field: why}`` for each of those numbers that is NaN or infinite (no audio; ``frame_ms``
+        when every frame came in the first chunk, so that there is no period between chunks; ...), which the JSON
+        writer stores as ``null``.
         """
         ch, made = self.chunks, self._made
         audio_s = sum(c["samples"] for c in ch) / self.sample_rate
@@ -252,22 +266,27 @@ class AudioStream:
         codes = sum(int(f.codes.shape[1]) - 1 for f in made) * self.batch
         calls = sum(int(f.calls.sum()) for f in made)
         oracle = getattr(self.runner, "acceptance", None)
-        return {"frames": len(made), "chunks": len(ch), "chunk_frames": self.chunk_frames,
-                "lookahead_frames": int(getattr(self.codec, "lookahead_frames", 0)), "batch": self.batch,
-                "audio_s": audio_s, "wall_s": wall, "prompt_ms": prompt_s * 1e3, "ttfa_ms": (first - prompt_s) * 1e3,
-                "ttfa_call_ms": first * 1e3, "rtf": wall / audio_s if audio_s else math.inf,
-                "rtf_after_prompt": (wall - prompt_s) / audio_s if audio_s else math.inf,
-                "frame_ms": period * 1e3,
-                "underruns": sum(x > 0 for x in late), "stall_ms": sum(late), "late_ms": late,
-                "talker_ms": 1e3 * sum(f.talker_s for f in made[1:]) / max(1, len(made) - 1),
-                "inner_ms": 1e3 * sum(f.inner_s for f in made) / max(1, len(made)),
-                "codec_ms": 1e3 * self.decode_s / max(1, len(made)), "generate_s": gen, "decode_s": self.decode_s,
-                "overlap": (gen + self.decode_s) / wall if wall > 0 else math.nan, "cpu_s": dict(self.cpu_s),
-                "generate_cpu_ms": 1e3 * self.cpu_s["generate"] / max(1, len(made)),
-                "decode_cpu_ms": 1e3 * self.cpu_s["decode"] / max(1, len(made)),
-                "overlapped": self.overlap, "threads": self.threads,
-                "tokens_per_call": codes / calls if calls else math.nan,
-                "replay": getattr(oracle, "text", None)}
+        out = {"frames": len(made), "chunks": len(ch), "chunk_frames": self.chunk_frames,
+               "lookahead_frames": int(getattr(self.codec, "lookahead_frames", 0)), "batch": self.batch,
+               "audio_s": audio_s, "wall_s": wall, "prompt_ms": prompt_s * 1e3, "ttfa_ms": (first - prompt_s) * 1e3,
+               "ttfa_call_ms": first * 1e3, "rtf": wall / audio_s if audio_s else math.inf,
+               "rtf_after_prompt": (wall - prompt_s) / audio_s if audio_s else math.inf,
+               "frame_ms": period * 1e3,
+               "underruns": sum(x > 0 for x in late), "stall_ms": sum(late), "late_ms": late,
+               "talker_ms": 1e3 * sum(f.talker_s for f in made[1:]) / max(1, len(made) - 1),
+               "inner_ms": 1e3 * sum(f.inner_s for f in made) / max(1, len(made)),
+               "codec_ms": 1e3 * self.decode_s / max(1, len(made)), "generate_s": gen, "decode_s": self.decode_s,
+               "overlap": (gen + self.decode_s) / wall if wall > 0 else math.nan, "cpu_s": dict(self.cpu_s),
+               "generate_cpu_ms": 1e3 * self.cpu_s["generate"] / max(1, len(made)),
+               "decode_cpu_ms": 1e3 * self.cpu_s["decode"] / max(1, len(made)),
+               "overlapped": self.overlap, "threads": self.threads,
+               "tokens_per_call": codes / calls if calls else math.nan,
+               "replay": getattr(oracle, "text", None)}
+        why = {"frame_ms": "no chunk after the first but the codec's flush (a chunk as long as the stream): no period "
+                           "between chunks", "tokens_per_call": "no code-predictor call", "overlap": "no time passed"}
+        out["undefined"] = {k: why.get(k, "no audio" if ch else "no chunk yet") for k, v in out.items()
+                            if isinstance(v, float) and not math.isfinite(v)}
+        return out
 
 
 def synthesize_stream(lm, text: str | list[str], *, runner=None, talker=None, codec_stream=None,
@@ -278,12 +297,13 @@ def synthesize_stream(lm, text: str | list[str], *, runner=None, talker=None, co
     Args:
         lm, runner, talker, generator, max_frames, frame_kw: as :func:`~rvqspec_lib.models.frame.frames`; the codes
             depend on ``generator`` alone, not on ``chunk_frames`` or ``overlap``.
-        codec_stream: a streaming decoder (``reset``, ``push``, ``flush``, ``sample_rate``, ``frame_samples``);
-            default the model's own (:func:`codec_stream_for`). It is reset to the batch here.
+        codec_stream: a streaming decoder (``reset``, ``push(codes, active)``, ``flush``, ``sample_rate``,
+            ``frame_samples``); default the model's own (:func:`codec_stream_for`). It is reset to the batch here.
         chunk_frames: frames pushed to the codec at once, 1..``max_frames``. overlap: generate in a second thread.
 
     Returns:
-        :class:`AudioStream`: iterate it for :class:`AudioChunk` s; ``summary()`` after (or during).
+        :class:`AudioStream`: iterate it for :class:`AudioChunk` s (or ``collect()`` each row's audio at the end);
+        ``summary()`` after (or during).
 
     Raises:
         ValueError: ``chunk_frames`` outside 1..``max_frames``; no codec (one line); as ``frames`` (empty text, bad

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from accelerate import PartialState
 
-from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.data.frame_sources import frames_from_dataset, frames_from_utterances, load_split
 from rvqspec_lib.data.frames import Frames
 
@@ -118,10 +118,9 @@ def _write_shard(fr: Frames, out_dir, par: Parallel, n_items: int) -> Path:
     sizes = par.gather(len(fr))
     par.barrier()
     if par.is_main:
-        write_text_atomic(out / INDEX, json.dumps({"format": "rvqspec-frame-shards", "world": par.world,
-                                             "n_utterances": n_items, "frames": sizes,
-                                             "shards": [SHARD_PATTERN.format(rank=r, world=par.world)
-                                                        for r in range(par.world)]}, indent=1))
+        write_json_atomic(out / INDEX, {"format": "rvqspec-frame-shards", "world": par.world, "n_utterances": n_items,
+                                        "frames": sizes, "shards": [SHARD_PATTERN.format(rank=r, world=par.world)
+                                                                    for r in range(par.world)]})
     par.barrier()
     return out
 

@@ -6,7 +6,6 @@ frozen code predictor (paper §2.2, Table 2; docs/methods.md#position-aware-offs
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.provenance import git_revision
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.data.teacher import teacher_forced_hidden, verifier_logits
@@ -240,7 +239,7 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
     result = TrainResult(drafter, curve, best_epoch, stopped)
     if curve_path is not None and (parallel is None or parallel.is_main):
         Path(curve_path).parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(curve_path, json.dumps(result.to_json(), indent=1, default=str) + "\n")
+        write_json_atomic(curve_path, result.to_json())
     return result
 
 

@@ -5,7 +5,6 @@ curve. Batches are drawn lazily, one per step; the loop draws no random number i
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -16,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Sized
 import torch
 from tqdm import tqdm
 
-from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.files import write_json_atomic
 
 #: Cosine decay ends at this fraction of the peak learning rate (nanoGPT: ``min_lr = lr / 10``).
 MIN_LR_RATIO = 0.1
@@ -105,8 +104,7 @@ def decay_groups(parameters: Iterable[torch.nn.Parameter], weight_decay: float =
 def write_curve(path: str | os.PathLike, curve: Sequence[dict], meta: Mapping | None = None) -> Path:
     """Write ``{"meta": meta, "curve": curve}`` as JSON to ``path``, atomically. Returns the path."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(path, json.dumps({"meta": dict(meta or {}), "curve": list(curve)}, indent=1,
-                                              default=str))
+    return write_json_atomic(path, {"meta": dict(meta or {}), "curve": list(curve)})
 
 
 @dataclass

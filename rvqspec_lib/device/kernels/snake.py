@@ -34,8 +34,10 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch
         either way equal to the official ``SnakeBeta`` up to float rounding.
     """
     c = x.shape[1]
-    if (_LIB.load() is None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16)
-            or x.dim() != 4 or not x.is_contiguous(memory_format=torch.channels_last)):
+    if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.dim() != 4
+            or not x.is_contiguous(memory_format=torch.channels_last)
+            or _LIB.load_or_note("the SnakeBeta kernel of the streaming codec decoder",
+                                 "torch operations compute it instead (five passes over memory)") is None):
         a = alpha.to(x.dtype).view(1, c, *([1] * (x.dim() - 2)))
         b = inv_beta.to(x.dtype).view(1, c, *([1] * (x.dim() - 2)))
         s = torch.sin(x * a)

@@ -7,8 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, resolve_threads
+from rvqspec_lib.cli.common import apply_threads, check_range, note
 from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import calibration_budgets, parse_decoder_name, split_decoder_list
 from rvqspec_lib.decoding.decoders import AR
@@ -55,15 +56,10 @@ def _check(args) -> tuple[list[str], set[str], list[str]]:
         raise ValueError("--languages is empty: e.g. --languages en,de")
     for lang in languages:
         get_language(lang)
-    for flag, v in (("--sentences", args.sentences), ("--replicates", args.replicates),
-                    ("--calibration-frames", args.calibration_frames)):
-        if v is not None and v < 1:
-            raise ValueError(f"{flag} must be >= 1, got {v}")
+    for flag in ("--sentences", "--replicates", "--calibration-frames"):
+        check_range(flag, getattr(args, flag[2:].replace("-", "_")), 1)
     check_asr_name(args.asr)
-    if args.codec and not args.dataset:
-        raise ValueError("--codec is used only with --dataset (it encodes the dataset's audio)")
-    if args.dataset and not args.codec:
-        raise ValueError("--dataset needs --codec (the codec that turns its audio into codes)")
+    check_dataset_flags(args.dataset, args.codec)
     if args.calibration and not Path(args.calibration).is_file():
         raise ValueError(f"--calibration {args.calibration} does not exist: give a calibration JSON (python "
                          "scripts/calibrate_trees.py writes <model>/trees/heads.json), or drop it to use the "
@@ -77,14 +73,14 @@ def _check(args) -> tuple[list[str], set[str], list[str]]:
     return names, needs, languages
 
 
-def run(args, threads: int | None = None) -> int:
+def run(args, threads: int) -> int:
     """Run ``rvqspec eval-wer`` on parsed flags; returns the exit status.
 
     Raises:
         ValueError, FileNotFoundError: bad input, before any long work (one line from ``main``, exit status 2).
     """
     names, needs, languages = _check(args)
-    apply_threads(resolve_threads(args.threads, None) if threads is None else threads)
+    apply_threads(threads)
     progress = sys.stderr.isatty()
     lm = loader.load_model(args.model)
     own = getattr(lm.speech_tokenizer, "codec", None)
@@ -95,7 +91,7 @@ def run(args, threads: int | None = None) -> int:
     if codec is None:
         raise ValueError(f"{args.model} has no offline codec: pass --dataset and --codec")
     if lm.is_random:
-        print(f"note: {args.model} has RANDOM weights: its WER means nothing", file=sys.stderr)
+        note(f"{args.model} has RANDOM weights: its WER means nothing")
     # codes -> audio that every code 1..15 moves: the offline codec's table decoder (the sum of the chosen codebook
     # entries, nothing learned between a code and the audio); a real checkpoint's own 12 Hz decoder otherwise
     audio_codec = codec.with_decoder(None) if hasattr(codec, "with_decoder") else codec

@@ -160,8 +160,8 @@ def _folder_problem(folder: Path, flag: str, path) -> str | None:
     try:
         files.temp_beside(base / ".rvqspec-probe").unlink()
     except OSError as e:
-        made = "" if base == folder else f"the folder {folder} cannot be created: "
-        return (f"{flag} {path}: {made}no file can be written in {base} ({e.strerror}): choose a writable folder, or "
+        made = "" if base == folder else f", so the folder {folder} cannot be created in {base}"
+        return (f"{flag} {path}: no file can be written in {base} ({e.strerror}){made}: choose a writable folder, or "
                 f"make this one writable (chmod u+w {base})")
     return None
 

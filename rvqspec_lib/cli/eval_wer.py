@@ -109,8 +109,7 @@ def run(args, threads: int) -> int:
         cal_meta = entries_used(cal_meta, cal["n_frames"])
     named = resolve_all(names, lm, calibrations={"heads": calibration} if calibration else None,
                         best_chain=best_chain)
-    decoders = {"ar": AR(), **({} if args.no_null_control else {W.NULL_CONTROL: AR()}),
-                **named}
+    decoders = {"ar": AR(), **({} if args.no_null_control else {W.NULL_CONTROL: AR()}), **named}
     results, free = {}, None
     for lang in languages:
         utts = data[lang]["utterances"]
@@ -125,10 +124,8 @@ def run(args, threads: int) -> int:
     table3 = W.table3_rows(results)
     entries = cal_meta + [m for lang in languages for m in data[lang]["meta"]]
     out = {"model": args.model, "decoders": {k: repr(W.decoder_of(v)) for k, v in decoders.items()},
-           "languages": languages,
-           "table3": table3, "table1": table1_rows(entries), "results": results, "free_running": free,
-           "best_chain": best_chain,
-           "calibration": None if calibration is None else {k: calibration.get(k) for k in ("n_frames", "source")}}
+           "languages": languages, "table3": table3, "table1": table1_rows(entries), "results": results,
+           "free_running": free, "best_chain": best_chain, "calibration": None if calibration is None else {k: calibration.get(k) for k in ("n_frames", "source")}}
     _print(table3, free)
     if args.json:
         write_text_atomic(args.json, json.dumps(out, indent=1, default=str))
@@ -138,21 +135,17 @@ def run(args, threads: int) -> int:
 
 def _print(table3, free) -> None:
     for r in table3:
-        wer = r.get("wer", r.get("cer"))
-        name = r["decoder"] + (" (LOSSY control)" if r["lossy"] else "")
-        line = (f"{r['language']:>3} {name:<36} tokens/call {r['tokens_per_call']:.3f} "
-                f"[{r['tpc_ci_low']:.3f}, {r['tpc_ci_high']:.3f}]")
+        line = (f"{r['language']:>3} {r['decoder'] + (' (LOSSY control)' if r['lossy'] else ''):<36} tokens/call "
+                f"{r['tokens_per_call']:.3f} [{r['tpc_ci_low']:.3f}, {r['tpc_ci_high']:.3f}]")
         if "codes_differ_from_ar" in r:
-            line += f"  codes differ from AR: {'YES' if r['codes_differ_from_ar'] else 'no'}"
-            line += f" (Holm p {r['code_test_min_p_holm']:.2g})"
-        if wer is not None:
-            line += f"  {'WER' if 'wer' in r else 'CER'} {wer:.3f}"
-            if "wer" in r and r.get("cer") is not None:
-                line += f" CER {r['cer']:.3f}"
+            line += (f"  codes differ from AR: {'YES' if r['codes_differ_from_ar'] else 'no'} (Holm p "
+                     f"{r['code_test_min_p_holm']:.2g})")
+        if r.get("wer", r.get("cer")) is not None:
+            line += f"  {'WER' if 'wer' in r else 'CER'} {r.get('wer', r.get('cer')):.3f}"
+            line += f" CER {r['cer']:.3f}" if "wer" in r and r.get("cer") is not None else ""
             if "diff_vs_ar" in r:
                 line += f" ({r['diff_vs_ar']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}])"
         print(line)
-    if free:
-        for label, w in free["wer"].items():
-            cer = f" CER {w['cer']:.3f}" if w.get("cer") is not None else ""
-            print(f"free running {label:<30} WER {w['rate']:.3f}{cer} ({w['n_outliers']} outliers apart)")
+    for label, w in (free or {}).get("wer", {}).items():
+        cer = f" CER {w['cer']:.3f}" if w.get("cer") is not None else ""
+        print(f"free running {label:<30} WER {w['rate']:.3f}{cer} ({w['n_outliers']} outliers apart)")

@@ -4,43 +4,19 @@ process writes the drafter, its JSON and its training curve."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from rvqspec_lib.cli.common import apply_threads
 from rvqspec_lib.cli.main import main as rvqspec
 from rvqspec_lib.cli.train_drafter import check_training_flags
+from rvqspec_lib.data.frame_choice import check_frames_path
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import make_drafter, save_drafter
 from rvqspec_lib.models.frame import inner_sampling
-from rvqspec_lib.training.distributed import INDEX, Parallel, load_frame_shards
+from rvqspec_lib.training.distributed import Parallel, load_frame_shards
 from rvqspec_lib.training.drafters import train_drafter
-
-
-def check_frames_path(path: str | None, flag: str, model: str, split: str) -> str | None:
-    """Why ``--frames`` / ``--val-frames`` cannot be read (one line naming the ``rvqspec extract-frames`` command
-    that makes it), or ``None``: a folder needs the ``index.json`` of extract-frames and every shard it lists."""
-    if path is None:
-        return None
-    p = Path(path)
-    make = f"rvqspec extract-frames --model {model} --split {split} --out {path}"
-    if not p.exists():
-        return f"{flag} {path} does not exist: make it with `{make}` (or give a frames file, .safetensors)"
-    if p.is_file():
-        return None
-    index = p / INDEX
-    if not index.is_file():
-        return f"{flag} {path} holds no {INDEX} (extract-frames writes it when every shard is done): run `{make}`"
-    try:
-        shards = json.loads(index.read_text())["shards"]
-    except (ValueError, KeyError, TypeError):
-        return f"{flag} {path} holds an {INDEX} that extract-frames did not write: run `{make}` again"
-    missing = [name for name in shards if not (p / name).is_file()]
-    if missing:
-        return f"{flag} {path} misses shard {missing[0]} of its {INDEX}: run `{make}` again"
-    return None
 
 
 def _frames(path: str) -> Frames:
@@ -55,7 +31,7 @@ def run(args, threads: int) -> int:
     """
     check_training_flags(args)
     for flag, path, split in (("--frames", args.frames, "training"), ("--val-frames", args.val_frames, "validation")):
-        problem = check_frames_path(path, flag, args.model, split)
+        problem = check_frames_path(path, flag, f"rvqspec extract-frames --model {args.model} --split {split}")
         if problem:
             raise ValueError(problem)
     apply_threads(threads)

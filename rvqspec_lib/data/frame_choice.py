@@ -4,6 +4,7 @@ Everything is checked before the model loads; errors are one line naming the com
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -37,6 +38,28 @@ def read_lines(path: str | os.PathLike, flag: str) -> list[str]:
     if not lines:
         raise ValueError(f"{flag} {p} has no sentence (only blank lines): one sentence a line")
     return lines
+
+
+#: The index of a folder of frame shards (``rvqspec extract-frames``; :mod:`rvqspec_lib.training.distributed`).
+SHARD_INDEX = "index.json"
+
+
+def check_frames_path(path: str | None, flag: str, make: str) -> str | None:
+    """Why frames given as ``flag`` cannot be read, or ``None`` (also for no ``path``): a frames file, or a folder with
+    the :data:`SHARD_INDEX` of ``rvqspec extract-frames`` and every shard it lists. The message names ``make``, the
+    command that makes them (``--out PATH`` added)."""
+    if path is None or Path(path).is_file():
+        return None
+    p, make = Path(path), f"{make} --out {path}"
+    if not p.exists():
+        return f"{flag} {path} does not exist: make it with `{make}` (or give a frames file, .safetensors)"
+    if not (p / SHARD_INDEX).is_file():
+        return f"{flag} {path} holds no {SHARD_INDEX} (extract-frames writes it when every shard is done): run `{make}`"
+    try:
+        missing = [name for name in json.loads((p / SHARD_INDEX).read_text())["shards"] if not (p / name).is_file()]
+    except (ValueError, KeyError, TypeError):
+        return f"{flag} {path} holds an {SHARD_INDEX} that extract-frames did not write: run `{make}` again"
+    return f"{flag} {path} misses shard {missing[0]} of its {SHARD_INDEX}: run `{make}` again" if missing else None
 
 
 def check_dataset_flags(dataset: str | None, codec: str | None, language: str = "auto") -> None:

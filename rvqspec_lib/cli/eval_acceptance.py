@@ -85,11 +85,10 @@ def run(args, threads: int) -> int:
     print(f"drafter {args.drafter}: {res['params_added']:,} parameters added, {res['n_frames']} frames | load "
           f"{load_s:.1f} s, evaluation {eval_s:.1f} s, total {res['total_s']:.1f} s | {threads_text(threads)}")
     for label, tpc in res["tokens_per_call"].items():
-        pred = res["predicted_tokens_per_call"][label]
-        print(f"  {label:7s} {tpc:.3f} tokens/call (predicted from the exact tables {pred:.3f})")
-    alpha = res["exact"]["alpha_by_offset"]
-    shown = ", ".join(f"j={j + 1} {a:.3f}" for j, a in enumerate(alpha) if a is not None)
-    print(f"  exact acceptance by offset: {shown}")
+        print(f"  {label:7s} {tpc:.3f} tokens/call (predicted from the exact tables "
+              f"{res['predicted_tokens_per_call'][label]:.3f})")
+    alpha = enumerate(res["exact"]["alpha_by_offset"])
+    print(f"  exact acceptance by offset: {', '.join(f'j={j + 1} {a:.3f}' for j, a in alpha if a is not None)}")
     if args.json:
         write_text_atomic(args.json, json.dumps(res, indent=1) + "\n")
         print(f"wrote {args.json}")

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
-
 from rvqspec_lib.cli.common import _die, apply_threads, check_output_folder, check_range, check_tree_ranks, \
     make_folder, note
 from rvqspec_lib.common.files import write_text_atomic
@@ -67,14 +65,14 @@ def verify_nodes(args) -> int | None:
     return n
 
 
-def run(args, threads: int = 1) -> int:
+def run(args, threads: int) -> int:
     """Run ``rvqspec export`` on parsed flags; ``threads`` applied after the cheap checks. Returns the exit status.
 
     Raises:
         ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
     """
     nodes = verify_nodes(args)
-    apply_threads(threads)
+    threads = apply_threads(threads)
     lm = loader.load_model(args.model)
     cp = lm.code_predictor.eval()
     G.check_exportable(cp)
@@ -99,15 +97,12 @@ def run(args, threads: int = 1) -> int:
             "decoder": args.decoder, "agreement": agreement, "coreml_timing": timing, "ran": bool(agreement),
             "note": "" if agreement else F.coreml_available()[1],
             "provenance": provenance({"model": args.model, "format": args.fmt, "graph": args.graph,
-                                      "dtype": args.dtype, "nodes": nodes, "threads": torch.get_num_threads()})}
+                                      "dtype": args.dtype, "nodes": nodes, "threads": threads})}
     write_text_atomic(out / (stem + ".json"), json.dumps(info, indent=1, default=str) + "\n")
-    print(f"wrote {path} ({res['bytes'] / 1e6:.1f} MB, {res['export_s']:.0f} s; inputs "
-          f"{', '.join(r[0] for r in res['written']['inputs'])}; outputs "
-          f"{', '.join(r[0] for r in res['written']['outputs'])}"
-          + (f"; states {', '.join(r[0] for r in res['written']['states'])}" if res["written"]["states"] else "")
-          + ")")
-    if args.fmt == "coreml" and args.dtype == "float32" and res["written"]["states"]:
-        states = ", ".join(r[0] for r in res["written"]["states"])
+    inputs, outputs, states = (", ".join(r[0] for r in res["written"][k]) for k in ("inputs", "outputs", "states"))
+    print(f"wrote {path} ({res['bytes'] / 1e6:.1f} MB, {res['export_s']:.0f} s; inputs {inputs}; outputs {outputs}"
+          + (f"; states {states}" if states else "") + ")")
+    if args.fmt == "coreml" and args.dtype == "float32" and states:
         note(f"--dtype float32 computes in float32, but the KV-cache states ({states}) stay float16: Core ML states "
              "are float16 only (coremltools 9), so keys and values are rounded to float16 once, when written")
     if res["declared"] != res["written"]:

@@ -49,33 +49,10 @@ def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
             for i in range(n)]
 
 
-def check_stream_args(args) -> None:
-    """``--stream``, ``--chunk-frames`` and ``--out -``: one text, a chunk within the frame cap, a WAV or standard
-    output. Sets ``args.chunk_frames`` (default 1).
-
-    Raises:
-        ValueError: one line naming the flag.
-    """
-    if not args.stream:
-        if args.out == "-":
-            raise ValueError("--out - (a WAV stream on standard output) is for --stream: add --stream, or give a file")
-        if args.chunk_frames is not None:
-            raise ValueError("--chunk-frames is for --stream (frames decoded to audio at once): add --stream")
-        return
-    if args.text_file is not None:
-        raise ValueError("--stream speaks one --text (a stream of audio as it is made): give --text, or drop --stream")
-    args.chunk_frames = 1 if args.chunk_frames is None else args.chunk_frames
-    if not 1 <= args.chunk_frames <= args.max_frames:
-        raise ValueError(f"--chunk-frames must be in 1..--max-frames ({args.max_frames}) frames of 80 ms, got "
-                         f"{args.chunk_frames}")
-    if args.out != "-" and Path(args.out).suffix.lower() != ".wav":
-        raise ValueError(f"--stream writes a WAV as it grows: give --out {Path(args.out).with_suffix('.wav').name}, "
-                         "or --out - for standard output")
-
-
 def check_args(args) -> list[tuple[Path, Path]]:
     """Every check that needs no model; sets ``args.texts`` (``--text``, or the non-blank lines of ``--text-file``),
-    ``args.decoder_name`` and ``args.batch_size``; returns the ``(audio, codes)`` paths, one pair per text.
+    ``args.decoder_name``, ``args.batch_size`` and ``args.chunk_frames`` (``--stream``: one text, a chunk within the
+    frame cap, a WAV or standard output); returns the ``(audio, codes)`` paths, one pair per text.
 
     Raises:
         ValueError: the first problem, in one line naming the flag.
@@ -93,7 +70,19 @@ def check_args(args) -> list[tuple[Path, Path]]:
         raise ValueError("--batch-size is for --text-file (lines decoded together): drop it with --text")
     args.batch_size = 8 if args.batch_size is None else args.batch_size
     check_range("--batch-size", args.batch_size, 1, MAX_BATCH)
-    check_stream_args(args)
+    if not args.stream and args.out == "-":
+        raise ValueError("--out - (a WAV stream on standard output) is for --stream: add --stream, or give a file")
+    if not args.stream and args.chunk_frames is not None:
+        raise ValueError("--chunk-frames is for --stream (frames decoded to audio at once): add --stream")
+    if args.stream and args.text_file is not None:
+        raise ValueError("--stream speaks one --text (a stream of audio as it is made): give --text, or drop --stream")
+    args.chunk_frames = 1 if args.chunk_frames is None else args.chunk_frames
+    if not 1 <= args.chunk_frames <= args.max_frames:
+        raise ValueError(f"--chunk-frames must be in 1..--max-frames ({args.max_frames}) frames of 80 ms, got "
+                         f"{args.chunk_frames}")
+    if args.stream and args.out != "-" and Path(args.out).suffix.lower() != ".wav":
+        raise ValueError(f"--stream writes a WAV as it grows: give --out {Path(args.out).with_suffix('.wav').name}, "
+                         "or --out - for standard output")
     out = Path(args.out)
     if args.out != "-" and out.suffix.lower() not in AUDIO_SUFFIXES:
         raise ValueError(f"--out {out} must end in {', '.join(AUDIO_SUFFIXES)} (the audio file; the codes go to "

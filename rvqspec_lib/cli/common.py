@@ -240,7 +240,7 @@ def add_threads_arg(parser: argparse.ArgumentParser, *, dest: str = "threads") -
     parser.add_argument("--threads", dest=dest, type=int, default=None, metavar="N", help=THREADS_HELP)
 
 
-def resolve_threads(command_flag: int | None, global_flag: int | None = None) -> int:
+def resolve_threads(command_flag: int | None, global_flag: int | None) -> int:
     """The one ``--threads`` rule: the command's flag, else the global one, else 1 (0 keeps torch's choice).
 
     Raises:

@@ -23,7 +23,7 @@ from rvqspec_lib.models.named_decoders import check_files, resolve
 DEFAULT_NODES = 4
 
 
-def verify_nodes(args) -> int | None:
+def check_args(args) -> int | None:
     """Every check before the model loads; returns the verify graph's node budget N from ``--decoder`` / ``--nodes``
     (``None`` for the other graphs) and sets ``args.decoder_name``.
 
@@ -71,7 +71,7 @@ def run(args, threads: int) -> int:
     Raises:
         ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
     """
-    nodes = verify_nodes(args)
+    nodes = check_args(args)
     threads = apply_threads(threads)
     lm = loader.load_model(args.model)
     cp = lm.code_predictor.eval()

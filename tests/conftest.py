@@ -41,9 +41,8 @@ def no_load(monkeypatch):
     from rvqspec_lib.cli.main import COMMANDS
     from rvqspec_lib.models import loader
 
-    importlib.import_module("bench.jobs")
-    for module in (command[2] for command in COMMANDS.values()):
-        importlib.import_module(f"rvqspec_lib.cli.{module}")
+    for module in ["bench.jobs", *(f"rvqspec_lib.cli.{command[2]}" for command in COMMANDS.values())]:
+        importlib.import_module(module)
     monkeypatch.setattr(loader, "load_model", _refuse_load)
     for name, mod in list(sys.modules.items()):
         if name.startswith(("rvqspec_lib", "bench")) and callable(getattr(mod, "load_model", None)):

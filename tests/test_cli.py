@@ -209,10 +209,10 @@ def _parse_error(capsys, argv) -> str:
      "--out needs a value: give it after the flag (rvqspec synth --help)"),
     (["bench", "--bogus"], "rvqspec bench has no argument --bogus: rvqspec bench --help lists the flags"),
     (["bench", "frames", "--de", "cpu"], "--de could be --device or --decoders: write the flag out"),
-    (["speak"], "'speak' is not an rvqspec command: use synth, bench, train-drafter, eval-acceptance, export, "
-                "eval-wer, extract-frames or train-drafter-parallel (rvqspec --help says what each does)"),
-    ([], "give a command: synth, bench, train-drafter, eval-acceptance, export, eval-wer, extract-frames or "
-         "train-drafter-parallel (rvqspec --help says what each does)"),
+    (["speak"], "'speak' is not an rvqspec command: use synth, train-drafter, eval-acceptance, export, eval-wer, "
+                "extract-frames, train-drafter-parallel or bench (rvqspec --help says what each does)"),
+    ([], "give a command: synth, train-drafter, eval-acceptance, export, eval-wer, extract-frames, "
+         "train-drafter-parallel or bench (rvqspec --help says what each does)"),
 ])
 def test_parser_errors_are_one_line_naming_the_fix(capsys, argv, line):
     assert _parse_error(capsys, argv) == f"rvqspec: error: {line}"
@@ -222,10 +222,10 @@ def test_every_choices_flag_of_every_command_is_one_line(capsys):
     """Solved once, for all commands: every sub-parser is the one-line parser, and each ``choices=`` flag of each
     command refuses a bad value in one line that lists its choices (no usage block)."""
     from rvqspec_lib.cli.common import OneLineParser
-    from rvqspec_lib.cli.main import COMMANDS, build_parser
+    from rvqspec_lib.cli.main import COMMANDS, build_parser, plugins
 
     subs = next(a for a in build_parser()._actions if a.dest == "cmd").choices
-    assert set(subs) == set(COMMANDS)
+    assert set(subs) == set(COMMANDS) | set(plugins())
     checked = 0
     for name, sub in subs.items():
         assert isinstance(sub, OneLineParser), name
@@ -372,7 +372,6 @@ def test_synth_writes_audio_codes_and_json_with_timings(tmp_path, capsys, tiny_w
     assert stats["rtf_total"] == stats["total_s"] / stats["audio_s"] and stats["rtf_total"] > stats["rtf"]
     parts = stats["startup_s"] + stats["load_s"] + stats["choose_s"] + stats["synth_s"] + stats["decode_s"]
     assert min(stats["load_s"], stats["synth_s"], stats["decode_s"]) > 0 and stats["total_s"] >= parts
-    assert stats["wall_s"] == stats["total_s"]
     out = capsys.readouterr().out
     assert f"RTF {stats['rtf']:.2f} (synthesis alone; {stats['rtf_total']:.2f} with" in out
     assert f"load {stats['load_s']:.2f} s" in out and f"ar decoder {stats['choose_s']:.2f} s" in out

@@ -85,7 +85,7 @@ def test_two_processes_equal_one(tmp_path):
                 tmp_path=tmp_path)
     p = __import__("argparse").ArgumentParser()
     flags.train_drafter_parallel(p)
-    assert train_drafter_parallel.run(p.parse_args(common + ["--out", str(tmp_path / "one.safetensors")])) == 0
+    assert train_drafter_parallel.run(p.parse_args(common + ["--out", str(tmp_path / "one.safetensors")]), 1) == 0
     a = load_drafter(tmp_path / "dp.safetensors", lm.code_predictor)
     b = load_drafter(tmp_path / "one.safetensors", lm.code_predictor)
     assert a.provenance["processes"] == 2 and b.provenance["processes"] == 1

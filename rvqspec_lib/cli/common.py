@@ -1,6 +1,5 @@
 """What every ``rvqspec`` command shares: the one-line parser and errors, output-path checks, the thread count,
-seeds, text checks, the removed ``--window`` / ``--tree`` flags. Light: no torch at module level (``rvqspec --help``
-stays fast; tests/test_cli.py)."""
+range, seed and text checks. Light: no torch at module level (``rvqspec --help`` stays fast; tests/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -27,11 +26,18 @@ def note(msg: str) -> None:
     print(f"note: {msg}", file=sys.stderr)
 
 
+def note_fewer_frames(frames, asked: int, flag: str = "--frames") -> None:
+    """A note when a frame source has fewer frames than ``flag`` asked for."""
+    if len(frames) < asked:
+        note(f"{flag} {asked} asked, the source has {len(frames)}: using them all")
+
+
 #: What the values of a ``choices=`` flag are, by argparse destination, for the one-line error (``--dtype float16
 #: is not a precision rvqspec synth takes: ...``); a flag not listed here is "a value".
 CHOICE_NOUNS = {"dtype": "a precision", "drafter": "a drafter", "loss": "a training loss", "backend": "a backend",
                 "frame": "a kind of frame runner", "codes_to_audio": "a way from codes to audio",
-                "teacher_codes": "a source of teacher codes", "dataset_kind": "a dataset kind"}
+                "teacher_codes": "a source of teacher codes", "dataset_kind": "a dataset kind",
+                "fmt": "a format", "graph": "a graph", "target": "a deployment target"}
 
 #: argparse type functions -> what their values are, for "--repeats abc is not a whole number".
 _TYPE_NOUNS = {int: "a whole number", float: "a number"}
@@ -145,51 +151,33 @@ class OneLineParser(argparse.ArgumentParser):
 OUTPUT_FLAGS = {"out": "--out", "json": "--json", "json_path": "--json", "curve_json": "--curve-json"}
 
 
-def _nearest_existing(p: Path) -> Path:
-    """``p`` or its nearest ancestor that exists (the current folder for a relative path with none)."""
-    for q in (p, *p.parents):
-        if q.exists():
-            return q
-    return Path(".")
-
-
-def _missing_folder_problem(folder: Path, flag: str, path) -> str | None:
-    """Why the missing ``folder`` cannot be created (its nearest existing ancestor must take a file: a real probe),
-    or ``None``."""
-    base = _nearest_existing(folder)
+def _folder_problem(folder: Path, flag: str, path) -> str | None:
+    """Why no file can be written in ``folder``, made first where it is missing (a real probe in its nearest existing
+    ancestor, leaving nothing behind), or ``None``."""
+    base = next((q for q in (folder, *folder.parents) if q.exists()), Path("."))
     if not base.is_dir():
         return f"{flag} {path}: {base} is a file, not a folder: choose another location"
     try:
         files.temp_beside(base / ".rvqspec-probe").unlink()
     except OSError as e:
-        return f"{flag} {path}: the folder {folder} cannot be created in {base} ({e.strerror}): choose another location"
+        made = "" if base == folder else f", so the folder {folder} cannot be created in {base}"
+        return (f"{flag} {path}: no file can be written in {base} ({e.strerror}){made}: choose a writable folder, or "
+                f"make this one writable (chmod u+w {base})")
     return None
 
 
-def make_folder(folder: str | os.PathLike, flag: str, path=None) -> Path:
+def make_folder(folder: str | os.PathLike, flag: str) -> Path:
     """Create ``folder`` and its missing parents (nothing when it exists); returns it.
 
     Raises:
-        ValueError: it cannot be created, in one line naming ``flag`` (and ``path``, default the folder).
+        ValueError: it cannot be created, in one line naming ``flag``.
     """
-    folder = Path(folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"{flag} {folder if path is None else path}: cannot create the folder {folder} "
-                         f"({e.strerror or e}): choose another location") from None
-    return folder
-
-
-def make_parent_folders(paths: Sequence[tuple[str | os.PathLike | None, str]]) -> None:
-    """Create the missing parent folders of output files, ``(path, flag)`` pairs (``None`` paths skipped).
-
-    Raises:
-        ValueError: one that cannot be created, in one line naming the flag (:func:`make_folder`).
-    """
-    for path, flag in paths:
-        if path is not None and str(path) != "-":
-            make_folder(Path(path).parent if str(Path(path).parent) else Path("."), flag, path)
+        raise ValueError(f"{flag} {folder}: cannot create the folder ({e.strerror or e}): choose another location") \
+            from None
+    return Path(folder)
 
 
 def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents: bool = False) -> str | None:
@@ -201,19 +189,15 @@ def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents
     if not str(path).strip():
         return f"{flag} is an empty path: give a file name"
     p = Path(path)
-    if p.is_dir() or not p.name or p.name in (".", ".."):
+    if p.is_dir() or p.name in ("", ".", ".."):
         return f"{flag} {path} is a folder: give a file name inside it"
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.exists() and make_parents:
-        return _missing_folder_problem(parent, flag, path)
-    if not parent.exists():
-        return f"output folder {parent} does not exist: create it or choose another {flag}"
-    if not parent.is_dir():
-        return f"{flag} {path}: {parent} is not a folder"
+    if not p.parent.exists() and not make_parents:
+        return f"output folder {p.parent} does not exist: create it or choose another {flag}"
+    if not p.parent.is_dir():
+        return _folder_problem(p.parent, flag, path)
     try:  # real probes: permissions, read-only mounts and pseudo file systems all show up here
         if p.exists():
-            with open(p, "a"):
-                pass
+            open(p, "a").close()
         files.temp_beside(p).unlink()
     except OSError as e:
         return f"{flag} {path} is not writable ({e.strerror}): choose another location"
@@ -239,21 +223,11 @@ def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]], *, make
         seen[key] = flag
 
 
-def check_output_folder(path: str | os.PathLike, flag: str = "--out") -> str | None:
-    """Why an output FOLDER cannot be written, or ``None`` (``rvqspec export``): a file, or no file creatable in it
+def check_output_folder(path: str | os.PathLike) -> str | None:
+    """Why ``--out`` cannot be an output FOLDER (``rvqspec export``), or ``None``: a file, or no file creatable in it
     or in its nearest existing ancestor (a real probe)."""
     out = Path(path)
-    if out.exists() and not out.is_dir():
-        return f"{flag} {out} is a file: give a folder"
-    where = out if out.exists() else _nearest_existing(out)
-    if not where.is_dir():
-        return f"{flag} {out}: {where} is a file, not a folder: choose another folder"
-    try:
-        files.temp_beside(where / ".rvqspec-probe").unlink()
-    except OSError as e:
-        return (f"{flag} {out}: no file can be written in {where} ({e.strerror}): choose a writable folder, or make "
-                f"this one writable (chmod u+w {where})")
-    return None
+    return f"--out {out} is a file: give a folder" if out.is_file() else _folder_problem(out, "--out", out)
 
 
 THREADS_HELP = ("torch CPU threads: default 1 (on a small shared machine more threads spin-wait and run several "
@@ -273,8 +247,7 @@ def resolve_threads(command_flag: int | None, global_flag: int | None) -> int:
         ValueError: a negative count.
     """
     n = command_flag if command_flag is not None else global_flag if global_flag is not None else 1
-    if n < 0:
-        raise ValueError(f"--threads must be >= 0 (0 keeps torch's choice), got {n}")
+    check_range("--threads", n, 0, what=" (0 keeps torch's choice)")
     return n
 
 
@@ -291,14 +264,20 @@ def threads_text(n: int) -> str:
     return f"{n} thread{'s' if n != 1 else ''}"
 
 
+def check_range(flag: str, value, lo, hi=None, what: str = "") -> None:
+    """Raises ValueError (one line, ``what`` after the range) unless ``lo <= value`` (and ``value <= hi``); a
+    ``None`` value (a flag not given) passes."""
+    if value is not None and not (lo <= value and (hi is None or value <= hi)):
+        raise ValueError(f"{flag} must be {f'>= {lo}' if hi is None else f'in {lo}..{hi}'}{what}, got {value}")
+
+
 #: Largest seed: seeds go to ``torch.Generator.manual_seed`` (64 bits), some plus a small offset per utterance.
 SEED_MAX = 2**63 - 1
 
 
-def check_seed(seed: int, flag: str = "--seed") -> None:
+def check_seed(seed: int) -> None:
     """Raises ValueError (one line) unless ``0 <= seed <= SEED_MAX``."""
-    if not 0 <= seed <= SEED_MAX:
-        raise ValueError(f"{flag} must be in 0..{SEED_MAX} (2**63 - 1), got {seed}")
+    check_range("--seed", seed, 0, SEED_MAX, " (2**63 - 1)")
 
 
 def check_utf8(text: str, flag: str) -> None:
@@ -310,34 +289,6 @@ def check_utf8(text: str, flag: str) -> None:
         byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"character U+{ord(bad):04X}"
         raise ValueError(f"{flag} is not valid UTF-8 ({byte} at character {e.start}): convert it to UTF-8 (e.g. "
                          "iconv -f latin1 -t utf-8)") from None
-
-
-def read_text_file(path: str | os.PathLike, flag: str) -> str:
-    """A UTF-8 text file's content; one-line errors for a missing file or other bytes."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{flag} {p} is a folder: give a UTF-8 text file, one sentence a line")
-    if not p.is_file():
-        raise ValueError(f"{flag} {p} does not exist: give a UTF-8 text file, one sentence a line (check the path)")
-    try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{flag} {p} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
-                         "convert it (iconv -t utf-8)") from None
-
-
-def _removed(flag: str, form: str):
-    def refuse(value: str):
-        raise argparse.ArgumentTypeError(f"write --decoder {form}{value.strip()} (one decoder name; {flag} is gone)")
-    return refuse
-
-
-def add_removed_decoder_flags(p: argparse.ArgumentParser, flags=("--window", "--tree")) -> None:
-    """The removed ``--window N`` / ``--tree X``, hidden: given, they exit 2 naming the one spelling (``--decoder
-    chain:4``)."""
-    for flag in flags:
-        form = {"--window": "chain:", "--tree": "tree:"}[flag]
-        p.add_argument(flag, help=argparse.SUPPRESS, type=_removed(flag, form))
 
 
 def check_tree_ranks(names, codebook_size: int) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import time
 
-from rvqspec_lib.cli.common import apply_threads, check_tree_ranks, note, threads_text
-from rvqspec_lib.cli.frames import check_frame_source_args, frames_from_args, note_fewer_frames
+from rvqspec_lib.cli.common import apply_threads, check_range, check_seed, check_tree_ranks, note, \
+    note_fewer_frames, threads_text
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.provenance import provenance
+from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
 from rvqspec_lib.eval import acceptance
@@ -49,12 +50,12 @@ def run(args, threads: int) -> int:
         ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
     """
     started = getattr(args, "_started", None) or time.perf_counter()
-    check_frame_source_args(args)
+    check_seed(args.seed)
+    source = FrameSource.of(args)
     names = decoder_names(args.decoder)
     if args.drafter == "heads" and args.drafter_path:
         raise ValueError("--drafter-path is not used with --drafter heads (reused heads have no file)")
-    if args.max_rank < 1:
-        raise ValueError(f"--max-rank must be >= 1, got {args.max_rank}")
+    check_range("--max-rank", args.max_rank, 1)
     facts = loader.model_facts(args.model)
     if facts is not None:
         _check_ranks(args, names, facts.codebook_size)
@@ -65,7 +66,7 @@ def run(args, threads: int) -> int:
     load_s = time.perf_counter() - t
     _check_ranks(args, names, lm.codebook_size)
     drafter = make_drafter(args.drafter, lm.code_predictor, args.drafter_path or model_drafter_dir(args.model))
-    frames = frames_from_args(args, lm, "evaluation")
+    frames = source.load(lm, "evaluation")
     note_fewer_frames(frames, args.frames)
     decoders = [resolve(n, lm).decoder for n in names]  # they draft with --drafter (passed beside them)
     t = time.perf_counter()
@@ -83,11 +84,10 @@ def run(args, threads: int) -> int:
     print(f"drafter {args.drafter}: {res['params_added']:,} parameters added, {res['n_frames']} frames | load "
           f"{load_s:.1f} s, evaluation {eval_s:.1f} s, total {res['total_s']:.1f} s | {threads_text(threads)}")
     for label, tpc in res["tokens_per_call"].items():
-        pred = res["predicted_tokens_per_call"][label]
-        print(f"  {label:7s} {tpc:.3f} tokens/call (predicted from the exact tables {pred:.3f})")
-    alpha = res["exact"]["alpha_by_offset"]
-    shown = ", ".join(f"j={j + 1} {a:.3f}" for j, a in enumerate(alpha) if a is not None)
-    print(f"  exact acceptance by offset: {shown}")
+        print(f"  {label:7s} {tpc:.3f} tokens/call (predicted from the exact tables "
+              f"{res['predicted_tokens_per_call'][label]:.3f})")
+    alpha = enumerate(res["exact"]["alpha_by_offset"])
+    print(f"  exact acceptance by offset: {', '.join(f'j={j + 1} {a:.3f}' for j, a in alpha if a is not None)}")
     if args.json:
         write_json_atomic(args.json, res)
         print(f"wrote {args.json}")

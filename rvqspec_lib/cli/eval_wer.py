@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, resolve_threads
+from rvqspec_lib.cli.common import apply_threads, check_range, note
 from rvqspec_lib.common.files import write_json_atomic
+from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import calibration_budgets, parse_decoder_name, split_decoder_list
 from rvqspec_lib.decoding.decoders import AR
@@ -54,15 +55,10 @@ def _check(args) -> tuple[list[str], set[str], list[str]]:
         raise ValueError("--languages is empty: e.g. --languages en,de")
     for lang in languages:
         get_language(lang)
-    for flag, v in (("--sentences", args.sentences), ("--replicates", args.replicates),
-                    ("--calibration-frames", args.calibration_frames)):
-        if v is not None and v < 1:
-            raise ValueError(f"{flag} must be >= 1, got {v}")
+    for flag in ("--sentences", "--replicates", "--calibration-frames"):
+        check_range(flag, getattr(args, flag[2:].replace("-", "_")), 1)
     check_asr_name(args.asr)
-    if args.codec and not args.dataset:
-        raise ValueError("--codec is used only with --dataset (it encodes the dataset's audio)")
-    if args.dataset and not args.codec:
-        raise ValueError("--dataset needs --codec (the codec that turns its audio into codes)")
+    check_dataset_flags(args.dataset, args.codec)
     if args.calibration and not Path(args.calibration).is_file():
         raise ValueError(f"--calibration {args.calibration} does not exist: give a calibration JSON (python "
                          "scripts/calibrate_trees.py writes <model>/trees/heads.json), or drop it to use the "
@@ -76,14 +72,14 @@ def _check(args) -> tuple[list[str], set[str], list[str]]:
     return names, needs, languages
 
 
-def run(args, threads: int | None = None) -> int:
+def run(args, threads: int) -> int:
     """Run ``rvqspec eval-wer`` on parsed flags; returns the exit status.
 
     Raises:
         ValueError, FileNotFoundError: bad input, before any long work (one line from ``main``, exit status 2).
     """
     names, needs, languages = _check(args)
-    apply_threads(resolve_threads(args.threads, None) if threads is None else threads)
+    apply_threads(threads)
     progress = sys.stderr.isatty()
     lm = loader.load_model(args.model)
     own = getattr(lm.speech_tokenizer, "codec", None)
@@ -94,7 +90,7 @@ def run(args, threads: int | None = None) -> int:
     if codec is None:
         raise ValueError(f"{args.model} has no offline codec: pass --dataset and --codec")
     if lm.is_random:
-        print(f"note: {args.model} has RANDOM weights: its WER means nothing", file=sys.stderr)
+        note(f"{args.model} has RANDOM weights: its WER means nothing")
     # codes -> audio that every code 1..15 moves: the offline codec's table decoder (the sum of the chosen codebook
     # entries, nothing learned between a code and the audio); a real checkpoint's own 12 Hz decoder otherwise
     audio_codec = codec.with_decoder(None) if hasattr(codec, "with_decoder") else codec
@@ -112,8 +108,7 @@ def run(args, threads: int | None = None) -> int:
         cal_meta = entries_used(cal_meta, cal["n_frames"])
     named = resolve_all(names, lm, calibrations={"heads": calibration} if calibration else None,
                         best_chain=best_chain)
-    decoders = {"ar": AR(), **({} if args.no_null_control else {W.NULL_CONTROL: AR()}),
-                **named}
+    decoders = {"ar": AR(), **({} if args.no_null_control else {W.NULL_CONTROL: AR()}), **named}
     results, free = {}, None
     for lang in languages:
         utts = data[lang]["utterances"]
@@ -128,10 +123,8 @@ def run(args, threads: int | None = None) -> int:
     table3 = W.table3_rows(results)
     entries = cal_meta + [m for lang in languages for m in data[lang]["meta"]]
     out = {"model": args.model, "decoders": {k: repr(W.decoder_of(v)) for k, v in decoders.items()},
-           "languages": languages,
-           "table3": table3, "table1": table1_rows(entries), "results": results, "free_running": free,
-           "best_chain": best_chain,
-           "calibration": None if calibration is None else {k: calibration.get(k) for k in ("n_frames", "source")}}
+           "languages": languages, "table3": table3, "table1": table1_rows(entries), "results": results,
+           "free_running": free, "best_chain": best_chain, "calibration": None if calibration is None else {k: calibration.get(k) for k in ("n_frames", "source")}}
     _print(table3, free)
     if args.json:
         write_json_atomic(args.json, out)
@@ -141,21 +134,17 @@ def run(args, threads: int | None = None) -> int:
 
 def _print(table3, free) -> None:
     for r in table3:
-        wer = r.get("wer", r.get("cer"))
-        name = r["decoder"] + (" (LOSSY control)" if r["lossy"] else "")
-        line = (f"{r['language']:>3} {name:<36} tokens/call {r['tokens_per_call']:.3f} "
-                f"[{r['tpc_ci_low']:.3f}, {r['tpc_ci_high']:.3f}]")
+        line = (f"{r['language']:>3} {r['decoder'] + (' (LOSSY control)' if r['lossy'] else ''):<36} tokens/call "
+                f"{r['tokens_per_call']:.3f} [{r['tpc_ci_low']:.3f}, {r['tpc_ci_high']:.3f}]")
         if "codes_differ_from_ar" in r:
-            line += f"  codes differ from AR: {'YES' if r['codes_differ_from_ar'] else 'no'}"
-            line += f" (Holm p {r['code_test_min_p_holm']:.2g})"
-        if wer is not None:
-            line += f"  {'WER' if 'wer' in r else 'CER'} {wer:.3f}"
-            if "wer" in r and r.get("cer") is not None:
-                line += f" CER {r['cer']:.3f}"
+            line += (f"  codes differ from AR: {'YES' if r['codes_differ_from_ar'] else 'no'} (Holm p "
+                     f"{r['code_test_min_p_holm']:.2g})")
+        if r.get("wer", r.get("cer")) is not None:
+            line += f"  {'WER' if 'wer' in r else 'CER'} {r.get('wer', r.get('cer')):.3f}"
+            line += f" CER {r['cer']:.3f}" if "wer" in r and r.get("cer") is not None else ""
             if "diff_vs_ar" in r:
                 line += f" ({r['diff_vs_ar']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}])"
         print(line)
-    if free:
-        for label, w in free["wer"].items():
-            cer = f" CER {w['cer']:.3f}" if w.get("cer") is not None else ""
-            print(f"free running {label:<30} WER {w['rate']:.3f}{cer} ({w['n_outliers']} outliers apart)")
+    for label, w in (free or {}).get("wer", {}).items():
+        cer = f" CER {w['cer']:.3f}" if w.get("cer") is not None else ""
+        print(f"free running {label:<30} WER {w['rate']:.3f}{cer} ({w['n_outliers']} outliers apart)")

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
-from rvqspec_lib.cli.args import EXPORT_DTYPES, FORMATS, GRAPHS, TARGETS
-from rvqspec_lib.cli.common import _die, apply_threads, check_output_folder, check_tree_ranks, make_folder, note
+from rvqspec_lib.cli.common import _die, apply_threads, check_output_folder, check_range, check_tree_ranks, \
+    make_folder, note
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, parse_decoder_name
@@ -24,36 +22,29 @@ from rvqspec_lib.models.named_decoders import check_files, resolve
 DEFAULT_NODES = 4
 
 
-def check_args(args) -> str | None:
-    """Why the arguments cannot run (one line naming the fix), or ``None``; checked before any work."""
-    for flag, value, allowed in (("--format", args.fmt, FORMATS), ("--graph", args.graph, GRAPHS),
-                                 ("--dtype", args.dtype, EXPORT_DTYPES), ("--target", args.target, TARGETS)):
-        if value not in allowed:
-            return f"unknown {flag} {value!r}: use {', '.join(allowed[:-1])} or {allowed[-1]}"
-    if args.graph != "verify" and (args.nodes is not None or args.decoder is not None):
-        given = [f for f, v in (("--decoder", args.decoder), ("--nodes", args.nodes)) if v is not None]
-        return f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for --graph verify; the {args.graph} " \
-               "graph has no tree: drop it or use --graph verify"
-    if args.nodes is not None and not MIN_BUDGET <= args.nodes <= MAX_BUDGET:
-        return f"--nodes must be in {MIN_BUDGET}..{MAX_BUDGET} (query positions of one verify call, the root " \
-               f"included), got {args.nodes}"
-    if args.repeats < 1:
-        return f"--repeats must be >= 1, got {args.repeats}"
-    if args.predict and args.fmt != "coreml":
-        return "--predict is for --format coreml (ONNX files are always run with ONNX Runtime here)"
-    if args.predict and not F.coreml_available()[0]:
-        return f"--predict: {F.coreml_available()[1]}; drop --predict to build the package here"
-    return check_output_folder(args.out)  # a folder, writable, before the model loads (the export takes minutes)
-
-
-def verify_nodes(args) -> int | None:
-    """The verify graph's node budget N from ``--decoder`` / ``--nodes`` (``None`` for the other graphs), checked
-    before the model loads; sets ``args.decoder_name``.
+def check_args(args) -> int | None:
+    """Every check before the model loads; returns the verify graph's node budget N from ``--decoder`` / ``--nodes``
+    (``None`` for the other graphs) and sets ``args.decoder_name``.
 
     Raises:
-        ValueError, FileNotFoundError: a decoder without a tree, its files missing, ``--nodes`` disagreeing with it.
+        ValueError, FileNotFoundError: one line naming the fix: a tree for another graph, a decoder without a tree,
+            its files missing, ``--nodes`` disagreeing with it, an output folder that cannot be written.
     """
     args.decoder_name = None
+    if args.graph != "verify" and (args.nodes is not None or args.decoder is not None):
+        given = [f for f, v in (("--decoder", args.decoder), ("--nodes", args.nodes)) if v is not None]
+        raise ValueError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for --graph verify; the "
+                         f"{args.graph} graph has no tree: drop it or use --graph verify")
+    check_range("--nodes", args.nodes, MIN_BUDGET, MAX_BUDGET, " (query positions of one verify call, the root "
+                "included)")
+    check_range("--repeats", args.repeats, 1)
+    if args.predict and args.fmt != "coreml":
+        raise ValueError("--predict is for --format coreml (ONNX files are always run with ONNX Runtime here)")
+    if args.predict and not F.coreml_available()[0]:
+        raise ValueError(f"--predict: {F.coreml_available()[1]}; drop --predict to build the package here")
+    problem = check_output_folder(args.out)  # a folder, writable, before the model loads (the export takes minutes)
+    if problem:
+        raise ValueError(problem)
     if args.graph != "verify":
         return None
     if args.decoder is None:
@@ -73,17 +64,14 @@ def verify_nodes(args) -> int | None:
     return n
 
 
-def run(args, threads: int = 1) -> int:
+def run(args, threads: int) -> int:
     """Run ``rvqspec export`` on parsed flags; ``threads`` applied after the cheap checks. Returns the exit status.
 
     Raises:
         ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
     """
-    problem = check_args(args)
-    if problem:
-        return _die(problem)
-    nodes = verify_nodes(args)
-    apply_threads(threads)
+    nodes = check_args(args)
+    threads = apply_threads(threads)
     lm = loader.load_model(args.model)
     cp = lm.code_predictor.eval()
     G.check_exportable(cp)
@@ -108,15 +96,12 @@ def run(args, threads: int = 1) -> int:
             "decoder": args.decoder, "agreement": agreement, "coreml_timing": timing, "ran": bool(agreement),
             "note": "" if agreement else F.coreml_available()[1],
             "provenance": provenance({"model": args.model, "format": args.fmt, "graph": args.graph,
-                                      "dtype": args.dtype, "nodes": nodes, "threads": torch.get_num_threads()})}
+                                      "dtype": args.dtype, "nodes": nodes, "threads": threads})}
     write_json_atomic(out / (stem + ".json"), info)
-    print(f"wrote {path} ({res['bytes'] / 1e6:.1f} MB, {res['export_s']:.0f} s; inputs "
-          f"{', '.join(r[0] for r in res['written']['inputs'])}; outputs "
-          f"{', '.join(r[0] for r in res['written']['outputs'])}"
-          + (f"; states {', '.join(r[0] for r in res['written']['states'])}" if res["written"]["states"] else "")
-          + ")")
-    if args.fmt == "coreml" and args.dtype == "float32" and res["written"]["states"]:
-        states = ", ".join(r[0] for r in res["written"]["states"])
+    inputs, outputs, states = (", ".join(r[0] for r in res["written"][k]) for k in ("inputs", "outputs", "states"))
+    print(f"wrote {path} ({res['bytes'] / 1e6:.1f} MB, {res['export_s']:.0f} s; inputs {inputs}; outputs {outputs}"
+          + (f"; states {states}" if states else "") + ")")
+    if args.fmt == "coreml" and args.dtype == "float32" and states:
         note(f"--dtype float32 computes in float32, but the KV-cache states ({states}) stay float16: Core ML states "
              "are float16 only (coremltools 9), so keys and values are rounded to float16 once, when written")
     if res["declared"] != res["written"]:

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 import time
+from importlib.metadata import entry_points
 from typing import Sequence
 
 from rvqspec_lib.cli.common import OUTPUT_FLAGS, OneLineParser, _die, add_threads_arg, check_output_path, \
@@ -34,7 +35,6 @@ COMMANDS = {
                                "train_drafter_parallel"),
 }
 
-
 #: the entry-point group of command plug-ins: a module with ``HELP`` (one line), ``add_args(parser)`` (light: no
 #: torch) and ``run(args, threads) -> exit status``, registered by its package (pyproject.toml)
 PLUGIN_GROUP = "rvqspec.commands"
@@ -43,17 +43,12 @@ PLUGIN_GROUP = "rvqspec.commands"
 def plugins() -> dict[str, str]:
     """Commands added by installed packages: name -> module path (``{"bench": "bench.cli"}`` once the project is
     installed; empty where it is not)."""
-    from importlib.metadata import entry_points
-
     return {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP)}
 
 
-def _commands() -> dict[str, tuple[str, str, str]]:
-    """:data:`COMMANDS` and the plug-ins, each as (help line, ``module:function`` adding its flags, module)."""
-    out = dict(COMMANDS)
-    for name, module in plugins().items():
-        out.setdefault(name, (None, f"{module}:add_args", module))
-    return out
+def _commands() -> dict[str, tuple[str | None, str, str]]:
+    """:data:`COMMANDS` and the plug-ins (help line ``None``: the module's ``HELP``)."""
+    return {**COMMANDS, **{n: (None, f"{m}:add_args", m) for n, m in plugins().items() if n not in COMMANDS}}
 
 
 def _load(ref: str):
@@ -72,8 +67,7 @@ def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentPars
     add_threads_arg(parser, dest="global_threads")
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, (help_line, add_args, module) in _commands().items():
-        if help_line is None:  # a plug-in: its module's HELP (a light module: no torch)
-            help_line = importlib.import_module(module).HELP
+        help_line = help_line or importlib.import_module(module).HELP  # a plug-in's (a light module: no torch)
         p = sub.add_parser(name, help=help_line, description=help_line)
         if commands is None or name in commands:
             _load(add_args)(p)
@@ -98,18 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args) -> int:
     try:
         threads = resolve_threads(args.threads, args.global_threads)
+        for attr, flag in OUTPUT_FLAGS.items():  # export's and extract-frames' --out is a folder: they check it
+            path = getattr(args, attr, None)  # synth makes a missing parent folder; synth --out - is standard output
+            if path != "-" and not (attr == "out" and args.cmd in ("export", "extract-frames")):
+                if (problem := check_output_path(path, flag, make_parents=args.cmd == "synth")):
+                    raise ValueError(problem)
     except ValueError as e:
         return _die(str(e))
-    for attr, flag in OUTPUT_FLAGS.items():
-        if args.cmd == "train-drafter" and attr == "out" and args.out is None:
-            continue  # the default file may go into a new drafters/ folder beside the model: train-drafter makes it
-        if args.cmd in ("export", "extract-frames") and attr == "out":
-            continue  # a folder here (the command checks it itself)
-        if args.cmd == "synth" and attr == "out" and args.out == "-":
-            continue  # standard output (synth --stream checks the rest)
-        problem = check_output_path(getattr(args, attr, None), flag, make_parents=args.cmd == "synth")
-        if problem:  # synth creates a missing parent folder of --out and --json (synth.run)
-            return _die(problem)
     command = _load(_commands()[args.cmd][2])
     from safetensors import SafetensorError  # loaded with the command's module (torch's) by now
 

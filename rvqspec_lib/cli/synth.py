@@ -15,9 +15,10 @@ import soundfile as sf
 import torch
 
 from rvqspec_lib.cli.args import AUDIO_SUFFIXES, MAX_BATCH
-from rvqspec_lib.cli.common import apply_threads, check_outputs, check_seed, check_tree_ranks, check_utf8, \
-    make_parent_folders, note, read_text_file, threads_text
+from rvqspec_lib.cli.common import apply_threads, check_outputs, check_range, check_seed, check_tree_ranks, \
+    check_utf8, make_folder, note, threads_text
 from rvqspec_lib.common.files import atomic_outputs, json_text
+from rvqspec_lib.data.frame_choice import read_lines
 from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
 from rvqspec_lib.decoding.decoders import Tree, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
@@ -26,7 +27,7 @@ from rvqspec_lib.models import backends as B
 from rvqspec_lib.models import frame, loader
 from rvqspec_lib.models.audio import WavWriter
 from rvqspec_lib.device.native_talker import NativeTalker
-from rvqspec_lib.models.named_decoders import NamedDecoder, check_files, resolve
+from rvqspec_lib.models.named_decoders import check_files, resolve
 from rvqspec_lib.device.precision import PRECISIONS, apply_precision, check_precision
 from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
 from rvqspec_lib.models.text_language import english_only_note
@@ -35,23 +36,6 @@ from rvqspec_lib.models.text_language import english_only_note
 #: 0.15 s a word (6.7 words a second) is faster than anyone speaks (2-3 words a second; fast read speech under 5), so
 #: the model ended early, typically on a long text (the embedded model stops after a sentence or two).
 MIN_AUDIO_S_PER_WORD = 0.15
-
-
-def texts_from_args(args) -> list[str]:
-    """The sentence(s) to speak: ``--text``, or the non-blank lines of ``--text-file``.
-
-    Raises:
-        ValueError: an empty text or file, a file that is missing or not UTF-8 (one line naming the flag).
-    """
-    if args.text_file is None:
-        if not args.text.strip():
-            raise ValueError("--text is empty: give the sentence to speak")
-        check_utf8(args.text, "--text")
-        return [args.text]
-    texts = [line.strip() for line in read_text_file(args.text_file, "--text-file").splitlines() if line.strip()]
-    if not texts:
-        raise ValueError(f"--text-file {args.text_file} has no sentence (only blank lines): one sentence a line")
-    return texts
 
 
 def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
@@ -64,49 +48,40 @@ def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
             for i in range(n)]
 
 
-def check_stream_args(args) -> None:
-    """``--stream``, ``--chunk-frames`` and ``--out -``: one text, a chunk within the frame cap, a WAV or standard
-    output. Sets ``args.chunk_frames`` (default 1).
+def check_args(args) -> list[tuple[Path, Path]]:
+    """Every check that needs no model; sets ``args.texts`` (``--text``, or the non-blank lines of ``--text-file``),
+    ``args.decoder_name``, ``args.batch_size`` and ``args.chunk_frames`` (``--stream``: one text, a chunk within the
+    frame cap, a WAV or standard output); returns the ``(audio, codes)`` paths, one pair per text.
 
     Raises:
-        ValueError: one line naming the flag.
+        ValueError: the first problem, in one line naming the flag.
     """
-    args.stream = getattr(args, "stream", False)
-    args.chunk_frames = getattr(args, "chunk_frames", None)
-    if not args.stream:
-        if args.out == "-":
-            raise ValueError("--out - (a WAV stream on standard output) is for --stream: add --stream, or give a file")
-        if args.chunk_frames is not None:
-            raise ValueError("--chunk-frames is for --stream (frames decoded to audio at once): add --stream")
-        return
     if args.text_file is not None:
+        args.texts = read_lines(args.text_file, "--text-file")
+    elif not args.text.strip():
+        raise ValueError("--text is empty: give the sentence to speak")
+    else:
+        check_utf8(args.text, "--text")
+        args.texts = [args.text]
+    check_seed(args.seed)
+    check_range("--max-frames", args.max_frames, 1, what=" (frames of 80 ms; 12.5 frames = 1 s)")
+    if args.batch_size is not None and args.text_file is None:
+        raise ValueError("--batch-size is for --text-file (lines decoded together): drop it with --text")
+    args.batch_size = 8 if args.batch_size is None else args.batch_size
+    check_range("--batch-size", args.batch_size, 1, MAX_BATCH)
+    if not args.stream and args.out == "-":
+        raise ValueError("--out - (a WAV stream on standard output) is for --stream: add --stream, or give a file")
+    if not args.stream and args.chunk_frames is not None:
+        raise ValueError("--chunk-frames is for --stream (frames decoded to audio at once): add --stream")
+    if args.stream and args.text_file is not None:
         raise ValueError("--stream speaks one --text (a stream of audio as it is made): give --text, or drop --stream")
     args.chunk_frames = 1 if args.chunk_frames is None else args.chunk_frames
     if not 1 <= args.chunk_frames <= args.max_frames:
         raise ValueError(f"--chunk-frames must be in 1..--max-frames ({args.max_frames}) frames of 80 ms, got "
                          f"{args.chunk_frames}")
-    if args.out != "-" and Path(args.out).suffix.lower() != ".wav":
+    if args.stream and args.out != "-" and Path(args.out).suffix.lower() != ".wav":
         raise ValueError(f"--stream writes a WAV as it grows: give --out {Path(args.out).with_suffix('.wav').name}, "
                          "or --out - for standard output")
-
-
-def check_args(args) -> list[tuple[Path, Path]]:
-    """Every check that needs no model; sets ``args.texts``, ``args.decoder_name`` and ``args.batch_size`` and
-    returns the ``(audio, codes)`` paths, one pair per text.
-
-    Raises:
-        ValueError: the first problem, in one line naming the flag.
-    """
-    args.texts = texts_from_args(args)
-    check_seed(args.seed)
-    if args.max_frames < 1:
-        raise ValueError(f"--max-frames must be >= 1 (frames of 80 ms; 12.5 frames = 1 s), got {args.max_frames}")
-    if args.batch_size is not None and args.text_file is None:
-        raise ValueError("--batch-size is for --text-file (lines decoded together): drop it with --text")
-    args.batch_size = 8 if args.batch_size is None else args.batch_size
-    if not 1 <= args.batch_size <= MAX_BATCH:
-        raise ValueError(f"--batch-size must be in 1..{MAX_BATCH}, got {args.batch_size}")
-    check_stream_args(args)
     out = Path(args.out)
     if args.out != "-" and out.suffix.lower() not in AUDIO_SUFFIXES:
         raise ValueError(f"--out {out} must end in {', '.join(AUDIO_SUFFIXES)} (the audio file; the codes go to "
@@ -167,42 +142,40 @@ def check_against_model(args, facts) -> str | None:
         raise ValueError(f"unknown speaker {args.speaker!r}: this model's speakers are "
                          f"{', '.join(facts.speakers) or '(none)'}")
     check_tree_ranks([args.decoder_name], facts.codebook_size)
-    if args.codes_to_audio != "auto" and not facts.offline_codec:
-        raise ValueError(f"--codes-to-audio {args.codes_to_audio}: {args.model} has no offline codec to choose a "
-                         "decoder for (only models built by `make embedded` do); leave it at auto")
+    check_codes_to_audio(args, facts.offline_codec)
     return check_files(args.decoder_name, args.model, n_codes=facts.n_code_groups - 1,
                        codebook_size=facts.codebook_size)
 
 
-def auto_choice(args, lm, sampling: Sampling) -> tuple[NamedDecoder, str, bool]:
-    """``--decoder auto``: ``(the chosen decoder, its backend, fused)``, timed among official and native (where it
-    runs), or on ``--backend`` alone (cached).
-
-    Raises:
-        ValueError: the model ships no calibration frames to time on.
-    """
-    name = args.decoder_name
-    native = args.dtype in PRECISIONS and B.available_or_note("native", args.dtype, instead="--decoder auto chooses "
-                                                             "among the official module's decoders alone")
-    pool = [args.backend] if args.backend else ["official"] + ["native"] * native
-    choice = budget.auto_for_model(lm, backends=pool, drafter_name=name.drafter, progress=sys.stderr.isatty())
-    named = replace(choice.named, note=f"--decoder auto chose {choice.reason}")
-    # the choice was timed with the checkpoint's sampling; a fused frame takes no top-p (fused_support)
-    fused = choice.fused and B.fused_support(choice.backend, named.decoder, sampling, named.drafter) is None
-    return named, choice.backend, fused
+def check_codes_to_audio(args, offline_codec: bool, neural: bool = True) -> None:
+    """``--codes-to-audio`` other than auto needs the offline codec, ``neural`` its neural code decoder. Raises
+    ValueError (one line)."""
+    if args.codes_to_audio != "auto" and not offline_codec:
+        raise ValueError(f"--codes-to-audio {args.codes_to_audio}: {args.model} has no offline codec to choose a "
+                         "decoder for (only models built by `make embedded` do); leave it at auto")
+    if args.codes_to_audio == "neural" and not neural:
+        raise ValueError(f"--codes-to-audio neural: {args.model}'s codec has no neural code decoder beside it "
+                         "(codec.decoder.safetensors); use auto or table, or train one (`make embedded`)")
 
 
 def build_runner(args, lm, sampling: Sampling) -> tuple[object, str | None]:
-    """The frame runner of ``--decoder``, ``--backend`` and ``--frame``, and what ``auto`` chose (one line; ``None``
-    for a named decoder)."""
-    name, cp = args.decoder_name, lm.code_predictor
+    """The frame runner of ``--decoder``, ``--backend`` and ``--frame``, and what ``--decoder auto`` chose (one line;
+    ``None`` for a named decoder): timed among official and native (where it runs), or on ``--backend`` alone
+    (cached). Raises ValueError: ``auto`` on a model that ships no calibration frames to time on."""
+    name = args.decoder_name
     if name.kind == "auto":
-        named, backend, fused = auto_choice(args, lm, sampling)
+        native = args.dtype in PRECISIONS and B.available_or_note("native", args.dtype, instead="--decoder auto "
+                                                                  "chooses among the official module's decoders alone")
+        choice = budget.auto_for_model(lm, backends=[args.backend] if args.backend else ["official"] + ["native"] *
+                                       native, drafter_name=name.drafter, progress=sys.stderr.isatty())
+        named, backend = replace(choice.named, note=f"--decoder auto chose {choice.reason}"), choice.backend
+        # the choice was timed with the checkpoint's sampling; a fused frame takes no top-p (fused_support)
+        fused = choice.fused and B.fused_support(backend, named.decoder, sampling, named.drafter) is None
     else:
         named, backend = resolve(name, lm), args.backend or "official"
         fused = args.frame == "fused" or (args.frame == "auto" and backend == "native" and B.fused_support(
             backend, named.decoder, sampling, named.drafter) is None)
-    runner = B.frame_runner(backend, cp, named, fused=fused, sampling=sampling, drafter=named.drafter)
+    runner = B.frame_runner(backend, lm.code_predictor, named, fused=fused, sampling=sampling, drafter=named.drafter)
     return runner, named.note if name.kind == "auto" else None
 
 
@@ -247,13 +220,10 @@ def run(args, threads: int) -> int:
     load_s = time.perf_counter() - t
     check_tree_ranks([args.decoder_name], lm.codebook_size)  # again for models whose config could not be read
     codec = getattr(lm.speech_tokenizer, "codec", None)
-    if args.codes_to_audio != "auto" and (codec is None or not hasattr(codec, "decoder_kind")):
-        raise ValueError(f"--codes-to-audio {args.codes_to_audio}: {args.model} has no offline codec to choose a "
-                         "decoder for (only models built by `make embedded` do); leave it at auto")
-    if args.codes_to_audio == "neural" and codec.code_decoder is None:
-        raise ValueError(f"--codes-to-audio neural: {args.model}'s codec has no neural code decoder beside it "
-                         "(codec.decoder.safetensors); use auto or table, or train one (`make embedded`)")
-    make_parent_folders([(f, "--out") for pair in pairs for f in pair if f is not None] + [(args.json, "--json")])
+    check_codes_to_audio(args, hasattr(codec, "decoder_kind"), getattr(codec, "code_decoder", None) is not None)
+    for path, flag in [(f, "--out") for pair in pairs for f in pair if f is not None] + [(args.json, "--json")]:
+        if path is not None:  # a missing parent folder (checked creatable by check_args)
+            make_folder(Path(path).parent, flag)
     t = time.perf_counter()
     sampling = frame.inner_sampling(lm, greedy=args.greedy)
     talker_sampling = Sampling.from_generation_config(lm.generation or {}, loop="talker", greedy=args.greedy)
@@ -280,9 +250,11 @@ def run(args, threads: int) -> int:
 
     generator = torch.Generator().manual_seed(args.seed)
     talker = NativeTalker(lm) if args.talker == "native" else None  # its KV cache is sized per batch by frames()
+    base = {"model": args.model, "random_weights": lm.is_random, "decoder_name": args.decoder_name.text,
+            **B.runner_fields(runner), "seed": args.seed, "greedy": args.greedy, "dtype": args.dtype,
+            "talker": args.talker, "threads": threads, "startup_s": startup_s, "load_s": load_s, "choose_s": choose_s}
     if args.stream:
-        return run_stream(args, lm, runner, talker, generator, talker_sampling, dict(
-            started=started, startup_s=startup_s, load_s=load_s, choose_s=choose_s, notes=notes, threads=threads))
+        return run_stream(args, lm, runner, talker, generator, talker_sampling, started, base, notes)
     batch = args.batch_size if len(texts) > 1 else 1
     rows: list[dict] = []
     talker_calls, talker_s, inner_s = 0, 0.0, 0.0
@@ -318,56 +290,52 @@ def run(args, threads: int) -> int:
                     "tokens_per_call": r["tpc"], "audio_scaled_by": round(0.99 / r["peak"], 4) if r["peak"] > 0.99
                     else 1.0, "wav": str(wav_p) if r["wav"] is not None else None, "codes_npy": str(npy_p),
                     "codes": r["codes"].tolist()})
-    targets = [f for (wav_p, npy_p), r in zip(pairs, rows) for f in ([wav_p] if r["wav"] is not None else []) + [npy_p]]
-    targets += [Path(args.json)] if args.json else []
-    frames = sum(r["frames"] for r in rows)
-    audio_s, calls = frames / lm.frame_rate_hz, sum(r["calls"] for r in rows)
-    tpc = frames * (lm.n_code_groups - 1) / calls if calls else float(rows[0]["tpc"])
-    fields = B.runner_fields(runner)
-    with atomic_outputs(targets) as temps:
-        tmp = dict(zip(targets, temps))
-        for (wav_p, npy_p), r in zip(pairs, rows):
-            if r["wav"] is not None:
-                sf.write(tmp[wav_p], r["wav"], sr)
-            np.save(tmp[npy_p], r["codes"].numpy().astype(np.int64))  # (frames, n_code_groups)
-        total_s = time.perf_counter() - started
-        stats = {
-            "model": args.model, "random_weights": lm.is_random, "decoder_name": args.decoder_name.text,
-            **fields, "codes_to_audio": codes_to_audio, "seed": args.seed, "greedy": args.greedy,
-            "dtype": args.dtype, "talker": args.talker, "sampling": sampling.describe(),
-            "talker_sampling": talker_sampling.describe(),
-            "threads": threads, "batch_size": batch, "frame_rate_hz": lm.frame_rate_hz, "n_utterances": len(texts),
-            "frames": frames, "audio_s": audio_s, "code_predictor_calls": calls, "talker_calls": talker_calls,
-            "tokens_per_call": tpc, "startup_s": startup_s, "load_s": load_s, "choose_s": choose_s,
-            "synth_s": synth_s, "decode_s": decode_s, "total_s": total_s,
-            "rtf": (synth_s + decode_s) / audio_s if audio_s > 0 else None,
-            "rtf_total": total_s / audio_s if audio_s > 0 else None,
-            "wall_s": total_s,  # the whole run, as total_s (kept for readers of older files)
-            "talker_s": talker_s, "inner_loop_s": inner_s, "notes": notes,
-        }
-        if len(texts) == 1:
-            stats.update(per[0])  # one text: its fields at the top level
-        else:
-            stats["utterances"] = per
-        if args.json:
-            tmp[Path(args.json)].write_text(json_text(stats) + "\n")
+    frames, calls = sum(r["frames"] for r in rows), sum(r["calls"] for r in rows)
+    audio_s, tpc = frames / lm.frame_rate_hz, frames * (lm.n_code_groups - 1) / calls if calls else rows[0]["tpc"]
+    audio = {wav_p: r["wav"] for (wav_p, _), r in zip(pairs, rows) if r["wav"] is not None}
+    stats = {**base, "codes_to_audio": codes_to_audio, "sampling": sampling.describe(),
+             "talker_sampling": talker_sampling.describe(), "batch_size": batch, "frame_rate_hz": lm.frame_rate_hz,
+             "n_utterances": len(texts), "frames": frames, "audio_s": audio_s, "code_predictor_calls": calls,
+             "talker_calls": talker_calls, "tokens_per_call": tpc, "synth_s": synth_s, "decode_s": decode_s,
+             "rtf": (synth_s + decode_s) / audio_s if audio_s > 0 else None, "talker_s": talker_s,
+             "inner_loop_s": inner_s, "notes": notes, **(per[0] if len(texts) == 1 else {"utterances": per})}
+    targets = _write(args, stats, started, {npy_p: r["codes"] for (_, npy_p), r in zip(pairs, rows)}, audio, sr)
+    total_s = stats["total_s"]
     rtf = (f"RTF {stats['rtf']:.2f} (synthesis alone; {stats['rtf_total']:.2f} with start-up, load and choice)"
            if stats["rtf"] is not None else "RTF n/a (no audio)")
-    what = f"{len(texts)} texts, " if len(texts) > 1 else ""
-    print(f"{what}{frames} frames ({audio_s:.2f} s of audio), {calls} code-predictor calls, {tpc:.2f} tokens/call | "
-          f"startup {startup_s:.2f} s, load {load_s:.2f} s, {args.decoder_name.text} decoder {choose_s:.2f} s "
-          f"({B.runner_label(fields)}), synthesis {synth_s + decode_s:.2f} s (frame loop {synth_s:.2f} s + codes to "
-          f"audio {decode_s:.2f} s), total {total_s:.2f} s | {rtf} | {threads_text(threads)}")
+    print(f"{f'{len(texts)} texts, ' * (len(texts) > 1)}{frames} frames ({audio_s:.2f} s of audio), {calls} "
+          f"code-predictor calls, {tpc:.2f} tokens/call | startup {startup_s:.2f} s, load {load_s:.2f} s, "
+          f"{args.decoder_name.text} decoder {choose_s:.2f} s ({B.runner_label(base)}), synthesis "
+          f"{synth_s + decode_s:.2f} s (frame loop {synth_s:.2f} s + codes to audio {decode_s:.2f} s), total "
+          f"{total_s:.2f} s | {rtf} | {threads_text(threads)}")
     written = ", ".join(str(p) for p in targets) if len(targets) <= 4 else \
         f"{len(targets)} files ({targets[0]} ... {targets[-1]})"
     if sr is None and lm.speech_tokenizer is None:
         print(f"wrote {written} (no codec weights for {args.model}: codes only, frames x {lm.n_code_groups})")
-    elif any(r["wav"] is None for r in rows):
-        print(f"wrote {written} (the model ended before its first frame for {sum(r['wav'] is None for r in rows)} "
-              "text(s): no audio for them)")
+    elif len(audio) < len(rows):
+        print(f"wrote {written} (the model ended before its first frame for {len(rows) - len(audio)} text(s): no "
+              "audio for them)")
     else:
         print(f"wrote {written}")
     return 0
+
+
+def _write(args, stats: dict, started: float, codes: dict, audio: dict, sample_rate: int | None) -> list[Path]:
+    """Write the audio files, the codes (``.npy``, int64 ``(frames, n_code_groups)``) and ``--json`` (``stats`` with
+    ``total_s`` and ``rtf_total`` added) atomically: all or none. Returns the files written."""
+    targets = [*audio, *codes] + ([Path(args.json)] if args.json else [])
+    with atomic_outputs(targets) as temps:
+        tmp = dict(zip(targets, temps))
+        for path, wav in audio.items():
+            sf.write(tmp[path], wav, sample_rate)
+        for path, c in codes.items():
+            np.save(tmp[path], c.numpy().astype(np.int64))
+        stats["total_s"] = total_s = time.perf_counter() - started
+        if "rtf" in stats:
+            stats["rtf_total"] = total_s / stats["audio_s"] if stats["audio_s"] > 0 else None
+        if args.json:
+            tmp[Path(args.json)].write_text(json_text(stats) + "\n")
+    return targets
 
 
 def _write_stream(stream, sink, sample_rate: int) -> bool:
@@ -386,7 +354,7 @@ def _write_stream(stream, sink, sample_rate: int) -> bool:
         stream.close()
 
 
-def run_stream(args, lm, runner, talker, generator, talker_sampling, ctx: dict) -> int:
+def run_stream(args, lm, runner, talker, generator, talker_sampling, started: float, base: dict, notes) -> int:
     """``synth --stream``: the stream written as it comes (a WAV valid at every moment, or standard output), then the
     codes and ``--json`` atomically; the report goes to stderr when the audio goes to stdout. Returns 0 (also when
     the reader closed stdout early: a note)."""
@@ -401,27 +369,16 @@ def run_stream(args, lm, runner, talker, generator, talker_sampling, ctx: dict) 
         note(f"the reader of standard output closed it after {s['audio_s']:.2f} s of audio: stopped")
         return 0
     codes = stream.codes(0)
-    targets = ([] if to_stdout else [Path(args.out).with_suffix(".npy")]) + ([Path(args.json)] if args.json else [])
-    total_s = time.perf_counter() - ctx["started"]
-    stats = {"model": args.model, "random_weights": lm.is_random, "decoder_name": args.decoder_name.text,
-             **B.runner_fields(runner), "seed": args.seed, "greedy": args.greedy, "dtype": args.dtype,
-             "talker": args.talker, "threads": ctx["threads"], "stream": True, "out": args.out,
-             **{k: ctx[k] for k in ("startup_s", "load_s", "choose_s")}, "total_s": total_s,
-             **{k: v for k, v in s.items() if k not in ("cpu_s", "replay")}, "thread_cpu_s": s["cpu_s"],
-             "notes": ctx["notes"], "text": args.texts[0], "codes": codes.tolist()}
-    with atomic_outputs(targets) as temps:
-        tmp = dict(zip(targets, temps))
-        if not to_stdout:
-            np.save(tmp[targets[0]], codes.numpy().astype(np.int64))  # (frames, n_code_groups)
-        if args.json:
-            tmp[Path(args.json)].write_text(json_text(stats) + "\n")
+    stats = {**base, "stream": True, "out": args.out, **{k: v for k, v in s.items() if k not in ("cpu_s", "replay")},
+             "thread_cpu_s": s["cpu_s"], "notes": notes, "text": args.texts[0], "codes": codes.tolist()}
+    targets = _write(args, stats, started, {} if to_stdout else {Path(args.out).with_suffix(".npy"): codes}, {}, None)
     report = sys.stderr if to_stdout else sys.stdout
     print(f"{s['frames']} frames ({s['audio_s']:.2f} s of audio) streamed in chunks of {args.chunk_frames} frame(s) "
-          f"({B.runner_label(B.runner_fields(runner))}) | time to first audio {s['ttfa_ms']:.0f} ms after the prompt "
+          f"({B.runner_label(base)}) | time to first audio {s['ttfa_ms']:.0f} ms after the prompt "
           f"({s['ttfa_call_ms']:.0f} ms from the start of synthesis) | RTF {s['rtf']:.2f} | {s['underruns']} "
-          f"underrun(s) ({s['stall_ms']:.0f} ms waited) | startup {ctx['startup_s']:.2f} s, load {ctx['load_s']:.2f} "
-          f"s, total {total_s:.2f} s | {threads_text(s['threads'])} per side, generation and decoding overlapped",
-          file=report)
+          f"underrun(s) ({s['stall_ms']:.0f} ms waited) | startup {base['startup_s']:.2f} s, load {base['load_s']:.2f} "
+          f"s, total {stats['total_s']:.2f} s | {threads_text(s['threads'])} per side, generation and decoding "
+          "overlapped", file=report)
     print(f"wrote {', '.join([args.out if not to_stdout else 'standard output'] + [str(t) for t in targets])}",
           file=report)
     return 0

@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, check_outputs, note, threads_text
-from rvqspec_lib.cli.frames import check_frame_source_args, frames_from_args, note_fewer_frames, uses_shipped
+from rvqspec_lib.cli.common import apply_threads, check_outputs, check_range, check_seed, note, note_fewer_frames, \
+    threads_text
 from rvqspec_lib.common.files import write_json_atomic
+from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.drafters import DEFAULT_K
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import drafter_path, make_drafter, model_drafter_dir, save_drafter
@@ -26,6 +27,23 @@ def _check_k(k: int, n_code_groups: int) -> None:
                          "(the paper uses 3)")
 
 
+def check_training_flags(args) -> None:
+    """The flags train-drafter and train-drafter-parallel share: --seed, --epochs, --patience, --batch-size, --lr,
+    --val-fraction, and --out a new ``.safetensors`` file (or --force). Raises ValueError (one line)."""
+    check_seed(args.seed)
+    for flag, lo in (("--epochs", 1), ("--patience", 0), ("--batch-size", 1)):
+        check_range(flag, getattr(args, flag[2:].replace("-", "_")), lo)
+    if args.lr is not None and not args.lr > 0:
+        raise ValueError(f"--lr must be > 0, got {args.lr}")
+    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
+        raise ValueError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    if args.out and Path(args.out).suffix != ".safetensors":
+        raise ValueError(f"--out must end in .safetensors, got {args.out}")
+    if args.out and Path(args.out).exists() and not args.force:
+        raise ValueError(f"--out {args.out} exists (a drafter shipped or trained before): pass --force to replace "
+                         "it, or choose another --out")
+
+
 def run(args, threads: int) -> int:
     """Run ``train-drafter`` on parsed flags. Returns the exit status.
 
@@ -33,20 +51,10 @@ def run(args, threads: int) -> int:
         ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
     """
     started = getattr(args, "_started", None) or time.perf_counter()
-    check_frame_source_args(args)
-    for flag, value, ok, need in (("--lr", args.lr, args.lr is None or args.lr > 0, "> 0"),
-                                  ("--epochs", args.epochs, args.epochs >= 1, ">= 1"),
-                                  ("--patience", args.patience, args.patience >= 0, ">= 0"),
-                                  ("--batch-size", args.batch_size, args.batch_size >= 1, ">= 1"),
-                                  ("--val-frames", args.val_frames, args.val_frames is None or args.val_frames >= 1,
-                                   ">= 1"),
-                                  ("--val-fraction", args.val_fraction,
-                                   args.val_fraction is None or 0 < args.val_fraction < 1, "in (0, 1)")):
-        if not ok:
-            raise ValueError(f"{flag} must be {need}, got {value}")
-    if args.out and Path(args.out).suffix != ".safetensors":
-        raise ValueError(f"--out must end in .safetensors, got {args.out}")
-    shipped = uses_shipped(args)
+    check_training_flags(args)
+    check_range("--val-frames", args.val_frames, 1)
+    source = FrameSource.of(args)
+    shipped = source.shipped
     if shipped and args.val_fraction is not None:
         raise ValueError("--val-fraction is not used here: validation frames come from the shipped validation "
                          "split (set their number with --val-frames)")
@@ -61,8 +69,8 @@ def run(args, threads: int) -> int:
     if not args.out and d is None:
         raise ValueError("--out is required when --model is not a local checkpoint directory")
     out = Path(args.out) if args.out else drafter_path(d, args.drafter)
-    if out.exists() and not args.force:
-        raise ValueError(f"--out {out} exists (a drafter shipped or trained before): pass --force to replace it, or "
+    if out.exists() and not args.force:  # the default file
+        raise ValueError(f"{out} exists (the drafter shipped or trained before): pass --force to replace it, or "
                          "choose another --out")
     curve = Path(args.curve_json) if args.curve_json else out.with_suffix(".curve.json")
     # the default file may go into a new drafters/ folder beside the model: save_drafter makes it
@@ -80,11 +88,11 @@ def run(args, threads: int) -> int:
     _check_k(k, lm.n_code_groups)
     if lm.is_random:
         note(f"{args.model} has RANDOM weights: the drafter learns nothing meaningful")
-    frames = frames_from_args(args, lm, "training")
+    frames = source.load(lm, "training")
     note_fewer_frames(frames, args.frames)
-    val = frames_from_args(args, lm, "validation", val_frames) if shipped else None
+    val = source.load(lm, "validation", val_frames) if shipped else None
     if val is not None:
-        note_fewer_frames(val, val_frames)
+        note_fewer_frames(val, val_frames, "--val-frames")
     drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=k)
     t = time.perf_counter()
     res = drafters.train_drafter(drafter, lm.code_predictor, frames, val, loss=args.loss, sampling=inner_sampling(lm),

@@ -4,93 +4,60 @@ process writes the drafter, its JSON and its training curve."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli import args as flags
-from rvqspec_lib.cli.common import OneLineParser, _die, apply_threads, resolve_threads
+from rvqspec_lib.cli.common import apply_threads
+from rvqspec_lib.cli.main import main as rvqspec
+from rvqspec_lib.cli.train_drafter import check_training_flags
+from rvqspec_lib.data.frame_choice import check_frames_path
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import make_drafter, save_drafter
 from rvqspec_lib.models.frame import inner_sampling
-from rvqspec_lib.training.distributed import INDEX, Parallel, load_frame_shards
+from rvqspec_lib.training.distributed import Parallel, load_frame_shards
 from rvqspec_lib.training.drafters import train_drafter
-
-
-def check_frames_path(path: str | None, flag: str, model: str, split: str) -> str | None:
-    """Why ``--frames`` / ``--val-frames`` cannot be read (one line naming the ``rvqspec extract-frames`` command
-    that makes it), or ``None``: a folder needs the ``index.json`` of extract-frames and every shard it lists."""
-    if path is None:
-        return None
-    p = Path(path)
-    make = f"rvqspec extract-frames --model {model} --split {split} --out {path}"
-    if not p.exists():
-        return f"{flag} {path} does not exist: make it with `{make}` (or give a frames file, .safetensors)"
-    if p.is_file():
-        return None
-    index = p / INDEX
-    if not index.is_file():
-        return f"{flag} {path} holds no {INDEX} (extract-frames writes it when every shard is done): run `{make}`"
-    try:
-        shards = json.loads(index.read_text())["shards"]
-    except (ValueError, KeyError, TypeError):
-        return f"{flag} {path} holds an {INDEX} that extract-frames did not write: run `{make}` again"
-    missing = [name for name in shards if not (p / name).is_file()]
-    if missing:
-        return f"{flag} {path} misses shard {missing[0]} of its {INDEX}: run `{make}` again"
-    return None
 
 
 def _frames(path: str) -> Frames:
     return load_frame_shards(Path(path)) if Path(path).is_dir() else Frames.load(path)
 
 
-def run(args, threads: int | None = None) -> int:
-    """Run ``rvqspec train-drafter-parallel`` in this process (one of several under ``accelerate launch``)."""
-    out = Path(args.out)
-    if out.suffix != ".safetensors":
-        return _die(f"--out must end in .safetensors, got {args.out}")
-    if out.exists() and not args.force:
-        return _die(f"--out {args.out} exists: pass --force to replace it, or choose another --out")
-    for flag, ok in (("--epochs", args.epochs >= 1), ("--batch-size", args.batch_size >= 1),
-                     ("--patience", args.patience >= 0), ("--val-fraction", 0 < args.val_fraction < 1)):
-        if not ok:
-            return _die(f"{flag} is out of range")
+def run(args, threads: int) -> int:
+    """Run ``rvqspec train-drafter-parallel`` in this process (one of several under ``accelerate launch``).
+
+    Raises:
+        ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
+    """
+    check_training_flags(args)
     for flag, path, split in (("--frames", args.frames, "training"), ("--val-frames", args.val_frames, "validation")):
-        problem = check_frames_path(path, flag, args.model, split)
+        problem = check_frames_path(path, flag, f"rvqspec extract-frames --model {args.model} --split {split}")
         if problem:
-            return _die(problem)
-    apply_threads(resolve_threads(args.threads, None) if threads is None else threads)
+            raise ValueError(problem)
+    apply_threads(threads)
     par = Parallel.detect()
-    try:
-        train = _frames(args.frames)
-        val = _frames(args.val_frames) if args.val_frames else None
-        lm = loader.load_model(args.model, device=par.device)
-        drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=args.K).to(par.device)
-        res = train_drafter(drafter, lm.code_predictor, train, val, loss=args.loss, sampling=inner_sampling(lm),
-                            lr=args.lr, batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
-                            val_fraction=args.val_fraction, seed=args.seed,
-                            progress=sys.stderr.isatty() and par.is_main,
-                            curve_path=out.with_suffix(".curve.json"), parallel=par)
-    except (ValueError, FileNotFoundError) as e:
-        return _die(str(e).splitlines()[0])
+    train = _frames(args.frames)
+    val = _frames(args.val_frames) if args.val_frames else None
+    lm = loader.load_model(args.model, device=par.device)
+    drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=args.K).to(par.device)
+    res = train_drafter(drafter, lm.code_predictor, train, val, loss=args.loss, sampling=inner_sampling(lm),
+                        lr=args.lr, batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
+                        val_fraction=args.val_fraction, seed=args.seed, progress=sys.stderr.isatty() and par.is_main,
+                        curve_path=Path(args.out).with_suffix(".curve.json"), parallel=par)
     if par.is_main:
         res.drafter.provenance["model"] = args.model
-        save_drafter(res.drafter, out)
+        save_drafter(res.drafter, Path(args.out))
         c0, cb = res.curve[0], res.curve[res.best_epoch]
         print(f"{args.drafter} on {par.world} process(es): validation acceptance "
               f"{[round(a, 4) for a in c0['val_acceptance_by_offset']]} -> "
-              f"{[round(a, 4) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}); wrote {out}")
+              f"{[round(a, 4) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}); wrote {args.out}")
     par.barrier()
     return 0
 
 
 def main(argv=None) -> int:
-    """``python -m rvqspec_lib.cli.train_drafter_parallel`` (what ``accelerate launch -m`` runs)."""
-    p = OneLineParser(prog="rvqspec train-drafter-parallel")
-    flags.train_drafter_parallel(p)
-    return run(p.parse_args(argv))
+    """``python -m rvqspec_lib.cli.train_drafter_parallel`` (what ``accelerate launch -m`` runs): ``rvqspec train-drafter-parallel``."""
+    return rvqspec(["train-drafter-parallel", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -84,20 +84,18 @@ def load_split(dataset, split: str | None = None):
 
 
 def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_column: str | None = None,
-                        audio_column: str = "audio", language: str = "auto", speaker: str | None = None,
-                        max_items: int | None = None, max_frames: int | None = None,
-                        progress: bool = False) -> Frames:
+                        language: str = "auto", max_frames: int | None = None, progress: bool = False) -> Frames:
     """Frames of real speech: each row of ``dataset`` (:func:`load_split`) encoded by ``codec`` (``encode(wav) ->
     (frames, n_code_groups)`` at ``codec.sample_rate``, default 24 kHz; other rates resampled), contexts by
-    :func:`teacher_forced_contexts` with the prompt ``language`` / ``speaker``; ``text_column`` default the first of
-    :data:`TEXT_COLUMNS` present; ``max_items`` first rows; ``max_frames`` stops once collected. Rows with empty text
+    :func:`teacher_forced_contexts` with the prompt ``language``; audio in the ``audio`` column, ``text_column``
+    default the first of :data:`TEXT_COLUMNS` present; ``max_frames`` stops once collected. Rows with empty text
     or no frames are skipped (counted in ``source``).
 
     Raises:
         FileNotFoundError: a path that is not a saved dataset. ValueError: missing columns, codes of the wrong shape.
     """
     dataset = load_split(dataset, split)
-    cols = dataset.column_names
+    cols, audio_column = dataset.column_names, "audio"
     if audio_column not in cols:
         raise ValueError(f"dataset has no {audio_column!r} column (columns: {', '.join(cols)})")
     if text_column is None:
@@ -109,7 +107,7 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
     feat = dataset.features.get(audio_column)
     if type(feat).__name__ == "Audio" and feat.decode:  # decode with soundfile ourselves (no torchcodec needed)
         dataset = dataset.cast_column(audio_column, type(feat)(decode=False))
-    rows = len(dataset) if max_items is None else min(max_items, len(dataset))
+    rows = len(dataset)
     sr_codec = int(getattr(codec, "sample_rate", 24000))
     parts, skipped, have = [], 0, 0
     for i in progress_bar(range(rows), total=rows, desc="encoding", enabled=progress):
@@ -130,7 +128,7 @@ def frames_from_dataset(dataset, lm, codec, *, split: str | None = None, text_co
         if codes.shape[0] == 0:
             skipped += 1
             continue
-        ctx = teacher_forced_contexts(lm, text, codes, language=language, speaker=speaker)
+        ctx = teacher_forced_contexts(lm, text, codes, language=language)
         parts.append(Frames(ctx, codes[:, 1:], torch.full((codes.shape[0],), i, dtype=torch.long)))
         have += codes.shape[0]
     if not parts:
@@ -186,7 +184,7 @@ def frames_from_utterances(lm, utterances: Sequence, *, max_frames: int | None =
 
 
 def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,
-                        seed: int | None = 0, batch_size: int = 8, progress: bool = False) -> Frames:
+                        seed: int | None = 0, progress: bool = False) -> Frames:
     """:func:`frames_from_utterances` of one split (``"training"``, ``"validation"``, ``"calibration"``,
     ``"evaluation"``) of the utterances shipped beside the model, in a seeded random order (a frame limit samples the
     whole split; ``seed=None``: file order); ``utterance`` is the index in the split. Raises FileNotFoundError: the
@@ -198,9 +196,9 @@ def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,
         raise ValueError(f"{path} has no usable {split!r} utterance")
     order = torch.arange(len(utts)) if seed is None else \
         torch.randperm(len(utts), generator=torch.Generator().manual_seed(seed))
-    fr = frames_from_utterances(lm, [utts[int(i)] for i in order], max_frames=max_frames, batch_size=batch_size,
-                                progress=progress, source={"kind": "shipped", "file": str(path), "split": split,
-                                                           "seed": seed, "n_split_utterances": len(utts)})
+    fr = frames_from_utterances(lm, [utts[int(i)] for i in order], max_frames=max_frames, progress=progress,
+                                source={"kind": "shipped", "file": str(path), "split": split, "seed": seed,
+                                        "n_split_utterances": len(utts)})
     fr.utterance = order[fr.utterance]  # back to the index in the split
     return fr
 

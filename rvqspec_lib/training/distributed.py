@@ -15,11 +15,11 @@ import torch
 from accelerate import PartialState
 
 from rvqspec_lib.common.files import write_json_atomic
+from rvqspec_lib.data.frame_choice import SHARD_INDEX as INDEX
 from rvqspec_lib.data.frame_sources import frames_from_dataset, frames_from_utterances, load_split
 from rvqspec_lib.data.frames import Frames
 
 SHARD_PATTERN = "frames-{rank:05d}-of-{world:05d}.safetensors"
-INDEX = "index.json"
 
 
 @dataclass

@@ -357,9 +357,9 @@ def test_train_drafter_parallel_names_extract_frames(tmp_path, capsys, case, no_
     (["bench", "frames", "--model", "embedded", "--backends", "native", "--decoders", "ssd-lossy"],
      "ssd-lossy is a LOSSY control for synth and eval-wer"),
     (["bench", "table", "--forwards", "native"], "rvqspec bench table has no argument --forwards"),  # gone: --backends
-    (["bench", "table", "--queries", "1,2"], "--queries is a flag of rvqspec bench latency and precisions, not of "
-                                             "bench table: drop it, or run rvqspec bench latency with it"),
-    (["bench", "frames", "--backends", "native", "--queries", "1,2"], "not of bench frames: drop it"),
+    (["bench", "table", "--queries", "1,2"], "--queries is a flag of rvqspec bench latency, precisions and frames, "
+                                             "not of bench table: drop it, or run rvqspec bench latency with it"),
+    (["bench", "frames", "--backends", "native", "--prefix-len", "4"], "not of bench frames: drop it"),
     (["bench", "table", "--table-out", "/tmp"], "--table-out /tmp is a folder; it takes a STEM"),
     (["bench", "frames", "--model", "qwen3-tts-0.6b-random", "--backends", "native", "--acceptance", "/tmp"],
      "--acceptance /tmp is a folder"),

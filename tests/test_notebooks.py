@@ -346,7 +346,7 @@ def _check_05(metrics: dict, out: Path) -> None:
     import csv
     import math
 
-    from rvqspec_lib.eval.parity import TRUE_CODES
+    from paper.wer_report import TRUE_CODES
     from rvqspec_lib.models.tree_files import load_calibration
 
     # smoke: English (3 shipped evaluation utterances) and German (1 sentence rendered with espeak-ng), trees of N 4

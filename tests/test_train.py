@@ -24,6 +24,7 @@ from recipes.embedded.train import (
     code_predictor_metrics,
     code_predictor_states,
     losses,
+    teacher_force,
     train,
     train_code_predictor,
 )
@@ -40,7 +41,7 @@ from rvqspec_lib.models.frontend import (
     tokenizer_from_spec,
 )
 from rvqspec_lib.models.loader import LoadedModel, load_model, save_checkpoint
-from rvqspec_lib.data.teacher import Utterance, batch_prompt, teacher_force
+from rvqspec_lib.data.teacher import Utterance, batch_prompt
 from rvqspec_lib.models.tokenizers import ByteTokenizer
 from rvqspec_lib.decoding.sampling import Sampling, code0_processors
 from rvqspec_lib.training.loop import lr_at

@@ -67,12 +67,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from recipes.embedded import corpus  # noqa: E402
 from recipes.embedded.codes import encode_manifest  # noqa: E402
 from recipes.embedded.model_card import model_card  # noqa: E402
-from rvqspec_lib.eval.inner_loop import (  # noqa: E402
-    codes_to_audio,
-    free_running_codes,
-    inner_loop_codes,
-    score_conditions,
-)
+from recipes.embedded.codes import inner_loop_codes  # noqa: E402
+from rvqspec_lib.eval.inner_loop import codes_to_audio, free_running_codes, score_conditions  # noqa: E402
 from rvqspec_lib.data.utterances import (  # noqa: E402
     load_codes,
     save_codes,

@@ -24,11 +24,12 @@ from recipes.embedded.train import (
     code_predictor_metrics,
     code_predictor_states,
     losses,
+    small_config_dict,
     teacher_force,
     train,
     train_code_predictor,
 )
-from rvqspec_lib.models.configs import build_from_config, config_dict, small_config_dict
+from rvqspec_lib.models.configs import build_from_config, config_dict
 from rvqspec_lib.models.frame import (
     _PromptCaptured,
     build_prompt,

@@ -308,7 +308,8 @@ class Builder:
 
     # ------------------------------------------------------------------ 5. train
     def build_lm(self):
-        from rvqspec_lib.models.configs import build_from_config, small_config_dict
+        from recipes.embedded.train import small_config_dict
+        from rvqspec_lib.models.configs import build_from_config
         from rvqspec_lib.models.frontend import PhonemeTokenizer
         from rvqspec_lib.models.loader import LoadedModel
         from rvqspec_lib.models.rvq_codec import RVQCodec

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.models.configs import tiny_config_dict
 from rvqspec_lib.models.loader import LoadedModel, save_checkpoint
 from rvqspec_lib.data.teacher import Utterance, as_utterance, eval_mode, talker_pass
 from rvqspec_lib.training.loop import (
@@ -390,3 +391,35 @@ def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise:
     c = codes[sel]  # (N, G)
     cp_logits, official_loss = talker.forward_sub_talker_finetune(c, h)  # (N, G-1, Vc)
     return TeacherForced(talker_logits, labels, h, cp_logits, c[:, 1:], frames, official_loss)
+
+
+# ---- the config of a small model trained from scratch ----------------------------------------------------------------
+def small_config_dict(*, talker_layers: int = 4, talker_hidden: int = 256, code_predictor_layers: int = 5,
+                      code_predictor_hidden: int = 256, n_heads: int = 4, n_kv_heads: int = 2, head_dim: int = 64,
+                      text_hidden: int = 256, speakers: Sequence[str] = ("slt",), n_code_groups: int = 16,
+                      codebook_size: int = 2048) -> dict:
+    """Config of a small model of the official classes for training from scratch (defaults: the feasibility run's,
+    docs/offline.md#template-sentences), sized as the releases are scaled, one speaker id (3000 + i) per voice.
+
+    Raises:
+        ValueError: an odd ``head_dim``, ``n_heads`` not a multiple of ``n_kv_heads``, not 1..72 speakers.
+    """
+    cfg = tiny_config_dict(n_code_groups=n_code_groups, codebook_size=codebook_size, talker_hidden=talker_hidden,
+                           code_predictor_hidden=code_predictor_hidden, talker_layers=talker_layers,
+                           code_predictor_layers=code_predictor_layers)
+    if head_dim % 2 or n_heads % n_kv_heads:
+        raise ValueError("head_dim must be even and n_heads a multiple of n_kv_heads")
+    if not 1 <= len(speakers) <= 72:
+        raise ValueError("need 1..72 speakers (ids 3000..3071)")
+    half = head_dim // 2
+    side = round(half * 20 / 64)
+    t, cp = cfg["talker_config"], cfg["talker_config"]["code_predictor_config"]
+    cfg["tts_model_size"] = f"small-{talker_layers}x{talker_hidden}"
+    for c, hid in ((t, talker_hidden), (cp, code_predictor_hidden)):
+        c.update(intermediate_size=3 * hid, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
+                 head_dim=head_dim)
+    t["text_hidden_size"] = text_hidden
+    t["rope_scaling"] = {"interleaved": True, "mrope_section": [half - 2 * side, side, side], "rope_type": "default"}
+    t["spk_id"] = {s.lower(): 3000 + i for i, s in enumerate(speakers)}
+    t["spk_is_dialect"] = {s.lower(): False for s in speakers}
+    return cfg

@@ -435,7 +435,7 @@ def _check_05(metrics: dict, out: Path) -> None:
 def _check_06(metrics: dict, out: Path) -> None:
     import csv
 
-    from rvqspec_lib.eval.export_check import RELATIVE_TOLERANCE
+    from rvqspec_lib.device.export_check import RELATIVE_TOLERANCE
     from bench.pipeline import LAYOUTS, PUBLIC_PIPELINES, ROWS
     from paper.plots import PAPER_DEVICE_SPEEDUPS
 

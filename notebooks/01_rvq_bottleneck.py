@@ -87,7 +87,7 @@ from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from bench import latency
 from paper import plots
-from rvqspec_lib.eval.inner_loop import default_sampling
+from rvqspec_lib.models.frame import inner_sampling
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.timing import measure_quietly
 from rvqspec_lib.models.backends import available
@@ -318,7 +318,7 @@ own, own_meta = [], {}
 if compare_model:
     n_own = min(int(own_tpc_frames), 8) if smoke else int(own_tpc_frames)
     own_frames = frames_from_shipped(small, "evaluation", max_frames=n_own, seed=seed)
-    own_sampling = default_sampling(small)
+    own_sampling = inner_sampling(small)
     names = [n for n in own_decoders if not n.startswith("paper") or has_paper_decoder(small)]
     if len(names) < len(own_decoders):
         print(f"{small.name} ships no offsets drafter with its calibration: the paper's decoder is left out")

@@ -112,7 +112,7 @@ from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from paper import drafter_table as T
 from rvqspec_lib.eval.calibration import calibration_frames
-from rvqspec_lib.eval.inner_loop import default_sampling
+from rvqspec_lib.models.frame import inner_sampling
 from paper.plots import DECODER_COLORS, drafter_style, plot_acceptance_by_offset, sampling_words
 from rvqspec_lib.models.drafter_files import (
     drafter_path,
@@ -187,7 +187,7 @@ print(f"model {run_model} (frames from {root or dataset}), outputs -> {out}")
 lm = load_model(run_model)
 cp = lm.code_predictor
 info = lm.describe()
-sampling = default_sampling(lm)
+sampling = inner_sampling(lm)
 n_codes = lm.n_code_groups - 1
 params_model = int(sum(p.numel() for p in lm.model.parameters()))
 display(pd.Series({**info, "params_model_total": params_model, "sampling": sampling_words(sampling)},

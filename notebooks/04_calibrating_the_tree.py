@@ -102,7 +102,7 @@ from rvqspec_lib.eval import speed as S
 from bench import frames as BF
 from rvqspec_lib.eval.calibration import (BUDGETS, KINDS, calibrate, calibration_frames, point_mass_overtakes,
                                           predicted_vs_measured, temperature_sweep)
-from rvqspec_lib.eval.inner_loop import default_sampling
+from rvqspec_lib.models.frame import inner_sampling
 from bench.latency import PAPER_TOKENS_PER_CALL
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.timing import measure_quietly
@@ -156,7 +156,7 @@ print(f"model {run_model}, outputs -> {out}")
 # %%
 lm = load_model(run_model)
 cp = lm.code_predictor
-sampling = default_sampling(lm)
+sampling = inner_sampling(lm)
 n_codes = lm.n_code_groups - 1
 t0 = time.perf_counter()
 cal_frames = calibration_frames(lm, max_frames=n_calibration_frames, seed=seed, progress=True)

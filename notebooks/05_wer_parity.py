@@ -112,6 +112,7 @@ from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval import wer_parity as W
 from rvqspec_lib.eval.asr_models import check_asr_name, recogniser
 from bench.latency import PAPER_TOKENS_PER_CALL
+from paper import wer_report as R
 from paper.plots import decoder_color
 from rvqspec_lib.models.drafter_files import drafter_path, model_drafter_dir, read_description
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
@@ -220,7 +221,7 @@ has_paper = has_paper_decoder(lm)
 if not has_paper:
     display(Markdown(f"**`{model}` ships no offsets drafter with a calibration: the paper's decoder is left out** "
                      "(train it with `rvqspec train-drafter`, calibrate with `scripts/calibrate_trees.py`)."))
-decoders = W.standard_decoders(calibration=cal["calibration"], best_chain=cal["best_chain"], budget=tree_budget,
+decoders = R.standard_decoders(calibration=cal["calibration"], best_chain=cal["best_chain"], budget=tree_budget,
                                beta=beta, lm=lm, paper_budget=paper_budget if has_paper else None,
                                tree_kinds=tree_kinds)
 info = W.decoder_info(decoders)
@@ -230,7 +231,7 @@ PAPER = next((k for k, f in info.items() if f["kind"] == "paper"), None)
 PAPER_BASELINE = f"tree:calibrated-point-mass:{paper_budget}" if f"tree:calibrated-point-mass:{paper_budget}" in info \
     else None
 save_calibration(cal["calibration"], out / "05_trees_heads.json")
-save_table(W.calibration_rows(decoders, chain_predicted=cal["chain_predicted"], best_chain=cal["best_chain"]),
+save_table(R.calibration_rows(decoders, chain_predicted=cal["chain_predicted"], best_chain=cal["best_chain"]),
            out / "05_calibration", prov)
 pd.DataFrame([{k: f[k] for k in (*W.ROW_FIELDS, "null_control")} for f in info.values()])
 
@@ -281,7 +282,7 @@ for lang in languages:
                                         drafter=ReusedHeads(), alpha=alpha, power_tv=power_tv, progress=True)
 en = results.get("en")
 asr_label = en["asr"] if en else None
-floor = W.true_codes_wer(data["en"]["utterances"], codec=audio_codec, asr=recs["en"], progress=True) \
+floor = R.true_codes_wer(data["en"]["utterances"], codec=audio_codec, asr=recs["en"], progress=True) \
     if en is not None and en["wer"] is not None else None
 no_asr = [lang for lang in languages if results[lang]["asr"] is None]
 card = {}
@@ -318,7 +319,7 @@ display(Markdown("\n\n".join(lines)))
 
 # %%
 prov_wer = {**prov, "asr": asr_label, "audio": "inner loop only: true code 0 + generated codes 1..15, table decoder"}
-wer_rows = S.wer_table(en["wer"], en["decoders"], tokens_per_call=en["tokens_per_call"], floor=floor) \
+wer_rows = R.wer_table(en["wer"], en["decoders"], tokens_per_call=en["tokens_per_call"], floor=floor) \
     if en is not None and en["wer"] is not None else []
 save_table(wer_rows, out / "05_wer_parity", prov_wer)
 pd.DataFrame(wer_rows)
@@ -386,9 +387,9 @@ if free_running and en is not None and en["wer"] is not None:
                                                        if info[k]["kind"] in ("ar", "paper") or info[k]["lossy"]}
     free = W.free_running_parity(lm, data["en"]["utterances"][:k_free], free_decoders, codec=audio_codec,
                                  asr=recs["en"], seed=seed, max_frames=free_running_max_frames, progress=True)
-    save_table(S.wer_table(free["wer"], free["decoders"], ended=free["ended"]), out / "05_free_running",
+    save_table(R.wer_table(free["wer"], free["decoders"], ended=free["ended"]), out / "05_free_running",
                {**prov_wer, "audio": "free running (talker and inner loop sampled), table decoder"})
-    display(pd.DataFrame(S.wer_table(free["wer"], free["decoders"], ended=free["ended"])))
+    display(pd.DataFrame(R.wer_table(free["wer"], free["decoders"], ended=free["ended"])))
 if en is not None and en["wer"] is not None:
     others = [k for k in info if k != "ar"]
     fig, ax = plt.subplots(figsize=(8, 0.6 + 0.42 * len(others)), constrained_layout=True)
@@ -414,7 +415,7 @@ if en is not None and en["wer"] is not None:
 # Outliers, counted and shown apart (never averaged in): utterances whose WER or length is far outside the rest.
 
 # %%
-outliers = S.outlier_rows({"inner loop": (en or {}).get("wer") or {}, "free running": (free or {}).get("wer") or {}})
+outliers = R.outlier_rows({"inner loop": (en or {}).get("wer") or {}, "free running": (free or {}).get("wer") or {}})
 save_table(outliers or [{"path": "", "decoder": "", "index": None, "why": "none", "ref": "", "hyp": ""}],
            out / "05_outliers", prov_wer)
 pd.DataFrame(outliers)
@@ -457,10 +458,10 @@ pd.DataFrame(table3)
 # answer is written from these numbers.
 
 # %%
-transfer = S.transfer_rows(results, PAPER, baseline=PAPER_BASELINE, seed=seed) if PAPER and "en" in results else []
+transfer = R.transfer_rows(results, PAPER, baseline=PAPER_BASELINE, seed=seed) if PAPER and "en" in results else []
 if transfer:
     save_table(transfer, out / "05_transfer", prov)
-    display(Markdown(S.transfer_answer(transfer)))
+    display(Markdown(R.transfer_answer(transfer)))
 else:
     display(Markdown("**The transfer question is not asked here**: it needs the paper's decoder and English."))
 pd.DataFrame(transfer)
@@ -474,9 +475,9 @@ pd.DataFrame(transfer)
 # states the shift the design could have detected.
 
 # %%
-verdict_rows = W.verdicts(results, free)
+verdict_rows = R.verdicts(results, free)
 save_table(verdict_rows, out / "05_verdicts", prov_wer)
-display(Markdown(S.verdict_text(verdict_rows)))
+display(Markdown(R.verdict_text(verdict_rows)))
 pd.DataFrame(verdict_rows)
 
 # %% [markdown]
@@ -492,7 +493,7 @@ pd.DataFrame(verdict_rows)
 listen = data["en"]["utterances"][min(int(listen_index), len(data["en"]["utterances"]) - 1)]
 listen_as = {"ar": "ar", "chain": CHAIN, "paper": PAPER, "lossy": LOSSY}
 listen_as = {role: k for role, k in listen_as.items() if k is not None}
-listen_codes = W.inner_loop_codes(lm, listen, {k: decoders[k] for k in listen_as.values()}, seed=seed,
+listen_codes = R.inner_loop_codes(lm, listen, {k: decoders[k] for k in listen_as.values()}, seed=seed,
                                   drafter=ReusedHeads())
 sr = int(audio_codec.sample_rate)
 listening = {"text": listen.text, "files": {}}

@@ -23,7 +23,7 @@
 # (`rvqspec_lib.device.export_graphs`): *stepped* (one position per call, the KV cache as state), *fused verify* (the
 # root and N − 1 drafted nodes in one call, the tree's mask and positions as inputs), *fused frame* (all 15 codes in
 # one call, sampling inside). Each is exported to ONNX (run here by ONNX Runtime) and to Core ML (built here; run on
-# macOS 15+ only), and checked against eager PyTorch (`rvqspec_lib.eval.export_check`); the paper's own decoder gets
+# macOS 15+ only), and checked against eager PyTorch (`rvqspec_lib.device.export_check`); the paper's own decoder gets
 # its verify graph apart. Then **Figure 4's analogue**, drawn so that what was measured here, what is projected, and
 # what the paper reports never share a panel.
 #
@@ -81,6 +81,7 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_audi
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shipped
 from rvqspec_lib.decoding.drafters import ReusedHeads
+from rvqspec_lib.device.export_check import check_file
 from rvqspec_lib.eval import export_check as X
 from bench import pipeline as PL
 from rvqspec_lib.eval import speed as S
@@ -195,7 +196,7 @@ paper_export = F.export_graph(paper_lm.code_predictor, "verify", "onnx", paper_p
 paper_rows = [{"model": paper_model, "decoder": paper_named.label, "graph": "verify", "format": "onnx",
                "dtype": "float32", "nodes": paper_nodes, "MB": paper_export["bytes"] / 1e6,
                "interface_ok": paper_export["declared"] == paper_export["written"], **r}
-              for r in X.check_file(paper_lm.code_predictor, "verify", paper_path, dtype="float32",
+              for r in check_file(paper_lm.code_predictor, "verify", paper_path, dtype="float32",
                                     nodes=paper_nodes, tree=paper_tree)]
 save_table(paper_rows, out / "06_paper_export", prov)
 display(Markdown("; ".join(f"**{r['decoder']}** verify graph ({r['nodes']} nodes, {r['MB']:.1f} MB): "

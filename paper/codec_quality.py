@@ -12,10 +12,11 @@ from tqdm.auto import tqdm
 
 from rvqspec_lib.eval.asr import cer
 from rvqspec_lib.eval.inner_loop import score_conditions
+from rvqspec_lib.models.audio import _check_wav
 
 #: The conditions of a sweep besides the codec's: the input audio, and the inversion of its unquantised features.
 ORIGINAL, INVERSION, CODEC = "original", "inversion", "codec"
-#: :meth:`RVQCodec.codebook_sweep`'s names of the first two conditions.
+#: :func:`codebook_sweep`'s names of the first two conditions.
 _SWEEP_NAMES = {"original": ORIGINAL, "unquantised": INVERSION}
 
 
@@ -42,6 +43,34 @@ def conditions(codec, n_codebooks: Sequence[int], *, table_codec=None) -> list[d
     return [{**r, "label": condition_label(r)} for r in rows]
 
 
+def codebook_sweep(codec, wav: np.ndarray, n_codebooks: Sequence[int] = (1, 2, 4, 8, 16), *,
+                   sample_rate: int = 24000, unquantised: bool = True) -> list[dict]:
+    """One utterance resynthesised by an ``RVQCodec`` from its first k codebooks for each k of ``n_codebooks`` (and,
+    ``unquantised``, from its features without codes: the ceiling of any k).
+
+    Returns:
+        One dict per condition (``"original"``, ``"unquantised"``, ``"k=<k>"``): ``condition``, ``k`` (``None``
+        for the first two), ``audio`` (float32, the input's length), ``feature_lsd_db`` (vs the unquantised
+        features) and ``audio_lsd_db`` (the output audio's features vs the input's).
+    Raises:
+        ValueError: a k outside ``[1, n_codebooks]``, or bad audio (the codec's messages).
+    """
+    x = _check_wav(wav, sample_rate, codec.sample_rate)
+    feats = codec.features(x, codec.sample_rate)
+    codes = codec.quantize(feats)
+
+    def row(condition, k, vectors):
+        if vectors is None:
+            return {"condition": condition, "k": k, "audio": x, "feature_lsd_db": 0.0, "audio_lsd_db": 0.0}
+        y = codec.vectors_to_audio(vectors)[: x.shape[0]]
+        return {"condition": condition, "k": k, "audio": y,
+                "feature_lsd_db": codec.log_spectral_distance(vectors, feats),
+                "audio_lsd_db": codec.log_spectral_distance(codec.features(y, codec.sample_rate), feats)}
+
+    swept = [row(f"k={k}", int(k), codec.decode_vectors(codes, int(k))) for k in n_codebooks]
+    return [row("original", None, None)] + ([row("unquantised", None, feats)] if unquantised else []) + swept
+
+
 def sweep_codebooks(codec, wavs: Sequence[np.ndarray], n_codebooks: Sequence[int], *, table_codec=None,
                     sample_rate: int = 24000, progress: bool = False) -> dict:
     """Every utterance (``(samples,)`` float at ``sample_rate``) resynthesised under every condition of
@@ -52,7 +81,7 @@ def sweep_codebooks(codec, wavs: Sequence[np.ndarray], n_codebooks: Sequence[int
         ``{"conditions": [fields], "audio": {label: [wav]}, "feature_lsd_db": {label: [dB]}, "audio_lsd_db": {label:
         [dB]}}``: the output audio and the log-spectral distances of the decoder's input to the unquantised features
         and of the output audio's features to the input's
-        (:meth:`~rvqspec_lib.models.rvq_codec.RVQCodec.codebook_sweep`).
+        (:func:`codebook_sweep`).
     Raises:
         ValueError: a k outside ``[1, n_codebooks]``, bad audio (the codec's messages).
     """
@@ -61,10 +90,10 @@ def sweep_codebooks(codec, wavs: Sequence[np.ndarray], n_codebooks: Sequence[int
                                    for key in ("audio", "feature_lsd_db", "audio_lsd_db")}}
     for wav in tqdm(wavs, desc="codec sweep", unit="utt", disable=not progress):
         rows = [{**r, "condition": _SWEEP_NAMES.get(r["condition"], CODEC), "table": False}
-                for r in codec.codebook_sweep(wav, n_codebooks, sample_rate=sample_rate)]
+                for r in codebook_sweep(codec, wav, n_codebooks, sample_rate=sample_rate)]
         if table_codec is not None:
             rows += [{**r, "condition": CODEC, "table": True}
-                     for r in table_codec.codebook_sweep(wav, n_codebooks, sample_rate=sample_rate,
+                     for r in codebook_sweep(table_codec, wav, n_codebooks, sample_rate=sample_rate,
                                                          unquantised=False) if r["k"] is not None]
         for r in rows:
             label = condition_label(r)

@@ -17,7 +17,7 @@ from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS, DEFAULT_TREE
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import acceptance as A
 from paper import headroom as H
-from rvqspec_lib.eval.calibration import best_budget, calibrate
+from rvqspec_lib.eval.calibration import calibrate
 from rvqspec_lib.models.configs import CONFIG_DIR
 from rvqspec_lib.models.drafter_files import params_added_for_config
 from rvqspec_lib.models.named_decoders import resolve
@@ -216,7 +216,7 @@ def margin_rows(code_predictor, drafters: Mapping[str, object], frames: Frames, 
                 n_ahead: int = 3, sampling: Sampling | None = None, results: Mapping[str, dict] | None = None,
                 confidence: float = 0.95) -> list[dict]:
     """Each drafter against ``baseline`` on the same frames
-    (:func:`rvqspec_lib.eval.acceptance.paired_acceptance_difference`: exact acceptance over offsets j <= ``n_ahead``,
+    (:func:`paired_acceptance_difference`: exact acceptance over offsets j <= ``n_ahead``,
     a Student t interval over utterances); with ``results`` also its gain in tokens per call of ``chain:4``.
 
     Returns:
@@ -232,7 +232,7 @@ def margin_rows(code_predictor, drafters: Mapping[str, object], frames: Frames, 
     for label, d in drafters.items():
         if label == baseline:
             continue
-        m = A.paired_acceptance_difference(code_predictor, drafters[baseline], d, frames, n_ahead=n_ahead,
+        m = paired_acceptance_difference(code_predictor, drafters[baseline], d, frames, n_ahead=n_ahead,
                                            sampling=sampling, confidence=confidence)
         row = {"drafter": label, "acceptance_heads": m["mean_a"], "acceptance_drafter": m["mean_b"],
                "difference": m["difference"], "ci95_low": m["ci_low"], "ci95_high": m["ci_high"],
@@ -320,3 +320,58 @@ def best_by(rows: Sequence[dict], column: str, *, key: str = "label") -> str:
     """The ``key`` of the row with the largest ``column`` (ties: the first), e.g. the drafter with the most tokens per
     call in :func:`table2`'s rows."""
     return max(rows, key=lambda r: (r[column] if r[column] is not None else -math.inf))[key]
+
+
+def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: Frames, *, n_ahead: int = 3,
+                                 sampling: Sampling | None = None, confidence: float = 0.95,
+                                 batch_size: int = 256) -> dict:
+    """Is drafter B's acceptance higher than drafter A's? Per frame the exact acceptance (:func:`frame_acceptance`)
+    averaged over every (k, j) with k + j <= n; the difference B - A averaged within each utterance; a Student t
+    interval (and the paired t-test's p-value) over UTTERANCES, the independent units (``frames.utterance``). No
+    sampling noise: the interval only reflects which frames were drawn.
+
+    Returns:
+        ``{"mean_a", "mean_b", "difference", "ci_low", "ci_high", "confidence", "p_value", "n_frames",
+        "n_utterances", "difference_by_offset" [n_ahead floats]}``.
+    Raises:
+        ValueError: fewer than 2 utterances, or ``confidence`` outside (0, 1).
+    """
+    from scipy import stats  # local: scipy.stats takes about 1 s to import (measured); only this needs it
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    utt = frames.utterance
+    ids = torch.unique(utt)
+    if ids.numel() < 2:
+        raise ValueError("a paired interval over utterances needs frames of at least 2 utterances")
+    a, b = A.frame_acceptance(code_predictor, [drafter_a, drafter_b], frames.context, frames.codes, n_ahead=n_ahead,
+                            sampling=sampling, batch_size=batch_size)
+    fa, fb = a.nanmean((1, 2)), b.nanmean((1, 2))  # (N,)
+    per_utt = torch.stack([(fb - fa)[utt == u].mean() for u in ids]).numpy()
+    m = len(per_utt)
+    mean = float(per_utt.mean())
+    se = float(per_utt.std(ddof=1) / np.sqrt(m))
+    if se > 0:
+        half = float(stats.t.ppf(0.5 + confidence / 2, m - 1)) * se
+        p_value = float(2 * stats.t.sf(abs(mean) / se, m - 1))
+    else:
+        half, p_value = 0.0, (1.0 if mean == 0 else 0.0)
+    return {"mean_a": float(fa.mean()), "mean_b": float(fb.mean()), "difference": mean, "ci_low": mean - half,
+            "ci_high": mean + half, "confidence": confidence, "p_value": p_value, "n_frames": int(len(fa)),
+            "n_utterances": m, "difference_by_offset": (b - a).nanmean((0, 1)).tolist()}
+
+
+def best_budget(calibration: dict, kind: str = "point-mass", budgets: Sequence[int] | None = None) -> int:
+    """The node budget N with the highest PREDICTED tokens per call E(N) of a calibration's ``kind`` of tree, among
+    ``budgets`` (default every calibrated one); ties go to the smaller N. E(N) of a greedy tree never falls as N
+    grows, so this is the largest budget unless the gain stops: speed is another question (notebook 04).
+
+    Raises:
+        ValueError: no calibrated budget among ``budgets``.
+    """
+    have = [int(b) for b in calibration["budgets"]]
+    cands = [b for b in (have if budgets is None else [int(b) for b in budgets]) if b in have]
+    if not cands:
+        raise ValueError(f"none of the budgets {list(budgets or [])} is calibrated (calibrated: {have})")
+    pred = calibration[kind]["predicted_tokens_per_call"]
+    return max(sorted(cands), key=lambda b: (pred[str(b)], -b))

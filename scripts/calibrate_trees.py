@@ -38,7 +38,7 @@ def main(argv=None) -> int:
 
     from rvqspec_lib.common.provenance import provenance
     from rvqspec_lib.eval.calibration import BUDGETS, calibrate, calibration_frames
-    from rvqspec_lib.eval.inner_loop import default_sampling
+    from rvqspec_lib.models.frame import inner_sampling
     from rvqspec_lib.models.drafter_files import check_shipped_drafter, shipped_drafter
     from rvqspec_lib.models.loader import load_model
     from rvqspec_lib.models.tree_files import save_calibration, tree_file
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     lm = load_model(a.model)
     cp = lm.code_predictor
     drafter = shipped_drafter(lm, a.drafter, cp)
-    sampling = default_sampling(lm)
+    sampling = inner_sampling(lm)
     t0 = time.perf_counter()
     frames = calibration_frames(lm, max_frames=a.frames, seed=a.seed)
     cal = calibrate(cp, drafter, frames, sampling=sampling, budgets=BUDGETS, draws=a.draws, seed=a.seed)

@@ -1,6 +1,6 @@
 """The real-checkpoint path, tested as a user would run it (README "Running on the released checkpoint").
 
-No released weights can be downloaded here, so :func:`rvqspec_lib.models.fixtures.write_tiny_checkpoint` writes a
+No released weights can be downloaded here, so :func:`checkpoints.write_tiny_checkpoint` writes a
 tiny checkpoint with RANDOM weights in the official on-disk layout (config.json, generation_config.json,
 model.safetensors, a Qwen2 BPE text tokenizer, preprocessor_config.json, speech_tokenizer/ with the official 12 Hz
 classes). Then, exactly as with a downloaded ``Qwen3-TTS-12Hz-0.6B-CustomVoice`` folder:
@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 
-from rvqspec_lib.models.fixtures import RELEASE_DIR, write_tiny_checkpoint
+from checkpoints import RELEASE_DIR, write_tiny_checkpoint
 from rvqspec_lib.models.backends import frame_runner
 from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.models.loader import RANDOM_WEIGHTS_MARKER, load_model

@@ -116,7 +116,7 @@ def test_pairs_round_trip(tmp_path):
 
 def test_batched_inner_loop_matches_per_utterance_by_argmax():
     # greedy codes depend only on the contexts, which agree to float rounding: batched == one at a time, exactly
-    from rvqspec_lib.eval.inner_loop import inner_loop_codes, inner_loop_codes_batch
+    from recipes.embedded.codes import inner_loop_codes, inner_loop_codes_batch
     from rvqspec_lib.models.loader import load_model
     from rvqspec_lib.data.teacher import Utterance
     from rvqspec_lib.decoding.sampling import Sampling

@@ -45,9 +45,9 @@ from rvqspec_lib.eval.acceptance import (
     evaluate_acceptance,
     exact_statistics,
     frame_acceptance,
-    paired_acceptance_difference,
     predicted_tokens_per_call,
 )
+from paper.drafter_table import paired_acceptance_difference
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_dataset
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models import backends

@@ -71,7 +71,7 @@ def test_smoke_build_end_to_end_and_resume(tmp_path, capsys):
 
 
 def test_inner_loop_codes_keep_code0_and_stay_in_range():
-    from rvqspec_lib.eval.inner_loop import inner_loop_codes
+    from recipes.embedded.codes import inner_loop_codes
     from rvqspec_lib.models.loader import load_model
     from rvqspec_lib.data.utterances import utterances_from_manifest
 

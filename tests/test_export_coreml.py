@@ -14,6 +14,7 @@ import platform
 
 import pytest
 
+from rvqspec_lib.device.export_check import check_file
 from rvqspec_lib.eval import export_check as T
 from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.device import export_graphs as G
@@ -67,7 +68,7 @@ def test_prediction_off_macos_is_refused_in_one_line(cp, tmp_path):
     with pytest.raises(RuntimeError, match="macOS 15") as e:
         F.CoreMLGraph(path)
     assert "\n" not in str(e.value)
-    rows = T.check_file(cp, "stepped", path)
+    rows = check_file(cp, "stepped", path)
     assert rows == [{"runner": "not run", "ran": False, "note": why}]
     with pytest.raises(RuntimeError, match="macOS"):
         T.coreml_call_times(cp, tmp_path / "t")

@@ -1,7 +1,7 @@
 """The graphs exported to ONNX and run with ONNX Runtime on this CPU (rvqspec_lib.device.export_formats), against
 eager PyTorch: the official module in float32.
 
-Stated tolerances (rvqspec_lib.eval.export_check.RELATIVE_TOLERANCE): max abs logit difference over the largest
+Stated tolerances (rvqspec_lib.device.export_check.RELATIVE_TOLERANCE): max abs logit difference over the largest
 reference logit <= 1e-5 in float32 (summation order only; measured ~3e-7 on tiny-random) and <= 2e-2 in float16
 (measured ~5e-4). Beyond single calls: decode_frame through the ONNX Runtime verify backend equals the official
 module draw for draw (AR, chain, tree; greedy and sampled; batch 1 and 3), a greedy frame driven through the exported
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import rvqspec_lib.decoding.predictor as P
-from rvqspec_lib.eval import export_check as T
+from rvqspec_lib.device import export_check as T
 from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.device.fused import FusedARFrame
 from rvqspec_lib.models.loader import load_model

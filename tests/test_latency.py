@@ -58,12 +58,12 @@ def test_bench_model_without_native_has_no_native_rows(tiny):
 
 def test_calls_at_tokens_per_call_of_named_decoders():
     from rvqspec_lib.data.frame_sources import frames_from_shipped
-    from rvqspec_lib.eval.inner_loop import default_sampling
+    from rvqspec_lib.models.frame import inner_sampling
 
     lm = load_model("embedded")
     ctx = frames_from_shipped(lm, "evaluation", max_frames=6, seed=0).context
     names = ["ar", "chain:4", "tree:calibrated-point-mass:8", "paper:8"]
-    rows = latency.calls_at_tokens_per_call(lm, names, ctx, sampling=default_sampling(lm), seed=0)
+    rows = latency.calls_at_tokens_per_call(lm, names, ctx, sampling=inner_sampling(lm), seed=0)
     assert [r["decoder"] for r in rows] == ["ar", "chain:4", "tree:calibrated-point-mass:8", "paper:8"]
     assert [r["drafter"] for r in rows] == [None, "heads", "heads", "offsets"]
     ar = rows[0]
@@ -72,7 +72,7 @@ def test_calls_at_tokens_per_call_of_named_decoders():
         b = latency.call_budget(12.5, 16, r["tokens_per_call"])
         assert r["calls_per_s"] == pytest.approx(b["calls_per_s"]) and r["frames"] == 6 and r["model"] == "embedded"
         assert 1.0 <= r["tokens_per_call"] <= 15
-    again = latency.calls_at_tokens_per_call(lm, names, ctx, sampling=default_sampling(lm), seed=0)
+    again = latency.calls_at_tokens_per_call(lm, names, ctx, sampling=inner_sampling(lm), seed=0)
     assert [r["tokens_per_call"] for r in again] == [r["tokens_per_call"] for r in rows]  # seeded
     with pytest.raises(ValueError):
         latency.calls_at_tokens_per_call(lm, ["chain:99"], ctx)

@@ -48,7 +48,7 @@ def _one_error_line(err: str) -> str:
 # ---- a checkpoint without speech_tokenizer/ -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from rvqspec_lib.models.fixtures import write_tiny_checkpoint
+    from checkpoints import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "Qwen3-TTS-12Hz-tiny-CustomVoice", seed=0)
 

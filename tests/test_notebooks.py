@@ -346,7 +346,7 @@ def _check_05(metrics: dict, out: Path) -> None:
     import csv
     import math
 
-    from rvqspec_lib.eval.parity import TRUE_CODES
+    from paper.wer_report import TRUE_CODES
     from rvqspec_lib.models.tree_files import load_calibration
 
     # smoke: English (3 shipped evaluation utterances) and German (1 sentence rendered with espeak-ng), trees of N 4
@@ -435,7 +435,7 @@ def _check_05(metrics: dict, out: Path) -> None:
 def _check_06(metrics: dict, out: Path) -> None:
     import csv
 
-    from rvqspec_lib.eval.export_check import RELATIVE_TOLERANCE
+    from rvqspec_lib.device.export_check import RELATIVE_TOLERANCE
     from bench.pipeline import LAYOUTS, PUBLIC_PIPELINES, ROWS
     from paper.plots import PAPER_DEVICE_SPEEDUPS
 

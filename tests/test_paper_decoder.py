@@ -1,5 +1,5 @@
-"""The paper's decoder's helpers: its best node budget (rvqspec_lib.eval.calibration.best_budget), Table 3's transfer
-question (rvqspec_lib.eval.parity.transfer_rows, transfer_answer) and the paired interval of tokens per call
+"""The paper's decoder's helpers: its best node budget (paper.drafter_table.best_budget), Table 3's transfer
+question (paper.wer_report.transfer_rows, transfer_answer) and the paired interval of tokens per call
 (rvqspec_lib.eval.parity.paired_ratio_difference): exact values, and negative controls. Resolving the paper's decoder
 by name: tests/test_named_decoders.py."""
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rvqspec_lib.eval.calibration import best_budget
-from rvqspec_lib.eval.parity import paired_ratio_difference, transfer_answer, transfer_rows
+from paper.drafter_table import best_budget
+from paper.wer_report import transfer_answer, transfer_rows
+from rvqspec_lib.eval.parity import paired_ratio_difference
 
 
 def test_paired_ratio_difference_exact_and_paired():

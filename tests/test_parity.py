@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from paper import wer_report as R
 from rvqspec_lib.eval import parity as S
 
 
@@ -209,7 +210,7 @@ def test_verdict_text_says_where_the_lossy_control_was_caught_and_why_it_was_mis
             _verdict("es", "chain:8", flagged_by="code distribution (code depth 2)"),
             _verdict("es", "ssd-lossy:0.4", lossy=True, code_min_p_holm=0.004, max_tv_observed=0.2,
                      samples_needed_code=633)]
-    text = S.verdict_text(rows)
+    text = R.verdict_text(rows)
     en, es, alarms, last = text.split("\n\n")
     assert en.startswith("**en**, 300 codes per depth") and "was caught, by code distribution (rank depth 4)" in en
     assert "1.0e-11" in en and "-0.070 [-0.200, +0.100] over 16 utterances" in en and "282 sentences" in en
@@ -218,7 +219,7 @@ def test_verdict_text_says_where_the_lossy_control_was_caught_and_why_it_was_mis
     assert "633 codes per depth, 2.1 times this run's" in es
     assert alarms.endswith("es: `chain:8` (code distribution (code depth 2)).")  # a lossless decoder flagged
     assert last == "**The lossy control was caught in 1 of 2 languages** (en); missed in es."
-    assert "none." in S.verdict_text(rows[:2]).split("\n\n")[1]  # no false alarm
+    assert "none." in R.verdict_text(rows[:2]).split("\n\n")[1]  # no false alarm
 
 
 def test_wer_table_keys_rows_by_fields_and_puts_the_floor_last():
@@ -231,12 +232,12 @@ def test_wer_table_keys_rows_by_fields_and_puts_the_floor_last():
                              "outliers": [{"index": 2, "why": "repetition", "ref": "a", "hyp": "b b b"}],
                              "vs_reference": {"difference": 0.05, "ci_low": -0.1, "ci_high": 0.2, "p_value": 0.4,
                                               "detected": False, "mde80": 0.3}}}
-    rows = S.wer_table(wer, fields, ended={"ar": [True] * 4, "ssd-lossy:0.4": [True, False, True, True]},
+    rows = R.wer_table(wer, fields, ended={"ar": [True] * 4, "ssd-lossy:0.4": [True, False, True, True]},
                        floor={"rate": 0.2, "cer": 0.1, "n_utterances": 4})
-    assert [r["decoder"] for r in rows] == ["ar", "ssd-lossy:0.4", S.TRUE_CODES]
+    assert [r["decoder"] for r in rows] == ["ar", "ssd-lossy:0.4", R.TRUE_CODES]
     assert tuple(rows[1])[:6] == S.WER_ROW_FIELDS and rows[1]["lossy"] and rows[1]["ended_by_itself"] == 3
     assert rows[0]["diff_vs_ar"] is None and rows[1]["diff_vs_ar"] == 0.05 and rows[1]["n_utterances"] == 4
     assert rows[2]["wer"] == 0.2 and rows[2]["kind"] is None and "tokens_per_call" not in rows[0]
-    assert S.outlier_rows({"inner loop": wer}) == [{"path": "inner loop", "decoder": "ssd-lossy:0.4", "index": 2,
+    assert R.outlier_rows({"inner loop": wer}) == [{"path": "inner loop", "decoder": "ssd-lossy:0.4", "index": 2,
                                                     "why": "repetition", "ref": "a", "hyp": "b b b"}]
-    assert S.outlier_rows({"inner loop": {"ar": wer["ar"]}}) == []
+    assert R.outlier_rows({"inner loop": {"ar": wer["ar"]}}) == []

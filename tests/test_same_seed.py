@@ -229,6 +229,7 @@ def _wer_parity_core(out: Path, lm, seed: int = 0) -> None:
     from rvqspec_lib.eval.eval_sets import calibrate_decoders, calibration_data, evaluation_data
     from rvqspec_lib.eval import parity as S
     from rvqspec_lib.eval import wer_parity as W
+    from paper import wer_report
     from rvqspec_lib.eval.asr_models import recogniser
 
     codec = lm.speech_tokenizer.codec
@@ -239,7 +240,7 @@ def _wer_parity_core(out: Path, lm, seed: int = 0) -> None:
     names = ["ar", "chain:best", "tree:calibrated-point-mass:4", "tree:calibrated-sampled:4", "ssd-lossy:0.4"]
     cal_utts, cal_meta, _ = calibration_data("embedded", codec=codec, seed=seed)
     cal = calibrate_decoders(lm, cal_utts, needs=check_decoder_names(names), max_frames=24, budgets=[4], seed=seed)
-    decoders = W.standard_decoders(calibration=cal["calibration"], best_chain=cal["best_chain"], budget=4, beta=0.4)
+    decoders = wer_report.standard_decoders(calibration=cal["calibration"], best_chain=cal["best_chain"], budget=4, beta=0.4)
     results = {lang: W.evaluate_language(lm, data[lang]["utterances"], decoders, language=lang, codec=audio_codec,
                                          asr=recogniser("auto", lang, [u.text for u in data[lang]["utterances"]]),
                                          seed=seed, replicates=1 if lang == "en" else 2, drafter=ReusedHeads())
@@ -248,7 +249,7 @@ def _wer_parity_core(out: Path, lm, seed: int = 0) -> None:
     save_table(S.table1_rows(S.entries_used(cal_meta, cal["n_frames"])
                              + [m for lang in languages for m in data[lang]["meta"]]), out / "04_table1", prov)
     save_table(W.table3_rows(results), out / "04_table3", prov)
-    save_table(W.verdicts(results), out / "04_verdicts", prov)
+    save_table(wer_report.verdicts(results), out / "04_verdicts", prov)
     (out / "04_core.json").write_text(json.dumps(
         {lang: {k: results[lang][k] for k in ("tokens_per_call", "per_utterance", "hypotheses", "n_frames")}
          for lang in languages}))

@@ -24,10 +24,12 @@ from recipes.embedded.train import (
     code_predictor_metrics,
     code_predictor_states,
     losses,
+    small_config_dict,
+    teacher_force,
     train,
     train_code_predictor,
 )
-from rvqspec_lib.models.configs import build_from_config, config_dict, small_config_dict
+from rvqspec_lib.models.configs import build_from_config, config_dict
 from rvqspec_lib.models.frame import (
     _PromptCaptured,
     build_prompt,
@@ -40,7 +42,7 @@ from rvqspec_lib.models.frontend import (
     tokenizer_from_spec,
 )
 from rvqspec_lib.models.loader import LoadedModel, load_model, save_checkpoint
-from rvqspec_lib.data.teacher import Utterance, batch_prompt, teacher_force
+from rvqspec_lib.data.teacher import Utterance, batch_prompt
 from rvqspec_lib.models.tokenizers import ByteTokenizer
 from rvqspec_lib.decoding.sampling import Sampling, code0_processors
 from rvqspec_lib.training.loop import lr_at

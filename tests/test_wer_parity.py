@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from rvqspec_lib.eval import parity as S
+from paper import wer_report as R
 from rvqspec_lib.eval import wer_parity as W
 from rvqspec_lib.decoding import decoder_names as N
 from rvqspec_lib.data.frames import Frames
@@ -131,7 +132,7 @@ def test_standard_decoders_are_named_and_keyed_by_their_labels():
     cal = {"best_kind": {"4": "sampled"}, "budgets": [4], "n_frames": 10,
            "point-mass": {"order": [[0], [1], [2]], "predicted_tokens_per_call": {"4": 1.2}},
            "sampled": {"order": [[0], [0, 0], [1]], "predicted_tokens_per_call": {"4": 1.9}}}
-    decs = W.standard_decoders(calibration=cal, best_chain=6, budget=4, beta=0.2)
+    decs = R.standard_decoders(calibration=cal, best_chain=6, budget=4, beta=0.2)
     assert list(decs) == ["ar", W.NULL_CONTROL, "chain:6", "tree:calibrated-point-mass:4",
                           "tree:calibrated-sampled:4", "ssd-lossy:0.2"]
     assert decs["chain:6"].decoder == Chain(6) and decs["ssd-lossy:0.2"].decoder == LossySSD(beta=0.2)
@@ -145,17 +146,17 @@ def test_standard_decoders_are_named_and_keyed_by_their_labels():
     # a bare decoder object gets the fields of its name; the key it runs under is its decoder field
     assert W.decoder_fields("mine", Chain(3)) == {"decoder": "mine", "kind": "chain", "drafter": "heads", "nodes": 3,
                                                  "lossy": False, "sampled": True, "null_control": False}
-    rows = W.calibration_rows(decs, chain_predicted={2: 1.5, 6: 2.5}, best_chain=6)
+    rows = R.calibration_rows(decs, chain_predicted={2: 1.5, 6: 2.5}, best_chain=6)
     assert [(r["decoder"], r["chosen"]) for r in rows[:2]] == [("chain:2", False), ("chain:6", True)]
     assert {r["decoder"]: r["predicted_tokens_per_call"] for r in rows[2:]} == {
         "tree:calibrated-point-mass:4": 1.2, "tree:calibrated-sampled:4": 1.9}
     assert rows[3]["paths"] == "0;0,0;1" and rows[3]["calibration_frames"] == 10
-    assert list(W.standard_decoders(calibration=None, best_chain=None, null_control=False)) == ["ar", "chain:4",
+    assert list(R.standard_decoders(calibration=None, best_chain=None, null_control=False)) == ["ar", "chain:4",
                                                                                                 "ssd-lossy:0.4"]
-    assert list(W.standard_decoders(calibration=cal, best_chain=6, budget=4, tree_kinds=("sampled",))) == [
+    assert list(R.standard_decoders(calibration=cal, best_chain=6, budget=4, tree_kinds=("sampled",))) == [
         "ar", W.NULL_CONTROL, "chain:6", "tree:calibrated-sampled:4", "ssd-lossy:0.4"]
     with pytest.raises(ValueError, match="offsets"):
-        W.standard_decoders(calibration=cal, best_chain=6, budget=4, paper_budget=32)
+        R.standard_decoders(calibration=cal, best_chain=6, budget=4, paper_budget=32)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -276,19 +277,19 @@ def test_evaluate_language_end_to_end_on_tiny_random(tiny):
     assert all(tuple(r)[1:7] == W.ROW_FIELDS for r in rows)
     de_rows = [r for r in rows if r["language"] == "de"]
     assert all(r["tpc_minus_english"] == 0 for r in de_rows)  # the same results: no difference, exactly
-    v = W.verdicts({"en": res, "de": res})
+    v = R.verdicts({"en": res, "de": res})
     assert {(r["language"], r["decoder"]) for r in v} == {(lang, k) for lang in ("en", "de")
                                                           for k in (W.NULL_CONTROL, "chain4", "lossy")}
     assert all("flagged_by" in r and r["n_per_sample"] == 19 * 2 for r in v)
-    text = S.verdict_text(v)
+    text = R.verdict_text(v)
     assert text.count("the lossy control `lossy`") == 2 and "**en**" in text and "**de**" in text
     # the WER floor: the true codes through the same codec and recogniser
     asr_calls = asr.calls
-    floor = W.true_codes_wer(utts, codec=_StubCodec(), asr=asr)
+    floor = R.true_codes_wer(utts, codec=_StubCodec(), asr=asr)
     assert asr.calls == asr_calls + 3 and floor["n_utterances"] == 3 and len(floor["hypotheses"]) == 3
     assert 0 <= floor["rate"] and "cer" in floor and floor["asr"] == "stub"
-    table = S.wer_table(res["wer"], res["decoders"], tokens_per_call=res["tokens_per_call"], floor=floor)
-    assert [r["decoder"] for r in table] == [*decs, S.TRUE_CODES] and table[-1]["wer"] == floor["rate"]
+    table = R.wer_table(res["wer"], res["decoders"], tokens_per_call=res["tokens_per_call"], floor=floor)
+    assert [r["decoder"] for r in table] == [*decs, R.TRUE_CODES] and table[-1]["wer"] == floor["rate"]
     assert table[0]["diff_vs_ar"] is None and table[-2]["lossy"] and table[-2]["tokens_per_call"] > 1
     no_asr = W.evaluate_language(tiny, utts, {"ar": AR()}, language="de")
     assert no_asr["wer"] is None and no_asr["unit"] == "word"
@@ -318,10 +319,10 @@ def test_inner_loop_codes_keep_the_true_code_0_and_pair_the_seeds(tiny):
     AR give the same codes, a chain a draw of the same law, and only codes 1..15 differ."""
     g = torch.Generator().manual_seed(0)
     u = Utterance("the cat sat", torch.randint(0, 2048, (7, 16), generator=g))
-    out = W.inner_loop_codes(tiny, u, {"ar": AR(), "again": AR(), "chain": Chain(4), "lossy": LossySSD()}, seed=3)
+    out = R.inner_loop_codes(tiny, u, {"ar": AR(), "again": AR(), "chain": Chain(4), "lossy": LossySSD()}, seed=3)
     assert set(out) == {"ar", "again", "chain", "lossy"}
     assert all(c.shape == (7, 16) and torch.equal(c[:, 0], u.codes[:, 0]) for c in out.values())
     assert torch.equal(out["ar"], out["again"])  # one seed for every decoder
     assert torch.equal(out["chain"][:, 1], out["ar"][:, 1])  # code 1 comes from the prefill, before any draft
-    other = W.inner_loop_codes(tiny, u, {"ar": AR()}, seed=4)["ar"]
+    other = R.inner_loop_codes(tiny, u, {"ar": AR()}, seed=4)["ar"]
     assert not torch.equal(other, out["ar"])

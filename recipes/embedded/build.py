@@ -69,13 +69,9 @@ from recipes.embedded import corpus  # noqa: E402
 from rvqspec_lib.data import voices
 from recipes.embedded.codes import encode_manifest  # noqa: E402
 from recipes.embedded.model_card import model_card  # noqa: E402
+from recipes.embedded.codes import inner_loop_codes  # noqa: E402
 from rvqspec_lib.common.files import json_text  # noqa: E402
-from rvqspec_lib.eval.inner_loop import (  # noqa: E402
-    codes_to_audio,
-    free_running_codes,
-    inner_loop_codes,
-    score_conditions,
-)
+from rvqspec_lib.eval.inner_loop import codes_to_audio, free_running_codes, score_conditions  # noqa: E402
 from rvqspec_lib.data.utterances import (  # noqa: E402
     load_codes,
     save_codes,
@@ -315,7 +311,8 @@ class Builder:
 
     # ------------------------------------------------------------------ 5. train
     def build_lm(self):
-        from rvqspec_lib.models.configs import build_from_config, small_config_dict
+        from recipes.embedded.train import small_config_dict
+        from rvqspec_lib.models.configs import build_from_config
         from rvqspec_lib.models.frontend import PhonemeTokenizer
         from rvqspec_lib.models.loader import LoadedModel
         from rvqspec_lib.models.rvq_codec import RVQCodec

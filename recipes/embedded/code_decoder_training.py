@@ -19,7 +19,7 @@ from rvqspec_lib.common.files import atomic_output, json_text
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.data.teacher import eval_mode
 from rvqspec_lib.data.utterances import utterances_from_manifest
-from rvqspec_lib.eval.inner_loop import inner_loop_codes_batch
+from recipes.embedded.codes import inner_loop_codes_batch
 from rvqspec_lib.models.audio import load_wav
 from rvqspec_lib.models.code_decoder import CodeDecoder, CodeDecoderConfig
 from rvqspec_lib.models.configs import seeded

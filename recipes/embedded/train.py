@@ -6,6 +6,7 @@ official logits, since the code-predictor loss the official method returns is do
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -14,16 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from rvqspec_lib.common.progress import progress_bar
+from rvqspec_lib.models.configs import tiny_config_dict
 from rvqspec_lib.models.loader import LoadedModel, save_checkpoint
-from rvqspec_lib.data.teacher import (
-    IGNORE,
-    TeacherForced,
-    Utterance,
-    as_utterance,
-    eval_mode,
-    talker_pass,
-    teacher_force,
-)
+from rvqspec_lib.data.teacher import Utterance, as_utterance, eval_mode, talker_pass
 from rvqspec_lib.training.loop import (
     ADAMW_BETAS,
     GRAD_CLIP,
@@ -333,3 +327,99 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
         write_curve(out / "cp_curve.json", res.curve, meta)
     return {"curve": res.curve, "steps": res.steps, "wall_s": meta["wall_s"], "frames_seen": seen["frames"],
             "best_step": meta["best_step"], "best": best_metrics, "params_trained": meta["params_trained"]}
+
+
+# ---- the teacher-forced pass of talker AND code predictor (training only) -----------------------------------------
+IGNORE = -100
+
+
+@dataclass
+class TeacherForced:
+    """Outputs of one teacher-forced pass: ``talker_logits`` ``(B, F+1, vocab)`` at the positions emitting code 0 of
+    each frame then end of speech, ``talker_labels`` ``(B, F+1)`` int64 (-100 beyond), ``talker_hidden`` ``(N, H)``
+    starting each selected frame's code-predictor sequence (row-major), ``cp_logits`` ``(N, G-1, V)`` and
+    ``cp_labels`` ``(N, G-1)`` int64 for codes 1..G-1, ``frames`` ``(B,)``, ``official_cp_loss`` (double-shifted;
+    tests)."""
+
+    talker_logits: torch.Tensor
+    talker_labels: torch.Tensor
+    talker_hidden: torch.Tensor
+    cp_logits: torch.Tensor
+    cp_labels: torch.Tensor
+    frames: torch.Tensor
+    official_cp_loss: torch.Tensor | None = None
+
+
+def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
+                  cp_fraction: float = 1.0, generator: torch.Generator | None = None) -> TeacherForced:
+    """One teacher-forced pass of the official talker and code predictor over a batch (autograd as ambient).
+
+    Args:
+        feedback_noise: probability that a fed-back frame is replaced by random codes (labels keep the true ones).
+        cp_fraction: a random subset of frames (at least one) through the code predictor (Sesame CSM: 1/16).
+        generator: RNG of the noise and the subset.
+
+    Raises:
+        ValueError: codes of another shape or range; random draws without ``generator``; ``cp_fraction <= 0``.
+    """
+    utts = [as_utterance(u) for u in utts]
+    if (feedback_noise > 0 or cp_fraction < 1.0) and generator is None:
+        raise ValueError("feedback_noise and cp_fraction < 1 draw random numbers: pass generator=torch.Generator()")
+    for u in utts:
+        if u.codes.shape[1] != lm.n_code_groups or int(u.codes.min()) < 0 or int(u.codes.max()) >= lm.codebook_size:
+            raise ValueError(f"codes of {u.text!r} must be (frames, {lm.n_code_groups}) in 0..{lm.codebook_size - 1}, "
+                             f"got shape {tuple(u.codes.shape)}, range {int(u.codes.min())}..{int(u.codes.max())}")
+    model, talker = lm.model, lm.model.talker
+    eos = int(model.config.talker_config.codec_eos_token_id)
+    out, length, codes, valid, frames = talker_pass(lm, utts, feedback_noise=feedback_noise, generator=generator)
+    b, n_max = valid.shape
+    dev = codes.device
+    hidden = out.hidden_states[0][-1]  # (B, L + F, H), last layer after the final norm (= inference's past_hidden)
+    talker_logits = out.logits[:, length - 1:]  # (B, F + 1, V): position L-1+t emits code 0 of frame t
+    labels = torch.full((b, n_max + 1), IGNORE, dtype=torch.long, device=dev)
+    labels[:, :n_max] = torch.where(valid, codes[..., 0], torch.full_like(codes[..., 0], IGNORE))
+    labels[torch.arange(b, device=dev), frames.to(dev)] = eos
+    sel = valid
+    if cp_fraction < 1.0:
+        if not 0.0 < cp_fraction:
+            raise ValueError(f"cp_fraction must be in (0, 1], got {cp_fraction}")
+        where = valid.flatten().nonzero().flatten()
+        k = max(1, math.ceil(cp_fraction * where.numel()))
+        pick = where[torch.randperm(where.numel(), generator=generator)[:k].to(dev)]
+        sel = torch.zeros_like(valid).flatten().index_fill(0, pick, True).view_as(valid)
+    h = hidden[:, length - 1: length - 1 + n_max][sel]  # (N, H): row-major over (utterance, frame)
+    c = codes[sel]  # (N, G)
+    cp_logits, official_loss = talker.forward_sub_talker_finetune(c, h)  # (N, G-1, Vc)
+    return TeacherForced(talker_logits, labels, h, cp_logits, c[:, 1:], frames, official_loss)
+
+
+# ---- the config of a small model trained from scratch ----------------------------------------------------------------
+def small_config_dict(*, talker_layers: int = 4, talker_hidden: int = 256, code_predictor_layers: int = 5,
+                      code_predictor_hidden: int = 256, n_heads: int = 4, n_kv_heads: int = 2, head_dim: int = 64,
+                      text_hidden: int = 256, speakers: Sequence[str] = ("slt",), n_code_groups: int = 16,
+                      codebook_size: int = 2048) -> dict:
+    """Config of a small model of the official classes for training from scratch (defaults: the feasibility run's,
+    docs/offline.md#template-sentences), sized as the releases are scaled, one speaker id (3000 + i) per voice.
+
+    Raises:
+        ValueError: an odd ``head_dim``, ``n_heads`` not a multiple of ``n_kv_heads``, not 1..72 speakers.
+    """
+    cfg = tiny_config_dict(n_code_groups=n_code_groups, codebook_size=codebook_size, talker_hidden=talker_hidden,
+                           code_predictor_hidden=code_predictor_hidden, talker_layers=talker_layers,
+                           code_predictor_layers=code_predictor_layers)
+    if head_dim % 2 or n_heads % n_kv_heads:
+        raise ValueError("head_dim must be even and n_heads a multiple of n_kv_heads")
+    if not 1 <= len(speakers) <= 72:
+        raise ValueError("need 1..72 speakers (ids 3000..3071)")
+    half = head_dim // 2
+    side = round(half * 20 / 64)
+    t, cp = cfg["talker_config"], cfg["talker_config"]["code_predictor_config"]
+    cfg["tts_model_size"] = f"small-{talker_layers}x{talker_hidden}"
+    for c, hid in ((t, talker_hidden), (cp, code_predictor_hidden)):
+        c.update(intermediate_size=3 * hid, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
+                 head_dim=head_dim)
+    t["text_hidden_size"] = text_hidden
+    t["rope_scaling"] = {"interleaved": True, "mrope_section": [half - 2 * side, side, side], "rope_type": "default"}
+    t["spk_id"] = {s.lower(): 3000 + i for i, s in enumerate(speakers)}
+    t["spk_is_dialect"] = {s.lower(): False for s in speakers}
+    return cfg

@@ -1,10 +1,10 @@
 """Teacher forcing: the official model over known codes in ONE pass, in the layout of inference
-(docs/model.md#teacher-forced-pass, #feedback-to-the-talker), for training, inner-loop contexts and drafters.
+(docs/model.md#teacher-forced-pass, #feedback-to-the-talker), for inner-loop contexts and drafters (the pass that
+trains talker and code predictor: recipes/embedded/train.py).
 """
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
@@ -15,8 +15,6 @@ import torch.nn.functional as F
 from rvqspec_lib.models.frame import Prompt, build_prompt, default_speaker
 from rvqspec_lib.models.loader import LoadedModel
 from rvqspec_lib.decoding import predictor as P
-
-IGNORE = -100
 
 
 @dataclass
@@ -55,23 +53,6 @@ def as_utterance(item) -> Utterance:
     if codes.dim() != 2 or codes.shape[0] < 1:
         raise ValueError(f"codes must be (frames >= 1, n_code_groups), got shape {tuple(codes.shape)} for {u.text!r}")
     return Utterance(u.text, codes, u.speaker, u.language or "auto")
-
-
-@dataclass
-class TeacherForced:
-    """Outputs of one teacher-forced pass: ``talker_logits`` ``(B, F+1, vocab)`` at the positions emitting code 0 of
-    each frame then end of speech, ``talker_labels`` ``(B, F+1)`` int64 (-100 beyond), ``talker_hidden`` ``(N, H)``
-    starting each selected frame's code-predictor sequence (row-major), ``cp_logits`` ``(N, G-1, V)`` and
-    ``cp_labels`` ``(N, G-1)`` int64 for codes 1..G-1, ``frames`` ``(B,)``, ``official_cp_loss`` (double-shifted;
-    tests)."""
-
-    talker_logits: torch.Tensor
-    talker_labels: torch.Tensor
-    talker_hidden: torch.Tensor
-    cp_logits: torch.Tensor
-    cp_labels: torch.Tensor
-    frames: torch.Tensor
-    official_cp_loss: torch.Tensor | None = None
 
 
 def frame_embeddings(lm: LoadedModel, codes: torch.Tensor) -> torch.Tensor:
@@ -143,49 +124,6 @@ def talker_pass(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: f
     attn = torch.cat([mask, valid.to(mask.dtype)], 1)
     out = talker(inputs_embeds=x, attention_mask=attn, use_cache=False, output_hidden_states=True)
     return out, length, codes, valid, frames
-
-
-def teacher_force(lm: LoadedModel, utts: Sequence[Utterance], *, feedback_noise: float = 0.0,
-                  cp_fraction: float = 1.0, generator: torch.Generator | None = None) -> TeacherForced:
-    """One teacher-forced pass of the official talker and code predictor over a batch (autograd as ambient).
-
-    Args:
-        feedback_noise: probability that a fed-back frame is replaced by random codes (labels keep the true ones).
-        cp_fraction: a random subset of frames (at least one) through the code predictor (Sesame CSM: 1/16).
-        generator: RNG of the noise and the subset.
-
-    Raises:
-        ValueError: codes of another shape or range; random draws without ``generator``; ``cp_fraction <= 0``.
-    """
-    utts = [as_utterance(u) for u in utts]
-    if (feedback_noise > 0 or cp_fraction < 1.0) and generator is None:
-        raise ValueError("feedback_noise and cp_fraction < 1 draw random numbers: pass generator=torch.Generator()")
-    for u in utts:
-        if u.codes.shape[1] != lm.n_code_groups or int(u.codes.min()) < 0 or int(u.codes.max()) >= lm.codebook_size:
-            raise ValueError(f"codes of {u.text!r} must be (frames, {lm.n_code_groups}) in 0..{lm.codebook_size - 1}, "
-                             f"got shape {tuple(u.codes.shape)}, range {int(u.codes.min())}..{int(u.codes.max())}")
-    model, talker = lm.model, lm.model.talker
-    eos = int(model.config.talker_config.codec_eos_token_id)
-    out, length, codes, valid, frames = talker_pass(lm, utts, feedback_noise=feedback_noise, generator=generator)
-    b, n_max = valid.shape
-    dev = codes.device
-    hidden = out.hidden_states[0][-1]  # (B, L + F, H), last layer after the final norm (= inference's past_hidden)
-    talker_logits = out.logits[:, length - 1:]  # (B, F + 1, V): position L-1+t emits code 0 of frame t
-    labels = torch.full((b, n_max + 1), IGNORE, dtype=torch.long, device=dev)
-    labels[:, :n_max] = torch.where(valid, codes[..., 0], torch.full_like(codes[..., 0], IGNORE))
-    labels[torch.arange(b, device=dev), frames.to(dev)] = eos
-    sel = valid
-    if cp_fraction < 1.0:
-        if not 0.0 < cp_fraction:
-            raise ValueError(f"cp_fraction must be in (0, 1], got {cp_fraction}")
-        where = valid.flatten().nonzero().flatten()
-        k = max(1, math.ceil(cp_fraction * where.numel()))
-        pick = where[torch.randperm(where.numel(), generator=generator)[:k].to(dev)]
-        sel = torch.zeros_like(valid).flatten().index_fill(0, pick, True).view_as(valid)
-    h = hidden[:, length - 1: length - 1 + n_max][sel]  # (N, H): row-major over (utterance, frame)
-    c = codes[sel]  # (N, G)
-    cp_logits, official_loss = talker.forward_sub_talker_finetune(c, h)  # (N, G-1, Vc)
-    return TeacherForced(talker_logits, labels, h, cp_logits, c[:, 1:], frames, official_loss)
 
 
 def teacher_forced_hidden(code_predictor, context: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:

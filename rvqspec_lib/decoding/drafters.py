@@ -159,16 +159,14 @@ class MedusaHeads(_Trained):
         self.provenance: dict = {}
 
     @classmethod
-    def for_code_predictor(cls, code_predictor, K: int = DEFAULT_K, residual_block: bool = False,
-                           init_from_heads: bool = True) -> "MedusaHeads":
+    def for_code_predictor(cls, code_predictor, K: int = DEFAULT_K, residual_block: bool = False) -> "MedusaHeads":
         """Heads sized for ``code_predictor`` (float32, on its device), each a copy of ``lm_head[k+j-1]``."""
         cfg = code_predictor.config
         dev = next(code_predictor.parameters()).device
         m = cls(K, n_codes(code_predictor), int(cfg.hidden_size), int(cfg.vocab_size), residual_block).to(dev)
-        if init_from_heads:
-            with torch.no_grad():
-                for (k, j), head in zip(m.pairs, m.heads):
-                    head.linear.weight.copy_(code_predictor.lm_head[k + j - 1].weight.float())
+        with torch.no_grad():
+            for (k, j), head in zip(m.pairs, m.heads):
+                head.linear.weight.copy_(code_predictor.lm_head[k + j - 1].weight.float())
         return m
 
     @property

@@ -138,45 +138,6 @@ def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torc
     return tables if isinstance(drafter, (list, tuple)) else tables[0]
 
 
-def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: Frames, *, n_ahead: int = 3,
-                                 sampling: Sampling | None = None, confidence: float = 0.95,
-                                 batch_size: int = 256) -> dict:
-    """Is drafter B's acceptance higher than drafter A's? Per frame the exact acceptance (:func:`frame_acceptance`)
-    averaged over every (k, j) with k + j <= n; the difference B - A averaged within each utterance; a Student t
-    interval (and the paired t-test's p-value) over UTTERANCES, the independent units (``frames.utterance``). No
-    sampling noise: the interval only reflects which frames were drawn.
-
-    Returns:
-        ``{"mean_a", "mean_b", "difference", "ci_low", "ci_high", "confidence", "p_value", "n_frames",
-        "n_utterances", "difference_by_offset" [n_ahead floats]}``.
-    Raises:
-        ValueError: fewer than 2 utterances, or ``confidence`` outside (0, 1).
-    """
-    from scipy import stats  # local: scipy.stats takes about 1 s to import (measured); only this needs it
-
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    utt = frames.utterance
-    ids = torch.unique(utt)
-    if ids.numel() < 2:
-        raise ValueError("a paired interval over utterances needs frames of at least 2 utterances")
-    a, b = frame_acceptance(code_predictor, [drafter_a, drafter_b], frames.context, frames.codes, n_ahead=n_ahead,
-                            sampling=sampling, batch_size=batch_size)
-    fa, fb = a.nanmean((1, 2)), b.nanmean((1, 2))  # (N,)
-    per_utt = torch.stack([(fb - fa)[utt == u].mean() for u in ids]).numpy()
-    m = len(per_utt)
-    mean = float(per_utt.mean())
-    se = float(per_utt.std(ddof=1) / np.sqrt(m))
-    if se > 0:
-        half = float(stats.t.ppf(0.5 + confidence / 2, m - 1)) * se
-        p_value = float(2 * stats.t.sf(abs(mean) / se, m - 1))
-    else:
-        half, p_value = 0.0, (1.0 if mean == 0 else 0.0)
-    return {"mean_a": float(fa.mean()), "mean_b": float(fb.mean()), "difference": mean, "ci_low": mean - half,
-            "ci_high": mean + half, "confidence": confidence, "p_value": p_value, "n_frames": int(len(fa)),
-            "n_utterances": m, "difference_by_offset": (b - a).nanmean((0, 1)).tolist()}
-
-
 def _reach_chain(alpha: np.ndarray, s: int, m: int) -> list[float]:
     out, acc = [], 1.0
     for j in range(1, m + 1):

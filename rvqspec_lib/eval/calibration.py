@@ -143,22 +143,6 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
     return out
 
 
-def best_budget(calibration: dict, kind: str = "point-mass", budgets: Sequence[int] | None = None) -> int:
-    """The node budget N with the highest PREDICTED tokens per call E(N) of a calibration's ``kind`` of tree, among
-    ``budgets`` (default every calibrated one); ties go to the smaller N. E(N) of a greedy tree never falls as N
-    grows, so this is the largest budget unless the gain stops: speed is another question (notebook 04).
-
-    Raises:
-        ValueError: no calibrated budget among ``budgets``.
-    """
-    have = [int(b) for b in calibration["budgets"]]
-    cands = [b for b in (have if budgets is None else [int(b) for b in budgets]) if b in have]
-    if not cands:
-        raise ValueError(f"none of the budgets {list(budgets or [])} is calibrated (calibrated: {have})")
-    pred = calibration[kind]["predicted_tokens_per_call"]
-    return max(sorted(cands), key=lambda b: (pred[str(b)], -b))
-
-
 def calibration_frames(lm, *, max_frames: int | None = None, seed: int = 0,
                        progress: bool = False) -> Frames:
     """Frames to calibrate on: the contexts of the model's shipped ``calibration`` split (teacher-forced on real

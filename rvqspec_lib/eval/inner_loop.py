@@ -10,11 +10,7 @@ import numpy as np
 import torch
 
 from rvqspec_lib.common.progress import progress_bar
-from rvqspec_lib.data.frame_sources import frames_from_utterances
-from rvqspec_lib.data.teacher import as_utterance, eval_mode
-from rvqspec_lib.decoding.decode import decode_frame
-from rvqspec_lib.decoding.decoders import AR
-from rvqspec_lib.decoding.sampling import Sampling
+from rvqspec_lib.data.teacher import as_utterance
 from rvqspec_lib.eval.asr import wer
 from rvqspec_lib.models.backends import frame_runner
 from rvqspec_lib.models.frame import inner_sampling, synthesize
@@ -31,49 +27,6 @@ def speaker_batches(utterances: Sequence, batch_size: int) -> list[list[int]]:
         else:
             batches.append([i])
     return batches
-
-
-#: The checkpoint's code-predictor sampling (the name the notebooks use).
-default_sampling = inner_sampling
-
-
-def inner_loop_codes(lm: LoadedModel, utt, *, sampling: Sampling | None = None,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
-    """:func:`inner_loop_codes_batch` of one utterance, every frame in one decode call: ``(frames, G)`` int64, column
-    0 the true code 0. ``sampling`` default the checkpoint's; ``generator`` default seeded 0."""
-    u = as_utterance(utt)
-    return inner_loop_codes_batch(lm, [u], sampling=sampling, generator=generator,
-                                  chunk_frames=max(1, u.codes.shape[0]))[0]
-
-
-@torch.no_grad()
-def inner_loop_codes_batch(lm: LoadedModel, utts: Sequence, *, batch_size: int = 16,
-                           sampling: Sampling | None = None, generator: torch.Generator | None = None,
-                           progress: bool = False, chunk_frames: int = 2048) -> list[torch.Tensor]:
-    """True code 0 plus codes 1..G-1 sampled by AR for every frame of many utterances, from teacher-forced talker
-    passes over the TRUE frames, ``chunk_frames`` frames a decode call.
-
-    Returns:
-        One ``(frames, G)`` int64 tensor per utterance, in input order.
-
-    Raises:
-        ValueError: no utterances, codes that do not fit the model.
-    """
-    us = [as_utterance(u) for u in utts]
-    if not us:
-        raise ValueError("no utterances to run the inner loop on")
-    frames = frames_from_utterances(lm, us, batch_size=batch_size, progress=progress)  # input order
-    dev = next(lm.model.parameters()).device
-    generator = generator if generator is not None else torch.Generator(device=dev).manual_seed(0)
-    sampling = sampling or default_sampling(lm)
-    parts = []
-    with eval_mode(lm.model):
-        for s in progress_bar(range(0, len(frames), chunk_frames), desc="inner loop", unit="chunk", enabled=progress):
-            res = decode_frame(lm.code_predictor, frames.context[s:s + chunk_frames].to(dev), decoder=AR(),
-                               sampling=sampling, generator=generator)
-            parts.append(res.codes.cpu())
-    generated = torch.split(torch.cat(parts), [u.codes.shape[0] for u in us])
-    return [torch.cat([u.codes[:, :1].long(), g], 1) for u, g in zip(us, generated)]
 
 
 def batch_seed(*parts: int) -> int:

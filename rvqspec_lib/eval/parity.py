@@ -1,7 +1,7 @@
 """Statistics of WER parity, pure functions of numbers (notebook 05, ``rvqspec eval-wer``;
 docs/methods.md#reporting-wer, #testing-losslessness): paired WER differences, two-sample tests and their power, Holm,
-bootstrap means, the verdicts in words, Tables 1 and 3. Every draw comes from a ``numpy.random.Generator`` seeded by
-an argument."""
+bootstrap means, Table 1 (the notebook's tables and verdicts in words: paper/wer_report.py). Every draw comes from a
+``numpy.random.Generator`` seeded by an argument."""
 
 from __future__ import annotations
 
@@ -324,208 +324,10 @@ def bootstrap_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95
             "n_b": int(nb_.size)}
 
 
-def paired_ratio_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95, n_boot: int = N_BOOT,
-                            seed: int = 0) -> dict:
-    """Ratio of totals of decoder A minus that of decoder B on the SAME utterances (e.g. tokens per call of the
-    paper's decoder minus the reused heads' tree, per utterance ``codes`` and ``calls``), with a percentile
-    bootstrap interval resampling the utterances jointly (paired: one index draws both decoders' counts).
-
-    Returns:
-        ``{"difference", "ci_low", "ci_high", "n"}``. Raises ``ValueError`` for no utterance or unequal lengths.
-    """
-    a, da = np.asarray(num_a, dtype=np.float64), np.asarray(den_a, dtype=np.float64)
-    b, db = np.asarray(num_b, dtype=np.float64), np.asarray(den_b, dtype=np.float64)
-    if a.size == 0 or not (a.shape == da.shape == b.shape == db.shape):
-        raise ValueError("paired_ratio_difference needs one count per utterance for both decoders (same utterances)")
-    diff = float(a.sum() / da.sum() - b.sum() / db.sum())
-    if a.size < 2:
-        return {"difference": diff, "ci_low": diff, "ci_high": diff, "n": int(a.size)}
-    idx = np.random.default_rng(seed).integers(0, a.size, size=(n_boot, a.size))
-    boot = a[idx].sum(1) / da[idx].sum(1) - b[idx].sum(1) / db[idx].sum(1)
-    lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
-    return {"difference": diff, "ci_low": float(lo), "ci_high": float(hi), "n": int(a.size)}
-
-
 # ---- Table 1 analogue ------------------------------------------------------------------------------------------------
 TABLE1_COLUMNS = ("split", "role", "language", "samples", "hours", "frames")
-
-
-def transfer_rows(results: Mapping[str, dict], label: str, *, baseline: str | None = None,
-                  english: str = "en", confidence: float = 0.95, seed: int = 0) -> list[dict]:
-    """Does decoder ``label`` (the paper's: English-trained offsets) keep its tokens per call in other languages?
-
-    One row per language of ``results`` (:func:`rvqspec_lib.eval.wer_parity.evaluate_language` outputs): tokens per
-    call, its ratio to English and its difference to English (:func:`bootstrap_difference`), and with ``baseline`` the
-    gain over it, paired over that language's utterances (:func:`paired_ratio_difference`).
-
-    Raises:
-        ValueError: no English results, or ``label`` (or ``baseline``) not decoded in some language.
-    """
-    if english not in results:
-        raise ValueError(f"the transfer question needs the {english!r} results")
-    en = results[english]["per_utterance"]
-    rows = []
-    for lang, res in results.items():
-        pu = res["per_utterance"]
-        if label not in pu or (baseline is not None and baseline not in pu):
-            raise ValueError(f"{lang}: {label} or {baseline} was not decoded; decode both in every language")
-        tpc = res["tokens_per_call"][label]
-        row = {"language": lang, "decoder": label, "tokens_per_call": tpc["value"], "ci_low": tpc["ci_low"],
-               "ci_high": tpc["ci_high"], "n_utterances": res["n_utterances"],
-               "ratio_to_english": tpc["value"] / results[english]["tokens_per_call"][label]["value"]}
-        if lang != english:
-            d = bootstrap_difference(pu[label]["codes"], pu[label]["calls"], en[label]["codes"],
-                                       en[label]["calls"], confidence=confidence, seed=seed)
-            row.update({"minus_english": d["difference"], "minus_english_ci_low": d["ci_low"],
-                        "minus_english_ci_high": d["ci_high"]})
-        if baseline is not None:
-            g = paired_ratio_difference(pu[label]["codes"], pu[label]["calls"], pu[baseline]["codes"],
-                                          pu[baseline]["calls"], confidence=confidence, seed=seed)
-            row.update({"baseline": baseline, "gain_over_baseline": g["difference"],
-                        "gain_ci_low": g["ci_low"], "gain_ci_high": g["ci_high"]})
-        rows.append(row)
-    return rows
-
-
-def transfer_answer(rows: Sequence[Mapping], *, english: str = "en", confidence: float = 0.95) -> str:
-    """One Markdown paragraph answering the transfer question from :func:`transfer_rows` (nothing typed): per
-    language, whether the interval of the difference to English excludes 0 (lower or higher) or not (kept, within
-    the interval's resolution), and whether the gain over the baseline is still there."""
-    pct = f"{100 * confidence:g}%"
-    others = [r for r in rows if r["language"] != english]
-    en = next(r for r in rows if r["language"] == english)
-    parts = []
-    for r in others:
-        lo, hi = r["minus_english_ci_low"], r["minus_english_ci_high"]
-        verdict = "lower than English" if hi < 0 else "higher than English" if lo > 0 else "not distinguishable from English"
-        text = (f"**{r['language']}** ({r['n_utterances']} utterances) {r['tokens_per_call']:.3f} "
-                f"({r['ratio_to_english']:.1%} of English; "
-                f"difference {r['minus_english']:+.3f} [{pct} CI {lo:+.3f}, {hi:+.3f}]: {verdict})")
-        if "gain_over_baseline" in r:
-            text += (f", gain over {r['baseline']} {r['gain_over_baseline']:+.3f} "
-                     + (f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}]" if r["n_utterances"] > 1
-                        else "(one utterance: no interval)"))
-        parts.append(text)
-    if not others:
-        return f"Only {english} was decoded: the transfer question needs another language."
-    lower = [r["language"] for r in others if r["minus_english_ci_high"] < 0]
-    head = (f"**Do offsets trained on English keep their tokens per call in other languages?** `{en['decoder']}` "
-            f"commits {en['tokens_per_call']:.3f} tokens per call on English ({en['n_utterances']} utterances)")
-    if "gain_over_baseline" in en:
-        head += f" (gain over {en['baseline']} {en['gain_over_baseline']:+.3f} [{en['gain_ci_low']:+.3f}, {en['gain_ci_high']:+.3f}])"
-    answer = (f"Answer from these numbers: lower than English in {', '.join(lower)}; kept (interval includes 0) in "
-              f"{', '.join(r['language'] for r in others if r['language'] not in lower) or 'none'}."
-              if lower else "Answer from these numbers: kept in every language (no interval excludes 0 below).")
-    return head + "; " + "; ".join(parts) + ". " + answer
-
-
-# ---- WER tables and the verdicts in words ----------------------------------------------------------------------------
 #: The decoder fields a WER row starts with (:data:`rvqspec_lib.eval.wer_parity.ROW_FIELDS`).
 WER_ROW_FIELDS = ("decoder", "kind", "drafter", "nodes", "lossy", "sampled")
-#: The label of the floor row of a WER table: the true codes through the same codec, no decoding.
-TRUE_CODES = "true codes (codec resynthesis, no decoding)"
-
-
-def wer_table(wer: Mapping[str, Mapping], decoders: Mapping[str, Mapping], *,
-              tokens_per_call: Mapping[str, Mapping] | None = None, ended: Mapping[str, Sequence[bool]] | None = None,
-              floor: Mapping | None = None) -> list[dict]:
-    """Rows of a WER table, one per decoder of ``wer`` (:func:`rvqspec_lib.eval.wer_parity.wer_parity`) keyed by
-    its fields (``decoders``: :func:`~rvqspec_lib.eval.wer_parity.decoder_info`), then the ``floor``
-    (:func:`~rvqspec_lib.eval.wer_parity.true_codes_wer`) as :data:`TRUE_CODES`: ``wer``, ``cer``,
-    ``wer_without_outliers``, ``outliers``, the paired difference to AR (``diff_vs_ar``, ``ci95_low``, ``ci95_high``,
-    ``p_value``, ``flagged``, ``mde80``), ``n_utterances``, and ``tokens_per_call`` / ``ended_by_itself`` where given.
-    """
-    rows = []
-    for label, w in wer.items():
-        vs = w.get("vs_reference") or {}
-        row = {**{k: decoders[label].get(k) for k in WER_ROW_FIELDS}, "wer": w["rate"], "cer": w.get("cer"),
-               "wer_without_outliers": w["rate_without_outliers"], "outliers": w["n_outliers"],
-               "diff_vs_ar": vs.get("difference"), "ci95_low": vs.get("ci_low"), "ci95_high": vs.get("ci_high"),
-               "p_value": vs.get("p_value"), "flagged": vs.get("detected"), "mde80": vs.get("mde80"),
-               "n_utterances": len(w["per_utterance"])}
-        if tokens_per_call is not None:
-            row["tokens_per_call"] = tokens_per_call[label]["value"]
-        if ended is not None:
-            row["ended_by_itself"] = int(sum(bool(e) for e in ended[label]))
-        rows.append(row)
-    if floor is not None:
-        rows.append({**{k: None for k in WER_ROW_FIELDS}, "decoder": TRUE_CODES, "wer": floor["rate"],
-                     "cer": floor.get("cer"), "n_utterances": floor["n_utterances"]})
-    return rows
-
-
-def outlier_rows(paths: Mapping[str, Mapping[str, Mapping]]) -> list[dict]:
-    """Every outlier of every decoder, one row each: ``{path, decoder, index, why, ref, hyp}``, from ``{path name:
-    wer_parity output}`` (e.g. ``{"inner loop": ..., "free running": ...}``); ``[]`` when there is none."""
-    return [{"path": path, "decoder": label, **o} for path, wer in paths.items() for label, w in wer.items()
-            for o in w["outliers"]]
-
-
-def _p(x: float) -> str:
-    return f"{x:.2g}" if x >= 1e-3 else f"{x:.1e}"
-
-
-def _interval(lo: float, hi: float) -> str:
-    """``[lo, hi]``, or words when the interval could not be formed (too few utterances)."""
-    ok = lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi)
-    return f"[{lo:+.3f}, {hi:+.3f}]" if ok else "(too few sentences for an interval)"
-
-
-def verdict_text(rows: Sequence[Mapping], *, power: float = 0.9) -> str:
-    """The verdicts of :func:`rvqspec_lib.eval.wer_parity.verdicts` in words (Markdown, nothing typed): per
-    language, whether each lossy control was caught and by which test, or missed, and then why (the smallest
-    Holm-adjusted p-value against the level; the shift the design finds with power ``power`` at its sample size
-    against the largest shift observed, beside the null control's, which is noise alone; the codes that shift would
-    need); the WER tests with their power where a recogniser ran; the lossless decoders flagged (false alarms at
-    the stated level, or bugs); and a last line counting the languages where the lossy control was caught."""
-    langs = list(dict.fromkeys(r["language"] for r in rows))
-    parts, caught, missed = [], [], []
-    for lang in langs:
-        mine = [r for r in rows if r["language"] == lang]
-        null = next((r for r in mine if r.get("decoder") == "ar-seed2"), None)
-        for r in (x for x in mine if not x["lossless"]):
-            text = f"**{lang}**, {r['n_per_sample']:,} codes per depth: the lossy control `{r['decoder']}` "
-            if r["flagged_by"] != "none":
-                caught.append(lang)
-                text += (f"was caught, by {r['flagged_by']}; the code test's smallest Holm-adjusted p is "
-                         f"{_p(r['code_min_p_holm'])} against the family-wise level {r['alpha']:g}.")
-            else:
-                missed.append(lang)
-                text += (f"was missed: its smallest Holm-adjusted p, {_p(r['code_min_p_holm'])} at {r['code_at']}, "
-                         f"is above the family-wise level {r['alpha']:g}. The sample was too small to be sure: one "
-                         f"depth's test (level {r['level']:.1e}) is guaranteed power {power:g} only against shifts "
-                         f"of total variation {r['detectable_tv']:.3f} or more in the binned ranks (a lower bound on "
-                         f"its power), and the largest shift observed was {r['max_tv_observed']:.3f}")
-                if null is not None:
-                    text += f" (AR against itself, noise alone: {null['max_tv_observed']:.3f})"
-                if r.get("samples_needed_code"):
-                    text += (f"; a shift that large needs about {r['samples_needed_code']:,} codes per depth, "
-                             f"{r['samples_needed_code'] / r['n_per_sample']:.1f} times this run's")
-                text += "."
-            if r.get("wer_test"):
-                mde = r.get("wer_mde80")
-                text += (f" Its inner-loop WER differs from AR's by {r['wer_diff']:+.3f} "
-                         f"{_interval(r['wer_ci_low'], r['wer_ci_high'])} over {r['wer_n_utterances']} utterances "
-                         f"({r['wer_test']}; " + (f"a difference of {mde:.3f} is found with power 0.8"
-                                                  if mde is not None and math.isfinite(mde)
-                                                  else "too few sentences to state the power"))
-                need = r.get("sentences_needed")
-                text += (f", the one observed would need about {need:,.0f} sentences)." if need and math.isfinite(need)
-                         else ").")
-            if r.get("free_wer_test"):
-                text += (f" Free running: {r['free_wer_diff']:+.3f} "
-                         f"{_interval(r['free_wer_ci_low'], r['free_wer_ci_high'])} ({r['free_wer_test']}).")
-            parts.append(text)
-    alarms = [f"{r['language']}: `{r['decoder']}` ({r['flagged_by']})" for r in rows
-              if r["lossless"] and r["flagged_by"] != "none"]
-    parts.append("**Lossless decoders flagged** (each a false alarm at its stated level, or a bug): "
-                 + ("; ".join(alarms) if alarms else "none") + ".")
-    n_lossy_langs = len(set(caught) | set(missed))
-    if n_lossy_langs:
-        parts.append(f"**The lossy control was caught in {len(set(caught))} of {n_lossy_langs} languages**"
-                     + (f" ({', '.join(dict.fromkeys(caught))})" if caught else "")
-                     + (f"; missed in {', '.join(dict.fromkeys(missed))}." if missed else "."))
-    return "\n\n".join(parts)
 
 
 def entries_used(entries: Sequence[Mapping], max_frames: int) -> list[dict]:
@@ -570,3 +372,25 @@ def table1_rows(entries: Sequence[Mapping]) -> list[dict]:
     return [{"split": s, "role": r, "language": lang, "samples": groups[(s, r, lang)]["samples"],
              "hours": round(groups[(s, r, lang)]["seconds"] / 3600, 4), "frames": groups[(s, r, lang)]["frames"]}
             for s, r, lang in keys]
+
+
+def paired_ratio_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95, n_boot: int = N_BOOT,
+                            seed: int = 0) -> dict:
+    """Ratio of totals of decoder A minus that of decoder B on the SAME utterances (e.g. tokens per call of the
+    paper's decoder minus the reused heads' tree, per utterance ``codes`` and ``calls``), with a percentile
+    bootstrap interval resampling the utterances jointly (paired: one index draws both decoders' counts).
+
+    Returns:
+        ``{"difference", "ci_low", "ci_high", "n"}``. Raises ``ValueError`` for no utterance or unequal lengths.
+    """
+    a, da = np.asarray(num_a, dtype=np.float64), np.asarray(den_a, dtype=np.float64)
+    b, db = np.asarray(num_b, dtype=np.float64), np.asarray(den_b, dtype=np.float64)
+    if a.size == 0 or not (a.shape == da.shape == b.shape == db.shape):
+        raise ValueError("paired_ratio_difference needs one count per utterance for both decoders (same utterances)")
+    diff = float(a.sum() / da.sum() - b.sum() / db.sum())
+    if a.size < 2:
+        return {"difference": diff, "ci_low": diff, "ci_high": diff, "n": int(a.size)}
+    idx = np.random.default_rng(seed).integers(0, a.size, size=(n_boot, a.size))
+    boot = a[idx].sum(1) / da[idx].sum(1) - b[idx].sum(1) / db[idx].sum(1)
+    lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
+    return {"difference": diff, "ci_low": float(lo), "ci_high": float(hi), "n": int(a.size)}

@@ -19,10 +19,10 @@ from rvqspec_lib.eval.inner_loop import batch_seed, codes_to_audio, free_running
 from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decode import decode_frame
-from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, name_of, parse_decoder_name
-from rvqspec_lib.decoding.decoders import AR, CHAIN_WINDOWS, Chain, is_lossless
+from rvqspec_lib.decoding.decoder_names import name_of
+from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS, Chain, is_lossless
 from rvqspec_lib.decoding.sampling import Sampling
-from rvqspec_lib.models.named_decoders import NamedDecoder, has_paper_decoder, resolve_all
+from rvqspec_lib.models.named_decoders import NamedDecoder
 
 #: The reference decoder's label, and the null control's (AR again, other seeds: nothing may be detected).
 REFERENCE = "ar"
@@ -271,82 +271,7 @@ def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, 
     return out
 
 
-def true_codes_wer(utterances: Sequence, *, codec, asr, unit: str = "word", progress: bool = False) -> dict:
-    """The floor of inner-loop WER: every utterance's TRUE codes through the same codec and recogniser, no decoding.
-
-    Returns:
-        ``{"rate", "cer" (word unit only), "unit", "n_utterances", "asr", "hypotheses", "per_utterance"}``.
-    Raises:
-        ValueError: no utterance; a bad unit.
-    """
-    utts = [as_utterance(u) for u in utterances]
-    if not utts:
-        raise ValueError("no utterance for the true codes' WER")
-    refs = [u.text for u in utts]
-    hyps = transcribe_all(asr, [codes_to_audio(codec, u.codes) for u in utts], int(codec.sample_rate),
-                          desc="asr true codes", progress=progress)
-    er = error_rates(refs, hyps, unit)
-    out = {"rate": er.rate, "unit": unit, "n_utterances": len(utts), "asr": getattr(asr, "name", None),
-           "hypotheses": hyps, "per_utterance": [float(u["rate"]) for u in er.utterances]}
-    if unit == "word":
-        out["cer"] = error_rates(refs, hyps, "char").rate
-    return out
-
-
 # ---- one language, end to end ----------------------------------------------------------------------------------------
-def standard_decoders(*, calibration: dict | None, best_chain: int | None, budget: int = DEFAULT_TREE_BUDGET,
-                      null_control: bool = True, beta: float = 0.4, lm=None, paper_budget: int | None = None,
-                      tree_kinds: Sequence[str] = ("point-mass", "sampled")) -> dict[str, NamedDecoder]:
-    """``{label: NamedDecoder}`` of WER parity, in table order: AR, the null control (AR, other seeds), the best chain
-    (``chain:4`` without ``best_chain``), with a calibration the heads' calibrated trees of ``budget`` nodes of each of
-    ``tree_kinds``, with ``paper_budget`` the heads' point-mass tree of that N and ``paper:N`` (needs ``lm``), and last
-    the LOSSY control (``ssd-lossy:beta``).
-
-    Raises:
-        ValueError: ``paper_budget`` without a model that ships the offsets and their calibration; a budget the
-            calibration does not hold.
-    """
-    names = ["ar"] + ([f"chain:{best_chain}"] if best_chain else ["chain:4"])
-    if calibration is not None:
-        names += [f"tree:calibrated-{kind}:{budget}" for kind in ("point-mass", "sampled") if kind in tree_kinds]
-    if paper_budget is not None:
-        if lm is None or not has_paper_decoder(lm):
-            raise ValueError(f"paper:{paper_budget} needs a model that ships the offsets drafter and its calibration "
-                             "(drafters/offsets.safetensors, trees/offsets.json)")
-        if calibration is not None and f"tree:calibrated-point-mass:{paper_budget}" not in names:
-            names.append(f"tree:calibrated-point-mass:{paper_budget}")
-        names.append(f"paper:{paper_budget}")
-    names.append(f"ssd-lossy:{beta}")
-    out = resolve_all(names, lm, calibrations={"heads": calibration} if calibration is not None else None,
-                      best_chain=best_chain)
-    if null_control:
-        ar = out["ar"]
-        out = {"ar": ar, NULL_CONTROL: NamedDecoder(parse_decoder_name("ar"), AR()),
-               **{k: v for k, v in out.items() if k != "ar"}}
-    return out
-
-
-def calibration_rows(decoders: Mapping[str, object], *, chain_predicted: Mapping[int, float] | None = None,
-                     best_chain: int | None = None) -> list[dict]:
-    """What the calibration chose, as table rows: the predicted tokens per call of every chain window (``chosen``:
-    ``best_chain``), and for every calibrated tree among ``decoders`` its fields, calibration frames, predicted tokens
-    per call and rank paths.
-    """
-    from rvqspec_lib.decoding.decoder_names import format_paths
-
-    rows = [{"decoder": f"chain:{w}", "kind": "chain", "drafter": "heads", "nodes": int(w),
-             "predicted_tokens_per_call": float(v), "chosen": int(w) == best_chain}
-            for w, v in (chain_predicted or {}).items()]
-    for label, nd in decoders.items():
-        if not isinstance(nd, NamedDecoder) or nd.calibration is None:
-            continue
-        f, cal = decoder_fields(label, nd), nd.calibration
-        kind = "sampled" if f["sampled"] else "point-mass"
-        rows.append({**{k: f[k] for k in ("decoder", "kind", "drafter", "nodes", "sampled")},
-                     "calibration_frames": cal.get("n_frames"),
-                     "predicted_tokens_per_call": cal[kind]["predicted_tokens_per_call"][str(f["nodes"])],
-                     "paths": format_paths(nd.decoder.paths)})
-    return rows
 
 
 def decoder_info(decoders: Mapping[str, object]) -> dict[str, dict]:
@@ -356,7 +281,7 @@ def decoder_info(decoders: Mapping[str, object]) -> dict[str, dict]:
             for k, v in decoders.items()}
 
 
-def _frames(lm, utts: list, language: str, progress: bool = False):
+def language_frames(lm, utts: list, language: str, progress: bool = False):
     """The utterances in the language's text front end (:func:`rvqspec_lib.eval.datasets.speaking`) and their frames
     from one teacher-forced talker pass each."""
     from rvqspec_lib.data.frame_sources import frames_from_utterances
@@ -393,7 +318,7 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
     utts = [as_utterance(u) for u in utterances]
     if not utts:
         raise ValueError(f"no utterance of language {language!r}")
-    utts, frames = _frames(lm, utts, language, progress)
+    utts, frames = language_frames(lm, utts, language, progress)
     code0 = torch.cat([u.codes[:, 0] for u in utts])
     cp = lm.code_predictor
     seeds = {NULL_CONTROL: seed + 1}
@@ -487,65 +412,3 @@ def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dic
     return rows
 
 
-def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: float = 0.9) -> list[dict]:
-    """Which test flagged which decoder in every language: the code-distribution test, the inner-loop WER difference
-    and, for English, the free-running one. A lossless decoder should be flagged by none, the lossy control by one.
-    Unflagged rows say what the design could have detected (``detectable_tv`` at ``power``, ``samples_needed_code``,
-    ``wer_mde80``, ``sentences_needed``).
-
-    Returns:
-        one row per (language, decoder other than AR): :data:`ROW_FIELDS`, ``lossless``, ``code_test``,
-        ``code_min_p_holm``, ``code_at``, ``level``, ``alpha``, ``n_per_sample``, ``power_at_tv``, ``power_tv``,
-        ``detectable_tv``, ``max_tv_observed``, WER columns where measured, ``flagged_by``.
-    """
-    rows = []
-    for lang, res in results.items():
-        for label, summ in res["distribution"]["summary"].items():
-            info = res["decoders"][label]
-            row = {"language": lang, **{k: info.get(k) for k in ROW_FIELDS}, "lossless": summ["lossless"],
-                   "code_test": "flagged" if summ["rejected"] else "not flagged", "code_min_p_holm": summ["min_p_holm"],
-                   "code_at": summ["at"], "level": summ["level"], "alpha": summ["alpha"],
-                   "n_per_sample": summ["n_per_sample"], "power_at_tv": summ["power_rank"],
-                   "power_tv": summ["power_tv"], "detectable_tv": summ["detectable_tv_rank"],
-                   "max_tv_observed": summ["max_tv_rank"]}
-            caught = ["code distribution (" + summ["at"] + ")"] if summ["rejected"] else []
-            vs = (res.get("wer") or {}).get(label, {}).get("vs_reference")
-            if vs:
-                row.update({"wer_test": "flagged" if vs["detected"] else "not flagged", "wer_diff": vs["difference"],
-                            "wer_ci_low": vs["ci_low"], "wer_ci_high": vs["ci_high"], "wer_p": vs["p_value"],
-                            "wer_mde80": vs["mde80"], "wer_n_utterances": vs["n_utterances"],
-                            "sentences_needed": S.sentences_needed(vs["difference"], vs["se"], vs["n_utterances"],
-                                                                   alpha=vs["alpha"])})
-                if vs["detected"]:
-                    caught.append("inner-loop WER")
-            fv = ((free or {}).get("wer") or {}).get(label, {}).get("vs_reference") if lang == "en" else None
-            if fv:
-                row.update({"free_wer_test": "flagged" if fv["detected"] else "not flagged",
-                            "free_wer_diff": fv["difference"], "free_wer_ci_low": fv["ci_low"],
-                            "free_wer_ci_high": fv["ci_high"]})
-                if fv["detected"]:
-                    caught.append("free-running WER")
-            if not summ["rejected"] and not summ["lossless"]:
-                row["samples_needed_code"] = S.samples_needed(summ["max_tv_rank"], summ["df_rank"], power=power,
-                                                              level=summ["level"])
-            row["flagged_by"] = ", ".join(caught) or "none"
-            rows.append(row)
-    return rows
-
-
-# ---- listening -------------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def inner_loop_codes(lm, utterance, decoders: Mapping[str, object], *, language: str = "en", seed: int = 0,
-                     sampling: Sampling | None = None, drafter=None) -> dict[str, torch.Tensor]:
-    """One utterance's codes as each decoder makes them on its TRUE code 0, every decoder with the SAME generator seed
-    (the inner loop the only difference: a listening example).
-
-    Returns:
-        ``{label: (frames, 1 + n) int64}``.
-    Raises:
-        ValueError: no decoder, an unknown language.
-    """
-    (u,), frames = _frames(lm, [as_utterance(utterance)], language)
-    runs = decode_runs(lm.code_predictor, frames, decoders, seed=seed, sampling=sampling, drafter=drafter,
-                       batch_size=max(len(frames), 1))
-    return {label: utterance_codes(u.codes[:, 0], run.codes[0], frames.utterance)[0] for label, run in runs.items()}

@@ -1,5 +1,6 @@
-"""Model configs: the released real-size configs shipped in ``data/configs/``, tiny and small configs of the official
-classes, and building the official ``Qwen3TTSForConditionalGeneration`` with seeded random weights from a config.
+"""Model configs: the released real-size configs shipped in ``data/configs/``, tiny configs of the official classes
+(a small one to train from scratch: recipes/embedded/train.py), and building the official
+``Qwen3TTSForConditionalGeneration`` with seeded random weights from a config.
 """
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -127,37 +127,6 @@ def _frame_rate_from_dir(cfg_dir: Path) -> tuple[float, int]:
         sr = int(c.get("output_sample_rate", 24000))
         return sr / float(c.get("decode_upsample_rate", 1920)), sr
     return 12.5, 24000
-
-
-def small_config_dict(*, talker_layers: int = 4, talker_hidden: int = 256, code_predictor_layers: int = 5,
-                      code_predictor_hidden: int = 256, n_heads: int = 4, n_kv_heads: int = 2, head_dim: int = 64,
-                      text_hidden: int = 256, speakers: Sequence[str] = ("slt",), n_code_groups: int = 16,
-                      codebook_size: int = 2048) -> dict:
-    """Config of a small model of the official classes for training from scratch (defaults: the feasibility run's,
-    docs/offline.md#template-sentences), sized as the releases are scaled, one speaker id (3000 + i) per voice.
-
-    Raises:
-        ValueError: an odd ``head_dim``, ``n_heads`` not a multiple of ``n_kv_heads``, not 1..72 speakers.
-    """
-    cfg = tiny_config_dict(n_code_groups=n_code_groups, codebook_size=codebook_size, talker_hidden=talker_hidden,
-                           code_predictor_hidden=code_predictor_hidden, talker_layers=talker_layers,
-                           code_predictor_layers=code_predictor_layers)
-    if head_dim % 2 or n_heads % n_kv_heads:
-        raise ValueError("head_dim must be even and n_heads a multiple of n_kv_heads")
-    if not 1 <= len(speakers) <= 72:
-        raise ValueError("need 1..72 speakers (ids 3000..3071)")
-    half = head_dim // 2
-    side = round(half * 20 / 64)
-    t, cp = cfg["talker_config"], cfg["talker_config"]["code_predictor_config"]
-    cfg["tts_model_size"] = f"small-{talker_layers}x{talker_hidden}"
-    for c, hid in ((t, talker_hidden), (cp, code_predictor_hidden)):
-        c.update(intermediate_size=3 * hid, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
-                 head_dim=head_dim)
-    t["text_hidden_size"] = text_hidden
-    t["rope_scaling"] = {"interleaved": True, "mrope_section": [half - 2 * side, side, side], "rope_type": "default"}
-    t["spk_id"] = {s.lower(): 3000 + i for i, s in enumerate(speakers)}
-    t["spk_is_dialect"] = {s.lower(): False for s in speakers}
-    return cfg
 
 
 def config_dict(model) -> dict:

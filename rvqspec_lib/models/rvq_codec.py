@@ -14,7 +14,6 @@ import os
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Iterable
 
 import librosa  # a lazy loader: its submodules load on first use
 import numpy as np
@@ -286,38 +285,6 @@ class RVQCodec:
             return 0.0
         db = (10.0 / np.log(10.0)) * (la.astype(np.float64) - lb)
         return float(np.sqrt((db ** 2).mean(0)).mean())
-
-    def codebook_sweep(self, wav: np.ndarray, n_codebooks: Iterable[int] = (1, 2, 4, 8, 16), *,
-                       sample_rate: int = SAMPLE_RATE, unquantised: bool = True) -> list[dict]:
-        """One utterance resynthesised with the first k codebooks for each k of ``n_codebooks`` (and, ``unquantised``,
-        from its features without codes: the ceiling of any k).
-
-        Returns:
-            One dict per condition (``"original"``, ``"unquantised"``, ``"k=<k>"``): ``condition``, ``k`` (``None``
-            for the first two), ``audio`` (float32, the input's length), ``feature_lsd_db`` (vs the unquantised
-            features) and ``audio_lsd_db`` (the output audio's features vs the input's).
-
-        Raises:
-            ValueError: a k outside ``[1, n_codebooks]``, or bad audio (see :meth:`encode`).
-        """
-        x = _check_wav(wav, sample_rate, self.config.sample_rate)
-        ks = [self._check_k(k) for k in n_codebooks]
-        feats = self.features(x)
-        codes = self.quantize(feats)
-
-        def row(condition, k, vectors):
-            if vectors is None:
-                return {"condition": condition, "k": k, "audio": x, "feature_lsd_db": 0.0, "audio_lsd_db": 0.0}
-            y = self.vectors_to_audio(vectors)[: x.shape[0]]
-            return {"condition": condition, "k": k, "audio": y,
-                    "feature_lsd_db": self.log_spectral_distance(vectors, feats),
-                    "audio_lsd_db": self.log_spectral_distance(self.features(y), feats)}
-
-        out = [row("original", None, None)]
-        if unquantised:
-            out.append(row("unquantised", None, feats))
-        out += [row(f"k={k}", k, self.decode_vectors(codes, k)) for k in ks]
-        return out
 
     def _check_k(self, n_codebooks):
         if n_codebooks is None:

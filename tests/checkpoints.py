@@ -2,6 +2,7 @@
 small byte-level BPE with the release's special tokens, a tiny speech tokenizer, a ``RANDOM_WEIGHTS`` marker), so
 that the path a user with a real checkpoint takes (``load_model(<folder>)`` -> the official ``from_pretrained``) is
 tested without released weights (README "Running on the released checkpoint"; tests/test_checkpoint_path.py).
+By hand: ``python -m tests.checkpoints OUT_DIR`` from the repository root.
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
                                 return_attention_mask=True).save_pretrained(st_dir)
 
         (tmp / RANDOM_WEIGHTS_MARKER).write_text(
-            f"Seeded RANDOM weights (seed {seed}), written by rvqspec_lib.models.fixtures.write_tiny_checkpoint for "
+            f"Seeded RANDOM weights (seed {seed}), written by tests/checkpoints.py (write_tiny_checkpoint) for "
             "tests: the audio and the acceptance rates of this checkpoint mean nothing.\n")
         for f in tmp.rglob("*"):
             if f.is_file():
@@ -205,3 +206,9 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, dtype: t
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(write_tiny_checkpoint(sys.argv[1]))

@@ -224,9 +224,14 @@ def transfer_answer(rows: Sequence[Mapping], *, english: str = "en", confidence:
             f"commits {en['tokens_per_call']:.3f} tokens per call on English ({en['n_utterances']} utterances)")
     if "gain_over_baseline" in en:
         head += f" (gain over {en['baseline']} {en['gain_over_baseline']:+.3f} [{en['gain_ci_low']:+.3f}, {en['gain_ci_high']:+.3f}])"
-    answer = (f"Answer from these numbers: lower than English in {', '.join(lower)}; kept (interval includes 0) in "
-              f"{', '.join(r['language'] for r in others if r['language'] not in lower) or 'none'}."
-              if lower else "Answer from these numbers: kept in every language (no interval excludes 0 below).")
+    higher = [r["language"] for r in others if r["minus_english_ci_low"] > 0]
+    same = [r["language"] for r in others if r["language"] not in lower + higher]
+    answer = "Answer from these numbers: " + "; ".join(
+        [f"lower than English in {', '.join(lower)}"] * bool(lower)
+        + [f"higher than English (the interval lies above 0) in {', '.join(higher)}"] * bool(higher)
+        + [f"not distinguishable from English (the interval includes 0) in {', '.join(same)}"] * bool(same)) + "."
+    if not lower:
+        answer += " No language is below English: the offsets keep their tokens per call everywhere measured."
     return head + "; " + "; ".join(parts) + ". " + answer
 
 

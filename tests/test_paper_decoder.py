@@ -56,6 +56,12 @@ def test_transfer_rows_and_the_answer_come_from_the_numbers():
         by["es"]["minus_english_ci_high"]
     assert all(r["gain_ci_low"] > 0 for r in rows)  # the baseline needs 10% more calls on every utterance
     text = transfer_answer(rows)
-    assert "lower than English in de;" in text and "kept (interval includes 0) in es" in text
+    assert "lower than English in de;" in text and "not distinguishable from English (the interval includes 0) in es" \
+        in text and "above 0" not in text and "everywhere" not in text
+    # a language whose interval lies above 0 is said to be higher, never "kept" below an interval excluding 0
+    fr = _lang([150.0] * 6, [80.0, 81.0, 79.0, 80.0, 82.0, 78.0])  # clearly more tokens per call
+    fr["tokens_per_call"] = {"paper:32": fr["tokens_per_call"], "tree:calibrated-point-mass:32": fr["tokens_per_call"]}
+    up = transfer_answer(transfer_rows({"en": en, "fr": fr}, "paper:32", baseline="tree:calibrated-point-mass:32"))
+    assert "higher than English (the interval lies above 0) in fr" in up and "No language is below English" in up
     with pytest.raises(ValueError, match="needs the 'en' results"):
         transfer_rows({"de": de}, "paper:32")

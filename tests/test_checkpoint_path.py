@@ -12,6 +12,8 @@ classes). Then, exactly as with a downloaded ``Qwen3-TTS-12Hz-0.6B-CustomVoice``
 * greedy frame-loop codes equal the official ``generate``'s; sampled AR equals it under the same seed, and another
   seed differs;
 * ``rvqspec synth --model <folder> --decoder chain`` writes a wav;
+* the checkpoint's speech tokenizer streams through the official 12 Hz decoder (the library and ``synth --stream``),
+  the stream's audio equal to the whole-utterance decode;
 * every notebook runs with ``model=<folder>`` and ``smoke=True`` (what ``make paper MODEL=<folder> SMOKE=1``
   passes): 01 times the checkpoint, 00 and 03 say they show the embedded model instead; and notebook 03 with
   ``dataset=`` / ``codec=`` (a tiny saved dataset in VoxPopuli's schema, the checkpoint's own speech tokenizer)
@@ -132,6 +134,27 @@ def test_synthesize_and_decode_through_the_official_speech_tokenizer(lm):
     assert np.abs(np.asarray(lm.speech_tokenizer.decode([{"audio_codes": other}])[0][0]) - wav).max() > 1e-4
 
 
+def test_stream_a_checkpoint_through_the_official_12hz_decoder(lm):
+    """The loaded speech tokenizer (the official Qwen3TTSTokenizer) streams through StreamingCodecDecoder: the stream's
+    audio is the official whole-utterance decode of its codes, frame for frame."""
+    from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
+    from rvqspec_lib.models.speech_tokenizers import official_decoder, streaming_decoder
+    from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
+
+    assert official_decoder(lm.speech_tokenizer) is lm.speech_tokenizer.model.decoder
+    assert official_decoder(lm.model) is lm.speech_tokenizer.model.decoder  # the model holding it, too
+    assert isinstance(codec_stream_for(lm), StreamingCodecDecoder)
+    with pytest.raises(ValueError, match="no streaming decoder for a str"):  # the negative control
+        streaming_decoder("not a codec")
+    stream = synthesize_stream(lm, TEXT, max_frames=FRAMES, generator=torch.Generator().manual_seed(0),
+                               language="english", speaker="vivian")
+    audio = torch.cat([c.audio for c in stream]).numpy()
+    codes = stream.codes(0)
+    assert codes.shape == (FRAMES, 16) and audio.shape == (FRAMES * SAMPLES_PER_FRAME,)
+    whole = np.asarray(lm.speech_tokenizer.decode([{"audio_codes": codes}])[0][0], dtype=np.float32)
+    assert np.abs(audio - whole).max() < 1e-4 and np.sqrt(np.mean(whole.astype(np.float64) ** 2)) > 1e-3
+
+
 def _official(lm, *, greedy: bool, seed: int | None = None):
     """The official ``generate`` (max_new_tokens = FRAMES + 1 gives FRAMES frames with codes, tests/test_frame.py)."""
     if seed is not None:
@@ -178,6 +201,24 @@ def test_cli_synth_chain_writes_a_wav(ckpt, tmp_path, capsys):
     assert sr == SAMPLE_RATE and wav.shape == (stats["frames"] * SAMPLES_PER_FRAME,) and np.isfinite(wav).all()
     assert 1 <= stats["frames"] <= FRAMES and np.load(tmp_path / "hello.npy").shape == (stats["frames"], 16)
     assert "RANDOM weights" in err  # the random-weights note, from the marker
+
+
+def test_cli_synth_streams_a_checkpoint(ckpt, tmp_path, capsys):
+    """`rvqspec synth --model <folder> --stream`: a WAV of whole frames and the codes beside it."""
+    import soundfile as sf
+
+    from rvqspec_lib.cli.main import main
+
+    out = tmp_path / "a.wav"
+    rc = main(["synth", "--model", str(ckpt), "--text", "Hi", "--stream", "--out", str(out), "--max-frames",
+               str(FRAMES), "--seed", "0", "--json", str(tmp_path / "s.json")])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    wav, sr = sf.read(out)
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["stream"] is True and 1 <= stats["frames"] <= FRAMES
+    assert sr == SAMPLE_RATE and wav.shape == (stats["frames"] * SAMPLES_PER_FRAME,) and np.isfinite(wav).all()
+    assert np.load(tmp_path / "a.npy").shape == (stats["frames"], 16) and "streamed" in captured.out
 
 
 # ---- the notebooks (make paper MODEL=<folder> SMOKE=1) ---------------------------------------------------------------

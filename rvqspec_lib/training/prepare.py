@@ -302,11 +302,11 @@ def _with_code_predictor_dtype(lm: LoadedModel, dtype: torch.dtype, fn: Callable
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def time_auto(lm: LoadedModel, dtypes: Sequence[str], *, progress: bool = False) -> list[str]:
+def time_auto(lm: LoadedModel, dtypes: Sequence[str], *, progress: bool = False, **options) -> list[str]:
     """Stage 4: ``--decoder auto``'s choice for each of ``dtypes`` (``float32``, ``bfloat16``: the code predictor
     cast to it, as ``synth --dtype`` loads it), timed on the calibration split's first contexts and cached
-    (:func:`~rvqspec_lib.eval.budget.auto_decoder`, the key ``synth --decoder auto`` reads). Returns one line a
-    dtype.
+    (:func:`~rvqspec_lib.eval.budget.auto_decoder`, the key ``synth --decoder auto`` reads; ``options``: its
+    timing keywords, e.g. ``frames``, ``repeats``). Returns one line a dtype.
 
     Raises:
         ValueError: no calibrated trees of the heads or no calibration split (the earlier stages' outputs)."""
@@ -321,7 +321,7 @@ def time_auto(lm: LoadedModel, dtypes: Sequence[str], *, progress: bool = False)
         dtype = _DTYPES[name]
         choice = _with_code_predictor_dtype(lm, dtype, lambda: budget.auto_decoder(
             lm.name, lm.code_predictor, cal, contexts.to(dtype), backends=auto_backends(name), drafter_name="heads",
-            progress=progress))
+            progress=progress, **options))
         lines.append(f"{name}: {choice.reason}")
     return lines
 
@@ -345,6 +345,7 @@ def _auto_cached(lm: LoadedModel, dtypes: Sequence[str]) -> bool:
 # ---- all of it --------------------------------------------------------------------------------------------------------
 def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, draws: int = 2,
             auto_dtypes: Sequence[str] = ("float32",), stages: Sequence[str] = STAGES, progress: bool = False,
+            auto_options: dict | None = None, frames_per_text: int = MAX_FRAMES_PER_TEXT,
             say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> Prepared:
     """Prepare a loaded checkpoint (or hub model) for ``--decoder paper``, ``--decoder auto`` and ``--stream``:
     the stages of the module docstring, each skipped when complete, into
@@ -354,8 +355,9 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
         lm: the loaded model, on its device and in its dtype. frames: calibration frames (the training split as
             many, the validation split a fifth). seed: of speaking, training and calibration. draws: of the
             sampled trees' calibration. auto_dtypes: the ``synth --dtype`` values ``auto`` is timed for.
-        stages: which of :data:`STAGES` to run (each needs the earlier ones' outputs). say: where a line per stage
-            goes.
+        stages: which of :data:`STAGES` to run (each needs the earlier ones' outputs). auto_options: timing
+            keywords of :func:`~rvqspec_lib.eval.budget.choose_decoder` (default its own). frames_per_text: the
+            frame cap of one spoken text. say: where a line per stage goes.
 
     Raises:
         ValueError: a model with no folder of its own (tiny-random, the random-size models), an unknown stage or
@@ -390,7 +392,7 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
     n_texts = len(calibration_texts())
 
     def do_speak():
-        rows = speak(lm, folder, targets, seed=seed, progress=progress)
+        rows = speak(lm, folder, targets, seed=seed, max_frames_per_text=frames_per_text, progress=progress)
         have = _split_frames(rows)
         return [folder / "utterances.safetensors"], (f"{len(rows)} utterances spoken, frames " +
                                                     ", ".join(f"{s} {have[s]}" for s in targets))
@@ -412,7 +414,7 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
     run("trees", not todo, do_trees)
 
     def do_auto():
-        lines = time_auto(lm, auto_dtypes, progress=progress)
+        lines = time_auto(lm, auto_dtypes, progress=progress, **(auto_options or {}))
         return [budget.cache_file()], "; ".join(lines)
 
     run("auto", _auto_cached(lm, auto_dtypes), do_auto)

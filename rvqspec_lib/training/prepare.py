@@ -152,8 +152,9 @@ def speak(lm: LoadedModel, folder: Path, targets: dict[str, int], *, texts: Sequ
           seed: int = 0, batch_size: int = SPEAK_BATCH, max_frames_per_text: int = MAX_FRAMES_PER_TEXT,
           progress: bool = False) -> list[dict]:
     """Stage 1 (module docstring): speak texts until every split has its ``targets`` frames, resuming from
-    :data:`PARTIAL`; each batch of texts goes to the split furthest from its target, its generator seeded by
-    ``seed`` and the batch's index (a resumed run speaks what an uninterrupted one would). Returns the rows written.
+    :data:`PARTIAL`; each batch of texts goes to the split furthest from its target, each text at most
+    ``max_frames_per_text`` frames and no more than the split still needs, the batch's generator seeded by ``seed``
+    and its index (a resumed run speaks what an uninterrupted one would). Returns the rows written.
 
     Raises:
         ValueError: the model spoke no frame of any text (end of speech at once).
@@ -187,8 +188,9 @@ def speak(lm: LoadedModel, folder: Path, targets: dict[str, int], *, texts: Sequ
             continue
         speaker = speakers[b_index % len(speakers)] if speakers else None
         gen = torch.Generator().manual_seed(seed * 1_000_003 + b_index)
-        res = synthesize(lm, [texts[i] for i in batch], generator=gen, max_frames=max_frames_per_text,
-                         speaker=speaker)
+        need = targets[split] - have[split]  # the last batch of a split speaks no more than the split still needs
+        cap = min(max_frames_per_text, -(-need // len(batch)))
+        res = synthesize(lm, [texts[i] for i in batch], generator=gen, max_frames=cap, speaker=speaker)
         before = sum(min(have[s], t) for s, t in targets.items())
         for j, i in enumerate(batch):
             n = int(res.frames[j])

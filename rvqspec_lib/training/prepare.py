@@ -268,15 +268,14 @@ def calibrate_trees(lm: LoadedModel, folder: Path, drafters: Sequence[str], fram
     sampling = inner_sampling(lm)
     out = []
     for name in progress_bar(drafters, desc="calibrating trees", enabled=progress, unit="drafter"):
-        t0 = time.perf_counter()
         drafter = shipped_drafter(lm, name, lm.code_predictor)
         cal = calibrate(lm.code_predictor, drafter, cal_frames, sampling=sampling, budgets=BUDGETS, draws=draws,
                         seed=seed)
         cal["provenance"] = provenance(dict(model=lm.name, drafter=name, n_calibration_frames=frames,
                                             n_frames=len(cal_frames), draws=draws, seed=seed,
                                             threads=torch.get_num_threads(), budgets=list(BUDGETS),
-                                            device=lm.device, dtype=lm.dtype, command="rvqspec prepare",
-                                            seconds=round(time.perf_counter() - t0, 1)), seed=seed)
+                                            device=lm.device, dtype=lm.dtype, command="rvqspec prepare"),
+                                 seed=seed)
         out.append(save_calibration(cal, tree_file(folder, name)))
     return out
 

@@ -183,3 +183,32 @@ def test_a_read_only_folder_is_prepared_into_the_cache(pristine, cache, tmp_path
             check_files("paper", str(ro))
     finally:
         ro.chmod(stat.S_IRWXU)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "tiny-random"], "tiny-random has random weights built in memory and no folder to prepare"),
+    (["--frames", "0"], "--frames must be >= 1"),
+    (["--stages", "speak,fly"], "--stages 'speak,fly': choose among speak,offsets,trees,auto"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+])
+def test_bad_input_is_one_line_before_loading(pristine, capsys, monkeypatch, argv, words):
+    from rvqspec_lib.cli.main import main
+    from rvqspec_lib.models import loader
+
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    if torch.cuda.is_available():  # the faked absence below must hold on a GPU machine too
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    full = ["prepare", "--model", str(pristine), *argv] if argv[0] != "--model" else ["prepare", *argv]
+    assert main(full) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+
+
+def test_a_device_not_present_is_refused_naming_those_that_are(pristine, capsys, monkeypatch):
+    from rvqspec_lib.cli.main import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert main(["prepare", "--model", str(pristine), "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip() == ("rvqspec: error: --device cuda is not present on this machine (it has "
+                                               "cpu): use --device auto or one of those")

@@ -212,3 +212,15 @@ def test_a_device_not_present_is_refused_naming_those_that_are(pristine, capsys,
     assert main(["prepare", "--model", str(pristine), "--device", "cuda"]) == 2
     assert capsys.readouterr().err.strip() == ("rvqspec: error: --device cuda is not present on this machine (it has "
                                                "cpu): use --device auto or one of those")
+
+
+def test_the_embedded_model_is_prepared_already(cache):
+    """Our own model ships its utterances, drafters and trees: prepare skips every stage but auto and writes
+    nothing into data/embedded (its shipped trees record no drafter digest and are trusted)."""
+    from rvqspec_lib.models.loader import EMBEDDED_DIR
+    from rvqspec_lib.training.prepare import prepare
+
+    files = {p: p.stat().st_mtime_ns for p in EMBEDDED_DIR.rglob("*") if p.is_file()}
+    done = prepare(load_model("embedded"), stages=("speak", "offsets", "trees"), say=lambda m: None)
+    assert done.folder == EMBEDDED_DIR / "model" and [s.skipped for s in done.stages] == [True] * 3
+    assert {p: p.stat().st_mtime_ns for p in EMBEDDED_DIR.rglob("*") if p.is_file()} == files

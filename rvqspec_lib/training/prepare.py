@@ -7,8 +7,8 @@ skipped when its output exists and is complete, so an interrupted run resumes wh
    different texts in each; saved after every batch, so a resumed run continues from the last batch.
 2. ``offsets``: the position-aware offsets trained on the training split (validation split for early stopping):
    ``drafters/offsets.safetensors``.
-3. ``trees``: the calibrated trees of every drafter (the reused heads, the offsets, any other shipped drafter) on the
-   calibration split: ``trees/<drafter>.json`` (redone when damaged, made for another model or older than its
+3. ``trees``: the calibrated trees of every drafter a decoder name reads (the reused heads, the offsets, Medusa heads
+   where shipped) on the calibration split: ``trees/<drafter>.json`` (redone when damaged, made for another model or older than its
    drafter).
 4. ``auto``: ``--decoder auto`` timed on this device for each dtype asked (the choice cached per machine:
    :func:`rvqspec_lib.eval.budget.auto_for_model`).
@@ -20,6 +20,7 @@ project's cache folder (:func:`rvqspec_lib.models.drafter_files.model_drafter_di
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import sys
@@ -36,8 +37,8 @@ from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.data.frame_sources import frames_from_shipped
-from rvqspec_lib.data.utterances import load_shipped_utterances, write_shipped_utterances
-from rvqspec_lib.decoding.drafters import DEFAULT_K
+from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances, write_shipped_utterances
+from rvqspec_lib.decoding.drafters import DEFAULT_K, DRAFTERS
 from rvqspec_lib.device.precision import PRECISIONS
 from rvqspec_lib.eval import budget
 from rvqspec_lib.eval.calibration import BUDGETS, calibrate, calibration_frames
@@ -245,17 +246,24 @@ def train_offsets(lm: LoadedModel, folder: Path, targets: dict[str, int], *, see
 
 
 # ---- 3. trees ---------------------------------------------------------------------------------------------------------
+def _drafter_digest(folder: Path, drafter: str) -> str | None:
+    """A digest of a drafter's file (``None`` for the heads, which have none): a tree calibrated for another
+    version of the drafter is stale."""
+    d = drafter_path(folder, drafter) if drafter != "heads" else None
+    return hashlib.sha1(d.read_bytes()).hexdigest()[:16] if d is not None and d.is_file() else None
+
+
 def _trees_complete(lm: LoadedModel, drafter: str, path: Path, frames: int) -> bool:
-    """A sound calibration for this model and drafter, on at least ``frames`` frames (or every spoken one), newer
-    than its drafter's file."""
+    """A sound calibration for this model and drafter, on at least ``frames`` frames, calibrated for the drafter's
+    current file (where it recorded which: shipped calibrations that did not are trusted)."""
     try:
         cal = load_calibration(path, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size, model=lm.name,
                                drafter=drafter)
     except (OSError, ValueError):
         return False
-    wanted = (cal.get("provenance") or {}).get("params", {}).get("n_calibration_frames")
-    d = drafter_path(path.parent.parent, drafter) if drafter != "heads" else None
-    stale = d is not None and d.is_file() and d.stat().st_mtime > path.stat().st_mtime
+    params = (cal.get("provenance") or {}).get("params", {})
+    wanted, digest = params.get("n_calibration_frames"), params.get("drafter_sha1")
+    stale = digest is not None and digest != _drafter_digest(path.parent.parent, drafter)
     return not stale and (wanted is None or int(wanted) >= frames)
 
 
@@ -274,7 +282,8 @@ def calibrate_trees(lm: LoadedModel, folder: Path, drafters: Sequence[str], fram
         cal["provenance"] = provenance(dict(model=lm.name, drafter=name, n_calibration_frames=frames,
                                             n_frames=len(cal_frames), draws=draws, seed=seed,
                                             threads=torch.get_num_threads(), budgets=list(BUDGETS),
-                                            device=lm.device, dtype=lm.dtype, command="rvqspec prepare"),
+                                            device=lm.device, dtype=lm.dtype, command="rvqspec prepare",
+                                            drafter_sha1=_drafter_digest(folder, name)),
                                  seed=seed)
         out.append(save_calibration(cal, tree_file(folder, name)))
     return out
@@ -391,6 +400,10 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
         say(f"prepare {stage}: {res.note}" + (f" ({res.seconds:.0f} s)" if not res.skipped else ""))
 
     n_texts = len(calibration_texts())
+    try:  # our own models (the embedded one) ship their utterances beside their folder: nothing to speak
+        shipped = embedded_root(lm) != folder
+    except FileNotFoundError:
+        shipped = False
 
     def do_speak():
         rows = speak(lm, folder, targets, seed=seed, max_frames_per_text=frames_per_text, progress=progress)
@@ -398,14 +411,14 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
         return [folder / "utterances.safetensors"], (f"{len(rows)} utterances spoken, frames " +
                                                     ", ".join(f"{s} {have[s]}" for s in targets))
 
-    run("speak", _speak_complete(folder, targets, n_texts), do_speak)
+    run("speak", shipped or _speak_complete(folder, targets, n_texts), do_speak)
 
     def do_offsets():
         p = train_offsets(lm, folder, targets, seed=seed, progress=progress)
         return [p], f"offsets trained -> {p}"
 
     run("offsets", _drafter_complete(lm, drafter_path(folder, "offsets")), do_offsets)
-    names = ["heads"] + shipped_drafters(folder)
+    names = ["heads"] + [n for n in shipped_drafters(folder) if n in DRAFTERS]  # what decoder names read
     todo = [n for n in names if not _trees_complete(lm, n, tree_file(folder, n), frames)]
 
     def do_trees():

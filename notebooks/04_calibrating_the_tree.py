@@ -177,7 +177,7 @@ display(Markdown(
     + (f"The shipped offsets drafter comes with its own calibration ({offsets_cal['n_frames']} calibration frames, "
        "`trees/offsets.json`): with its point-mass tree it is the paper's decoder, `paper:N`."
        if has_paper else f"**`{run_model}` ships no offsets drafter with a calibration: the paper's decoder is left "
-       "out below** (train it with `rvqspec train-drafter`, calibrate with `scripts/calibrate_trees.py`).")))
+       "out below** (train it with `rvqspec train-drafter`, calibrate with `rvqspec prepare`).")))
 
 # %% [markdown]
 # ## 2. What one drafted node is worth

@@ -220,7 +220,7 @@ pd.DataFrame(table1)
 has_paper = has_paper_decoder(lm)
 if not has_paper:
     display(Markdown(f"**`{model}` ships no offsets drafter with a calibration: the paper's decoder is left out** "
-                     "(train it with `rvqspec train-drafter`, calibrate with `scripts/calibrate_trees.py`)."))
+                     "(train it with `rvqspec train-drafter`, calibrate with `rvqspec prepare`)."))
 decoders = R.standard_decoders(calibration=cal["calibration"], best_chain=cal["best_chain"], budget=tree_budget,
                                beta=beta, lm=lm, paper_budget=paper_budget if has_paper else None,
                                tree_kinds=tree_kinds)

@@ -12,6 +12,8 @@ classes). Then, exactly as with a downloaded ``Qwen3-TTS-12Hz-0.6B-CustomVoice``
 * greedy frame-loop codes equal the official ``generate``'s; sampled AR equals it under the same seed, and another
   seed differs;
 * ``rvqspec synth --model <folder> --decoder chain`` writes a wav;
+* the checkpoint's speech tokenizer streams through the official 12 Hz decoder (the library and ``synth --stream``),
+  the stream's audio equal to the whole-utterance decode;
 * every notebook runs with ``model=<folder>`` and ``smoke=True`` (what ``make paper MODEL=<folder> SMOKE=1``
   passes): 01 times the checkpoint, 00 and 03 say they show the embedded model instead; and notebook 03 with
   ``dataset=`` / ``codec=`` (a tiny saved dataset in VoxPopuli's schema, the checkpoint's own speech tokenizer)
@@ -49,7 +51,9 @@ def ckpt(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def lm(ckpt):
-    return load_model(str(ckpt))
+    """float32, so that the frame loop equals the official generate bit for bit (in bfloat16 the two compute in
+    different orders and round differently: a greedy tie can break the other way)."""
+    return load_model(str(ckpt), dtype="float32")
 
 
 # ---- the writer ---------------------------------------------------------------------------------------------------
@@ -101,18 +105,78 @@ def test_load_model_goes_through_the_official_from_pretrained(ckpt, tmp_path, mo
         return real(cls, name, **kw)
 
     monkeypatch.setattr(Qwen3TTSModel, "from_pretrained", classmethod(spy))
-    lm = load_model(str(ckpt))
+    lm = load_model(str(ckpt), dtype="float32")
     assert [c[0] for c in calls] == [str(ckpt)] and calls[0][1]["dtype"] is torch.float32
     assert "torch_dtype" not in calls[0][1]  # deprecated in transformers
     assert lm.kind == "random-checkpoint" and lm.is_random and lm.describe()["random_weights"] is True
     assert isinstance(lm.speech_tokenizer, Qwen3TTSTokenizer)  # the official 12 Hz tokenizer, from the folder
     assert (lm.frame_rate_hz, lm.sample_rate_hz, lm.n_code_groups, lm.codebook_size) == (12.5, SAMPLE_RATE, 16, 2048)
     assert next(lm.model.parameters()).dtype == torch.float32  # bfloat16 on disk, converted as asked
+    assert (lm.device, lm.dtype, lm.describe()["device"]) == ("cpu", "float32", "cpu")
     # the negative control: the same folder without the marker is a (trained) checkpoint to the loader
     plain = tmp_path / "plain"
     shutil.copytree(ckpt, plain)
     (plain / RANDOM_WEIGHTS_MARKER).unlink()
     assert load_model(str(plain)).kind == "checkpoint" and not load_model(str(plain)).is_random
+
+
+# ---- device and dtype ------------------------------------------------------------------------------------------------
+def test_a_checkpoint_loads_in_its_own_dtype_where_the_cpu_runs_it(ckpt, monkeypatch):
+    """The rule (docs/model.md#device-and-dtype): bfloat16 on disk -> bfloat16 on a CPU with native bfloat16, float32
+    on one without; the flags faked both ways, so the test is the same on every machine."""
+    from rvqspec_lib.common import machine
+    from rvqspec_lib.models.loader import stored_dtype
+
+    assert stored_dtype(ckpt) is torch.bfloat16 and stored_dtype(ckpt / "speech_tokenizer") is torch.float32
+    for native, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(machine, "native_bfloat16", lambda native=native: native)
+        lm = load_model(str(ckpt))
+        assert next(lm.model.parameters()).dtype is want and lm.dtype == str(want).split(".")[1]
+        assert lm.device == "cpu"
+    assert load_model("embedded").dtype == "float32"  # our own model: float32 (stored in float16 for size)
+
+
+def test_auto_device_prefers_cuda_then_mps_then_cpu(monkeypatch):
+    """The device resolver with the GPUs faked (no GPU here): auto takes CUDA, then MPS, then the CPU; a device not
+    present is a one-line ValueError naming those that are; the dtype rule per device."""
+    from rvqspec_lib.common import machine
+
+    def fake(cuda, mps, bf16=True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+
+    fake(True, True)
+    assert machine.present_devices() == ("cuda", "mps", "cpu") and machine.resolve_device("auto") == "cuda"
+    assert machine.resolve_device("mps") == "mps" and machine.resolve_device("CPU") == "cpu"
+    assert machine.load_dtype(torch.bfloat16, "cuda") is torch.bfloat16
+    assert machine.load_dtype(torch.float16, "mps") is torch.float16
+    fake(True, False, bf16=False)  # an older NVIDIA GPU: bfloat16 emulated -> float32
+    assert machine.load_dtype(torch.bfloat16, "cuda") is torch.float32
+    fake(False, True)
+    assert machine.resolve_device("auto") == "mps" and machine.load_dtype(torch.bfloat16, "mps") is torch.bfloat16
+    with pytest.raises(ValueError, match=r"^--device cuda is not present on this machine \(it has mps, cpu\)"):
+        machine.resolve_device("cuda")
+    fake(False, False)
+    assert machine.resolve_device("auto") == "cpu"
+    assert machine.load_dtype(torch.float16, "cpu") is torch.float32  # CPUs emulate float16
+    for bad in ("tpu", "mps:1", "cuda:x"):
+        with pytest.raises(ValueError, match="unknown device"):
+            machine.resolve_device(bad)
+
+
+def test_native_bfloat16_from_the_cpu_flags(tmp_path):
+    from rvqspec_lib.common.machine import native_bfloat16
+
+    cases = {"x86 avx512_bf16": ("flags\t\t: fpu sse2 avx512f avx512_bf16\n", True),
+             "x86 amx_bf16": ("flags\t\t: fpu amx_bf16 amx_tile\n", True),
+             "x86 without": ("flags\t\t: fpu sse2 avx2 avx512f\n", False),
+             "arm bf16": ("Features\t: fp asimd bf16 i8mm\n", True), "arm without": ("Features\t: fp asimd\n", False)}
+    for i, (name, (text, want)) in enumerate(cases.items()):
+        f = tmp_path / f"cpuinfo{i}"
+        f.write_text("processor\t: 0\n" + text)
+        assert native_bfloat16(f) is want, name
+    assert native_bfloat16(tmp_path / "absent") is False
 
 
 # ---- frames and audio ------------------------------------------------------------------------------------------------
@@ -130,6 +194,27 @@ def test_synthesize_and_decode_through_the_official_speech_tokenizer(lm):
     other = codes.clone()
     other[:, 5] = (other[:, 5] + 1) % 2048  # one codebook changed: the audio must change (the decoder reads codes)
     assert np.abs(np.asarray(lm.speech_tokenizer.decode([{"audio_codes": other}])[0][0]) - wav).max() > 1e-4
+
+
+def test_stream_a_checkpoint_through_the_official_12hz_decoder(lm):
+    """The loaded speech tokenizer (the official Qwen3TTSTokenizer) streams through StreamingCodecDecoder: the stream's
+    audio is the official whole-utterance decode of its codes, frame for frame."""
+    from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
+    from rvqspec_lib.models.speech_tokenizers import official_decoder, streaming_decoder
+    from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
+
+    assert official_decoder(lm.speech_tokenizer) is lm.speech_tokenizer.model.decoder
+    assert official_decoder(lm.model) is lm.speech_tokenizer.model.decoder  # the model holding it, too
+    assert isinstance(codec_stream_for(lm), StreamingCodecDecoder)
+    with pytest.raises(ValueError, match="no streaming decoder for a str"):  # the negative control
+        streaming_decoder("not a codec")
+    stream = synthesize_stream(lm, TEXT, max_frames=FRAMES, generator=torch.Generator().manual_seed(0),
+                               language="english", speaker="vivian")
+    audio = torch.cat([c.audio for c in stream]).numpy()
+    codes = stream.codes(0)
+    assert codes.shape == (FRAMES, 16) and audio.shape == (FRAMES * SAMPLES_PER_FRAME,)
+    whole = np.asarray(lm.speech_tokenizer.decode([{"audio_codes": codes}])[0][0], dtype=np.float32)
+    assert np.abs(audio - whole).max() < 1e-4 and np.sqrt(np.mean(whole.astype(np.float64) ** 2)) > 1e-3
 
 
 def _official(lm, *, greedy: bool, seed: int | None = None):
@@ -178,6 +263,24 @@ def test_cli_synth_chain_writes_a_wav(ckpt, tmp_path, capsys):
     assert sr == SAMPLE_RATE and wav.shape == (stats["frames"] * SAMPLES_PER_FRAME,) and np.isfinite(wav).all()
     assert 1 <= stats["frames"] <= FRAMES and np.load(tmp_path / "hello.npy").shape == (stats["frames"], 16)
     assert "RANDOM weights" in err  # the random-weights note, from the marker
+
+
+def test_cli_synth_streams_a_checkpoint(ckpt, tmp_path, capsys):
+    """`rvqspec synth --model <folder> --stream`: a WAV of whole frames and the codes beside it."""
+    import soundfile as sf
+
+    from rvqspec_lib.cli.main import main
+
+    out = tmp_path / "a.wav"
+    rc = main(["synth", "--model", str(ckpt), "--text", "Hi", "--stream", "--out", str(out), "--max-frames",
+               str(FRAMES), "--seed", "0", "--json", str(tmp_path / "s.json")])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    wav, sr = sf.read(out)
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["stream"] is True and 1 <= stats["frames"] <= FRAMES
+    assert sr == SAMPLE_RATE and wav.shape == (stats["frames"] * SAMPLES_PER_FRAME,) and np.isfinite(wav).all()
+    assert np.load(tmp_path / "a.npy").shape == (stats["frames"], 16) and "streamed" in captured.out
 
 
 # ---- the notebooks (make paper MODEL=<folder> SMOKE=1) ---------------------------------------------------------------

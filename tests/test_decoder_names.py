@@ -221,8 +221,7 @@ def test_damaged_calibration_is_one_line_before_loading(model_copy, tmp_path, ca
     rc = main(["synth", "--model", str(model_copy), "--text", "Hi.", "--out", str(tmp_path / "a.wav"), *decoder])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
-    assert str(path) in err and f"python scripts/calibrate_trees.py --model {model_copy} --drafter " \
-        f"{path.stem}" in err, err
+    assert str(path) in err and f"rvqspec prepare --model {model_copy}" in err, err
 
 
 @pytest.mark.parametrize("decoder", [["--decoder", "tree:calibrated:8"], ["--decoder", "auto"],
@@ -252,7 +251,7 @@ def test_paper_says_when_its_budget_is_capped(model_copy, tmp_path, capsys, monk
               "--decoder", "paper"])
     err = capsys.readouterr().err
     want = (f"paper: the offsets calibration ({model_copy / 'trees' / 'offsets.json'}) holds budgets up to 3; using "
-            f"N 3 (recalibrate: python scripts/calibrate_trees.py --model {model_copy} --drafter offsets)")
+            f"N 3 (recalibrate: rvqspec prepare --model {model_copy})")
     assert (want in err) is capped and ("using N" in err) is capped, err
 
 

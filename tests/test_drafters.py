@@ -349,7 +349,7 @@ def test_cli_defaults_to_the_shipped_utterances_and_the_model_folder(tmp_path, c
 
 
 def test_embedded_drafters_live_beside_the_embedded_model(tmp_path):
-    from rvqspec_lib.models.drafter_files import model_drafter_dir
+    from rvqspec_lib.models.drafter_files import cache_model_dir, model_drafter_dir
     from rvqspec_lib.models.loader import EMBEDDED_DIR
 
     assert model_drafter_dir("embedded") == EMBEDDED_DIR / "model"
@@ -357,7 +357,8 @@ def test_embedded_drafters_live_beside_the_embedded_model(tmp_path):
         EMBEDDED_DIR / "model" / "drafters" / "offsets.safetensors"
     assert model_drafter_dir(tmp_path) == tmp_path
     assert model_drafter_dir("tiny-random") is None
-    assert model_drafter_dir("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice") is None
+    assert model_drafter_dir("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice") == cache_model_dir(
+        "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")  # a hub id: prepared into the project's cache folder
 
 
 def test_saturation_window_and_acceptance_by_depth():

@@ -89,8 +89,8 @@ def test_paper_without_n_is_capped_with_a_note_and_paper_n_is_not(lm):
     cut["budgets"] = list(range(2, 25))
     nd = ND.resolve("paper", lm, calibrations={"offsets": cut})
     assert nd.label == "paper:24" and len(nd.decoder.paths) == 23
-    assert nd.note == ("paper: the offsets calibration holds budgets up to 24; using N 24 (recalibrate: python "
-                       "scripts/calibrate_trees.py --model embedded --drafter offsets)")
+    assert nd.note == ("paper: the offsets calibration holds budgets up to 24; using N 24 (recalibrate: rvqspec "
+                       "prepare --model embedded)")
     with pytest.raises(ValueError, match="node budget 32") as e:  # negative control: an explicit N is not capped
         ND.resolve("paper:32", lm, calibrations={"offsets": cut})
     assert "\n" not in str(e.value)
@@ -100,8 +100,8 @@ def test_paper_without_n_is_capped_with_a_note_and_paper_n_is_not(lm):
     ("embedded", "chain:4@nosuch", "the 'nosuch' drafter is not shipped beside embedded"),
     ("embedded", "chain:4@nosuch", "or use @heads"),
     ("tiny-random", "paper", "the 'offsets' drafter is not shipped beside tiny-random"),
-    ("tiny-random", "tree:calibrated:8", "calibrate them with `python scripts/calibrate_trees.py --model tiny-random "
-                                         "--drafter heads`"),
+    ("tiny-random", "tree:calibrated:8", "tiny-random has no folder to hold them (random weights built in memory): "
+                                         "give rank paths"),
     ("embedded", "auto", "rvqspec_lib.eval.budget.auto_decoder"),
     (None, "paper", "give the loaded model, or pass it as drafters={'offsets': ...}"),
     (None, "tree:calibrated:8", "give the loaded model, or pass it as calibrations={'heads': ...}"),

@@ -60,8 +60,8 @@ def _check(args) -> tuple[list[str], set[str], list[str]]:
     check_asr_name(args.asr)
     check_dataset_flags(args.dataset, args.codec)
     if args.calibration and not Path(args.calibration).is_file():
-        raise ValueError(f"--calibration {args.calibration} does not exist: give a calibration JSON (python "
-                         "scripts/calibrate_trees.py writes <model>/trees/heads.json), or drop it to use the "
+        raise ValueError(f"--calibration {args.calibration} does not exist: give a calibration JSON (`rvqspec "
+                         "prepare --model M` writes <model>/trees/heads.json), or drop it to use the "
                          "model's own or calibrate here")
     if not args.dataset:
         try:

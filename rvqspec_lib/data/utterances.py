@@ -15,23 +15,30 @@ from safetensors.torch import load_file, save_file
 
 from rvqspec_lib.common.files import atomic_output, json_text, write_text_atomic
 from rvqspec_lib.data.teacher import Utterance
-from rvqspec_lib.models import loader
+from rvqspec_lib.models import drafter_files, loader
 
 
 def embedded_root(model: str | os.PathLike = "embedded") -> Path:
-    """The folder of a small model's shipped ``utterances.safetensors``: ``data/embedded`` for ``"embedded"``, else
-    the (loaded model's) folder or its parent. Raises FileNotFoundError naming ``make embedded``."""
-    if isinstance(model, loader.LoadedModel):  # the loaded model knows its folder
-        if model.folder is None:
-            raise FileNotFoundError(f"{model.name} has no folder of its own, so no shipped utterances: use the "
-                                    "embedded model or a folder built by `make embedded`")
-        model = model.folder
-    p = loader.EMBEDDED_DIR if str(model) == loader.EMBEDDED_MODEL else Path(model).expanduser()
-    for d in (p, p.parent):
-        if (d / "utterances.safetensors").is_file():
-            return d
+    """The folder of a model's shipped (or spoken) ``utterances.safetensors``: ``data/embedded`` for ``"embedded"``,
+    else the (loaded) model's folder of prepared files
+    (:func:`~rvqspec_lib.models.drafter_files.model_drafter_dir`: a checkpoint's own folder or its cache folder) or
+    its parent. Raises FileNotFoundError naming the command that writes them (``rvqspec prepare`` for a checkpoint,
+    ``make embedded`` for our own models)."""
+    name = getattr(model, "name", model)
+    d = drafter_files.model_drafter_dir(model)
+    if d is None:
+        raise FileNotFoundError(f"{name} has no folder of its own, so no shipped utterances: use the embedded model, "
+                                "a checkpoint folder or a hub id (prepared by `rvqspec prepare --model ...`)")
+    p = loader.EMBEDDED_DIR if str(name) == loader.EMBEDDED_MODEL else d
+    for f in (p, p.parent):
+        if (f / "utterances.safetensors").is_file():
+            return f
+    if (p / "config.json").is_file() and not (p / loader.OWN_MODEL_MARKER).is_file():  # a checkpoint
+        raise FileNotFoundError(f"no utterances.safetensors in {p}: the checkpoint's own spoken frames are made by "
+                                f"`{drafter_files.prepare_command(name)}`")
     raise FileNotFoundError(f"no utterances.safetensors in {p} or {p.parent}: the embedded model's data is written by "
-                            "`make embedded` (recipes/embedded/build.py --out DIR writes DIR/utterances.safetensors)")
+                            "`make embedded` (recipes/embedded/build.py --out DIR writes DIR/utterances.safetensors); "
+                            f"a checkpoint's by `{drafter_files.prepare_command(name)}`")
 
 
 SHIPPED_FIELDS = ("id", "split", "language", "voice", "text", "source", "seconds", "frames")

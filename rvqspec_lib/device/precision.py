@@ -10,12 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rvqspec_lib.common.machine import cpu_flags
+from rvqspec_lib.common.machine import BF16_FLAGS, cpu_flags
 
 #: The precisions a user can choose (``--dtype``), in the order tables show them.
 PRECISIONS = ("float32", "bfloat16", "int8", "int8-dynamic")
-#: CPU flags (as /proc/cpuinfo spells them) that give native bfloat16 arithmetic.
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: CPU flags that give int8 dot products (``int8-dynamic`` needs one; the weight-only kernel of ``int8`` does not).
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 #: The float dtype each precision's activations (and non-linear weights) are held in.

@@ -31,7 +31,7 @@ from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
 from rvqspec_lib.eval.timing import oversubscribed_note
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.models.backends import frame_runner, fused_support, verify_backend
-from rvqspec_lib.models.drafter_files import shipped_drafter
+from rvqspec_lib.models.drafter_files import prepare_command, shipped_drafter
 from rvqspec_lib.models.named_decoders import NamedDecoder, drafter_calibration, resolve, resolve_all
 from rvqspec_lib.device.precision import precision_of
 
@@ -330,11 +330,12 @@ def auto_for_model(lm, *, backends: Sequence[str] = ("official",), drafter_name:
     calibration = drafter_calibration(lm, drafter_name)
     if calibration is None:
         raise ValueError(f"--decoder auto needs calibrated trees beside {lm.name} for the {drafter_name} drafter "
-                         f"(trees/{drafter_name}.json): calibrate them (scripts/calibrate_trees.py), or choose a decoder")
+                         f"(trees/{drafter_name}.json): make them with `{prepare_command(lm)}`, or choose a decoder")
     try:
         contexts = frames_from_shipped(lm, "calibration", max_frames=AUTO_CONTEXTS).context
     except (FileNotFoundError, ValueError) as e:
         raise ValueError(f"--decoder auto times decoders on the model's calibration frames, and there are none "
-                         f"({str(e).splitlines()[0]}): choose a decoder instead") from None
+                         f"({str(e).splitlines()[0]}): make them with `{prepare_command(lm)}`, or choose a "
+                         "decoder") from None
     return auto_decoder(lm.name, cp, calibration, contexts, backends=backends, drafter=drafter,
                         drafter_name=drafter_name, progress=progress, **kwargs)

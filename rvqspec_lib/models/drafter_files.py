@@ -5,6 +5,7 @@ from a file or from beside a model (``<model_dir>/drafters/<name>.safetensors``)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -45,16 +46,55 @@ def drafter_path(model_dir: str | os.PathLike, name: str) -> Path:
     return Path(model_dir) / "drafters" / f"{name}.safetensors"
 
 
+def cache_root() -> Path:
+    """The project's cache folder: ``$RVQSPEC_CACHE``, else ``~/.cache/rvqspec``."""
+    return Path(os.environ.get("RVQSPEC_CACHE") or Path("~/.cache/rvqspec").expanduser())
+
+
+def cache_model_dir(model: str | os.PathLike) -> Path:
+    """Where ``rvqspec prepare`` writes a model's files when its own folder is read-only (a hub cache) or it has
+    none (a hub id): ``<cache_root>/models/<name>``, the hub id's ``/`` as ``--``, a folder's name followed by a
+    digest of its absolute path (two folders of one name never share)."""
+    p = Path(model).expanduser()
+    if p.is_dir():
+        digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:10]
+        return cache_root() / "models" / f"{p.resolve().name}-{digest}"
+    return cache_root() / "models" / str(model).replace("/", "--")
+
+
+#: What ``rvqspec prepare`` writes into a model's folder (and what the embedded model ships): the spoken
+#: utterances, the trained drafters, the calibrated trees.
+PREPARED = ("utterances.safetensors", "drafters", "trees")
+
+
+def _prepared_in(d: Path) -> bool:
+    return any((d / f).exists() for f in PREPARED)
+
+
 def model_drafter_dir(model: str | os.PathLike) -> Path | None:
-    """The folder whose ``drafters/`` holds a model's trained drafters: ``"embedded"`` -> ``data/embedded/model``, an
-    existing folder -> itself, a loaded model -> its ``folder``; anything else (``tiny-random``, a hub id) -> ``None``.
+    """The folder whose ``drafters/``, ``trees/`` and ``utterances.safetensors`` belong to a model:
+    ``"embedded"`` -> ``data/embedded/model``; our own model's folder -> itself; a checkpoint folder -> itself where
+    it holds prepared files or can be written, else its :func:`cache_model_dir` (a read-only folder: a hub cache);
+    a hub id -> its :func:`cache_model_dir`; a loaded model -> that of its folder, or of its name for a hub id;
+    anything else (``tiny-random``, the random-size models) -> ``None``.
     """
     if isinstance(model, loader.LoadedModel):  # the loaded model knows its folder
-        return model.folder
+        if model.folder is not None:
+            return model_drafter_dir(model.folder)
+        return cache_model_dir(model.name) if model.kind in ("checkpoint", "random-checkpoint") else None
     if str(model) == loader.EMBEDDED_MODEL:  # read at call time: tests and RVQSPEC_EMBEDDED_DIR move it
         return loader.EMBEDDED_DIR / "model"
     p = Path(model).expanduser()
-    return p if p.is_dir() else None
+    if p.is_dir():
+        if (p / loader.OWN_MODEL_MARKER).is_file() or not (p / "config.json").is_file() or _prepared_in(p):
+            return p  # our own model, a folder of drafters, or a checkpoint prepared beside itself
+        cached = cache_model_dir(p)
+        return cached if _prepared_in(cached) or not os.access(p, os.W_OK) else p
+    try:
+        kind, _ = loader._resolve(str(model))
+    except ValueError:
+        return None
+    return cache_model_dir(str(model)) if kind == "hub" else None
 
 
 def shipped_drafters(model: str | os.PathLike) -> list[str]:
@@ -79,12 +119,12 @@ def check_shipped_drafter(model: str | os.PathLike, name: str, *, heads_instead:
     model = getattr(model, "name", model)  # a loaded model: named by its name
     if d is None:
         raise ValueError(f"the {name!r} drafter is not shipped beside {model} (it has no folder of its own): use a "
-                         f"checkpoint folder or the embedded model, or use {heads_instead}")
+                         f"checkpoint folder, a hub id or the embedded model, or use {heads_instead}")
     have, file = shipped_drafters(model), d / "drafters" / f"{name}.safetensors"
     if name not in have:
         raise ValueError(f"the {name!r} drafter is not shipped beside {model} (no {file}; shipped: "
-                         f"{', '.join(have) or 'none'}): choose a shipped one or "
-                         + _how_to_train("offsets", str(file), heads_instead))
+                         f"{', '.join(have) or 'none'}): make it with `{prepare_command(model)}`, or "
+                         + _how_to_train(name, str(file), heads_instead))
     read_description(file)  # its header, cheaply: a damaged file fails here
 
 
@@ -98,6 +138,12 @@ def shipped_drafter(model: str | os.PathLike, name: str, code_predictor):
         return ReusedHeads()
     check_shipped_drafter(model, name)
     return load_drafter(model_drafter_dir(model) / "drafters" / f"{name}.safetensors", code_predictor)
+
+
+def prepare_command(model: str | os.PathLike) -> str:
+    """The command that makes everything the paper's decoder needs beside a model (spoken frames, the offsets, the
+    calibrated trees of every drafter, the ``auto`` timing): ``rvqspec prepare --model <model>``, for messages."""
+    return f"rvqspec prepare --model {getattr(model, 'name', model)}"
 
 
 def _how_to_train(name: str, where: str, heads_instead: str = HEADS_INSTEAD) -> str:

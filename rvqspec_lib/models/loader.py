@@ -22,6 +22,7 @@ from safetensors.torch import load_model as load_weights
 from safetensors.torch import save_model
 
 from rvqspec_lib.common.files import json_text, usual_mode
+from rvqspec_lib.common.machine import load_dtype, resolve_device
 from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.models.configs import (
     CONFIG_DIR,
@@ -53,7 +54,10 @@ class LoadedModel:
             ``"random-checkpoint"`` (a folder marked ``RANDOM_WEIGHTS``). model: the official
             ``Qwen3TTSForConditionalGeneration``. tokenizer: ``text -> (1, L) int64`` ids.
         generation: ``generation_config.json``'s values. speech_tokenizer: the codec, ``None`` for random models.
-        folder: where its ``drafters/``, ``trees/`` and shipped utterances live (``None``: random models, hub ids).
+        folder: the model's own folder (``None``: random models, hub ids); its ``drafters/``, ``trees/`` and spoken
+            utterances: :func:`rvqspec_lib.models.drafter_files.model_drafter_dir`.
+        device: where it runs (``cpu``, ``cuda``, ``cuda:N``, ``mps``). dtype: its weights' dtype (``float32``,
+            ``bfloat16`` ...), by the rule of :func:`rvqspec_lib.common.machine.load_dtype` unless asked for.
     """
 
     name: str
@@ -65,6 +69,8 @@ class LoadedModel:
     frame_rate_hz: float = 12.5
     sample_rate_hz: int = 24000
     folder: Path | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
 
     @property
     def talker(self):
@@ -98,6 +104,7 @@ class LoadedModel:
             "name": self.name,
             "kind": self.kind,
             "random_weights": self.is_random,
+            "device": self.device,
             "dtype": str(next(m.parameters()).dtype).replace("torch.", ""),
             "talker_layers": int(m.config.talker_config.num_hidden_layers),
             "talker_hidden": int(m.config.talker_config.hidden_size),
@@ -111,54 +118,121 @@ class LoadedModel:
         }
 
 
-def load_model(name: str, *, dtype: torch.dtype | str = torch.float32, seed: int = 0, device: str = "cpu",
+#: ``dtype=`` names :func:`load_model` takes besides torch dtypes (``auto``: :func:`~rvqspec_lib.common.machine.load_dtype`).
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def load_model(name: str, *, dtype: torch.dtype | str = "auto", seed: int = 0, device: str = "auto",
                attn_implementation: str = "sdpa") -> LoadedModel:
-    """Load a Qwen3-TTS model by name.
+    """Load a Qwen3-TTS model by name, on a device and in a dtype (docs/model.md#device-and-dtype).
 
     Args:
         name: ``"embedded"`` (the small trained model shipped in ``data/embedded/model``), ``"tiny-random"``,
             ``"qwen3-tts-0.6b-random"``, ``"qwen3-tts-1.7b-random"``, a local checkpoint folder, or a hub id such as
             ``"Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"`` (needs the network or the HF cache).
-        dtype: a torch float dtype or its name. seed: of random weights (the global RNG is left as it was).
+        dtype: a torch float dtype or its name, or ``"auto"``: the dtype the weights are stored in (bfloat16 for the
+            released checkpoints; float32 for the embedded model and the models built with random weights) where
+            the device runs it well, else float32 (:func:`~rvqspec_lib.common.machine.load_dtype`); our own models
+            (trained in float32, stored in float16 to keep the repository small) are float32.
+        seed: of random weights (the global RNG is left as it was).
+        device: ``"auto"`` (CUDA, then Apple's MPS, then the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``.
 
     Returns:
-        :class:`LoadedModel`.
+        :class:`LoadedModel`, its ``device`` and ``dtype`` recorded.
 
     Raises:
         ModelNotFoundError: an unknown name, a hub id that cannot be fetched, a config :func:`_check_config` refuses
-            (one line). ValueError: an unknown dtype name, damaged weights.
+            (one line). ValueError: an unknown dtype name, a device not present, damaged weights.
     """
-    if isinstance(dtype, str):
+    if isinstance(dtype, str) and dtype != "auto":
         try:
-            dtype = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64,
-                     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16}[dtype]
+            dtype = DTYPE_NAMES[dtype]
         except KeyError:
-            raise ValueError(f"unknown dtype {dtype!r}: use float32, float64, bfloat16 or float16") from None
+            raise ValueError(f"unknown dtype {dtype!r}: use auto, float32, float64, bfloat16 or float16") from None
+    device = resolve_device(device)
     kind, path = _resolve(name)
     name = str(name)  # a path given as a Path is named by its text, as a str path would be
+
+    def pick(stored):
+        return load_dtype(stored, device) if dtype == "auto" else dtype
+
     if kind == "tiny":
         cfg = tiny_config_dict()
-        model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
+        model = build_from_config(cfg, seed=seed, dtype=pick(None), attn_implementation=attn_implementation)
         tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
-        return LoadedModel(name, "tiny-random", model, tok, _default_generation(None))
-    if kind == "own":  # the embedded model, or a small model trained by recipes.embedded
-        lm = _load_own_model(name, path, dtype, device, attn_implementation)
+        return _placed(LoadedModel(name, "tiny-random", model, tok, _default_generation(None)), device)
+    if kind == "own":  # the embedded model, or a small model trained by recipes.embedded: trained in float32 (and
+        # stored in float16 only to keep the repository small), so float32 is its own dtype
+        lm = _load_own_model(name, path, pick(None), device, attn_implementation)
         lm.folder = path
-        return lm
+        return _placed(lm, device)
     if kind == "random":
         cfg = json.loads((path / "config.json").read_text())
-        model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation).to(device)
+        model = build_from_config(cfg, seed=seed, dtype=pick(None), attn_implementation=attn_implementation)
         # a real-size text vocab: bytes are valid ids, special ids are the real ones
         tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
         fr, sr = _frame_rate_from_dir(path)
-        return LoadedModel(name, "random-size", model, tok, _default_generation(path), None, fr, sr)
+        return _placed(LoadedModel(name, "random-size", model, tok, _default_generation(path), None, fr, sr), device)
     if kind == "checkpoint":
         _read_config(path / "config.json")  # a folder that is not a Qwen3-TTS checkpoint: one line, before loading
         _check_speech_tokenizer(path)
-        lm = _check_loaded(_load_checkpoint(str(path), path, dtype, device, attn_implementation))
+        lm = _check_loaded(_load_checkpoint(str(path), path, pick(stored_dtype(path)), device, attn_implementation))
         lm.folder = path
-        return lm
-    return _check_loaded(_load_checkpoint(name, None, dtype, device, attn_implementation))
+        return _placed(lm, device)
+    stored = stored_dtype(name)  # a hub id: its weights' header where the hub cache has them
+    if stored is None and dtype == "auto":  # not cached: the dtype stored, as transformers reads it, then the rule
+        lm = _check_loaded(_load_checkpoint(name, None, "auto", device, attn_implementation))
+        want = load_dtype(next(lm.model.parameters()).dtype, device)
+        if next(lm.model.parameters()).dtype != want:
+            lm.model.to(want)
+        return _placed(lm, device)
+    return _placed(_check_loaded(_load_checkpoint(name, None, pick(stored), device, attn_implementation)), device)
+
+
+def _placed(lm: LoadedModel, device: str) -> LoadedModel:
+    """``lm`` on ``device`` (a no-op where it was loaded there), its device and dtype recorded."""
+    if next(lm.model.parameters()).device != torch.device(device):
+        lm.model.to(device)
+    lm.device, lm.dtype = device, str(next(lm.model.parameters()).dtype).replace("torch.", "")
+    return lm
+
+
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+
+
+def stored_dtype(model: str | os.PathLike) -> torch.dtype | None:
+    """The float dtype a model's weights are stored in, from the header of its ``model.safetensors`` (or the first
+    shard a ``model.safetensors.index.json`` names): a folder, or a hub id in the local Hugging Face cache; the
+    most common float dtype among its tensors. ``None``: no such file here, or no float tensor."""
+    p = Path(model).expanduser()
+    if p.is_dir():
+        file, index = p / "model.safetensors", p / "model.safetensors.index.json"
+    else:
+        cached = try_to_load_from_cache(str(model), "model.safetensors")
+        file = Path(cached) if isinstance(cached, str) else None
+        cached = try_to_load_from_cache(str(model), "model.safetensors.index.json")
+        index = Path(cached) if isinstance(cached, str) else None
+    if (file is None or not file.is_file()) and index is not None and index.is_file():
+        try:
+            shard = sorted(set(json.loads(index.read_text())["weight_map"].values()))[0]
+        except (ValueError, KeyError, IndexError):
+            return None
+        file = index.parent / shard
+    if file is None or not file.is_file():
+        return None
+    try:
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 0 < n < 1 << 28 else {}
+    except (OSError, ValueError):
+        return None
+    counts: dict = {}
+    for k, v in header.items():
+        d = _SAFETENSORS_DTYPES.get(v.get("dtype")) if k != "__metadata__" and isinstance(v, dict) else None
+        if d is not None:
+            counts[d] = counts.get(d, 0) + 1
+    return max(counts, key=counts.get) if counts else None
 
 
 def _resolve(name) -> tuple[str, Path | None]:
@@ -398,6 +472,7 @@ def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implement
             "--model tiny-random / qwen3-tts-0.6b-random for timing."
         ) from e
     model = wrapper.model.eval()
+    _speech_tokenizer_in_its_dtype(model, path / SPEECH_TOKENIZER_DIR if path is not None else None, name, device)
     gen = dict(getattr(wrapper, "generate_defaults", None) or {})
     if path is not None and (path / "generation_config.json").exists():
         gen = json.loads((path / "generation_config.json").read_text())
@@ -407,6 +482,26 @@ def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implement
         fr, sr = _frame_rate_from_dir(path)
     kind = "random-checkpoint" if path is not None and (path / RANDOM_WEIGHTS_MARKER).is_file() else "checkpoint"
     return LoadedModel(name, kind, model, ProcessorTokenizer(wrapper.processor), gen, st, fr, sr)
+
+
+def _speech_tokenizer_in_its_dtype(model, folder: Path | None, name: str, device: str) -> None:
+    """The official ``from_pretrained`` loads the speech tokenizer in the model's dtype; the rule gives it its own
+    (float32 in the release: a bfloat16 codec rounds every sample to 8 bits of mantissa, audible): loaded again from
+    its folder (or the hub cache) where they differ. Nothing happens where its folder cannot be found here."""
+    st = getattr(model, "speech_tokenizer", None)
+    if st is None or getattr(st, "model", None) is None:
+        return
+    if folder is None:
+        cached = try_to_load_from_cache(name, f"{SPEECH_TOKENIZER_DIR}/config.json")
+        folder = Path(cached).parent if isinstance(cached, str) else None
+    if folder is None:
+        return
+    want = load_dtype(stored_dtype(folder), device)
+    if next(st.model.parameters()).dtype == want:
+        return
+    st.model = None  # the copy in the model's dtype freed before its replacement loads
+    model.load_speech_tokenizer(import_qwen_tts().Qwen3TTSTokenizer.from_pretrained(str(folder), dtype=want,
+                                                                                     device_map=device))
 
 
 def save_checkpoint(lm: LoadedModel, out_dir: str | Path, *, extra: dict | None = None) -> Path:

@@ -92,9 +92,13 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
         if cal is None:
             _need_model(lm, d, "calibration", "calibrations")
             cal = drafter_calibration(lm, d.drafter)
+        if cal is None and tree_file(lm, d.drafter) is None:
+            raise ValueError(f"decoder {d.text!r} needs the {d.drafter} drafter's calibrated trees, and {lm.name} "
+                             "has no folder to hold them (random weights built in memory): give rank paths "
+                             "(tree:0;1;0,0), or use a checkpoint folder, a hub id or the embedded model")
         if cal is None:
             raise ValueError(f"decoder {d.text!r} needs the {d.drafter} drafter's calibrated trees, and {lm.name} "
-                             f"has none ({tree_file(lm, d.drafter) or 'no model folder'}): calibrate them with "
+                             f"has none ({tree_file(lm, d.drafter)}): calibrate them with "
                              f"`{recalibrate_command(lm.name, d.drafter)}`, or give rank paths (tree:0;1;0,0)")
     try:
         dec = d.decoder(calibration=cal, best_chain=best_chain, drafter=drafter)

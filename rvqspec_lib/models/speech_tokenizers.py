@@ -123,20 +123,37 @@ def load_codec(name_or_path: str | os.PathLike, device: str = "cpu"):
     return Qwen12HzCodec(name_or_path, device=device)
 
 
+#: Attributes through which a codec object holds the official 12 Hz decoder, tried in this order: ``Qwen12HzCodec``
+#: -> ``Qwen3TTSTokenizer`` (``tokenizer``), a model -> its ``speech_tokenizer``, ``Qwen3TTSTokenizer`` ->
+#: ``Qwen3TTSTokenizerV2Model`` (``model``) -> ``Qwen3TTSTokenizerV2Decoder`` (``decoder``).
+_HOLDERS = ("tokenizer", "speech_tokenizer", "model", "decoder")
+
+
+def official_decoder(codec):
+    """The official 12 Hz decoder module (``Qwen3TTSTokenizerV2Decoder``) inside ``codec``: the decoder itself, a
+    ``Qwen3TTSTokenizerV2Model``, the ``Qwen3TTSTokenizer`` a checkpoint loads as ``speech_tokenizer``, a
+    :class:`Qwen12HzCodec`, or a model holding one; ``None`` when there is none (another codec)."""
+    obj = codec
+    for _ in range(len(_HOLDERS) + 1):
+        if hasattr(obj, "pre_transformer"):
+            return obj
+        obj = next((h for h in (getattr(obj, a, None) for a in _HOLDERS) if h is not None), None)
+        if obj is None:
+            return None
+    return None
+
+
 def streaming_decoder(codec, batch_size: int = 1, **kwargs):
     """A streaming decoder (``reset``, ``push(codes (B, 16, n)) -> (B, m * 1920)``, ``flush``, ``lookahead_frames``)
-    for ``codec``: the official 12 Hz decoder (or a model or ``Qwen12HzCodec`` holding one) ->
-    :class:`StreamingCodecDecoder` (exact, m = n); an :class:`RVQCodec` or ``CodecSpeechTokenizer`` ->
+    for ``codec``: the official 12 Hz decoder, or anything holding one (:func:`official_decoder`: a checkpoint's
+    ``speech_tokenizer``, a ``Qwen12HzCodec``) -> :class:`StreamingCodecDecoder` (exact, m = n, in the decoder's
+    dtype and on its device); an :class:`RVQCodec` or ``CodecSpeechTokenizer`` ->
     :class:`~rvqspec_lib.device.streaming_rvq.StreamingRVQDecoder` (3 frames of look-ahead by default). ``kwargs``
     go to the class chosen. ValueError (one line): anything else."""
     if isinstance(codec, RVQCodec) or isinstance(getattr(codec, "codec", None), RVQCodec):
         return StreamingRVQDecoder(codec, batch_size, **kwargs)
-    dec = codec
-    if getattr(codec, "tokenizer", None) is not None:  # Qwen12HzCodec -> Qwen3TTSTokenizer -> model -> decoder
-        dec = codec.tokenizer.model.decoder
-    elif hasattr(getattr(codec, "decoder", None), "pre_transformer"):  # Qwen3TTSTokenizerV2Model
-        dec = codec.decoder
-    if not hasattr(dec, "pre_transformer"):
+    dec = official_decoder(codec)
+    if dec is None:
         raise ValueError(f"no streaming decoder for a {type(codec).__name__}: pass the official 12 Hz decoder, a "
-                         "Qwen12HzCodec, an RVQCodec or a CodecSpeechTokenizer")
+                         "Qwen3TTSTokenizer, a Qwen12HzCodec, an RVQCodec or a CodecSpeechTokenizer")
     return StreamingCodecDecoder(dec, batch_size, **kwargs)

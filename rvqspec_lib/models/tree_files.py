@@ -1,8 +1,8 @@
 """Calibrated draft trees on disk, ``<model_dir>/trees/<drafter>.json`` (a tree ranks the codes its drafter proposes):
 for each kind (``point-mass``, ``sampled``) the tree of every node budget N = 2..64 and its predicted tokens per call
 (:func:`rvqspec_lib.eval.calibration.calibrate`). Their names are :mod:`rvqspec_lib.decoding.decoder_names`' grammar,
-resolved against these files by ``rvqspec_lib.models.named_decoders``. A file is made by
-``python scripts/calibrate_trees.py --model <model> --drafter <drafter>`` (:func:`recalibrate_command`).
+resolved against these files by ``rvqspec_lib.models.named_decoders``. Every drafter's file is made by
+``rvqspec prepare --model <model>`` (:func:`recalibrate_command`; ``rvqspec_lib.training.prepare``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rvqspec_lib.common.files import write_text_atomic
 from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, TREE_KINDS
-from rvqspec_lib.models.drafter_files import model_drafter_dir
+from rvqspec_lib.models.drafter_files import model_drafter_dir, prepare_command
 
 FORMAT = "rvqspec-trees"
 
@@ -36,8 +36,9 @@ def save_calibration(calibration: dict, path: str | os.PathLike) -> Path:
 
 
 def recalibrate_command(model: str | os.PathLike, drafter: str = "heads") -> str:
-    """The command that (re)makes ``<model>/trees/<drafter>.json``, for error messages."""
-    return f"python scripts/calibrate_trees.py --model {model} --drafter {drafter}"
+    """The command that (re)makes ``<model>/trees/<drafter>.json`` (every drafter's, a damaged or stale file
+    included), for error messages: :func:`~rvqspec_lib.models.drafter_files.prepare_command`."""
+    return prepare_command(model)
 
 
 def _problem(cal) -> str | None:

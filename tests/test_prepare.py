@@ -1,4 +1,4 @@
-"""``rvqspec prepare`` on a tiny checkpoint in the release's layout (rvqspec_lib/models/fixtures.py, random weights):
+"""``rvqspec prepare`` on a tiny checkpoint in the release's layout (tests/checkpoints.py, random weights):
 
 * before it, ``synth --decoder paper`` and ``--decoder auto`` are refused in one line naming ``rvqspec prepare``;
 * it writes the spoken utterances (three splits of different texts, each with its frames), the offsets and the trees
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rvqspec_lib.models.fixtures import write_tiny_checkpoint
+from checkpoints import write_tiny_checkpoint
 from rvqspec_lib.models.loader import load_model
 
 FRAMES = 24  # calibration frames (training 24, validation 5)

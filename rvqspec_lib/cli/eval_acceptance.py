@@ -79,7 +79,8 @@ def run(args, threads: int) -> int:
         note(f"{args.model} has RANDOM weights: acceptance rates mean nothing")
     params = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
     params["decoder_name"] = [n.label for n in names]
-    res = {"model": args.model, "random_weights": lm.is_random, "device": lm.device, "model_dtype": lm.dtype, **res, "frames": frames.source, "threads": threads,
+    res = {"model": args.model, "random_weights": lm.is_random, "device": lm.device, "model_dtype": lm.dtype, **res,
+           "frames": frames.source, "threads": threads,
            "load_s": load_s, "eval_s": eval_s, "total_s": time.perf_counter() - started,
            "provenance": provenance(params, seed=args.seed)}
     print(f"drafter {args.drafter}: {res['params_added']:,} parameters added, {res['n_frames']} frames | {lm.device} "

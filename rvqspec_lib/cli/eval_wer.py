@@ -124,7 +124,8 @@ def run(args, threads: int) -> int:
                                      seed=args.seed, progress=progress)
     table3 = W.table3_rows(results)
     entries = cal_meta + [m for lang in languages for m in data[lang]["meta"]]
-    out = {"model": args.model, "device": lm.device, "model_dtype": lm.dtype, "decoders": {k: repr(W.decoder_of(v)) for k, v in decoders.items()},
+    out = {"model": args.model, "device": lm.device, "model_dtype": lm.dtype,
+           "decoders": {k: repr(W.decoder_of(v)) for k, v in decoders.items()},
            "languages": languages, "table3": table3, "table1": table1_rows(entries), "results": results,
            "free_running": free, "best_chain": best_chain, "calibration": None if calibration is None else {k: calibration.get(k) for k in ("n_frames", "source")}}
     _print(table3, free)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from rvqspec_lib.cli.common import _die, apply_threads, check_device, check_output_folder, check_range, check_tree_ranks, \
-    make_folder, note
+from rvqspec_lib.cli.common import _die, apply_threads, check_device, check_output_folder, check_range, \
+    check_tree_ranks, make_folder, note
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, parse_decoder_name

@@ -7,13 +7,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, parallel_device, check_range
+from rvqspec_lib.cli.common import apply_threads, check_range, parallel_device
 from rvqspec_lib.cli.main import main as rvqspec
 from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.speech_tokenizers import load_codec
-from rvqspec_lib.training.distributed import Parallel, extract_dataset_frames, extract_frames
+from rvqspec_lib.training.distributed import extract_dataset_frames, extract_frames
 
 
 def run(args, threads: int) -> int:

@@ -169,8 +169,9 @@ def build_runner(args, lm, sampling: Sampling) -> tuple[object, str | None]:
     (cached). Raises ValueError: ``auto`` on a model that ships no calibration frames to time on."""
     name = args.decoder_name
     if name.kind == "auto":
-        native = args.dtype in PRECISIONS and B.available_or_note("native", args.dtype, args.device, instead="--decoder auto "
-                                                                  "chooses among the official module's decoders alone")
+        native = args.dtype in PRECISIONS and B.available_or_note(
+            "native", args.dtype, args.device, instead="--decoder auto chooses among the official module's decoders "
+                                                       "alone")
         choice = budget.auto_for_model(lm, backends=[args.backend] if args.backend else ["official"] + ["native"] *
                                        native, drafter_name=name.drafter, progress=sys.stderr.isatty())
         named, backend = replace(choice.named, note=f"--decoder auto chose {choice.reason}"), choice.backend
@@ -257,7 +258,8 @@ def run(args, threads: int) -> int:
     talker = NativeTalker(lm) if args.talker == "native" else None  # its KV cache is sized per batch by frames()
     base = {"model": args.model, "random_weights": lm.is_random, "decoder_name": args.decoder_name.text,
             **B.runner_fields(runner), "seed": args.seed, "greedy": args.greedy, "dtype": args.dtype,
-            "device": lm.device, "model_dtype": lm.dtype, "talker": args.talker, "threads": threads, "startup_s": startup_s, "load_s": load_s, "choose_s": choose_s}
+            "device": lm.device, "model_dtype": lm.dtype, "talker": args.talker, "threads": threads,
+            "startup_s": startup_s, "load_s": load_s, "choose_s": choose_s}
     if args.stream:
         return run_stream(args, lm, runner, talker, generator, talker_sampling, started, base, notes)
     batch = args.batch_size if len(texts) > 1 else 1
@@ -380,7 +382,8 @@ def run_stream(args, lm, runner, talker, generator, talker_sampling, started: fl
     targets = _write(args, stats, started, {} if to_stdout else {Path(args.out).with_suffix(".npy"): codes}, {}, None)
     report = sys.stderr if to_stdout else sys.stdout
     print(f"{s['frames']} frames ({s['audio_s']:.2f} s of audio) streamed in chunks of {args.chunk_frames} frame(s) "
-          f"({B.runner_label(base)}) on {lm.device} ({lm.dtype}) | time to first audio {s['ttfa_ms']:.0f} ms after the prompt "
+          f"({B.runner_label(base)}) on {lm.device} ({lm.dtype}) | time to first audio {s['ttfa_ms']:.0f} ms after the "
+          f"prompt "
           f"({s['ttfa_call_ms']:.0f} ms from the start of synthesis) | RTF {s['rtf']:.2f} | {s['underruns']} "
           f"underrun(s) ({s['stall_ms']:.0f} ms waited) | startup {base['startup_s']:.2f} s, load {base['load_s']:.2f} "
           f"s, total {stats['total_s']:.2f} s | {threads_text(s['threads'])} per side, generation and decoding "

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, check_device, check_outputs, check_range, check_seed, note, note_fewer_frames, \
-    threads_text
+from rvqspec_lib.cli.common import apply_threads, check_device, check_outputs, check_range, check_seed, note, \
+    note_fewer_frames, threads_text
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.drafters import DEFAULT_K
@@ -110,8 +110,8 @@ def run(args, threads: int) -> int:
     print(f"{args.drafter} ({res.drafter.params_added:,} parameters, loss {args.loss}): validation loss "
           f"{c0['val_loss']:.4f} -> {cb['val_loss']:.4f}, exact acceptance by offset "
           f"{[round(a, 3) for a in c0['val_acceptance_by_offset']]} -> "
-          f"{[round(a, 3) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}) | {lm.device} ({lm.dtype}) | load "
-          f"{load_s:.1f} s, "
+          f"{[round(a, 3) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}) | {lm.device} "
+          f"({lm.dtype}) | load {load_s:.1f} s, "
           f"train {train_s:.1f} s, total {total_s:.1f} s | {threads_text(threads)}")
     print(f"wrote {out}, {out.with_suffix('.json')} and {curve}")
     return 0

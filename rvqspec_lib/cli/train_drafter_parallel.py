@@ -15,7 +15,7 @@ from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import make_drafter, save_drafter
 from rvqspec_lib.models.frame import inner_sampling
-from rvqspec_lib.training.distributed import Parallel, load_frame_shards
+from rvqspec_lib.training.distributed import load_frame_shards
 from rvqspec_lib.training.drafters import train_drafter
 
 

@@ -62,6 +62,8 @@ NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
 # SMOKE=1 (not 0/false/no): small parameters; MODEL=: another model; THREADS=N pins torch's thread count (default 1,
 # as the committed figures; the tables say so); DATASET= / CODEC=: frames of real speech for a real checkpoint's
 # drafters (notebook 03; VoxPopuli schema); FLEURS= / LIBRISPEECH= / ASR=: notebook 05's data sets and recogniser.
+# DEVICE=auto|cpu|cuda|mps: where notebooks 01, 03 and 05 load their models (04, 06 and 07 time the CPU-only native
+# paths: they stay on the CPU); default: each notebook's own (auto).
 SMOKE_ON      := $(filter-out 0 false no,$(SMOKE))
 MODEL_TAG     := $(subst /,_,$(MODEL))
 THREADS       ?= 1
@@ -76,6 +78,7 @@ PM_PARAMS     := $(strip $(if $(SMOKE_ON),-p smoke 1) $(if $(MODEL),-p model $(M
                  $(if $(THREADS),-p threads $(THREADS)) $(if $(DATASET),-p dataset $(DATASET)) \
                  $(if $(CODEC),-p codec $(CODEC)) $(if $(FLEURS),-p fleurs $(FLEURS)) \
                  $(if $(LIBRISPEECH),-p librispeech $(LIBRISPEECH)) $(if $(ASR),-p asr $(ASR)) \
+                 $(if $(DEVICE),-p device $(DEVICE)) \
                  -p out_dir $(abspath $(FIG_DIR)))
 # One stamp per notebook IN the figures folder (deleting the folder, or a stamp, re-runs the notebook), and the
 # parameters the folder's outputs were made with beside them (.paper-params): a run with other parameters (another

@@ -66,6 +66,8 @@ noise_target = 0.05  # time each call until its median's relative standard error
 #                      (rvqspec_lib.eval.noise; None: exactly `repeats`). Smoke: None
 warmup = 3  # untimed calls before each measurement
 threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
+device = "auto"  # where the models run: auto (CUDA, then Apple's MPS, then the CPU), cpu, cuda or mps; the native pair
+#                  runs on the CPU only, so it is timed only when the models run there (the committed figures: cpu)
 prefix_len = 8  # KV positions already in the code-predictor cache (a mid-frame verify)
 talker_context = 64  # KV positions already in the talker cache (about 5 s of speech plus the text prompt)
 native = True  # also time the native pair (talker step and code-predictor call as one C call each) where it runs
@@ -92,6 +94,7 @@ from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.timing import measure_quietly
 from rvqspec_lib.models.backends import available
 from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS, loop_facts
+from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.models.named_decoders import has_paper_decoder
 
@@ -105,7 +108,8 @@ query_sizes = (1, 2, 4, 8, 16) if smoke else latency.DEFAULT_QUERY_SIZES
 if threads:
     torch.set_num_threads(int(threads))
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
-params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), repeats=run_repeats,
+device = resolve_device(device)  # a device not present: one line, before loading
+params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), repeats=run_repeats, device=device,
               warmup=run_warmup, threads=torch.get_num_threads(), prefix_len=prefix_len,
               talker_context=talker_context, query_sizes=list(query_sizes), native=bool(native),
               compare_model=compare_model, own_decoders=list(own_decoders), noise_target=run_noise_target,
@@ -117,7 +121,7 @@ print(f"model {run_model}, outputs -> {out}")
 # The model's geometry as loaded: layers and widths of both loops, parameters, codebooks and frame rate.
 
 # %%
-loaded = load_model(run_model, seed=seed)
+loaded = load_model(run_model, seed=seed, device=device)
 info = loaded.describe()
 run_native = bool(native) and available("native", device="cpu")[0] and \
     next(loaded.talker.parameters()).device.type == "cpu"
@@ -280,7 +284,7 @@ plt.show()
 compared = [latency.model_row(result)]
 small, small_quiet = None, None
 if compare_model:
-    small = load_model(compare_model, seed=seed)
+    small = load_model(compare_model, seed=seed, device=device)
     small_result, small_quiet = measure_quietly(lambda: latency.bench_model(
         small, prefix_len=prefix_len, query_sizes=query_sizes, talker_context=talker_context, native=run_native,
         warmup=run_warmup, repeats=run_repeats, seed=seed, progress=True, noise_target=run_noise_target),

@@ -66,6 +66,8 @@ seed = 0  # utterance order, batch order, decode generators, headroom draws
 smoke = False  # True: a few frames, two epochs, one learning rate (headless test, about two minutes)
 out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
 threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
+device = "auto"  # where the model runs and the drafters train: auto (CUDA, then Apple's MPS, then the CPU), cpu, cuda
+#                  or mps
 n_train_frames = 1200  # teacher-forced training frames (shipped training split, utterances in seeded random order)
 n_val_frames = 150  # validation frames: early stopping, the learning rate and the deployed loss are chosen on them
 n_eval_frames = 200  # evaluation frames (sampled across the whole shipped evaluation split)
@@ -121,6 +123,7 @@ from rvqspec_lib.models.drafter_files import (
     read_description,
     save_drafter,
 )
+from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, OWN_MODEL_MARKER, load_model
 from rvqspec_lib.models.tree_files import save_calibration
 from rvqspec_lib.training.drafters import TABLE2_DRAFTERS, deploy_drafters, select_deployed, train_drafters
@@ -138,7 +141,9 @@ if threads:  # two threads on a busy 2-core machine spin-wait
     torch.set_num_threads(int(threads))
 torch.manual_seed(seed)  # nothing below draws from the global RNG; set for any library default that might
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
+device = resolve_device(device)  # a device not present: one line, before loading
 params = dict(notebook="03_training_offsets", model=model, seed=seed, smoke=bool(smoke), out_dir=str(out),
+              device=device,
               threads=torch.get_num_threads(), n_train_frames=n_train_frames, n_val_frames=n_val_frames,
               n_eval_frames=n_eval_frames, epochs=epochs, patience=patience, batch_size=batch_size, K=K,
               train_kl=bool(train_kl), train_tv=bool(train_tv), train_medusa=bool(train_medusa), medusa_lr=medusa_lr,
@@ -184,7 +189,7 @@ print(f"model {run_model} (frames from {root or dataset}), outputs -> {out}")
 # (`rvqspec_lib.data.frame_sources.frames_from_shipped`).
 
 # %%
-lm = load_model(run_model)
+lm = load_model(run_model, device=device)
 cp = lm.code_predictor
 info = lm.describe()
 sampling = inner_sampling(lm)

@@ -66,6 +66,7 @@ seed = 0  # decode generators (paired across decoders), bootstrap and permutatio
 smoke = False  # True: 3 English and 1 sentence per language for 2 languages, small trees (test suite, about 2 minutes)
 out_dir = "figures"  # relative paths resolve against the repository root; absolute paths are kept
 threads = 1  # torch.set_num_threads (1: on a shared machine more threads spin-wait)
+device = "auto"  # where the model runs: auto (CUDA, then Apple's MPS, then the CPU), cpu, cuda or mps
 n_sentences = 16  # English evaluation utterances (shipped evaluation split; 0: all)
 n_multilingual = 4  # sentences per other language (0: all shipped for that language)
 languages = ("en", "de", "es", "ru", "ja", "zh")  # Table 3's languages
@@ -115,6 +116,7 @@ from bench.latency import PAPER_TOKENS_PER_CALL
 from paper import wer_report as R
 from paper.plots import decoder_color
 from rvqspec_lib.models.drafter_files import drafter_path, model_drafter_dir, read_description
+from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from rvqspec_lib.models.named_decoders import has_paper_decoder
 from rvqspec_lib.models.speech_tokenizers import load_codec
@@ -141,7 +143,9 @@ if not fleurs:
                          "checkpoint)."))
         model = EMBEDDED_MODEL
 languages = [str(x) for x in languages]
+device = resolve_device(device)  # a device not present: one line, before loading
 params = dict(model=str(model), requested_model=requested_model, seed=seed, smoke=bool(smoke), out_dir=str(out),
+              device=device,
               threads=torch.get_num_threads(), n_sentences=n_sentences, n_multilingual=n_multilingual,
               languages=languages, replicates=replicates, replicates_multilingual=replicates_multilingual,
               tree_budget=tree_budget, tree_kinds=list(tree_kinds), paper_budget=paper_budget,
@@ -164,7 +168,7 @@ print(f"model {model}, languages {languages}, outputs -> {out}")
 # frames.
 
 # %%
-lm = load_model(model)
+lm = load_model(model, device=device)
 own_codec = getattr(lm.speech_tokenizer, "codec", None)
 the_codec = load_codec(codec) if codec else own_codec
 if the_codec is None:

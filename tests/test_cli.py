@@ -209,9 +209,9 @@ def _parse_error(capsys, argv) -> str:
      "--out needs a value: give it after the flag (rvqspec synth --help)"),
     (["bench", "--bogus"], "rvqspec bench has no argument --bogus: rvqspec bench --help lists the flags"),
     (["bench", "frames", "--de", "cpu"], "--de could be --decoders or --device: write the flag out"),
-    (["speak"], "'speak' is not an rvqspec command: use synth, train-drafter, eval-acceptance, export, eval-wer, "
-                "extract-frames, train-drafter-parallel or bench (rvqspec --help says what each does)"),
-    ([], "give a command: synth, train-drafter, eval-acceptance, export, eval-wer, extract-frames, "
+    (["speak"], "'speak' is not an rvqspec command: use synth, prepare, train-drafter, eval-acceptance, export, "
+                "eval-wer, extract-frames, train-drafter-parallel or bench (rvqspec --help says what each does)"),
+    ([], "give a command: synth, prepare, train-drafter, eval-acceptance, export, eval-wer, extract-frames, "
          "train-drafter-parallel or bench (rvqspec --help says what each does)"),
 ])
 def test_parser_errors_are_one_line_naming_the_fix(capsys, argv, line):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from rvqspec_lib.cli.common import add_threads_arg
+from rvqspec_lib.common.machine import DEVICES
 from rvqspec_lib.decoding.decoder_names import grammar
 
 #: ``synth --backend`` values: :data:`rvqspec_lib.models.backends.BACKENDS`.
@@ -24,15 +25,26 @@ DEFAULT_DECODERS = "ar,chain:best,tree:calibrated-point-mass:16,tree:calibrated-
 MODEL_HELP = "embedded, tiny-random, qwen3-tts-0.6b-random, qwen3-tts-1.7b-random, a checkpoint folder or a hub id"
 DRAFTERS = ("offsets", "medusa")
 DTYPES = ("float32", "float64", "bfloat16")
+DEVICE_HELP = (f"where the model runs: {', '.join(DEVICES)} or cuda:N (auto: CUDA, then Apple's MPS, then the CPU; "
+               "the CPU where what you chose runs there only); a device not present here is refused before loading")
+
+
+def add_device(p: argparse.ArgumentParser, help_text: str = DEVICE_HELP) -> None:
+    """``--device`` (default ``auto``), checked by :func:`rvqspec_lib.cli.common.check_device` before a model loads."""
+    p.add_argument("--device", default="auto", help=help_text)
 
 
 def _common(p: argparse.ArgumentParser, *flags: str) -> None:
-    """The flags several commands share, by name: ``model``, ``seed``, ``json``, ``dtype``; ``--threads`` always."""
+    """The flags several commands share, by name: ``model``, ``seed``, ``json``, ``dtype``, ``device``; ``--threads``
+    always."""
     helps = {"model": ("--model", dict(required=True, help=MODEL_HELP)),
              "seed": ("--seed", dict(type=int, default=0, help="seed of every explicit generator (0..2**63-1)")),
              "json": ("--json", dict(help="write every statistic here (atomically)")),
              "dtype": ("--dtype", dict(default="float32", choices=DTYPES))}
     for name in flags:
+        if name == "device":
+            add_device(p)
+            continue
         p.add_argument(helps[name][0], **helps[name][1])
     add_threads_arg(p)
 
@@ -66,7 +78,7 @@ def synth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the model's first)")
     p.add_argument("--codes-to-audio", default="auto", choices=("auto", "neural", "table"), help="offline codec "
                    "(embedded): its neural code decoder when shipped (auto), required (neural), or the codebook sum")
-    _common(p, "model", "seed", "json")
+    _common(p, "model", "seed", "json", "device")
     p.add_argument("--dtype", default="float32", choices=SYNTH_DTYPES, help="int8: int8 weights in the code predictor, "
                    "bfloat16 elsewhere; int8-dynamic: also int8 activations, float32 elsewhere (docs/precision.md)")
 
@@ -87,6 +99,7 @@ def export(p: argparse.ArgumentParser) -> None:
                    "(macOS 15+)")
     p.add_argument("--out", required=True, help="output folder (created with its parents)")
     p.add_argument("--repeats", type=int, default=20, help="Core ML on macOS: timed calls per compute unit")
+    add_device(p, "export traces and checks its graphs on the CPU: auto or cpu (another device is refused)")
     _common(p, "model")
 
 
@@ -110,7 +123,7 @@ def eval_wer(p: argparse.ArgumentParser) -> None:
     p.add_argument("--free-running", action="store_true", help="also measure free running (talker sampled too)")
     p.add_argument("--no-null-control", action="store_true", help="skip AR under other seeds (the null control)")
     p.add_argument("--work-dir", default="build/eval_wer", help="rendered audio and the calibration made here")
-    _common(p, "model", "seed", "json")
+    _common(p, "model", "seed", "json", "device")
 
 
 def _frame_source(p: argparse.ArgumentParser, default_frames: int) -> None:
@@ -123,7 +136,7 @@ def _frame_source(p: argparse.ArgumentParser, default_frames: int) -> None:
     p.add_argument("--language", default="auto", help="with --dataset: prompt language (auto, english, ...)")
     p.add_argument("--texts-file", help="texts to speak, one a line (default: a few built-in sentences)")
     p.add_argument("--frames", type=int, default=default_frames, help="number of frames to use")
-    _common(p, "model", "seed", "dtype")
+    _common(p, "model", "seed", "dtype", "device")
 
 
 def eval_acceptance(p: argparse.ArgumentParser) -> None:
@@ -175,7 +188,7 @@ def extract_frames(p: argparse.ArgumentParser) -> None:
     p.add_argument("--language", default="auto", help="with --dataset: prompt language")
     p.add_argument("--max-utterances", type=int, default=None, help="the first utterances (rows) only")
     p.add_argument("--batch-size", type=int, default=8, help="utterances per talker pass")
-    _common(p, "model")
+    _common(p, "model", "device")
 
 
 def train_drafter_parallel(p: argparse.ArgumentParser) -> None:
@@ -187,4 +200,4 @@ def train_drafter_parallel(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--K", type=int, default=3, help="offsets drafted (paper: 3)")
     p.add_argument("--batch-size", type=int, default=64, help="frames per GLOBAL batch (split over processes)")
-    _common(p, "model", "seed")
+    _common(p, "model", "seed", "device")

@@ -264,6 +264,49 @@ def threads_text(n: int) -> str:
     return f"{n} thread{'s' if n != 1 else ''}"
 
 
+def check_device(args, cpu_only: str | None = None, fix: str = "") -> str:
+    """Resolve ``args.device`` (``--device``) in place before a model loads and return it: ``auto`` -> CUDA, then
+    MPS, then the CPU (:func:`~rvqspec_lib.common.machine.resolve_device`). ``cpu_only``: what the command was asked
+    for that runs on the CPU alone (e.g. ``"--backend native"``): then ``auto`` is the CPU and another device is
+    refused, the message ending in ``fix`` (another choice that runs there).
+
+    Raises:
+        ValueError: (one line naming the fix) an unknown device, one not present here, or one ``cpu_only`` refuses.
+    """
+    from rvqspec_lib.common.machine import resolve_device  # light; torch only inside
+
+    if cpu_only and str(args.device).strip().lower() == "auto":
+        args.device = "cpu"
+        return args.device
+    args.device = resolve_device(args.device)
+    if cpu_only and args.device != "cpu":
+        raise ValueError(f"{cpu_only} runs on the CPU only, not --device {args.device}: give --device cpu (or auto)"
+                         + (f", or {fix}" if fix else ""))
+    return args.device
+
+
+def parallel_device(args):
+    """This process of a data-parallel run (:meth:`rvqspec_lib.training.distributed.Parallel.detect`) on ``--device``:
+    one process runs where ``--device`` says (:func:`check_device`); under ``accelerate launch`` each runs on the
+    device accelerate gave it, which ``--device auto`` takes and another kind of device refuses (one line).
+
+    Raises:
+        ValueError: a device not present, or one other than accelerate's."""
+    from dataclasses import replace
+
+    from rvqspec_lib.training.distributed import Parallel
+
+    par = Parallel.detect()
+    if par.world == 1:
+        return replace(par, device=check_device(args))
+    asked = str(args.device).strip().lower()
+    if asked != "auto" and asked.split(":")[0] != par.device.split(":")[0]:
+        raise ValueError(f"--device {asked}: accelerate launch runs this process on {par.device}; give --device auto, "
+                         "or choose the device with accelerate (accelerate launch --cpu for the CPU)")
+    args.device = par.device
+    return par
+
+
 def check_range(flag: str, value, lo, hi=None, what: str = "") -> None:
     """Raises ValueError (one line, ``what`` after the range) unless ``lo <= value`` (and ``value <= hi``); a
     ``None`` value (a flag not given) passes."""

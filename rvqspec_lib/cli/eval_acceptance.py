@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from rvqspec_lib.cli.common import apply_threads, check_range, check_seed, check_tree_ranks, note, \
+from rvqspec_lib.cli.common import apply_threads, check_device, check_range, check_seed, check_tree_ranks, note, \
     note_fewer_frames, threads_text
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.provenance import provenance
@@ -60,9 +60,10 @@ def run(args, threads: int) -> int:
     if facts is not None:
         _check_ranks(args, names, facts.codebook_size)
 
+    check_device(args)  # a device not present: one line, before loading
     threads = apply_threads(threads)  # after the cheap checks
     t = time.perf_counter()
-    lm = loader.load_model(args.model, dtype=args.dtype)
+    lm = loader.load_model(args.model, device=args.device, dtype=args.dtype)
     load_s = time.perf_counter() - t
     _check_ranks(args, names, lm.codebook_size)
     drafter = make_drafter(args.drafter, lm.code_predictor, args.drafter_path or model_drafter_dir(args.model))
@@ -78,10 +79,12 @@ def run(args, threads: int) -> int:
         note(f"{args.model} has RANDOM weights: acceptance rates mean nothing")
     params = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
     params["decoder_name"] = [n.label for n in names]
-    res = {"model": args.model, "random_weights": lm.is_random, **res, "frames": frames.source, "threads": threads,
+    res = {"model": args.model, "random_weights": lm.is_random, "device": lm.device, "model_dtype": lm.dtype, **res,
+           "frames": frames.source, "threads": threads,
            "load_s": load_s, "eval_s": eval_s, "total_s": time.perf_counter() - started,
            "provenance": provenance(params, seed=args.seed)}
-    print(f"drafter {args.drafter}: {res['params_added']:,} parameters added, {res['n_frames']} frames | load "
+    print(f"drafter {args.drafter}: {res['params_added']:,} parameters added, {res['n_frames']} frames | {lm.device} "
+          f"({lm.dtype}) | load "
           f"{load_s:.1f} s, evaluation {eval_s:.1f} s, total {res['total_s']:.1f} s | {threads_text(threads)}")
     for label, tpc in res["tokens_per_call"].items():
         print(f"  {label:7s} {tpc:.3f} tokens/call (predicted from the exact tables "

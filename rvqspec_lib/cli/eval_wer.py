@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, check_range, note
+from rvqspec_lib.cli.common import apply_threads, check_device, check_range, note
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root
@@ -79,11 +79,13 @@ def run(args, threads: int) -> int:
         ValueError, FileNotFoundError: bad input, before any long work (one line from ``main``, exit status 2).
     """
     names, needs, languages = _check(args)
+    check_device(args)  # a device not present: one line, before loading
     apply_threads(threads)
     progress = sys.stderr.isatty()
-    lm = loader.load_model(args.model)
+    lm = loader.load_model(args.model, device=args.device)
+    print(f"{args.model} on {lm.device} ({lm.dtype})")
     own = getattr(lm.speech_tokenizer, "codec", None)
-    codec = load_codec(args.codec) if args.codec else own
+    codec = load_codec(args.codec, device=lm.device) if args.codec else own
     data = evaluation_data(args.model, languages, codec=codec, dataset=args.dataset, dataset_kind=args.dataset_kind,
                            split=args.split, n_sentences=args.sentences, seed=args.seed,
                            work_dir=args.work_dir, progress=progress)
@@ -122,7 +124,8 @@ def run(args, threads: int) -> int:
                                      seed=args.seed, progress=progress)
     table3 = W.table3_rows(results)
     entries = cal_meta + [m for lang in languages for m in data[lang]["meta"]]
-    out = {"model": args.model, "decoders": {k: repr(W.decoder_of(v)) for k, v in decoders.items()},
+    out = {"model": args.model, "device": lm.device, "model_dtype": lm.dtype,
+           "decoders": {k: repr(W.decoder_of(v)) for k, v in decoders.items()},
            "languages": languages, "table3": table3, "table1": table1_rows(entries), "results": results,
            "free_running": free, "best_chain": best_chain, "calibration": None if calibration is None else {k: calibration.get(k) for k in ("n_frames", "source")}}
     _print(table3, free)

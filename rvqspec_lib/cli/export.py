@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from rvqspec_lib.cli.common import _die, apply_threads, check_output_folder, check_range, check_tree_ranks, \
-    make_folder, note
+from rvqspec_lib.cli.common import _die, apply_threads, check_device, check_output_folder, check_range, \
+    check_tree_ranks, make_folder, note
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, parse_decoder_name
@@ -71,8 +71,9 @@ def run(args, threads: int) -> int:
         ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
     """
     nodes = check_args(args)
+    check_device(args, "export (it traces and checks its graphs on the CPU)")
     threads = apply_threads(threads)
-    lm = loader.load_model(args.model)
+    lm = loader.load_model(args.model, device=args.device)
     cp = lm.code_predictor.eval()
     G.check_exportable(cp)
     tree = DraftTree.chain(nodes - 1) if nodes and args.decoder_name is None else None
@@ -96,7 +97,8 @@ def run(args, threads: int) -> int:
             "decoder": args.decoder, "agreement": agreement, "coreml_timing": timing, "ran": bool(agreement),
             "note": "" if agreement else F.coreml_available()[1],
             "provenance": provenance({"model": args.model, "format": args.fmt, "graph": args.graph,
-                                      "dtype": args.dtype, "nodes": nodes, "threads": threads})}
+                                      "dtype": args.dtype, "nodes": nodes, "threads": threads,
+                                      "device": lm.device})}
     write_json_atomic(out / (stem + ".json"), info)
     inputs, outputs, states = (", ".join(r[0] for r in res["written"][k]) for k in ("inputs", "outputs", "states"))
     print(f"wrote {path} ({res['bytes'] / 1e6:.1f} MB, {res['export_s']:.0f} s; inputs {inputs}; outputs {outputs}"

@@ -7,13 +7,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, check_range
+from rvqspec_lib.cli.common import apply_threads, check_range, parallel_device
 from rvqspec_lib.cli.main import main as rvqspec
 from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.speech_tokenizers import load_codec
-from rvqspec_lib.training.distributed import Parallel, extract_dataset_frames, extract_frames
+from rvqspec_lib.training.distributed import extract_dataset_frames, extract_frames
 
 
 def run(args, threads: int) -> int:
@@ -33,7 +33,7 @@ def run(args, threads: int) -> int:
         except FileNotFoundError:
             raise ValueError(f"{args.model} ships no utterances: pass --dataset and --codec") from None
     apply_threads(threads)
-    par = Parallel.detect()
+    par = parallel_device(args)
     progress = sys.stderr.isatty() and par.is_main
     lm = loader.load_model(args.model, device=par.device)
     if args.dataset:
@@ -44,9 +44,9 @@ def run(args, threads: int) -> int:
         _, utts = load_shipped_utterances(root / "utterances.safetensors", splits=[args.split],
                                           limit=args.max_utterances)
         out = extract_frames(lm, utts, args.out, parallel=par, batch_size=args.batch_size, progress=progress,
-                             source={"split": args.split, "model": args.model})
+                             source={"split": args.split, "model": args.model, "device": lm.device})
     if par.is_main:
-        print(f"wrote {par.world} shard(s) and index.json to {out}")
+        print(f"wrote {par.world} shard(s) and index.json to {out} ({lm.device}, {lm.dtype})")
     return 0
 
 

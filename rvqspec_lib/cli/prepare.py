@@ -11,7 +11,8 @@ import json
 import sys
 import time
 
-from rvqspec_lib.cli.common import add_threads_arg
+from rvqspec_lib.cli.args import add_device
+from rvqspec_lib.cli.common import add_threads_arg, check_device
 
 HELP = "get a checkpoint ready for --decoder paper and auto: speak frames, train the offsets, calibrate, time auto"
 #: ``--stages`` values, in order (:data:`rvqspec_lib.training.prepare.STAGES`; kept here so --help needs no torch).
@@ -25,7 +26,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=int, default=1500, metavar="N",
                    help="calibration frames the model speaks (the offsets train on as many, validate on a fifth; "
                         "default 1500)")
-    p.add_argument("--device", default="auto", help="auto (CUDA, then Apple's MPS, then the CPU), cpu, cuda or mps")
+    add_device(p)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="the model's dtype while preparing (auto: its own where the device runs it well, else "
                         "float32; docs/model.md#device-and-dtype)")
@@ -46,9 +47,7 @@ def check_args(args) -> list[str]:
     bad = [s for s in stages if s not in STAGES]
     if bad or not stages:
         raise ValueError(f"--stages {args.stages!r}: choose among {','.join(STAGES)}")
-    from rvqspec_lib.common.machine import resolve_device
-
-    args.device = resolve_device(args.device)  # a device not present: one line, before loading
+    check_device(args)  # a device not present: one line, before loading
     return stages
 
 

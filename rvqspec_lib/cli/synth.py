@@ -15,8 +15,8 @@ import soundfile as sf
 import torch
 
 from rvqspec_lib.cli.args import AUDIO_SUFFIXES, MAX_BATCH
-from rvqspec_lib.cli.common import apply_threads, check_outputs, check_range, check_seed, check_tree_ranks, \
-    check_utf8, make_folder, note, threads_text
+from rvqspec_lib.cli.common import apply_threads, check_device, check_outputs, check_range, check_seed, \
+    check_tree_ranks, check_utf8, make_folder, note, threads_text
 from rvqspec_lib.common.files import atomic_outputs, json_text
 from rvqspec_lib.data.frame_choice import read_lines
 from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
@@ -50,7 +50,8 @@ def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
 
 def check_args(args) -> list[tuple[Path, Path]]:
     """Every check that needs no model; sets ``args.texts`` (``--text``, or the non-blank lines of ``--text-file``),
-    ``args.decoder_name``, ``args.batch_size`` and ``args.chunk_frames`` (``--stream``: one text, a chunk within the
+    ``args.device`` (resolved: :func:`~rvqspec_lib.cli.common.check_device`), ``args.decoder_name``,
+    ``args.batch_size`` and ``args.chunk_frames`` (``--stream``: one text, a chunk within the
     frame cap, a WAV or standard output); returns the ``(audio, codes)`` paths, one pair per text.
 
     Raises:
@@ -97,10 +98,14 @@ def check_args(args) -> list[tuple[Path, Path]]:
     name = args.decoder_name = parse_decoder_name(args.decoder, without=("chain:best",))
     if name.best_window:
         raise ValueError("chain:best is chosen on calibration frames by eval-wer: give chain:N here, or --decoder auto")
-    if args.dtype in ("bfloat16", "int8", "int8-dynamic"):
-        check_precision(args.dtype)  # a precision this CPU cannot run natively: one line naming the fix
+    cpu_only = [f"--backend {args.backend}"] * (args.backend in ("native", "onnx")) + \
+        ["--talker native"] * (args.talker == "native")
+    check_device(args, " and ".join(cpu_only) or None, "--backend official, eager or compile and --talker official "
+                 "(they run on every device)")
+    if args.dtype in ("bfloat16", "int8", "int8-dynamic"):  # a precision this CPU cannot run natively: one line
+        check_precision(args.dtype, device=args.device)
     if args.backend:
-        B.check_available(args.backend, args.dtype)
+        B.check_available(args.backend, args.dtype, args.device)
         if args.backend == "native" and args.dtype not in PRECISIONS:
             raise ValueError(f"--backend native runs {', '.join(PRECISIONS)}: drop --dtype {args.dtype}")
     if args.talker == "native":
@@ -164,8 +169,9 @@ def build_runner(args, lm, sampling: Sampling) -> tuple[object, str | None]:
     (cached). Raises ValueError: ``auto`` on a model that ships no calibration frames to time on."""
     name = args.decoder_name
     if name.kind == "auto":
-        native = args.dtype in PRECISIONS and B.available_or_note("native", args.dtype, instead="--decoder auto "
-                                                                  "chooses among the official module's decoders alone")
+        native = args.dtype in PRECISIONS and B.available_or_note(
+            "native", args.dtype, args.device, instead="--decoder auto chooses among the official module's decoders "
+                                                       "alone")
         choice = budget.auto_for_model(lm, backends=[args.backend] if args.backend else ["official"] + ["native"] *
                                        native, drafter_name=name.drafter, progress=sys.stderr.isatty())
         named, backend = replace(choice.named, note=f"--decoder auto chose {choice.reason}"), choice.backend
@@ -213,8 +219,8 @@ def run(args, threads: int) -> int:
     threads = apply_threads(threads)
     t = time.perf_counter()
     startup_s = t - started  # interpreter imports (torch, transformers) and the checks
-    lm = loader.load_model(args.model, dtype={"int8": "bfloat16", "int8-dynamic": "float32"}.get(args.dtype,
-                                                                                                  args.dtype))
+    lm = loader.load_model(args.model, device=args.device,
+                           dtype={"int8": "bfloat16", "int8-dynamic": "float32"}.get(args.dtype, args.dtype))
     if args.dtype in ("int8", "int8-dynamic"):
         apply_precision(lm.code_predictor, args.dtype)  # AR and speculation alike run the int8 code predictor
     load_s = time.perf_counter() - t
@@ -248,11 +254,12 @@ def run(args, threads: int) -> int:
         if other:
             _note((f"line {i + 1}: " if len(texts) > 1 else "") + other)
 
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = torch.Generator(device=lm.device).manual_seed(args.seed)
     talker = NativeTalker(lm) if args.talker == "native" else None  # its KV cache is sized per batch by frames()
     base = {"model": args.model, "random_weights": lm.is_random, "decoder_name": args.decoder_name.text,
             **B.runner_fields(runner), "seed": args.seed, "greedy": args.greedy, "dtype": args.dtype,
-            "talker": args.talker, "threads": threads, "startup_s": startup_s, "load_s": load_s, "choose_s": choose_s}
+            "device": lm.device, "model_dtype": lm.dtype, "talker": args.talker, "threads": threads,
+            "startup_s": startup_s, "load_s": load_s, "choose_s": choose_s}
     if args.stream:
         return run_stream(args, lm, runner, talker, generator, talker_sampling, started, base, notes)
     batch = args.batch_size if len(texts) > 1 else 1
@@ -305,7 +312,8 @@ def run(args, threads: int) -> int:
            if stats["rtf"] is not None else "RTF n/a (no audio)")
     print(f"{f'{len(texts)} texts, ' * (len(texts) > 1)}{frames} frames ({audio_s:.2f} s of audio), {calls} "
           f"code-predictor calls, {tpc:.2f} tokens/call | startup {startup_s:.2f} s, load {load_s:.2f} s, "
-          f"{args.decoder_name.text} decoder {choose_s:.2f} s ({B.runner_label(base)}), synthesis "
+          f"{args.decoder_name.text} decoder {choose_s:.2f} s ({B.runner_label(base)}) on {lm.device} ({lm.dtype}), "
+          f"synthesis "
           f"{synth_s + decode_s:.2f} s (frame loop {synth_s:.2f} s + codes to audio {decode_s:.2f} s), total "
           f"{total_s:.2f} s | {rtf} | {threads_text(threads)}")
     written = ", ".join(str(p) for p in targets) if len(targets) <= 4 else \
@@ -374,7 +382,8 @@ def run_stream(args, lm, runner, talker, generator, talker_sampling, started: fl
     targets = _write(args, stats, started, {} if to_stdout else {Path(args.out).with_suffix(".npy"): codes}, {}, None)
     report = sys.stderr if to_stdout else sys.stdout
     print(f"{s['frames']} frames ({s['audio_s']:.2f} s of audio) streamed in chunks of {args.chunk_frames} frame(s) "
-          f"({B.runner_label(base)}) | time to first audio {s['ttfa_ms']:.0f} ms after the prompt "
+          f"({B.runner_label(base)}) on {lm.device} ({lm.dtype}) | time to first audio {s['ttfa_ms']:.0f} ms after the "
+          f"prompt "
           f"({s['ttfa_call_ms']:.0f} ms from the start of synthesis) | RTF {s['rtf']:.2f} | {s['underruns']} "
           f"underrun(s) ({s['stall_ms']:.0f} ms waited) | startup {base['startup_s']:.2f} s, load {base['load_s']:.2f} "
           f"s, total {stats['total_s']:.2f} s | {threads_text(s['threads'])} per side, generation and decoding "

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, check_outputs, check_range, check_seed, note, note_fewer_frames, \
-    threads_text
+from rvqspec_lib.cli.common import apply_threads, check_device, check_outputs, check_range, check_seed, note, \
+    note_fewer_frames, threads_text
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.drafters import DEFAULT_K
@@ -81,9 +81,10 @@ def run(args, threads: int) -> int:
     if facts is not None:
         _check_k(k, facts.n_code_groups)
 
+    check_device(args)  # a device not present: one line, before loading
     threads = apply_threads(threads)  # after the cheap checks
     t = time.perf_counter()
-    lm = loader.load_model(args.model, dtype=args.dtype)
+    lm = loader.load_model(args.model, device=args.device, dtype=args.dtype)
     load_s = time.perf_counter() - t
     _check_k(k, lm.n_code_groups)
     if lm.is_random:
@@ -101,7 +102,7 @@ def run(args, threads: int) -> int:
                                  progress=sys.stderr.isatty())
     train_s = time.perf_counter() - t
     res.drafter.provenance["model"] = args.model
-    res.drafter.provenance["threads"] = threads
+    res.drafter.provenance.update(threads=threads, device=lm.device, model_dtype=lm.dtype)
     save_drafter(res.drafter, out)  # the drafter and its .json, atomically; then its curve
     write_json_atomic(curve, res.to_json())
     total_s = time.perf_counter() - started
@@ -109,7 +110,8 @@ def run(args, threads: int) -> int:
     print(f"{args.drafter} ({res.drafter.params_added:,} parameters, loss {args.loss}): validation loss "
           f"{c0['val_loss']:.4f} -> {cb['val_loss']:.4f}, exact acceptance by offset "
           f"{[round(a, 3) for a in c0['val_acceptance_by_offset']]} -> "
-          f"{[round(a, 3) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}) | load {load_s:.1f} s, "
+          f"{[round(a, 3) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}) | {lm.device} "
+          f"({lm.dtype}) | load {load_s:.1f} s, "
           f"train {train_s:.1f} s, total {total_s:.1f} s | {threads_text(threads)}")
     print(f"wrote {out}, {out.with_suffix('.json')} and {curve}")
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads
+from rvqspec_lib.cli.common import apply_threads, parallel_device
 from rvqspec_lib.cli.main import main as rvqspec
 from rvqspec_lib.cli.train_drafter import check_training_flags
 from rvqspec_lib.data.frame_choice import check_frames_path
@@ -15,7 +15,7 @@ from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import make_drafter, save_drafter
 from rvqspec_lib.models.frame import inner_sampling
-from rvqspec_lib.training.distributed import Parallel, load_frame_shards
+from rvqspec_lib.training.distributed import load_frame_shards
 from rvqspec_lib.training.drafters import train_drafter
 
 
@@ -35,7 +35,7 @@ def run(args, threads: int) -> int:
         if problem:
             raise ValueError(problem)
     apply_threads(threads)
-    par = Parallel.detect()
+    par = parallel_device(args)
     train = _frames(args.frames)
     val = _frames(args.val_frames) if args.val_frames else None
     lm = loader.load_model(args.model, device=par.device)
@@ -45,10 +45,10 @@ def run(args, threads: int) -> int:
                         val_fraction=args.val_fraction, seed=args.seed, progress=sys.stderr.isatty() and par.is_main,
                         curve_path=Path(args.out).with_suffix(".curve.json"), parallel=par)
     if par.is_main:
-        res.drafter.provenance["model"] = args.model
+        res.drafter.provenance.update(model=args.model, device=lm.device, model_dtype=lm.dtype)
         save_drafter(res.drafter, Path(args.out))
         c0, cb = res.curve[0], res.curve[res.best_epoch]
-        print(f"{args.drafter} on {par.world} process(es): validation acceptance "
+        print(f"{args.drafter} on {par.world} process(es) on {lm.device} ({lm.dtype}): validation acceptance "
               f"{[round(a, 4) for a in c0['val_acceptance_by_offset']]} -> "
               f"{[round(a, 4) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}); wrote {args.out}")
     par.barrier()

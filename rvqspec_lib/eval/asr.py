@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import re
 import tempfile
 import unicodedata
@@ -210,8 +211,6 @@ WHISPER_CPU_PINS = {"CT2_FORCE_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE"}
 def pin_whisper_cpu_kernels() -> dict[str, str]:
     """Set :data:`WHISPER_CPU_PINS` in this process's environment where unset (x86-64 only: elsewhere nothing is
     pinned); returns the values in force. Takes effect only if no CTranslate2 model ran earlier in the process."""
-    import platform
-
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return {}
     return {k: os.environ.setdefault(k, v) for k, v in WHISPER_CPU_PINS.items()}

@@ -1,13 +1,19 @@
 """Whisper offline (rvqspec_lib.eval.asr.FasterWhisperASR, rvqspec_lib.eval.asr_models): the bundled tiny.en
 transcribes flite speech, silence and another sentence's audio do not give the reference (negative controls), a
 CTranslate2 folder works through ``whisper:PATH``, and a missing folder or a folder that is not a Whisper model is
-refused in one line before anything loads.
+refused in one line before anything loads, and the transcripts do not change when the CPU kernels do (the cross-CPU
+check that one machine can run: two instruction-set pins in two processes).
 
-The model loads once per module (about half a second); each transcription takes a fraction of a second."""
+The model loads once per module (about half a second); each transcription takes one to three seconds."""
 
 from __future__ import annotations
 
 import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +21,14 @@ import pytest
 pytest.importorskip("faster_whisper")
 
 from rvqspec_lib.data.voices import render_one  # noqa: E402
-from rvqspec_lib.eval.asr import FasterWhisperASR, cer, wer, whisper_model_kind  # noqa: E402
+from rvqspec_lib.eval.asr import (  # noqa: E402
+    WHISPER_CPU_PINS,
+    FasterWhisperASR,
+    cer,
+    pin_whisper_cpu_kernels,
+    wer,
+    whisper_model_kind,
+)
 from rvqspec_lib.eval.asr_models import (  # noqa: E402
     WHISPER_TINY_EN,
     bundled_whisper_path,
@@ -42,13 +55,16 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def speech(tmp_path_factory):
+def speech_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("whisper")
-    out = {}
     for name, text in (("fox", FOX), ("lemons", LEMONS)):
         render_one(text, "slt", d / f"{name}.wav")
-        out[name] = load_wav(d / f"{name}.wav")  # 24 kHz, resampled to 16 kHz inside
-    return out
+    return {"fox": d / "fox.wav", "lemons": d / "lemons.wav"}
+
+
+@pytest.fixture(scope="module")
+def speech(speech_files):
+    return {name: load_wav(path) for name, path in speech_files.items()}  # 24 kHz, resampled to 16 kHz inside
 
 
 def test_default_english_recogniser_is_tiny_en(tiny):
@@ -92,6 +108,67 @@ def test_whisper_path_with_a_ctranslate2_folder(tiny, speech, tmp_path):
     assert asr.transcribe(speech["fox"], 24000) == tiny.transcribe(speech["fox"], 24000)  # the same model
     with pytest.raises(ValueError, match="English-only"):  # tiny.en is asked for German
         whisper_asr(str(folder), language="de")
+
+
+#: one process: the default recogniser's transcripts of the WAVs in argv, a hash of its encoder output for each, and the
+#: kernel settings in force (CTranslate2 and oneMKL read them once per process, so each setting needs its own process).
+_TRANSCRIBE = """
+import hashlib, json, os, sys
+import ctranslate2, numpy as np
+from rvqspec_lib.eval.asr import WHISPER_CPU_PINS, _mono_at
+from rvqspec_lib.eval.asr_models import whisper_tiny_en
+from rvqspec_lib.models.audio import load_wav
+asr = whisper_tiny_en()
+out = {"pins": {k: os.environ.get(k) for k in WHISPER_CPU_PINS}, "texts": [], "encoder": []}
+for path in sys.argv[1:]:
+    wav = _mono_at(load_wav(path), 24000, 16000)
+    out["texts"].append(asr.transcribe(wav, 16000))
+    feats = np.zeros((80, 3000), np.float32)
+    f = asr._model.feature_extractor(wav)[:, :3000]
+    feats[:, :f.shape[1]] = f
+    enc = asr._model.model.encode(ctranslate2.StorageView.from_array(feats[None]), to_cpu=True)
+    out["encoder"].append(hashlib.sha1(np.asarray(enc).tobytes()).hexdigest())
+print(json.dumps(out))
+"""
+
+
+def _transcribe_in_process(paths, **kernel_env) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in WHISPER_CPU_PINS}
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    r = subprocess.run([sys.executable, "-c", _TRANSCRIBE, *map(str, paths)], env={**env, **kernel_env},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_pin_sets_only_what_is_unset(monkeypatch):
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        assert pin_whisper_cpu_kernels() == {}
+        return
+    for k in WHISPER_CPU_PINS:
+        monkeypatch.delenv(k, raising=False)
+    assert pin_whisper_cpu_kernels() == WHISPER_CPU_PINS == {k: os.environ[k] for k in WHISPER_CPU_PINS}
+    monkeypatch.setenv("MKL_CBWR", "AUTO")  # an explicit setting wins
+    assert pin_whisper_cpu_kernels() == {**WHISPER_CPU_PINS, "MKL_CBWR": "AUTO"}
+
+
+@pytest.mark.slow
+def test_transcripts_do_not_depend_on_the_cpu_kernels(tiny, speech, speech_files):
+    # the pinned kernels (the default) against this CPU's own: CTranslate2 at its widest instruction set here (AVX-512,
+    # else the generic C++ one) and oneMKL dispatching on the CPU. Other kernels give other encoder bits (checked: the
+    # comparison is not of one path with itself); the transcripts must not change.
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the kernel pins are for x86-64 CPUs")
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    other = {"CT2_FORCE_CPU_ISA": "AVX512" if " avx512f" in flags else "GENERIC", "MKL_CBWR": "AUTO"}
+    paths = [speech_files["fox"], speech_files["lemons"]]
+    pinned, native = _transcribe_in_process(paths), _transcribe_in_process(paths, **other)
+    assert pinned["pins"] == WHISPER_CPU_PINS and native["pins"] == other
+    assert all(a != b for a, b in zip(pinned["encoder"], native["encoder"])), "the two settings ran the same kernels"
+    assert pinned["texts"] == native["texts"]
+    # and this process's recogniser (pinned when it was created) gives the pinned process's transcripts
+    assert pinned["texts"] == [tiny.transcribe(speech["fox"], 24000), tiny.transcribe(speech["lemons"], 24000)]
 
 
 def _one_line(excinfo) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import re
 import tempfile
 import unicodedata
@@ -200,13 +201,31 @@ def whisper_model_kind(path: str | os.PathLike) -> str:
                      "config.json with model_type \"whisper\" (transformers)")
 
 
+#: the CPU kernels Whisper runs on, the same on every x86-64 CPU (docs/model.md#recognisers): CTranslate2's own kernels
+#: (softmax, layer norm, GELU) at AVX2, and oneMKL's matrix products in its COMPATIBLE branch (documented by oneMKL to
+#: give the same results on Intel and Intel-compatible CPUs). Set for the process where the first recogniser is
+#: created (both libraries read them when they first run); a value already in the environment wins.
+WHISPER_CPU_PINS = {"CT2_FORCE_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE"}
+
+
+def pin_whisper_cpu_kernels() -> dict[str, str]:
+    """Set :data:`WHISPER_CPU_PINS` in this process's environment where unset (x86-64 only: elsewhere nothing is
+    pinned); returns the values in force. Takes effect only if no CTranslate2 model ran earlier in the process."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}
+    return {k: os.environ.setdefault(k, v) for k, v in WHISPER_CPU_PINS.items()}
+
+
 class FasterWhisperASR(ASR):
-    """Whisper in CTranslate2 format through ``faster-whisper`` (16 kHz; other rates resampled), deterministic: beam
-    search at temperature 0, no voice-activity filter, no previous text.
+    """Whisper in CTranslate2 format through ``faster-whisper`` (16 kHz; other rates resampled), deterministic and the
+    same on every x86-64 CPU: float32 weights and activations, CPU kernels pinned (:func:`pin_whisper_cpu_kernels`),
+    one thread, beam search at temperature 0 alone (no fallback), no voice-activity filter, no previous text.
 
     Args:
         model_dir: a CTranslate2 Whisper folder. language: forced on a multilingual model (``None``: detect); an
-            English-only model takes English only. beam_size, cpu_threads, compute_type, device: CTranslate2's.
+            English-only model takes English only. beam_size, cpu_threads, compute_type, device: CTranslate2's
+            (``compute_type="int8"`` is about 3x faster on the CPU, but its kernels differ by instruction set: see
+            docs/model.md#recognisers).
         label: name for tables (default ``"whisper:<model_dir>"``).
 
     Raises:
@@ -217,7 +236,7 @@ class FasterWhisperASR(ASR):
     sample_rate = 16000
 
     def __init__(self, model_dir: str | os.PathLike, *, language: str | None = "en", beam_size: int = 5,
-                 cpu_threads: int = 1, compute_type: str = "int8", device: str = "cpu", label: str | None = None):
+                 cpu_threads: int = 1, compute_type: str = "float32", device: str = "cpu", label: str | None = None):
         kind = whisper_model_kind(model_dir)
         if kind != "ctranslate2":
             raise ValueError(f"{model_dir} is a transformers Whisper checkpoint, not a CTranslate2 folder: load it "
@@ -227,6 +246,8 @@ class FasterWhisperASR(ASR):
         except ImportError as e:
             raise ImportError("faster-whisper is not installed: pip install -r requirements.txt "
                               "(faster-whisper==1.2.1)") from e
+        if device == "cpu":
+            pin_whisper_cpu_kernels()
         self._model = WhisperModel(str(Path(model_dir).expanduser()), device=device, compute_type=compute_type,
                                    cpu_threads=int(cpu_threads))
         if not self._model.model.is_multilingual:

@@ -45,7 +45,8 @@ def _looks_like_path(model: str) -> bool:
 
 
 def whisper_asr(model: str = WHISPER_TURBO, *, language: str | None = None, device: str = "cpu") -> ASR:
-    """Whisper from a local folder (CTranslate2: faster-whisper, CPU int8, one thread) or a transformers checkpoint
+    """Whisper from a local folder (CTranslate2: faster-whisper, CPU float32 on pinned
+    kernels, one thread) or a transformers checkpoint
     or hub id, its ``language`` (ISO code) forced; ``None``: detect.
 
     Raises:

@@ -681,12 +681,13 @@ display(Markdown("Saturation window (within 2% of the best window): " + ", ".joi
 # decode loop, accept rule and tree calibration:
 #
 # * **peak**, the swept quantity: a frame draws evidence x_d ~ N(0, I) over its V = 16 codes for every depth d, and
-#   the target is p_d = softmax(peak · x_d) (0: uniform p; 16: the top code carries about 0.9 of p).
+#   the target is p_d = softmax(peak · x_d) (`peak = 0`: uniform p; the larger the peak, the more of p its top code
+#   carries: the sweep's table says how much).
 # * **drift**: the reused head of depth s + t, applied to `H_s`, adds a fixed logit vector t · drift · g (g ~ N(0, I),
 #   the same in every frame): the shift the offsets exist to correct. Here b_t = t along the state's position
 #   coordinate removes it exactly (`exact_offsets`; `regime_rows(offsets="trained")` trains them instead with the
 #   library's `train_drafter` on the TV loss, tens of seconds a peak: compare its curve with the exact one).
-# * **foresight** 0.5: `H_s` holds code s + t's evidence at weight 0.5^t, so a draft is flatter than p (it knows
+# * **foresight** `0.5`: `H_s` holds code s + t's evidence at weight `0.5^t`, so a draft is flatter than p (it knows
 #   less), as drafts made from an earlier state are.
 #
 # Each drafter gets its own calibrated point-mass and sampled tree of N = 32 (`rvqspec_lib.eval.calibration

@@ -148,8 +148,8 @@ def test_paper_needs_a_model_that_ships_the_offsets(tmp_path, capsys, no_load):
     (["bench", "frames", "--model", "embedded", "--backends", "eager", "--decoders", "paper:0"], "outside 2..64"),
     (["bench", "latency", "--model", "embedded", "--decoders", "paper"],  # decoders are timed as frames only
      "--decoders is a flag of rvqspec bench frames, not of bench latency: drop it, or run rvqspec bench frames"),
-    (["bench", "--model", "embedded", "--decoders", "paper"],  # the old form
-     "rvqspec bench --decoders NAMES is now rvqspec bench frames --decoders NAMES"),
+    (["bench", "--model", "embedded", "--decoders", "paper"],  # no job named: one line listing the jobs
+     "is not an rvqspec bench command: use latency, precisions, frames, table or pipeline"),
     (["export", "--model", "tiny-random", "--format", "onnx", "--graph", "verify", "--decoder", "paper"],
      "'offsets' drafter is not shipped beside tiny-random"),
     (["export", "--model", "embedded", "--format", "onnx", "--graph", "verify", "--decoder", "paper:99"],

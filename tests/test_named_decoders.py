@@ -135,7 +135,7 @@ def test_check_files_answers_before_any_model_loads(tmp_path, no_load):
     model = tmp_path / "model"
     (model / "trees").mkdir(parents=True)
     (model / "drafters").symlink_to(EMBEDDED / "drafters")
-    with pytest.raises(FileNotFoundError, match="--drafter offsets"):  # no trees/offsets.json: the command to make it
+    with pytest.raises(FileNotFoundError, match="rvqspec prepare --model"):  # no trees/offsets.json: the command to make it
         ND.check_files("paper", model)
     cut = _cal("offsets")
     cut["budgets"] = [2, 3]

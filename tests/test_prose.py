@@ -82,12 +82,18 @@ def measured_numbers(text: str) -> list[tuple[str, str, str]]:
     return found
 
 
+#: A notebook cell headed as worked by hand ("### Greedy growth and E(N) by hand") types a toy's inputs and the
+#: steps a reader redoes with a pencil; the code cell after it checks every one against the library.
+_BY_HAND = re.compile(r"^#+ .*\bby hand\b", re.IGNORECASE | re.M)
+
+
 def notebook_violations(path: Path) -> list[str]:
-    """Measured numbers typed in a notebook's Markdown cells (jupytext percent file), one message each."""
+    """Measured numbers typed in a notebook's Markdown cells (jupytext percent file), one message each; a cell headed
+    as worked by hand (:data:`_BY_HAND`) is exempt."""
     jupytext = pytest.importorskip("jupytext")
     nb = jupytext.read(path)
     return [f"{path.name} cell {i}: {num}{unit!s} typed in Markdown ({sentence[:120]!r})"
-            for i, cell in enumerate(nb.cells) if cell.cell_type == "markdown"
+            for i, cell in enumerate(nb.cells) if cell.cell_type == "markdown" and not _BY_HAND.search(cell.source)
             for num, unit, sentence in measured_numbers(cell.source)]
 
 

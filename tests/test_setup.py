@@ -111,7 +111,7 @@ def test_the_makefile_runs_the_script_for_test_paper_and_embedded():
     make = shutil.which("make")
     if make is None:
         pytest.skip("no make")
-    for goal, next_cmd in (("test", "pytest"), ("paper", "papermill"), ("embedded", "build_embedded.py")):
+    for goal, next_cmd in (("test", "pytest"), ("paper", "papermill"), ("embedded", "recipes.embedded.build")):
         env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}  # not an outer make's flags
         r = subprocess.run([make, "-n", "-C", str(REPO), "-o", ".venv/.installed", goal, "FIG_DIR=build/_dry_run"],
                            capture_output=True, text=True, timeout=60, env=env)

@@ -26,6 +26,7 @@ PACKAGES = ("rvqspec_lib", "bench", "paper", "tools", "recipes", "scripts")
 NOT_FILES = {
     ("rvqspec_lib/eval/budget.py", "{k: calibration.get(k) for k in KINDS}"): "a digest of the calibration",
     ("rvqspec_lib/eval/budget.py", "key"): "a key inside the timing store (a string)",
+    ("rvqspec_lib/training/prepare.py", "key"): "the same key of the timing store, looked up",
     ("recipes/embedded/model_card.py", "m.get('tokenizer')"): "a name quoted in the model card's prose",
     ("scripts/stats.py", "s"): "line counts printed to the terminal",
 }

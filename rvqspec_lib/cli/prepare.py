@@ -7,7 +7,6 @@ timed; each stage skips when its output is complete, so a second run (or one aft
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -60,7 +59,7 @@ def run(args, threads: int) -> int:
     started = getattr(args, "_started", None) or time.perf_counter()
     stages = check_args(args)
     from rvqspec_lib.cli.common import apply_threads, note, threads_text
-    from rvqspec_lib.common.files import write_text_atomic
+    from rvqspec_lib.common.files import write_json_atomic
     from rvqspec_lib.models import loader
     from rvqspec_lib.models.drafter_files import model_drafter_dir
     from rvqspec_lib.training.prepare import prepare
@@ -82,8 +81,8 @@ def run(args, threads: int) -> int:
                    stages=stages, progress=sys.stderr.isatty())
     total_s = time.perf_counter() - started
     if args.json:
-        write_text_atomic(args.json, json.dumps({"model": args.model, **done.to_json(), "threads": threads,
-                                                 "load_s": load_s, "total_s": total_s}, indent=1) + "\n")
+        write_json_atomic(args.json, {"model": args.model, **done.to_json(), "threads": threads, "load_s": load_s,
+                                      "total_s": total_s})
     ran = [s.stage for s in done.stages if not s.skipped]
     print(f"prepared {args.model} in {done.folder} on {done.device} ({done.dtype}): ran "
           f"{', '.join(ran) or 'nothing (every stage complete)'} | load {load_s:.1f} s, total {total_s:.1f} s | "

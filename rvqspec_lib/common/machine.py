@@ -69,12 +69,15 @@ def present_devices() -> tuple[str, ...]:
 
 def resolve_device(name: str = "auto") -> str:
     """``auto`` -> the best present device (:func:`present_devices`: CUDA, then MPS, then the CPU); ``cpu``,
-    ``cuda``, ``cuda:N``, ``mps`` -> themselves once checked present.
+    ``cuda``, ``cuda:N``, ``mps`` -> themselves once checked present (``cpu:0``, torch's name of the CPU, is
+    ``cpu``).
 
     Raises:
         ValueError: an unknown name, or a device that is not present here (one line naming those that are).
     """
     name = str(name).strip().lower()
+    if name == "cpu:0":  # torch's and accelerate's name of the one CPU device
+        name = "cpu"
     kind, _, index = name.partition(":")
     if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
         raise ValueError(f"unknown device {name!r}: use one of {', '.join(DEVICES)} (or cuda:N)")

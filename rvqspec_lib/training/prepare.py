@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from rvqspec_lib.common.files import write_text_atomic
+from rvqspec_lib.common.files import json_text, write_json_atomic, write_text_atomic
 from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.common.provenance import provenance
@@ -204,7 +204,7 @@ def speak(lm: LoadedModel, folder: Path, targets: dict[str, int], *, texts: Sequ
                          "text_index": i})
             have[split] += n
         write_shipped_utterances(rows, codes, partial)  # keeps text_index: the manifest's extra field below
-        write_text_atomic(partial.with_suffix(".jsonl"), "".join(json.dumps(r, ensure_ascii=False) + "\n"
+        write_text_atomic(partial.with_suffix(".jsonl"), "".join(json_text(r, indent=None, ensure_ascii=False) + "\n"
                                                                    for r in rows))
         if progress:
             bar.update(sum(min(have[s], t) for s, t in targets.items()) - before)
@@ -214,7 +214,7 @@ def speak(lm: LoadedModel, folder: Path, targets: dict[str, int], *, texts: Sequ
         raise ValueError(f"{lm.name} spoke no frame of any calibration text (end of speech at once): check the model")
     final = folder / "utterances.safetensors"
     write_shipped_utterances(rows, codes, final)
-    write_text_atomic(final.with_suffix(".jsonl"), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    write_text_atomic(final.with_suffix(".jsonl"), "".join(json_text(r, indent=None, ensure_ascii=False) + "\n" for r in rows))
     partial.unlink(missing_ok=True)
     partial.with_suffix(".jsonl").unlink(missing_ok=True)
     return rows
@@ -241,7 +241,7 @@ def train_offsets(lm: LoadedModel, folder: Path, targets: dict[str, int], *, see
                                   command="rvqspec prepare")
     out = drafter_path(folder, "offsets")
     save_drafter(res.drafter, out)
-    write_text_atomic(out.with_suffix(".curve.json"), json.dumps(res.to_json(), indent=1, default=str) + "\n")
+    write_json_atomic(out.with_suffix(".curve.json"), res.to_json())
     return out
 
 
@@ -347,7 +347,7 @@ def _auto_cached(lm: LoadedModel, dtypes: Sequence[str]) -> bool:
     for name in dtypes:
         key = _with_code_predictor_dtype(lm, _DTYPES[name], lambda: budget.cache_key(
             lm.name, lm.code_predictor, cal, "heads", auto_backends(name)))
-        if json.dumps(key, sort_keys=True) not in store:
+        if json.dumps(key, sort_keys=True) not in store:  # the store's own key (budget.auto_decoder)
             return False
     return True
 

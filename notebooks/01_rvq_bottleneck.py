@@ -121,7 +121,7 @@ print(f"model {run_model}, outputs -> {out}")
 # The model's geometry as loaded: layers and widths of both loops, parameters, codebooks and frame rate.
 
 # %%
-loaded = load_model(run_model, seed=seed, device=device)
+loaded = load_model(run_model, seed=seed, device=device, dtype="float32")
 info = loaded.describe()
 run_native = bool(native) and available("native", device="cpu")[0] and \
     next(loaded.talker.parameters()).device.type == "cpu"
@@ -284,7 +284,7 @@ plt.show()
 compared = [latency.model_row(result)]
 small, small_quiet = None, None
 if compare_model:
-    small = load_model(compare_model, seed=seed, device=device)
+    small = load_model(compare_model, seed=seed, device=device, dtype="float32")
     small_result, small_quiet = measure_quietly(lambda: latency.bench_model(
         small, prefix_len=prefix_len, query_sizes=query_sizes, talker_context=talker_context, native=run_native,
         warmup=run_warmup, repeats=run_repeats, seed=seed, progress=True, noise_target=run_noise_target),

@@ -189,7 +189,7 @@ print(f"model {run_model} (frames from {root or dataset}), outputs -> {out}")
 # (`rvqspec_lib.data.frame_sources.frames_from_shipped`).
 
 # %%
-lm = load_model(run_model, device=device)
+lm = load_model(run_model, device=device, dtype="float32")
 cp = lm.code_predictor
 info = lm.describe()
 sampling = inner_sampling(lm)

@@ -155,7 +155,7 @@ print(f"model {run_model}, outputs -> {out}")
 
 # %%
 # on the CPU whatever `make paper DEVICE=...` says: section 6 times this model through the native backend (CPU only)
-lm = load_model(run_model, device="cpu")
+lm = load_model(run_model, device="cpu", dtype="float32")
 cp = lm.code_predictor
 sampling = inner_sampling(lm)
 n_codes = lm.n_code_groups - 1
@@ -420,7 +420,7 @@ def cost_curve(code_predictor, random_weights: bool, repeats: int):
 
 
 cost, cost_quiet = cost_curve(cp, lm.is_random, max(3, speed_repeats // 2))
-big_lm = load_model(compare_model, device="cpu")
+big_lm = load_model(compare_model, device="cpu", dtype="float32")
 big_cost, big_quiet = cost_curve(big_lm.code_predictor, big_lm.is_random, max(2, compare_repeats))
 big_is_random = bool(big_lm.is_random)
 big_words = "RANDOM weights: cost only" if big_is_random else "trained weights"

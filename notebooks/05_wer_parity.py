@@ -168,7 +168,7 @@ print(f"model {model}, languages {languages}, outputs -> {out}")
 # frames.
 
 # %%
-lm = load_model(model, device=device)
+lm = load_model(model, device=device, dtype="float32")
 own_codec = getattr(lm.speech_tokenizer, "codec", None)
 the_codec = load_codec(codec) if codec else own_codec
 if the_codec is None:

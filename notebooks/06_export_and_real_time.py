@@ -155,7 +155,7 @@ backends_df
 # %%
 # every model here loads on the CPU whatever `make paper DEVICE=...` says: this notebook times the native forward,
 # the native talker and the CPU's precisions, which run on the CPU only (the GPU leg: `make bench-gpu`)
-cost_lm = load_model(run_cost_model, seed=seed, device="cpu")
+cost_lm = load_model(run_cost_model, seed=seed, device="cpu", dtype="float32")
 cost_cp = cost_lm.code_predictor.eval()
 exported = []
 for graph, fmt, dtype in run_exports:
@@ -182,8 +182,8 @@ graphs_df[show]
 # `rvqspec export --graph verify --decoder paper` does, and checked against eager PyTorch.
 
 # %%
-lm = load_model(model, seed=seed, device="cpu")
-paper_lm = lm if has_paper_decoder(lm) else load_model(EMBEDDED_MODEL, device="cpu")
+lm = load_model(model, seed=seed, device="cpu", dtype="float32")
+paper_lm = lm if has_paper_decoder(lm) else load_model(EMBEDDED_MODEL, device="cpu", dtype="float32")
 paper_model = model if paper_lm is lm else EMBEDDED_MODEL
 if paper_lm is not lm:
     display(Markdown(f"`{model}` ships no offsets with a calibration: the paper's decoder is taken from "
@@ -449,7 +449,7 @@ conc[["model", "precision", "row", "decoder", "layout", "batch", "frame_ms", "tt
 # and played.
 
 # %%
-listen_lm = lm if model == EMBEDDED_MODEL else load_model(EMBEDDED_MODEL, device="cpu")
+listen_lm = lm if model == EMBEDDED_MODEL else load_model(EMBEDDED_MODEL, device="cpu", dtype="float32")
 pick = next((r for r in pipe["rows"] if r["model"] == EMBEDDED_MODEL and r["row"] == "best speculative"
              and r["precision"] == "float32"), None)
 label, fused = (pick["decoder"], bool(pick["fused"])) if pick else ("chain:4", False)

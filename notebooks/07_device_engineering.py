@@ -163,9 +163,9 @@ display(pd.DataFrame(backend_table()))
 # length of `talker_contexts`. Its floor counts the weights; the KV cache it attends adds bytes as the context grows.
 
 # %%
-# on the CPU whatever `make paper DEVICE=...` says: this notebook times the CPU's precisions and the native forward,
-# which run on the CPU only (the GPU leg: `make bench-gpu`)
-lm = load_model(model, device="cpu")
+# on the CPU in float32 whatever `make paper DEVICE=...` says: this notebook times the CPU's precisions (each derived
+# from float32) and the native forward, which run on the CPU only (the GPU leg: `make bench-gpu`)
+lm = load_model(model, device="cpu", dtype="float32")
 random_weights = bool(lm.is_random)
 weights_words = "RANDOM weights: timing only" if random_weights else "trained weights"
 t0 = time.perf_counter()
@@ -238,7 +238,7 @@ display(Markdown(" ".join(lines)))
 # each run's timing noise.
 
 # %%
-small = load_model(small_model, device="cpu")
+small = load_model(small_model, device="cpu", dtype="float32")
 small_cp = small.code_predictor
 named = resolve_all(list(batch_decoders), small)
 batch_runners, batch_absent = S.build_runners([b for b in batch_backends], small_cp, named)

@@ -202,9 +202,8 @@ def whisper_model_kind(path: str | os.PathLike) -> str:
 
 
 #: the CPU kernels Whisper runs on, the same on every x86-64 CPU (docs/model.md#recognisers): CTranslate2's own kernels
-#: (softmax, layer norm, GELU) at AVX2, and oneMKL's matrix products in its COMPATIBLE branch (documented by oneMKL to
-#: give the same results on Intel and Intel-compatible CPUs). Set for the process where the first recogniser is
-#: created (both libraries read them when they first run); a value already in the environment wins.
+#: (softmax, layer norm, GELU) at AVX2. Set for the process where the first recogniser is created (CTranslate2 reads it
+#: when it first runs); a value already in the environment wins.
 WHISPER_CPU_PINS = {"CT2_FORCE_CPU_ISA": "AVX2"}
 #: (``MKL_CBWR=COMPATIBLE`` is left to the environment a run starts in: torch's oneMKL reads it too, and a variable set
 #: in this process reaches every child process, where it changed torch's numbers: docs/model.md.)

@@ -303,7 +303,7 @@ def parallel_device(args):
     if asked != "auto" and asked.split(":")[0] != par.device.split(":")[0]:
         raise ValueError(f"--device {asked}: accelerate launch runs this process on {par.device}; give --device auto, "
                          "or choose the device with accelerate (accelerate launch --cpu for the CPU)")
-    args.device = "cpu" if par.device.startswith("cpu") else par.device  # accelerate names the CPU "cpu:0"
+    args.device = par.device  # accelerate's "cpu:0" is the CPU to resolve_device too
     return par
 
 

@@ -177,10 +177,18 @@ $(PARAMS_FILE): FORCE
 	@echo '$(PM_PARAMS)' | cmp -s - $@ || { echo '$(PM_PARAMS)' > $@.part && mv -f $@.part $@; \
 	  echo "paper: $(FIG_DIR)/ gets new parameters: $(PM_PARAMS)"; }
 
+# The notebooks whose numbers must not follow the CPU's instruction set (00: the recogniser on fixed audio; 05: it, and
+# the decoders it samples) run with their kernels pinned before Python starts, on x86-64: oneMKL's compatible branch,
+# torch's own kernels and oneDNN at AVX2, OpenBLAS's Haswell kernel (docs/reproducibility.md#on-another-cpu). The
+# timing notebooks keep the CPU's own kernels: they measure this machine.
+PINNED_NB     ?= 00 05
+PIN_ENV       := $(if $(filter x86_64 amd64,$(shell uname -m)),MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=avx2 \
+                 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell)
+
 # RVQSPEC_PROGRESS=console: progress bars go to this console, not into the executed notebook (common/progress.py)
 $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices
 	@mkdir -p $(PARTIAL_DIR) $(EXEC_DIR) $(FIG_DIR)
-	RVQSPEC_PROGRESS=console $(VENV)/bin/papermill $< $(PARTIAL_DIR)/$*.partial.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
+	$(if $(filter $(PINNED_NB),$(firstword $(subst _, ,$*))),$(PIN_ENV)) RVQSPEC_PROGRESS=console $(VENV)/bin/papermill $< $(PARTIAL_DIR)/$*.partial.ipynb -k python3 --language python --cwd $(CURDIR) $(PM_PARAMS)
 	@mv -f $(PARTIAL_DIR)/$*.partial.ipynb $(EXEC_DIR)/$*.ipynb
 	@echo "$(RUN_ID) $$(date -u +%Y-%m-%dT%H:%M:%SZ) $(EXEC_DIR)/$*.ipynb" > $@.part && mv -f $@.part $@
 

@@ -131,29 +131,13 @@ def test_one_clean_run_behind_the_library_fails_the_check_but_not_the_suite(repo
     assert FC.suite_failures(rep) == []  # the suite reports it while the library is being changed
 
 
-def test_legacy_records_are_reported_not_failed(repo, tmp_path):
-    root, shas = repo
-    fig = _copy_figures(tmp_path / "figures", shas["C"])
-    for p in fig.rglob("*.json"):  # as written before the tracked-sources rule: no changed_sources, all dirty
-        _set_git(fig, str(p.relative_to(fig)), revision=shas["B"] if "03_" in p.name else shas["C"], dirty=True)
-    rep = FC.check_figures(fig, root=root)
-    assert rep.legacy and not rep.ok and FC.suite_failures(rep) == []
-    # one figure regenerated under the new rule, the rest left legacy: the suite fails (a partial regeneration)
-    _set_git(fig, "04_trees.provenance.json", revision=shas["C"], dirty=False, changed_sources=[])
-    assert FC.suite_failures(FC.check_figures(fig, root=root))
-
-
 def test_the_committed_figures(capsys):
-    """The suite's rule on the committed tree: legacy figures (before their first regeneration) are reported, and
-    `make check-figures` fails on them; once regenerated, figures/ must be one clean run (the sources may move on)."""
+    """The suite's rule on the committed tree: figures/ must be one clean run (the sources may move on)."""
     rep = FC.check_figures("figures")
     with capsys.disabled():
         print(f"\ncheck-figures on the committed figures/: {'OK' if rep.ok else 'FAIL'} "
-              f"({len(rep.lines)} problems, {len(rep.revisions)} revisions; suite rule: "
-              f"{'legacy, reported' if rep.legacy else 'one clean run required'})")
+              f"({len(rep.lines)} problems, {len(rep.revisions)} revisions)")
     assert FC.suite_failures(rep) == [], "\n".join(FC.suite_failures(rep))
-    if rep.legacy:
-        assert not rep.ok and any(k == "stale" for k in rep.kinds)  # today's legacy figures fail the check itself
 
 
 def test_make_check_figures_runs_the_script():

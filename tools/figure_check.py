@@ -24,8 +24,7 @@ REGENERATE = "regenerate every figure with one `make paper` on a clean checkout 
 @dataclass(frozen=True)
 class Record:
     """One result's provenance: ``name`` (path in the folder, sidecar suffix dropped), ``revision``, ``dirty``,
-    ``changed_sources`` (``None``: a *legacy* record, older than the tracked-sources rule), ``error`` when
-    unreadable, and the ``files`` a sidecar describes (relative to the folder)."""
+    ``changed_sources``, ``error`` when unreadable, and the ``files`` a sidecar describes (relative to the folder)."""
 
     name: str
     revision: str | None
@@ -33,10 +32,6 @@ class Record:
     changed_sources: tuple[str, ...] | None
     error: str | None = None
     files: tuple[str, ...] = ()
-
-    @property
-    def legacy(self) -> bool:
-        return self.error is None and self.changed_sources is None
 
 
 def _git_record(path: Path) -> tuple[dict | None | str, tuple[str, ...]]:
@@ -110,11 +105,6 @@ class Report:
                 groups.setdefault(r.revision, []).append(r)
         return groups
 
-    @property
-    def legacy(self) -> bool:
-        """Every record predates the tracked-sources rule (the committed figures before their first regeneration)."""
-        return bool(self.records) and all(r.legacy or r.error for r in self.records)
-
     def add(self, kind: str, line: str) -> None:
         self.kinds.append(kind)
         self.lines.append(line)
@@ -181,7 +171,7 @@ def check_figures(fig_dir: str | os.PathLike = "figures", root: str | os.PathLik
         changed = _changed_between(rev, base) if rev else None
         if one and not dirty and changed == []:
             continue  # the one clean run, and the sources are those of HEAD
-        what = ("legacy, " if all(r.legacy for r in recs) else "") + f"{len(dirty)} dirty"
+        what = f"{len(dirty)} dirty"
         named = sorted({s for r in dirty for s in (r.changed_sources or ())})
         if named:
             what += " in " + ", ".join(named)
@@ -203,10 +193,8 @@ def check_figures(fig_dir: str | os.PathLike = "figures", root: str | os.PathLik
 
 
 def suite_failures(rep: Report) -> list[str]:
-    """The lines of :func:`check_figures` that fail the test suite: not one clean run (sources changed since, or
-    legacy records only, are reported and pass while the library changes; docs/reproducibility.md)."""
-    if rep.legacy:
-        return []
+    """The lines of :func:`check_figures` that fail the test suite: not one clean run (sources changed since are
+    reported and pass while the library changes; docs/reproducibility.md)."""
     return [ln for ln, k in zip(rep.lines, rep.kinds) if k in ("empty", "damaged", "stale", "missing", "results")]
 
 

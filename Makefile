@@ -1,7 +1,8 @@
 # rvqspec: build the environment, run the tests, execute the paper notebooks, benchmark.
 #
 #   make voices                   the Debian packages (scripts/apt-voices.sh: flite, festival voices, espeak-ng, sox;
-#                                 as root or through sudo; a dpkg-query check and nothing else when installed)
+#                                 as root or through sudo; a dpkg-query check and nothing else when installed;
+#                                 without Debian: flite, espeak-ng and sox on PATH, from Homebrew on macOS)
 #   make env                      create .venv (torch first, then requirements.txt, qwen-tts --no-deps, the project)
 #   make test [TEST_JOBS=2]       voices + env, then pytest on tests/ in TEST_JOBS processes (pytest-xdist)
 #   make paper [PAPER_JOBS=2]     voices + env, then execute every notebooks/NN_*.py -> build/executed/full-t1/,

@@ -134,3 +134,43 @@ def test_ci_and_readme_use_the_two_commands():
     assert all(" on 2 cores" in ln and ("minutes" in ln or " h " in ln) for ln in lines), lines
     for needed in ("make paper SMOKE=1", "source .venv/bin/activate", ".venv/bin/rvqspec", "make lab"):
         assert needed in setup, needed
+
+
+def _no_debian(tmp: Path, *, darwin: bool, brew: bool, have: set[str]) -> tuple[dict, Path]:
+    """A PATH without dpkg-query (macOS or another Linux): fake ``uname``, ``brew`` (installs by creating the
+    programs) and the voice programs in ``have``."""
+    bin_ = tmp / "bin"
+    bin_.mkdir(parents=True)
+    log = tmp / "calls.log"
+    for tool in ("grep", "env", "cat", "chmod"):
+        os.symlink(shutil.which(tool), bin_ / tool)
+
+    def fake(name: str, body: str) -> None:
+        (bin_ / name).write_text(f"#!{BASH}\n{body}\n")
+        (bin_ / name).chmod(0o755)
+
+    fake("uname", f'echo {"Darwin" if darwin else "Linux"}')
+    for b in have:
+        fake(b, "exit 0")
+    if brew:
+        fake("brew", f'echo "brew $*" >> {log}\nfor b in "${{@:2}}"; do printf "#!{BASH}\\nexit 0\\n" > {bin_}/$b; '
+                     f'chmod +x {bin_}/$b; done')
+    return {"PATH": str(bin_), "HOME": str(tmp), "LANG": "C.UTF-8"}, log
+
+
+def test_macos_installs_the_default_voices_with_homebrew(tmp_path):
+    env, log = _no_debian(tmp_path, darwin=True, brew=True, have={"sox"})
+    r = _run(env)
+    assert r.returncode == 0, r.stderr
+    assert _calls(log) == ["brew install flite espeak-ng"]  # only what is missing; no apt-get, no dpkg-query
+    assert "festival's optional voices" in r.stdout and "skipped" in r.stdout
+
+
+def test_without_debian_or_homebrew_one_line_names_the_programs(tmp_path):
+    env, log = _no_debian(tmp_path, darwin=False, brew=False, have={"flite"})
+    r = _run(env)
+    assert r.returncode == 1 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "espeak-ng sox" in lines[0] and "brew install" in lines[0], r.stderr
+    env, _ = _no_debian(tmp_path / "all", darwin=False, brew=False, have={"flite", "espeak-ng", "sox"})
+    assert _run(env).returncode == 0  # everything on PATH: nothing to do

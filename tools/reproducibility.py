@@ -90,10 +90,8 @@ ACROSS_CPUS_JSON = frozenset({"05_metrics.json"})
 
 
 def _num(v: str) -> float | None:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
+    return float(v) if isinstance(v, str) and v.strip() and v.replace(".", "", 1).replace("e-", "").replace(
+        "e+", "").lstrip("-").isdigit() else None
 
 
 def _agrees_across_cpus(rule, col: str, va: str, vb: str, rows: tuple[dict, dict]) -> bool:
@@ -120,20 +118,13 @@ def timing_columns(table: str, columns: Iterable[str]) -> list[str]:
     return [c for c in columns if any(fnmatch.fnmatchcase(c, p) for p in patterns)]
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
-    with path.open(newline="") as f:
-        rows = list(csv.reader(f))
-    return (rows[0], rows[1:]) if rows else ([], [])
-
-
 def compare_tables(a: str | Path, b: str | Path, *, across_cpus: list[str] | None = None) -> list[str]:
     """A line per difference between two CSV files of one table (header, row count, first differing cell a column),
     its timing columns left out, cells compared as written (``0.1`` and ``0.10`` differ). ``across_cpus`` (a list):
     the table's cells are compared by its :data:`ACROSS_CPUS` rule, each difference the rule accepts appended there."""
     a, b = Path(a), Path(b)
     name = a.name
-    ca, ra = _read_csv(a)
-    cb, rb = _read_csv(b)
+    (ca, *ra), (cb, *rb) = ([*csv.reader(p.open(newline=""))] or [[]] for p in (a, b))
     if ca != cb:
         return [f"{name}: columns differ: {ca} vs {cb}"]
     skip = set(timing_columns(name, ca))

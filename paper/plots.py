@@ -550,7 +550,7 @@ PART_COLORS = {"talker": "#8c564b", "inner": "#1f77b4", "codec": "#2ca02c"}
 
 
 def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str = "", figsize=None):
-    """The paper's Figure 1 tested, per :func:`bench.pipeline.pipeline_table` row: a frame's ms in the
+    """The paper's Figure 1 tested, per :func:`bench.table.pipeline_table` row: a frame's ms in the
     talker, inner loop and codec stacked (one thread), their floors thin below, all cores a diamond, real time a line.
     """
     rows = list(rows)
@@ -578,7 +578,7 @@ def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str
 
 def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.0, 4.0)):
     """Audio produced against wall time, one panel per layout (one thread, all cores), one curve per stream of
-    :func:`bench.pipeline.time_streams` (its ``chunks``): solid, the seconds of audio ready; thin dashed,
+    :func:`bench.table.time_streams` (its ``chunks``): solid, the seconds of audio ready; thin dashed,
     real time from the first chunk (a player started then: while the solid curve stays above, nothing waits); red
     crosses, underruns (a chunk ready after the player ran out).
     """
@@ -904,13 +904,13 @@ def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str 
     return fig
 
 
-#: The rows of the table to act on (:data:`bench.bench_table.ROWS`) as bars: (hatched, edge).
+#: The rows of the table to act on (:data:`bench.table.ROWS`) as bars: (hatched, edge).
 _TABLE_BARS = {"stepped AR": (None, "white"), "fused AR": ("//", "white"), "best speculative": (None, "white"),
                "fused speculative": ("//", "white"), "auto": (None, "k")}
 
 
 def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, float] | None = None):
-    """:func:`bench.bench_table.bench_table`: a panel per model (a timing replay's title says so), a group
+    """:func:`bench.table.bench_table`: a panel per model (a timing replay's title says so), a group
     per (precision, backend), a bar per row (colour the decoder family, fused hatched, auto outlined; absent rows
     marked), ms per frame on a log scale, the AR floor a black tick, 80 ms dotted.
     """

@@ -1,4 +1,4 @@
-"""The pipeline table (bench/pipeline.py, ``rvqspec bench pipeline``; docs/streaming.md): its rows add up
+"""The pipeline table (bench/table.py, ``rvqspec bench pipeline``; docs/streaming.md): its rows add up
 (the frame on one thread is the parts' sum, on all cores their overlapped maximum, shares sum to one, AR's gains are
 one), floors and Amdahl's words come from the rows, a replay is labelled and streams placeholder codes, the quoted
 ports stay in their own rows, and bad flags are one line before any model loads. Behaviour only: no speed is

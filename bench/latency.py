@@ -270,7 +270,7 @@ def format_precision_table(result: dict) -> str:
         f"interleaved, warmup {result['warmup']}, {noise_words(result)}, prefix {result['prefix_len']}"
         + load_words(result),
         *machine_lines(result, result["precision_flags"], "floor = weight bytes of one call / read bandwidth"),
-        format_rows(precision_rows(result), digits=3)])
+        format_rows(precision_rows(result))])
 
 
 def precision_rows(result: dict) -> list[dict]:

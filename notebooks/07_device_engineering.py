@@ -362,13 +362,12 @@ else:
     display(Markdown(f"GPU results from `{gpu_json}`: {gpu['device']}, {gpu['model']} in {gpu['precision']}, "
                      f"backend {', '.join(gpu['backends'])}{' (on the CPU)' if gpu['meta']['device'] == 'cpu' else ''}"
                      f"{' (RANDOM weights: timing only)' if gpu.get('random_weights') else ''}."))
-    display(Markdown(BF.format_rows(gpu["summary"], digits=2)))
+    display(Markdown(BF.format_rows(gpu["summary"])))
     display(Markdown(BF.format_rows(gpu["rows"], ["decoder", "backend", "fused", "tokens_per_call",
-                                                       "ms_per_frame", "speedup_vs_ar", "speedup_vs_fused"],
-                                   digits=2)))
+                                                       "ms_per_frame", "speedup_vs_ar", "speedup_vs_fused"])))
     if gpu.get("projected"):
         display(Markdown("PROJECTION, not a measurement (E(N) of the calibration x the GPU's t(1)/t(N)):\n\n"
-                         + BF.format_rows(gpu["projected"], digits=2)))
+                         + BF.format_rows(gpu["projected"])))
 
 # %% [markdown]
 # ## What this notebook showed, and why

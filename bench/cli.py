@@ -28,11 +28,11 @@ PRECISION_QUERY_SIZES = (1, 2, 4, 8, 16)
 BACKENDS = ("official", "eager", "compile", "onnx", "native")
 #: Largest --queries value: a verify call over more nodes is not a draft tree.
 MAX_QUERIES = 1024
-#: The table's defaults (bench.bench_table's).
+#: The table's defaults (bench.table's DEFAULT_MODELS, DEFAULT_BACKENDS).
 TABLE_REPEATS = 5
 TABLE_MODELS = ("embedded", "qwen3-tts-0.6b-random")
 TABLE_BACKENDS = ("eager", "native")
-#: The pipeline table's defaults (bench.pipeline's).
+#: The pipeline table's defaults (bench.table's PIPELINE_MODELS, CHUNK_FRAMES, STREAM_FRAMES, BATCHES).
 PIPELINE_MODELS = ("qwen3-tts-0.6b-random", "embedded")
 PIPELINE_CHUNK_FRAMES = 2
 PIPELINE_FRAMES = 40

@@ -1,6 +1,6 @@
 """Whole frames batched, and what is read off timed frame rows (:func:`rvqspec_lib.eval.speed.time_frames`): the
 speedup by node budget N (the paper's Figure 4), measured and projected, the per-backend summary, the speedups over
-every AR, and the one Markdown formatter of result rows (notebooks 04, 06, 07; ``rvqspec bench frames``)."""
+every AR, and result rows as THE Markdown table (notebooks 04, 06, 07; ``rvqspec bench frames``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from rvqspec_lib.common.provenance import markdown_table
 from rvqspec_lib.eval.speed import _frame_inputs, _generator, _speedups
 from rvqspec_lib.eval.timing import device_sync, interleaved
 from rvqspec_lib.models.backends import runner_fields, runner_label
@@ -187,16 +188,8 @@ def speedups_over_ar(rows: Sequence[dict]) -> list[dict]:
     return out
 
 
-def format_rows(rows: Sequence[dict], columns: Sequence[str] | None = None, digits: int = 2) -> str:
-    """A Markdown table of result rows (floats rounded to ``digits``)."""
-    if not rows:
-        return ""
-    cols = list(columns or rows[0].keys())
-
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.{digits}f}"
-        return "" if v is None else str(v)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
+def format_rows(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    """Result rows as THE Markdown table of the project (:func:`rvqspec_lib.common.provenance.markdown_table`, what
+    every saved table holds: 4 significant digits), of ``columns`` (default the first row's keys); "" without rows."""
+    cols = list(columns or (rows[0].keys() if rows else ()))
+    return markdown_table(cols, [[r.get(c) for c in cols] for r in rows]).rstrip("\n") if rows else ""

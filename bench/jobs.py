@@ -15,7 +15,7 @@ from rvqspec_lib.common.provenance import provenance, save_json
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
 from rvqspec_lib.eval import budget, speed
-from bench import bench_table, frames, latency, pipeline
+from bench import frames, latency, table as bench_table
 from rvqspec_lib.eval.noise import noise_words, repeat_cap
 from rvqspec_lib.eval.replay import default_acceptance, read_acceptance
 from rvqspec_lib.eval.timing import oversubscribed_note
@@ -183,13 +183,11 @@ def _check_table(args) -> None:
     args.model_list, args.backend_list = _list(args.models), _list(getattr(args, "backends", "native"))
     if not args.model_list or not args.backend_list:
         raise ValueError("--models and --backends need at least one name each")
-    if args.job == "table":
-        bench_table.check_table_args(args.model_list, args.dtypes, args.backend_list)
-    elif args.stream_repeats < 1:
+    if args.job == "pipeline" and args.stream_repeats < 1:
         raise ValueError(f"--stream-repeats must be >= 1, got {args.stream_repeats}")
-    else:
-        pipeline.check_pipeline_args(args.model_list, args.dtypes, chunk_frames=args.chunk_frames,
-                                     frames=args.frames, batches=args.batches)
+    streams = dict(chunk_frames=args.chunk_frames, frames=args.frames, batches=args.batches) \
+        if args.job == "pipeline" else {}
+    bench_table.check_table_args(args.model_list, args.dtypes, args.backend_list, **streams)
     args.acceptance_table = read_acceptance(args.acceptance) if args.acceptance else default_acceptance()
     _check_table_out(args.table_out)
 
@@ -313,32 +311,23 @@ def frames_job(args) -> dict:
 
 
 def table_job(args) -> dict:
-    """``rvqspec bench table``: :func:`bench.bench_table.bench_table`, printed and written (CSV, Markdown,
-    JSON)."""
-    result = bench_table.bench_table(models=args.model_list, precisions=args.dtypes, backends=args.backend_list,
-                                     repeats=args.repeats, warmup=args.warmup, acceptance=args.acceptance_table,
-                                     seed=args.seed, progress=_progress(args), noise_target=args.noise_target)
-    print(bench_table.format_bench_table(result))
-    out = bench_table.save_bench_table(result, args.table_out, _provenance(args))
-    print(f"wrote {out['csv']}, {out['md']}, {out['json']}")
-    return result
-
-
-def pipeline_job(args) -> dict:
-    """``rvqspec bench pipeline``: :func:`bench.pipeline.pipeline_table`, printed and written (CSV,
-    Markdown, JSON)."""
-    result = pipeline.pipeline_table(models=args.model_list, precisions=args.dtypes, chunk_frames=args.chunk_frames,
-                                     frames=args.frames, batches=args.batches, repeats=args.repeats,
-                                     warmup=args.warmup, stream_repeats=args.stream_repeats,
-                                     acceptance=args.acceptance_table, seed=args.seed,
-                                     noise_target=args.noise_target, streams=not args.no_streams,
-                                     concurrency=not args.no_streams, progress=_progress(args))
-    print(pipeline.format_pipeline(result))
-    out = pipeline.save_pipeline(result, args.table_out, _provenance(args))
+    """``rvqspec bench table`` and ``bench pipeline``: :func:`bench.table.bench_table` or
+    :func:`bench.table.pipeline_table`, printed and written (CSV, Markdown, JSON)."""
+    common = dict(models=args.model_list, precisions=args.dtypes, repeats=args.repeats, warmup=args.warmup,
+                  acceptance=args.acceptance_table, seed=args.seed, progress=_progress(args),
+                  noise_target=args.noise_target)
+    if args.job == "table":
+        result = bench_table.bench_table(backends=args.backend_list, **common)
+    else:
+        result = bench_table.pipeline_table(chunk_frames=args.chunk_frames, frames=args.frames, batches=args.batches,
+                                            stream_repeats=args.stream_repeats, streams=not args.no_streams,
+                                            concurrency=not args.no_streams, **common)
+    print(bench_table.format_table(result))
+    out = bench_table.save(result, args.table_out, _provenance(args))
     print(f"wrote {out['csv']}, {out['md']}, {out['json']}"
           + "".join(f", {out[k]['csv']}" for k in ("streams", "concurrency") if k in out))
     return result
 
 
 JOBS = {"latency": latency_job, "precisions": precisions_job, "frames": frames_job, "table": table_job,
-        "pipeline": pipeline_job}
+        "pipeline": table_job}

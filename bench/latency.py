@@ -20,7 +20,7 @@ from bench.floor import call_weight_bytes, floor_ms, talker_step_bytes
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import PREFIX_LEN, QUERY_SIZES, verify_call
 from rvqspec_lib.eval.timing import (bandwidth_around, cpu_oversubscribed, device_sync, interleaved, load_words,
-                                     machine_lines, summary)
+                                     machine_lines)
 from rvqspec_lib.models.backends import BACKENDS, available, check_available, verify_backend
 from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.device.native_talker import NativeTalker
@@ -50,15 +50,25 @@ def _query_sizes(query_sizes: Iterable[int]) -> list[int]:
     return qs
 
 
+def _grid(conds: dict, bandwidth, **timing):
+    """THE timed grid: every condition of ``conds`` in one :func:`~rvqspec_lib.eval.timing.interleaved` run
+    (``timing``: its keywords), with the read bandwidth read around it where ``bandwidth`` is ``None`` (else kept as
+    given; ``False``: none). Returns ``(timing, bandwidth)``."""
+    def measure():
+        with torch.inference_mode():
+            return interleaved(conds, **timing)
+    return bandwidth_around(measure) if bandwidth is None else (measure(), bandwidth or None)
+
+
 def _rows(t, keys: Sequence, base_key=None) -> list[dict]:
-    """A row per condition key: the :func:`~rvqspec_lib.eval.timing.summary`, ``rel_se`` and ``ratio_to_1`` over
-    ``base_key``."""
+    """A row per condition key: the :func:`~rvqspec_lib.eval.timing.summary`, ``cpu_ms`` (median thread CPU time),
+    ``rel_se`` and ``ratio_to_1`` over ``base_key``."""
     base = t.summary(base_key)["median_ms"] if base_key in t.ms else None
     out = []
     for k in keys:
         s = t.summary(k)
         text = "/".join(map(str, k)) if isinstance(k, tuple) else str(k)  # the keys of the meta's rel_se
-        out.append({**s, "rel_se": t.meta["rel_se"].get(text),
+        out.append({**s, "cpu_ms": statistics.median(t.cpu_ms[k]), "rel_se": t.meta["rel_se"].get(text),
                     "ratio_to_1": s["median_ms"] / base if base else None})
     return out
 
@@ -115,12 +125,9 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
                       **{(NATIVE, q): verify_call(cp, n_be, q, prefix_len, seed, whole=True) for q in qs}})
         resets[(NATIVE, TALKER)] = n_crop
 
-    def measure():
-        return interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, max_repeats=max_repeats,
-                           seed=seed, sync=device_sync(device), reset=resets, progress=progress,
-                           desc=f"bench {lm.name}", module=lm.talker, random_weights=lm.is_random)
-
-    t, bandwidth = bandwidth_around(measure) if floor else (measure(), None)
+    t, bandwidth = _grid(conds, None if floor else False, repeats=repeats, warmup=warmup, noise_target=noise_target,
+                         max_repeats=max_repeats, seed=seed, sync=device_sync(device), reset=resets,
+                         progress=progress, desc=f"bench {lm.name}", module=lm.talker, random_weights=lm.is_random)
     result = {**t.meta, "cpu_oversubscribed": cpu_oversubscribed(t.meta), "model": lm.describe(),
               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else t.meta["cpu"],
               "code_predictor_precision": precision_of(cp),
@@ -236,11 +243,9 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
             be = verify_backend(b, cps[p])
             conds.update({(p, b, q): verify_call(cps[p], be, q, prefix_len, seed, whole=True) for q in qs})
 
-    def measure():
-        return interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, max_repeats=max_repeats,
-                           seed=seed, progress=progress, desc="precisions", random_weights=lm.is_random)
-
-    t, bandwidth = bandwidth_around(measure) if bandwidth is None else (measure(), bandwidth)
+    t, bandwidth = _grid(conds, bandwidth, repeats=repeats, warmup=warmup, noise_target=noise_target,
+                         max_repeats=max_repeats, seed=seed, progress=progress, desc="precisions",
+                         random_weights=lm.is_random)
     out = []
     for p in precisions:
         wb = call_weight_bytes(cps[p], n_queries=1)
@@ -265,7 +270,7 @@ def format_precision_table(result: dict) -> str:
         f"interleaved, warmup {result['warmup']}, {noise_words(result)}, prefix {result['prefix_len']}"
         + load_words(result),
         *machine_lines(result, result["precision_flags"], "floor = weight bytes of one call / read bandwidth"),
-        format_rows(precision_rows(result), digits=3)])
+        format_rows(precision_rows(result))])
 
 
 def precision_rows(result: dict) -> list[dict]:
@@ -512,14 +517,6 @@ def native_step(nt, context: int, *, seed: int = 0):
     return call, lambda: cache.crop(context)
 
 
-def _timed(conditions: list, warmup: int, repeats: int, progress: bool) -> tuple[dict, dict]:
-    """Every ``(key, call, reset)`` interleaved: ``({key: summary + cpu_ms}, meta)``."""
-    with torch.inference_mode():
-        t = interleaved({k: call for k, call, _ in conditions}, repeats=repeats, warmup=warmup,
-                        reset={k: reset for k, _, reset in conditions}, progress=progress, desc="talker rounds")
-    return {k: {**summary(t.ms[k]), "cpu_ms": statistics.median(t.cpu_ms[k])} for k in t.ms}, t.meta
-
-
 def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
                             contexts: Sequence[int] = DEFAULT_CONTEXTS,
                             forwards: Sequence[str] = TALKER_FORWARDS, warmup: int = 3, repeats: int = 15,
@@ -564,10 +561,9 @@ def bench_talker_precisions(talker, precisions: Sequence[str] | None = None, *,
         conditions += [((p, f, c), *(official_step(talkers[p], c, seed=seed + c) if f == "official" else
                                       native_step(natives[p], c, seed=seed + c))) for c in contexts for f in forwards]
 
-    def measure():
-        return _timed(conditions, warmup, repeats, progress)
-
-    (stats, meta), bandwidth = bandwidth_around(measure) if bandwidth is None else (measure(), bandwidth)
+    t, bandwidth = _grid({k: call for k, call, _ in conditions}, bandwidth, repeats=repeats, warmup=warmup,
+                         reset={k: reset for k, _, reset in conditions}, progress=progress, desc="talker rounds")
+    meta, stats = t.meta, dict(zip(t.ms, _rows(t, list(t.ms))))
     gbs, gbs_cpu = bandwidth["gb_per_s"], bandwidth.get("gb_per_s_cpu")
     rows = []
     for (p, f, c), st in stats.items():
@@ -617,8 +613,9 @@ def scan_cost(nt, *, context: int = 64, capacity: int = 2048, warmup: int = 3, r
                 nt.scan_whole_cache = False
         return call
 
-    st, _ = _timed([("prefix", run(False), lambda: nt.crop(context)),
-                    ("whole", run(True), lambda: nt.crop(context))], warmup, repeats, False)
+    t, _ = _grid({"prefix": run(False), "whole": run(True)}, False, repeats=repeats, warmup=warmup,
+                 reset={"prefix": lambda: nt.crop(context), "whole": lambda: nt.crop(context)})
+    st = dict(zip(t.ms, _rows(t, list(t.ms))))
     return {"context": context, "capacity": capacity, "prefix_ms": st["prefix"]["median_ms"],
             "whole_cache_ms": st["whole"]["median_ms"],
             "saved_ms": st["whole"]["median_ms"] - st["prefix"]["median_ms"],

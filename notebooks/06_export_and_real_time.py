@@ -83,7 +83,7 @@ from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shi
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.device.export_check import check_file
 from rvqspec_lib.eval import export_check as X
-from bench import pipeline as PL
+from bench import table as PL
 from rvqspec_lib.eval import speed as S
 from bench import frames as BF
 from rvqspec_lib.eval.calibration import calibrate
@@ -339,13 +339,13 @@ pipe, pipe_quiet = measure_quietly(attempts=1, measure=lambda: PL.pipeline_table
     meta=lambda r: {"other_cpu_frac": max((x["other_cpu_frac"] or 0) for x in r["meta"]["parts_runs"]),
                     "cpu_count": r["meta"]["cpu_count"], "threads": 1})
 pipe_prov = {**prov, "timing": pipe_quiet}
-PL.save_pipeline(pipe, out / "06_pipeline", pipe_prov)
+PL.save(pipe, out / "06_pipeline", pipe_prov)
 print(PL.caption(pipe))
 parts_cols = ["model", "precision", "row", "decoder", "tokens_per_call", "talker_ms", "talker_x_floor", "inner_ms",
               "inner_x_floor", "codec_ms", "codec_x_floor", "frame_1t_ms", "rtf_1t", "frame_2c_ms", "rtf_2c",
               "codec_share", "inner_gain", "frame_gain_1t", "frame_gain_2c", "stream_ttfa_ms_2c", "stream_rtf_2c",
               "stream_underruns_2c"]
-pd.DataFrame(PL.table_rows(pipe))[parts_cols + ["quoted_rtf", "quoted_ttfa_ms"]].round(3)
+pd.DataFrame(PL.pipeline_rows(pipe))[parts_cols + ["quoted_rtf", "quoted_ttfa_ms"]].round(3)
 
 # %%
 def fastest(model_name: str, row: str = "best speculative") -> dict | None:

@@ -84,7 +84,7 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figu
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
-from bench import bench_table as BT
+from bench import table as BT
 from paper import plots
 from rvqspec_lib.eval import speed as S
 from bench import frames as BF
@@ -308,7 +308,7 @@ display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
 # %% [markdown]
 # ## 5. The table to act on
 #
-# The table `rvqspec bench table` and `make bench` print (`bench.bench_table.bench_table`), measured
+# The table `rvqspec bench table` and `make bench` print (`bench.table.bench_table`), measured
 # once per `make paper`, here: per model, per precision this CPU runs natively and per backend, five rows, each timed
 # in one interleaved run per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole AR
 # frame); **best speculative** (the fastest stepped chain or calibrated tree); **fused speculative** (the fastest
@@ -327,8 +327,8 @@ table = BT.bench_table(
     auto_frames=2 if smoke else 4, n_contexts=2 if smoke else 8, seed=seed, progress=False,
     noise_target=noise_target)
 timings["table_s"] = time.perf_counter() - t0
-BT.save_bench_table(table, out / "07_bench_table", prov)
-print(BT.format_bench_table(table).splitlines()[0])
+BT.save(table, out / "07_bench_table", prov)
+print(BT.format_table(table).splitlines()[0])
 fig = plots.plot_bench_table(table, title=f"the table to act on: {cpu}, {table['meta']['threads']} thread(s)"
                              + ("\nOVERSUBSCRIBED: the times are pessimistic" if table["meta"]["oversubscribed"]
                                 else ""))
@@ -362,13 +362,12 @@ else:
     display(Markdown(f"GPU results from `{gpu_json}`: {gpu['device']}, {gpu['model']} in {gpu['precision']}, "
                      f"backend {', '.join(gpu['backends'])}{' (on the CPU)' if gpu['meta']['device'] == 'cpu' else ''}"
                      f"{' (RANDOM weights: timing only)' if gpu.get('random_weights') else ''}."))
-    display(Markdown(BF.format_rows(gpu["summary"], digits=2)))
+    display(Markdown(BF.format_rows(gpu["summary"])))
     display(Markdown(BF.format_rows(gpu["rows"], ["decoder", "backend", "fused", "tokens_per_call",
-                                                       "ms_per_frame", "speedup_vs_ar", "speedup_vs_fused"],
-                                   digits=2)))
+                                                       "ms_per_frame", "speedup_vs_ar", "speedup_vs_fused"])))
     if gpu.get("projected"):
         display(Markdown("PROJECTION, not a measurement (E(N) of the calibration x the GPU's t(1)/t(N)):\n\n"
-                         + BF.format_rows(gpu["projected"], digits=2)))
+                         + BF.format_rows(gpu["projected"])))
 
 # %% [markdown]
 # ## What this notebook showed, and why

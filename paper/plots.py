@@ -86,12 +86,16 @@ def backend_color(name: str) -> str:
     return BACKEND_COLORS.get(name, "#999999")
 
 
-def _log2_ticks(ax, values) -> None:
-    """A log2 x axis with integer ticks at ``values`` (node budgets, query positions: whole numbers)."""
+def _log2_ticks(ax, values, *, log2_y: bool = False) -> None:
+    """A log2 x axis with integer ticks at ``values`` (node budgets, query positions: whole numbers); ``log2_y``: a
+    log2 y axis too, labelled in plain numbers."""
     vals = sorted({int(v) for v in values})
     ax.set_xscale("log", base=2)
     ax.set_xticks(vals, [str(v) for v in vals])
     ax.xaxis.set_minor_locator(NullLocator())
+    if log2_y:
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
 
 
 def _log_y(ax) -> None:
@@ -122,10 +126,12 @@ def _by(rows, key, order):
     return {k: sorted(g, key=order) for k, g in groups.items()}
 
 
-def _titled(fig, title: str, fontsize: float = 10):
-    """``fig`` with ``title`` as its suptitle (none when empty)."""
+def _titled(fig, title: str, fontsize: float = 10, *, tight: bool = False):
+    """``fig`` with ``title`` as its suptitle (none when empty), laid out tight when ``tight``."""
     if title:
         fig.suptitle(title, fontsize=fontsize)
+    if tight:
+        fig.tight_layout()
     return fig
 
 
@@ -197,9 +203,7 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
     if ratios_ok:
         ax1.plot(q, q, ":", color="gray", label="y = N (no parallelism)")
         ax1.axhline(1.0, color="k", lw=0.8)
-        ax1.set_yscale("log", base=2)
-        ax1.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        _log2_ticks(ax1, q)
+        _log2_ticks(ax1, q, log2_y=True)
         ax1.minorticks_off()
         _dress(ax1, "the verify cost curve t(N) / t(1)", "query positions per call, N", "cost relative to one AR call",
                grid=dict(which="both"), legend=dict(fontsize=7, loc="upper left"))
@@ -536,13 +540,9 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
     for ax in axes:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("node budget N (query positions of one verify call)")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="best")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return fig
+        _dress(ax, xlabel="node budget N (query positions of one verify call)",
+               legend=dict(fontsize=7, loc="best") if ax.get_legend_handles_labels()[0] else None)
+    return _titled(fig, title, 9, tight=True)
 
 
 #: One colour per part of a frame (:func:`plot_frame_parts`).
@@ -550,7 +550,7 @@ PART_COLORS = {"talker": "#8c564b", "inner": "#1f77b4", "codec": "#2ca02c"}
 
 
 def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str = "", figsize=None):
-    """The paper's Figure 1 tested, per :func:`bench.pipeline.pipeline_table` row: a frame's ms in the
+    """The paper's Figure 1 tested, per :func:`bench.table.pipeline_table` row: a frame's ms in the
     talker, inner loop and codec stacked (one thread), their floors thin below, all cores a diamond, real time a line.
     """
     rows = list(rows)
@@ -572,13 +572,12 @@ def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str
                   fontsize=7)
     _dress(ax, title, "milliseconds per frame (80 ms of audio): one thread, in turn", size=8,
            legend=dict(fontsize=7, loc="lower right"))
-    fig.tight_layout()
-    return fig
+    return _titled(fig, "", tight=True)
 
 
 def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.0, 4.0)):
     """Audio produced against wall time, one panel per layout (one thread, all cores), one curve per stream of
-    :func:`bench.pipeline.time_streams` (its ``chunks``): solid, the seconds of audio ready; thin dashed,
+    :func:`bench.table.time_streams` (its ``chunks``): solid, the seconds of audio ready; thin dashed,
     real time from the first chunk (a player started then: while the solid curve stays above, nothing waits); red
     crosses, underruns (a chunk ready after the player ran out).
     """
@@ -598,10 +597,7 @@ def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.
             marked = marked or bool(late)
         _dress(ax, f"{layout}", "wall time since the call (s)", size=8, legend=dict(fontsize=7, loc="upper left"))
     axes[0][0].set_ylabel("audio ready (s)")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _titled(fig, title, 9, tight=True)
 
 
 # ---- the calibrated tree (notebooks/04_calibrating_the_tree.py) ---------------------------------------------------
@@ -726,10 +722,8 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
                     color=backend_color(b), label=f"{b}: t(1) = {rs[0]['median_ms']:.2f} ms")
         qs = sorted({r["query_positions"] for r in rows})
         ax.plot(qs, qs, ":", color="0.6", label="y = N (no parallelism at all)")
-        _log2_ticks(ax, qs)
-        ax.set_yscale("log", base=2)
+        _log2_ticks(ax, qs, log2_y=True)
         ax.set_ylim(0.8 * low, 1.2 * top)  # one scale for every model's panel
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
         _dress(ax, name, "query positions N of one call", "t(N) / t(1), measured", grid=dict(which="both"),
                legend=dict(fontsize=6, loc="upper left"))
     if projection:
@@ -904,13 +898,13 @@ def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str 
     return fig
 
 
-#: The rows of the table to act on (:data:`bench.bench_table.ROWS`) as bars: (hatched, edge).
+#: The rows of the table to act on (:data:`bench.table.ROWS`) as bars: (hatched, edge).
 _TABLE_BARS = {"stepped AR": (None, "white"), "fused AR": ("//", "white"), "best speculative": (None, "white"),
                "fused speculative": ("//", "white"), "auto": (None, "k")}
 
 
 def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, float] | None = None):
-    """:func:`bench.bench_table.bench_table`: a panel per model (a timing replay's title says so), a group
+    """:func:`bench.table.bench_table`: a panel per model (a timing replay's title says so), a group
     per (precision, backend), a bar per row (colour the decoder family, fused hatched, auto outlined; absent rows
     marked), ms per frame on a log scale, the AR floor a black tick, 80 ms dotted.
     """

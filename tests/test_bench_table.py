@@ -1,4 +1,4 @@
-"""The table to act on (bench.bench_table), and ``rvqspec bench --backend NAME --dtype PRECISION``.
+"""The table to act on (bench.table), and ``rvqspec bench --backend NAME --dtype PRECISION``.
 
 Behaviour only (no timed assertion): rows are keyed by structured fields (the decoder's label, kind, nodes, fused),
 never by a label to parse; on a trained model the ``fused speculative`` row names the fused frame it timed (a
@@ -14,7 +14,7 @@ import pytest
 
 
 def _table(**kw):
-    from bench.bench_table import bench_table
+    from bench.table import bench_table
 
     kw = {"models": ("embedded",), "precisions": ("float32",), "backends": ("eager", "native"), "repeats": 1,
           "warmup": 0, "chains": (4,), "budgets": (4,), "auto": False, "n_contexts": 2, "progress": False, **kw}
@@ -24,7 +24,7 @@ def _table(**kw):
 @pytest.fixture(scope="module")
 def embedded_table():
     """native as a LATER backend (what compile or onnx are), so that nothing compiles."""
-    from bench import bench_table as T
+    from bench import table as T
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(T, "FULL_BACKENDS", ("eager",))
@@ -32,7 +32,7 @@ def embedded_table():
 
 
 def test_rows_are_keyed_by_fields_and_a_later_backend_times_the_first_ones_picks(embedded_table):
-    from bench.bench_table import DECODER_FIELDS, ROWS, format_bench_table
+    from bench.table import DECODER_FIELDS, ROWS, format_table
 
     rows = embedded_table["rows"]
     assert [r["row"] for r in rows] == list(ROWS) * 2 and all(r["weights"] == "trained" for r in rows)
@@ -54,7 +54,7 @@ def test_rows_are_keyed_by_fields_and_a_later_backend_times_the_first_ones_picks
         "the eager rows' best"
     assert set(embedded_table["meta"]["fused_build_s"]) == {f"embedded float32 {b} {d}/{b}" for b in ("eager", "native")
                                                             for d in ("ar", "chain:4")}
-    text = format_bench_table(embedded_table)
+    text = format_table(embedded_table)
     assert "| x_fused_ar |" in text and "| fused speculative | chain:4 (eager, fused) |" in text
 
 
@@ -105,7 +105,7 @@ def test_native_backend_times_every_decoder_and_auto_may_choose_a_fused_frame():
 
 
 def test_bad_table_arguments_are_one_line_before_any_model_loads(no_load):
-    from bench.bench_table import check_table_args
+    from bench.table import check_table_args
 
     for kw, words in ((dict(backends=["eager", "eager"]), "name each backend once"),
                       (dict(backends=["cuda"]), "the table times eager, native, compile, onnx"),
@@ -169,7 +169,7 @@ def test_noise_target_errors_are_one_line_before_any_model_loads(capsys, no_load
 
 
 def test_caption_says_how_many_frames_a_noise_target_made():
-    from bench.bench_table import _frames_words
+    from bench.table import _frames_words
 
     fixed = {"repeats": 5, "noise_target": None, "noise": []}
     assert _frames_words(fixed) == "5"
@@ -186,7 +186,7 @@ def _table_row(model, prec, backend, row, decoder, kind, ms, tpc=None, weights="
 
 
 def test_fastest_by_model_and_round_costs_read_the_rows():
-    from bench.bench_table import fastest_by_model, round_costs
+    from bench.table import fastest_by_model, round_costs
 
     rows = [_table_row("embedded", "float32", "native", "stepped AR", "ar", "ar", 18.0, 1.0),
             _table_row("embedded", "float32", "native", "fused AR", "ar", "ar", 6.0, None, x_floor=0.9),

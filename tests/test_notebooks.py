@@ -436,7 +436,7 @@ def _check_06(metrics: dict, out: Path) -> None:
     import csv
 
     from rvqspec_lib.device.export_check import RELATIVE_TOLERANCE
-    from bench.pipeline import LAYOUTS, PUBLIC_PIPELINES, ROWS
+    from bench.table import LAYOUTS, PUBLIC_PIPELINES, PIPELINE_ROWS as ROWS
     from paper.plots import PAPER_DEVICE_SPEEDUPS
 
     # export: tiny-random's stepped and verify graphs to ONNX (run here, within float32's tolerance) and a Core ML

@@ -1,4 +1,4 @@
-"""The pipeline table (bench/pipeline.py, ``rvqspec bench pipeline``; docs/streaming.md): its rows add up
+"""The pipeline table (bench/table.py, ``rvqspec bench pipeline``; docs/streaming.md): its rows add up
 (the frame on one thread is the parts' sum, on all cores their overlapped maximum, shares sum to one, AR's gains are
 one), floors and Amdahl's words come from the rows, a replay is labelled and streams placeholder codes, the quoted
 ports stay in their own rows, and bad flags are one line before any model loads. Behaviour only: no speed is
@@ -15,7 +15,7 @@ import rvqspec_lib.models.loader as loader
 from bench import cli as bench_cli
 from rvqspec_lib.cli.main import main
 from rvqspec_lib.decoding.decode import FrameResult
-from bench import pipeline as PL
+from bench import table as PL
 from rvqspec_lib.models.backends import available
 
 pytestmark = pytest.mark.skipif(not available("native")[0], reason="the pipeline runs the native forward")
@@ -30,7 +30,7 @@ def result():
 
 def test_rows_add_up(result):
     rows = result["rows"]
-    assert [r["row"] for r in rows] == list(PL.ROWS)
+    assert [r["row"] for r in rows] == list(PL.PIPELINE_ROWS)
     for r in rows:
         assert r["weights"].startswith("timing replay: acceptance of") and r["model"] == "tiny-random"
         assert r["frame_1t_ms"] == pytest.approx(r["talker_ms"] + r["inner_ms"] + r["codec_ms"])
@@ -78,12 +78,12 @@ def test_streams_and_concurrency(result):
 
 
 def test_quoted_ports_stay_in_their_own_rows_and_columns(result, tmp_path):
-    rows = PL.table_rows(result)
+    rows = PL.pipeline_rows(result)
     quoted = [r for r in rows if r["weights"] == "QUOTED, not measured here"]
     assert len(quoted) == len(PL.PUBLIC_PIPELINES) and all(r.get("frame_1t_ms") is None for r in quoted)
     assert {r["quoted_rtf"] for r in quoted} >= {"0.95", "0.52-0.69"}
     assert all(r["quoted_rtf"] is None for r in rows if r not in quoted)
-    out = PL.save_pipeline(result, tmp_path / "p", {"params": {}})
+    out = PL.save(result, tmp_path / "p", {"params": {}})
     assert "quoted" in (tmp_path / "p.md").read_text().splitlines()[0]
     assert out["streams"]["csv"].is_file() and out["concurrency"]["csv"].is_file()
     assert json.loads((tmp_path / "p.json").read_text())["streams"][0]["chunks"]
@@ -114,7 +114,7 @@ def test_placeholder_codes_make_a_replay_streamable():
 
 
 def test_the_parser_repeats_the_library_defaults():
-    assert bench_cli.PIPELINE_MODELS == PL.DEFAULT_MODELS and bench_cli.PIPELINE_CHUNK_FRAMES == PL.CHUNK_FRAMES
+    assert bench_cli.PIPELINE_MODELS == PL.PIPELINE_MODELS and bench_cli.PIPELINE_CHUNK_FRAMES == PL.CHUNK_FRAMES
     assert bench_cli.PIPELINE_FRAMES == PL.STREAM_FRAMES and bench_cli.PIPELINE_BATCHES == PL.BATCHES
 
 

@@ -186,7 +186,7 @@ def test_good_json_csv_and_calibration_files_read(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# the command line and the table (rvqspec bench table; bench.bench_table)
+# the command line and the table (rvqspec bench table; bench.table)
 # ---------------------------------------------------------------------------------------------------------------------
 def test_bench_refuses_a_malformed_table_before_any_model_loads(tmp_path, capsys, no_load):
     from rvqspec_lib.cli.main import main
@@ -216,7 +216,7 @@ def test_table_refuses_an_absent_backend_before_any_model_loads(capsys, monkeypa
     assert err.count("\n") == 1 and "--backends onnx is not available here: missing Python packages: onnxruntime" in err
     assert "pip install -r requirements.txt" in err
     monkeypatch.setattr(importlib.util, "find_spec", real)  # negative control: present, it passes the check
-    from bench.bench_table import check_table_args
+    from bench.table import check_table_args
 
     if real("onnxruntime") is not None:
         check_table_args(["tiny-random"], ["float32"], ["eager", "onnx"])
@@ -224,7 +224,7 @@ def test_table_refuses_an_absent_backend_before_any_model_loads(capsys, monkeypa
 
 def test_table_rows_on_tiny_random_are_labelled_replays(tmp_path):
     from rvqspec_lib.common.provenance import provenance
-    from bench.bench_table import ROWS, bench_table, save_bench_table
+    from bench.table import ROWS, bench_table, save
 
     res = bench_table(models=("tiny-random",), precisions=("float32",), backends=("eager",), repeats=1, warmup=0,
                       chains=(4,), budgets=(4,), auto=False, n_contexts=2, progress=False)
@@ -246,6 +246,6 @@ def test_table_rows_on_tiny_random_are_labelled_replays(tmp_path):
     assert fused["note"] == "absent: a timing replay cannot drive a fused frame (its acceptance is inside it)"
     assert by["fused AR"]["fused"] is True and by["stepped AR"]["fused"] is False  # AR has no acceptance to replay
     assert any("public C port" in f and "quoted" in f for f in res["footer"])
-    out = save_bench_table(res, tmp_path / "t", provenance({}))
+    out = save(res, tmp_path / "t", provenance({}))
     md = out["md"].read_text()
     assert "timing replay: acceptance of" in md and "public C port" in md and out["json"].is_file()

@@ -143,7 +143,7 @@ def test_the_noise_target_reaches_the_harness(cp):
 
 def test_format_rows():
     md = BF.format_rows([{"a": 1.23456, "b": None, "c": "x"}])
-    assert md.splitlines() == ["| a | b | c |", "|---|---|---|", "| 1.23 |  | x |"]
+    assert md.splitlines() == ["| a | b | c |", "| ---: | --- | --- |", "| 1.235 |  | x |"] and BF.format_rows([]) == ""
 
 
 def _row(decoder, kind, nodes, ms, *, backend="eager", fused=False, tpc=1.0, lossy=False):

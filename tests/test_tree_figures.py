@@ -116,7 +116,7 @@ def test_verify_cost_projection_is_labelled_and_sampling_in_words():
 
 
 def test_the_device_appendix_figures_draw_from_rows():
-    from bench.bench_table import ROWS
+    from bench.table import ROWS
 
     calls = [{"precision": p, "backend": b, "t1_ms": 2.0, "t1_over_floor": r}
              for p, b, r in (("float32", "official", 1.9), ("float32", "native", 0.96), ("int8", "native", 1.1))]

@@ -1,41 +1,83 @@
-"""The whole frame, streamed: talker step, inner loop and codec decoder against their floors, the frame on one thread
-and on all cores, measured streams and B streams batched (``rvqspec bench pipeline``, notebook 06). The real-size
-0.6B architecture has random weights, timing only (a TIMING REPLAY, :mod:`rvqspec_lib.eval.replay`); the public
-ports' figures are quoted (:data:`PUBLIC_PIPELINES`), never measured here. What each part of the table measures and
-why: docs/streaming.md#the-pipeline-table."""
+"""The one table a user acts on, per model (the real-size 0.6B architecture has random weights, timing only: its
+speculative frames a timing replay, :mod:`rvqspec_lib.eval.replay`), precision and backend: the inner-loop frame's
+rows of :data:`ROWS` (stepped and fused AR, the fastest stepped and fused speculative frames, ``auto``'s pick) against
+the AR frame's weight-streaming floor (``rvqspec bench table``, ``make bench``, notebook 07;
+docs/precision.md#the-table), and the whole frame streamed, :data:`PIPELINE_ROWS` on the native backend: talker step,
+inner loop and codec decoder against their floors, on one thread and all cores, measured streams and B streams batched
+(``rvqspec bench pipeline``, notebook 06; docs/streaming.md#the-pipeline-table). Public ports' figures are quoted
+(:data:`PUBLIC_PORTS`, :data:`PUBLIC_PIPELINES`), never measured here."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import os
 import statistics
+import time
 from typing import Sequence
 
 import torch
 
 from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.common.provenance import save_json, save_table
+from rvqspec_lib.data.frame_sources import frames_from_shipped
+from rvqspec_lib.decoding.decoder_names import check_decoder_names
 from rvqspec_lib.eval import noise
-from bench.frames import format_rows
-from bench.bench_table import DEFAULT_BUDGETS, DEFAULT_CHAINS, FRAME_MS, table_decoders
 from rvqspec_lib.eval.budget import choose_decoder
-from bench.floor import call_weight_bytes, codec_floor_ms, floor_ms, peak_gflops, talker_step_bytes
 from rvqspec_lib.eval.replay import default_acceptance
-from bench.latency import native_step
+from rvqspec_lib.eval.speed import random_contexts, time_frames
 from rvqspec_lib.eval.timing import Phases, bandwidth_around, interleaved, oversubscribed_note, summary
 from rvqspec_lib.models import loader  # loader.load_model, looked up at call time (tests replace it)
-from rvqspec_lib.models.backends import available, frame_runner, fused_support, runner_fields, verify_backend
+from rvqspec_lib.models.backends import (available, frame_runner, fused_support, runner_fields, runner_label,
+                                         verify_backend)
 from rvqspec_lib.models.configs import build_codec_decoder
-from rvqspec_lib.device.native_talker import NativeTalker
-from rvqspec_lib.device.precision import ACTIVATION_DTYPE, apply_precision, check_precision, native_precisions
+from rvqspec_lib.models.named_decoders import drafter_calibration, resolve_all
 from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
+from rvqspec_lib.models.tree_files import load_calibration, tree_file
+from rvqspec_lib.device.native_talker import NativeTalker
+from rvqspec_lib.device.precision import (ACTIVATION_DTYPE, apply_precision, check_precision, cpu_features,
+                                          native_precisions)
 from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
+from bench.floor import call_weight_bytes, codec_floor_ms, floor_ms, peak_gflops, talker_step_bytes
+from bench.frames import fastest, format_rows
+from bench.latency import native_step
 
-#: Models of the table: the real-size 0.6B architecture (random weights: a timing replay) and the trained embedded one.
-DEFAULT_MODELS = ("qwen3-tts-0.6b-random", "embedded")
-#: The decoder rows of each (model, precision).
-ROWS = ("AR", "best speculative", "auto")
+#: Backends the table knows: the CPU ones of the registry that time whole frames.
+TABLE_BACKENDS = ("eager", "native", "compile", "onnx")
+#: Default backends.
+DEFAULT_BACKENDS = ("eager", "native")
+#: Backends that time every decoder (they build in seconds); the others time AR and the full backends' picks.
+FULL_BACKENDS = ("eager", "native")
+#: Default models: the trained embedded model and the real-size 0.6B architecture (random weights, replayed); the
+#: pipeline's in the other order.
+DEFAULT_MODELS = ("embedded", "qwen3-tts-0.6b-random")
+PIPELINE_MODELS = DEFAULT_MODELS[::-1]
+#: Chain windows and calibrated-tree node budgets timed for the speculative rows.
+DEFAULT_CHAINS = (3, 4, 6)
+DEFAULT_BUDGETS = (4, 8, 16)
+#: Milliseconds of audio one frame holds (12.5 Hz): the real-time budget of a frame.
+FRAME_MS = 80.0
+#: Published figures of public ports (quoted, not measured here): shown under the table, labelled.
+PUBLIC_PORTS = (
+    "public C port, EPYC 9555P, 0.6B, 1 thread: 164.8 ms/frame bf16, 79.3 ms/frame int8 "
+    "(gabriele-mastrapasqua/qwen3-tts docs/x86-optimization.md; quoted, not measured here)",
+    "public GPU ports (quoted, not measured here): faster-qwen3-tts 26 ms/frame on a Jetson Orin (CUDA graphs); "
+    "vllm-omni 6.5 ms/frame",
+)
+#: The rows of each (model, precision, backend) of the table, and of each (model, precision) of the pipeline (its AR
+#: is the fused native frame).
+ROWS = ("stepped AR", "fused AR", "best speculative", "fused speculative", "auto")
+PIPELINE_ROWS = ("AR", "best speculative", "auto")
+#: The decoder's fields of a row (:func:`rvqspec_lib.models.backends.runner_fields`, less backend and precision).
+DECODER_FIELDS = ("decoder", "kind", "drafter", "nodes", "lossy", "fused")
+#: The issue's target for the fused speculative frame: at most this multiple of the fused AR frame's (>= 1.5x
+#: faster), same model, precision and backend (issue 17).
+FUSED_TARGET = 0.67
+#: Why a timing replay has no fused speculative row.
+REPLAY_NO_FUSED = "a timing replay cannot drive a fused frame (its acceptance is inside it)"
+#: What a backend that fails to build or run a precision becomes: a row saying why, not a crash.
+_FAILURES = (RuntimeError, NotImplementedError, ValueError, TypeError)
 #: The sentence every measured stream speaks.
 TEXT = "The weather is fine today, and we are going for a long walk by the river."
 #: Talker positions cached before the timed step: a prompt and a few seconds of speech.
@@ -62,7 +104,269 @@ PUBLIC_PIPELINES = (
     {"source": "faster-qwen3-tts (quoted)", "device": "Jetson Orin", "model": "", "precision": "",
      "quoted_rtf": "", "quoted_ttfa_ms": "597"},
 )
+#: The parts of a frame the pipeline times.
 PARTS = ("talker", "inner", "codec")
+
+
+def decoder_names(chains: Sequence[int], budgets: Sequence[int]) -> list[str]:
+    """The table's decoders as names: ``ar``, ``chain:W`` per window, ``tree:calibrated:N`` per budget."""
+    return ["ar", *(f"chain:{int(w)}" for w in chains), *(f"tree:calibrated:{int(n)}" for n in budgets)]
+
+
+def table_decoders(lm, chains: Sequence[int], budgets: Sequence[int], *, n_contexts: int, seed: int):
+    """What a table times on ``lm``: ``(contexts, calibration, named)``: ``n_contexts`` contexts of the shipped
+    evaluation split (random ones for random weights), the heads calibration beside the model (else the embedded
+    model's), and :func:`decoder_names` resolved with it."""
+    cp = lm.code_predictor.eval()
+    contexts = random_contexts(cp, n_contexts, seed=seed) if lm.is_random else \
+        frames_from_shipped(lm, "evaluation", max_frames=n_contexts, seed=seed).context
+    cal = drafter_calibration(lm, "heads") or load_calibration(tree_file("embedded", "heads"), n_codes=15,
+                                                                drafter="heads")
+    return contexts, cal, resolve_all(decoder_names(chains, budgets), lm, calibrations={"heads": cal})
+
+
+def check_table_args(models: Sequence[str], precisions: Sequence[str], backends: Sequence[str] = ("native",), *,
+                     chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
+                     chunk_frames: int | None = None, frames: int = STREAM_FRAMES, batches: Sequence[int] = (1,)) -> None:
+    """Every check of the table or (``chunk_frames`` given) the pipeline that needs no model: known, present backends,
+    each once (the pipeline's: the native forward); precisions the CPU runs natively (the table: float32 among them);
+    the decoders' names; model names; the pipeline's chunk within its frame cap, and its batches.
+
+    Raises:
+        ValueError: one line naming the fix.
+    """
+    pipeline = chunk_frames is not None
+    for b in backends:
+        if b not in TABLE_BACKENDS:
+            raise ValueError(f"--backends {b!r}: the table times {', '.join(TABLE_BACKENDS)} (cuda: "
+                             "rvqspec bench frames --device cuda; coreml: notebook 06 on a Mac)")
+        ok, why = available(b)
+        if not ok:
+            raise ValueError(f"the pipeline runs the native talker and inner loop, and {why}" if pipeline else
+                             f"--backends {b} is not available here: {why}")
+    if len(set(backends)) != len(backends):
+        raise ValueError(f"--backends {','.join(backends)}: name each backend once")
+    for p in precisions:
+        check_precision(p)
+    if not pipeline and "float32" not in precisions:
+        raise ValueError("the table always has float32 (the reference precision): add it to --dtype")
+    check_decoder_names(decoder_names(chains, budgets))
+    for m in models:
+        loader.model_facts(m)
+    if pipeline and not 1 <= int(chunk_frames) <= int(frames):
+        raise ValueError(f"--chunk-frames must be in 1..--frames ({frames}), got {chunk_frames}")
+    if pipeline and (not batches or min(batches) < 1):
+        raise ValueError(f"--batches are streams run together, each >= 1: give e.g. 1,2,4, got {list(batches)}")
+
+
+def _auto(cp, calibration: dict, contexts, backends: dict, *, oracle, frames: int, budgets: Sequence[int], seed: int):
+    """``auto``'s pick timed on the spot (:func:`~rvqspec_lib.eval.budget.choose_decoder`, a shortlist of three):
+    ``(choice, note)``."""
+    c = choose_decoder(cp, calibration, contexts, backends=backends, frames=frames, repeats=1, cost_repeats=3,
+                       shortlist=3, seed=seed, budgets=budgets, acceptance=oracle)
+    return c, f"auto chose {c.label}{', fused' if c.fused else ''}"
+
+
+def _row(head: dict, name: str, r: dict | None, note: str, fused_ms: float | None, floor_bytes: int,
+         build_s: float | None = None) -> dict:
+    """One row of the table from a :func:`time_frames` row (``None``: absent)."""
+    r = r or {}
+    ms = r.get("ms_per_frame")
+    return {**head, "row": name, **{k: r.get(k) for k in (*DECODER_FIELDS, "ms_per_frame", "p10_ms", "p90_ms")},
+            "rtf": ms / FRAME_MS if ms else None, "tokens_per_call": r.get("tokens_per_call"),
+            "speedup_vs_ar": r.get("speedup_vs_ar"), "x_fused_ar": ms / fused_ms if ms and fused_ms else None,
+            "floor_ar_ms": floor_bytes, "x_floor_ar": None, "build_s": build_s, "note": note}
+
+
+def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, head: dict, floor_bytes: int,
+                  oracle, picks: dict | None, auto: bool, opts: dict) -> tuple[list, dict, dict]:
+    """Time one (model, precision, backend): its five rows, the :func:`time_frames` result and its picks for later
+    backends."""
+    full = bname in FULL_BACKENDS or picks is None
+    verify = verify_backend(bname, cp, threads=opts["threads"])
+    stepped = [k for k in named if full or k in ("ar", picks["best"])]
+    replayed = REPLAY_NO_FUSED if oracle is not None else None
+    no_fused = {k: fused_support(bname, named[k].decoder) or (replayed if k != "ar" else None)
+                for k in named if named[k].name.kind in ("ar", "chain")}
+    fused = [k for k, why in no_fused.items() if why is None and (full or k in ("ar", picks["fused"]))]
+    runners = [frame_runner(bname, cp, named[k], verify=verify, acceptance=oracle) for k in stepped] + \
+        [frame_runner(bname, cp, named[k], fused=True, verify=verify, threads=opts["threads"]) for k in fused]
+    auto_note, auto_key = "absent: auto not timed", None
+    if auto:
+        if full:
+            choice, auto_note = _auto(cp, calibration, contexts, {bname: verify}, oracle=oracle,
+                                      frames=opts["auto_frames"], budgets=opts["auto_budgets"], seed=opts["seed"])
+            pick = (choice.named, choice.fused)
+        else:
+            pick, auto_note = picks["auto"], f"{picks['auto_note']} (on {picks['backend']})"
+        why = fused_support(bname, pick[0].decoder) if pick[1] else None
+        if why:
+            auto_note = f"absent: {auto_note}; {why}"
+        else:
+            auto_key = (pick[0].label, pick[1])
+            if not any((r.name.label, r.fused) == auto_key for r in runners):
+                runners.append(frame_runner(bname, cp, pick[0], fused=pick[1], verify=verify,
+                                            acceptance=None if pick[1] else oracle, threads=opts["threads"]))
+    res = time_frames(runners, contexts, repeats=opts["repeats"], warmup=opts["warmup"], seed=opts["seed"],
+                      progress=opts["progress"], noise_target=opts["noise_target"], random_weights=oracle is not None)
+    by = {(r["decoder"], r["fused"]): r for r in res["rows"]}
+    spec = [by[(k, False)] for k in stepped if k != "ar"]
+    best = fastest(spec)
+    spec_fused = [by[(k, True)] for k in fused if k != "ar"]
+    fused_best = fastest(spec_fused)
+    built = res["meta"]["prepare_s"].get(f"{fused_best['decoder']}/{bname}") if fused_best else None
+    fused_ar = by.get(("ar", True))
+    fused_ms = fused_ar["ms_per_frame"] if fused_ar else None
+    whose = "" if full else f"the {picks['backend']} rows' "
+    chain_why = next((why for k, why in no_fused.items() if k != "ar" and why), "no chain window asked for")
+    notes = {"stepped AR": "", "fused AR": "" if fused_ar else f"absent: {no_fused['ar']}",
+             "best speculative": f"best of {len(spec)} timed" if full else f"{whose}best",
+             "fused speculative": (f"fastest of {len(spec_fused)} fused frames timed" if full
+                                   else f"{whose}fastest fused frame") + f"; built in {built:.1f} s"
+             if fused_best else f"absent: {chain_why}", "auto": auto_note}
+    picked = {"stepped AR": by[("ar", False)], "fused AR": fused_ar, "best speculative": best,
+              "fused speculative": fused_best, "auto": by.get(auto_key)}
+    rows = [_row(head, name, picked[name], notes[name], fused_ms, floor_bytes,
+                 built if name == "fused speculative" else None) for name in ROWS]
+    if picks is None:  # the first full backend's: what a later backend times
+        picks = {"backend": bname, "best": best and best["decoder"], "fused": fused_best and fused_best["decoder"],
+                 "auto": pick if auto else None, "auto_note": auto_note}
+    return rows, res, picks
+
+
+def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[str] | None = None,
+                backends: Sequence[str] = DEFAULT_BACKENDS, repeats: int = 5, warmup: int = 1,
+                chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
+                auto: bool = True, auto_frames: int = 4, auto_budgets: Sequence[int] = DEFAULT_BUDGETS,
+                acceptance=None, n_contexts: int = 8, seed: int = 0, threads: int | None = None,
+                progress: bool = True, noise_target: float | None = None) -> dict:
+    """Measure the table (docs/precision.md#the-table).
+
+    Args:
+        models: model names; a random-weight one is timed as a replay of ``acceptance`` (default
+            :func:`rvqspec_lib.eval.replay.default_acceptance`).
+        precisions: default the CPU's native ones. backends: some of :data:`TABLE_BACKENDS`, each once.
+        repeats, warmup, noise_target: :func:`rvqspec_lib.eval.speed.time_frames`'s, per (model, precision, backend).
+            chains, budgets: the speculative decoders. auto, auto_frames, auto_budgets: time auto's choice.
+            n_contexts: contexts decoded in turn (the evaluation split; random ones for random weights). seed:
+            contexts, generators, the replay's oracle. threads: onnx's.
+
+    Returns:
+        ``{"rows", "footer", "meta"}``: a row per (model, precision, backend, :data:`ROWS`): ``model``, ``weights``
+        (``trained`` or the replay's words), ``precision``, ``backend``, ``row``, :data:`DECODER_FIELDS` (None when
+        absent), ``ms_per_frame``, ``p10_ms``, ``p90_ms``, ``rtf``, ``tokens_per_call``, ``speedup_vs_ar``,
+        ``x_fused_ar``, ``floor_ar_ms``, ``x_floor_ar``, ``build_s`` (the fused speculative frame's), ``note``;
+        ``footer``: :data:`PUBLIC_PORTS`; ``meta``: machine, bandwidth, noise, replay, build seconds,
+        :data:`FUSED_TARGET`.
+
+    Raises:
+        ValueError: as :func:`check_table_args`; bad noise settings.
+    """
+    started = time.perf_counter()
+    precisions = list(precisions or native_precisions())
+    check_table_args(models, precisions, backends, chains=chains, budgets=budgets)
+    noise.repeat_cap(noise_target, repeats, None)  # bad settings fail before any model loads
+    acceptance = acceptance or default_acceptance()
+    opts = {"threads": threads, "auto_frames": auto_frames, "auto_budgets": auto_budgets, "seed": seed,
+            "repeats": repeats, "warmup": warmup, "progress": progress, "noise_target": noise_target}
+    rows, crowded, build, noise_runs = [], [], {}, []
+
+    def measure():
+        for model in models:
+            lm = loader.load_model(model, dtype="float32", seed=seed)
+            base, replay = lm.code_predictor.eval(), bool(lm.is_random)
+            contexts, cal, named = table_decoders(lm, chains, budgets, n_contexts=n_contexts, seed=seed)
+            for prec in precisions:
+                cp = apply_precision(copy.deepcopy(base), prec, require_native=False)
+                floor_bytes = (int(base.config.num_code_groups) - 1) * call_weight_bytes(cp, n_queries=1)["bytes"]
+                picks = None
+                for bname in backends:
+                    head = {"model": model, "weights": acceptance.text if replay else "trained", "precision": prec,
+                            "backend": bname}
+                    ok, why = available(bname, prec)
+                    try:
+                        if not ok:
+                            raise RuntimeError(why)
+                        mine, res, picks = _backend_rows(
+                            bname, cp, named, contexts, cal, head=head, floor_bytes=floor_bytes,
+                            oracle=acceptance.oracle(seed) if replay else None, picks=picks, auto=auto, opts=opts)
+                    except _FAILURES as e:
+                        why = why or f"failed here: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                        rows.extend(_row(head, name, None, f"absent: {why}", None, floor_bytes) for name in ROWS)
+                        continue
+                    rows.extend(mine)
+                    where = f"{model} {prec} {bname}"
+                    if oversubscribed_note(res["meta"]):
+                        crowded.append(f"{where}: {oversubscribed_note(res['meta'])}")
+                    build.update({f"{where} {k}": v for k, v in res["meta"]["prepare_s"].items()})
+                    noise_runs.append({"model": model, "precision": prec, "backend": bname,
+                                       **{k: res["meta"][k] for k in ("repeats", "max_repeats", "rel_se_max")}})
+
+    _, bandwidth = bandwidth_around(measure)
+    for r in rows:  # the AR frame's floor: 15 calls' weight bytes at the faster of the two bandwidths
+        r["floor_ar_ms"] = floor_ms(r["floor_ar_ms"], bandwidth["gb_per_s"])
+        r["x_floor_ar"] = r["ms_per_frame"] / r["floor_ar_ms"] if r["ms_per_frame"] else None
+    meta = {"cpu": cpu_model(), "cpu_flags": cpu_features(), "native_precisions": list(native_precisions()),
+            "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "bandwidth": bandwidth, "repeats": repeats, "noise_target": noise_target, "noise": noise_runs,
+            "warmup": warmup, "n_contexts": n_contexts, "seed": seed, "chains": list(chains), "budgets": list(budgets),
+            "auto": auto, "models": list(models), "precisions": precisions, "backends": list(backends),
+            "replay": acceptance.describe(), "replay_text": acceptance.text, "oversubscribed": crowded,
+            "fused_build_s": build, "fused_target": FUSED_TARGET, "total_s": time.perf_counter() - started,
+            "interleaved": "the runners of each (model, precision, backend) in one interleaved run"}
+    return {"rows": rows, "footer": list(PUBLIC_PORTS), "meta": meta}
+
+
+def _frames_words(m: dict) -> str:
+    """How many frames each runner's median is of: the fixed count, or the range a noise target made."""
+    runs, target = m.get("noise") or [], m.get("noise_target")
+    if target is None or not runs:
+        return str(m["repeats"])
+    made = sorted(r["repeats"] for r in runs)
+    worst = [r["rel_se_max"] for r in runs if r["rel_se_max"] is not None]
+    span = f"{made[0]}" if made[0] == made[-1] else f"{made[0]}-{made[-1]}"
+    return (f"{span} (noise target {100 * target:.1f} %, at most {runs[0]['max_repeats']}"
+            + (f", median's relative standard error <= {100 * max(worst):.1f} %" if worst else "") + ")")
+
+
+def fastest_by_model(result: dict) -> list[dict]:
+    """Per model: the fastest timed row (``fastest``), the fastest AR and speculative rows (``fastest_ar``,
+    ``fastest_speculative``; ``None`` when none), and ``speculative_over_ar`` (below 1: speculation wins here)."""
+    out = []
+    for m in dict.fromkeys(r["model"] for r in result["rows"]):
+        timed = [r for r in result["rows"] if r["model"] == m and r["ms_per_frame"]]
+        best, ar = fastest(timed), fastest(r for r in timed if r["kind"] == "ar")
+        spec = fastest(r for r in timed if r["kind"] not in (None, "ar") and not r["lossy"])
+        out.append({"model": m, "fastest": best, "fastest_ar": ar, "fastest_speculative": spec,
+                    "speculative_over_ar": spec["ms_per_frame"] / ar["ms_per_frame"] if spec and ar else None})
+    return out
+
+
+def round_costs(result: dict) -> list[dict]:
+    """Why speculation gains or loses, where the fused AR and speculative frames were both timed: one round costs
+    ``round_over_ar_call = t x (frame time / fused AR frame's)`` AR calls at t tokens per call; speculation wins
+    below t.
+
+    Returns:
+        rows ``model``, ``precision``, ``backend``, ``decoder``, ``tokens_per_call``, ``x_fused_ar``,
+        ``round_over_ar_call``, ``x_floor_ar`` (the fused AR frame against its floor).
+    """
+    out = []
+    for key in dict.fromkeys((r["model"], r["precision"], r["backend"]) for r in result["rows"]):
+        mine = {r["row"]: r for r in result["rows"] if (r["model"], r["precision"], r["backend"]) == key}
+        ar, spec = mine.get("fused AR"), mine.get("fused speculative")
+        if not (ar and spec and ar["ms_per_frame"] and spec["ms_per_frame"] and spec["tokens_per_call"]):
+            continue
+        x = spec["ms_per_frame"] / ar["ms_per_frame"]
+        out.append({"model": key[0], "precision": key[1], "backend": key[2], "decoder": spec["decoder"],
+                    "tokens_per_call": spec["tokens_per_call"], "x_fused_ar": x,
+                    "round_over_ar_call": spec["tokens_per_call"] * x, "x_floor_ar": ar["x_floor_ar"]})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The whole frame streamed (rvqspec bench pipeline)
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 class PlaceholderCodes:
@@ -210,18 +514,16 @@ def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1
 
 
 def choose_auto(setup: Setup, *, frames: int = 4, budgets: Sequence[int] = DEFAULT_BUDGETS, seed: int = 0):
-    """``auto``'s pick for this setup, timed on the spot: ``(label, fused, runner, note)``; it joins
+    """``auto``'s pick for this setup (:func:`_auto`): ``(label, fused, runner, note)``; it joins
     :attr:`Setup.named`."""
-    choice = choose_decoder(setup.lm.code_predictor, setup.calibration, setup.contexts,
-                            backends={"native": setup.verify}, frames=frames, repeats=1, cost_repeats=3, shortlist=3,
-                            seed=seed, budgets=budgets, acceptance=setup.oracle)
+    choice, note = _auto(setup.lm.code_predictor, setup.calibration, setup.contexts, {"native": setup.verify},
+                         oracle=setup.oracle, frames=frames, budgets=budgets, seed=seed)
     setup.named.setdefault(choice.label, choice.named)
-    return choice.label, bool(choice.fused), setup.runner(choice.label, bool(choice.fused)), \
-        f"auto chose {choice.label}{', fused' if choice.fused else ''}"
+    return choice.label, bool(choice.fused), setup.runner(choice.label, bool(choice.fused)), note
 
 
-def _row(setup: Setup, parts: dict, name: str, key: tuple, runner, note: str, codec_floor_ms) -> dict:
-    """One row before :func:`_finish`: the parts of runner ``key`` = ``(label, fused)``."""
+def _parts_row(setup: Setup, parts: dict, name: str, key: tuple, runner, note: str, codec_floor_ms) -> dict:
+    """One pipeline row before :func:`_finish`: the parts of runner ``key`` = ``(label, fused)``."""
     inner, fields = parts[("inner", *key)], runner_fields(runner)
     mine = {"talker": parts["talker"], "inner": inner, "codec": parts["codec"]}
     row = {"model": setup.model, "weights": setup.weights, "precision": setup.precision,
@@ -341,28 +643,7 @@ def sustained(rows: Sequence[dict]) -> list[dict]:
     return list(out.values())
 
 
-def check_pipeline_args(models: Sequence[str], precisions: Sequence[str], *, chunk_frames: int, frames: int,
-                        batches: Sequence[int]) -> None:
-    """Every check that needs no model (native forward, precisions, model names, chunk within the frame cap,
-    batches).
-
-    Raises:
-        ValueError: the first problem, in one line naming the fix.
-    """
-    ok, why = available("native")
-    if not ok:
-        raise ValueError(f"the pipeline runs the native talker and inner loop, and {why}")
-    for p in precisions:
-        check_precision(p)
-    for m in models:
-        loader.model_facts(m)
-    if not 1 <= int(chunk_frames) <= int(frames):
-        raise ValueError(f"--chunk-frames must be in 1..--frames ({frames}), got {chunk_frames}")
-    if not batches or min(batches) < 1:
-        raise ValueError(f"--batches are streams run together, each >= 1: give e.g. 1,2,4, got {list(batches)}")
-
-
-def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[str] | None = None,
+def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Sequence[str] | None = None,
                    chunk_frames: int = CHUNK_FRAMES, frames: int = STREAM_FRAMES, batches: Sequence[int] = BATCHES,
                    repeats: int = 5, warmup: int = 1, stream_repeats: int = 2, chains: Sequence[int] = DEFAULT_CHAINS,
                    budgets: Sequence[int] = DEFAULT_BUDGETS, auto: bool = True, auto_frames: int = 4,
@@ -382,18 +663,19 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
 
     Returns:
         ``{"rows", "streams", "concurrency", "sustained", "quoted", "meta"}``: a row per (model, precision,
-        :data:`ROWS`) with per part ``_ms``, ``_cpu_ms``, ``_floor_ms``, ``_x_floor``, ``_cpu_x_floor``, ``_share``;
+        :data:`PIPELINE_ROWS`) with per part ``_ms``, ``_cpu_ms``, ``_floor_ms``, ``_x_floor``, ``_cpu_x_floor``, ``_share``;
         ``frame_1t_ms``, ``rtf_1t``, ``frame_2c_ms``, ``rtf_2c`` (and ``_cpu_ms``), ``inner_gain``,
         ``frame_gain_1t``, ``frame_gain_2c``, :func:`what_moves`' fields, ``tokens_per_call``, the decoder's fields,
         ``weights`` (``trained`` or the replay's words), ``note``; ``streams`` and ``concurrency``:
         :func:`time_streams` rows; ``sustained``: :func:`sustained`; ``quoted``: :data:`PUBLIC_PIPELINES`.
 
     Raises:
-        ValueError: as :func:`check_pipeline_args`; bad noise settings.
+        ValueError: as :func:`check_table_args`; bad noise settings.
     """
     phase = Phases()  # seconds each phase took (the run-time budget of a notebook), and the total
     precisions = list(precisions or native_precisions())
-    check_pipeline_args(models, precisions, chunk_frames=chunk_frames, frames=frames, batches=batches)
+    check_table_args(models, precisions, chains=chains, budgets=budgets, chunk_frames=chunk_frames, frames=frames,
+                     batches=batches)
     noise.repeat_cap(noise_target, repeats, None)
     acceptance = acceptance or default_acceptance()
     rows, stream_rows, conc_rows, metas, peaks, codecs = [], [], [], [], {}, {}
@@ -429,13 +711,13 @@ def pipeline_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequen
                          "best speculative": (fastest, f"fastest of {len(spec)} speculative decoders timed"
                                               + ("; stepped, acceptance replayed" if setup.oracle else "")),
                          "auto": ((auto_pick[0], auto_pick[1]), auto_pick[3]) if auto_pick else None}
-                mine = [_row(setup, parts, name, picks[name][0], runners[picks[name][0]], picks[name][1], codec_floor)
-                        for name in ROWS if picks[name]]
+                mine = [_parts_row(setup, parts, name, picks[name][0], runners[picks[name][0]], picks[name][1], codec_floor)
+                        for name in PIPELINE_ROWS if picks[name]]
                 rows.extend(mine)
                 frame = min(r["talker_cpu_ms"] + r["inner_cpu_ms"] + r["codec_cpu_ms"] for r in mine)  # robust to load
                 if streams and (best is None or frame < best[0]):
                     keys = {}  # one stream per runner: auto's pick is often the best speculative one
-                    for n in ROWS:
+                    for n in PIPELINE_ROWS:
                         if picks[n] and picks[n][0] not in keys:
                             keys[picks[n][0]] = n
                     best = (frame, setup, {n: runners[k] for k, n in keys.items()})
@@ -484,7 +766,7 @@ def _attach_streams(rows: list[dict], streams: Sequence[dict]) -> None:
                 r[f"stream_{k}_{tag}"] = s[k] if s else None
 
 
-def table_rows(result: dict) -> list[dict]:
+def pipeline_rows(result: dict) -> list[dict]:
     """The rows to save and show: the measured rows, then the quoted ones (figures in ``quoted_rtf``,
     ``quoted_ttfa_ms``)."""
     rows = [{**r, "quoted_rtf": None, "quoted_ttfa_ms": None} for r in result["rows"]]
@@ -494,29 +776,48 @@ def table_rows(result: dict) -> list[dict]:
 
 
 def caption(result: dict) -> str:
-    """One line: the CPU, threads, floors' bandwidth and peaks, the replay's words, the columns, oversubscription."""
+    """One line of a :func:`bench_table` or :func:`pipeline_table` result: the CPU (the table: its flags), threads,
+    frames per median, the floors' bandwidth (the pipeline: the codec's peaks), the replay's words, the columns,
+    oversubscription."""
     m = result["meta"]
-    peaks = ", ".join(f"{k.replace('torch.', '')} {v:.0f} GFLOP/s" for k, v in m["codec_peak_gflops"].items())
-    over = (f"; OVERSUBSCRIBED ({len(m['oversubscribed'])} timings: "
-            f"{'; '.join(x['note'] for x in m['oversubscribed'])}), TIMES ARE PESSIMISTIC" if m["oversubscribed"]
-            else "")
-    return (f"the whole frame on {m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}: parts timed on one thread, "
-            f"interleaved (ms per frame, wall clock; thread CPU time in *_cpu_ms); floors: talker and code predictor "
-            f"bytes / {m['bandwidth']['floor_gb_per_s']:.1f} GB/s (the best read observed), codec matmul FLOPs / the "
-            f"core's peak ({peaks or 'n/a'}); "
-            f"frame 1t = talker + inner + codec, frame 2c = max(talker + inner, codec) (overlapped); RTF = ms per "
-            f"frame / 80; chunks of {m['chunk_frames']} frame(s); random-weight rows: {m['replay_text']}; quoted rows: "
-            "public ports' own figures, not measured here" + over)
+    over = m["oversubscribed"] and (f"; OVERSUBSCRIBED ({len(m['oversubscribed'])} "
+                                    + ("runs" if "streams" not in result else
+                                       f"timings: {'; '.join(x['note'] for x in m['oversubscribed'])}")
+                                    + "), TIMES ARE PESSIMISTIC") or ""
+    if "streams" in result:
+        peaks = ", ".join(f"{k.replace('torch.', '')} {v:.0f} GFLOP/s" for k, v in m["codec_peak_gflops"].items())
+        return (f"the whole frame on {m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}: parts timed on one "
+                f"thread, interleaved (ms per frame, wall clock; thread CPU time in *_cpu_ms); floors: talker and code "
+                f"predictor bytes / {m['bandwidth']['floor_gb_per_s']:.1f} GB/s (the best read observed), codec "
+                f"matmul FLOPs / the core's peak ({peaks or 'n/a'}); frame 1t = talker + inner + codec, frame 2c = "
+                f"max(talker + inner, codec) (overlapped); RTF = ms per frame / 80; chunks of {m['chunk_frames']} "
+                f"frame(s); random-weight rows: {m['replay_text']}; quoted rows: public ports' own figures, not "
+                "measured here" + over)
+    fl, bw = m["cpu_flags"], m["bandwidth"]
+    return (f"inner-loop frame times on {m['cpu']} ({m['cpu_count']} CPUs; bf16 flags: "
+            f"{', '.join(fl['bf16']) or 'none'}; int8 dot-product flags: {', '.join(fl['int8_dot']) or 'none'}), "
+            f"{m['threads']} thread(s), torch {m['torch']}, median of {_frames_words(m)} frames per runner, "
+            f"interleaved per (model, precision, backend); random-weight rows: {m['replay_text']}; RTF = ms per frame "
+            f"/ 80 ms; x fused AR = ms per frame / the fused AR frame's (target for the fused speculative frame: <= "
+            f"{m['fused_target']}); floor AR = 15 calls x the weight-streaming floor at {bw['gb_per_s']:.1f} GB/s (the "
+            f"faster of {bw['gb_per_s_before']:.1f} before and {bw['gb_per_s_after']:.1f} after the timing)" + over)
 
 
-def format_pipeline(result: dict) -> str:
-    """The table as text (``rvqspec bench pipeline``): caption, the parts per row, the streams, concurrency and the
-    quoted ports, each through :func:`bench.frames.format_rows`."""
-    cols = ("model", "precision", "row", "decoder", *(f"{p}_{k}" for p in PARTS for k in ("ms", "x_floor")),
-            "frame_1t_ms", "rtf_1t", "frame_2c_ms", "rtf_2c", "inner_gain", "frame_gain_1t", "frame_gain_2c",
-            "moves_frame")
-    out = [caption(result), format_rows([{**r, "model": r["model"] + (" (replay)" if r["weights"] != "trained" else
-                                                                     "")} for r in result["rows"]], cols)]
+def format_table(result: dict) -> str:
+    """A :func:`bench_table` or :func:`pipeline_table` result as text (what ``rvqspec bench table`` and ``bench
+    pipeline`` print): the caption, the rows (a timing replay's model marked), then the table's public ports, or the
+    pipeline's streams, concurrency and quoted ports, each through :func:`bench.frames.format_rows`."""
+    rows = [{**r, "model": r["model"] + (" (replay)" if r["weights"] != "trained" else "")} for r in result["rows"]]
+    if "streams" not in result:
+        rows = [{**r, "label": runner_label(r) if r["decoder"] else ""} for r in rows]
+        return "\n".join([caption(result), format_rows(rows, (
+            "model", "precision", "backend", "row", "label", "ms_per_frame", "rtf", "tokens_per_call", "speedup_vs_ar",
+            "x_fused_ar", "floor_ar_ms", "x_floor_ar", "note")), f"(replay) = {result['meta']['replay_text']}",
+            *(f"public ports: {f}" for f in result["footer"])])
+    out = [caption(result), format_rows(rows, (
+        "model", "precision", "row", "decoder", *(f"{p}_{k}" for p in PARTS for k in ("ms", "x_floor")),
+        "frame_1t_ms", "rtf_1t", "frame_2c_ms", "rtf_2c", "inner_gain", "frame_gain_1t", "frame_gain_2c",
+        "moves_frame"))]
     if result["streams"]:
         out += ["measured streams (first audio after the prompt):", format_rows(result["streams"], (
             "model", "precision", "row", "layout", "ttfa_ms", "rtf", "frame_ms", "underruns"))]
@@ -528,13 +829,17 @@ def format_pipeline(result: dict) -> str:
     return "\n\n".join(out + ["quoted, not measured here:", format_rows(result["quoted"])])
 
 
-def save_pipeline(result: dict, path_stem, prov: dict) -> dict:
-    """Write ``<stem>.csv``/``.md`` (:func:`table_rows`), ``<stem>_streams``, ``<stem>_concurrency`` and
-    ``<stem>.json`` (everything, provenance). Returns the paths."""
-    out = save_table(table_rows(result), path_stem, prov, caption=caption(result))
-    for part in ("streams", "concurrency"):
+def save(result: dict, path_stem, prov: dict) -> dict:
+    """Write a :func:`bench_table` or :func:`pipeline_table` result: ``<stem>.csv`` + ``.md`` (the rows, captioned;
+    the table's public ports in its caption, the pipeline's quoted rows after its own: :func:`pipeline_rows`), the
+    pipeline's ``<stem>_streams`` and ``<stem>_concurrency``, and ``<stem>.json`` (everything, provenance). Returns
+    the paths."""
+    pipeline = "streams" in result
+    cap = caption(result) + ("" if pipeline else " | " + " | ".join(result["footer"]))
+    out = save_table(pipeline_rows(result) if pipeline else result["rows"], path_stem, prov, caption=cap)
+    for part in ("streams", "concurrency") if pipeline else ():
         if result[part]:
             out[part] = save_table([{k: v for k, v in r.items() if k != "chunks"} for r in result[part]],
-                                   f"{path_stem}_{part}", prov, caption=caption(result))
+                                   f"{path_stem}_{part}", prov, caption=cap)
     out["json"] = save_json(result, f"{path_stem}.json", prov)
     return out

@@ -107,7 +107,7 @@ def test_notebook_runs_in_smoke_mode(src, tmp_path, monkeypatch):
 def _check_headline(metrics: dict, out: Path) -> None:
     """The notebook's headline numbers (docs/results.md and the README's results at a glance are laid out from them):
     a non-empty list of well-formed entries, each naming a file the run wrote."""
-    from tools.results_doc import problems
+    from tests.test_results_doc import problems
 
     assert problems(metrics.get("headline")) == [], problems(metrics.get("headline"))
     assert 3 <= len(metrics["headline"]) <= 8, [h["text"] for h in metrics["headline"]]

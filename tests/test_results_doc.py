@@ -5,10 +5,36 @@ do not (negative controls: an edited results document, an edited README block, a
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from tools import results_doc as R
+
+
+def problems(entries) -> list[str]:
+    """What is wrong with a ``headline`` list of :func:`entry` dicts (a ``unit`` of :data:`R.UNITS`, a ``source``
+    naming a table or figure file), one line each (empty: well formed)."""
+    if not isinstance(entries, list) or not entries:
+        return [f"headline is not a non-empty list: {entries!r}"]
+    out = []
+    for i, h in enumerate(entries):
+        if not isinstance(h, dict) or set(h) != {"text", "value", "unit", "source", "glance"}:
+            out.append(f"entry {i} is not {{text, value, unit, source, glance}}: {h!r}")
+            continue
+        if not isinstance(h["text"], str) or not h["text"].strip():
+            out.append(f"entry {i} has no text")
+        v = h["value"]
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, (bool, str)) and
+                len(str(v)) <= 60):
+            out.append(f"entry {i} ({h.get('text')}): value {v!r} is not a number or a short string")
+        if h["unit"] not in R.UNITS:
+            out.append(f"entry {i} ({h.get('text')}): unit {h['unit']!r} not one of {R.UNITS}")
+        if not isinstance(h["source"], str) or not re.fullmatch(r"\d\d_[\w.-]+\.(md|csv|json|png)", h["source"]):
+            out.append(f"entry {i} ({h.get('text')}): source {h['source']!r} does not name a figures file")
+        if not isinstance(h["glance"], bool):
+            out.append(f"entry {i} ({h.get('text')}): glance is not true or false")
+    return out
 
 
 def _folder(tmp_path, value=1.2345):
@@ -70,7 +96,7 @@ def test_entries_a_notebook_builds():
                     R.entry("auto's choice", "chain:4", "", "07_auto.md"))
     assert [h["text"] for h in hs] == ["speedup over AR", "auto's choice"]
     assert type(hs[0]["value"]) is float and hs[0]["glance"] is True and hs[1]["glance"] is False
-    assert R.problems(hs) == []
-    assert R.problems([]) and R.problems(None)
+    assert problems(hs) == []
+    assert problems([]) and problems(None)
     bad = [{**hs[0], "unit": "furlongs"}, {**hs[0], "source": "figures/04_speed.md"}, {"text": "x", "value": 1}]
-    assert len(R.problems(bad)) == 3
+    assert len(problems(bad)) == 3

@@ -82,10 +82,8 @@ def read_records(fig_dir: str | os.PathLike) -> list[Record]:
 
 @dataclass
 class Report:
-    """What :func:`check_figures` found: a line per problem, tagged in ``kinds`` (``empty``, ``damaged``, ``stale``:
-    not the one clean run, or dirty; ``behind``: one clean run of since-changed sources; ``changed``; ``unknown``: a
-    revision not in this clone; ``missing``: a listed file or an executed notebook gone; ``results``: the results
-    document disagrees with the figures); ``ok``: no line."""
+    """What :func:`check_figures` found: a line per problem, its kind in ``kinds`` (empty, damaged, stale, behind,
+    changed, unknown, missing, results: docs/reproducibility.md#make-check-figures); ``ok``: no line."""
 
     fig_dir: str
     head: str | None
@@ -110,8 +108,7 @@ class Report:
         self.lines.append(line)
 
 
-def _short(rev: str | None) -> str:
-    return rev[:7] if rev else "no revision"
+_short = lambda rev: rev[:7] if rev else "no revision"  # noqa: E731
 
 
 def _changed_between(rev: str, root) -> list[str] | None:

@@ -89,20 +89,13 @@ ACROSS_REL = 0.10
 #: they agree within a factor of two
 ACROSS_SCALE = ("*mde*", "sentences_needed", "power*", "detectable*")
 #: notebook 05's result JSON: its numbers are those of the tables above (None: compared there), its calibrated
-#: trees' acceptance rates within a relative 1e-6 (sums of floats in another order)
+#: trees' acceptance rates (probabilities) within 1e-6 (sums of floats in another order)
 ACROSS_CPUS_JSON: dict[str, float | None] = {"05_metrics.json": None, "05_trees_heads.json": 1e-6}
 
 
 def _num(v: str) -> float | None:
     return float(v) if isinstance(v, str) and v.strip() and v.replace(".", "", 1).replace("e-", "").replace(
         "e+", "").lstrip("-").isdigit() else None
-
-
-def _close(line: str, rel: float) -> bool:
-    """Whether a :func:`compare_json` line ``where: x vs y`` names two numbers within relative ``rel``."""
-    x, _, y = line.rpartition(": ")[2].partition(" vs ")
-    x, y = _num(x), _num(y)
-    return x is not None and y is not None and abs(x - y) <= rel * max(abs(x), abs(y))
 
 
 def _agrees_across_cpus(rule, col: str, va: str, vb: str, rows: tuple[dict, dict]) -> bool:
@@ -174,13 +167,10 @@ def _relative(x, root: tuple[tuple[str, str], ...] | None):
 
 def _checkout_of(folder: Path) -> str | None:
     """The git checkout holding ``folder`` (the nearest parent with a ``.git``), or None."""
-    for d in [folder, *folder.parents]:
-        if (d / ".git").exists():
-            return str(d)
-    return None
+    return next((str(d) for d in [folder, *folder.parents] if (d / ".git").exists()), None)
 
 
-def _json_diff(x, y, where: str, out: list[str], limit: int = 5, roots: tuple = (None, None)) -> None:
+def _json_diff(x, y, where: str, out: list[str], limit: int = 5, roots: tuple = (None, None), rel: float = 0):
     if len(out) >= limit:
         return
     x, y = _relative(x, roots[0]), _relative(y, roots[1])
@@ -190,18 +180,21 @@ def _json_diff(x, y, where: str, out: list[str], limit: int = 5, roots: tuple = 
             if k not in x or k not in y:
                 out.append(f"{where}.{k}: only in {'the first' if k in x else 'the second'}")
             else:
-                _json_diff(x[k], y[k], f"{where}.{k}", out, limit, roots)
+                _json_diff(x[k], y[k], f"{where}.{k}", out, limit, roots, rel)
     elif isinstance(x, list) and isinstance(y, list):
         if len(x) != len(y):
             out.append(f"{where}: {len(x)} items vs {len(y)}")
             return
         for i, (u, v) in enumerate(zip(x, y)):
-            _json_diff(u, v, f"{where}[{i}]", out, limit, roots)
+            _json_diff(u, v, f"{where}[{i}]", out, limit, roots, rel)
+    elif rel and type(x) is type(y) is float and abs(x - y) <= rel:
+        return  # across CPUs (ACROSS_CPUS_JSON): floats within ``rel``
     elif type(x) is not type(y) or (x != y and not (x != x and y != y)):  # NaN == NaN here: JSON writes both the same
         out.append(f"{where}: {x!r} vs {y!r}"[:300])
 
 
-def compare_json(a: str | Path, b: str | Path, *, roots: tuple[str | Path, str | Path] | None = None) -> list[str]:
+def compare_json(a: str | Path, b: str | Path, *, roots: tuple[str | Path, str | Path] | None = None,
+                 rel: float = 0) -> list[str]:
     """At most five differences between two result JSON files, :data:`TIMING_JSON_KEYS` left out at any depth; paths
     inside the runs' folders (``roots``) compared relative to them."""
     a, b = Path(a), Path(b)
@@ -209,7 +202,7 @@ def compare_json(a: str | Path, b: str | Path, *, roots: tuple[str | Path, str |
     r = tuple(tuple((p, "<run>") for p in dict.fromkeys((str(Path(x).absolute()), str(Path(x).resolve())))) +
               tuple((c, "<checkout>") for c in [_checkout_of(Path(x).resolve())] if c) for x in roots) if roots \
         else (None, None)
-    _json_diff(json.loads(a.read_text()), json.loads(b.read_text()), a.name, out, roots=r)
+    _json_diff(json.loads(a.read_text()), json.loads(b.read_text()), a.name, out, roots=r, rel=rel)
     return out
 
 
@@ -274,10 +267,10 @@ def compare_runs(a: str | Path, b: str | Path, *, notebooks: Iterable[str] | Non
         pa, pb = fa[k], fb[k]
         if pa.suffix == ".csv":
             out += compare_tables(pa, pb, across_cpus=across_cpus)
-        elif across_cpus is not None and pa.name in ACROSS_CPUS_JSON:
-            rel, found = ACROSS_CPUS_JSON[pa.name], compare_json(pa, pb, roots=(a, b))
-            out += [d for d in found if rel is not None and not _close(d, rel)]
-            across_cpus += [f"{d} (within a relative {rel})" for d in found if rel is None or _close(d, rel)]
+        elif across_cpus is not None and pa.name in ACROSS_CPUS_JSON and ACROSS_CPUS_JSON[pa.name] is None:
+            continue
+        elif pa.suffix == ".json" and across_cpus is not None and pa.name in ACROSS_CPUS_JSON:
+            out += compare_json(pa, pb, roots=(a, b), rel=ACROSS_CPUS_JSON[pa.name])
         elif pa.suffix == ".json":
             out += compare_json(pa, pb, roots=(a, b))
         elif pa.suffix == ".safetensors":

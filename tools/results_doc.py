@@ -44,31 +44,6 @@ def headline(*entries: dict | None) -> list[dict]:
     return [e for e in entries if e is not None]
 
 
-def problems(entries) -> list[str]:
-    """What is wrong with a ``headline`` list of :func:`entry` dicts (a ``unit`` of :data:`UNITS`, a ``source``
-    naming a table or figure file), one line each (empty: well formed)."""
-    if not isinstance(entries, list) or not entries:
-        return [f"headline is not a non-empty list: {entries!r}"]
-    out = []
-    for i, h in enumerate(entries):
-        if not isinstance(h, dict) or set(h) != {"text", "value", "unit", "source", "glance"}:
-            out.append(f"entry {i} is not {{text, value, unit, source, glance}}: {h!r}")
-            continue
-        if not isinstance(h["text"], str) or not h["text"].strip():
-            out.append(f"entry {i} has no text")
-        v = h["value"]
-        if not (isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, (bool, str)) and
-                len(str(v)) <= 60):
-            out.append(f"entry {i} ({h.get('text')}): value {v!r} is not a number or a short string")
-        if h["unit"] not in UNITS:
-            out.append(f"entry {i} ({h.get('text')}): unit {h['unit']!r} not one of {UNITS}")
-        if not isinstance(h["source"], str) or not re.fullmatch(r"\d\d_[\w.-]+\.(md|csv|json|png)", h["source"]):
-            out.append(f"entry {i} ({h.get('text')}): source {h['source']!r} does not name a figures file")
-        if not isinstance(h["glance"], bool):
-            out.append(f"entry {i} ({h.get('text')}): glance is not true or false")
-    return out
-
-
 def _fmt(value, unit: str) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
@@ -169,19 +144,11 @@ def check(fig_dir: str | os.PathLike, root: str | os.PathLike) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tools.results_doc [--figures figures] [--check]``: write (or check) the generated
-    results from the figures."""
+    """``python -m tools.results_doc [--figures figures]``: write the generated results from the figures."""
     ap = argparse.ArgumentParser(description="Write docs/results.md and the README's results at a glance from figures/.")
     ap.add_argument("--figures", default="figures")
-    ap.add_argument("--check", action="store_true", help="only say what is out of date (exit 1 if anything is)")
-    args = ap.parse_args(argv)
-    fig = Path(args.figures) if Path(args.figures).is_absolute() else REPO_ROOT / args.figures
-    if args.check:
-        lines = check(fig, REPO_ROOT)
-        for ln in lines:
-            print(ln)
-        return 1 if lines else 0
-    for p in write(fig, REPO_ROOT):
+    fig = Path(ap.parse_args(argv).figures)
+    for p in write(fig if fig.is_absolute() else REPO_ROOT / fig, REPO_ROOT):
         print(f"results: wrote {p}")
     return 0
 

@@ -57,8 +57,9 @@ def synth(p: argparse.ArgumentParser) -> None:
                                           "--out with an index (out.wav -> out_000.wav, out_000.npy, ...)")
     p.add_argument("--out", required=True, help=f"output audio: {', '.join(AUDIO_SUFFIXES)}, the codes beside it "
                                                 "(.npy); with --stream a .wav, or - for standard output (... | aplay)")
-    p.add_argument("--decoder", default="ar", help=f"inner-loop decoder, one name: {grammar(('chain:best',))}. paper "
-                   "is the paper's decoder; auto the fastest here (timed once and cached)")
+    p.add_argument("--decoder", default=None, help=f"inner-loop decoder, one name: {grammar(('chain:best',))}. paper "
+                   "is the paper's decoder; auto the fastest here (timed once and cached). Default: auto's choice "
+                   "where `rvqspec prepare` timed it on this machine, else ar through native, fused (untimed)")
     p.add_argument("--backend", default=None, choices=BACKENDS, help="what runs the code-predictor calls (default "
                    "official; with --decoder auto, official or native, whichever is faster here)")
     p.add_argument("--talker", default="official", choices=("official", "native"),
@@ -81,6 +82,23 @@ def synth(p: argparse.ArgumentParser) -> None:
     _common(p, "model", "seed", "json", "device")
     p.add_argument("--dtype", default="float32", choices=SYNTH_DTYPES, help="int8: int8 weights in the code predictor, "
                    "bfloat16 elsewhere; int8-dynamic: also int8 activations, float32 elsewhere (docs/precision.md)")
+
+
+#: ``prepare --stages`` values, in order (:data:`rvqspec_lib.training.prepare.STAGES`; here so --help needs no torch).
+STAGES = ("speak", "offsets", "trees", "auto")
+
+
+def prepare(p: argparse.ArgumentParser) -> None:
+    """``rvqspec prepare``."""
+    p.add_argument("--frames", type=int, default=1500, metavar="N", help="calibration frames the model speaks (the "
+                   "offsets train on as many, validate on a fifth; default 1500)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="the model's dtype while "
+                   "preparing (auto: its own where the device runs it well, else float32; docs/model.md)")
+    p.add_argument("--auto-dtype", action="append", choices=["float32", "bfloat16"], dest="auto_dtypes",
+                   help="a synth --dtype to time --decoder auto for (repeat for several; default float32, synth's)")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated stages to run, in order (default "
+                   f"all: {','.join(STAGES)}; the shipped embedded model needs only auto)")
+    _common(p, "model", "seed", "json", "device")
 
 
 def export(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ import argparse
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -152,7 +153,7 @@ OUTPUT_FLAGS = {"out": "--out", "json": "--json", "json_path": "--json", "curve_
 
 
 def _folder_problem(folder: Path, flag: str, path) -> str | None:
-    """Why no file can be written in ``folder``, made first where it is missing (a real probe in its nearest existing
+    """Why no file can be written in ``folder`` (made first where it is missing: a real probe in its nearest existing
     ancestor, leaving nothing behind), or ``None``."""
     base = next((q for q in (folder, *folder.parents) if q.exists()), Path("."))
     if not base.is_dir():
@@ -167,11 +168,7 @@ def _folder_problem(folder: Path, flag: str, path) -> str | None:
 
 
 def make_folder(folder: str | os.PathLike, flag: str) -> Path:
-    """Create ``folder`` and its missing parents (nothing when it exists); returns it.
-
-    Raises:
-        ValueError: it cannot be created, in one line naming ``flag``.
-    """
+    """Create ``folder`` and its missing parents; returns it. Raises ValueError (one line naming ``flag``)."""
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -181,9 +178,9 @@ def make_folder(folder: str | os.PathLike, flag: str) -> Path:
 
 
 def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents: bool = False) -> str | None:
-    """Why an output path cannot be written, or ``None`` (``None`` path: nothing to check). Checked BEFORE any work
-    with real probes that leave nothing behind: empty, a folder, a missing or unwritable folder, a read-only file.
-    ``make_parents``: a missing parent is fine if it can be created."""
+    """Why an output path cannot be written, or ``None`` (also for a ``None`` path), by real probes that leave nothing
+    behind: empty, a folder, a missing (unless ``make_parents`` and creatable) or unwritable folder, a read-only
+    file."""
     if path is None:
         return None
     if not str(path).strip():
@@ -195,7 +192,7 @@ def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents
         return f"output folder {p.parent} does not exist: create it or choose another {flag}"
     if not p.parent.is_dir():
         return _folder_problem(p.parent, flag, path)
-    try:  # real probes: permissions, read-only mounts and pseudo file systems all show up here
+    try:
         if p.exists():
             open(p, "a").close()
         files.temp_beside(p).unlink()
@@ -205,27 +202,18 @@ def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents
 
 
 def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]], *, make_parents: bool = False) -> None:
-    """:func:`check_output_path` on ``(path, flag)`` pairs; also refuses two outputs that are the same file.
-
-    Raises:
-        ValueError: the first problem, in one line.
-    """
+    """:func:`check_output_path` on ``(path, flag)`` pairs, and no two the same file. Raises ValueError (one line)."""
     seen: dict[Path, str] = {}
     for path, flag in paths:
-        problem = check_output_path(path, flag, make_parents=make_parents)
-        if problem:
+        if (problem := check_output_path(path, flag, make_parents=make_parents)):
             raise ValueError(problem)
-        if path is None:
-            continue
-        key = Path(path).resolve()
-        if key in seen:
-            raise ValueError(f"{flag} {path} is also the {seen[key]} file: give each output its own name")
-        seen[key] = flag
+        if path is not None and seen.setdefault(Path(path).resolve(), flag) != flag:
+            raise ValueError(f"{flag} {path} is also the {seen[Path(path).resolve()]} file: give each output its own "
+                             "name")
 
 
 def check_output_folder(path: str | os.PathLike) -> str | None:
-    """Why ``--out`` cannot be an output FOLDER (``rvqspec export``), or ``None``: a file, or no file creatable in it
-    or in its nearest existing ancestor (a real probe)."""
+    """Why ``--out`` cannot be an output FOLDER, or ``None``: a file, or nothing creatable in it (a real probe)."""
     out = Path(path)
     return f"--out {out} is a file: give a folder" if out.is_file() else _folder_problem(out, "--out", out)
 
@@ -285,6 +273,32 @@ def check_device(args, cpu_only: str | None = None, fix: str = "") -> str:
     return args.device
 
 
+def load(args, threads: int, random: str = "", cpu_only: str | None = None, **kwargs):
+    """The model of ``--model`` on ``--device`` (:func:`check_device`, ``cpu_only`` as there), after torch's thread
+    count is applied; ``kwargs``: :func:`~rvqspec_lib.models.loader.load_model`'s (``dtype``). ``random``: what random
+    weights make meaningless (a note). Returns ``(model, threads, seconds to load)``. Raises ValueError (one line)."""
+    from rvqspec_lib.models import loader
+
+    check_device(args, cpu_only)
+    threads, t = apply_threads(threads), time.perf_counter()
+    lm = loader.load_model(args.model, device=args.device, **kwargs)
+    if lm.is_random and random:
+        note(f"{args.model} has RANDOM weights: {random}")
+    return lm, threads, time.perf_counter() - t
+
+
+def started(args) -> float:
+    """When the command started (``main`` records it), for the timings it reports."""
+    return getattr(args, "_started", None) or time.perf_counter()
+
+
+def write_json(path, record: dict) -> None:
+    """``--json``: ``record`` written atomically to ``path`` and a ``wrote`` line; nothing without a path."""
+    if path:
+        files.write_json_atomic(path, record)
+        print(f"wrote {path}")
+
+
 def parallel_device(args):
     """This process of a data-parallel run (:meth:`rvqspec_lib.training.distributed.Parallel.detect`) on ``--device``:
     one process runs where ``--device`` says (:func:`check_device`); under ``accelerate launch`` each runs on the
@@ -334,8 +348,11 @@ def check_utf8(text: str, flag: str) -> None:
                          "iconv -f latin1 -t utf-8)") from None
 
 
-def check_tree_ranks(names, codebook_size: int) -> None:
-    """Raises ValueError (one line) when a decoder name's tree (its ``paths``) drafts a rank outside the codebook."""
+def check_tree_ranks(names, codebook_size: int, max_rank: int | None = None) -> None:
+    """Raises ValueError (one line) when a decoder name's tree (its ``paths``) drafts a rank outside the codebook, or
+    ``max_rank`` (``--max-rank``) exceeds it."""
+    if max_rank is not None and max_rank > codebook_size:
+        raise ValueError(f"--max-rank {max_rank} exceeds the codebook ({codebook_size} codes)")
     for d in names:
         top = max((max(p) for p in getattr(d, "paths", None) or ()), default=-1)
         if top >= codebook_size:

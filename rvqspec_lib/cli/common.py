@@ -52,11 +52,9 @@ def _either(names) -> str:
 
 class OneLineParser(argparse.ArgumentParser):
     """The parser of every ``rvqspec`` command (sub-parsers inherit it): bad input is ONE line ``rvqspec: error:
-    <what is wrong>: <the fix>`` and exit status 2, never argparse's usage block; ``--help`` is unchanged.
-
-    argparse's hooks ``_check_value`` and ``_get_value`` (private, unchanged since Python 3.2) rewrite refused
-    choices and types; the other messages are rewritten by :meth:`one_line`, which passes an unknown one on (still
-    one line)."""
+    <what is wrong>: <the fix>`` and exit status 2, never argparse's usage block; ``--help`` is unchanged. argparse's
+    hooks ``_check_value`` and ``_get_value`` (private, unchanged since Python 3.2) word refused choices and types;
+    :meth:`one_line` rewords the other messages (an unknown one passes, still one line)."""
 
     def _flag(self, action) -> str:
         if action is None:
@@ -66,32 +64,24 @@ class OneLineParser(argparse.ArgumentParser):
         return "command" if isinstance(action, argparse._SubParsersAction) else str(action.metavar or action.dest)
 
     def _check_value(self, action, value):
-        # argparse's hook for choices= (also the command name of the sub-parsers): same test, our sentence.
         if action.choices is None or value in action.choices:
             return
-        choices = _either(action.choices)
         if isinstance(action, argparse._SubParsersAction):
-            msg = f"{value!r} is not an {self.prog} command: use {choices} ({self.prog} --help says what each does)"
-        else:
-            noun = CHOICE_NOUNS.get(action.dest, "a value")
-            msg = f"{self._flag(action)} {value} is not {noun} {self.prog} takes: use {choices}"
-        raise self._ready(msg)
+            raise self._ready(f"{value!r} is not an {self.prog} command: use {_either(action.choices)} ({self.prog} "
+                              "--help says what each does)")
+        raise self._ready(f"{self._flag(action)} {value} is not {CHOICE_NOUNS.get(action.dest, 'a value')} "
+                          f"{self.prog} takes: use {_either(action.choices)}")
 
     def _get_value(self, action, arg_string):
-        # argparse's hook for type=: a refused value names the flag, what it wants and an example.
         try:
             return super()._get_value(action, arg_string)
         except argparse.ArgumentError as e:
-            flag = self._flag(action)
-            if action.type in _TYPE_NOUNS:
-                example = action.default if isinstance(action.default, (int, float)) and \
-                    not isinstance(action.default, bool) else None
-                noun = _TYPE_NOUNS[action.type]
-                fix = f"give e.g. {flag} {example}" if example is not None else f"write {noun} after {flag}"
-                msg = f"{flag} {arg_string} is not {_TYPE_NOUNS[action.type]}: {fix}"
-            else:  # an ArgumentTypeError of the project's own type functions: its message names the fix
-                msg = f"{flag} {arg_string}: {e.message}"
-            raise self._ready(msg) from None
+            flag, noun, example = self._flag(action), _TYPE_NOUNS.get(action.type), action.default
+            if noun is None:  # an ArgumentTypeError of the project's own type functions: its message names the fix
+                raise self._ready(f"{flag} {arg_string}: {e.message}") from None
+            fix = f"give e.g. {flag} {example}" if isinstance(example, (int, float)) and \
+                not isinstance(example, bool) else f"write {noun} after {flag}"
+            raise self._ready(f"{flag} {arg_string} is not {noun}: {fix}") from None
 
     def _ready(self, msg: str) -> argparse.ArgumentError:
         """An ArgumentError whose message is already the one line (argparse passes it on to :meth:`error`)."""
@@ -103,8 +93,7 @@ class OneLineParser(argparse.ArgumentParser):
         ns, extra = super().parse_known_args(args, namespace)
         names, parser = [], self
         while (subs := [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]):
-            name = getattr(ns, subs[0].dest, None)
-            if name not in subs[0].choices:
+            if (name := getattr(ns, subs[0].dest, None)) not in subs[0].choices:
                 break
             names.append(name)
             parser = subs[0].choices[name]
@@ -117,33 +106,32 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2)
 
     def one_line(self, message: str) -> str:
-        """argparse's error ``message`` (from this parser) rewritten as one line naming the fix."""
+        """argparse's error ``message`` (from this parser) reworded as one line naming the fix."""
         if message == getattr(self, "_ready_message", None):
             return message
-        where = self.prog
-        if (m := re.fullmatch(r"the following arguments are required: (.*)", message)):
+        where, match = self.prog, lambda pattern: re.fullmatch(pattern, message)
+        if (m := match(r"the following arguments are required: (.*)")):
             missing = [a.strip() for a in m.group(1).split(",")]
             subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
             if subs and (subs[0].metavar or subs[0].dest) in missing:
                 return f"give a command: {_either(subs[0].choices)} ({where} --help says what each does)"
             return (f"{where} needs {_either(missing)}: add {'it' if len(missing) == 1 else 'them'} ({where} --help "
                     "describes every flag)")
-        if (m := re.fullmatch(r"one of the arguments (.*) is required", message)):
+        if (m := match(r"one of the arguments (.*) is required")):
             return f"{where} needs one of {_either(m.group(1).split())}: add one"
-        if (m := re.fullmatch(r"unrecognized arguments: (.*)", message)):
+        if (m := match(r"unrecognized arguments: (.*)")):
             hint = getattr(getattr(self, "_last_parser", None), "unknown_flag_hint", None)  # e.g. bench's jobs'
             if hint and (line := hint(m.group(1).split())):
                 return line
-            cmd = getattr(self, "_last_command", None)
-            help_of = f"{where} {cmd}" if cmd else where
-            return f"{where}{' ' + cmd if cmd else ''} has no argument {m.group(1)}: {help_of} --help lists the flags"
-        if (m := re.fullmatch(r"argument (\S+): not allowed with argument (\S+)", message)):
+            cmd = f" {self._last_command}" if getattr(self, "_last_command", None) else ""
+            return f"{where}{cmd} has no argument {m.group(1)}: {where}{cmd} --help lists the flags"
+        if (m := match(r"argument (\S+): not allowed with argument (\S+)")):
             return f"{m.group(1)} and {m.group(2)} exclude each other: give one of them"
-        if (m := re.fullmatch(r"argument (\S+): expected (.*) arguments?", message)):
+        if (m := match(r"argument (\S+): expected (.*) arguments?")):
             return f"{m.group(1).split('/')[-1]} needs a value: give it after the flag ({where} --help)"
-        if (m := re.fullmatch(r"ambiguous option: (\S+) could match (.*)", message)):
+        if (m := match(r"ambiguous option: (\S+) could match (.*)")):
             return f"{m.group(1)} could be {_either(m.group(2).split(', '))}: write the flag out"
-        if (m := re.fullmatch(r"argument (\S+): (.*)", message)):
+        if (m := match(r"argument (\S+): (.*)")):
             return f"{m.group(1).split('/')[-1]}: {m.group(2)} ({where} --help)"
         return f"{message} ({where} --help)"
 
@@ -218,22 +206,17 @@ def check_output_folder(path: str | os.PathLike) -> str | None:
     return f"--out {out} is a file: give a folder" if out.is_file() else _folder_problem(out, "--out", out)
 
 
-THREADS_HELP = ("torch CPU threads: default 1 (on a small shared machine more threads spin-wait and run several "
-                "times slower), 0 keeps torch's choice, N uses N. Given after the command it wins over `rvqspec "
-                "--threads N <command>`")
-
-
 def add_threads_arg(parser: argparse.ArgumentParser, *, dest: str = "threads") -> None:
     """``--threads`` (default ``None`` = not given; :func:`resolve_threads` picks the value)."""
-    parser.add_argument("--threads", dest=dest, type=int, default=None, metavar="N", help=THREADS_HELP)
+    parser.add_argument("--threads", dest=dest, type=int, default=None, metavar="N", help="torch CPU threads: default "
+                        "1 (on a small shared machine more threads spin-wait and run several times slower), 0 keeps "
+                        "torch's choice, N uses N. Given after the command it wins over `rvqspec --threads N "
+                        "<command>`")
 
 
 def resolve_threads(command_flag: int | None, global_flag: int | None) -> int:
-    """The one ``--threads`` rule: the command's flag, else the global one, else 1 (0 keeps torch's choice).
-
-    Raises:
-        ValueError: a negative count.
-    """
+    """The one ``--threads`` rule: the command's flag, else the global one, else 1 (0 keeps torch's choice). Raises
+    ValueError: a negative count."""
     n = command_flag if command_flag is not None else global_flag if global_flag is not None else 1
     check_range("--threads", n, 0, what=" (0 keeps torch's choice)")
     return n
@@ -253,14 +236,10 @@ def threads_text(n: int) -> str:
 
 
 def check_device(args, cpu_only: str | None = None, fix: str = "") -> str:
-    """Resolve ``args.device`` (``--device``) in place before a model loads and return it: ``auto`` -> CUDA, then
-    MPS, then the CPU (:func:`~rvqspec_lib.common.machine.resolve_device`). ``cpu_only``: what the command was asked
-    for that runs on the CPU alone (e.g. ``"--backend native"``): then ``auto`` is the CPU and another device is
-    refused, the message ending in ``fix`` (another choice that runs there).
-
-    Raises:
-        ValueError: (one line naming the fix) an unknown device, one not present here, or one ``cpu_only`` refuses.
-    """
+    """Resolve ``args.device`` in place before a model loads and return it: ``auto`` -> CUDA, then MPS, then the CPU
+    (:func:`~rvqspec_lib.common.machine.resolve_device`). ``cpu_only``: what was asked for that runs on the CPU alone
+    (``"--backend native"``): ``auto`` is then the CPU and another device is refused, naming ``fix`` (a choice that
+    runs there). Raises ValueError (one line): an unknown device, one not present here, or one ``cpu_only`` refuses."""
     from rvqspec_lib.common.machine import resolve_device  # light; torch only inside
 
     if cpu_only and str(args.device).strip().lower() == "auto":
@@ -300,12 +279,9 @@ def write_json(path, record: dict) -> None:
 
 
 def parallel_device(args):
-    """This process of a data-parallel run (:meth:`rvqspec_lib.training.distributed.Parallel.detect`) on ``--device``:
-    one process runs where ``--device`` says (:func:`check_device`); under ``accelerate launch`` each runs on the
-    device accelerate gave it, which ``--device auto`` takes and another kind of device refuses (one line).
-
-    Raises:
-        ValueError: a device not present, or one other than accelerate's."""
+    """This process of a data-parallel run (:meth:`rvqspec_lib.training.distributed.Parallel.detect`): alone, on
+    ``--device`` (:func:`check_device`); under ``accelerate launch`` on the device accelerate gave it, which ``--device
+    auto`` takes and another kind refuses. Raises ValueError (one line): a device not present or not accelerate's."""
     from dataclasses import replace
 
     from rvqspec_lib.training.distributed import Parallel

@@ -64,8 +64,7 @@ def check_args(args) -> int | None:
 def run(args, threads: int) -> int:
     """``rvqspec export``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
     nodes = check_args(args)
-    lm, threads, _ = load(args, threads, "the graph's shapes and timing are real, its outputs mean nothing",
-                          "export (it traces and checks its graphs on the CPU)")
+    lm, threads, _ = load(args, threads, cpu_only="export (it traces and checks its graphs on the CPU)")
     cp = lm.code_predictor.eval()
     G.check_exportable(cp)
     tree = DraftTree.chain(nodes - 1) if nodes and args.decoder_name is None else None
@@ -76,6 +75,8 @@ def run(args, threads: int) -> int:
     out = make_folder(args.out, "--out")  # and its missing parents
     stem = f"{args.graph}" + (f"-n{nodes}" if nodes else "") + f"-{args.dtype}"
     path = out / (stem + F.FORMATS[args.fmt])
+    if lm.is_random:
+        note(f"{args.model} has RANDOM weights: the graph's shapes and timing are real, its outputs mean nothing")
     res = F.export_graph(cp, args.graph, args.fmt, path, dtype=args.dtype, nodes=nodes, tree=tree, target=args.target)
     agreement = [r for r in T.check_file(cp, args.graph, path, dtype=args.dtype, nodes=nodes, tree=tree) if r["ran"]]
     timing = None

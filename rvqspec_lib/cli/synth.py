@@ -128,12 +128,8 @@ def check_args(args) -> list[tuple[Path, Path]]:
 
 def check_against_model(args, facts) -> str | None:
     """Checks that need the model's config (``facts``; ``None``: a hub id not in the cache), before loading it;
-    returns the decoder's note (``paper`` capped), or ``None``.
-
-    Raises:
-        ValueError, FileNotFoundError: a language, speaker, tree rank or ``--codes-to-audio`` the model does not
-            have, a drafter or calibration missing beside it.
-    """
+    returns the decoder's note (``paper`` capped), or ``None``. Raises ValueError, FileNotFoundError (one line): a
+    language, speaker, tree rank or ``--codes-to-audio`` the model does not have, a file missing beside it."""
     if facts is None:
         return check_files(args.decoder_name, args.model)
     if args.stream and facts.kind in ("tiny-random", "random-size"):
@@ -253,11 +249,10 @@ def run(args, threads: int) -> int:
               "decoding); its audio is not the target model's")
     if lm.is_random:
         _note(f"{args.model} has RANDOM weights (timing only): the audio and acceptance mean nothing")
-    english_only = set(lm.model.config.talker_config.codec_language_id or {}) == {"english"}
-    for i, text in enumerate(texts):  # a heuristic, see english_only_note's doc
-        other = english_only_note(args.model, text) if english_only else None
-        if other:
-            _note((f"line {i + 1}: " if len(texts) > 1 else "") + other)
+    if set(lm.model.config.talker_config.codec_language_id or {}) == {"english"}:
+        for i, other in enumerate(english_only_note(args.model, text) for text in texts):  # a heuristic (its doc)
+            if other:
+                _note((f"line {i + 1}: " if len(texts) > 1 else "") + other)
 
     generator = torch.Generator(device=lm.device).manual_seed(args.seed)
     talker = NativeTalker(lm) if args.talker == "native" else None  # its KV cache is sized per batch by frames()
@@ -323,13 +318,10 @@ def run(args, threads: int) -> int:
           f"{total_s:.2f} s | {rtf} | {threads_text(threads)}")
     written = ", ".join(str(p) for p in targets) if len(targets) <= 4 else \
         f"{len(targets)} files ({targets[0]} ... {targets[-1]})"
-    if sr is None and lm.speech_tokenizer is None:
-        print(f"wrote {written} (no codec weights for {args.model}: codes only, frames x {lm.n_code_groups})")
-    elif len(audio) < len(rows):
-        print(f"wrote {written} (the model ended before its first frame for {len(rows) - len(audio)} text(s): no "
-              "audio for them)")
-    else:
-        print(f"wrote {written}")
+    why = (f" (no codec weights for {args.model}: codes only, frames x {lm.n_code_groups})" if sr is None and
+           lm.speech_tokenizer is None else f" (the model ended before its first frame for {len(rows) - len(audio)} "
+           "text(s): no audio for them)" if len(audio) < len(rows) else "")
+    print(f"wrote {written}{why}")
     return 0
 
 

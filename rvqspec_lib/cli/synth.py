@@ -167,7 +167,7 @@ def build_runner(args, lm, sampling: Sampling) -> tuple[object, str | None]:
     name, default = args.decoder_name, args.decoder is None
     choice = None
     if name.kind == "auto" or default:
-        native = args.dtype in PRECISIONS and B.available_or_note(
+        native = args.device == "cpu" and args.dtype in PRECISIONS and B.available_or_note(
             "native", args.dtype, args.device, instead="--decoder auto chooses among the official module's decoders "
                                                        "alone")
         choice = budget.auto_for_model(lm, backends=[args.backend] if args.backend else ["official"] + ["native"] *

@@ -3,7 +3,8 @@
 #   make voices                   the Debian packages (scripts/apt-voices.sh: flite, festival voices, espeak-ng, sox;
 #                                 as root or through sudo; a dpkg-query check and nothing else when installed;
 #                                 without Debian: flite, espeak-ng and sox on PATH, from Homebrew on macOS)
-#   make env                      create .venv (torch first, then requirements.txt, qwen-tts --no-deps, the project)
+#   make env                      create .venv (torch first, then requirements.txt, qwen-tts --no-deps, the project),
+#                                 then time the embedded model's fastest path, what synth takes by default
 #   make test [TEST_JOBS=2]       voices + env, then pytest on tests/ in TEST_JOBS processes (pytest-xdist)
 #   make paper [PAPER_JOBS=2]     voices + env, then execute every notebooks/NN_*.py -> build/executed/full-t1/,
 #                                 refresh figures/ (00, 02, 03, 05 side by side first, then the timing notebooks
@@ -122,6 +123,9 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PIP) install -r requirements.txt
 	$(PIP) install --no-deps $(QWEN_TTS)
 	$(PIP) install --no-deps -e .
+	@# the fastest path synth takes by default, timed once for the shipped model on this machine (~30 s; cached in
+	@# $$RVQSPEC_CACHE or ~/.cache/rvqspec; a run crowded by other processes is not kept, and synth then says so)
+	$(PY) -m rvqspec_lib.cli.main prepare --model embedded --stages auto || echo "note: the timing of the default path failed: rvqspec prepare --model embedded --stages auto retries it"
 	touch $@
 
 # ---- tests ------------------------------------------------------------------------------------------------------

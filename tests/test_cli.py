@@ -614,7 +614,7 @@ def test_readme_first_synth_uses_the_chain_and_the_cli_page_documents_the_timing
     parser = build_parser(["synth"])
     for line in synths:
         args = parser.parse_args(shlex.split(line)[1:])  # a removed or unknown flag exits 2 here
-        parse_decoder_name(args.decoder)
+        parse_decoder_name(args.decoder or "auto")  # no --decoder: the fastest path timed here
     for field in ("load_s", "synth_s", "decode_s", "total_s", "rtf", "--threads 0", "interrupted"):
         assert field in cli_page, field
 
@@ -680,6 +680,55 @@ def test_synth_decoder_auto_uses_the_cached_choice(tmp_path, capsys, monkeypatch
     assert rc == 0, err
     assert f"--decoder auto chose {made.label}" in err and "(a cached choice, " in err, err
     assert any("--decoder auto chose" in n for n in json.loads(js.read_text())["notes"])
+
+
+def _default_synth(tmp_path, capsys, monkeypatch, store: dict | None):
+    """``synth --model embedded`` with no --decoder, the auto cache in ``tmp_path`` holding ``store``, timing
+    forbidden; returns (stderr, the JSON)."""
+    from rvqspec_lib.eval import budget
+
+    cache = tmp_path / "auto.json"
+    if store is not None:
+        cache.write_text(json.dumps(store))
+    monkeypatch.setattr(budget, "cache_file", lambda: cache)
+    monkeypatch.setattr(budget, "choose_decoder", lambda *a, **k: pytest.fail("the default synth timed decoders"))
+    js = tmp_path / "s.json"
+    rc = main(["synth", "--model", "embedded", "--text", "Good morning.", "--out", str(tmp_path / "a.wav"),
+               "--max-frames", "3", "--json", str(js)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    return err, json.loads(js.read_text())
+
+
+def test_synth_default_without_a_timed_choice_does_not_time(tmp_path, capsys, monkeypatch):
+    """No --decoder and nothing cached for this machine: AR through native, fused (where native runs), untimed, and
+    one note naming the command that times the fastest path."""
+    from rvqspec_lib.models import backends as B
+
+    err, stats = _default_synth(tmp_path, capsys, monkeypatch, None)
+    native = B.available("native", "float32")[0]
+    assert stats["decoder"] == "ar" and stats["backend"] == ("native" if native else "official")
+    assert stats["fused"] is native
+    line = f"note: the default path is ar through {stats['backend']}{', fused' * native}, untimed: "
+    assert line + "`rvqspec prepare --model embedded` times the fastest path once" in err, err
+
+
+def test_synth_default_uses_the_timed_choice(tmp_path, capsys, monkeypatch):
+    """No --decoder, and a choice cached for this model, machine, precision and threads (what `rvqspec prepare`
+    writes): that choice runs, and the note says so."""
+    from rvqspec_lib.eval import budget
+    from rvqspec_lib.models import backends as B
+    from rvqspec_lib.models.tree_files import load_calibration, tree_file
+
+    lm = loader.load_model("embedded")
+    pool = ["official"] + ["native"] * B.available("native", "float32")[0]  # what synth looks up
+    key = budget.cache_key("embedded", lm.code_predictor, load_calibration(tree_file("embedded", "heads")), "heads",
+                           pool)
+    store = {json.dumps(key, sort_keys=True): {"decoder": "chain:3", "backend": "official", "fused": False,
+                                               "reason": "chain:3 through official (timed here)"}}
+    err, stats = _default_synth(tmp_path, capsys, monkeypatch, store)
+    assert stats["decoder"] == "chain:3" and stats["backend"] == "official" and stats["fused"] is False
+    assert "note: auto chose chain:3 through official (timed here) (a cached choice, " in err, err
 
 
 @pytest.mark.parametrize("decoder, lossy", [("ssd-lossy", True), ("chain:4", False)])  # chain: negative control

@@ -12,8 +12,6 @@ from rvqspec_lib.decoding.decoder_names import grammar
 
 #: ``synth --backend`` values: :data:`rvqspec_lib.models.backends.BACKENDS`.
 BACKENDS = ("official", "eager", "compile", "onnx", "native")
-#: ``synth --dtype`` values (``int8``: int8 weights in the code predictor, bfloat16 elsewhere).
-SYNTH_DTYPES = ("float32", "float64", "bfloat16", "int8", "int8-dynamic")
 #: Audio formats ``synth --out`` writes (soundfile, by extension).
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
 #: Largest --batch-size of ``synth --text-file`` (rows decoded together by the frame loop).
@@ -22,30 +20,30 @@ MAX_BATCH = 64
 FORMATS, GRAPHS = ("onnx", "coreml"), ("stepped", "verify", "frame")
 #: ``eval-wer --decoders`` default.
 DEFAULT_DECODERS = "ar,chain:best,tree:calibrated-point-mass:16,tree:calibrated-sampled:16,ssd-lossy"
-MODEL_HELP = "embedded, tiny-random, qwen3-tts-0.6b-random, qwen3-tts-1.7b-random, a checkpoint folder or a hub id"
 DRAFTERS = ("offsets", "medusa")
-DTYPES = ("float32", "float64", "bfloat16")
-DEVICE_HELP = (f"where the model runs: {', '.join(DEVICES)} or cuda:N (auto: CUDA, then Apple's MPS, then the CPU; "
-               "the CPU where what you chose runs there only); a device not present here is refused before loading")
-
-
-def add_device(p: argparse.ArgumentParser, help_text: str = DEVICE_HELP) -> None:
-    """``--device`` (default ``auto``), checked by :func:`rvqspec_lib.cli.common.check_device` before a model loads."""
-    p.add_argument("--device", default="auto", help=help_text)
+#: ``prepare --stages`` values, in order (:data:`rvqspec_lib.training.prepare.STAGES`; here so --help needs no torch).
+STAGES = ("speak", "offsets", "trees", "auto")
 
 
 def _common(p: argparse.ArgumentParser, *flags: str) -> None:
-    """The flags several commands share, by name: ``model``, ``seed``, ``json``, ``dtype``, ``device``; ``--threads``
-    always."""
-    helps = {"model": ("--model", dict(required=True, help=MODEL_HELP)),
-             "seed": ("--seed", dict(type=int, default=0, help="seed of every explicit generator (0..2**63-1)")),
-             "json": ("--json", dict(help="write every statistic here (atomically)")),
-             "dtype": ("--dtype", dict(default="float32", choices=DTYPES))}
+    """The flags several commands share, by name: ``model``, ``seed``, ``json``, ``dtype``, ``device``, ``dataset``
+    (with ``--codec``), ``language``; ``--threads`` always."""
+    flags_of = {
+        "model": [("--model", dict(required=True, help="embedded, tiny-random, qwen3-tts-0.6b-random, "
+                                   "qwen3-tts-1.7b-random, a checkpoint folder or a hub id"))],
+        "seed": [("--seed", dict(type=int, default=0, help="seed of every explicit generator (0..2**63-1)"))],
+        "json": [("--json", dict(help="write every statistic here (atomically)"))],
+        "dtype": [("--dtype", dict(default="float32", choices=("float32", "float64", "bfloat16")))],
+        "device": [("--device", dict(default="auto", help=f"where the model runs: {', '.join(DEVICES)} or cuda:N "
+                                     "(auto: CUDA, then Apple's MPS, then the CPU; the CPU where what you chose runs "
+                                     "there only); a device not present here is refused before loading"))],
+        "dataset": [("--dataset", dict(help="a local datasets folder (save_to_disk) of audio + text, VoxPopuli "
+                                       "schema")), ("--codec", dict(help="with --dataset: the model's codec (file or "
+                                                                         "folder)"))],
+        "language": [("--language", dict(default="auto", help="with --dataset: prompt language (auto, english, ...)"))]}
     for name in flags:
-        if name == "device":
-            add_device(p)
-            continue
-        p.add_argument(helps[name][0], **helps[name][1])
+        for flag, kwargs in flags_of[name]:
+            p.add_argument(flag, **kwargs)
     add_threads_arg(p)
 
 
@@ -57,10 +55,11 @@ def synth(p: argparse.ArgumentParser) -> None:
                                           "--out with an index (out.wav -> out_000.wav, out_000.npy, ...)")
     p.add_argument("--out", required=True, help=f"output audio: {', '.join(AUDIO_SUFFIXES)}, the codes beside it "
                                                 "(.npy); with --stream a .wav, or - for standard output (... | aplay)")
-    p.add_argument("--decoder", default="ar", help=f"inner-loop decoder, one name: {grammar(('chain:best',))}. paper "
-                   "is the paper's decoder; auto the fastest here (timed once and cached)")
+    p.add_argument("--decoder", default=None, help=f"inner-loop decoder, one name: {grammar(('chain:best',))}. paper "
+                   "is the paper's decoder; auto the fastest here (timed once and cached). Default: auto's choice "
+                   "where `rvqspec prepare` timed it on this machine, else ar through native, fused (untimed)")
     p.add_argument("--backend", default=None, choices=BACKENDS, help="what runs the code-predictor calls (default "
-                   "official; with --decoder auto, official or native, whichever is faster here)")
+                   "official; with --decoder auto or none, official or native, whichever is faster here)")
     p.add_argument("--talker", default="official", choices=("official", "native"),
                    help="what runs the talker steps (native: one C call a step; docs/precision.md#the-native-talker)")
     p.add_argument("--frame", default="auto", choices=("auto", "fused", "stepped"), help="fused: the whole frame as "
@@ -78,9 +77,23 @@ def synth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the model's first)")
     p.add_argument("--codes-to-audio", default="auto", choices=("auto", "neural", "table"), help="offline codec "
                    "(embedded): its neural code decoder when shipped (auto), required (neural), or the codebook sum")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "int8", "int8-dynamic"),
+                   help="int8: int8 weights in the code predictor, bfloat16 elsewhere; int8-dynamic: also int8 "
+                   "activations, float32 elsewhere (docs/precision.md)")
     _common(p, "model", "seed", "json", "device")
-    p.add_argument("--dtype", default="float32", choices=SYNTH_DTYPES, help="int8: int8 weights in the code predictor, "
-                   "bfloat16 elsewhere; int8-dynamic: also int8 activations, float32 elsewhere (docs/precision.md)")
+
+
+def prepare(p: argparse.ArgumentParser) -> None:
+    """``rvqspec prepare``."""
+    p.add_argument("--frames", type=int, default=1500, metavar="N", help="calibration frames the model speaks (the "
+                   "offsets train on as many, validate on a fifth; default 1500)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="the model's dtype while "
+                   "preparing (auto: its own where the device runs it well, else float32; docs/model.md)")
+    p.add_argument("--auto-dtype", action="append", choices=["float32", "bfloat16"], dest="auto_dtypes",
+                   help="a synth --dtype to time --decoder auto for (repeat for several; default float32, synth's)")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated stages to run, in order (default "
+                   f"all: {','.join(STAGES)}; the shipped embedded model needs only auto)")
+    _common(p, "model", "seed", "json", "device")
 
 
 def export(p: argparse.ArgumentParser) -> None:
@@ -99,7 +112,8 @@ def export(p: argparse.ArgumentParser) -> None:
                    "(macOS 15+)")
     p.add_argument("--out", required=True, help="output folder (created with its parents)")
     p.add_argument("--repeats", type=int, default=20, help="Core ML on macOS: timed calls per compute unit")
-    add_device(p, "export traces and checks its graphs on the CPU: auto or cpu (another device is refused)")
+    p.add_argument("--device", default="auto", help="export traces and checks its graphs on the CPU: auto or cpu "
+                   "(another device is refused)")
     _common(p, "model")
 
 
@@ -131,12 +145,9 @@ def _frame_source(p: argparse.ArgumentParser, default_frames: int) -> None:
     (:class:`rvqspec_lib.data.frame_choice.FrameSource`)."""
     p.add_argument("--frames-file", help="frames saved by Frames.save (.safetensors); default: the utterances that "
                                          "ship with the model (the embedded model), else the model speaks texts")
-    p.add_argument("--dataset", help="a local datasets folder (save_to_disk) of audio + text, VoxPopuli schema")
-    p.add_argument("--codec", help="with --dataset: codec file or folder")
-    p.add_argument("--language", default="auto", help="with --dataset: prompt language (auto, english, ...)")
     p.add_argument("--texts-file", help="texts to speak, one a line (default: a few built-in sentences)")
     p.add_argument("--frames", type=int, default=default_frames, help="number of frames to use")
-    _common(p, "model", "seed", "dtype", "device")
+    _common(p, "dataset", "language", "model", "seed", "dtype", "device")
 
 
 def eval_acceptance(p: argparse.ArgumentParser) -> None:
@@ -163,13 +174,14 @@ def _training(p: argparse.ArgumentParser, out_help: str, out_required: bool) -> 
     p.add_argument("--patience", type=int, default=3, help="epochs without validation improvement before stopping")
     p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default per drafter)")
     p.add_argument("--force", action="store_true", help="replace an existing drafter file")
+    p.add_argument("--batch-size", type=int, default=64, help="frames per step (the global batch, split over "
+                   "processes)")
 
 
 def train_drafter(p: argparse.ArgumentParser) -> None:
     """``rvqspec train-drafter``."""
     _training(p, "drafter file (default <model_dir>/drafters/<drafter>.safetensors)", False)
     p.add_argument("--K", type=int, default=None, help="offsets drafted, 1..(code groups - 2) (default: the paper's)")
-    p.add_argument("--batch-size", type=int, default=64, help="frames per step")
     p.add_argument("--val-fraction", type=float, default=None, help="utterances held out for early stopping (default "
                    "0.1; models without a shipped validation split)")
     p.add_argument("--val-frames", type=int, default=None, help="validation frames from the shipped validation split "
@@ -183,12 +195,9 @@ def extract_frames(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="folder for the shards and index.json")
     p.add_argument("--split", default="training", help="the model's shipped split (training, validation, "
                                                        "calibration, evaluation)")
-    p.add_argument("--dataset", help="a datasets folder (save_to_disk) of audio + text, VoxPopuli schema")
-    p.add_argument("--codec", help="with --dataset: the model's codec (file or folder)")
-    p.add_argument("--language", default="auto", help="with --dataset: prompt language")
     p.add_argument("--max-utterances", type=int, default=None, help="the first utterances (rows) only")
     p.add_argument("--batch-size", type=int, default=8, help="utterances per talker pass")
-    _common(p, "model", "device")
+    _common(p, "dataset", "language", "model", "device")
 
 
 def train_drafter_parallel(p: argparse.ArgumentParser) -> None:
@@ -199,5 +208,4 @@ def train_drafter_parallel(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-frames", help="validation frames (same forms); default: --val-fraction of --frames")
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--K", type=int, default=3, help="offsets drafted (paper: 3)")
-    p.add_argument("--batch-size", type=int, default=64, help="frames per GLOBAL batch (split over processes)")
     _common(p, "model", "seed", "device")

@@ -7,6 +7,7 @@ import argparse
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -51,11 +52,9 @@ def _either(names) -> str:
 
 class OneLineParser(argparse.ArgumentParser):
     """The parser of every ``rvqspec`` command (sub-parsers inherit it): bad input is ONE line ``rvqspec: error:
-    <what is wrong>: <the fix>`` and exit status 2, never argparse's usage block; ``--help`` is unchanged.
-
-    argparse's hooks ``_check_value`` and ``_get_value`` (private, unchanged since Python 3.2) rewrite refused
-    choices and types; the other messages are rewritten by :meth:`one_line`, which passes an unknown one on (still
-    one line)."""
+    <what is wrong>: <the fix>`` and exit status 2, never argparse's usage block; ``--help`` is unchanged. argparse's
+    hooks ``_check_value`` and ``_get_value`` (private, unchanged since Python 3.2) word refused choices and types;
+    :meth:`one_line` rewords the other messages (an unknown one passes, still one line)."""
 
     def _flag(self, action) -> str:
         if action is None:
@@ -65,32 +64,24 @@ class OneLineParser(argparse.ArgumentParser):
         return "command" if isinstance(action, argparse._SubParsersAction) else str(action.metavar or action.dest)
 
     def _check_value(self, action, value):
-        # argparse's hook for choices= (also the command name of the sub-parsers): same test, our sentence.
         if action.choices is None or value in action.choices:
             return
-        choices = _either(action.choices)
         if isinstance(action, argparse._SubParsersAction):
-            msg = f"{value!r} is not an {self.prog} command: use {choices} ({self.prog} --help says what each does)"
-        else:
-            noun = CHOICE_NOUNS.get(action.dest, "a value")
-            msg = f"{self._flag(action)} {value} is not {noun} {self.prog} takes: use {choices}"
-        raise self._ready(msg)
+            raise self._ready(f"{value!r} is not an {self.prog} command: use {_either(action.choices)} ({self.prog} "
+                              "--help says what each does)")
+        raise self._ready(f"{self._flag(action)} {value} is not {CHOICE_NOUNS.get(action.dest, 'a value')} "
+                          f"{self.prog} takes: use {_either(action.choices)}")
 
     def _get_value(self, action, arg_string):
-        # argparse's hook for type=: a refused value names the flag, what it wants and an example.
         try:
             return super()._get_value(action, arg_string)
         except argparse.ArgumentError as e:
-            flag = self._flag(action)
-            if action.type in _TYPE_NOUNS:
-                example = action.default if isinstance(action.default, (int, float)) and \
-                    not isinstance(action.default, bool) else None
-                noun = _TYPE_NOUNS[action.type]
-                fix = f"give e.g. {flag} {example}" if example is not None else f"write {noun} after {flag}"
-                msg = f"{flag} {arg_string} is not {_TYPE_NOUNS[action.type]}: {fix}"
-            else:  # an ArgumentTypeError of the project's own type functions: its message names the fix
-                msg = f"{flag} {arg_string}: {e.message}"
-            raise self._ready(msg) from None
+            flag, noun, example = self._flag(action), _TYPE_NOUNS.get(action.type), action.default
+            if noun is None:  # an ArgumentTypeError of the project's own type functions: its message names the fix
+                raise self._ready(f"{flag} {arg_string}: {e.message}") from None
+            fix = f"give e.g. {flag} {example}" if isinstance(example, (int, float)) and \
+                not isinstance(example, bool) else f"write {noun} after {flag}"
+            raise self._ready(f"{flag} {arg_string} is not {noun}: {fix}") from None
 
     def _ready(self, msg: str) -> argparse.ArgumentError:
         """An ArgumentError whose message is already the one line (argparse passes it on to :meth:`error`)."""
@@ -102,8 +93,7 @@ class OneLineParser(argparse.ArgumentParser):
         ns, extra = super().parse_known_args(args, namespace)
         names, parser = [], self
         while (subs := [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]):
-            name = getattr(ns, subs[0].dest, None)
-            if name not in subs[0].choices:
+            if (name := getattr(ns, subs[0].dest, None)) not in subs[0].choices:
                 break
             names.append(name)
             parser = subs[0].choices[name]
@@ -116,33 +106,32 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2)
 
     def one_line(self, message: str) -> str:
-        """argparse's error ``message`` (from this parser) rewritten as one line naming the fix."""
+        """argparse's error ``message`` (from this parser) reworded as one line naming the fix."""
         if message == getattr(self, "_ready_message", None):
             return message
-        where = self.prog
-        if (m := re.fullmatch(r"the following arguments are required: (.*)", message)):
+        where, match = self.prog, lambda pattern: re.fullmatch(pattern, message)
+        if (m := match(r"the following arguments are required: (.*)")):
             missing = [a.strip() for a in m.group(1).split(",")]
             subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
             if subs and (subs[0].metavar or subs[0].dest) in missing:
                 return f"give a command: {_either(subs[0].choices)} ({where} --help says what each does)"
             return (f"{where} needs {_either(missing)}: add {'it' if len(missing) == 1 else 'them'} ({where} --help "
                     "describes every flag)")
-        if (m := re.fullmatch(r"one of the arguments (.*) is required", message)):
+        if (m := match(r"one of the arguments (.*) is required")):
             return f"{where} needs one of {_either(m.group(1).split())}: add one"
-        if (m := re.fullmatch(r"unrecognized arguments: (.*)", message)):
+        if (m := match(r"unrecognized arguments: (.*)")):
             hint = getattr(getattr(self, "_last_parser", None), "unknown_flag_hint", None)  # e.g. bench's jobs'
             if hint and (line := hint(m.group(1).split())):
                 return line
-            cmd = getattr(self, "_last_command", None)
-            help_of = f"{where} {cmd}" if cmd else where
-            return f"{where}{' ' + cmd if cmd else ''} has no argument {m.group(1)}: {help_of} --help lists the flags"
-        if (m := re.fullmatch(r"argument (\S+): not allowed with argument (\S+)", message)):
+            cmd = f" {self._last_command}" if getattr(self, "_last_command", None) else ""
+            return f"{where}{cmd} has no argument {m.group(1)}: {where}{cmd} --help lists the flags"
+        if (m := match(r"argument (\S+): not allowed with argument (\S+)")):
             return f"{m.group(1)} and {m.group(2)} exclude each other: give one of them"
-        if (m := re.fullmatch(r"argument (\S+): expected (.*) arguments?", message)):
+        if (m := match(r"argument (\S+): expected (.*) arguments?")):
             return f"{m.group(1).split('/')[-1]} needs a value: give it after the flag ({where} --help)"
-        if (m := re.fullmatch(r"ambiguous option: (\S+) could match (.*)", message)):
+        if (m := match(r"ambiguous option: (\S+) could match (.*)")):
             return f"{m.group(1)} could be {_either(m.group(2).split(', '))}: write the flag out"
-        if (m := re.fullmatch(r"argument (\S+): (.*)", message)):
+        if (m := match(r"argument (\S+): (.*)")):
             return f"{m.group(1).split('/')[-1]}: {m.group(2)} ({where} --help)"
         return f"{message} ({where} --help)"
 
@@ -152,7 +141,7 @@ OUTPUT_FLAGS = {"out": "--out", "json": "--json", "json_path": "--json", "curve_
 
 
 def _folder_problem(folder: Path, flag: str, path) -> str | None:
-    """Why no file can be written in ``folder``, made first where it is missing (a real probe in its nearest existing
+    """Why no file can be written in ``folder`` (made first where it is missing: a real probe in its nearest existing
     ancestor, leaving nothing behind), or ``None``."""
     base = next((q for q in (folder, *folder.parents) if q.exists()), Path("."))
     if not base.is_dir():
@@ -167,11 +156,7 @@ def _folder_problem(folder: Path, flag: str, path) -> str | None:
 
 
 def make_folder(folder: str | os.PathLike, flag: str) -> Path:
-    """Create ``folder`` and its missing parents (nothing when it exists); returns it.
-
-    Raises:
-        ValueError: it cannot be created, in one line naming ``flag``.
-    """
+    """Create ``folder`` and its missing parents; returns it. Raises ValueError (one line naming ``flag``)."""
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -181,9 +166,9 @@ def make_folder(folder: str | os.PathLike, flag: str) -> Path:
 
 
 def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents: bool = False) -> str | None:
-    """Why an output path cannot be written, or ``None`` (``None`` path: nothing to check). Checked BEFORE any work
-    with real probes that leave nothing behind: empty, a folder, a missing or unwritable folder, a read-only file.
-    ``make_parents``: a missing parent is fine if it can be created."""
+    """Why an output path cannot be written, or ``None`` (also for a ``None`` path), by real probes that leave nothing
+    behind: empty, a folder, a missing (unless ``make_parents`` and creatable) or unwritable folder, a read-only
+    file."""
     if path is None:
         return None
     if not str(path).strip():
@@ -195,7 +180,7 @@ def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents
         return f"output folder {p.parent} does not exist: create it or choose another {flag}"
     if not p.parent.is_dir():
         return _folder_problem(p.parent, flag, path)
-    try:  # real probes: permissions, read-only mounts and pseudo file systems all show up here
+    try:
         if p.exists():
             open(p, "a").close()
         files.temp_beside(p).unlink()
@@ -205,47 +190,33 @@ def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents
 
 
 def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]], *, make_parents: bool = False) -> None:
-    """:func:`check_output_path` on ``(path, flag)`` pairs; also refuses two outputs that are the same file.
-
-    Raises:
-        ValueError: the first problem, in one line.
-    """
+    """:func:`check_output_path` on ``(path, flag)`` pairs, and no two the same file. Raises ValueError (one line)."""
     seen: dict[Path, str] = {}
     for path, flag in paths:
-        problem = check_output_path(path, flag, make_parents=make_parents)
-        if problem:
+        if (problem := check_output_path(path, flag, make_parents=make_parents)):
             raise ValueError(problem)
-        if path is None:
-            continue
-        key = Path(path).resolve()
-        if key in seen:
-            raise ValueError(f"{flag} {path} is also the {seen[key]} file: give each output its own name")
-        seen[key] = flag
+        if path is not None and seen.setdefault(Path(path).resolve(), flag) != flag:
+            raise ValueError(f"{flag} {path} is also the {seen[Path(path).resolve()]} file: give each output its own "
+                             "name")
 
 
 def check_output_folder(path: str | os.PathLike) -> str | None:
-    """Why ``--out`` cannot be an output FOLDER (``rvqspec export``), or ``None``: a file, or no file creatable in it
-    or in its nearest existing ancestor (a real probe)."""
+    """Why ``--out`` cannot be an output FOLDER, or ``None``: a file, or nothing creatable in it (a real probe)."""
     out = Path(path)
     return f"--out {out} is a file: give a folder" if out.is_file() else _folder_problem(out, "--out", out)
 
 
-THREADS_HELP = ("torch CPU threads: default 1 (on a small shared machine more threads spin-wait and run several "
-                "times slower), 0 keeps torch's choice, N uses N. Given after the command it wins over `rvqspec "
-                "--threads N <command>`")
-
-
 def add_threads_arg(parser: argparse.ArgumentParser, *, dest: str = "threads") -> None:
     """``--threads`` (default ``None`` = not given; :func:`resolve_threads` picks the value)."""
-    parser.add_argument("--threads", dest=dest, type=int, default=None, metavar="N", help=THREADS_HELP)
+    parser.add_argument("--threads", dest=dest, type=int, default=None, metavar="N", help="torch CPU threads: default "
+                        "1 (on a small shared machine more threads spin-wait and run several times slower), 0 keeps "
+                        "torch's choice, N uses N. Given after the command it wins over `rvqspec --threads N "
+                        "<command>`")
 
 
 def resolve_threads(command_flag: int | None, global_flag: int | None) -> int:
-    """The one ``--threads`` rule: the command's flag, else the global one, else 1 (0 keeps torch's choice).
-
-    Raises:
-        ValueError: a negative count.
-    """
+    """The one ``--threads`` rule: the command's flag, else the global one, else 1 (0 keeps torch's choice). Raises
+    ValueError: a negative count."""
     n = command_flag if command_flag is not None else global_flag if global_flag is not None else 1
     check_range("--threads", n, 0, what=" (0 keeps torch's choice)")
     return n
@@ -265,14 +236,10 @@ def threads_text(n: int) -> str:
 
 
 def check_device(args, cpu_only: str | None = None, fix: str = "") -> str:
-    """Resolve ``args.device`` (``--device``) in place before a model loads and return it: ``auto`` -> CUDA, then
-    MPS, then the CPU (:func:`~rvqspec_lib.common.machine.resolve_device`). ``cpu_only``: what the command was asked
-    for that runs on the CPU alone (e.g. ``"--backend native"``): then ``auto`` is the CPU and another device is
-    refused, the message ending in ``fix`` (another choice that runs there).
-
-    Raises:
-        ValueError: (one line naming the fix) an unknown device, one not present here, or one ``cpu_only`` refuses.
-    """
+    """Resolve ``args.device`` in place before a model loads and return it: ``auto`` -> CUDA, then MPS, then the CPU
+    (:func:`~rvqspec_lib.common.machine.resolve_device`). ``cpu_only``: what was asked for that runs on the CPU alone
+    (``"--backend native"``): ``auto`` is then the CPU and another device is refused, naming ``fix`` (a choice that
+    runs there). Raises ValueError (one line): an unknown device, one not present here, or one ``cpu_only`` refuses."""
     from rvqspec_lib.common.machine import resolve_device  # light; torch only inside
 
     if cpu_only and str(args.device).strip().lower() == "auto":
@@ -285,13 +252,36 @@ def check_device(args, cpu_only: str | None = None, fix: str = "") -> str:
     return args.device
 
 
-def parallel_device(args):
-    """This process of a data-parallel run (:meth:`rvqspec_lib.training.distributed.Parallel.detect`) on ``--device``:
-    one process runs where ``--device`` says (:func:`check_device`); under ``accelerate launch`` each runs on the
-    device accelerate gave it, which ``--device auto`` takes and another kind of device refuses (one line).
+def load(args, threads: int, random: str = "", cpu_only: str | None = None, **kwargs):
+    """The model of ``--model`` on ``--device`` (:func:`check_device`, ``cpu_only`` as there), after torch's thread
+    count is applied; ``kwargs``: :func:`~rvqspec_lib.models.loader.load_model`'s (``dtype``). ``random``: what random
+    weights make meaningless (a note). Returns ``(model, threads, seconds to load)``. Raises ValueError (one line)."""
+    from rvqspec_lib.models import loader
 
-    Raises:
-        ValueError: a device not present, or one other than accelerate's."""
+    check_device(args, cpu_only)
+    threads, t = apply_threads(threads), time.perf_counter()
+    lm = loader.load_model(args.model, device=args.device, **kwargs)
+    if lm.is_random and random:
+        note(f"{args.model} has RANDOM weights: {random}")
+    return lm, threads, time.perf_counter() - t
+
+
+def started(args) -> float:
+    """When the command started (``main`` records it), for the timings it reports."""
+    return getattr(args, "_started", None) or time.perf_counter()
+
+
+def write_json(path, record: dict) -> None:
+    """``--json``: ``record`` written atomically to ``path`` and a ``wrote`` line; nothing without a path."""
+    if path:
+        files.write_json_atomic(path, record)
+        print(f"wrote {path}")
+
+
+def parallel_device(args):
+    """This process of a data-parallel run (:meth:`rvqspec_lib.training.distributed.Parallel.detect`): alone, on
+    ``--device`` (:func:`check_device`); under ``accelerate launch`` on the device accelerate gave it, which ``--device
+    auto`` takes and another kind refuses. Raises ValueError (one line): a device not present or not accelerate's."""
     from dataclasses import replace
 
     from rvqspec_lib.training.distributed import Parallel
@@ -334,8 +324,11 @@ def check_utf8(text: str, flag: str) -> None:
                          "iconv -f latin1 -t utf-8)") from None
 
 
-def check_tree_ranks(names, codebook_size: int) -> None:
-    """Raises ValueError (one line) when a decoder name's tree (its ``paths``) drafts a rank outside the codebook."""
+def check_tree_ranks(names, codebook_size: int, max_rank: int | None = None) -> None:
+    """Raises ValueError (one line) when a decoder name's tree (its ``paths``) drafts a rank outside the codebook, or
+    ``max_rank`` (``--max-rank``) exceeds it."""
+    if max_rank is not None and max_rank > codebook_size:
+        raise ValueError(f"--max-rank {max_rank} exceeds the codebook ({codebook_size} codes)")
     for d in names:
         top = max((max(p) for p in getattr(d, "paths", None) or ()), default=-1)
         if top >= codebook_size:

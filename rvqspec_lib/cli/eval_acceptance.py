@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 
-from rvqspec_lib.cli.common import apply_threads, check_device, check_range, check_seed, check_tree_ranks, note, \
-    note_fewer_frames, threads_text
-from rvqspec_lib.common.files import write_json_atomic
+from rvqspec_lib.cli.common import check_range, check_seed, check_tree_ranks, load, note, note_fewer_frames, started, \
+    threads_text, write_json
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name
@@ -37,19 +36,9 @@ def decoder_names(decoder: str | None) -> list:
     return [name]
 
 
-def _check_ranks(args, names, codebook_size: int) -> None:
-    if args.max_rank > codebook_size:
-        raise ValueError(f"--max-rank {args.max_rank} exceeds the codebook ({codebook_size} codes)")
-    check_tree_ranks(names, codebook_size)
-
-
 def run(args, threads: int) -> int:
-    """Run ``eval-acceptance`` on parsed flags. Returns the exit status.
-
-    Raises:
-        ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
-    """
-    started = getattr(args, "_started", None) or time.perf_counter()
+    """``rvqspec eval-acceptance``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
+    t0 = started(args)
     check_seed(args.seed)
     source = FrameSource.of(args)
     names = decoder_names(args.decoder)
@@ -58,14 +47,9 @@ def run(args, threads: int) -> int:
     check_range("--max-rank", args.max_rank, 1)
     facts = loader.model_facts(args.model)
     if facts is not None:
-        _check_ranks(args, names, facts.codebook_size)
-
-    check_device(args)  # a device not present: one line, before loading
-    threads = apply_threads(threads)  # after the cheap checks
-    t = time.perf_counter()
-    lm = loader.load_model(args.model, device=args.device, dtype=args.dtype)
-    load_s = time.perf_counter() - t
-    _check_ranks(args, names, lm.codebook_size)
+        check_tree_ranks(names, facts.codebook_size, args.max_rank)
+    lm, threads, load_s = load(args, threads, dtype=args.dtype)
+    check_tree_ranks(names, lm.codebook_size, args.max_rank)
     drafter = make_drafter(args.drafter, lm.code_predictor, args.drafter_path or model_drafter_dir(args.model))
     frames = source.load(lm, "evaluation")
     note_fewer_frames(frames, args.frames)
@@ -80,18 +64,15 @@ def run(args, threads: int) -> int:
     params = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
     params["decoder_name"] = [n.label for n in names]
     res = {"model": args.model, "random_weights": lm.is_random, "device": lm.device, "model_dtype": lm.dtype, **res,
-           "frames": frames.source, "threads": threads,
-           "load_s": load_s, "eval_s": eval_s, "total_s": time.perf_counter() - started,
-           "provenance": provenance(params, seed=args.seed)}
+           "frames": frames.source, "threads": threads, "load_s": load_s, "eval_s": eval_s,
+           "total_s": time.perf_counter() - t0, "provenance": provenance(params, seed=args.seed)}
     print(f"drafter {args.drafter}: {res['params_added']:,} parameters added, {res['n_frames']} frames | {lm.device} "
-          f"({lm.dtype}) | load "
-          f"{load_s:.1f} s, evaluation {eval_s:.1f} s, total {res['total_s']:.1f} s | {threads_text(threads)}")
+          f"({lm.dtype}) | load {load_s:.1f} s, evaluation {eval_s:.1f} s, total {res['total_s']:.1f} s | "
+          f"{threads_text(threads)}")
     for label, tpc in res["tokens_per_call"].items():
         print(f"  {label:7s} {tpc:.3f} tokens/call (predicted from the exact tables "
               f"{res['predicted_tokens_per_call'][label]:.3f})")
     alpha = enumerate(res["exact"]["alpha_by_offset"])
     print(f"  exact acceptance by offset: {', '.join(f'j={j + 1} {a:.3f}' for j, a in alpha if a is not None)}")
-    if args.json:
-        write_json_atomic(args.json, res)
-        print(f"wrote {args.json}")
+    write_json(args.json, res)
     return 0

@@ -6,8 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, check_device, check_range, note
-from rvqspec_lib.common.files import write_json_atomic
+from rvqspec_lib.cli.common import check_range, load, note, write_json
 from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import calibration_budgets, parse_decoder_name, split_decoder_list
@@ -18,7 +17,6 @@ from rvqspec_lib.eval import wer_parity as W
 from rvqspec_lib.eval.asr_models import check_asr_name, recogniser
 from rvqspec_lib.eval.datasets import get_language
 from rvqspec_lib.eval.parity import entries_used, table1_rows
-from rvqspec_lib.models import loader
 from rvqspec_lib.models.named_decoders import check_files, resolve_all
 from rvqspec_lib.models.speech_tokenizers import load_codec
 from rvqspec_lib.models.tree_files import tree_file
@@ -73,16 +71,10 @@ def _check(args) -> tuple[list[str], set[str], list[str]]:
 
 
 def run(args, threads: int) -> int:
-    """Run ``rvqspec eval-wer`` on parsed flags; returns the exit status.
-
-    Raises:
-        ValueError, FileNotFoundError: bad input, before any long work (one line from ``main``, exit status 2).
-    """
+    """``rvqspec eval-wer``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
     names, needs, languages = _check(args)
-    check_device(args)  # a device not present: one line, before loading
-    apply_threads(threads)
+    lm = load(args, threads)[0]
     progress = sys.stderr.isatty()
-    lm = loader.load_model(args.model, device=args.device)
     print(f"{args.model} on {lm.device} ({lm.dtype})")
     own = getattr(lm.speech_tokenizer, "codec", None)
     codec = load_codec(args.codec, device=lm.device) if args.codec else own
@@ -127,11 +119,10 @@ def run(args, threads: int) -> int:
     out = {"model": args.model, "device": lm.device, "model_dtype": lm.dtype,
            "decoders": {k: repr(W.decoder_of(v)) for k, v in decoders.items()},
            "languages": languages, "table3": table3, "table1": table1_rows(entries), "results": results,
-           "free_running": free, "best_chain": best_chain, "calibration": None if calibration is None else {k: calibration.get(k) for k in ("n_frames", "source")}}
+           "free_running": free, "best_chain": best_chain,
+           "calibration": calibration and {k: calibration.get(k) for k in ("n_frames", "source")}}
     _print(table3, free)
-    if args.json:
-        write_json_atomic(args.json, out)
-        print(f"wrote {args.json}")
+    write_json(args.json, out)
     return 0
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from rvqspec_lib.cli.common import _die, apply_threads, check_device, check_output_folder, check_range, \
-    check_tree_ranks, make_folder, note
+from rvqspec_lib.cli.common import _die, check_output_folder, check_range, check_tree_ranks, load, make_folder, note
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, parse_decoder_name
@@ -15,7 +14,6 @@ from rvqspec_lib.decoding.trees import DraftTree
 from rvqspec_lib.eval import export_check as T
 from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.device import export_graphs as G
-from rvqspec_lib.models import loader
 from rvqspec_lib.models.named_decoders import check_files, resolve
 
 #: Node budget N of a verify graph given neither --nodes nor --decoder (a chain of 3 drafts).
@@ -42,8 +40,7 @@ def check_args(args) -> int | None:
         raise ValueError("--predict is for --format coreml (ONNX files are always run with ONNX Runtime here)")
     if args.predict and not F.coreml_available()[0]:
         raise ValueError(f"--predict: {F.coreml_available()[1]}; drop --predict to build the package here")
-    problem = check_output_folder(args.out)  # a folder, writable, before the model loads (the export takes minutes)
-    if problem:
+    if (problem := check_output_folder(args.out)):  # before the model loads (the export takes minutes)
         raise ValueError(problem)
     if args.graph != "verify":
         return None
@@ -65,15 +62,9 @@ def check_args(args) -> int | None:
 
 
 def run(args, threads: int) -> int:
-    """Run ``rvqspec export`` on parsed flags; ``threads`` applied after the cheap checks. Returns the exit status.
-
-    Raises:
-        ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
-    """
+    """``rvqspec export``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
     nodes = check_args(args)
-    check_device(args, "export (it traces and checks its graphs on the CPU)")
-    threads = apply_threads(threads)
-    lm = loader.load_model(args.model, device=args.device)
+    lm, threads, _ = load(args, threads, cpu_only="export (it traces and checks its graphs on the CPU)")
     cp = lm.code_predictor.eval()
     G.check_exportable(cp)
     tree = DraftTree.chain(nodes - 1) if nodes and args.decoder_name is None else None

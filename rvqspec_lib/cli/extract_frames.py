@@ -17,11 +17,7 @@ from rvqspec_lib.training.distributed import extract_dataset_frames, extract_fra
 
 
 def run(args, threads: int) -> int:
-    """Run ``rvqspec extract-frames`` in this process (one of several under ``accelerate launch``).
-
-    Raises:
-        ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
-    """
+    """``rvqspec extract-frames`` in this process, one of several under ``accelerate launch``."""
     check_dataset_flags(args.dataset, args.codec, args.language)
     for flag in ("--max-utterances", "--batch-size"):
         check_range(flag, getattr(args, flag[2:].replace("-", "_")), 1)

@@ -23,7 +23,7 @@ from rvqspec_lib.cli.common import OUTPUT_FLAGS, OneLineParser, _die, add_thread
 COMMANDS = {
     "synth": ("speak a text with a chosen inner-loop decoder", "args:synth", "synth"),
     "prepare": ("get a checkpoint ready for --decoder paper and auto (frames, offsets, trees, auto's timing)",
-                "prepare:add_args", "prepare"),
+                "args:prepare", "prepare"),
     "train-drafter": ("train position-aware offsets or Medusa heads", "args:train_drafter", "train_drafter"),
     "eval-acceptance": ("tokens per call and acceptance of a drafter", "args:eval_acceptance", "eval_acceptance"),
     "export": ("one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 06)", "args:export",

@@ -15,8 +15,8 @@ import soundfile as sf
 import torch
 
 from rvqspec_lib.cli.args import AUDIO_SUFFIXES, MAX_BATCH
-from rvqspec_lib.cli.common import apply_threads, check_device, check_outputs, check_range, check_seed, \
-    check_tree_ranks, check_utf8, make_folder, note, threads_text
+from rvqspec_lib.cli.common import check_device, check_outputs, check_range, check_seed, check_tree_ranks, \
+    check_utf8, load, make_folder, note, started, threads_text
 from rvqspec_lib.common.files import atomic_outputs, json_text
 from rvqspec_lib.data.frame_choice import read_lines
 from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
@@ -27,6 +27,7 @@ from rvqspec_lib.models import backends as B
 from rvqspec_lib.models import frame, loader
 from rvqspec_lib.models.audio import WavWriter
 from rvqspec_lib.device.native_talker import NativeTalker
+from rvqspec_lib.models.drafter_files import model_drafter_dir
 from rvqspec_lib.models.named_decoders import check_files, resolve
 from rvqspec_lib.device.precision import PRECISIONS, apply_precision, check_precision
 from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
@@ -57,26 +58,23 @@ def check_args(args) -> list[tuple[Path, Path]]:
     Raises:
         ValueError: the first problem, in one line naming the flag.
     """
-    if args.text_file is not None:
-        args.texts = read_lines(args.text_file, "--text-file")
-    elif not args.text.strip():
+    if args.text_file is None and not args.text.strip():
         raise ValueError("--text is empty: give the sentence to speak")
-    else:
-        check_utf8(args.text, "--text")
-        args.texts = [args.text]
+    args.texts = read_lines(args.text_file, "--text-file") if args.text_file is not None else [args.text]
+    check_utf8(args.texts[0], "--text")  # read_lines checks a file's
     check_seed(args.seed)
     check_range("--max-frames", args.max_frames, 1, what=" (frames of 80 ms; 12.5 frames = 1 s)")
     if args.batch_size is not None and args.text_file is None:
         raise ValueError("--batch-size is for --text-file (lines decoded together): drop it with --text")
-    args.batch_size = 8 if args.batch_size is None else args.batch_size
-    check_range("--batch-size", args.batch_size, 1, MAX_BATCH)
-    if not args.stream and args.out == "-":
-        raise ValueError("--out - (a WAV stream on standard output) is for --stream: add --stream, or give a file")
-    if not args.stream and args.chunk_frames is not None:
-        raise ValueError("--chunk-frames is for --stream (frames decoded to audio at once): add --stream")
+    if not args.stream and (args.out == "-" or args.chunk_frames is not None):
+        raise ValueError("--out - (a WAV stream on standard output) is for --stream: add --stream, or give a file"
+                         if args.out == "-" else "--chunk-frames is for --stream (frames decoded to audio at once): "
+                         "add --stream")
     if args.stream and args.text_file is not None:
         raise ValueError("--stream speaks one --text (a stream of audio as it is made): give --text, or drop --stream")
+    args.batch_size = 8 if args.batch_size is None else args.batch_size
     args.chunk_frames = 1 if args.chunk_frames is None else args.chunk_frames
+    check_range("--batch-size", args.batch_size, 1, MAX_BATCH)
     if not 1 <= args.chunk_frames <= args.max_frames:
         raise ValueError(f"--chunk-frames must be in 1..--max-frames ({args.max_frames}) frames of 80 ms, got "
                          f"{args.chunk_frames}")
@@ -93,9 +91,11 @@ def check_args(args) -> list[tuple[Path, Path]]:
         raise ValueError(f"--json {args.json} is an audio or codes file of --out: give it its own name")
     check_outputs([(f, "--out" if f.suffix != ".npy" else "--out (its codes file)") for f in files]
                   + [(args.json, "--json")], make_parents=True)  # a missing parent folder is made by run()
-    if not args.decoder.strip():
+    if args.decoder is None and args.frame != "auto":  # --frame names how AR runs (as before the default path)
+        args.decoder = "ar"
+    if args.decoder is not None and not args.decoder.strip():
         raise ValueError(f"--decoder is empty: give one of {grammar(('chain:best',))}")
-    name = args.decoder_name = parse_decoder_name(args.decoder, without=("chain:best",))
+    name = args.decoder_name = parse_decoder_name(args.decoder or "ar", without=("chain:best",))
     if name.best_window:
         raise ValueError("chain:best is chosen on calibration frames by eval-wer: give chain:N here, or --decoder auto")
     cpu_only = [f"--backend {args.backend}"] * (args.backend in ("native", "onnx")) + \
@@ -108,13 +108,12 @@ def check_args(args) -> list[tuple[Path, Path]]:
         B.check_available(args.backend, args.dtype, args.device)
         if args.backend == "native" and args.dtype not in PRECISIONS:
             raise ValueError(f"--backend native runs {', '.join(PRECISIONS)}: drop --dtype {args.dtype}")
-    if args.talker == "native":
-        if args.dtype not in PRECISIONS:
-            raise ValueError(f"--talker native runs --dtype {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, not "
-                             f"{args.dtype}: give one of those, or use --talker official")
-        ok, why = B.available("native", args.dtype)
-        if not ok:
-            raise ValueError(f"--talker native is not available here: {why}: use --talker official")
+    if args.talker == "native" and args.dtype not in PRECISIONS:
+        raise ValueError(f"--talker native runs --dtype {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, not "
+                         f"{args.dtype}: give one of those, or use --talker official")
+    if args.talker == "native" and not B.available("native", args.dtype)[0]:
+        raise ValueError(f"--talker native is not available here: {B.available('native', args.dtype)[1]}: use "
+                         "--talker official")
     if name.kind == "auto" and args.frame != "auto":
         raise ValueError(f"--frame {args.frame}: --decoder auto chooses how its decoder runs; drop --frame")
     if args.frame == "fused":  # a calibrated tree or paper is a tree: no fused frame either
@@ -129,12 +128,8 @@ def check_args(args) -> list[tuple[Path, Path]]:
 
 def check_against_model(args, facts) -> str | None:
     """Checks that need the model's config (``facts``; ``None``: a hub id not in the cache), before loading it;
-    returns the decoder's note (``paper`` capped), or ``None``.
-
-    Raises:
-        ValueError, FileNotFoundError: a language, speaker, tree rank or ``--codes-to-audio`` the model does not
-            have, a drafter or calibration missing beside it.
-    """
+    returns the decoder's note (``paper`` capped), or ``None``. Raises ValueError, FileNotFoundError (one line): a
+    language, speaker, tree rank or ``--codes-to-audio`` the model does not have, a file missing beside it."""
     if facts is None:
         return check_files(args.decoder_name, args.model)
     if args.stream and facts.kind in ("tiny-random", "random-size"):
@@ -164,25 +159,37 @@ def check_codes_to_audio(args, offline_codec: bool, neural: bool = True) -> None
 
 
 def build_runner(args, lm, sampling: Sampling) -> tuple[object, str | None]:
-    """The frame runner of ``--decoder``, ``--backend`` and ``--frame``, and what ``--decoder auto`` chose (one line;
-    ``None`` for a named decoder): timed among official and native (where it runs), or on ``--backend`` alone
-    (cached). Raises ValueError: ``auto`` on a model that ships no calibration frames to time on."""
-    name = args.decoder_name
-    if name.kind == "auto":
-        native = args.dtype in PRECISIONS and B.available_or_note(
+    """The frame runner of ``--decoder``, ``--backend`` and ``--frame``, and a line saying what was chosen (``None``
+    for a named decoder). ``auto``: timed among official and native (where it runs), or on ``--backend`` alone, once
+    and cached. No ``--decoder`` (the default): the cached ``auto`` choice for this model and machine, never timed;
+    without one, AR through native, fused where native runs, else through official, and a line naming ``rvqspec
+    prepare`` (which times the fastest). Raises ValueError: ``auto`` on a model that ships no calibration frames."""
+    name, default = args.decoder_name, args.decoder is None
+    choice = None
+    if name.kind == "auto" or default:
+        native = args.device == "cpu" and args.dtype in PRECISIONS and B.available_or_note(
             "native", args.dtype, args.device, instead="--decoder auto chooses among the official module's decoders "
                                                        "alone")
         choice = budget.auto_for_model(lm, backends=[args.backend] if args.backend else ["official"] + ["native"] *
-                                       native, drafter_name=name.drafter, progress=sys.stderr.isatty())
-        named, backend = replace(choice.named, note=f"--decoder auto chose {choice.reason}"), choice.backend
+                                       native, drafter_name=name.drafter, progress=sys.stderr.isatty(),
+                                       timed=not default)
+    if choice is not None:
+        args.decoder_name = parse_decoder_name("auto")
+        named, backend = replace(choice.named, note=f"{'--decoder ' * (not default)}auto chose {choice.reason}"), \
+            choice.backend
         # the choice was timed with the checkpoint's sampling; a fused frame takes no top-p (fused_support)
         fused = choice.fused and B.fused_support(backend, named.decoder, sampling, named.drafter) is None
     else:
-        named, backend = resolve(name, lm), args.backend or "official"
+        named = resolve(name, lm)
+        backend = args.backend or ("native" if default and native else "official")
         fused = args.frame == "fused" or (args.frame == "auto" and backend == "native" and B.fused_support(
             backend, named.decoder, sampling, named.drafter) is None)
+        if default:
+            why = (f"`rvqspec prepare --model {args.model}` times the fastest path once" if model_drafter_dir(lm)
+                   else f"{args.model} has no calibrated trees to choose among")
+            named = replace(named, note=f"the default path is ar through {backend}{', fused' * fused}, untimed: {why}")
     runner = B.frame_runner(backend, lm.code_predictor, named, fused=fused, sampling=sampling, drafter=named.drafter)
-    return runner, named.note if name.kind == "auto" else None
+    return runner, named.note if choice is not None or default else None
 
 
 def _audio(lm, codec_choice: str, rows: list[dict]) -> tuple[str | None, int | None]:
@@ -206,24 +213,18 @@ def _audio(lm, codec_choice: str, rows: list[dict]) -> tuple[str | None, int | N
 
 
 def run(args, threads: int) -> int:
-    """Run ``synth`` on parsed flags (``threads``: the resolved ``--threads``). Returns the exit status.
-
-    Raises:
-        ValueError, FileNotFoundError: bad input (``main`` prints them in one line, exit status 2).
-    """
-    started = getattr(args, "_started", None) or time.perf_counter()
+    """``rvqspec synth``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
+    t0 = started(args)
     pairs, texts = check_args(args), args.texts
     cap_note = check_against_model(args, loader.model_facts(args.model))  # config only: milliseconds
     if cap_note:
         note(cap_note)
-    threads = apply_threads(threads)
-    t = time.perf_counter()
-    startup_s = t - started  # interpreter imports (torch, transformers) and the checks
-    lm = loader.load_model(args.model, device=args.device,
-                           dtype={"int8": "bfloat16", "int8-dynamic": "float32"}.get(args.dtype, args.dtype))
+    startup_s = time.perf_counter() - t0  # interpreter imports (torch, transformers) and the checks
+    lm, threads, _ = load(args, threads, dtype={"int8": "bfloat16", "int8-dynamic": "float32"}.get(args.dtype,
+                                                                                                 args.dtype))
     if args.dtype in ("int8", "int8-dynamic"):
         apply_precision(lm.code_predictor, args.dtype)  # AR and speculation alike run the int8 code predictor
-    load_s = time.perf_counter() - t
+    load_s = time.perf_counter() - t0 - startup_s
     check_tree_ranks([args.decoder_name], lm.codebook_size)  # again for models whose config could not be read
     codec = getattr(lm.speech_tokenizer, "codec", None)
     check_codes_to_audio(args, hasattr(codec, "decoder_kind"), getattr(codec, "code_decoder", None) is not None)
@@ -248,11 +249,10 @@ def run(args, threads: int) -> int:
               "decoding); its audio is not the target model's")
     if lm.is_random:
         _note(f"{args.model} has RANDOM weights (timing only): the audio and acceptance mean nothing")
-    english_only = set(lm.model.config.talker_config.codec_language_id or {}) == {"english"}
-    for i, text in enumerate(texts):  # a heuristic, see english_only_note's doc
-        other = english_only_note(args.model, text) if english_only else None
-        if other:
-            _note((f"line {i + 1}: " if len(texts) > 1 else "") + other)
+    if set(lm.model.config.talker_config.codec_language_id or {}) == {"english"}:
+        for i, other in enumerate(english_only_note(args.model, text) for text in texts):  # a heuristic (its doc)
+            if other:
+                _note((f"line {i + 1}: " if len(texts) > 1 else "") + other)
 
     generator = torch.Generator(device=lm.device).manual_seed(args.seed)
     talker = NativeTalker(lm) if args.talker == "native" else None  # its KV cache is sized per batch by frames()
@@ -261,7 +261,7 @@ def run(args, threads: int) -> int:
             "device": lm.device, "model_dtype": lm.dtype, "talker": args.talker, "threads": threads,
             "startup_s": startup_s, "load_s": load_s, "choose_s": choose_s}
     if args.stream:
-        return run_stream(args, lm, runner, talker, generator, talker_sampling, started, base, notes)
+        return run_stream(args, lm, runner, talker, generator, talker_sampling, t0, base, notes)
     batch = args.batch_size if len(texts) > 1 else 1
     rows: list[dict] = []
     talker_calls, talker_s, inner_s = 0, 0.0, 0.0
@@ -306,7 +306,7 @@ def run(args, threads: int) -> int:
              "talker_calls": talker_calls, "tokens_per_call": tpc, "synth_s": synth_s, "decode_s": decode_s,
              "rtf": (synth_s + decode_s) / audio_s if audio_s > 0 else None, "talker_s": talker_s,
              "inner_loop_s": inner_s, "notes": notes, **(per[0] if len(texts) == 1 else {"utterances": per})}
-    targets = _write(args, stats, started, {npy_p: r["codes"] for (_, npy_p), r in zip(pairs, rows)}, audio, sr)
+    targets = _write(args, stats, t0, {npy_p: r["codes"] for (_, npy_p), r in zip(pairs, rows)}, audio, sr)
     total_s = stats["total_s"]
     rtf = (f"RTF {stats['rtf']:.2f} (synthesis alone; {stats['rtf_total']:.2f} with start-up, load and choice)"
            if stats["rtf"] is not None else "RTF n/a (no audio)")
@@ -318,17 +318,14 @@ def run(args, threads: int) -> int:
           f"{total_s:.2f} s | {rtf} | {threads_text(threads)}")
     written = ", ".join(str(p) for p in targets) if len(targets) <= 4 else \
         f"{len(targets)} files ({targets[0]} ... {targets[-1]})"
-    if sr is None and lm.speech_tokenizer is None:
-        print(f"wrote {written} (no codec weights for {args.model}: codes only, frames x {lm.n_code_groups})")
-    elif len(audio) < len(rows):
-        print(f"wrote {written} (the model ended before its first frame for {len(rows) - len(audio)} text(s): no "
-              "audio for them)")
-    else:
-        print(f"wrote {written}")
+    why = (f" (no codec weights for {args.model}: codes only, frames x {lm.n_code_groups})" if sr is None and
+           lm.speech_tokenizer is None else f" (the model ended before its first frame for {len(rows) - len(audio)} "
+           "text(s): no audio for them)" if len(audio) < len(rows) else "")
+    print(f"wrote {written}{why}")
     return 0
 
 
-def _write(args, stats: dict, started: float, codes: dict, audio: dict, sample_rate: int | None) -> list[Path]:
+def _write(args, stats: dict, t0: float, codes: dict, audio: dict, sample_rate: int | None) -> list[Path]:
     """Write the audio files, the codes (``.npy``, int64 ``(frames, n_code_groups)``) and ``--json`` (``stats`` with
     ``total_s`` and ``rtf_total`` added) atomically: all or none. Returns the files written."""
     targets = [*audio, *codes] + ([Path(args.json)] if args.json else [])
@@ -338,7 +335,7 @@ def _write(args, stats: dict, started: float, codes: dict, audio: dict, sample_r
             sf.write(tmp[path], wav, sample_rate)
         for path, c in codes.items():
             np.save(tmp[path], c.numpy().astype(np.int64))
-        stats["total_s"] = total_s = time.perf_counter() - started
+        stats["total_s"] = total_s = time.perf_counter() - t0
         if "rtf" in stats:
             stats["rtf_total"] = total_s / stats["audio_s"] if stats["audio_s"] > 0 else None
         if args.json:
@@ -362,7 +359,7 @@ def _write_stream(stream, sink, sample_rate: int) -> bool:
         stream.close()
 
 
-def run_stream(args, lm, runner, talker, generator, talker_sampling, started: float, base: dict, notes) -> int:
+def run_stream(args, lm, runner, talker, generator, talker_sampling, t0: float, base: dict, notes) -> int:
     """``synth --stream``: the stream written as it comes (a WAV valid at every moment, or standard output), then the
     codes and ``--json`` atomically; the report goes to stderr when the audio goes to stdout. Returns 0 (also when
     the reader closed stdout early: a note)."""
@@ -379,7 +376,7 @@ def run_stream(args, lm, runner, talker, generator, talker_sampling, started: fl
     codes = stream.codes(0)
     stats = {**base, "stream": True, "out": args.out, **{k: v for k, v in s.items() if k not in ("cpu_s", "replay")},
              "thread_cpu_s": s["cpu_s"], "notes": notes, "text": args.texts[0], "codes": codes.tolist()}
-    targets = _write(args, stats, started, {} if to_stdout else {Path(args.out).with_suffix(".npy"): codes}, {}, None)
+    targets = _write(args, stats, t0, {} if to_stdout else {Path(args.out).with_suffix(".npy"): codes}, {}, None)
     report = sys.stderr if to_stdout else sys.stdout
     print(f"{s['frames']} frames ({s['audio_s']:.2f} s of audio) streamed in chunks of {args.chunk_frames} frame(s) "
           f"({B.runner_label(base)}) on {lm.device} ({lm.dtype}) | time to first audio {s['ttfa_ms']:.0f} ms after the "

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, check_device, check_outputs, check_range, check_seed, note, \
-    note_fewer_frames, threads_text
+from rvqspec_lib.cli.common import check_outputs, check_range, check_seed, load, note_fewer_frames, started, \
+    threads_text
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.drafters import DEFAULT_K
@@ -21,15 +21,15 @@ from rvqspec_lib.training import drafters
 
 
 def _check_k(k: int, n_code_groups: int) -> None:
-    n_codes = n_code_groups - 1
-    if not 1 <= k <= n_codes - 1:
-        raise ValueError(f"K={k} is out of range for a code predictor of {n_codes} codes: --K 1..{n_codes - 1} "
-                         "(the paper uses 3)")
+    if not 1 <= k <= n_code_groups - 2:
+        raise ValueError(f"K={k} is out of range for a code predictor of {n_code_groups - 1} codes: --K "
+                         f"1..{n_code_groups - 2} (the paper uses 3)")
 
 
-def check_training_flags(args) -> None:
+def check_training_flags(args, out: Path | None = None) -> None:
     """The flags train-drafter and train-drafter-parallel share: --seed, --epochs, --patience, --batch-size, --lr,
-    --val-fraction, and --out a new ``.safetensors`` file (or --force). Raises ValueError (one line)."""
+    --val-fraction, and ``out`` (default --out) a new ``.safetensors`` file (or --force). Raises ValueError (one
+    line)."""
     check_seed(args.seed)
     for flag, lo in (("--epochs", 1), ("--patience", 0), ("--batch-size", 1)):
         check_range(flag, getattr(args, flag[2:].replace("-", "_")), lo)
@@ -37,81 +37,61 @@ def check_training_flags(args) -> None:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     if args.val_fraction is not None and not 0 < args.val_fraction < 1:
         raise ValueError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
-    if args.out and Path(args.out).suffix != ".safetensors":
-        raise ValueError(f"--out must end in .safetensors, got {args.out}")
-    if args.out and Path(args.out).exists() and not args.force:
-        raise ValueError(f"--out {args.out} exists (a drafter shipped or trained before): pass --force to replace "
-                         "it, or choose another --out")
+    out = out or (Path(args.out) if args.out else None)
+    if out and out.suffix != ".safetensors":
+        raise ValueError(f"--out must end in .safetensors, got {out}")
+    if out and out.exists() and not args.force:
+        raise ValueError(f"{'--out ' * bool(args.out)}{out} exists (a drafter shipped or trained before): pass "
+                         "--force to replace it, or choose another --out")
 
 
 def run(args, threads: int) -> int:
-    """Run ``train-drafter`` on parsed flags. Returns the exit status.
-
-    Raises:
-        ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
-    """
-    started = getattr(args, "_started", None) or time.perf_counter()
-    check_training_flags(args)
-    check_range("--val-frames", args.val_frames, 1)
-    source = FrameSource.of(args)
-    shipped = source.shipped
-    if shipped and args.val_fraction is not None:
-        raise ValueError("--val-fraction is not used here: validation frames come from the shipped validation "
-                         "split (set their number with --val-frames)")
-    if not shipped and args.val_frames is not None:
-        raise ValueError("--val-frames is used only with the shipped utterances of an embedded model; here "
-                         "validation is --val-fraction of the utterances")
-    val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
-    val_frames = 500 if args.val_frames is None else args.val_frames
-
-    k = DEFAULT_K if args.K is None else args.K
+    """``rvqspec train-drafter``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
+    t0 = started(args)
     d = model_drafter_dir(args.model)
     if not args.out and d is None:
         raise ValueError("--out is required when --model is not a local checkpoint directory")
     out = Path(args.out) if args.out else drafter_path(d, args.drafter)
-    if out.exists() and not args.force:  # the default file
-        raise ValueError(f"{out} exists (the drafter shipped or trained before): pass --force to replace it, or "
-                         "choose another --out")
+    check_training_flags(args, out)
+    check_range("--val-frames", args.val_frames, 1)
+    source = FrameSource.of(args)
+    if source.shipped and args.val_fraction is not None:
+        raise ValueError("--val-fraction is not used here: validation frames come from the shipped validation "
+                         "split (set their number with --val-frames)")
+    if not source.shipped and args.val_frames is not None:
+        raise ValueError("--val-frames is used only with the shipped utterances of an embedded model; here "
+                         "validation is --val-fraction of the utterances")
+    k = DEFAULT_K if args.K is None else args.K
     curve = Path(args.curve_json) if args.curve_json else out.with_suffix(".curve.json")
-    # the default file may go into a new drafters/ folder beside the model: save_drafter makes it
-    if out.parent.exists():
+    if out.parent.exists():  # else the default file goes into a new drafters/ folder, made by save_drafter
         check_outputs([(out, "--out"), (out.with_suffix(".json"), "--out (its .json description)"),
                        (curve, "--curve-json")])
     facts = loader.model_facts(args.model)
     if facts is not None:
         _check_k(k, facts.n_code_groups)
-
-    check_device(args)  # a device not present: one line, before loading
-    threads = apply_threads(threads)  # after the cheap checks
-    t = time.perf_counter()
-    lm = loader.load_model(args.model, device=args.device, dtype=args.dtype)
-    load_s = time.perf_counter() - t
+    lm, threads, load_s = load(args, threads, "the drafter learns nothing meaningful", dtype=args.dtype)
     _check_k(k, lm.n_code_groups)
-    if lm.is_random:
-        note(f"{args.model} has RANDOM weights: the drafter learns nothing meaningful")
     frames = source.load(lm, "training")
     note_fewer_frames(frames, args.frames)
-    val = source.load(lm, "validation", val_frames) if shipped else None
+    val_frames = 500 if args.val_frames is None else args.val_frames
+    val = source.load(lm, "validation", val_frames) if source.shipped else None
     if val is not None:
         note_fewer_frames(val, val_frames, "--val-frames")
-    drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=k)
     t = time.perf_counter()
-    res = drafters.train_drafter(drafter, lm.code_predictor, frames, val, loss=args.loss, sampling=inner_sampling(lm),
-                                 lr=args.lr, batch_size=args.batch_size, max_epochs=args.epochs,
-                                 patience=args.patience, val_fraction=val_fraction, seed=args.seed,
-                                 progress=sys.stderr.isatty())
+    res = drafters.train_drafter(make_drafter(args.drafter, lm.code_predictor, fresh=True, K=k), lm.code_predictor,
+                                 frames, val, loss=args.loss, sampling=inner_sampling(lm), lr=args.lr,
+                                 batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
+                                 val_fraction=args.val_fraction or 0.1, seed=args.seed, progress=sys.stderr.isatty())
     train_s = time.perf_counter() - t
-    res.drafter.provenance["model"] = args.model
-    res.drafter.provenance.update(threads=threads, device=lm.device, model_dtype=lm.dtype)
+    res.drafter.provenance.update(model=args.model, threads=threads, device=lm.device, model_dtype=lm.dtype)
     save_drafter(res.drafter, out)  # the drafter and its .json, atomically; then its curve
     write_json_atomic(curve, res.to_json())
-    total_s = time.perf_counter() - started
     c0, cb = res.curve[0], res.curve[res.best_epoch]
     print(f"{args.drafter} ({res.drafter.params_added:,} parameters, loss {args.loss}): validation loss "
           f"{c0['val_loss']:.4f} -> {cb['val_loss']:.4f}, exact acceptance by offset "
           f"{[round(a, 3) for a in c0['val_acceptance_by_offset']]} -> "
           f"{[round(a, 3) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}) | {lm.device} "
-          f"({lm.dtype}) | load {load_s:.1f} s, "
-          f"train {train_s:.1f} s, total {total_s:.1f} s | {threads_text(threads)}")
+          f"({lm.dtype}) | load {load_s:.1f} s, train {train_s:.1f} s, total {time.perf_counter() - t0:.1f} s | "
+          f"{threads_text(threads)}")
     print(f"wrote {out}, {out.with_suffix('.json')} and {curve}")
     return 0

@@ -24,11 +24,7 @@ def _frames(path: str) -> Frames:
 
 
 def run(args, threads: int) -> int:
-    """Run ``rvqspec train-drafter-parallel`` in this process (one of several under ``accelerate launch``).
-
-    Raises:
-        ValueError, FileNotFoundError: bad input (one line from ``main``, exit status 2).
-    """
+    """``rvqspec train-drafter-parallel`` in this process, one of several under ``accelerate launch``."""
     check_training_flags(args)
     for flag, path, split in (("--frames", args.frames, "training"), ("--val-frames", args.val_frames, "validation")):
         problem = check_frames_path(path, flag, f"rvqspec extract-frames --model {args.model} --split {split}")
@@ -56,7 +52,7 @@ def run(args, threads: int) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m rvqspec_lib.cli.train_drafter_parallel`` (what ``accelerate launch -m`` runs): ``rvqspec train-drafter-parallel``."""
+    """``python -m rvqspec_lib.cli.train_drafter_parallel`` (``accelerate launch -m`` runs it)."""
     return rvqspec(["train-drafter-parallel", *(sys.argv[1:] if argv is None else argv)])
 
 

@@ -273,10 +273,10 @@ def write_cache(path: Path, store: dict) -> bool:
 def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.Tensor, *,
                  backends: Sequence[str] | Mapping[str, object] = ("official",), drafter=None,
                  drafter_name: str | None = None, refresh: bool = False, cache: str | os.PathLike | None = None,
-                 **kwargs) -> AutoChoice:
+                 timed: bool = True, **kwargs) -> AutoChoice | None:
     """:func:`choose_decoder` (the same keywords), cached per :func:`cache_key` unless ``refresh`` (a choice timed
     while oversubscribed is not written; a damaged cache or unwritable folder is a one-line warning): what
-    ``--decoder auto`` runs.
+    ``--decoder auto`` runs. ``timed=False``: the cached choice or ``None``, never timing (synth's default).
 
     Raises:
         ValueError: as :func:`choose_decoder`.
@@ -299,6 +299,8 @@ def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.
             table = hit.get("table") if isinstance(hit.get("table"), list) else []
             return AutoChoice(dataclasses.replace(named, note=reason), hit["backend"], hit["fused"], reason, table,
                               key)
+    if not timed:
+        return None
     choice = choose_decoder(code_predictor, calibration, contexts, backends=backends, drafter=drafter,
                             drafter_name=dn, **kwargs)
     choice.key = key
@@ -317,9 +319,10 @@ AUTO_CONTEXTS = 64
 
 
 def auto_for_model(lm, *, backends: Sequence[str] = ("official",), drafter_name: str = "heads",
-                   progress: bool = False, **kwargs) -> AutoChoice:
+                   progress: bool = False, timed: bool = True, **kwargs) -> AutoChoice | None:
     """``--decoder auto`` for a loaded model: its drafter, calibration and first :data:`AUTO_CONTEXTS` calibration
-    frames from its folder, then :func:`auto_decoder`.
+    frames from its folder, then :func:`auto_decoder`. ``timed=False``: the cached choice or ``None`` (no calibration,
+    or nothing cached for this machine), never timing nor raising.
 
     Raises:
         ValueError: the model ships no calibration or no calibration frames (one line naming the fix); as
@@ -328,6 +331,9 @@ def auto_for_model(lm, *, backends: Sequence[str] = ("official",), drafter_name:
     cp = lm.code_predictor
     drafter = None if drafter_name == "heads" else shipped_drafter(lm, drafter_name, cp)
     calibration = drafter_calibration(lm, drafter_name)
+    if not timed:
+        return None if calibration is None else auto_decoder(lm.name, cp, calibration, None, backends=backends,
+                                                             drafter=drafter, drafter_name=drafter_name, timed=False)
     if calibration is None:
         raise ValueError(f"--decoder auto needs calibrated trees beside {lm.name} for the {drafter_name} drafter "
                          f"(trees/{drafter_name}.json): make them with `{prepare_command(lm)}`, or choose a decoder")

@@ -94,7 +94,8 @@ from rvqspec_lib.eval.noise import noise_words
 from bench.latency import bench_talker_precisions, slim_talker
 from rvqspec_lib.eval.timing import machine_meta, measure_quietly, oversubscribed_note
 from rvqspec_lib.models.backends import available, backend_table, runner_label
-from rvqspec_lib.models.loader import load_model
+from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
+from paper.checkpoint import is_checkpoint, prepare_checkpoint
 from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.device.precision import cpu_features, native_precisions
 
@@ -105,6 +106,10 @@ if smoke:
     precisions, floor_repeats, talker_contexts, talker_repeats = ["float32"], 2, (8,), 2
     batch_sizes, batch_decoders, batch_repeats, auto_frames = (1, 4), ("ar", "chain:4"), 2, 2
     table_models, table_repeats, noise_target = ("embedded", "tiny-random"), 1, None
+if is_checkpoint(model):  # a released checkpoint: it takes the embedded model's place (its own frames and trees)
+    prepare_checkpoint(model, smoke=smoke, notebook="07", seed=seed)
+    small_model = str(model) if small_model == EMBEDDED_MODEL else small_model
+    table_models = tuple(dict.fromkeys(str(model) if m == EMBEDDED_MODEL else m for m in table_models))
 timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)
 if threads:  # two threads on a busy 2-core machine spin-wait
     torch.set_num_threads(int(threads))

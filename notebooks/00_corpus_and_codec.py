@@ -102,7 +102,7 @@ out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the
 work = resolve_out_dir(work_dir or (out / "00_work" if smoke else "build/00_corpus"), smoke=smoke)
 on_checkpoint = is_checkpoint(model)  # a released checkpoint: its own speech and 12 Hz codec (the next section)
 if on_checkpoint:
-    root = prepare_checkpoint(model, smoke=smoke, notebook="00", seed=seed).resolve()
+    root = prepare_checkpoint(model, smoke=smoke, notebook="00", out_dir=out, seed=seed).resolve()
 else:
     try:
         root = embedded_root(model).resolve()

@@ -166,7 +166,7 @@ if dataset:
     root, run_model = None, model
 else:
     if is_checkpoint(model):  # a released checkpoint: it speaks its own frames (rvqspec prepare's stages)
-        prepare_checkpoint(model, smoke=smoke, notebook="03", seed=seed)
+        prepare_checkpoint(model, smoke=smoke, notebook="03", out_dir=out, seed=seed)
     try:
         root = embedded_root(model)
     except FileNotFoundError:

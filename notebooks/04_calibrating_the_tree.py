@@ -126,7 +126,7 @@ if threads:  # two threads on a busy 2-core machine spin-wait
     torch.set_num_threads(int(threads))
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 if is_checkpoint(model):  # a released checkpoint: its own frames (rvqspec prepare's stages), its own verify cost
-    prepare_checkpoint(model, smoke=smoke, notebook="04", seed=seed)
+    prepare_checkpoint(model, smoke=smoke, notebook="04", out_dir=out, seed=seed)
     if compare_model in ("qwen3-tts-0.6b-random", "tiny-random"):  # the default: the checkpoint is real size itself
         compare_model = model
 try:
@@ -434,7 +434,8 @@ big_words = "RANDOM weights: cost only" if big_is_random else "trained weights"
 big_lm = None  # the real-size model's memory back before the frames are timed
 timings["verify_cost_s"] = time.perf_counter() - t0
 cpu = cost["meta"]["cpu"]
-cost_tab = pd.DataFrame([{"model": run_model, "weights": "trained", **r} for r in cost["rows"]]
+cost_tab = pd.DataFrame([{"model": run_model, "weights": "random" if lm.is_random else "trained", **r}
+                         for r in cost["rows"]]
                         + [{"model": compare_model, "weights": "random" if big_is_random else "trained", **r}
                            for r in big_cost["rows"]])
 save_table(cost_tab, out / "04_verify_cost",

@@ -139,7 +139,7 @@ requested_model = str(model)  # kept in the provenance when the run falls back t
 on_checkpoint = is_checkpoint(model) and not fleurs  # a released checkpoint without the paper's data: its own speech
 skipped = []  # headline entries of what this notebook does not do on the checkpoint
 if on_checkpoint:
-    prepare_checkpoint(model, smoke=smoke, notebook="05", seed=seed)
+    prepare_checkpoint(model, smoke=smoke, notebook="05", out_dir=out, seed=seed)
     if [x for x in languages if x != "en"]:
         skipped.append(not_here("05", f"WER parity in {', '.join(x for x in languages if x != 'en')}",
                                 "the checkpoint speaks English texts here; pass fleurs= (and codec=) for Table 3's "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,10 +21,9 @@ from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.common.progress import progress_file
 from rvqspec_lib.data.utterances import load_codes, write_shipped_utterances
 from rvqspec_lib.models import loader
-from rvqspec_lib.models.drafter_files import model_drafter_dir
+from rvqspec_lib.models.drafter_files import PREPARED, cache_model_dir, model_drafter_dir
 from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.training import prepare as P
-from tools.results_doc import entry
 
 #: Held-out texts the checkpoint speaks for its evaluation split (the embedded model's evaluation sentences).
 EVAL_TEXTS = DATA_DIR / "eval_texts" / "en_evaluation.tsv"
@@ -54,7 +54,8 @@ def not_here(notebook: str, what: str, why: str, source: str) -> dict:
     """One line on stderr (``make paper`` shows it) saying what ``notebook`` did not do on the checkpoint and why;
     returns the headline entry that puts the same sentence into docs/results.md (``source``: the notebook's file)."""
     say(f"{notebook}: not on this checkpoint: {what} ({why})")
-    return entry(f"{what} ({why})", "not measured on this checkpoint", "", source)
+    return {"text": f"{what} ({why})", "value": "not measured on this checkpoint", "unit": "", "source": source,
+            "glance": False}  # tools.results_doc.entry's form (paper/ does not import tools/)
 
 
 @contextmanager
@@ -99,12 +100,18 @@ def speak_evaluation(lm, folder: Path, *, n_texts: int, max_frames: int, seed: i
     return sum(r["split"] == "evaluation" for r in rows)
 
 
-def prepare_checkpoint(model, *, smoke: bool, notebook: str, seed: int = 0) -> Path:
+def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int = 0) -> Path:
     """The checkpoint's own frames, offsets and calibrated trees (``rvqspec prepare``'s stages ``speak``, ``offsets``
     and ``trees``, each skipped where complete: a prepared checkpoint is reused) and an evaluation split
-    (:func:`speak_evaluation`), at :data:`SIZES` (small when ``smoke``); loads the model on the CPU in float32.
-    Returns the folder of its prepared files. Progress and one line a stage go to stderr."""
+    (:func:`speak_evaluation`), at :data:`SIZES`; loads the model on the CPU in float32. A full run writes where
+    ``rvqspec prepare`` does (beside the checkpoint, or the project's cache folder); a ``smoke`` run of a checkpoint
+    not prepared yet writes nothing there: its small preparation goes to a cache folder under ``out_dir``
+    (``$RVQSPEC_CACHE`` set for this process, so every command of the notebook finds it). Returns the folder of the
+    prepared files. Progress and one line a stage go to stderr and the console (:func:`say`)."""
     frames, per_text, n_eval, eval_frames = SIZES[bool(smoke)]
+    if smoke and not any((model_drafter_dir(str(model)) / f).exists() for f in PREPARED):
+        os.environ["RVQSPEC_CACHE"] = str(Path(out_dir) / "checkpoint_cache")
+        (cache_model_dir(str(model)) / "drafters").mkdir(parents=True, exist_ok=True)  # model_drafter_dir: here
     lm = loader.load_model(str(model), device="cpu", dtype="float32")
     folder = model_drafter_dir(lm)
     folder.mkdir(parents=True, exist_ok=True)

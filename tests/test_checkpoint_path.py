@@ -357,7 +357,8 @@ def test_every_notebook_runs_on_the_checkpoint(src, ckpt, nb_out):
     if prefix == "01":  # the timing notebook times the checkpoint itself, and says its weights are random
         assert metrics["model"] == str(ckpt) and metrics["random_weights"] is True
         assert metrics["n_code_groups"] == 16 and metrics["frame_rate_hz"] == 12.5
-        assert metrics["compared"][0]["model"] == str(ckpt) and metrics["t_inner_ms"] > 0
+        assert [r["model"] for r in metrics["compared"]] == [str(ckpt)] and metrics["t_inner_ms"] > 0
+        assert metrics["own_tokens_per_call_meta"]["model"] == str(ckpt)  # its own frames' tokens per call
     elif prefix == "00":  # the checkpoint's own 12 Hz codec on its own speech; the embedded corpus is said skipped
         assert metrics["model"] == str(ckpt) and len(metrics["round_trip"]["rows"]) == 16
         assert 0 <= metrics["round_trip"]["rows"][-1]["prefix_kept"] <= metrics["round_trip"]["rows"][0]["prefix_kept"]

@@ -158,8 +158,9 @@ timings = {}
 
 
 # the model: "embedded", a model folder, or a build folder holding model/ and utterances.safetensors; a real
-# checkpoint with `dataset` (+ `codec`); anything else (a random-weight timing model, a checkpoint without data)
-# falls back to the embedded model, because acceptance needs trained weights and frames of real speech
+# checkpoint with `dataset` (+ `codec`), or without one: then it speaks its own frames (paper.checkpoint); a
+# random-weight timing model built in memory falls back to the embedded model (said on the console), because
+# acceptance needs trained weights and frames of speech
 if dataset:
     if not codec:
         raise ValueError("dataset needs codec: the codec that encodes its audio (a folder or RVQ codec file)")

@@ -67,7 +67,9 @@ NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
 # DEVICE=auto|cpu|cuda|mps: where notebooks 01, 03 and 05 load their models (04, 06 and 07 time the CPU-only native
 # paths: they stay on the CPU); default: each notebook's own (auto).
 SMOKE_ON      := $(filter-out 0 false no,$(SMOKE))
-MODEL_TAG     := $(subst /,_,$(MODEL))
+# the figures folder's name for MODEL: a folder's base name (a trailing / dropped), a hub id's name after the owner
+# (Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice -> Qwen3-TTS-12Hz-0.6B-CustomVoice), a model name as it is
+MODEL_TAG     := $(notdir $(patsubst %/,%,$(MODEL)))
 THREADS       ?= 1
 RUN_TAG       := $(if $(SMOKE_ON),smoke,full)$(if $(MODEL),-$(MODEL_TAG))$(if $(THREADS),-t$(THREADS))
 # papermill writes a notebook as it runs into PARTIAL_DIR; the executed notebook, outputs included (figures, tables,

@@ -84,6 +84,9 @@ from paper.plots import plot_spectrograms
 from rvqspec_lib.models.audio import load_wav
 from rvqspec_lib.models.configs import CODEC_CONFIG, codec_decoder_config_dict
 from rvqspec_lib.models.rvq_codec import RVQCodec
+from rvqspec_lib.models.speech_tokenizers import Qwen12HzCodec
+from rvqspec_lib.data.utterances import load_shipped_utterances
+from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint, round_trip
 
 t_start = time.perf_counter()
 check_asr_name(asr)  # a bad recogniser name or model folder: one line, before any work
@@ -97,17 +100,22 @@ run_n_calibration = 3 if smoke else int(n_calibration)
 run_n_multilingual = 1 if smoke else int(n_multilingual)
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 work = resolve_out_dir(work_dir or (out / "00_work" if smoke else "build/00_corpus"), smoke=smoke)
-try:
-    root = embedded_root(model).resolve()
-except FileNotFoundError:
-    p_model = Path(str(model)).expanduser()
-    if p_model.exists() and not (p_model / "config.json").is_file():
-        raise  # a folder that is neither an embedded-model build nor a checkpoint: say so
-    # a checkpoint folder (make paper MODEL=/path/to/Qwen3-TTS-12Hz-0.6B-CustomVoice), a hub id or a timing model
-    # (MODEL=qwen3-tts-1.7b-random): it ships no corpus and no offline codec, so the embedded model's are shown
-    display(Markdown(f"**`{model}` is not an embedded-model build (it ships no corpus and no offline codec): this "
-                     "notebook shows the shipped embedded model's corpus and codec (data/embedded).**"))
-    root = embedded_root("embedded").resolve()
+on_checkpoint = is_checkpoint(model)  # a released checkpoint: its own speech and 12 Hz codec (the next section)
+if on_checkpoint:
+    root = prepare_checkpoint(model, smoke=smoke, notebook="00", out_dir=out, seed=seed).resolve()
+else:
+    try:
+        root = embedded_root(model).resolve()
+    except FileNotFoundError:
+        p_model = Path(str(model)).expanduser()
+        if p_model.exists() and not (p_model / "config.json").is_file():
+            raise  # a folder that is neither an embedded-model build nor a checkpoint: say so
+        # a timing model (MODEL=qwen3-tts-1.7b-random): random weights, no speech of its own, no codec
+        not_here("00", f"corpus and codec of {model}", "random weights built in memory: no corpus, no codec; "
+                 "the embedded model's are shown", "00_metrics.json")
+        display(Markdown(f"**`{model}` is not an embedded-model build (it ships no corpus and no offline codec): "
+                         "this notebook shows the shipped embedded model's corpus and codec (data/embedded).**"))
+        root = embedded_root("embedded").resolve()
 root_name = str(root.relative_to(REPO_ROOT)) if root.is_relative_to(REPO_ROOT) else str(root)
 params = dict(model=str(model), root=root_name, seed=seed, smoke=bool(smoke), out_dir=str(out), work_dir=str(work),
               threads=torch.get_num_threads(), n_sentences=run_n_sentences, codebooks=list(run_codebooks),
@@ -115,6 +123,65 @@ params = dict(model=str(model), root=root_name, seed=seed, smoke=bool(smoke), ou
               n_calibration=run_n_calibration, n_multilingual=run_n_multilingual, asr=str(asr),
               notebook="00_corpus_and_codec")
 print(f"model data {root}\noutputs -> {out}\nrendered audio -> {work}")
+
+# %% [markdown]
+# ## On a released checkpoint: its own 12 Hz codec
+#
+# **Only when `model` is a released checkpoint** (a folder in the release's layout or a hub id; otherwise this section
+# prints nothing). A checkpoint ships no corpus: the sections after this one need the embedded model's (the flite
+# texts, its offline codec and the build's record) and are skipped, on the console and in `docs/results.md`. What
+# this section measures instead is the checkpoint's own speech tokenizer on the checkpoint's own speech: the model
+# speaks held-out texts (its evaluation split, `paper.checkpoint.prepare_checkpoint`), the codes are decoded to audio
+# by its tokenizer and the audio encoded again. **Kept by the round trip**: the share of frames whose first k codes
+# all come back, for every k, and the share of each codebook's codes that come back; and the log-spectral distance
+# of the re-decoded audio to the first decoding. A codec whose deep codebooks carry little lets them drift on a
+# round trip while the first ones stay; with random weights (a test checkpoint) the numbers mean nothing.
+
+# %%
+if on_checkpoint:
+    ck_rows, ck_utts = load_shipped_utterances(root / "utterances.safetensors", splits=["evaluation"])
+    ck_utts = ck_utts[:run_n_sentences]
+    st_dir = Path(str(model)).expanduser() / "speech_tokenizer"
+    ck_codec = Qwen12HzCodec(st_dir if st_dir.is_dir() else str(model))
+    trip = round_trip(ck_codec, ck_utts)
+    prov = provenance(params, seed=seed)
+    save_table(trip["rows"], out / "00_codec_round_trip", prov,
+               caption=f"{model}: its own speech ({len(ck_utts)} evaluation utterances, {trip['frames']} frames) "
+                       "through its 12 Hz tokenizer and back")
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9.0, 3.4), layout="constrained")
+    a0.plot([r["k"] for r in trip["rows"]], [r["prefix_kept"] for r in trip["rows"]], "o-")
+    a0.set_xlabel("first k codebooks")
+    a0.set_ylabel("frames whose first k codes come back")
+    a1.bar([r["codebook"] for r in trip["per_codebook"]], [r["kept"] for r in trip["per_codebook"]])
+    a1.set_xlabel("codebook")
+    a1.set_ylabel("codes that come back")
+    for ax in (a0, a1):
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{model}: decode then encode its own speech ({trip['frames']} frames); log-spectral distance of "
+                 f"the re-decoded audio {trip['lsd_db']:.2f} dB", fontsize=9)
+    save_figure(fig, out / "00_codec_round_trip", prov)
+    plt.show()
+    lm_random = (Path(str(model)).expanduser() / "RANDOM_WEIGHTS").is_file()
+    display(Markdown(
+        f"All {len(trip['per_codebook'])} codes of a frame come back in {trip['rows'][-1]['prefix_kept']:.1%} of the "
+        f"frames, code 0 alone in {trip['rows'][0]['prefix_kept']:.1%}; the re-decoded audio is "
+        f"{trip['lsd_db']:.2f} dB from the first decoding."
+        + (" **Random weights: these numbers mean nothing; the path runs.**" if lm_random else "")))
+    skipped = [not_here("00", what, "needs the embedded model's corpus and offline codec", "00_metrics.json")
+               for what in ("the corpus table (flite texts, calibration and multilingual renderings)",
+                            "the codec's geometry, listening examples and residual variance by RVQ stage",
+                            "WER and spectral distance of flite speech by codebooks decoded")]
+    display(Markdown("**Skipped on this checkpoint** (they need the embedded model's corpus and offline codec): "
+                     + "; ".join(e["text"] for e in skipped) + "."))
+    metrics = {"model": str(model), "root": str(root), "round_trip": trip, "n_sentences": len(ck_utts),
+               "texts": [r["text"] for r in ck_rows[:len(ck_utts)]], "wall_s": time.perf_counter() - t_start}
+    metrics["headline"] = [
+        entry(f"frames of {model}'s own speech whose 16 codes all survive its 12 Hz codec's round trip",
+              100 * trip["rows"][-1]["prefix_kept"], "%", "00_codec_round_trip.md"),
+        entry(f"log-spectral distance of {model}'s re-decoded speech to its first decoding", trip["lsd_db"], "dB",
+              "00_codec_round_trip.md"), *skipped]
+    save_json(metrics, out / "00_metrics.json", prov)
 
 # %% [markdown]
 # ## 1. The corpus: a Table 1 analogue
@@ -143,70 +210,73 @@ print(f"model data {root}\noutputs -> {out}\nrendered audio -> {work}")
 # for the other languages), so their hours and frames are measured too. A frame is one 80 ms codec frame.
 
 # %%
-eval_path = root / "eval.json"
-if not eval_path.is_file():
-    raise FileNotFoundError(f"no {eval_path}: the build's record is written by recipes/embedded/build.py stage "
-                            f"'eval' (make embedded, or --out {root})")
-build = json.loads(eval_path.read_text())
-build_prov = build.get("provenance", {})
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    eval_path = root / "eval.json"
+    if not eval_path.is_file():
+        raise FileNotFoundError(f"no {eval_path}: the build's record is written by recipes/embedded/build.py stage "
+                                f"'eval' (make embedded, or --out {root})")
+    build = json.loads(eval_path.read_text())
+    build_prov = build.get("provenance", {})
 
-calibration = speech.shipped_sentences("calibration", language="en")
-if run_n_calibration:
-    calibration = random.Random(seed).sample(calibration, min(run_n_calibration, len(calibration)))
-multilingual = speech.multilingual_sentences()
-if run_n_multilingual:
-    multilingual = [s for lang in sorted({s.language for s in multilingual})
-                    for s in [m for m in multilingual if m.language == lang][:run_n_multilingual]]
-ml_voices = [v for v in speech.DEFAULT_VOICES if speech.VOICES[v].language != "en"]
-rows_cal = speech.render_corpus(calibration, work / "calibration", voices=voices, one_voice_each=True)
-rows_ml = speech.render_corpus(multilingual, work / "multilingual", voices=ml_voices)
-
-
-def table_rows(summary, measured_by):
-    return [{"split": r["split"], "role": corpus.SPLIT_ROLES.get(r["split"], ""), "language": r["language"],
-             "voices": r["voices"], "samples": r["samples"], "hours": r["hours"], "frames": r["frames"],
-             "text sources": r.get("sources", ""), "measured by": measured_by} for r in summary]
+    calibration = speech.shipped_sentences("calibration", language="en")
+    if run_n_calibration:
+        calibration = random.Random(seed).sample(calibration, min(run_n_calibration, len(calibration)))
+    multilingual = speech.multilingual_sentences()
+    if run_n_multilingual:
+        multilingual = [s for lang in sorted({s.language for s in multilingual})
+                        for s in [m for m in multilingual if m.language == lang][:run_n_multilingual]]
+    ml_voices = [v for v in speech.DEFAULT_VOICES if speech.VOICES[v].language != "en"]
+    rows_cal = speech.render_corpus(calibration, work / "calibration", voices=voices, one_voice_each=True)
+    rows_ml = speech.render_corpus(multilingual, work / "multilingual", voices=ml_voices)
 
 
-order = {s: i for i, s in enumerate(speech.SPLITS)}
-table = table_rows(build["corpus"]["table"], f"build ({eval_path.name})") + \
-    table_rows(corpus.corpus_table(rows_cal + rows_ml), "rendered here")
-table.sort(key=lambda r: (order.get(r["split"], 99), r["language"] != "en", r["language"]))
-prov = provenance(params, seed=seed)
-prov_table = {**prov, "sources": {
-    "build rows": {"file": f"{root_name}/{eval_path.name}", "key": "corpus.table",
-                   "written_utc": build_prov.get("created_utc"), "git": build_prov.get("git"),
-                   "build_params": {k: build.get("params", {}).get(k) for k in
-                                    ("scale", "n_train", "n_val", "n_eval", "sources", "voices")}},
-    "rendered rows": {"folder": str(work), "calibration": "data/eval_texts/en_calibration.tsv",
-                      "multilingual": "data/eval_texts/multilingual.tsv"}}}
-save_table(table, out / "00_corpus", prov_table)
-pd.DataFrame(table)
+    def table_rows(summary, measured_by):
+        return [{"split": r["split"], "role": corpus.SPLIT_ROLES.get(r["split"], ""), "language": r["language"],
+                 "voices": r["voices"], "samples": r["samples"], "hours": r["hours"], "frames": r["frames"],
+                 "text sources": r.get("sources", ""), "measured by": measured_by} for r in summary]
+
+
+    order = {s: i for i, s in enumerate(speech.SPLITS)}
+    table = table_rows(build["corpus"]["table"], f"build ({eval_path.name})") + \
+        table_rows(corpus.corpus_table(rows_cal + rows_ml), "rendered here")
+    table.sort(key=lambda r: (order.get(r["split"], 99), r["language"] != "en", r["language"]))
+    prov = provenance(params, seed=seed)
+    prov_table = {**prov, "sources": {
+        "build rows": {"file": f"{root_name}/{eval_path.name}", "key": "corpus.table",
+                       "written_utc": build_prov.get("created_utc"), "git": build_prov.get("git"),
+                       "build_params": {k: build.get("params", {}).get(k) for k in
+                                        ("scale", "n_train", "n_val", "n_eval", "sources", "voices")}},
+        "rendered rows": {"folder": str(work), "calibration": "data/eval_texts/en_calibration.tsv",
+                          "multilingual": "data/eval_texts/multilingual.tsv"}}}
+    save_table(table, out / "00_corpus", prov_table)
+    display(pd.DataFrame(table))
 
 # %%
-# the calibration split's size, read from the data that ships it (the same sentence in notebooks 00, 03 and 04)
-try:
-    split = shipped_split_sizes(root)["calibration"]
-    split_file = Path(split["file"])
-    split_file = split_file.relative_to(REPO_ROOT) if split_file.is_relative_to(REPO_ROOT) else split_file
-    display(Markdown(
-        f"The table's calibration row counts every calibration sentence of `data/eval_texts/en_calibration.tsv` "
-        f"rendered here ({len(rows_cal)} rendered). The calibration split that ships as codes beside the model "
-        f"(`{split_file}`), which notebooks 03 and 04 calibrate the trees on: **{split['utterances']} "
-        f"utterances, {split['frames']} frames**."))
-except (FileNotFoundError, KeyError) as e:
-    print(f"no shipped calibration split beside {root}: {e}")
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    # the calibration split's size, read from the data that ships it (the same sentence in notebooks 00, 03 and 04)
+    try:
+        split = shipped_split_sizes(root)["calibration"]
+        split_file = Path(split["file"])
+        split_file = split_file.relative_to(REPO_ROOT) if split_file.is_relative_to(REPO_ROOT) else split_file
+        display(Markdown(
+            f"The table's calibration row counts every calibration sentence of `data/eval_texts/en_calibration.tsv` "
+            f"rendered here ({len(rows_cal)} rendered). The calibration split that ships as codes beside the model "
+            f"(`{split_file}`), which notebooks 03 and 04 calibrate the trees on: **{split['utterances']} "
+            f"utterances, {split['frames']} frames**."))
+    except (FileNotFoundError, KeyError) as e:
+        print(f"no shipped calibration split beside {root}: {e}")
 
 # %% [markdown]
 # Where the text of each source comes from, and how the shipped calibration and evaluation sentences divide among
 # the sources (counted from `data/eval_texts/`):
 
 # %%
-shipped = {split: speech.shipped_sentences(split) for split in ("calibration", "evaluation")}
-src_counts = pd.DataFrame({split: Counter(s.source for s in sents) for split, sents in shipped.items()}).fillna(0)
-src_counts = src_counts.astype(int)
-src_counts.insert(0, "from", [corpus.SOURCE_DESCRIPTIONS.get(s, "") for s in src_counts.index])
-src_counts
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    shipped = {split: speech.shipped_sentences(split) for split in ("calibration", "evaluation")}
+    src_counts = pd.DataFrame({split: Counter(s.source for s in sents) for split, sents in shipped.items()}).fillna(0)
+    src_counts = src_counts.astype(int)
+    src_counts.insert(0, "from", [corpus.SOURCE_DESCRIPTIONS.get(s, "") for s in src_counts.index])
+    display(src_counts)
 
 # %% [markdown]
 # ## 2. The codec: residual vector quantisation (RVQ)
@@ -247,45 +317,46 @@ src_counts
 # configuration (`data/configs/Qwen3-TTS-Tokenizer-12Hz/config.json`, shipped; its weights are not).
 
 # %%
-codec = RVQCodec.load(root / "codec.safetensors")  # with the neural code decoder when one ships beside it
-table_codec = codec.with_decoder(None)  # the same codebooks, decoded by adding the chosen entries
-cfg = codec.config
-bits = np.log2(cfg.codebook_size)
-geometry = {"sample_rate_hz": cfg.sample_rate, "frame_rate_hz": cfg.frame_rate_hz, "frame_samples": cfg.frame_samples,
-            "n_codebooks": cfg.n_codebooks, "codebook_size": cfg.codebook_size, "frame_vector_dim": cfg.dim,
-            "n_mels": cfg.n_mels, "mel_frames_per_frame": cfg.stack, "griffin_lim_iters": cfg.griffin_lim_iters,
-            "bits_per_code": bits, "bitrate_bps": cfg.frame_rate_hz * cfg.n_codebooks * bits,
-            "decoder": codec.decoder_kind,
-            "decoder_params": codec.code_decoder.n_parameters() if codec.code_decoder is not None else 0}
-released = codec_decoder_config_dict("released")
-released_geometry = {"n_codebooks": released["num_quantizers"],
-                     "semantic_codebooks": released["num_semantic_quantizers"],
-                     "codebook_size": released["codebook_size"], "code_vector_dim": released["codebook_dim"],
-                     "decoder_transformer_layers": released["num_hidden_layers"],
-                     "decoder_attention_window_frames": released["sliding_window"]}
-run_codebooks = tuple(k for k in run_codebooks if 1 <= k <= cfg.n_codebooks)
-run_listen = tuple(int(k) for k in listen_codebooks if 1 <= int(k) <= cfg.n_codebooks)
-if not run_codebooks or not run_listen:
-    raise ValueError(f"codebooks={codebooks} and listen_codebooks={listen_codebooks} must lie in "
-                     f"[1, {cfg.n_codebooks}] for this codec")
-params.update(codebooks=list(run_codebooks), listen_codebooks=list(run_listen))
-geometry_rows = [
-    {"quantity": "codebooks", "embedded (offline stand-in)": cfg.n_codebooks,
-     f"released ({CODEC_CONFIG}, config only)": released_geometry["n_codebooks"]},
-    {"quantity": "of which semantic (code 0 only)", "embedded (offline stand-in)": 0,
-     f"released ({CODEC_CONFIG}, config only)": released_geometry["semantic_codebooks"]},
-    {"quantity": "entries per codebook", "embedded (offline stand-in)": cfg.codebook_size,
-     f"released ({CODEC_CONFIG}, config only)": released_geometry["codebook_size"]},
-    {"quantity": "dimension of the quantised vector", "embedded (offline stand-in)": cfg.dim,
-     f"released ({CODEC_CONFIG}, config only)": released_geometry["code_vector_dim"]},
-    {"quantity": "what is quantised", "embedded (offline stand-in)": f"{cfg.stack} stacked log-mel frames",
-     f"released ({CODEC_CONFIG}, config only)": "a learned latent"},
-    {"quantity": "codes to audio", "embedded (offline stand-in)":
-        f"{codec.decoder_kind} code decoder, mel inversion, Griffin-Lim",
-     f"released ({CODEC_CONFIG}, config only)":
-        f"{released_geometry['decoder_transformer_layers']}-layer transformer and upsampling convolutions"},
-]
-pd.DataFrame(geometry_rows).set_index("quantity")
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    codec = RVQCodec.load(root / "codec.safetensors")  # with the neural code decoder when one ships beside it
+    table_codec = codec.with_decoder(None)  # the same codebooks, decoded by adding the chosen entries
+    cfg = codec.config
+    bits = np.log2(cfg.codebook_size)
+    geometry = {"sample_rate_hz": cfg.sample_rate, "frame_rate_hz": cfg.frame_rate_hz, "frame_samples": cfg.frame_samples,
+                "n_codebooks": cfg.n_codebooks, "codebook_size": cfg.codebook_size, "frame_vector_dim": cfg.dim,
+                "n_mels": cfg.n_mels, "mel_frames_per_frame": cfg.stack, "griffin_lim_iters": cfg.griffin_lim_iters,
+                "bits_per_code": bits, "bitrate_bps": cfg.frame_rate_hz * cfg.n_codebooks * bits,
+                "decoder": codec.decoder_kind,
+                "decoder_params": codec.code_decoder.n_parameters() if codec.code_decoder is not None else 0}
+    released = codec_decoder_config_dict("released")
+    released_geometry = {"n_codebooks": released["num_quantizers"],
+                         "semantic_codebooks": released["num_semantic_quantizers"],
+                         "codebook_size": released["codebook_size"], "code_vector_dim": released["codebook_dim"],
+                         "decoder_transformer_layers": released["num_hidden_layers"],
+                         "decoder_attention_window_frames": released["sliding_window"]}
+    run_codebooks = tuple(k for k in run_codebooks if 1 <= k <= cfg.n_codebooks)
+    run_listen = tuple(int(k) for k in listen_codebooks if 1 <= int(k) <= cfg.n_codebooks)
+    if not run_codebooks or not run_listen:
+        raise ValueError(f"codebooks={codebooks} and listen_codebooks={listen_codebooks} must lie in "
+                         f"[1, {cfg.n_codebooks}] for this codec")
+    params.update(codebooks=list(run_codebooks), listen_codebooks=list(run_listen))
+    geometry_rows = [
+        {"quantity": "codebooks", "embedded (offline stand-in)": cfg.n_codebooks,
+         f"released ({CODEC_CONFIG}, config only)": released_geometry["n_codebooks"]},
+        {"quantity": "of which semantic (code 0 only)", "embedded (offline stand-in)": 0,
+         f"released ({CODEC_CONFIG}, config only)": released_geometry["semantic_codebooks"]},
+        {"quantity": "entries per codebook", "embedded (offline stand-in)": cfg.codebook_size,
+         f"released ({CODEC_CONFIG}, config only)": released_geometry["codebook_size"]},
+        {"quantity": "dimension of the quantised vector", "embedded (offline stand-in)": cfg.dim,
+         f"released ({CODEC_CONFIG}, config only)": released_geometry["code_vector_dim"]},
+        {"quantity": "what is quantised", "embedded (offline stand-in)": f"{cfg.stack} stacked log-mel frames",
+         f"released ({CODEC_CONFIG}, config only)": "a learned latent"},
+        {"quantity": "codes to audio", "embedded (offline stand-in)":
+            f"{codec.decoder_kind} code decoder, mel inversion, Griffin-Lim",
+         f"released ({CODEC_CONFIG}, config only)":
+            f"{released_geometry['decoder_transformer_layers']}-layer transformer and upsampling convolutions"},
+    ]
+    display(pd.DataFrame(geometry_rows).set_index("quantity"))
 
 # %% [markdown]
 # ### Held-out sentences rendered now
@@ -293,20 +364,22 @@ pd.DataFrame(geometry_rows).set_index("quantity")
 # rendered with one of the English voices in turn (a seeded choice of sentences), at 24 kHz.
 
 # %%
-pool = speech.shipped_sentences("evaluation", language="en")
-if smoke:  # the 20 shortest: the recogniser's time grows with the audio's length
-    pool = sorted(pool, key=lambda s: (len(s.text), s.text))[:20]
-picked = random.Random(seed).sample(pool, min(run_n_sentences, len(pool)))
-eval_items = []  # (sentence, voice, wav path)
-for i, s in enumerate(picked):
-    v = voices[i % len(voices)]
-    eval_items.append((s, v, work / "evaluation" / "wav" / v / f"{speech.utterance_id(s, v)}.wav"))
-# reuses files rendered by an earlier run with the same recipe (speech.RENDER_RECIPE), else renders them again
-speech.render_files([(s.text, v, p) for s, v, p in eval_items], work / "evaluation", progress=True,
-                    desc="render evaluation")
-refs = [s.text for s, _, _ in eval_items]
-wavs = [load_wav(p, cfg.sample_rate) for _, _, p in eval_items]
-pd.DataFrame([{"voice": v, "text": s.text, "source": s.source, "origin": s.origin} for s, v, _ in eval_items])
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    pool = speech.shipped_sentences("evaluation", language="en")
+    if smoke:  # the 20 shortest: the recogniser's time grows with the audio's length
+        pool = sorted(pool, key=lambda s: (len(s.text), s.text))[:20]
+    picked = random.Random(seed).sample(pool, min(run_n_sentences, len(pool)))
+    eval_items = []  # (sentence, voice, wav path)
+    for i, s in enumerate(picked):
+        v = voices[i % len(voices)]
+        eval_items.append((s, v, work / "evaluation" / "wav" / v / f"{speech.utterance_id(s, v)}.wav"))
+    # reuses files rendered by an earlier run with the same recipe (speech.RENDER_RECIPE), else renders them again
+    speech.render_files([(s.text, v, p) for s, v, p in eval_items], work / "evaluation", progress=True,
+                        desc="render evaluation")
+    refs = [s.text for s, _, _ in eval_items]
+    wavs = [load_wav(p, cfg.sample_rate) for _, _, p in eval_items]
+    display(pd.DataFrame([{"voice": v, "text": s.text, "source": s.source, "origin": s.origin}
+                          for s, v, _ in eval_items]))
 
 # %% [markdown]
 # ## 3. Seeing and hearing the codebooks
@@ -323,33 +396,35 @@ pd.DataFrame([{"voice": v, "text": s.text, "source": s.source, "origin": s.origi
 # over frames). The same five versions are written as WAV files and played below.
 
 # %%
-s0, v0, _ = eval_items[0]
-listen = cq.sweep_codebooks(codec, [wavs[0]], run_listen)
-titles = {"original": "original", "inversion": "inversion only (no quantisation)"}
-stems = {"original": "00_original", "inversion": "00_inversion"}
-panels, listening = [], []
-hop_s = cfg.hop_samples / cfg.sample_rate
-for c in listen["conditions"]:
-    lab, wav = c["label"], listen["audio"][c["label"]][0]
-    if c["k"] is None:  # the original and the inversion only
-        title, stem = titles[c["condition"]], stems[c["condition"]]
-    else:
-        title = f"codec, first {c['k']} codebook{'s' if c['k'] > 1 else ''} ({c['decoder']} decoder)"
-        stem = f"00_codebooks_{c['k']}"
-    dist = None if c["condition"] == "original" else listen["audio_lsd_db"][lab][0]
-    panels.append((title, codec.log_mel_db(wav), dist))
-    listening.append({"label": title, "condition": c["condition"], "k": c["k"], "audio_lsd_db": dist,
-                      "path": save_audio(wav, cfg.sample_rate, out / "audio" / stem, prov)})
-fig = plot_spectrograms(panels, hop_s=hop_s, title=f"What the first k codes of each frame keep: voice {v0}, "
-                        f"\"{s0.text}\"")
-save_figure(fig, out / "00_spectrograms", prov)
-plt.show()
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    s0, v0, _ = eval_items[0]
+    listen = cq.sweep_codebooks(codec, [wavs[0]], run_listen)
+    titles = {"original": "original", "inversion": "inversion only (no quantisation)"}
+    stems = {"original": "00_original", "inversion": "00_inversion"}
+    panels, listening = [], []
+    hop_s = cfg.hop_samples / cfg.sample_rate
+    for c in listen["conditions"]:
+        lab, wav = c["label"], listen["audio"][c["label"]][0]
+        if c["k"] is None:  # the original and the inversion only
+            title, stem = titles[c["condition"]], stems[c["condition"]]
+        else:
+            title = f"codec, first {c['k']} codebook{'s' if c['k'] > 1 else ''} ({c['decoder']} decoder)"
+            stem = f"00_codebooks_{c['k']}"
+        dist = None if c["condition"] == "original" else listen["audio_lsd_db"][lab][0]
+        panels.append((title, codec.log_mel_db(wav), dist))
+        listening.append({"label": title, "condition": c["condition"], "k": c["k"], "audio_lsd_db": dist,
+                          "path": save_audio(wav, cfg.sample_rate, out / "audio" / stem, prov)})
+    fig = plot_spectrograms(panels, hop_s=hop_s, title=f"What the first k codes of each frame keep: voice {v0}, "
+                            f"\"{s0.text}\"")
+    save_figure(fig, out / "00_spectrograms", prov)
+    plt.show()
 
 # %%
-for item in listening:
-    display(Markdown(f"**{item['label']}**" + ("" if item["audio_lsd_db"] is None else
-                                                f": {item['audio_lsd_db']:.1f} dB from the original")))
-    display(Audio(filename=str(item["path"])))
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    for item in listening:
+        display(Markdown(f"**{item['label']}**" + ("" if item["audio_lsd_db"] is None else
+                                                    f": {item['audio_lsd_db']:.1f} dB from the original")))
+        display(Audio(filename=str(item["path"])))
 
 # %% [markdown]
 # ## 4. What each stage removes, and why the deep stages add little
@@ -368,46 +443,47 @@ for item in listening:
 # more has found structure.
 
 # %%
-rv = cq.residual_variance(table_codec, wavs)
-save_table(rv, out / "00_residual_variance", prov,
-           caption=f"variance of the frame vectors left after the first k RVQ stages (table decoder), "
-                   f"{rv[0]['frames']} frames of {len(wavs)} held-out sentences; unstructured_factor: the best "
-                   f"factor any {bits:g}-bit quantiser achieves on an isotropic Gaussian of dimension {cfg.dim}")
-ks_all = [r["k"] for r in rv]
-ref_removed = 1 - rv[0]["unstructured_factor"]
-fig, (a0, a1) = plt.subplots(1, 2, figsize=(9.0, 3.3), constrained_layout=True)
-left = [r["variance_left"] for r in rv]
-a0.plot(ks_all, left, "o-", color="C0")
-a0.set_yscale("log")
-a0.set_yticks([t for t in (0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0)
-               if min(left) / 1.1 <= t <= max(left) * 1.1])
-a0.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{100 * v:g}%"))
-a0.yaxis.set_minor_formatter(NullFormatter())
-a0.set_xticks(ks_all, [str(k) for k in ks_all], fontsize=7)
-a0.set_xlabel("codebooks used, k")
-a0.set_ylabel("share of variance left")
-a0.set_title("variance of the frame vectors left after k stages", fontsize=9)
-a0.grid(alpha=0.3, which="both")
-a1.bar(ks_all[1:], [1 - r["stage_factor"] for r in rv[1:]], color="C0", alpha=0.7,
-       label="measured: share of the remaining variance the stage removes")
-a1.axhline(ref_removed, color="k", ls="--", lw=1,
-           label=f"the most any {bits:g}-bit stage removes from structureless noise")
-a1.set_xticks(ks_all[1:], [str(k) for k in ks_all[1:]], fontsize=7)
-a1.set_xlabel("stage k")
-a1.set_ylabel("share of the remaining variance")
-a1.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-a1.set_ylim(0, 1.6 * max(1 - r["stage_factor"] for r in rv[1:]))
-a1.set_title("what stages 2 and later remove from what is left", fontsize=9)
-a1.legend(fontsize=7, loc="upper right")
-a1.grid(alpha=0.3, axis="y")
-fig.suptitle(f"Residual vector quantisation of {rv[0]['frames']} held-out frames: each stage quantises what the "
-             f"earlier ones left", fontsize=9)
-save_figure(fig, out / "00_residual_variance", prov)
-plt.show()
-display(Markdown(
-    f"Stage 1 alone removes **{1 - rv[0]['variance_left']:.1%}** of the variance; after {len(rv)} stages "
-    f"{rv[-1]['variance_left']:.2%} is left. An unstructured residual could lose at most {ref_removed:.1%} of its "
-    f"variance per stage."))
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    rv = cq.residual_variance(table_codec, wavs)
+    save_table(rv, out / "00_residual_variance", prov,
+               caption=f"variance of the frame vectors left after the first k RVQ stages (table decoder), "
+                       f"{rv[0]['frames']} frames of {len(wavs)} held-out sentences; unstructured_factor: the best "
+                       f"factor any {bits:g}-bit quantiser achieves on an isotropic Gaussian of dimension {cfg.dim}")
+    ks_all = [r["k"] for r in rv]
+    ref_removed = 1 - rv[0]["unstructured_factor"]
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9.0, 3.3), constrained_layout=True)
+    left = [r["variance_left"] for r in rv]
+    a0.plot(ks_all, left, "o-", color="C0")
+    a0.set_yscale("log")
+    a0.set_yticks([t for t in (0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0)
+                   if min(left) / 1.1 <= t <= max(left) * 1.1])
+    a0.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{100 * v:g}%"))
+    a0.yaxis.set_minor_formatter(NullFormatter())
+    a0.set_xticks(ks_all, [str(k) for k in ks_all], fontsize=7)
+    a0.set_xlabel("codebooks used, k")
+    a0.set_ylabel("share of variance left")
+    a0.set_title("variance of the frame vectors left after k stages", fontsize=9)
+    a0.grid(alpha=0.3, which="both")
+    a1.bar(ks_all[1:], [1 - r["stage_factor"] for r in rv[1:]], color="C0", alpha=0.7,
+           label="measured: share of the remaining variance the stage removes")
+    a1.axhline(ref_removed, color="k", ls="--", lw=1,
+               label=f"the most any {bits:g}-bit stage removes from structureless noise")
+    a1.set_xticks(ks_all[1:], [str(k) for k in ks_all[1:]], fontsize=7)
+    a1.set_xlabel("stage k")
+    a1.set_ylabel("share of the remaining variance")
+    a1.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    a1.set_ylim(0, 1.6 * max(1 - r["stage_factor"] for r in rv[1:]))
+    a1.set_title("what stages 2 and later remove from what is left", fontsize=9)
+    a1.legend(fontsize=7, loc="upper right")
+    a1.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"Residual vector quantisation of {rv[0]['frames']} held-out frames: each stage quantises what the "
+                 f"earlier ones left", fontsize=9)
+    save_figure(fig, out / "00_residual_variance", prov)
+    plt.show()
+    display(Markdown(
+        f"Stage 1 alone removes **{1 - rv[0]['variance_left']:.1%}** of the variance; after {len(rv)} stages "
+        f"{rv[-1]['variance_left']:.2%} is left. An unstructured residual could lose at most {ref_removed:.1%} of its "
+        f"variance per stage."))
 
 # %% [markdown]
 # ## 5. What each codebook adds: distance and word error rate
@@ -431,104 +507,108 @@ display(Markdown(
 # 12.5 times a second.
 
 # %%
-recogniser = make_recogniser(asr, "en", refs)  # default Whisper tiny.en (open vocabulary, offline)
-quality = cq.codec_quality(codec, wavs, refs, run_codebooks, recogniser,
-                           table_codec=table_codec if codec.decoder_kind != "table" else None, progress=True)
-rows = {r["label"]: r for r in quality["rows"]}
-prov = provenance(params, seed=seed)  # after the measurement: the load recorded is the one it ran under
-prov_q = {**prov, "asr": quality["asr"], "codec": f"{root_name}/codec.safetensors"}
-table_q = [{k: v for k, v in r.items() if k != "table"} for r in quality["rows"]]
-save_table(table_q, out / "00_codec_quality", prov_q,
-           caption=f"{len(refs)} held-out sentences; recogniser {quality['asr']}; distances in dB")
-display(Markdown(f"Recogniser: **{quality['asr']}**" + (
-    " (given a language model of the reference texts: prompt-informed, its WER is optimistic)"
-    if asr == "pocketsphinx-prompt" else ", which does not know the texts") +
-    f"; {rows['original']['ref_words']} reference words, so one word is {1 / rows['original']['ref_words']:.1%} of "
-    f"the WER."))
-pd.DataFrame(table_q).set_index("label")
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    recogniser = make_recogniser(asr, "en", refs)  # default Whisper tiny.en (open vocabulary, offline)
+    quality = cq.codec_quality(codec, wavs, refs, run_codebooks, recogniser,
+                               table_codec=table_codec if codec.decoder_kind != "table" else None, progress=True)
+    rows = {r["label"]: r for r in quality["rows"]}
+    prov = provenance(params, seed=seed)  # after the measurement: the load recorded is the one it ran under
+    prov_q = {**prov, "asr": quality["asr"], "codec": f"{root_name}/codec.safetensors"}
+    table_q = [{k: v for k, v in r.items() if k != "table"} for r in quality["rows"]]
+    save_table(table_q, out / "00_codec_quality", prov_q,
+               caption=f"{len(refs)} held-out sentences; recogniser {quality['asr']}; distances in dB")
+    display(Markdown(f"Recogniser: **{quality['asr']}**" + (
+        " (given a language model of the reference texts: prompt-informed, its WER is optimistic)"
+        if asr == "pocketsphinx-prompt" else ", which does not know the texts") +
+        f"; {rows['original']['ref_words']} reference words, so one word is {1 / rows['original']['ref_words']:.1%} of "
+        f"the WER."))
+    display(pd.DataFrame(table_q).set_index("label"))
 
 # %%
-ks = list(run_codebooks)
-k_ticks = ks if len(ks) <= 8 else [k for k in ks if k & (k - 1) == 0] or ks  # few: all; else powers of two
-series = [("k", f"codec, {codec.decoder_kind} decoder", "o-", "C0")]
-if codec.decoder_kind != "table":
-    series.append(("table k", "codec, table decoder", "^--", "C3"))
-fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.0, 3.6), layout="constrained")
-for prefix, label, style, color in series:
-    ax0.plot(ks, [rows[f"{prefix}={k}"]["wer"] for k in ks], style, color=color, label=label)
-ax0.axhline(rows["original"]["wer"], color="k", ls="--", label="original audio")
-ax0.axhline(rows["unquantised"]["wer"], color="C2", ls=":", label="inversion only (no quantisation)")
-ax0.set_ylabel(f"word error rate ({quality['asr']})")
-ax0.set_ylim(0, max(0.1, 1.1 * max(r["wer"] for r in quality["rows"])))
-ax0.set_title("intelligibility by codebooks decoded", fontsize=9)
-for prefix, label, style, color in series:
-    ax1.plot(ks, [rows[f"{prefix}={k}"]["audio_lsd_db"] for k in ks], style, color=color, label=label)
-ax1.axhline(rows["unquantised"]["audio_lsd_db"], color="C2", ls=":", label="inversion only (no quantisation)")
-ax1.set_ylabel("log-spectral distance to the original (dB)")
-ax1.set_ylim(bottom=0)
-ax1.set_title("distance of the output audio by codebooks decoded", fontsize=9)
-for ax in (ax0, ax1):
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(k_ticks, [str(k) for k in k_ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("codebooks used, k")
-    ax.grid(alpha=0.3)
-legend = dict(zip(*ax0.get_legend_handles_labels()[::-1]))  # one legend for both panels: the same lines
-fig.legend(legend.values(), legend.keys(), loc="outside lower center", ncol=len(legend), fontsize=7)
-fig.suptitle(f"{len(refs)} held-out sentences, voices {', '.join(sorted(set(v for _, v, _ in eval_items)))}; "
-             f"codec {cfg.n_codebooks} x {cfg.codebook_size} ({root_name})", fontsize=9)
-save_figure(fig, out / "00_wer_by_codebooks", prov_q)
-plt.show()
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    ks = list(run_codebooks)
+    k_ticks = ks if len(ks) <= 8 else [k for k in ks if k & (k - 1) == 0] or ks  # few: all; else powers of two
+    series = [("k", f"codec, {codec.decoder_kind} decoder", "o-", "C0")]
+    if codec.decoder_kind != "table":
+        series.append(("table k", "codec, table decoder", "^--", "C3"))
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.0, 3.6), layout="constrained")
+    for prefix, label, style, color in series:
+        ax0.plot(ks, [rows[f"{prefix}={k}"]["wer"] for k in ks], style, color=color, label=label)
+    ax0.axhline(rows["original"]["wer"], color="k", ls="--", label="original audio")
+    ax0.axhline(rows["unquantised"]["wer"], color="C2", ls=":", label="inversion only (no quantisation)")
+    ax0.set_ylabel(f"word error rate ({quality['asr']})")
+    ax0.set_ylim(0, max(0.1, 1.1 * max(r["wer"] for r in quality["rows"])))
+    ax0.set_title("intelligibility by codebooks decoded", fontsize=9)
+    for prefix, label, style, color in series:
+        ax1.plot(ks, [rows[f"{prefix}={k}"]["audio_lsd_db"] for k in ks], style, color=color, label=label)
+    ax1.axhline(rows["unquantised"]["audio_lsd_db"], color="C2", ls=":", label="inversion only (no quantisation)")
+    ax1.set_ylabel("log-spectral distance to the original (dB)")
+    ax1.set_ylim(bottom=0)
+    ax1.set_title("distance of the output audio by codebooks decoded", fontsize=9)
+    for ax in (ax0, ax1):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(k_ticks, [str(k) for k in k_ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("codebooks used, k")
+        ax.grid(alpha=0.3)
+    legend = dict(zip(*ax0.get_legend_handles_labels()[::-1]))  # one legend for both panels: the same lines
+    fig.legend(legend.values(), legend.keys(), loc="outside lower center", ncol=len(legend), fontsize=7)
+    fig.suptitle(f"{len(refs)} held-out sentences, voices {', '.join(sorted(set(v for _, v, _ in eval_items)))}; "
+                 f"codec {cfg.n_codebooks} x {cfg.codebook_size} ({root_name})", fontsize=9)
+    save_figure(fig, out / "00_wer_by_codebooks", prov_q)
+    plt.show()
 
 # %% [markdown]
 # A few transcripts (reference, then what the recogniser heard in each condition):
 
 # %%
-conditions = [c["label"] for c in quality["sweep"]["conditions"]]
-examples = pd.DataFrame({"reference": [asr_mod.normalize_text(r) for r in refs[:3]],
-                         **{c: quality["hypotheses"][c][:3] for c in conditions}})
-examples.T
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    conditions = [c["label"] for c in quality["sweep"]["conditions"]]
+    examples = pd.DataFrame({"reference": [asr_mod.normalize_text(r) for r in refs[:3]],
+                             **{c: quality["hypotheses"][c][:3] for c in conditions}})
+    display(examples.T)
 
 # %%
-metrics = {
-    "model": str(model),
-    "root": root_name,
-    "codec": geometry,
-    "released_codec_config": {"file": f"data/configs/{CODEC_CONFIG}/config.json", **released_geometry},
-    "n_sentences": len(refs),
-    "codebooks": list(run_codebooks),
-    "listen_codebooks": list(run_listen),
-    "voices": sorted({v for _, v, _ in eval_items}),
-    "asr": quality["asr"],
-    **{key: {c: rows[c][key] for c in conditions}
-       for key in ("wer", "wer_without_outliers", "cer", "feature_lsd_db", "audio_lsd_db")},
-    "ref_words": rows["original"]["ref_words"],
-    "residual_variance": rv,
-    "listening": [{**{k: v for k, v in item.items() if k != "path"},
-                   "file": str(item["path"].relative_to(out))} for item in listening],
-    "corpus_table": table,
-    "corpus_table_source": f"{root_name}/{eval_path.name}",
-    "rendered": {"calibration": len(rows_cal), "multilingual": len(rows_ml), "evaluation": len(eval_items),
-                 "languages": sorted({r["language"] for r in rows_ml})},
-    "hypotheses": quality["hypotheses"],
-    "references": refs,
-    "wall_s": time.perf_counter() - t_start,
-}
-# what a reader most wants from this notebook (docs/results.md, generated): the embedded model's codec, heard by the
-# recogniser, with few codebooks and with all of them, beside the original audio's floor
-_wer = lambda label: 100 * rows[label]["wer"] if label in rows else None  # noqa: E731 (a k not swept is left out)
-metrics["headline"] = headline(
-    entry(f"WER of the original audio ({quality['asr']}, {len(refs)} held-out sentences of the embedded model's "
-          "corpus): the recogniser's own floor", _wer("original"), "%", "00_codec_quality.md"),
-    *[entry(f"WER of the embedded model's codec decoding {k} of its {cfg.n_codebooks} codebooks "
-            f"({quality['asr']}, {len(refs)} held-out sentences)", _wer(f"k={k}"), "%", "00_codec_quality.md",
-            glance=k == cfg.n_codebooks)
-      for k in sorted({1, 4, cfg.n_codebooks})],
-    entry("share of the frame vectors' variance left after the embedded codec's first RVQ stage (table decoder)",
-          100 * rv[0]["variance_left"], "%", "00_residual_variance.md"),
-)
-save_json(metrics, out / "00_metrics.json", prov_q)
-print(f"run time {metrics['wall_s']:.0f} s")
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    metrics = {
+        "model": str(model),
+        "root": root_name,
+        "codec": geometry,
+        "released_codec_config": {"file": f"data/configs/{CODEC_CONFIG}/config.json", **released_geometry},
+        "n_sentences": len(refs),
+        "codebooks": list(run_codebooks),
+        "listen_codebooks": list(run_listen),
+        "voices": sorted({v for _, v, _ in eval_items}),
+        "asr": quality["asr"],
+        **{key: {c: rows[c][key] for c in conditions}
+           for key in ("wer", "wer_without_outliers", "cer", "feature_lsd_db", "audio_lsd_db")},
+        "ref_words": rows["original"]["ref_words"],
+        "residual_variance": rv,
+        "listening": [{**{k: v for k, v in item.items() if k != "path"},
+                       "file": str(item["path"].relative_to(out))} for item in listening],
+        "corpus_table": table,
+        "corpus_table_source": f"{root_name}/{eval_path.name}",
+        "rendered": {"calibration": len(rows_cal), "multilingual": len(rows_ml), "evaluation": len(eval_items),
+                     "languages": sorted({r["language"] for r in rows_ml})},
+        "hypotheses": quality["hypotheses"],
+        "references": refs,
+        "wall_s": time.perf_counter() - t_start,
+    }
+    # what a reader most wants from this notebook (docs/results.md, generated): the embedded model's codec, heard by the
+    # recogniser, with few codebooks and with all of them, beside the original audio's floor
+    _wer = lambda label: 100 * rows[label]["wer"] if label in rows else None  # noqa: E731 (a k not swept is left out)
+    metrics["headline"] = headline(
+        entry(f"WER of the original audio ({quality['asr']}, {len(refs)} held-out sentences of the embedded model's "
+              "corpus): the recogniser's own floor", _wer("original"), "%", "00_codec_quality.md"),
+        *[entry(f"WER of the embedded model's codec decoding {k} of its {cfg.n_codebooks} codebooks "
+                f"({quality['asr']}, {len(refs)} held-out sentences)", _wer(f"k={k}"), "%", "00_codec_quality.md",
+                glance=k == cfg.n_codebooks)
+          for k in sorted({1, 4, cfg.n_codebooks})],
+        entry("share of the frame vectors' variance left after the embedded codec's first RVQ stage (table decoder)",
+              100 * rv[0]["variance_left"], "%", "00_residual_variance.md"),
+    )
+    save_json(metrics, out / "00_metrics.json", prov_q)
+    print(f"run time {metrics['wall_s']:.0f} s")
 
 # %% [markdown]
 # ## What this notebook showed, and why
@@ -538,75 +618,76 @@ print(f"run time {metrics['wall_s']:.0f} s")
 # what we expect of the released codec and did not measure (its weights cannot be downloaded here).
 
 # %%
-first, last = rv[0], rv[-1]
-four = rv[min(4, len(rv)) - 1]
-deep = [r for r in rv if r["k"] > len(rv) // 2]  # the second half of the stages
-deep_removed = float(np.median([1 - r["stage_factor"] for r in deep]))
-k_lo, k_hi = min(run_codebooks), max(run_codebooks)
-wer = {c: rows[c]["wer"] for c in conditions}
-k4 = four["k"]
-w4 = wer.get(f"k={k4}")  # None when the sweep skipped k = 4
-lines = [
-    f"* **The corpus (measured here and read from the build's record).** The embedded model was trained on "
-    f"{sum(r['hours'] for r in table if r['split'] == 'training'):.1f} hours of English rendered by "
-    f"{len({v for r in table if r['split'] == 'training' for v in r['voices'].split(',')})} flite voices; "
-    f"the trees of the later notebooks are calibrated on a split no training step saw, and acceptance and WER are "
-    f"measured on held-out evaluation sentences.",
-    f"* **What each codebook adds (measured here).** Stage 1 alone removes {1 - first['variance_left']:.1%} of the "
-    f"frame vectors' variance: it picks the nearest of {cfg.codebook_size} typical frames, the frame's overall "
-    f"spectral envelope, which is most of what varies between frames (silence or speech, which sound, how loud). "
-    f"The first {k4} stages together leave {four['variance_left']:.1%}, all {last['k']} leave "
-    f"{last['variance_left']:.2%}. The spectral distance of the "
-    f"decoded frames falls from {rows[f'k={k_lo}']['feature_lsd_db']:.2f} dB with {k_lo} codebook"
-    f"{'s' if k_lo > 1 else ''} to {rows[f'k={k_hi}']['feature_lsd_db']:.2f} dB with {k_hi}.",
-    f"* **Why each deep stage adds little in this codec (measured here, against a bound).** Stages "
-    f"{deep[0]['k']}..{deep[-1]['k']} each remove a median {deep_removed:.1%} of the variance still left; the most an "
-    f"{bits:g}-bit stage can remove from a structureless {cfg.dim}-dimensional residual is {ref_removed:.1%}. "
-    + ("The deep stages work at about that rate: what they quantise is close to noise around the envelope the "
-       "first stages chose. The codebooks are k-means fits to log-mel residuals, not to what a listener or a "
-       f"recogniser uses, and one {bits:g}-bit choice spread over {cfg.dim} spectral values can only shave a "
-       "sliver off a diffuse error."
-       if deep_removed < 1.5 * ref_removed else
-       "The deep stages still remove clearly more than that: their residual has structure left.")
-    + f" The vocoder bounds what they could show anyway: the inversion of the unquantised features alone is "
-      f"{rows['unquantised']['audio_lsd_db']:.2f} dB from the original.",
-    f"* **Intelligibility (measured here, {quality['asr']}, {len(refs)} sentences, "
-    f"{rows['original']['ref_words']} words).** WER is {wer['original']:.3f} on the original, "
-    f"{wer['unquantised']:.3f} after the inversion only, and through the {codec.decoder_kind} decoder "
-    + ", ".join(f"{wer[f'k={k}']:.3f} with {k}" for k in run_codebooks if k in (k_lo, k4, k_hi))
-    + " codebooks. "
-    + (f"The stages past the first {k4} change WER by {wer[f'k={k_hi}'] - w4:+.3f}, more than three words: "
-       + ("each removes a sliver of the variance, but together they carry detail the recogniser uses."
-          if wer[f"k={k_hi}"] < w4 else "adding them made the recogniser's job harder here.")
-       if w4 is not None and abs(w4 - wer[f"k={k_hi}"]) > 3 / rows["original"]["ref_words"]
-       else f"Past the first {k4} codebooks WER changes by a few words at most." if w4 is not None else "")
-    + f" With {rows['original']['ref_words']} words, differences of a few words are within the noise of the "
-      f"measure.",
-    f"* **What to expect on the released 12 Hz codec (config, then inference).** Its configuration describes "
-    f"another quantiser: {released_geometry['semantic_codebooks']} semantic codebook for code 0 and "
-    f"{released_geometry['n_codebooks'] - released_geometry['semantic_codebooks']} acoustic stages of "
-    f"{released_geometry['codebook_size']} entries over a {released_geometry['code_vector_dim']}-dimensional "
-    f"learned latent, decoded by a transformer of {released_geometry['decoder_transformer_layers']} layers and "
-    f"upsampling convolutions. *Inference, not measured:* because its stages are learned together with the decoder "
-    f"that reads them, rather than fitted to log-mel residuals and inverted by Griffin-Lim, we expect its deep "
-    f"stages to carry audible detail (timbre, breath, fine pitch structure) and its per-stage share to stay above "
-    f"the structureless rate for longer than here; and because code 0 is a separate semantic codebook, we expect "
-    f"more of the words to be fixed by code 0 alone than by this codec's first stage.",
-    "* **Why it matters for speculation (inference; notebooks 01, 03 and 04 measure it).** The inner loop drafts "
-    "codes 1..15: a drafter guesses a later code from a draft distribution **q**, and the code predictor checks it "
-    "against its own distribution for that code, the target **p**; TV(p, q) is their total-variation distance, "
-    "half the summed absolute difference. A **point-mass** draft takes q's top code and is kept with probability "
-    "p of that code; a **sampled** draft is drawn from q and kept with probability 1 − TV(p, q) "
-    "([glossary](../docs/glossary.md#speculative-decoding), point-mass vs sampled children). "
-    + ("Where the deep codes are close to noise, as the bound above says of this codec's, p for them is flat: a "
-       "top-ranked draft is right only rarely, while a draft sampled from a similarly flat q can still be kept "
-       "often. On the released codec, if its deep codes carry more structure, p is sharper and top-ranked drafts "
-       "fare better."
-       if deep_removed < 1.5 * ref_removed else
-       "This codec's deep stages still remove clearly more than the structureless bound, so the bound alone does "
-       "not say that p is flat for them; notebooks 03 and 04 measure how point-mass and sampled drafts fare."),
-]
-display(Markdown("\n".join(lines)))
+if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
+    first, last = rv[0], rv[-1]
+    four = rv[min(4, len(rv)) - 1]
+    deep = [r for r in rv if r["k"] > len(rv) // 2]  # the second half of the stages
+    deep_removed = float(np.median([1 - r["stage_factor"] for r in deep]))
+    k_lo, k_hi = min(run_codebooks), max(run_codebooks)
+    wer = {c: rows[c]["wer"] for c in conditions}
+    k4 = four["k"]
+    w4 = wer.get(f"k={k4}")  # None when the sweep skipped k = 4
+    lines = [
+        f"* **The corpus (measured here and read from the build's record).** The embedded model was trained on "
+        f"{sum(r['hours'] for r in table if r['split'] == 'training'):.1f} hours of English rendered by "
+        f"{len({v for r in table if r['split'] == 'training' for v in r['voices'].split(',')})} flite voices; "
+        f"the trees of the later notebooks are calibrated on a split no training step saw, and acceptance and WER are "
+        f"measured on held-out evaluation sentences.",
+        f"* **What each codebook adds (measured here).** Stage 1 alone removes {1 - first['variance_left']:.1%} of the "
+        f"frame vectors' variance: it picks the nearest of {cfg.codebook_size} typical frames, the frame's overall "
+        f"spectral envelope, which is most of what varies between frames (silence or speech, which sound, how loud). "
+        f"The first {k4} stages together leave {four['variance_left']:.1%}, all {last['k']} leave "
+        f"{last['variance_left']:.2%}. The spectral distance of the "
+        f"decoded frames falls from {rows[f'k={k_lo}']['feature_lsd_db']:.2f} dB with {k_lo} codebook"
+        f"{'s' if k_lo > 1 else ''} to {rows[f'k={k_hi}']['feature_lsd_db']:.2f} dB with {k_hi}.",
+        f"* **Why each deep stage adds little in this codec (measured here, against a bound).** Stages "
+        f"{deep[0]['k']}..{deep[-1]['k']} each remove a median {deep_removed:.1%} of the variance still left; the most an "
+        f"{bits:g}-bit stage can remove from a structureless {cfg.dim}-dimensional residual is {ref_removed:.1%}. "
+        + ("The deep stages work at about that rate: what they quantise is close to noise around the envelope the "
+           "first stages chose. The codebooks are k-means fits to log-mel residuals, not to what a listener or a "
+           f"recogniser uses, and one {bits:g}-bit choice spread over {cfg.dim} spectral values can only shave a "
+           "sliver off a diffuse error."
+           if deep_removed < 1.5 * ref_removed else
+           "The deep stages still remove clearly more than that: their residual has structure left.")
+        + f" The vocoder bounds what they could show anyway: the inversion of the unquantised features alone is "
+          f"{rows['unquantised']['audio_lsd_db']:.2f} dB from the original.",
+        f"* **Intelligibility (measured here, {quality['asr']}, {len(refs)} sentences, "
+        f"{rows['original']['ref_words']} words).** WER is {wer['original']:.3f} on the original, "
+        f"{wer['unquantised']:.3f} after the inversion only, and through the {codec.decoder_kind} decoder "
+        + ", ".join(f"{wer[f'k={k}']:.3f} with {k}" for k in run_codebooks if k in (k_lo, k4, k_hi))
+        + " codebooks. "
+        + (f"The stages past the first {k4} change WER by {wer[f'k={k_hi}'] - w4:+.3f}, more than three words: "
+           + ("each removes a sliver of the variance, but together they carry detail the recogniser uses."
+              if wer[f"k={k_hi}"] < w4 else "adding them made the recogniser's job harder here.")
+           if w4 is not None and abs(w4 - wer[f"k={k_hi}"]) > 3 / rows["original"]["ref_words"]
+           else f"Past the first {k4} codebooks WER changes by a few words at most." if w4 is not None else "")
+        + f" With {rows['original']['ref_words']} words, differences of a few words are within the noise of the "
+          f"measure.",
+        f"* **What to expect on the released 12 Hz codec (config, then inference).** Its configuration describes "
+        f"another quantiser: {released_geometry['semantic_codebooks']} semantic codebook for code 0 and "
+        f"{released_geometry['n_codebooks'] - released_geometry['semantic_codebooks']} acoustic stages of "
+        f"{released_geometry['codebook_size']} entries over a {released_geometry['code_vector_dim']}-dimensional "
+        f"learned latent, decoded by a transformer of {released_geometry['decoder_transformer_layers']} layers and "
+        f"upsampling convolutions. *Inference, not measured:* because its stages are learned together with the decoder "
+        f"that reads them, rather than fitted to log-mel residuals and inverted by Griffin-Lim, we expect its deep "
+        f"stages to carry audible detail (timbre, breath, fine pitch structure) and its per-stage share to stay above "
+        f"the structureless rate for longer than here; and because code 0 is a separate semantic codebook, we expect "
+        f"more of the words to be fixed by code 0 alone than by this codec's first stage.",
+        "* **Why it matters for speculation (inference; notebooks 01, 03 and 04 measure it).** The inner loop drafts "
+        "codes 1..15: a drafter guesses a later code from a draft distribution **q**, and the code predictor checks it "
+        "against its own distribution for that code, the target **p**; TV(p, q) is their total-variation distance, "
+        "half the summed absolute difference. A **point-mass** draft takes q's top code and is kept with probability "
+        "p of that code; a **sampled** draft is drawn from q and kept with probability 1 − TV(p, q) "
+        "([glossary](../docs/glossary.md#speculative-decoding), point-mass vs sampled children). "
+        + ("Where the deep codes are close to noise, as the bound above says of this codec's, p for them is flat: a "
+           "top-ranked draft is right only rarely, while a draft sampled from a similarly flat q can still be kept "
+           "often. On the released codec, if its deep codes carry more structure, p is sharper and top-ranked drafts "
+           "fare better."
+           if deep_removed < 1.5 * ref_removed else
+           "This codec's deep stages still remove clearly more than the structureless bound, so the bound alone does "
+           "not say that p is flat for them; notebooks 03 and 04 measure how point-mass and sampled drafts fare."),
+    ]
+    display(Markdown("\n".join(lines)))
 
 # %% [markdown]
 # ## Try this

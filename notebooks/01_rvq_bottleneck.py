@@ -86,6 +86,7 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figu
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
+from paper.checkpoint import is_checkpoint, prepare_checkpoint
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from bench import latency
 from paper import plots
@@ -109,6 +110,11 @@ if threads:
     torch.set_num_threads(int(threads))
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 device = resolve_device(device)  # a device not present: one line, before loading
+on_checkpoint = is_checkpoint(run_model)  # a released checkpoint: its own frames give section 8's tokens per call
+if on_checkpoint:
+    prepare_checkpoint(run_model, smoke=smoke, notebook="01", out_dir=out, seed=seed)
+    if compare_model == "embedded":  # the default: the checkpoint alone, no other model timed beside it
+        compare_model = ""
 params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), repeats=run_repeats, device=device,
               warmup=run_warmup, threads=torch.get_num_threads(), prefix_len=prefix_len,
               talker_context=talker_context, query_sizes=list(query_sizes), native=bool(native),
@@ -319,21 +325,22 @@ compared_df
 
 # %%
 own, own_meta = [], {}
-if compare_model:
+tpc_lm = loaded if on_checkpoint else small  # whose frames: the checkpoint's own, else the small trained model's
+if tpc_lm is not None:
     n_own = min(int(own_tpc_frames), 8) if smoke else int(own_tpc_frames)
-    own_frames = frames_from_shipped(small, "evaluation", max_frames=n_own, seed=seed)
-    own_sampling = inner_sampling(small)
-    names = [n for n in own_decoders if not n.startswith("paper") or has_paper_decoder(small)]
+    own_frames = frames_from_shipped(tpc_lm, "evaluation", max_frames=n_own, seed=seed)
+    own_sampling = inner_sampling(tpc_lm)
+    names = [n for n in own_decoders if not n.startswith("paper") or has_paper_decoder(tpc_lm)]
     if len(names) < len(own_decoders):
-        print(f"{small.name} ships no offsets drafter with its calibration: the paper's decoder is left out")
-    own = latency.calls_at_tokens_per_call(small, names, own_frames.context, sampling=own_sampling, seed=seed)
-    paper_budget = latency.call_budget(small.frame_rate_hz, small.n_code_groups, latency.PAPER_TOKENS_PER_CALL)
+        print(f"{tpc_lm.name} ships no offsets drafter with its calibration: the paper's decoder is left out")
+    own = latency.calls_at_tokens_per_call(tpc_lm, names, own_frames.context, sampling=own_sampling, seed=seed)
+    paper_budget = latency.call_budget(tpc_lm.frame_rate_hz, tpc_lm.n_code_groups, latency.PAPER_TOKENS_PER_CALL)
     for r in own:
         r.update({"paper: tokens per call (Qwen3-TTS-0.6B, offsets, N 32)": latency.PAPER_TOKENS_PER_CALL,
                   "paper: calls per s": paper_budget["calls_per_s"]})
-    own_meta = {"frames": len(own_frames), "sampling": own_sampling.describe(), "model": small.name}
+    own_meta = {"frames": len(own_frames), "sampling": own_sampling.describe(), "model": tpc_lm.name}
     save_table(own, out / "01_calls_at_own_tpc", provenance(params, seed=seed),
-               caption=f"tokens per call measured on {len(own_frames)} evaluation frames of {small.name} "
+               caption=f"tokens per call measured on {len(own_frames)} evaluation frames of {tpc_lm.name} "
                        f"(sampling {own_sampling.describe()}), calls per second from the config; the paper's "
                        f"values in the columns marked 'paper', quoted")
 
@@ -351,8 +358,9 @@ if compare_model:
     ax.set_xticks(list(xs), [r["decoder"] for r in own], rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("calls per second for real time")
     ax.set_ylim(0, 1.3 * ar["calls_per_s"])
-    ax.set_title(f"Calls a second for real time at the codes per call measured on {small.name} (in the bars)\n"
-                 f"{len(own_frames)} held-out frames, trained weights", fontsize=9)
+    ax.set_title(f"Calls a second for real time at the codes per call measured on {tpc_lm.name} (in the bars)\n"
+                 f"{len(own_frames)} held-out frames, {'RANDOM' if tpc_lm.is_random else 'trained'} weights",
+                 fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3, axis="y")
     save_figure(fig, out / "01_calls_at_own_tpc", provenance(params, seed=seed))
@@ -407,7 +415,8 @@ metrics["headline"] = headline(
     entry(f"share of an autoregressive frame spent in the inner loop, {small_who}, timed on this CPU",
           100 * compared[1]["inner_share_ar"] if len(compared) > 1 else None, "%", "01_models_compared.md"),
     entry(f"model calls a second for real time at the tokens per call the paper's decoder "
-          f"({paper_rows[-1]['decoder']}) reaches on {small_who}, from the config" if paper_rows else "",
+          f"({paper_rows[-1]['decoder']}) reaches on {who if on_checkpoint else small_who}, from the config"
+          if paper_rows else "",
           paper_rows[-1]["calls_per_s"] if paper_rows else None, "", "01_calls_at_own_tpc.md"),
 )
 save_json(metrics, out / "01_metrics.json", prov)

@@ -111,6 +111,7 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figu
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
+from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from paper import drafter_table as T
 from rvqspec_lib.eval.calibration import calibration_frames
@@ -157,21 +158,27 @@ timings = {}
 
 
 # the model: "embedded", a model folder, or a build folder holding model/ and utterances.safetensors; a real
-# checkpoint with `dataset` (+ `codec`); anything else (a random-weight timing model, a checkpoint without data)
-# falls back to the embedded model, because acceptance needs trained weights and frames of real speech
+# checkpoint with `dataset` (+ `codec`), or without one: then it speaks its own frames (paper.checkpoint); a
+# random-weight timing model built in memory falls back to the embedded model (said on the console), because
+# acceptance needs trained weights and frames of speech
 if dataset:
     if not codec:
         raise ValueError("dataset needs codec: the codec that encodes its audio (a folder or RVQ codec file)")
     root, run_model = None, model
 else:
+    if is_checkpoint(model):  # a released checkpoint: it speaks its own frames (rvqspec prepare's stages)
+        prepare_checkpoint(model, smoke=smoke, notebook="03", out_dir=out, seed=seed)
     try:
         root = embedded_root(model)
     except FileNotFoundError:
+        not_here("03", f"offsets trained on {model}", "random weights built in memory, no dataset given: the "
+                 "embedded model is measured instead", "03_metrics.json")
         display(Markdown(f"**`{model}` ships no utterances and no `dataset` was given: this notebook measures the "
                          "embedded model instead** (pass `-p dataset DIR -p codec C` for a real checkpoint)."))
         root = embedded_root(EMBEDDED_MODEL)
         model = EMBEDDED_MODEL
-    run_model = model if model == EMBEDDED_MODEL or (Path(model) / OWN_MODEL_MARKER).is_file() else str(root / "model")
+    run_model = model if model == EMBEDDED_MODEL or is_checkpoint(model) or (Path(model) / OWN_MODEL_MARKER).is_file() \
+        else str(root / "model")
 params["run_model"] = run_model
 prov = provenance(params, seed=seed)
 print(f"model {run_model} (frames from {root or dataset}), outputs -> {out}")

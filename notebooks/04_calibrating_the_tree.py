@@ -109,6 +109,7 @@ from rvqspec_lib.eval.timing import measure_quietly
 from paper.verify_calls import record_verify_calls
 from rvqspec_lib.models.backends import available, verify_backend
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
+from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
 from rvqspec_lib.models.named_decoders import drafter_calibration, has_paper_decoder, resolve, resolve_all
 from rvqspec_lib.models.tree_files import save_calibration, tree_file
 
@@ -124,11 +125,17 @@ timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured o
 if threads:  # two threads on a busy 2-core machine spin-wait
     torch.set_num_threads(int(threads))
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
+if is_checkpoint(model):  # a released checkpoint: its own frames (rvqspec prepare's stages), its own verify cost
+    prepare_checkpoint(model, smoke=smoke, notebook="04", out_dir=out, seed=seed)
+    if compare_model in ("qwen3-tts-0.6b-random", "tiny-random"):  # the default: the checkpoint is real size itself
+        compare_model = model
 try:
     embedded_root(model)
     run_model = model
 except FileNotFoundError:  # calibration needs trained weights and frames of real speech
     run_model, compare_model = EMBEDDED_MODEL, model
+    not_here("04", f"trees calibrated on {model}", "random weights built in memory: the embedded model is "
+             "calibrated instead, the model timed as the compare model", "04_metrics.json")
     display(Markdown(f"**`{model}` ships no calibration utterances: this notebook calibrates the embedded model "
                      f"instead**, and times `{model}` as the compare model of section 6 (its verify cost curve)."))
 budgets = tuple(sorted({int(b) for b in budgets}))
@@ -427,7 +434,8 @@ big_words = "RANDOM weights: cost only" if big_is_random else "trained weights"
 big_lm = None  # the real-size model's memory back before the frames are timed
 timings["verify_cost_s"] = time.perf_counter() - t0
 cpu = cost["meta"]["cpu"]
-cost_tab = pd.DataFrame([{"model": run_model, "weights": "trained", **r} for r in cost["rows"]]
+cost_tab = pd.DataFrame([{"model": run_model, "weights": "random" if lm.is_random else "trained", **r}
+                         for r in cost["rows"]]
                         + [{"model": compare_model, "weights": "random" if big_is_random else "trained", **r}
                            for r in big_cost["rows"]])
 save_table(cost_tab, out / "04_verify_cost",

@@ -94,6 +94,7 @@ work_dir = ""  # rendered multilingual audio; "": build/05_work (smoke: <out_dir
 # %%
 import json
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -118,6 +119,7 @@ from paper.plots import decoder_color
 from rvqspec_lib.models.drafter_files import drafter_path, model_drafter_dir, read_description
 from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
+from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
 from rvqspec_lib.models.named_decoders import has_paper_decoder
 from rvqspec_lib.models.speech_tokenizers import load_codec
 from rvqspec_lib.models.tree_files import save_calibration
@@ -134,10 +136,21 @@ if threads:  # two threads on a busy 2-core machine spin-wait
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 work = resolve_out_dir(work_dir or (out / "05_work" if smoke else "build/05_work"), smoke=smoke)
 requested_model = str(model)  # kept in the provenance when the run falls back to the embedded model
+on_checkpoint = is_checkpoint(model) and not fleurs  # a released checkpoint without the paper's data: its own speech
+skipped = []  # headline entries of what this notebook does not do on the checkpoint
+if on_checkpoint:
+    prepare_checkpoint(model, smoke=smoke, notebook="05", out_dir=out, seed=seed)
+    if [x for x in languages if x != "en"]:
+        skipped.append(not_here("05", f"WER parity in {', '.join(x for x in languages if x != 'en')}",
+                                "the checkpoint speaks English texts here; pass fleurs= (and codec=) for Table 3's "
+                                "languages", "05_metrics.json"))
+    languages = ("en",)
 if not fleurs:
     try:
         embedded_root(model)
     except FileNotFoundError:
+        not_here("05", f"WER parity on {model}", "random weights built in memory: the embedded model is measured "
+                 "instead", "05_metrics.json")
         display(Markdown(f"**`{model}` ships no evaluation data and no `fleurs` folder was given: this notebook "
                          "measures the embedded model instead** (pass `-p fleurs DIR -p codec C` for a real "
                          "checkpoint)."))
@@ -170,7 +183,16 @@ print(f"model {model}, languages {languages}, outputs -> {out}")
 # %%
 lm = load_model(model, device=device, dtype="float32")
 own_codec = getattr(lm.speech_tokenizer, "codec", None)
+if not codec and on_checkpoint:  # its own 12 Hz speech tokenizer: codes to audio for the recogniser
+    st_dir = Path(str(model)).expanduser() / "speech_tokenizer"
+    codec = str(st_dir) if st_dir.is_dir() else str(model)
 the_codec = load_codec(codec) if codec else own_codec
+if on_checkpoint:
+    display(Markdown(
+        f"**`{model}` is a released checkpoint**: the English evaluation utterances are its OWN speech (held-out texts "
+        "it spoke, `paper.checkpoint`), turned into audio by its own 12 Hz speech tokenizer, heard by the default "
+        "recogniser." + (" **Its weights are random (a test checkpoint): its speech is babble, so every WER below is "
+                         "meaningless; the path runs.**" if lm.is_random else "")))
 if the_codec is None:
     raise ValueError(f"{model} has no offline codec: pass codec= (the model's 12 Hz tokenizer folder)")
 # WER's audio: the table decoder (section 3); the codec's own decoder otherwise (a real checkpoint's 12 Hz one)
@@ -666,8 +688,8 @@ metrics = {
 # what a reader most wants from this notebook (docs/results.md, generated): WER of AR and of the paper's decoder on
 # the embedded model, and whether the code test catches the lossy control while flagging no lossless decoder
 wr = {r["decoder"]: r for r in wer_rows}
-about = (f"inner-loop audio of the embedded model (small trained model), {en['n_utterances']} English sentences, "
-         f"{asr_label}") if en else ""
+about = (f"inner-loop audio of {'the embedded model (small trained model)' if not on_checkpoint else model}, "
+         f"{en['n_utterances']} English sentences, {asr_label}") if en else ""
 _pct = lambda v: None if v is None else 100 * v  # noqa: E731
 metrics["headline"] = headline(
     entry(f"WER of AR, {about}", _pct(wr.get("ar", {}).get("wer")), "%", "05_wer_parity.md"),
@@ -679,6 +701,7 @@ metrics["headline"] = headline(
           f"{len(caught)} of {len(languages)}", "", "05_verdicts.md"),
     entry("lossless decoders flagged by any test, in any language (false alarms)", len(alarms), "",
           "05_verdicts.md"),
+    *skipped,
 )
 save_json(metrics, out / "05_metrics.json", prov_wer)
 print(f"run time {metrics['wall_s']:.0f} s")

@@ -94,6 +94,7 @@ from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.models.backends import available, backend_table, frame_runner, verify_backend
 from rvqspec_lib.models.frame import inner_sampling
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
+from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
 from rvqspec_lib.models.named_decoders import has_paper_decoder, resolve, resolve_all
 from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.streaming import synthesize_stream
@@ -112,6 +113,10 @@ run_noise_target = None if smoke else noise_target
 run_warmup = 0 if smoke else int(warmup)
 n_eval = 2 if smoke else int(eval_frames)
 run_pipeline_models = ["tiny-random", "embedded"] if smoke else list(pipeline_models)
+on_checkpoint = is_checkpoint(model)
+if on_checkpoint:  # a released checkpoint: its own frames, offsets and trees; it takes the embedded model's place
+    prepare_checkpoint(model, smoke=smoke, notebook="06", out_dir=resolve_out_dir(out_dir, smoke=smoke), seed=seed)
+    run_pipeline_models = list(dict.fromkeys(str(model) if m == EMBEDDED_MODEL else m for m in run_pipeline_models))
 run_precisions = ["float32"] if smoke else pipeline_precisions
 run_frames = 6 if smoke else int(stream_frames)
 run_batches = [1, 2] if smoke else [int(b) for b in batches]
@@ -186,6 +191,8 @@ lm = load_model(model, seed=seed, device="cpu", dtype="float32")
 paper_lm = lm if has_paper_decoder(lm) else load_model(EMBEDDED_MODEL, device="cpu", dtype="float32")
 paper_model = model if paper_lm is lm else EMBEDDED_MODEL
 if paper_lm is not lm:
+    not_here("06", f"the paper's decoder of {model}", f"it ships no offsets with a calibration: {paper_model}'s is "
+             "exported instead", "06_metrics.json")
     display(Markdown(f"`{model}` ships no offsets with a calibration: the paper's decoder is taken from "
                      f"`{paper_model}`."))
 paper_named = resolve(f"paper:{run_paper_budget}", paper_lm)
@@ -449,8 +456,10 @@ conc[["model", "precision", "row", "decoder", "layout", "batch", "frame_ms", "tt
 # and played.
 
 # %%
-listen_lm = lm if model == EMBEDDED_MODEL else load_model(EMBEDDED_MODEL, device="cpu", dtype="float32")
-pick = next((r for r in pipe["rows"] if r["model"] == EMBEDDED_MODEL and r["row"] == "best speculative"
+listen_lm = lm if model == EMBEDDED_MODEL or on_checkpoint else load_model(EMBEDDED_MODEL, device="cpu",
+                                                                             dtype="float32")
+listen_model = str(model) if on_checkpoint else EMBEDDED_MODEL
+pick = next((r for r in pipe["rows"] if r["model"] == listen_model and r["row"] == "best speculative"
              and r["precision"] == "float32"), None)
 label, fused = (pick["decoder"], bool(pick["fused"])) if pick else ("chain:4", False)
 listen_runner = frame_runner("native", listen_lm.code_predictor, resolve(label, listen_lm), fused=fused,
@@ -474,6 +483,8 @@ Audio(filename=str(listen_path))
 
 # %%
 rep, emb = fastest(run_pipeline_models[0]), fastest(EMBEDDED_MODEL) if EMBEDDED_MODEL in run_pipeline_models else None
+if on_checkpoint and str(model) in run_pipeline_models:  # the checkpoint in the embedded model's place
+    emb = fastest(str(model))
 told = []
 ok_graphs = int(ran.within_tolerance.sum()) if len(ran) else 0
 told.append(f"* **Export (measured).** {len(graphs_df)} graph files of `{run_cost_model}` were written; "
@@ -544,7 +555,8 @@ def pipeline_headline(r: dict | None, glance: bool = False) -> list:
     speculation gains on the frame (nothing when the model's row is absent)."""
     if r is None:
         return []
-    who = r["model"] + (" (small trained model)" if r["weights"] == "trained" else
+    who = r["model"] + ((" (small trained model)" if r["model"] == EMBEDDED_MODEL else " (trained weights)")
+                        if r["weights"] == "trained" else
                         " (RANDOM weights: a timing replay, timing only)")
     how = f"{r['decoder']} ({r['precision']}), one thread on this CPU"
     one = streamed(r["model"], "best speculative", "1 thread")

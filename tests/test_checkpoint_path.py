@@ -15,7 +15,8 @@ classes). Then, exactly as with a downloaded ``Qwen3-TTS-12Hz-0.6B-CustomVoice``
 * the checkpoint's speech tokenizer streams through the official 12 Hz decoder (the library and ``synth --stream``),
   the stream's audio equal to the whole-utterance decode;
 * every notebook runs with ``model=<folder>`` and ``smoke=True`` (what ``make paper MODEL=<folder> SMOKE=1``
-  passes): 01 times the checkpoint, 00 and 03 say they show the embedded model instead; and notebook 03 with
+  passes), on the checkpoint itself: it speaks its own frames (paper.checkpoint, into the run's folder), 00 measures
+  its own 12 Hz codec and says what it skips, 03-07 train, calibrate, measure and time it; and notebook 03 with
   ``dataset=`` / ``codec=`` (a tiny saved dataset in VoxPopuli's schema, the checkpoint's own speech tokenizer)
   trains and measures the drafters on the checkpoint itself.
 """
@@ -289,44 +290,98 @@ NOTEBOOKS = [p for p in sorted((Path(__file__).resolve().parent.parent / "notebo
              if re.search(r"^model = ", p.read_text(), re.M)]
 
 
+def test_a_checkpoint_is_told_apart_and_what_it_skips_is_said(ckpt, capsys):
+    from paper.checkpoint import is_checkpoint, not_here
+    from tools.results_doc import problems
+
+    assert is_checkpoint(str(ckpt)) and is_checkpoint("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
+    assert not any(is_checkpoint(m) for m in ("embedded", "tiny-random", "qwen3-tts-0.6b-random"))
+    e = not_here("00", "the corpus table", "needs the embedded corpus", "00_metrics.json")
+    assert problems([e]) == [] and e["value"] == NOT_HERE  # a well-formed docs/results.md entry
+    assert "00: not on this checkpoint: the corpus table (needs the embedded corpus)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model, folder", [("/data/models/Qwen3-TTS-12Hz-0.6B-CustomVoice/",
+                                            "Qwen3-TTS-12Hz-0.6B-CustomVoice"),
+                                           ("Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice", "Qwen3-TTS-12Hz-1.7B-CustomVoice"),
+                                           ("qwen3-tts-1.7b-random", "qwen3-tts-1.7b-random")])
+def test_the_figures_folder_is_named_after_the_model(model, folder):
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    repo = Path(__file__).resolve().parent.parent
+    for smoke, where in (("1", f"build/smoke_figures/{folder}/"), ("0", f"figures/{folder}/")):
+        run = subprocess.run(["make", "-n", "-C", str(repo), "-o", ".venv/.installed", "paper-run", f"MODEL={model}",
+                              f"SMOKE={smoke}", "NB_SRC=notebooks/02_the_lossless_rule.py"],
+                             capture_output=True, text=True)
+        assert where in run.stdout and "_data_models" not in run.stdout, run.stdout[-2000:]
+
+
+@pytest.fixture(scope="module")
+def nb_out(tmp_path_factory) -> Path:
+    """One output folder for every notebook, as ``make paper`` gives them: the checkpoint's small preparation (its
+    own frames, offsets, trees and evaluation split, under ``<out>/checkpoint_cache``) is made once and reused."""
+    return tmp_path_factory.mktemp("nb_out")
+
+
+NOT_HERE = "not measured on this checkpoint"
+
+
+def _outputs(executed: Path) -> str:
+    """The text of an executed notebook's outputs (its source left out)."""
+    cells = json.loads(executed.read_text())["cells"]
+    return json.dumps([o for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("src", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_every_notebook_runs_on_the_checkpoint(src, ckpt, tmp_path):
+def test_every_notebook_runs_on_the_checkpoint(src, ckpt, nb_out):
     from test_notebooks import _execute
 
     prefix = src.stem.split("_", 1)[0]
     extra = {}
-    if prefix == "03":  # it falls back to the embedded model in its first cell; the rest is test_notebooks' smoke
-        # run of the embedded model, so only the paper's drafter is trained here (half the time)
+    if prefix == "03":  # the checkpoint's path is tested here; the other losses are test_notebooks' smoke run's
         extra = dict(train_kl=False, train_tv=False, train_medusa=False, train_medusa_tv=False, offsets_lrs=[1e-2])
     elif prefix == "05":  # the checkpoint's path is tested here; free running is the smoke run's (test_notebooks)
         extra = dict(free_running=False)
     elif prefix == "06":  # the checkpoint's path is what is tested here; every backend runs in test_notebooks' smoke run
         extra = dict(backends=["eager"])
-    elif prefix == "06":  # the checkpoint's path is what is tested here (its frames, Figure 4, the paper's decoder);
-        # the pipeline's models stay the smoke run's (tiny-random and the embedded model with its codec)
-        extra = dict(backends=["eager"])
-    executed = _execute(src, tmp_path, {"model": str(ckpt), **extra})
-    metrics = json.loads((tmp_path / f"{prefix}_metrics.json").read_text())
+    executed = _execute(src, nb_out, {"model": str(ckpt), **extra})
+    metrics = json.loads((nb_out / f"{prefix}_metrics.json").read_text())
     assert metrics["provenance"]["params"]["smoke"] is True
-    text = executed.read_text()
+    text = _outputs(executed)
+    assert "embedded model instead" not in text and "is not an embedded-model build" not in text
+    skipped = [h["text"] for h in metrics.get("headline", []) if h["value"] == NOT_HERE]
     if prefix == "01":  # the timing notebook times the checkpoint itself, and says its weights are random
         assert metrics["model"] == str(ckpt) and metrics["random_weights"] is True
         assert metrics["n_code_groups"] == 16 and metrics["frame_rate_hz"] == 12.5
-        assert metrics["compared"][0]["model"] == str(ckpt) and metrics["t_inner_ms"] > 0
-    elif prefix == "00":  # corpus and codec: the embedded model's, with a note
-        assert metrics["model"] == str(ckpt) and "is not an embedded-model build" in text
-        assert metrics["n_sentences"] == 3
-    elif prefix == "03":  # drafters need trained weights and real frames: the embedded model's, with a note
-        assert metrics["run_model"] == "embedded" and "ships no utterances and no `dataset` was given" in text
-    elif src.stem == "04_calibrating_the_tree":  # calibrated on the embedded model, the checkpoint's call timed
-        assert metrics["model"] == "embedded" and "ships no calibration utterances" in text
-        assert {r["model"] for r in metrics["verify_cost"]} == {"embedded", str(ckpt)}
+        assert [r["model"] for r in metrics["compared"]] == [str(ckpt)] and metrics["t_inner_ms"] > 0
+        assert metrics["own_tokens_per_call_meta"]["model"] == str(ckpt)  # its own frames' tokens per call
+    elif prefix == "00":  # the checkpoint's own 12 Hz codec on its own speech; the embedded corpus is said skipped
+        assert metrics["model"] == str(ckpt) and len(metrics["round_trip"]["rows"]) == 16
+        assert 0 <= metrics["round_trip"]["rows"][-1]["prefix_kept"] <= metrics["round_trip"]["rows"][0]["prefix_kept"]
+        assert len(skipped) == 3 and not (nb_out / "00_codec_quality.md").exists()
+    elif prefix == "03":  # the offsets trained on the checkpoint's own frames
+        assert metrics["run_model"] == str(ckpt) and metrics["model_info"]["code_predictor_hidden"] == 48
+    elif src.stem == "04_calibrating_the_tree":  # the checkpoint's trees calibrated, its own call timed
+        assert metrics["model"] == str(ckpt)
+        assert {r["model"] for r in metrics["verify_cost"]} == {str(ckpt)}
+    elif prefix == "05":  # WER parity on the checkpoint's speech (babble: said meaningless), other languages skipped
+        assert metrics["model"] == str(ckpt) and metrics["languages"] == ["en"] and metrics["n_utterances"]["en"] > 0
+        assert "meaningless" in text and len(skipped) == 1
+    elif prefix == "06":  # the checkpoint's own paper decoder, and the checkpoint in the embedded model's place
+        assert metrics["provenance"]["params"]["model"] == str(ckpt)
+        assert "embedded" not in metrics["provenance"]["params"]["pipeline_models"]
+        assert metrics["paper_decoder"]["model"] == str(ckpt) and "is taken from" not in text
     elif src.stem == "07_device_engineering":  # the checkpoint's call and talker step against their floors
         assert metrics["model"] == str(ckpt) and metrics["random_weights"] is True
         assert metrics["floor"] and metrics["talker"]
+        assert metrics["provenance"]["params"]["small_model"] == str(ckpt)
     else:  # a new notebook: it must at least have run on the checkpoint's path
         assert str(ckpt) in json.dumps(metrics["provenance"]["params"])
+    assert not any((ckpt / f).exists() for f in ("drafters", "trees", "utterances.safetensors"))  # smoke: not beside
 
 
 def _voxpopuli_dataset(path: Path) -> Path:

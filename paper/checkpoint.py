@@ -1,0 +1,155 @@
+"""The notebooks on a released checkpoint (``make paper MODEL=<checkpoint folder or hub id>``): the model speaks its
+own frames (``rvqspec prepare``'s stages, small in smoke mode, reused when the checkpoint was prepared already) plus
+an evaluation split of held-out texts, and what a notebook cannot do on the checkpoint is said on the console and
+recorded as a headline entry (docs/results.md), never done on another model in its place.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rvqspec_lib.common.files import json_text, write_text_atomic
+from rvqspec_lib.common.paths import DATA_DIR
+from rvqspec_lib.common.progress import progress_file
+from rvqspec_lib.data.utterances import load_codes, write_shipped_utterances
+from rvqspec_lib.models import loader
+from rvqspec_lib.models.drafter_files import PREPARED, cache_model_dir, model_drafter_dir
+from rvqspec_lib.models.frame import synthesize
+from rvqspec_lib.training import prepare as P
+
+#: Held-out texts the checkpoint speaks for its evaluation split (the embedded model's evaluation sentences).
+EVAL_TEXTS = DATA_DIR / "eval_texts" / "en_evaluation.tsv"
+#: (calibration frames, frames per text, evaluation texts, evaluation frames per text): smoke and full runs.
+SIZES = {True: (48, 24, 4, 24), False: (P.DEFAULT_FRAMES, P.MAX_FRAMES_PER_TEXT, 24, P.MAX_FRAMES_PER_TEXT)}
+
+
+def is_checkpoint(model) -> bool:
+    """A released-layout checkpoint folder or a hub id (not the embedded model, our own builds, nor the random-weight
+    timing models built in memory)."""
+    try:
+        kind, _ = loader._resolve(str(model))
+    except loader.ModelNotFoundError:
+        return False
+    return kind in ("checkpoint", "hub")
+
+
+def say(line: str) -> None:
+    """``line`` on stderr: into the executed notebook, and also onto the console ``make paper`` runs in (the
+    kernel's original standard error, where ``RVQSPEC_PROGRESS=console`` sends the progress bars)."""
+    print(line, file=sys.stderr, flush=True)
+    console = progress_file()
+    if console is not None and sys.stderr is not sys.__stderr__:
+        print(line, file=console, flush=True)
+
+
+def not_here(notebook: str, what: str, why: str, source: str) -> dict:
+    """One line on stderr (``make paper`` shows it) saying what ``notebook`` did not do on the checkpoint and why;
+    returns the headline entry that puts the same sentence into docs/results.md (``source``: the notebook's file)."""
+    say(f"{notebook}: not on this checkpoint: {what} ({why})")
+    return {"text": f"{what} ({why})", "value": "not measured on this checkpoint", "unit": "", "source": source,
+            "glance": False}  # tools.results_doc.entry's form (paper/ does not import tools/)
+
+
+@contextmanager
+def _locked(folder: Path):
+    """One notebook at a time prepares a folder (``make paper`` runs notebooks side by side)."""
+    with open(folder / ".notebooks.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def speak_evaluation(lm, folder: Path, *, n_texts: int, max_frames: int, seed: int = 0) -> int:
+    """Add an ``evaluation`` split to ``folder/utterances.safetensors``: the model speaks the first ``n_texts``
+    held-out texts of :data:`EVAL_TEXTS` (at most ``max_frames`` frames each, its own sampling, the speakers in turn).
+    Nothing is spoken when the split exists. Returns the number of evaluation utterances."""
+    path = folder / "utterances.safetensors"
+    rows = [json.loads(x) for x in path.with_suffix(".jsonl").read_text().splitlines() if x.strip()]
+    have = [r for r in rows if r["split"] == "evaluation"]
+    if have:
+        return len(have)
+    codes = load_codes(path)
+    texts = P.calibration_texts(EVAL_TEXTS)[: int(n_texts)]
+    speakers = sorted(lm.model.config.talker_config.spk_id or {})
+    for b, start in enumerate(range(0, len(texts), P.SPEAK_BATCH)):
+        batch = texts[start: start + P.SPEAK_BATCH]
+        speaker = speakers[b % len(speakers)] if speakers else None
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + 777_777 + b)
+        res = synthesize(lm, batch, generator=gen, max_frames=int(max_frames), speaker=speaker)
+        for j, text in enumerate(batch):
+            n = int(res.frames[j])
+            if n:
+                rid = f"evaluation-{start + j:05d}"
+                codes[rid] = res.codes[j][:n].numpy().astype(np.int16)
+                rows.append({"id": rid, "split": "evaluation", "language": "auto", "voice": speaker or "",
+                             "text": text, "source": "spoken by the model", "seconds": n / lm.frame_rate_hz,
+                             "frames": n})
+    write_shipped_utterances(rows, codes, path)
+    write_text_atomic(path.with_suffix(".jsonl"),
+                      "".join(json_text(r, indent=None, ensure_ascii=False) + "\n" for r in rows))  # keeps text_index
+    return sum(r["split"] == "evaluation" for r in rows)
+
+
+def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int = 0) -> Path:
+    """The checkpoint's own frames, offsets and calibrated trees (``rvqspec prepare``'s stages ``speak``, ``offsets``
+    and ``trees``, each skipped where complete: a prepared checkpoint is reused) and an evaluation split
+    (:func:`speak_evaluation`), at :data:`SIZES`; loads the model on the CPU in float32. A full run writes where
+    ``rvqspec prepare`` does (beside the checkpoint, or the project's cache folder); a ``smoke`` run of a checkpoint
+    not prepared yet writes nothing there: its small preparation goes to a cache folder under ``out_dir``
+    (``$RVQSPEC_CACHE`` set for this process, so every command of the notebook finds it). Returns the folder of the
+    prepared files. Progress and one line a stage go to stderr and the console (:func:`say`)."""
+    frames, per_text, n_eval, eval_frames = SIZES[bool(smoke)]
+    if smoke and not any((model_drafter_dir(str(model)) / f).exists() for f in PREPARED):
+        os.environ["RVQSPEC_CACHE"] = str(Path(out_dir) / "checkpoint_cache")
+        (cache_model_dir(str(model)) / "drafters").mkdir(parents=True, exist_ok=True)  # model_drafter_dir: here
+    lm = loader.load_model(str(model), device="cpu", dtype="float32")
+    folder = model_drafter_dir(lm)
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder):
+        P.prepare(lm, frames=frames, seed=seed, stages=("speak", "offsets", "trees"), frames_per_text=per_text,
+                  progress=True, say=lambda msg: say(f"{notebook}: {msg}"))
+        n = speak_evaluation(lm, folder, n_texts=n_eval, max_frames=eval_frames, seed=seed)
+    say(f"{notebook}: {model}: its own frames, offsets and trees in {folder} ({n} evaluation utterances)")
+    return folder
+
+
+def round_trip(codec, utterances, *, max_k: int = 16) -> dict:
+    """The checkpoint's own 12 Hz codec on its own speech: each utterance's codes ``(frames, 16)`` decoded to audio
+    and the audio encoded again. Returns ``{"rows": [{k, prefix_kept}], "per_codebook": [{codebook, kept}],
+    "lsd_db", "frames"}``: the share of frames whose first ``k`` codes all survive the round trip, the share of codes
+    of each codebook that survive, and the log-spectral distance (dB) of the re-decoded audio to the first decoding."""
+    same, lsd, n_frames = [], [], 0
+    for u in utterances:
+        codes = np.asarray(u.codes if hasattr(u, "codes") else u, dtype=np.int64)
+        wav = codec.decode(codes)
+        again = codec.encode(wav)
+        n = min(len(codes), len(again))
+        same.append(codes[:n] == again[:n])
+        wav2 = codec.decode(again)
+        lsd.append(_lsd_db(wav, wav2))
+        n_frames += n
+    eq = np.concatenate(same)  # (frames, 16)
+    k_max = min(max_k, eq.shape[1])
+    return {"rows": [{"k": k, "prefix_kept": float(eq[:, :k].all(1).mean())} for k in range(1, k_max + 1)],
+            "per_codebook": [{"codebook": g, "kept": float(eq[:, g].mean())} for g in range(eq.shape[1])],
+            "lsd_db": float(np.mean(lsd)), "frames": n_frames}
+
+
+def _lsd_db(a: np.ndarray, b: np.ndarray, n_fft: int = 1024, hop: int = 256) -> float:
+    n = min(len(a), len(b))
+    if n < n_fft:
+        return float("nan")
+    win = torch.hann_window(n_fft)
+    spec = [torch.stft(torch.from_numpy(x[:n].astype(np.float32)), n_fft, hop, window=win, return_complex=True)
+            .abs().pow(2).clamp_min(1e-10).log10() * 10 for x in (a, b)]
+    return float((spec[0] - spec[1]).pow(2).mean(0).sqrt().mean())

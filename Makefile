@@ -55,7 +55,8 @@ TORCH_VERSION ?= 2.13.0
 TORCH_PIP_ARGS ?=
 QWEN_TTS      := qwen-tts==0.1.1
 
-LIB           := $(wildcard rvqspec_lib/*.py rvqspec_lib/*/*.py rvqspec_lib/*/*/*.py rvqspec_lib/*/*/*.c bench/*.py paper/*.py tools/*.py)
+LIB           := $(wildcard rvqspec_lib/*.py rvqspec_lib/*/*.py rvqspec_lib/*/*/*.py rvqspec_lib/*/*/*.c bench/*.py paper/*.py \
+                 recipes/*/*.py tools/*.py)
 # the paper's notebooks, in run order (overridable: the tests run the rules below on tiny fake notebooks)
 NB_SRC        ?= $(wildcard notebooks/[0-9][0-9]_*.py)
 NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))

@@ -49,8 +49,8 @@ def resolve_out_dir(out_dir: str | os.PathLike, *, smoke: bool = False, root: st
 
 #: The tracked sources a result is made from (git pathspecs), what ``dirty`` and ``make check-figures`` compare;
 #: outputs, tests, docs and untracked files are not sources (docs/reproducibility.md).
-SOURCE_PATHS = ("rvqspec_lib", "notebooks", "scripts", "data", "Makefile", "requirements.txt", "pyproject.toml",
-                "environment.yml")
+SOURCE_PATHS = ("rvqspec_lib", "bench", "paper", "recipes", "tools", "notebooks", "scripts", "data", "Makefile",
+                "requirements.txt", "pyproject.toml", "environment.yml")
 
 
 def git_output(*args: str, root: str | os.PathLike | None = None) -> str | None:

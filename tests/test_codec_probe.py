@@ -123,7 +123,7 @@ def test_predictability_codes_that_are_a_function_of_context_are_predicted_exact
     assert r["fit_utterances"] == 48 and r["scored_utterances"] == 12
     assert [x["depth"] for x in r["deep"]] == list(range(1, G))
     for x, none in zip(r["deep"], r["deep_none"]):
-        assert x["n"] == 12 * 29 and x["accuracy"] == 1.0 and x["top1"] > 0.9
+        assert x["n"] == 12 * 29 and x["accuracy"] == 1.0 and x["top1"] > 0.9 and x["p_true"] > 0.9
         assert none["accuracy"] < 0.5  # the negative control: without context the codes are mixed
     assert cp.gates({"predictability": r}) == {"predictability": True}
 
@@ -132,7 +132,7 @@ def test_predictability_of_noise_codes_is_low_and_calibrated():
     codes, phones, positions = _synthetic(deterministic=False)
     r = cp.predictability(codes, phones, positions, vocab=64)
     for x in r["deep"]:  # chance is 1/64; the top-1 probability keeps the bias of the largest of ~40 counts
-        assert x["accuracy"] < 0.08 and x["top1"] < 0.15
+        assert x["accuracy"] < 0.08 and x["top1"] < 0.15 and x["p_true"] < 0.025
     assert cp.gates({"predictability": r}) == {"predictability": False}
     with pytest.raises(ValueError, match="one of each per utterance"):
         cp.predictability(codes, phones[:-1], positions, vocab=64)
@@ -171,3 +171,13 @@ def test_main_on_the_shipped_codec(tmp_path, capsys):
     assert "robustness" in text and "predictability" in text and "machine:" in text
     assert set(r["gates"]) == {"robustness", "predictability"}
     assert json.loads(out.read_text())["gates"] == r["gates"]
+
+
+def test_tuned_discount_is_small_for_deterministic_codes_and_large_for_noise():
+    rng = np.random.default_rng(1)
+    ctx = [(int(x),) for x in rng.integers(0, 5, 500)]
+    det = cp.CountingPredictor.tuned(ctx, [h[0] * 3 for h in ctx], 64)
+    noise = cp.CountingPredictor.tuned(ctx, rng.integers(0, 64, 500).tolist(), 64)
+    assert det.fixed_discount == min(cp.DISCOUNTS) and noise.fixed_discount >= 0.9
+    with pytest.raises(ValueError, match="discount in"):
+        cp.CountingPredictor(8, discount=1.0)

@@ -150,6 +150,7 @@ def test_intelligibility_of_a_lossless_codec_has_no_gap():
 
     r = cp.intelligibility(EchoCodec(), wavs, refs, LookupASR())
     assert (r["wer_original"], r["wer_codec"], r["gap"], r["ref_words"], r["n"]) == (0.0, 0.0, 0.0, 5, 2)
+    assert r["gap_ci_low"] == r["gap_ci_high"] == 0.0
     assert cp.gates({"intelligibility": r}) == {"intelligibility": True}
     with pytest.raises(ValueError, match="one reference text"):
         cp.intelligibility(EchoCodec(), wavs, refs[:1], LookupASR())

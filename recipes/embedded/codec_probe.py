@@ -41,6 +41,7 @@ from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.eval.asr import wer
 from rvqspec_lib.eval.asr_models import recogniser
 from rvqspec_lib.eval.inner_loop import transcribe_all
+from rvqspec_lib.eval.parity import paired_ratio_difference
 from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, load_wav
 from rvqspec_lib.models.rvq_codec import RVQCodec
 
@@ -322,7 +323,8 @@ def predictability(codes: Sequence[np.ndarray], phones: Sequence[Sequence[str]],
 def intelligibility(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], asr, *, sample_rate: int = SAMPLE_RATE,
                     progress: bool = False) -> dict:
     """WER by ``asr`` of the original audio and of the codec's reconstruction ``decode(encode(wav))`` (cut to the
-    input's length): ``{"asr", "wer_original", "wer_codec", "gap", "ref_words", "n"}``.
+    input's length): ``{"asr", "wer_original", "wer_codec", "gap", "gap_ci_low", "gap_ci_high" (a paired 95%
+    bootstrap interval over utterances), "ref_words", "n"}``.
 
     Raises:
         ValueError: ``wavs`` and ``refs`` of different lengths.
@@ -332,8 +334,14 @@ def intelligibility(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], asr,
     recon = [np.asarray(codec.decode(codec.encode(w)), np.float32)[: len(w)] for w in wavs]
     orig = wer(list(refs), transcribe_all(asr, wavs, sample_rate, desc="asr original", progress=progress))
     rec = wer(list(refs), transcribe_all(asr, recon, sample_rate, desc="asr codec", progress=progress))
+    def errors(r):
+        return [u["substitutions"] + u["deletions"] + u["insertions"] for u in r.utterances]
+
+    words = [u["ref_units"] for u in orig.utterances]
+    ci = paired_ratio_difference(errors(rec), words, errors(orig), words)
     return {"asr": getattr(asr, "name", type(asr).__name__), "wer_original": orig.rate, "wer_codec": rec.rate,
-            "gap": rec.rate - orig.rate, "ref_words": orig.ref_units, "n": len(refs)}
+            "gap": rec.rate - orig.rate, "gap_ci_low": ci["ci_low"], "gap_ci_high": ci["ci_high"],
+            "ref_words": orig.ref_units, "n": len(refs)}
 
 
 # ---------------------------------------------------------------- the gates
@@ -382,7 +390,8 @@ def report(result: dict) -> str:
     if "intelligibility" in result:
         it = result["intelligibility"]
         lines.append(f"\n3. intelligibility ({it['asr']}, {it['n']} utterances, {it['ref_words']} words): WER "
-                     f"original {it['wer_original']:.3f}, codec {it['wer_codec']:.3f}, gap {it['gap']:+.3f}")
+                     f"original {it['wer_original']:.3f}, codec {it['wer_codec']:.3f}, gap {it['gap']:+.3f} (paired 95% "
+                     f"interval {it['gap_ci_low']:+.3f} to {it['gap_ci_high']:+.3f})")
         lines.append(f"  gate: gap <= {MAX_WER_GAP:.2f}: {verdict[g['intelligibility']]}")
     return "\n".join(lines)
 

@@ -1,0 +1,450 @@
+"""Stage 1's gates of issue 35, measured on any codec with ``encode(audio) -> codes (frames, n_codebooks)`` (and
+``decode`` for the third): whether its codes can carry speech that a talker and a code predictor can learn.
+
+    nice python -m recipes.embedded.codec_probe --sentences 200 --json build/codec_probe.json
+
+1. :func:`robustness`: the share of codes, per depth, unchanged under changes no one hears (:data:`PERTURBATIONS`:
+   a +0.1 dB gain change, a one-sample delay, white noise 70 dB under the signal). Gate: at least 90% at every
+   depth for the gain change and the delay, on speech frames (all frames reported beside them).
+2. :func:`predictability`: a counting predictor of code k (k >= 1) from (code 0, the phone being spoken, the frame's
+   position inside the phone), of code 0 from (phone, position, previous code 0), and a no-context baseline (the
+   negative control), fitted on 80% of the sentences and scored on the other 20%, speech frames only. The phones
+   and their end times come from the synthesiser itself (flite ``-psdur``, :func:`render_with_phones`). Gate: a
+   mean top-1 probability of at least 0.25 at every depth 1..15 (read it beside the accuracy: on few sentences the
+   largest of a context's counts flatters it).
+3. :func:`intelligibility`: the recogniser's WER on the codec's reconstructions against the original audio's. Gate:
+   within 0.10.
+
+The held-out sentences are the shipped calibration and evaluation ones (data/eval_texts): no codec fitted by
+``recipes.embedded.build`` saw them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import subprocess
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from rvqspec_lib.common.files import json_text
+from rvqspec_lib.common.machine import cpu_model
+from rvqspec_lib.data import voices
+from rvqspec_lib.data.utterances import embedded_root
+from rvqspec_lib.eval.asr import wer
+from rvqspec_lib.eval.asr_models import recogniser
+from rvqspec_lib.eval.inner_loop import transcribe_all
+from rvqspec_lib.eval.parity import paired_ratio_difference
+from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, load_wav
+from rvqspec_lib.models.rvq_codec import RVQCodec
+
+#: The gates of issue 35's stage 1.
+MIN_UNCHANGED = 0.90  # share of codes at every depth that survive the gain change and the delay
+MIN_TOP1 = 0.25  # mean top-1 probability of the counting predictor at every depth 1..15
+MAX_WER_GAP = 0.10  # WER of the reconstructions less WER of the original audio
+#: The perturbations whose codes the gate requires to survive (the noise is reported, not gated).
+GATED = ("gain +0.1 dB", "delay 1 sample")
+#: The phone flite writes for a pause (silence): frames aligned to it are not speech frames.
+SILENCE = "pau"
+#: Frames since the phone began are counted up to this cap (0, 1, 2 = "2 or more").
+MAX_POSITION = 2
+
+
+def _gain(wav, rng):
+    return (wav * 10.0 ** (0.1 / 20)).astype(np.float32)
+
+
+def _delay(wav, rng):
+    return np.concatenate([np.zeros(1, np.float32), wav[:-1]]).astype(np.float32)
+
+
+def _noise(wav, rng):
+    rms = float(np.sqrt(np.mean(np.square(wav, dtype=np.float64)))) if wav.size else 0.0
+    return (wav + rng.standard_normal(wav.shape[0]) * rms * 10.0 ** (-70 / 20)).astype(np.float32)
+
+
+#: name -> ``f(wav (samples,) float32, rng) -> wav`` of the same length: inaudible changes of the input.
+PERTURBATIONS: dict[str, Callable] = {"gain +0.1 dB": _gain, "delay 1 sample": _delay, "noise -70 dB": _noise}
+
+
+def robustness(codec, wavs: Sequence[np.ndarray], *, masks: Sequence[np.ndarray] | None = None,
+               codes: Sequence[np.ndarray] | None = None, perturbations: dict[str, Callable] | None = None,
+               seed: int = 0) -> dict:
+    """The share of codes unchanged under each perturbation, per depth, pooled over the frames of ``wavs``.
+
+    Args:
+        codec: anything with ``encode(wav) -> (frames, n_codebooks)`` integer codes (frames a function of the length).
+        wavs: `(samples,)` float32 audio at the codec's rate. masks: one `(frames,)` bool array per utterance, the
+            frames to count (e.g. speech frames); ``None``: all frames. codes: ``codec.encode`` of each of ``wavs``
+            when already known (``None``: encoded here). perturbations: default :data:`PERTURBATIONS`. seed: of the
+            noise.
+
+    Returns:
+        ``{name: {"unchanged": [share per depth], "all_unchanged": share of frames with every code unchanged,
+        "frames": n, "every_frame": the same three over all frames (with masks only)}}``.
+
+    Raises:
+        ValueError: no utterances, masks or codes of another count or length, no frame counted.
+    """
+    if not len(wavs):
+        raise ValueError("robustness needs at least one utterance")
+    for name, xs in (("masks", masks), ("codes", codes)):
+        if xs is not None and len(xs) != len(wavs):
+            raise ValueError(f"{len(xs)} {name} for {len(wavs)} utterances: give one per utterance")
+    rng = np.random.default_rng(seed)
+    base = [np.asarray(codec.encode(w)) for w in wavs] if codes is None else [np.asarray(c) for c in codes]
+    sel = [np.ones(b.shape[0], bool) if masks is None else np.asarray(m, bool) for b, m in zip(base, masks or base)]
+    if any(s.shape != b.shape[:1] for s, b in zip(sel, base)):
+        raise ValueError("a mask's length differs from its utterance's frames: give one bool per code frame")
+    if not sum(int(s.sum()) for s in sel):
+        raise ValueError("no frame to count: the masks select nothing")
+
+    def shares(same):
+        return {"unchanged": same.mean(0).tolist(), "all_unchanged": float(same.all(1).mean()),
+                "frames": int(same.shape[0])}
+
+    out = {}
+    for name, f in (perturbations or PERTURBATIONS).items():
+        same = [np.asarray(codec.encode(f(w, rng))) == b for w, b in zip(wavs, base)]
+        out[name] = shares(np.concatenate([x[s] for x, s in zip(same, sel)]))
+        if masks is not None:
+            out[name]["every_frame"] = shares(np.concatenate(same))
+    return out
+
+
+# ---------------------------------------------------------------- phones
+def parse_psdur(text: str) -> list[tuple[str, float]]:
+    """flite's ``-psdur`` output (``pau:0.197 th:0.292 ...``) -> ``[(phone, end time in s)]``.
+
+    Raises:
+        ValueError: a field that is not ``phone:seconds``.
+    """
+    out = []
+    for field in text.split():
+        phone, sep, end = field.rpartition(":")
+        try:
+            out.append((phone, float(end)))
+        except ValueError:
+            sep = ""
+        if not sep or not phone:
+            raise ValueError(f"not flite -psdur output: {field!r} is not phone:seconds")
+    return out
+
+
+def frame_phones(phones: Sequence[tuple[str, float]], n_frames: int, frame_s: float = FRAME_SAMPLES / SAMPLE_RATE
+                 ) -> tuple[list[str], np.ndarray]:
+    """Each code frame's phone (the one spoken at the frame's centre; after the last end: :data:`SILENCE`) and the
+    frame's position inside it (frames since the phone began, capped at :data:`MAX_POSITION`).
+
+    Returns:
+        ``(phones: n_frames names, positions: (n_frames,) int64)``.
+    """
+    ends = np.array([e for _, e in phones], dtype=np.float64)
+    names, pos, prev = [], np.zeros(n_frames, np.int64), None
+    for i in range(n_frames):
+        j = int(np.searchsorted(ends, (i + 0.5) * frame_s, side="right"))  # first phone ending after the centre
+        names.append(phones[j][0] if j < len(phones) else SILENCE)
+        pos[i] = 0 if j != prev else min(pos[i - 1] + 1, MAX_POSITION)
+        prev = j
+    return names, pos
+
+
+def render_with_phones(text: str, voice: str, sample_rate: int = SAMPLE_RATE) -> tuple[np.ndarray, list]:
+    """Speak ``text`` with a flite voice as :func:`rvqspec_lib.data.voices.render_one` does (the same resampling),
+    keeping the phones flite prints with ``-psdur``: ``(wav (samples,) float32 at sample_rate, [(phone, end s)])``.
+
+    Raises:
+        ValueError: a voice of another engine (only flite prints its phones). MissingVoiceError; RuntimeError.
+    """
+    v = voices.check_voice(voice)
+    if v.engine != "flite":
+        raise ValueError(f"voice {v.name!r} is spoken by {v.engine}, which prints no phone timing: use a flite voice "
+                         f"({', '.join(n for n, x in voices.VOICES.items() if x.engine == 'flite')})")
+    with tempfile.TemporaryDirectory(prefix="rvqspec-probe-") as tmp:
+        txt, raw, res = Path(tmp) / "text.txt", Path(tmp) / "raw.wav", Path(tmp) / "out.wav"
+        txt.write_text(text.strip() + "\n", encoding="utf-8")
+        phones = None
+        for cmd in (v.command(str(txt), str(raw)) + ["-psdur"],
+                    ["sox", *voices.SOX_ARGS, str(raw), "-r", str(sample_rate), "-c", "1", "-b", "16", str(res)]):
+            r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+            if r.returncode != 0:
+                raise RuntimeError(f"{cmd[0]} failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-300:]}")
+            phones = parse_psdur(r.stdout) if phones is None else phones
+        return load_wav(res, sample_rate), phones
+
+
+# ---------------------------------------------------------------- counting predictor
+#: The discounts :meth:`CountingPredictor.tuned` chooses among.
+DISCOUNTS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995)
+
+
+class CountingPredictor:
+    """P(code | context) from counts by interpolated absolute discounting (Ney, Essen & Kneser 1994):
+    ``P(c | h) = max(n(h, c) - D, 0) / n(h) + D T(h) / n(h) P(c | h')``, ``T(h)`` the distinct codes seen after
+    ``h``, ``h'`` the context less its last key; an unseen ``h`` gives ``P(c | h')``; the chain ends in the uniform
+    distribution over ``vocab`` codes. Order a context's keys from most to least informative: ``(a, b, c)`` backs
+    off to ``(a, b)``, ``(a,)``, ``()``.
+
+    Args:
+        vocab: codes per codebook. discount: ``D`` in (0, 1), the same at every context length; ``None``: per
+            length from the fitted counts, ``n1 / (n1 + 2 n2)`` (pairs seen once, twice; 0.5 when both are 0).
+            :meth:`tuned` chooses it on held-out counts, which keeps the top-1 probability near the accuracy where
+            contexts are seen once or twice and the codes are noise.
+    """
+
+    def __init__(self, vocab: int, discount: float | None = None):
+        if vocab < 1 or (discount is not None and not 0 < discount < 1):
+            raise ValueError(f"need vocab >= 1 and a discount in (0, 1) or None, got {vocab} and {discount}")
+        self.vocab, self.fixed_discount = vocab, discount
+        self.counts: dict[tuple, Counter] = defaultdict(Counter)
+        self.discount: dict[int, float] = {}
+        self._cache: dict[tuple, np.ndarray] = {}
+
+    @classmethod
+    def tuned(cls, contexts: Sequence[tuple], codes: Sequence[int], vocab: int,
+              grid: Sequence[float] = DISCOUNTS) -> "CountingPredictor":
+        """Fitted on all ``contexts`` and ``codes``, with the discount of ``grid`` that gives the last fifth of
+        them the highest likelihood when counted on the first four fifths (deleted estimation)."""
+        cut = max(1, (4 * len(codes)) // 5)
+        if cut >= len(codes):
+            return cls(vocab).fit(contexts, codes)
+
+        def loglik(d):
+            p = cls(vocab, d).fit(contexts[:cut], codes[:cut])
+            return sum(np.log(p.distribution(h)[int(c)]) for h, c in zip(contexts[cut:], codes[cut:]))
+
+        return cls(vocab, max(grid, key=loglik)).fit(contexts, codes)
+
+    def fit(self, contexts: Sequence[tuple], codes: Sequence[int]) -> "CountingPredictor":
+        """Count every prefix of each context with its code (contexts: tuples of one length); set the discounts."""
+        for h, c in zip(contexts, codes):
+            for n in range(len(h) + 1):
+                self.counts[tuple(h[:n])][int(c)] += 1
+        n12 = defaultdict(lambda: [0, 0])
+        for h, seen in self.counts.items():
+            for v in seen.values():
+                if v <= 2:
+                    n12[len(h)][v - 1] += 1
+        self.discount = {o: n1 / (n1 + 2 * n2) if n1 + n2 else 0.5 for o, (n1, n2) in n12.items()}
+        self._cache.clear()
+        return self
+
+    def distribution(self, context: tuple) -> np.ndarray:
+        """`(vocab,)` float64 probabilities of the next code after ``context``; sums to 1."""
+        h = tuple(context)
+        if h not in self._cache:
+            p = np.full(self.vocab, 1.0 / self.vocab) if not h else self.distribution(h[:-1])
+            seen = self.counts.get(h)
+            if seen:
+                n, d = sum(seen.values()), self.fixed_discount or self.discount.get(len(h), 0.5)
+                idx = np.fromiter(seen.keys(), np.int64, len(seen))
+                p = p * (d * len(seen) / n)
+                p[idx] += np.maximum(np.fromiter(seen.values(), np.float64, len(seen)) - d, 0) / n
+            self._cache[h] = p
+        return self._cache[h]
+
+    def score(self, contexts: Sequence[tuple], codes: Sequence[int]) -> dict:
+        """``{"accuracy": share of codes equal to the most probable, "top1": mean top-1 probability, "p_true": mean
+        probability of the true code, "n"}`` (NaN without codes). ``top1`` keeps the bias of a maximum over noisy
+        counts (above chance on noise codes); ``p_true`` has none (about chance on noise)."""
+        hit, top, true = 0, 0.0, 0.0
+        for h, c in zip(contexts, codes):
+            p = self.distribution(h)
+            k = int(np.argmax(p))
+            hit, top, true = hit + (k == int(c)), top + float(p[k]), true + float(p[int(c)])
+        n = len(codes)
+        return {k: v / n if n else float("nan") for k, v in (("accuracy", hit), ("top1", top), ("p_true", true))} | {
+            "n": n}
+
+
+def predictability(codes: Sequence[np.ndarray], phones: Sequence[Sequence[str]], positions: Sequence[np.ndarray],
+                   *, vocab: int, fit_fraction: float = 0.8, seed: int = 0) -> dict:
+    """How well counts predict each code of speech frames (phone not :data:`SILENCE`) of held-out utterances.
+
+    Args:
+        codes: `(frames, G)` integer codes per utterance. phones: per utterance, one phone name per frame.
+        positions: `(frames,)` int per utterance (:func:`frame_phones`). vocab: codes per codebook.
+        fit_fraction: share of utterances (a seeded shuffle) counted; the rest are scored.
+
+    Returns:
+        ``{"deep": [{"depth", "accuracy", "top1", "n"}] for depth 1..G-1 from (code 0, phone, position); "deep_none":
+        the same with no context (negative control); "code0": code 0 from (phone, position, previous code 0);
+        "code0_none"; "fit_utterances", "scored_utterances", "smoothing"}``.
+
+    Raises:
+        ValueError: lists of different lengths, fewer than 2 utterances, a bad ``fit_fraction``.
+    """
+    if not (len(codes) == len(phones) == len(positions)):
+        raise ValueError(f"{len(codes)} code arrays, {len(phones)} phone lists, {len(positions)} position arrays: "
+                         "give one of each per utterance")
+    if len(codes) < 2 or not 0 < fit_fraction < 1:
+        raise ValueError(f"need >= 2 utterances and 0 < fit_fraction < 1, got {len(codes)} and {fit_fraction}")
+    order = list(range(len(codes)))
+    random.Random(seed).shuffle(order)
+    n_fit = min(len(order) - 1, max(1, round(fit_fraction * len(order))))
+    parts = {"fit": order[:n_fit], "scored": order[n_fit:]}
+    rows = {}  # part -> list of (code row, phone, position, previous code 0)
+    for part, idx in parts.items():
+        rows[part] = []
+        for u in idx:
+            c = np.asarray(codes[u])
+            if c.shape[0] != len(phones[u]) or c.shape[0] != len(positions[u]):
+                raise ValueError(f"utterance {u}: {c.shape[0]} frames of codes but {len(phones[u])} phones and "
+                                 f"{len(positions[u])} positions")
+            for i in range(c.shape[0]):
+                if phones[u][i] != SILENCE:
+                    rows[part].append((c[i], phones[u][i], int(positions[u][i]), int(c[i - 1, 0]) if i else -1))
+    g = int(np.asarray(codes[0]).shape[1])
+
+    def measure(context, target):
+        fit, scored = rows["fit"], rows["scored"]
+        pred = CountingPredictor.tuned([context(r) for r in fit], [target(r) for r in fit], vocab)
+        return {**pred.score([context(r) for r in scored], [target(r) for r in scored]),
+                "discount": pred.fixed_discount}
+
+    out = {"deep": [], "deep_none": []}
+    for k in range(1, g):
+        out["deep"].append({"depth": k, **measure(lambda r: (int(r[0][0]), r[1], r[2]), lambda r: r[0][k])})
+        out["deep_none"].append({"depth": k, **measure(lambda r: (), lambda r: r[0][k])})
+    out["code0"] = measure(lambda r: (r[1], r[2], r[3]), lambda r: r[0][0])
+    out["code0_none"] = measure(lambda r: (), lambda r: r[0][0])
+    return {**out, "fit_utterances": len(parts["fit"]), "scored_utterances": len(parts["scored"]),
+            "smoothing": "interpolated absolute discounting down to uniform, D tuned on the last fifth of the fit frames"}
+
+
+# ---------------------------------------------------------------- intelligibility
+def intelligibility(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], asr, *, sample_rate: int = SAMPLE_RATE,
+                    progress: bool = False) -> dict:
+    """WER by ``asr`` of the original audio and of the codec's reconstruction ``decode(encode(wav))`` (cut to the
+    input's length): ``{"asr", "wer_original", "wer_codec", "gap", "gap_ci_low", "gap_ci_high" (a paired 95%
+    bootstrap interval over utterances), "ref_words", "n"}``.
+
+    Raises:
+        ValueError: ``wavs`` and ``refs`` of different lengths.
+    """
+    if len(wavs) != len(refs):
+        raise ValueError(f"{len(wavs)} utterances and {len(refs)} texts: give one reference text per utterance")
+    recon = [np.asarray(codec.decode(codec.encode(w)), np.float32)[: len(w)] for w in wavs]
+    orig = wer(list(refs), transcribe_all(asr, wavs, sample_rate, desc="asr original", progress=progress))
+    rec = wer(list(refs), transcribe_all(asr, recon, sample_rate, desc="asr codec", progress=progress))
+    def errors(r):
+        return [u["substitutions"] + u["deletions"] + u["insertions"] for u in r.utterances]
+
+    words = [u["ref_units"] for u in orig.utterances]
+    ci = paired_ratio_difference(errors(rec), words, errors(orig), words)
+    return {"asr": getattr(asr, "name", type(asr).__name__), "wer_original": orig.rate, "wer_codec": rec.rate,
+            "gap": rec.rate - orig.rate, "gap_ci_low": ci["ci_low"], "gap_ci_high": ci["ci_high"],
+            "ref_words": orig.ref_units, "n": len(refs)}
+
+
+# ---------------------------------------------------------------- the gates
+def gates(result: dict) -> dict:
+    """``{gate: bool}`` of a result holding ``robustness``, ``predictability`` and ``intelligibility`` (each
+    optional: a missing one is not judged)."""
+    out = {}
+    if "robustness" in result:
+        out["robustness"] = all(min(result["robustness"][p]["unchanged"]) >= MIN_UNCHANGED for p in GATED)
+    if "predictability" in result:
+        out["predictability"] = all(r["top1"] >= MIN_TOP1 for r in result["predictability"]["deep"])
+    if "intelligibility" in result:
+        out["intelligibility"] = result["intelligibility"]["gap"] <= MAX_WER_GAP
+    return out
+
+
+def report(result: dict) -> str:
+    """The figures of :func:`main`'s result as a plain-text table, each gate with PASS or FAIL."""
+    g, lines = gates(result), [f"machine: {result['machine']}", f"codec: {result['codec']}; {result['n']}"]
+    verdict = {True: "PASS", False: "FAIL"}
+    if "robustness" in result:
+        rb = result["robustness"]
+        for scope in ("speech frames", "all frames"):
+            pick = (lambda r: r) if scope == "speech frames" else (lambda r: r.get("every_frame", r))
+            lines.append(f"\n1. robustness, share of codes unchanged per depth 0..15 ({scope}, "
+                         f"{pick(next(iter(rb.values())))['frames']} frames)")
+            for p, r in rb.items():
+                lines.append(f"  {p:15s} " + " ".join(f"{x:.2f}" for x in pick(r)["unchanged"]) +
+                             f"  | all 16: {pick(r)['all_unchanged']:.2f}")
+        lines.append(f"  gate: >= {MIN_UNCHANGED:.2f} at every depth for {' and '.join(GATED)} (speech frames): "
+                     f"{verdict[g['robustness']]}")
+    if "predictability" in result:
+        pr = result["predictability"]
+        lines.append(f"\n2. predictability on speech frames, fit on {pr['fit_utterances']} utterances, scored on "
+                     f"{pr['scored_utterances']} ({pr['deep'][0]['n']} frames); smoothing: {pr['smoothing']}")
+        lines.append("  depth | (code 0, phone, position): accuracy  top1  p_true  D | no context: accuracy  top1  p_true")
+        for r, b in zip(pr["deep"], pr["deep_none"]):
+            lines.append(f"  {r['depth']:5d} | {r['accuracy']:35.3f}  {r['top1']:.3f}  {r['p_true']:.3f}  "
+                         f"{r['discount']:.3f} | {b['accuracy']:19.3f}  {b['top1']:.3f}  {b['p_true']:.3f}")
+        c0, c0n = pr["code0"], pr["code0_none"]
+        lines.append(f"  code 0 from (phone, position, previous code 0): accuracy {c0['accuracy']:.3f}, top1 "
+                     f"{c0['top1']:.3f}, p_true {c0['p_true']:.3f}; no context: accuracy {c0n['accuracy']:.3f}, "
+                     f"top1 {c0n['top1']:.3f}, p_true {c0n['p_true']:.3f}")
+        lines.append(f"  gate: mean top-1 probability >= {MIN_TOP1:.2f} at every depth 1..15: "
+                     f"{verdict[g['predictability']]}")
+    if "intelligibility" in result:
+        it = result["intelligibility"]
+        lines.append(f"\n3. intelligibility ({it['asr']}, {it['n']} utterances, {it['ref_words']} words): WER "
+                     f"original {it['wer_original']:.3f}, codec {it['wer_codec']:.3f}, gap {it['gap']:+.3f} (paired 95% "
+                     f"interval {it['gap_ci_low']:+.3f} to {it['gap_ci_high']:+.3f})")
+        lines.append(f"  gate: gap <= {MAX_WER_GAP:.2f}: {verdict[g['intelligibility']]}")
+    return "\n".join(lines)
+
+
+def held_out_texts(n: int, seed: int = 0) -> list[str]:
+    """``n`` English sentences of the shipped calibration and evaluation splits (no build's codec fitted on them), a
+    seeded choice. Raises ValueError: more than are shipped."""
+    texts = [s.text for split in ("calibration", "evaluation") for s in voices.shipped_sentences(split, "en")]
+    if n > len(texts):
+        raise ValueError(f"--sentences {n} is more than the {len(texts)} held-out sentences shipped")
+    random.Random(seed).shuffle(texts)
+    return texts[:n]
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sentences", type=int, default=200, help="held-out sentences (fit 80%%, score 20%%)")
+    ap.add_argument("--asr-sentences", type=int, default=60, help="of them, how many the recogniser hears (at most all)")
+    ap.add_argument("--codec", default=None, help="an RVQCodec file or folder (default: the embedded model's)")
+    ap.add_argument("--voice", default="slt", help="a flite voice")
+    ap.add_argument("--asr", default="whisper-tiny.en", help="recogniser (rvqspec_lib.eval.asr_models), or none")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="write the figures here")
+    a = ap.parse_args(argv)
+    if a.sentences < 2 or a.asr_sentences < 0:
+        ap.error("need --sentences >= 2 and --asr-sentences >= 0")
+    t0 = time.perf_counter()
+    codec_path = Path(a.codec) if a.codec else embedded_root("embedded") / "codec.safetensors"
+    codec = RVQCodec.load(codec_path)
+    asr = None if a.asr == "none" else recogniser(a.asr, "en")
+    texts = held_out_texts(a.sentences, a.seed)
+    wavs, phones, positions = [], [], []
+    for t in texts:
+        w, ph = render_with_phones(t, a.voice, codec.sample_rate)
+        names, pos = frame_phones(ph, -(-w.shape[0] // codec.frame_samples), codec.frame_samples / codec.sample_rate)
+        wavs.append(w), phones.append(names), positions.append(pos)
+    speech = [np.array([p != SILENCE for p in names]) for names in phones]
+    codes = [np.asarray(codec.encode(w)) for w in wavs]
+    result = {"machine": f"{cpu_model()} ({platform.machine()}), torch threads {torch.get_num_threads()}",
+              "codec": f"{codec_path} ({codec.decoder_kind} decoder)",
+              "n": f"{len(texts)} held-out sentences, voice {a.voice}, seed {a.seed}",
+              "robustness": robustness(codec, wavs, masks=speech, codes=codes, seed=a.seed)}
+    result["predictability"] = predictability(codes, phones, positions, vocab=codec.codebook_size, seed=a.seed)
+    if asr is not None and a.asr_sentences:
+        result["intelligibility"] = intelligibility(codec, wavs[: a.asr_sentences], texts[: a.asr_sentences], asr)
+    result["gates"] = gates(result)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    print(report(result) + f"\n\n{result['seconds']:.0f} s")
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json_text(result) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

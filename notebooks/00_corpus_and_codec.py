@@ -44,7 +44,7 @@
 
 # %% tags=["parameters"]
 model = "embedded"  # the shipped model (data/embedded); or a build folder such as build/embedded-smoke
-seed = 0  # seeds the choice of evaluation sentences (and nothing else: the codec decodes deterministically)
+seed = 0  # seeds the choice of evaluation sentences and the noise of section 6 (the codec decodes deterministically)
 smoke = False  # True: 3 short sentences, codebooks (1, 4, 16), 3 calibration and 1 multilingual sentence per language
 out_dir = "figures"  # relative paths resolve against the repository root (smoke: figures/ -> build/smoke_figures/)
 threads = 1  # torch.set_num_threads (1, as `make paper` and the committed figures); 0 keeps torch's default
@@ -611,6 +611,44 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
     print(f"run time {metrics['wall_s']:.0f} s")
 
 # %% [markdown]
+# ## 6. Do the codes survive changes no one can hear?
+#
+# **The question.** A talker and a code predictor can only learn codes that follow from what is heard. Each held-out
+# sentence is changed in three ways no listener hears (the names below say how much: a small gain change, a delay of
+# one sample, white noise far under the signal) and encoded again; the figure shows, for each codebook, the share of
+# codes that stay the same (`recipes.embedded.codec_probe.robustness`). A codec whose codes a model can learn keeps
+# nearly all of them; the dashed line is the share a stand-in model's next codec must keep under the first two
+# (`recipes.embedded.codec_probe.MIN_UNCHANGED`; `python -m recipes.embedded.codec_probe` runs this and the other
+# checks of a codec on more sentences).
+
+# %%
+if not on_checkpoint:  # the embedded codec (a checkpoint: its round trip, in the section above)
+    from recipes.embedded.codec_probe import GATED, MIN_UNCHANGED, robustness
+
+    rob = robustness(codec, wavs, seed=seed)
+    table_rob = [{"perturbation": name, "frames": r["frames"], "all codes unchanged": r["all_unchanged"],
+                  **{f"codebook {k}": x for k, x in enumerate(r["unchanged"])}} for name, r in rob.items()]
+    save_table(table_rob, out / "00_codec_robustness", prov,
+               caption=f"share of codes unchanged per codebook, {len(wavs)} held-out sentences, all frames")
+    fig, ax = plt.subplots(figsize=(7, 3))
+    for name, r in rob.items():
+        ax.plot(range(len(r["unchanged"])), r["unchanged"], marker="o", ms=3, label=name)
+    ax.axhline(MIN_UNCHANGED, color="k", lw=0.8, ls="--", label=f"needed under {' and '.join(GATED)}")
+    ax.set_xlabel("codebook (0: the talker's code)")
+    ax.set_ylabel("codes unchanged")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{len(wavs)} held-out sentences, {rob[GATED[0]]['frames']} frames: re-encoded after an inaudible "
+                 "change", fontsize=9)
+    save_figure(fig, out / "00_codec_robustness", prov)
+    plt.show()
+    display(Markdown("Fewest codes unchanged at any codebook: " + "; ".join(
+        f"{name} **{min(r['unchanged']):.0%}**" for name, r in rob.items()) +
+        f". Frames with all {len(rob[GATED[0]]['unchanged'])} codes unchanged under {GATED[0]}: "
+        f"**{rob[GATED[0]]['all_unchanged']:.0%}**."))
+
+# %% [markdown]
 # ## What this notebook showed, and why
 #
 # Below, **measured here** marks numbers of this run (the embedded model's offline codec, these held-out sentences,
@@ -673,6 +711,11 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         f"stages to carry audible detail (timbre, breath, fine pitch structure) and its per-stage share to stay above "
         f"the structureless rate for longer than here; and because code 0 is a separate semantic codebook, we expect "
         f"more of the words to be fixed by code 0 alone than by this codec's first stage.",
+        f"* **Inaudible changes move the deep codes (measured here).** Under {GATED[0]} "
+        f"{rob[GATED[0]]['unchanged'][-1]:.0%} of the last codebook's codes stay the same against "
+        f"{rob[GATED[0]]['unchanged'][0]:.0%} of code 0's, and {rob[GATED[0]]['all_unchanged']:.0%} of frames keep all "
+        f"{len(rob[GATED[0]]['unchanged'])} codes: a deep code that flips under a change no one hears cannot be predicted "
+        "sharply by any model, which is one measured reason p is flat for them here.",
         "* **Why it matters for speculation (inference; notebooks 01, 03 and 04 measure it).** The inner loop drafts "
         "codes 1..15: a drafter guesses a later code from a draft distribution **q**, and the code predictor checks it "
         "against its own distribution for that code, the target **p**; TV(p, q) is their total-variation distance, "

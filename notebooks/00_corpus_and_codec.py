@@ -74,7 +74,8 @@ from IPython.display import Audio, Markdown, display
 from rvqspec_lib.common.provenance import (REPO_ROOT, provenance, resolve_out_dir, save_audio, save_figure, save_json,
                                            save_table)
 from tools.results_doc import entry, headline
-from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
+from rvqspec_lib.data.utterances import embedded_root
+from paper.notebook_measures import shipped_split_sizes
 from recipes.embedded import corpus
 from rvqspec_lib.data import voices as speech
 from rvqspec_lib.eval import asr as asr_mod

@@ -126,7 +126,8 @@ from rvqspec_lib.models.drafter_files import (
 from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, OWN_MODEL_MARKER, load_model
 from rvqspec_lib.models.tree_files import save_calibration
-from rvqspec_lib.training.drafters import TABLE2_DRAFTERS, deploy_drafters, select_deployed, train_drafters
+from rvqspec_lib.training.drafters import TABLE2_DRAFTERS, select_deployed, train_drafters
+from paper.notebook_measures import deploy_drafters
 
 t_start = time.perf_counter()
 pd.set_option("display.max_columns", 40)  # Table 2 is wide: show every column

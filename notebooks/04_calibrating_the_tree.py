@@ -94,14 +94,16 @@ from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
-from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
+from rvqspec_lib.data.utterances import embedded_root
+from paper.notebook_measures import shipped_split_sizes
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, tree_from_calibration
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from paper import plots
 from rvqspec_lib.eval import speed as S
 from bench import frames as BF
-from rvqspec_lib.eval.calibration import (BUDGETS, KINDS, calibrate, calibration_frames, point_mass_overtakes,
-                                          predicted_vs_measured, temperature_sweep)
+from rvqspec_lib.eval.calibration import (BUDGETS, KINDS, calibrate, calibration_frames, predicted_vs_measured,
+                                          temperature_sweep)
+from paper.notebook_measures import point_mass_overtakes
 from rvqspec_lib.models.frame import inner_sampling
 from bench.latency import PAPER_TOKENS_PER_CALL
 from rvqspec_lib.eval.noise import noise_words

@@ -179,7 +179,8 @@ def test_predicted_vs_measured_reads_each_decoders_own_calibration(small):
 
 
 def test_temperature_sweep_rows_and_the_overtaking_temperatures(small):
-    from rvqspec_lib.eval.calibration import point_mass_overtakes, temperature_sweep
+    from paper.notebook_measures import point_mass_overtakes
+    from rvqspec_lib.eval.calibration import temperature_sweep
 
     cp, frames = small
     rows = temperature_sweep(cp, frames.context[:32], frames.context[32:48], temperatures=(1.0, 0.2), budget=3,

@@ -25,6 +25,7 @@ from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import acceptance as A
 from paper import drafter_table as T
 from paper import plots
+from paper.notebook_measures import saturation_window
 from rvqspec_lib.models.drafter_files import make_drafter
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.training.drafters import TABLE2_DRAFTERS, train_drafter, train_drafters
@@ -194,7 +195,7 @@ def test_acceptance_tables_and_chain_windows_come_from_the_results(measured, dra
     rows, saturation = T.chain_window_rows(results)
     assert len(rows) == 7 * len(drafters) and [r["window"] for r in rows[:7]] == list(range(2, 9))
     assert all(r["decoder"] == f"chain:{r['window']}" for r in rows)
-    assert saturation == {lab: A.saturation_window(r) for lab, r in results.items()}
+    assert saturation == {lab: saturation_window(r) for lab, r in results.items()}
 
 
 def test_drafter_family_and_the_figures_styles():

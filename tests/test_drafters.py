@@ -362,7 +362,8 @@ def test_embedded_drafters_live_beside_the_embedded_model(tmp_path):
 
 
 def test_saturation_window_and_acceptance_by_depth():
-    from rvqspec_lib.eval.acceptance import acceptance_by_depth, saturation_window
+    from paper.notebook_measures import saturation_window
+    from rvqspec_lib.eval.acceptance import acceptance_by_depth
 
     tpc = {2: 1.5, 3: 1.9, 4: 2.0, 5: 2.01, 6: 1.99}
     assert saturation_window(tpc) == 4 and saturation_window(tpc, rel_tol=0) == 5

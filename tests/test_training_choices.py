@@ -15,9 +15,9 @@ from test_drafters import drift_model
 from paper.headroom import captured_share, headroom_table
 from rvqspec_lib.models.drafter_files import load_drafter, make_drafter
 from rvqspec_lib.decoding.drafters import MedusaHeads, PositionOffsets
+from paper.notebook_measures import deploy_drafters
 from rvqspec_lib.training.drafters import (
     DEFAULT_LR,
-    deploy_drafters,
     select_deployed,
     sweep_learning_rates,
     train_drafter,

@@ -225,29 +225,6 @@ def acceptance_by_depth(alpha, max_offset: int | None = None) -> np.ndarray:
     return out
 
 
-def saturation_window(result: dict, *, rel_tol: float = 0.02) -> int:
-    """The smallest chain window whose tokens per call is within ``rel_tol`` of the best window's (seed 003: "acceptance
-    saturates once the window passes four depths").
-
-    Args:
-        result: :func:`evaluate_acceptance`'s output (its chains found by their fields: ``kind`` chain, ``nodes`` the
-            window), or ``{window (int): tokens per call}``.
-        rel_tol: relative shortfall from the maximum still counted as saturated (0.02 = 2%).
-
-    Raises:
-        ValueError: no chain window, or ``rel_tol`` negative.
-    """
-    if rel_tol < 0:
-        raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
-    if "decoders" in result:
-        result = {d["nodes"]: d["tokens_per_call"] for d in result["decoders"].values() if d["kind"] == "chain"}
-    by_w = {int(w): float(v) for w, v in result.items() if v is not None}
-    if not by_w:
-        raise ValueError("no chain window to compare: evaluate chain decoders (evaluate_acceptance's default)")
-    best = max(by_w.values())
-    return min(w for w, v in by_w.items() if v >= best * (1 - rel_tol))
-
-
 def _pad_cat(parts: list[torch.Tensor]) -> torch.Tensor:
     w = max(p.shape[1] for p in parts)
     return torch.cat([torch.nn.functional.pad(p, (0, w - p.shape[1])) for p in parts])

@@ -260,11 +260,3 @@ def temperature_sweep(code_predictor, calibration_contexts: torch.Tensor, eval_c
                          "first_child_acceptance": float(cal["sampled"]["table"][0][0])})
     return rows
 
-
-def point_mass_overtakes(rows: Sequence[dict]) -> list[float]:
-    """The temperatures of a :func:`temperature_sweep` at which the point-mass tree commits more codes per call
-    (measured) than the sampled tree, in the sweep's order."""
-    by = {(r["temperature"], r["kind"]): r["measured_tokens_per_call"] for r in rows}
-    temps = list(dict.fromkeys(r["temperature"] for r in rows))
-    return [t for t in temps if (t, "point-mass") in by and (t, "sampled") in by
-            and by[(t, "point-mass")] > by[(t, "sampled")]]

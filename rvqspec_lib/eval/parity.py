@@ -5,7 +5,6 @@ bootstrap means, Table 1 (the notebook's tables and verdicts in words: paper/wer
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -131,23 +130,6 @@ def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping]
             "note": ""}
 
 
-def sentences_needed(difference: float, se: float, n: int, *, alpha: float = ALPHA, power: float = 0.8) -> float:
-    """Utterances needed to detect ``difference`` with ``power`` at level ``alpha`` (two-sided), scaling ``se``
-    measured on ``n`` utterances as ``1/sqrt(n)`` (``inf`` for a zero difference).
-
-    Raises:
-        ValueError: ``n < 1`` or ``se < 0``.
-    """
-    from scipy import stats
-
-    if n < 1 or se < 0:
-        raise ValueError(f"need n >= 1 and se >= 0, got n={n}, se={se}")
-    if difference == 0:
-        return math.inf
-    z = float(stats.norm.isf(alpha / 2)) + float(stats.norm.isf(1 - power))
-    return float(n * (z * se / abs(difference)) ** 2)
-
-
 # ---- two-sample test of a categorical distribution -------------------------------------------------------------------
 def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | None = None,
                 min_expected: float = MIN_EXPECTED) -> np.ndarray:
@@ -244,26 +226,6 @@ def detectable_tv(n_a: int, n_b: int, df: int, *, power: float = 0.9, level: flo
     for _ in range(60):
         mid = (lo + hi) / 2
         if power_two_sample(n_a, n_b, df, tv=mid, level=level) >= power:
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-def samples_needed(tv: float, df: int, *, power: float = 0.9, level: float = ALPHA) -> int:
-    """Samples per group (equal groups) for :func:`power_two_sample`'s bound to reach ``power`` against a shift of
-    total variation ``tv`` (doubling, then bisection). ``inf`` for ``tv <= 0`` or ``df < 1``."""
-    if tv <= 0 or df < 1:
-        return math.inf
-    hi = 2
-    while power_two_sample(hi, hi, df, tv=tv, level=level) < power:
-        hi *= 2
-        if hi > 2 ** 40:
-            return math.inf
-    lo = hi // 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if power_two_sample(mid, mid, df, tv=tv, level=level) >= power:
             hi = mid
         else:
             lo = mid

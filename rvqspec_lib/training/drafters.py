@@ -20,7 +20,7 @@ from rvqspec_lib.data.teacher import teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.drafters import draft_batch
 from rvqspec_lib.decoding.sampling import Sampling
-from rvqspec_lib.models.drafter_files import drafter_path, make_drafter, save_drafter
+from rvqspec_lib.models.drafter_files import make_drafter
 from rvqspec_lib.training.loop import Budget, fit
 
 LOSSES = ("ce", "kl", "tv")
@@ -303,20 +303,6 @@ def select_deployed(drafters: dict, kind: str = "offsets") -> str:
         raise ValueError(f"no {kind!r} drafter among {list(drafters)}: train one first")
     scores = {lab: validation_acceptance(drafters[lab]) for lab in labels}
     return max(labels, key=lambda lab: scores[lab])  # max keeps the first of equal scores
-
-
-def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike, kind: str = "offsets") -> dict:
-    """Write ``drafters[deployed]`` as ``<model_dir>/drafters/<kind>.safetensors`` (what ``--drafter offsets`` loads)
-    and every ``kind`` drafter under its label. Returns ``{"deployed_<kind>": path, "model_<label>": path, ...}``.
-    Raises ValueError: ``deployed`` is not a ``kind`` drafter of ``drafters``."""
-    if deployed not in drafters or getattr(drafters[deployed], "name", None) != kind:
-        raise ValueError(f"{deployed!r} is not a {kind!r} drafter among {list(drafters)}: pick one with "
-                         "select_deployed")
-    files = {f"deployed_{kind}": save_drafter(drafters[deployed], drafter_path(model_dir, kind))}
-    for lab, d in drafters.items():
-        if getattr(d, "name", None) == kind:
-            files[f"model_{lab}"] = save_drafter(d, Path(model_dir) / "drafters" / f"{lab}.safetensors")
-    return files
 
 
 #: The drafters Table 2 trains, ``label: (drafter, loss)``: the paper's two (cross-entropy) and three other losses.

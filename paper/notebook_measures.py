@@ -1,0 +1,158 @@
+"""Small computations only the notebooks (and the paper modules beside them) use: the shipped splits' sizes, the
+offsets deployed beside a model, the chain window where acceptance saturates, the temperatures where the point-mass
+tree overtakes the sampled one, the sample sizes a parity verdict would need, and every exported graph against eager
+PyTorch. Moved out of the library, which keeps what commands run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from rvqspec_lib.data.utterances import embedded_root
+from rvqspec_lib.device import export_formats as F
+from rvqspec_lib.device import export_graphs as G
+from rvqspec_lib.device.export_check import RELATIVE_TOLERANCE, check_file
+from rvqspec_lib.eval.parity import ALPHA, power_two_sample
+from rvqspec_lib.eval.timing import machine_meta
+from rvqspec_lib.models.drafter_files import drafter_path, save_drafter
+
+
+def shipped_split_sizes(model: str | os.PathLike = "embedded") -> dict[str, dict]:
+    """``{split: {"utterances", "frames", "file"}}`` of a small model's ``utterances.jsonl`` (no codes loaded), what
+    notebooks quote. Raises FileNotFoundError: the model ships no utterances
+    (:func:`rvqspec_lib.data.utterances.embedded_root`)."""
+    j = embedded_root(model) / "utterances.jsonl"
+    out: dict[str, dict] = {}
+    for line in j.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            d = out.setdefault(r["split"], {"utterances": 0, "frames": 0, "file": str(j)})
+            d["utterances"] += 1
+            d["frames"] += int(r["frames"])
+    return out
+
+
+def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike, kind: str = "offsets") -> dict:
+    """Write ``drafters[deployed]`` as ``<model_dir>/drafters/<kind>.safetensors`` (what ``--drafter offsets`` loads)
+    and every ``kind`` drafter under its label. Returns ``{"deployed_<kind>": path, "model_<label>": path, ...}``.
+    Raises ValueError: ``deployed`` is not a ``kind`` drafter of ``drafters``."""
+    if deployed not in drafters or getattr(drafters[deployed], "name", None) != kind:
+        raise ValueError(f"{deployed!r} is not a {kind!r} drafter among {list(drafters)}: pick one with "
+                         "select_deployed")
+    files = {f"deployed_{kind}": save_drafter(drafters[deployed], drafter_path(model_dir, kind))}
+    for lab, d in drafters.items():
+        if getattr(d, "name", None) == kind:
+            files[f"model_{lab}"] = save_drafter(d, Path(model_dir) / "drafters" / f"{lab}.safetensors")
+    return files
+
+
+def saturation_window(result: dict, *, rel_tol: float = 0.02) -> int:
+    """The smallest chain window whose tokens per call is within ``rel_tol`` of the best window's (seed 003: "acceptance
+    saturates once the window passes four depths").
+
+    Args:
+        result: :func:`rvqspec_lib.eval.acceptance.evaluate_acceptance`'s output (its chains found by their fields:
+            ``kind`` chain, ``nodes`` the window), or ``{window (int): tokens per call}``.
+        rel_tol: relative shortfall from the maximum still counted as saturated (0.02 = 2%).
+
+    Raises:
+        ValueError: no chain window, or ``rel_tol`` negative.
+    """
+    if rel_tol < 0:
+        raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
+    if "decoders" in result:
+        result = {d["nodes"]: d["tokens_per_call"] for d in result["decoders"].values() if d["kind"] == "chain"}
+    by_w = {int(w): float(v) for w, v in result.items() if v is not None}
+    if not by_w:
+        raise ValueError("no chain window to compare: evaluate chain decoders (evaluate_acceptance's default)")
+    best = max(by_w.values())
+    return min(w for w, v in by_w.items() if v >= best * (1 - rel_tol))
+
+
+def point_mass_overtakes(rows: Sequence[dict]) -> list[float]:
+    """The temperatures of a :func:`rvqspec_lib.eval.calibration.temperature_sweep` at which the point-mass tree
+    commits more codes per call (measured) than the sampled tree, in the sweep's order."""
+    by = {(r["temperature"], r["kind"]): r["measured_tokens_per_call"] for r in rows}
+    temps = list(dict.fromkeys(r["temperature"] for r in rows))
+    return [t for t in temps if (t, "point-mass") in by and (t, "sampled") in by
+            and by[(t, "point-mass")] > by[(t, "sampled")]]
+
+
+def sentences_needed(difference: float, se: float, n: int, *, alpha: float = ALPHA, power: float = 0.8) -> float:
+    """Utterances needed to detect ``difference`` with ``power`` at level ``alpha`` (two-sided), scaling ``se``
+    measured on ``n`` utterances as ``1/sqrt(n)`` (``inf`` for a zero difference).
+
+    Raises:
+        ValueError: ``n < 1`` or ``se < 0``.
+    """
+    from scipy import stats
+
+    if n < 1 or se < 0:
+        raise ValueError(f"need n >= 1 and se >= 0, got n={n}, se={se}")
+    if difference == 0:
+        return math.inf
+    z = float(stats.norm.isf(alpha / 2)) + float(stats.norm.isf(1 - power))
+    return float(n * (z * se / abs(difference)) ** 2)
+
+
+def samples_needed(tv: float, df: int, *, power: float = 0.9, level: float = ALPHA) -> int:
+    """Samples per group (equal groups) for :func:`power_two_sample`'s bound to reach ``power`` against a shift of
+    total variation ``tv`` (doubling, then bisection). ``inf`` for ``tv <= 0`` or ``df < 1``."""
+    if tv <= 0 or df < 1:
+        return math.inf
+    hi = 2
+    while power_two_sample(hi, hi, df, tv=tv, level=level) < power:
+        hi *= 2
+        if hi > 2 ** 40:
+            return math.inf
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if power_two_sample(mid, mid, df, tv=tv, level=level) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dtypes: Sequence[str] = ("float32",
+                        "float16"), formats: Sequence[str] = ("onnx", "coreml"), nodes: int = 4, tree=None,
+                        work_dir=None, seeds: Sequence[int] = (0, 1),
+                        compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS, keep_files: bool = False) -> dict:
+    """Export every (graph, format, dtype) of the float32 official module, run it where it can run and compare it
+    with eager PyTorch (:func:`check_file`); ``nodes``, ``tree``: the verify graph's; ``work_dir`` default a
+    temporary folder, removed unless ``keep_files``.
+
+    Returns:
+        ``{"rows": [...], "meta": {...}}``; a row per (graph, format, dtype, runner): ``graph``, ``format``,
+        ``dtype``, ``nodes``, ``interface_ok`` (declared == written), ``bytes``, ``export_s``, ``path``, and
+        :func:`check_file`'s fields.
+
+    Raises:
+        ValueError: what the exporter refuses (an unknown graph, format or dtype; one line).
+    """
+    tmp = tempfile.TemporaryDirectory(prefix="rvqspec-export-") if work_dir is None else None
+    work = Path(tmp.name if tmp is not None else work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        for graph in graphs:
+            n, tr = (nodes, tree) if graph == "verify" else (None, None)
+            for fmt in formats:
+                for dt in dtypes:
+                    path = work / f"{graph}-{dt}{F.FORMATS[fmt]}"
+                    res = F.export_graph(code_predictor, graph, fmt, path, dtype=dt, nodes=n, tree=tr)
+                    base = {"graph": graph, "format": fmt, "dtype": dt, "nodes": res["nodes"],
+                            "interface_ok": res["declared"] == res["written"], "bytes": res["bytes"],
+                            "export_s": round(res["export_s"], 1), "path": str(path) if keep_files else None}
+                    rows += [{**base, **r} for r in check_file(code_predictor, graph, path, dtype=dt, nodes=n, tree=tr,
+                                                                 seeds=seeds, compute_units=compute_units)]
+    finally:
+        if tmp is not None and not keep_files:
+            tmp.cleanup()
+    return {"rows": rows, "meta": {**machine_meta(code_predictor), "seeds": list(seeds),
+                                   "tolerance": RELATIVE_TOLERANCE, "reference": "official module, float32, eager"}}

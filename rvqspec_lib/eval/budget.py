@@ -31,7 +31,7 @@ from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
 from rvqspec_lib.eval.timing import oversubscribed_note
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.models.backends import frame_runner, fused_support, verify_backend
-from rvqspec_lib.models.drafter_files import prepare_command, shipped_drafter
+from rvqspec_lib.models.drafter_files import cache_root, prepare_command, shipped_drafter
 from rvqspec_lib.models.named_decoders import NamedDecoder, drafter_calibration, resolve, resolve_all
 from rvqspec_lib.device.precision import precision_of
 
@@ -215,9 +215,8 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
 
 
 def cache_file() -> Path:
-    """Where choices are cached: ``$RVQSPEC_CACHE/auto.json`` or ``~/.cache/rvqspec/auto.json``."""
-    root = os.environ.get("RVQSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rvqspec")
-    return Path(root) / "auto.json"
+    """Where choices are cached: ``auto.json`` in :func:`~rvqspec_lib.models.drafter_files.cache_root`."""
+    return cache_root() / "auto.json"
 
 
 def cache_key(model: str, code_predictor, calibration: dict, drafter_name: str = "heads",

@@ -1,7 +1,7 @@
 """Small computations only the notebooks (and the paper modules beside them) use: the shipped splits' sizes, the
 offsets deployed beside a model, the chain window where acceptance saturates, the temperatures where the point-mass
-tree overtakes the sampled one, the sample sizes a parity verdict would need, and every exported graph against eager
-PyTorch. Moved out of the library, which keeps what commands run."""
+tree overtakes the sampled one, the sample sizes a parity verdict would need, every exported graph against eager
+PyTorch, and the embedded codec's spectrograms and log-spectral distance. The library keeps what commands run."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.device import export_graphs as G
 from rvqspec_lib.device.export_check import RELATIVE_TOLERANCE, check_file
 from rvqspec_lib.eval.parity import ALPHA, power_two_sample
 from rvqspec_lib.eval.timing import machine_meta
+from rvqspec_lib.models.audio import SAMPLE_RATE
 from rvqspec_lib.models.drafter_files import drafter_path, save_drafter
 
 
@@ -156,3 +159,41 @@ def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dty
             tmp.cleanup()
     return {"rows": rows, "meta": {**machine_meta(code_predictor), "seeds": list(seeds),
                                    "tolerance": RELATIVE_TOLERANCE, "reference": "official module, float32, eager"}}
+
+
+def unstack(codec, vectors: np.ndarray) -> np.ndarray:
+    """An :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`'s frame vectors `(frames, dim)` -> log-mel spectrogram
+    `(n_mels, frames * stack)` float32 (natural log of mel power, one column per mel hop).
+
+    Raises:
+        ValueError: ``vectors`` is not `(frames, dim)`.
+    """
+    v = np.asarray(vectors, dtype=np.float32)
+    c = codec.config
+    if v.ndim != 2 or v.shape[1] != c.dim:
+        raise ValueError(f"expected frame vectors of shape (frames, {c.dim}), got {v.shape}")
+    return np.ascontiguousarray(v.reshape(v.shape[0] * c.stack, c.n_mels).T)
+
+
+def log_mel_db(codec, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """The log-mel spectrogram of audio as the codec sees it, in dB: `(n_mels, frames * stack)` float32,
+    10 log10 of mel power, one column per 20 ms mel hop (``codec.features`` then :func:`unstack`)."""
+    return (unstack(codec, codec.features(wav, sample_rate)) * (10.0 / np.log(10.0))).astype(np.float32)
+
+
+def log_spectral_distance(codec, a: np.ndarray, b: np.ndarray) -> float:
+    """Mean log-spectral distance in dB between frame vectors ``a``, ``b`` `(frames, dim)` of one shape: per mel
+    frame the RMS over the bands of ``10 log10(P_a / P_b)``, then the mean (0.0 with no frames).
+
+    Raises:
+        ValueError: the shapes differ or are not `(frames, dim)`.
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(f"frame vectors of different shapes {a.shape} and {b.shape}: trim both to the same "
+                         "number of frames")
+    la, lb = unstack(codec, a), unstack(codec, b)  # (n_mels, t)
+    if la.shape[1] == 0:
+        return 0.0
+    db = (10.0 / np.log(10.0)) * (la.astype(np.float64) - lb)
+    return float(np.sqrt((db ** 2).mean(0)).mean())

@@ -1,7 +1,6 @@
 """Small computations only the notebooks (and the paper modules beside them) use: the shipped splits' sizes, the
-offsets deployed beside a model, the chain window where acceptance saturates, the temperatures where the point-mass
-tree overtakes the sampled one, the sample sizes a parity verdict would need, every exported graph against eager
-PyTorch, and the embedded codec's spectrograms and log-spectral distance. The library keeps what commands run."""
+chain window where acceptance saturates, the sample sizes a parity verdict would need, every exported graph against
+eager PyTorch, and the embedded codec's spectrograms and log-spectral distance. The library keeps what commands run."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from rvqspec_lib.device.export_check import RELATIVE_TOLERANCE, check_file
 from rvqspec_lib.eval.parity import ALPHA, power_two_sample
 from rvqspec_lib.eval.timing import machine_meta
 from rvqspec_lib.models.audio import SAMPLE_RATE
-from rvqspec_lib.models.drafter_files import drafter_path, save_drafter
 
 
 def shipped_split_sizes(model: str | os.PathLike = "embedded") -> dict[str, dict]:
@@ -37,20 +35,6 @@ def shipped_split_sizes(model: str | os.PathLike = "embedded") -> dict[str, dict
             d["utterances"] += 1
             d["frames"] += int(r["frames"])
     return out
-
-
-def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike, kind: str = "offsets") -> dict:
-    """Write ``drafters[deployed]`` as ``<model_dir>/drafters/<kind>.safetensors`` (what ``--drafter offsets`` loads)
-    and every ``kind`` drafter under its label. Returns ``{"deployed_<kind>": path, "model_<label>": path, ...}``.
-    Raises ValueError: ``deployed`` is not a ``kind`` drafter of ``drafters``."""
-    if deployed not in drafters or getattr(drafters[deployed], "name", None) != kind:
-        raise ValueError(f"{deployed!r} is not a {kind!r} drafter among {list(drafters)}: pick one with "
-                         "select_deployed")
-    files = {f"deployed_{kind}": save_drafter(drafters[deployed], drafter_path(model_dir, kind))}
-    for lab, d in drafters.items():
-        if getattr(d, "name", None) == kind:
-            files[f"model_{lab}"] = save_drafter(d, Path(model_dir) / "drafters" / f"{lab}.safetensors")
-    return files
 
 
 def saturation_window(result: dict, *, rel_tol: float = 0.02) -> int:
@@ -74,15 +58,6 @@ def saturation_window(result: dict, *, rel_tol: float = 0.02) -> int:
         raise ValueError("no chain window to compare: evaluate chain decoders (evaluate_acceptance's default)")
     best = max(by_w.values())
     return min(w for w, v in by_w.items() if v >= best * (1 - rel_tol))
-
-
-def point_mass_overtakes(rows: Sequence[dict]) -> list[float]:
-    """The temperatures of a :func:`rvqspec_lib.eval.calibration.temperature_sweep` at which the point-mass tree
-    commits more codes per call (measured) than the sampled tree, in the sweep's order."""
-    by = {(r["temperature"], r["kind"]): r["measured_tokens_per_call"] for r in rows}
-    temps = list(dict.fromkeys(r["temperature"] for r in rows))
-    return [t for t in temps if (t, "point-mass") in by and (t, "sampled") in by
-            and by[(t, "point-mass")] > by[(t, "sampled")]]
 
 
 def sentences_needed(difference: float, se: float, n: int, *, alpha: float = ALPHA, power: float = 0.8) -> float:

@@ -673,7 +673,7 @@ def _family_label(fields) -> str:
 
 def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
                               figsize: tuple[float, float] = (10.5, 4.2)):
-    """:func:`rvqspec_lib.eval.calibration.predicted_vs_measured` ``rows``: E(N) predicted (dashed) against tokens
+    """:func:`paper.calibration_checks.predicted_vs_measured` ``rows``: E(N) predicted (dashed) against tokens
     per call measured (solid), point-mass trees left, sampled trees and chains (triangles) right, ONE y scale."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, sharey=True, constrained_layout=True)
     panels = {False: axes[0], True: axes[1]}
@@ -795,7 +795,7 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
 
 
 def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tuple[float, float] = (10.5, 3.9)):
-    """A :func:`rvqspec_lib.eval.calibration.temperature_sweep`: left, tokens per call of both kinds of tree,
+    """A :func:`paper.calibration_checks.temperature_sweep`: left, tokens per call of both kinds of tree,
     measured (solid) and predicted (dashed), against the temperature (sharper p to the right); right, the mechanism:
     what one point-mass child is worth (the target mass of the top-ranked code) against one sampled child
     (``sum min(p, q)``), at offset 1.

@@ -1,7 +1,7 @@
-"""Table 2 here (paper.drafter_table), the drafters' training plan (rvqspec_lib.training.drafters
-.train_drafters) and the drafter styles of the figures (paper.plots), on the tiny random model: fast checks
-of structure, names, fields and arithmetic (what the numbers mean is tested in test_drafters.py and test_calibration.py;
-the notebook runs them on the embedded model).
+"""Table 2 here (paper.drafter_table), the drafters' training plan (paper.drafter_training.train_drafters) and
+the drafter styles of the figures (paper.plots), on the tiny random model: fast checks of structure, names, fields
+and arithmetic (what the numbers mean is tested in test_drafters.py and test_calibration.py; the notebook runs them on
+the embedded model).
 
 * every decoder is built by name: the chains and the small tree by their labels, each drafter's own tree as
   ``tree:calibrated-point-mass:N@LABEL`` and the deployed offsets' as ``paper:N``, its rows carrying the fields;
@@ -28,7 +28,8 @@ from paper import plots
 from paper.notebook_measures import saturation_window
 from rvqspec_lib.models.drafter_files import make_drafter
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.training.drafters import TABLE2_DRAFTERS, train_drafter, train_drafters
+from paper.drafter_training import TABLE2_DRAFTERS, train_drafters
+from rvqspec_lib.training.drafters import train_drafter
 
 SAMPLING = Sampling()
 BUDGETS = (4, 32)

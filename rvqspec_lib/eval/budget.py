@@ -24,8 +24,7 @@ from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
-from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
-from rvqspec_lib.eval.calibration import KINDS, tables_from_calibration
+from rvqspec_lib.eval.calibration import KINDS, predicted, tables_from_calibration
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
 from rvqspec_lib.eval.timing import oversubscribed_note
@@ -114,14 +113,7 @@ def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS, *, draf
     names = (["ar"] + [f"chain:{w}{at}" for w in CHAIN_WINDOWS if w - 1 <= tables["alpha"].shape[1]]
              + [f"tree:calibrated-{kind}:{b}{at}" for kind in KINDS for b in budgets if int(b) in have])
     named = resolve_all(names, None, calibrations={dn: calibration}, drafters={dn: drafter} if at else {})
-    n = int(calibration["n_codes"])
-    out = []
-    for nd in named.values():
-        d = nd.name
-        e = 1.0 if d.kind == "ar" else predicted_tokens_per_call(tables, nd.decoder, n) if d.kind == "chain" else \
-            float(calibration[d.tree_kind]["predicted_tokens_per_call"][str(d.budget)])
-        out.append((nd, e))
-    return out
+    return [(nd, predicted(calibration, nd.name, nd.decoder)) for nd in named.values()]
 
 
 def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,

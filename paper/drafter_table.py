@@ -20,7 +20,7 @@ from paper import headroom as H
 from paper.notebook_measures import saturation_window
 from rvqspec_lib.eval.calibration import calibrate
 from rvqspec_lib.models.configs import CONFIG_DIR
-from rvqspec_lib.models.drafter_files import params_added_for_config
+from paper.drafter_training import params_added_for_config
 from rvqspec_lib.models.named_decoders import resolve
 
 #: The paper's Table 2 (§3.3), quoted: tokens per call ("toks/step") of each drafter with its sparse tree of

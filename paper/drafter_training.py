@@ -1,10 +1,12 @@
 """Table 2's training plan (notebook 03; paper §2.2): five drafters and losses (:data:`TABLE2_DRAFTERS`), each at
 the learning rate its exact validation acceptance picks (:func:`sweep_learning_rates`), the offsets deployed beside
-the model chosen the same way (:func:`select_deployed`, :func:`deploy_drafters`). One drafter is trained by the
+the model chosen the same way (:func:`select_deployed`, :func:`deploy_drafters`), the parameters each adds to a
+released model (:func:`params_added_for_config`). One drafter is trained by the
 library's :func:`rvqspec_lib.training.drafters.train_drafter` (``rvqspec train-drafter``)."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from rvqspec_lib.data.frames import Frames
+from rvqspec_lib.decoding.drafters import params_added_for
 from rvqspec_lib.models.drafter_files import drafter_path, make_drafter, save_drafter
 from rvqspec_lib.training.drafters import DEFAULT_LR, LOSSES, TrainResult, train_drafter
 
@@ -133,3 +136,13 @@ def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike,
         if getattr(d, "name", None) == kind:
             files[f"model_{lab}"] = save_drafter(d, Path(model_dir) / "drafters" / f"{lab}.safetensors")
     return files
+
+
+def params_added_for_config(name: str, config: dict | str | os.PathLike, **kw) -> int:
+    """:func:`rvqspec_lib.decoding.drafters.params_added_for` with the sizes read from a released ``config.json`` (a
+    dict or a path)."""
+    if not isinstance(config, dict):
+        config = json.loads(Path(config).read_text())
+    cp = config["talker_config"]["code_predictor_config"]
+    return params_added_for(name, n_codes=int(cp["num_code_groups"]) - 1, hidden_size=int(cp["hidden_size"]),
+                            vocab_size=int(cp["vocab_size"]), **kw)

@@ -48,6 +48,7 @@ from rvqspec_lib.eval.acceptance import (
     predicted_tokens_per_call,
 )
 from paper.drafter_table import paired_acceptance_difference
+from paper.drafter_training import params_added_for_config
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_dataset
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models import backends
@@ -57,7 +58,6 @@ from rvqspec_lib.models.drafter_files import (
     drafter_path,
     load_drafter,
     make_drafter,
-    params_added_for_config,
     read_description,
     save_drafter,
 )

@@ -16,8 +16,9 @@ from rvqspec_lib.decoding.decoders import AR
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval.inner_loop import codes_to_audio, transcribe_all
-from rvqspec_lib.eval.wer_parity import (NULL_CONTROL, ROW_FIELDS, decode_runs, decoder_fields,
-                                         error_rates, language_frames, utterance_codes)
+from rvqspec_lib.eval.asr import error_rates
+from rvqspec_lib.eval.wer_parity import (NULL_CONTROL, ROW_FIELDS, decode_runs, decoder_fields, language_frames,
+                                         utterance_codes)
 from rvqspec_lib.models.named_decoders import NamedDecoder, has_paper_decoder, resolve_all
 from paper.notebook_measures import samples_needed, sentences_needed
 

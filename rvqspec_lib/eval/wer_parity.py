@@ -15,6 +15,7 @@ from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval.parity import WER_ROW_FIELDS as ROW_FIELDS  # the fields every result row starts with
 from rvqspec_lib.data.frames import Frames
+from rvqspec_lib.eval.asr import error_rates
 from rvqspec_lib.eval.inner_loop import batch_seed, codes_to_audio, free_running_codes, transcribe_all
 from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
@@ -214,15 +215,6 @@ def utterance_codes(code0: torch.Tensor, generated: torch.Tensor, utterance: tor
     """
     full = torch.cat([code0[:, None].long(), generated.long()], 1)
     return [full[utterance == u] for u in torch.unique(utterance)]
-
-
-def error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str = "word"):
-    """:func:`rvqspec_lib.eval.asr.wer` (``unit="word"``) or :func:`~rvqspec_lib.eval.asr.cer` (``"char"``)."""
-    from rvqspec_lib.eval.asr import cer, wer
-
-    if unit not in ("word", "char"):
-        raise ValueError(f"unit must be 'word' or 'char', got {unit!r}")
-    return wer(refs, hyps) if unit == "word" else cer(refs, hyps)
 
 
 def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, unit: str = "word",

@@ -97,7 +97,7 @@ def temperature_sweep(code_predictor, calibration_contexts: torch.Tensor, eval_c
 
 
 def point_mass_overtakes(rows: Sequence[dict]) -> list[float]:
-    """The temperatures of a :func:`rvqspec_lib.eval.calibration.temperature_sweep` at which the point-mass tree
+    """The temperatures of a :func:`temperature_sweep` at which the point-mass tree
     commits more codes per call (measured) than the sampled tree, in the sweep's order."""
     by = {(r["temperature"], r["kind"]): r["measured_tokens_per_call"] for r in rows}
     temps = list(dict.fromkeys(r["temperature"] for r in rows))

@@ -216,7 +216,7 @@ def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float 
 
     Args:
         panels: ``(label, db, distance_db)`` each: ``db`` ``(n_mels, frames)`` in dB
-            (:meth:`rvqspec_lib.models.rvq_codec.RVQCodec.log_mel_db`), ``distance_db`` a log-spectral distance to
+            (:func:`paper.notebook_measures.log_mel_db`), ``distance_db`` a log-spectral distance to
             the first panel (``None``: none). hop_s: seconds per column.
     """
     panels = list(panels)

@@ -301,7 +301,7 @@ def decoder_statistics(code_predictor, drafter, context: torch.Tensor, decoder, 
 
 def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, *, decoders: Sequence | None = None,
                         sampling: Sampling | None = None, seed: int = 0, max_rank: int = DEFAULT_MAX_RANK,
-                        teacher_codes: str = "decoded", batch_size: int = 256) -> dict:
+                        teacher_codes: str = "decoded") -> dict:
     """Empirical statistics of every decoder (default the chains 2..8 and the default tree) and the exact tables, as
     one JSON-able dict (NaN as ``None``). ``frames``: :class:`~rvqspec_lib.data.frames.Frames` or a ``(N, 2,
     talker_hidden)`` context tensor; ``teacher_codes``: the exact tables teacher-force the codes the first decoder
@@ -327,7 +327,7 @@ def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, 
     n = P.n_codes(cp)
     runs, first_codes = {}, None
     for dec in decoders:
-        st = decoder_statistics(cp, drafter, context, dec, sampling=sampling, seed=seed, batch_size=batch_size)
+        st = decoder_statistics(cp, drafter, context, dec, sampling=sampling, seed=seed)
         if first_codes is None:
             first_codes = st["codes"]
         if st["decoder"] in runs:
@@ -336,8 +336,7 @@ def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, 
     k_eval = max(max(d.tree(n).max_depth for d in decoders), 1)
     ranks = max(max_rank, max((d.tree(n).max_rank + 1 for d in decoders), default=0))
     codes = first_codes if teacher_codes == "decoded" else frames.codes
-    exact = exact_statistics(cp, drafter, context, codes, n_ahead=k_eval, sampling=sampling, max_rank=ranks,
-                             batch_size=batch_size)
+    exact = exact_statistics(cp, drafter, context, codes, n_ahead=k_eval, sampling=sampling, max_rank=ranks)
     predicted = {label: predicted_tokens_per_call(exact, dec, n) for label, dec in zip(runs, decoders)}
     describe = drafter.describe() if hasattr(drafter, "describe") else {"name": getattr(drafter, "name", "?")}
     return {

@@ -128,11 +128,10 @@ def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping]
 
 
 # ---- two-sample test of a categorical distribution -------------------------------------------------------------------
-def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | None = None,
-                min_expected: float = MIN_EXPECTED) -> np.ndarray:
+def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | None = None) -> np.ndarray:
     """Bin index ``(C,)`` int64 of every category of two count vectors ``(C,)``: categories sorted by pooled count,
     cut into at most ``max_bins`` bins of about equal pooled mass, tail bins merged until each expects >=
-    ``min_expected`` in both samples; -1 for categories seen in neither.
+    :data:`MIN_EXPECTED` in both samples; -1 for categories seen in neither.
     """
     a, b = np.asarray(counts_a, dtype=np.float64), np.asarray(counts_b, dtype=np.float64)
     tot = a + b
@@ -145,16 +144,16 @@ def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | N
     cum = np.cumsum(tot[order])
     n_max = len(order) if max_bins is None else max(1, min(int(max_bins), len(order)))
     raw = np.minimum(((cum - tot[order]) * n_max // cum[-1]).astype(np.int64), n_max - 1)
-    # merge consecutive bins (in order of decreasing frequency) until each expects >= min_expected in both samples
+    # merge consecutive bins (in order of decreasing frequency) until each expects >= MIN_EXPECTED in both samples
     share = min(na, nb) / (na + nb) if na + nb > 0 else 0.0
     new, acc, k = np.empty_like(raw), 0.0, 0
     for i, r in enumerate(raw):
-        if i > 0 and r != raw[i - 1] and acc * share >= min_expected:
+        if i > 0 and r != raw[i - 1] and acc * share >= MIN_EXPECTED:
             k += 1
             acc = 0.0
         new[i] = k
         acc += tot[order[i]]
-    if acc * share < min_expected and k > 0:  # the last bin is too small: fold it into the one before
+    if acc * share < MIN_EXPECTED and k > 0:  # the last bin is too small: fold it into the one before
         new[new == k] = k - 1
     bins[order] = new
     return bins

@@ -1,6 +1,7 @@
 """Small computations only the notebooks (and the paper modules beside them) use: the shipped splits' sizes, the
 chain window where acceptance saturates, the sample sizes a parity verdict would need, every exported graph against
-eager PyTorch, and the embedded codec's spectrograms and log-spectral distance. The library keeps what commands run."""
+eager PyTorch, the embedded codec's spectrograms and log-spectral distance, and the two loops' geometry of a model
+folder. The library keeps what commands run."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from rvqspec_lib.device.export_check import RELATIVE_TOLERANCE, check_file
 from rvqspec_lib.eval.parity import ALPHA, power_two_sample
 from rvqspec_lib.eval.timing import machine_meta
 from rvqspec_lib.models.audio import SAMPLE_RATE
+from rvqspec_lib.models.configs import frame_rate_from_dir
 
 
 def shipped_split_sizes(model: str | os.PathLike = "embedded") -> dict[str, dict]:
@@ -172,3 +174,25 @@ def log_spectral_distance(codec, a: np.ndarray, b: np.ndarray) -> float:
         return 0.0
     db = (10.0 / np.log(10.0)) * (la.astype(np.float64) - lb)
     return float(np.sqrt((db ** 2).mean(0)).mean())
+
+
+def loop_facts(folder: str | os.PathLike) -> dict:
+    """The two loops' geometry from a model folder's ``config.json`` (the frame rate from ``rvqspec_model.json`` or
+    ``speech_tokenizer/``), without building the model: ``{"folder", "talker_layers", "talker_hidden",
+    "code_predictor_layers", "code_predictor_hidden", "n_code_groups", "frame_rate_hz"}``.
+
+    Raises:
+        FileNotFoundError: no ``config.json`` in ``folder``.
+    """
+    p = Path(folder).expanduser()
+    cfg_path = p / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"no config.json in {p}: pass a model folder (e.g. data/configs/<name>)")
+    talker = json.loads(cfg_path.read_text())["talker_config"]
+    cp = talker.get("code_predictor_config", {})
+    marker = p / "rvqspec_model.json"
+    fr = float(json.loads(marker.read_text())["frame_rate_hz"]) if marker.is_file() else frame_rate_from_dir(p)[0]
+    return {"folder": str(p), "talker_layers": int(talker["num_hidden_layers"]),
+            "talker_hidden": int(talker["hidden_size"]), "code_predictor_layers": int(cp.get("num_hidden_layers", 0)),
+            "code_predictor_hidden": int(cp.get("hidden_size", 0)), "n_code_groups": int(talker["num_code_groups"]),
+            "frame_rate_hz": fr}

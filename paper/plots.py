@@ -268,7 +268,7 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
 
     Args:
         rows: dicts with ``model``, ``talker_layers``, ``code_predictor_layers``, ``n_code_groups``,
-            ``frame_rate_hz`` (:func:`rvqspec_lib.models.configs.loop_facts` plus a ``model`` name).
+            ``frame_rate_hz`` (:func:`paper.notebook_measures.loop_facts` plus a ``model`` name).
     """
     rows = list(rows)
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, gridspec_kw={"width_ratios": [1.7, 1.0]},

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from rvqspec_lib.data.frames import Frames
-from rvqspec_lib.decoding.drafters import params_added_for
+from rvqspec_lib.decoding.drafters import DEFAULT_K, DRAFTERS, MedusaHeads, PositionOffsets
 from rvqspec_lib.models.drafter_files import drafter_path, make_drafter, save_drafter
 from rvqspec_lib.training.drafters import DEFAULT_LR, LOSSES, TrainResult, train_drafter
 
@@ -138,8 +139,22 @@ def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike,
     return files
 
 
+def params_added_for(name: str, *, K: int = DEFAULT_K, n_codes: int = 15, hidden_size: int = 1024,
+                     vocab_size: int = 2048, residual_block: bool = False) -> int:
+    """Exact parameters a drafter adds for a code predictor of the given sizes, counted on the ``meta`` device.
+    Raises ValueError: an unknown drafter."""
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
+    if name == "heads":
+        return 0
+    with torch.device("meta"):
+        if name == "offsets":
+            return PositionOffsets(K, hidden_size).params_added
+        return MedusaHeads(K, n_codes, hidden_size, vocab_size, residual_block).params_added
+
+
 def params_added_for_config(name: str, config: dict | str | os.PathLike, **kw) -> int:
-    """:func:`rvqspec_lib.decoding.drafters.params_added_for` with the sizes read from a released ``config.json`` (a
+    """:func:`params_added_for` with the sizes read from a released ``config.json`` (a
     dict or a path)."""
     if not isinstance(config, dict):
         config = json.loads(Path(config).read_text())

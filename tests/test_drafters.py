@@ -48,7 +48,7 @@ from rvqspec_lib.eval.acceptance import (
     predicted_tokens_per_call,
 )
 from paper.drafter_table import paired_acceptance_difference
-from paper.drafter_training import params_added_for_config
+from paper.drafter_training import params_added_for, params_added_for_config
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_dataset
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models import backends
@@ -69,12 +69,7 @@ from rvqspec_lib.data.teacher import (
 )
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree
-from rvqspec_lib.decoding.drafters import (
-    MedusaHeads,
-    PositionOffsets,
-    ReusedHeads,
-    params_added_for,
-)
+from rvqspec_lib.decoding.drafters import MedusaHeads, PositionOffsets, ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.training.drafters import train_drafter
 

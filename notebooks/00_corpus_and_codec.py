@@ -74,7 +74,8 @@ from IPython.display import Audio, Markdown, display
 from rvqspec_lib.common.provenance import (REPO_ROOT, provenance, resolve_out_dir, save_audio, save_figure, save_json,
                                            save_table)
 from tools.results_doc import entry, headline
-from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
+from rvqspec_lib.data.utterances import embedded_root
+from paper.notebook_measures import log_mel_db, shipped_split_sizes
 from recipes.embedded import corpus
 from rvqspec_lib.data import voices as speech
 from rvqspec_lib.eval import asr as asr_mod
@@ -411,7 +412,7 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
             title = f"codec, first {c['k']} codebook{'s' if c['k'] > 1 else ''} ({c['decoder']} decoder)"
             stem = f"00_codebooks_{c['k']}"
         dist = None if c["condition"] == "original" else listen["audio_lsd_db"][lab][0]
-        panels.append((title, codec.log_mel_db(wav), dist))
+        panels.append((title, log_mel_db(codec, wav), dist))
         listening.append({"label": title, "condition": c["condition"], "k": c["k"], "audio_lsd_db": dist,
                           "path": save_audio(wav, cfg.sample_rate, out / "audio" / stem, prov)})
     fig = plot_spectrograms(panels, hop_s=hop_s, title=f"What the first k codes of each frame keep: voice {v0}, "

@@ -94,7 +94,8 @@ from rvqspec_lib.models.frame import inner_sampling
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.timing import measure_quietly
 from rvqspec_lib.models.backends import available
-from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS, loop_facts
+from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS
+from paper.notebook_measures import loop_facts
 from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.models.named_decoders import has_paper_decoder

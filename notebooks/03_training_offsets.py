@@ -127,7 +127,7 @@ from rvqspec_lib.models.drafter_files import (
 from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, OWN_MODEL_MARKER, load_model
 from rvqspec_lib.models.tree_files import save_calibration
-from rvqspec_lib.training.drafters import TABLE2_DRAFTERS, deploy_drafters, select_deployed, train_drafters
+from paper.drafter_training import TABLE2_DRAFTERS, deploy_drafters, select_deployed, train_drafters
 
 t_start = time.perf_counter()
 pd.set_option("display.max_columns", 40)  # Table 2 is wide: show every column
@@ -252,7 +252,7 @@ data_table
 # (a lower loss does not always mean more accepted drafts). Each offsets loss is trained at every rate of
 # `offsets_lrs` and the validation acceptance picks the rate: too large a rate overshoots in the first epoch, early
 # stopping then keeps epoch 0, and that would wrongly read as "this loss cannot help"
-# (`rvqspec_lib.training.drafters.train_drafters`).
+# (`paper.drafter_training.train_drafters`).
 
 # %%
 flags = {"offsets-kl": train_kl, "offsets-tv": train_tv, "medusa": train_medusa, "medusa-tv": train_medusa_tv}

@@ -94,14 +94,15 @@ from rvqspec_lib.common.paths import REPO_ROOT
 from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figure, save_json, save_table
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
-from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
+from rvqspec_lib.data.utterances import embedded_root
+from paper.notebook_measures import shipped_split_sizes
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, tree_from_calibration
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from paper import plots
 from rvqspec_lib.eval import speed as S
 from bench import frames as BF
-from rvqspec_lib.eval.calibration import (BUDGETS, KINDS, calibrate, calibration_frames, point_mass_overtakes,
-                                          predicted_vs_measured, temperature_sweep)
+from rvqspec_lib.eval.calibration import BUDGETS, KINDS, calibrate, calibration_frames
+from paper.calibration_checks import point_mass_overtakes, predicted_vs_measured, temperature_sweep
 from rvqspec_lib.models.frame import inner_sampling
 from bench.latency import PAPER_TOKENS_PER_CALL
 from rvqspec_lib.eval.noise import noise_words
@@ -358,7 +359,7 @@ plt.show()
 # **E(N)** ([glossary](../docs/glossary.md)) is computed from the calibration tables alone, over whole frames: the
 # prefill call counted, drafts cut at the frame's last depth, offsets treated as independent (the model both the
 # paper's calibration and Medusa's use). **Measured**: each decoder decodes the held-out evaluation contexts
-# (`rvqspec_lib.eval.calibration.predicted_vs_measured`). Two drafters, each with ITS OWN calibration (a tree ranks
+# (`paper.calibration_checks.predicted_vs_measured`). Two drafters, each with ITS OWN calibration (a tree ranks
 # the codes its drafter proposes): the reused heads calibrated in section 2, and the shipped position-aware offsets
 # (notebook 03) calibrated when the model was built, whose point-mass trees are the paper's decoder. Chains (window =
 # N) are the sampled trees of one child per node.
@@ -568,7 +569,7 @@ pd.DataFrame(device_rows)
 # `sum min(p, q)` whatever p's entropy. So a point-mass tree should gain on a sampled tree as the temperature falls.
 # For each code-predictor temperature the calibration codes are sampled again, both trees of N =
 # `temperature_budget` are calibrated on them and decoded on held-out frames at that temperature
-# (`rvqspec_lib.eval.calibration.temperature_sweep`). Whether, and where, the point-mass tree overtakes is printed
+# (`paper.calibration_checks.temperature_sweep`). Whether, and where, the point-mass tree overtakes is printed
 # from the measurements below the figure.
 
 # %%

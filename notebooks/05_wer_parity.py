@@ -106,7 +106,8 @@ from matplotlib.ticker import MaxNLocator
 from rvqspec_lib.common.provenance import (provenance, resolve_out_dir, save_audio, save_figure, save_json,
                                            save_table)
 from tools.results_doc import entry, headline
-from rvqspec_lib.data.utterances import embedded_root, shipped_split_sizes
+from rvqspec_lib.data.utterances import embedded_root
+from paper.notebook_measures import shipped_split_sizes
 from rvqspec_lib.decoding.decoder_names import check_decoder_names
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.eval.eval_sets import calibrate_decoders, calibration_data, evaluation_data

@@ -83,6 +83,7 @@ from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_shi
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.device.export_check import check_file
 from rvqspec_lib.eval import export_check as X
+from paper.notebook_measures import numerical_agreement
 from bench import table as PL
 from rvqspec_lib.eval import speed as S
 from bench import frames as BF
@@ -164,7 +165,7 @@ cost_lm = load_model(run_cost_model, seed=seed, device="cpu", dtype="float32")
 cost_cp = cost_lm.code_predictor.eval()
 exported = []
 for graph, fmt, dtype in run_exports:
-    res = X.numerical_agreement(cost_cp, graphs=(graph,), formats=(fmt,), dtypes=(dtype,), nodes=run_verify_nodes,
+    res = numerical_agreement(cost_cp, graphs=(graph,), formats=(fmt,), dtypes=(dtype,), nodes=run_verify_nodes,
                                 work_dir=work / "graphs")
     exported += res["rows"]
 graphs_df = pd.DataFrame(exported)

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from rvqspec_lib.eval.asr import cer
 from rvqspec_lib.eval.inner_loop import score_conditions
 from rvqspec_lib.models.audio import _check_wav
+from paper.notebook_measures import log_spectral_distance
 
 #: The conditions of a sweep besides the codec's: the input audio, and the inversion of its unquantised features.
 ORIGINAL, INVERSION, CODEC = "original", "inversion", "codec"
@@ -64,8 +65,8 @@ def codebook_sweep(codec, wav: np.ndarray, n_codebooks: Sequence[int] = (1, 2, 4
             return {"condition": condition, "k": k, "audio": x, "feature_lsd_db": 0.0, "audio_lsd_db": 0.0}
         y = codec.vectors_to_audio(vectors)[: x.shape[0]]
         return {"condition": condition, "k": k, "audio": y,
-                "feature_lsd_db": codec.log_spectral_distance(vectors, feats),
-                "audio_lsd_db": codec.log_spectral_distance(codec.features(y, codec.sample_rate), feats)}
+                "feature_lsd_db": log_spectral_distance(codec, vectors, feats),
+                "audio_lsd_db": log_spectral_distance(codec, codec.features(y, codec.sample_rate), feats)}
 
     swept = [row(f"k={k}", int(k), codec.decode_vectors(codes, int(k))) for k in n_codebooks]
     return [row("original", None, None)] + ([row("unquantised", None, feats)] if unquantised else []) + swept

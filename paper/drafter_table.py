@@ -17,9 +17,10 @@ from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS, DEFAULT_TREE
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import acceptance as A
 from paper import headroom as H
+from paper.notebook_measures import saturation_window
 from rvqspec_lib.eval.calibration import calibrate
 from rvqspec_lib.models.configs import CONFIG_DIR
-from rvqspec_lib.models.drafter_files import params_added_for_config
+from paper.drafter_training import params_added_for_config
 from rvqspec_lib.models.named_decoders import resolve
 
 #: The paper's Table 2 (§3.3), quoted: tokens per call ("toks/step") of each drafter with its sparse tree of
@@ -300,7 +301,7 @@ def chain_window_rows(results: Mapping[str, dict], *, rel_tol: float = SATURATIO
                       ) -> tuple[list[dict], dict[str, int]]:
     """The chain with sampled drafts across windows, per drafter (TensorRT-Edge-LLM's ``--cpSpecVerifySize``):
     measured and predicted tokens per call, found by the decoders' fields (``kind`` chain, ``nodes`` the window),
-    and the saturation window (:func:`rvqspec_lib.eval.acceptance.saturation_window`).
+    and the saturation window (:func:`paper.notebook_measures.saturation_window`).
 
     Returns:
         ``(rows, saturation)``: rows ``drafter``, ``decoder`` (its label), ``window``, ``tokens_per_call``,
@@ -308,7 +309,7 @@ def chain_window_rows(results: Mapping[str, dict], *, rel_tol: float = SATURATIO
     """
     rows, saturation = [], {}
     for lab, r in results.items():
-        saturation[lab] = A.saturation_window(r, rel_tol=rel_tol)
+        saturation[lab] = saturation_window(r, rel_tol=rel_tol)
         chains = sorted((v for v in r["decoders"].values() if v["kind"] == "chain"), key=lambda v: v["nodes"])
         rows += [{"drafter": lab, "decoder": v["decoder"], "window": v["nodes"],
                   "tokens_per_call": v["tokens_per_call"],

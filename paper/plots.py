@@ -220,7 +220,7 @@ def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float 
 
     Args:
         panels: ``(label, db, distance_db)`` each: ``db`` ``(n_mels, frames)`` in dB
-            (:meth:`rvqspec_lib.models.rvq_codec.RVQCodec.log_mel_db`), ``distance_db`` a log-spectral distance to
+            (:func:`paper.notebook_measures.log_mel_db`), ``distance_db`` a log-spectral distance to
             the first panel (``None``: none). hop_s: seconds per column.
     """
     panels = list(panels)
@@ -272,7 +272,7 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
 
     Args:
         rows: dicts with ``model``, ``talker_layers``, ``code_predictor_layers``, ``n_code_groups``,
-            ``frame_rate_hz`` (:func:`rvqspec_lib.models.configs.loop_facts` plus a ``model`` name).
+            ``frame_rate_hz`` (:func:`paper.notebook_measures.loop_facts` plus a ``model`` name).
     """
     rows = list(rows)
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, gridspec_kw={"width_ratios": [1.7, 1.0]},
@@ -669,7 +669,7 @@ def _family_label(fields) -> str:
 
 def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
                               figsize: tuple[float, float] = (10.5, 4.2)):
-    """:func:`rvqspec_lib.eval.calibration.predicted_vs_measured` ``rows``: E(N) predicted (dashed) against tokens
+    """:func:`paper.calibration_checks.predicted_vs_measured` ``rows``: E(N) predicted (dashed) against tokens
     per call measured (solid), point-mass trees left, sampled trees and chains (triangles) right, ONE y scale."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, sharey=True, constrained_layout=True)
     panels = {False: axes[0], True: axes[1]}
@@ -789,7 +789,7 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
 
 
 def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tuple[float, float] = (10.5, 3.9)):
-    """A :func:`rvqspec_lib.eval.calibration.temperature_sweep`: left, tokens per call of both kinds of tree,
+    """A :func:`paper.calibration_checks.temperature_sweep`: left, tokens per call of both kinds of tree,
     measured (solid) and predicted (dashed), against the temperature (sharper p to the right); right, the mechanism:
     what one point-mass child is worth (the target mass of the top-ranked code) against one sampled child
     (``sum min(p, q)``), at offset 1.

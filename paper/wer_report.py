@@ -16,9 +16,11 @@ from rvqspec_lib.decoding.decoders import AR
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval.inner_loop import codes_to_audio, transcribe_all
-from rvqspec_lib.eval.wer_parity import (NULL_CONTROL, ROW_FIELDS, decode_runs, decoder_fields,
-                                         error_rates, language_frames, utterance_codes)
+from rvqspec_lib.eval.asr import error_rates
+from rvqspec_lib.eval.wer_parity import (NULL_CONTROL, ROW_FIELDS, decode_runs, decoder_fields, language_frames,
+                                         utterance_codes)
 from rvqspec_lib.models.named_decoders import NamedDecoder, has_paper_decoder, resolve_all
+from paper.notebook_measures import samples_needed, sentences_needed
 
 
 def true_codes_wer(utterances: Sequence, *, codec, asr, unit: str = "word", progress: bool = False) -> dict:
@@ -125,7 +127,7 @@ def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: fl
                 row.update({"wer_test": "flagged" if vs["detected"] else "not flagged", "wer_diff": vs["difference"],
                             "wer_ci_low": vs["ci_low"], "wer_ci_high": vs["ci_high"], "wer_p": vs["p_value"],
                             "wer_mde80": vs["mde80"], "wer_n_utterances": vs["n_utterances"],
-                            "sentences_needed": S.sentences_needed(vs["difference"], vs["se"], vs["n_utterances"],
+                            "sentences_needed": sentences_needed(vs["difference"], vs["se"], vs["n_utterances"],
                                                                    alpha=vs["alpha"])})
                 if vs["detected"]:
                     caught.append("inner-loop WER")
@@ -137,7 +139,7 @@ def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: fl
                 if fv["detected"]:
                     caught.append("free-running WER")
             if not summ["rejected"] and not summ["lossless"]:
-                row["samples_needed_code"] = S.samples_needed(summ["max_tv_rank"], summ["df_rank"], power=power,
+                row["samples_needed_code"] = samples_needed(summ["max_tv_rank"], summ["df_rank"], power=power,
                                                               level=summ["level"])
             row["flagged_by"] = ", ".join(caught) or "none"
             rows.append(row)

@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
     rows = voices.render_corpus(train + evals, out / "corpus", voices=[args.voice], processes=args.processes)
     result["timings_s"]["render"] = time.perf_counter() - t0
     result["corpus_table"] = corpus.corpus_table(rows)
-    by_key = {voices.sentence_key(r["text"]): r for r in voices.read_manifest(out / "corpus")}
+    by_key = {voices.sentence_key(r["text"]): r for r in corpus.read_manifest(out / "corpus")}
     train_paths = [by_key[voices.sentence_key(s.text)]["path"] for s in train]
     eval_rows = [by_key[voices.sentence_key(s.text)] for s in evals]
     result["hours_rendered"] = sum(r["seconds"] for r in rows) / 3600

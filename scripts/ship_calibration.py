@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     codes = load_codes(path)
     with tempfile.TemporaryDirectory() as tmp:
         voices.render_corpus(sents, tmp, voices=a.voices.split(","), one_voice_each=True)
-        new = voices.read_manifest(tmp)  # absolute audio paths
+        new = corpus.read_manifest(tmp)  # absolute audio paths
         new_codes = encode_manifest(new, RVQCodec.load(root / "codec.safetensors", decoder=None))
     new = [r for r in new if len(new_codes[r["id"]])]
     assert all(r["split"] == "calibration" for r in new), "a calibration sentence hashed to another split"

@@ -148,7 +148,8 @@ def test_predicted_vs_measured_reads_each_decoders_own_calibration(small):
     measurement is decoder_statistics' on the same contexts and seed."""
     from rvqspec_lib.decoding.decoders import Chain
     from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
-    from rvqspec_lib.eval.calibration import predicted_vs_measured, tables_from_calibration
+    from paper.calibration_checks import predicted_vs_measured
+    from rvqspec_lib.eval.calibration import tables_from_calibration
     from rvqspec_lib.models.named_decoders import resolve_all
 
     cp, frames = small
@@ -179,7 +180,7 @@ def test_predicted_vs_measured_reads_each_decoders_own_calibration(small):
 
 
 def test_temperature_sweep_rows_and_the_overtaking_temperatures(small):
-    from rvqspec_lib.eval.calibration import point_mass_overtakes, temperature_sweep
+    from paper.calibration_checks import point_mass_overtakes, temperature_sweep
 
     cp, frames = small
     rows = temperature_sweep(cp, frames.context[:32], frames.context[32:48], temperatures=(1.0, 0.2), budget=3,

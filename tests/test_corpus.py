@@ -10,7 +10,8 @@ from recipes.embedded import corpus
 
 from rvqspec_lib.data import voices
 from recipes.embedded.corpus import assign_splits, clean_sentences, corpus_table, dedupe, is_clean, parse_fortune_file, stdlib_sentences
-from rvqspec_lib.data.voices import SPLITS, VOICES, MissingVoiceError, Sentence, check_voice, load_sentences, multilingual_sentences, plan_renders, read_manifest, render_corpus, render_one, save_sentences, sentence_key, shipped_sentences, split_of
+from recipes.embedded.corpus import read_manifest, save_sentences
+from rvqspec_lib.data.voices import SPLITS, VOICES, MissingVoiceError, Sentence, check_voice, load_sentences, multilingual_sentences, plan_renders, render_corpus, render_one, sentence_key, shipped_sentences, split_of
 
 
 def en(text, source="written", origin="test"):

@@ -1,7 +1,7 @@
-"""Table 2 here (paper.drafter_table), the drafters' training plan (rvqspec_lib.training.drafters
-.train_drafters) and the drafter styles of the figures (paper.plots), on the tiny random model: fast checks
-of structure, names, fields and arithmetic (what the numbers mean is tested in test_drafters.py and test_calibration.py;
-the notebook runs them on the embedded model).
+"""Table 2 here (paper.drafter_table), the drafters' training plan (paper.drafter_training.train_drafters) and
+the drafter styles of the figures (paper.plots), on the tiny random model: fast checks of structure, names, fields
+and arithmetic (what the numbers mean is tested in test_drafters.py and test_calibration.py; the notebook runs them on
+the embedded model).
 
 * every decoder is built by name: the chains and the small tree by their labels, each drafter's own tree as
   ``tree:calibrated-point-mass:N@LABEL`` and the deployed offsets' as ``paper:N``, its rows carrying the fields;
@@ -25,9 +25,11 @@ from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import acceptance as A
 from paper import drafter_table as T
 from paper import plots
+from paper.notebook_measures import saturation_window
 from rvqspec_lib.models.drafter_files import make_drafter
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.training.drafters import TABLE2_DRAFTERS, train_drafter, train_drafters
+from paper.drafter_training import TABLE2_DRAFTERS, train_drafters
+from rvqspec_lib.training.drafters import train_drafter
 
 SAMPLING = Sampling()
 BUDGETS = (4, 32)
@@ -194,7 +196,7 @@ def test_acceptance_tables_and_chain_windows_come_from_the_results(measured, dra
     rows, saturation = T.chain_window_rows(results)
     assert len(rows) == 7 * len(drafters) and [r["window"] for r in rows[:7]] == list(range(2, 9))
     assert all(r["decoder"] == f"chain:{r['window']}" for r in rows)
-    assert saturation == {lab: A.saturation_window(r) for lab, r in results.items()}
+    assert saturation == {lab: saturation_window(r) for lab, r in results.items()}
 
 
 def test_drafter_family_and_the_figures_styles():

@@ -48,6 +48,7 @@ from rvqspec_lib.eval.acceptance import (
     predicted_tokens_per_call,
 )
 from paper.drafter_table import paired_acceptance_difference
+from paper.drafter_training import params_added_for, params_added_for_config
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_dataset
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models import backends
@@ -57,7 +58,6 @@ from rvqspec_lib.models.drafter_files import (
     drafter_path,
     load_drafter,
     make_drafter,
-    params_added_for_config,
     read_description,
     save_drafter,
 )
@@ -69,12 +69,7 @@ from rvqspec_lib.data.teacher import (
 )
 from rvqspec_lib.decoding.decode import decode_frame
 from rvqspec_lib.decoding.decoders import AR, Chain, Tree
-from rvqspec_lib.decoding.drafters import (
-    MedusaHeads,
-    PositionOffsets,
-    ReusedHeads,
-    params_added_for,
-)
+from rvqspec_lib.decoding.drafters import MedusaHeads, PositionOffsets, ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.training.drafters import train_drafter
 
@@ -362,7 +357,8 @@ def test_embedded_drafters_live_beside_the_embedded_model(tmp_path):
 
 
 def test_saturation_window_and_acceptance_by_depth():
-    from rvqspec_lib.eval.acceptance import acceptance_by_depth, saturation_window
+    from paper.notebook_measures import saturation_window
+    from rvqspec_lib.eval.acceptance import acceptance_by_depth
 
     tpc = {2: 1.5, 3: 1.9, 4: 2.0, 5: 2.01, 6: 1.99}
     assert saturation_window(tpc) == 4 and saturation_window(tpc, rel_tol=0) == 5

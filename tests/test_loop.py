@@ -13,14 +13,8 @@ import math
 import pytest
 import torch
 
-from rvqspec_lib.training.loop import (
-    MIN_LR_RATIO,
-    Budget,
-    WarmupCosine,
-    decay_groups,
-    fit,
-    lr_at,
-)
+from recipes.embedded.schedule import MIN_LR_RATIO, WarmupCosine, decay_groups, lr_at, one_budget
+from rvqspec_lib.training.loop import Budget, fit
 
 torch.set_num_threads(1)
 
@@ -132,8 +126,8 @@ def test_budget_errors():
             Budget(**bad)
     for steps, minutes in ((None, None), (3, 1.0)):
         with pytest.raises(ValueError, match="exactly one budget"):
-            Budget.one_of(steps, minutes)
-    assert Budget.one_of(3, None) == Budget(steps=3)
+            one_budget(steps, minutes)
+    assert one_budget(3, None) == Budget(steps=3)
     model, x, y = regression()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = lambda b: mse(model, *b)

@@ -199,12 +199,12 @@ def _fake_export(states):
 def test_coreml_float32_export_says_the_states_stay_float16(tmp_path, capsys, monkeypatch, dtype, said):
     """The command's output for a Core ML package (the conversion itself is tests/test_export_coreml.py's: here it is
     replaced by its result, the states the package declares)."""
-    from rvqspec_lib.eval import export_check as T
+    from rvqspec_lib.device import export_check as X
     from rvqspec_lib.device import export_formats as F
 
     states = [["k_cache", [2, 1, 2, 32, 8], "float16"], ["v_cache", [2, 1, 2, 32, 8], "float16"]]
     monkeypatch.setattr(F, "export_graph", _fake_export(states))
-    monkeypatch.setattr(T, "check_file", lambda *a, **k: [])
+    monkeypatch.setattr(X, "check_file", lambda *a, **k: [])
     assert main(["export", "--model", "tiny-random", "--format", "coreml", "--graph", "verify", "--dtype", dtype,
                  "--out", str(tmp_path / "ex")]) == 0
     cap = capsys.readouterr()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from paper import notebook_measures as M
 from paper import wer_report as R
 from rvqspec_lib.eval import parity as S
 
@@ -80,9 +81,9 @@ def test_sign_flip_test_keeps_its_level_under_exchangeable_errors():
 
 def test_sentences_needed_scales_as_one_over_the_squared_difference():
     z = stats.norm.isf(1e-3 / 2) + stats.norm.isf(0.2)
-    assert S.sentences_needed(0.02, 0.01, 100) == pytest.approx(100 * (z * 0.01 / 0.02) ** 2)
-    assert S.sentences_needed(0.01, 0.01, 100) == pytest.approx(4 * S.sentences_needed(0.02, 0.01, 100))
-    assert S.sentences_needed(0.0, 0.01, 100) == math.inf
+    assert M.sentences_needed(0.02, 0.01, 100) == pytest.approx(100 * (z * 0.01 / 0.02) ** 2)
+    assert M.sentences_needed(0.01, 0.01, 100) == pytest.approx(4 * M.sentences_needed(0.02, 0.01, 100))
+    assert M.sentences_needed(0.0, 0.01, 100) == math.inf
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -137,12 +138,12 @@ def test_power_bound_holds_for_the_least_detectable_shift():
 
 
 def test_samples_needed_and_detectable_tv_invert_the_power_bound():
-    n = S.samples_needed(0.05, 15, power=0.9, level=1e-4)
+    n = M.samples_needed(0.05, 15, power=0.9, level=1e-4)
     assert S.power_two_sample(n, n, 15, tv=0.05, level=1e-4) >= 0.9 > S.power_two_sample(n - 1, n - 1, 15, tv=0.05,
                                                                                         level=1e-4)
     tv = S.detectable_tv(n, n, 15, power=0.9, level=1e-4)
     assert tv == pytest.approx(0.05, rel=1e-3)
-    assert S.samples_needed(0.0, 15) == math.inf and math.isnan(S.power_two_sample(10, 10, 0))
+    assert M.samples_needed(0.0, 15) == math.inf and math.isnan(S.power_two_sample(10, 10, 0))
 
 
 def test_holm_adjustment():

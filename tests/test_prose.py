@@ -192,7 +192,8 @@ def test_typed_number_in_the_readme_fails_outside_the_results_block(tmp_path):
 
 def test_the_calibration_split_size_is_one_number_read_from_the_data():
     """Notebooks 00, 03 and 04 print the shipped calibration split's size from this function, never typed."""
-    from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances, shipped_split_sizes
+    from paper.notebook_measures import shipped_split_sizes
+    from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
 
     sizes = shipped_split_sizes("embedded")
     _, utts = load_shipped_utterances(embedded_root("embedded") / "utterances.safetensors", splits=["calibration"])

@@ -45,7 +45,7 @@ from rvqspec_lib.models.loader import LoadedModel, load_model, save_checkpoint
 from rvqspec_lib.data.teacher import Utterance, batch_prompt
 from rvqspec_lib.models.tokenizers import ByteTokenizer
 from rvqspec_lib.decoding.sampling import Sampling, code0_processors
-from rvqspec_lib.training.loop import lr_at
+from recipes.embedded.schedule import lr_at
 
 
 TOY_WORDS = ("the cat sat on a mat while two dogs ran far away from old red barns near green hills "

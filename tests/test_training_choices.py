@@ -15,14 +15,8 @@ from test_drafters import drift_model
 from paper.headroom import captured_share, headroom_table
 from rvqspec_lib.models.drafter_files import load_drafter, make_drafter
 from rvqspec_lib.decoding.drafters import MedusaHeads, PositionOffsets
-from rvqspec_lib.training.drafters import (
-    DEFAULT_LR,
-    deploy_drafters,
-    select_deployed,
-    sweep_learning_rates,
-    train_drafter,
-    validation_acceptance,
-)
+from paper.drafter_training import deploy_drafters, select_deployed, sweep_learning_rates, validation_acceptance
+from rvqspec_lib.training.drafters import DEFAULT_LR, train_drafter
 
 TRAIN = dict(loss="ce", max_epochs=3, batch_size=64, patience=1, seed=0)
 

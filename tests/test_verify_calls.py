@@ -61,7 +61,8 @@ def test_figures_1_to_3_draw_from_their_inputs(cp):
 
     matplotlib.use("Agg")
     from paper import plots
-    from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS, loop_facts
+    from paper.notebook_measures import loop_facts
+    from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS
 
     rows = [{"model": n, **loop_facts(CONFIG_DIR / d)} for n, d in RANDOM_MODELS.items()]
     assert {(r["n_code_groups"], r["frame_rate_hz"], r["talker_layers"], r["code_predictor_layers"]) for r in rows} \

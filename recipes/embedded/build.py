@@ -244,7 +244,7 @@ class Builder:
         calib = calibration_sentences(a.n_calib, a.seed)
         keys = {voices.sentence_key(s.text) for s in train}
         assert not keys & {voices.sentence_key(s.text) for s in evals + val + calib}, "held-out sentence in training"
-        voices.save_sentences(train + val + calib + evals, p.with_suffix(".tmp"))
+        corpus.save_sentences(train + val + calib + evals, p.with_suffix(".tmp"))
         os.replace(p.with_suffix(".tmp"), p)
         self.log(f"texts: {len(train)} training, {len(val)} validation, {len(calib)} calibration, {len(evals)} "
                  f"evaluation sentences (pool {len(pool)} from {','.join(sources)})")
@@ -263,7 +263,7 @@ class Builder:
         return p
 
     def rows(self) -> list[dict]:
-        return voices.read_manifest(self.work / "corpus")
+        return corpus.read_manifest(self.work / "corpus")
 
     # ------------------------------------------------------------------ 3. codec
     def codec(self) -> Path:

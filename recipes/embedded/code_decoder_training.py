@@ -23,7 +23,8 @@ from recipes.embedded.codes import inner_loop_codes_batch
 from rvqspec_lib.models.audio import load_wav
 from rvqspec_lib.models.code_decoder import CodeDecoder, CodeDecoderConfig
 from rvqspec_lib.models.configs import seeded
-from rvqspec_lib.training.loop import GRAD_CLIP, WARMUP_STEPS, WEIGHT_DECAY, Budget, WarmupCosine, fit
+from rvqspec_lib.training.loop import Budget, fit
+from recipes.embedded.schedule import GRAD_CLIP, WARMUP_STEPS, WEIGHT_DECAY, WarmupCosine
 
 #: Peak AdamW learning rate of the code decoder.
 LR = 1e-3

@@ -7,7 +7,9 @@ and split into Table 1's roles (:func:`rvqspec_lib.data.voices.split_of`); the v
 from __future__ import annotations
 
 import ast
+import csv
 import gzip
+import json
 import os
 import re
 import shutil
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from rvqspec_lib.device.kernels.build import cache_dir as cache_dir_of_kernels
-from rvqspec_lib.data.voices import SPLITS, Sentence, multilingual_sentences, read_manifest, sentence_key, split_of
+from rvqspec_lib.data.voices import SPLITS, Sentence, multilingual_sentences, sentence_key, split_of
 
 
 #: What each split is used for in this project (the "role" column of the Table 1 analogue, notebook 00).
@@ -247,3 +249,27 @@ def corpus_table(manifest: str | os.PathLike | Iterable[Mapping]) -> list[dict]:
              "hours": round(groups[(s, lang)]["seconds"] / 3600, 4), "frames": groups[(s, lang)]["frames"],
              "voices": ",".join(sorted(groups[(s, lang)]["voices"])),
              "sources": ",".join(sorted(x for x in groups[(s, lang)]["sources"] if x))} for s, lang in keys]
+
+
+def save_sentences(sentences: Iterable[Sentence], path: str | os.PathLike) -> Path:
+    """Write sentences as TSV (``text language source origin``, with a header)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+        w.writerow(["text", "language", "source", "origin"])
+        for s in sentences:
+            w.writerow([s.text, s.language, s.source, s.origin])
+    return p
+
+
+def read_manifest(path: str | os.PathLike) -> list[dict]:
+    """Rows of a ``manifest.jsonl`` with ``path`` made absolute (relative to the manifest's folder)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "manifest.jsonl"
+    if not p.is_file():
+        raise FileNotFoundError(f"no manifest at {p}: render a corpus first "
+                                "(rvqspec_lib.data.voices.render_corpus)")
+    rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [{**r, "path": str((p.parent / r["path"]).resolve())} for r in rows]

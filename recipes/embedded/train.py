@@ -18,17 +18,16 @@ from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.models.configs import tiny_config_dict
 from rvqspec_lib.models.loader import LoadedModel, save_checkpoint
 from rvqspec_lib.data.teacher import Utterance, as_utterance, eval_mode, talker_pass
-from rvqspec_lib.training.loop import (
+from rvqspec_lib.training.loop import fit, write_curve
+from recipes.embedded.schedule import (
     ADAMW_BETAS,
     GRAD_CLIP,
     MIN_LR_RATIO,
     WARMUP_STEPS,
     WEIGHT_DECAY,
-    Budget,
     WarmupCosine,
     decay_groups,
-    fit,
-    write_curve,
+    one_budget,
 )
 
 #: Weight of the code-predictor loss in the total (the official finetuning script's value).
@@ -119,7 +118,7 @@ def train(lm: LoadedModel, dataset: Iterable, *, steps: int | None = None, minut
     Raises:
         ValueError: no budget or two, a budget that is not positive, an empty training set.
     """
-    budget = Budget.one_of(steps, minutes)
+    budget = one_budget(steps, minutes)
     data = [as_utterance(u) for u in dataset]
     val = [as_utterance(u) for u in val_dataset] if val_dataset is not None else []
     if not data:
@@ -262,7 +261,7 @@ def train_code_predictor(lm: LoadedModel, train_states: CodePredictorStates,
     Raises:
         ValueError: no budget or two, an empty state set, batch_frames < 1.
     """
-    budget = Budget.one_of(steps, minutes)
+    budget = one_budget(steps, minutes)
     if len(train_states) == 0:
         raise ValueError("no training frames")
     if batch_frames < 1:

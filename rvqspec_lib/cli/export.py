@@ -12,6 +12,7 @@ from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, parse_decoder_name
 from rvqspec_lib.decoding.trees import DraftTree
 from rvqspec_lib.eval import export_check as T
+from rvqspec_lib.device import export_check as X
 from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.device import export_graphs as G
 from rvqspec_lib.models.named_decoders import check_files, resolve
@@ -78,7 +79,7 @@ def run(args, threads: int) -> int:
     if lm.is_random:
         note(f"{args.model} has RANDOM weights: the graph's shapes and timing are real, its outputs mean nothing")
     res = F.export_graph(cp, args.graph, args.fmt, path, dtype=args.dtype, nodes=nodes, tree=tree, target=args.target)
-    agreement = [r for r in T.check_file(cp, args.graph, path, dtype=args.dtype, nodes=nodes, tree=tree) if r["ran"]]
+    agreement = [r for r in X.check_file(cp, args.graph, path, dtype=args.dtype, nodes=nodes, tree=tree) if r["ran"]]
     timing = None
     if args.fmt == "coreml" and F.coreml_available()[0]:
         timing = T.coreml_call_times(cp, out / f".time-{stem}", nodes=[nodes] if nodes else [4],

@@ -205,12 +205,12 @@ def frames_from_shipped(lm, split: str, *, max_frames: int | None = None,
 
 @torch.no_grad()
 def frames_from_contexts(code_predictor, context: torch.Tensor, *, sampling: Sampling | None = None, seed: int = 0,
-                         batch_size: int = 4096, frames_per_utterance: int = 1) -> Frames:
+                         frames_per_utterance: int = 1) -> Frames:
     """Frames whose codes the inner loop samples (AR, the deployed warpers) from given ``context`` (no talker);
     ``frames_per_utterance`` consecutive frames share an utterance id (for splits)."""
     gen = torch.Generator(device=context.device).manual_seed(seed)
-    codes = torch.cat([decode_frame(code_predictor, context[i: i + batch_size], decoder=AR(), sampling=sampling,
-                                    generator=gen).codes for i in range(0, context.shape[0], batch_size)])
+    codes = torch.cat([decode_frame(code_predictor, context[i: i + 4096], decoder=AR(), sampling=sampling,
+                                    generator=gen).codes for i in range(0, context.shape[0], 4096)])
     utt = torch.arange(context.shape[0]) // max(1, frames_per_utterance)
     return Frames(context.float().cpu(), codes.cpu(), utt, None,
                   {"kind": "contexts", "n": int(context.shape[0]), "seed": seed,

@@ -117,16 +117,3 @@ def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.nda
         out.append(Utterance(r["text"], torch.as_tensor(np.asarray(c), dtype=torch.long), spk, language))
     return out
 
-
-def shipped_split_sizes(model: str | os.PathLike = "embedded") -> dict[str, dict]:
-    """``{split: {"utterances", "frames", "file"}}`` of a small model's ``utterances.jsonl`` (no codes loaded), what
-    notebooks quote. Raises FileNotFoundError: the model ships no utterances (:func:`embedded_root`)."""
-    j = embedded_root(model) / "utterances.jsonl"
-    out: dict[str, dict] = {}
-    for line in j.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            d = out.setdefault(r["split"], {"utterances": 0, "frames": 0, "file": str(j)})
-            d["utterances"] += 1
-            d["frames"] += int(r["frames"])
-    return out

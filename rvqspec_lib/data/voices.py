@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -96,20 +95,8 @@ def split_of(sentence: Sentence | str, fractions: Mapping[str, float] | None = N
     return [s for s in SPLITS if fr.get(s, 0) > 0][-1]
 
 
-def save_sentences(sentences: Iterable[Sentence], path: str | os.PathLike) -> Path:
-    """Write sentences as TSV (``text language source origin``, with a header)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "w", encoding="utf-8", newline="") as f:
-        w = csv.writer(f, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
-        w.writerow(["text", "language", "source", "origin"])
-        for s in sentences:
-            w.writerow([s.text, s.language, s.source, s.origin])
-    return p
-
-
 def load_sentences(path: str | os.PathLike) -> list[Sentence]:
-    """Read a TSV written by :func:`save_sentences`."""
+    """Read a TSV written by ``recipes/embedded/corpus.py``'s ``save_sentences``."""
     with open(path, encoding="utf-8", newline="") as f:
         return [Sentence(r["text"], r["language"], r["source"], r["origin"])
                 for r in csv.DictReader(f, delimiter="\t")]
@@ -331,14 +318,3 @@ def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voi
     _write_recipe(out)
     return done
 
-
-def read_manifest(path: str | os.PathLike) -> list[dict]:
-    """Rows of a ``manifest.jsonl`` with ``path`` made absolute (relative to the manifest's folder)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "manifest.jsonl"
-    if not p.is_file():
-        raise FileNotFoundError(f"no manifest at {p}: render a corpus first "
-                                "(recipes.embedded.voices.render_corpus)")
-    rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [{**r, "path": str((p.parent / r["path"]).resolve())} for r in rows]

@@ -183,11 +183,6 @@ def parse_tree_name(text: str) -> tuple[str | None, int]:
     return m.group(1), n
 
 
-def _is_calibrated_name(text: str | None) -> bool:
-    """Whether a ``--tree`` value names a calibrated tree rather than rank paths."""
-    return isinstance(text, str) and text.strip().startswith("calibrated")
-
-
 def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName:
     """Parse one decoder name (:data:`GRAMMAR`); ``without``: forms the command does not take (:func:`grammar`).
 
@@ -225,7 +220,7 @@ def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName
             if arg == "best":
                 return DecoderName(raw, "chain", drafter, best_window=True)
             return DecoderName(raw, "chain", drafter, window=_window(arg) if colon else DEFAULT_WINDOW)
-        if head == "calibrated" or head.startswith("calibrated-") or (head == "tree" and _is_calibrated_name(arg)):
+        if head == "calibrated" or head.startswith("calibrated-") or (head == "tree" and arg.startswith("calibrated")):
             kind, n = parse_tree_name(arg if head == "tree" else body)
             return DecoderName(raw, "calibrated", drafter, tree_kind=kind, sampled=kind == "sampled", budget=n)
         if head in ("tree", "tree-sampled"):

@@ -211,18 +211,6 @@ def _check_k(K) -> None:
         raise ValueError(f"K (offsets drafted) must be a positive integer, got {K!r}")
 
 
-def params_added_for(name: str, *, K: int = DEFAULT_K, n_codes: int = 15, hidden_size: int = 1024,
-                     vocab_size: int = 2048, residual_block: bool = False) -> int:
-    """Exact parameters a drafter adds for a code predictor of the given sizes, counted on the ``meta`` device."""
-    _check_name(name)
-    if name == "heads":
-        return 0
-    with torch.device("meta"):
-        if name == "offsets":
-            return PositionOffsets(K, hidden_size).params_added
-        return MedusaHeads(K, n_codes, hidden_size, vocab_size, residual_block).params_added
-
-
 def _check_name(name) -> None:
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)} (heads = reused LM heads, "

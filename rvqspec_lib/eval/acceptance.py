@@ -225,29 +225,6 @@ def acceptance_by_depth(alpha, max_offset: int | None = None) -> np.ndarray:
     return out
 
 
-def saturation_window(result: dict, *, rel_tol: float = 0.02) -> int:
-    """The smallest chain window whose tokens per call is within ``rel_tol`` of the best window's (seed 003: "acceptance
-    saturates once the window passes four depths").
-
-    Args:
-        result: :func:`evaluate_acceptance`'s output (its chains found by their fields: ``kind`` chain, ``nodes`` the
-            window), or ``{window (int): tokens per call}``.
-        rel_tol: relative shortfall from the maximum still counted as saturated (0.02 = 2%).
-
-    Raises:
-        ValueError: no chain window, or ``rel_tol`` negative.
-    """
-    if rel_tol < 0:
-        raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
-    if "decoders" in result:
-        result = {d["nodes"]: d["tokens_per_call"] for d in result["decoders"].values() if d["kind"] == "chain"}
-    by_w = {int(w): float(v) for w, v in result.items() if v is not None}
-    if not by_w:
-        raise ValueError("no chain window to compare: evaluate chain decoders (evaluate_acceptance's default)")
-    best = max(by_w.values())
-    return min(w for w, v in by_w.items() if v >= best * (1 - rel_tol))
-
-
 def _pad_cat(parts: list[torch.Tensor]) -> torch.Tensor:
     w = max(p.shape[1] for p in parts)
     return torch.cat([torch.nn.functional.pad(p, (0, w - p.shape[1])) for p in parts])
@@ -324,7 +301,7 @@ def decoder_statistics(code_predictor, drafter, context: torch.Tensor, decoder, 
 
 def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, *, decoders: Sequence | None = None,
                         sampling: Sampling | None = None, seed: int = 0, max_rank: int = DEFAULT_MAX_RANK,
-                        teacher_codes: str = "decoded", batch_size: int = 256) -> dict:
+                        teacher_codes: str = "decoded") -> dict:
     """Empirical statistics of every decoder (default the chains 2..8 and the default tree) and the exact tables, as
     one JSON-able dict (NaN as ``None``). ``frames``: :class:`~rvqspec_lib.data.frames.Frames` or a ``(N, 2,
     talker_hidden)`` context tensor; ``teacher_codes``: the exact tables teacher-force the codes the first decoder
@@ -350,7 +327,7 @@ def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, 
     n = P.n_codes(cp)
     runs, first_codes = {}, None
     for dec in decoders:
-        st = decoder_statistics(cp, drafter, context, dec, sampling=sampling, seed=seed, batch_size=batch_size)
+        st = decoder_statistics(cp, drafter, context, dec, sampling=sampling, seed=seed)
         if first_codes is None:
             first_codes = st["codes"]
         if st["decoder"] in runs:
@@ -359,8 +336,7 @@ def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, 
     k_eval = max(max(d.tree(n).max_depth for d in decoders), 1)
     ranks = max(max_rank, max((d.tree(n).max_rank + 1 for d in decoders), default=0))
     codes = first_codes if teacher_codes == "decoded" else frames.codes
-    exact = exact_statistics(cp, drafter, context, codes, n_ahead=k_eval, sampling=sampling, max_rank=ranks,
-                             batch_size=batch_size)
+    exact = exact_statistics(cp, drafter, context, codes, n_ahead=k_eval, sampling=sampling, max_rank=ranks)
     predicted = {label: predicted_tokens_per_call(exact, dec, n) for label, dec in zip(runs, decoders)}
     describe = drafter.describe() if hasattr(drafter, "describe") else {"name": getattr(drafter, "name", "?")}
     return {

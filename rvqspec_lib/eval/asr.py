@@ -131,16 +131,12 @@ def _dictionary_entries(path: Path) -> dict[str, list[str]]:
     return entries
 
 
-def bigram_arpa(texts: Iterable[str], vocabulary: set[str] | None = None, discount: float = 0.5) -> str:
+def bigram_arpa(texts: Iterable[str], vocabulary: set[str] | None = None) -> str:
     """A bigram LM of ``texts`` (normalised, in ``<s> ... </s>``) in ARPA format: absolute discounting
-    ``p(w | h) = (c(h, w) - D) / c(h)`` for seen pairs, else ``alpha(h) p(w)`` with each history summing to 1;
-    maximum-likelihood unigrams. ``vocabulary``: words outside it dropped.
-
-    Raises:
-        ValueError: ``discount`` outside (0, 1), no usable words.
+    ``p(w | h) = (c(h, w) - D) / c(h)`` (D = 0.5) for seen pairs, else ``alpha(h) p(w)`` with each history summing to
+    1; maximum-likelihood unigrams. ``vocabulary``: words outside it dropped. Raises ValueError: no usable words.
     """
-    if not 0 < discount < 1:
-        raise ValueError(f"discount must be in (0, 1), got {discount}")
+    discount = 0.5
     uni: Counter = Counter()
     bi: Counter = Counter()
     for t in texts:
@@ -329,17 +325,17 @@ def normalize_text(text: str) -> str:
     return " ".join("".join(out).split())
 
 
-def find_repetition(words: Sequence[str], max_ngram: int = 4, min_repeats: int = 3) -> tuple[str, int] | None:
-    """The first n-gram (n <= ``max_ngram``) repeated back to back at least ``min_repeats`` times, as
-    ``(ngram, repeats)``, or ``None``. The signature of a TTS loop ("the the the the ...")."""
+def find_repetition(words: Sequence[str]) -> tuple[str, int] | None:
+    """The first n-gram (n <= 4) repeated back to back at least 3 times, as ``(ngram, repeats)``, or ``None``. The
+    signature of a TTS loop ("the the the the ...")."""
     n_words = len(words)
-    for n in range(1, max_ngram + 1):
-        for i in range(0, n_words - n * min_repeats + 1):
+    for n in range(1, 5):
+        for i in range(0, n_words - n * 3 + 1):
             gram = tuple(words[i:i + n])
             r = 1
             while tuple(words[i + r * n:i + (r + 1) * n]) == gram:
                 r += 1
-            if r >= min_repeats:
+            if r >= 3:
                 return " ".join(gram), r
     return None
 
@@ -375,7 +371,10 @@ def _units(text: str, unit: str) -> list[str]:
     return norm.split() if unit == "word" else list(norm.replace(" ", ""))
 
 
-def _error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str, max_len_ratio: float) -> ErrorRates:
+def error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str = "word") -> ErrorRates:
+    """:func:`wer` (``unit="word"``) or :func:`cer` (``"char"``). Raises ValueError: another unit, unequal lengths."""
+    if unit not in ("word", "char"):
+        raise ValueError(f"unit must be 'word' or 'char', got {unit!r}")
     refs, hyps = list(refs), list(hyps)
     if len(refs) != len(hyps):
         raise ValueError(f"{len(refs)} references but {len(hyps)} hypotheses")
@@ -393,7 +392,7 @@ def _error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str, max_len_ra
         rep = find_repetition(hu) if unit == "word" else None
         if rep is not None and find_repetition(ru) is None:
             why = f"repetition: {rep[0]!r} x{rep[1]}"
-        elif len(hu) > max_len_ratio * max(len(ru), 1) + 2:
+        elif len(hu) > 2 * max(len(ru), 1) + 2:
             why = f"hypothesis {len(hu)} {unit}s for {len(ru)} in the reference"
         utts.append({"ref": " ".join(ru) if unit == "word" else "".join(ru),
                      "hyp": " ".join(hu) if unit == "word" else "".join(hu),
@@ -410,13 +409,13 @@ def _error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str, max_len_ra
                       utts, outliers)
 
 
-def wer(refs: Sequence[str], hyps: Sequence[str], max_len_ratio: float = 2.0) -> ErrorRates:
+def wer(refs: Sequence[str], hyps: Sequence[str]) -> ErrorRates:
     """Word error rate (:class:`ErrorRates`) of equal-length ``hyps`` against ``refs`` after :func:`normalize_text`
-    (an empty hypothesis: all deletions). Outliers: a hypothesis longer than ``max_len_ratio * len(ref) + 2``
-    words, or a back-to-back repeated n-gram (:func:`find_repetition`) the reference lacks."""
-    return _error_rates(refs, hyps, "word", max_len_ratio)
+    (an empty hypothesis: all deletions). Outliers: a hypothesis longer than ``2 * len(ref) + 2`` words, or a
+    back-to-back repeated n-gram (:func:`find_repetition`) the reference lacks."""
+    return error_rates(refs, hyps, "word")
 
 
-def cer(refs: Sequence[str], hyps: Sequence[str], max_len_ratio: float = 2.0) -> ErrorRates:
+def cer(refs: Sequence[str], hyps: Sequence[str]) -> ErrorRates:
     """Character error rate (spaces removed after normalisation): the figure for Chinese and Japanese."""
-    return _error_rates(refs, hyps, "char", max_len_ratio)
+    return error_rates(refs, hyps, "char")

@@ -24,14 +24,13 @@ from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
 from rvqspec_lib.decoding.drafters import ReusedHeads
 from rvqspec_lib.decoding.sampling import Sampling
-from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
-from rvqspec_lib.eval.calibration import KINDS, tables_from_calibration
+from rvqspec_lib.eval.calibration import KINDS, predicted, tables_from_calibration
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
 from rvqspec_lib.eval.timing import oversubscribed_note
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.models.backends import frame_runner, fused_support, verify_backend
-from rvqspec_lib.models.drafter_files import prepare_command, shipped_drafter
+from rvqspec_lib.models.drafter_files import cache_root, prepare_command, shipped_drafter
 from rvqspec_lib.models.named_decoders import NamedDecoder, drafter_calibration, resolve, resolve_all
 from rvqspec_lib.device.precision import precision_of
 
@@ -114,14 +113,7 @@ def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS, *, draf
     names = (["ar"] + [f"chain:{w}{at}" for w in CHAIN_WINDOWS if w - 1 <= tables["alpha"].shape[1]]
              + [f"tree:calibrated-{kind}:{b}{at}" for kind in KINDS for b in budgets if int(b) in have])
     named = resolve_all(names, None, calibrations={dn: calibration}, drafters={dn: drafter} if at else {})
-    n = int(calibration["n_codes"])
-    out = []
-    for nd in named.values():
-        d = nd.name
-        e = 1.0 if d.kind == "ar" else predicted_tokens_per_call(tables, nd.decoder, n) if d.kind == "chain" else \
-            float(calibration[d.tree_kind]["predicted_tokens_per_call"][str(d.budget)])
-        out.append((nd, e))
-    return out
+    return [(nd, predicted(calibration, nd.name, nd.decoder)) for nd in named.values()]
 
 
 def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
@@ -215,9 +207,8 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
 
 
 def cache_file() -> Path:
-    """Where choices are cached: ``$RVQSPEC_CACHE/auto.json`` or ``~/.cache/rvqspec/auto.json``."""
-    root = os.environ.get("RVQSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rvqspec")
-    return Path(root) / "auto.json"
+    """Where choices are cached: ``auto.json`` in :func:`~rvqspec_lib.models.drafter_files.cache_root`."""
+    return cache_root() / "auto.json"
 
 
 def cache_key(model: str, code_predictor, calibration: dict, drafter_name: str = "heads",

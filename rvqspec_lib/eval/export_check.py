@@ -1,68 +1,26 @@
-"""Every exported code-predictor graph against eager PyTorch in float32 (notebook 06; one file:
-:func:`rvqspec_lib.device.export_check.check_file`), and Core ML call times on macOS (:func:`coreml_call_times`).
-Frame times per backend: :func:`rvqspec_lib.eval.speed.time_frames`."""
+"""Core ML call times on macOS (:func:`coreml_call_times`); one exported graph against eager PyTorch:
+:func:`rvqspec_lib.device.export_check.check_file`. Frame times per backend: :func:`rvqspec_lib.eval.speed.time_frames`.
+"""
 
 from __future__ import annotations
 
 import platform
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from rvqspec_lib.eval.timing import interleaved, machine_meta
+from rvqspec_lib.eval.timing import interleaved
 from rvqspec_lib.device import export_formats as F
-from rvqspec_lib.device.export_check import RELATIVE_TOLERANCE, check_file
 from rvqspec_lib.device import export_graphs as G
 
 #: Node budgets of the fused verify graphs :func:`coreml_call_times` times.
 COREML_NODES = (2, 4, 8, 16, 32, 64)
 
 
-def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dtypes: Sequence[str] = ("float32",
-                        "float16"), formats: Sequence[str] = ("onnx", "coreml"), nodes: int = 4, tree=None,
-                        work_dir=None, seeds: Sequence[int] = (0, 1),
-                        compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS, keep_files: bool = False) -> dict:
-    """Export every (graph, format, dtype) of the float32 official module, run it where it can run and compare it
-    with eager PyTorch (:func:`check_file`); ``nodes``, ``tree``: the verify graph's; ``work_dir`` default a
-    temporary folder, removed unless ``keep_files``.
-
-    Returns:
-        ``{"rows": [...], "meta": {...}}``; a row per (graph, format, dtype, runner): ``graph``, ``format``,
-        ``dtype``, ``nodes``, ``interface_ok`` (declared == written), ``bytes``, ``export_s``, ``path``, and
-        :func:`check_file`'s fields.
-
-    Raises:
-        ValueError: what the exporter refuses (an unknown graph, format or dtype; one line).
-    """
-    tmp = tempfile.TemporaryDirectory(prefix="rvqspec-export-") if work_dir is None else None
-    work = Path(tmp.name if tmp is not None else work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    rows = []
-    try:
-        for graph in graphs:
-            n, tr = (nodes, tree) if graph == "verify" else (None, None)
-            for fmt in formats:
-                for dt in dtypes:
-                    path = work / f"{graph}-{dt}{F.FORMATS[fmt]}"
-                    res = F.export_graph(code_predictor, graph, fmt, path, dtype=dt, nodes=n, tree=tr)
-                    base = {"graph": graph, "format": fmt, "dtype": dt, "nodes": res["nodes"],
-                            "interface_ok": res["declared"] == res["written"], "bytes": res["bytes"],
-                            "export_s": round(res["export_s"], 1), "path": str(path) if keep_files else None}
-                    rows += [{**base, **r} for r in check_file(code_predictor, graph, path, dtype=dt, nodes=n, tree=tr,
-                                                                 seeds=seeds, compute_units=compute_units)]
-    finally:
-        if tmp is not None and not keep_files:
-            tmp.cleanup()
-    return {"rows": rows, "meta": {**machine_meta(code_predictor), "seeds": list(seeds),
-                                   "tolerance": RELATIVE_TOLERANCE, "reference": "official module, float32, eager"}}
-
-
-def coreml_call_times(code_predictor, work_dir, *, nodes: Sequence[int] = COREML_NODES,
-                      compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS, precision: str = "float16",
-                      repeats: int = 20, warmup: int = 3, seed: int = 0, progress: bool = True) -> dict:
-    """Time the Core ML packages call by call per compute unit (macOS 15+): the stepped graph, the fused verify graph
-    at each N (a chain of N - 1 drafts: the cost of a call depends on N, not on the tree's shape) and the fused
-    frame, interleaved within each compute unit. AR's frame is ``n_codes + 1`` stepped calls, so ``ratio_to_stepped``
+def coreml_call_times(code_predictor, work_dir, *, nodes: Sequence[int] = COREML_NODES, repeats: int = 20,
+                      progress: bool = True) -> dict:
+    """Time the float16 Core ML packages call by call per compute unit (macOS 15+; 3 warm-up rounds, seed 0): the
+    stepped graph, the fused verify graph at each N (a chain of N - 1 drafts: the cost of a call depends on N, not on
+    the tree's shape) and the fused frame, interleaved within each compute unit. AR's frame is ``n_codes + 1`` stepped calls, so ``ratio_to_stepped``
     is the verify cost curve t(N)/t(1) of each compute unit.
 
     Returns:
@@ -82,19 +40,18 @@ def coreml_call_times(code_predictor, work_dir, *, nodes: Sequence[int] = COREML
     feeds = {}
     for (graph, n), path in files.items():
         n_nodes = n if graph == "verify" else None
-        F.export_graph(code_predictor, graph, "coreml", path, dtype=precision, nodes=n_nodes)
-        feeds[(graph, n)] = G.example_inputs(G.build_graph(code_predictor, graph, nodes=n_nodes, state="buffers"),
-                                             seed=seed)
+        F.export_graph(code_predictor, graph, "coreml", path, dtype="float16", nodes=n_nodes)
+        feeds[(graph, n)] = G.example_inputs(G.build_graph(code_predictor, graph, nodes=n_nodes, state="buffers"))
     rows, meta = [], {}
-    for unit in compute_units:
+    for unit in F.COREML_COMPUTE_UNITS:
         graphs = {k: F.CoreMLGraph(p, compute_unit=unit) for k, p in files.items()}
         t = interleaved({k: (lambda _i, g=g, f=feeds[k]: g(f)) for k, g in graphs.items()}, repeats=repeats,
-                        warmup=warmup, seed=seed, progress=progress, desc=f"Core ML {unit}", module=code_predictor)
+                        warmup=3, progress=progress, desc=f"Core ML {unit}", module=code_predictor)
         base = t.summary(("stepped", 1))["median_ms"]
         for (graph, n) in files:
             s = t.summary((graph, n))
             rows.append({"compute_unit": unit, "graph": graph, "nodes": n, "median_ms": s["median_ms"],
                          "p10_ms": s["p10_ms"], "p90_ms": s["p90_ms"], "ratio_to_stepped": s["median_ms"] / base})
         meta = t.meta
-    return {"rows": rows, "meta": {**meta, "precision": precision, "macos": platform.mac_ver()[0],
+    return {"rows": rows, "meta": {**meta, "precision": "float16", "macos": platform.mac_ver()[0],
                                    "machine": platform.machine()}}

@@ -34,22 +34,21 @@ def batch_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
-def free_running_codes(lm: LoadedModel, utts: Sequence, *, max_frames: int = 300, frame_factor: float = 2.0,
-                       batch_size: int = 8, seed: int = 0, decoder=None, paired: bool = False,
-                       progress: bool = True, desc: str = "free-running") -> list[dict]:
+def free_running_codes(lm: LoadedModel, utts: Sequence, *, max_frames: int = 300, seed: int = 0, decoder=None,
+                       paired: bool = False, progress: bool = True, desc: str = "free-running") -> list[dict]:
     """Speak each utterance's text with :func:`rvqspec_lib.models.frame.synthesize` (``decoder`` stepped, default
-    AR), batched by speaker, frame cap ``min(max_frames, frame_factor * longest true length + 10)``; one generator
+    AR), batched by speaker (at most 8), frame cap ``min(max_frames, 2 * longest true length + 10)``; one generator
     seeded ``seed`` through the batches, or with ``paired`` batch i seeded :func:`batch_seed` ``(seed, i)``.
 
     Returns:
         Per utterance, in input order: ``{"codes": (frames, G) int64, "ended": bool, "frames": int, "cap": int}``.
     """
     us = [as_utterance(u) for u in utts]
-    batches = speaker_batches(us, batch_size)
+    batches = speaker_batches(us, 8)
     out: list[dict | None] = [None] * len(us)
     gen = torch.Generator().manual_seed(seed)
     for bi, b in enumerate(progress_bar(batches, desc=desc, unit="batch", enabled=progress)):
-        cap = int(min(max_frames, frame_factor * max(us[i].codes.shape[0] for i in b) + 10))
+        cap = int(min(max_frames, 2 * max(us[i].codes.shape[0] for i in b) + 10))
         runner = None if decoder is None else frame_runner("official", lm.code_predictor, decoder,
                                                            sampling=inner_sampling(lm))
         r = synthesize(lm, [us[i].text for i in b], runner=runner, speaker=us[b[0]].speaker,

@@ -5,7 +5,6 @@ bootstrap means, Table 1 (the notebook's tables and verdicts in words: paper/wer
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -28,11 +27,11 @@ OUTLIER_LENGTH_RATIO = 2.0
 
 # ---- outliers --------------------------------------------------------------------------------------------------------
 def flag_outliers(utterances: Sequence[Mapping], *, lengths: Sequence[float] | None = None,
-                  ref_lengths: Sequence[float] | None = None, capped: Sequence[bool] | None = None,
-                  iqr_k: float = OUTLIER_IQR, length_ratio: float = OUTLIER_LENGTH_RATIO) -> list[str]:
+                  ref_lengths: Sequence[float] | None = None, capped: Sequence[bool] | None = None) -> list[str]:
     """Why each utterance is an outlier (``""`` if it is not; docs/methods.md#reporting-wer): flagged already by
-    :class:`rvqspec_lib.eval.asr.ErrorRates` (``outlier``, ``why``), a rate above ``Q3 + iqr_k * IQR``, more than
-    ``length_ratio`` times its true length (``lengths`` / ``ref_lengths``, free running), or ``capped``.
+    :class:`rvqspec_lib.eval.asr.ErrorRates` (``outlier``, ``why``), a rate above ``Q3 +`` :data:`OUTLIER_IQR` ``IQR``,
+    more than :data:`OUTLIER_LENGTH_RATIO` times its true length (``lengths`` / ``ref_lengths``, free running), or
+    ``capped``.
 
     Raises:
         ValueError: lengths of a different count than the utterances.
@@ -47,12 +46,12 @@ def flag_outliers(utterances: Sequence[Mapping], *, lengths: Sequence[float] | N
         q1, q3 = np.percentile(rates, [25, 75])
         iqr = q3 - q1
         if iqr > 0:
-            top = q3 + iqr_k * iqr
+            top = q3 + OUTLIER_IQR * iqr
             for i in np.flatnonzero(rates > top):
-                why[i] = why[i] or f"WER {rates[i]:.2f} above Q3 + {iqr_k:g} IQR = {top:.2f}"
+                why[i] = why[i] or f"WER {rates[i]:.2f} above Q3 + {OUTLIER_IQR:g} IQR = {top:.2f}"
     if lengths is not None and ref_lengths is not None:
         for i, (a, b) in enumerate(zip(lengths, ref_lengths)):
-            if a > length_ratio * max(b, 1):
+            if a > OUTLIER_LENGTH_RATIO * max(b, 1):
                 why[i] = why[i] or f"{a} frames for {b} true ({a / max(b, 1):.1f}x)"
     if capped is not None:
         for i, c in enumerate(capped):
@@ -70,10 +69,9 @@ def _errors_and_words(utterances: Sequence[Mapping]) -> tuple[np.ndarray, np.nda
 
 def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping], *,
                           outliers_a: Sequence[str] | None = None, outliers_ref: Sequence[str] | None = None,
-                          confidence: float = 0.95, alpha: float = ALPHA, n_boot: int = N_BOOT,
-                          n_perm: int = N_PERM, seed: int = 0) -> dict:
+                          alpha: float = ALPHA, n_boot: int = N_BOOT, n_perm: int = N_PERM, seed: int = 0) -> dict:
     """Corpus WER of decoder A minus the reference's (AR) on the same utterances, ``sum(e_a - e_ref) / sum(words)``
-    over utterances outliers in NEITHER run (with them: beside it), with a percentile bootstrap interval and a
+    over utterances outliers in NEITHER run (with them: beside it), with a 95% percentile bootstrap interval and a
     two-sided sign-flip p-value (losslessness makes an utterance's two error counts exchangeable); ``detected``:
     ``p_value < alpha``; ``mde80``: the difference found with power 0.8 (normal approximation).
 
@@ -91,8 +89,6 @@ def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping]
         raise ValueError(f"paired comparison needs the same utterances: {len(utts_a)} vs {len(utts_ref)}")
     if any(a["ref"] != b["ref"] for a, b in zip(utts_a, utts_ref)):
         raise ValueError("paired comparison needs the same references in the same order")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     out_a = list(outliers_a) if outliers_a is not None else [u.get("why", "") if u.get("outlier") else ""
                                                              for u in utts_a]
     out_r = list(outliers_ref) if outliers_ref is not None else [u.get("why", "") if u.get("outlier") else ""
@@ -101,7 +97,7 @@ def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping]
     er, _ = _errors_and_words(utts_ref)
     keep = np.array([not (x or y) for x, y in zip(out_a, out_r)], dtype=bool)
     base = {"n_outliers_a": sum(bool(x) for x in out_a), "n_outliers_ref": sum(bool(x) for x in out_r),
-            "n_outliers_either": int((~keep).sum()), "confidence": confidence, "alpha": alpha,
+            "n_outliers_either": int((~keep).sum()), "confidence": 0.95, "alpha": alpha,
             "difference_with_outliers": float((ea - er).sum() / max(words.sum(), 1)),
             "wer_a_with_outliers": float(ea.sum() / max(words.sum(), 1)),
             "wer_ref_with_outliers": float(er.sum() / max(words.sum(), 1))}
@@ -119,7 +115,7 @@ def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping]
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, m, size=(n_boot, m))
     boot = d[idx].sum(1) / w[idx].sum(1)
-    lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
+    lo, hi = np.percentile(boot, [2.5, 97.5])
     flips = rng.choice(np.array([-1.0, 1.0]), size=(n_perm, m))
     perm = np.abs((flips * d).sum(1))
     p_value = float((1 + np.sum(perm >= abs(d.sum()) - 1e-9)) / (n_perm + 1))
@@ -131,29 +127,11 @@ def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping]
             "note": ""}
 
 
-def sentences_needed(difference: float, se: float, n: int, *, alpha: float = ALPHA, power: float = 0.8) -> float:
-    """Utterances needed to detect ``difference`` with ``power`` at level ``alpha`` (two-sided), scaling ``se``
-    measured on ``n`` utterances as ``1/sqrt(n)`` (``inf`` for a zero difference).
-
-    Raises:
-        ValueError: ``n < 1`` or ``se < 0``.
-    """
-    from scipy import stats
-
-    if n < 1 or se < 0:
-        raise ValueError(f"need n >= 1 and se >= 0, got n={n}, se={se}")
-    if difference == 0:
-        return math.inf
-    z = float(stats.norm.isf(alpha / 2)) + float(stats.norm.isf(1 - power))
-    return float(n * (z * se / abs(difference)) ** 2)
-
-
 # ---- two-sample test of a categorical distribution -------------------------------------------------------------------
-def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | None = None,
-                min_expected: float = MIN_EXPECTED) -> np.ndarray:
+def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | None = None) -> np.ndarray:
     """Bin index ``(C,)`` int64 of every category of two count vectors ``(C,)``: categories sorted by pooled count,
     cut into at most ``max_bins`` bins of about equal pooled mass, tail bins merged until each expects >=
-    ``min_expected`` in both samples; -1 for categories seen in neither.
+    :data:`MIN_EXPECTED` in both samples; -1 for categories seen in neither.
     """
     a, b = np.asarray(counts_a, dtype=np.float64), np.asarray(counts_b, dtype=np.float64)
     tot = a + b
@@ -166,23 +144,23 @@ def pooled_bins(counts_a: np.ndarray, counts_b: np.ndarray, *, max_bins: int | N
     cum = np.cumsum(tot[order])
     n_max = len(order) if max_bins is None else max(1, min(int(max_bins), len(order)))
     raw = np.minimum(((cum - tot[order]) * n_max // cum[-1]).astype(np.int64), n_max - 1)
-    # merge consecutive bins (in order of decreasing frequency) until each expects >= min_expected in both samples
+    # merge consecutive bins (in order of decreasing frequency) until each expects >= MIN_EXPECTED in both samples
     share = min(na, nb) / (na + nb) if na + nb > 0 else 0.0
     new, acc, k = np.empty_like(raw), 0.0, 0
     for i, r in enumerate(raw):
-        if i > 0 and r != raw[i - 1] and acc * share >= min_expected:
+        if i > 0 and r != raw[i - 1] and acc * share >= MIN_EXPECTED:
             k += 1
             acc = 0.0
         new[i] = k
         acc += tot[order[i]]
-    if acc * share < min_expected and k > 0:  # the last bin is too small: fold it into the one before
+    if acc * share < MIN_EXPECTED and k > 0:  # the last bin is too small: fold it into the one before
         new[new == k] = k - 1
     bins[order] = new
     return bins
 
 
 def two_sample_test(sample_a: np.ndarray, sample_b: np.ndarray, *, n_categories: int | None = None,
-                    max_bins: int | None = None, min_expected: float = MIN_EXPECTED) -> dict:
+                    max_bins: int | None = None) -> dict:
     """Chi-square test of homogeneity of two samples of category indices (1-D non-negative integers), categories
     pooled by :func:`pooled_bins` (B bins, B - 1 degrees of freedom; conservative when both samples come from the same
     contexts).
@@ -204,7 +182,7 @@ def two_sample_test(sample_a: np.ndarray, sample_b: np.ndarray, *, n_categories:
             raise ValueError("samples must be non-negative integers (category indices)")
     c = int(max(a.max(), b.max()) + 1) if n_categories is None else int(n_categories)
     ca, cb = np.bincount(a, minlength=c).astype(np.float64), np.bincount(b, minlength=c).astype(np.float64)
-    bins = pooled_bins(ca, cb, max_bins=max_bins, min_expected=min_expected)
+    bins = pooled_bins(ca, cb, max_bins=max_bins)
     nb_ = int(bins.max()) + 1
     ta = np.bincount(bins[bins >= 0], weights=ca[bins >= 0], minlength=nb_)
     tb = np.bincount(bins[bins >= 0], weights=cb[bins >= 0], minlength=nb_)
@@ -250,26 +228,6 @@ def detectable_tv(n_a: int, n_b: int, df: int, *, power: float = 0.9, level: flo
     return hi
 
 
-def samples_needed(tv: float, df: int, *, power: float = 0.9, level: float = ALPHA) -> int:
-    """Samples per group (equal groups) for :func:`power_two_sample`'s bound to reach ``power`` against a shift of
-    total variation ``tv`` (doubling, then bisection). ``inf`` for ``tv <= 0`` or ``df < 1``."""
-    if tv <= 0 or df < 1:
-        return math.inf
-    hi = 2
-    while power_two_sample(hi, hi, df, tv=tv, level=level) < power:
-        hi *= 2
-        if hi > 2 ** 40:
-            return math.inf
-    lo = hi // 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if power_two_sample(mid, mid, df, tv=tv, level=level) >= power:
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
 def holm(p_values: Sequence[float]) -> np.ndarray:
     """Holm's step-down adjusted p-values (family-wise error control; compare each with the family's level)."""
     p = np.asarray(p_values, dtype=np.float64)
@@ -284,26 +242,23 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 
 
 # ---- per-utterance means (tokens per call) ---------------------------------------------------------------------------
-def bootstrap_mean(numerators: Sequence[float], denominators: Sequence[float] | None = None, *,
-                   confidence: float = 0.95, n_boot: int = N_BOOT, seed: int = 0) -> dict:
-    """``sum(num) / sum(den)`` over utterances (a ratio of totals, e.g. codes / calls = tokens per call) with a
+def bootstrap_mean(numerators: Sequence[float], denominators: Sequence[float], *, seed: int = 0) -> dict:
+    """``sum(num) / sum(den)`` over utterances (a ratio of totals, e.g. codes / calls = tokens per call) with a 95%
     percentile bootstrap interval over utterances.
 
     Returns:
         ``{"value", "ci_low", "ci_high", "n"}``. Raises ``ValueError`` for no utterance.
     """
     num = np.asarray(numerators, dtype=np.float64)
-    den = np.ones_like(num) if denominators is None else np.asarray(denominators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
     if num.size == 0 or num.shape != den.shape:
         raise ValueError("bootstrap_mean needs one numerator and denominator per utterance (at least one)")
     # the paired difference to a ratio of zero: the same resamples, the same numbers
-    d = paired_ratio_difference(num, den, np.zeros_like(num), np.ones_like(num), confidence=confidence,
-                                n_boot=n_boot, seed=seed)
+    d = paired_ratio_difference(num, den, np.zeros_like(num), np.ones_like(num), seed=seed)
     return {"value": d["difference"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"]}
 
 
-def bootstrap_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95, n_boot: int = N_BOOT,
-                         seed: int = 0) -> dict:
+def bootstrap_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95, seed: int = 0) -> dict:
     """Ratio of totals of group A minus that of an INDEPENDENT group B (e.g. tokens per call of German minus
     English sentences), with a percentile bootstrap interval resampling each group's utterances.
 
@@ -316,8 +271,8 @@ def bootstrap_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95
         raise ValueError("bootstrap_difference needs utterances in both groups")
     diff = float(na_.sum() / da.sum() - nb_.sum() / db.sum())
     rng = np.random.default_rng(seed)
-    ia = rng.integers(0, na_.size, size=(n_boot, na_.size))
-    ib = rng.integers(0, nb_.size, size=(n_boot, nb_.size))
+    ia = rng.integers(0, na_.size, size=(N_BOOT, na_.size))
+    ib = rng.integers(0, nb_.size, size=(N_BOOT, nb_.size))
     boot = na_[ia].sum(1) / da[ia].sum(1) - nb_[ib].sum(1) / db[ib].sum(1)
     lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
     return {"difference": diff, "ci_low": float(lo), "ci_high": float(hi), "n_a": int(na_.size),
@@ -374,8 +329,7 @@ def table1_rows(entries: Sequence[Mapping]) -> list[dict]:
             for s, r, lang in keys]
 
 
-def paired_ratio_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95, n_boot: int = N_BOOT,
-                            seed: int = 0) -> dict:
+def paired_ratio_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0.95, seed: int = 0) -> dict:
     """Ratio of totals of decoder A minus that of decoder B on the SAME utterances (e.g. tokens per call of the
     paper's decoder minus the reused heads' tree, per utterance ``codes`` and ``calls``), with a percentile
     bootstrap interval resampling the utterances jointly (paired: one index draws both decoders' counts).
@@ -390,7 +344,7 @@ def paired_ratio_difference(num_a, den_a, num_b, den_b, *, confidence: float = 0
     diff = float(a.sum() / da.sum() - b.sum() / db.sum())
     if a.size < 2:
         return {"difference": diff, "ci_low": diff, "ci_high": diff, "n": int(a.size)}
-    idx = np.random.default_rng(seed).integers(0, a.size, size=(n_boot, a.size))
+    idx = np.random.default_rng(seed).integers(0, a.size, size=(N_BOOT, a.size))
     boot = a[idx].sum(1) / da[idx].sum(1) - b[idx].sum(1) / db[idx].sum(1)
     lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
     return {"difference": diff, "ci_low": float(lo), "ci_high": float(hi), "n": int(a.size)}

@@ -268,16 +268,14 @@ def read_acceptance(path) -> AcceptanceOracle:
     return AcceptanceOracle(tables, label, path=p)
 
 
-def default_acceptance(model: str = "embedded", drafter: str = "heads") -> AcceptanceOracle:
-    """The default replay table: the calibration shipped beside ``model`` (``<model>/trees/<drafter>.json``), labelled
-    with the model, the drafter and its calibration frames.
+def default_acceptance() -> AcceptanceOracle:
+    """The default replay table: the embedded model's calibration of the reused heads (``trees/heads.json``),
+    labelled with the model, the drafter and its calibration frames.
 
     Raises:
         FileNotFoundError, ValueError: no such calibration, or a damaged one.
     """
-    path = tree_file(model, drafter)
-    if path is None:
-        raise ValueError(f"{model} has no folder with calibrated trees: pass --acceptance FILE")
-    cal = load_calibration(path, n_codes=N_CODES, drafter=drafter)
-    label = f"the {model} model ({drafter} drafter, trees/{path.name}: {cal.get('n_frames', '?')} calibration frames)"
+    path = tree_file("embedded", "heads")
+    cal = load_calibration(path, n_codes=N_CODES, drafter="heads")
+    label = f"the embedded model (heads drafter, trees/{path.name}: {cal.get('n_frames', '?')} calibration frames)"
     return from_calibration(cal, label, path)

@@ -118,15 +118,14 @@ def _generator(device, seed: int) -> torch.Generator:
 
 
 def build_runners(backends: Sequence[str], code_predictor, decoders, *, fused: bool = True, sampling=None,
-                  drafter=None, acceptance=None, work_dir=None, threads: int | None = None) -> tuple[list, dict]:
+                  acceptance=None) -> tuple[list, dict]:
     """The frame runners of every decoder through every backend present: stepped through ONE verify backend per name
     and, with ``fused``, the whole-frame runner of each decoder that has one.
 
     Args:
         backends: names of :data:`rvqspec_lib.models.backends.BACKENDS`. code_predictor: the official module, in the
             precision and on the device wanted. decoders: ``NamedDecoder`` s (a mapping's values are taken) or bare
-            decoders. sampling, drafter: as ``decode_frame``. acceptance: a timing replay's hook (stepped runners
-            only). work_dir, threads: the ``onnx`` backend's.
+            decoders. sampling: as ``decode_frame``. acceptance: a timing replay's hook (stepped runners only).
 
     Returns:
         ``(runners, absent)``: the runners, and ``{backend: why}`` for those not available here (never timed).
@@ -142,13 +141,12 @@ def build_runners(backends: Sequence[str], code_predictor, decoders, *, fused: b
         if not ok:
             absent[name] = why
             continue
-        verify = verify_backend(name, code_predictor, work_dir=work_dir, threads=threads)
-        runners += [frame_runner(name, code_predictor, d, sampling=sampling, drafter=drafter, acceptance=acceptance,
-                                 verify=verify) for d in decoders]
+        verify = verify_backend(name, code_predictor)
+        runners += [frame_runner(name, code_predictor, d, sampling=sampling, acceptance=acceptance, verify=verify)
+                    for d in decoders]
         if fused and acceptance is None:
-            runners += [frame_runner(name, code_predictor, d, fused=True, sampling=sampling, drafter=drafter,
-                                     verify=verify, work_dir=work_dir, threads=threads) for d in decoders
-                        if fused_support(name, getattr(d, "decoder", d), sampling, drafter) is None]
+            runners += [frame_runner(name, code_predictor, d, fused=True, sampling=sampling, verify=verify)
+                        for d in decoders if fused_support(name, getattr(d, "decoder", d), sampling) is None]
     return runners, absent
 
 
@@ -221,17 +219,17 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
     return {"rows": rows, "meta": meta}
 
 
-def _speedups(rows: list[dict], time_key: str = "ms_per_frame") -> None:
+def _speedups(rows: list[dict]) -> None:
     """``speedup_vs_ar`` (stepped AR) and ``speedup_vs_fused`` (fused AR) of the same backend and precision, in
     place."""
     def ar(fused):
-        return {(r["backend"], r["precision"], r.get("batch")): r[time_key] for r in rows
+        return {(r["backend"], r["precision"], r.get("batch")): r["ms_per_frame"] for r in rows
                 if r["kind"] == "ar" and bool(r["fused"]) == fused}
     stepped, fused = ar(False), ar(True)
     for r in rows:
         k = (r["backend"], r["precision"], r.get("batch"))
-        r["speedup_vs_ar"] = stepped[k] / r[time_key] if k in stepped else None
-        r["speedup_vs_fused"] = fused[k] / r[time_key] if k in fused else None
+        r["speedup_vs_ar"] = stepped[k] / r["ms_per_frame"] if k in stepped else None
+        r["speedup_vs_fused"] = fused[k] / r["ms_per_frame"] if k in fused else None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -274,14 +272,14 @@ def verify_call(code_predictor, backend, q: int, prefix_len: int = PREFIX_LEN, s
 
 
 def verify_cost_curve(code_predictor, backends: Mapping[str, object], *, query_sizes: Sequence[int] = QUERY_SIZES,
-                      prefix_len: int = PREFIX_LEN, repeats: int = 20, warmup: int = 3, seed: int = 0,
-                      random_weights: bool | None = None, progress: bool = True, noise_target: float | None = None,
-                      max_repeats: int | None = None) -> dict:
-    """t(Q)/t(1) of one verify call (the backend's ``forward`` alone) per backend, every (backend, Q) interleaved.
+                      repeats: int = 20, warmup: int = 3, seed: int = 0, random_weights: bool | None = None,
+                      progress: bool = True, noise_target: float | None = None) -> dict:
+    """t(Q)/t(1) of one verify call (the backend's ``forward`` alone, after :data:`PREFIX_LEN` committed slots) per
+    backend, every (backend, Q) interleaved.
 
     Args:
-        backends: ``{name: verify backend}``. query_sizes: the Qs, 1 among them. prefix_len: committed slots before
-            the call. Others as :func:`rvqspec_lib.eval.timing.interleaved`.
+        backends: ``{name: verify backend}``. query_sizes: the Qs, 1 among them. Others as
+            :func:`rvqspec_lib.eval.timing.interleaved`.
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per (backend, Q): ``backend``, ``query_positions``, ``median_ms``,
@@ -293,10 +291,10 @@ def verify_cost_curve(code_predictor, backends: Mapping[str, object], *, query_s
     qs = sorted({int(q) for q in query_sizes})
     if 1 not in qs or qs[0] < 1:
         raise ValueError(f"query_sizes must be positive and include 1 (the ratio's reference), got {query_sizes}")
-    calls = {(b, q): verify_call(code_predictor, be, q, prefix_len, seed) for b, be in backends.items() for q in qs}
-    t = interleaved(calls, repeats=repeats, warmup=warmup, noise_target=noise_target, max_repeats=max_repeats,
-                    seed=seed, sync=device_sync(next(code_predictor.parameters()).device), progress=progress,
-                    desc="verify cost", module=code_predictor, random_weights=random_weights)
+    calls = {(b, q): verify_call(code_predictor, be, q, seed=seed) for b, be in backends.items() for q in qs}
+    t = interleaved(calls, repeats=repeats, warmup=warmup, noise_target=noise_target, seed=seed,
+                    sync=device_sync(next(code_predictor.parameters()).device), progress=progress, desc="verify cost",
+                    module=code_predictor, random_weights=random_weights)
     rows = []
     for b in backends:
         base = statistics.median(t.ms[(b, 1)])
@@ -304,4 +302,4 @@ def verify_cost_curve(code_predictor, backends: Mapping[str, object], *, query_s
             s = t.summary((b, q))
             rows.append({"backend": b, "query_positions": q, "median_ms": s["median_ms"], "p10_ms": s["p10_ms"],
                          "p90_ms": s["p90_ms"], "ratio_to_q1": s["median_ms"] / base})
-    return {"rows": rows, "meta": {**t.meta, "prefix_len": prefix_len}}
+    return {"rows": rows, "meta": {**t.meta, "prefix_len": PREFIX_LEN}}

@@ -15,6 +15,7 @@ from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval import parity as S
 from rvqspec_lib.eval.parity import WER_ROW_FIELDS as ROW_FIELDS  # the fields every result row starts with
 from rvqspec_lib.data.frames import Frames
+from rvqspec_lib.eval.asr import error_rates
 from rvqspec_lib.eval.inner_loop import batch_seed, codes_to_audio, free_running_codes, transcribe_all
 from rvqspec_lib.data.teacher import as_utterance, teacher_forced_hidden, verifier_logits
 from rvqspec_lib.decoding import predictor as P
@@ -33,17 +34,16 @@ CODE_BINS = 32
 
 
 # ---- the chain window of chain:best (decoder names: rvqspec_lib.decoding.decoder_names, the one grammar) -------------
-def best_chain_window(code_predictor, drafter, frames: Frames, *, sampling: Sampling | None = None,
-                      windows: Sequence[int] = CHAIN_WINDOWS, batch_size: int = 256) -> tuple[int, dict]:
-    """The chain window with the highest tokens per call PREDICTED from exact acceptance tables on ``frames`` (the
-    calibration split, never the evaluation one; :func:`rvqspec_lib.eval.acceptance.predicted_tokens_per_call`);
-    ties keep the smaller window. Returns ``(window, {window: predicted})``."""
+def best_chain_window(code_predictor, drafter, frames: Frames) -> tuple[int, dict]:
+    """``(window, {window: predicted})``: the chain window (of ``CHAIN_WINDOWS``) with the highest tokens per call
+    PREDICTED from exact acceptance tables on ``frames`` (the calibration split, never the evaluation one;
+    :func:`rvqspec_lib.eval.acceptance.predicted_tokens_per_call`); ties keep the smaller window."""
     from rvqspec_lib.eval.acceptance import exact_statistics, predicted_tokens_per_call
 
     n = P.n_codes(code_predictor)
-    exact = exact_statistics(code_predictor, drafter, frames.context, frames.codes, n_ahead=max(windows) - 1,
-                             sampling=sampling, max_rank=1, batch_size=batch_size)
-    pred = {int(w): predicted_tokens_per_call(exact, Chain(int(w)), n) for w in windows}
+    exact = exact_statistics(code_predictor, drafter, frames.context, frames.codes, n_ahead=max(CHAIN_WINDOWS) - 1,
+                             max_rank=1, batch_size=256)
+    pred = {int(w): predicted_tokens_per_call(exact, Chain(int(w)), n) for w in CHAIN_WINDOWS}
     best = max(pred.values())
     return min(w for w, v in pred.items() if v >= best - 1e-12), pred
 
@@ -147,12 +147,11 @@ def verifier_ranks(code_predictor, context: torch.Tensor, codes: torch.Tensor, *
 
 
 def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping[str, DecodeRun], *,
-                            reference: str = REFERENCE, sampling: Sampling | None = None, alpha: float = S.ALPHA,
-                            power_tv: float = S.POWER_TV, rank_bins: int = RANK_BINS, code_bins: int = CODE_BINS,
+                            sampling: Sampling | None = None, alpha: float = S.ALPHA, power_tv: float = S.POWER_TV,
                             batch_size: int = 512) -> dict:
     """Per depth, is a decoder's output distributed as the reference's (AR)? Two-sample chi-square tests
     (:func:`rvqspec_lib.eval.parity.two_sample_test`) of each code's verifier rank (:func:`verifier_ranks`,
-    ``rank_bins`` bins) and of the code itself (``code_bins`` bins), all replicates; a decoder's 2 x n p-values
+    :data:`RANK_BINS` bins) and of the code itself (:data:`CODE_BINS` bins), all replicates; a decoder's 2 x n p-values
     Holm-adjusted, ``rejected`` when one is below ``alpha``. Power: one depth's test at level ``alpha / (2 n)``
     against a shift ``power_tv`` (median degrees of freedom); ``detectable_tv``: the shift found with power 0.9.
 
@@ -163,9 +162,9 @@ def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping
     Raises:
         ValueError: the reference is not among the runs, or runs of different shapes.
     """
-    if reference not in runs:
-        raise ValueError(f"reference decoder {reference!r} is not among the runs ({', '.join(runs)})")
-    ref = runs[reference]
+    if REFERENCE not in runs:
+        raise ValueError(f"reference decoder {REFERENCE!r} is not among the runs ({', '.join(runs)})")
+    ref = runs[REFERENCE]
     n = ref.codes.shape[-1]
     vocab = int(code_predictor.config.vocab_size)
     ranks = {}
@@ -177,12 +176,12 @@ def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping
     rows, summary = [], {}
     level = alpha / (2 * n)
     for label, run in runs.items():
-        if label == reference:
+        if label == REFERENCE:
             continue
         mine = []
         for stat, a_all, b_all, bins, cats in (
-                ("rank", ranks[reference], ranks[label], rank_bins, vocab),
-                ("code", ref.codes.reshape(-1, n), run.codes.reshape(-1, n), code_bins, vocab)):
+                ("rank", ranks[REFERENCE], ranks[label], RANK_BINS, vocab),
+                ("code", ref.codes.reshape(-1, n), run.codes.reshape(-1, n), CODE_BINS, vocab)):
             for d in range(n):
                 t = S.two_sample_test(a_all[:, d].numpy(), b_all[:, d].numpy(), n_categories=cats, max_bins=bins)
                 mine.append({"decoder": label, "lossless": run.lossless, "statistic": stat, "depth": d + 1,
@@ -218,19 +217,9 @@ def utterance_codes(code0: torch.Tensor, generated: torch.Tensor, utterance: tor
     return [full[utterance == u] for u in torch.unique(utterance)]
 
 
-def error_rates(refs: Sequence[str], hyps: Sequence[str], unit: str = "word"):
-    """:func:`rvqspec_lib.eval.asr.wer` (``unit="word"``) or :func:`~rvqspec_lib.eval.asr.cer` (``"char"``)."""
-    from rvqspec_lib.eval.asr import cer, wer
-
-    if unit not in ("word", "char"):
-        raise ValueError(f"unit must be 'word' or 'char', got {unit!r}")
-    return wer(refs, hyps) if unit == "word" else cer(refs, hyps)
-
-
-def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, reference: str = REFERENCE,
-               unit: str = "word", lengths: Mapping[str, Sequence[int]] | None = None,
-               ref_lengths: Sequence[int] | None = None, capped: Mapping[str, Sequence[bool]] | None = None,
-               alpha: float = S.ALPHA, seed: int = 0) -> dict:
+def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, unit: str = "word",
+               lengths: Mapping[str, Sequence[int]] | None = None, ref_lengths: Sequence[int] | None = None,
+               capped: Mapping[str, Sequence[bool]] | None = None, alpha: float = S.ALPHA, seed: int = 0) -> dict:
     """Error rate of every decoder's transcripts (``{label: transcript per reference}``), outliers flagged
     (:func:`rvqspec_lib.eval.parity.flag_outliers`), and the paired difference to the reference
     (:func:`rvqspec_lib.eval.parity.paired_wer_difference`). ``unit``: ``"word"`` (WER, CER beside it) or ``"char"``;
@@ -242,8 +231,8 @@ def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, 
     Raises:
         ValueError: the reference is missing; transcripts of another length than ``refs``.
     """
-    if reference not in hypotheses:
-        raise ValueError(f"the reference {reference!r} has no transcripts")
+    if REFERENCE not in hypotheses:
+        raise ValueError(f"the reference {REFERENCE!r} has no transcripts")
     rates, why = {}, {}
     for label, hyps in hypotheses.items():
         er = error_rates(refs, hyps, unit)
@@ -263,9 +252,9 @@ def wer_parity(hypotheses: Mapping[str, Sequence[str]], refs: Sequence[str], *, 
                  "per_utterance": [float(u["rate"]) for u in er.utterances]}
         if unit == "word":  # CER beside WER: the same transcripts, characters (spaces removed) instead of words
             entry["cer"] = error_rates(refs, hypotheses[label], "char").rate
-        if label != reference:
-            entry["vs_reference"] = S.paired_wer_difference(er.utterances, rates[reference].utterances,
-                                                            outliers_a=w, outliers_ref=why[reference], alpha=alpha,
+        if label != REFERENCE:
+            entry["vs_reference"] = S.paired_wer_difference(er.utterances, rates[REFERENCE].utterances,
+                                                            outliers_a=w, outliers_ref=why[REFERENCE], alpha=alpha,
                                                             seed=seed)
         out[label] = entry
     return out
@@ -343,12 +332,11 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
             "decoders": decoder_info(decoders), "references": refs, "hypotheses": hyps}
 
 
-def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object], *, codec, asr,
-                        unit: str = "word", seed: int = 0, max_frames: int = 300, frame_factor: float = 2.0,
-                        batch_size: int = 8, alpha: float = S.ALPHA, progress: bool = False) -> dict:
+def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object], *, codec, asr, seed: int = 0,
+                        max_frames: int = 300, progress: bool = False) -> dict:
     """Free running (talker AND inner loop sampled, from the text alone): WER of every decoder paired against AR,
-    outliers by length apart. Every decoder speaks the same batches (by speaker, at most ``batch_size``) with the same
-    seed per batch, capped at ``min(max_frames, frame_factor * longest true length + 10)`` frames.
+    outliers by length apart. Every decoder speaks the same batches with the same seed per batch, as
+    :func:`rvqspec_lib.eval.inner_loop.free_running_codes` (``max_frames``) makes them.
 
     Returns:
         ``{"wer", "frames", "ended", "true_frames", "hypotheses", "codes" {label: [(frames, G) int64]}, "decoders"}``.
@@ -358,22 +346,22 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
         raise ValueError(f"decoders must include the reference {REFERENCE!r} (AR)")
     frames, ended, hyps, all_codes = {}, {}, {}, {}
     for label, dec in decoders.items():
-        spoken = free_running_codes(lm, us, max_frames=max_frames, frame_factor=frame_factor, batch_size=batch_size,
-                                    seed=seed + 1 if label == NULL_CONTROL else seed, decoder=decoder_of(dec),
-                                    paired=True, progress=progress, desc=f"free-running {label}")
+        spoken = free_running_codes(lm, us, max_frames=max_frames, seed=seed + 1 if label == NULL_CONTROL else seed,
+                                    decoder=decoder_of(dec), paired=True, progress=progress,
+                                    desc=f"free-running {label}")
         all_codes[label] = [f["codes"] for f in spoken]
         frames[label], ended[label] = [f["frames"] for f in spoken], [f["ended"] for f in spoken]
         hyps[label] = transcribe_all(asr, [codes_to_audio(codec, c) for c in all_codes[label]],
                                      int(codec.sample_rate), desc=f"asr free {label}", progress=progress)
     true = [int(u.codes.shape[0]) for u in us]
-    w = wer_parity(hyps, [u.text for u in us], unit=unit, lengths=frames, ref_lengths=true,
-                   capped={k: [not e for e in v] for k, v in ended.items()}, alpha=alpha, seed=seed)
+    w = wer_parity(hyps, [u.text for u in us], lengths=frames, ref_lengths=true,
+                   capped={k: [not e for e in v] for k, v in ended.items()}, seed=seed)
     return {"wer": w, "frames": frames, "ended": ended, "true_frames": true, "hypotheses": hyps, "codes": all_codes,
             "decoders": decoder_info(decoders)}
 
 
 # ---- tables ----------------------------------------------------------------------------------------------------------
-def table3_rows(results: Mapping[str, dict], *, english: str = "en") -> list[dict]:
+def table3_rows(results: Mapping[str, dict], english: str = "en") -> list[dict]:
     """Table 3 analogue: one row per (language, decoder), keyed by :data:`ROW_FIELDS`: tokens per call with its
     interval, its difference to English (bootstrap over both utterance sets), the code-distribution verdict with its
     power, and WER/CER with the paired difference to AR where a recogniser ran (``wer_note`` says why not).

@@ -275,6 +275,6 @@ def runner_label(fields: dict) -> str:
     return f"{fields['decoder']} ({fields['backend']}{', fused' if fields.get('fused') else ''})"
 
 
-def backend_table(names=BACKENDS, precision: str = "float32", device: str = "cpu") -> list[dict]:
-    """A row per backend: ``backend``, ``available``, ``reason`` (why it is absent here)."""
-    return [dict(zip(("backend", "available", "reason"), (n, *available(n, precision, device)))) for n in names]
+def backend_table() -> list[dict]:
+    """A row per backend: ``backend``, ``available``, ``reason`` (why it is absent here, float32 on the CPU)."""
+    return [dict(zip(("backend", "available", "reason"), (n, *available(n)))) for n in BACKENDS]

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -120,7 +119,8 @@ def _default_generation(path: Path | None) -> dict:
     return json.loads(src.read_text()) if src.exists() else {}
 
 
-def _frame_rate_from_dir(cfg_dir: Path) -> tuple[float, int]:
+def frame_rate_from_dir(cfg_dir: Path) -> tuple[float, int]:
+    """``(frames per second, sample rate)`` of a model folder's ``speech_tokenizer/`` (12.5 Hz, 24 kHz without one)."""
     st = cfg_dir / "speech_tokenizer" / "config.json"
     if st.exists():
         c = json.loads(st.read_text())
@@ -137,28 +137,6 @@ def config_dict(model) -> dict:
         d["speaker_encoder_config"].pop("model_type", None)
     d.pop("_attn_implementation_autoset", None)
     return d
-
-
-def loop_facts(folder: str | os.PathLike) -> dict:
-    """The two loops' geometry from a model folder's ``config.json`` (the frame rate from ``rvqspec_model.json`` or
-    ``speech_tokenizer/``), without building the model: ``{"folder", "talker_layers", "talker_hidden",
-    "code_predictor_layers", "code_predictor_hidden", "n_code_groups", "frame_rate_hz"}``.
-
-    Raises:
-        FileNotFoundError: no ``config.json`` in ``folder``.
-    """
-    p = Path(folder).expanduser()
-    cfg_path = p / "config.json"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"no config.json in {p}: pass a model folder (e.g. data/configs/<name>)")
-    talker = json.loads(cfg_path.read_text())["talker_config"]
-    cp = talker.get("code_predictor_config", {})
-    marker = p / "rvqspec_model.json"
-    fr = float(json.loads(marker.read_text())["frame_rate_hz"]) if marker.is_file() else _frame_rate_from_dir(p)[0]
-    return {"folder": str(p), "talker_layers": int(talker["num_hidden_layers"]),
-            "talker_hidden": int(talker["hidden_size"]), "code_predictor_layers": int(cp.get("num_hidden_layers", 0)),
-            "code_predictor_hidden": int(cp.get("hidden_size", 0)), "n_code_groups": int(talker["num_code_groups"]),
-            "frame_rate_hz": fr}
 
 
 def codec_decoder_config_dict(name: str = "released") -> dict:

@@ -22,22 +22,12 @@ from rvqspec_lib.decoding.drafters import (
     ReusedHeads,
     _check_name,
     fresh_drafter,
-    params_added_for,
 )
 from rvqspec_lib.decoding.predictor import n_codes
 from rvqspec_lib.models import loader
 
 #: The ``format`` and ``version`` of a drafter file's description.
 FORMAT, FORMAT_VERSION = "rvqspec-drafter", 1
-
-
-def params_added_for_config(name: str, config: dict | str | os.PathLike, **kw) -> int:
-    """:func:`params_added_for` with the sizes read from a released ``config.json`` (a dict or a path)."""
-    if not isinstance(config, dict):
-        config = json.loads(Path(config).read_text())
-    cp = config["talker_config"]["code_predictor_config"]
-    return params_added_for(name, n_codes=int(cp["num_code_groups"]) - 1, hidden_size=int(cp["hidden_size"]),
-                            vocab_size=int(cp["vocab_size"]), **kw)
 
 
 def drafter_path(model_dir: str | os.PathLike, name: str) -> Path:

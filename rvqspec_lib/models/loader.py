@@ -29,7 +29,7 @@ from rvqspec_lib.models.configs import (
     RANDOM_MODELS,
     TINY_MODELS,
     _default_generation,
-    _frame_rate_from_dir,
+    frame_rate_from_dir,
     build_from_config,
     config_dict,
     tiny_config_dict,
@@ -172,7 +172,7 @@ def load_model(name: str, *, dtype: torch.dtype | str = "auto", seed: int = 0, d
         model = build_from_config(cfg, seed=seed, dtype=pick(None), attn_implementation=attn_implementation)
         # a real-size text vocab: bytes are valid ids, special ids are the real ones
         tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
-        fr, sr = _frame_rate_from_dir(path)
+        fr, sr = frame_rate_from_dir(path)
         return _placed(LoadedModel(name, "random-size", model, tok, _default_generation(path), None, fr, sr), device)
     if kind == "checkpoint":
         _read_config(path / "config.json")  # a folder that is not a Qwen3-TTS checkpoint: one line, before loading
@@ -479,7 +479,7 @@ def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implement
     st = getattr(model, "speech_tokenizer", None)
     fr, sr = 12.5, 24000
     if path is not None:
-        fr, sr = _frame_rate_from_dir(path)
+        fr, sr = frame_rate_from_dir(path)
     kind = "random-checkpoint" if path is not None and (path / RANDOM_WEIGHTS_MARKER).is_file() else "checkpoint"
     return LoadedModel(name, kind, model, ProcessorTokenizer(wrapper.processor), gen, st, fr, sr)
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from rvqspec_lib.decoding.decoder_names import PAPER_DRAFTER, DecoderName, parse_decoder_name
-from rvqspec_lib.models.drafter_files import check_shipped_drafter, shipped_drafter, shipped_drafters
-from rvqspec_lib.models.tree_files import load_calibration, recalibrate_command, tree_file
+from rvqspec_lib.models.drafter_files import check_shipped_drafter, prepare_command, shipped_drafter, shipped_drafters
+from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
         if cal is None:
             raise ValueError(f"decoder {d.text!r} needs the {d.drafter} drafter's calibrated trees, and {lm.name} "
                              f"has none ({tree_file(lm, d.drafter)}): calibrate them with "
-                             f"`{recalibrate_command(lm.name, d.drafter)}`, or give rank paths (tree:0;1;0,0)")
+                             f"`{prepare_command(lm)}`, or give rank paths (tree:0;1;0,0)")
     try:
         dec = d.decoder(calibration=cal, best_chain=best_chain, drafter=drafter)
     except ValueError as e:
@@ -109,7 +109,7 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
     note = None
     if d.kind == "paper" and not d.budget_given and final.budget < d.budget:
         note = (f"{d.text}: the {d.drafter} calibration holds budgets up to {final.budget}; using N {final.budget} "
-                f"(recalibrate: {recalibrate_command(getattr(lm, 'name', '<model>'), d.drafter)})")
+                f"(recalibrate: {prepare_command(getattr(lm, 'name', '<model>'))})")
     return NamedDecoder(final, dec, drafter, cal, note)
 
 
@@ -165,7 +165,7 @@ def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: i
                          "folder or the embedded model, or give rank paths (tree:0;1;0,0)")
     if not path.is_file():
         raise FileNotFoundError(f"{what}: no calibrated trees at {path}: calibrate them with "
-                                f"`{recalibrate_command(model, name.drafter)}`, or give rank paths (tree:0;1;0,0)")
+                                f"`{prepare_command(model)}`, or give rank paths (tree:0;1;0,0)")
     cal = load_calibration(path, n_codes=n_codes, codebook_size=codebook_size, model=model, drafter=name.drafter)
     if name.kind in ("calibrated", "paper"):
         try:
@@ -174,5 +174,5 @@ def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: i
             raise ValueError(f"{what}: {e} ({path})") from None
         if tree.nodes < name.budget:
             return (f"{name.text}: the {name.drafter} calibration ({path}) holds budgets up to {max(cal['budgets'])}; "
-                    f"using N {tree.nodes} (recalibrate: {recalibrate_command(model, name.drafter)})")
+                    f"using N {tree.nodes} (recalibrate: {prepare_command(model)})")
     return None

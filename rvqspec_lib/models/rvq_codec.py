@@ -250,42 +250,6 @@ class RVQCodec:
             s = (s * bt_m / (b.T @ (b @ s)).clamp_min(1e-30)).clamp_min(1e-12)
         return s.sqrt().numpy()
 
-    # ---------------------------------------------------------------- analysis (notebook 00)
-    def unstack(self, vectors: np.ndarray) -> np.ndarray:
-        """Frame vectors `(frames, dim)` -> log-mel spectrogram `(n_mels, frames * stack)` float32 (natural log of mel
-        power, one column per mel hop).
-
-        Raises:
-            ValueError: ``vectors`` is not `(frames, dim)`.
-        """
-        v = np.asarray(vectors, dtype=np.float32)
-        c = self.config
-        if v.ndim != 2 or v.shape[1] != c.dim:
-            raise ValueError(f"expected frame vectors of shape (frames, {c.dim}), got {v.shape}")
-        return np.ascontiguousarray(v.reshape(v.shape[0] * c.stack, c.n_mels).T)
-
-    def log_mel_db(self, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-        """The log-mel spectrogram of audio as the codec sees it, in dB: `(n_mels, frames * stack)` float32,
-        10 log10 of mel power, one column per 20 ms mel hop (:meth:`features` then :meth:`unstack`)."""
-        return (self.unstack(self.features(wav, sample_rate)) * (10.0 / np.log(10.0))).astype(np.float32)
-
-    def log_spectral_distance(self, a: np.ndarray, b: np.ndarray) -> float:
-        """Mean log-spectral distance in dB between frame vectors ``a``, ``b`` `(frames, dim)` of one shape: per mel
-        frame the RMS over the bands of ``10 log10(P_a / P_b)``, then the mean (0.0 with no frames).
-
-        Raises:
-            ValueError: the shapes differ or are not `(frames, dim)`.
-        """
-        a, b = np.asarray(a), np.asarray(b)
-        if a.shape != b.shape:
-            raise ValueError(f"frame vectors of different shapes {a.shape} and {b.shape}: trim both to the same "
-                             "number of frames")
-        la, lb = self.unstack(a), self.unstack(b)  # (n_mels, t)
-        if la.shape[1] == 0:
-            return 0.0
-        db = (10.0 / np.log(10.0)) * (la.astype(np.float64) - lb)
-        return float(np.sqrt((db ** 2).mean(0)).mean())
-
     def _check_k(self, n_codebooks):
         if n_codebooks is None:
             return self.config.n_codebooks

@@ -2,7 +2,8 @@
 for each kind (``point-mass``, ``sampled``) the tree of every node budget N = 2..64 and its predicted tokens per call
 (:func:`rvqspec_lib.eval.calibration.calibrate`). Their names are :mod:`rvqspec_lib.decoding.decoder_names`' grammar,
 resolved against these files by ``rvqspec_lib.models.named_decoders``. Every drafter's file is made by
-``rvqspec prepare --model <model>`` (:func:`recalibrate_command`; ``rvqspec_lib.training.prepare``).
+``rvqspec prepare --model <model>`` (:func:`~rvqspec_lib.models.drafter_files.prepare_command`;
+``rvqspec_lib.training.prepare``).
 """
 
 from __future__ import annotations
@@ -33,12 +34,6 @@ def save_calibration(calibration: dict, path: str | os.PathLike) -> Path:
     """
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(path, json.dumps(calibration, indent=1, allow_nan=False))
-
-
-def recalibrate_command(model: str | os.PathLike, drafter: str = "heads") -> str:
-    """The command that (re)makes ``<model>/trees/<drafter>.json`` (every drafter's, a damaged or stale file
-    included), for error messages: :func:`~rvqspec_lib.models.drafter_files.prepare_command`."""
-    return prepare_command(model)
 
 
 def _problem(cal) -> str | None:
@@ -95,7 +90,7 @@ def load_calibration(path: str | os.PathLike, *, n_codes: int | None = None, cod
             number of codes or codebook size.
     """
     p = Path(path)
-    cmd = recalibrate_command(model if model is not None else p.parent.parent, drafter or p.stem)
+    cmd = prepare_command(model if model is not None else p.parent.parent)
     if not p.is_file():
         raise FileNotFoundError(f"no calibrated trees at {p}: calibrate first with `{cmd}`")
     try:

@@ -1,5 +1,5 @@
 """The one training loop shared by every trainer (docs/architecture.md#training-embedded-cli): :func:`fit` does the
-budget, the learning-rate schedule (nanoGPT's warmup + cosine), evaluation, early stopping, the best state and the
+budget, the learning-rate schedule it is given, evaluation, early stopping, the best state and the
 curve. Batches are drawn lazily, one per step; the loop draws no random number itself (docs/style.md#randomness).
 """
 
@@ -17,40 +17,7 @@ from tqdm import tqdm
 
 from rvqspec_lib.common.files import write_json_atomic
 
-#: Cosine decay ends at this fraction of the peak learning rate (nanoGPT: ``min_lr = lr / 10``).
-MIN_LR_RATIO = 0.1
-#: Linear warmup steps before the cosine decay (the joint trainer's and the code decoder's; the code-predictor
-#: stage, which starts from trained weights, uses half).
-WARMUP_STEPS = 100
-#: AdamW weight decay of matrices (nanoGPT's groups: no decay on vectors, see :func:`decay_groups`).
-WEIGHT_DECAY = 0.01
-#: Largest global gradient norm (clipped above it).
-GRAD_CLIP = 1.0
-#: AdamW betas of the transformer trainers (nanoGPT's; beta2 0.95 for short, noisy runs).
-ADAMW_BETAS = (0.9, 0.95)
-
 SELECT = ("min", "max")
-
-
-def lr_at(step: int, frac: float, *, lr: float, warmup_steps: int = WARMUP_STEPS,
-          min_lr_ratio: float = MIN_LR_RATIO) -> float:
-    """Learning rate at 0-based step ``step``: linear warmup, then cosine in ``frac`` (budget spent, [0, 1])."""
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, frac))))
-    return lr * (min_lr_ratio + (1 - min_lr_ratio) * cos)
-
-
-@dataclass(frozen=True)
-class WarmupCosine:
-    """The schedule of :func:`lr_at` as a callable ``(step, frac) -> lr`` for :func:`fit` (``lr``: the peak)."""
-
-    lr: float
-    warmup_steps: int = WARMUP_STEPS
-    min_lr_ratio: float = MIN_LR_RATIO
-
-    def __call__(self, step: int, frac: float) -> float:
-        return lr_at(step, frac, lr=self.lr, warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
 
 
 @dataclass(frozen=True)
@@ -72,13 +39,6 @@ class Budget:
         if self.minutes is not None and not self.minutes > 0:
             raise ValueError(f"the budget must be positive: minutes must be > 0, got {self.minutes!r}")
 
-    @classmethod
-    def one_of(cls, steps: int | None = None, minutes: float | None = None) -> "Budget":
-        """Exactly one of ``steps`` and ``minutes`` (the transformer trainers' rule); else ValueError."""
-        if (steps is None) == (minutes is None):
-            raise ValueError("give exactly one budget: steps=... or minutes=...")
-        return cls(steps=steps, minutes=minutes)
-
     def spent(self, step: int, epoch: int, elapsed_s: float) -> str | None:
         """The first budget spent (``"steps"``, ``"minutes"``, ``"epochs"``), or ``None`` while training may go on."""
         return next((name for name, f in self._fractions(step, epoch, elapsed_s) if f >= 1), None)
@@ -92,13 +52,6 @@ class Budget:
         given = (("steps", step, self.steps), ("minutes", elapsed_s, self.minutes and self.minutes * 60),
                  ("epochs", epoch, self.epochs))
         return [(name, done / total) for name, done, total in given if total is not None]
-
-
-def decay_groups(parameters: Iterable[torch.nn.Parameter], weight_decay: float = WEIGHT_DECAY) -> list[dict]:
-    """Two AdamW groups of the trainable parameters: weight decay on matrices, none on vectors."""
-    params = [p for p in parameters if p.requires_grad]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def write_curve(path: str | os.PathLike, curve: Sequence[dict], meta: Mapping | None = None) -> Path:
@@ -164,7 +117,7 @@ def fit(step_fn: Callable[[Any], torch.Tensor | tuple[torch.Tensor, Mapping[str,
     Args:
         step_fn: ``batch -> loss`` (a scalar tensor with a graph) or ``(loss, stats)`` (a dict of floats).
         batches: ``epoch -> iterable of batches``; an epoch ends after ``len()`` batches or when it is exhausted.
-        schedule: ``(step, frac) -> lr`` (e.g. :class:`WarmupCosine`); ``None`` keeps the optimiser's.
+        schedule: ``(step, frac) -> lr`` (e.g. a warmup and cosine decay); ``None`` keeps the optimiser's.
         clip_parameters, grad_clip: clip their global gradient norm (not when either is ``None`` or 0).
         evaluate: ``() -> dict`` merged into each record. eval_every: steps between records (0, ``None``: none),
             or ``"epoch"``; a record is also made after the last step and, with ``eval_at_start``, before the first.

@@ -1,0 +1,198 @@
+"""Small computations only the notebooks (and the paper modules beside them) use: the shipped splits' sizes, the
+chain window where acceptance saturates, the sample sizes a parity verdict would need, every exported graph against
+eager PyTorch, the embedded codec's spectrograms and log-spectral distance, and the two loops' geometry of a model
+folder. The library keeps what commands run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from rvqspec_lib.data.utterances import embedded_root
+from rvqspec_lib.device import export_formats as F
+from rvqspec_lib.device import export_graphs as G
+from rvqspec_lib.device.export_check import RELATIVE_TOLERANCE, check_file
+from rvqspec_lib.eval.parity import ALPHA, power_two_sample
+from rvqspec_lib.eval.timing import machine_meta
+from rvqspec_lib.models.audio import SAMPLE_RATE
+from rvqspec_lib.models.configs import frame_rate_from_dir
+
+
+def shipped_split_sizes(model: str | os.PathLike = "embedded") -> dict[str, dict]:
+    """``{split: {"utterances", "frames", "file"}}`` of a small model's ``utterances.jsonl`` (no codes loaded), what
+    notebooks quote. Raises FileNotFoundError: the model ships no utterances
+    (:func:`rvqspec_lib.data.utterances.embedded_root`)."""
+    j = embedded_root(model) / "utterances.jsonl"
+    out: dict[str, dict] = {}
+    for line in j.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            d = out.setdefault(r["split"], {"utterances": 0, "frames": 0, "file": str(j)})
+            d["utterances"] += 1
+            d["frames"] += int(r["frames"])
+    return out
+
+
+def saturation_window(result: dict, *, rel_tol: float = 0.02) -> int:
+    """The smallest chain window whose tokens per call is within ``rel_tol`` of the best window's (seed 003: "acceptance
+    saturates once the window passes four depths").
+
+    Args:
+        result: :func:`rvqspec_lib.eval.acceptance.evaluate_acceptance`'s output (its chains found by their fields:
+            ``kind`` chain, ``nodes`` the window), or ``{window (int): tokens per call}``.
+        rel_tol: relative shortfall from the maximum still counted as saturated (0.02 = 2%).
+
+    Raises:
+        ValueError: no chain window, or ``rel_tol`` negative.
+    """
+    if rel_tol < 0:
+        raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
+    if "decoders" in result:
+        result = {d["nodes"]: d["tokens_per_call"] for d in result["decoders"].values() if d["kind"] == "chain"}
+    by_w = {int(w): float(v) for w, v in result.items() if v is not None}
+    if not by_w:
+        raise ValueError("no chain window to compare: evaluate chain decoders (evaluate_acceptance's default)")
+    best = max(by_w.values())
+    return min(w for w, v in by_w.items() if v >= best * (1 - rel_tol))
+
+
+def sentences_needed(difference: float, se: float, n: int, *, alpha: float = ALPHA, power: float = 0.8) -> float:
+    """Utterances needed to detect ``difference`` with ``power`` at level ``alpha`` (two-sided), scaling ``se``
+    measured on ``n`` utterances as ``1/sqrt(n)`` (``inf`` for a zero difference).
+
+    Raises:
+        ValueError: ``n < 1`` or ``se < 0``.
+    """
+    from scipy import stats
+
+    if n < 1 or se < 0:
+        raise ValueError(f"need n >= 1 and se >= 0, got n={n}, se={se}")
+    if difference == 0:
+        return math.inf
+    z = float(stats.norm.isf(alpha / 2)) + float(stats.norm.isf(1 - power))
+    return float(n * (z * se / abs(difference)) ** 2)
+
+
+def samples_needed(tv: float, df: int, *, power: float = 0.9, level: float = ALPHA) -> int:
+    """Samples per group (equal groups) for :func:`power_two_sample`'s bound to reach ``power`` against a shift of
+    total variation ``tv`` (doubling, then bisection). ``inf`` for ``tv <= 0`` or ``df < 1``."""
+    if tv <= 0 or df < 1:
+        return math.inf
+    hi = 2
+    while power_two_sample(hi, hi, df, tv=tv, level=level) < power:
+        hi *= 2
+        if hi > 2 ** 40:
+            return math.inf
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if power_two_sample(mid, mid, df, tv=tv, level=level) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dtypes: Sequence[str] = ("float32",
+                        "float16"), formats: Sequence[str] = ("onnx", "coreml"), nodes: int = 4, tree=None,
+                        work_dir=None, seeds: Sequence[int] = (0, 1),
+                        compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS, keep_files: bool = False) -> dict:
+    """Export every (graph, format, dtype) of the float32 official module, run it where it can run and compare it
+    with eager PyTorch (:func:`check_file`); ``nodes``, ``tree``: the verify graph's; ``work_dir`` default a
+    temporary folder, removed unless ``keep_files``.
+
+    Returns:
+        ``{"rows": [...], "meta": {...}}``; a row per (graph, format, dtype, runner): ``graph``, ``format``,
+        ``dtype``, ``nodes``, ``interface_ok`` (declared == written), ``bytes``, ``export_s``, ``path``, and
+        :func:`check_file`'s fields.
+
+    Raises:
+        ValueError: what the exporter refuses (an unknown graph, format or dtype; one line).
+    """
+    tmp = tempfile.TemporaryDirectory(prefix="rvqspec-export-") if work_dir is None else None
+    work = Path(tmp.name if tmp is not None else work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        for graph in graphs:
+            n, tr = (nodes, tree) if graph == "verify" else (None, None)
+            for fmt in formats:
+                for dt in dtypes:
+                    path = work / f"{graph}-{dt}{F.FORMATS[fmt]}"
+                    res = F.export_graph(code_predictor, graph, fmt, path, dtype=dt, nodes=n, tree=tr)
+                    base = {"graph": graph, "format": fmt, "dtype": dt, "nodes": res["nodes"],
+                            "interface_ok": res["declared"] == res["written"], "bytes": res["bytes"],
+                            "export_s": round(res["export_s"], 1), "path": str(path) if keep_files else None}
+                    rows += [{**base, **r} for r in check_file(code_predictor, graph, path, dtype=dt, nodes=n, tree=tr,
+                                                                 seeds=seeds, compute_units=compute_units)]
+    finally:
+        if tmp is not None and not keep_files:
+            tmp.cleanup()
+    return {"rows": rows, "meta": {**machine_meta(code_predictor), "seeds": list(seeds),
+                                   "tolerance": RELATIVE_TOLERANCE, "reference": "official module, float32, eager"}}
+
+
+def unstack(codec, vectors: np.ndarray) -> np.ndarray:
+    """An :class:`~rvqspec_lib.models.rvq_codec.RVQCodec`'s frame vectors `(frames, dim)` -> log-mel spectrogram
+    `(n_mels, frames * stack)` float32 (natural log of mel power, one column per mel hop).
+
+    Raises:
+        ValueError: ``vectors`` is not `(frames, dim)`.
+    """
+    v = np.asarray(vectors, dtype=np.float32)
+    c = codec.config
+    if v.ndim != 2 or v.shape[1] != c.dim:
+        raise ValueError(f"expected frame vectors of shape (frames, {c.dim}), got {v.shape}")
+    return np.ascontiguousarray(v.reshape(v.shape[0] * c.stack, c.n_mels).T)
+
+
+def log_mel_db(codec, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """The log-mel spectrogram of audio as the codec sees it, in dB: `(n_mels, frames * stack)` float32,
+    10 log10 of mel power, one column per 20 ms mel hop (``codec.features`` then :func:`unstack`)."""
+    return (unstack(codec, codec.features(wav, sample_rate)) * (10.0 / np.log(10.0))).astype(np.float32)
+
+
+def log_spectral_distance(codec, a: np.ndarray, b: np.ndarray) -> float:
+    """Mean log-spectral distance in dB between frame vectors ``a``, ``b`` `(frames, dim)` of one shape: per mel
+    frame the RMS over the bands of ``10 log10(P_a / P_b)``, then the mean (0.0 with no frames).
+
+    Raises:
+        ValueError: the shapes differ or are not `(frames, dim)`.
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(f"frame vectors of different shapes {a.shape} and {b.shape}: trim both to the same "
+                         "number of frames")
+    la, lb = unstack(codec, a), unstack(codec, b)  # (n_mels, t)
+    if la.shape[1] == 0:
+        return 0.0
+    db = (10.0 / np.log(10.0)) * (la.astype(np.float64) - lb)
+    return float(np.sqrt((db ** 2).mean(0)).mean())
+
+
+def loop_facts(folder: str | os.PathLike) -> dict:
+    """The two loops' geometry from a model folder's ``config.json`` (the frame rate from ``rvqspec_model.json`` or
+    ``speech_tokenizer/``), without building the model: ``{"folder", "talker_layers", "talker_hidden",
+    "code_predictor_layers", "code_predictor_hidden", "n_code_groups", "frame_rate_hz"}``.
+
+    Raises:
+        FileNotFoundError: no ``config.json`` in ``folder``.
+    """
+    p = Path(folder).expanduser()
+    cfg_path = p / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"no config.json in {p}: pass a model folder (e.g. data/configs/<name>)")
+    talker = json.loads(cfg_path.read_text())["talker_config"]
+    cp = talker.get("code_predictor_config", {})
+    marker = p / "rvqspec_model.json"
+    fr = float(json.loads(marker.read_text())["frame_rate_hz"]) if marker.is_file() else frame_rate_from_dir(p)[0]
+    return {"folder": str(p), "talker_layers": int(talker["num_hidden_layers"]),
+            "talker_hidden": int(talker["hidden_size"]), "code_predictor_layers": int(cp.get("num_hidden_layers", 0)),
+            "code_predictor_hidden": int(cp.get("hidden_size", 0)), "n_code_groups": int(talker["num_code_groups"]),
+            "frame_rate_hz": fr}

@@ -64,8 +64,7 @@ def read_records(fig_dir: str | os.PathLike) -> list[Record]:
         rel = p.relative_to(root)
         if any(part.startswith(".") for part in rel.parts):
             continue  # temporary files of a writer (.<name>.<random>.part.json), stamps
-        name = rel.as_posix()
-        name = name[: -len(SIDECAR_SUFFIX)] if name.endswith(SIDECAR_SUFFIX) else name
+        name = rel.as_posix().removesuffix(SIDECAR_SUFFIX)
         git, files = _git_record(p)
         if git is None:
             continue

@@ -32,8 +32,7 @@ def notebook_times(stamps: list[str | os.PathLike], run_id: str) -> list[dict]:
     FileNotFoundError: a stamp is missing."""
     rows = []
     for s in map(Path, stamps):
-        name = s.name[1:] if s.name.startswith(".") else s.name
-        name = name[: -len(".done")] if name.endswith(".done") else name
+        name = s.name.removeprefix(".").removesuffix(".done")
         fields = s.read_text().split()
         rid, when, nb = (fields + ["", "", ""])[:3]
         duration = None

@@ -70,13 +70,9 @@ TIMING_JSON_FILES = frozenset({"01_bench.json", "01_metrics.json", "04_metrics.j
 
 SIDECAR_SUFFIX = ".provenance.json"
 
-#: On another CPU (``--across-cpus``; docs/reproducibility.md#on-another-cpu): the tables whose numbers follow the
-#: floating point of the decoders notebook 05 samples (other codes, other audio, other words), each with the columns
-#: (low, high) of its rows' stated 95% interval, or a relative tolerance where it states none. There a number agrees
-#: when within half its row's interval (the wider of the two runs), else within :data:`ACROSS_REL` (rows with no
-#: interval: AR's own, counts); words (decoders, verdicts, flags) and row counts must be equal and every p-value on the
-#: same side of 0.05, so no conclusion may change. Every other value, the recogniser's WER on fixed audio included, is
-#: expected equal on every x86-64 CPU (`make paper` pins the kernels of notebooks 00 and 05: PINNED_NB).
+#: On another CPU (``--across-cpus``; the rules: docs/reproducibility.md#on-another-cpu): the tables of notebook 05
+#: whose numbers follow the decoders it samples, each with its rows' 95% interval columns (low, high), or a relative
+#: tolerance where it states none (:data:`ALL`: any value). Every other value must be equal on every x86-64 CPU.
 ACROSS_CPUS: dict[str, tuple[str, str] | float | tuple[str]] = {
     "05_wer_parity": ("ci95_low", "ci95_high"), "05_free_running": ("ci95_low", "ci95_high"),
     "05_table3": ("diff_ci_low", "diff_ci_high"), "05_verdicts": ("wer_ci_low", "wer_ci_high"),
@@ -85,8 +81,7 @@ ACROSS_CPUS: dict[str, tuple[str, str] | float | tuple[str]] = {
     "06_exported_graphs": 0.01,  # the exporter folds constants computed by the CPU's kernels: sizes move by bytes
 }
 ACROSS_REL = 0.10
-#: columns that state an uncertainty themselves (the smallest detectable difference, the sentences it needs, power):
-#: they agree within a factor of two
+#: columns that state an uncertainty themselves: they agree within a factor of two
 ACROSS_SCALE = ("*mde*", "sentences_needed", "power*", "detectable*")
 #: notebook 05's result JSON: its numbers are those of the tables above (None: compared there), its calibrated
 #: trees' acceptance rates (probabilities) within 1e-6 (sums of floats in another order)
@@ -307,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["TIMING_NOTEBOOKS", "ALL", "TIMING_COLUMNS", "TIMING_JSON_KEYS", "TIMING_JSON_FILES", "ACROSS_CPUS",
-           "timing_columns",
-           "compare_tables", "compare_json", "compare_safetensors", "compare_runs", "main"]
+           "timing_columns", "compare_tables", "compare_json", "compare_safetensors", "compare_runs", "main"]
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ import argparse
 import csv
 import fnmatch
 import json
-import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -306,4 +305,4 @@ __all__ = ["TIMING_NOTEBOOKS", "ALL", "TIMING_COLUMNS", "TIMING_JSON_KEYS", "TIM
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

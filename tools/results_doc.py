@@ -18,9 +18,7 @@ from rvqspec_lib.common.paths import REPO_ROOT
 RESULTS_DOC = Path("docs") / "results.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 _METRICS = re.compile(r"^(\d\d)(?:_[\w-]+)?_metrics\.json$")
-
-
-#: the units an entry may carry (an empty string for a count or a ratio without one)
+#: the units an entry may carry ("" for a count or a ratio)
 UNITS = ("", "x", "%", "ms", "s", "dB")
 
 

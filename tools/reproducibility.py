@@ -49,7 +49,7 @@ TIMING_COLUMNS: dict[str, tuple[str, ...]] = {
     # 07: the call and the talker step against their floors, batches, auto's choice, the table to act on
     "07_floor": ("t1_ms", "t*_over_t1", "floor_ms", "t1_over_floor"),
     "07_talker": ("median_ms", "p10_ms", "p90_ms", "min_ms", "cpu_ms", "n", "floor_ms", "floor_kv_ms", "over_floor",
-                  "over_floor_kv", "floor_cpu_ms", "cpu_over_floor", "cpu_over_floor_kv"),
+                  "over_floor_kv", "floor_cpu_ms", "cpu_over_floor", "cpu_over_floor_kv", "rel_se", "ratio_to_1"),
     "07_batches": ("ms_per_batch", "p10_ms", "p90_ms", "frames_per_s", "ms_per_frame", "speedup_vs_ar",
                    "speedup_vs_fused"),
     "07_auto": ALL,  # the shortlist and the choice come from measured verify costs and frame times

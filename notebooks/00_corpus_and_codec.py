@@ -38,7 +38,10 @@
 # 4. **what each stage removes**: the variance left after k stages, against what any quantiser could remove from
 #    structureless noise (why the deep stages of this codec add little);
 # 5. **distance and word error rate** by number of codebooks, over several held-out sentences;
-# 6. what this notebook showed, and why.
+# 6. **changes no one can hear**: how many codes of each codebook survive them (why a model cannot predict the deep
+#    codes of this codec sharply);
+#
+# and, to end, what this notebook showed, and why.
 #
 # All numbers are read from files or measured when the notebook runs; none is typed in.
 
@@ -207,8 +210,9 @@ if on_checkpoint:
 #
 # **Audio.** The build (`recipes/embedded/build.py`) rendered each training, validation and evaluation sentence
 # with one of the flite voices at 24 kHz; those rows are read from the build's record `eval.json`. The calibration
-# split and the multilingual set are not used by the build; they are rendered here (flite for English, espeak-ng
-# for the other languages), so their hours and frames are measured too. A frame is one 80 ms codec frame.
+# split and the multilingual set are not in that record (the build ships the calibration split's codes beside the
+# model, but trains nothing on them); they are rendered here (flite for English, espeak-ng for the other languages),
+# so their hours and frames are measured too, at this run's size. A frame is one 80 ms codec frame.
 
 # %%
 if not on_checkpoint:  # the embedded data (a checkpoint: the section above)

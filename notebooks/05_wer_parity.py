@@ -580,7 +580,8 @@ if lossless_wer:
     line += (f"; their inner-loop WER differences to AR (English, {asr_label}, the null control among them) run "
              f"from {min(r['wer_diff'] for r in lossless_wer):+.3f} to {max(r['wer_diff'] for r in lossless_wer):+.3f}"
              + (f", and the 95% interval of {', '.join(off_zero)} leaves out zero (at that confidence one interval "
-                "in twenty does so by chance; the paired test at the family-wise level flags none)"
+                "in twenty does so by chance, and with few sentences a bootstrap interval is too narrow to trust: "
+                "read its p-value beside it; the paired test at the family-wise level flags none)"
                 if off_zero and not alarms else ", every 95% interval covering zero"))
 line += (". Why: the accept rule keeps a draft x with probability min(1, p(x)/q(x)) (p(x) for a point-mass draft) "
          "and draws the rest from the residual, which adds back to p exactly, whatever the drafter; so a lossless "

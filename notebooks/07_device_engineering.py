@@ -318,7 +318,10 @@ display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
 # once per `make paper`, here: per model, per precision this CPU runs natively and per backend, five rows, each timed
 # in one interleaved run per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole AR
 # frame); **best speculative** (the fastest stepped chain or calibrated tree); **fused speculative** (the fastest
-# fused chain frame; a timing replay cannot drive one); **auto** (what `--decoder auto` picks there). Columns: ms per
+# fused chain frame; a timing replay cannot drive one); **auto** (what `--decoder auto` picks there, timed again in
+# this table's own run, among the candidates of this table's backend and precision: it can pick another chain length
+# than section 4's choice, which times every backend together, when two candidates are within the noise of each
+# other). Columns: ms per
 # frame, the inner loop's real-time factor (RTF: ms per frame over the 80 ms a frame of audio lasts; the talker's
 # step not in it), speedup over stepped AR, the frame over the fused AR frame's (`x_fused_ar`), the AR frame's floor
 # (15 calls' weights at the measured bandwidth) and the frame over it (`x_floor_ar`). The public ports' published

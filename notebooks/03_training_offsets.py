@@ -427,7 +427,12 @@ display(Markdown(
     f"b_t = (0, 1) the draft IS p in both (acceptance {toy_rows[2]['sampled_acceptance']:.3f}, "
     f"{toy_rows[3]['sampled_acceptance']:.3f}): one vector undoes a shift that every state shares. A mismatch that "
     "differed from state to state (say `H_{s+t}` = H_s + (0, 1) in one state and H_s - (0, 1) in the other) could not "
-    "be undone by one b_t: that is what section 7's headroom and the Medusa heads measure."))
+    "be undone by one b_t: that is what section 7's headroom and the Medusa heads measure. A point-mass draft "
+    f"(the paper's) is kept with p of q's top code: {toy_rows[0]['point_mass_acceptance']:.3f} and "
+    f"{toy_rows[2]['point_mass_acceptance']:.3f} in the first state without and with b_t. An offset helps it only "
+    "where it changes WHICH code q ranks first; moving q's probabilities without changing its order leaves a "
+    "point-mass draft where it was, which is why the offsets' gain can show in sampled acceptance and not in a "
+    "point-mass tree's tokens per call."))
 toy_table
 
 # %% [markdown]

@@ -292,7 +292,7 @@ NOTEBOOKS = [p for p in sorted((Path(__file__).resolve().parent.parent / "notebo
 
 def test_a_checkpoint_is_told_apart_and_what_it_skips_is_said(ckpt, capsys):
     from paper.checkpoint import is_checkpoint, not_here
-    from tools.results_doc import problems
+    from tests.test_results_doc import problems
 
     assert is_checkpoint(str(ckpt)) and is_checkpoint("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
     assert not any(is_checkpoint(m) for m in ("embedded", "tiny-random", "qwen3-tts-0.6b-random"))

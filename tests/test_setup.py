@@ -20,18 +20,24 @@ PACKAGES = ["flite", "festival", "festvox-us-slt-hts", "festvox-kallpc16k", "esp
 BASH = shutil.which("bash")
 
 
-def _fake_path(tmp: Path, *, uid: int, installed: set[str], sudo: bool) -> tuple[dict, Path]:
-    """A PATH with only fakes and the real tools the script uses; returns (env, log file)."""
+def _bin(tmp: Path, real: tuple[str, ...]):
+    """``(bin folder, log file, fake(name, body))``: a PATH folder holding links to the ``real`` tools the script
+    uses, and a writer of fake programs into it."""
     bin_ = tmp / "bin"
-    bin_.mkdir()
-    log = tmp / "calls.log"
-    for tool in ("grep", "env", "cat", "date"):
+    bin_.mkdir(parents=True)
+    for tool in real:
         os.symlink(shutil.which(tool), bin_ / tool)
 
     def fake(name: str, body: str) -> None:
         (bin_ / name).write_text(f"#!{BASH}\n{body}\n")
         (bin_ / name).chmod(0o755)
 
+    return bin_, tmp / "calls.log", fake
+
+
+def _fake_path(tmp: Path, *, uid: int, installed: set[str], sudo: bool) -> tuple[dict, Path]:
+    """A PATH with only fakes and the real tools the script uses; returns (env, log file)."""
+    bin_, log, fake = _bin(tmp, ("grep", "env", "cat", "date"))
     fake("id", f'[ "$1" = "-u" ] && echo {uid}')
     cases = " ".join(sorted(installed)) or "__none__"
     fake("dpkg-query", f'echo "dpkg-query $*" >> {log}\n'
@@ -139,16 +145,7 @@ def test_ci_and_readme_use_the_two_commands():
 def _no_debian(tmp: Path, *, darwin: bool, brew: bool, have: set[str]) -> tuple[dict, Path]:
     """A PATH without dpkg-query (macOS or another Linux): fake ``uname``, ``brew`` (installs by creating the
     programs) and the voice programs in ``have``."""
-    bin_ = tmp / "bin"
-    bin_.mkdir(parents=True)
-    log = tmp / "calls.log"
-    for tool in ("grep", "env", "cat", "chmod"):
-        os.symlink(shutil.which(tool), bin_ / tool)
-
-    def fake(name: str, body: str) -> None:
-        (bin_ / name).write_text(f"#!{BASH}\n{body}\n")
-        (bin_ / name).chmod(0o755)
-
+    bin_, log, fake = _bin(tmp, ("grep", "env", "cat", "chmod"))
     fake("uname", f'echo {"Darwin" if darwin else "Linux"}')
     for b in have:
         fake(b, "exit 0")

@@ -122,6 +122,8 @@ params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), r
               compare_model=compare_model, own_decoders=list(own_decoders), noise_target=run_noise_target,
               notebook="01_rvq_bottleneck")
 print(f"model {run_model}, outputs -> {out}")
+if run_model != model:  # a smoke run: the prose below describes the real-size model it stands in for
+    display(Markdown(f"**Smoke run:** `{run_model}` runs in place of `{model}`; where the text says real-size or 0.6B, read `{run_model}`, and read every number as a check that the code runs, not a measurement."))
 
 # %% [markdown]
 # ## 1. The model and its config

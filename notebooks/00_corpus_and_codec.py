@@ -686,8 +686,9 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         f"* **Why each deep stage adds little in this codec (measured here, against a bound).** Stages "
         f"{deep[0]['k']}..{deep[-1]['k']} each remove a median {deep_removed:.1%} of the variance still left; the most an "
         f"{bits:g}-bit stage can remove from a structureless {cfg.dim}-dimensional residual is {ref_removed:.1%}. "
-        + ("The deep stages work at about that rate: what they quantise is close to noise around the envelope the "
-           "first stages chose. The codebooks are k-means fits to log-mel residuals, not to what a listener or a "
+        + ("The deep stages work at about that rate: in variance, what they quantise is close to noise around the "
+           "envelope the first stages chose (the WER table above shows they still carry some detail a recogniser "
+           "uses). The codebooks are k-means fits to log-mel residuals, not to what a listener or a "
            f"recogniser uses, and one {bits:g}-bit choice spread over {cfg.dim} spectral values can only shave a "
            "sliver off a diffuse error."
            if deep_removed < 1.5 * ref_removed else
@@ -744,7 +745,7 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
 #
 # * **`codebooks = (1, 2, 4, 16)`** and **`n_sentences = 4`**: the WER curve by codebooks redraws in a minute; look at
 #   where the WER stops falling, and compare that depth with notebook 03's acceptance by depth.
-# * **`listen_codebooks = (1, 8, 16)`**: listen to section 3's three players and name the first k at which you stop
+# * **`listen_codebooks = (1, 8, 16)`**: listen to section 3's players, one per k, and name the first k at which you stop
 #   hearing a difference.
 # * **`voices = ("awb",)`**: one voice instead of four; compare the codec's quality table with the committed one to
 #   see how much of it is the voice.

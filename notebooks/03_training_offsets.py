@@ -551,7 +551,11 @@ display(Markdown(
 # 95% Student t interval is taken over utterances, since frames of one utterance are not independent
 # (`paper.drafter_table.margin_rows`). The acceptance is computed from the probabilities, so no sampling
 # noise enters. An interval that excludes 0 says the gain is real; its size says whether it matters, and
-# `chain4_gain` turns it into tokens per call of a chain of window 4, measured.
+# `chain4_gain` turns it into tokens per call of a chain of window 4, measured. Two things to read with care: the
+# two acceptance columns are means over frames, while `difference` is the mean over utterances of each utterance's
+# mean difference, so it need not equal their subtraction exactly; and `chain4_gain` is one decoding run without an
+# interval, of a chain that uses offsets 1..3 from one start, so a small gain averaged over every offset can show
+# there with either sign.
 
 # %%
 margin = T.margin_rows(cp, drafters, eval_frames, n_ahead=K, sampling=sampling, results=results)

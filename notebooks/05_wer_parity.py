@@ -21,7 +21,7 @@
 #
 # **The question.** The paper calls its decoder *distributionally lossless*: the codes it commits follow exactly the
 # distribution that plain one-code-per-call sampling (**AR**) would give, whatever its drafts are
-# ([notebook 02](02_the_lossless_rule.py) derives the rule that guarantees it). Its Table 3 backs the claim in six
+# ([notebook 02](02_the_lossless_rule.ipynb) derives the rule that guarantees it). Its Table 3 backs the claim in six
 # Fleurs languages with two columns per language: **tokens per call** of its decoder (the paper reports nearly the same
 # value in every language, although its offsets saw only English; its values close the last section) and the word error
 # rate (**WER**; character error rate, **CER**, for Japanese and Chinese) of speculative against AR decoding, equal
@@ -38,7 +38,7 @@
 #    the verifier's warped p *given the decoder's own prefix* (rank 0 = the most probable code), and of the raw
 #    codes, against AR's; the p-values are Holm-adjusted (corrected for testing all depths at once, so the level
 #    holds for the decoder as a whole). A lossy rule keeps drafts too often, so its ranks drift
-#    toward the drafter's favourites in every frame: the drift does not average out over contexts.
+#    toward the drafter's favourites in every frame it touches: the drift does not average out over contexts.
 # 3. **WER**, paired against AR on the same sentences (bootstrap interval, and a sign-flip permutation p-value: the
 #    signs of the per-sentence differences are flipped at random, which is what no difference would allow, to see
 #    how often a mean difference as large arises by chance), with
@@ -285,7 +285,7 @@ if has_paper:
         f"offsets were trained on {paper_info['train_frames']:,} teacher-forced frames of the "
         f"{paper_info['train_split']} split with the **{loss_words.get(dp['loss'], dp['loss'])}**"
         + ("" if dp["loss"] == "ce" else ", not the paper's cross-entropy")
-        + " ([notebook 03](03_training_offsets.py) trains and compares the losses; this notebook does not train).")) 
+        + " ([notebook 03](03_training_offsets.ipynb) trains and compares the losses; this notebook does not train).")) 
 
 # %% [markdown]
 # ## 3. Which audio, and which recogniser
@@ -600,8 +600,9 @@ if lossy_en is not None and lossy_en.get("wer_test"):
 code_caught = any("code" in r["flagged_by"] for r in lossy_rows)
 wer_caught = any("WER" in r["flagged_by"] for r in lossy_rows)
 line += (". Why: SSD's tolerance keeps drafts more often than p allows, so the codes lean toward the drafts' "
-         "favourites at every depth after the first (code 1 comes from the prefill, before any draft)"
-         + ("; the rank test sees that lean in every frame, while WER, one number per sentence on inner-loop "
+         "favourites wherever it keeps a draft p would have rejected (never at code 1, which comes from the "
+         "prefill, before any draft)"
+         + ("; the rank test sees that lean at the depths the verdicts above name, while WER, one number per sentence on inner-loop "
             "audio, has less power: here the code test flagged it and the WER test did not."
             if code_caught and not wer_caught else
             "; here the WER test flagged it too." if code_caught and wer_caught else

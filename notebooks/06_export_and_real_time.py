@@ -22,8 +22,8 @@
 # **Export.** The three graphs a deployment runs, built over the official weights
 # (`rvqspec_lib.device.export_graphs`): *stepped* (one position per call, the KV cache as state), *fused verify* (the
 # root and N − 1 drafted nodes in one call, the tree's mask and positions as inputs), *fused frame* (all 15 codes in
-# one call, sampling inside). Each is exported to ONNX (run here by ONNX Runtime) and to Core ML (built here; run on
-# macOS 15+ only), and checked against eager PyTorch (`rvqspec_lib.device.export_check`); the paper's own decoder gets
+# one call, sampling inside). Each is exported to ONNX (run here by ONNX Runtime), the stepped and verify graphs also
+# to Core ML (built here; run on macOS 15+ only; the parameter `exports` lists which), and checked against eager PyTorch (`rvqspec_lib.device.export_check`); the paper's own decoder gets
 # its verify graph apart. Then **Figure 4's analogue**, drawn so that what was measured here, what is projected, and
 # what the paper reports never share a panel.
 #
@@ -322,7 +322,7 @@ else:
 # **AR** (the native whole frame in one C call), the **best speculative** decoder (the fastest of chains and
 # calibrated trees; on the random-weight architecture stepped, its acceptance replayed) and **auto**'s choice: what
 # `--decoder auto` picks by timing the candidate decoders and backends on this machine and keeping the least time per
-# committed code ([notebook 07 §4](07_device_engineering.py); `rvqspec_lib.eval.budget.choose_decoder`, timed on the
+# committed code ([notebook 07 §4](07_device_engineering.ipynb); `rvqspec_lib.eval.budget.choose_decoder`, timed on the
 # spot). The three parts of a frame are timed in one
 # interleaved run, on one thread, wall clock with the thread's CPU time beside it:
 #
@@ -336,7 +336,8 @@ else:
 # From them: the frame on **one thread** (the sum: generation and decoding in turn, the `_1t` columns) and on **both
 # cores** (2c, the `_2c` columns: generation and decoding overlapped, the larger of talker + inner loop and codec),
 # their real-time factors, the parts' shares, speculation's gain on the whole frame beside its gain on the inner loop,
-# and what would move the frame further. Then, at the fastest precision of each model, **measured streams** of a
+# and what would move the frame further. Then, at the precision whose frame took the least CPU time (the measure
+# least disturbed by other load; named in each line), **measured streams** of a
 # sentence on one thread and on all cores; and **concurrent streams** batched. The public ports' own figures follow in
 # rows of their own, quoted.
 
@@ -384,7 +385,8 @@ for name in run_pipeline_models:
         + (f" ({r['codec_x_floor']:.2f}×)" if r["codec_x_floor"] else " (no floor)")
         + f"; the frame takes {r['frame_1t_ms']:.1f} ms on one thread (RTF {r['rtf_1t']:.2f}) and "
           f"{r['frame_2c_ms']:.1f} ms overlapped (RTF {r['rtf_2c']:.2f})."
-        + (f" Streamed: first audio {one['ttfa_ms']:.0f} ms after the prompt on one thread, RTF {one['rtf']:.2f}, "
+        + (f" Streamed at {one['precision']} with {one['decoder']} (the precision whose frame took the least CPU "
+           f"time): first audio {one['ttfa_ms']:.0f} ms after the prompt on one thread, RTF {one['rtf']:.2f}, "
            f"{one['underruns']:.0f} underrun(s); on all cores {two['ttfa_ms']:.0f} ms, RTF {two['rtf']:.2f}, "
            f"{two['underruns']:.0f} underrun(s)." if one and two else "")
         + f" Against AR (the native whole frame), speculation runs the inner loop at {r['inner_gain']:.2f}× AR's "
@@ -416,7 +418,7 @@ if shares:
 
 # %% [markdown]
 # ## Audio produced against wall time
-# Each curve is one measured stream (the fastest precision of each model): the seconds of audio ready, against the
+# Each curve is one measured stream (at the precision whose frame took the least CPU time): the seconds of audio ready, against the
 # wall time since the call. The thin dashed line of the same colour is real time from the first chunk: a player
 # started then keeps playing as long as the curve stays above it; a red cross marks an underrun. Left: one thread,
 # generation and decoding in turn; right: all cores, overlapped.

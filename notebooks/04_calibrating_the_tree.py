@@ -599,8 +599,9 @@ said += (f": at the sharpest, T {t_low:g}, {tpc_at.loc[t_low, 'point-mass']:.2f}
 deployed = temp_tab[temp_tab.temperature == sampling.temperature]
 if len(deployed):
     said += (f" At the deployed T {sampling.temperature:g} the top-ranked code holds "
-             f"{deployed.top1_target_mass.iloc[0]:.3f} of p on average; at T {t_low:g}, "
-             f"{temp_tab[temp_tab.temperature == t_low].top1_target_mass.iloc[0]:.3f}.")
+             f"{deployed.top1_target_mass.iloc[0]:.3f} of p on average over this sweep's {temperature_frames} frames, "
+             f"their codes sampled again (section 2's table, over every calibration frame, says {pm_tab[0, 0]:.3f}); "
+             f"at T {t_low:g}, {temp_tab[temp_tab.temperature == t_low].top1_target_mass.iloc[0]:.3f}.")
 display(Markdown(said))
 
 # %% [markdown]

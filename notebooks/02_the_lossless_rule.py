@@ -632,7 +632,7 @@ print(f"total {metrics['timings_s']['total']:.1f} s")
 # Change one parameter (the parameters cell at the top, or the cell named) and rerun:
 #
 # * **`beta = 0.1`**: a milder lossy rule; look at whether the G-test still rejects the lossy control
-#   (section 2's power line says the smallest shift it catches at this many rounds).
+#   (section 2's power line says how likely a shift of total variation `power_tv` is caught at this many rounds).
 # * **`n_draws = 2_000`**: fewer rounds; look at the lossless rule's p-values (they should stay spread over (0, 1)) and
 #   at the lossy rule's, which the test sees less sharply with fewer rounds.
 # * **`round_seed = 3`**: another traced round; follow the walk down the tree and check each kept or rejected draft

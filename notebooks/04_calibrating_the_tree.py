@@ -718,8 +718,9 @@ print(f"total {summary['timings_s']['total']:.0f} s")
 # Change one parameter (the parameters cell at the top, or the cell named) and rerun:
 #
 # * **In section 3's hand-worked table, change one entry of `hand_table`**, e.g. the rank-1 mass at offset 1 from
-#   `0.20` to `0.40`: redo the greedy growth by pencil, then rerun the cell; the library's order must agree with yours.
-# * **`temperatures = (0.9, 0.3, 0.1)`**: fewer temperatures; look at where the point-mass curve crosses the sampled
-#   one (a colder p is more peaked, the regime of notebook 03's section 10).
+#   `0.20` to `0.40`: redo the greedy growth by pencil, write your steps into `by_pencil` (the cell's list of
+#   (path, value) pairs), then rerun the cell; the library's order must agree with yours.
+# * **`temperatures = (0.9, 0.1, 0.05, 0.02)`**: colder temperatures than the sweep's; look at whether the
+#   point-mass curve reaches the sampled one (a colder p is more peaked, the regime of notebook 03's section 10).
 # * **`budgets = (2, 8, 32)`**: fewer node budgets; compare predicted with measured tokens per call in the relative
 #   error column.

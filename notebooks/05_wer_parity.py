@@ -715,7 +715,8 @@ print(f"run time {metrics['wall_s']:.0f} s")
 # Change one parameter (the parameters cell at the top, or the cell named) and rerun:
 #
 # * **`beta = 0.1`**: a milder lossy control; look at the code tests of section 4: whether the rank test still catches
-#   it at this many frames (its power line says which shift it can see).
+#   it at this many frames (the code tests' power column, `power_at_tv{power_tv}`, says how likely a shift of that
+#   total variation is caught).
 # * **`seed = 1`**: other draws; look at how far the paired WER intervals move, and whether a lossless decoder's
 #   interval still covers 0.
 # * **`languages = ("en", "de")`** and **`n_sentences = 8`**: half the English sentences; look at how much the English

@@ -591,4 +591,4 @@ print(json.dumps({"pipeline_rows": len(pipe["rows"]), "streams": len(pipe["strea
 #   under it may change.
 # * **`chunk_frames = 1`**: audio decoded one frame at a time; look at the time to first audio and the underruns of
 #   the streamed rows.
-# * **`batches = [1, 8]`**: more concurrent streams; watch the real-time factor per stream as the batch grows.
+# * **`batches = [1, 8]`**: more concurrent streams; watch the milliseconds per frame and the real-time flag of each batch size.

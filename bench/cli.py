@@ -148,7 +148,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "torch.compile reduce-overhead: CUDA graphs)")
     p.add_argument("--acceptance", default=None, metavar="FILE",
                    help="a timing replay of a random-weight model: the acceptance table its frames replay (a "
-                        "calibration file, or docs/precision.md#timing-replay's JSON / CSV); no fused speculative "
+                        "calibration file, or docs/precision.md#timing-replay's JSON); no fused speculative "
                         "rows (a fused frame computes its own acceptance)")
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="calibrated trees of the reused heads for a model that ships none (e.g. notebook 04's "

@@ -172,15 +172,10 @@ def test_malformed_tables_are_one_line_naming_the_fix(tmp_path, obj, words):
     assert words in msg and "\n" not in msg and "docs/precision.md#timing-replay" in msg and str(p) in msg
 
 
-def test_good_json_csv_and_calibration_files_read(tmp_path):
+def test_good_json_and_calibration_files_read(tmp_path):
     j = R.read_acceptance(_write(tmp_path, "a.json", {"format": R.FORMAT, "source": "my model",
                                                       "sampled": [[0.9], [0.8]]}))
     assert j.label == "my model" and len(j.tables["sampled"]) == N - 1 and j.tables["sampled"][5] == [[0.9], [0.8]]
-    c = R.read_acceptance(_write(tmp_path, "a.csv", "kind,start_depth,offset,child,acceptance\n"
-                                                    "sampled,*,1,0,0.9\nsampled,2,2,0,0.4\n"))
-    assert c.tables["sampled"][1] == [[0.9], [0.4]] and c.tables["sampled"][0] == [[0.9], [0.0]]
-    with pytest.raises(ValueError, match="CSV header"):
-        R.read_acceptance(_write(tmp_path, "b.csv", "kind,offset,acceptance\nsampled,1,0.5\n"))
     cal = R.read_acceptance("data/embedded/model/trees/heads.json")
     assert set(cal.tables) == {"point-mass", "sampled"} and "1500 calibration frames" in cal.label
 

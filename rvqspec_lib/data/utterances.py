@@ -101,11 +101,10 @@ def load_codes(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray], *,
-                             splits: Sequence[str] | None = None, speaker_key: str | None = "voice",
-                             language: str = "auto") -> list[Utterance]:
+                             splits: Sequence[str] | None = None, language: str = "auto") -> list[Utterance]:
     """One :class:`~rvqspec_lib.data.teacher.Utterance` per manifest row (``id, text, split, voice``) of ``splits``
-    (``None``: all) with codes ``{id: (frames, G)}``, in order; the speaker from ``speaker_key`` (``None``: default),
-    the prompt ``language``."""
+    (``None``: all) with codes ``{id: (frames, G)}``, in order; the speaker the row's ``voice`` (lowercased), the
+    prompt ``language``."""
     out = []
     for r in rows:
         if splits is not None and r.get("split") not in splits:
@@ -113,7 +112,7 @@ def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.nda
         c = codes.get(r["id"])
         if c is None or len(c) == 0:
             continue
-        spk = str(r[speaker_key]).lower() if speaker_key else None
-        out.append(Utterance(r["text"], torch.as_tensor(np.asarray(c), dtype=torch.long), spk, language))
+        out.append(Utterance(r["text"], torch.as_tensor(np.asarray(c), dtype=torch.long), str(r["voice"]).lower(),
+                             language))
     return out
 

@@ -282,8 +282,8 @@ def _render_rows(rows: list[dict], out: Path, *, processes: int, sample_rate: in
                                  enabled=progress))
 
 
-def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_VOICES, one_voice_each: bool = False,
-                 fractions: Mapping[str, float] | None = None) -> list[dict]:
+def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_VOICES,
+                 one_voice_each: bool = False) -> list[dict]:
     """Manifest rows (no lengths yet) rendering ``sentences`` with every voice of their language, or
     ``one_voice_each`` (chosen by a hash). Raises ValueError: a language no chosen voice speaks."""
     vs = [get_voice(v) for v in voices]
@@ -298,7 +298,7 @@ def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_
             mine = [mine[h % len(mine)]]
         for v in mine:
             uid = utterance_id(s, v.name)
-            rows.append({"id": uid, "split": split_of(s, fractions), "language": s.language, "voice": v.name,
+            rows.append({"id": uid, "split": split_of(s), "language": s.language, "voice": v.name,
                          "text": s.text, "source": s.source, "origin": s.origin,
                          "path": f"wav/{v.name}/{uid}.wav"})
     return rows
@@ -306,12 +306,12 @@ def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_
 
 def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voices: Sequence[str] = DEFAULT_VOICES,
                   one_voice_each: bool = False, processes: int = 2, sample_rate: int = SAMPLE_RATE,
-                  fractions: Mapping[str, float] | None = None, progress: bool = True) -> list[dict]:
+                  progress: bool = True) -> list[dict]:
     """Render sentences (:func:`plan_renders`) to ``<out_dir>/wav/<voice>/<id>.wav`` (a rerun resumes) and write
     ``<out_dir>/manifest.jsonl``. Returns its rows: ``id, split, language, voice, text, source, origin, path``
     (relative), ``samples, seconds, frames`` (12.5 Hz), ``sample_rate``. Raises MissingVoiceError."""
     out = Path(out_dir)
-    rows = [{**r, "sample_rate": sample_rate} for r in plan_renders(sentences, voices, one_voice_each, fractions)]
+    rows = [{**r, "sample_rate": sample_rate} for r in plan_renders(sentences, voices, one_voice_each)]
     done = _render_rows(rows, out, processes=processes, sample_rate=sample_rate, progress=progress, desc="render")
     write_text_atomic(out / "manifest.jsonl",
                       "".join(json_text(dict(r), indent=None, ensure_ascii=False) + "\n" for r in done))

@@ -216,14 +216,13 @@ def pin_whisper_cpu_kernels() -> dict[str, str]:
 class FasterWhisperASR(ASR):
     """Whisper in CTranslate2 format through ``faster-whisper`` (16 kHz; other rates resampled), deterministic and the
     same on every x86-64 CPU: float32 weights and activations, CPU kernels pinned (:func:`pin_whisper_cpu_kernels`),
-    one thread, beam search at temperature 0 alone (no fallback), no voice-activity filter, no previous text.
+    one thread, beam search (5 beams) at temperature 0 alone (no fallback), no voice-activity filter, no previous text
+    (docs/model.md#recognisers).
 
     Args:
         model_dir: a CTranslate2 Whisper folder. language: forced on a multilingual model (``None``: detect); an
-            English-only model takes English only. beam_size, cpu_threads, compute_type, device: CTranslate2's
-            (``compute_type="int8"`` is about 3x faster on the CPU, but its kernels differ by instruction set: see
-            docs/model.md#recognisers).
-        label: name for tables (default ``"whisper:<model_dir>"``).
+            English-only model takes English only. device: CTranslate2's. label: name for tables (default
+            ``"whisper:<model_dir>"``).
 
     Raises:
         FileNotFoundError / ValueError: what :func:`whisper_model_kind` refuses, a transformers checkpoint, another
@@ -232,8 +231,8 @@ class FasterWhisperASR(ASR):
 
     sample_rate = 16000
 
-    def __init__(self, model_dir: str | os.PathLike, *, language: str | None = "en", beam_size: int = 5,
-                 cpu_threads: int = 1, compute_type: str = "float32", device: str = "cpu", label: str | None = None):
+    def __init__(self, model_dir: str | os.PathLike, *, language: str | None = "en", device: str = "cpu",
+                 label: str | None = None):
         kind = whisper_model_kind(model_dir)
         if kind != "ctranslate2":
             raise ValueError(f"{model_dir} is a transformers Whisper checkpoint, not a CTranslate2 folder: load it "
@@ -245,15 +244,14 @@ class FasterWhisperASR(ASR):
                               "(faster-whisper==1.2.1)") from e
         if device == "cpu":
             pin_whisper_cpu_kernels()
-        self._model = WhisperModel(str(Path(model_dir).expanduser()), device=device, compute_type=compute_type,
-                                   cpu_threads=int(cpu_threads))
+        self._model = WhisperModel(str(Path(model_dir).expanduser()), device=device, compute_type="float32",
+                                   cpu_threads=1)
         if not self._model.model.is_multilingual:
             if language not in (None, "en"):
                 raise ValueError(f"{model_dir} is an English-only Whisper model, not for language {language!r}: "
                                  "pass a multilingual one (whisper:PATH)")
             language = "en"
         self.language = language
-        self.beam_size = int(beam_size)
         self.name = label or f"whisper:{model_dir}"
 
     def transcribe(self, wav: np.ndarray, sample_rate: int) -> str:
@@ -261,7 +259,7 @@ class FasterWhisperASR(ASR):
         if wav.size == 0:
             return ""
         segments, _ = self._model.transcribe(np.ascontiguousarray(wav, dtype=np.float32), language=self.language,
-                                             beam_size=self.beam_size, temperature=0.0,
+                                             beam_size=5, temperature=0.0,
                                              condition_on_previous_text=False, vad_filter=False)
         return " ".join(s.text.strip() for s in segments).strip()
 
@@ -269,13 +267,13 @@ class FasterWhisperASR(ASR):
 # ---- transformers pipelines (Whisper, Parakeet, ...): need the network or a local copy -------------------------------
 class TransformersASR(ASR):
     """Any ``transformers`` automatic-speech-recognition model (``openai/whisper-large-v3``, ...): ``model_id`` a hub
-    id or local folder; ``language`` for Whisper's ``generate_kwargs``; ``pipeline_kwargs`` for ``pipeline``.
+    id or local folder; ``language`` for Whisper's ``generate_kwargs``.
 
     Raises:
         FileNotFoundError: a local path that does not exist, or a model that cannot be fetched (offline).
     """
 
-    def __init__(self, model_id: str, device: str = "cpu", language: str | None = None, **pipeline_kwargs):
+    def __init__(self, model_id: str, device: str = "cpu", language: str | None = None):
         p = Path(model_id).expanduser()
         if model_id.startswith((".", "/", "~")) and not p.exists():
             raise FileNotFoundError(f"no ASR model at {model_id}: download it where the network is reachable "
@@ -285,7 +283,7 @@ class TransformersASR(ASR):
 
         try:
             self._pipe = pipeline("automatic-speech-recognition", model=str(p) if p.exists() else model_id,
-                                  device=device, **pipeline_kwargs)
+                                  device=device)
         except OSError as e:  # hub unreachable / offline mode / missing files
             raise FileNotFoundError(
                 f"could not load ASR model {model_id!r} ({e.__class__.__name__}: "

@@ -26,6 +26,11 @@ OUTLIER_LENGTH_RATIO = 2.0
 
 
 # ---- outliers --------------------------------------------------------------------------------------------------------
+def _asr_flags(utterances: Sequence[Mapping]) -> list[str]:
+    """Why :class:`rvqspec_lib.eval.asr.ErrorRates` flagged each utterance (``""``: not flagged)."""
+    return [str(u.get("why", "")) if u.get("outlier") else "" for u in utterances]
+
+
 def flag_outliers(utterances: Sequence[Mapping], *, lengths: Sequence[float] | None = None,
                   ref_lengths: Sequence[float] | None = None, capped: Sequence[bool] | None = None) -> list[str]:
     """Why each utterance is an outlier (``""`` if it is not; docs/methods.md#reporting-wer): flagged already by
@@ -40,7 +45,7 @@ def flag_outliers(utterances: Sequence[Mapping], *, lengths: Sequence[float] | N
     for name, x in (("lengths", lengths), ("ref_lengths", ref_lengths), ("capped", capped)):
         if x is not None and len(x) != n:
             raise ValueError(f"{name} has {len(x)} entries for {n} utterances")
-    why = [str(u.get("why", "")) if u.get("outlier") else "" for u in utterances]
+    why = _asr_flags(utterances)
     rates = np.array([float(u["rate"]) for u in utterances], dtype=np.float64)
     if n >= 4:
         q1, q3 = np.percentile(rates, [25, 75])
@@ -89,10 +94,8 @@ def paired_wer_difference(utts_a: Sequence[Mapping], utts_ref: Sequence[Mapping]
         raise ValueError(f"paired comparison needs the same utterances: {len(utts_a)} vs {len(utts_ref)}")
     if any(a["ref"] != b["ref"] for a, b in zip(utts_a, utts_ref)):
         raise ValueError("paired comparison needs the same references in the same order")
-    out_a = list(outliers_a) if outliers_a is not None else [u.get("why", "") if u.get("outlier") else ""
-                                                             for u in utts_a]
-    out_r = list(outliers_ref) if outliers_ref is not None else [u.get("why", "") if u.get("outlier") else ""
-                                                                 for u in utts_ref]
+    out_a = list(outliers_a) if outliers_a is not None else _asr_flags(utts_a)
+    out_r = list(outliers_ref) if outliers_ref is not None else _asr_flags(utts_ref)
     ea, words = _errors_and_words(utts_a)
     er, _ = _errors_and_words(utts_ref)
     keep = np.array([not (x or y) for x, y in zip(out_a, out_r)], dtype=bool)

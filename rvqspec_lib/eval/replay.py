@@ -5,7 +5,6 @@ the frame sealed (codes all -1). Tables from the embedded model's calibration (:
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -19,8 +18,6 @@ from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
 #: ``"format"`` of the JSON shape of an acceptance table.
 FORMAT = "rvqspec-acceptance"
-#: Header of the CSV shape.
-CSV_COLUMNS = ("kind", "start_depth", "offset", "child", "acceptance")
 #: Codes per frame of the architectures replayed (Qwen3-TTS: 16 codebooks, codes 1..15 in the inner loop).
 N_CODES = 15
 #: What a malformed file's message tells the user to do.
@@ -46,17 +43,17 @@ class AcceptanceOracle:
         ValueError: an unknown kind, no table, a table :func:`check_table` refuses (one line).
     """
 
-    def __init__(self, tables, label: str, *, seed: int = 0, path=None, n_codes: int = N_CODES):
+    def __init__(self, tables, label: str, *, seed: int = 0, path=None):
         if not tables or any(k not in KINDS for k in tables):
             raise _bad(path, f"give a table for some of {', '.join(KINDS)}, got {list(tables)}")
-        self.tables = {k: check_table(k, t, path, n_codes) for k, t in tables.items()}  # [s][t][i], NaN: no node
-        self.label, self.seed, self.path, self.n_codes = str(label), int(seed), path, int(n_codes)
+        self.tables = {k: check_table(k, t, path) for k, t in tables.items()}  # [s][t][i], NaN: no node
+        self.label, self.seed, self.path = str(label), int(seed), path
         self.generator = torch.Generator().manual_seed(self.seed)
         self._plans: dict = {}
 
     def oracle(self, seed: int = 0) -> "AcceptanceOracle":
         """A fresh oracle over the same table, its generator seeded with ``seed``."""
-        return AcceptanceOracle(self.tables, self.label, seed=seed, path=self.path, n_codes=self.n_codes)
+        return AcceptanceOracle(self.tables, self.label, seed=seed, path=self.path)
 
     @property
     def text(self) -> str:
@@ -65,7 +62,7 @@ class AcceptanceOracle:
 
     def describe(self) -> dict:
         """JSON-able summary (provenance): label, path, the kinds and the shape of each table."""
-        return {"label": self.label, "path": None if self.path is None else str(self.path), "n_codes": self.n_codes,
+        return {"label": self.label, "path": None if self.path is None else str(self.path), "n_codes": N_CODES,
                 "kinds": {k: [len(t), len(t[0]), len(t[0][0])] for k, t in self.tables.items()}}
 
     def probability(self, kind: str, start_depth: int, offset: int, index: int) -> float:
@@ -147,8 +144,8 @@ def _num(v, path, where: str) -> float:
     return float(v)
 
 
-def check_table(kind: str, table, path, n_codes: int = N_CODES) -> list:
-    """One kind's table, checked and brought to ``[start depth][offset][child]`` (``n_codes - 1`` start depths) from
+def check_table(kind: str, table, path) -> list:
+    """One kind's table, checked and brought to ``[start depth][offset][child]`` (:data:`N_CODES` - 1 start depths) from
     ``[offset][child]`` (every start depth alike) or ``[start depth][offset][child]``; ``path``: for messages.
 
     Raises:
@@ -165,14 +162,14 @@ def check_table(kind: str, table, path, n_codes: int = N_CODES) -> list:
     if dims not in (2, 3):
         raise _bad(path, f"the {kind} table has {dims} dimensions; give [offset][child] or "
                          f"[start depth][offset][child]")
-    table = [table] * (n_codes - 1) if dims == 2 else table
-    if len(table) != n_codes - 1:
-        raise _bad(path, f"the {kind} table has {len(table)} start depths; the inner loop has {n_codes - 1} "
-                         f"(1..{n_codes - 1})")
+    table = [table] * (N_CODES - 1) if dims == 2 else table
+    if len(table) != N_CODES - 1:
+        raise _bad(path, f"the {kind} table has {len(table)} start depths; the inner loop has {N_CODES - 1} "
+                         f"(1..{N_CODES - 1})")
     k = len(table[0]) if isinstance(table[0], list) else 0
     c = len(table[0][0]) if k and isinstance(table[0][0], list) else 0
-    if not 1 <= k <= n_codes - 1 or c < 1:
-        raise _bad(path, f"the {kind} table needs 1..{n_codes - 1} offsets and at least one child per offset")
+    if not 1 <= k <= N_CODES - 1 or c < 1:
+        raise _bad(path, f"the {kind} table needs 1..{N_CODES - 1} offsets and at least one child per offset")
     out = []
     for s, rows in enumerate(table, 1):
         if not isinstance(rows, list) or len(rows) != k:
@@ -202,40 +199,8 @@ def from_calibration(cal: dict, label: str, path=None) -> AcceptanceOracle:
     return AcceptanceOracle({k: (cal.get(k) or {}).get("by_start_depth") for k in KINDS}, label, path=path)
 
 
-def _read_csv(p: Path) -> dict:
-    with p.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != CSV_COLUMNS:
-            raise _bad(p, f"a CSV header {','.join(reader.fieldnames or [])!r}; it must be {','.join(CSV_COLUMNS)}")
-        cells: dict = {}
-        for i, row in enumerate(reader, 2):
-            kind = (row["kind"] or "").strip()
-            if kind not in KINDS:
-                raise _bad(p, f"line {i}: kind {kind!r}, not one of {', '.join(KINDS)}")
-            try:
-                s = None if row["start_depth"].strip() == "*" else int(row["start_depth"])
-                t, c, v = int(row["offset"]), int(row["child"]), float(row["acceptance"])
-            except (ValueError, AttributeError):
-                raise _bad(p, f"line {i}: start_depth, offset and child must be integers (start_depth may be *) and "
-                              "acceptance a number") from None
-            if (s is not None and not 1 <= s <= N_CODES - 1) or not 1 <= t <= N_CODES - 1 or c < 0:
-                raise _bad(p, f"line {i}: start_depth 1..{N_CODES - 1} or *, offset 1..{N_CODES - 1}, child >= 0")
-            for sd in (range(1, N_CODES) if s is None else (s,)):
-                cells[(kind, sd, t, c)] = v
-    if not cells:
-        raise _bad(p, "a CSV with no rows")
-    out = {}
-    for kind in KINDS:
-        mine = {k[1:]: v for k, v in cells.items() if k[0] == kind}
-        if mine:
-            k_max, c_max = max(t for _, t, _ in mine), max(c for _, _, c in mine) + 1
-            out[kind] = [[[mine.get((s, t, c), 0.0) for c in range(c_max)] for t in range(1, k_max + 1)]
-                         for s in range(1, N_CODES)]
-    return out
-
-
 def read_acceptance(path) -> AcceptanceOracle:
-    """Read and check an acceptance table file (a calibration JSON, the acceptance JSON or CSV), before any model loads.
+    """Read and check an acceptance table file (a calibration JSON or the acceptance JSON), before any model loads.
 
     Raises:
         ValueError: one line naming the file and the fix: missing, unreadable, another format, no table, a bad table.
@@ -243,26 +208,20 @@ def read_acceptance(path) -> AcceptanceOracle:
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"--acceptance {p} is a folder: give the acceptance table file in it (a calibration .json, "
-                         "or the JSON / CSV shapes of docs/precision.md#timing-replay)")
+                         "or the JSON shape of docs/precision.md#timing-replay)")
     if not p.is_file():
         raise ValueError(f"--acceptance {p}: no such file: give an acceptance table (docs/precision.md#timing-replay) "
                          "or drop --acceptance for the embedded model's")
-    if p.suffix.lower() == ".csv":
-        try:
-            tables, label = _read_csv(p), p.name
-        except (OSError, UnicodeDecodeError, csv.Error) as e:
-            raise _bad(p, f"cannot be read as CSV ({type(e).__name__})") from None
-    else:
-        try:
-            obj = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise _bad(p, f"not JSON ({type(e).__name__}; a .csv file is read as CSV)") from None
-        if isinstance(obj, dict) and obj.get("format") == "rvqspec-trees":
-            return from_calibration(obj, f"{p.name} ({obj.get('drafter', '?')} drafter, {obj.get('n_frames', '?')} "
-                                         "calibration frames)", p)
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-            raise _bad(p, f"not an acceptance table (\"format\": \"{FORMAT}\") nor a calibration file")
-        tables, label = {k: obj[k] for k in KINDS if obj.get(k) is not None}, str(obj.get("source") or p.name)
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _bad(p, f"not JSON ({type(e).__name__})") from None
+    if isinstance(obj, dict) and obj.get("format") == "rvqspec-trees":
+        return from_calibration(obj, f"{p.name} ({obj.get('drafter', '?')} drafter, {obj.get('n_frames', '?')} "
+                                     "calibration frames)", p)
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise _bad(p, f"not an acceptance table (\"format\": \"{FORMAT}\") nor a calibration file")
+    tables, label = {k: obj[k] for k in KINDS if obj.get(k) is not None}, str(obj.get("source") or p.name)
     if not tables:
         raise _bad(p, f"no table: give {' and/or '.join(KINDS)}")
     return AcceptanceOracle(tables, label, path=p)

@@ -112,7 +112,7 @@ def test_pool_by_offset_skips_missing_start_depths():
 
 
 def test_calibration_file_round_trip_and_names(small, tmp_path):
-    from rvqspec_lib.decoding.decoder_names import parse_tree_name
+    from rvqspec_lib.decoding.decoder_names import parse_decoder_name
     from rvqspec_lib.models.named_decoders import resolve
     from rvqspec_lib.models.tree_files import load_calibration, save_calibration
 
@@ -127,11 +127,12 @@ def test_calibration_file_round_trip_and_names(small, tmp_path):
     best = resolve("calibrated:4", None, calibrations={"heads": read})
     assert best.decoder.sampled == (cal["best_kind"]["4"] == "sampled")
     assert best.label == f"tree:calibrated-{cal['best_kind']['4']}:4"
-    assert parse_tree_name("calibrated-point-mass:64") == ("point-mass", 64)
+    d = parse_decoder_name("tree:calibrated-point-mass:64")
+    assert (d.tree_kind, d.budget) == ("point-mass", 64)
     for bad, word in (("calibrated:1", "outside 2..64"), ("calibrated:65", "outside 2..64"),
-                      ("calibrated-beam:4", "unknown tree name"), ("best:4", "unknown tree name")):
+                      ("calibrated-beam:4", "unknown tree name"), ("calibratedx:4", "unknown tree name")):
         with pytest.raises(ValueError, match=word):
-            parse_tree_name(bad)
+            parse_decoder_name(f"tree:{bad}")
     with pytest.raises(ValueError, match="codebook_size = 16, this model has 2048"):
         load_calibration(path, n_codes=3, codebook_size=2048)
     with pytest.raises(ValueError, match="n_codes = 3, this model has 15"):

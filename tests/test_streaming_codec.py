@@ -263,7 +263,7 @@ def test_streaming_decoder_picks_the_class(embedded, decoder):
 
     codec, _ = embedded
     assert isinstance(streaming_decoder(codec), StreamingRVQDecoder)
-    assert isinstance(CodecSpeechTokenizer(codec).streaming_decoder(), StreamingRVQDecoder)
+    assert isinstance(streaming_decoder(CodecSpeechTokenizer(codec)), StreamingRVQDecoder)
     assert isinstance(streaming_decoder(decoder), StreamingCodecDecoder)
     with pytest.raises(ValueError, match="no streaming decoder"):
         streaming_decoder(torch.nn.Linear(2, 2))

@@ -37,13 +37,13 @@ from rvqspec_lib.models.frame import (
     synthesize,
 )
 from rvqspec_lib.models.frontend import (
+    ByteTokenizer,
     EspeakMissingError,
     PhonemeTokenizer,
     tokenizer_from_spec,
 )
 from rvqspec_lib.models.loader import LoadedModel, load_model, save_checkpoint
 from rvqspec_lib.data.teacher import Utterance, batch_prompt
-from rvqspec_lib.models.tokenizers import ByteTokenizer
 from rvqspec_lib.decoding.sampling import Sampling, code0_processors
 from recipes.embedded.schedule import lr_at
 

@@ -316,7 +316,7 @@ class Builder:
         from rvqspec_lib.models.frontend import PhonemeTokenizer
         from rvqspec_lib.models.loader import LoadedModel
         from rvqspec_lib.models.rvq_codec import RVQCodec
-        from rvqspec_lib.models.tokenizers import ByteTokenizer
+        from rvqspec_lib.models.frontend import ByteTokenizer
 
         a = self.a
         cc = RVQCodec.load(self.out / "codec.safetensors").config

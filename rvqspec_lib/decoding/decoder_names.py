@@ -172,17 +172,6 @@ def _window(text: str) -> int:
     return int(text)
 
 
-def parse_tree_name(text: str) -> tuple[str | None, int]:
-    """``"calibrated-sampled:16"`` -> ``("sampled", 16)``, ``"calibrated"`` -> ``(None, 16)`` (None: the better
-    kind). Raises ValueError: anything else, a budget outside 2..64."""
-    m = _CALIBRATED.match(text.strip()) if isinstance(text, str) else None
-    if not m or (m.group(1) is not None and m.group(1) not in TREE_KINDS):
-        raise ValueError(f"unknown tree name {text!r}: use calibrated:N, calibrated-sampled:N or "
-                         f"calibrated-point-mass:N with N in {MIN_BUDGET}..{MAX_BUDGET}, or rank paths like '0;1;0,0'")
-    n = DEFAULT_TREE_BUDGET if m.group(2) is None else _budget(m.group(2), text.strip())
-    return m.group(1), n
-
-
 def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName:
     """Parse one decoder name (:data:`GRAMMAR`); ``without``: forms the command does not take (:func:`grammar`).
 
@@ -221,8 +210,15 @@ def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName
                 return DecoderName(raw, "chain", drafter, best_window=True)
             return DecoderName(raw, "chain", drafter, window=_window(arg) if colon else DEFAULT_WINDOW)
         if head == "calibrated" or head.startswith("calibrated-") or (head == "tree" and arg.startswith("calibrated")):
-            kind, n = parse_tree_name(arg if head == "tree" else body)
-            return DecoderName(raw, "calibrated", drafter, tree_kind=kind, sampled=kind == "sampled", budget=n)
+            tree = arg if head == "tree" else body
+            m = _CALIBRATED.match(tree)
+            if not m or (m.group(1) is not None and m.group(1) not in TREE_KINDS):
+                raise ValueError(f"unknown tree name {tree!r}: use calibrated:N, calibrated-sampled:N or "
+                                 f"calibrated-point-mass:N with N in {MIN_BUDGET}..{MAX_BUDGET}, or rank paths like "
+                                 "'0;1;0,0'")
+            n = DEFAULT_TREE_BUDGET if m.group(2) is None else _budget(m.group(2), tree)
+            return DecoderName(raw, "calibrated", drafter, tree_kind=m.group(1), sampled=m.group(1) == "sampled",
+                               budget=n)
         if head in ("tree", "tree-sampled"):
             if head == "tree-sampled" and not arg:
                 raise ValueError("tree-sampled needs rank paths, e.g. tree-sampled:0;0,0;1")
@@ -261,10 +257,7 @@ def split_decoder_list(text: str) -> list[str]:
 
 def check_decoder_names(names: Sequence[str]) -> set[str]:
     """Parse every name BEFORE any work; returns their :attr:`DecoderName.needs` together (ValueError: a bad one)."""
-    needs: set[str] = set()
-    for name in names:
-        needs |= parse_decoder_name(name).needs
-    return needs
+    return set().union(*(parse_decoder_name(name).needs for name in names))
 
 
 def calibration_budgets(names: Sequence[str]) -> list[int]:

@@ -124,10 +124,8 @@ def shipped_drafter(model: str | os.PathLike, name: str, code_predictor):
     Raises:
         ValueError: not shipped (:func:`check_shipped_drafter`), a file for another code predictor.
     """
-    if name == "heads":
-        return ReusedHeads()
     check_shipped_drafter(model, name)
-    return load_drafter(model_drafter_dir(model) / "drafters" / f"{name}.safetensors", code_predictor)
+    return make_drafter(name, code_predictor, model_drafter_dir(model))
 
 
 def prepare_command(model: str | os.PathLike) -> str:

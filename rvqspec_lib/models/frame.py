@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache
 
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.decoding.decoders import AR
-from rvqspec_lib.decoding.sampling import Sampling, code0_processors, sample
+from rvqspec_lib.decoding.sampling import Sampling, code0_processors, or_fresh_generator, sample
 from rvqspec_lib.models.backends import frame_runner, runner_fields
 from rvqspec_lib.models.loader import LoadedModel
 
@@ -199,9 +199,7 @@ def frames(lm: LoadedModel, texts: list[str] | str, *, runner=None, talker_sampl
     prompt = build_prompt(lm, [texts] if isinstance(texts, str) else list(texts), language=language, speaker=speaker)
     gen_cfg = lm.generation or {}
     rp = float(gen_cfg.get("repetition_penalty", 1.05)) if repetition_penalty is None else repetition_penalty
-    if generator is None:
-        generator = torch.Generator()
-        generator.seed()
+    generator = or_fresh_generator(generator, "cpu")
     return _frame_loop(lm, prompt, runner or frame_runner("official", lm.code_predictor, AR(),
                                                           sampling=inner_sampling(lm)),
                        talker_sampling or Sampling.from_generation_config(gen_cfg, loop="talker"), rp, generator,

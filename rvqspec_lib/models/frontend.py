@@ -1,6 +1,9 @@
-"""Text front ends of our own small models: UTF-8 bytes, or espeak-ng phonemes written as bytes (the same 256-entry
-vocabulary), stored in ``rvqspec_model.json`` and rebuilt by :func:`tokenizer_from_spec`. espeak-ng prints one line per
-clause and drops punctuation: clauses are joined with :data:`CLAUSE_BREAK` and the final ``.``, ``?`` or ``!`` kept.
+"""Text to ids in the official chat layout (``<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n``, as
+the official ``_build_assistant_text``): the official processor of a real checkpoint (:class:`ProcessorTokenizer`),
+UTF-8 bytes (:class:`ByteTokenizer`: models without a processor offline, and our own), or espeak-ng phonemes written as
+bytes (:class:`PhonemeTokenizer`, the same 256-entry vocabulary). Our own models store theirs in ``rvqspec_model.json``
+(rebuilt by :func:`tokenizer_from_spec`). espeak-ng prints one line per clause and drops punctuation: clauses are
+joined with :data:`CLAUSE_BREAK` and the final ``.``, ``?`` or ``!`` kept.
 """
 
 from __future__ import annotations
@@ -12,11 +15,44 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from rvqspec_lib.models.tokenizers import ByteTokenizer
-
 #: espeak-ng flags per alphabet.
 ALPHABETS = {"ascii": ["-x"], "ipa": ["--ipa"]}
 CLAUSE_BREAK = " | "
+
+
+def _checked(text) -> str:
+    """``text`` when it is a non-empty string; else ValueError (one line)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("text is empty: pass the sentence to speak, e.g. --text 'Hello world.'")
+    return text
+
+
+class ByteTokenizer:
+    """Offline text tokenizer: UTF-8 bytes as ids 0..255 plus the config's special ids, in the chat layout. Used by
+    ``tiny-random`` and the real-size random architectures (which have no processor offline)."""
+
+    def __init__(self, im_start: int, im_end: int, assistant: int):
+        self.im_start, self.im_end, self.assistant = im_start, im_end, assistant
+        self.newline = ord("\n")
+
+    def __call__(self, text: str) -> torch.Tensor:
+        """Encode one text. Returns ``(1, L)`` int64 ids. Raises ``ValueError`` on empty text."""
+        body = list(_checked(text).encode("utf-8"))
+        ids = [self.im_start, self.assistant, self.newline, *body, self.im_end, self.newline,
+               self.im_start, self.assistant, self.newline]
+        return torch.tensor([ids], dtype=torch.long)
+
+
+class ProcessorTokenizer:
+    """Wraps the official processor of a real checkpoint (Qwen2 BPE) with the official chat layout."""
+
+    def __init__(self, processor):
+        self.processor = processor
+
+    def __call__(self, text: str) -> torch.Tensor:
+        full = f"<|im_start|>assistant\n{_checked(text)}<|im_end|>\n<|im_start|>assistant\n"
+        ids = self.processor(text=full, return_tensors="pt", padding=True)["input_ids"]
+        return ids if ids.dim() == 2 else ids.unsqueeze(0)
 
 
 class EspeakMissingError(RuntimeError):
@@ -55,9 +91,7 @@ class PhonemeTokenizer(ByteTokenizer):
 
     def phonemize(self, text: str) -> str:
         """Phoneme string of one text (cached). Raises ``ValueError`` on empty text or an unknown voice."""
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError("text is empty: pass the sentence to speak, e.g. --text 'Hello world.'")
-        if text in self._cache:
+        if _checked(text) in self._cache:
             return self._cache[text]
         flat = " ".join(text.split())  # newlines would end clauses
         proc = subprocess.run([self._program(), "-q", "-v", self.voice, *ALPHABETS[self.alphabet], "--stdin"],

@@ -34,11 +34,10 @@ from rvqspec_lib.models.configs import (
     config_dict,
     tiny_config_dict,
 )
-from rvqspec_lib.models.frontend import tokenizer_from_spec, tokenizer_spec
+from rvqspec_lib.models.frontend import ByteTokenizer, ProcessorTokenizer, tokenizer_from_spec, tokenizer_spec
 from rvqspec_lib.models.rvq_codec import RVQCodec
 from rvqspec_lib.models.shim import import_qwen_tts
 from rvqspec_lib.models.speech_tokenizers import CodecSpeechTokenizer
-from rvqspec_lib.models.tokenizers import ByteTokenizer, ProcessorTokenizer
 
 
 class ModelNotFoundError(ValueError):

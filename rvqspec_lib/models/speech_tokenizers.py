@@ -41,11 +41,6 @@ class CodecSpeechTokenizer:
             wavs.append(self.codec.decode(codes))
         return wavs, self.sample_rate
 
-    def streaming_decoder(self, batch_size: int = 1, **kwargs):
-        """A streaming decoder over this codec (``rvqspec_lib.device.streaming_rvq``; docs/codec_streaming.md):
-        ``push`` codes ``(B, 16, n)``, audio once each frame's look-ahead has arrived, ``flush()``."""
-        return streaming_decoder(self.codec, batch_size, **kwargs)
-
 
 class Qwen12HzCodec:
     """The official Qwen3-TTS 12 Hz speech tokenizer behind the :class:`RVQCodec` interface.
@@ -97,11 +92,6 @@ class Qwen12HzCodec:
         wav = _check_wav(wav, sample_rate, self.sample_rate)
         enc = self.tokenizer.encode(wav, sr=self.sample_rate)
         return enc.audio_codes[0].detach().cpu().numpy().astype(np.int64)
-
-    def streaming_decoder(self, batch_size: int = 1, **kwargs):
-        """A streaming decoder over the official decoder's weights (``rvqspec_lib.device.streaming_codec``):
-        ``push(codes (B, 16, n)) -> (B, n * 1920)``, the full decode up to rounding."""
-        return streaming_decoder(self, batch_size, **kwargs)
 
     def decode(self, codes, n_codebooks: int | None = None) -> np.ndarray:
         """`(frames, 16)` codes -> `(samples,)` float32 audio at 24 kHz (all 16 codebooks: ``n_codebooks`` < 16

@@ -83,11 +83,6 @@ def codec_stream_for(lm, *, batch_size: int = 1, chunk_frames: int = 1, table: b
     return streaming_decoder(tok, batch_size, chunk_frames_hint=int(chunk_frames))
 
 
-class _Failed:
-    def __init__(self, error: BaseException):
-        self.error = error
-
-
 _END = object()
 
 
@@ -148,7 +143,7 @@ class AudioStream:
                         break
                 q.put(_END)
             except BaseException as e:  # handed to the caller's thread, raised there
-                q.put(_Failed(e))
+                q.put(e)
             finally:
                 self.cpu_s["generate"] = time.thread_time() - c0
 
@@ -158,8 +153,8 @@ class AudioStream:
             item = q.get()
             if item is _END:
                 return
-            if isinstance(item, _Failed):
-                raise item.error
+            if isinstance(item, BaseException):
+                raise item
             yield item
 
     def _decode(self, got: list[Frame], flush: bool = False) -> Iterator[AudioChunk]:

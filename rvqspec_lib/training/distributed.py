@@ -110,15 +110,22 @@ def shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
     return start, start + base + (1 if rank < extra else 0)
 
 
-def _write_shard(fr: Frames, out_dir, par: Parallel, n_items: int) -> Path:
-    """This process's shard, then (main process, once every shard is written) ``index.json``."""
+def _write_shard(make, out_dir, par: Parallel, n: int, what: str) -> Path:
+    """``make(start, stop)``'s frames of this process's block of ``n`` items (``what``: ``utterance`` or ``row``), ids
+    made GLOBAL, written as this process's shard, then (main process, once every shard is written) ``index.json``."""
+    if n < par.world:
+        raise ValueError(f"{n} {what}(s) for {par.world} processes: give at least one {what} per process")
+    start, stop = par.block(n)
+    fr = make(start, stop)
+    fr.utterance = fr.utterance + start
+    fr.source = {**fr.source, "shard": par.rank, "shards": par.world, what + "s": [start, stop]}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     fr.save(out / SHARD_PATTERN.format(rank=par.rank, world=par.world))
     sizes = par.gather(len(fr))
     par.barrier()
     if par.is_main:
-        write_json_atomic(out / INDEX, {"format": "rvqspec-frame-shards", "world": par.world, "n_utterances": n_items,
+        write_json_atomic(out / INDEX, {"format": "rvqspec-frame-shards", "world": par.world, "n_utterances": n,
                                         "frames": sizes, "shards": [SHARD_PATTERN.format(rank=r, world=par.world)
                                                                     for r in range(par.world)]})
     par.barrier()
@@ -131,16 +138,9 @@ def extract_frames(lm, utterances: Sequence, out_dir: str | os.PathLike, *, para
     ``out_dir`` as :data:`SHARD_PATTERN` shards and ``index.json``; utterance ids are GLOBAL input indices. ``lm`` on
     ``parallel.device`` (default :meth:`Parallel.detect`); ``batch_size`` utterances a talker pass. Returns
     ``out_dir``. Raises ValueError: more processes than utterances."""
-    par = parallel or Parallel.detect()
-    n = len(utterances)
-    if n < par.world:
-        raise ValueError(f"{n} utterance(s) for {par.world} processes: give at least one utterance per process")
-    start, stop = par.block(n)
-    fr = frames_from_utterances(lm, list(utterances[start:stop]), batch_size=batch_size, progress=progress,
-                                source=source)
-    fr.utterance = fr.utterance + start
-    fr.source = {**fr.source, "shard": par.rank, "shards": par.world, "utterances": [start, stop]}
-    return _write_shard(fr, out_dir, par, n)
+    return _write_shard(lambda start, stop: frames_from_utterances(
+        lm, list(utterances[start:stop]), batch_size=batch_size, progress=progress, source=source),
+        out_dir, parallel or Parallel.detect(), len(utterances), "utterance")
 
 
 def extract_dataset_frames(dataset, lm, codec, out_dir: str | os.PathLike, *, parallel: Parallel | None = None,
@@ -149,17 +149,11 @@ def extract_dataset_frames(dataset, lm, codec, out_dir: str | os.PathLike, *, pa
     """:func:`extract_frames` over the first ``max_items`` rows of an audio + text dataset through
     :func:`~rvqspec_lib.data.frame_sources.frames_from_dataset` (arguments as there); ids are GLOBAL row indices.
     Raises FileNotFoundError: no such folder; ValueError: missing columns, fewer rows than processes, bad codes."""
-    par = parallel or Parallel.detect()
     dataset = load_split(dataset, split)
     n = len(dataset) if max_items is None else min(int(max_items), len(dataset))
-    if n < par.world:
-        raise ValueError(f"{n} row(s) for {par.world} processes: give at least one row per process")
-    start, stop = par.block(n)
-    fr = frames_from_dataset(dataset.select(range(start, stop)), lm, codec, language=language,
-                             text_column=text_column, progress=progress)
-    fr.utterance = fr.utterance + start
-    fr.source = {**fr.source, "shard": par.rank, "shards": par.world, "rows": [start, stop]}
-    return _write_shard(fr, out_dir, par, n)
+    return _write_shard(lambda start, stop: frames_from_dataset(
+        dataset.select(range(start, stop)), lm, codec, language=language, text_column=text_column, progress=progress),
+        out_dir, parallel or Parallel.detect(), n, "row")
 
 
 def load_frame_shards(out_dir: str | os.PathLike, *, rank: int | None = None) -> Frames:

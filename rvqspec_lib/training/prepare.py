@@ -54,6 +54,7 @@ from rvqspec_lib.models.drafter_files import (
 )
 from rvqspec_lib.models.frame import inner_sampling, synthesize
 from rvqspec_lib.models.loader import LoadedModel
+from rvqspec_lib.models.named_decoders import drafter_calibration
 from rvqspec_lib.models.tree_files import load_calibration, save_calibration, tree_file
 from rvqspec_lib.training.drafters import train_drafter
 
@@ -149,6 +150,13 @@ def _next_split(have: dict[str, int], targets: dict[str, int]) -> str | None:
     return max(need, key=need.get) if need else None
 
 
+def _write_utterances(rows: list[dict], codes: dict, path: Path) -> None:
+    """The codes and their manifest (``.jsonl`` beside), ``text_index`` kept: what a resumed run skips."""
+    write_shipped_utterances(rows, codes, path)
+    write_text_atomic(path.with_suffix(".jsonl"), "".join(json_text(r, indent=None, ensure_ascii=False) + "\n"
+                                                          for r in rows))
+
+
 def speak(lm: LoadedModel, folder: Path, targets: dict[str, int], *, texts: Sequence[str] | None = None,
           seed: int = 0, batch_size: int = SPEAK_BATCH, max_frames_per_text: int = MAX_FRAMES_PER_TEXT,
           progress: bool = False) -> list[dict]:
@@ -203,18 +211,14 @@ def speak(lm: LoadedModel, folder: Path, targets: dict[str, int], *, texts: Sequ
                          "source": "spoken by the model", "seconds": n / lm.frame_rate_hz, "frames": n,
                          "text_index": i})
             have[split] += n
-        write_shipped_utterances(rows, codes, partial)  # keeps text_index: the manifest's extra field below
-        write_text_atomic(partial.with_suffix(".jsonl"), "".join(json_text(r, indent=None, ensure_ascii=False) + "\n"
-                                                                   for r in rows))
+        _write_utterances(rows, codes, partial)
         if progress:
             bar.update(sum(min(have[s], t) for s, t in targets.items()) - before)
     if progress:
         bar.close()
     if not rows:
         raise ValueError(f"{lm.name} spoke no frame of any calibration text (end of speech at once): check the model")
-    final = folder / "utterances.safetensors"
-    write_shipped_utterances(rows, codes, final)
-    write_text_atomic(final.with_suffix(".jsonl"), "".join(json_text(r, indent=None, ensure_ascii=False) + "\n" for r in rows))
+    _write_utterances(rows, codes, folder / "utterances.safetensors")
     partial.unlink(missing_ok=True)
     partial.with_suffix(".jsonl").unlink(missing_ok=True)
     return rows
@@ -320,8 +324,6 @@ def time_auto(lm: LoadedModel, dtypes: Sequence[str], *, progress: bool = False,
 
     Raises:
         ValueError: no calibrated trees of the heads or no calibration split (the earlier stages' outputs)."""
-    from rvqspec_lib.models.named_decoders import drafter_calibration
-
     cal = drafter_calibration(lm, "heads")
     if cal is None:
         raise ValueError(f"no calibrated trees of the heads for {lm.name}: run the trees stage first")
@@ -338,8 +340,6 @@ def time_auto(lm: LoadedModel, dtypes: Sequence[str], *, progress: bool = False,
 
 def _auto_cached(lm: LoadedModel, dtypes: Sequence[str]) -> bool:
     """Every dtype's choice is in the cache already (the key ``synth --decoder auto`` reads)."""
-    from rvqspec_lib.models.named_decoders import drafter_calibration
-
     cal = drafter_calibration(lm, "heads")
     if cal is None:
         return False

@@ -39,20 +39,16 @@ from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.device.precision import (ACTIVATION_DTYPE, apply_precision, check_precision, cpu_features,
                                           native_precisions)
 from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
+from bench import PIPELINE_BATCHES as BATCHES, PIPELINE_CHUNK_FRAMES as CHUNK_FRAMES, PIPELINE_MODELS, \
+    PIPELINE_FRAMES as STREAM_FRAMES, TABLE_BACKENDS as DEFAULT_BACKENDS, TABLE_MODELS as DEFAULT_MODELS  # defaults
 from bench.floor import call_weight_bytes, codec_floor_ms, floor_ms, peak_gflops, talker_step_bytes
 from bench.frames import fastest, format_rows
 from bench.latency import native_step
 
 #: Backends the table knows: the CPU ones of the registry that time whole frames.
 TABLE_BACKENDS = ("eager", "native", "compile", "onnx")
-#: Default backends.
-DEFAULT_BACKENDS = ("eager", "native")
 #: Backends that time every decoder (they build in seconds); the others time AR and the full backends' picks.
 FULL_BACKENDS = ("eager", "native")
-#: Default models: the trained embedded model and the real-size 0.6B architecture (random weights, replayed); the
-#: pipeline's in the other order.
-DEFAULT_MODELS = ("embedded", "qwen3-tts-0.6b-random")
-PIPELINE_MODELS = DEFAULT_MODELS[::-1]
 #: Chain windows and calibrated-tree node budgets timed for the speculative rows.
 DEFAULT_CHAINS = (3, 4, 6)
 DEFAULT_BUDGETS = (4, 8, 16)
@@ -84,13 +80,6 @@ TEXT = "The weather is fine today, and we are going for a long walk by the river
 CONTEXT = 96
 #: Frames pushed before the codec is timed: past the released decoder's 72-frame attention window.
 CODEC_WARMUP_FRAMES = 80
-#: Frames a chunk holds in the table's streams (2: the codec's per-frame cost falls with the chunk, the first audio
-#: waits for one more frame).
-CHUNK_FRAMES = 2
-#: Frame cap of a measured stream (3.2 s of audio; the embedded model ends its sentence before).
-STREAM_FRAMES = 40
-#: Streams batched in the concurrency measurement.
-BATCHES = (1, 2, 4)
 #: The two ways a stream runs: in turn on one thread, or overlapped over all cores.
 LAYOUTS = ("1 thread", "all cores")
 #: Published end-to-end figures of public ports (QUOTED, not measured here): their own rows and columns.

@@ -247,8 +247,8 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
             check_available(b, p)
             conds.update(_sweep(cps[p], b, qs, prefix_len, seed, lambda q, p=p, b=b: (p, b, q)))
 
-    t, bandwidth = _grid(conds, bandwidth, repeats=repeats, warmup=warmup, noise_target=noise_target, seed=seed, progress=progress, desc="precisions",
-                         random_weights=lm.is_random)
+    t, bandwidth = _grid(conds, bandwidth, repeats=repeats, warmup=warmup, noise_target=noise_target, seed=seed,
+                         progress=progress, desc="precisions", random_weights=lm.is_random)
     out = []
     for p in precisions:
         wb = call_weight_bytes(cps[p], n_queries=1)

@@ -172,14 +172,14 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
     """Time one (model, precision, backend): its five rows, the :func:`time_frames` result and its picks for later
     backends."""
     full = bname in FULL_BACKENDS or picks is None
-    verify = verify_backend(bname, cp, threads=opts["threads"])
+    verify = verify_backend(bname, cp)
     stepped = [k for k in named if full or k in ("ar", picks["best"])]
     replayed = REPLAY_NO_FUSED if oracle is not None else None
     no_fused = {k: fused_support(bname, named[k].decoder) or (replayed if k != "ar" else None)
                 for k in named if named[k].name.kind in ("ar", "chain")}
     fused = [k for k, why in no_fused.items() if why is None and (full or k in ("ar", picks["fused"]))]
     runners = [frame_runner(bname, cp, named[k], verify=verify, acceptance=oracle) for k in stepped] + \
-        [frame_runner(bname, cp, named[k], fused=True, verify=verify, threads=opts["threads"]) for k in fused]
+        [frame_runner(bname, cp, named[k], fused=True, verify=verify) for k in fused]
     auto_note, auto_key = "absent: auto not timed", None
     if auto:
         if full:
@@ -195,7 +195,7 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
             auto_key = (pick[0].label, pick[1])
             if not any((r.name.label, r.fused) == auto_key for r in runners):
                 runners.append(frame_runner(bname, cp, pick[0], fused=pick[1], verify=verify,
-                                            acceptance=None if pick[1] else oracle, threads=opts["threads"]))
+                                            acceptance=None if pick[1] else oracle))
     res = time_frames(runners, contexts, repeats=opts["repeats"], warmup=opts["warmup"], seed=opts["seed"],
                       progress=opts["progress"], noise_target=opts["noise_target"], random_weights=oracle is not None)
     by = {(r["decoder"], r["fused"]): r for r in res["rows"]}
@@ -227,8 +227,8 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
                 backends: Sequence[str] = DEFAULT_BACKENDS, repeats: int = 5, warmup: int = 1,
                 chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
                 auto: bool = True, auto_frames: int = 4, auto_budgets: Sequence[int] = DEFAULT_BUDGETS,
-                acceptance=None, n_contexts: int = 8, seed: int = 0, threads: int | None = None,
-                progress: bool = True, noise_target: float | None = None) -> dict:
+                acceptance=None, n_contexts: int = 8, seed: int = 0, progress: bool = True,
+                noise_target: float | None = None) -> dict:
     """Measure the table (docs/precision.md#the-table).
 
     Args:
@@ -238,7 +238,7 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
         repeats, warmup, noise_target: :func:`rvqspec_lib.eval.speed.time_frames`'s, per (model, precision, backend).
             chains, budgets: the speculative decoders. auto, auto_frames, auto_budgets: time auto's choice.
             n_contexts: contexts decoded in turn (the evaluation split; random ones for random weights). seed:
-            contexts, generators, the replay's oracle. threads: onnx's.
+            contexts, generators, the replay's oracle.
 
     Returns:
         ``{"rows", "footer", "meta"}``: a row per (model, precision, backend, :data:`ROWS`): ``model``, ``weights``
@@ -256,8 +256,8 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     check_table_args(models, precisions, backends, chains=chains, budgets=budgets)
     noise.repeat_cap(noise_target, repeats, None)  # bad settings fail before any model loads
     acceptance = acceptance or default_acceptance()
-    opts = {"threads": threads, "auto_frames": auto_frames, "auto_budgets": auto_budgets, "seed": seed,
-            "repeats": repeats, "warmup": warmup, "progress": progress, "noise_target": noise_target}
+    opts = {"auto_frames": auto_frames, "auto_budgets": auto_budgets, "seed": seed, "repeats": repeats,
+            "warmup": warmup, "progress": progress, "noise_target": noise_target}
     rows, crowded, build, noise_runs = [], [], {}, []
 
     def measure():

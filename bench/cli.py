@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from bench import (BACKENDS, MAX_QUERIES, PIPELINE_BATCHES, PIPELINE_CHUNK_FRAMES, PIPELINE_FRAMES, PIPELINE_MODELS,
+                   PRECISION_QUERY_SIZES, QUERY_SIZES, TABLE_BACKENDS, TABLE_MODELS, TABLE_REPEATS)
 from rvqspec_lib.cli.common import add_threads_arg
 
 #: The command's help line (``rvqspec bench``: a plug-in of rvqspec_lib.cli.main).
@@ -21,25 +23,6 @@ JOBS = {
     "pipeline": "the whole frame streamed: talker, inner loop and codec decoder against their floors, time to first "
                 "audio, RTF, underruns on one thread and on all cores, concurrent streams (docs/streaming.md)",
 }
-#: Defaults repeated from the library so that the parser imports no torch (tests/test_bench.py checks they agree):
-#: bench.latency.DEFAULT_QUERY_SIZES and PRECISION_QUERY_SIZES, rvqspec_lib.models.backends.BACKENDS.
-QUERY_SIZES = (1, 2, 4, 8, 16, 32, 64)
-PRECISION_QUERY_SIZES = (1, 2, 4, 8, 16)
-BACKENDS = ("official", "eager", "compile", "onnx", "native")
-#: Largest --queries value: a verify call over more nodes is not a draft tree.
-MAX_QUERIES = 1024
-#: The table's defaults (bench.table's DEFAULT_MODELS, DEFAULT_BACKENDS).
-TABLE_REPEATS = 5
-TABLE_MODELS = ("embedded", "qwen3-tts-0.6b-random")
-TABLE_BACKENDS = ("eager", "native")
-#: The pipeline table's defaults (bench.table's PIPELINE_MODELS, CHUNK_FRAMES, STREAM_FRAMES, BATCHES).
-PIPELINE_MODELS = ("qwen3-tts-0.6b-random", "embedded")
-PIPELINE_CHUNK_FRAMES = 2
-PIPELINE_FRAMES = 40
-PIPELINE_BATCHES = (1, 2, 4)
-
-
-
 def _ints(s: str) -> list[int] | None:
     try:
         return [int(v) for v in s.replace(" ", "").split(",") if v]

@@ -124,10 +124,6 @@ def _check_backends(args, backends, flag: str = "--backends") -> None:
                 raise ValueError(f"{flag} {b} is not available here: {why}")
 
 
-def _check_latency(args) -> None:
-    _check_backends(args, [args.backend], "--backend")
-
-
 def _check_precisions(args) -> None:
     if args.backends is None:  # default: the official module and, where it builds, the native forward
         args.backend_list = ["official"] + (["native"] if available("native")[0] else [])
@@ -203,8 +199,8 @@ def _check_table_out(stem: str) -> None:
         raise ValueError(f"--table-out {out}: its folder cannot be made ({e.strerror}): choose another") from None
 
 
-CHECKS = {"latency": _check_latency, "precisions": _check_precisions, "frames": _check_frames, "table": _check_table,
-          "pipeline": _check_table}
+CHECKS = {"latency": lambda args: _check_backends(args, [args.backend], "--backend"), "precisions": _check_precisions,
+          "frames": _check_frames, "table": _check_table, "pipeline": _check_table}
 
 
 def _progress(args) -> bool:

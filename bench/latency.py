@@ -14,9 +14,10 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from bench import PRECISION_QUERY_SIZES  # t(1) and t(Q)/t(1) of the precision table for these Q
+from bench.floor import call_weight_bytes, floor_ms, talker_step_bytes
 from bench.frames import format_rows
 from rvqspec_lib.eval.acceptance import decoder_statistics
-from bench.floor import call_weight_bytes, floor_ms, talker_step_bytes
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import PREFIX_LEN, QUERY_SIZES, verify_call
 from rvqspec_lib.eval.timing import (bandwidth_around, cpu_oversubscribed, device_sync, interleaved, load_words,
@@ -29,8 +30,6 @@ from rvqspec_lib.device.precision import PRECISIONS, apply_precision, cpu_featur
 #: Query sizes of the latency table (powers of two up to 64: trees of 32-64 nodes are the interesting trade-off on
 #: fast devices).
 DEFAULT_QUERY_SIZES = QUERY_SIZES
-#: Query sizes of the precision table: t(1) and t(Q)/t(1) for these Q.
-PRECISION_QUERY_SIZES = (1, 2, 4, 8, 16)
 #: KV positions before the timed talker step.
 TALKER_CONTEXT = 64
 #: Tokens-per-call values tabulated by default; 2.47 is the paper's reported value.
@@ -73,10 +72,21 @@ def _rows(t, keys: Sequence, base_key=None) -> list[dict]:
     return out
 
 
+def _sweep(cp, backend: str, qs: Sequence[int], prefix_len: int, seed: int, key=lambda q: q) -> dict:
+    """The code-predictor calls of one (precision, backend) over the Qs: ``{key(Q): call}``."""
+    be = verify_backend(backend, cp)
+    return {key(q): verify_call(cp, be, q, prefix_len, seed, whole=True) for q in qs}
+
+
+def _sweep_rows(t, qs: Sequence[int], key=lambda q: q) -> list[dict]:
+    """A row per Q of a :func:`_sweep`: ``n_queries`` and :func:`_rows`' fields, ``ratio_to_1`` over its own Q = 1."""
+    return [{"n_queries": q, **r} for q, r in zip(qs, _rows(t, [key(q) for q in qs], base_key=key(1)))]
+
+
 def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
                 talker_context: int = TALKER_CONTEXT, backend: str = "official", native: bool = False,
                 warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
-                noise_target: float | None = None, max_repeats: int | None = None, floor: bool = False) -> dict:
+                noise_target: float | None = None, floor: bool = False) -> dict:
     """Per-call latency of a talker step and of code-predictor calls of ``Q`` query positions, interleaved, and the
     frame-level quantities they imply.
 
@@ -85,7 +95,7 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
             code-predictor call. query_sizes: the Qs (1 among them). talker_context: KV positions before the talker
             step. backend: the call's verify backend.
         native: also the native pair (talker step and ``native`` backend; CPU only) in the same run.
-        warmup, repeats, seed, progress, noise_target, max_repeats: :func:`~rvqspec_lib.eval.timing.interleaved`'s.
+        warmup, repeats, seed, progress, noise_target: :func:`~rvqspec_lib.eval.timing.interleaved`'s.
         floor: also the weight-streaming floor of the Q = 1 call (CPU only).
 
     Returns:
@@ -111,8 +121,7 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
         raise ValueError("backend='native' already times the native code predictor: give native=True with another "
                          "backend (the official one), or drop it")
     step, crop = official_step(lm.talker, talker_context, seed=seed)
-    be = verify_backend(backend, cp)
-    conds = {TALKER: step, **{q: verify_call(cp, be, q, prefix_len, seed, whole=True) for q in qs}}
+    conds = {TALKER: step, **_sweep(cp, backend, qs, prefix_len, seed)}
     resets = {TALKER: crop}
     if native:
         ok, why = available(NATIVE, precision_of(cp), device.type)
@@ -120,13 +129,11 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
             raise ValueError(f"native=True: the native forward is absent here ({why})")
         n_step, n_crop = native_step(NativeTalker(lm.talker, max_context=talker_context + 1), talker_context,
                                      seed=seed)
-        n_be = verify_backend(NATIVE, cp)
-        conds.update({(NATIVE, TALKER): n_step,
-                      **{(NATIVE, q): verify_call(cp, n_be, q, prefix_len, seed, whole=True) for q in qs}})
+        conds.update({(NATIVE, TALKER): n_step, **_sweep(cp, NATIVE, qs, prefix_len, seed, lambda q: (NATIVE, q))})
         resets[(NATIVE, TALKER)] = n_crop
 
     t, bandwidth = _grid(conds, None if floor else False, repeats=repeats, warmup=warmup, noise_target=noise_target,
-                         max_repeats=max_repeats, seed=seed, sync=device_sync(device), reset=resets,
+                         seed=seed, sync=device_sync(device), reset=resets,
                          progress=progress, desc=f"bench {lm.name}", module=lm.talker, random_weights=lm.is_random)
     result = {**t.meta, "cpu_oversubscribed": cpu_oversubscribed(t.meta), "model": lm.describe(),
               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else t.meta["cpu"],
@@ -148,8 +155,7 @@ def _pair(t, talker_key, qs: Sequence[int], key_of) -> dict:
     """``{"talker_step", "code_predictor"}`` of one pair; ``ratio_to_1`` over this pair's own Q = 1."""
     talker = _rows(t, [talker_key])[0]
     talker.pop("ratio_to_1")
-    rows = _rows(t, [key_of(q) for q in qs], base_key=key_of(1))
-    return {"talker_step": talker, "code_predictor": [{"n_queries": q, **r} for q, r in zip(qs, rows)]}
+    return {"talker_step": talker, "code_predictor": _sweep_rows(t, qs, key_of)}
 
 
 def latency_rows(result: dict) -> list[dict]:
@@ -205,8 +211,7 @@ def format_latency(result: dict) -> str:
 def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] = ("official",),
                      query_sizes: Iterable[int] = PRECISION_QUERY_SIZES, prefix_len: int = PREFIX_LEN,
                      warmup: int = 3, repeats: int = 20, seed: int = 0, bandwidth: dict | None = None,
-                     progress: bool = True, noise_target: float | None = None,
-                     max_repeats: int | None = None) -> dict:
+                     progress: bool = True, noise_target: float | None = None) -> dict:
     """The code-predictor call of ``Q`` positions per precision and verify backend, in ONE interleaved run, each
     against its weight-streaming floor.
 
@@ -215,7 +220,7 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
             precisions, backends: names of :data:`~rvqspec_lib.device.precision.PRECISIONS` and
             :data:`~rvqspec_lib.models.backends.BACKENDS`.
         bandwidth: a :func:`rvqspec_lib.eval.timing.read_bandwidth` result; ``None``: read around the timing.
-        query_sizes, prefix_len, warmup, repeats, seed, progress, noise_target, max_repeats: as :func:`bench_model`.
+        query_sizes, prefix_len, warmup, repeats, seed, progress, noise_target: as :func:`bench_model`.
 
     Returns:
         JSON-able dict: the timing's meta, ``cpu_oversubscribed``, ``model``, ``device_name``, ``precision_flags``,
@@ -240,18 +245,16 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
     for p in precisions:
         for b in backends:
             check_available(b, p)
-            be = verify_backend(b, cps[p])
-            conds.update({(p, b, q): verify_call(cps[p], be, q, prefix_len, seed, whole=True) for q in qs})
+            conds.update(_sweep(cps[p], b, qs, prefix_len, seed, lambda q, p=p, b=b: (p, b, q)))
 
-    t, bandwidth = _grid(conds, bandwidth, repeats=repeats, warmup=warmup, noise_target=noise_target,
-                         max_repeats=max_repeats, seed=seed, progress=progress, desc="precisions",
-                         random_weights=lm.is_random)
+    t, bandwidth = _grid(conds, bandwidth, repeats=repeats, warmup=warmup, noise_target=noise_target, seed=seed,
+                         progress=progress, desc="precisions", random_weights=lm.is_random)
     out = []
     for p in precisions:
         wb = call_weight_bytes(cps[p], n_queries=1)
         fl = floor_ms(wb["bytes"], bandwidth["gb_per_s"])
         for b in backends:
-            rows = [{"n_queries": q, **r} for q, r in zip(qs, _rows(t, [(p, b, q) for q in qs], base_key=(p, b, 1)))]
+            rows = _sweep_rows(t, qs, lambda q, p=p, b=b: (p, b, q))
             t1 = next((r["median_ms"] for r in rows if r["n_queries"] == 1), None)
             out.append({"precision": p, "backend": b, "rows": rows, "weight_bytes": wb, "floor_ms": fl,
                         "t1_over_floor": t1 / fl if t1 else None})
@@ -263,14 +266,19 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
 
 def format_precision_table(result: dict) -> str:
     """A :func:`bench_precisions` result as text: the CPU, then :func:`precision_rows` (the call and its floor)."""
-    m = result["model"]
+    return _floor_text("precisions of the code-predictor call", result["model"]["name"], result,
+                       f"{noise_words(result)}, prefix {result['prefix_len']}", result["precision_flags"],
+                       "floor = weight bytes of one call / read bandwidth", precision_rows(result))
+
+
+def _floor_text(title: str, model: str, result: dict, timing_words: str, flags: dict, floor_words: str,
+                rows: list[dict], columns: Sequence[str] | None = None) -> str:
+    """THE text of a table against the floor: ``title``, the model, threads and timing; the CPU and bandwidth
+    (:func:`~rvqspec_lib.eval.timing.machine_lines`); the rows."""
     return "\n".join([
-        f"precisions of the code-predictor call: model {m['name']}"
-        f"{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads {result['threads']} | "
-        f"interleaved, warmup {result['warmup']}, {noise_words(result)}, prefix {result['prefix_len']}"
-        + load_words(result),
-        *machine_lines(result, result["precision_flags"], "floor = weight bytes of one call / read bandwidth"),
-        format_rows(precision_rows(result))])
+        f"{title}: model {model}{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads "
+        f"{result['threads']} | interleaved, warmup {result['warmup']}, {timing_words}" + load_words(result),
+        *machine_lines(result, flags, floor_words), format_rows(rows, columns)])
 
 
 def precision_rows(result: dict) -> list[dict]:
@@ -627,11 +635,9 @@ def format_talker_table(result: dict) -> str:
     """A :func:`bench_talker_precisions` result as text: the CPU, then per row the step, MB read and both floors."""
     cols = ("precision", "context", "forward", "median_ms", "p10_ms", "p90_ms", "cpu_ms", "weights_mb", "kv_mb",
             "floor_ms", "over_floor", "floor_kv_ms", "over_floor_kv", "cpu_over_floor", "cpu_over_floor_kv")
-    return "\n".join([
-        f"talker step (1 new position + codec_head): model {result['model']}"
-        f"{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads {result['threads']} | "
-        f"interleaved, warmup {result['warmup']}, repeats {result['repeats']}" + load_words(result),
-        *machine_lines(result, result["cpu_flags"], "floor = weight bytes / bandwidth; floor_kv adds the KV cache the "
-                       "step attends; cpu_over: the thread's CPU time over the same floors at the CPU-time bandwidth"),
-        format_rows([{**r, "weights_mb": r["weight_bytes"] / 1e6, "kv_mb": r["kv_bytes"] / 1e6}
-                     for r in result["rows"]], cols)])
+    return _floor_text("talker step (1 new position + codec_head)", result["model"], result,
+                       f"repeats {result['repeats']}", result["cpu_flags"], "floor = weight bytes / bandwidth; "
+                       "floor_kv adds the KV cache the step attends; cpu_over: the thread's CPU time over the same "
+                       "floors at the CPU-time bandwidth", [{**r, "weights_mb": r["weight_bytes"] / 1e6,
+                                                             "kv_mb": r["kv_bytes"] / 1e6} for r in result["rows"]],
+                       cols)

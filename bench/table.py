@@ -39,20 +39,16 @@ from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.device.precision import (ACTIVATION_DTYPE, apply_precision, check_precision, cpu_features,
                                           native_precisions)
 from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
+from bench import PIPELINE_BATCHES as BATCHES, PIPELINE_CHUNK_FRAMES as CHUNK_FRAMES, PIPELINE_MODELS, \
+    PIPELINE_FRAMES as STREAM_FRAMES, TABLE_BACKENDS as DEFAULT_BACKENDS, TABLE_MODELS as DEFAULT_MODELS  # defaults
 from bench.floor import call_weight_bytes, codec_floor_ms, floor_ms, peak_gflops, talker_step_bytes
 from bench.frames import fastest, format_rows
 from bench.latency import native_step
 
 #: Backends the table knows: the CPU ones of the registry that time whole frames.
 TABLE_BACKENDS = ("eager", "native", "compile", "onnx")
-#: Default backends.
-DEFAULT_BACKENDS = ("eager", "native")
 #: Backends that time every decoder (they build in seconds); the others time AR and the full backends' picks.
 FULL_BACKENDS = ("eager", "native")
-#: Default models: the trained embedded model and the real-size 0.6B architecture (random weights, replayed); the
-#: pipeline's in the other order.
-DEFAULT_MODELS = ("embedded", "qwen3-tts-0.6b-random")
-PIPELINE_MODELS = DEFAULT_MODELS[::-1]
 #: Chain windows and calibrated-tree node budgets timed for the speculative rows.
 DEFAULT_CHAINS = (3, 4, 6)
 DEFAULT_BUDGETS = (4, 8, 16)
@@ -84,13 +80,6 @@ TEXT = "The weather is fine today, and we are going for a long walk by the river
 CONTEXT = 96
 #: Frames pushed before the codec is timed: past the released decoder's 72-frame attention window.
 CODEC_WARMUP_FRAMES = 80
-#: Frames a chunk holds in the table's streams (2: the codec's per-frame cost falls with the chunk, the first audio
-#: waits for one more frame).
-CHUNK_FRAMES = 2
-#: Frame cap of a measured stream (3.2 s of audio; the embedded model ends its sentence before).
-STREAM_FRAMES = 40
-#: Streams batched in the concurrency measurement.
-BATCHES = (1, 2, 4)
 #: The two ways a stream runs: in turn on one thread, or overlapped over all cores.
 LAYOUTS = ("1 thread", "all cores")
 #: Published end-to-end figures of public ports (QUOTED, not measured here): their own rows and columns.
@@ -183,14 +172,14 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
     """Time one (model, precision, backend): its five rows, the :func:`time_frames` result and its picks for later
     backends."""
     full = bname in FULL_BACKENDS or picks is None
-    verify = verify_backend(bname, cp, threads=opts["threads"])
+    verify = verify_backend(bname, cp)
     stepped = [k for k in named if full or k in ("ar", picks["best"])]
     replayed = REPLAY_NO_FUSED if oracle is not None else None
     no_fused = {k: fused_support(bname, named[k].decoder) or (replayed if k != "ar" else None)
                 for k in named if named[k].name.kind in ("ar", "chain")}
     fused = [k for k, why in no_fused.items() if why is None and (full or k in ("ar", picks["fused"]))]
     runners = [frame_runner(bname, cp, named[k], verify=verify, acceptance=oracle) for k in stepped] + \
-        [frame_runner(bname, cp, named[k], fused=True, verify=verify, threads=opts["threads"]) for k in fused]
+        [frame_runner(bname, cp, named[k], fused=True, verify=verify) for k in fused]
     auto_note, auto_key = "absent: auto not timed", None
     if auto:
         if full:
@@ -206,7 +195,7 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
             auto_key = (pick[0].label, pick[1])
             if not any((r.name.label, r.fused) == auto_key for r in runners):
                 runners.append(frame_runner(bname, cp, pick[0], fused=pick[1], verify=verify,
-                                            acceptance=None if pick[1] else oracle, threads=opts["threads"]))
+                                            acceptance=None if pick[1] else oracle))
     res = time_frames(runners, contexts, repeats=opts["repeats"], warmup=opts["warmup"], seed=opts["seed"],
                       progress=opts["progress"], noise_target=opts["noise_target"], random_weights=oracle is not None)
     by = {(r["decoder"], r["fused"]): r for r in res["rows"]}
@@ -238,8 +227,8 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
                 backends: Sequence[str] = DEFAULT_BACKENDS, repeats: int = 5, warmup: int = 1,
                 chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
                 auto: bool = True, auto_frames: int = 4, auto_budgets: Sequence[int] = DEFAULT_BUDGETS,
-                acceptance=None, n_contexts: int = 8, seed: int = 0, threads: int | None = None,
-                progress: bool = True, noise_target: float | None = None) -> dict:
+                acceptance=None, n_contexts: int = 8, seed: int = 0, progress: bool = True,
+                noise_target: float | None = None) -> dict:
     """Measure the table (docs/precision.md#the-table).
 
     Args:
@@ -249,7 +238,7 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
         repeats, warmup, noise_target: :func:`rvqspec_lib.eval.speed.time_frames`'s, per (model, precision, backend).
             chains, budgets: the speculative decoders. auto, auto_frames, auto_budgets: time auto's choice.
             n_contexts: contexts decoded in turn (the evaluation split; random ones for random weights). seed:
-            contexts, generators, the replay's oracle. threads: onnx's.
+            contexts, generators, the replay's oracle.
 
     Returns:
         ``{"rows", "footer", "meta"}``: a row per (model, precision, backend, :data:`ROWS`): ``model``, ``weights``
@@ -267,8 +256,8 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     check_table_args(models, precisions, backends, chains=chains, budgets=budgets)
     noise.repeat_cap(noise_target, repeats, None)  # bad settings fail before any model loads
     acceptance = acceptance or default_acceptance()
-    opts = {"threads": threads, "auto_frames": auto_frames, "auto_budgets": auto_budgets, "seed": seed,
-            "repeats": repeats, "warmup": warmup, "progress": progress, "noise_target": noise_target}
+    opts = {"auto_frames": auto_frames, "auto_budgets": auto_budgets, "seed": seed, "repeats": repeats,
+            "warmup": warmup, "progress": progress, "noise_target": noise_target}
     rows, crowded, build, noise_runs = [], [], {}, []
 
     def measure():

@@ -136,7 +136,6 @@ def test_the_talker_step_is_cropped_back_after_every_call(tiny):
 
 def test_the_parser_copies_agree_with_the_library():
     assert cli_bench.QUERY_SIZES == latency.DEFAULT_QUERY_SIZES
-    assert cli_bench.PRECISION_QUERY_SIZES == latency.PRECISION_QUERY_SIZES
     assert cli_bench.BACKENDS == backends.BACKENDS
 
 

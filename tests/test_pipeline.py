@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import rvqspec_lib.models.loader as loader
-from bench import cli as bench_cli
 from rvqspec_lib.cli.main import main
 from rvqspec_lib.decoding.decode import FrameResult
 from bench import table as PL
@@ -111,11 +110,6 @@ def test_placeholder_codes_make_a_replay_streamable():
     res = wrapped(torch.zeros(1, 2, 8))
     assert torch.equal(res.codes, torch.zeros(1, 15, dtype=torch.long)) and res.replay == "timing replay: x"
     assert wrapped.acceptance == "the oracle" and wrapped.name == "chain:4" and res.calls.tolist() == [7]
-
-
-def test_the_parser_repeats_the_library_defaults():
-    assert bench_cli.PIPELINE_MODELS == PL.PIPELINE_MODELS and bench_cli.PIPELINE_CHUNK_FRAMES == PL.CHUNK_FRAMES
-    assert bench_cli.PIPELINE_FRAMES == PL.STREAM_FRAMES and bench_cli.PIPELINE_BATCHES == PL.BATCHES
 
 
 @pytest.mark.parametrize("extra, needle", [

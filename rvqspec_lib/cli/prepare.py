@@ -10,7 +10,8 @@ import sys
 import time
 
 from rvqspec_lib.cli.args import STAGES
-from rvqspec_lib.cli.common import load, note, started, timings, write_json
+from rvqspec_lib.cli.common import load, note, started, timings
+from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import model_drafter_dir
 from rvqspec_lib.training.prepare import prepare
@@ -33,11 +34,12 @@ def run(args, threads: int) -> int:
     done = prepare(lm, frames=args.frames, seed=args.seed, auto_dtypes=args.auto_dtypes or ["float32"],
                    stages=stages, progress=sys.stderr.isatty())
     total_s = time.perf_counter() - t0
-    record = {"model": args.model, **done.to_json(), "threads": threads, "load_s": load_s, "total_s": total_s}
+    if args.json:
+        write_json_atomic(args.json, {"model": args.model, **done.to_json(), "threads": threads, "load_s": load_s,
+                                      "total_s": total_s})
     ran = [s.stage for s in done.stages if not s.skipped]
     print(f"prepared {args.model} in {done.folder} on {done.device} ({done.dtype}): ran "
           f"{', '.join(ran) or 'nothing (every stage complete)'} | {timings(threads, load=load_s, total=total_s)}")
     print(f"now: rvqspec synth --model {args.model} --text ... takes the fastest path timed here (or --decoder paper, "
           "--stream)")
-    write_json(args.json, record)
     return 0

@@ -33,7 +33,7 @@ def run(args, threads: int) -> int:
     par, lm = load_parallel(args, threads)
     train = _frames(args.frames)
     val = _frames(args.val_frames) if args.val_frames else None
-    drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=args.K or DEFAULT_K).to(par.device)
+    drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=DEFAULT_K if args.K is None else args.K).to(par.device)
     res = train_drafter(drafter, lm.code_predictor, train, val, loss=args.loss, sampling=inner_sampling(lm),
                         lr=args.lr, batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
                         val_fraction=args.val_fraction or 0.1, seed=args.seed,

@@ -41,7 +41,7 @@ def no_load(monkeypatch):
     from rvqspec_lib.cli.main import COMMANDS
     from rvqspec_lib.models import loader
 
-    for module in ["bench.jobs", *(f"rvqspec_lib.cli.{command[2]}" for command in COMMANDS.values())]:
+    for module in ["bench.jobs", *(f"rvqspec_lib.cli.{name.replace('-', '_')}" for name in COMMANDS)]:
         importlib.import_module(module)
     monkeypatch.setattr(loader, "load_model", _refuse_load)
     for name, mod in list(sys.modules.items()):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from rvqspec_lib.cli.common import add_threads_arg
+from rvqspec_lib.cli.common import SEED_MAX, add_threads_arg, number
 from rvqspec_lib.common.machine import DEVICES
-from rvqspec_lib.decoding.decoder_names import grammar
+from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, grammar
 
 #: ``synth --backend`` values: :data:`rvqspec_lib.models.backends.BACKENDS`.
 BACKENDS = ("official", "eager", "compile", "onnx", "native")
@@ -23,6 +23,8 @@ DEFAULT_DECODERS = "ar,chain:best,tree:calibrated-point-mass:16,tree:calibrated-
 DRAFTERS = ("offsets", "medusa")
 #: ``prepare --stages`` values, in order (:data:`rvqspec_lib.training.prepare.STAGES`; here so --help needs no torch).
 STAGES = ("speak", "offsets", "trees", "auto")
+#: ``type=`` of the counts that are at least 1 (one line when not: :func:`~rvqspec_lib.cli.common.number`).
+POSITIVE = number(int, 1)
 
 
 def _common(p: argparse.ArgumentParser, *flags: str) -> None:
@@ -31,7 +33,8 @@ def _common(p: argparse.ArgumentParser, *flags: str) -> None:
     flags_of = {
         "model": [("--model", dict(required=True, help="embedded, tiny-random, qwen3-tts-0.6b-random, "
                                    "qwen3-tts-1.7b-random, a checkpoint folder or a hub id"))],
-        "seed": [("--seed", dict(type=int, default=0, help="seed of every explicit generator (0..2**63-1)"))],
+        "seed": [("--seed", dict(type=number(int, 0, SEED_MAX, " (2**63 - 1)"), default=0,
+                                 help="seed of every explicit generator (0..2**63-1)"))],
         "json": [("--json", dict(help="write every statistic here (atomically)"))],
         "dtype": [("--dtype", dict(default="float32", choices=("float32", "float64", "bfloat16")))],
         "device": [("--device", dict(default="auto", help=f"where the model runs: {', '.join(DEVICES)} or cuda:N "
@@ -69,10 +72,11 @@ def synth(p: argparse.ArgumentParser) -> None:
                    "moment); reports time to first audio, RTF and underruns (docs/streaming.md). One --text")
     p.add_argument("--chunk-frames", type=int, default=None, help="--stream: frames decoded to audio at once, "
                    "1..--max-frames (default 1)")
-    p.add_argument("--batch-size", type=int, default=None, help=f"--text-file: lines decoded together (1..{MAX_BATCH}, "
-                                                                "default 8)")
+    p.add_argument("--batch-size", type=number(int, 1, MAX_BATCH), default=None, help=f"--text-file: lines decoded "
+                   f"together (1..{MAX_BATCH}, default 8)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding in both loops")
-    p.add_argument("--max-frames", type=int, default=200, help="frame cap, >= 1 (12.5 frames = 1 s; default 200)")
+    p.add_argument("--max-frames", type=number(int, 1, what=" (frames of 80 ms; 12.5 frames = 1 s)"), default=200,
+                   help="frame cap, >= 1 (12.5 frames = 1 s; default 200)")
     p.add_argument("--language", default="auto", help="auto, english, german, ... (the model's config lists them)")
     p.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the model's first)")
     p.add_argument("--codes-to-audio", default="auto", choices=("auto", "neural", "table"), help="offline codec "
@@ -85,7 +89,8 @@ def synth(p: argparse.ArgumentParser) -> None:
 
 def prepare(p: argparse.ArgumentParser) -> None:
     """``rvqspec prepare``."""
-    p.add_argument("--frames", type=int, default=1500, metavar="N", help="calibration frames the model speaks (the "
+    p.add_argument("--frames", type=number(int, 1, what=" (calibration frames of 80 ms)"), default=1500, metavar="N",
+                   help="calibration frames the model speaks (the "
                    "offsets train on as many, validate on a fifth; default 1500)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="the model's dtype while "
                    "preparing (auto: its own where the device runs it well, else float32; docs/model.md)")
@@ -102,7 +107,8 @@ def export(p: argparse.ArgumentParser) -> None:
                    "coreml (.mlpackage; predicted on macOS 15+ only)")
     p.add_argument("--graph", required=True, choices=GRAPHS, help="stepped (one position a call), verify (the fused "
                    "verify call of N positions), frame (all codes of a frame)")
-    p.add_argument("--nodes", type=int, default=None, help="verify graph: node budget N, the root included (2..64; "
+    p.add_argument("--nodes", type=number(int, MIN_BUDGET, MAX_BUDGET, " (query positions of one verify call, the root "
+                                          "included)"), help="verify graph: node budget N, the root included (2..64; "
                    "default 4, or the --decoder's size)")
     p.add_argument("--decoder", default=None, help="verify graph: the tree of tree:PATHS, chain:N, "
                    "tree:calibrated[-point-mass|-sampled]:N[@DRAFTER] or paper[:N]")
@@ -111,7 +117,7 @@ def export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predict", action="store_true", help="Core ML: require prediction, comparison and timing "
                    "(macOS 15+)")
     p.add_argument("--out", required=True, help="output folder (created with its parents)")
-    p.add_argument("--repeats", type=int, default=20, help="Core ML on macOS: timed calls per compute unit")
+    p.add_argument("--repeats", type=POSITIVE, default=20, help="Core ML on macOS: timed calls per compute unit")
     p.add_argument("--device", default="auto", help="export traces and checks its graphs on the CPU: auto or cpu "
                    "(another device is refused)")
     _common(p, "model")
@@ -129,9 +135,9 @@ def eval_wer(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codec", help="with --dataset: the codec of the model")
     p.add_argument("--calibration", help="calibrated trees of the heads (JSON; default <model>/trees/heads.json, else "
                                          "calibrated here)")
-    p.add_argument("--calibration-frames", type=int, default=1000, help="frames when calibrated here")
-    p.add_argument("--sentences", type=int, default=None, help="at most this many utterances per language")
-    p.add_argument("--replicates", type=int, default=1, help="draws per frame for the code-distribution tests")
+    p.add_argument("--calibration-frames", type=POSITIVE, default=1000, help="frames when calibrated here")
+    p.add_argument("--sentences", type=POSITIVE, default=None, help="at most this many utterances per language")
+    p.add_argument("--replicates", type=POSITIVE, default=1, help="draws per frame for the code-distribution tests")
     p.add_argument("--asr", default="auto", help="recogniser: auto, whisper-tiny.en, whisper[:PATH], pocketsphinx, "
                                                  "pocketsphinx-prompt, parakeet[:PATH], none (docs/cli.md)")
     p.add_argument("--free-running", action="store_true", help="also measure free running (talker sampled too)")
@@ -146,7 +152,7 @@ def _frame_source(p: argparse.ArgumentParser, default_frames: int) -> None:
     p.add_argument("--frames-file", help="frames saved by Frames.save (.safetensors); default: the utterances that "
                                          "ship with the model (the embedded model), else the model speaks texts")
     p.add_argument("--texts-file", help="texts to speak, one a line (default: a few built-in sentences)")
-    p.add_argument("--frames", type=int, default=default_frames, help="number of frames to use")
+    p.add_argument("--frames", type=POSITIVE, default=default_frames, help="number of frames to use")
     _common(p, "dataset", "language", "model", "seed", "dtype", "device")
 
 
@@ -157,7 +163,7 @@ def eval_acceptance(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-path", help="drafter file (default <model_dir>/drafters/<drafter>.safetensors)")
     p.add_argument("--decoder", default=None, help="chain[:N] (N in 2..8) or tree[:PATHS]; default: every chain "
                    "window 2..8 and the default tree")
-    p.add_argument("--max-rank", type=int, default=8, help="ranks tabulated for the tree calibration")
+    p.add_argument("--max-rank", type=POSITIVE, default=8, help="ranks tabulated for the tree calibration")
     p.add_argument("--teacher-codes", choices=["decoded", "frames"], default="decoded",
                    help="codes the exact tables teacher-force: decoded (samples of p) or the frames' own")
     p.add_argument("--json", help="write every statistic here")
@@ -170,22 +176,24 @@ def _training(p: argparse.ArgumentParser, out_help: str, out_required: bool) -> 
     p.add_argument("--out", required=out_required, help=out_help)
     p.add_argument("--loss", choices=["ce", "kl", "tv"], default="ce", help="ce: ground-truth codes (paper); kl: "
                    "the verifier's warped distribution; tv: one minus the exact acceptance rate")
-    p.add_argument("--epochs", type=int, default=20, help="maximum epochs (early stopping on validation acceptance)")
-    p.add_argument("--patience", type=int, default=3, help="epochs without validation improvement before stopping")
-    p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default per drafter)")
+    p.add_argument("--epochs", type=POSITIVE, default=20, help="maximum epochs (early stopping on validation "
+                   "acceptance)")
+    p.add_argument("--patience", type=number(int, 0), default=3, help="epochs without validation improvement before "
+                   "stopping")
+    p.add_argument("--lr", type=number(float, 0, open_=True), help="Adam learning rate (default per drafter)")
     p.add_argument("--force", action="store_true", help="replace an existing drafter file")
-    p.add_argument("--batch-size", type=int, default=64, help="frames per step (the global batch, split over "
+    p.add_argument("--K", type=int, help="offsets drafted, 1..(code groups - 2) (default: the paper's, 3)")
+    p.add_argument("--val-fraction", type=number(float, 0, 1, open_=True), default=None, help="held out for early "
+                   "stopping (default 0.1; not with a shipped validation split)")
+    p.add_argument("--batch-size", type=POSITIVE, default=64, help="frames per step (the global batch, split over "
                    "processes)")
 
 
 def train_drafter(p: argparse.ArgumentParser) -> None:
     """``rvqspec train-drafter``."""
     _training(p, "drafter file (default <model_dir>/drafters/<drafter>.safetensors)", False)
-    p.add_argument("--K", type=int, default=None, help="offsets drafted, 1..(code groups - 2) (default: the paper's)")
-    p.add_argument("--val-fraction", type=float, default=None, help="utterances held out for early stopping (default "
-                   "0.1; models without a shipped validation split)")
-    p.add_argument("--val-frames", type=int, default=None, help="validation frames from the shipped validation split "
-                   "(default 500; embedded models)")
+    p.add_argument("--val-frames", type=POSITIVE, help="validation frames from the shipped validation split (default "
+                   "500; embedded models)")
     p.add_argument("--curve-json", help="training curve (default: the drafter file with .curve.json)")
     _frame_source(p, default_frames=2000)
 
@@ -195,8 +203,8 @@ def extract_frames(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="folder for the shards and index.json")
     p.add_argument("--split", default="training", help="the model's shipped split (training, validation, "
                                                        "calibration, evaluation)")
-    p.add_argument("--max-utterances", type=int, default=None, help="the first utterances (rows) only")
-    p.add_argument("--batch-size", type=int, default=8, help="utterances per talker pass")
+    p.add_argument("--max-utterances", type=POSITIVE, default=None, help="the first utterances (rows) only")
+    p.add_argument("--batch-size", type=POSITIVE, default=8, help="utterances per talker pass")
     _common(p, "dataset", "language", "model", "device")
 
 
@@ -206,6 +214,4 @@ def train_drafter_parallel(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", required=True, help="training frames: a folder of shards (extract-frames) or a "
                                                    "frames file (.safetensors)")
     p.add_argument("--val-frames", help="validation frames (same forms); default: --val-fraction of --frames")
-    p.add_argument("--val-fraction", type=float, default=0.1)
-    p.add_argument("--K", type=int, default=3, help="offsets drafted (paper: 3)")
     _common(p, "model", "seed", "device")

@@ -40,8 +40,30 @@ CHOICE_NOUNS = {"dtype": "a precision", "drafter": "a drafter", "loss": "a train
                 "teacher_codes": "a source of teacher codes", "dataset_kind": "a dataset kind",
                 "fmt": "a format", "graph": "a graph", "target": "a deployment target"}
 
+#: Largest seed: seeds go to ``torch.Generator.manual_seed`` (64 bits), some plus a small offset per utterance.
+SEED_MAX = 2**63 - 1
+
 #: argparse type functions -> what their values are, for "--repeats abc is not a whole number".
 _TYPE_NOUNS = {int: "a whole number", float: "a number"}
+
+
+class OutOfRange(argparse.ArgumentTypeError):
+    """A value outside its flag's range (:func:`number`): the parser words it ``<flag> must be ..., got <value>``."""
+
+
+def number(kind=int, lo=0, hi=None, what: str = "", open_: bool = False):
+    """An argparse ``type=``: ``kind(text)`` (``int`` or ``float``) in ``lo..hi`` (``hi=None``: no upper bound;
+    ``open_``: both bounds excluded). Raises ValueError (text that is not a ``kind``: the parser names its noun) or
+    :class:`OutOfRange` (``must be >= lo<what>, got v``, ``in lo..hi``, ``> lo``, ``in (lo, hi)``)."""
+    text = (f"{'>' if open_ else '>='} {lo}" if hi is None else f"in ({lo}, {hi})" if open_ else f"in {lo}..{hi}")
+
+    def convert(s: str):
+        v = kind(s)
+        if not ((lo < v if open_ else lo <= v) and (hi is None or (v < hi if open_ else v <= hi))):
+            raise OutOfRange(f"must be {text}{what}, got {v}")
+        return v
+    convert.kind = kind
+    return convert
 
 
 def _either(names) -> str:
@@ -76,7 +98,10 @@ class OneLineParser(argparse.ArgumentParser):
         try:
             return super()._get_value(action, arg_string)
         except argparse.ArgumentError as e:
-            flag, noun, example = self._flag(action), _TYPE_NOUNS.get(action.type), action.default
+            flag, noun, example = self._flag(action), _TYPE_NOUNS.get(getattr(action.type, "kind", action.type)), \
+                action.default
+            if isinstance(e.__context__, OutOfRange):
+                raise self._ready(f"{flag} {e.message}") from None
             if noun is None:  # an ArgumentTypeError of the project's own type functions: its message names the fix
                 raise self._ready(f"{flag} {arg_string}: {e.message}") from None
             fix = f"give e.g. {flag} {example}" if isinstance(example, (int, float)) and \
@@ -208,18 +233,16 @@ def check_output_folder(path: str | os.PathLike) -> str | None:
 
 def add_threads_arg(parser: argparse.ArgumentParser, *, dest: str = "threads") -> None:
     """``--threads`` (default ``None`` = not given; :func:`resolve_threads` picks the value)."""
-    parser.add_argument("--threads", dest=dest, type=int, default=None, metavar="N", help="torch CPU threads: default "
-                        "1 (on a small shared machine more threads spin-wait and run several times slower), 0 keeps "
-                        "torch's choice, N uses N. Given after the command it wins over `rvqspec --threads N "
-                        "<command>`")
+    parser.add_argument("--threads", dest=dest, type=number(int, 0, what=" (0 keeps torch's choice)"), metavar="N",
+                        help="torch CPU threads: default 1 (on a small shared machine more threads spin-wait and "
+                        "run several times slower), 0 keeps torch's choice, N uses N. Given after the command it wins "
+                        "over `rvqspec --threads N <command>`")
 
 
 def resolve_threads(command_flag: int | None, global_flag: int | None) -> int:
-    """The one ``--threads`` rule: the command's flag, else the global one, else 1 (0 keeps torch's choice). Raises
-    ValueError: a negative count."""
-    n = command_flag if command_flag is not None else global_flag if global_flag is not None else 1
-    check_range("--threads", n, 0, what=" (0 keeps torch's choice)")
-    return n
+    """The one ``--threads`` rule: the command's flag, else the global one, else 1 (0 keeps torch's choice; the parser
+    refuses a negative count)."""
+    return command_flag if command_flag is not None else global_flag if global_flag is not None else 1
 
 
 def apply_threads(n: int) -> int:
@@ -252,18 +275,29 @@ def check_device(args, cpu_only: str | None = None, fix: str = "") -> str:
     return args.device
 
 
-def load(args, threads: int, random: str = "", cpu_only: str | None = None, **kwargs):
+def load(args, threads: int, random: str = "", cpu_only: str | None = None, check=None, **kwargs):
     """The model of ``--model`` on ``--device`` (:func:`check_device`, ``cpu_only`` as there), after torch's thread
     count is applied; ``kwargs``: :func:`~rvqspec_lib.models.loader.load_model`'s (``dtype``). ``random``: what random
-    weights make meaningless (a note). Returns ``(model, threads, seconds to load)``. Raises ValueError (one line)."""
+    weights make meaningless (a note). ``check(model)``: raises on what the model cannot do (``codebook_size``,
+    ``n_code_groups``), run on its config before loading where it can be read, and on the loaded model. Returns
+    ``(model, threads, seconds to load)``. Raises ValueError (one line)."""
     from rvqspec_lib.models import loader
 
+    if check is not None and (facts := loader.model_facts(args.model)) is not None:
+        check(facts)
     check_device(args, cpu_only)
     threads, t = apply_threads(threads), time.perf_counter()
     lm = loader.load_model(args.model, device=args.device, **kwargs)
+    if check is not None:
+        check(lm)
     if lm.is_random and random:
         note(f"{args.model} has RANDOM weights: {random}")
     return lm, threads, time.perf_counter() - t
+
+
+def timings(threads: int, **seconds: float) -> str:
+    """The end of a command's summary line: ``load 1.0 s, train 2.0 s, total 3.0 s | 1 thread``."""
+    return f"{', '.join(f'{k} {v:.1f} s' for k, v in seconds.items())} | {threads_text(threads)}"
 
 
 def started(args) -> float:
@@ -297,20 +331,20 @@ def parallel_device(args):
     return par
 
 
-def check_range(flag: str, value, lo, hi=None, what: str = "") -> None:
-    """Raises ValueError (one line, ``what`` after the range) unless ``lo <= value`` (and ``value <= hi``); a
-    ``None`` value (a flag not given) passes."""
-    if value is not None and not (lo <= value and (hi is None or value <= hi)):
-        raise ValueError(f"{flag} must be {f'>= {lo}' if hi is None else f'in {lo}..{hi}'}{what}, got {value}")
+def load_parallel(args, threads: int):
+    """This process of a data-parallel run (:func:`parallel_device`) and the model of ``--model`` on its device, after
+    torch's thread count is applied: ``(parallel, model)``. Raises ValueError (one line) as :func:`parallel_device`."""
+    from rvqspec_lib.models import loader
 
-
-#: Largest seed: seeds go to ``torch.Generator.manual_seed`` (64 bits), some plus a small offset per utterance.
-SEED_MAX = 2**63 - 1
+    apply_threads(threads)
+    par = parallel_device(args)
+    return par, loader.load_model(args.model, device=par.device)
 
 
 def check_seed(seed: int) -> None:
-    """Raises ValueError (one line) unless ``0 <= seed <= SEED_MAX``."""
-    check_range("--seed", seed, 0, SEED_MAX, " (2**63 - 1)")
+    """Raises ValueError (one line) unless ``0 <= seed <= SEED_MAX`` (a seed not given as a flag, e.g. bench's)."""
+    if not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"--seed must be in 0..{SEED_MAX} (2**63 - 1), got {seed}")
 
 
 def check_utf8(text: str, flag: str) -> None:

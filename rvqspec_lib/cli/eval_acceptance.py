@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import time
 
-from rvqspec_lib.cli.common import check_range, check_seed, check_tree_ranks, load, note, note_fewer_frames, started, \
-    threads_text, write_json
+from rvqspec_lib.cli.common import check_tree_ranks, load, note, note_fewer_frames, started, timings, write_json
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
 from rvqspec_lib.eval import acceptance
-from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import make_drafter, model_drafter_dir
 from rvqspec_lib.models.frame import inner_sampling
 from rvqspec_lib.models.named_decoders import resolve
@@ -39,17 +37,12 @@ def decoder_names(decoder: str | None) -> list:
 def run(args, threads: int) -> int:
     """``rvqspec eval-acceptance``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
     t0 = started(args)
-    check_seed(args.seed)
     source = FrameSource.of(args)
     names = decoder_names(args.decoder)
     if args.drafter == "heads" and args.drafter_path:
         raise ValueError("--drafter-path is not used with --drafter heads (reused heads have no file)")
-    check_range("--max-rank", args.max_rank, 1)
-    facts = loader.model_facts(args.model)
-    if facts is not None:
-        check_tree_ranks(names, facts.codebook_size, args.max_rank)
-    lm, threads, load_s = load(args, threads, dtype=args.dtype)
-    check_tree_ranks(names, lm.codebook_size, args.max_rank)
+    lm, threads, load_s = load(args, threads, dtype=args.dtype,
+                               check=lambda m: check_tree_ranks(names, m.codebook_size, args.max_rank))
     drafter = make_drafter(args.drafter, lm.code_predictor, args.drafter_path or model_drafter_dir(args.model))
     frames = source.load(lm, "evaluation")
     note_fewer_frames(frames, args.frames)
@@ -67,8 +60,7 @@ def run(args, threads: int) -> int:
            "frames": frames.source, "threads": threads, "load_s": load_s, "eval_s": eval_s,
            "total_s": time.perf_counter() - t0, "provenance": provenance(params, seed=args.seed)}
     print(f"drafter {args.drafter}: {res['params_added']:,} parameters added, {res['n_frames']} frames | {lm.device} "
-          f"({lm.dtype}) | load {load_s:.1f} s, evaluation {eval_s:.1f} s, total {res['total_s']:.1f} s | "
-          f"{threads_text(threads)}")
+          f"({lm.dtype}) | {timings(threads, load=load_s, evaluation=eval_s, total=res['total_s'])}")
     for label, tpc in res["tokens_per_call"].items():
         print(f"  {label:7s} {tpc:.3f} tokens/call (predicted from the exact tables "
               f"{res['predicted_tokens_per_call'][label]:.3f})")

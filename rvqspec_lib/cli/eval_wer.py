@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import check_range, load, note, write_json
+from rvqspec_lib.cli.common import load, note, write_json
 from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import calibration_budgets, parse_decoder_name, split_decoder_list
@@ -53,8 +53,6 @@ def _check(args) -> tuple[list[str], set[str], list[str]]:
         raise ValueError("--languages is empty: e.g. --languages en,de")
     for lang in languages:
         get_language(lang)
-    for flag in ("--sentences", "--replicates", "--calibration-frames"):
-        check_range(flag, getattr(args, flag[2:].replace("-", "_")), 1)
     check_asr_name(args.asr)
     check_dataset_flags(args.dataset, args.codec)
     if args.calibration and not Path(args.calibration).is_file():

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import sys
 
-from rvqspec_lib.cli.common import _die, check_output_folder, check_range, check_tree_ranks, load, make_folder, note
+from rvqspec_lib.cli.common import _die, check_tree_ranks, load, make_folder, note
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.common.provenance import provenance
-from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, MIN_BUDGET, parse_decoder_name
+from rvqspec_lib.decoding.decoder_names import MAX_BUDGET, parse_decoder_name
 from rvqspec_lib.decoding.trees import DraftTree
 from rvqspec_lib.eval import export_check as T
 from rvqspec_lib.device import export_check as X
@@ -27,22 +27,17 @@ def check_args(args) -> int | None:
 
     Raises:
         ValueError, FileNotFoundError: one line naming the fix: a tree for another graph, a decoder without a tree,
-            its files missing, ``--nodes`` disagreeing with it, an output folder that cannot be written.
+            its files missing, ``--nodes`` disagreeing with it.
     """
     args.decoder_name = None
     if args.graph != "verify" and (args.nodes is not None or args.decoder is not None):
         given = [f for f, v in (("--decoder", args.decoder), ("--nodes", args.nodes)) if v is not None]
         raise ValueError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for --graph verify; the "
                          f"{args.graph} graph has no tree: drop it or use --graph verify")
-    check_range("--nodes", args.nodes, MIN_BUDGET, MAX_BUDGET, " (query positions of one verify call, the root "
-                "included)")
-    check_range("--repeats", args.repeats, 1)
     if args.predict and args.fmt != "coreml":
         raise ValueError("--predict is for --format coreml (ONNX files are always run with ONNX Runtime here)")
     if args.predict and not F.coreml_available()[0]:
         raise ValueError(f"--predict: {F.coreml_available()[1]}; drop --predict to build the package here")
-    if (problem := check_output_folder(args.out)):  # before the model loads (the export takes minutes)
-        raise ValueError(problem)
     if args.graph != "verify":
         return None
     if args.decoder is None:
@@ -65,12 +60,12 @@ def check_args(args) -> int | None:
 def run(args, threads: int) -> int:
     """``rvqspec export``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
     nodes = check_args(args)
-    lm, threads, _ = load(args, threads, cpu_only="export (it traces and checks its graphs on the CPU)")
+    lm, threads, _ = load(args, threads, cpu_only="export (it traces and checks its graphs on the CPU)",
+                          check=lambda m: check_tree_ranks([args.decoder_name], m.codebook_size))  # None: no tree
     cp = lm.code_predictor.eval()
     G.check_exportable(cp)
     tree = DraftTree.chain(nodes - 1) if nodes and args.decoder_name is None else None
     if args.decoder_name is not None:
-        check_tree_ranks([args.decoder_name], int(cp.config.vocab_size))
         tree = resolve(args.decoder_name, lm).decoder.tree(0)  # the graph holds the tree, not the drafter
         nodes = tree.n_nodes + 1  # paper without :N: capped to the largest calibrated budget
     out = make_folder(args.out, "--out")  # and its missing parents

@@ -5,13 +5,11 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, check_range, parallel_device
-from rvqspec_lib.cli.main import main as rvqspec
+from rvqspec_lib.cli.common import load_parallel
+from rvqspec_lib.cli.main import accelerate_main
 from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
-from rvqspec_lib.models import loader
 from rvqspec_lib.models.speech_tokenizers import load_codec
 from rvqspec_lib.training.distributed import extract_dataset_frames, extract_frames
 
@@ -19,19 +17,13 @@ from rvqspec_lib.training.distributed import extract_dataset_frames, extract_fra
 def run(args, threads: int) -> int:
     """``rvqspec extract-frames`` in this process, one of several under ``accelerate launch``."""
     check_dataset_flags(args.dataset, args.codec, args.language)
-    for flag in ("--max-utterances", "--batch-size"):
-        check_range(flag, getattr(args, flag[2:].replace("-", "_")), 1)
-    if Path(args.out).is_file():
-        raise ValueError(f"--out {args.out} is a file: give a folder")
     if not args.dataset:
         try:
             root = embedded_root(args.model)
         except FileNotFoundError:
             raise ValueError(f"{args.model} ships no utterances: pass --dataset and --codec") from None
-    apply_threads(threads)
-    par = parallel_device(args)
+    par, lm = load_parallel(args, threads)
     progress = sys.stderr.isatty() and par.is_main
-    lm = loader.load_model(args.model, device=par.device)
     if args.dataset:
         out = extract_dataset_frames(args.dataset, lm, load_codec(args.codec, device=par.device), args.out,
                                      parallel=par, language=args.language, max_items=args.max_utterances,
@@ -46,10 +38,8 @@ def run(args, threads: int) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m rvqspec_lib.cli.extract_frames`` (what ``accelerate launch -m`` runs): ``rvqspec extract-frames``."""
-    return rvqspec(["extract-frames", *(sys.argv[1:] if argv is None else argv)])
-
+#: ``python -m rvqspec_lib.cli.extract_frames`` (what ``accelerate launch -m`` runs): ``rvqspec extract-frames``.
+main = accelerate_main("extract-frames")
 
 if __name__ == "__main__":
     sys.exit(main())

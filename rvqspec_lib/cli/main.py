@@ -13,28 +13,24 @@ import time
 from importlib.metadata import entry_points
 from typing import Sequence
 
-from rvqspec_lib.cli.common import OUTPUT_FLAGS, OneLineParser, _die, add_threads_arg, check_output_path, \
-    resolve_threads
+from rvqspec_lib.cli.common import OUTPUT_FLAGS, OneLineParser, _die, add_threads_arg, check_output_folder, \
+    check_output_path, resolve_threads
 
-#: command -> (help line, ``module:function`` adding its flags to a parser (light: no torch), ``module`` whose
-#: ``run(args, threads) -> exit status`` does the work, imported only when the command runs). ``threads`` is the
-#: resolved ``--threads`` (0 = torch's choice); each command applies it (common.apply_threads). Packages beside the
-#: library add commands of their own as plug-ins (:func:`plugins`: ``bench`` from bench/).
+#: command -> its help line. The command ``a-b``'s flags are added to a parser by ``args.a_b(parser)`` (light: no
+#: torch); the module ``a_b`` does the work, ``run(args, threads) -> exit status``, imported only when the command
+#: runs. ``threads`` is the resolved ``--threads`` (0 = torch's choice); each command applies it
+#: (common.apply_threads). Packages beside the library add commands of their own as plug-ins (:func:`plugins`:
+#: ``bench`` from bench/).
 COMMANDS = {
-    "synth": ("speak a text with a chosen inner-loop decoder", "args:synth", "synth"),
-    "prepare": ("get a checkpoint ready for --decoder paper and auto (frames, offsets, trees, auto's timing)",
-                "args:prepare", "prepare"),
-    "train-drafter": ("train position-aware offsets or Medusa heads", "args:train_drafter", "train_drafter"),
-    "eval-acceptance": ("tokens per call and acceptance of a drafter", "args:eval_acceptance", "eval_acceptance"),
-    "export": ("one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 06)", "args:export",
-               "export"),
-    "eval-wer": ("WER parity and code-distribution tests of the decoders against AR (notebook 05)", "args:eval_wer",
-                 "eval_wer"),
-    "extract-frames": ("teacher-forced frames of a split, one shard per process (accelerate launch)",
-                       "args:extract_frames", "extract_frames"),
-    "train-drafter-parallel": ("train a drafter data-parallel over processes (accelerate launch -m "
-                               "rvqspec_lib.cli.train_drafter_parallel)", "args:train_drafter_parallel",
-                               "train_drafter_parallel"),
+    "synth": "speak a text with a chosen inner-loop decoder",
+    "prepare": "get a checkpoint ready for --decoder paper and auto (frames, offsets, trees, auto's timing)",
+    "train-drafter": "train position-aware offsets or Medusa heads",
+    "eval-acceptance": "tokens per call and acceptance of a drafter",
+    "export": "one code-predictor graph to ONNX (run and checked here) or Core ML (notebook 06)",
+    "eval-wer": "WER parity and code-distribution tests of the decoders against AR (notebook 05)",
+    "extract-frames": "teacher-forced frames of a split, one shard per process (accelerate launch)",
+    "train-drafter-parallel": "train a drafter data-parallel over processes (accelerate launch -m "
+                              "rvqspec_lib.cli.train_drafter_parallel)",
 }
 
 #: the entry-point group of command plug-ins: a module with ``HELP`` (one line), ``add_args(parser)`` (light: no
@@ -49,8 +45,10 @@ def plugins() -> dict[str, str]:
 
 
 def _commands() -> dict[str, tuple[str | None, str, str]]:
-    """:data:`COMMANDS` and the plug-ins (help line ``None``: the module's ``HELP``)."""
-    return {**COMMANDS, **{n: (None, f"{m}:add_args", m) for n, m in plugins().items() if n not in COMMANDS}}
+    """Command -> (help line, ``module:function`` adding its flags, module doing the work) of :data:`COMMANDS` and the
+    plug-ins (help line ``None``: the module's ``HELP``)."""
+    own = {n: (h, f"args:{n.replace('-', '_')}", n.replace("-", "_")) for n, h in COMMANDS.items()}
+    return {**own, **{n: (None, f"{m}:add_args", m) for n, m in plugins().items() if n not in COMMANDS}}
 
 
 def _load(ref: str):
@@ -94,11 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args) -> int:
     try:
         threads = resolve_threads(args.threads, args.global_threads)
-        for attr, flag in OUTPUT_FLAGS.items():  # export's and extract-frames' --out is a folder: they check it
-            path = getattr(args, attr, None)  # synth makes a missing parent folder; synth --out - is standard output
-            if path != "-" and not (attr == "out" and args.cmd in ("export", "extract-frames")):
-                if (problem := check_output_path(path, flag, make_parents=args.cmd == "synth")):
-                    raise ValueError(problem)
+        for attr, flag in OUTPUT_FLAGS.items():  # synth makes a missing parent folder; synth --out - is standard output
+            if (path := getattr(args, attr, None)) is None or path == "-":
+                continue
+            if attr == "out" and args.cmd in ("export", "extract-frames"):  # their --out is a folder
+                problem = check_output_folder(path)
+            else:
+                problem = check_output_path(path, flag, make_parents=args.cmd == "synth")
+            if problem:
+                raise ValueError(problem)
     except ValueError as e:
         return _die(str(e))
     command = _load(_commands()[args.cmd][2])
@@ -113,6 +115,12 @@ def _dispatch(args) -> int:
         return _die(str(e))
     except OSError as e:  # missing files, permissions, a full disk: the outputs were not written (atomic)
         return _die(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
+
+
+def accelerate_main(command: str):
+    """The ``main(argv=None) -> int`` of a module that ``accelerate launch -m rvqspec_lib.cli.<module>`` runs: ``rvqspec
+    <command>`` with the process's arguments."""
+    return lambda argv=None: main([command, *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

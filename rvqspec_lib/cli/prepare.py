@@ -10,7 +10,7 @@ import sys
 import time
 
 from rvqspec_lib.cli.args import STAGES
-from rvqspec_lib.cli.common import load, note, started, threads_text
+from rvqspec_lib.cli.common import load, note, started, timings
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import model_drafter_dir
@@ -20,8 +20,6 @@ from rvqspec_lib.training.prepare import prepare
 def run(args, threads: int) -> int:
     """``rvqspec prepare``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
     t0 = started(args)
-    if args.frames < 1:
-        raise ValueError(f"--frames must be >= 1 (calibration frames of 80 ms), got {args.frames}")
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     if not stages or any(s not in STAGES for s in stages):
         raise ValueError(f"--stages {args.stages!r}: choose among {','.join(STAGES)}")
@@ -41,8 +39,7 @@ def run(args, threads: int) -> int:
                                       "total_s": total_s})
     ran = [s.stage for s in done.stages if not s.skipped]
     print(f"prepared {args.model} in {done.folder} on {done.device} ({done.dtype}): ran "
-          f"{', '.join(ran) or 'nothing (every stage complete)'} | load {load_s:.1f} s, total {total_s:.1f} s | "
-          f"{threads_text(threads)}")
+          f"{', '.join(ran) or 'nothing (every stage complete)'} | {timings(threads, load=load_s, total=total_s)}")
     print(f"now: rvqspec synth --model {args.model} --text ... takes the fastest path timed here (or --decoder paper, "
           "--stream)")
     return 0

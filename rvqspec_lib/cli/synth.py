@@ -14,9 +14,9 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from rvqspec_lib.cli.args import AUDIO_SUFFIXES, MAX_BATCH
-from rvqspec_lib.cli.common import check_device, check_outputs, check_range, check_seed, check_tree_ranks, \
-    check_utf8, load, make_folder, note, started, threads_text
+from rvqspec_lib.cli.args import AUDIO_SUFFIXES
+from rvqspec_lib.cli.common import check_device, check_outputs, check_tree_ranks, check_utf8, load, make_folder, note, \
+    started, threads_text
 from rvqspec_lib.common.files import atomic_outputs, json_text
 from rvqspec_lib.data.frame_choice import read_lines
 from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
@@ -62,8 +62,6 @@ def check_args(args) -> list[tuple[Path, Path]]:
         raise ValueError("--text is empty: give the sentence to speak")
     args.texts = read_lines(args.text_file, "--text-file") if args.text_file is not None else [args.text]
     check_utf8(args.texts[0], "--text")  # read_lines checks a file's
-    check_seed(args.seed)
-    check_range("--max-frames", args.max_frames, 1, what=" (frames of 80 ms; 12.5 frames = 1 s)")
     if args.batch_size is not None and args.text_file is None:
         raise ValueError("--batch-size is for --text-file (lines decoded together): drop it with --text")
     if not args.stream and (args.out == "-" or args.chunk_frames is not None):
@@ -74,7 +72,6 @@ def check_args(args) -> list[tuple[Path, Path]]:
         raise ValueError("--stream speaks one --text (a stream of audio as it is made): give --text, or drop --stream")
     args.batch_size = 8 if args.batch_size is None else args.batch_size
     args.chunk_frames = 1 if args.chunk_frames is None else args.chunk_frames
-    check_range("--batch-size", args.batch_size, 1, MAX_BATCH)
     if not 1 <= args.chunk_frames <= args.max_frames:
         raise ValueError(f"--chunk-frames must be in 1..--max-frames ({args.max_frames}) frames of 80 ms, got "
                          f"{args.chunk_frames}")
@@ -129,7 +126,7 @@ def check_args(args) -> list[tuple[Path, Path]]:
 def check_against_model(args, facts) -> str | None:
     """Checks that need the model's config (``facts``; ``None``: a hub id not in the cache), before loading it;
     returns the decoder's note (``paper`` capped), or ``None``. Raises ValueError, FileNotFoundError (one line): a
-    language, speaker, tree rank or ``--codes-to-audio`` the model does not have, a file missing beside it."""
+    language, speaker or ``--codes-to-audio`` the model does not have, a file missing beside it."""
     if facts is None:
         return check_files(args.decoder_name, args.model)
     if args.stream and facts.kind in ("tiny-random", "random-size"):
@@ -141,7 +138,6 @@ def check_against_model(args, facts) -> str | None:
     if args.speaker is not None and args.speaker.lower() not in facts.speakers:
         raise ValueError(f"unknown speaker {args.speaker!r}: this model's speakers are "
                          f"{', '.join(facts.speakers) or '(none)'}")
-    check_tree_ranks([args.decoder_name], facts.codebook_size)
     check_codes_to_audio(args, facts.offline_codec)
     return check_files(args.decoder_name, args.model, n_codes=facts.n_code_groups - 1,
                        codebook_size=facts.codebook_size)
@@ -221,11 +217,10 @@ def run(args, threads: int) -> int:
         note(cap_note)
     startup_s = time.perf_counter() - t0  # interpreter imports (torch, transformers) and the checks
     lm, threads, _ = load(args, threads, dtype={"int8": "bfloat16", "int8-dynamic": "float32"}.get(args.dtype,
-                                                                                                 args.dtype))
+                          args.dtype), check=lambda m: check_tree_ranks([args.decoder_name], m.codebook_size))
     if args.dtype in ("int8", "int8-dynamic"):
         apply_precision(lm.code_predictor, args.dtype)  # AR and speculation alike run the int8 code predictor
     load_s = time.perf_counter() - t0 - startup_s
-    check_tree_ranks([args.decoder_name], lm.codebook_size)  # again for models whose config could not be read
     codec = getattr(lm.speech_tokenizer, "codec", None)
     check_codes_to_audio(args, hasattr(codec, "decoder_kind"), getattr(codec, "code_decoder", None) is not None)
     for path, flag in [(f, "--out") for pair in pairs for f in pair if f is not None] + [(args.json, "--json")]:

@@ -9,38 +9,21 @@ import sys
 import time
 from pathlib import Path
 
-from rvqspec_lib.cli.common import check_outputs, check_range, check_seed, load, note_fewer_frames, started, \
-    threads_text
+from rvqspec_lib.cli.common import check_outputs, load, note_fewer_frames, started, timings
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.drafters import DEFAULT_K
-from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import drafter_path, make_drafter, model_drafter_dir, save_drafter
 from rvqspec_lib.models.frame import inner_sampling
 from rvqspec_lib.training import drafters
 
 
-def _check_k(k: int, n_code_groups: int) -> None:
-    if not 1 <= k <= n_code_groups - 2:
-        raise ValueError(f"K={k} is out of range for a code predictor of {n_code_groups - 1} codes: --K "
-                         f"1..{n_code_groups - 2} (the paper uses 3)")
-
-
-def check_training_flags(args, out: Path | None = None) -> None:
-    """The flags train-drafter and train-drafter-parallel share: --seed, --epochs, --patience, --batch-size, --lr,
-    --val-fraction, and ``out`` (default --out) a new ``.safetensors`` file (or --force). Raises ValueError (one
-    line)."""
-    check_seed(args.seed)
-    for flag, lo in (("--epochs", 1), ("--patience", 0), ("--batch-size", 1)):
-        check_range(flag, getattr(args, flag[2:].replace("-", "_")), lo)
-    if args.lr is not None and not args.lr > 0:
-        raise ValueError(f"--lr must be > 0, got {args.lr}")
-    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
-        raise ValueError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
-    out = out or (Path(args.out) if args.out else None)
-    if out and out.suffix != ".safetensors":
+def check_out(args, out: Path) -> None:
+    """The drafter file ``out`` of train-drafter and train-drafter-parallel: a new ``.safetensors`` file (or
+    ``--force``). Raises ValueError (one line)."""
+    if out.suffix != ".safetensors":
         raise ValueError(f"--out must end in .safetensors, got {out}")
-    if out and out.exists() and not args.force:
+    if out.exists() and not args.force:
         raise ValueError(f"{'--out ' * bool(args.out)}{out} exists (a drafter shipped or trained before): pass "
                          "--force to replace it, or choose another --out")
 
@@ -52,8 +35,7 @@ def run(args, threads: int) -> int:
     if not args.out and d is None:
         raise ValueError("--out is required when --model is not a local checkpoint directory")
     out = Path(args.out) if args.out else drafter_path(d, args.drafter)
-    check_training_flags(args, out)
-    check_range("--val-frames", args.val_frames, 1)
+    check_out(args, out)
     source = FrameSource.of(args)
     if source.shipped and args.val_fraction is not None:
         raise ValueError("--val-fraction is not used here: validation frames come from the shipped validation "
@@ -66,11 +48,12 @@ def run(args, threads: int) -> int:
     if out.parent.exists():  # else the default file goes into a new drafters/ folder, made by save_drafter
         check_outputs([(out, "--out"), (out.with_suffix(".json"), "--out (its .json description)"),
                        (curve, "--curve-json")])
-    facts = loader.model_facts(args.model)
-    if facts is not None:
-        _check_k(k, facts.n_code_groups)
-    lm, threads, load_s = load(args, threads, "the drafter learns nothing meaningful", dtype=args.dtype)
-    _check_k(k, lm.n_code_groups)
+
+    def check_k(model) -> None:
+        if not 1 <= k <= model.n_code_groups - 2:
+            raise ValueError(f"K={k} is out of range for a code predictor of {model.n_code_groups - 1} codes: --K "
+                             f"1..{model.n_code_groups - 2} (the paper uses 3)")
+    lm, threads, load_s = load(args, threads, "the drafter learns nothing meaningful", check=check_k, dtype=args.dtype)
     frames = source.load(lm, "training")
     note_fewer_frames(frames, args.frames)
     val_frames = 500 if args.val_frames is None else args.val_frames
@@ -91,7 +74,6 @@ def run(args, threads: int) -> int:
           f"{c0['val_loss']:.4f} -> {cb['val_loss']:.4f}, exact acceptance by offset "
           f"{[round(a, 3) for a in c0['val_acceptance_by_offset']]} -> "
           f"{[round(a, 3) for a in cb['val_acceptance_by_offset']]} (epoch {res.best_epoch}) | {lm.device} "
-          f"({lm.dtype}) | load {load_s:.1f} s, train {train_s:.1f} s, total {time.perf_counter() - t0:.1f} s | "
-          f"{threads_text(threads)}")
+          f"({lm.dtype}) | {timings(threads, load=load_s, train=train_s, total=time.perf_counter() - t0)}")
     print(f"wrote {out}, {out.with_suffix('.json')} and {curve}")
     return 0

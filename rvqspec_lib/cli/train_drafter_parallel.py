@@ -7,12 +7,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import apply_threads, parallel_device
-from rvqspec_lib.cli.main import main as rvqspec
-from rvqspec_lib.cli.train_drafter import check_training_flags
+from rvqspec_lib.cli.common import load_parallel
+from rvqspec_lib.cli.main import accelerate_main
+from rvqspec_lib.cli.train_drafter import check_out
 from rvqspec_lib.data.frame_choice import check_frames_path
 from rvqspec_lib.data.frames import Frames
-from rvqspec_lib.models import loader
+from rvqspec_lib.decoding.drafters import DEFAULT_K
 from rvqspec_lib.models.drafter_files import make_drafter, save_drafter
 from rvqspec_lib.models.frame import inner_sampling
 from rvqspec_lib.training.distributed import load_frame_shards
@@ -25,20 +25,19 @@ def _frames(path: str) -> Frames:
 
 def run(args, threads: int) -> int:
     """``rvqspec train-drafter-parallel`` in this process, one of several under ``accelerate launch``."""
-    check_training_flags(args)
+    check_out(args, Path(args.out))
     for flag, path, split in (("--frames", args.frames, "training"), ("--val-frames", args.val_frames, "validation")):
         problem = check_frames_path(path, flag, f"rvqspec extract-frames --model {args.model} --split {split}")
         if problem:
             raise ValueError(problem)
-    apply_threads(threads)
-    par = parallel_device(args)
+    par, lm = load_parallel(args, threads)
     train = _frames(args.frames)
     val = _frames(args.val_frames) if args.val_frames else None
-    lm = loader.load_model(args.model, device=par.device)
-    drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=args.K).to(par.device)
+    drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=DEFAULT_K if args.K is None else args.K).to(par.device)
     res = train_drafter(drafter, lm.code_predictor, train, val, loss=args.loss, sampling=inner_sampling(lm),
                         lr=args.lr, batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
-                        val_fraction=args.val_fraction, seed=args.seed, progress=sys.stderr.isatty() and par.is_main,
+                        val_fraction=args.val_fraction or 0.1, seed=args.seed,
+                        progress=sys.stderr.isatty() and par.is_main,
                         curve_path=Path(args.out).with_suffix(".curve.json"), parallel=par)
     if par.is_main:
         res.drafter.provenance.update(model=args.model, device=lm.device, model_dtype=lm.dtype)
@@ -51,10 +50,8 @@ def run(args, threads: int) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m rvqspec_lib.cli.train_drafter_parallel`` (``accelerate launch -m`` runs it)."""
-    return rvqspec(["train-drafter-parallel", *(sys.argv[1:] if argv is None else argv)])
-
+#: ``python -m rvqspec_lib.cli.train_drafter_parallel`` (``accelerate launch -m`` runs it).
+main = accelerate_main("train-drafter-parallel")
 
 if __name__ == "__main__":
     sys.exit(main())

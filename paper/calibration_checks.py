@@ -21,7 +21,7 @@ from rvqspec_lib.eval.calibration import KINDS, calibrate, predicted
 
 def predicted_vs_measured(code_predictor, decoders, contexts: torch.Tensor, *,
                           calibrations: Mapping[str, dict] | None = None, sampling: Sampling | None = None,
-                          seed: int = 0, batch_size: int = 256) -> list[dict]:
+                          seed: int = 0) -> list[dict]:
     """E(N) predicted from each decoder's own calibration against the tokens per call it measures on the same held-out
     ``contexts`` ``(N, 2, talker_hidden)``, every decoder from generator seed ``seed``
     (docs/methods.md#choosing-the-node-budget). ``decoders``: resolved
@@ -45,8 +45,7 @@ def predicted_vs_measured(code_predictor, decoders, contexts: torch.Tensor, *,
         dec = getattr(nd, "decoder", nd)
         name = nd.name if hasattr(nd, "decoder") else name_of(nd)
         cal = getattr(nd, "calibration", None) or calibrations.get(name.drafter or "heads")
-        st = decoder_statistics(code_predictor, None, contexts, dec, sampling=sampling, seed=seed,
-                                batch_size=batch_size)
+        st = decoder_statistics(code_predictor, None, contexts, dec, sampling=sampling, seed=seed)
         pred = predicted(cal, name, dec) if cal is not None or name.kind == "ar" else None
         m = st["tokens_per_call"]  # relative error: NaN when nothing was measured
         rows.append({**name.fields(), "depth": dec.tree(n).max_depth, "predicted_tokens_per_call": pred,
@@ -63,10 +62,11 @@ SWEEP_TEMPERATURES = (1.5, 1.2, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)
 @torch.no_grad()
 def temperature_sweep(code_predictor, calibration_contexts: torch.Tensor, eval_contexts: torch.Tensor, *,
                       temperatures: Sequence[float] = SWEEP_TEMPERATURES, budget: int = 16,
-                      sampling: Sampling | None = None, drafter=None, draws: int = 1, seed: int = 0) -> list[dict]:
+                      sampling: Sampling | None = None, seed: int = 0) -> list[dict]:
     """Does a point-mass tree overtake a sampled tree as p sharpens? At each temperature (top-k and top-p as
     ``sampling``'s) the calibration contexts' codes are sampled again, both kinds of tree of ``budget`` nodes calibrated
-    on them and decoded on the held-out contexts (``(N, 2, talker_hidden)`` each) at that temperature.
+    on them for the reused heads (one draw) and decoded on the held-out contexts (``(N, 2, talker_hidden)`` each) at
+    that temperature.
 
     Returns:
         a row per (temperature, kind): ``temperature``, ``kind``, ``nodes``, ``predicted_tokens_per_call``,
@@ -79,12 +79,12 @@ def temperature_sweep(code_predictor, calibration_contexts: torch.Tensor, eval_c
     if not temps or min(temps) <= 0:
         raise ValueError(f"temperatures must be positive (greedy decoding has no tree to compare), got {temperatures}")
     base = Sampling() if sampling is None else sampling
-    drafter = ReusedHeads() if drafter is None else drafter
+    drafter = ReusedHeads()
     rows = []
     for temp in temps:
         s_t = Sampling(temperature=temp, top_k=base.top_k, top_p=base.top_p)
         frames = frames_from_contexts(code_predictor, calibration_contexts, sampling=s_t, seed=seed)
-        cal = calibrate(code_predictor, drafter, frames, sampling=s_t, budgets=(budget,), draws=draws, seed=seed)
+        cal = calibrate(code_predictor, drafter, frames, sampling=s_t, budgets=(budget,), draws=1, seed=seed)
         for kind in KINDS:
             tree = tree_from_calibration(cal, kind, budget)
             st = decoder_statistics(code_predictor, drafter, eval_contexts, tree, sampling=s_t, seed=seed)

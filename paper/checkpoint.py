@@ -123,7 +123,7 @@ def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int 
     return folder
 
 
-def round_trip(codec, utterances, *, max_k: int = 16) -> dict:
+def round_trip(codec, utterances) -> dict:
     """The checkpoint's own 12 Hz codec on its own speech: each utterance's codes ``(frames, 16)`` decoded to audio
     and the audio encoded again. Returns ``{"rows": [{k, prefix_kept}], "per_codebook": [{codebook, kept}],
     "lsd_db", "frames"}``: the share of frames whose first ``k`` codes all survive the round trip, the share of codes
@@ -139,17 +139,17 @@ def round_trip(codec, utterances, *, max_k: int = 16) -> dict:
         lsd.append(_lsd_db(wav, wav2))
         n_frames += n
     eq = np.concatenate(same)  # (frames, 16)
-    k_max = min(max_k, eq.shape[1])
+    k_max = min(16, eq.shape[1])
     return {"rows": [{"k": k, "prefix_kept": float(eq[:, :k].all(1).mean())} for k in range(1, k_max + 1)],
             "per_codebook": [{"codebook": g, "kept": float(eq[:, g].mean())} for g in range(eq.shape[1])],
             "lsd_db": float(np.mean(lsd)), "frames": n_frames}
 
 
-def _lsd_db(a: np.ndarray, b: np.ndarray, n_fft: int = 1024, hop: int = 256) -> float:
+def _lsd_db(a: np.ndarray, b: np.ndarray) -> float:
     n = min(len(a), len(b))
-    if n < n_fft:
+    if n < 1024:
         return float("nan")
-    win = torch.hann_window(n_fft)
-    spec = [torch.stft(torch.from_numpy(x[:n].astype(np.float32)), n_fft, hop, window=win, return_complex=True)
+    win = torch.hann_window(1024)
+    spec = [torch.stft(torch.from_numpy(x[:n].astype(np.float32)), 1024, 256, window=win, return_complex=True)
             .abs().pow(2).clamp_min(1e-10).log10() * 10 for x in (a, b)]
     return float((spec[0] - spec[1]).pow(2).mean(0).sqrt().mean())

@@ -12,13 +12,11 @@ from tqdm.auto import tqdm
 
 from rvqspec_lib.eval.asr import cer
 from rvqspec_lib.eval.inner_loop import score_conditions
-from rvqspec_lib.models.audio import _check_wav
+from rvqspec_lib.models.audio import SAMPLE_RATE, _check_wav
 from paper.notebook_measures import log_spectral_distance
 
 #: The conditions of a sweep besides the codec's: the input audio, and the inversion of its unquantised features.
 ORIGINAL, INVERSION, CODEC = "original", "inversion", "codec"
-#: :func:`codebook_sweep`'s names of the first two conditions.
-_SWEEP_NAMES = {"original": ORIGINAL, "unquantised": INVERSION}
 
 
 def condition_label(fields: Mapping) -> str:
@@ -44,45 +42,44 @@ def conditions(codec, n_codebooks: Sequence[int], *, table_codec=None) -> list[d
     return [{**r, "label": condition_label(r)} for r in rows]
 
 
-def codebook_sweep(codec, wav: np.ndarray, n_codebooks: Sequence[int] = (1, 2, 4, 8, 16), *,
-                   sample_rate: int = 24000, unquantised: bool = True) -> list[dict]:
-    """One utterance resynthesised by an ``RVQCodec`` from its first k codebooks for each k of ``n_codebooks`` (and,
-    ``unquantised``, from its features without codes: the ceiling of any k).
+def _resynthesise(codec, wav: np.ndarray, n_codebooks: Sequence[int], *, table: bool) -> dict[str, dict]:
+    """One utterance resynthesised by an ``RVQCodec`` from its first k codebooks for each k of ``n_codebooks`` and,
+    unless ``table`` (the table decoder beside a neural one), the input itself and the inversion of its features
+    without codes (the ceiling of any k).
 
     Returns:
-        One dict per condition (``"original"``, ``"unquantised"``, ``"k=<k>"``): ``condition``, ``k`` (``None``
-        for the first two), ``audio`` (float32, the input's length), ``feature_lsd_db`` (vs the unquantised
-        features) and ``audio_lsd_db`` (the output audio's features vs the input's).
+        ``{label (:func:`condition_label`): {"audio", "feature_lsd_db", "audio_lsd_db"}}``: ``audio`` float32 of the
+        input's length, ``feature_lsd_db`` vs the unquantised features, ``audio_lsd_db`` the output audio's features
+        vs the input's.
     Raises:
         ValueError: a k outside ``[1, n_codebooks]``, or bad audio (the codec's messages).
     """
-    x = _check_wav(wav, sample_rate, codec.sample_rate)
+    x = _check_wav(wav, SAMPLE_RATE, codec.sample_rate)
     feats = codec.features(x, codec.sample_rate)
     codes = codec.quantize(feats)
 
-    def row(condition, k, vectors):
-        if vectors is None:
-            return {"condition": condition, "k": k, "audio": x, "feature_lsd_db": 0.0, "audio_lsd_db": 0.0}
+    def row(vectors):
         y = codec.vectors_to_audio(vectors)[: x.shape[0]]
-        return {"condition": condition, "k": k, "audio": y,
-                "feature_lsd_db": log_spectral_distance(codec, vectors, feats),
+        return {"audio": y, "feature_lsd_db": log_spectral_distance(codec, vectors, feats),
                 "audio_lsd_db": log_spectral_distance(codec, codec.features(y, codec.sample_rate), feats)}
 
-    swept = [row(f"k={k}", int(k), codec.decode_vectors(codes, int(k))) for k in n_codebooks]
-    return [row("original", None, None)] + ([row("unquantised", None, feats)] if unquantised else []) + swept
+    swept = {condition_label({"condition": CODEC, "table": table, "k": k}): row(codec.decode_vectors(codes, int(k)))
+             for k in n_codebooks}
+    if table:
+        return swept
+    return {"original": {"audio": x, "feature_lsd_db": 0.0, "audio_lsd_db": 0.0}, "unquantised": row(feats), **swept}
 
 
 def sweep_codebooks(codec, wavs: Sequence[np.ndarray], n_codebooks: Sequence[int], *, table_codec=None,
-                    sample_rate: int = 24000, progress: bool = False) -> dict:
-    """Every utterance (``(samples,)`` float at ``sample_rate``) resynthesised under every condition of
-    :func:`conditions`: through ``codec``'s own decoder and, with ``table_codec`` (``codec.with_decoder(None)``), the
-    table decoder beside it, from the first k of ``n_codebooks``.
+                    progress: bool = False) -> dict:
+    """Every utterance (``(samples,)`` float at 24 kHz) resynthesised under every condition of :func:`conditions`:
+    through ``codec``'s own decoder and, with ``table_codec`` (``codec.with_decoder(None)``), the table decoder beside
+    it, from the first k of ``n_codebooks``.
 
     Returns:
         ``{"conditions": [fields], "audio": {label: [wav]}, "feature_lsd_db": {label: [dB]}, "audio_lsd_db": {label:
         [dB]}}``: the output audio and the log-spectral distances of the decoder's input to the unquantised features
-        and of the output audio's features to the input's
-        (:func:`codebook_sweep`).
+        and of the output audio's features to the input's.
     Raises:
         ValueError: a k outside ``[1, n_codebooks]``, bad audio (the codec's messages).
     """
@@ -90,21 +87,17 @@ def sweep_codebooks(codec, wavs: Sequence[np.ndarray], n_codebooks: Sequence[int
     out = {"conditions": conds, **{key: {c["label"]: [] for c in conds}
                                    for key in ("audio", "feature_lsd_db", "audio_lsd_db")}}
     for wav in tqdm(wavs, desc="codec sweep", unit="utt", disable=not progress):
-        rows = [{**r, "condition": _SWEEP_NAMES.get(r["condition"], CODEC), "table": False}
-                for r in codebook_sweep(codec, wav, n_codebooks, sample_rate=sample_rate)]
+        rows = _resynthesise(codec, wav, n_codebooks, table=False)
         if table_codec is not None:
-            rows += [{**r, "condition": CODEC, "table": True}
-                     for r in codebook_sweep(table_codec, wav, n_codebooks, sample_rate=sample_rate,
-                                                         unquantised=False) if r["k"] is not None]
-        for r in rows:
-            label = condition_label(r)
+            rows.update(_resynthesise(table_codec, wav, n_codebooks, table=True))
+        for label, r in rows.items():
             for key in ("audio", "feature_lsd_db", "audio_lsd_db"):
                 out[key][label].append(r[key])
     return out
 
 
 def codec_quality(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], n_codebooks: Sequence[int], asr, *,
-                  table_codec=None, sample_rate: int = 24000, progress: bool = False) -> dict:
+                  table_codec=None, progress: bool = False) -> dict:
     """:func:`sweep_codebooks` scored by ``asr`` against ``refs``, one row per condition: its fields, ``bits_per_s``
     (``None`` without codes), ``wer``, ``wer_without_outliers``, ``outliers``, ``errors``, ``ref_words``, ``cer``, the
     mean ``feature_lsd_db`` and ``audio_lsd_db``, and ``n``.
@@ -116,9 +109,8 @@ def codec_quality(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], n_code
     """
     if len(refs) != len(wavs):
         raise ValueError(f"{len(wavs)} utterances and {len(refs)} reference texts: give one text per utterance")
-    sweep = sweep_codebooks(codec, wavs, n_codebooks, table_codec=table_codec, sample_rate=sample_rate,
-                            progress=progress)
-    scores = score_conditions(sweep["audio"], refs, asr, sample_rate=sample_rate, progress=progress)
+    sweep = sweep_codebooks(codec, wavs, n_codebooks, table_codec=table_codec, progress=progress)
+    scores = score_conditions(sweep["audio"], refs, asr, sample_rate=SAMPLE_RATE, progress=progress)
     bits = math.log2(codec.codebook_size)
     rows = []
     for c in sweep["conditions"]:
@@ -147,7 +139,7 @@ def unstructured_stage_factor(codebook_size: int, dim: int) -> float:
     return 2.0 ** (-2.0 * math.log2(codebook_size) / dim)
 
 
-def residual_variance(codec, wavs: Sequence[np.ndarray], *, sample_rate: int = 24000) -> list[dict]:
+def residual_variance(codec, wavs: Sequence[np.ndarray]) -> list[dict]:
     """How much of the frame vectors' variance (pooled over ``wavs``) the first k stages leave, k = 1..n_codebooks,
     through the table decoder (:meth:`~rvqspec_lib.models.rvq_codec.RVQCodec.dequantize`).
 
@@ -160,7 +152,7 @@ def residual_variance(codec, wavs: Sequence[np.ndarray], *, sample_rate: int = 2
     """
     if not wavs:
         raise ValueError("residual_variance needs at least one utterance")
-    feats = np.concatenate([codec.features(w, sample_rate) for w in wavs]).astype(np.float64)  # (F, dim)
+    feats = np.concatenate([codec.features(w, SAMPLE_RATE) for w in wavs]).astype(np.float64)  # (F, dim)
     total = float(((feats - feats.mean(0)) ** 2).sum(1).mean())
     if total <= 0:
         raise ValueError("the frame vectors do not vary: residual variance is undefined")

@@ -157,11 +157,11 @@ def _kept(drafter, key: str):
 
 
 def table2(results: Mapping[str, dict], own_rows: Sequence[dict], calibrations: Mapping[str, dict],
-           drafters: Mapping[str, object], *, params_code_predictor: int, params_model: int, K: int,
-           config_06b=RELEASED_06B_CONFIG) -> list[dict]:
+           drafters: Mapping[str, object], *, params_code_predictor: int, params_model: int, K: int) -> list[dict]:
     """The paper's Table 2 here, a row per drafter: tokens per call against the parameters it adds, from
     :func:`evaluate_drafters`, :func:`own_tree_rows` (N = 32 at least) and :func:`calibrate_drafters`; ``loss``,
-    ``kept_epoch``, ``lr`` from the drafters' provenance; ``K`` and ``config_06b`` give the counts at the paper's size.
+    ``kept_epoch``, ``lr`` from the drafters' provenance; ``K`` and :data:`RELEASED_06B_CONFIG` give the counts at the
+    paper's size.
 
     Returns:
         rows: ``drafter`` (a description), ``label``, ``decoder``, ``tree_N32_tokens_per_call``, ``tree_N32_predicted``,
@@ -185,7 +185,7 @@ def table2(results: Mapping[str, dict], own_rows: Sequence[dict], calibrations: 
         chains = {v["nodes"]: v["tokens_per_call"] for v in r["decoders"].values() if v["kind"] == "chain"}
         w_best = max(chains, key=lambda w: (chains[w], -w))
         n32, cal = own[(label, PAPER_BUDGET)], calibrations[label]
-        n_best = best_budget(cal, "point-mass")
+        n_best = best_budget(cal)
         added = int(r["params_added"])
         rows.append({
             "drafter": DRAFTER_DESCRIPTIONS.get(label, label),
@@ -203,7 +203,7 @@ def table2(results: Mapping[str, dict], own_rows: Sequence[dict], calibrations: 
             "added_params": added,
             "pct_code_predictor": 100 * added / params_code_predictor,
             "pct_model": 100 * added / params_model,
-            "added_params_at_0.6B": params_added_for_config(drafter_family(label), config_06b, K=K),
+            "added_params_at_0.6B": params_added_for_config(drafter_family(label), RELEASED_06B_CONFIG, K=K),
             "loss": _kept(d, "loss"),
             "kept_epoch": _kept(d, "best_epoch"),
             "lr": _kept(d, "lr"),
@@ -213,10 +213,9 @@ def table2(results: Mapping[str, dict], own_rows: Sequence[dict], calibrations: 
     return rows
 
 
-def margin_rows(code_predictor, drafters: Mapping[str, object], frames: Frames, *, baseline: str = "heads",
-                n_ahead: int = 3, sampling: Sampling | None = None, results: Mapping[str, dict] | None = None,
-                confidence: float = 0.95) -> list[dict]:
-    """Each drafter against ``baseline`` on the same frames
+def margin_rows(code_predictor, drafters: Mapping[str, object], frames: Frames, *, n_ahead: int = 3,
+                sampling: Sampling | None = None, results: Mapping[str, dict] | None = None) -> list[dict]:
+    """Each drafter against the reused heads (the baseline, ``heads``) on the same frames
     (:func:`paired_acceptance_difference`: exact acceptance over offsets j <= ``n_ahead``,
     a Student t interval over utterances); with ``results`` also its gain in tokens per call of ``chain:4``.
 
@@ -227,14 +226,14 @@ def margin_rows(code_predictor, drafters: Mapping[str, object], frames: Frames, 
     Raises:
         ValueError: ``baseline`` not among the drafters; fewer than 2 utterances.
     """
-    if baseline not in drafters:
-        raise ValueError(f"the baseline {baseline!r} is not among the drafters {list(drafters)}")
+    if "heads" not in drafters:
+        raise ValueError(f"the baseline 'heads' is not among the drafters {list(drafters)}")
     rows = []
     for label, d in drafters.items():
-        if label == baseline:
+        if label == "heads":
             continue
-        m = paired_acceptance_difference(code_predictor, drafters[baseline], d, frames, n_ahead=n_ahead,
-                                           sampling=sampling, confidence=confidence)
+        m = paired_acceptance_difference(code_predictor, drafters["heads"], d, frames, n_ahead=n_ahead,
+                                           sampling=sampling)
         row = {"drafter": label, "acceptance_heads": m["mean_a"], "acceptance_drafter": m["mean_b"],
                "difference": m["difference"], "ci95_low": m["ci_low"], "ci95_high": m["ci_high"],
                "p_value": m["p_value"], "n_utterances": m["n_utterances"], "n_frames": m["n_frames"],
@@ -242,18 +241,17 @@ def margin_rows(code_predictor, drafters: Mapping[str, object], frames: Frames, 
         if results is not None:
             key = f"chain:{MARGIN_CHAIN}"
             row[f"chain{MARGIN_CHAIN}_gain"] = (results[label]["tokens_per_call"][key]
-                                                - results[baseline]["tokens_per_call"][key])
+                                                - results["heads"]["tokens_per_call"][key])
         rows.append(row)
     return rows
 
 
 def headroom_rows(code_predictor, drafters: Mapping[str, object], frames: Frames, *, n_frames: int, samples: int,
-                  n_ahead: int = 3, sampling: Sampling | None = None, seed: int = 0,
-                  baseline: str = "heads") -> tuple[dict, list[dict]]:
+                  n_ahead: int = 3, sampling: Sampling | None = None, seed: int = 0) -> tuple[dict, list[dict]]:
     """The headroom of drafters that see only H_k (:func:`paper.headroom.drafter_headroom`) on
     ``n_frames`` frames picked at random (seeded) from ``frames``, and its table
     (:func:`paper.headroom.headroom_table`: per offset, the ceiling, the marginal, each drafter and the
-    share of the marginal's gain over ``baseline`` it captures).
+    share of the marginal's gain over the reused heads it captures).
 
     Returns:
         ``(headroom dict, rows)``.
@@ -262,7 +260,7 @@ def headroom_rows(code_predictor, drafters: Mapping[str, object], frames: Frames
     pick = torch.randperm(len(frames), generator=torch.Generator().manual_seed(seed))[:n]
     hr = H.drafter_headroom(code_predictor, frames.context[pick], frames.codes[pick], dict(drafters), n_ahead=n_ahead,
                             samples=samples, sampling=sampling, generator=torch.Generator().manual_seed(seed))
-    return hr, H.headroom_table(hr, baseline=baseline)
+    return hr, H.headroom_table(hr)
 
 
 def acceptance_tables(results: Mapping[str, dict], *, K: int) -> dict[str, list[dict]]:
@@ -297,11 +295,10 @@ def acceptance_tables(results: Mapping[str, dict], *, K: int) -> dict[str, list[
     return {"by_depth": by_depth, "by_offset": by_offset, "rank": rank}
 
 
-def chain_window_rows(results: Mapping[str, dict], *, rel_tol: float = SATURATION_TOLERANCE
-                      ) -> tuple[list[dict], dict[str, int]]:
+def chain_window_rows(results: Mapping[str, dict]) -> tuple[list[dict], dict[str, int]]:
     """The chain with sampled drafts across windows, per drafter (TensorRT-Edge-LLM's ``--cpSpecVerifySize``):
     measured and predicted tokens per call, found by the decoders' fields (``kind`` chain, ``nodes`` the window),
-    and the saturation window (:func:`paper.notebook_measures.saturation_window`).
+    and the saturation window (:func:`paper.notebook_measures.saturation_window` at :data:`SATURATION_TOLERANCE`).
 
     Returns:
         ``(rows, saturation)``: rows ``drafter``, ``decoder`` (its label), ``window``, ``tokens_per_call``,
@@ -309,7 +306,7 @@ def chain_window_rows(results: Mapping[str, dict], *, rel_tol: float = SATURATIO
     """
     rows, saturation = [], {}
     for lab, r in results.items():
-        saturation[lab] = saturation_window(r, rel_tol=rel_tol)
+        saturation[lab] = saturation_window(r, rel_tol=SATURATION_TOLERANCE)
         chains = sorted((v for v in r["decoders"].values() if v["kind"] == "chain"), key=lambda v: v["nodes"])
         rows += [{"drafter": lab, "decoder": v["decoder"], "window": v["nodes"],
                   "tokens_per_call": v["tokens_per_call"],
@@ -317,17 +314,16 @@ def chain_window_rows(results: Mapping[str, dict], *, rel_tol: float = SATURATIO
     return rows, saturation
 
 
-def best_by(rows: Sequence[dict], column: str, *, key: str = "label") -> str:
-    """The ``key`` of the row with the largest ``column`` (ties: the first), e.g. the drafter with the most tokens per
-    call in :func:`table2`'s rows."""
-    return max(rows, key=lambda r: (r[column] if r[column] is not None else -math.inf))[key]
+def best_by(rows: Sequence[dict], column: str) -> str:
+    """The ``label`` of the row with the largest ``column`` (ties: the first), e.g. the drafter with the most tokens
+    per call in :func:`table2`'s rows."""
+    return max(rows, key=lambda r: (r[column] if r[column] is not None else -math.inf))["label"]
 
 
 def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: Frames, *, n_ahead: int = 3,
-                                 sampling: Sampling | None = None, confidence: float = 0.95,
-                                 batch_size: int = 256) -> dict:
+                                 sampling: Sampling | None = None) -> dict:
     """Is drafter B's acceptance higher than drafter A's? Per frame the exact acceptance (:func:`frame_acceptance`)
-    averaged over every (k, j) with k + j <= n; the difference B - A averaged within each utterance; a Student t
+    averaged over every (k, j) with k + j <= n; the difference B - A averaged within each utterance; a 95% Student t
     interval (and the paired t-test's p-value) over UTTERANCES, the independent units (``frames.utterance``). No
     sampling noise: the interval only reflects which frames were drawn.
 
@@ -335,18 +331,17 @@ def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: F
         ``{"mean_a", "mean_b", "difference", "ci_low", "ci_high", "confidence", "p_value", "n_frames",
         "n_utterances", "difference_by_offset" [n_ahead floats]}``.
     Raises:
-        ValueError: fewer than 2 utterances, or ``confidence`` outside (0, 1).
+        ValueError: fewer than 2 utterances.
     """
     from scipy import stats  # local: scipy.stats takes about 1 s to import (measured); only this needs it
 
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    confidence = 0.95
     utt = frames.utterance
     ids = torch.unique(utt)
     if ids.numel() < 2:
         raise ValueError("a paired interval over utterances needs frames of at least 2 utterances")
     a, b = A.frame_acceptance(code_predictor, [drafter_a, drafter_b], frames.context, frames.codes, n_ahead=n_ahead,
-                            sampling=sampling, batch_size=batch_size)
+                            sampling=sampling)
     fa, fb = a.nanmean((1, 2)), b.nanmean((1, 2))  # (N,)
     per_utt = torch.stack([(fb - fa)[utt == u].mean() for u in ids]).numpy()
     m = len(per_utt)
@@ -362,17 +357,9 @@ def paired_acceptance_difference(code_predictor, drafter_a, drafter_b, frames: F
             "n_utterances": m, "difference_by_offset": (b - a).nanmean((0, 1)).tolist()}
 
 
-def best_budget(calibration: dict, kind: str = "point-mass", budgets: Sequence[int] | None = None) -> int:
-    """The node budget N with the highest PREDICTED tokens per call E(N) of a calibration's ``kind`` of tree, among
-    ``budgets`` (default every calibrated one); ties go to the smaller N. E(N) of a greedy tree never falls as N
-    grows, so this is the largest budget unless the gain stops: speed is another question (notebook 04).
-
-    Raises:
-        ValueError: no calibrated budget among ``budgets``.
-    """
-    have = [int(b) for b in calibration["budgets"]]
-    cands = [b for b in (have if budgets is None else [int(b) for b in budgets]) if b in have]
-    if not cands:
-        raise ValueError(f"none of the budgets {list(budgets or [])} is calibrated (calibrated: {have})")
-    pred = calibration[kind]["predicted_tokens_per_call"]
-    return max(sorted(cands), key=lambda b: (pred[str(b)], -b))
+def best_budget(calibration: dict) -> int:
+    """The calibrated node budget N with the highest PREDICTED tokens per call E(N) of the point-mass tree; ties go to
+    the smaller N. E(N) of a greedy tree never falls as N grows, so this is the largest budget unless the gain stops:
+    speed is another question (notebook 04)."""
+    pred = calibration["point-mass"]["predicted_tokens_per_call"]
+    return max(sorted(int(b) for b in calibration["budgets"]), key=lambda b: (pred[str(b)], -b))

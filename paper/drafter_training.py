@@ -1,5 +1,5 @@
 """Table 2's training plan (notebook 03; paper §2.2): five drafters and losses (:data:`TABLE2_DRAFTERS`), each at
-the learning rate its exact validation acceptance picks (:func:`sweep_learning_rates`), the offsets deployed beside
+the learning rate its exact validation acceptance picks (:func:`train_drafters`), the offsets deployed beside
 the model chosen the same way (:func:`select_deployed`, :func:`deploy_drafters`), the parameters each adds to a
 released model (:func:`params_added_for_config`). One drafter is trained by the
 library's :func:`rvqspec_lib.training.drafters.train_drafter` (``rvqspec train-drafter``)."""
@@ -17,7 +17,7 @@ import torch
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.decoding.drafters import DEFAULT_K, DRAFTERS, MedusaHeads, PositionOffsets
 from rvqspec_lib.models.drafter_files import drafter_path, make_drafter, save_drafter
-from rvqspec_lib.training.drafters import DEFAULT_LR, LOSSES, TrainResult, train_drafter
+from rvqspec_lib.training.drafters import DEFAULT_LR, LOSSES, train_drafter
 
 
 def validation_acceptance(drafter) -> float:
@@ -28,48 +28,6 @@ def validation_acceptance(drafter) -> float:
         raise ValueError(f"{getattr(drafter, 'name', drafter)!r} has no validation acceptance in its provenance: "
                          "train it with rvqspec_lib.training.drafters.train_drafter")
     return float(np.mean(acc))
-
-
-@dataclass
-class LearningRateSweep:
-    """What :func:`sweep_learning_rates` returns: a row per rate tried (``drafter, lr, best_epoch,
-    val_acceptance_mean, val_acceptance_init, chosen``) and the chosen rate's :class:`TrainResult`."""
-
-    rows: list[dict]
-    chosen: TrainResult
-
-
-def sweep_learning_rates(new_drafter, code_predictor, train: Frames, val: Frames, *, lrs, label: str | None = None,
-                         **train_kwargs) -> LearningRateSweep:
-    """Train ``new_drafter()`` at each of ``lrs`` (``None``: :data:`DEFAULT_LR`'s) with :func:`train_drafter` and keep
-    the highest :func:`validation_acceptance` (ties: the earlier rate), chosen on ``val``, never on evaluation.
-
-    Raises:
-        ValueError: no rate, a rate that is not positive, no validation frames, ``lr`` among ``train_kwargs``.
-    """
-    lrs = list(lrs)
-    if not lrs:
-        raise ValueError("give at least one learning rate to try (lrs=[...])")
-    bad = [lr for lr in lrs if lr is not None and not lr > 0]
-    if bad:
-        raise ValueError(f"learning rates must be > 0 (or None for the default), got {bad}")
-    if val is None or len(val) == 0:
-        raise ValueError("the learning rate is chosen on validation frames: pass val (e.g. the shipped validation "
-                         "split)")
-    if "lr" in train_kwargs:
-        raise ValueError("pass the rates as lrs=[...], not lr=")
-    rows, best, best_score = [], None, None
-    for lr in lrs:
-        res = train_drafter(new_drafter(), code_predictor, train, val, lr=lr, **train_kwargs)
-        score = validation_acceptance(res.drafter)
-        rows.append({"drafter": label or res.drafter.name, "lr": res.drafter.provenance["lr"],
-                     "best_epoch": res.best_epoch, "val_acceptance_mean": score,
-                     "val_acceptance_init": float(np.mean(res.curve[0]["val_acceptance_by_offset"]))})
-        if best_score is None or score > best_score:
-            best, best_score = (len(rows) - 1, res), score
-    for i, row in enumerate(rows):
-        row["chosen"] = i == best[0]
-    return LearningRateSweep(rows, best[1])
 
 
 def select_deployed(drafters: dict, kind: str = "offsets") -> str:
@@ -90,7 +48,8 @@ TABLE2_DRAFTERS = {"offsets-ce": ("offsets", "ce"), "offsets-kl": ("offsets", "k
 @dataclass
 class TrainedDrafters:
     """What :func:`train_drafters` returns: ``{label: drafter}`` and ``{label: TrainResult}`` at the chosen rates,
-    and every rate tried (:attr:`LearningRateSweep.rows`)."""
+    and every rate tried, a row each (``drafter, lr, best_epoch, val_acceptance_mean, val_acceptance_init,
+    chosen``)."""
 
     drafters: dict
     results: dict
@@ -106,22 +65,45 @@ class TrainedDrafters:
 def train_drafters(code_predictor, plan, train: Frames, val: Frames, *, K: int, lrs: dict | None = None,
                    progress: bool = False, **train_kwargs) -> TrainedDrafters:
     """Train each ``{label: (drafter name, loss)}`` of ``plan`` (e.g. :data:`TABLE2_DRAFTERS`) from a fresh drafter
-    at the rate :func:`sweep_learning_rates` picks among ``lrs[label]`` (default ``[None]``); ``train_kwargs`` go to
-    :func:`train_drafter`. Raises ValueError: an empty plan, an unknown drafter or loss (before any training)."""
+    at each rate of ``lrs[label]`` (default ``[None]``: :data:`DEFAULT_LR`'s) with :func:`train_drafter` and keep the
+    highest :func:`validation_acceptance` (ties: the earlier rate), chosen on ``val``, never on evaluation;
+    ``train_kwargs`` go to :func:`train_drafter`.
+
+    Raises:
+        ValueError: before any training: an empty plan, an unknown drafter or loss, a rate that is not positive, no
+            validation frames, ``lr`` among ``train_kwargs``.
+    """
     plan = dict(plan)
     if not plan:
         raise ValueError("nothing to train: give {label: (drafter, loss)}, e.g. TABLE2_DRAFTERS")
     bad = {lab: spec for lab, spec in plan.items() if spec[0] not in DEFAULT_LR or spec[1] not in LOSSES}
     if bad:
         raise ValueError(f"{bad}: drafters are one of {list(DEFAULT_LR)}, losses one of {LOSSES}")
-    lrs = dict(lrs or {})
+    lrs = {label: list((lrs or {}).get(label) or [None]) for label in plan}
+    bad = [lr for rates in lrs.values() for lr in rates if lr is not None and not lr > 0]
+    if bad:
+        raise ValueError(f"learning rates must be > 0 (or None for the default), got {bad}")
+    if val is None or len(val) == 0:
+        raise ValueError("the learning rate is chosen on validation frames: pass val (e.g. the shipped validation "
+                         "split)")
+    if "lr" in train_kwargs:
+        raise ValueError("pass the rates as lrs={label: [...]}, not lr=")
     drafters, results, rows = {}, {}, []
     for label, (name, loss) in plan.items():
-        sweep = sweep_learning_rates(lambda name=name: make_drafter(name, code_predictor, fresh=True, K=K),
-                                     code_predictor, train, val, lrs=list(lrs.get(label) or [None]), label=label,
-                                     loss=loss, progress=progress, **train_kwargs)
-        rows += sweep.rows
-        drafters[label], results[label] = sweep.chosen.drafter, sweep.chosen
+        tried, best, best_score = [], None, None
+        for lr in lrs[label]:
+            res = train_drafter(make_drafter(name, code_predictor, fresh=True, K=K), code_predictor, train, val,
+                                lr=lr, loss=loss, progress=progress, **train_kwargs)
+            score = validation_acceptance(res.drafter)
+            tried.append({"drafter": label, "lr": res.drafter.provenance["lr"], "best_epoch": res.best_epoch,
+                          "val_acceptance_mean": score,
+                          "val_acceptance_init": float(np.mean(res.curve[0]["val_acceptance_by_offset"]))})
+            if best_score is None or score > best_score:
+                best, best_score = (len(tried) - 1, res), score
+        for i, row in enumerate(tried):
+            row["chosen"] = i == best[0]
+        rows += tried
+        drafters[label], results[label] = best[1].drafter, best[1]
     return TrainedDrafters(drafters, results, rows)
 
 
@@ -139,25 +121,18 @@ def deploy_drafters(drafters: dict, deployed: str, model_dir: str | os.PathLike,
     return files
 
 
-def params_added_for(name: str, *, K: int = DEFAULT_K, n_codes: int = 15, hidden_size: int = 1024,
-                     vocab_size: int = 2048, residual_block: bool = False) -> int:
-    """Exact parameters a drafter adds for a code predictor of the given sizes, counted on the ``meta`` device.
-    Raises ValueError: an unknown drafter."""
+def params_added_for_config(name: str, config: dict | str | os.PathLike, *, K: int = DEFAULT_K) -> int:
+    """Exact parameters a drafter adds to the code predictor of a released ``config.json`` (a dict or a path), counted
+    on the ``meta`` device. Raises ValueError: an unknown drafter."""
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
+    if not isinstance(config, dict):
+        config = json.loads(Path(config).read_text())
+    cp = config["talker_config"]["code_predictor_config"]
     if name == "heads":
         return 0
     with torch.device("meta"):
         if name == "offsets":
-            return PositionOffsets(K, hidden_size).params_added
-        return MedusaHeads(K, n_codes, hidden_size, vocab_size, residual_block).params_added
-
-
-def params_added_for_config(name: str, config: dict | str | os.PathLike, **kw) -> int:
-    """:func:`params_added_for` with the sizes read from a released ``config.json`` (a
-    dict or a path)."""
-    if not isinstance(config, dict):
-        config = json.loads(Path(config).read_text())
-    cp = config["talker_config"]["code_predictor_config"]
-    return params_added_for(name, n_codes=int(cp["num_code_groups"]) - 1, hidden_size=int(cp["hidden_size"]),
-                            vocab_size=int(cp["vocab_size"]), **kw)
+            return PositionOffsets(K, int(cp["hidden_size"])).params_added
+        return MedusaHeads(K, int(cp["num_code_groups"]) - 1, int(cp["hidden_size"]), int(cp["vocab_size"]),
+                           False).params_added

@@ -4,13 +4,12 @@ the frame's continuations from the verifier (notebook 03), and the share of it e
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping
 
 import numpy as np
 import torch
 
 from rvqspec_lib.eval.acceptance import _teacher_forced_batches
-from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.data.teacher import teacher_forced_hidden
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.drafters import draft_batch
@@ -44,16 +43,15 @@ def optimal_overlap(p: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None, drafters: Sequence | dict = (), *,
+def drafter_headroom(code_predictor, context: torch.Tensor, codes: torch.Tensor, drafters: Mapping | None = None, *,
                      n_ahead: int = 3, samples: int = 8, sampling: Sampling | None = None,
-                     generator: torch.Generator | None = None, batch_size: int = 16) -> dict:
+                     generator: torch.Generator | None = None) -> dict:
     """How much acceptance ANY drafter that sees only H_k could gain, by Monte Carlo: ``samples`` (even, >= 2)
     continuations from the verifier per frame and start depth k give the p_s of depth k+j; a q scores
     ``(1/S) sum_s sum_x min(p_s(x), q(x))``. By offset: ``ceiling`` (the best q, :func:`optimal_overlap`: an upper
     bound), ``marginal`` (the mean p_s of half the samples, scored on the other half: achievable), each drafter's.
     ``context`` ``(N, 2, talker_hidden)`` with ``codes`` ``(N, n)`` (codes 1..n teacher-forced before each start
-    depth), or :class:`~rvqspec_lib.data.frames.Frames`; ``drafters`` ``{label: drafter}`` or labelled by ``name``;
-    ``generator`` default seeded 0.
+    depth); ``drafters`` ``{label: drafter}``; ``generator`` default seeded 0.
 
     Returns:
         ``{"offsets", "ceiling", "marginal", "drafters": {name: [...]}, "samples", "n_frames"}`` (by offset).
@@ -61,10 +59,6 @@ def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None,
         ValueError: ``samples`` odd or < 2, ``n_ahead`` outside [1, n-1], mismatched shapes, codes outside the
             codebook, a non-drafter.
     """
-    if isinstance(context, Frames):
-        context, codes = context.context, context.codes
-    if codes is None:
-        raise ValueError("give the frames' codes (N, n), or pass a Frames object as context")
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2 or samples % 2:
         raise ValueError(f"samples must be even and >= 2 (half fit the marginal, half score it), got {samples}")
     cp = code_predictor
@@ -78,23 +72,18 @@ def drafter_headroom(code_predictor, context, codes: torch.Tensor | None = None,
                          f"{tuple(context.shape)} and {tuple(codes.shape)}")
     if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= vocab):
         raise ValueError(f"codes must lie in [0, {vocab}), got [{int(codes.min())}, {int(codes.max())}]")
-    bad = [k for k, d in (drafters.items() if isinstance(drafters, dict) else enumerate(drafters))
-           if not hasattr(d, "draft_logits")]
+    drafters = dict(drafters or {})
+    bad = [k for k, d in drafters.items() if not hasattr(d, "draft_logits")]
     if bad:
         raise ValueError(f"drafters {bad} are not drafters (objects with draft_logits): build them with "
                          "rvqspec_lib.models.drafter_files.make_drafter")
     sampling = Sampling() if sampling is None else sampling
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    if isinstance(drafters, dict):
-        names, drafters = [str(k) for k in drafters], list(drafters.values())
-    else:
-        drafters = list(drafters)
-        names = [getattr(d, "name", type(d).__name__) for d in drafters]
-        names = [nm if names.count(nm) == 1 else f"{nm}-{i}" for i, nm in enumerate(names)]
+    names, drafters = [str(k) for k in drafters], list(drafters.values())
     sums = {key: torch.zeros(n_ahead, dtype=torch.float64) for key in ["ceiling", "marginal", *names]}
     count = torch.zeros(n_ahead, dtype=torch.float64)
     ks = torch.arange(1, n)  # start depths
-    for ctx, cod, hidden, p_true in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
+    for ctx, cod, hidden, p_true in _teacher_forced_batches(cp, context, codes, sampling, 16):
         b = ctx.shape[0]
         # one row per (frame, start depth k, sample): the frame's codes, continuations written in place
         rows = b * (n - 1) * samples

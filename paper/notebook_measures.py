@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -16,7 +15,6 @@ import numpy as np
 
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.device import export_formats as F
-from rvqspec_lib.device import export_graphs as G
 from rvqspec_lib.device.export_check import RELATIVE_TOLERANCE, check_file
 from rvqspec_lib.eval.parity import ALPHA, power_two_sample
 from rvqspec_lib.eval.timing import machine_meta
@@ -99,42 +97,33 @@ def samples_needed(tv: float, df: int, *, power: float = 0.9, level: float = ALP
     return hi
 
 
-def numerical_agreement(code_predictor, *, graphs: Sequence[str] = G.GRAPHS, dtypes: Sequence[str] = ("float32",
-                        "float16"), formats: Sequence[str] = ("onnx", "coreml"), nodes: int = 4, tree=None,
-                        work_dir=None, seeds: Sequence[int] = (0, 1),
-                        compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS, keep_files: bool = False) -> dict:
-    """Export every (graph, format, dtype) of the float32 official module, run it where it can run and compare it
-    with eager PyTorch (:func:`check_file`); ``nodes``, ``tree``: the verify graph's; ``work_dir`` default a
-    temporary folder, removed unless ``keep_files``.
+def numerical_agreement(code_predictor, *, graphs: Sequence[str], dtypes: Sequence[str], formats: Sequence[str],
+                        nodes: int, work_dir: str | os.PathLike) -> dict:
+    """Export every (graph, format, dtype) of the float32 official module into ``work_dir``, run it where it can run
+    (seeds 0 and 1) and compare it with eager PyTorch (:func:`check_file`); ``nodes``: the verify graph's.
 
     Returns:
         ``{"rows": [...], "meta": {...}}``; a row per (graph, format, dtype, runner): ``graph``, ``format``,
-        ``dtype``, ``nodes``, ``interface_ok`` (declared == written), ``bytes``, ``export_s``, ``path``, and
+        ``dtype``, ``nodes``, ``interface_ok`` (declared == written), ``bytes``, ``export_s``, ``path`` (None), and
         :func:`check_file`'s fields.
 
     Raises:
         ValueError: what the exporter refuses (an unknown graph, format or dtype; one line).
     """
-    tmp = tempfile.TemporaryDirectory(prefix="rvqspec-export-") if work_dir is None else None
-    work = Path(tmp.name if tmp is not None else work_dir)
+    work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     rows = []
-    try:
-        for graph in graphs:
-            n, tr = (nodes, tree) if graph == "verify" else (None, None)
-            for fmt in formats:
-                for dt in dtypes:
-                    path = work / f"{graph}-{dt}{F.FORMATS[fmt]}"
-                    res = F.export_graph(code_predictor, graph, fmt, path, dtype=dt, nodes=n, tree=tr)
-                    base = {"graph": graph, "format": fmt, "dtype": dt, "nodes": res["nodes"],
-                            "interface_ok": res["declared"] == res["written"], "bytes": res["bytes"],
-                            "export_s": round(res["export_s"], 1), "path": str(path) if keep_files else None}
-                    rows += [{**base, **r} for r in check_file(code_predictor, graph, path, dtype=dt, nodes=n, tree=tr,
-                                                                 seeds=seeds, compute_units=compute_units)]
-    finally:
-        if tmp is not None and not keep_files:
-            tmp.cleanup()
-    return {"rows": rows, "meta": {**machine_meta(code_predictor), "seeds": list(seeds),
+    for graph in graphs:
+        n = nodes if graph == "verify" else None
+        for fmt in formats:
+            for dt in dtypes:
+                path = work / f"{graph}-{dt}{F.FORMATS[fmt]}"
+                res = F.export_graph(code_predictor, graph, fmt, path, dtype=dt, nodes=n)
+                base = {"graph": graph, "format": fmt, "dtype": dt, "nodes": res["nodes"],
+                        "interface_ok": res["declared"] == res["written"], "bytes": res["bytes"],
+                        "export_s": round(res["export_s"], 1), "path": None}
+                rows += [{**base, **r} for r in check_file(code_predictor, graph, path, dtype=dt, nodes=n)]
+    return {"rows": rows, "meta": {**machine_meta(code_predictor), "seeds": [0, 1],
                                    "tolerance": RELATIVE_TOLERANCE, "reference": "official module, float32, eager"}}
 
 

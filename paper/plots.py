@@ -214,8 +214,7 @@ def plot_verify_cost(result: dict, *, figsize: tuple[float, float] = (9.0, 3.6))
     return fig
 
 
-def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float = 80.0,
-                      figsize: tuple[float, float] | None = None):
+def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float = 80.0):
     """Log-mel spectrograms stacked on one time axis and ONE colour scale (the loudest top and ``db_range`` dB below).
 
     Args:
@@ -226,7 +225,7 @@ def plot_spectrograms(panels, *, hop_s: float, title: str = "", db_range: float 
     panels = list(panels)
     vmax = max(float(db.max()) for _, db, _ in panels)
     fig, axes = plt.subplots(len(panels), 1, sharex=True, constrained_layout=True,
-                             figsize=figsize or (8.0, 1.15 * len(panels) + 0.9), squeeze=False)
+                             figsize=(8.0, 1.15 * len(panels) + 0.9), squeeze=False)
     for ax, (label, db, dist) in zip(axes[:, 0], panels):
         im = ax.imshow(db, origin="lower", aspect="auto", cmap="magma", vmin=vmax - db_range, vmax=vmax,
                        extent=(0, db.shape[1] * hop_s, 0, db.shape[0]))
@@ -316,9 +315,8 @@ def plot_two_loops(rows, *, title: str = "", figsize: tuple[float, float] = (11.
     return _titled(fig, title, 9)
 
 
-def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = False, color: str | None = None,
-                       figsize: tuple[float, float] = (12.0, 6.5)):
-    """The paper's Figure 2: a draft tree (:func:`plot_tree` of ``paths``, ``sampled``, ``color``) beside the
+def plot_tree_and_mask(paths, call: dict, *, title: str = "", color: str | None = None):
+    """The paper's Figure 2: a point-mass draft tree (:func:`plot_tree` of ``paths``, ``color``) beside the
     attention mask of its verify call exactly as passed to the model (rows: query positions, root first; columns: KV
     slots, committed then the call's own).
 
@@ -330,10 +328,9 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = Fa
     write = [int(v) for v in call["write_slots"]]
     pos = [int(v) for v in call["positions"]]
     used = max(write) + 1  # slots past the call's own are never read: not drawn
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, gridspec_kw={"width_ratios": [1.0, 1.3]},
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12.0, 6.5), gridspec_kw={"width_ratios": [1.0, 1.3]},
                                    constrained_layout=True)
-    plot_tree(ax0, paths, title=f"draft tree: {len(paths)} nodes + root (N = {len(paths) + 1})", sampled=sampled,
-              color=color)
+    plot_tree(ax0, paths, title=f"draft tree: {len(paths)} nodes + root (N = {len(paths) + 1})", color=color)
     ax1.imshow(allow[:, :used], cmap="Blues", vmin=0, vmax=1.4, aspect="auto", interpolation="nearest")
     ax1.axvline(write[0] - 0.5, color="C3", lw=1.0)
     ax1.set_xticks(range(used), [("c" if j < write[0] else "n") + str(j) for j in range(used)], fontsize=5,
@@ -345,8 +342,7 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", sampled: bool = Fa
     return _titled(fig, title, 9)
 
 
-def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "",
-                              figsize: tuple[float, float] = (10.0, 3.8)):
+def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = ""):
     """The paper's Figure 3: left, acceptance by draft offset per drafter; right, each minus the reused heads.
 
     Args:
@@ -358,7 +354,7 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
     """
     rows = sorted(rows, key=lambda r: r["offset_t"])
     j = [int(r["offset_t"]) for r in rows]
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10.0, 3.8), constrained_layout=True)
     for lab in drafters:
         acc = [float(r[lab]) for r in rows]
         style = drafter_style(lab)
@@ -502,18 +498,17 @@ def plot_ancestor_mask(ax, tree, *, title: str = "") -> None:
 
 
 def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), *, fused: Sequence[dict] = (),
-                      paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, measured_title: str = "measured here",
-                      projected_title: str = "PROJECTION", title: str = "", figsize=(12.0, 4.2)):
+                      measured_title: str = "measured here", projected_title: str = "PROJECTION"):
     """The paper's Figure 4: speedup over AR of the same backend against N, measured, projected and quoted each in
     its own panel on one y axis.
 
     Args:
         measured: :func:`bench.frames.speedup_vs_n` rows (a line per backend and precision; open markers
             where the best decoder is a sampled tree). projected: :func:`bench.frames.projected_speedup`
-            rows. fused: :func:`bench.frames.summary_by_backend` rows (the fused AR frame, dotted).
-            paper: the quoted device numbers.
+            rows. fused: :func:`bench.frames.summary_by_backend` rows (the fused AR frame, dotted). The quoted
+            device numbers: :data:`PAPER_DEVICE_SPEEDUPS`.
     """
-    fig, axes = plt.subplots(1, 3, figsize=figsize, sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(12.0, 4.2), sharey=True)
     colors = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r["backend"] for r in [*measured, *projected]))}
     ax = axes[0]
     for key, rs in _by(measured, lambda r: (r["backend"], r.get("precision")), lambda r: r["nodes"]).items():
@@ -534,7 +529,7 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
         ax.plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], "s--", color=colors[b], label=b)
     ax.set_title(projected_title, fontsize=8)
     ax = axes[2]
-    for i, p in enumerate(paper):
+    for i, p in enumerate(PAPER_DEVICE_SPEEDUPS):
         ax.plot([p["nodes"]], [p["speedup"]], marker="*^vD"[i % 4], color="k", ls="none", ms=9, label=p["device"])
     ax.set_title("the paper's devices (QUOTED; Core ML, point-mass trees)", fontsize=8)
     for ax in axes:
@@ -542,19 +537,19 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
         ax.set_xscale("log", base=2)
         _dress(ax, xlabel="node budget N (query positions of one verify call)",
                legend=dict(fontsize=7, loc="best") if ax.get_legend_handles_labels()[0] else None)
-    return _titled(fig, title, 9, tight=True)
+    return _titled(fig, "", tight=True)
 
 
 #: One colour per part of a frame (:func:`plot_frame_parts`).
 PART_COLORS = {"talker": "#8c564b", "inner": "#1f77b4", "codec": "#2ca02c"}
 
 
-def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str = "", figsize=None):
+def plot_frame_parts(rows: Sequence[dict], *, title: str = ""):
     """The paper's Figure 1 tested, per :func:`bench.table.pipeline_table` row: a frame's ms in the
     talker, inner loop and codec stacked (one thread), their floors thin below, all cores a diamond, real time a line.
     """
     rows = list(rows)
-    fig, ax = plt.subplots(figsize=figsize or (9.0, 0.45 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(9.0, 0.45 * len(rows) + 1.6))
     names = {"talker": "talker step", "inner": "inner loop (codes 1..15)", "codec": "codec decoder"}
     for i, r in enumerate(rows):
         y, left, fleft = len(rows) - 1 - i, 0.0, 0.0
@@ -567,7 +562,7 @@ def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str
             left, fleft = left + r[f"{p}_ms"], fleft + fl
         ax.plot([r["frame_2c_ms"]], [y + 0.1], "D", color="k", ms=5, label="frame on all cores" if i == 0 else None)
         ax.text(left + 1, y + 0.1, f"RTF {r['rtf_1t']:.2f} / {r['rtf_2c']:.2f}", va="center", fontsize=7)
-    ax.axvline(frame_ms, color="r", ls="--", lw=1, label=f"real time: one frame of audio = {frame_ms:.0f} ms")
+    ax.axvline(80.0, color="r", ls="--", lw=1, label="real time: one frame of audio = 80 ms")
     ax.set_yticks(range(len(rows)), [f"{r['model']} {r['precision']} {r['decoder']}" for r in reversed(rows)],
                   fontsize=7)
     _dress(ax, title, "milliseconds per frame (80 ms of audio): one thread, in turn", size=8,
@@ -575,14 +570,14 @@ def plot_frame_parts(rows: Sequence[dict], *, frame_ms: float = 80.0, title: str
     return _titled(fig, "", tight=True)
 
 
-def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.0, 4.0)):
+def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = ""):
     """Audio produced against wall time, one panel per layout (one thread, all cores), one curve per stream of
     :func:`bench.table.time_streams` (its ``chunks``): solid, the seconds of audio ready; thin dashed,
     real time from the first chunk (a player started then: while the solid curve stays above, nothing waits); red
     crosses, underruns (a chunk ready after the player ran out).
     """
     layouts = list(dict.fromkeys(s["layout"] for s in streams))
-    fig, axes = plt.subplots(1, max(1, len(layouts)), figsize=figsize, sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(layouts)), figsize=(11.0, 4.0), sharey=True, squeeze=False)
     for ax, layout in zip(axes[0], layouts):
         marked = False
         for s in (s for s in streams if s["layout"] == layout and s["chunks"]):
@@ -601,8 +596,7 @@ def plot_audio_vs_wall(streams: Sequence[dict], *, title: str = "", figsize=(11.
 
 
 # ---- the calibrated tree (notebooks/04_calibrating_the_tree.py) ---------------------------------------------------
-def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: str = "",
-                             figsize: tuple[float, float] = (11.0, 7.0)):
+def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: str = ""):
     """What one drafted node is worth, point-mass and sampled, on ONE linear colour scale from 0 (on separate scales
     a point-mass node would look as valuable as a sampled one). Top: by start depth s and offset t, the rank-0 draft's
     target mass and the first sampled child's acceptance; bottom, start depths pooled, by offset and rank r or child
@@ -616,7 +610,7 @@ def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: st
     pm_t, sp_t = (np.array(calibration[k]["table"], dtype=np.float64)[:, :max_index] for k in kinds)  # (K, R)
     vmax = float(np.nanmax([np.nanmax(a) for a in (pm_s, sp_s, pm_t, sp_t)]))
     norm = Normalize(vmin=0.0, vmax=max(vmax, 1e-6))
-    fig, axes = plt.subplots(2, 2, figsize=figsize, constrained_layout=True)
+    fig, axes = plt.subplots(2, 2, figsize=(11.0, 7.0), constrained_layout=True)
     panels = ((axes[0][0], pm_s, "point-mass: target mass of the rank-0 draft", "start depth s"),
               (axes[0][1], sp_s, "sampled: acceptance of the first child", "start depth s"),
               (axes[1][0], pm_t.T, "point-mass: target mass by rank (start depths pooled)", "rank r"),
@@ -638,8 +632,7 @@ def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: st
     return _titled(fig, title)
 
 
-def plot_calibrated_trees(calibration: dict, budgets: Sequence[int], *, title: str = "",
-                          figsize: tuple[float, float] | None = None):
+def plot_calibrated_trees(calibration: dict, budgets: Sequence[int], *, title: str = ""):
     """The greedy calibrated trees of a few node budgets, point-mass (top row) and sampled (bottom row), each titled
     with its predicted tokens per call E(N) and coloured by :func:`decoder_color`.
 
@@ -647,7 +640,7 @@ def plot_calibrated_trees(calibration: dict, budgets: Sequence[int], *, title: s
         ValueError: a budget the calibration does not hold.
     """
     budgets = [int(b) for b in budgets]
-    fig, axes = plt.subplots(2, len(budgets), figsize=figsize or (3.0 * len(budgets), 6.0), squeeze=False,
+    fig, axes = plt.subplots(2, len(budgets), figsize=(3.0 * len(budgets), 6.0), squeeze=False,
                              constrained_layout=True)
     for row, kind in enumerate(("point-mass", "sampled")):
         for col, b in enumerate(budgets):
@@ -667,11 +660,10 @@ def _family_label(fields) -> str:
     return FAMILY_LABELS.get(fam, fam)
 
 
-def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
-                              figsize: tuple[float, float] = (10.5, 4.2)):
+def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = ""):
     """:func:`paper.calibration_checks.predicted_vs_measured` ``rows``: E(N) predicted (dashed) against tokens
     per call measured (solid), point-mass trees left, sampled trees and chains (triangles) right, ONE y scale."""
-    fig, axes = plt.subplots(1, 2, figsize=figsize, sharey=True, constrained_layout=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2), sharey=True, constrained_layout=True)
     panels = {False: axes[0], True: axes[1]}
     groups = _by((r for r in rows if r["kind"] != "ar"),
                  lambda r: (bool(r.get("sampled")), r["kind"] == "chain", r.get("drafter")), lambda r: r["nodes"])
@@ -701,8 +693,7 @@ def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = "",
     return _titled(fig, title)
 
 
-def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projection_title: str = "", title: str = "",
-                            figsize: tuple[float, float] | None = None):
+def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projection_title: str = "", title: str = ""):
     """t(N)/t(1) of one verify call per backend, a panel per model on ONE y scale, and optionally a last panel with a
     PROJECTION ``E(N) t(1) / t(N)`` (:func:`bench.frames.projected_speedup` rows with a ``kind``).
 
@@ -711,7 +702,7 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
         projection_title: what the projection is made of (its inputs). title: the figure title.
     """
     n = len(curves) + (1 if projection else 0)
-    fig, axes = plt.subplots(1, n, figsize=figsize or (4.3 * n, 3.9), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(1, n, figsize=(4.3 * n, 3.9), squeeze=False, constrained_layout=True)
     axes = axes[0]
     qs_all = [r["query_positions"] for rows in curves.values() for r in rows]
     ratios = [r["ratio_to_q1"] for rows in curves.values() for r in rows]
@@ -739,8 +730,7 @@ def plot_verify_cost_curves(curves, *, projection: Sequence[dict] = (), projecti
     return _titled(fig, title)
 
 
-def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVICE_SPEEDUPS, title: str = "",
-                     figsize: tuple[float, float] | None = None):
+def plot_frames_vs_n(rows: Sequence[dict], *, title: str = ""):
     """The paper's Figure 4 with every AR baseline, a column per backend of
     :func:`rvqspec_lib.eval.speed.time_frames` rows: top, speedup over stepped AR of that backend against N (a line per
     decoder family, chains triangles, fused hollow, the paper's devices black); bottom, ms per frame on ONE scale with
@@ -748,10 +738,11 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
     """
     rows = [r for r in rows if not r.get("lossy")]
     backends = list(dict.fromkeys(r["backend"] for r in rows))
-    fig, axes = plt.subplots(2, len(backends), figsize=figsize or (4.0 * len(backends), 7.6), squeeze=False,
+    fig, axes = plt.subplots(2, len(backends), figsize=(4.0 * len(backends), 7.6), squeeze=False,
                              sharey="row", layout="constrained")
     ars = sorted((r for r in rows if r["kind"] == "ar"), key=lambda r: r["ms_per_frame"])
-    nodes = sorted({r["nodes"] for r in rows if r["kind"] != "ar" and r["nodes"]} | {p["nodes"] for p in paper})
+    nodes = sorted({r["nodes"] for r in rows if r["kind"] != "ar" and r["nodes"]}
+                   | {p["nodes"] for p in PAPER_DEVICE_SPEEDUPS})
     ar_styles = (":", "--", "-.", (0, (1, 1)), (0, (5, 1)), (0, (3, 1, 1, 1)))
     handles: dict = {}
     for col, b in enumerate(backends):
@@ -768,7 +759,7 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
                 if all(r["speedup_vs_ar"] for r in rs):
                     top.plot(xs, [r["speedup_vs_ar"] for r in rs], **style)
                 handles[label] = bottom.plot(xs, [r["ms_per_frame"] for r in rs], **style)[0]
-        for i, p in enumerate(paper):
+        for i, p in enumerate(PAPER_DEVICE_SPEEDUPS):
             h = top.plot([p["nodes"]], [p["speedup"]], marker="*^vD"[i % 4], color="k", ls="none", ms=7)[0]
             handles.setdefault(f"{p['device']}, N = {p['nodes']} (quoted)", h)
         top.axhline(1.0, color=DECODER_COLORS["ar"], lw=0.8)
@@ -788,13 +779,13 @@ def plot_frames_vs_n(rows: Sequence[dict], *, paper: Sequence[dict] = PAPER_DEVI
     return _titled(fig, title)
 
 
-def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tuple[float, float] = (10.5, 3.9)):
+def plot_temperature_sweep(rows: Sequence[dict], *, title: str = ""):
     """A :func:`paper.calibration_checks.temperature_sweep`: left, tokens per call of both kinds of tree,
     measured (solid) and predicted (dashed), against the temperature (sharper p to the right); right, the mechanism:
     what one point-mass child is worth (the target mass of the top-ranked code) against one sampled child
     (``sum min(p, q)``), at offset 1.
     """
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(10.5, 3.9), constrained_layout=True)
     nodes = rows[0]["nodes"] if rows else None
     for kind in ("point-mass", "sampled"):
         rs = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["temperature"])
@@ -820,8 +811,7 @@ def plot_temperature_sweep(rows: Sequence[dict], *, title: str = "", figsize: tu
 
 
 # ---- the device appendix (notebooks/07_device_engineering.py) ------------------------------------------------------
-def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, title: str = "",
-               figsize: tuple[float, float] = (11.0, 4.0)):
+def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, title: str = ""):
     """Each call over its weight-streaming floor (the line at 1), per precision, ONE y scale, bars labelled in ms:
     left, :func:`bench.latency.precision_rows` (a bar per backend); right,
     :func:`bench.latency.bench_talker_precisions` rows (per forward and context, longer hatched).
@@ -829,7 +819,7 @@ def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, t
     panels = [("code-predictor call, one position", call_rows, "backend", "t1_ms", "t1_over_floor")]
     if talker_rows:
         panels.append(("talker step, one position", talker_rows, "forward", "median_ms", "over_floor"))
-    fig, axes = plt.subplots(1, len(panels), figsize=figsize, sharey=True, squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(1, len(panels), figsize=(11.0, 4.0), sharey=True, squeeze=False, constrained_layout=True)
     for ax, (name, rows, who, ms_key, ratio_key) in zip(axes[0], panels):
         precs = list(dict.fromkeys(r["precision"] for r in rows))
         groups = list(dict.fromkeys((r[who], r.get("context")) for r in rows))
@@ -854,12 +844,12 @@ def plot_floor(call_rows: Sequence[dict], talker_rows: Sequence[dict] = (), *, t
     return _titled(fig, title)
 
 
-def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float, float] = (11.0, 4.0)):
+def plot_batches(rows: Sequence[dict], *, title: str = ""):
     """:func:`bench.frames.batch_throughput` rows: left, frames per second against the batch size B (a
     line per runner: colour its decoder family, line style its backend, hollow markers fused); right, the speedup
     over stepped AR of the same backend and B (below the line at 1, speculation loses).
     """
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(11.0, 4.0), constrained_layout=True)
     for (dec, b, fused), rs in _by(rows, lambda r: (r["decoder"], r["backend"], bool(r["fused"])),
                                    lambda r: r["batch"]).items():
         color = decoder_color(rs[0])
@@ -880,14 +870,13 @@ def plot_batches(rows: Sequence[dict], *, title: str = "", figsize: tuple[float,
     return _titled(fig, title)
 
 
-def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str = "",
-              figsize: tuple[float, float] = (8.0, 4.5)):
+def plot_auto(table: Sequence[dict], *, chosen: tuple | None = None, title: str = ""):
     """What ``--decoder auto`` timed (:attr:`rvqspec_lib.eval.budget.AutoChoice.table`): a bar per runner it decoded,
     its measured milliseconds per committed code, fastest at the top, coloured by decoder family, hatched when fused;
     ``chosen`` = ``(decoder label, backend, fused)`` outlined in black.
     """
     timed = sorted((r for r in table if r.get("ms_per_code")), key=lambda r: -r["ms_per_code"])
-    fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(8.0, 4.5), constrained_layout=True)
     picks = [chosen is not None and (r["decoder"], r["backend"], bool(r["fused"])) == tuple(chosen) for r in timed]
     for y, (r, pick) in enumerate(zip(timed, picks)):
         ax.barh(y, r["ms_per_code"], color=decoder_color(r), hatch="//" if r["fused"] else None,
@@ -903,14 +892,14 @@ _TABLE_BARS = {"stepped AR": (None, "white"), "fused AR": ("//", "white"), "best
                "fused speculative": ("//", "white"), "auto": (None, "k")}
 
 
-def plot_bench_table(result: dict, *, title: str = "", figsize: tuple[float, float] | None = None):
+def plot_bench_table(result: dict, *, title: str = ""):
     """:func:`bench.table.bench_table`: a panel per model (a timing replay's title says so), a group
     per (precision, backend), a bar per row (colour the decoder family, fused hatched, auto outlined; absent rows
     marked), ms per frame on a log scale, the AR floor a black tick, 80 ms dotted.
     """
     rows = result["rows"]
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(len(models), 1, figsize=figsize or (11.0, 3.6 * len(models)), squeeze=False,
+    fig, axes = plt.subplots(len(models), 1, figsize=(11.0, 3.6 * len(models)), squeeze=False,
                              constrained_layout=True)
     names = list(_TABLE_BARS)
     for ax, m in zip(axes[:, 0], models):

@@ -197,10 +197,11 @@ def regime_rows(peaks=(0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0), *, drift: float = 1.
     return rows
 
 
-def where_on_curve(rows, tokens_per_call: float, drafter: str = "offsets", tree: str = "point-mass"):
-    """The peak at which the (drafter, tree) curve of ``rows`` reaches ``tokens_per_call`` (linear interpolation), or
-    ``None`` when the curve never reaches it (below its first point or above its last)."""
-    pts = sorted((r["peak"], r["tokens_per_call"]) for r in rows if r["drafter"] == drafter and r["tree"] == tree)
+def where_on_curve(rows, tokens_per_call: float):
+    """The peak at which the offsets' point-mass tree curve of ``rows`` reaches ``tokens_per_call`` (linear
+    interpolation), or ``None`` when the curve never reaches it (below its first point or above its last)."""
+    pts = sorted((r["peak"], r["tokens_per_call"]) for r in rows
+                 if r["drafter"] == "offsets" and r["tree"] == "point-mass")
     for (a, ya), (b, yb) in zip(pts, pts[1:]):
         if min(ya, yb) <= tokens_per_call <= max(ya, yb) and ya != yb:
             return a + (tokens_per_call - ya) * (b - a) / (yb - ya)
@@ -213,7 +214,7 @@ def plot_regime(rows, *, marks: dict | None = None, title: str = ""):
     model, the paper's quoted figure), labelled as given. Returns the ``Figure``."""
     import matplotlib.pyplot as plt
 
-    from paper.plots import DECODER_COLORS
+    from paper.plots import DECODER_COLORS, _dress
 
     fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
     for drafter, ls in (("heads", "--"), ("offsets", "-")):
@@ -228,9 +229,6 @@ def plot_regime(rows, *, marks: dict | None = None, title: str = ""):
         ax.axhline(value, color=("#4d4d4d", "#9467bd", "#8c564b")[i % 3], lw=1, ls=":", label=label)
     ax.set_xscale("symlog", linthresh=1.0)
     ax.set_xlim(left=0)
-    ax.set_xlabel("peak (p = softmax(peak · x), x ~ N(0, I); 0: uniform p)")
-    ax.set_ylabel("tokens per code-predictor call")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title(title, fontsize=9)
+    _dress(ax, title, "peak (p = softmax(peak · x), x ~ N(0, I); 0: uniform p)", "tokens per code-predictor call",
+           grid={}, legend=dict(fontsize=7))
     return fig

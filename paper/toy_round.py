@@ -315,8 +315,9 @@ def trace_walk(p: torch.Tensor, node_codes: torch.Tensor, children: torch.Tensor
 
 
 def trace_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled: bool, generator: torch.Generator,
-                tolerance: float = 0.0, depths_left: int | None = None) -> dict:
-    """One round (one row) of :func:`toy_round`, its walk written out by :func:`trace_walk` (a figure's data).
+                depths_left: int | None = None) -> dict:
+    """One lossless round (one row) of :func:`toy_round`, its walk written out by :func:`trace_walk` (a figure's
+    data).
 
     Returns:
         a JSON-able dict: ``"nodes"`` (per node: ``node``, ``parent``, ``offset``, ``rank``, ``code``, ``q_x``,
@@ -324,7 +325,7 @@ def trace_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled:
         ``how``: ``"accepted draft"``, ``"residual"`` or ``"bonus"``), ``"sampled"``, ``"n_committed"``.
     """
     node_codes, p, q_nodes, valid, has_next = _drafted(target, q, tree, sampled, 1, generator, depths_left)
-    walk, steps = trace_walk(p, node_codes, tree.children, valid, has_next, generator, q_nodes, tolerance)
+    walk, steps = trace_walk(p, node_codes, tree.children, valid, has_next, generator, q_nodes)
     codes, n = committed_codes(walk, node_codes)
     nodes = []
     for i in range(tree.n_nodes + 1):

@@ -25,8 +25,7 @@ class _RecordingBackend(OfficialBackend):
         return super().forward(embeds, positions, allow, cache, write_slots)
 
 
-def record_verify_calls(code_predictor, context: torch.Tensor, decoder, *, sampling=None, drafter=None,
-                        seed: int = 0) -> list[dict]:
+def record_verify_calls(code_predictor, context: torch.Tensor, decoder, *, sampling=None, seed: int = 0) -> list[dict]:
     """Decode one frame (``context`` ``(1, 2, talker_hidden)``; the rest as
     :func:`rvqspec_lib.decoding.decode.decode_frame`) and return each code-predictor call's inputs, prefill first:
     ``positions`` ``(Q,)`` int64, ``allow`` ``(Q, S)`` bool, ``write_slots`` ``(Q,)`` int64, ``n_query``, ``kind``
@@ -41,8 +40,7 @@ def record_verify_calls(code_predictor, context: torch.Tensor, decoder, *, sampl
     backend = _RecordingBackend(code_predictor)
     gen = torch.Generator(device=context.device).manual_seed(int(seed))
     with torch.no_grad():
-        decode_frame(code_predictor, context, decoder=decoder, sampling=sampling, generator=gen, drafter=drafter,
-                     backend=backend)
+        decode_frame(code_predictor, context, decoder=decoder, sampling=sampling, generator=gen, backend=backend)
     return [{"positions": c["positions"][0], "allow": c["allow"][0], "write_slots": c["write_slots"][0],
              "n_query": int(c["positions"].shape[1]), "kind": "prefill" if i == 0 else "verify"}
             for i, c in enumerate(backend.calls)]

@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 import torch
 
 from rvqspec_lib.data.teacher import as_utterance
-from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, parse_decoder_name
+from rvqspec_lib.decoding.decoder_names import DEFAULT_TREE_BUDGET, format_paths, parse_decoder_name
 from rvqspec_lib.decoding.decoders import AR
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import parity as S
@@ -23,13 +23,13 @@ from rvqspec_lib.models.named_decoders import NamedDecoder, has_paper_decoder, r
 from paper.notebook_measures import samples_needed, sentences_needed
 
 
-def true_codes_wer(utterances: Sequence, *, codec, asr, unit: str = "word", progress: bool = False) -> dict:
+def true_codes_wer(utterances: Sequence, *, codec, asr, progress: bool = False) -> dict:
     """The floor of inner-loop WER: every utterance's TRUE codes through the same codec and recogniser, no decoding.
 
     Returns:
-        ``{"rate", "cer" (word unit only), "unit", "n_utterances", "asr", "hypotheses", "per_utterance"}``.
+        ``{"rate", "cer", "unit" ("word"), "n_utterances", "asr", "hypotheses", "per_utterance"}``.
     Raises:
-        ValueError: no utterance; a bad unit.
+        ValueError: no utterance.
     """
     utts = [as_utterance(u) for u in utterances]
     if not utts:
@@ -37,16 +37,14 @@ def true_codes_wer(utterances: Sequence, *, codec, asr, unit: str = "word", prog
     refs = [u.text for u in utts]
     hyps = transcribe_all(asr, [codes_to_audio(codec, u.codes) for u in utts], int(codec.sample_rate),
                           desc="asr true codes", progress=progress)
-    er = error_rates(refs, hyps, unit)
-    out = {"rate": er.rate, "unit": unit, "n_utterances": len(utts), "asr": getattr(asr, "name", None),
-           "hypotheses": hyps, "per_utterance": [float(u["rate"]) for u in er.utterances]}
-    if unit == "word":
-        out["cer"] = error_rates(refs, hyps, "char").rate
-    return out
+    er = error_rates(refs, hyps, "word")
+    return {"rate": er.rate, "unit": "word", "n_utterances": len(utts), "asr": getattr(asr, "name", None),
+            "hypotheses": hyps, "per_utterance": [float(u["rate"]) for u in er.utterances],
+            "cer": error_rates(refs, hyps, "char").rate}
 
 
 def standard_decoders(*, calibration: dict | None, best_chain: int | None, budget: int = DEFAULT_TREE_BUDGET,
-                      null_control: bool = True, beta: float = 0.4, lm=None, paper_budget: int | None = None,
+                      beta: float = 0.4, lm=None, paper_budget: int | None = None,
                       tree_kinds: Sequence[str] = ("point-mass", "sampled")) -> dict[str, NamedDecoder]:
     """``{label: NamedDecoder}`` of WER parity, in table order: AR, the null control (AR, other seeds), the best chain
     (``chain:4`` without ``best_chain``), with a calibration the heads' calibrated trees of ``budget`` nodes of each of
@@ -70,11 +68,8 @@ def standard_decoders(*, calibration: dict | None, best_chain: int | None, budge
     names.append(f"ssd-lossy:{beta}")
     out = resolve_all(names, lm, calibrations={"heads": calibration} if calibration is not None else None,
                       best_chain=best_chain)
-    if null_control:
-        ar = out["ar"]
-        out = {"ar": ar, NULL_CONTROL: NamedDecoder(parse_decoder_name("ar"), AR()),
-               **{k: v for k, v in out.items() if k != "ar"}}
-    return out
+    return {"ar": out["ar"], NULL_CONTROL: NamedDecoder(parse_decoder_name("ar"), AR()),
+            **{k: v for k, v in out.items() if k != "ar"}}
 
 
 def calibration_rows(decoders: Mapping[str, object], *, chain_predicted: Mapping[int, float] | None = None,
@@ -83,8 +78,6 @@ def calibration_rows(decoders: Mapping[str, object], *, chain_predicted: Mapping
     ``best_chain``), and for every calibrated tree among ``decoders`` its fields, calibration frames, predicted tokens
     per call and rank paths.
     """
-    from rvqspec_lib.decoding.decoder_names import format_paths
-
     rows = [{"decoder": f"chain:{w}", "kind": "chain", "drafter": "heads", "nodes": int(w),
              "predicted_tokens_per_call": float(v), "chosen": int(w) == best_chain}
             for w, v in (chain_predicted or {}).items()]
@@ -100,10 +93,10 @@ def calibration_rows(decoders: Mapping[str, object], *, chain_predicted: Mapping
     return rows
 
 
-def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: float = 0.9) -> list[dict]:
+def verdicts(results: Mapping[str, dict], free: dict | None = None) -> list[dict]:
     """Which test flagged which decoder in every language: the code-distribution test, the inner-loop WER difference
     and, for English, the free-running one. A lossless decoder should be flagged by none, the lossy control by one.
-    Unflagged rows say what the design could have detected (``detectable_tv`` at ``power``, ``samples_needed_code``,
+    Unflagged rows say what the design could have detected (``detectable_tv`` at power 0.9, ``samples_needed_code``,
     ``wer_mde80``, ``sentences_needed``).
 
     Returns:
@@ -139,44 +132,42 @@ def verdicts(results: Mapping[str, dict], free: dict | None = None, *, power: fl
                 if fv["detected"]:
                     caught.append("free-running WER")
             if not summ["rejected"] and not summ["lossless"]:
-                row["samples_needed_code"] = samples_needed(summ["max_tv_rank"], summ["df_rank"], power=power,
-                                                              level=summ["level"])
+                row["samples_needed_code"] = samples_needed(summ["max_tv_rank"], summ["df_rank"], level=summ["level"])
             row["flagged_by"] = ", ".join(caught) or "none"
             rows.append(row)
     return rows
 
 
 @torch.no_grad()
-def inner_loop_codes(lm, utterance, decoders: Mapping[str, object], *, language: str = "en", seed: int = 0,
+def inner_loop_codes(lm, utterance, decoders: Mapping[str, object], *, seed: int = 0,
                      sampling: Sampling | None = None, drafter=None) -> dict[str, torch.Tensor]:
-    """One utterance's codes as each decoder makes them on its TRUE code 0, every decoder with the SAME generator seed
-    (the inner loop the only difference: a listening example).
+    """One English utterance's codes as each decoder makes them on its TRUE code 0, every decoder with the SAME
+    generator seed (the inner loop the only difference: a listening example).
 
     Returns:
         ``{label: (frames, 1 + n) int64}``.
     Raises:
-        ValueError: no decoder, an unknown language.
+        ValueError: no decoder.
     """
-    (u,), frames = language_frames(lm, [as_utterance(utterance)], language)
+    (u,), frames = language_frames(lm, [as_utterance(utterance)], "en")
     runs = decode_runs(lm.code_predictor, frames, decoders, seed=seed, sampling=sampling, drafter=drafter,
                        batch_size=max(len(frames), 1))
     return {label: utterance_codes(u.codes[:, 0], run.codes[0], frames.utterance)[0] for label, run in runs.items()}
 
 
-def transfer_rows(results: Mapping[str, dict], label: str, *, baseline: str | None = None,
-                  english: str = "en", confidence: float = 0.95, seed: int = 0) -> list[dict]:
+def transfer_rows(results: Mapping[str, dict], label: str, *, baseline: str | None = None, seed: int = 0) -> list[dict]:
     """Does decoder ``label`` (the paper's: English-trained offsets) keep its tokens per call in other languages?
 
     One row per language of ``results`` (:func:`rvqspec_lib.eval.wer_parity.evaluate_language` outputs): tokens per
-    call, its ratio to English and its difference to English (:func:`bootstrap_difference`), and with ``baseline`` the
-    gain over it, paired over that language's utterances (:func:`paired_ratio_difference`).
+    call, its ratio to English (``en``) and its difference to English (:func:`bootstrap_difference`, 95% interval),
+    and with ``baseline`` the gain over it, paired over that language's utterances (:func:`paired_ratio_difference`).
 
     Raises:
         ValueError: no English results, or ``label`` (or ``baseline``) not decoded in some language.
     """
-    if english not in results:
-        raise ValueError(f"the transfer question needs the {english!r} results")
-    en = results[english]["per_utterance"]
+    if "en" not in results:
+        raise ValueError("the transfer question needs the 'en' results")
+    en = results["en"]["per_utterance"]
     rows = []
     for lang, res in results.items():
         pu = res["per_utterance"]
@@ -185,42 +176,41 @@ def transfer_rows(results: Mapping[str, dict], label: str, *, baseline: str | No
         tpc = res["tokens_per_call"][label]
         row = {"language": lang, "decoder": label, "tokens_per_call": tpc["value"], "ci_low": tpc["ci_low"],
                "ci_high": tpc["ci_high"], "n_utterances": res["n_utterances"],
-               "ratio_to_english": tpc["value"] / results[english]["tokens_per_call"][label]["value"]}
-        if lang != english:
+               "ratio_to_english": tpc["value"] / results["en"]["tokens_per_call"][label]["value"]}
+        if lang != "en":
             d = S.bootstrap_difference(pu[label]["codes"], pu[label]["calls"], en[label]["codes"],
-                                       en[label]["calls"], confidence=confidence, seed=seed)
+                                       en[label]["calls"], confidence=0.95, seed=seed)
             row.update({"minus_english": d["difference"], "minus_english_ci_low": d["ci_low"],
                         "minus_english_ci_high": d["ci_high"]})
         if baseline is not None:
             g = S.paired_ratio_difference(pu[label]["codes"], pu[label]["calls"], pu[baseline]["codes"],
-                                          pu[baseline]["calls"], confidence=confidence, seed=seed)
+                                          pu[baseline]["calls"], confidence=0.95, seed=seed)
             row.update({"baseline": baseline, "gain_over_baseline": g["difference"],
                         "gain_ci_low": g["ci_low"], "gain_ci_high": g["ci_high"]})
         rows.append(row)
     return rows
 
 
-def transfer_answer(rows: Sequence[Mapping], *, english: str = "en", confidence: float = 0.95) -> str:
+def transfer_answer(rows: Sequence[Mapping]) -> str:
     """One Markdown paragraph answering the transfer question from :func:`transfer_rows` (nothing typed): per
     language, whether the interval of the difference to English excludes 0 (lower or higher) or not (kept, within
     the interval's resolution), and whether the gain over the baseline is still there."""
-    pct = f"{100 * confidence:g}%"
-    others = [r for r in rows if r["language"] != english]
-    en = next(r for r in rows if r["language"] == english)
+    others = [r for r in rows if r["language"] != "en"]
+    en = next(r for r in rows if r["language"] == "en")
     parts = []
     for r in others:
         lo, hi = r["minus_english_ci_low"], r["minus_english_ci_high"]
         verdict = "lower than English" if hi < 0 else "higher than English" if lo > 0 else "not distinguishable from English"
         text = (f"**{r['language']}** ({r['n_utterances']} utterances) {r['tokens_per_call']:.3f} "
                 f"({r['ratio_to_english']:.1%} of English; "
-                f"difference {r['minus_english']:+.3f} [{pct} CI {lo:+.3f}, {hi:+.3f}]: {verdict})")
+                f"difference {r['minus_english']:+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]: {verdict})")
         if "gain_over_baseline" in r:
             text += (f", gain over {r['baseline']} {r['gain_over_baseline']:+.3f} "
                      + (f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}]" if r["n_utterances"] > 1
                         else "(one utterance: no interval)"))
         parts.append(text)
     if not others:
-        return f"Only {english} was decoded: the transfer question needs another language."
+        return "Only en was decoded: the transfer question needs another language."
     lower = [r["language"] for r in others if r["minus_english_ci_high"] < 0]
     head = (f"**Do offsets trained on English keep their tokens per call in other languages?** `{en['decoder']}` "
             f"commits {en['tokens_per_call']:.3f} tokens per call on English ({en['n_utterances']} utterances)")
@@ -286,10 +276,10 @@ def _interval(lo: float, hi: float) -> str:
     return f"[{lo:+.3f}, {hi:+.3f}]" if ok else "(too few sentences for an interval)"
 
 
-def verdict_text(rows: Sequence[Mapping], *, power: float = 0.9) -> str:
+def verdict_text(rows: Sequence[Mapping]) -> str:
     """The verdicts of :func:`rvqspec_lib.eval.wer_parity.verdicts` in words (Markdown, nothing typed): per
     language, whether each lossy control was caught and by which test, or missed, and then why (the smallest
-    Holm-adjusted p-value against the level; the shift the design finds with power ``power`` at its sample size
+    Holm-adjusted p-value against the level; the shift the design finds with power 0.9 at its sample size
     against the largest shift observed, beside the null control's, which is noise alone; the codes that shift would
     need); the WER tests with their power where a recogniser ran; the lossless decoders flagged (false alarms at
     the stated level, or bugs); and a last line counting the languages where the lossy control was caught."""
@@ -308,7 +298,7 @@ def verdict_text(rows: Sequence[Mapping], *, power: float = 0.9) -> str:
                 missed.append(lang)
                 text += (f"was missed: its smallest Holm-adjusted p, {_p(r['code_min_p_holm'])} at {r['code_at']}, "
                          f"is above the family-wise level {r['alpha']:g}. The sample was too small to be sure: one "
-                         f"depth's test (level {r['level']:.1e}) is guaranteed power {power:g} only against shifts "
+                         f"depth's test (level {r['level']:.1e}) is guaranteed power 0.9 only against shifts "
                          f"of total variation {r['detectable_tv']:.3f} or more in the binned ranks (a lower bound on "
                          f"its power), and the largest shift observed was {r['max_tv_observed']:.3f}")
                 if null is not None:

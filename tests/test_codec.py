@@ -200,23 +200,25 @@ def test_unstack_and_log_spectral_distance(codec, wav):
         unstack(codec, x[:, :10])
 
 
-def test_codebook_sweep_conditions_and_errors(wav):
-    from paper.codec_quality import codebook_sweep
+def test_sweep_codebooks_conditions_and_errors(wav):
+    from paper.codec_quality import sweep_codebooks
 
     c = fit_codec([wav], seed=0, max_vectors=10**6, **TINY)
-    rows = codebook_sweep(c, wav, (1, 2, 4))
-    assert [r["condition"] for r in rows] == ["original", "unquantised", "k=1", "k=2", "k=4"]
-    assert [r["k"] for r in rows] == [None, None, 1, 2, 4]
-    for r in rows:
+    sweep = sweep_codebooks(c, [wav], (1, 2, 4), table_codec=c.with_decoder(None))
+    labels = ["original", "unquantised", "k=1", "k=2", "k=4", "table k=1", "table k=2", "table k=4"]
+    assert [r["label"] for r in sweep["conditions"]] == labels
+    assert [r["k"] for r in sweep["conditions"]] == [None, None, 1, 2, 4, 1, 2, 4]
+    rows = {lab: {key: sweep[key][lab][0] for key in ("audio", "feature_lsd_db", "audio_lsd_db")} for lab in labels}
+    for r in rows.values():
         assert r["audio"].dtype == np.float32 and r["audio"].shape == wav.shape
         assert r["feature_lsd_db"] >= 0 and r["audio_lsd_db"] >= 0
-    assert rows[0]["audio_lsd_db"] == rows[0]["feature_lsd_db"] == rows[1]["feature_lsd_db"] == 0.0
-    assert rows[1]["audio_lsd_db"] > 0  # Griffin-Lim is not exact
+    first = rows["original"]
+    assert first["audio_lsd_db"] == first["feature_lsd_db"] == rows["unquantised"]["feature_lsd_db"] == 0.0
+    assert rows["unquantised"]["audio_lsd_db"] > 0  # Griffin-Lim is not exact
     # on its own training audio, more stages quantise better; k = all decodes exactly as decode(encode(wav))
-    assert rows[4]["feature_lsd_db"] < rows[2]["feature_lsd_db"]
-    np.testing.assert_array_equal(rows[4]["audio"], c.decode(c.encode(wav))[: wav.size])
-    np.testing.assert_array_equal(codebook_sweep(c, wav, (2,), unquantised=False)[1]["audio"], rows[3]["audio"])
+    assert rows["k=4"]["feature_lsd_db"] < rows["k=1"]["feature_lsd_db"]
+    np.testing.assert_array_equal(rows["k=4"]["audio"], c.decode(c.encode(wav))[: wav.size])
     with pytest.raises(ValueError, match="n_codebooks"):
-        codebook_sweep(c, wav, (5,))
-    with pytest.raises(ValueError, match="resample"):
-        codebook_sweep(c, wav, (1,), sample_rate=16000)
+        sweep_codebooks(c, [wav], (5,))
+    with pytest.raises(ValueError, match="float audio"):
+        sweep_codebooks(c, [(wav * 32767).astype(np.int16)], (1,))

@@ -48,7 +48,7 @@ from rvqspec_lib.eval.acceptance import (
     predicted_tokens_per_call,
 )
 from paper.drafter_table import paired_acceptance_difference
-from paper.drafter_training import params_added_for, params_added_for_config
+from paper.drafter_training import params_added_for_config
 from rvqspec_lib.data.frame_sources import frames_from_contexts, frames_from_dataset
 from rvqspec_lib.data.frames import Frames
 from rvqspec_lib.models import backends
@@ -127,7 +127,6 @@ def test_params_added_for_the_released_code_predictors(release):
     per_head = 2048 * 1024
     assert medusa == 39 * per_head == 81_788_928
     assert abs(45 * per_head - 94e6) / 94e6 < 0.005  # the paper's "~94 M" is 45 plain linear heads
-    assert params_added_for_config("medusa", cfg, residual_block=True) == 39 * (per_head + 1024 * 1024 + 1024)
     with torch.device("meta"):
         assert len(MedusaHeads(3, 15, 1024, 2048).heads) == 39
 
@@ -136,8 +135,8 @@ def test_params_added_of_built_drafters_match_the_count(tiny):
     cp = tiny.code_predictor
     h, v = cp.config.hidden_size, cp.config.vocab_size
     off, med = make_drafter("offsets", cp, fresh=True, K=4), make_drafter("medusa", cp, fresh=True)
-    assert off.params_added == 4 * h == params_added_for("offsets", K=4, hidden_size=h)
-    assert med.params_added == params_added_for("medusa", n_codes=15, hidden_size=h, vocab_size=v) == 39 * h * v
+    assert off.params_added == 4 * h
+    assert med.params_added == 39 * h * v
     assert ReusedHeads().params_added == 0
 
 
@@ -716,8 +715,6 @@ def test_paired_acceptance_difference_finds_a_real_margin_and_not_a_fake_one():
     np.testing.assert_allclose(fa.nanmean(0).numpy(), ex["alpha"], rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="at least 2 utterances"):
         paired_acceptance_difference(cp, heads, off, held_out.subset(held_out.utterance == held_out.utterance[0]))
-    with pytest.raises(ValueError, match="confidence"):
-        paired_acceptance_difference(cp, heads, off, held_out, confidence=1.0)
 
 
 def test_cli_train_drafter_refuses_a_wrong_out_suffix_before_loading(tmp_path, capsys, monkeypatch):
@@ -794,9 +791,9 @@ def test_headroom_ceiling_bounds_every_drafter_and_trained_offsets_close_the_gap
     cp, train, held_out = drift_model()
     off = make_drafter("offsets", cp, fresh=True)
     train_drafter(off, cp, train, loss="ce", max_epochs=8, batch_size=64, patience=2)
-    off.name = "trained"
     ctx, codes = held_out.context[:64], held_out.codes[:64]
-    r = drafter_headroom(cp, ctx, codes, [ReusedHeads(), off], samples=8, generator=torch.Generator().manual_seed(0))
+    r = drafter_headroom(cp, ctx, codes, {"heads": ReusedHeads(), "trained": off}, samples=8,
+                         generator=torch.Generator().manual_seed(0))
     heads, trained = np.array(r["drafters"]["heads"]), np.array(r["drafters"]["trained"])
     ceiling, marginal = np.array(r["ceiling"]), np.array(r["marginal"])
     assert r["offsets"] == [1, 2, 3] and r["samples"] == 8 and r["n_frames"] == 64
@@ -807,12 +804,9 @@ def test_headroom_ceiling_bounds_every_drafter_and_trained_offsets_close_the_gap
     # the drafters' acceptance on sampled continuations agrees with the exact teacher-forced tables (same frames)
     ex = exact_statistics(cp, ReusedHeads(), ctx, codes, n_ahead=3)["alpha_by_offset"]
     assert np.abs(ex - heads).max() < 0.05, (ex, heads)
-    same = drafter_headroom(cp, ctx, codes, [ReusedHeads()], samples=8, generator=torch.Generator().manual_seed(0))
+    same = drafter_headroom(cp, ctx, codes, {"heads": ReusedHeads()}, samples=8,
+                            generator=torch.Generator().manual_seed(0))
     assert same["ceiling"] == r["ceiling"] and same["drafters"]["heads"] == r["drafters"]["heads"]  # seeded
-    frames = Frames(ctx, codes, torch.zeros(len(codes), dtype=torch.long))
-    from_frames = drafter_headroom(cp, frames, drafters={"heads": ReusedHeads()}, samples=8,
-                                   generator=torch.Generator().manual_seed(0))
-    assert from_frames["ceiling"] == r["ceiling"]  # a Frames object is taken apart into context and codes
     for bad_samples in (3, 0, 2.0, True):
         with pytest.raises(ValueError, match="samples must be even"):
             drafter_headroom(cp, ctx, codes, samples=bad_samples)

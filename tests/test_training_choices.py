@@ -1,5 +1,5 @@
 """The decisions notebook 03 used to make inline, now library functions: the learning rate chosen on validation
-(``sweep_learning_rates``), the offsets deployed beside the model (``select_deployed`` / ``deploy_drafters``) and the
+(``train_drafters``), the offsets deployed beside the model (``select_deployed`` / ``deploy_drafters``) and the
 share of the headroom each drafter captures (``captured_share`` / ``headroom_table``).
 """
 
@@ -14,11 +14,12 @@ from test_drafters import drift_model
 
 from paper.headroom import captured_share, headroom_table
 from rvqspec_lib.models.drafter_files import load_drafter, make_drafter
-from rvqspec_lib.decoding.drafters import MedusaHeads, PositionOffsets
-from paper.drafter_training import deploy_drafters, select_deployed, sweep_learning_rates, validation_acceptance
+from rvqspec_lib.decoding.drafters import DEFAULT_K, MedusaHeads, PositionOffsets
+from paper.drafter_training import deploy_drafters, select_deployed, train_drafters, validation_acceptance
 from rvqspec_lib.training.drafters import DEFAULT_LR, train_drafter
 
 TRAIN = dict(loss="ce", max_epochs=3, batch_size=64, patience=1, seed=0)
+PLAN = {"offsets-ce": ("offsets", "ce")}
 
 
 # ------------------------------------------------------------------------------------------------ learning rate
@@ -26,19 +27,20 @@ TRAIN = dict(loss="ce", max_epochs=3, batch_size=64, patience=1, seed=0)
 def sweep():
     cp, train, held_out = drift_model()
     # 10.0 overshoots (Adam moves every offset coordinate by ~10 in the first step); 1e-2 learns; None = default
-    return sweep_learning_rates(lambda: make_drafter("offsets", cp, fresh=True), cp, train, held_out,
-                                lrs=[10.0, 1e-2, None], label="offsets-ce", **TRAIN)
+    kw = {k: v for k, v in TRAIN.items() if k != "loss"}
+    run = train_drafters(cp, PLAN, train, held_out, K=DEFAULT_K, lrs={"offsets-ce": [10.0, 1e-2, None]}, **kw)
+    return run.lr_rows, run.results["offsets-ce"]
 
 
 def test_sweep_chooses_the_rate_with_the_highest_validation_acceptance(sweep):
-    rows = sweep.rows
+    rows, chosen = sweep
     assert [r["lr"] for r in rows] == [10.0, 1e-2, DEFAULT_LR["offsets"]]  # None resolved to the default
     assert all(r["drafter"] == "offsets-ce" for r in rows)
     scores = [r["val_acceptance_mean"] for r in rows]
     best = int(np.argmax(scores))
     assert [r["chosen"] for r in rows] == [i == best for i in range(3)]
-    assert sweep.chosen.drafter.provenance["lr"] == rows[best]["lr"]
-    assert validation_acceptance(sweep.chosen.drafter) == scores[best]
+    assert chosen.drafter.provenance["lr"] == rows[best]["lr"]
+    assert validation_acceptance(chosen.drafter) == scores[best]
     assert scores[best] > rows[best]["val_acceptance_init"] + 0.01  # the chosen run learned something
     # negative control: the overshooting rate keeps epoch 0, the untrained offsets, and is not chosen
     assert rows[0]["best_epoch"] == 0 and rows[0]["val_acceptance_mean"] == rows[0]["val_acceptance_init"]
@@ -47,28 +49,26 @@ def test_sweep_chooses_the_rate_with_the_highest_validation_acceptance(sweep):
 
 def test_sweep_chosen_run_is_the_plain_training_at_that_rate(sweep):
     cp, train, held_out = drift_model()
-    lr = sweep.chosen.drafter.provenance["lr"]
-    again = train_drafter(make_drafter("offsets", cp, fresh=True), cp, train, held_out, lr=lr, **TRAIN)
-    assert torch.equal(again.drafter.offsets, sweep.chosen.drafter.offsets)
-    assert again.curve == [{**c, "elapsed_s": a["elapsed_s"]} for c, a in zip(sweep.chosen.curve, again.curve)]
+    chosen = sweep[1]
+    again = train_drafter(make_drafter("offsets", cp, fresh=True), cp, train, held_out,
+                          lr=chosen.drafter.provenance["lr"], **TRAIN)
+    assert torch.equal(again.drafter.offsets, chosen.drafter.offsets)
+    assert again.curve == [{**c, "elapsed_s": a["elapsed_s"]} for c, a in zip(chosen.curve, again.curve)]
 
 
 def test_sweep_ties_keep_the_first_rate_and_errors():
     cp, train, held_out = drift_model()
     small = train.subset(torch.arange(64))
-    tie = sweep_learning_rates(lambda: make_drafter("offsets", cp, fresh=True), cp, small, held_out,
-                               lrs=[1e-3, 1e-3], loss="ce", max_epochs=1, batch_size=64)
-    assert tie.rows[0]["val_acceptance_mean"] == tie.rows[1]["val_acceptance_mean"]
-    assert [r["chosen"] for r in tie.rows] == [True, False]
-    new = lambda: make_drafter("offsets", cp, fresh=True)
-    with pytest.raises(ValueError, match="at least one learning rate"):
-        sweep_learning_rates(new, cp, small, held_out, lrs=[])
+    tie = train_drafters(cp, PLAN, small, held_out, K=DEFAULT_K, lrs={"offsets-ce": [1e-3, 1e-3]}, max_epochs=1,
+                         batch_size=64).lr_rows
+    assert tie[0]["val_acceptance_mean"] == tie[1]["val_acceptance_mean"]
+    assert [r["chosen"] for r in tie] == [True, False]
     with pytest.raises(ValueError, match="must be > 0"):
-        sweep_learning_rates(new, cp, small, held_out, lrs=[1e-2, 0.0])
+        train_drafters(cp, PLAN, small, held_out, K=DEFAULT_K, lrs={"offsets-ce": [1e-2, 0.0]})
     with pytest.raises(ValueError, match="validation frames"):
-        sweep_learning_rates(new, cp, small, None, lrs=[1e-2])
+        train_drafters(cp, PLAN, small, None, K=DEFAULT_K, lrs={"offsets-ce": [1e-2]})
     with pytest.raises(ValueError, match="lrs="):
-        sweep_learning_rates(new, cp, small, held_out, lrs=[1e-2], lr=1e-3)
+        train_drafters(cp, PLAN, small, held_out, K=DEFAULT_K, lrs={"offsets-ce": [1e-2]}, lr=1e-3)
 
 
 # ------------------------------------------------------------------------------------------------ deployment

@@ -151,8 +151,8 @@ def test_standard_decoders_are_named_and_keyed_by_their_labels():
     assert {r["decoder"]: r["predicted_tokens_per_call"] for r in rows[2:]} == {
         "tree:calibrated-point-mass:4": 1.2, "tree:calibrated-sampled:4": 1.9}
     assert rows[3]["paths"] == "0;0,0;1" and rows[3]["calibration_frames"] == 10
-    assert list(R.standard_decoders(calibration=None, best_chain=None, null_control=False)) == ["ar", "chain:4",
-                                                                                                "ssd-lossy:0.4"]
+    assert list(R.standard_decoders(calibration=None, best_chain=None)) == ["ar", W.NULL_CONTROL, "chain:4",
+                                                                          "ssd-lossy:0.4"]
     assert list(R.standard_decoders(calibration=cal, best_chain=6, budget=4, tree_kinds=("sampled",))) == [
         "ar", W.NULL_CONTROL, "chain:6", "tree:calibrated-sampled:4", "ssd-lossy:0.4"]
     with pytest.raises(ValueError, match="offsets"):

@@ -309,9 +309,10 @@ plt.show()
 #
 # **Question:** of the three offsets losses, which one should the paper's decoder use? **How:** the one with the
 # highest validation acceptance at its kept epoch (`select_deployed`), never chosen on the evaluation split. The
-# deployed offsets with their own calibrated point-mass tree of N nodes are the paper's method; **in this notebook
-# only**, its rows are labelled `paper:N` for this run's freshly trained offsets, while `--decoder paper` and notebooks
-# 04 to 07 use the offsets shipped beside the model ([glossary](../docs/glossary.md#drafters)). Offsets are tiny and saved into the output folder; Medusa heads hold one
+# deployed offsets with their own calibrated point-mass tree of N nodes are the paper's method. This run's offsets
+# keep their own names here (`tree:calibrated-point-mass:N@offsets-tv` and the like): the name `paper:N` always means
+# the offsets shipped beside the model with their shipped tree, which `--decoder paper` and notebooks 04 to 07 use
+# ([glossary](../docs/glossary.md#drafters)). Offsets are tiny and saved into the output folder; Medusa heads hold one
 # LM-head-sized matrix per (start depth, offset), so they go to `medusa_dir` (git-ignored). `make paper` does not
 # deploy: the offsets shipped beside the model (`<model>/drafters/offsets.safetensors`, with their trees in
 # `<model>/trees/offsets.json`) stay the ones the model's build trained, so every notebook of one run reads the same
@@ -465,8 +466,8 @@ plt.show()
 # (`paper.drafter_table.calibrate_drafters`, on the calibration split: contexts from real speech, codes
 # re-sampled from p). The calibration predicts the tokens per call E(N) of its tree at every budget
 # ([methods.md](../docs/methods.md#expected-tokens-per-call)); each drafter's own point-mass tree of the paper's
-# N = 32 is then decoded on the evaluation frames and measured (`own_tree_rows`). The deployed offsets' tree is
-# labelled `paper:32` here (this run's offsets, section 3). Beside it: the prediction at the budget with the highest predicted E(N)
+# N = 32 is then decoded on the evaluation frames and measured (`own_tree_rows`). The deployed offsets' tree (this
+# run's offsets, section 3) is the paper's method; it keeps its own name, since `paper:32` names the shipped offsets. Beside it: the prediction at the budget with the highest predicted E(N)
 # (`best_N`; E(N) of a greedy tree never falls as N grows, and which N is fastest is notebook 04's question), the
 # calibration's prediction for the same drafter's **sampled** tree of N = 32 (children drawn from q, section 8),
 # the best chain measured (section 9), and the parameters added, as a share of this model and counted for the
@@ -486,7 +487,7 @@ calibrations = T.calibrate_drafters(cp, drafters, cal_frames, sampling=sampling,
                                     draws=calibration_draws, progress=True)
 for label, cal in calibrations.items():
     save_calibration({**cal, "provenance": prov}, out / "03_trees" / f"{label}.json")
-own_rows = T.own_tree_rows(cp, drafters, calibrations, eval_frames, deployed=deployed, sampling=sampling, seed=seed,
+own_rows = T.own_tree_rows(cp, drafters, calibrations, eval_frames, sampling=sampling, seed=seed,
                            progress=True)
 timings["own_trees_s"] = time.perf_counter() - t0
 save_table(own_rows, out / "03_own_trees", prov)
@@ -514,7 +515,7 @@ for r in table2:
     st = drafter_style(r["label"])
     ax0.plot([max(r["added_params"], 1)], [r["tree_N32_tokens_per_call"]], marker=st["marker"], color=st["color"],
              ms=8, mfc="none" if r["label"] != deployed else st["color"], ls="none",
-             label=r["label"] + (" (deployed: paper:32)" if r["label"] == deployed else ""))
+             label=r["label"] + (" (deployed)" if r["label"] == deployed else ""))
 for lab, v in T.PAPER_TOKS_PER_STEP.items():
     st = drafter_style(lab)
     x = {"heads": 1, "offsets-ce": 3072, "medusa": 94e6}[lab]  # the paper's counts (heads: none, drawn at 1)
@@ -722,7 +723,7 @@ regime = RG.regime_rows(regime_peaks, drift=regime_drift, nodes=PAPER_BUDGET, n_
                         n_eval=regime_frames[1], seed=seed)
 timings["regime_s"] = time.perf_counter() - t0
 save_table(regime, out / "03_regime", prov)
-# where this run's model sits: its paper:32 measured above, and its own p's mean top probability (the peak's meaning)
+# where this run's model sits: its deployed offsets' tree measured above, and its own p's mean top probability (the peak's meaning)
 from rvqspec_lib.data.teacher import teacher_forced_hidden, verifier_logits
 
 with torch.no_grad():
@@ -777,7 +778,7 @@ metrics = {
     "predicted_tokens_per_call": {lab: r["predicted_tokens_per_call"] for lab, r in results.items()},
     "params_added": {lab: r["params_added"] for lab, r in results.items()},
     "own_trees": own_rows,
-    "paper_decoder": next(r for r in own_rows if r["drafter"] == deployed and r["nodes"] == PAPER_BUDGET),
+    "deployed_decoder": next(r for r in own_rows if r["drafter"] == deployed and r["nodes"] == PAPER_BUDGET),
     "acceptance_by_offset": {lab: r["exact"]["alpha_by_offset"] for lab, r in results.items()},
     "saturation_window": saturation,
     "margin_vs_heads": {r["drafter"]: {k: v for k, v in r.items() if k != "drafter"} for r in margin},
@@ -803,9 +804,9 @@ who = lm.name + (" (RANDOM weights)" if lm.is_random else " (small trained model
 who += f", {len(eval_frames)} evaluation frames"
 gain = m_by.get(deployed)
 metrics["headline"] = headline(
-    entry(f"tokens per code-predictor call of the paper's method trained in this run ({pap['decoder']} in notebook "
-          f"03: this run's offsets {deployed} with their own point-mass tree of N = {PAPER_BUDGET}; `--decoder paper` "
-          f"uses the offsets shipped beside the model), {who}", pap["tree_N32_tokens_per_call"],
+    entry(f"tokens per code-predictor call of the paper's method trained in this run (this run's offsets {deployed} "
+          f"with their own point-mass tree of N = {PAPER_BUDGET}, {pap['decoder']}; `--decoder paper` uses the offsets "
+          f"shipped beside the model), {who}", pap["tree_N32_tokens_per_call"],
           "", "03_table2.md", glance=True),
     entry(f"tokens per call of the reused heads with their own point-mass tree of N = {PAPER_BUDGET}, {who}",
           hd["tree_N32_tokens_per_call"], "", "03_table2.md"),

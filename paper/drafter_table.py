@@ -12,7 +12,7 @@ import torch
 
 from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.data.frames import Frames
-from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, PAPER_DRAFTER, format_paths
+from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, format_paths
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS, DEFAULT_TREE
 from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval import acceptance as A
@@ -99,43 +99,34 @@ def calibrate_drafters(code_predictor, drafters: Mapping[str, object], frames: F
                                       enabled=progress)}
 
 
-def own_tree_name(label: str, budget: int, *, deployed: str | None = None) -> str:
+def own_tree_name(label: str, budget: int) -> str:
     """The grammar name of a drafter's own calibrated point-mass tree of ``budget`` nodes:
-    ``tree:calibrated-point-mass:32`` (the heads), ``tree:calibrated-point-mass:32@offsets-kl``, and ``paper:32``
-    for the ``deployed`` offsets (the paper's decoder: the deployed offsets with their own point-mass tree)."""
-    if label == deployed:
-        return f"paper:{int(budget)}"
+    ``tree:calibrated-point-mass:32`` (the heads), ``tree:calibrated-point-mass:32@offsets-kl``. Never ``paper:N``,
+    which names the offsets shipped beside the model with their shipped tree, not a drafter trained in a notebook."""
     return f"tree:calibrated-point-mass:{int(budget)}" + ("" if label == "heads" else f"@{label}")
 
 
 def own_tree_rows(code_predictor, drafters: Mapping[str, object], calibrations: Mapping[str, dict], frames: Frames,
-                  *, deployed: str | None = None, budgets: Sequence[int] = (PAPER_BUDGET,),
+                  *, budgets: Sequence[int] = (PAPER_BUDGET,),
                   sampling: Sampling | None = None, seed: int = 0, progress: bool = False) -> list[dict]:
     """Each drafter decoded with its OWN calibrated point-mass tree (the paper's setting) on the evaluation ``frames``
-    at each of ``budgets``, beside its calibration's predictions; the ``deployed`` offsets' tree is named ``paper:N``.
+    at each of ``budgets``, beside its calibration's predictions; each tree is named by :func:`own_tree_name`.
 
     Returns:
         one row per (drafter, budget): the decoder's fields with ``drafter`` the label, ``tokens_per_call`` (measured),
         ``predicted`` (E(N) of that tree) and ``predicted_sampled`` (E(N) of its calibrated sampled tree of N nodes).
     Raises:
-        ValueError: a drafter without calibration, a budget it does not hold; a deployed label that is not an offsets
-            drafter.
+        ValueError: a drafter without calibration, a budget it does not hold.
     """
     missing = [lab for lab in drafters if lab not in calibrations]
     if missing:
         raise ValueError(f"no calibration for {missing}: calibrate_drafters first")
-    if deployed is not None and drafter_family(deployed) != PAPER_DRAFTER:
-        raise ValueError(f"the deployed drafter {deployed!r} is not an {PAPER_DRAFTER} drafter (the paper's decoder "
-                         "drafts with position-aware offsets)")
     trained = {lab: d for lab, d in drafters.items() if lab != "heads"}
-    cals = dict(calibrations)
-    if deployed is not None:  # paper:N drafts with the drafter named `offsets` and reads its calibration
-        trained[PAPER_DRAFTER], cals[PAPER_DRAFTER] = drafters[deployed], calibrations[deployed]
     rows = []
     for label in progress_bar(list(drafters), desc="each drafter's own tree", unit="drafter", enabled=progress):
         cal = calibrations[label]
         for n in budgets:
-            nd = resolve(own_tree_name(label, n, deployed=deployed), None, calibrations=cals, drafters=trained)
+            nd = resolve(own_tree_name(label, n), None, calibrations=calibrations, drafters=trained)
             st = A.decoder_statistics(code_predictor, nd.drafter, frames.context, nd.decoder, sampling=sampling,
                                       seed=seed)
             rows.append({**nd.fields(), "drafter": label, "tokens_per_call": st["tokens_per_call"],

@@ -223,7 +223,11 @@ def transfer_answer(rows: Sequence[Mapping]) -> str:
         + [f"higher than English (the interval lies above 0) in {', '.join(higher)}"] * bool(higher)
         + [f"not distinguishable from English (the interval includes 0) in {', '.join(same)}"] * bool(same)) + "."
     if not lower:
-        answer += " No language is below English: the offsets keep their tokens per call everywhere measured."
+        answer += " No language is below English: the paper's decoder keeps its tokens per call everywhere measured."
+    no_gain = [r for r in rows if "gain_ci_low" in r and r["gain_ci_low"] <= 0 <= r["gain_ci_high"]]
+    if no_gain and len(no_gain) == len(rows):
+        answer += (f" Its gain over {en['baseline']} includes 0 in every language, so what is kept is that tree's "
+                   "yield, not a gain the offsets add.")
     return head + "; " + "; ".join(parts) + ". " + answer
 
 

@@ -66,7 +66,7 @@ def measured(tiny, drafters, frames):
     cp = tiny.code_predictor
     results = T.evaluate_drafters(cp, drafters, frames, sampling=SAMPLING, seed=0)
     cals = T.calibrate_drafters(cp, drafters, frames, sampling=SAMPLING, budgets=BUDGETS, draws=1)
-    own = T.own_tree_rows(cp, drafters, cals, frames, deployed="offsets-tv", sampling=SAMPLING)
+    own = T.own_tree_rows(cp, drafters, cals, frames, sampling=SAMPLING)
     return results, cals, own
 
 
@@ -96,7 +96,8 @@ def test_each_drafter_has_its_own_tree_named_in_the_grammar(measured, drafters):
     assert len(own) == len(drafters) and all(r["nodes"] == 32 for r in own)  # the paper's budget by default
     assert by["heads"]["decoder"] == "tree:calibrated-point-mass:32" and by["heads"]["kind"] == "calibrated"
     assert by["offsets-ce"]["decoder"] == "tree:calibrated-point-mass:32@offsets-ce"
-    assert by["offsets-tv"]["decoder"] == "paper:32" and by["offsets-tv"]["kind"] == "paper"  # the deployed one
+    assert by["offsets-tv"]["decoder"] == "tree:calibrated-point-mass:32@offsets-tv"  # never paper:N (the shipped)
+    assert all(r["kind"] == "calibrated" for r in own)
     for lab, r in by.items():
         assert r["predicted"] == cals[lab]["point-mass"]["predicted_tokens_per_call"]["32"]
         assert r["predicted_sampled"] == cals[lab]["sampled"]["predicted_tokens_per_call"]["32"]
@@ -104,7 +105,6 @@ def test_each_drafter_has_its_own_tree_named_in_the_grammar(measured, drafters):
     # negative control: the trees differ between drafters (one shared tree would give everyone the heads')
     assert cals["heads"]["point-mass"]["table"] != cals["offsets-ce"]["point-mass"]["table"]
     assert T.own_tree_name("offsets-kl", 16) == "tree:calibrated-point-mass:16@offsets-kl"
-    assert T.own_tree_name("offsets-kl", 16, deployed="offsets-kl") == "paper:16"
     rows = T.predicted_by_budget(cals)
     assert len(rows) == len(drafters) * 2 * len(BUDGETS)
     assert {(r["kind"], r["nodes"]) for r in rows} == {(k, n) for k in ("point-mass", "sampled") for n in BUDGETS}
@@ -115,8 +115,6 @@ def test_own_trees_refuse_what_they_cannot_build(tiny, drafters, frames, measure
     cp = tiny.code_predictor
     with pytest.raises(ValueError, match="no calibration"):
         T.own_tree_rows(cp, drafters, {"heads": cals["heads"]}, frames)
-    with pytest.raises(ValueError, match="not an offsets drafter"):
-        T.own_tree_rows(cp, drafters, cals, frames, deployed="heads")
     with pytest.raises(ValueError):
         T.own_tree_rows(cp, {"heads": ReusedHeads()}, cals, frames, budgets=(16,))  # not calibrated
 

@@ -296,10 +296,11 @@ def _check_03(metrics: dict, out: Path) -> None:
         assert float(r["sampled_tree_N32_predicted"]) == cal["sampled"]["predicted_tokens_per_call"]["32"]
     assert {lab: r["paper: toks/step (N 32 tree)"] for lab, r in rows.items()} == \
         {"heads": "1.7", "medusa": "2.6", "offsets-ce": "2.47", "offsets-kl": "", "offsets-tv": "", "medusa-tv": ""}
-    assert [lab for lab, r in rows.items() if r["decoder"] == "paper:32"] == [metrics["deployed_offsets"]]
-    assert metrics["paper_decoder"]["decoder"] == "paper:32" and metrics["paper_decoder"]["kind"] == "paper"
+    assert not any(r["decoder"].startswith("paper:") for r in rows.values())  # paper:N names the shipped offsets only
+    dep = metrics["deployed_offsets"]
+    assert metrics["deployed_decoder"]["decoder"] == f"tree:calibrated-point-mass:32@{dep}" == rows[dep]["decoder"]
     assert rows["heads"]["decoder"] == "tree:calibrated-point-mass:32"
-    assert rows["offsets-kl"]["decoder"] in ("tree:calibrated-point-mass:32@offsets-kl", "paper:32")
+    assert rows["offsets-kl"]["decoder"] == "tree:calibrated-point-mass:32@offsets-kl"
     # negative control: the drafters' own trees differ (a shared tree would give the heads' tree to everyone)
     assert len({json.dumps(json.loads((out / "03_trees" / f"{lab}.json").read_text())["point-mass"]["table"])
                 for lab in rows}) > 1

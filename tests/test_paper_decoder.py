@@ -60,5 +60,13 @@ def test_transfer_rows_and_the_answer_come_from_the_numbers():
     fr["tokens_per_call"] = {"paper:32": fr["tokens_per_call"], "tree:calibrated-point-mass:32": fr["tokens_per_call"]}
     up = transfer_answer(transfer_rows({"en": en, "fr": fr}, "paper:32", baseline="tree:calibrated-point-mass:32"))
     assert "higher than English (the interval lies above 0) in fr" in up and "No language is below English" in up
+    # the gain over the baseline: said to be absent only when every language's interval includes 0
+    assert "not a gain the offsets add" not in text
+    for r in (en, fr):  # the baseline's tree as good as the paper's on every utterance: no gain anywhere
+        pu = r["per_utterance"]
+        pu["tree:calibrated-point-mass:32"] = {"codes": list(pu["paper:32"]["codes"]),
+                                               "calls": list(pu["paper:32"]["calls"])}
+    same = transfer_answer(transfer_rows({"en": en, "fr": fr}, "paper:32", baseline="tree:calibrated-point-mass:32"))
+    assert "includes 0 in every language" in same
     with pytest.raises(ValueError, match="needs the 'en' results"):
         transfer_rows({"de": de}, "paper:32")

@@ -28,6 +28,9 @@ if [[ $DEVICE == cuda* ]]; then BACKENDS=${BACKENDS:-eager,compile} DTYPE=bfloat
 else BACKENDS=${BACKENDS:-eager} DTYPE=float32; fi
 TEXT="The quick brown fox jumps over the lazy dog, and the speech comes out one frame at a time."
 
+if [[ ! -f tests/checkpoints.py ]]; then
+  echo "gpu_end_to_end: run it from the repository root (bash scripts/gpu_end_to_end.sh)" >&2; exit 2
+fi
 if [[ ! -x $PY ]]; then
   echo "gpu_end_to_end: no Python at $PY: run \`make env\` first, or set PY=" >&2; exit 2
 fi

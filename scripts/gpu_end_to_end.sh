@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The real-size checkpoint end to end on a GPU, in under 8 minutes on an H100 (docs/model.md, "A real-size
-# checkpoint without the weights, and the GPU run"):
+# The real-size checkpoint end to end on a GPU, sized for under 8 minutes on an H100 (the steps' time limits add up
+# to 445 s; docs/model.md, "A real-size checkpoint without the weights, and the GPU run"):
 #   1. a 0.6B checkpoint in the release's exact layout with random weights (tests/checkpoints.py --size 0.6b),
 #   2. rvqspec prepare --device cuda on a few frames (offsets, trees, auto),
 #   3. the whole frame with speculation: rvqspec bench frames --device cuda on that checkpoint,

@@ -9,7 +9,7 @@ real checkpoint takes (``load_model(<folder>)`` -> the official ``from_pretraine
   ``speech_tokenizer/config.json`` verbatim, real-size talker, code predictor and 12 Hz speech tokenizer in the
   release's dtypes (bfloat16; the speech tokenizer float32), a text tokenizer with every id the config names at the
   release's id (``assistant`` 77091, the special tokens 151643..151675), and no marker, as a download has none (the
-  loader calls it a ``"checkpoint"``); about 2.6 GB on disk, a minute or two and about 4 GB of memory to write.
+  loader calls it a ``"checkpoint"``); about 2.5 GB on disk, a minute and about 4.2 GB of memory to write.
 
 By hand, from the repository root: ``python -m tests.checkpoints OUT_DIR [--size tiny|0.6b] [--seed S]``.
 """

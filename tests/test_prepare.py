@@ -128,6 +128,18 @@ def test_a_second_run_skips_every_stage(prepared, tmp_path, capsys):
     report = json.loads((tmp_path / "p.json").read_text())
     assert [s["skipped"] for s in report["stages"]] == [True] * 4 and report["folder"] == str(ckpt)
     assert {p: p.stat().st_mtime_ns for p in ckpt.rglob("*") if p.is_file()} == files
+    assert "takes the fastest path timed here" in capsys.readouterr().out  # auto's choice is cached
+
+
+def test_without_a_cached_choice_the_report_says_synth_runs_untimed(prepared, tmp_path, capsys, monkeypatch):
+    from rvqspec_lib.cli.main import main
+
+    ckpt, _ = prepared
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "empty"))  # no timed choice here (a busy timing caches none)
+    assert main(["prepare", "--model", str(ckpt), "--frames", str(FRAMES), "--dtype", "float32",
+                 "--stages", "speak"]) == 0
+    out = capsys.readouterr().out
+    assert "runs untimed" in out and "--stages auto" in out and "fastest path timed here" not in out
 
 
 def test_interrupted_speaking_resumes_to_the_same_utterances(prepared, pristine, cache, tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ from rvqspec_lib.cli.common import load, note, started, timings
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import model_drafter_dir
-from rvqspec_lib.training.prepare import prepare
+from rvqspec_lib.training.prepare import auto_cached, prepare
 
 
 def run(args, threads: int) -> int:
@@ -31,7 +31,8 @@ def run(args, threads: int) -> int:
     folder = model_drafter_dir(lm)
     if folder is not None and lm.folder is not None and folder != lm.folder:
         note(f"{lm.folder} cannot be written: preparing into the cache folder {folder}")
-    done = prepare(lm, frames=args.frames, seed=args.seed, auto_dtypes=args.auto_dtypes or ["float32"],
+    auto_dtypes = args.auto_dtypes or ["float32"]
+    done = prepare(lm, frames=args.frames, seed=args.seed, auto_dtypes=auto_dtypes,
                    stages=stages, progress=sys.stderr.isatty())
     total_s = time.perf_counter() - t0
     if args.json:
@@ -40,6 +41,11 @@ def run(args, threads: int) -> int:
     ran = [s.stage for s in done.stages if not s.skipped]
     print(f"prepared {args.model} in {done.folder} on {done.device} ({done.dtype}): ran "
           f"{', '.join(ran) or 'nothing (every stage complete)'} | {timings(threads, load=load_s, total=total_s)}")
-    print(f"now: rvqspec synth --model {args.model} --text ... takes the fastest path timed here (or --decoder paper, "
-          "--stream)")
+    if auto_cached(lm, auto_dtypes):
+        print(f"now: rvqspec synth --model {args.model} --text ... takes the fastest path timed here (or --decoder "
+              "paper, --stream)")
+    else:  # the auto stage not asked for, or its timing was disturbed (an oversubscribed choice is never cached)
+        print(f"now: rvqspec synth --model {args.model} --text ... runs untimed (AR through native where it can) until "
+              f"`rvqspec prepare --model {args.model} --stages auto` caches a timed choice (run it on a quiet "
+              "machine); --decoder paper and --stream work now")
     return 0

@@ -338,7 +338,7 @@ def time_auto(lm: LoadedModel, dtypes: Sequence[str], *, progress: bool = False,
     return lines
 
 
-def _auto_cached(lm: LoadedModel, dtypes: Sequence[str]) -> bool:
+def auto_cached(lm: LoadedModel, dtypes: Sequence[str]) -> bool:
     """Every dtype's choice is in the cache already (the key ``synth --decoder auto`` reads)."""
     cal = drafter_calibration(lm, "heads")
     if cal is None:
@@ -431,5 +431,5 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
         lines = time_auto(lm, auto_dtypes, progress=progress, **(auto_options or {}))
         return [budget.cache_file()], "; ".join(lines)
 
-    run("auto", _auto_cached(lm, auto_dtypes), do_auto)
+    run("auto", auto_cached(lm, auto_dtypes), do_auto)
     return Prepared(folder, results, lm.device, lm.dtype)

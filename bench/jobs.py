@@ -250,13 +250,13 @@ def precisions_job(args) -> dict:
 
 def frames_job(args) -> dict:
     """``rvqspec bench frames``: the named decoders through the backends, stepped and fused, one interleaved run."""
-    lm = loader.load_model(args.model, device=args.device, seed=args.seed)
+    prec = args.dtypes[0]  # loaded in its activation dtype: a bfloat16 checkpoint timed as --dtype float32 is float32
+    lm = loader.load_model(args.model, dtype=ACTIVATION_DTYPE.get(prec, prec), device=args.device, seed=args.seed)
     table = args.acceptance_table
     if table is not None and not lm.is_random:
         raise ValueError(f"--acceptance replays a trained model's acceptance on a RANDOM-weight architecture; "
                          f"{args.model} has trained weights, whose own acceptance is measured: drop --acceptance")
     cp = lm.code_predictor.eval()
-    prec = args.dtypes[0]
     if prec != "float32":
         apply_precision(cp, prec, require_native=False)  # native here and allowed for these backends: checked
     if str(args.device).startswith("cuda"):

@@ -205,6 +205,19 @@ def test_cli_frames_prints_every_runner_from_one_run(tmp_path, capsys):
     assert "16 random contexts (tokens per call mean little)" in cap.out and res["backends"] == ["eager"]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cli_frames_times_a_bfloat16_checkpoint_in_the_dtype_asked(tmp_path, capsys, dtype):
+    from tests.checkpoints import write_tiny_checkpoint
+
+    ckpt = write_tiny_checkpoint(tmp_path / "ckpt", dtype=torch.bfloat16)  # stored in bfloat16, as the release
+    out = tmp_path / "f.json"
+    rc = cli_main(["bench", "frames", "--model", str(ckpt), "--backends", "eager", "--decoders", "ar", "--dtype", dtype,
+                   "--repeats", "1", "--warmup", "0", "--no-progress", "--json", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    res = json.loads(out.read_text())
+    assert {r["precision"] for r in res["rows"]} == {dtype}  # float32 asked: float32 run, never the stored bfloat16
+
+
 @pytest.mark.parametrize("other, crowded", [(0.9, True), (0.0, False)])  # 0.0: negative control
 def test_cli_frames_footer_says_oversubscribed(capsys, monkeypatch, other, crowded):
     monkeypatch.setattr(timing.LoadMonitor, "describe", lambda self: {"other_cpu_frac": other})

@@ -253,7 +253,7 @@ def test_a_bad_choice_from_a_real_process_is_one_line():
     r = subprocess.run([sys.executable, "-m", "rvqspec_lib.cli.main", "synth", "--dtype", "float16"],
                        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=120)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == ("rvqspec: error: --dtype float16 is not a precision rvqspec synth takes: use float32, "
+    assert r.stderr == ("rvqspec: error: --dtype float16 is not a precision rvqspec synth takes: use auto, float32, "
                         "float64, bfloat16, int8 or int8-dynamic\n")
     assert _heavy_modules_after(["synth", "--dtype", "float16"]) == []
 

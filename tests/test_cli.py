@@ -196,7 +196,8 @@ def _parse_error(capsys, argv) -> str:
 
 @pytest.mark.parametrize("argv, line", [
     (["synth", "--dtype", "float16"],
-     "--dtype float16 is not a precision rvqspec synth takes: use float32, float64, bfloat16, int8 or int8-dynamic"),
+     "--dtype float16 is not a precision rvqspec synth takes: use auto, float32, float64, bfloat16, int8 or "
+     "int8-dynamic"),
     (["train-drafter", "--drafter", "bogus"],
      "--drafter bogus is not a drafter rvqspec train-drafter takes: use offsets or medusa"),
     (["eval-wer", "--dataset-kind", "common-voice"],
@@ -252,7 +253,7 @@ def test_a_bad_choice_from_a_real_process_is_one_line():
     r = subprocess.run([sys.executable, "-m", "rvqspec_lib.cli.main", "synth", "--dtype", "float16"],
                        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=120)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == ("rvqspec: error: --dtype float16 is not a precision rvqspec synth takes: use float32, "
+    assert r.stderr == ("rvqspec: error: --dtype float16 is not a precision rvqspec synth takes: use auto, float32, "
                         "float64, bfloat16, int8 or int8-dynamic\n")
     assert _heavy_modules_after(["synth", "--dtype", "float16"]) == []
 
@@ -715,6 +716,7 @@ def test_synth_default_without_a_timed_choice_does_not_time(tmp_path, capsys, mo
 
     err, stats = _default_synth(tmp_path, capsys, monkeypatch, None)
     native = B.available("native", "float32")[0]
+    assert stats["dtype"] == stats["model_dtype"] == "float32"  # --dtype auto: the embedded model's own, on any CPU
     assert stats["decoder"] == "ar" and stats["backend"] == ("native" if native else "official")
     assert stats["fused"] is native
     line = f"note: the default path is ar through {stats['backend']}{', fused' * native}, untimed: "

@@ -117,6 +117,34 @@ def test_after_prepare_synth_runs_paper_auto_and_stream(prepared, tmp_path, caps
     assert json.loads((tmp_path / "s.json").read_text())["stream"] is True
 
 
+def _rule(ckpt: Path) -> str:
+    """The dtype the rule picks for ``ckpt`` on this CPU (bfloat16 where it computes in it natively, else float32)."""
+    from rvqspec_lib.common.machine import load_dtype
+    from rvqspec_lib.models.loader import stored_dtype
+
+    return str(load_dtype(stored_dtype(ckpt), "cpu")).replace("torch.", "")
+
+
+def test_default_synth_loads_the_rule_dtype_and_finds_prepares_choice(prepared, tmp_path, capsys):
+    """No --dtype, no --decoder on the bfloat16 checkpoint: loaded in the rule's dtype (bfloat16 on a CPU with native
+    bfloat16), reported as such, and the choice prepare cached (by default for that dtype) runs untimed. Negative
+    control: another explicit --dtype has no cached choice, so the default path runs untimed."""
+    ckpt, _ = prepared
+    want = _rule(ckpt)
+    rc = _synth(ckpt, tmp_path, "--out", str(tmp_path / "a.wav"))
+    out, err = capsys.readouterr()
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert rc == 0 and stats["dtype"] == stats["model_dtype"] == want, err
+    assert f"on cpu ({want})" in out, out
+    assert "note: auto chose " in err and "(a cached choice, " in err and "untimed" not in err, err
+    other = "float32" if want != "float32" else "float64"
+    rc = _synth(ckpt, tmp_path, "--out", str(tmp_path / "b.wav"), "--dtype", other)
+    err = capsys.readouterr().err
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert rc == 0 and stats["dtype"] == stats["model_dtype"] == other, err
+    assert "note: the default path is ar through " in err and "a cached choice" not in err, err
+
+
 def test_a_second_run_skips_every_stage(prepared, tmp_path, capsys):
     from rvqspec_lib.cli.main import main
 

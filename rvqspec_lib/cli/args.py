@@ -81,9 +81,11 @@ def synth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the model's first)")
     p.add_argument("--codes-to-audio", default="auto", choices=("auto", "neural", "table"), help="offline codec "
                    "(embedded): its neural code decoder when shipped (auto), required (neural), or the codebook sum")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "int8", "int8-dynamic"),
-                   help="int8: int8 weights in the code predictor, bfloat16 elsewhere; int8-dynamic: also int8 "
-                   "activations, float32 elsewhere (docs/precision.md)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float64", "bfloat16", "int8",
+                                                         "int8-dynamic"),
+                   help="auto (default): the model's stored dtype where the device runs it well, else float32 "
+                   "(docs/model.md#device-and-dtype); int8: int8 weights in the code predictor, bfloat16 elsewhere; "
+                   "int8-dynamic: also int8 activations, float32 elsewhere (docs/precision.md)")
     _common(p, "model", "seed", "json", "device")
 
 
@@ -95,7 +97,8 @@ def prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="the model's dtype while "
                    "preparing (auto: its own where the device runs it well, else float32; docs/model.md)")
     p.add_argument("--auto-dtype", action="append", choices=["float32", "bfloat16"], dest="auto_dtypes",
-                   help="a synth --dtype to time --decoder auto for (repeat for several; default float32, synth's)")
+                   help="a synth --dtype to time --decoder auto for (repeat for several; default synth's: --dtype "
+                   "auto's answer for this model and device)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated stages to run, in order (default "
                    f"all: {','.join(STAGES)}; the shipped embedded model needs only auto)")
     _common(p, "model", "seed", "json", "device")

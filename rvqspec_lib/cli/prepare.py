@@ -14,7 +14,7 @@ from rvqspec_lib.cli.common import load, note, started, timings
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import model_drafter_dir
-from rvqspec_lib.training.prepare import auto_cached, prepare
+from rvqspec_lib.training.prepare import auto_cached, default_auto_dtypes, prepare
 
 
 def run(args, threads: int) -> int:
@@ -31,7 +31,7 @@ def run(args, threads: int) -> int:
     folder = model_drafter_dir(lm)
     if folder is not None and lm.folder is not None and folder != lm.folder:
         note(f"{lm.folder} cannot be written: preparing into the cache folder {folder}")
-    auto_dtypes = args.auto_dtypes or ["float32"]
+    auto_dtypes = args.auto_dtypes or default_auto_dtypes(lm)  # a default synth's dtype here
     done = prepare(lm, frames=args.frames, seed=args.seed, auto_dtypes=auto_dtypes,
                    stages=stages, progress=sys.stderr.isatty())
     total_s = time.perf_counter() - t0

@@ -51,7 +51,8 @@ def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
 
 def check_args(args) -> list[tuple[Path, Path]]:
     """Every check that needs no model; sets ``args.texts`` (``--text``, or the non-blank lines of ``--text-file``),
-    ``args.device`` (resolved: :func:`~rvqspec_lib.cli.common.check_device`), ``args.decoder_name``,
+    ``args.device`` (resolved: :func:`~rvqspec_lib.cli.common.check_device`), ``args.dtype`` (``auto`` resolved:
+    :func:`~rvqspec_lib.models.loader.auto_dtype`, from the weights' header), ``args.decoder_name``,
     ``args.batch_size`` and ``args.chunk_frames`` (``--stream``: one text, a chunk within the
     frame cap, a WAV or standard output); returns the ``(audio, codes)`` paths, one pair per text.
 
@@ -99,6 +100,25 @@ def check_args(args) -> list[tuple[Path, Path]]:
         ["--talker native"] * (args.talker == "native")
     check_device(args, " and ".join(cpu_only) or None, "--backend official, eager or compile and --talker official "
                  "(they run on every device)")
+    if name.kind == "auto" and args.frame != "auto":
+        raise ValueError(f"--frame {args.frame}: --decoder auto chooses how its decoder runs; drop --frame")
+    if args.frame == "fused":  # a calibrated tree or paper is a tree: no fused frame either
+        probe = Tree() if name.kind in ("calibrated", "paper") else name.decoder(drafter=name.drafter
+                                                                                  if name.drafter != "heads" else None)
+        why = B.fused_support(args.backend or "official", probe)
+        if why:
+            raise ValueError(f"--frame fused with --backend {args.backend or 'official'} and --decoder {name.text}: "
+                             f"{why}; or use --frame stepped")
+    if args.dtype == "auto":  # the dtype load_model's rule picks for this model here; a hub id not cached: on loading
+        args.dtype = loader.auto_dtype(args.model, args.device) or "auto"
+    if args.dtype != "auto":
+        check_dtype(args)
+    return pairs
+
+
+def check_dtype(args) -> None:
+    """The checks of ``args.dtype`` (resolved: never ``auto``) against ``--device``, ``--backend`` and ``--talker``.
+    Raises ValueError (one line): a precision this CPU cannot run natively, one the backend or talker does not run."""
     if args.dtype in ("bfloat16", "int8", "int8-dynamic"):  # a precision this CPU cannot run natively: one line
         check_precision(args.dtype, device=args.device)
     if args.backend:
@@ -111,16 +131,6 @@ def check_args(args) -> list[tuple[Path, Path]]:
     if args.talker == "native" and not B.available("native", args.dtype)[0]:
         raise ValueError(f"--talker native is not available here: {B.available('native', args.dtype)[1]}: use "
                          "--talker official")
-    if name.kind == "auto" and args.frame != "auto":
-        raise ValueError(f"--frame {args.frame}: --decoder auto chooses how its decoder runs; drop --frame")
-    if args.frame == "fused":  # a calibrated tree or paper is a tree: no fused frame either
-        probe = Tree() if name.kind in ("calibrated", "paper") else name.decoder(drafter=name.drafter
-                                                                                  if name.drafter != "heads" else None)
-        why = B.fused_support(args.backend or "official", probe)
-        if why:
-            raise ValueError(f"--frame fused with --backend {args.backend or 'official'} and --decoder {name.text}: "
-                             f"{why}; or use --frame stepped")
-    return pairs
 
 
 def check_against_model(args, facts) -> str | None:
@@ -218,6 +228,9 @@ def run(args, threads: int) -> int:
     startup_s = time.perf_counter() - t0  # interpreter imports (torch, transformers) and the checks
     lm, threads, _ = load(args, threads, dtype={"int8": "bfloat16", "int8-dynamic": "float32"}.get(args.dtype,
                           args.dtype), check=lambda m: check_tree_ranks([args.decoder_name], m.codebook_size))
+    if args.dtype == "auto":  # a hub id whose weights were not cached: the rule's answer is the loaded dtype
+        args.dtype = lm.dtype
+        check_dtype(args)
     if args.dtype in ("int8", "int8-dynamic"):
         apply_precision(lm.code_predictor, args.dtype)  # AR and speculation alike run the int8 code predictor
     load_s = time.perf_counter() - t0 - startup_s

@@ -189,6 +189,21 @@ def load_model(name: str, *, dtype: torch.dtype | str = "auto", seed: int = 0, d
     return _placed(_check_loaded(_load_checkpoint(name, None, pick(stored), device, attn_implementation)), device)
 
 
+def auto_dtype(name: str, device: str) -> str | None:
+    """The name of the dtype ``load_model(name, dtype="auto", device=device)`` loads in (``float32``, ``bfloat16``,
+    ...), from the weights' header alone (:func:`stored_dtype`; nothing loaded). ``device``: resolved (``cpu``,
+    ``cuda[:N]``, ``mps``). ``None``: a hub id whose weights are not in the local cache (known once loaded).
+
+    Raises:
+        ModelNotFoundError: as :func:`load_model`.
+    """
+    kind, path = _resolve(name)
+    stored = stored_dtype(path if kind == "checkpoint" else name) if kind in ("checkpoint", "hub") else None
+    if kind == "hub" and stored is None:
+        return None
+    return str(load_dtype(stored, device)).replace("torch.", "")
+
+
 def _placed(lm: LoadedModel, device: str) -> LoadedModel:
     """``lm`` on ``device`` (a no-op where it was loaded there), its device and dtype recorded."""
     if next(lm.model.parameters()).device != torch.device(device):

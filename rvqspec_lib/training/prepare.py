@@ -53,7 +53,7 @@ from rvqspec_lib.models.drafter_files import (
     shipped_drafters,
 )
 from rvqspec_lib.models.frame import inner_sampling, synthesize
-from rvqspec_lib.models.loader import LoadedModel
+from rvqspec_lib.models.loader import LoadedModel, auto_dtype
 from rvqspec_lib.models.named_decoders import drafter_calibration
 from rvqspec_lib.models.tree_files import load_calibration, save_calibration, tree_file
 from rvqspec_lib.training.drafters import train_drafter
@@ -313,11 +313,19 @@ def _with_code_predictor_dtype(lm: LoadedModel, dtype: torch.dtype, fn: Callable
         cp.to(old)
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: The ``synth --dtype`` values ``auto`` is timed for (float16: what ``--dtype auto`` loads a float16 checkpoint in on a
+#: GPU).
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_auto_dtypes(lm: LoadedModel) -> list[str]:
+    """The dtype ``auto`` is timed for by default: the one a default ``synth`` (``--dtype auto``) loads ``lm``'s model
+    in on ``lm``'s device (:func:`~rvqspec_lib.models.loader.auto_dtype`), whose cached choice that synth reads."""
+    return [auto_dtype(lm.name, lm.device) or lm.dtype]
 
 
 def time_auto(lm: LoadedModel, dtypes: Sequence[str], *, progress: bool = False, **options) -> list[str]:
-    """Stage 4: ``--decoder auto``'s choice for each of ``dtypes`` (``float32``, ``bfloat16``: the code predictor
+    """Stage 4: ``--decoder auto``'s choice for each of ``dtypes`` (names of :data:`_DTYPES`: the code predictor
     cast to it, as ``synth --dtype`` loads it), timed on the calibration split's first contexts and cached
     (:func:`~rvqspec_lib.eval.budget.auto_decoder`, the key ``synth --decoder auto`` reads; ``options``: its
     timing keywords, e.g. ``frames``, ``repeats``). Returns one line a dtype.
@@ -354,7 +362,7 @@ def auto_cached(lm: LoadedModel, dtypes: Sequence[str]) -> bool:
 
 # ---- all of it --------------------------------------------------------------------------------------------------------
 def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, draws: int = 2,
-            auto_dtypes: Sequence[str] = ("float32",), stages: Sequence[str] = STAGES, progress: bool = False,
+            auto_dtypes: Sequence[str] | None = None, stages: Sequence[str] = STAGES, progress: bool = False,
             auto_options: dict | None = None, frames_per_text: int = MAX_FRAMES_PER_TEXT,
             say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> Prepared:
     """Prepare a loaded checkpoint (or hub model) for ``--decoder paper``, ``--decoder auto`` and ``--stream``:
@@ -364,7 +372,8 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
     Args:
         lm: the loaded model, on its device and in its dtype. frames: calibration frames (the training split as
             many, the validation split a fifth). seed: of speaking, training and calibration. draws: of the
-            sampled trees' calibration. auto_dtypes: the ``synth --dtype`` values ``auto`` is timed for.
+            sampled trees' calibration. auto_dtypes: the ``synth --dtype`` values ``auto`` is timed for (default
+            :func:`default_auto_dtypes`: a default synth's).
         stages: which of :data:`STAGES` to run (each needs the earlier ones' outputs). auto_options: timing
             keywords of :func:`~rvqspec_lib.eval.budget.choose_decoder` (default its own). frames_per_text: the
             frame cap of one spoken text. say: where a line per stage goes.
@@ -376,14 +385,15 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
     bad = [s for s in stages if s not in STAGES]
     if bad:
         raise ValueError(f"unknown stage(s) {', '.join(bad)}: choose among {', '.join(STAGES)}")
-    bad = [d for d in auto_dtypes if d not in ("float32", "bfloat16")]
+    bad = [d for d in auto_dtypes or () if d not in _DTYPES]
     if bad:
-        raise ValueError(f"auto is timed for float32 or bfloat16, not {', '.join(bad)}")
+        raise ValueError(f"auto is timed for {', '.join(_DTYPES)}, not {', '.join(bad)}")
     targets = split_targets(frames)
     folder = model_drafter_dir(lm)
     if folder is None:
         raise ValueError(f"{lm.name} has no folder of its own to prepare (random weights built in memory): use a "
                          "checkpoint folder, a hub id or the embedded model")
+    auto_dtypes = list(auto_dtypes or default_auto_dtypes(lm))
     folder.mkdir(parents=True, exist_ok=True)
     results = []
 

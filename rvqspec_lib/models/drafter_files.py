@@ -14,8 +14,8 @@ import safetensors.torch
 from safetensors import SafetensorError, safe_open
 
 from rvqspec_lib.common.files import atomic_outputs, json_text
-from rvqspec_lib.decoding.drafters import DEFAULT_K, DRAFTERS, MedusaHeads, PositionOffsets, ReusedHeads, _check_name, \
-    fresh_drafter
+from rvqspec_lib.decoding.drafters import (DEFAULT_K, DRAFTERS, MedusaHeads, PositionOffsets, ReusedHeads, _check_name,
+                                           fresh_drafter)
 from rvqspec_lib.decoding.predictor import n_codes
 from rvqspec_lib.models import loader
 

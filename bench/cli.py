@@ -7,7 +7,7 @@ import argparse
 
 from bench import (BACKENDS, MAX_QUERIES, PIPELINE_BATCHES, PIPELINE_CHUNK_FRAMES, PIPELINE_FRAMES, PIPELINE_MODELS,
                    PRECISION_QUERY_SIZES, QUERY_SIZES, TABLE_BACKENDS, TABLE_MODELS, TABLE_REPEATS)
-from rvqspec_lib.cli.common import add_threads_arg
+from rvqspec_lib.cli.common import SEED_MAX, add_threads_arg, number
 
 #: The command's help line (``rvqspec bench``: a plug-in of rvqspec_lib.cli.main).
 HELP = ("timings, one job each: latency (talker step, code-predictor calls), precisions (each against its floor), "
@@ -59,7 +59,8 @@ def _common(p: argparse.ArgumentParser, *, repeats: int, warmup: int, model: boo
                         "is <= F (e.g. 0.02), or 4 x --repeats (default: exactly --repeats)")
     p.add_argument("--warmup", type=int, default=warmup, help=f"untimed runs of each condition first (default "
                    f"{warmup}; compiled backends compile there)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights, inputs and frames")
+    p.add_argument("--seed", type=number(int, 0, SEED_MAX, " (2**63 - 1)"), default=0,
+                   help="seed of the random weights, inputs and frames")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_threads_arg(p)
 

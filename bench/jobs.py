@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from rvqspec_lib.cli.common import apply_threads, check_seed, note
+from rvqspec_lib.cli.common import apply_threads, note
 from rvqspec_lib.common.provenance import provenance, save_json
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name, split_decoder_list
@@ -71,7 +71,6 @@ def _list(text) -> list[str]:
 def check_args(args) -> None:
     """Every check of a job's flags that needs no model; fills ``args.dtypes``, ``args.backend_list`` and
     ``args.acceptance_table``. Raises ValueError (one line naming the flag and the fix)."""
-    check_seed(args.seed)
     if args.repeats < 1 or args.warmup < 0:
         raise ValueError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
     target = args.noise_target

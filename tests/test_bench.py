@@ -185,6 +185,16 @@ def test_bad_flags_are_one_line_before_loading(capsys, monkeypatch, argv, needle
     assert err.startswith("rvqspec: error: ") and needle in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("job, seed", [("latency", -1), ("frames", 2**63)])
+def test_a_seed_out_of_range_is_one_line_from_the_parser(capsys, monkeypatch, job, seed):
+    monkeypatch.setattr(bench_jobs.loader, "load_model", _no_load)
+    with pytest.raises(SystemExit) as e:  # the parser's own errors exit 2 as argparse does
+        cli_main(["bench", job, "--model", "tiny-random", "--seed", str(seed)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert f"rvqspec: error: --seed must be in 0..9223372036854775807 (2**63 - 1), got {seed}" in err, err
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # frames
 # ---------------------------------------------------------------------------------------------------------------------

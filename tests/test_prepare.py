@@ -84,6 +84,7 @@ def test_prepare_writes_beside_the_checkpoint(prepared, cache):
     ckpt, done = prepared
     assert done.folder == ckpt == model_drafter_dir(str(ckpt)) and (done.device, done.dtype) == ("cpu", "float32")
     assert [(s.stage, s.skipped) for s in done.stages] == [(s, False) for s in ("speak", "offsets", "trees", "auto")]
+    assert done.auto_cached  # timed now, and cached (the fixture's timing is never called oversubscribed)
     rows, utts = load_shipped_utterances(ckpt / "utterances.safetensors")
     by_split = {s: [r for r in rows if r["split"] == s] for s in ("training", "validation", "calibration")}
     for split, want in (("training", FRAMES), ("validation", 5), ("calibration", FRAMES)):

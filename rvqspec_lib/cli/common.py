@@ -341,12 +341,6 @@ def load_parallel(args, threads: int):
     return par, loader.load_model(args.model, device=par.device)
 
 
-def check_seed(seed: int) -> None:
-    """Raises ValueError (one line) unless ``0 <= seed <= SEED_MAX`` (a seed not given as a flag, e.g. bench's)."""
-    if not 0 <= seed <= SEED_MAX:
-        raise ValueError(f"--seed must be in 0..{SEED_MAX} (2**63 - 1), got {seed}")
-
-
 def check_utf8(text: str, flag: str) -> None:
     """Raises ValueError (one line) when ``text`` holds bytes that are not UTF-8 (lone surrogates in argv)."""
     try:

@@ -14,7 +14,7 @@ from rvqspec_lib.cli.common import load, note, started, timings
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import model_drafter_dir
-from rvqspec_lib.training.prepare import auto_cached, default_auto_dtypes, prepare
+from rvqspec_lib.training.prepare import default_auto_dtypes, prepare
 
 
 def run(args, threads: int) -> int:
@@ -41,7 +41,7 @@ def run(args, threads: int) -> int:
     ran = [s.stage for s in done.stages if not s.skipped]
     print(f"prepared {args.model} in {done.folder} on {done.device} ({done.dtype}): ran "
           f"{', '.join(ran) or 'nothing (every stage complete)'} | {timings(threads, load=load_s, total=total_s)}")
-    if auto_cached(lm, auto_dtypes):
+    if done.auto_cached:
         print(f"now: rvqspec synth --model {args.model} --text ... takes the fastest path timed here (or --decoder "
               "paper, --stream)")
     else:  # the auto stage not asked for, or its timing was disturbed (an oversubscribed choice is never cached)

@@ -41,6 +41,7 @@ GRAMMAR = grammar()
 
 _DRAFTER = re.compile(r"^[a-z][a-z0-9_-]*$")
 _CALIBRATED = re.compile(r"^calibrated(?:-([a-z-]+))?(?::(.*))?$")
+_TREES = ("calibrated", "paper")  # the kinds whose tree comes from a calibration
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class DecoderName:
     @property
     def needs(self) -> set[str]:
         """What building it needs besides the model: ``"calibration"`` and/or ``"best_chain"``."""
-        if self.kind in ("calibrated", "paper", "auto"):
+        if self.kind in (*_TREES, "auto"):
             return {"calibration"}
         return {"best_chain"} if self.best_window else set()
 
@@ -74,27 +75,19 @@ class DecoderName:
         """THE label of a decoder in tables, figures and rows: the canonical name (``chain:4``, ``paper:32``,
         ``...@offsets``), final once :meth:`resolved`; never parsed back (rows carry :meth:`fields`)."""
         k = self.kind
-        if k == "ar":
-            return k
-        if k == "paper":
-            return f"paper:{self.budget}"
-        if k == "auto":
-            base = k
-        elif k == "chain":
-            base = "chain:best" if self.best_window else f"chain:{self.window}"
-        elif k == "tree":
-            base = f"tree{'-sampled' if self.sampled else ''}:{format_paths(self.paths)}"
-        elif k == "calibrated":
-            base = f"tree:calibrated{'-' + self.tree_kind if self.tree_kind else ''}:{self.budget}"
-        else:
-            base = f"ssd-lossy:{self.beta:g}"
+        if k in ("ar", "paper"):  # neither takes @DRAFTER
+            return "ar" if k == "ar" else f"paper:{self.budget}"
+        base = ("auto" if k == "auto" else f"ssd-lossy:{self.beta:g}" if k == "ssd-lossy" else
+                ("chain:best" if self.best_window else f"chain:{self.window}") if k == "chain" else
+                f"tree{'-sampled' * self.sampled}:{format_paths(self.paths)}" if k == "tree" else
+                f"tree:calibrated{'-' + self.tree_kind if self.tree_kind else ''}:{self.budget}")
         return base if self.drafter == DEFAULT_DRAFTER else f"{base}@{self.drafter}"
 
     def resolved(self, decoder) -> "DecoderName":
         """This name with what building ``decoder`` decided filled in (a window, a tree's kind and budget)."""
         if self.kind == "chain" and self.best_window:
             return replace(self, best_window=False, window=int(decoder.window))
-        if self.kind in ("calibrated", "paper"):
+        if self.kind in _TREES:
             return replace(self, tree_kind="sampled" if decoder.sampled else "point-mass", sampled=decoder.sampled,
                            budget=decoder.nodes, budget_given=True)
         return self
@@ -102,11 +95,8 @@ class DecoderName:
     def fields(self) -> dict:
         """A result row's keys: ``decoder`` (:attr:`label`), ``kind``, ``drafter``, ``nodes``, ``lossy``, ``sampled``
         (``None`` where not known yet)."""
-        nodes = {"ar": 1, "chain": self.window, "ssd-lossy": self.window}.get(self.kind)
-        if self.kind == "tree":
-            nodes = len(self.paths) + 1
-        elif self.kind in ("calibrated", "paper"):
-            nodes = self.budget
+        nodes = {"ar": 1, "chain": self.window, "ssd-lossy": self.window, "calibrated": self.budget,
+                 "paper": self.budget, "tree": None if self.paths is None else len(self.paths) + 1}.get(self.kind)
         return {"decoder": self.label, "kind": self.kind, "drafter": None if self.kind == "ar" else self.drafter,
                 "nodes": nodes, "lossy": self.kind == "ssd-lossy",
                 "sampled": None if self.kind == "calibrated" and not self.tree_kind else
@@ -131,21 +121,17 @@ class DecoderName:
             return Tree(self.paths, sampled=self.sampled, drafter=drafter)
         if self.kind == "ssd-lossy":
             return LossySSD(window=self.window, beta=self.beta, drafter=drafter)
-        tree = self.calibrated_tree(calibration)
-        return replace(tree, drafter=drafter) if drafter is not None else tree
+        return replace(self.calibrated_tree(calibration), drafter=drafter)
 
     def calibrated_tree(self, calibration: dict | None):
-        """The calibrated ``Tree`` this name picks, without drafter (``paper``: the largest budget up to 32).
-        Raises ValueError: not a calibrated name, no calibration, a budget it does not hold."""
-        if self.kind not in ("calibrated", "paper"):
-            raise ValueError(f"{self.text} is not a calibrated tree")
+        """The calibrated ``Tree`` of a ``calibrated`` or ``paper`` name, without drafter (``paper`` without ``:N``:
+        the largest budget up to 32). Raises ValueError: no calibration, a budget it does not hold."""
         if calibration is None:
             raise ValueError(f"{self.text} needs a calibration of this model's trees for the {self.drafter} drafter "
                              f"(<model>/trees/{self.drafter}.json): none was found")
         budget = self.budget
         if not self.budget_given:  # paper without :N: the paper's 32, capped to what is calibrated
-            have = [int(b) for b in calibration.get("budgets", []) if int(b) <= self.budget]
-            budget = max(have) if have else self.budget
+            budget = max([int(b) for b in calibration.get("budgets", []) if int(b) <= budget], default=budget)
         return tree_from_calibration(calibration, self.tree_kind, budget)
 
 
@@ -155,20 +141,13 @@ def format_paths(paths: Sequence[Sequence[int]]) -> str:
 
 
 def _budget(text: str, what: str) -> int:
+    fix = f"e.g. {what.split(':')[0]}:16"
     if not text.isdigit():
         raise ValueError(f"node budget {text!r} of {what} is not a whole number: give N in {MIN_BUDGET}..{MAX_BUDGET}"
-                         f", e.g. {what.split(':')[0]}:16")
-    n = int(text)
-    if not MIN_BUDGET <= n <= MAX_BUDGET:
-        raise ValueError(f"node budget {n} is outside {MIN_BUDGET}..{MAX_BUDGET} (the root plus 1..63 drafts): "
-                         f"e.g. {what.split(':')[0]}:16")
-    return n
-
-
-def _window(text: str) -> int:
-    if not text.isdigit() or not 2 <= int(text) <= MAX_WINDOW:
-        raise ValueError(f"Chain window must be an integer in 2..{MAX_WINDOW} (the committed code plus "
-                         f"1..{MAX_WINDOW - 1} drafts), got {text!r}: e.g. chain:{DEFAULT_WINDOW}")
+                         f", {fix}")
+    if not MIN_BUDGET <= int(text) <= MAX_BUDGET:
+        raise ValueError(f"node budget {int(text)} is outside {MIN_BUDGET}..{MAX_BUDGET} (the root plus 1..63 drafts): "
+                         + fix)
     return int(text)
 
 
@@ -181,49 +160,50 @@ def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName
     """
     from rvqspec_lib.decoding.trees import parse_paths  # local: trees imports torch, and this module must not
 
-    raw = (text or "").strip() if isinstance(text, str) else ""
+    raw = text.strip() if isinstance(text, str) else ""
     if not raw:
         raise ValueError(f"empty decoder name: use one of {grammar(without)}")
-    body, at, drafter = raw.partition("@")
-    body, drafter = body.strip(), drafter.strip()
+    body, at, drafter = (s.strip() for s in raw.partition("@"))
     if at and not _DRAFTER.match(drafter):
         raise ValueError(f"decoder {raw!r}: drafter {drafter!r} after '@' must be a drafter's file name beside the "
                          "model (e.g. @offsets for drafters/offsets.safetensors)")
     drafter = drafter or DEFAULT_DRAFTER
-    head, colon, arg = body.partition(":")
-    head, arg = head.strip(), arg.strip()
+    head, colon, arg = (s.strip() for s in body.partition(":"))
+
+    def name(kind: str, **kw) -> DecoderName:
+        return DecoderName(raw, kind, drafter, **kw)
+
     try:
-        if head == "ar" and not colon:
-            if at:
+        if head in ("ar", "auto") and not colon:
+            if head == "ar" and at:
                 raise ValueError("ar drafts nothing: drop the @DRAFTER")
-            return DecoderName(raw, "ar")
-        if head == "auto" and not colon:
-            return DecoderName(raw, "auto", drafter)
+            return DecoderName(raw, "ar") if head == "ar" else name("auto")
         if head == "paper":
             if at:
                 raise ValueError(f"paper always drafts with the {PAPER_DRAFTER} drafter: drop the @DRAFTER, or name "
                                  f"the tree, e.g. tree:calibrated-point-mass:32@{drafter}")
-            n = _budget(arg, "paper:N") if colon else PAPER_BUDGET
-            return DecoderName(raw, "paper", PAPER_DRAFTER, tree_kind="point-mass", budget=n, budget_given=bool(colon))
+            return DecoderName(raw, "paper", PAPER_DRAFTER, tree_kind="point-mass", budget_given=bool(colon),
+                               budget=_budget(arg, "paper:N") if colon else PAPER_BUDGET)
         if head == "chain":
             if arg == "best":
-                return DecoderName(raw, "chain", drafter, best_window=True)
-            return DecoderName(raw, "chain", drafter, window=_window(arg) if colon else DEFAULT_WINDOW)
+                return name("chain", best_window=True)
+            if colon and not (arg.isdigit() and 2 <= int(arg) <= MAX_WINDOW):
+                raise ValueError(f"Chain window must be an integer in 2..{MAX_WINDOW} (the committed code plus "
+                                 f"1..{MAX_WINDOW - 1} drafts), got {arg!r}: e.g. chain:{DEFAULT_WINDOW}")
+            return name("chain", window=int(arg) if colon else DEFAULT_WINDOW)
         if head == "calibrated" or head.startswith("calibrated-") or (head == "tree" and arg.startswith("calibrated")):
             tree = arg if head == "tree" else body
             m = _CALIBRATED.match(tree)
-            if not m or (m.group(1) is not None and m.group(1) not in TREE_KINDS):
+            if not m or m.group(1) not in (None, *TREE_KINDS):
                 raise ValueError(f"unknown tree name {tree!r}: use calibrated:N, calibrated-sampled:N or "
                                  f"calibrated-point-mass:N with N in {MIN_BUDGET}..{MAX_BUDGET}, or rank paths like "
                                  "'0;1;0,0'")
-            n = DEFAULT_TREE_BUDGET if m.group(2) is None else _budget(m.group(2), tree)
-            return DecoderName(raw, "calibrated", drafter, tree_kind=m.group(1), sampled=m.group(1) == "sampled",
-                               budget=n)
+            return name("calibrated", tree_kind=m.group(1), sampled=m.group(1) == "sampled",
+                        budget=DEFAULT_TREE_BUDGET if m.group(2) is None else _budget(m.group(2), tree))
         if head in ("tree", "tree-sampled"):
             if head == "tree-sampled" and not arg:
                 raise ValueError("tree-sampled needs rank paths, e.g. tree-sampled:0;0,0;1")
-            paths = tuple(parse_paths(arg)) if arg else DEFAULT_TREE
-            return DecoderName(raw, "tree", drafter, paths=paths, sampled=head == "tree-sampled")
+            return name("tree", paths=tuple(parse_paths(arg)) if arg else DEFAULT_TREE, sampled=head == "tree-sampled")
         if head == "ssd-lossy":
             try:
                 beta = float(arg) if colon else 0.4
@@ -233,10 +213,9 @@ def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName
             if not 0 < beta <= 1:
                 raise ValueError(f"ssd-lossy beta must be in (0, 1] (SSD uses 0.4; beta 0 is the lossless chain), "
                                  f"got {arg}")
-            return DecoderName(raw, "ssd-lossy", drafter, window=4, beta=beta)
+            return name("ssd-lossy", window=4, beta=beta)
     except ValueError as e:
-        msg = str(e)
-        raise ValueError(msg if repr(raw) in msg else f"decoder {raw!r}: {msg}") from None
+        raise ValueError(str(e) if repr(raw) in str(e) else f"decoder {raw!r}: {e}") from None
     raise ValueError(f"unknown decoder {raw!r}: use {grammar(without)}")
 
 
@@ -262,23 +241,19 @@ def check_decoder_names(names: Sequence[str]) -> set[str]:
 
 def calibration_budgets(names: Sequence[str]) -> list[int]:
     """Node budgets the calibrated names (``tree:calibrated...``, ``paper``) ask for, sorted."""
-    return sorted({d.budget for d in map(parse_decoder_name, names) if d.kind in ("calibrated", "paper")})
+    return sorted({d.budget for d in map(parse_decoder_name, names) if d.kind in _TREES})
 
 
 def name_of(decoder) -> DecoderName:
     """The name of a decoder object (``Chain(3)`` -> ``chain:3``), the inverse of :meth:`DecoderName.decoder` for
     names that read no file. Raises ValueError: not a decoder of :mod:`rvqspec_lib.decoding.decoders`."""
     drafter = getattr(getattr(decoder, "drafter", None), "name", None) or DEFAULT_DRAFTER
-    if type(decoder) is AR:
-        return DecoderName("ar", "ar")
-    if type(decoder) is Chain:
-        d = DecoderName("", "chain", drafter, window=decoder.window)
-    elif type(decoder) is Tree:
-        d = DecoderName("", "tree", drafter, paths=tuple(decoder.paths), sampled=decoder.sampled)
-    elif type(decoder) is LossySSD:
-        d = DecoderName("", "ssd-lossy", drafter, window=decoder.window, beta=decoder.beta)
-    else:
+    t = type(decoder)
+    if t not in (AR, Chain, Tree, LossySSD):
         raise ValueError(f"not a decoder: {decoder!r}")
+    d = (DecoderName("", "ar") if t is AR else DecoderName("", "chain", drafter, window=decoder.window) if t is Chain
+         else DecoderName("", "tree", drafter, paths=tuple(decoder.paths), sampled=decoder.sampled) if t is Tree
+         else DecoderName("", "ssd-lossy", drafter, window=decoder.window, beta=decoder.beta))
     return replace(d, text=d.label)
 
 
@@ -290,6 +265,5 @@ def tree_from_calibration(calibration: dict, kind: str | None, budget: int):
     budgets = [int(b) for b in calibration.get("budgets", [])]
     if kind not in TREE_KINDS or budget not in budgets:
         raise ValueError(f"no calibrated tree of node budget {budget} (kind {kind}): this calibration holds N in "
-                         f"{min(budgets) if budgets else '-'}..{max(budgets) if budgets else '-'}")
-    order = calibration[kind]["order"]
-    return Tree([tuple(x) for x in order[: budget - 1]], sampled=kind == "sampled")
+                         f"{min(budgets, default='-')}..{max(budgets, default='-')}")
+    return Tree([tuple(x) for x in calibration[kind]["order"][: budget - 1]], sampled=kind == "sampled")

@@ -14,15 +14,8 @@ import safetensors.torch
 from safetensors import SafetensorError, safe_open
 
 from rvqspec_lib.common.files import atomic_outputs, json_text
-from rvqspec_lib.decoding.drafters import (
-    DEFAULT_K,
-    DRAFTERS,
-    MedusaHeads,
-    PositionOffsets,
-    ReusedHeads,
-    _check_name,
-    fresh_drafter,
-)
+from rvqspec_lib.decoding.drafters import (DEFAULT_K, DRAFTERS, MedusaHeads, PositionOffsets, ReusedHeads, _check_name,
+                                           fresh_drafter)
 from rvqspec_lib.decoding.predictor import n_codes
 from rvqspec_lib.models import loader
 
@@ -57,10 +50,6 @@ def cache_model_dir(model: str | os.PathLike) -> Path:
 PREPARED = ("utterances.safetensors", "drafters", "trees")
 
 
-def _prepared_in(d: Path) -> bool:
-    return any((d / f).exists() for f in PREPARED)
-
-
 def model_drafter_dir(model: str | os.PathLike) -> Path | None:
     """The folder whose ``drafters/``, ``trees/`` and ``utterances.safetensors`` belong to a model:
     ``"embedded"`` -> ``data/embedded/model``; our own model's folder -> itself; a checkpoint folder -> itself where
@@ -76,10 +65,11 @@ def model_drafter_dir(model: str | os.PathLike) -> Path | None:
         return loader.EMBEDDED_DIR / "model"
     p = Path(model).expanduser()
     if p.is_dir():
-        if (p / loader.OWN_MODEL_MARKER).is_file() or not (p / "config.json").is_file() or _prepared_in(p):
-            return p  # our own model, a folder of drafters, or a checkpoint prepared beside itself
         cached = cache_model_dir(p)
-        return cached if _prepared_in(cached) or not os.access(p, os.W_OK) else p
+        prepared = [any((d / f).exists() for f in PREPARED) for d in (p, cached)]
+        if (p / loader.OWN_MODEL_MARKER).is_file() or not (p / "config.json").is_file() or prepared[0]:
+            return p  # our own model, a folder of drafters, or a checkpoint prepared beside itself
+        return cached if prepared[1] or not os.access(p, os.W_OK) else p
     try:
         kind, _ = loader._resolve(str(model))
     except ValueError:
@@ -96,20 +86,21 @@ def shipped_drafters(model: str | os.PathLike) -> list[str]:
 HEADS_INSTEAD = "@heads (the reused heads, no training)"
 
 
-def check_shipped_drafter(model: str | os.PathLike, name: str, *, heads_instead: str = HEADS_INSTEAD) -> None:
+def check_shipped_drafter(model: str | os.PathLike, name: str, *, heads_instead: str | None = None) -> None:
     """Before loading: a drafter named in a decoder (``@offsets``, ``paper``) must be shipped beside the model.
-    ``heads_instead``: how the message names the same decoder drafting with the reused heads.
+    ``heads_instead``: how the message names the same decoder drafting with the reused heads (default
+    :data:`HEADS_INSTEAD`).
 
     Raises:
         ValueError: (one line) a model without a folder, no ``drafters/<name>.safetensors``, a damaged header.
     """
     if name == "heads":
         return
-    d = model_drafter_dir(model)
-    model = getattr(model, "name", model)  # a loaded model: named by its name
+    d, model = model_drafter_dir(model), getattr(model, "name", model)  # a loaded model: named by its name
     if d is None:
         raise ValueError(f"the {name!r} drafter is not shipped beside {model} (it has no folder of its own): use a "
-                         f"checkpoint folder, a hub id or the embedded model, or use {heads_instead}")
+                         f"checkpoint folder, a hub id or the embedded model, or use "
+                         f"{heads_instead or HEADS_INSTEAD}")
     have, file = shipped_drafters(model), d / "drafters" / f"{name}.safetensors"
     if name not in have:
         raise ValueError(f"the {name!r} drafter is not shipped beside {model} (no {file}; shipped: "
@@ -134,9 +125,10 @@ def prepare_command(model: str | os.PathLike) -> str:
     return f"rvqspec prepare --model {getattr(model, 'name', model)}"
 
 
-def _how_to_train(name: str, where: str, heads_instead: str = HEADS_INSTEAD) -> str:
+def _how_to_train(name: str, where: str, heads_instead: str | None = None) -> str:
     return (f"train one with `rvqspec train-drafter --model <model> --drafter {name} --out {where}` "
-            f"(or rvqspec_lib.training.drafters.train_drafter), or use {heads_instead}")
+            f"(or rvqspec_lib.training.drafters.train_drafter), or use "
+            f"{heads_instead or HEADS_INSTEAD}")
 
 
 def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = None, *, fresh: bool = False,
@@ -159,8 +151,7 @@ def make_drafter(name: str, code_predictor, path: str | os.PathLike | None = Non
                                 f"model directory holding drafters/{name}.safetensors); "
                                 f"{_how_to_train(name, '<file>.safetensors')}")
     p = Path(path).expanduser()
-    if p.is_dir():
-        p = drafter_path(p, name)
+    p = drafter_path(p, name) if p.is_dir() else p
     if not p.is_file():
         raise FileNotFoundError(f"no trained {name!r} drafter at {p}: {_how_to_train(name, str(p))}")
     d = load_drafter(p, code_predictor)
@@ -227,9 +218,8 @@ def load_drafter(path: str | os.PathLike, code_predictor):
         raise FileNotFoundError(f"no drafter file {path}")
     desc = read_description(path)
     cfg = dict(desc["config"])
-    hidden, vocab, n = int(code_predictor.config.hidden_size), int(code_predictor.config.vocab_size), \
-        n_codes(code_predictor)
-    want = {"hidden_size": hidden, "vocab_size": vocab, "n_codes": n}
+    want = {"hidden_size": int(code_predictor.config.hidden_size), "vocab_size": int(code_predictor.config.vocab_size),
+            "n_codes": n_codes(code_predictor)}
     bad = {k: (cfg[k], v) for k, v in want.items() if k in cfg and int(cfg[k]) != v}
     if bad:
         raise ValueError(f"{path} was trained for another code predictor: " +

@@ -1,7 +1,7 @@
-"""THE resolver from a decoder name (the grammar of :mod:`rvqspec_lib.decoding.decoder_names`) to a decoder with its
-drafter and trees, for a loaded model, reading the drafters (``drafters/``) and calibrations (``trees/``) shipped
-beside it: every command, table and notebook builds its decoders here. :func:`check_files` is the same lookup before
-the model loads, so a command fails in one line before loading (docs/architecture.md#the-four-ones).
+"""THE resolver from a decoder name (:mod:`rvqspec_lib.decoding.decoder_names`) to a decoder with its drafter and
+tree, reading the drafters (``drafters/``) and calibrations (``trees/``) shipped beside a loaded model: every command,
+table and notebook builds its decoders here. :func:`check_files` is the same lookup before the model loads, so a
+command fails in one line before loading (docs/architecture.md#the-four-ones).
 """
 
 from __future__ import annotations
@@ -54,10 +54,15 @@ def has_paper_decoder(lm) -> bool:
     return path is not None and path.is_file() and PAPER_DRAFTER in shipped_drafters(lm)
 
 
-def _need_model(lm, d: DecoderName, what: str, keyword: str) -> None:
-    if lm is None:
-        raise ValueError(f"decoder {d.text!r} reads the {d.drafter} {what}: give the loaded model, or pass it as "
-                         f"{keyword}={{{d.drafter!r}: ...}}")
+def _given_or_read(given: Mapping | None, d: DecoderName, lm, what: str, keyword: str, read):
+    """``given[d.drafter]``, else ``read()`` from beside ``lm`` (ValueError when there is no model to read)."""
+    got = (given or {}).get(d.drafter)
+    if got is None:
+        if lm is None:
+            raise ValueError(f"decoder {d.text!r} reads the {d.drafter} {what}: give the loaded model, or pass it as "
+                             f"{keyword}={{{d.drafter!r}: ...}}")
+        got = read()
+    return got
 
 
 def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | None = None,
@@ -79,32 +84,23 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
     if d.kind == "auto":
         raise ValueError("auto is chosen by timing this device, not resolved from files: use "
                          "rvqspec_lib.eval.budget.auto_decoder (its choice carries a NamedDecoder)")
-    calibrations, drafters = calibrations or {}, drafters or {}
-    drafter = None
-    if d.kind != "ar" and d.drafter != "heads":
-        drafter = drafters.get(d.drafter)
-        if drafter is None:
-            _need_model(lm, d, "drafter", "drafters")
-            drafter = shipped_drafter(lm, d.drafter, lm.code_predictor)
-    cal = None
+    drafter = cal = None
+    if d.drafter != "heads":  # ar's drafter is always the heads
+        drafter = _given_or_read(drafters, d, lm, "drafter", "drafters",
+                                 lambda: shipped_drafter(lm, d.drafter, lm.code_predictor))
     if "calibration" in d.needs:
-        cal = calibrations.get(d.drafter)
+        cal = _given_or_read(calibrations, d, lm, "calibration", "calibrations",
+                             lambda: drafter_calibration(lm, d.drafter))
         if cal is None:
-            _need_model(lm, d, "calibration", "calibrations")
-            cal = drafter_calibration(lm, d.drafter)
-        if cal is None and tree_file(lm, d.drafter) is None:
-            raise ValueError(f"decoder {d.text!r} needs the {d.drafter} drafter's calibrated trees, and {lm.name} "
-                             "has no folder to hold them (random weights built in memory): give rank paths "
-                             "(tree:0;1;0,0), or use a checkpoint folder, a hub id or the embedded model")
-        if cal is None:
-            raise ValueError(f"decoder {d.text!r} needs the {d.drafter} drafter's calibrated trees, and {lm.name} "
-                             f"has none ({tree_file(lm, d.drafter)}): calibrate them with "
-                             f"`{prepare_command(lm)}`, or give rank paths (tree:0;1;0,0)")
+            path = tree_file(lm, d.drafter)
+            raise ValueError(f"decoder {d.text!r} needs the {d.drafter} drafter's calibrated trees, and {lm.name} " + (
+                "has no folder to hold them (random weights built in memory): give rank paths (tree:0;1;0,0), or use "
+                "a checkpoint folder, a hub id or the embedded model" if path is None else
+                f"has none ({path}): calibrate them with `{prepare_command(lm)}`, or give rank paths (tree:0;1;0,0)"))
     try:
         dec = d.decoder(calibration=cal, best_chain=best_chain, drafter=drafter)
     except ValueError as e:
-        msg = str(e)
-        raise ValueError(msg if d.text in msg or "decoder" in msg else f"decoder {d.text!r}: {msg}") from None
+        raise ValueError(str(e) if d.text in str(e) or "decoder" in str(e) else f"decoder {d.text!r}: {e}") from None
     final = d.resolved(dec)
     note = None
     if d.kind == "paper" and not d.budget_given and final.budget < d.budget:
@@ -120,14 +116,12 @@ def resolve_all(names: Sequence[str], lm, **kw) -> dict[str, NamedDecoder]:
         ValueError: the first bad name; two names that resolve to the same decoder label.
     """
     cals, drafters = dict(kw.pop("calibrations", None) or {}), dict(kw.pop("drafters", None) or {})
-    out: dict[str, NamedDecoder] = {}
-    texts: dict[str, str] = {}
+    out, texts = {}, {}
     for text in names:
         nd = resolve(text, lm, calibrations=cals, drafters=drafters, **kw)
-        if nd.calibration is not None:
-            cals.setdefault(nd.name.drafter, nd.calibration)
-        if nd.drafter is not None:
-            drafters.setdefault(nd.name.drafter, nd.drafter)
+        for read, got in ((cals, nd.calibration), (drafters, nd.drafter)):
+            if got is not None:
+                read.setdefault(nd.name.drafter, got)
         if nd.label in out:
             raise ValueError(f"decoders {texts[nd.label]!r} and {text!r} are the same decoder ({nd.label}): name it "
                              "once")
@@ -138,10 +132,8 @@ def resolve_all(names: Sequence[str], lm, **kw) -> dict[str, NamedDecoder]:
 def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: int | None = None,
                 codebook_size: int | None = None) -> str | None:
     """Before loading: the drafter and calibration files a decoder name reads beside the model exist and are sound
-    (checked against the model's sizes when given).
-
-    Returns:
-        a one-line note when the tree used has fewer nodes than the name asks for, else ``None``.
+    (checked against the model's sizes when given). Returns a one-line note when the tree used has fewer nodes than
+    the name asks for, else ``None``.
 
     Raises:
         ValueError, FileNotFoundError: one line naming the file and the fix (the recalibrate command).
@@ -149,17 +141,12 @@ def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: i
     name = parse_decoder_name(name) if isinstance(name, str) else name
     # a Path as text: drafter_files would take a Path's .name for the model's name, and look in the wrong folder
     model = os.fspath(model) if isinstance(model, os.PathLike) else model
-    if name.kind == "ar":
-        return None
-    if name.kind == "paper":  # paper always drafts with the offsets: the heads' form is a tree of its own
-        check_shipped_drafter(model, name.drafter, heads_instead=f"tree:calibrated-point-mass:{name.budget}@heads "
-                                                                 "(the reused heads with their own tree, no training)")
-    else:
-        check_shipped_drafter(model, name.drafter)
+    # paper always drafts with the offsets: the heads' form is a tree of its own
+    check_shipped_drafter(model, name.drafter, heads_instead=f"tree:calibrated-point-mass:{name.budget}@heads (the "
+                          "reused heads with their own tree, no training)" if name.kind == "paper" else None)
     if "calibration" not in name.needs:
         return None
-    path = tree_file(model, name.drafter)
-    what = f"--decoder {name.text}"
+    path, what = tree_file(model, name.drafter), f"--decoder {name.text}"
     if path is None:
         raise ValueError(f"{what} needs calibrated trees, and {model} has no folder to hold them: use a checkpoint "
                          "folder or the embedded model, or give rank paths (tree:0;1;0,0)")
@@ -167,12 +154,12 @@ def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: i
         raise FileNotFoundError(f"{what}: no calibrated trees at {path}: calibrate them with "
                                 f"`{prepare_command(model)}`, or give rank paths (tree:0;1;0,0)")
     cal = load_calibration(path, n_codes=n_codes, codebook_size=codebook_size, model=model, drafter=name.drafter)
-    if name.kind in ("calibrated", "paper"):
-        try:
-            tree = name.calibrated_tree(cal)
-        except ValueError as e:
-            raise ValueError(f"{what}: {e} ({path})") from None
-        if tree.nodes < name.budget:
-            return (f"{name.text}: the {name.drafter} calibration ({path}) holds budgets up to {max(cal['budgets'])}; "
-                    f"using N {tree.nodes} (recalibrate: {prepare_command(model)})")
-    return None
+    if name.kind == "auto":
+        return None
+    try:
+        tree = name.calibrated_tree(cal)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e} ({path})") from None
+    return None if tree.nodes >= name.budget else (
+        f"{name.text}: the {name.drafter} calibration ({path}) holds budgets up to {max(cal['budgets'])}; using N "
+        f"{tree.nodes} (recalibrate: {prepare_command(model)})")

@@ -1,9 +1,7 @@
 """Calibrated draft trees on disk, ``<model_dir>/trees/<drafter>.json`` (a tree ranks the codes its drafter proposes):
 for each kind (``point-mass``, ``sampled``) the tree of every node budget N = 2..64 and its predicted tokens per call
-(:func:`rvqspec_lib.eval.calibration.calibrate`). Their names are :mod:`rvqspec_lib.decoding.decoder_names`' grammar,
-resolved against these files by ``rvqspec_lib.models.named_decoders``. Every drafter's file is made by
-``rvqspec prepare --model <model>`` (:func:`~rvqspec_lib.models.drafter_files.prepare_command`;
-``rvqspec_lib.training.prepare``).
+(:func:`rvqspec_lib.eval.calibration.calibrate`), made by ``rvqspec prepare --model <model>``; decoder names are
+resolved against them by ``rvqspec_lib.models.named_decoders``.
 """
 
 from __future__ import annotations
@@ -36,40 +34,40 @@ def save_calibration(calibration: dict, path: str | os.PathLike) -> Path:
     return write_text_atomic(path, json.dumps(calibration, indent=1, allow_nan=False))
 
 
+def _int(x, lo: int = 1, hi: float = float("inf")) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
+
+
 def _problem(cal) -> str | None:
     """What is wrong with a calibration dict's shape (missing keys, wrong types, bad rank paths), or ``None``."""
     if not isinstance(cal, dict) or cal.get("format") != FORMAT:
         return f"not an rvqspec calibration file (format {FORMAT!r})"
     for key in ("n_codes", "codebook_size"):
-        if not isinstance(cal.get(key), int) or isinstance(cal.get(key), bool) or cal[key] < 1:
+        if not _int(cal.get(key)):
             return f"{key!r} is missing or not a positive integer"
     budgets = cal.get("budgets")
-    if not isinstance(budgets, list) or not budgets or not all(
-            isinstance(b, int) and not isinstance(b, bool) and MIN_BUDGET <= b <= MAX_BUDGET for b in budgets):
+    if not isinstance(budgets, list) or not budgets or not all(_int(b, MIN_BUDGET, MAX_BUDGET) for b in budgets):
         return f"'budgets' is missing or not a list of node budgets in {MIN_BUDGET}..{MAX_BUDGET}"
     best = cal.get("best_kind")
     if not isinstance(best, dict) or any(best.get(str(b)) not in TREE_KINDS for b in budgets):
         return "'best_kind' is missing or does not name point-mass or sampled for every budget"
+    nodes = max(budgets) - 1  # calibrate grows exactly the largest budget's tree
     for kind in TREE_KINDS:
         k = cal.get(kind)
         if not isinstance(k, dict):
             return f"{kind!r} is missing or not an object"
         order = k.get("order")
-        if not isinstance(order, list) or len(order) < max(budgets) - 1:
-            return f"{kind}.order is missing or holds fewer than {max(budgets) - 1} nodes"
-        if len(order) != max(budgets) - 1:  # calibrate grows exactly the largest budget's tree
-            return (f"{kind}.order holds {len(order)} nodes but 'budgets' go up to {max(budgets)} "
-                    f"({max(budgets) - 1} nodes)")
+        if not isinstance(order, list) or len(order) < nodes:
+            return f"{kind}.order is missing or holds fewer than {nodes} nodes"
+        if len(order) != nodes:
+            return f"{kind}.order holds {len(order)} nodes but 'budgets' go up to {nodes + 1} ({nodes} nodes)"
         seen: set = set()
         for path in order:
-            if (not isinstance(path, list) or not path
-                    or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < cal["codebook_size"]
-                               for r in path)):
+            if not isinstance(path, list) or not path or not all(_int(r, 0, cal["codebook_size"] - 1) for r in path):
                 return f"{kind}.order holds a bad rank path {path!r} (non-negative ranks inside the codebook)"
-            t = tuple(path)
-            if t in seen or (len(t) > 1 and t[:-1] not in seen):
+            if tuple(path) in seen or (len(path) > 1 and tuple(path[:-1]) not in seen):
                 return f"{kind}.order holds the rank path {path!r} repeated or before its parent"
-            seen.add(t)
+            seen.add(tuple(path))
         pred = k.get("predicted_tokens_per_call")
         if not isinstance(pred, dict) or any(not isinstance(pred.get(str(b)), (int, float)) for b in budgets):
             return f"{kind}.predicted_tokens_per_call is missing or not a number for every budget"

@@ -110,12 +110,13 @@ class StageResult:
 @dataclass
 class Prepared:
     """What :func:`prepare` did: the folder written (``folder``), one :class:`StageResult` a stage, the device and
-    dtype the model ran on."""
+    dtype the model ran on, and whether ``auto``'s choice of every dtype is cached at the end (:func:`auto_cached`)."""
 
     folder: Path
     stages: list[StageResult]
     device: str
     dtype: str
+    auto_cached: bool = False
 
     def to_json(self) -> dict:
         return {"folder": str(self.folder), "device": self.device, "dtype": self.dtype,
@@ -441,5 +442,8 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
         lines = time_auto(lm, auto_dtypes, progress=progress, **(auto_options or {}))
         return [budget.cache_file()], "; ".join(lines)
 
-    run("auto", auto_cached(lm, auto_dtypes), do_auto)
-    return Prepared(folder, results, lm.device, lm.dtype)
+    cached = auto_cached(lm, auto_dtypes)
+    run("auto", cached, do_auto)
+    if results and results[-1].stage == "auto" and not cached:  # timed now: cached unless disturbed or unwritable
+        cached = auto_cached(lm, auto_dtypes)
+    return Prepared(folder, results, lm.device, lm.dtype, cached)

@@ -942,11 +942,14 @@ lines = [
     f"{T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} tokens per call. *Inference, not measured here:* a point-mass tree "
     f"commits 1 plus the sum of its nodes' path masses, so on the released code predictor the paper's tree catches "
     f"{T.PAPER_TOKS_PER_STEP['offsets-ce'] - 1:.2f} codes per call beyond the one every call draws, against "
-    f"{pap['tree_N32_tokens_per_call'] - 1:.2f} here: its top-ranked drafts carry more of p than this model's do. "
-    "Whether sampled children would commit even more there, the paper's figure does not say: "
+    f"{pap['tree_N32_tokens_per_call'] - 1:.2f} here"
+    + (": its top-ranked drafts carry more of p than this model's do. "
+       if T.PAPER_TOKS_PER_STEP["offsets-ce"] > pap["tree_N32_tokens_per_call"] else ". ")
+    + "Whether sampled children would commit even more there, the paper's figure does not say: "
     + (f"on section 10's synthetic curve it sits at peak ≈ {at_paper:.1f}, where sampled children commit "
        + ("more than the point-mass tree" if paper_sampled > paper_pm else "less than the point-mass tree")
-       + (f", and point-mass trees pull ahead only from peak {cross:g}" if cross is not None else "")
+       + ("" if cross is None else f", and point-mass trees pull ahead only from peak {cross:g}"
+          if paper_sampled > paper_pm else f"; point-mass trees are ahead from peak {cross:g} on")
        + ". " if at_paper is not None else "it lies off section 10's synthetic curve. ")
     + f"Its step from {T.PAPER_TOKS_PER_STEP['heads']:.2f} to {T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} suggests "
       "that much of the released model's mismatch is a shared shift that one offset vector per offset t can undo. "

@@ -31,16 +31,26 @@
 # of the code predictor, which returns p at every guessed position at once. A rule then decides which guesses to keep
 # (**acceptance**) and, at the first guess it throws away, draws a replacement code from the **residual**, the part
 # of p that the guesses did not cover. Every call commits at least one code, and often several: the average number
-# is the **tokens per call** (AR: exactly one). The rule below is what keeps the committed codes distributed as p.
+# is the **tokens per call** (AR: exactly one). It is averaged two ways, and the project says which:
+#
+# * **per frame**: the codes a frame commits divided by the calls it took, the first (prefill) call included (15
+#   codes over the frame's calls). Every table of the later notebooks measures this; the paper's reported figure is
+#   one too.
+# * **per round**: the expected number of codes one verify call commits, E over a single round. Section 6 computes
+#   it on the toy. It is larger than the per-frame value of the same decoder, because a frame also pays its first
+#   call and its last rounds are cut short by the frame's end.
+#
+# The rule below is what keeps the committed codes distributed as p.
 #
 # The six sections:
 #
 # 1. the rule on one guess, with its proof;
 # 2. a Monte Carlo check of the library's rule, against two lossy rules that fail it;
-# 3. the rule for the paper's **point-mass** drafts (the guesses are the top-ranked codes, not samples);
+# 3. the rule for the paper's **point-mass** drafts (the guesses are the top-ranked codes, not samples), and for
+#    several sampled children of one node (Sequoia's rule);
 # 4. one speculative round, drawn step by step as the library runs it, for a chain and a small tree;
 # 5. a draft tree as data and its **ancestor mask**, the attention mask of the verify call;
-# 6. tokens per call, exact and measured.
+# 6. tokens per call of one round, exact and measured.
 
 # %% tags=["parameters"]
 seed = 0  # Monte Carlo draws (sections 2, 3, 6)
@@ -102,6 +112,11 @@ metrics = {}
 def p_words(v):
     """A p-value as text (scipy returns 0 below the smallest double)."""
     return f"{v:.3g}" if v > 0 else "< 1e-300"
+
+
+def prob_words(v):
+    """A probability as text to three decimals, "above 0.999" when it would round to 1.000."""
+    return "above 0.999" if v >= 0.9995 else f"at least {v:.3f}"
 
 
 def code_axis(ax, label="code x"):
@@ -278,16 +293,22 @@ metrics["monte_carlo"] = rows
 metrics["seeds"] = seed_rows
 ok, ssd, always = rows
 lossless_p = seed_p[list(rules)[0]]
+seed_rank = 1 + sum(v < ok["p_value"] for v in lossless_p)  # where this run's own p-value falls among the seeds
 display(Markdown(
     f"The library's rule: G = {ok['G']:.1f} on {ok['df']} degrees of freedom, p-value **{p_words(ok['p_value'])}**, "
     f"{'not rejected' if not ok['rejected_at_level'] else 'REJECTED'} at level {level:g}. SSD's tolerance rule: "
     f"p-value **{p_words(ssd['p_value'])}**, {'rejected' if ssd['rejected_at_level'] else 'NOT rejected'} (its exact "
     f"output is {ssd['exact_tv_to_p']:.2f} away from p in total variation, pulled toward q); always accept: p-value "
     f"**{p_words(always['p_value'])}**. With {n_draws:,} draws and {ok['df']} degrees of freedom the test catches any "
-    f"shift of total variation {power_tv:g} with probability at least {ok[f'power_at_tv_{power_tv:g}']:.3f}.\n\n"
+    f"shift of total variation {power_tv:g} with probability {prob_words(ok[f'power_at_tv_{power_tv:g}'])}.\n\n"
     f"Over {n_seeds} seeds the lossless rule's p-values run from {min(lossless_p):.3g} to {max(lossless_p):.3g} "
     f"({sum(v < level for v in lossless_p)} below the level); the largest p-value of SSD's rule over the same seeds "
-    f"is {p_words(max(seed_p[list(rules)[1]]))}."))
+    f"is {p_words(max(seed_p[list(rules)[1]]))}. The p-value quoted first is that of seed {seed}, the notebook's "
+    f"default, not a seed picked for it; among the {n_seeds} seeds it is "
+    + ("the smallest" if seed_rank == 1 else f"number {seed_rank} from the smallest")
+    + f" ({'below' if ok['p_value'] < 0.01 else 'above'} 0.01, {'below' if ok['rejected_at_level'] else 'above'} "
+    f"the level {level:g})"
+    + (": small, as a correct rule's evenly spread p-values are now and then." if ok["p_value"] < 0.05 else ".")))
 
 # %% [markdown]
 # ## 3. Point-mass drafts: the paper's tree children
@@ -309,6 +330,18 @@ display(Markdown(
 #
 # The price: a point-mass child is kept with probability exactly p(x), whatever the drafter believed. The three
 # children below are the top three codes of the toy's q.
+#
+# **Sampled siblings: Sequoia's rule.** A node may also have several children **sampled** from q (Sequoia, Chen et
+# al. 2024; Recursive Speculative Decoding). The library draws them without replacement (`decode.sample_tree_drafts`):
+# child i comes from q_i, which is q with the codes of children 1..i−1 removed and renormalised. `walk_tree` then tries
+# them in order with the section-1 rule against a running target p_i (p_1 = p): keep x_i with probability
+# min(1, p_i(x_i)/q_i(x_i)); after a rejection the residual max(p_i − q_i, 0), normalised, becomes the target
+# p_{i+1} of the next sibling; when every child is rejected the code is drawn from the last target. Why it stays
+# exact: by section 1, one step commits min(p_i, q_i) itself and, after a rejection, hands on exactly the residual,
+# so if the later siblings commit a code distributed as p_{i+1}, the step commits one distributed as p_i; that holds
+# whatever q_{i+1} is, since section 1 never asked q to resemble p. Removing x_i costs nothing: a rejected x_i had
+# q_i(x_i) > p_i(x_i), so the next target gives it no mass. Point-mass children are the case where every q_i is a
+# point mass on the next-ranked code ([methods.md](../docs/methods.md#sampled-children-without-replacement)).
 
 # %%
 pm_tree = Tree([(0,), (1,), (2,)]).tree(15)  # three point-mass children under the root, in rank order
@@ -371,7 +404,8 @@ display(Markdown(
 # 1. **draft**: from the hidden state of the last committed code, the drafter gives a q for each of the next few
 #    depths (the **draft offsets** t = 1, 2, 3: offset t guesses the code t depths further on). A **chain** samples one
 #    code per offset, each under the previous one; a **tree** takes the top-ranked codes and may give a node several
-#    children. Every guess is a **node**; the **root** (node 0) is the last committed code.
+#    children. Every guess is a **node**; the **root** (node 0) is the last committed code. The **node budget** N is
+#    the number of positions one verify call checks: the root and N − 1 drafted nodes.
 # 2. **verify**: one call of the code predictor over the root and every node at once. It returns, after every node,
 #    the target p of the *next* depth given that node's whole path.
 # 3. **accept**: `walk_tree` starts at the root, tries its children in order with the rule of section 1 (sampled)
@@ -437,8 +471,12 @@ display(Markdown("\n".join(f"* **{name}**: {narrate(tr)}." for name, tr in trace
 # list once into fixed buffers: node 0 is the root, the other nodes follow sorted by path length then
 # lexicographically, and each node gets its `parent`, its `depth` (its depth in the tree, which is its offset t; not
 # the depth of its code in the frame, which lies t past the root's), its `rank` and its `children` (in the order the
-# walk tries them). The **node budget** N is the number of query positions of one verify call: the nodes
-# plus the root.
+# walk tries them). The node budget N of section 4 is the number of query positions of one verify call: the N − 1
+# drafted nodes plus the root.
+#
+# **Two depths.** Everywhere else in the project the **depth of a code** is its index j = 1..15 in the frame. The
+# buffer `depth` is the other one, the **depth of a node** in the tree: its distance t from the root, i.e. its draft
+# offset. A node of tree depth t drafts the code of frame depth s + t when the root holds the code of depth s.
 #
 # The last buffer is `ancestors`, an N × N table whose entry [i, j] is 1 when node j is node i itself or one of its
 # ancestors. It is the **ancestor mask**: the attention mask of the verify call among its own positions. **Row = the
@@ -474,9 +512,10 @@ display(Markdown("| node | path | parent | depth | rank | children | attends to 
                              f"{b['children']} | {b['attends_to']} |" for b in buffers)))
 
 # %% [markdown]
-# ## 6. Tokens per call: exact and measured
+# ## 6. Tokens per call of one round: exact and measured
 #
-# **Tokens per call** is the number of codes a call commits, averaged. For one round it has a closed form
+# Here tokens per call is taken **per round** (the introduction's second average): the number of codes one verify
+# call commits, averaged over rounds. It has a closed form
 # ([methods.md](../docs/methods.md#expected-tokens-per-call)):
 #
 # $$E[\text{codes per call}] = 1 + \sum_{\text{nodes } v \ne \text{root}} P(v \text{ is on the accepted path}),$$
@@ -489,8 +528,9 @@ display(Markdown("| node | path | parent | depth | rank | children | attends to 
 # In the table, `N` is the node budget of section 5 (the query positions of the call, root included) and
 # `drafted_nodes` = N − 1 the guesses under the root, the nodes v of the sum.
 #
-# Over a whole frame, the paper's figure of merit also counts the frame's first (prefill) call, and trees are cut at
-# the frame's last depth, so frame-level tokens per call is lower than the per-round number here.
+# Tokens per call **per frame**, the paper's figure of merit and what the later notebooks measure, also counts the
+# frame's first (prefill) call, and trees are cut at the frame's last depth, so it is lower than the per-round number
+# here.
 
 # %%
 decoders = {"chain, window 4 (sampled drafts)": (chain4, True), "small tree (point-mass drafts)": (small_tree, False)}
@@ -615,11 +655,11 @@ display(Markdown("\n".join([
     "* **The tree is data.** Rank paths compile to parent, depth, rank, children and the ancestor matrix, which is "
     "the verify call's attention mask: each node sees only its own path, so one call gives every node the p that an "
     "AR pass along its path would give.",
-    "* **Tokens per call** of a round is 1 + the sum over nodes of the probability that the node is kept: on the "
-    f"toy, {chain_row['exact']:.3f} for the chain of window 4 and {tree_row['exact']:.3f} for the small tree, "
+    "* **Tokens per call per round** is 1 + the sum over drafted nodes of the probability that the node is kept: on "
+    f"the toy, {chain_row['exact']:.3f} for the chain of window 4 and {tree_row['exact']:.3f} for the small tree, "
     f"measured {chain_row['monte_carlo']:.3f} and {tree_row['monte_carlo']:.3f}. The paper's "
-    f"{PAPER_TOKENS_PER_CALL} is this quantity for its offsets drafter and its calibrated tree on the real model, "
-    "with the frame's prefill call counted.",
+    f"{PAPER_TOKENS_PER_CALL} is tokens per call per frame for its offsets drafter and its calibrated tree on the "
+    "real model: the same sums, with the frame's prefill call counted and the trees cut at the frame's end.",
     "* **Why it matters.** Because the rule is lossless whatever the drafter, a speculative decoder can be judged on "
     "speed alone; the audio it produces has the same distribution as AR's. A rule that bends it (SSD's) has to be "
     "judged on quality too, which is why the project keeps it only as a labelled lossy control.",

@@ -24,7 +24,9 @@
 # call that produced the code of the **start depth** s (the last committed code), its hidden state at that position,
 # **`H_s`**, is all a **drafter** sees: from it, the drafter gives a draft distribution **q** for each later depth
 # s + t, where t = 1..K is the **draft offset** (K = 3 in the paper; letters as in
-# [the glossary](../docs/glossary.md#speculative-decoding)). One verify call then checks the drafts against the
+# [the glossary](../docs/glossary.md#speculative-decoding)). Three words sound alike: **offset t** is always that
+# integer distance; the learned vector of the paper's drafter (below) is the **offset vector b_t**; and **offsets**
+# (as in `offsets-tv`) names the drafter made of those vectors. One verify call then checks the drafts against the
 # verifier's distribution **p**. A sampled draft is kept with probability Σ_x min(p(x), q(x)), the **acceptance** (one
 # minus the total variation between p and q); a **point-mass** draft (the top-ranked code of q, as in the paper's tree)
 # is kept with the target mass p(x) of its code ([methods.md](../docs/methods.md#accept-and-reject-rules)).
@@ -37,8 +39,8 @@
 # 2. **Medusa heads** (row (ii), Cai et al. 2024): a fresh head per (start depth s, offset t), `head[s, t](H_s)`,
 #    initialised from the reused head and trained. Flexible, but each is as large as an LM head.
 # 3. **Position-aware offsets** (row (iii), the paper's method): K learned vectors b_1..b_K of the hidden size, shared
-#    by every start depth: the draft for depth s + t is `lm_head[s+t-1](H_s + b_t)`. The offset moves `H_s` towards
-#    where the head of depth s + t expects its input; the verifier's own path is untouched.
+#    by every start depth: the draft for depth s + t is `lm_head[s+t-1](H_s + b_t)`. The offset vector moves `H_s`
+#    towards where the head of depth s + t expects its input; the verifier's own path is untouched.
 #
 # The paper reports (its Table 2, Qwen3-TTS-0.6B, a calibrated tree at its node budget) that the offsets recover most of
 # Medusa's gain over the reused heads for a vanishing share of Medusa's parameters; its values stand in the columns
@@ -57,7 +59,7 @@
 # 7. how much room is there? the best any drafter from `H_s` could do;
 # 8. point-mass or sampled drafts: which does better on this model, and why;
 # 9. a chain of sampled drafts across windows;
-# 10. the regime where the paper's method wins, on a synthetic code predictor whose peak and drift are set;
+# 10. when point-mass trees beat sampled children, on a synthetic code predictor whose peak and drift are set;
 # 11. what this notebook showed, and why.
 
 # %% tags=["parameters"]
@@ -96,7 +98,6 @@ codec = ""  # with dataset: the codec that turns its audio into codes (e.g. the 
 dataset_splits = ("train", "validation", "test")  # its training / validation / evaluation splits
 
 # %%
-import json
 import time
 from pathlib import Path
 
@@ -204,6 +205,11 @@ n_codes = lm.n_code_groups - 1
 params_model = int(sum(p.numel() for p in lm.model.parameters()))
 display(pd.Series({**info, "params_model_total": params_model, "sampling": sampling_words(sampling)},
                   name="value").to_frame())
+if info["params_talker_total"] == params_model:
+    display(Markdown(
+        f"`params_talker_total` counts the talker together with the code predictor it holds as a submodule, hence "
+        f"the whole model here (`params_model_total`); the talker without it has "
+        f"{info['params_talker_total'] - info['params_code_predictor']:,} parameters."))
 if lm.is_random:
     display(Markdown("**This model has RANDOM weights: the acceptance rates below mean nothing.**"))
 
@@ -307,7 +313,7 @@ plt.show()
 # %% [markdown]
 # ## 3. Which offsets are deployed, and which loss trained the shipped ones
 #
-# **Question:** of the three offsets losses, which one should the paper's decoder use? **How:** the one with the
+# **Question:** of the three offsets losses, which one should the paper's method use? **How:** the one with the
 # highest validation acceptance at its kept epoch (`select_deployed`), never chosen on the evaluation split. The
 # deployed offsets with their own calibrated point-mass tree of N nodes are the paper's method. This run's offsets
 # keep their own names here (`tree:calibrated-point-mass:N@offsets-tv` and the like): the name `paper:N` always means
@@ -354,8 +360,13 @@ display(Markdown(
 # decoders (chains of windows 2..8 and a small fixed tree) by `decode_frame`, and one teacher-forced pass over the
 # codes a decoder committed (samples of p) gives the exact tables: for every start depth s and offset t, the
 # acceptance of a sampled draft E[Σ_x min(p, q)] and the target mass of the draft's rank-r code
-# (`paper.drafter_table.evaluate_drafters`). No sampling noise enters the exact tables. The paper's
-# Figure 3 shows what an offset does: the draft for depth s + t made from `H_s + b_t` instead of `H_s`. Below, the
+# (`paper.drafter_table.evaluate_drafters`). The tables are exact given the committed codes (computed from the
+# probabilities, no draws over drafts), but each drafter's tables are taken on the codes its own decoders sampled, so
+# they still carry the noise of which codes were sampled: the sentence under the table measures it. **Acceptance** in
+# this section and the next three is that of a **sampled** draft; the paper's tree keeps a point-mass draft with the
+# target mass of its code, far less on this model (the `rank0` column of section 8; the sentence under the table
+# gives it). The paper's Figure 3 shows what an offset vector does: the draft for depth s + t made from `H_s + b_t`
+# instead of `H_s`. Below, the
 # acceptance by offset t for the reused heads and each offsets loss (left) and each one's gain over the reused heads
 # (right). Past K every drafter drafts with the reused head itself; the sentence under the table says how far the
 # rows still differ there, and why.
@@ -384,12 +395,22 @@ past_k = [r for r in tables["by_offset"] if r["offset_t"] > K]
 spread = max((abs(r[lab] - r["heads"]) for r in past_k for lab in drafters), default=0.0)
 within_k = max((r[lab] - r["heads"] for r in tables["by_offset"] if r["offset_t"] <= K for lab in offsets_labels),
                default=0.0)
+gains_k = [(lab, r["offset_t"], r[lab] - r["heads"]) for r in tables["by_offset"] if r["offset_t"] <= K
+           for lab in drafters if lab != "heads"]
+by_lab = lambda keep: [f"{lab} (t = {', '.join(str(t) for l2, t, g in gains_k if l2 == lab and keep(g))})"  # noqa: E731
+                       for lab in drafters if any(l2 == lab and keep(g) for l2, t, g in gains_k)]
+in_noise, above = by_lab(lambda g: abs(g) <= spread), by_lab(lambda g: g > spread)
+rank0_heads = [r["rank0"] for r in tables["rank"] if r["drafter"] == "heads"]
 display(Markdown(
     f"Past K = {K} every drafter drafts with the reused head, yet the rows differ there by up to {spread:.4f}: each "
     f"drafter's exact tables are measured on the codes its own decoders committed, and different drafts consume the "
     f"random stream differently, so each drafter meets other frames' codes. That {spread:.4f} is the noise floor of "
     f"this table; the largest gain of an offsets row over the heads at t ≤ K is {within_k:+.4f}"
-    + (", no larger than that floor." if within_k <= spread else ".")))
+    + (", no larger than that floor." if within_k <= spread else ".")
+    + " Gains over the heads at t ≤ K within that floor, so not shown by this table: "
+    + (", ".join(in_noise) or "none") + "; above it: " + (", ".join(above) or "none") + ". "
+    f"All these are acceptances of a sampled draft; the reused heads' top-ranked (point-mass) draft is the verified "
+    f"code with probability {min(rank0_heads):.3f} to {max(rank0_heads):.3f} at offsets 1..{K} (section 8)."))
 
 # %% [markdown]
 # ### An offset by hand
@@ -430,15 +451,16 @@ display(Markdown(
     "differed from state to state (say `H_{s+t}` = H_s + (0, 1) in one state and H_s - (0, 1) in the other) could not "
     "be undone by one b_t: that is what section 7's headroom and the Medusa heads measure. A point-mass draft "
     f"(the paper's) is kept with p of q's top code: {toy_rows[0]['point_mass_acceptance']:.3f} and "
-    f"{toy_rows[2]['point_mass_acceptance']:.3f} in the first state without and with b_t. An offset helps it only "
-    "where it changes WHICH code q ranks first; moving q's probabilities without changing its order leaves a "
+    f"{toy_rows[2]['point_mass_acceptance']:.3f} in the first state without and with b_t. An offset vector helps it "
+    "only where it changes WHICH code q ranks first; moving q's probabilities without changing its order leaves a "
     "point-mass draft where it was, which is why the offsets' gain can show in sampled acceptance and not in a "
     "point-mass tree's tokens per call."))
 toy_table
 
 # %% [markdown]
-# By drafted depth j = s + t (offsets t ≤ K pooled), every drafter: one shared vector per offset moves every depth
-# alike, so where the offsets help, the gain should show at every depth.
+# By drafted depth j = s + t (offsets t ≤ K pooled), every drafter. One shared vector per offset moves every depth
+# alike, so a gain could show at every depth; whether it does is read against the noise floor of the table above
+# (the sentence under the figure counts the depths where it does).
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.8), constrained_layout=True)
@@ -454,6 +476,11 @@ ax.set_title(f"Acceptance by drafted depth, offsets 1..{K} pooled ({run_model}, 
              f"frames)", fontsize=9)
 save_figure(fig, out / "03_acceptance_by_depth", prov)
 plt.show()
+n_above = {lab: sum(r[lab] - r["heads"] > spread for r in tables["by_depth"])
+           for lab in offsets_labels if lab != "heads"}
+display(Markdown(
+    f"Depths (of {len(depth)}) where an offsets drafter beats the reused heads by more than the noise floor "
+    f"{spread:.4f}: " + ", ".join(f"{lab} {n}" for lab, n in n_above.items()) + "."))
 
 # %% [markdown]
 # ## 5. Table 2: each drafter with its own calibrated tree
@@ -501,7 +528,15 @@ t2 = {r["label"]: r for r in table2}
 display(Markdown(
     f"`paper: ...` columns: quoted from the {T.PAPER_SOURCE}; every other column measured or counted on "
     f"`{run_model}`. `kept_epoch` 0 means training never beat the untrained drafter on validation, so that row IS "
-    f"the reused heads: " + (", ".join(lab for lab, r in t2.items() if r["kept_epoch"] == 0) or "none") + "."))
+    f"the reused heads: " + (", ".join(lab for lab, r in t2.items() if r["kept_epoch"] == 0) or "none") + "."
+    + "".join(
+        f" `{lab}` was trained at {'one learning rate' if len(rates) == 1 else f'{len(rates)} learning rates'} "
+        f"({', '.join(f'{v:g}' for v in rates)}) and kept epoch 0, as section 2 warns can happen: its row is the "
+        f"reused heads again, not a trained drafter"
+        + (f", so it says nothing about the paper's value beside it ({T.PAPER_TOKS_PER_STEP[lab]:.2f}, quoted)"
+           if lab in T.PAPER_TOKS_PER_STEP else "") + "."
+        for lab, r in t2.items() if r["kept_epoch"] == 0 and lab != "heads"
+        for rates in [[row["lr"] for row in run.lr_rows if row["drafter"] == lab]])))
 pd.DataFrame(table2)
 
 # %% [markdown]
@@ -534,8 +569,9 @@ save_figure(fig, out / "03_table2", prov)
 plt.show()
 pap, hd = t2[deployed], t2["heads"]
 display(Markdown(
-    f"At the paper's setting (each drafter's own point-mass tree of N = {PAPER_BUDGET}), the paper's decoder built "
-    f"from this run's deployed offsets (`{deployed}`) commits **{pap['tree_N32_tokens_per_call']:.3f}** tokens per "
+    f"At the paper's setting (each drafter's own point-mass tree of N = {PAPER_BUDGET}), the paper's method with this "
+    f"run's deployed offsets (`{pap['decoder']}`; `paper:{PAPER_BUDGET}` would use the offsets shipped beside the "
+    f"model instead) commits **{pap['tree_N32_tokens_per_call']:.3f}** tokens per "
     f"call (predicted {pap['tree_N32_predicted']:.3f}), the reused heads **{hd['tree_N32_tokens_per_call']:.3f}** "
     f"(predicted {hd['tree_N32_predicted']:.3f}). Most tokens per call at N = {PAPER_BUDGET}: "
     f"**{T.best_by(table2, 'tree_N32_tokens_per_call')}**. The largest prediction of a point-mass tree, at N = "
@@ -690,10 +726,11 @@ display(Markdown("Saturation window (within 2% of the best window): " + ", ".joi
     f"{lab} {w}" for lab, w in saturation.items()) + "."))
 
 # %% [markdown]
-# ## 10. The regime where the paper's method wins: a synthetic code predictor
+# ## 10. When point-mass trees beat sampled children: a synthetic code predictor
 #
 # Sections 5 to 8 measure the embedded model: how its point-mass trees fare against sampled drafts and what its
-# offsets add. To see the regime the paper reports whatever one model gives, this section builds a code predictor
+# offsets add. To see how that outcome depends on how peaked p is, and where the paper's reported figure would sit,
+# this section builds a code predictor
 # whose structure is set by two numbers (`paper.regime.SyntheticPredictor`, no download, seconds to run) and runs it through the library's own
 # decode loop, accept rule and tree calibration:
 #
@@ -740,28 +777,50 @@ rg = {(r["peak"], r["drafter"], r["tree"]): r for r in regime}
 top = max(regime_peaks)
 low = min(r["tokens_per_call"] for r in regime if r["drafter"] == "offsets" and r["tree"] == "point-mass")
 at_emb, at_paper = (RG.where_on_curve(regime, v) for v in (emb_tpc, RG.PAPER_TOKENS_PER_CALL))
-cross = next((pk for pk in sorted(regime_peaks) if rg[(pk, "offsets", "point-mass")]["tokens_per_call"]
-              > rg[(pk, "offsets", "sampled")]["tokens_per_call"]), None)
+peaks_sorted = sorted(regime_peaks)
+pm_wins = {pk: rg[(pk, "offsets", "point-mass")]["tokens_per_call"] > rg[(pk, "offsets", "sampled")]["tokens_per_call"]
+           for pk in peaks_sorted}
+# the crossover: the smallest swept peak from which the offsets' point-mass tree beats sampled children at every
+# larger peak too
+cross = next((pk for i, pk in enumerate(peaks_sorted) if all(pm_wins[q] for q in peaks_sorted[i:])), None)
+curve = lambda tree: [rg[(pk, "offsets", tree)]["tokens_per_call"] for pk in peaks_sorted]  # noqa: E731
 where = lambda peak, v: (f"at peak ≈ {peak:.1f}" if peak is not None else  # noqa: E731
                          "below the curve's flattest point" if v < low else "above the curve's most peaked point")
+if at_paper is not None:  # both trees at the peak where the quoted figure sits (interpolated between swept peaks)
+    paper_pm, paper_sampled = (float(np.interp(at_paper, peaks_sorted, curve(tree))) for tree in ("point-mass",
+                                                                                                   "sampled"))
+    paper_words = (
+        f" At that peak the offsets' sampled tree commits {paper_sampled:.2f} (interpolated between the swept peaks), "
+        + (f"more than the point-mass tree's {paper_pm:.2f}: on this curve, the paper's figure sits where sampled "
+           f"children still win, so that figure alone does not place a model where point-mass trees are the better "
+           f"choice." if paper_sampled > paper_pm else
+           f"less than the point-mass tree's {paper_pm:.2f}: on this curve, the paper's figure sits where point-mass "
+           f"trees win."))
+else:
+    paper_words = " The paper's figure lies off this curve, so the sweep says nothing about which tree wins there."
 display(Markdown(
-    f"At the most peaked setting (peak {top:g}, top code of p {rg[(top, 'offsets', 'point-mass')]['p_top']:.2f}), "
-    f"the offsets' point-mass tree commits {rg[(top, 'offsets', 'point-mass')]['tokens_per_call']:.2f} tokens per "
-    f"call against the heads' {rg[(top, 'heads', 'point-mass')]['tokens_per_call']:.2f}, and "
+    f"At the most peaked setting (peak {top:g}, p's top-code mass "
+    f"{rg[(top, 'offsets', 'point-mass')]['p_top']:.2f}), the offsets' point-mass tree commits "
+    f"{rg[(top, 'offsets', 'point-mass')]['tokens_per_call']:.2f} tokens per call against the heads' "
+    f"{rg[(top, 'heads', 'point-mass')]['tokens_per_call']:.2f}, and "
     f"{rg[(top, 'offsets', 'sampled')]['tokens_per_call']:.2f} with sampled children; at uniform p (peak "
     f"{min(regime_peaks):g}) sampled children give {rg[(min(regime_peaks), 'offsets', 'sampled')]['tokens_per_call']:.2f}"
     f" and the point-mass tree {rg[(min(regime_peaks), 'offsets', 'point-mass')]['tokens_per_call']:.2f}. "
-    f"On the offsets' point-mass curve, this run's {pap['decoder']} ({emb_tpc:.2f} tokens per call) sits "
-    f"{where(at_emb, emb_tpc)}, and the paper's reported {RG.PAPER_TOKENS_PER_CALL:.2f} (quoted, Qwen3-TTS-0.6B) "
-    f"{where(at_paper, RG.PAPER_TOKENS_PER_CALL)}. The embedded model's own p puts {emb_p_top:.2f} on its top code on "
-    f"average (over a codebook of {int(cp.config.vocab_size)} codes, after the deployed warpers), against "
+    + (f"The offsets' point-mass tree beats sampled children from peak {cross:g} on (there "
+       f"{rg[(cross, 'offsets', 'point-mass')]['tokens_per_call']:.2f} against "
+       f"{rg[(cross, 'offsets', 'sampled')]['tokens_per_call']:.2f} tokens per call); below it sampled children win"
+       + (f" (peaks {', '.join(f'{pk:g}' for pk in peaks_sorted if pk < cross)})." if cross > peaks_sorted[0]
+          else ".") if cross is not None else
+       "On this sweep the offsets' point-mass tree does not stay ahead of sampled children up to the largest peak.")
+    + f" On the offsets' point-mass curve, the paper's reported {RG.PAPER_TOKENS_PER_CALL:.2f} (quoted, "
+    f"Qwen3-TTS-0.6B) sits {where(at_paper, RG.PAPER_TOKENS_PER_CALL)}." + paper_words
+    + f" This run's {pap['decoder']} ({emb_tpc:.2f} tokens per call) sits {where(at_emb, emb_tpc)}. "
+    f"**Two top-code masses.** p's top-code mass is max_x p(x), the probability of p's own most likely code (the "
+    f"`p_top` column); the `rank0` column of section 8 is another quantity, p's mass on q's top code, the chance a "
+    f"rank-0 point-mass draft is kept. The embedded model's p has a top-code mass of {emb_p_top:.2f} on average (over "
+    f"a codebook of {int(cp.config.vocab_size)} codes, after the deployed warpers), against "
     f"{rg[(min(regime_peaks), 'offsets', 'point-mass')]['p_top']:.2f} for the synthetic uniform p over 16 codes (not "
-    "one scale: the codebook sizes differ). "
-    + (f"Point-mass trees overtake sampled children from peak {cross:g} on this curve (offsets' point-mass "
-       f"{rg[(cross, 'offsets', 'point-mass')]['tokens_per_call']:.2f} tokens per call there): the embedded model's "
-       f"measurement lies {'below' if emb_tpc < rg[(cross, 'offsets', 'point-mass')]['tokens_per_call'] else 'above'}"
-       f" that point, the paper's figure {'below' if RG.PAPER_TOKENS_PER_CALL < rg[(cross, 'offsets', 'point-mass')]['tokens_per_call'] else 'above'} it."
-       if cross is not None else "On this sweep point-mass trees never overtake sampled children.")))
+    "one scale: the codebook sizes differ)."))
 pd.DataFrame(regime)[["peak", "p_top", "drafter", "tree", "tokens_per_call", "se", "predicted_tokens_per_call"]]
 
 # %% [markdown]
@@ -868,7 +927,7 @@ lines = [
        "draft from an equally flat q matches p in distribution and is kept most of the time. "
        if chain_beats_tree else
        "A point-mass child is worth the target mass of one code, so top-ranked drafts pay when p is peaked. ")
-    + "A position-aware offset adds the same vector b_t to `H_s` at every start depth and in every state: it can "
+    + "The offsets drafter adds the same offset vector b_t to `H_s` at every start depth and in every state: it can "
       "undo a mismatch that is a shared shift, not a correction that depends on the state. "
     + (f"That the offsets capture little of the room here while {best_capt}, with a head per (start depth, offset) "
        "that sees the whole state, captures several times as much, says this model's mismatch is mostly "
@@ -881,19 +940,29 @@ lines = [
     f"**On the released checkpoint.** *The paper's values* (Qwen3-TTS-0.6B, point-mass tree of N = 32): reused "
     f"heads {T.PAPER_TOKS_PER_STEP['heads']:.2f}, Medusa heads {T.PAPER_TOKS_PER_STEP['medusa']:.2f}, offsets "
     f"{T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} tokens per call. *Inference, not measured here:* a point-mass tree "
-    f"commits 1 plus the sum of its nodes' path masses, so the paper's {T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} "
-    "implies that top-ranked drafts carry a large share of p on the released code predictor, a peaked regime in "
-    "which point-mass trees do well; and its step from "
-    f"{T.PAPER_TOKS_PER_STEP['heads']:.2f} to {T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} implies that much of the "
-    "released "
-    "model's mismatch is a shared shift that one vector per offset can undo. "
-    + ("Neither holds on the embedded model (the two measured bullets above), so its small offsets gain says "
-       "nothing against the paper's. " if chain_beats_tree and offsets_small else "")
+    f"commits 1 plus the sum of its nodes' path masses, so on the released code predictor the paper's tree catches "
+    f"{T.PAPER_TOKS_PER_STEP['offsets-ce'] - 1:.2f} codes per call beyond the one every call draws, against "
+    f"{pap['tree_N32_tokens_per_call'] - 1:.2f} here"
+    + (": its top-ranked drafts carry more of p than this model's do. "
+       if T.PAPER_TOKS_PER_STEP["offsets-ce"] > pap["tree_N32_tokens_per_call"] else ". ")
+    + "Whether sampled children would commit even more there, the paper's figure does not say: "
+    + (f"on section 10's synthetic curve it sits at peak ≈ {at_paper:.1f}, where sampled children commit "
+       + ("more than the point-mass tree" if paper_sampled > paper_pm else "less than the point-mass tree")
+       + ("" if cross is None else f", and point-mass trees pull ahead only from peak {cross:g}"
+          if paper_sampled > paper_pm else f"; point-mass trees are ahead from peak {cross:g} on")
+       + ". " if at_paper is not None else "it lies off section 10's synthetic curve. ")
+    + f"Its step from {T.PAPER_TOKS_PER_STEP['heads']:.2f} to {T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} suggests "
+      "that much of the released model's mismatch is a shared shift that one offset vector per offset t can undo. "
+    + ("On the embedded model p is flat and the offsets capture little of the room (the measured bullets above), "
+       "so its small offsets gain says nothing against the paper's. " if chain_beats_tree and offsets_small else "")
     + "To measure them on a checkpoint, run this notebook with `model=<checkpoint> dataset=<saved dataset> "
       "codec=<its speech tokenizer>`: the same tables, headroom included.",
 ]
 display(Markdown("\n".join(lines)))
-print(json.dumps({k: metrics[k] for k in ("deployed_offsets", "saturation_window", "timings_s")}, indent=1))
+print(f"deployed offsets: {deployed}; saturation windows: "
+      + ", ".join(f"{lab} {w}" for lab, w in saturation.items())
+      + f"; total {timings['total_s']:.0f} s (training {timings['training_s']:.0f} s); every number in "
+      f"{out / '03_metrics.json'}")
 
 # %% [markdown]
 # ## Try this

@@ -599,8 +599,8 @@ display(Markdown(" ".join(lines)))
 # The paper's device numbers (its Figure 4: Core ML on Apple devices, speedup over AR of the same device) stand in
 # their own labelled columns, beside each backend's best measured here (the best stepped speculative decoder over
 # stepped AR of the same backend, and its N, from section 7's run). Notebook 06's Figure 4 analogue times other
-# decoders (the trees of the calibration shipped beside the model) on other contexts in its own run, so its best
-# speedups differ from these.
+# decoders (the trees of the calibration shipped beside the model) over its own number of contexts of the same split,
+# in its own run with its own timing noise, so its best speedups differ from these.
 
 # %%
 best_by_backend = {}
@@ -756,9 +756,9 @@ bullets += [
     "backend here (speedup over stepped AR of the same backend) sits at "
     + ", ".join(f"N = {r['nodes']} ({b}, {r['speedup_vs_ar']:.2f}x)" for b, r in best_by_backend.items())
     + f": section 7's one run over {min(speed_contexts, len(eval_frames))} contexts of the evaluation split, with "
-    "this notebook's calibration. Notebook 06 times other decoders (the shipped calibration's trees) on other "
-    "contexts in its own run, so its best speedups differ. The paper's fastest N per device (speedup over AR on the "
-    "same device, quoted): " + ", ".join(f"N = {n} on {d}" for d, n in paper_best_n.items()) + ".",
+    "this notebook's calibration. Notebook 06 times other decoders (the shipped calibration's trees) over its own "
+    "number of contexts in its own run, so its best speedups differ. The paper's fastest N per device (speedup "
+    "over AR on the same device, quoted): " + ", ".join(f"N = {n} on {d}" for d, n in paper_best_n.items()) + ".",
     (f"* **Temperature (measured).** The point-mass tree overtakes the sampled tree at T "
      f"{', '.join(f'{t:g}' for t in overtake)}: as p sharpens its nodes gain what the sampled children already had."
      if overtake else

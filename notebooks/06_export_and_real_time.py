@@ -299,8 +299,8 @@ if best_measured:
     display(Markdown(
         f"Measured here, the best speedup of `{model}`'s frames over stepped AR of the same backend is "
         f"**{best_measured['speedup_vs_ar']:.2f}×** ({best_measured['decoder']} through {best_measured['backend']}, "
-        f"N = {best_measured['nodes']}; this run's {len(contexts)} contexts: notebook 04 times other decoders on "
-        f"other contexts, so its best speedups differ)" + (
+        f"N = {best_measured['nodes']}, this run's {len(contexts)} contexts; notebook 04 times other decoders, its own "
+        "calibration's trees, over its own number of contexts in its own run, so its best speedups differ)" + (
             f"; the projection peaks at **{best_projected['projected_speedup']:.2f}×** at N = "
             f"{best_projected['nodes']} ({best_projected['backend']}): E(N) = {best_projected['expected_tokens']:.2f} "
             f"codes per call per frame from {model}'s calibration ({cal['n_frames']} frames) over t(N)/t(1) = "

@@ -127,20 +127,22 @@ def summary_by_backend(rows: Sequence[dict]) -> list[dict]:
 
 
 def expected_tokens_per_call(calibration: dict, kind: str | None = None) -> dict:
-    """``{N: E(N)}``, the one-call expected codes of a calibration for the ``kind`` of tree (``"point-mass"``,
-    ``"sampled"``; ``None``: the better).
+    """``{N: E(N)}``, the tokens per call a calibration predicts per frame (the codes a frame commits over its verify
+    calls, the prefill call counted, drafts cut at the frame's last depth: what a decoder measures) for the ``kind``
+    of tree (``"point-mass"``, ``"sampled"``; ``None``: the better at each N).
 
     Raises:
         KeyError: a kind the calibration does not hold.
     """
     if kind is not None:
-        return {int(n): float(e) for n, e in calibration[kind]["call_expected_tokens"].items()}
-    return {int(n): calibration[kd]["call_expected_tokens"][n] for n, kd in calibration["best_kind"].items()}
+        return {int(n): float(e) for n, e in calibration[kind]["predicted_tokens_per_call"].items()}
+    return {int(n): float(calibration[kd]["predicted_tokens_per_call"][n])
+            for n, kd in calibration["best_kind"].items()}
 
 
 def projected_speedup(expected_tokens: Mapping, cost_rows: Sequence[dict]) -> list[dict]:
-    """``speedup(N) = E(N) x t(1) / t(N)`` per backend: a PROJECTION at the call level
-    (docs/methods.md#choosing-the-node-budget).
+    """``speedup(N) = E(N) / (t(N) / t(1))`` per backend: a PROJECTION at the call level, every call of a frame costed
+    as one verify call of N positions (docs/methods.md#choosing-the-node-budget).
 
     Args:
         expected_tokens: ``{N: E(N)}`` (:func:`expected_tokens_per_call`). cost_rows: :func:`~rvqspec_lib.eval.speed.verify_cost_curve` rows.

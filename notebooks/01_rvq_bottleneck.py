@@ -95,7 +95,7 @@ from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.timing import measure_quietly
 from rvqspec_lib.models.backends import available
 from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS
-from paper.notebook_measures import loop_facts
+from paper.notebook_measures import cost_growth_words, loop_facts
 from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import load_model
 from rvqspec_lib.models.named_decoders import has_paper_decoder
@@ -287,7 +287,9 @@ plt.show()
 # trained here (`data/embedded`, see its MODEL_CARD.md). How do its calls compare? **How.** The same timing on it:
 # same two loops, same frame rate and codebooks, so the same calls a second, but much smaller layers, so each call
 # should be cheaper (the table says by how much). Its milliseconds do not transfer to the real model; its
-# tokens per call are its own too (section 8).
+# tokens per call are its own too (section 8). Its `t(16)/t(1)` rows time the whole call as section 4 does (input
+# projection, layers and one head, in a run interleaved with talker steps); notebook 04 times the backend's forward
+# alone in its own run, so its ratios for the same model differ.
 
 # %%
 compared = [latency.model_row(result)]
@@ -310,21 +312,21 @@ compared_df
 # %% [markdown]
 # ## 8. Calls per second at this companion's own tokens per call
 # **The question.** The call budget of section 3 at the tokens per call the decoders actually reach **here**.
-# **How** (`bench.latency.calls_at_tokens_per_call`). `own_tpc_frames` held-out evaluation frames of
-# `compare_model` (trained weights: acceptance needs them) decoded by each decoder of `own_decoders`, built by name
-# through the resolver: chains of sampled drafts, the reused heads' calibrated trees with **point-mass** children
-# (top-ranked drafts, the paper's kind) and with **sampled** children, and the paper's decoder `paper:N` (the
-# position-aware offsets trained here with their own calibrated point-mass tree) where the model ships it. In one
-# line each ([glossary](../docs/glossary.md#speculative-decoding), [drafters](../docs/glossary.md#drafters)): the
-# **reused heads** draft a later depth by applying the code predictor's own head of that depth to the current hidden
-# state; the **offsets** add a small learned vector per offset (how far past the last committed depth the draft
-# reaches) before that head (notebook 03 trains them); a **calibrated tree** is the tree of N query positions grown
-# greedily, node by node, from acceptance tables measured on a calibration split (notebook 04); a **point-mass** child
-# is a top-ranked draft, kept with the target's probability of its code, a **sampled** child is drawn from q, the
-# first one kept with min(1, p/q) and later siblings tried against what is left of p; `paper:N` is the offsets
-# drafter with its own calibrated point-mass tree of node budget N. The
-# paper's value stands in its own labelled columns. One colour per decoder family, as in every figure of the
-# companion.
+# **How** (`bench.latency.calls_at_tokens_per_call`). `own_tpc_frames` held-out evaluation frames of `compare_model`
+# (trained weights: acceptance needs them) decoded by each decoder of `own_decoders`, built by name through the
+# resolver: chains of sampled drafts, the reused heads' calibrated trees with **point-mass** children (top-ranked
+# drafts, the paper's kind) and with **sampled** children, and the paper's decoder `paper:N` (the position-aware offsets
+# shipped beside the model, trained and calibrated when the model was built, with their own calibrated point-mass tree)
+# where the model ships it. In one line each ([glossary](../docs/glossary.md#speculative-decoding),
+# [drafters](../docs/glossary.md#drafters)): the **reused heads** draft a later depth by applying the code predictor's
+# own head of that depth to the current hidden state; the **offsets** add a small learned vector per offset (how far
+# past the last committed depth the draft reaches) before that head (notebook 03 shows how they are trained; `paper:N`
+# uses the shipped ones); a **calibrated tree** is the tree of node budget N (N query positions: the root and N − 1
+# drafted nodes) grown greedily, drafted node by drafted node, from acceptance tables measured on a calibration split
+# (notebook 04); a **point-mass** child is a top-ranked draft, kept with the target's probability of its code, a
+# **sampled** child is drawn from q, the first one kept with min(1, p/q) and later siblings tried against what is left
+# of p; `paper:N` is the offsets drafter with its own calibrated point-mass tree of node budget N. The paper's value
+# stands in its own labelled columns. One colour per decoder family, as in every figure of the companion.
 
 # %%
 own, own_meta = [], {}
@@ -478,15 +480,20 @@ lines = [
                 f"({'faster' if p['derived']['rtf_ar'] < 1 else 'slower'} than real time)"
                 for i, (name, p) in enumerate(pairs.items()))
     + ". Notebook 06 takes the whole frame, talker included, through the fastest forwards.",
-    f"* **The verify cost curve (measured here).** A call of {q_hi} positions costs "
+    f"* **The verify cost curve (measured here, {run_model}, the whole call after {prefix_len} committed slots).** A "
+    f"call of {q_hi} positions costs "
     f"{ratios[str(q_hi)]:.2f} times a call of one (official)"
     + (f", {nat_ratio:.2f} times (native)" if nat_ratio else "")
-    + (f": far below {q_hi}, so one verify call of many nodes can replace several sequential calls"
+    + (f": far below {q_hi}, so one verify call of many positions can replace several sequential calls"
        if max(ratios[str(q_hi)], nat_ratio or 0) < q_hi / 2 else
        f": below {q_hi}, but not by much, so wide verify calls buy little here"
        if max(ratios[str(q_hi)], nat_ratio or 0) < q_hi else
        f": no cheaper than {q_hi} sequential calls, so wide verify calls buy nothing here")
-    + ". Where the curve bends sets the best node budget on each device (notebook 04).",
+    + ". How it grows differs by forward: "
+    + "; ".join(f"{name}, {cost_growth_words({r['n_queries']: r['ratio_to_1'] for r in pr['code_predictor']})}"
+                for name, pr in pairs.items())
+    + ". The best node budget of a device is the N where E(N) / (t(N)/t(1)) peaks (notebook 04), so each forward "
+      "has its own; notebook 04 times the forward alone in its own run, so its ratios differ from these.",
 ]
 if own:
     best = max(own, key=lambda r: r["tokens_per_call"])
@@ -501,7 +508,8 @@ if own:
     if best_pap:
         parts.append(f"The paper's decoder here, `{best_pap['decoder']}`, commits {best_pap['tokens_per_call']:.2f} "
                      f"codes per call (real time at {best_pap['calls_per_s']:.1f} calls a second); the paper reports "
-                     f"{latency.PAPER_TOKENS_PER_CALL} for the same decoder on Qwen3-TTS-0.6B. ")
+                     f"{latency.PAPER_TOKENS_PER_CALL} (quoted) for the same method, its own offsets with a point-mass "
+                     f"tree of N = {PAPER_BUDGET}, on its own model, Qwen3-TTS-0.6B. ")
     if best_pm:
         parts.append(f"The reused heads' best point-mass tree, `{best_pm['decoder']}`, commits "
                      f"{best_pm['tokens_per_call']:.2f}. ")
@@ -533,8 +541,9 @@ if own:
                if best_pm["tokens_per_call"] < best_sp["tokens_per_call"] else
                "the ordering measured here says the top-ranked drafts are right often enough anyway. ")
             + "*Inference:* on the released model, whose codec is learned end to end, the targets should be sharper "
-              "and point-mass trees should fare much better, as the paper's reported value suggests; notebooks 03 "
-              "and 04 measure acceptance by depth and rank on this model.")
+              "and point-mass trees should fare much better than here, as the paper's reported value suggests (it "
+              "says that much, not that they beat sampled trees there: notebook 03, section 10); notebooks 03 and 04 "
+              "measure acceptance by depth and rank on this model.")
 lines.append(
     f"* **What to expect on the released checkpoint.** The latencies of sections 4 to 6 were measured on the real "
     f"architecture and hold for its released weights on this CPU (timing depends on the architecture, not on the "

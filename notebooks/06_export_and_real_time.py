@@ -221,10 +221,12 @@ pd.DataFrame(paper_rows)
 # ## Figure 4's analogue: speedup by node budget, measured, projected and quoted apart
 # **Measured**: frames of `model` (trained weights; contexts of its evaluation split) decoded by AR, chains and its
 # calibrated trees of every node budget N (`<model>/trees/heads.json`: at each N the better kind of tree, point-mass
-# or sampled children), through each backend, interleaved; speedup over AR of the same backend. **Projected**: the
-# tokens per call the same calibration predicts, E(N), times t(1)/t(N) of one verify call of `cost_model`'s code
-# predictor through the same backends: a PROJECTION of the call level (the prefill, the heads and the loop are left
-# out). **Quoted**: the paper's Core ML devices, whose trees are point-mass trees. The three never share a panel.
+# or sampled children), through each backend, interleaved; speedup over stepped AR of the same backend. **Projected**:
+# the tokens per call per frame the same calibration predicts, E(N) (notebook 04, section 5), over t(N)/t(1) of one
+# verify call of `cost_model`'s code predictor through the same backends (`bench.frames.projected_speedup`, as in
+# notebook 04): a PROJECTION of the call level (every call of a frame costed as one verify call of N positions; the
+# heads and the loop are left out). **Quoted**: the paper's Core ML devices, whose trees are point-mass trees. The
+# three never share a panel.
 
 # %%
 cp = lm.code_predictor.eval()
@@ -266,10 +268,11 @@ for n in run_budgets:
     row["paper (Core ML devices, point-mass trees, quoted)"] = "; ".join(
         f"{p['device'].split(' (')[0]} {p['speedup']}x" for p in PAPER_DEVICE_SPEEDUPS if p["nodes"] == n)
     speedup_rows.append(row)
-fig4_caption = (f"measured: frames of {model} on {m.get('cpu')}, {m.get('threads')} thread(s), speedup over AR of "
-                f"the same backend; PROJECTION (not a measurement): E(N) from {model}'s calibration x t(1)/t(N) of "
-                f"{run_cost_model}'s verify call ({'random' if cost_lm.is_random else 'trained'} weights), prefill "
-                "and loop left out; the paper's Core ML numbers quoted in their own column"
+fig4_caption = (f"measured: frames of {model} on {m.get('cpu')}, {m.get('threads')} thread(s), speedup over "
+                f"stepped AR of the same backend; PROJECTION (not a measurement): E(N) per frame from {model}'s "
+                f"calibration over t(N)/t(1) of {run_cost_model}'s verify call "
+                f"({'random' if cost_lm.is_random else 'trained'} weights), heads and loop left out; the paper's Core "
+                "ML numbers quoted in their own column"
                 + "".join(f"; {q['note']}" for q in (timing_quiet, costs_quiet) if q["note"]))
 save_table(speedup_rows, out / "06_speedup_vs_n", {**prov, "timing": timing_quiet}, caption=fig4_caption)
 save_table(timing["rows"], out / "06_frame_times", {**prov, "timing": timing_quiet},
@@ -283,8 +286,8 @@ fig = plot_speedup_vs_n(
     measured, projected, fused=summary,
     measured_title=f"MEASURED here: {model} frames, {m.get('cpu')}, {m.get('threads')} thread(s)"
                    + (f"\n{timing_quiet['note']}" if timing_quiet["note"] else ""),
-    projected_title=f"PROJECTION: E(N) of {model} x t(1)/t(N) of {run_cost_model}\n(call level: prefill, heads and "
-                    "loop left out)")
+    projected_title=f"PROJECTION: E(N) of {model} x t(1)/t(N) of {run_cost_model}\n(call level: heads and loop left "
+                    "out)")
 save_figure(fig, out / "06_speedup_vs_n", prov)
 plt.show()
 pd.DataFrame(speedup_rows)
@@ -294,12 +297,17 @@ best_measured = max(measured, key=lambda r: r["speedup_vs_ar"]) if measured else
 best_projected = max(projected, key=lambda r: r["projected_speedup"]) if projected else None
 if best_measured:
     display(Markdown(
-        f"Measured here, the best speedup of `{model}`'s frames over AR of the same backend is "
+        f"Measured here, the best speedup of `{model}`'s frames over stepped AR of the same backend is "
         f"**{best_measured['speedup_vs_ar']:.2f}×** ({best_measured['decoder']} through {best_measured['backend']}, "
-        f"N = {best_measured['nodes']})" + (
+        f"N = {best_measured['nodes']}, this run's {len(contexts)} contexts; notebook 04 times other decoders, its own "
+        "calibration's trees, over its own number of contexts in its own run, so its best speedups differ)" + (
             f"; the projection peaks at **{best_projected['projected_speedup']:.2f}×** at N = "
-            f"{best_projected['nodes']} ({best_projected['backend']})" if best_projected else "")
-        + f". The paper reports {max(p['speedup'] for p in PAPER_DEVICE_SPEEDUPS):.2f}× at best on its devices."))
+            f"{best_projected['nodes']} ({best_projected['backend']}): E(N) = {best_projected['expected_tokens']:.2f} "
+            f"codes per call per frame from {model}'s calibration ({cal['n_frames']} frames) over t(N)/t(1) = "
+            f"{best_projected['cost_ratio']:.2f} of {run_cost_model}, timed here (notebook 04 projects with its own "
+            "calibration and timing, so its peak differs)" if best_projected else "")
+        + f". The paper reports {max(p['speedup'] for p in PAPER_DEVICE_SPEEDUPS):.2f}× at best on its devices (over "
+          "AR on the same device)."))
 
 # %% [markdown]
 # ## Core ML on this machine

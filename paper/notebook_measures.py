@@ -9,7 +9,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -185,3 +185,22 @@ def loop_facts(folder: str | os.PathLike) -> dict:
             "talker_hidden": int(talker["hidden_size"]), "code_predictor_layers": int(cp.get("num_hidden_layers", 0)),
             "code_predictor_hidden": int(cp.get("hidden_size", 0)), "n_code_groups": int(talker["num_code_groups"]),
             "frame_rate_hz": fr}
+
+
+def cost_growth_words(ratios: Mapping, *, near: float = 1.2, double: float = 2.0) -> str:
+    """How one verify call's cost grows with its query positions, in words generated from ``ratios`` ``{N: t(N)/t(1)}``
+    (one model and backend; int or str keys): up to which N it stays within ``near`` times a call of one position,
+    and the first N at which it costs ``double`` or more. Raises ValueError: no N above 1 in ``ratios``."""
+    r = {int(n): float(v) for n, v in ratios.items()}
+    ns = sorted(n for n in r if n > 1)
+    if not ns:
+        raise ValueError("ratios needs t(N)/t(1) of some N > 1: pass a verify cost curve's rows")
+    flat = [n for i, n in enumerate(ns) if all(r[m] <= near for m in ns[: i + 1])]
+    first = (f"within {near:g}x of one position up to N = {flat[-1]}" if flat else
+             f"{r[ns[0]]:.2f}x one position already at N = {ns[0]}")
+    if flat and flat[-1] == ns[-1]:
+        return f"{first}, the largest N timed"
+    dbl = next((n for n in ns if r[n] >= double), None)
+    if dbl is None:
+        return f"{first}, below {double:g}x up to N = {ns[-1]}"
+    return first if dbl == ns[0] else f"{first}, first {double:g}x or more at N = {dbl} ({r[dbl]:.2f}x)"

@@ -545,6 +545,8 @@ def _check_04_calibrating_the_tree(metrics: dict, out: Path) -> None:
     assert all(r["ratio_to_q1"] == 1.0 for r in cost if r["query_positions"] == 1)
     assert {(r["kind"], r["backend"], r["nodes"]) for r in metrics["projection"]} == {
         (k, b, n) for k in ("point-mass", "sampled") for b in backends for n in (2, 8)}
+    for r in metrics["projection"]:  # E(N) per frame, what section 5 measures, over t(N)/t(1): never one round's codes
+        assert r["expected_tokens"] == cal[r["kind"]]["predicted_tokens_per_call"][str(r["nodes"])]
     caption = (out / "04_projection_compare_model.md").read_text().splitlines()[0]
     assert caption.startswith("*PROJECTION, not a measurement") and "embedded" in caption and "tiny-random" in caption
     # Figure 4: every decoder stepped through every backend, the fused frames where a backend has them, AR each way

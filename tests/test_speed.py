@@ -187,7 +187,7 @@ def test_projected_speedup_is_e_times_cost_ratio():
     cost = [{"backend": "onnx", "query_positions": q, "ratio_to_q1": r} for q, r in ((1, 1.0), (2, 1.25), (4, 2.0))]
     rows = BF.projected_speedup({2: 1.5, 4: 2.4}, cost)
     assert [(r["nodes"], r["projected_speedup"]) for r in rows] == [(2, 1.5 / 1.25), (4, 2.4 / 2.0)]
-    cal = {"best_kind": {"2": "sampled"}, "sampled": {"call_expected_tokens": {"2": 1.7}}}
+    cal = {"best_kind": {"2": "sampled"}, "sampled": {"predicted_tokens_per_call": {"2": 1.7}}}
     assert BF.expected_tokens_per_call(cal) == {2: 1.7}
 
 
@@ -227,10 +227,27 @@ def test_speedups_over_ar_names_the_fastest_ar_and_the_gain_over_each():
     assert BF.speedups_over_ar([r for r in rows if r["kind"] != "ar"]) == []
 
 
+def test_cost_growth_words_follow_the_measurements():
+    from paper.notebook_measures import cost_growth_words
+
+    assert cost_growth_words({1: 1.0, 2: 1.05, 4: 1.08, 8: 1.18, 16: 1.58, 32: 2.39}) == \
+        "within 1.2x of one position up to N = 8, first 2x or more at N = 32 (2.39x)"
+    assert cost_growth_words({"1": 1.0, "2": 1.3, "4": 1.5}) == \
+        "1.30x one position already at N = 2, below 2x up to N = 4"
+    assert cost_growth_words({1: 1.0, 2: 1.1, 4: 1.3, 8: 1.1}) == \
+        "within 1.2x of one position up to N = 2, below 2x up to N = 8"  # a dip after a rise is not "near one"
+    assert cost_growth_words({1: 1.0, 2: 0.9, 8: 1.1}) == "within 1.2x of one position up to N = 8, the largest N timed"
+    with pytest.raises(ValueError, match="N > 1"):
+        cost_growth_words({1: 1.0})
+
+
 def test_expected_tokens_per_call_of_one_kind():
+    """E(N) per frame (what a decoder measures), never one round's expected codes (``call_expected_tokens``)."""
     cal = {"best_kind": {"2": "sampled", "4": "point-mass"},
-           "sampled": {"call_expected_tokens": {"2": 1.7, "4": 2.4}},
-           "point-mass": {"call_expected_tokens": {"2": 1.1, "4": 2.6}}}
+           "sampled": {"predicted_tokens_per_call": {"2": 1.7, "4": 2.4},
+                       "call_expected_tokens": {"2": 1.9, "4": 3.0}},
+           "point-mass": {"predicted_tokens_per_call": {"2": 1.1, "4": 2.6},
+                          "call_expected_tokens": {"2": 1.2, "4": 2.9}}}
     assert BF.expected_tokens_per_call(cal) == {2: 1.7, 4: 2.6}
     assert BF.expected_tokens_per_call(cal, "point-mass") == {2: 1.1, 4: 2.6}
     assert BF.expected_tokens_per_call(cal, "sampled") == {2: 1.7, 4: 2.4}

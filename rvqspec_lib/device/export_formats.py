@@ -117,9 +117,9 @@ def coreml_available() -> tuple[bool, str]:
 
 
 def graph_for_format(code_predictor, graph: str, fmt: str, dtype, *, nodes: int | None = None, tree=None,
-                     batch: int = 1, sampling=None):
+                     sampling=None):
     """The graph to export over :func:`module_for_format`'s module; Core ML graphs hold their cache as buffers."""
-    return G.build_graph(module_for_format(code_predictor, fmt, dtype), graph, nodes=nodes, tree=tree, batch=batch,
+    return G.build_graph(module_for_format(code_predictor, fmt, dtype), graph, nodes=nodes, tree=tree,
                          sampling=sampling, state="buffers" if fmt == "coreml" else "inputs")
 
 
@@ -208,7 +208,7 @@ def export_coreml(graph, path, *, precision: str = "float16", target: str = "mac
 
 
 def export_graph(code_predictor, graph: str, fmt: str, out, *, dtype="float32", nodes: int | None = None,
-                 tree=None, batch: int = 1, sampling=None, target: str = "macOS15") -> dict:
+                 tree=None, sampling=None, target: str = "macOS15") -> dict:
     """Build and write one graph (what ``rvqspec export`` does) over ``code_predictor`` (never modified): ``graph`` of
     ``export_graphs.GRAPHS``, ``fmt`` of :data:`FORMATS`, ``dtype`` of :data:`DTYPES`; the other keywords the
     graph's (:func:`~rvqspec_lib.device.export_graphs.build_graph`) and Core ML's ``target``.
@@ -222,8 +222,7 @@ def export_graph(code_predictor, graph: str, fmt: str, out, *, dtype="float32", 
     """
     dt_name = dtype if isinstance(dtype, str) else {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
     _dtype_of(dt_name)
-    g = graph_for_format(code_predictor, graph, fmt, dt_name, nodes=nodes, tree=tree, batch=batch,
-                         sampling=sampling)
+    g = graph_for_format(code_predictor, graph, fmt, dt_name, nodes=nodes, tree=tree, sampling=sampling)
     t0 = time.perf_counter()
     if fmt == "onnx":
         export_onnx(g, out)
@@ -428,7 +427,7 @@ class ExportedFrame(_WorkFolder, FusedARFrame):
         t0 = time.perf_counter()
         if path is None:
             path = self._work_folder() / "frame-b1-float32.onnx"
-            export_graph(code_predictor, "frame", "onnx", path, dtype="float32", batch=1, sampling=sampling)
+            export_graph(code_predictor, "frame", "onnx", path, dtype="float32", sampling=sampling)
         self.export_s = time.perf_counter() - t0
         self.graph = open_graph(path)
         self._context_dtype = torch.float16 if isinstance(self.graph, OrtGraph) and \

@@ -45,10 +45,9 @@ if progress_file() is not None:
 
 
 def progress_bar(iterable: Iterable[T], *, total: int | None = None, desc: str = "", enabled: bool = True,
-             leave: bool = False, unit: str = "it") -> Iterable[T]:
+             unit: str = "it") -> Iterable[T]:
     """``iterable`` in a plain tqdm bar when ``enabled`` (else unchanged): ``desc`` its label, ``total`` its length
-    when ``len()`` does not give it, ``leave`` keep it on screen, ``unit`` what one step is; the bar writes to
-    :func:`progress_file`."""
+    when ``len()`` does not give it, ``unit`` what one step is; the bar writes to :func:`progress_file`."""
     if not enabled:
         return iterable
-    return tqdm(iterable, total=total, desc=desc, leave=leave, unit=unit, file=progress_file())
+    return tqdm(iterable, total=total, desc=desc, leave=False, unit=unit, file=progress_file())

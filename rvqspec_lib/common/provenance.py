@@ -209,7 +209,7 @@ def save_table(table, path_stem: str | os.PathLike, prov: Mapping, *, caption: s
     return {"csv": csv_path, "md": md_path, "provenance": side}
 
 
-def save_figure(fig, path_stem: str | os.PathLike, prov: Mapping, *, dpi: int = 150) -> dict:
+def save_figure(fig, path_stem: str | os.PathLike, prov: Mapping) -> dict:
     """Write a matplotlib figure as ``<stem>.png`` and ``<stem>.pdf`` (no creation date: the same numbers give the
     same files) plus the sidecar. Returns ``{"png", "pdf", "provenance"}`` paths. Raises OSError."""
     stem = Path(path_stem)
@@ -217,16 +217,16 @@ def save_figure(fig, path_stem: str | os.PathLike, prov: Mapping, *, dpi: int = 
     png, pdf = stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")
     side = _sidecar_path(stem)
     with atomic_outputs([png, pdf, side]) as (tmp_png, tmp_pdf, tmp_side):
-        fig.savefig(tmp_png, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+        fig.savefig(tmp_png, format="png", dpi=150, bbox_inches="tight", metadata={"Software": None})
         fig.savefig(tmp_pdf, format="pdf", bbox_inches="tight",
                     metadata={"CreationDate": None, "Creator": None, "Producer": None})
         tmp_side.write_text(_sidecar_text(prov, [png, pdf]))
     return {"png": png, "pdf": pdf, "provenance": side}
 
 
-def save_audio(wav, sample_rate: int, path_stem: str | os.PathLike, prov: Mapping, *, peak: float = 0.95) -> Path:
-    """Write ``(samples,)`` float audio (numpy or torch) as ``<stem>.wav`` (16-bit mono, limited to ``peak`` of full
-    scale, never amplified) plus the sidecar; returns the path. Raises ValueError: not one non-empty mono waveform,
+def save_audio(wav, sample_rate: int, path_stem: str | os.PathLike, prov: Mapping) -> Path:
+    """Write ``(samples,)`` float audio (numpy or torch) as ``<stem>.wav`` (16-bit mono, limited to 0.95 of full scale,
+    never amplified) plus the sidecar; returns the path. Raises ValueError: not one non-empty mono waveform,
     or a sample rate <= 0."""
     import numpy as np  # noqa: PLC0415 (numpy and soundfile: the audio writers only; provenance stays light)
     import soundfile as sf  # noqa: PLC0415
@@ -236,8 +236,8 @@ def save_audio(wav, sample_rate: int, path_stem: str | os.PathLike, prov: Mappin
     if x is None or x.size == 0 or int(sample_rate) <= 0:
         raise ValueError("save_audio takes one non-empty mono waveform (samples,) and a sample rate > 0")
     top = float(np.abs(x).max())
-    if top > peak:
-        x = x * (peak / top)
+    if top > 0.95:
+        x = x * (0.95 / top)
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     out, side = stem.with_name(stem.name + ".wav"), _sidecar_path(stem)

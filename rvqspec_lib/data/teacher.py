@@ -173,7 +173,7 @@ def contexts_of(lm: LoadedModel, utts: Sequence[Utterance]) -> list[torch.Tensor
             for r, t in enumerate(frames.tolist())]
 
 
-def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str = "auto",
-                            speaker: str | None = None) -> torch.Tensor:
-    """:func:`contexts_of` one utterance's ``codes`` (:func:`check_codes`) -> ``(T, 2, talker_hidden)`` float32."""
-    return contexts_of(lm, [Utterance(text, check_codes(lm, codes), speaker, language)])[0]
+def teacher_forced_contexts(lm, text: str, codes: torch.Tensor, *, language: str = "auto") -> torch.Tensor:
+    """:func:`contexts_of` one utterance's ``codes`` (:func:`check_codes`), the default speaker -> ``(T, 2,
+    talker_hidden)`` float32."""
+    return contexts_of(lm, [Utterance(text, check_codes(lm, codes), None, language)])[0]

@@ -101,10 +101,10 @@ def load_codes(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.ndarray], *,
-                             splits: Sequence[str] | None = None, language: str = "auto") -> list[Utterance]:
+                             splits: Sequence[str] | None = None) -> list[Utterance]:
     """One :class:`~rvqspec_lib.data.teacher.Utterance` per manifest row (``id, text, split, voice``) of ``splits``
     (``None``: all) with codes ``{id: (frames, G)}``, in order; the speaker the row's ``voice`` (lowercased), the
-    prompt ``language``."""
+    prompt language ``auto``."""
     out = []
     for r in rows:
         if splits is not None and r.get("split") not in splits:
@@ -113,6 +113,6 @@ def utterances_from_manifest(rows: Iterable[Mapping], codes: Mapping[str, np.nda
         if c is None or len(c) == 0:
             continue
         out.append(Utterance(r["text"], torch.as_tensor(np.asarray(c), dtype=torch.long), str(r["voice"]).lower(),
-                             language))
+                             "auto"))
     return out
 

@@ -67,19 +67,19 @@ def sentence_key(text: str) -> str:
     return " ".join(re.sub(r"[\W_]+", " ", text.lower()).split())
 
 
-def multilingual_sentences(path: str | os.PathLike | None = None) -> list[Sentence]:
+def multilingual_sentences() -> list[Sentence]:
     """The shipped non-English evaluation sentences (``data/eval_texts/multilingual.tsv``)."""
-    p = Path(path) if path else EVAL_TEXT_DIR / "multilingual.tsv"
+    p = EVAL_TEXT_DIR / "multilingual.tsv"
     pairs = [line.split("\t", 1) for line in p.read_text(encoding="utf-8").splitlines()
              if line.strip() and not line.startswith("#")]
     return [Sentence(text.strip(), lang.strip(), "written", "data/eval_texts/multilingual.tsv") for lang, text in pairs]
 
 
-def split_of(sentence: Sentence | str, fractions: Mapping[str, float] | None = None, language: str = "en") -> str:
-    """The Table 1 role (one of :data:`SPLITS`) of a sentence or a text in ``language``, a pure function of its
+def split_of(sentence: Sentence | str, fractions: Mapping[str, float] | None = None) -> str:
+    """The Table 1 role (one of :data:`SPLITS`) of a sentence or an English text, a pure function of its
     normalised text (non-English: ``evaluation``; ``fractions`` default :data:`DEFAULT_FRACTIONS`). Raises
     ValueError: fractions not summing to 1."""
-    text, lang = (sentence.text, sentence.language) if isinstance(sentence, Sentence) else (sentence, language)
+    text, lang = (sentence.text, sentence.language) if isinstance(sentence, Sentence) else (sentence, "en")
     if lang != "en":
         return "evaluation"
     fr = dict(fractions or DEFAULT_FRACTIONS)
@@ -209,8 +209,8 @@ RENDER_RECIPE = "synthesiser at its own rate -> sox " + " ".join(SOX_ARGS) + " -
 RECIPE_FILE = ".render-recipe"
 
 
-def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> int:
-    """Render one text to a mono 16-bit wav at ``sample_rate``, atomically, the same bytes on every run; returns its
+def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike) -> int:
+    """Render one text to a mono 16-bit wav at :data:`SAMPLE_RATE`, atomically, the same bytes on every run; returns its
     length in samples. Raises MissingVoiceError; RuntimeError: the synthesiser failed (its stderr quoted)."""
     v = check_voice(voice)
     out = Path(out_path)
@@ -219,7 +219,7 @@ def render_one(text: str, voice: str | Voice, out_path: str | os.PathLike, sampl
         txt, raw, res = Path(tmp) / "text.txt", Path(tmp) / "raw.wav", Path(tmp) / "out.wav"
         txt.write_text(text.strip() + "\n", encoding="utf-8")
         for cmd in (v.command(str(txt), str(raw)),
-                    ["sox", *SOX_ARGS, str(raw), "-r", str(sample_rate), "-c", "1", "-b", "16", str(res)]):
+                    ["sox", *SOX_ARGS, str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(res)]):
             r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
             if r.returncode != 0 or not Path(cmd[-1] if cmd[0] == "sox" else raw).is_file():
                 raise RuntimeError(f"{cmd[0]} failed for voice {v.name!r} (exit {r.returncode}): "
@@ -240,22 +240,21 @@ def _write_recipe(folder: Path) -> None:
 
 
 def _render_job(job: tuple) -> dict:
-    """Render a manifest row (``(row, out_dir, sample_rate, reuse)``) unless reused; its lengths added."""
-    row, out_dir, sample_rate, reuse = job
+    """Render a manifest row (``(row, out_dir, reuse)``) unless reused; its lengths added."""
+    row, out_dir, reuse = job
     path = Path(out_dir) / row["path"]
     if reuse and path.is_file():
         samples = sf.info(str(path)).frames  # resume: keep what an earlier run rendered with this recipe
     else:
-        samples = render_one(row["text"], row["voice"], path, sample_rate)
-    return {**row, "samples": samples, "seconds": round(samples / sample_rate, 4),
-            "frames": n_frames(samples, FRAME_SAMPLES * sample_rate // SAMPLE_RATE)}
+        samples = render_one(row["text"], row["voice"], path)
+    return {**row, "samples": samples, "seconds": round(samples / SAMPLE_RATE, 4),
+            "frames": n_frames(samples, FRAME_SAMPLES)}
 
 
 def render_files(items: Iterable[tuple[str, str, str | os.PathLike]], folder: str | os.PathLike, *,
-                 processes: int = 2, sample_rate: int = SAMPLE_RATE, progress: bool = False,
-                 desc: str = "render") -> list[int]:
+                 progress: bool = False, desc: str = "render") -> list[int]:
     """Render ``(text, voice, path)`` items into ``folder`` (paths inside it), reusing files only under this
-    :data:`RENDER_RECIPE`, ``processes`` synthesisers at once (no effect on the result). Returns each length in
+    :data:`RENDER_RECIPE`, 2 synthesisers at once (no effect on the result). Returns each length in
     samples. Raises ValueError: a path outside ``folder``; MissingVoiceError (checked first); RuntimeError."""
     out = Path(folder)
     items = [(str(t), str(v), out / p) for t, v, p in items]
@@ -264,19 +263,18 @@ def render_files(items: Iterable[tuple[str, str, str | os.PathLike]], folder: st
         raise ValueError(f"{outside[0]} is not inside {out}: give paths relative to the folder whose "
                          f"{RECIPE_FILE} records how they were rendered")
     rows = [{"text": t, "voice": v, "path": str(p)} for t, v, p in items]
-    done = _render_rows(rows, out, processes=processes, sample_rate=sample_rate, progress=progress, desc=desc)
+    done = _render_rows(rows, out, processes=2, progress=progress, desc=desc)
     _write_recipe(out)
     return [d["samples"] for d in done]
 
 
-def _render_rows(rows: list[dict], out: Path, *, processes: int, sample_rate: int, progress: bool,
-                 desc: str) -> list[dict]:
+def _render_rows(rows: list[dict], out: Path, *, processes: int, progress: bool, desc: str) -> list[dict]:
     """Render manifest rows into ``out``, every voice checked first, files reused only under this recipe."""
     for v in sorted({r["voice"] for r in rows}):
         check_voice(v)
     out.mkdir(parents=True, exist_ok=True)
     reuse = render_recipe_current(out)
-    jobs = [(r, str(out), sample_rate, reuse) for r in rows]
+    jobs = [(r, str(out), reuse) for r in rows]
     with ThreadPoolExecutor(max_workers=max(1, processes)) as ex:
         return list(progress_bar(ex.map(_render_job, jobs), total=len(jobs), desc=desc, unit="utt",
                                  enabled=progress))
@@ -305,14 +303,13 @@ def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_
 
 
 def render_corpus(sentences: Iterable[Sentence], out_dir: str | os.PathLike, voices: Sequence[str] = DEFAULT_VOICES,
-                  one_voice_each: bool = False, processes: int = 2, sample_rate: int = SAMPLE_RATE,
-                  progress: bool = True) -> list[dict]:
+                  one_voice_each: bool = False, processes: int = 2, progress: bool = True) -> list[dict]:
     """Render sentences (:func:`plan_renders`) to ``<out_dir>/wav/<voice>/<id>.wav`` (a rerun resumes) and write
     ``<out_dir>/manifest.jsonl``. Returns its rows: ``id, split, language, voice, text, source, origin, path``
     (relative), ``samples, seconds, frames`` (12.5 Hz), ``sample_rate``. Raises MissingVoiceError."""
     out = Path(out_dir)
-    rows = [{**r, "sample_rate": sample_rate} for r in plan_renders(sentences, voices, one_voice_each)]
-    done = _render_rows(rows, out, processes=processes, sample_rate=sample_rate, progress=progress, desc="render")
+    rows = [{**r, "sample_rate": SAMPLE_RATE} for r in plan_renders(sentences, voices, one_voice_each)]
+    done = _render_rows(rows, out, processes=processes, progress=progress, desc="render")
     write_text_atomic(out / "manifest.jsonl",
                       "".join(json_text(dict(r), indent=None, ensure_ascii=False) + "\n" for r in done))
     _write_recipe(out)

@@ -159,11 +159,11 @@ class MedusaHeads(_Trained):
         self.provenance: dict = {}
 
     @classmethod
-    def for_code_predictor(cls, code_predictor, K: int = DEFAULT_K, residual_block: bool = False) -> "MedusaHeads":
+    def for_code_predictor(cls, code_predictor, K: int = DEFAULT_K) -> "MedusaHeads":
         """Heads sized for ``code_predictor`` (float32, on its device), each a copy of ``lm_head[k+j-1]``."""
         cfg = code_predictor.config
         dev = next(code_predictor.parameters()).device
-        m = cls(K, n_codes(code_predictor), int(cfg.hidden_size), int(cfg.vocab_size), residual_block).to(dev)
+        m = cls(K, n_codes(code_predictor), int(cfg.hidden_size), int(cfg.vocab_size)).to(dev)
         with torch.no_grad():
             for (k, j), head in zip(m.pairs, m.heads):
                 head.linear.weight.copy_(code_predictor.lm_head[k + j - 1].weight.float())
@@ -217,7 +217,7 @@ def _check_name(name) -> None:
                          "offsets = position-aware offsets, medusa = fresh Medusa heads)")
 
 
-def fresh_drafter(name: str, code_predictor, *, K: int = DEFAULT_K, residual_block: bool = False):
+def fresh_drafter(name: str, code_predictor, *, K: int = DEFAULT_K):
     """An untrained drafter for ``code_predictor`` (equal to :class:`ReusedHeads`). Raises ValueError: an unknown
     name; ``K`` outside ``1 .. n_codes``."""
     _check_name(name)
@@ -229,7 +229,7 @@ def fresh_drafter(name: str, code_predictor, *, K: int = DEFAULT_K, residual_blo
                          f"{n - 1} are never drafted; the paper uses K=3)")
     if name == "offsets":
         return PositionOffsets.for_code_predictor(code_predictor, K)
-    return MedusaHeads.for_code_predictor(code_predictor, K, residual_block)
+    return MedusaHeads.for_code_predictor(code_predictor, K)
 
 
 def draft_batch(drafter, code_predictor, hidden: torch.Tensor, K: int):

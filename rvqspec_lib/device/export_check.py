@@ -29,7 +29,7 @@ def tolerance(fmt: str, dtype: str) -> float:
 
 
 def check_file(code_predictor, graph: str, path, *, dtype: str = "float32", nodes: int | None = None, tree=None,
-               seeds: Sequence[int] = (0, 1), compute_units: Sequence[str] = F.COREML_COMPUTE_UNITS) -> list[dict]:
+               seeds: Sequence[int] = (0, 1)) -> list[dict]:
     """Run an exported ``.onnx`` or ``.mlpackage`` of ``graph`` (``stepped``, ``verify``, ``frame``) where it can run,
     against eager PyTorch (the official module, float32) on the graph's example inputs of each seed; ``dtype`` the
     file's precision, ``nodes``, ``tree`` the verify graph's.
@@ -46,7 +46,7 @@ def check_file(code_predictor, graph: str, path, *, dtype: str = "float32", node
     if fmt == "onnx":
         runners = [("onnxruntime-cpu", lambda: F.OrtGraph(path))]
     elif F.coreml_available()[0]:
-        runners = [(f"coreml-{u}", lambda u=u: F.CoreMLGraph(path, compute_unit=u)) for u in compute_units]
+        runners = [(f"coreml-{u}", lambda u=u: F.CoreMLGraph(path, compute_unit=u)) for u in F.COREML_COMPUTE_UNITS]
     else:
         return [{"runner": "not run", "ran": False, "note": F.coreml_available()[1]}]
     rows = []

@@ -117,9 +117,9 @@ def coreml_available() -> tuple[bool, str]:
 
 
 def graph_for_format(code_predictor, graph: str, fmt: str, dtype, *, nodes: int | None = None, tree=None,
-                     batch: int = 1, sampling=None):
+                     sampling=None):
     """The graph to export over :func:`module_for_format`'s module; Core ML graphs hold their cache as buffers."""
-    return G.build_graph(module_for_format(code_predictor, fmt, dtype), graph, nodes=nodes, tree=tree, batch=batch,
+    return G.build_graph(module_for_format(code_predictor, fmt, dtype), graph, nodes=nodes, tree=tree,
                          sampling=sampling, state="buffers" if fmt == "coreml" else "inputs")
 
 
@@ -208,7 +208,7 @@ def export_coreml(graph, path, *, precision: str = "float16", target: str = "mac
 
 
 def export_graph(code_predictor, graph: str, fmt: str, out, *, dtype="float32", nodes: int | None = None,
-                 tree=None, batch: int = 1, sampling=None, target: str = "macOS15") -> dict:
+                 tree=None, sampling=None, target: str = "macOS15") -> dict:
     """Build and write one graph (what ``rvqspec export`` does) over ``code_predictor`` (never modified): ``graph`` of
     ``export_graphs.GRAPHS``, ``fmt`` of :data:`FORMATS`, ``dtype`` of :data:`DTYPES`; the other keywords the
     graph's (:func:`~rvqspec_lib.device.export_graphs.build_graph`) and Core ML's ``target``.
@@ -222,8 +222,7 @@ def export_graph(code_predictor, graph: str, fmt: str, out, *, dtype="float32", 
     """
     dt_name = dtype if isinstance(dtype, str) else {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
     _dtype_of(dt_name)
-    g = graph_for_format(code_predictor, graph, fmt, dt_name, nodes=nodes, tree=tree, batch=batch,
-                         sampling=sampling)
+    g = graph_for_format(code_predictor, graph, fmt, dt_name, nodes=nodes, tree=tree, sampling=sampling)
     t0 = time.perf_counter()
     if fmt == "onnx":
         export_onnx(g, out)
@@ -293,13 +292,13 @@ def file_interface(path) -> dict:
 
 
 # ---- Running exported files ------------------------------------------------------------------------------------------
-def ort_session(path, *, threads: int | None = None):
-    """An ONNX Runtime CPU session of ``path``: ``threads`` intra-op threads (default torch's), one inter-op thread,
-    every graph optimisation."""
+def ort_session(path):
+    """An ONNX Runtime CPU session of ``path``: torch's thread count of intra-op threads, one inter-op thread, every
+    graph optimisation."""
     import onnxruntime as ort  # an optional package (backends.available says so when it is missing)
 
     so = ort.SessionOptions()
-    so.intra_op_num_threads = int(threads or torch.get_num_threads())
+    so.intra_op_num_threads = int(torch.get_num_threads())
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
@@ -310,9 +309,9 @@ class OrtGraph:
     """An exported ``.onnx`` graph run with ONNX Runtime on the CPU: ``graph(inputs)`` with ``{name: tensor}``
     (torch or numpy) returns ``{output name: torch tensor}``."""
 
-    def __init__(self, path, *, threads: int | None = None):
+    def __init__(self, path):
         self.path = Path(path)
-        self.session = ort_session(path, threads=threads)
+        self.session = ort_session(path)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -360,37 +359,31 @@ class CoreMLGraph:
         return {k: torch.from_numpy(np.asarray(v)) for k, v in out.items()}
 
 
-def open_graph(path, *, threads: int | None = None, compute_unit: str = "CPU_ONLY"):
-    """:class:`OrtGraph` for ``.onnx``, :class:`CoreMLGraph` for ``.mlpackage``."""
+def open_graph(path):
+    """:class:`OrtGraph` for ``.onnx``, :class:`CoreMLGraph` (CPU only) for ``.mlpackage``."""
     if Path(path).suffix == ".onnx":
-        return OrtGraph(path, threads=threads)
+        return OrtGraph(path)
     if Path(path).suffix == ".mlpackage":
-        return CoreMLGraph(path, compute_unit=compute_unit)
+        return CoreMLGraph(path)
     raise ValueError(f"{path} is neither an .onnx file nor an .mlpackage")
 
 
 class _WorkFolder:
-    """Where an exported backend writes its graph: ``work_dir`` (kept), or a temporary folder removed with it."""
+    """Where an exported backend writes its graph: a temporary folder removed with it."""
 
     _tmp = None
 
-    def _work_folder(self, work_dir) -> Path:
-        if work_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="rvqspec-ort-")
-            return Path(self._tmp.name)
-        folder = Path(work_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+    def _work_folder(self) -> Path:
+        self._tmp = tempfile.TemporaryDirectory(prefix="rvqspec-ort-")
+        return Path(self._tmp.name)
 
 
 class ExportedBackend(_WorkFolder, SlotBackend):
     """The verify backend over an exported hidden-state verify graph (symbolic dimensions: one file for every
-    decoder) run by ONNX Runtime in ``dtype`` (hidden states come back in the module's) on ``threads`` intra-op
-    threads (default torch's); ``path``: an existing graph file, else one exported to ``work_dir`` (default a
-    temporary folder). Raises ValueError: a code predictor that cannot be exported."""
+    decoder), exported to a temporary folder and run by ONNX Runtime in ``dtype`` (hidden states come back in the
+    module's) on torch's thread count. Raises ValueError: a code predictor that cannot be exported."""
 
-    def __init__(self, code_predictor, *, dtype: str = "float32", threads: int | None = None,
-                 work_dir=None, path=None):
+    def __init__(self, code_predictor, *, dtype: str = "float32"):
         G.check_exportable(code_predictor)
         self.code_predictor = code_predictor
         self.dtype_name = dtype
@@ -400,14 +393,11 @@ class ExportedBackend(_WorkFolder, SlotBackend):
         self.n_kv, self.head_dim = int(code_predictor.config.num_key_value_heads), P.head_dim(code_predictor.config)
         self.cache_dtype, self.device = self.graph_dtype, torch.device("cpu")
         t0 = time.perf_counter()
-        if path is None:
-            folder = self._work_folder(work_dir)
-            path = folder / f"verify-hidden-{dtype}.onnx"
-            g = G.VerifyGraph(module_for_format(code_predictor, "onnx", dtype), 4, outputs="hidden").eval()
-            export_onnx(g, path, dynamic=True)
-        self.path = Path(path)
+        self.path = self._work_folder() / f"verify-hidden-{dtype}.onnx"
+        g = G.VerifyGraph(module_for_format(code_predictor, "onnx", dtype), 4, outputs="hidden").eval()
+        export_onnx(g, self.path, dynamic=True)
         self.export_s = time.perf_counter() - t0
-        self.graph = OrtGraph(self.path, threads=threads)
+        self.graph = OrtGraph(self.path)
         self._np = _NP[self.graph_dtype]
         self.name = "onnxruntime" + ("-fp16" if self.graph_dtype == torch.float16 else "")
 
@@ -428,19 +418,18 @@ class ExportedBackend(_WorkFolder, SlotBackend):
 
 class ExportedFrame(_WorkFolder, FusedARFrame):
     """A :class:`~rvqspec_lib.device.fused.FusedARFrame` whose call runs an exported frame graph at ``path``
-    (``.onnx`` / ``.mlpackage``; ``None``: one exported to ONNX in ``work_dir``), the other keywords as
-    :func:`export_graph`'s and :func:`open_graph`'s."""
+    (``.onnx`` / ``.mlpackage`` of batch 1; ``None``: one exported to ONNX in float32 in a temporary folder, with
+    ``sampling`` as :func:`export_graph`'s) run by :func:`open_graph`."""
 
-    def __init__(self, code_predictor, path=None, *, dtype: str = "float32", threads: int | None = None,
-                 compute_unit: str = "CPU_ONLY", work_dir=None, sampling=None, batch: int = 1):
+    def __init__(self, code_predictor, path=None, *, sampling=None):
         FusedARFrame.__init__(self, code_predictor, sampling, compile=False)
-        self.batch = int(batch)
+        self.batch = 1
         t0 = time.perf_counter()
         if path is None:
-            path = self._work_folder(work_dir) / f"frame-b{batch}-{dtype}.onnx"
-            export_graph(code_predictor, "frame", "onnx", path, dtype=dtype, batch=batch, sampling=sampling)
+            path = self._work_folder() / "frame-b1-float32.onnx"
+            export_graph(code_predictor, "frame", "onnx", path, dtype="float32", sampling=sampling)
         self.export_s = time.perf_counter() - t0
-        self.graph = open_graph(path, threads=threads, compute_unit=compute_unit)
+        self.graph = open_graph(path)
         self._context_dtype = torch.float16 if isinstance(self.graph, OrtGraph) and \
             self.graph.session.get_inputs()[0].type == "tensor(float16)" else torch.float32
         self.name = "fused-AR-" + ("onnxruntime" if Path(path).suffix == ".onnx" else "coreml")

@@ -297,10 +297,10 @@ class FrameGraph(nn.Module):
 
 
 def build_graph(code_predictor, graph: str, *, nodes: int | None = None, tree: DraftTree | None = None,
-                state: str = "inputs", batch: int = 1, sampling: Sampling | None = None) -> nn.Module:
+                state: str = "inputs", sampling: Sampling | None = None) -> nn.Module:
     """One of :data:`GRAPHS` by name (what ``rvqspec export --graph`` builds); ``nodes`` (N, default 4) and ``tree``
     (default a chain of N - 1) are the verify graph's, ``sampling`` the frame graph's; ``state`` (``"inputs"`` for
-    ONNX, ``"buffers"`` for Core ML) and ``batch`` (rows per call) as :class:`SteppedGraph`'s.
+    ONNX, ``"buffers"`` for Core ML) as :class:`SteppedGraph`'s; one row per call.
 
     Raises:
         ValueError: an unknown graph, N outside 2..64, ``nodes`` or ``tree`` given to a graph that has none, what
@@ -311,15 +311,15 @@ def build_graph(code_predictor, graph: str, *, nodes: int | None = None, tree: D
     if graph != "verify" and (nodes is not None or tree is not None):
         raise ValueError(f"--nodes (and a tree) are for the verify graph; the {graph} graph has none")
     if graph == "stepped":
-        return SteppedGraph(code_predictor, batch=batch, state=state).eval()
+        return SteppedGraph(code_predictor, state=state).eval()
     if graph == "frame":
-        return FrameGraph(code_predictor, sampling, batch=batch).eval()
+        return FrameGraph(code_predictor, sampling).eval()
     n = 4 if nodes is None and tree is None else (tree.n_nodes + 1 if nodes is None else nodes)
     if not isinstance(n, int) or isinstance(n, bool) or not MIN_NODES <= n <= MAX_NODES:
         raise ValueError(f"--nodes must be an integer in {MIN_NODES}..{MAX_NODES} (query positions of one verify "
                          f"call, the root included), got {n!r}")
     tree = DraftTree.chain(n - 1) if tree is None else tree
-    return VerifyGraph(code_predictor, n, tree=tree, outputs="logits", batch=batch, state=state).eval()
+    return VerifyGraph(code_predictor, n, tree=tree, outputs="logits", state=state).eval()
 
 
 def example_inputs(graph: nn.Module, *, seed: int = 0, frame_depth: int = 3) -> dict:

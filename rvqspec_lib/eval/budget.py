@@ -23,7 +23,6 @@ from rvqspec_lib.common.machine import cpu_model
 from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding.decoders import CHAIN_WINDOWS
 from rvqspec_lib.decoding.drafters import ReusedHeads
-from rvqspec_lib.decoding.sampling import Sampling
 from rvqspec_lib.eval.calibration import KINDS, predicted, tables_from_calibration
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
@@ -118,10 +117,9 @@ def candidates(calibration: dict, budgets: Sequence[int] = AUTO_BUDGETS, *, draf
 
 def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
                    backends: Sequence[str] | Mapping[str, object] = ("official",), drafter=None,
-                   drafter_name: str | None = None, sampling: Sampling | None = None,
-                   budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5, frames: int = 16, repeats: int = 3,
-                   cost_repeats: int = 5, fused: bool = True, acceptance=None, seed: int = 0, progress: bool = False,
-                   noise_target: float | None = None) -> AutoChoice:
+                   drafter_name: str | None = None, budgets: Sequence[int] = AUTO_BUDGETS, shortlist: int = 5,
+                   frames: int = 16, repeats: int = 3, cost_repeats: int = 5, fused: bool = True, acceptance=None,
+                   seed: int = 0, progress: bool = False, noise_target: float | None = None) -> AutoChoice:
     """The decoder, backend and fusion with the least measured time per committed code here.
 
     Args:
@@ -129,8 +127,8 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
             calibration: trees for this model and drafter. contexts: ``(N, 2, talker_hidden)``; the first ``frames``
             decoded, ``repeats`` passes.
         backends: names (speedups over stepped AR through the first), or ``{name: verify backend}`` already built.
-            drafter, drafter_name, sampling: as deployed. budgets: tree budgets considered. shortlist: candidates
-            decoded per backend. cost_repeats: repeats of each verify-call timing. fused: also the fused frames.
+            drafter, drafter_name: as deployed. budgets: tree budgets considered. shortlist: candidates decoded per
+            backend. cost_repeats: repeats of each verify-call timing. fused: also the fused frames.
         acceptance: a TIMING REPLAY's hook (stepped frames replayed, no fused frame; never cached). noise_target: as
             :func:`rvqspec_lib.eval.timing.interleaved`.
 
@@ -162,14 +160,14 @@ def choose_decoder(code_predictor, calibration: dict, contexts: torch.Tensor, *,
             rows[(nd.label, b, False)] = {**nd.fields(), "backend": b, "fused": False, "predicted_tokens_per_call": e,
                                           "verify_ms": t, "verify_ratio": t / t1, "predicted_speedup": e * t1 / t}
             if fused and acceptance is None and nd.name.kind in ("ar", "chain") and \
-                    fused_support(b, nd.decoder, sampling) is None:
+                    fused_support(b, nd.decoder) is None:
                 rows[(nd.label, b, True)] = {**nd.fields(), "backend": b, "fused": True,
                                              "predicted_tokens_per_call": e}
         ranked = sorted((r for (lab, bk, fz), r in rows.items() if bk == b and lab != "ar" and not fz),
                         key=lambda r: -r["predicted_speedup"])
         picked |= {r["decoder"] for r in ranked[:shortlist]}
     named = {nd.label: nd for nd, _ in cands}
-    runners = [frame_runner(b, cp, named[lab], fused=fz, sampling=sampling, acceptance=None if fz else acceptance,
+    runners = [frame_runner(b, cp, named[lab], fused=fz, acceptance=None if fz else acceptance,
                             verify=pool[b]) for lab, b, fz in rows if fz or lab in picked]
     n_fused = sum(fz for _, _, fz in rows)
     k = min(frames, contexts.shape[0])

@@ -216,10 +216,10 @@ def speech_items(ds, kind: str, *, max_items: int | None = None) -> list[dict]:
     return out
 
 
-def encode_items(items: Sequence[dict], codec, *, n_code_groups: int, language: str = "auto",
-                 speaker: str | None = None) -> tuple[list[Utterance], list[dict]]:
+def encode_items(items: Sequence[dict], codec, *, n_code_groups: int,
+                 language: str = "auto") -> tuple[list[Utterance], list[dict]]:
     """Rows of :func:`speech_items` (any ``{"text", "wav", "sample_rate"}``) encoded by ``codec`` (resampled to its
-    rate) into utterances with the prompt ``language`` and ``speaker``.
+    rate) into utterances with the prompt ``language`` and the default speaker.
 
     Returns:
         ``(utterances, meta)``: meta rows ``id``, ``seconds``, ``frames`` (Table 1); rows with no frame skipped.
@@ -238,7 +238,7 @@ def encode_items(items: Sequence[dict], codec, *, n_code_groups: int, language: 
                              " use the model's own codec")
         if codes.shape[0] == 0:
             continue
-        utts.append(Utterance(it["text"], codes, speaker, language))
+        utts.append(Utterance(it["text"], codes, None, language))
         meta.append({"id": it.get("id", str(i)), "seconds": float(len(it["wav"]) / float(it["sample_rate"])),
                      "frames": int(codes.shape[0])})
     return utts, meta

@@ -114,19 +114,18 @@ def evaluation_data(model: str | os.PathLike, languages: Sequence[str], *, codec
     return {lang: out[lang] for lang in languages}
 
 
-def calibration_data(model: str | os.PathLike, *, codec=None, librispeech=None, split: str | None = None,
-                     n_sentences: int | None = None, seed: int = 0):
+def calibration_data(model: str | os.PathLike, *, codec=None, librispeech=None, seed: int = 0):
     """``(utterances, meta, source)`` of the calibration set: ``librispeech`` (a folder or hub id, the paper's)
     encoded by ``codec``, else the shipped calibration split. Raises ValueError: neither exists; bad columns."""
     if librispeech:
         if codec is None:
             raise ValueError("LibriSpeech audio needs the model's codec to become codes")
-        ds = load_speech_dataset(librispeech, "librispeech", split=split)
-        utts, meta = encode_items(speech_items(ds, "librispeech", max_items=n_sentences), codec, n_code_groups=16)
-        return utts, [{**m, "split": split or "test", "role": "tree calibration", "language": "en"} for m in meta], \
+        ds = load_speech_dataset(librispeech, "librispeech")
+        utts, meta = encode_items(speech_items(ds, "librispeech"), codec, n_code_groups=16)
+        return utts, [{**m, "split": "test", "role": "tree calibration", "language": "en"} for m in meta], \
             {"kind": "librispeech", "dataset": str(librispeech)}
     try:
-        return _shipped(model, "calibration", n_sentences, seed, "tree calibration")
+        return _shipped(model, "calibration", None, seed, "tree calibration")
     except FileNotFoundError:
         raise ValueError(f"{model} ships no calibration split: pass a LibriSpeech folder (save_to_disk) or a "
                          "calibrated trees file, or use chain:N and explicit trees") from None

@@ -125,17 +125,17 @@ def per_utterance(run: DecodeRun, utterance: torch.Tensor) -> dict:
 
 # ---- code-distribution tests -----------------------------------------------------------------------------------------
 @torch.no_grad()
-def verifier_ranks(code_predictor, context: torch.Tensor, codes: torch.Tensor, *, sampling: Sampling | None = None,
+def verifier_ranks(code_predictor, context: torch.Tensor, codes: torch.Tensor, *,
                    batch_size: int = 512) -> torch.Tensor:
-    """Rank of every generated code under the verifier's warped p GIVEN ITS OWN PREFIX (0 = the most probable code;
-    under a lossless decoder its law is AR's), from one teacher-forced pass per frame.
+    """Rank of every generated code under the verifier's p (default sampling) GIVEN ITS OWN PREFIX (0 = the most
+    probable code; under a lossless decoder its law is AR's), from one teacher-forced pass per frame.
 
     Args:
         context: ``(N, 2, talker_hidden)``. codes: ``(N, n)`` int64.
     Returns:
         ``(N, n)`` int64 ranks (number of codes with a strictly larger p).
     """
-    sampling = Sampling() if sampling is None else sampling
+    sampling = Sampling()
     dev = next(code_predictor.parameters()).device
     out = []
     for i in range(0, codes.shape[0], batch_size):
@@ -147,8 +147,7 @@ def verifier_ranks(code_predictor, context: torch.Tensor, codes: torch.Tensor, *
 
 
 def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping[str, DecodeRun], *,
-                            sampling: Sampling | None = None, alpha: float = S.ALPHA, power_tv: float = S.POWER_TV,
-                            batch_size: int = 512) -> dict:
+                            alpha: float = S.ALPHA, power_tv: float = S.POWER_TV, batch_size: int = 512) -> dict:
     """Per depth, is a decoder's output distributed as the reference's (AR)? Two-sample chi-square tests
     (:func:`rvqspec_lib.eval.parity.two_sample_test`) of each code's verifier rank (:func:`verifier_ranks`,
     :data:`RANK_BINS` bins) and of the code itself (:data:`CODE_BINS` bins), all replicates; a decoder's 2 x n p-values
@@ -171,8 +170,8 @@ def code_distribution_tests(code_predictor, context: torch.Tensor, runs: Mapping
     for label, run in runs.items():
         if run.codes.shape != ref.codes.shape:
             raise ValueError(f"run {label} has codes {tuple(run.codes.shape)}, the reference {tuple(ref.codes.shape)}")
-        ranks[label] = torch.cat([verifier_ranks(code_predictor, context, run.codes[r], sampling=sampling,
-                                                 batch_size=batch_size) for r in range(run.codes.shape[0])])
+        ranks[label] = torch.cat([verifier_ranks(code_predictor, context, run.codes[r], batch_size=batch_size)
+                                  for r in range(run.codes.shape[0])])
     rows, summary = [], {}
     level = alpha / (2 * n)
     for label, run in runs.items():
@@ -283,13 +282,12 @@ def language_frames(lm, utts: list, language: str, progress: bool = False):
 
 
 def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], *, language: str = "en",
-                      codec=None, asr=None, unit: str | None = None, seed: int = 0, replicates: int = 1,
-                      sampling: Sampling | None = None, drafter=None, alpha: float = S.ALPHA,
+                      codec=None, asr=None, seed: int = 0, replicates: int = 1, drafter=None, alpha: float = S.ALPHA,
                       power_tv: float = S.POWER_TV, batch_size: int = 1024, progress: bool = False) -> dict:
     """Tokens per call, code-distribution tests and (with ``codec`` and ``asr``) inner-loop WER of every decoder on
     one language's utterances against AR (``"ar"`` in ``decoders``), contexts from one teacher-forced talker pass over
-    the TRUE codes. ``codec`` must depend on codes 1..n (the embedded model's table decoder); ``unit`` default the
-    language's; the first replicate becomes audio.
+    the TRUE codes, default sampling. ``codec`` must depend on codes 1..n (the embedded model's table decoder); error
+    rates in the language's unit; the first replicate becomes audio.
 
     Returns:
         JSON-able dict: ``language``, ``n_utterances``, ``n_frames``, ``replicates``, ``seconds``, ``asr``, ``unit``,
@@ -311,13 +309,13 @@ def evaluate_language(lm, utterances: Sequence, decoders: Mapping[str, object], 
     code0 = torch.cat([u.codes[:, 0] for u in utts])
     cp = lm.code_predictor
     seeds = {NULL_CONTROL: seed + 1}
-    runs = decode_runs(cp, frames, decoders, seed=seed, replicates=replicates, seeds=seeds, sampling=sampling,
+    runs = decode_runs(cp, frames, decoders, seed=seed, replicates=replicates, seeds=seeds,
                        drafter=drafter, batch_size=batch_size, progress=progress)
     per_utt = {label: per_utterance(run, frames.utterance) for label, run in runs.items()}
     tpc = {label: S.bootstrap_mean(c["codes"], c["calls"], seed=seed) for label, c in per_utt.items()}
-    dist = code_distribution_tests(cp, frames.context, runs, sampling=sampling, alpha=alpha, power_tv=power_tv)
+    dist = code_distribution_tests(cp, frames.context, runs, alpha=alpha, power_tv=power_tv)
     refs = [u.text for u in utts]
-    unit = unit or lang.unit
+    unit = lang.unit
     wer_out, hyps = None, {}
     if codec is not None and asr is not None:
         sr = int(codec.sample_rate)
@@ -361,20 +359,20 @@ def free_running_parity(lm, utterances: Sequence, decoders: Mapping[str, object]
 
 
 # ---- tables ----------------------------------------------------------------------------------------------------------
-def table3_rows(results: Mapping[str, dict], english: str = "en") -> list[dict]:
+def table3_rows(results: Mapping[str, dict]) -> list[dict]:
     """Table 3 analogue: one row per (language, decoder), keyed by :data:`ROW_FIELDS`: tokens per call with its
     interval, its difference to English (bootstrap over both utterance sets), the code-distribution verdict with its
     power, and WER/CER with the paired difference to AR where a recogniser ran (``wer_note`` says why not).
     """
     rows = []
-    en = results.get(english)
+    en = results.get("en")
     for lang, res in results.items():
         for label, tpc in res["tokens_per_call"].items():
             info = res["decoders"][label]
             row = {"language": lang, **{k: info.get(k) for k in ROW_FIELDS}, "lossless": info["lossless"],
                    "tokens_per_call": tpc["value"], "tpc_ci_low": tpc["ci_low"], "tpc_ci_high": tpc["ci_high"],
                    "n_utterances": res["n_utterances"], "n_frames": res["n_frames"]}
-            if en is not None and lang != english and label in en["per_utterance"]:
+            if en is not None and lang != "en" and label in en["per_utterance"]:
                 a, b = res["per_utterance"][label], en["per_utterance"][label]
                 d = S.bootstrap_difference(a["codes"], a["calls"], b["codes"], b["calls"])
                 row.update({"tpc_minus_english": d["difference"], "tpc_minus_english_ci_low": d["ci_low"],

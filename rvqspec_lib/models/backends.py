@@ -83,10 +83,10 @@ def _device_of(cp) -> torch.device:
     return next(cp.parameters()).device
 
 
-def verify_backend(name: str, code_predictor, *, work_dir=None, threads: int | None = None):
+def verify_backend(name: str, code_predictor):
     """The :class:`~rvqspec_lib.decoding.predictor.VerifyBackend` ``name`` (of :data:`BACKENDS`) over the official
-    ``code_predictor`` in its precision and on its device; ``work_dir``, ``threads``: ``onnx``'s graph folder and
-    ONNX Runtime threads. ValueError (one line): an unknown or absent backend."""
+    ``code_predictor`` in its precision and on its device (``onnx``: its graph in a temporary folder, ONNX Runtime on
+    torch's threads). ValueError (one line): an unknown or absent backend."""
     dev = _device_of(code_predictor)
     check_available(name, precision_of(code_predictor), dev.type)
     if name == "official":
@@ -97,7 +97,7 @@ def verify_backend(name: str, code_predictor, *, work_dir=None, threads: int | N
         b = LeanCodePredictor(code_predictor, compile=True,
                               compile_mode="reduce-overhead" if dev.type == "cuda" else None)
     elif name == "onnx":
-        b = F.ExportedBackend(code_predictor, threads=threads, work_dir=work_dir)
+        b = F.ExportedBackend(code_predictor)
     else:
         b = NativeCodePredictor(code_predictor)
     b.name = name
@@ -208,7 +208,7 @@ def fused_support(name: str, decoder, sampling: Sampling | None = None, drafter=
 
 
 def frame_runner(name: str, code_predictor, decoder, *, fused: bool = False, sampling: Sampling | None = None,
-                 drafter=None, acceptance=None, verify=None, work_dir=None, threads: int | None = None):
+                 drafter=None, acceptance=None, verify=None):
     """The :class:`FrameRunner` of ``decoder`` through backend ``name``.
 
     Args:
@@ -218,7 +218,6 @@ def frame_runner(name: str, code_predictor, decoder, *, fused: bool = False, sam
         fused: the whole-frame runner (:func:`fused_support` says when there is none) instead of stepped calls.
         sampling, drafter: as ``decode_frame``. acceptance: a timing replay's acceptance hook (stepped only).
         verify: a verify backend already built for ``name`` (default :func:`verify_backend`'s).
-        work_dir, threads: ``onnx``'s.
 
     Raises:
         ValueError: an unknown or absent backend; ``fused`` where there is no fused runner, or with ``acceptance``
@@ -228,19 +227,18 @@ def frame_runner(name: str, code_predictor, decoder, *, fused: bool = False, sam
     named = getattr(decoder, "name", None) if hasattr(decoder, "decoder") else None
     decoder = decoder.decoder if named is not None else decoder
     if not fused:
-        verify = verify if verify is not None else verify_backend(name, code_predictor, work_dir=work_dir,
-                                                                  threads=threads)
+        verify = verify if verify is not None else verify_backend(name, code_predictor)
         runner = SteppedRunner(code_predictor, decoder, verify, sampling=sampling, drafter=drafter,
                                acceptance=acceptance, backend=name)
     else:
-        runner = FusedRunner(_fused_frame(name, code_predictor, decoder, sampling, drafter, acceptance, verify,
-                                          work_dir, threads), decoder, name)
+        runner = FusedRunner(_fused_frame(name, code_predictor, decoder, sampling, drafter, acceptance, verify),
+                             decoder, name)
     if named is not None:
         runner.name = named
     return runner
 
 
-def _fused_frame(name, code_predictor, decoder, sampling, drafter, acceptance, verify, work_dir, threads):
+def _fused_frame(name, code_predictor, decoder, sampling, drafter, acceptance, verify):
     check_available(name, precision_of(code_predictor), _device_of(code_predictor).type)
     why = fused_support(name, decoder, sampling, drafter)
     if why:
@@ -255,7 +253,7 @@ def _fused_frame(name, code_predictor, decoder, sampling, drafter, acceptance, v
             raise ValueError("verify must be a native backend built over this code_predictor")
         return NativeChainFrame(nat, window, sampling)
     if name == "onnx":
-        return F.ExportedFrame(code_predictor, threads=threads, work_dir=work_dir, sampling=sampling)
+        return F.ExportedFrame(code_predictor, sampling=sampling)
     compiled = name == "compile"
     mode = "reduce-overhead" if compiled and _device_of(code_predictor).type == "cuda" else None
     if window == 1:

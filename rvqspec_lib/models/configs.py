@@ -149,29 +149,29 @@ def codec_decoder_config_dict(name: str = "released") -> dict:
     return dict(json.loads((CONFIG_DIR / CODEC_CONFIG / "config.json").read_text())["decoder_config"])
 
 
-def tiny_codec_decoder_config_dict(*, sliding_window: int = 6, decoder_dim: int = 64) -> dict:
+def tiny_codec_decoder_config_dict(*, sliding_window: int = 6) -> dict:
     """A tiny ``decoder_config`` of the official 12 Hz decoder: the released structure and upsampling with small
     widths, 2 layers and a ``sliding_window`` of a few frames (tests stream past it in milliseconds). Layer scale 1
     (released 0.01) so the KV cache visibly changes random-weight audio; initializer range 0.1 (0.02 leaves the output
     near 1e-8, 0.2 saturates the final clamp)."""
     cfg = codec_decoder_config_dict("released")
-    cfg.update(latent_dim=32, codebook_dim=16, decoder_dim=decoder_dim, hidden_size=32, intermediate_size=64,
+    cfg.update(latent_dim=32, codebook_dim=16, decoder_dim=64, hidden_size=32, intermediate_size=64,
                head_dim=16, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=2,
                sliding_window=sliding_window, vector_quantization_hidden_dimension=16,
                layer_scale_initial_scale=1.0, initializer_range=0.1)
     return cfg
 
 
-def build_codec_decoder(config: dict | str = "released", *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                        attn_implementation: str = "sdpa") -> torch.nn.Module:
+def build_codec_decoder(config: dict | str = "released", *, seed: int = 0,
+                        dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The official 12 Hz speech tokenizer decoder with seeded random weights, in eval mode, for timing and tests
     only (the codebooks, zeros from the official init, filled with normal entries from ``seed``); ``config``: a
-    ``decoder_config`` dict or a name of :func:`codec_decoder_config_dict`; ``dtype`` float32 or bfloat16;
-    ``attn_implementation`` ``"sdpa"`` or ``"eager"``."""
+    ``decoder_config`` dict or a name of :func:`codec_decoder_config_dict`; ``dtype`` float32 or bfloat16; sdpa
+    attention."""
     Config, Decoder = _codec_decoder_classes()
     raw = codec_decoder_config_dict(config) if isinstance(config, str) else dict(config)
     cfg = Config(**raw)
-    cfg._attn_implementation = attn_implementation
+    cfg._attn_implementation = "sdpa"
     decoder = seeded(seed, lambda: Decoder(cfg))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -48,13 +48,13 @@ def default_speaker(lm: LoadedModel) -> str | None:
 
 
 def build_prompt(lm: LoadedModel, texts: list[str], *, language: str = "auto", speaker: str | None = None,
-                 non_streaming_mode: bool = True, grad: bool = False) -> Prompt:
+                 grad: bool = False) -> Prompt:
     """Build the talker prompt with the official code (``generate`` with ``talker.generate`` intercepted).
 
     Args:
         texts: sentences to speak (batch). language: ``"auto"`` or a language the checkpoint lists
-            (``english``, ``german``, ...). speaker: a CustomVoice speaker (default: the first one).
-        non_streaming_mode: the official wrapper's default (whole text in the prompt).
+            (``english``, ``german``, ...). speaker: a CustomVoice speaker (default: the first one). The whole text
+            is in the prompt (the official wrapper's default ``non_streaming_mode``).
         grad: build the embeddings with autograd on, for training (the undecorated official ``generate``).
 
     Raises:
@@ -85,7 +85,7 @@ def build_prompt(lm: LoadedModel, texts: list[str], *, language: str = "auto", s
     try:
         with torch.enable_grad() if grad else torch.inference_mode():
             generate(input_ids=ids, languages=[language] * len(ids), speakers=[speaker] * len(ids),
-                     non_streaming_mode=non_streaming_mode)
+                     non_streaming_mode=True)
     except _PromptCaptured as c:
         kw = c.args[0]
     else:  # pragma: no cover - the official generate always calls talker.generate

@@ -109,11 +109,11 @@ class PhonemeTokenizer(ByteTokenizer):
         self._cache[text] = out
         return out
 
-    def prefetch(self, texts, workers: int = 4) -> None:
-        """Phonemise many texts in parallel processes and cache them (for a training corpus)."""
+    def prefetch(self, texts) -> None:
+        """Phonemise many texts in 4 parallel processes and cache them (for a training corpus)."""
         todo = sorted({t for t in texts if t not in self._cache})
         self._program()
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(self.phonemize, todo))
 
     def __call__(self, text: str) -> torch.Tensor:

@@ -97,10 +97,10 @@ def _check_codes(codes, n_codebooks: int, codebook_size: int) -> np.ndarray:
     return codes.astype(np.int64, copy=False)
 
 
-def nearest(x: torch.Tensor, c: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+def nearest(x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Nearest centroid of each row: ``x`` `(n, dim)` and ``c`` `(k, dim)` float32 -> ``(index (n,) int64, squared
     distance (n,) float32)``."""
-    c_sq = (c * c).sum(1)
+    c_sq, chunk = (c * c).sum(1), 8192
     idx = torch.empty(x.shape[0], dtype=torch.long)
     dist = torch.empty(x.shape[0], dtype=torch.float32)
     for i in range(0, x.shape[0], chunk):  # chunks keep the (chunk, k) distance matrix small

@@ -144,15 +144,14 @@ def extract_frames(lm, utterances: Sequence, out_dir: str | os.PathLike, *, para
 
 
 def extract_dataset_frames(dataset, lm, codec, out_dir: str | os.PathLike, *, parallel: Parallel | None = None,
-                           split: str | None = None, language: str = "auto", text_column: str | None = None,
-                           max_items: int | None = None, progress: bool = False) -> Path:
+                           language: str = "auto", max_items: int | None = None, progress: bool = False) -> Path:
     """:func:`extract_frames` over the first ``max_items`` rows of an audio + text dataset through
     :func:`~rvqspec_lib.data.frame_sources.frames_from_dataset` (arguments as there); ids are GLOBAL row indices.
     Raises FileNotFoundError: no such folder; ValueError: missing columns, fewer rows than processes, bad codes."""
-    dataset = load_split(dataset, split)
+    dataset = load_split(dataset)
     n = len(dataset) if max_items is None else min(int(max_items), len(dataset))
     return _write_shard(lambda start, stop: frames_from_dataset(
-        dataset.select(range(start, stop)), lm, codec, language=language, text_column=text_column, progress=progress),
+        dataset.select(range(start, stop)), lm, codec, language=language, progress=progress),
         out_dir, parallel or Parallel.detect(), n, "row")
 
 

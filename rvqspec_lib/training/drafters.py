@@ -130,7 +130,7 @@ def _evaluate(drafter, cp, src: _HiddenSource, *, loss, sampling, batch_size,
 
 def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = None, *, loss: str = "ce",
                   sampling: Sampling | None = None, lr: float | None = None, batch_size: int = 64,
-                  max_epochs: int = 20, patience: int = 3, min_delta: float = 1e-4, val_fraction: float = 0.1,
+                  max_epochs: int = 20, patience: int = 3, val_fraction: float = 0.1,
                   seed: int = 0, cache_mb: float = 1024, progress: bool = False,
                   curve_path: str | os.PathLike | None = None, select: str = "acceptance",
                   parallel=None) -> TrainResult:
@@ -141,7 +141,7 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         val: default ``val_fraction`` of ``train``'s utterances. lr: default :data:`DEFAULT_LR`'s.
         loss: ``"ce"`` (ground-truth codes, the paper's), ``"kl"`` (KL(p || q) to the warped verifier) or ``"tv"``
             (one minus the exact acceptance, q warped as deployed: DistillSpec). sampling: the deployed warpers.
-        max_epochs, patience, min_delta, select (``"acceptance"`` or ``"loss"``): early stopping on validation.
+        max_epochs, patience, select (``"acceptance"`` or ``"loss"``): early stopping on validation (by >1e-4).
         seed: of the batch order (the only randomness). cache_mb: memory for cached hidden states and p.
         curve_path: also write :meth:`TrainResult.to_json` here (main process only).
         parallel: a :class:`~rvqspec_lib.training.distributed.Parallel`: every process passes the SAME frames and
@@ -215,7 +215,7 @@ def train_drafter(drafter, code_predictor, train: Frames, val: Frames | None = N
         res = fit(step, epoch_batches, optimizer=opt, budget=Budget(epochs=max_epochs), evaluate=evaluation,
                   eval_every="epoch", eval_at_start=True,
                   metric="val_acceptance" if select == "acceptance" else "val_loss",
-                  select="max" if select == "acceptance" else "min", min_delta=min_delta, patience=patience,
+                  select="max" if select == "acceptance" else "min", min_delta=1e-4, patience=patience,
                   keep_best=drafter.state_dict(), batch_weight=len, progress=progress,
                   desc=f"training {drafter.name} ({loss})")
         drafter.eval()

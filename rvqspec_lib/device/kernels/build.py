@@ -49,7 +49,7 @@ def private_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="rvqspec-kernels-"))
 
 
-def build(source: Path, cflags: tuple[str, ...], *, stem: str | None = None) -> Path:
+def build(source: Path, cflags: tuple[str, ...]) -> Path:
     """Compile ``source`` with ``cc *cflags`` into the cache folder (:func:`cache_dir`; where it cannot be written,
     :func:`private_dir`) unless a library of the same source, compiler, flags and CPU is there; return its path.
 
@@ -64,7 +64,7 @@ def build(source: Path, cflags: tuple[str, ...], *, stem: str | None = None) -> 
         raise RuntimeError("no C compiler on PATH ($CC, cc, gcc): install one (e.g. apt-get install gcc)")
     src = Path(source).read_bytes()
     tag = hashlib.sha256(src + " ".join((compiler,) + tuple(cflags)).encode() + cpu_tag()).hexdigest()[:12]
-    name, failed = f"{stem or Path(source).stem}-{tag}.so", []
+    name, failed = f"{Path(source).stem}-{tag}.so", []
     for folder in (cache_dir(), None):
         try:
             folder = private_dir() if folder is None else folder

@@ -535,8 +535,14 @@ pd.DataFrame(transfer)
 # %%
 verdict_rows = R.verdicts(results, free)
 save_table(verdict_rows, out / "05_verdicts", prov_wer)
-display(Markdown(R.verdict_text(verdict_rows, draws={lang: (results[lang]["n_frames"], results[lang]["replicates"])
-                                                      for lang in languages})))
+display(Markdown(R.verdict_text(verdict_rows)))
+display(Markdown("**Codes per depth** are the frames times the draws per frame (`replicates`, "
+                 "`replicates_multilingual`): " + "; ".join(
+                     f"{lang} {results[lang]['n_frames']:,} frames x "
+                     f"{results[lang]['replicates']} draw{'s' if results[lang]['replicates'] > 1 else ''} = "
+                     f"{results[lang]['n_frames'] * results[lang]['replicates']:,}" for lang in languages)
+                 + ". Each draw decodes the frame again under another seed: more codes for the code test from the "
+                   "same few sentences."))
 
 
 def code_test_power(rows: list[dict]) -> dict:

@@ -32,9 +32,9 @@
 # time to first audio, underrun, floor, timing replay) are defined in [the glossary](../docs/glossary.md) and worked
 # out in [docs/streaming.md](../docs/streaming.md). We time each part against its **floor** (the least time it can
 # take on this machine when its weights stream from memory: a small model whose weights stay in the caches, as the
-# embedded model's do, can run below it; notebook 07 shows why), the frame on one thread and with generation and decoding overlapped on two cores (one
-# each: the larger of the two), streams as they play (time to first audio, real-time factor, underruns), and several
-# streams batched. The real-size 0.6B architecture has RANDOM weights here: it is a **timing replay** (its times are
+# embedded model's do, can run below it; notebook 07 shows why), the frame on one thread and, projected from the
+# one-thread parts, with generation and decoding overlapped on two cores (one each: the larger of the two); then we
+# measure streams as they play (time to first audio, real-time factor, underruns), and several streams batched. The real-size 0.6B architecture has RANDOM weights here: it is a **timing replay** (its times are
 # real; its speculative frames take their acceptance decisions from the trained embedded model; its audio means
 # nothing and is never kept). The embedded model is trained, and its streamed audio is what the last section plays.
 #

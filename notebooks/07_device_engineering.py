@@ -352,14 +352,14 @@ worst_noise = max((n["rel_se_max"] for n in noise_runs), default=None)
 if worst_noise is not None:
     capped = [n for n in noise_runs if noise_target is not None and n["rel_se_max"] > noise_target]
     display(Markdown(
-        f"**Timing noise.** Each (model, precision, backend) was timed until every median's relative standard error "
-        + (f"reached the {100 * noise_target:.0f}% target or the cap of repeats; " if noise_target is not None else
-           "was measured; ")
-        + f"the worst median of a run ends between {100 * min(n['rel_se_max'] for n in noise_runs):.0f}% and "
-        f"{100 * worst_noise:.0f}%"
+        "**Timing noise.** Each (model, precision, backend) was timed "
+        + (f"until every median's relative standard error reached the {100 * noise_target:.0f}% target or the cap "
+           "of repeats; " if noise_target is not None else "a fixed number of times; ")
+        + f"the relative standard error of a run's worst median is "
+        f"{span([100 * n['rel_se_max'] for n in noise_runs], '.0f')}%"
         + (f" ({len(capped)} of {len(noise_runs)} runs stopped at the cap above the target)" if capped else "")
         + f". Two frames whose times differ by less than about {200 * worst_noise:.0f}% (twice the worst) are not "
-        "told apart by this run, so times and speedups are shown to two decimals and read as rough where they are "
+        "told apart by this run, so times and ratios are shown to two decimals and read as rough where they are "
         "close."))
 tb = pd.DataFrame(table["rows"])
 key = ["model", "precision", "backend"]

@@ -280,25 +280,20 @@ def _interval(lo: float, hi: float) -> str:
     return f"[{lo:+.3f}, {hi:+.3f}]" if ok else "(too few sentences for an interval)"
 
 
-def verdict_text(rows: Sequence[Mapping], *, draws: Mapping[str, tuple[int, int]] | None = None) -> str:
+def verdict_text(rows: Sequence[Mapping]) -> str:
     """The verdicts of :func:`rvqspec_lib.eval.wer_parity.verdicts` in words (Markdown, nothing typed): per
     language, whether each lossy control was caught and by which test, or missed, and then why (the smallest
     Holm-adjusted p-value against the level; the shift the design finds with power 0.9 at its sample size
     against the largest shift observed, beside the null control's, which is noise alone; the codes that shift would
     need); the WER tests with their power where a recogniser ran; the lossless decoders flagged (false alarms at
-    the stated level, or bugs); and a last line counting the languages where the lossy control was caught.
-    ``draws`` (``{language: (frames, draws per frame)}``, optional) says where a language's codes per depth come
-    from: frames times draws."""
+    the stated level, or bugs); and a last line counting the languages where the lossy control was caught."""
     langs = list(dict.fromkeys(r["language"] for r in rows))
     parts, caught, missed = [], [], []
     for lang in langs:
         mine = [r for r in rows if r["language"] == lang]
         null = next((r for r in mine if r.get("decoder") == "ar-seed2"), None)
-        frames, reps = (draws or {}).get(lang, (None, None))
-        origin = ("" if frames is None else
-                  f" ({frames:,} frames, {'one draw' if reps == 1 else f'{reps} draws'} of each)")
         for r in (x for x in mine if not x["lossless"]):
-            text = f"**{lang}**, {r['n_per_sample']:,} codes per depth{origin}: the lossy control `{r['decoder']}` "
+            text = f"**{lang}**, {r['n_per_sample']:,} codes per depth: the lossy control `{r['decoder']}` "
             if r["flagged_by"] != "none":
                 caught.append(lang)
                 text += (f"was caught, by {r['flagged_by']}; the code test's smallest Holm-adjusted p is "
@@ -340,4 +335,3 @@ def verdict_text(rows: Sequence[Mapping], *, draws: Mapping[str, tuple[int, int]
                      + (f" ({', '.join(dict.fromkeys(caught))})" if caught else "")
                      + (f"; missed in {', '.join(dict.fromkeys(missed))}." if missed else "."))
     return "\n\n".join(parts)
-

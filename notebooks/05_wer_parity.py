@@ -588,7 +588,9 @@ verdict_cols = ["language", "decoder", "n_per_sample", "code_test", "code_min_p_
                 "detectable_tv", "max_tv_observed", "flagged_by"]
 display(Markdown("The columns the text reads, for the null control, the paper's decoder and the lossy control (every "
                  "decoder and column: `05_verdicts.csv`):"))
-pd.DataFrame(verdict_rows)[lambda d: d.decoder.isin(["ar-seed2", PAPER, LOSSY])][verdict_cols].reset_index(drop=True)
+with pd.option_context("display.width", 250):
+    display(pd.DataFrame(verdict_rows)[lambda d: d.decoder.isin(["ar-seed2", PAPER, LOSSY])][verdict_cols]
+            .reset_index(drop=True))
 
 # %% [markdown]
 # ## 8. Listening

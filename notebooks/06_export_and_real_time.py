@@ -462,7 +462,9 @@ def codec_words(r: dict) -> str:
     """Which codec decoder a pipeline row times: the embedded model's offline stand-in, or the official one."""
     if r["model"] == EMBEDDED_MODEL:
         return "the embedded model's offline stand-in (neural code decoder, mel inversion, Griffin-Lim phase)"
-    return "the official 12 Hz codec decoder" + (" (real size, RANDOM weights)" if r["weights"] != "trained" else "")
+    return "the official 12 Hz codec decoder" + (
+        f" (RANDOM weights, {'its tiny test configuration' if smoke else 'real size'})" if r["weights"] != "trained"
+        else "")
 
 
 def faster_where_large(rows: list[dict]) -> bool:
@@ -601,8 +603,8 @@ if rep:
     told.append(
         f"* **The whole frame (measured; {rep['model']}"
         + (", a timing replay" if rep["weights"] != "trained" else "") + f", {codec_words(rep)}).** "
-        f"The codec decoder takes {span_pct(rep_rows, 'codec_share')} of the one-thread frame across precisions "
-        f"(at the fastest, {rep['precision']}: {100 * rep['codec_share']:.0f}%, the talker "
+        f"The codec decoder takes {span_pct(rep_rows, 'codec_share')} of the one-thread frame"
+        + (" across precisions" if len(rep_rows) > 1 else "") + f" (at the fastest, {rep['precision']}: {100 * rep['codec_share']:.0f}%, the talker "
         f"{100 * rep['talker_share']:.0f}%). "
         + (f"So the paper's Figure 1 sentence (negligible demand) holds on this CPU at {', '.join(small)}, where the "
            f"codec decoder is at most {100 * SMALL_SHARE:.0f}% of the frame, and not at {', '.join(large)}"

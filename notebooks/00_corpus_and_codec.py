@@ -553,16 +553,19 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         measures = (("wer", "WER"), ("feature_lsd_db", "feature distance"), ("audio_lsd_db", "audio distance"))
         better = {k: [name for key, name in measures if rows[f"k={k}"][key] < rows[f"table k={k}"][key]]
                   for k in run_codebooks}
+        worse = {k: [name for key, name in measures if rows[f"k={k}"][key] > rows[f"table k={k}"][key]]
+                 for k in run_codebooks}
         all_neural = [k for k in run_codebooks if len(better[k]) == len(measures)]
-        all_table = [k for k in run_codebooks if not better[k]]
+        all_table = [k for k in run_codebooks if len(worse[k]) == len(measures)]
         mixed = [k for k in run_codebooks if k not in all_neural and k not in all_table]
         parts = ([f"the {codec.decoder_kind} decoder at k = {', '.join(map(str, all_neural))}"] if all_neural else []) \
             + ([f"the table decoder at k = {', '.join(map(str, all_table))}"] if all_table else [])
         display(Markdown(
             "**The two decoders, k by k** (lower is better on each measure: WER, feature distance, audio distance). "
             + (f"Better on all three: {'; '.join(parts)}. " if parts else "Neither is better on all three at any k. ")
-            + ("Split: " + "; ".join(f"k = {k} ({codec.decoder_kind} better on {', '.join(better[k])})"
-                                     for k in mixed) + ". " if mixed else "")
+            + ("Split: " + "; ".join(f"k = {k} ({codec.decoder_kind} better on {', '.join(better[k]) or 'none'}, "
+                                     f"table on {', '.join(worse[k]) or 'none'})" for k in mixed) + ". "
+               if mixed else "")
             + ("Neither reading of the true codes is best at every k."
                if len(all_neural) < len(run_codebooks) and len(all_table) < len(run_codebooks) else "")))
     k_top = max(run_listen)

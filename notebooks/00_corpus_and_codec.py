@@ -563,8 +563,8 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         display(Markdown(
             "**The two decoders, k by k** (lower is better on each measure: WER, feature distance, audio distance). "
             + (f"Better on all three: {'; '.join(parts)}. " if parts else "Neither is better on all three at any k. ")
-            + ("Split: " + "; ".join(f"k = {k} ({codec.decoder_kind} better on {', '.join(better[k]) or 'none'}, "
-                                     f"table on {', '.join(worse[k]) or 'none'})" for k in mixed) + ". "
+            + ("Split: " + "; ".join(f"k = {k} ({codec.decoder_kind} better on {' and '.join(better[k]) or 'none'}, "
+                                     f"table on {' and '.join(worse[k]) or 'none'})" for k in mixed) + ". "
                if mixed else "")
             + ("Neither reading of the true codes is best at every k."
                if len(all_neural) < len(run_codebooks) and len(all_table) < len(run_codebooks) else "")))

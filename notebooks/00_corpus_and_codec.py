@@ -254,20 +254,37 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         "rendered rows": {"folder": str(work), "calibration": "data/eval_texts/en_calibration.tsv",
                           "multilingual": "data/eval_texts/multilingual.tsv"}}}
     save_table(table, out / "00_corpus", prov_table)
-    display(pd.DataFrame(table))
+    with pd.option_context("display.max_colwidth", None, "display.width", 250):  # every string whole
+        display(pd.DataFrame(table))
 
 # %%
 if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
     # the calibration split's size, read from the data that ships it (the same sentence in notebooks 00, 03 and 04)
     try:
-        split = shipped_split_sizes(root)["calibration"]
+        shipped_sizes = shipped_split_sizes(root)
+        split = shipped_sizes["calibration"]
         split_file = Path(split["file"])
         split_file = split_file.relative_to(REPO_ROOT) if split_file.is_relative_to(REPO_ROOT) else split_file
+        in_table = {r["split"]: r for r in table if r["language"] == "en"}
+        heads_file = root / "model" / "trees" / "heads.json"
+        heads_note = (f", calibrated on {json.loads(heads_file.read_text())['n_frames']:,} of its frames"
+                      if heads_file.is_file() else "")
+        shipped_lines = "; ".join(
+            f"{name} **{d['utterances']:,} utterances, {d['frames']:,} frames**"
+            + (f" (of the table's {in_table[name]['samples']:,})" if name in in_table
+               and in_table[name]["samples"] > d["utterances"] else "")
+            for name, d in sorted(shipped_sizes.items(), key=lambda kv: order.get(kv[0], 99)))
         display(Markdown(
             f"The table's calibration row counts every calibration sentence of `data/eval_texts/en_calibration.tsv` "
-            f"rendered here ({len(rows_cal)} rendered). The calibration split that ships as codes beside the model "
-            f"(`{split_file}`), which notebooks 03 and 04 calibrate the trees on: **{split['utterances']} "
-            f"utterances, {split['frames']} frames**."))
+            f"rendered here ({len(rows_cal)} rendered). What ships as codes beside the model (`{split_file}`), the "
+            f"only speech the later notebooks read: {shipped_lines}. The shipped training and calibration splits are "
+            f"seeded samples of theirs (the build's `--ship-train` for training; the calibration sentences of "
+            f"`data/eval_texts/`): enough frames to train and calibrate drafters, small enough to ship. Notebooks "
+            f"03 to 07 then take **subsets** of these shipped splits (their parameters cells set how many frames: "
+            f"03 trains on part of the shipped training split, 04 and 05 calibrate on part of the calibration split, "
+            f"06 and 07 read the trees calibrated once on it, `trees/heads.json` beside the model{heads_note}), "
+            f"because on two CPU cores measuring every frame would take hours; each says its frames where it quotes "
+            f"a result."))
     except (FileNotFoundError, KeyError) as e:
         print(f"no shipped calibration split beside {root}: {e}")
 
@@ -281,7 +298,8 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
     src_counts = pd.DataFrame({split: Counter(s.source for s in sents) for split, sents in shipped.items()}).fillna(0)
     src_counts = src_counts.astype(int)
     src_counts.insert(0, "from", [corpus.SOURCE_DESCRIPTIONS.get(s, "") for s in src_counts.index])
-    display(src_counts)
+    with pd.option_context("display.max_colwidth", None, "display.width", 250):  # every string whole
+        display(src_counts)
 
 # %% [markdown]
 # ## 2. The codec: residual vector quantisation (RVQ)
@@ -309,14 +327,14 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
 # k-means fitted on the build's training audio; decoding inverts the mel filter bank (non-negative least squares)
 # and estimates the phase with Griffin-Lim. It is not a neural codec: its audio is buzzy.
 #
-# **Two decoders.** Adding the chosen entries (the **table decoder**) is the best a frame can do with its true
-# codes, but the codes the code predictor samples are plausible and wrong, and their entries add up to spectral
+# **Two decoders.** Adding the chosen entries (the **table decoder**) reads the true codes exactly as the quantiser
+# chose them, but the codes the code predictor samples are plausible and wrong, and their entries add up to spectral
 # noise. The build therefore also trains a small **neural code decoder** (`rvqspec_lib.models.code_decoder`, stage
 # `decoder` of `make embedded`): each codebook's entry through its own linear map, four dilated convolutions over
 # about a second of frames, and a correction added to a learned weighting of the entries, trained on both true codes
 # and the model's own inner-loop codes (as vocoders are fine-tuned on an acoustic model's predictions). When the build
 # shipped one (`codec.decoder.safetensors` beside the codec), `RVQCodec.load` attaches it and the codec decodes with
-# it; the table decoder is measured beside it in section 5.
+# it; the table decoder is measured beside it in section 5, which says at which k each decoder does better.
 #
 # The table below sets the stand-in's geometry, as loaded, beside the released 12 Hz tokenizer's, read from its
 # configuration (`data/configs/Qwen3-TTS-Tokenizer-12Hz/config.json`, shipped; its weights are not).
@@ -383,17 +401,19 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
                         desc="render evaluation")
     refs = [s.text for s, _, _ in eval_items]
     wavs = [load_wav(p, cfg.sample_rate) for _, _, p in eval_items]
-    display(pd.DataFrame([{"voice": v, "text": s.text, "source": s.source, "origin": s.origin}
-                          for s, v, _ in eval_items]))
+    with pd.option_context("display.max_colwidth", None, "display.width", 250):  # every string whole
+        display(pd.DataFrame([{"voice": v, "text": s.text, "source": s.source, "origin": s.origin}
+                              for s, v, _ in eval_items]))
 
 # %% [markdown]
 # ## 3. Seeing and hearing the codebooks
 #
-# **The question.** What does a listener get from the first `k` codes of each frame? One held-out sentence, five
-# versions: the **original** rendering; the **inversion only** of its unquantised features (mel inversion and
-# Griffin-Lim with no quantisation: what the vocoder alone costs, the best any `k` can reach); and the codec with the
-# first `k` codebooks for each `k` of `listen_codebooks`, through the shipped code decoder (codebooks past `k` marked
-# absent, as in its training).
+# **The question.** What does a listener get from the first `k` codes of each frame? One held-out sentence (one
+# draw: section 5 gives the mean over all held-out sentences, and says how this one compares), five versions: the
+# **original** rendering; the **inversion only** of its unquantised features (mel inversion and Griffin-Lim with no
+# quantisation: what the vocoder alone costs, the best any `k` can reach); and the codec with the first `k` codebooks
+# for each `k` of `listen_codebooks`, through the shipped code decoder (codebooks past `k` marked absent, as in its
+# training).
 #
 # **How.** Each spectrogram is computed from the output audio (what a listener or the recogniser gets), on one shared
 # colour scale, so equal colours mean equal power across panels; beside each panel, its **log-spectral distance** to
@@ -527,7 +547,37 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         if asr == "pocketsphinx-prompt" else ", which does not know the texts") +
         f"; {rows['original']['ref_words']} reference words, so one word is {1 / rows['original']['ref_words']:.1%} of "
         f"the WER."))
-    display(pd.DataFrame(table_q).set_index("label"))
+    with pd.option_context("display.max_columns", None, "display.width", 250):  # every column, no "..."
+        display(pd.DataFrame(table_q).set_index("label"))
+    if codec.decoder_kind != "table":  # which decoder does better at each k, from the rows above
+        measures = (("wer", "WER"), ("feature_lsd_db", "feature distance"), ("audio_lsd_db", "audio distance"))
+        better = {k: [name for key, name in measures if rows[f"k={k}"][key] < rows[f"table k={k}"][key]]
+                  for k in run_codebooks}
+        worse = {k: [name for key, name in measures if rows[f"k={k}"][key] > rows[f"table k={k}"][key]]
+                 for k in run_codebooks}
+        all_neural = [k for k in run_codebooks if len(better[k]) == len(measures)]
+        all_table = [k for k in run_codebooks if len(worse[k]) == len(measures)]
+        mixed = [k for k in run_codebooks if k not in all_neural and k not in all_table]
+        parts = ([f"the {codec.decoder_kind} decoder at k = {', '.join(map(str, all_neural))}"] if all_neural else []) \
+            + ([f"the table decoder at k = {', '.join(map(str, all_table))}"] if all_table else [])
+        display(Markdown(
+            "**The two decoders, k by k** (lower is better on each measure: WER, feature distance, audio distance). "
+            + (f"Better on all three: {'; '.join(parts)}. " if parts else "Neither is better on all three at any k. ")
+            + ("Split: " + "; ".join(f"k = {k} ({codec.decoder_kind} better on {' and '.join(better[k]) or 'none'}, "
+                                     f"table on {' and '.join(worse[k]) or 'none'})" for k in mixed) + ". "
+               if mixed else "")
+            + ("Neither reading of the true codes is best at every k."
+               if len(all_neural) < len(run_codebooks) and len(all_table) < len(run_codebooks) else "")))
+    k_top = max(run_listen)
+    if f"k={k_top}" in rows:  # section 3's one sentence against the mean over every sentence
+        one = {c["label"]: listen["audio_lsd_db"][c["label"]][0] for c in listen["conditions"]}
+        display(Markdown(
+            f"Section 3's one sentence was {one['unquantised']:.2f} dB from the original after the inversion only "
+            f"and {one[f'k={k_top}']:.2f} dB with {k_top} codebooks; over all {len(refs)} sentences the means are "
+            f"{rows['unquantised']['audio_lsd_db']:.2f} dB and {rows[f'k={k_top}']['audio_lsd_db']:.2f} dB. One "
+            f"sentence is one draw: its distances differ from the mean by "
+            f"{one['unquantised'] - rows['unquantised']['audio_lsd_db']:+.2f} dB and "
+            f"{one[f'k={k_top}'] - rows[f'k={k_top}']['audio_lsd_db']:+.2f} dB."))
 
 # %%
 if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
@@ -564,14 +614,19 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
     plt.show()
 
 # %% [markdown]
-# A few transcripts (reference, then what the recogniser heard in each condition):
+# A few transcripts (reference, then what the recogniser heard in a few of the conditions; every condition's
+# transcripts are in `00_metrics.json`, key `hypotheses`):
 
 # %%
 if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
     conditions = [c["label"] for c in quality["sweep"]["conditions"]]
-    examples = pd.DataFrame({"reference": [asr_mod.normalize_text(r) for r in refs[:3]],
-                             **{c: quality["hypotheses"][c][:3] for c in conditions}})
-    display(examples.T)
+    k_show = sorted({min(run_codebooks), 4, max(run_codebooks)} & set(run_codebooks))
+    shown = ["original", "unquantised"] + [f"{p}k={k}" for p in ("", "table ") for k in k_show
+                                           if f"{p}k={k}" in conditions]
+    display(Markdown("\n\n".join(
+        f"**Sentence {i + 1}**, reference: *{asr_mod.normalize_text(refs[i])}*\n\n"
+        + "\n".join(f"* `{c}`: {quality['hypotheses'][c][i]}" for c in shown)
+        for i in range(min(3, len(refs))))))
 
 # %%
 if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
@@ -700,7 +755,11 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         f"{wer['unquantised']:.3f} after the inversion only, and through the {codec.decoder_kind} decoder "
         + ", ".join(f"{wer[f'k={k}']:.3f} with {k}" for k in run_codebooks if k in (k_lo, k4, k_hi))
         + " codebooks. "
-        + (f"The stages past the first {k4} change WER by {wer[f'k={k_hi}'] - w4:+.3f}, more than three words: "
+        + (f"The stages past the first {k4} change WER by {wer[f'k={k_hi}'] - w4:+.3f}: "
+           f"{abs(rows[f'k={k_hi}']['errors'] - rows[f'k={k4}']['errors'])} "
+           f"{'fewer' if rows[f'k={k_hi}']['errors'] < rows[f'k={k4}']['errors'] else 'more'} word errors in "
+           f"{rows['original']['ref_words']} words ({rows[f'k={k4}']['errors']} with {k4} codebooks, "
+           f"{rows[f'k={k_hi}']['errors']} with {k_hi}): "
            + ("each removes a sliver of the variance, but together they carry detail the recogniser uses."
               if wer[f"k={k_hi}"] < w4 else "adding them made the recogniser's job harder here.")
            if w4 is not None and abs(w4 - wer[f"k={k_hi}"]) > 3 / rows["original"]["ref_words"]

@@ -98,6 +98,7 @@ from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
 from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
 from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.device.precision import cpu_features, native_precisions
+from rvqspec_lib.models.tree_files import tree_file
 
 t_start = time.perf_counter()
 if smoke:
@@ -246,6 +247,9 @@ display(Markdown(" ".join(lines)))
 # %%
 small = load_model(small_model, device="cpu", dtype="float32")
 small_cp = small.code_predictor
+small_trees = tree_file(small, "heads")
+small_trees_n = json.loads(small_trees.read_text()).get("n_frames") if small_trees is not None and \
+    small_trees.is_file() else None
 named = resolve_all(list(batch_decoders), small)
 batch_runners, batch_absent = S.build_runners([b for b in batch_backends], small_cp, named)
 contexts = frames_from_shipped(small, "evaluation", max_frames=max(batch_sizes) * 4, seed=seed).context
@@ -343,9 +347,31 @@ fig = plots.plot_bench_table(table, title=f"the table to act on: {cpu}, {table['
                                 else ""))
 save_figure(fig, out / "07_bench_table", {**prov, "meta": table["meta"]})
 plt.show()
-cols = ["model", "precision", "backend", "row", "decoder", "ms_per_frame", "rtf", "tokens_per_call", "speedup_vs_ar",
-        "x_fused_ar", "floor_ar_ms", "x_floor_ar", "note"]
-display(pd.DataFrame(table["rows"])[cols].round(3))
+noise_runs = [n for n in table["meta"].get("noise", []) if n.get("rel_se_max") is not None]
+worst_noise = max((n["rel_se_max"] for n in noise_runs), default=None)
+if worst_noise is not None:
+    capped = [n for n in noise_runs if noise_target is not None and n["rel_se_max"] > noise_target]
+    display(Markdown(
+        "**Timing noise.** Each (model, precision, backend) was timed "
+        + (f"until every median's relative standard error reached the {100 * noise_target:.0f}% target or the cap "
+           "of repeats; " if noise_target is not None else "a fixed number of times; ")
+        + f"the relative standard error of a run's worst median is "
+        f"{span([100 * n['rel_se_max'] for n in noise_runs], '.0f')}%"
+        + (f" ({len(capped)} of {len(noise_runs)} runs stopped at the cap above the target)" if capped else "")
+        + f". Two frames whose times differ by less than about {200 * worst_noise:.0f}% (twice the worst) are not "
+        "told apart by this run, so times and ratios are shown to two decimals and read as rough where they are "
+        "close."))
+tb = pd.DataFrame(table["rows"])
+key = ["model", "precision", "backend"]
+by_row = tb.pivot_table(index=key, columns="row", values="ms_per_frame", aggfunc="first", sort=False)
+by_row = by_row[[r for r in BT.ROWS if r in by_row.columns]].add_suffix(" ms")
+decoders_of = tb[tb.row.isin(["best speculative", "fused speculative"])].pivot_table(
+    index=key, columns="row", values="decoder", aggfunc="first", sort=False).add_suffix(": decoder")
+display(Markdown(f"Milliseconds per frame of each row, per (model, precision, backend), and the decoders the "
+                 f"speculative rows picked (every column, the speedups and floors among them: "
+                 f"`{out.name}/07_bench_table.csv`):"))
+with pd.option_context("display.max_columns", None, "display.max_rows", 200, "display.width", 250):
+    display(by_row.join(decoders_of).round(2))
 display(Markdown("\n".join(f"* {line}" for line in table["footer"])))
 fastest = BT.fastest_by_model(table)
 rounds = BT.round_costs(table)
@@ -353,7 +379,7 @@ if rounds:
     save_table(rounds, out / "07_round_costs", {**prov, "meta": table["meta"]},
                caption=f"one fused speculative round in AR calls (tokens per call x its frame over the fused AR frame's) "
                        f"on {cpu}, from the table to act on; speculation wins when this is below its tokens per call")
-    display(pd.DataFrame(rounds).round(3))
+    display(pd.DataFrame(rounds).round(2))
 else:  # a timing replay has no fused speculative row: only a model with trained weights gives one
     skipped.append(not_here("07", "the round costs of fused speculative frames",
                             "no model of the table has trained weights: a timing replay drives no fused frame",
@@ -448,8 +474,14 @@ if rounds:
         f"{lo['precision']} {lo['backend']}; most: {hi['model']} {hi['precision']} {hi['backend']}): the wider verify "
         f"call, the drafts and the accept walk are work an AR step does not do. Speculation wins where a round costs "
         f"fewer AR calls than it commits codes: {len(wins)} of {len(rounds)} (model, precision, backend) here"
-        + (" (" + ", ".join(" ".join((r["model"], r["precision"], r["backend"])) for r in wins) + ")." if wins
-           else "."))
+        + (" (" + ", ".join(" ".join((r["model"], r["precision"], r["backend"])) for r in wins) + ")" if wins
+           else "")
+        + (f"; by more than twice the worst timing noise ({200 * worst_noise:.0f}%), "
+           f"{sum(r['round_over_ar_call'] < r['tokens_per_call'] * (1 - 2 * worst_noise) for r in rounds)} of them"
+           if worst_noise is not None else "")
+        + ". This compares the FUSED speculative frame with the FUSED AR frame, in this notebook's table run; "
+          "notebook 06 compares its best speculative frame with the fused AR frame in its own run, and where the "
+          "two are within the noise it can find speculation slower at the same model and precision.")
 if native_calls:
     ratios = [r["t1_over_floor"] for r in native_calls]
     bullets.append(
@@ -478,6 +510,16 @@ bullets.append(
     + "; ".join(f"{min(v):.2f}-{max(v):.2f} ms ({m})" for m, v in ar_span if v)
     + " across backends and precisions (measured): a speedup means little until it names the AR it is over, so "
       "the table puts every speculative frame beside the fastest AR measured with it.")
+bullets.append(
+    "* **Which run.** Every number above is this notebook's own run (its table, section 5: "
+    f"{table['meta'].get('n_contexts')} frames per runner, of the evaluation split for trained weights"
+    + (f"; the trees shipped beside {small_model} (`trees/heads.json`, calibrated on {small_trees_n:,} frames), "
+       "whose acceptance the timing replay also uses" if small_trees_n else "")
+    + "). Notebook 06 times the whole frame in another run and picks its own best speculative decoder per precision; "
+      "candidates within the timing noise of each other can swap places between the two runs. Tokens per call "
+      "differ too: auto (section 4) decodes its own calibration frames, this table its evaluation frames, and the "
+      "stepped and fused rows of one decoder draw different codes, so with few frames the same decoder's value "
+      "moves by its sampling noise.")
 display(Markdown("\n".join(bullets)))
 print(f"total {summary['timings_s']['total']:.0f} s")
 

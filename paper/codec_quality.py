@@ -8,8 +8,8 @@ import math
 from typing import Mapping, Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from rvqspec_lib.common.progress import progress_bar
 from rvqspec_lib.eval.asr import cer
 from rvqspec_lib.eval.inner_loop import score_conditions
 from rvqspec_lib.models.audio import SAMPLE_RATE, _check_wav
@@ -86,7 +86,7 @@ def sweep_codebooks(codec, wavs: Sequence[np.ndarray], n_codebooks: Sequence[int
     conds = conditions(codec, n_codebooks, table_codec=table_codec)
     out = {"conditions": conds, **{key: {c["label"]: [] for c in conds}
                                    for key in ("audio", "feature_lsd_db", "audio_lsd_db")}}
-    for wav in tqdm(wavs, desc="codec sweep", unit="utt", disable=not progress):
+    for wav in progress_bar(wavs, desc="codec sweep", unit="utt", enabled=progress):
         rows = _resynthesise(codec, wav, n_codebooks, table=False)
         if table_codec is not None:
             rows.update(_resynthesise(table_codec, wav, n_codebooks, table=True))

@@ -743,8 +743,9 @@ summary.append(
 summary.append(
     "**Inferred for the RELEASED checkpoint** (not measured here): losslessness is a property of the accept rule, "
     "not of the model, so the lossless decoders should again show no WER difference beyond noise and no code-test "
-    "flag; its code predictor's p is far more peaked, so its point-mass tree should commit tokens at the paper's "
-    "rate rather than this model's; and on Fleurs-sized sets (hundreds of sentences per language) both tests detect "
+    "flag; if its code predictor's p is more peaked than this model's, as the paper's reported tokens per call "
+    "suggest, its point-mass tree should commit more tokens per call than here (notebook 03's section 10 shows how "
+    "much a peak buys, and that sampled children can still win there); and on Fleurs-sized sets (hundreds of sentences per language) both tests detect "
     "far smaller shifts than here (the detectable shift falls as one over the square root of the sample), though how "
     "far SSD's tolerance moves the released model's codes is not measured here.")
 display(Markdown("\n\n".join(f"* {s}" for s in summary)))

@@ -598,12 +598,12 @@ told.append(f"* **Export (measured).** {len(graphs_df)} graph files of `{run_cos
             f"{all(r.get('within_tolerance') for r in paper_rows if r.get('ran'))}.")
 if best_measured:
     told.append(f"* **Figure 4's analogue (measured, projected, quoted apart).** Here `{model}`'s frames reach "
-                f"{best_measured['speedup_vs_ar']:.2f}× over AR at best; the call-level projection for the real-size "
+                f"{best_measured['speedup_vs_ar']:.2f}× over stepped AR of the same backend at best; the projection for the real-size "
                 f"architecture peaks at "
                 + (f"{best_projected['projected_speedup']:.2f}×" if best_projected else "n/a")
                 + f"; the paper reports {', '.join(str(p['speedup']) + 'x' for p in PAPER_DEVICE_SPEEDUPS)} on "
-                  "its Apple devices (point-mass trees). The three differ in what they count: whole frames on a CPU, "
-                  "one call, and the paper's devices.")
+                  "its Apple devices (point-mass trees). The three differ in what they count: measured whole frames on "
+                  "this CPU, a projection (per-frame E(N) over the cost ratio t(N)/t(1)), and the paper's devices.")
 if rep:
     rep_rows = [r for r in spec_rows if r["model"] == rep["model"]]
     small = [r["precision"] for r in rep_rows if r["codec_share"] <= SMALL_SHARE]

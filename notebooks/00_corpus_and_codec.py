@@ -275,8 +275,10 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
                and in_table[name]["samples"] > d["utterances"] else "")
             for name, d in sorted(shipped_sizes.items(), key=lambda kv: order.get(kv[0], 99)))
         display(Markdown(
-            f"The table's calibration row counts every calibration sentence of `data/eval_texts/en_calibration.tsv` "
-            f"rendered here ({len(rows_cal)} rendered). What ships as codes beside the model (`{split_file}`), the "
+            f"The table's calibration row counts the calibration sentences of `data/eval_texts/en_calibration.tsv` "
+            f"rendered here: {len(rows_cal)} of its {len(speech.shipped_sentences('calibration'))}"
+            + (" (`n_calibration` limits them)" if len(rows_cal) < len(speech.shipped_sentences("calibration"))
+               else "") + f". What ships as codes beside the model (`{split_file}`), the "
             f"only speech the later notebooks read: {shipped_lines}. The shipped training and calibration splits are "
             f"seeded samples of theirs (the build's `--ship-train` for training; the calibration sentences of "
             f"`data/eval_texts/`): enough frames to train and calibrate drafters, small enough to ship. Notebooks "
@@ -289,8 +291,9 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         print(f"no shipped calibration split beside {root}: {e}")
 
 # %% [markdown]
-# Where the text of each source comes from, and how the shipped calibration and evaluation sentences divide among
-# the sources (counted from `data/eval_texts/`):
+# Where the text of each source comes from, and how the calibration and evaluation sentences of `data/eval_texts/`
+# divide among the sources (every sentence of those files; the codes beside the model cover the seeded sample of them
+# counted in the sentence above):
 
 # %%
 if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
@@ -703,8 +706,8 @@ if not on_checkpoint:  # the embedded codec (a checkpoint: its round trip, in th
                  "change", fontsize=9)
     save_figure(fig, out / "00_codec_robustness", prov)
     plt.show()
-    display(Markdown("Fewest codes unchanged at any codebook: " + "; ".join(
-        f"{name} **{min(r['unchanged']):.0%}**" for name, r in rob.items()) +
+    display(Markdown("Fewest codes unchanged at any codebook (code i: codebook i + 1): " + "; ".join(
+        f"{name} **{min(r['unchanged']):.0%}** (at code {int(np.argmin(r['unchanged']))})" for name, r in rob.items()) +
         f". Frames with all {len(rob[GATED[0]]['unchanged'])} codes unchanged under {GATED[0]}: "
         f"**{rob[GATED[0]]['all_unchanged']:.0%}**."))
 
@@ -725,6 +728,29 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
     wer = {c: rows[c]["wer"] for c in conditions}
     k4 = four["k"]
     w4 = wer.get(f"k={k4}")  # None when the sweep skipped k = 4
+    # word errors with k4 and with all codebooks, through each decoder run (the codec's own; the table decoder beside
+    # a neural one), and the verdict from those counts: at most FEW_WORDS fewer or more is "a few words"
+    FEW_WORDS = 3
+    by_decoder = [(f"{codec.decoder_kind} decoder", "")] + (
+        [("table decoder", "table ")] if f"table k={k_hi}" in rows and f"table k={k4}" in rows else [])
+    moves = [(name, rows[f"{pre}k={k4}"]["errors"], rows[f"{pre}k={k_hi}"]["errors"]) for name, pre in by_decoder
+             if f"{pre}k={k4}" in rows and f"{pre}k={k_hi}" in rows and k4 != k_hi]
+    past_k4_words = "" if not moves else (
+        f"Word errors with {k4} codebooks and with {k_hi}, of {rows['original']['ref_words']} words: "
+        + "; ".join(f"{a} and {b} through the {name} ({abs(b - a)} {'fewer' if b < a else 'more'})" if a != b
+                    else f"{a} and {b} through the {name} (no change)" for name, a, b in moves)
+        + ". "
+        + ("Past the first {k4} codebooks the word errors change by a few words at most."
+           .format(k4=k4) if all(abs(b - a) <= FEW_WORDS for _, a, b in moves) else
+           "The stages past the first {k4} each remove a sliver of the variance, ".format(k4=k4)
+           + ("but together they carry detail the recogniser uses"
+              + (" (through the " + " and the ".join(n for n, a, b in moves if b < a - FEW_WORDS) + ")"
+                 if len(moves) > 1 else "") + "."
+              if any(b < a - FEW_WORDS for _, a, b in moves) else
+              "and adding them made the recogniser's job harder here."))
+        + (" The decoders differ here: what the deep codes are worth to a recogniser depends on the decoder "
+           "that reads them." if len({(b - a) > FEW_WORDS or (a - b) > FEW_WORDS for _, a, b in moves}) > 1
+           else ""))
     lines = [
         f"* **The corpus (measured here and read from the build's record).** The embedded model was trained on "
         f"{sum(r['hours'] for r in table if r['split'] == 'training'):.1f} hours of English rendered by "
@@ -755,15 +781,7 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         f"{wer['unquantised']:.3f} after the inversion only, and through the {codec.decoder_kind} decoder "
         + ", ".join(f"{wer[f'k={k}']:.3f} with {k}" for k in run_codebooks if k in (k_lo, k4, k_hi))
         + " codebooks. "
-        + (f"The stages past the first {k4} change WER by {wer[f'k={k_hi}'] - w4:+.3f}: "
-           f"{abs(rows[f'k={k_hi}']['errors'] - rows[f'k={k4}']['errors'])} "
-           f"{'fewer' if rows[f'k={k_hi}']['errors'] < rows[f'k={k4}']['errors'] else 'more'} word errors in "
-           f"{rows['original']['ref_words']} words ({rows[f'k={k4}']['errors']} with {k4} codebooks, "
-           f"{rows[f'k={k_hi}']['errors']} with {k_hi}): "
-           + ("each removes a sliver of the variance, but together they carry detail the recogniser uses."
-              if wer[f"k={k_hi}"] < w4 else "adding them made the recogniser's job harder here.")
-           if w4 is not None and abs(w4 - wer[f"k={k_hi}"]) > 3 / rows["original"]["ref_words"]
-           else f"Past the first {k4} codebooks WER changes by a few words at most." if w4 is not None else "")
+        + past_k4_words
         + f" With {rows['original']['ref_words']} words, differences of a few words are within the noise of the "
           f"measure.",
         f"* **What to expect on the released 12 Hz codec (config, then inference).** Its configuration describes "
@@ -777,10 +795,12 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         f"the structureless rate for longer than here; and because code 0 is a separate semantic codebook, we expect "
         f"more of the words to be fixed by code 0 alone than by this codec's first stage.",
         f"* **Inaudible changes move the deep codes (measured here).** Under {GATED[0]} "
-        f"{rob[GATED[0]]['unchanged'][-1]:.0%} of the last codebook's codes stay the same against "
+        f"{rob[GATED[0]]['unchanged'][-1]:.0%} of the last codebook's codes (code "
+        f"{len(rob[GATED[0]]['unchanged']) - 1}) stay the same against "
         f"{rob[GATED[0]]['unchanged'][0]:.0%} of code 0's, and {rob[GATED[0]]['all_unchanged']:.0%} of frames keep all "
         f"{len(rob[GATED[0]]['unchanged'])} codes: a deep code that flips under a change no one hears cannot be predicted "
-        "sharply by any model, which is one measured reason p is flat for them here.",
+        "sharply by any model. This notebook measures the codes, not p: that is a reason to expect p to be flat for "
+        "the deep codes, which notebooks 03 and 04 measure.",
         "* **Why it matters for speculation (inference; notebooks 01, 03 and 04 measure it).** The inner loop drafts "
         "codes 1..15: a drafter guesses a later code from a draft distribution **q**, and the code predictor checks it "
         "against its own distribution for that code, the target **p**; TV(p, q) is their total-variation distance, "

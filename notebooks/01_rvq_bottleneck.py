@@ -285,9 +285,10 @@ plt.show()
 # ## 7. The embedded model beside the real-size architecture
 # **The question.** The later notebooks measure acceptance on `compare_model`, the small Qwen3-TTS-class model
 # trained here (`data/embedded`, see its MODEL_CARD.md). How do its calls compare? **How.** The same timing on it:
-# same two loops, same frame rate and codebooks, so the same calls a second, but much smaller layers, so each call
-# should be cheaper (the table says by how much). Its milliseconds do not transfer to the real model; its
-# tokens per call are its own too (section 8). Its `t(16)/t(1)` rows time the whole call as section 4 does (input
+# same two loops, same frame rate and codebooks, so the same calls a second, but layers of another size, so each call
+# costs what the table below shows (the real-size architecture's layers are much larger than the embedded model's;
+# a smoke run's stand-in, `tiny-random`, is smaller still, so there the embedded model is the slower one). Its
+# milliseconds do not transfer to the real model; its tokens per call are its own too (section 8). Its `t(16)/t(1)` rows time the whole call as section 4 does (input
 # projection, layers and one head, in a run interleaved with talker steps); notebook 04 times the backend's forward
 # alone in its own run, so its ratios for the same model differ.
 
@@ -442,12 +443,12 @@ n_inner = by_bytes["inner_calls_per_frame"]
 def share_words(name, measured, from_bytes, close=0.05):
     """One sentence comparing a forward's measured inner-loop share with the share of the bytes read."""
     gap = measured - from_bytes
-    verdict = ("close to the bytes' share: its calls are bound by the bytes they stream" if abs(gap) <= close else
-               "above the bytes' share: each inner call pays a fixed cost beyond its bytes, and the frame pays it "
-               f"{n_inner} times" if gap > 0 else
-               "below the bytes' share: the talker step costs more than its bytes, or the code predictor's weights "
-               "partly stay in the CPU's caches")
-    return f"The {name} forward's share, {measured:.1%}, is {verdict} ({from_bytes:.1%})."
+    where, why = (("close to", "its calls are bound by the bytes they stream") if abs(gap) <= close else
+                  ("above", f"each inner call pays a fixed cost beyond its bytes, and the frame pays it {n_inner} "
+                   "times") if gap > 0 else
+                  ("below", "the talker step costs more than its bytes, or the code predictor's weights partly stay "
+                   "in the CPU's caches"))
+    return f"The {name} forward's share, {measured:.1%}, is {where} the bytes' share ({from_bytes:.1%}): {why}."
 
 
 off = result["derived"]
@@ -473,7 +474,7 @@ lines = [
     + " Other implementations quoted in [methods.md](../docs/methods.md#headline-numbers-reported-by-others) put "
       "the inner loop's share between roughly two fifths and nearly all of a step (reported), depending on how "
       "much fixed cost each call pays.",
-    f"* **Real time on this CPU (measured here, {result['threads']} thread(s)).** "
+    f"* **Real time on this CPU (measured here, {result['threads']} thread{'' if result['threads'] == 1 else 's'}).** "
     + "; ".join(f"{'T' if i == 0 else 't'}hrough the {name} forward an AR frame takes "
                 f"{p['derived']['frame_ms_ar']:.1f} ms for {p['derived']['frame_budget_ms']:.0f} ms of audio, "
                 f"real-time factor {p['derived']['rtf_ar']:.2f} "
@@ -518,8 +519,8 @@ if own:
         p_, h_ = max(same_n, key=lambda ph: ph[0]["nodes"])
         parts.append(f"At the same node budget (N {p_['nodes']}) the offsets drafter's tokens per call differ from "
                      f"the reused heads' by {p_['tokens_per_call'] - h_['tokens_per_call']:+.2f} here (notebook 05, "
-                     f"section 6, gives that gain at the paper's node budget a paired interval over utterances, per "
-                     f"language). ")
+                     f"section 6, puts a paired interval over utterances, per language, on this difference at the "
+                     f"paper's node budget). ")
     if best_sp:
         parts.append(f"Trees with sampled children reach {best_sp['tokens_per_call']:.2f} (`{best_sp['decoder']}`). ")
     parts.append(f"The best decoder here is `{best['decoder']}` at {best['tokens_per_call']:.2f} codes per call, "
@@ -545,9 +546,14 @@ if own:
               "says that much, not that they beat sampled trees there: notebook 03, section 10); notebooks 03 and 04 "
               "measure acceptance by depth and rank on this model.")
 lines.append(
-    f"* **What to expect on the released checkpoint.** The latencies of sections 4 to 6 were measured on the real "
-    f"architecture and hold for its released weights on this CPU (timing depends on the architecture, not on the "
-    f"weights). The tokens per call of section 8 do not transfer: on the released 0.6B model the paper reports "
+    f"* **What to expect on the released checkpoint.** The latencies of sections 4 to 6 were measured on the model "
+    f"this run used, `{run_model}`"
+    + (": the real-size architecture, so they hold for its released weights on this CPU (timing depends on the "
+       "architecture, not on the weights). " if run_model == "qwen3-tts-0.6b-random" else
+       f", standing in for `{model}` in this smoke run: its milliseconds say that the code runs, not what the "
+       "released model costs. " if run_model != model else
+       ": they hold for that architecture on this CPU, not for the released model's. ")
+    + f"The tokens per call of section 8 do not transfer: on the released 0.6B model the paper reports "
     f"{latency.PAPER_TOKENS_PER_CALL} for its decoder (paper), which would turn the {n_inner} sequential inner "
     f"calls of a frame into {n_inner / latency.PAPER_TOKENS_PER_CALL:.1f} wider verify calls (arithmetic on the "
     f"paper's value); what each wider call costs is the verify cost curve of section 6, and notebooks 04 and 06 "

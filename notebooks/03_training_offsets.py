@@ -537,7 +537,8 @@ display(Markdown(
            if lab in T.PAPER_TOKS_PER_STEP else "") + "."
         for lab, r in t2.items() if r["kept_epoch"] == 0 and lab != "heads"
         for rates in [[row["lr"] for row in run.lr_rows if row["drafter"] == lab]])))
-pd.DataFrame(table2)
+with pd.option_context("display.max_colwidth", None):  # the drafter names in full
+    display(pd.DataFrame(table2))
 
 # %% [markdown]
 # **Table 2 as a figure.** Tokens per call of each drafter's own point-mass tree of N = 32 against the parameters it
@@ -607,7 +608,12 @@ display(Markdown(
     f"{best_off['difference']:+.4f} [95% CI {best_off['ci95_low']:+.4f}, {best_off['ci95_high']:+.4f}], "
     f"{best_off['chain4_gain']:+.3f} tokens per call at chain 4. All drafters by difference: "
     + ", ".join(f"{r['drafter']} {r['difference']:+.4f}" for r in sorted(margin, key=lambda r: -r["difference"]))
-    + f". Gains whose interval excludes 0: {', '.join(real) or 'none'}."))
+    + f". Gains whose interval excludes 0: {', '.join(real) or 'none'}. These acceptances are teacher-forced on "
+    f"the evaluation frames' own codes (the shipped split's), each frame's mean over every start depth and offset "
+    f"1..{K}; section 4's table takes the same quantity on the codes the decoders sampled and pools by offset, so "
+    f"its reused heads (mean over offsets 1..{K}: "
+    f"{np.mean([r['heads'] for r in tables['by_offset'] if r['offset_t'] <= K]):.4f}) differ from the "
+    f"{best_off['acceptance_heads']:.4f} here by as much as those codes and that weighting do."))
 pd.DataFrame(margin)
 
 # %% [markdown]
@@ -722,8 +728,14 @@ ax.grid(alpha=0.3)
 ax.legend(fontsize=7)
 save_figure(fig, out / "03_chain_windows", prov)
 plt.show()
+widest = max(r["window"] for r in chain_rows)
+at_widest = [lab for lab, w in saturation.items() if w == widest]
 display(Markdown("Saturation window (within 2% of the best window): " + ", ".join(
-    f"{lab} {w}" for lab, w in saturation.items()) + "."))
+    f"{lab} {w}" for lab, w in saturation.items()) + "."
+    + (f" {'Every drafter' if len(at_widest) == len(saturation) else ', '.join(at_widest)} saturates only at "
+       f"window {widest}, the widest tried: no smaller window comes within 2% of it, so on these frames "
+       f"{'their' if len(at_widest) > 1 else 'its'} acceptance shows no saturation up to {widest} (a wider window "
+       "might still gain)." if at_widest else "")))
 
 # %% [markdown]
 # ## 10. When point-mass trees beat sampled children: a synthetic code predictor
@@ -761,11 +773,17 @@ regime = RG.regime_rows(regime_peaks, drift=regime_drift, nodes=PAPER_BUDGET, n_
 timings["regime_s"] = time.perf_counter() - t0
 save_table(regime, out / "03_regime", prov)
 # where this run's model sits: its deployed offsets' tree measured above, and its own p's mean top probability (the peak's meaning)
+from rvqspec_lib.data.frame_sources import frames_from_contexts
 from rvqspec_lib.data.teacher import teacher_forced_hidden, verifier_logits
 
+# max p at depths 2..15 (where an offset-1 draft lands), on the evaluation contexts with codes sampled from p: the
+# same states section 8's rank0 at offset 1 averages p(q's top code) over, so rank0 can be at most this (up to which
+# codes were sampled)
+p_top_frames = frames_from_contexts(cp, eval_frames.context, sampling=sampling, seed=seed)
 with torch.no_grad():
     emb_p_top = float(sampling.probs(verifier_logits(cp, teacher_forced_hidden(
-        cp, eval_frames.context, eval_frames.codes))).amax(-1).mean())
+        cp, p_top_frames.context, p_top_frames.codes)))[:, 1:].amax(-1).mean())
+emb_rank0 = next(r["rank0"] for r in tables["rank"] if r["drafter"] == "heads" and r["offset_t"] == 1)
 emb_tpc = float(pap["tree_N32_tokens_per_call"])
 marks = {f"{run_model}: {pap['decoder']} measured above ({emb_tpc:.2f})": emb_tpc,
          f"the paper's reported figure, quoted ({RG.PAPER_TOKENS_PER_CALL:.2f})": RG.PAPER_TOKENS_PER_CALL}
@@ -784,8 +802,18 @@ pm_wins = {pk: rg[(pk, "offsets", "point-mass")]["tokens_per_call"] > rg[(pk, "o
 # larger peak too
 cross = next((pk for i, pk in enumerate(peaks_sorted) if all(pm_wins[q] for q in peaks_sorted[i:])), None)
 curve = lambda tree: [rg[(pk, "offsets", tree)]["tokens_per_call"] for pk in peaks_sorted]  # noqa: E731
-where = lambda peak, v: (f"at peak ≈ {peak:.1f}" if peak is not None else  # noqa: E731
-                         "below the curve's flattest point" if v < low else "above the curve's most peaked point")
+
+
+def where(peak, v):
+    """Where the value v sits on the offsets' point-mass curve, with the swept peaks it is interpolated between."""
+    if peak is None:
+        return "below the curve's flattest point" if v < low else "above the curve's most peaked point"
+    lo = max((pk for pk in peaks_sorted if pk <= peak), default=peaks_sorted[0])
+    hi = min((pk for pk in peaks_sorted if pk >= peak), default=peaks_sorted[-1])
+    return (f"at peak {peak:g}" if lo == hi else
+            f"at peak ≈ {peak:.1f} (a straight line between the swept peaks {lo:g} and {hi:g})")
+
+
 if at_paper is not None:  # both trees at the peak where the quoted figure sits (interpolated between swept peaks)
     paper_pm, paper_sampled = (float(np.interp(at_paper, peaks_sorted, curve(tree))) for tree in ("point-mass",
                                                                                                    "sampled"))
@@ -808,19 +836,32 @@ display(Markdown(
     f" and the point-mass tree {rg[(min(regime_peaks), 'offsets', 'point-mass')]['tokens_per_call']:.2f}. "
     + (f"The offsets' point-mass tree beats sampled children from peak {cross:g} on (there "
        f"{rg[(cross, 'offsets', 'point-mass')]['tokens_per_call']:.2f} against "
-       f"{rg[(cross, 'offsets', 'sampled')]['tokens_per_call']:.2f} tokens per call); below it sampled children win"
-       + (f" (peaks {', '.join(f'{pk:g}' for pk in peaks_sorted if pk < cross)})." if cross > peaks_sorted[0]
-          else ".") if cross is not None else
+       f"{rg[(cross, 'offsets', 'sampled')]['tokens_per_call']:.2f} tokens per call)"
+       + ("".join(
+           f"; below it, at the swept peak{'s' if len(g) > 1 else ''} {', '.join(f'{pk:g}' for pk in g)}, {who_wins}"
+           for g, who_wins in (([pk for pk in peaks_sorted if pk < cross and not pm_wins[pk]],
+                                "sampled children commit at least as much"),
+                               ([pk for pk in peaks_sorted if pk < cross and pm_wins[pk]],
+                                "the point-mass tree is ahead, but not at every larger peak")) if g) + ".")
+       if cross is not None else
        "On this sweep the offsets' point-mass tree does not stay ahead of sampled children up to the largest peak.")
     + f" On the offsets' point-mass curve, the paper's reported {RG.PAPER_TOKENS_PER_CALL:.2f} (quoted, "
     f"Qwen3-TTS-0.6B) sits {where(at_paper, RG.PAPER_TOKENS_PER_CALL)}." + paper_words
     + f" This run's {pap['decoder']} ({emb_tpc:.2f} tokens per call) sits {where(at_emb, emb_tpc)}. "
     f"**Two top-code masses.** p's top-code mass is max_x p(x), the probability of p's own most likely code (the "
     f"`p_top` column); the `rank0` column of section 8 is another quantity, p's mass on q's top code, the chance a "
-    f"rank-0 point-mass draft is kept. The embedded model's p has a top-code mass of {emb_p_top:.2f} on average (over "
-    f"a codebook of {int(cp.config.vocab_size)} codes, after the deployed warpers), against "
+    f"rank-0 point-mass draft is kept. On the {len(eval_frames)} evaluation frames' contexts, codes sampled from p, "
+    f"{run_model}'s p has a top-code mass of {emb_p_top:.3f} on average at depths 2..{n_codes} (over a "
+    f"codebook of {int(cp.config.vocab_size)} codes, after the deployed warpers), against "
     f"{rg[(min(regime_peaks), 'offsets', 'point-mass')]['p_top']:.2f} for the synthetic uniform p over 16 codes (not "
-    "one scale: the codebook sizes differ)."))
+    f"one scale: the codebook sizes differ). On those contexts the reused heads' `rank0` at offset 1 (same depths, "
+    f"the decoders' own samples of the codes) is {emb_rank0:.3f}"
+    + (", below it, as p's mass on q's top code must be: no code holds more than p's top code. "
+       if emb_rank0 <= emb_p_top else ", above it only because the two are averaged over different samples of the "
+       "codes: on one state no code holds more than p's top code. ")
+    + "Notebook 04 reports the same `rank0` quantity (offset 1, reused heads) over its own calibration frames, "
+      "another split with its own samples of the codes, so its value differs from this one by as much as those "
+      "frames differ from these."))
 pd.DataFrame(regime)[["peak", "p_top", "drafter", "tree", "tokens_per_call", "se", "predicted_tokens_per_call"]]
 
 # %% [markdown]
@@ -939,17 +980,20 @@ lines = [
     "",
     f"**On the released checkpoint.** *The paper's values* (Qwen3-TTS-0.6B, point-mass tree of N = 32): reused "
     f"heads {T.PAPER_TOKS_PER_STEP['heads']:.2f}, Medusa heads {T.PAPER_TOKS_PER_STEP['medusa']:.2f}, offsets "
-    f"{T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} tokens per call. *Inference, not measured here:* a point-mass tree "
-    f"commits 1 plus the sum of its nodes' path masses, so on the released code predictor the paper's tree catches "
-    f"{T.PAPER_TOKS_PER_STEP['offsets-ce'] - 1:.2f} codes per call beyond the one every call draws, against "
-    f"{pap['tree_N32_tokens_per_call'] - 1:.2f} here"
-    + (": its top-ranked drafts carry more of p than this model's do. "
+    f"{T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} tokens per call. *Inference, not measured here:* over whole frames "
+    f"the paper's offsets tree commits {T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} codes per call, this run's "
+    f"{pap['tree_N32_tokens_per_call']:.2f} (both tokens per call over whole frames, the frame's end included). "
+    f"Within one call a point-mass tree commits 1 plus the sum of its nodes' path masses (less where the frame "
+    f"ends), so the larger figure needs larger path masses"
+    + (": the released model's top-ranked drafts carry more of p than this model's do. "
        if T.PAPER_TOKS_PER_STEP["offsets-ce"] > pap["tree_N32_tokens_per_call"] else ". ")
     + "Whether sampled children would commit even more there, the paper's figure does not say: "
-    + (f"on section 10's synthetic curve it sits at peak ≈ {at_paper:.1f}, where sampled children commit "
+    + (f"on section 10's synthetic curve it sits {where(at_paper, RG.PAPER_TOKENS_PER_CALL)}, where sampled "
+       "children commit "
        + ("more than the point-mass tree" if paper_sampled > paper_pm else "less than the point-mass tree")
-       + ("" if cross is None else f", and point-mass trees pull ahead only from peak {cross:g}"
-          if paper_sampled > paper_pm else f"; point-mass trees are ahead from peak {cross:g} on")
+       + ("" if cross is None else
+          f"{', and' if paper_sampled > paper_pm else ';'} of the swept peaks "
+          f"({', '.join(f'{pk:g}' for pk in peaks_sorted)}) point-mass trees are ahead at every one from {cross:g} on")
        + ". " if at_paper is not None else "it lies off section 10's synthetic curve. ")
     + f"Its step from {T.PAPER_TOKS_PER_STEP['heads']:.2f} to {T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} suggests "
       "that much of the released model's mismatch is a shared shift that one offset vector per offset t can undo. "

@@ -734,8 +734,8 @@ bullets = [
     f"best sampled tree {sp_best:.2f}. E(N) from the calibration tables alone is within {100 * worst_err:.1f}% of "
     f"every calibrated tree's measurement {on_eval[:-1]} (chains are not predicted)"
     + ((": on these frames a tree could be chosen without decoding" if n_eval_utts >= 5 else
-        f": that a tree could be chosen without decoding is suggested, not shown, by {n_eval_utts} "
-        f"utterance{'s' * (n_eval_utts != 1)}") if worst_err < 0.1 else
+        f": frames of {n_eval_utts} utterance{'s' * (n_eval_utts != 1)} suggest, not show, that a tree could be "
+        "chosen without decoding") if worst_err < 0.1 else
        ": the independence of offsets it assumes costs accuracy on this model")
     + (f". Section 7's timed rows, whose tokens per call count {n_speed_frames} frames each, scatter more "
        f"({100 * speed_err.min():+.1f}% to {100 * speed_err.max():+.1f}% against E(N)): too few frames to check a "

@@ -115,6 +115,7 @@ from rvqspec_lib.models.named_decoders import drafter_calibration, has_paper_dec
 from rvqspec_lib.models.tree_files import save_calibration, tree_file
 
 t_start = time.perf_counter()
+compare_asked = compare_model
 if smoke:
     n_calibration_frames, n_eval_frames, draws = min(n_calibration_frames, 48), min(n_eval_frames, 32), 1
     budgets, chains, tree_budgets, speed_budgets, speed_chains = (2, 4, 8), (2, 4), (4, 8), (2, 8), (4,)
@@ -139,6 +140,10 @@ except FileNotFoundError:  # calibration needs trained weights and frames of rea
              "calibrated instead, the model timed as the compare model", "04_metrics.json")
     display(Markdown(f"**`{model}` ships no calibration utterances: this notebook calibrates the embedded model "
                      f"instead**, and times `{model}` as the compare model of section 6 (its verify cost curve)."))
+if smoke and compare_model == "tiny-random" != compare_asked:
+    display(Markdown(f"**Smoke run:** `{compare_model}` runs in place of `{compare_asked}`; where the text says "
+                     f"real-size or 0.6B, read `{compare_model}`, and read every number as a check that the code "
+                     "runs, not a measurement."))
 budgets = tuple(sorted({int(b) for b in budgets}))
 params = dict(notebook="04_calibrating_the_tree", model=model, run_model=run_model, seed=seed, smoke=bool(smoke),
               out_dir=str(out), threads=torch.get_num_threads(), n_calibration_frames=n_calibration_frames,
@@ -243,7 +248,8 @@ display(Markdown(
     f"point-mass node ({ratio_pooled:.1f} times as often averaged over offsets). Further point-mass ranks add "
     f"{pm_tab[0, 1]:.3f}, {pm_tab[0, 2]:.3f}, ... each (the target mass of codes q ranks lower), further sampled "
     f"children {sp_tab[0, 1]:.3f}, {sp_tab[0, 2]:.3f}, ... (the residual mass the first child missed). "
-    + (f"Both fall with the offset (to {pm_tab[-1, 0]:.3f} and {sp_tab[-1, 0]:.3f} at offset {pm_tab.shape[0]}): a "
+    + (f"Both fall with the offset (at offset {pm_tab.shape[0]} the first sampled child to {sp_tab[-1, 0]:.3f}, the "
+       f"top-ranked point-mass draft to {pm_tab[-1, 0]:.3f}): a "
        f"draft from H_s knows less about depth s + t the larger t is."
        if pm_tab[-1, 0] < pm_tab[0, 0] and sp_tab[-1, 0] < sp_tab[0, 0] else "")))
 
@@ -590,9 +596,9 @@ lines = [f"The fastest AR here is **{fastest['ar']}**, {fastest['ar_ms']:.1f} ms
                                                               else "") + "."]
 if has_paper:
     lines.append(f"The paper's decoder at its fastest here, {fastest['paper_decoder']}: a speedup of "
-                 f"{fastest['paper_speedup']:.2f}x over the fastest AR"
+                 f"{fastest['paper_speedup']:.2f}x over the fastest AR (below 1: slower)"
                  + (f", {stepped_official['paper_speedup']:.2f}x over stepped official AR" if stepped_official else "")
-                 + " (below 1: slower).")
+                 + ".")
 display(Markdown(" ".join(lines)))
 
 # %% [markdown]
@@ -717,19 +723,23 @@ save_json(summary, out / "04_metrics.json", prov)
 bullets = [
     f"* **What a node is worth (measured, {run_model}).** At offset 1 the first sampled child is kept "
     f"{ratio_first:.1f} times as often as the top-ranked point-mass draft: a point-mass child is kept with p(x), and "
-    f"this model's p puts {pm_tab[0, 0]:.3f} of its mass on q's top code on average, while a sampled child is kept "
-    f"with sum min(p, q) = {sp_tab[0, 0]:.3f}.",
+    f"this model's p puts {pm_tab[0, 0]:.3f} of its mass on q's top code at offset 1 (the mean over the "
+    f"{cal['n_frames']} calibration frames, whose codes 1..15 are p's own samples, and over the start depths, "
+    f"after the deployed warpers; not p's own top-code mass max_x p(x), which bounds it from above), while a "
+    f"sampled child is kept with sum min(p, q) = {sp_tab[0, 0]:.3f}.",
     "* **The trees (measured).** "
     + ("So the greedy builder spends a point-mass budget on siblings near the root and a sampled one on depth; "
        if ratio_first > 1 and pm_big.deepest_offset < sp_big.deepest_offset else "")
     + f"on held-out frames the best point-mass tree commits {pm_best:.2f} codes per call, the "
     f"best sampled tree {sp_best:.2f}. E(N) from the calibration tables alone is within {100 * worst_err:.1f}% of "
     f"every calibrated tree's measurement {on_eval[:-1]} (chains are not predicted)"
-    + (": on these frames a tree could be chosen without decoding" if worst_err < 0.1 else
+    + ((": on these frames a tree could be chosen without decoding" if n_eval_utts >= 5 else
+        f": frames of {n_eval_utts} utterance{'s' * (n_eval_utts != 1)} suggest, not show, that a tree could be "
+        "chosen without decoding") if worst_err < 0.1 else
        ": the independence of offsets it assumes costs accuracy on this model")
-    + (f". Section 7's timed rows, {n_speed_frames} frames each, scatter more ({100 * speed_err.min():+.1f}% to "
-       f"{100 * speed_err.max():+.1f}% against E(N)): too few frames to check a prediction." if len(speed_pred)
-       else ".")]
+    + (f". Section 7's timed rows, whose tokens per call count {n_speed_frames} frames each, scatter more "
+       f"({100 * speed_err.min():+.1f}% to {100 * speed_err.max():+.1f}% against E(N)): too few frames to check a "
+       "prediction." if len(speed_pred) else ".")]
 if len(paper_tpc):
     gap = paper_tpc[n_max] / heads_pm[n_max] - 1
     bullets.append(
@@ -755,10 +765,11 @@ bullets += [
     "* **Best node budget (measured) against the paper's (quoted).** The best stepped speculative decoder of each "
     "backend here (speedup over stepped AR of the same backend) sits at "
     + ", ".join(f"N = {r['nodes']} ({b}, {r['speedup_vs_ar']:.2f}x)" for b, r in best_by_backend.items())
-    + f": section 7's one run over {min(speed_contexts, len(eval_frames))} contexts of the evaluation split, with "
-    "this notebook's calibration. Notebook 06 times other decoders (the shipped calibration's trees) over its own "
-    "number of contexts in its own run, so its best speedups differ. The paper's fastest N per device (speedup "
-    "over AR on the same device, quoted): " + ", ".join(f"N = {n} on {d}" for d, n in paper_best_n.items()) + ".",
+    + f": section 7's one run (at least {speed_repeats} timed frames per runner, drawn in turn from the first "
+    f"{min(speed_contexts, len(eval_frames))} contexts of the evaluation split), with this notebook's calibration. "
+    "Notebook 06 times other decoders (the shipped calibration's trees) over its own number of contexts in its own "
+    "run, so its best speedups differ. The paper's fastest N per device (speedup over AR on the same device, "
+    "quoted): " + ", ".join(f"N = {n} on {d}" for d, n in paper_best_n.items()) + ".",
     (f"* **Temperature (measured).** The point-mass tree overtakes the sampled tree at T "
      f"{', '.join(f'{t:g}' for t in overtake)}: as p sharpens its nodes gain what the sampled children already had."
      if overtake else
@@ -776,7 +787,9 @@ bullets += [
     + " and ".join(f"{min(v):.2f}x-{max(v):.2f}x one on {m}" for m, v in (
         (m, [ratio_of[(m, b)][n_at] for b in cost_backends]) for m in cost_models))
     + ", over the backends). The speedups of "
-    f"{compare_model} above are projections from the embedded model's acceptance; notebook 07 times the released size's frames as a timing replay.",
+    f"{compare_model} above are projections from the embedded model's acceptance; "
+    + ("notebook 07 times the released size's frames as a timing replay." if not smoke else
+       "notebook 07 replays the timing of frames, in a smoke run on its own small stand-in, not the released size."),
 ]
 display(Markdown("\n".join(bullets)))
 print(f"total {summary['timings_s']['total']:.0f} s")

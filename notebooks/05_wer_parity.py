@@ -519,10 +519,15 @@ pd.DataFrame(table3).pivot(index="decoder", columns="language", values="tokens_p
 transfer = R.transfer_rows(results, PAPER, baseline=PAPER_BASELINE, seed=seed) if PAPER and "en" in results else []
 if transfer:
     save_table(transfer, out / "05_transfer", prov)
-    display(Markdown(R.transfer_answer(transfer)))
+    display(Markdown(R.transfer_answer(transfer).replace("(1 utterances)", "(1 utterance)")))
 else:
     display(Markdown("**The transfer question is not asked here**: it needs the paper's decoder and English."))
-pd.DataFrame(transfer)
+# a language of one utterance has no interval over utterances: shown empty, not as a point (the saved table keeps it)
+transfer_shown = pd.DataFrame(transfer)
+if transfer:
+    one_row = transfer_shown["n_utterances"] <= 1
+    transfer_shown.loc[one_row, ["ci_low", "ci_high", "gain_ci_low", "gain_ci_high"]] = np.nan
+transfer_shown
 
 # %% [markdown]
 # ## 7. Verdicts: which test caught what, in every language, and what the design could have seen
@@ -722,6 +727,7 @@ if transfer:
     en_row = next(r for r in transfer if r["language"] == "en")
     ratios = [r["ratio_to_english"] for r in transfer if r["language"] != "en"]
     gain_zero = all(r["gain_ci_low"] <= 0 <= r["gain_ci_high"] for r in transfer if r["n_utterances"] > 1)
+    one_utt = [r["language"] for r in transfer if r["n_utterances"] <= 1]
     line = (f"**Measured: the paper's decoder.** `{PAPER}` commits {en_row['tokens_per_call']:.3f} tokens per call "
             "on English")
     if ratios:
@@ -730,7 +736,9 @@ if transfer:
     summary.append(line)
     summary[-1] += (f"; its gain over the reused heads' point-mass tree of the same N ({PAPER_BASELINE}) is "
                     f"{en_row['gain_over_baseline']:+.4f} on English"
-                    + (", and no paired interval excludes zero in any language" if gain_zero else "") + ".")
+                    + ((", and no paired interval excludes zero in any language"
+                        + (" of more than one utterance (" + ", ".join(one_utt) + ": one utterance, no interval)"
+                           if one_utt else "")) if gain_zero else "") + ".")
     if paper_info and paper_info["loss"] != "ce" and gain_zero:
         summary[-1] += (f" Inference: the shipped offsets were trained with the {paper_info['loss_name']} loss, which "
                         "rewards a sampled draft's acceptance rather than the target mass at q's top ranks that a "
@@ -809,8 +817,8 @@ print(f"run time {metrics['wall_s']:.0f} s")
 # Change one parameter (the parameters cell at the top, or the cell named) and rerun:
 #
 # * **`beta = 0.1`**: a milder lossy control; look at the code tests of section 4: whether the rank test still catches
-#   it at this many frames (the code tests' power column, `power_at_tv{power_tv}`, says how likely a shift of that
-#   total variation is caught).
+#   it at this many frames (the code tests' power column, `power_at_tv`, says how likely a shift of total variation
+#   `power_tv`, a parameter at the top, is caught).
 # * **`seed = 1`**: other draws; look at how far the paired WER intervals move, and whether a lossless decoder's
 #   interval still covers 0.
 # * **`languages = ("en", "de")`** and **`n_sentences = 8`**: half the English sentences; look at how much the English

@@ -430,9 +430,9 @@ for name in run_pipeline_models:
                         if two["frame_ms"] > 1.1 * r["frame_2c_ms"] else ""))
         text += ("; by the measurement it is " + ("not " if two["rtf"] > 1 else "") + "real time on all cores"
                  + ("" if (two["rtf"] > 1) == (r["rtf_2c"] > 1) else ", whatever the projection says") + ".")
-        if one["precision"] == r["precision"] and min(one["frame_ms"], two["frame_ms"]) < r["frame_1t_ms"] / 1.1:
-            text += (f" A streamed frame ({one['frame_ms']:.1f} ms on one thread, {two['frame_ms']:.1f} ms on all "
-                     f"cores) is shorter than the parts' sum ({r['frame_1t_ms']:.1f} ms) because the two measure "
+        if one["precision"] == r["precision"] and one["frame_ms"] < r["frame_1t_ms"] / 1.1:
+            text += (f" The streamed frame on one thread ({one['frame_ms']:.1f} ms) is shorter than the parts' sum "
+                     f"({r['frame_1t_ms']:.1f} ms) because the two measure "
                      "different things: the stream's frame is the time between its audio chunks after the first, "
                      f"over the frames they carry, in a stream of at most {run_frames} frames that starts from a "
                      f"short history; each part is timed in steady state after a long one (the talker after "

@@ -512,10 +512,11 @@ always_below = [(dec, b) for (dec, b), g in spec_b.groupby(["decoder", "backend"
 bullets.append(
     f"* **Batches (measured, {small_model}).** " + "; ".join(lose) + ". "
     + (f"Stepped speculation is below stepped AR at every batch size for {len(always_below)} of {len(lose)} "
-       "stepped decoders here: it has no gain to lose. " if always_below else "")
-    + (f"Its ratio to AR falls as B grows for {len(shrinks)} of {len(lose)} stepped decoders: a batched AR call reads "
+       f"stepped decoders here ({', '.join(f'{d} through {b}' for d, b in always_below)}): those have no gain to "
+       "lose. " if always_below else "")
+    + (f"Speculation's ratio to AR falls as B grows for {len(shrinks)} of {len(lose)} stepped decoders: a batched AR call reads "
        "the weights once for every row, so the calls speculation saves get cheaper." if shrinks else
-       "Its ratio to AR does not fall with B here."))
+       "Speculation's ratio to AR does not fall with B here."))
 bullets.append(f"* **auto (measured).** On this CPU `--decoder auto` chose {choice.label} through {choice.backend}"
                + (", fused" if choice.fused else ", stepped") + ".")
 ar_span = [(f["model"], [r["ms_per_frame"] for r in table["rows"] if r["model"] == f["model"] and r["kind"] == "ar"

@@ -329,9 +329,12 @@ else:
 # included, converted; the official codec decoder in bfloat16 where the CPU runs it natively), three decoder rows:
 # **AR** (the native whole frame in one C call), the **best speculative** decoder (the fastest of chains and
 # calibrated trees; on the random-weight architecture stepped, its acceptance replayed) and **auto**'s choice: what
-# `--decoder auto` picks by timing the candidate decoders and backends on this machine and keeping the least time per
-# committed code ([notebook 07 §4](07_device_engineering.ipynb); `rvqspec_lib.eval.budget.choose_decoder`, timed on the
-# spot). The three parts of a frame are timed in one
+# `--decoder auto` picks through the native backend by its own short timing run (a shortlist of three decoded on a
+# few frames once each, stepped only on the random-weight architecture, whose replay drives no fused frame), keeping
+# the least time per committed code of THAT run ([notebook 07 §4](07_device_engineering.ipynb);
+# `rvqspec_lib.eval.budget.choose_decoder`, timed on the spot). Its pick is then timed again with the other rows, so
+# with so few frames it can be slower here than the best speculative row, or than AR. The three parts of a frame are
+# timed in one
 # interleaved run, on one thread, wall clock with the thread's CPU time beside it:
 #
 # * **talker**: one native talker step after a cached context, and its `codec_head`; floor: the bytes of its weights
@@ -368,7 +371,10 @@ display(Markdown(f"The columns the text below reads (every column, the floors an
                  f"`{out.name}/06_pipeline.csv`). `frame_2c_ms` and `rtf_2c` are the overlapped PROJECTION; the "
                  "measured streams follow in their own table."))
 with pd.option_context("display.max_columns", None, "display.width", 250):
-    display(pd.DataFrame(PL.pipeline_rows(pipe))[parts_cols + ["quoted_rtf"]].round(3))
+    display(pd.DataFrame(PL.pipeline_rows(pipe))[parts_cols + ["quoted_rtf", "quoted_ttfa_ms"]].round(3))
+display(Markdown("The quoted rows give what their sources publish (a real-time factor, a time to first audio in ms, or "
+                 "both); per-frame figures of public ports, as notebook 07's table quotes them: "
+                 + "; ".join(PL.PUBLIC_PORTS) + "."))
 
 # %%
 def fastest(model_name: str, row: str = "best speculative") -> dict | None:
@@ -424,6 +430,13 @@ for name in run_pipeline_models:
                         if two["frame_ms"] > 1.1 * r["frame_2c_ms"] else ""))
         text += ("; by the measurement it is " + ("not " if two["rtf"] > 1 else "") + "real time on all cores"
                  + ("" if (two["rtf"] > 1) == (r["rtf_2c"] > 1) else ", whatever the projection says") + ".")
+        if one["precision"] == r["precision"] and one["frame_ms"] < r["frame_1t_ms"] / 1.1:
+            text += (f" The streamed frame on one thread ({one['frame_ms']:.1f} ms) is shorter than the parts' sum "
+                     f"({r['frame_1t_ms']:.1f} ms) because the two measure "
+                     "different things: the stream's frame is the time between its audio chunks after the first, "
+                     f"over the frames they carry, in a stream of at most {run_frames} frames that starts from a "
+                     f"short history; each part is timed in steady state after a long one (the talker after "
+                     f"{PL.CONTEXT} cached positions, the codec decoder after {PL.CODEC_WARMUP_FRAMES} frames).")
     if b1 is not None:
         text += (f" One stream in the concurrency measurement (batch 1, all cores) took {b1['frame_ms']:.1f} ms a "
                  f"round: {'' if b1['realtime'] else 'not '}real time.")
@@ -431,10 +444,11 @@ for name in run_pipeline_models:
              f"{'fused' if r['fused'] else 'stepped'} through {r['backend']}) runs the inner loop at "
              f"{r['inner_gain']:.2f}× AR's speed and the whole frame at {r['frame_gain_1t']:.2f}× (one thread) and "
              f"{r['frame_gain_2c']:.2f}× (the two-core projection)"
-             + (f"; this run's part medians have a relative standard error up to {100 * noise:.0f}%, so gains "
-                f"within about that of 1 are ties" + (", this one among them" if abs(r["inner_gain"] - 1) < noise
-                                                      else "")
-                if noise else "")
+             + (f"; this run's part medians have a relative standard error up to {100 * noise:.0f}%, so a gain "
+                f"within a factor of {1 + 2 * noise:.2f} of 1 either way (twice that error) is a tie"
+                + (", this one among them" if max(r["inner_gain"], 1 / r["inner_gain"]) < 1 + 2 * noise else
+                   ", and this one lies outside that factor")
+                if noise and r["inner_gain"] else "")
              + f". What would move it further: {r['moves_frame']}.")
     lines.append(text)
 lines.append(
@@ -494,7 +508,8 @@ def share_verdicts(rows: list[dict]) -> list[str]:
             f"* **{codec_name}** ({', '.join(dict.fromkeys(r['model'] for r in mine))}): "
             + ", ".join(f"{100 * r['codec_share']:.0f}% at {r['precision']}" for r in mine) + ". "
             + (f"Small (at most {100 * SMALL_SHARE:.0f}%) at {', '.join(small)}" if small else
-               f"Above {100 * SMALL_SHARE:.0f}% at every precision")
+               f"Above {100 * SMALL_SHARE:.0f}% at "
+               + ("every precision timed" if len(mine) > 1 else f"{mine[0]['precision']}, the one precision timed"))
             + (f"; above it at {', '.join(large)}" + (
                 ", where the talker and inner loop run faster and leave the codec decoder a larger share"
                 if faster_where_large(mine) else "") if small and large else "") + ".")
@@ -619,10 +634,11 @@ if rep:
            + (", where the talker and inner loop have become fast enough that the codec decoder's share grows."
               if faster_where_large(rep_rows) else ".")
            if small and large else
-           f"The paper's Figure 1 sentence (negligible demand) holds at every precision timed here (at most "
-           f"{100 * SMALL_SHARE:.0f}%)." if small else
-           f"Against the paper's Figure 1 sentence, it is above {100 * SMALL_SHARE:.0f}% at every precision timed "
-           "here.")
+           f"The paper's Figure 1 sentence (negligible demand) holds at "
+           + ("every precision timed here" if len(rep_rows) > 1 else f"{rep['precision']}, the one precision timed here")
+           + f" (at most {100 * SMALL_SHARE:.0f}%)." if small else
+           f"Against the paper's Figure 1 sentence, it is above {100 * SMALL_SHARE:.0f}% at "
+           + ("every precision timed here." if len(rep_rows) > 1 else f"{rep['precision']}, the one precision timed here."))
         + f" Speculation's {rep['inner_gain']:.2f}× of AR's speed on the inner loop becomes "
           f"{rep['frame_gain_1t']:.2f}× on the one-thread frame: Amdahl's law, since the talker and the codec "
           "decoder do not speed up.")
@@ -639,8 +655,11 @@ if conc_all:
         f"{s['row']}: {s['streams']} real-time stream(s) on all cores" for s in conc_all) + ".")
 told.append(
     "* **What the released checkpoint should show (inference, not measured).** Its weights change no shape, so the "
-    "talker, code-predictor and codec times per call above hold for it (the replay already runs the real-size "
-    "shapes). What changes is acceptance: the replay used the embedded model's reused-heads acceptance, while the "
+    + ("talker, code-predictor and codec times per call above hold for it (the replay already runs the real-size "
+       "shapes)." if cost_model in run_pipeline_models else
+       f"times per call of `{cost_model}` hold for it; this run's replay ran `{run_pipeline_models[0]}`, not the "
+       "real-size shapes, so its times above do not.")
+    + " What changes is acceptance: the replay used the embedded model's reused-heads acceptance, while the "
     f"paper reports {PAPER_TOKENS_PER_CALL} tokens per call for its offsets (paper). More codes per call shrink the "
     "inner loop only; the frame then leans even more on the talker and the codec decoder, so the whole-frame gain "
     "stays below the inner loop's.")

@@ -70,6 +70,7 @@ gpu_json = "build/gpu_bench.json"  # written on a GPU by `make bench-gpu` (rvqsp
 # %%
 import gc
 import json
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -101,6 +102,7 @@ from rvqspec_lib.device.precision import cpu_features, native_precisions
 from rvqspec_lib.models.tree_files import tree_file
 
 t_start = time.perf_counter()
+requested_model = str(model)  # what the prose describes; a smoke run may swap in a tiny stand-in below
 if smoke:
     if model == "qwen3-tts-0.6b-random":  # the default: its tiny stand-in (a model given by name is kept)
         model = "tiny-random"
@@ -135,6 +137,10 @@ def span(values, fmt=".2f"):
 
 
 print(f"outputs -> {out}")
+if str(model) != requested_model:  # a smoke run: the prose below describes the real-size model it stands in for
+    display(Markdown(f"**Smoke run:** `{model}` runs in place of `{requested_model}`; where the text says real-size, "
+                     f"0.6B or the released config's 28 layers, read `{model}` (its own layers), and read every number "
+                     "as a check that the code runs, not a measurement."))
 
 # %% [markdown]
 # ## 1. The machine
@@ -221,8 +227,9 @@ lines = []
 if native_calls:
     best_call = min(native_calls, key=lambda r: r["t1_ms"])
     lines.append(f"One call of {model} through the native forward runs at "
-                 f"{span([r['t1_over_floor'] for r in native_calls])}x its floor across precisions (fastest: "
-                 f"{best_call['precision']}, {best_call['t1_ms']:.2f} ms)"
+                 f"{span([r['t1_over_floor'] for r in native_calls])}x its floor"
+                 + (" across precisions (fastest: " if len({r["precision"] for r in native_calls}) > 1 else " (")
+                 + f"{best_call['precision']}, {best_call['t1_ms']:.2f} ms)"
                  + (f"; through the official module at {span([r['t1_over_floor'] for r in official_calls])}x"
                     if official_calls else "") + ".")
 nat_talk = [r for r in talker_rows if r["forward"] == "native"]
@@ -311,9 +318,14 @@ fig = plots.plot_auto(auto_rows, chosen=(choice.label, choice.backend, choice.fu
                                else ""))
 save_figure(fig, out / "07_auto", prov)
 plt.show()
+decoded = [r for r in auto_rows if r.get("ms_per_code") is not None]  # what auto timed, of every candidate row
+why = re.sub(r"; \d+ of \d+ candidates decoded through .*? \(\d+ frames x \d+ repeats\)", "", choice.reason)
 display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
                  + (", as the whole frame in one graph or C call" if choice.fused else ", stepped")
-                 + f": {choice.reason}"))
+                 + f": {why}. It decoded {len(decoded)} of its {len(auto_rows)} candidate runners "
+                 f"({sum(not r['fused'] for r in decoded)} stepped, its shortlist through each of "
+                 f"{', '.join(dict.fromkeys(r['backend'] for r in auto_rows))}; {sum(bool(r['fused']) for r in decoded)} "
+                 f"fused AR and chain frames), on up to {auto_frames} calibration frames."))
 
 # %% [markdown]
 # ## 5. The table to act on
@@ -322,10 +334,12 @@ display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
 # once per `make paper`, here: per model, per precision this CPU runs natively and per backend, five rows, each timed
 # in one interleaved run per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole AR
 # frame); **best speculative** (the fastest stepped chain or calibrated tree); **fused speculative** (the fastest
-# fused chain frame; a timing replay cannot drive one); **auto** (what `--decoder auto` picks there, timed again in
-# this table's own run, among the candidates of this table's backend and precision: it can pick another chain length
-# than section 4's choice, which times every backend together, when two candidates are within the noise of each
-# other). Columns: ms per
+# fused chain frame; a timing replay cannot drive one); **auto** (what `--decoder auto` picks there by its own short
+# timing run, a shortlist of three decoded on a few frames once each, among the candidates of this table's backend
+# and precision, stepped only on a timing replay; its pick is then timed again in this table's own run). auto keeps
+# the least time per committed code of ITS run: with so few frames it can pick another chain length than section 4's
+# choice, which times every backend together, and in this table its row can be slower than another row, AR's
+# included. Columns: ms per
 # frame, the inner loop's real-time factor (RTF: ms per frame over the 80 ms a frame of audio lasts; the talker's
 # step not in it), speedup over stepped AR, the frame over the fused AR frame's (`x_fused_ar`), the AR frame's floor
 # (15 calls' weights at the measured bandwidth) and the frame over it (`x_floor_ar`). The public ports' published
@@ -493,11 +507,16 @@ if native_calls:
            ": above the floor, so part of each call is overhead a faster kernel could still remove."))
 shrinks = [(dec, b) for (dec, b), g in spec_b.groupby(["decoder", "backend"], sort=False)
            if g.sort_values("batch").speedup_vs_ar.iloc[-1] < g.sort_values("batch").speedup_vs_ar.iloc[0]]
+always_below = [(dec, b) for (dec, b), g in spec_b.groupby(["decoder", "backend"], sort=False)
+                if (g.speedup_vs_ar < 1.0).all()]
 bullets.append(
     f"* **Batches (measured, {small_model}).** " + "; ".join(lose) + ". "
-    + (f"The gain shrinks as B grows for {len(shrinks)} of {len(lose)} stepped decoders: a batched AR call reads the "
-       "weights once for every row, so the calls speculation saves get cheaper." if shrinks else
-       "The gain does not shrink with B here."))
+    + (f"Stepped speculation is below stepped AR at every batch size for {len(always_below)} of {len(lose)} "
+       f"stepped decoders here ({', '.join(f'{d} through {b}' for d, b in always_below)}): those have no gain to "
+       "lose. " if always_below else "")
+    + (f"Speculation's ratio to AR falls as B grows for {len(shrinks)} of {len(lose)} stepped decoders: a batched AR call reads "
+       "the weights once for every row, so the calls speculation saves get cheaper." if shrinks else
+       "Speculation's ratio to AR does not fall with B here."))
 bullets.append(f"* **auto (measured).** On this CPU `--decoder auto` chose {choice.label} through {choice.backend}"
                + (", fused" if choice.fused else ", stepped") + ".")
 ar_span = [(f["model"], [r["ms_per_frame"] for r in table["rows"] if r["model"] == f["model"] and r["kind"] == "ar"
@@ -511,8 +530,9 @@ bullets.append(
     + " across backends and precisions (measured): a speedup means little until it names the AR it is over, so "
       "the table puts every speculative frame beside the fastest AR measured with it.")
 bullets.append(
-    "* **Which run.** Every number above is this notebook's own run (its table, section 5: "
-    f"{table['meta'].get('n_contexts')} frames per runner, of the evaluation split for trained weights"
+    "* **Which run.** Every number above is this notebook's own run (its table, section 5: each runner's median "
+    f"over the timed frames its footer counts, decoded from {table['meta'].get('n_contexts')} contexts, of the "
+    "evaluation split for trained weights"
     + (f"; the trees shipped beside {small_model} (`trees/heads.json`, calibrated on {small_trees_n:,} frames), "
        "whose acceptance the timing replay also uses" if small_trees_n else "")
     + "). Notebook 06 times the whole frame in another run and picks its own best speculative decoder per precision; "

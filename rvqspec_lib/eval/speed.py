@@ -113,6 +113,10 @@ def random_contexts(code_predictor, n: int, *, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, 2, P.talker_hidden_size(code_predictor), generator=torch.Generator().manual_seed(seed))
 
 
+def _generator(device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def build_runners(backends: Sequence[str], code_predictor, decoders, *, fused: bool = True, sampling=None,
                   acceptance=None) -> tuple[list, dict]:
     """The frame runners of every decoder through every backend present: stepped through ONE verify backend per name
@@ -186,7 +190,7 @@ def time_frames(runners: Sequence, contexts: torch.Tensor, *, repeats: int = 20,
     def condition(i: int):
         def run(r_idx: int):
             clocks[i].reset()
-            res = timed[i](contexts[r_idx % n_ctx: r_idx % n_ctx + 1], torch.Generator(device=dev).manual_seed(seed + r_idx))
+            res = timed[i](contexts[r_idx % n_ctx: r_idx % n_ctx + 1], _generator(dev, seed + r_idx))
             return (float(res.tokens_per_call.mean()), float(res.calls.float().mean()), clocks[i].model_s,
                     clocks[i].heads_s)
         return run

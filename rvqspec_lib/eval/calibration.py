@@ -23,7 +23,7 @@ from rvqspec_lib.decoding import predictor as P
 from rvqspec_lib.decoding import verify as rules
 from rvqspec_lib.decoding.decoders import Tree
 from rvqspec_lib.decoding.sampling import Sampling
-from rvqspec_lib.decoding.trees import grow_tree
+from rvqspec_lib.decoding.trees import expected_tokens, grow_tree
 
 #: Node budgets N (query positions of a verify call, the root included) the calibration builds a tree for.
 BUDGETS = tuple(range(2, 65))
@@ -100,7 +100,8 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
         JSON-able dict: ``format``, ``version``, ``n_codes``, ``codebook_size``, ``drafter``, ``sampling``,
         ``n_frames``, ``budgets``, and per kind (``"point-mass"``, ``"sampled"``): ``table`` (pooled ``(K, C)``),
         ``order`` (greedy: the tree of budget N is the first N - 1), ``predicted_tokens_per_call`` ``{N: E(N)}`` over
-        whole frames; ``best_kind`` ``{N: kind}`` (the larger E(N)).
+        whole frames, ``call_expected_tokens`` ``{N: 1 + sum of node values}`` (one call, frame end ignored);
+        ``best_kind`` ``{N: kind}`` (the larger E(N)).
     Raises:
         ValueError: a budget outside 2..64, an empty frame set.
     """
@@ -126,11 +127,13 @@ def calibrate(code_predictor, drafter, frames: Frames, *, sampling: Sampling | N
     for kind, table in (("point-mass", exact["rank_mass"]), ("sampled", exact["child_accept"])):
         pooled = pool_by_offset(table)
         paths = grow_tree(pooled, budgets[-1] - 1, sampled=kind == "sampled")
-        # greedy: the tree of budget b is the first b - 1 nodes added
-        e_frame = {str(b): predicted_tokens_per_call(exact, Tree(paths[: b - 1], sampled=kind == "sampled"), n)
-                   for b in budgets}
+        e_frame, e_call = {}, {}
+        for b in budgets:
+            sub = paths[: b - 1]  # greedy: the tree of budget b is the first b - 1 nodes added
+            e_call[str(b)] = expected_tokens(sub, pooled)
+            e_frame[str(b)] = predicted_tokens_per_call(exact, Tree(sub, sampled=kind == "sampled"), n)
         out[kind] = {"table": _json(pooled), "by_start_depth": _json(table), "order": [list(x) for x in paths],
-                     "predicted_tokens_per_call": e_frame}
+                     "predicted_tokens_per_call": e_frame, "call_expected_tokens": e_call}
     out["best_kind"] = {str(b): max(KINDS, key=lambda kd: out[kd]["predicted_tokens_per_call"][str(b)])
                         for b in budgets}
     return out

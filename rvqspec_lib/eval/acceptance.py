@@ -6,6 +6,8 @@ one teacher-forced pass (:func:`exact_statistics`), turned into expected tokens 
 from __future__ import annotations
 
 import math
+import operator
+from itertools import accumulate
 from typing import Sequence
 
 import numpy as np
@@ -106,12 +108,10 @@ def exact_statistics(code_predictor, drafter, context: torch.Tensor, codes: torc
     mass = torch.where(valid[..., None], s_mass / count, nan)
     hit = torch.where(valid[..., None], s_hit / count, nan)
     w = valid.double()
-    by_offset = (torch.nan_to_num(alpha) * w).sum(0) / w.sum(0).clamp_min(1)
-    by_offset = torch.where(w.sum(0) > 0, by_offset, nan)
     pool = lambda t: torch.where(w.sum(0)[:, None] > 0, (torch.nan_to_num(t) * w[..., None]).sum(0)  # noqa: E731
-                                 / w.sum(0).clamp_min(1)[:, None], nan)
+                                 / w.sum(0).clamp_min(1)[:, None], nan)  # (K, R): start depths pooled
     return {"alpha": alpha.numpy(), "rank_mass": mass.numpy(), "rank_hit": hit.numpy(),
-            "alpha_by_offset": by_offset.numpy(), "alpha_by_depth": acceptance_by_depth(alpha.numpy()),
+            "alpha_by_offset": pool(alpha[..., None])[:, 0].numpy(), "alpha_by_depth": acceptance_by_depth(alpha.numpy()),
             "rank_mass_by_offset": pool(mass).numpy(), "rank_hit_by_offset": pool(hit).numpy(), "n_frames": count}
 
 
@@ -136,14 +136,6 @@ def frame_acceptance(code_predictor, drafter, context: torch.Tensor, codes: torc
             acc.append(torch.minimum(p, sampling.probs(logits)).sum(-1).double().cpu())
     tables = [torch.where(_valid(n, n_ahead), torch.cat(acc), float("nan")) for acc in out]
     return tables if isinstance(drafter, (list, tuple)) else tables[0]
-
-
-def _reach_chain(alpha: np.ndarray, s: int, m: int) -> list[float]:
-    out, acc = [], 1.0
-    for j in range(1, m + 1):
-        acc *= float(alpha[s - 1, j - 1])
-        out.append(acc)
-    return out
 
 
 def _reach_tree(rank_mass: np.ndarray, tree: DraftTree, s: int, m: int) -> list[float]:
@@ -186,7 +178,8 @@ def predicted_tokens_per_call(exact: dict, decoder, n_codes: int) -> float:
     calls = [0.0] * (n + 1)  # calls[s]: expected calls to finish from last committed depth s
     for s in range(n - 1, 0, -1):
         m = min(k_max, n - s)
-        reach = _reach_chain(alpha, s, m) if isinstance(decoder, Chain) else _reach_tree(mass, tree, s, m)
+        reach = list(accumulate(map(float, alpha[s - 1, :m]), operator.mul)) if isinstance(decoder, Chain) else \
+            _reach_tree(mass, tree, s, m)
         reach = [1.0] + reach + [0.0]
         e = 1.0
         for i in range(m + 1):

@@ -247,18 +247,6 @@ def read_cache(path: Path) -> dict:
     return store
 
 
-def write_cache(path: Path, store: dict) -> bool:
-    """Write the cache atomically; on failure warn in one line naming ``RVQSPEC_CACHE`` and return ``False``."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, store)
-        return True
-    except OSError as e:
-        _warn(f"the --decoder auto choice is used but not cached: {path} is not writable ({e.strerror}); set "
-              "RVQSPEC_CACHE to a writable folder to keep it")
-        return False
-
-
 def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.Tensor, *,
                  backends: Sequence[str] | Mapping[str, object] = ("official",), drafter=None,
                  drafter_name: str | None = None, refresh: bool = False, cache: str | os.PathLike | None = None,
@@ -299,7 +287,12 @@ def auto_decoder(model: str, code_predictor, calibration: dict, contexts: torch.
         return choice
     store[kid] = {"decoder": choice.label, "backend": choice.backend, "fused": choice.fused, "reason": choice.reason,
                   "table": choice.table, "key": key, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    write_cache(path, store)
+    try:  # written atomically; an unwritable folder is a one-line warning naming RVQSPEC_CACHE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, store)
+    except OSError as e:
+        _warn(f"the --decoder auto choice is used but not cached: {path} is not writable ({e.strerror}); set "
+              "RVQSPEC_CACHE to a writable folder to keep it")
     return choice
 
 

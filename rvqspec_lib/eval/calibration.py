@@ -13,6 +13,7 @@ from rvqspec_lib.eval.acceptance import (
     _drafts_and_targets,
     _json,
     _teacher_forced_batches,
+    _valid,
     exact_statistics,
     predicted_tokens_per_call,
 )
@@ -75,8 +76,7 @@ def sampled_child_acceptance(code_predictor, drafter, context: torch.Tensor, cod
                 resid = torch.where(exists[:, None], rules.residual(resid, x, qn), resid)
                 qi = qi.scatter(1, x[:, None], 0.0)
         count += hidden.shape[0] * draws
-    valid = (torch.arange(1, n)[:, None] + torch.arange(1, n_ahead + 1)[None, :]) <= n
-    out = torch.where(valid[..., None], total / max(count, 1), torch.tensor(float("nan"), dtype=torch.float64))
+    out = torch.where(_valid(n, n_ahead)[..., None], total / max(count, 1), torch.tensor(float("nan"), dtype=torch.float64))
     return out.numpy()
 
 

@@ -36,21 +36,11 @@ DEFAULT_BUFFER_BYTES = 512 * 2 ** 20
 BANDWIDTH_REPEATS = 7
 
 
-def percentile(xs: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) of ``xs``, linear between order statistics.
-
-    Raises:
-        ValueError: no samples.
-    """
-    if not len(xs):
-        raise ValueError("percentile of no samples")
-    return float(np.percentile(xs, q))
-
-
 def summary(ms: Sequence[float]) -> dict:
-    """``{"median_ms", "p10_ms", "p90_ms", "min_ms", "n"}`` of timings in milliseconds."""
-    return {"median_ms": statistics.median(ms), "p10_ms": percentile(ms, 10), "p90_ms": percentile(ms, 90),
-            "min_ms": min(ms), "n": len(ms)}
+    """``{"median_ms", "p10_ms", "p90_ms", "min_ms", "n"}`` of timings in milliseconds (percentiles linear between
+    order statistics). Raises ValueError: no samples."""
+    return {"median_ms": statistics.median(ms), "p10_ms": float(np.percentile(ms, 10)),
+            "p90_ms": float(np.percentile(ms, 90)), "min_ms": min(ms), "n": len(ms)}
 
 
 def device_sync(device) -> Callable[[], None] | None:

@@ -70,6 +70,8 @@ MAX_FRAMES_PER_TEXT = 200
 SPEAK_BATCH = 4
 #: Where the speak stage keeps what it has spoken so far (replaced by ``utterances.safetensors`` once complete).
 PARTIAL = "utterances.partial.safetensors"
+#: Monte Carlo draws of the sampled trees' calibration.
+DRAWS = 2
 STAGES = ("speak", "offsets", "trees", "auto")
 
 
@@ -158,10 +160,9 @@ def _write_utterances(rows: list[dict], codes: dict, path: Path) -> None:
                                                           for r in rows))
 
 
-def speak(lm: LoadedModel, folder: Path, targets: dict[str, int], *, texts: Sequence[str] | None = None,
-          seed: int = 0, batch_size: int = SPEAK_BATCH, max_frames_per_text: int = MAX_FRAMES_PER_TEXT,
-          progress: bool = False) -> list[dict]:
-    """Stage 1 (module docstring): speak texts until every split has its ``targets`` frames, resuming from
+def speak(lm: LoadedModel, folder: Path, targets: dict[str, int], *, seed: int = 0,
+          max_frames_per_text: int = MAX_FRAMES_PER_TEXT, progress: bool = False) -> list[dict]:
+    """Stage 1 (module docstring): speak the calibration texts (:data:`SPEAK_BATCH` a batch) until every split has its ``targets`` frames, resuming from
     :data:`PARTIAL`; each batch of texts goes to the split furthest from its target, each text at most
     ``max_frames_per_text`` frames and no more than the split still needs, the batch's generator seeded by ``seed``
     and its index (a resumed run speaks what an uninterrupted one would). Returns the rows written.
@@ -169,7 +170,7 @@ def speak(lm: LoadedModel, folder: Path, targets: dict[str, int], *, texts: Sequ
     Raises:
         ValueError: the model spoke no frame of any text (end of speech at once).
     """
-    texts = list(calibration_texts() if texts is None else texts)
+    texts, batch_size = calibration_texts(), SPEAK_BATCH
     partial = folder / PARTIAL
     rows: list[dict] = []
     codes: dict[str, np.ndarray] = {}
@@ -234,13 +235,13 @@ def _drafter_complete(lm: LoadedModel, path: Path) -> bool:
         return False
 
 
-def train_offsets(lm: LoadedModel, folder: Path, targets: dict[str, int], *, seed: int = 0, K: int = DEFAULT_K,
+def train_offsets(lm: LoadedModel, folder: Path, targets: dict[str, int], *, seed: int = 0,
                   progress: bool = False) -> Path:
     """Stage 2: fresh offsets trained on the spoken training split (the validation split for early stopping);
     writes ``drafters/offsets.safetensors`` (+ ``.json`` and ``.curve.json``). Returns its path."""
     train = frames_from_shipped(lm, "training", max_frames=targets["training"], seed=seed, progress=progress)
     val = frames_from_shipped(lm, "validation", max_frames=targets["validation"], seed=seed, progress=progress)
-    res = train_drafter(make_drafter("offsets", lm.code_predictor, fresh=True, K=K), lm.code_predictor, train, val,
+    res = train_drafter(make_drafter("offsets", lm.code_predictor, fresh=True, K=DEFAULT_K), lm.code_predictor, train, val,
                         sampling=inner_sampling(lm), seed=seed, progress=progress)
     res.drafter.provenance.update(model=lm.name, frames={"training": len(train), "validation": len(val)},
                                   command="rvqspec prepare")
@@ -273,8 +274,8 @@ def _trees_complete(lm: LoadedModel, drafter: str, path: Path, frames: int) -> b
 
 
 def calibrate_trees(lm: LoadedModel, folder: Path, drafters: Sequence[str], frames: int, *, seed: int = 0,
-                    draws: int = 2, progress: bool = False) -> list[Path]:
-    """Stage 3: :func:`~rvqspec_lib.eval.calibration.calibrate` (every node budget 2..64, ``draws`` Monte Carlo
+                    progress: bool = False) -> list[Path]:
+    """Stage 3: :func:`~rvqspec_lib.eval.calibration.calibrate` (every node budget 2..64, :data:`DRAWS` Monte Carlo
     draws) for each drafter on ``frames`` calibration frames (codes re-sampled from p); writes
     ``trees/<drafter>.json``. Returns the paths."""
     cal_frames = calibration_frames(lm, max_frames=frames, seed=seed, progress=progress)
@@ -282,10 +283,10 @@ def calibrate_trees(lm: LoadedModel, folder: Path, drafters: Sequence[str], fram
     out = []
     for name in progress_bar(drafters, desc="calibrating trees", enabled=progress, unit="drafter"):
         drafter = shipped_drafter(lm, name, lm.code_predictor)
-        cal = calibrate(lm.code_predictor, drafter, cal_frames, sampling=sampling, budgets=BUDGETS, draws=draws,
+        cal = calibrate(lm.code_predictor, drafter, cal_frames, sampling=sampling, budgets=BUDGETS, draws=DRAWS,
                         seed=seed)
         cal["provenance"] = provenance(dict(model=lm.name, drafter=name, n_calibration_frames=frames,
-                                            n_frames=len(cal_frames), draws=draws, seed=seed,
+                                            n_frames=len(cal_frames), draws=DRAWS, seed=seed,
                                             threads=torch.get_num_threads(), budgets=list(BUDGETS),
                                             device=lm.device, dtype=lm.dtype, command="rvqspec prepare",
                                             drafter_sha1=_drafter_digest(folder, name)),
@@ -362,7 +363,7 @@ def auto_cached(lm: LoadedModel, dtypes: Sequence[str]) -> bool:
 
 
 # ---- all of it --------------------------------------------------------------------------------------------------------
-def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, draws: int = 2,
+def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0,
             auto_dtypes: Sequence[str] | None = None, stages: Sequence[str] = STAGES, progress: bool = False,
             auto_options: dict | None = None, frames_per_text: int = MAX_FRAMES_PER_TEXT,
             say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> Prepared:
@@ -372,9 +373,8 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
 
     Args:
         lm: the loaded model, on its device and in its dtype. frames: calibration frames (the training split as
-            many, the validation split a fifth). seed: of speaking, training and calibration. draws: of the
-            sampled trees' calibration. auto_dtypes: the ``synth --dtype`` values ``auto`` is timed for (default
-            :func:`default_auto_dtypes`: a default synth's).
+            many, the validation split a fifth). seed: of speaking, training and calibration. auto_dtypes: the
+            ``synth --dtype`` values ``auto`` is timed for (default :func:`default_auto_dtypes`: a default synth's).
         stages: which of :data:`STAGES` to run (each needs the earlier ones' outputs). auto_options: timing
             keywords of :func:`~rvqspec_lib.eval.budget.choose_decoder` (default its own). frames_per_text: the
             frame cap of one spoken text. say: where a line per stage goes.
@@ -433,7 +433,7 @@ def prepare(lm: LoadedModel, *, frames: int = DEFAULT_FRAMES, seed: int = 0, dra
     todo = [n for n in names if not _trees_complete(lm, n, tree_file(folder, n), frames)]
 
     def do_trees():
-        paths = calibrate_trees(lm, folder, todo, frames, seed=seed, draws=draws, progress=progress)
+        paths = calibrate_trees(lm, folder, todo, frames, seed=seed, progress=progress)
         return paths, f"calibrated the trees of {', '.join(todo)} on {frames} frames"
 
     run("trees", not todo, do_trees)

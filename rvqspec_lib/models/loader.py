@@ -433,28 +433,21 @@ def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -
     return LoadedModel(name, "checkpoint", model.to(device).eval(), tok, _default_generation(path), speech, fr, sr)
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """One quick TCP connection to the hub endpoint (no retries), so an offline machine fails in seconds."""
-    u = urlparse(hub_constants.ENDPOINT)
-    try:
-        port = u.port or (443 if u.scheme == "https" else 80)
-        socket.create_connection((u.hostname, port), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
-
-
 def _check_hub_id(name: str) -> None:
-    """A hub id not in the local cache needs the hub: a one-line error in seconds when it cannot be reached."""
+    """A hub id not in the local cache needs the hub: a one-line error in seconds when one quick TCP connection to
+    the hub endpoint (no retries) fails."""
     cached = try_to_load_from_cache(name, "config.json")
     if isinstance(cached, str) or hub_constants.HF_HUB_OFFLINE:
         return  # in the local cache (or offline mode asked for: transformers reports what is missing)
-    if not _hub_reachable():
+    u = urlparse(hub_constants.ENDPOINT)
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=3.0).close()
+    except OSError:
         raise ModelNotFoundError(
             f"{name!r} is not in the local Hugging Face cache and the hub cannot be reached from this machine. "
             "Download it where there is a network (huggingface-cli download ...) and pass the local directory, or "
             "use --model tiny-random / qwen3-tts-0.6b-random for timing."
-        )
+        ) from None
 
 
 def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implementation) -> LoadedModel:

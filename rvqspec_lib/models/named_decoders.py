@@ -42,10 +42,8 @@ def drafter_calibration(lm, drafter: str = "heads") -> dict | None:
         ValueError: a damaged file or one made for another model (one line naming the command that remakes it).
     """
     path = tree_file(lm, drafter)
-    if path is None or not path.is_file():
-        return None
     return load_calibration(path, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size, model=lm.name,
-                            drafter=drafter)
+                            drafter=drafter) if path is not None and path.is_file() else None
 
 
 def has_paper_decoder(lm) -> bool:
@@ -104,9 +102,6 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
             fix).
     """
     d = parse_decoder_name(name) if isinstance(name, str) else name
-    if d.kind == "auto":
-        raise ValueError("auto is chosen by timing this device, not resolved from files: use "
-                         "rvqspec_lib.eval.budget.auto_decoder (its choice carries a NamedDecoder)")
     drafter = cal = None
     if d.drafter != "heads":  # ar's drafter is always the heads
         drafter = _given_or_read(drafters, d, lm, "drafter", "drafters",

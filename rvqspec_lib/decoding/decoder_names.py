@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from rvqspec_lib.decoding.decoders import AR, DEFAULT_TREE, DEFAULT_WINDOW, MAX_WINDOW, Chain, LossySSD, Tree
+from rvqspec_lib.decoding.decoders import AR, DEFAULT_TREE, DEFAULT_WINDOW, Chain, LossySSD, Tree
 
 #: Node budget of a calibrated tree named without ``:N`` (the paper's devices peak at N = 16 or 32).
 DEFAULT_TREE_BUDGET = 16
@@ -187,10 +187,7 @@ def parse_decoder_name(text: str, *, without: Sequence[str] = ()) -> DecoderName
         if head == "chain":
             if arg == "best":
                 return name("chain", best_window=True)
-            if colon and not (arg.isdigit() and 2 <= int(arg) <= MAX_WINDOW):
-                raise ValueError(f"Chain window must be an integer in 2..{MAX_WINDOW} (the committed code plus "
-                                 f"1..{MAX_WINDOW - 1} drafts), got {arg!r}: e.g. chain:{DEFAULT_WINDOW}")
-            return name("chain", window=int(arg) if colon else DEFAULT_WINDOW)
+            return name("chain", window=Chain(int(arg) if arg.isdigit() else arg).window if colon else DEFAULT_WINDOW)
         if head == "calibrated" or head.startswith("calibrated-") or (head == "tree" and arg.startswith("calibrated")):
             tree = arg if head == "tree" else body
             m = _CALIBRATED.match(tree)

@@ -30,6 +30,10 @@ TINY_MODELS = ("tiny-random",)
 CODEC_CONFIG = "Qwen3-TTS-Tokenizer-12Hz"
 
 
+#: The tiny config at its default sizes (:func:`tiny_config_dict`).
+TINY_CONFIG = "tiny"
+
+
 def tiny_config_dict(
     *,
     n_code_groups: int = 16,
@@ -39,8 +43,9 @@ def tiny_config_dict(
     talker_layers: int = 2,
     code_predictor_layers: int = 2,
 ) -> dict:
-    """Config of a tiny model of the official classes (a release's structure and codec special ids, small sizes;
-    text special ids 256..261, after the bytes).
+    """Config of a tiny model of the official classes (``data/configs/tiny/config.json``: a release's structure and
+    codec special ids, small sizes, 16-wide attention heads; text special ids 256..261, after the bytes) at the sizes
+    given (MLPs twice as wide as the hidden state).
 
     Raises:
         ValueError: ``n_code_groups`` outside 2..32, ``codebook_size`` outside 2..2048.
@@ -49,50 +54,15 @@ def tiny_config_dict(
         raise ValueError(f"n_code_groups must be in 2..32, got {n_code_groups}")
     if not 2 <= codebook_size <= 2048:
         raise ValueError(f"codebook_size must be in 2..2048, got {codebook_size}")
-    head_dim = 16
-    return {
-        "tts_model_type": "custom_voice",
-        "tokenizer_type": "qwen3_tts_tokenizer_12hz",
-        "tts_model_size": "tiny",
-        "im_start_token_id": 256,
-        "im_end_token_id": 257,
-        "assistant_token_id": 258,
-        "tts_pad_token_id": 259,
-        "tts_bos_token_id": 260,
-        "tts_eos_token_id": 261,
-        "talker_config": {
-            "vocab_size": 3072,
-            "hidden_size": talker_hidden,
-            "intermediate_size": 2 * talker_hidden,
-            "num_hidden_layers": talker_layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": head_dim,
-            "num_code_groups": n_code_groups,
-            "text_hidden_size": 32,
-            "text_vocab_size": 264,
-            "rope_theta": 1000000,
-            "rope_scaling": {"interleaved": True, "mrope_section": [4, 2, 2], "rope_type": "default"},
-            "codec_eos_token_id": 2150, "codec_think_id": 2154, "codec_nothink_id": 2155,
-            "codec_think_bos_id": 2156, "codec_think_eos_id": 2157, "codec_pad_id": 2148, "codec_bos_id": 2149,
-            "codec_language_id": {"english": 2050, "german": 2053, "spanish": 2054, "chinese": 2055,
-                                  "japanese": 2058, "russian": 2069},
-            "spk_id": {"tiny": 3000},
-            "spk_is_dialect": {"tiny": False},
-            "code_predictor_config": {
-                "vocab_size": codebook_size,
-                "hidden_size": code_predictor_hidden,
-                "intermediate_size": 2 * code_predictor_hidden,
-                "num_hidden_layers": code_predictor_layers,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "head_dim": head_dim,
-                "num_code_groups": n_code_groups,
-                "rope_theta": 1000000,
-                "layer_types": ["full_attention"] * code_predictor_layers,
-            },
-        },
-    }
+    cfg = json.loads((CONFIG_DIR / TINY_CONFIG / "config.json").read_text())
+    talker = cfg["talker_config"]
+    talker.update(hidden_size=talker_hidden, intermediate_size=2 * talker_hidden, num_hidden_layers=talker_layers,
+                  num_code_groups=n_code_groups)
+    talker["code_predictor_config"].update(
+        vocab_size=codebook_size, hidden_size=code_predictor_hidden, intermediate_size=2 * code_predictor_hidden,
+        num_hidden_layers=code_predictor_layers, num_code_groups=n_code_groups,
+        layer_types=["full_attention"] * code_predictor_layers)
+    return cfg
 
 
 def build_from_config(config: dict, *, seed: int = 0, dtype: torch.dtype = torch.float32,

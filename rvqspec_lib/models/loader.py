@@ -152,41 +152,25 @@ def load_model(name: str, *, dtype: torch.dtype | str = "auto", seed: int = 0, d
     device = resolve_device(device)
     kind, path = _resolve(name)
     name = str(name)  # a path given as a Path is named by its text, as a str path would be
-
-    def pick(stored):
-        return load_dtype(stored, device) if dtype == "auto" else dtype
-
-    if kind == "tiny":
-        cfg = tiny_config_dict()
-        model = build_from_config(cfg, seed=seed, dtype=pick(None), attn_implementation=attn_implementation)
+    if dtype == "auto":  # the rule, from the weights' header ("auto" left: a hub id not in the cache)
+        dtype = DTYPE_NAMES.get(auto_dtype(name, device), "auto")
+    if kind in ("tiny", "random"):
+        cfg = tiny_config_dict() if kind == "tiny" else json.loads((path / "config.json").read_text())
+        model = build_from_config(cfg, seed=seed, dtype=dtype, attn_implementation=attn_implementation)
+        # bytes are valid ids of any text vocabulary; the special ids are the real ones
         tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
-        return _placed(LoadedModel(name, "tiny-random", model, tok, _default_generation(None)), device)
-    if kind == "own":  # the embedded model, or a small model trained by recipes.embedded: trained in float32 (and
-        # stored in float16 only to keep the repository small), so float32 is its own dtype
-        lm = _load_own_model(name, path, pick(None), device, attn_implementation)
-        lm.folder = path
-        return _placed(lm, device)
-    if kind == "random":
-        cfg = json.loads((path / "config.json").read_text())
-        model = build_from_config(cfg, seed=seed, dtype=pick(None), attn_implementation=attn_implementation)
-        # a real-size text vocab: bytes are valid ids, special ids are the real ones
-        tok = ByteTokenizer(cfg["im_start_token_id"], cfg["im_end_token_id"], cfg["assistant_token_id"])
-        fr, sr = frame_rate_from_dir(path)
-        return _placed(LoadedModel(name, "random-size", model, tok, _default_generation(path), None, fr, sr), device)
+        fr, sr = (12.5, 24000) if path is None else frame_rate_from_dir(path)
+        return _placed(LoadedModel(name, "tiny-random" if kind == "tiny" else "random-size", model, tok,
+                                   _default_generation(path), None, fr, sr), device)
+    if kind == "own":  # the embedded model or one by recipes.embedded: float32, stored in float16 only to be small
+        return _placed(_load_own_model(name, path, dtype, device, attn_implementation), device, path)
     if kind == "checkpoint":
         _read_config(path / "config.json")  # a folder that is not a Qwen3-TTS checkpoint: one line, before loading
         _check_speech_tokenizer(path)
-        lm = _check_loaded(_load_checkpoint(str(path), path, pick(stored_dtype(path)), device, attn_implementation))
-        lm.folder = path
-        return _placed(lm, device)
-    stored = stored_dtype(name)  # a hub id: its weights' header where the hub cache has them
-    if stored is None and dtype == "auto":  # not cached: the dtype stored, as transformers reads it, then the rule
-        lm = _check_loaded(_load_checkpoint(name, None, "auto", device, attn_implementation))
-        want = load_dtype(next(lm.model.parameters()).dtype, device)
-        if next(lm.model.parameters()).dtype != want:
-            lm.model.to(want)
-        return _placed(lm, device)
-    return _placed(_check_loaded(_load_checkpoint(name, None, pick(stored), device, attn_implementation)), device)
+    lm = _check_loaded(_load_checkpoint(str(path or name), path, dtype, device, attn_implementation))
+    if dtype == "auto":  # a hub id not cached: the dtype stored, as transformers reads it, then the rule
+        lm.model.to(load_dtype(next(lm.model.parameters()).dtype, device))
+    return _placed(lm, device, path)
 
 
 def auto_dtype(name: str, device: str) -> str | None:
@@ -204,8 +188,9 @@ def auto_dtype(name: str, device: str) -> str | None:
     return str(load_dtype(stored, device)).replace("torch.", "")
 
 
-def _placed(lm: LoadedModel, device: str) -> LoadedModel:
-    """``lm`` on ``device`` (a no-op where it was loaded there), its device and dtype recorded."""
+def _placed(lm: LoadedModel, device: str, folder: Path | None = None) -> LoadedModel:
+    """``lm`` on ``device`` (a no-op where it was loaded there), its device, dtype and ``folder`` recorded."""
+    lm.folder = folder
     if next(lm.model.parameters()).device != torch.device(device):
         lm.model.to(device)
     lm.device, lm.dtype = device, str(next(lm.model.parameters()).dtype).replace("torch.", "")
@@ -448,28 +433,21 @@ def _load_own_model(name: str, path: Path, dtype, device, attn_implementation) -
     return LoadedModel(name, "checkpoint", model.to(device).eval(), tok, _default_generation(path), speech, fr, sr)
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """One quick TCP connection to the hub endpoint (no retries), so an offline machine fails in seconds."""
-    u = urlparse(hub_constants.ENDPOINT)
-    try:
-        port = u.port or (443 if u.scheme == "https" else 80)
-        socket.create_connection((u.hostname, port), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
-
-
 def _check_hub_id(name: str) -> None:
-    """A hub id not in the local cache needs the hub: a one-line error in seconds when it cannot be reached."""
+    """A hub id not in the local cache needs the hub: a one-line error in seconds when one quick TCP connection to
+    the hub endpoint (no retries) fails."""
     cached = try_to_load_from_cache(name, "config.json")
     if isinstance(cached, str) or hub_constants.HF_HUB_OFFLINE:
         return  # in the local cache (or offline mode asked for: transformers reports what is missing)
-    if not _hub_reachable():
+    u = urlparse(hub_constants.ENDPOINT)
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=3.0).close()
+    except OSError:
         raise ModelNotFoundError(
             f"{name!r} is not in the local Hugging Face cache and the hub cannot be reached from this machine. "
             "Download it where there is a network (huggingface-cli download ...) and pass the local directory, or "
             "use --model tiny-random / qwen3-tts-0.6b-random for timing."
-        )
+        ) from None
 
 
 def _load_checkpoint(name: str, path: Path | None, dtype, device, attn_implementation) -> LoadedModel:

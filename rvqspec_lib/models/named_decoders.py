@@ -42,10 +42,8 @@ def drafter_calibration(lm, drafter: str = "heads") -> dict | None:
         ValueError: a damaged file or one made for another model (one line naming the command that remakes it).
     """
     path = tree_file(lm, drafter)
-    if path is None or not path.is_file():
-        return None
     return load_calibration(path, n_codes=lm.n_code_groups - 1, codebook_size=lm.codebook_size, model=lm.name,
-                            drafter=drafter)
+                            drafter=drafter) if path is not None and path.is_file() else None
 
 
 def has_paper_decoder(lm) -> bool:
@@ -65,6 +63,29 @@ def _given_or_read(given: Mapping | None, d: DecoderName, lm, what: str, keyword
     return got
 
 
+def _calibration_path(model, d: DecoderName, missing=FileNotFoundError):
+    """The calibration file a calibrated name reads beside ``model``; raises ``missing`` (one line naming the fix)
+    when there is none, ValueError when the model has no folder to hold one."""
+    path = tree_file(model, d.drafter)
+    if path is None:
+        raise ValueError(f"decoder {d.text!r} needs the {d.drafter} drafter's calibrated trees, and "
+                         f"{getattr(model, 'name', model)} has no folder to hold them (random weights built in "
+                         "memory): give rank paths (tree:0;1;0,0), or use a checkpoint folder, a hub id or the "
+                         "embedded model")
+    if not path.is_file():
+        raise missing(f"decoder {d.text!r}: no calibrated trees at {path}: calibrate them with "
+                      f"`{prepare_command(model)}`, or give rank paths (tree:0;1;0,0)")
+    return path
+
+
+def _capped(d: DecoderName, budget: int, model, path=None) -> str | None:
+    """The note of a ``paper`` without ``:N`` whose calibration holds fewer than 32 nodes (``None``: not capped)."""
+    where = "" if path is None else f" ({path})"
+    return None if budget >= d.budget else (
+        f"{d.text}: the {d.drafter} calibration{where} holds budgets up to {budget}; using N {budget} (recalibrate: "
+        f"{prepare_command(getattr(model, 'name', model))})")
+
+
 def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | None = None,
             drafters: Mapping[str, object] | None = None, best_chain: int | None = None) -> NamedDecoder:
     """The decoder a name stands for, on a loaded model (module docstring).
@@ -81,31 +102,19 @@ def resolve(name: str | DecoderName, lm, *, calibrations: Mapping[str, dict] | N
             fix).
     """
     d = parse_decoder_name(name) if isinstance(name, str) else name
-    if d.kind == "auto":
-        raise ValueError("auto is chosen by timing this device, not resolved from files: use "
-                         "rvqspec_lib.eval.budget.auto_decoder (its choice carries a NamedDecoder)")
     drafter = cal = None
     if d.drafter != "heads":  # ar's drafter is always the heads
         drafter = _given_or_read(drafters, d, lm, "drafter", "drafters",
                                  lambda: shipped_drafter(lm, d.drafter, lm.code_predictor))
     if "calibration" in d.needs:
         cal = _given_or_read(calibrations, d, lm, "calibration", "calibrations",
-                             lambda: drafter_calibration(lm, d.drafter))
-        if cal is None:
-            path = tree_file(lm, d.drafter)
-            raise ValueError(f"decoder {d.text!r} needs the {d.drafter} drafter's calibrated trees, and {lm.name} " + (
-                "has no folder to hold them (random weights built in memory): give rank paths (tree:0;1;0,0), or use "
-                "a checkpoint folder, a hub id or the embedded model" if path is None else
-                f"has none ({path}): calibrate them with `{prepare_command(lm)}`, or give rank paths (tree:0;1;0,0)"))
+                             lambda: drafter_calibration(lm, d.drafter) or _calibration_path(lm, d, ValueError))
     try:
         dec = d.decoder(calibration=cal, best_chain=best_chain, drafter=drafter)
     except ValueError as e:
         raise ValueError(str(e) if d.text in str(e) or "decoder" in str(e) else f"decoder {d.text!r}: {e}") from None
     final = d.resolved(dec)
-    note = None
-    if d.kind == "paper" and not d.budget_given and final.budget < d.budget:
-        note = (f"{d.text}: the {d.drafter} calibration holds budgets up to {final.budget}; using N {final.budget} "
-                f"(recalibrate: {prepare_command(getattr(lm, 'name', '<model>'))})")
+    note = _capped(d, final.budget, lm if lm is not None else "<model>") if d.kind == "paper" else None
     return NamedDecoder(final, dec, drafter, cal, note)
 
 
@@ -138,28 +147,19 @@ def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: i
     Raises:
         ValueError, FileNotFoundError: one line naming the file and the fix (the recalibrate command).
     """
-    name = parse_decoder_name(name) if isinstance(name, str) else name
+    d = parse_decoder_name(name) if isinstance(name, str) else name
     # a Path as text: drafter_files would take a Path's .name for the model's name, and look in the wrong folder
     model = os.fspath(model) if isinstance(model, os.PathLike) else model
     # paper always drafts with the offsets: the heads' form is a tree of its own
-    check_shipped_drafter(model, name.drafter, heads_instead=f"tree:calibrated-point-mass:{name.budget}@heads (the "
-                          "reused heads with their own tree, no training)" if name.kind == "paper" else None)
-    if "calibration" not in name.needs:
+    check_shipped_drafter(model, d.drafter, heads_instead=f"tree:calibrated-point-mass:{d.budget}@heads (the "
+                          "reused heads with their own tree, no training)" if d.kind == "paper" else None)
+    if "calibration" not in d.needs:
         return None
-    path, what = tree_file(model, name.drafter), f"--decoder {name.text}"
-    if path is None:
-        raise ValueError(f"{what} needs calibrated trees, and {model} has no folder to hold them: use a checkpoint "
-                         "folder or the embedded model, or give rank paths (tree:0;1;0,0)")
-    if not path.is_file():
-        raise FileNotFoundError(f"{what}: no calibrated trees at {path}: calibrate them with "
-                                f"`{prepare_command(model)}`, or give rank paths (tree:0;1;0,0)")
-    cal = load_calibration(path, n_codes=n_codes, codebook_size=codebook_size, model=model, drafter=name.drafter)
-    if name.kind == "auto":
+    path = _calibration_path(model, d)
+    cal = load_calibration(path, n_codes=n_codes, codebook_size=codebook_size, model=model, drafter=d.drafter)
+    if d.kind == "auto":
         return None
     try:
-        tree = name.calibrated_tree(cal)
+        return _capped(d, d.calibrated_tree(cal).nodes, model, path)
     except ValueError as e:
-        raise ValueError(f"{what}: {e} ({path})") from None
-    return None if tree.nodes >= name.budget else (
-        f"{name.text}: the {name.drafter} calibration ({path}) holds budgets up to {max(cal['budgets'])}; using N "
-        f"{tree.nodes} (recalibrate: {prepare_command(model)})")
+        raise ValueError(f"--decoder {d.text}: {e} ({path})") from None

@@ -42,25 +42,20 @@ def _problem(cal) -> str | None:
     """What is wrong with a calibration dict's shape (missing keys, wrong types, bad rank paths), or ``None``."""
     if not isinstance(cal, dict) or cal.get("format") != FORMAT:
         return f"not an rvqspec calibration file (format {FORMAT!r})"
-    for key in ("n_codes", "codebook_size"):
-        if not _int(cal.get(key)):
-            return f"{key!r} is missing or not a positive integer"
-    budgets = cal.get("budgets")
+    bad = next((k for k in ("n_codes", "codebook_size") if not _int(cal.get(k))), None)
+    if bad:
+        return f"{bad!r} is missing or not a positive integer"
+    budgets, best = cal.get("budgets"), cal.get("best_kind")
     if not isinstance(budgets, list) or not budgets or not all(_int(b, MIN_BUDGET, MAX_BUDGET) for b in budgets):
         return f"'budgets' is missing or not a list of node budgets in {MIN_BUDGET}..{MAX_BUDGET}"
-    best = cal.get("best_kind")
     if not isinstance(best, dict) or any(best.get(str(b)) not in TREE_KINDS for b in budgets):
         return "'best_kind' is missing or does not name point-mass or sampled for every budget"
     nodes = max(budgets) - 1  # calibrate grows exactly the largest budget's tree
     for kind in TREE_KINDS:
-        k = cal.get(kind)
-        if not isinstance(k, dict):
-            return f"{kind!r} is missing or not an object"
-        order = k.get("order")
-        if not isinstance(order, list) or len(order) < nodes:
-            return f"{kind}.order is missing or holds fewer than {nodes} nodes"
-        if len(order) != nodes:
-            return f"{kind}.order holds {len(order)} nodes but 'budgets' go up to {nodes + 1} ({nodes} nodes)"
+        k = cal.get(kind) if isinstance(cal.get(kind), dict) else {}
+        order, pred, rows = k.get("order"), k.get("predicted_tokens_per_call"), k.get("by_start_depth")
+        if not isinstance(order, list) or len(order) != nodes:
+            return f"{kind}.order is missing or does not hold {nodes} nodes (the largest of 'budgets' less the root)"
         seen: set = set()
         for path in order:
             if not isinstance(path, list) or not path or not all(_int(r, 0, cal["codebook_size"] - 1) for r in path):
@@ -68,10 +63,8 @@ def _problem(cal) -> str | None:
             if tuple(path) in seen or (len(path) > 1 and tuple(path[:-1]) not in seen):
                 return f"{kind}.order holds the rank path {path!r} repeated or before its parent"
             seen.add(tuple(path))
-        pred = k.get("predicted_tokens_per_call")
         if not isinstance(pred, dict) or any(not isinstance(pred.get(str(b)), (int, float)) for b in budgets):
             return f"{kind}.predicted_tokens_per_call is missing or not a number for every budget"
-        rows = k.get("by_start_depth")
         if not isinstance(rows, list) or not rows or not all(isinstance(r, list) for r in rows):
             return f"{kind}.by_start_depth is missing or not a table"
     return None

@@ -83,16 +83,11 @@ CODEC_WARMUP_FRAMES = 80
 #: The two ways a stream runs: in turn on one thread, or overlapped over all cores.
 LAYOUTS = ("1 thread", "all cores")
 #: Published end-to-end figures of public ports (QUOTED, not measured here): their own rows and columns.
-PUBLIC_PIPELINES = (
-    {"source": "C port of Qwen3-TTS (quoted)", "device": "AMD EPYC 9555P", "model": "0.6B", "precision": "",
-     "quoted_rtf": "0.95", "quoted_ttfa_ms": ""},
-    {"source": "C port of Qwen3-TTS (quoted)", "device": "Apple M1", "model": "0.6B", "precision": "int8 / int4",
-     "quoted_rtf": "0.52-0.69", "quoted_ttfa_ms": "460 (streaming)"},
-    {"source": "faster-qwen3-tts (quoted)", "device": "RTX 4090", "model": "", "precision": "",
-     "quoted_rtf": "", "quoted_ttfa_ms": "156"},
-    {"source": "faster-qwen3-tts (quoted)", "device": "Jetson Orin", "model": "", "precision": "",
-     "quoted_rtf": "", "quoted_ttfa_ms": "597"},
-)
+PUBLIC_PIPELINES = tuple(dict(zip(("source", "device", "model", "precision", "quoted_rtf", "quoted_ttfa_ms"), q)) for q in (
+    ("C port of Qwen3-TTS (quoted)", "AMD EPYC 9555P", "0.6B", "", "0.95", ""),
+    ("C port of Qwen3-TTS (quoted)", "Apple M1", "0.6B", "int8 / int4", "0.52-0.69", "460 (streaming)"),
+    ("faster-qwen3-tts (quoted)", "RTX 4090", "", "", "", "156"),
+    ("faster-qwen3-tts (quoted)", "Jetson Orin", "", "", "", "597")))
 #: The parts of a frame the pipeline times.
 PARTS = ("talker", "inner", "codec")
 
@@ -148,9 +143,10 @@ def check_table_args(models: Sequence[str], precisions: Sequence[str], backends:
         raise ValueError(f"--batches are streams run together, each >= 1: give e.g. 1,2,4, got {list(batches)}")
 
 
-def _auto(cp, calibration: dict, contexts, backends: dict, *, oracle, frames: int, budgets: Sequence[int], seed: int):
-    """``auto``'s pick timed on the spot (:func:`~rvqspec_lib.eval.budget.choose_decoder`, a shortlist of three):
-    ``(choice, note)``."""
+def choose_auto(cp, calibration: dict, contexts, backends: dict, *, oracle, frames: int, budgets: Sequence[int],
+                seed: int):
+    """``auto``'s pick timed on the spot (:func:`~rvqspec_lib.eval.budget.choose_decoder`, a shortlist of three) for
+    the table and the pipeline: ``(choice, note)``."""
     c = choose_decoder(cp, calibration, contexts, backends=backends, frames=frames, repeats=1, cost_repeats=3,
                        shortlist=3, seed=seed, budgets=budgets, acceptance=oracle)
     return c, f"auto chose {c.label}{', fused' if c.fused else ''}"
@@ -183,8 +179,8 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
     auto_note, auto_key = "absent: auto not timed", None
     if auto:
         if full:
-            choice, auto_note = _auto(cp, calibration, contexts, {bname: verify}, oracle=oracle,
-                                      frames=opts["auto_frames"], budgets=opts["auto_budgets"], seed=opts["seed"])
+            choice, auto_note = choose_auto(cp, calibration, contexts, {bname: verify}, oracle=oracle,
+                                      frames=opts["auto_frames"], budgets=opts["budgets"], seed=opts["seed"])
             pick = (choice.named, choice.fused)
         else:
             pick, auto_note = picks["auto"], f"{picks['auto_note']} (on {picks['backend']})"
@@ -226,8 +222,7 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
 def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[str] | None = None,
                 backends: Sequence[str] = DEFAULT_BACKENDS, repeats: int = 5, warmup: int = 1,
                 chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
-                auto: bool = True, auto_frames: int = 4, auto_budgets: Sequence[int] = DEFAULT_BUDGETS,
-                acceptance=None, n_contexts: int = 8, seed: int = 0, progress: bool = True,
+                auto: bool = True, auto_frames: int = 4, acceptance=None, n_contexts: int = 8, seed: int = 0, progress: bool = True,
                 noise_target: float | None = None) -> dict:
     """Measure the table (docs/precision.md#the-table).
 
@@ -236,7 +231,8 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
             :func:`rvqspec_lib.eval.replay.default_acceptance`).
         precisions: default the CPU's native ones. backends: some of :data:`TABLE_BACKENDS`, each once.
         repeats, warmup, noise_target: :func:`rvqspec_lib.eval.speed.time_frames`'s, per (model, precision, backend).
-            chains, budgets: the speculative decoders. auto, auto_frames, auto_budgets: time auto's choice.
+            chains, budgets: the speculative decoders (``auto`` chooses among the same budgets). auto, auto_frames:
+            time auto's choice.
             n_contexts: contexts decoded in turn (the evaluation split; random ones for random weights). seed:
             contexts, generators, the replay's oracle.
 
@@ -256,7 +252,7 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     check_table_args(models, precisions, backends, chains=chains, budgets=budgets)
     noise.repeat_cap(noise_target, repeats, None)  # bad settings fail before any model loads
     acceptance = acceptance or default_acceptance()
-    opts = {"auto_frames": auto_frames, "auto_budgets": auto_budgets, "seed": seed, "repeats": repeats,
+    opts = {"auto_frames": auto_frames, "budgets": budgets, "seed": seed, "repeats": repeats,
             "warmup": warmup, "progress": progress, "noise_target": noise_target}
     rows, crowded, build, noise_runs = [], [], {}, []
 
@@ -502,15 +498,6 @@ def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1
     return out
 
 
-def choose_auto(setup: Setup, *, frames: int = 4, budgets: Sequence[int] = DEFAULT_BUDGETS, seed: int = 0):
-    """``auto``'s pick for this setup (:func:`_auto`): ``(label, fused, runner, note)``; it joins
-    :attr:`Setup.named`."""
-    choice, note = _auto(setup.lm.code_predictor, setup.calibration, setup.contexts, {"native": setup.verify},
-                         oracle=setup.oracle, frames=frames, budgets=budgets, seed=seed)
-    setup.named.setdefault(choice.label, choice.named)
-    return choice.label, bool(choice.fused), setup.runner(choice.label, bool(choice.fused)), note
-
-
 def _parts_row(setup: Setup, parts: dict, name: str, key: tuple, runner, note: str, codec_floor_ms) -> dict:
     """One pipeline row before :func:`_finish`: the parts of runner ``key`` = ``(label, fused)``."""
     inner, fields = parts[("inner", *key)], runner_fields(runner)
@@ -678,10 +665,15 @@ def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Seque
                                         n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
                                         max_context=max(512, frames + 256), codec_config=codec_config)
                     runners = candidates(setup)
+                auto_pick = None
                 with phase("auto"):
-                    auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None
-                if auto_pick and (auto_pick[0], auto_pick[1]) not in runners:
-                    runners[(auto_pick[0], auto_pick[1])] = auto_pick[2]
+                    if auto:  # the pick joins the setup's decoders
+                        choice, note = choose_auto(setup.lm.code_predictor, setup.calibration, setup.contexts,
+                                                   {"native": setup.verify}, oracle=setup.oracle, frames=auto_frames,
+                                                   budgets=budgets, seed=seed)
+                        setup.named.setdefault(choice.label, choice.named)
+                        auto_pick = ((choice.label, bool(choice.fused)), note)
+                        runners.setdefault(auto_pick[0], setup.runner(*auto_pick[0]))
                 with phase("parts"):
                     parts = time_parts(setup, runners, repeats=repeats, warmup=warmup, seed=seed,
                                        noise_target=noise_target, progress=progress)
@@ -699,7 +691,7 @@ def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Seque
                 picks = {"AR": (("ar", True), "the native AR frame (one C call)"),
                          "best speculative": (fastest, f"fastest of {len(spec)} speculative decoders timed"
                                               + ("; stepped, acceptance replayed" if setup.oracle else "")),
-                         "auto": ((auto_pick[0], auto_pick[1]), auto_pick[3]) if auto_pick else None}
+                         "auto": auto_pick}
                 mine = [_parts_row(setup, parts, name, picks[name][0], runners[picks[name][0]], picks[name][1], codec_floor)
                         for name in PIPELINE_ROWS if picks[name]]
                 rows.extend(mine)

@@ -622,7 +622,7 @@ def sustained(rows: Sequence[dict]) -> list[dict]:
 def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Sequence[str] | None = None,
                    chunk_frames: int = CHUNK_FRAMES, frames: int = STREAM_FRAMES, batches: Sequence[int] = BATCHES,
                    repeats: int = 5, warmup: int = 1, stream_repeats: int = 2, chains: Sequence[int] = DEFAULT_CHAINS,
-                   budgets: Sequence[int] = DEFAULT_BUDGETS, auto: bool = True, auto_frames: int = 4,
+                   budgets: Sequence[int] = DEFAULT_BUDGETS, auto_frames: int = 4,
                    acceptance=None, n_contexts: int = 8, text: str = TEXT, seed: int = 0,
                    noise_target: float | None = None, streams: bool = True, concurrency: bool | Sequence[str] = True,
                    codec_config: str = "released", progress: bool = False) -> dict:
@@ -633,7 +633,7 @@ def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Seque
             :func:`rvqspec_lib.eval.replay.default_acceptance`). precisions: default the CPU's native ones.
         chunk_frames, frames, batches: frames per codec chunk, a stream's frame cap, streams batched.
         repeats, warmup, noise_target: the parts' timing. stream_repeats: runs of each stream.
-        chains, budgets, auto, auto_frames: the speculative candidates and ``auto``'s pick. streams, concurrency:
+        chains, budgets, auto_frames: the speculative candidates and ``auto``'s pick. streams, concurrency:
             measure them (``concurrency`` may name models). codec_config: as :func:`build_setup`.
             n_contexts: inner-loop contexts. text: what the streams speak.
 
@@ -665,15 +665,13 @@ def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Seque
                                         n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
                                         max_context=max(512, frames + 256), codec_config=codec_config)
                     runners = candidates(setup)
-                auto_pick = None
-                with phase("auto"):
-                    if auto:  # the pick joins the setup's decoders
-                        choice, note = choose_auto(setup.lm.code_predictor, setup.calibration, setup.contexts,
-                                                   {"native": setup.verify}, oracle=setup.oracle, frames=auto_frames,
-                                                   budgets=budgets, seed=seed)
-                        setup.named.setdefault(choice.label, choice.named)
-                        auto_pick = ((choice.label, bool(choice.fused)), note)
-                        runners.setdefault(auto_pick[0], setup.runner(*auto_pick[0]))
+                with phase("auto"):  # the pick joins the setup's decoders
+                    choice, note = choose_auto(setup.lm.code_predictor, setup.calibration, setup.contexts,
+                                               {"native": setup.verify}, oracle=setup.oracle, frames=auto_frames,
+                                               budgets=budgets, seed=seed)
+                    setup.named.setdefault(choice.label, choice.named)
+                    auto_key = (choice.label, bool(choice.fused))
+                    runners.setdefault(auto_key, setup.runner(*auto_key))
                 with phase("parts"):
                     parts = time_parts(setup, runners, repeats=repeats, warmup=warmup, seed=seed,
                                        noise_target=noise_target, progress=progress)
@@ -691,15 +689,15 @@ def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Seque
                 picks = {"AR": (("ar", True), "the native AR frame (one C call)"),
                          "best speculative": (fastest, f"fastest of {len(spec)} speculative decoders timed"
                                               + ("; stepped, acceptance replayed" if setup.oracle else "")),
-                         "auto": auto_pick}
+                         "auto": (auto_key, note)}
                 mine = [_parts_row(setup, parts, name, picks[name][0], runners[picks[name][0]], picks[name][1], codec_floor)
-                        for name in PIPELINE_ROWS if picks[name]]
+                        for name in PIPELINE_ROWS]
                 rows.extend(mine)
                 frame = min(r["talker_cpu_ms"] + r["inner_cpu_ms"] + r["codec_cpu_ms"] for r in mine)  # robust to load
                 if streams and (best is None or frame < best[0]):
                     keys = {}  # one stream per runner: auto's pick is often the best speculative one
                     for n in PIPELINE_ROWS:
-                        if picks[n] and picks[n][0] not in keys:
+                        if picks[n][0] not in keys:
                             keys[picks[n][0]] = n
                     best = (frame, setup, {n: runners[k] for k, n in keys.items()})
                 del setup, runners

@@ -338,16 +338,16 @@ def budget_table(frame_rate_hz: float, n_code_groups: int,
     return rows
 
 
-def model_row(result: dict, *, q_ratio: int = 16) -> dict:
+def model_row(result: dict) -> dict:
     """One flat row of a :func:`bench_model` result to set models side by side: geometry, call budget, per pair the
-    talker step, the Q = 1 call, the AR frame, RTF, inner share and ``t(q)/t(1)`` (the native pair's prefixed
-    ``native_``).
+    talker step, the Q = 1 call, the AR frame, RTF, inner share and ``t(q)/t(1)`` at the largest timed q <= 16 (the
+    native pair's prefixed ``native_``).
 
     Raises:
         KeyError: ``result`` is not a :func:`bench_model` result.
     """
     m = result["model"]
-    q = max((r["n_queries"] for r in result["code_predictor"] if r["n_queries"] <= q_ratio), default=None)
+    q = max((r["n_queries"] for r in result["code_predictor"] if r["n_queries"] <= 16), default=None)
 
     def pair(p: dict | None) -> dict:
         ratio = p and next((r["ratio_to_1"] for r in p["code_predictor"] if r["n_queries"] == q), None)

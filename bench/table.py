@@ -83,7 +83,8 @@ CODEC_WARMUP_FRAMES = 80
 #: The two ways a stream runs: in turn on one thread, or overlapped over all cores.
 LAYOUTS = ("1 thread", "all cores")
 #: Published end-to-end figures of public ports (QUOTED, not measured here): their own rows and columns.
-PUBLIC_PIPELINES = tuple(dict(zip(("source", "device", "model", "precision", "quoted_rtf", "quoted_ttfa_ms"), q)) for q in (
+PUBLIC_PIPELINES = tuple(dict(zip(("source", "device", "model", "precision", "quoted_rtf", "quoted_ttfa_ms"), q))
+                         for q in (
     ("C port of Qwen3-TTS (quoted)", "AMD EPYC 9555P", "0.6B", "", "0.95", ""),
     ("C port of Qwen3-TTS (quoted)", "Apple M1", "0.6B", "int8 / int4", "0.52-0.69", "460 (streaming)"),
     ("faster-qwen3-tts (quoted)", "RTX 4090", "", "", "", "156"),
@@ -576,9 +577,8 @@ def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, t
 
 
 def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), text: str = TEXT,
-                 frames: int = STREAM_FRAMES, repeats: int = 2, warmup: int = 0, seed: int = 0,
-                 progress: bool = False) -> dict:
-    """Whole streams of every ``{name: runner}`` x batch x layout (:data:`LAYOUTS`), interleaved.
+                 frames: int = STREAM_FRAMES, repeats: int = 2, seed: int = 0, progress: bool = False) -> dict:
+    """Whole streams of every ``{name: runner}`` x batch x layout (:data:`LAYOUTS`), interleaved, no untimed run first.
 
     Returns:
         ``{"rows": [...], "meta"}``; a row per condition: ``row``, ``batch``, ``layout``, the decoder's fields, the
@@ -588,7 +588,7 @@ def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), 
     conds = {(name, b, layout): _stream_condition(setup, r, codecs[b], batch=b, layout=layout, text=text,
                                                   frames=frames, seed=seed)
              for name, r in runners.items() for b in batches for layout in LAYOUTS}
-    t = interleaved(conds, repeats=repeats, warmup=warmup, seed=seed, progress=progress,
+    t = interleaved(conds, repeats=repeats, warmup=0, seed=seed, progress=progress,
                     desc=f"streams {setup.model} {setup.precision}", random_weights=setup.oracle is not None)
     rows = []
     for (name, b, layout), runs in t.out.items():

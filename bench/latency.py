@@ -27,9 +27,6 @@ from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.device.precision import PRECISIONS, apply_precision, cpu_features, native_precisions, precision_of
 
-#: Query sizes of the latency table (powers of two up to 64: trees of 32-64 nodes are the interesting trade-off on
-#: fast devices).
-DEFAULT_QUERY_SIZES = QUERY_SIZES
 #: KV positions before the timed talker step.
 TALKER_CONTEXT = 64
 #: Tokens-per-call values tabulated by default; 2.47 is the paper's reported value.
@@ -83,7 +80,7 @@ def _sweep_rows(t, qs: Sequence[int], key=lambda q: q) -> list[dict]:
     return [{"n_queries": q, **r} for q, r in zip(qs, _rows(t, [key(q) for q in qs], base_key=key(1)))]
 
 
-def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
+def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] = QUERY_SIZES,
                 talker_context: int = TALKER_CONTEXT, backend: str = "official", native: bool = False,
                 warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
                 noise_target: float | None = None, floor: bool = False) -> dict:

@@ -39,14 +39,13 @@ from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.device.precision import (ACTIVATION_DTYPE, apply_precision, check_precision, cpu_features,
                                           native_precisions)
 from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
-from bench import PIPELINE_BATCHES as BATCHES, PIPELINE_CHUNK_FRAMES as CHUNK_FRAMES, PIPELINE_MODELS, \
-    PIPELINE_FRAMES as STREAM_FRAMES, TABLE_BACKENDS as DEFAULT_BACKENDS, TABLE_MODELS as DEFAULT_MODELS  # defaults
+import bench  # the defaults the parser shows: bench.TABLE_MODELS, bench.PIPELINE_FRAMES, ...
 from bench.floor import call_weight_bytes, codec_floor_ms, floor_ms, peak_gflops, talker_step_bytes
 from bench.frames import fastest, format_rows
 from bench.latency import native_step
 
 #: Backends the table knows: the CPU ones of the registry that time whole frames.
-TABLE_BACKENDS = ("eager", "native", "compile", "onnx")
+TIMED_BACKENDS = ("eager", "native", "compile", "onnx")
 #: Backends that time every decoder (they build in seconds); the others time AR and the full backends' picks.
 FULL_BACKENDS = ("eager", "native")
 #: Chain windows and calibrated-tree node budgets timed for the speculative rows.
@@ -112,7 +111,7 @@ def table_decoders(lm, chains: Sequence[int], budgets: Sequence[int], *, n_conte
 
 def check_table_args(models: Sequence[str], precisions: Sequence[str], backends: Sequence[str] = ("native",), *,
                      chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
-                     chunk_frames: int | None = None, frames: int = STREAM_FRAMES, batches: Sequence[int] = (1,)) -> None:
+                     chunk_frames: int | None = None, frames: int = bench.PIPELINE_FRAMES, batches: Sequence[int] = (1,)) -> None:
     """Every check of the table or (``chunk_frames`` given) the pipeline that needs no model: known, present backends,
     each once (the pipeline's: the native forward); precisions the CPU runs natively (the table: float32 among them);
     the decoders' names; model names; the pipeline's chunk within its frame cap, and its batches.
@@ -122,8 +121,8 @@ def check_table_args(models: Sequence[str], precisions: Sequence[str], backends:
     """
     pipeline = chunk_frames is not None
     for b in backends:
-        if b not in TABLE_BACKENDS:
-            raise ValueError(f"--backends {b!r}: the table times {', '.join(TABLE_BACKENDS)} (cuda: "
+        if b not in TIMED_BACKENDS:
+            raise ValueError(f"--backends {b!r}: the table times {', '.join(TIMED_BACKENDS)} (cuda: "
                              "rvqspec bench frames --device cuda; coreml: notebook 06 on a Mac)")
         ok, why = available(b)
         if not ok:
@@ -220,8 +219,8 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
     return rows, res, picks
 
 
-def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[str] | None = None,
-                backends: Sequence[str] = DEFAULT_BACKENDS, repeats: int = 5, warmup: int = 1,
+def bench_table(*, models: Sequence[str] = bench.TABLE_MODELS, precisions: Sequence[str] | None = None,
+                backends: Sequence[str] = bench.TABLE_BACKENDS, repeats: int = 5, warmup: int = 1,
                 chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
                 auto: bool = True, auto_frames: int = 4, acceptance=None, n_contexts: int = 8, seed: int = 0, progress: bool = True,
                 noise_target: float | None = None) -> dict:
@@ -230,7 +229,7 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     Args:
         models: model names; a random-weight one is timed as a replay of ``acceptance`` (default
             :func:`rvqspec_lib.eval.replay.default_acceptance`).
-        precisions: default the CPU's native ones. backends: some of :data:`TABLE_BACKENDS`, each once.
+        precisions: default the CPU's native ones. backends: some of :data:`TIMED_BACKENDS`, each once.
         repeats, warmup, noise_target: :func:`rvqspec_lib.eval.speed.time_frames`'s, per (model, precision, backend).
             chains, budgets: the speculative decoders (``auto`` chooses among the same budgets). auto, auto_frames:
             time auto's choice.
@@ -406,8 +405,9 @@ class Setup:
         return PlaceholderCodes(frame_runner("native", cp, nd, verify=self.verify, acceptance=self.oracle))
 
 
-def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = CHUNK_FRAMES, seed: int = 0,
-                n_contexts: int = 8, chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
+def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = bench.PIPELINE_CHUNK_FRAMES,
+                seed: int = 0, n_contexts: int = 8, chains: Sequence[int] = DEFAULT_CHAINS,
+                budgets: Sequence[int] = DEFAULT_BUDGETS,
                 codecs: dict | None = None, max_context: int = 512, codec_config: str = "released") -> Setup:
     """Load and convert ``model`` in ``precision`` and build what :func:`time_parts` and :func:`time_streams` run.
 
@@ -577,7 +577,7 @@ def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, t
 
 
 def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), text: str = TEXT,
-                 frames: int = STREAM_FRAMES, repeats: int = 2, seed: int = 0, progress: bool = False) -> dict:
+                 frames: int = bench.PIPELINE_FRAMES, repeats: int = 2, seed: int = 0, progress: bool = False) -> dict:
     """Whole streams of every ``{name: runner}`` x batch x layout (:data:`LAYOUTS`), interleaved, no untimed run first.
 
     Returns:
@@ -619,8 +619,9 @@ def sustained(rows: Sequence[dict]) -> list[dict]:
     return list(out.values())
 
 
-def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Sequence[str] | None = None,
-                   chunk_frames: int = CHUNK_FRAMES, frames: int = STREAM_FRAMES, batches: Sequence[int] = BATCHES,
+def pipeline_table(*, models: Sequence[str] = bench.PIPELINE_MODELS, precisions: Sequence[str] | None = None,
+                   chunk_frames: int = bench.PIPELINE_CHUNK_FRAMES, frames: int = bench.PIPELINE_FRAMES,
+                   batches: Sequence[int] = bench.PIPELINE_BATCHES,
                    repeats: int = 5, warmup: int = 1, stream_repeats: int = 2, chains: Sequence[int] = DEFAULT_CHAINS,
                    budgets: Sequence[int] = DEFAULT_BUDGETS, auto_frames: int = 4,
                    acceptance=None, n_contexts: int = 8, text: str = TEXT, seed: int = 0,

@@ -143,7 +143,7 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
         pair["derived"] = derived_from_bench(pair, frame_rate_hz=lm.frame_rate_hz, n_code_groups=lm.n_code_groups)
         result[NATIVE] = pair
     if floor:
-        wb = call_weight_bytes(cp, n_queries=1)
+        wb = call_weight_bytes(cp)
         result.update(bandwidth=bandwidth, weight_bytes=wb, floor_ms=floor_ms(wb["bytes"], bandwidth["gb_per_s"]))
     return result
 
@@ -248,7 +248,7 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
                          progress=progress, desc="precisions", random_weights=lm.is_random)
     out = []
     for p in precisions:
-        wb = call_weight_bytes(cps[p], n_queries=1)
+        wb = call_weight_bytes(cps[p])
         fl = floor_ms(wb["bytes"], bandwidth["gb_per_s"])
         for b in backends:
             rows = _sweep_rows(t, qs, lambda q, p=p, b=b: (p, b, q))
@@ -367,7 +367,7 @@ def inner_share_from_bytes(lm, *, talker_context: int = TALKER_CONTEXT) -> dict:
         "inner_share"}``.
     """
     talker = talker_step_bytes(lm.talker, context=talker_context)
-    cp = call_weight_bytes(lm.code_predictor, n_queries=1)["bytes"]
+    cp = call_weight_bytes(lm.code_predictor)["bytes"]
     n_inner = lm.n_code_groups - 1
     return {"talker_step_bytes": talker["bytes"], "talker_kv_bytes": talker["kv_bytes"],
             "code_predictor_call_bytes": cp, "inner_calls_per_frame": n_inner,

@@ -263,7 +263,7 @@ def bench_table(*, models: Sequence[str] = bench.TABLE_MODELS, precisions: Seque
             contexts, cal, named = table_decoders(lm, chains, budgets, n_contexts=n_contexts, seed=seed)
             for prec in precisions:
                 cp = apply_precision(copy.deepcopy(base), prec, require_native=False)
-                floor_bytes = (int(base.config.num_code_groups) - 1) * call_weight_bytes(cp, n_queries=1)["bytes"]
+                floor_bytes = (int(base.config.num_code_groups) - 1) * call_weight_bytes(cp)["bytes"]
                 picks = None
                 for bname in backends:
                     head = {"model": model, "weights": acceptance.text if replay else "trained", "precision": prec,

@@ -67,7 +67,7 @@ def test_the_floor_uses_the_faster_of_two_bandwidths(embedded_table):
     bw = embedded_table["meta"]["bandwidth"]
     assert bw["gb_per_s"] == max(bw["gb_per_s_before"], bw["gb_per_s_after"])
     cp = load_model("embedded").code_predictor
-    want = floor_ms(15 * call_weight_bytes(cp, n_queries=1)["bytes"], bw["gb_per_s"])
+    want = floor_ms(15 * call_weight_bytes(cp)["bytes"], bw["gb_per_s"])
     for r in embedded_table["rows"]:
         assert r["floor_ar_ms"] == pytest.approx(want)
         if r["ms_per_frame"]:

@@ -23,27 +23,23 @@ JOBS = {
     "pipeline": "the whole frame streamed: talker, inner loop and codec decoder against their floors, time to first "
                 "audio, RTF, underruns on one thread and on all cores, concurrent streams (docs/streaming.md)",
 }
-def _ints(s: str) -> list[int] | None:
-    try:
-        return [int(v) for v in s.replace(" ", "").split(",") if v]
-    except ValueError:
-        return None
+def _positive_list(what: str, most: int | None = None, not_whole: str | None = None):
+    """An argparse type: comma-separated whole numbers >= 1 (at most ``most``), else the one line ``what`` (or
+    ``not_whole`` for text that is no number)."""
+    def parse(s: str) -> list[int]:
+        try:
+            vals = [int(v) for v in s.replace(" ", "").split(",") if v]
+        except ValueError:
+            raise argparse.ArgumentTypeError(not_whole or what) from None
+        if not vals or min(vals) < 1 or (most and max(vals) > most):
+            raise argparse.ArgumentTypeError(what)
+        return vals
+    return parse
 
 
-def _int_list(s: str) -> list[int]:
-    vals = _ints(s)
-    if vals is None:
-        raise argparse.ArgumentTypeError("give query positions as comma-separated whole numbers, e.g. 1,2,4,8")
-    if not vals or min(vals) < 1 or max(vals) > MAX_QUERIES:
-        raise argparse.ArgumentTypeError(f"query positions are >= 1: give e.g. 1,2,4,8 (at most {MAX_QUERIES})")
-    return vals
-
-
-def _batch_list(s: str) -> list[int]:
-    vals = _ints(s)
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError("streams run together are whole numbers >= 1: give e.g. 1,2,4")
-    return vals
+_int_list = _positive_list(f"query positions are >= 1: give e.g. 1,2,4,8 (at most {MAX_QUERIES})", MAX_QUERIES,
+                           "give query positions as comma-separated whole numbers, e.g. 1,2,4,8")
+_batch_list = _positive_list("streams run together are whole numbers >= 1: give e.g. 1,2,4")
 
 
 def _common(p: argparse.ArgumentParser, *, repeats: int, warmup: int, model: bool = True) -> None:
@@ -63,6 +59,14 @@ def _common(p: argparse.ArgumentParser, *, repeats: int, warmup: int, model: boo
                    help="seed of the random weights, inputs and frames")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_threads_arg(p)
+
+
+def _replay_and_out(p: argparse.ArgumentParser, stem: str, files: str) -> None:
+    """The table's and the pipeline's ``--acceptance`` and ``--table-out``."""
+    p.add_argument("--acceptance", default=None, metavar="FILE",
+                   help="the acceptance the random-weight models replay (default the embedded model's calibration)")
+    p.add_argument("--table-out", default=stem, metavar="STEM",
+                   help=f"output stem: {files} (+ provenance; default {stem})")
 
 
 def _flags_of_other_jobs(parsers: dict[str, argparse.ArgumentParser]) -> None:
@@ -152,10 +156,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--backends", default=",".join(TABLE_BACKENDS),
                    help=f"comma-separated backends of eager, native, compile, onnx (default {','.join(TABLE_BACKENDS)};"
                         " compile adds minutes per call shape on a small CPU)")
-    p.add_argument("--acceptance", default=None, metavar="FILE",
-                   help="the acceptance the random-weight models replay (default the embedded model's calibration)")
-    p.add_argument("--table-out", default="build/bench_table", metavar="STEM",
-                   help="output stem: STEM.csv, STEM.md, STEM.json (+ provenance; default build/bench_table)")
+    _replay_and_out(p, "build/bench_table", "STEM.csv, STEM.md, STEM.json")
 
     p = parsers["pipeline"] = sub.add_parser("pipeline", help=JOBS["pipeline"], description=JOBS["pipeline"])
     _common(p, repeats=TABLE_REPEATS, warmup=1, model=False)
@@ -175,11 +176,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         f"{','.join(map(str, PIPELINE_BATCHES))})")
     p.add_argument("--stream-repeats", type=int, default=2, help="runs of each measured stream (default 2)")
     p.add_argument("--no-streams", action="store_true", help="the parts only: no measured streams, no concurrency")
-    p.add_argument("--acceptance", default=None, metavar="FILE",
-                   help="the acceptance the random-weight models replay (default the embedded model's calibration)")
-    p.add_argument("--table-out", default="build/pipeline", metavar="STEM",
-                   help="output stem: STEM.csv, .md, .json, STEM_streams.*, STEM_concurrency.* (+ provenance; "
-                        "default build/pipeline)")
+    _replay_and_out(p, "build/pipeline", "STEM.csv, .md, .json, STEM_streams.*, STEM_concurrency.*")
 
     _flags_of_other_jobs(parsers)
 

@@ -37,24 +37,18 @@ def _count(parts: dict, rows: tuple = ()) -> dict:
     return {"bytes": sum(sizes.values()), "elements": int(elements), "by_dtype": by_dtype, "parts": sizes}
 
 
-def call_weight_bytes(code_predictor, *, n_queries: int = 1) -> dict:
-    """Bytes of weights one code-predictor call with ``n_queries`` query positions reads, at their stored size: the
-    layers, the final norm, the projection, ONE head and the embedding rows looked up. Any precision; the ``meta``
-    device works.
+def call_weight_bytes(code_predictor) -> dict:
+    """Bytes of weights one code-predictor call of one query position reads (the floor's call, t(1)), at their stored
+    size: the layers, the final norm, the projection, ONE head and the embedding row looked up. Any precision; the
+    ``meta`` device works.
 
     Returns:
         ``{"bytes", "elements" (int8 scales included), "by_dtype": {dtype: bytes}, "parts": {"layers", "norm",
         "projection", "head", "embedding_rows"}}``.
-
-    Raises:
-        ValueError: ``n_queries < 1``.
     """
-    if n_queries < 1:
-        raise ValueError(f"n_queries must be >= 1, got {n_queries}")
     m = code_predictor.model
     return _count({"layers": m.layers, "norm": m.norm, "projection": code_predictor.small_to_mtp_projection,
-                   "head": code_predictor.lm_head[0]},
-                  rows=(("embedding_rows", m.codec_embedding[0].weight, n_queries),))
+                   "head": code_predictor.lm_head[0]}, rows=(("embedding_rows", m.codec_embedding[0].weight, 1),))
 
 
 def talker_step_bytes(talker, *, context: int = 0, kv_element_bytes: int | None = None) -> dict:

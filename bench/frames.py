@@ -22,8 +22,8 @@ BATCH_SIZES = (1, 4, 16)
 # Batches
 # ----------------------------------------------------------------------------------------------------------------
 def batch_throughput(runners: Sequence, contexts: torch.Tensor, *, batch_sizes: Sequence[int] = BATCH_SIZES,
-                     repeats: int = 5, warmup: int = 1, seed: int = 0, random_weights: bool | None = None,
-                     progress: bool = True, noise_target: float | None = None, max_repeats: int | None = None) -> dict:
+                     repeats: int = 5, warmup: int = 1, seed: int = 0, progress: bool = True,
+                     noise_target: float | None = None) -> dict:
     """Frames per second of batched decoding: one call of a runner over B frames, every (runner, B) interleaved.
 
     Args:
@@ -52,9 +52,8 @@ def batch_throughput(runners: Sequence, contexts: torch.Tensor, *, batch_sizes: 
         return run
 
     conds = {(i, b): condition(r, b) for i, r in enumerate(runners) for b in bs}
-    t = interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, max_repeats=max_repeats,
-                    seed=seed, sync=device_sync(dev), progress=progress, desc="batches", module=cp,
-                    random_weights=random_weights)
+    t = interleaved(conds, repeats=repeats, warmup=warmup, noise_target=noise_target, seed=seed,
+                    sync=device_sync(dev), progress=progress, desc="batches", module=cp)
     rows = []
     for (i, b) in conds:
         s = t.summary((i, b))

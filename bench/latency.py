@@ -1,7 +1,8 @@
 """Latency of the two loops of Qwen3-TTS, the one grid of timed calls: the talker step and the code-predictor call of
 ``Q`` positions in one interleaved run, the call per precision and backend and the talker step per precision and
-forward against their weight-streaming floors, and the call budget from the config and from measured tokens per call (notebook 01; ``rvqspec bench latency``, ``bench precisions``). Why the verify cost
-curve matters: docs/model.md#two-nested-loops; the floors: docs/precision.md#the-floor. Timing depends on the
+forward against their weight-streaming floors (one text: :func:`format_floor_table`), and the call budget from the
+config and from measured tokens per call (notebook 01; ``rvqspec bench latency``, ``bench precisions``). Why the verify
+cost curve matters: docs/model.md#two-nested-loops; the floors: docs/precision.md#the-floor. Timing depends on the
 architecture, not the weights (``random_weights`` is printed beside every number)."""
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.device.precision import PRECISIONS, apply_precision, cpu_features, native_precisions, precision_of
 
-#: Query sizes of the latency table (powers of two up to 64: trees of 32-64 nodes are the interesting trade-off on
-#: fast devices).
-DEFAULT_QUERY_SIZES = QUERY_SIZES
 #: KV positions before the timed talker step.
 TALKER_CONTEXT = 64
 #: Tokens-per-call values tabulated by default; 2.47 is the paper's reported value.
@@ -83,7 +81,7 @@ def _sweep_rows(t, qs: Sequence[int], key=lambda q: q) -> list[dict]:
     return [{"n_queries": q, **r} for q, r in zip(qs, _rows(t, [key(q) for q in qs], base_key=key(1)))]
 
 
-def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] = DEFAULT_QUERY_SIZES,
+def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] = QUERY_SIZES,
                 talker_context: int = TALKER_CONTEXT, backend: str = "official", native: bool = False,
                 warmup: int = 3, repeats: int = 20, seed: int = 0, progress: bool = True,
                 noise_target: float | None = None, floor: bool = False) -> dict:
@@ -146,7 +144,7 @@ def bench_model(lm, *, prefix_len: int = PREFIX_LEN, query_sizes: Iterable[int] 
         pair["derived"] = derived_from_bench(pair, frame_rate_hz=lm.frame_rate_hz, n_code_groups=lm.n_code_groups)
         result[NATIVE] = pair
     if floor:
-        wb = call_weight_bytes(cp, n_queries=1)
+        wb = call_weight_bytes(cp)
         result.update(bandwidth=bandwidth, weight_bytes=wb, floor_ms=floor_ms(wb["bytes"], bandwidth["gb_per_s"]))
     return result
 
@@ -251,7 +249,7 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
                          progress=progress, desc="precisions", random_weights=lm.is_random)
     out = []
     for p in precisions:
-        wb = call_weight_bytes(cps[p], n_queries=1)
+        wb = call_weight_bytes(cps[p])
         fl = floor_ms(wb["bytes"], bandwidth["gb_per_s"])
         for b in backends:
             rows = _sweep_rows(t, qs, lambda q, p=p, b=b: (p, b, q))
@@ -264,21 +262,29 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
             "backends": backends, "precisions": out}
 
 
-def format_precision_table(result: dict) -> str:
-    """A :func:`bench_precisions` result as text: the CPU, then :func:`precision_rows` (the call and its floor)."""
-    return _floor_text("precisions of the code-predictor call", result["model"]["name"], result,
-                       f"{noise_words(result)}, prefix {result['prefix_len']}", result["precision_flags"],
-                       "floor = weight bytes of one call / read bandwidth", precision_rows(result))
-
-
-def _floor_text(title: str, model: str, result: dict, timing_words: str, flags: dict, floor_words: str,
-                rows: list[dict], columns: Sequence[str] | None = None) -> str:
-    """THE text of a table against the floor: ``title``, the model, threads and timing; the CPU and bandwidth
-    (:func:`~rvqspec_lib.eval.timing.machine_lines`); the rows."""
+def format_floor_table(result: dict) -> str:
+    """THE text of a table against the floor, of a :func:`bench_precisions` or :func:`bench_talker_precisions` result
+    (``rvqspec bench precisions``): the title, model, threads and timing; the CPU and bandwidth
+    (:func:`~rvqspec_lib.eval.timing.machine_lines`); the rows (the call's :func:`precision_rows`; per talker step the
+    MB read and both floors)."""
+    cols = None
+    if "forwards" in result:  # the talker's
+        title, model, timing, flags = ("talker step (1 new position + codec_head)", result["model"],
+                                       f"repeats {result['repeats']}", result["cpu_flags"])
+        floor_words = ("floor = weight bytes / bandwidth; floor_kv adds the KV cache the step attends; cpu_over: the "
+                       "thread's CPU time over the same floors at the CPU-time bandwidth")
+        rows = [{**r, "weights_mb": r["weight_bytes"] / 1e6, "kv_mb": r["kv_bytes"] / 1e6} for r in result["rows"]]
+        cols = ("precision", "context", "forward", "median_ms", "p10_ms", "p90_ms", "cpu_ms", "weights_mb", "kv_mb",
+                "floor_ms", "over_floor", "floor_kv_ms", "over_floor_kv", "cpu_over_floor", "cpu_over_floor_kv")
+    else:
+        title, model = "precisions of the code-predictor call", result["model"]["name"]
+        flags = result["precision_flags"]
+        timing = f"{noise_words(result)}, prefix {result['prefix_len']}"
+        floor_words, rows = "floor = weight bytes of one call / read bandwidth", precision_rows(result)
     return "\n".join([
         f"{title}: model {model}{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads "
-        f"{result['threads']} | interleaved, warmup {result['warmup']}, {timing_words}" + load_words(result),
-        *machine_lines(result, flags, floor_words), format_rows(rows, columns)])
+        f"{result['threads']} | interleaved, warmup {result['warmup']}, {timing}" + load_words(result),
+        *machine_lines(result, flags, floor_words), format_rows(rows, cols)])
 
 
 def precision_rows(result: dict) -> list[dict]:
@@ -338,16 +344,16 @@ def budget_table(frame_rate_hz: float, n_code_groups: int,
     return rows
 
 
-def model_row(result: dict, *, q_ratio: int = 16) -> dict:
+def model_row(result: dict) -> dict:
     """One flat row of a :func:`bench_model` result to set models side by side: geometry, call budget, per pair the
-    talker step, the Q = 1 call, the AR frame, RTF, inner share and ``t(q)/t(1)`` (the native pair's prefixed
-    ``native_``).
+    talker step, the Q = 1 call, the AR frame, RTF, inner share and ``t(q)/t(1)`` at the largest timed q <= 16 (the
+    native pair's prefixed ``native_``).
 
     Raises:
         KeyError: ``result`` is not a :func:`bench_model` result.
     """
     m = result["model"]
-    q = max((r["n_queries"] for r in result["code_predictor"] if r["n_queries"] <= q_ratio), default=None)
+    q = max((r["n_queries"] for r in result["code_predictor"] if r["n_queries"] <= 16), default=None)
 
     def pair(p: dict | None) -> dict:
         ratio = p and next((r["ratio_to_1"] for r in p["code_predictor"] if r["n_queries"] == q), None)
@@ -370,7 +376,7 @@ def inner_share_from_bytes(lm, *, talker_context: int = TALKER_CONTEXT) -> dict:
         "inner_share"}``.
     """
     talker = talker_step_bytes(lm.talker, context=talker_context)
-    cp = call_weight_bytes(lm.code_predictor, n_queries=1)["bytes"]
+    cp = call_weight_bytes(lm.code_predictor)["bytes"]
     n_inner = lm.n_code_groups - 1
     return {"talker_step_bytes": talker["bytes"], "talker_kv_bytes": talker["kv_bytes"],
             "code_predictor_call_bytes": cp, "inner_calls_per_frame": n_inner,
@@ -629,15 +635,3 @@ def scan_cost(nt, *, context: int = 64, capacity: int = 2048, warmup: int = 3, r
             "saved_ms": st["whole"]["median_ms"] - st["prefix"]["median_ms"],
             "prefix_cpu_ms": st["prefix"]["cpu_ms"], "whole_cache_cpu_ms": st["whole"]["cpu_ms"],
             "saved_cpu_ms": st["whole"]["cpu_ms"] - st["prefix"]["cpu_ms"]}
-
-
-def format_talker_table(result: dict) -> str:
-    """A :func:`bench_talker_precisions` result as text: the CPU, then per row the step, MB read and both floors."""
-    cols = ("precision", "context", "forward", "median_ms", "p10_ms", "p90_ms", "cpu_ms", "weights_mb", "kv_mb",
-            "floor_ms", "over_floor", "floor_kv_ms", "over_floor_kv", "cpu_over_floor", "cpu_over_floor_kv")
-    return _floor_text("talker step (1 new position + codec_head)", result["model"], result,
-                       f"repeats {result['repeats']}", result["cpu_flags"], "floor = weight bytes / bandwidth; "
-                       "floor_kv adds the KV cache the step attends; cpu_over: the thread's CPU time over the same "
-                       "floors at the CPU-time bandwidth", [{**r, "weights_mb": r["weight_bytes"] / 1e6,
-                                                             "kv_mb": r["kv_bytes"] / 1e6} for r in result["rows"]],
-                       cols)

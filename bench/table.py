@@ -39,14 +39,13 @@ from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.device.precision import (ACTIVATION_DTYPE, apply_precision, check_precision, cpu_features,
                                           native_precisions)
 from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
-from bench import PIPELINE_BATCHES as BATCHES, PIPELINE_CHUNK_FRAMES as CHUNK_FRAMES, PIPELINE_MODELS, \
-    PIPELINE_FRAMES as STREAM_FRAMES, TABLE_BACKENDS as DEFAULT_BACKENDS, TABLE_MODELS as DEFAULT_MODELS  # defaults
+import bench  # the defaults the parser shows: bench.TABLE_MODELS, bench.PIPELINE_FRAMES, ...
 from bench.floor import call_weight_bytes, codec_floor_ms, floor_ms, peak_gflops, talker_step_bytes
 from bench.frames import fastest, format_rows
 from bench.latency import native_step
 
 #: Backends the table knows: the CPU ones of the registry that time whole frames.
-TABLE_BACKENDS = ("eager", "native", "compile", "onnx")
+TIMED_BACKENDS = ("eager", "native", "compile", "onnx")
 #: Backends that time every decoder (they build in seconds); the others time AR and the full backends' picks.
 FULL_BACKENDS = ("eager", "native")
 #: Chain windows and calibrated-tree node budgets timed for the speculative rows.
@@ -83,16 +82,12 @@ CODEC_WARMUP_FRAMES = 80
 #: The two ways a stream runs: in turn on one thread, or overlapped over all cores.
 LAYOUTS = ("1 thread", "all cores")
 #: Published end-to-end figures of public ports (QUOTED, not measured here): their own rows and columns.
-PUBLIC_PIPELINES = (
-    {"source": "C port of Qwen3-TTS (quoted)", "device": "AMD EPYC 9555P", "model": "0.6B", "precision": "",
-     "quoted_rtf": "0.95", "quoted_ttfa_ms": ""},
-    {"source": "C port of Qwen3-TTS (quoted)", "device": "Apple M1", "model": "0.6B", "precision": "int8 / int4",
-     "quoted_rtf": "0.52-0.69", "quoted_ttfa_ms": "460 (streaming)"},
-    {"source": "faster-qwen3-tts (quoted)", "device": "RTX 4090", "model": "", "precision": "",
-     "quoted_rtf": "", "quoted_ttfa_ms": "156"},
-    {"source": "faster-qwen3-tts (quoted)", "device": "Jetson Orin", "model": "", "precision": "",
-     "quoted_rtf": "", "quoted_ttfa_ms": "597"},
-)
+PUBLIC_PIPELINES = tuple(dict(zip(("source", "device", "model", "precision", "quoted_rtf", "quoted_ttfa_ms"), q))
+                         for q in (
+    ("C port of Qwen3-TTS (quoted)", "AMD EPYC 9555P", "0.6B", "", "0.95", ""),
+    ("C port of Qwen3-TTS (quoted)", "Apple M1", "0.6B", "int8 / int4", "0.52-0.69", "460 (streaming)"),
+    ("faster-qwen3-tts (quoted)", "RTX 4090", "", "", "", "156"),
+    ("faster-qwen3-tts (quoted)", "Jetson Orin", "", "", "", "597")))
 #: The parts of a frame the pipeline times.
 PARTS = ("talker", "inner", "codec")
 
@@ -116,7 +111,7 @@ def table_decoders(lm, chains: Sequence[int], budgets: Sequence[int], *, n_conte
 
 def check_table_args(models: Sequence[str], precisions: Sequence[str], backends: Sequence[str] = ("native",), *,
                      chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
-                     chunk_frames: int | None = None, frames: int = STREAM_FRAMES, batches: Sequence[int] = (1,)) -> None:
+                     chunk_frames: int | None = None, frames: int = bench.PIPELINE_FRAMES, batches: Sequence[int] = (1,)) -> None:
     """Every check of the table or (``chunk_frames`` given) the pipeline that needs no model: known, present backends,
     each once (the pipeline's: the native forward); precisions the CPU runs natively (the table: float32 among them);
     the decoders' names; model names; the pipeline's chunk within its frame cap, and its batches.
@@ -126,8 +121,8 @@ def check_table_args(models: Sequence[str], precisions: Sequence[str], backends:
     """
     pipeline = chunk_frames is not None
     for b in backends:
-        if b not in TABLE_BACKENDS:
-            raise ValueError(f"--backends {b!r}: the table times {', '.join(TABLE_BACKENDS)} (cuda: "
+        if b not in TIMED_BACKENDS:
+            raise ValueError(f"--backends {b!r}: the table times {', '.join(TIMED_BACKENDS)} (cuda: "
                              "rvqspec bench frames --device cuda; coreml: notebook 06 on a Mac)")
         ok, why = available(b)
         if not ok:
@@ -148,9 +143,10 @@ def check_table_args(models: Sequence[str], precisions: Sequence[str], backends:
         raise ValueError(f"--batches are streams run together, each >= 1: give e.g. 1,2,4, got {list(batches)}")
 
 
-def _auto(cp, calibration: dict, contexts, backends: dict, *, oracle, frames: int, budgets: Sequence[int], seed: int):
-    """``auto``'s pick timed on the spot (:func:`~rvqspec_lib.eval.budget.choose_decoder`, a shortlist of three):
-    ``(choice, note)``."""
+def choose_auto(cp, calibration: dict, contexts, backends: dict, *, oracle, frames: int, budgets: Sequence[int],
+                seed: int):
+    """``auto``'s pick timed on the spot (:func:`~rvqspec_lib.eval.budget.choose_decoder`, a shortlist of three) for
+    the table and the pipeline: ``(choice, note)``."""
     c = choose_decoder(cp, calibration, contexts, backends=backends, frames=frames, repeats=1, cost_repeats=3,
                        shortlist=3, seed=seed, budgets=budgets, acceptance=oracle)
     return c, f"auto chose {c.label}{', fused' if c.fused else ''}"
@@ -183,8 +179,8 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
     auto_note, auto_key = "absent: auto not timed", None
     if auto:
         if full:
-            choice, auto_note = _auto(cp, calibration, contexts, {bname: verify}, oracle=oracle,
-                                      frames=opts["auto_frames"], budgets=opts["auto_budgets"], seed=opts["seed"])
+            choice, auto_note = choose_auto(cp, calibration, contexts, {bname: verify}, oracle=oracle,
+                                      frames=opts["auto_frames"], budgets=opts["budgets"], seed=opts["seed"])
             pick = (choice.named, choice.fused)
         else:
             pick, auto_note = picks["auto"], f"{picks['auto_note']} (on {picks['backend']})"
@@ -223,20 +219,20 @@ def _backend_rows(bname: str, cp, named: dict, contexts, calibration: dict, *, h
     return rows, res, picks
 
 
-def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[str] | None = None,
-                backends: Sequence[str] = DEFAULT_BACKENDS, repeats: int = 5, warmup: int = 1,
+def bench_table(*, models: Sequence[str] = bench.TABLE_MODELS, precisions: Sequence[str] | None = None,
+                backends: Sequence[str] = bench.TABLE_BACKENDS, repeats: int = 5, warmup: int = 1,
                 chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
-                auto: bool = True, auto_frames: int = 4, auto_budgets: Sequence[int] = DEFAULT_BUDGETS,
-                acceptance=None, n_contexts: int = 8, seed: int = 0, progress: bool = True,
+                auto: bool = True, auto_frames: int = 4, acceptance=None, n_contexts: int = 8, seed: int = 0, progress: bool = True,
                 noise_target: float | None = None) -> dict:
     """Measure the table (docs/precision.md#the-table).
 
     Args:
         models: model names; a random-weight one is timed as a replay of ``acceptance`` (default
             :func:`rvqspec_lib.eval.replay.default_acceptance`).
-        precisions: default the CPU's native ones. backends: some of :data:`TABLE_BACKENDS`, each once.
+        precisions: default the CPU's native ones. backends: some of :data:`TIMED_BACKENDS`, each once.
         repeats, warmup, noise_target: :func:`rvqspec_lib.eval.speed.time_frames`'s, per (model, precision, backend).
-            chains, budgets: the speculative decoders. auto, auto_frames, auto_budgets: time auto's choice.
+            chains, budgets: the speculative decoders (``auto`` chooses among the same budgets). auto, auto_frames:
+            time auto's choice.
             n_contexts: contexts decoded in turn (the evaluation split; random ones for random weights). seed:
             contexts, generators, the replay's oracle.
 
@@ -256,7 +252,7 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
     check_table_args(models, precisions, backends, chains=chains, budgets=budgets)
     noise.repeat_cap(noise_target, repeats, None)  # bad settings fail before any model loads
     acceptance = acceptance or default_acceptance()
-    opts = {"auto_frames": auto_frames, "auto_budgets": auto_budgets, "seed": seed, "repeats": repeats,
+    opts = {"auto_frames": auto_frames, "budgets": budgets, "seed": seed, "repeats": repeats,
             "warmup": warmup, "progress": progress, "noise_target": noise_target}
     rows, crowded, build, noise_runs = [], [], {}, []
 
@@ -267,7 +263,7 @@ def bench_table(*, models: Sequence[str] = DEFAULT_MODELS, precisions: Sequence[
             contexts, cal, named = table_decoders(lm, chains, budgets, n_contexts=n_contexts, seed=seed)
             for prec in precisions:
                 cp = apply_precision(copy.deepcopy(base), prec, require_native=False)
-                floor_bytes = (int(base.config.num_code_groups) - 1) * call_weight_bytes(cp, n_queries=1)["bytes"]
+                floor_bytes = (int(base.config.num_code_groups) - 1) * call_weight_bytes(cp)["bytes"]
                 picks = None
                 for bname in backends:
                     head = {"model": model, "weights": acceptance.text if replay else "trained", "precision": prec,
@@ -409,8 +405,9 @@ class Setup:
         return PlaceholderCodes(frame_runner("native", cp, nd, verify=self.verify, acceptance=self.oracle))
 
 
-def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = CHUNK_FRAMES, seed: int = 0,
-                n_contexts: int = 8, chains: Sequence[int] = DEFAULT_CHAINS, budgets: Sequence[int] = DEFAULT_BUDGETS,
+def build_setup(model: str, precision: str, *, acceptance, chunk_frames: int = bench.PIPELINE_CHUNK_FRAMES,
+                seed: int = 0, n_contexts: int = 8, chains: Sequence[int] = DEFAULT_CHAINS,
+                budgets: Sequence[int] = DEFAULT_BUDGETS,
                 codecs: dict | None = None, max_context: int = 512, codec_config: str = "released") -> Setup:
     """Load and convert ``model`` in ``precision`` and build what :func:`time_parts` and :func:`time_streams` run.
 
@@ -502,15 +499,6 @@ def time_parts(setup: Setup, runners: dict, *, repeats: int = 5, warmup: int = 1
     return out
 
 
-def choose_auto(setup: Setup, *, frames: int = 4, budgets: Sequence[int] = DEFAULT_BUDGETS, seed: int = 0):
-    """``auto``'s pick for this setup (:func:`_auto`): ``(label, fused, runner, note)``; it joins
-    :attr:`Setup.named`."""
-    choice, note = _auto(setup.lm.code_predictor, setup.calibration, setup.contexts, {"native": setup.verify},
-                         oracle=setup.oracle, frames=frames, budgets=budgets, seed=seed)
-    setup.named.setdefault(choice.label, choice.named)
-    return choice.label, bool(choice.fused), setup.runner(choice.label, bool(choice.fused)), note
-
-
 def _parts_row(setup: Setup, parts: dict, name: str, key: tuple, runner, note: str, codec_floor_ms) -> dict:
     """One pipeline row before :func:`_finish`: the parts of runner ``key`` = ``(label, fused)``."""
     inner, fields = parts[("inner", *key)], runner_fields(runner)
@@ -589,9 +577,8 @@ def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, t
 
 
 def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), text: str = TEXT,
-                 frames: int = STREAM_FRAMES, repeats: int = 2, warmup: int = 0, seed: int = 0,
-                 progress: bool = False) -> dict:
-    """Whole streams of every ``{name: runner}`` x batch x layout (:data:`LAYOUTS`), interleaved.
+                 frames: int = bench.PIPELINE_FRAMES, repeats: int = 2, seed: int = 0, progress: bool = False) -> dict:
+    """Whole streams of every ``{name: runner}`` x batch x layout (:data:`LAYOUTS`), interleaved, no untimed run first.
 
     Returns:
         ``{"rows": [...], "meta"}``; a row per condition: ``row``, ``batch``, ``layout``, the decoder's fields, the
@@ -601,7 +588,7 @@ def time_streams(setup: Setup, runners: dict, *, batches: Sequence[int] = (1,), 
     conds = {(name, b, layout): _stream_condition(setup, r, codecs[b], batch=b, layout=layout, text=text,
                                                   frames=frames, seed=seed)
              for name, r in runners.items() for b in batches for layout in LAYOUTS}
-    t = interleaved(conds, repeats=repeats, warmup=warmup, seed=seed, progress=progress,
+    t = interleaved(conds, repeats=repeats, warmup=0, seed=seed, progress=progress,
                     desc=f"streams {setup.model} {setup.precision}", random_weights=setup.oracle is not None)
     rows = []
     for (name, b, layout), runs in t.out.items():
@@ -632,10 +619,11 @@ def sustained(rows: Sequence[dict]) -> list[dict]:
     return list(out.values())
 
 
-def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Sequence[str] | None = None,
-                   chunk_frames: int = CHUNK_FRAMES, frames: int = STREAM_FRAMES, batches: Sequence[int] = BATCHES,
+def pipeline_table(*, models: Sequence[str] = bench.PIPELINE_MODELS, precisions: Sequence[str] | None = None,
+                   chunk_frames: int = bench.PIPELINE_CHUNK_FRAMES, frames: int = bench.PIPELINE_FRAMES,
+                   batches: Sequence[int] = bench.PIPELINE_BATCHES,
                    repeats: int = 5, warmup: int = 1, stream_repeats: int = 2, chains: Sequence[int] = DEFAULT_CHAINS,
-                   budgets: Sequence[int] = DEFAULT_BUDGETS, auto: bool = True, auto_frames: int = 4,
+                   budgets: Sequence[int] = DEFAULT_BUDGETS, auto_frames: int = 4,
                    acceptance=None, n_contexts: int = 8, text: str = TEXT, seed: int = 0,
                    noise_target: float | None = None, streams: bool = True, concurrency: bool | Sequence[str] = True,
                    codec_config: str = "released", progress: bool = False) -> dict:
@@ -646,7 +634,7 @@ def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Seque
             :func:`rvqspec_lib.eval.replay.default_acceptance`). precisions: default the CPU's native ones.
         chunk_frames, frames, batches: frames per codec chunk, a stream's frame cap, streams batched.
         repeats, warmup, noise_target: the parts' timing. stream_repeats: runs of each stream.
-        chains, budgets, auto, auto_frames: the speculative candidates and ``auto``'s pick. streams, concurrency:
+        chains, budgets, auto_frames: the speculative candidates and ``auto``'s pick. streams, concurrency:
             measure them (``concurrency`` may name models). codec_config: as :func:`build_setup`.
             n_contexts: inner-loop contexts. text: what the streams speak.
 
@@ -678,10 +666,13 @@ def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Seque
                                         n_contexts=n_contexts, chains=chains, budgets=budgets, codecs=codecs,
                                         max_context=max(512, frames + 256), codec_config=codec_config)
                     runners = candidates(setup)
-                with phase("auto"):
-                    auto_pick = choose_auto(setup, frames=auto_frames, budgets=budgets, seed=seed) if auto else None
-                if auto_pick and (auto_pick[0], auto_pick[1]) not in runners:
-                    runners[(auto_pick[0], auto_pick[1])] = auto_pick[2]
+                with phase("auto"):  # the pick joins the setup's decoders
+                    choice, note = choose_auto(setup.lm.code_predictor, setup.calibration, setup.contexts,
+                                               {"native": setup.verify}, oracle=setup.oracle, frames=auto_frames,
+                                               budgets=budgets, seed=seed)
+                    setup.named.setdefault(choice.label, choice.named)
+                    auto_key = (choice.label, bool(choice.fused))
+                    runners.setdefault(auto_key, setup.runner(*auto_key))
                 with phase("parts"):
                     parts = time_parts(setup, runners, repeats=repeats, warmup=warmup, seed=seed,
                                        noise_target=noise_target, progress=progress)
@@ -699,15 +690,15 @@ def pipeline_table(*, models: Sequence[str] = PIPELINE_MODELS, precisions: Seque
                 picks = {"AR": (("ar", True), "the native AR frame (one C call)"),
                          "best speculative": (fastest, f"fastest of {len(spec)} speculative decoders timed"
                                               + ("; stepped, acceptance replayed" if setup.oracle else "")),
-                         "auto": ((auto_pick[0], auto_pick[1]), auto_pick[3]) if auto_pick else None}
+                         "auto": (auto_key, note)}
                 mine = [_parts_row(setup, parts, name, picks[name][0], runners[picks[name][0]], picks[name][1], codec_floor)
-                        for name in PIPELINE_ROWS if picks[name]]
+                        for name in PIPELINE_ROWS]
                 rows.extend(mine)
                 frame = min(r["talker_cpu_ms"] + r["inner_cpu_ms"] + r["codec_cpu_ms"] for r in mine)  # robust to load
                 if streams and (best is None or frame < best[0]):
                     keys = {}  # one stream per runner: auto's pick is often the best speculative one
                     for n in PIPELINE_ROWS:
-                        if picks[n] and picks[n][0] not in keys:
+                        if picks[n][0] not in keys:
                             keys[picks[n][0]] = n
                     best = (frame, setup, {n: runners[k] for k, n in keys.items()})
                 del setup, runners

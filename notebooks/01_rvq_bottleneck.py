@@ -106,7 +106,7 @@ run_repeats = min(int(repeats), 2) if smoke else int(repeats)
 run_noise_target = None if smoke else noise_target  # smoke: the fixed small count (fast)
 run_warmup = min(int(warmup), 1) if smoke else int(warmup)
 timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)
-query_sizes = (1, 2, 4, 8, 16) if smoke else latency.DEFAULT_QUERY_SIZES
+query_sizes = (1, 2, 4, 8, 16) if smoke else latency.QUERY_SIZES
 if threads:
     torch.set_num_threads(int(threads))
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/

@@ -16,7 +16,7 @@ from bench import jobs as bench_jobs
 from rvqspec_lib.cli.main import main as cli_main
 from rvqspec_lib.common.provenance import provenance, save_figure, save_json, save_table
 from bench import latency
-from rvqspec_lib.eval import timing
+from rvqspec_lib.eval import speed, timing
 from rvqspec_lib.models import backends
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,7 +135,7 @@ def test_the_talker_step_is_cropped_back_after_every_call(tiny):
 
 
 def test_the_parser_copies_agree_with_the_library():
-    assert cli_bench.QUERY_SIZES == latency.DEFAULT_QUERY_SIZES
+    assert cli_bench.QUERY_SIZES == speed.QUERY_SIZES
     assert cli_bench.BACKENDS == backends.BACKENDS
 
 

@@ -67,7 +67,7 @@ def test_the_floor_uses_the_faster_of_two_bandwidths(embedded_table):
     bw = embedded_table["meta"]["bandwidth"]
     assert bw["gb_per_s"] == max(bw["gb_per_s_before"], bw["gb_per_s_after"])
     cp = load_model("embedded").code_predictor
-    want = floor_ms(15 * call_weight_bytes(cp, n_queries=1)["bytes"], bw["gb_per_s"])
+    want = floor_ms(15 * call_weight_bytes(cp)["bytes"], bw["gb_per_s"])
     for r in embedded_table["rows"]:
         assert r["floor_ar_ms"] == pytest.approx(want)
         if r["ms_per_frame"]:
@@ -93,7 +93,7 @@ def test_native_backend_times_every_decoder_and_auto_may_choose_a_fused_frame():
 
     if not cpforward.available():
         pytest.fail(f"the native forward must build on the test machines: {cpforward.unavailable_reason()}")
-    res = _table(auto=True, auto_frames=2, auto_budgets=(4,))
+    res = _table(auto=True, auto_frames=2)
     native = {r["row"]: r for r in res["rows"] if r["backend"] == "native"}
     assert native["stepped AR"]["ms_per_frame"] > 0 and native["fused AR"]["ms_per_frame"] > 0
     assert native["fused speculative"]["decoder"] == "chain:4" and native["fused speculative"]["fused"]

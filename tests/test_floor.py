@@ -26,31 +26,28 @@ LINEAR_OUT = QD + 2 * KVD + H + 2 * I + H  # their output channels (one int8 sca
 NORMS = 2 * H + 2 * HD  # input and post-attention RMSNorm, q_norm and k_norm
 
 
-def hand_bytes(prec: str, n_queries: int = 1) -> int:
+def hand_bytes(prec: str) -> int:
     """Bytes one call reads, counted by hand from the config (module docstring of bench.floor)."""
     if prec in ("float32", "bfloat16"):
         e = 4 if prec == "float32" else 2
-        return e * (L * (LINEAR_W + NORMS) + H + (HT * H + H) + H * V + n_queries * HT)
+        return e * (L * (LINEAR_W + NORMS) + H + (HT * H + H) + H * V + HT)
     e = 2 if prec == "int8" else 4  # bytes of everything that is not an int8 weight: bf16 (int8), f32 (int8-dynamic)
     layers = L * (LINEAR_W * 1 + LINEAR_OUT * e + NORMS * e)  # int8 weights, scales, norms
     projection = HT * H + e * H + e * H  # int8 weight, scales, bias
     head = H * V + e * V
-    return layers + e * H + projection + head + e * n_queries * HT
+    return layers + e * H + projection + head + e * HT
 
 
 @pytest.mark.parametrize("prec", PR.PRECISIONS)
-@pytest.mark.parametrize("n_queries", [1, 8])
-def test_call_weight_bytes_equal_the_hand_count(prec, n_queries):
+def test_call_weight_bytes_equal_the_hand_count(prec):
     cp = PR.apply_precision(build_from_config(tiny_config_dict(), seed=0).talker.code_predictor, prec,
                             require_native=False)
-    wb = floor.call_weight_bytes(cp, n_queries=n_queries)
-    assert wb["bytes"] == hand_bytes(prec, n_queries)
+    wb = floor.call_weight_bytes(cp)
+    assert wb["bytes"] == hand_bytes(prec)
     assert sum(wb["parts"].values()) == wb["bytes"] == sum(wb["by_dtype"].values())
-    assert wb["parts"]["embedding_rows"] == n_queries * HT * (2 if prec in ("bfloat16", "int8") else 4)
+    assert wb["parts"]["embedding_rows"] == HT * (2 if prec in ("bfloat16", "int8") else 4)
     if prec.startswith("int8"):
         assert wb["by_dtype"]["int8"] == L * LINEAR_W + HT * H + H * V
-    with pytest.raises(ValueError):
-        floor.call_weight_bytes(cp, n_queries=0)
 
 
 def test_call_weight_bytes_of_the_0_6b_architecture():
@@ -62,7 +59,7 @@ def test_call_weight_bytes_of_the_0_6b_architecture():
                       / "config.json").read_text())
     with torch.device("meta"):  # shapes only, no memory
         cp = build_from_config(cfg, dtype=torch.bfloat16).talker.code_predictor
-    wb = floor.call_weight_bytes(cp, n_queries=1)
+    wb = floor.call_weight_bytes(cp)
     h, i, qd, kvd = 1024, 3072, 16 * 128, 8 * 128
     per_layer = h * qd + 2 * h * kvd + qd * h + 3 * h * i + 2 * h + 2 * 128
     assert wb["elements"] == 5 * per_layer + h + h * 2048 + h
@@ -112,7 +109,7 @@ def test_bench_precisions_rows_and_ratios_with_a_fake_clock(monkeypatch):
     assert r["random_weights"] is True and r["repeats"] == 3 and r["backends"] == ["official"]
     assert PR.precision_of(lm.code_predictor) == "float32"  # the model itself is not converted
     json.dumps(r)
-    text = latency.format_precision_table(r)
+    text = latency.format_floor_table(r)
     lines = text.splitlines()
     assert "RANDOM weights: timing only" in lines[0] and "threads" in lines[0]
     assert lines[1].startswith("CPU ") and "native precisions: float32" in lines[1] and "bf16 flags" in lines[1]
@@ -144,7 +141,7 @@ def test_bench_precisions_times_the_native_forward_beside_the_official(monkeypat
     assert [(p["precision"], p["backend"]) for p in r["precisions"]] == [
         ("float32", "official"), ("float32", "native"), ("int8-dynamic", "official"), ("int8-dynamic", "native")]
     assert r["precisions"][0]["floor_ms"] == r["precisions"][1]["floor_ms"]
-    lines = latency.format_precision_table(r).splitlines()
+    lines = latency.format_floor_table(r).splitlines()
     assert [[c.strip() for c in ln.strip("|").split("|")][:2] for ln in lines[5:]] == [
         ["float32", "official"], ["float32", "native"], ["int8-dynamic", "official"], ["int8-dynamic", "native"]]
     with pytest.raises(ValueError, match="backends of official, eager"):

@@ -79,8 +79,8 @@ def test_calls_at_tokens_per_call_of_named_decoders():
 
 
 def test_model_row_flattens_both_pairs(tiny):
-    r = latency.bench_model(tiny, query_sizes=(1, 2, 4), warmup=0, repeats=1, progress=False)
-    row = latency.model_row(r, q_ratio=2)
+    r = latency.bench_model(tiny, query_sizes=(1, 2, 32), warmup=0, repeats=1, progress=False)
+    row = latency.model_row(r)  # t(q)/t(1) at the largest q <= 16 timed: 2
     assert row["model"] == "tiny-random" and row["random_weights"] is True and row["calls_per_s_realtime"] == 200.0
     assert row["t_inner_ms"] == r["derived"]["t_inner_ms"] and row["t(2)/t(1)"] == r["code_predictor"][1]["ratio_to_1"]
     assert row["native_t_inner_ms"] is None and row["native_t(2)/t(1)"] is None  # the native pair was not timed

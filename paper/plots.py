@@ -70,7 +70,7 @@ def decoder_family(fields) -> str:
     family = str(drafter).split("-", 1)[0] if drafter else None  # offsets-tv, a trained variant: the offsets' colour
     if fields.get("decoder") == "ar-seed2":
         return "null-control"
-    if kind in ("paper",) or family == "offsets":
+    if kind == "paper" or family == "offsets":
         return "paper"
     if family == "medusa":
         return "medusa"
@@ -252,11 +252,9 @@ def plot_tree(ax, paths, *, title: str = "", sampled: bool = False, color: str |
         ax.plot([x0, x1], [y0, y1], color="0.6", lw=0.8, zorder=1)
     for p, (x, y) in pos.items():
         label = "root" if not p else (f"#{p[-1]}" if sampled else str(p[-1]))
-        if color is None:
-            face, alpha = ("C3" if not p else ("C0" if p[-1] == 0 else "C1")), 1.0
-        else:
-            face, alpha = ("0.25", 1.0) if not p else (color, 1.0 if p[-1] == 0 else 0.45)
-        ax.scatter([x], [y], s=60 if p else 90, color=face, alpha=alpha, zorder=2)
+        first = not p or p[-1] == 0
+        face = ("C3" if not p else "C0" if first else "C1") if color is None else (color if p else "0.25")
+        ax.scatter([x], [y], s=60 if p else 90, color=face, alpha=1.0 if color is None or first else 0.45, zorder=2)
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6)
     _dress(ax, title, "draft offset")
     depths = sorted({len(p) for p in paths} | {0})
@@ -379,26 +377,21 @@ RULE_COLORS = {"p": "C0", "q": "C1", "residual": "C2", "accepted": "C4", "lossy"
 _KEPT, _REJECTED, _UNTRIED, _DRAWN = "#cdebd0", "#f6cfd2", "#eeeeee", "#d6e6f5"
 
 
-def _box(ax, x: float, y: float, text: str, face: str, *, fontsize: float = 8.0) -> None:
-    ax.text(x, y, text, ha="left", va="center", fontsize=fontsize, family="monospace",
+def _box(ax, x: float, y: float, text: str, face: str) -> None:
+    ax.text(x, y, text, ha="left", va="center", fontsize=8.0, family="monospace",
             bbox={"boxstyle": "round,pad=0.35", "facecolor": face, "edgecolor": "0.55", "linewidth": 0.6})
 
 
 def plot_round(axes, trace: dict, *, title: str = "") -> None:
     """One speculative round of a :func:`paper.toy_round.trace_round` ``trace`` on four ``axes``: draft,
     verify, accept walk, commit (green kept, red rejected, grey untried, blue the code drawn after the walk)."""
-    nodes, steps, committed = trace["nodes"], trace["steps"], trace["committed"]
-    sampled = trace["sampled"]
+    nodes, steps, committed, sampled = trace["nodes"], trace["steps"], trace["committed"], trace["sampled"]
     tries = [s for s in steps if "accepted" in s]
     kept = {s["node"] for s in tries if s["accepted"]}
     rejected = {s["node"] for s in tries if not s["accepted"]}
     n_rows = max(len(nodes), len(steps), len(committed)) + 1
-
-    def y(i: int) -> float:
-        return n_rows - 1 - i
-
-    heads = ["1. draft", "2. verify (one call)", "3. accept walk", "4. commit"]
-    for ax, head in zip(axes, heads):
+    y = (lambda i: n_rows - 1 - i)  # noqa: E731
+    for ax, head in zip(axes, ["1. draft", "2. verify (one call)", "3. accept walk", "4. commit"]):
         ax.set_xlim(0, 1)
         ax.set_ylim(-0.7, n_rows - 0.3)
         ax.set_axis_off()
@@ -488,10 +481,8 @@ def plot_ancestor_mask(ax, tree, *, title: str = "") -> None:
     anc = np.asarray(tree.ancestors, dtype=bool)
     m1 = anc.shape[0]
     ax.imshow(anc, cmap="Blues", vmin=0, vmax=1.3, interpolation="nearest")
-    for i in range(m1):
-        for j in range(m1):
-            ax.text(j, i, "1" if anc[i, j] else "0", ha="center", va="center", fontsize=8,
-                    color="w" if anc[i, j] else "0.6")
+    for i, j in np.ndindex(m1, m1):
+        ax.text(j, i, str(int(anc[i, j])), ha="center", va="center", fontsize=8, color="w" if anc[i, j] else "0.6")
     ax.set_xticks(range(m1), [str(t) for t in range(m1)])
     ax.set_yticks(range(m1), [str(t) for t in range(m1)])
     _dress(ax, title, "node whose slot may be attended to (column)", "query node being verified (row)")
@@ -524,14 +515,12 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
     ax.plot([], [], "o", color="grey", label="point-mass tree or chain")
     ax.plot([], [], "o", color="grey", mfc="white", label="sampled tree")
     _dress(ax, measured_title, ylabel="speedup over AR (same backend)", size=8)
-    ax = axes[1]
     for b, rs in _by(projected, lambda r: r["backend"], lambda r: r["nodes"]).items():
-        ax.plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], "s--", color=colors[b], label=b)
-    ax.set_title(projected_title, fontsize=8)
-    ax = axes[2]
+        axes[1].plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], "s--", color=colors[b], label=b)
+    axes[1].set_title(projected_title, fontsize=8)
     for i, p in enumerate(PAPER_DEVICE_SPEEDUPS):
-        ax.plot([p["nodes"]], [p["speedup"]], marker="*^vD"[i % 4], color="k", ls="none", ms=9, label=p["device"])
-    ax.set_title("the paper's devices (QUOTED; Core ML, point-mass trees)", fontsize=8)
+        axes[2].plot([p["nodes"]], [p["speedup"]], marker="*^vD"[i % 4], color="k", ls="none", ms=9, label=p["device"])
+    axes[2].set_title("the paper's devices (QUOTED; Core ML, point-mass trees)", fontsize=8)
     for ax in axes:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
@@ -617,14 +606,12 @@ def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: st
               (axes[1][1], sp_t.T, "sampled: P(child i accepted | parent reached), pooled", "child index i"))
     im = None
     for ax, a, name, ylab in panels:
+        first = 1 if ylab == "start depth s" else 0
         im = ax.imshow(np.ma.masked_invalid(a), cmap="viridis", norm=norm, origin="lower", aspect="auto",
-                       interpolation="nearest",
-                       extent=(0.5, a.shape[1] + 0.5, (0.5 if ylab == "start depth s" else -0.5),
-                               a.shape[0] + (0.5 if ylab == "start depth s" else -0.5)))
+                       interpolation="nearest", extent=(0.5, a.shape[1] + 0.5, first - 0.5, a.shape[0] + first - 0.5))
         ax.set_facecolor("white")
         _dress(ax, f"{name}\nmean {np.nanmean(a):.3f}, max {np.nanmax(a):.3f}",
                "draft offset t (depth drafted = s + t)", ylab)
-        first = 1 if ylab == "start depth s" else 0
         ax.set_yticks(range(first, first + a.shape[0]), [str(v) for v in range(first, first + a.shape[0])],
                       fontsize=7)
         ax.set_xticks(range(1, a.shape[1] + 1), [str(v) for v in range(1, a.shape[1] + 1)], fontsize=7)
@@ -670,10 +657,8 @@ def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = ""):
     for (sampled, chain, drafter), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")):
         ax = panels[sampled]
         color = decoder_color(rs[0])
-        if rs[0]["kind"] == "paper":
-            who = "the paper's decoder (offsets)"
-        else:
-            who = "offsets drafter" if drafter == "offsets" else "reused heads"
+        who = ("the paper's decoder (offsets)" if rs[0]["kind"] == "paper" else
+               "offsets drafter" if drafter == "offsets" else "reused heads")
         what = "chain, " if chain else ""
         xs = [r["nodes"] for r in rs]
         ax.plot(xs, [r["measured_tokens_per_call"] for r in rs], "^:" if chain else "o-", color=color, ms=4,

@@ -62,10 +62,8 @@ BACKEND_STYLES = {"official": ":", "eager": "--", "compile": "-.", "onnx": (0, (
 def decoder_family(fields) -> str:
     """The key of :data:`DECODER_COLORS` a decoder belongs to (fields or label, parsed by
     :func:`~rvqspec_lib.decoding.decoder_names.parse_decoder_name`, never a regex)."""
-    if isinstance(fields, str):
-        if fields == "ar-seed2":
-            return "null-control"
-        fields = parse_decoder_name(fields).fields()
+    if isinstance(fields, str):  # ar-seed2: the null control's row, not a decoder name
+        fields = {"decoder": fields} if fields == "ar-seed2" else parse_decoder_name(fields).fields()
     kind, drafter = fields.get("kind"), fields.get("drafter")
     family = str(drafter).split("-", 1)[0] if drafter else None  # offsets-tv, a trained variant: the offsets' colour
     if fields.get("decoder") == "ar-seed2":

@@ -43,17 +43,9 @@ def conditions(codec, n_codebooks: Sequence[int], *, table_codec=None) -> list[d
 
 
 def _resynthesise(codec, wav: np.ndarray, n_codebooks: Sequence[int], *, table: bool) -> dict[str, dict]:
-    """One utterance resynthesised by an ``RVQCodec`` from its first k codebooks for each k of ``n_codebooks`` and,
-    unless ``table`` (the table decoder beside a neural one), the input itself and the inversion of its features
-    without codes (the ceiling of any k).
-
-    Returns:
-        ``{label (:func:`condition_label`): {"audio", "feature_lsd_db", "audio_lsd_db"}}``: ``audio`` float32 of the
-        input's length, ``feature_lsd_db`` vs the unquantised features, ``audio_lsd_db`` the output audio's features
-        vs the input's.
-    Raises:
-        ValueError: a k outside ``[1, n_codebooks]``, or bad audio (the codec's messages).
-    """
+    """One utterance's rows of :func:`sweep_codebooks` (``{label: {"audio", "feature_lsd_db", "audio_lsd_db"}}``):
+    the codec's first k codebooks for each k and, unless ``table`` (the table decoder beside a neural one), the input
+    itself and the inversion of its unquantised features (the ceiling of any k)."""
     x = _check_wav(wav, SAMPLE_RATE, codec.sample_rate)
     feats = codec.features(x, codec.sample_rate)
     codes = codec.quantize(feats)

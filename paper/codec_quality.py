@@ -109,8 +109,7 @@ def codec_quality(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], n_code
         lab, s = c["label"], scores[c["label"]]
         rows.append({**c, "bits_per_s": codec.frame_rate_hz * c["k"] * bits if c["k"] else None,
                      "wer": s["wer"], "wer_without_outliers": s["wer_without_outliers"], "outliers": s["outliers"],
-                     "errors": s["errors"], "ref_words": s["ref_words"],
-                     "cer": cer(list(refs), s["hypotheses"]).rate,
+                     "errors": s["errors"], "ref_words": s["ref_words"], "cer": cer(list(refs), s["hypotheses"]).rate,
                      "feature_lsd_db": float(np.mean(sweep["feature_lsd_db"][lab])),
                      "audio_lsd_db": float(np.mean(sweep["audio_lsd_db"][lab])), "n": len(refs)})
     return {"asr": asr.name, "rows": rows, "sweep": sweep,

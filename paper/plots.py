@@ -24,8 +24,7 @@ PAPER_DEVICE_SPEEDUPS = (
     {"device": "M3 Pro (paper, Core ML)", "nodes": 32, "speedup": 2.13},
     {"device": "iPhone 17 Pro Max (paper, Core ML)", "nodes": 32, "speedup": 2.34},
     {"device": "iPhone 12 (paper, Core ML)", "nodes": 16, "speedup": 1.82},
-    {"device": "iPhone 12 (paper, Core ML)", "nodes": 64, "speedup": 1.21},
-)
+    {"device": "iPhone 12 (paper, Core ML)", "nodes": 64, "speedup": 1.21})
 
 
 #: THE colour of each decoder family in every figure (:func:`decoder_family`: the ``kind``, trees split by their
@@ -329,8 +328,7 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", color: str | None 
     plot_tree(ax0, paths, title=f"draft tree: {len(paths)} nodes + root (N = {len(paths) + 1})", color=color)
     ax1.imshow(allow[:, :used], cmap="Blues", vmin=0, vmax=1.4, aspect="auto", interpolation="nearest")
     ax1.axvline(write[0] - 0.5, color="C3", lw=1.0)
-    ax1.set_xticks(range(used), [("c" if j < write[0] else "n") + str(j) for j in range(used)], fontsize=5,
-                   rotation=90)
+    ax1.set_xticks(range(used), [("c" if j < write[0] else "n") + str(j) for j in range(used)], fontsize=5, rotation=90)
     ax1.set_yticks(range(len(pos)), [f"{'root' if i == 0 else 'node ' + str(i)} (pos {p})"
                                      for i, p in enumerate(pos)], fontsize=5)
     _dress(ax1, "attention mask of the verify call (blue: may attend), as passed to the model",
@@ -363,8 +361,7 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
                              (ax1, "the offsets' gain over the reused heads", "minus the reused heads' acceptance")):
         ax.axvspan(max_offset + 0.5, max(j) + 0.5, color="0.9", zorder=0)
         ax.set_xticks(j)
-        _dress(ax, name, "draft offset t (depth drafted = start depth s + t)", ylabel, grid={},
-               legend=dict(fontsize=7))
+        _dress(ax, name, "draft offset t (depth drafted = start depth s + t)", ylabel, grid={}, legend=dict(fontsize=7))
     return _titled(fig, title, 9)
 
 
@@ -610,8 +607,7 @@ def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: st
         ax.set_facecolor("white")
         _dress(ax, f"{name}\nmean {np.nanmean(a):.3f}, max {np.nanmax(a):.3f}",
                "draft offset t (depth drafted = s + t)", ylab)
-        ax.set_yticks(range(first, first + a.shape[0]), [str(v) for v in range(first, first + a.shape[0])],
-                      fontsize=7)
+        ax.set_yticks(range(first, first + a.shape[0]), [str(v) for v in range(first, first + a.shape[0])], fontsize=7)
         ax.set_xticks(range(1, a.shape[1] + 1), [str(v) for v in range(1, a.shape[1] + 1)], fontsize=7)
     fig.colorbar(im, ax=axes, shrink=0.8, label="probability (one scale for all four panels)")
     return _titled(fig, title)
@@ -625,8 +621,7 @@ def plot_calibrated_trees(calibration: dict, budgets: Sequence[int], *, title: s
         ValueError: a budget the calibration does not hold.
     """
     budgets = [int(b) for b in budgets]
-    fig, axes = plt.subplots(2, len(budgets), figsize=(3.0 * len(budgets), 6.0), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(2, len(budgets), figsize=(3.0 * len(budgets), 6.0), squeeze=False, constrained_layout=True)
     for row, kind in enumerate(("point-mass", "sampled")):
         for col, b in enumerate(budgets):
             tree = tree_from_calibration(calibration, kind, b)
@@ -882,8 +877,7 @@ def plot_bench_table(result: dict, *, title: str = ""):
     """
     rows = result["rows"]
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(len(models), 1, figsize=(11.0, 3.6 * len(models)), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(len(models), 1, figsize=(11.0, 3.6 * len(models)), squeeze=False, constrained_layout=True)
     names = list(_TABLE_BARS)
     for ax, m in zip(axes[:, 0], models):
         mine = [r for r in rows if r["model"] == m]

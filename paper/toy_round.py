@@ -302,8 +302,7 @@ def trace_walk(p: torch.Tensor, node_codes: torch.Tensor, children: torch.Tensor
             p_x = float(resid[0, x] / resid.sum())
             ok = u < ratio
             steps.append({"parent": cur, "node": c, "code": int(x), "p_x": p_x,
-                          "q_x": 1.0 if q_x is None else float(q_x), "ratio": min(ratio, 1.0), "u": u,
-                          "accepted": ok})
+                          "q_x": 1.0 if q_x is None else float(q_x), "ratio": min(ratio, 1.0), "u": u, "accepted": ok})
             if ok:
                 cur, resid, moved = c, p[:, c], True
                 break
@@ -341,8 +340,7 @@ def trace_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled:
     n_acc, last = int(walk.n_accepted[0]), steps[-1]["draw"]
     committed = [{"depth": j + 1, "code": int(codes[0, j]), "how": "accepted draft" if j < n_acc else last}
                  for j in range(int(n[0]))]
-    return {"nodes": nodes, "steps": steps, "committed": committed, "sampled": bool(sampled),
-            "n_committed": int(n[0])}
+    return {"nodes": nodes, "steps": steps, "committed": committed, "sampled": bool(sampled), "n_committed": int(n[0])}
 
 
 def node_frequencies(walk: verify.WalkResult, n_nodes: int) -> torch.Tensor:

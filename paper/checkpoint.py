@@ -63,10 +63,7 @@ def _locked(folder: Path):
     """One notebook at a time prepares a folder (``make paper`` runs notebooks side by side)."""
     with open(folder / ".notebooks.lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        yield  # closing the file, on success or error, releases the lock
 
 
 def speak_evaluation(lm, folder: Path, *, n_texts: int, max_frames: int, seed: int = 0) -> int:

@@ -43,17 +43,9 @@ def conditions(codec, n_codebooks: Sequence[int], *, table_codec=None) -> list[d
 
 
 def _resynthesise(codec, wav: np.ndarray, n_codebooks: Sequence[int], *, table: bool) -> dict[str, dict]:
-    """One utterance resynthesised by an ``RVQCodec`` from its first k codebooks for each k of ``n_codebooks`` and,
-    unless ``table`` (the table decoder beside a neural one), the input itself and the inversion of its features
-    without codes (the ceiling of any k).
-
-    Returns:
-        ``{label (:func:`condition_label`): {"audio", "feature_lsd_db", "audio_lsd_db"}}``: ``audio`` float32 of the
-        input's length, ``feature_lsd_db`` vs the unquantised features, ``audio_lsd_db`` the output audio's features
-        vs the input's.
-    Raises:
-        ValueError: a k outside ``[1, n_codebooks]``, or bad audio (the codec's messages).
-    """
+    """One utterance's rows of :func:`sweep_codebooks` (``{label: {"audio", "feature_lsd_db", "audio_lsd_db"}}``):
+    the codec's first k codebooks for each k and, unless ``table`` (the table decoder beside a neural one), the input
+    itself and the inversion of its unquantised features (the ceiling of any k)."""
     x = _check_wav(wav, SAMPLE_RATE, codec.sample_rate)
     feats = codec.features(x, codec.sample_rate)
     codes = codec.quantize(feats)
@@ -117,8 +109,7 @@ def codec_quality(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], n_code
         lab, s = c["label"], scores[c["label"]]
         rows.append({**c, "bits_per_s": codec.frame_rate_hz * c["k"] * bits if c["k"] else None,
                      "wer": s["wer"], "wer_without_outliers": s["wer_without_outliers"], "outliers": s["outliers"],
-                     "errors": s["errors"], "ref_words": s["ref_words"],
-                     "cer": cer(list(refs), s["hypotheses"]).rate,
+                     "errors": s["errors"], "ref_words": s["ref_words"], "cer": cer(list(refs), s["hypotheses"]).rate,
                      "feature_lsd_db": float(np.mean(sweep["feature_lsd_db"][lab])),
                      "audio_lsd_db": float(np.mean(sweep["audio_lsd_db"][lab])), "n": len(refs)})
     return {"asr": asr.name, "rows": rows, "sweep": sweep,

@@ -34,14 +34,11 @@ PAPER_SOURCE = "paper Table 2 (§3.3): Qwen3-TTS-0.6B, sparse point-mass tree of
 #: The released 0.6B configuration: parameter counts of each drafter at the paper's size.
 RELEASED_06B_CONFIG = CONFIG_DIR / "Qwen3-TTS-12Hz-0.6B-CustomVoice" / "config.json"
 #: What each drafter label stands for (Table 2's rows (i)-(iii), and the losses tried beside the paper's).
-DRAFTER_DESCRIPTIONS = {
-    "heads": "reused LM heads (i)",
-    "medusa": "Medusa heads, cross-entropy (ii)",
-    "medusa-tv": "Medusa heads, total variation (1 - acceptance)",
-    "offsets-ce": "position-aware offsets, cross-entropy (iii, the paper's loss)",
-    "offsets-kl": "position-aware offsets, KL to the warped verifier",
-    "offsets-tv": "position-aware offsets, total variation (1 - acceptance)",
-}
+DRAFTER_DESCRIPTIONS = {"heads": "reused LM heads (i)", "medusa": "Medusa heads, cross-entropy (ii)",
+                        "medusa-tv": "Medusa heads, total variation (1 - acceptance)",
+                        "offsets-ce": "position-aware offsets, cross-entropy (iii, the paper's loss)",
+                        "offsets-kl": "position-aware offsets, KL to the warped verifier",
+                        "offsets-tv": "position-aware offsets, total variation (1 - acceptance)"}
 #: The decoders every drafter is measured with: the chain windows 2..8 (sampled drafts) and the small fixed tree of
 #: top-ranked drafts, by their names in the grammar (no drafter qualifier: the drafter is passed beside them).
 EVAL_DECODERS = tuple(f"chain:{w}" for w in CHAIN_WINDOWS) + (f"tree:{format_paths(DEFAULT_TREE)}",)
@@ -138,8 +135,7 @@ def own_tree_rows(code_predictor, drafters: Mapping[str, object], calibrations: 
 def predicted_by_budget(calibrations: Mapping[str, dict]) -> list[dict]:
     """The calibrations' predicted tokens per call E(N) at every calibrated budget, both kinds of tree: one row per
     (drafter, kind, N) with ``drafter``, ``kind`` (``point-mass`` or ``sampled``), ``nodes`` and ``predicted``."""
-    return [{"drafter": lab, "kind": kind, "nodes": int(n),
-             "predicted": cal[kind]["predicted_tokens_per_call"][str(n)]}
+    return [{"drafter": lab, "kind": kind, "nodes": int(n), "predicted": cal[kind]["predicted_tokens_per_call"][str(n)]}
             for lab, cal in calibrations.items() for kind in ("point-mass", "sampled") for n in cal["budgets"]]
 
 
@@ -178,29 +174,18 @@ def table2(results: Mapping[str, dict], own_rows: Sequence[dict], calibrations: 
         n32, cal = own[(label, PAPER_BUDGET)], calibrations[label]
         n_best = best_budget(cal)
         added = int(r["params_added"])
-        rows.append({
-            "drafter": DRAFTER_DESCRIPTIONS.get(label, label),
-            "label": label,
-            "decoder": n32["decoder"],
-            "tree_N32_tokens_per_call": n32["tokens_per_call"],
-            "tree_N32_predicted": n32["predicted"],
-            "sampled_tree_N32_predicted": n32["predicted_sampled"],
-            "best_N": n_best,
-            "tree_bestN_predicted": cal["point-mass"]["predicted_tokens_per_call"][str(n_best)],
-            "chain_best": chains[w_best],
-            "chain_best_window": w_best,
-            "chain4_tokens_per_call": chains.get(MARGIN_CHAIN),
-            "small_tree_tokens_per_call": r["tokens_per_call"].get(small_tree),
-            "added_params": added,
-            "pct_code_predictor": 100 * added / params_code_predictor,
-            "pct_model": 100 * added / params_model,
-            "added_params_at_0.6B": params_added_for_config(drafter_family(label), RELEASED_06B_CONFIG, K=K),
-            "loss": _kept(d, "loss"),
-            "kept_epoch": _kept(d, "best_epoch"),
-            "lr": _kept(d, "lr"),
-            "paper: toks/step (N 32 tree)": PAPER_TOKS_PER_STEP.get(label),
-            "paper: added params": PAPER_PARAMS_ADDED.get(label),
-        })
+        rows.append({"drafter": DRAFTER_DESCRIPTIONS.get(label, label), "label": label, "decoder": n32["decoder"],
+                     "tree_N32_tokens_per_call": n32["tokens_per_call"], "tree_N32_predicted": n32["predicted"],
+                     "sampled_tree_N32_predicted": n32["predicted_sampled"], "best_N": n_best,
+                     "tree_bestN_predicted": cal["point-mass"]["predicted_tokens_per_call"][str(n_best)],
+                     "chain_best": chains[w_best], "chain_best_window": w_best,
+                     "chain4_tokens_per_call": chains.get(MARGIN_CHAIN),
+                     "small_tree_tokens_per_call": r["tokens_per_call"].get(small_tree), "added_params": added,
+                     "pct_code_predictor": 100 * added / params_code_predictor, "pct_model": 100 * added / params_model,
+                     "added_params_at_0.6B": params_added_for_config(drafter_family(label), RELEASED_06B_CONFIG, K=K),
+                     "loss": _kept(d, "loss"), "kept_epoch": _kept(d, "best_epoch"), "lr": _kept(d, "lr"),
+                     "paper: toks/step (N 32 tree)": PAPER_TOKS_PER_STEP.get(label),
+                     "paper: added params": PAPER_PARAMS_ADDED.get(label)})
     return rows
 
 

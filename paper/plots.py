@@ -24,8 +24,7 @@ PAPER_DEVICE_SPEEDUPS = (
     {"device": "M3 Pro (paper, Core ML)", "nodes": 32, "speedup": 2.13},
     {"device": "iPhone 17 Pro Max (paper, Core ML)", "nodes": 32, "speedup": 2.34},
     {"device": "iPhone 12 (paper, Core ML)", "nodes": 16, "speedup": 1.82},
-    {"device": "iPhone 12 (paper, Core ML)", "nodes": 64, "speedup": 1.21},
-)
+    {"device": "iPhone 12 (paper, Core ML)", "nodes": 64, "speedup": 1.21})
 
 
 #: THE colour of each decoder family in every figure (:func:`decoder_family`: the ``kind``, trees split by their
@@ -62,15 +61,13 @@ BACKEND_STYLES = {"official": ":", "eager": "--", "compile": "-.", "onnx": (0, (
 def decoder_family(fields) -> str:
     """The key of :data:`DECODER_COLORS` a decoder belongs to (fields or label, parsed by
     :func:`~rvqspec_lib.decoding.decoder_names.parse_decoder_name`, never a regex)."""
-    if isinstance(fields, str):
-        if fields == "ar-seed2":
-            return "null-control"
-        fields = parse_decoder_name(fields).fields()
+    if isinstance(fields, str):  # ar-seed2: the null control's row, not a decoder name
+        fields = {"decoder": fields} if fields == "ar-seed2" else parse_decoder_name(fields).fields()
     kind, drafter = fields.get("kind"), fields.get("drafter")
     family = str(drafter).split("-", 1)[0] if drafter else None  # offsets-tv, a trained variant: the offsets' colour
     if fields.get("decoder") == "ar-seed2":
         return "null-control"
-    if kind in ("paper",) or family == "offsets":
+    if kind == "paper" or family == "offsets":
         return "paper"
     if family == "medusa":
         return "medusa"
@@ -252,11 +249,9 @@ def plot_tree(ax, paths, *, title: str = "", sampled: bool = False, color: str |
         ax.plot([x0, x1], [y0, y1], color="0.6", lw=0.8, zorder=1)
     for p, (x, y) in pos.items():
         label = "root" if not p else (f"#{p[-1]}" if sampled else str(p[-1]))
-        if color is None:
-            face, alpha = ("C3" if not p else ("C0" if p[-1] == 0 else "C1")), 1.0
-        else:
-            face, alpha = ("0.25", 1.0) if not p else (color, 1.0 if p[-1] == 0 else 0.45)
-        ax.scatter([x], [y], s=60 if p else 90, color=face, alpha=alpha, zorder=2)
+        first = not p or p[-1] == 0
+        face = ("C3" if not p else "C0" if first else "C1") if color is None else (color if p else "0.25")
+        ax.scatter([x], [y], s=60 if p else 90, color=face, alpha=1.0 if color is None or first else 0.45, zorder=2)
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6)
     _dress(ax, title, "draft offset")
     depths = sorted({len(p) for p in paths} | {0})
@@ -333,8 +328,7 @@ def plot_tree_and_mask(paths, call: dict, *, title: str = "", color: str | None 
     plot_tree(ax0, paths, title=f"draft tree: {len(paths)} nodes + root (N = {len(paths) + 1})", color=color)
     ax1.imshow(allow[:, :used], cmap="Blues", vmin=0, vmax=1.4, aspect="auto", interpolation="nearest")
     ax1.axvline(write[0] - 0.5, color="C3", lw=1.0)
-    ax1.set_xticks(range(used), [("c" if j < write[0] else "n") + str(j) for j in range(used)], fontsize=5,
-                   rotation=90)
+    ax1.set_xticks(range(used), [("c" if j < write[0] else "n") + str(j) for j in range(used)], fontsize=5, rotation=90)
     ax1.set_yticks(range(len(pos)), [f"{'root' if i == 0 else 'node ' + str(i)} (pos {p})"
                                      for i, p in enumerate(pos)], fontsize=5)
     _dress(ax1, "attention mask of the verify call (blue: may attend), as passed to the model",
@@ -367,8 +361,7 @@ def plot_acceptance_by_offset(rows, *, max_offset: int, drafters, title: str = "
                              (ax1, "the offsets' gain over the reused heads", "minus the reused heads' acceptance")):
         ax.axvspan(max_offset + 0.5, max(j) + 0.5, color="0.9", zorder=0)
         ax.set_xticks(j)
-        _dress(ax, name, "draft offset t (depth drafted = start depth s + t)", ylabel, grid={},
-               legend=dict(fontsize=7))
+        _dress(ax, name, "draft offset t (depth drafted = start depth s + t)", ylabel, grid={}, legend=dict(fontsize=7))
     return _titled(fig, title, 9)
 
 
@@ -379,26 +372,21 @@ RULE_COLORS = {"p": "C0", "q": "C1", "residual": "C2", "accepted": "C4", "lossy"
 _KEPT, _REJECTED, _UNTRIED, _DRAWN = "#cdebd0", "#f6cfd2", "#eeeeee", "#d6e6f5"
 
 
-def _box(ax, x: float, y: float, text: str, face: str, *, fontsize: float = 8.0) -> None:
-    ax.text(x, y, text, ha="left", va="center", fontsize=fontsize, family="monospace",
+def _box(ax, x: float, y: float, text: str, face: str) -> None:
+    ax.text(x, y, text, ha="left", va="center", fontsize=8.0, family="monospace",
             bbox={"boxstyle": "round,pad=0.35", "facecolor": face, "edgecolor": "0.55", "linewidth": 0.6})
 
 
 def plot_round(axes, trace: dict, *, title: str = "") -> None:
     """One speculative round of a :func:`paper.toy_round.trace_round` ``trace`` on four ``axes``: draft,
     verify, accept walk, commit (green kept, red rejected, grey untried, blue the code drawn after the walk)."""
-    nodes, steps, committed = trace["nodes"], trace["steps"], trace["committed"]
-    sampled = trace["sampled"]
+    nodes, steps, committed, sampled = trace["nodes"], trace["steps"], trace["committed"], trace["sampled"]
     tries = [s for s in steps if "accepted" in s]
     kept = {s["node"] for s in tries if s["accepted"]}
     rejected = {s["node"] for s in tries if not s["accepted"]}
     n_rows = max(len(nodes), len(steps), len(committed)) + 1
-
-    def y(i: int) -> float:
-        return n_rows - 1 - i
-
-    heads = ["1. draft", "2. verify (one call)", "3. accept walk", "4. commit"]
-    for ax, head in zip(axes, heads):
+    y = (lambda i: n_rows - 1 - i)  # noqa: E731
+    for ax, head in zip(axes, ["1. draft", "2. verify (one call)", "3. accept walk", "4. commit"]):
         ax.set_xlim(0, 1)
         ax.set_ylim(-0.7, n_rows - 0.3)
         ax.set_axis_off()
@@ -488,10 +476,8 @@ def plot_ancestor_mask(ax, tree, *, title: str = "") -> None:
     anc = np.asarray(tree.ancestors, dtype=bool)
     m1 = anc.shape[0]
     ax.imshow(anc, cmap="Blues", vmin=0, vmax=1.3, interpolation="nearest")
-    for i in range(m1):
-        for j in range(m1):
-            ax.text(j, i, "1" if anc[i, j] else "0", ha="center", va="center", fontsize=8,
-                    color="w" if anc[i, j] else "0.6")
+    for i, j in np.ndindex(m1, m1):
+        ax.text(j, i, str(int(anc[i, j])), ha="center", va="center", fontsize=8, color="w" if anc[i, j] else "0.6")
     ax.set_xticks(range(m1), [str(t) for t in range(m1)])
     ax.set_yticks(range(m1), [str(t) for t in range(m1)])
     _dress(ax, title, "node whose slot may be attended to (column)", "query node being verified (row)")
@@ -524,14 +510,12 @@ def plot_speedup_vs_n(measured: Sequence[dict], projected: Sequence[dict] = (), 
     ax.plot([], [], "o", color="grey", label="point-mass tree or chain")
     ax.plot([], [], "o", color="grey", mfc="white", label="sampled tree")
     _dress(ax, measured_title, ylabel="speedup over AR (same backend)", size=8)
-    ax = axes[1]
     for b, rs in _by(projected, lambda r: r["backend"], lambda r: r["nodes"]).items():
-        ax.plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], "s--", color=colors[b], label=b)
-    ax.set_title(projected_title, fontsize=8)
-    ax = axes[2]
+        axes[1].plot([r["nodes"] for r in rs], [r["projected_speedup"] for r in rs], "s--", color=colors[b], label=b)
+    axes[1].set_title(projected_title, fontsize=8)
     for i, p in enumerate(PAPER_DEVICE_SPEEDUPS):
-        ax.plot([p["nodes"]], [p["speedup"]], marker="*^vD"[i % 4], color="k", ls="none", ms=9, label=p["device"])
-    ax.set_title("the paper's devices (QUOTED; Core ML, point-mass trees)", fontsize=8)
+        axes[2].plot([p["nodes"]], [p["speedup"]], marker="*^vD"[i % 4], color="k", ls="none", ms=9, label=p["device"])
+    axes[2].set_title("the paper's devices (QUOTED; Core ML, point-mass trees)", fontsize=8)
     for ax in axes:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
@@ -617,16 +601,13 @@ def plot_acceptance_heatmaps(calibration: dict, *, max_index: int = 8, title: st
               (axes[1][1], sp_t.T, "sampled: P(child i accepted | parent reached), pooled", "child index i"))
     im = None
     for ax, a, name, ylab in panels:
+        first = 1 if ylab == "start depth s" else 0
         im = ax.imshow(np.ma.masked_invalid(a), cmap="viridis", norm=norm, origin="lower", aspect="auto",
-                       interpolation="nearest",
-                       extent=(0.5, a.shape[1] + 0.5, (0.5 if ylab == "start depth s" else -0.5),
-                               a.shape[0] + (0.5 if ylab == "start depth s" else -0.5)))
+                       interpolation="nearest", extent=(0.5, a.shape[1] + 0.5, first - 0.5, a.shape[0] + first - 0.5))
         ax.set_facecolor("white")
         _dress(ax, f"{name}\nmean {np.nanmean(a):.3f}, max {np.nanmax(a):.3f}",
                "draft offset t (depth drafted = s + t)", ylab)
-        first = 1 if ylab == "start depth s" else 0
-        ax.set_yticks(range(first, first + a.shape[0]), [str(v) for v in range(first, first + a.shape[0])],
-                      fontsize=7)
+        ax.set_yticks(range(first, first + a.shape[0]), [str(v) for v in range(first, first + a.shape[0])], fontsize=7)
         ax.set_xticks(range(1, a.shape[1] + 1), [str(v) for v in range(1, a.shape[1] + 1)], fontsize=7)
     fig.colorbar(im, ax=axes, shrink=0.8, label="probability (one scale for all four panels)")
     return _titled(fig, title)
@@ -640,8 +621,7 @@ def plot_calibrated_trees(calibration: dict, budgets: Sequence[int], *, title: s
         ValueError: a budget the calibration does not hold.
     """
     budgets = [int(b) for b in budgets]
-    fig, axes = plt.subplots(2, len(budgets), figsize=(3.0 * len(budgets), 6.0), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(2, len(budgets), figsize=(3.0 * len(budgets), 6.0), squeeze=False, constrained_layout=True)
     for row, kind in enumerate(("point-mass", "sampled")):
         for col, b in enumerate(budgets):
             tree = tree_from_calibration(calibration, kind, b)
@@ -670,10 +650,8 @@ def plot_tokens_per_call_vs_n(rows: Sequence[dict], *, title: str = ""):
     for (sampled, chain, drafter), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")):
         ax = panels[sampled]
         color = decoder_color(rs[0])
-        if rs[0]["kind"] == "paper":
-            who = "the paper's decoder (offsets)"
-        else:
-            who = "offsets drafter" if drafter == "offsets" else "reused heads"
+        who = ("the paper's decoder (offsets)" if rs[0]["kind"] == "paper" else
+               "offsets drafter" if drafter == "offsets" else "reused heads")
         what = "chain, " if chain else ""
         xs = [r["nodes"] for r in rs]
         ax.plot(xs, [r["measured_tokens_per_call"] for r in rs], "^:" if chain else "o-", color=color, ms=4,
@@ -899,8 +877,7 @@ def plot_bench_table(result: dict, *, title: str = ""):
     """
     rows = result["rows"]
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(len(models), 1, figsize=(11.0, 3.6 * len(models)), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(len(models), 1, figsize=(11.0, 3.6 * len(models)), squeeze=False, constrained_layout=True)
     names = list(_TABLE_BARS)
     for ax, m in zip(axes[:, 0], models):
         mine = [r for r in rows if r["model"] == m]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from scipy import stats
@@ -190,6 +190,16 @@ def committed_codes(walk: verify.WalkResult, node_codes: torch.Tensor) -> tuple[
     return out, walk.n_accepted + has.long()
 
 
+def _ratio(resid: torch.Tensor, x: torch.Tensor, q_c: torch.Tensor | None, tolerance: float):
+    """``(acceptance ratio of child code x against resid, uncapped; q_x or None)`` as walk_tree computes them (the
+    LOSSY SSD tolerance added in resid's dtype when drafts are sampled)."""
+    q_x = None if q_c is None else q_c.gather(1, x[:, None]).squeeze(1)
+    ratio = float(verify.acceptance_ratio(resid, x, q_x))
+    if tolerance and q_c is not None:
+        ratio = float(torch.tensor(ratio, dtype=resid.dtype) + tolerance)
+    return ratio, q_x
+
+
 def _validity(tree: DraftTree, depths_left: int | None) -> tuple[int, torch.Tensor, torch.Tensor]:
     left = tree.max_depth + 1 if depths_left is None else int(depths_left)
     if left < 1:
@@ -286,18 +296,13 @@ def trace_walk(p: torch.Tensor, node_codes: torch.Tensor, children: torch.Tensor
                 break
             if not valid[c]:
                 continue
-            x = node_codes[:, c]
-            q_c = q[:, c] if q is not None else None
-            q_x = None if q_c is None else q_c.gather(1, x[:, None]).squeeze(1)
-            ratio = float(verify.acceptance_ratio(resid, x, q_x))
-            if tolerance and q_c is not None:  # LOSSY (SSD), as walk_tree applies it
-                ratio = float(torch.tensor(ratio, dtype=p.dtype) + tolerance)
+            x, q_c = node_codes[:, c], (q[:, c] if q is not None else None)
+            ratio, q_x = _ratio(resid, x, q_c, tolerance)
             u = float(torch.rand(1, generator=replay, device=p.device))
             p_x = float(resid[0, x] / resid.sum())
             ok = u < ratio
             steps.append({"parent": cur, "node": c, "code": int(x), "p_x": p_x,
-                          "q_x": 1.0 if q_x is None else float(q_x), "ratio": min(ratio, 1.0), "u": u,
-                          "accepted": ok})
+                          "q_x": 1.0 if q_x is None else float(q_x), "ratio": min(ratio, 1.0), "u": u, "accepted": ok})
             if ok:
                 cur, resid, moved = c, p[:, c], True
                 break
@@ -327,20 +332,15 @@ def trace_round(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, sampled:
     node_codes, p, q_nodes, valid, has_next = _drafted(target, q, tree, sampled, 1, generator, depths_left)
     walk, steps = trace_walk(p, node_codes, tree.children, valid, has_next, generator, q_nodes)
     codes, n = committed_codes(walk, node_codes)
-    nodes = []
-    for i in range(tree.n_nodes + 1):
-        par = int(tree.parent[i])
-        c = int(node_codes[0, i])
-        nodes.append({"node": i, "parent": par, "offset": int(tree.depth[i]), "rank": int(tree.rank[i]),
-                      "code": c if i else None,
-                      "q_x": float(q_nodes[0, i, c]) if (sampled and i) else None,
-                      "p_x": float(p[0, par, c]) if i else None, "exists": bool(valid[0, i])})
-    n_acc = int(walk.n_accepted[0])
-    last = steps[-1]["draw"]
+    par, c = tree.parent.tolist(), node_codes[0].tolist()
+    nodes = [{"node": i, "parent": par[i], "offset": int(tree.depth[i]), "rank": int(tree.rank[i]),
+              "code": c[i] if i else None, "q_x": float(q_nodes[0, i, c[i]]) if (sampled and i) else None,
+              "p_x": float(p[0, par[i], c[i]]) if i else None, "exists": bool(valid[0, i])}
+             for i in range(tree.n_nodes + 1)]
+    n_acc, last = int(walk.n_accepted[0]), steps[-1]["draw"]
     committed = [{"depth": j + 1, "code": int(codes[0, j]), "how": "accepted draft" if j < n_acc else last}
                  for j in range(int(n[0]))]
-    return {"nodes": nodes, "steps": steps, "committed": committed, "sampled": bool(sampled),
-            "n_committed": int(n[0])}
+    return {"nodes": nodes, "steps": steps, "committed": committed, "sampled": bool(sampled), "n_committed": int(n[0])}
 
 
 def node_frequencies(walk: verify.WalkResult, n_nodes: int) -> torch.Tensor:
@@ -366,7 +366,7 @@ class RoundLaw:
     outcomes: dict
     node_tried: torch.Tensor
     node_accepted: torch.Tensor
-    expected_committed: float = field(default=0.0)
+    expected_committed: float = 0.0
 
     def length_pmf(self, max_len: int) -> torch.Tensor:
         """``(max_len + 1,)`` float64: probability that the call commits 0, 1, .., ``max_len`` codes."""
@@ -434,13 +434,8 @@ def exact_round_law(target: ToyTarget, q: torch.Tensor, tree: DraftTree, *, samp
             if i == len(kids[cur]):
                 return finish(cur, resid, prob, path)
             c = kids[cur][i]
-            x = node_codes[:, c]
-            q_c = None if q_nodes is None else q_nodes[:, c]
-            q_x = None if q_c is None else q_c.gather(1, x[:, None]).squeeze(1)
-            a = float(verify.acceptance_ratio(resid, x, q_x))
-            if tolerance and q_c is not None:  # LOSSY (SSD)
-                a = a + tolerance
-            a = min(a, 1.0)
+            x, q_c = node_codes[:, c], (None if q_nodes is None else q_nodes[:, c])
+            a = min(_ratio(resid, x, q_c, tolerance)[0], 1.0)
             tried[c] += prob
             if a > 0:
                 accepted[c] += prob * a

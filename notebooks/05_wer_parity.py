@@ -519,7 +519,7 @@ pd.DataFrame(table3).pivot(index="decoder", columns="language", values="tokens_p
 transfer = R.transfer_rows(results, PAPER, baseline=PAPER_BASELINE, seed=seed) if PAPER and "en" in results else []
 if transfer:
     save_table(transfer, out / "05_transfer", prov)
-    display(Markdown(R.transfer_answer(transfer).replace("(1 utterances)", "(1 utterance)")))
+    display(Markdown(R.transfer_answer(transfer)))
 else:
     display(Markdown("**The transfer question is not asked here**: it needs the paper's decoder and English."))
 # a language of one utterance has no interval over utterances: shown empty, not as a point (the saved table keeps it)

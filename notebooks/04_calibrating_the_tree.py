@@ -564,8 +564,8 @@ cols = ["decoder", "backend", "fused", "tokens_per_call", "ms_per_frame", "p10_m
 display(Markdown(f"All {len(speed_tab)} timed runners are in `04_speed.csv` beside this notebook's figures; below, "
                  "the 12 fastest frames, which the sentences after the next table discuss."))
 display(speed_tab[cols].sort_values("ms_per_frame").head(12).round(3))
-display(Markdown("`outside_share`: the share of the frame's time spent outside the backend's forward and the heads "
-                 "(the loop around the calls: the accept walk, bookkeeping, Python)."))
+display(Markdown("`outside_share`: the median share of a frame's time spent outside the backend's forward and the "
+                 "heads, embeddings and drafts, i.e. in the loop around the calls (the accept walk, bookkeeping)."))
 pred_of = pvm[pvm.kind.isin(["calibrated", "paper"])].set_index("decoder")
 speed_pred = (speed_tab[speed_tab.decoder.isin(pred_of.index)].drop_duplicates("decoder")
               .assign(predicted=lambda d: pred_of.loc[d.decoder, "predicted_tokens_per_call"].to_numpy(),

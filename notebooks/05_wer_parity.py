@@ -341,8 +341,15 @@ if card.get("wer_diagnostics"):
         f"on the inner-loop path WER is {wc['inner_loop']['wer']:.3f} through the neural decoder and "
         f"{wd['inner_loop_table_decoder']['wer']:.3f} through the table decoder.")
 if floor is not None:
-    lines.append(f"**The floor here** ({asr_label}, {floor['n_utterances']} English sentences, table decoder): the "
-                 f"true codes give WER {floor['rate']:.3f}; AR's inner loop gives {en['wer']['ar']['rate']:.3f}.")
+    per = floor.get("per_utterance") or []
+    lines.append(f"**The true-code floor here** ({asr_label}, {floor['n_utterances']} English sentences, table "
+                 f"decoder): the true codes give WER {floor['rate']:.3f}; AR's inner loop gives "
+                 f"{en['wer']['ar']['rate']:.3f}. Notebook 00 measures a floor of the same kind (its `table k=16` "
+                 "row: all 16 codebooks through the table decoder), but on its own seeded sample of held-out "
+                 "sentences (its `n_sentences`), rendered afresh and encoded by the codec, while these are the "
+                 "shipped evaluation utterances' codes: other sentences and another count give another value"
+                 + (f" (one sentence's WER here ranges from {min(per):.2f} to {max(per):.2f})" if len(per) > 1 else "")
+                 + ".")
 display(Markdown("\n\n".join(lines)))
 
 # %% [markdown]

@@ -646,7 +646,7 @@ pd.DataFrame(headroom_table)
 #
 # **Question:** does a tree of top-ranked drafts at the paper's node budget commit more or fewer codes per call here
 # than a chain of a few sampled ones, and why? **How:** a point-mass child of rank r is kept with the target mass of its
-# code, E[p(x_r)]; a sampled draft is kept with Σ_x min(p, q) however flat p is
+# code, E[p(x_r)]; a sampled draft is kept with Σ_x min(p, q), flat p or sharp (a sum set by how close q is to p)
 # ([glossary](../docs/glossary.md#speculative-decoding)). The table puts them side by side, per offset, for the reused
 # heads and the deployed offsets: `sampled` is the acceptance of one sampled draft, `rank0`.. the chance that the rank-r
 # draft is the verified code, and `top_ranks_total` their sum over the tabulated ranks, the most that many point-mass

@@ -634,8 +634,10 @@ pd.DataFrame(device_rows)
 # %% [markdown]
 # ## 8. Temperature: does a point-mass tree overtake a sampled tree as p sharpens?
 #
-# A point-mass child is worth the target mass of its code, which grows as p sharpens; a sampled child is worth
-# `sum min(p, q)` whatever p's entropy. So a point-mass tree should gain on a sampled tree as the temperature falls.
+# A point-mass child is worth the target mass of its code, which grows as p sharpens. A sampled child is kept with
+# probability `sum min(p, q)`: the same formula for any p, flat or sharp, but the sum itself depends on how close q is
+# to p, and q sharpens with p, so it can rise or fall with the temperature (the measurements below show which). So a
+# point-mass tree should gain on a sampled tree as the temperature falls.
 # For each code-predictor temperature the calibration codes are sampled again, both trees of N =
 # `temperature_budget` are calibrated on them and decoded on held-out frames at that temperature
 # (`paper.calibration_checks.temperature_sweep`). Whether, and where, the point-mass tree overtakes is printed

@@ -725,7 +725,7 @@ if pm_tpc and en:
     if card.get("accuracy") and max(v for k, v in pm_tpc.items() if not info[k]["sampled"]) < chain_t:
         line += (" Why the point-mass trees commit fewer: a point-mass child is kept with probability p of its "
                  "code, so each child catches little when p is flat; a sampled draft is kept with probability "
-                 "1 − TV(p, q) however flat p is. That p is flat here is suggested, not measured, by the embedded "
+                 "1 − TV(p, q) whether p is flat or sharp (a value set by how close q is to p). That p is flat here is suggested, not measured, by the embedded "
                  "code predictor's top-1 accuracy against the true codes 1..15 "
                  f"({card['accuracy']['held_out']['cp_acc']:.3f}, its model card); notebook 04 measures the mass p "
                  "puts on q's top code (its section 8, `top1_target_mass`).")

@@ -34,7 +34,7 @@
 # **The three drafters of Table 2** ([methods.md](../docs/methods.md#reused-heads)):
 #
 # 1. **Reused heads** (row (i)): the code predictor owns one output head per depth, all reading the same residual
-#    stream, so `lm_head[s+t-1](H_s)` is a draft for depth s + t. No parameter is added. Its weakness: that head was
+#    stream (the transformer's hidden state; not the RVQ residual of notebook 00), so `lm_head[s+t-1](H_s)` is a draft for depth s + t. No parameter is added. Its weakness: that head was
 #    trained on `H_{s+t}`, not on `H_s`.
 # 2. **Medusa heads** (row (ii), Cai et al. 2024): a fresh head per (start depth s, offset t), `head[s, t](H_s)`,
 #    initialised from the reused head and trained. Flexible, but each is as large as an LM head.

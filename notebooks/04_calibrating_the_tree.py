@@ -247,7 +247,7 @@ display(Markdown(
     f"draft with {pm_tab[0, 0]:.3f}: the sampled child is kept **{ratio_first:.1f} times as often** as the "
     f"point-mass node ({ratio_pooled:.1f} times as often averaged over offsets). Further point-mass ranks add "
     f"{pm_tab[0, 1]:.3f}, {pm_tab[0, 2]:.3f}, ... each (the target mass of codes q ranks lower), further sampled "
-    f"children {sp_tab[0, 1]:.3f}, {sp_tab[0, 2]:.3f}, ... (the residual mass the first child missed). "
+    f"children {sp_tab[0, 1]:.3f}, {sp_tab[0, 2]:.3f}, ... (the leftover mass of p the first child missed). "
     + (f"Both fall with the offset (at offset {pm_tab.shape[0]} the first sampled child to {sp_tab[-1, 0]:.3f}, the "
        f"top-ranked point-mass draft to {pm_tab[-1, 0]:.3f}): a "
        f"draft from H_s knows less about depth s + t the larger t is."

@@ -306,7 +306,8 @@ if has_paper:
 # the **table decoder**, the sum of the chosen codebook entries. Both read codes 1..15 (the numbers are rendered
 # below). WER here goes through the table decoder: nothing learned sits between a code and the audio, so every code
 # a decoder commits moves the audio by its own codebook entry. The same codec on the TRUE codes, no decoding at all,
-# is the **floor** every decoder's WER is read against.
+# is the **true-code floor** every decoder's WER is read against (a floor of WER, not the weight-streaming floor of a
+# model call in notebooks 06 and 07).
 
 # %%
 results, recs = {}, {}
@@ -358,7 +359,7 @@ display(Markdown("\n\n".join(lines)))
 # Every decoder decoded every frame of the English sentences with the same seeds; AR's draw is the reference. The
 # table: WER and CER of each decoder's inner-loop audio, the paired difference to AR with its 95% interval and
 # p-value (`flagged`: significant at the family-wise level), the smallest difference this design detects with
-# power 0.8 (`mde80`), and tokens per call; the floor last.
+# power 0.8 (`mde80`), and tokens per call; the true-code floor last.
 
 # %%
 prov_wer = {**prov, "asr": asr_label, "audio": "inner loop only: true code 0 + generated codes 1..15, table decoder"}

@@ -619,9 +619,10 @@ def whole_frame_gain(r: dict) -> str:
     said = (f" Speculation runs the inner loop at {r['inner_gain']:.2f}× AR's speed and the one-thread frame at "
             f"{r['frame_gain_1t']:.2f}×")
     if tie(r["inner_gain"]):
-        return (said + f": both within this run's noise factor of {1 + 2 * noise:.2f}, a tie, so this run does not "
-                "tell speculation from AR on the whole frame. A real inner-loop gain would shrink on the frame "
-                "anyway (Amdahl's law: the talker and the codec decoder do not speed up).")
+        return (said + (": both" if tie(r["frame_gain_1t"]) else ": the inner loop's")
+                + f" within this run's noise factor of {1 + 2 * noise:.2f}, a tie, so this run does not tell "
+                "speculation from AR here. A real inner-loop gain would shrink on the frame anyway (Amdahl's law: "
+                "the talker and the codec decoder do not speed up).")
     if r["inner_gain"] < 1:
         return said + ": speculation is slower than AR on the inner loop here, so it has no gain to carry to the frame."
     return (said + (f" (beyond the noise factor of {1 + 2 * noise:.2f})" if noise else "")

@@ -335,24 +335,21 @@ display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
 # %% [markdown]
 # ## 5. The table to act on
 #
-# The table `rvqspec bench table` and `make bench` print (`bench.table.bench_table`), measured
-# once per `make paper`, here: per model, per precision this CPU runs natively and per backend, five rows, each timed
-# in one interleaved run per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole AR
-# frame); **best speculative** (the fastest of the table's own fixed set of stepped chains and calibrated trees,
-# named under the table); **fused speculative** (the fastest fused frame of the table's chains; a timing replay
-# cannot drive one); **auto** (what `--decoder auto` picks there by its own short
-# timing run, a shortlist of three decoded on a few frames once each, among the candidates of this table's backend
-# and precision, stepped only on a timing replay; its pick is then timed again in this table's own run). auto chooses
-# among more chain lengths and both kinds of calibrated tree than the table's set, so its row can be faster than best
-# speculative; it keeps
-# the least time per committed code of ITS run: with so few frames it can pick another chain length than section 4's
-# choice, which times every backend together, and in this table its row can be slower than another row, AR's
-# included. Columns: ms per
-# frame, the **inner-loop RTF** (real-time factor of codes 1..15 alone: ms per frame over the 80 ms a frame of audio
-# lasts; the talker's step and the codec are not in it, unlike notebook 06's whole-frame RTF), speedup over stepped
-# AR, the frame over the fused AR frame's (`x_fused_ar`), the AR frame's floor
-# (15 calls' weights at the measured bandwidth) and the frame over it (`x_floor_ar`). The public ports' published
-# figures follow, quoted, never in a measured column.
+# The table `rvqspec bench table` and `make bench` print (`bench.table.bench_table`), measured once per `make paper`,
+# here: per model, per precision this CPU runs natively and per backend, five rows, each timed in one interleaved run
+# per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole AR frame); **best speculative**
+# (the fastest of the table's own fixed set of stepped chains and calibrated trees, named under the table); **fused
+# speculative** (the fastest fused frame of the table's chains; a timing replay cannot drive one); **auto** (what
+# `--decoder auto` picks there by its own short timing run, a shortlist of three decoded on a few frames once each,
+# among the candidates of this table's backend and precision, stepped only on a timing replay; its pick is then timed
+# again in this table's own run). auto chooses among more chain lengths and both kinds of calibrated tree than the
+# table's set, so its row can be faster than best speculative; it keeps the least time per committed code of ITS run:
+# with so few frames it can pick another chain length than section 4's choice, which times every backend together, and
+# in this table its row can be slower than another row, AR's included. Columns: ms per frame, the **inner-loop RTF**
+# (real-time factor of codes 1..15 alone: ms per frame over the 80 ms a frame of audio lasts; the talker's step and the
+# codec are not in it, unlike notebook 06's whole-frame RTF), speedup over stepped AR, the frame over the fused AR
+# frame's (`x_fused_ar`), the AR frame's floor (15 calls' weights at the measured bandwidth) and the frame over it
+# (`x_floor_ar`). The public ports' published figures follow, quoted, never in a measured column.
 
 # %%
 t0 = time.perf_counter()

@@ -392,19 +392,23 @@ display(Markdown(f"Milliseconds per frame of each row, per (model, precision, ba
                  f"`{out.name}/07_bench_table.csv`):"))
 with pd.option_context("display.max_columns", None, "display.max_rows", 200, "display.width", 250):
     display(by_row.join(decoders_of).round(2))
-best_ms = {(r["model"], r["precision"], r["backend"]): r["ms_per_frame"] for r in table["rows"]
-           if r["row"] == "best speculative" and r["ms_per_frame"]}
-auto_faster = [r for r in table["rows"] if r["row"] == "auto" and r["ms_per_frame"] and not r["fused"]
-               and r["ms_per_frame"] < best_ms.get((r["model"], r["precision"], r["backend"]), 0)]
+best_ms = {(r["model"], r["precision"], r["backend"], r["row"]): r["ms_per_frame"] for r in table["rows"]
+           if r["row"] in ("best speculative", "fused speculative") and r["ms_per_frame"]}
+auto_faster = [r for r in table["rows"] if r["row"] == "auto" and r["ms_per_frame"] and r["kind"] != "ar"
+               and r["ms_per_frame"] < best_ms.get((r["model"], r["precision"], r["backend"],
+                                                    "fused speculative" if r["fused"] else "best speculative"), 0)]
 display(Markdown(
     f"**best speculative** is the fastest stepped decoder of the set this table times (chains of "
     f"{', '.join(map(str, table['meta']['chains']))} drafts, calibrated trees of "
     f"{', '.join(map(str, table['meta']['budgets']))} nodes); **fused speculative** the fastest of those chains' "
     "fused frames. auto chooses among more "
     "(every chain length the calibration reaches, both kinds of calibrated tree)"
-    + (f": its stepped pick is faster than best speculative in {len(auto_faster)} (model, precision, backend) ("
-       + ", ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['decoder']}" for r in auto_faster) + ")."
-       if auto_faster else "; here its stepped pick is never faster than best speculative.")))
+    + (f": its pick is faster than the table's row of the same kind (best speculative for a stepped pick, fused "
+       f"speculative for a fused one) in {len(auto_faster)} (model, precision, backend) ("
+       + ", ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['decoder']}{', fused' if r['fused'] else ''}"
+                   for r in auto_faster) + ")."
+       if auto_faster else "; here its pick is never faster than the table's row of the same kind (best speculative "
+       "for a stepped pick, fused speculative for a fused one).")))
 display(Markdown("\n".join(f"* {line}" for line in table["footer"])))
 fastest = BT.fastest_by_model(table)
 rounds = BT.round_costs(table)

@@ -405,7 +405,7 @@ display(Markdown(
     "(every chain length the calibration reaches, both kinds of calibrated tree)"
     + (f": its pick is faster than the table's row of the same kind (best speculative for a stepped pick, fused "
        f"speculative for a fused one) in {len(auto_faster)} (model, precision, backend) ("
-       + ", ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['decoder']}{', fused' if r['fused'] else ''}"
+       + "; ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['decoder']}{' fused' if r['fused'] else ''}"
                    for r in auto_faster) + ")."
        if auto_faster else "; here its pick is never faster than the table's row of the same kind (best speculative "
        "for a stepped pick, fused speculative for a fused one).")))

@@ -311,7 +311,8 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
 # 16 codes, one per codebook of 2048 entries. RVQ chooses them one stage after the other:
 #
 # 1. stage 1 picks the codebook-1 entry nearest to the vector (**code 0**);
-# 2. stage 2 picks the codebook-2 entry nearest to what is left over (the **residual**), and so on, 16 times.
+# 2. stage 2 picks the codebook-2 entry nearest to what is left over (the **RVQ residual**; notebook 02's
+#    residual, a distribution a rejected draft's code is drawn from, is another thing), and so on, 16 times.
 #
 # The decoder adds the chosen entries. Each stage corrects the error the earlier ones left, so the first code
 # carries the coarse shape of the frame and the later ones finer and finer detail: decoding with only the first `k`
@@ -526,8 +527,8 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
 #   (`feature_lsd_db`, what the codes and the code decoder lose) and of the output audio's features to the
 #   original's (`audio_lsd_db`, the same plus the inversion);
 # * **word and character error rates** (WER, CER) of a speech recogniser, named below from the recogniser itself.
-#   It does not know the texts, so WER on the original audio is not zero: it is the recogniser's own floor on this
-#   synthetic speech, the reference line for the others. Repetition outliers are counted in `wer` and left out in
+#   It does not know the texts, so WER on the original audio is not zero: it is the recogniser's own **WER floor** on
+#   this synthetic speech (not the weight-streaming floor of a model call in notebooks 06 and 07), the reference line for the others. Repetition outliers are counted in `wer` and left out in
 #   `wer_without_outliers` ([methods.md](../docs/methods.md#reporting-wer)).
 #
 # The gap between the `k` = 16 line and the inversion-only line is what quantisation costs; the gap between the

@@ -533,7 +533,8 @@ if own:
             "* **Why point-mass trees do "
             + ("worse" if best_pm["tokens_per_call"] < best_sp["tokens_per_call"] else "better")
             + " here than sampled ones (mechanism, with inference).** A point-mass child is kept with the target's "
-            "probability of its one code, p(x); a sampled child with 1 − TV(p, q), however flat p is "
+            "probability of its one code, p(x); a sampled child with 1 − TV(p, q), whatever p is (a value set by "
+            "how close q is to p, not by p being sharp) "
             "([glossary](../docs/glossary.md#speculative-decoding)). Notebook 00 (section 4) tests whether this "
             "companion's codec leaves its deep codes close to noise; where it does, the code predictor's targets "
             "for them are flat and no single code carries much mass, and "

@@ -30,7 +30,8 @@
 # next few codes from its own distribution, the **draft q**, and then checks all the guesses in **one verify call**
 # of the code predictor, which returns p at every guessed position at once. A rule then decides which guesses to keep
 # (**acceptance**) and, at the first guess it throws away, draws a replacement code from the **residual**, the part
-# of p that the guesses did not cover. Every call commits at least one code, and often several: the average number
+# of p that the guesses did not cover (in this notebook "residual" always means this distribution; notebook 00's RVQ
+# residual, what a codebook stage leaves over, is another thing). Every call commits at least one code, and often several: the average number
 # is the **tokens per call** (AR: exactly one). It is averaged two ways, and the project says which:
 #
 # * **per frame**: the codes a frame commits divided by the calls it took, the first (prefill) call included (15

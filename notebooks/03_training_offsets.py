@@ -34,7 +34,7 @@
 # **The three drafters of Table 2** ([methods.md](../docs/methods.md#reused-heads)):
 #
 # 1. **Reused heads** (row (i)): the code predictor owns one output head per depth, all reading the same residual
-#    stream, so `lm_head[s+t-1](H_s)` is a draft for depth s + t. No parameter is added. Its weakness: that head was
+#    stream (the transformer's hidden state; not the RVQ residual of notebook 00), so `lm_head[s+t-1](H_s)` is a draft for depth s + t. No parameter is added. Its weakness: that head was
 #    trained on `H_{s+t}`, not on `H_s`.
 # 2. **Medusa heads** (row (ii), Cai et al. 2024): a fresh head per (start depth s, offset t), `head[s, t](H_s)`,
 #    initialised from the reused head and trained. Flexible, but each is as large as an LM head.
@@ -646,7 +646,7 @@ pd.DataFrame(headroom_table)
 #
 # **Question:** does a tree of top-ranked drafts at the paper's node budget commit more or fewer codes per call here
 # than a chain of a few sampled ones, and why? **How:** a point-mass child of rank r is kept with the target mass of its
-# code, E[p(x_r)]; a sampled draft is kept with Σ_x min(p, q) however flat p is
+# code, E[p(x_r)]; a sampled draft is kept with Σ_x min(p, q), flat p or sharp (a sum set by how close q is to p)
 # ([glossary](../docs/glossary.md#speculative-decoding)). The table puts them side by side, per offset, for the reused
 # heads and the deployed offsets: `sampled` is the acceptance of one sampled draft, `rank0`.. the chance that the rank-r
 # draft is the verified code, and `top_ranks_total` their sum over the tabulated ranks, the most that many point-mass
@@ -796,11 +796,21 @@ top = max(regime_peaks)
 low = min(r["tokens_per_call"] for r in regime if r["drafter"] == "offsets" and r["tree"] == "point-mass")
 at_emb, at_paper = (RG.where_on_curve(regime, v) for v in (emb_tpc, RG.PAPER_TOKENS_PER_CALL))
 peaks_sorted = sorted(regime_peaks)
-pm_wins = {pk: rg[(pk, "offsets", "point-mass")]["tokens_per_call"] > rg[(pk, "offsets", "sampled")]["tokens_per_call"]
-           for pk in peaks_sorted}
-# the crossover: the smallest swept peak from which the offsets' point-mass tree beats sampled children at every
-# larger peak too
-cross = next((pk for i, pk in enumerate(peaks_sorted) if all(pm_wins[q] for q in peaks_sorted[i:])), None)
+# per drafter and swept peak: which tree commits more, a tie where the two differ by at most twice the standard
+# error of their difference; the crossover: the smallest peak from which point-mass is ahead at every larger one
+verdicts = {d: RG.tree_verdicts(regime, d) for d in ("heads", "offsets")}
+pm_wins = {pk: v == "point-mass" for pk, v in verdicts["offsets"].items()}
+cross = RG.point_mass_from(verdicts["offsets"])
+
+
+def crossover_words(drafter: str) -> str:
+    """Where ``drafter``'s point-mass tree is ahead of its sampled one on the sweep, with the ties named."""
+    v, start = verdicts[drafter], RG.point_mass_from(verdicts[drafter])
+    ties = [pk for pk in peaks_sorted if v[pk] == "tie"]
+    words = (f"from peak {start:g} on" if start is not None else "at no peak up to the largest")
+    return words + "".join(
+        f" (a tie at {pk:g}: {rg[(pk, drafter, 'point-mass')]['tokens_per_call']:.2f} against "
+        f"{rg[(pk, drafter, 'sampled')]['tokens_per_call']:.2f})" for pk in ties)
 curve = lambda tree: [rg[(pk, "offsets", tree)]["tokens_per_call"] for pk in peaks_sorted]  # noqa: E731
 
 
@@ -834,17 +844,21 @@ display(Markdown(
     f"{rg[(top, 'offsets', 'sampled')]['tokens_per_call']:.2f} with sampled children; at uniform p (peak "
     f"{min(regime_peaks):g}) sampled children give {rg[(min(regime_peaks), 'offsets', 'sampled')]['tokens_per_call']:.2f}"
     f" and the point-mass tree {rg[(min(regime_peaks), 'offsets', 'point-mass')]['tokens_per_call']:.2f}. "
-    + (f"The offsets' point-mass tree beats sampled children from peak {cross:g} on (there "
+    + "Read with a tie rule (two trees within twice the standard error of their difference commit the same): "
+    + (f"the offsets' point-mass tree beats sampled children from peak {cross:g} on (there "
        f"{rg[(cross, 'offsets', 'point-mass')]['tokens_per_call']:.2f} against "
        f"{rg[(cross, 'offsets', 'sampled')]['tokens_per_call']:.2f} tokens per call)"
        + ("".join(
            f"; below it, at the swept peak{'s' if len(g) > 1 else ''} {', '.join(f'{pk:g}' for pk in g)}, {who_wins}"
-           for g, who_wins in (([pk for pk in peaks_sorted if pk < cross and not pm_wins[pk]],
-                                "sampled children commit at least as much"),
+           for g, who_wins in (([pk for pk in peaks_sorted if pk < cross and verdicts["offsets"][pk] == "sampled"],
+                                "sampled children commit more"),
+                               ([pk for pk in peaks_sorted if pk < cross and verdicts["offsets"][pk] == "tie"],
+                                "the two trees tie"),
                                ([pk for pk in peaks_sorted if pk < cross and pm_wins[pk]],
                                 "the point-mass tree is ahead, but not at every larger peak")) if g) + ".")
        if cross is not None else
-       "On this sweep the offsets' point-mass tree does not stay ahead of sampled children up to the largest peak.")
+       "on this sweep the offsets' point-mass tree does not stay ahead of sampled children up to the largest peak.")
+    + f" The reused heads' point-mass tree is ahead of their sampled children {crossover_words('heads')}."
     + f" On the offsets' point-mass curve, the paper's reported {RG.PAPER_TOKENS_PER_CALL:.2f} (quoted, "
     f"Qwen3-TTS-0.6B) sits {where(at_paper, RG.PAPER_TOKENS_PER_CALL)}." + paper_words
     + f" This run's {pap['decoder']} ({emb_tpc:.2f} tokens per call) sits {where(at_emb, emb_tpc)}. "
@@ -991,9 +1005,10 @@ lines = [
     + (f"on section 10's synthetic curve it sits {where(at_paper, RG.PAPER_TOKENS_PER_CALL)}, where sampled "
        "children commit "
        + ("more than the point-mass tree" if paper_sampled > paper_pm else "less than the point-mass tree")
-       + ("" if cross is None else
-          f"{', and' if paper_sampled > paper_pm else ';'} of the swept peaks "
-          f"({', '.join(f'{pk:g}' for pk in peaks_sorted)}) point-mass trees are ahead at every one from {cross:g} on")
+       + f"{', and' if paper_sampled > paper_pm else ';'} of the swept peaks "
+         f"({', '.join(f'{pk:g}' for pk in peaks_sorted)}), beyond twice the standard error of the difference, the "
+         f"offsets' point-mass tree is ahead of sampled children {crossover_words('offsets')}, the reused heads' "
+         f"{crossover_words('heads')}"
        + ". " if at_paper is not None else "it lies off section 10's synthetic curve. ")
     + f"Its step from {T.PAPER_TOKS_PER_STEP['heads']:.2f} to {T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} suggests "
       "that much of the released model's mismatch is a shared shift that one offset vector per offset t can undo. "

@@ -247,7 +247,7 @@ display(Markdown(
     f"draft with {pm_tab[0, 0]:.3f}: the sampled child is kept **{ratio_first:.1f} times as often** as the "
     f"point-mass node ({ratio_pooled:.1f} times as often averaged over offsets). Further point-mass ranks add "
     f"{pm_tab[0, 1]:.3f}, {pm_tab[0, 2]:.3f}, ... each (the target mass of codes q ranks lower), further sampled "
-    f"children {sp_tab[0, 1]:.3f}, {sp_tab[0, 2]:.3f}, ... (the residual mass the first child missed). "
+    f"children {sp_tab[0, 1]:.3f}, {sp_tab[0, 2]:.3f}, ... (the leftover mass of p the first child missed). "
     + (f"Both fall with the offset (at offset {pm_tab.shape[0]} the first sampled child to {sp_tab[-1, 0]:.3f}, the "
        f"top-ranked point-mass draft to {pm_tab[-1, 0]:.3f}): a "
        f"draft from H_s knows less about depth s + t the larger t is."
@@ -406,13 +406,15 @@ lines = [f"Over the calibrated trees {on_eval} E(N) is off by at most {100 * err
          f"positive error is a prediction above the measurement.",
          f"The most codes per call: `{best_row.decoder}`, {best_row.measured_tokens_per_call:.2f}."]
 if pm_above == len(err["point-mass"]):
-    lines.append(f"Every point-mass prediction lies above its measurement {on_eval[:-1]} (notebook 03's Table 2 "
+    lines.append(f"Each of the {len(err['point-mass'])} calibrated point-mass trees of this table has its prediction "
+                 f"above its measurement {on_eval[:-1]} (notebook 03's Table 2 "
                  "shows the same lean, its `tree_N32_predicted` above `tree_N32_tokens_per_call`). Two causes could "
                  "give that and this notebook does not separate them: the greedy builder keeps the nodes whose "
                  "calibration estimates are highest, so those estimates lean high on new frames; and E(N) multiplies "
                  "values along a path as if acceptance at one offset said nothing about the next.")
 else:
-    lines.append(f"{pm_above} of the {len(err['point-mass'])} point-mass predictions lie above their measurement.")
+    lines.append(f"{pm_above} of the {len(err['point-mass'])} calibrated point-mass trees of this table have their "
+                 f"prediction above their measurement {on_eval[:-1]}.")
 if len(paper_tpc):
     n_max = int(paper_tpc.index.max())
     lines.append(f"The paper's decoder, `paper:{n_max}`, commits {paper_tpc[n_max]:.2f} codes per call; the reused "
@@ -562,6 +564,8 @@ cols = ["decoder", "backend", "fused", "tokens_per_call", "ms_per_frame", "p10_m
 display(Markdown(f"All {len(speed_tab)} timed runners are in `04_speed.csv` beside this notebook's figures; below, "
                  "the 12 fastest frames, which the sentences after the next table discuss."))
 display(speed_tab[cols].sort_values("ms_per_frame").head(12).round(3))
+display(Markdown("`outside_share`: the median share of a frame's time spent outside the backend's forward and the "
+                 "heads, embeddings and drafts, i.e. in the loop around the calls (the accept walk, bookkeeping)."))
 pred_of = pvm[pvm.kind.isin(["calibrated", "paper"])].set_index("decoder")
 speed_pred = (speed_tab[speed_tab.decoder.isin(pred_of.index)].drop_duplicates("decoder")
               .assign(predicted=lambda d: pred_of.loc[d.decoder, "predicted_tokens_per_call"].to_numpy(),
@@ -575,9 +579,11 @@ if len(speed_pred):
         f"of each frame's codes over its calls; the first {n_speed_frames} contexts of section 5's "
         f"{len(eval_frames)}, other generator draws), not section 5's {len(eval_frames)} frames: so they scatter "
         f"around section 5's measurements. Against E(N), the {len(speed_pred)} trees timed here are off by "
-        f"{100 * speed_err.min():+.1f}% to {100 * speed_err.max():+.1f}%; the point-mass predictions lie above "
-        f"these measurements in {int((speed_err[pm_rows] > 0).sum())} of {int(pm_rows.sum())} rows. Section 5's "
-        "verdicts speak of its own frames, not of these."))
+        f"{100 * speed_err.min():+.1f}% to {100 * speed_err.max():+.1f}%; the point-mass trees' predictions lie "
+        f"above these timed measurements in {int((speed_err[pm_rows] > 0).sum())} of the {int(pm_rows.sum())} "
+        f"point-mass rows timed (section 5: {pm_above} of {len(err['point-mass'])} above on its "
+        f"{len(eval_frames)} frames). The timed rows all decode the same {n_speed_frames} frames, so their errors "
+        "move together. Section 5's verdicts speak of its own frames, not of these."))
 
 # %%
 over_ar = BF.speedups_over_ar(speed_rows)
@@ -628,8 +634,10 @@ pd.DataFrame(device_rows)
 # %% [markdown]
 # ## 8. Temperature: does a point-mass tree overtake a sampled tree as p sharpens?
 #
-# A point-mass child is worth the target mass of its code, which grows as p sharpens; a sampled child is worth
-# `sum min(p, q)` whatever p's entropy. So a point-mass tree should gain on a sampled tree as the temperature falls.
+# A point-mass child is worth the target mass of its code, which grows as p sharpens. A sampled child is kept with
+# probability `sum min(p, q)`: the same formula for any p, flat or sharp, but the sum itself depends on how close q is
+# to p, and q sharpens with p, so it can rise or fall with the temperature (the measurements below show which). So a
+# point-mass tree should gain on a sampled tree as the temperature falls.
 # For each code-predictor temperature the calibration codes are sampled again, both trees of N =
 # `temperature_budget` are calibrated on them and decoded on held-out frames at that temperature
 # (`paper.calibration_checks.temperature_sweep`). Whether, and where, the point-mass tree overtakes is printed

@@ -306,7 +306,8 @@ if has_paper:
 # the **table decoder**, the sum of the chosen codebook entries. Both read codes 1..15 (the numbers are rendered
 # below). WER here goes through the table decoder: nothing learned sits between a code and the audio, so every code
 # a decoder commits moves the audio by its own codebook entry. The same codec on the TRUE codes, no decoding at all,
-# is the **floor** every decoder's WER is read against.
+# is the **true-code floor** every decoder's WER is read against (a floor of WER, not the weight-streaming floor of a
+# model call in notebooks 06 and 07).
 
 # %%
 results, recs = {}, {}
@@ -341,8 +342,15 @@ if card.get("wer_diagnostics"):
         f"on the inner-loop path WER is {wc['inner_loop']['wer']:.3f} through the neural decoder and "
         f"{wd['inner_loop_table_decoder']['wer']:.3f} through the table decoder.")
 if floor is not None:
-    lines.append(f"**The floor here** ({asr_label}, {floor['n_utterances']} English sentences, table decoder): the "
-                 f"true codes give WER {floor['rate']:.3f}; AR's inner loop gives {en['wer']['ar']['rate']:.3f}.")
+    per = floor.get("per_utterance") or []
+    lines.append(f"**The true-code floor here** ({asr_label}, {floor['n_utterances']} English sentences, table "
+                 f"decoder): the true codes give WER {floor['rate']:.3f}; AR's inner loop gives "
+                 f"{en['wer']['ar']['rate']:.3f}. Notebook 00 measures a floor of the same kind (its `table k=16` "
+                 "row: all 16 codebooks through the table decoder), but on its own seeded sample of held-out "
+                 "sentences (its `n_sentences`), rendered afresh and encoded by the codec, while these are the "
+                 "shipped evaluation utterances' codes: other sentences and another count give another value"
+                 + (f" (one sentence's WER here ranges from {min(per):.2f} to {max(per):.2f})" if len(per) > 1 else "")
+                 + ".")
 display(Markdown("\n\n".join(lines)))
 
 # %% [markdown]
@@ -351,7 +359,7 @@ display(Markdown("\n\n".join(lines)))
 # Every decoder decoded every frame of the English sentences with the same seeds; AR's draw is the reference. The
 # table: WER and CER of each decoder's inner-loop audio, the paired difference to AR with its 95% interval and
 # p-value (`flagged`: significant at the family-wise level), the smallest difference this design detects with
-# power 0.8 (`mde80`), and tokens per call; the floor last.
+# power 0.8 (`mde80`), and tokens per call; the true-code floor last.
 
 # %%
 prov_wer = {**prov, "asr": asr_label, "audio": "inner loop only: true code 0 + generated codes 1..15, table decoder"}
@@ -519,7 +527,7 @@ pd.DataFrame(table3).pivot(index="decoder", columns="language", values="tokens_p
 transfer = R.transfer_rows(results, PAPER, baseline=PAPER_BASELINE, seed=seed) if PAPER and "en" in results else []
 if transfer:
     save_table(transfer, out / "05_transfer", prov)
-    display(Markdown(R.transfer_answer(transfer).replace("(1 utterances)", "(1 utterance)")))
+    display(Markdown(R.transfer_answer(transfer)))
 else:
     display(Markdown("**The transfer question is not asked here**: it needs the paper's decoder and English."))
 # a language of one utterance has no interval over utterances: shown empty, not as a point (the saved table keeps it)
@@ -718,7 +726,7 @@ if pm_tpc and en:
     if card.get("accuracy") and max(v for k, v in pm_tpc.items() if not info[k]["sampled"]) < chain_t:
         line += (" Why the point-mass trees commit fewer: a point-mass child is kept with probability p of its "
                  "code, so each child catches little when p is flat; a sampled draft is kept with probability "
-                 "1 − TV(p, q) however flat p is. That p is flat here is suggested, not measured, by the embedded "
+                 "1 − TV(p, q) whether p is flat or sharp (a value set by how close q is to p). That p is flat here is suggested, not measured, by the embedded "
                  "code predictor's top-1 accuracy against the true codes 1..15 "
                  f"({card['accuracy']['held_out']['cp_acc']:.3f}, its model card); notebook 04 measures the mass p "
                  "puts on q's top code (its section 8, `top1_target_mass`).")

@@ -24,8 +24,12 @@
 # [docs/methods.md](../docs/methods.md#why-the-rules-preserve-p)), so the answer is a matter of time alone.
 #
 # **The terms** ([glossary](../docs/glossary.md)). A CPU call of the code predictor on one position is bound by
-# **streaming its weights** from memory: the **floor** of a call is the bytes of weights it reads over the machine's
-# measured read bandwidth ([precision.md](../docs/precision.md#the-floor)). Lower **precisions** read fewer bytes
+# **streaming its weights** from memory: the **weight-streaming floor** of a call (the **floor**, in this notebook) is
+# the bytes of weights it reads over the machine's measured read bandwidth, the time to stream every weight once from
+# memory ([precision.md](../docs/precision.md#the-floor)). It bounds a call whose weights come from memory, not the
+# least time a call can take: a fused frame runs its calls back to back over the same weights, which can then stay
+# in the CPU's caches, and a speculative frame makes fewer calls, so a frame can run below 15 calls' floor. Lower
+# **precisions** read fewer bytes
 # (bfloat16, int8 weights, int8 with per-row dynamic activations), where the CPU has the instructions to compute in
 # them ([precision.md](../docs/precision.md)). The **native forward** is the whole call as one C function over packed
 # weights, built to run at the floor; the **fused** and **native whole frames** run all 15 codes of a frame as one
@@ -320,6 +324,7 @@ save_figure(fig, out / "07_auto", prov)
 plt.show()
 decoded = [r for r in auto_rows if r.get("ms_per_code") is not None]  # what auto timed, of every candidate row
 why = re.sub(r"; \d+ of \d+ candidates decoded through .*? \(\d+ frames x \d+ repeats\)", "", choice.reason)
+why = why.split(": ", 1)[1] if why.startswith(choice.label) and ": " in why else why  # the label is said once
 display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
                  + (", as the whole frame in one graph or C call" if choice.fused else ", stepped")
                  + f": {why}. It decoded {len(decoded)} of its {len(auto_rows)} candidate runners "
@@ -330,20 +335,21 @@ display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
 # %% [markdown]
 # ## 5. The table to act on
 #
-# The table `rvqspec bench table` and `make bench` print (`bench.table.bench_table`), measured
-# once per `make paper`, here: per model, per precision this CPU runs natively and per backend, five rows, each timed
-# in one interleaved run per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole AR
-# frame); **best speculative** (the fastest stepped chain or calibrated tree); **fused speculative** (the fastest
-# fused chain frame; a timing replay cannot drive one); **auto** (what `--decoder auto` picks there by its own short
-# timing run, a shortlist of three decoded on a few frames once each, among the candidates of this table's backend
-# and precision, stepped only on a timing replay; its pick is then timed again in this table's own run). auto keeps
-# the least time per committed code of ITS run: with so few frames it can pick another chain length than section 4's
-# choice, which times every backend together, and in this table its row can be slower than another row, AR's
-# included. Columns: ms per
-# frame, the inner loop's real-time factor (RTF: ms per frame over the 80 ms a frame of audio lasts; the talker's
-# step not in it), speedup over stepped AR, the frame over the fused AR frame's (`x_fused_ar`), the AR frame's floor
-# (15 calls' weights at the measured bandwidth) and the frame over it (`x_floor_ar`). The public ports' published
-# figures follow, quoted, never in a measured column.
+# The table `rvqspec bench table` and `make bench` print (`bench.table.bench_table`), measured once per `make paper`,
+# here: per model, per precision this CPU runs natively and per backend, five rows, each timed in one interleaved run
+# per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole AR frame); **best speculative**
+# (the fastest of the table's own fixed set of stepped chains and calibrated trees, named under the table); **fused
+# speculative** (the fastest fused frame of the table's chains; a timing replay cannot drive one); **auto** (what
+# `--decoder auto` picks there by its own short timing run, a shortlist of three decoded on a few frames once each,
+# among the candidates of this table's backend and precision, stepped only on a timing replay; its pick is then timed
+# again in this table's own run). auto chooses among more chain lengths and both kinds of calibrated tree than the
+# table's set, so its row can be faster than best speculative; it keeps the least time per committed code of ITS run:
+# with so few frames it can pick another chain length than section 4's choice, which times every backend together, and
+# in this table its row can be slower than another row, AR's included. Columns: ms per frame, the **inner-loop RTF**
+# (real-time factor of codes 1..15 alone: ms per frame over the 80 ms a frame of audio lasts; the talker's step and the
+# codec are not in it, unlike notebook 06's whole-frame RTF), speedup over stepped AR, the frame over the fused AR
+# frame's (`x_fused_ar`), the AR frame's floor (15 calls' weights at the measured bandwidth) and the frame over it
+# (`x_floor_ar`). The public ports' published figures follow, quoted, never in a measured column.
 
 # %%
 t0 = time.perf_counter()
@@ -372,20 +378,37 @@ if worst_noise is not None:
         + f"the relative standard error of a run's worst median is "
         f"{span([100 * n['rel_se_max'] for n in noise_runs], '.0f')}%"
         + (f" ({len(capped)} of {len(noise_runs)} runs stopped at the cap above the target)" if capped else "")
-        + f". Two frames whose times differ by less than about {200 * worst_noise:.0f}% (twice the worst) are not "
-        "told apart by this run, so times and ratios are shown to two decimals and read as rough where they are "
-        "close."))
+        + f". The **timing noise** below is the worst of these, {100 * worst_noise:.0f}%: two frames whose times "
+        f"differ by less than about {200 * worst_noise:.0f}% of the time (twice the noise) are not told apart by "
+        "this run, so times and ratios are shown to two decimals and read as rough where they are close."))
 tb = pd.DataFrame(table["rows"])
 key = ["model", "precision", "backend"]
 by_row = tb.pivot_table(index=key, columns="row", values="ms_per_frame", aggfunc="first", sort=False)
 by_row = by_row[[r for r in BT.ROWS if r in by_row.columns]].add_suffix(" ms")
-decoders_of = tb[tb.row.isin(["best speculative", "fused speculative"])].pivot_table(
+decoders_of = tb[tb.row.isin(["best speculative", "fused speculative", "auto"])].pivot_table(
     index=key, columns="row", values="decoder", aggfunc="first", sort=False).add_suffix(": decoder")
 display(Markdown(f"Milliseconds per frame of each row, per (model, precision, backend), and the decoders the "
                  f"speculative rows picked (every column, the speedups and floors among them: "
                  f"`{out.name}/07_bench_table.csv`):"))
 with pd.option_context("display.max_columns", None, "display.max_rows", 200, "display.width", 250):
     display(by_row.join(decoders_of).round(2))
+best_ms = {(r["model"], r["precision"], r["backend"], r["row"]): r["ms_per_frame"] for r in table["rows"]
+           if r["row"] in ("best speculative", "fused speculative") and r["ms_per_frame"]}
+auto_faster = [r for r in table["rows"] if r["row"] == "auto" and r["ms_per_frame"] and r["kind"] != "ar"
+               and r["ms_per_frame"] < best_ms.get((r["model"], r["precision"], r["backend"],
+                                                    "fused speculative" if r["fused"] else "best speculative"), 0)]
+display(Markdown(
+    f"**best speculative** is the fastest stepped decoder of the set this table times (chains of "
+    f"{', '.join(map(str, table['meta']['chains']))} drafts, calibrated trees of "
+    f"{', '.join(map(str, table['meta']['budgets']))} nodes); **fused speculative** the fastest of those chains' "
+    "fused frames. auto chooses among more "
+    "(every chain length the calibration reaches, both kinds of calibrated tree)"
+    + (f": its pick is faster than the table's row of the same kind (best speculative for a stepped pick, fused "
+       f"speculative for a fused one) in {len(auto_faster)} (model, precision, backend) ("
+       + "; ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['decoder']}{' fused' if r['fused'] else ''}"
+                   for r in auto_faster) + ")."
+       if auto_faster else "; here its pick is never faster than the table's row of the same kind (best speculative "
+       "for a stepped pick, fused speculative for a fused one).")))
 display(Markdown("\n".join(f"* {line}" for line in table["footer"])))
 fastest = BT.fastest_by_model(table)
 rounds = BT.round_costs(table)
@@ -394,6 +417,16 @@ if rounds:
                caption=f"one fused speculative round in AR calls (tokens per call x its frame over the fused AR frame's) "
                        f"on {cpu}, from the table to act on; speculation wins when this is below its tokens per call")
     display(pd.DataFrame(rounds).round(2))
+    below = [r for r in rounds if r["x_floor_ar"] is not None and r["x_floor_ar"] < 1]
+    display(Markdown(
+        "`round_over_ar_call`: one fused speculative round's cost in fused AR calls (its tokens per call x "
+        "`x_fused_ar`); speculation wins where it is below `tokens_per_call`. `x_floor_ar`: the fused AR frame over "
+        "15 calls' weight-streaming floor"
+        + (f"; below 1 in {len(below)} of {len(rounds)} rows ("
+           + ", ".join(f"{r['model']} {r['precision']} {r['backend']}" for r in below)
+           + "): those frames read fewer bytes from memory than 15 calls' worth of weights (the weights can stay in "
+             "the CPU's caches between calls), so the floor bounds only calls that stream their weights." if below
+           else "; at or above 1 in every row here.")))
 else:  # a timing replay has no fused speculative row: only a model with trained weights gives one
     skipped.append(not_here("07", "the round costs of fused speculative frames",
                             "no model of the table has trained weights: a timing replay drives no fused frame",
@@ -458,7 +491,7 @@ save_json(summary, out / "07_metrics.json", prov)
 
 
 def where(r):
-    return f"{runner_label(r)}, {r['precision']}"
+    return f"{runner_label(r)}, {r['precision']}, the table's {r['row']} row"
 
 
 bullets = []
@@ -468,12 +501,12 @@ for f in fastest:
         continue
     replay = "" if best["weights"] == "trained" else " (a TIMING REPLAY: random weights, embedded acceptance)"
     text = (f"* **{f['model']}{replay}: the fastest lossless loop here is {where(best)}**, {best['ms_per_frame']:.2f} "
-            f"ms a frame (RTF {best['rtf']:.3f} of the inner loop)")
+            f"ms a frame (inner-loop RTF {best['rtf']:.3f})")
     if best["x_floor_ar"]:
         text += f", {best['x_floor_ar']:.2f}x the AR frame's weight-streaming floor" + (
             (" (below 1: the floor counts the weights read by an AR frame's 15 calls, and a speculative frame makes "
              "fewer calls)" if best["decoder"] != "ar" else
-             " (below 1: its weights stay in the CPU's caches, and the floor counts reads from memory)")
+             " (below 1: its weights stay in the CPU's caches between calls, and the floor counts reads from memory)")
             if best["x_floor_ar"] < 1 else "")
     if ar and spec:
         text += (f". The fastest AR, {where(ar)}, takes {ar['ms_per_frame']:.2f} ms; the fastest speculative, "
@@ -490,21 +523,28 @@ if rounds:
         f"fewer AR calls than it commits codes: {len(wins)} of {len(rounds)} (model, precision, backend) here"
         + (" (" + ", ".join(" ".join((r["model"], r["precision"], r["backend"])) for r in wins) + ")" if wins
            else "")
-        + (f"; by more than twice the worst timing noise ({200 * worst_noise:.0f}%), "
+        + (f"; by more than twice the timing noise (a round's cost in AR calls more than {200 * worst_noise:.0f}% "
+           f"below its tokens per call, the noise being the worst median's relative standard error above), "
            f"{sum(r['round_over_ar_call'] < r['tokens_per_call'] * (1 - 2 * worst_noise) for r in rounds)} of them"
            if worst_noise is not None else "")
         + ". This compares the FUSED speculative frame with the FUSED AR frame, in this notebook's table run; "
           "notebook 06 compares its best speculative frame with the fused AR frame in its own run, and where the "
           "two are within the noise it can find speculation slower at the same model and precision.")
+fused_ar_rows = [r for r in table["rows"] if r["row"] == "fused AR" and r["x_floor_ar"]]
+fused_below = [r for r in fused_ar_rows if r["x_floor_ar"] < 1]
 if native_calls:
     ratios = [r["t1_over_floor"] for r in native_calls]
     bullets.append(
         f"* **The floor (measured).** Through the native forward one call of {model} runs at {span(ratios)}x its "
         f"weight-streaming floor"
-        + (": an AR step costs about the time to read the weights once, so AR gets faster only by reading fewer bytes "
-           "(a lower precision), and a speculative round must read them for more rows at once without paying more "
-           "than the calls it saves." if max(ratios) < 1.5 else
-           ": above the floor, so part of each call is overhead a faster kernel could still remove."))
+        + (": a lone call costs about the time to read the weights once from memory, so it gets faster only by "
+           "reading fewer bytes (a lower precision) or by finding them in the CPU's caches, and a speculative round "
+           "must read them for more rows at once without paying more than the calls it saves." if max(ratios) < 1.5
+           else ": above the floor, so part of each call is overhead a faster kernel could still remove.")
+        + (f" The fused AR frame runs below 15 calls' floor in {len(fused_below)} of {len(fused_ar_rows)} (model, "
+           f"precision, backend) of the table (`x_floor_ar` {span([r['x_floor_ar'] for r in fused_below])}): its "
+           "15 calls run back to back over the same weights, which can stay in the caches, so the floor bounds "
+           "calls that stream their weights, not every frame." if fused_below else ""))
 shrinks = [(dec, b) for (dec, b), g in spec_b.groupby(["decoder", "backend"], sort=False)
            if g.sort_values("batch").speedup_vs_ar.iloc[-1] < g.sort_values("batch").speedup_vs_ar.iloc[0]]
 always_below = [(dec, b) for (dec, b), g in spec_b.groupby(["decoder", "backend"], sort=False)

@@ -197,6 +197,26 @@ def regime_rows(peaks=(0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0), *, drift: float = 1.
     return rows
 
 
+def tree_verdicts(rows, drafter: str, z: float = 2.0) -> dict[float, str]:
+    """Per swept peak of ``rows`` (:func:`regime_rows`), which of ``drafter``'s two trees commits more tokens per
+    call: ``"point-mass"``, ``"sampled"``, or ``"tie"`` where they differ by at most ``z`` standard errors of the
+    difference (sqrt(se_pm^2 + se_sampled^2))."""
+    by = {(r["peak"], r["tree"]): r for r in rows if r["drafter"] == drafter}
+    out = {}
+    for peak in sorted({pk for pk, _ in by}):
+        pm, sa = by[(peak, "point-mass")], by[(peak, "sampled")]
+        diff, se = pm["tokens_per_call"] - sa["tokens_per_call"], float(np.hypot(pm["se"], sa["se"]))
+        out[peak] = "tie" if abs(diff) <= z * se else "point-mass" if diff > 0 else "sampled"
+    return out
+
+
+def point_mass_from(verdicts: dict[float, str]) -> float | None:
+    """The smallest swept peak from which :func:`tree_verdicts` says ``"point-mass"`` at every larger peak too
+    (``None``: not even at the largest)."""
+    peaks = sorted(verdicts)
+    return next((pk for i, pk in enumerate(peaks) if all(verdicts[q] == "point-mass" for q in peaks[i:])), None)
+
+
 def where_on_curve(rows, tokens_per_call: float):
     """The peak at which the offsets' point-mass tree curve of ``rows`` reaches ``tokens_per_call`` (linear
     interpolation), or ``None`` when the curve never reaches it (below its first point or above its last)."""

@@ -191,6 +191,11 @@ def transfer_rows(results: Mapping[str, dict], label: str, *, baseline: str | No
     return rows
 
 
+def _utterances(n: int) -> str:
+    """``"1 utterance"`` or ``"N utterances"``."""
+    return f"{n} utterance" + "s" * (n != 1)
+
+
 def transfer_answer(rows: Sequence[Mapping]) -> str:
     """One Markdown paragraph answering the transfer question from :func:`transfer_rows` (nothing typed): per
     language, whether the interval of the difference to English excludes 0 (lower or higher) or not (kept, within
@@ -201,7 +206,7 @@ def transfer_answer(rows: Sequence[Mapping]) -> str:
     for r in others:
         lo, hi = r["minus_english_ci_low"], r["minus_english_ci_high"]
         verdict = "lower than English" if hi < 0 else "higher than English" if lo > 0 else "not distinguishable from English"
-        text = (f"**{r['language']}** ({r['n_utterances']} utterances) {r['tokens_per_call']:.3f} "
+        text = (f"**{r['language']}** ({_utterances(r['n_utterances'])}) {r['tokens_per_call']:.3f} "
                 f"({r['ratio_to_english']:.1%} of English; "
                 f"difference {r['minus_english']:+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]: {verdict})")
         if "gain_over_baseline" in r:
@@ -213,7 +218,7 @@ def transfer_answer(rows: Sequence[Mapping]) -> str:
         return "Only en was decoded: the transfer question needs another language."
     lower = [r["language"] for r in others if r["minus_english_ci_high"] < 0]
     head = (f"**Do offsets trained on English keep their tokens per call in other languages?** `{en['decoder']}` "
-            f"commits {en['tokens_per_call']:.3f} tokens per call on English ({en['n_utterances']} utterances)")
+            f"commits {en['tokens_per_call']:.3f} tokens per call on English ({_utterances(en['n_utterances'])})")
     if "gain_over_baseline" in en:
         head += f" (gain over {en['baseline']} {en['gain_over_baseline']:+.3f} [{en['gain_ci_low']:+.3f}, {en['gain_ci_high']:+.3f}])"
     higher = [r["language"] for r in others if r["minus_english_ci_low"] > 0]

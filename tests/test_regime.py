@@ -77,3 +77,14 @@ def test_curve_lookup():
             {"peak": 2.0, "drafter": "offsets", "tree": "point-mass", "tokens_per_call": 2.5}]
     assert R.where_on_curve(rows, 2.0) == pytest.approx(1.0)
     assert R.where_on_curve(rows, 1.2) is None and R.where_on_curve(rows, 3.0) is None
+
+
+def test_tree_verdicts_name_ties_within_twice_the_standard_error():
+    def row(peak, tree, tpc, se=0.01):
+        return {"peak": peak, "drafter": "heads", "tree": tree, "tokens_per_call": tpc, "se": se}
+    rows = [row(0.0, "point-mass", 1.5), row(0.0, "sampled", 2.2), row(4.0, "point-mass", 2.27),
+            row(4.0, "sampled", 2.26), row(8.0, "point-mass", 2.6), row(8.0, "sampled", 2.4)]
+    v = R.tree_verdicts(rows, "heads")
+    assert v == {0.0: "sampled", 4.0: "tie", 8.0: "point-mass"} and R.point_mass_from(v) == 8.0
+    assert R.point_mass_from({0.0: "point-mass", 1.0: "tie"}) is None
+    assert R.point_mass_from({0.0: "point-mass", 1.0: "point-mass"}) == 0.0

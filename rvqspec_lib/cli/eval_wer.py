@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import load, note, write_json
+from rvqspec_lib.cli.common import load, write_json
 from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import calibration_budgets, parse_decoder_name, split_decoder_list
@@ -23,12 +23,8 @@ from rvqspec_lib.models.tree_files import tree_file
 
 
 def check_names(names, model: str) -> set[str]:
-    """Parse every ``--decoders`` name and check the files that non-heads drafters read beside the model, before any
-    work; returns what the HEADS' names need (``calibration``, ``best_chain``).
-
-    Raises:
-        ValueError, FileNotFoundError: one line naming the fix.
-    """
+    """Parse every ``--decoders`` name and check the files other drafters than the heads read; returns what the
+    heads' names need (``calibration``, ``best_chain``). Raises ValueError, FileNotFoundError (one line)."""
     needs: set[str] = set()
     for text in names:
         d = parse_decoder_name(text, without=("auto",))
@@ -71,7 +67,7 @@ def _check(args) -> tuple[list[str], set[str], list[str]]:
 def run(args, threads: int) -> int:
     """``rvqspec eval-wer``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
     names, needs, languages = _check(args)
-    lm = load(args, threads)[0]
+    lm = load(args, threads, "its WER means nothing")[0]
     progress = sys.stderr.isatty()
     print(f"{args.model} on {lm.device} ({lm.dtype})")
     own = getattr(lm.speech_tokenizer, "codec", None)
@@ -81,8 +77,6 @@ def run(args, threads: int) -> int:
                            work_dir=args.work_dir, progress=progress)
     if codec is None:
         raise ValueError(f"{args.model} has no offline codec: pass --dataset and --codec")
-    if lm.is_random:
-        note(f"{args.model} has RANDOM weights: its WER means nothing")
     # codes -> audio that every code 1..15 moves: the offline codec's table decoder (the sum of the chosen codebook
     # entries, nothing learned between a code and the audio); a real checkpoint's own 12 Hz decoder otherwise
     audio_codec = codec.with_decoder(None) if hasattr(codec, "with_decoder") else codec

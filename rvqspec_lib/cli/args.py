@@ -56,7 +56,7 @@ def synth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help=f"output audio: {', '.join(AUDIO_SUFFIXES)}, the codes beside it "
                                                 "(.npy); with --stream a .wav, or - for standard output (... | aplay)")
     p.add_argument("--decoder", default=None, help=f"inner-loop decoder: {grammar(('chain:best',))}. auto: the "
-                   "fastest here (timed once, cached). Default: auto's choice cached by `rvqspec prepare`, else ar")
+                   "fastest here (timed once, cached). Default: the choice `rvqspec prepare` cached, else ar untimed")
     p.add_argument("--backend", default=None, choices=BACKENDS, help="what runs the code-predictor calls (default "
                    "official; with --decoder auto or none, official or native, whichever is faster here)")
     p.add_argument("--talker", default="official", choices=("official", "native"),

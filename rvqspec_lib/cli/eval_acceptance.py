@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from rvqspec_lib.cli.common import check_tree_ranks, load, note_fewer_frames, started, timings, write_json
+from rvqspec_lib.cli.common import check_tree_ranks, load, note, note_fewer_frames, started, timings, write_json
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name
@@ -35,7 +35,7 @@ def run(args, threads: int) -> int:
     names = decoder_names(args.decoder)
     if args.drafter == "heads" and args.drafter_path:
         raise ValueError("--drafter-path is not used with --drafter heads (reused heads have no file)")
-    lm, threads, load_s = load(args, threads, "acceptance rates mean nothing", dtype=args.dtype,
+    lm, threads, load_s = load(args, threads, dtype=args.dtype,
                                check=lambda m: check_tree_ranks(names, m.codebook_size, args.max_rank))
     drafter = make_drafter(args.drafter, lm.code_predictor, args.drafter_path or model_drafter_dir(args.model))
     frames = source.load(lm, "evaluation")
@@ -46,6 +46,8 @@ def run(args, threads: int) -> int:
                                          sampling=inner_sampling(lm), seed=args.seed, max_rank=args.max_rank,
                                          teacher_codes=args.teacher_codes)
     eval_s = time.perf_counter() - t
+    if lm.is_random:  # after the work: an error is the only line
+        note(f"{args.model} has RANDOM weights: acceptance rates mean nothing")
     params = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
     params["decoder_name"] = [n.label for n in names]
     res = {"model": args.model, "random_weights": lm.is_random, "device": lm.device, "model_dtype": lm.dtype, **res,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import load, write_json
+from rvqspec_lib.cli.common import load, note, write_json
 from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root
 from rvqspec_lib.decoding.decoder_names import calibration_budgets, parse_decoder_name, split_decoder_list
@@ -67,7 +67,7 @@ def _check(args) -> tuple[list[str], set[str], list[str]]:
 def run(args, threads: int) -> int:
     """``rvqspec eval-wer``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
     names, needs, languages = _check(args)
-    lm = load(args, threads, "its WER means nothing")[0]
+    lm = load(args, threads)[0]
     progress = sys.stderr.isatty()
     print(f"{args.model} on {lm.device} ({lm.dtype})")
     own = getattr(lm.speech_tokenizer, "codec", None)
@@ -77,6 +77,8 @@ def run(args, threads: int) -> int:
                            work_dir=args.work_dir, progress=progress)
     if codec is None:
         raise ValueError(f"{args.model} has no offline codec: pass --dataset and --codec")
+    if lm.is_random:  # after the data is read: an error in it is the only line
+        note(f"{args.model} has RANDOM weights: its WER means nothing")
     # codes -> audio that every code 1..15 moves: the offline codec's table decoder (the sum of the chosen codebook
     # entries, nothing learned between a code and the audio); a real checkpoint's own 12 Hz decoder otherwise
     audio_codec = codec.with_decoder(None) if hasattr(codec, "with_decoder") else codec
@@ -101,11 +103,10 @@ def run(args, threads: int) -> int:
         results[lang] = W.evaluate_language(lm, utts, decoders, language=lang, codec=audio_codec,
                                             asr=recogniser(args.asr, lang, [u.text for u in utts]), seed=args.seed,
                                             replicates=args.replicates, drafter=ReusedHeads(), progress=progress)
-    asr_en = recogniser(args.asr, "en", [u.text for u in data["en"]["utterances"]]) \
-        if args.free_running and "en" in languages else None
-    if asr_en is not None:
-        free = W.free_running_parity(lm, data["en"]["utterances"], decoders, codec=audio_codec, asr=asr_en,
-                                     seed=args.seed, progress=progress)
+    if args.free_running and "en" in languages:
+        en = data["en"]["utterances"]
+        free = W.free_running_parity(lm, en, decoders, codec=audio_codec, asr=recogniser(args.asr, "en", [
+            u.text for u in en]), seed=args.seed, progress=progress)
     table3 = W.table3_rows(results)
     entries = cal_meta + [m for lang in languages for m in data[lang]["meta"]]
     out = {"model": args.model, "device": lm.device, "model_dtype": lm.dtype,

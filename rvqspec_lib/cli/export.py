@@ -60,10 +60,10 @@ def run(args, threads: int) -> int:
                           check=lambda m: check_tree_ranks([args.decoder_name], m.codebook_size))  # None: no tree
     cp = lm.code_predictor.eval()
     G.check_exportable(cp)
-    tree = DraftTree.chain(nodes - 1) if nodes and args.decoder_name is None else None
-    if args.decoder_name is not None:
-        tree = resolve(args.decoder_name, lm).decoder.tree(0)  # the graph holds the tree, not the drafter
-        nodes = tree.n_nodes + 1  # paper without :N: capped to the largest calibrated budget
+    # the graph holds the tree, not the drafter; paper without :N is capped to the largest calibrated budget
+    tree = resolve(args.decoder_name, lm).decoder.tree(0) if args.decoder_name else \
+        DraftTree.chain(nodes - 1) if nodes else None
+    nodes = tree.n_nodes + 1 if tree is not None else None
     out = make_folder(args.out, "--out")  # and its missing parents
     stem = f"{args.graph}" + (f"-n{nodes}" if nodes else "") + f"-{args.dtype}"
     path = out / (stem + F.FORMATS[args.fmt])

@@ -300,15 +300,13 @@ def run(args, threads: int) -> int:
              "rtf": (synth_s + decode_s) / audio_s if audio_s > 0 else None, "talker_s": talker_s,
              "inner_loop_s": inner_s, "notes": notes, **(per[0] if len(texts) == 1 else {"utterances": per})}
     targets = _write(args, stats, t0, {npy_p: r["codes"] for (_, npy_p), r in zip(pairs, rows)}, audio, sr)
-    total_s = stats["total_s"]
     rtf = (f"RTF {stats['rtf']:.2f} (synthesis alone; {stats['rtf_total']:.2f} with start-up, load and choice)"
            if stats["rtf"] is not None else "RTF n/a (no audio)")
     print(f"{f'{len(texts)} texts, ' * (len(texts) > 1)}{frames} frames ({audio_s:.2f} s of audio), {calls} "
           f"code-predictor calls, {tpc:.2f} tokens/call | startup {startup_s:.2f} s, load {load_s:.2f} s, "
           f"{args.decoder_name.text} decoder {choose_s:.2f} s ({B.runner_label(base)}) on {lm.device} ({lm.dtype}), "
-          f"synthesis "
-          f"{synth_s + decode_s:.2f} s (frame loop {synth_s:.2f} s + codes to audio {decode_s:.2f} s), total "
-          f"{total_s:.2f} s | {rtf} | {threads_text(threads)}")
+          f"synthesis {synth_s + decode_s:.2f} s (frame loop {synth_s:.2f} s + codes to audio {decode_s:.2f} s), "
+          f"total {stats['total_s']:.2f} s | {rtf} | {threads_text(threads)}")
     written = ", ".join(str(p) for p in targets) if len(targets) <= 4 else \
         f"{len(targets)} files ({targets[0]} ... {targets[-1]})"
     why = (f" (no codec weights for {args.model}: codes only, frames x {lm.n_code_groups})" if sr is None and
@@ -371,8 +369,7 @@ def run_stream(args, lm, runner, talker, generator, talker_sampling, t0: float, 
     report = sys.stderr if to_stdout else sys.stdout
     print(f"{s['frames']} frames ({s['audio_s']:.2f} s of audio) streamed in chunks of {args.chunk_frames} frame(s) "
           f"({B.runner_label(base)}) on {lm.device} ({lm.dtype}) | time to first audio {s['ttfa_ms']:.0f} ms after the "
-          f"prompt "
-          f"({s['ttfa_call_ms']:.0f} ms from the start of synthesis) | RTF {s['rtf']:.2f} | {s['underruns']} "
+          f"prompt ({s['ttfa_call_ms']:.0f} ms from the start of synthesis) | RTF {s['rtf']:.2f} | {s['underruns']} "
           f"underrun(s) ({s['stall_ms']:.0f} ms waited) | startup {base['startup_s']:.2f} s, load {base['load_s']:.2f} "
           f"s, total {stats['total_s']:.2f} s | {threads_text(s['threads'])} per side, generation and decoding "
           "overlapped", file=report)

@@ -289,11 +289,6 @@ def timings(threads: int, **seconds: float) -> str:
     return f"{', '.join(f'{k} {v:.1f} s' for k, v in seconds.items())} | {threads_text(threads)}"
 
 
-def started(args) -> float:
-    """When the command started (``main`` records it)."""
-    return getattr(args, "_started", None) or time.perf_counter()
-
-
 def write_json(path, record: dict) -> None:
     """``--json``: ``record`` written atomically to ``path`` and a ``wrote`` line; nothing without a path."""
     if path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from rvqspec_lib.cli.common import check_tree_ranks, load, note, note_fewer_frames, started, timings, write_json
+from rvqspec_lib.cli.common import check_tree_ranks, load, note, note_fewer_frames, timings, write_json
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name
@@ -30,7 +30,7 @@ def decoder_names(decoder: str | None) -> list:
 
 def run(args, threads: int) -> int:
     """``rvqspec eval-acceptance``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
-    t0 = started(args)
+    t0 = args._started  # main records when the command started
     source = FrameSource.of(args)
     names = decoder_names(args.decoder)
     if args.drafter == "heads" and args.drafter_path:
@@ -48,8 +48,8 @@ def run(args, threads: int) -> int:
     eval_s = time.perf_counter() - t
     if lm.is_random:  # after the work: an error is the only line
         note(f"{args.model} has RANDOM weights: acceptance rates mean nothing")
-    params = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
-    params["decoder_name"] = [n.label for n in names]
+    params = {**{k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)},
+              "decoder_name": [n.label for n in names]}
     res = {"model": args.model, "random_weights": lm.is_random, "device": lm.device, "model_dtype": lm.dtype, **res,
            "frames": frames.source, "threads": threads, "load_s": load_s, "eval_s": eval_s,
            "total_s": time.perf_counter() - t0, "provenance": provenance(params, seed=args.seed)}

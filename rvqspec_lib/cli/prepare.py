@@ -8,7 +8,7 @@ import sys
 import time
 
 from rvqspec_lib.cli.args import STAGES
-from rvqspec_lib.cli.common import load, note, started, timings, write_json
+from rvqspec_lib.cli.common import load, note, timings, write_json
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import model_drafter_dir
 from rvqspec_lib.training.prepare import prepare
@@ -16,7 +16,7 @@ from rvqspec_lib.training.prepare import prepare
 
 def run(args, threads: int) -> int:
     """``rvqspec prepare``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
-    t0 = started(args)
+    t0 = args._started  # main records when the command started
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     if not stages or any(s not in STAGES for s in stages):
         raise ValueError(f"--stages {args.stages!r}: choose among {','.join(STAGES)}")

@@ -16,7 +16,7 @@ import torch
 
 from rvqspec_lib.cli.args import AUDIO_SUFFIXES
 from rvqspec_lib.cli.common import check_device, check_outputs, check_tree_ranks, check_utf8, load, make_folder, note, \
-    started, threads_text
+    threads_text
 from rvqspec_lib.common.files import atomic_outputs, json_text
 from rvqspec_lib.data.frame_choice import read_lines
 from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
@@ -118,9 +118,8 @@ def check_dtype(args) -> None:
     if args.talker == "native" and args.dtype not in PRECISIONS:
         raise ValueError(f"--talker native runs --dtype {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, not "
                          f"{args.dtype}: give one of those, or use --talker official")
-    if args.talker == "native" and not B.available("native", args.dtype)[0]:
-        raise ValueError(f"--talker native is not available here: {B.available('native', args.dtype)[1]}: use "
-                         "--talker official")
+    if args.talker == "native" and not (native := B.available("native", args.dtype))[0]:
+        raise ValueError(f"--talker native is not available here: {native[1]}: use --talker official")
 
 
 def check_against_model(args, facts) -> str | None:
@@ -205,7 +204,7 @@ def _audio(lm, codec_choice: str, rows: list[dict]) -> tuple[str | None, int | N
 
 def run(args, threads: int) -> int:
     """``rvqspec synth``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
-    t0 = started(args)
+    t0 = args._started  # main records when the command started
     pairs, texts = check_args(args), args.texts
     cap_note = check_against_model(args, loader.model_facts(args.model))  # config only: milliseconds
     if cap_note:

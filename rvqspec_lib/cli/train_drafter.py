@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from rvqspec_lib.cli.common import check_outputs, load, note_fewer_frames, started, timings
+from rvqspec_lib.cli.common import check_outputs, load, note_fewer_frames, timings
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.drafters import DEFAULT_K
@@ -39,7 +39,7 @@ def trained(args, lm, frames, val, **kwargs):
 
 def run(args, threads: int) -> int:
     """``rvqspec train-drafter``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
-    t0 = started(args)
+    t0 = args._started  # main records when the command started
     d = model_drafter_dir(args.model)
     if not args.out and d is None:
         raise ValueError("--out is required when --model is not a local checkpoint directory")

@@ -177,8 +177,8 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, capsys, argv, msg):
     (["--decoder", "tree:0;;1"], "empty path in tree"),
     (["--out", "OUT/x.txt"], "must end in .wav, .flac, .ogg"),
     (["--out", "OUT/x"], "must end in .wav, .flac, .ogg"),
-    (["--json", "OUT/x.wav"], "is an audio or codes file of --out"),
-    (["--json", "OUT/x.npy"], "is an audio or codes file of --out"),
+    (["--json", "OUT/x.wav"], "is also written as --out"),
+    (["--json", "OUT/x.npy"], "is also written as --out"),
 ])
 def test_cli_output_and_flag_checks_happen_before_any_work(tmp_path, capsys, extra, msg):
     extra = [a.replace("OUT", str(tmp_path)) for a in extra]

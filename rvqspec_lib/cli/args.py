@@ -28,8 +28,7 @@ POSITIVE = number(int, 1)
 
 
 def _common(p: argparse.ArgumentParser, *flags: str) -> None:
-    """The flags several commands share, by name: ``model``, ``seed``, ``json``, ``dtype``, ``device``, ``dataset``
-    (with ``--codec``), ``language``; ``--threads`` always."""
+    """The flags several commands share, by name (``dataset`` adds ``--codec``); ``--threads`` always."""
     flags_of = {
         "model": [("--model", dict(required=True, help="embedded, tiny-random, qwen3-tts-0.6b-random, "
                                    "qwen3-tts-1.7b-random, a checkpoint folder or a hub id"))],
@@ -38,11 +37,9 @@ def _common(p: argparse.ArgumentParser, *flags: str) -> None:
         "json": [("--json", dict(help="write every statistic here (atomically)"))],
         "dtype": [("--dtype", dict(default="float32", choices=("float32", "float64", "bfloat16")))],
         "device": [("--device", dict(default="auto", help=f"where the model runs: {', '.join(DEVICES)} or cuda:N "
-                                     "(auto: CUDA, then Apple's MPS, then the CPU; the CPU where what you chose runs "
-                                     "there only); a device not present here is refused before loading"))],
-        "dataset": [("--dataset", dict(help="a local datasets folder (save_to_disk) of audio + text, VoxPopuli "
-                                       "schema")), ("--codec", dict(help="with --dataset: the model's codec (file or "
-                                                                         "folder)"))],
+                                     "(auto: CUDA, then MPS, then the CPU; the CPU for what runs only there)"))],
+        "dataset": [("--dataset", dict(help="a datasets folder (save_to_disk) of audio + text, VoxPopuli schema")),
+                    ("--codec", dict(help="with --dataset: the model's codec (file or folder)"))],
         "language": [("--language", dict(default="auto", help="with --dataset: prompt language (auto, english, ...)"))]}
     for name in flags:
         for flag, kwargs in flags_of[name]:
@@ -58,18 +55,16 @@ def synth(p: argparse.ArgumentParser) -> None:
                                           "--out with an index (out.wav -> out_000.wav, out_000.npy, ...)")
     p.add_argument("--out", required=True, help=f"output audio: {', '.join(AUDIO_SUFFIXES)}, the codes beside it "
                                                 "(.npy); with --stream a .wav, or - for standard output (... | aplay)")
-    p.add_argument("--decoder", default=None, help=f"inner-loop decoder, one name: {grammar(('chain:best',))}. paper "
-                   "is the paper's decoder; auto the fastest here (timed once and cached). Default: auto's choice "
-                   "where `rvqspec prepare` timed it on this machine, else ar through native, fused (untimed)")
+    p.add_argument("--decoder", default=None, help=f"inner-loop decoder: {grammar(('chain:best',))}. auto: the "
+                   "fastest here (timed once, cached). Default: the choice `rvqspec prepare` cached, else ar untimed")
     p.add_argument("--backend", default=None, choices=BACKENDS, help="what runs the code-predictor calls (default "
                    "official; with --decoder auto or none, official or native, whichever is faster here)")
     p.add_argument("--talker", default="official", choices=("official", "native"),
                    help="what runs the talker steps (native: one C call a step; docs/precision.md#the-native-talker)")
-    p.add_argument("--frame", default="auto", choices=("auto", "fused", "stepped"), help="fused: the whole frame as "
-                   "one graph or C call; stepped: one backend call per round; auto: fused with --backend native where "
-                   "the decoder has a fused frame")
-    p.add_argument("--stream", action="store_true", help="write the audio as it is made (a valid WAV at every "
-                   "moment); reports time to first audio, RTF and underruns (docs/streaming.md). One --text")
+    p.add_argument("--frame", default="auto", choices=("auto", "fused", "stepped"), help="fused: a frame as one graph "
+                   "or C call; stepped: one call per round; auto: fused with --backend native where it can")
+    p.add_argument("--stream", action="store_true", help="one --text: write the audio as it is made "
+                   "(docs/streaming.md)")
     p.add_argument("--chunk-frames", type=int, default=None, help="--stream: frames decoded to audio at once, "
                    "1..--max-frames (default 1)")
     p.add_argument("--batch-size", type=number(int, 1, MAX_BATCH), default=None, help=f"--text-file: lines decoded "
@@ -82,23 +77,19 @@ def synth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codes-to-audio", default="auto", choices=("auto", "neural", "table"), help="offline codec "
                    "(embedded): its neural code decoder when shipped (auto), required (neural), or the codebook sum")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float64", "bfloat16", "int8",
-                                                         "int8-dynamic"),
-                   help="auto (default): the model's stored dtype where the device runs it well, else float32 "
-                   "(docs/model.md#device-and-dtype); int8: int8 weights in the code predictor, bfloat16 elsewhere; "
-                   "int8-dynamic: also int8 activations, float32 elsewhere (docs/precision.md)")
+                   "int8-dynamic"), help="auto: the model's own where the device runs it well, else float32; int8 "
+                   "and int8-dynamic: an int8 code predictor (docs/precision.md)")
     _common(p, "model", "seed", "json", "device")
 
 
 def prepare(p: argparse.ArgumentParser) -> None:
     """``rvqspec prepare``."""
     p.add_argument("--frames", type=number(int, 1, what=" (calibration frames of 80 ms)"), default=1500, metavar="N",
-                   help="calibration frames the model speaks (the "
-                   "offsets train on as many, validate on a fifth; default 1500)")
+                   help="calibration frames the model speaks (default 1500)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="the model's dtype while "
                    "preparing (auto: its own where the device runs it well, else float32; docs/model.md)")
     p.add_argument("--auto-dtype", action="append", choices=["float32", "bfloat16"], dest="auto_dtypes",
-                   help="a synth --dtype to time --decoder auto for (repeat for several; default synth's: --dtype "
-                   "auto's answer for this model and device)")
+                   help="a synth --dtype to time --decoder auto for (repeatable; default: a default synth's)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated stages to run, in order (default "
                    f"all: {','.join(STAGES)}; the shipped embedded model needs only auto)")
     _common(p, "model", "seed", "json", "device")
@@ -111,18 +102,15 @@ def export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph", required=True, choices=GRAPHS, help="stepped (one position a call), verify (the fused "
                    "verify call of N positions), frame (all codes of a frame)")
     p.add_argument("--nodes", type=number(int, MIN_BUDGET, MAX_BUDGET, " (query positions of one verify call, the root "
-                                          "included)"), help="verify graph: node budget N, the root included (2..64; "
-                   "default 4, or the --decoder's size)")
+                                          "included)"), help="verify graph: node budget N (default 4 or --decoder's)")
     p.add_argument("--decoder", default=None, help="verify graph: the tree of tree:PATHS, chain:N, "
                    "tree:calibrated[-point-mass|-sampled]:N[@DRAFTER] or paper[:N]")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16"))
     p.add_argument("--target", default="macOS15", choices=("macOS15", "iOS18"), help="Core ML deployment target")
-    p.add_argument("--predict", action="store_true", help="Core ML: require prediction, comparison and timing "
-                   "(macOS 15+)")
+    p.add_argument("--predict", action="store_true", help="Core ML: require prediction and timing (macOS 15+)")
     p.add_argument("--out", required=True, help="output folder (created with its parents)")
     p.add_argument("--repeats", type=POSITIVE, default=20, help="Core ML on macOS: timed calls per compute unit")
-    p.add_argument("--device", default="auto", help="export traces and checks its graphs on the CPU: auto or cpu "
-                   "(another device is refused)")
+    p.add_argument("--device", default="auto", help="auto or cpu (export runs its graphs on the CPU)")
     _common(p, "model")
 
 
@@ -149,14 +137,14 @@ def eval_wer(p: argparse.ArgumentParser) -> None:
     _common(p, "model", "seed", "json", "device")
 
 
-def _frame_source(p: argparse.ArgumentParser, default_frames: int) -> None:
-    """Where train-drafter's and eval-acceptance's teacher-forced frames come from
-    (:class:`rvqspec_lib.data.frame_choice.FrameSource`)."""
+def _frame_source(p: argparse.ArgumentParser, default_frames: int, *more: str) -> None:
+    """Where the teacher-forced frames come from (:class:`~rvqspec_lib.data.frame_choice.FrameSource`),
+    and the shared flags (``more`` too)."""
     p.add_argument("--frames-file", help="frames saved by Frames.save (.safetensors); default: the utterances that "
                                          "ship with the model (the embedded model), else the model speaks texts")
     p.add_argument("--texts-file", help="texts to speak, one a line (default: a few built-in sentences)")
     p.add_argument("--frames", type=POSITIVE, default=default_frames, help="number of frames to use")
-    _common(p, "dataset", "language", "model", "seed", "dtype", "device")
+    _common(p, "dataset", "language", "model", "seed", "dtype", "device", *more)
 
 
 def eval_acceptance(p: argparse.ArgumentParser) -> None:
@@ -169,8 +157,7 @@ def eval_acceptance(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rank", type=POSITIVE, default=8, help="ranks tabulated for the tree calibration")
     p.add_argument("--teacher-codes", choices=["decoded", "frames"], default="decoded",
                    help="codes the exact tables teacher-force: decoded (samples of p) or the frames' own")
-    p.add_argument("--json", help="write every statistic here")
-    _frame_source(p, default_frames=200)
+    _frame_source(p, 200, "json")
 
 
 def _training(p: argparse.ArgumentParser, out_help: str, out_required: bool) -> None:
@@ -198,7 +185,7 @@ def train_drafter(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-frames", type=POSITIVE, help="validation frames from the shipped validation split (default "
                    "500; embedded models)")
     p.add_argument("--curve-json", help="training curve (default: the drafter file with .curve.json)")
-    _frame_source(p, default_frames=2000)
+    _frame_source(p, 2000)
 
 
 def extract_frames(p: argparse.ArgumentParser) -> None:

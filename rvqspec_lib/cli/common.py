@@ -15,8 +15,7 @@ from rvqspec_lib.common import files
 
 
 def _die(msg: str) -> int:
-    """Print ``rvqspec: error: <msg>`` on stderr, on ONE line (a message from a library with several lines is joined
-    with " | "); return exit status 2 (bad input, as argparse)."""
+    """Print ``rvqspec: error: <msg>`` on stderr as ONE line (several lines joined with " | "); return 2."""
     one = " | ".join(line.strip() for line in str(msg).splitlines() if line.strip())
     print(f"rvqspec: error: {one}", file=sys.stderr)
     return 2
@@ -33,8 +32,7 @@ def note_fewer_frames(frames, asked: int, flag: str = "--frames") -> None:
         note(f"{flag} {asked} asked, the source has {len(frames)}: using them all")
 
 
-#: What the values of a ``choices=`` flag are, by argparse destination, for the one-line error (``--dtype float16
-#: is not a precision rvqspec synth takes: ...``); a flag not listed here is "a value".
+#: argparse destination -> what its choices are, for ``--dtype float16 is not a precision ... takes`` (else "a value")
 CHOICE_NOUNS = {"dtype": "a precision", "drafter": "a drafter", "loss": "a training loss", "backend": "a backend",
                 "frame": "a kind of frame runner", "codes_to_audio": "a way from codes to audio",
                 "teacher_codes": "a source of teacher codes", "dataset_kind": "a dataset kind",
@@ -52,9 +50,8 @@ class OutOfRange(argparse.ArgumentTypeError):
 
 
 def number(kind=int, lo=0, hi=None, what: str = "", open_: bool = False):
-    """An argparse ``type=``: ``kind(text)`` (``int`` or ``float``) in ``lo..hi`` (``hi=None``: no upper bound;
-    ``open_``: both bounds excluded). Raises ValueError (text that is not a ``kind``: the parser names its noun) or
-    :class:`OutOfRange` (``must be >= lo<what>, got v``, ``in lo..hi``, ``> lo``, ``in (lo, hi)``)."""
+    """An argparse ``type=``: ``kind(text)`` in ``lo..hi`` (``hi=None``: unbounded; ``open_``: bounds excluded).
+    Raises ValueError (not a ``kind``) or :class:`OutOfRange` (``must be >= lo<what>, got v`` and the like)."""
     text = (f"{'>' if open_ else '>='} {lo}" if hi is None else f"in ({lo}, {hi})" if open_ else f"in {lo}..{hi}")
 
     def convert(s: str):
@@ -73,10 +70,8 @@ def _either(names) -> str:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """The parser of every ``rvqspec`` command (sub-parsers inherit it): bad input is ONE line ``rvqspec: error:
-    <what is wrong>: <the fix>`` and exit status 2, never argparse's usage block; ``--help`` is unchanged. argparse's
-    hooks ``_check_value`` and ``_get_value`` (private, unchanged since Python 3.2) word refused choices and types;
-    :meth:`one_line` rewords the other messages (an unknown one passes, still one line)."""
+    """The parser of every command: bad input is ONE line ``rvqspec: error: <what is wrong>: <the fix>``, exit 2, no
+    usage block. argparse's hooks ``_check_value``/``_get_value`` word choices and types; :meth:`one_line` the rest."""
 
     def _flag(self, action) -> str:
         if action is None:
@@ -109,7 +104,7 @@ class OneLineParser(argparse.ArgumentParser):
             raise self._ready(f"{flag} {arg_string} is not {noun}: {fix}") from None
 
     def _ready(self, msg: str) -> argparse.ArgumentError:
-        """An ArgumentError whose message is already the one line (argparse passes it on to :meth:`error`)."""
+        """An ArgumentError whose message is already the one line."""
         self._ready_message = msg
         return argparse.ArgumentError(None, msg)
 
@@ -166,8 +161,7 @@ OUTPUT_FLAGS = {"out": "--out", "json": "--json", "json_path": "--json", "curve_
 
 
 def _folder_problem(folder: Path, flag: str, path) -> str | None:
-    """Why no file can be written in ``folder`` (made first where it is missing: a real probe in its nearest existing
-    ancestor, leaving nothing behind), or ``None``."""
+    """Why no file can be written in ``folder`` (or made in its nearest existing ancestor), or ``None``."""
     base = next((q for q in (folder, *folder.parents) if q.exists()), Path("."))
     if not base.is_dir():
         return f"{flag} {path}: {base} is a file, not a folder: choose another location"
@@ -191,9 +185,7 @@ def make_folder(folder: str | os.PathLike, flag: str) -> Path:
 
 
 def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents: bool = False) -> str | None:
-    """Why an output path cannot be written, or ``None`` (also for a ``None`` path), by real probes that leave nothing
-    behind: empty, a folder, a missing (unless ``make_parents`` and creatable) or unwritable folder, a read-only
-    file."""
+    """Why an output path cannot be written (real probes, nothing left behind), or ``None`` (also for no path)."""
     if path is None:
         return None
     if not str(path).strip():
@@ -215,14 +207,14 @@ def check_output_path(path: str | os.PathLike | None, flag: str, *, make_parents
 
 
 def check_outputs(paths: Sequence[tuple[str | os.PathLike | None, str]], *, make_parents: bool = False) -> None:
-    """:func:`check_output_path` on ``(path, flag)`` pairs, and no two the same file. Raises ValueError (one line)."""
+    """:func:`check_output_path` on ``(path, flag)`` pairs, no two the same file. Raises ValueError (one line)."""
     seen: dict[Path, str] = {}
     for path, flag in paths:
         if (problem := check_output_path(path, flag, make_parents=make_parents)):
             raise ValueError(problem)
         if path is not None and seen.setdefault(Path(path).resolve(), flag) != flag:
-            raise ValueError(f"{flag} {path} is also the {seen[Path(path).resolve()]} file: give each output its own "
-                             "name")
+            raise ValueError(f"{flag} {path} is also written as {seen[Path(path).resolve()]}: give each output its "
+                             "own name")
 
 
 def check_output_folder(path: str | os.PathLike) -> str | None:
@@ -232,7 +224,7 @@ def check_output_folder(path: str | os.PathLike) -> str | None:
 
 
 def add_threads_arg(parser: argparse.ArgumentParser, *, dest: str = "threads") -> None:
-    """``--threads`` (default ``None`` = not given; :func:`resolve_threads` picks the value)."""
+    """``--threads`` (``None``: not given; :func:`resolve_threads`)."""
     parser.add_argument("--threads", dest=dest, type=number(int, 0, what=" (0 keeps torch's choice)"), metavar="N",
                         help="torch CPU threads: default 1 (on a small shared machine more threads spin-wait and "
                         "run several times slower), 0 keeps torch's choice, N uses N. Given after the command it wins "
@@ -240,13 +232,12 @@ def add_threads_arg(parser: argparse.ArgumentParser, *, dest: str = "threads") -
 
 
 def resolve_threads(command_flag: int | None, global_flag: int | None) -> int:
-    """The one ``--threads`` rule: the command's flag, else the global one, else 1 (0 keeps torch's choice; the parser
-    refuses a negative count)."""
+    """The command's ``--threads``, else the global one, else 1 (0 keeps torch's choice)."""
     return command_flag if command_flag is not None else global_flag if global_flag is not None else 1
 
 
 def apply_threads(n: int) -> int:
-    """``torch.set_num_threads(n)`` unless ``n == 0``; returns torch's thread count (torch imported here, lazily)."""
+    """``torch.set_num_threads(n)`` unless ``n == 0``; returns torch's thread count."""
     import torch
 
     if n:
@@ -259,10 +250,9 @@ def threads_text(n: int) -> str:
 
 
 def check_device(args, cpu_only: str | None = None, fix: str = "") -> str:
-    """Resolve ``args.device`` in place before a model loads and return it: ``auto`` -> CUDA, then MPS, then the CPU
-    (:func:`~rvqspec_lib.common.machine.resolve_device`). ``cpu_only``: what was asked for that runs on the CPU alone
-    (``"--backend native"``): ``auto`` is then the CPU and another device is refused, naming ``fix`` (a choice that
-    runs there). Raises ValueError (one line): an unknown device, one not present here, or one ``cpu_only`` refuses."""
+    """Resolve ``args.device`` in place and return it (:func:`~rvqspec_lib.common.machine.resolve_device`).
+    ``cpu_only``: what runs on the CPU alone (``"--backend native"``): ``auto`` is the CPU, another device is refused
+    naming ``fix``. Raises ValueError (one line): an unknown device, one not here, one ``cpu_only`` refuses."""
     from rvqspec_lib.common.machine import resolve_device  # light; torch only inside
 
     if cpu_only and str(args.device).strip().lower() == "auto":
@@ -276,11 +266,10 @@ def check_device(args, cpu_only: str | None = None, fix: str = "") -> str:
 
 
 def load(args, threads: int, random: str = "", cpu_only: str | None = None, check=None, **kwargs):
-    """The model of ``--model`` on ``--device`` (:func:`check_device`, ``cpu_only`` as there), after torch's thread
-    count is applied; ``kwargs``: :func:`~rvqspec_lib.models.loader.load_model`'s (``dtype``). ``random``: what random
-    weights make meaningless (a note). ``check(model)``: raises on what the model cannot do (``codebook_size``,
-    ``n_code_groups``), run on its config before loading where it can be read, and on the loaded model. Returns
-    ``(model, threads, seconds to load)``. Raises ValueError (one line)."""
+    """The model of ``--model`` on ``--device`` (:func:`check_device`) after the thread count is applied; ``kwargs``:
+    :func:`~rvqspec_lib.models.loader.load_model`'s. ``random``: what random weights make meaningless (a note).
+    ``check(model)`` raises on what the model cannot do: run on its config before loading, and on the loaded model.
+    Returns ``(model, threads, seconds to load)``. Raises ValueError (one line)."""
     from rvqspec_lib.models import loader
 
     if check is not None and (facts := loader.model_facts(args.model)) is not None:
@@ -300,11 +289,6 @@ def timings(threads: int, **seconds: float) -> str:
     return f"{', '.join(f'{k} {v:.1f} s' for k, v in seconds.items())} | {threads_text(threads)}"
 
 
-def started(args) -> float:
-    """When the command started (``main`` records it), for the timings it reports."""
-    return getattr(args, "_started", None) or time.perf_counter()
-
-
 def write_json(path, record: dict) -> None:
     """``--json``: ``record`` written atomically to ``path`` and a ``wrote`` line; nothing without a path."""
     if path:
@@ -313,9 +297,8 @@ def write_json(path, record: dict) -> None:
 
 
 def parallel_device(args):
-    """This process of a data-parallel run (:meth:`rvqspec_lib.training.distributed.Parallel.detect`): alone, on
-    ``--device`` (:func:`check_device`); under ``accelerate launch`` on the device accelerate gave it, which ``--device
-    auto`` takes and another kind refuses. Raises ValueError (one line): a device not present or not accelerate's."""
+    """This process of a data-parallel run (:class:`~rvqspec_lib.training.distributed.Parallel`): alone on ``--device``;
+    under ``accelerate launch`` on accelerate's device (``--device auto``; another kind is refused: ValueError)."""
     from dataclasses import replace
 
     from rvqspec_lib.training.distributed import Parallel
@@ -331,16 +314,6 @@ def parallel_device(args):
     return par
 
 
-def load_parallel(args, threads: int):
-    """This process of a data-parallel run (:func:`parallel_device`) and the model of ``--model`` on its device, after
-    torch's thread count is applied: ``(parallel, model)``. Raises ValueError (one line) as :func:`parallel_device`."""
-    from rvqspec_lib.models import loader
-
-    apply_threads(threads)
-    par = parallel_device(args)
-    return par, loader.load_model(args.model, device=par.device)
-
-
 def check_utf8(text: str, flag: str) -> None:
     """Raises ValueError (one line) when ``text`` holds bytes that are not UTF-8 (lone surrogates in argv)."""
     try:
@@ -353,8 +326,8 @@ def check_utf8(text: str, flag: str) -> None:
 
 
 def check_tree_ranks(names, codebook_size: int, max_rank: int | None = None) -> None:
-    """Raises ValueError (one line) when a decoder name's tree (its ``paths``) drafts a rank outside the codebook, or
-    ``max_rank`` (``--max-rank``) exceeds it."""
+    """Raises ValueError (one line) when a decoder name's tree drafts a rank outside the codebook, or ``--max-rank``
+    exceeds it."""
     if max_rank is not None and max_rank > codebook_size:
         raise ValueError(f"--max-rank {max_rank} exceeds the codebook ({codebook_size} codes)")
     for d in names:

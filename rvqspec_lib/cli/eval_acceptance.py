@@ -1,13 +1,11 @@
 """``rvqspec eval-acceptance``: tokens per call and exact acceptance of a drafter (reused heads, offsets, Medusa)
-under chain windows and a tree (paper Table 2; docs/methods.md). Flags, decoders, ranks and the frame source are
-checked before the model loads; the JSON is written atomically.
-"""
+under chain windows and a tree (paper Table 2; docs/methods.md)."""
 
 from __future__ import annotations
 
 import time
 
-from rvqspec_lib.cli.common import check_tree_ranks, load, note, note_fewer_frames, started, timings, write_json
+from rvqspec_lib.cli.common import check_tree_ranks, load, note, note_fewer_frames, timings, write_json
 from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.decoder_names import parse_decoder_name
@@ -19,12 +17,8 @@ from rvqspec_lib.models.named_decoders import resolve
 
 
 def decoder_names(decoder: str | None) -> list:
-    """The decoder names evaluated: ``--decoder`` (a chain or a tree of rank paths, drafting with ``--drafter``), or
-    the sweep: chain windows 2..8 and the default tree.
-
-    Raises:
-        ValueError: any other name (one line naming the fix), a window outside 2..8, malformed rank paths.
-    """
+    """The decoder names evaluated: ``--decoder`` (a chain or a tree of rank paths), or chain windows 2..8 and the
+    default tree. Raises ValueError (one line): any other name, a window outside 2..8, malformed rank paths."""
     if decoder is None:
         return [parse_decoder_name(f"chain:{w}") for w in CHAIN_WINDOWS] + [parse_decoder_name("tree")]
     name = parse_decoder_name(decoder)
@@ -36,7 +30,7 @@ def decoder_names(decoder: str | None) -> list:
 
 def run(args, threads: int) -> int:
     """``rvqspec eval-acceptance``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
-    t0 = started(args)
+    t0 = args._started  # main records when the command started
     source = FrameSource.of(args)
     names = decoder_names(args.decoder)
     if args.drafter == "heads" and args.drafter_path:
@@ -52,10 +46,10 @@ def run(args, threads: int) -> int:
                                          sampling=inner_sampling(lm), seed=args.seed, max_rank=args.max_rank,
                                          teacher_codes=args.teacher_codes)
     eval_s = time.perf_counter() - t
-    if lm.is_random:
+    if lm.is_random:  # after the work: an error is the only line
         note(f"{args.model} has RANDOM weights: acceptance rates mean nothing")
-    params = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
-    params["decoder_name"] = [n.label for n in names]
+    params = {**{k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)},
+              "decoder_name": [n.label for n in names]}
     res = {"model": args.model, "random_weights": lm.is_random, "device": lm.device, "model_dtype": lm.dtype, **res,
            "frames": frames.source, "threads": threads, "load_s": load_s, "eval_s": eval_s,
            "total_s": time.perf_counter() - t0, "provenance": provenance(params, seed=args.seed)}

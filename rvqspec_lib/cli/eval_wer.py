@@ -23,12 +23,8 @@ from rvqspec_lib.models.tree_files import tree_file
 
 
 def check_names(names, model: str) -> set[str]:
-    """Parse every ``--decoders`` name and check the files that non-heads drafters read beside the model, before any
-    work; returns what the HEADS' names need (``calibration``, ``best_chain``).
-
-    Raises:
-        ValueError, FileNotFoundError: one line naming the fix.
-    """
+    """Parse every ``--decoders`` name and check the files other drafters than the heads read; returns what the
+    heads' names need (``calibration``, ``best_chain``). Raises ValueError, FileNotFoundError (one line)."""
     needs: set[str] = set()
     for text in names:
         d = parse_decoder_name(text, without=("auto",))
@@ -81,7 +77,7 @@ def run(args, threads: int) -> int:
                            work_dir=args.work_dir, progress=progress)
     if codec is None:
         raise ValueError(f"{args.model} has no offline codec: pass --dataset and --codec")
-    if lm.is_random:
+    if lm.is_random:  # after the data is read: an error in it is the only line
         note(f"{args.model} has RANDOM weights: its WER means nothing")
     # codes -> audio that every code 1..15 moves: the offline codec's table decoder (the sum of the chosen codebook
     # entries, nothing learned between a code and the audio); a real checkpoint's own 12 Hz decoder otherwise
@@ -107,11 +103,10 @@ def run(args, threads: int) -> int:
         results[lang] = W.evaluate_language(lm, utts, decoders, language=lang, codec=audio_codec,
                                             asr=recogniser(args.asr, lang, [u.text for u in utts]), seed=args.seed,
                                             replicates=args.replicates, drafter=ReusedHeads(), progress=progress)
-    asr_en = recogniser(args.asr, "en", [u.text for u in data["en"]["utterances"]]) \
-        if args.free_running and "en" in languages else None
-    if asr_en is not None:
-        free = W.free_running_parity(lm, data["en"]["utterances"], decoders, codec=audio_codec, asr=asr_en,
-                                     seed=args.seed, progress=progress)
+    if args.free_running and "en" in languages:
+        en = data["en"]["utterances"]
+        free = W.free_running_parity(lm, en, decoders, codec=audio_codec, asr=recogniser(args.asr, "en", [
+            u.text for u in en]), seed=args.seed, progress=progress)
     table3 = W.table3_rows(results)
     entries = cal_meta + [m for lang in languages for m in data[lang]["meta"]]
     out = {"model": args.model, "device": lm.device, "model_dtype": lm.dtype,

@@ -22,13 +22,8 @@ DEFAULT_NODES = 4
 
 
 def check_args(args) -> int | None:
-    """Every check before the model loads; returns the verify graph's node budget N from ``--decoder`` / ``--nodes``
-    (``None`` for the other graphs) and sets ``args.decoder_name``.
-
-    Raises:
-        ValueError, FileNotFoundError: one line naming the fix: a tree for another graph, a decoder without a tree,
-            its files missing, ``--nodes`` disagreeing with it.
-    """
+    """Every check before the model loads; returns the verify graph's node budget N (``None`` for the other graphs)
+    and sets ``args.decoder_name``. Raises ValueError, FileNotFoundError (one line naming the fix)."""
     args.decoder_name = None
     if args.graph != "verify" and (args.nodes is not None or args.decoder is not None):
         given = [f for f, v in (("--decoder", args.decoder), ("--nodes", args.nodes)) if v is not None]
@@ -60,19 +55,18 @@ def check_args(args) -> int | None:
 def run(args, threads: int) -> int:
     """``rvqspec export``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
     nodes = check_args(args)
-    lm, threads, _ = load(args, threads, cpu_only="export (it traces and checks its graphs on the CPU)",
+    lm, threads, _ = load(args, threads, "the graph's shapes and timing are real, its outputs mean nothing",
+                          cpu_only="export (it traces and checks its graphs on the CPU)",
                           check=lambda m: check_tree_ranks([args.decoder_name], m.codebook_size))  # None: no tree
     cp = lm.code_predictor.eval()
     G.check_exportable(cp)
-    tree = DraftTree.chain(nodes - 1) if nodes and args.decoder_name is None else None
-    if args.decoder_name is not None:
-        tree = resolve(args.decoder_name, lm).decoder.tree(0)  # the graph holds the tree, not the drafter
-        nodes = tree.n_nodes + 1  # paper without :N: capped to the largest calibrated budget
+    # the graph holds the tree, not the drafter; paper without :N is capped to the largest calibrated budget
+    tree = resolve(args.decoder_name, lm).decoder.tree(0) if args.decoder_name else \
+        DraftTree.chain(nodes - 1) if nodes else None
+    nodes = tree.n_nodes + 1 if tree is not None else None
     out = make_folder(args.out, "--out")  # and its missing parents
     stem = f"{args.graph}" + (f"-n{nodes}" if nodes else "") + f"-{args.dtype}"
     path = out / (stem + F.FORMATS[args.fmt])
-    if lm.is_random:
-        note(f"{args.model} has RANDOM weights: the graph's shapes and timing are real, its outputs mean nothing")
     res = F.export_graph(cp, args.graph, args.fmt, path, dtype=args.dtype, nodes=nodes, tree=tree, target=args.target)
     agreement = [r for r in X.check_file(cp, args.graph, path, dtype=args.dtype, nodes=nodes, tree=tree) if r["ran"]]
     timing = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from rvqspec_lib.cli.common import load_parallel
+from rvqspec_lib.cli.common import load, parallel_device
 from rvqspec_lib.cli.main import accelerate_main
 from rvqspec_lib.data.frame_choice import check_dataset_flags
 from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances
@@ -22,7 +22,8 @@ def run(args, threads: int) -> int:
             root = embedded_root(args.model)
         except FileNotFoundError:
             raise ValueError(f"{args.model} ships no utterances: pass --dataset and --codec") from None
-    par, lm = load_parallel(args, threads)
+    par = parallel_device(args)
+    lm = load(args, threads)[0]
     progress = sys.stderr.isatty() and par.is_main
     if args.dataset:
         out = extract_dataset_frames(args.dataset, lm, load_codec(args.codec, device=par.device), args.out,

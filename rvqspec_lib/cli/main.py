@@ -16,11 +16,8 @@ from typing import Sequence
 from rvqspec_lib.cli.common import OUTPUT_FLAGS, OneLineParser, _die, add_threads_arg, check_output_folder, \
     check_output_path, resolve_threads
 
-#: command -> its help line. The command ``a-b``'s flags are added to a parser by ``args.a_b(parser)`` (light: no
-#: torch); the module ``a_b`` does the work, ``run(args, threads) -> exit status``, imported only when the command
-#: runs. ``threads`` is the resolved ``--threads`` (0 = torch's choice); each command applies it
-#: (common.apply_threads). Packages beside the library add commands of their own as plug-ins (:func:`plugins`:
-#: ``bench`` from bench/).
+#: command -> its help line. ``args.a_b(parser)`` adds the flags of ``a-b`` (no torch); the module ``a_b`` does the
+#: work, ``run(args, threads) -> exit status`` (``threads``: the resolved ``--threads``, 0 = torch's choice).
 COMMANDS = {
     "synth": "speak a text with a chosen inner-loop decoder",
     "prepare": "get a checkpoint ready for --decoder paper and auto (frames, offsets, trees, auto's timing)",
@@ -33,35 +30,30 @@ COMMANDS = {
                               "rvqspec_lib.cli.train_drafter_parallel)",
 }
 
-#: the entry-point group of command plug-ins: a module with ``HELP`` (one line), ``add_args(parser)`` (light: no
-#: torch) and ``run(args, threads) -> exit status``, registered by its package (pyproject.toml)
+#: the entry-point group of command plug-ins (``bench``): a module with ``HELP``, ``add_args(parser)`` and ``run``
 PLUGIN_GROUP = "rvqspec.commands"
 
 
 def plugins() -> dict[str, str]:
-    """Commands added by installed packages: name -> module path (``{"bench": "bench.cli"}`` once the project is
-    installed; empty where it is not)."""
+    """Commands added by installed packages: name -> module path (``{"bench": "bench.cli"}``)."""
     return {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP)}
 
 
 def _commands() -> dict[str, tuple[str | None, str, str]]:
-    """Command -> (help line, ``module:function`` adding its flags, module doing the work) of :data:`COMMANDS` and the
-    plug-ins (help line ``None``: the module's ``HELP``)."""
+    """Command -> (help line or ``None``: the module's ``HELP``, ``module:function`` adding its flags, module)."""
     own = {n: (h, f"args:{n.replace('-', '_')}", n.replace("-", "_")) for n, h in COMMANDS.items()}
     return {**own, **{n: (None, f"{m}:add_args", m) for n, m in plugins().items() if n not in COMMANDS}}
 
 
 def _load(ref: str):
-    """``"args:synth"`` -> the function ``synth`` of :mod:`rvqspec_lib.cli.args`; ``"synth"`` -> the module; a dotted
-    ``"bench.cli:add_args"`` (a plug-in) -> that module's function."""
+    """``"args:synth"`` -> :func:`rvqspec_lib.cli.args.synth`; ``"synth"`` -> the module; ``"bench.cli:add_args"``."""
     module, _, attr = ref.partition(":")
     mod = importlib.import_module(module if "." in module else f"rvqspec_lib.cli.{module}")
     return getattr(mod, attr) if attr else mod
 
 
 def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The ``rvqspec`` parser (a :class:`~rvqspec_lib.cli.common.OneLineParser`): global ``--threads`` and one
-    sub-parser per command, the flags of ``commands`` (default all) added."""
+    """The ``rvqspec`` parser: global ``--threads``, one sub-parser per command, the flags of ``commands`` (all)."""
     parser = OneLineParser(prog="rvqspec", description="rvqspec: lossless speculative decoding of the RVQ inner loop "
                                                        "of Qwen3-TTS")
     add_threads_arg(parser, dest="global_threads")
@@ -118,8 +110,7 @@ def _dispatch(args) -> int:
 
 
 def accelerate_main(command: str):
-    """The ``main(argv=None) -> int`` of a module that ``accelerate launch -m rvqspec_lib.cli.<module>`` runs: ``rvqspec
-    <command>`` with the process's arguments."""
+    """The ``main(argv=None)`` that ``accelerate launch -m rvqspec_lib.cli.<module>`` runs: ``rvqspec <command>``."""
     return lambda argv=None: main([command, *(sys.argv[1:] if argv is None else argv)])
 
 

@@ -1,8 +1,6 @@
 """``rvqspec prepare``: make a checkpoint ready for the paper's decoder (docs/cli.md#rvqspec-prepare): the model
 speaks its calibration frames, the offsets are trained, the trees of every drafter calibrated and ``--decoder auto``
-timed; each stage skips when its output is complete, so a second run (or one after Ctrl-C) resumes. The work is
-:func:`rvqspec_lib.training.prepare.prepare`; this module adds the flags, the checks before loading and the report.
-"""
+timed; each stage skips when its output is complete, so a second run resumes (:mod:`rvqspec_lib.training.prepare`)."""
 
 from __future__ import annotations
 
@@ -10,16 +8,15 @@ import sys
 import time
 
 from rvqspec_lib.cli.args import STAGES
-from rvqspec_lib.cli.common import load, note, started, timings
-from rvqspec_lib.common.files import write_json_atomic
+from rvqspec_lib.cli.common import load, note, timings, write_json
 from rvqspec_lib.models import loader
 from rvqspec_lib.models.drafter_files import model_drafter_dir
-from rvqspec_lib.training.prepare import default_auto_dtypes, prepare
+from rvqspec_lib.training.prepare import prepare
 
 
 def run(args, threads: int) -> int:
     """``rvqspec prepare``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
-    t0 = started(args)
+    t0 = args._started  # main records when the command started
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     if not stages or any(s not in STAGES for s in stages):
         raise ValueError(f"--stages {args.stages!r}: choose among {','.join(STAGES)}")
@@ -31,13 +28,11 @@ def run(args, threads: int) -> int:
     folder = model_drafter_dir(lm)
     if folder is not None and lm.folder is not None and folder != lm.folder:
         note(f"{lm.folder} cannot be written: preparing into the cache folder {folder}")
-    auto_dtypes = args.auto_dtypes or default_auto_dtypes(lm)  # a default synth's dtype here
-    done = prepare(lm, frames=args.frames, seed=args.seed, auto_dtypes=auto_dtypes,
-                   stages=stages, progress=sys.stderr.isatty())
+    done = prepare(lm, frames=args.frames, seed=args.seed, auto_dtypes=args.auto_dtypes, stages=stages,
+                   progress=sys.stderr.isatty())  # auto_dtypes None: a default synth's dtype here
     total_s = time.perf_counter() - t0
-    if args.json:
-        write_json_atomic(args.json, {"model": args.model, **done.to_json(), "threads": threads, "load_s": load_s,
-                                      "total_s": total_s})
+    write_json(args.json, {"model": args.model, **done.to_json(), "threads": threads, "load_s": load_s,
+                           "total_s": total_s})
     ran = [s.stage for s in done.stages if not s.skipped]
     print(f"prepared {args.model} in {done.folder} on {done.device} ({done.dtype}): ran "
           f"{', '.join(ran) or 'nothing (every stage complete)'} | {timings(threads, load=load_s, total=total_s)}")

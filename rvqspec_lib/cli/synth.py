@@ -16,7 +16,7 @@ import torch
 
 from rvqspec_lib.cli.args import AUDIO_SUFFIXES
 from rvqspec_lib.cli.common import check_device, check_outputs, check_tree_ranks, check_utf8, load, make_folder, note, \
-    started, threads_text
+    threads_text
 from rvqspec_lib.common.files import atomic_outputs, json_text
 from rvqspec_lib.data.frame_choice import read_lines
 from rvqspec_lib.decoding.decoder_names import grammar, parse_decoder_name
@@ -40,8 +40,7 @@ MIN_AUDIO_S_PER_WORD = 0.15
 
 
 def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
-    """``(audio, codes)`` paths of ``n`` utterances: ``out`` and ``out.npy`` for one, else ``<out stem>_000<suffix>``
-    and ``<out stem>_000.npy`` ..."""
+    """``(audio, codes)`` of ``n`` utterances: ``out``, ``out.npy`` for one, else ``out_000.wav``, ``out_000.npy``."""
     if n == 1:
         return [(out, out.with_suffix(".npy"))]
     width = max(3, len(str(n - 1)))
@@ -50,15 +49,9 @@ def output_paths(out: Path, n: int) -> list[tuple[Path, Path]]:
 
 
 def check_args(args) -> list[tuple[Path, Path]]:
-    """Every check that needs no model; sets ``args.texts`` (``--text``, or the non-blank lines of ``--text-file``),
-    ``args.device`` (resolved: :func:`~rvqspec_lib.cli.common.check_device`), ``args.dtype`` (``auto`` resolved:
-    :func:`~rvqspec_lib.models.loader.auto_dtype`, from the weights' header), ``args.decoder_name``,
-    ``args.batch_size`` and ``args.chunk_frames`` (``--stream``: one text, a chunk within the
-    frame cap, a WAV or standard output); returns the ``(audio, codes)`` paths, one pair per text.
-
-    Raises:
-        ValueError: the first problem, in one line naming the flag.
-    """
+    """Every check that needs no model; sets ``args.texts``, ``args.device``, ``args.dtype`` (``auto`` resolved from
+    the weights' header where it can be), ``args.decoder_name``, ``args.batch_size``, ``args.chunk_frames``; returns
+    the ``(audio, codes)`` paths, one pair per text. Raises ValueError: the first problem, one line naming the flag."""
     if args.text_file is None and not args.text.strip():
         raise ValueError("--text is empty: give the sentence to speak")
     args.texts = read_lines(args.text_file, "--text-file") if args.text_file is not None else [args.text]
@@ -85,8 +78,6 @@ def check_args(args) -> list[tuple[Path, Path]]:
                          f"{out.with_suffix('.npy').name} beside it)")
     pairs = [(None, None)] if args.out == "-" else output_paths(out, len(args.texts))  # standard output: no files
     files = [f for pair in pairs for f in pair if f is not None]
-    if args.json and Path(args.json).resolve() in {f.resolve() for f in files}:
-        raise ValueError(f"--json {args.json} is an audio or codes file of --out: give it its own name")
     check_outputs([(f, "--out" if f.suffix != ".npy" else "--out (its codes file)") for f in files]
                   + [(args.json, "--json")], make_parents=True)  # a missing parent folder is made by run()
     if args.decoder is None and args.frame != "auto":  # --frame names how AR runs (as before the default path)
@@ -117,8 +108,7 @@ def check_args(args) -> list[tuple[Path, Path]]:
 
 
 def check_dtype(args) -> None:
-    """The checks of ``args.dtype`` (resolved: never ``auto``) against ``--device``, ``--backend`` and ``--talker``.
-    Raises ValueError (one line): a precision this CPU cannot run natively, one the backend or talker does not run."""
+    """``args.dtype`` (resolved) against ``--device``, ``--backend`` and ``--talker``. Raises ValueError (one line)."""
     if args.dtype in ("bfloat16", "int8", "int8-dynamic"):  # a precision this CPU cannot run natively: one line
         check_precision(args.dtype, device=args.device)
     if args.backend:
@@ -128,15 +118,13 @@ def check_dtype(args) -> None:
     if args.talker == "native" and args.dtype not in PRECISIONS:
         raise ValueError(f"--talker native runs --dtype {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, not "
                          f"{args.dtype}: give one of those, or use --talker official")
-    if args.talker == "native" and not B.available("native", args.dtype)[0]:
-        raise ValueError(f"--talker native is not available here: {B.available('native', args.dtype)[1]}: use "
-                         "--talker official")
+    if args.talker == "native" and not (native := B.available("native", args.dtype))[0]:
+        raise ValueError(f"--talker native is not available here: {native[1]}: use --talker official")
 
 
 def check_against_model(args, facts) -> str | None:
-    """Checks that need the model's config (``facts``; ``None``: a hub id not in the cache), before loading it;
-    returns the decoder's note (``paper`` capped), or ``None``. Raises ValueError, FileNotFoundError (one line): a
-    language, speaker or ``--codes-to-audio`` the model does not have, a file missing beside it."""
+    """Checks against the model's config (``facts``; ``None``: a hub id not cached) before loading; returns the
+    decoder's note (``paper`` capped) or ``None``. Raises ValueError, FileNotFoundError (one line)."""
     if facts is None:
         return check_files(args.decoder_name, args.model)
     if args.stream and facts.kind in ("tiny-random", "random-size"):
@@ -154,8 +142,7 @@ def check_against_model(args, facts) -> str | None:
 
 
 def check_codes_to_audio(args, offline_codec: bool, neural: bool = True) -> None:
-    """``--codes-to-audio`` other than auto needs the offline codec, ``neural`` its neural code decoder. Raises
-    ValueError (one line)."""
+    """``--codes-to-audio`` other than auto needs the offline codec, ``neural`` its neural code decoder (ValueError)."""
     if args.codes_to_audio != "auto" and not offline_codec:
         raise ValueError(f"--codes-to-audio {args.codes_to_audio}: {args.model} has no offline codec to choose a "
                          "decoder for (only models built by `make embedded` do); leave it at auto")
@@ -165,11 +152,9 @@ def check_codes_to_audio(args, offline_codec: bool, neural: bool = True) -> None
 
 
 def build_runner(args, lm, sampling: Sampling) -> tuple[object, str | None]:
-    """The frame runner of ``--decoder``, ``--backend`` and ``--frame``, and a line saying what was chosen (``None``
-    for a named decoder). ``auto``: timed among official and native (where it runs), or on ``--backend`` alone, once
-    and cached. No ``--decoder`` (the default): the cached ``auto`` choice for this model and machine, never timed;
-    without one, AR through native, fused where native runs, else through official, and a line naming ``rvqspec
-    prepare`` (which times the fastest). Raises ValueError: ``auto`` on a model that ships no calibration frames."""
+    """The frame runner of ``--decoder``, ``--backend``, ``--frame`` and a line saying what was chosen (``None``: named
+    decoder). ``auto``: timed among official and native (or ``--backend``) once and cached. No ``--decoder``: the
+    cached ``auto`` choice, never timed; without one AR through native (fused) where it runs, else official."""
     name, default = args.decoder_name, args.decoder is None
     choice = None
     if name.kind == "auto" or default:
@@ -199,8 +184,7 @@ def build_runner(args, lm, sampling: Sampling) -> tuple[object, str | None]:
 
 
 def _audio(lm, codec_choice: str, rows: list[dict]) -> tuple[str | None, int | None]:
-    """Codes to audio for every row with frames (``row["wav"]``, peak-limited, ``row["peak"]``); returns how, and the
-    sample rate (``None`` without a codec)."""
+    """Codes to audio of every row (``row["wav"]`` peak-limited, ``row["peak"]``); returns how, and the sample rate."""
     tokenizer, codec = lm.speech_tokenizer, getattr(lm.speech_tokenizer, "codec", None)
     if tokenizer is not None and codec_choice == "table" and getattr(codec, "code_decoder", None) is not None:
         tokenizer = type(tokenizer)(codec.with_decoder(None))
@@ -220,7 +204,7 @@ def _audio(lm, codec_choice: str, rows: list[dict]) -> tuple[str | None, int | N
 
 def run(args, threads: int) -> int:
     """``rvqspec synth``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
-    t0 = started(args)
+    t0 = args._started  # main records when the command started
     pairs, texts = check_args(args), args.texts
     cap_note = check_against_model(args, loader.model_facts(args.model))  # config only: milliseconds
     if cap_note:
@@ -315,15 +299,13 @@ def run(args, threads: int) -> int:
              "rtf": (synth_s + decode_s) / audio_s if audio_s > 0 else None, "talker_s": talker_s,
              "inner_loop_s": inner_s, "notes": notes, **(per[0] if len(texts) == 1 else {"utterances": per})}
     targets = _write(args, stats, t0, {npy_p: r["codes"] for (_, npy_p), r in zip(pairs, rows)}, audio, sr)
-    total_s = stats["total_s"]
     rtf = (f"RTF {stats['rtf']:.2f} (synthesis alone; {stats['rtf_total']:.2f} with start-up, load and choice)"
            if stats["rtf"] is not None else "RTF n/a (no audio)")
     print(f"{f'{len(texts)} texts, ' * (len(texts) > 1)}{frames} frames ({audio_s:.2f} s of audio), {calls} "
           f"code-predictor calls, {tpc:.2f} tokens/call | startup {startup_s:.2f} s, load {load_s:.2f} s, "
           f"{args.decoder_name.text} decoder {choose_s:.2f} s ({B.runner_label(base)}) on {lm.device} ({lm.dtype}), "
-          f"synthesis "
-          f"{synth_s + decode_s:.2f} s (frame loop {synth_s:.2f} s + codes to audio {decode_s:.2f} s), total "
-          f"{total_s:.2f} s | {rtf} | {threads_text(threads)}")
+          f"synthesis {synth_s + decode_s:.2f} s (frame loop {synth_s:.2f} s + codes to audio {decode_s:.2f} s), "
+          f"total {stats['total_s']:.2f} s | {rtf} | {threads_text(threads)}")
     written = ", ".join(str(p) for p in targets) if len(targets) <= 4 else \
         f"{len(targets)} files ({targets[0]} ... {targets[-1]})"
     why = (f" (no codec weights for {args.model}: codes only, frames x {lm.n_code_groups})" if sr is None and
@@ -334,8 +316,8 @@ def run(args, threads: int) -> int:
 
 
 def _write(args, stats: dict, t0: float, codes: dict, audio: dict, sample_rate: int | None) -> list[Path]:
-    """Write the audio files, the codes (``.npy``, int64 ``(frames, n_code_groups)``) and ``--json`` (``stats`` with
-    ``total_s`` and ``rtf_total`` added) atomically: all or none. Returns the files written."""
+    """Write the audio, the codes (``.npy``, int64 ``(frames, n_code_groups)``) and ``--json`` (``stats`` with
+    ``total_s``, ``rtf_total``) atomically, all or none. Returns the files written."""
     targets = [*audio, *codes] + ([Path(args.json)] if args.json else [])
     with atomic_outputs(targets) as temps:
         tmp = dict(zip(targets, temps))
@@ -352,8 +334,7 @@ def _write(args, stats: dict, t0: float, codes: dict, audio: dict, sample_rate: 
 
 
 def _write_stream(stream, sink, sample_rate: int) -> bool:
-    """Write every chunk of ``stream`` to ``sink`` (a path or stdout's buffer) as it comes; False when a pipe's
-    reader closed it."""
+    """Write every chunk of ``stream`` to ``sink`` (a path or stdout) as it comes; False when the reader closed it."""
     try:
         with WavWriter(sink, sample_rate) as wav:
             for chunk in stream:
@@ -368,9 +349,8 @@ def _write_stream(stream, sink, sample_rate: int) -> bool:
 
 
 def run_stream(args, lm, runner, talker, generator, talker_sampling, t0: float, base: dict, notes) -> int:
-    """``synth --stream``: the stream written as it comes (a WAV valid at every moment, or standard output), then the
-    codes and ``--json`` atomically; the report goes to stderr when the audio goes to stdout. Returns 0 (also when
-    the reader closed stdout early: a note)."""
+    """``synth --stream``: the WAV (or standard output) as it comes, then the codes and ``--json`` atomically; the
+    report goes to stderr when the audio goes to stdout. Returns 0 (a note when the reader closed stdout early)."""
     to_stdout = args.out == "-"
     codec = codec_stream_for(lm, chunk_frames=args.chunk_frames, table=args.codes_to_audio == "table")
     stream = synthesize_stream(lm, args.texts[0], runner=runner, talker=talker, codec_stream=codec,
@@ -388,8 +368,7 @@ def run_stream(args, lm, runner, talker, generator, talker_sampling, t0: float, 
     report = sys.stderr if to_stdout else sys.stdout
     print(f"{s['frames']} frames ({s['audio_s']:.2f} s of audio) streamed in chunks of {args.chunk_frames} frame(s) "
           f"({B.runner_label(base)}) on {lm.device} ({lm.dtype}) | time to first audio {s['ttfa_ms']:.0f} ms after the "
-          f"prompt "
-          f"({s['ttfa_call_ms']:.0f} ms from the start of synthesis) | RTF {s['rtf']:.2f} | {s['underruns']} "
+          f"prompt ({s['ttfa_call_ms']:.0f} ms from the start of synthesis) | RTF {s['rtf']:.2f} | {s['underruns']} "
           f"underrun(s) ({s['stall_ms']:.0f} ms waited) | startup {base['startup_s']:.2f} s, load {base['load_s']:.2f} "
           f"s, total {stats['total_s']:.2f} s | {threads_text(s['threads'])} per side, generation and decoding "
           "overlapped", file=report)

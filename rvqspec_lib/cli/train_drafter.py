@@ -1,7 +1,5 @@
 """``rvqspec train-drafter``: train position-aware offsets or Medusa heads on teacher-forced frames (paper Table 2;
-docs/methods.md). Flags, frame source, --K and the output files are checked before the model loads; the drafter,
-its ``.json`` description and its ``.curve.json`` training curve are written atomically.
-"""
+docs/methods.md); the drafter, its ``.json`` and its ``.curve.json`` training curve are written atomically."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from rvqspec_lib.cli.common import check_outputs, load, note_fewer_frames, started, timings
+from rvqspec_lib.cli.common import check_outputs, load, note_fewer_frames, timings
 from rvqspec_lib.common.files import write_json_atomic
 from rvqspec_lib.data.frame_choice import FrameSource
 from rvqspec_lib.decoding.drafters import DEFAULT_K
@@ -28,9 +26,20 @@ def check_out(args, out: Path) -> None:
                          "--force to replace it, or choose another --out")
 
 
+def trained(args, lm, frames, val, **kwargs):
+    """A fresh ``--drafter`` (``--K``) trained on ``frames`` (``val``: validation frames, else ``--val-fraction``)
+    with the flags of train-drafter and train-drafter-parallel; ``kwargs``: more of
+    :func:`~rvqspec_lib.training.drafters.train_drafter`'s. Returns its result."""
+    drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=DEFAULT_K if args.K is None else args.K)
+    return drafters.train_drafter(drafter.to(lm.device), lm.code_predictor, frames, val, loss=args.loss,
+                                  sampling=inner_sampling(lm), lr=args.lr, batch_size=args.batch_size,
+                                  max_epochs=args.epochs, patience=args.patience,
+                                  val_fraction=args.val_fraction or 0.1, seed=args.seed, **kwargs)
+
+
 def run(args, threads: int) -> int:
     """``rvqspec train-drafter``: the contract of :data:`~rvqspec_lib.cli.main.COMMANDS`."""
-    t0 = started(args)
+    t0 = args._started  # main records when the command started
     d = model_drafter_dir(args.model)
     if not args.out and d is None:
         raise ValueError("--out is required when --model is not a local checkpoint directory")
@@ -61,10 +70,7 @@ def run(args, threads: int) -> int:
     if val is not None:
         note_fewer_frames(val, val_frames, "--val-frames")
     t = time.perf_counter()
-    res = drafters.train_drafter(make_drafter(args.drafter, lm.code_predictor, fresh=True, K=k), lm.code_predictor,
-                                 frames, val, loss=args.loss, sampling=inner_sampling(lm), lr=args.lr,
-                                 batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
-                                 val_fraction=args.val_fraction or 0.1, seed=args.seed, progress=sys.stderr.isatty())
+    res = trained(args, lm, frames, val, progress=sys.stderr.isatty())
     train_s = time.perf_counter() - t
     res.drafter.provenance.update(model=args.model, threads=threads, device=lm.device, model_dtype=lm.dtype)
     save_drafter(res.drafter, out)  # the drafter and its .json, atomically; then its curve

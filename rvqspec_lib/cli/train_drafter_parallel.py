@@ -7,16 +7,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rvqspec_lib.cli.common import load_parallel
+from rvqspec_lib.cli.common import load, parallel_device
 from rvqspec_lib.cli.main import accelerate_main
-from rvqspec_lib.cli.train_drafter import check_out
+from rvqspec_lib.cli.train_drafter import check_out, trained
 from rvqspec_lib.data.frame_choice import check_frames_path
 from rvqspec_lib.data.frames import Frames
-from rvqspec_lib.decoding.drafters import DEFAULT_K
-from rvqspec_lib.models.drafter_files import make_drafter, save_drafter
-from rvqspec_lib.models.frame import inner_sampling
+from rvqspec_lib.models.drafter_files import save_drafter
 from rvqspec_lib.training.distributed import load_frame_shards
-from rvqspec_lib.training.drafters import train_drafter
 
 
 def _frames(path: str) -> Frames:
@@ -30,15 +27,12 @@ def run(args, threads: int) -> int:
         problem = check_frames_path(path, flag, f"rvqspec extract-frames --model {args.model} --split {split}")
         if problem:
             raise ValueError(problem)
-    par, lm = load_parallel(args, threads)
+    par = parallel_device(args)
+    lm = load(args, threads)[0]
     train = _frames(args.frames)
     val = _frames(args.val_frames) if args.val_frames else None
-    drafter = make_drafter(args.drafter, lm.code_predictor, fresh=True, K=DEFAULT_K if args.K is None else args.K).to(par.device)
-    res = train_drafter(drafter, lm.code_predictor, train, val, loss=args.loss, sampling=inner_sampling(lm),
-                        lr=args.lr, batch_size=args.batch_size, max_epochs=args.epochs, patience=args.patience,
-                        val_fraction=args.val_fraction or 0.1, seed=args.seed,
-                        progress=sys.stderr.isatty() and par.is_main,
-                        curve_path=Path(args.out).with_suffix(".curve.json"), parallel=par)
+    res = trained(args, lm, train, val, progress=sys.stderr.isatty() and par.is_main,
+                  curve_path=Path(args.out).with_suffix(".curve.json"), parallel=par)
     if par.is_main:
         res.drafter.provenance.update(model=args.model, device=lm.device, model_dtype=lm.dtype)
         save_drafter(res.drafter, Path(args.out))

@@ -396,9 +396,10 @@ display(Markdown("The quoted rows give what their sources publish (a real-time f
 
 # %%
 pipe_oversubscribed = bool(pipe_quiet["oversubscribed"]) or "OVERSUBSCRIBED" in PL.caption(pipe)
-oversubscribed_words = (" **This run was oversubscribed** (other processes used the CPU while the parts were timed, "
-                        "as the table's header says), so every time here is pessimistic and noisy, and the gains and "
-                        "real-time verdicts below are not to be trusted." if pipe_oversubscribed else "")
+oversubscribed_words = (" **This run was oversubscribed** (other processes used the CPU while the frame's parts were "
+                        "timed: OVERSUBSCRIBED in the parts table's header), so its times are pessimistic and noisy, "
+                        "and its gains over AR and its real-time verdicts are not to be trusted."
+                        if pipe_oversubscribed else "")
 
 
 def gain_verdict(gain: float, noise: float | None) -> str:

@@ -455,8 +455,9 @@ if free_running and en is not None and en["wer"] is not None:
                                  asr=recs["en"], seed=seed, max_frames=free_running_max_frames, progress=True)
     save_table(R.wer_table(free["wer"], free["decoders"], ended=free["ended"]), out / "05_free_running",
                {**prov_wer, "audio": "free running (talker and inner loop sampled), table decoder"})
-    display(Markdown(f"`ended_by_itself`: of the `n_utterances` sentences, how many the talker ended by emitting its "
-                     f"end-of-speech code, before the frame cap (`free_running_max_frames` = {free_running_max_frames})."))
+    display(Markdown(f"`ended_by_itself`: of the `n_utterances` sentences, how many the talker ended by itself (its "
+                     "end-of-speech code) before the frame cap, the smaller of `free_running_max_frames` = "
+                     f"{free_running_max_frames} and twice the longest true length plus 10 frames."))
     display(pd.DataFrame(R.wer_table(free["wer"], free["decoders"], ended=free["ended"])))
 if en is not None and en["wer"] is not None:
     others = [k for k in info if k != "ar"]

@@ -248,10 +248,10 @@ pd.DataFrame(table1)
 #   tree (where they come from is read below).
 # * `ssd-lossy:BETA`: the lossy control (a chain of window 4 with SSD's tolerance).
 #
-# The table lists each decoder by its structured fields (`nodes`: positions of one verify call, the root counted, so
-# a chain of window W has W nodes: the root and W − 1 drafts); the calibration (tokens per call predicted from acceptance
-# tables, and the trees' rank paths) is written to `05_calibration` and `05_trees_heads.json`, never beside the
-# model.
+# The table lists each decoder by its structured fields (`nodes`: positions of one verify call, the root counted,
+# so a chain of window W has W nodes: the root and W − 1 drafts); the calibration (tokens per call predicted from
+# acceptance tables, and the trees' rank paths) is written to `05_calibration` and `05_trees_heads.json`, never
+# beside the model.
 
 # %%
 has_paper = has_paper_decoder(lm)

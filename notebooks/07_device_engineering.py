@@ -38,7 +38,8 @@
 # **What is measured, in order:** (1) the machine; (2) the code-predictor call and the talker step against their floors,
 # per precision, through the official module and the native forward; (3) batches of several frames decoded together
 # (`batch_sizes`; this run's sizes are printed below the parameters): whether, and where, the gain of speculation
-# vanishes; (4) `--decoder auto`, the per-device choice among decoders and backends; (5) the table to act on: stepped AR, fused AR, the best speculative decoder, the fused speculative frame and auto, per
+# vanishes; (4) `--decoder auto`, the per-device choice among decoders and backends; (5) the table to act on: stepped
+# AR, fused AR, the best speculative decoder, the fused speculative frame and auto, per
 # precision and backend, for the embedded model and the real-size 0.6B architecture, beside the floor and the public
 # ports' quoted figures; (6) the GPU leg, when its results exist. Every figure names the CPU it ran on.
 #
@@ -174,7 +175,8 @@ display(pd.DataFrame(backend_table()))
 #
 # **The code-predictor call.** One call of one query position (what AR makes 15 times a frame), in each precision of
 # `precisions` (by default every precision this CPU runs natively; the machine table's "timed here" row names them),
-# through the official module and the native forward, every (precision, backend, N) in ONE interleaved run (`bench.latency.bench_precisions`), with the read bandwidth measured before and after
+# through the official module and the native forward, every (precision, backend, N) in ONE interleaved run
+# (`bench.latency.bench_precisions`), with the read bandwidth measured before and after
 # (the faster kept). `t(1) / floor` near one means the call is as fast as reading its weights allows; t(N)/t(1) is
 # the cost of a wider call, what a speculative round pays.
 #
@@ -344,7 +346,8 @@ display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
 #
 # The table `rvqspec bench table` and `make bench` print (`bench.table.bench_table`), measured once per `make paper`,
 # here: per model, per precision timed (the sentence under the parameters names them) and per backend, five rows,
-# each timed in one interleaved run per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole AR frame); **best speculative**
+# each timed in one interleaved run per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole
+# AR frame); **best speculative**
 # (the fastest of the table's own fixed set of stepped chains and calibrated trees, named under the table); **fused
 # speculative** (the fastest fused frame of the table's chains; a timing replay cannot drive one); **auto** (what
 # `--decoder auto` picks there by its own short timing run, a shortlist of three decoded on a few frames once each,

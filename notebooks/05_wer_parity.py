@@ -380,14 +380,15 @@ if null_wer is not None and np.isfinite(null_wer["ci95_low"]):
     excludes = null_wer["ci95_low"] > 0 or null_wer["ci95_high"] < 0
     display(Markdown(
         "The interval (`ci95_low`, `ci95_high`: a bootstrap over the sentences) and the test (`p_value`, paired; "
-        "`flagged` when it is significant at the family-wise level) answer differently built questions and can "
+        "`flagged` when it is significant at the family-wise level) are built differently and can "
         "disagree: with few sentences the bootstrap interval is too narrow (it can only reshuffle the same few "
         "differences), while the test's verdict (`flagged`) is taken at the family-wise level. "
         + (f"Here they do, on the null control `ar-seed2` (AR against itself under another seed, so any difference "
-           f"is noise): its interval [{null_wer['ci95_low']:.3f}, {null_wer['ci95_high']:.3f}] leaves out zero, its "
-           f"p-value {null_wer['p_value']:.3f} flags {'it' if null_wer['flagged'] else 'nothing'}. Read the test."
-           if excludes and not null_wer["flagged"] else
-           f"On the null control `ar-seed2` (AR against itself under another seed) the two agree here.")))
+           f"is noise): its interval [{null_wer['ci95_low']:.3f}, {null_wer['ci95_high']:.3f}] "
+           f"{'leaves out' if excludes else 'contains'} zero, while its test (p-value {null_wer['p_value']:.3f}) "
+           f"{'flags' if null_wer['flagged'] else 'does not flag'} it. Read the test."
+           if excludes != bool(null_wer["flagged"]) else
+           "On the null control `ar-seed2` (AR against itself under another seed) the two agree here.")))
 pd.DataFrame(wer_rows)
 
 # %% [markdown]

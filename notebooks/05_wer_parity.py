@@ -386,7 +386,8 @@ if null_wer is not None and np.isfinite(null_wer["ci95_low"]):
         + (f"Here they do, on the null control `ar-seed2` (AR against itself under another seed, so any difference "
            f"is noise): its interval [{null_wer['ci95_low']:.3f}, {null_wer['ci95_high']:.3f}] "
            f"{'leaves out' if excludes else 'contains'} zero, while its test (p-value {null_wer['p_value']:.3f}) "
-           f"{'flags' if null_wer['flagged'] else 'does not flag'} it. Read the test."
+           + ("flags it: a false alarm at the stated level, or a bug." if null_wer["flagged"] else
+              "does not flag it. Read the test.")
            if excludes != bool(null_wer["flagged"]) else
            "On the null control `ar-seed2` (AR against itself under another seed) the two agree here.")))
 pd.DataFrame(wer_rows)

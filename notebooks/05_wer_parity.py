@@ -248,9 +248,10 @@ pd.DataFrame(table1)
 #   tree (where they come from is read below).
 # * `ssd-lossy:BETA`: the lossy control (a chain of window 4 with SSD's tolerance).
 #
-# The table lists each decoder by its structured fields; the calibration (tokens per call predicted from acceptance
-# tables, and the trees' rank paths) is written to `05_calibration` and `05_trees_heads.json`, never beside the
-# model.
+# The table lists each decoder by its structured fields (`nodes`: positions of one verify call, the root counted,
+# so a chain of window W has W nodes: the root and W − 1 drafts); the calibration (tokens per call predicted from
+# acceptance tables, and the trees' rank paths) is written to `05_calibration` and `05_trees_heads.json`, never
+# beside the model.
 
 # %%
 has_paper = has_paper_decoder(lm)
@@ -374,6 +375,21 @@ if mdes and floor is not None:
         f"same codec), and with {en['n_utterances']} sentences this design finds a WER difference with power 0.8 "
         f"only from {min(mdes):.2f} to {max(mdes):.2f} (`mde80`, per decoder). A lossy decoder that moved WER by "
         f"less would pass; the code test (section 7) is the sharper instrument."))
+null_wer = next((r for r in wer_rows if r.get("decoder") == "ar-seed2" and r.get("ci95_low") is not None), None)
+if null_wer is not None and np.isfinite(null_wer["ci95_low"]):
+    excludes = null_wer["ci95_low"] > 0 or null_wer["ci95_high"] < 0
+    display(Markdown(
+        "The interval (`ci95_low`, `ci95_high`: a bootstrap over the sentences) and the test (`p_value`, paired; "
+        "`flagged` when it is significant at the family-wise level) are built differently and can "
+        "disagree: with few sentences the bootstrap interval is too narrow (it can only reshuffle the same few "
+        "differences), while the test's verdict (`flagged`) is taken at the family-wise level. "
+        + (f"Here they do, on the null control `ar-seed2` (AR against itself under another seed, so any difference "
+           f"is noise): its interval [{null_wer['ci95_low']:.3f}, {null_wer['ci95_high']:.3f}] "
+           f"{'leaves out' if excludes else 'contains'} zero, while its test (p-value {null_wer['p_value']:.3f}) "
+           + ("flags it: a false alarm at the stated level, or a bug." if null_wer["flagged"] else
+              "does not flag it. Read the test.")
+           if excludes != bool(null_wer["flagged"]) else
+           "On the null control `ar-seed2` (AR against itself under another seed) the two agree here.")))
 pd.DataFrame(wer_rows)
 
 # %% [markdown]
@@ -441,6 +457,9 @@ if free_running and en is not None and en["wer"] is not None:
                                  asr=recs["en"], seed=seed, max_frames=free_running_max_frames, progress=True)
     save_table(R.wer_table(free["wer"], free["decoders"], ended=free["ended"]), out / "05_free_running",
                {**prov_wer, "audio": "free running (talker and inner loop sampled), table decoder"})
+    display(Markdown(f"`ended_by_itself`: of the `n_utterances` sentences, how many the talker ended by itself (its "
+                     "end-of-speech code) before the frame cap, the smaller of `free_running_max_frames` = "
+                     f"{free_running_max_frames} and twice the longest true length plus 10 frames."))
     display(pd.DataFrame(R.wer_table(free["wer"], free["decoders"], ended=free["ended"])))
 if en is not None and en["wer"] is not None:
     others = [k for k in info if k != "ar"]
@@ -600,7 +619,15 @@ display(Markdown(power["text"]))
 verdict_cols = ["language", "decoder", "n_per_sample", "code_test", "code_min_p_holm", "power_at_tv",
                 "detectable_tv", "max_tv_observed", "flagged_by"]
 display(Markdown("The columns the text reads, for the null control, the paper's decoder and the lossy control (every "
-                 "decoder and column: `05_verdicts.csv`):"))
+                 "decoder and column: `05_verdicts.csv`). `n_per_sample`: codes per depth in each of the two samples "
+                 "compared (the decoder's and AR's); `detectable_tv`: the total variation between the binned rank "
+                 "distributions that one depth's rank test is guaranteed to catch with power 0.9 at that sample size; "
+                 "`power_at_tv`: that test's guaranteed power against the shift stated above; `max_tv_observed`: the "
+                 "largest total variation measured over the depths' rank tests; `flagged_by`: the tests that flagged "
+                 "the decoder at the family-wise level (code distribution, with the test and depth of its smallest "
+                 "p; inner-loop WER; free-running WER), `none` if no test did. \"rank depth d\" in the text above is "
+                 "the rank test at depth d (each generated code's rank under the verifier's p given its own prefix, "
+                 "binned), \"code depth d\" the test on the codes themselves."))
 with pd.option_context("display.width", 250):
     display(pd.DataFrame(verdict_rows)[lambda d: d.decoder.isin(["ar-seed2", PAPER, LOSSY])][verdict_cols]
             .reset_index(drop=True))
@@ -637,7 +664,7 @@ if free is not None:
     listening["files"]["free_running_ar"] = {"decoder": "ar", "file": path.name}
     talk = []
     if card.get("accuracy"):
-        talk.append(f"its talker was trained for {card['training']['train_s'] / 60:.0f} minutes on synthetic speech, "
+        talk.append(f"its talker was trained for {card['training']['train_s'] / 60:.0f} minutes of wall-clock time (its training steps) on synthetic speech, "
                     "and even fed the true past (teacher forced) its most likely code 0 is the true one in a fraction "
                     f"{card['accuracy']['held_out']['code0_acc']:.3f} of held-out frames")
     display(Markdown(
@@ -729,7 +756,8 @@ if pm_tpc and en:
                  "1 − TV(p, q) whether p is flat or sharp (a value set by how close q is to p). That p is flat here is suggested, not measured, by the embedded "
                  "code predictor's top-1 accuracy against the true codes 1..15 "
                  f"({card['accuracy']['held_out']['cp_acc']:.3f}, its model card); notebook 04 measures the mass p "
-                 "puts on q's top code (its section 8, `top1_target_mass`).")
+                 "puts on q's top code (its section 2: the probability \"the top-ranked point-mass draft\" is kept, "
+                 "the `rank 0` column of `04_rank_mass`).")
     summary.append(line)
 if transfer:
     en_row = next(r for r in transfer if r["language"] == "en")

@@ -182,7 +182,9 @@ save_table(graphs_df[show], out / "06_exported_graphs", prov,
                    "against the official module in float32, eager")
 ran = graphs_df[graphs_df.get("ran", False) == True]  # noqa: E712 (a pandas mask)
 display(Markdown(f"{len(graphs_df)} exported files; of those run here, {int(ran.within_tolerance.sum())} of "
-                 f"{len(ran)} agree with eager PyTorch within their tolerance."))
+                 f"{len(ran)} agree with eager PyTorch within their tolerance. `nodes` is the verify graph's number of "
+                 "positions per call (the root counts: a chain of N has N nodes; empty for the stepped graph); "
+                 "`interface_ok` is True when the graph declares the inputs, outputs and states it was written with."))
 with pd.option_context("display.max_colwidth", None, "display.max_columns", None, "display.width", 250):
     display(graphs_df[show])
 
@@ -296,6 +298,19 @@ plt.show()
 pd.DataFrame(speedup_rows)
 
 # %%
+def projection_caveat() -> str:
+    """A sentence that says when this run's projection is not to be trusted ('' when nothing says so): a verify call
+    of N > 1 positions timed no slower than one of 1 position, or a cost curve timed on an oversubscribed CPU."""
+    below = sorted({(r["backend"], r["nodes"]) for r in projected if r["nodes"] > 1 and r["cost_ratio"] < 1})
+    why = ([f"t(N)/t(1) is below 1 at {', '.join(f'N = {n} ({b})' for b, n in below)} (a call of N positions timed "
+            "faster than a call of one)"] if below else []) + (
+        ["other processes used the CPU while the cost curve was timed (oversubscribed)"] if costs_quiet["oversubscribed"]
+        else [])
+    return (f" **Caveat:** in this run {' and '.join(why)}, so the cost ratios are dominated by timing noise and the "
+            f"projection is not to be trusted; its costs are those of `{run_cost_model}` (the table's PROJECTION "
+            "columns), not of another model." if why else "")
+
+
 best_measured = max(measured, key=lambda r: r["speedup_vs_ar"]) if measured else None
 best_projected = max(projected, key=lambda r: r["projected_speedup"]) if projected else None
 if best_measured:
@@ -310,7 +325,7 @@ if best_measured:
             f"{best_projected['cost_ratio']:.2f} of {run_cost_model}, timed here (notebook 04 projects with its own "
             "calibration and timing, so its peak differs)" if best_projected else "")
         + f". The paper reports {max(p['speedup'] for p in PAPER_DEVICE_SPEEDUPS):.2f}× at best on its devices (over "
-          "AR on the same device)."))
+          "AR on the same device)." + projection_caveat()))
 
 # %% [markdown]
 # ## Core ML on this machine
@@ -380,6 +395,20 @@ display(Markdown("The quoted rows give what their sources publish (a real-time f
                  + "; ".join(PL.PUBLIC_PORTS) + "."))
 
 # %%
+pipe_oversubscribed = bool(pipe_quiet["oversubscribed"]) or "OVERSUBSCRIBED" in PL.caption(pipe)
+oversubscribed_words = (" **This run was oversubscribed** (other processes used the CPU while the frame's parts were "
+                        "timed: OVERSUBSCRIBED in the parts table's header), so its times are pessimistic and noisy, "
+                        "and its gains over AR and its real-time verdicts are not to be trusted."
+                        if pipe_oversubscribed else "")
+
+
+def gain_verdict(gain: float, noise: float | None) -> str:
+    """One gain over AR read with the tie rule (within 1 + 2 x noise of 1 either way: a tie), as words."""
+    if noise and max(gain, 1 / gain) < 1 + 2 * noise:
+        return "a tie"
+    return ("faster than AR" if gain > 1 else "slower than AR") + (" beyond the noise" if noise else "")
+
+
 def fastest(model_name: str, row: str = "best speculative") -> dict | None:
     """The row of ``model_name`` at its fastest precision (least frame on both cores, 2c)."""
     rs = [r for r in pipe["rows"] if r["model"] == model_name and r["row"] == row]
@@ -448,14 +477,14 @@ for name in run_pipeline_models:
              f"{r['inner_gain']:.2f}× AR's speed and the whole frame at {r['frame_gain_1t']:.2f}× (one thread) and "
              f"{r['frame_gain_2c']:.2f}× (the two-core projection)"
              + (f"; this run's part medians have a relative standard error up to {100 * noise:.0f}%, so a gain "
-                f"within a factor of {1 + 2 * noise:.2f} of 1 either way (twice that error) is a tie"
-                + (", this one among them" if max(r["inner_gain"], 1 / r["inner_gain"]) < 1 + 2 * noise else
-                   ", and this one lies outside that factor")
-                if noise and r["inner_gain"] else "")
+                f"within a factor of {1 + 2 * noise:.2f} of 1 either way (twice that error) is a tie: the inner "
+                f"loop's is {gain_verdict(r['inner_gain'], noise)}, the one-thread frame's "
+                f"{gain_verdict(r['frame_gain_1t'], noise)}"
+                if noise and r["inner_gain"] and r["frame_gain_1t"] else "")
              + f". What would move it further: {r['moves_frame']}.")
     lines.append(text)
 lines.append(
-    "These are this run's timings, each speculative decoder against the fused AR frame. Notebook 07's table (its "
+    oversubscribed_words.strip() + (" " if oversubscribed_words else "") + "These are this run's timings, each speculative decoder against the fused AR frame. Notebook 07's table (its "
     "section 5) times stepped AR, fused AR and the speculative frames again in its own run, per backend: where "
     "candidates are within the timing noise of each other, the two runs can name a different best speculative "
     "decoder, or put speculation on the other side of AR, at the same model and precision. Tokens per call here "
@@ -615,19 +644,19 @@ def whole_frame_gain(r: dict) -> str:
     if not r.get("inner_gain") or not r.get("frame_gain_1t"):
         return ""
     noise = part_noise(r["model"], r["precision"])
-    tie = lambda g: bool(noise) and max(g, 1 / g) < 1 + 2 * noise  # noqa: E731
-    said = (f" Speculation runs the inner loop at {r['inner_gain']:.2f}× AR's speed and the one-thread frame at "
-            f"{r['frame_gain_1t']:.2f}×")
-    if tie(r["inner_gain"]):
-        return (said + (": both" if tie(r["frame_gain_1t"]) else ": the inner loop's")
-                + f" within this run's noise factor of {1 + 2 * noise:.2f}, a tie, so this run does not tell "
-                "speculation from AR here. A real inner-loop gain would shrink on the frame anyway (Amdahl's law: "
-                "the talker and the codec decoder do not speed up).")
+    inner, frame = gain_verdict(r["inner_gain"], noise), gain_verdict(r["frame_gain_1t"], noise)
+    said = (f" Speculation runs the inner loop at {r['inner_gain']:.2f}× AR's speed ({inner}) and the one-thread "
+            f"frame at {r['frame_gain_1t']:.2f}× ({frame})"
+            + (f", read with this run's noise factor of {1 + 2 * noise:.2f} (within it either way: a tie)" if noise
+               else ""))
+    if inner == "a tie":
+        return (said + ". So this run does not tell speculation from AR on the inner loop; a real inner-loop gain "
+                "would shrink on the frame anyway (Amdahl's law: the talker and the codec decoder do not speed up)."
+                + oversubscribed_words)
     if r["inner_gain"] < 1:
-        return said + ": speculation is slower than AR on the inner loop here, so it has no gain to carry to the frame."
-    return (said + (f" (beyond the noise factor of {1 + 2 * noise:.2f})" if noise else "")
-            + ": the gain shrinks on the frame by Amdahl's law, since the talker and the codec decoder do not speed "
-              "up.")
+        return (said + ". Speculation has no inner-loop gain here to carry to the frame." + oversubscribed_words)
+    return (said + ". The inner-loop gain shrinks on the frame by Amdahl's law, since the talker and the codec "
+            "decoder do not speed up." + oversubscribed_words)
 
 
 rep, emb = fastest(run_pipeline_models[0]), fastest(EMBEDDED_MODEL) if EMBEDDED_MODEL in run_pipeline_models else None
@@ -641,9 +670,10 @@ told.append(f"* **Export (measured).** {len(graphs_df)} graph files of `{run_cos
             f"{all(r.get('within_tolerance') for r in paper_rows if r.get('ran'))}.")
 if best_measured:
     told.append(f"* **Figure 4's analogue (measured, projected, quoted apart).** Here `{model}`'s frames reach "
-                f"{best_measured['speedup_vs_ar']:.2f}× over stepped AR of the same backend at best; the projection for the real-size "
-                f"architecture peaks at "
+                f"{best_measured['speedup_vs_ar']:.2f}× over stepped AR of the same backend at best; the projection (E(N) of `{model}` over the verify-call "
+                f"cost of `{run_cost_model}`, the table's PROJECTION columns) peaks at "
                 + (f"{best_projected['projected_speedup']:.2f}×" if best_projected else "n/a")
+                + (" (not to be trusted in this run: see the caveat under the figure)" if projection_caveat() else "")
                 + f"; the paper reports {', '.join(str(p['speedup']) + 'x' for p in PAPER_DEVICE_SPEEDUPS)} on "
                   "its Apple devices (point-mass trees). The three differ in what they count: measured whole frames on "
                   "this CPU, a projection (per-frame E(N) over the cost ratio t(N)/t(1)), and the paper's devices.")

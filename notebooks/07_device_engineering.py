@@ -36,9 +36,10 @@
 # graph per round or one C call, removing the loop around the calls ([glossary](../docs/glossary.md#running-it-fast)).
 #
 # **What is measured, in order:** (1) the machine; (2) the code-predictor call and the talker step against their floors,
-# per precision, through the official module and the native forward; (3) batches of 1..16 frames: whether, and where,
-# the gain of speculation vanishes; (4) `--decoder auto`, the per-device choice among decoders and backends; (5) the
-# table to act on: stepped AR, fused AR, the best speculative decoder, the fused speculative frame and auto, per
+# per precision, through the official module and the native forward; (3) batches of several frames decoded together
+# (`batch_sizes`; this run's sizes are printed below the parameters): whether, and where, the gain of speculation
+# vanishes; (4) `--decoder auto`, the per-device choice among decoders and backends; (5) the table to act on: stepped
+# AR, fused AR, the best speculative decoder, the fused speculative frame and auto, per
 # precision and backend, for the embedded model and the real-size 0.6B architecture, beside the floor and the public
 # ports' quoted figures; (6) the GPU leg, when its results exist. Every figure names the CPU it ran on.
 #
@@ -59,7 +60,8 @@ floor_repeats = 15  # the minimum of timed rounds of the call against its floor 
 talker_contexts = (64, 512)  # positions in the talker's KV cache before the timed step
 talker_repeats = 10  # timed rounds of the talker step
 batch_sizes = (1, 2, 4, 8, 16)  # frames decoded together
-batch_decoders = ("ar", "chain:4")  # decoders of the batch sweep (decoder names: AR and a chain of sampled drafts)
+batch_decoders = ("ar", "chain:4")  # decoders of the batch sweep (decoder names: AR and a chain of window 4: the root
+#                                      and 3 sampled drafts)
 batch_backends = ("eager", "native")  # their backends (stepped, and fused where a backend has a fused frame)
 batch_repeats = 6  # the minimum of timed batches per (runner, B)
 auto_backends = ("official", "eager", "native")  # what --decoder auto chooses among
@@ -141,6 +143,9 @@ def span(values, fmt=".2f"):
 
 
 print(f"outputs -> {out}")
+display(Markdown(f"This run times batches of {', '.join(map(str, batch_sizes))} frames and the precisions "
+                 f"{', '.join(precisions)} (this CPU runs {', '.join(native_precisions())} natively"
+                 + ("; the table of section 5 times float32 only" if smoke else "") + ")."))
 if str(model) != requested_model:  # a smoke run: the prose below describes the real-size model it stands in for
     display(Markdown(f"**Smoke run:** `{model}` runs in place of `{requested_model}`; where the text says real-size, "
                      f"0.6B or the released config's 28 layers, read `{model}` (its own layers), and read every number "
@@ -168,9 +173,10 @@ display(pd.DataFrame(backend_table()))
 # %% [markdown]
 # ## 2. Each call against its floor, per precision
 #
-# **The code-predictor call.** One call of one query position (what AR makes 15 times a frame), in every precision
-# this CPU runs natively, through the official module and the native forward, every (precision, backend, N) in ONE
-# interleaved run (`bench.latency.bench_precisions`), with the read bandwidth measured before and after
+# **The code-predictor call.** One call of one query position (what AR makes 15 times a frame), in each precision of
+# `precisions` (by default every precision this CPU runs natively; the machine table's "timed here" row names them),
+# through the official module and the native forward, every (precision, backend, N) in ONE interleaved run
+# (`bench.latency.bench_precisions`), with the read bandwidth measured before and after
 # (the faster kept). `t(1) / floor` near one means the call is as fast as reading its weights allows; t(N)/t(1) is
 # the cost of a wider call, what a speculative round pays.
 #
@@ -223,6 +229,9 @@ fig = plots.plot_floor(call_rows, talker_rows, title=f"{model} ({weights_words})
 save_figure(fig, out / "07_floor", {**prov, "meta": {k: v for k, v in floor_res.items() if k != "precisions"}})
 plt.show()
 display(pd.DataFrame(call_rows).round(3))
+display(Markdown("`floor_ms`: the step's weight bytes over the read bandwidth; `floor_kv_ms`: the same with the "
+                 "bytes of the KV cache the step attends added (`context` positions); `over_floor` and `over_floor_kv`:"
+                 " the measured median over each."))
 display(pd.DataFrame(talker_rows)[["precision", "forward", "context", "median_ms", "floor_ms", "over_floor",
                                    "floor_kv_ms", "over_floor_kv"]].round(3))
 native_calls = [r for r in call_rows if r["backend"] == "native"]
@@ -336,8 +345,9 @@ display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
 # ## 5. The table to act on
 #
 # The table `rvqspec bench table` and `make bench` print (`bench.table.bench_table`), measured once per `make paper`,
-# here: per model, per precision this CPU runs natively and per backend, five rows, each timed in one interleaved run
-# per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole AR frame); **best speculative**
+# here: per model, per precision timed (the sentence under the parameters names them) and per backend, five rows,
+# each timed in one interleaved run per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole
+# AR frame); **best speculative**
 # (the fastest of the table's own fixed set of stepped chains and calibrated trees, named under the table); **fused
 # speculative** (the fastest fused frame of the table's chains; a timing replay cannot drive one); **auto** (what
 # `--decoder auto` picks there by its own short timing run, a shortlist of three decoded on a few frames once each,
@@ -362,6 +372,13 @@ table = BT.bench_table(
 timings["table_s"] = time.perf_counter() - t0
 BT.save(table, out / "07_bench_table", prov)
 print(BT.format_table(table).splitlines()[0])
+frames_per_runner = (table["meta"]["repeats"] if not table["meta"].get("noise_target") else
+                     span([n["repeats"] for n in table["meta"].get("noise") or []] or [table["meta"]["repeats"]], "d"))
+display(Markdown(f"The header's target for the fused speculative frame ({BT.FUSED_TARGET} of the fused AR frame's time) "
+                 "is the project's design goal, a speedup of at least 1.5x over fused AR at the same model, precision "
+                 "and backend (1/1.5 rounded), not a measurement. Each row's time is a median of "
+                 f"{frames_per_runner} timed frame(s) per runner, the frames drawn in turn from "
+                 f"{table['meta'].get('n_contexts')} contexts."))
 fig = plots.plot_bench_table(table, title=f"the table to act on: {cpu}, {table['meta']['threads']} thread(s)"
                              + ("\nOVERSUBSCRIBED: the times are pessimistic" if table["meta"]["oversubscribed"]
                                 else ""))
@@ -398,8 +415,8 @@ auto_faster = [r for r in table["rows"] if r["row"] == "auto" and r["ms_per_fram
                and r["ms_per_frame"] < best_ms.get((r["model"], r["precision"], r["backend"],
                                                     "fused speculative" if r["fused"] else "best speculative"), 0)]
 display(Markdown(
-    f"**best speculative** is the fastest stepped decoder of the set this table times (chains of "
-    f"{', '.join(map(str, table['meta']['chains']))} drafts, calibrated trees of "
+    f"**best speculative** is the fastest stepped decoder of the set this table times (chains of window "
+    f"{', '.join(map(str, table['meta']['chains']))}: the root and one fewer drafts; calibrated trees of "
     f"{', '.join(map(str, table['meta']['budgets']))} nodes); **fused speculative** the fastest of those chains' "
     "fused frames. auto chooses among more "
     "(every chain length the calibration reaches, both kinds of calibrated tree)"
@@ -510,8 +527,15 @@ for f in fastest:
             if best["x_floor_ar"] < 1 else "")
     if ar and spec:
         text += (f". The fastest AR, {where(ar)}, takes {ar['ms_per_frame']:.2f} ms; the fastest speculative, "
-                 f"{where(spec)}, {spec['ms_per_frame']:.2f} ms ({f['speculative_over_ar']:.2f}x the AR's time)")
+                 f"{where(spec)}, {spec['ms_per_frame']:.2f} ms ({f['speculative_over_ar']:.2f}x the AR's time"
+                 + (f"; a median of {frames_per_runner} timed frame(s) per runner, so a rough reading"
+                    if not table["meta"].get("noise_target") and table["meta"]["repeats"] < 3 else "") + ")")
     bullets.append(text + ".")
+key_of = lambda r: (r["model"], r["precision"], r["backend"])  # noqa: E731
+fused_ar_ms = {key_of(r): r["ms_per_frame"] for r in table["rows"] if r["row"] == "fused AR" and r["ms_per_frame"]}
+auto_fused = [r for r in table["rows"] if r["row"] == "auto" and r["fused"] and r["kind"] != "ar"
+              and r["ms_per_frame"] and key_of(r) in fused_ar_ms]
+auto_wins = [r for r in auto_fused if r["ms_per_frame"] < fused_ar_ms[key_of(r)]]
 if rounds:
     lo, hi = min(rounds, key=lambda r: r["round_over_ar_call"]), max(rounds, key=lambda r: r["round_over_ar_call"])
     wins = [r for r in rounds if r["round_over_ar_call"] < r["tokens_per_call"]]
@@ -523,6 +547,12 @@ if rounds:
         f"fewer AR calls than it commits codes: {len(wins)} of {len(rounds)} (model, precision, backend) here"
         + (" (" + ", ".join(" ".join((r["model"], r["precision"], r["backend"])) for r in wins) + ")" if wins
            else "")
+        + f", counting the table's fused speculative row only (its chains of window "
+          f"{', '.join(map(str, table['meta']['chains']))})"
+        + (f"; auto's fused picks, which the first bullets may name, beat the fused AR frame in {len(auto_wins)} of "
+           f"{len(auto_fused)} (" + ", ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['decoder']} "
+                                            f"{r['ms_per_frame']:.2f} ms against {fused_ar_ms[key_of(r)]:.2f} ms"
+                                            for r in auto_fused) + ")" if auto_fused else "")
         + (f"; by more than twice the timing noise (a round's cost in AR calls more than {200 * worst_noise:.0f}% "
            f"below its tokens per call, the noise being the worst median's relative standard error above), "
            f"{sum(r['round_over_ar_call'] < r['tokens_per_call'] * (1 - 2 * worst_noise) for r in rounds)} of them"
@@ -571,7 +601,7 @@ bullets.append(
       "the table puts every speculative frame beside the fastest AR measured with it.")
 bullets.append(
     "* **Which run.** Every number above is this notebook's own run (its table, section 5: each runner's median "
-    f"over the timed frames its footer counts, decoded from {table['meta'].get('n_contexts')} contexts, of the "
+    f"over {frames_per_runner} timed frame(s), drawn in turn from {table['meta'].get('n_contexts')} contexts of the "
     "evaluation split for trained weights"
     + (f"; the trees shipped beside {small_model} (`trees/heads.json`, calibrated on {small_trees_n:,} frames), "
        "whose acceptance the timing replay also uses" if small_trees_n else "")

@@ -227,12 +227,14 @@ save_table(latency_df, out / "01_latency", prov, caption="; ".join(filter(None, 
     f"{run_model} ({weights_words}), {result['device_name']}, {result['threads']} thread(s)", noise_words(result),
     quiet["note"]])))
 other = result["other_cpu_frac"]
-display(Markdown("**" + plots.bench_title(result).replace("\n", " — ") + f"**, {noise_words(result)}" + (
+latency_words = ("**" + plots.bench_title(result).replace("\n", " — ") + f"**, {noise_words(result)}" + (
     f". Other processes used {100 * other:.0f}% of the machine's {result['cpu_count']} CPUs during the timing"
     + (": **oversubscribed, the times are pessimistic; rerun on an idle machine or with fewer threads**."
        if result["cpu_oversubscribed"] else " (not oversubscribed).")
-    if result["device"] == "cpu" and other is not None else "")
-    + ". Columns: `n` is the number of timed calls of that row; `median_ms`, `p10_ms`, `p90_ms` and `min_ms` are "
+    if result["device"] == "cpu" and other is not None else ""))
+display(Markdown(
+    latency_words + ("" if latency_words.endswith(".") else ".")
+    + " Columns: `n` is the number of timed calls of that row; `median_ms`, `p10_ms`, `p90_ms` and `min_ms` are "
       "their median, 10th and 90th percentiles and fastest call; `ratio_to_1` is the row's median over the same "
       "forward's one-position code-predictor call."))
 latency_df
@@ -264,7 +266,7 @@ save_table(share_rows, out / "01_inner_share", prov, caption=(
 display(Markdown("\n".join(
     f"* **{r['forward']}**: talker step {r['t_talker_ms']:.1f} ms + {r['inner_calls_per_frame']} × "
     f"{r['t_inner_ms']:.2f} ms = **{r['frame_ms_ar']:.1f} ms** for {r['frame_budget_ms']:.0f} ms of audio "
-    f"(real-time factor {r['rtf_ar']:.2f}); the inner loop takes **{r['inner_share_ar']:.1%}** of it."
+    f"(model-only real-time factor `rtf_ar` {r['rtf_ar']:.2f}); the inner loop takes **{r['inner_share_ar']:.1%}** of it."
     for r in share_rows if "t_talker_ms" in r)
     + f"\n* **bytes read**: a talker step streams {by_bytes['talker_step_bytes']:,} bytes of weights and "
       f"{by_bytes['talker_kv_bytes']:,} bytes of cache, a code-predictor call "
@@ -385,8 +387,9 @@ if tpc_lm is not None:
     plt.show()
     display(Markdown("Columns: `kind` is the decoder family of the name (`ar`, `chain`, `calibrated`, `paper`, "
                      "...); `nodes` is the query positions of one verify call, the root included (so N − 1 drafted "
-                     "nodes); `lossy` is True only for a decoder that may change the output distribution (none of "
-                     "these); `sampled` says whether drafts are drawn from q rather than top-ranked; "
+                     "nodes); `lossy` is True only for a decoder that may change the output distribution ("
+                     + (", ".join(f"`{r['decoder']}`" for r in own if r["lossy"]) or "none of these")
+                     + "); `sampled` says whether drafts are drawn from q rather than top-ranked; "
                      "`tokens_per_call` is codes committed per code-predictor call on these frames, and "
                      "`calls_per_s` the sequential calls a second real time then needs."))
     display(pd.DataFrame(own).set_index("decoder"))

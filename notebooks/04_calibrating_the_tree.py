@@ -343,6 +343,44 @@ display(Markdown(
 pd.DataFrame(hand_rows)
 
 # %% [markdown]
+# ### From rounds to E(N) per frame, by hand
+#
+# The same tree and table, now in a frame of only n = 4 codes (a real frame has more; the rule is the same), with
+# the table taken as the same at every start depth. The first call of a frame (the prefill) commits one code, depth 1,
+# and drafts nothing. After that, from the last committed depth s, a round can draft only offsets up to
+# min(3, n − s): drafts past the frame's last depth are cut. The chance that a round keeps at least i drafts,
+# reach(i), is the sum of the values of the tree's nodes at offset i: 0.50 + 0.20 = 0.70, 0.30 + 0.12 = 0.42 and
+# 0.21; so it keeps exactly 0, 1, 2 or 3 drafts with 0.30, 0.28, 0.21 and 0.21. A round commits its kept drafts
+# plus the verifier's code, except when the drafts reached depth n: then no code is left to add. Let C(s) be the
+# calls still expected from depth s; C(4) = 0:
+#
+# * C(3) = 1: one code is left, and one call commits it whatever happens;
+# * C(2) = 1 + 0.30 · C(3) + (0.28 + 0.42) · C(4) = 1.30 (two offsets left, so reach(2) = 0.42 and nothing deeper);
+# * C(1) = 1 + 0.30 · C(2) + 0.28 · C(3) + (0.21 + 0.21) · C(4) = 1 + 0.39 + 0.28 = 1.67.
+#
+# A frame then takes 1 + C(1) = 2.67 calls for its 4 codes: E(N) = 4 / 2.67 = 1.50 tokens per call, well below the
+# 2.33 codes of a round far from the frame's end. `calibrate` does this for every budget with the frame's real
+# number of codes and the per-start-depth tables (`rvqspec_lib.eval.acceptance.predicted_tokens_per_call`); below,
+# that function on the same small frame.
+
+# %%
+from rvqspec_lib.decoding.decoders import Tree
+from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
+
+n_hand = 4
+per_depth = np.repeat(np.array([hand_table]), n_hand - 1, axis=0)  # (start depth, offset, rank): the same table
+e_hand_lib = predicted_tokens_per_call({"alpha": per_depth[..., 0], "rank_mass": per_depth},
+                                       Tree([tuple(x) for x in lib_order], sampled=False), n_hand)
+c3 = 1.0
+c2 = 1.0 + 0.30 * c3
+c1 = 1.0 + 0.30 * c2 + 0.28 * c3
+e_hand_pencil = n_hand / (1.0 + c1)
+display(Markdown(
+    f"By pencil E(6) = {n_hand} / {1.0 + c1:.2f} = {e_hand_pencil:.4f}; the library gives {e_hand_lib:.4f}: "
+    + ("they agree." if abs(e_hand_lib - e_hand_pencil) < 1e-9 else "they differ: redo the pencil steps.")
+    + f" This notebook's frames have {cal['n_codes']} codes, so the prefill and the cut weigh less there than here."))
+
+# %% [markdown]
 # ## 4. A calibrated tree and its verify attention mask (the paper's Figure 2, here)
 #
 # The paper's decoder at the paper's node budget: the shipped offsets drafter with its own calibrated point-mass tree

@@ -266,7 +266,8 @@ save_table(share_rows, out / "01_inner_share", prov, caption=(
 display(Markdown("\n".join(
     f"* **{r['forward']}**: talker step {r['t_talker_ms']:.1f} ms + {r['inner_calls_per_frame']} × "
     f"{r['t_inner_ms']:.2f} ms = **{r['frame_ms_ar']:.1f} ms** for {r['frame_budget_ms']:.0f} ms of audio "
-    f"(model-only real-time factor `rtf_ar` {r['rtf_ar']:.2f}); the inner loop takes **{r['inner_share_ar']:.1%}** of it."
+    f"(model-only real-time factor `rtf_ar` {r['rtf_ar']:.2f}); the inner loop takes "
+    f"**{r['inner_share_ar']:.1%}** of it."
     for r in share_rows if "t_talker_ms" in r)
     + f"\n* **bytes read**: a talker step streams {by_bytes['talker_step_bytes']:,} bytes of weights and "
       f"{by_bytes['talker_kv_bytes']:,} bytes of cache, a code-predictor call "

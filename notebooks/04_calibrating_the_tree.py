@@ -620,7 +620,10 @@ n_speed_ctx = int(speed["meta"]["n_contexts"])  # the first evaluation contexts 
 n_speed_frames = min(speed_repeats, n_speed_ctx)  # distinct contexts among the rounds tokens per call counts
 # one statement of what the timed frames are, used here and in the summary
 timed_frames_words = (
-    f"at least {speed_repeats} timed frames per runner ({speed['meta']['repeats']} for the runner timed least), "
+    f"at least {speed_repeats} timed frames per runner"
+    + (f" ({speed['meta']['repeats']} for the runner timed least)" if speed["meta"]["repeats"] != speed_repeats
+       else "")
+    + ", "
     f"round r decoding context r mod {n_speed_ctx} of the first {n_speed_ctx} evaluation contexts with its own "
     f"generator draw; a timed row's tokens per call is the mean over its first {speed_repeats} rounds, "
     f"{n_speed_frames} distinct context{'s' if n_speed_frames != 1 else ''}")

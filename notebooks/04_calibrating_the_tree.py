@@ -859,6 +859,9 @@ bullets += [
     "* **Best node budget (measured) against the paper's (quoted).** The best stepped speculative decoder of each "
     "backend here (speedup over stepped AR of the same backend) sits at "
     + ", ".join(f"N = {r['nodes']} ({b}, {r['speedup_vs_ar']:.2f}x)" for b, r in best_by_backend.items())
+    + (f" ({sum(gain_verdict(r['speedup_vs_ar']).endswith('a tie)') for r in best_by_backend.values())} of "
+       f"{len(best_by_backend)} within the noise factor of {1 + 2 * speed_noise:.2f}, ties with stepped AR)"
+       if speed_noise and best_by_backend else "")
     + f": section 7's one run ({timed_frames_words}), with this notebook's calibration. "
     "Notebook 06 times other decoders (the shipped calibration's trees) over its own number of contexts in its own "
     "run, so its best speedups differ. The paper's fastest N per device (speedup over AR on the same device, "

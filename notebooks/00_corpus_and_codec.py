@@ -17,8 +17,8 @@
 # **What this notebook answers.** The later notebooks' acceptance and word-error measurements are taken on one trained
 # model, the embedded model below (notebook 02's toy needs no model; timings also use a random-weights stand-in, and
 # notebook 03 adds a synthetic code predictor, each said where used). Those measurements mean something only once you
-# know what that model was trained on and what its codes carry. So, before any
-# speculation: *what data is there, and what does each of the 16 codes of a frame contribute to the audio?*
+# know what that model was trained on and what its codes carry. So, before any speculation: *what data is there, and
+# what does each of the 16 codes of a frame contribute to the audio?*
 #
 # **Why the embedded model.** No Qwen3-TTS weights and none of the paper's data sets (VoxPopuli, LibriSpeech, Fleurs)
 # can be downloaded where this project is built. The later notebooks therefore measure speculation on the

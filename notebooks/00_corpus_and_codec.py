@@ -14,9 +14,11 @@
 # %% [markdown]
 # # 00 — The data behind the embedded model: corpus and codec
 #
-# **What this notebook answers.** Every later notebook measures speculative decoding on one model, and its numbers
-# mean something only once you know what that model was trained on and what its codes carry. So, before any
-# speculation: *what data is there, and what does each of the 16 codes of a frame contribute to the audio?*
+# **What this notebook answers.** The later notebooks' acceptance and word-error measurements are taken on one trained
+# model, the embedded model below (notebook 02's toy needs no model; timings also use a random-weights stand-in, and
+# notebook 03 adds a synthetic code predictor, each said where used). Those measurements mean something only once you
+# know what that model was trained on and what its codes carry. So, before any speculation: *what data is there, and
+# what does each of the 16 codes of a frame contribute to the audio?*
 #
 # **Why the embedded model.** No Qwen3-TTS weights and none of the paper's data sets (VoxPopuli, LibriSpeech, Fleurs)
 # can be downloaded where this project is built. The later notebooks therefore measure speculation on the
@@ -550,7 +552,8 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         " (given a language model of the reference texts: prompt-informed, its WER is optimistic)"
         if asr == "pocketsphinx-prompt" else ", which does not know the texts") +
         f"; {rows['original']['ref_words']} reference words, so one word is {1 / rows['original']['ref_words']:.1%} of "
-        f"the WER."))
+        f"the WER. Columns: `n` is the number of sentences, `errors` the word errors (substitutions, deletions and "
+        f"insertions) summed over them, `ref_words` their reference words, so `wer` = `errors` / `ref_words`."))
     with pd.option_context("display.max_columns", None, "display.width", 250):  # every column, no "..."
         display(pd.DataFrame(table_q).set_index("label"))
     if codec.decoder_kind != "table":  # which decoder does better at each k, from the rows above

@@ -227,11 +227,16 @@ save_table(latency_df, out / "01_latency", prov, caption="; ".join(filter(None, 
     f"{run_model} ({weights_words}), {result['device_name']}, {result['threads']} thread(s)", noise_words(result),
     quiet["note"]])))
 other = result["other_cpu_frac"]
-display(Markdown("**" + plots.bench_title(result).replace("\n", " — ") + f"**, {noise_words(result)}" + (
+latency_words = ("**" + plots.bench_title(result).replace("\n", " — ") + f"**, {noise_words(result)}" + (
     f". Other processes used {100 * other:.0f}% of the machine's {result['cpu_count']} CPUs during the timing"
     + (": **oversubscribed, the times are pessimistic; rerun on an idle machine or with fewer threads**."
        if result["cpu_oversubscribed"] else " (not oversubscribed).")
-    if result["device"] == "cpu" and other is not None else "")))
+    if result["device"] == "cpu" and other is not None else ""))
+display(Markdown(
+    latency_words + ("" if latency_words.endswith(".") else ".")
+    + " Columns: `n` is the number of timed calls of that row; `median_ms`, `p10_ms`, `p90_ms` and `min_ms` are "
+      "their median, 10th and 90th percentiles and fastest call; `ratio_to_1` is the row's median over the same "
+      "forward's one-position code-predictor call."))
 latency_df
 
 # %% [markdown]
@@ -261,12 +266,22 @@ save_table(share_rows, out / "01_inner_share", prov, caption=(
 display(Markdown("\n".join(
     f"* **{r['forward']}**: talker step {r['t_talker_ms']:.1f} ms + {r['inner_calls_per_frame']} × "
     f"{r['t_inner_ms']:.2f} ms = **{r['frame_ms_ar']:.1f} ms** for {r['frame_budget_ms']:.0f} ms of audio "
-    f"(real-time factor {r['rtf_ar']:.2f}); the inner loop takes **{r['inner_share_ar']:.1%}** of it."
+    f"(model-only real-time factor `rtf_ar` {r['rtf_ar']:.2f}); the inner loop takes "
+    f"**{r['inner_share_ar']:.1%}** of it."
     for r in share_rows if "t_talker_ms" in r)
-    + f"\n* **bytes read**: a talker step streams {by_bytes['talker_step_bytes'] / 1e6:.0f} MB of weights and "
-      f"{by_bytes['talker_kv_bytes'] / 1e6:.1f} MB of cache, a code-predictor call "
-      f"{by_bytes['code_predictor_call_bytes'] / 1e6:.0f} MB: at equal bandwidth the inner loop would take "
-      f"**{by_bytes['inner_share']:.1%}** of the frame."))
+    + f"\n* **bytes read**: a talker step streams {by_bytes['talker_step_bytes']:,} bytes of weights and "
+      f"{by_bytes['talker_kv_bytes']:,} bytes of cache, a code-predictor call "
+      f"{by_bytes['code_predictor_call_bytes']:,} bytes: at equal bandwidth the inner loop would take "
+      f"{by_bytes['inner_calls_per_frame']} × {by_bytes['code_predictor_call_bytes']:,} / "
+      f"({by_bytes['talker_step_bytes']:,} + {by_bytes['talker_kv_bytes']:,} + "
+      f"{by_bytes['inner_calls_per_frame']} × {by_bytes['code_predictor_call_bytes']:,}) = "
+      f"**{by_bytes['inner_share']:.1%}** of the frame."
+    + "\n\nColumns: `t_talker_ms` and `t_inner_ms` are the median times of one talker step and one code-predictor "
+      "call; `frame_ms_ar` = talker step + `inner_calls_per_frame` code-predictor calls (no codec); "
+      "`frame_budget_ms` is the audio one frame carries; `rtf_ar` (the model-only AR real-time factor) = "
+      "`frame_ms_ar` / `frame_budget_ms`, the talker and the inner loop with no codec, unlike notebook 06's "
+      "whole-frame real-time factor, which adds the codec; `inner_share_ar` = the inner loop's part of "
+      "`frame_ms_ar`. The table's caption rounds the bytes to MB; the exact counts are above."))
 
 # %% [markdown]
 # ## 6. The verify cost curve `t(N) / t(1)`
@@ -371,6 +386,13 @@ if tpc_lm is not None:
     ax.grid(alpha=0.3, axis="y")
     save_figure(fig, out / "01_calls_at_own_tpc", provenance(params, seed=seed))
     plt.show()
+    display(Markdown("Columns: `kind` is the decoder family of the name (`ar`, `chain`, `calibrated`, `paper`, "
+                     "...); `nodes` is the query positions of one verify call, the root included (so N − 1 drafted "
+                     "nodes); `lossy` is True only for a decoder that may change the output distribution ("
+                     + (", ".join(f"`{r['decoder']}`" for r in own if r["lossy"]) or "none of these")
+                     + "); `sampled` says whether drafts are drawn from q rather than top-ranked; "
+                     "`tokens_per_call` is codes committed per code-predictor call on these frames, and "
+                     "`calls_per_s` the sequential calls a second real time then needs."))
     display(pd.DataFrame(own).set_index("decoder"))
 
 # %%
@@ -477,7 +499,7 @@ lines = [
     f"* **Real time on this CPU (measured here, {result['threads']} thread{'' if result['threads'] == 1 else 's'}).** "
     + "; ".join(f"{'T' if i == 0 else 't'}hrough the {name} forward an AR frame takes "
                 f"{p['derived']['frame_ms_ar']:.1f} ms for {p['derived']['frame_budget_ms']:.0f} ms of audio, "
-                f"real-time factor {p['derived']['rtf_ar']:.2f} "
+                f"model-only real-time factor `rtf_ar` {p['derived']['rtf_ar']:.2f} "
                 f"({'faster' if p['derived']['rtf_ar'] < 1 else 'slower'} than real time)"
                 for i, (name, p) in enumerate(pairs.items()))
     + ". Notebook 06 takes the whole frame, talker included, through the fastest forwards.",
@@ -493,7 +515,8 @@ lines = [
     + ". How it grows differs by forward: "
     + "; ".join(f"{name}, {cost_growth_words({r['n_queries']: r['ratio_to_1'] for r in pr['code_predictor']})}"
                 for name, pr in pairs.items())
-    + ". The best node budget of a device is the N where E(N) / (t(N)/t(1)) peaks (notebook 04), so each forward "
+    + ". The best node budget of a device is the N where E(N) / (t(N)/t(1)) peaks, E(N) being the tokens per call "
+      "a tree of N nodes is expected to commit per frame (defined and computed in notebook 04), so each forward "
       "has its own; notebook 04 times the forward alone in its own run, so its ratios differ from these.",
 ]
 if own:
@@ -518,9 +541,11 @@ if own:
     if same_n:
         p_, h_ = max(same_n, key=lambda ph: ph[0]["nodes"])
         parts.append(f"At the same node budget (N {p_['nodes']}) the offsets drafter's tokens per call differ from "
-                     f"the reused heads' by {p_['tokens_per_call'] - h_['tokens_per_call']:+.2f} here (notebook 05, "
-                     f"section 6, puts a paired interval over utterances, per language, on this difference at the "
-                     f"paper's node budget). ")
+                     f"the reused heads' by {p_['tokens_per_call'] - h_['tokens_per_call']:+.2f} here, on one small "
+                     f"sample of {own_meta['frames']} frames with no interval, so neither the size nor the sign is a "
+                     f"finding: notebook 03 (section 6) tests the drafters against each other with paired "
+                     f"intervals, and notebook 05 (section 6) puts a paired interval over utterances, per language, "
+                     f"on this difference at the paper's node budget. ")
     if best_sp:
         parts.append(f"Trees with sampled children reach {best_sp['tokens_per_call']:.2f} (`{best_sp['decoder']}`). ")
     parts.append(f"The best decoder here is `{best['decoder']}` at {best['tokens_per_call']:.2f} codes per call, "

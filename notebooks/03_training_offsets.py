@@ -274,6 +274,13 @@ for d in trained.values():
     d.provenance["model"] = run_model
 lr_table = pd.DataFrame(run.lr_rows)
 save_table(lr_table, out / "03_lr_selection", prov)
+display(Markdown(
+    "Columns: one row per (drafter, learning rate) trained; `best_epoch` the epoch kept by early stopping; "
+    "`val_acceptance_mean` the mean exact validation acceptance at that epoch, `val_acceptance_init` the same "
+    "before training (the reused heads); `chosen` marks the learning rate kept for that drafter, the highest "
+    "`val_acceptance_mean` of its rows"
+    + (" (True in every row here: one learning rate was tried per drafter)."
+       if all(lr_table["chosen"]) else ".")))
 lr_table
 
 # %% [markdown]
@@ -397,17 +404,23 @@ within_k = max((r[lab] - r["heads"] for r in tables["by_offset"] if r["offset_t"
                default=0.0)
 gains_k = [(lab, r["offset_t"], r[lab] - r["heads"]) for r in tables["by_offset"] if r["offset_t"] <= K
            for lab in drafters if lab != "heads"]
-by_lab = lambda keep: [f"{lab} (t = {', '.join(str(t) for l2, t, g in gains_k if l2 == lab and keep(g))})"  # noqa: E731
-                       for lab in drafters if any(l2 == lab and keep(g) for l2, t, g in gains_k)]
+# digits enough that every gain printed below reads on the same side of the spread as its value
+nd = next((d for d in range(4, 9) if all(f"{g:.{d}f}" != f"{spread:.{d}f}" for _, _, g in gains_k if g != spread)),
+          9)
+by_lab = lambda keep: [  # noqa: E731
+    f"{lab} (" + ", ".join(f"t = {t}: {g:+.{nd}f}" for l2, t, g in gains_k if l2 == lab and keep(g)) + ")"
+    for lab in drafters if any(l2 == lab and keep(g) for l2, t, g in gains_k)]
 in_noise, above = by_lab(lambda g: abs(g) <= spread), by_lab(lambda g: g > spread)
 rank0_heads = [r["rank0"] for r in tables["rank"] if r["drafter"] == "heads"]
 display(Markdown(
-    f"Past K = {K} every drafter drafts with the reused head, yet the rows differ there by up to {spread:.4f}: each "
-    f"drafter's exact tables are measured on the codes its own decoders committed, and different drafts consume the "
-    f"random stream differently, so each drafter meets other frames' codes. That {spread:.4f} is the noise floor of "
-    f"this table; the largest gain of an offsets row over the heads at t ≤ K is {within_k:+.4f}"
-    + (", no larger than that floor." if within_k <= spread else ".")
-    + " Gains over the heads at t ≤ K within that floor, so not shown by this table: "
+    f"Past K = {K} every drafter drafts with the reused head, yet the rows differ there by up to {spread:.{nd}f}: "
+    f"each drafter's exact tables (computed from the probabilities p and q, not from counted acceptances) are "
+    f"measured on the codes its own decoders committed, and different drafts consume the random stream differently, "
+    f"so each drafter meets other frames' codes. That {spread:.{nd}f} is this table's **cross-drafter spread** (a "
+    f"noise level of the table, not the WER floor of notebook 00 nor the weight-streaming floor of notebooks 06 and "
+    f"07); the largest gain of an offsets row over the heads at t ≤ K is {within_k:+.{nd}f}"
+    + (", no larger than that spread." if within_k <= spread else ".")
+    + " Gains over the heads at t ≤ K within that spread, so not shown by this table: "
     + (", ".join(in_noise) or "none") + "; above it: " + (", ".join(above) or "none") + ". "
     f"All these are acceptances of a sampled draft; the reused heads' top-ranked (point-mass) draft is the verified "
     f"code with probability {min(rank0_heads):.3f} to {max(rank0_heads):.3f} at offsets 1..{K} (section 8)."))
@@ -459,8 +472,8 @@ toy_table
 
 # %% [markdown]
 # By drafted depth j = s + t (offsets t ≤ K pooled), every drafter. One shared vector per offset moves every depth
-# alike, so a gain could show at every depth; whether it does is read against the noise floor of the table above
-# (the sentence under the figure counts the depths where it does).
+# alike, so a gain could show at every depth; whether it does is read against the cross-drafter spread of the table
+# above (the sentence under the figure counts the depths where it does).
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.8), constrained_layout=True)
@@ -479,8 +492,8 @@ plt.show()
 n_above = {lab: sum(r[lab] - r["heads"] > spread for r in tables["by_depth"])
            for lab in offsets_labels if lab != "heads"}
 display(Markdown(
-    f"Depths (of {len(depth)}) where an offsets drafter beats the reused heads by more than the noise floor "
-    f"{spread:.4f}: " + ", ".join(f"{lab} {n}" for lab, n in n_above.items()) + "."))
+    f"Depths (of {len(depth)}) where an offsets drafter beats the reused heads by more than the cross-drafter "
+    f"spread {spread:.{nd}f}: " + ", ".join(f"{lab} {n}" for lab, n in n_above.items()) + "."))
 
 # %% [markdown]
 # ## 5. Table 2: each drafter with its own calibrated tree
@@ -537,6 +550,25 @@ display(Markdown(
            if lab in T.PAPER_TOKS_PER_STEP else "") + "."
         for lab, r in t2.items() if r["kept_epoch"] == 0 and lab != "heads"
         for rates in [[row["lr"] for row in run.lr_rows if row["drafter"] == lab]])))
+small_tpc = sorted({round(r["small_tree_tokens_per_call"], 9) for r in table2
+                    if r["small_tree_tokens_per_call"] is not None})
+display(Markdown(
+    f"Columns: `tree_N32_*` is the drafter's own calibrated point-mass tree of N = {PAPER_BUDGET}, measured on the "
+    f"evaluation frames or predicted by its calibration (`sampled_tree_N32_predicted`: the tree with sampled "
+    f"children instead); `best_N` is the budget of highest predicted E(N); `chain_best` is the best chain of "
+    f"sampled drafts over the windows tried, at `chain_best_window`; `chain4_tokens_per_call` is the chain of window "
+    f"{T.MARGIN_CHAIN}; `small_tree_tokens_per_call` is one small fixed point-mass tree, `{T.EVAL_DECODERS[-1]}` "
+    f"(the same shape for every drafter, not calibrated), "
+    + ("equal in every row here: on these frames each drafter's fixed tree kept the same number of drafts, so this "
+       "column does not tell the drafters apart; "
+       if len(small_tpc) == 1 else
+       f"from {small_tpc[0]:.4f} to {small_tpc[-1]:.4f} across the rows; ")
+    + "`added_params` are the parameters a drafter adds, `pct_code_predictor` and `pct_model` the same as a "
+      "percentage of the code predictor's and of the whole model's parameters (above 100% where a drafter adds more "
+      "parameters than the code predictor has: "
+    + (", ".join(f"`{r['label']}`" for r in table2 if r["pct_code_predictor"] > 100) or "no row here")
+    + "); `added_params_at_0.6B` the count at the released 0.6B model's size; `loss`, `kept_epoch` and `lr` how "
+      "the kept drafter was trained."))
 with pd.option_context("display.max_colwidth", None):  # the drafter names in full
     display(pd.DataFrame(table2))
 
@@ -613,7 +645,10 @@ display(Markdown(
     f"1..{K}; section 4's table takes the same quantity on the codes the decoders sampled and pools by offset, so "
     f"its reused heads (mean over offsets 1..{K}: "
     f"{np.mean([r['heads'] for r in tables['by_offset'] if r['offset_t'] <= K]):.4f}) differ from the "
-    f"{best_off['acceptance_heads']:.4f} here by as much as those codes and that weighting do."))
+    f"{best_off['acceptance_heads']:.4f} here by as much as those codes and that weighting do. Columns: "
+    f"`p_value` is the two-sided Student t test of a zero mean difference over the `n_utterances` utterances (the "
+    f"same test as the interval); `difference_t1` .. `difference_t{K}` are the mean differences at each offset "
+    f"alone, over the same frames."))
 pd.DataFrame(margin)
 
 # %% [markdown]
@@ -783,7 +818,11 @@ p_top_frames = frames_from_contexts(cp, eval_frames.context, sampling=sampling, 
 with torch.no_grad():
     emb_p_top = float(sampling.probs(verifier_logits(cp, teacher_forced_hidden(
         cp, p_top_frames.context, p_top_frames.codes)))[:, 1:].amax(-1).mean())
+    # the same two quantities on the calibration frames (codes: p's own samples), the kind of frames notebook 04 uses
+    cal_p_top = float(sampling.probs(verifier_logits(cp, teacher_forced_hidden(
+        cp, cal_frames.context, cal_frames.codes)))[:, 1:].amax(-1).mean())
 emb_rank0 = next(r["rank0"] for r in tables["rank"] if r["drafter"] == "heads" and r["offset_t"] == 1)
+cal_rank0 = float(calibrations["heads"]["point-mass"]["table"][0][0]) if "heads" in calibrations else None
 emb_tpc = float(pap["tree_N32_tokens_per_call"])
 marks = {f"{run_model}: {pap['decoder']} measured above ({emb_tpc:.2f})": emb_tpc,
          f"the paper's reported figure, quoted ({RG.PAPER_TOKENS_PER_CALL:.2f})": RG.PAPER_TOKENS_PER_CALL}
@@ -873,9 +912,17 @@ display(Markdown(
     + (", below it, as p's mass on q's top code must be: no code holds more than p's top code. "
        if emb_rank0 <= emb_p_top else ", above it only because the two are averaged over different samples of the "
        "codes: on one state no code holds more than p's top code. ")
-    + "Notebook 04 reports the same `rank0` quantity (offset 1, reused heads) over its own calibration frames, "
-      "another split with its own samples of the codes, so its value differs from this one by as much as those "
-      "frames differ from these."))
+    + (f"Both depend on the frames: on this notebook's {len(cal_frames)} calibration frames (codes sampled from "
+       f"p, the kind of frames notebook 04 calibrates on) p's top-code mass is {cal_p_top:.3f} and the reused "
+       f"heads' `rank0` at offset 1 is {cal_rank0:.3f}, against {emb_p_top:.3f} and {emb_rank0:.3f} on the "
+       f"evaluation frames. " if cal_rank0 is not None else "")
+    + "Notebook 04 reports the same `rank0` quantity (offset 1, reused heads, deployed warpers) over its own "
+      "calibration frames (their own count), so its value is close to this notebook's calibration-frame "
+      "value only as far as those frames resemble these; how sharp p is varies from utterance to utterance, so a "
+      "few frames of few utterances can put the mean well away from another set's."))
+display(Markdown("Columns: `tokens_per_call` is measured on the synthetic predictor's frames (codes over calls), "
+                 "`se` the standard error of the per-frame mean, `predicted_tokens_per_call` the E(N) the tree's "
+                 "calibration predicts for it."))
 pd.DataFrame(regime)[["peak", "p_top", "drafter", "tree", "tokens_per_call", "se", "predicted_tokens_per_call"]]
 
 # %% [markdown]
@@ -1029,8 +1076,8 @@ print(f"deployed offsets: {deployed}; saturation windows: "
 # Change one parameter (the parameters cell at the top, or the cell named) and rerun:
 #
 # * **In section 10, `regime_drift = 0.0`**: the reused heads no longer drift, and the `heads` and `offsets` curves
-#   fall on each other (the exact offsets then change nothing the heads read); the point-mass against sampled gap
-#   stays, since that one is about how peaked p is.
+#   fall on each other (the exact offsets, the b_t that remove the drift analytically, then change nothing the heads
+#   read); the point-mass against sampled gap stays, since that one is about how peaked p is.
 # * **In section 10, `regime_peaks = (0.0, 32.0, 64.0)`**: push p further; look at whether the point-mass trees keep
 #   their lead over sampled children as p approaches a point mass (a sampled draft from a peaked q becomes the top
 #   code too).

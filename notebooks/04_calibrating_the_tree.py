@@ -277,6 +277,9 @@ for kind in KINDS:
                            "widest_offset": int(np.argmax(widths)), "nodes_at_widest": int(widths.max()),
                            "predicted_tokens_per_call": cal[kind]["predicted_tokens_per_call"][str(b)]})
 shape = pd.DataFrame(shape_rows)
+display(Markdown("Columns: `nodes` is the node budget N, the root included (N − 1 drafted nodes); `deepest_offset` "
+                 "the largest offset a drafted node reaches; `widest_offset` the offset holding the most drafted "
+                 "nodes, and `nodes_at_widest` how many; `predicted_tokens_per_call` is E(N)."))
 display(shape)
 big = show_n[-1]
 pm_big, sp_big = (shape[(shape.kind == k) & (shape.nodes == big)].iloc[0] for k in KINDS)
@@ -338,6 +341,44 @@ display(Markdown(
     + ("every step agrees with the pencil." if all(r["agrees"] for r in hand_rows) else
        "the steps marked False in `agrees` differ from the pencil: redo them by hand.")))
 pd.DataFrame(hand_rows)
+
+# %% [markdown]
+# ### From rounds to E(N) per frame, by hand
+#
+# The same tree and table, now in a frame of only n = 4 codes (a real frame has more; the rule is the same), with
+# the table taken as the same at every start depth. The first call of a frame (the prefill) commits one code, depth 1,
+# and drafts nothing. After that, from the last committed depth s, a round can draft only offsets up to
+# min(3, n − s): drafts past the frame's last depth are cut. The chance that a round keeps at least i drafts,
+# reach(i), is the sum of the values of the tree's nodes at offset i: 0.50 + 0.20 = 0.70, 0.30 + 0.12 = 0.42 and
+# 0.21; so it keeps exactly 0, 1, 2 or 3 drafts with 0.30, 0.28, 0.21 and 0.21. A round commits its kept drafts
+# plus the verifier's code, except when the drafts reached depth n: then no code is left to add. Let C(s) be the
+# calls still expected from depth s; C(4) = 0:
+#
+# * C(3) = 1: one code is left, and one call commits it whatever happens;
+# * C(2) = 1 + 0.30 · C(3) + (0.28 + 0.42) · C(4) = 1.30 (two offsets left, so reach(2) = 0.42 and nothing deeper);
+# * C(1) = 1 + 0.30 · C(2) + 0.28 · C(3) + (0.21 + 0.21) · C(4) = 1 + 0.39 + 0.28 = 1.67.
+#
+# A frame then takes 1 + C(1) = 2.67 calls for its 4 codes: E(N) = 4 / 2.67 = 1.50 tokens per call, well below the
+# 2.33 codes of a round far from the frame's end. `calibrate` does this for every budget with the frame's real
+# number of codes and the per-start-depth tables (`rvqspec_lib.eval.acceptance.predicted_tokens_per_call`); below,
+# that function on the same small frame.
+
+# %%
+from rvqspec_lib.decoding.decoders import Tree
+from rvqspec_lib.eval.acceptance import predicted_tokens_per_call
+
+n_hand = 4
+per_depth = np.repeat(np.array([hand_table]), n_hand - 1, axis=0)  # (start depth, offset, rank): the same table
+e_hand_lib = predicted_tokens_per_call({"alpha": per_depth[..., 0], "rank_mass": per_depth},
+                                       Tree([tuple(x) for x in lib_order], sampled=False), n_hand)
+c3 = 1.0
+c2 = 1.0 + 0.30 * c3
+c1 = 1.0 + 0.30 * c2 + 0.28 * c3
+e_hand_pencil = n_hand / (1.0 + c1)
+display(Markdown(
+    f"By pencil E(6) = {n_hand} / {1.0 + c1:.2f} = {e_hand_pencil:.4f}; the library gives {e_hand_lib:.4f}: "
+    + ("they agree." if abs(e_hand_lib - e_hand_pencil) < 1e-9 else "they differ: redo the pencil steps.")
+    + f" This notebook's frames have {cal['n_codes']} codes, so the prefill and the cut weigh less there than here."))
 
 # %% [markdown]
 # ## 4. A calibrated tree and its verify attention mask (the paper's Figure 2, here)
@@ -426,7 +467,8 @@ display(Markdown(" ".join(lines)))
 #
 # A tree of node budget N (the root and N − 1 drafted nodes) commits E(N) codes per call, per frame, but each of
 # its calls processes N query positions. What matters is how the call's time grows with N: at the call level the
-# speedup over stepped AR of the same backend is E(N) / (t(N)/t(1))
+# speedup over stepped AR of the same backend (AR with one backend call per code, each call launched from Python;
+# section 7 adds fused AR) is E(N) / (t(N)/t(1))
 # ([methods.md](../docs/methods.md#choosing-the-node-budget)). One verify call of N positions after a few committed
 # slots is timed through three backends of the registry (`rvqspec_lib.models.backends`): **official** (the
 # transformers module), **eager** (the lean forward over the same weights, plain tensor code) and **native** (the
@@ -565,25 +607,42 @@ display(Markdown(f"All {len(speed_tab)} timed runners are in `04_speed.csv` besi
                  "the 12 fastest frames, which the sentences after the next table discuss."))
 display(speed_tab[cols].sort_values("ms_per_frame").head(12).round(3))
 display(Markdown("`outside_share`: the median share of a frame's time spent outside the backend's forward and the "
-                 "heads, embeddings and drafts, i.e. in the loop around the calls (the accept walk, bookkeeping)."))
+                 "heads, embeddings and drafts, i.e. in the loop around the calls (the accept walk, bookkeeping). "
+                 "`ms_per_frame` is the median over the timed frames, `p10_ms` and `p90_ms` their 10th and 90th "
+                 "percentiles; `speedup_vs_ar` is over stepped AR, `speedup_vs_fused` over the fused AR frame, each "
+                 "of the same backend and precision (ratios of medians)."))
 pred_of = pvm[pvm.kind.isin(["calibrated", "paper"])].set_index("decoder")
 speed_pred = (speed_tab[speed_tab.decoder.isin(pred_of.index)].drop_duplicates("decoder")
               .assign(predicted=lambda d: pred_of.loc[d.decoder, "predicted_tokens_per_call"].to_numpy(),
                       point_mass=lambda d: ~pred_of.loc[d.decoder, "sampled"].astype(bool).to_numpy()))
 speed_err = speed_pred.predicted / speed_pred.tokens_per_call - 1
-n_speed_frames = min(speed_repeats, speed_contexts, len(eval_frames))
+n_speed_ctx = int(speed["meta"]["n_contexts"])  # the first evaluation contexts the timed rounds cycle through
+n_speed_frames = min(speed_repeats, n_speed_ctx)  # distinct contexts among the rounds tokens per call counts
+# one statement of what the timed frames are, used here and in the summary
+timed_frames_words = (
+    f"at least {speed_repeats} timed frames per runner"
+    + (f" ({speed['meta']['repeats']} for the runner timed least)" if speed["meta"]["repeats"] != speed_repeats
+       else "")
+    + ", "
+    f"round r decoding context r mod {n_speed_ctx} of the first {n_speed_ctx} evaluation contexts with its own "
+    f"generator draw; a timed row's tokens per call is the mean over its first {speed_repeats} rounds, "
+    f"{n_speed_frames} distinct context{'s' if n_speed_frames != 1 else ''}")
 if len(speed_pred):
     pm_rows = speed_pred.point_mass.to_numpy()
     display(Markdown(
-        f"These timed rows count tokens per call too, but over the first {n_speed_frames} timed frames only (the mean "
-        f"of each frame's codes over its calls; the first {n_speed_frames} contexts of section 5's "
-        f"{len(eval_frames)}, other generator draws), not section 5's {len(eval_frames)} frames: so they scatter "
-        f"around section 5's measurements. Against E(N), the {len(speed_pred)} trees timed here are off by "
-        f"{100 * speed_err.min():+.1f}% to {100 * speed_err.max():+.1f}%; the point-mass trees' predictions lie "
-        f"above these timed measurements in {int((speed_err[pm_rows] > 0).sum())} of the {int(pm_rows.sum())} "
-        f"point-mass rows timed (section 5: {pm_above} of {len(err['point-mass'])} above on its "
-        f"{len(eval_frames)} frames). The timed rows all decode the same {n_speed_frames} frames, so their errors "
-        "move together. Section 5's verdicts speak of its own frames, not of these."))
+        f"These timed rows count tokens per call too: {timed_frames_words} (the mean of each frame's codes over its "
+        f"calls). Those frames are neither section 5's {len(eval_frames)} evaluation frames nor the calibration "
+        f"frames E(N) was computed on (this notebook's {len(cal_frames)} for the reused heads' trees"
+        + ("; the shipped calibration's own for `paper:N`" if has_paper else "") + "): E(N) is a mean over "
+        f"calibration frames, "
+        f"while a few evaluation frames can have a p sharper or flatter than that mean (a top-ranked draft kept far "
+        f"more or less often than the calibration's rate), so a timed row's tokens per call can sit well away from "
+        f"E(N), and from section 5's value for the same tree. Against E(N), the {len(speed_pred)} trees timed here "
+        f"are off by {100 * speed_err.min():+.1f}% to {100 * speed_err.max():+.1f}%; the point-mass trees' "
+        f"predictions lie above these timed measurements in {int((speed_err[pm_rows] > 0).sum())} of the "
+        f"{int(pm_rows.sum())} point-mass rows timed (section 5: {pm_above} of {len(err['point-mass'])} above on "
+        f"its {len(eval_frames)} frames). Every timed row decodes the same contexts, so their errors move together. "
+        "Section 5's verdicts speak of its own frames, not of these."))
 
 # %%
 over_ar = BF.speedups_over_ar(speed_rows)
@@ -594,17 +653,40 @@ display(pd.DataFrame(over_ar).round(3))
 fastest = over_ar[0]
 stepped_official = next((r for r in over_ar if r["backend"] == "official"), None)
 others = "; ".join(f"{r['ar']} takes {r['ar_vs_fastest_ar']:.2f}x as long" for r in over_ar[1:])
+speed_noise = speed["meta"].get("rel_se_max")  # the run's worst relative standard error of a median
+
+
+def gain_verdict(g):
+    """The tie rule notebook 06 uses: a gain within 1 + 2 x the run's worst relative standard error of a median,
+    either way, is a tie."""
+    if g is None:
+        return ""
+    if not speed_noise:
+        return " (too few timed frames to estimate this run's noise, so not a verdict)"
+    if max(g, 1 / g) < 1 + 2 * speed_noise:
+        return f" (within this run's noise factor of {1 + 2 * speed_noise:.2f} either way: a tie)"
+    return f" (beyond this run's noise factor of {1 + 2 * speed_noise:.2f}: {'faster' if g > 1 else 'slower'})"
+
+
 lines = [f"The fastest AR here is **{fastest['ar']}**, {fastest['ar_ms']:.1f} ms a frame" + (f"; {others}" if others
                                                                                                else "") + ".",
-         f"The fastest lossless speculative runner is {fastest['fastest_speculative']}: a speedup of "
-         f"{fastest['speedup']:.2f}x over the fastest AR" + (f", {stepped_official['speedup']:.2f}x over stepped AR "
-                                                              "through the official module" if stepped_official
-                                                              else "") + "."]
+         f"The lossless speculative runner with the shortest median is {fastest['fastest_speculative']}: a speedup "
+         f"of {fastest['speedup']:.2f}x over the fastest AR{gain_verdict(fastest['speedup'])}"
+         + (f", {stepped_official['speedup']:.2f}x over stepped AR through the official module"
+            f"{gain_verdict(stepped_official['speedup'])}" if stepped_official else "") + "."]
 if has_paper:
     lines.append(f"The paper's decoder at its fastest here, {fastest['paper_decoder']}: a speedup of "
-                 f"{fastest['paper_speedup']:.2f}x over the fastest AR (below 1: slower)"
-                 + (f", {stepped_official['paper_speedup']:.2f}x over stepped official AR" if stepped_official else "")
+                 f"{fastest['paper_speedup']:.2f}x over the fastest AR{gain_verdict(fastest['paper_speedup'])}"
+                 + (f", {stepped_official['paper_speedup']:.2f}x over stepped official AR"
+                    f"{gain_verdict(stepped_official['paper_speedup'])}" if stepped_official else "")
                  + ".")
+lines.append("The tie rule is notebook 06's: this run's medians have a relative standard error up to "
+             + (f"{100 * speed_noise:.1f}%, so a gain within a factor of {1 + 2 * speed_noise:.2f} of 1 either way "
+                "(twice that error) is a tie, and another run (notebook 07 times some of these runners again) may "
+                "order tied runners the other way." if speed_noise else "an unknown amount here."))
+lines.append("Columns: `ar_ms` is that AR's median ms a frame; `ar_vs_fastest_ar` its time over the fastest AR's; "
+             "`speedup` is the fastest lossless speculative runner's speedup over that AR, `same_backend_speedup` "
+             "the fastest one of the AR's own backend and precision, `paper_speedup` the paper's decoder's.")
 display(Markdown(" ".join(lines)))
 
 # %% [markdown]
@@ -666,8 +748,10 @@ said += (f": at the sharpest, T {t_low:g}, {tpc_at.loc[t_low, 'point-mass']:.2f}
          f"{tpc_at.loc[t_low, 'sampled']:.2f} codes per call (N {temperature_budget}).")
 deployed = temp_tab[temp_tab.temperature == sampling.temperature]
 if len(deployed):
-    said += (f" At the deployed T {sampling.temperature:g} the top-ranked code holds "
-             f"{deployed.top1_target_mass.iloc[0]:.3f} of p on average over this sweep's {temperature_frames} frames, "
+    said += (f" At the deployed T {sampling.temperature:g} p puts {deployed.top1_target_mass.iloc[0]:.3f} of its "
+             f"mass on q's top-ranked code at offset 1 (`top1_target_mass`, p(argmax q): the chance a rank-0 "
+             f"point-mass draft is kept, not p's own top-code mass max_x p(x)) on average over this sweep's "
+             f"{temperature_frames} frames, "
              f"their codes sampled again (section 2's table, over every calibration frame, says {pm_tab[0, 0]:.3f}); "
              f"at T {t_low:g}, {temp_tab[temp_tab.temperature == t_low].top1_target_mass.iloc[0]:.3f}.")
 display(Markdown(said))
@@ -765,16 +849,20 @@ bullets += [
        "one position mostly streams weights, so the faster a backend streams them, the sooner the extra rows' "
        "arithmetic shows." if streaming_first else ".")
     + " Notebook 01's ratios time the whole call (projection and head too) in another run, so they differ.",
-    f"* **Which AR is fastest (measured).** {fastest['ar']}, {fastest['ar_ms']:.1f} ms a frame. The fastest "
-    f"speculative runner, {fastest['fastest_speculative']}, is {fastest['speedup']:.2f}x as fast as that AR"
-    + (f", and {stepped_official['speedup']:.2f}x as fast as stepped official AR" if stepped_official else "")
+    f"* **Which AR is fastest (measured).** {fastest['ar']}, {fastest['ar_ms']:.1f} ms a frame. The speculative "
+    f"runner with the shortest median, {fastest['fastest_speculative']}, is {fastest['speedup']:.2f}x as fast as "
+    f"that AR{gain_verdict(fastest['speedup'])}"
+    + (f", and {stepped_official['speedup']:.2f}x as fast as stepped official AR"
+       f"{gain_verdict(stepped_official['speedup'])}" if stepped_official else "")
     + ". Speculation saves calls; a fused or native AR frame removes the cost around each call instead, and the "
       "figure compares both on one clock.",
     "* **Best node budget (measured) against the paper's (quoted).** The best stepped speculative decoder of each "
     "backend here (speedup over stepped AR of the same backend) sits at "
     + ", ".join(f"N = {r['nodes']} ({b}, {r['speedup_vs_ar']:.2f}x)" for b, r in best_by_backend.items())
-    + f": section 7's one run (at least {speed_repeats} timed frames per runner, drawn in turn from the first "
-    f"{min(speed_contexts, len(eval_frames))} contexts of the evaluation split), with this notebook's calibration. "
+    + (f" ({sum(gain_verdict(r['speedup_vs_ar']).endswith('a tie)') for r in best_by_backend.values())} of "
+       f"{len(best_by_backend)} within the noise factor of {1 + 2 * speed_noise:.2f}, ties with stepped AR)"
+       if speed_noise and best_by_backend else "")
+    + f": section 7's one run ({timed_frames_words}), with this notebook's calibration. "
     "Notebook 06 times other decoders (the shipped calibration's trees) over its own number of contexts in its own "
     "run, so its best speedups differ. The paper's fastest N per device (speedup over AR on the same device, "
     "quoted): " + ", ".join(f"N = {n} on {d}" for d, n in paper_best_n.items()) + ".",

@@ -175,13 +175,12 @@ def test_tokens_per_call_of_a_timing_do_not_depend_on_the_rounds_the_noise_made(
     from bench import frames
 
     timing = getattr(speed if what == "time_frames" else frames, what)
-    kw = {"batch_sizes": (2,)} if what == "batch_throughput" else {}
+    kw = {"batch_sizes": (2,)} if what == "batch_throughput" else {"max_repeats": 8}
     rows = {}
     for stop_after in (3, 7):  # two runs whose timings were noisier or quieter: 3 and 7 rounds
         monkeypatch.setattr(noise, "should_stop",  # the harness's stopping rule (eval/timing.interleaved reads it)
                             lambda times, *a, n=stop_after: min(len(v) for v in times.values()) >= n)
-        res = timing(runners, ctx, repeats=3, warmup=0, seed=0, progress=False, noise_target=0.05, max_repeats=8,
-                     **kw)
+        res = timing(runners, ctx, repeats=3, warmup=0, seed=0, progress=False, noise_target=0.05, **kw)
         assert res["meta"]["repeats"] == stop_after
         rows[stop_after] = [{k: r.get(k) for k in ("decoder", "tokens_per_call", "calls_per_frame")}
                             for r in res["rows"]]

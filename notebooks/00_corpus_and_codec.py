@@ -29,8 +29,10 @@
 # as inference.
 #
 # **Terms** (all in [the glossary](../docs/glossary.md)). A **frame** is 80 ms of audio, described by 16 **codes**,
-# one per **codebook** of the residual vector quantiser (RVQ). The large **talker** emits code 0 of each frame; the
-# small **code predictor** then emits codes 1..15, one call each: that inner loop is what the paper speeds up.
+# one per **codebook** of the residual vector quantiser (RVQ). Codes are counted from 0 and codebooks from 1: **code i
+# comes from codebook i + 1** (code 0 from codebook 1, code 15 from codebook 16). The large **talker** emits code 0
+# of each frame; the small **code predictor** then emits codes 1..15, one call each: that inner loop is what the
+# paper speeds up.
 #
 # The sections:
 #
@@ -310,11 +312,13 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
 # ## 2. The codec: residual vector quantisation (RVQ)
 #
 # **The question.** What is a code? Every 80 ms of 24 kHz audio becomes one **frame vector**, and the vector becomes
-# 16 codes, one per codebook of 2048 entries. RVQ chooses them one stage after the other:
+# 16 codes, one per codebook of 2048 entries. RVQ chooses them one stage after the other (stage k uses codebook k and
+# gives code k − 1: codes are counted from 0, codebooks from 1):
 #
 # 1. stage 1 picks the codebook-1 entry nearest to the vector (**code 0**);
 # 2. stage 2 picks the codebook-2 entry nearest to what is left over (the **RVQ residual**; notebook 02's
-#    residual, a distribution a rejected draft's code is drawn from, is another thing), and so on, 16 times.
+#    residual, a distribution a rejected draft's code is drawn from, is another thing), giving code 1, and so on,
+#    16 times, up to code 15 from codebook 16.
 #
 # The decoder adds the chosen entries. Each stage corrects the error the earlier ones left, so the first code
 # carries the coarse shape of the frame and the later ones finer and finer detail: decoding with only the first `k`
@@ -530,7 +534,10 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
 #   original's (`audio_lsd_db`, the same plus the inversion);
 # * **word and character error rates** (WER, CER) of a speech recogniser, named below from the recogniser itself.
 #   It does not know the texts, so WER on the original audio is not zero: it is the recogniser's own **WER floor** on
-#   this synthetic speech (not the weight-streaming floor of a model call in notebooks 06 and 07), the reference line for the others. Repetition outliers are counted in `wer` and left out in
+#   this synthetic speech, the reference line for the others. Two other floors appear in later notebooks and are not
+#   this one: notebook 05's **true-code floor**, the WER of the codec on the true codes through the table decoder
+#   (here the `table k=16` row; notebook 05 measures it on other sentences), and the **weight-streaming floor** of a
+#   model call's time in notebooks 04, 06 and 07. Repetition outliers are counted in `wer` and left out in
 #   `wer_without_outliers` ([methods.md](../docs/methods.md#reporting-wer)).
 #
 # The gap between the `k` = 16 line and the inversion-only line is what quantisation costs; the gap between the
@@ -686,7 +693,9 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
 # codes that stay the same (`recipes.embedded.codec_probe.robustness`). A codec whose codes a model can learn keeps
 # nearly all of them; the dashed line is the share a stand-in model's next codec must keep under the first two
 # (`recipes.embedded.codec_probe.MIN_UNCHANGED`; `python -m recipes.embedded.codec_probe` runs this and the other
-# checks of a codec on more sentences).
+# checks of a codec on more sentences). The figure's x axis and the saved table's columns (`codebook 0` ..
+# `codebook 15`) number the codebooks by the code they hold, from 0: `codebook 0` there is code 0, codebook 1 in
+# the numbering of section 2.
 
 # %%
 if not on_checkpoint:  # the embedded codec (a checkpoint: its round trip, in the section above)

@@ -87,7 +87,7 @@ from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
 from paper.checkpoint import is_checkpoint, prepare_checkpoint
-from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
+from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, parse_decoder_name
 from bench import latency
 from paper import plots
 from rvqspec_lib.models.frame import inner_sampling
@@ -98,7 +98,7 @@ from rvqspec_lib.models.configs import CONFIG_DIR, RANDOM_MODELS
 from paper.notebook_measures import cost_growth_words, loop_facts
 from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import load_model
-from rvqspec_lib.models.named_decoders import has_paper_decoder
+from rvqspec_lib.models.named_decoders import drafter_calibration, has_paper_decoder
 
 # smoke: the tiny model (unless another model was asked for), few repeats, N up to 16
 run_model = "tiny-random" if smoke and model == "qwen3-tts-0.6b-random" else model
@@ -136,6 +136,14 @@ run_native = bool(native) and available("native", device="cpu")[0] and \
     next(loaded.talker.parameters()).device.type == "cpu"
 if native and not run_native:
     print(f"the native forward is absent here ({available('native')[1]}): timing the official modules only")
+cp_inside = ({id(p) for p in loaded.code_predictor.parameters()}
+             <= {id(p) for p in loaded.model.talker.parameters()})  # is the code predictor a submodule of the talker?
+display(Markdown(
+    "`params_talker_total` counts every parameter of the talker module"
+    + (f", the code predictor's **included** (the talker holds it as a submodule): do not add "
+       f"`params_code_predictor` to it; the talker without its code predictor has "
+       f"{info['params_talker_total'] - info['params_code_predictor']:,} parameters." if cp_inside else
+       "; the code predictor's, `params_code_predictor`, are not among them.")))
 pd.Series(info, name="value").to_frame()
 
 # %% [markdown]
@@ -187,9 +195,13 @@ display(Markdown(
     f"one every {1000 / ar['calls_per_s']:.1f} ms."))
 
 # %% [markdown]
-# A speculative inner loop that commits `tpc` codes per inner call on average (its **tokens per call**, the prefill
-# call counted) needs `frame_rate_hz × (1 + (n_code_groups − 1) / tpc)` calls a second. The table runs a few values
-# of `tpc`; the paper's reported value is one of them, labelled as the paper's (the caption renders it).
+# A speculative inner loop that commits `tpc` codes per inner call on average (its **tokens per call**, also written
+# codes per call, the prefill call counted) needs `frame_rate_hz × (1 + (n_code_groups − 1) / tpc)` calls a second.
+# The table runs a few values of `tpc`; the paper's reported value is one of them, labelled as the paper's (the
+# caption renders it). Columns: `tokens_per_call` is the `tpc` of the row; `inner_calls_per_frame` =
+# (n_code_groups − 1) / `tpc`, the code-predictor calls of one frame; `calls_per_s` = frame_rate_hz ×
+# (1 + `inner_calls_per_frame`), the talker's calls included; `reduction` = plain AR's calls a second over the
+# row's, how many times fewer sequential calls real time needs; `note` labels plain AR and the paper's value.
 
 # %%
 budget = pd.DataFrame(latency.budget_table(frame_rate_hz, n_code_groups, latency.DEFAULT_TOKENS_PER_CALL))
@@ -281,7 +293,10 @@ display(Markdown("\n".join(
       "`frame_budget_ms` is the audio one frame carries; `rtf_ar` (the model-only AR real-time factor) = "
       "`frame_ms_ar` / `frame_budget_ms`, the talker and the inner loop with no codec, unlike notebook 06's "
       "whole-frame real-time factor, which adds the codec; `inner_share_ar` = the inner loop's part of "
-      "`frame_ms_ar`. The table's caption rounds the bytes to MB; the exact counts are above."))
+      "`frame_ms_ar`; `forward` names the row, the last one predicted from the bytes alone (no timing, so only "
+      "its share). The table below is saved as `01_inner_share`, whose caption rounds the bytes to MB; the exact "
+      "counts are above."))
+pd.DataFrame(share_rows).set_index("forward")
 
 # %% [markdown]
 # ## 6. The verify cost curve `t(N) / t(1)`
@@ -323,6 +338,12 @@ if compare_model:
                {**provenance(params, seed=seed), "timing": {loaded.name: quiet, small.name: small_quiet}},
                caption=notes or None)
 compared_df = pd.DataFrame(compared).set_index("model").T
+q_cmp = next((k for k in compared[0] if k.startswith("t(")), "t(N)/t(1)")
+display(Markdown(
+    "Rows: the geometry as in section 1 (`params_talker_total` **includes** `params_code_predictor`, see there); "
+    "`calls_per_s_realtime` is section 3's AR call budget; `t_talker_ms`, `t_inner_ms`, `frame_ms_ar`, `rtf_ar` "
+    f"and `inner_share_ar` as in section 5; `{q_cmp}` is section 6's cost ratio at that N; rows prefixed "
+    "`native_` are the same through the native forward."))
 compared_df
 
 # %% [markdown]
@@ -343,6 +364,11 @@ compared_df
 # **sampled** child is drawn from q, the first one kept with min(1, p/q) and later siblings tried against what is left
 # of p; `paper:N` is the offsets drafter with its own calibrated point-mass tree of node budget N. The paper's value
 # stands in its own labelled columns. One colour per decoder family, as in every figure of the companion.
+#
+# **Which trees.** Here every calibrated name (`tree:calibrated-point-mass:N`, `tree:calibrated-sampled:N`,
+# `paper:N`) reads the trees shipped beside the model, calibrated once when it was built (the cell below says on how
+# many frames). Notebooks 03, 04 and 05 calibrate their own trees on their own frames, so the same name there means
+# another calibration, and can commit another number of codes per call.
 
 # %%
 own, own_meta = [], {}
@@ -386,13 +412,41 @@ if tpc_lm is not None:
     ax.grid(alpha=0.3, axis="y")
     save_figure(fig, out / "01_calls_at_own_tpc", provenance(params, seed=seed))
     plt.show()
+    # the trees the calibrated names read: the ones shipped beside the model (its build's calibration)
+    shipped_trees = {dr: drafter_calibration(tpc_lm, dr) for dr in sorted(
+        {parse_decoder_name(n).drafter for n in names if "calibration" in parse_decoder_name(n).needs})}
+
+    def on_what(cal):
+        """How many frames (and utterances of which split) a shipped calibration was made on."""
+        src = cal.get("source") if isinstance(cal.get("source"), dict) else {}
+        return f"{cal['n_frames']:,} frames" + (
+            f" of {src['n_utterances']:,} utterances of the model's {src['split']} split"
+            if {"n_utterances", "split"} <= set(src) else "")
+    by_what = {}  # the drafters whose trees were calibrated on the same frames, together
+    for dr, cal in shipped_trees.items():
+        if cal:
+            by_what.setdefault(on_what(cal), []).append(
+                f"`trees/{dr}.json` ({'the reused heads' if dr == 'heads' else 'the ' + dr})")
+    trees_words = "; ".join(" and ".join(files) + (", each" if len(files) > 1 else "") + f" calibrated on {what}"
+                            for what, files in by_what.items())
+    if trees_words:
+        display(Markdown(
+            f"**The calibrated trees here** are the ones shipped beside `{tpc_lm.name}`: {trees_words} (notebooks 06 "
+            "and 07 read the same files). Notebooks 03, 04 and 05 calibrate their own trees on their own frames: the "
+            "same decoder name there is another calibration."))
     display(Markdown("Columns: `kind` is the decoder family of the name (`ar`, `chain`, `calibrated`, `paper`, "
-                     "...); `nodes` is the query positions of one verify call, the root included (so N − 1 drafted "
-                     "nodes); `lossy` is True only for a decoder that may change the output distribution ("
+                     "...); `drafter` is what drafts the codes (`heads`: the reused heads, `offsets`: the paper's "
+                     "offsets before those heads); `nodes` is the query positions of one verify call, the root "
+                     "included (so N − 1 drafted nodes); `lossy` is True only for a decoder that may change the "
+                     "output distribution ("
                      + (", ".join(f"`{r['decoder']}`" for r in own if r["lossy"]) or "none of these")
-                     + "); `sampled` says whether drafts are drawn from q rather than top-ranked; "
-                     "`tokens_per_call` is codes committed per code-predictor call on these frames, and "
-                     "`calls_per_s` the sequential calls a second real time then needs."))
+                     + "); `sampled` says whether drafts are drawn from q rather than top-ranked; `model` and "
+                     "`frames` are whose held-out frames were decoded, and how many; `tokens_per_call` is codes "
+                     "committed per code-predictor call on these frames (one run, no interval); "
+                     "`inner_calls_per_frame` = (n_code_groups − 1) / `tokens_per_call`; `calls_per_s` is the "
+                     "sequential calls a second real time then needs, and `reduction_vs_ar` plain AR's calls a "
+                     "second over it (section 3's `reduction`); the columns headed `paper:` repeat the paper's "
+                     "reported tokens per call (quoted) and the calls a second it would need."))
     display(pd.DataFrame(own).set_index("decoder"))
 
 # %%
@@ -502,7 +556,8 @@ lines = [
                 f"model-only real-time factor `rtf_ar` {p['derived']['rtf_ar']:.2f} "
                 f"({'faster' if p['derived']['rtf_ar'] < 1 else 'slower'} than real time)"
                 for i, (name, p) in enumerate(pairs.items()))
-    + ". Notebook 06 takes the whole frame, talker included, through the fastest forwards.",
+    + ". This frame already holds the talker and the inner loop; notebook 06 adds the codec decoder, which turns "
+      "codes into audio, and times that whole frame through the fastest forwards.",
     f"* **The verify cost curve (measured here, {run_model}, the whole call after {prefix_len} committed slots).** A "
     f"call of {q_hi} positions costs "
     f"{ratios[str(q_hi)]:.2f} times a call of one (official)"
@@ -547,11 +602,16 @@ if own:
                      f"intervals, and notebook 05 (section 6) puts a paired interval over utterances, per language, "
                      f"on this difference at the paper's node budget. ")
     if best_sp:
-        parts.append(f"Trees with sampled children reach {best_sp['tokens_per_call']:.2f} (`{best_sp['decoder']}`). ")
-    parts.append(f"The best decoder here is `{best['decoder']}` at {best['tokens_per_call']:.2f} codes per call, "
-                 f"{best['calls_per_s']:.1f} calls a second. These are this small model's numbers: tokens per call "
-                 f"count calls, not milliseconds, but they depend on how predictable the model's codes are, and "
-                 f"this model's are not the released model's.")
+        parts.append(f"Trees with sampled children reach {best_sp['tokens_per_call']:.2f} (`{best_sp['decoder']}`"
+                     + (", the most codes per call of any decoder here). " if best is best_sp else "). "))
+    if best is not best_sp:
+        parts.append(f"The most codes per call here: `{best['decoder']}`, {best['tokens_per_call']:.2f} "
+                     f"({best['calls_per_s']:.1f} calls a second). ")
+    parts.append(f"Every value here is one run over the same {own_meta['frames']} frames, without an interval, and "
+                 f"counts codes per call, not speed: a call of N positions costs t(N)/t(1) times a call of one "
+                 f"(section 6), and notebook 04 sets the two against each other. These are this small model's "
+                 f"numbers: they depend on how predictable the model's codes are, and this model's are not the "
+                 f"released model's.")
     lines.append("".join(parts))
     if best_pm and best_sp:
         lines.append(

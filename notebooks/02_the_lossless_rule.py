@@ -400,7 +400,10 @@ display(Markdown(
 # %% [markdown]
 # ## 4. One speculative round, as the library runs it
 #
-# In the real decoder one **round** is four steps, each a function of `rvqspec_lib.decoding.decode`:
+# In the real decoder one **round** is four steps, each a function of `rvqspec_lib.decoding.decode`. Here, as
+# everywhere in the project, the **depth** of a code is its place in the frame (its index j = 1..15 in a real frame,
+# code j of the code predictor; the toy frame below has four codes left); section 5 meets a second depth, a node's
+# depth in a draft tree, and says how the two relate.
 #
 # 1. **draft**: from the hidden state of the last committed code, the drafter gives a q for each of the next few
 #    depths (the **draft offsets** t = 1, 2, 3: offset t guesses the code t depths further on). A **chain** samples one
@@ -597,9 +600,16 @@ plt.show()
 metrics["tokens_per_call"] = tpc_rows
 metrics["node_acceptance"] = node_rows
 metrics["round_then_ar_joint_gap"] = joint_gaps
+mc_rows = [r for r in tpc_rows if r["monte_carlo_se"] > 0]  # AR commits one code every call: no spread
+within_2se = sum(abs(r["monte_carlo"] - r["exact"]) <= 2 * r["monte_carlo_se"] for r in mc_rows)
 display(Markdown(
     "\n".join(f"* **{r['decoder']}**: exact {r['exact']:.4f} (closed form {r['closed_form']:.4f}), measured "
               f"{r['monte_carlo']:.4f} ± {r['monte_carlo_se']:.4f}." for r in tpc_rows)
+    + f"\n\nEach measured value is the mean over {n_draws:,} rounds ± its **standard error** (the rounds' standard "
+      f"deviation over √{n_draws:,}; the figure's bars are ± 2 standard errors). The exact value lies within two "
+      f"standard errors of the measured mean for {within_2se} of {len(mc_rows)} speculative decoders"
+      + ("." if within_2se == len(mc_rows) else
+         " (about one decoder in twenty falls outside by chance alone).")
     + "\n\n**The whole frame.** A round followed by AR sampling of the codes still missing gives the joint law of the "
       "toy frame's four codes. Its largest gap to the exact joint of AR, over all outcomes: "
     + "; ".join(f"{k}: {v:.1e}" for k, v in joint_gaps.items() if "lossy" not in k)

@@ -27,20 +27,30 @@
 # [the glossary](../docs/glossary.md#speculative-decoding)). Three words sound alike: **offset t** is always that
 # integer distance; the learned vector of the paper's drafter (below) is the **offset vector b_t**; and **offsets**
 # (as in `offsets-tv`) names the drafter made of those vectors. One verify call then checks the drafts against the
-# verifier's distribution **p**. A sampled draft is kept with probability Σ_x min(p(x), q(x)), the **acceptance** (one
-# minus the total variation between p and q); a **point-mass** draft (the top-ranked code of q, as in the paper's tree)
-# is kept with the target mass p(x) of its code ([methods.md](../docs/methods.md#accept-and-reject-rules)).
+# verifier's distribution **p**. Two kinds of draft are kept with two different probabilities
+# ([methods.md](../docs/methods.md#accept-and-reject-rules)):
+#
+# * a **sampled** draft (a code drawn from q) is kept with probability Σ_x min(p(x), q(x)), the **sampled acceptance**
+#   (one minus the total variation between p and q);
+# * a **point-mass** draft (the top-ranked code x of q, as in the paper's tree) is kept with the target mass p(x) of
+#   its code, the **point-mass acceptance**.
+#
+# Where this notebook writes "acceptance" alone it means the sampled acceptance (the drafters are trained and
+# compared on it); the point-mass acceptance is always named so (section 4's toy, the `rank0` column of section 8).
 #
 # **The three drafters of Table 2** ([methods.md](../docs/methods.md#reused-heads)):
 #
 # 1. **Reused heads** (row (i)): the code predictor owns one output head per depth, all reading the same residual
-#    stream (the transformer's hidden state; not the RVQ residual of notebook 00), so `lm_head[s+t-1](H_s)` is a draft for depth s + t. No parameter is added. Its weakness: that head was
-#    trained on `H_{s+t}`, not on `H_s`.
+#    stream (the transformer's hidden state; not the RVQ residual of notebook 00), so `lm_head[s+t-1](H_s)` is a
+#    draft for depth s + t. No parameter is added. Its weakness: that head was trained on `H_{s+t}`, not on `H_s`.
 # 2. **Medusa heads** (row (ii), Cai et al. 2024): a fresh head per (start depth s, offset t), `head[s, t](H_s)`,
 #    initialised from the reused head and trained. Flexible, but each is as large as an LM head.
 # 3. **Position-aware offsets** (row (iii), the paper's method): K learned vectors b_1..b_K of the hidden size, shared
 #    by every start depth: the draft for depth s + t is `lm_head[s+t-1](H_s + b_t)`. The offset vector moves `H_s`
-#    towards where the head of depth s + t expects its input; the verifier's own path is untouched.
+#    towards where the head of depth s + t expects its input; the verifier's own path is untouched. Since a head is a
+#    linear map W_{s+t}, the draft is q' = softmax(W_{s+t}(H_s + b_t)) = softmax(W_{s+t} H_s + W_{s+t} b_t): the
+#    reused head's logits plus the fixed vector W_{s+t} b_t, the same shift in every state (section 4 works it by
+#    hand).
 #
 # The paper reports (its Table 2, Qwen3-TTS-0.6B, a calibrated tree at its node budget) that the offsets recover most of
 # Medusa's gain over the reused heads for a vanishing share of Medusa's parameters; its values stand in the columns
@@ -128,6 +138,8 @@ from rvqspec_lib.models.drafter_files import (
 from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, OWN_MODEL_MARKER, load_model
 from rvqspec_lib.models.tree_files import save_calibration
+from rvqspec_lib.models.named_decoders import resolve
+from rvqspec_lib.decoding.decode import decode_frame
 from paper.drafter_training import TABLE2_DRAFTERS, deploy_drafters, select_deployed, train_drafters
 
 t_start = time.perf_counter()
@@ -237,6 +249,15 @@ data_table = pd.DataFrame([
      "of_split_utterances": fr.source.get("n_split_utterances")}
     for name, fr in (("training", train_frames), ("validation", val_frames), ("evaluation", eval_frames))])
 save_table(data_table, out / "03_data", prov)
+display(Markdown(
+    "Columns: `frames` the frames taken from a split, `utterances` how many utterances those frames come from, "
+    "`of_split_utterances` how many utterances the split holds in all"
+    + (" (empty: frames read from a dataset, whose splits are not counted here)"
+       if data_table["of_split_utterances"].isna().any() else "")
+    + ". Training and validation frames are taken utterance by utterance"
+    + ("" if dataset else ", in a seeded random order,")
+    + " up to the frame limit; the evaluation frames are drawn at random from "
+    + (f"the first {len(eval_all)} frames read" if smoke or dataset else "all the split's frames") + "."))
 data_table
 
 # %% [markdown]
@@ -254,10 +275,10 @@ data_table
 #
 # The offsets are trained with all three; Medusa heads with CE (Medusa-1's) and with TV. **Epoch 0** is the
 # untrained drafter, which IS the reused heads (zero offsets; Medusa heads copied from the LM heads). After every
-# epoch, the exact validation acceptance per offset t is measured; training keeps the epoch with the highest mean
-# (a lower loss does not always mean more accepted drafts). Each offsets loss is trained at every rate of
-# `offsets_lrs` and the validation acceptance picks the rate: too large a rate overshoots in the first epoch, early
-# stopping then keeps epoch 0, and that would wrongly read as "this loss cannot help"
+# epoch, the exact sampled acceptance on the validation frames is measured per offset t; training keeps the epoch
+# with the highest mean (a lower loss does not always mean more accepted drafts). Each offsets loss is trained at every
+# rate of `offsets_lrs` and the validation acceptance picks the rate: too large a rate overshoots in the first epoch,
+# early stopping then keeps epoch 0, and that would wrongly read as "this loss cannot help"
 # (`paper.drafter_training.train_drafters`).
 
 # %%
@@ -321,11 +342,15 @@ plt.show()
 # ## 3. Which offsets are deployed, and which loss trained the shipped ones
 #
 # **Question:** of the three offsets losses, which one should the paper's method use? **How:** the one with the
-# highest validation acceptance at its kept epoch (`select_deployed`), never chosen on the evaluation split. The
-# deployed offsets with their own calibrated point-mass tree of N nodes are the paper's method. This run's offsets
-# keep their own names here (`tree:calibrated-point-mass:N@offsets-tv` and the like): the name `paper:N` always means
-# the offsets shipped beside the model with their shipped tree, which `--decoder paper` and notebooks 04 to 07 use
-# ([glossary](../docs/glossary.md#drafters)). Offsets are tiny and saved into the output folder; Medusa heads hold one
+# highest validation acceptance at its kept epoch (`select_deployed`), never chosen on the evaluation split. This
+# run's deployed offsets with their own calibrated point-mass tree of N nodes follow the paper's recipe; this notebook
+# calls them "this run's offsets" and never `paper:N`. They keep their own names here
+# (`tree:calibrated-point-mass:N@offsets-tv` and the like): the name `paper:N` always means the offsets shipped
+# beside the model with their shipped tree, which `--decoder paper` and notebooks 04 to 07 use
+# ([glossary](../docs/glossary.md#drafters)). In the same way `tree:calibrated-point-mass:N` (with or without
+# `@drafter`) means, in this notebook, a tree calibrated here, in section 5, on this notebook's own calibration frames
+# (section 5 says how many), not the trees shipped beside the model (`<model>/trees/`) that notebooks 01, 06 and 07
+# read under the same name. Offsets are tiny and saved into the output folder; Medusa heads hold one
 # LM-head-sized matrix per (start depth, offset), so they go to `medusa_dir` (git-ignored). `make paper` does not
 # deploy: the offsets shipped beside the model (`<model>/drafters/offsets.safetensors`, with their trees in
 # `<model>/trees/offsets.json`) stay the ones the model's build trained, so every notebook of one run reads the same
@@ -366,17 +391,16 @@ display(Markdown(
 # **Question:** where do the drafters differ? **How:** on the evaluation frames, every drafter is run with the same
 # decoders (chains of windows 2..8 and a small fixed tree) by `decode_frame`, and one teacher-forced pass over the
 # codes a decoder committed (samples of p) gives the exact tables: for every start depth s and offset t, the
-# acceptance of a sampled draft E[Σ_x min(p, q)] and the target mass of the draft's rank-r code
-# (`paper.drafter_table.evaluate_drafters`). The tables are exact given the committed codes (computed from the
-# probabilities, no draws over drafts), but each drafter's tables are taken on the codes its own decoders sampled, so
-# they still carry the noise of which codes were sampled: the sentence under the table measures it. **Acceptance** in
-# this section and the next three is that of a **sampled** draft; the paper's tree keeps a point-mass draft with the
-# target mass of its code, far less on this model (the `rank0` column of section 8; the sentence under the table
-# gives it). The paper's Figure 3 shows what an offset vector does: the draft for depth s + t made from `H_s + b_t`
-# instead of `H_s`. Below, the
-# acceptance by offset t for the reused heads and each offsets loss (left) and each one's gain over the reused heads
-# (right). Past K every drafter drafts with the reused head itself; the sentence under the table says how far the
-# rows still differ there, and why.
+# sampled acceptance E[Σ_x min(p, q)] and the target mass of the draft's rank-r code, E[p(x_r)], the point-mass
+# acceptance of a rank-r draft (`paper.drafter_table.evaluate_drafters`). The tables are exact given the committed
+# codes (computed from the probabilities, no draws over drafts), but each drafter's tables are taken on the codes its
+# own decoders sampled, so they still carry the noise of which codes were sampled: the sentence under the table
+# measures it. **Acceptance** in this section and the next three is the **sampled acceptance**; the paper's tree
+# keeps a point-mass draft with its point-mass acceptance, the target mass of its code, far less on this model (the
+# `rank0` column of section 8; the sentence under the table gives it). The paper's Figure 3 shows what an offset vector
+# does: the draft for depth s + t made from `H_s + b_t` instead of `H_s`. Below, the acceptance by offset t for the
+# reused heads and each offsets loss (left) and each one's gain over the reused heads (right). Past K every drafter
+# drafts with the reused head itself; the sentence under the table says how far the rows still differ there, and why.
 
 # %%
 t0 = time.perf_counter()
@@ -399,7 +423,13 @@ pd.DataFrame(tables["by_offset"])
 
 # %%
 past_k = [r for r in tables["by_offset"] if r["offset_t"] > K]
-spread = max((abs(r[lab] - r["heads"]) for r in past_k for lab in drafters), default=0.0)
+# the spread among ALL rows at one offset t > K (largest minus smallest), its largest value over those offsets
+spread_by_t = {r["offset_t"]: max(r[lab] for lab in drafters) - min(r[lab] for lab in drafters) for r in past_k}
+spread_t = max(spread_by_t, key=spread_by_t.get) if spread_by_t else None
+spread = spread_by_t[spread_t] if spread_by_t else 0.0
+row_t = next((r for r in past_k if r["offset_t"] == spread_t), None)
+spread_hi, spread_lo = ((max(drafters, key=lambda lab: row_t[lab]), min(drafters, key=lambda lab: row_t[lab]))
+                        if row_t else (None, None))
 within_k = max((r[lab] - r["heads"] for r in tables["by_offset"] if r["offset_t"] <= K for lab in offsets_labels),
                default=0.0)
 gains_k = [(lab, r["offset_t"], r[lab] - r["heads"]) for r in tables["by_offset"] if r["offset_t"] <= K
@@ -410,20 +440,25 @@ nd = next((d for d in range(4, 9) if all(f"{g:.{d}f}" != f"{spread:.{d}f}" for _
 by_lab = lambda keep: [  # noqa: E731
     f"{lab} (" + ", ".join(f"t = {t}: {g:+.{nd}f}" for l2, t, g in gains_k if l2 == lab and keep(g)) + ")"
     for lab in drafters if any(l2 == lab and keep(g) for l2, t, g in gains_k)]
-in_noise, above = by_lab(lambda g: abs(g) <= spread), by_lab(lambda g: g > spread)
+in_noise, above, below = (by_lab(lambda g: abs(g) <= spread), by_lab(lambda g: g > spread),
+                          by_lab(lambda g: g < -spread))
 rank0_heads = [r["rank0"] for r in tables["rank"] if r["drafter"] == "heads"]
 display(Markdown(
-    f"Past K = {K} every drafter drafts with the reused head, yet the rows differ there by up to {spread:.{nd}f}: "
-    f"each drafter's exact tables (computed from the probabilities p and q, not from counted acceptances) are "
+    f"Past K = {K} every drafter drafts with the reused head, yet the rows differ there: the spread among all rows "
+    f"at one offset (largest value minus smallest) reaches {spread:.{nd}f}"
+    + (f" (at t = {spread_t}: {spread_hi} {row_t[spread_hi]:.{nd}f} against {spread_lo} {row_t[spread_lo]:.{nd}f})"
+       if row_t else "") + ". "
+    f"Each drafter's exact tables (computed from the probabilities p and q, not from counted acceptances) are "
     f"measured on the codes its own decoders committed, and different drafts consume the random stream differently, "
     f"so each drafter meets other frames' codes. That {spread:.{nd}f} is this table's **cross-drafter spread** (a "
     f"noise level of the table, not the WER floor of notebook 00 nor the weight-streaming floor of notebooks 06 and "
     f"07); the largest gain of an offsets row over the heads at t ≤ K is {within_k:+.{nd}f}"
     + (", no larger than that spread." if within_k <= spread else ".")
     + " Gains over the heads at t ≤ K within that spread, so not shown by this table: "
-    + (", ".join(in_noise) or "none") + "; above it: " + (", ".join(above) or "none") + ". "
-    f"All these are acceptances of a sampled draft; the reused heads' top-ranked (point-mass) draft is the verified "
-    f"code with probability {min(rank0_heads):.3f} to {max(rank0_heads):.3f} at offsets 1..{K} (section 8)."))
+    + (", ".join(in_noise) or "none") + "; above it: " + (", ".join(above) or "none")
+    + ("; below minus the spread (a loss beyond the noise): " + ", ".join(below) if below else "") + ". "
+    f"All these are sampled acceptances; the point-mass acceptance of the reused heads' top-ranked draft (the chance "
+    f"it is the verified code) is {min(rank0_heads):.3f} to {max(rank0_heads):.3f} at offsets 1..{K} (section 8)."))
 
 # %% [markdown]
 # ### An offset by hand
@@ -432,9 +467,16 @@ display(Markdown(
 # with a pencil. The head of depth s + t is a matrix W (4 × 2); the verifier applies it to the state it was trained
 # on, `H_{s+t}`, and gets p = softmax(W H_{s+t}). The drafter only has `H_s`, which here differs from `H_{s+t}` by a
 # step along the second dimension (the position the state sits at): the reused head drafts q = softmax(W H_s). The
-# offset b_t adds that step back, q' = softmax(W (H_s + b_t)). The library's `PositionOffsets` computes the draft (its
-# `logits` argument stands in for the code predictor's head); the acceptance of a sampled draft is Σ_x min(p, q), of
-# a point-mass draft p(argmax q).
+# offset b_t adds that step back, q' = softmax(W (H_s + b_t)).
+#
+# **An offset is a fixed logit shift.** The head is linear, so W (H_s + b_t) = W H_s + W b_t: the offset adds the
+# vector W b_t, one number per code, to the reused head's logits, and that vector does not depend on the state. On
+# the code predictor alike, q' = softmax(W_{s+t}(H_s + b_t)) = softmax(W_{s+t} H_s + W_{s+t} b_t), with W_{s+t} the
+# head of depth s + t. So one b_t can cancel a mismatch whose logit error is the same in every state, and nothing
+# else.
+#
+# The library's `PositionOffsets` computes the draft (its `logits` argument stands in for the code predictor's head);
+# the sampled acceptance is Σ_x min(p, q), the point-mass acceptance p(argmax q).
 
 # %%
 from rvqspec_lib.decoding.drafters import PositionOffsets
@@ -459,15 +501,17 @@ toy_table = pd.DataFrame(toy_rows)
 display(Markdown(
     f"With b_t = 0 (the reused head) the sampled draft is kept with "
     f"{toy_rows[0]['sampled_acceptance']:.3f} and {toy_rows[1]['sampled_acceptance']:.3f} in the two states; with "
-    f"b_t = (0, 1) the draft IS p in both (acceptance {toy_rows[2]['sampled_acceptance']:.3f}, "
-    f"{toy_rows[3]['sampled_acceptance']:.3f}): one vector undoes a shift that every state shares. A mismatch that "
+    f"b_t = (0, 1) the draft IS p in both (sampled acceptance {toy_rows[2]['sampled_acceptance']:.3f}, "
+    f"{toy_rows[3]['sampled_acceptance']:.3f}): one vector undoes a shift that every state shares. In logits, that "
+    f"b_t adds W b_t = ({', '.join(f'{v:g}' for v in (W_toy @ torch.tensor((0.0, 1.0))).tolist())}) to the reused "
+    "head's logits of either state, exactly the difference between p's logits and q's. A mismatch that "
     "differed from state to state (say `H_{s+t}` = H_s + (0, 1) in one state and H_s - (0, 1) in the other) could not "
     "be undone by one b_t: that is what section 7's headroom and the Medusa heads measure. A point-mass draft "
-    f"(the paper's) is kept with p of q's top code: {toy_rows[0]['point_mass_acceptance']:.3f} and "
-    f"{toy_rows[2]['point_mass_acceptance']:.3f} in the first state without and with b_t. An offset vector helps it "
-    "only where it changes WHICH code q ranks first; moving q's probabilities without changing its order leaves a "
-    "point-mass draft where it was, which is why the offsets' gain can show in sampled acceptance and not in a "
-    "point-mass tree's tokens per call."))
+    f"(the paper's kind) is kept with its point-mass acceptance, p of q's top code: "
+    f"{toy_rows[0]['point_mass_acceptance']:.3f} and {toy_rows[2]['point_mass_acceptance']:.3f} in the first state "
+    "without and with b_t. An offset vector raises the point-mass acceptance only where it changes WHICH code q ranks "
+    "first; moving q's probabilities without changing its order leaves a point-mass draft where it was, which is why "
+    "the offsets' gain can show in the sampled acceptance and not in a point-mass tree's tokens per call."))
 toy_table
 
 # %% [markdown]
@@ -492,8 +536,9 @@ plt.show()
 n_above = {lab: sum(r[lab] - r["heads"] > spread for r in tables["by_depth"])
            for lab in offsets_labels if lab != "heads"}
 display(Markdown(
-    f"Depths (of {len(depth)}) where an offsets drafter beats the reused heads by more than the cross-drafter "
-    f"spread {spread:.{nd}f}: " + ", ".join(f"{lab} {n}" for lab, n in n_above.items()) + "."))
+    f"Depths (of {len(depth)}) where an offsets drafter's sampled acceptance beats the reused heads' by more than "
+    f"the cross-drafter spread {spread:.{nd}f} (section 4's largest spread among all rows past K): "
+    + ", ".join(f"{lab} {n}" for lab, n in n_above.items()) + "."))
 
 # %% [markdown]
 # ## 5. Table 2: each drafter with its own calibrated tree
@@ -507,7 +552,8 @@ display(Markdown(
 # re-sampled from p). The calibration predicts the tokens per call E(N) of its tree at every budget
 # ([methods.md](../docs/methods.md#expected-tokens-per-call)); each drafter's own point-mass tree of the paper's
 # N = 32 is then decoded on the evaluation frames and measured (`own_tree_rows`). The deployed offsets' tree (this
-# run's offsets, section 3) is the paper's method; it keeps its own name, since `paper:32` names the shipped offsets. Beside it: the prediction at the budget with the highest predicted E(N)
+# run's offsets, section 3) is the paper's recipe as trained in this run; it keeps its own name, since `paper:32`
+# names the shipped offsets. Beside it: the prediction at the budget with the highest predicted E(N)
 # (`best_N`; E(N) of a greedy tree never falls as N grows, and which N is fastest is notebook 04's question), the
 # calibration's prediction for the same drafter's **sampled** tree of N = 32 (children drawn from q, section 8),
 # the best chain measured (section 9), and the parameters added, as a share of this model and counted for the
@@ -553,10 +599,17 @@ display(Markdown(
 small_tpc = sorted({round(r["small_tree_tokens_per_call"], 9) for r in table2
                     if r["small_tree_tokens_per_call"] is not None})
 display(Markdown(
+    f"`decoder` names each drafter's own tree. In this notebook `tree:calibrated-point-mass:{PAPER_BUDGET}` (with or "
+    f"without `@drafter`) is a tree calibrated here, on {len(cal_frames)} frames "
+    + ("of the dataset's validation contexts" if dataset else "of the model's calibration split")
+    + " with codes re-sampled from p; notebooks 01, 06 and 07 read the same name as the trees shipped beside the "
+      "model (`<model>/trees/`), calibrated when the model was built.\n\n"
     f"Columns: `tree_N32_*` is the drafter's own calibrated point-mass tree of N = {PAPER_BUDGET}, measured on the "
     f"evaluation frames or predicted by its calibration (`sampled_tree_N32_predicted`: the tree with sampled "
-    f"children instead); `best_N` is the budget of highest predicted E(N); `chain_best` is the best chain of "
-    f"sampled drafts over the windows tried, at `chain_best_window`; `chain4_tokens_per_call` is the chain of window "
+    f"children instead); `best_N` is the budget of highest predicted E(N) and `tree_bestN_predicted` that E(N), the "
+    f"calibration's prediction for the drafter's point-mass tree of `best_N` nodes (not measured); `chain_best` is "
+    f"the best chain of sampled drafts over the windows tried, at `chain_best_window`; `chain4_tokens_per_call` is "
+    f"the chain of window "
     f"{T.MARGIN_CHAIN}; `small_tree_tokens_per_call` is one small fixed point-mass tree, `{T.EVAL_DECODERS[-1]}` "
     f"(the same shape for every drafter, not calibrated), "
     + ("equal in every row here: on these frames each drafter's fixed tree kept the same number of drafts, so this "
@@ -601,16 +654,71 @@ fig.suptitle("Table 2: tokens per call against parameters added (dashed: AR, one
 save_figure(fig, out / "03_table2", prov)
 plt.show()
 pap, hd = t2[deployed], t2["heads"]
+
+
+def frame_calls(label: str) -> torch.Tensor:
+    """Calls of each evaluation frame under ``label``'s own point-mass tree of N = PAPER_BUDGET, decoded as
+    ``T.own_tree_rows`` decodes it (same seed, same batches of 256 contexts: the same calls, whose total gives the
+    table's tokens per call)."""
+    nd = resolve(T.own_tree_name(label, PAPER_BUDGET), None, calibrations=calibrations,
+                 drafters={lab: d for lab, d in drafters.items() if lab != "heads"})
+    dev = next(cp.parameters()).device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    with torch.no_grad():
+        return torch.cat([decode_frame(cp, eval_frames.context[i: i + 256].to(dev), decoder=nd.decoder,
+                                       sampling=sampling, generator=gen, drafter=nd.drafter).calls.cpu()
+                          for i in range(0, len(eval_frames), 256)]).double()
+
+
+# are the two rows with the most tokens per call told apart? Their calls per frame, paired over the same frames; the
+# difference averaged within each utterance and a 95% Student t interval over utterances, as section 6 does
+ranked = sorted(table2, key=lambda r: -r["tree_N32_tokens_per_call"])
+top_words = ""
+if len(ranked) >= 2:
+    first, second = ranked[0], ranked[1]
+    calls_1, calls_2 = frame_calls(first["label"]), frame_calls(second["label"])
+    utt_ids = torch.unique(eval_frames.utterance)
+    per_utt = np.array([float((calls_2 - calls_1)[eval_frames.utterance == u].mean()) for u in utt_ids])
+    top_words = (f"Most tokens per call at N = {PAPER_BUDGET}: {first['label']} "
+                 f"({first['tree_N32_tokens_per_call']:.4f}), then {second['label']} "
+                 f"({second['tree_N32_tokens_per_call']:.4f}). On the same {len(eval_frames)} frames a frame takes "
+                 f"{float(calls_1.mean()):.3f} calls with {first['label']}'s tree and {float(calls_2.mean()):.3f} with "
+                 f"{second['label']}'s. ")
+    if len(per_utt) >= 2:
+        from scipy import stats
+
+        d_mean, d_se = float(per_utt.mean()), float(per_utt.std(ddof=1) / np.sqrt(len(per_utt)))
+        d_half = float(stats.t.ppf(0.975, len(per_utt) - 1)) * d_se
+        apart = d_half < abs(d_mean)  # the 95% interval excludes 0
+        top_words += (
+            f"The difference ({second['label']} minus {first['label']}, each utterance's mean, then over the "
+            f"{len(per_utt)} utterances) is {d_mean:+.3f} calls a frame [95% CI {d_mean - d_half:+.3f}, "
+            f"{d_mean + d_half:+.3f}]"
+            + (f": the interval excludes 0, so {(first if d_mean > 0 else second)['label']}'s tree takes fewer "
+               "calls a frame on these frames, a difference beyond the draw of frames. " if apart else
+               ": the interval includes 0, so at this sample size the top two rows are not told apart; "
+               f"{first['label']} comes first by this run's draw, not by a shown margin. "))
+    else:
+        top_words += "These frames come from one utterance, too few for an interval: the two are not told apart. "
+best_pred = max(table2, key=lambda r: r["tree_bestN_predicted"])
+# digits enough that the largest prediction reads above every smaller one
+top_pred = best_pred["tree_bestN_predicted"]
+pd_ = next((d for d in range(3, 7) if all(f"{r['tree_bestN_predicted']:.{d}f}" != f"{top_pred:.{d}f}"
+                                          for r in table2 if r["tree_bestN_predicted"] < top_pred)), 7)
 display(Markdown(
-    f"At the paper's setting (each drafter's own point-mass tree of N = {PAPER_BUDGET}), the paper's method with this "
-    f"run's deployed offsets (`{pap['decoder']}`; `paper:{PAPER_BUDGET}` would use the offsets shipped beside the "
-    f"model instead) commits **{pap['tree_N32_tokens_per_call']:.3f}** tokens per "
-    f"call (predicted {pap['tree_N32_predicted']:.3f}), the reused heads **{hd['tree_N32_tokens_per_call']:.3f}** "
-    f"(predicted {hd['tree_N32_predicted']:.3f}). Most tokens per call at N = {PAPER_BUDGET}: "
-    f"**{T.best_by(table2, 'tree_N32_tokens_per_call')}**. The largest prediction of a point-mass tree, at N = "
-    f"{pap['best_N']}: {pap['tree_bestN_predicted']:.3f} for the deployed offsets, {hd['tree_bestN_predicted']:.3f} "
-    f"for the heads. The paper reports {T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} and "
-    f"{T.PAPER_TOKS_PER_STEP['heads']:.2f} on Qwen3-TTS-0.6B."))
+    f"At the paper's setting (each drafter's own point-mass tree of N = {PAPER_BUDGET}), the paper's recipe as "
+    f"trained in this run, this run's deployed {deployed} with its own tree (`{pap['decoder']}`), commits "
+    f"**{pap['tree_N32_tokens_per_call']:.3f}** tokens per call (predicted {pap['tree_N32_predicted']:.3f}), the "
+    f"reused heads **{hd['tree_N32_tokens_per_call']:.3f}** (predicted {hd['tree_N32_predicted']:.3f}). These are not "
+    f"the shipped offsets: `paper:{PAPER_BUDGET}` and `--decoder paper` in the other notebooks use the offsets "
+    f"shipped beside the model with their shipped tree (section 3). " + top_words
+    + f"Predicted, not measured (`tree_bestN_predicted`, each drafter at its own `best_N`): this run's "
+    f"{deployed} {pap['tree_bestN_predicted']:.{pd_}f} at N = {pap['best_N']}, the heads "
+    f"{hd['tree_bestN_predicted']:.{pd_}f} at N = {hd['best_N']}; the largest over all drafters is "
+    f"{best_pred['label']}'s ({best_pred['tree_bestN_predicted']:.{pd_}f} at N = {best_pred['best_N']}). The paper "
+    f"reports "
+    f"{T.PAPER_TOKS_PER_STEP['offsets-ce']:.2f} and "
+    f"{T.PAPER_TOKS_PER_STEP['heads']:.2f} (offsets and reused heads, quoted) on Qwen3-TTS-0.6B."))
 
 # %% [markdown]
 # ## 6. Is the margin real? A paired interval over evaluation utterances
@@ -680,15 +788,16 @@ pd.DataFrame(headroom_table)
 # ## 8. Point-mass or sampled drafts on this model
 #
 # **Question:** does a tree of top-ranked drafts at the paper's node budget commit more or fewer codes per call here
-# than a chain of a few sampled ones, and why? **How:** a point-mass child of rank r is kept with the target mass of its
-# code, E[p(x_r)]; a sampled draft is kept with Σ_x min(p, q), flat p or sharp (a sum set by how close q is to p)
+# than a chain of a few sampled ones, and why? **How:** a point-mass child of rank r is kept with its point-mass
+# acceptance, the target mass of its code, E[p(x_r)]; a sampled draft is kept with its sampled acceptance,
+# Σ_x min(p, q), flat p or sharp (a sum set by how close q is to p)
 # ([glossary](../docs/glossary.md#speculative-decoding)). The table puts them side by side, per offset, for the reused
-# heads and the deployed offsets: `sampled` is the acceptance of one sampled draft, `rank0`.. the chance that the rank-r
-# draft is the verified code, and `top_ranks_total` their sum over the tabulated ranks, the most that many point-mass
-# children of one node could catch. Left panel: the same for the reused heads. Right panel: what the calibrations
-# predict for whole trees, E(N) at every budget, for point-mass children (the paper's) and for sampled children drawn
-# from q without replacement ([methods.md](../docs/methods.md#sampled-trees)), with the point-mass trees of N = 32
-# measured in section 5 (filled markers).
+# heads and the deployed offsets: `sampled` is the sampled acceptance of one draft, `rank0`.. the point-mass acceptance
+# of the rank-r draft (the chance it is the verified code), and `top_ranks_total` their sum over the tabulated ranks,
+# the most that many point-mass children of one node could catch. Left panel: the same for the reused heads. Right
+# panel: what the calibrations predict for whole trees, E(N) at every budget, for point-mass children (the paper's) and
+# for sampled children drawn from q without replacement ([methods.md](../docs/methods.md#sampled-trees)), with the
+# point-mass trees of N = 32 measured in section 5 (filled markers).
 
 # %%
 rank_shown = [r for r in tables["rank"] if r["drafter"] in ("heads", deployed)]
@@ -778,8 +887,8 @@ display(Markdown("Saturation window (within 2% of the best window): " + ", ".joi
 # Sections 5 to 8 measure the embedded model: how its point-mass trees fare against sampled drafts and what its
 # offsets add. To see how that outcome depends on how peaked p is, and where the paper's reported figure would sit,
 # this section builds a code predictor
-# whose structure is set by two numbers (`paper.regime.SyntheticPredictor`, no download, seconds to run) and runs it through the library's own
-# decode loop, accept rule and tree calibration:
+# whose structure is set by two numbers (`paper.regime.SyntheticPredictor`, no download, seconds to run) and runs it
+# through the library's own decode loop, accept rule and tree calibration:
 #
 # * **peak**, the swept quantity: a frame draws evidence x_d ~ N(0, I) over its V = 16 codes for every depth d, and
 #   the target is p_d = softmax(peak · x_d) (`peak = 0`: uniform p; the larger the peak, the more of p its top code
@@ -807,7 +916,8 @@ regime = RG.regime_rows(regime_peaks, drift=regime_drift, nodes=PAPER_BUDGET, n_
                         n_eval=regime_frames[1], seed=seed)
 timings["regime_s"] = time.perf_counter() - t0
 save_table(regime, out / "03_regime", prov)
-# where this run's model sits: its deployed offsets' tree measured above, and its own p's mean top probability (the peak's meaning)
+# where this run's model sits: its deployed offsets' tree measured above, and its own p's mean top probability (the
+# peak's meaning)
 from rvqspec_lib.data.frame_sources import frames_from_contexts
 from rvqspec_lib.data.teacher import teacher_forced_hidden, verifier_logits
 
@@ -997,19 +1107,21 @@ offsets_small = mean_capt(off_capt) < 0.5  # less than half of the achievable ga
 tv_best = best_off["drafter"] == "offsets-tv"
 lines = [
     "**Measured here** (the embedded model; every number from the tables above):",
-    f"* **Point-mass vs sampled drafts.** The reused heads' most likely draft is the verified code with probability "
-    f"{', '.join(f'{v:.3f}' for v in top1)} at offsets 1..{K} (`rank0`), while one sampled draft is kept with "
-    f"{', '.join(f'{v:.3f}' for v in samp)}. Each drafter's own point-mass tree of N = {PAPER_BUDGET} commits "
+    f"* **Point-mass vs sampled drafts.** The point-mass acceptance of the reused heads' most likely draft (the "
+    f"chance it is the verified code) is {', '.join(f'{v:.3f}' for v in top1)} at offsets 1..{K} (`rank0`), while "
+    f"the sampled acceptance of one sampled draft is {', '.join(f'{v:.3f}' for v in samp)}. Each drafter's own "
+    f"point-mass tree of N = {PAPER_BUDGET} commits "
     f"{min(r['tree_N32_tokens_per_call'] for r in table2):.3f} to "
     f"{max(r['tree_N32_tokens_per_call'] for r in table2):.3f} tokens per call, the best chain of sampled drafts "
     f"{min(r['chain_best'] for r in table2):.3f} to {max(r['chain_best'] for r in table2):.3f}, and the calibrations "
     f"predict {min(r['sampled_tree_N32_predicted'] for r in table2):.3f} to "
     f"{max(r['sampled_tree_N32_predicted'] for r in table2):.3f} for trees of N = {PAPER_BUDGET} with sampled "
     f"children"
-    + (": on this model the paper's point-mass tree loses to sampled drafts." if chain_beats_tree else
+    + (f": on this model the point-mass tree of the paper's recipe (this run's {deployed}) loses to sampled "
+       "drafts." if chain_beats_tree else
        ": on this model the point-mass tree is not beaten by the chain."),
     f"* **The offsets capture {'little' if offsets_small else 'much'} of the room.** The best offsets loss on the "
-    f"evaluation frames, {best_off['drafter']}, changes the acceptance of a sampled draft by "
+    f"evaluation frames, {best_off['drafter']}, changes the sampled acceptance by "
     f"{best_off['difference']:+.4f} [95% CI {best_off['ci95_low']:+.4f}, {best_off['ci95_high']:+.4f}] with "
     f"{t2[best_off['drafter']]['added_params']:,} parameters; at N = {PAPER_BUDGET} its own tree commits "
     f"{t2[best_off['drafter']]['tree_N32_tokens_per_call']:.3f} against the heads' "

@@ -229,7 +229,7 @@ def precisions_job(args) -> dict:
     result = latency.bench_precisions(lm, args.dtypes, backends=args.backend_list, query_sizes=args.queries,
                                       prefix_len=args.prefix_len, warmup=args.warmup, repeats=args.repeats,
                                       seed=args.seed, progress=_progress(args), noise_target=args.noise_target)
-    print(latency.format_floor_table(result))
+    print(latency.format_precision_table(result))
     if args.talker_contexts:  # the same bandwidth's floors; one slim copy of the talker per precision
         talker = latency.slim_talker(lm.talker)
         tk = latency.bench_talker_precisions(
@@ -237,7 +237,7 @@ def precisions_job(args) -> dict:
             forwards=["official"] + (["native"] if available("native")[0] else []),
             seed=args.seed, bandwidth=result["bandwidth"], progress=_progress(args), model_name=lm.name,
             random_weights=lm.is_random)
-        print(latency.format_floor_table(tk))
+        print(latency.format_talker_table(tk))
         if available("native")[0]:
             sc = latency.scan_cost(NativeTalker(talker), context=min(args.talker_contexts), repeats=args.repeats)
             tk["scan_cost"] = {**sc, "precision": "float32"}

@@ -1,9 +1,10 @@
 """Latency of the two loops of Qwen3-TTS, the one grid of timed calls: the talker step and the code-predictor call of
 ``Q`` positions in one interleaved run, the call per precision and backend and the talker step per precision and
-forward against their weight-streaming floors (one text: :func:`format_floor_table`), and the call budget from the
-config and from measured tokens per call (notebook 01; ``rvqspec bench latency``, ``bench precisions``). Why the verify
-cost curve matters: docs/model.md#two-nested-loops; the floors: docs/precision.md#the-floor. Timing depends on the
-architecture, not the weights (``random_weights`` is printed beside every number)."""
+forward against their weight-streaming floors (as text: :func:`format_precision_table`, :func:`format_talker_table`),
+and the call budget from the config and from measured tokens per call (notebook 01; ``rvqspec bench latency``, ``bench
+precisions``). Why the verify cost curve matters: docs/model.md#two-nested-loops; the floors:
+docs/precision.md#the-floor. Timing depends on the architecture, not the weights (``random_weights`` is printed
+beside every number)."""
 
 from __future__ import annotations
 
@@ -262,29 +263,34 @@ def bench_precisions(lm, precisions: Sequence[str], *, backends: Sequence[str] =
             "backends": backends, "precisions": out}
 
 
-def format_floor_table(result: dict) -> str:
-    """THE text of a table against the floor, of a :func:`bench_precisions` or :func:`bench_talker_precisions` result
-    (``rvqspec bench precisions``): the title, model, threads and timing; the CPU and bandwidth
-    (:func:`~rvqspec_lib.eval.timing.machine_lines`); the rows (the call's :func:`precision_rows`; per talker step the
-    MB read and both floors)."""
-    cols = None
-    if "forwards" in result:  # the talker's
-        title, model, timing, flags = ("talker step (1 new position + codec_head)", result["model"],
-                                       f"repeats {result['repeats']}", result["cpu_flags"])
-        floor_words = ("floor = weight bytes / bandwidth; floor_kv adds the KV cache the step attends; cpu_over: the "
-                       "thread's CPU time over the same floors at the CPU-time bandwidth")
-        rows = [{**r, "weights_mb": r["weight_bytes"] / 1e6, "kv_mb": r["kv_bytes"] / 1e6} for r in result["rows"]]
-        cols = ("precision", "context", "forward", "median_ms", "p10_ms", "p90_ms", "cpu_ms", "weights_mb", "kv_mb",
-                "floor_ms", "over_floor", "floor_kv_ms", "over_floor_kv", "cpu_over_floor", "cpu_over_floor_kv")
-    else:
-        title, model = "precisions of the code-predictor call", result["model"]["name"]
-        flags = result["precision_flags"]
-        timing = f"{noise_words(result)}, prefix {result['prefix_len']}"
-        floor_words, rows = "floor = weight bytes of one call / read bandwidth", precision_rows(result)
+def format_precision_table(result: dict) -> str:
+    """A :func:`bench_precisions` result as text (``rvqspec bench precisions``): the title, model, threads and timing;
+    the CPU and bandwidth; then :func:`precision_rows` (the call and its floor)."""
+    return _floor_text("precisions of the code-predictor call", result["model"]["name"], result,
+                       f"{noise_words(result)}, prefix {result['prefix_len']}", result["precision_flags"],
+                       "floor = weight bytes of one call / read bandwidth", precision_rows(result))
+
+
+def format_talker_table(result: dict) -> str:
+    """A :func:`bench_talker_precisions` result as text: the title, model, threads and timing; the CPU and bandwidth;
+    then per row the step, the MB it reads and both floors."""
+    cols = ("precision", "context", "forward", "median_ms", "p10_ms", "p90_ms", "cpu_ms", "weights_mb", "kv_mb",
+            "floor_ms", "over_floor", "floor_kv_ms", "over_floor_kv", "cpu_over_floor", "cpu_over_floor_kv")
+    rows = [{**r, "weights_mb": r["weight_bytes"] / 1e6, "kv_mb": r["kv_bytes"] / 1e6} for r in result["rows"]]
+    return _floor_text("talker step (1 new position + codec_head)", result["model"], result,
+                       f"repeats {result['repeats']}", result["cpu_flags"],
+                       "floor = weight bytes / bandwidth; floor_kv adds the KV cache the step attends; cpu_over: the "
+                       "thread's CPU time over the same floors at the CPU-time bandwidth", rows, cols)
+
+
+def _floor_text(title: str, model: str, result: dict, timing_words: str, flags: dict, floor_words: str,
+                rows: list[dict], columns: Sequence[str] | None = None) -> str:
+    """The one text of a table against the floor: ``title``, the model, threads and timing; the CPU and bandwidth
+    (:func:`~rvqspec_lib.eval.timing.machine_lines`); the rows."""
     return "\n".join([
         f"{title}: model {model}{' (RANDOM weights: timing only)' if result['random_weights'] else ''} | threads "
-        f"{result['threads']} | interleaved, warmup {result['warmup']}, {timing}" + load_words(result),
-        *machine_lines(result, flags, floor_words), format_rows(rows, cols)])
+        f"{result['threads']} | interleaved, warmup {result['warmup']}, {timing_words}" + load_words(result),
+        *machine_lines(result, flags, floor_words), format_rows(rows, columns)])
 
 
 def precision_rows(result: dict) -> list[dict]:

@@ -34,8 +34,8 @@
 # (ms per frame over the 80 ms of audio it makes; notebook 07's inner-loop RTF counts codes 1..15 alone). We time
 # each part against its **floor** (the time it takes when its weights stream once from memory at the measured
 # bandwidth, for the codec decoder its FLOPs at the core's peak rate; a bound for that case, not the least time
-# possible: a small model whose weights stay in the caches, as the embedded model's
-# do, can run below it; notebook 07 shows why), the frame on one thread and, projected from the
+# possible: a call whose weights stay in the CPU's caches can run below it; notebook 07, section 5, counts the
+# frames that do; each row here prints its own ratio to its floor), the frame on one thread and, projected from the
 # one-thread parts, with generation and decoding overlapped on two cores (one each: the larger of the two); then we
 # measure streams as they play (time to first audio, real-time factor, underruns), and several streams batched. The real-size 0.6B architecture has RANDOM weights here: it is a **timing replay** (its times are
 # real; its speculative frames take their acceptance decisions from the trained embedded model; its audio means
@@ -102,7 +102,6 @@ from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
 from rvqspec_lib.models.named_decoders import has_paper_decoder, resolve, resolve_all
 from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.streaming import synthesize_stream
-from rvqspec_lib.device.streaming_rvq import GL_LOOKAHEAD_FRAMES, LOOKAHEAD_FRAMES
 from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
 run_cost_model = "tiny-random" if smoke else cost_model
@@ -191,8 +190,9 @@ with pd.option_context("display.max_colwidth", None, "display.max_columns", None
 # %% [markdown]
 # ## The paper's decoder: its verify graph
 # The paper's decoder drafts with the position-aware offsets shipped beside `model` and verifies through the
-# point-mass tree calibrated for them (`<model>/trees/offsets.json`), N = `paper_budget`. Its verify graph holds that
-# tree's mask and positions (the drafter stays outside the graph, like the heads), exported to ONNX as
+# point-mass tree calibrated for them and shipped with them (`<model>/trees/offsets.json`), N = `paper_budget`: in this
+# notebook `paper:N` always means these SHIPPED offsets and tree, not a calibration made in a run. Its verify graph
+# holds that tree's mask and positions (the drafter stays outside the graph, like the heads), exported to ONNX as
 # `rvqspec export --graph verify --decoder paper` does, and checked against eager PyTorch.
 
 # %%
@@ -220,13 +220,21 @@ save_table(paper_rows, out / "06_paper_export", prov)
 display(Markdown("; ".join(f"**{r['decoder']}** verify graph ({r['nodes']} nodes, {r['MB']:.1f} MB): "
                            f"{r['runner']}, relative difference {r['relative_diff']:.2g}, within tolerance: "
                            f"{r['within_tolerance']}" for r in paper_rows if r.get("ran"))))
+display(Markdown("`runner`: what ran the graph (`ran`: whether it ran here); `max_abs_logit_diff`: the largest "
+                 "absolute difference of a logit from eager PyTorch's; `max_abs_logit`: the largest absolute logit "
+                 "of eager PyTorch; `relative_diff`: the first over the second, checked against `tolerance`; "
+                 "`max_abs_cache_diff`: the largest absolute difference of the KV-cache entries the graph writes "
+                 "(keys and values) from eager PyTorch's; `note`: why a graph did not run."))
 pd.DataFrame(paper_rows)
 
 # %% [markdown]
 # ## Figure 4's analogue: speedup by node budget, measured, projected and quoted apart
 # **Measured**: frames of `model` (trained weights; contexts of its evaluation split) decoded by AR, chains and its
 # calibrated trees of every node budget N (`<model>/trees/heads.json`: at each N the better kind of tree, point-mass
-# or sampled children), through each backend, interleaved; speedup over stepped AR of the same backend. **Projected**:
+# or sampled children; the names `tree:calibrated-point-mass:N` and `tree:calibrated-sampled:N` printed in this
+# notebook's tables are always these SHIPPED trees (a model that ships none is calibrated here, and the cell says so);
+# notebooks 03-05 name their own calibrations the same way),
+# through each backend, interleaved; speedup over stepped AR of the same backend. **Projected**:
 # the tokens per call per frame the same calibration predicts, E(N) (notebook 04, section 5), over t(N)/t(1) of one
 # verify call of `cost_model`'s code predictor through the same backends (`bench.frames.projected_speedup`, as in
 # notebook 04): a PROJECTION of the call level (every call of a frame costed as one verify call of N positions; the
@@ -386,13 +394,30 @@ print(PL.caption(pipe))
 parts_cols = ["model", "precision", "row", "decoder", "fused", "tokens_per_call", "talker_ms", "inner_ms", "codec_ms",
               "frame_1t_ms", "rtf_1t", "frame_2c_ms", "rtf_2c", "codec_share", "inner_gain", "frame_gain_1t"]
 display(Markdown(f"The columns the text below reads (every column, the floors and the streams' among them: "
-                 f"`{out.name}/06_pipeline.csv`). `frame_2c_ms` and `rtf_2c` are the overlapped PROJECTION; the "
-                 "measured streams follow in their own table."))
+                 f"`{out.name}/06_pipeline.csv`). `row`: AR, best speculative or auto (above); `fused`: True when the "
+                 "inner loop ran as one whole-frame call, False when stepped call by call; `tokens_per_call`: codes "
+                 "committed per inner-loop call (the prefill counted); `talker_ms`, `inner_ms`, `codec_ms`: each "
+                 "part's median per frame on one thread; `frame_1t_ms` their sum and `rtf_1t` it over 80 ms; "
+                 "`frame_2c_ms` and `rtf_2c` the overlapped PROJECTION (the larger of talker + inner loop and codec); "
+                 "`codec_share`: the codec decoder's share of `frame_1t_ms`; `inner_gain` and `frame_gain_1t`: "
+                 "the AR row's `inner_ms` and `frame_1t_ms` over this row's (above 1: faster than AR); "
+                 "`quoted_rtf`, `quoted_ttfa_ms`: a public port's published real-time factor and time to first audio "
+                 "(quoted rows only, empty elsewhere). The measured streams follow in their own table."))
 with pd.option_context("display.max_columns", None, "display.width", 250):
     display(pd.DataFrame(PL.pipeline_rows(pipe))[parts_cols + ["quoted_rtf", "quoted_ttfa_ms"]].round(3))
 display(Markdown("The quoted rows give what their sources publish (a real-time factor, a time to first audio in ms, or "
-                 "both); per-frame figures of public ports, as notebook 07's table quotes them: "
-                 + "; ".join(PL.PUBLIC_PORTS) + "."))
+                 "both), with the precision and thread count as far as the quote records them: "
+                 + "; ".join(f"{q['source']}, {q['device']}: "
+                             + ", ".join(filter(None, [
+                                 q["quoted_rtf"] and f"RTF {q['quoted_rtf']}",
+                                 q["quoted_ttfa_ms"] and f"first audio {q['quoted_ttfa_ms']} ms"]))
+                             + f" (precision {q['precision'] or 'not stated'}, threads not stated)"
+                             for q in PL.PUBLIC_PIPELINES)
+                 + ". Per-frame figures of public ports, as notebook 07's table quotes them, each with the precision "
+                   "and threads its source gives: " + "; ".join(PL.PUBLIC_PORTS) + ". A real-time factor whose "
+                 "precision or threads are not stated cannot be set beside the one-thread per-frame figures of the "
+                 "same port (ms per frame over 80 gives their real-time factor): they need not describe the same "
+                 "run."))
 
 # %%
 pipe_oversubscribed = bool(pipe_quiet["oversubscribed"]) or "OVERSUBSCRIBED" in PL.caption(pipe)
@@ -410,7 +435,8 @@ def gain_verdict(gain: float, noise: float | None) -> str:
 
 
 def fastest(model_name: str, row: str = "best speculative") -> dict | None:
-    """The row of ``model_name`` at its fastest precision (least frame on both cores, 2c)."""
+    """The row of ``model_name`` at its fastest precision by one criterion: the least projected frame on both cores
+    (``frame_2c_ms``) of that row."""
     rs = [r for r in pipe["rows"] if r["model"] == model_name and r["row"] == row]
     return min(rs, key=lambda r: r["frame_2c_ms"]) if rs else None
 
@@ -440,9 +466,17 @@ for name in run_pipeline_models:
     one, two = streamed(name, "best speculative", "1 thread"), streamed(name, "best speculative", "all cores")
     b1, noise = batch_one(name), part_noise(name, r["precision"])
     gen_ms = r["talker_ms"] + r["inner_ms"]
+    least_1t = min((x for x in pipe["rows"] if x["model"] == name and x["row"] == "best speculative"),
+                   key=lambda x: x["frame_1t_ms"])
     text = (
-        f"* **{name}** ({'timing replay, random weights' if r['weights'] != 'trained' else 'trained'}), fastest "
-        f"precision {r['precision']}, {r['decoder']}: talker {r['talker_ms']:.1f} ms "
+        f"* **{name}** ({'timing replay, random weights' if r['weights'] != 'trained' else 'trained'}), the "
+        f"precision whose best speculative row has the least projected two-core frame (`frame_2c_ms`, the one "
+        f"criterion of this bullet's parts and gains): {r['precision']}, {r['decoder']}"
+        + (f" (by the one-thread frame instead, the least of the best speculative rows is at "
+           f"{least_1t['precision']}, {least_1t['decoder']}, {least_1t['frame_1t_ms']:.1f} ms)"
+           if least_1t["precision"] != r["precision"] else
+           " (also the least one-thread frame of the best speculative rows)")
+        + f": talker {r['talker_ms']:.1f} ms "
         f"({r['talker_x_floor']:.2f}× its floor), inner loop {r['inner_ms']:.1f} ms "
         f"({r['inner_x_floor']:.2f}×), codec decoder {r['codec_ms']:.1f} ms"
         + (f" ({r['codec_x_floor']:.2f}×)" if r["codec_x_floor"] else " (no floor)")
@@ -451,10 +485,13 @@ for name in run_pipeline_models:
           f"{r['frame_2c_ms']:.1f} ms (RTF {r['rtf_2c']:.2f}), the larger of talker + inner loop ({gen_ms:.1f} ms) "
           f"and codec ({r['codec_ms']:.1f} ms), which assumes each part keeps its one-thread speed beside the other.")
     if one and two:
-        text += (f" MEASURED streams at {one['precision']} with {one['decoder']} (the precision whose frame took "
-                 f"the least CPU time): first audio {one['ttfa_ms']:.0f} ms after the prompt on one thread, RTF "
-                 f"{one['rtf']:.2f}, {one['underruns']:.0f} underrun(s); on all cores {two['ttfa_ms']:.0f} ms, RTF "
-                 f"{two['rtf']:.2f}, {two['underruns']:.0f} underrun(s)")
+        text += (" MEASURED streams, a second choice by a second criterion (the precision whose frame took the least "
+                 "thread CPU time, the measure least disturbed by other load; "
+                 + ("here the same precision as above" if one["precision"] == r["precision"] else
+                    "here another precision than the one above")
+                 + f"): {one['precision']} with {one['decoder']}: first audio {one['ttfa_ms']:.0f} ms after the "
+                   f"prompt on one thread, RTF {one['rtf']:.2f}, {one['underruns']:.0f} underrun(s); on all cores "
+                   f"{two['ttfa_ms']:.0f} ms, RTF {two['rtf']:.2f}, {two['underruns']:.0f} underrun(s)")
         if two["precision"] == r["precision"]:
             text += (f": the measured overlapped stream takes {two['frame_ms']:.1f} ms a frame, "
                      f"{two['frame_ms'] / r['frame_2c_ms']:.2f}× the projection"
@@ -685,8 +722,9 @@ if rep:
         f"* **The whole frame (measured; {rep['model']}"
         + (", a timing replay" if rep["weights"] != "trained" else "") + f", {codec_words(rep)}).** "
         f"The codec decoder takes {span_pct(rep_rows, 'codec_share')} of the one-thread frame"
-        + (" across precisions" if len(rep_rows) > 1 else "") + f" (at the fastest, {rep['precision']}: {100 * rep['codec_share']:.0f}%, the talker "
-        f"{100 * rep['talker_share']:.0f}%). "
+        + (" across precisions" if len(rep_rows) > 1 else "")
+        + f" (at {rep['precision']}, the precision of the least projected two-core frame: "
+          f"{100 * rep['codec_share']:.0f}%, the talker {100 * rep['talker_share']:.0f}%). "
         + (f"So the paper's Figure 1 sentence (negligible demand) holds on this CPU at {', '.join(small)}, where the "
            f"codec decoder is at most {100 * SMALL_SHARE:.0f}% of the frame, and not at {', '.join(large)}"
            + (", where the talker and inner loop have become fast enough that the codec decoder's share grows."
@@ -701,10 +739,13 @@ if rep:
 if emb:
     e1 = streamed(EMBEDDED_MODEL, "best speculative", "1 thread")
     if e1:
-        told.append(f"* **The embedded model (measured, trained).** Streamed on one thread: first audio "
+        told.append(f"* **The embedded model (measured, trained).** The pipeline's stream on one thread "
+                    f"({e1['precision']}, {e1['decoder']}{' fused' if e1['fused'] else ''}): first audio "
                     f"{e1['ttfa_ms']:.0f} ms after the prompt, RTF {e1['rtf']:.2f}, {e1['underruns']:.0f} "
-                    f"underrun(s); its codec's look-ahead of {LOOKAHEAD_FRAMES + GL_LOOKAHEAD_FRAMES} frames "
-                    "(`StreamingRVQDecoder`'s default) is part of that wait.")
+                    f"underrun(s). The Listen stream above is another stream (float32, {label}"
+                    f"{' fused' if fused else ''}): first audio {ls['ttfa_ms']:.0f} ms"
+                    + (f", part of it its codec's wait for {ls['lookahead_frames']} frame(s) of look-ahead."
+                       if ls["lookahead_frames"] else "; its codec waited for no look-ahead."))
 conc_all = [s for s in pipe["sustained"] if s["layout"] == "all cores" and s["model"] == run_pipeline_models[0]]
 if conc_all:
     told.append("* **Concurrency (measured).** " + "; ".join(

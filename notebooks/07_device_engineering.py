@@ -250,6 +250,19 @@ if nat_talk:
     lines.append(f"The native talker step: {span([r['over_floor'] for r in nat_talk])}x its weights' floor "
                  f"({span([r['over_floor_kv'] for r in nat_talk])}x with the KV cache counted); the official step "
                  f"{span([r['over_floor'] for r in talker_rows if r['forward'] == 'official'])}x.")
+    quick = min(nat_talk, key=lambda r: (r["context"], r["median_ms"]))  # the fastest precision, fewest positions
+    lines.append(f"Notebook 06 times the same native step again in its own run (its `talker_ms`; here "
+                 f"{quick['precision']} takes "
+                 + " and ".join(f"{r['median_ms']:.1f} ms at {r['context']}" for r in nat_talk
+                                if r["precision"] == quick["precision"])
+                 + f" positions), at "
+                 f"{BT.CONTEXT} cached positions and interleaved with the inner loop and the codec decoder instead "
+                 "of other talker steps: a separate measurement in another run, so its time need not "
+                 + (f"fall between the times at {min(talker_contexts)} and {max(talker_contexts)} positions here."
+                    if len(set(talker_contexts)) > 1 else "agree with the time here."))
+lines.append(f"Each timing measures the read bandwidth around itself: {bw['gb_per_s']:.1f} GB/s for the calls, "
+             f"{talker_res['bandwidth']['gb_per_s']:.1f} GB/s for the talker step; the same memory at two times, "
+             "apart by the measurement's own spread under other load, so each floor uses its own timing's value.")
 display(Markdown(" ".join(lines)))
 
 # %% [markdown]
@@ -309,7 +322,10 @@ display(Markdown("Stepped speculative decoders against stepped AR of the same ba
 # (`rvqspec_lib.eval.budget.auto_for_model`) times, on the running machine: the verify call of every candidate's
 # shape, the predicted speedup E(N) t(1)/t(N) from the calibration, then whole frames of the most promising
 # candidates, interleaved, through every backend it may use, AR and the chains also as fused frames; the runner with
-# the least measured time per committed code wins. Here it runs afresh (a temporary cache) on the embedded model.
+# the least measured time per committed code wins. Here it runs afresh (a temporary cache) on the embedded model. Its
+# calibrated trees are the ones shipped beside the model (`trees/heads.json`): in this notebook a
+# `tree:calibrated-point-mass:N` or `tree:calibrated-sampled:N` is always such a SHIPPED tree, never one calibrated in
+# the run.
 
 # %%
 t0 = time.perf_counter()
@@ -348,7 +364,8 @@ display(Markdown(f"**auto chose `{choice.label}`** through {choice.backend}"
 # here: per model, per precision timed (the sentence under the parameters names them) and per backend, five rows,
 # each timed in one interleaved run per (model, precision, backend): **stepped AR**; **fused AR** (the backend's whole
 # AR frame); **best speculative**
-# (the fastest of the table's own fixed set of stepped chains and calibrated trees, named under the table); **fused
+# (the fastest of the table's own fixed set of stepped chains and calibrated trees, named under the table; the trees
+# are the SHIPPED ones of section 4, the embedded model's for a timing replay); **fused
 # speculative** (the fastest fused frame of the table's chains; a timing replay cannot drive one); **auto** (what
 # `--decoder auto` picks there by its own short timing run, a shortlist of three decoded on a few frames once each,
 # among the candidates of this table's backend and precision, stepped only on a timing replay; its pick is then timed
@@ -390,14 +407,23 @@ if worst_noise is not None:
     capped = [n for n in noise_runs if noise_target is not None and n["rel_se_max"] > noise_target]
     display(Markdown(
         "**Timing noise.** Each (model, precision, backend) was timed "
-        + (f"until every median's relative standard error reached the {100 * noise_target:.0f}% target or the cap "
-           "of repeats; " if noise_target is not None else "a fixed number of times; ")
+        + (f"from {table['meta']['repeats']} frames per runner on, adding frames while a median's relative "
+           f"standard error was above the {100 * noise_target:.0f}% target, up to a cap of "
+           f"{span([n.get('max_repeats') or n['repeats'] for n in noise_runs], 'd')} frames; "
+           if noise_target is not None else "a fixed number of times; ")
         + f"the relative standard error of a run's worst median is "
         f"{span([100 * n['rel_se_max'] for n in noise_runs], '.0f')}%"
-        + (f" ({len(capped)} of {len(noise_runs)} runs stopped at the cap above the target)" if capped else "")
+        + (f" ({len(capped)} of {len(noise_runs)} runs reached the cap because their worst median's error stayed "
+           "above the target: the frame count in the header is that cap, not a sign the target was met)"
+           if capped else "")
         + f". The **timing noise** below is the worst of these, {100 * worst_noise:.0f}%: two frames whose times "
         f"differ by less than about {200 * worst_noise:.0f}% of the time (twice the noise) are not told apart by "
-        "this run, so times and ratios are shown to two decimals and read as rough where they are close."))
+        "this run, so times and ratios are shown to two decimals and read as rough where they are close."
+        + (f" The AR floor of this table uses the read bandwidth measured around the table's own timing, "
+           f"{table['meta']['bandwidth']['gb_per_s']:.1f} GB/s, not section 2's ({bw['gb_per_s']:.1f} GB/s for the "
+           f"calls, {talker_res['bandwidth']['gb_per_s']:.1f} GB/s for the talker step): the same memory measured at "
+           "another time of the run, apart by the measurement's own spread under other load."
+           if table["meta"].get("bandwidth") else "")))
 tb = pd.DataFrame(table["rows"])
 key = ["model", "precision", "backend"]
 by_row = tb.pivot_table(index=key, columns="row", values="ms_per_frame", aggfunc="first", sort=False)
@@ -517,8 +543,8 @@ for f in fastest:
     if best is None:
         continue
     replay = "" if best["weights"] == "trained" else " (a TIMING REPLAY: random weights, embedded acceptance)"
-    text = (f"* **{f['model']}{replay}: the fastest lossless loop here is {where(best)}**, {best['ms_per_frame']:.2f} "
-            f"ms a frame (inner-loop RTF {best['rtf']:.3f})")
+    text = (f"* **{f['model']}{replay}: the lowest median of a lossless loop here is {where(best)}**, "
+            f"{best['ms_per_frame']:.2f} ms a frame (inner-loop RTF {best['rtf']:.3f})")
     if best["x_floor_ar"]:
         text += f", {best['x_floor_ar']:.2f}x the AR frame's weight-streaming floor" + (
             (" (below 1: the floor counts the weights read by an AR frame's 15 calls, and a speculative frame makes "
@@ -530,6 +556,19 @@ for f in fastest:
                  f"{where(spec)}, {spec['ms_per_frame']:.2f} ms ({f['speculative_over_ar']:.2f}x the AR's time"
                  + (f"; a median of {frames_per_runner} timed frame(s) per runner, so a rough reading"
                     if not table["meta"].get("noise_target") and table["meta"]["repeats"] < 3 else "") + ")")
+        if worst_noise is not None:
+            factor = 1 + 2 * worst_noise
+            told = max(spec["ms_per_frame"], ar["ms_per_frame"]) / min(spec["ms_per_frame"], ar["ms_per_frame"])
+            text += (f". By the noise rule above (times within a factor of {factor:.2f} of each other are not told "
+                     "apart), this run " + ("tells" if told >= factor else "does not tell")
+                     + " the fastest speculative frame apart from the fastest AR")
+    if worst_noise is not None:
+        close = [r for r in table["rows"] if r["model"] == f["model"] and r["ms_per_frame"] and r is not best
+                 and r["ms_per_frame"] < best["ms_per_frame"] * (1 + 2 * worst_noise)]
+        text += (f"; {len(close)} other row(s) of this model are within that factor of the lowest median"
+                 + " (" + "; ".join(f"{where(r)}: {r['ms_per_frame']:.2f} ms" for r in close) + ")"
+                 + ", so which of them is fastest is not settled by this run" if close else
+                 "; no other row of this model is within that factor of it")
     bullets.append(text + ".")
 key_of = lambda r: (r["model"], r["precision"], r["backend"])  # noqa: E731
 fused_ar_ms = {key_of(r): r["ms_per_frame"] for r in table["rows"] if r["row"] == "fused AR" and r["ms_per_frame"]}
@@ -572,7 +611,9 @@ if native_calls:
            "must read them for more rows at once without paying more than the calls it saves." if max(ratios) < 1.5
            else ": above the floor, so part of each call is overhead a faster kernel could still remove.")
         + (f" The fused AR frame runs below 15 calls' floor in {len(fused_below)} of {len(fused_ar_rows)} (model, "
-           f"precision, backend) of the table (`x_floor_ar` {span([r['x_floor_ar'] for r in fused_below])}): its "
+           f"precision, backend) of the table (`x_floor_ar`: "
+           + ", ".join(f"{r['model']} {r['precision']} {r['backend']} {r['x_floor_ar']:.2f}" for r in fused_below)
+           + "): its "
            "15 calls run back to back over the same weights, which can stay in the caches, so the floor bounds "
            "calls that stream their weights, not every frame." if fused_below else ""))
 shrinks = [(dec, b) for (dec, b), g in spec_b.groupby(["decoder", "backend"], sort=False)

@@ -109,7 +109,7 @@ def test_bench_precisions_rows_and_ratios_with_a_fake_clock(monkeypatch):
     assert r["random_weights"] is True and r["repeats"] == 3 and r["backends"] == ["official"]
     assert PR.precision_of(lm.code_predictor) == "float32"  # the model itself is not converted
     json.dumps(r)
-    text = latency.format_floor_table(r)
+    text = latency.format_precision_table(r)
     lines = text.splitlines()
     assert "RANDOM weights: timing only" in lines[0] and "threads" in lines[0]
     assert lines[1].startswith("CPU ") and "native precisions: float32" in lines[1] and "bf16 flags" in lines[1]
@@ -141,7 +141,7 @@ def test_bench_precisions_times_the_native_forward_beside_the_official(monkeypat
     assert [(p["precision"], p["backend"]) for p in r["precisions"]] == [
         ("float32", "official"), ("float32", "native"), ("int8-dynamic", "official"), ("int8-dynamic", "native")]
     assert r["precisions"][0]["floor_ms"] == r["precisions"][1]["floor_ms"]
-    lines = latency.format_floor_table(r).splitlines()
+    lines = latency.format_precision_table(r).splitlines()
     assert [[c.strip() for c in ln.strip("|").split("|")][:2] for ln in lines[5:]] == [
         ["float32", "official"], ["float32", "native"], ["int8-dynamic", "official"], ["int8-dynamic", "native"]]
     with pytest.raises(ValueError, match="backends of official, eager"):

@@ -16,7 +16,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from rvqspec_lib.decoding.sampling import Sampling
-from bench.latency import bench_talker_precisions, format_floor_table, scan_cost, slim_talker
+from bench.latency import bench_talker_precisions, format_talker_table, scan_cost, slim_talker
 from rvqspec_lib.device import precision as PR
 from rvqspec_lib.models.configs import CONFIG_DIR, build_from_config, tiny_config_dict
 from rvqspec_lib.models.frame import synthesize
@@ -356,5 +356,5 @@ def test_benchmark_reports_every_condition(models):
     for r in res["rows"]:
         assert r["weight_bytes"] > 0 and r["floor_kv_ms"] > r["floor_ms"] > 0 and r["median_ms"] > 0
         assert r["cpu_over_floor"] > r["cpu_over_floor_kv"] > 0 and r["floor_cpu_ms"] < r["floor_ms"]
-    assert "RANDOM weights" in format_floor_table(res) and all(r["cpu_ms"] > 0 for r in res["rows"])
+    assert "RANDOM weights" in format_talker_table(res) and all(r["cpu_ms"] > 0 for r in res["rows"])
     assert PR.precision_of(talker.model) == "float32"  # the float32 talker was not converted

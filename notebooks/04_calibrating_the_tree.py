@@ -640,9 +640,9 @@ timed_frames_words = (
        if speed_target else f"exactly `speed_repeats` = {speed_repeats} rounds with no noise target")
     + "; "
     f"round r decoding context r mod {n_speed_ctx} of the first {n_speed_ctx} evaluation contexts with its own "
-    f"generator draw; a timed row's tokens per call is the mean over its first {speed_repeats} rounds only, which "
-    f"every run makes whatever the noise target adds: {n_speed_frames} distinct "
-    f"context{'s' if n_speed_frames != 1 else ''}")
+    f"generator draw; a timed row's tokens per call is the mean over its first {speed_repeats} rounds only"
+    + (", which every run makes whatever the noise target adds" if speed_target else "")
+    + f": {n_speed_frames} distinct context{'s' if n_speed_frames != 1 else ''}")
 if len(speed_pred):
     pm_rows = speed_pred.point_mass.to_numpy()
     display(Markdown(

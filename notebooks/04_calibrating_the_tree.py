@@ -22,7 +22,11 @@
 # N** (the query positions of one call, root included), should stop where a wider call costs more than the codes it
 # adds. The paper answers with a **calibrated sparse tree** (its §2.2): acceptance is tabulated offline per draft
 # offset and rank, a tree is grown from the most valuable nodes and pruned to a budget N chosen by hand per device
-# (its Figure 4). This notebook does the same on the embedded model and then times every decoder on this CPU.
+# (its Figure 4). **Acceptance** here is the chance that a drafted node is kept once its parent is, and it has two
+# forms, one per kind of child (below): for a point-mass node the target mass p(x_r) of its code, for a sampled
+# child `sum min(p, q)` (and, for later children, what of p the earlier ones missed); every table of this notebook
+# says which of the two it holds. This notebook does the same on the embedded model and then times every decoder on
+# this CPU.
 #
 # **Terms**, each defined in [the glossary](../docs/glossary.md#speculative-decoding) and
 # [docs/methods.md](../docs/methods.md#letters-and-indices): the **start depth s** is the last committed code's
@@ -441,7 +445,15 @@ paper_tpc = pvm[pvm.kind == "paper"].set_index("nodes").measured_tokens_per_call
 n_eval_utts = int(torch.unique(eval_frames.utterance).numel())
 on_eval = f"on these {len(eval_frames)} held-out frames, from {n_eval_utts} utterance{'s' * (n_eval_utts != 1)},"
 pm_above = int((err["point-mass"] > 0).sum())
-lines = [f"Over the calibrated trees {on_eval} E(N) is off by at most {100 * err['point-mass'].abs().max():.1f}% "
+shipped_heads = drafter_calibration(lm, "heads")
+lines = [f"In this notebook `tree:calibrated-point-mass:N` and `tree:calibrated-sampled:N` are the reused heads' "
+         f"trees of ITS OWN calibration (section 2, {cal['n_frames']} calibration frames)"
+         + (f", not the trees shipped beside the model (`trees/heads.json`, {shipped_heads['n_frames']:,} frames) "
+            "that notebooks 01, 06 and 07 read under the same names, so a name can commit other tokens per call "
+            "there" if shipped_heads else "")
+         + ("; `paper:N` and the names ending in `@offsets` use the offsets' shipped calibration "
+            f"({offsets_cal['n_frames']:,} frames)." if has_paper else "."),
+         f"Over the calibrated trees {on_eval} E(N) is off by at most {100 * err['point-mass'].abs().max():.1f}% "
          f"for point-mass trees (mean {100 * err['point-mass'].mean():+.1f}%) and "
          f"{100 * err['sampled'].abs().max():.1f}% for sampled trees (mean {100 * err['sampled'].mean():+.1f}%); a "
          f"positive error is a prediction above the measurement.",
@@ -548,7 +560,6 @@ best_proj = max(proj_rows, key=lambda r: r["projected_speedup"])
 cost_models = list(dict.fromkeys((run_model, compare_model)))
 ratio_of = {(m, b): dict(zip(g.query_positions, g.ratio_to_q1)) for (m, b), g in cost_tab.groupby(["model", "backend"])}
 steep = {m: max(cost_backends, key=lambda b: ratio_of[(m, b)][n_top]) for m in cost_models}
-shipped_heads = drafter_calibration(lm, "heads")
 display(Markdown(
     f"A call of {n_top} positions costs "
     + ", ".join(f"{flat[b]:.2f}x ({b})" for b in cost_backends) + f" one of a single position on {run_model}, and "
@@ -619,14 +630,19 @@ speed_err = speed_pred.predicted / speed_pred.tokens_per_call - 1
 n_speed_ctx = int(speed["meta"]["n_contexts"])  # the first evaluation contexts the timed rounds cycle through
 n_speed_frames = min(speed_repeats, n_speed_ctx)  # distinct contexts among the rounds tokens per call counts
 # one statement of what the timed frames are, used here and in the summary
+n_timed = int(speed["meta"]["repeats"])  # timed rounds; every runner is timed once in each interleaved round
+speed_target, speed_cap = speed["meta"].get("noise_target"), speed["meta"].get("max_repeats")
 timed_frames_words = (
-    f"at least {speed_repeats} timed frames per runner"
-    + (f" ({speed['meta']['repeats']} for the runner timed least)" if speed["meta"]["repeats"] != speed_repeats
-       else "")
-    + ", "
+    f"{n_timed} timed frames per runner, one per interleaved round, "
+    + (f"at least `speed_repeats` = {speed_repeats} rounds and then more until every runner's median has a relative "
+       f"standard error of at most {100 * speed_target:g}% or the cap of {speed_cap} rounds is reached, and this run "
+       + ("stopped at the cap" if n_timed >= speed_cap else "met the target first")
+       if speed_target else f"exactly `speed_repeats` = {speed_repeats} rounds with no noise target")
+    + "; "
     f"round r decoding context r mod {n_speed_ctx} of the first {n_speed_ctx} evaluation contexts with its own "
-    f"generator draw; a timed row's tokens per call is the mean over its first {speed_repeats} rounds, "
-    f"{n_speed_frames} distinct context{'s' if n_speed_frames != 1 else ''}")
+    f"generator draw; a timed row's tokens per call is the mean over its first {speed_repeats} rounds only"
+    + (", which every run makes whatever the noise target adds" if speed_target else "")
+    + f": {n_speed_frames} distinct context{'s' if n_speed_frames != 1 else ''}")
 if len(speed_pred):
     pm_rows = speed_pred.point_mass.to_numpy()
     display(Markdown(
@@ -654,18 +670,35 @@ fastest = over_ar[0]
 stepped_official = next((r for r in over_ar if r["backend"] == "official"), None)
 others = "; ".join(f"{r['ar']} takes {r['ar_vs_fastest_ar']:.2f}x as long" for r in over_ar[1:])
 speed_noise = speed["meta"].get("rel_se_max")  # the run's worst relative standard error of a median
+noise_factor = 1 + 2 * speed_noise if speed_noise else None
+EDGE_SHARE = 0.1  # a gain this share of the noise margin (factor - 1) from the factor, either side: at the edge
+
+
+def gain_class(g):
+    """The tie rule notebook 06 uses: a gain within the noise factor 1 + 2 x the run's worst relative standard error
+    of a median, either way, is a "tie", beyond it "faster" or "slower"; one within EDGE_SHARE of the margin of the
+    factor, either side, is "edge" (the factor rests on an estimated error). None: no gain or no noise estimate."""
+    if g is None or not noise_factor:
+        return None
+    m = max(g, 1 / g)
+    if abs(m - noise_factor) <= EDGE_SHARE * (noise_factor - 1):
+        return "edge"
+    return "tie" if m < noise_factor else ("faster" if g > 1 else "slower")
 
 
 def gain_verdict(g):
-    """The tie rule notebook 06 uses: a gain within 1 + 2 x the run's worst relative standard error of a median,
-    either way, is a tie."""
+    """A gain's verdict in words (:func:`gain_class`), with the factor to three decimals."""
+    c = gain_class(g)
     if g is None:
         return ""
-    if not speed_noise:
+    if c is None:
         return " (too few timed frames to estimate this run's noise, so not a verdict)"
-    if max(g, 1 / g) < 1 + 2 * speed_noise:
-        return f" (within this run's noise factor of {1 + 2 * speed_noise:.2f} either way: a tie)"
-    return f" (beyond this run's noise factor of {1 + 2 * speed_noise:.2f}: {'faster' if g > 1 else 'slower'})"
+    if c == "tie":
+        return f" (within this run's noise factor of {noise_factor:.3f} either way: a tie)"
+    if c == "edge":
+        return (f" ({max(g, 1 / g):.3f} against this run's noise factor of {noise_factor:.3f}: at the edge of noise, "
+                f"{'faster' if g > 1 else 'slower'} or a tie)")
+    return f" (beyond this run's noise factor of {noise_factor:.3f}: {c})"
 
 
 lines = [f"The fastest AR here is **{fastest['ar']}**, {fastest['ar_ms']:.1f} ms a frame" + (f"; {others}" if others
@@ -681,9 +714,11 @@ if has_paper:
                     f"{gain_verdict(stepped_official['paper_speedup'])}" if stepped_official else "")
                  + ".")
 lines.append("The tie rule is notebook 06's: this run's medians have a relative standard error up to "
-             + (f"{100 * speed_noise:.1f}%, so a gain within a factor of {1 + 2 * speed_noise:.2f} of 1 either way "
+             + (f"{100 * speed_noise:.2f}%, so a gain within a factor of {noise_factor:.3f} of 1 either way "
                 "(twice that error) is a tie, and another run (notebook 07 times some of these runners again) may "
-                "order tied runners the other way." if speed_noise else "an unknown amount here."))
+                "order tied runners the other way. That factor rests on an estimated error, so this notebook calls "
+                f"a gain within {EDGE_SHARE * (noise_factor - 1):.3f} of it, either side, at the edge of noise: "
+                "neither a tie nor a gain." if speed_noise else "an unknown amount here."))
 lines.append("Columns: `ar_ms` is that AR's median ms a frame; `ar_vs_fastest_ar` its time over the fastest AR's; "
              "`speedup` is the fastest lossless speculative runner's speedup over that AR, `same_backend_speedup` "
              "the fastest one of the AR's own backend and precision, `paper_speedup` the paper's decoder's.")
@@ -839,6 +874,7 @@ if len(paper_tpc):
         f"{paper_tpc[n_max]:.2f} codes per call at N = {n_max}, {100 * gap:+.1f}% against the reused heads' point-mass "
         f"tree of that N" + ("; on this model the point-mass rule, more than the drafter, sets the tree's yield."
                              if abs(gap) < 0.05 else "."))
+best_class = {b: gain_class(r["speedup_vs_ar"]) for b, r in best_by_backend.items()}
 bullets += [
     f"* **The cost of a wider call (measured, {cpu}, the backend's forward alone).** A call of {n_top} positions "
     f"costs " + ", ".join(f"{flat[b]:.2f}x ({b})" for b in cost_backends)
@@ -858,10 +894,16 @@ bullets += [
       "figure compares both on one clock.",
     "* **Best node budget (measured) against the paper's (quoted).** The best stepped speculative decoder of each "
     "backend here (speedup over stepped AR of the same backend) sits at "
-    + ", ".join(f"N = {r['nodes']} ({b}, {r['speedup_vs_ar']:.2f}x)" for b, r in best_by_backend.items())
-    + (f" ({sum(gain_verdict(r['speedup_vs_ar']).endswith('a tie)') for r in best_by_backend.values())} of "
-       f"{len(best_by_backend)} within the noise factor of {1 + 2 * speed_noise:.2f}, ties with stepped AR)"
-       if speed_noise and best_by_backend else "")
+    + ", ".join(f"N = {r['nodes']} ({b}, {r['speedup_vs_ar']:.3f}x)" for b, r in best_by_backend.items())
+    + (f" (against this run's noise factor of {noise_factor:.3f}: " + "; ".join(
+        f"{len(bs)} of {len(best_by_backend)} {words}" + (f": {', '.join(bs)}" if bs else "")
+        for words, bs in (
+            ("within it, i.e. ties with stepped AR", [b for b, c in best_class.items() if c == "tie"]),
+            (f"at its edge, within {EDGE_SHARE * (noise_factor - 1):.3f} of it either side",
+             [b for b, c in best_class.items() if c == "edge"]),
+            ("beyond it", [b for b, c in best_class.items() if c in ("faster", "slower")]))
+        if bs or words.startswith("within")) + ")"
+       if noise_factor and best_by_backend else "")
     + f": section 7's one run ({timed_frames_words}), with this notebook's calibration. "
     "Notebook 06 times other decoders (the shipped calibration's trees) over its own number of contexts in its own "
     "run, so its best speedups differ. The paper's fastest N per device (speedup over AR on the same device, "
@@ -884,8 +926,11 @@ bullets += [
         (m, [ratio_of[(m, b)][n_at] for b in cost_backends]) for m in cost_models))
     + ", over the backends). The speedups of "
     f"{compare_model} above are projections from the embedded model's acceptance; "
-    + ("notebook 07 times the released size's frames as a timing replay." if not smoke else
-       "notebook 07 replays the timing of frames, in a smoke run on its own small stand-in, not the released size."),
+    + ("notebook 07 times frames" if smoke else "notebook 07 times the released size's frames")
+    + " as a **timing replay** (a frame on a random-weight architecture in which everything is real except the "
+      "accept step, whose decisions come from acceptance measured on a trained model: real times at that size, "
+      "meaningless codes)"
+    + (", in a smoke run on its own small stand-in, not the released size." if smoke else "."),
 ]
 display(Markdown("\n".join(bullets)))
 print(f"total {summary['timings_s']['total']:.0f} s")

@@ -222,7 +222,7 @@ if cal_source.get("kind") == "shipped":
         f"{split['frames']} frames**; this notebook calibrates on {cal['n_frames']} of its frames "
         f"(`calibration_frames`). So its `tree:calibrated-...` trees and its chain window are its own"
         + (f", not the trees shipped beside the model (`trees/heads.json`, calibrated on {shipped_n:,} frames of the "
-           f"same split) that notebooks 06 and 07 read" if shipped_n else "")
+           f"same split) that notebooks 01, 06 and 07 read under the same names" if shipped_n else "")
         + ": the same decoder name can commit somewhat different tokens per call in another notebook, which "
         "calibrates on other frames and measures on other ones."))
 else:
@@ -307,8 +307,9 @@ if has_paper:
 # the **table decoder**, the sum of the chosen codebook entries. Both read codes 1..15 (the numbers are rendered
 # below). WER here goes through the table decoder: nothing learned sits between a code and the audio, so every code
 # a decoder commits moves the audio by its own codebook entry. The same codec on the TRUE codes, no decoding at all,
-# is the **true-code floor** every decoder's WER is read against (a floor of WER, not the weight-streaming floor of a
-# model call in notebooks 06 and 07).
+# is the **codec-resynthesis floor** (the true-code floor, for short) every decoder's WER is read against. It is not
+# the recogniser's floor on the original audio, before any codec, which notebook 00 calls its WER floor; nor the
+# weight-streaming floor of a model call in notebooks 06 and 07.
 
 # %%
 results, recs = {}, {}
@@ -344,10 +345,12 @@ if card.get("wer_diagnostics"):
         f"{wd['inner_loop_table_decoder']['wer']:.3f} through the table decoder.")
 if floor is not None:
     per = floor.get("per_utterance") or []
-    lines.append(f"**The true-code floor here** ({asr_label}, {floor['n_utterances']} English sentences, table "
-                 f"decoder): the true codes give WER {floor['rate']:.3f}; AR's inner loop gives "
-                 f"{en['wer']['ar']['rate']:.3f}. Notebook 00 measures a floor of the same kind (its `table k=16` "
-                 "row: all 16 codebooks through the table decoder), but on its own seeded sample of held-out "
+    lines.append(f"**The codec-resynthesis floor here** (the true codes through the codec, no decoding; {asr_label}, "
+                 f"{floor['n_utterances']} English sentences, table decoder): the true codes give WER "
+                 f"{floor['rate']:.3f}; AR's inner loop gives {en['wer']['ar']['rate']:.3f}. Notebook 00 measures "
+                 "the same kind of floor in its `table k=16` row (all 16 codebooks through the table decoder), not in "
+                 "the row it calls its WER floor: that is its `original` row, the recogniser's floor on the original "
+                 "audio, before any codec. Its `table k=16` row comes from its own seeded sample of held-out "
                  "sentences (its `n_sentences`), rendered afresh and encoded by the codec, while these are the "
                  "shipped evaluation utterances' codes: other sentences and another count give another value"
                  + (f" (one sentence's WER here ranges from {min(per):.2f} to {max(per):.2f})" if len(per) > 1 else "")
@@ -390,6 +393,24 @@ if null_wer is not None and np.isfinite(null_wer["ci95_low"]):
               "does not flag it. Read the test.")
            if excludes != bool(null_wer["flagged"]) else
            "On the null control `ar-seed2` (AR against itself under another seed) the two agree here.")))
+if wer_rows:
+    n_en = en["n_utterances"]
+    left_out = {k: w["vs_reference"] for k, w in en["wer"].items()
+                if w.get("vs_reference") and w["vs_reference"]["n_outliers_either"]}
+    display(Markdown(
+        f"Columns: `wer` and `cer` are each decoder's rates over all {n_en} sentences, outliers included; `outliers` "
+        "counts the decoder's own outlier sentences, which `wer_without_outliers` leaves out. An **outlier** is a "
+        "sentence whose transcript the recogniser turned into a repetition runaway (a run of words repeated back to "
+        "back that the reference lacks) or into more than twice the reference's words plus two, or, with at least "
+        f"four sentences, whose WER lies above Q3 + {S.OUTLIER_IQR:g} IQR of that decoder's sentences "
+        "([methods.md](../docs/methods.md#reporting-wer)); each is listed at the end of section 5. `diff_vs_ar` is "
+        "PAIRED: the decoder's word errors minus AR's on the same sentence, summed over the sentences that are "
+        "outliers in NEITHER run and divided by their reference words; `ci95_low`, `ci95_high`, `p_value`, "
+        "`flagged` and `mde80` are of that difference. So `diff_vs_ar` is not `wer` minus AR's `wer` "
+        + ("where a run has outliers: here "
+           + "; ".join(f"`{k}` leaves out {v['n_outliers_either']} of {n_en} sentences (with them its difference "
+                       f"would be {v['difference_with_outliers']:+.3f})" for k, v in left_out.items()) + "."
+           if left_out else "where a run has outliers; here no run has any, so the two agree.")))
 pd.DataFrame(wer_rows)
 
 # %% [markdown]
@@ -705,8 +726,17 @@ line += (f"No lossless decoder was flagged by any test in any of the {len(langua
          else f"Flagged lossless decoders (false alarms at the stated level, or bugs): {', '.join(alarms)}")
 if lossless_wer:
     off_zero = [r["decoder"] for r in lossless_wer if not r["wer_ci_low"] <= 0 <= r["wer_ci_high"]]
+    vs_of = {r["decoder"]: en["wer"][r["decoder"]] for r in lossless_wer}
+    n_left = {k: w["vs_reference"]["n_outliers_either"] for k, w in vs_of.items()}
+    mean_wers = [w["rate"] for w in vs_of.values()]
     line += (f"; their inner-loop WER differences to AR (English, {asr_label}, the null control among them) run "
              f"from {min(r['wer_diff'] for r in lossless_wer):+.3f} to {max(r['wer_diff'] for r in lossless_wer):+.3f}"
+             + (f" (`diff_vs_ar`, paired over the sentences that are outliers in neither run: "
+                f"{sum(n_left.values())} decoder-sentence pair{'s' * (sum(n_left.values()) != 1)} left out, "
+                + ", ".join(f"{n} for {k}" for k, n in n_left.items() if n)
+                + f"; the mean `wer` column of section 4 keeps them, and there the lossless decoders' WER runs from "
+                f"{min(mean_wers):.3f} to {max(mean_wers):.3f} against AR's {en['wer']['ar']['rate']:.3f})"
+                if sum(n_left.values()) else " (`diff_vs_ar`, paired; no outlier in these runs)")
              + (f", and the 95% interval of {', '.join(off_zero)} leaves out zero (at that confidence one interval "
                 "in twenty does so by chance, and with few sentences a bootstrap interval is too narrow to trust: "
                 "read its p-value beside it; the paired test at the family-wise level flags none)"

@@ -804,8 +804,11 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         f"{deep[0]['k']}..{deep[-1]['k']} each remove a median {deep_removed:.1%} of the variance still left; the most an "
         f"{bits:g}-bit stage can remove from a structureless {cfg.dim}-dimensional residual is {ref_removed:.1%}. "
         + ("The deep stages work at about that rate: in variance, what they quantise is close to noise around the "
-           "envelope the first stages chose (the WER table above shows they still carry some detail a recogniser "
-           "uses). The codebooks are k-means fits to log-mel residuals, not to what a listener or a "
+           "envelope the first stages chose ("
+           + ("the WER table above shows they still carry some detail a recogniser uses"
+              if any(b < a and words_told_apart(a, b) for _, a, b in moves) else
+              "whether they carry detail a recogniser uses, the WER table above cannot tell apart from its noise")
+           + "). The codebooks are k-means fits to log-mel residuals, not to what a listener or a "
            f"recogniser uses, and one {bits:g}-bit choice spread over {cfg.dim} spectral values can only shave a "
            "sliver off a diffuse error."
            if deep_removed < 1.5 * ref_removed else

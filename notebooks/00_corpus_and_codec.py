@@ -537,14 +537,23 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
 #   this synthetic speech, the reference line for the others. Two other floors appear in later notebooks and are not
 #   this one: notebook 05's **true-code floor**, the WER of the codec on the true codes through the table decoder
 #   (here the `table k=16` row; notebook 05 measures it on other sentences), and the **weight-streaming floor** of a
-#   model call's time in notebooks 04, 06 and 07. Repetition outliers are counted in `wer` and left out in
-#   `wer_without_outliers` ([methods.md](../docs/methods.md#reporting-wer)).
+#   model call's time (the time to read its weights once from memory) in notebooks 04, 06 and 07. Repetition
+#   outliers are counted in `wer` and left out in `wer_without_outliers`
+#   ([methods.md](../docs/methods.md#reporting-wer)).
 #
 # The gap between the `k` = 16 line and the inversion-only line is what quantisation costs; the gap between the
 # inversion only and the original is what the vocoder costs. Bits per second: `k` codes of log2(codebook size) bits,
 # 12.5 times a second.
 
 # %%
+DB_TIE = 0.05  # dB: two mean distances closer than this are not told apart
+
+
+def words_told_apart(a: int, b: int) -> bool:
+    """Whether word-error counts a and b differ beyond a rough 95% interval for two counts of rare events."""
+    return abs(a - b) > 2 * (a + b) ** 0.5
+
+
 if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
     recogniser = make_recogniser(asr, "en", refs)  # default Whisper tiny.en (open vocabulary, offline)
     quality = cq.codec_quality(codec, wavs, refs, run_codebooks, recogniser,
@@ -565,20 +574,34 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         display(pd.DataFrame(table_q).set_index("label"))
     if codec.decoder_kind != "table":  # which decoder does better at each k, from the rows above
         measures = (("wer", "WER"), ("feature_lsd_db", "feature distance"), ("audio_lsd_db", "audio distance"))
-        better = {k: [name for key, name in measures if rows[f"k={k}"][key] < rows[f"table k={k}"][key]]
-                  for k in run_codebooks}
-        worse = {k: [name for key, name in measures if rows[f"k={k}"][key] > rows[f"table k={k}"][key]]
-                 for k in run_codebooks}
+
+        def lower(a, b, key):
+            """+1 when row a is lower than row b beyond the noise rule on measure key, -1 when higher, 0: a tie."""
+            x, y = (a["errors"], b["errors"]) if key == "wer" else (a[key], b[key])
+            told = words_told_apart(x, y) if key == "wer" else abs(x - y) > DB_TIE
+            return 0 if not told else (1 if x < y else -1)
+
+        sign = {k: {name: lower(rows[f"k={k}"], rows[f"table k={k}"], key) for key, name in measures}
+                for k in run_codebooks}
+        better = {k: [n for n, v in sign[k].items() if v > 0] for k in run_codebooks}
+        worse = {k: [n for n, v in sign[k].items() if v < 0] for k in run_codebooks}
+        tied = {k: [n for n, v in sign[k].items() if v == 0] for k in run_codebooks}
         all_neural = [k for k in run_codebooks if len(better[k]) == len(measures)]
         all_table = [k for k in run_codebooks if len(worse[k]) == len(measures)]
-        mixed = [k for k in run_codebooks if k not in all_neural and k not in all_table]
+        untold = [k for k in run_codebooks if len(tied[k]) == len(measures)]
+        mixed = [k for k in run_codebooks if k not in all_neural + all_table + untold]
         parts = ([f"the {codec.decoder_kind} decoder at k = {', '.join(map(str, all_neural))}"] if all_neural else []) \
             + ([f"the table decoder at k = {', '.join(map(str, all_table))}"] if all_table else [])
         display(Markdown(
             "**The two decoders, k by k** (lower is better on each measure: WER, feature distance, audio distance). "
+            f"A difference counts only beyond the noise: word errors a and b differ when |a − b| > 2√(a + b) (a "
+            f"rough 95% interval for two counts of rare events), distances when they differ by more than "
+            f"{DB_TIE:g} dB; anything smaller is not told apart. "
             + (f"Better on all three: {'; '.join(parts)}. " if parts else "Neither is better on all three at any k. ")
+            + (f"Not told apart on any measure: k = {', '.join(map(str, untold))}. " if untold else "")
             + ("Split: " + "; ".join(f"k = {k} ({codec.decoder_kind} better on {' and '.join(better[k]) or 'none'}, "
-                                     f"table on {' and '.join(worse[k]) or 'none'})" for k in mixed) + ". "
+                                     f"table on {' and '.join(worse[k]) or 'none'}, not told apart on "
+                                     f"{' and '.join(tied[k]) or 'none'})" for k in mixed) + ". "
                if mixed else "")
             + ("Neither reading of the true codes is best at every k."
                if len(all_neural) < len(run_codebooks) and len(all_table) < len(run_codebooks) else "")))
@@ -691,7 +714,7 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
 # sentence is changed in three ways no listener hears (the names below say how much: a small gain change, a delay of
 # one sample, white noise far under the signal) and encoded again; the figure shows, for each codebook, the share of
 # codes that stay the same (`recipes.embedded.codec_probe.robustness`). A codec whose codes a model can learn keeps
-# nearly all of them; the dashed line is the share a stand-in model's next codec must keep under the first two
+# nearly all of them; the dashed line is the share a codec for this project's small models must keep under the first two
 # (`recipes.embedded.codec_probe.MIN_UNCHANGED`; `python -m recipes.embedded.codec_probe` runs this and the other
 # checks of a codec on more sentences). The figure's x axis and the saved table's columns (`codebook 0` ..
 # `codebook 15`) number the codebooks by the code they hold, from 0: `codebook 0` there is code 0, codebook 1 in
@@ -742,8 +765,7 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
     k4 = four["k"]
     w4 = wer.get(f"k={k4}")  # None when the sweep skipped k = 4
     # word errors with k4 and with all codebooks, through each decoder run (the codec's own; the table decoder beside
-    # a neural one), and the verdict from those counts: at most FEW_WORDS fewer or more is "a few words"
-    FEW_WORDS = 3
+    # a neural one), and the verdict from those counts: a change counts only beyond words_told_apart (section 5)
     by_decoder = [(f"{codec.decoder_kind} decoder", "")] + (
         [("table decoder", "table ")] if f"table k={k_hi}" in rows and f"table k={k4}" in rows else [])
     moves = [(name, rows[f"{pre}k={k4}"]["errors"], rows[f"{pre}k={k_hi}"]["errors"]) for name, pre in by_decoder
@@ -753,16 +775,17 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         + "; ".join(f"{a} and {b} through the {name} ({abs(b - a)} {'fewer' if b < a else 'more'})" if a != b
                     else f"{a} and {b} through the {name} (no change)" for name, a, b in moves)
         + ". "
-        + ("Past the first {k4} codebooks the word errors change by a few words at most."
-           .format(k4=k4) if all(abs(b - a) <= FEW_WORDS for _, a, b in moves) else
+        + ("Past the first {k4} codebooks the word errors do not change by more than this measure tells apart "
+           "(|a − b| > 2√(a + b), section 5).".format(k4=k4) if not any(words_told_apart(a, b) for _, a, b in moves)
+           else
            "The stages past the first {k4} each remove a sliver of the variance, ".format(k4=k4)
            + ("but together they carry detail the recogniser uses"
-              + (" (through the " + " and the ".join(n for n, a, b in moves if b < a - FEW_WORDS) + ")"
-                 if len(moves) > 1 else "") + "."
-              if any(b < a - FEW_WORDS for _, a, b in moves) else
+              + (" (through the " + " and the ".join(n for n, a, b in moves if b < a and words_told_apart(a, b))
+                 + ")" if len(moves) > 1 else "") + "."
+              if any(b < a and words_told_apart(a, b) for _, a, b in moves) else
               "and adding them made the recogniser's job harder here."))
         + (" The decoders differ here: what the deep codes are worth to a recogniser depends on the decoder "
-           "that reads them." if len({(b - a) > FEW_WORDS or (a - b) > FEW_WORDS for _, a, b in moves}) > 1
+           "that reads them." if len({words_told_apart(a, b) * (1 if b < a else -1) for _, a, b in moves}) > 1
            else ""))
     lines = [
         f"* **The corpus (measured here and read from the build's record).** The embedded model was trained on "
@@ -781,8 +804,11 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         f"{deep[0]['k']}..{deep[-1]['k']} each remove a median {deep_removed:.1%} of the variance still left; the most an "
         f"{bits:g}-bit stage can remove from a structureless {cfg.dim}-dimensional residual is {ref_removed:.1%}. "
         + ("The deep stages work at about that rate: in variance, what they quantise is close to noise around the "
-           "envelope the first stages chose (the WER table above shows they still carry some detail a recogniser "
-           "uses). The codebooks are k-means fits to log-mel residuals, not to what a listener or a "
+           "envelope the first stages chose ("
+           + ("the WER table above shows they still carry some detail a recogniser uses"
+              if any(b < a and words_told_apart(a, b) for _, a, b in moves) else
+              "whether they carry detail a recogniser uses, the WER table above cannot tell apart from its noise")
+           + "). The codebooks are k-means fits to log-mel residuals, not to what a listener or a "
            f"recogniser uses, and one {bits:g}-bit choice spread over {cfg.dim} spectral values can only shave a "
            "sliver off a diffuse error."
            if deep_removed < 1.5 * ref_removed else
@@ -795,8 +821,8 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         + ", ".join(f"{wer[f'k={k}']:.3f} with {k}" for k in run_codebooks if k in (k_lo, k4, k_hi))
         + " codebooks. "
         + past_k4_words
-        + f" With {rows['original']['ref_words']} words, differences of a few words are within the noise of the "
-          f"measure.",
+        + f" With {rows['original']['ref_words']} words, differences smaller than that rule are within the noise "
+          f"of the measure.",
         f"* **What to expect on the released 12 Hz codec (config, then inference).** Its configuration describes "
         f"another quantiser: {released_geometry['semantic_codebooks']} semantic codebook for code 0 and "
         f"{released_geometry['n_codebooks'] - released_geometry['semantic_codebooks']} acoustic stages of "
@@ -812,7 +838,8 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
         f"{len(rob[GATED[0]]['unchanged']) - 1}) stay the same against "
         f"{rob[GATED[0]]['unchanged'][0]:.0%} of code 0's, and {rob[GATED[0]]['all_unchanged']:.0%} of frames keep all "
         f"{len(rob[GATED[0]]['unchanged'])} codes: a deep code that flips under a change no one hears cannot be predicted "
-        "sharply by any model. This notebook measures the codes, not p: that is a reason to expect p to be flat for "
+        "sharply by any model. This notebook measures the codes, not p, the code predictor's distribution over a code "
+        "(the target a draft is checked against, next bullet): that is a reason to expect p to be flat for "
         "the deep codes, which notebooks 03 and 04 measure.",
         "* **Why it matters for speculation (inference; notebooks 01, 03 and 04 measure it).** The inner loop drafts "
         "codes 1..15: a drafter guesses a later code from a draft distribution **q**, and the code predictor checks it "

@@ -176,6 +176,11 @@ fig = plots.plot_two_loops(loop_rows, title="The two nested loops of Qwen3-TTS-c
                            figsize=(10.0, 3.4))
 save_figure(fig, out / "01_two_loops", prov)
 plt.show()
+display(Markdown(
+    "Columns beyond the config's: `talker_calls_per_s` = `frame_rate_hz` (one talker call a frame); "
+    "`code_predictor_calls_per_s` = `frame_rate_hz` × (`n_code_groups` − 1); `calls_per_frame` = `n_code_groups` "
+    "(1 talker + `n_code_groups` − 1 code-predictor calls in plain autoregressive decoding); `calls_per_s` = "
+    "`frame_rate_hz` × `calls_per_frame`, the sequential calls a second real time needs."))
 loops
 
 # %% [markdown]
@@ -246,7 +251,12 @@ latency_words = ("**" + plots.bench_title(result).replace("\n", " — ") + f"**,
     if result["device"] == "cpu" and other is not None else ""))
 display(Markdown(
     latency_words + ("" if latency_words.endswith(".") else ".")
-    + " Columns: `n` is the number of timed calls of that row; `median_ms`, `p10_ms`, `p90_ms` and `min_ms` are "
+    + " The relative standard error of a row's median is sqrt(π/2) × 1.4826 × MAD / √n / median, MAD being the "
+      "median absolute deviation of its `n` timed calls from their median (`rvqspec_lib.eval.noise`; the calls "
+      "themselves are not printed)."
+    + " Columns: `call` is the talker step or a code-predictor call; `forward` is the code that ran it (official "
+      "modules or native); `n_queries` is the number of positions the call carries; `n` is the number of timed calls "
+      "of that row; `median_ms`, `p10_ms`, `p90_ms` and `min_ms` are "
       "their median, 10th and 90th percentiles and fastest call; `ratio_to_1` is the row's median over the same "
       "forward's one-position code-predictor call."))
 latency_df
@@ -257,7 +267,8 @@ latency_df
 # the fifteen code-predictor calls take? **How.** From the medians above: frame time = one talker step + fifteen
 # code-predictor calls of one position, for each pair. Beside it, a prediction with no clock at all: a call of a
 # few rows reads every weight once and does a handful of multiply-adds with it, so on a CPU its time is set by the
-# bytes it streams ([precision.md](../docs/precision.md#the-floor)). If both calls ran at the same bandwidth, the
+# bytes it streams; its **weight-streaming floor** is the time to read its weights once from memory
+# ([precision.md](../docs/precision.md#the-floor)). If both calls ran at the same bandwidth, the
 # share would be fifteen code-predictor calls' bytes over the frame's bytes
 # (`bench.latency.inner_share_from_bytes`).
 
@@ -516,20 +527,32 @@ save_json(result, out / "01_bench.json", prov)
 n_inner = by_bytes["inner_calls_per_frame"]
 
 
-def share_words(name, measured, from_bytes, close=0.05):
-    """One sentence comparing a forward's measured inner-loop share with the share of the bytes read."""
-    gap = measured - from_bytes
-    where, why = (("close to", "its calls are bound by the bytes they stream") if abs(gap) <= close else
-                  ("above", f"each inner call pays a fixed cost beyond its bytes, and the frame pays it {n_inner} "
-                   "times") if gap > 0 else
-                  ("below", "the talker step costs more than its bytes, or the code predictor's weights partly stay "
-                   "in the CPU's caches"))
-    return f"The {name} forward's share, {measured:.1%}, is {where} the bytes' share ({from_bytes:.1%}): {why}."
+BOUND_TOL = 1.25  # time ratio within this factor of the bytes ratio: the calls follow their bytes
+
+
+def share_words(name, derived):
+    """One sentence: does a forward's talker-step / code-predictor-call time ratio follow the ratio of their bytes?"""
+    bytes_ratio = ((by_bytes["talker_step_bytes"] + by_bytes["talker_kv_bytes"])
+                   / by_bytes["code_predictor_call_bytes"])
+    time_ratio = derived["t_talker_ms"] / derived["t_inner_ms"]
+    head = (f"The {name} forward's inner share is {derived['inner_share_ar']:.1%} against "
+            f"{by_bytes['inner_share']:.1%} from bytes; a talker step takes {time_ratio:.2f} times a code-predictor "
+            f"call, and reads {bytes_ratio:.2f} times its bytes")
+    if 1 / BOUND_TOL <= time_ratio / bytes_ratio <= BOUND_TOL:
+        return head + f": within a factor {BOUND_TOL:g}, so its calls are bound by the bytes they stream."
+    if time_ratio < bytes_ratio:
+        return (head + f": more than a factor {BOUND_TOL:g} apart, its calls cost about the same whatever they "
+                "read, so a per-call overhead, not the bytes, sets their time, and the frame pays it "
+                f"{n_inner} times.")
+    return (head + f": more than a factor {BOUND_TOL:g} apart, the talker step costs more than its bytes, or the "
+            "code predictor's weights partly stay in the CPU's caches.")
 
 
 off = result["derived"]
 nat = result["native"]["derived"] if "native" in result else None
 q_hi = max(q for q in (int(k) for k in ratios) if q <= 16)
+growth = {name: cost_growth_words({r['n_queries']: r['ratio_to_1'] for r in pr['code_predictor']})
+          for name, pr in pairs.items()}
 nat_ratio = metrics["native"]["verify_cost_ratio"].get(str(q_hi)) if nat else None
 lines = [
     f"* **The two loops (config).** A frame is 1 talker call and {n_inner} code-predictor calls; at "
@@ -546,7 +569,7 @@ lines = [
     f"* **Why (mechanism).** A call that carries one or a few positions reads every weight once and does little "
     f"arithmetic with each, so its time follows the bytes it streams; the code predictor is small, but it is called "
     f"{n_inner} times a frame, the talker once. "
-    + " ".join(share_words(name, p["derived"]["inner_share_ar"], by_bytes["inner_share"]) for name, p in pairs.items())
+    + " ".join(share_words(name, p["derived"]) for name, p in pairs.items())
     + " Other implementations quoted in [methods.md](../docs/methods.md#headline-numbers-reported-by-others) put "
       "the inner loop's share between roughly two fifths and nearly all of a step (reported), depending on how "
       "much fixed cost each call pays.",
@@ -567,9 +590,10 @@ lines = [
        f": below {q_hi}, but not by much, so wide verify calls buy little here"
        if max(ratios[str(q_hi)], nat_ratio or 0) < q_hi else
        f": no cheaper than {q_hi} sequential calls, so wide verify calls buy nothing here")
-    + ". How it grows differs by forward: "
-    + "; ".join(f"{name}, {cost_growth_words({r['n_queries']: r['ratio_to_1'] for r in pr['code_predictor']})}"
-                for name, pr in pairs.items())
+    + (f". How it grows: {next(iter(growth.values()))}" if len(growth) == 1 else
+       f". How it grows is the same for both forwards: {next(iter(growth.values()))}"
+       if len(set(growth.values())) == 1 else
+       ". How it grows differs by forward: " + "; ".join(f"{name}, {g}" for name, g in growth.items()))
     + ". The best node budget of a device is the N where E(N) / (t(N)/t(1)) peaks, E(N) being the tokens per call "
       "a tree of N nodes is expected to commit per frame (defined and computed in notebook 04), so each forward "
       "has its own; notebook 04 times the forward alone in its own run, so its ratios differ from these.",

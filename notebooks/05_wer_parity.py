@@ -309,7 +309,7 @@ if has_paper:
 # a decoder commits moves the audio by its own codebook entry. The same codec on the TRUE codes, no decoding at all,
 # is the **codec-resynthesis floor** (the true-code floor, for short) every decoder's WER is read against. It is not
 # the recogniser's floor on the original audio, before any codec, which notebook 00 calls its WER floor; nor the
-# weight-streaming floor of a model call in notebooks 06 and 07.
+# weight-streaming floor of a model call in notebooks 06 and 07 (the time to read its weights once from memory).
 
 # %%
 results, recs = {}, {}
@@ -403,7 +403,10 @@ if wer_rows:
         "sentence whose transcript the recogniser turned into a repetition runaway (a run of words repeated back to "
         "back that the reference lacks) or into more than twice the reference's words plus two, or, with at least "
         f"four sentences, whose WER lies above Q3 + {S.OUTLIER_IQR:g} IQR of that decoder's sentences "
-        "([methods.md](../docs/methods.md#reporting-wer)); each is listed at the end of section 5. `diff_vs_ar` is "
+        "([methods.md](../docs/methods.md#reporting-wer)). In free running (below), where the talker also chooses "
+        f"the length, a sentence is an outlier too when it runs to more than {S.OUTLIER_LENGTH_RATIO:g} times its "
+        "true frames, or hits the frame cap without the talker ending it (`ended_by_itself` counts the others); "
+        "each is listed at the end of section 5. `diff_vs_ar` is "
         "PAIRED: the decoder's word errors minus AR's on the same sentence, summed over the sentences that are "
         "outliers in NEITHER run and divided by their reference words; `ci95_low`, `ci95_high`, `p_value`, "
         "`flagged` and `mde80` are of that difference. So `diff_vs_ar` is not `wer` minus AR's `wer` "
@@ -641,7 +644,10 @@ verdict_cols = ["language", "decoder", "n_per_sample", "code_test", "code_min_p_
                 "detectable_tv", "max_tv_observed", "flagged_by"]
 display(Markdown("The columns the text reads, for the null control, the paper's decoder and the lossy control (every "
                  "decoder and column: `05_verdicts.csv`). `n_per_sample`: codes per depth in each of the two samples "
-                 "compared (the decoder's and AR's); `detectable_tv`: the total variation between the binned rank "
+                 "compared (the decoder's and AR's); `code_test`: whether the code-distribution test "
+                 "flagged the decoder at the family-wise level; `code_min_p_holm`: the smallest Holm-adjusted p over "
+                 "its depths' tests (below the level: flagged); `detectable_tv`: the total variation between "
+                 "the binned rank "
                  "distributions that one depth's rank test is guaranteed to catch with power 0.9 at that sample size; "
                  "`power_at_tv`: that test's guaranteed power against the shift stated above; `max_tv_observed`: the "
                  "largest total variation measured over the depths' rank tests; `flagged_by`: the tests that flagged "

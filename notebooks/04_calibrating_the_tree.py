@@ -445,6 +445,17 @@ paper_tpc = pvm[pvm.kind == "paper"].set_index("nodes").measured_tokens_per_call
 n_eval_utts = int(torch.unique(eval_frames.utterance).numel())
 on_eval = f"on these {len(eval_frames)} held-out frames, from {n_eval_utts} utterance{'s' * (n_eval_utts != 1)},"
 pm_above = int((err["point-mass"] > 0).sum())
+err_tab = (trees_only.assign(tree=[f"{'sampled' if smp else 'point-mass'} ({d})" for smp, d in
+                                   zip(trees_only.sampled.astype(bool), trees_only.drafter)],
+                             relative_error_pct=100 * trees_only.relative_error)
+           .pivot_table(index="nodes", columns="tree", values="relative_error_pct", aggfunc="first", sort=False))
+display(Markdown("The relative error of each calibrated tree, in % (predicted E(N) / measured tokens per call - 1; "
+                 "positive: the prediction is above the measurement), one row per node budget N, one column per kind "
+                 "of tree and drafter (`heads`: the reused heads; `offsets`: the shipped offsets, whose point-mass "
+                 "trees are `paper:N`). Each tree's predicted and measured tokens per call are in "
+                 "`04_predicted_vs_measured.csv` beside this notebook's figures (`predicted_tokens_per_call`, "
+                 "`measured_tokens_per_call`, `relative_error`)."))
+display(err_tab.round(1))
 shipped_heads = drafter_calibration(lm, "heads")
 lines = [f"In this notebook `tree:calibrated-point-mass:N` and `tree:calibrated-sampled:N` are the reused heads' "
          f"trees of ITS OWN calibration (section 2, {cal['n_frames']} calibration frames)"
@@ -459,15 +470,15 @@ lines = [f"In this notebook `tree:calibrated-point-mass:N` and `tree:calibrated-
          f"positive error is a prediction above the measurement.",
          f"The most codes per call: `{best_row.decoder}`, {best_row.measured_tokens_per_call:.2f}."]
 if pm_above == len(err["point-mass"]):
-    lines.append(f"Each of the {len(err['point-mass'])} calibrated point-mass trees of this table has its prediction "
-                 f"above its measurement {on_eval[:-1]} (notebook 03's Table 2 "
+    lines.append(f"Each of the {len(err['point-mass'])} calibrated point-mass trees of the table above has its "
+                 f"prediction above its measurement {on_eval[:-1]} (notebook 03's Table 2 "
                  "shows the same lean, its `tree_N32_predicted` above `tree_N32_tokens_per_call`). Two causes could "
                  "give that and this notebook does not separate them: the greedy builder keeps the nodes whose "
                  "calibration estimates are highest, so those estimates lean high on new frames; and E(N) multiplies "
                  "values along a path as if acceptance at one offset said nothing about the next.")
 else:
-    lines.append(f"{pm_above} of the {len(err['point-mass'])} calibrated point-mass trees of this table have their "
-                 f"prediction above their measurement {on_eval[:-1]}.")
+    lines.append(f"{pm_above} of the {len(err['point-mass'])} calibrated point-mass trees of the table above "
+                 f"have their prediction above their measurement {on_eval[:-1]}.")
 if len(paper_tpc):
     n_max = int(paper_tpc.index.max())
     lines.append(f"The paper's decoder, `paper:{n_max}`, commits {paper_tpc[n_max]:.2f} codes per call; the reused "
@@ -614,9 +625,11 @@ save_figure(fig, out / "04_speedup_vs_N", {**prov, "meta": speed["meta"]})
 plt.show()
 cols = ["decoder", "backend", "fused", "tokens_per_call", "ms_per_frame", "p10_ms", "p90_ms", "outside_share",
         "speedup_vs_ar", "speedup_vs_fused"]
+n_fastest = min(12, len(speed_tab))
 display(Markdown(f"All {len(speed_tab)} timed runners are in `04_speed.csv` beside this notebook's figures; below, "
-                 "the 12 fastest frames, which the sentences after the next table discuss."))
-display(speed_tab[cols].sort_values("ms_per_frame").head(12).round(3))
+                 f"the {n_fastest} fastest runners (one row each, by median ms a frame), which the sentences after "
+                 "the next table discuss."))
+display(speed_tab[cols].sort_values("ms_per_frame").head(n_fastest).round(3))
 display(Markdown("`outside_share`: the median share of a frame's time spent outside the backend's forward and the "
                  "heads, embeddings and drafts, i.e. in the loop around the calls (the accept walk, bookkeeping). "
                  "`ms_per_frame` is the median over the timed frames, `p10_ms` and `p90_ms` their 10th and 90th "
@@ -693,12 +706,14 @@ def gain_verdict(g):
         return ""
     if c is None:
         return " (too few timed frames to estimate this run's noise, so not a verdict)"
+    inv = f"1/{g:.3f} = {1 / g:.3f}, " if g < 1 else ""  # a ratio below 1 is read as its inverse
     if c == "tie":
-        return f" (within this run's noise factor of {noise_factor:.3f} either way: a tie)"
+        return f" ({inv}within this run's noise factor of {noise_factor:.3f} either way: a tie)"
     if c == "edge":
-        return (f" ({max(g, 1 / g):.3f} against this run's noise factor of {noise_factor:.3f}: at the edge of noise, "
+        return (f" ({inv}{max(g, 1 / g):.3f} against this run's noise factor of {noise_factor:.3f}: at the edge of "
+                f"noise, "
                 f"{'faster' if g > 1 else 'slower'} or a tie)")
-    return f" (beyond this run's noise factor of {noise_factor:.3f}: {c})"
+    return f" ({inv}beyond this run's noise factor of {noise_factor:.3f}: {c})"
 
 
 lines = [f"The fastest AR here is **{fastest['ar']}**, {fastest['ar_ms']:.1f} ms a frame" + (f"; {others}" if others
@@ -714,12 +729,21 @@ if has_paper:
                     f"{gain_verdict(stepped_official['paper_speedup'])}" if stepped_official else "")
                  + ".")
 lines.append("The tie rule is notebook 06's: this run's medians have a relative standard error up to "
-             + (f"{100 * speed_noise:.2f}%, so a gain within a factor of {noise_factor:.3f} of 1 either way "
+             + (f"{100 * speed_noise:.2f}%" if speed_noise else "an unknown amount here")
+             + (" (a median's relative standard error is sqrt(pi/2) x 1.4826 x MAD / sqrt(n) / median over its n "
+                "timed frames, MAD the median absolute deviation from the median: the normal approximation of a "
+                "median's spread, sigma estimated robustly)")
+             + (f", so a gain within a factor of {noise_factor:.3f} of 1 either way "
                 "(twice that error) is a tie, and another run (notebook 07 times some of these runners again) may "
-                "order tied runners the other way. That factor rests on an estimated error, so this notebook calls "
-                f"a gain within {EDGE_SHARE * (noise_factor - 1):.3f} of it, either side, at the edge of noise: "
-                "neither a tie nor a gain." if speed_noise else "an unknown amount here."))
-lines.append("Columns: `ar_ms` is that AR's median ms a frame; `ar_vs_fastest_ar` its time over the fastest AR's; "
+                "order tied runners the other way. A ratio below 1 (slower) is read as its inverse, 1/ratio, so both "
+                "directions use the same factor. That factor rests on an estimated error, so this notebook calls "
+                f"a gain (or inverse) within {EDGE_SHARE * (noise_factor - 1):.3f} of it, either side, at the edge of "
+                "noise: neither a tie nor a gain." if speed_noise else "."))
+lines.append("Columns: `ar` names one AR (a backend, stepped or fused); `ar_ms` is that AR's median ms a frame; "
+             "`ar_vs_fastest_ar` its time over the fastest AR's; `fastest_ar` is True on the row of the fastest AR "
+             "of the run; `fastest_speculative` the lossless speculative runner with the shortest median, "
+             "`same_backend_speculative` the shortest of the AR's own backend and precision, `paper_decoder` the "
+             "paper's decoder at its fastest; "
              "`speedup` is the fastest lossless speculative runner's speedup over that AR, `same_backend_speedup` "
              "the fastest one of the AR's own backend and precision, `paper_speedup` the paper's decoder's.")
 display(Markdown(" ".join(lines)))
@@ -946,4 +970,4 @@ print(f"total {summary['timings_s']['total']:.0f} s")
 # * **`temperatures = (0.9, 0.1, 0.05, 0.02)`**: colder temperatures than the sweep's; look at whether the
 #   point-mass curve reaches the sampled one (a colder p is more peaked, the regime of notebook 03's section 10).
 # * **`budgets = (2, 8, 32)`**: fewer node budgets; compare predicted with measured tokens per call in the relative
-#   error column.
+#   error table of section 5 (its columns are the relative error in %).

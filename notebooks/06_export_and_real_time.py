@@ -481,8 +481,9 @@ for name in run_pipeline_models:
         f"({r['inner_x_floor']:.2f}×), codec decoder {r['codec_ms']:.1f} ms"
         + (f" ({r['codec_x_floor']:.2f}×)" if r["codec_x_floor"] else " (no floor)")
         + f", each timed on one thread. Measured, in turn on one thread, the frame takes {r['frame_1t_ms']:.1f} ms "
-          f"(RTF {r['rtf_1t']:.2f}). PROJECTED for two cores with generation and decoding overlapped: "
-          f"{r['frame_2c_ms']:.1f} ms (RTF {r['rtf_2c']:.2f}), the larger of talker + inner loop ({gen_ms:.1f} ms) "
+          f"(RTF of the parts, their summed ms over 80 ms: {r['rtf_1t']:.2f}). PROJECTED for two cores with "
+          f"generation and decoding overlapped: {r['frame_2c_ms']:.1f} ms (projected RTF of the parts "
+          f"{r['rtf_2c']:.2f}), the larger of talker + inner loop ({gen_ms:.1f} ms) "
           f"and codec ({r['codec_ms']:.1f} ms), which assumes each part keeps its one-thread speed beside the other.")
     if one and two:
         text += (" MEASURED streams, a second choice by a second criterion (the precision whose frame took the least "
@@ -490,8 +491,10 @@ for name in run_pipeline_models:
                  + ("here the same precision as above" if one["precision"] == r["precision"] else
                     "here another precision than the one above")
                  + f"): {one['precision']} with {one['decoder']}: first audio {one['ttfa_ms']:.0f} ms after the "
-                   f"prompt on one thread, RTF {one['rtf']:.2f}, {one['underruns']:.0f} underrun(s); on all cores "
-                   f"{two['ttfa_ms']:.0f} ms, RTF {two['rtf']:.2f}, {two['underruns']:.0f} underrun(s)")
+                   f"prompt on one thread, stream RTF {one['rtf']:.2f} (the **stream RTF** is the stream's wall time "
+                   "from the start of the synthesis call to its last chunk over the audio's length, so it includes "
+                   f"the prompt and the wait for the first audio), {one['underruns']:.0f} underrun(s); on all cores "
+                   f"{two['ttfa_ms']:.0f} ms, stream RTF {two['rtf']:.2f}, {two['underruns']:.0f} underrun(s)")
         if two["precision"] == r["precision"]:
             text += (f": the measured overlapped stream takes {two['frame_ms']:.1f} ms a frame, "
                      f"{two['frame_ms'] / r['frame_2c_ms']:.2f}× the projection"
@@ -513,7 +516,8 @@ for name in run_pipeline_models:
              f"{'fused' if r['fused'] else 'stepped'} through {r['backend']}) runs the inner loop at "
              f"{r['inner_gain']:.2f}× AR's speed and the whole frame at {r['frame_gain_1t']:.2f}× (one thread) and "
              f"{r['frame_gain_2c']:.2f}× (the two-core projection)"
-             + (f"; this run's part medians have a relative standard error up to {100 * noise:.0f}%, so a gain "
+             + (f"; this run's part medians have a relative standard error (sqrt(pi/2) x 1.4826 x MAD / sqrt(n) / "
+                f"median over n timed frames, MAD the median absolute deviation) up to {100 * noise:.0f}%, so a gain "
                 f"within a factor of {1 + 2 * noise:.2f} of 1 either way (twice that error) is a tie: the inner "
                 f"loop's is {gain_verdict(r['inner_gain'], noise)}, the one-thread frame's "
                 f"{gain_verdict(r['frame_gain_1t'], noise)}"

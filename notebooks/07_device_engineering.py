@@ -228,6 +228,10 @@ fig = plots.plot_floor(call_rows, talker_rows, title=f"{model} ({weights_words})
                                  for n in (floor_quiet["note"], oversubscribed_note(talker_res)) if n))
 save_figure(fig, out / "07_floor", {**prov, "meta": {k: v for k, v in floor_res.items() if k != "precisions"}})
 plt.show()
+display(Markdown("`t1_ms`: the median time of one code-predictor call with one query position; `tN_over_t1`: the "
+                 "time of one call verifying N query positions over `t1_ms`; `mb_per_call`: the weight bytes one call "
+                 "reads, in millions; `floor_ms`: `mb_per_call` over the read bandwidth; `t1_over_floor`: `t1_ms` over "
+                 "`floor_ms`."))
 display(pd.DataFrame(call_rows).round(3))
 display(Markdown("`floor_ms`: the step's weight bytes over the read bandwidth; `floor_kv_ms`: the same with the "
                  "bytes of the KV cache the step attends added (`context` positions); `over_floor` and `over_floor_kv`:"
@@ -411,7 +415,8 @@ if worst_noise is not None:
            f"standard error was above the {100 * noise_target:.0f}% target, up to a cap of "
            f"{span([n.get('max_repeats') or n['repeats'] for n in noise_runs], 'd')} frames; "
            if noise_target is not None else "a fixed number of times; ")
-        + f"the relative standard error of a run's worst median is "
+        + "the relative standard error of a run's worst median (sqrt(pi/2) x 1.4826 x MAD / sqrt(n) / median over "
+          "its n timed frames, MAD the median absolute deviation) is "
         f"{span([100 * n['rel_se_max'] for n in noise_runs], '.0f')}%"
         + (f" ({len(capped)} of {len(noise_runs)} runs reached the cap because their worst median's error stayed "
            "above the target: the frame count in the header is that cap, not a sign the target was met)"
@@ -537,6 +542,8 @@ def where(r):
     return f"{runner_label(r)}, {r['precision']}, the table's {r['row']} row"
 
 
+key_of = lambda r: (r["model"], r["precision"], r["backend"])  # noqa: E731
+noise_factor = None if worst_noise is None else 1 + 2 * worst_noise  # times within it are not told apart
 bullets = []
 for f in fastest:
     best, ar, spec = f["fastest"], f["fastest_ar"], f["fastest_speculative"]
@@ -546,11 +553,23 @@ for f in fastest:
     text = (f"* **{f['model']}{replay}: the lowest median of a lossless loop here is {where(best)}**, "
             f"{best['ms_per_frame']:.2f} ms a frame (inner-loop RTF {best['rtf']:.3f})")
     if best["x_floor_ar"]:
-        text += f", {best['x_floor_ar']:.2f}x the AR frame's weight-streaming floor" + (
-            (" (below 1: the floor counts the weights read by an AR frame's 15 calls, and a speculative frame makes "
-             "fewer calls)" if best["decoder"] != "ar" else
-             " (below 1: its weights stay in the CPU's caches between calls, and the floor counts reads from memory)")
-            if best["x_floor_ar"] < 1 else "")
+        same_ar = next((r for r in table["rows"] if r["row"] == "fused AR" and key_of(r) == key_of(best)
+                        and r["x_floor_ar"]), None)
+        own = best["x_floor_ar"] * best["tokens_per_call"]  # against the floor of its own calls, 15 / tokens per call
+        text += f", {best['x_floor_ar']:.2f}x the AR frame's weight-streaming floor"
+        if best["decoder"] != "ar":
+            text += (f" and {own:.2f}x the floor of its own calls (15 / {best['tokens_per_call']:.2f} tokens per call "
+                     f"= {15 / best['tokens_per_call']:.1f} calls a frame)")
+        if best["x_floor_ar"] < 1 and (best["decoder"] == "ar" or own < 1):
+            text += (" (below 1: the weights stay in the CPU's caches between calls, and the floor counts reads from "
+                     "memory" + (f"; the fused AR frame of the same model, precision and backend, which makes all 15 "
+                                 f"calls, is itself at {same_ar['x_floor_ar']:.2f}x, so fewer calls is not the reason"
+                                 if best["decoder"] != "ar" and same_ar and same_ar["x_floor_ar"] < 1 else "") + ")")
+        elif best["x_floor_ar"] < 1:
+            text += (" (below the AR floor but not below the floor of its own calls: it is below the AR floor because "
+                     "it makes fewer calls" + (f"; the fused AR frame of the same model, precision and backend is at "
+                                               f"{same_ar['x_floor_ar']:.2f}x, its weights partly in the CPU's caches"
+                                               if same_ar and same_ar["x_floor_ar"] < 1 else "") + ")")
     if ar and spec:
         text += (f". The fastest AR, {where(ar)}, takes {ar['ms_per_frame']:.2f} ms; the fastest speculative, "
                  f"{where(spec)}, {spec['ms_per_frame']:.2f} ms ({f['speculative_over_ar']:.2f}x the AR's time"
@@ -569,12 +588,17 @@ for f in fastest:
                  + " (" + "; ".join(f"{where(r)}: {r['ms_per_frame']:.2f} ms" for r in close) + ")"
                  + ", so which of them is fastest is not settled by this run" if close else
                  "; no other row of this model is within that factor of it")
+    else:
+        text += ("; this run timed too few frames to estimate its timing noise, so differences between its rows are "
+                 "not told apart: 'lowest' here only orders the medians")
     bullets.append(text + ".")
-key_of = lambda r: (r["model"], r["precision"], r["backend"])  # noqa: E731
 fused_ar_ms = {key_of(r): r["ms_per_frame"] for r in table["rows"] if r["row"] == "fused AR" and r["ms_per_frame"]}
 auto_fused = [r for r in table["rows"] if r["row"] == "auto" and r["fused"] and r["kind"] != "ar"
               and r["ms_per_frame"] and key_of(r) in fused_ar_ms]
-auto_wins = [r for r in auto_fused if r["ms_per_frame"] < fused_ar_ms[key_of(r)]]
+auto_wins = [r for r in auto_fused if noise_factor is not None
+             and r["ms_per_frame"] * noise_factor < fused_ar_ms[key_of(r)]]
+auto_losses = [r for r in auto_fused if noise_factor is not None
+               and r["ms_per_frame"] > fused_ar_ms[key_of(r)] * noise_factor]
 if rounds:
     lo, hi = min(rounds, key=lambda r: r["round_over_ar_call"]), max(rounds, key=lambda r: r["round_over_ar_call"])
     wins = [r for r in rounds if r["round_over_ar_call"] < r["tokens_per_call"]]
@@ -588,8 +612,13 @@ if rounds:
            else "")
         + f", counting the table's fused speculative row only (its chains of window "
           f"{', '.join(map(str, table['meta']['chains']))})"
-        + (f"; auto's fused picks, which the first bullets may name, beat the fused AR frame in {len(auto_wins)} of "
-           f"{len(auto_fused)} (" + ", ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['decoder']} "
+        + ((f"; auto's fused picks, which the first bullets may name, beat the fused AR frame by more than the noise "
+            f"factor {noise_factor:.2f} in {len(auto_wins)} of {len(auto_fused)}, lose by more than it in "
+            f"{len(auto_losses)} and tie in the rest (" if noise_factor is not None else
+            f"; auto's fused picks, which the first bullets may name, have a lower median than the fused AR frame in "
+            f"{sum(r['ms_per_frame'] < fused_ar_ms[key_of(r)] for r in auto_fused)} of {len(auto_fused)}, but this "
+            "run timed too few frames to estimate its noise, so these differences are not told apart (")
+           + ", ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['decoder']} "
                                             f"{r['ms_per_frame']:.2f} ms against {fused_ar_ms[key_of(r)]:.2f} ms"
                                             for r in auto_fused) + ")" if auto_fused else "")
         + (f"; by more than twice the timing noise (a round's cost in AR calls more than {200 * worst_noise:.0f}% "

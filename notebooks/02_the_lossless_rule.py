@@ -35,8 +35,8 @@
 # is the **tokens per call** (AR: exactly one). It is averaged two ways, and the project says which:
 #
 # * **per frame**: the codes a frame commits divided by the calls it took, the first (prefill) call included (15
-#   codes over the frame's calls). Every table of the later notebooks measures this; the paper's reported figure is
-#   one too.
+#   codes over the frame's calls). Every `tokens_per_call` column of the later notebooks measures this (a table per
+#   round, as in notebook 04's worked example, says so in its header); the paper's reported figure is one too.
 # * **per round**: the expected number of codes one verify call commits, E over a single round. Section 6 computes
 #   it on the toy. It is larger than the per-frame value of the same decoder, because a frame also pays its first
 #   call and its last rounds are cut short by the frame's end.

@@ -493,8 +493,9 @@ for name in run_pipeline_models:
                  + f"): {one['precision']} with {one['decoder']}: first audio {one['ttfa_ms']:.0f} ms after the "
                    f"prompt on one thread, stream RTF {one['rtf']:.2f} (the **stream RTF** is the stream's wall time "
                    "from the start of the synthesis call to its last chunk over the audio's length, so it includes "
-                   f"the prompt and the wait for the first audio), {one['underruns']:.0f} underrun(s); on all cores "
-                   f"{two['ttfa_ms']:.0f} ms, stream RTF {two['rtf']:.2f}, {two['underruns']:.0f} underrun(s)")
+                   f"the prompt and the wait for the first audio; each figure the median over the stream's timed runs), "
+                   f"{one['underruns']:g} underrun(s); on all cores "
+                   f"{two['ttfa_ms']:.0f} ms, stream RTF {two['rtf']:.2f}, {two['underruns']:g} underrun(s)")
         if two["precision"] == r["precision"]:
             text += (f": the measured overlapped stream takes {two['frame_ms']:.1f} ms a frame, "
                      f"{two['frame_ms'] / r['frame_2c_ms']:.2f}× the projection"
@@ -745,8 +746,8 @@ if emb:
     if e1:
         told.append(f"* **The embedded model (measured, trained).** The pipeline's stream on one thread "
                     f"({e1['precision']}, {e1['decoder']}{' fused' if e1['fused'] else ''}): first audio "
-                    f"{e1['ttfa_ms']:.0f} ms after the prompt, RTF {e1['rtf']:.2f}, {e1['underruns']:.0f} "
-                    f"underrun(s). The Listen stream above is another stream (float32, {label}"
+                    f"{e1['ttfa_ms']:.0f} ms after the prompt, RTF {e1['rtf']:.2f}, {e1['underruns']:g} "
+                    f"underrun(s) (medians over its timed runs). The Listen stream above is another stream (float32, {label}"
                     f"{' fused' if fused else ''}): first audio {ls['ttfa_ms']:.0f} ms"
                     + (f", part of it its codec's wait for {ls['lookahead_frames']} frame(s) of look-ahead."
                        if ls["lookahead_frames"] else "; its codec waited for no look-ahead."))

@@ -471,8 +471,8 @@ if rounds:
         "`x_fused_ar`); speculation wins where it is below `tokens_per_call`. `x_floor_ar`: the fused AR frame over "
         "15 calls' weight-streaming floor"
         + (f"; below 1 in {len(below)} of {len(rounds)} rows ("
-           + ", ".join(f"{r['model']} {r['precision']} {r['backend']}" for r in below)
-           + "): those frames read fewer bytes from memory than 15 calls' worth of weights (the weights can stay in "
+           + ", ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['x_floor_ar']:.3f}" for r in below)
+           + "; the table rounds to two decimals): those frames read fewer bytes from memory than 15 calls' worth of weights (the weights can stay in "
              "the CPU's caches between calls), so the floor bounds only calls that stream their weights." if below
            else "; at or above 1 in every row here.")))
 else:  # a timing replay has no fused speculative row: only a model with trained weights gives one
@@ -621,10 +621,11 @@ if rounds:
            + ", ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['decoder']} "
                                             f"{r['ms_per_frame']:.2f} ms against {fused_ar_ms[key_of(r)]:.2f} ms"
                                             for r in auto_fused) + ")" if auto_fused else "")
-        + (f"; by more than twice the timing noise (a round's cost in AR calls more than {200 * worst_noise:.0f}% "
-           f"below its tokens per call, the noise being the worst median's relative standard error above), "
-           f"{sum(r['round_over_ar_call'] < r['tokens_per_call'] * (1 - 2 * worst_noise) for r in rounds)} of them"
-           if worst_noise is not None else "")
+        + (f"; by more than the same noise factor {noise_factor:.2f} (a round's cost in AR calls times the factor "
+           f"still below its tokens per call: the fused speculative frame faster than the fused AR frame by more "
+           f"than the factor), "
+           f"{sum(r['round_over_ar_call'] * noise_factor < r['tokens_per_call'] for r in rounds)} of them"
+           if noise_factor is not None else "")
         + ". This compares the FUSED speculative frame with the FUSED AR frame, in this notebook's table run; "
           "notebook 06 compares its best speculative frame with the fused AR frame in its own run, and where the "
           "two are within the noise it can find speculation slower at the same model and precision.")

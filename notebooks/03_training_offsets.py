@@ -139,7 +139,7 @@ from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, OWN_MODEL_MARKER, load_model
 from rvqspec_lib.models.tree_files import save_calibration
 from rvqspec_lib.models.named_decoders import resolve
-from rvqspec_lib.decoding.decode import decode_frame
+from rvqspec_lib.eval.acceptance import decoder_statistics
 from paper.drafter_training import TABLE2_DRAFTERS, deploy_drafters, select_deployed, train_drafters
 
 t_start = time.perf_counter()
@@ -658,16 +658,12 @@ pap, hd = t2[deployed], t2["heads"]
 
 def frame_calls(label: str) -> torch.Tensor:
     """Calls of each evaluation frame under ``label``'s own point-mass tree of N = PAPER_BUDGET, decoded as
-    ``T.own_tree_rows`` decodes it (same seed, same batches of 256 contexts: the same calls, whose total gives the
-    table's tokens per call)."""
+    ``T.own_tree_rows`` decodes it (``decoder_statistics``, same seed: the same calls, whose total gives the table's
+    tokens per call)."""
     nd = resolve(T.own_tree_name(label, PAPER_BUDGET), None, calibrations=calibrations,
                  drafters={lab: d for lab, d in drafters.items() if lab != "heads"})
-    dev = next(cp.parameters()).device
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    with torch.no_grad():
-        return torch.cat([decode_frame(cp, eval_frames.context[i: i + 256].to(dev), decoder=nd.decoder,
-                                       sampling=sampling, generator=gen, drafter=nd.drafter).calls.cpu()
-                          for i in range(0, len(eval_frames), 256)]).double()
+    return decoder_statistics(cp, nd.drafter, eval_frames.context, nd.decoder, sampling=sampling,
+                              seed=seed)["calls"].double()
 
 
 # are the two rows with the most tokens per call told apart? Their calls per frame, paired over the same frames; the

@@ -231,7 +231,8 @@ def decoder_statistics(code_predictor, drafter, context: torch.Tensor, decoder, 
     Returns:
         dict with the decoder's fields (:meth:`~rvqspec_lib.decoding.decoder_names.DecoderName.fields` of
         :func:`~rvqspec_lib.decoding.decoder_names.name_of`: ``decoder`` its label, ``kind``, ``drafter``, ``nodes``,
-        ``lossy``), ``tokens_per_call`` (all codes / all calls), ``calls_per_frame``, ``committed_hist`` (calls after
+        ``lossy``), ``tokens_per_call`` (all codes / all calls), ``calls_per_frame``, ``calls`` ``(N,)`` int64 (each
+        context's calls, the prefill included), ``committed_hist`` (calls after
         the prefill that committed c = 1.. codes), ``acceptance_by_start_offset`` ``(n-1, K)`` (accepted / tried,
         NaN where never tried), ``acceptance_by_offset`` ``(K,)``, ``acceptance_by_depth`` ``(n+1,)`` (index =
         drafted depth), ``reach_by_offset`` ``(K,)`` (fraction of calls able to draft offset j that accepted at
@@ -281,6 +282,7 @@ def decoder_statistics(code_predictor, drafter, context: torch.Tensor, decoder, 
         **name_of(decoder).fields(),
         "tokens_per_call": float(codes.shape[0] * n / calls.sum()),
         "calls_per_frame": float(calls.double().mean()),
+        "calls": calls,
         "committed_hist": hist,
         "acceptance_by_start_offset": by_sk.numpy(),
         "acceptance_by_offset": by_j.numpy(),
@@ -342,7 +344,8 @@ def evaluate_acceptance(code_predictor, drafter, frames: Frames | torch.Tensor, 
         "tokens_per_call": {k: v["tokens_per_call"] for k, v in runs.items()},
         "predicted_tokens_per_call": predicted,
         "per_depth_acceptance": _json(exact["alpha_by_depth"]),
-        "decoders": {k: {kk: (_json(vv) if isinstance(vv, np.ndarray) else vv) for kk, vv in v.items() if kk != "codes"}
+        "decoders": {k: {kk: (_json(vv) if isinstance(vv, np.ndarray) else vv) for kk, vv in v.items()
+                         if kk not in ("codes", "calls")}
                      for k, v in runs.items()},
         "exact": {"teacher_codes": teacher_codes,
                   **{k: (_json(v) if isinstance(v, np.ndarray) else v) for k, v in exact.items()}},

@@ -97,6 +97,7 @@ from rvqspec_lib.eval import speed as S
 from bench import frames as BF
 from rvqspec_lib.eval.budget import auto_for_model
 from bench.latency import bench_precisions, precision_rows
+from rvqspec_lib.eval import noise as noise_rule
 from rvqspec_lib.eval.noise import noise_words
 from bench.latency import bench_talker_precisions, slim_talker
 from rvqspec_lib.eval.timing import machine_meta, measure_quietly, oversubscribed_note
@@ -543,7 +544,7 @@ def where(r):
 
 
 key_of = lambda r: (r["model"], r["precision"], r["backend"])  # noqa: E731
-noise_factor = None if worst_noise is None else 1 + 2 * worst_noise  # times within it are not told apart
+noise_factor = noise_rule.noise_factor(worst_noise)  # times within it are not told apart (eval.noise.read_gain)
 bullets = []
 for f in fastest:
     best, ar, spec = f["fastest"], f["fastest_ar"], f["fastest_speculative"]
@@ -575,15 +576,14 @@ for f in fastest:
                  f"{where(spec)}, {spec['ms_per_frame']:.2f} ms ({f['speculative_over_ar']:.2f}x the AR's time"
                  + (f"; a median of {frames_per_runner} timed frame(s) per runner, so a rough reading"
                     if not table["meta"].get("noise_target") and table["meta"]["repeats"] < 3 else "") + ")")
-        if worst_noise is not None:
-            factor = 1 + 2 * worst_noise
-            told = max(spec["ms_per_frame"], ar["ms_per_frame"]) / min(spec["ms_per_frame"], ar["ms_per_frame"])
-            text += (f". By the noise rule above (times within a factor of {factor:.2f} of each other are not told "
-                     "apart), this run " + ("tells" if told >= factor else "does not tell")
-                     + " the fastest speculative frame apart from the fastest AR")
-    if worst_noise is not None:
+        told = noise_rule.read_gain(ar["ms_per_frame"] / spec["ms_per_frame"], worst_noise)
+        if told is not None:
+            text += (f". By the noise rule above (times within a factor of {noise_factor:.2f} of each other are not "
+                     "told apart), this run " + {"tie": "does not tell", "edge": "is at the edge of telling"}.get(
+                         told, "tells") + " the fastest speculative frame apart from the fastest AR")
+    if noise_factor is not None:
         close = [r for r in table["rows"] if r["model"] == f["model"] and r["ms_per_frame"] and r is not best
-                 and r["ms_per_frame"] < best["ms_per_frame"] * (1 + 2 * worst_noise)]
+                 and r["ms_per_frame"] < best["ms_per_frame"] * noise_factor]
         text += (f"; {len(close)} other row(s) of this model are within that factor of the lowest median"
                  + " (" + "; ".join(f"{where(r)}: {r['ms_per_frame']:.2f} ms" for r in close) + ")"
                  + ", so which of them is fastest is not settled by this run" if close else
@@ -595,10 +595,10 @@ for f in fastest:
 fused_ar_ms = {key_of(r): r["ms_per_frame"] for r in table["rows"] if r["row"] == "fused AR" and r["ms_per_frame"]}
 auto_fused = [r for r in table["rows"] if r["row"] == "auto" and r["fused"] and r["kind"] != "ar"
               and r["ms_per_frame"] and key_of(r) in fused_ar_ms]
-auto_wins = [r for r in auto_fused if noise_factor is not None
-             and r["ms_per_frame"] * noise_factor < fused_ar_ms[key_of(r)]]
-auto_losses = [r for r in auto_fused if noise_factor is not None
-               and r["ms_per_frame"] > fused_ar_ms[key_of(r)] * noise_factor]
+auto_read = [noise_rule.read_gain(fused_ar_ms[key_of(r)] / r["ms_per_frame"], worst_noise) for r in auto_fused]
+auto_wins, auto_losses, auto_edge = (auto_read.count(c) for c in ("faster", "slower", "edge"))
+rounds_beyond = sum(noise_rule.read_gain(r["tokens_per_call"] / r["round_over_ar_call"], worst_noise) == "faster"
+                    for r in rounds)  # fused speculative frames faster than fused AR beyond the noise
 if rounds:
     lo, hi = min(rounds, key=lambda r: r["round_over_ar_call"]), max(rounds, key=lambda r: r["round_over_ar_call"])
     wins = [r for r in rounds if r["round_over_ar_call"] < r["tokens_per_call"]]
@@ -613,18 +613,20 @@ if rounds:
         + f", counting the table's fused speculative row only (its chains of window "
           f"{', '.join(map(str, table['meta']['chains']))})"
         + ((f"; auto's fused picks, which the first bullets may name, beat the fused AR frame by more than the noise "
-            f"factor {noise_factor:.2f} in {len(auto_wins)} of {len(auto_fused)}, lose by more than it in "
-            f"{len(auto_losses)} and tie in the rest (" if noise_factor is not None else
+            f"factor {noise_factor:.2f} in {auto_wins} of {len(auto_fused)}, lose by more than it in "
+            f"{auto_losses}" + (f", are at its edge (within {noise_rule.EDGE_SHARE * (noise_factor - 1):.3f} of it "
+                                f"either side) in {auto_edge}" if auto_edge else "")
+            + " and tie in the rest (" if noise_factor is not None else
             f"; auto's fused picks, which the first bullets may name, have a lower median than the fused AR frame in "
             f"{sum(r['ms_per_frame'] < fused_ar_ms[key_of(r)] for r in auto_fused)} of {len(auto_fused)}, but this "
             "run timed too few frames to estimate its noise, so these differences are not told apart (")
            + ", ".join(f"{r['model']} {r['precision']} {r['backend']}: {r['decoder']} "
                                             f"{r['ms_per_frame']:.2f} ms against {fused_ar_ms[key_of(r)]:.2f} ms"
                                             for r in auto_fused) + ")" if auto_fused else "")
-        + (f"; by more than the same noise factor {noise_factor:.2f} (a round's cost in AR calls times the factor "
-           f"still below its tokens per call: the fused speculative frame faster than the fused AR frame by more "
-           f"than the factor), "
-           f"{sum(r['round_over_ar_call'] * noise_factor < r['tokens_per_call'] for r in rounds)} of them"
+        + (f"; by more than the same noise factor {noise_factor:.2f} (the fused speculative frame faster than the "
+           f"fused AR frame beyond the factor, its edge band excluded: tokens per call over a round's cost in AR calls "
+           f"is that speed ratio), "
+           f"{rounds_beyond} of them"
            if noise_factor is not None else "")
         + ". This compares the FUSED speculative frame with the FUSED AR frame, in this notebook's table run; "
           "notebook 06 compares its best speculative frame with the fused AR frame in its own run, and where the "

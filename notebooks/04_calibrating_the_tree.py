@@ -109,7 +109,7 @@ from rvqspec_lib.eval.calibration import BUDGETS, KINDS, calibrate, calibration_
 from paper.calibration_checks import point_mass_overtakes, predicted_vs_measured, temperature_sweep
 from rvqspec_lib.models.frame import inner_sampling
 from bench.latency import PAPER_TOKENS_PER_CALL
-from rvqspec_lib.eval import noise as noise_rule
+from paper import notebook_measures as M
 from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.timing import measure_quietly
 from paper.verify_calls import record_verify_calls
@@ -684,14 +684,14 @@ fastest = over_ar[0]
 stepped_official = next((r for r in over_ar if r["backend"] == "official"), None)
 others = "; ".join(f"{r['ar']} takes {r['ar_vs_fastest_ar']:.2f}x as long" for r in over_ar[1:])
 speed_noise = speed["meta"].get("rel_se_max")  # the run's worst relative standard error of a median
-noise_factor = noise_rule.noise_factor(speed_noise)
+noise_factor = M.noise_factor(speed_noise)
 
 
 def gain_verdict(g):
     """A gain's verdict in words, with the factor to three decimals: the tie rule of every timing notebook
-    (``rvqspec_lib.eval.noise.read_gain``: within the noise factor 1 + 2 x the run's worst relative standard error of
+    (``paper.notebook_measures.read_gain``: within the noise factor 1 + 2 x the run's worst relative standard error of
     a median, either way, a tie; within ``EDGE_SHARE`` of the factor's margin, either side, at the edge)."""
-    c = noise_rule.read_gain(g, speed_noise)
+    c = M.read_gain(g, speed_noise)
     if g is None:
         return ""
     if c is None:
@@ -727,7 +727,7 @@ lines.append("The tie rule is the one notebooks 06 and 07 use too: this run's me
                 "(twice that error) is a tie, and another run (notebook 07 times some of these runners again) may "
                 "order tied runners the other way. A ratio below 1 (slower) is read as its inverse, 1/ratio, so both "
                 "directions use the same factor. That factor rests on an estimated error, so the rule calls "
-                f"a gain (or inverse) within {noise_rule.EDGE_SHARE * (noise_factor - 1):.3f} of it, either side, at the "
+                f"a gain (or inverse) within {M.EDGE_SHARE * (noise_factor - 1):.3f} of it, either side, at the "
                 "edge of "
                 "noise: neither a tie nor a gain." if speed_noise else "."))
 lines.append("Columns: `ar` names one AR (a backend, stepped or fused); `ar_ms` is that AR's median ms a frame; "
@@ -889,7 +889,7 @@ if len(paper_tpc):
         f"{paper_tpc[n_max]:.2f} codes per call at N = {n_max}, {100 * gap:+.1f}% against the reused heads' point-mass "
         f"tree of that N" + ("; on this model the point-mass rule, more than the drafter, sets the tree's yield."
                              if abs(gap) < 0.05 else "."))
-best_class = {b: noise_rule.read_gain(r["speedup_vs_ar"], speed_noise) for b, r in best_by_backend.items()}
+best_class = {b: M.read_gain(r["speedup_vs_ar"], speed_noise) for b, r in best_by_backend.items()}
 bullets += [
     f"* **The cost of a wider call (measured, {cpu}, the backend's forward alone).** A call of {n_top} positions "
     f"costs " + ", ".join(f"{flat[b]:.2f}x ({b})" for b in cost_backends)
@@ -914,7 +914,7 @@ bullets += [
         f"{len(bs)} of {len(best_by_backend)} {words}" + (f": {', '.join(bs)}" if bs else "")
         for words, bs in (
             ("within it, i.e. ties with stepped AR", [b for b, c in best_class.items() if c == "tie"]),
-            (f"at its edge, within {noise_rule.EDGE_SHARE * (noise_factor - 1):.3f} of it either side",
+            (f"at its edge, within {M.EDGE_SHARE * (noise_factor - 1):.3f} of it either side",
              [b for b, c in best_class.items() if c == "edge"]),
             ("beyond it", [b for b, c in best_class.items() if c in ("faster", "slower")]))
         if bs or words.startswith("within")) + ")"

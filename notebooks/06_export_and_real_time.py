@@ -93,7 +93,7 @@ from bench import frames as BF
 from rvqspec_lib.eval.calibration import calibrate
 from bench.latency import PAPER_TOKENS_PER_CALL
 from paper.plots import PAPER_DEVICE_SPEEDUPS, plot_audio_vs_wall, plot_frame_parts, plot_speedup_vs_n
-from rvqspec_lib.eval import noise as noise_rule
+from paper import notebook_measures as M
 from rvqspec_lib.eval.timing import measure_quietly
 from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.models.backends import available, backend_table, frame_runner, verify_backend
@@ -429,9 +429,9 @@ oversubscribed_words = (" **This run was oversubscribed** (other processes used 
 
 
 def gain_verdict(gain: float, noise: float | None) -> str:
-    """One gain over AR read with the tie rule of every timing notebook (``rvqspec_lib.eval.noise.read_gain``: within
+    """One gain over AR read with the tie rule of every timing notebook (``paper.notebook_measures.read_gain``: within
     1 + 2 x noise of 1 either way a tie, within its edge band at the edge of the noise), as words."""
-    c = noise_rule.read_gain(gain, noise)
+    c = M.read_gain(gain, noise)
     if c in ("tie", "edge"):
         return "a tie" if c == "tie" else "at the edge of the noise (a tie or " + (
             "faster" if gain > 1 else "slower") + " than AR)"
@@ -523,7 +523,7 @@ for name in run_pipeline_models:
              f"{r['frame_gain_2c']:.2f}× (the two-core projection)"
              + (f"; this run's part medians have a relative standard error (sqrt(pi/2) x 1.4826 x MAD / sqrt(n) / "
                 f"median over n timed frames, MAD the median absolute deviation) up to {100 * noise:.0f}%, so a gain "
-                f"within a factor of {noise_rule.noise_factor(noise):.2f} of 1 either way (twice that error) is a "
+                f"within a factor of {M.noise_factor(noise):.2f} of 1 either way (twice that error) is a "
                 "tie: the inner "
                 f"loop's is {gain_verdict(r['inner_gain'], noise)}, the one-thread frame's "
                 f"{gain_verdict(r['frame_gain_1t'], noise)}"
@@ -694,7 +694,7 @@ def whole_frame_gain(r: dict) -> str:
     inner, frame = gain_verdict(r["inner_gain"], noise), gain_verdict(r["frame_gain_1t"], noise)
     said = (f" Speculation runs the inner loop at {r['inner_gain']:.2f}× AR's speed ({inner}) and the one-thread "
             f"frame at {r['frame_gain_1t']:.2f}× ({frame})"
-            + (f", read with this run's noise factor of {noise_rule.noise_factor(noise):.2f} (within it either way: a "
+            + (f", read with this run's noise factor of {M.noise_factor(noise):.2f} (within it either way: a "
                "tie)" if noise
                else ""))
     if inner == "a tie":

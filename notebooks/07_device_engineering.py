@@ -97,7 +97,7 @@ from rvqspec_lib.eval import speed as S
 from bench import frames as BF
 from rvqspec_lib.eval.budget import auto_for_model
 from bench.latency import bench_precisions, precision_rows
-from rvqspec_lib.eval import noise as noise_rule
+from paper import notebook_measures as M
 from rvqspec_lib.eval.noise import noise_words
 from bench.latency import bench_talker_precisions, slim_talker
 from rvqspec_lib.eval.timing import machine_meta, measure_quietly, oversubscribed_note
@@ -544,7 +544,7 @@ def where(r):
 
 
 key_of = lambda r: (r["model"], r["precision"], r["backend"])  # noqa: E731
-noise_factor = noise_rule.noise_factor(worst_noise)  # times within it are not told apart (eval.noise.read_gain)
+noise_factor = M.noise_factor(worst_noise)  # times within it are not told apart (notebook_measures.read_gain)
 bullets = []
 for f in fastest:
     best, ar, spec = f["fastest"], f["fastest_ar"], f["fastest_speculative"]
@@ -576,7 +576,7 @@ for f in fastest:
                  f"{where(spec)}, {spec['ms_per_frame']:.2f} ms ({f['speculative_over_ar']:.2f}x the AR's time"
                  + (f"; a median of {frames_per_runner} timed frame(s) per runner, so a rough reading"
                     if not table["meta"].get("noise_target") and table["meta"]["repeats"] < 3 else "") + ")")
-        told = noise_rule.read_gain(ar["ms_per_frame"] / spec["ms_per_frame"], worst_noise)
+        told = M.read_gain(ar["ms_per_frame"] / spec["ms_per_frame"], worst_noise)
         if told is not None:
             text += (f". By the noise rule above (times within a factor of {noise_factor:.2f} of each other are not "
                      "told apart), this run " + {"tie": "does not tell", "edge": "is at the edge of telling"}.get(
@@ -595,9 +595,9 @@ for f in fastest:
 fused_ar_ms = {key_of(r): r["ms_per_frame"] for r in table["rows"] if r["row"] == "fused AR" and r["ms_per_frame"]}
 auto_fused = [r for r in table["rows"] if r["row"] == "auto" and r["fused"] and r["kind"] != "ar"
               and r["ms_per_frame"] and key_of(r) in fused_ar_ms]
-auto_read = [noise_rule.read_gain(fused_ar_ms[key_of(r)] / r["ms_per_frame"], worst_noise) for r in auto_fused]
+auto_read = [M.read_gain(fused_ar_ms[key_of(r)] / r["ms_per_frame"], worst_noise) for r in auto_fused]
 auto_wins, auto_losses, auto_edge = (auto_read.count(c) for c in ("faster", "slower", "edge"))
-rounds_beyond = sum(noise_rule.read_gain(r["tokens_per_call"] / r["round_over_ar_call"], worst_noise) == "faster"
+rounds_beyond = sum(M.read_gain(r["tokens_per_call"] / r["round_over_ar_call"], worst_noise) == "faster"
                     for r in rounds)  # fused speculative frames faster than fused AR beyond the noise
 if rounds:
     lo, hi = min(rounds, key=lambda r: r["round_over_ar_call"]), max(rounds, key=lambda r: r["round_over_ar_call"])
@@ -614,7 +614,7 @@ if rounds:
           f"{', '.join(map(str, table['meta']['chains']))})"
         + ((f"; auto's fused picks, which the first bullets may name, beat the fused AR frame by more than the noise "
             f"factor {noise_factor:.2f} in {auto_wins} of {len(auto_fused)}, lose by more than it in "
-            f"{auto_losses}" + (f", are at its edge (within {noise_rule.EDGE_SHARE * (noise_factor - 1):.3f} of it "
+            f"{auto_losses}" + (f", are at its edge (within {M.EDGE_SHARE * (noise_factor - 1):.3f} of it "
                                 f"either side) in {auto_edge}" if auto_edge else "")
             + " and tie in the rest (" if noise_factor is not None else
             f"; auto's fused picks, which the first bullets may name, have a lower median than the fused AR frame in "

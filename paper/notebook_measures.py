@@ -1,7 +1,7 @@
 """Small computations only the notebooks (and the paper modules beside them) use: the shipped splits' sizes, the
-chain window where acceptance saturates, the sample sizes a parity verdict would need, every exported graph against
-eager PyTorch, the embedded codec's spectrograms and log-spectral distance, and the two loops' geometry of a model
-folder. The library keeps what commands run."""
+chain window where acceptance saturates, the timing notebooks' tie rule, the sample sizes a parity verdict would need,
+every exported graph against eager PyTorch, the embedded codec's spectrograms and log-spectral distance, and the two
+loops' geometry of a model folder. The library keeps what commands run."""
 
 from __future__ import annotations
 
@@ -204,3 +204,39 @@ def cost_growth_words(ratios: Mapping, *, near: float = 1.2, double: float = 2.0
     if dbl is None:
         return f"{first}, below {double:g}x up to N = {ns[-1]}"
     return first if dbl == ns[0] else f"{first}, first {double:g}x or more at N = {dbl} ({r[dbl]:.2f}x)"
+
+
+# the tie rule of the timing notebooks (04, 06, 07), on a run's noise (rvqspec_lib.eval.noise.noise_meta)
+#: The tie rule: two medians within a factor of 1 + TIE_WIDTH x the relative standard error are not told apart.
+TIE_WIDTH = 2
+#: A ratio within this share of the margin (factor - 1) of the factor, either side, is at the edge of the noise (the
+#: factor itself rests on an estimated error).
+EDGE_SHARE = 0.1
+
+
+def noise_factor(rel_se: float | None) -> float | None:
+    """The tie rule's factor, ``1 + TIE_WIDTH * rel_se`` (``rel_se``: a run's worst relative standard error of a
+    median, ``rel_se_max`` of :func:`rvqspec_lib.eval.noise.noise_meta`); ``None`` without an estimate (``None`` or
+    0)."""
+    return 1 + TIE_WIDTH * rel_se if rel_se else None
+
+
+def read_gain(gain: float | None, rel_se: float | None) -> str | None:
+    """One speed ratio read with the tie rule: ``gain`` is the other runner's time over this one's (above 1: this one
+    is faster), a ratio below 1 read as its inverse so both directions use the same factor.
+
+    Returns:
+        ``"faster"`` or ``"slower"`` beyond :func:`noise_factor`, ``"tie"`` within it, ``"edge"`` within
+        :data:`EDGE_SHARE` of its margin either side; ``None`` without a gain or a noise estimate.
+    Raises:
+        ValueError: a gain <= 0.
+    """
+    factor = noise_factor(rel_se)
+    if gain is None or factor is None:
+        return None
+    if not gain > 0:
+        raise ValueError(f"a speed ratio must be > 0, got {gain}: pass one time over another")
+    m = max(gain, 1 / gain)
+    if abs(m - factor) <= EDGE_SHARE * (factor - 1):
+        return "edge"
+    return "tie" if m < factor else ("faster" if gain > 1 else "slower")

@@ -75,15 +75,3 @@ def test_noise_meta_and_words():
     assert m["rel_se_max"] == round(K / math.sqrt(5) / 10, 4)
     assert N.noise_words(m).startswith("5 repeats (noise target 2.0 %, at most 20)")
     assert N.noise_words({**m, "noise_target": None}).startswith("5 repeats, median's")
-
-
-def test_read_gain_the_tie_rule_both_directions_and_its_edge():
-    # rel_se 0.1 -> factor 1.2, edge band 0.1 x 0.2 = 0.02 either side of it
-    assert N.noise_factor(0.1) == pytest.approx(1.2) and N.noise_factor(None) is None and N.noise_factor(0.0) is None
-    assert N.read_gain(1.1, 0.1) == "tie" and N.read_gain(1 / 1.1, 0.1) == "tie"
-    assert N.read_gain(1.3, 0.1) == "faster" and N.read_gain(1 / 1.3, 0.1) == "slower"
-    assert N.read_gain(1.19, 0.1) == "edge" and N.read_gain(1.21, 0.1) == "edge" and N.read_gain(1 / 1.21, 0.1) == "edge"
-    assert N.read_gain(1.17, 0.1) == "tie" and N.read_gain(1.23, 0.1) == "faster"  # just outside the band
-    assert N.read_gain(None, 0.1) is None and N.read_gain(2.0, None) is None  # nothing to read
-    with pytest.raises(ValueError, match="> 0"):
-        N.read_gain(0.0, 0.1)

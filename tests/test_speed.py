@@ -255,3 +255,17 @@ def test_expected_tokens_per_call_of_one_kind():
                                [{"backend": "native", "query_positions": q, "ratio_to_q1": r}
                                 for q, r in ((1, 1.0), (2, 1.1), (4, 1.6))])
     assert [r["projected_speedup"] for r in rows] == [1.7 / 1.1, 2.4 / 1.6]
+
+
+def test_read_gain_the_tie_rule_both_directions_and_its_edge():
+    from paper import notebook_measures as M
+
+    # rel_se 0.1 -> factor 1.2, edge band 0.1 x 0.2 = 0.02 either side of it
+    assert M.noise_factor(0.1) == pytest.approx(1.2) and M.noise_factor(None) is None and M.noise_factor(0.0) is None
+    assert M.read_gain(1.1, 0.1) == "tie" and M.read_gain(1 / 1.1, 0.1) == "tie"
+    assert M.read_gain(1.3, 0.1) == "faster" and M.read_gain(1 / 1.3, 0.1) == "slower"
+    assert M.read_gain(1.19, 0.1) == "edge" and M.read_gain(1.21, 0.1) == "edge" and M.read_gain(1 / 1.21, 0.1) == "edge"
+    assert M.read_gain(1.17, 0.1) == "tie" and M.read_gain(1.23, 0.1) == "faster"  # just outside the band
+    assert M.read_gain(None, 0.1) is None and M.read_gain(2.0, None) is None  # nothing to read
+    with pytest.raises(ValueError, match="> 0"):
+        M.read_gain(0.0, 0.1)

@@ -17,11 +17,6 @@ MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
 MAD_TO_SIGMA = 1.4826
 #: ``max_repeats`` when a noise target is given without one: this many times the minimum ``repeats``.
 DEFAULT_MAX_FACTOR = 4
-#: The tie rule: two medians within a factor of 1 + TIE_WIDTH x the relative standard error are not told apart.
-TIE_WIDTH = 2
-#: A ratio within this share of the margin (factor - 1) of the factor, either side, is at the edge of the noise (the
-#: factor itself rests on an estimated error).
-EDGE_SHARE = 0.1
 
 
 def relative_standard_error(samples: Sequence[float]) -> float:
@@ -109,30 +104,3 @@ def noise_words(meta: Mapping) -> str:
     if worst is not None:
         words += f", median's relative standard error <= {100 * worst:.1f} %"
     return words
-
-
-def noise_factor(rel_se: float | None) -> float | None:
-    """The tie rule's factor, ``1 + TIE_WIDTH * rel_se`` (``rel_se``: a run's worst relative standard error of a
-    median, :func:`noise_meta`'s ``rel_se_max``); ``None`` without an estimate (``None`` or 0)."""
-    return 1 + TIE_WIDTH * rel_se if rel_se else None
-
-
-def read_gain(gain: float | None, rel_se: float | None) -> str | None:
-    """One speed ratio read with the tie rule: ``gain`` is the other runner's time over this one's (above 1: this one
-    is faster), a ratio below 1 read as its inverse so both directions use the same factor.
-
-    Returns:
-        ``"faster"`` or ``"slower"`` beyond :func:`noise_factor`, ``"tie"`` within it, ``"edge"`` within
-        :data:`EDGE_SHARE` of its margin either side; ``None`` without a gain or a noise estimate.
-    Raises:
-        ValueError: a gain <= 0.
-    """
-    factor = noise_factor(rel_se)
-    if gain is None or factor is None:
-        return None
-    if not gain > 0:
-        raise ValueError(f"a speed ratio must be > 0, got {gain}: pass one time over another")
-    m = max(gain, 1 / gain)
-    if abs(m - factor) <= EDGE_SHARE * (factor - 1):
-        return "edge"
-    return "tie" if m < factor else ("faster" if gain > 1 else "slower")

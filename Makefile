@@ -152,6 +152,8 @@ paper: voices $(STAMP)
 	if command -v flock >/dev/null && ! flock -n 9; then \
 	  echo "paper: another make paper is running in this checkout (it holds $(PAPER_LOCK)): wait for it to end, or stop it" >&2; \
 	  exit 1; fi; \
+	$(PY) -m tools.paper_run --project --fig-dir $(FIG_DIR) --run-tag $(RUN_TAG) --model-tag '$(MODEL_TAG)' \
+	  --timing '$(TIMING_NB)' --jobs $(PAPER_JOBS) || true; \
 	$(MAKE) --no-print-directory -j$(PAPER_JOBS) -o voices -o $(STAMP) paper-run
 
 # what `paper` runs under its lock (started alone it takes no lock). After every notebook succeeded it prints which

@@ -542,20 +542,33 @@ def _finish(rows: list[dict], gb_per_s: float) -> None:
 
 
 def what_moves(r: dict) -> dict:
-    """Amdahl on one row: ``dominant`` part and its ``dominant_share``, ``frame_1t_at_floor_ms`` (``None`` without a
-    floor), ``bottleneck_2c`` (generation or codec decoding) and the sentence ``moves_frame``."""
+    """Amdahl on one row: the ``dominant`` part (the largest share of the one-thread frame) and its
+    ``dominant_share``; the ``headroom_part``, the part furthest above its floor in ms (``None`` when no part has a
+    floor), and ``frame_1t_at_floor_ms``, the frame with that part at its floor (``None`` without one);
+    ``bottleneck_2c`` (generation or codec decoding) and the sentence ``moves_frame``. The largest share and the most
+    headroom can be different parts: a part can take most of the frame and already run near its floor."""
     part = max(PARTS, key=lambda p: r[f"{p}_ms"])
-    fl = r[f"{part}_floor_ms"]
-    at_floor = r["frame_1t_ms"] - r[f"{part}_ms"] + fl if fl else None
+    over = {p: r[f"{p}_ms"] - r[f"{p}_floor_ms"] for p in PARTS if r.get(f"{p}_floor_ms")}
+    room = max(over, key=over.get) if over else None
+    at_floor = r["frame_1t_ms"] - over[room] if room else None
     gen = r["talker_ms"] + r["inner_ms"]
     side = "generation" if gen >= r["codec_ms"] else "codec decoding"
     names = {"talker": "the talker step", "inner": "the inner loop", "codec": "the codec decoder"}
-    words = (f"one thread: {names[part]} ({100 * r[f'{part}_share']:.0f}% of the frame"
-             + (f"; at its floor the frame would be {at_floor:.0f} ms, not {r['frame_1t_ms']:.0f})" if at_floor
-                else "; no floor computed for it)")
-             + f"; all cores: {side} ({gen:.0f} ms talker + inner loop against {r['codec_ms']:.0f} ms codec)")
-    return {"dominant": part, "dominant_share": r[f"{part}_share"], "frame_1t_at_floor_ms": at_floor,
-            "bottleneck_2c": side, "moves_frame": words}
+    share = f"{100 * r[f'{part}_share']:.0f}% of the frame"
+    if room is None:
+        one = f"{names[part]} ({share}, the largest share; no floor computed for any part)"
+    elif room == part:
+        one = (f"{names[part]} ({share}, the largest share and the furthest above its floor: at its floor the frame "
+               f"would be {at_floor:.0f} ms, not {r['frame_1t_ms']:.0f})")
+    else:
+        one = (f"{names[room]}, the furthest above its floor of the parts with one ({over[room]:.1f} ms over it: "
+               f"at its floor the frame would be {at_floor:.0f} ms, not {r['frame_1t_ms']:.0f}), though "
+               f"{names[part]} is the largest share ({share}"
+               + ("" if part in over else "; no floor computed for it") + ")")
+    words = (f"one thread: {one}; all cores: {side} ({gen:.0f} ms talker + inner loop against "
+             f"{r['codec_ms']:.0f} ms codec)")
+    return {"dominant": part, "dominant_share": r[f"{part}_share"], "headroom_part": room,
+            "frame_1t_at_floor_ms": at_floor, "bottleneck_2c": side, "moves_frame": words}
 
 
 def _stream_condition(setup: Setup, runner, codec, *, batch: int, layout: str, text: str, frames: int, seed: int):

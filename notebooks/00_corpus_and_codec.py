@@ -32,7 +32,12 @@
 # one per **codebook** of the residual vector quantiser (RVQ). Codes are counted from 0 and codebooks from 1: **code i
 # comes from codebook i + 1** (code 0 from codebook 1, code 15 from codebook 16). The large **talker** emits code 0
 # of each frame; the small **code predictor** then emits codes 1..15, one call each: that inner loop is what the
-# paper speeds up.
+# paper speeds up. It speeds it up by **speculation**: a cheap **draft** distribution q guesses several codes ahead,
+# the code predictor's own distribution p (the **target**) **verifies** them all in one call, and the share of drafts
+# kept is the **acceptance**; the drafts are laid out as a **tree** (several guesses per depth) whose shape is
+# **calibrated** on a split of data, and the paper's draft reuses the code predictor's heads shifted by learned
+# **offsets**. Here these words appear only as the jobs of the data splits; notebook 02 defines draft, target and
+# acceptance, 03 the offsets and 04 the tree and its calibration.
 #
 # The sections:
 #
@@ -307,6 +312,13 @@ if not on_checkpoint:  # the embedded data (a checkpoint: the section above)
     src_counts.insert(0, "from", [corpus.SOURCE_DESCRIPTIONS.get(s, "") for s in src_counts.index])
     with pd.option_context("display.max_colwidth", None, "display.width", 250):  # every string whole
         display(src_counts)
+    en_eval = {r["split"]: r["samples"] for r in table if r["language"] == "en"}.get("evaluation")
+    n_eval_file = len(speech.shipped_sentences("evaluation", language="en"))
+    if en_eval is not None and en_eval < n_eval_file:
+        display(Markdown(
+            f"These columns count the whole files. The build evaluated a seeded sample of the English evaluation "
+            f"file: the corpus table's {en_eval:,} sentences of its {n_eval_file:,} (the build's `n_eval`); the rest "
+            f"are held out too, and a larger evaluation can read them."))
 
 # %% [markdown]
 # ## 2. The codec: residual vector quantisation (RVQ)

@@ -184,7 +184,12 @@ ran = graphs_df[graphs_df.get("ran", False) == True]  # noqa: E712 (a pandas mas
 display(Markdown(f"{len(graphs_df)} exported files; of those run here, {int(ran.within_tolerance.sum())} of "
                  f"{len(ran)} agree with eager PyTorch within their tolerance. `nodes` is the verify graph's number of "
                  "positions per call (the root counts: a chain of N has N nodes; empty for the stepped graph); "
-                 "`interface_ok` is True when the graph declares the inputs, outputs and states it was written with."))
+                 "`interface_ok` is True when the graph declares the inputs, outputs and states it was written with; "
+                 "`MB` is the file's size in megabytes (10^6 bytes) and `export_s` the seconds its export took on "
+                 "this machine; `runner` is what ran it (`not run`, with the reason in `note`, where nothing here "
+                 "can); `relative_diff` is the largest logit difference over the largest logit, `within_tolerance` "
+                 "compares it with `tolerance`, and `codes_equal_frac` is the share of codes equal to eager "
+                 "PyTorch's."))
 with pd.option_context("display.max_colwidth", None, "display.max_columns", None, "display.width", 250):
     display(graphs_df[show])
 

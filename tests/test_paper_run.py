@@ -174,6 +174,45 @@ def test_no_notebook_ran_keeps_the_record(tmp_path):
     assert paper_run.write_record(tmp_path, "full-t1", "1700N", stamps)[0][0].startswith("paper full-t1: wall time ?")
 
 
+def _record(folder: Path, run_tag: str, times: dict[str, float], wall_s: float) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    stamps = [_stamp(folder, n, "7", t) for n, t in times.items()]
+    paper_run.write_record(folder, run_tag, 7, stamps, now_ns=7 + int(wall_s * 1e9))
+
+
+def test_scheduled_wall_time_runs_others_side_by_side_then_the_timing_ones():
+    # 00 and 02 start together; 03 takes the slot 02 frees (at 1 s), 05 the one 00 frees (at 10 s); then 01 and 04
+    times = {"00_a": 10.0, "01_t": 3.0, "02_b": 1.0, "03_c": 20.0, "04_t": 4.0, "05_d": 5.0}
+    assert paper_run.scheduled_wall_s(times, ["01", "04"], 2) == 21.0 + 7.0
+    assert paper_run.scheduled_wall_s(times, ["01", "04"], 1) == sum(times.values())  # one at a time: the sum
+    assert paper_run.scheduled_wall_s(times, [], 2) == 24.0  # negative control: none waits (03 after 01, 02)
+
+
+def test_projection_names_its_inputs_or_says_why_there_is_none(tmp_path):
+    ref = {"00_a": 10.0, "01_t": 4.0, "03_c": 20.0}
+    _record(tmp_path / "figures", "full-t1", {n: 10 * t for n, t in ref.items()}, 300.0)
+    _record(tmp_path / "build" / "smoke_figures", "smoke-t1", ref, 30.0)
+    kw = dict(model_tag="ckpt", timing=["01"], jobs=2, root=tmp_path)
+    fig = tmp_path / "figures" / "ckpt"
+    # no smoke run of the model yet: the line names the command that gives a projection
+    assert "make paper MODEL=... SMOKE=1" in paper_run.projection(fig, "full-ckpt-t1", **kw)
+    # its smoke run, twice the shipped model's smoke times: each notebook x 10, then scheduled
+    _record(tmp_path / "build" / "smoke_figures" / "ckpt", "smoke-ckpt-t1", {n: 2 * t for n, t in ref.items()}, 70)
+    line = paper_run.projection(fig, "full-ckpt-t1", **kw)
+    want = paper_run.scheduled_wall_s({"00_a": 200.0, "01_t": 80.0, "03_c": 400.0}, ["01"], 2)
+    assert want == 480.0 and f"PROJECTED wall time about {paper_run._clock(want)} " in line
+    assert "longest 03_c" in line and "not a measurement" in line
+    # the folder's own record of the same kind wins; a record of another kind (smoke) is not read as one
+    _record(fig, "full-ckpt-t1", {"00_a": 1.0}, 5000.0)
+    assert "about 1:23:20" in paper_run.projection(fig, "full-ckpt-t1", **kw)
+    assert "no projected wall time" in paper_run.projection(tmp_path / "build" / "smoke_figures" / "ckpt",
+                                                            "smoke-ckpt-t2", **kw)
+    # the shipped model's references missing: said, never a traceback
+    (tmp_path / "figures" / "paper_run.csv").unlink()
+    assert "no projected" in paper_run.projection(tmp_path / "figures" / "other", "full-other-t1",
+                                                  **{**kw, "model_tag": "ckpt"})
+
+
 # ---- timing notebooks never overlap ----------------------------------------------------------------------------------
 def _order_only(r: Path, *args: str) -> dict[str, list[str]]:
     """Each stamp's order-only prerequisites in make's database (``make -p``, nothing run)."""

@@ -92,11 +92,24 @@ def test_what_moves_names_the_dominant_part_and_its_floor():
     r = {"talker_ms": 10.0, "inner_ms": 20.0, "codec_ms": 50.0, "talker_floor_ms": 5.0, "inner_floor_ms": 10.0,
          "codec_floor_ms": 25.0, "frame_1t_ms": 80.0, "talker_share": 0.125, "inner_share": 0.25, "codec_share": 0.625}
     got = PL.what_moves(r)
-    assert got["dominant"] == "codec" and got["frame_1t_at_floor_ms"] == 55.0 and got["bottleneck_2c"] == \
-        "codec decoding"
-    assert "the codec decoder (62% of the frame; at its floor the frame would be 55 ms, not 80)" in got["moves_frame"]
-    r["codec_floor_ms"] = None
-    assert PL.what_moves(r)["frame_1t_at_floor_ms"] is None and "no floor" in PL.what_moves(r)["moves_frame"]
+    assert got["dominant"] == "codec" == got["headroom_part"] and got["frame_1t_at_floor_ms"] == 55.0 and \
+        got["bottleneck_2c"] == "codec decoding"
+    assert ("the codec decoder (62% of the frame, the largest share and the furthest above its floor: at its floor "
+            "the frame would be 55 ms, not 80)") in got["moves_frame"]
+    # the largest share near its floor: the part with the most headroom is named, the largest share beside it
+    r["codec_floor_ms"] = 48.0
+    got = PL.what_moves(r)
+    assert got["dominant"] == "codec" and got["headroom_part"] == "inner" and got["frame_1t_at_floor_ms"] == 70.0
+    assert ("the inner loop, the furthest above its floor of the parts with one (10.0 ms over it: at its floor the "
+            "frame would be 70 ms, not 80), though the codec decoder is the largest share (62% of the frame)") \
+        in got["moves_frame"]
+    r["codec_floor_ms"] = None  # the largest share without a floor: said
+    assert "the codec decoder is the largest share (62% of the frame; no floor computed for it)" in \
+        PL.what_moves(r)["moves_frame"]
+    for p in PL.PARTS:
+        r[f"{p}_floor_ms"] = None
+    got = PL.what_moves(r)
+    assert got["frame_1t_at_floor_ms"] is None and got["headroom_part"] is None and "no floor" in got["moves_frame"]
 
 
 def test_placeholder_codes_make_a_replay_streamable():

@@ -88,15 +88,99 @@ def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int | str, 
     return lines, paths
 
 
+def read_record(fig_dir: str | os.PathLike) -> dict | None:
+    """The run-time record a finished ``make paper`` left in ``fig_dir`` (:func:`write_record`), or ``None`` where
+    there is none or it cannot be read: ``{"fig_dir", "run_tag", "wall_s" (None: unknown), "created_utc",
+    "revision", "notebooks": {name: papermill seconds}}`` (notebooks whose time is unknown left out)."""
+    base = Path(fig_dir) / RECORD_STEM
+    try:
+        prov = json.loads(base.with_suffix(".provenance.json").read_text())
+        lines = base.with_suffix(".csv").read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    header = lines[0].split(",") if lines else []
+    if "notebook" not in header or "papermill_s" not in header:
+        return None
+    i, j = header.index("notebook"), header.index("papermill_s")
+    times = {}
+    for ln in lines[1:]:
+        f = ln.split(",")
+        if len(f) > max(i, j) and f[i] != "total" and f[j]:
+            times[f[i]] = float(f[j])
+    params = prov.get("params", {})
+    return {"fig_dir": str(fig_dir), "run_tag": params.get("run_tag"), "wall_s": params.get("wall_s"),
+            "created_utc": prov.get("created_utc"), "revision": (prov.get("git") or {}).get("revision"),
+            "notebooks": times}
+
+
+def scheduled_wall_s(times: dict[str, float], timing: list[str], jobs: int) -> float:
+    """The wall time of ``make paper``'s schedule for notebook durations ``times`` (s): the notebooks whose number is
+    not in ``timing`` first, ``jobs`` at a time (in name order, each to the slot that frees first, as make hands them
+    out), then the timing notebooks one after another (the Makefile's TIMING_NB, PAPER_JOBS)."""
+    slow = [t for n, t in times.items() if n.split("_")[0] in timing]
+    slots = [0.0] * max(1, int(jobs))
+    for _, t in sorted((n, t) for n, t in times.items() if n.split("_")[0] not in timing):
+        slots[slots.index(min(slots))] += t
+    return max(slots) + sum(slow)
+
+
+def projection(fig_dir: str | os.PathLike, run_tag: str, *, model_tag: str = "", timing: list[str] = (),
+               jobs: int = 2, root: str | os.PathLike = REPO_ROOT) -> str:
+    """One line for the start of ``make paper``: its PROJECTED wall time if every notebook runs, and the inputs of
+    the projection, or why there is none. In order: (1) this folder's last record of the same run tag (its wall
+    time); (2) for a full run of another model, that model's smoke record (``build/smoke_figures/<model_tag>``) with
+    each notebook scaled by its full/smoke ratio on the shipped model (``figures/`` against
+    ``build/smoke_figures/``), put through :func:`scheduled_wall_s`. Never raises on missing or odd records."""
+    root = Path(root)
+    tag = f"paper {run_tag}"
+    own = read_record(fig_dir)
+    if own and own["run_tag"] == run_tag and own["wall_s"]:
+        return (f"{tag}: PROJECTED wall time about {_clock(own['wall_s'])} if every notebook runs: this folder's "
+                f"last run of the same kind took that ({own['created_utc']}, revision {str(own['revision'])[:7]}); "
+                "a projection, not a measurement")
+    if not run_tag.startswith("full") or not model_tag:
+        return f"{tag}: no projected wall time (this folder has no record of a run like it)"
+    smoke = read_record(root / "build" / "smoke_figures" / model_tag)
+    ref_full, ref_smoke = read_record(root / "figures"), read_record(root / "build" / "smoke_figures")
+    if not smoke or not smoke["notebooks"]:
+        return (f"{tag}: no projected wall time: `make paper MODEL=... SMOKE=1` with the same model first gives one "
+                f"(its notebook times, scaled by the shipped model's full/smoke ratios)")
+    if not ref_full or not ref_smoke:
+        return (f"{tag}: no projected wall time: the shipped model's full and smoke run-time records "
+                "(figures/paper_run.csv, build/smoke_figures/paper_run.csv from `make paper SMOKE=1`) are its inputs")
+    scaled = {n: t * ref_full["notebooks"][n] / ref_smoke["notebooks"][n] for n, t in smoke["notebooks"].items()
+              if ref_smoke["notebooks"].get(n) and n in ref_full["notebooks"]}
+    if len(scaled) < len(smoke["notebooks"]):
+        return f"{tag}: no projected wall time: the records do not name the same notebooks"
+    wall = scheduled_wall_s(scaled, list(timing), jobs)
+    worst = max(scaled, key=scaled.get)
+    return (f"{tag}: PROJECTED wall time about {_clock(wall)} if every notebook runs (longest {worst}, about "
+            f"{_clock(scaled[worst])}): inputs: this model's smoke run ({smoke['fig_dir']}, "
+            f"{_clock(sum(smoke['notebooks'].values()))} of notebooks) with each notebook scaled by its full/smoke "
+            f"ratio on the shipped model (figures/ and build/smoke_figures/), {jobs} notebooks side by side and the "
+            f"timing notebooks {' '.join(timing) or '(none)'} alone; a projection, not a measurement")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The Makefile's last step of ``make paper``: exit 0, or 1 with one line when a stamp is missing."""
     ap = argparse.ArgumentParser(description="Print and record the run time of a finished `make paper`.")
     ap.add_argument("--fig-dir", required=True)
     ap.add_argument("--run-tag", required=True)
-    ap.add_argument("--start-ns", required=True, help="when the make started (its RUN_ID, date +%%s%%N)")
+    ap.add_argument("--start-ns", default="", help="when the make started (its RUN_ID, date +%%s%%N)")
     ap.add_argument("--params", default="", help="the papermill parameters of the run, kept in the provenance")
-    ap.add_argument("stamps", nargs="+")
+    ap.add_argument("--project", action="store_true",
+                    help="print the run's projected wall time (the start of `make paper`) instead of its record")
+    ap.add_argument("--model-tag", default="", help="with --project: the figures folder's name for MODEL")
+    ap.add_argument("--timing", default="", help="with --project: the timing notebooks' numbers (TIMING_NB)")
+    ap.add_argument("--jobs", type=int, default=2, help="with --project: notebooks side by side (PAPER_JOBS)")
+    ap.add_argument("stamps", nargs="*")
     args = ap.parse_args(argv)
+    if args.project:
+        print(projection(args.fig_dir, args.run_tag, model_tag=args.model_tag, timing=args.timing.split(),
+                         jobs=args.jobs, root=Path.cwd()))
+        return 0
+    if not args.stamps:
+        ap.error("give the notebooks' stamps (or --project)")
     try:
         lines, _ = write_record(args.fig_dir, args.run_tag, args.start_ns, args.stamps,
                                 params={"papermill": args.params} if args.params else None)

@@ -273,3 +273,17 @@ def test_synthesize_through_the_native_frame_equals_decode_frame_greedy(decoder)
     a, b = res[False], res[True]
     assert len(a.codes[0]) > 0 and torch.equal(a.codes[0], b.codes[0])
     assert a.per_frame_calls == b.per_frame_calls
+
+
+def test_frames_over_one_backend_share_its_embedding_tables(cp):
+    """The projected embedding tables are made once per backend (the auto stage builds a fused frame per candidate:
+    a copy each cost V x H x 4 bytes per table), and sharing them changes no code: a frame over a second backend has
+    its own (the negative control) and decodes the same."""
+    nb = NativeCodePredictor(cp)
+    a, b = NativeChainFrame(nb, 1), NativeChainFrame(nb, 4)
+    other = NativeChainFrame(NativeCodePredictor(cp), 4)
+    assert a.tables and all(x.data_ptr() == y.data_ptr() for x, y in zip(a.tables, b.tables))
+    assert all(x.data_ptr() != y.data_ptr() and torch.equal(x, y) for x, y in zip(b.tables, other.tables))
+    ctx = _ctx(cp, 4, seed=3)
+    u = b.uniforms(4, torch.Generator().manual_seed(2))
+    assert torch.equal(b(ctx, u), other(ctx, u))

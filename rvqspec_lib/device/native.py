@@ -167,6 +167,19 @@ class NativeCodePredictor(SlotBackend):
             raise MemoryError("the native forward could not allocate its scratch memory")
         return out.view(b, q_len, self.hidden).to(self.dtype)
 
+    def frame_tables(self) -> list[torch.Tensor]:
+        """The embedding tables a native frame reads: ``small_to_mtp_projection(codec_embedding[j - 1].weight)`` as
+        float32 ``(V, H)`` for codes j = 1..n_codes - 1. Projected once, on the first call, and shared by every frame
+        built over this backend (the auto stage builds one a candidate: a copy each was ``V x H x 4`` bytes per table
+        per frame); a snapshot, like the packed weights."""
+        if getattr(self, "_frame_tables", None) is None:
+            cp = self.code_predictor
+            proj, n = cp.small_to_mtp_projection, P.n_codes(cp)
+            with torch.inference_mode():
+                self._frame_tables = [proj(t.weight).to(torch.float32).contiguous()
+                                      for t in list(cp.model.codec_embedding)[:max(n - 1, 0)]]
+        return self._frame_tables
+
     def head(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
         """``lm_head[index]`` applied to ``hidden`` ``(N, H)`` through the C kernel: ``(N, V)`` in the activation
         dtype."""

@@ -39,7 +39,8 @@ class NativeChainFrame(UniformFrame):
     Args:
         backend: the ``NativeCodePredictor``. window: 1 (AR) or 2..8. sampling: default the checkpoints'.
 
-    Attributes: ``K`` (``window - 1``), ``tables`` (float32 ``(V, H)``; ``tables[j-1]`` embeds code j),
+    Attributes: ``K`` (``window - 1``), ``tables`` (float32 ``(V, H)``; ``tables[j-1]`` embeds code j; the
+    backend's, shared: :meth:`NativeCodePredictor.frame_tables`),
     ``last_calls`` (forward calls per row of the last frame, the prefill included).
 
     Raises:
@@ -67,9 +68,7 @@ class NativeChainFrame(UniformFrame):
         self._talker_h = P.talker_hidden_size(code_predictor)
         proj = code_predictor.small_to_mtp_projection
         self._identity = isinstance(proj, torch.nn.Identity)
-        with torch.inference_mode():
-            self.tables = [proj(t.weight).to(torch.float32).contiguous()
-                           for t in list(code_predictor.model.codec_embedding)[:max(self.n_codes - 1, 0)]]
+        self.tables = backend.frame_tables()  # shared by every frame over this backend
         heads = backend.heads
         self._head_w = _pointers([C.ptr(h.data) for h in heads])
         self._head_s = _pointers([C.ptr(h.scale) for h in heads])

@@ -67,6 +67,8 @@ NB_BUILD      := $(patsubst notebooks/%.py,build/%.ipynb,$(NB_SRC))
 # drafters (notebook 03; VoxPopuli schema); FLEURS= / LIBRISPEECH= / ASR=: notebook 05's data sets and recogniser.
 # DEVICE=auto|cpu|cuda|mps: where notebooks 01, 03 and 05 load their models (04, 06 and 07 time the CPU-only native
 # paths: they stay on the CPU); default: each notebook's own (auto).
+# CPU_SIZES=0: a full run on a real-size checkpoint whose models run on the CPU keeps the notebooks' full sizes (made
+# for the small embedded model: hours on 2 cores) instead of their `cpu_sizes` (paper.checkpoint.cpu_sized).
 SMOKE_ON      := $(filter-out 0 false no,$(SMOKE))
 # the figures folder's name for MODEL: a folder's base name (a trailing / dropped), a hub id's name after the owner
 # (Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice -> Qwen3-TTS-12Hz-0.6B-CustomVoice), a model name as it is
@@ -83,7 +85,7 @@ PM_PARAMS     := $(strip $(if $(SMOKE_ON),-p smoke 1) $(if $(MODEL),-p model $(M
                  $(if $(THREADS),-p threads $(THREADS)) $(if $(DATASET),-p dataset $(DATASET)) \
                  $(if $(CODEC),-p codec $(CODEC)) $(if $(FLEURS),-p fleurs $(FLEURS)) \
                  $(if $(LIBRISPEECH),-p librispeech $(LIBRISPEECH)) $(if $(ASR),-p asr $(ASR)) \
-                 $(if $(DEVICE),-p device $(DEVICE)) \
+                 $(if $(DEVICE),-p device $(DEVICE)) $(if $(filter 0 false no,$(CPU_SIZES)),-p cpu_sizes None) \
                  -p out_dir $(abspath $(FIG_DIR)))
 # One stamp per notebook IN the figures folder (deleting the folder, or a stamp, re-runs the notebook), and the
 # parameters the folder's outputs were made with beside them (.paper-params): a run with other parameters (another
@@ -153,7 +155,7 @@ paper: voices $(STAMP)
 	  echo "paper: another make paper is running in this checkout (it holds $(PAPER_LOCK)): wait for it to end, or stop it" >&2; \
 	  exit 1; fi; \
 	$(PY) -m tools.paper_run --project --fig-dir $(FIG_DIR) --run-tag $(RUN_TAG) --model-tag '$(MODEL_TAG)' \
-	  --timing '$(TIMING_NB)' --jobs $(PAPER_JOBS) || true; \
+	  --timing '$(TIMING_NB)' --jobs $(PAPER_JOBS) --model '$(MODEL)' --cpu-sizes '$(CPU_SIZES)' || true; \
 	$(MAKE) --no-print-directory -j$(PAPER_JOBS) -o voices -o $(STAMP) paper-run
 
 # what `paper` runs under its lock (started alone it takes no lock). After every notebook succeeded it prints which

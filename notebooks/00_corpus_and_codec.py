@@ -68,6 +68,9 @@ n_calibration = 0  # calibration sentences rendered for the table; 0 means all s
 n_multilingual = 0  # multilingual sentences per language rendered for the table; 0 means all shipped ones
 work_dir = ""  # where rendered audio goes; "" means build/00_corpus (smoke, <out_dir>/00_work). Reruns reuse it.
 asr = "auto"  # English recogniser (auto is Whisper tiny.en offline; or pocketsphinx, whisper PATH, parakeet PATH)
+cpu_sizes = {"n_sentences": 4}  # a full run on a real-size checkpoint on a machine with no GPU: these in place of
+#                                 the sizes above (the smaller), and the checkpoint's smaller evaluation split, so
+#                                 that `make paper` fits 90 minutes on 2 cores; None or {}: the full sizes
 
 # %%
 import json
@@ -99,7 +102,7 @@ from rvqspec_lib.models.configs import CODEC_CONFIG, codec_decoder_config_dict
 from rvqspec_lib.models.rvq_codec import RVQCodec
 from rvqspec_lib.models.speech_tokenizers import Qwen12HzCodec
 from rvqspec_lib.data.utterances import load_shipped_utterances
-from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint, round_trip
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint, round_trip
 
 t_start = time.perf_counter()
 check_asr_name(asr)  # a bad recogniser name or model folder: one line, before any work
@@ -114,8 +117,10 @@ run_n_multilingual = 1 if smoke else int(n_multilingual)
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 work = resolve_out_dir(work_dir or (out / "00_work" if smoke else "build/00_corpus"), smoke=smoke)
 on_checkpoint = is_checkpoint(model)  # a released checkpoint: its own speech and 12 Hz codec (the next section)
+cpu_run = bool(cpu_sizes) and on_checkpoint and not smoke and on_cpu()  # real size, no GPU here: the CPU sizes
+run_n_sentences = cpu_sized("00", {"n_sentences": run_n_sentences}, cpu_sizes, applies=cpu_run)["n_sentences"]
 if on_checkpoint:
-    root = prepare_checkpoint(model, smoke=smoke, notebook="00", out_dir=out, seed=seed).resolve()
+    root = prepare_checkpoint(model, smoke=smoke, notebook="00", out_dir=out, seed=seed, cpu=cpu_run).resolve()
 else:
     try:
         root = embedded_root(model).resolve()
@@ -134,7 +139,7 @@ params = dict(model=str(model), root=root_name, seed=seed, smoke=bool(smoke), ou
               threads=torch.get_num_threads(), n_sentences=run_n_sentences, codebooks=list(run_codebooks),
               listen_codebooks=[int(k) for k in listen_codebooks], voices=list(voices),
               n_calibration=run_n_calibration, n_multilingual=run_n_multilingual, asr=str(asr),
-              notebook="00_corpus_and_codec")
+              notebook="00_corpus_and_codec", cpu_sized=cpu_run)
 print(f"model data {root}\noutputs -> {out}\nrendered audio -> {work}")
 
 # %% [markdown]

@@ -75,6 +75,9 @@ compare_model = "embedded"  # timed the same way beside `model` ("" skips): the 
 own_tpc_frames = 100  # evaluation frames of `compare_model` decoded to measure this companion's own tokens per call
 own_decoders = ("chain:4", "chain:8", "tree:calibrated-point-mass:16", "tree:calibrated-point-mass:32",
                 "tree:calibrated-sampled:16", "tree:calibrated-sampled:32", "paper:16", "paper:32")
+cpu_sizes = {"own_tpc_frames": 24}  # a full run on a real-size checkpoint on the CPU: these in place of the sizes
+#                                     above (the smaller), so that `make paper` fits 90 minutes on 2 cores; None or
+#                                     {}: the sizes above (paper.checkpoint.cpu_sized)
 
 # %%
 import matplotlib.pyplot as plt
@@ -86,7 +89,7 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figu
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
-from paper.checkpoint import is_checkpoint, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, on_cpu, prepare_checkpoint
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, parse_decoder_name
 from bench import latency
 from paper import plots
@@ -112,15 +115,17 @@ if threads:
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 device = resolve_device(device)  # a device not present: one line, before loading
 on_checkpoint = is_checkpoint(run_model)  # a released checkpoint: its own frames give section 8's tokens per call
+cpu_run = bool(cpu_sizes) and on_checkpoint and not smoke and on_cpu(device)  # real size on the CPU: its sizes
+own_tpc_frames = cpu_sized("01", {"own_tpc_frames": own_tpc_frames}, cpu_sizes, applies=cpu_run)["own_tpc_frames"]
 if on_checkpoint:
-    prepare_checkpoint(run_model, smoke=smoke, notebook="01", out_dir=out, seed=seed)
+    prepare_checkpoint(run_model, smoke=smoke, notebook="01", out_dir=out, seed=seed, cpu=cpu_run)
     if compare_model == "embedded":  # the default: the checkpoint alone, no other model timed beside it
         compare_model = ""
 params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), repeats=run_repeats, device=device,
               warmup=run_warmup, threads=torch.get_num_threads(), prefix_len=prefix_len,
               talker_context=talker_context, query_sizes=list(query_sizes), native=bool(native),
               compare_model=compare_model, own_decoders=list(own_decoders), noise_target=run_noise_target,
-              notebook="01_rvq_bottleneck")
+              own_tpc_frames=own_tpc_frames, notebook="01_rvq_bottleneck", cpu_sized=cpu_run)
 print(f"model {run_model}, outputs -> {out}")
 if run_model != model:  # a smoke run: the prose below describes the real-size model it stands in for
     display(Markdown(f"**Smoke run:** `{run_model}` runs in place of `{model}`; where the text says real-size or 0.6B, read `{run_model}`, and read every number as a check that the code runs, not a measurement."))

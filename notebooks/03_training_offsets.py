@@ -103,6 +103,10 @@ headroom_samples = 8  # sampled continuations per (frame, start depth)
 save_to_model = False  # True (not smoke): also deploy the offsets beside the model (<model>/drafters/); `make paper`
 #                        leaves the shipped model as it is, so the later notebooks read the committed drafters
 medusa_dir = "build/drafters"  # Medusa heads are large (vocab x hidden per head): written here, not into git
+cpu_sizes = {"n_train_frames": 400, "n_val_frames": 100, "n_eval_frames": 40, "epochs": 6, "offsets_lrs": (1e-2, 1e-3),
+             "n_calibration_frames": 64, "tree_budgets": (8, 16, 32), "headroom_frames": 24, "headroom_samples": 4}
+#            a full run on a real-size checkpoint on the CPU: these in place of the sizes above (numbers: the smaller),
+#            so that `make paper` fits 90 minutes on 2 cores; None or {}: the sizes above (paper.checkpoint.cpu_sized)
 dataset = ""  # real checkpoints: a local `datasets` folder (save_to_disk, VoxPopuli schema: audio + raw_text)
 codec = ""  # with dataset: the codec that turns its audio into codes (e.g. the Qwen3-TTS-Tokenizer-12Hz folder)
 dataset_splits = ("train", "validation", "test")  # its training / validation / evaluation splits
@@ -122,7 +126,7 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figu
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
-from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from paper import drafter_table as T
 from rvqspec_lib.eval.calibration import calibration_frames
@@ -156,6 +160,12 @@ if threads:  # two threads on a busy 2-core machine spin-wait
 torch.manual_seed(seed)  # nothing below draws from the global RNG; set for any library default that might
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 device = resolve_device(device)  # a device not present: one line, before loading
+cpu_run = bool(cpu_sizes) and is_checkpoint(model) and not smoke and on_cpu(device)  # real size on the CPU
+(n_train_frames, n_val_frames, n_eval_frames, epochs, offsets_lrs, n_calibration_frames, tree_budgets,
+ headroom_frames, headroom_samples) = cpu_sized("03", dict(
+    n_train_frames=n_train_frames, n_val_frames=n_val_frames, n_eval_frames=n_eval_frames, epochs=epochs,
+    offsets_lrs=offsets_lrs, n_calibration_frames=n_calibration_frames, tree_budgets=tree_budgets,
+    headroom_frames=headroom_frames, headroom_samples=headroom_samples), cpu_sizes, applies=cpu_run).values()
 params = dict(notebook="03_training_offsets", model=model, seed=seed, smoke=bool(smoke), out_dir=str(out),
               device=device,
               threads=torch.get_num_threads(), n_train_frames=n_train_frames, n_val_frames=n_val_frames,
@@ -165,7 +175,8 @@ params = dict(notebook="03_training_offsets", model=model, seed=seed, smoke=bool
               offsets_lrs=[float(x) for x in offsets_lrs], tree_budgets=[int(b) for b in tree_budgets],
               n_calibration_frames=n_calibration_frames, calibration_draws=calibration_draws,
               headroom_frames=headroom_frames, headroom_samples=headroom_samples, save_to_model=bool(save_to_model),
-              medusa_dir=medusa_dir, dataset=dataset, codec=codec, dataset_splits=list(dataset_splits))
+              medusa_dir=medusa_dir, dataset=dataset, codec=codec, dataset_splits=list(dataset_splits),
+              cpu_sized=cpu_run)
 timings = {}
 
 
@@ -180,7 +191,7 @@ if dataset:
     root, run_model = None, model
 else:
     if is_checkpoint(model):  # a released checkpoint: it speaks its own frames (rvqspec prepare's stages)
-        prepare_checkpoint(model, smoke=smoke, notebook="03", out_dir=out, seed=seed)
+        prepare_checkpoint(model, smoke=smoke, notebook="03", out_dir=out, seed=seed, cpu=cpu_run)
     try:
         root = embedded_root(model)
     except FileNotFoundError:

@@ -83,6 +83,12 @@ temperature_frames = 60  # calibration and evaluation frames per temperature
 write_trees = False  # True (not smoke): write the calibration beside the model (<model>/trees/heads.json), where
 #                      `rvqspec synth --decoder tree:calibrated:N` and `--decoder auto` read it; `make paper` leaves
 #                      the shipped file as it is and writes 04_trees_heads.json
+cpu_sizes = {"n_calibration_frames": 100, "n_eval_frames": 32, "budgets": (2, 8, 32), "chains": (2, 4),
+             "speed_budgets": (2, 8, 32), "speed_chains": (4,), "speed_contexts": 8, "speed_repeats": 4,
+             "temperatures": (1.2, 0.9, 0.5, 0.2), "temperature_frames": 24}
+#            a full run on a real-size checkpoint on a machine with no GPU: these in place of the sizes above (numbers:
+#            the smaller), so that `make paper` fits 90 minutes on 2 cores; None or {}: the sizes above
+#            (paper.checkpoint.cpu_sized)
 
 # %%
 import os
@@ -115,7 +121,7 @@ from rvqspec_lib.eval.timing import measure_quietly
 from paper.verify_calls import record_verify_calls
 from rvqspec_lib.models.backends import available, verify_backend
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
-from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint
 from rvqspec_lib.models.named_decoders import drafter_calibration, has_paper_decoder, resolve, resolve_all
 from rvqspec_lib.models.tree_files import save_calibration, tree_file
 
@@ -132,8 +138,15 @@ timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured o
 if threads:  # two threads on a busy 2-core machine spin-wait
     torch.set_num_threads(int(threads))
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
+cpu_run = bool(cpu_sizes) and is_checkpoint(model) and not smoke and on_cpu()  # real size, no GPU: the CPU sizes
+(n_calibration_frames, n_eval_frames, budgets, chains, speed_budgets, speed_chains, speed_contexts, speed_repeats,
+ temperatures, temperature_frames) = cpu_sized("04", dict(
+    n_calibration_frames=n_calibration_frames, n_eval_frames=n_eval_frames, budgets=budgets, chains=chains,
+    speed_budgets=speed_budgets, speed_chains=speed_chains, speed_contexts=speed_contexts,
+    speed_repeats=speed_repeats, temperatures=temperatures, temperature_frames=temperature_frames),
+    cpu_sizes, applies=cpu_run).values()
 if is_checkpoint(model):  # a released checkpoint: its own frames (rvqspec prepare's stages), its own verify cost
-    prepare_checkpoint(model, smoke=smoke, notebook="04", out_dir=out, seed=seed)
+    prepare_checkpoint(model, smoke=smoke, notebook="04", out_dir=out, seed=seed, cpu=cpu_run)
     if compare_model in ("qwen3-tts-0.6b-random", "tiny-random"):  # the default: the checkpoint is real size itself
         compare_model = model
 try:
@@ -157,7 +170,7 @@ params = dict(notebook="04_calibrating_the_tree", model=model, run_model=run_mod
               speed_budgets=list(speed_budgets), speed_chains=list(speed_chains), speed_contexts=speed_contexts,
               speed_repeats=speed_repeats, compare_model=compare_model, compare_repeats=compare_repeats,
               noise_target=noise_target, temperatures=list(temperatures), temperature_budget=temperature_budget,
-              temperature_frames=temperature_frames, write_trees=bool(write_trees))
+              temperature_frames=temperature_frames, write_trees=bool(write_trees), cpu_sized=cpu_run)
 prov = provenance(params, seed=seed)
 timings = {}
 print(f"model {run_model}, outputs -> {out}")

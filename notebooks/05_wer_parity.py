@@ -91,6 +91,9 @@ librispeech = ""  # real checkpoints: a LibriSpeech folder for the tree calibrat
 dataset = ""  # passed by the Makefile to every notebook (notebook 03's VoxPopuli); not used here
 codec = ""  # with fleurs: the model's codec (the 12 Hz tokenizer folder)
 work_dir = ""  # rendered multilingual audio; "": build/05_work (smoke: <out_dir>/05_work)
+cpu_sizes = {"n_sentences": 2, "calibration_frames": 100, "n_free_running": 2, "free_running_max_frames": 24}
+#            a full run on a real-size checkpoint on the CPU: these in place of the sizes above (the smaller), so that
+#            `make paper` fits 90 minutes on 2 cores; None or {}: the sizes above (paper.checkpoint.cpu_sized)
 
 # %%
 import json
@@ -121,7 +124,7 @@ from paper.plots import decoder_color
 from rvqspec_lib.models.drafter_files import drafter_path, model_drafter_dir, read_description
 from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
-from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint
 from rvqspec_lib.models.named_decoders import has_paper_decoder
 from rvqspec_lib.models.speech_tokenizers import load_codec
 from rvqspec_lib.models.tree_files import save_calibration, tree_file
@@ -140,8 +143,12 @@ work = resolve_out_dir(work_dir or (out / "05_work" if smoke else "build/05_work
 requested_model = str(model)  # kept in the provenance when the run falls back to the embedded model
 on_checkpoint = is_checkpoint(model) and not fleurs  # a released checkpoint without the paper's data: its own speech
 skipped = []  # headline entries of what this notebook does not do on the checkpoint
+cpu_run = bool(cpu_sizes) and on_checkpoint and not smoke and on_cpu(device)  # real size on the CPU: its sizes
+n_sentences, calibration_frames, n_free_running, free_running_max_frames = cpu_sized("05", dict(
+    n_sentences=n_sentences, calibration_frames=calibration_frames, n_free_running=n_free_running,
+    free_running_max_frames=free_running_max_frames), cpu_sizes, applies=cpu_run).values()
 if on_checkpoint:
-    prepare_checkpoint(model, smoke=smoke, notebook="05", out_dir=out, seed=seed)
+    prepare_checkpoint(model, smoke=smoke, notebook="05", out_dir=out, seed=seed, cpu=cpu_run)
     if [x for x in languages if x != "en"]:
         skipped.append(not_here("05", f"WER parity in {', '.join(x for x in languages if x != 'en')}",
                                 "the checkpoint speaks English texts here; pass fleurs= (and codec=) for Table 3's "
@@ -167,7 +174,7 @@ params = dict(model=str(model), requested_model=requested_model, seed=seed, smok
               calibration_frames=calibration_frames, beta=beta, alpha=alpha, power_tv=power_tv, free_running=bool(free_running), n_free_running=n_free_running,
               free_running_all=bool(free_running_all), free_running_max_frames=free_running_max_frames,
               listen_index=listen_index, asr=asr, fleurs=fleurs, librispeech=librispeech, codec=codec,
-              work_dir=str(work), notebook="05_wer_parity")
+              work_dir=str(work), notebook="05_wer_parity", cpu_sized=cpu_run)
 print(f"model {model}, languages {languages}, outputs -> {out}")
 
 # %% [markdown]

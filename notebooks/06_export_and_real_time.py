@@ -70,6 +70,10 @@ stream_repeats = 2  # runs of each measured stream
 batches = [1, 2, 4]  # streams batched in the concurrency measurement
 concurrency_models = ["qwen3-tts-0.6b-random"]  # the models whose streams are batched (None: every pipeline model)
 listen_text = "The weather is fine today, and we are going for a long walk by the river."
+cpu_sizes = {"eval_frames": 4, "budgets": [2, 8, 32], "chains": [4], "repeats": 3, "stream_frames": 24}
+#            a full run on a real-size checkpoint on a machine with no GPU: these in place of the sizes above (numbers:
+#            the smaller), so that `make paper` fits 90 minutes on 2 cores; None or {}: the sizes above
+#            (paper.checkpoint.cpu_sized)
 
 # %%
 import tempfile
@@ -99,12 +103,16 @@ from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.models.backends import available, backend_table, frame_runner, verify_backend
 from rvqspec_lib.models.frame import inner_sampling
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
-from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint
 from rvqspec_lib.models.named_decoders import has_paper_decoder, resolve, resolve_all
 from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.streaming import synthesize_stream
 from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
+cpu_run = bool(cpu_sizes) and is_checkpoint(model) and not smoke and on_cpu()  # real size, no GPU: the CPU sizes
+eval_frames, budgets, chains, repeats, stream_frames = cpu_sized("06", dict(
+    eval_frames=eval_frames, budgets=budgets, chains=chains, repeats=repeats, stream_frames=stream_frames), cpu_sizes,
+    applies=cpu_run).values()
 run_cost_model = "tiny-random" if smoke else cost_model
 run_exports = [["stepped", "onnx", "float32"], ["verify", "onnx", "float32"], ["verify", "coreml", "float16"]] \
     if smoke else [list(e) for e in exports]
@@ -119,7 +127,8 @@ n_eval = 2 if smoke else int(eval_frames)
 run_pipeline_models = ["tiny-random", "embedded"] if smoke else list(pipeline_models)
 on_checkpoint = is_checkpoint(model)
 if on_checkpoint:  # a released checkpoint: its own frames, offsets and trees; it takes the embedded model's place
-    prepare_checkpoint(model, smoke=smoke, notebook="06", out_dir=resolve_out_dir(out_dir, smoke=smoke), seed=seed)
+    prepare_checkpoint(model, smoke=smoke, notebook="06", out_dir=resolve_out_dir(out_dir, smoke=smoke), seed=seed,
+                       cpu=cpu_run)
     run_pipeline_models = list(dict.fromkeys(str(model) if m == EMBEDDED_MODEL else m for m in run_pipeline_models))
 run_precisions = ["float32"] if smoke else pipeline_precisions
 run_frames = 6 if smoke else int(stream_frames)
@@ -137,7 +146,8 @@ params = dict(model=model, cost_model=run_cost_model, requested_cost_model=str(c
               paper_budget=run_paper_budget, budgets=run_budgets, chains=run_chains, backends=list(backends),
               eval_frames=n_eval, pipeline_models=run_pipeline_models, pipeline_precisions=run_precisions,
               chunk_frames=int(chunk_frames), stream_frames=run_frames, stream_repeats=run_stream_repeats,
-              batches=run_batches, concurrency_models=run_concurrency, notebook="06_export_and_real_time")
+              batches=run_batches, concurrency_models=run_concurrency, notebook="06_export_and_real_time",
+              cpu_sized=cpu_run)
 prov = provenance(params, seed=seed)
 print(f"model {model}, cost model {run_cost_model}, pipeline models {run_pipeline_models}, outputs -> {out}")
 if run_cost_model != cost_model:  # a smoke run: the prose below describes the real-size model it stands in for

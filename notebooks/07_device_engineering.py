@@ -72,6 +72,10 @@ table_repeats = 3  # the minimum of timed frames per runner in the table (`rvqsp
 noise_target = 0.05  # every timing goes on until the relative standard error of each median is at most this, or 4 x
 #                      its minimum (rvqspec_lib.eval.noise; None: exactly the repeats above). Smoke: None
 gpu_json = "build/gpu_bench.json"  # written on a GPU by `make bench-gpu` (rvqspec bench frames --device cuda ...)
+cpu_sizes = {"batch_sizes": (1, 4, 16), "batch_repeats": 3, "auto_frames": 8, "table_repeats": 2}
+#            a full run on a real-size checkpoint on a machine with no GPU (it takes the small model's place): these in
+#            place of the sizes above (numbers: the smaller), so that `make paper` fits 90 minutes on 2 cores; None or
+#            {}: the sizes above (paper.checkpoint.cpu_sized)
 
 # %%
 import gc
@@ -103,7 +107,7 @@ from bench.latency import bench_talker_precisions, slim_talker
 from rvqspec_lib.eval.timing import machine_meta, measure_quietly, oversubscribed_note
 from rvqspec_lib.models.backends import available, backend_table, runner_label
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
-from paper.checkpoint import is_checkpoint, not_here, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint
 from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.device.precision import cpu_features, native_precisions
 from rvqspec_lib.models.tree_files import tree_file
@@ -117,8 +121,13 @@ if smoke:
     batch_sizes, batch_decoders, batch_repeats, auto_frames = (1, 4), ("ar", "chain:4"), 2, 2
     table_models, table_repeats, noise_target = ("embedded", "tiny-random"), 1, None
 skipped = []  # headline entries of what this notebook could not measure here (docs/results.md)
+cpu_run = bool(cpu_sizes) and is_checkpoint(model) and not smoke and on_cpu()  # real size, no GPU: the CPU sizes
+batch_sizes, batch_repeats, auto_frames, table_repeats = cpu_sized("07", dict(
+    batch_sizes=batch_sizes, batch_repeats=batch_repeats, auto_frames=auto_frames, table_repeats=table_repeats),
+    cpu_sizes, applies=cpu_run).values()
 if is_checkpoint(model):  # a released checkpoint: it takes the embedded model's place (its own frames and trees)
-    prepare_checkpoint(model, smoke=smoke, notebook="07", out_dir=resolve_out_dir(out_dir, smoke=smoke), seed=seed)
+    prepare_checkpoint(model, smoke=smoke, notebook="07", out_dir=resolve_out_dir(out_dir, smoke=smoke), seed=seed,
+                       cpu=cpu_run)
     small_model = str(model) if small_model == EMBEDDED_MODEL else small_model
     table_models = tuple(dict.fromkeys(str(model) if m == EMBEDDED_MODEL else m for m in table_models))
 timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)
@@ -132,7 +141,7 @@ params = dict(notebook="07_device_engineering", model=model, small_model=small_m
               talker_repeats=talker_repeats, batch_sizes=list(batch_sizes), batch_decoders=list(batch_decoders),
               batch_backends=list(batch_backends), batch_repeats=batch_repeats, auto_backends=list(auto_backends),
               auto_frames=auto_frames, table_models=list(table_models), table_backends=list(table_backends),
-              table_repeats=table_repeats, noise_target=noise_target, gpu_json=gpu_json)
+              table_repeats=table_repeats, noise_target=noise_target, gpu_json=gpu_json, cpu_sized=cpu_run)
 prov = provenance(params, seed=seed)
 timings = {}
 

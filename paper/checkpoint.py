@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rvqspec_lib.common.files import json_text, write_text_atomic
+from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.common.progress import progress_file
 from rvqspec_lib.data.utterances import load_codes, write_shipped_utterances
@@ -27,8 +28,12 @@ from rvqspec_lib.training import prepare as P
 
 #: Held-out texts the checkpoint speaks for its evaluation split (the embedded model's evaluation sentences).
 EVAL_TEXTS = DATA_DIR / "eval_texts" / "en_evaluation.tsv"
-#: (calibration frames, frames per text, evaluation texts, evaluation frames per text): smoke and full runs.
-SIZES = {True: (48, 24, 4, 24), False: (P.DEFAULT_FRAMES, P.MAX_FRAMES_PER_TEXT, 24, P.MAX_FRAMES_PER_TEXT)}
+#: (calibration frames, frames per text, evaluation texts, evaluation frames per text): a smoke run, a full run, and
+#: a full run with the notebooks' CPU sizes (:func:`on_cpu`, :func:`cpu_sized`): fewer frames, as those notebooks
+#: train on at most 400 and calibrate on at most 100, and a smaller evaluation split (a real-size model speaks a few
+#: frames a second on one core, and random weights never end a sentence, so each text runs to its frame limit).
+SIZES = {"smoke": (48, 24, 4, 24), "full": (P.DEFAULT_FRAMES, P.MAX_FRAMES_PER_TEXT, 24, P.MAX_FRAMES_PER_TEXT),
+         "cpu": (600, P.MAX_FRAMES_PER_TEXT, 8, 64)}
 
 
 def is_checkpoint(model) -> bool:
@@ -56,6 +61,38 @@ def not_here(notebook: str, what: str, why: str, source: str) -> dict:
     say(f"{notebook}: not on this checkpoint: {what} ({why})")
     return {"text": f"{what} ({why})", "value": "not measured on this checkpoint", "unit": "", "source": source,
             "glance": False}  # tools.results_doc.entry's form (paper/ does not import tools/)
+
+
+def cpu_sized(notebook: str, values: dict, cpu_sizes: dict | None, *, applies: bool) -> dict:
+    """The sizes a full run on a real-size checkpoint takes on the CPU, where the notebooks' own full sizes (made for
+    the small embedded model) would run for hours: ``values`` (parameter name -> the notebook's value) with each
+    name of ``cpu_sizes`` (the notebook's ``cpu_sizes`` parameter) put in, a number as the smaller of the two (a
+    notebook's 0 or None, "all", counts as the larger), a tuple or list in place of the notebook's. Nothing changes unless ``applies`` (a real-size checkpoint, not a
+    smoke run, the models on the CPU) and ``cpu_sizes`` is non-empty. When something changes, one line on stderr and
+    the console (:func:`say`) names each change. Returns the new values (``values`` is not modified). Raises
+    KeyError: a name of ``cpu_sizes`` that ``values`` does not hold (a misspelt parameter)."""
+    out = dict(values)
+    if not applies or not cpu_sizes:
+        return out
+    changed = []
+    for name, cap in cpu_sizes.items():
+        if name not in values:
+            raise KeyError(f"cpu_sizes names {name!r}, which notebook {notebook} does not size: use one of "
+                           f"{', '.join(values)}")
+        new = tuple(cap) if isinstance(cap, (list, tuple)) else cap if values[name] in (0, None) \
+            else min(values[name], cap)  # 0 or None: "all" in the notebooks, the largest
+        old = tuple(values[name]) if isinstance(values[name], (list, tuple)) else values[name]
+        if new != old:
+            out[name] = new
+            changed.append(f"{name} {_brief(old)} -> {_brief(new)}")
+    if changed:
+        say(f"{notebook}: sized for a checkpoint on the CPU (its cpu_sizes parameter; "
+            f"`make paper CPU_SIZES=0` keeps the full sizes): {'; '.join(changed)}")
+    return out
+
+
+def _brief(v) -> str:
+    return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 @contextmanager
@@ -97,15 +134,23 @@ def speak_evaluation(lm, folder: Path, *, n_texts: int, max_frames: int, seed: i
     return sum(r["split"] == "evaluation" for r in rows)
 
 
-def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int = 0) -> Path:
+def on_cpu(device: str = "auto") -> bool:
+    """Whether a full run takes the CPU sizes: ``device`` (a notebook's ``device`` parameter; ``"auto"`` for the
+    notebooks that have none) resolves to the CPU, which ``"auto"`` does on a machine with neither CUDA nor Apple's
+    GPU. Raises ValueError: a device that is not present (``resolve_device``'s one line)."""
+    return resolve_device(device) == "cpu"
+
+
+def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int = 0, cpu: bool = False) -> Path:
     """The checkpoint's own frames, offsets and calibrated trees (``rvqspec prepare``'s stages ``speak``, ``offsets``
     and ``trees``, each skipped where complete: a prepared checkpoint is reused) and an evaluation split
-    (:func:`speak_evaluation`), at :data:`SIZES`; loads the model on the CPU in float32. A full run writes where
+    (:func:`speak_evaluation`), at :data:`SIZES` (``cpu``: a full run's CPU sizes, see :func:`on_cpu`; the first
+    notebook to speak the evaluation split sets its size for the folder); loads the model on the CPU in float32. A full run writes where
     ``rvqspec prepare`` does (beside the checkpoint, or the project's cache folder); a ``smoke`` run of a checkpoint
     not prepared yet writes nothing there: its small preparation goes to a cache folder under ``out_dir``
     (``$RVQSPEC_CACHE`` set for this process, so every command of the notebook finds it). Returns the folder of the
     prepared files. Progress and one line a stage go to stderr and the console (:func:`say`)."""
-    frames, per_text, n_eval, eval_frames = SIZES[bool(smoke)]
+    frames, per_text, n_eval, eval_frames = SIZES["smoke" if smoke else "cpu" if cpu else "full"]
     if smoke and not any((model_drafter_dir(str(model)) / f).exists() for f in PREPARED):
         os.environ["RVQSPEC_CACHE"] = str(Path(out_dir) / "checkpoint_cache")
         (cache_model_dir(str(model)) / "drafters").mkdir(parents=True, exist_ok=True)  # model_drafter_dir: here

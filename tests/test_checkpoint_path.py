@@ -301,6 +301,33 @@ def test_a_checkpoint_is_told_apart_and_what_it_skips_is_said(ckpt, capsys):
     assert "00: not on this checkpoint: the corpus table (needs the embedded corpus)" in capsys.readouterr().err
 
 
+def test_cpu_sizes_cap_a_full_run_on_the_cpu_only_and_say_what_changed(monkeypatch, capsys):
+    """paper.checkpoint.cpu_sized: numbers capped (0, "all", becomes the cap), tuples replaced, one line naming each
+    change; nothing when it does not apply or the sizes are empty (`make paper CPU_SIZES=0`); a misspelt name is a
+    KeyError naming the notebook's sizes. on_cpu: auto resolves to the CPU only without CUDA and MPS."""
+    from paper.checkpoint import cpu_sized, on_cpu
+
+    values = {"n_train_frames": 1200, "n_sentences": 0, "epochs": 4, "tree_budgets": (2, 4, 8, 16, 32, 64)}
+    caps = {"n_train_frames": 400, "n_sentences": 2, "epochs": 6, "tree_budgets": [8, 32]}
+    got = cpu_sized("03", values, caps, applies=True)
+    assert got == {"n_train_frames": 400, "n_sentences": 2, "epochs": 4, "tree_budgets": (8, 32)}
+    assert values["n_train_frames"] == 1200  # the caller's dict is not modified
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "03: sized for a checkpoint on the CPU" in err
+    assert "n_train_frames 1200 -> 400" in err and "tree_budgets 2,4,8,16,32,64 -> 8,32" in err
+    assert "epochs" not in err  # unchanged: not named
+    for applies, sizes in ((False, caps), (True, None), (True, {})):  # negative controls
+        assert cpu_sized("03", values, sizes, applies=applies) == values
+    assert capsys.readouterr().err == ""
+    with pytest.raises(KeyError, match="n_train_frame.*does not size: use one of n_train_frames"):
+        cpu_sized("03", values, {"n_train_frame": 1}, applies=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert on_cpu() and on_cpu("cpu")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert not on_cpu() and on_cpu("cpu") and not on_cpu("mps")
+
+
 @pytest.mark.parametrize("model, folder", [("/data/models/Qwen3-TTS-12Hz-0.6B-CustomVoice/",
                                             "Qwen3-TTS-12Hz-0.6B-CustomVoice"),
                                            ("Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice", "Qwen3-TTS-12Hz-1.7B-CustomVoice"),

@@ -174,6 +174,14 @@ def test_no_notebook_ran_keeps_the_record(tmp_path):
     assert paper_run.write_record(tmp_path, "full-t1", "1700N", stamps)[0][0].startswith("paper full-t1: wall time ?")
 
 
+def test_a_damaged_record_drops_the_unreadable_time_without_a_traceback(tmp_path):
+    stamps = [_stamp(tmp_path, "00_a", "5", 12.0), _stamp(tmp_path, "01_b", "5", 30.0)]
+    paper_run.write_record(tmp_path, "full-t1", 5, stamps, now_ns=5 + 10**9)
+    csv = tmp_path / "paper_run.csv"
+    csv.write_text(csv.read_text().replace(",30.0,", ",thirty,"))  # edited by hand
+    assert paper_run.read_record(tmp_path)["notebooks"] == {"00_a": 12.0}
+
+
 def _record(folder: Path, run_tag: str, times: dict[str, float], wall_s: float) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     stamps = [_stamp(folder, n, "7", t) for n, t in times.items()]
@@ -211,6 +219,26 @@ def test_projection_names_its_inputs_or_says_why_there_is_none(tmp_path):
     (tmp_path / "figures" / "paper_run.csv").unlink()
     assert "no projected" in paper_run.projection(tmp_path / "figures" / "other", "full-other-t1",
                                                   **{**kw, "model_tag": "ckpt"})
+
+
+def test_a_cpu_sized_checkpoint_run_is_projected_from_the_cpu_reference_runs(tmp_path):
+    ref = {"00_a": 10.0, "01_t": 4.0, "03_c": 20.0}
+    _record(tmp_path / "figures", "full-t1", {n: 10 * t for n, t in ref.items()}, 300.0)  # the shipped model: x10
+    _record(tmp_path / "build" / "smoke_figures", "smoke-t1", ref, 30.0)
+    _record(tmp_path / "build" / "smoke_figures" / "ckpt", "smoke-ckpt-t1", ref, 30.0)
+    kw = dict(model_tag="ckpt", timing=["01"], jobs=2, root=tmp_path, cpu_sized=True)
+    fig = tmp_path / "figures" / "ckpt"
+    line = paper_run.projection(fig, "full-ckpt-t1", **kw)  # no reference committed: said, not the shipped ratios
+    assert "no projected wall time" in line and str(paper_run.CPU_REFERENCE) in line
+    _record(tmp_path / paper_run.CPU_REFERENCE / "full", "full-ref-t1", {n: 3 * t for n, t in ref.items()}, 99.0)
+    _record(tmp_path / paper_run.CPU_REFERENCE / "smoke", "smoke-ref-t1", ref, 30.0)
+    line = paper_run.projection(fig, "full-ckpt-t1", **kw)
+    want = paper_run.scheduled_wall_s({n: 3 * t for n, t in ref.items()}, ["01"], 2)
+    assert f"PROJECTED wall time about {paper_run._clock(want)} " in line and "CPU sizes" in line
+    # the same smoke record without the CPU sizes: the shipped model's ratios (x10)
+    want10 = paper_run.scheduled_wall_s({n: 10 * t for n, t in ref.items()}, ["01"], 2)
+    assert f"about {paper_run._clock(want10)} " in paper_run.projection(fig, "full-ckpt-t1", **{**kw, "cpu_sized": False})
+    assert not paper_run._cpu_sized("embedded", "") and not paper_run._cpu_sized("", "")
 
 
 # ---- timing notebooks never overlap ----------------------------------------------------------------------------------

@@ -106,7 +106,10 @@ def read_record(fig_dir: str | os.PathLike) -> dict | None:
     for ln in lines[1:]:
         f = ln.split(",")
         if len(f) > max(i, j) and f[i] != "total" and f[j]:
-            times[f[i]] = float(f[j])
+            try:
+                times[f[i]] = float(f[j])
+            except ValueError:  # a damaged or hand-edited record: no usable time for that notebook
+                continue
     params = prov.get("params", {})
     return {"fig_dir": str(fig_dir), "run_tag": params.get("run_tag"), "wall_s": params.get("wall_s"),
             "created_utc": prov.get("created_utc"), "revision": (prov.get("git") or {}).get("revision"),
@@ -124,13 +127,21 @@ def scheduled_wall_s(times: dict[str, float], timing: list[str], jobs: int) -> f
     return max(slots) + sum(slow)
 
 
+#: the reference run-time records of a full run on a real-size checkpoint at the notebooks' CPU sizes and of its
+#: smoke run (``full/`` and ``smoke/`` under it, each a ``paper_run`` record copied from such a run): the ratios that
+#: project such a run from a smoke run (docs/reproducibility.md#how-long-a-run-took)
+CPU_REFERENCE = Path("data") / "paper_runs" / "checkpoint-cpu"
+
+
 def projection(fig_dir: str | os.PathLike, run_tag: str, *, model_tag: str = "", timing: list[str] = (),
-               jobs: int = 2, root: str | os.PathLike = REPO_ROOT) -> str:
+               jobs: int = 2, root: str | os.PathLike = REPO_ROOT, cpu_sized: bool = False) -> str:
     """One line for the start of ``make paper``: its PROJECTED wall time if every notebook runs, and the inputs of
     the projection, or why there is none. In order: (1) this folder's last record of the same run tag (its wall
     time); (2) for a full run of another model, that model's smoke record (``build/smoke_figures/<model_tag>``) with
-    each notebook scaled by its full/smoke ratio on the shipped model (``figures/`` against
-    ``build/smoke_figures/``), put through :func:`scheduled_wall_s`. Never raises on missing or odd records."""
+    each notebook scaled by its full/smoke ratio in a reference pair of runs: the shipped model's (``figures/``
+    against ``build/smoke_figures/``), or, where the run takes the notebooks' CPU sizes (``cpu_sized``: a real-size
+    checkpoint on a machine with no GPU), the committed reference records of :data:`CPU_REFERENCE`; put through
+    :func:`scheduled_wall_s`. Never raises on missing or odd records."""
     root = Path(root)
     tag = f"paper {run_tag}"
     own = read_record(fig_dir)
@@ -141,13 +152,19 @@ def projection(fig_dir: str | os.PathLike, run_tag: str, *, model_tag: str = "",
     if not run_tag.startswith("full") or not model_tag:
         return f"{tag}: no projected wall time (this folder has no record of a run like it)"
     smoke = read_record(root / "build" / "smoke_figures" / model_tag)
-    ref_full, ref_smoke = read_record(root / "figures"), read_record(root / "build" / "smoke_figures")
+    if cpu_sized:
+        ref_full, ref_smoke = (read_record(root / CPU_REFERENCE / k) for k in ("full", "smoke"))
+        ref_name = (f"the reference run of a real-size checkpoint at the CPU sizes ({CPU_REFERENCE}, "
+                    f"{(ref_full or {}).get('created_utc')})")
+    else:
+        ref_full, ref_smoke = read_record(root / "figures"), read_record(root / "build" / "smoke_figures")
+        ref_name = "the shipped model (figures/ and build/smoke_figures/)"
     if not smoke or not smoke["notebooks"]:
         return (f"{tag}: no projected wall time: `make paper MODEL=... SMOKE=1` with the same model first gives one "
-                f"(its notebook times, scaled by the shipped model's full/smoke ratios)")
+                f"(its notebook times, scaled by the full/smoke ratios of {ref_name.split(' (')[0]})")
     if not ref_full or not ref_smoke:
-        return (f"{tag}: no projected wall time: the shipped model's full and smoke run-time records "
-                "(figures/paper_run.csv, build/smoke_figures/paper_run.csv from `make paper SMOKE=1`) are its inputs")
+        return (f"{tag}: no projected wall time: the full and smoke run-time records of {ref_name} are its inputs"
+                + ("" if cpu_sized else " (build/smoke_figures/ from `make paper SMOKE=1`)"))
     scaled = {n: t * ref_full["notebooks"][n] / ref_smoke["notebooks"][n] for n, t in smoke["notebooks"].items()
               if ref_smoke["notebooks"].get(n) and n in ref_full["notebooks"]}
     if len(scaled) < len(smoke["notebooks"]):
@@ -157,8 +174,19 @@ def projection(fig_dir: str | os.PathLike, run_tag: str, *, model_tag: str = "",
     return (f"{tag}: PROJECTED wall time about {_clock(wall)} if every notebook runs (longest {worst}, about "
             f"{_clock(scaled[worst])}): inputs: this model's smoke run ({smoke['fig_dir']}, "
             f"{_clock(sum(smoke['notebooks'].values()))} of notebooks) with each notebook scaled by its full/smoke "
-            f"ratio on the shipped model (figures/ and build/smoke_figures/), {jobs} notebooks side by side and the "
+            f"ratio in {ref_name}, {jobs} notebooks side by side and the "
             f"timing notebooks {' '.join(timing) or '(none)'} alone; a projection, not a measurement")
+
+
+def _cpu_sized(model: str, cpu_sizes: str) -> bool:
+    """Whether a full run of ``model`` takes the notebooks' CPU sizes (paper.checkpoint.on_cpu); False on any doubt."""
+    if not model or cpu_sizes.lower() in ("0", "false", "no"):
+        return False
+    try:
+        from paper.checkpoint import is_checkpoint, on_cpu
+        return is_checkpoint(model) and on_cpu()
+    except Exception:  # a projection never stops make paper: no CPU sizes assumed
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,11 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-tag", default="", help="with --project: the figures folder's name for MODEL")
     ap.add_argument("--timing", default="", help="with --project: the timing notebooks' numbers (TIMING_NB)")
     ap.add_argument("--jobs", type=int, default=2, help="with --project: notebooks side by side (PAPER_JOBS)")
+    ap.add_argument("--model", default="", help="with --project: MODEL (a real-size checkpoint on a machine with no "
+                    "GPU takes the CPU sizes, projected from their reference runs)")
+    ap.add_argument("--cpu-sizes", default="", help="with --project: CPU_SIZES (0, false or no: the full sizes)")
     ap.add_argument("stamps", nargs="*")
     args = ap.parse_args(argv)
     if args.project:
         print(projection(args.fig_dir, args.run_tag, model_tag=args.model_tag, timing=args.timing.split(),
-                         jobs=args.jobs, root=Path.cwd()))
+                         jobs=args.jobs, root=Path.cwd(), cpu_sized=_cpu_sized(args.model, args.cpu_sizes)))
         return 0
     if not args.stamps:
         ap.error("give the notebooks' stamps (or --project)")

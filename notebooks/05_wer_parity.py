@@ -143,6 +143,8 @@ work = resolve_out_dir(work_dir or (out / "05_work" if smoke else "build/05_work
 requested_model = str(model)  # kept in the provenance when the run falls back to the embedded model
 on_checkpoint = is_checkpoint(model) and not fleurs  # a released checkpoint without the paper's data: its own speech
 skipped = []  # headline entries of what this notebook does not do on the checkpoint
+if smoke and on_checkpoint:  # a checkpoint is real size: two short sentences, a short free run (a check it runs)
+    n_sentences, free_running_max_frames = 2, 24
 cpu_run = bool(cpu_sizes) and on_checkpoint and not smoke and on_cpu(device)  # real size on the CPU: its sizes
 n_sentences, calibration_frames, n_free_running, free_running_max_frames = cpu_sized("05", dict(
     n_sentences=n_sentences, calibration_frames=calibration_frames, n_free_running=n_free_running,

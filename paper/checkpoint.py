@@ -32,7 +32,7 @@ EVAL_TEXTS = DATA_DIR / "eval_texts" / "en_evaluation.tsv"
 #: a full run with the notebooks' CPU sizes (:func:`on_cpu`, :func:`cpu_sized`): fewer frames, as those notebooks
 #: train on at most 400 and calibrate on at most 100, and a smaller evaluation split (a real-size model speaks a few
 #: frames a second on one core, and random weights never end a sentence, so each text runs to its frame limit).
-SIZES = {"smoke": (48, 24, 4, 24), "full": (P.DEFAULT_FRAMES, P.MAX_FRAMES_PER_TEXT, 24, P.MAX_FRAMES_PER_TEXT),
+SIZES = {"smoke": (48, 24, 4, 12), "full": (P.DEFAULT_FRAMES, P.MAX_FRAMES_PER_TEXT, 24, P.MAX_FRAMES_PER_TEXT),
          "cpu": (600, P.MAX_FRAMES_PER_TEXT, 8, 64)}
 
 

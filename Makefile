@@ -17,6 +17,8 @@
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
 #   make paper MODEL=<checkpoint> DATASET=<saved dataset> CODEC=<12 Hz tokenizer>   drafters on a real checkpoint
 #        FLEURS=<saved Fleurs> LIBRISPEECH=<saved LibriSpeech> ASR=whisper:<dir>     WER parity (notebook 05) on it
+#   make paper MODEL=<checkpoint> CPU_SIZES=0   on a machine with no GPU, the full sizes instead of the notebooks'
+#                                 smaller cpu_sizes (hours on 2 cores; docs/reproducibility.md)
 #   make paper THREADS=2          torch threads in the timing notebooks (default 1, as the committed figures:
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,

@@ -221,7 +221,7 @@ def test_projection_names_its_inputs_or_says_why_there_is_none(tmp_path):
                                                   **{**kw, "model_tag": "ckpt"})
 
 
-def test_a_cpu_sized_checkpoint_run_is_projected_from_the_cpu_reference_runs(tmp_path):
+def test_a_cpu_sized_checkpoint_run_is_projected_from_the_committed_cpu_reference(tmp_path):
     ref = {"00_a": 10.0, "01_t": 4.0, "03_c": 20.0}
     _record(tmp_path / "figures", "full-t1", {n: 10 * t for n, t in ref.items()}, 300.0)  # the shipped model: x10
     _record(tmp_path / "build" / "smoke_figures", "smoke-t1", ref, 30.0)
@@ -230,15 +230,16 @@ def test_a_cpu_sized_checkpoint_run_is_projected_from_the_cpu_reference_runs(tmp
     fig = tmp_path / "figures" / "ckpt"
     line = paper_run.projection(fig, "full-ckpt-t1", **kw)  # no reference committed: said, not the shipped ratios
     assert "no projected wall time" in line and str(paper_run.CPU_REFERENCE) in line
-    _record(tmp_path / paper_run.CPU_REFERENCE / "full", "full-ref-t1", {n: 3 * t for n, t in ref.items()}, 99.0)
-    _record(tmp_path / paper_run.CPU_REFERENCE / "smoke", "smoke-ref-t1", ref, 30.0)
+    _record(tmp_path / paper_run.CPU_REFERENCE, "full-ref-t1", {n: 3 * t for n, t in ref.items()}, 4000.0)
     line = paper_run.projection(fig, "full-ckpt-t1", **kw)
-    want = paper_run.scheduled_wall_s({n: 3 * t for n, t in ref.items()}, ["01"], 2)
-    assert f"PROJECTED wall time about {paper_run._clock(want)} " in line and "CPU sizes" in line
+    rec = paper_run.read_record(tmp_path / paper_run.CPU_REFERENCE)
+    assert "PROJECTED wall time about 1:06:40 " in line and "CPU sizes" in line and "not a measurement" in line
+    assert f"on {rec['cpu']} with {rec['cores']} cores" in line and rec["cores"] and rec["cpu"]
     # the same smoke record without the CPU sizes: the shipped model's ratios (x10)
     want10 = paper_run.scheduled_wall_s({n: 10 * t for n, t in ref.items()}, ["01"], 2)
     assert f"about {paper_run._clock(want10)} " in paper_run.projection(fig, "full-ckpt-t1", **{**kw, "cpu_sized": False})
     assert not paper_run._cpu_sized("embedded", "") and not paper_run._cpu_sized("", "")
+    assert not paper_run._cpu_sized("/no/such/folder", "") and not paper_run._cpu_sized("x", "0")
 
 
 # ---- timing notebooks never overlap ----------------------------------------------------------------------------------

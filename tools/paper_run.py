@@ -91,7 +91,8 @@ def write_record(fig_dir: str | os.PathLike, run_tag: str, start_ns: int | str, 
 def read_record(fig_dir: str | os.PathLike) -> dict | None:
     """The run-time record a finished ``make paper`` left in ``fig_dir`` (:func:`write_record`), or ``None`` where
     there is none or it cannot be read: ``{"fig_dir", "run_tag", "wall_s" (None: unknown), "created_utc",
-    "revision", "notebooks": {name: papermill seconds}}`` (notebooks whose time is unknown left out)."""
+    "revision", "cpu", "cores", "notebooks": {name: papermill seconds}}`` (notebooks whose time is unknown left
+    out)."""
     base = Path(fig_dir) / RECORD_STEM
     try:
         prov = json.loads(base.with_suffix(".provenance.json").read_text())
@@ -111,9 +112,10 @@ def read_record(fig_dir: str | os.PathLike) -> dict | None:
             except ValueError:  # a damaged or hand-edited record: no usable time for that notebook
                 continue
     params = prov.get("params", {})
+    hw = prov.get("hardware") or {}
     return {"fig_dir": str(fig_dir), "run_tag": params.get("run_tag"), "wall_s": params.get("wall_s"),
             "created_utc": prov.get("created_utc"), "revision": (prov.get("git") or {}).get("revision"),
-            "notebooks": times}
+            "cpu": hw.get("cpu"), "cores": hw.get("cpu_count"), "notebooks": times}
 
 
 def scheduled_wall_s(times: dict[str, float], timing: list[str], jobs: int) -> float:
@@ -127,9 +129,9 @@ def scheduled_wall_s(times: dict[str, float], timing: list[str], jobs: int) -> f
     return max(slots) + sum(slow)
 
 
-#: the reference run-time records of a full run on a real-size checkpoint at the notebooks' CPU sizes and of its
-#: smoke run (``full/`` and ``smoke/`` under it, each a ``paper_run`` record copied from such a run): the ratios that
-#: project such a run from a smoke run (docs/reproducibility.md#how-long-a-run-took)
+#: the run-time record (``paper_run.*``, copied with its provenance) of a full run of the real-size 0.6B release
+#: layout at the notebooks' CPU sizes on this project's build machine: the projection of such a run
+#: (docs/reproducibility.md#how-long-a-run-took)
 CPU_REFERENCE = Path("data") / "paper_runs" / "checkpoint-cpu"
 
 
@@ -138,10 +140,10 @@ def projection(fig_dir: str | os.PathLike, run_tag: str, *, model_tag: str = "",
     """One line for the start of ``make paper``: its PROJECTED wall time if every notebook runs, and the inputs of
     the projection, or why there is none. In order: (1) this folder's last record of the same run tag (its wall
     time); (2) for a full run of another model, that model's smoke record (``build/smoke_figures/<model_tag>``) with
-    each notebook scaled by its full/smoke ratio in a reference pair of runs: the shipped model's (``figures/``
-    against ``build/smoke_figures/``), or, where the run takes the notebooks' CPU sizes (``cpu_sized``: a real-size
-    checkpoint on a machine with no GPU), the committed reference records of :data:`CPU_REFERENCE`; put through
-    :func:`scheduled_wall_s`. Never raises on missing or odd records."""
+    each notebook scaled by its full/smoke ratio on the shipped model (``figures/`` against
+    ``build/smoke_figures/``), put through :func:`scheduled_wall_s`; or, where the run takes the notebooks' CPU sizes
+    (``cpu_sized``: a checkpoint on a machine with no GPU), the wall time of the committed reference run
+    (:data:`CPU_REFERENCE`), its CPU named. Never raises on missing or odd records."""
     root = Path(root)
     tag = f"paper {run_tag}"
     own = read_record(fig_dir)
@@ -151,20 +153,23 @@ def projection(fig_dir: str | os.PathLike, run_tag: str, *, model_tag: str = "",
                 "a projection, not a measurement")
     if not run_tag.startswith("full") or not model_tag:
         return f"{tag}: no projected wall time (this folder has no record of a run like it)"
-    smoke = read_record(root / "build" / "smoke_figures" / model_tag)
     if cpu_sized:
-        ref_full, ref_smoke = (read_record(root / CPU_REFERENCE / k) for k in ("full", "smoke"))
-        ref_name = (f"the reference run of a real-size checkpoint at the CPU sizes ({CPU_REFERENCE}, "
-                    f"{(ref_full or {}).get('created_utc')})")
-    else:
-        ref_full, ref_smoke = read_record(root / "figures"), read_record(root / "build" / "smoke_figures")
-        ref_name = "the shipped model (figures/ and build/smoke_figures/)"
+        ref = read_record(root / CPU_REFERENCE)
+        if not ref or not ref["wall_s"]:
+            return f"{tag}: no projected wall time: the reference run at the CPU sizes ({CPU_REFERENCE}) is missing"
+        return (f"{tag}: PROJECTED wall time about {_clock(ref['wall_s'])} if every notebook runs (the notebooks' "
+                f"CPU sizes): the reference full run of the real-size 0.6B release layout at the CPU sizes took that "
+                f"on {ref['cpu'] or 'an unnamed CPU'} with {ref['cores'] or '?'} cores ({ref['created_utc']}, "
+                f"revision {str(ref['revision'])[:7]}; {CPU_REFERENCE}); this machine's speed is not accounted for: "
+                "a projection, not a measurement")
+    smoke = read_record(root / "build" / "smoke_figures" / model_tag)
+    ref_full, ref_smoke = read_record(root / "figures"), read_record(root / "build" / "smoke_figures")
     if not smoke or not smoke["notebooks"]:
         return (f"{tag}: no projected wall time: `make paper MODEL=... SMOKE=1` with the same model first gives one "
-                f"(its notebook times, scaled by the full/smoke ratios of {ref_name.split(' (')[0]})")
+                f"(its notebook times, scaled by the shipped model's full/smoke ratios)")
     if not ref_full or not ref_smoke:
-        return (f"{tag}: no projected wall time: the full and smoke run-time records of {ref_name} are its inputs"
-                + ("" if cpu_sized else " (build/smoke_figures/ from `make paper SMOKE=1`)"))
+        return (f"{tag}: no projected wall time: the shipped model's full and smoke run-time records "
+                "(figures/paper_run.csv, build/smoke_figures/paper_run.csv from `make paper SMOKE=1`) are its inputs")
     scaled = {n: t * ref_full["notebooks"][n] / ref_smoke["notebooks"][n] for n, t in smoke["notebooks"].items()
               if ref_smoke["notebooks"].get(n) and n in ref_full["notebooks"]}
     if len(scaled) < len(smoke["notebooks"]):
@@ -174,7 +179,7 @@ def projection(fig_dir: str | os.PathLike, run_tag: str, *, model_tag: str = "",
     return (f"{tag}: PROJECTED wall time about {_clock(wall)} if every notebook runs (longest {worst}, about "
             f"{_clock(scaled[worst])}): inputs: this model's smoke run ({smoke['fig_dir']}, "
             f"{_clock(sum(smoke['notebooks'].values()))} of notebooks) with each notebook scaled by its full/smoke "
-            f"ratio in {ref_name}, {jobs} notebooks side by side and the "
+            f"ratio on the shipped model (figures/ and build/smoke_figures/), {jobs} notebooks side by side and the "
             f"timing notebooks {' '.join(timing) or '(none)'} alone; a projection, not a measurement")
 
 

@@ -72,7 +72,8 @@ table_repeats = 3  # the minimum of timed frames per runner in the table (`rvqsp
 noise_target = 0.05  # every timing goes on until the relative standard error of each median is at most this, or 4 x
 #                      its minimum (rvqspec_lib.eval.noise; None: exactly the repeats above). Smoke: None
 gpu_json = "build/gpu_bench.json"  # written on a GPU by `make bench-gpu` (rvqspec bench frames --device cuda ...)
-cpu_sizes = {"batch_sizes": (1, 4, 16), "batch_repeats": 3, "auto_frames": 8, "table_repeats": 2}
+cpu_sizes = {"batch_sizes": (1, 16), "batch_repeats": 3, "auto_frames": 4, "table_repeats": 2,
+             "table_models": ("embedded",)}  # the table: the checkpoint alone (real size itself, no random replay)
 #            a full run on a real-size checkpoint on a machine with no GPU (it takes the small model's place): these in
 #            place of the sizes above (numbers: the smaller), so that `make paper` fits 90 minutes on 2 cores; None or
 #            {}: the sizes above (paper.checkpoint.cpu_sized)
@@ -122,9 +123,9 @@ if smoke:
     table_models, table_repeats, noise_target = ("embedded", "tiny-random"), 1, None
 skipped = []  # headline entries of what this notebook could not measure here (docs/results.md)
 cpu_run = bool(cpu_sizes) and is_checkpoint(model) and not smoke and on_cpu()  # real size, no GPU: the CPU sizes
-batch_sizes, batch_repeats, auto_frames, table_repeats = cpu_sized("07", dict(
-    batch_sizes=batch_sizes, batch_repeats=batch_repeats, auto_frames=auto_frames, table_repeats=table_repeats),
-    cpu_sizes, applies=cpu_run).values()
+batch_sizes, batch_repeats, auto_frames, table_repeats, table_models = cpu_sized("07", dict(
+    batch_sizes=batch_sizes, batch_repeats=batch_repeats, auto_frames=auto_frames, table_repeats=table_repeats,
+    table_models=table_models), cpu_sizes, applies=cpu_run).values()
 if is_checkpoint(model):  # a released checkpoint: it takes the embedded model's place (its own frames and trees)
     prepare_checkpoint(model, smoke=smoke, notebook="07", out_dir=resolve_out_dir(out_dir, smoke=smoke), seed=seed,
                        cpu=cpu_run)

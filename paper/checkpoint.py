@@ -22,6 +22,7 @@ from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.common.progress import progress_file
 from rvqspec_lib.data.utterances import load_codes, write_shipped_utterances
 from rvqspec_lib.models import loader
+from rvqspec_lib.models.loader import is_checkpoint  # noqa: F401  (the notebooks import it from here)
 from rvqspec_lib.models.drafter_files import PREPARED, cache_model_dir, model_drafter_dir
 from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.training import prepare as P
@@ -34,16 +35,6 @@ EVAL_TEXTS = DATA_DIR / "eval_texts" / "en_evaluation.tsv"
 #: frames a second on one core, and random weights never end a sentence, so each text runs to its frame limit).
 SIZES = {"smoke": (48, 24, 4, 12), "full": (P.DEFAULT_FRAMES, P.MAX_FRAMES_PER_TEXT, 24, P.MAX_FRAMES_PER_TEXT),
          "cpu": (600, P.MAX_FRAMES_PER_TEXT, 8, 64)}
-
-
-def is_checkpoint(model) -> bool:
-    """A released-layout checkpoint folder or a hub id (not the embedded model, our own builds, nor the random-weight
-    timing models built in memory)."""
-    try:
-        kind, _ = loader._resolve(str(model))
-    except loader.ModelNotFoundError:
-        return False
-    return kind in ("checkpoint", "hub")
 
 
 def say(line: str) -> None:

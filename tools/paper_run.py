@@ -187,9 +187,10 @@ def _cpu_sized(model: str, cpu_sizes: str) -> bool:
     """Whether a full run of ``model`` takes the notebooks' CPU sizes (paper.checkpoint.on_cpu); False on any doubt."""
     if not model or cpu_sizes.lower() in ("0", "false", "no"):
         return False
-    try:
-        from paper.checkpoint import is_checkpoint, on_cpu
-        return is_checkpoint(model) and on_cpu()
+    try:  # paper.checkpoint.on_cpu's rule (tools/ imports the library, not paper/)
+        from rvqspec_lib.common.machine import resolve_device
+        from rvqspec_lib.models.loader import is_checkpoint
+        return is_checkpoint(model) and resolve_device("auto") == "cpu"
     except Exception:  # a projection never stops make paper: no CPU sizes assumed
         return False
 

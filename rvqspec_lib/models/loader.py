@@ -234,6 +234,16 @@ def stored_dtype(model: str | os.PathLike) -> torch.dtype | None:
     return max(counts, key=counts.get) if counts else None
 
 
+def is_checkpoint(model) -> bool:
+    """A released-layout checkpoint folder or a hub id (not the embedded model, our own builds, nor the random-weight
+    timing models built in memory); never raises."""
+    try:
+        kind, _ = _resolve(str(model))
+    except ModelNotFoundError:
+        return False
+    return kind in ("checkpoint", "hub")
+
+
 def _resolve(name) -> tuple[str, Path | None]:
     """``(kind, folder)``: ``tiny``, ``own`` (embedded or :func:`save_checkpoint`'s), ``random``, ``checkpoint`` or
     ``hub``; ModelNotFoundError (one line) for a name that is none of them."""

@@ -194,10 +194,13 @@ $(PARAMS_FILE): FORCE
 # The notebooks whose numbers must not follow the CPU's instruction set (00: the recogniser on fixed audio; 05: it, and
 # the decoders it samples) run with their kernels pinned before Python starts, on x86-64: oneMKL's compatible branch,
 # torch's own kernels and oneDNN at AVX2, OpenBLAS's Haswell kernel (docs/reproducibility.md#on-another-cpu). The
-# timing notebooks keep the CPU's own kernels: they measure this machine.
+# timing notebooks keep the CPU's own kernels: they measure this machine. So does a released checkpoint (MODEL other
+# than the models built here, PIN_MODELS): it loads in bfloat16 where the CPU runs that natively, so its numbers follow
+# the CPU anyway, and pinned kernels would emulate its bfloat16 (docs/model.md#device-and-dtype).
 PINNED_NB     ?= 00 05
-PIN_ENV       := $(if $(filter x86_64 amd64,$(shell uname -m)),MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=avx2 \
-                 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell)
+PIN_MODELS    := embedded tiny-random qwen3-tts-0.6b-random qwen3-tts-1.7b-random
+PIN_ENV       := $(if $(and $(filter x86_64 amd64,$(shell uname -m)),$(or $(if $(MODEL),,none),$(filter $(PIN_MODELS),$(MODEL)))),\
+                 MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell)
 
 # RVQSPEC_PROGRESS=console: progress bars go to this console, not into the executed notebook (common/progress.py)
 $(FIG_DIR)/.%.done: build/%.ipynb $(LIB) $(STAMP) $(PARAMS_FILE) | voices

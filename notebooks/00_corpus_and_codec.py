@@ -102,7 +102,7 @@ from rvqspec_lib.models.configs import CODEC_CONFIG, codec_decoder_config_dict
 from rvqspec_lib.models.rvq_codec import RVQCodec
 from rvqspec_lib.models.speech_tokenizers import Qwen12HzCodec
 from rvqspec_lib.data.utterances import load_shipped_utterances
-from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint, round_trip
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, prepare_checkpoint, round_trip, takes_cpu_sizes
 
 t_start = time.perf_counter()
 check_asr_name(asr)  # a bad recogniser name or model folder: one line, before any work
@@ -117,7 +117,7 @@ run_n_multilingual = 1 if smoke else int(n_multilingual)
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 work = resolve_out_dir(work_dir or (out / "00_work" if smoke else "build/00_corpus"), smoke=smoke)
 on_checkpoint = is_checkpoint(model)  # a released checkpoint: its own speech and 12 Hz codec (the next section)
-cpu_run = bool(cpu_sizes) and on_checkpoint and not smoke and on_cpu()  # real size, no GPU here: the CPU sizes
+cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes)  # real size, no GPU here: the CPU sizes
 run_n_sentences = cpu_sized("00", {"n_sentences": run_n_sentences}, cpu_sizes, applies=cpu_run)["n_sentences"]
 if on_checkpoint:
     root = prepare_checkpoint(model, smoke=smoke, notebook="00", out_dir=out, seed=seed, cpu=cpu_run).resolve()

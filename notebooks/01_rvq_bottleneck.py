@@ -89,7 +89,7 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figu
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
-from paper.checkpoint import cpu_sized, is_checkpoint, on_cpu, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, prepare_checkpoint, takes_cpu_sizes
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET, parse_decoder_name
 from bench import latency
 from paper import plots
@@ -115,10 +115,10 @@ if threads:
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 device = resolve_device(device)  # a device not present: one line, before loading
 on_checkpoint = is_checkpoint(run_model)  # a released checkpoint: its own frames give section 8's tokens per call
-cpu_run = bool(cpu_sizes) and on_checkpoint and not smoke and on_cpu(device)  # real size on the CPU: its sizes
+cpu_run = takes_cpu_sizes(run_model, smoke=smoke, cpu_sizes=cpu_sizes, device=device)  # real size on the CPU: its sizes
 own_tpc_frames = cpu_sized("01", {"own_tpc_frames": own_tpc_frames}, cpu_sizes, applies=cpu_run)["own_tpc_frames"]
 if on_checkpoint:
-    prepare_checkpoint(run_model, smoke=smoke, notebook="01", out_dir=out, seed=seed, cpu=cpu_run)
+    prepare_checkpoint(run_model, smoke=smoke, notebook="01", out_dir=out, seed=seed, cpu=cpu_run, device=device)
     if compare_model == "embedded":  # the default: the checkpoint alone, no other model timed beside it
         compare_model = ""
 params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), repeats=run_repeats, device=device,

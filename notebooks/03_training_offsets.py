@@ -126,7 +126,7 @@ from rvqspec_lib.common.provenance import provenance, resolve_out_dir, save_figu
 from tools.results_doc import entry, headline
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root
-from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, prepare_checkpoint, takes_cpu_sizes
 from rvqspec_lib.decoding.decoder_names import PAPER_BUDGET
 from paper import drafter_table as T
 from rvqspec_lib.eval.calibration import calibration_frames
@@ -160,7 +160,7 @@ if threads:  # two threads on a busy 2-core machine spin-wait
 torch.manual_seed(seed)  # nothing below draws from the global RNG; set for any library default that might
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
 device = resolve_device(device)  # a device not present: one line, before loading
-cpu_run = bool(cpu_sizes) and is_checkpoint(model) and not smoke and on_cpu(device)  # real size on the CPU
+cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes, device=device)  # real size on the CPU
 (n_train_frames, n_val_frames, n_eval_frames, epochs, offsets_lrs, n_calibration_frames, tree_budgets,
  headroom_frames, headroom_samples) = cpu_sized("03", dict(
     n_train_frames=n_train_frames, n_val_frames=n_val_frames, n_eval_frames=n_eval_frames, epochs=epochs,
@@ -191,7 +191,7 @@ if dataset:
     root, run_model = None, model
 else:
     if is_checkpoint(model):  # a released checkpoint: it speaks its own frames (rvqspec prepare's stages)
-        prepare_checkpoint(model, smoke=smoke, notebook="03", out_dir=out, seed=seed, cpu=cpu_run)
+        prepare_checkpoint(model, smoke=smoke, notebook="03", out_dir=out, seed=seed, cpu=cpu_run, device=device)
     try:
         root = embedded_root(model)
     except FileNotFoundError:

@@ -121,7 +121,7 @@ from rvqspec_lib.eval.timing import measure_quietly
 from paper.verify_calls import record_verify_calls
 from rvqspec_lib.models.backends import available, verify_backend
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
-from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, prepare_checkpoint, takes_cpu_sizes
 from rvqspec_lib.models.named_decoders import drafter_calibration, has_paper_decoder, resolve, resolve_all
 from rvqspec_lib.models.tree_files import save_calibration, tree_file
 
@@ -138,7 +138,7 @@ timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured o
 if threads:  # two threads on a busy 2-core machine spin-wait
     torch.set_num_threads(int(threads))
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
-cpu_run = bool(cpu_sizes) and is_checkpoint(model) and not smoke and on_cpu()  # real size, no GPU: the CPU sizes
+cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes)  # real size, no GPU: the CPU sizes
 (n_calibration_frames, n_eval_frames, budgets, chains, speed_budgets, speed_chains, speed_contexts, speed_repeats,
  temperatures, temperature_frames) = cpu_sized("04", dict(
     n_calibration_frames=n_calibration_frames, n_eval_frames=n_eval_frames, budgets=budgets, chains=chains,

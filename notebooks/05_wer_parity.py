@@ -124,7 +124,7 @@ from paper.plots import decoder_color
 from rvqspec_lib.models.drafter_files import drafter_path, model_drafter_dir, read_description
 from rvqspec_lib.common.machine import resolve_device
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
-from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, prepare_checkpoint, takes_cpu_sizes
 from rvqspec_lib.models.named_decoders import has_paper_decoder
 from rvqspec_lib.models.speech_tokenizers import load_codec
 from rvqspec_lib.models.tree_files import save_calibration, tree_file
@@ -145,12 +145,12 @@ on_checkpoint = is_checkpoint(model) and not fleurs  # a released checkpoint wit
 skipped = []  # headline entries of what this notebook does not do on the checkpoint
 if smoke and on_checkpoint:  # a checkpoint is real size: two short sentences, a short free run (a check it runs)
     n_sentences, free_running_max_frames = 2, 24
-cpu_run = bool(cpu_sizes) and on_checkpoint and not smoke and on_cpu(device)  # real size on the CPU: its sizes
+cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes, device=device)  # real size on the CPU: its sizes
 n_sentences, calibration_frames, n_free_running, free_running_max_frames = cpu_sized("05", dict(
     n_sentences=n_sentences, calibration_frames=calibration_frames, n_free_running=n_free_running,
     free_running_max_frames=free_running_max_frames), cpu_sizes, applies=cpu_run).values()
 if on_checkpoint:
-    prepare_checkpoint(model, smoke=smoke, notebook="05", out_dir=out, seed=seed, cpu=cpu_run)
+    prepare_checkpoint(model, smoke=smoke, notebook="05", out_dir=out, seed=seed, cpu=cpu_run, device=device)
     if [x for x in languages if x != "en"]:
         skipped.append(not_here("05", f"WER parity in {', '.join(x for x in languages if x != 'en')}",
                                 "the checkpoint speaks English texts here; pass fleurs= (and codec=) for Table 3's "

@@ -103,13 +103,13 @@ from rvqspec_lib.device import export_formats as F
 from rvqspec_lib.models.backends import available, backend_table, frame_runner, verify_backend
 from rvqspec_lib.models.frame import inner_sampling
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
-from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, prepare_checkpoint, takes_cpu_sizes
 from rvqspec_lib.models.named_decoders import has_paper_decoder, resolve, resolve_all
 from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.streaming import synthesize_stream
 from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
-cpu_run = bool(cpu_sizes) and is_checkpoint(model) and not smoke and on_cpu()  # real size, no GPU: the CPU sizes
+cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes)  # real size, no GPU: the CPU sizes
 eval_frames, budgets, chains, repeats, stream_frames = cpu_sized("06", dict(
     eval_frames=eval_frames, budgets=budgets, chains=chains, repeats=repeats, stream_frames=stream_frames), cpu_sizes,
     applies=cpu_run).values()

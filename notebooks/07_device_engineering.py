@@ -108,7 +108,7 @@ from bench.latency import bench_talker_precisions, slim_talker
 from rvqspec_lib.eval.timing import machine_meta, measure_quietly, oversubscribed_note
 from rvqspec_lib.models.backends import available, backend_table, runner_label
 from rvqspec_lib.models.loader import EMBEDDED_MODEL, load_model
-from paper.checkpoint import cpu_sized, is_checkpoint, not_here, on_cpu, prepare_checkpoint
+from paper.checkpoint import cpu_sized, is_checkpoint, not_here, prepare_checkpoint, takes_cpu_sizes
 from rvqspec_lib.models.named_decoders import resolve_all
 from rvqspec_lib.device.precision import cpu_features, native_precisions
 from rvqspec_lib.models.tree_files import tree_file
@@ -122,7 +122,7 @@ if smoke:
     batch_sizes, batch_decoders, batch_repeats, auto_frames = (1, 4), ("ar", "chain:4"), 2, 2
     table_models, table_repeats, noise_target = ("embedded", "tiny-random"), 1, None
 skipped = []  # headline entries of what this notebook could not measure here (docs/results.md)
-cpu_run = bool(cpu_sizes) and is_checkpoint(model) and not smoke and on_cpu()  # real size, no GPU: the CPU sizes
+cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes)  # real size, no GPU: the CPU sizes
 batch_sizes, batch_repeats, auto_frames, table_repeats, table_models = cpu_sized("07", dict(
     batch_sizes=batch_sizes, batch_repeats=batch_repeats, auto_frames=auto_frames, table_repeats=table_repeats,
     table_models=table_models), cpu_sizes, applies=cpu_run).values()

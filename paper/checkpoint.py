@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rvqspec_lib.common.files import json_text, write_text_atomic
-from rvqspec_lib.common.machine import resolve_device
+from rvqspec_lib.common.machine import on_cpu  # noqa: F401  (the notebooks import it from here)
 from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.common.progress import progress_file
 from rvqspec_lib.data.utterances import load_codes, write_shipped_utterances
@@ -30,7 +30,7 @@ from rvqspec_lib.training import prepare as P
 #: Held-out texts the checkpoint speaks for its evaluation split (the embedded model's evaluation sentences).
 EVAL_TEXTS = DATA_DIR / "eval_texts" / "en_evaluation.tsv"
 #: (calibration frames, frames per text, evaluation texts, evaluation frames per text): a smoke run, a full run, and
-#: a full run with the notebooks' CPU sizes (:func:`on_cpu`, :func:`cpu_sized`): fewer frames, as those notebooks
+#: a full run with the notebooks' CPU sizes (:func:`takes_cpu_sizes`, :func:`cpu_sized`): fewer frames, as those notebooks
 #: train on at most 400 and calibrate on at most 100, and a smaller evaluation split (a real-size model speaks a few
 #: frames a second on one core, and random weights never end a sentence, so each text runs to its frame limit).
 SIZES = {"smoke": (48, 24, 4, 12), "full": (P.DEFAULT_FRAMES, P.MAX_FRAMES_PER_TEXT, 24, P.MAX_FRAMES_PER_TEXT),
@@ -125,18 +125,23 @@ def speak_evaluation(lm, folder: Path, *, n_texts: int, max_frames: int, seed: i
     return sum(r["split"] == "evaluation" for r in rows)
 
 
-def on_cpu(device: str = "auto") -> bool:
-    """Whether a full run takes the CPU sizes: ``device`` (a notebook's ``device`` parameter; ``"auto"`` for the
-    notebooks that have none) resolves to the CPU, which ``"auto"`` does on a machine with neither CUDA nor Apple's
-    GPU. Raises ValueError: a device that is not present (``resolve_device``'s one line)."""
-    return resolve_device(device) == "cpu"
+def takes_cpu_sizes(model, *, smoke: bool, cpu_sizes: dict | None, device: str = "auto") -> bool:
+    """Whether a notebook's run takes its CPU sizes (:func:`cpu_sized`): a full run (not ``smoke``) of a released
+    checkpoint (``is_checkpoint(model)``) whose models run on the CPU (``device``, the notebook's parameter or
+    ``"auto"``: :func:`~rvqspec_lib.common.machine.on_cpu`), with ``cpu_sizes`` given (``None``/``{}``: the full
+    sizes, ``make paper CPU_SIZES=0``). Raises ValueError: a device that is not present (one line)."""
+    return bool(cpu_sizes) and not smoke and is_checkpoint(model) and on_cpu(device)
 
 
-def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int = 0, cpu: bool = False) -> Path:
+def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int = 0, cpu: bool = False,
+                       device: str = "auto") -> Path:
     """The checkpoint's own frames, offsets and calibrated trees (``rvqspec prepare``'s stages ``speak``, ``offsets``
     and ``trees``, each skipped where complete: a prepared checkpoint is reused) and an evaluation split
-    (:func:`speak_evaluation`), at :data:`SIZES` (``cpu``: a full run's CPU sizes, see :func:`on_cpu`; the first
-    notebook to speak the evaluation split sets its size for the folder); loads the model on the CPU in float32. A full run writes where
+    (:func:`speak_evaluation`), at :data:`SIZES` (``cpu``: a full run's CPU sizes, see :func:`takes_cpu_sizes`; the
+    first notebook to speak the evaluation split sets its size for the folder); loads the model as ``rvqspec
+    prepare`` does: on ``device`` (``auto``: CUDA, then MPS, then the CPU) in its stored dtype where that device runs
+    it well, else float32 (bfloat16 for a released checkpoint on a GPU or a CPU with native bfloat16:
+    :func:`~rvqspec_lib.common.machine.load_dtype`, docs/model.md#device-and-dtype). A full run writes where
     ``rvqspec prepare`` does (beside the checkpoint, or the project's cache folder); a ``smoke`` run of a checkpoint
     not prepared yet writes nothing there: its small preparation goes to a cache folder under ``out_dir``
     (``$RVQSPEC_CACHE`` set for this process, so every command of the notebook finds it). Returns the folder of the
@@ -145,14 +150,15 @@ def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int 
     if smoke and not any((model_drafter_dir(str(model)) / f).exists() for f in PREPARED):
         os.environ["RVQSPEC_CACHE"] = str(Path(out_dir) / "checkpoint_cache")
         (cache_model_dir(str(model)) / "drafters").mkdir(parents=True, exist_ok=True)  # model_drafter_dir: here
-    lm = loader.load_model(str(model), device="cpu", dtype="float32")
+    lm = loader.load_model(str(model), device=device, dtype="auto")
     folder = model_drafter_dir(lm)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder):
         P.prepare(lm, frames=frames, seed=seed, stages=("speak", "offsets", "trees"), frames_per_text=per_text,
                   progress=True, say=lambda msg: say(f"{notebook}: {msg}"))
         n = speak_evaluation(lm, folder, n_texts=n_eval, max_frames=eval_frames, seed=seed)
-    say(f"{notebook}: {model}: its own frames, offsets and trees in {folder} ({n} evaluation utterances)")
+    say(f"{notebook}: {model}: its own frames, offsets and trees in {folder} ({n} evaluation utterances; "
+        f"prepared on {lm.device} in {lm.dtype})")
     return folder
 
 

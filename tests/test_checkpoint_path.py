@@ -166,8 +166,12 @@ def test_auto_device_prefers_cuda_then_mps_then_cpu(monkeypatch):
             machine.resolve_device(bad)
 
 
-def test_native_bfloat16_from_the_cpu_flags(tmp_path):
+def test_native_bfloat16_from_the_cpu_flags(tmp_path, monkeypatch):
+    """The CPU's flags say whether bfloat16 is native; oneDNN capped below it (make paper's pinned notebooks) says it
+    is not, whatever the flags; a cap that keeps bfloat16 (or none, ALL) is no cap."""
     from rvqspec_lib.common.machine import native_bfloat16
+
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
 
     cases = {"x86 avx512_bf16": ("flags\t\t: fpu sse2 avx512f avx512_bf16\n", True),
              "x86 amx_bf16": ("flags\t\t: fpu amx_bf16 amx_tile\n", True),
@@ -177,6 +181,11 @@ def test_native_bfloat16_from_the_cpu_flags(tmp_path):
         f = tmp_path / f"cpuinfo{i}"
         f.write_text("processor\t: 0\n" + text)
         assert native_bfloat16(f) is want, name
+        for isa, pinned in (("AVX2", True), ("avx512_core", True), ("ALL", False), ("AVX512_CORE_BF16", False),
+                            ("AVX512_CORE_AMX", False)):
+            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+            assert native_bfloat16(f) is (want and not pinned), (name, isa)
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert native_bfloat16(tmp_path / "absent") is False
 
 
@@ -301,11 +310,12 @@ def test_a_checkpoint_is_told_apart_and_what_it_skips_is_said(ckpt, capsys):
     assert "00: not on this checkpoint: the corpus table (needs the embedded corpus)" in capsys.readouterr().err
 
 
-def test_cpu_sizes_cap_a_full_run_on_the_cpu_only_and_say_what_changed(monkeypatch, capsys):
+def test_cpu_sizes_cap_a_full_run_on_the_cpu_only_and_say_what_changed(ckpt, monkeypatch, capsys):
     """paper.checkpoint.cpu_sized: numbers capped (0, "all", becomes the cap), tuples replaced, one line naming each
     change; nothing when it does not apply or the sizes are empty (`make paper CPU_SIZES=0`); a misspelt name is a
-    KeyError naming the notebook's sizes. on_cpu: auto resolves to the CPU only without CUDA and MPS."""
-    from paper.checkpoint import cpu_sized, on_cpu
+    KeyError naming the notebook's sizes. on_cpu: auto resolves to the CPU only without CUDA and MPS;
+    takes_cpu_sizes: a full run of a checkpoint on the CPU with sizes given, and no other (negative controls)."""
+    from paper.checkpoint import cpu_sized, on_cpu, takes_cpu_sizes
 
     values = {"n_train_frames": 1200, "n_sentences": 0, "epochs": 4, "tree_budgets": (2, 4, 8, 16, 32, 64)}
     caps = {"n_train_frames": 400, "n_sentences": 2, "epochs": 6, "tree_budgets": [8, 32]}
@@ -324,8 +334,14 @@ def test_cpu_sizes_cap_a_full_run_on_the_cpu_only_and_say_what_changed(monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     assert on_cpu() and on_cpu("cpu")
+    ckpt = str(ckpt)
+    assert takes_cpu_sizes(ckpt, smoke=False, cpu_sizes=caps)
+    for model, smoke, sizes in ((ckpt, True, caps), (ckpt, False, None), (ckpt, False, {}), ("embedded", False, caps)):
+        assert not takes_cpu_sizes(model, smoke=smoke, cpu_sizes=sizes), (model, smoke, sizes)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     assert not on_cpu() and on_cpu("cpu") and not on_cpu("mps")
+    assert not takes_cpu_sizes(ckpt, smoke=False, cpu_sizes=caps) and takes_cpu_sizes(ckpt, smoke=False, cpu_sizes=caps,
+                                                                                     device="cpu")
 
 
 @pytest.mark.parametrize("model, folder", [("/data/models/Qwen3-TTS-12Hz-0.6B-CustomVoice/",

@@ -184,13 +184,14 @@ def projection(fig_dir: str | os.PathLike, run_tag: str, *, model_tag: str = "",
 
 
 def _cpu_sized(model: str, cpu_sizes: str) -> bool:
-    """Whether a full run of ``model`` takes the notebooks' CPU sizes (paper.checkpoint.on_cpu); False on any doubt."""
+    """Whether a full run of ``model`` takes the notebooks' CPU sizes (the rule of paper.checkpoint.takes_cpu_sizes:
+    a checkpoint, models on the CPU); False on any doubt."""
     if not model or cpu_sizes.lower() in ("0", "false", "no"):
         return False
-    try:  # paper.checkpoint.on_cpu's rule (tools/ imports the library, not paper/)
-        from rvqspec_lib.common.machine import resolve_device
+    try:
+        from rvqspec_lib.common.machine import on_cpu
         from rvqspec_lib.models.loader import is_checkpoint
-        return is_checkpoint(model) and resolve_device("auto") == "cpu"
+        return is_checkpoint(model) and on_cpu()
     except Exception:  # a projection never stops make paper: no CPU sizes assumed
         return False
 

@@ -49,9 +49,30 @@ _ARM_BF16 = "bf16"
 
 def native_bfloat16(cpuinfo: str | Path = CPUINFO) -> bool:
     """Whether the CPU computes in bfloat16 natively (x86 :data:`BF16_FLAGS`, or Arm's ``bf16`` in the ``Features``
-    line); False where neither line says so (an older CPU, or no ``/proc/cpuinfo``: macOS runs models on MPS)."""
+    line); False where neither line says so (an older CPU, or no ``/proc/cpuinfo``: macOS runs models on MPS), and
+    False where this process's kernels are pinned below it (:func:`kernels_pinned`: ``make paper`` pins notebooks 00
+    and 05 at AVX2 for the embedded model, where bfloat16 would be emulated)."""
     fields = _first_fields(str(cpuinfo))
-    return bool(cpu_flags(cpuinfo) & set(BF16_FLAGS)) or _ARM_BF16 in fields.get("features", "").lower().split()
+    native = bool(cpu_flags(cpuinfo) & set(BF16_FLAGS)) or _ARM_BF16 in fields.get("features", "").lower().split()
+    return native and not kernels_pinned()
+
+
+def kernels_pinned() -> bool:
+    """Whether this process's x86 matrix kernels are capped below native bfloat16 before Python started: oneDNN's
+    ``ONEDNN_MAX_CPU_ISA`` (which runs torch's bfloat16 matrix products on the CPU) naming an instruction set without
+    bfloat16 (``AVX2``, ``AVX512_CORE``, ...; ``ALL`` and the ``*_BF16``/``*_AMX`` sets are no cap below it)
+    (docs/reproducibility.md#on-another-cpu)."""
+    import os
+
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    return bool(isa and isa != "ALL" and "BF16" not in isa and "AMX" not in isa)
+
+
+def on_cpu(device: str = "auto") -> bool:
+    """Whether ``device`` (``auto``, ``cpu``, ``cuda[:N]``, ``mps``) resolves to the CPU, which ``auto`` does on a
+    machine with neither CUDA nor Apple's GPU (:func:`resolve_device`): where a full ``make paper`` on a real-size
+    checkpoint takes the notebooks' CPU sizes. Raises ValueError: a device that is not present (one line)."""
+    return resolve_device(device) == "cpu"
 
 
 #: What ``--device`` accepts: ``auto`` picks the first present of ``cuda``, ``mps`` (Apple's GPU), ``cpu``.

@@ -206,6 +206,30 @@ def test_synthesize_and_decode_through_the_official_speech_tokenizer(lm):
     assert np.abs(np.asarray(lm.speech_tokenizer.decode([{"audio_codes": other}])[0][0]) - wav).max() > 1e-4
 
 
+def test_decode_audio_is_the_official_decode_in_bounded_chunks(lm):
+    """decode_audio (synth's and the evaluations' codes to audio): on the CPU the official 12 Hz decoder streamed in
+    DECODE_CHUNK_FRAMES-frame chunks gives the official one-call decode's samples up to float rounding (relative RMS
+    below 2e-5, as tests/test_streaming_codec.py bounds the stream), for a length that is not a multiple of the chunk;
+    negative control: other codes give other audio; another codec's decode is used as is."""
+    from rvqspec_lib.models.speech_tokenizers import DECODE_CHUNK_FRAMES, CodecSpeechTokenizer, decode_audio
+
+    n = 2 * DECODE_CHUNK_FRAMES + 3
+    codes = torch.randint(0, 2048, (n, 16), generator=torch.Generator().manual_seed(1))
+    wavs, sr = lm.speech_tokenizer.decode([{"audio_codes": codes}])
+    ref = np.asarray(wavs[0], dtype=np.float64)
+    wav, rate = decode_audio(lm.speech_tokenizer, codes)
+    assert rate == sr == SAMPLE_RATE and wav.dtype == np.float32 and wav.shape == (n * SAMPLES_PER_FRAME,)
+    assert np.sqrt(np.mean(ref ** 2)) > 1e-3
+    assert np.sqrt(np.mean((wav - ref) ** 2) / np.mean(ref ** 2)) < 2e-5
+    other = codes.clone()
+    other[n - 1, 7] = (other[n - 1, 7] + 1) % 2048  # the last chunk's last frame: its audio must change
+    assert np.abs(decode_audio(lm.speech_tokenizer, other)[0] - wav).max() > 1e-4
+    codec = load_model("embedded").speech_tokenizer
+    assert isinstance(codec, CodecSpeechTokenizer)
+    small = torch.randint(0, codec.codec.config.codebook_size, (5, 16), generator=torch.Generator().manual_seed(2))
+    np.testing.assert_array_equal(decode_audio(codec, small)[0], codec.decode([{"audio_codes": small}])[0][0])
+
+
 def test_stream_a_checkpoint_through_the_official_12hz_decoder(lm):
     """The loaded speech tokenizer (the official Qwen3TTSTokenizer) streams through StreamingCodecDecoder: the stream's
     audio is the official whole-utterance decode of its codes, frame for frame."""

@@ -29,6 +29,7 @@ from rvqspec_lib.models.audio import WavWriter
 from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.drafter_files import model_drafter_dir
 from rvqspec_lib.models.named_decoders import check_files, resolve
+from rvqspec_lib.models.speech_tokenizers import decode_audio
 from rvqspec_lib.device.precision import PRECISIONS, apply_precision, check_precision
 from rvqspec_lib.models.streaming import codec_stream_for, synthesize_stream
 from rvqspec_lib.models.text_language import english_only_note
@@ -192,8 +193,7 @@ def _audio(lm, codec_choice: str, rows: list[dict]) -> tuple[str | None, int | N
     for r in rows:
         r["wav"], r["peak"] = None, 0.0
         if tokenizer is not None and r["frames"] > 0:
-            wavs, sr = tokenizer.decode([{"audio_codes": r["codes"]}])
-            wav = np.asarray(wavs[0], dtype=np.float32)
+            wav, sr = decode_audio(tokenizer, r["codes"])
             r["peak"] = float(np.abs(wav).max()) if wav.size else 0.0
             # a 16-bit wav clips at full scale: scale down instead of distorting (reported as audio_scaled_by)
             r["wav"] = wav * (0.99 / r["peak"]) if r["peak"] > 0.99 else wav
@@ -268,6 +268,7 @@ def run(args, threads: int) -> int:
                   "calls": int(res.code_predictor_calls[j]), "tpc": float(res.tokens_per_call[j])}
                  for j in range(len(res.codes))]
     synth_s = time.perf_counter() - t
+    del res, runner, talker  # the frame loop's caches and weight copies freed before codes to audio, its peak
     t = time.perf_counter()
     codes_to_audio, sr = _audio(lm, args.codes_to_audio, rows)
     decode_s = time.perf_counter() - t if sr is not None else 0.0

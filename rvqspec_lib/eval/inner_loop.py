@@ -15,6 +15,7 @@ from rvqspec_lib.eval.asr import wer
 from rvqspec_lib.models.backends import frame_runner
 from rvqspec_lib.models.frame import inner_sampling, synthesize
 from rvqspec_lib.models.loader import LoadedModel
+from rvqspec_lib.models.speech_tokenizers import decode_audio
 
 
 def speaker_batches(utterances: Sequence, batch_size: int) -> list[list[int]]:
@@ -67,8 +68,7 @@ def codes_to_audio(codec, codes) -> np.ndarray:
         return np.zeros(0, dtype=np.float32)
     if hasattr(codec, "encode"):  # the codec interface
         return np.asarray(codec.decode(c), dtype=np.float32).reshape(-1)
-    wavs, _ = codec.decode([{"audio_codes": torch.as_tensor(c)}])
-    return np.asarray(wavs[0], dtype=np.float32).reshape(-1)
+    return decode_audio(codec, c)[0]
 
 
 def transcribe_all(asr, wavs: Sequence[np.ndarray], sample_rate: int, *, desc: str = "asr",

@@ -21,6 +21,7 @@ from rvqspec_lib.models.audio import (
 from rvqspec_lib.models.rvq_codec import RVQCodec, _check_codes
 from rvqspec_lib.models.shim import import_qwen_tts
 from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
+from rvqspec_lib.device.streaming_layers import onednn_available
 from rvqspec_lib.device.streaming_rvq import StreamingRVQDecoder
 
 
@@ -100,8 +101,7 @@ class Qwen12HzCodec:
         if n_codebooks not in (None, self.n_codebooks):
             raise ValueError(f"the official 12 Hz decoder needs all {self.n_codebooks} codebooks, got "
                              f"n_codebooks={n_codebooks}")
-        wavs, _ = self.tokenizer.decode({"audio_codes": [torch.from_numpy(codes)]})
-        return np.asarray(wavs[0], dtype=np.float32).reshape(-1)
+        return decode_audio(self.tokenizer, codes)[0]
 
 
 def load_codec(name_or_path: str | os.PathLike, device: str = "cpu"):
@@ -147,3 +147,38 @@ def streaming_decoder(codec, batch_size: int = 1, **kwargs):
         raise ValueError(f"no streaming decoder for a {type(codec).__name__}: pass the official 12 Hz decoder, a "
                          "Qwen3TTSTokenizer, a Qwen12HzCodec, an RVQCodec or a CodecSpeechTokenizer")
     return StreamingCodecDecoder(dec, batch_size, **kwargs)
+
+
+#: Frames a CPU decode of the official 12 Hz codec pushes through :class:`StreamingCodecDecoder` at once
+#: (:func:`decode_audio`): on the released config with random weights, 2-core Zen 4, 200 frames, one thread, its
+#: time was flat from 5 to 25 frames a chunk and its peak memory grows with the chunk (docs/model.md#memory).
+DECODE_CHUNK_FRAMES = 8
+
+
+def decode_audio(codec, codes) -> tuple[np.ndarray, int]:
+    """One utterance's codes to audio through a speech tokenizer's own decoder.
+
+    Args:
+        codec: a checkpoint's ``speech_tokenizer`` (the official ``Qwen3TTSTokenizer``), a :class:`Qwen12HzCodec`,
+            or :class:`CodecSpeechTokenizer` (the official ``decode([{"audio_codes": ...}])`` interface).
+        codes: ``(frames, 16)`` integer ids (a tensor or an array), frames >= 1.
+
+    Returns:
+        ``(audio, sample_rate)``: ``(frames * frame_samples,)`` float32 in [-1, 1], and its rate in Hz.
+
+    The official 12 Hz decoder on a CPU with oneDNN is run as a stream of :data:`DECODE_CHUNK_FRAMES`-frame chunks
+    (:class:`StreamingCodecDecoder`, its ``onednn`` backend): the official ``forward``'s samples up to float rounding
+    (the decoder is causal, docs/codec_streaming.md), in about half its time and a bounded part of its memory (one
+    call over a whole utterance holds every layer's activations for every frame). Elsewhere (a GPU, another codec)
+    the codec's own ``decode`` runs. Errors: the codec's own (codes out of range: ValueError, one line).
+    """
+    dec = official_decoder(codec)
+    if dec is not None and next(dec.parameters()).device.type == "cpu" and onednn_available()[0]:
+        c = torch.as_tensor(np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes), dtype=torch.int64)
+        stream = StreamingCodecDecoder(dec, 1, backend="onednn", chunk_frames_hint=DECODE_CHUNK_FRAMES)
+        c = c.T[None]  # (1, 16, frames): the stream's codebook-major layout
+        parts = [stream.push(c[..., i:i + DECODE_CHUNK_FRAMES]) for i in range(0, c.shape[-1], DECODE_CHUNK_FRAMES)]
+        return torch.cat(parts, -1)[0].float().numpy(), stream.sample_rate
+    tokenizer = codec.tokenizer if isinstance(codec, Qwen12HzCodec) else codec
+    wavs, sr = tokenizer.decode([{"audio_codes": torch.as_tensor(codes)}])
+    return np.asarray(wavs[0], dtype=np.float32).reshape(-1), int(sr)

@@ -138,7 +138,7 @@ timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured o
 if threads:  # two threads on a busy 2-core machine spin-wait
     torch.set_num_threads(int(threads))
 out = resolve_out_dir(out_dir, smoke=smoke)  # a smoke run never writes into the committed figures/
-cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes)  # real size, no GPU: the CPU sizes
+cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes, device="cpu")  # real size: it measures on the CPU
 (n_calibration_frames, n_eval_frames, budgets, chains, speed_budgets, speed_chains, speed_contexts, speed_repeats,
  temperatures, temperature_frames) = cpu_sized("04", dict(
     n_calibration_frames=n_calibration_frames, n_eval_frames=n_eval_frames, budgets=budgets, chains=chains,
@@ -146,7 +146,8 @@ cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes)  # real size,
     speed_repeats=speed_repeats, temperatures=temperatures, temperature_frames=temperature_frames),
     cpu_sizes, applies=cpu_run).values()
 if is_checkpoint(model):  # a released checkpoint: its own frames (rvqspec prepare's stages), its own verify cost
-    prepare_checkpoint(model, smoke=smoke, notebook="04", out_dir=out, seed=seed, cpu=cpu_run)
+    prepare_checkpoint(model, smoke=smoke, notebook="04", out_dir=out, seed=seed,
+                       cpu=takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes))  # prepared on the best device
     if compare_model in ("qwen3-tts-0.6b-random", "tiny-random"):  # the default: the checkpoint is real size itself
         compare_model = model
 try:

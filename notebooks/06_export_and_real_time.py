@@ -109,7 +109,7 @@ from rvqspec_lib.device.native_talker import NativeTalker
 from rvqspec_lib.models.streaming import synthesize_stream
 from rvqspec_lib.models.tree_files import load_calibration, tree_file
 
-cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes)  # real size, no GPU: the CPU sizes
+cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes, device="cpu")  # real size: it measures on the CPU
 eval_frames, budgets, chains, repeats, stream_frames = cpu_sized("06", dict(
     eval_frames=eval_frames, budgets=budgets, chains=chains, repeats=repeats, stream_frames=stream_frames), cpu_sizes,
     applies=cpu_run).values()
@@ -128,7 +128,7 @@ run_pipeline_models = ["tiny-random", "embedded"] if smoke else list(pipeline_mo
 on_checkpoint = is_checkpoint(model)
 if on_checkpoint:  # a released checkpoint: its own frames, offsets and trees; it takes the embedded model's place
     prepare_checkpoint(model, smoke=smoke, notebook="06", out_dir=resolve_out_dir(out_dir, smoke=smoke), seed=seed,
-                       cpu=cpu_run)
+                       cpu=takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes))  # prepared on the best device
     run_pipeline_models = list(dict.fromkeys(str(model) if m == EMBEDDED_MODEL else m for m in run_pipeline_models))
 run_precisions = ["float32"] if smoke else pipeline_precisions
 run_frames = 6 if smoke else int(stream_frames)

@@ -122,13 +122,13 @@ if smoke:
     batch_sizes, batch_decoders, batch_repeats, auto_frames = (1, 4), ("ar", "chain:4"), 2, 2
     table_models, table_repeats, noise_target = ("embedded", "tiny-random"), 1, None
 skipped = []  # headline entries of what this notebook could not measure here (docs/results.md)
-cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes)  # real size, no GPU: the CPU sizes
+cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes, device="cpu")  # real size: it measures on the CPU
 batch_sizes, batch_repeats, auto_frames, table_repeats, table_models = cpu_sized("07", dict(
     batch_sizes=batch_sizes, batch_repeats=batch_repeats, auto_frames=auto_frames, table_repeats=table_repeats,
     table_models=table_models), cpu_sizes, applies=cpu_run).values()
 if is_checkpoint(model):  # a released checkpoint: it takes the embedded model's place (its own frames and trees)
     prepare_checkpoint(model, smoke=smoke, notebook="07", out_dir=resolve_out_dir(out_dir, smoke=smoke), seed=seed,
-                       cpu=cpu_run)
+                       cpu=takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes))  # prepared on the best device
     small_model = str(model) if small_model == EMBEDDED_MODEL else small_model
     table_models = tuple(dict.fromkeys(str(model) if m == EMBEDDED_MODEL else m for m in table_models))
 timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)

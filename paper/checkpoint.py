@@ -22,7 +22,7 @@ from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.common.progress import progress_file
 from rvqspec_lib.data.utterances import load_codes, write_shipped_utterances
 from rvqspec_lib.models import loader
-from rvqspec_lib.models.loader import is_checkpoint  # noqa: F401  (the notebooks import it from here)
+from rvqspec_lib.models.loader import checkpoint_on_cpu, is_checkpoint  # noqa: F401  (notebooks import it here)
 from rvqspec_lib.models.drafter_files import PREPARED, cache_model_dir, model_drafter_dir
 from rvqspec_lib.models.frame import synthesize
 from rvqspec_lib.training import prepare as P
@@ -127,10 +127,10 @@ def speak_evaluation(lm, folder: Path, *, n_texts: int, max_frames: int, seed: i
 
 def takes_cpu_sizes(model, *, smoke: bool, cpu_sizes: dict | None, device: str = "auto") -> bool:
     """Whether a notebook's run takes its CPU sizes (:func:`cpu_sized`): a full run (not ``smoke``) of a released
-    checkpoint (``is_checkpoint(model)``) whose models run on the CPU (``device``, the notebook's parameter or
-    ``"auto"``: :func:`~rvqspec_lib.common.machine.on_cpu`), with ``cpu_sizes`` given (``None``/``{}``: the full
+    checkpoint whose models run on the CPU (``device``, the notebook's parameter or ``"auto"``:
+    :func:`~rvqspec_lib.models.loader.checkpoint_on_cpu`), with ``cpu_sizes`` given (``None``/``{}``: the full
     sizes, ``make paper CPU_SIZES=0``). Raises ValueError: a device that is not present (one line)."""
-    return bool(cpu_sizes) and not smoke and is_checkpoint(model) and on_cpu(device)
+    return bool(cpu_sizes) and not smoke and checkpoint_on_cpu(model, device)
 
 
 def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int = 0, cpu: bool = False,

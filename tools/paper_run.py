@@ -184,14 +184,13 @@ def projection(fig_dir: str | os.PathLike, run_tag: str, *, model_tag: str = "",
 
 
 def _cpu_sized(model: str, cpu_sizes: str) -> bool:
-    """Whether a full run of ``model`` takes the notebooks' CPU sizes (the rule of paper.checkpoint.takes_cpu_sizes:
-    a checkpoint, models on the CPU); False on any doubt."""
+    """Whether a full run of ``model`` takes the notebooks' CPU sizes (as paper.checkpoint.takes_cpu_sizes decides:
+    CPU_SIZES not off, :func:`~rvqspec_lib.models.loader.checkpoint_on_cpu`); False on any doubt."""
     if not model or cpu_sizes.lower() in ("0", "false", "no"):
         return False
     try:
-        from rvqspec_lib.common.machine import on_cpu
-        from rvqspec_lib.models.loader import is_checkpoint
-        return is_checkpoint(model) and on_cpu()
+        from rvqspec_lib.models.loader import checkpoint_on_cpu
+        return checkpoint_on_cpu(model)
     except Exception:  # a projection never stops make paper: no CPU sizes assumed
         return False
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_model as load_weights
 from safetensors.torch import save_model
 
 from rvqspec_lib.common.files import json_text, usual_mode
-from rvqspec_lib.common.machine import load_dtype, resolve_device
+from rvqspec_lib.common.machine import load_dtype, on_cpu, resolve_device
 from rvqspec_lib.common.paths import DATA_DIR
 from rvqspec_lib.models.configs import (
     CONFIG_DIR,
@@ -198,6 +198,14 @@ def _placed(lm: LoadedModel, device: str, folder: Path | None = None) -> LoadedM
 
 
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+
+
+def checkpoint_on_cpu(model, device: str = "auto") -> bool:
+    """Whether ``model`` is a released checkpoint (:func:`is_checkpoint`) that would run on the CPU (``device``
+    resolved as :func:`load_model` does: ``auto`` is the CPU on a machine with neither CUDA nor Apple's GPU): where a
+    full ``make paper`` on it takes the notebooks' CPU sizes (paper.checkpoint.takes_cpu_sizes, tools.paper_run's
+    projection). Raises ValueError: a device that is not present (one line)."""
+    return is_checkpoint(model) and on_cpu(device)
 
 
 def stored_dtype(model: str | os.PathLike) -> torch.dtype | None:

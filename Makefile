@@ -32,6 +32,7 @@
 #                                 decoder against their floors, first audio, RTF, underruns, concurrent streams;
 #                                 build/pipeline*)
 #   make bench-gpu                on a CUDA machine: notebook 07's GPU leg (rvqspec bench frames --device cuda; build/gpu_bench.json)
+#   make help                     this list
 #   make check-figures            are the committed figures/ one clean `make paper` run of the sources at HEAD?
 #                                 (one line per stale group of results and the files changed since; exit 1 if not)
 #   make stats                    the library's size and the redesign's counts (scripts/stats.py: lines, function-local
@@ -109,9 +110,12 @@ BENCH_ARGS    ?=
 EMBEDDED_WORK ?= build/embedded
 EMBEDDED_ARGS ?=
 
-.PHONY: all voices env test paper paper-run notebooks lab bench bench-gpu clean embedded check-figures stats FORCE
+.PHONY: help all voices env test paper paper-run notebooks lab bench bench-gpu clean embedded check-figures stats FORCE
 
 all: test paper
+
+help:
+	@sed -n '1,/^# Rules have/p' $(firstword $(MAKEFILE_LIST)) | sed -e '$$d' -e 's/^# \{0,1\}//'
 
 # ---- environment ------------------------------------------------------------------------------------------------
 # The Debian packages are checked on every `make test` / `make paper` (phony: a stamp would go stale when a package
@@ -125,6 +129,7 @@ env: voices $(STAMP) $(LAB_SETTINGS)
 # qwen-tts goes in with --no-deps: it declares gradio (demo only) and torchaudio (no wheel loads against the pinned
 # CPU torch; rvqspec_lib.models shims the import). Its other dependencies are in requirements.txt.
 $(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON3) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "make: $(PYTHON3) is older than Python 3.10: name a newer one, e.g. make PYTHON3=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PIP) install $(TORCH_PIP_ARGS) torch==$(TORCH_VERSION)
 	$(PIP) install -r requirements.txt
@@ -242,7 +247,8 @@ check-figures:
 # into the overrides.d folder of the venv's JupyterLab application settings, which every `jupyter lab` started from
 # .venv reads (jupyterlab_server: <sys.prefix>/share/jupyter/lab/settings/overrides.d/*.json).
 $(LAB_SETTINGS): jupyter/overrides.json $(STAMP)
-	install -D -m 644 $< $@
+	mkdir -p $(@D)
+	install -m 644 $< $@
 
 lab: $(LAB_SETTINGS)
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=$(CURDIR) \

@@ -878,7 +878,7 @@ about = (f"inner-loop audio of {'the embedded model (small trained model)' if no
          f"{en['n_utterances']} English sentences, {asr_label}") if en else ""
 _pct = lambda v: None if v is None else 100 * v  # noqa: E731
 metrics["headline"] = headline(
-    entry(f"WER of AR, {about}", _pct(wr.get("ar", {}).get("wer")), "%", "05_wer_parity.md"),
+    entry(f"WER of AR, {about}", _pct(wr.get("ar", {}).get("wer")), "%", "05_wer_parity.md", glance=True),
     entry(f"WER of the paper's decoder ({PAPER}), {about}", _pct(wr.get(PAPER, {}).get("wer")), "%",
           "05_wer_parity.md", glance=True),
     entry(f"WER of the paper's decoder minus AR's, paired over sentences, in percentage points ({about})",

@@ -17,6 +17,7 @@ import soundfile as sf
 
 import rvqspec_lib.models.loader as loader
 from rvqspec_lib.cli.main import main
+from rvqspec_lib.cli.synth import stopped_at_cap
 from rvqspec_lib.models.audio import WAV_HEADER_BYTES, WavWriter
 from rvqspec_lib.models.backends import available
 
@@ -95,7 +96,7 @@ needs_native = pytest.mark.skipif(not FAST, reason="the native forward does not 
 def test_stream_writes_a_wav_codes_and_json_with_first_audio_rtf_underruns(tmp_path, capsys):
     js = tmp_path / "x.json"
     assert _synth(tmp_path, *FAST, "--max-frames", "8", "--chunk-frames", "2", "--json", str(js)) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     stats = json.loads(js.read_text())
     wav, sr = sf.read(tmp_path / "x.wav")
     assert sr == 24000 and wav.shape == (stats["frames"] * 1920,) and np.isfinite(wav).all()
@@ -107,6 +108,11 @@ def test_stream_writes_a_wav_codes_and_json_with_first_audio_rtf_underruns(tmp_p
     assert f"time to first audio {stats['ttfa_ms']:.0f} ms after the prompt" in out
     assert f"RTF {stats['rtf']:.2f}" in out and f"{stats['underruns']} underrun(s)" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.npy", "x.wav"]
+    # the cap: said as without --stream (embedded's utterance of TEXT runs past 8 frames)
+    capped = stats["frames"] == 8
+    assert stats["ended_by_itself"] is (not capped)
+    assert ("stopped at --max-frames 8 before the model ended" in err) is capped
+    assert stats["notes"].count(stopped_at_cap(8)) == capped
 
 
 @needs_native

@@ -282,8 +282,7 @@ def run(args, threads: int) -> int:
                   f"{MIN_AUDIO_S_PER_WORD} s a word): most of the text was probably not spoken; split it into "
                   "sentences and synthesize each")
         if not r["ended"]:
-            _note(f"{which}stopped at --max-frames {args.max_frames} before the model ended the utterance (raise "
-                  "--max-frames for the rest)")
+            _note(which + stopped_at_cap(args.max_frames))
         per.append({"text": text, "words": words, "frames": r["frames"], "audio_s": audio_s,
                     "ended_by_itself": r["ended"], "text_likely_cut_short": short,
                     "audio_s_per_word": audio_s / words if words else None, "code_predictor_calls": r["calls"],
@@ -349,6 +348,11 @@ def _write_stream(stream, sink, sample_rate: int) -> bool:
         stream.close()
 
 
+def stopped_at_cap(max_frames: int) -> str:
+    """The note of an utterance cut at ``--max-frames`` before the model ended it (streamed or not)."""
+    return f"stopped at --max-frames {max_frames} before the model ended the utterance (raise --max-frames for the rest)"
+
+
 def run_stream(args, lm, runner, talker, generator, talker_sampling, t0: float, base: dict, notes) -> int:
     """``synth --stream``: the WAV (or standard output) as it comes, then the codes and ``--json`` atomically; the
     report goes to stderr when the audio goes to stdout. Returns 0 (a note when the reader closed stdout early)."""
@@ -363,8 +367,13 @@ def run_stream(args, lm, runner, talker, generator, talker_sampling, t0: float, 
         note(f"the reader of standard output closed it after {s['audio_s']:.2f} s of audio: stopped")
         return 0
     codes = stream.codes(0)
+    ended = s["frames"] < args.max_frames  # frames() yields up to the cap, the end of speech not yielded
+    if not ended:
+        notes.append(stopped_at_cap(args.max_frames))
+        note(notes[-1])
     stats = {**base, "stream": True, "out": args.out, **{k: v for k, v in s.items() if k not in ("cpu_s", "replay")},
-             "thread_cpu_s": s["cpu_s"], "notes": notes, "text": args.texts[0], "codes": codes.tolist()}
+             "thread_cpu_s": s["cpu_s"], "ended_by_itself": ended, "notes": notes, "text": args.texts[0],
+             "codes": codes.tolist()}
     targets = _write(args, stats, t0, {} if to_stdout else {Path(args.out).with_suffix(".npy"): codes}, {}, None)
     report = sys.stderr if to_stdout else sys.stdout
     print(f"{s['frames']} frames ({s['audio_s']:.2f} s of audio) streamed in chunks of {args.chunk_frames} frame(s) "

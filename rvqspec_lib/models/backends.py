@@ -44,7 +44,8 @@ def available(name: str, precision: str = "float32", device: str = "cpu") -> tup
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
     if precision not in _PRECISIONS.get(name, (precision,)):
-        return False, f"the {name} backend runs {' and '.join(_PRECISIONS[name])} modules, not {precision}"
+        return False, (f"the {name} backend runs {' and '.join(_PRECISIONS[name])} modules, not {precision}: load "
+                       f"the model in {_PRECISIONS[name][0]} (--dtype {_PRECISIONS[name][0]}) or use another backend")
     dev = torch.device(device).type
     if name == "compile" and dev == "cpu" and not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
         return False, "torch.compile on the CPU needs a C/C++ compiler (none on PATH)"

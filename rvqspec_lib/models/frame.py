@@ -199,7 +199,7 @@ def frames(lm: LoadedModel, texts: list[str] | str, *, runner=None, talker_sampl
     prompt = build_prompt(lm, [texts] if isinstance(texts, str) else list(texts), language=language, speaker=speaker)
     gen_cfg = lm.generation or {}
     rp = float(gen_cfg.get("repetition_penalty", 1.05)) if repetition_penalty is None else repetition_penalty
-    generator = or_fresh_generator(generator, "cpu")
+    generator = or_fresh_generator(generator, lm.device)
     return _frame_loop(lm, prompt, runner or frame_runner("official", lm.code_predictor, AR(),
                                                           sampling=inner_sampling(lm)),
                        talker_sampling or Sampling.from_generation_config(gen_cfg, loop="talker"), rp, generator,

@@ -151,8 +151,11 @@ def check_files(name: str | DecoderName, model: str | os.PathLike, *, n_codes: i
     # a Path as text: drafter_files would take a Path's .name for the model's name, and look in the wrong folder
     model = os.fspath(model) if isinstance(model, os.PathLike) else model
     # paper always drafts with the offsets: the heads' form is a tree of its own
-    check_shipped_drafter(model, d.drafter, heads_instead=f"tree:calibrated-point-mass:{d.budget}@heads (the "
-                          "reused heads with their own tree, no training)" if d.kind == "paper" else None)
+    heads_trees = tree_file(model, "heads") if d.kind == "paper" else None  # offered only where they exist
+    check_shipped_drafter(model, d.drafter, heads_instead=None if d.kind != "paper" else (
+        f"tree:calibrated-point-mass:{d.budget}@heads (the reused heads with their own tree, no training)"
+        if heads_trees is not None and heads_trees.is_file() else
+        "chain:4 (the reused heads as a chain: no training, no calibration)"))
     if "calibration" not in d.needs:
         return None
     path = _calibration_path(model, d)

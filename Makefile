@@ -17,8 +17,8 @@
 #   make paper MODEL=qwen3-tts-1.7b-random   another model -> figures/<model>/
 #   make paper MODEL=<checkpoint> DATASET=<saved dataset> CODEC=<12 Hz tokenizer>   drafters on a real checkpoint
 #        FLEURS=<saved Fleurs> LIBRISPEECH=<saved LibriSpeech> ASR=whisper:<dir>     WER parity (notebook 05) on it
-#   make paper MODEL=<checkpoint> CPU_SIZES=0   on a machine with no GPU, the full sizes instead of the notebooks'
-#                                 smaller cpu_sizes (hours on 2 cores; docs/reproducibility.md)
+#   make paper MODEL=<checkpoint> CPU_SIZES=0   the full sizes instead of the smaller cpu_sizes of the notebooks
+#                                 that run on the CPU (hours on 2 cores; docs/reproducibility.md)
 #   make paper THREADS=2          torch threads in the timing notebooks (default 1, as the committed figures:
 #                                 on a shared 2-core machine two threads spin-wait and time 3-8x slower)
 #   make embedded                 rebuild the shipped small model data/embedded/ from scratch (apt voices, corpus,
@@ -129,7 +129,7 @@ env: voices $(STAMP) $(LAB_SETTINGS)
 # qwen-tts goes in with --no-deps: it declares gradio (demo only) and torchaudio (no wheel loads against the pinned
 # CPU torch; rvqspec_lib.models shims the import). Its other dependencies are in requirements.txt.
 $(STAMP): requirements.txt pyproject.toml
-	@test -x $(PY) || $(PYTHON3) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "make: $(PYTHON3) is older than Python 3.10: name a newer one, e.g. make PYTHON3=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
+	@test -x $(PY) || $(PYTHON3) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "make: $(PYTHON3) is missing or older than Python 3.10: name a newer one, e.g. make PYTHON3=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PIP) install $(TORCH_PIP_ARGS) torch==$(TORCH_VERSION)
 	$(PIP) install -r requirements.txt

@@ -109,7 +109,7 @@ def speak_evaluation(lm, folder: Path, *, n_texts: int, max_frames: int, seed: i
     for b, start in enumerate(range(0, len(texts), P.SPEAK_BATCH)):
         batch = texts[start: start + P.SPEAK_BATCH]
         speaker = speakers[b % len(speakers)] if speakers else None
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + 777_777 + b)
+        gen = torch.Generator(device=lm.device).manual_seed(seed * 1_000_003 + 777_777 + b)
         res = synthesize(lm, batch, generator=gen, max_frames=int(max_frames), speaker=speaker)
         for j, text in enumerate(batch):
             n = int(res.frames[j])

@@ -206,18 +206,26 @@ def test_synthesize_and_decode_through_the_official_speech_tokenizer(lm):
     assert np.abs(np.asarray(lm.speech_tokenizer.decode([{"audio_codes": other}])[0][0]) - wav).max() > 1e-4
 
 
-def test_decode_audio_is_the_official_decode_in_bounded_chunks(lm):
+def test_decode_audio_is_the_official_decode_in_bounded_chunks(lm, monkeypatch):
     """decode_audio (synth's and the evaluations' codes to audio): on the CPU the official 12 Hz decoder streamed in
     DECODE_CHUNK_FRAMES-frame chunks gives the official one-call decode's samples up to float rounding (relative RMS
     below 2e-5, as tests/test_streaming_codec.py bounds the stream), for a length that is not a multiple of the chunk;
     negative control: other codes give other audio; another codec's decode is used as is."""
+    from rvqspec_lib.device.streaming_codec import StreamingCodecDecoder
+    from rvqspec_lib.device.streaming_layers import onednn_available
     from rvqspec_lib.models.speech_tokenizers import DECODE_CHUNK_FRAMES, CodecSpeechTokenizer, decode_audio
 
+    pushed, push = [], StreamingCodecDecoder.push
+    monkeypatch.setattr(StreamingCodecDecoder, "push", lambda self, c, *a, **k: pushed.append(c.shape[-1]) or
+                        push(self, c, *a, **k))
     n = 2 * DECODE_CHUNK_FRAMES + 3
     codes = torch.randint(0, 2048, (n, 16), generator=torch.Generator().manual_seed(1))
     wavs, sr = lm.speech_tokenizer.decode([{"audio_codes": codes}])
     ref = np.asarray(wavs[0], dtype=np.float64)
     wav, rate = decode_audio(lm.speech_tokenizer, codes)
+    if onednn_available()[0]:  # the stream ran, in chunks (else the official decode, compared with itself)
+        assert pushed == [DECODE_CHUNK_FRAMES, DECODE_CHUNK_FRAMES, 3], pushed
+    np.testing.assert_array_equal(decode_audio(lm.speech_tokenizer, codes)[0], wav)  # the kept stream starts afresh
     assert rate == sr == SAMPLE_RATE and wav.dtype == np.float32 and wav.shape == (n * SAMPLES_PER_FRAME,)
     assert np.sqrt(np.mean(ref ** 2)) > 1e-3
     assert np.sqrt(np.mean((wav - ref) ** 2) / np.mean(ref ** 2)) < 2e-5

@@ -113,6 +113,11 @@ def test_stream_writes_a_wav_codes_and_json_with_first_audio_rtf_underruns(tmp_p
     assert stats["ended_by_itself"] is (not capped)
     assert ("stopped at --max-frames 8 before the model ended" in err) is capped
     assert stats["notes"].count(stopped_at_cap(8)) == capped
+    # control: an utterance the model ends by itself (the embedded model ends TEXT well within 200 frames)
+    assert _synth(tmp_path, *FAST, "--json", str(js), out="y.wav") == 0
+    stats = json.loads(js.read_text())
+    assert stats["frames"] < 200 and stats["ended_by_itself"] is True
+    assert "stopped at --max-frames" not in capsys.readouterr().err and stopped_at_cap(200) not in stats["notes"]
 
 
 @needs_native

@@ -184,8 +184,9 @@ def projection(fig_dir: str | os.PathLike, run_tag: str, *, model_tag: str = "",
 
 
 def _cpu_sized(model: str, cpu_sizes: str) -> bool:
-    """Whether a full run of ``model`` takes the notebooks' CPU sizes (as paper.checkpoint.takes_cpu_sizes decides:
-    CPU_SIZES not off, :func:`~rvqspec_lib.models.loader.checkpoint_on_cpu`); False on any doubt."""
+    """Whether a full run of ``model`` takes every notebook's CPU sizes (paper.checkpoint.takes_cpu_sizes's rule on a
+    machine with no GPU: CPU_SIZES not off, :func:`~rvqspec_lib.models.loader.checkpoint_on_cpu`); False on any doubt
+    and on a GPU, where notebooks 04, 06 and 07 still take theirs: no reference run projects that mix."""
     if not model or cpu_sizes.lower() in ("0", "false", "no"):
         return False
     try:

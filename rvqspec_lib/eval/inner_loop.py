@@ -47,14 +47,15 @@ def free_running_codes(lm: LoadedModel, utts: Sequence, *, max_frames: int = 300
     us = [as_utterance(u) for u in utts]
     batches = speaker_batches(us, 8)
     out: list[dict | None] = [None] * len(us)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=lm.device).manual_seed(seed)  # on the model's device (CUDA refuses a CPU one)
     for bi, b in enumerate(progress_bar(batches, desc=desc, unit="batch", enabled=progress)):
         cap = int(min(max_frames, 2 * max(us[i].codes.shape[0] for i in b) + 10))
         runner = None if decoder is None else frame_runner("official", lm.code_predictor, decoder,
                                                            sampling=inner_sampling(lm))
         r = synthesize(lm, [us[i].text for i in b], runner=runner, speaker=us[b[0]].speaker,
                        language=us[b[0]].language, max_frames=cap,
-                       generator=torch.Generator().manual_seed(batch_seed(seed, bi)) if paired else gen)
+                       generator=torch.Generator(device=lm.device).manual_seed(batch_seed(seed, bi)) if paired
+                       else gen)
         for j, i in enumerate(b):
             out[i] = {"codes": r.codes[j], "ended": bool(r.ended[j]), "frames": int(r.frames[j]), "cap": cap}
     return out  # type: ignore[return-value]

@@ -7,6 +7,7 @@ audio as real checkpoints do.
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -151,8 +152,12 @@ def streaming_decoder(codec, batch_size: int = 1, **kwargs):
 
 #: Frames a CPU decode of the official 12 Hz codec pushes through :class:`StreamingCodecDecoder` at once
 #: (:func:`decode_audio`): on the released config with random weights, 2-core Zen 4, 200 frames, one thread, its
-#: time was flat from 5 to 25 frames a chunk and its peak memory grows with the chunk (docs/model.md#memory).
+#: time was flat from 5 to 25 frames a chunk and its peak memory grows with the chunk (docs/model.md#device-and-dtype).
 DECODE_CHUNK_FRAMES = 8
+
+
+#: The stream :func:`decode_audio` keeps for each official decoder (held while the decoder lives).
+_DECODE_STREAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def decode_audio(codec, codes) -> tuple[np.ndarray, int]:
@@ -168,14 +173,19 @@ def decode_audio(codec, codes) -> tuple[np.ndarray, int]:
 
     The official 12 Hz decoder on a CPU with oneDNN is run as a stream of :data:`DECODE_CHUNK_FRAMES`-frame chunks
     (:class:`StreamingCodecDecoder`, its ``onednn`` backend): the official ``forward``'s samples up to float rounding
-    (the decoder is causal, docs/codec_streaming.md), in about half its time and a bounded part of its memory (one
+    (the decoder is causal, docs/codec_streaming.md; so past 300 frames, where the official ``decode`` switches to its
+    approximate ``chunked_decode``, the exact forward's, not the official decode's), in about half its time and a bounded part of its memory (one
     call over a whole utterance holds every layer's activations for every frame). Elsewhere (a GPU, another codec)
     the codec's own ``decode`` runs. Errors: the codec's own (codes out of range: ValueError, one line).
     """
     dec = official_decoder(codec)
     if dec is not None and next(dec.parameters()).device.type == "cpu" and onednn_available()[0]:
         c = torch.as_tensor(np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes), dtype=torch.int64)
-        stream = StreamingCodecDecoder(dec, 1, backend="onednn", chunk_frames_hint=DECODE_CHUNK_FRAMES)
+        stream = _DECODE_STREAMS.get(dec)
+        if stream is None:  # its weights laid out for oneDNN once per decoder, not per utterance
+            stream = _DECODE_STREAMS[dec] = StreamingCodecDecoder(dec, 1, backend="onednn",
+                                                                  chunk_frames_hint=DECODE_CHUNK_FRAMES)
+        stream.reset(1)
         c = c.T[None]  # (1, 16, frames): the stream's codebook-major layout
         parts = [stream.push(c[..., i:i + DECODE_CHUNK_FRAMES]) for i in range(0, c.shape[-1], DECODE_CHUNK_FRAMES)]
         return torch.cat(parts, -1)[0].float().numpy(), stream.sample_rate

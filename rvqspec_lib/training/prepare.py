@@ -198,7 +198,7 @@ def speak(lm: LoadedModel, folder: Path, targets: dict[str, int], *, seed: int =
         if not batch:
             continue
         speaker = speakers[b_index % len(speakers)] if speakers else None
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + b_index)
+        gen = torch.Generator(device=lm.device).manual_seed(seed * 1_000_003 + b_index)  # on the model's device
         need = targets[split] - have[split]  # the last batch of a split speaks no more than the split still needs
         cap = min(max_frames_per_text, -(-need // len(batch)))
         res = synthesize(lm, [texts[i] for i in batch], generator=gen, max_frames=cap, speaker=speaker)

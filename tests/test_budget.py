@@ -182,3 +182,24 @@ def test_auto_decoder_does_not_cache_an_oversubscribed_choice(setup, tmp_path, m
     assert path.exists() is cached
     assert ("OVERSUBSCRIBED: other processes used 90% of the CPU while timing, so this choice is not cached"
             in ch.reason) is not cached, ch.reason
+
+
+def test_auto_chooses_among_each_devices_fast_backends(monkeypatch):
+    """One list of ``--decoder auto``'s backends for prepare and synth (the cache key names them): native on a CPU
+    where it runs, torch.compile on CUDA where triton is installed (faked here: no GPU), the official module alone
+    elsewhere; a precision the native forward does not run leaves it out."""
+    import importlib.util
+
+    from rvqspec_lib.eval import budget
+    from rvqspec_lib.models import backends as B
+
+    native = B.available("native", "float32")[0]
+    assert budget.auto_backends("float32", "cpu") == ["official"] + ["native"] * native
+    assert budget.auto_backends("float16", "cpu") == ["official"]
+    assert budget.auto_backends("bfloat16", "mps") == ["official"]
+    real = importlib.util.find_spec
+    for triton, want in ((True, ["official", "compile"]), (False, ["official"])):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, _t=triton:
+                            (object() if _t else None) if name == "triton" else real(name, *a))
+        assert budget.auto_backends("bfloat16", "cuda") == want
+        assert B.available("compile", "bfloat16", "cuda")[0] is triton

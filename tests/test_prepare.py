@@ -268,3 +268,20 @@ def test_the_embedded_model_is_prepared_already(cache):
     done = prepare(load_model("embedded"), stages=("speak", "offsets", "trees"), say=lambda m: None)
     assert done.folder == EMBEDDED_DIR / "model" and [s.skipped for s in done.stages] == [True] * 3
     assert {p: p.stat().st_mtime_ns for p in EMBEDDED_DIR.rglob("*") if p.is_file()} == files
+
+
+def test_paper_without_offsets_but_with_the_heads_trees_suggests_the_heads_tree(prepared, tmp_path, capsys):
+    """A prepared checkpoint whose offsets are gone (its heads' calibrated trees kept): ``--decoder paper``'s
+    refusal names the heads' own calibrated tree, and that decoder runs there; the control (the trees gone too)
+    names the heads' chain (tests/test_messages.py)."""
+    ckpt = _copy(prepared[0], tmp_path / "ckpt")
+    (ckpt / "drafters" / "offsets.safetensors").unlink()
+    rc = _synth(ckpt, tmp_path, "--decoder", "paper", "--out", str(tmp_path / "a.wav"))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    suggested = err.split("or use ")[-1].split(" (")[0]
+    assert suggested.startswith("tree:calibrated-point-mass:") and suggested.endswith("@heads"), err
+    assert _synth(ckpt, tmp_path, "--decoder", suggested, "--out", str(tmp_path / "b.wav")) == 0
+    (ckpt / "trees" / "heads.json").unlink()
+    rc = _synth(ckpt, tmp_path, "--decoder", "paper", "--out", str(tmp_path / "a.wav"))
+    assert rc == 2 and "or use chain:4 (the reused heads" in capsys.readouterr().err

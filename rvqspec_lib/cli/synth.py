@@ -154,17 +154,15 @@ def check_codes_to_audio(args, offline_codec: bool, neural: bool = True) -> None
 
 def build_runner(args, lm, sampling: Sampling) -> tuple[object, str | None]:
     """The frame runner of ``--decoder``, ``--backend``, ``--frame`` and a line saying what was chosen (``None``: named
-    decoder). ``auto``: timed among official and native (or ``--backend``) once and cached. No ``--decoder``: the
+    decoder). ``auto``: timed among ``budget.auto_backends`` (or ``--backend``) once and cached. No ``--decoder``: the
     cached ``auto`` choice, never timed; without one AR through native (fused) where it runs, else official."""
     name, default = args.decoder_name, args.decoder is None
     choice = None
     if name.kind == "auto" or default:
-        native = args.device == "cpu" and args.dtype in PRECISIONS and B.available_or_note(
-            "native", args.dtype, args.device, instead="--decoder auto chooses among the official module's decoders "
-                                                       "alone")
-        choice = budget.auto_for_model(lm, backends=[args.backend] if args.backend else ["official"] + ["native"] *
-                                       native, drafter_name=name.drafter, progress=sys.stderr.isatty(),
-                                       timed=not default)
+        pool = budget.auto_backends(args.dtype, args.device, note=True)
+        native = "native" in pool
+        choice = budget.auto_for_model(lm, backends=[args.backend] if args.backend else pool,
+                                       drafter_name=name.drafter, progress=sys.stderr.isatty(), timed=not default)
     if choice is not None:
         args.decoder_name = parse_decoder_name("auto")
         named, backend = replace(choice.named, note=f"{'--decoder ' * (not default)}auto chose {choice.reason}"), \

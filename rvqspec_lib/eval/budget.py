@@ -28,13 +28,30 @@ from rvqspec_lib.eval.noise import noise_words
 from rvqspec_lib.eval.speed import time_frames, verify_cost_curve
 from rvqspec_lib.eval.timing import oversubscribed_note
 from rvqspec_lib.data.frame_sources import frames_from_shipped
+from rvqspec_lib.models import backends as B
 from rvqspec_lib.models.backends import frame_runner, fused_support, verify_backend
 from rvqspec_lib.models.drafter_files import cache_root, prepare_command, shipped_drafter
 from rvqspec_lib.models.named_decoders import NamedDecoder, drafter_calibration, resolve, resolve_all
-from rvqspec_lib.device.precision import precision_of
+from rvqspec_lib.device.precision import PRECISIONS, precision_of
 
 #: Node budgets N (root included) considered for calibrated trees.
 AUTO_BUDGETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def auto_backends(precision: str, device: str = "cpu", *, note: bool = False) -> list[str]:
+    """The backends ``--decoder auto`` chooses among for a code predictor in ``precision`` on ``device``; the cache
+    key names them, so ``rvqspec prepare`` (which times the choice) and ``synth`` (which reads it) take them from
+    here. The official module everywhere; on a CPU the native forward where it runs that precision; on CUDA the
+    compiled lean forward (``torch.compile``, CUDA graphs) where triton is installed. ``note``: say once on stderr
+    why the native forward is left out on a CPU (:func:`~rvqspec_lib.models.backends.available_or_note`)."""
+    dev = torch.device(device).type
+    if dev == "cpu" and precision in PRECISIONS:
+        ok = (B.available_or_note("native", precision, dev, instead="--decoder auto chooses among the official "
+                                  "module's decoders alone") if note else B.available("native", precision, dev)[0])
+        return ["official"] + ["native"] * bool(ok)
+    if dev == "cuda":
+        return ["official"] + ["compile"] * bool(B.available("compile", precision, dev)[0])
+    return ["official"]
 #: Version of a cached choice (part of its key: entries of another version are never read as choices).
 CACHE_VERSION = 2
 

@@ -49,6 +49,8 @@ def available(name: str, precision: str = "float32", device: str = "cpu") -> tup
     dev = torch.device(device).type
     if name == "compile" and dev == "cpu" and not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
         return False, "torch.compile on the CPU needs a C/C++ compiler (none on PATH)"
+    if name == "compile" and dev == "cuda" and importlib.util.find_spec("triton") is None:
+        return False, "torch.compile on CUDA needs triton (pip install triton)"
     if name == "onnx":
         missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
         if missing:

@@ -39,10 +39,8 @@ from rvqspec_lib.common.provenance import provenance
 from rvqspec_lib.data.frame_sources import frames_from_shipped
 from rvqspec_lib.data.utterances import embedded_root, load_shipped_utterances, write_shipped_utterances
 from rvqspec_lib.decoding.drafters import DEFAULT_K, DRAFTERS
-from rvqspec_lib.device.precision import PRECISIONS
 from rvqspec_lib.eval import budget
 from rvqspec_lib.eval.calibration import BUDGETS, calibrate, calibration_frames
-from rvqspec_lib.models import backends as B
 from rvqspec_lib.models.drafter_files import (
     drafter_path,
     load_drafter,
@@ -296,12 +294,6 @@ def calibrate_trees(lm: LoadedModel, folder: Path, drafters: Sequence[str], fram
 
 
 # ---- 4. auto ----------------------------------------------------------------------------------------------------------
-def auto_backends(precision: str) -> list[str]:
-    """The backends ``synth --decoder auto`` chooses among at ``precision`` (its cache key names them): official,
-    and native where it runs that precision here."""
-    return ["official"] + ["native"] * bool(precision in PRECISIONS and B.available("native", precision)[0])
-
-
 def _with_code_predictor_dtype(lm: LoadedModel, dtype: torch.dtype, fn: Callable):
     """``fn()`` with the code predictor cast to ``dtype`` (what ``synth --dtype`` loads), cast back after."""
     cp = lm.code_predictor
@@ -342,7 +334,7 @@ def time_auto(lm: LoadedModel, dtypes: Sequence[str], *, progress: bool = False,
     for name in dtypes:
         dtype = _DTYPES[name]
         choice = _with_code_predictor_dtype(lm, dtype, lambda: budget.auto_decoder(
-            lm.name, lm.code_predictor, cal, contexts.to(dtype), backends=auto_backends(name), drafter_name="heads",
+            lm.name, lm.code_predictor, cal, contexts.to(dtype), backends=budget.auto_backends(name, lm.device), drafter_name="heads",
             progress=progress, **options))
         lines.append(f"{name}: {choice.reason}")
     return lines
@@ -356,7 +348,7 @@ def auto_cached(lm: LoadedModel, dtypes: Sequence[str]) -> bool:
     store = budget.read_cache(budget.cache_file())
     for name in dtypes:
         key = _with_code_predictor_dtype(lm, _DTYPES[name], lambda: budget.cache_key(
-            lm.name, lm.code_predictor, cal, "heads", auto_backends(name)))
+            lm.name, lm.code_predictor, cal, "heads", budget.auto_backends(name, lm.device)))
         if json.dumps(key, sort_keys=True) not in store:  # the store's own key (budget.auto_decoder)
             return False
     return True

@@ -120,7 +120,7 @@ on_checkpoint = is_checkpoint(model)  # a released checkpoint: its own speech an
 cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes)  # real size, no GPU here: the CPU sizes
 run_n_sentences = cpu_sized("00", {"n_sentences": run_n_sentences}, cpu_sizes, applies=cpu_run)["n_sentences"]
 if on_checkpoint:
-    root = prepare_checkpoint(model, smoke=smoke, notebook="00", out_dir=out, seed=seed, cpu=cpu_run).resolve()
+    root = prepare_checkpoint(model, smoke=smoke, notebook="00", out_dir=out, seed=seed, cpu_sizes=cpu_sizes).resolve()
 else:
     try:
         root = embedded_root(model).resolve()

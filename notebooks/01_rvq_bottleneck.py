@@ -118,7 +118,8 @@ on_checkpoint = is_checkpoint(run_model)  # a released checkpoint: its own frame
 cpu_run = takes_cpu_sizes(run_model, smoke=smoke, cpu_sizes=cpu_sizes, device=device)  # real size on the CPU: its sizes
 own_tpc_frames = cpu_sized("01", {"own_tpc_frames": own_tpc_frames}, cpu_sizes, applies=cpu_run)["own_tpc_frames"]
 if on_checkpoint:
-    prepare_checkpoint(run_model, smoke=smoke, notebook="01", out_dir=out, seed=seed, cpu=cpu_run, device=device)
+    prepare_checkpoint(run_model, smoke=smoke, notebook="01", out_dir=out, seed=seed, cpu_sizes=cpu_sizes,
+                       device=device)
     if compare_model == "embedded":  # the default: the checkpoint alone, no other model timed beside it
         compare_model = ""
 params = dict(model=run_model, seed=seed, smoke=bool(smoke), out_dir=str(out), repeats=run_repeats, device=device,

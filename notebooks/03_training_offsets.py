@@ -191,7 +191,8 @@ if dataset:
     root, run_model = None, model
 else:
     if is_checkpoint(model):  # a released checkpoint: it speaks its own frames (rvqspec prepare's stages)
-        prepare_checkpoint(model, smoke=smoke, notebook="03", out_dir=out, seed=seed, cpu=cpu_run, device=device)
+        prepare_checkpoint(model, smoke=smoke, notebook="03", out_dir=out, seed=seed, cpu_sizes=cpu_sizes,
+                           device=device)
     try:
         root = embedded_root(model)
     except FileNotFoundError:

@@ -147,7 +147,7 @@ cpu_run = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes, device="cpu")
     cpu_sizes, applies=cpu_run).values()
 if is_checkpoint(model):  # a released checkpoint: its own frames (rvqspec prepare's stages), its own verify cost
     prepare_checkpoint(model, smoke=smoke, notebook="04", out_dir=out, seed=seed,
-                       cpu=takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes))  # prepared on the best device
+                       cpu_sizes=cpu_sizes)  # prepared on the best device, sized for it
     if compare_model in ("qwen3-tts-0.6b-random", "tiny-random"):  # the default: the checkpoint is real size itself
         compare_model = model
 try:

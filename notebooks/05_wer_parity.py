@@ -150,7 +150,7 @@ n_sentences, calibration_frames, n_free_running, free_running_max_frames = cpu_s
     n_sentences=n_sentences, calibration_frames=calibration_frames, n_free_running=n_free_running,
     free_running_max_frames=free_running_max_frames), cpu_sizes, applies=cpu_run).values()
 if on_checkpoint:
-    prepare_checkpoint(model, smoke=smoke, notebook="05", out_dir=out, seed=seed, cpu=cpu_run, device=device)
+    prepare_checkpoint(model, smoke=smoke, notebook="05", out_dir=out, seed=seed, cpu_sizes=cpu_sizes, device=device)
     if [x for x in languages if x != "en"]:
         skipped.append(not_here("05", f"WER parity in {', '.join(x for x in languages if x != 'en')}",
                                 "the checkpoint speaks English texts here; pass fleurs= (and codec=) for Table 3's "

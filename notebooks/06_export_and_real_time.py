@@ -128,7 +128,7 @@ run_pipeline_models = ["tiny-random", "embedded"] if smoke else list(pipeline_mo
 on_checkpoint = is_checkpoint(model)
 if on_checkpoint:  # a released checkpoint: its own frames, offsets and trees; it takes the embedded model's place
     prepare_checkpoint(model, smoke=smoke, notebook="06", out_dir=resolve_out_dir(out_dir, smoke=smoke), seed=seed,
-                       cpu=takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes))  # prepared on the best device
+                       cpu_sizes=cpu_sizes)  # prepared on the best device, sized for it
     run_pipeline_models = list(dict.fromkeys(str(model) if m == EMBEDDED_MODEL else m for m in run_pipeline_models))
 run_precisions = ["float32"] if smoke else pipeline_precisions
 run_frames = 6 if smoke else int(stream_frames)

@@ -128,7 +128,7 @@ batch_sizes, batch_repeats, auto_frames, table_repeats, table_models = cpu_sized
     table_models=table_models), cpu_sizes, applies=cpu_run).values()
 if is_checkpoint(model):  # a released checkpoint: it takes the embedded model's place (its own frames and trees)
     prepare_checkpoint(model, smoke=smoke, notebook="07", out_dir=resolve_out_dir(out_dir, smoke=smoke), seed=seed,
-                       cpu=takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes))  # prepared on the best device
+                       cpu_sizes=cpu_sizes)  # prepared on the best device, sized for it
     small_model = str(model) if small_model == EMBEDDED_MODEL else small_model
     table_models = tuple(dict.fromkeys(str(model) if m == EMBEDDED_MODEL else m for m in table_models))
 timing_attempts = 1 if smoke else 2  # an oversubscribed timing is re-measured once (smoke: its numbers mean nothing)

@@ -133,19 +133,20 @@ def takes_cpu_sizes(model, *, smoke: bool, cpu_sizes: dict | None, device: str =
     return bool(cpu_sizes) and not smoke and checkpoint_on_cpu(model, device)
 
 
-def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int = 0, cpu: bool = False,
+def prepare_checkpoint(model, *, smoke: bool, notebook: str, out_dir, seed: int = 0, cpu_sizes: dict | None = None,
                        device: str = "auto") -> Path:
     """The checkpoint's own frames, offsets and calibrated trees (``rvqspec prepare``'s stages ``speak``, ``offsets``
     and ``trees``, each skipped where complete: a prepared checkpoint is reused) and an evaluation split
-    (:func:`speak_evaluation`), at :data:`SIZES` (``cpu``: a full run's CPU sizes, see :func:`takes_cpu_sizes`; the
-    first notebook to speak the evaluation split sets its size for the folder); loads the model as ``rvqspec
-    prepare`` does: on ``device`` (``auto``: CUDA, then MPS, then the CPU) in its stored dtype where that device runs
+    (:func:`speak_evaluation`), at :data:`SIZES` (a full run's CPU sizes where :func:`takes_cpu_sizes` says so for
+    ``cpu_sizes`` on the device it is prepared on; the first notebook to speak the evaluation split sets its size for
+    the folder); loads the model as ``rvqspec prepare`` does: on ``device`` (``auto``: CUDA, then MPS, then the CPU) in its stored dtype where that device runs
     it well, else float32 (bfloat16 for a released checkpoint on a GPU or a CPU with native bfloat16:
     :func:`~rvqspec_lib.common.machine.load_dtype`, docs/model.md#device-and-dtype). A full run writes where
     ``rvqspec prepare`` does (beside the checkpoint, or the project's cache folder); a ``smoke`` run of a checkpoint
     not prepared yet writes nothing there: its small preparation goes to a cache folder under ``out_dir``
     (``$RVQSPEC_CACHE`` set for this process, so every command of the notebook finds it). Returns the folder of the
     prepared files. Progress and one line a stage go to stderr and the console (:func:`say`)."""
+    cpu = takes_cpu_sizes(model, smoke=smoke, cpu_sizes=cpu_sizes, device=device)
     frames, per_text, n_eval, eval_frames = SIZES["smoke" if smoke else "cpu" if cpu else "full"]
     if smoke and not any((model_drafter_dir(str(model)) / f).exists() for f in PREPARED):
         os.environ["RVQSPEC_CACHE"] = str(Path(out_dir) / "checkpoint_cache")

@@ -174,13 +174,14 @@ def decode_audio(codec, codes) -> tuple[np.ndarray, int]:
     The official 12 Hz decoder on a CPU with oneDNN is run as a stream of :data:`DECODE_CHUNK_FRAMES`-frame chunks
     (:class:`StreamingCodecDecoder`, its ``onednn`` backend): the official ``forward``'s samples up to float rounding
     (the decoder is causal, docs/codec_streaming.md; so past 300 frames, where the official ``decode`` switches to its
-    approximate ``chunked_decode``, the exact forward's, not the official decode's), in about half its time and a bounded part of its memory (one
-    call over a whole utterance holds every layer's activations for every frame). Elsewhere (a GPU, another codec)
-    the codec's own ``decode`` runs. Errors: the codec's own (codes out of range: ValueError, one line).
+    approximate ``chunked_decode``, the exact forward's, not the official decode's), in about half its time and a
+    bounded part of its memory (one call over a whole utterance holds every layer's activations for every frame).
+    Elsewhere (a GPU, another codec) the codec's own ``decode`` runs. Errors: the codec's own (codes out of range:
+    ValueError, one line).
     """
     dec = official_decoder(codec)
     if dec is not None and next(dec.parameters()).device.type == "cpu" and onednn_available()[0]:
-        c = torch.as_tensor(np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes), dtype=torch.int64)
+        c = torch.as_tensor(codes).cpu().long()
         stream = _DECODE_STREAMS.get(dec)
         if stream is None:  # its weights laid out for oneDNN once per decoder, not per utterance
             stream = _DECODE_STREAMS[dec] = StreamingCodecDecoder(dec, 1, backend="onednn",

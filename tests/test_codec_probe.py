@@ -128,6 +128,25 @@ def test_predictability_codes_that_are_a_function_of_context_are_predicted_exact
     assert cp.gates({"predictability": r}) == {"predictability": True}
 
 
+def test_predictability_counts_extra_fit_utterances_and_never_scores_them():
+    """Few held-out utterances of a context-determined code: more counted utterances (the codec's training
+    sentences) leave the scored frames the same and raise the probability of the true code; noise codes counted
+    besides (the negative control) do not make them predictable."""
+    all_codes, all_phones, all_positions = _synthetic(n_utts=65)  # one table of codes: 5 held out, 60 counted besides
+    codes, phones, positions = all_codes[:5], all_phones[:5], all_positions[:5]
+    alone = cp.predictability(codes, phones, positions, vocab=64)
+    more = cp.predictability(codes, phones, positions, vocab=64,
+                             fit_extra=(all_codes[5:], all_phones[5:], all_positions[5:]))
+    assert more["fit_extra_utterances"] == 60 and more["fit_utterances"] == alone["fit_utterances"] + 60
+    for a, m in zip(alone["deep"], more["deep"]):
+        assert a["n"] == m["n"] and m["p_true"] >= a["p_true"] and m["accuracy"] == 1.0
+    noise, nph, npos = _synthetic(n_utts=20, deterministic=False)
+    r = cp.predictability(noise, nph, npos, vocab=64, fit_extra=_synthetic(n_utts=60, seed=1, deterministic=False))
+    assert all(x["accuracy"] < 0.08 for x in r["deep"])
+    with pytest.raises(ValueError, match="fit_extra"):
+        cp.predictability(codes, phones, positions, vocab=64, fit_extra=(codes, phones[:-1], positions))
+
+
 def test_predictability_of_noise_codes_is_low_and_calibrated():
     codes, phones, positions = _synthetic(deterministic=False)
     r = cp.predictability(codes, phones, positions, vocab=64)

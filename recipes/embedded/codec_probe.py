@@ -44,6 +44,7 @@ from rvqspec_lib.eval.inner_loop import transcribe_all
 from rvqspec_lib.eval.parity import paired_ratio_difference
 from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, load_wav
 from rvqspec_lib.models.rvq_codec import RVQCodec
+from recipes.embedded.learned_codec import LearnedCodec, is_learned_codec
 
 #: The gates of issue 35's stage 1.
 MIN_UNCHANGED = 0.90  # share of codes at every depth that survive the gain change and the delay
@@ -265,13 +266,15 @@ class CountingPredictor:
 
 
 def predictability(codes: Sequence[np.ndarray], phones: Sequence[Sequence[str]], positions: Sequence[np.ndarray],
-                   *, vocab: int, fit_fraction: float = 0.8, seed: int = 0) -> dict:
+                   *, vocab: int, fit_fraction: float = 0.8, seed: int = 0, fit_extra: tuple | None = None) -> dict:
     """How well counts predict each code of speech frames (phone not :data:`SILENCE`) of held-out utterances.
 
     Args:
         codes: `(frames, G)` integer codes per utterance. phones: per utterance, one phone name per frame.
         positions: `(frames,)` int per utterance (:func:`frame_phones`). vocab: codes per codebook.
         fit_fraction: share of utterances (a seeded shuffle) counted; the rest are scored.
+        fit_extra: ``(codes, phones, positions)`` of more utterances counted besides (e.g. the codec's training
+            sentences, as a talker trained on them would see), never scored.
 
     Returns:
         ``{"deep": [{"depth", "accuracy", "top1", "n"}] for depth 1..G-1 from (code 0, phone, position); "deep_none":
@@ -290,6 +293,14 @@ def predictability(codes: Sequence[np.ndarray], phones: Sequence[Sequence[str]],
     random.Random(seed).shuffle(order)
     n_fit = min(len(order) - 1, max(1, round(fit_fraction * len(order))))
     parts = {"fit": order[:n_fit], "scored": order[n_fit:]}
+    n_extra = 0
+    if fit_extra is not None:
+        xc, xp, xq = fit_extra
+        if not (len(xc) == len(xp) == len(xq)):
+            raise ValueError("fit_extra: give one code array, phone list and position array per utterance")
+        codes, phones, positions = list(codes) + list(xc), list(phones) + list(xp), list(positions) + list(xq)
+        n_extra = len(xc)
+        parts["fit"] = parts["fit"] + list(range(len(order), len(codes)))
     rows = {}  # part -> list of (code row, phone, position, previous code 0)
     for part, idx in parts.items():
         rows[part] = []
@@ -316,7 +327,9 @@ def predictability(codes: Sequence[np.ndarray], phones: Sequence[Sequence[str]],
     out["code0"] = measure(lambda r: (r[1], r[2], r[3]), lambda r: r[0][0])
     out["code0_none"] = measure(lambda r: (), lambda r: r[0][0])
     return {**out, "fit_utterances": len(parts["fit"]), "scored_utterances": len(parts["scored"]),
-            "smoothing": "interpolated absolute discounting down to uniform, D tuned on the last fifth of the fit frames"}
+            "fit_extra_utterances": n_extra,
+            "smoothing": "interpolated absolute discounting down to uniform, D tuned on the last fifth of the fit "
+                         "frames"}
 
 
 # ---------------------------------------------------------------- intelligibility
@@ -375,7 +388,9 @@ def report(result: dict) -> str:
                      f"{verdict[g['robustness']]}")
     if "predictability" in result:
         pr = result["predictability"]
-        lines.append(f"\n2. predictability on speech frames, fit on {pr['fit_utterances']} utterances, scored on "
+        extra = pr.get("fit_extra_utterances", 0)
+        lines.append(f"\n2. predictability on speech frames, fit on {pr['fit_utterances']} utterances"
+                     f"{f' ({extra} of them the codec training sentences)' if extra else ''}, scored on "
                      f"{pr['scored_utterances']} ({pr['deep'][0]['n']} frames); smoothing: {pr['smoothing']}")
         lines.append("  depth | (code 0, phone, position): accuracy  top1  p_true  D | no context: accuracy  top1  p_true")
         for r, b in zip(pr["deep"], pr["deep_none"]):
@@ -410,17 +425,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sentences", type=int, default=200, help="held-out sentences (fit 80%%, score 20%%)")
     ap.add_argument("--asr-sentences", type=int, default=60, help="of them, how many the recogniser hears (at most all)")
-    ap.add_argument("--codec", default=None, help="an RVQCodec file or folder (default: the embedded model's)")
+    ap.add_argument("--codec", default=None, help="an RVQCodec file or folder, or a learned codec's file "
+                    "(recipes.embedded.learned_codec; default: the embedded model's RVQCodec)")
     ap.add_argument("--voice", default="slt", help="a flite voice")
     ap.add_argument("--asr", default="whisper-tiny.en", help="recogniser (rvqspec_lib.eval.asr_models), or none")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--fit-training", default=None, help="a learned codec's data file (its training sentences, "
+                    "recipes.embedded.learned_codec data): count them too, as a talker trained on them would")
     a = ap.parse_args(argv)
     if a.sentences < 2 or a.asr_sentences < 0:
         ap.error("need --sentences >= 2 and --asr-sentences >= 0")
     t0 = time.perf_counter()
     codec_path = Path(a.codec) if a.codec else embedded_root("embedded") / "codec.safetensors"
-    codec = RVQCodec.load(codec_path)
+    codec = LearnedCodec.load(codec_path) if is_learned_codec(codec_path) else RVQCodec.load(codec_path)
     asr = None if a.asr == "none" else recogniser(a.asr, "en")
     texts = held_out_texts(a.sentences, a.seed)
     wavs, phones, positions = [], [], []
@@ -434,7 +452,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
               "codec": f"{codec_path} ({codec.decoder_kind} decoder)",
               "n": f"{len(texts)} held-out sentences, voice {a.voice}, seed {a.seed}",
               "robustness": robustness(codec, wavs, masks=speech, codes=codes, seed=a.seed)}
-    result["predictability"] = predictability(codes, phones, positions, vocab=codec.codebook_size, seed=a.seed)
+    extra = None
+    if a.fit_training:
+        if not isinstance(codec, LearnedCodec):
+            ap.error("--fit-training needs a learned codec (the data file holds its features, not audio)")
+        d = torch.load(a.fit_training)
+        with torch.no_grad():
+            extra = ([codec.quantizer.encode(codec.latents(f.float()[None])[0]).numpy() for f in d["feats"]],
+                     d["phones"], [np.asarray(p) for p in d["positions"]])
+    result["predictability"] = predictability(codes, phones, positions, vocab=codec.codebook_size, seed=a.seed,
+                                              fit_extra=extra)
     if asr is not None and a.asr_sentences:
         result["intelligibility"] = intelligibility(codec, wavs[: a.asr_sentences], texts[: a.asr_sentences], asr)
     result["gates"] = gates(result)

@@ -1,0 +1,481 @@
+"""Stage 1 of a stand-in that speaks (docs/model.md#a-learned-codec): a codec learned end to end on the corpus the
+embedded model uses, with the real 12 Hz tokenizer's interface (24 kHz audio <-> ``(frames, 16)`` codes), measured
+by :mod:`recipes.embedded.codec_probe` before anything is trained on its codes.
+
+    nice python -m recipes.embedded.learned_codec data  --sentences 4000 --out build/learned_codec
+    nice python -m recipes.embedded.learned_codec train --work build/learned_codec --minutes 35 --rate-weight 0.005
+    nice python -m recipes.embedded.codec_probe --codec build/learned_codec/codec.safetensors --json OUT.json
+
+What it is (:class:`LearnedCodec`):
+
+- **Features**: the shipped codec's stacked log-mel frame vectors (:meth:`RVQCodec.features_for`: 80 mels, 20 ms hop,
+  4 per 80 ms frame) of the utterance scaled to a root mean square of 1 (so a change of gain changes nothing, up to
+  float rounding), standardised per dimension on the training frames.
+- **Encoder** and **decoder**: small convolutional networks over the frame axis (kernel 3, two hidden layers, so
+  each frame's latent sees 2 frames either side); the latent is ``latent_dim`` numbers per frame, scaled to a root
+  mean square of 1.
+- **Residual vector quantiser** of 16 stages, trained with the codec: codebooks by exponential moving averages of
+  the residuals assigned to them (van den Oord et al. 2017, appendix), unused entries restarted on residuals of the
+  batch (Dhariwal et al. 2020), the straight-through gradient and a commitment loss; **quantiser dropout**
+  (Zeghidour et al. 2021, SoundStream): half of the training windows use only the first k stages, k uniform, so
+  the early stages carry the most.
+- **Entropy-constrained choice** (Chou, Lookabaugh & Gray 1989): each stage picks the entry minimising the squared
+  error plus ``rate_weight`` times the entry's code length in bits (``-log2`` of its smoothed usage), in training
+  and at encoding. Where the residual is large (early stages) the error decides; where it is as small as what the
+  decoder can tell apart (deep stages) the common entries win, so a deep code changes only when the sound does.
+  ``rate_weight = 0`` is plain nearest-neighbour RVQ (the negative control).
+- **Audio**: the decoder's log-mel frames through the shipped codec's mel inversion and Griffin-Lim
+  (:meth:`RVQCodec.vectors_to_audio`), at the training corpus's median loudness. A neural vocoder does not fit two
+  CPU cores in a working session; Griffin-Lim is what the shipped codec uses, so the two compare on the same last step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+from torch.nn import functional as F
+
+from rvqspec_lib.common.files import atomic_output, json_text
+from rvqspec_lib.common.machine import cpu_model
+from rvqspec_lib.models.audio import SAMPLE_RATE, _check_wav
+from rvqspec_lib.models.rvq_codec import CodecConfig, RVQCodec
+
+#: The ``format`` a learned codec's safetensors metadata carries (the shipped codec's is ``rvqspec-rvq-codec``).
+FORMAT = "rvqspec-learned-codec"
+
+
+@dataclass(frozen=True)
+class LearnedCodecConfig:
+    """Sizes of a :class:`LearnedCodec` (the frame layout is :class:`CodecConfig`'s: 80 ms frames of 4 x 80 mels).
+
+    Attributes:
+        n_codebooks, codebook_size: residual stages and entries per stage (the talker's vocabulary: 16 x 2048).
+        latent_dim: numbers per frame between encoder and decoder. hidden: channels of the hidden layers.
+        rate_weight: lambda of the entropy-constrained choice, in squared latent units per bit (0: nearest entry).
+        usage_smoothing: pseudo-count added to every entry's usage before its code length is taken.
+        ema_decay: of the codebooks' moving averages. dead_usage: an entry whose moving-average usage per batch falls
+            below this is restarted on a residual of the batch.
+    """
+
+    n_codebooks: int = 16
+    codebook_size: int = 2048
+    latent_dim: int = 32
+    hidden: int = 256
+    rate_weight: float = 0.005
+    usage_smoothing: float = 1.0
+    ema_decay: float = 0.99
+    dead_usage: float = 0.01
+
+    def __post_init__(self):
+        if self.n_codebooks < 1 or self.codebook_size < 2 or self.latent_dim < 1 or self.hidden < 1:
+            raise ValueError(f"need n_codebooks >= 1, codebook_size >= 2, latent_dim and hidden >= 1: {self}")
+        if self.rate_weight < 0 or not 0 < self.ema_decay < 1:
+            raise ValueError(f"need rate_weight >= 0 and 0 < ema_decay < 1, got {self.rate_weight}, "
+                             f"{self.ema_decay}")
+
+
+def _net(c_in: int, hidden: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv1d(c_in, hidden, 3, padding=1), nn.GELU(), nn.Conv1d(hidden, hidden, 3, padding=1),
+                         nn.GELU(), nn.Conv1d(hidden, c_out, 1))
+
+
+class ResidualQuantizer(nn.Module):
+    """16 stages of entropy-constrained residual vector quantisation with moving-average codebooks (module
+    docstring). Buffers: ``codebooks`` `(n_q, K, D)`, ``usage`` `(n_q, K)` (moving-average assignments per batch),
+    ``sums`` `(n_q, K, D)` (moving-average sums of the assigned residuals), ``ready`` (codebooks initialised)."""
+
+    def __init__(self, cfg: LearnedCodecConfig):
+        super().__init__()
+        self.cfg = cfg
+        q, k, d = cfg.n_codebooks, cfg.codebook_size, cfg.latent_dim
+        self.register_buffer("codebooks", torch.zeros(q, k, d))
+        self.register_buffer("usage", torch.ones(q, k))
+        self.register_buffer("sums", torch.zeros(q, k, d))
+        self.register_buffer("ready", torch.zeros((), dtype=torch.bool))
+
+    def code_lengths(self, stage: int) -> torch.Tensor:
+        """`(K,)` float32 bits of each entry of ``stage`` under its smoothed usage."""
+        u = self.usage[stage] + self.cfg.usage_smoothing
+        return -torch.log2(u / u.sum())
+
+    def choose(self, r: torch.Tensor, stage: int) -> torch.Tensor:
+        """The entry each row of ``r`` `(N, D)` takes at ``stage``: argmin of squared error + rate_weight x bits."""
+        c = self.codebooks[stage]
+        cost = (r * r).sum(1, keepdim=True) - 2 * r @ c.T + (c * c).sum(1)
+        if self.cfg.rate_weight > 0:
+            cost = cost + self.cfg.rate_weight * self.code_lengths(stage)
+        return cost.argmin(1)
+
+    def encode(self, z: torch.Tensor) -> torch.Tensor:
+        """`(N, D)` float32 latents -> `(N, n_q)` int64 codes."""
+        r, out = z.clone(), []
+        for s in range(self.cfg.n_codebooks):
+            idx = self.choose(r, s)
+            out.append(idx)
+            r = r - self.codebooks[s][idx]
+        return torch.stack(out, 1)
+
+    def decode(self, codes: torch.Tensor, n_stages: int | None = None) -> torch.Tensor:
+        """`(N, n_q)` codes -> `(N, D)` sum of the first ``n_stages`` stages' entries."""
+        k = self.cfg.n_codebooks if n_stages is None else n_stages
+        return sum(self.codebooks[s][codes[:, s]] for s in range(k))
+
+    @torch.no_grad()
+    def _init(self, z: torch.Tensor, gen: torch.Generator):
+        r = z.clone()
+        for s in range(self.cfg.n_codebooks):
+            pick = torch.randint(r.shape[0], (self.cfg.codebook_size,), generator=gen)
+            self.codebooks[s] = r[pick] + 1e-3 * torch.randn(self.cfg.codebook_size, r.shape[1], generator=gen)
+            self.sums[s] = self.codebooks[s].clone()
+            c = self.codebooks[s]
+            idx = ((r * r).sum(1, keepdim=True) - 2 * r @ c.T + (c * c).sum(1)).argmin(1)
+            r = r - self.codebooks[s][idx]
+        self.ready.fill_(True)
+
+    def forward(self, z: torch.Tensor, active: torch.Tensor, gen: torch.Generator | None = None):
+        """Training pass: ``z`` `(N, D)`, ``active`` `(N,)` int stages each row uses (quantiser dropout) ->
+        ``(quantised (N, D), codes (N, n_q))``; updates the moving averages when training."""
+        if self.training and not bool(self.ready):
+            self._init(z.detach(), gen)
+        r, q_sum, codes = z.detach().clone(), torch.zeros_like(z), []
+        decay = self.cfg.ema_decay
+        for s in range(self.cfg.n_codebooks):
+            idx = self.choose(r, s)
+            codes.append(idx)
+            use = (active > s).to(z.dtype)[:, None]
+            q = self.codebooks[s][idx]
+            if self.training:
+                with torch.no_grad():
+                    onehot = F.one_hot(idx, self.cfg.codebook_size).to(z.dtype) * use
+                    self.usage[s].mul_(decay).add_(onehot.sum(0), alpha=1 - decay)
+                    self.sums[s].mul_(decay).add_(onehot.T @ r, alpha=1 - decay)
+                    n = self.usage[s].sum()
+                    count = (self.usage[s] + 1e-5) / (n + self.cfg.codebook_size * 1e-5) * n
+                    self.codebooks[s] = self.sums[s] / count[:, None]
+                    dead = (self.usage[s] < self.cfg.dead_usage).nonzero().flatten()
+                    live = (use[:, 0] > 0).nonzero().flatten()
+                    if len(dead) and len(live):
+                        pick = live[torch.randint(len(live), (len(dead),), generator=gen)]
+                        self.codebooks[s, dead] = r[pick]
+                        self.sums[s, dead] = r[pick]
+                        self.usage[s, dead] = 1.0
+            q_sum = q_sum + q * use
+            r = r - q * use
+        return q_sum, torch.stack(codes, 1)
+
+
+class LearnedCodec(nn.Module):
+    """Encoder, residual quantiser and decoder (module docstring), with the 12 Hz tokenizer's interface.
+
+    Attributes:
+        config: :class:`LearnedCodecConfig`. frames: :class:`CodecConfig` (the frame layout and the audio step).
+        mean, std: `(dim,)` float32 buffers standardising the features; rms: the root mean square (a scalar) the
+        decoded audio is scaled to.
+    """
+
+    def __init__(self, config: LearnedCodecConfig | None = None, frames: CodecConfig | None = None):
+        super().__init__()
+        self.config = config or LearnedCodecConfig()
+        self.frames = frames or CodecConfig(n_codebooks=self.config.n_codebooks,
+                                            codebook_size=self.config.codebook_size)
+        dim, c = self.frames.dim, self.config
+        self.encoder = _net(dim, c.hidden, c.latent_dim)
+        self.decoder = _net(c.latent_dim, c.hidden, dim)
+        self.quantizer = ResidualQuantizer(c)
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("std", torch.ones(dim))
+        self.register_buffer("rms", torch.ones(()))
+        self._audio = RVQCodec(self.frames, torch.zeros(self.frames.n_codebooks, self.frames.codebook_size,
+                                                       self.frames.dim))
+
+    # interface shared with RVQCodec and Qwen12HzCodec
+    sample_rate = property(lambda self: self.frames.sample_rate)
+    frame_samples = property(lambda self: self.frames.frame_samples)
+    n_codebooks = property(lambda self: self.config.n_codebooks)
+    codebook_size = property(lambda self: self.config.codebook_size)
+    frame_rate_hz = property(lambda self: self.frames.frame_rate_hz)
+    decoder_kind = "learned"
+
+    def features(self, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+        """`(samples,)` float audio -> `(frames, dim)` float32 log-mel frame vectors of it at unit loudness
+        (:func:`unit_loudness`)."""
+        return RVQCodec.features_for(unit_loudness(_check_wav(wav, sample_rate, self.frames.sample_rate)), self.frames)
+
+    def latents(self, feats: torch.Tensor) -> torch.Tensor:
+        """`(B, frames, dim)` features -> `(B, frames, latent_dim)` latents, each frame's scaled to a root mean
+        square of 1 (so neither the rate term nor the consistency loss can be traded against the latent's scale)."""
+        x = (feats - self.mean) / self.std
+        z = self.encoder(x.transpose(1, 2)).transpose(1, 2)
+        return z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    def reconstruct(self, latents: torch.Tensor) -> torch.Tensor:
+        """`(B, frames, latent_dim)` -> `(B, frames, dim)` standardised features."""
+        return self.decoder(latents.transpose(1, 2)).transpose(1, 2)
+
+    @torch.no_grad()
+    def encode(self, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+        """`(samples,)` float audio in [-1, 1] -> `(frames, n_codebooks)` int64, ``frames = ceil(samples / 1920)``.
+
+        Raises:
+            ValueError: bad audio, a ``sample_rate`` other than the codec's (resample first).
+        """
+        f = torch.from_numpy(self.features(wav, sample_rate))
+        if f.shape[0] == 0:
+            return np.zeros((0, self.n_codebooks), np.int64)
+        z = self.latents(f[None])[0]
+        return self.quantizer.encode(z).numpy()
+
+    @torch.no_grad()
+    def decode_vectors(self, codes, n_codebooks: int | None = None) -> np.ndarray:
+        """`(frames, n_codebooks)` codes -> `(frames, dim)` float32 log-mel frame vectors (unit loudness)."""
+        c = torch.as_tensor(np.asarray(codes), dtype=torch.long)
+        bad = c.numel() and (c.min() < 0 or c.max() >= self.codebook_size)
+        if c.ndim != 2 or c.shape[1] != self.n_codebooks or bad:
+            raise ValueError(f"codes must be (frames, {self.n_codebooks}) integers in [0, {self.codebook_size}), got "
+                             f"shape {tuple(c.shape)}")
+        if c.shape[0] == 0:
+            return np.zeros((0, self.frames.dim), np.float32)
+        y = self.reconstruct(self.quantizer.decode(c, n_codebooks)[None])[0]
+        return (y * self.std + self.mean).numpy()
+
+    def decode(self, codes, n_codebooks: int | None = None) -> np.ndarray:
+        """`(frames, n_codebooks)` codes -> `(frames * 1920,)` float32 audio (mel inversion and Griffin-Lim)."""
+        return self._audio.vectors_to_audio(self.decode_vectors(codes, n_codebooks)) * float(self.rms)
+
+    # ---------------------------------------------------------------- files
+    def save(self, path: str | os.PathLike, info: dict | None = None) -> Path:
+        """Write the weights and both configs to ``path`` (safetensors, atomically). Returns the path."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"format": FORMAT, "config": json_text(asdict(self.config)), "frames": json_text(asdict(self.frames)),
+                "info": json_text(info or {})}
+        with atomic_output(p) as tmp:
+            save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(tmp), metadata=meta)
+        return p
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "LearnedCodec":
+        """Read a codec written by :meth:`save`. Raises FileNotFoundError; ValueError: not a learned codec's file."""
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise FileNotFoundError(f"no learned codec at {p}: train one with `python -m "
+                                    "recipes.embedded.learned_codec train --work DIR`")
+        with safe_open(str(p), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != FORMAT:
+                raise ValueError(f"{p} is not a learned codec (format {meta.get('format')!r})")
+            state = {k: f.get_tensor(k) for k in f.keys()}
+        cfg = LearnedCodecConfig(**json.loads(meta["config"]))
+        known = {fl.name for fl in fields(CodecConfig)}
+        frames = CodecConfig(**{k: v for k, v in json.loads(meta["frames"]).items() if k in known})
+        codec = cls(cfg, frames)
+        codec.load_state_dict(state)
+        return codec.eval()
+
+
+def is_learned_codec(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a file :meth:`LearnedCodec.save` wrote."""
+    p = Path(path).expanduser()
+    if not (p.is_file() and p.suffix == ".safetensors"):
+        return False
+    with safe_open(str(p), framework="pt") as f:
+        return (f.metadata() or {}).get("format") == FORMAT
+
+
+# ---------------------------------------------------------------- data
+def unit_loudness(wav: np.ndarray) -> np.ndarray:
+    """``wav`` scaled to a root mean square of 1 (silence unchanged): what the encoder hears, so that a change of
+    gain gives the same features."""
+    rms = float(np.sqrt(np.mean(np.square(wav, dtype=np.float64)))) if wav.size else 0.0
+    return (wav / rms).astype(np.float32) if rms > 0 else wav
+
+
+def _delayed(wav: np.ndarray, samples: int) -> np.ndarray:
+    return np.concatenate([np.zeros(samples, np.float32), wav[:-samples]]).astype(np.float32)
+
+
+def prepare_data(texts: Sequence[str], out: str | os.PathLike, voice: str = "slt", progress: bool = True) -> Path:
+    """Speak ``texts`` with a flite ``voice`` (keeping its phone timing) and store each utterance's feature frames,
+    those of the same audio one sample later, and its per-frame phones and positions in ``<out>/data.pt``.
+    Resumes from ``<out>/data.partial.pt``. Returns the path of ``data.pt``."""
+    from rvqspec_lib.common.progress import progress_bar
+    from recipes.embedded.codec_probe import frame_phones, render_with_phones
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    final, partial = out / "data.pt", out / "data.partial.pt"
+    if final.is_file():
+        return final
+    data = torch.load(partial) if partial.is_file() else {"texts": [], "feats": [], "delayed": [], "phones": [],
+                                                          "positions": [], "rms": []}
+    frames = CodecConfig()
+    done = len(data["texts"])
+    for i, t in enumerate(progress_bar(list(texts)[done:], desc="speak and featurise", enabled=progress)):
+        wav, ph = render_with_phones(t, voice, frames.sample_rate)
+        x = RVQCodec.features_for(unit_loudness(wav), frames)
+        y = RVQCodec.features_for(unit_loudness(_delayed(wav, 1 + (i % 3))), frames)
+        names, pos = frame_phones(ph, x.shape[0], frames.frame_samples / frames.sample_rate)
+        data["texts"].append(t)
+        data["feats"].append(torch.from_numpy(x).half())
+        data["delayed"].append(torch.from_numpy(y).half())
+        data["phones"].append(names)
+        data["positions"].append(torch.from_numpy(pos))
+        data["rms"].append(float(np.sqrt(np.mean(np.square(wav, dtype=np.float64)))))
+        if (i + 1) % 500 == 0:
+            with atomic_output(partial) as tmp:
+                torch.save(data, tmp)
+    with atomic_output(final) as tmp:
+        torch.save(data, tmp)
+    partial.unlink(missing_ok=True)
+    return final
+
+
+# ---------------------------------------------------------------- training
+def _windows(feats: list[torch.Tensor], delayed: list[torch.Tensor], n: int, length: int, gen: torch.Generator):
+    """``n`` random windows of ``length`` frames: `(n, length, dim)` float32 features and their delayed twins."""
+    long = [i for i, f in enumerate(feats) if f.shape[0] >= length]
+    xs, ys = [], []
+    for _ in range(n):
+        i = long[int(torch.randint(len(long), (1,), generator=gen))]
+        s = int(torch.randint(feats[i].shape[0] - length + 1, (1,), generator=gen))
+        xs.append(feats[i][s: s + length]), ys.append(delayed[i][s: s + length])
+    return torch.stack(xs).float(), torch.stack(ys).float()
+
+
+def train(work: str | os.PathLike, config: LearnedCodecConfig, *, minutes: float = 40.0, batch: int = 32,
+          window: int = 24, lr: float = 2e-3, commitment: float = 0.25, consistency: float = 1.0,
+          dropout_share: float = 0.5, seed: int = 0, max_steps: int | None = None, progress: bool = True) -> Path:
+    """Train a :class:`LearnedCodec` on ``<work>/data.pt`` (:func:`prepare_data`) for ``minutes`` of wall time,
+    (or ``max_steps`` steps, whichever ends first), resuming from ``<work>/train.pt``; writes
+    ``<work>/codec.safetensors`` and returns its path.
+
+    Loss per window: mean squared error of the standardised features (after the quantiser, with quantiser dropout on
+    ``dropout_share`` of the windows), ``commitment`` x the latent's distance to its quantisation, and
+    ``consistency`` x the distance between the latents of the audio and of the same audio 1-3 samples later (so
+    that inaudible changes move the latent less than a deep stage's step)."""
+    from tqdm import tqdm
+
+    from rvqspec_lib.common.progress import progress_file
+
+    work = Path(work)
+    data = torch.load(work / "data.pt")
+    n_val = max(1, len(data["feats"]) // 20)
+    feats, delayed = data["feats"][n_val:], data["delayed"][n_val:]
+    val = [f.float() for f in data["feats"][:n_val]]
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model = LearnedCodec(config)
+    allf = torch.cat([f.float() for f in feats])
+    model.mean.copy_(allf.mean(0))
+    model.std.copy_(allf.std(0).clamp_min(1e-3))
+    model.rms.fill_(float(np.median(data["rms"])) if data.get("rms") else 0.1)
+    opt = torch.optim.AdamW(list(model.encoder.parameters()) + list(model.decoder.parameters()), lr=lr,
+                            weight_decay=1e-4)
+    ckpt, step, log = work / "train.pt", 0, []
+    if ckpt.is_file():
+        st = torch.load(ckpt)
+        if st["config"] != asdict(config):
+            raise ValueError(f"{ckpt} was trained with another config: remove it or pass the same options")
+        model.load_state_dict(st["model"]), opt.load_state_dict(st["opt"])
+        gen.set_state(st["gen"]), torch.set_rng_state(st["rng"])
+        step, log = st["step"], st["log"]
+    model.train()
+    t_end = time.monotonic() + minutes * 60
+    bar = tqdm(desc="train codec", unit="step", disable=not progress, file=progress_file())
+    last_save = time.monotonic()
+    while time.monotonic() < t_end and (max_steps is None or step < max_steps):
+        x, y = _windows(feats, delayed, batch, window, gen)
+        z = model.latents(x)
+        zd = model.latents(y)
+        flat = z.reshape(-1, config.latent_dim)
+        active = torch.full((batch,), config.n_codebooks)
+        drop = torch.rand(batch, generator=gen) < dropout_share
+        active[drop] = torch.randint(1, config.n_codebooks + 1, (int(drop.sum()),), generator=gen)
+        q, _ = model.quantizer(flat, active.repeat_interleave(window), gen)
+        zq = flat + (q - flat).detach()
+        rec = model.reconstruct(zq.reshape(batch, window, -1))
+        target = (x - model.mean) / model.std
+        l_rec = F.mse_loss(rec, target)
+        l_commit = F.mse_loss(flat, q.detach())
+        l_cons = F.mse_loss(zd, z.detach())
+        loss = l_rec + commitment * l_commit + consistency * l_cons
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        bar.update(1)
+        if step % 200 == 0:
+            log.append({"step": step, "rec": float(l_rec), "commit": float(l_commit), "cons": float(l_cons)})
+            bar.set_postfix(rec=f"{float(l_rec):.3f}", cons=f"{float(l_cons):.4f}")
+        if time.monotonic() - last_save > 300:
+            _save_state(ckpt, model, opt, gen, step, log, config)
+            last_save = time.monotonic()
+    bar.close()
+    _save_state(ckpt, model, opt, gen, step, log, config)
+    model.eval()
+    with torch.no_grad():
+        val_err = [float(F.mse_loss(model.reconstruct(model.quantizer.decode(
+            model.quantizer.encode(model.latents(v[None])[0]))[None])[0], (v - model.mean) / model.std))
+            for v in val if v.shape[0]]
+    info = {"steps": step, "validation_mse": float(np.mean(val_err)), "utterances": len(feats),
+            "machine": f"{cpu_model()} ({platform.machine()}), torch threads {torch.get_num_threads()}",
+            "log": log[-5:]}
+    print(json_text(info))
+    return model.save(work / "codec.safetensors", info)
+
+
+def _save_state(path, model, opt, gen, step, log, config):
+    with atomic_output(path) as tmp:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                    "rng": torch.get_rng_state(), "step": step, "log": log, "config": asdict(config)}, tmp)
+
+
+def training_texts(n: int, seed: int = 0) -> list[str]:
+    """``n`` English sentences of the training split gathered offline (standard-library docstrings and
+    ``/usr/share/doc``; :mod:`recipes.embedded.corpus`), a seeded choice: none is held out by the probe."""
+    from recipes.embedded.corpus import assign_splits, gather_sentences
+
+    texts = [s.text for s in assign_splits(gather_sentences(("stdlib", "doc"), multilingual=False))["training"]]
+    random.Random(seed).shuffle(texts)
+    if n > len(texts):
+        raise ValueError(f"--sentences {n} is more than the {len(texts)} training sentences found")
+    return texts[:n]
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("data", help="speak training sentences and store their features")
+    d.add_argument("--sentences", type=int, default=4000)
+    d.add_argument("--voice", default="slt")
+    d.add_argument("--out", required=True)
+    t = sub.add_parser("train", help="train the codec on a data folder")
+    t.add_argument("--work", required=True)
+    t.add_argument("--minutes", type=float, default=40.0)
+    for f in fields(LearnedCodecConfig):
+        t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    t.add_argument("--consistency", type=float, default=1.0)
+    t.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.cmd == "data":
+        return prepare_data(training_texts(a.sentences), a.out, a.voice)
+    cfg = LearnedCodecConfig(**{f.name: getattr(a, f.name) for f in fields(LearnedCodecConfig)})
+    return train(a.work, cfg, minutes=a.minutes, consistency=a.consistency, seed=a.seed)
+
+
+if __name__ == "__main__":
+    main()

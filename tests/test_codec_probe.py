@@ -147,6 +147,11 @@ def test_predictability_counts_extra_fit_utterances_and_never_scores_them():
         cp.predictability(codes, phones, positions, vocab=64, fit_extra=(codes, phones[:-1], positions))
 
 
+def test_entropy_bits_of_constant_uniform_and_empty_codes():
+    assert cp.entropy_bits([3] * 10) == 0.0 and cp.entropy_bits([0, 1, 2, 3] * 5) == pytest.approx(2.0)
+    assert np.isnan(cp.entropy_bits([]))
+
+
 def test_predictability_of_noise_codes_is_low_and_calibrated():
     codes, phones, positions = _synthetic(deterministic=False)
     r = cp.predictability(codes, phones, positions, vocab=64)

@@ -265,6 +265,16 @@ class CountingPredictor:
             "n": n}
 
 
+def entropy_bits(codes: Sequence[int]) -> float:
+    """The plug-in entropy (bits) of the codes' frequencies: how much a depth carries at most. A depth that always
+    takes one entry has 0 and is perfectly predictable (read the top-1 probability beside it). NaN without codes."""
+    counts = np.array(list(Counter(int(c) for c in codes).values()), dtype=np.float64)
+    if not counts.size:
+        return float("nan")
+    p = counts / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
 def predictability(codes: Sequence[np.ndarray], phones: Sequence[Sequence[str]], positions: Sequence[np.ndarray],
                    *, vocab: int, fit_fraction: float = 0.8, seed: int = 0, fit_extra: tuple | None = None) -> dict:
     """How well counts predict each code of speech frames (phone not :data:`SILENCE`) of held-out utterances.
@@ -318,7 +328,7 @@ def predictability(codes: Sequence[np.ndarray], phones: Sequence[Sequence[str]],
         fit, scored = rows["fit"], rows["scored"]
         pred = CountingPredictor.tuned([context(r) for r in fit], [target(r) for r in fit], vocab)
         return {**pred.score([context(r) for r in scored], [target(r) for r in scored]),
-                "discount": pred.fixed_discount}
+                "discount": pred.fixed_discount, "entropy_bits": entropy_bits([target(r) for r in scored])}
 
     out = {"deep": [], "deep_none": []}
     for k in range(1, g):
@@ -392,10 +402,12 @@ def report(result: dict) -> str:
         lines.append(f"\n2. predictability on speech frames, fit on {pr['fit_utterances']} utterances"
                      f"{f' ({extra} of them the codec training sentences)' if extra else ''}, scored on "
                      f"{pr['scored_utterances']} ({pr['deep'][0]['n']} frames); smoothing: {pr['smoothing']}")
-        lines.append("  depth | (code 0, phone, position): accuracy  top1  p_true  D | no context: accuracy  top1  p_true")
+        lines.append("  depth | (code 0, phone, position): accuracy  top1  p_true  D | no context: accuracy  top1  p_true"
+                     " | entropy (bits)")
         for r, b in zip(pr["deep"], pr["deep_none"]):
             lines.append(f"  {r['depth']:5d} | {r['accuracy']:35.3f}  {r['top1']:.3f}  {r['p_true']:.3f}  "
-                         f"{r['discount']:.3f} | {b['accuracy']:19.3f}  {b['top1']:.3f}  {b['p_true']:.3f}")
+                         f"{r['discount']:.3f} | {b['accuracy']:19.3f}  {b['top1']:.3f}  {b['p_true']:.3f} | "
+                         f"{r.get('entropy_bits', float('nan')):.2f}")
         c0, c0n = pr["code0"], pr["code0_none"]
         lines.append(f"  code 0 from (phone, position, previous code 0): accuracy {c0['accuracy']:.3f}, top1 "
                      f"{c0['top1']:.3f}, p_true {c0['p_true']:.3f}; no context: accuracy {c0n['accuracy']:.3f}, "

@@ -313,7 +313,7 @@ def prepare_data(texts: Sequence[str], out: str | os.PathLike, voice: str = "slt
     those of the same audio one sample later, and its per-frame phones and positions in ``<out>/data.pt``.
     Resumes from ``<out>/data.partial.pt``. Returns the path of ``data.pt``."""
     from rvqspec_lib.common.progress import progress_bar
-    from recipes.embedded.codec_probe import frame_phones, render_with_phones
+    from recipes.embedded.phones import frame_phones, render_with_phones
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

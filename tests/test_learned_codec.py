@@ -58,6 +58,9 @@ def test_interface_shapes_and_file_round_trip(trained):
         codec.encode(np.zeros(0, np.float32))
     with pytest.raises(ValueError, match=r"codes must be \(frames, 16\)"):
         codec.decode(codes[:, :3])
+    with pytest.raises(ValueError, match=r"n_codebooks must be in \[1, 16\]"):
+        codec.decode(codes, n_codebooks=0)
+    assert codec.decode(codes, n_codebooks=1).shape == audio.shape  # code 0 alone: coarser audio, same length
 
 
 def test_a_gain_change_leaves_the_codes_unchanged(trained):

@@ -244,6 +244,8 @@ class LearnedCodec(nn.Module):
         """`(frames, n_codebooks)` codes -> `(frames, dim)` float32 log-mel frame vectors (unit loudness)."""
         c = torch.as_tensor(np.asarray(codes), dtype=torch.long)
         bad = c.numel() and (c.min() < 0 or c.max() >= self.codebook_size)
+        if n_codebooks is not None and not 1 <= int(n_codebooks) <= self.n_codebooks:
+            raise ValueError(f"n_codebooks must be in [1, {self.n_codebooks}], got {n_codebooks}")
         if c.ndim != 2 or c.shape[1] != self.n_codebooks or bad:
             raise ValueError(f"codes must be (frames, {self.n_codebooks}) integers in [0, {self.codebook_size}), got "
                              f"shape {tuple(c.shape)}")

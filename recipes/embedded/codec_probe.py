@@ -404,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             ap.error("--fit-training needs a learned codec (the data file holds its features, not audio)")
         d = torch.load(a.fit_training)
         with torch.no_grad():
-            extra = ([codec.quantizer.encode(codec.latents(f.float()[None])[0]).numpy() for f in d["feats"]],
+            extra = ([codec.codes_of_features(f).numpy() for f in d["feats"]],
                      d["phones"], [np.asarray(p) for p in d["positions"]])
     result["predictability"] = predictability(codes, phones, positions, vocab=codec.codebook_size, seed=a.seed,
                                               fit_extra=extra)

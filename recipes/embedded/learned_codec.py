@@ -141,9 +141,7 @@ class ResidualQuantizer(nn.Module):
             pick = torch.randint(r.shape[0], (self.cfg.codebook_size,), generator=gen)
             self.codebooks[s] = r[pick] + 1e-3 * torch.randn(self.cfg.codebook_size, r.shape[1], generator=gen)
             self.sums[s] = self.codebooks[s].clone()
-            c = self.codebooks[s]
-            idx = ((r * r).sum(1, keepdim=True) - 2 * r @ c.T + (c * c).sum(1)).argmin(1)
-            r = r - self.codebooks[s][idx]
+            r = r - self.codebooks[s][self.choose(r, s)]  # usage still uniform: the rate term adds one constant
         self.ready.fill_(True)
 
     def forward(self, z: torch.Tensor, active: torch.Tensor, gen: torch.Generator | None = None):
@@ -233,11 +231,15 @@ class LearnedCodec(nn.Module):
         Raises:
             ValueError: bad audio, a ``sample_rate`` other than the codec's (resample first).
         """
-        f = torch.from_numpy(self.features(wav, sample_rate))
-        if f.shape[0] == 0:
-            return np.zeros((0, self.n_codebooks), np.int64)
-        z = self.latents(f[None])[0]
-        return self.quantizer.encode(z).numpy()
+        return self.codes_of_features(torch.from_numpy(self.features(wav, sample_rate))).numpy()
+
+    @torch.no_grad()
+    def codes_of_features(self, feats: torch.Tensor) -> torch.Tensor:
+        """`(frames, dim)` features (:meth:`features`; float16 as stored by :func:`prepare_data` is fine) ->
+        `(frames, n_codebooks)` int64 codes."""
+        if feats.shape[0] == 0:
+            return torch.zeros((0, self.n_codebooks), dtype=torch.long)
+        return self.quantizer.encode(self.latents(feats.float()[None])[0])
 
     @torch.no_grad()
     def decode_vectors(self, codes, n_codebooks: int | None = None) -> np.ndarray:
@@ -430,9 +432,8 @@ def train(work: str | os.PathLike, config: LearnedCodecConfig, *, minutes: float
     _save_state(ckpt, model, opt, gen, step, log, config)
     model.eval()
     with torch.no_grad():
-        val_err = [float(F.mse_loss(model.reconstruct(model.quantizer.decode(
-            model.quantizer.encode(model.latents(v[None])[0]))[None])[0], (v - model.mean) / model.std))
-            for v in val if v.shape[0]]
+        val_err = [float(F.mse_loss(model.reconstruct(model.quantizer.decode(model.codes_of_features(v))[None])[0],
+                                    (v - model.mean) / model.std)) for v in val if v.shape[0]]
     info = {"steps": step, "validation_mse": float(np.mean(val_err)), "utterances": len(feats),
             "machine": f"{cpu_model()} ({platform.machine()}), torch threads {torch.get_num_threads()}",
             "log": log[-5:]}

@@ -100,6 +100,26 @@ def test_training_resumes_where_it_stopped(tmp_path):
                  window=8, progress=False)
 
 
+def test_a_codec_without_transform_quantises_the_features_themselves(tmp_path):
+    """transform "none": no weights to learn (the codebooks only), the decoder is the identity, so decoding all 16
+    stages returns the features up to the quantiser's error; a latent size other than the feature size is refused."""
+    cfg = LC.LearnedCodecConfig(codebook_size=16, latent_dim=320, transform="none")
+    path = LC.train(_data(tmp_path, 4), cfg, max_steps=5, batch=4, window=8, progress=False)
+    codec = LC.LearnedCodec.load(path)
+    assert not list(codec.parameters())
+    wav = _tone(1.0)
+    x = torch.from_numpy(codec.features(wav))
+    z = (x - codec.mean) / codec.std
+    codes = codec.codes_of_features(x)
+    back = (torch.from_numpy(codec.decode_vectors(codes.numpy())) - codec.mean) / codec.std
+    assert torch.allclose(back, codec.quantizer.decode(codes), atol=1e-4)  # identity decoder
+    assert float((back - z).pow(2).mean()) < float(z.pow(2).mean())  # the quantiser explains part of the frames
+    with pytest.raises(ValueError, match="pass latent_dim=320"):
+        LC.LearnedCodec(LC.LearnedCodecConfig(latent_dim=32, transform="none"))
+    with pytest.raises(ValueError, match="transform must be"):
+        LC.LearnedCodecConfig(transform="mlp")
+
+
 def test_bad_files_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="learned_codec train"):
         LC.LearnedCodec.load(tmp_path / "none.safetensors")

@@ -13,7 +13,8 @@ What it is (:class:`LearnedCodec`):
   float rounding), standardised per dimension on the training frames.
 - **Encoder** and **decoder**: small convolutional networks over the frame axis (kernel 3, two hidden layers, so
   each frame's latent sees 2 frames either side); the latent is ``latent_dim`` numbers per frame, scaled to a root
-  mean square of 1.
+  mean square of 1. With ``transform="none"`` neither exists: the quantiser learns on the standardised features
+  themselves and decoding is the shipped codec's path, which isolates the quantiser from the learned decoder.
 - **Residual vector quantiser** of 16 stages, trained with the codec: codebooks by exponential moving averages of
   the residuals assigned to them (van den Oord et al. 2017, appendix), unused entries restarted on residuals of the
   batch (Dhariwal et al. 2020), the straight-through gradient and a commitment loss; **quantiser dropout**
@@ -65,6 +66,9 @@ class LearnedCodecConfig:
     Attributes:
         n_codebooks, codebook_size: residual stages and entries per stage (the talker's vocabulary: 16 x 2048).
         latent_dim: numbers per frame between encoder and decoder. hidden: channels of the hidden layers.
+        transform: ``"conv"`` (learned encoder and decoder) or ``"none"``: the quantiser works on the standardised
+            features themselves and the decoder is the identity (``latent_dim`` must then be the feature size, 320),
+            which keeps the shipped codec's reconstruction path and changes only how entries are learned and chosen.
         rate_weight: lambda of the entropy-constrained choice, in squared latent units per bit (0: nearest entry).
         usage_smoothing: pseudo-count added to every entry's usage before its code length is taken.
         ema_decay: of the codebooks' moving averages. dead_usage: an entry whose moving-average usage per batch falls
@@ -75,6 +79,7 @@ class LearnedCodecConfig:
     codebook_size: int = 2048
     latent_dim: int = 32
     hidden: int = 256
+    transform: str = "conv"
     rate_weight: float = 0.005
     usage_smoothing: float = 1.0
     ema_decay: float = 0.99
@@ -83,6 +88,8 @@ class LearnedCodecConfig:
     def __post_init__(self):
         if self.n_codebooks < 1 or self.codebook_size < 2 or self.latent_dim < 1 or self.hidden < 1:
             raise ValueError(f"need n_codebooks >= 1, codebook_size >= 2, latent_dim and hidden >= 1: {self}")
+        if self.transform not in ("conv", "none"):
+            raise ValueError(f"transform must be 'conv' or 'none', got {self.transform!r}")
         if self.rate_weight < 0 or not 0 < self.ema_decay < 1:
             raise ValueError(f"need rate_weight >= 0 and 0 < ema_decay < 1, got {self.rate_weight}, "
                              f"{self.ema_decay}")
@@ -191,8 +198,10 @@ class LearnedCodec(nn.Module):
         self.frames = frames or CodecConfig(n_codebooks=self.config.n_codebooks,
                                             codebook_size=self.config.codebook_size)
         dim, c = self.frames.dim, self.config
-        self.encoder = _net(dim, c.hidden, c.latent_dim)
-        self.decoder = _net(c.latent_dim, c.hidden, dim)
+        if c.transform == "none" and c.latent_dim != dim:
+            raise ValueError(f"transform 'none' quantises the features themselves: pass latent_dim={dim}")
+        self.encoder = _net(dim, c.hidden, c.latent_dim) if c.transform == "conv" else nn.Identity()
+        self.decoder = _net(c.latent_dim, c.hidden, dim) if c.transform == "conv" else nn.Identity()
         self.quantizer = ResidualQuantizer(c)
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("std", torch.ones(dim))
@@ -215,8 +224,11 @@ class LearnedCodec(nn.Module):
 
     def latents(self, feats: torch.Tensor) -> torch.Tensor:
         """`(B, frames, dim)` features -> `(B, frames, latent_dim)` latents, each frame's scaled to a root mean
-        square of 1 (so neither the rate term nor the consistency loss can be traded against the latent's scale)."""
+        square of 1 (so neither the rate term nor the consistency loss can be traded against the latent's scale);
+        with ``transform="none"`` the standardised features themselves."""
         x = (feats - self.mean) / self.std
+        if self.config.transform == "none":
+            return x
         z = self.encoder(x.transpose(1, 2)).transpose(1, 2)
         return z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6)
 
@@ -387,14 +399,16 @@ def train(work: str | os.PathLike, config: LearnedCodecConfig, *, minutes: float
     model.mean.copy_(allf.mean(0))
     model.std.copy_(allf.std(0).clamp_min(1e-3))
     model.rms.fill_(float(np.median(data["rms"])) if data.get("rms") else 0.1)
-    opt = torch.optim.AdamW(list(model.encoder.parameters()) + list(model.decoder.parameters()), lr=lr,
-                            weight_decay=1e-4)
+    weights = list(model.encoder.parameters()) + list(model.decoder.parameters())
+    opt = torch.optim.AdamW(weights, lr=lr, weight_decay=1e-4) if weights else None  # "none": codebooks only
     ckpt, step, log = work / "train.pt", 0, []
     if ckpt.is_file():
         st = torch.load(ckpt)
         if st["config"] != asdict(config):
             raise ValueError(f"{ckpt} was trained with another config: remove it or pass the same options")
-        model.load_state_dict(st["model"]), opt.load_state_dict(st["opt"])
+        model.load_state_dict(st["model"])
+        if opt is not None:
+            opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"]), torch.set_rng_state(st["rng"])
         step, log = st["step"], st["log"]
     model.train()
@@ -417,9 +431,10 @@ def train(work: str | os.PathLike, config: LearnedCodecConfig, *, minutes: float
         l_commit = F.mse_loss(flat, q.detach())
         l_cons = F.mse_loss(zd, z.detach())
         loss = l_rec + commitment * l_commit + consistency * l_cons
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        if opt is not None:
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
         step += 1
         bar.update(1)
         if step % 200 == 0:
@@ -443,7 +458,7 @@ def train(work: str | os.PathLike, config: LearnedCodecConfig, *, minutes: float
 
 def _save_state(path, model, opt, gen, step, log, config):
     with atomic_output(path) as tmp:
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict() if opt is not None else None, "gen": gen.get_state(),
                     "rng": torch.get_rng_state(), "step": step, "log": log, "config": asdict(config)}, tmp)
 
 

@@ -189,6 +189,16 @@ def test_render_with_phones_matches_the_audio():
         cp.render_with_phones("Hallo.", "espeak-de")
 
 
+def test_flat_pitch_keeps_the_phones_and_changes_the_voice():
+    """--flat-pitch: the same phones at the same times and the same length; different samples (the negative control
+    is the same call twice, which gives the same samples)."""
+    text = "Hello world, this is a test."
+    wav, phones = cp.render_with_phones(text, "slt")
+    flat, flat_phones = cp.render_with_phones(text, "slt", flat_pitch=True)
+    assert flat_phones == phones and flat.shape == wav.shape and not np.array_equal(flat, wav)
+    assert np.array_equal(cp.render_with_phones(text, "slt", flat_pitch=True)[0], flat)
+
+
 def test_main_on_the_shipped_codec(tmp_path, capsys):
     out = tmp_path / "probe.json"
     r = cp.main(["--sentences", "4", "--asr", "none", "--json", str(out)])

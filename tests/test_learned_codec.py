@@ -133,7 +133,7 @@ def test_prepare_data_speaks_each_sentence_once(tmp_path):
     texts = ["Hello world, this is a test.", "A second and shorter one."]
     path = LC.prepare_data(texts, tmp_path, progress=False)
     d = torch.load(path)
-    assert d["texts"] == texts and len(d["rms"]) == 2 and not (tmp_path / "data.partial.pt").exists()
+    assert d["texts"] == texts and len(d["rms"]) == 2 and d["flat_pitch"] is False and not (tmp_path / "data.partial.pt").exists()
     for f, g, ph, pos in zip(d["feats"], d["delayed"], d["phones"], d["positions"]):
         assert f.shape == g.shape and f.shape[1] == 320 and len(ph) == len(pos) == f.shape[0]
         assert "pau" in ph and any(p != "pau" for p in ph)

@@ -374,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--codec", default=None, help="an RVQCodec file or folder, or a learned codec's file "
                     "(recipes.embedded.learned_codec; default: the embedded model's RVQCodec)")
     ap.add_argument("--voice", default="slt", help="a flite voice")
+    ap.add_argument("--flat-pitch", action="store_true", help="speak with no intonation (the same phones and timing)")
     ap.add_argument("--asr", default="whisper-tiny.en", help="recogniser (rvqspec_lib.eval.asr_models), or none")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the figures here")
@@ -389,20 +390,24 @@ def main(argv: Sequence[str] | None = None) -> dict:
     texts = held_out_texts(a.sentences, a.seed)
     wavs, phones, positions = [], [], []
     for t in texts:
-        w, ph = render_with_phones(t, a.voice, codec.sample_rate)
+        w, ph = render_with_phones(t, a.voice, codec.sample_rate, a.flat_pitch)
         names, pos = frame_phones(ph, -(-w.shape[0] // codec.frame_samples), codec.frame_samples / codec.sample_rate)
         wavs.append(w), phones.append(names), positions.append(pos)
     speech = [np.array([p != SILENCE for p in names]) for names in phones]
     codes = [np.asarray(codec.encode(w)) for w in wavs]
     result = {"machine": f"{cpu_model()} ({platform.machine()}), torch threads {torch.get_num_threads()}",
               "codec": f"{codec_path} ({codec.decoder_kind} decoder)",
-              "n": f"{len(texts)} held-out sentences, voice {a.voice}, seed {a.seed}",
+              "n": f"{len(texts)} held-out sentences, voice {a.voice}{' (flat pitch)' if a.flat_pitch else ''}, "
+                   f"seed {a.seed}",
               "robustness": robustness(codec, wavs, masks=speech, codes=codes, seed=a.seed)}
     extra = None
     if a.fit_training:
         if not isinstance(codec, LearnedCodec):
             ap.error("--fit-training needs a learned codec (the data file holds its features, not audio)")
         d = torch.load(a.fit_training)
+        if d.get("flat_pitch", False) != a.flat_pitch:
+            ap.error(f"{a.fit_training} was spoken with{'out' if a.flat_pitch else ''} --flat-pitch: probe it the "
+                     "same way")
         with torch.no_grad():
             extra = ([codec.codes_of_features(f).numpy() for f in d["feats"]],
                      d["phones"], [np.asarray(p) for p in d["positions"]])

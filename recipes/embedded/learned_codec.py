@@ -215,7 +215,7 @@ class LearnedCodec(nn.Module):
     n_codebooks = property(lambda self: self.config.n_codebooks)
     codebook_size = property(lambda self: self.config.codebook_size)
     frame_rate_hz = property(lambda self: self.frames.frame_rate_hz)
-    decoder_kind = "learned"
+    decoder_kind = property(lambda self: "learned" if self.config.transform == "conv" else "no learned")
 
     def features(self, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
         """`(samples,)` float audio -> `(frames, dim)` float32 log-mel frame vectors of it at unit loudness
@@ -324,9 +324,11 @@ def _delayed(wav: np.ndarray, samples: int) -> np.ndarray:
     return np.concatenate([np.zeros(samples, np.float32), wav[:-samples]]).astype(np.float32)
 
 
-def prepare_data(texts: Sequence[str], out: str | os.PathLike, voice: str = "slt", progress: bool = True) -> Path:
-    """Speak ``texts`` with a flite ``voice`` (keeping its phone timing) and store each utterance's feature frames,
-    those of the same audio one sample later, and its per-frame phones and positions in ``<out>/data.pt``.
+def prepare_data(texts: Sequence[str], out: str | os.PathLike, voice: str = "slt", progress: bool = True,
+                 flat_pitch: bool = False) -> Path:
+    """Speak ``texts`` with a flite ``voice`` (keeping its phone timing; ``flat_pitch``: with no intonation,
+    :data:`recipes.embedded.phones.FLAT_PITCH`) and store each utterance's feature frames, those of the same audio
+    one sample later, and its per-frame phones and positions in ``<out>/data.pt`` (with ``flat_pitch`` recorded).
     Resumes from ``<out>/data.partial.pt``. Returns the path of ``data.pt``."""
     from rvqspec_lib.common.progress import progress_bar
     from recipes.embedded.phones import frame_phones, render_with_phones
@@ -337,11 +339,13 @@ def prepare_data(texts: Sequence[str], out: str | os.PathLike, voice: str = "slt
     if final.is_file():
         return final
     data = torch.load(partial) if partial.is_file() else {"texts": [], "feats": [], "delayed": [], "phones": [],
-                                                          "positions": [], "rms": []}
+                                                          "positions": [], "rms": [], "flat_pitch": flat_pitch}
+    if data.get("flat_pitch", False) != flat_pitch:
+        raise ValueError(f"{partial} was spoken with flat_pitch={not flat_pitch}: remove it or pass the same option")
     frames = CodecConfig()
     done = len(data["texts"])
     for i, t in enumerate(progress_bar(list(texts)[done:], desc="speak and featurise", enabled=progress)):
-        wav, ph = render_with_phones(t, voice, frames.sample_rate)
+        wav, ph = render_with_phones(t, voice, frames.sample_rate, flat_pitch)
         x = RVQCodec.features_for(unit_loudness(wav), frames)
         y = RVQCodec.features_for(unit_loudness(_delayed(wav, 1 + (i % 3))), frames)
         names, pos = frame_phones(ph, x.shape[0], frames.frame_samples / frames.sample_rate)
@@ -458,7 +462,8 @@ def train(work: str | os.PathLike, config: LearnedCodecConfig, *, minutes: float
 
 def _save_state(path, model, opt, gen, step, log, config):
     with atomic_output(path) as tmp:
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict() if opt is not None else None, "gen": gen.get_state(),
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict() if opt is not None else None,
+                    "gen": gen.get_state(),
                     "rng": torch.get_rng_state(), "step": step, "log": log, "config": asdict(config)}, tmp)
 
 
@@ -481,6 +486,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     d.add_argument("--sentences", type=int, default=4000)
     d.add_argument("--voice", default="slt")
     d.add_argument("--out", required=True)
+    d.add_argument("--flat-pitch", action="store_true", help="speak with no intonation (the same phones and timing)")
     t = sub.add_parser("train", help="train the codec on a data folder")
     t.add_argument("--work", required=True)
     t.add_argument("--minutes", type=float, default=40.0)
@@ -490,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     t.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.cmd == "data":
-        return prepare_data(training_texts(a.sentences), a.out, a.voice)
+        return prepare_data(training_texts(a.sentences), a.out, a.voice, flat_pitch=a.flat_pitch)
     cfg = LearnedCodecConfig(**{f.name: getattr(a, f.name) for f in fields(LearnedCodecConfig)})
     return train(a.work, cfg, minutes=a.minutes, consistency=a.consistency, seed=a.seed)
 

@@ -16,6 +16,8 @@ from rvqspec_lib.models.audio import FRAME_SAMPLES, SAMPLE_RATE, load_wav
 
 #: The phone flite writes for a pause (silence): frames aligned to it are not speech frames.
 SILENCE = "pau"
+#: flite's option that holds the pitch at the voice's mean (no intonation): the phones and their timing stay the same.
+FLAT_PITCH = ("--setf", "int_f0_target_stddev=0")
 #: Frames since the phone began are counted up to this cap (0, 1, 2 = "2 or more").
 MAX_POSITION = 2
 
@@ -56,9 +58,11 @@ def frame_phones(phones: Sequence[tuple[str, float]], n_frames: int, frame_s: fl
     return names, pos
 
 
-def render_with_phones(text: str, voice: str, sample_rate: int = SAMPLE_RATE) -> tuple[np.ndarray, list]:
+def render_with_phones(text: str, voice: str, sample_rate: int = SAMPLE_RATE,
+                       flat_pitch: bool = False) -> tuple[np.ndarray, list]:
     """Speak ``text`` with a flite voice as :func:`rvqspec_lib.data.voices.render_one` does (the same resampling),
     keeping the phones flite prints with ``-psdur``: ``(wav (samples,) float32 at sample_rate, [(phone, end s)])``.
+    ``flat_pitch``: hold the pitch at the voice's mean (:data:`FLAT_PITCH`; the same phones and timing).
 
     Raises:
         ValueError: a voice of another engine (only flite prints its phones). MissingVoiceError; RuntimeError.
@@ -71,7 +75,7 @@ def render_with_phones(text: str, voice: str, sample_rate: int = SAMPLE_RATE) ->
         txt, raw, res = Path(tmp) / "text.txt", Path(tmp) / "raw.wav", Path(tmp) / "out.wav"
         txt.write_text(text.strip() + "\n", encoding="utf-8")
         phones = None
-        for cmd in (v.command(str(txt), str(raw)) + ["-psdur"],
+        for cmd in (v.command(str(txt), str(raw)) + ["-psdur", *(FLAT_PITCH if flat_pitch else ())],
                     ["sox", *voices.SOX_ARGS, str(raw), "-r", str(sample_rate), "-c", "1", "-b", "16", str(res)]):
             r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
             if r.returncode != 0:

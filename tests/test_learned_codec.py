@@ -120,6 +120,21 @@ def test_a_codec_without_transform_quantises_the_features_themselves(tmp_path):
         LC.LearnedCodecConfig(transform="mlp")
 
 
+def test_deep_stages_choose_from_their_first_entries(tmp_path):
+    """deep_codebook_size: stage 0 chooses from every entry, the later stages only from their first ones (in
+    training, restarts included, and at encoding); the vocabulary stays codebook_size; 1 or more than codebook_size
+    is refused."""
+    cfg = LC.LearnedCodecConfig(codebook_size=16, latent_dim=320, transform="none", deep_codebook_size=4)
+    path = LC.train(_data(tmp_path, 4), cfg, max_steps=5, batch=4, window=8, progress=False)
+    codec = LC.LearnedCodec.load(path)
+    codes = np.concatenate([codec.encode(_tone(1.0, f0, f0)) for f0 in (110, 150, 190, 230)])
+    assert codes[:, 0].max() >= 4 and codes[:, 1:].max() < 4
+    assert codec.codebook_size == 16 and float(codec.quantizer.codebooks[1:, 4:].abs().max()) == 0.0
+    for bad in (1, 17):
+        with pytest.raises(ValueError, match="deep_codebook_size must be"):
+            LC.LearnedCodecConfig(codebook_size=16, deep_codebook_size=bad)
+
+
 def test_bad_files_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="learned_codec train"):
         LC.LearnedCodec.load(tmp_path / "none.safetensors")

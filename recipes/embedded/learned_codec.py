@@ -25,6 +25,8 @@ What it is (:class:`LearnedCodec`):
   and at encoding. Where the residual is large (early stages) the error decides; where it is as small as what the
   decoder can tell apart (deep stages) the common entries win, so a deep code changes only when the sound does.
   ``rate_weight = 0`` is plain nearest-neighbour RVQ (the negative control).
+- **Fewer deep entries** (``deep_codebook_size``): the stages after the first may choose from their first entries
+  only, which spreads a frame's detail over more stages of fewer bits each; the vocabulary stays 2048.
 - **Audio**: the decoder's log-mel frames through the shipped codec's mel inversion and Griffin-Lim
   (:meth:`RVQCodec.vectors_to_audio`), at the training corpus's median loudness. A neural vocoder does not fit two
   CPU cores in a working session; Griffin-Lim is what the shipped codec uses, so the two compare on the same last step.
@@ -69,6 +71,9 @@ class LearnedCodecConfig:
         transform: ``"conv"`` (learned encoder and decoder) or ``"none"``: the quantiser works on the standardised
             features themselves and the decoder is the identity (``latent_dim`` must then be the feature size, 320),
             which keeps the shipped codec's reconstruction path and changes only how entries are learned and chosen.
+        deep_codebook_size: entries the stages after the first choose from (the first ``deep_codebook_size`` of each
+            codebook; the rest are never used, so the talker's vocabulary stays ``codebook_size``); 0: all of them.
+            Fewer entries spread a frame's detail over more stages, each carrying fewer bits.
         rate_weight: lambda of the entropy-constrained choice, in squared latent units per bit (0: nearest entry).
         usage_smoothing: pseudo-count added to every entry's usage before its code length is taken.
         ema_decay: of the codebooks' moving averages. dead_usage: an entry whose moving-average usage per batch falls
@@ -80,6 +85,7 @@ class LearnedCodecConfig:
     latent_dim: int = 32
     hidden: int = 256
     transform: str = "conv"
+    deep_codebook_size: int = 0
     rate_weight: float = 0.005
     usage_smoothing: float = 1.0
     ema_decay: float = 0.99
@@ -90,6 +96,9 @@ class LearnedCodecConfig:
             raise ValueError(f"need n_codebooks >= 1, codebook_size >= 2, latent_dim and hidden >= 1: {self}")
         if self.transform not in ("conv", "none"):
             raise ValueError(f"transform must be 'conv' or 'none', got {self.transform!r}")
+        if not 0 <= self.deep_codebook_size <= self.codebook_size or self.deep_codebook_size == 1:
+            raise ValueError(f"deep_codebook_size must be 0 (all entries) or in [2, {self.codebook_size}], got "
+                             f"{self.deep_codebook_size}")
         if self.rate_weight < 0 or not 0 < self.ema_decay < 1:
             raise ValueError(f"need rate_weight >= 0 and 0 < ema_decay < 1, got {self.rate_weight}, "
                              f"{self.ema_decay}")
@@ -114,14 +123,19 @@ class ResidualQuantizer(nn.Module):
         self.register_buffer("sums", torch.zeros(q, k, d))
         self.register_buffer("ready", torch.zeros((), dtype=torch.bool))
 
+    def size(self, stage: int) -> int:
+        """Entries ``stage`` chooses from (its first ones): ``codebook_size`` at stage 0, ``deep_codebook_size``
+        (when set) after it."""
+        return self.cfg.deep_codebook_size if stage and self.cfg.deep_codebook_size else self.cfg.codebook_size
+
     def code_lengths(self, stage: int) -> torch.Tensor:
-        """`(K,)` float32 bits of each entry of ``stage`` under its smoothed usage."""
-        u = self.usage[stage] + self.cfg.usage_smoothing
+        """`(size(stage),)` float32 bits of each entry of ``stage`` under its smoothed usage."""
+        u = self.usage[stage, :self.size(stage)] + self.cfg.usage_smoothing
         return -torch.log2(u / u.sum())
 
     def choose(self, r: torch.Tensor, stage: int) -> torch.Tensor:
         """The entry each row of ``r`` `(N, D)` takes at ``stage``: argmin of squared error + rate_weight x bits."""
-        c = self.codebooks[stage]
+        c = self.codebooks[stage, :self.size(stage)]
         cost = (r * r).sum(1, keepdim=True) - 2 * r @ c.T + (c * c).sum(1)
         if self.cfg.rate_weight > 0:
             cost = cost + self.cfg.rate_weight * self.code_lengths(stage)
@@ -145,9 +159,11 @@ class ResidualQuantizer(nn.Module):
     def _init(self, z: torch.Tensor, gen: torch.Generator):
         r = z.clone()
         for s in range(self.cfg.n_codebooks):
-            pick = torch.randint(r.shape[0], (self.cfg.codebook_size,), generator=gen)
-            self.codebooks[s] = r[pick] + 1e-3 * torch.randn(self.cfg.codebook_size, r.shape[1], generator=gen)
+            k = self.size(s)
+            pick = torch.randint(r.shape[0], (k,), generator=gen)
+            self.codebooks[s, :k] = r[pick] + 1e-3 * torch.randn(k, r.shape[1], generator=gen)
             self.sums[s] = self.codebooks[s].clone()
+            self.usage[s, k:] = 0.0
             r = r - self.codebooks[s][self.choose(r, s)]  # usage still uniform: the rate term adds one constant
         self.ready.fill_(True)
 
@@ -165,13 +181,13 @@ class ResidualQuantizer(nn.Module):
             q = self.codebooks[s][idx]
             if self.training:
                 with torch.no_grad():
-                    onehot = F.one_hot(idx, self.cfg.codebook_size).to(z.dtype) * use
-                    self.usage[s].mul_(decay).add_(onehot.sum(0), alpha=1 - decay)
-                    self.sums[s].mul_(decay).add_(onehot.T @ r, alpha=1 - decay)
+                    w = use[:, 0] * (1 - decay)  # each row's weight in the moving averages
+                    self.usage[s].mul_(decay).index_add_(0, idx, w)
+                    self.sums[s].mul_(decay).index_add_(0, idx, r * w[:, None])
                     n = self.usage[s].sum()
                     count = (self.usage[s] + 1e-5) / (n + self.cfg.codebook_size * 1e-5) * n
                     self.codebooks[s] = self.sums[s] / count[:, None]
-                    dead = (self.usage[s] < self.cfg.dead_usage).nonzero().flatten()
+                    dead = (self.usage[s, :self.size(s)] < self.cfg.dead_usage).nonzero().flatten()
                     live = (use[:, 0] > 0).nonzero().flatten()
                     if len(dead) and len(live):
                         pick = live[torch.randint(len(live), (len(dead),), generator=gen)]

@@ -685,8 +685,8 @@ listen_path = save_audio(listen_wav, 24000, out / "06_listen", {**prov, "listen"
                                                                                  "underruns")}}})
 display(Markdown(f"{ls['frames']} frames ({ls['audio_s']:.2f} s), {label}{' (fused)' if fused else ''}: first audio "
                  f"{ls['ttfa_ms']:.0f} ms after the prompt, RTF {ls['rtf']:.2f}, {ls['underruns']} underrun(s), "
-                 f"{ls['tokens_per_call']:.2f} tokens per call; the codec waited {ls['lookahead_frames']} frame(s) "
-                 "of look-ahead."))
+                 f"{ls['tokens_per_call']:.2f} tokens per call; the codec's first audio needed "
+                 f"{ls['first_audio_frames']} frame(s), its look-ahead once under way {ls['lookahead_frames']}."))
 Audio(filename=str(listen_path))
 
 # %% [markdown]
@@ -770,8 +770,8 @@ if emb:
                     f"{e1['ttfa_ms']:.0f} ms after the prompt, RTF {e1['rtf']:.2f}, {e1['underruns']:g} "
                     f"underrun(s) (medians over its timed runs). The Listen stream above is another stream (float32, {label}"
                     f"{' fused' if fused else ''}): first audio {ls['ttfa_ms']:.0f} ms"
-                    + (f", part of it its codec's wait for {ls['lookahead_frames']} frame(s) of look-ahead."
-                       if ls["lookahead_frames"] else "; its codec waited for no look-ahead."))
+                    + (f", part of it its codec's wait for {ls['first_audio_frames']} frames before the first audio."
+                       if ls["first_audio_frames"] > 1 else "; its codec waited for no look-ahead."))
 conc_all = [s for s in pipe["sustained"] if s["layout"] == "all cores" and s["model"] == run_pipeline_models[0]]
 if conc_all:
     told.append("* **Concurrency (measured).** " + "; ".join(

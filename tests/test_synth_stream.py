@@ -136,8 +136,8 @@ def test_ctrl_c_mid_stream_leaves_a_valid_wav_of_the_chunks_so_far(tmp_path, cap
     monkeypatch.setattr(streaming_rvq.StreamingRVQDecoder, "push", push)
     assert _synth(tmp_path, *FAST, "--max-frames", "10", "--json", str(tmp_path / "x.json")) == 130
     assert capsys.readouterr().err.splitlines()[-1] == "rvqspec: interrupted"
-    wav, sr = sf.read(tmp_path / "x.wav")  # five frames pushed, three frames of look-ahead: two came out
-    assert sr == 24000 and wav.shape == (2 * 1920,)
+    wav, sr = sf.read(tmp_path / "x.wav")  # five frames pushed, look-ahead ramping up from 1 frame: three came out
+    assert sr == 24000 and wav.shape == (3 * 1920,)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.wav"]  # no codes, no JSON: those are all or nothing
 
 

@@ -50,10 +50,11 @@ class StreamingCodecDecoder:
         ValueError: an unknown backend, or ``onednn`` where it cannot run (one line, naming the fix).
 
     Attributes: ``frames`` (pushed since the last :meth:`reset`), ``n_codebooks``, ``codebook_size``,
-    ``frame_samples``, ``sample_rate``, ``lookahead_frames`` (0), ``backend``.
+    ``frame_samples``, ``sample_rate``, ``lookahead_frames`` (0), ``first_audio_frames`` (1), ``backend``.
     """
 
     lookahead_frames = 0
+    first_audio_frames = 1
     sample_rate = 24000
 
     def __init__(self, decoder: nn.Module, batch_size: int = 1, *, backend: str = "auto",

@@ -18,8 +18,12 @@ from rvqspec_lib.device.streaming_layers import check_codes_chunk
 #: offline frame vectors of shipped utterances at 2 frames of look-ahead, against 0.85 dB at 8 and 0.46 dB at 32;
 #: docs/codec_streaming.md#the-embedded-codec).
 CONTEXT_FRAMES = 16
-#: Code frames after frame t in the code decoder's window.
+#: Code frames after frame t in the code decoder's window (once the stream is under way: :data:`RAMP_FRAMES`).
 LOOKAHEAD_FRAMES = 2
+#: The code decoder's look-ahead at frame t is ``min(LOOKAHEAD_FRAMES, t // RAMP_FRAMES)``: it grows by one frame
+#: every 4 frames, so the first audio waits for 2 pushed frames instead of 4, and a generator at up to 60 ms per
+#: 80 ms frame still keeps ahead of the player (docs/codec_streaming.md#the-embedded-codec). 0: no ramp.
+RAMP_FRAMES = 4
 #: Frames of STFT columns after frame t that phase reconstruction sees before frame t is committed (>= 1).
 GL_LOOKAHEAD_FRAMES = 1
 #: Fast Griffin-Lim's momentum (librosa's default, used by the offline decode).
@@ -50,17 +54,21 @@ class StreamingRVQDecoder:
         codec: the codec (its neural code decoder when attached, else its tables; its Griffin-Lim iterations per
             frame and initial phases' seed). batch_size: rows of the first stream.
         gl_lookahead_frames: frames of STFT columns after a frame that phase reconstruction sees first (>= 1).
+        ramp_frames: frames per step of the code decoder's start-up look-ahead (:data:`RAMP_FRAMES`; 0: the full
+            look-ahead from the first frame).
     The code decoder's window: :data:`CONTEXT_FRAMES` and :data:`LOOKAHEAD_FRAMES` (ignored by the table decoder).
 
     Raises:
-        ValueError: ``gl_lookahead_frames < 1``, a codec with ``griffin_lim_iters < 1``.
+        ValueError: ``gl_lookahead_frames < 1``, ``ramp_frames < 0``, a codec with ``griffin_lim_iters < 1``.
 
     Attributes: the codec's ``n_codebooks``, ``codebook_size``, ``frame_samples`` and ``sample_rate``;
-    ``lookahead_frames`` (a frame's wait before its audio comes out), ``frames`` (pushed), ``emitted`` (frames whose
-    audio was returned).
+    ``lookahead_frames`` (a frame's wait before its audio comes out once the ramp is over), ``first_audio_frames``
+    (frames pushed before the first audio comes out), ``frames`` (pushed), ``emitted`` (frames whose audio was
+    returned).
     """
 
-    def __init__(self, codec, batch_size: int = 1, *, gl_lookahead_frames: int = GL_LOOKAHEAD_FRAMES):
+    def __init__(self, codec, batch_size: int = 1, *, gl_lookahead_frames: int = GL_LOOKAHEAD_FRAMES,
+                 ramp_frames: int = RAMP_FRAMES):
         codec = getattr(codec, "codec", codec)  # a CodecSpeechTokenizer holds its RVQCodec
         if type(codec).__name__ != "RVQCodec":  # by name: this layer sits below the models that define it
             raise ValueError(f"expected an RVQCodec or a CodecSpeechTokenizer, got {type(codec).__name__}: for the "
@@ -68,6 +76,8 @@ class StreamingRVQDecoder:
         if gl_lookahead_frames < 1:
             raise ValueError(f"need gl_lookahead_frames >= 1 (the STFT columns of a frame reach into the next), got "
                              f"{gl_lookahead_frames}")
+        if ramp_frames < 0:
+            raise ValueError(f"need ramp_frames >= 0 (0: no ramp), got {ramp_frames}")
         c = codec.config
         self.codec = codec
         self.neural = codec.code_decoder is not None
@@ -78,7 +88,9 @@ class StreamingRVQDecoder:
         if self.gl_iters < 1:
             raise ValueError(f"the codec's griffin_lim_iters must be >= 1, got {self.gl_iters}")
         self.seed = int(c.seed)
+        self.ramp = int(ramp_frames)
         self.lookahead_frames = self.code_lookahead + self.gl_lookahead
+        self.first_audio_frames = self.gl_lookahead + self.code_lookahead_at(self.gl_lookahead) + 1
         self.n_codebooks, self.codebook_size = int(c.n_codebooks), int(c.codebook_size)
         self.frame_samples, self.sample_rate = int(c.frame_samples), int(c.sample_rate)
         self.hop, self.n_fft, self.stack = int(c.hop_samples), int(c.n_fft), int(c.stack)
@@ -87,6 +99,11 @@ class StreamingRVQDecoder:
         self.window = F.pad(win, (pad, self.n_fft - win.shape[0] - pad))  # (n_fft,), centred as librosa pads it
         self._wsum: dict[int, torch.Tensor] = {}
         self.reset(batch_size)
+
+    def code_lookahead_at(self, t: int) -> int:
+        """Code frames after frame ``t`` that its code-decoder window holds: ``min(LOOKAHEAD_FRAMES, t // ramp)``
+        (the full look-ahead without a ramp; 0 for the table decoder)."""
+        return min(self.code_lookahead, t // self.ramp) if self.ramp else self.code_lookahead
 
     # ------------------------------------------------------------------------------------------------------ state
     def reset(self, batch_size: int = 1) -> None:
@@ -185,7 +202,10 @@ class _RowStream:
         cfg = self.cfg
         self.codes = torch.cat([self.codes, codes], -1)
         self.frames += codes.shape[1]
-        self._advance_vectors(self.frames - cfg.code_lookahead)
+        until = self.vectors_done
+        while until + cfg.code_lookahead_at(until) < self.frames:  # the frames whose window has arrived
+            until += 1
+        self._advance_vectors(until)
         self.out = torch.cat([self.out, self._commit(self.vectors_done - cfg.gl_lookahead)])
 
     def flush(self) -> None:
@@ -202,7 +222,7 @@ class _RowStream:
         cfg, c = self.cfg, self.cfg.codec
         for t in range(self.vectors_done, until):
             if cfg.neural:
-                lo, hi = max(0, t - cfg.context), min(self.frames, t + cfg.code_lookahead + 1)
+                lo, hi = max(0, t - cfg.context), min(self.frames, t + cfg.code_lookahead_at(t) + 1)
                 window = self.codes[:, lo - self.codes_start:hi - self.codes_start].T[None]  # (1, w, G)
                 with torch.no_grad():
                     vec = c.code_decoder(window)[0, t - lo]  # (dim,)

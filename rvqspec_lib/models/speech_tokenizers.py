@@ -135,11 +135,12 @@ def official_decoder(codec):
 
 
 def streaming_decoder(codec, batch_size: int = 1, **kwargs):
-    """A streaming decoder (``reset``, ``push(codes (B, 16, n)) -> (B, m * 1920)``, ``flush``, ``lookahead_frames``)
+    """A streaming decoder (``reset``, ``push(codes (B, 16, n)) -> (B, m * 1920)``, ``flush``, ``lookahead_frames``,
+    ``first_audio_frames``)
     for ``codec``: the official 12 Hz decoder, or anything holding one (:func:`official_decoder`: a checkpoint's
     ``speech_tokenizer``, a ``Qwen12HzCodec``) -> :class:`StreamingCodecDecoder` (exact, m = n, in the decoder's
     dtype and on its device); an :class:`RVQCodec` or ``CodecSpeechTokenizer`` ->
-    :class:`~rvqspec_lib.device.streaming_rvq.StreamingRVQDecoder` (3 frames of look-ahead by default). ``kwargs``
+    :class:`~rvqspec_lib.device.streaming_rvq.StreamingRVQDecoder` (3 frames of look-ahead by default, the first audio after 2 frames). ``kwargs``
     go to the class chosen. ValueError (one line): anything else."""
     if isinstance(codec, RVQCodec) or isinstance(getattr(codec, "codec", None), RVQCodec):
         return StreamingRVQDecoder(codec, batch_size, **kwargs)

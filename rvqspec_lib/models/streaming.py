@@ -239,7 +239,7 @@ class AudioStream:
     def summary(self) -> dict:
         """What the stream measured so far (after the last chunk: the whole stream): ``ttfa_ms``, ``ttfa_call_ms``,
         ``rtf``, ``frame_ms``, ``underruns``, ``late_ms`` and ``overlap`` as docs/streaming.md defines them, and
-        ``frames`` (made), ``chunks``, ``chunk_frames``, ``lookahead_frames`` (the codec's), ``audio_s``, ``wall_s``
+        ``frames`` (made), ``chunks``, ``chunk_frames``, ``lookahead_frames`` and ``first_audio_frames`` (the codec's), ``audio_s``, ``wall_s``
         (call to the last chunk ready), ``prompt_ms`` (call to the end of the talker's prefill), ``rtf_after_prompt``,
         ``stall_ms`` (the underruns' sum), per-frame means ``talker_ms`` (frames after the first), ``inner_ms`` and
         ``codec_ms`` (push and flush), ``generate_s`` and ``decode_s`` (busy seconds of each side), ``cpu_s`` (thread
@@ -262,7 +262,8 @@ class AudioStream:
         calls = sum(int(f.calls.sum()) for f in made)
         oracle = getattr(self.runner, "acceptance", None)
         out = {"frames": len(made), "chunks": len(ch), "chunk_frames": self.chunk_frames,
-               "lookahead_frames": int(getattr(self.codec, "lookahead_frames", 0)), "batch": self.batch,
+               "lookahead_frames": int(getattr(self.codec, "lookahead_frames", 0)),
+               "first_audio_frames": int(getattr(self.codec, "first_audio_frames", 1)), "batch": self.batch,
                "audio_s": audio_s, "wall_s": wall, "prompt_ms": prompt_s * 1e3, "ttfa_ms": (first - prompt_s) * 1e3,
                "ttfa_call_ms": first * 1e3, "rtf": wall / audio_s if audio_s else math.inf,
                "rtf_after_prompt": (wall - prompt_s) / audio_s if audio_s else math.inf,

@@ -154,3 +154,5 @@ def test_prepare_data_speaks_each_sentence_once(tmp_path):
         assert "pau" in ph and any(p != "pau" for p in ph)
     stamp = path.stat().st_mtime_ns
     assert LC.prepare_data(texts, tmp_path, progress=False) == path and path.stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match="flat_pitch=False"):  # finished with intonation: not silently reused
+        LC.prepare_data(texts, tmp_path, progress=False, flat_pitch=True)

@@ -353,6 +353,9 @@ def prepare_data(texts: Sequence[str], out: str | os.PathLike, voice: str = "slt
     out.mkdir(parents=True, exist_ok=True)
     final, partial = out / "data.pt", out / "data.partial.pt"
     if final.is_file():
+        if torch.load(final).get("flat_pitch", False) != flat_pitch:
+            raise ValueError(f"{final} was spoken with flat_pitch={not flat_pitch}: use another --out or pass the same "
+                             "option")
         return final
     data = torch.load(partial) if partial.is_file() else {"texts": [], "feats": [], "delayed": [], "phones": [],
                                                           "positions": [], "rms": [], "flat_pitch": flat_pitch}

@@ -380,12 +380,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--json", default=None, help="write the figures here")
     ap.add_argument("--fit-training", default=None, help="a learned codec's data file (its training sentences, "
                     "recipes.embedded.learned_codec data): count them too, as a talker trained on them would")
+    ap.add_argument("--beam", type=int, default=None, help="a learned codec's encoding beam (partial code sequences "
+                    "kept per frame; default: the codec's own encode_beam)")
     a = ap.parse_args(argv)
     if a.sentences < 2 or a.asr_sentences < 0:
         ap.error("need --sentences >= 2 and --asr-sentences >= 0")
+    if a.beam is not None and a.beam < 1:
+        ap.error("need --beam >= 1 (1: greedy)")
     t0 = time.perf_counter()
     codec_path = Path(a.codec) if a.codec else embedded_root("embedded") / "codec.safetensors"
     codec = LearnedCodec.load(codec_path) if is_learned_codec(codec_path) else RVQCodec.load(codec_path)
+    if a.beam is not None:
+        if not isinstance(codec, LearnedCodec):
+            ap.error("--beam needs a learned codec (the embedded model's codec encodes by nearest entries)")
+        codec.with_encode_beam(a.beam)
     asr = None if a.asr == "none" else recogniser(a.asr, "en")
     texts = held_out_texts(a.sentences, a.seed)
     wavs, phones, positions = [], [], []
@@ -396,7 +404,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     speech = [np.array([p != SILENCE for p in names]) for names in phones]
     codes = [np.asarray(codec.encode(w)) for w in wavs]
     result = {"machine": f"{cpu_model()} ({platform.machine()}), torch threads {torch.get_num_threads()}",
-              "codec": f"{codec_path} ({codec.decoder_kind} decoder)",
+              "codec": f"{codec_path} ({codec.decoder_kind} decoder"
+                       + (f", encoding beam {codec.config.encode_beam})" if isinstance(codec, LearnedCodec) else ")"),
               "n": f"{len(texts)} held-out sentences, voice {a.voice}{' (flat pitch)' if a.flat_pitch else ''}, "
                    f"seed {a.seed}",
               "robustness": robustness(codec, wavs, masks=speech, codes=codes, seed=a.seed)}

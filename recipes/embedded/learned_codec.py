@@ -27,6 +27,10 @@ What it is (:class:`LearnedCodec`):
   ``rate_weight = 0`` is plain nearest-neighbour RVQ (the negative control).
 - **Fewer deep entries** (``deep_codebook_size``): the stages after the first may choose from their first entries
   only, which spreads a frame's detail over more stages of fewer bits each; the vocabulary stays 2048.
+- **Beam search at encoding** (``encode_beam``): the 16 codes of a frame chosen jointly, keeping the ``encode_beam``
+  best partial choices (squared error plus the rate term) from stage to stage, instead of each stage's best given the
+  stages before (``encode_beam = 1``, as in training). The codebooks and the decoder do not change; only which codes a
+  frame gets.
 - **Audio**: the decoder's log-mel frames through the shipped codec's mel inversion and Griffin-Lim
   (:meth:`RVQCodec.vectors_to_audio`), at the training corpus's median loudness. A neural vocoder does not fit two
   CPU cores in a working session; Griffin-Lim is what the shipped codec uses, so the two compare on the same last step.
@@ -75,6 +79,7 @@ class LearnedCodecConfig:
             codebook; the rest are never used, so the talker's vocabulary stays ``codebook_size``); 0: all of them.
             Fewer entries spread a frame's detail over more stages, each carrying fewer bits.
         rate_weight: lambda of the entropy-constrained choice, in squared latent units per bit (0: nearest entry).
+        encode_beam: partial code sequences kept per frame when encoding (1: each stage greedily; training is greedy).
         usage_smoothing: pseudo-count added to every entry's usage before its code length is taken.
         ema_decay: of the codebooks' moving averages. dead_usage: an entry whose moving-average usage per batch falls
             below this is restarted on a residual of the batch.
@@ -90,6 +95,7 @@ class LearnedCodecConfig:
     usage_smoothing: float = 1.0
     ema_decay: float = 0.99
     dead_usage: float = 0.01
+    encode_beam: int = 1
 
     def __post_init__(self):
         if self.n_codebooks < 1 or self.codebook_size < 2 or self.latent_dim < 1 or self.hidden < 1:
@@ -99,6 +105,8 @@ class LearnedCodecConfig:
         if not 0 <= self.deep_codebook_size <= self.codebook_size or self.deep_codebook_size == 1:
             raise ValueError(f"deep_codebook_size must be 0 (all entries) or in [2, {self.codebook_size}], got "
                              f"{self.deep_codebook_size}")
+        if self.encode_beam < 1:
+            raise ValueError(f"encode_beam must be >= 1 (1: greedy), got {self.encode_beam}")
         if self.rate_weight < 0 or not 0 < self.ema_decay < 1:
             raise ValueError(f"need rate_weight >= 0 and 0 < ema_decay < 1, got {self.rate_weight}, "
                              f"{self.ema_decay}")
@@ -133,22 +141,45 @@ class ResidualQuantizer(nn.Module):
         u = self.usage[stage, :self.size(stage)] + self.cfg.usage_smoothing
         return -torch.log2(u / u.sum())
 
+    def costs(self, r: torch.Tensor, stage: int) -> torch.Tensor:
+        """`(..., size(stage))` squared error of each entry of ``stage`` against ``r`` `(..., D)` plus rate_weight x
+        its bits."""
+        c = self.codebooks[stage, :self.size(stage)]
+        cost = (r * r).sum(-1, keepdim=True) - 2 * r @ c.T + (c * c).sum(1)
+        return cost + self.cfg.rate_weight * self.code_lengths(stage) if self.cfg.rate_weight > 0 else cost
+
     def choose(self, r: torch.Tensor, stage: int) -> torch.Tensor:
         """The entry each row of ``r`` `(N, D)` takes at ``stage``: argmin of squared error + rate_weight x bits."""
-        c = self.codebooks[stage, :self.size(stage)]
-        cost = (r * r).sum(1, keepdim=True) - 2 * r @ c.T + (c * c).sum(1)
-        if self.cfg.rate_weight > 0:
-            cost = cost + self.cfg.rate_weight * self.code_lengths(stage)
-        return cost.argmin(1)
+        return self.costs(r, stage).argmin(1)
 
-    def encode(self, z: torch.Tensor) -> torch.Tensor:
-        """`(N, D)` float32 latents -> `(N, n_q)` int64 codes."""
-        r, out = z.clone(), []
+    def encode(self, z: torch.Tensor, beam: int | None = None) -> torch.Tensor:
+        """`(N, D)` float32 latents -> `(N, n_q)` int64 codes: greedily (``beam`` 1) or by beam search over the
+        stages, keeping the ``beam`` partial choices of least squared error plus rate term (default: the config's
+        ``encode_beam``)."""
+        beam = self.cfg.encode_beam if beam is None else int(beam)
+        if beam < 1:
+            raise ValueError(f"beam must be >= 1 (1: greedy), got {beam}")
+        if beam == 1:
+            r, out = z.clone(), []
+            for s in range(self.cfg.n_codebooks):
+                idx = self.choose(r, s)
+                out.append(idx)
+                r = r - self.codebooks[s][idx]
+            return torch.stack(out, 1)
+        n, d = z.shape
+        r = z[:, None, :].clone()  # (N, b, D) residual of each kept partial choice
+        rate = torch.zeros(n, 1)  # (N, b) rate terms so far
+        codes = torch.zeros(n, 1, 0, dtype=torch.long)
         for s in range(self.cfg.n_codebooks):
-            idx = self.choose(r, s)
-            out.append(idx)
-            r = r - self.codebooks[s][idx]
-        return torch.stack(out, 1)
+            k = self.size(s)
+            cost = self.costs(r, s) + rate[..., None]  # (N, b, k): error after this stage + all rate terms
+            top = cost.reshape(n, -1).topk(min(beam, cost.shape[1] * k), dim=1, largest=False).indices
+            keep, idx = top // k, top % k  # (N, beam): which partial choice, which entry
+            step = self.cfg.rate_weight * self.code_lengths(s)[idx] if self.cfg.rate_weight > 0 else 0.0
+            r = torch.gather(r, 1, keep[..., None].expand(-1, -1, d)) - self.codebooks[s][idx]
+            rate = torch.gather(rate, 1, keep) + step
+            codes = torch.cat([torch.gather(codes, 1, keep[..., None].expand(-1, -1, s)), idx[..., None]], -1)
+        return codes[:, 0]  # topk sorts ascending: the first is the best
 
     def decode(self, codes: torch.Tensor, n_stages: int | None = None) -> torch.Tensor:
         """`(N, n_q)` codes -> `(N, D)` sum of the first ``n_stages`` stages' entries."""
@@ -287,6 +318,14 @@ class LearnedCodec(nn.Module):
     def decode(self, codes, n_codebooks: int | None = None) -> np.ndarray:
         """`(frames, n_codebooks)` codes -> `(frames * 1920,)` float32 audio (mel inversion and Griffin-Lim)."""
         return self._audio.vectors_to_audio(self.decode_vectors(codes, n_codebooks)) * float(self.rms)
+
+    def with_encode_beam(self, beam: int) -> "LearnedCodec":
+        """This codec encoding with ``beam`` partial choices per frame (:class:`LearnedCodecConfig`
+        ``encode_beam``; the codebooks and decoder unchanged). Returns self. ValueError: ``beam < 1``."""
+        from dataclasses import replace
+
+        self.config = self.quantizer.cfg = replace(self.config, encode_beam=int(beam))
+        return self
 
     # ---------------------------------------------------------------- files
     def save(self, path: str | os.PathLike, info: dict | None = None) -> Path:
@@ -427,7 +466,7 @@ def train(work: str | os.PathLike, config: LearnedCodecConfig, *, minutes: float
     ckpt, step, log = work / "train.pt", 0, []
     if ckpt.is_file():
         st = torch.load(ckpt)
-        if st["config"] != asdict(config):
+        if {**st["config"], "encode_beam": 1} != {**asdict(config), "encode_beam": 1}:  # the beam: encoding only
             raise ValueError(f"{ckpt} was trained with another config: remove it or pass the same options")
         model.load_state_dict(st["model"])
         if opt is not None:

@@ -178,6 +178,18 @@ def test_intelligibility_of_a_lossless_codec_has_no_gap():
     assert cp.gates({"intelligibility": r}) == {"intelligibility": True}
     with pytest.raises(ValueError, match="one reference text"):
         cp.intelligibility(EchoCodec(), wavs, refs[:1], LookupASR())
+    by = cp.intelligibility(EchoCodec(), wavs, refs, LookupASR(), groups=["slt", "awb"])["by_group"]
+    assert by == {"awb": {"wer_original": 0.0, "wer_codec": 0.0, "gap": 0.0, "ref_words": 2, "n": 1},
+                  "slt": {"wer_original": 0.0, "wer_codec": 0.0, "gap": 0.0, "ref_words": 3, "n": 1}}
+
+    class DeafToSecond(LookupASR):  # mishears the second utterance: its group alone carries the errors
+        def transcribe(self, wav, sample_rate):
+            return refs[0] if np.array_equal(wav, wavs[0]) else "nothing"
+
+    by = cp.intelligibility(EchoCodec(), wavs, refs, DeafToSecond(), groups=["slt", "awb"])["by_group"]
+    assert by["slt"]["wer_original"] == 0.0 and by["awb"]["wer_original"] == 1.0
+    with pytest.raises(ValueError, match="one label per utterance"):
+        cp.intelligibility(EchoCodec(), wavs, refs, LookupASR(), groups=["slt"])
 
 
 def test_render_with_phones_matches_the_audio():
@@ -206,6 +218,8 @@ def test_main_on_the_shipped_codec(tmp_path, capsys):
     assert "robustness" in text and "predictability" in text and "machine:" in text
     assert set(r["gates"]) == {"robustness", "predictability"}
     assert json.loads(out.read_text())["gates"] == r["gates"]
+    two = cp.main(["--sentences", "4", "--asr", "none", "--voice", "slt,awb"])
+    assert "voice slt,awb" in two["n"] and set(two["gates"]) == {"robustness", "predictability"}
 
 
 def test_tuned_discount_is_small_for_deterministic_codes_and_large_for_noise():

@@ -156,6 +156,21 @@ def test_prepare_data_speaks_each_sentence_once(tmp_path):
     assert LC.prepare_data(texts, tmp_path, progress=False) == path and path.stat().st_mtime_ns == stamp
     with pytest.raises(ValueError, match="flat_pitch=False"):  # finished with intonation: not silently reused
         LC.prepare_data(texts, tmp_path, progress=False, flat_pitch=True)
+    with pytest.raises(ValueError, match="voices slt"):  # finished with one voice: not reused for others
+        LC.prepare_data(texts, tmp_path, "slt,awb", progress=False)
+
+
+def test_prepare_data_with_several_voices(tmp_path):
+    """Several voices: each sentence spoken by the one the embedded corpus would give it (voices.voice_of), recorded
+    per utterance and as the file's voice set; no voice is refused before anything is spoken."""
+    from rvqspec_lib.data.voices import voice_of
+
+    texts = ["Hello world, this is a test.", "A second and shorter one.", "The third sentence is here."]
+    d = torch.load(LC.prepare_data(texts, tmp_path, "slt,awb", progress=False))
+    assert d["voice_set"] == ["slt", "awb"] == LC.voice_set(d)
+    assert d["voices"] == [voice_of(t, ["slt", "awb"]) for t in texts]
+    with pytest.raises(ValueError, match="no voice given"):
+        LC.prepare_data(texts, tmp_path / "none", ",", progress=False)
 
 
 def test_beam_search_encoding():

@@ -42,7 +42,7 @@ from rvqspec_lib.eval.inner_loop import transcribe_all
 from rvqspec_lib.eval.parity import paired_ratio_difference
 from rvqspec_lib.models.audio import SAMPLE_RATE
 from rvqspec_lib.models.rvq_codec import RVQCodec
-from recipes.embedded.learned_codec import LearnedCodec, is_learned_codec
+from recipes.embedded.learned_codec import LearnedCodec, is_learned_codec, voice_set
 from recipes.embedded.phones import MAX_POSITION, SILENCE, frame_phones, parse_psdur, render_with_phones  # noqa: F401
 
 #: The gates of issue 35's stage 1.
@@ -278,16 +278,19 @@ def predictability(codes: Sequence[np.ndarray], phones: Sequence[Sequence[str]],
 
 # ---------------------------------------------------------------- intelligibility
 def intelligibility(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], asr, *, sample_rate: int = SAMPLE_RATE,
-                    progress: bool = False) -> dict:
+                    progress: bool = False, groups: Sequence[str] | None = None) -> dict:
     """WER by ``asr`` of the original audio and of the codec's reconstruction ``decode(encode(wav))`` (cut to the
     input's length): ``{"asr", "wer_original", "wer_codec", "gap", "gap_ci_low", "gap_ci_high" (a paired 95%
-    bootstrap interval over utterances), "ref_words", "n"}``.
+    bootstrap interval over utterances), "ref_words", "n"}``; with ``groups`` (a label per utterance, e.g. its voice)
+    also ``"by_group": {label: {"wer_original", "wer_codec", "gap", "ref_words", "n"}}`` from the same transcripts.
 
     Raises:
         ValueError: ``wavs`` and ``refs`` of different lengths.
     """
     if len(wavs) != len(refs):
         raise ValueError(f"{len(wavs)} utterances and {len(refs)} texts: give one reference text per utterance")
+    if groups is not None and len(groups) != len(refs):
+        raise ValueError(f"{len(groups)} group labels for {len(refs)} utterances: give one label per utterance")
     recon = [np.asarray(codec.decode(codec.encode(w)), np.float32)[: len(w)] for w in wavs]
     orig = wer(list(refs), transcribe_all(asr, wavs, sample_rate, desc="asr original", progress=progress))
     rec = wer(list(refs), transcribe_all(asr, recon, sample_rate, desc="asr codec", progress=progress))
@@ -296,9 +299,19 @@ def intelligibility(codec, wavs: Sequence[np.ndarray], refs: Sequence[str], asr,
 
     words = [u["ref_units"] for u in orig.utterances]
     ci = paired_ratio_difference(errors(rec), words, errors(orig), words)
-    return {"asr": getattr(asr, "name", type(asr).__name__), "wer_original": orig.rate, "wer_codec": rec.rate,
-            "gap": rec.rate - orig.rate, "gap_ci_low": ci["ci_low"], "gap_ci_high": ci["ci_high"],
-            "ref_words": orig.ref_units, "n": len(refs)}
+    out = {"asr": getattr(asr, "name", type(asr).__name__), "wer_original": orig.rate, "wer_codec": rec.rate,
+           "gap": rec.rate - orig.rate, "gap_ci_low": ci["ci_low"], "gap_ci_high": ci["ci_high"],
+           "ref_words": orig.ref_units, "n": len(refs)}
+    if groups is not None:
+        out["by_group"], e_o, e_c = {}, errors(orig), errors(rec)
+        for g in sorted(set(groups)):
+            idx = [i for i, x in enumerate(groups) if x == g]
+            n_words = sum(words[i] for i in idx)
+            w_o = sum(e_o[i] for i in idx) / n_words if n_words else float("nan")
+            w_c = sum(e_c[i] for i in idx) / n_words if n_words else float("nan")
+            out["by_group"][g] = {"wer_original": w_o, "wer_codec": w_c, "gap": w_c - w_o, "ref_words": n_words,
+                                  "n": len(idx)}
+    return out
 
 
 # ---------------------------------------------------------------- the gates
@@ -353,6 +366,9 @@ def report(result: dict) -> str:
         lines.append(f"\n3. intelligibility ({it['asr']}, {it['n']} utterances, {it['ref_words']} words): WER "
                      f"original {it['wer_original']:.3f}, codec {it['wer_codec']:.3f}, gap {it['gap']:+.3f} (paired 95% "
                      f"interval {it['gap_ci_low']:+.3f} to {it['gap_ci_high']:+.3f})")
+        for name, b in it.get("by_group", {}).items():
+            lines.append(f"  {name}: {b['n']} utterances, WER original {b['wer_original']:.3f}, codec "
+                         f"{b['wer_codec']:.3f}, gap {b['gap']:+.3f}")
         lines.append(f"  gate: gap <= {MAX_WER_GAP:.2f}: {verdict[g['intelligibility']]}")
     return "\n".join(lines)
 
@@ -373,7 +389,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--asr-sentences", type=int, default=60, help="of them, how many the recogniser hears (at most all)")
     ap.add_argument("--codec", default=None, help="an RVQCodec file or folder, or a learned codec's file "
                     "(recipes.embedded.learned_codec; default: the embedded model's RVQCodec)")
-    ap.add_argument("--voice", default="slt", help="a flite voice")
+    ap.add_argument("--voice", default="slt", help="a flite voice, or several comma-separated (each sentence spoken "
+                    "by one, as the embedded corpus chooses)")
     ap.add_argument("--flat-pitch", action="store_true", help="speak with no intonation (the same phones and timing)")
     ap.add_argument("--asr", default="whisper-tiny.en", help="recogniser (rvqspec_lib.eval.asr_models), or none")
     ap.add_argument("--seed", type=int, default=0)
@@ -396,9 +413,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         codec.with_encode_beam(a.beam)
     asr = None if a.asr == "none" else recogniser(a.asr, "en")
     texts = held_out_texts(a.sentences, a.seed)
+    speakers = [v for v in a.voice.split(",") if v]
+    if not speakers:
+        ap.error("--voice needs a flite voice, or several comma-separated")
+    spoken = [voices.voice_of(t, speakers) for t in texts]
     wavs, phones, positions = [], [], []
-    for t in texts:
-        w, ph = render_with_phones(t, a.voice, codec.sample_rate, a.flat_pitch)
+    for t, v in zip(texts, spoken):
+        w, ph = render_with_phones(t, v, codec.sample_rate, a.flat_pitch)
         names, pos = frame_phones(ph, -(-w.shape[0] // codec.frame_samples), codec.frame_samples / codec.sample_rate)
         wavs.append(w), phones.append(names), positions.append(pos)
     speech = [np.array([p != SILENCE for p in names]) for names in phones]
@@ -417,13 +438,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if d.get("flat_pitch", False) != a.flat_pitch:
             ap.error(f"{a.fit_training} was spoken with{'out' if a.flat_pitch else ''} --flat-pitch: probe it the "
                      "same way")
+        if voice_set(d) != speakers:
+            ap.error(f"{a.fit_training} was spoken by {','.join(voice_set(d))}: probe with --voice "
+                     f"{','.join(voice_set(d))}")
         with torch.no_grad():
             extra = ([codec.codes_of_features(f).numpy() for f in d["feats"]],
                      d["phones"], [np.asarray(p) for p in d["positions"]])
     result["predictability"] = predictability(codes, phones, positions, vocab=codec.codebook_size, seed=a.seed,
                                               fit_extra=extra)
     if asr is not None and a.asr_sentences:
-        result["intelligibility"] = intelligibility(codec, wavs[: a.asr_sentences], texts[: a.asr_sentences], asr)
+        k = a.asr_sentences
+        result["intelligibility"] = intelligibility(codec, wavs[:k], texts[:k], asr,
+                                                    groups=spoken[:k] if len(speakers) > 1 else None)
     result["gates"] = gates(result)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     print(report(result) + f"\n\n{result['seconds']:.0f} s")

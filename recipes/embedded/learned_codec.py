@@ -379,31 +379,51 @@ def _delayed(wav: np.ndarray, samples: int) -> np.ndarray:
     return np.concatenate([np.zeros(samples, np.float32), wav[:-samples]]).astype(np.float32)
 
 
-def prepare_data(texts: Sequence[str], out: str | os.PathLike, voice: str = "slt", progress: bool = True,
-                 flat_pitch: bool = False) -> Path:
-    """Speak ``texts`` with a flite ``voice`` (keeping its phone timing; ``flat_pitch``: with no intonation,
-    :data:`recipes.embedded.phones.FLAT_PITCH`) and store each utterance's feature frames, those of the same audio
-    one sample later, and its per-frame phones and positions in ``<out>/data.pt`` (with ``flat_pitch`` recorded).
-    Resumes from ``<out>/data.partial.pt``. Returns the path of ``data.pt``."""
+def voice_set(data: dict) -> list[str]:
+    """The flite voices a data file (:func:`prepare_data`) was spoken with (files from before voices were recorded:
+    ``["slt"]``, the only one used then)."""
+    return list(data.get("voice_set", ["slt"]))
+
+
+def prepare_data(texts: Sequence[str], out: str | os.PathLike, voice: str | Sequence[str] = "slt",
+                 progress: bool = True, flat_pitch: bool = False) -> Path:
+    """Speak ``texts`` with flite (keeping its phone timing; ``flat_pitch``: with no intonation,
+    :data:`recipes.embedded.phones.FLAT_PITCH`), each sentence with one ``voice`` (a name, several, or a
+    comma-separated string: chosen per sentence as the embedded corpus chooses, :func:`voices.voice_of`), and store
+    each utterance's feature frames, those of the same audio one sample later, its per-frame phones and positions and
+    its voice in ``<out>/data.pt`` (with ``flat_pitch`` and the voices recorded). Resumes from
+    ``<out>/data.partial.pt``. Returns the path of ``data.pt``.
+
+    Raises:
+        ValueError: a finished or partial file spoken with another ``flat_pitch`` or other voices; a voice flite
+            does not speak (:func:`render_with_phones`).
+    """
     from rvqspec_lib.common.progress import progress_bar
+    from rvqspec_lib.data.voices import voice_of
     from recipes.embedded.phones import frame_phones, render_with_phones
 
+    speakers = [v for v in (voice.split(",") if isinstance(voice, str) else voice) if v]
+    if not speakers:
+        raise ValueError("no voice given: pass a flite voice, or several comma-separated (slt,kal16,awb,rms)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     final, partial = out / "data.pt", out / "data.partial.pt"
-    if final.is_file():
-        if torch.load(final).get("flat_pitch", False) != flat_pitch:
-            raise ValueError(f"{final} was spoken with flat_pitch={not flat_pitch}: use another --out or pass the same "
-                             "option")
-        return final
+    for path in (final, partial):
+        if path.is_file():
+            old = torch.load(path)
+            if old.get("flat_pitch", False) != flat_pitch or voice_set(old) != speakers:
+                raise ValueError(f"{path} was spoken with flat_pitch={old.get('flat_pitch', False)} and voices "
+                                 f"{','.join(voice_set(old))}: use another --out or pass the same options")
+            if path == final:
+                return final
     data = torch.load(partial) if partial.is_file() else {"texts": [], "feats": [], "delayed": [], "phones": [],
-                                                          "positions": [], "rms": [], "flat_pitch": flat_pitch}
-    if data.get("flat_pitch", False) != flat_pitch:
-        raise ValueError(f"{partial} was spoken with flat_pitch={not flat_pitch}: remove it or pass the same option")
+                                                          "positions": [], "rms": [], "voices": [],
+                                                          "flat_pitch": flat_pitch, "voice_set": speakers}
     frames = CodecConfig()
     done = len(data["texts"])
     for i, t in enumerate(progress_bar(list(texts)[done:], desc="speak and featurise", enabled=progress)):
-        wav, ph = render_with_phones(t, voice, frames.sample_rate, flat_pitch)
+        v = voice_of(t, speakers)
+        wav, ph = render_with_phones(t, v, frames.sample_rate, flat_pitch)
         x = RVQCodec.features_for(unit_loudness(wav), frames)
         y = RVQCodec.features_for(unit_loudness(_delayed(wav, 1 + (i % 3))), frames)
         names, pos = frame_phones(ph, x.shape[0], frames.frame_samples / frames.sample_rate)
@@ -413,6 +433,7 @@ def prepare_data(texts: Sequence[str], out: str | os.PathLike, voice: str = "slt
         data["phones"].append(names)
         data["positions"].append(torch.from_numpy(pos))
         data["rms"].append(float(np.sqrt(np.mean(np.square(wav, dtype=np.float64)))))
+        data["voices"].append(v)
         if (i + 1) % 500 == 0:
             with atomic_output(partial) as tmp:
                 torch.save(data, tmp)
@@ -542,7 +563,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("data", help="speak training sentences and store their features")
     d.add_argument("--sentences", type=int, default=4000)
-    d.add_argument("--voice", default="slt")
+    d.add_argument("--voice", default="slt", help="a flite voice, or several comma-separated (one per sentence, "
+                   "as the embedded corpus chooses: slt,kal16,awb,rms)")
     d.add_argument("--out", required=True)
     d.add_argument("--flat-pitch", action="store_true", help="speak with no intonation (the same phones and timing)")
     t = sub.add_parser("train", help="train the codec on a data folder")

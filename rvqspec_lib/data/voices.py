@@ -280,6 +280,15 @@ def _render_rows(rows: list[dict], out: Path, *, processes: int, progress: bool,
                                  enabled=progress))
 
 
+def voice_of(text: str, names: Sequence[str]) -> str:
+    """The one voice of ``names`` (a non-empty sequence of voice names) that speaks ``text`` when each sentence gets
+    one: chosen by a hash of the sentence's key, so the same sentence always gets the same voice (what
+    :func:`plan_renders` with ``one_voice_each`` and the learned codec's data stage choose). ValueError: no names."""
+    if not names:
+        raise ValueError("no voices to choose from: give at least one voice name")
+    return names[int(hashlib.sha1(sentence_key(text).encode()).hexdigest()[:8], 16) % len(names)]
+
+
 def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_VOICES,
                  one_voice_each: bool = False) -> list[dict]:
     """Manifest rows (no lengths yet) rendering ``sentences`` with every voice of their language, or
@@ -292,8 +301,8 @@ def plan_renders(sentences: Iterable[Sentence], voices: Sequence[str] = DEFAULT_
             raise ValueError(f"no voice for language {s.language!r} among {list(voices)}: add one of "
                              f"{sorted(n for n, v in VOICES.items() if v.language == s.language)}")
         if one_voice_each:
-            h = int(hashlib.sha1(sentence_key(s.text).encode()).hexdigest()[:8], 16)
-            mine = [mine[h % len(mine)]]
+            one = voice_of(s.text, [v.name for v in mine])
+            mine = [v for v in mine if v.name == one]
         for v in mine:
             uid = utterance_id(s, v.name)
             rows.append({"id": uid, "split": split_of(s), "language": s.language, "voice": v.name,

@@ -45,7 +45,7 @@ import os
 import platform
 import random
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -141,12 +141,20 @@ class ResidualQuantizer(nn.Module):
         u = self.usage[stage, :self.size(stage)] + self.cfg.usage_smoothing
         return -torch.log2(u / u.sum())
 
-    def costs(self, r: torch.Tensor, stage: int) -> torch.Tensor:
-        """`(..., size(stage))` squared error of each entry of ``stage`` against ``r`` `(..., D)` plus rate_weight x
-        its bits."""
+    def rates(self, stage: int) -> torch.Tensor:
+        """`(size(stage),)` rate_weight x each entry's bits (zeros at rate_weight 0)."""
+        if self.cfg.rate_weight > 0:
+            return self.cfg.rate_weight * self.code_lengths(stage)
+        return torch.zeros(self.size(stage))
+
+    def costs(self, r: torch.Tensor, stage: int, rates: torch.Tensor | None = None) -> torch.Tensor:
+        """`(..., size(stage))` squared error of each entry of ``stage`` against ``r`` `(..., D)` plus its rate term
+        (``rates``: :meth:`rates` of the stage, when already computed)."""
         c = self.codebooks[stage, :self.size(stage)]
         cost = (r * r).sum(-1, keepdim=True) - 2 * r @ c.T + (c * c).sum(1)
-        return cost + self.cfg.rate_weight * self.code_lengths(stage) if self.cfg.rate_weight > 0 else cost
+        if self.cfg.rate_weight > 0:
+            cost = cost + (self.rates(stage) if rates is None else rates)
+        return cost
 
     def choose(self, r: torch.Tensor, stage: int) -> torch.Tensor:
         """The entry each row of ``r`` `(N, D)` takes at ``stage``: argmin of squared error + rate_weight x bits."""
@@ -171,13 +179,12 @@ class ResidualQuantizer(nn.Module):
         rate = torch.zeros(n, 1)  # (N, b) rate terms so far
         codes = torch.zeros(n, 1, 0, dtype=torch.long)
         for s in range(self.cfg.n_codebooks):
-            k = self.size(s)
-            cost = self.costs(r, s) + rate[..., None]  # (N, b, k): error after this stage + all rate terms
+            k, bits = self.size(s), self.rates(s)
+            cost = self.costs(r, s, bits) + rate[..., None]  # (N, b, k): error after this stage + all rate terms
             top = cost.reshape(n, -1).topk(min(beam, cost.shape[1] * k), dim=1, largest=False).indices
             keep, idx = top // k, top % k  # (N, beam): which partial choice, which entry
-            step = self.cfg.rate_weight * self.code_lengths(s)[idx] if self.cfg.rate_weight > 0 else 0.0
             r = torch.gather(r, 1, keep[..., None].expand(-1, -1, d)) - self.codebooks[s][idx]
-            rate = torch.gather(rate, 1, keep) + step
+            rate = torch.gather(rate, 1, keep) + bits[idx]
             codes = torch.cat([torch.gather(codes, 1, keep[..., None].expand(-1, -1, s)), idx[..., None]], -1)
         return codes[:, 0]  # topk sorts ascending: the first is the best
 
@@ -322,8 +329,6 @@ class LearnedCodec(nn.Module):
     def with_encode_beam(self, beam: int) -> "LearnedCodec":
         """This codec encoding with ``beam`` partial choices per frame (:class:`LearnedCodecConfig`
         ``encode_beam``; the codebooks and decoder unchanged). Returns self. ValueError: ``beam < 1``."""
-        from dataclasses import replace
-
         self.config = self.quantizer.cfg = replace(self.config, encode_beam=int(beam))
         return self
 
